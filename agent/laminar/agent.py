@@ -1,0 +1,270 @@
+"""laminard: the Laminar node agent.
+
+One process, one asyncio loop, components with ``start()``/``stop()``. On start it reads the
+TOML config (no file: a one-node zone), opens the SQLite store, loads and pins the BPF objects,
+attaches netguard to the uplink, starts the pressure watch and the other components, serves the
+control API on a Unix socket and Prometheus metrics on localhost, and tells systemd it is ready.
+
+SIGTERM stops it cleanly and leaves the pinned maps and the attached programs in place: jobs
+keep running in their cgroups and the kill-switches keep enforcing. The next start re-adopts
+them. ``laminarctl bpf unload`` removes the data plane.
+
+Usage::
+
+    laminard [--config /etc/laminar/laminard.toml]
+    laminard --check-config FILE      # validate and print the effective config, change nothing
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import importlib
+import json
+import logging
+import os
+import signal
+import socket
+import sys
+import time
+from typing import Any
+
+from . import __version__
+from .api import ApiError, ApiServer, Authorizer, Request, Route, Stream
+from .config import Config, ConfigError, load
+from .events import EventBus
+from .metrics import CoreMetrics, make_registry, serve
+from .store import Store
+
+log = logging.getLogger("laminar.agent")
+
+# Components beyond the core, started in this order (stopped in reverse). Each entry is
+# "module:Class"; the class takes no arguments and has async start(agent)/stop().
+COMPONENTS = [
+    "laminar.runtime.jobs:JobManager",
+    "laminar.airlock.manager:Airlock",
+    "laminar.net.transfers:TransferRegistry",
+    "laminar.zone.component:ZoneComponent",
+    "laminar.migrate.reclaim:ReclaimComponent",
+]
+
+
+class LogfmtFormatter(logging.Formatter):
+    """One structured line per record: ``ts=… level=… logger=… msg="…" key=value``."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        parts = [f"ts={time.strftime('%Y-%m-%dT%H:%M:%S', time.gmtime(record.created))}.{int(record.msecs):03d}Z",
+                 f"level={record.levelname.lower()}", f"logger={record.name}", f"msg={json.dumps(record.getMessage())}"]
+        for k, v in (getattr(record, "fields", None) or {}).items():
+            parts.append(f"{k}={json.dumps(v, default=str)}")
+        if record.exc_info:
+            parts.append(f"exc={json.dumps(self.formatException(record.exc_info))}")
+        return " ".join(parts)
+
+
+def setup_logging(level: str) -> None:
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(LogfmtFormatter())
+    root = logging.getLogger()
+    root.handlers[:] = [handler]
+    root.setLevel(level.upper())
+
+
+def sd_notify(message: str) -> bool:
+    """Sends a state line to systemd when NOTIFY_SOCKET is set; returns whether it was sent."""
+    addr = os.environ.get("NOTIFY_SOCKET")
+    if not addr:
+        return False
+    if addr.startswith("@"):
+        addr = "\0" + addr[1:]
+    with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM | socket.SOCK_CLOEXEC) as s:
+        s.connect(addr)
+        s.sendall(message.encode())
+    return True
+
+
+class Agent:
+    """The node agent: owns the loop, the store, the event bus and the components."""
+
+    def __init__(self, config: Config) -> None:
+        self.config = config
+        self.node = config.agent.node
+        self.started = time.time()
+        self.loop: asyncio.AbstractEventLoop | None = None
+        self.store = Store(config.state_dir / "laminar.db")
+        self.metrics = make_registry()
+        self.core_metrics = CoreMetrics(self.metrics)
+        self.events = EventBus(self.store)
+        self.events.subscribe(lambda e: self.core_metrics.events.labels(e["kind"]).inc())
+        self.api = ApiServer(config.agent.socket, Authorizer(config.agent.control_group))
+        self.components: list[Any] = []
+        self.netguard: Any = None
+        self.pressure: Any = None
+        self.jobs: Any = None
+        self.airlock: Any = None
+        self.transfers: Any = None
+        self.zone: Any = None
+        self.migrate: Any = None
+        self._stopping = asyncio.Event()
+        self._metrics_server: Any = None
+
+    def component_names(self) -> list[str]:
+        return [type(c).__name__ for c in self.components]
+
+    async def _start_component(self, comp: Any, attr: str | None = None) -> None:
+        await comp.start(self)
+        self.components.append(comp)
+        if attr:
+            setattr(self, attr, comp)
+        routes = getattr(comp, "routes", None)
+        if routes:
+            self.api.add(routes())
+
+    async def run(self) -> int:
+        self.loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            self.loop.add_signal_handler(sig, self._stopping.set)
+        self.core_metrics.up.set(self.started)
+        self.api.add(self.core_routes())
+        try:
+            from .net.netguard import NetGuard
+            from .pressurewatch import PressureWatch
+
+            await self._start_component(NetGuard(), "netguard")
+            if self.config.bpf.pressure:
+                await self._start_component(PressureWatch(), "pressure")
+            for spec in COMPONENTS:
+                module, _, cls = spec.partition(":")
+                try:
+                    mod = importlib.import_module(module)
+                except ModuleNotFoundError as e:
+                    if e.name and module.startswith(e.name):
+                        log.debug("component %s not present", spec)
+                        continue
+                    raise
+                comp = getattr(mod, cls)()
+                await self._start_component(comp, getattr(comp, "agent_attr", None))
+            await self.api.start()
+            self._metrics_server = serve(self.config.metrics.listen, self.metrics)
+        except Exception as e:
+            log.error("start-up failed: %s", e, exc_info=log.isEnabledFor(logging.DEBUG))
+            self.events.emit("agent", f"start-up failed: {e}")
+            await self.shutdown()
+            return 1
+        self.events.emit("agent", f"laminard {__version__} ready on node {self.node}", pid=os.getpid(),
+                         components=self.component_names())
+        sd_notify(f"READY=1\nSTATUS=ready; components: {', '.join(self.component_names())}\nMAINPID={os.getpid()}")
+        await self._stopping.wait()
+        sd_notify("STOPPING=1")
+        self.events.emit("agent", "stopping (SIGTERM); pins, programs and jobs stay in place")
+        await self.shutdown()
+        return 0
+
+    async def shutdown(self) -> None:
+        await self.api.stop()
+        timeout = float(self.config.agent.shutdown_timeout_s)
+        for comp in reversed(self.components):
+            try:
+                await asyncio.wait_for(comp.stop(), timeout)
+            except Exception:
+                log.exception("stopping %s failed", type(comp).__name__)
+        self.components.clear()
+        if self._metrics_server is not None:
+            self._metrics_server.shutdown()
+        self.store.close()
+
+    def request_stop(self) -> None:
+        self._stopping.set()
+
+    # --- core API -------------------------------------------------------------------------
+
+    def core_routes(self) -> list[Route]:
+        return [
+            Route("GET", "/v1/status", self._status),
+            Route("GET", "/v1/config", self._config),
+            Route("GET", "/v1/events", self._events),
+        ]
+
+    async def _status(self, req: Request) -> dict[str, Any]:
+        from . import features
+
+        out: dict[str, Any] = {
+            "agent": {"node": self.node, "version": __version__, "pid": os.getpid(),
+                      "uptime_s": round(time.time() - self.started, 1), "config": self.config.source,
+                      "state_dir": str(self.config.state_dir), "socket": str(self.api.path),
+                      "components": self.component_names(),
+                      "api_requests": self.api.requests, "api_refused": self.api.refused},
+            "kernel": features.detect().as_dict(),
+            "pressure": features.pressure_now(),
+        }
+        for comp in self.components:
+            status = getattr(comp, "status", None)
+            if status:
+                out[getattr(comp, "status_key", type(comp).__name__.lower())] = status()
+        self.core_metrics.api_requests.set(self.api.requests)
+        self.core_metrics.api_refused.set(self.api.refused)
+        return out
+
+    async def _config(self, req: Request) -> dict[str, Any]:
+        return {"source": self.config.source, "config": self.config.as_dict()}
+
+    async def _events(self, req: Request) -> Any:
+        try:
+            since = int(req.query.get("since", "0"))
+            limit = int(req.query.get("limit", "100"))
+        except ValueError:
+            raise ApiError(400, "since and limit must be integers") from None
+        kind = req.query.get("kind") or None
+        if req.query.get("follow") not in ("1", "true", "yes"):
+            return self.store.events(since, kind, limit)
+        return Stream(self._follow(kind, since, limit))
+
+    async def _follow(self, kind: str | None, since: int, limit: int) -> Any:
+        queue: asyncio.Queue[dict[str, Any]] = asyncio.Queue(maxsize=10_000)
+
+        def push(event: dict[str, Any]) -> None:
+            if kind is None or event["kind"] == kind:
+                try:
+                    queue.put_nowait(event)
+                except asyncio.QueueFull:  # a stalled reader must not grow the agent without bound
+                    pass
+
+        unsubscribe = self.events.subscribe(push)
+        try:
+            if since:
+                for event in self.store.events(since, kind, limit):
+                    yield event
+            while True:
+                try:
+                    yield await asyncio.wait_for(queue.get(), 15.0)
+                except TimeoutError:
+                    yield {"kind": "keepalive", "ts": time.time()}
+        finally:
+            unsubscribe()
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="laminard", description="Laminar node agent")
+    parser.add_argument("--config", help="TOML config file (default: embedded defaults, a one-node zone)")
+    parser.add_argument("--check-config", metavar="FILE", help="validate FILE, print the effective config, exit")
+    parser.add_argument("--version", action="version", version=f"laminard {__version__}")
+    args = parser.parse_args(argv)
+    try:
+        config = load(args.check_config or args.config)
+    except ConfigError as e:
+        print(str(e), file=sys.stderr)
+        return 2
+    if args.check_config:
+        print(json.dumps(config.as_dict(), indent=2))
+        return 0
+    setup_logging(config.agent.log_level)
+    if os.geteuid() != 0:
+        print("laminard: must run as root (it loads BPF programs, attaches tc filters and creates cgroups)",
+              file=sys.stderr)
+        return 1
+    agent = Agent(config)
+    return asyncio.run(agent.run())
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,207 @@
+"""laminard's configuration: an optional TOML file over an embedded default.
+
+Every key has a default, so with no file the agent is a one-node zone on the interface of the
+default route, with its state in ``/var/lib/laminar``. A file is validated whole before anything
+starts: an unknown section or key, or a value of the wrong type or range, is refused with the
+key, the value and what is allowed, and nothing is changed.
+
+Example (``/etc/laminar/laminard.toml``)::
+
+    [agent]
+    node = "gpu-17"
+
+    [net]
+    uplink = "eth1"
+
+    [metrics]
+    listen = "127.0.0.1:9477"
+
+``laminard --check-config FILE`` validates a file and prints the effective configuration.
+"""
+
+from __future__ import annotations
+
+import socket
+import tomllib
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+
+class ConfigError(ValueError):
+    """A configuration that cannot be used; the message names the key, the value and the fix."""
+
+
+Check = Callable[[Any], str | None]  # returns what is wrong, or None
+
+
+@dataclass(frozen=True)
+class Field:
+    kind: type | tuple[type, ...]
+    default: Any
+    doc: str
+    check: Check | None = None
+
+
+def _range(lo: float, hi: float) -> Check:
+    return lambda v: None if lo <= v <= hi else f"out of range {lo}..{hi}"
+
+
+def _one_of(*allowed: str) -> Check:
+    return lambda v: None if v in allowed else f"must be one of {', '.join(allowed)}"
+
+
+def _abs_path(v: str) -> str | None:
+    return None if v.startswith("/") else "must be an absolute path"
+
+
+def _listen(v: str) -> str | None:
+    if v == "":
+        return None
+    host, _, port = v.rpartition(":")
+    if not host or not port.isdigit() or not 0 < int(port) < 65536:
+        return "must be HOST:PORT (e.g. 127.0.0.1:9477) or empty to disable"
+    return None
+
+
+def _gpus(v: Any) -> str | None:
+    if isinstance(v, bool):
+        return "must be a count (int >= 0) or a list of GPU indices"
+    if isinstance(v, int):
+        return None if v >= 0 else "must be >= 0"
+    if isinstance(v, list) and all(isinstance(i, int) and not isinstance(i, bool) and i >= 0 for i in v):
+        return None if len(set(v)) == len(v) else "GPU indices must be unique"
+    return "must be a count (int >= 0) or a list of GPU indices"
+
+
+def _name(v: str) -> str | None:
+    ok = v and all(c.isalnum() or c in "-_." for c in v) and len(v) <= 63
+    return None if ok else "must be 1-63 characters of letters, digits, '-', '_' or '.'"
+
+
+# The schema: section -> key -> Field. Components read their section through Config.
+SCHEMA: dict[str, dict[str, Field]] = {
+    "agent": {
+        "node": Field(str, "", "this node's name (default: the host name)", lambda v: None if v == "" else _name(v)),
+        "state_dir": Field(str, "/var/lib/laminar", "SQLite store, job logs, checkpoints", _abs_path),
+        "socket": Field(str, "/run/laminar/laminard.sock", "control API (HTTP+JSON on a Unix socket)", _abs_path),
+        "control_group": Field(str, "laminar", "group whose members may change policy and flip switches (besides root)"),
+        "log_level": Field(str, "info", "stderr log level", _one_of("debug", "info", "warning", "error")),
+        "shutdown_timeout_s": Field((int, float), 10.0, "how long components get to stop on SIGTERM", _range(0.1, 300)),
+    },
+    "bpf": {
+        "pin_root": Field(str, "/sys/fs/bpf/laminar", "where maps are pinned (bpffs)", _abs_path),
+        "object_dir": Field(str, "", "directory with netguard.bpf.o/pressure.bpf.o (default: the bundled ones)",
+                            lambda v: None if v == "" else _abs_path(v)),
+        "pressure": Field(bool, True, "attach the memory-pressure tracepoints"),
+    },
+    "net": {
+        "uplink": Field(str, "", "interface netguard attaches to (default: the default route's)"),
+        "ingress": Field(bool, True, "attach netguard on ingress as well as egress"),
+    },
+    "metrics": {
+        "listen": Field(str, "127.0.0.1:9477", "Prometheus endpoint; empty disables", _listen),
+    },
+    "cgroups": {
+        "root": Field(str, "laminar", "name of the cgroup subtree the agent creates and owns", _name),
+    },
+    "gpus": {
+        "declared": Field((int, list), 0, "GPUs this node declares when NVML finds none (count or indices)", _gpus),
+    },
+}
+
+
+def _typename(kind: type | tuple[type, ...]) -> str:
+    kinds = kind if isinstance(kind, tuple) else (kind,)
+    names = {bool: "true/false", int: "an integer", float: "a number", str: "a string", list: "a list", dict: "a table"}
+    return " or ".join(names.get(k, k.__name__) for k in kinds)
+
+
+def register_section(name: str, fields: dict[str, Field]) -> None:
+    """Adds a component's section to the schema (idempotent for the same fields)."""
+    if name in SCHEMA and SCHEMA[name] != fields:
+        raise ValueError(f"config section {name!r} registered twice with different fields")
+    SCHEMA[name] = fields
+
+
+def validate(data: dict[str, Any], source: str = "config") -> dict[str, dict[str, Any]]:
+    """Returns the effective configuration (defaults filled in) or raises ConfigError listing
+    every problem found, each with the key, the value and what is allowed."""
+    problems: list[str] = []
+    out: dict[str, dict[str, Any]] = {s: {k: f.default for k, f in fields.items()} for s, fields in SCHEMA.items()}
+    for section, body in data.items():
+        if section not in SCHEMA:
+            problems.append(f"{source}: unknown section [{section}]; allowed: {', '.join(sorted(SCHEMA))}")
+            continue
+        if not isinstance(body, dict):
+            problems.append(f"{source}: [{section}] must be a table, got {body!r}")
+            continue
+        fields = SCHEMA[section]
+        for key, value in body.items():
+            f = fields.get(key)
+            if f is None:
+                problems.append(f"{source}: unknown key {section}.{key}; allowed in [{section}]: {', '.join(sorted(fields))}")
+                continue
+            kinds = f.kind if isinstance(f.kind, tuple) else (f.kind,)
+            if float in kinds and isinstance(value, int) and not isinstance(value, bool):
+                value = float(value) if int not in kinds else value
+            if not isinstance(value, kinds) or (isinstance(value, bool) and bool not in kinds):
+                problems.append(f"{source}: {section}.{key} = {value!r}: expected {_typename(f.kind)} ({f.doc})")
+                continue
+            why = f.check(value) if f.check else None
+            if why:
+                problems.append(f"{source}: {section}.{key} = {value!r}: {why} ({f.doc})")
+                continue
+            out[section][key] = value
+    if problems:
+        raise ConfigError("\n".join(problems))
+    return out
+
+
+class Config:
+    """The effective configuration: ``config.net.uplink``, ``config.section("zone")``."""
+
+    def __init__(self, values: dict[str, dict[str, Any]], source: str = "<defaults>") -> None:
+        self.source = source
+        self._values = values
+        for section, body in values.items():
+            setattr(self, section, SimpleNamespace(**body))
+        if not values["agent"]["node"]:
+            values["agent"]["node"] = socket.gethostname().split(".")[0]
+            self.agent.node = values["agent"]["node"]
+
+    def __getattr__(self, name: str) -> Any:  # sections registered by components
+        raise AttributeError(f"no config section {name!r}")
+
+    def section(self, name: str) -> dict[str, Any]:
+        return dict(self._values[name])
+
+    def as_dict(self) -> dict[str, dict[str, Any]]:
+        return {s: dict(b) for s, b in self._values.items()}
+
+    @property
+    def gpus_declared(self) -> list[int]:
+        v = self._values["gpus"]["declared"]
+        return list(range(v)) if isinstance(v, int) else list(v)
+
+    @property
+    def state_dir(self) -> Path:
+        return Path(self._values["agent"]["state_dir"])
+
+
+def load(path: str | Path | None) -> Config:
+    """Reads and validates a TOML file (None: the embedded defaults). Raises ConfigError."""
+    if path is None:
+        return Config(validate({}), "<defaults>")
+    p = Path(path)
+    try:
+        raw = p.read_bytes()
+    except OSError as e:
+        raise ConfigError(f"config: cannot read {p}: {e.strerror}") from None
+    try:
+        data = tomllib.loads(raw.decode("utf-8"))
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as e:
+        raise ConfigError(f"config: {p} is not valid TOML: {e}") from None
+    return Config(validate(data, str(p)), str(p))

@@ -1,0 +1,108 @@
+"""The agent's durable state: one SQLite file under the state directory.
+
+Each component owns its tables and declares them with :meth:`Store.ensure_schema`; the store
+itself keeps only the agent-wide tables (``meta``, ``events``). SQLite runs in WAL mode with
+``synchronous=FULL`` so that what a user gave the agent (a job, a policy) survives a crash or a
+power cut once the call that stored it has returned.
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+_CORE_SCHEMA = [
+    "CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL)",
+    """CREATE TABLE IF NOT EXISTS events (
+        id INTEGER PRIMARY KEY AUTOINCREMENT,
+        ts REAL NOT NULL,
+        kind TEXT NOT NULL,
+        message TEXT NOT NULL,
+        fields TEXT NOT NULL)""",
+    "CREATE INDEX IF NOT EXISTS events_kind ON events(kind, id)",
+]
+
+# Events are a bounded log: the newest EVENTS_KEEP rows stay, older ones are trimmed in batches.
+EVENTS_KEEP = 50_000
+
+
+class Store:
+    """SQLite store. ``store.db`` is the connection; wrap writes in ``with store.tx():``."""
+
+    def __init__(self, path: str | Path) -> None:
+        self.path = Path(path)
+        self.path.parent.mkdir(parents=True, exist_ok=True, mode=0o750)
+        self.db = sqlite3.connect(str(self.path), isolation_level=None, check_same_thread=False)
+        self.db.row_factory = sqlite3.Row
+        self.db.execute("PRAGMA journal_mode=WAL")
+        self.db.execute("PRAGMA synchronous=FULL")
+        self.db.execute("PRAGMA busy_timeout=5000")
+        self._lock = threading.RLock()
+        self._schemas: set[str] = set()
+        self.ensure_schema("core", _CORE_SCHEMA)
+        self._event_writes = 0
+
+    @contextmanager
+    def tx(self) -> Iterator[sqlite3.Connection]:
+        """A write transaction: committed on success, rolled back on any exception."""
+        with self._lock:
+            self.db.execute("BEGIN IMMEDIATE")
+            try:
+                yield self.db
+            except BaseException:
+                self.db.execute("ROLLBACK")
+                raise
+            self.db.execute("COMMIT")
+
+    def ensure_schema(self, component: str, statements: list[str]) -> None:
+        """Runs a component's CREATE ... IF NOT EXISTS statements (once per process)."""
+        if component in self._schemas:
+            return
+        with self.tx() as db:
+            for stmt in statements:
+                db.execute(stmt)
+        self._schemas.add(component)
+
+    def get_meta(self, key: str, default: Any = None) -> Any:
+        row = self.db.execute("SELECT value FROM meta WHERE key=?", (key,)).fetchone()
+        return json.loads(row[0]) if row else default
+
+    def set_meta(self, key: str, value: Any) -> None:
+        with self.tx() as db:
+            db.execute("INSERT INTO meta(key, value) VALUES(?, ?) ON CONFLICT(key) DO UPDATE SET value=excluded.value",
+                       (key, json.dumps(value)))
+
+    def del_meta(self, key: str) -> None:
+        with self.tx() as db:
+            db.execute("DELETE FROM meta WHERE key=?", (key,))
+
+    def add_event(self, kind: str, message: str, fields: dict[str, Any], ts: float | None = None) -> int:
+        with self.tx() as db:
+            cur = db.execute("INSERT INTO events(ts, kind, message, fields) VALUES(?, ?, ?, ?)",
+                             (ts if ts is not None else time.time(), kind, message, json.dumps(fields, default=str)))
+            self._event_writes += 1
+            if self._event_writes % 1000 == 0:
+                db.execute("DELETE FROM events WHERE id <= (SELECT MAX(id) FROM events) - ?", (EVENTS_KEEP,))
+            return int(cur.lastrowid or 0)
+
+    def events(self, since_id: int = 0, kind: str | None = None, limit: int = 100) -> list[dict[str, Any]]:
+        """The newest `limit` events after `since_id`, oldest first."""
+        q = "SELECT id, ts, kind, message, fields FROM events WHERE id > ?"
+        args: list[Any] = [since_id]
+        if kind:
+            q += " AND kind = ?"
+            args.append(kind)
+        q += " ORDER BY id DESC LIMIT ?"
+        args.append(limit)
+        rows = self.db.execute(q, args).fetchall()
+        return [{"id": r["id"], "ts": r["ts"], "kind": r["kind"], "message": r["message"], **json.loads(r["fields"])}
+                for r in reversed(rows)]
+
+    def close(self) -> None:
+        self.db.close()
