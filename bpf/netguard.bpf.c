@@ -1,0 +1,285 @@
+// SPDX-License-Identifier: GPL-2.0
+/* netguard: Laminar's data plane on the uplink's clsact hook.
+ *
+ * lm_egress  (clsact egress):  identifies the job by bpf_skb_cgroup_id(), applies the job,
+ *                              node-wide and migration-flow kill-switches, steers migration
+ *                              flows into HTB leaves through skb->priority, counts.
+ * lm_ingress (clsact ingress): identifies the job by the local socket the packet is for
+ *                              (bpf_sk_lookup_*), applies the same switches, counts.
+ *
+ * Everything that matches no job and no flow passes (TC_ACT_OK): attached with empty maps,
+ * netguard changes nothing, so the agent may sit on a node's only uplink.
+ *
+ * All maps are pinned by name (LIBBPF_PIN_BY_NAME) under the pin_root_path the agent passes
+ * to libbpf (default /sys/fs/bpf/laminar), so a restarted agent re-adopts them and pressure.bpf.c
+ * shares lm_stats. The structs and flags are the map ABI of bpf/laminar.h.
+ */
+#include "vmlinux.h"
+#include <bpf/bpf_helpers.h>
+#include <bpf/bpf_endian.h>
+#include <bpf/bpf_core_read.h>
+#include "laminar.h"
+
+#define TC_ACT_OK   0
+#define TC_ACT_SHOT 2
+#define ETH_P_IP    0x0800
+#define ETH_HLEN    14
+#define IP_MF       0x2000
+#define IP_OFFSET   0x1fff
+
+char LICENSE[] SEC("license") = "GPL";
+
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, LM_MAX_JOBS);
+	__type(key, __u64); /* cgroup2 id */
+	__type(value, struct lm_job);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} lm_jobs SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, LM_MAX_JOBS);
+	__type(key, __u64); /* cgroup2 id */
+	__type(value, struct lm_counters);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} lm_job_stats SEC(".maps");
+
+/* One entry: an array, not a hash, so the lookup can never miss and the flag costs one load. */
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, struct lm_global);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} lm_global SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, LM_MAX_FLOWS);
+	__type(key, struct lm_flow_key);
+	__type(value, struct lm_flow);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} lm_flows SEC(".maps");
+
+/* Per-CPU so the hot path never contends on a cache line; the agent sums the CPUs.
+ * pressure.bpf.c declares the identical map: libbpf reuses the pin only when type, sizes,
+ * max_entries and flags all match. */
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, LM_STAT_MAX);
+	__type(key, __u32);
+	__type(value, __u64);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} lm_stats SEC(".maps");
+
+static __always_inline void stat_inc(__u32 slot)
+{
+	__u64 *v = bpf_map_lookup_elem(&lm_stats, &slot);
+
+	if (v)
+		*v += 1; /* per-CPU slot: no other CPU writes it */
+}
+
+/* Global kill-switch for this job: KILL_JOBS hits every registered job; KILL_LENT (now) or
+ * ARMED with a passed deadline hits jobs flagged LM_JOB_LENT. */
+static __always_inline bool global_kills(const struct lm_job *job, __u64 now)
+{
+	__u32 zero = 0;
+	struct lm_global *g = bpf_map_lookup_elem(&lm_global, &zero);
+	__u32 flags;
+
+	if (!g)
+		return false;
+	flags = g->flags;
+	if (flags & LM_GLOBAL_KILL_JOBS)
+		return true;
+	if (!(job->flags & LM_JOB_LENT))
+		return false;
+	if (flags & LM_GLOBAL_KILL_LENT)
+		return true;
+	return (flags & LM_GLOBAL_ARMED) && now >= g->kill_at_ns;
+}
+
+static __always_inline bool job_kills(const struct lm_job *job, __u64 now)
+{
+	__u32 flags = job->flags;
+
+	if (flags & LM_JOB_KILL)
+		return true;
+	return (flags & LM_JOB_ARMED) && now >= job->kill_at_ns;
+}
+
+static __always_inline struct lm_counters *job_counters(__u64 cgid)
+{
+	struct lm_counters *c = bpf_map_lookup_elem(&lm_job_stats, &cgid);
+
+	if (c)
+		return c;
+	/* First packet of the job: create its row. NOEXIST so a racing CPU's row (and its
+	 * counts) is kept; either way the second lookup finds the one row. */
+	struct lm_counters zero = {};
+
+	bpf_map_update_elem(&lm_job_stats, &cgid, &zero, BPF_NOEXIST);
+	return bpf_map_lookup_elem(&lm_job_stats, &cgid);
+}
+
+/* The IPv4 TCP/UDP 5-tuple of the packet as it is on the wire (network byte order).
+ * Returns 0 when there is one; non-IPv4, other protocols and non-first fragments have none. */
+static __always_inline int parse_tuple(struct __sk_buff *skb, struct lm_flow_key *k)
+{
+	struct iphdr ip;
+	__u16 ports[2];
+	__u32 l4;
+
+	/* Uplinks are Ethernet (veth, NICs): at tc, skb->data is the MAC header. */
+	if (skb->protocol != bpf_htons(ETH_P_IP))
+		return -1;
+	if (bpf_skb_load_bytes(skb, ETH_HLEN, &ip, sizeof(ip)) < 0)
+		return -1;
+	if (ip.version != 4 || ip.ihl < 5)
+		return -1;
+	if (ip.protocol != IPPROTO_TCP && ip.protocol != IPPROTO_UDP)
+		return -1;
+	if (ip.frag_off & bpf_htons(IP_OFFSET))
+		return -1; /* a later fragment carries no ports */
+	l4 = ETH_HLEN + ip.ihl * 4;
+	if (bpf_skb_load_bytes(skb, l4, ports, sizeof(ports)) < 0)
+		return -1;
+	k->saddr = ip.saddr;
+	k->daddr = ip.daddr;
+	k->sport = ports[0];
+	k->dport = ports[1];
+	k->proto = ip.protocol;
+	return 0;
+}
+
+/* Migration-flow switch and class for the flow `k` (egress orientation).
+ * Returns true when the packet must be dropped. */
+static __always_inline bool flow_verdict(struct __sk_buff *skb, const struct lm_flow_key *k,
+					 __u64 now, bool egress)
+{
+	struct lm_flow *f = bpf_map_lookup_elem(&lm_flows, k);
+	__u32 flags;
+
+	if (!f)
+		return false;
+	flags = f->flags;
+	if ((flags & LM_FLOW_KILL) || ((flags & LM_FLOW_ARMED) && now >= f->kill_at_ns)) {
+		stat_inc(LM_STAT_DROP_FLOW);
+		return true;
+	}
+	if (egress && f->priority) {
+		/* HTB maps a priority equal to a leaf's handle (major:minor) straight to it. */
+		skb->priority = f->priority;
+		stat_inc(LM_STAT_SHAPED);
+	}
+	__sync_fetch_and_add(&f->packets, 1);
+	__sync_fetch_and_add(&f->bytes, skb->len);
+	return false;
+}
+
+/* Applies the job's switches and counts. Returns true when the packet must be dropped. */
+static __always_inline bool job_verdict(struct __sk_buff *skb, __u64 cgid, __u64 now, bool egress,
+					bool flow_drop)
+{
+	struct lm_job *job;
+	struct lm_counters *c;
+	bool drop = flow_drop;
+
+	if (!cgid)
+		return drop;
+	job = bpf_map_lookup_elem(&lm_jobs, &cgid);
+	if (!job)
+		return drop;
+	if (job_kills(job, now)) {
+		stat_inc(LM_STAT_DROP_JOB);
+		drop = true;
+	} else if (global_kills(job, now)) {
+		stat_inc(LM_STAT_DROP_GLOBAL);
+		drop = true;
+	}
+	c = job_counters(cgid);
+	if (!c)
+		return drop;
+	if (drop) {
+		__sync_fetch_and_add(&c->drop_packets, 1);
+		__sync_fetch_and_add(&c->drop_bytes, skb->len);
+	} else if (egress) {
+		__sync_fetch_and_add(&c->tx_packets, 1);
+		__sync_fetch_and_add(&c->tx_bytes, skb->len);
+	} else {
+		__sync_fetch_and_add(&c->rx_packets, 1);
+		__sync_fetch_and_add(&c->rx_bytes, skb->len);
+	}
+	return drop;
+}
+
+SEC("tc")
+int lm_egress(struct __sk_buff *skb)
+{
+	struct lm_flow_key k = {};
+	__u64 now = bpf_ktime_get_ns(); /* CLOCK_MONOTONIC, the clock of every kill_at_ns */
+	bool drop = false;
+
+	if (parse_tuple(skb, &k) == 0)
+		drop = flow_verdict(skb, &k, now, true);
+	/* 0 when the packet has no local socket (forwarded traffic): no job. */
+	drop = job_verdict(skb, bpf_skb_cgroup_id(skb), now, true, drop);
+	if (drop)
+		return TC_ACT_SHOT;
+	stat_inc(LM_STAT_PASS);
+	return TC_ACT_OK;
+}
+
+/* The cgroup2 id of the local socket an ingress packet is for, 0 when none.
+ * At clsact ingress the stack has not demuxed the packet yet (skb->sk is unset), so look the
+ * socket up the way the stack will. The helpers take the tuple as it is in the packet
+ * (source = remote peer, destination = us). BPF_F_CURRENT_NETNS: the netns of skb->dev. */
+static __always_inline __u64 ingress_cgroup_id(struct __sk_buff *skb, const struct lm_flow_key *k)
+{
+	struct bpf_sock_tuple t = {};
+	struct bpf_sock *sk;
+	__u64 cgid;
+
+	t.ipv4.saddr = k->saddr;
+	t.ipv4.daddr = k->daddr;
+	t.ipv4.sport = k->sport;
+	t.ipv4.dport = k->dport;
+	if (k->proto == IPPROTO_TCP)
+		sk = bpf_sk_lookup_tcp(skb, &t, sizeof(t.ipv4), BPF_F_CURRENT_NETNS, 0);
+	else
+		sk = bpf_sk_lookup_udp(skb, &t, sizeof(t.ipv4), BPF_F_CURRENT_NETNS, 0);
+	if (!sk)
+		return 0;
+	/* The lookup returns a full socket (listener for a request sock), which carries the
+	 * cgroup it was created in; the reference must be dropped on every path. */
+	cgid = bpf_sk_cgroup_id(sk);
+	bpf_sk_release(sk);
+	return cgid;
+}
+
+SEC("tc")
+int lm_ingress(struct __sk_buff *skb)
+{
+	struct lm_flow_key k = {}, fk = {};
+	__u64 now = bpf_ktime_get_ns();
+	__u64 cgid = 0;
+	bool drop = false;
+
+	if (parse_tuple(skb, &k) == 0) {
+		/* lm_flows is keyed in egress orientation (local -> remote): swap. */
+		fk.saddr = k.daddr;
+		fk.daddr = k.saddr;
+		fk.sport = k.dport;
+		fk.dport = k.sport;
+		fk.proto = k.proto;
+		drop = flow_verdict(skb, &fk, now, false);
+		cgid = ingress_cgroup_id(skb, &k);
+	}
+	drop = job_verdict(skb, cgid, now, false, drop);
+	if (drop)
+		return TC_ACT_SHOT;
+	stat_inc(LM_STAT_PASS);
+	return TC_ACT_OK;
+}
