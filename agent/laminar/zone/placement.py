@@ -1,0 +1,535 @@
+"""Placement policy: pure functions shared by the agent and the simulator.
+
+Nothing in this module does I/O, reads a clock or draws randomness of its own: every function
+takes ``now`` and ``rng`` as arguments, so the agent (``laminar.zone.component``), the simulated
+transport (``laminar.zone.simnet``) and the trace-driven simulator (``laminar.sim``) run the
+same decisions on the same inputs.
+
+The placement of one job goes like this (probe-first, execute-later):
+
+1. The submitter holds a :class:`ZoneSummary` per zone (residual capacity by shape, spread by
+   the agents at a bounded rate). :func:`zone_fit` turns a summary and a :class:`Demand` into a
+   number; :func:`choose_zone` picks a zone with probability proportional to it.
+2. :func:`probe_targets` samples ``d`` members of that zone (O(d), whatever the zone's size).
+3. Each probed node runs :func:`arbitrate` against its own :class:`NodeCapacity` and the
+   reservations it already holds: it answers an :class:`Offer` (a tentative reservation with a
+   lease) or a :class:`Refusal` with a :class:`RefuseReason`.
+4. The submitter binds the first good offer (:func:`pick_offer`, late binding) and releases
+   the others; leases expire on their own if a release is lost.
+5. When no offer comes, :func:`retry_schedule` says what to do next: widen ``d``, then try the
+   next zone, then queue the job and try again later.
+
+Example::
+
+    >>> import random
+    >>> node = NodeCapacity(node=7, zone=1, gpu_free=(1.0, 1.0, 0.5), cpus=32, memory_mb=128_000)
+    >>> d = Demand(gpus=0.5, cpus=4, memory_mb=16_000)
+    >>> offer = arbitrate(node, [], d, now=100.0, placement_id=42, lease_s=2.0)
+    >>> offer.gpu_alloc          # best fit: the half-used GPU 2, not a whole one
+    ((2, 0.5),)
+"""
+
+from __future__ import annotations
+
+import enum
+import math
+import random
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+
+# GPU fractions are compared with this slack so that 0.25 + 0.25 + 0.5 == 1.0 holds.
+EPS = 1e-6
+
+# GPU shapes a zone summary counts slots for: the CPU-only shape (0), fractional shares, and
+# whole-GPU gangs. A demand is counted against the smallest shape at least as large as it.
+SHAPES: tuple[float, ...] = (0.0, 0.25, 0.5, 1.0, 2.0, 4.0, 8.0)
+
+# Most GPUs one node may declare (the wire format carries one byte per GPU).
+MAX_GPUS_PER_NODE = 64
+
+
+class PlacementError(ValueError):
+    """A demand, capacity or policy value is out of range; the message names it."""
+
+
+@dataclass(frozen=True)
+class Demand:
+    """What one job asks for.
+
+    ``gpus`` may be fractional: ``0.5`` is half of one GPU; ``2`` is two whole GPUs; ``1.5``
+    is one whole GPU plus half of another. ``gpu_model`` (e.g. ``"H100"``), when set, is a hard
+    requirement. ``pool``, when set, is a preference: probes go to that pool's members first.
+    """
+
+    gpus: float = 0.0
+    cpus: float = 1.0
+    memory_mb: int = 1024
+    gpu_model: str | None = None
+    pool: str | None = None
+
+    def __post_init__(self) -> None:
+        if not (isinstance(self.gpus, (int, float)) and math.isfinite(self.gpus) and 0 <= self.gpus <= MAX_GPUS_PER_NODE):
+            raise PlacementError(f"demand: gpus {self.gpus!r} must be a number in 0..{MAX_GPUS_PER_NODE}")
+        if abs(self.gpus * 100 - round(self.gpus * 100)) > EPS * 100:
+            raise PlacementError(f"demand: gpus {self.gpus!r} must be a multiple of 0.01")
+        if not (isinstance(self.cpus, (int, float)) and math.isfinite(self.cpus) and 0 <= self.cpus <= 65535):
+            raise PlacementError(f"demand: cpus {self.cpus!r} must be a number in 0..65535")
+        if not (isinstance(self.memory_mb, int) and 0 <= self.memory_mb < 2**32):
+            raise PlacementError(f"demand: memory_mb {self.memory_mb!r} must be an integer in 0..2^32-1")
+        if self.gpu_model is not None and not (0 < len(self.gpu_model.encode()) <= 32):
+            raise PlacementError(f"demand: gpu_model {self.gpu_model!r} must be 1..32 bytes")
+        if self.pool is not None and not (0 < len(self.pool.encode()) <= 32):
+            raise PlacementError(f"demand: pool {self.pool!r} must be 1..32 bytes")
+
+
+@dataclass(frozen=True)
+class NodeCapacity:
+    """What a node has free for new jobs, before counting the reservations it holds.
+
+    ``gpu_free`` holds one entry per GPU: the free fraction of it (1.0 idle, 0.0 taken).
+    The agent builds this from its declared or discovered inventory minus its running jobs;
+    the simulator builds it from its model of the node. ``draining`` nodes (being reclaimed
+    by their owner) refuse everything.
+    """
+
+    node: int
+    zone: int
+    gpu_free: tuple[float, ...] = ()
+    cpus: float = 0.0
+    memory_mb: int = 0
+    gpu_model: str | None = None
+    pool: str | None = None
+    draining: bool = False
+
+    def __post_init__(self) -> None:
+        if len(self.gpu_free) > MAX_GPUS_PER_NODE:
+            raise PlacementError(f"node {self.node}: {len(self.gpu_free)} GPUs, at most {MAX_GPUS_PER_NODE}")
+        for i, f in enumerate(self.gpu_free):
+            if not (-EPS <= f <= 1 + EPS):
+                raise PlacementError(f"node {self.node}: gpu {i} free fraction {f!r} must be in 0..1")
+        if self.cpus < -EPS or self.memory_mb < 0:
+            raise PlacementError(f"node {self.node}: cpus {self.cpus!r} and memory_mb {self.memory_mb!r} must be >= 0")
+
+
+GpuAlloc = tuple[tuple[int, float], ...]
+"""Which GPUs a reservation takes: ``((gpu index, fraction), ...)``."""
+
+
+@dataclass(frozen=True)
+class Reservation:
+    """Capacity a node has promised: tentative (an offer under lease) or committed.
+
+    A reservation counts against the node until ``expires_at`` (same clock as ``now``); a
+    committed one is given a longer lease by the agent, covering the job hand-over.
+    """
+
+    placement_id: int
+    demand: Demand
+    gpu_alloc: GpuAlloc
+    expires_at: float
+    committed: bool = False
+
+    def live(self, now: float) -> bool:
+        """True while this reservation still counts against the node."""
+        return now < self.expires_at
+
+
+@dataclass(frozen=True)
+class Offer:
+    """A node's yes: it holds ``reservation`` for the submitter until the lease ends."""
+
+    node: int
+    zone: int
+    pool: str | None
+    reservation: Reservation
+
+    @property
+    def placement_id(self) -> int:
+        return self.reservation.placement_id
+
+    @property
+    def expires_at(self) -> float:
+        return self.reservation.expires_at
+
+    @property
+    def gpu_alloc(self) -> GpuAlloc:
+        return self.reservation.gpu_alloc
+
+
+class RefuseReason(enum.IntEnum):
+    """Why a node refused a probe (values travel on the wire: append only)."""
+
+    NO_GPU = 1  # not enough free GPU (whole or fractional) for the demand
+    GPU_MODEL = 2  # the node's GPUs are not the model the demand requires
+    NO_CPU = 3
+    NO_MEMORY = 4
+    DRAINING = 5  # the node is being reclaimed by its owner
+    BUSY = 6  # the node holds its most tentative reservations already
+    UNKNOWN_PLACEMENT = 7  # commit/release for a placement this node does not hold
+
+
+@dataclass(frozen=True)
+class Refusal:
+    node: int
+    reason: RefuseReason
+
+
+# --------------------------------------------------------------------------- node-local policy
+
+
+def allocate_gpus(gpu_free: Sequence[float], gpus: float) -> GpuAlloc | None:
+    """Pick GPUs for ``gpus`` from the free fractions ``gpu_free``, or None if they do not fit.
+
+    Whole GPUs come from fully free GPUs (lowest indices first). A fractional remainder goes
+    best-fit: to the GPU whose free fraction is the smallest that still holds it, so partly
+    used GPUs fill up before idle ones are broken. ``gpus == 0`` returns ``()``.
+    """
+    whole = int(gpus + EPS)
+    frac = round(gpus - whole, 6)
+    if frac < EPS:
+        frac = 0.0
+    alloc: list[tuple[int, float]] = []
+    taken: set[int] = set()
+    if whole:
+        idle = [i for i, f in enumerate(gpu_free) if f >= 1.0 - EPS]
+        if len(idle) < whole:
+            return None
+        for i in idle[:whole]:
+            alloc.append((i, 1.0))
+            taken.add(i)
+    if frac:
+        best: int | None = None
+        for i, f in enumerate(gpu_free):
+            if i in taken or f < frac - EPS:
+                continue
+            if best is None or f < gpu_free[best] - EPS:
+                best = i
+        if best is None:
+            return None
+        alloc.append((best, frac))
+    return tuple(alloc)
+
+
+def residual(node: NodeCapacity, held: Iterable[Reservation], now: float) -> NodeCapacity:
+    """``node`` less every reservation in ``held`` that is live at ``now``.
+
+    Expired reservations count for nothing: that is how a lost release or a dead submitter
+    gives capacity back.
+    """
+    gpu = list(node.gpu_free)
+    cpus, mem = node.cpus, node.memory_mb
+    for r in held:
+        if not r.live(now):
+            continue
+        for i, f in r.gpu_alloc:
+            if 0 <= i < len(gpu):
+                gpu[i] = max(0.0, gpu[i] - f)
+        cpus -= r.demand.cpus
+        mem -= r.demand.memory_mb
+    return NodeCapacity(
+        node=node.node,
+        zone=node.zone,
+        gpu_free=tuple(round(g, 6) for g in gpu),
+        cpus=max(0.0, cpus),
+        memory_mb=max(0, mem),
+        gpu_model=node.gpu_model,
+        pool=node.pool,
+        draining=node.draining,
+    )
+
+
+def fits(node: NodeCapacity, demand: Demand) -> RefuseReason | None:
+    """None when ``demand`` fits in ``node`` as it is, else the first reason it does not.
+
+    ``node`` should already be a :func:`residual` when reservations are held.
+    """
+    if node.draining:
+        return RefuseReason.DRAINING
+    if demand.gpus > 0:
+        if demand.gpu_model is not None and demand.gpu_model != node.gpu_model:
+            return RefuseReason.GPU_MODEL
+        if allocate_gpus(node.gpu_free, demand.gpus) is None:
+            return RefuseReason.NO_GPU
+    if demand.cpus > node.cpus + EPS:
+        return RefuseReason.NO_CPU
+    if demand.memory_mb > node.memory_mb:
+        return RefuseReason.NO_MEMORY
+    return None
+
+
+def arbitrate(
+    node: NodeCapacity,
+    held: Sequence[Reservation],
+    demand: Demand,
+    now: float,
+    *,
+    placement_id: int,
+    lease_s: float,
+    max_tentative: int = 64,
+) -> Offer | Refusal:
+    """Decide a probe on the node itself: an :class:`Offer` holding a tentative reservation
+    that lasts ``lease_s`` from ``now``, or a :class:`Refusal` with the reason.
+
+    Counts every live reservation in ``held`` against the node first, so two submitters can
+    never be promised the same capacity. Idempotent: a probe for a ``placement_id`` the node
+    already holds (a retransmission) gets the same offer back, lease unchanged. The caller
+    stores ``offer.reservation``; this function changes nothing.
+    """
+    if lease_s <= 0:
+        raise PlacementError(f"arbitrate: lease_s {lease_s!r} must be > 0")
+    live = [r for r in held if r.live(now)]
+    for r in live:
+        if r.placement_id == placement_id:
+            return Offer(node.node, node.zone, node.pool, r)
+    if sum(1 for r in live if not r.committed) >= max_tentative:
+        return Refusal(node.node, RefuseReason.BUSY)
+    free = residual(node, live, now)
+    why = fits(free, demand)
+    if why is not None:
+        return Refusal(node.node, why)
+    alloc = allocate_gpus(free.gpu_free, demand.gpus)
+    assert alloc is not None  # fits() said the GPUs fit
+    return Offer(node.node, node.zone, node.pool, Reservation(placement_id, demand, alloc, now + lease_s))
+
+
+def commit(held: Sequence[Reservation], placement_id: int, now: float, hold_s: float) -> Reservation | None:
+    """The reservation for ``placement_id`` made committed, its lease extended to
+    ``now + hold_s`` (the hand-over window); None when the node holds no live one (its lease
+    ran out, or it never offered): the submitter must then try elsewhere.
+
+    Idempotent: committing a committed reservation extends nothing and returns it as it is.
+    """
+    for r in held:
+        if r.placement_id == placement_id and r.live(now):
+            if r.committed:
+                return r
+            return Reservation(r.placement_id, r.demand, r.gpu_alloc, max(r.expires_at, now + hold_s), True)
+    return None
+
+
+# --------------------------------------------------------------------------- zone summaries
+
+
+@dataclass(frozen=True)
+class ZoneSummary:
+    """A zone's residual capacity by shape, as spread between agents.
+
+    ``slots[k]`` is how many instances of GPU shape ``SHAPES[k]`` the zone's nodes could take
+    (shape 0: how many nodes take a CPU-only job at all). ``cpus`` and ``memory_mb`` are the
+    zone's free totals; ``gpu_models`` the GPU models present. ``nodes`` counts live nodes.
+    """
+
+    zone: int
+    nodes: int
+    slots: tuple[int, ...]
+    cpus: float
+    memory_mb: int
+    gpu_models: tuple[str, ...] = ()
+    issued_at: float = 0.0
+
+    def __post_init__(self) -> None:
+        if len(self.slots) != len(SHAPES):
+            raise PlacementError(f"zone summary {self.zone}: {len(self.slots)} slots, expected {len(SHAPES)}")
+
+
+def shape_slots(node: NodeCapacity) -> tuple[int, ...]:
+    """How many instances of each shape in :data:`SHAPES` fit on ``node`` (GPU only)."""
+    if node.draining:
+        return tuple(0 for _ in SHAPES)
+    idle = sum(1 for f in node.gpu_free if f >= 1.0 - EPS)
+    out: list[int] = []
+    for s in SHAPES:
+        if s == 0:
+            out.append(1)
+        elif s < 1:
+            out.append(sum(int((f + EPS) // s) for f in node.gpu_free))
+        else:
+            out.append(idle // int(s))
+    return tuple(out)
+
+
+def summarize_zone(zone: int, nodes: Iterable[NodeCapacity], issued_at: float = 0.0) -> ZoneSummary:
+    """Aggregate residual node capacities (see :func:`residual`) into a :class:`ZoneSummary`."""
+    slots = [0] * len(SHAPES)
+    cpus = 0.0
+    mem = 0
+    models: set[str] = set()
+    count = 0
+    for n in nodes:
+        count += 1
+        for k, v in enumerate(shape_slots(n)):
+            slots[k] += v
+        if not n.draining:
+            cpus += n.cpus
+            mem += n.memory_mb
+        if n.gpu_model and n.gpu_free:
+            models.add(n.gpu_model)
+    return ZoneSummary(zone, count, tuple(slots), cpus, mem, tuple(sorted(models)), issued_at)
+
+
+def shape_index(gpus: float) -> int | None:
+    """Index in :data:`SHAPES` of the smallest shape holding ``gpus``; None if above the largest."""
+    for k, s in enumerate(SHAPES):
+        if gpus <= s + EPS:
+            return k
+    return None
+
+
+def zone_fit(summary: ZoneSummary, demand: Demand) -> float:
+    """How many copies of ``demand`` the zone could take, estimated from its summary (>= 0).
+
+    The GPU slot count of the demand's shape, bounded by what the free CPUs and memory could
+    hold. A GPU model the zone lacks gives 0. It is an estimate: slots of one node are not
+    checked against that same node's CPUs, so arbitration on the node has the last word.
+    """
+    if demand.gpus > 0 and demand.gpu_model is not None and demand.gpu_model not in summary.gpu_models:
+        return 0.0
+    k = shape_index(demand.gpus)
+    if k is None:
+        return 0.0
+    fit = float(summary.slots[k])
+    if demand.cpus > 0:
+        fit = min(fit, summary.cpus / demand.cpus)
+    if demand.memory_mb > 0:
+        fit = min(fit, summary.memory_mb / demand.memory_mb)
+    return max(0.0, math.floor(fit + EPS))
+
+
+def choose_zone(fits: Mapping[int, float], rng: random.Random, exclude: Iterable[int] = ()) -> int | None:
+    """A zone id drawn with probability proportional to its fit, skipping ``exclude``; None
+    when no remaining zone has a positive fit. Zones are visited in sorted order so the draw
+    depends only on ``fits`` and ``rng``.
+    """
+    skip = set(exclude)
+    cands = [(z, f) for z, f in sorted(fits.items()) if z not in skip and f > 0 and math.isfinite(f)]
+    if not cands:
+        return None
+    total = sum(f for _, f in cands)
+    x = rng.random() * total
+    for z, f in cands:
+        x -= f
+        if x < 0:
+            return z
+    return cands[-1][0]
+
+
+def probe_targets(
+    members: Sequence[int],
+    d: int,
+    rng: random.Random,
+    exclude: Iterable[int] = (),
+    preferred: Sequence[int] = (),
+) -> list[int]:
+    """Up to ``d`` distinct nodes to probe, drawn uniformly from ``members`` minus ``exclude``.
+
+    Members of ``preferred`` (e.g. the demand's pool) are drawn first, the rest of ``d`` from
+    all members. Costs O(d) draws on average whatever ``len(members)`` is, as long as most
+    members are not excluded (it falls back to one O(n) pass when draws keep hitting them).
+    Returns fewer than ``d`` only when fewer eligible members exist.
+    """
+    if d < 0:
+        raise PlacementError(f"probe_targets: d {d!r} must be >= 0")
+    skip = set(exclude)
+    out: list[int] = []
+    chosen: set[int] = set()
+    for pool in (preferred, members):
+        if len(out) >= d or not pool:
+            continue
+        need = d - len(out)
+        tries = 0
+        while need and tries < 4 * d + 8:
+            tries += 1
+            n = pool[rng.randrange(len(pool))]
+            if n in skip or n in chosen:
+                continue
+            out.append(n)
+            chosen.add(n)
+            need -= 1
+        if need:  # crowded by exclusions: one pass over the eligible rest
+            rest = [n for n in pool if n not in skip and n not in chosen]
+            for n in rng.sample(rest, min(need, len(rest))):
+                out.append(n)
+                chosen.add(n)
+    return out
+
+
+def pick_offer(answers: Iterable[Offer | Refusal], now: float, margin_s: float = 0.0) -> Offer | None:
+    """Late binding: the first offer, in arrival order, whose lease outlives ``now + margin_s``
+    (time to send the commit). None when every answer is a refusal or a stale offer."""
+    for a in answers:
+        if isinstance(a, Offer) and a.expires_at > now + margin_s:
+            return a
+    return None
+
+
+# --------------------------------------------------------------------------- retries
+
+
+@dataclass(frozen=True)
+class RetryPolicy:
+    """Bounded retries for one placement.
+
+    Probe ``d`` nodes; on no good offer, probe again ``widen`` times as many (up to
+    ``d_max``), ``widen_steps`` times in a zone; then the next zone, up to ``zones`` zones;
+    then queue: wait ``queue_backoff_s`` (doubling up to ``queue_backoff_max_s``) and start over.
+    """
+
+    d: int = 2
+    d_max: int = 8
+    widen: int = 2
+    widen_steps: int = 1
+    zones: int = 3
+    queue_backoff_s: float = 1.0
+    queue_backoff_max_s: float = 30.0
+
+    def __post_init__(self) -> None:
+        if not (1 <= self.d <= self.d_max <= 255):
+            raise PlacementError(f"retry: need 1 <= d ({self.d}) <= d_max ({self.d_max}) <= 255")
+        if self.widen < 1 or self.widen_steps < 0 or self.zones < 1:
+            raise PlacementError(
+                f"retry: widen {self.widen} must be >= 1, widen_steps {self.widen_steps} >= 0, zones {self.zones} >= 1"
+            )
+        if not (0 < self.queue_backoff_s <= self.queue_backoff_max_s):
+            raise PlacementError(
+                f"retry: need 0 < queue_backoff_s ({self.queue_backoff_s}) <= queue_backoff_max_s ({self.queue_backoff_max_s})"
+            )
+
+
+@dataclass(frozen=True)
+class Probe:
+    """Probe ``d`` nodes in the ``zone_rank``-th zone chosen (0: the first draw; each new
+    rank draws again with the zones already tried excluded)."""
+
+    zone_rank: int
+    d: int
+
+
+@dataclass(frozen=True)
+class Queue:
+    """Give up for now: put the job in the queue and start over after ``delay_s``."""
+
+    delay_s: float
+
+
+def retry_schedule(policy: RetryPolicy, round: int = 0) -> list[Probe | Queue]:
+    """Every step of one round of retries, ending with a :class:`Queue`.
+
+    With the defaults: ``[Probe(0, 2), Probe(0, 4), Probe(1, 2), Probe(1, 4), Probe(2, 2),
+    Probe(2, 4), Queue(1.0)]``; ``round`` k doubles the queue delay k times (capped).
+    """
+    steps: list[Probe | Queue] = []
+    for rank in range(policy.zones):
+        d = policy.d
+        steps.append(Probe(rank, d))
+        for _ in range(policy.widen_steps):
+            d = min(policy.d_max, d * policy.widen)
+            steps.append(Probe(rank, d))
+    delay = min(policy.queue_backoff_max_s, policy.queue_backoff_s * (2 ** min(round, 30)))
+    steps.append(Queue(delay))
+    return steps
+
+
+def max_messages_per_attempt(d: int) -> int:
+    """Messages one successful probe round costs at most: ``d`` probes, ``d`` answers, the
+    commit and its acknowledgement, and a release for each of the other ``d - 1`` offers."""
+    return 3 * d + 1
