@@ -1,0 +1,69 @@
+"""laminarctl: operate the Laminar agent on this node.
+
+Every command talks to the local agent over its Unix socket (``--socket`` or
+``$LAMINAR_SOCKET``, default /run/laminar/laminard.sock) and accepts ``-o json``. Command
+groups live in ``cmd_*.py`` modules, each with ``register(subparsers, common)``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import pkgutil
+import sys
+from typing import Any
+
+from . import __version__
+from .client import EXIT_FAILED, EXIT_USAGE, Client, CtlError
+from .output import error
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> Any:  # argparse exits 2 on usage errors; keep its message clear
+        self.print_usage(sys.stderr)
+        error(message)
+        sys.exit(EXIT_USAGE)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    common = _Parser(add_help=False)
+    common.add_argument("-o", "--output", choices=["table", "json"], default=argparse.SUPPRESS,
+                        help="output format (default: table)")
+    common.add_argument("--socket", default=argparse.SUPPRESS, help="agent control socket")
+    parser = _Parser(prog="laminarctl", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,
+                     parents=[common])
+    parser.add_argument("--version", action="version", version=f"laminarctl {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
+    sub.required = True
+    pkg = importlib.import_module("laminarctl")
+    for info in sorted(pkgutil.iter_modules(pkg.__path__), key=lambda m: m.name):
+        if info.name.startswith("cmd_"):
+            mod = importlib.import_module(f"laminarctl.{info.name}")
+            mod.register(sub, common)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    args.output = getattr(args, "output", "table")
+    args.client = Client(getattr(args, "socket", None))
+    try:
+        return int(args.func(args) or 0)
+    except CtlError as e:
+        error(e.message)
+        return e.code
+    except KeyboardInterrupt:
+        return 130
+    except BrokenPipeError:
+        return 0
+    except ValueError as e:
+        error(str(e))
+        return EXIT_USAGE
+    except Exception as e:  # a bug in the client: say so without a traceback wall
+        error(f"internal error: {type(e).__name__}: {e}")
+        return EXIT_FAILED
+
+
+if __name__ == "__main__":
+    sys.exit(main())
