@@ -1,0 +1,368 @@
+"""NetGuard: the agent's side of the ``netguard`` tc program on the uplink.
+
+It loads ``netguard.bpf.o`` with its maps pinned by name under ``bpf.pin_root``
+(default ``/sys/fs/bpf/laminar``), attaches ``lm_egress``/``lm_ingress`` to the uplink's
+clsact hook and owns every write to the kill-switch maps. Because the maps are pinned and the
+tc filters hold the programs, the data plane keeps enforcing while the agent is stopped,
+restarted or dead: a restart re-opens the same pins (libbpf reuses a pin whose definition
+matches) and atomically replaces the filters with the new programs, so nothing is duplicated
+and no switch is ever open in between.
+
+Kill-switch semantics (see docs/bpf-maps.md for the bits):
+
+- ``job`` on/off: the job's ``LM_JOB_KILL`` flag; ``arm``: ``LM_JOB_ARMED`` with a
+  CLOCK_MONOTONIC deadline the program compares with ``bpf_ktime_get_ns()``;
+- ``all`` on/off: ``LM_GLOBAL_KILL_JOBS``; ``arm --all`` arms every current job;
+- ``lent`` on/off: ``LM_GLOBAL_KILL_LENT``; ``arm --lent`` sets ``LM_GLOBAL_ARMED``.
+
+``unload()`` (``laminarctl bpf unload``) detaches the programs, deletes the clsact qdisc if
+the agent created it, and removes the pins: the interface is as it was before.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+from ..api import ApiError, Request, Route, require
+from ..bpf import abi
+from ..bpf.libbpf import BpfMap, BpfObject, object_path
+from ..features import ensure_bpffs
+from . import tc
+
+log = logging.getLogger("laminar.netguard")
+
+PROGRAMS = {"egress": "lm_egress", "ingress": "lm_ingress"}
+META_KEY = "netguard.attachment"
+
+
+def _u64(v: int) -> bytes:
+    return int(v).to_bytes(8, "little")
+
+
+def resolve_uplink(configured: str) -> tuple[str, int]:
+    """The uplink's name and index; raises RuntimeError saying what to set when there is none."""
+    ifname = configured or tc.default_route_ifname()
+    if not ifname:
+        raise RuntimeError("netguard: this node has no default route, so there is no uplink to attach to; "
+                           "set net.uplink in the config to the interface jobs' traffic leaves by")
+    try:
+        return ifname, tc.ifindex_of(ifname)
+    except (LookupError, OSError) as e:
+        raise RuntimeError(f"netguard: uplink {ifname!r} not found ({e}); set net.uplink to an existing "
+                           "interface (see `ip link`)") from None
+
+
+class NetGuard:
+    status_key = "netguard"
+
+    def __init__(self) -> None:
+        self.obj: BpfObject | None = None
+        self.maps: dict[str, BpfMap] = {}
+        self.ifname = ""
+        self.ifindex = 0
+        self.pin_root = Path("/sys/fs/bpf/laminar")
+        self.adopted = False
+        self.agent: Any = None
+
+    # --- lifecycle --------------------------------------------------------------------------
+
+    async def start(self, agent: Any) -> None:
+        self.agent = agent
+        cfg = agent.config
+        self.pin_root = Path(cfg.bpf.pin_root)
+        ensure_bpffs(str(self.pin_root.parent) if self.pin_root.parent != Path("/") else "/sys/fs/bpf")
+        self.ifname, self.ifindex = resolve_uplink(cfg.net.uplink)
+        self.adopted = (self.pin_root / "lm_jobs").exists()
+        self.pin_root.mkdir(parents=True, exist_ok=True, mode=0o700)
+        path = Path(cfg.bpf.object_dir, "netguard.bpf.o") if cfg.bpf.object_dir else object_path("netguard")
+        self.obj = BpfObject.open(path, pin_root=str(self.pin_root))
+        self.obj.load()
+        self.maps = {name: self.obj.map(name) for name in abi.NETGUARD_MAPS}
+        self._init_global()
+        created = tc.ensure_clsact(self.ifindex)
+        record = agent.store.get_meta(META_KEY) or {}
+        if record.get("ifname") != self.ifname:
+            record = {"ifname": self.ifname, "clsact_created": created, "pin_root": str(self.pin_root)}
+        elif created:
+            record["clsact_created"] = True
+        record["ingress"] = bool(cfg.net.ingress)
+        agent.store.set_meta(META_KEY, record)
+        directions = ["egress", "ingress"] if cfg.net.ingress else ["egress"]
+        for direction in directions:
+            prog = self.obj.program(PROGRAMS[direction])
+            tc.attach_bpf(self.ifindex, direction, prog.fd, PROGRAMS[direction])
+        if not cfg.net.ingress:
+            tc.detach_bpf(self.ifindex, "ingress")
+        agent.events.emit("agent", f"netguard {'re-adopted pins and ' if self.adopted else ''}attached to "
+                                   f"{self.ifname} ({'/'.join(directions)})",
+                          ifname=self.ifname, pin_root=str(self.pin_root), adopted=self.adopted)
+
+    async def stop(self) -> None:
+        # Pins and filters stay: they keep enforcing while no agent runs.
+        if self.obj is not None:
+            self.obj.close()
+            self.obj = None
+
+    def _init_global(self) -> None:
+        g = self._global()
+        if g.abi_version != abi.LM_ABI_VERSION:
+            g.abi_version = abi.LM_ABI_VERSION
+            self.maps["lm_global"].update(abi.u32(0), bytes(g))
+
+    # --- jobs -------------------------------------------------------------------------------
+
+    def register_job(self, cgroup_id: int, job_num: int, lent: bool = False) -> None:
+        """Makes netguard see a job's cgroup; keeps any switch already set for it (re-adoption)."""
+        m = self.maps["lm_jobs"]
+        raw = m.lookup(_u64(cgroup_id))
+        job = abi.LmJob.from_buffer_copy(raw) if raw else abi.LmJob()
+        job.job_id = job_num
+        job.flags = (job.flags | abi.LM_JOB_LENT) if lent else (job.flags & ~abi.LM_JOB_LENT)
+        m.update(_u64(cgroup_id), bytes(job))
+
+    def unregister_job(self, cgroup_id: int) -> None:
+        self.maps["lm_jobs"].delete(_u64(cgroup_id))
+        self.maps["lm_job_stats"].delete(_u64(cgroup_id))
+
+    def job_entry(self, cgroup_id: int) -> abi.LmJob | None:
+        raw = self.maps["lm_jobs"].lookup(_u64(cgroup_id))
+        return abi.LmJob.from_buffer_copy(raw) if raw else None
+
+    def job_counters(self, cgroup_id: int) -> dict[str, int]:
+        raw = self.maps["lm_job_stats"].lookup(_u64(cgroup_id))
+        if not raw:
+            return {f: 0 for f, _ in abi.LmCounters._fields_}
+        c = abi.LmCounters.from_buffer_copy(raw)
+        return {f: int(getattr(c, f)) for f, _ in abi.LmCounters._fields_}
+
+    def _update_job(self, cgroup_id: int, set_flags: int = 0, clear_flags: int = 0, kill_at_ns: int | None = None) -> None:
+        job = self.job_entry(cgroup_id)
+        if job is None:
+            raise KeyError(cgroup_id)
+        job.flags = (job.flags | set_flags) & ~clear_flags
+        if kill_at_ns is not None:
+            job.kill_at_ns = kill_at_ns
+        self.maps["lm_jobs"].update(_u64(cgroup_id), bytes(job))
+
+    def set_job_kill(self, cgroup_id: int, on: bool) -> None:
+        """on: drop the job's traffic from the next packet; off: restore it (clears an armed deadline too)."""
+        if on:
+            self._update_job(cgroup_id, set_flags=abi.LM_JOB_KILL)
+        else:
+            self._update_job(cgroup_id, clear_flags=abi.LM_JOB_KILL | abi.LM_JOB_ARMED, kill_at_ns=0)
+
+    def arm_job(self, cgroup_id: int, deadline_monotonic_ns: int) -> None:
+        """The data plane cuts the job's traffic once CLOCK_MONOTONIC passes the deadline."""
+        self._update_job(cgroup_id, set_flags=abi.LM_JOB_ARMED, kill_at_ns=deadline_monotonic_ns)
+
+    def _global(self) -> abi.LmGlobal:
+        raw = self.maps["lm_global"].lookup(abi.u32(0))
+        return abi.LmGlobal.from_buffer_copy(raw) if raw else abi.LmGlobal()
+
+    def set_global(self, set_flags: int = 0, clear_flags: int = 0, kill_at_ns: int | None = None) -> abi.LmGlobal:
+        g = self._global()
+        g.flags = (g.flags | set_flags) & ~clear_flags
+        g.abi_version = abi.LM_ABI_VERSION
+        if kill_at_ns is not None:
+            g.kill_at_ns = kill_at_ns
+        self.maps["lm_global"].update(abi.u32(0), bytes(g))
+        return g
+
+    # --- status and API ---------------------------------------------------------------------
+
+    def stats(self) -> dict[str, int]:
+        m = self.maps["lm_stats"]
+        names = {v: k for k, v in abi.STAT_SLOTS.items()}
+        return {names[i]: m.lookup_percpu_sum(abi.u32(i)) for i in sorted(names)}
+
+    def map_rows(self) -> list[dict[str, Any]]:
+        rows = []
+        for name, m in self.maps.items():
+            entries = sum(1 for _ in m.keys()) if m.map_type_name not in ("array", "percpu_array") else m.max_entries
+            rows.append({"name": name, "type": m.map_type_name, "key_size": m.key_size, "value_size": m.value_size,
+                         "entries": entries, "max_entries": m.max_entries, "pin": str(self.pin_root / name)})
+        return rows
+
+    def status(self) -> dict[str, Any]:
+        progs = []
+        for direction in ("egress", "ingress"):
+            for f in tc.list_bpf_filters(self.ifindex, direction):
+                progs.append({"ifname": self.ifname, "direction": direction, **f})
+        g = self._global()
+        return {"ifname": self.ifname, "ifindex": self.ifindex, "pin_root": str(self.pin_root),
+                "adopted_pins": self.adopted, "global_flags": abi.global_flag_names(g.flags),
+                "stats": self.stats(), "programs": progs, "maps": self.map_rows()}
+
+    def routes(self) -> list[Route]:
+        return [
+            Route("GET", "/v1/bpf/maps", self._api_maps),
+            Route("GET", "/v1/bpf/maps/{name}", self._api_dump),
+            Route("POST", "/v1/bpf/unload", self._api_unload, privileged=True),
+            Route("GET", "/v1/killswitch", self._api_ks_status),
+            Route("POST", "/v1/killswitch", self._api_killswitch, privileged=True),
+        ]
+
+    async def _api_maps(self, req: Request) -> list[dict[str, Any]]:
+        return self.map_rows()
+
+    async def _api_dump(self, req: Request) -> dict[str, Any]:
+        name = req.params["name"]
+        m = self.maps.get(name)
+        if m is None:
+            raise ApiError(404, f"no map {name!r}; maps: {', '.join(sorted(self.maps))}")
+        entries: list[dict[str, Any]] = []
+        if name == "lm_stats":
+            for slot, i in sorted(abi.STAT_SLOTS.items(), key=lambda kv: kv[1]):
+                entries.append({"key": {"slot": slot}, "value": {"value": m.lookup_percpu_sum(abi.u32(i))}})
+        else:
+            for k, v in m.items():
+                key, value = abi.decode(name, k, v)
+                entries.append({"key": key, "value": value})
+        return {"name": name, "pin": str(self.pin_root / name), "entries": entries}
+
+    async def _api_unload(self, req: Request) -> dict[str, Any]:
+        res = unload(self.agent.store, self.ifindex, self.pin_root)
+        self.maps = {}
+        if self.obj is not None:
+            self.obj.close()
+            self.obj = None
+        self.agent.events.emit("agent", f"data plane unloaded from {self.ifname} by uid {req.peer.uid}; agent stops",
+                               **res)
+        # Without its data plane the agent has nothing to enforce: stop after answering.
+        self.agent.loop.call_later(0.05, self.agent.request_stop)
+        return res
+
+    def _job_cgroup(self, job_id: str) -> tuple[Any, int]:
+        jobs = getattr(self.agent, "jobs", None)
+        job = jobs.get(job_id) if jobs is not None else None
+        if job is None:
+            raise ApiError(404, f"unknown job {job_id!r}; `laminarctl jobs` lists the jobs on this node")
+        if self.job_entry(job.cgroup_id) is None:
+            raise ApiError(409, f"job {job_id!r} is not registered with netguard (state {getattr(job, 'state', '?')})")
+        return job, int(job.cgroup_id)
+
+    async def _api_ks_status(self, req: Request) -> dict[str, Any]:
+        now = time.monotonic_ns()
+        g = self._global()
+        by_cgroup = {}
+        jobs = getattr(self.agent, "jobs", None)
+        if jobs is not None:
+            by_cgroup = {int(j.cgroup_id): j.id for j in jobs.list()}
+        rows = []
+        for k, v in self.maps["lm_jobs"].items():
+            cg = int.from_bytes(k, "little")
+            j = abi.LmJob.from_buffer_copy(v)
+            rows.append({"job": by_cgroup.get(cg, f"#{j.job_id}"), "cgroup_id": cg,
+                         "kill": bool(j.flags & abi.LM_JOB_KILL), "lent": bool(j.flags & abi.LM_JOB_LENT),
+                         "armed_in_s": round((j.kill_at_ns - now) / 1e9, 3) if j.flags & abi.LM_JOB_ARMED else None})
+        return {"global": {"flags": abi.global_flag_names(g.flags),
+                           "armed_in_s": round((g.kill_at_ns - now) / 1e9, 3) if g.flags & abi.LM_GLOBAL_ARMED else None},
+                "jobs": rows}
+
+    async def _api_killswitch(self, req: Request) -> dict[str, Any]:
+        body = req.body or {}
+        action = require(body, "action", str, "one of on, off, arm")
+        scope = require(body, "scope", str, "one of job, all, lent")
+        if action not in ("on", "off", "arm"):
+            raise ApiError(400, f"action {action!r}: expected one of on, off, arm")
+        if scope not in ("job", "all", "lent"):
+            raise ApiError(400, f"scope {scope!r}: expected one of job, all, lent")
+        deadline = None
+        if action == "arm":
+            at_s = require(body, "at_s", (int, float), "seconds from now (> 0) when the cut happens")
+            if not 0 < at_s <= 7 * 86400:
+                raise ApiError(400, f"at_s = {at_s!r}: the deadline must be in the future and within 7 days "
+                                    "(a deadline in the past would cut at once: use `on` for that)")
+            deadline = time.monotonic_ns() + int(at_s * 1e9)
+        who = ""
+        if scope == "job":
+            job_id = require(body, "job", str, "a job id")
+            job, cg = self._job_cgroup(job_id)
+            if action == "arm":
+                assert deadline is not None
+                self.arm_job(cg, deadline)
+            else:
+                self.set_job_kill(cg, action == "on")
+            who = f"job {job_id}"
+        elif scope == "all":
+            if action == "arm":
+                assert deadline is not None
+                for k, _ in list(self.maps["lm_jobs"].items()):
+                    self.arm_job(int.from_bytes(k, "little"), deadline)
+            elif action == "on":
+                self.set_global(set_flags=abi.LM_GLOBAL_KILL_JOBS)
+            else:
+                self.set_global(clear_flags=abi.LM_GLOBAL_KILL_JOBS)
+                for k, _ in list(self.maps["lm_jobs"].items()):
+                    self.set_job_kill(int.from_bytes(k, "little"), False)
+            who = "all jobs"
+        else:
+            if action == "arm":
+                self.set_global(set_flags=abi.LM_GLOBAL_ARMED, kill_at_ns=deadline)
+            elif action == "on":
+                self.set_global(set_flags=abi.LM_GLOBAL_KILL_LENT)
+            else:
+                self.set_global(clear_flags=abi.LM_GLOBAL_KILL_LENT | abi.LM_GLOBAL_ARMED, kill_at_ns=0)
+            who = "lent jobs"
+        verb = {"on": "cut", "off": "restored", "arm": f"armed to cut in {body.get('at_s')} s"}[action]
+        msg = f"kill-switch: traffic of {who} {verb}"
+        self.agent.events.emit("killswitch", msg, action=action, scope=scope, job=body.get("job"),
+                               uid=req.peer.uid, deadline_ns=deadline)
+        return {"message": msg, "action": action, "scope": scope, "job": body.get("job"), "deadline_ns": deadline}
+
+
+def unload(store: Any, ifindex: int | None, pin_root: Path) -> dict[str, Any]:
+    """Detaches netguard, deletes clsact if the agent created it, removes the pins.
+
+    Returns what was done. Safe to run twice (the second run finds nothing to remove)."""
+    record = store.get_meta(META_KEY) or {}
+    done: dict[str, Any] = {"filters_removed": 0, "clsact_removed": False, "pins_removed": []}
+    if ifindex is None and record.get("ifname"):
+        try:
+            ifindex = tc.ifindex_of(record["ifname"])
+        except (LookupError, OSError):
+            ifindex = None
+    if ifindex is not None:
+        for direction in ("egress", "ingress"):
+            done["filters_removed"] += tc.detach_bpf(ifindex, direction)
+        if record.get("clsact_created"):
+            tc.delete_clsact(ifindex)
+            done["clsact_removed"] = True
+    if pin_root.is_dir():
+        for p in sorted(pin_root.iterdir()):
+            if p.name.startswith("lm_"):
+                p.unlink()
+                done["pins_removed"].append(p.name)
+        try:
+            pin_root.rmdir()
+        except OSError:
+            pass
+    store.del_meta(META_KEY)
+    return done
+
+
+def unload_offline(config: Any) -> dict[str, Any]:
+    """`laminarctl bpf unload --force` with no agent running: the same cleanup, done directly."""
+    from ..store import Store
+
+    if os.geteuid() != 0:
+        raise PermissionError("bpf unload --force must run as root")
+    store = Store(config.state_dir / "laminar.db")
+    try:
+        record = store.get_meta(META_KEY) or {}
+        pin_root = Path(record.get("pin_root") or config.bpf.pin_root)
+        ifindex = None
+        ifname = record.get("ifname") or config.net.uplink
+        if ifname:
+            try:
+                ifindex = tc.ifindex_of(ifname)
+            except (LookupError, OSError):
+                pass
+        return unload(store, ifindex, pin_root)
+    finally:
+        store.close()
+
