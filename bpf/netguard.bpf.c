@@ -29,6 +29,11 @@
 
 char LICENSE[] SEC("license") = "GPL";
 
+/* bpf_sk_cgroup_id() is not offered to tc programs, so the ingress path reads the socket's
+ * cgroup through a read-only BTF cast of the looked-up socket (kfunc since 6.2; loads from
+ * the cast pointer are fault-safe probe reads). */
+extern void *bpf_rdonly_cast(const void *obj__ign, __u32 btf_id) __ksym;
+
 struct {
 	__uint(type, BPF_MAP_TYPE_HASH);
 	__uint(max_entries, LM_MAX_JOBS);
@@ -252,9 +257,12 @@ static __always_inline __u64 ingress_cgroup_id(struct __sk_buff *skb, const stru
 		sk = bpf_sk_lookup_udp(skb, &t, sizeof(t.ipv4), BPF_F_CURRENT_NETNS, 0);
 	if (!sk)
 		return 0;
-	/* The lookup returns a full socket (listener for a request sock), which carries the
-	 * cgroup it was created in; the reference must be dropped on every path. */
-	cgid = bpf_sk_cgroup_id(sk);
+	/* The lookup returns a full socket (the listener for a request sock), which carries the
+	 * cgroup2 cgroup it was created in: sk->sk_cgrp_data.cgroup, whose kernfs id is what
+	 * bpf_skb_cgroup_id() gives on egress. The reference must be dropped on every path. */
+	struct sock *s = bpf_rdonly_cast(sk, bpf_core_type_id_kernel(struct sock));
+
+	cgid = BPF_CORE_READ(s, sk_cgrp_data.cgroup, kn, id);
 	bpf_sk_release(sk);
 	return cgid;
 }
