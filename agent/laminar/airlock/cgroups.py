@@ -508,6 +508,15 @@ class CgroupTree:
         base = self.hierarchy.unified if self.hierarchy.memory_in_v2 else self.hierarchy.v1["memory"]
         set_memory(self.hierarchy, base / self.root_name, limit_bytes, oom_kill_disable=oom_kill_disable)
 
+    def purge(self) -> None:
+        """Kill every process under the root name and remove the whole subtree in every
+        hierarchy, whoever created it. For tests and benchmarks, whose root names are unique
+        (``laminar-t-…``), and for uninstall; never called by the agent on its own root."""
+        for m in self.mounts():
+            self.created.extend(d for d in [m / self.root_name, *(m / self.root_name / c for c in self.classes)]
+                                if d.is_dir() and d not in self.created)
+        self.remove(kill=True)
+
     def remove(self, kill: bool = False) -> None:
         """Remove the directories `ensure()` created (and any job dirs inside them), children
         first. With `kill`, first cgroup.kill every cgroup2 class parent we created and wait

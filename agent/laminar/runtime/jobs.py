@@ -1,0 +1,796 @@
+"""Jobs: commands the agent runs in cgroups of its own, that outlive the agent.
+
+A job is submitted with a `JobSpec` (``laminarctl submit --memory 2G --class transient -- cmd``
+or ``POST /v1/jobs``). The `JobManager`:
+
+1. validates the spec (clear errors naming the value) and picks GPUs (NVML, else the config's
+   declared GPUs; `laminar.runtime.gpus`);
+2. creates the job's cgroups under the per-class parent (`laminar.airlock.cgroups`): a cgroup2
+   directory (freeze, kill, pressure, the id netguard sees) and the memory limit wherever the
+   memory controller lives (v1 with ``memory.oom_control`` = 1 on a hybrid host, so the kernel
+   holds the allocator instead of killing; v2 ``memory.max``/``memory.high``);
+3. spawns the command in its own session through a tiny ``/bin/sh`` step that writes its own
+   pid into every ``cgroup.procs`` and its ``oom_score_adj`` *before* it execs the command, so
+   no instruction of the job runs outside its cgroups; a job submitted by a non-root caller
+   runs as that caller (``setpriv``), never as root;
+4. gives it the checkpoint contract: ``LAMINAR_JOB_ID``, ``LAMINAR_CKPT_DIR`` (state
+   dir/ckpt/<job>), ``LAMINAR_CKPT_SIGNAL`` (default SIGUSR1) and, when restarted from a
+   checkpoint, ``LAMINAR_RESUME_FROM``; stdout and stderr go to state dir/logs/<job>.log;
+5. registers the job with netguard (``register_job(cgroup_id, num, lent)``), stores it in
+   SQLite (table ``jobs``), emits ``job`` events, and watches its main process with a pidfd.
+
+When the main process exits, what is left in the cgroup is killed and the cgroups removed.
+
+Jobs survive an agent restart: they run in their own session and cgroups, so a new agent
+re-adopts every stored job whose cgroup still holds processes, watching it by pidfd (its exit
+code is then unknown: it is no longer the agent's child) or by ``cgroup.events``.
+
+Who may do what (decided from SO_PEERCRED by the control API): any local user may submit a
+job (it runs with the caller's uid and gid) and stop their own jobs; stopping someone else's
+job needs root or the control group.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import builtins
+import json
+import logging
+import os
+import pwd
+import re
+import shutil
+import signal
+import subprocess
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ..airlock.cgroups import LIFECYCLE_CLASSES, CgroupError, CgroupTree, Hierarchy, JobCgroup, detect
+from . import gpus as gpumod
+
+log = logging.getLogger("laminar.jobs")
+
+PRIORITY_MIN, PRIORITY_MAX, PRIORITY_DEFAULT = 0, 100, 50
+MEMORY_MB_MAX = 1 << 30  # 1 PiB in MiB: anything larger is a typo
+STOP_GRACE_S = 5.0  # SIGTERM -> cgroup.kill
+# A re-adopted job whose main process is gone (but whose cgroup is not empty) is watched by
+# polling cgroup.events at this interval; POLLPRI on cgroup.events would do too, this is simpler.
+ADOPT_POLL_S = 0.5
+
+ACTIVE_STATES = ("running", "suspended")
+STATES = ("running", "suspended", "exited", "stopped", "reclaimed", "failed", "lost", "readdressed")
+
+SCHEMA = [
+    """CREATE TABLE IF NOT EXISTS jobs (
+        id TEXT PRIMARY KEY,
+        num INTEGER UNIQUE NOT NULL,
+        spec TEXT NOT NULL,
+        state TEXT NOT NULL,
+        pid INTEGER,
+        cgroup_id INTEGER,
+        owner_uid INTEGER NOT NULL,
+        owner_gid INTEGER NOT NULL,
+        gpus TEXT NOT NULL,
+        created REAL NOT NULL,
+        ended REAL,
+        exit_code INTEGER,
+        reason TEXT,
+        work_lost_s REAL)""",
+]
+
+# The pre-exec step: join every cgroup (exit 127 naming the file if one refuses), set
+# oom_score_adj (best effort), then exec the command. $0 is "laminar-job".
+ENTER_SH = (
+    'n=$1; shift; while [ "$n" -gt 0 ]; do '
+    'echo $$ > "$1" || { echo "laminar: cannot join cgroup $1" >&2; exit 127; }; shift; n=$((n-1)); done; '
+    'echo "$1" > /proc/self/oom_score_adj 2>/dev/null; shift; exec "$@"'
+)
+
+_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([KMGT]?)(i?B?)?\s*$", re.IGNORECASE)
+
+
+class JobError(ValueError):
+    """A job request that cannot be done; the message names the value and what is allowed."""
+
+
+def parse_memory_mb(value: Any) -> int | None:
+    """'512M', '2G', '1.5G', '2048' (MiB), 512 (MiB) -> MiB; None/'' -> None (no limit)."""
+    if value is None or value == "":
+        return None
+    if isinstance(value, bool):
+        raise JobError(f"memory {value!r}: expected a size like 512M or 2G, or MiB as an integer")
+    if isinstance(value, int):
+        mb = value
+    else:
+        m = _SIZE.match(str(value))
+        if not m:
+            raise JobError(f"memory {value!r}: expected a size like 512M or 2G, or MiB as an integer")
+        num, unit = float(m.group(1)), m.group(2).upper()
+        mb = int(num * {"": 1, "K": 1 / 1024, "M": 1, "G": 1024, "T": 1024 * 1024}[unit])
+    if not 1 <= mb <= MEMORY_MB_MAX:
+        raise JobError(f"memory {value!r}: must be between 1 MiB and {MEMORY_MB_MAX} MiB")
+    return mb
+
+
+def parse_signal(value: Any) -> str:
+    """'SIGUSR1', 'USR1', 10 -> 'SIGUSR1'."""
+    try:
+        if isinstance(value, int) and not isinstance(value, bool):
+            return signal.Signals(value).name
+        name = str(value).upper()
+        return signal.Signals[name if name.startswith("SIG") else "SIG" + name].name
+    except (KeyError, ValueError):
+        raise JobError(f"checkpoint signal {value!r}: expected a signal name like SIGUSR1 or a number") from None
+
+
+def parse_gpus(value: Any) -> int | list[int]:
+    """2 -> 2 (a count); '0,1' or [0, 1] -> [0, 1] (indices); None/'' -> 0."""
+    if value is None or value == "":
+        return 0
+    if isinstance(value, bool):
+        raise JobError(f"gpus {value!r}: expected a count (2) or indices (0,1)")
+    if isinstance(value, int):
+        if value < 0:
+            raise JobError(f"gpus {value}: a count must be >= 0")
+        return value
+    if isinstance(value, str):
+        s = value.strip()
+        if s.isdigit() and "," not in s:
+            return int(s)
+        try:
+            value = [int(x) for x in s.split(",")]
+        except ValueError:
+            raise JobError(f"gpus {value!r}: expected a count (2) or indices (0,1)") from None
+    if isinstance(value, list) and all(isinstance(i, int) and not isinstance(i, bool) and i >= 0 for i in value):
+        if len(set(value)) != len(value):
+            raise JobError(f"gpus {value}: indices must be unique")
+        return list(value)
+    raise JobError(f"gpus {value!r}: expected a count (2) or indices (0,1)")
+
+
+@dataclass
+class JobSpec:
+    """What to run and with what. Build with `JobSpec.from_dict` (validates) or directly and
+    call `validate()`. JSON keys are the field names, with ``class`` for `job_class`."""
+
+    command: list[str]
+    name: str = ""
+    memory_mb: int | None = None
+    cpus: float | None = None
+    gpus: int | list[int] = 0
+    job_class: str = "standard"
+    priority: int = PRIORITY_DEFAULT
+    checkpoint_signal: str = "SIGUSR1"
+    env: dict[str, str] = field(default_factory=dict)
+    cwd: str | None = None
+    lent: bool = False
+    elastic_min: int | None = None
+    elastic_max: int | None = None
+    resume_from: str | None = None
+
+    def validate(self) -> JobSpec:
+        """Checks every field; raises JobError naming the value and what would be right."""
+        if not isinstance(self.command, list) or not self.command or not all(isinstance(a, str) for a in self.command):
+            raise JobError(f"command {self.command!r}: expected a non-empty list of strings (argv)")
+        if not self.command[0]:
+            raise JobError("command: argv[0] is empty")
+        if not isinstance(self.name, str) or len(self.name) > 63 or not all(c.isalnum() or c in "-_." for c in self.name):
+            raise JobError(f"name {self.name!r}: 0-63 characters of letters, digits, '-', '_' or '.'")
+        self.memory_mb = parse_memory_mb(self.memory_mb)
+        if self.cpus is not None:
+            if isinstance(self.cpus, bool) or not isinstance(self.cpus, int | float) or not 0 < self.cpus <= 4096:
+                raise JobError(f"cpus {self.cpus!r}: expected a number of CPUs > 0 (fractions allowed)")
+            self.cpus = float(self.cpus)
+        self.gpus = parse_gpus(self.gpus)
+        if self.job_class not in LIFECYCLE_CLASSES:
+            raise JobError(f"class {self.job_class!r}: expected one of {', '.join(LIFECYCLE_CLASSES)}")
+        if isinstance(self.priority, bool) or not isinstance(self.priority, int) or not PRIORITY_MIN <= self.priority <= PRIORITY_MAX:
+            raise JobError(f"priority {self.priority!r}: expected an integer {PRIORITY_MIN}..{PRIORITY_MAX} (higher survives longer)")
+        self.checkpoint_signal = parse_signal(self.checkpoint_signal)
+        if not isinstance(self.env, dict) or not all(isinstance(k, str) and isinstance(v, str) and k and "=" not in k
+                                                     for k, v in self.env.items()):
+            raise JobError(f"env {self.env!r}: expected a table of NAME = \"value\" strings")
+        bad = [k for k in self.env if k.startswith("LAMINAR_")]
+        if bad:
+            raise JobError(f"env {bad}: LAMINAR_* variables are set by the agent (the checkpoint contract)")
+        if self.cwd is not None and (not isinstance(self.cwd, str) or not self.cwd.startswith("/")):
+            raise JobError(f"cwd {self.cwd!r}: expected an absolute path")
+        if not isinstance(self.lent, bool):
+            raise JobError(f"lent {self.lent!r}: expected true or false")
+        if (self.elastic_min is None) != (self.elastic_max is None):
+            raise JobError("elastic: give both elastic_min and elastic_max, or neither")
+        if self.elastic_min is not None and self.elastic_max is not None:
+            ok = all(isinstance(v, int) and not isinstance(v, bool) for v in (self.elastic_min, self.elastic_max))
+            if not ok or not 1 <= self.elastic_min <= self.elastic_max:
+                raise JobError(f"elastic min {self.elastic_min!r} / max {self.elastic_max!r}: expected integers with 1 <= min <= max")
+        if self.resume_from is not None and not isinstance(self.resume_from, str):
+            raise JobError(f"resume_from {self.resume_from!r}: expected a path")
+        return self
+
+    @classmethod
+    def from_dict(cls, d: Any) -> JobSpec:
+        """Validated spec from a JSON object; unknown keys are refused by name."""
+        if not isinstance(d, dict):
+            raise JobError(f"job spec must be a JSON object, got {type(d).__name__}")
+        d = dict(d)
+        if "class" in d:
+            d["job_class"] = d.pop("class")
+        if "memory" in d:
+            d["memory_mb"] = parse_memory_mb(d.pop("memory"))
+        known = set(cls.__dataclass_fields__)
+        unknown = sorted(set(d) - known)
+        if unknown:
+            raise JobError(f"job spec: unknown keys {unknown}; allowed: {sorted(known | {'class', 'memory'})}")
+        if "command" not in d:
+            raise JobError("job spec: missing 'command' (argv list)")
+        return cls(**d).validate()
+
+    def as_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["class"] = d.pop("job_class")
+        return d
+
+
+@dataclass
+class Job:
+    """One job. `state` is one of STATES; `cgroup` its cgroups; `pid` the main process."""
+
+    id: str
+    num: int
+    spec: JobSpec
+    cgroup: JobCgroup
+    cgroup_id: int
+    state: str = "running"
+    pid: int | None = None
+    owner_uid: int = 0
+    owner_gid: int = 0
+    gpus: list[int] = field(default_factory=list)
+    created: float = field(default_factory=time.time)
+    ended: float | None = None
+    exit_code: int | None = None
+    reason: str = ""
+    work_lost_s: float | None = None
+    ckpt_dir: Path | None = None
+    log_path: Path | None = None
+    adopted: bool = False
+
+    @property
+    def active(self) -> bool:
+        return self.state in ACTIVE_STATES
+
+    @property
+    def pids(self) -> list[int]:
+        return self.cgroup.pids() if self.active else []
+
+    def last_checkpoint(self) -> float | None:
+        """Wall time of the newest entry in the job's checkpoint directory, or None."""
+        if self.ckpt_dir is None or not self.ckpt_dir.is_dir():
+            return None
+        newest = None
+        for p in self.ckpt_dir.iterdir():
+            try:
+                m = p.stat().st_mtime
+            except OSError:
+                continue
+            newest = m if newest is None else max(newest, m)
+        return newest
+
+    def work_at_risk_s(self, now: float | None = None) -> float:
+        """Seconds of work since the last checkpoint (or since the start): what a kill loses."""
+        now = time.time() if now is None else now
+        base = max(self.created, self.last_checkpoint() or 0.0)
+        return max(0.0, now - base)
+
+    def as_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {
+            "id": self.id, "num": self.num, "name": self.spec.name, "state": self.state, "pid": self.pid,
+            "class": self.spec.job_class, "priority": self.spec.priority, "cgroup_id": self.cgroup_id,
+            "cgroup": str(self.cgroup.unified), "memory_dir": str(self.cgroup.memory_dir),
+            "owner_uid": self.owner_uid, "gpus": self.gpus, "created": self.created, "ended": self.ended,
+            "exit_code": self.exit_code, "reason": self.reason, "work_lost_s": self.work_lost_s,
+            "ckpt_dir": str(self.ckpt_dir) if self.ckpt_dir else None,
+            "log": str(self.log_path) if self.log_path else None, "adopted": self.adopted,
+            "spec": self.spec.as_dict(),
+        }
+        if self.active:
+            try:
+                out["pids"] = self.cgroup.pids()
+                out["memory_bytes"] = self.cgroup.memory_usage()
+                out["frozen"] = self.cgroup.frozen()
+            except CgroupError:
+                pass
+        return out
+
+
+def oom_score_adj_for(spec: JobSpec) -> int:
+    """The kernel's fallback order mirrors Airlock's (see airlock.ladder.oom_score_adj)."""
+    try:
+        from ..airlock.ladder import oom_score_adj
+    except ImportError:  # ladder not present: a plain class-based order
+        return {"long-resident": 0, "standard": 500, "transient": 1000}[spec.job_class]
+    return oom_score_adj(spec.job_class, spec.priority)
+
+
+class JobManager:
+    """The jobs component (``agent.jobs``). See the module docstring.
+
+    Usable without an agent for tests: ``JobManager(store=..., state_dir=..., hierarchy=...)``
+    then ``await start(None)``.
+    """
+
+    agent_attr = "jobs"
+    status_key = "jobs"
+
+    def __init__(self, *, store: Any = None, state_dir: Path | str | None = None, cgroup_root: str | None = None,
+                 hierarchy: Hierarchy | None = None, events: Any = None, netguard: Any = None,
+                 gpus_declared: list[int] | None = None, stop_grace_s: float = STOP_GRACE_S) -> None:
+        self.agent: Any = None
+        self.store = store
+        self.state_dir = Path(state_dir) if state_dir else None
+        self.cgroup_root = cgroup_root
+        self.hierarchy = hierarchy
+        self.events = events
+        self.netguard = netguard
+        self.gpus_declared = gpus_declared
+        self.stop_grace_s = stop_grace_s
+        self.tree: CgroupTree | None = None
+        self.inventory: gpumod.GpuInventory | None = None
+        self.jobs: dict[str, Job] = {}
+        self._popen: dict[str, subprocess.Popen[bytes]] = {}
+        self._pidfds: dict[str, int] = {}
+        self._tasks: set[asyncio.Task[Any]] = set()
+        self._exit_waiters: dict[str, asyncio.Event] = {}
+        self.loop: asyncio.AbstractEventLoop | None = None
+
+    # -- component life ----------------------------------------------------------------------
+    async def start(self, agent: Any) -> None:
+        """Detect cgroups, create the per-class parents, open the table, re-adopt jobs."""
+        self.agent = agent
+        self.loop = asyncio.get_running_loop()
+        if agent is not None:
+            cfg = agent.config
+            self.store = self.store or agent.store
+            self.state_dir = self.state_dir or Path(cfg.state_dir)
+            if self.cgroup_root is None:
+                try:
+                    self.cgroup_root = cfg.cgroups.root
+                except AttributeError:
+                    self.cgroup_root = "laminar"
+            if self.gpus_declared is None:
+                self.gpus_declared = getattr(cfg, "gpus_declared", None)
+            self.events = self.events or agent.events
+            self.netguard = self.netguard or getattr(agent, "netguard", None)
+        if self.store is None or self.state_dir is None:
+            raise RuntimeError("JobManager needs a store and a state dir (an agent, or store=/state_dir=)")
+        self.cgroup_root = self.cgroup_root or "laminar"
+        self.hierarchy = self.hierarchy or detect()
+        self.tree = CgroupTree(self.hierarchy, self.cgroup_root)
+        self.tree.ensure()
+        self.inventory = gpumod.discover(self.gpus_declared)
+        for sub in ("logs", "ckpt"):
+            (self.state_dir / sub).mkdir(parents=True, exist_ok=True)
+            os.chmod(self.state_dir / sub, 0o755)
+        self.store.ensure_schema("jobs", SCHEMA)
+        self._emit("job", f"jobs: {self.hierarchy.describe()}; GPUs: {self.inventory.source} "
+                   f"{self.inventory.indices} {self.inventory.note}".rstrip(),
+                   cgroups=self.hierarchy.mode, gpus=self.inventory.as_dict())
+        self._adopt_all()
+
+    async def shutdown(self) -> None:
+        """Stop watching. Jobs keep running in their cgroups; the next start re-adopts them."""
+        for task in list(self._tasks):
+            task.cancel()
+        for jid in list(self._pidfds):
+            self._unwatch(jid)
+        self._popen.clear()
+
+    def status(self) -> dict[str, Any]:
+        counts: dict[str, int] = {}
+        for j in self.jobs.values():
+            counts[j.state] = counts.get(j.state, 0) + 1
+        return {"cgroups": self.hierarchy.as_dict() if self.hierarchy else None,
+                "root": self.cgroup_root, "gpus": self.inventory.as_dict() if self.inventory else None,
+                "jobs": counts}
+
+    # -- queries -------------------------------------------------------------------------------
+    def get(self, job_id: str) -> Job | None:
+        """A job by id ("job-3") or number ("3"), from memory or the store."""
+        if job_id in self.jobs:
+            return self.jobs[job_id]
+        if job_id.isdigit():
+            for j in self.jobs.values():
+                if j.num == int(job_id):
+                    return j
+        row = self.store.db.execute("SELECT * FROM jobs WHERE id=? OR num=?",
+                                    (job_id, int(job_id) if job_id.isdigit() else -1)).fetchone()
+        return self._from_row(row) if row else None
+
+    def list(self, all_jobs: bool = True) -> list[Job]:
+        """Active jobs in memory plus finished ones from the store, oldest first."""
+        out = {j.id: j for j in self.jobs.values()}
+        if all_jobs:
+            for row in self.store.db.execute("SELECT * FROM jobs ORDER BY num"):
+                if row["id"] not in out:
+                    out[row["id"]] = self._from_row(row)
+        return sorted(out.values(), key=lambda j: j.num)
+
+    def active(self) -> builtins.list[Job]:
+        return [j for j in self.jobs.values() if j.active]
+
+    # -- submit --------------------------------------------------------------------------------
+    async def submit(self, spec: JobSpec, owner_uid: int = 0, owner_gid: int = 0) -> Job:
+        """Start `spec` as a job owned by (owner_uid, owner_gid). Raises JobError for a bad
+        request (cwd missing, GPUs unavailable, command not found) and CgroupError when the
+        cgroups cannot be made; nothing is left behind on failure."""
+        assert self.tree is not None and self.state_dir is not None and self.inventory is not None
+        spec.validate()
+        if spec.cwd is not None and not Path(spec.cwd).is_dir():
+            raise JobError(f"cwd {spec.cwd!r}: no such directory")
+        exe = spec.command[0]
+        if "/" not in exe and shutil.which(exe, path=spec.env.get("PATH", os.environ.get("PATH"))) is None:
+            raise JobError(f"command {exe!r}: not found in PATH")
+        used = [g for j in self.active() for g in j.gpus]
+        try:
+            gpus = gpumod.allocate(self.inventory, used, spec.gpus)
+        except ValueError as e:
+            raise JobError(str(e)) from None
+
+        with self.store.tx() as db:
+            num = int(db.execute("SELECT COALESCE(MAX(num), 0) + 1 FROM jobs").fetchone()[0])
+            job_id = f"job-{num}"
+            db.execute("INSERT INTO jobs(id, num, spec, state, owner_uid, owner_gid, gpus, created) "
+                       "VALUES(?, ?, ?, 'starting', ?, ?, ?, ?)",
+                       (job_id, num, json.dumps(spec.as_dict()), owner_uid, owner_gid, json.dumps(gpus), time.time()))
+        cg = self.tree.job(spec.job_class, job_id)
+        ckpt = self.state_dir / "ckpt" / job_id
+        logp = self.state_dir / "logs" / f"{job_id}.log"
+        try:
+            cg.create()
+            if spec.memory_mb is not None:
+                # oom_kill_disable: at its limit the job waits for Airlock instead of dying.
+                high = int(spec.memory_mb * 0.9) << 20 if self.hierarchy and self.hierarchy.memory_in_v2 else None
+                cg.set_memory_limit(spec.memory_mb << 20, oom_kill_disable=True, high_bytes=high)
+            if spec.cpus is not None and not cg.set_cpus(spec.cpus):
+                log.warning("job %s: no cpu controller on this host; cpus=%s not enforced", job_id, spec.cpus)
+            ckpt.mkdir(parents=True, exist_ok=True)
+            if owner_uid:
+                os.chown(ckpt, owner_uid, owner_gid)
+            job = Job(id=job_id, num=num, spec=spec, cgroup=cg, cgroup_id=cg.cgroup_id, owner_uid=owner_uid,
+                      owner_gid=owner_gid, gpus=gpus, ckpt_dir=ckpt, log_path=logp)
+            proc = self._spawn(job)
+        except BaseException as e:
+            try:
+                cg.kill()
+            except CgroupError:
+                pass
+            try:
+                cg.remove()
+            except CgroupError:
+                pass
+            with self.store.tx() as db:
+                db.execute("UPDATE jobs SET state='failed', reason=?, ended=? WHERE id=?", (f"start failed: {e}", time.time(), job_id))
+            if isinstance(e, OSError):
+                raise JobError(f"command {spec.command[0]!r}: {e.strerror or e}") from None
+            raise
+        job.pid = proc.pid
+        self._popen[job_id] = proc
+        self.jobs[job_id] = job
+        self._persist(job)
+        if self.netguard is not None:
+            try:
+                self.netguard.register_job(job.cgroup_id, job.num, spec.lent)
+            except Exception as e:  # the job runs; its traffic is just not identified
+                log.warning("job %s: netguard.register_job failed: %s", job_id, e)
+        self._watch(job)
+        self._emit("job", f"job {job_id} started: {' '.join(spec.command)[:200]}", job=job_id, num=num,
+                   pid=proc.pid, cgroup_id=job.cgroup_id, **{"class": spec.job_class}, priority=spec.priority,
+                   memory_mb=spec.memory_mb, gpus=gpus)
+        return job
+
+    def _spawn(self, job: Job) -> subprocess.Popen[bytes]:
+        spec = job.spec
+        env = {"PATH": os.environ.get("PATH", "/usr/local/bin:/usr/bin:/bin"), "LANG": os.environ.get("LANG", "C.UTF-8")}
+        if job.owner_uid:
+            try:
+                pw = pwd.getpwuid(job.owner_uid)
+                env.update(HOME=pw.pw_dir, USER=pw.pw_name, LOGNAME=pw.pw_name)
+            except KeyError:
+                pass
+        env.update(spec.env)
+        env.update(LAMINAR_JOB_ID=job.id, LAMINAR_JOB_NUM=str(job.num), LAMINAR_CKPT_DIR=str(job.ckpt_dir),
+                   LAMINAR_CKPT_SIGNAL=spec.checkpoint_signal)
+        if spec.resume_from:
+            env["LAMINAR_RESUME_FROM"] = spec.resume_from
+        if spec.gpus or job.gpus:
+            env["CUDA_VISIBLE_DEVICES"] = ",".join(map(str, job.gpus))
+        files = [str(f) for f in job.cgroup.procs_files()]
+        drop: list[str] = []
+        if job.owner_uid:
+            drop = ["setpriv", f"--reuid={job.owner_uid}", f"--regid={job.owner_gid}", "--init-groups", "--"]
+            try:
+                pwd.getpwuid(job.owner_uid)
+            except KeyError:
+                drop = ["setpriv", f"--reuid={job.owner_uid}", f"--regid={job.owner_gid}", "--clear-groups", "--"]
+        argv = ["/bin/sh", "-c", ENTER_SH, "laminar-job", str(len(files)), *files,
+                str(oom_score_adj_for(spec)), *drop, *spec.command]
+        assert job.log_path is not None
+        with open(job.log_path, "ab", buffering=0) as logf:
+            os.chmod(job.log_path, 0o640)
+            if job.owner_uid:
+                os.chown(job.log_path, job.owner_uid, job.owner_gid)
+            return subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=logf, stderr=subprocess.STDOUT,
+                                    cwd=spec.cwd, env=env, start_new_session=True, close_fds=True)
+
+    # -- watching ------------------------------------------------------------------------------
+    def _watch(self, job: Job) -> None:
+        assert self.loop is not None and job.pid is not None
+        try:
+            fd = os.pidfd_open(job.pid)
+        except ProcessLookupError:
+            self._spawn_task(self._on_exit(job.id))
+            return
+        except OSError as e:
+            log.warning("job %s: pidfd_open failed (%s); watching cgroup.events instead", job.id, e)
+            self._spawn_task(self._poll_populated(job.id))
+            return
+        self._pidfds[job.id] = fd
+        self.loop.add_reader(fd, self._pidfd_ready, job.id)
+
+    def _unwatch(self, job_id: str) -> None:
+        fd = self._pidfds.pop(job_id, None)
+        if fd is not None:
+            if self.loop is not None:
+                self.loop.remove_reader(fd)
+            os.close(fd)
+
+    def _pidfd_ready(self, job_id: str) -> None:
+        self._unwatch(job_id)
+        self._spawn_task(self._on_exit(job_id))
+
+    def _spawn_task(self, coro: Any) -> None:
+        assert self.loop is not None
+        task = self.loop.create_task(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _poll_populated(self, job_id: str) -> None:
+        job = self.jobs.get(job_id)
+        while job is not None and job.active and job.cgroup.populated():
+            await asyncio.sleep(ADOPT_POLL_S)
+        await self._on_exit(job_id)
+
+    async def _on_exit(self, job_id: str) -> None:
+        """The main process is gone: record the exit code, kill leftovers, remove cgroups."""
+        job = self.jobs.get(job_id)
+        if job is None:
+            return
+        proc = self._popen.pop(job_id, None)
+        code = proc.wait() if proc is not None else None  # a pidfd fired: wait() does not block
+        if job.active:
+            job.state = "exited"
+            job.reason = job.reason or (f"exit code {code}" if code is not None else "exited (adopted: exit code unknown)")
+        job.exit_code = code
+        job.ended = time.time()
+        await self._teardown(job)
+        self._persist(job)
+        self.jobs.pop(job_id, None)
+        self._emit("job", f"job {job_id} {job.state}: {job.reason}", job=job_id, state=job.state, exit_code=code,
+                   work_lost_s=job.work_lost_s)
+        ev = self._exit_waiters.pop(job_id, None)
+        if ev is not None:
+            ev.set()
+
+    async def _teardown(self, job: Job) -> None:
+        """Kill what is left in the cgroup, wait for it to empty, remove it, unregister."""
+        try:
+            if job.cgroup.exists():
+                if job.cgroup.populated():
+                    job.cgroup.kill()
+                    for _ in range(200):
+                        if not job.cgroup.populated():
+                            break
+                        await asyncio.sleep(0.01)
+                job.cgroup.remove()
+        except CgroupError as e:
+            log.warning("job %s: cgroup cleanup: %s", job.id, e)
+        if self.netguard is not None:
+            try:
+                self.netguard.unregister_job(job.cgroup_id)
+            except Exception as e:
+                log.debug("job %s: netguard.unregister_job: %s", job.id, e)
+
+    async def wait(self, job_id: str, timeout: float | None = None) -> Job | None:
+        """Wait until the job has ended (or `timeout`); returns its final record."""
+        if job_id in self.jobs:
+            ev = self._exit_waiters.setdefault(job_id, asyncio.Event())
+            await asyncio.wait_for(ev.wait(), timeout)
+        return self.get(job_id)
+
+    # -- actions -------------------------------------------------------------------------------
+    def set_state(self, job: Job, state: str, reason: str = "") -> None:
+        """Record a state change decided elsewhere (Airlock: suspended, running, reclaimed)."""
+        if state not in STATES:
+            raise JobError(f"state {state!r}: expected one of {', '.join(STATES)}")
+        job.state = state
+        if reason:
+            job.reason = reason
+        self._persist(job)
+
+    def request_checkpoint(self, job: Job) -> bool:
+        """Send the job its checkpoint signal (main process). False if it is gone."""
+        if job.pid is None:
+            return False
+        try:
+            os.kill(job.pid, signal.Signals[job.spec.checkpoint_signal])
+            return True
+        except ProcessLookupError:
+            return False
+
+    async def stop(self, job_id: str | None = None, reason: str = "stopped by request", *,
+                   grace_s: float | None = None, state: str = "stopped", work_lost_s: float | None = None) -> Job | None:
+        """Stop a job: thaw, SIGTERM, `grace_s`, then cgroup.kill; cgroups removed; returns
+        its final record. Raises JobError for an unknown or finished job.
+
+        With no `job_id` this is the component's stop (the agent's SIGTERM): it only stops
+        watching (`shutdown`), and every job keeps running."""
+        if job_id is None:
+            await self.shutdown()
+            return None
+        job = self.get(job_id)
+        if job is None:
+            raise JobError(f"no job {job_id!r} (see `laminarctl jobs`)")
+        if not job.active or job.id not in self.jobs:
+            raise JobError(f"job {job.id} is not running (state {job.state})")
+        grace = self.stop_grace_s if grace_s is None else grace_s
+        job.state = state
+        job.reason = reason
+        job.work_lost_s = work_lost_s if work_lost_s is not None else job.work_at_risk_s()
+        self._persist(job)
+        self._emit("job", f"job {job.id} stopping: {reason}", job=job.id, grace_s=grace)
+        ev = self._exit_waiters.setdefault(job.id, asyncio.Event())
+        try:
+            if job.cgroup.frozen():
+                job.cgroup.thaw(timeout=0.5)
+            if grace > 0:
+                job.cgroup.signal(signal.SIGTERM)
+                try:
+                    await asyncio.wait_for(ev.wait(), grace)
+                except TimeoutError:
+                    pass
+            if not ev.is_set():
+                job.cgroup.kill()
+                await asyncio.wait_for(ev.wait(), 10)
+        except CgroupError as e:
+            log.warning("job %s: stop: %s", job.id, e)
+        except TimeoutError:
+            # The main process exited but was never reaped by us (cannot happen with pidfd);
+            # tear down directly so the cgroup does not stay.
+            await self._on_exit(job.id)
+        return self.get(job.id) or job
+
+    async def kill(self, job: Job, reason: str, work_lost_s: float | None = None) -> None:
+        """Reclaim now: cgroup.kill with no grace (Airlock's last rung); work lost recorded."""
+        await self.stop(job.id, reason, grace_s=0, state="reclaimed", work_lost_s=work_lost_s)
+
+    # -- store -----------------------------------------------------------------------------------
+    def _persist(self, job: Job) -> None:
+        with self.store.tx() as db:
+            db.execute("UPDATE jobs SET state=?, pid=?, cgroup_id=?, ended=?, exit_code=?, reason=?, work_lost_s=? "
+                       "WHERE id=?", (job.state, job.pid, job.cgroup_id, job.ended, job.exit_code, job.reason,
+                                      job.work_lost_s, job.id))
+
+    def _from_row(self, row: Any) -> Job:
+        spec_d = json.loads(row["spec"])
+        spec_d["job_class"] = spec_d.pop("class")
+        spec = JobSpec(**spec_d)
+        assert self.tree is not None and self.state_dir is not None
+        cg = self.tree.job(spec.job_class, row["id"])
+        return Job(id=row["id"], num=row["num"], spec=spec, cgroup=cg, cgroup_id=row["cgroup_id"] or 0,
+                   state=row["state"], pid=row["pid"], owner_uid=row["owner_uid"], owner_gid=row["owner_gid"],
+                   gpus=json.loads(row["gpus"]), created=row["created"], ended=row["ended"],
+                   exit_code=row["exit_code"], reason=row["reason"] or "", work_lost_s=row["work_lost_s"],
+                   ckpt_dir=self.state_dir / "ckpt" / row["id"], log_path=self.state_dir / "logs" / f"{row['id']}.log")
+
+    def _adopt_all(self) -> None:
+        """Re-adopt stored active jobs whose cgroups still hold processes; mark the rest lost."""
+        rows = self.store.db.execute("SELECT * FROM jobs WHERE state IN ('running', 'suspended', 'starting')").fetchall()
+        for row in rows:
+            job = self._from_row(row)
+            if job.state != "starting" and job.cgroup.exists() and job.cgroup.populated():
+                job.adopted = True
+                # The frozen flag in the kernel is the truth about suspension.
+                try:
+                    job.state = "suspended" if job.cgroup.frozen() else "running"
+                except CgroupError:
+                    pass
+                self.jobs[job.id] = job
+                if self.netguard is not None:
+                    try:
+                        self.netguard.register_job(job.cgroup_id, job.num, job.spec.lent)
+                    except Exception as e:
+                        log.warning("job %s: netguard.register_job failed: %s", job.id, e)
+                if job.pid is not None and job.pid in job.cgroup.pids():
+                    self._watch(job)
+                else:
+                    self._spawn_task(self._poll_populated(job.id))
+                self._persist(job)
+                self._emit("job", f"job {job.id} re-adopted ({job.state}, pid {job.pid})", job=job.id,
+                           pid=job.pid, cgroup_id=job.cgroup_id)
+            else:
+                job.state = "lost" if job.state != "starting" else "failed"
+                job.reason = "ended while the agent was down (exit code unknown)" if job.state == "lost" \
+                    else "agent stopped while the job was starting"
+                job.ended = time.time()
+                try:
+                    if job.cgroup.exists():
+                        if job.cgroup.populated():
+                            job.cgroup.kill()
+                        job.cgroup.remove()
+                except CgroupError as e:
+                    log.warning("job %s: cleanup: %s", job.id, e)
+                self._persist(job)
+                self._emit("job", f"job {job.id} {job.state}: {job.reason}", job=job.id, state=job.state)
+
+    def _emit(self, kind: str, message: str, **fields: Any) -> None:
+        if self.events is not None:
+            self.events.emit(kind, message, **fields)
+        else:
+            log.info("%s: %s", kind, message)
+
+    # -- API -------------------------------------------------------------------------------------
+    def routes(self) -> builtins.list[Any]:
+        from ..api import ApiError, Request, Route
+
+        def may_manage(req: Request, job: Job) -> bool:
+            if req.peer.uid == 0 or req.peer.uid == job.owner_uid:
+                return True
+            auth = getattr(getattr(self.agent, "api", None), "auth", None)
+            return bool(auth and auth.allowed(req.peer))
+
+        def find(req: Request) -> Job:
+            job = self.get(req.params["id"])
+            if job is None:
+                raise ApiError(404, f"no job {req.params['id']!r} (see `laminarctl jobs`)")
+            return job
+
+        async def submit(req: Request) -> dict[str, Any]:
+            try:
+                spec = JobSpec.from_dict(req.body)
+                job = await self.submit(spec, owner_uid=req.peer.uid, owner_gid=req.peer.gid)
+            except JobError as e:
+                raise ApiError(400, str(e)) from None
+            except CgroupError as e:
+                raise ApiError(503, f"cannot create the job's cgroups: {e}") from None
+            return job.as_dict()
+
+        async def list_jobs(req: Request) -> builtins.list[dict[str, Any]]:
+            everything = req.query.get("all", "1") not in ("0", "false", "no")
+            return [j.as_dict() for j in self.list(everything)]
+
+        async def show(req: Request) -> dict[str, Any]:
+            return find(req).as_dict()
+
+        async def stop(req: Request) -> dict[str, Any]:
+            job = find(req)
+            if not may_manage(req, job):
+                raise ApiError(403, f"permission denied: job {job.id} belongs to uid {job.owner_uid}; stopping "
+                                    f"another user's job needs root or the control group (caller uid {req.peer.uid})")
+            body = req.body if isinstance(req.body, dict) else {}
+            reason = str(body.get("reason") or f"stopped by uid {req.peer.uid}")
+            grace = body.get("grace_s")
+            if grace is not None and (isinstance(grace, bool) or not isinstance(grace, int | float) or grace < 0):
+                raise ApiError(400, f"grace_s {grace!r}: expected seconds >= 0")
+            try:
+                final = await self.stop(job.id, reason, grace_s=grace)
+                return final.as_dict() if final else {}
+            except JobError as e:
+                raise ApiError(409, str(e)) from None
+
+        return [
+            Route("POST", "/v1/jobs", submit, privileged=False),
+            Route("GET", "/v1/jobs", list_jobs),
+            Route("GET", "/v1/jobs/{id}", show),
+            Route("POST", "/v1/jobs/{id}/stop", stop, privileged=False),
+        ]
