@@ -1,0 +1,562 @@
+"""The zone wire format: authenticated, replay-protected datagrams between agents.
+
+Every datagram is ``header | body | mac`` (byte layouts in ``docs/protocol.md``):
+
+- a 30-byte header in network byte order: magic ``b"LZ"``, version, message type, flags, a
+  reserved byte, the *key zone* (whose key signs it), the sender's node id, the sender's wall
+  clock in milliseconds, the sender's sequence number and the body length;
+- a compact ``struct`` body, one layout per message type;
+- HMAC-SHA256 over header and body with the key zone's key (32 bytes).
+
+A UDP datagram is at most :data:`MAX_DATAGRAM` bytes; hand-overs over TCP use the same
+envelope behind a 4-byte length with a larger limit (:data:`MAX_FRAME`).
+
+:class:`Decoder` turns bytes into a typed :class:`Message` or raises :class:`Dropped` with a
+:class:`DropReason`, counting every drop by reason; it raises nothing else, whatever the input
+(``tests/unit/test_fuzz_wire.py`` holds it to that). Checks run cheapest first and the MAC is
+checked before anything in the header is trusted beyond its length; the sequence window is
+updated only for datagrams that passed every other check, so a forgery cannot burn sequence
+numbers.
+
+Example::
+
+    >>> from laminar.zone.keys import ZoneKeys
+    >>> keys = ZoneKeys({1: bytes(32)}, "test")
+    >>> enc = Encoder(node=5, keys=keys, seq0=1)
+    >>> dec = Decoder(keys, known_nodes={5: 1})
+    >>> data = enc.encode(Release(placement_id=77), zone=1, now=1000.0)
+    >>> dec.decode(data, now=1000.0).body
+    Release(placement_id=77)
+    >>> try:
+    ...     dec.decode(data, now=1000.0)
+    ... except Dropped as e:
+    ...     print(e.reason)
+    DropReason.REPLAY
+"""
+
+from __future__ import annotations
+
+import enum
+import hashlib
+import hmac
+import struct
+from collections import Counter
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from laminar.zone.keys import ZoneKeys
+
+MAGIC = b"LZ"
+VERSION = 1
+HEADER = struct.Struct("!2sBBBBHIQQH")
+HEADER_SIZE = HEADER.size  # 30
+MAC_SIZE = 32
+MAX_DATAGRAM = 1200  # stays under any path MTU with IPv6 and tunnels, no fragmentation
+MAX_FRAME = 1 << 20  # a TCP hand-over frame (job spec inside)
+REPLAY_WINDOW_S = 30.0  # clocks of a zone's nodes are NTP-synchronised far better than this
+SEQ_WINDOW = 256  # sequence numbers accepted out of order behind the highest seen
+
+FLAG_REPLY_WANTED = 0x01  # a heartbeat that asks for one back (liveness check)
+
+
+class MsgType(enum.IntEnum):
+    """Message types (append only; values travel on the wire)."""
+
+    PROBE = 1
+    OFFER = 2
+    REFUSE = 3
+    COMMIT = 4
+    COMMIT_ACK = 5
+    RELEASE = 6
+    SUMMARY = 7
+    ZONE_SUMMARY = 8
+    RECLAIM_NOTICE = 9
+    HEARTBEAT = 10
+    HANDOVER = 11
+    HANDOVER_ACK = 12
+
+
+class DropReason(enum.Enum):
+    """Why a datagram was dropped; the value is the counter's name (``/v1/zone/stats``)."""
+
+    TRUNCATED = "truncated"  # shorter than header + mac, or than its body length says
+    TOO_LARGE = "too_large"
+    BAD_MAGIC = "bad_magic"
+    BAD_VERSION = "bad_version"
+    BAD_LENGTH = "bad_length"  # body length disagrees with the datagram's size
+    UNKNOWN_ZONE = "unknown_zone"  # no key for the key zone it names
+    BAD_MAC = "bad_mac"  # forged, corrupted or signed with another key
+    UNKNOWN_NODE = "unknown_node"  # authenticated, but the sender is not in the membership
+    BAD_TYPE = "bad_type"
+    STALE = "stale"  # timestamp outside the replay window
+    REPLAY = "replay"  # sequence number seen already, or behind the window
+    MALFORMED = "malformed"  # body does not parse for its type
+
+
+class Dropped(Exception):
+    """A datagram the decoder refused; ``reason`` says why."""
+
+    def __init__(self, reason: DropReason, detail: str = "") -> None:
+        super().__init__(f"{reason.value}: {detail}" if detail else reason.value)
+        self.reason = reason
+        self.detail = detail
+
+
+# --------------------------------------------------------------------------- bodies
+
+
+@dataclass(frozen=True)
+class Probe:
+    """Can you take this demand? Hold it for ``lease_ms`` if so."""
+
+    placement_id: int
+    gpus_centi: int  # GPUs x 100 (50 = half a GPU)
+    cpus_milli: int
+    memory_mb: int
+    lease_ms: int
+    gpu_model: str = ""
+    pool: str = ""
+
+
+@dataclass(frozen=True)
+class Offer:
+    """Yes: held until ``lease_ms`` from now; ``gpu_alloc`` is ((index, centi), ...)."""
+
+    placement_id: int
+    lease_ms: int
+    gpu_alloc: tuple[tuple[int, int], ...] = ()
+
+
+@dataclass(frozen=True)
+class Refuse:
+    placement_id: int
+    reason: int  # laminar.zone.placement.RefuseReason
+
+
+@dataclass(frozen=True)
+class Commit:
+    """Bind the offer: turn the reservation committed for ``hold_ms`` (the hand-over window)."""
+
+    placement_id: int
+    hold_ms: int
+
+
+@dataclass(frozen=True)
+class CommitAck:
+    """``status`` 0: committed, hand the job over on TCP ``port``; else a RefuseReason."""
+
+    placement_id: int
+    status: int
+    port: int
+
+
+@dataclass(frozen=True)
+class Release:
+    placement_id: int
+
+
+@dataclass(frozen=True)
+class Summary:
+    """A node's residual capacity (after the reservations it holds)."""
+
+    gpu_free_centi: tuple[int, ...]
+    cpus_milli: int
+    memory_mb: int
+    draining: bool
+    gpu_model: str = ""
+    pool: str = ""
+
+
+@dataclass(frozen=True)
+class ZoneSummaryMsg:
+    """A zone's residual capacity by shape, for submitters in other zones."""
+
+    zone: int
+    nodes: int
+    slots: tuple[int, ...]
+    cpus_milli: int
+    memory_mb: int
+    gpu_models: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class ReclaimNotice:
+    """The sender's owner takes it back in ``deadline_ms``: stop placing here, move jobs off."""
+
+    notice_id: int
+    deadline_ms: int
+    reason: str = ""
+
+
+@dataclass(frozen=True)
+class Heartbeat:
+    uptime_s: int = 0
+
+
+@dataclass(frozen=True)
+class Handover:
+    """TCP only: the job spec (JSON) for a committed placement."""
+
+    placement_id: int
+    spec_json: bytes
+
+
+@dataclass(frozen=True)
+class HandoverAck:
+    """TCP only: ``status`` 0 and the job id, or a non-zero status and an error message."""
+
+    placement_id: int
+    status: int
+    text: str = ""
+
+
+Body = (
+    Probe | Offer | Refuse | Commit | CommitAck | Release | Summary | ZoneSummaryMsg | ReclaimNotice | Heartbeat | Handover | HandoverAck
+)
+
+TYPE_OF: dict[type, MsgType] = {
+    Probe: MsgType.PROBE,
+    Offer: MsgType.OFFER,
+    Refuse: MsgType.REFUSE,
+    Commit: MsgType.COMMIT,
+    CommitAck: MsgType.COMMIT_ACK,
+    Release: MsgType.RELEASE,
+    Summary: MsgType.SUMMARY,
+    ZoneSummaryMsg: MsgType.ZONE_SUMMARY,
+    ReclaimNotice: MsgType.RECLAIM_NOTICE,
+    Heartbeat: MsgType.HEARTBEAT,
+    Handover: MsgType.HANDOVER,
+    HandoverAck: MsgType.HANDOVER_ACK,
+}
+
+
+@dataclass(frozen=True)
+class Message:
+    """A decoded, authenticated datagram."""
+
+    type: MsgType
+    flags: int
+    zone: int  # key zone
+    node: int  # sender
+    ts_ms: int
+    seq: int
+    body: Body
+
+
+# --------------------------------------------------------------------------- body codecs
+
+_U8 = struct.Struct("!B")
+_BB = struct.Struct("!BB")
+_U32 = struct.Struct("!I")
+_U64 = struct.Struct("!Q")
+_PROBE = struct.Struct("!QHIII")
+_OFFER = struct.Struct("!QIB")
+_REFUSE = struct.Struct("!QB")
+_COMMIT = struct.Struct("!QI")
+_COMMIT_ACK = struct.Struct("!QBH")
+_SUMMARY = struct.Struct("!IIBB")
+_ZONE_SUMMARY = struct.Struct("!HIQQB")
+_RECLAIM = struct.Struct("!QI")
+_HANDOVER_ACK = struct.Struct("!QB")
+
+
+class _Reader:
+    """Bounds-checked reads over a body; every failure is :class:`Dropped` MALFORMED."""
+
+    __slots__ = ("buf", "pos")
+
+    def __init__(self, buf: bytes) -> None:
+        self.buf = buf
+        self.pos = 0
+
+    def take(self, s: struct.Struct) -> tuple[int, ...]:
+        end = self.pos + s.size
+        if end > len(self.buf):
+            raise Dropped(DropReason.MALFORMED, "body too short")
+        v = s.unpack_from(self.buf, self.pos)
+        self.pos = end
+        return v
+
+    def raw(self, n: int) -> bytes:
+        end = self.pos + n
+        if end > len(self.buf):
+            raise Dropped(DropReason.MALFORMED, "body too short")
+        v = self.buf[self.pos : end]
+        self.pos = end
+        return v
+
+    def text(self) -> str:
+        (n,) = self.take(_U8)
+        try:
+            return self.raw(n).decode("utf-8")
+        except UnicodeDecodeError:
+            raise Dropped(DropReason.MALFORMED, "string not utf-8") from None
+
+    def done(self) -> None:
+        if self.pos != len(self.buf):
+            raise Dropped(DropReason.MALFORMED, f"{len(self.buf) - self.pos} trailing bytes")
+
+
+def _text(s: str) -> bytes:
+    b = s.encode("utf-8")
+    if len(b) > 255:
+        raise ValueError(f"wire: string of {len(b)} bytes, at most 255: {s[:40]!r}")
+    return _U8.pack(len(b)) + b
+
+
+def encode_body(body: Body) -> bytes:
+    """The body's bytes. Raises ValueError (or struct.error) for a value out of its field's range."""
+    if isinstance(body, Probe):
+        return (
+            _PROBE.pack(body.placement_id, body.gpus_centi, body.cpus_milli, body.memory_mb, body.lease_ms)
+            + _text(body.gpu_model)
+            + _text(body.pool)
+        )
+    if isinstance(body, Offer):
+        out = _OFFER.pack(body.placement_id, body.lease_ms, len(body.gpu_alloc))
+        return out + b"".join(_BB.pack(i, c) for i, c in body.gpu_alloc)
+    if isinstance(body, Refuse):
+        return _REFUSE.pack(body.placement_id, body.reason)
+    if isinstance(body, Commit):
+        return _COMMIT.pack(body.placement_id, body.hold_ms)
+    if isinstance(body, CommitAck):
+        return _COMMIT_ACK.pack(body.placement_id, body.status, body.port)
+    if isinstance(body, Release):
+        return _U64.pack(body.placement_id)
+    if isinstance(body, Summary):
+        return (
+            _SUMMARY.pack(body.cpus_milli, body.memory_mb, int(body.draining), len(body.gpu_free_centi))
+            + bytes(body.gpu_free_centi)
+            + _text(body.gpu_model)
+            + _text(body.pool)
+        )
+    if isinstance(body, ZoneSummaryMsg):
+        out = _ZONE_SUMMARY.pack(body.zone, body.nodes, body.cpus_milli, body.memory_mb, len(body.slots))
+        out += b"".join(_U32.pack(min(s, 2**32 - 1)) for s in body.slots)
+        out += _U8.pack(len(body.gpu_models)) + b"".join(_text(m) for m in body.gpu_models)
+        return out
+    if isinstance(body, ReclaimNotice):
+        return _RECLAIM.pack(body.notice_id, body.deadline_ms) + _text(body.reason)
+    if isinstance(body, Heartbeat):
+        return _U32.pack(body.uptime_s)
+    if isinstance(body, Handover):
+        return _U64.pack(body.placement_id) + body.spec_json
+    if isinstance(body, HandoverAck):
+        return _HANDOVER_ACK.pack(body.placement_id, body.status) + body.text.encode("utf-8")
+    raise TypeError(f"wire: not a message body: {body!r}")
+
+
+def decode_body(mtype: MsgType, buf: bytes) -> Body:
+    """Parse ``buf`` as a body of ``mtype``; raises :class:`Dropped` MALFORMED on any mismatch."""
+    r = _Reader(buf)
+    body: Body
+    if mtype is MsgType.PROBE:
+        pid, g, c, m, lease = r.take(_PROBE)
+        if g > 6400:
+            raise Dropped(DropReason.MALFORMED, f"probe gpus_centi {g} > 6400")
+        body = Probe(pid, g, c, m, lease, r.text(), r.text())
+    elif mtype is MsgType.OFFER:
+        pid, lease, n = r.take(_OFFER)
+        alloc = []
+        for _ in range(n):
+            i, c = r.take(_BB)
+            if c > 100:
+                raise Dropped(DropReason.MALFORMED, f"offer gpu share {c} > 100")
+            alloc.append((i, c))
+        body = Offer(pid, lease, tuple(alloc))
+    elif mtype is MsgType.REFUSE:
+        pid, reason = r.take(_REFUSE)
+        body = Refuse(pid, reason)
+    elif mtype is MsgType.COMMIT:
+        body = Commit(*r.take(_COMMIT))
+    elif mtype is MsgType.COMMIT_ACK:
+        body = CommitAck(*r.take(_COMMIT_ACK))
+    elif mtype is MsgType.RELEASE:
+        body = Release(*r.take(_U64))
+    elif mtype is MsgType.SUMMARY:
+        c, m, dr, n = r.take(_SUMMARY)
+        gpus = tuple(r.raw(n))
+        if any(g > 100 for g in gpus) or dr > 1:
+            raise Dropped(DropReason.MALFORMED, "summary gpu share > 100 or draining not 0/1")
+        body = Summary(gpus, c, m, bool(dr), r.text(), r.text())
+    elif mtype is MsgType.ZONE_SUMMARY:
+        z, nodes, c, m, ns = r.take(_ZONE_SUMMARY)
+        slots = tuple(r.take(_U32)[0] for _ in range(ns))
+        (nm,) = r.take(_U8)
+        models = tuple(r.text() for _ in range(nm))
+        body = ZoneSummaryMsg(z, nodes, slots, c, m, models)
+    elif mtype is MsgType.RECLAIM_NOTICE:
+        nid, dl = r.take(_RECLAIM)
+        body = ReclaimNotice(nid, dl, r.text())
+    elif mtype is MsgType.HEARTBEAT:
+        body = Heartbeat(*r.take(_U32))
+    elif mtype is MsgType.HANDOVER:
+        (pid,) = r.take(_U64)
+        body = Handover(pid, r.raw(len(buf) - r.pos))
+    elif mtype is MsgType.HANDOVER_ACK:
+        pid, st = r.take(_HANDOVER_ACK)
+        try:
+            text = r.raw(len(buf) - r.pos).decode("utf-8")
+        except UnicodeDecodeError:
+            raise Dropped(DropReason.MALFORMED, "hand-over ack text not utf-8") from None
+        body = HandoverAck(pid, st, text)
+    else:  # pragma: no cover - every MsgType is handled above
+        raise Dropped(DropReason.BAD_TYPE, str(mtype))
+    r.done()
+    return body
+
+
+# --------------------------------------------------------------------------- envelope
+
+
+def _mac(key: bytes, data: bytes) -> bytes:
+    return hmac.new(key, data, hashlib.sha256).digest()
+
+
+class Encoder:
+    """Signs and frames messages for one sending node.
+
+    ``seq0`` starts the sequence; the default, the wall clock in microseconds, keeps it rising
+    across agent restarts, so peers' replay windows accept a restarted node at once.
+    """
+
+    def __init__(self, node: int, keys: ZoneKeys, seq0: int | None = None, max_size: int = MAX_DATAGRAM) -> None:
+        import time
+
+        self.node = node
+        self.keys = keys
+        self.seq = seq0 if seq0 is not None else time.time_ns() // 1000
+        self.max_size = max_size
+
+    def encode(self, body: Body, zone: int, now: float, flags: int = 0, max_size: int | None = None) -> bytes:
+        """``body`` framed and signed with ``zone``'s key at wall-clock time ``now`` (seconds).
+
+        Raises ValueError when this node holds no key for ``zone`` or the result would exceed
+        the size limit (``max_size``, default the encoder's)."""
+        key = self.keys.get(zone)
+        if key is None:
+            raise ValueError(f"wire: no key for zone {zone} ({self.keys.source})")
+        payload = encode_body(body)
+        self.seq += 1
+        head = HEADER.pack(MAGIC, VERSION, TYPE_OF[type(body)], flags, 0, zone, self.node, int(now * 1000), self.seq, len(payload))
+        data = head + payload
+        limit = max_size if max_size is not None else self.max_size
+        if len(data) + MAC_SIZE > limit:
+            raise ValueError(f"wire: {TYPE_OF[type(body)].name} message of {len(data) + MAC_SIZE} bytes exceeds {limit}")
+        return data + _mac(key, data)
+
+
+@dataclass
+class _SeqWindow:
+    top: int = -1
+    bits: int = 0  # bit i set: top - i seen
+
+
+class Decoder:
+    """Checks and decodes datagrams for one receiving node; counts drops by reason.
+
+    ``known_nodes`` maps each member's node id to its zone. A datagram is signed with the key
+    of the zone it is addressed to (the receiver's zone), so a node accepts only its own zone's
+    key (``accept_zones``; default: every key it holds); a submitter that places into other
+    zones holds their keys too.
+    """
+
+    def __init__(
+        self,
+        keys: ZoneKeys,
+        known_nodes: Mapping[int, int],
+        *,
+        accept_zones: set[int] | None = None,
+        window_s: float = REPLAY_WINDOW_S,
+        max_size: int = MAX_DATAGRAM,
+    ) -> None:
+        self.keys = keys
+        self.known_nodes = known_nodes
+        self.accept_zones = accept_zones
+        self.window_ms = int(window_s * 1000)
+        self.max_size = max_size
+        self.drops: Counter[str] = Counter()
+        self.accepted = 0
+        self._seqs: dict[int, _SeqWindow] = {}
+
+    def _drop(self, reason: DropReason, detail: str = "") -> Dropped:
+        self.drops[reason.value] += 1
+        return Dropped(reason, detail)
+
+    def decode(self, data: bytes, now: float) -> Message:
+        """The message in ``data`` received at wall-clock ``now`` (seconds), or raise
+        :class:`Dropped` (and count it). Never raises anything else."""
+        try:
+            return self._decode(data, now)
+        except Dropped as e:
+            if e.reason is DropReason.MALFORMED:
+                self.drops[e.reason.value] += 1
+            raise
+        except Exception as e:  # a decoder bug must never take the agent down: count and drop
+            self.drops[DropReason.MALFORMED.value] += 1
+            raise Dropped(DropReason.MALFORMED, f"{type(e).__name__}: {e}") from None
+
+    def _decode(self, data: bytes, now: float) -> Message:
+        n = len(data)
+        if n > self.max_size:
+            raise self._drop(DropReason.TOO_LARGE, f"{n} bytes > {self.max_size}")
+        if n < HEADER_SIZE + MAC_SIZE:
+            raise self._drop(DropReason.TRUNCATED, f"{n} bytes")
+        magic, version, mtype, flags, _res, zone, node, ts_ms, seq, blen = HEADER.unpack_from(data, 0)
+        if magic != MAGIC:
+            raise self._drop(DropReason.BAD_MAGIC)
+        if version != VERSION:
+            raise self._drop(DropReason.BAD_VERSION, f"version {version}, this agent speaks {VERSION}")
+        if HEADER_SIZE + blen + MAC_SIZE > n:
+            raise self._drop(DropReason.TRUNCATED, f"body length {blen}, {n} bytes received")
+        if HEADER_SIZE + blen + MAC_SIZE != n:
+            raise self._drop(DropReason.BAD_LENGTH, f"body length {blen}, {n} bytes received")
+        key = self.keys.get(zone) if self.accept_zones is None or zone in self.accept_zones else None
+        if key is None:
+            raise self._drop(DropReason.UNKNOWN_ZONE, f"zone {zone}")
+        signed = data[: HEADER_SIZE + blen]
+        if not hmac.compare_digest(_mac(key, signed), data[HEADER_SIZE + blen :]):
+            raise self._drop(DropReason.BAD_MAC)
+        if node not in self.known_nodes:
+            raise self._drop(DropReason.UNKNOWN_NODE, f"node {node}")
+        try:
+            mt = MsgType(mtype)
+        except ValueError:
+            raise self._drop(DropReason.BAD_TYPE, f"type {mtype}") from None
+        now_ms = int(now * 1000)
+        if abs(now_ms - ts_ms) > self.window_ms:
+            raise self._drop(DropReason.STALE, f"timestamp {ts_ms - now_ms:+d} ms off")
+        w = self._seqs.get(node)
+        if w is not None and (seq <= w.top - SEQ_WINDOW or (seq <= w.top and (w.bits >> (w.top - seq)) & 1)):
+            raise self._drop(DropReason.REPLAY, f"node {node} seq {seq}")
+        body = decode_body(mt, data[HEADER_SIZE : HEADER_SIZE + blen])
+        self._accept_seq(node, seq)
+        self.accepted += 1
+        return Message(mt, flags, zone, node, ts_ms, seq, body)
+
+    def _accept_seq(self, node: int, seq: int) -> None:
+        w = self._seqs.get(node)
+        if w is None:
+            self._seqs[node] = _SeqWindow(seq, 1)
+        elif seq > w.top:
+            shift = seq - w.top
+            w.bits = ((w.bits << shift) | 1) & ((1 << SEQ_WINDOW) - 1) if shift < SEQ_WINDOW else 1
+            w.top = seq
+        else:
+            w.bits |= 1 << (w.top - seq)
+
+    def stats(self) -> dict[str, int]:
+        """Drop counters by reason (every reason present, zeros included) and ``accepted``."""
+        out = {r.value: self.drops.get(r.value, 0) for r in DropReason}
+        out["accepted"] = self.accepted
+        return out
+
+
+def frame(data: bytes) -> bytes:
+    """A TCP frame: ``data`` (one signed envelope) behind its 4-byte big-endian length."""
+    return _U32.pack(len(data)) + data
+
+
+def frame_length(prefix: bytes) -> int:
+    """The length a 4-byte TCP frame prefix announces."""
+    return int(_U32.unpack(prefix)[0])
