@@ -1,0 +1,144 @@
+"""Jobs: submit a command as a job on this node, list, show and stop jobs.
+
+    laminarctl submit --memory 2G --cpus 4 --gpus 2 --class long-resident --priority 80 \\
+        --name train -- python train.py --epochs 10
+    laminarctl jobs                 # active and finished jobs
+    laminarctl job show job-3       # or: laminarctl job show 3
+    laminarctl job stop job-3 [--grace 10] [--reason "..."]
+
+Any local user may submit (the job runs with the caller's uid and gid) and stop their own
+jobs; stopping another user's job needs root or the agent's control group.
+"""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from .output import emit, info, kv, table
+
+JOB_COLUMNS = [("id", "ID"), ("name", "NAME"), ("state", "STATE"), ("class", "CLASS"), ("priority", "PRIO"),
+               ("pid", "PID"), ("memory_mb", "MEM MiB"), ("gpus", "GPUS"), ("reason", "REASON")]
+
+
+def _gpus_arg(text: str) -> int | list[int]:
+    """'2' -> 2 (count), '0,1' -> [0, 1] (indices)."""
+    t = text.strip()
+    try:
+        if "," not in t:
+            n = int(t)
+            if n < 0:
+                raise ValueError
+            return n
+        return [int(x) for x in t.split(",")]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"--gpus {text!r}: expected a count (2) or indices (0,1)") from None
+
+
+def _env_arg(text: str) -> tuple[str, str]:
+    k, sep, v = text.partition("=")
+    if not sep or not k:
+        raise argparse.ArgumentTypeError(f"--env {text!r}: expected NAME=value")
+    return k, v
+
+
+def register(sub: Any, common: argparse.ArgumentParser) -> None:
+    p = sub.add_parser("submit", parents=[common], help="run a command as a job on this node",
+                       description="Run a command as a job in cgroups of its own. Put the command after --.")
+    p.add_argument("--name", default="", help="a name for the job")
+    p.add_argument("--memory", help="memory limit, e.g. 512M, 2G (default: none)")
+    p.add_argument("--cpus", type=float, help="CPU limit in CPUs, fractions allowed (default: none)")
+    p.add_argument("--gpus", type=_gpus_arg, default=0, help="GPU count (2) or indices (0,1)")
+    p.add_argument("--class", dest="job_class", default="standard", choices=["long-resident", "standard", "transient"],
+                   help="lifecycle class (default: standard); transient yields first under memory pressure")
+    p.add_argument("--priority", type=int, default=50, help="0..100, higher survives longer (default 50)")
+    p.add_argument("--ckpt-signal", default="SIGUSR1", help="signal that asks the job for a checkpoint (default SIGUSR1)")
+    p.add_argument("--env", type=_env_arg, action="append", default=[], metavar="NAME=VALUE", help="extra environment")
+    p.add_argument("--cwd", help="working directory (absolute; default: the agent's)")
+    p.add_argument("--lent", action="store_true", help="the job runs on lent capacity (covered by the lent kill-switch)")
+    p.add_argument("--elastic", metavar="MIN:MAX", help="elastic workers, e.g. 1:4")
+    p.add_argument("--resume-from", help="checkpoint to resume from (sets LAMINAR_RESUME_FROM)")
+    p.add_argument("cmd", nargs=argparse.REMAINDER, help="-- command and arguments")
+    p.set_defaults(func=cmd_submit)
+
+    p = sub.add_parser("jobs", parents=[common], help="list jobs on this node")
+    p.add_argument("--active", action="store_true", help="only running or suspended jobs")
+    p.set_defaults(func=cmd_jobs)
+
+    job = sub.add_parser("job", parents=[common], help="one job: show, stop")
+    jsub = job.add_subparsers(dest="job_cmd", metavar="SUBCOMMAND")
+    jsub.required = True
+    p = jsub.add_parser("show", parents=[common], help="everything about one job")
+    p.add_argument("id", help="job id (job-3) or number (3)")
+    p.set_defaults(func=cmd_job_show)
+    p = jsub.add_parser("stop", parents=[common], help="stop a job: SIGTERM, grace, then kill")
+    p.add_argument("id", help="job id (job-3) or number (3)")
+    p.add_argument("--grace", type=float, help="seconds between SIGTERM and the kill (default: the agent's, 5)")
+    p.add_argument("--reason", help="recorded with the job and in its event")
+    p.set_defaults(func=cmd_job_stop)
+
+
+def build_spec(args: argparse.Namespace) -> dict[str, Any]:
+    """The POST /v1/jobs body from the command line. Raises ValueError for bad input."""
+    cmd = list(args.cmd)
+    if cmd and cmd[0] == "--":
+        cmd = cmd[1:]
+    if not cmd:
+        raise ValueError("submit: no command given; put it after --, e.g. laminarctl submit -- sleep 60")
+    if not 0 <= args.priority <= 100:
+        raise ValueError(f"--priority {args.priority}: expected an integer 0..100 (higher survives longer)")
+    spec: dict[str, Any] = {"command": cmd, "name": args.name, "class": args.job_class, "priority": args.priority,
+                            "gpus": args.gpus, "checkpoint_signal": args.ckpt_signal, "env": dict(args.env),
+                            "lent": args.lent}
+    if args.memory:
+        spec["memory"] = args.memory
+    if args.cpus is not None:
+        spec["cpus"] = args.cpus
+    if args.cwd:
+        spec["cwd"] = args.cwd
+    if args.resume_from:
+        spec["resume_from"] = args.resume_from
+    if args.elastic:
+        lo, sep, hi = args.elastic.partition(":")
+        if not sep or not lo.isdigit() or not hi.isdigit():
+            raise ValueError(f"--elastic {args.elastic!r}: expected MIN:MAX, e.g. 1:4")
+        spec["elastic_min"], spec["elastic_max"] = int(lo), int(hi)
+    return spec
+
+
+def _row(j: dict[str, Any]) -> dict[str, Any]:
+    spec = j.get("spec") or {}
+    return {**j, "memory_mb": spec.get("memory_mb")}
+
+
+def cmd_submit(args: argparse.Namespace) -> int:
+    job = args.client.post("/v1/jobs", build_spec(args))
+    emit(job, args.output, lambda j: info(f"{j['id']} started (pid {j['pid']}, cgroup {j['cgroup']}, "
+                                          f"log {j['log']})"))
+    return 0
+
+
+def cmd_jobs(args: argparse.Namespace) -> int:
+    jobs = args.client.get("/v1/jobs" + ("?all=0" if args.active else ""))
+    emit(jobs, args.output, lambda js: table([_row(j) for j in js], JOB_COLUMNS))
+    return 0
+
+
+def cmd_job_show(args: argparse.Namespace) -> int:
+    job = args.client.get(f"/v1/jobs/{args.id}")
+    emit(job, args.output, lambda j: kv({k: v for k, v in j.items() if k != "spec"} | {"command": (j.get("spec") or {}).get("command")},
+                                        title=f"job {j['id']}"))
+    return 0
+
+
+def cmd_job_stop(args: argparse.Namespace) -> int:
+    body: dict[str, Any] = {}
+    if args.grace is not None:
+        if args.grace < 0:
+            raise ValueError(f"--grace {args.grace}: expected seconds >= 0")
+        body["grace_s"] = args.grace
+    if args.reason:
+        body["reason"] = args.reason
+    job = args.client.post(f"/v1/jobs/{args.id}/stop", body, timeout=120)
+    emit(job, args.output, lambda j: info(f"{j['id']} {j['state']}: {j['reason']}"))
+    return 0
