@@ -1,0 +1,194 @@
+"""The kill-switch for migration flows, and the request rules every kill-switch shares.
+
+netguard (``laminar.net.netguard``) owns the per-job, all-jobs and lent-jobs switches
+(``POST /v1/killswitch``, ``laminarctl killswitch on|off|arm``). This module adds the fourth
+scope, the **flow**: one migration transfer's TCP/UDP 5-tuple in ``lm_flows``, cut in both
+directions (egress by its key, ingress by the swapped key), now or at a deadline that the data
+plane enforces by itself (``LM_FLOW_ARMED`` with ``kill_at_ns`` on CLOCK_MONOTONIC, compared with
+``bpf_ktime_get_ns()`` on every packet), so it cuts at the window's end even when the agent is
+stopped, busy or dead.
+
+A flow is named by a transfer id (``laminarctl net transfers``) or by a 5-tuple written
+``tcp:10.0.0.1:40000->10.0.0.2:7000`` (egress orientation: local -> remote). A 5-tuple that has
+no ``lm_flows`` entry yet gets one (no HTB class: priority 0), so any flow on the uplink can be
+cut, not only registered transfers.
+
+API (privileged)::
+
+    POST /v1/killswitch/flow {"flow": "ckpt-7", "action": "arm", "at_s": 30}
+    POST /v1/killswitch/flow {"flow": "tcp:10.0.0.1:40000->10.0.0.2:7000", "action": "on"}
+    GET  /v1/killswitch/flow            every lm_flows entry with its switch
+
+CLI: ``laminarctl net kill-flow ckpt-7 arm --at +30s`` (see ``laminarctl.cmd_net``).
+
+Bad input changes nothing: an unknown transfer, a malformed 5-tuple, a deadline not in the
+future (``at_s`` <= 0: use ``on`` to cut now) are refused with the value and what is allowed.
+
+The flow entries are read-modify-written: netguard adds to ``packets``/``bytes`` in the same
+value, so the few packets counted between our read and our write (microseconds) are lost from
+the counters. The switch bits themselves are never lost.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ipaddress
+import re
+import socket
+import struct
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from ..bpf import abi
+from ..bpf.abi import LM_FLOW_ARMED, LM_FLOW_KILL, PROTOS
+
+MAX_ARM_S = 7 * 86400  # an arm further out than a week is a typo, not a plan
+
+_TUPLE_RE = re.compile(r"^(tcp|udp):([0-9.]+):(\d+)->([0-9.]+):(\d+)$")
+
+
+class KillSwitchError(ValueError):
+    """A request that cannot be carried out; the message names the value and what is allowed."""
+
+    def __init__(self, message: str, status: int = 400) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+@dataclass(frozen=True)
+class FlowKey:
+    """An IPv4 5-tuple in egress orientation (local -> remote)."""
+
+    proto: str
+    saddr: str
+    sport: int
+    daddr: str
+    dport: int
+
+    def __post_init__(self) -> None:
+        if self.proto not in PROTOS:
+            raise KillSwitchError(f"protocol {self.proto!r}: expected tcp or udp")
+        for a in (self.saddr, self.daddr):
+            try:
+                ipaddress.IPv4Address(a)
+            except ValueError:
+                raise KillSwitchError(f"address {a!r} is not an IPv4 address (netguard matches IPv4 flows)") from None
+        for p in (self.sport, self.dport):
+            if not 1 <= p <= 65535:
+                raise KillSwitchError(f"port {p} out of range 1..65535")
+
+    @classmethod
+    def parse(cls, text: str) -> FlowKey:
+        """``tcp:10.0.0.1:40000->10.0.0.2:7000`` -> FlowKey. Raises KillSwitchError."""
+        m = _TUPLE_RE.match(text.strip())
+        if not m:
+            raise KillSwitchError(f"flow {text!r} not understood: expected PROTO:SADDR:SPORT->DADDR:DPORT, "
+                                  "e.g. tcp:10.0.0.1:40000->10.0.0.2:7000 (local -> remote)")
+        return cls(m[1], m[2], int(m[3]), m[4], int(m[5]))
+
+    def __str__(self) -> str:
+        return f"{self.proto}:{self.saddr}:{self.sport}->{self.daddr}:{self.dport}"
+
+    def pack(self) -> bytes:
+        """The lm_flow_key bytes: addresses and ports in network byte order, as in the headers."""
+        return bytes(abi.flow_key(self.saddr, self.daddr, self.sport, self.dport, self.proto))
+
+    @classmethod
+    def unpack(cls, raw: bytes) -> FlowKey:
+        proto = {v: k for k, v in PROTOS.items()}.get(raw[12], str(raw[12]))
+        sport, dport = struct.unpack("!HH", raw[8:12])
+        return cls(proto, socket.inet_ntoa(raw[0:4]), sport, socket.inet_ntoa(raw[4:8]), dport)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"proto": self.proto, "saddr": self.saddr, "sport": self.sport, "daddr": self.daddr, "dport": self.dport}
+
+
+@dataclass
+class FlowEntry:
+    """An lm_flows value."""
+
+    job_id: int = 0
+    flags: int = 0
+    priority: int = 0
+    kill_at_ns: int = 0
+    packets: int = 0
+    nbytes: int = 0
+
+    def pack(self) -> bytes:
+        return bytes(abi.LmFlow(job_id=self.job_id, flags=self.flags, priority=self.priority,
+                                kill_at_ns=self.kill_at_ns, packets=self.packets, bytes=self.nbytes))
+
+    @classmethod
+    def unpack(cls, raw: bytes) -> FlowEntry:
+        v = abi.LmFlow.from_buffer_copy(raw[:ctypes.sizeof(abi.LmFlow)])
+        return cls(v.job_id, v.flags, v.priority, v.kill_at_ns, v.packets, v.bytes)
+
+    def describe(self, now_ns: int | None = None) -> dict[str, Any]:
+        now = time.monotonic_ns() if now_ns is None else now_ns
+        armed = bool(self.flags & LM_FLOW_ARMED)
+        return {"job_num": self.job_id, "kill": bool(self.flags & LM_FLOW_KILL), "armed": armed,
+                "armed_in_s": round((self.kill_at_ns - now) / 1e9, 3) if armed else None,
+                "cut": bool(self.flags & LM_FLOW_KILL) or (armed and now >= self.kill_at_ns),
+                "priority": f"{self.priority >> 16:x}:{self.priority & 0xFFFF:x}" if self.priority else None,
+                "packets": self.packets, "bytes": self.nbytes}
+
+
+def deadline_ns(at_s: Any, now_ns: int | None = None) -> int:
+    """CLOCK_MONOTONIC ns ``at_s`` seconds from now. Raises KillSwitchError unless 0 < at_s <= a week
+    (a deadline in the past would cut at once, which is ``on``)."""
+    if isinstance(at_s, bool) or not isinstance(at_s, int | float):
+        raise KillSwitchError(f"at_s = {at_s!r}: expected seconds from now (a number > 0)")
+    if not 0 < at_s <= MAX_ARM_S:
+        raise KillSwitchError(f"at_s = {at_s!r}: the deadline must be in the future and within {MAX_ARM_S} s "
+                              "(a deadline in the past would cut at once: use action 'on' for that)")
+    return (time.monotonic_ns() if now_ns is None else now_ns) + int(at_s * 1e9)
+
+
+def parse_action(body: Any) -> tuple[str, int | None]:
+    """Reads ``action`` (on/off/arm) and, for arm, ``at_s`` from a request body. Returns the action
+    and the deadline (monotonic ns) or None. Raises KillSwitchError; nothing is changed."""
+    if not isinstance(body, dict):
+        raise KillSwitchError("request body must be a JSON object with 'action' (on, off, arm)")
+    action = body.get("action")
+    if action not in ("on", "off", "arm"):
+        raise KillSwitchError(f"action {action!r}: expected one of on, off, arm")
+    if action == "arm":
+        if "at_s" not in body:
+            raise KillSwitchError("arm needs 'at_s': seconds from now when the cut happens (> 0)")
+        return action, deadline_ns(body["at_s"])
+    if body.get("at_s") is not None:
+        raise KillSwitchError(f"at_s goes with action 'arm' only (got action {action!r})")
+    return action, None
+
+
+def apply_flow_switch(flows_map: Any, key: FlowKey, action: str, deadline: int | None, *,
+                      create: bool = True, job_num: int = 0) -> FlowEntry:
+    """Sets a flow's switch in ``lm_flows`` (a laminar.bpf.libbpf.BpfMap): ``on`` cuts now, ``off``
+    clears both the cut and an armed deadline, ``arm`` cuts at ``deadline`` (monotonic ns).
+    A flow with no entry gets one when ``create`` (priority 0: no class), else KillSwitchError 404.
+    Returns the entry as written."""
+    raw = flows_map.lookup(key.pack())
+    if raw is None and not create:
+        raise KillSwitchError(f"flow {key} has no lm_flows entry", 404)
+    entry = FlowEntry.unpack(raw) if raw is not None else FlowEntry(job_id=job_num)
+    if action == "on":
+        entry.flags |= LM_FLOW_KILL
+    elif action == "off":
+        entry.flags &= ~(LM_FLOW_KILL | LM_FLOW_ARMED)
+        entry.kill_at_ns = 0
+    elif action == "arm":
+        if deadline is None:
+            raise KillSwitchError("arm needs a deadline")
+        # Deadline first in the same value write: the program never sees ARMED with a stale time.
+        entry.kill_at_ns = deadline
+        entry.flags |= LM_FLOW_ARMED
+    else:
+        raise KillSwitchError(f"action {action!r}: expected one of on, off, arm")
+    flows_map.update(key.pack(), entry.pack())
+    return entry
+
+
+def read_flows(flows_map: Any) -> list[tuple[FlowKey, FlowEntry]]:
+    """Every lm_flows entry, decoded."""
+    return [(FlowKey.unpack(k), FlowEntry.unpack(v)) for k, v in flows_map.items()]

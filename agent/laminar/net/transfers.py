@@ -1,0 +1,539 @@
+"""The transfer registry: migration transfers, their deadlines, and the HTB leaves that carry them.
+
+A migration transfer (a checkpoint going to another node) is registered by its 5-tuple, its
+job, its size and its deadline. The registry then
+
+1. creates an HTB leaf for it under the migration class (``laminar.net.htb``) and writes an
+   ``lm_flows`` entry whose ``priority`` is the leaf's handle, so netguard steers the flow's
+   packets into the leaf (and counts them);
+2. every tick (``shaping.tick_ms``) asks the shaper (``laminar.net.shaper``, pure policy) for
+   each transfer's rate from the bytes left and the time left, and applies the rates to the
+   leaves (only when they moved by more than 2%);
+3. reports a transfer the shaper finds infeasible at once: in the answer to the request that
+   made it so, as a ``transfer`` event, and in metrics, so the migration layer can re-plan;
+4. on removal deletes the flow entry and the leaf.
+
+Progress is the larger of what the sender reports (``POST …/progress``) and the bytes the
+transfer's HTB leaf has sent (egress, from the kernel's class counters).
+
+API::
+
+    GET    /v1/net/transfers                      rates, statuses and reasons
+    POST   /v1/net/transfers    {"id"?, "job", "flow": "tcp:10.0.0.1:40000->10.0.0.2:7000",
+                                 "total_bytes", "deadline_s" (seconds from now), "max_rate_bps"?}
+    POST   /v1/net/transfers/{id}/progress {"sent_bytes"}
+    DELETE /v1/net/transfers/{id}
+    POST   /v1/killswitch/flow  {"flow": transfer id or 5-tuple, "action": on|off|arm, "at_s"?}
+    GET    /v1/killswitch/flow
+
+CLI: ``laminarctl net transfers`` (and ``add``, ``rm``, ``progress``), ``laminarctl net kill-flow``.
+
+Metrics: ``laminar_transfer_rate_bps``, ``laminar_transfer_need_bps``,
+``laminar_transfer_remaining_bytes`` (label ``transfer``), ``laminar_transfer_status`` (1 for
+the current ``status`` and ``reason`` of each transfer), ``laminar_shaper_migration_bps``,
+``laminar_shaper_infeasible``.
+
+Config (``[shaping]``)::
+
+    [shaping]
+    enabled = true
+    link_mbit = 0                  # the uplink's rate; 0 = /sys/class/net/<uplink>/speed
+    background_floor_ratio = 0.4   # share of the link background traffic always keeps
+    margin = 0.1                   # rate = need * (1 + margin)
+    tick_ms = 100                  # how often rates are recomputed
+    replace_existing = false       # replace a root qdisc a person set up on the uplink
+
+Bad input is refused with the value and what is allowed, and changes nothing: an unknown job,
+a deadline not in the future, a rate beyond the link, a flow already registered.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import secrets
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from prometheus_client import Gauge
+
+from ..api import ApiError, Request, Route
+from ..config import Field, register_section
+from . import killswitch as ks
+from .htb import HtbError, HtbTree, priority_of
+from .shaper import (
+    INFEASIBLE,
+    LATE,
+    LinkBudget,
+    ShaperParams,
+    ShapingDecision,
+    TransferDemand,
+    changed_enough,
+    decide,
+    fmt_rate,
+    validate_request,
+)
+
+log = logging.getLogger("laminar.net.transfers")
+
+CONFIG_FIELDS = {
+    "enabled": Field(bool, True, "shape migration transfers with HTB on the uplink"),
+    "link_mbit": Field((int, float), 0, "the uplink's rate in Mbit/s; 0 = read /sys/class/net/<uplink>/speed",
+                       lambda v: None if 0 <= v <= 10_000_000 else "out of range 0..10000000"),
+    "background_floor_ratio": Field(float, 0.4, "share of the link background traffic always keeps",
+                                    lambda v: None if 0.0 <= v <= 0.95 else "out of range 0..0.95"),
+    "margin": Field(float, 0.1, "transfer rate = need * (1 + margin)",
+                    lambda v: None if 0.0 <= v <= 2.0 else "out of range 0..2"),
+    "tick_ms": Field(int, 100, "how often transfer rates are recomputed",
+                     lambda v: None if 10 <= v <= 10_000 else "out of range 10..10000"),
+    "replace_existing": Field(bool, False, "replace a root qdisc a person set up on the uplink"),
+}
+register_section("shaping", CONFIG_FIELDS)
+
+SCHEMA = [
+    """CREATE TABLE IF NOT EXISTS net_transfers (
+        id TEXT PRIMARY KEY,
+        job TEXT NOT NULL,
+        job_num INTEGER NOT NULL,
+        flow TEXT NOT NULL UNIQUE,
+        total_bytes INTEGER NOT NULL,
+        reported_bytes INTEGER NOT NULL,
+        deadline_mono_ns INTEGER NOT NULL,
+        deadline_wall REAL NOT NULL,
+        max_rate_bps INTEGER,
+        minor INTEGER NOT NULL,
+        created REAL NOT NULL)""",
+]
+
+
+def link_speed_bps(ifname: str) -> int | None:
+    """The interface's speed from sysfs in bit/s, or None when the driver does not say (veth, -1)."""
+    try:
+        mbit = int(Path(f"/sys/class/net/{ifname}/speed").read_text().strip())
+    except (OSError, ValueError):
+        return None
+    return mbit * 1_000_000 if mbit > 0 else None
+
+
+@dataclass
+class Transfer:
+    id: str
+    job: str
+    job_num: int
+    flow: ks.FlowKey
+    total_bytes: int
+    deadline_mono_ns: int
+    deadline_wall: float
+    minor: int
+    reported_bytes: int = 0
+    counted_bytes: int = 0
+    max_rate_bps: int | None = None
+    created: float = field(default_factory=time.time)
+    rate_bps: int = 0
+    need_bps: float = 0.0
+    status: str = ""
+    reason: str = ""
+
+    @property
+    def sent_bytes(self) -> int:
+        return min(self.total_bytes, max(self.reported_bytes, self.counted_bytes))
+
+    def demand(self) -> TransferDemand:
+        return TransferDemand(self.id, self.total_bytes - self.sent_bytes, self.deadline_mono_ns / 1e9, self.max_rate_bps)
+
+    def as_dict(self, now_ns: int, major: int) -> dict[str, Any]:
+        return {"id": self.id, "job": self.job, "flow": str(self.flow), "class": f"{major:x}:{self.minor:x}",
+                "total_bytes": self.total_bytes, "sent_bytes": self.sent_bytes,
+                "remaining_bytes": self.total_bytes - self.sent_bytes,
+                "deadline_in_s": round((self.deadline_mono_ns - now_ns) / 1e9, 3), "deadline": self.deadline_wall,
+                "rate_bps": self.rate_bps, "rate": fmt_rate(self.rate_bps),
+                "need_bps": None if self.need_bps == float("inf") else round(self.need_bps),
+                "status": self.status, "reason": self.reason, "max_rate_bps": self.max_rate_bps}
+
+
+class TransferRegistry:
+    """Component ``laminar.net.transfers:TransferRegistry`` (agent attribute ``transfers``)."""
+
+    agent_attr = "transfers"
+    status_key = "transfers"
+
+    def __init__(self, *, tree: HtbTree | None = None, flows_map: Any = None) -> None:
+        # tree/flows_map may be given for tests and benchmarks that drive the registry directly.
+        self.tree = tree
+        self.flows = flows_map
+        self.agent: Any = None
+        self.transfers: dict[str, Transfer] = {}
+        self.link: LinkBudget | None = None
+        self.params = ShaperParams()
+        self.tick_s = 0.1
+        self.disabled_reason = ""
+        self.last: ShapingDecision | None = None
+        self._task: asyncio.Task[None] | None = None
+        self._metrics: dict[str, Gauge] = {}
+        self._status_labels: dict[str, tuple[str, str]] = {}
+
+    # --- lifecycle --------------------------------------------------------------------------
+
+    def configure(self, link_bps: int, background_floor_bps: int, margin: float = 0.1, tick_s: float = 0.1) -> None:
+        self.link = LinkBudget(link_bps, background_floor_bps)
+        self.params = ShaperParams(margin=margin)
+        self.tick_s = tick_s
+
+    async def start(self, agent: Any) -> None:
+        self.agent = agent
+        try:
+            cfg = agent.config.section("shaping")
+        except KeyError:  # the config was loaded before this module registered its section
+            cfg = {k: f.default for k, f in CONFIG_FIELDS.items()}
+        agent.store.ensure_schema("transfers", SCHEMA)
+        self._init_metrics(agent.metrics)
+        ng = agent.netguard
+        if self.flows is None and ng is not None:
+            self.flows = ng.maps.get("lm_flows")
+        if not cfg["enabled"]:
+            self.disabled_reason = "shaping.enabled = false"
+        elif self.tree is None:
+            ifname = ng.ifname if ng is not None else agent.config.net.uplink
+            link = int(cfg["link_mbit"] * 1_000_000) or link_speed_bps(ifname)
+            if not link:
+                self.disabled_reason = (f"the speed of {ifname} is unknown (sysfs says none); set shaping.link_mbit "
+                                        "to the uplink's rate")
+            else:
+                floor = int(link * cfg["background_floor_ratio"])
+                self.configure(link, floor, cfg["margin"], cfg["tick_ms"] / 1000)
+                self.tree = HtbTree(ifname, link, floor, replace_existing=cfg["replace_existing"])
+                try:
+                    self.tree.setup()
+                except HtbError as e:  # HtbUnavailable included: say why, keep the agent up
+                    self.disabled_reason = str(e)
+                    self.tree = None
+        elif self.link is None:
+            self.configure(self.tree.link_bps, self.tree.background_floor_bps, cfg["margin"], cfg["tick_ms"] / 1000)
+        if self.disabled_reason:
+            log.warning("shaping off: %s", self.disabled_reason)
+            agent.events.emit("transfer", f"shaping of migration transfers is off: {self.disabled_reason}")
+            return
+        self._adopt()
+        self._task = asyncio.get_running_loop().create_task(self._ticker())
+
+    async def stop(self) -> None:
+        # Leaves and flow entries stay: transfers keep their rates while no agent runs.
+        if self._task is not None:
+            self._task.cancel()
+            try:
+                await self._task
+            except asyncio.CancelledError:
+                pass
+            self._task = None
+        if self.tree is not None:
+            self.tree.close()
+
+    def _adopt(self) -> None:
+        """Re-reads transfers from the store and reconciles them with the kernel's leaves."""
+        assert self.tree is not None
+        rows = self.agent.store.db.execute("SELECT * FROM net_transfers").fetchall()
+        kernel_leaves = self.tree.leaves()
+        for r in rows:
+            t = Transfer(r["id"], r["job"], r["job_num"], ks.FlowKey.parse(r["flow"]), r["total_bytes"],
+                         r["deadline_mono_ns"], r["deadline_wall"], r["minor"], r["reported_bytes"],
+                         max_rate_bps=r["max_rate_bps"], created=r["created"])
+            if t.minor not in kernel_leaves:  # the tree was rebuilt: give it its leaf back
+                self.tree.add_leaf(self.params.min_rate_bps, t.minor)
+            self.transfers[t.id] = t
+            self._write_flow(t)
+        for minor in set(kernel_leaves) - {t.minor for t in self.transfers.values()}:
+            self.tree.remove_leaf(minor)  # a leaf with no transfer behind it
+        if self.transfers:
+            self.tick()
+
+    # --- policy applied ---------------------------------------------------------------------
+
+    def tick(self, now_ns: int | None = None) -> ShapingDecision:
+        """One shaping round: progress from counters, rates from the shaper, rates to the leaves."""
+        assert self.tree is not None and self.link is not None
+        now = time.monotonic_ns() if now_ns is None else now_ns
+        stats = self.tree.leaf_stats() if self.transfers else {}
+        for t in self.transfers.values():
+            s = stats.get(t.minor)
+            if s is not None:
+                t.counted_bytes = s.bytes
+        decision = decide([t.demand() for t in self.transfers.values()], now / 1e9, self.link, self.params)
+        for tid, r in decision.rates.items():
+            t = self.transfers[tid]
+            if changed_enough(self.tree.leaves().get(t.minor), r.rate_bps):
+                self.tree.set_leaf(t.minor, min(r.rate_bps, self.tree.migration_budget_bps))
+            became_bad = r.status in (INFEASIBLE, LATE) and t.status != r.status
+            t.rate_bps, t.need_bps, t.status, t.reason = self.tree.leaves()[t.minor], r.need_bps, r.status, r.reason
+            if became_bad and self.agent is not None:
+                self.agent.events.emit("transfer", f"transfer {tid} {r.status}: {r.reason}", transfer=tid,
+                                       job=t.job, status=r.status, reason=r.reason)
+        self.last = decision
+        self._update_metrics()
+        return decision
+
+    async def _ticker(self) -> None:
+        while True:
+            await asyncio.sleep(self.tick_s)
+            if not self.transfers:
+                continue
+            try:
+                self.tick()
+            except Exception:  # one bad round must not stop shaping
+                log.exception("shaper tick failed")
+
+    # --- operations -------------------------------------------------------------------------
+
+    def _job(self, job_id: str) -> tuple[str, int]:
+        jobs = getattr(self.agent, "jobs", None) if self.agent is not None else None
+        if jobs is None:
+            raise ApiError(503, "no job manager on this agent, so the transfer's job cannot be checked")
+        job = jobs.get(job_id)
+        if job is None:
+            raise ApiError(404, f"unknown job {job_id!r}; `laminarctl jobs` lists the jobs on this node")
+        return job.id, int(job.num)
+
+    def add(self, job: str, job_num: int, flow: ks.FlowKey, total_bytes: int, deadline_in_s: float, *,
+            transfer_id: str | None = None, sent_bytes: int = 0, max_rate_bps: int | None = None) -> Transfer:
+        """Registers a transfer and gives it its leaf and flow entry at once. Raises ApiError (4xx)
+        for bad input, with nothing changed."""
+        if self.tree is None or self.link is None:
+            raise ApiError(503, f"shaping is off on this node: {self.disabled_reason}")
+        tid = transfer_id or f"t-{secrets.token_hex(4)}"
+        if not tid or len(tid) > 64 or not all(c.isalnum() or c in "-_." for c in tid):
+            raise ApiError(400, f"transfer id {tid!r}: 1-64 letters, digits, '-', '_' or '.'")
+        if tid in self.transfers:
+            raise ApiError(409, f"transfer {tid!r} already registered")
+        if any(t.flow == flow for t in self.transfers.values()):
+            raise ApiError(409, f"flow {flow} already belongs to a registered transfer")
+        if isinstance(deadline_in_s, bool) or not isinstance(deadline_in_s, int | float):
+            raise ApiError(400, f"deadline_s = {deadline_in_s!r}: expected seconds from now (> 0)")
+        now = time.monotonic_ns()
+        deadline = now + int(deadline_in_s * 1e9)
+        why = validate_request(total_bytes, sent_bytes, deadline / 1e9, now / 1e9, self.link, max_rate_bps)
+        if why:
+            raise ApiError(400, f"transfer refused: {why}")
+        t = Transfer(tid, job, job_num, flow, total_bytes, deadline, time.time() + deadline_in_s, 0,
+                     reported_bytes=sent_bytes, max_rate_bps=max_rate_bps)
+        # The rate it starts at is the one the shaper gives it among the others.
+        d = decide([x.demand() for x in self.transfers.values()] + [t.demand()], now / 1e9, self.link, self.params)
+        first = min(d.rates[tid].rate_bps, self.tree.migration_budget_bps)
+        t.minor = self.tree.add_leaf(first)
+        try:
+            self._write_flow(t)
+            if self.agent is not None:
+                with self.agent.store.tx() as db:
+                    db.execute("INSERT INTO net_transfers VALUES (?,?,?,?,?,?,?,?,?,?,?)",
+                               (t.id, t.job, t.job_num, str(t.flow), t.total_bytes, t.reported_bytes,
+                                t.deadline_mono_ns, t.deadline_wall, t.max_rate_bps, t.minor, t.created))
+        except Exception:
+            if self.flows is not None:
+                self.flows.delete(flow.pack())
+            self.tree.remove_leaf(t.minor)
+            raise
+        self.transfers[tid] = t
+        self.tick(now)
+        if self.agent is not None:
+            self.agent.events.emit("transfer", f"transfer {tid} of job {job} registered: {flow}, {total_bytes} bytes "
+                                               f"in {deadline_in_s:g} s -> {t.status} ({t.reason})",
+                                   transfer=tid, job=job, status=t.status)
+        return t
+
+    def _write_flow(self, t: Transfer) -> None:
+        if self.flows is None:
+            return
+        assert self.tree is not None
+        raw = self.flows.lookup(t.flow.pack())
+        entry = ks.FlowEntry.unpack(raw) if raw is not None else ks.FlowEntry()
+        entry.job_id = t.job_num
+        entry.priority = priority_of(self.tree.major, t.minor)
+        self.flows.update(t.flow.pack(), entry.pack())
+
+    def remove(self, tid: str) -> Transfer:
+        """Removes a transfer: its flow entry (and so any switch on it), its leaf, its row."""
+        t = self.transfers.get(tid)
+        if t is None:
+            raise ApiError(404, f"unknown transfer {tid!r}; `laminarctl net transfers` lists them")
+        if self.flows is not None:
+            self.flows.delete(t.flow.pack())
+        if self.tree is not None:
+            self.tree.remove_leaf(t.minor)
+        if self.agent is not None:
+            with self.agent.store.tx() as db:
+                db.execute("DELETE FROM net_transfers WHERE id=?", (tid,))
+        del self.transfers[tid]
+        self._forget_metrics(tid)
+        return t
+
+    def report(self, tid: str, sent_bytes: Any) -> Transfer:
+        t = self.transfers.get(tid)
+        if t is None:
+            raise ApiError(404, f"unknown transfer {tid!r}")
+        if isinstance(sent_bytes, bool) or not isinstance(sent_bytes, int) or not 0 <= sent_bytes <= t.total_bytes:
+            raise ApiError(400, f"sent_bytes = {sent_bytes!r}: expected an integer in 0..{t.total_bytes}")
+        t.reported_bytes = max(t.reported_bytes, sent_bytes)
+        if self.agent is not None:
+            with self.agent.store.tx() as db:
+                db.execute("UPDATE net_transfers SET reported_bytes=? WHERE id=?", (t.reported_bytes, tid))
+        return t
+
+    def resolve_flow(self, name: str) -> tuple[ks.FlowKey, int]:
+        """A transfer id or a 5-tuple -> (flow key, job num). Raises ApiError."""
+        t = self.transfers.get(name)
+        if t is not None:
+            return t.flow, t.job_num
+        if "->" in name:
+            try:
+                return ks.FlowKey.parse(name), 0
+            except ks.KillSwitchError as e:
+                raise ApiError(400, str(e)) from None
+        raise ApiError(404, f"unknown transfer {name!r} (give a transfer id from `laminarctl net transfers` or a "
+                            "5-tuple like tcp:10.0.0.1:40000->10.0.0.2:7000)")
+
+    def flow_switch(self, name: str, body: Any) -> dict[str, Any]:
+        if self.flows is None:
+            raise ApiError(503, "netguard's lm_flows map is not loaded on this agent")
+        key, job_num = self.resolve_flow(name)
+        try:
+            action, deadline = ks.parse_action(body)
+            entry = ks.apply_flow_switch(self.flows, key, action, deadline, job_num=job_num)
+        except ks.KillSwitchError as e:
+            raise ApiError(e.status, str(e)) from None
+        verb = {"on": "cut", "off": "restored", "arm": f"armed to cut in {body.get('at_s')} s"}[action]
+        return {"message": f"kill-switch: flow {name} ({key}) {verb}", "flow": str(key), "action": action,
+                "deadline_ns": deadline, **entry.describe()}
+
+    # --- status, metrics, API -------------------------------------------------------------
+
+    def rows(self) -> list[dict[str, Any]]:
+        now = time.monotonic_ns()
+        major = self.tree.major if self.tree is not None else 0
+        return [t.as_dict(now, major) for t in sorted(self.transfers.values(), key=lambda t: t.deadline_mono_ns)]
+
+    def status(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"shaping": "off" if self.disabled_reason else "on", "transfers": len(self.transfers)}
+        if self.disabled_reason:
+            out["why_off"] = self.disabled_reason
+        if self.link is not None and self.tree is not None:
+            out.update(ifname=self.tree.ifname, link=fmt_rate(self.link.link_bps),
+                       background_floor=fmt_rate(self.link.background_floor_bps),
+                       migration_budget=fmt_rate(self.link.migration_budget_bps), margin=self.params.margin,
+                       tick_ms=round(self.tick_s * 1000), adopted_tree=self.tree.adopted,
+                       infeasible=sum(1 for t in self.transfers.values() if t.status in (INFEASIBLE, LATE)))
+        return out
+
+    def _init_metrics(self, registry: Any) -> None:
+        if registry is None or self._metrics:
+            return
+        g = {
+            "rate": Gauge("laminar_transfer_rate_bps", "HTB leaf rate of a migration transfer", ["transfer"],
+                          registry=registry),
+            "need": Gauge("laminar_transfer_need_bps", "Rate a transfer needs to meet its deadline (no margin)",
+                          ["transfer"], registry=registry),
+            "remaining": Gauge("laminar_transfer_remaining_bytes", "Bytes a transfer still has to send",
+                               ["transfer"], registry=registry),
+            "status": Gauge("laminar_transfer_status", "1 for each transfer's current status and reason",
+                            ["transfer", "status", "reason"], registry=registry),
+            "migration": Gauge("laminar_shaper_migration_bps", "Sum of the transfer rates handed out",
+                               registry=registry),
+            "infeasible": Gauge("laminar_shaper_infeasible", "Transfers that cannot meet their deadline now",
+                                registry=registry),
+        }
+        self._metrics = g
+
+    def _update_metrics(self) -> None:
+        if not self._metrics:
+            return
+        m = self._metrics
+        for t in self.transfers.values():
+            m["rate"].labels(t.id).set(t.rate_bps)
+            m["need"].labels(t.id).set(t.need_bps if t.need_bps != float("inf") else -1)
+            m["remaining"].labels(t.id).set(t.total_bytes - t.sent_bytes)
+            reason = t.reason.split(";")[0]  # the stable part; the best-effort figure changes every tick
+            old = self._status_labels.get(t.id)
+            if old != (t.status, reason):
+                if old is not None:
+                    m["status"].remove(t.id, *old)
+                m["status"].labels(t.id, t.status, reason).set(1)
+                self._status_labels[t.id] = (t.status, reason)
+        m["migration"].set(sum(t.rate_bps for t in self.transfers.values()))
+        m["infeasible"].set(sum(1 for t in self.transfers.values() if t.status in (INFEASIBLE, LATE)))
+
+    def _forget_metrics(self, tid: str) -> None:
+        if not self._metrics:
+            return
+        for name in ("rate", "need", "remaining"):
+            try:
+                self._metrics[name].remove(tid)
+            except KeyError:
+                pass
+        old = self._status_labels.pop(tid, None)
+        if old is not None:
+            self._metrics["status"].remove(tid, *old)
+
+    def routes(self) -> list[Route]:
+        return [
+            Route("GET", "/v1/net/transfers", self._api_list),
+            Route("POST", "/v1/net/transfers", self._api_add, privileged=True),
+            Route("POST", "/v1/net/transfers/{id}/progress", self._api_progress, privileged=True),
+            Route("DELETE", "/v1/net/transfers/{id}", self._api_remove, privileged=True),
+            Route("GET", "/v1/killswitch/flow", self._api_flows),
+            Route("POST", "/v1/killswitch/flow", self._api_flow_switch, privileged=True),
+        ]
+
+    async def _api_list(self, req: Request) -> dict[str, Any]:
+        return {"status": self.status(), "transfers": self.rows()}
+
+    async def _api_add(self, req: Request) -> dict[str, Any]:
+        b = req.body
+        if not isinstance(b, dict):
+            raise ApiError(400, "body must be a JSON object with job, flow, total_bytes, deadline_s")
+        for key in ("job", "flow", "total_bytes", "deadline_s"):
+            if key not in b:
+                raise ApiError(400, f"missing {key!r}: expected job (id), flow (tcp:SADDR:SPORT->DADDR:DPORT), "
+                                    "total_bytes (> 0), deadline_s (seconds from now)")
+        total = b["total_bytes"]
+        if isinstance(total, bool) or not isinstance(total, int):
+            raise ApiError(400, f"total_bytes = {total!r}: expected an integer > 0")
+        max_rate = b.get("max_rate_bps")
+        if max_rate is not None and (isinstance(max_rate, bool) or not isinstance(max_rate, int)):
+            raise ApiError(400, f"max_rate_bps = {max_rate!r}: expected an integer (bit/s)")
+        sent = b.get("sent_bytes", 0)
+        if isinstance(sent, bool) or not isinstance(sent, int):
+            raise ApiError(400, f"sent_bytes = {sent!r}: expected an integer >= 0")
+        try:
+            flow = ks.FlowKey.parse(str(b["flow"]))
+        except ks.KillSwitchError as e:
+            raise ApiError(400, str(e)) from None
+        job, job_num = self._job(str(b["job"]))
+        t = self.add(job, job_num, flow, total, b["deadline_s"], transfer_id=b.get("id"), sent_bytes=sent,
+                     max_rate_bps=max_rate)
+        return t.as_dict(time.monotonic_ns(), self.tree.major if self.tree else 0)
+
+    async def _api_progress(self, req: Request) -> dict[str, Any]:
+        t = self.report(req.params["id"], (req.body or {}).get("sent_bytes"))
+        return t.as_dict(time.monotonic_ns(), self.tree.major if self.tree else 0)
+
+    async def _api_remove(self, req: Request) -> dict[str, Any]:
+        t = self.remove(req.params["id"])
+        if self.agent is not None:
+            self.agent.events.emit("transfer", f"transfer {t.id} removed", transfer=t.id, job=t.job)
+        return {"removed": t.id, "class_removed": f"{self.tree.major:x}:{t.minor:x}" if self.tree else None}
+
+    async def _api_flows(self, req: Request) -> list[dict[str, Any]]:
+        if self.flows is None:
+            return []
+        names = {t.flow: t.id for t in self.transfers.values()}
+        return [{"flow": str(k), "transfer": names.get(k), **e.describe()} for k, e in ks.read_flows(self.flows)]
+
+    async def _api_flow_switch(self, req: Request) -> dict[str, Any]:
+        body = req.body if isinstance(req.body, dict) else {}
+        name = body.get("flow")
+        if not isinstance(name, str) or not name:
+            raise ApiError(400, "missing 'flow': a transfer id or a 5-tuple like tcp:10.0.0.1:40000->10.0.0.2:7000")
+        res = self.flow_switch(name, body)
+        if self.agent is not None:
+            self.agent.events.emit("killswitch", res["message"], scope="flow", flow=res["flow"],
+                                   action=res["action"], uid=req.peer.uid, deadline_ns=res["deadline_ns"])
+        return res
