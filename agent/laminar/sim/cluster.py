@@ -1,0 +1,208 @@
+"""The simulator's model of nodes and of placing one worker on them (both placement policies).
+
+A :class:`SimNode` keeps per-GPU free fractions (as ``laminar.zone.placement`` does), free
+cores and memory, its pool, and whether it is *serving* (an inference server doing inference,
+so not available to training). Two ways to place a worker:
+
+- :class:`ProbePlacer` (Laminar): the zone layer's pure policy from
+  :mod:`laminar.zone.placement`: zone drawn in proportion to its advertised fit
+  (:func:`~laminar.zone.placement.zone_fit`, :func:`~laminar.zone.placement.choose_zone`),
+  ``d`` probes in it (:func:`~laminar.zone.placement.probe_targets`), local arbitration on
+  each probed node (:func:`~laminar.zone.placement.arbitrate`), late binding
+  (:func:`~laminar.zone.placement.pick_offer`) and the bounded retry schedule
+  (:func:`~laminar.zone.placement.retry_schedule`). Answers reach the submitter in
+  *fit order*: a node that fits the demand more tightly answers first (the sim's
+  ``fit_ordered_answers`` adapter; see docs/simulator.md). The simulator is sequential, so
+  no reservation is ever outstanding when a probe arrives: ``held`` is empty.
+- :class:`BestFitPlacer` (centralized baseline): scans every node and takes the one left with
+  the fewest free GPUs (then cores) after placing, the classic best-fit.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from laminar.sim.trace import NodeSpec
+from laminar.zone import placement as P
+
+EPS = 1e-6
+
+
+@dataclass
+class SimNode:
+    """Mutable state of one simulated node."""
+
+    idx: int
+    spec: NodeSpec
+    zone: int
+    gpu_free: list[float]
+    cpus: float
+    memory_mb: int
+    serving: bool = False
+    workers: dict[int, tuple[str, P.GpuAlloc, float, int, bool]] = field(default_factory=dict)
+    # worker id -> (job id, gpu alloc, cpus, memory_mb, extra)
+
+    @classmethod
+    def from_spec(cls, idx: int, spec: NodeSpec, zone: int) -> SimNode:
+        return cls(idx, spec, zone, [1.0] * spec.gpus, spec.cpus, spec.memory_mb)
+
+    @property
+    def pool(self) -> str:
+        return self.spec.pool
+
+    def idle_gpus(self) -> int:
+        return sum(1 for f in self.gpu_free if f >= 1.0 - EPS)
+
+    def free_gpu(self) -> float:
+        return sum(self.gpu_free)
+
+    def capacity(self) -> P.NodeCapacity:
+        return P.NodeCapacity(
+            node=self.idx,
+            zone=self.zone,
+            gpu_free=tuple(min(1.0, max(0.0, round(f, 6))) for f in self.gpu_free),
+            cpus=max(0.0, self.cpus),
+            memory_mb=max(0, self.memory_mb),
+            gpu_model=self.spec.model or None,
+            pool=self.pool,
+            draining=self.serving,
+        )
+
+    def take(self, wid: int, job_id: str, alloc: P.GpuAlloc, cpus: float, mem: int, extra: bool) -> None:
+        for i, f in alloc:
+            self.gpu_free[i] = round(self.gpu_free[i] - f, 6)
+            if self.gpu_free[i] < -EPS:
+                raise AssertionError(f"sim: node {self.spec.name} GPU {i} over-allocated")
+        self.cpus -= cpus
+        self.memory_mb -= mem
+        self.workers[wid] = (job_id, alloc, cpus, mem, extra)
+
+    def give(self, wid: int) -> None:
+        _, alloc, cpus, mem, _ = self.workers.pop(wid)
+        for i, f in alloc:
+            self.gpu_free[i] = min(1.0, round(self.gpu_free[i] + f, 6))
+        self.cpus += cpus
+        self.memory_mb += mem
+
+
+def fits_fast(n: SimNode, gpus: float, cpus: float, mem: int) -> P.GpuAlloc | None:
+    """Allocation for one worker on ``n`` (ignoring ``serving``), or None."""
+    if cpus > n.cpus + EPS or mem > n.memory_mb:
+        return None
+    if gpus <= 0:
+        return ()
+    return P.allocate_gpus(n.gpu_free, gpus)
+
+
+def demand_of(gpus: float, cpus: float, mem: int) -> P.Demand:
+    return P.Demand(gpus=round(gpus, 2), cpus=cpus, memory_mb=int(mem))
+
+
+class BestFitPlacer:
+    """Centralized best-fit over every usable node (the baseline)."""
+
+    name = "bestfit"
+
+    def __init__(self, nodes: Sequence[SimNode]) -> None:
+        self.nodes = nodes
+        self.probes = 0
+
+    def place(self, usable: Sequence[SimNode], gpus: float, cpus: float, mem: int, now: float) -> tuple[SimNode, P.GpuAlloc] | None:
+        best: tuple[float, float, int] | None = None
+        pick: tuple[SimNode, P.GpuAlloc] | None = None
+        need_idle = int(gpus + EPS) if gpus >= 1 else 0
+        for n in usable:
+            self.probes += 1
+            if need_idle and n.idle_gpus() < need_idle:
+                continue
+            a = fits_fast(n, gpus, cpus, mem)
+            if a is None:
+                continue
+            key = (n.free_gpu() - gpus, n.cpus - cpus, n.idx)
+            if best is None or key < best:
+                best, pick = key, (n, a)
+        return pick
+
+
+class ProbePlacer:
+    """Laminar's probe-first placement through :mod:`laminar.zone.placement`."""
+
+    name = "probe"
+
+    def __init__(
+        self,
+        nodes: Sequence[SimNode],
+        rng: random.Random,
+        retry: P.RetryPolicy | None = None,
+        members: Sequence[int] | None = None,
+    ) -> None:
+        self.nodes = nodes
+        self.rng = rng
+        self.retry = retry or P.RetryPolicy(d=2, d_max=8, widen=2, widen_steps=2, zones=3)
+        self.zones: dict[int, list[int]] = {}
+        for i in members if members is not None else range(len(nodes)):
+            self.zones.setdefault(nodes[i].zone, []).append(i)
+        self._summary: dict[int, P.ZoneSummary] = {}
+        self._dirty: set[int] = set(self.zones)
+        self.probes = 0
+        self.messages = 0
+        self._pid = 0
+
+    def touch(self, node: SimNode) -> None:
+        """Mark a node's zone summary stale (capacity or serving state changed)."""
+        self._dirty.add(node.zone)
+
+    def summary(self, z: int) -> P.ZoneSummary:
+        if z in self._dirty or z not in self._summary:
+            self._summary[z] = P.summarize_zone(z, (self.nodes[i].capacity() for i in self.zones[z]))
+            self._dirty.discard(z)
+        return self._summary[z]
+
+    def place(self, usable: Sequence[SimNode], gpus: float, cpus: float, mem: int, now: float) -> tuple[SimNode, P.GpuAlloc] | None:
+        demand = demand_of(gpus, cpus, mem)
+        fitmap = {z: P.zone_fit(self.summary(z), demand) for z in self.zones}
+        tried: list[int] = []
+        zone: int | None = None
+        probed: set[int] = set()
+        for step in P.retry_schedule(self.retry):
+            if isinstance(step, P.Queue):
+                return None
+            if step.zone_rank >= len(tried):
+                zone = P.choose_zone(fitmap, self.rng, exclude=tried)
+                if zone is None:
+                    return None
+                tried.append(zone)
+                probed = set()
+            assert zone is not None
+            targets = P.probe_targets(self.zones[zone], step.d, self.rng, exclude=probed)
+            probed.update(targets)
+            self._pid += 1
+            answers = [
+                P.arbitrate(self.nodes[t].capacity(), [], demand, now, placement_id=self._pid, lease_s=2.0)
+                for t in targets
+            ]
+            self.probes += len(targets)
+            offer = P.pick_offer(fit_ordered_answers(answers, self.nodes, gpus), now)
+            if offer is not None:
+                self.messages += P.max_messages_per_attempt(len(targets))
+                return self.nodes[offer.node], offer.gpu_alloc
+            self.messages += 2 * len(targets)
+        return None
+
+
+def fit_ordered_answers(answers: Sequence[P.Offer | P.Refusal], nodes: Sequence[SimNode], gpus: float) -> list[P.Offer | P.Refusal]:
+    """Adapter (sim side): answers in the order a fit-delayed reply would deliver them.
+
+    A node that would be left with fewer free GPUs (a tighter fit) answers first; refusals
+    last. ``laminar.zone.placement.pick_offer`` then binds the first, as it does in the agent.
+    """
+    def key(a: P.Offer | P.Refusal) -> tuple[int, float, int]:
+        if isinstance(a, P.Refusal):
+            return (1, math.inf, a.node)
+        n = nodes[a.node]
+        return (0, n.free_gpu() - gpus, a.node)
+
+    return sorted(answers, key=key)
