@@ -50,6 +50,7 @@ a deadline not in the future, a rate beyond the link, a flow already registered.
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import logging
 import secrets
 import time
@@ -173,6 +174,24 @@ class TransferRegistry:
         self._task: asyncio.Task[None] | None = None
         self._metrics: dict[str, Gauge] = {}
         self._status_labels: dict[str, tuple[str, str]] = {}
+        # pyroute2 0.9's IPRoute runs its own event loop, which cannot run inside the agent's, so
+        # every netlink (and map) operation of the registry runs on this one thread, in order.
+        self._pool: concurrent.futures.ThreadPoolExecutor | None = None
+
+    def _emit(self, kind: str, message: str, **fields: Any) -> None:
+        """Emits an event on the agent's loop (the event bus is not thread-safe; ticks run on a thread)."""
+        if self.agent is None:
+            return
+        loop = getattr(self.agent, "loop", None)
+        if loop is not None and loop.is_running():
+            loop.call_soon_threadsafe(lambda: self.agent.events.emit(kind, message, **fields))
+        else:
+            self.agent.events.emit(kind, message, **fields)
+
+    async def _run(self, fn: Any, *args: Any, **kw: Any) -> Any:
+        if self._pool is None:
+            self._pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="lm-transfers")
+        return await asyncio.get_running_loop().run_in_executor(self._pool, lambda: fn(*args, **kw))
 
     # --- lifecycle --------------------------------------------------------------------------
 
@@ -205,7 +224,7 @@ class TransferRegistry:
                 self.configure(link, floor, cfg["margin"], cfg["tick_ms"] / 1000)
                 self.tree = HtbTree(ifname, link, floor, replace_existing=cfg["replace_existing"])
                 try:
-                    self.tree.setup()
+                    await self._run(self.tree.setup)
                 except HtbError as e:  # HtbUnavailable included: say why, keep the agent up
                     self.disabled_reason = str(e)
                     self.tree = None
@@ -215,7 +234,7 @@ class TransferRegistry:
             log.warning("shaping off: %s", self.disabled_reason)
             agent.events.emit("transfer", f"shaping of migration transfers is off: {self.disabled_reason}")
             return
-        self._adopt()
+        await self._run(self._adopt)
         self._task = asyncio.get_running_loop().create_task(self._ticker())
 
     async def stop(self) -> None:
@@ -228,7 +247,10 @@ class TransferRegistry:
                 pass
             self._task = None
         if self.tree is not None:
-            self.tree.close()
+            await self._run(self.tree.close)
+        if self._pool is not None:
+            self._pool.shutdown(wait=True)
+            self._pool = None
 
     def _adopt(self) -> None:
         """Re-reads transfers from the store and reconciles them with the kernel's leaves."""
@@ -266,8 +288,8 @@ class TransferRegistry:
                 self.tree.set_leaf(t.minor, min(r.rate_bps, self.tree.migration_budget_bps))
             became_bad = r.status in (INFEASIBLE, LATE) and t.status != r.status
             t.rate_bps, t.need_bps, t.status, t.reason = self.tree.leaves()[t.minor], r.need_bps, r.status, r.reason
-            if became_bad and self.agent is not None:
-                self.agent.events.emit("transfer", f"transfer {tid} {r.status}: {r.reason}", transfer=tid,
+            if became_bad:
+                self._emit("transfer", f"transfer {tid} {r.status}: {r.reason}", transfer=tid,
                                        job=t.job, status=r.status, reason=r.reason)
         self.last = decision
         self._update_metrics()
@@ -279,7 +301,7 @@ class TransferRegistry:
             if not self.transfers:
                 continue
             try:
-                self.tick()
+                await self._run(self.tick)
             except Exception:  # one bad round must not stop shaping
                 log.exception("shaper tick failed")
 
@@ -334,10 +356,9 @@ class TransferRegistry:
             raise
         self.transfers[tid] = t
         self.tick(now)
-        if self.agent is not None:
-            self.agent.events.emit("transfer", f"transfer {tid} of job {job} registered: {flow}, {total_bytes} bytes "
-                                               f"in {deadline_in_s:g} s -> {t.status} ({t.reason})",
-                                   transfer=tid, job=job, status=t.status)
+        self._emit("transfer", f"transfer {tid} of job {job} registered: {flow}, {total_bytes} bytes "
+                   f"in {deadline_in_s:g} s -> {t.status} ({t.reason})",
+                   transfer=tid, job=job, status=t.status)
         return t
 
     def _write_flow(self, t: Transfer) -> None:
@@ -507,16 +528,16 @@ class TransferRegistry:
         except ks.KillSwitchError as e:
             raise ApiError(400, str(e)) from None
         job, job_num = self._job(str(b["job"]))
-        t = self.add(job, job_num, flow, total, b["deadline_s"], transfer_id=b.get("id"), sent_bytes=sent,
-                     max_rate_bps=max_rate)
+        t = await self._run(self.add, job, job_num, flow, total, b["deadline_s"], transfer_id=b.get("id"),
+                            sent_bytes=sent, max_rate_bps=max_rate)
         return t.as_dict(time.monotonic_ns(), self.tree.major if self.tree else 0)
 
     async def _api_progress(self, req: Request) -> dict[str, Any]:
-        t = self.report(req.params["id"], (req.body or {}).get("sent_bytes"))
+        t = await self._run(self.report, req.params["id"], (req.body or {}).get("sent_bytes"))
         return t.as_dict(time.monotonic_ns(), self.tree.major if self.tree else 0)
 
     async def _api_remove(self, req: Request) -> dict[str, Any]:
-        t = self.remove(req.params["id"])
+        t = await self._run(self.remove, req.params["id"])
         if self.agent is not None:
             self.agent.events.emit("transfer", f"transfer {t.id} removed", transfer=t.id, job=t.job)
         return {"removed": t.id, "class_removed": f"{self.tree.major:x}:{t.minor:x}" if self.tree else None}
@@ -525,14 +546,15 @@ class TransferRegistry:
         if self.flows is None:
             return []
         names = {t.flow: t.id for t in self.transfers.values()}
-        return [{"flow": str(k), "transfer": names.get(k), **e.describe()} for k, e in ks.read_flows(self.flows)]
+        flows = await self._run(ks.read_flows, self.flows)
+        return [{"flow": str(k), "transfer": names.get(k), **e.describe()} for k, e in flows]
 
     async def _api_flow_switch(self, req: Request) -> dict[str, Any]:
         body = req.body if isinstance(req.body, dict) else {}
         name = body.get("flow")
         if not isinstance(name, str) or not name:
             raise ApiError(400, "missing 'flow': a transfer id or a 5-tuple like tcp:10.0.0.1:40000->10.0.0.2:7000")
-        res = self.flow_switch(name, body)
+        res = await self._run(self.flow_switch, name, body)
         if self.agent is not None:
             self.agent.events.emit("killswitch", res["message"], scope="flow", flow=res["flow"],
                                    action=res["action"], uid=req.peer.uid, deadline_ns=res["deadline_ns"])
