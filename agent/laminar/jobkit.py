@@ -1,0 +1,281 @@
+"""The job's side of Laminar's checkpoint contract, in a few lines of the job's own code.
+
+The agent starts every job with:
+
+* ``LAMINAR_JOB_ID``: the job's id;
+* ``LAMINAR_CKPT_DIR``: where the job writes its checkpoints;
+* ``LAMINAR_CKPT_SIGNAL``: the signal that asks for a checkpoint (default ``SIGUSR1``);
+* ``LAMINAR_RESUME_FROM`` (only when restarted from a checkpoint, on this node or on another
+  one after a migration): a checkpoint directory the agent has verified.
+
+A PyTorch training loop honours the contract like this::
+
+    from laminar import jobkit
+
+    ckpt = jobkit.Checkpointer()
+    state = ckpt.resume()                      # None on a fresh start
+    if state is not None:
+        model.load_state_dict(state["model"]); opt.load_state_dict(state["opt"]); start = state["step"]
+    for step in range(start, steps):
+        train_one_step()
+        if ckpt.requested():
+            ckpt.save({"model": model.state_dict(), "opt": opt.state_dict(), "step": step + 1}, step=step + 1)
+
+The signal handler only sets a flag: the checkpoint is written between steps, where the state
+is consistent. :meth:`Checkpointer.save` commits atomically: it writes into a temporary
+directory, fsyncs every file, writes ``MANIFEST.json`` (each file's size and SHA-256, the step,
+the job id), fsyncs, and renames the directory into place (``ckpt-<step>``), so a checkpoint
+either exists whole or not at all, whatever happens during the write. :func:`verify_checkpoint`
+re-checks a directory against its manifest; :meth:`Checkpointer.resume` never loads a
+checkpoint that fails it.
+
+State may be ``bytes`` (stored as is, returned as ``bytes``) or anything ``torch.save``
+accepts (a state dict; loaded back with ``torch.load(weights_only=True)``); without torch,
+other objects are pickled. This module uses only the standard library (torch when given torch
+state), so a job can import it without the agent's dependencies.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import os
+import pickle
+import re
+import shutil
+import signal
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+MANIFEST = "MANIFEST.json"
+FORMAT_VERSION = 1
+_NAME = re.compile(r"^ckpt-\d+$")
+_HASH_BLOCK = 1 << 20
+
+
+class CheckpointError(Exception):
+    """A checkpoint that is missing, incomplete or corrupt; the message says which and why."""
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def file_sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while block := f.read(_HASH_BLOCK):
+            h.update(block)
+    return h.hexdigest()
+
+
+def read_manifest(path: str | os.PathLike[str]) -> dict[str, Any]:
+    """The manifest of the checkpoint directory ``path``, unverified. Raises CheckpointError."""
+    p = Path(path)
+    try:
+        m = json.loads((p / MANIFEST).read_text())
+    except FileNotFoundError:
+        raise CheckpointError(f"checkpoint {p}: no {MANIFEST} (incomplete or not a checkpoint)") from None
+    except (OSError, json.JSONDecodeError) as e:
+        raise CheckpointError(f"checkpoint {p}: unreadable {MANIFEST}: {e}") from None
+    if not isinstance(m, dict) or not isinstance(m.get("files"), list) or m.get("version") != FORMAT_VERSION:
+        raise CheckpointError(f"checkpoint {p}: {MANIFEST} is not a version {FORMAT_VERSION} manifest")
+    for f in m["files"]:
+        name = f.get("name") if isinstance(f, dict) else None
+        if not isinstance(name, str) or "/" in name or name in ("", ".", "..", MANIFEST):
+            raise CheckpointError(f"checkpoint {p}: bad file name {name!r} in {MANIFEST}")
+    return m
+
+
+def verify_checkpoint(path: str | os.PathLike[str]) -> dict[str, Any]:
+    """The manifest of ``path`` after checking that every file it lists exists with the size
+    and SHA-256 it records and that no other file is present. Raises CheckpointError naming
+    the first problem: a checkpoint that fails this is never to be restored."""
+    p = Path(path)
+    m = read_manifest(p)
+    listed = {f["name"] for f in m["files"]}
+    extra = sorted(x.name for x in p.iterdir() if x.name != MANIFEST and x.name not in listed)
+    if extra:
+        raise CheckpointError(f"checkpoint {p}: files not in the manifest: {extra}")
+    for f in m["files"]:
+        fp = p / f["name"]
+        try:
+            size = fp.stat().st_size
+        except FileNotFoundError:
+            raise CheckpointError(f"checkpoint {p}: {f['name']} is missing") from None
+        if size != f.get("size"):
+            raise CheckpointError(f"checkpoint {p}: {f['name']} has {size} bytes, manifest says {f.get('size')}")
+        if file_sha256(fp) != f.get("sha256"):
+            raise CheckpointError(f"checkpoint {p}: {f['name']} does not match its SHA-256 (corrupt)")
+    return m
+
+
+def list_checkpoints(ckpt_dir: str | os.PathLike[str]) -> list[Path]:
+    """Committed checkpoint directories under ``ckpt_dir`` (``ckpt-<n>``), oldest first."""
+    d = Path(ckpt_dir)
+    if not d.is_dir():
+        return []
+    return sorted((p for p in d.iterdir() if _NAME.match(p.name) and p.is_dir()), key=lambda p: int(p.name[5:]))
+
+
+def latest_checkpoint(ckpt_dir: str | os.PathLike[str]) -> Path | None:
+    """The newest checkpoint under ``ckpt_dir`` that passes :func:`verify_checkpoint`, or None."""
+    for p in reversed(list_checkpoints(ckpt_dir)):
+        try:
+            verify_checkpoint(p)
+            return p
+        except CheckpointError:
+            continue
+    return None
+
+
+class Checkpointer:
+    """The job's handle on the contract. Arguments default to the ``LAMINAR_*`` environment.
+
+    ``keep``: how many committed checkpoints to keep in ``ckpt_dir`` (older ones are removed
+    after a new one commits). ``install_signal``: set the checkpoint signal's handler (only
+    possible from the main thread)."""
+
+    def __init__(
+        self,
+        job_id: str | None = None,
+        ckpt_dir: str | os.PathLike[str] | None = None,
+        resume_from: str | os.PathLike[str] | None = None,
+        signum: int | None = None,
+        keep: int = 2,
+        install_signal: bool = True,
+    ) -> None:
+        env = os.environ
+        self.job_id = job_id or env.get("LAMINAR_JOB_ID", "local")
+        cd = ckpt_dir or env.get("LAMINAR_CKPT_DIR")
+        if not cd:
+            raise CheckpointError("jobkit: no checkpoint directory: LAMINAR_CKPT_DIR is unset and none was given")
+        self.ckpt_dir = Path(cd)
+        rf = resume_from if resume_from is not None else env.get("LAMINAR_RESUME_FROM") or None
+        self.resume_from = Path(rf) if rf else None
+        if keep < 1:
+            raise CheckpointError(f"jobkit: keep must be >= 1, got {keep}")
+        self.keep = keep
+        self._flag = threading.Event()
+        self.resumed_step: int | None = None
+        self.saved: list[Path] = []
+        if signum is None:
+            name = env.get("LAMINAR_CKPT_SIGNAL", "SIGUSR1")
+            try:
+                signum = int(signal.Signals[name])
+            except KeyError:
+                raise CheckpointError(f"jobkit: LAMINAR_CKPT_SIGNAL={name!r} is not a signal name (e.g. SIGUSR1)") from None
+        self.signum = signum
+        if install_signal:
+            signal.signal(signum, self._on_signal)
+
+    def _on_signal(self, signum: int, frame: Any) -> None:
+        self._flag.set()
+
+    def request(self) -> None:
+        """Ask for a checkpoint from inside the job (what the signal does)."""
+        self._flag.set()
+
+    def requested(self) -> bool:
+        """True when a checkpoint has been asked for and not yet saved."""
+        return self._flag.is_set()
+
+    def save(self, state: Any, step: int | None = None, meta: dict[str, Any] | None = None) -> Path:
+        """Commits ``state`` atomically as ``ckpt_dir/ckpt-<step>`` (step defaults to a
+        nanosecond timestamp) and clears the request. Returns the checkpoint's directory.
+        Saving the same step twice replaces the earlier checkpoint, atomically too."""
+        n = time.time_ns() if step is None else int(step)
+        if n < 0:
+            raise CheckpointError(f"jobkit: step must be >= 0, got {step}")
+        self.ckpt_dir.mkdir(parents=True, exist_ok=True)
+        final = self.ckpt_dir / f"ckpt-{n}"
+        tmp = self.ckpt_dir / f".tmp-ckpt-{n}-{os.getpid()}"
+        if tmp.exists():
+            shutil.rmtree(tmp)
+        tmp.mkdir()
+        try:
+            fname, fmt, data = _serialize(state)
+            fp = tmp / fname
+            with open(fp, "wb") as f:
+                f.write(data)
+                f.flush()
+                os.fsync(f.fileno())
+            manifest = {
+                "version": FORMAT_VERSION,
+                "job_id": self.job_id,
+                "step": n,
+                "format": fmt,
+                "created": time.time(),
+                "meta": meta or {},
+                "files": [{"name": fname, "size": len(data), "sha256": hashlib.sha256(data).hexdigest()}],
+            }
+            with open(tmp / MANIFEST, "w") as f:
+                json.dump(manifest, f, sort_keys=True)
+                f.flush()
+                os.fsync(f.fileno())
+            _fsync_dir(tmp)
+            old = None
+            if final.exists():
+                old = self.ckpt_dir / f".old-ckpt-{n}-{os.getpid()}"
+                os.rename(final, old)
+            os.rename(tmp, final)
+            _fsync_dir(self.ckpt_dir)
+            if old is not None:
+                shutil.rmtree(old, ignore_errors=True)
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
+        self._flag.clear()
+        self.saved.append(final)
+        for p in list_checkpoints(self.ckpt_dir)[: -self.keep]:
+            shutil.rmtree(p, ignore_errors=True)
+        return final
+
+    def resume(self, weights_only: bool = True) -> Any | None:
+        """The state of ``LAMINAR_RESUME_FROM`` (a checkpoint directory, or a directory of
+        checkpoints: the newest verified one), or None on a fresh start. Raises CheckpointError
+        when the checkpoint named does not verify: a corrupt checkpoint is never loaded."""
+        if self.resume_from is None:
+            return None
+        src = self.resume_from
+        if not (src / MANIFEST).exists():
+            latest = latest_checkpoint(src)
+            if latest is None:
+                raise CheckpointError(f"jobkit: LAMINAR_RESUME_FROM={src} holds no verified checkpoint")
+            src = latest
+        m = verify_checkpoint(src)
+        self.resumed_step = int(m.get("step", 0))
+        f = m["files"][0]
+        return _deserialize(src / f["name"], m.get("format", "bytes"), weights_only)
+
+
+def _serialize(state: Any) -> tuple[str, str, bytes]:
+    if isinstance(state, (bytes, bytearray, memoryview)):
+        return "state.bin", "bytes", bytes(state)
+    try:
+        import torch
+    except ImportError:
+        return "state.pkl", "pickle", pickle.dumps(state, protocol=pickle.HIGHEST_PROTOCOL)
+    buf = io.BytesIO()
+    torch.save(state, buf)
+    return "state.pt", "torch", buf.getvalue()
+
+
+def _deserialize(path: Path, fmt: str, weights_only: bool) -> Any:
+    if fmt == "bytes":
+        return path.read_bytes()
+    if fmt == "torch":
+        import torch
+
+        return torch.load(path, map_location="cpu", weights_only=weights_only)
+    if fmt == "pickle":
+        with open(path, "rb") as f:
+            return pickle.load(f)
+    raise CheckpointError(f"jobkit: {path}: unknown checkpoint format {fmt!r} (bytes, torch or pickle)")

@@ -1,0 +1,145 @@
+"""jobkit: the checkpoint contract on the job's side (signal, atomic commit, verified resume)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from laminar import jobkit
+from laminar.jobkit import MANIFEST, Checkpointer, CheckpointError, latest_checkpoint, verify_checkpoint
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def test_save_commits_atomically_with_a_manifest(tmp_path: Path) -> None:
+    ck = Checkpointer(job_id="j1", ckpt_dir=tmp_path, install_signal=False)
+    p = ck.save(b"hello", step=3)
+    assert p == tmp_path / "ckpt-3"
+    m = verify_checkpoint(p)
+    assert m["job_id"] == "j1" and m["step"] == 3 and m["format"] == "bytes"
+    assert sorted(x.name for x in p.iterdir()) == [MANIFEST, "state.bin"]
+    assert not [x for x in tmp_path.iterdir() if x.name.startswith(".")]  # no temp left behind
+
+
+def test_keep_prunes_old_checkpoints_and_same_step_replaces(tmp_path: Path) -> None:
+    ck = Checkpointer(ckpt_dir=tmp_path, keep=2, install_signal=False)
+    for s in (1, 2, 3):
+        ck.save(bytes([s]), step=s)
+    assert [p.name for p in jobkit.list_checkpoints(tmp_path)] == ["ckpt-2", "ckpt-3"]
+    ck.save(b"again", step=3)
+    assert (tmp_path / "ckpt-3" / "state.bin").read_bytes() == b"again"
+
+
+def test_resume_returns_the_state_and_refuses_corruption(tmp_path: Path) -> None:
+    src = Checkpointer(ckpt_dir=tmp_path / "a", install_signal=False)
+    p = src.save(b"x" * 1000, step=5)
+    dst = Checkpointer(ckpt_dir=tmp_path / "b", resume_from=p, install_signal=False)
+    assert dst.resume() == b"x" * 1000 and dst.resumed_step == 5
+    # a directory of checkpoints resumes from the newest one that verifies
+    src.save(b"y" * 1000, step=6)
+    (tmp_path / "a" / "ckpt-6" / "state.bin").write_bytes(b"z" * 1000)  # same size, wrong bytes
+    assert latest_checkpoint(tmp_path / "a") == p
+    assert Checkpointer(ckpt_dir=tmp_path / "c", resume_from=tmp_path / "a", install_signal=False).resume() == b"x" * 1000
+    # naming a corrupt checkpoint is an error, never a silent load
+    with pytest.raises(CheckpointError, match="SHA-256"):
+        Checkpointer(ckpt_dir=tmp_path / "c", resume_from=tmp_path / "a/ckpt-6", install_signal=False).resume()
+    (p / "state.bin").unlink()
+    with pytest.raises(CheckpointError, match="missing"):
+        verify_checkpoint(p)
+    with pytest.raises(CheckpointError, match="no MANIFEST.json"):
+        verify_checkpoint(tmp_path)
+
+
+def test_no_resume_from_means_fresh_start(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("LAMINAR_RESUME_FROM", raising=False)
+    monkeypatch.setenv("LAMINAR_CKPT_DIR", str(tmp_path))
+    monkeypatch.setenv("LAMINAR_JOB_ID", "envjob")
+    ck = Checkpointer(install_signal=False)
+    assert ck.resume() is None and ck.job_id == "envjob" and ck.ckpt_dir == tmp_path
+
+
+def test_bad_environment_is_named(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("LAMINAR_CKPT_DIR", raising=False)
+    with pytest.raises(CheckpointError, match="LAMINAR_CKPT_DIR is unset"):
+        Checkpointer(install_signal=False)
+    monkeypatch.setenv("LAMINAR_CKPT_SIGNAL", "SIGNOPE")
+    with pytest.raises(CheckpointError, match="SIGNOPE"):
+        Checkpointer(ckpt_dir=tmp_path, install_signal=False)
+
+
+JOB = """
+import sys, time
+sys.path.insert(0, {agent!r})
+from laminar import jobkit
+ck = jobkit.Checkpointer()
+print("ready", flush=True)
+step = 0
+while step < 100000:
+    step += 1
+    time.sleep(0.001)
+    if ck.requested():
+        ck.save(step.to_bytes(8, "little"), step=step)
+        print("saved", step, flush=True)
+        break
+"""
+
+
+@pytest.mark.parametrize("signame", ["SIGUSR1", "SIGUSR2"])
+def test_the_checkpoint_signal_of_the_contract_asks_a_real_process(tmp_path: Path, signame: str) -> None:
+    env = dict(os.environ, LAMINAR_CKPT_DIR=str(tmp_path), LAMINAR_JOB_ID="sig", LAMINAR_CKPT_SIGNAL=signame)
+    p = subprocess.Popen([sys.executable, "-c", JOB.format(agent=str(REPO / "agent"))], env=env,
+                         stdout=subprocess.PIPE, text=True)
+    try:
+        assert p.stdout is not None
+        assert p.stdout.readline().strip() == "ready"
+        p.send_signal(signal.Signals[signame])
+        line = p.stdout.readline().split()
+        assert line[0] == "saved"
+        assert p.wait(timeout=30) == 0
+    finally:
+        p.kill()
+    ck = latest_checkpoint(tmp_path)
+    assert ck is not None and int.from_bytes((ck / "state.bin").read_bytes(), "little") == int(line[1])
+
+
+def _torch_python() -> str | None:
+    """A Python with torch: this one, or $LAMINAR_TORCH_PYTHON."""
+    for py in (sys.executable, os.environ.get("LAMINAR_TORCH_PYTHON", "")):
+        if py and subprocess.run([py, "-c", "import torch"], capture_output=True).returncode == 0:
+            return py
+    return None
+
+
+def test_pytorch_job_resumed_from_a_requested_checkpoint_ends_with_identical_weights(tmp_path: Path) -> None:
+    py = _torch_python()
+    if py is None:
+        pytest.skip("torch not installed here (pip install torch==2.13.0, or set LAMINAR_TORCH_PYTHON)")
+    ex = str(REPO / "examples/train_mnistlike.py")
+    steps = "120"
+    ref = subprocess.run([py, ex, "--steps", steps], capture_output=True, text=True, check=True)
+    want = json.loads(ref.stdout.strip().splitlines()[-1])["weights_sha256"]
+
+    env = dict(os.environ, LAMINAR_CKPT_DIR=str(tmp_path / "a"), LAMINAR_JOB_ID="mnist")
+    p = subprocess.Popen([py, ex, "--steps", steps, "--step-sleep", "0.02", "--exit-after-checkpoint"],
+                         env=env, stdout=subprocess.PIPE, text=True)
+    try:
+        assert p.stdout is not None
+        assert json.loads(p.stdout.readline())["event"] == "start"
+        p.send_signal(signal.SIGUSR1)
+        events = [json.loads(x) for x in p.stdout]
+        assert p.wait(timeout=60) == 0
+    finally:
+        p.kill()
+    ck = next(e for e in events if e["event"] == "checkpoint")
+    assert ck["requested"] and 0 < ck["step"] < int(steps)
+
+    env = dict(os.environ, LAMINAR_CKPT_DIR=str(tmp_path / "b"), LAMINAR_JOB_ID="mnist", LAMINAR_RESUME_FROM=ck["path"])
+    out = subprocess.run([py, ex, "--steps", steps], env=env, capture_output=True, text=True, check=True)
+    lines = [json.loads(x) for x in out.stdout.splitlines()]
+    assert lines[0] == {"event": "start", "step": ck["step"], "resumed": True, "pid": lines[0]["pid"]}
+    assert lines[-1]["weights_sha256"] == want
