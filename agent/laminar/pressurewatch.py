@@ -35,8 +35,9 @@ class PressureWatch:
         self.ring: RingBuffer | None = None
         self.agent: Any = None
         self.counts: dict[str, int] = {}
-        self._last_persist: dict[tuple[int, int], float] = {}
+        self._last_persist: dict[tuple[str, int], float] = {}
         self.last_event_ts: float | None = None
+        self.attached: list[str] = []
 
     async def start(self, agent: Any) -> None:
         self.agent = agent
@@ -44,8 +45,9 @@ class PressureWatch:
         path = Path(cfg.bpf.object_dir, "pressure.bpf.o") if cfg.bpf.object_dir else object_path("pressure")
         self.obj = BpfObject.open(path, pin_root=cfg.bpf.pin_root)
         self.obj.load()
-        for name in abi.PRESSURE_PROGRAMS:
-            self.links.append(self.obj.program(name).attach())
+        for prog in self.obj.programs().values():
+            self.links.append(prog.attach())
+        self.attached = sorted(self.obj.programs())
         self.ring = RingBuffer(self.obj.map("lm_events"), self._on_record)
         agent.loop.add_reader(self.ring.epoll_fd(), self._drain)
 
@@ -54,26 +56,24 @@ class PressureWatch:
             self.ring.consume()
 
     def _on_record(self, data: bytes) -> None:
-        ev = abi.LmPressureEvent.from_buffer_copy(data[: abi.ctypes.sizeof(abi.LmPressureEvent)])
-        kind = abi.EVENT_NAMES.get(ev.type, f"type{ev.type}")
+        fields = abi.decode_event(data)
+        kind = str(fields["type"])
         self.counts[kind] = self.counts.get(kind, 0) + 1
         self.last_event_ts = time.time()
-        fields: dict[str, Any] = {"type": kind, "cgroup_id": int(ev.cgroup_id), "pid": int(ev.pid),
-                                  "comm": bytes(ev.comm).split(b"\0", 1)[0].decode(errors="replace"),
-                                  "value": int(ev.value), "ts_ns": int(ev.ts_ns)}
+        cgroup_id = int(fields["cgroup_id"])
         jobs = getattr(self.agent, "jobs", None)
-        job = jobs.by_cgroup_id(ev.cgroup_id) if jobs is not None and hasattr(jobs, "by_cgroup_id") else None
+        job = next((j for j in jobs.jobs.values() if j.cgroup_id == cgroup_id), None) if jobs is not None else None
         if job is not None:
             fields["job"] = job.id
-        key = (int(ev.type), int(ev.cgroup_id))
+        key = (kind, cgroup_id)
         now = time.monotonic()
-        persist = ev.type == abi.LM_EV_OOM_VICTIM or now - self._last_persist.get(key, -1e9) >= PERSIST_EVERY_S
+        persist = kind == "oom_victim" or now - self._last_persist.get(key, -1e9) >= PERSIST_EVERY_S
         if persist:
             self._last_persist[key] = now
             if len(self._last_persist) > 4096:
                 self._last_persist.clear()
-        who = f"job {job.id}" if job is not None else f"cgroup {ev.cgroup_id}"
-        self.agent.events.emit("pressure", f"{kind} in {who} (pid {ev.pid} {fields['comm']})", persist=persist, **fields)
+        who = f"job {job.id}" if job is not None else f"cgroup {cgroup_id}"
+        self.agent.events.emit("pressure", f"{kind} in {who} (pid {fields['pid']} {fields['comm']})", persist=persist, **fields)
 
     async def stop(self) -> None:
         if self.ring is not None:
@@ -89,5 +89,5 @@ class PressureWatch:
             self.obj = None
 
     def status(self) -> dict[str, Any]:
-        return {"attached": list(abi.PRESSURE_PROGRAMS), "events": dict(self.counts),
+        return {"attached": self.attached, "events": dict(self.counts),
                 "last_event_age_s": round(time.time() - self.last_event_ts, 1) if self.last_event_ts else None}

@@ -31,7 +31,7 @@ from ..api import ApiError, Request, Route, require
 from ..bpf import abi
 from ..bpf.libbpf import BpfMap, BpfObject, object_path
 from ..features import ensure_bpffs
-from . import tc
+from . import nl, tc
 
 log = logging.getLogger("laminar.netguard")
 
@@ -45,12 +45,12 @@ def _u64(v: int) -> bytes:
 
 def resolve_uplink(configured: str) -> tuple[str, int]:
     """The uplink's name and index; raises RuntimeError saying what to set when there is none."""
-    ifname = configured or tc.default_route_ifname()
+    ifname = configured or nl.call(tc.default_route_ifname)
     if not ifname:
         raise RuntimeError("netguard: this node has no default route, so there is no uplink to attach to; "
                            "set net.uplink in the config to the interface jobs' traffic leaves by")
     try:
-        return ifname, tc.ifindex_of(ifname)
+        return ifname, nl.call(tc.ifindex_of, ifname)
     except (LookupError, OSError) as e:
         raise RuntimeError(f"netguard: uplink {ifname!r} not found ({e}); set net.uplink to an existing "
                            "interface (see `ip link`)") from None
@@ -83,7 +83,7 @@ class NetGuard:
         self.obj.load()
         self.maps = {name: self.obj.map(name) for name in abi.NETGUARD_MAPS}
         self._init_global()
-        created = tc.ensure_clsact(self.ifindex)
+        created = nl.call(tc.ensure_clsact, self.ifindex)
         record = agent.store.get_meta(META_KEY) or {}
         if record.get("ifname") != self.ifname:
             record = {"ifname": self.ifname, "clsact_created": created, "pin_root": str(self.pin_root)}
@@ -94,9 +94,9 @@ class NetGuard:
         directions = ["egress", "ingress"] if cfg.net.ingress else ["egress"]
         for direction in directions:
             prog = self.obj.program(PROGRAMS[direction])
-            tc.attach_bpf(self.ifindex, direction, prog.fd, PROGRAMS[direction])
+            nl.call(tc.attach_bpf, self.ifindex, direction, prog.fd, PROGRAMS[direction])
         if not cfg.net.ingress:
-            tc.detach_bpf(self.ifindex, "ingress")
+            nl.call(tc.detach_bpf, self.ifindex, "ingress")
         agent.events.emit("agent", f"netguard {'re-adopted pins and ' if self.adopted else ''}attached to "
                                    f"{self.ifname} ({'/'.join(directions)})",
                           ifname=self.ifname, pin_root=str(self.pin_root), adopted=self.adopted)
@@ -182,15 +182,15 @@ class NetGuard:
     def map_rows(self) -> list[dict[str, Any]]:
         rows = []
         for name, m in self.maps.items():
-            entries = sum(1 for _ in m.keys()) if m.map_type_name not in ("array", "percpu_array") else m.max_entries
-            rows.append({"name": name, "type": m.map_type_name, "key_size": m.key_size, "value_size": m.value_size,
+            entries = sum(1 for _ in m.keys()) if m.type_name not in ("array", "percpu_array") else m.max_entries
+            rows.append({"name": name, "type": m.type_name, "key_size": m.key_size, "value_size": m.value_size,
                          "entries": entries, "max_entries": m.max_entries, "pin": str(self.pin_root / name)})
         return rows
 
     def status(self) -> dict[str, Any]:
         progs = []
         for direction in ("egress", "ingress"):
-            for f in tc.list_bpf_filters(self.ifindex, direction):
+            for f in nl.call(tc.list_bpf_filters, self.ifindex, direction):
                 progs.append({"ifname": self.ifname, "direction": direction, **f})
         g = self._global()
         return {"ifname": self.ifname, "ifindex": self.ifindex, "pin_root": str(self.pin_root),
@@ -323,14 +323,14 @@ def unload(store: Any, ifindex: int | None, pin_root: Path) -> dict[str, Any]:
     done: dict[str, Any] = {"filters_removed": 0, "clsact_removed": False, "pins_removed": []}
     if ifindex is None and record.get("ifname"):
         try:
-            ifindex = tc.ifindex_of(record["ifname"])
+            ifindex = nl.call(tc.ifindex_of, record["ifname"])
         except (LookupError, OSError):
             ifindex = None
     if ifindex is not None:
         for direction in ("egress", "ingress"):
-            done["filters_removed"] += tc.detach_bpf(ifindex, direction)
+            done["filters_removed"] += nl.call(tc.detach_bpf, ifindex, direction)
         if record.get("clsact_created"):
-            tc.delete_clsact(ifindex)
+            nl.call(tc.delete_clsact, ifindex)
             done["clsact_removed"] = True
     if pin_root.is_dir():
         for p in sorted(pin_root.iterdir()):
@@ -359,7 +359,7 @@ def unload_offline(config: Any) -> dict[str, Any]:
         ifname = record.get("ifname") or config.net.uplink
         if ifname:
             try:
-                ifindex = tc.ifindex_of(ifname)
+                ifindex = nl.call(tc.ifindex_of, ifname)
             except (LookupError, OSError):
                 pass
         return unload(store, ifindex, pin_root)

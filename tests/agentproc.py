@@ -1,0 +1,161 @@
+"""A real laminard process for tests: its own config, state dir, socket, pin root and cgroup root.
+
+The agent runs inside a test network namespace through ``nsenter --net`` (so /sys, the pins and
+the kernel BTF stay visible), attached to that namespace's veth as its uplink. ``cleanup()``
+stops it and removes everything it made (filters, clsact, pins, cgroups), also after a failure.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import shutil
+import signal
+import subprocess
+import time
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[1]
+VENV_BIN = REPO / ".venv" / "bin"
+NOBODY = 65534
+
+
+class AgentProc:
+    def __init__(self, tmp: Path, uplink: str, netns: Any = None, extra_toml: str = "", node: str | None = None) -> None:
+        self.tag = secrets.token_hex(3)
+        self.tmp = tmp
+        self.netns = netns
+        self.state_dir = tmp / f"state-{self.tag}"
+        self.sock = Path(f"/run/laminar-t-{self.tag}/laminard.sock")
+        self.pin_root = Path(f"/sys/fs/bpf/laminar-t-{self.tag}")
+        self.cgroup_root = f"laminar-t-{self.tag}"
+        self.log_path = tmp / f"laminard-{self.tag}.log"
+        self.config_path = tmp / f"laminard-{self.tag}.toml"
+        self.config_path.write_text(
+            f'[agent]\nnode = "{node or "n-" + self.tag}"\nstate_dir = "{self.state_dir}"\nsocket = "{self.sock}"\n'
+            f'log_level = "debug"\n\n[bpf]\npin_root = "{self.pin_root}"\n\n[net]\nuplink = "{uplink}"\n\n'
+            f'[metrics]\nlisten = ""\n\n[cgroups]\nroot = "{self.cgroup_root}"\n\n{extra_toml}')
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def argv(self, *argv: str) -> list[str]:
+        return self.netns.argv(*argv) if self.netns is not None else list(argv)
+
+    def start(self, wait: bool = True, timeout: float = 60.0) -> None:
+        log = open(self.log_path, "ab")
+        self.proc = subprocess.Popen(self.argv(str(VENV_BIN / "laminard"), "--config", str(self.config_path)),
+                                     stdout=log, stderr=log, start_new_session=True)
+        log.close()
+        if wait:
+            self.wait_ready(timeout)
+
+    def wait_ready(self, timeout: float = 60.0) -> dict[str, Any]:
+        deadline = time.monotonic() + timeout
+        last = ""
+        while time.monotonic() < deadline:
+            if self.proc is not None and self.proc.poll() is not None:
+                raise RuntimeError(f"laminard exited with {self.proc.returncode}:\n{self.log()}")
+            r = self.ctl("-o", "json", "status", check=False)
+            if r.returncode == 0:
+                return json.loads(r.stdout)
+            last = r.stderr
+            time.sleep(0.2)
+        raise TimeoutError(f"laminard not ready after {timeout} s ({last}):\n{self.log()}")
+
+    def log(self) -> str:
+        try:
+            return self.log_path.read_text()[-8000:]
+        except OSError:
+            return ""
+
+    def ctl(self, *args: str, check: bool = True, user: int | None = None, timeout: float = 60.0) -> subprocess.CompletedProcess[str]:
+        argv = [str(VENV_BIN / "laminarctl"), "--socket", str(self.sock), *args]
+        if user is not None:
+            argv = ["setpriv", f"--reuid={user}", f"--regid={user}", "--clear-groups", *argv]
+        r = subprocess.run(self.argv(*argv), text=True, capture_output=True, timeout=timeout)
+        if check and r.returncode != 0:
+            raise AssertionError(f"laminarctl {' '.join(args)} exited {r.returncode}: {r.stderr}\n--- agent log ---\n{self.log()}")
+        return r
+
+    def json(self, *args: str) -> Any:
+        return json.loads(self.ctl("-o", "json", *args).stdout)
+
+    def kill9(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            os.kill(self.proc.pid, signal.SIGKILL)
+            self.proc.wait(10)
+
+    def stop(self) -> int | None:
+        if self.proc is None:
+            return None
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(30)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(10)
+        return self.proc.returncode
+
+    def cleanup(self) -> None:
+        """Stops the agent and removes its jobs, data plane, pins and cgroups."""
+        try:
+            self.stop()
+        finally:
+            subprocess.run(self.argv(str(VENV_BIN / "laminarctl"), "bpf", "unload", "--force",
+                                     "--config", str(self.config_path)), capture_output=True, timeout=60)
+            if self.pin_root.exists():
+                shutil.rmtree(self.pin_root, ignore_errors=True)
+            remove_cgroup_tree(self.cgroup_root)
+            shutil.rmtree(self.sock.parent, ignore_errors=True)
+
+
+def _kill_and_rmdir(d: Path) -> None:
+    for child in sorted((p for p in d.rglob("*") if p.is_dir()), key=lambda p: len(p.parts), reverse=True):
+        _kill_and_rmdir_one(child)
+    _kill_and_rmdir_one(d)
+
+
+def _kill_and_rmdir_one(d: Path) -> None:
+    kill = d / "cgroup.kill"
+    if kill.exists():
+        try:
+            kill.write_text("1")
+        except OSError:
+            pass
+    procs = d / "cgroup.procs"
+    tasks = d / "tasks"
+    for f in (procs, tasks):
+        if f.exists():
+            try:
+                for pid in f.read_text().split():
+                    try:
+                        os.kill(int(pid), signal.SIGKILL)
+                    except ProcessLookupError:
+                        pass
+            except OSError:
+                pass
+    freezer = d / "freezer.state"
+    if freezer.exists():
+        try:
+            freezer.write_text("THAWED")
+        except OSError:
+            pass
+    for _ in range(50):
+        try:
+            d.rmdir()
+            return
+        except FileNotFoundError:
+            return
+        except OSError:
+            time.sleep(0.05)
+
+
+def remove_cgroup_tree(name: str) -> None:
+    """Removes /sys/fs/cgroup/*/<name> trees (only names with the test prefix)."""
+    assert name.startswith("laminar-t-"), name
+    for hier in Path("/sys/fs/cgroup").iterdir():
+        d = hier / name
+        if d.is_dir():
+            _kill_and_rmdir(d)

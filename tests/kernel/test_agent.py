@@ -1,0 +1,239 @@
+"""The agent on a real kernel: a laminard process on a veth uplink in a namespace of the test's own.
+
+These are the foundation's acceptance tests: pins with named fields, a job's UDP flood cut by the
+kill-switch while another job's traffic passes, counters equal to what was sent, the switch
+still enforcing after ``kill -9`` of the agent, re-adoption on restart, ``bpf unload`` restoring
+the interface, pressure events with the right cgroup, and the control socket's credential check.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from agentproc import NOBODY, VENV_BIN, AgentProc
+
+pytestmark = pytest.mark.kernel
+
+HERE = Path(__file__).resolve().parent
+PAYLOAD = 100
+BURST = 200
+
+
+def wait_until(fn: Callable[[], Any], timeout: float = 20.0, what: str = "condition") -> Any:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        v = fn()
+        if v:
+            return v
+        time.sleep(0.05)
+    raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+
+
+@pytest.fixture
+def agent(veth_pair: Any, tmp_path: Path) -> Iterator[AgentProc]:
+    a = AgentProc(tmp_path, veth_pair.ifname_a, veth_pair.a)
+    try:
+        a.start()
+        yield a
+    finally:
+        a.cleanup()
+
+
+@pytest.fixture
+def receiver(veth_pair: Any, tmp_path: Path) -> Iterator[Callable[[], dict[str, int]]]:
+    out = tmp_path / "counts.json"
+    proc = veth_pair.b.popen(sys.executable, str(HERE / "udp_tools.py"), "recv", "5001,5002", str(out))
+
+    def counts() -> dict[str, int]:
+        try:
+            return {k: int(v) for k, v in json.loads(out.read_text()).items()}
+        except (OSError, ValueError):
+            return {"5001": 0, "5002": 0}
+
+    try:
+        wait_until(out.exists, 10, "the receiver to start")
+        yield counts
+    finally:
+        proc.kill()
+        proc.wait(10)
+
+
+def submit_sender(agent: AgentProc, dst: str, port: int, go: Path, *extra: str) -> dict[str, Any]:
+    return agent.json("submit", "--name", f"udp-{port}", *extra, "--", sys.executable, str(HERE / "udp_tools.py"),
+                      "send", dst, str(port), str(BURST), str(PAYLOAD), str(go))
+
+
+def job_stats(agent: AgentProc, cgroup_id: int) -> dict[str, int]:
+    dump = agent.json("bpf", "dump", "lm_job_stats")
+    for e in dump["entries"]:
+        if int(e["key"]["cgroup_id"]) == cgroup_id:
+            return e["value"]
+    return {}
+
+
+def growing(counts: Callable[[], dict[str, int]], port: str, window: float = 0.5) -> bool:
+    a = counts()[port]
+    time.sleep(window)
+    return counts()[port] > a
+
+
+def stopped(counts: Callable[[], dict[str, int]], port: str) -> bool:
+    """No packet for the port arrives over a full second once in-flight ones have drained."""
+    time.sleep(0.3)
+    a = counts()[port]
+    time.sleep(1.0)
+    return counts()[port] == a
+
+
+def filters(ns: Any, ifname: str, direction: str) -> list[str]:
+    out = ns.run("tc", "filter", "show", "dev", ifname, direction).stdout
+    return [line for line in out.splitlines() if "direct-action" in line]  # one such line per bpf filter
+
+
+def test_killswitch_counters_kill9_readopt_unload(agent: AgentProc, veth_pair: Any, receiver: Any, tmp_path: Path) -> None:
+    st = agent.json("status")
+    progs = {(p["direction"], p["name"]) for p in st["netguard"]["programs"]}
+    assert {("egress", "lm_egress"), ("ingress", "lm_ingress")} <= progs
+    assert st["netguard"]["ifname"] == veth_pair.ifname_a
+    assert st["netguard"]["adopted_pins"] is False
+
+    go1, go2 = tmp_path / "go1", tmp_path / "go2"
+    j1 = submit_sender(agent, veth_pair.addr_b, 5001, go1)
+    j2 = submit_sender(agent, veth_pair.addr_b, 5002, go2)
+
+    # The paced bursts arrive in full, and netguard counted exactly what each job sent.
+    wait_until(lambda: receiver()["5001"] >= BURST and receiver()["5002"] >= BURST, 30, "both bursts")
+    s1 = wait_until(lambda: (s := job_stats(agent, j1["cgroup_id"])) and s["tx_packets"] >= BURST and s, 10,
+                    "job 1 counters")
+    assert receiver()["5001"] == BURST
+    assert s1["tx_packets"] == BURST
+    assert s1["tx_bytes"] == BURST * (PAYLOAD + 8 + 20 + 14)  # UDP + IPv4 + Ethernet headers
+    assert s1["drop_packets"] == 0
+
+    # bpftool, the tool network engineers use, prints every pin with named fields (BTF).
+    for name, field in (("lm_jobs", "job_id"), ("lm_job_stats", "tx_packets"), ("lm_global", "abi_version")):
+        out = subprocess.run(["bpftool", "map", "dump", "pinned", str(agent.pin_root / name)],
+                             capture_output=True, text=True, check=True).stdout
+        assert f'"{field}"' in out, out
+    for name in ("lm_flows", "lm_stats"):  # (a ring buffer has no key/value type to describe)
+        out = subprocess.run(["bpftool", "-j", "map", "show", "pinned", str(agent.pin_root / name)],
+                             capture_output=True, text=True, check=True).stdout
+        info = json.loads(out)
+        assert info["name"] == name and info.get("btf_id", 0) > 0, info
+
+    go1.touch()
+    go2.touch()
+    wait_until(lambda: growing(receiver, "5001") and growing(receiver, "5002"), 10, "both floods")
+
+    out = agent.ctl("killswitch", "on", "--job", j1["id"])
+    assert j1["id"] in out.stdout
+    assert stopped(receiver, "5001"), "job 1's flood still passes after killswitch on"
+    assert growing(receiver, "5002"), "job 2's traffic stopped with job 1's switch"
+    assert job_stats(agent, j1["cgroup_id"])["drop_packets"] > 0
+
+    # kill -9: nothing is left to flip the switch back, and the data plane keeps enforcing.
+    agent.kill9()
+    assert stopped(receiver, "5001")
+    assert growing(receiver, "5002")
+
+    # A restart re-adopts the pins and the jobs instead of duplicating anything.
+    agent.start()
+    st = agent.json("status")
+    assert st["netguard"]["adopted_pins"] is True
+    assert len(filters(veth_pair.a, veth_pair.ifname_a, "egress")) == 1
+    assert len(filters(veth_pair.a, veth_pair.ifname_a, "ingress")) == 1
+    jobs = {j["id"]: j for j in agent.json("jobs")}
+    assert jobs[j1["id"]]["state"] == "running" and jobs[j2["id"]]["state"] == "running"
+    assert stopped(receiver, "5001")
+
+    agent.ctl("killswitch", "off", "--job", j1["id"])
+    wait_until(lambda: growing(receiver, "5001"), 10, "job 1's traffic to come back")
+
+    # The node-wide switch cuts every job; off restores them.
+    agent.ctl("killswitch", "on", "--all")
+    assert stopped(receiver, "5001") and stopped(receiver, "5002")
+    agent.ctl("killswitch", "off", "--all")
+    wait_until(lambda: growing(receiver, "5001") and growing(receiver, "5002"), 10, "traffic after --all off")
+
+    # Unload: filters, clsact and pins go; the interface is as it was; the agent stops.
+    agent.ctl("bpf", "unload")
+    assert agent.proc is not None
+    agent.proc.wait(30)
+    assert agent.proc.returncode == 0, agent.log()
+    assert not any(agent.pin_root.glob("lm_*"))
+    qdiscs = veth_pair.a.run("tc", "qdisc", "show", "dev", veth_pair.ifname_a).stdout
+    assert "clsact" not in qdiscs
+
+
+def test_pressure_event_names_the_jobs_cgroup(agent: AgentProc, tmp_path: Path) -> None:
+    follow = subprocess.Popen(agent.argv(str(VENV_BIN / "laminarctl"), "--socket", str(agent.sock), "-o", "json",
+                                         "events", "--follow", "--kind", "pressure"),
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        time.sleep(0.5)
+        hog = ("import time\nb=[]\nfor i in range(200):\n    b.append(bytearray(1<<20))\n    time.sleep(0.002)\n"
+               "time.sleep(60)\n")
+        job = agent.json("submit", "--name", "hog", "--memory", "32M", "--class", "transient", "--",
+                         sys.executable, "-c", hog)
+        assert follow.stdout is not None
+        line = follow.stdout.readline()
+        assert line, follow.stderr.read() if follow.stderr else ""
+        first = json.loads(line)
+        assert first["kind"] == "pressure"
+        events = agent.json("events", "--kind", "pressure", "--limit", "500")
+        mine = [e for e in events if e.get("cgroup_id") == job["cgroup_id"]]
+        assert mine, f"no pressure event for job cgroup {job['cgroup_id']}: {events[-5:]}"
+        assert all(e.get("job") == job["id"] for e in mine)
+        assert {e["type"] for e in mine} & {"memcg_reclaim_begin", "oom_victim", "direct_reclaim_begin"}
+    finally:
+        follow.kill()
+        follow.wait(10)
+
+
+def _as_nobody(fn: Callable[[], int]) -> int:
+    """Runs fn in a forked child with uid/gid nobody and no groups; returns its exit code."""
+    pid = os.fork()
+    if pid == 0:  # child: never returns into pytest
+        code = 99
+        try:
+            os.setgroups([])
+            os.setgid(NOBODY)
+            os.setuid(NOBODY)
+            code = fn()
+        finally:
+            os._exit(code)
+    _, status = os.waitpid(pid, 0)
+    return os.waitstatus_to_exitcode(status)
+
+
+def test_unprivileged_caller_may_read_but_not_flip(agent: AgentProc, capfd: pytest.CaptureFixture[str]) -> None:
+    from laminarctl.main import main as ctl
+
+    sock = str(agent.sock)
+    assert _as_nobody(lambda: ctl(["--socket", sock, "status"])) == 0
+    assert _as_nobody(lambda: ctl(["--socket", sock, "killswitch", "on", "--all"])) == 4
+    assert _as_nobody(lambda: ctl(["--socket", sock, "bpf", "unload"])) == 4
+    err = capfd.readouterr().err
+    assert "permission denied" in err and "uid 65534" in err
+    # Nothing changed: the node-wide switch is still open.
+    assert agent.json("killswitch", "status")["global"]["flags"] == []
+    assert agent.json("status")["agent"]["api_refused"] >= 2
+
+
+def test_bad_cli_input_against_a_running_agent(agent: AgentProc) -> None:
+    r = agent.ctl("killswitch", "on", "--job", "job-999", check=False)
+    assert r.returncode == 1 and "unknown job 'job-999'" in r.stderr
+    r = agent.ctl("killswitch", "arm", "--all", check=False)
+    assert r.returncode == 2 and "--at" in r.stderr
+    r = agent.ctl("killswitch", "arm", "--all", "--at", "soon", check=False)
+    assert r.returncode == 2 and "'soon'" in r.stderr
+    r = agent.ctl("bpf", "dump", "lm_nope", check=False)
+    assert r.returncode == 1 and "no map 'lm_nope'" in r.stderr
