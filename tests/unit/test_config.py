@@ -1,0 +1,71 @@
+"""Config validation: unknown keys and bad values are refused with the key, the value and the fix."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import tomllib
+from pathlib import Path
+
+import pytest
+
+from laminar import config
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def test_defaults_make_a_one_node_agent() -> None:
+    c = config.load(None)
+    assert c.agent.state_dir == "/var/lib/laminar"
+    assert c.agent.socket == "/run/laminar/laminard.sock"
+    assert c.bpf.pin_root == "/sys/fs/bpf/laminar"
+    assert c.net.uplink == ""  # the default route's interface
+    assert c.agent.node  # the host name
+
+
+def test_shipped_toml_documents_every_default() -> None:
+    shipped = tomllib.loads((REPO / "systemd/laminard.toml").read_text())
+    assert set(shipped) == set(config.SCHEMA)
+    for section, fields in config.SCHEMA.items():
+        assert set(shipped[section]) == set(fields), section
+        for key, f in fields.items():
+            assert shipped[section][key] == f.default, f"{section}.{key}"
+
+
+@pytest.mark.parametrize("text, needles", [
+    ("[net]\nuplnk = 'eth0'\n", ["unknown key net.uplnk", "allowed in [net]", "uplink"]),
+    ("[nett]\nuplink = 'eth0'\n", ["unknown section [nett]"]),
+    ("[metrics]\nlisten = 'nope'\n", ["metrics.listen = 'nope'", "HOST:PORT"]),
+    ("[agent]\nstate_dir = 'relative'\n", ["agent.state_dir = 'relative'", "absolute path"]),
+    ("[agent]\nlog_level = 'loud'\n", ["agent.log_level = 'loud'", "debug, info, warning, error"]),
+    ("[gpus]\ndeclared = -1\n", ["gpus.declared = -1", ">= 0"]),
+    ("[net]\ningress = 'yes'\n", ["net.ingress = 'yes'", "expected true/false"]),
+    ("[agent\n", ["not valid TOML"]),
+])
+def test_bad_config_is_refused_with_key_value_and_fix(tmp_path: Path, text: str, needles: list[str]) -> None:
+    p = tmp_path / "bad.toml"
+    p.write_text(text)
+    with pytest.raises(config.ConfigError) as e:
+        config.load(p)
+    for n in needles:
+        assert n in str(e.value)
+
+
+def test_every_problem_is_reported_at_once(tmp_path: Path) -> None:
+    p = tmp_path / "bad.toml"
+    p.write_text("[net]\nuplnk = 'x'\n[metrics]\nlisten = 'nope'\n")
+    with pytest.raises(config.ConfigError) as e:
+        config.load(p)
+    assert "net.uplnk" in str(e.value) and "metrics.listen" in str(e.value)
+
+
+def test_check_config_exits_nonzero_and_names_the_key(tmp_path: Path) -> None:
+    p = tmp_path / "bad.toml"
+    p.write_text("[bpf]\npin_root = 5\n")
+    r = subprocess.run([sys.executable, "-m", "laminar.agent", "--check-config", str(p)], capture_output=True, text=True)
+    assert r.returncode == 2
+    assert "bpf.pin_root = 5: expected a string" in r.stderr
+    ok = tmp_path / "ok.toml"
+    ok.write_text("[agent]\nnode = 'gpu-1'\n")
+    r = subprocess.run([sys.executable, "-m", "laminar.agent", "--check-config", str(ok)], capture_output=True, text=True)
+    assert r.returncode == 0 and '"node": "gpu-1"' in r.stdout
