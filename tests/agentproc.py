@@ -42,9 +42,10 @@ class AgentProc:
     def argv(self, *argv: str) -> list[str]:
         return self.netns.argv(*argv) if self.netns is not None else list(argv)
 
-    def start(self, wait: bool = True, timeout: float = 60.0) -> None:
+    def start(self, wait: bool = True, timeout: float = 60.0, prefix: tuple[str, ...] = ()) -> None:
+        """Starts laminard (prefix: a wrapper such as setpriv, run inside the namespace)."""
         log = open(self.log_path, "ab")
-        self.proc = subprocess.Popen(self.argv(str(VENV_BIN / "laminard"), "--config", str(self.config_path)),
+        self.proc = subprocess.Popen(self.argv(*prefix, str(VENV_BIN / "laminard"), "--config", str(self.config_path)),
                                      stdout=log, stderr=log, start_new_session=True)
         log.close()
         if wait:

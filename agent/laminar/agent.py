@@ -142,6 +142,9 @@ class Agent:
                         log.debug("component %s not present", spec)
                         continue
                     raise
+                if not hasattr(mod, cls):
+                    log.warning("component %s: module has no %s; skipped", spec, cls)
+                    continue
                 comp = getattr(mod, cls)()
                 await self._start_component(comp, getattr(comp, "agent_attr", None))
             await self.api.start()

@@ -47,6 +47,13 @@ def agent(veth_pair: Any, tmp_path: Path) -> Iterator[AgentProc]:
         a.cleanup()
 
 
+def unit_capabilities() -> list[str]:
+    """The capability bounding set of systemd/laminard.service, as setpriv names them."""
+    unit = (HERE.parents[1] / "systemd/laminard.service").read_text()
+    line = next(x for x in unit.splitlines() if x.startswith("CapabilityBoundingSet="))
+    return [c.removeprefix("CAP_").lower() for c in line.split("=", 1)[1].split()]
+
+
 @pytest.fixture
 def receiver(veth_pair: Any, tmp_path: Path) -> Iterator[Callable[[], dict[str, int]]]:
     out = tmp_path / "counts.json"
@@ -237,3 +244,25 @@ def test_bad_cli_input_against_a_running_agent(agent: AgentProc) -> None:
     assert r.returncode == 2 and "'soon'" in r.stderr
     r = agent.ctl("bpf", "dump", "lm_nope", check=False)
     assert r.returncode == 1 and "no map 'lm_nope'" in r.stderr
+
+
+def test_agent_works_with_only_the_units_capabilities(veth_pair: Any, tmp_path: Path, receiver: Any) -> None:
+    """The unit grants a bounded capability set; the agent must start and enforce with exactly that."""
+    caps = unit_capabilities()
+    assert "sys_module" not in caps and "sys_ptrace" not in caps
+    a = AgentProc(tmp_path, veth_pair.ifname_a, veth_pair.a)
+    try:
+        a.start(prefix=("setpriv", "--bounding-set", "-all," + ",".join("+" + c for c in caps), "--inh-caps", "-all",
+                        "--"))
+        assert a.proc is not None
+        status = Path(f"/proc/{a.proc.pid}/status").read_text()
+        bnd = int(next(x for x in status.splitlines() if x.startswith("CapBnd:")).split()[1], 16)
+        assert bnd & (1 << 16) == 0  # CAP_SYS_MODULE is not held
+        go = tmp_path / "go"
+        job = submit_sender(a, veth_pair.addr_b, 5001, go)
+        wait_until(lambda: receiver()["5001"] >= BURST, 30, "the burst")
+        go.touch()
+        a.ctl("killswitch", "on", "--job", job["id"])
+        assert stopped(receiver, "5001")
+    finally:
+        a.cleanup()
