@@ -66,7 +66,7 @@ class Client:
             conn.request(method, path, body=data, headers=headers)
             resp = conn.getresponse()
             raw = resp.read()
-        except (ConnectionError, socket.timeout) as e:
+        except (TimeoutError, ConnectionError) as e:
             raise CtlError(f"laminard did not answer {method} {path}: {e}", EXIT_NO_AGENT) from None
         finally:
             conn.close()

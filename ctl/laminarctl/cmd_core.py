@@ -119,8 +119,11 @@ def cmd_bpf_unload(args: argparse.Namespace) -> int:
 def cmd_killswitch(args: argparse.Namespace) -> int:
     if args.action == "status":
         st = args.client.get("/v1/killswitch")
-        emit(st, args.output, lambda s: (kv(s["global"], "node-wide"),
-                                         table(s["jobs"], ["job", "cgroup_id", "kill", "lent", "armed_in_s"], title="jobs")))
+        def human(s: dict[str, Any]) -> None:
+            kv(s["global"], "node-wide")
+            table(s["jobs"], ["job", "cgroup_id", "kill", "lent", "armed_in_s"], title="jobs")
+
+        emit(st, args.output, human)
         return 0
     scope = "job" if args.job else "all" if args.all else "lent" if args.lent else None
     if scope is None:

@@ -8,6 +8,7 @@ from datetime import UTC, datetime
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
+
 from laminar.migrate.ckpt_schedule import (
     CkptJob,
     ScheduleError,

@@ -135,9 +135,9 @@ class NetGuard:
     def job_counters(self, cgroup_id: int) -> dict[str, int]:
         raw = self.maps["lm_job_stats"].lookup(_u64(cgroup_id))
         if not raw:
-            return {f: 0 for f, _ in abi.LmCounters._fields_}
+            return {f[0]: 0 for f in abi.LmCounters._fields_}
         c = abi.LmCounters.from_buffer_copy(raw)
-        return {f: int(getattr(c, f)) for f, _ in abi.LmCounters._fields_}
+        return {f[0]: int(getattr(c, f[0])) for f in abi.LmCounters._fields_}
 
     def _update_job(self, cgroup_id: int, set_flags: int = 0, clear_flags: int = 0, kill_at_ns: int | None = None) -> None:
         job = self.job_entry(cgroup_id)
