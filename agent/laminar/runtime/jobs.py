@@ -449,9 +449,10 @@ class JobManager:
         try:
             cg.create()
             if spec.memory_mb is not None:
-                # oom_kill_disable: at its limit the job waits for Airlock instead of dying.
+                # A job over its own declared limit meets the kernel OOM killer inside its own
+                # cgroup (only it can be chosen); the node budget is where Airlock holds the allocator.
                 high = int(spec.memory_mb * 0.9) << 20 if self.hierarchy and self.hierarchy.memory_in_v2 else None
-                cg.set_memory_limit(spec.memory_mb << 20, oom_kill_disable=True, high_bytes=high)
+                cg.set_memory_limit(spec.memory_mb << 20, oom_kill_disable=False, high_bytes=high)
             if spec.cpus is not None and not cg.set_cpus(spec.cpus):
                 log.warning("job %s: no cpu controller on this host; cpus=%s not enforced", job_id, spec.cpus)
             ckpt.mkdir(parents=True, exist_ok=True)

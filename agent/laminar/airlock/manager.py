@@ -1,0 +1,525 @@
+"""Airlock: the component that applies the survival ladder to the jobs on this node.
+
+It listens (`airlock.signals`): v1 ``memory.pressure_level`` and ``memory.oom_control``
+eventfds or v2 ``memory.events`` on the jobs' budget, PSI triggers on the node and on the
+jobs' subtree, the BPF pressure events of the agent's event bus, and a short tick that reads
+the budget's usage. On every signal it asks the ladder (`airlock.ladder.decide`, pure) what to
+do and does it, lowest survival value first:
+
+- **suspend**: ``cgroup.freeze`` (stops growth; frees nothing);
+- **recover**: ``cgroup.thaw``, highest value first, one per step, once calm (hysteresis);
+- **re-address**: send the checkpoint signal, then ``agent.migrate.readdress(job)`` when the
+  migration layer is present; when it is not, an event says so and the budget runs on;
+- **reclaim**: ``cgroup.kill`` with the work lost (seconds since the last checkpoint) recorded.
+
+Every decision is an ``airlock`` event with its reason (``laminarctl events --kind airlock``).
+
+The node's budget (config ``[airlock]``): ``budget_mb`` limits everything under the cgroup root,
+``class_budget_mb`` limits each class's parent, and with ``hold_allocator`` (default) the v1
+OOM killer is disabled on the root and on the protected classes' parents so that, at the limit,
+the kernel makes the allocating task wait while Airlock decides instead of killing by size.
+On a v2 host ``memory.high`` at ``usage.high`` of the budget throttles instead.
+
+Policy: ``GET/PUT /v1/policy``, ``POST /v1/policy/validate`` (`airlock.policy`). Status:
+``GET /v1/airlock``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import logging
+import os
+import time
+from collections import deque
+from pathlib import Path
+from typing import Any
+
+from . import ladder
+from .cgroups import CgroupError, CgroupTree, read_memory_limit, read_memory_usage
+from .policy import Policy, PolicyError, PolicyStore, parse
+from .signals import PriPoller, PsiTrigger, V1Eventfd, mem_available, psi_window, read_psi
+
+log = logging.getLogger("laminar.airlock")
+
+# A fresh tick reads usage and PSI averages between event wake-ups. 50 ms: memory grows by
+# at most a few hundred MiB in that time; the event sources (eventfd, PSI, BPF) wake us sooner.
+TICK_S = 0.05
+# Edge signals (a PSI trigger, a reclaim tracepoint, pressure_level medium) count as "stall
+# now" for this long; critical ones (oom_control, pressure_level critical) likewise.
+STALL_HOLD_S = 0.2
+# At most one evaluation per this interval (a storm raises thousands of tracepoint events).
+MIN_EVAL_GAP_S = 0.005
+# BPF pressure event types (bpf/laminar.h LM_EV_*)
+EV_DIRECT_RECLAIM_BEGIN, EV_MEMCG_RECLAIM_BEGIN, EV_OOM_VICTIM = 1, 3, 5
+
+
+class Airlock:
+    """The Airlock component (``agent.airlock``). Standalone use (tests, benchmarks)::
+
+        al = Airlock(jobs=job_manager, store=store, events=bus, budget_mb=1024)
+        await al.start(None)
+    """
+
+    agent_attr = "airlock"
+    status_key = "airlock"
+
+    def __init__(self, *, jobs: Any = None, store: Any = None, events: Any = None, budget_mb: int | None = None,
+                 class_budget_mb: dict[str, int] | None = None, hold_allocator: bool = True,
+                 policy: dict[str, Any] | None = None, migrate: Any = None, tick_s: float = TICK_S) -> None:
+        self.agent: Any = None
+        self.jobs = jobs
+        self.store = store
+        self.events = events
+        self.budget_mb = budget_mb
+        self.class_budget_mb = class_budget_mb or {}
+        self.hold_allocator = hold_allocator
+        self._initial_policy = policy
+        self.migrate = migrate
+        self.tick_s = tick_s
+        self.policy: Policy | None = None
+        self.policies: PolicyStore | None = None
+        self.tree: CgroupTree | None = None
+        self.memo = ladder.Memo()
+        self.rungs: dict[str, tuple[str, float, int]] = {}  # job id -> (rung, since, hops)
+        self.level = ladder.NONE
+        self.last_stall = float("-inf")
+        self.last_critical = float("-inf")
+        self.episode_start: float | None = None  # first signal of the current pressure episode
+        self.reactions_ms: deque[float] = deque(maxlen=1000)
+        self.decisions: deque[dict[str, Any]] = deque(maxlen=200)
+        self.psi_note = ""
+        self.sources: list[str] = []
+        self._poller: PriPoller | None = None
+        self._closers: list[Any] = []
+        self._task: asyncio.Task[None] | None = None
+        self._pending = False
+        self._last_eval = 0.0
+        self._unsub: Any = None
+        self._job_triggers: dict[str, PsiTrigger] = {}
+        self.loop: asyncio.AbstractEventLoop | None = None
+
+    # -- component life ------------------------------------------------------------------------
+    async def start(self, agent: Any) -> None:
+        self.agent = agent
+        self.loop = asyncio.get_running_loop()
+        if agent is not None:
+            self.jobs = self.jobs or agent.jobs
+            self.store = self.store or agent.store
+            self.events = self.events or agent.events
+            self.migrate = self.migrate or getattr(agent, "migrate", None)
+            cfg = getattr(agent.config, "_values", {}).get("airlock")
+            if cfg:
+                self.budget_mb = cfg.get("budget_mb") or None
+                self.class_budget_mb = dict(cfg.get("class_budget_mb") or {})
+                self.hold_allocator = bool(cfg.get("hold_allocator", True))
+        if self.jobs is None or self.jobs.tree is None:
+            raise RuntimeError("Airlock needs the jobs component (laminar.runtime.jobs.JobManager) started first")
+        self.tree = self.jobs.tree
+        self.policies = PolicyStore(self.store)
+        if self._initial_policy is not None:
+            self.policy = self.policies.set(self._initial_policy)
+        else:
+            self.policy = self.policies.current()
+        self._apply_budget()
+        self._open_sources()
+        if self.events is not None and hasattr(self.events, "subscribe"):
+            self._unsub = self.events.subscribe(self._on_event)
+        self._task = self.loop.create_task(self._ticker())
+        self._emit(f"airlock started: policy v{self.policy.version}; budget "
+                   f"{self.budget_mb or 'none'} MiB; {self.psi_note}; sources: {', '.join(self.sources)}",
+                   policy_version=self.policy.version, budget_mb=self.budget_mb, sources=self.sources)
+
+    async def stop(self) -> None:
+        if self._task:
+            self._task.cancel()
+        if self._unsub:
+            self._unsub()
+        if self._poller is not None and self.loop is not None:
+            self.loop.remove_reader(self._poller.fileno())
+            self._poller.close()
+        for c in self._closers + list(self._job_triggers.values()):
+            try:
+                c.close()
+            except OSError:
+                pass
+        self._closers.clear()
+        self._job_triggers.clear()
+
+    # -- budget and sources ----------------------------------------------------------------------
+    def _root_memory_dir(self) -> Path:
+        assert self.tree is not None
+        h = self.tree.hierarchy
+        return (h.unified if h.memory_in_v2 else h.v1["memory"]) / self.tree.root_name
+
+    def _apply_budget(self) -> None:
+        assert self.tree is not None and self.policy is not None
+        prot = set(self.policy["protected"])
+        try:
+            if self.budget_mb:
+                self.tree.set_root_memory(self.budget_mb << 20, oom_kill_disable=self.hold_allocator)
+                if self.tree.hierarchy.memory_in_v2:
+                    high = int((self.budget_mb << 20) * self.policy["thresholds"]["usage.high"])
+                    (self._root_memory_dir() / "memory.high").write_text(str(high))
+            for cls in self.tree.classes:
+                mb = self.class_budget_mb.get(cls)
+                hold = self.hold_allocator and cls in prot
+                if mb or hold:
+                    self.tree.set_class_memory(cls, (mb << 20) if mb else None, oom_kill_disable=hold)
+        except (CgroupError, OSError) as e:
+            self._emit(f"airlock: could not apply the node budget: {e}", error=str(e))
+
+    def _open_sources(self) -> None:
+        assert self.loop is not None and self.tree is not None
+        self._poller = PriPoller()
+        window, self.psi_note = psi_window()
+        mem_root = self._root_memory_dir()
+        h = self.tree.hierarchy
+        try:
+            t = PsiTrigger("/proc/pressure/memory", window)
+            self._poller.add(t.fileno(), "psi:node")
+            self._closers.append(t)
+            self.sources.append("psi node")
+        except OSError as e:
+            self._emit(f"airlock: node PSI trigger unavailable: {e}")
+        try:
+            t = PsiTrigger(h.unified / self.tree.root_name / "memory.pressure", window)
+            self._poller.add(t.fileno(), "psi:jobs")
+            self._closers.append(t)
+            self.sources.append("psi jobs")
+        except OSError as e:
+            self._emit(f"airlock: jobs PSI trigger unavailable: {e}")
+        if not h.memory_in_v2:
+            dirs = [("root", mem_root)] + [(c, self.tree.class_memory_dir(c)) for c in self.tree.classes]
+            for tag, d in dirs:
+                for target, level in (("oom_control", None), ("pressure_level", "medium"), ("pressure_level", "critical")):
+                    if tag != "root" and target == "pressure_level":
+                        continue
+                    try:
+                        ev = V1Eventfd(d, target, level)
+                    except OSError as e:
+                        self._emit(f"airlock: {e}")
+                        continue
+                    self._poller.add(ev.fileno(), f"v1:{target}:{level or ''}:{tag}", pri=False)
+                    self._closers.append(ev)
+            self.sources.append("v1 oom_control + pressure_level eventfds")
+        else:
+            try:
+                fd = os.open(mem_root / "memory.events", os.O_RDONLY)
+                self._poller.add(fd, "v2events:root")
+                self._closers.append(_Fd(fd))
+                self.sources.append("v2 memory.events")
+            except OSError as e:
+                self._emit(f"airlock: memory.events unavailable: {e}")
+        self.sources.append("bpf pressure events")
+        self.loop.add_reader(self._poller.fileno(), self._on_poller)
+
+    def _on_poller(self) -> None:
+        assert self._poller is not None
+        now = time.monotonic()
+        for fd, tag in self._poller.ready():
+            if tag.startswith("v1:"):
+                for c in self._closers:
+                    if isinstance(c, V1Eventfd) and c.fileno() == fd:
+                        c.drain()
+                if "oom_control" in tag or "critical" in tag:
+                    self.last_critical = now
+                else:
+                    self.last_stall = now
+            elif tag.startswith("v2events:"):
+                os.lseek(fd, 0, os.SEEK_SET)
+                text = os.read(fd, 4096).decode()
+                self.last_stall = now
+                if " oom " in f" {text} " or "oom_kill" in text:
+                    self.last_critical = now
+            else:  # PSI trigger
+                self.last_stall = now
+        self._note_signal(now)
+        self.schedule()
+
+    def _on_event(self, event: dict[str, Any]) -> None:
+        if event.get("kind") != "pressure":
+            return
+        typ = event.get("type")
+        now = time.monotonic()
+        cg = event.get("cgroup_id")
+        ours = self.jobs is not None and any(j.cgroup_id == cg for j in self.jobs.active())
+        if typ in (EV_MEMCG_RECLAIM_BEGIN, "memcg_reclaim_begin") and ours:
+            self.last_stall = now
+        elif typ in (EV_DIRECT_RECLAIM_BEGIN, "direct_reclaim_begin"):
+            self.last_stall = now
+        elif typ in (EV_OOM_VICTIM, "oom_victim"):
+            self.last_critical = now
+            if ours:
+                self._emit(f"airlock: the kernel chose pid {event.get('pid')} of a job as OOM victim (cgroup {cg})",
+                           level="critical", pid=event.get("pid"), cgroup_id=cg)
+        else:
+            return
+        self._note_signal(now)
+        self.schedule()
+
+    def _note_signal(self, now: float) -> None:
+        if self.episode_start is None:
+            self.episode_start = now
+
+    def sync_job_triggers(self) -> None:
+        """A PSI trigger on each active job's memory.pressure (opened/closed as jobs come and go)."""
+        if self._poller is None or self.jobs is None:
+            return
+        window, _ = psi_window()
+        active = {j.id: j for j in self.jobs.active()}
+        for jid in list(self._job_triggers):
+            if jid not in active:
+                t = self._job_triggers.pop(jid)
+                self._poller.remove(t.fileno())
+                t.close()
+        for jid, j in active.items():
+            if jid not in self._job_triggers:
+                try:
+                    t = PsiTrigger(j.cgroup.memory_pressure_path, window)
+                except OSError:
+                    continue
+                self._job_triggers[jid] = t
+                self._poller.add(t.fileno(), f"psi:job:{jid}")
+
+    # -- evaluation --------------------------------------------------------------------------------
+    def schedule(self) -> None:
+        """Evaluate soon (coalesced: at most one evaluation per MIN_EVAL_GAP_S)."""
+        if self._pending or self.loop is None:
+            return
+        self._pending = True
+        delay = max(0.0, self._last_eval + MIN_EVAL_GAP_S - time.monotonic())
+        self.loop.call_later(delay, self._run_eval)
+
+    def _run_eval(self) -> None:
+        self._pending = False
+        try:
+            self.evaluate()
+        except Exception:
+            log.exception("airlock: evaluation failed")
+
+    async def _ticker(self) -> None:
+        n = 0
+        while True:
+            await asyncio.sleep(self.tick_s)
+            n += 1
+            if n % 20 == 0:
+                self.sync_job_triggers()
+            self.schedule()
+
+    def usage(self) -> float | None:
+        """Share of the node's job budget in use (v1/v2 usage of the root / its limit), or,
+        with no budget, the share of the machine's memory that is not available."""
+        assert self.tree is not None
+        d = self._root_memory_dir()
+        h = self.tree.hierarchy
+        try:
+            limit = read_memory_limit(h, d)
+            if limit:
+                return read_memory_usage(h, d) / limit
+        except (CgroupError, ValueError):
+            pass
+        avail, total = mem_available()
+        return 1 - avail / total if total else None
+
+    def signals(self, now: float) -> ladder.Signals:
+        assert self.tree is not None
+        some, full = read_psi(self.tree.hierarchy.unified / self.tree.root_name / "memory.pressure")
+        under_oom = False
+        if not self.tree.hierarchy.memory_in_v2:
+            try:
+                text = (self._root_memory_dir() / "memory.oom_control").read_text()
+                under_oom = "under_oom 1" in text
+            except OSError:
+                pass
+        return ladder.Signals(usage=self.usage(), psi_some=some, psi_full=full, under_oom=under_oom,
+                              critical_event=now - self.last_critical < STALL_HOLD_S,
+                              stall_event=now - self.last_stall < STALL_HOLD_S)
+
+    def views(self, now: float) -> list[ladder.JobView]:
+        out = []
+        wall = time.time()
+        for j in self.jobs.active():
+            rung, since, hops = self.rungs.get(j.id, (None, None, 0))
+            if rung == ladder.RECLAIM:
+                continue
+            try:
+                mem = j.cgroup.memory_usage()
+            except CgroupError:
+                continue
+            out.append(ladder.JobView(j.id, j.spec.job_class, j.spec.priority, j.work_at_risk_s(wall), mem,
+                                      rung, since, hops))
+        return out
+
+    def evaluate(self) -> list[ladder.Action]:
+        """Read the signals, ask the ladder, apply its actions. Returns them (for tests)."""
+        assert self.policy is not None
+        now = time.monotonic()
+        self._last_eval = now
+        sig = self.signals(now)
+        level = ladder.pressure_level(sig, self.policy.doc)
+        if level != self.level:
+            if level >= ladder.HIGH and self.episode_start is None:
+                self.episode_start = now
+            self._emit(f"airlock: pressure {ladder.LEVEL_NAMES[self.level]} -> {ladder.LEVEL_NAMES[level]} "
+                       f"(usage {sig.usage if sig.usage is None else round(sig.usage, 3)}, psi some {sig.psi_some:.2f}, "
+                       f"under_oom {sig.under_oom})", level=ladder.LEVEL_NAMES[level], usage=sig.usage,
+                       psi_some=sig.psi_some, psi_full=sig.psi_full, under_oom=sig.under_oom)
+            self.level = level
+        actions = ladder.decide(now, level, self.views(now), self.policy.doc, self.memo, sig.usage)
+        for a in actions:
+            self._apply(a, now, level, sig)
+        if level == ladder.NONE and not any(r[0] in (ladder.SUSPEND, ladder.READDRESS) for r in self.rungs.values()):
+            self.episode_start = None
+        return actions
+
+    def _apply(self, a: ladder.Action, now: float, level: int, sig: ladder.Signals) -> None:
+        job = self.jobs.get(a.job_id)
+        if job is None or not job.active:
+            self.rungs.pop(a.job_id, None)
+            return
+        reaction_ms = None
+        if self.episode_start is not None and a.kind in (ladder.SUSPEND, ladder.RECLAIM):
+            reaction_ms = round((now - self.episode_start) * 1000, 2)
+            if not any(r[0] in (ladder.SUSPEND, ladder.READDRESS) for r in self.rungs.values()):
+                self.reactions_ms.append(reaction_ms)
+        fields: dict[str, Any] = {"action": a.kind, "job": job.id, "class": job.spec.job_class,
+                                  "priority": job.spec.priority, "value": round(a.value, 4),
+                                  "level": ladder.LEVEL_NAMES[level], "usage": sig.usage, "reaction_ms": reaction_ms}
+        _, _, hops = self.rungs.get(job.id, (None, 0.0, 0))
+        try:
+            if a.kind == ladder.SUSPEND:
+                job.cgroup.freeze(timeout=None)  # frozen within ms; a task waiting at the limit later
+                self.rungs[job.id] = (ladder.SUSPEND, now, hops)
+                self.jobs.set_state(job, "suspended", f"airlock: {a.reason}")
+            elif a.kind == ladder.RECOVER:
+                job.cgroup.thaw(timeout=None)
+                self.rungs.pop(job.id, None)
+                self.jobs.set_state(job, "running", f"airlock: recovered ({a.reason})")
+            elif a.kind == ladder.READDRESS:
+                self.rungs[job.id] = (ladder.READDRESS, now, hops + 1)
+                self._readdress(job, a, fields)
+            elif a.kind == ladder.RECLAIM:
+                self.rungs[job.id] = (ladder.RECLAIM, now, hops)
+                lost = job.work_at_risk_s()
+                fields["work_lost_s"] = round(lost, 3)
+                fields["memory_freed_bytes"] = _safe_usage(job)
+                job.cgroup.kill()  # now, synchronously; the stop task records and cleans up
+                assert self.loop is not None
+                self.loop.create_task(self._finish_reclaim(job.id, a.reason, lost))
+        except CgroupError as e:
+            fields["error"] = str(e)
+        self.decisions.append({"ts": time.time(), **fields, "reason": a.reason})
+        self._emit(f"airlock: {a.kind} {job.id}: {a.reason}", **fields)
+
+    async def _finish_reclaim(self, job_id: str, reason: str, lost: float) -> None:
+        try:
+            await self.jobs.stop(job_id, f"airlock reclaimed: {reason}", grace_s=0, state="reclaimed", work_lost_s=lost)
+        except Exception as e:  # already gone: the watcher recorded it
+            log.debug("airlock: reclaim %s: %s", job_id, e)
+        self.rungs.pop(job_id, None)
+
+    def _readdress(self, job: Any, a: ladder.Action, fields: dict[str, Any]) -> None:
+        """Ask for a checkpoint (the job is thawed so it can handle the signal), then hand it
+        to the migration layer when one is present."""
+        sent = self.jobs.request_checkpoint(job)
+        job.cgroup.thaw(timeout=None)
+        self.jobs.set_state(job, "running", f"airlock: re-addressing ({a.reason})")
+        fields["checkpoint_requested"] = sent
+        hook = getattr(self.migrate, "readdress", None)
+        if hook is None:
+            fields["migration"] = "absent"
+            self._emit(f"airlock: re-addressing {job.id} needs the migration layer (agent.migrate.readdress), "
+                       "which is not running; checkpoint requested, the job is reclaimed when the rung's budget ends",
+                       job=job.id)
+            return
+        fields["migration"] = "requested"
+        res = hook(job)
+        if inspect.isawaitable(res):
+            assert self.loop is not None
+            self.loop.create_task(_await_quietly(res, job.id))
+
+    # -- policy API --------------------------------------------------------------------------------
+    def set_policy(self, doc: Any, uid: int | None = None) -> Policy:
+        """Validate whole and store; PolicyError leaves the policy in force unchanged."""
+        assert self.policies is not None
+        new = self.policies.set(doc, uid)
+        self.policy = new
+        self._emit(f"airlock: policy v{new.version} in force", policy_version=new.version, uid=uid)
+        return new
+
+    def status(self) -> dict[str, Any]:
+        r = sorted(self.reactions_ms)
+        return {"level": ladder.LEVEL_NAMES[self.level], "policy_version": self.policy.version if self.policy else None,
+                "budget_mb": self.budget_mb, "usage": self.usage() if self.tree else None, "psi": self.psi_note,
+                "sources": self.sources,
+                "rungs": {k: {"rung": v[0], "for_s": round(time.monotonic() - v[1], 2), "hops": v[2]}
+                          for k, v in self.rungs.items()},
+                "reaction_p50_ms": r[len(r) // 2] if r else None,
+                "reaction_p99_ms": r[min(len(r) - 1, int(len(r) * 0.99))] if r else None,
+                "decisions": list(self.decisions)[-20:]}
+
+    def routes(self) -> list[Any]:
+        from ..api import ApiError, Request, Route
+
+        async def get_policy(req: Request) -> dict[str, Any]:
+            assert self.policy is not None and self.policies is not None
+            return {**self.policy.as_dict(), "history": self.policies.history()}
+
+        async def put_policy(req: Request) -> dict[str, Any]:
+            try:
+                return self.set_policy(req.body, req.peer.uid).as_dict()
+            except PolicyError as e:
+                raise ApiError(422, str(e)) from None
+
+        async def validate_policy(req: Request) -> dict[str, Any]:
+            from .policy import validate
+
+            body = req.body
+            if isinstance(body, dict) and set(body) == {"text"} and isinstance(body["text"], str):
+                try:
+                    body = parse(body["text"])
+                except PolicyError as e:
+                    raise ApiError(422, str(e)) from None
+            try:
+                return {"valid": True, "policy": validate(body)}
+            except PolicyError as e:
+                raise ApiError(422, str(e)) from None
+
+        async def airlock_status(req: Request) -> dict[str, Any]:
+            return self.status()
+
+        return [
+            Route("GET", "/v1/policy", get_policy),
+            Route("PUT", "/v1/policy", put_policy, privileged=True),
+            Route("POST", "/v1/policy/validate", validate_policy),
+            Route("GET", "/v1/airlock", airlock_status),
+        ]
+
+    def _emit(self, message: str, **fields: Any) -> None:
+        if self.events is not None:
+            self.events.emit("airlock", message, **fields)
+        else:
+            log.info("%s", message)
+
+
+class _Fd:
+    def __init__(self, fd: int) -> None:
+        self.fd = fd
+
+    def close(self) -> None:
+        os.close(self.fd)
+
+
+def _safe_usage(job: Any) -> int | None:
+    try:
+        return int(job.cgroup.memory_usage())
+    except CgroupError:
+        return None
+
+
+async def _await_quietly(aw: Any, job_id: str) -> None:
+    try:
+        await aw
+    except Exception as e:
+        log.warning("airlock: migrate.readdress(%s) failed: %s", job_id, e)

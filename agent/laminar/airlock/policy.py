@@ -1,0 +1,218 @@
+"""Airlock's policy document: thresholds, rung budgets, class weights, hysteresis.
+
+The operator sets it with ``laminarctl policy set FILE`` (JSON or TOML); the agent validates
+the *whole* document and refuses it with every problem listed when anything is wrong, keeping
+the old one (``policy: threshold 1.7 out of range 0..1 for memory.some``). Accepted documents
+are stored versioned in SQLite (table ``airlock_policy``); ``laminarctl policy show`` prints the
+one in force with its version. A partial document is merged over the defaults, so
+``{"thresholds": {"memory.some": 0.2}}`` is a valid policy.
+
+The defaults, with the reasons for their values::
+
+    {
+      "thresholds": {            # fractions 0..1
+        "memory.some": 0.10,     # PSI some avg10 of the jobs' subtree: >= 10% stalled -> high
+        "memory.full": 0.05,     # PSI full avg10: >= 5% of time nothing ran -> critical
+        "usage.high": 0.85,      # share of the node's job budget in use -> high
+        "usage.critical": 0.95   # -> critical: the allocator is about to wait at the limit
+      },
+      "hysteresis": {
+        "recover_below": 0.75,   # thaw only once usage is below this share of the budget ...
+        "hold_s": 2.0,           # ... and no pressure signal came for this long (PSI lags ~2 s)
+        "step_s": 1.0            # one job thawed per step, so recovery cannot re-create the storm
+      },
+      "rungs": {                 # time budget of each rung before the ladder escalates
+        "suspend":   {"budget_s": 5.0},
+        "readdress": {"budget_s": 30.0, "max_hops": 2},
+        "reclaim":   {"budget_s": 0.0}
+      },
+      "class_weights": {"long-resident": 100.0, "standard": 10.0, "transient": 1.0},
+      "protected": ["long-resident"],   # classes the ladder never acts on
+      "readdress": true,                # try re-addressing before reclaiming (needs a checkpoint)
+      "work_weight_per_hour": 1.0,      # survival value grows with work at risk ...
+      "memory_weight_per_gib": 0.5      # ... and falls with the memory a job would free
+    }
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import time
+import tomllib
+from dataclasses import dataclass
+from typing import Any
+
+CLASSES = ("long-resident", "standard", "transient")
+
+DEFAULT: dict[str, Any] = {
+    "thresholds": {"memory.some": 0.10, "memory.full": 0.05, "usage.high": 0.85, "usage.critical": 0.95},
+    "hysteresis": {"recover_below": 0.75, "hold_s": 2.0, "step_s": 1.0},
+    "rungs": {"suspend": {"budget_s": 5.0}, "readdress": {"budget_s": 30.0, "max_hops": 2},
+              "reclaim": {"budget_s": 0.0}},
+    "class_weights": {"long-resident": 100.0, "standard": 10.0, "transient": 1.0},
+    "protected": ["long-resident"],
+    "readdress": True,
+    "work_weight_per_hour": 1.0,
+    "memory_weight_per_gib": 0.5,
+}
+
+SCHEMA = [
+    """CREATE TABLE IF NOT EXISTS airlock_policy (
+        version INTEGER PRIMARY KEY,
+        ts REAL NOT NULL,
+        uid INTEGER,
+        doc TEXT NOT NULL)""",
+]
+
+
+class PolicyError(ValueError):
+    """An invalid policy; `problems` lists every one, each naming the key and the value."""
+
+    def __init__(self, problems: list[str]) -> None:
+        super().__init__("\n".join(problems))
+        self.problems = problems
+
+
+def _num(v: Any) -> bool:
+    return isinstance(v, int | float) and not isinstance(v, bool)
+
+
+def merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
+    """Deep merge: tables merge key by key, everything else replaces."""
+    out = copy.deepcopy(base)
+    for k, v in over.items():
+        if isinstance(v, dict) and isinstance(out.get(k), dict):
+            out[k] = merge(out[k], v)
+        else:
+            out[k] = copy.deepcopy(v)
+    return out
+
+
+def validate(doc: Any) -> dict[str, Any]:
+    """The effective policy (defaults merged under `doc`), or PolicyError listing every problem."""
+    if not isinstance(doc, dict):
+        raise PolicyError([f"policy: expected a JSON object / TOML table, got {type(doc).__name__}"])
+    problems: list[str] = []
+    unknown = sorted(set(doc) - set(DEFAULT))
+    for k in unknown:
+        problems.append(f"policy: unknown key {k!r}; allowed: {', '.join(sorted(DEFAULT))}")
+    for section in ("thresholds", "hysteresis", "rungs", "class_weights"):
+        if section in doc and not isinstance(doc[section], dict):
+            problems.append(f"policy: {section} must be a table, got {doc[section]!r}")
+    if problems:
+        raise PolicyError(problems)
+    p = merge(DEFAULT, doc)
+
+    for key, v in p["thresholds"].items():
+        if key not in DEFAULT["thresholds"]:
+            problems.append(f"policy: unknown threshold {key!r}; allowed: {', '.join(DEFAULT['thresholds'])}")
+        elif not _num(v) or not 0 <= v <= 1:
+            problems.append(f"policy: threshold {v!r} out of range 0..1 for {key}")
+    t = p["thresholds"]
+    if all(_num(t.get(k)) for k in ("usage.high", "usage.critical")) and t["usage.high"] > t["usage.critical"]:
+        problems.append(f"policy: usage.high {t['usage.high']} must not exceed usage.critical {t['usage.critical']}")
+
+    h = p["hysteresis"]
+    for key, v in h.items():
+        if key not in DEFAULT["hysteresis"]:
+            problems.append(f"policy: unknown hysteresis key {key!r}; allowed: {', '.join(DEFAULT['hysteresis'])}")
+        elif key == "recover_below":
+            if not _num(v) or not 0 < v <= 1:
+                problems.append(f"policy: hysteresis.recover_below {v!r} out of range 0..1 (share of the budget)")
+        elif not _num(v) or not 0 <= v <= 3600:
+            problems.append(f"policy: hysteresis.{key} {v!r} out of range 0..3600 seconds")
+    if _num(h.get("recover_below")) and _num(t.get("usage.high")) and h["recover_below"] >= t["usage.high"]:
+        problems.append(f"policy: hysteresis.recover_below {h['recover_below']} must be below usage.high "
+                        f"{t['usage.high']}, or recovery and suspension would flap")
+
+    for rung, body in p["rungs"].items():
+        if rung not in DEFAULT["rungs"]:
+            problems.append(f"policy: unknown rung {rung!r}; allowed: {', '.join(DEFAULT['rungs'])}")
+            continue
+        if not isinstance(body, dict):
+            problems.append(f"policy: rungs.{rung} must be a table, got {body!r}")
+            continue
+        for key, v in body.items():
+            if key not in DEFAULT["rungs"][rung]:
+                problems.append(f"policy: unknown key rungs.{rung}.{key}; allowed: {', '.join(DEFAULT['rungs'][rung])}")
+            elif key == "budget_s" and (not _num(v) or not 0 <= v <= 3600):
+                problems.append(f"policy: rungs.{rung}.budget_s {v!r} out of range 0..3600 seconds")
+            elif key == "max_hops" and (not isinstance(v, int) or isinstance(v, bool) or not 0 <= v <= 16):
+                problems.append(f"policy: rungs.{rung}.max_hops {v!r} out of range 0..16")
+
+    for cls, w in p["class_weights"].items():
+        if cls not in CLASSES:
+            problems.append(f"policy: unknown class {cls!r} in class_weights; allowed: {', '.join(CLASSES)}")
+        elif not _num(w) or not 0 < w <= 1e6:
+            problems.append(f"policy: class weight {w!r} out of range (0, 1e6] for {cls}")
+    prot = p["protected"]
+    if not isinstance(prot, list) or any(c not in CLASSES for c in prot):
+        problems.append(f"policy: protected {prot!r}: expected a list of classes from {', '.join(CLASSES)}")
+    if not isinstance(p["readdress"], bool):
+        problems.append(f"policy: readdress {p['readdress']!r}: expected true or false")
+    for key in ("work_weight_per_hour", "memory_weight_per_gib"):
+        if not _num(p[key]) or not 0 <= p[key] <= 1e6:
+            problems.append(f"policy: {key} {p[key]!r} out of range 0..1e6")
+    if problems:
+        raise PolicyError(problems)
+    return p
+
+
+def parse(text: str | bytes) -> Any:
+    """A policy file's content: JSON, or TOML when it is not JSON. Raises PolicyError."""
+    if isinstance(text, bytes):
+        text = text.decode("utf-8", errors="replace")
+    try:
+        return json.loads(text)
+    except ValueError:
+        pass
+    try:
+        return tomllib.loads(text)
+    except tomllib.TOMLDecodeError as e:
+        raise PolicyError([f"policy: neither valid JSON nor valid TOML: {e}"]) from None
+
+
+@dataclass
+class Policy:
+    """A validated policy with its stored version (0 = the built-in default)."""
+
+    doc: dict[str, Any]
+    version: int = 0
+    ts: float = 0.0
+
+    def __getitem__(self, key: str) -> Any:
+        return self.doc[key]
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"version": self.version, "ts": self.ts, "policy": self.doc}
+
+
+class PolicyStore:
+    """Versioned policies in the agent's SQLite store. `current()` is the newest valid one."""
+
+    def __init__(self, store: Any) -> None:
+        self.store = store
+        store.ensure_schema("airlock_policy", SCHEMA)
+
+    def current(self) -> Policy:
+        row = self.store.db.execute("SELECT version, ts, doc FROM airlock_policy ORDER BY version DESC LIMIT 1").fetchone()
+        if row is None:
+            return Policy(validate({}), 0, 0.0)
+        return Policy(validate(json.loads(row[2])), int(row[0]), float(row[1]))
+
+    def set(self, doc: Any, uid: int | None = None) -> Policy:
+        """Validate whole, then store as a new version. PolicyError leaves everything as it was."""
+        effective = validate(doc)
+        ts = time.time()
+        with self.store.tx() as db:
+            cur = db.execute("INSERT INTO airlock_policy(version, ts, uid, doc) VALUES("
+                             "(SELECT COALESCE(MAX(version), 0) + 1 FROM airlock_policy), ?, ?, ?)",
+                             (ts, uid, json.dumps(effective)))
+            version = int(db.execute("SELECT version FROM airlock_policy WHERE rowid=?", (cur.lastrowid,)).fetchone()[0])
+        return Policy(effective, version, ts)
+
+    def history(self, limit: int = 20) -> list[dict[str, Any]]:
+        rows = self.store.db.execute("SELECT version, ts, uid FROM airlock_policy ORDER BY version DESC LIMIT ?",
+                                     (limit,)).fetchall()
+        return [{"version": r[0], "ts": r[1], "uid": r[2]} for r in rows]
