@@ -266,3 +266,41 @@ def test_agent_works_with_only_the_units_capabilities(veth_pair: Any, tmp_path: 
         assert stopped(receiver, "5001")
     finally:
         a.cleanup()
+
+
+def test_ready_notification_and_metrics(veth_pair: Any, tmp_path: Path) -> None:
+    """systemd hears READY=1 once the agent serves; Prometheus metrics answer on the netns loopback."""
+    import socket as so
+
+    notify_path = tmp_path / "notify.sock"
+    listener = so.socket(so.AF_UNIX, so.SOCK_DGRAM)
+    listener.bind(str(notify_path))
+    listener.settimeout(60)
+    a = AgentProc(tmp_path, veth_pair.ifname_a, veth_pair.a, extra_toml="")
+    a.config_path.write_text(a.config_path.read_text().replace('listen = ""', 'listen = "127.0.0.1:19477"'))
+    os.environ["NOTIFY_SOCKET"] = str(notify_path)
+    try:
+        a.start(wait=False)
+        msg = listener.recv(4096).decode()
+        assert "READY=1" in msg and f"MAINPID={a.proc.pid if a.proc else ''}" in msg
+        a.wait_ready()
+        a.ctl("events")  # one API request so the counters have something to show
+        out = veth_pair.a.run(sys.executable, "-c",
+                              "import urllib.request;print(urllib.request.urlopen('http://127.0.0.1:19477/metrics').read().decode())")
+        assert 'laminar_events_total{kind="agent"}' in out.stdout
+        assert "laminar_agent_start_time_seconds" in out.stdout
+    finally:
+        os.environ.pop("NOTIFY_SOCKET", None)
+        listener.close()
+        a.cleanup()
+
+
+def test_make_install_writes_the_unit_with_this_venv(tmp_path: Path) -> None:
+    repo = HERE.parents[1]
+    r = subprocess.run(["make", "-C", str(repo), "install", f"DESTDIR={tmp_path}"], capture_output=True, text=True)
+    assert r.returncode == 0, r.stdout + r.stderr
+    unit = (tmp_path / "etc/systemd/system/laminard.service").read_text()
+    assert f"ExecStart={repo}/.venv/bin/laminard --config /etc/laminar/laminard.toml" in unit
+    assert "Type=notify" in unit and "@BINDIR@" not in unit
+    assert (tmp_path / "etc/laminar/laminard.toml").read_text() == (repo / "systemd/laminard.toml").read_text()
+    assert "d /run/laminar" in (tmp_path / "usr/lib/tmpfiles.d/laminar.conf").read_text()
