@@ -14,6 +14,7 @@ from functools import cache
 from typing import Any
 
 import pytest
+
 from laminar.bpf import abi
 from laminar.bpf.libbpf import object_path
 

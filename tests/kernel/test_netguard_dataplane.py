@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+
 from laminar.bpf import abi
 from laminar.bpf.libbpf import BpfMap
 
@@ -188,7 +189,7 @@ def env(veth_pair: Any) -> Iterator[Env]:
             (cg_root / "cgroup.kill").write_text("1")
         for d in sorted(cg_root.glob("*/"), reverse=True):
             if d.is_dir():
-                wait_until(lambda d=d: not (d / "cgroup.procs").read_text().strip(), f"{d} empty")
+                wait_until(lambda: not (d / "cgroup.procs").read_text().strip(), f"{d} empty")  # noqa: B023
                 d.rmdir()
         cg_root.rmdir()
         shutil.rmtree(pin_root, ignore_errors=True)

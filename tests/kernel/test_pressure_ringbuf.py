@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+
 from laminar.bpf import abi
 from laminar.bpf.libbpf import BpfLink, BpfMap, BpfObject, RingBuffer, object_path
 

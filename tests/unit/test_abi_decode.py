@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
+
 from laminar.bpf import abi
 
 HEADER = Path(__file__).resolve().parents[2] / "bpf/laminar.h"
