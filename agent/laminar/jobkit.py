@@ -51,6 +51,9 @@ from pathlib import Path
 from typing import Any
 
 MANIFEST = "MANIFEST.json"
+# Records the agent's transfer adds beside a checkpoint it received and verified
+# (laminar.migrate.transfer); not part of the job's checkpoint.
+SIDECARS = frozenset({"VERIFIED", "TRANSFER.json"})
 FORMAT_VERSION = 1
 _NAME = re.compile(r"^ckpt-\d+$")
 _HASH_BLOCK = 1 << 20
@@ -89,7 +92,7 @@ def read_manifest(path: str | os.PathLike[str]) -> dict[str, Any]:
         raise CheckpointError(f"checkpoint {p}: {MANIFEST} is not a version {FORMAT_VERSION} manifest")
     for f in m["files"]:
         name = f.get("name") if isinstance(f, dict) else None
-        if not isinstance(name, str) or "/" in name or name in ("", ".", "..", MANIFEST):
+        if not isinstance(name, str) or "/" in name or name in ("", ".", "..", MANIFEST) or name in SIDECARS:
             raise CheckpointError(f"checkpoint {p}: bad file name {name!r} in {MANIFEST}")
     return m
 
@@ -101,7 +104,7 @@ def verify_checkpoint(path: str | os.PathLike[str]) -> dict[str, Any]:
     p = Path(path)
     m = read_manifest(p)
     listed = {f["name"] for f in m["files"]}
-    extra = sorted(x.name for x in p.iterdir() if x.name != MANIFEST and x.name not in listed)
+    extra = sorted(x.name for x in p.iterdir() if x.name != MANIFEST and x.name not in listed and x.name not in SIDECARS)
     if extra:
         raise CheckpointError(f"checkpoint {p}: files not in the manifest: {extra}")
     for f in m["files"]:

@@ -1,0 +1,841 @@
+"""Agent-to-agent checkpoint transfer over TCP: chunked, checksummed, resumable, authenticated.
+
+A checkpoint is a directory written by :mod:`laminar.jobkit` (``ckpt-<step>/`` with
+``MANIFEST.json``). The source agent sends it to the destination agent's transfer endpoint;
+the destination commits it under ``<root>/checkpoints/<job>/<ckpt>/`` only after verifying all
+of it, and only a committed checkpoint is ever handed to ``LAMINAR_RESUME_FROM``.
+
+Protocol (one TCP connection; each message is a 4-byte big-endian length, a JSON header, and
+for ``chunk`` the raw bytes the header announces):
+
+1. ``hello {zone, node, nonce_c}`` -> ``challenge {nonce_s, mac_s}`` -> ``auth {mac_c}`` -> ``ok``:
+   mutual HMAC-SHA256 challenge-response with the zone key (:mod:`laminar.zone.keys`), so
+   neither side talks checkpoints with a node outside the zone;
+2. ``offer {manifest, mac}``: the *transfer manifest* lists the files (name, size, SHA-256),
+   the chunk size and every chunk's SHA-256; its digest is the SHA-256 of its canonical JSON and
+   ``mac`` is HMAC(zone key, digest), so the destination knows the manifest, and through it
+   every byte, comes from a zone member. The answer is ``have {chunks}`` (the chunks the
+   destination already holds, persisted: this is how a transfer resumes after a broken
+   connection, a dead sender or a restarted destination) or ``committed`` if it has it all;
+3. ``chunk {i, len}`` + bytes for each missing chunk; the destination checks each against the
+   manifest, writes it at its offset in a partial file, and records it as held only after the
+   data is on disk (fdatasync, then an fsync'd append to ``have.log``); it reports progress with
+   ``ack {bytes}``;
+4. ``done`` -> the destination re-reads the whole partial file, checks every chunk and every
+   file hash again, and answers ``need {chunks}`` (chunks that failed in transit or on disk: the
+   sender sends them again) or, after an atomic commit (files fsync'd, a ``VERIFIED`` marker,
+   rename), ``committed {digest, path}``.
+
+The sender re-hashes every chunk it reads and checks the files against the job's own manifest
+first, so a checkpoint corrupted on the source disk is refused there, not shipped.
+
+Shaping: the sender calls a :class:`FlowHook` with the connection's 5-tuple, the bytes to send
+and the deadline, so the node's shaper can put the flow in its class and the kill-switch can
+cut it at the window's end (engineer H5's ``laminar.net.transfers``; see
+:func:`default_flow_hook`); ``rate_bps`` paces the sender in user space as well.
+
+Command line (used by the kernel tests; the agent uses :class:`Receiver` and
+:func:`send_checkpoint`)::
+
+    python -m laminar.migrate.transfer serve --root /var/lib/laminar/xfer --listen 10.0.0.2:7480 --key-file zone.keys
+    python -m laminar.migrate.transfer send --to 10.0.0.2:7480 --job j1 --ckpt /ck/j1/ckpt-40 --key-file zone.keys
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import hashlib
+import hmac
+import json
+import logging
+import os
+import re
+import secrets
+import shutil
+import struct
+import sys
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol
+
+from laminar import jobkit
+
+log = logging.getLogger("laminar.transfer")
+
+PROTOCOL_VERSION = 1
+DEFAULT_CHUNK = 1 << 20  # 1 MiB: a lost connection costs at most this much again per chunk in flight
+MAX_CHUNK = 64 << 20
+MAX_HEADER = 16 << 20  # a manifest of 10 GB in 1 MiB chunks is ~700 KB of JSON
+PERSIST_EVERY = 8  # chunks between fdatasync + have.log appends
+MAX_NEED_ROUNDS = 5  # re-send rounds before a transfer is declared failed
+HANDSHAKE_TIMEOUT_S = 10.0
+IO_TIMEOUT_S = 60.0
+_SAFE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")
+VERIFIED = "VERIFIED"
+TRANSFER_MANIFEST = "TRANSFER.json"
+
+
+class TransferError(Exception):
+    """A transfer that cannot go on: authentication failed, bad manifest, corrupt source,
+    peer error, or too many failed rounds. The message says which. ``fatal``: trying again
+    cannot help (authentication, a corrupt source, a conflicting checkpoint)."""
+
+    def __init__(self, msg: str, fatal: bool = False) -> None:
+        super().__init__(msg)
+        self.fatal = fatal
+
+
+def mac(key: bytes, label: bytes, *parts: bytes) -> str:
+    """HMAC-SHA256 over a domain label and parts (hex): one key, separate meanings."""
+    h = hmac.new(key, label, hashlib.sha256)
+    for p in parts:
+        h.update(struct.pack(">I", len(p)))
+        h.update(p)
+    return h.hexdigest()
+
+
+# -- the transfer manifest --------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Manifest:
+    job_id: str
+    ckpt_id: str
+    chunk_size: int
+    files: tuple[tuple[str, int, str], ...]  # (name, size, sha256)
+    chunks: tuple[str, ...]
+
+    @property
+    def total_bytes(self) -> int:
+        return sum(f[1] for f in self.files)
+
+    def body(self) -> dict[str, Any]:
+        return {
+            "v": PROTOCOL_VERSION,
+            "job_id": self.job_id,
+            "ckpt_id": self.ckpt_id,
+            "chunk_size": self.chunk_size,
+            "files": [list(f) for f in self.files],
+            "chunks": list(self.chunks),
+        }
+
+    @property
+    def digest(self) -> str:
+        return hashlib.sha256(json.dumps(self.body(), sort_keys=True, separators=(",", ":")).encode()).hexdigest()
+
+    def chunk_len(self, i: int) -> int:
+        return min(self.chunk_size, self.total_bytes - i * self.chunk_size)
+
+    @classmethod
+    def from_body(cls, b: Any) -> Manifest:
+        """Parses and checks a manifest received from a peer; raises TransferError."""
+        try:
+            if b["v"] != PROTOCOL_VERSION:
+                raise TransferError(f"transfer: manifest version {b['v']!r}, expected {PROTOCOL_VERSION}")
+            m = cls(
+                job_id=str(b["job_id"]),
+                ckpt_id=str(b["ckpt_id"]),
+                chunk_size=int(b["chunk_size"]),
+                files=tuple((str(n), int(s), str(h)) for n, s, h in b["files"]),
+                chunks=tuple(str(c) for c in b["chunks"]),
+            )
+        except (KeyError, TypeError, ValueError) as e:
+            raise TransferError(f"transfer: malformed manifest: {e!r}") from None
+        for name in (m.job_id, m.ckpt_id, *(f[0] for f in m.files)):
+            if not _SAFE.match(name) or name in (VERIFIED, TRANSFER_MANIFEST):
+                raise TransferError(f"transfer: unsafe name {name!r} in manifest (letters, digits, '_', '.', '-')")
+        if not 0 < m.chunk_size <= MAX_CHUNK:
+            raise TransferError(f"transfer: chunk_size {m.chunk_size} out of range 1..{MAX_CHUNK}")
+        expect = (m.total_bytes + m.chunk_size - 1) // m.chunk_size
+        if len(m.chunks) != expect or any(s < 0 for _, s, _ in m.files):
+            raise TransferError(f"transfer: manifest lists {len(m.chunks)} chunks, its sizes need {expect}")
+        return m
+
+
+class _Concat:
+    """Reads byte ranges of the concatenation of a checkpoint's files."""
+
+    def __init__(self, root: Path, files: tuple[tuple[str, int, str], ...]) -> None:
+        self.root = root
+        self.spans: list[tuple[Path, int, int]] = []
+        off = 0
+        for name, size, _ in files:
+            self.spans.append((root / name, off, size))
+            off += size
+
+    def read(self, start: int, length: int) -> bytes:
+        out = bytearray()
+        end = start + length
+        for path, off, size in self.spans:
+            lo, hi = max(start, off), min(end, off + size)
+            if lo < hi:
+                with open(path, "rb") as f:
+                    f.seek(lo - off)
+                    out += f.read(hi - lo)
+        return bytes(out)
+
+
+def build_manifest(ckpt_dir: str | os.PathLike[str], job_id: str, chunk_size: int = DEFAULT_CHUNK) -> Manifest:
+    """The transfer manifest of a jobkit checkpoint directory. Checks the files against the
+    job's own MANIFEST.json first (raises TransferError: a corrupt source is never shipped)."""
+    p = Path(ckpt_dir)
+    try:
+        jobkit.verify_checkpoint(p)
+    except jobkit.CheckpointError as e:
+        raise TransferError(f"transfer: refusing to send {p}: {e}", fatal=True) from None
+    if not 0 < chunk_size <= MAX_CHUNK:
+        raise TransferError(f"transfer: chunk_size {chunk_size} out of range 1..{MAX_CHUNK}")
+    names = sorted(x.name for x in p.iterdir() if x.name not in jobkit.SIDECARS)
+    files = []
+    for n in names:
+        files.append((n, (p / n).stat().st_size, jobkit.file_sha256(p / n)))
+    m0 = Manifest(job_id, p.name, chunk_size, tuple(files), ())
+    rd = _Concat(p, m0.files)
+    chunks = []
+    for i in range((m0.total_bytes + chunk_size - 1) // chunk_size):
+        chunks.append(hashlib.sha256(rd.read(i * chunk_size, chunk_size)).hexdigest())
+    m = Manifest(job_id, p.name, chunk_size, tuple(files), tuple(chunks))
+    Manifest.from_body(m.body())  # same checks as the receiver: unsafe names fail here
+    return m
+
+
+# -- framing --------------------------------------------------------------------------------
+
+
+async def _send(w: asyncio.StreamWriter, hdr: dict[str, Any], payload: bytes = b"") -> None:
+    raw = json.dumps(hdr, separators=(",", ":")).encode()
+    w.write(struct.pack(">I", len(raw)) + raw)
+    if payload:
+        w.write(payload)
+    await w.drain()
+
+
+async def _recv(r: asyncio.StreamReader, timeout: float = IO_TIMEOUT_S) -> tuple[dict[str, Any], bytes]:
+    n = struct.unpack(">I", await asyncio.wait_for(r.readexactly(4), timeout))[0]
+    if n > MAX_HEADER:
+        raise TransferError(f"transfer: header of {n} bytes exceeds {MAX_HEADER}")
+    hdr = json.loads(await asyncio.wait_for(r.readexactly(n), timeout))
+    if not isinstance(hdr, dict) or "t" not in hdr:
+        raise TransferError("transfer: message without a type")
+    payload = b""
+    if hdr.get("t") == "chunk":
+        ln = int(hdr.get("len", -1))
+        if not 0 <= ln <= MAX_CHUNK:
+            raise TransferError(f"transfer: chunk length {ln} out of range")
+        payload = await asyncio.wait_for(r.readexactly(ln), timeout)
+    if hdr["t"] == "error":
+        raise TransferError(f"transfer: peer error: {hdr.get('msg')}", fatal=bool(hdr.get("fatal")))
+    return hdr, payload
+
+
+# -- progress and shaping hooks ---------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Progress:
+    job_id: str
+    ckpt_id: str
+    done_bytes: int  # persisted at the destination
+    total_bytes: int
+    elapsed_s: float
+
+    @property
+    def fraction(self) -> float:
+        return 1.0 if self.total_bytes == 0 else self.done_bytes / self.total_bytes
+
+
+@dataclass(frozen=True)
+class Flow:
+    """A transfer's TCP 5-tuple as the source sees it (local -> remote)."""
+
+    saddr: str
+    sport: int
+    daddr: str
+    dport: int
+    proto: str = "tcp"
+
+
+class FlowHook(Protocol):
+    """What the shaper and kill-switch need from a transfer (H5's transfer registry)."""
+
+    def register(self, flow: Flow, job_id: str, total_bytes: int, deadline_monotonic: float | None) -> Any: ...
+
+    def progress(self, handle: Any, sent_bytes: int) -> None: ...
+
+    def unregister(self, handle: Any) -> None: ...
+
+
+def default_flow_hook(agent: Any) -> FlowHook | None:
+    """The agent's transfer registry (``agent.transfers``, laminar.net.transfers) when it has
+    one with register/progress/unregister, else None (the transfer then runs unshaped)."""
+    reg = getattr(agent, "transfers", None)
+    if reg is not None and all(hasattr(reg, a) for a in ("register", "progress", "unregister")):
+        return reg  # type: ignore[no-any-return]
+    return None
+
+
+# -- sender ---------------------------------------------------------------------------------
+
+
+@dataclass
+class SendResult:
+    job_id: str
+    ckpt_id: str
+    digest: str
+    total_bytes: int
+    sent_bytes: int  # chunk bytes put on the wire across all attempts
+    skipped_bytes: int  # already held by the destination when the (last) attempt began
+    attempts: int
+    remote_path: str
+
+
+class _Pacer:
+    def __init__(self, rate_bps: float | None) -> None:
+        self.rate = rate_bps
+        self.t0 = time.monotonic()
+        self.sent = 0
+
+    async def pace(self, n: int) -> None:
+        if not self.rate:
+            return
+        self.sent += n
+        ahead = self.sent * 8 / self.rate - (time.monotonic() - self.t0)
+        if ahead > 0:
+            await asyncio.sleep(ahead)
+
+
+async def _client_handshake(r: asyncio.StreamReader, w: asyncio.StreamWriter, key: bytes, zone: int, node: str) -> None:
+    nc = secrets.token_bytes(32)
+    await _send(w, {"t": "hello", "v": PROTOCOL_VERSION, "zone": zone, "node": node, "nonce": nc.hex()})
+    hdr, _ = await _recv(r, HANDSHAKE_TIMEOUT_S)
+    if hdr["t"] != "challenge":
+        raise TransferError(f"transfer: expected challenge, got {hdr['t']!r}")
+    ns = bytes.fromhex(hdr["nonce"])
+    if not hmac.compare_digest(hdr.get("mac", ""), mac(key, b"laminar-xfer-server", nc, ns)):
+        raise TransferError("transfer: the destination failed authentication (not a member of this zone, or another key)",
+                            fatal=True)
+    await _send(w, {"t": "auth", "mac": mac(key, b"laminar-xfer-client", ns, nc)})
+    hdr, _ = await _recv(r, HANDSHAKE_TIMEOUT_S)
+    if hdr["t"] != "ok":
+        raise TransferError(f"transfer: expected ok, got {hdr['t']!r}")
+
+
+async def send_checkpoint(
+    host: str,
+    port: int,
+    ckpt_dir: str | os.PathLike[str],
+    job_id: str,
+    key: bytes,
+    *,
+    zone: int = 0,
+    node: str = "",
+    chunk_size: int = DEFAULT_CHUNK,
+    rate_bps: float | None = None,
+    deadline_monotonic: float | None = None,
+    retries: int = 5,
+    retry_delay_s: float = 0.5,
+    progress: Callable[[Progress], None] | None = None,
+    flow_hook: FlowHook | None = None,
+    manifest: Manifest | None = None,
+) -> SendResult:
+    """Sends the jobkit checkpoint ``ckpt_dir`` of ``job_id`` to the receiver at host:port and
+    returns once the destination has verified and committed it. Reconnects after a broken
+    connection (up to ``retries`` more attempts, and never past ``deadline_monotonic``),
+    sending only the chunks the destination does not hold. Raises TransferError on
+    authentication failure, a corrupt source, or when attempts or time run out."""
+    m = manifest or build_manifest(ckpt_dir, job_id, chunk_size)
+    src = Path(ckpt_dir)
+    t0 = time.monotonic()
+    res = SendResult(job_id, m.ckpt_id, m.digest, m.total_bytes, 0, 0, 0, "")
+    last: Exception | None = None
+    for attempt in range(retries + 1):
+        if deadline_monotonic is not None and time.monotonic() >= deadline_monotonic:
+            break
+        res.attempts = attempt + 1
+        try:
+            await _send_once(host, port, src, m, key, zone, node, rate_bps, deadline_monotonic, progress, flow_hook, res, t0)
+            return res
+        except TransferError as e:
+            if e.fatal:
+                raise
+            last = e
+        except (TimeoutError, OSError, asyncio.IncompleteReadError, ConnectionError, ValueError) as e:
+            last = e
+        log.info("transfer %s/%s: attempt %d failed: %r", job_id, m.ckpt_id, attempt + 1, last)
+        await asyncio.sleep(retry_delay_s)
+    raise TransferError(f"transfer: {job_id}/{m.ckpt_id} not delivered after {res.attempts} attempts: {last!r}")
+
+
+async def _send_once(
+    host: str, port: int, src: Path, m: Manifest, key: bytes, zone: int, node: str, rate_bps: float | None,
+    deadline: float | None, progress: Callable[[Progress], None] | None, flow_hook: FlowHook | None,
+    res: SendResult, t0: float,
+) -> None:
+    r, w = await asyncio.wait_for(asyncio.open_connection(host, port), HANDSHAKE_TIMEOUT_S)
+    handle = None
+    reader_task: asyncio.Task[None] | None = None
+    try:
+        await _client_handshake(r, w, key, zone, node)
+        await _send(w, {"t": "offer", "manifest": m.body(), "mac": mac(key, b"laminar-manifest", m.digest.encode())})
+        hdr, _ = await _recv(r)
+        if hdr["t"] == "committed":
+            res.remote_path = hdr.get("path", "")
+            if progress:
+                progress(Progress(m.job_id, m.ckpt_id, m.total_bytes, m.total_bytes, time.monotonic() - t0))
+            return
+        if hdr["t"] != "have":
+            raise TransferError(f"transfer: expected have, got {hdr['t']!r}")
+        have = set(int(i) for i in hdr["chunks"])
+        missing = [i for i in range(len(m.chunks)) if i not in have]
+        res.skipped_bytes = sum(m.chunk_len(i) for i in have if 0 <= i < len(m.chunks))
+        if flow_hook is not None:
+            sock = w.get_extra_info("sockname")
+            peer = w.get_extra_info("peername")
+            handle = flow_hook.register(Flow(sock[0], sock[1], peer[0], peer[1]), m.job_id,
+                                        sum(m.chunk_len(i) for i in missing), deadline)
+        replies: asyncio.Queue[dict[str, Any]] = asyncio.Queue()
+
+        async def read_replies() -> None:
+            while True:
+                h, _ = await _recv(r, timeout=3600)
+                if h["t"] == "ack":
+                    if progress:
+                        progress(Progress(m.job_id, m.ckpt_id, int(h["bytes"]), m.total_bytes, time.monotonic() - t0))
+                else:
+                    await replies.put(h)
+
+        reader_task = asyncio.create_task(read_replies())
+        rd = _Concat(src, m.files)
+        pacer = _Pacer(rate_bps)
+        sent_now = 0
+        for _round in range(MAX_NEED_ROUNDS + 1):
+            for i in missing:
+                data = rd.read(i * m.chunk_size, m.chunk_len(i))
+                if hashlib.sha256(data).hexdigest() != m.chunks[i]:
+                    raise TransferError(f"transfer: refusing to send chunk {i} of {src}: it changed on the source disk",
+                                        fatal=True)
+                await _send(w, {"t": "chunk", "i": i, "len": len(data)}, data)
+                res.sent_bytes += len(data)
+                sent_now += len(data)
+                if flow_hook is not None and handle is not None:
+                    flow_hook.progress(handle, sent_now)
+                await pacer.pace(len(data))
+                if reader_task.done():
+                    reader_task.result()  # surfaces the peer's error or a broken connection
+            await _send(w, {"t": "done"})
+            get = asyncio.ensure_future(replies.get())
+            await asyncio.wait({get, reader_task}, return_when=asyncio.FIRST_COMPLETED)
+            if not get.done():
+                get.cancel()
+                reader_task.result()
+                raise TransferError("transfer: connection closed before the destination answered")
+            h = get.result()
+            if h["t"] == "committed":
+                res.remote_path = h.get("path", "")
+                if progress:
+                    progress(Progress(m.job_id, m.ckpt_id, m.total_bytes, m.total_bytes, time.monotonic() - t0))
+                return
+            if h["t"] != "need":
+                raise TransferError(f"transfer: expected need or committed, got {h['t']!r}")
+            missing = sorted(int(i) for i in h["chunks"])
+            log.warning("transfer %s/%s: destination needs %d chunks again", m.job_id, m.ckpt_id, len(missing))
+        raise TransferError(f"transfer: {m.job_id}/{m.ckpt_id}: chunks still failing after {MAX_NEED_ROUNDS} rounds")
+    finally:
+        if reader_task is not None:
+            reader_task.cancel()
+            with contextlib.suppress(BaseException):
+                await reader_task
+        if flow_hook is not None and handle is not None:
+            flow_hook.unregister(handle)
+        w.close()
+        with contextlib.suppress(Exception):
+            await w.wait_closed()
+
+
+# -- receiver -------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Committed:
+    job_id: str
+    ckpt_id: str
+    path: Path
+    digest: str
+    peer_node: str
+
+
+KeyLookup = Callable[[int], bytes | None]
+
+
+class _Incoming:
+    """The persisted state of one checkpoint being received: manifest, partial data, have-log."""
+
+    def __init__(self, d: Path, m: Manifest) -> None:
+        self.dir = d
+        self.m = m
+        d.mkdir(parents=True, exist_ok=True)
+        mf = d / "manifest.json"
+        if mf.exists():
+            try:
+                old = json.loads(mf.read_text())
+                same = old.get("digest") == m.digest
+            except (OSError, json.JSONDecodeError):
+                same = False
+            if not same:  # another checkpoint under the same name: start over
+                for x in d.iterdir():
+                    x.unlink()
+        if not mf.exists():
+            tmp = d / "manifest.json.tmp"
+            tmp.write_text(json.dumps({"digest": m.digest, "body": m.body()}))
+            os.replace(tmp, mf)
+        self.fd = os.open(d / "data.partial", os.O_RDWR | os.O_CREAT, 0o600)
+        os.ftruncate(self.fd, m.total_bytes)
+        self.have: set[int] = set()
+        logp = d / "have.log"
+        if logp.exists():
+            for line in logp.read_text().split():
+                if line.isdigit() and int(line) < len(m.chunks):
+                    self.have.add(int(line))
+        self.log = open(logp, "a")
+        self.pending: list[int] = []
+
+    def held_bytes(self) -> int:
+        return sum(self.m.chunk_len(i) for i in self.have)
+
+    def write(self, i: int, data: bytes) -> None:
+        os.pwrite(self.fd, data, i * self.m.chunk_size)
+        self.pending.append(i)
+
+    def persist(self) -> None:
+        """Data first, then the log entries that say it is there."""
+        if not self.pending:
+            return
+        os.fdatasync(self.fd)
+        self.log.write("".join(f"{i}\n" for i in self.pending))
+        self.log.flush()
+        os.fsync(self.log.fileno())
+        self.have.update(self.pending)
+        self.pending.clear()
+
+    def forget(self, bad: set[int]) -> None:
+        self.have -= bad
+        self.log.close()
+        tmp = self.dir / "have.log.tmp"
+        tmp.write_text("".join(f"{i}\n" for i in sorted(self.have)))
+        os.replace(tmp, self.dir / "have.log")
+        self.log = open(self.dir / "have.log", "a")
+
+    def verify_all(self) -> set[int]:
+        """Re-reads the partial file: the chunks that are missing or do not match."""
+        bad = set(range(len(self.m.chunks))) - self.have
+        for i in sorted(self.have):
+            data = os.pread(self.fd, self.m.chunk_len(i), i * self.m.chunk_size)
+            if hashlib.sha256(data).hexdigest() != self.m.chunks[i]:
+                bad.add(i)
+        return bad
+
+    def close(self) -> None:
+        with contextlib.suppress(OSError):
+            os.close(self.fd)
+        self.log.close()
+
+
+class Receiver:
+    """The transfer endpoint of an agent: receives, verifies and commits checkpoints under
+    ``root``. ``keys`` maps a zone id to its key (``ZoneKeys.get``) or is one key for all.
+    ``on_commit`` is called with each committed checkpoint; ``on_progress`` with progress."""
+
+    def __init__(
+        self,
+        root: str | os.PathLike[str],
+        keys: bytes | KeyLookup,
+        on_commit: Callable[[Committed], Awaitable[None] | None] | None = None,
+        on_progress: Callable[[Progress], None] | None = None,
+    ) -> None:
+        self.root = Path(root)
+        self.keys: KeyLookup = (lambda _z, k=keys: k) if isinstance(keys, bytes) else keys  # type: ignore[misc]
+        self.on_commit = on_commit
+        self.on_progress = on_progress
+        self.server: asyncio.AbstractServer | None = None
+        self._locks: dict[tuple[str, str], asyncio.Lock] = {}
+        self.committed: list[Committed] = []
+
+    async def start(self, host: str, port: int) -> int:
+        """Listens on host:port (0: any free port); returns the bound port."""
+        (self.root / "incoming").mkdir(parents=True, exist_ok=True)
+        (self.root / "checkpoints").mkdir(parents=True, exist_ok=True)
+        self.server = await asyncio.start_server(self._handle, host, port)
+        return int(self.server.sockets[0].getsockname()[1])
+
+    async def stop(self) -> None:
+        if self.server is not None:
+            self.server.close()
+            await self.server.wait_closed()
+            self.server = None
+
+    def final_dir(self, job_id: str, ckpt_id: str) -> Path:
+        return self.root / "checkpoints" / job_id / ckpt_id
+
+    async def _handle(self, r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
+        peer = w.get_extra_info("peername")
+        try:
+            node, key = await self._handshake(r, w)
+            hdr, _ = await _recv(r)
+            if hdr["t"] != "offer":
+                raise TransferError(f"transfer: expected offer, got {hdr['t']!r}")
+            m = Manifest.from_body(hdr.get("manifest"))
+            if not hmac.compare_digest(str(hdr.get("mac", "")), mac(key, b"laminar-manifest", m.digest.encode())):
+                raise TransferError("transfer: manifest rejected: its MAC does not match the zone key", fatal=True)
+            lock = self._locks.setdefault((m.job_id, m.ckpt_id), asyncio.Lock())
+            try:
+                await asyncio.wait_for(lock.acquire(), IO_TIMEOUT_S)
+            except TimeoutError:
+                raise TransferError(f"transfer: {m.job_id}/{m.ckpt_id} is busy with another connection") from None
+            try:
+                await self._receive(r, w, m, node)
+            finally:
+                lock.release()
+        except (TransferError, ValueError, KeyError) as e:
+            log.warning("transfer from %s: %s", peer, e)
+            with contextlib.suppress(Exception):
+                await _send(w, {"t": "error", "msg": str(e), "fatal": getattr(e, "fatal", False)})
+        except (TimeoutError, OSError, asyncio.IncompleteReadError, ConnectionError) as e:
+            log.info("transfer from %s: connection lost: %r", peer, e)
+        finally:
+            w.close()
+            with contextlib.suppress(Exception):
+                await w.wait_closed()
+
+    async def _handshake(self, r: asyncio.StreamReader, w: asyncio.StreamWriter) -> tuple[str, bytes]:
+        hdr, _ = await _recv(r, HANDSHAKE_TIMEOUT_S)
+        if hdr["t"] != "hello" or hdr.get("v") != PROTOCOL_VERSION:
+            raise TransferError(f"transfer: expected hello v{PROTOCOL_VERSION}, got {hdr.get('t')!r} v{hdr.get('v')!r}")
+        zone = int(hdr.get("zone", 0))
+        key = self.keys(zone)
+        if key is None:
+            raise TransferError(f"transfer: no key for zone {zone}", fatal=True)
+        nc = bytes.fromhex(hdr["nonce"])
+        if len(nc) < 16:
+            raise TransferError("transfer: client nonce too short")
+        ns = secrets.token_bytes(32)
+        await _send(w, {"t": "challenge", "nonce": ns.hex(), "mac": mac(key, b"laminar-xfer-server", nc, ns)})
+        auth, _ = await _recv(r, HANDSHAKE_TIMEOUT_S)
+        if auth["t"] != "auth" or not hmac.compare_digest(str(auth.get("mac", "")), mac(key, b"laminar-xfer-client", ns, nc)):
+            raise TransferError("transfer: client failed authentication", fatal=True)
+        await _send(w, {"t": "ok"})
+        return str(hdr.get("node", "")), key
+
+    async def _receive(self, r: asyncio.StreamReader, w: asyncio.StreamWriter, m: Manifest, node: str) -> None:
+        final = self.final_dir(m.job_id, m.ckpt_id)
+        if (final / VERIFIED).exists():
+            try:
+                old = json.loads((final / TRANSFER_MANIFEST).read_text())
+                if old.get("body", {}).get("files") == m.body()["files"]:  # same bytes, any chunking
+                    await _send(w, {"t": "committed", "digest": m.digest, "path": str(final)})
+                    return
+            except (OSError, json.JSONDecodeError):
+                pass
+            raise TransferError(f"transfer: {m.job_id}/{m.ckpt_id} is already committed with other content", fatal=True)
+        inc = _Incoming(self.root / "incoming" / m.job_id / m.ckpt_id, m)
+        t0 = time.monotonic()
+        try:
+            await _send(w, {"t": "have", "chunks": sorted(inc.have)})
+            while True:
+                hdr, payload = await _recv(r)
+                if hdr["t"] == "chunk":
+                    i = int(hdr["i"])
+                    if not 0 <= i < len(m.chunks) or len(payload) != m.chunk_len(i):
+                        raise TransferError(f"transfer: chunk {i} of {len(payload)} bytes does not fit the manifest")
+                    if hashlib.sha256(payload).hexdigest() != m.chunks[i]:
+                        log.warning("transfer %s/%s: chunk %d failed its SHA-256; will ask again", m.job_id, m.ckpt_id, i)
+                        continue  # not recorded: it is asked for again after done
+                    inc.write(i, payload)
+                    if len(inc.pending) >= PERSIST_EVERY:
+                        inc.persist()
+                        await self._ack(w, inc, t0)
+                elif hdr["t"] == "done":
+                    inc.persist()
+                    bad = inc.verify_all()
+                    if bad:
+                        inc.forget(bad & inc.have)
+                        await _send(w, {"t": "need", "chunks": sorted(bad)})
+                        continue
+                    path = self._commit(inc, node)
+                    await _send(w, {"t": "committed", "digest": m.digest, "path": str(path)})
+                    c = Committed(m.job_id, m.ckpt_id, path, m.digest, node)
+                    self.committed.append(c)
+                    if self.on_commit is not None:
+                        res = self.on_commit(c)
+                        if asyncio.iscoroutine(res):
+                            await res
+                    return
+                else:
+                    raise TransferError(f"transfer: unexpected {hdr['t']!r}")
+        finally:
+            with contextlib.suppress(Exception):
+                inc.persist()  # what arrived whole and verified is kept for the next attempt
+            inc.close()
+
+    async def _ack(self, w: asyncio.StreamWriter, inc: _Incoming, t0: float) -> None:
+        done = inc.held_bytes()
+        await _send(w, {"t": "ack", "bytes": done})
+        if self.on_progress is not None:
+            self.on_progress(Progress(inc.m.job_id, inc.m.ckpt_id, done, inc.m.total_bytes, time.monotonic() - t0))
+
+    def _commit(self, inc: _Incoming, node: str) -> Path:
+        """Splits the verified partial file into the checkpoint's files, fsyncs, re-verifies
+        against the job's manifest, marks VERIFIED and renames into place."""
+        m = inc.m
+        final = self.final_dir(m.job_id, m.ckpt_id)
+        tmp = final.parent / f".tmp-{m.ckpt_id}"
+        if tmp.exists():
+            shutil.rmtree(tmp)
+        tmp.mkdir(parents=True)
+        off = 0
+        for name, size, sha in m.files:
+            data = os.pread(inc.fd, size, off) if size else b""
+            off += size
+            if hashlib.sha256(data).hexdigest() != sha:
+                shutil.rmtree(tmp)
+                raise TransferError(f"transfer: {m.job_id}/{m.ckpt_id}: {name} does not match its SHA-256 after assembly")
+            with open(tmp / name, "wb") as f:
+                f.write(data)
+                f.flush()
+                os.fsync(f.fileno())
+        try:
+            jobkit.verify_checkpoint(tmp)
+        except jobkit.CheckpointError as e:
+            shutil.rmtree(tmp)
+            raise TransferError(f"transfer: {m.job_id}/{m.ckpt_id} is not a valid checkpoint: {e}") from None
+        meta = {"digest": m.digest, "body": m.body(), "from_node": node, "committed": time.time()}
+        # The transfer's own records live beside the job's files, outside the job's manifest.
+        (tmp / TRANSFER_MANIFEST).write_text(json.dumps(meta))
+        with open(tmp / VERIFIED, "w") as f:
+            f.write(m.digest + "\n")
+            f.flush()
+            os.fsync(f.fileno())
+        fd = os.open(tmp, os.O_RDONLY | os.O_DIRECTORY)
+        os.fsync(fd)
+        os.close(fd)
+        os.rename(tmp, final)
+        fd = os.open(final.parent, os.O_RDONLY | os.O_DIRECTORY)
+        os.fsync(fd)
+        os.close(fd)
+        shutil.rmtree(inc.dir, ignore_errors=True)
+        return final
+
+
+def verified_checkpoint(path: str | os.PathLike[str]) -> Path:
+    """``path`` if it is a committed transfer whose files still match (VERIFIED marker, the
+    transfer manifest's digest, every file's SHA-256); raises TransferError otherwise. The
+    agent calls this right before setting LAMINAR_RESUME_FROM."""
+    p = Path(path)
+    try:
+        meta = json.loads((p / TRANSFER_MANIFEST).read_text())
+        marker = (p / VERIFIED).read_text().strip()
+    except (OSError, json.JSONDecodeError) as e:
+        raise TransferError(f"transfer: {p} is not a committed checkpoint: {e}") from None
+    m = Manifest.from_body(meta.get("body"))
+    if m.digest != meta.get("digest") or marker != m.digest:
+        raise TransferError(f"transfer: {p}: manifest digest does not match its VERIFIED marker")
+    for name, size, sha in m.files:
+        f = p / name
+        if not f.is_file() or f.stat().st_size != size or jobkit.file_sha256(f) != sha:
+            raise TransferError(f"transfer: {p}: {name} changed since it was verified")
+    return p
+
+
+def latest_verified(root: str | os.PathLike[str], job_id: str) -> Path | None:
+    """The newest committed, still-valid checkpoint of ``job_id`` under a receiver's root."""
+    d = Path(root) / "checkpoints" / job_id
+    cands = sorted((p for p in d.glob("ckpt-*") if p.is_dir()), key=lambda p: int(p.name[5:]) if p.name[5:].isdigit() else -1)
+    for p in reversed(cands):
+        try:
+            return verified_checkpoint(p)
+        except TransferError:
+            continue
+    return None
+
+
+# -- command line (tests, operators debugging a path) -----------------------------------------
+
+
+def _load_key(path: str, zone: int) -> bytes:
+    from laminar.zone.keys import load_keys
+
+    k = load_keys(path).get(zone)
+    if k is None:
+        raise SystemExit(f"transfer: {path} holds no key for zone {zone}")
+    return k
+
+
+def _hostport(v: str) -> tuple[str, int]:
+    host, _, port = v.rpartition(":")
+    if not host or not port.isdigit():
+        raise argparse.ArgumentTypeError(f"{v!r}: expected HOST:PORT")
+    return host, int(port)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m laminar.migrate.transfer", description="checkpoint transfer endpoint")
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    s = sub.add_parser("serve")
+    s.add_argument("--root", required=True)
+    s.add_argument("--listen", type=_hostport, required=True)
+    s.add_argument("--key-file", required=True)
+    s.add_argument("--once", action="store_true", help="exit after the first commit")
+    c = sub.add_parser("send")
+    c.add_argument("--to", type=_hostport, required=True)
+    c.add_argument("--ckpt", required=True)
+    c.add_argument("--job", required=True)
+    c.add_argument("--key-file", required=True)
+    c.add_argument("--rate-bps", type=float)
+    c.add_argument("--chunk-size", type=int, default=DEFAULT_CHUNK)
+    c.add_argument("--retries", type=int, default=5)
+    for p in (s, c):
+        p.add_argument("--zone", type=int, default=0)
+    a = ap.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(name)s: %(message)s")
+    key = _load_key(a.key_file, a.zone)
+
+    if a.cmd == "serve":
+        async def serve() -> None:
+            done = asyncio.Event()
+
+            def commit(cm: Committed) -> None:
+                print(json.dumps({"event": "committed", "job": cm.job_id, "ckpt": cm.ckpt_id, "path": str(cm.path),
+                                  "digest": cm.digest}), flush=True)
+                if a.once:
+                    done.set()
+
+            def prog(p: Progress) -> None:
+                print(json.dumps({"event": "progress", "bytes": p.done_bytes, "total": p.total_bytes}), flush=True)
+
+            rcv = Receiver(a.root, key, on_commit=commit, on_progress=prog)
+            port = await rcv.start(*a.listen)
+            print(json.dumps({"event": "listening", "port": port}), flush=True)
+            await done.wait()
+            await rcv.stop()
+
+        asyncio.run(serve())
+        return 0
+
+    def prog(p: Progress) -> None:
+        print(json.dumps({"event": "progress", "bytes": p.done_bytes, "total": p.total_bytes}), flush=True)
+
+    try:
+        res = asyncio.run(send_checkpoint(a.to[0], a.to[1], a.ckpt, a.job, key, zone=a.zone, rate_bps=a.rate_bps,
+                                          chunk_size=a.chunk_size, retries=a.retries, progress=prog))
+    except TransferError as e:
+        print(json.dumps({"event": "failed", "error": str(e)}), flush=True)
+        return 2
+    print(json.dumps({"event": "sent", **{k: v for k, v in vars(res).items()}}), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
