@@ -562,7 +562,9 @@ class TransferRegistry:
         name = body.get("flow")
         if not isinstance(name, str) or not name:
             raise ApiError(400, "missing 'flow': a transfer id or a 5-tuple like tcp:10.0.0.1:40000->10.0.0.2:7000")
-        res = await self._run(self.flow_switch, name, body)
+        # On the loop, not the netlink thread: a map update is one syscall, and a kill-switch must not
+        # wait behind a shaper tick. (_write_flow on the thread only rewrites flows being added.)
+        res = self.flow_switch(name, body)
         if self.agent is not None:
             self.agent.events.emit("killswitch", res["message"], scope="flow", flow=res["flow"],
                                    action=res["action"], uid=req.peer.uid, deadline_ns=res["deadline_ns"])
