@@ -94,6 +94,7 @@ class Airlock:
         self._closers: list[Any] = []
         self._task: asyncio.Task[None] | None = None
         self._pending = False
+        self._timer: asyncio.TimerHandle | None = None
         self._last_eval = 0.0
         self._unsub: Any = None
         self._job_triggers: dict[str, PsiTrigger] = {}
@@ -133,10 +134,13 @@ class Airlock:
     async def stop(self) -> None:
         if self._task:
             self._task.cancel()
+        if self._timer is not None:
+            self._timer.cancel()
+        self.loop = None
         if self._unsub:
             self._unsub()
-        if self._poller is not None and self.loop is not None:
-            self.loop.remove_reader(self._poller.fileno())
+        if self._poller is not None:
+            asyncio.get_running_loop().remove_reader(self._poller.fileno())
             self._poller.close()
         for c in self._closers + list(self._job_triggers.values()):
             try:
@@ -289,7 +293,7 @@ class Airlock:
             return
         self._pending = True
         delay = max(0.0, self._last_eval + MIN_EVAL_GAP_S - time.monotonic())
-        self.loop.call_later(delay, self._run_eval)
+        self._timer = self.loop.call_later(delay, self._run_eval)
 
     def _run_eval(self) -> None:
         self._pending = False
@@ -409,7 +413,8 @@ class Airlock:
                 self.loop.create_task(self._finish_reclaim(job.id, a.reason, lost))
         except CgroupError as e:
             fields["error"] = str(e)
-        self.decisions.append({"ts": time.time(), **fields, "reason": a.reason})
+        fields["reason"] = a.reason
+        self.decisions.append({"ts": time.time(), **fields})
         self._emit(f"airlock: {a.kind} {job.id}: {a.reason}", **fields)
 
     async def _finish_reclaim(self, job_id: str, reason: str, lost: float) -> None:

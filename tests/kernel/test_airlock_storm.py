@@ -1,0 +1,243 @@
+"""Airlock on the real kernel: real processes in real cgroups under a real memory budget.
+
+Each test builds its own cgroup root (``laminar-t-<hex>``), a JobManager and an Airlock over a
+fresh SQLite store, runs memory hogs as jobs, and removes every cgroup and process afterwards.
+The jobs are Python processes that allocate and touch memory (`HOG`), so the pressure is real.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import secrets
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from laminar.airlock.cgroups import CgroupTree, detect
+from laminar.airlock.manager import Airlock
+from laminar.events import EventBus
+from laminar.runtime.jobs import JobManager, JobSpec
+from laminar.store import Store
+
+pytestmark = pytest.mark.kernel
+
+# A job that writes a checkpoint on SIGUSR1 (the contract), grows to TOTAL MiB in STEP MiB steps every DELAY s, holds HOLD s (forever when
+# < 0), frees, then sleeps forever. Pages are written so they are really charged.
+HOG = r"""
+import os, signal, sys, time
+def checkpoint(signum, frame):
+    d = os.environ["LAMINAR_CKPT_DIR"]
+    with open(os.path.join(d, "ckpt.tmp"), "w") as f:
+        f.write(str(time.time()))
+    os.replace(os.path.join(d, "ckpt.tmp"), os.path.join(d, "ckpt"))
+signal.signal(signal.SIGUSR1, checkpoint)
+total, step, delay, hold = int(sys.argv[1]), int(sys.argv[2]), float(sys.argv[3]), float(sys.argv[4])
+base = int(sys.argv[5]) if len(sys.argv) > 5 else 0
+def block(mib):
+    b = bytearray(mib << 20)
+    for i in range(0, len(b), 4096):
+        b[i] = 1
+    return b
+keep = [block(base)]
+got = 0
+while got < total:
+    keep.append(block(step))
+    got += step
+    time.sleep(delay)
+if hold >= 0:
+    time.sleep(hold)
+    del keep[1:]
+while True:
+    time.sleep(1)
+"""
+
+
+def hog(total: int, step: int = 20, delay: float = 0.02, hold: float = -1, base: int = 0) -> list[str]:
+    return [sys.executable, "-c", HOG, str(total), str(step), str(delay), str(hold), str(base)]
+
+
+class Rig:
+    def __init__(self, tmp: Path, root: str) -> None:
+        self.tmp = tmp
+        self.root = root
+        self.store = Store(tmp / "laminar.db")
+        self.events = EventBus(self.store)
+        self.seen: list[dict[str, Any]] = []
+        self.events.subscribe(self.seen.append)
+        self.jobs: JobManager | None = None
+        self.airlock: Airlock | None = None
+
+    async def start(self, budget_mb: int, policy: dict[str, Any] | None = None) -> None:
+        self.jobs = JobManager(store=self.store, state_dir=self.tmp, cgroup_root=self.root, events=self.events,
+                               gpus_declared=[])
+        await self.jobs.start(None)
+        self.airlock = Airlock(jobs=self.jobs, store=self.store, events=self.events, budget_mb=budget_mb,
+                               policy=policy)
+        await self.airlock.start(None)
+
+    async def restart(self, budget_mb: int) -> None:
+        """A new JobManager and Airlock over the same store and cgroups (an agent restart)."""
+        assert self.jobs is not None and self.airlock is not None
+        await self.airlock.stop()
+        await self.jobs.stop()
+        await self.start(budget_mb)
+
+    def actions(self, kind: str | None = None) -> list[dict[str, Any]]:
+        return [e for e in self.seen if e["kind"] == "airlock" and "action" in e and (kind is None or e["action"] == kind)]
+
+
+async def until(cond: Any, timeout: float, step: float = 0.05) -> bool:
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        if cond():
+            return True
+        await asyncio.sleep(step)
+    return bool(cond())
+
+
+def alive(pid: int | None) -> bool:
+    if pid is None:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return Path(f"/proc/{pid}").exists() and "Z" not in Path(f"/proc/{pid}/stat").read_text().split()[2]
+
+
+def run(coro: Any) -> Any:
+    return asyncio.run(coro)
+
+
+def test_storm_from_transients_leaves_long_resident_untouched(tmp_path: Path) -> None:
+    async def main() -> None:
+        root = f"laminar-t-{secrets.token_hex(3)}"
+        r = Rig(tmp_path, root)
+        try:
+            await r.start(budget_mb=512, policy={"rungs": {"suspend": {"budget_s": 1.0}}, "readdress": False})
+            assert r.jobs is not None
+            lr = await r.jobs.submit(JobSpec(command=hog(150, step=50, delay=0.05), job_class="long-resident",
+                                             priority=90, name="lr"))
+            await asyncio.sleep(1.0)
+            ts = [await r.jobs.submit(JobSpec(command=hog(300, step=20, delay=0.02), job_class="transient",
+                                              priority=10 + i, name=f"t{i}")) for i in range(3)]
+            # The storm (150 + 3 x 300 MiB against 512 MiB) must end: transients suspended or reclaimed.
+            assert await until(lambda: all(r.jobs.get(t.id).state in ("suspended", "reclaimed") for t in ts), 20)
+            await asyncio.sleep(2.0)
+            lr_now = r.jobs.get(lr.id)
+            assert lr_now is not None and lr_now.state == "running" and alive(lr.pid)
+            assert not lr_now.cgroup.frozen()
+            touched = [a for a in r.actions() if a["job"] == lr.id]
+            assert touched == [], f"Airlock acted on the long-resident job: {touched}"
+            assert r.actions("suspend"), "no suspension recorded"
+            for a in r.actions():
+                assert a["reason"], a
+            reclaimed = [r.jobs.get(t.id) for t in ts if r.jobs.get(t.id).state == "reclaimed"]
+            for j in reclaimed:
+                assert j.work_lost_s is not None and j.work_lost_s >= 0
+        finally:
+            if r.airlock:
+                await r.airlock.stop()
+            if r.jobs:
+                await r.jobs.stop()
+            CgroupTree(detect(), root).purge()
+            r.store.close()
+
+    run(main())
+
+
+def test_transient_spike_survived_by_suspension_and_recovery(tmp_path: Path) -> None:
+    async def main() -> None:
+        root = f"laminar-t-{secrets.token_hex(3)}"
+        r = Rig(tmp_path, root)
+        try:
+            await r.start(budget_mb=512, policy={"hysteresis": {"hold_s": 0.5, "step_s": 0.2}})
+            assert r.jobs is not None
+            t = await r.jobs.submit(JobSpec(command=hog(80, step=40, delay=0.05), job_class="transient", name="t"))
+            await asyncio.sleep(1.0)
+            # The long-resident job spikes to ~0.88 of the budget for 1.5 s, then frees.
+            lr = await r.jobs.submit(JobSpec(command=hog(360, step=30, delay=0.03, hold=1.5), job_class="long-resident",
+                                             priority=80, name="spiky"))
+            assert await until(lambda: bool(r.actions("suspend")), 10), "the spike was not met by a suspension"
+            assert await until(lambda: bool(r.actions("recover")), 15), "the suspended job was not recovered"
+            assert not r.actions("reclaim") and not r.actions("readdress")
+            tj = r.jobs.get(t.id)
+            assert tj is not None and tj.state == "running" and not tj.cgroup.frozen() and alive(t.pid)
+            assert alive(lr.pid)
+            assert [a["job"] for a in r.actions("suspend")] == [t.id]
+        finally:
+            if r.airlock:
+                await r.airlock.stop()
+            if r.jobs:
+                await r.jobs.stop()
+            CgroupTree(detect(), root).purge()
+            r.store.close()
+
+    run(main())
+
+
+def test_frozen_job_that_never_recovers_is_escalated_within_budget(tmp_path: Path) -> None:
+    async def main() -> None:
+        root = f"laminar-t-{secrets.token_hex(3)}"
+        r = Rig(tmp_path, root)
+        try:
+            await r.start(budget_mb=512, policy={"rungs": {"suspend": {"budget_s": 1.0}, "readdress": {"budget_s": 1.0}}})
+            assert r.jobs is not None
+            t = await r.jobs.submit(JobSpec(command=hog(100, step=50, delay=0.05), job_class="transient", name="t"))
+            await asyncio.sleep(1.0)
+            # The long-resident job grows to ~0.88 of the budget and stays there: no recovery.
+            await r.jobs.submit(JobSpec(command=hog(340, step=30, delay=0.03), job_class="long-resident", name="big"))
+            assert await until(lambda: r.jobs.get(t.id).state == "reclaimed", 20), "\n".join(f"{e['ts']:.3f} {e['message']}" for e in r.seen if e["kind"] in ("airlock", "job"))
+            kinds = [a["action"] for a in r.actions() if a["job"] == t.id]
+            assert kinds[0] == "suspend" and "reclaim" in kinds and "readdress" in kinds, r.actions()
+            esc = [a for a in r.actions() if a["job"] == t.id and a["action"] != "suspend"]
+            assert all("budget" in a["reason"] for a in esc), esc
+            final = r.jobs.get(t.id)
+            assert final is not None and final.work_lost_s is not None and final.work_lost_s > 0
+            assert not final.cgroup.exists()
+        finally:
+            if r.airlock:
+                await r.airlock.stop()
+            if r.jobs:
+                await r.jobs.stop()
+            CgroupTree(detect(), root).purge()
+            r.store.close()
+
+    run(main())
+
+
+def test_restart_during_storm_loses_no_job(tmp_path: Path) -> None:
+    async def main() -> None:
+        root = f"laminar-t-{secrets.token_hex(3)}"
+        r = Rig(tmp_path, root)
+        try:
+            await r.start(budget_mb=512, policy={"rungs": {"suspend": {"budget_s": 30.0}}})
+            assert r.jobs is not None
+            lr = await r.jobs.submit(JobSpec(command=hog(150, step=50, delay=0.05), job_class="long-resident", name="lr"))
+            ts = [await r.jobs.submit(JobSpec(command=hog(200, step=20, delay=0.05), job_class="transient", name=f"t{i}"))
+                  for i in range(2)]
+            assert await until(lambda: bool(r.actions("suspend")), 15)
+            before = {j.id: j.state for j in r.jobs.active()}
+            await r.restart(budget_mb=512)
+            after = {j.id: j.state for j in r.jobs.active()}
+            assert set(after) == set(before), (before, after)
+            for jid, state in before.items():
+                assert after[jid] == state, (jid, before, after)
+                assert all(j.adopted for j in r.jobs.active())
+            assert alive(lr.pid) and r.jobs.get(lr.id).state == "running"
+            # The re-adopted jobs are still managed: a stop works and records the end.
+            final = await r.jobs.stop(ts[0].id, "test over", grace_s=0.5)
+            assert final is not None and final.state == "stopped" and not final.cgroup.exists()
+        finally:
+            if r.airlock:
+                await r.airlock.stop()
+            if r.jobs:
+                await r.jobs.stop()
+            CgroupTree(detect(), root).purge()
+            r.store.close()
+
+    run(main())
