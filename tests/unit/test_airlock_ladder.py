@@ -1,0 +1,100 @@
+"""The survival ladder (pure): ordering, levels, rungs, budgets, hysteresis, oom_score_adj."""
+
+from __future__ import annotations
+
+from hypothesis import given
+from hypothesis import strategies as st
+
+from laminar.airlock import ladder
+from laminar.airlock.ladder import CRITICAL, HIGH, NONE, STEADY, JobView, Memo, Signals, decide
+from laminar.airlock.policy import validate
+
+P = validate({})
+
+
+def jv(i: str, cls: str = "transient", prio: int = 50, work: float = 0.0, mem: int = 100 << 20, **kw) -> JobView:
+    return JobView(i, cls, prio, work, mem, **kw)
+
+
+def test_transients_rank_below_long_resident() -> None:
+    order = [j.id for _, j in ladder.rank([jv("lr", "long-resident"), jv("t"), jv("s", "standard")], P)]
+    assert order == ["t", "s", "lr"]
+
+
+@given(st.sampled_from(["long-resident", "standard", "transient"]), st.integers(0, 99),
+       st.floats(0, 1e6), st.integers(0, 1 << 40))
+def test_value_is_monotone(cls: str, prio: int, work: float, mem: int) -> None:
+    base = ladder.survival_value(jv("a", cls, prio, work, mem), P)
+    assert ladder.survival_value(jv("a", cls, prio + 1, work, mem), P) > base
+    assert ladder.survival_value(jv("a", cls, prio, work + 3600, mem), P) > base
+    assert ladder.survival_value(jv("a", cls, prio, work, mem + (1 << 30)), P) < base
+
+
+def test_levels() -> None:
+    assert ladder.pressure_level(Signals(usage=0.5), P) == NONE
+    assert ladder.pressure_level(Signals(usage=0.8), P) == STEADY
+    assert ladder.pressure_level(Signals(usage=0.86), P) == HIGH
+    assert ladder.pressure_level(Signals(usage=0.5, stall_event=True), P) == HIGH
+    assert ladder.pressure_level(Signals(usage=0.96), P) == CRITICAL
+    assert ladder.pressure_level(Signals(usage=0.1, under_oom=True), P) == CRITICAL
+
+
+def test_high_suspends_lowest_value_and_never_protected() -> None:
+    jobs = [jv("lr", "long-resident", mem=4 << 30), jv("t1", prio=60), jv("t2", prio=10)]
+    acts = decide(10.0, HIGH, jobs, P, Memo(), usage=0.9)
+    assert [(a.kind, a.job_id) for a in acts] == [("suspend", "t2")]
+    assert acts[0].reason
+
+
+def test_high_suspends_more_only_while_usage_grows() -> None:
+    memo = Memo()
+    jobs = [jv("t1", prio=60), jv("t2", prio=10)]
+    decide(10.0, HIGH, jobs, P, memo, usage=0.88)
+    jobs = [jv("t1", prio=60), jv("t2", prio=10, rung="suspend", rung_since=10.0)]
+    assert decide(10.2, HIGH, jobs, P, memo, usage=0.88) == []
+    assert [a.job_id for a in decide(10.3, HIGH, jobs, P, memo, usage=0.92)] == ["t1"]
+
+
+def test_critical_reclaims_lowest_suspended() -> None:
+    jobs = [jv("t1", prio=60, rung="suspend", rung_since=9.9), jv("t2", prio=10, rung="suspend", rung_since=9.9)]
+    acts = decide(10.0, CRITICAL, jobs, P, Memo(), usage=0.97)
+    assert [(a.kind, a.job_id) for a in acts] == [("reclaim", "t2")]
+
+
+def test_budget_escalates_through_readdress_to_reclaim() -> None:
+    memo = Memo()
+    j = jv("t", rung="suspend", rung_since=0.0)
+    assert [a.kind for a in decide(4.9, STEADY, [j], P, memo)] == []
+    assert [a.kind for a in decide(5.0, STEADY, [j], P, memo)] == ["readdress"]
+    j2 = jv("t", rung="readdress", rung_since=5.0, hops=1)
+    assert [a.kind for a in decide(35.0, STEADY, [j2], P, memo)] == ["reclaim"]
+    nohops = validate({"rungs": {"readdress": {"max_hops": 0}}})
+    assert [a.kind for a in decide(5.0, STEADY, [j], nohops, Memo())] == ["reclaim"]
+
+
+def test_recovery_waits_for_calm_and_thaws_highest_value_first() -> None:
+    memo = Memo()
+    jobs = [jv("t1", prio=60, rung="suspend", rung_since=0.0), jv("t2", prio=10, rung="suspend", rung_since=0.0)]
+    decide(1.0, HIGH, jobs, P, memo, usage=0.9)
+    assert decide(2.0, NONE, jobs, P, memo) == []           # calm for 1 s < hold_s 2 s
+    acts = decide(3.0, NONE, jobs, P, memo)
+    assert [(a.kind, a.job_id) for a in acts] == [("recover", "t1")]
+    assert decide(3.5, NONE, jobs[1:], P, memo) == []       # one per step_s
+    assert [a.job_id for a in decide(4.0, NONE, jobs[1:], P, memo)] == ["t2"]
+
+
+def test_no_flapping_in_the_band() -> None:
+    memo = Memo()
+    jobs = [jv("t", rung="suspend", rung_since=0.0)]
+    decide(1.0, HIGH, jobs, P, memo, usage=0.9)
+    for t in range(2, 5):
+        assert not [a for a in decide(float(t), STEADY, jobs, P, memo) if a.kind == "recover"]
+
+
+def test_oom_score_adj_mirrors_order() -> None:
+    lr = ladder.oom_score_adj("long-resident", 0)
+    st_ = ladder.oom_score_adj("standard", 0)
+    tr = ladder.oom_score_adj("transient", 100)
+    assert 0 <= lr < st_ < tr <= 1000
+    assert ladder.oom_score_adj("transient", 0) == 1000
+    assert ladder.oom_score_adj("transient", 90) < ladder.oom_score_adj("transient", 10)
