@@ -1,0 +1,206 @@
+"""Zone membership: who the peers are (from the config) and who is alive (from traffic).
+
+The config lists every node of the cluster the agent may talk to (``[[zone.nodes]]``): node
+id, zone id, UDP address, TCP hand-over port, pool and owner. Nothing is discovered: a node
+that is not listed is dropped at the door (``unknown_node``).
+
+Liveness is learnt from traffic. Any authenticated datagram from a node marks it seen; each
+probe or commit it fails to answer counts a miss. A node with :data:`MAX_MISSES` misses and no
+traffic since is *suspect* and is not probed until it is heard from again (heartbeats and
+summaries keep quiet nodes heard). Nodes never heard from are probed optimistically: at start
+the whole zone is unknown, and a probe is how one finds out.
+
+Example::
+
+    >>> m = Membership(self_node=1, members=[Member(1, 1, "10.0.0.1", 7440), Member(2, 1, "10.0.0.2", 7440)])
+    >>> m.zone_members(1, alive_only=True, now=0.0)
+    [2]
+    >>> for _ in range(MAX_MISSES): m.missed(2, now=1.0)
+    >>> m.zone_members(1, alive_only=True, now=1.0)
+    []
+    >>> m.seen(2, now=2.0); m.zone_members(1, alive_only=True, now=2.0)
+    [2]
+"""
+
+from __future__ import annotations
+
+import ipaddress
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+MAX_MISSES = 3
+
+
+class MembershipError(ValueError):
+    """A node list from the config that cannot be used; the message names the entry."""
+
+
+@dataclass(frozen=True)
+class Member:
+    """One node of the cluster, as configured."""
+
+    node: int
+    zone: int
+    addr: str
+    port: int
+    handover_port: int = 0
+    pool: str = ""
+    owner: str = ""
+
+
+@dataclass
+class PeerState:
+    last_seen: float = -1.0  # wall clock of the last authenticated datagram; -1: never
+    misses: int = 0
+    rx: int = 0
+    tx: int = 0
+    last_summary: Any = None  # laminar.zone.placement.NodeCapacity (its residual)
+    summary_at: float = -1.0
+
+
+@dataclass
+class Membership:
+    """The configured members and their liveness. ``self_node`` is this agent's node id."""
+
+    self_node: int
+    members: Iterable[Member]
+    by_node: dict[int, Member] = field(init=False)
+    by_zone: dict[int, list[int]] = field(init=False)
+    state: dict[int, PeerState] = field(init=False)
+    by_addr: dict[tuple[str, int], int] = field(init=False)
+    by_pool: dict[tuple[int, str], list[int]] = field(init=False)
+    suspects: set[int] = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.by_node = {}
+        self.by_zone = {}
+        self.by_addr = {}
+        self.by_pool = {}
+        self.suspects = set()
+        for m in self.members:
+            if m.node in self.by_node:
+                raise MembershipError(f"zone.nodes: node id {m.node} listed twice")
+            self.by_node[m.node] = m
+            self.by_zone.setdefault(m.zone, []).append(m.node)
+            self.by_addr[(m.addr, m.port)] = m.node
+            if m.pool:
+                self.by_pool.setdefault((m.zone, m.pool), []).append(m.node)
+        for z in (*self.by_zone.values(), *self.by_pool.values()):
+            z.sort()
+        self.members = list(self.by_node.values())
+        self.state = {n: PeerState() for n in self.by_node}
+
+    @property
+    def zone(self) -> int:
+        """This node's zone."""
+        return self.by_node[self.self_node].zone
+
+    def zone_of(self) -> dict[int, int]:
+        """node id -> zone id for every member (what the wire decoder needs)."""
+        return {n: m.zone for n, m in self.by_node.items()}
+
+    def zones(self) -> list[int]:
+        return sorted(self.by_zone)
+
+    def seen(self, node: int, now: float) -> None:
+        """An authenticated datagram came from ``node``."""
+        st = self.state.get(node)
+        if st is not None:
+            st.last_seen = now
+            st.misses = 0
+            st.rx += 1
+            self.suspects.discard(node)
+
+    def missed(self, node: int, now: float) -> None:
+        """``node`` did not answer a request in time."""
+        st = self.state.get(node)
+        if st is not None:
+            st.misses += 1
+            if st.misses >= MAX_MISSES:
+                self.suspects.add(node)
+
+    def alive(self, node: int, now: float) -> bool:
+        """False only for a suspect node: :data:`MAX_MISSES` misses and no traffic since."""
+        st = self.state.get(node)
+        return st is not None and st.misses < MAX_MISSES
+
+    def zone_list(self, zone: int) -> list[int]:
+        """Every node id of ``zone``, sorted (shared: do not modify). O(1)."""
+        return self.by_zone.get(zone, [])
+
+    def pool_list(self, zone: int, pool: str) -> list[int]:
+        """Node ids of ``zone`` in ``pool``, sorted (shared: do not modify). O(1)."""
+        return self.by_pool.get((zone, pool), [])
+
+    def zone_members(self, zone: int, *, alive_only: bool, now: float, include_self: bool = False) -> list[int]:
+        """Node ids of ``zone`` (sorted), without this node unless ``include_self``."""
+        out = []
+        for n in self.by_zone.get(zone, ()):
+            if n == self.self_node and not include_self:
+                continue
+            if alive_only and not self.alive(n, now):
+                continue
+            out.append(n)
+        return out
+
+    def peers(self, now: float) -> list[dict[str, Any]]:
+        """One row per member for ``laminarctl zone peers``."""
+        rows = []
+        for n, m in sorted(self.by_node.items()):
+            st = self.state[n]
+            rows.append(
+                {
+                    "node": n,
+                    "zone": m.zone,
+                    "addr": f"{m.addr}:{m.port}",
+                    "pool": m.pool,
+                    "owner": m.owner,
+                    "self": n == self.self_node,
+                    "alive": n == self.self_node or self.alive(n, now),
+                    "last_seen_s": round(now - st.last_seen, 3) if st.last_seen >= 0 else None,
+                    "misses": st.misses,
+                    "rx": st.rx,
+                    "tx": st.tx,
+                }
+            )
+        return rows
+
+
+def members_from_config(rows: Iterable[Mapping[str, Any]], default_port: int, default_handover_port: int) -> list[Member]:
+    """Parse ``[[zone.nodes]]`` tables: ``id`` (int), ``zone`` (int), ``addr`` ("IP" or "IP:PORT"),
+    optional ``handover_port``, ``pool``, ``owner``. Raises :class:`MembershipError` naming the
+    entry and the field that is wrong."""
+    out = []
+    for i, row in enumerate(rows):
+        where = f"zone.nodes[{i}]"
+        if not isinstance(row, Mapping):
+            raise MembershipError(f"{where}: must be a table with id, zone, addr; got {row!r}")
+        unknown = set(row) - {"id", "zone", "addr", "handover_port", "pool", "owner"}
+        if unknown:
+            raise MembershipError(f"{where}: unknown keys {sorted(unknown)}; allowed: id, zone, addr, handover_port, pool, owner")
+        node, zone, addr = row.get("id"), row.get("zone"), row.get("addr")
+        if not isinstance(node, int) or isinstance(node, bool) or not 0 < node < 2**32:
+            raise MembershipError(f"{where}: id {node!r} must be an integer in 1..2^32-1")
+        if not isinstance(zone, int) or isinstance(zone, bool) or not 0 <= zone < 2**16:
+            raise MembershipError(f"{where}: zone {zone!r} must be an integer in 0..65535")
+        if not isinstance(addr, str):
+            raise MembershipError(f"{where}: addr {addr!r} must be a string 'IP' or 'IP:PORT'")
+        host, port = addr, default_port
+        if addr.count(":") == 1:
+            host, _, p = addr.partition(":")
+            if not p.isdigit() or not 0 < int(p) < 65536:
+                raise MembershipError(f"{where}: addr {addr!r}: port must be 1..65535")
+            port = int(p)
+        try:
+            ipaddress.ip_address(host)
+        except ValueError:
+            raise MembershipError(f"{where}: addr {addr!r}: {host!r} is not an IP address") from None
+        hp = row.get("handover_port", default_handover_port)
+        if not isinstance(hp, int) or not 0 < hp < 65536:
+            raise MembershipError(f"{where}: handover_port {hp!r} must be 1..65535")
+        pool, owner = row.get("pool", ""), row.get("owner", "")
+        if not isinstance(pool, str) or not isinstance(owner, str) or len(pool.encode()) > 32:
+            raise MembershipError(f"{where}: pool and owner must be strings (pool at most 32 bytes)")
+        out.append(Member(node, zone, host, port, hp, pool, owner))
+    return out

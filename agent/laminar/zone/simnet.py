@@ -1,0 +1,238 @@
+"""SimNet: a simulated zone transport (a FAKE network) for clusters this machine cannot hold.
+
+A 100,000-node zone cannot exist on a 2-core VM, so the placement benchmark runs the real
+policy and the real node and submitter code (:class:`laminar.zone.component.Arbiter`,
+:class:`laminar.zone.component.Submitter`, :mod:`laminar.zone.placement`) over this in-process
+transport instead of sockets. Each message is still encoded, signed, checked and decoded by
+:mod:`laminar.zone.wire` (``use_wire=True``), so its CPU cost is the agent's; delivery is instant
+and lossless, and every message is counted.
+
+Only the network is fake. What it cannot show (latency, loss, a dead peer) the netns cluster
+tests and ``bench/placement.py``'s netns part measure on real sockets.
+
+Example::
+
+    >>> import asyncio, random
+    >>> from laminar.zone import placement as pl
+    >>> net = SimNet.build(nodes=50, zone_size=25, gpus_per_node=8, rng=random.Random(1))
+    >>> res = asyncio.run(net.place(pl.Demand(gpus=1, cpus=4, memory_mb=8000)))
+    >>> res.outcome, net.messages <= 2 * 2 + 2 + 1 + 2
+    ('placed', True)
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any
+
+from laminar.zone import placement as pl
+from laminar.zone import wire
+from laminar.zone.component import (
+    HANDOVER_NO_RESERVATION,
+    HANDOVER_OK,
+    Arbiter,
+    PlacementResult,
+    Submitter,
+    zone_summary_to_msg,
+)
+from laminar.zone.keys import ZoneKeys
+from laminar.zone.membership import Member, Membership
+
+SIM_KEY = ZoneKeys({-1: b"simulated-zone-key-32-bytes-long"}, "simnet (fake)")
+
+
+@dataclass
+class SimNet:
+    """A fake cluster: one :class:`Arbiter` per node, one submitter node, instant delivery."""
+
+    arbiters: dict[int, Arbiter]
+    membership: Membership
+    rng: random.Random
+    submitter_node: int
+    use_wire: bool = True
+    clock_s: float = 1_700_000_000.0
+    messages: int = 0
+    by_type: Counter[str] = field(default_factory=Counter)
+    zone_summaries: dict[int, pl.ZoneSummary] = field(default_factory=dict)
+    _fits_cache: dict[tuple[Any, ...], dict[int, float]] = field(default_factory=dict)
+    _encoders: dict[int, wire.Encoder] = field(default_factory=dict)
+    _decoders: dict[int, wire.Decoder] = field(default_factory=dict)
+    _waiting: dict[int, asyncio.Queue[tuple[int, wire.Body]]] = field(default_factory=dict)
+
+    @classmethod
+    def build(
+        cls,
+        nodes: int,
+        zone_size: int,
+        gpus_per_node: int = 8,
+        rng: random.Random | None = None,
+        fill: float = 0.5,
+        use_wire: bool = True,
+    ) -> SimNet:
+        """``nodes`` fake nodes in zones of ``zone_size``, each GPU already ``fill`` used on
+        average (idle, half or fully used GPUs drawn at random), 64 CPUs and 512 GB."""
+        rng = rng or random.Random(0)
+        members = [Member(n, 1 + (n - 1) // zone_size, f"10.{n >> 16}.{(n >> 8) & 255}.{n & 255}", 7440, 7441)
+                   for n in range(1, nodes + 1)]
+        arbiters = {}
+        for m in members:
+            gpus = tuple(rng.choices((1.0, 0.5, 0.0), weights=(1 - fill, fill * 0.4, fill * 0.8))[0]
+                         for _ in range(gpus_per_node))
+            inv = pl.NodeCapacity(m.node, m.zone, gpus, 64.0, 512_000, "H100")
+            arbiters[m.node] = Arbiter(inv, lease_s=2.0, hold_s=30.0)
+        membership = Membership(self_node=1, members=members)
+        net = cls(arbiters, membership, rng, submitter_node=1, use_wire=use_wire)
+        net.refresh_summaries()
+        return net
+
+    # -- the fake network -------------------------------------------------------------------
+
+    def now(self) -> float:
+        return self.clock_s
+
+    def _carry(self, src: int, dst: int, body: wire.Body) -> wire.Body:
+        """Count one message; with ``wire``, encode it as ``src`` and decode it as ``dst``."""
+        self.messages += 1
+        self.by_type[type(body).__name__] += 1
+        if not self.use_wire:
+            return body
+        enc = self._encoders.get(src)
+        if enc is None:
+            enc = self._encoders[src] = wire.Encoder(src, SIM_KEY, seq0=1)
+        dec = self._decoders.get(dst)
+        if dec is None:
+            dec = self._decoders[dst] = wire.Decoder(SIM_KEY, _AnyNode(), max_size=wire.MAX_FRAME)
+        zone = self.membership.by_node[dst].zone
+        return dec.decode(enc.encode(body, zone, self.clock_s, max_size=wire.MAX_FRAME), self.clock_s).body
+
+    # -- Transport (for the submitter) -------------------------------------------------------
+
+    def send(self, node: int, body: wire.Body) -> None:
+        a = self.arbiters.get(node)
+        if a is None:
+            return
+        got = self._carry(self.submitter_node, node, body)
+        reply: wire.Body | None = None
+        if isinstance(got, wire.Probe):
+            reply = a.on_probe(got, self.clock_s)
+        elif isinstance(got, wire.Commit):
+            reply = a.on_commit(got, self.clock_s, 7441)
+        elif isinstance(got, wire.Release):
+            a.on_release(got, self.clock_s)
+        if reply is not None:
+            back = self._carry(node, self.submitter_node, reply)
+            self.membership.seen(node, self.clock_s)
+            assert isinstance(back, wire.Offer | wire.Refuse | wire.CommitAck)
+            if not self._router_route(node, back) and isinstance(back, wire.Offer):
+                self.send(node, wire.Release(back.placement_id))
+
+    def _router_route(self, node: int, body: wire.Offer | wire.Refuse | wire.CommitAck) -> bool:
+        q = self._waiting.get(body.placement_id)
+        if q is None:
+            return False
+        q.put_nowait((node, body))
+        return True
+
+    def expect(self, placement_id: int) -> asyncio.Queue[tuple[int, wire.Body]]:
+        q: asyncio.Queue[tuple[int, wire.Body]] = asyncio.Queue()
+        self._waiting[placement_id] = q
+        return q
+
+    def forget(self, placement_id: int) -> None:
+        self._waiting.pop(placement_id, None)
+
+    async def handover(self, node: int, port: int, body: wire.Handover, timeout_s: float) -> wire.HandoverAck:
+        got = self._carry(self.submitter_node, node, body)
+        assert isinstance(got, wire.Handover)
+        p = self.arbiters[node].bind(got.placement_id, self.clock_s, self.submitter_node)
+        if p is None:
+            ack = wire.HandoverAck(got.placement_id, HANDOVER_NO_RESERVATION, "no committed reservation")
+        else:
+            p.job_id = p.job_id or f"sim-{got.placement_id:x}"
+            ack = wire.HandoverAck(got.placement_id, HANDOVER_OK, p.job_id)
+        back = self._carry(node, self.submitter_node, ack)
+        assert isinstance(back, wire.HandoverAck)
+        return back
+
+    # -- zone summaries ------------------------------------------------------------------------
+
+    def refresh_summaries(self) -> None:
+        """Recompute every zone's summary from its nodes' residual capacity, as the agents'
+        summary traffic would (its cost is the background rate, not part of a placement)."""
+        by_zone: dict[int, list[pl.NodeCapacity]] = {}
+        for n, a in self.arbiters.items():
+            by_zone.setdefault(self.membership.by_node[n].zone, []).append(a.view(self.clock_s))
+        self.zone_summaries = {z: pl.summarize_zone(z, caps, self.clock_s) for z, caps in by_zone.items()}
+        # what a zone-summary datagram would carry must fit one datagram
+        for s in self.zone_summaries.values():
+            wire.Encoder(0, SIM_KEY, seq0=1).encode(zone_summary_to_msg(s), 1, self.clock_s)
+        self._fits_cache.clear()
+
+    def zone_fits(self, demand: pl.Demand) -> dict[int, float]:
+        """Fit per zone for ``demand``, cached until the summaries change (as the agent does)."""
+        key = (demand.gpus, demand.cpus, demand.memory_mb, demand.gpu_model)
+        f = self._fits_cache.get(key)
+        if f is None:
+            f = {z: pl.zone_fit(s, demand) for z, s in self.zone_summaries.items()}
+            self._fits_cache[key] = f
+        return f
+
+    # -- placing ------------------------------------------------------------------------------
+
+    def submitter(self, policy: pl.RetryPolicy | None = None) -> Submitter:
+        async def no_sleep(s: float) -> None:
+            self.clock_s += s
+
+        return Submitter(
+            self, self.membership, self.zone_fits, rng=self.rng, policy=policy,
+            probe_timeout_s=0.05, max_rounds=1, clock=self.now, sleep=no_sleep,
+        )
+
+    async def place(self, demand: pl.Demand, spec: dict[str, Any] | None = None,
+                    submitter: Submitter | None = None) -> PlacementResult:
+        s = submitter or self.submitter()
+        return await s.place(demand, spec or {"name": "sim"})
+
+
+class _AnyNode(dict[int, int]):
+    """Membership lookup for the fake network's decoders: every node id is known."""
+
+    def __contains__(self, key: object) -> bool:
+        return True
+
+
+def run_placements(net: SimNet, demands: list[pl.Demand], keep_running: int,
+                   refresh_every: int = 50) -> tuple[list[PlacementResult], float, int]:
+    """Place ``demands`` one after another; jobs finish FIFO once more than ``keep_running``
+    run (a steady state). Returns the results, the CPU seconds spent placing (summary
+    refreshes excluded) and the messages sent while placing."""
+    sub = net.submitter()
+    running: list[tuple[int, int]] = []
+    results = []
+    cpu = 0.0
+    msgs = 0
+
+    async def go() -> None:
+        nonlocal cpu, msgs
+        for i, d in enumerate(demands):
+            if i and i % refresh_every == 0:
+                net.refresh_summaries()
+            m0 = net.messages
+            c0 = time.process_time()
+            r = await sub.place(d, {"name": f"sim-{i}"})
+            cpu += time.process_time() - c0
+            msgs += net.messages - m0
+            results.append(r)
+            net.clock_s += 0.001
+            if r.outcome == "placed" and r.node is not None:
+                running.append((r.node, r.placement_id))
+            while len(running) > keep_running:
+                node, pid = running.pop(0)
+                net.arbiters[node].finish(pid)
+
+    asyncio.run(go())
+    return results, cpu, msgs

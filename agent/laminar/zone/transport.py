@@ -1,0 +1,256 @@
+"""How zone messages travel: the interface the submitter uses, and the real UDP/TCP mechanism.
+
+:class:`Transport` is what :class:`laminar.zone.component.Submitter` needs: send a message to a
+node, receive the answers of one placement in arrival order, hand a job over. The agent uses
+:class:`UdpEndpoint` (one UDP socket, datagrams signed and checked by
+:mod:`laminar.zone.wire`) plus :func:`handover` / :class:`HandoverServer` (TCP, the same signed
+envelope behind a length prefix). The benchmark uses :class:`laminar.zone.simnet.SimNet`.
+
+Answers are routed by placement id (:class:`Router`): an offer that arrives for a placement
+nobody waits for any more (it came after the submitter bound another) is answered with a
+release at once, so late offers never hold capacity longer than one round trip.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Awaitable, Callable
+from typing import Protocol
+
+from laminar.zone import wire
+from laminar.zone.membership import Membership
+
+log = logging.getLogger("laminar.zone.transport")
+
+ANSWER_QUEUE_MAX = 256  # answers buffered per placement: d is at most 255
+
+
+class HandoverError(Exception):
+    """A hand-over got no answer. ``delivered`` is False when the job spec surely did not
+    reach the node (connection refused or reset before the frame was written), True when it
+    may have (the node then may be running the job)."""
+
+    def __init__(self, message: str, delivered: bool) -> None:
+        super().__init__(message)
+        self.delivered = delivered
+
+
+class Transport(Protocol):
+    def send(self, node: int, body: wire.Body) -> None:
+        """Send ``body`` to ``node``; fire and forget (a loss costs a timeout)."""
+
+    def expect(self, placement_id: int) -> asyncio.Queue[tuple[int, wire.Body]]:
+        """Start routing answers (offer, refuse, commit-ack) for ``placement_id`` to a queue."""
+
+    def forget(self, placement_id: int) -> None:
+        """Stop routing; later offers for it get released."""
+
+    async def handover(self, node: int, port: int, body: wire.Handover, timeout_s: float) -> wire.HandoverAck:
+        """Hand the job over; raises :class:`HandoverError` without an answer."""
+
+
+class Router:
+    """Answers by placement id, for any transport."""
+
+    def __init__(self) -> None:
+        self.waiting: dict[int, asyncio.Queue[tuple[int, wire.Body]]] = {}
+        self.late_offers = 0
+
+    def expect(self, placement_id: int) -> asyncio.Queue[tuple[int, wire.Body]]:
+        q: asyncio.Queue[tuple[int, wire.Body]] = asyncio.Queue(ANSWER_QUEUE_MAX)
+        self.waiting[placement_id] = q
+        return q
+
+    def forget(self, placement_id: int) -> None:
+        self.waiting.pop(placement_id, None)
+
+    def route(self, node: int, body: wire.Offer | wire.Refuse | wire.CommitAck) -> bool:
+        """Queue an answer for its placement; False when nobody waits (the caller releases a
+        late offer)."""
+        q = self.waiting.get(body.placement_id)
+        if q is None:
+            if isinstance(body, wire.Offer):
+                self.late_offers += 1
+            return False
+        try:
+            q.put_nowait((node, body))
+        except asyncio.QueueFull:
+            return True
+        return True
+
+
+class UdpEndpoint(asyncio.DatagramProtocol):
+    """The agent's UDP socket: decodes every datagram and hands good ones to ``on_message``.
+
+    ``on_message(msg, addr)`` runs synchronously in the loop; it must not block. Drops are
+    counted by the decoder (``decoder.stats()``). Send errors (a peer's host down: ICMP
+    unreachable) are counted, never raised.
+    """
+
+    def __init__(
+        self,
+        membership: Membership,
+        encoder: wire.Encoder,
+        decoder: wire.Decoder,
+        on_message: Callable[[wire.Message, tuple[str, int]], None],
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.m = membership
+        self.enc = encoder
+        self.dec = decoder
+        self.on_message = on_message
+        self.clock = clock
+        self.transport: asyncio.DatagramTransport | None = None
+        self.sent = 0
+        self.received = 0
+        self.send_errors = 0
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        assert isinstance(transport, asyncio.DatagramTransport)
+        self.transport = transport
+
+    def datagram_received(self, data: bytes, addr: tuple[str, int]) -> None:
+        self.received += 1
+        now = self.clock()
+        try:
+            msg = self.dec.decode(data, now)
+        except wire.Dropped as e:
+            if log.isEnabledFor(logging.DEBUG):
+                log.debug("dropped datagram from %s: %s", addr, e)
+            return
+        self.m.seen(msg.node, now)
+        try:
+            self.on_message(msg, addr)
+        except Exception:  # a handler bug must not take the endpoint down
+            log.exception("handling %s from node %d failed", msg.type.name, msg.node)
+
+    def error_received(self, exc: Exception) -> None:
+        self.send_errors += 1
+
+    def send(self, node: int, body: wire.Body, flags: int = 0) -> None:
+        m = self.m.by_node.get(node)
+        if m is None or self.transport is None:
+            return
+        self.send_to(m.zone, (m.addr, m.port), body, flags)
+        self.m.state[node].tx += 1
+
+    def send_to(self, zone: int, addr: tuple[str, int], body: wire.Body, flags: int = 0) -> None:
+        """Send ``body`` signed with ``zone``'s key to ``addr``."""
+        if self.transport is None:
+            return
+        try:
+            data = self.enc.encode(body, zone, self.clock(), flags)
+            self.transport.sendto(data, addr)
+            self.sent += 1
+        except (OSError, ValueError) as e:
+            self.send_errors += 1
+            log.debug("send to %s failed: %s", addr, e)
+
+
+# --------------------------------------------------------------------------- TCP hand-over
+
+
+async def _read_frame(reader: asyncio.StreamReader, max_size: int) -> bytes:
+    prefix = await reader.readexactly(4)
+    n = wire.frame_length(prefix)
+    if n > max_size:
+        raise ValueError(f"frame of {n} bytes exceeds {max_size}")
+    return await reader.readexactly(n)
+
+
+async def handover(
+    encoder: wire.Encoder,
+    decoder: wire.Decoder,
+    zone: int,
+    addr: str,
+    port: int,
+    body: wire.Handover,
+    timeout_s: float,
+    clock: Callable[[], float] = time.time,
+) -> wire.HandoverAck:
+    """Send one hand-over frame to ``addr:port`` and wait for its authenticated ack.
+
+    Raises :class:`HandoverError` (``delivered`` False when the connection failed before the
+    frame was written, True afterwards)."""
+    data = wire.frame(encoder.encode(body, zone, clock(), max_size=wire.MAX_FRAME))
+    try:
+        reader, writer = await asyncio.wait_for(asyncio.open_connection(addr, port), timeout_s)
+    except (OSError, TimeoutError) as e:
+        raise HandoverError(f"connect {addr}:{port}: {e}", delivered=False) from None
+    try:
+        try:
+            writer.write(data)
+            await asyncio.wait_for(writer.drain(), timeout_s)
+        except (OSError, TimeoutError) as e:
+            raise HandoverError(f"send to {addr}:{port}: {e}", delivered=False) from None
+        try:
+            raw = await asyncio.wait_for(_read_frame(reader, 64 * 1024), timeout_s)
+            msg = decoder.decode(raw, clock())
+        except (OSError, TimeoutError, asyncio.IncompleteReadError, ValueError, wire.Dropped) as e:
+            raise HandoverError(f"no valid answer from {addr}:{port}: {e}", delivered=True) from None
+        if not isinstance(msg.body, wire.HandoverAck) or msg.body.placement_id != body.placement_id:
+            raise HandoverError(f"unexpected answer from {addr}:{port}: {msg.type.name}", delivered=True)
+        return msg.body
+    finally:
+        writer.close()
+        try:
+            await writer.wait_closed()
+        except OSError:
+            pass
+
+
+class HandoverServer:
+    """The TCP end of hand-overs: one frame in, one ack out, per connection.
+
+    ``on_handover(msg)`` returns the ack body; frames that fail the wire checks are counted by
+    the decoder and the connection is closed without an answer.
+    """
+
+    def __init__(
+        self,
+        encoder: wire.Encoder,
+        decoder: wire.Decoder,
+        zone_of: Callable[[int], int | None],
+        on_handover: Callable[[wire.Message], Awaitable[wire.HandoverAck]],
+        clock: Callable[[], float] = time.time,
+        timeout_s: float = 10.0,
+    ) -> None:
+        self.enc = encoder
+        self.dec = decoder
+        self.zone_of = zone_of
+        self.on_handover = on_handover
+        self.clock = clock
+        self.timeout_s = timeout_s
+        self.server: asyncio.AbstractServer | None = None
+        self.connections = 0
+
+    async def start(self, host: str, port: int) -> None:
+        self.server = await asyncio.start_server(self._serve, host, port, reuse_address=True)
+
+    async def stop(self) -> None:
+        if self.server is not None:
+            self.server.close()
+            await self.server.wait_closed()
+            self.server = None
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self.connections += 1
+        try:
+            raw = await asyncio.wait_for(_read_frame(reader, wire.MAX_FRAME), self.timeout_s)
+            msg = self.dec.decode(raw, self.clock())
+            if not isinstance(msg.body, wire.Handover):
+                return
+            ack = await self.on_handover(msg)
+            zone = self.zone_of(msg.node)
+            if zone is None:
+                return
+            writer.write(wire.frame(self.enc.encode(ack, zone, self.clock(), max_size=wire.MAX_FRAME)))
+            await asyncio.wait_for(writer.drain(), self.timeout_s)
+        except (OSError, TimeoutError, asyncio.IncompleteReadError, ValueError, wire.Dropped):
+            return
+        except Exception:
+            log.exception("hand-over failed")
+        finally:
+            writer.close()
