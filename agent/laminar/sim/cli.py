@@ -1,0 +1,145 @@
+"""``laminarctl sim``: run the simulator locally (no agent needed).
+
+    laminarctl sim --trace PATH --policy NAME [--seed N] [--nodes PATH] [-o json]
+
+``--trace`` is one of: an ``openb_pod_list_*.csv`` (nodes from ``--nodes``, by default the
+``openb_node_list_gpu_node.csv`` beside it), a Pollux ``workload-N.csv`` (a 16 x 4-GPU
+training pool), or a directory holding ``openb_pod_list_default.csv``. The openb pod list is a
+snapshot, not a load, so its jobs are re-timed to ``--load`` of the training pool
+(:func:`laminar.sim.trace.rescale_arrivals`). An inference pool of the same size as the
+training pool, with a diurnal load, is added unless ``--inference-nodes 0``. Exit codes: 0 ok,
+2 bad input (the message names the file, line and problem).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+from laminar.sim.engine import POLICIES, SimConfig, SimResult, simulate
+from laminar.sim.trace import (
+    JobSpec,
+    NodeSpec,
+    TraceError,
+    check_fit,
+    default_data_dir,
+    read_openb_nodes,
+    read_openb_pods,
+    read_pollux_workload,
+    rescale_arrivals,
+    with_elasticity,
+)
+
+
+def build_scenario(
+    trace: Path,
+    nodes_path: Path | None = None,
+    load: float = 0.9,
+    inference_nodes: int | None = None,
+    elastic_fraction: float = 0.5,
+    seed: int = 0,
+    max_jobs: int | None = None,
+    train_scale: float = 0.1,
+    max_duration_s: float = 172_800.0,
+) -> tuple[list[JobSpec], list[NodeSpec]]:
+    """Jobs and nodes (training pool + inference pool) for a trace path; see the module docs.
+
+    openb: the training pool is every ``1/train_scale``-th GPU node of the node list (a
+    ``train_scale`` fraction of the cluster), the inference pool that many 8-GPU servers.
+    Pods still running at the snapshot's end carry the snapshot's end as their deletion time,
+    so their durations are censored, not measured: durations are capped at ``max_duration_s``.
+    """
+    if trace.is_dir():
+        trace = trace / "openb_pod_list_default.csv"
+    if trace.name.startswith("workload-"):
+        jobs = read_pollux_workload(trace)
+        training = [NodeSpec(f"train-{i:02d}", 4, 64.0, 262_144, "V100", "training") for i in range(16)]
+        n_inf = 16 if inference_nodes is None else inference_nodes
+        inference = [NodeSpec(f"infer-{i:02d}", 4, 64.0, 262_144, "V100", "inference") for i in range(n_inf)]
+    else:
+        pods = read_openb_pods(trace)
+        npath = nodes_path or trace.parent / "openb_node_list_gpu_node.csv"
+        all_nodes = read_openb_nodes(npath)
+        check_fit([p for p in pods if p.scheduled], all_nodes, npath)
+        step = max(1, round(1 / train_scale))
+        training = [n for i, n in enumerate(all_nodes) if i % step == 0]
+        check_fit([p for p in pods if p.scheduled and p.duration > 0], training, f"{npath.name} (1 in {step})")
+        gpus = sum(n.gpus for n in training)
+        jobs = [replace(p, duration=min(p.duration, max_duration_s)) for p in pods if p.scheduled and p.duration > 0]
+        jobs = rescale_arrivals(jobs, gpus, load, seed)
+        n_inf = max(1, gpus // 8) if inference_nodes is None else inference_nodes
+        inference = [NodeSpec(f"infer-{i:04d}", 8, 96.0, 786_432, "G2", "inference") for i in range(n_inf)]
+    if max_jobs is not None:
+        jobs = sorted(jobs, key=lambda j: j.arrival)[:max_jobs]
+    jobs = with_elasticity(jobs, elastic_fraction, 2, seed)
+    if nodes_path is not None and trace.name.startswith("workload-"):
+        training = read_openb_nodes(nodes_path)
+    check_fit(jobs, training + inference, "cluster")
+    return jobs, training + inference
+
+
+def add_parser(subparsers: Any, parents: list[argparse.ArgumentParser] | None = None) -> argparse.ArgumentParser:
+    """Add the ``sim`` subcommand to an argparse ``subparsers``; returns its parser.
+
+    ``parents`` (laminarctl's common options) must provide ``-o/--output`` when given.
+    """
+    p = subparsers.add_parser("sim", help="run the trace-driven simulator locally", description=__doc__,
+                              formatter_class=argparse.RawDescriptionHelpFormatter, parents=parents or [])
+    p.add_argument("--trace", type=Path, default=default_data_dir(), help="trace file or data directory")
+    p.add_argument("--nodes", type=Path, default=None, help="node list (openb_node_list_*.csv)")
+    p.add_argument("--policy", choices=sorted(POLICIES), default="laminar")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--load", type=float, default=0.9, help="offered load on the training pool (openb)")
+    p.add_argument("--inference-nodes", type=int, default=None, help="inference servers (default: as training)")
+    p.add_argument("--elastic-fraction", type=float, default=0.5)
+    p.add_argument("--max-jobs", type=int, default=None)
+    p.add_argument("--progress", action="store_true", help="progress lines on stderr")
+    if not parents:
+        p.add_argument("-o", "--output", choices=("table", "json"), default="table")
+    p.set_defaults(func=run)
+    return p
+
+
+def run(args: argparse.Namespace) -> int:
+    """Run the ``sim`` subcommand; returns the exit code."""
+    try:
+        jobs, nodes = build_scenario(
+            args.trace, args.nodes, args.load, args.inference_nodes, args.elastic_fraction, args.seed, args.max_jobs
+        )
+    except TraceError as e:
+        print(f"laminarctl sim: {e}", file=sys.stderr)
+        return 2
+    except ValueError as e:
+        print(f"laminarctl sim: {e}", file=sys.stderr)
+        return 2
+    cfg = replace(SimConfig(), seed=args.seed, progress=args.progress)
+    res = simulate(jobs, nodes, args.policy, cfg)
+    emit(res, getattr(args, "output", "table"))
+    return 0
+
+
+def emit(res: SimResult, fmt: str) -> None:
+    s = res.summary()
+    if fmt == "json":
+        print(json.dumps(s, indent=2))
+        return
+    width = max(len(k) for k in s)
+    for k, v in s.items():
+        print(f"{k:<{width}}  {v}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Stand-alone entry: ``python -m laminar.sim.cli --trace ...``."""
+    ap = argparse.ArgumentParser(prog="laminar-sim")
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    add_parser(sub)
+    args = ap.parse_args(["sim", *(argv if argv is not None else sys.argv[1:])])
+    return int(args.func(args))
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,102 @@
+"""Loaned-server return choice (laminar.zone.loaning) against brute force on small instances."""
+
+from __future__ import annotations
+
+import itertools
+import random
+
+import pytest
+
+from laminar.zone.loaning import (
+    LoanedJob,
+    choose_servers_to_return,
+    plan_return,
+    preemption_cost,
+)
+
+
+def brute_cost(jobs: list[LoanedJob], servers: list[str], k: int) -> float:
+    return min(preemption_cost(jobs, c) for c in itertools.combinations(servers, k))
+
+
+def random_instance(rng: random.Random, n_servers: int, n_jobs: int, rigid_single: bool = False):
+    servers = [f"s{i}" for i in range(n_servers)]
+    jobs = []
+    for i in range(n_jobs):
+        if rigid_single:
+            on = {rng.choice(servers): rng.randint(1, 2)}
+            w = sum(on.values())
+            jobs.append(LoanedJob(f"j{i}", w, w, 1, rng.uniform(1, 50), on))
+            continue
+        span = rng.sample(servers, rng.randint(1, min(3, n_servers)))
+        on = {s: rng.randint(1, 2) for s in span}
+        w = sum(on.values()) + rng.randint(0, 2)  # some workers on servers not up for return
+        mn = rng.randint(1, w)
+        jobs.append(LoanedJob(f"j{i}", w, mn, rng.choice([0.5, 1, 2]), rng.uniform(1, 50), on))
+    return servers, jobs
+
+
+@pytest.mark.parametrize("seed", range(150))
+def test_exact_choice_matches_brute_force(seed: int) -> None:
+    rng = random.Random(seed)
+    servers, jobs = random_instance(rng, rng.randint(1, 7), rng.randint(0, 8))
+    k = rng.randint(0, len(servers))
+    chosen = choose_servers_to_return(jobs, servers, k)
+    assert len(chosen) == k and len(set(chosen)) == k and set(chosen) <= set(servers)
+    assert preemption_cost(jobs, chosen) == pytest.approx(brute_cost(jobs, servers, k))
+
+
+@pytest.mark.parametrize("seed", range(100))
+def test_greedy_is_optimal_when_jobs_are_rigid_and_on_one_server(seed: int) -> None:
+    """Costs are then independent per server, so the greedy order is optimal."""
+    rng = random.Random(1000 + seed)
+    servers, jobs = random_instance(rng, rng.randint(1, 8), rng.randint(0, 10), rigid_single=True)
+    k = rng.randint(0, len(servers))
+    chosen = choose_servers_to_return(jobs, servers, k, exact_limit=0)  # force the greedy path
+    assert preemption_cost(jobs, chosen) == pytest.approx(brute_cost(jobs, servers, k))
+
+
+@pytest.mark.parametrize("seed", range(100))
+def test_greedy_updates_costs_as_it_goes(seed: int) -> None:
+    """Greedy never does worse than returning the k servers of least stand-alone cost."""
+    rng = random.Random(5000 + seed)
+    servers, jobs = random_instance(rng, rng.randint(2, 8), rng.randint(1, 10))
+    k = rng.randint(1, len(servers))
+    greedy = preemption_cost(jobs, choose_servers_to_return(jobs, servers, k, exact_limit=0))
+    assert greedy >= brute_cost(jobs, servers, k) - 1e-9
+
+
+def test_greedy_uses_up_shed_capacity_and_counts_a_job_once() -> None:
+    # E can shed 2 of its 4 workers: the first two of a, b, c are free, the third would stop E.
+    jobs = [
+        LoanedJob("E", workers=4, min_workers=2, gpus_per_worker=1, weight=100, servers={"a": 1, "b": 1, "c": 1}),
+        LoanedJob("R", workers=1, min_workers=1, gpus_per_worker=1, weight=10, servers={"d": 1}),
+    ]
+    assert choose_servers_to_return(jobs, ["a", "b", "c", "d"], 3, exact_limit=0) == ["a", "b", "d"]
+    # A job spanning two servers stops once: once one is taken, the other costs nothing more.
+    span = [LoanedJob("big", 2, 2, 8, 100.0, {"a": 1, "b": 1}), LoanedJob("small", 1, 1, 1, 160.0, {"c": 1})]
+    assert choose_servers_to_return(span, ["a", "b", "c"], 2, exact_limit=0) == ["a", "b"]
+
+
+def test_elastic_job_scales_in_instead_of_stopping() -> None:
+    jobs = [
+        LoanedJob("elastic", workers=4, min_workers=2, gpus_per_worker=1, weight=80, servers={"s1": 2}),
+        LoanedJob("rigid", workers=1, min_workers=1, gpus_per_worker=1, weight=10, servers={"s2": 1}),
+    ]
+    assert choose_servers_to_return(jobs, ["s1", "s2"], 1) == ["s1"]
+    plan = plan_return(jobs, ["s1", "s2"], 2, free_gpus_elsewhere=0)
+    assert plan.servers == ["s1", "s2"]
+    assert plan.by_action("scale_in") == ["elastic"]
+    assert plan.by_action("requeue") == ["rigid"]
+    assert plan.cost == 10
+    plan = plan_return(jobs, ["s1", "s2"], 2, free_gpus_elsewhere=1)
+    assert plan.by_action("migrate") == ["rigid"]
+
+
+def test_bad_input_is_named() -> None:
+    with pytest.raises(ValueError, match="cannot return 3 of 2"):
+        choose_servers_to_return([], ["a", "b"], 3)
+    with pytest.raises(ValueError, match="min_workers"):
+        LoanedJob("x", workers=1, min_workers=2, gpus_per_worker=1, weight=1)
+    with pytest.raises(ValueError, match="duplicate job id 'x'"):
+        choose_servers_to_return([LoanedJob("x", 1, 1, 1, 1), LoanedJob("x", 1, 1, 1, 1)], ["a"], 1)
