@@ -7,6 +7,7 @@ import math
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+
 from laminar.net.shaper import (
     DONE,
     INFEASIBLE,
