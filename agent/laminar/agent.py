@@ -31,7 +31,7 @@ from typing import Any
 
 from . import __version__
 from .api import ApiError, ApiServer, Authorizer, Request, Route, Stream
-from .config import Config, ConfigError, load
+from .config import Config, ConfigError, defaults_toml, load
 from .events import EventBus
 from .metrics import CoreMetrics, make_registry, serve
 from .store import Store
@@ -47,6 +47,27 @@ COMPONENTS = [
     "laminar.zone.component:ZoneComponent",
     "laminar.migrate.reclaim:ReclaimComponent",
 ]
+
+
+def import_components() -> list[tuple[str, type]]:
+    """Imports every component module (each registers its config section) and returns the classes.
+
+    Runs before the config is read, so a file may hold every component's section."""
+    out = []
+    for spec in COMPONENTS:
+        module, _, cls = spec.partition(":")
+        try:
+            mod = importlib.import_module(module)
+        except ModuleNotFoundError as e:
+            if e.name and module.startswith(e.name):
+                log.debug("component %s not present", spec)
+                continue
+            raise
+        if not hasattr(mod, cls):
+            log.warning("component %s: module has no %s; skipped", spec, cls)
+            continue
+        out.append((spec, getattr(mod, cls)))
+    return out
 
 
 class LogfmtFormatter(logging.Formatter):
@@ -133,19 +154,8 @@ class Agent:
             await self._start_component(NetGuard(), "netguard")
             if self.config.bpf.pressure:
                 await self._start_component(PressureWatch(), "pressure")
-            for spec in COMPONENTS:
-                module, _, cls = spec.partition(":")
-                try:
-                    mod = importlib.import_module(module)
-                except ModuleNotFoundError as e:
-                    if e.name and module.startswith(e.name):
-                        log.debug("component %s not present", spec)
-                        continue
-                    raise
-                if not hasattr(mod, cls):
-                    log.warning("component %s: module has no %s; skipped", spec, cls)
-                    continue
-                comp = getattr(mod, cls)()
+            for _spec, cls in import_components():
+                comp = cls()
                 await self._start_component(comp, getattr(comp, "agent_attr", None))
             await self.api.start()
             self._metrics_server = serve(self.config.metrics.listen, self.metrics)
@@ -251,7 +261,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--config", help="TOML config file (default: embedded defaults, a one-node zone)")
     parser.add_argument("--check-config", metavar="FILE", help="validate FILE, print the effective config, exit")
     parser.add_argument("--version", action="version", version=f"laminard {__version__}")
+    parser.add_argument("--print-defaults", action="store_true", help="print every key with its default as TOML, exit")
     args = parser.parse_args(argv)
+    import_components()
+    if args.print_defaults:
+        sys.stdout.write(defaults_toml())
+        return 0
     try:
         config = load(args.check_config or args.config)
     except ConfigError as e:

@@ -24,6 +24,9 @@ def test_defaults_make_a_one_node_agent() -> None:
 
 
 def test_shipped_toml_documents_every_default() -> None:
+    from laminar.agent import import_components
+
+    import_components()  # components register their sections on import
     shipped = tomllib.loads((REPO / "systemd/laminard.toml").read_text())
     assert set(shipped) == set(config.SCHEMA)
     for section, fields in config.SCHEMA.items():
