@@ -7,8 +7,9 @@ or ``POST /v1/jobs``). The `JobManager`:
    declared GPUs; `laminar.runtime.gpus`);
 2. creates the job's cgroups under the per-class parent (`laminar.airlock.cgroups`): a cgroup2
    directory (freeze, kill, pressure, the id netguard sees) and the memory limit wherever the
-   memory controller lives (v1 with ``memory.oom_control`` = 1 on a hybrid host, so the kernel
-   holds the allocator instead of killing; v2 ``memory.max``/``memory.high``);
+   memory controller lives (v1 ``memory.limit_in_bytes`` on a hybrid host, v2
+   ``memory.max``/``memory.high``). A job over its *own* limit meets the kernel OOM killer
+   inside its own cgroup; the node budget above it is where Airlock holds the allocator;
 3. spawns the command in its own session through a tiny ``/bin/sh`` step that writes its own
    pid into every ``cgroup.procs`` and its ``oom_score_adj`` *before* it execs the command, so
    no instruction of the job runs outside its cgroups; a job submitted by a non-root caller
