@@ -124,7 +124,9 @@ listen = ""
 [cgroups]
 root = "{self.cg_root}"
 """)
-        self.agent = subprocess.Popen([*ns_argv(self.ns_a), str(REPO / ".venv/bin/laminard"), "--config", str(cfg)],
+        # The agent runs at the niceness systemd/laminard.service gives it (Nice=), as on a node.
+        self.agent = subprocess.Popen([*ns_argv(self.ns_a), "nice", "-n", str(unit_nice()),
+                                       str(REPO / ".venv/bin/laminard"), "--config", str(cfg)],
                                       stdout=subprocess.DEVNULL, stderr=open(self.tmp / "agent.log", "w"), text=True)
         for _ in range(200):
             if (self.tmp / "laminard.sock").exists() and (self.pin_root / "lm_flows").exists():
@@ -180,6 +182,14 @@ root = "{self.cg_root}"
                         d.rmdir()
                 root.rmdir()
         shutil.rmtree(self.tmp, ignore_errors=True)
+
+
+def unit_nice() -> int:
+    """The Nice= of systemd/laminard.service (0 when it sets none)."""
+    for line in (REPO / "systemd/laminard.service").read_text().splitlines():
+        if line.startswith("Nice="):
+            return int(line.split("=", 1)[1])
+    return 0
 
 
 def pct(xs: list[float], q: float) -> float:
