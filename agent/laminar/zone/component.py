@@ -36,7 +36,7 @@ from typing import Any
 from laminar.zone import placement as pl
 from laminar.zone import wire
 from laminar.zone.membership import Membership
-from laminar.zone.transport import HandoverError, Transport
+from laminar.zone.transport import HandoverError, Router, Transport
 
 log = logging.getLogger("laminar.zone")
 
@@ -325,10 +325,11 @@ class Submitter:
             tried_zones: list[int] = []
             zone: int | None = None
             probed_in_zone: set[int] = set()
-            for step in pl.retry_schedule(self.policy, rnd):
+            schedule = pl.retry_schedule(self.policy, rnd)
+            queue = schedule[-1]
+            assert isinstance(queue, pl.Queue)
+            for step in schedule:
                 if isinstance(step, pl.Queue):
-                    if rnd + 1 < self.max_rounds:
-                        await self.sleep(step.delay_s)
                     break
                 res.steps += 1
                 if zone is None or step.zone_rank >= len(tried_zones):
@@ -362,9 +363,10 @@ class Submitter:
                     self._release(pid, offers)
                     return
             self._release(pid, offers)
-            offers.clear()
             if res.outcome != "queued-out":
                 return
+            if rnd + 1 < self.max_rounds:  # queued: wait, then start over (capacity may free up)
+                await self.sleep(queue.delay_s)
         res.reason = res.reason or "no node offered capacity within the retry budget"
 
     async def _collect(
@@ -483,3 +485,630 @@ class Submitter:
         for o in offers:
             self.t.send(o.node, wire.Release(pid))
         offers.clear()
+
+
+# --------------------------------------------------------------------------- the agent component
+
+DEFAULT_PORT = 7440
+DEFAULT_HANDOVER_PORT = 7441
+
+
+def _nodes_check(v: Any) -> str | None:
+    from laminar.zone.membership import MembershipError, members_from_config
+
+    try:
+        members_from_config(v, DEFAULT_PORT, DEFAULT_HANDOVER_PORT)
+    except MembershipError as e:
+        return str(e)
+    return None
+
+
+def zone_config_fields() -> dict[str, Any]:
+    """The ``[zone]`` config section (registered with laminar.config on import)."""
+    from laminar.config import Field, _range
+
+    def rng(lo: float, hi: float) -> Any:
+        return _range(lo, hi)
+
+    return {
+        "node_id": Field(int, 0, "this node's id in zone.nodes (0: the one-node zone, no network)", rng(0, 2**32 - 1)),
+        "listen": Field(str, "0.0.0.0", "address the UDP probe endpoint and the TCP hand-over server bind"),
+        "port": Field(int, DEFAULT_PORT, "UDP port of the probe endpoint", rng(1, 65535)),
+        "handover_port": Field(int, DEFAULT_HANDOVER_PORT, "TCP port for job hand-overs", rng(1, 65535)),
+        "keys_file": Field(str, "/etc/laminar/zone.keys", "per-zone keys (root-only file; see docs/protocol.md)"),
+        "gpu_model": Field(str, "", "GPU model this node advertises (e.g. H100; empty: from NVML or none)"),
+        "cpus": Field((int, float), 0.0, "CPUs this node offers to placed jobs (0: all online CPUs)", rng(0, 65535)),
+        "memory_mb": Field(int, 0, "memory (MiB) this node offers to placed jobs (0: physical memory)", rng(0, 2**32 - 1)),
+        "probe_d": Field(int, 2, "nodes probed per placement attempt", rng(1, 64)),
+        "probe_d_max": Field(int, 8, "most nodes probed in one attempt after widening", rng(1, 255)),
+        "zones_max": Field(int, 3, "zones tried before a placement is queued", rng(1, 1000)),
+        "queue_rounds": Field(int, 3, "queue cycles (with back-off) before a placement gives up", rng(1, 100)),
+        "lease_s": Field((int, float), 2.0, "lease of a tentative reservation (an offer)", rng(0.05, 60)),
+        "hold_s": Field((int, float), 30.0, "hold of a committed reservation awaiting its hand-over", rng(1, 600)),
+        "probe_timeout_s": Field((int, float), 0.2, "how long a submitter waits for answers to one probe round", rng(0.005, 10)),
+        "handover_timeout_s": Field((int, float), 10.0, "how long a hand-over may take (job start included)", rng(0.1, 120)),
+        "summary_interval_s": Field((int, float), 1.0, "period of this node's capacity summaries", rng(0.05, 600)),
+        "summary_fanout": Field(int, 8, "peers each summary goes to (bounds the rate in any zone size)", rng(1, 1000)),
+        "peer_timeout_s": Field((int, float), 10.0, "a summary older than this no longer counts", rng(0.5, 3600)),
+        "replay_window_s": Field((int, float), 30.0, "accepted clock difference between nodes", rng(1, 3600)),
+        "max_tentative": Field(int, 64, "most tentative reservations a node holds at once", rng(1, 100000)),
+        "nodes": Field(list, [], "the cluster: [[zone.nodes]] id, zone, addr ('IP' or 'IP:PORT'), handover_port, pool, owner",
+                       _nodes_check),
+    }
+
+
+try:  # the zone section joins the agent's config schema wherever this module is imported
+    from laminar.config import register_section
+
+    register_section("zone", zone_config_fields())
+except ImportError:  # pragma: no cover - the simulator runs without the agent package parts
+    pass
+
+
+def _send_local(comp: ZoneComponent, body: wire.Body) -> None:
+    """Deliver ``body`` to this node's own arbiter and route its answer to the waiting submitter."""
+    reply = comp.handle_request(comp.node_id, body)
+    if isinstance(reply, wire.Offer | wire.Refuse | wire.CommitAck):
+        if not comp.router.route(comp.node_id, reply) and isinstance(reply, wire.Offer):
+            comp.arbiter.on_release(wire.Release(reply.placement_id), comp.clock())
+
+
+class LocalTransport:
+    """The one-node zone's transport: the submitter talks to this node's own arbiter in process."""
+
+    def __init__(self, comp: ZoneComponent) -> None:
+        self.comp = comp
+
+    def send(self, node: int, body: wire.Body) -> None:
+        _send_local(self.comp, body)
+
+    def expect(self, placement_id: int) -> asyncio.Queue[tuple[int, wire.Body]]:
+        return self.comp.router.expect(placement_id)
+
+    def forget(self, placement_id: int) -> None:
+        self.comp.router.forget(placement_id)
+
+    async def handover(self, node: int, port: int, body: wire.Handover, timeout_s: float) -> wire.HandoverAck:
+        return await self.comp.on_handover(self.comp.node_id, body)
+
+
+class NetTransport:
+    """The agent's transport over its UDP endpoint and TCP hand-overs (itself: in process)."""
+
+    def __init__(self, comp: ZoneComponent) -> None:
+        self.comp = comp
+
+    def send(self, node: int, body: wire.Body) -> None:
+        if node == self.comp.node_id:
+            _send_local(self.comp, body)
+            return
+        assert self.comp.endpoint is not None
+        self.comp.endpoint.send(node, body)
+
+    def expect(self, placement_id: int) -> asyncio.Queue[tuple[int, wire.Body]]:
+        return self.comp.router.expect(placement_id)
+
+    def forget(self, placement_id: int) -> None:
+        self.comp.router.forget(placement_id)
+
+    async def handover(self, node: int, port: int, body: wire.Handover, timeout_s: float) -> wire.HandoverAck:
+        if node == self.comp.node_id:
+            return await self.comp.on_handover(node, body)
+        from laminar.zone.transport import handover
+
+        m = self.comp.membership.by_node[node]
+        assert self.comp.encoder is not None and self.comp.tcp_decoder is not None
+        return await handover(self.comp.encoder, self.comp.tcp_decoder, m.zone, m.addr, port or m.handover_port,
+                              body, timeout_s, self.comp.clock)
+
+
+class ZoneComponent:
+    """laminard's zone layer (``agent.zone``). See the module docstring.
+
+    Usable without an agent (tests, footprint bench): ``ZoneComponent(settings=..., jobs=...)``
+    then ``await start(None)``; ``settings`` is the ``[zone]`` section as a dict.
+    """
+
+    agent_attr = "zone"
+    status_key = "zone"
+
+    def __init__(self, settings: dict[str, Any] | None = None, jobs: Any = None, gpus: int | None = None,
+                 clock: Callable[[], float] = time.time) -> None:
+        self._settings = settings
+        self._jobs = jobs
+        self._gpus = gpus
+        self.clock = clock
+        self.agent: Any = None
+        self.node_id = 0
+        self.networked = False
+        self.membership: Membership
+        self.arbiter: Arbiter
+        self.submitter: Submitter
+        self.encoder: wire.Encoder | None = None
+        self.decoder: wire.Decoder | None = None
+        self.tcp_decoder: wire.Decoder | None = None
+        self.endpoint: Any = None
+        self.server: Any = None
+        self.router = Router()
+        self.zone_summaries: dict[int, pl.ZoneSummary] = {}
+        self._fits_cache: dict[tuple[Any, ...], dict[int, float]] = {}
+        self._inflight: dict[int, asyncio.Future[wire.HandoverAck]] = {}
+        self._tasks: list[asyncio.Task[Any]] = []
+        self._udp: Any = None
+        self.history: list[dict[str, Any]] = []
+        self.rng = random.Random()
+        self.started = time.time()
+        self.gpu_index: list[int] = []
+        self.counts: dict[str, int] = {"probes": 0, "handovers": 0, "summaries_sent": 0, "summaries_received": 0,
+                                       "zone_summaries_received": 0, "reclaim_notices": 0, "late_releases": 0}
+
+    # -- life cycle -----------------------------------------------------------------------------
+
+    async def start(self, agent: Any) -> None:
+        """Read the config, load keys (a clear error when missing or unsafe), open the sockets."""
+        from laminar.zone.keys import ephemeral_keys, load_keys
+        from laminar.zone.membership import Member, members_from_config
+
+        self.agent = agent
+        s = self._settings if self._settings is not None else agent.config.section("zone")
+        s = {**{k: f.default for k, f in zone_config_fields().items()}, **s}
+        self.s = s
+        if self._jobs is None and agent is not None:
+            self._jobs = getattr(agent, "jobs", None)
+        members = members_from_config(s["nodes"], s["port"], s["handover_port"])
+        self.node_id = int(s["node_id"]) or 1
+        if not members:  # the one-node zone
+            members = [Member(self.node_id, 0, "127.0.0.1", s["port"], s["handover_port"])]
+            keys = ephemeral_keys()
+        else:
+            if not any(m.node == self.node_id for m in members):
+                raise RuntimeError(f"zone: node_id {s['node_id']} is not in zone.nodes (ids: {sorted(m.node for m in members)})")
+            self.networked = True
+            keys = load_keys(s["keys_file"], need_zones=sorted({m.zone for m in members}))
+        self.membership = Membership(self.node_id, members)
+        me = self.membership.by_node[self.node_id]
+        self.zone = me.zone
+        self.arbiter = Arbiter(self._inventory(), lease_s=float(s["lease_s"]), hold_s=float(s["hold_s"]),
+                               max_tentative=int(s["max_tentative"]))
+        self._open_store()
+        policy = pl.RetryPolicy(d=int(s["probe_d"]), d_max=max(int(s["probe_d"]), int(s["probe_d_max"])),
+                                zones=int(s["zones_max"]))
+        transport: Transport = NetTransport(self) if self.networked else LocalTransport(self)  # type: ignore[assignment]
+        self.submitter = Submitter(
+            transport, self.membership, self.zone_fits, rng=self.rng, policy=policy, lease_s=float(s["lease_s"]),
+            hold_s=float(s["hold_s"]), probe_timeout_s=float(s["probe_timeout_s"]),
+            handover_timeout_s=float(s["handover_timeout_s"]), max_rounds=int(s["queue_rounds"]), clock=self.clock,
+        )
+        self.keys = keys
+        self.encoder = wire.Encoder(self.node_id, keys)
+        zone_of = self.membership.zone_of()
+        self.decoder = wire.Decoder(keys, zone_of, window_s=float(s["replay_window_s"]))
+        self.tcp_decoder = wire.Decoder(keys, zone_of, window_s=float(s["replay_window_s"]), max_size=wire.MAX_FRAME)
+        if self.networked:
+            from laminar.zone.transport import HandoverServer, UdpEndpoint
+
+            loop = asyncio.get_running_loop()
+            self.endpoint = UdpEndpoint(self.membership, self.encoder, self.decoder, self._on_message, self.clock)
+            self._udp, _ = await loop.create_datagram_endpoint(lambda: self.endpoint, local_addr=(s["listen"], s["port"]))
+            self.server = HandoverServer(self.encoder, self.tcp_decoder,
+                                         lambda n: self.membership.by_node[n].zone if n in self.membership.by_node else None,
+                                         lambda msg: self.on_handover(msg.node, msg.body),  # type: ignore[arg-type]
+                                         self.clock, float(s["handover_timeout_s"]))
+            try:
+                await self.server.start(s["listen"], s["handover_port"])
+            except OSError:
+                self._udp.close()
+                raise
+            self._tasks.append(asyncio.create_task(self._summary_loop()))
+        self._tasks.append(asyncio.create_task(self._watch_jobs()))
+        self._emit(f"zone ready: node {self.node_id} in zone {self.zone}, {len(members)} members, "
+                   f"{'networked' if self.networked else 'one-node zone'}")
+
+    async def stop(self) -> None:
+        for t in self._tasks:
+            t.cancel()
+        for t in self._tasks:
+            try:
+                await t
+            except (asyncio.CancelledError, Exception):
+                pass
+        self._tasks.clear()
+        if self.server is not None:
+            await self.server.stop()
+        if self._udp is not None:
+            self._udp.close()
+            self._udp = None
+
+    def _emit(self, message: str, **fields: Any) -> None:
+        ev = getattr(self.agent, "events", None)
+        if ev is not None:
+            ev.emit("zone", message, **fields)
+        else:
+            log.info("%s %s", message, fields)
+
+    # -- capacity ---------------------------------------------------------------------------------
+
+    def _inventory(self) -> pl.NodeCapacity:
+        """This node's capacity for placed jobs: declared/discovered GPUs, CPUs and memory, less
+        what jobs not placed through the zone use (they were started locally)."""
+        import os
+
+        s = self.s
+        jobs = self._jobs
+        inv_gpus: list[int] = []
+        if jobs is not None and getattr(jobs, "inventory", None) is not None:
+            inv_gpus = list(jobs.inventory.indices)
+        elif self._gpus is not None:
+            inv_gpus = list(range(self._gpus))
+        elif self.agent is not None:
+            inv_gpus = list(self.agent.config.gpus_declared)
+        self.gpu_index = inv_gpus
+        gpu = [1.0] * len(inv_gpus)
+        cpus = float(s["cpus"]) or float(os.cpu_count() or 1)
+        mem = int(s["memory_mb"])
+        if not mem:
+            try:
+                import psutil
+
+                mem = int(psutil.virtual_memory().total >> 20)
+            except Exception:
+                mem = 1024
+        arb: Arbiter | None = getattr(self, "arbiter", None)
+        placed_jobs = {p.job_id for p in arb.placed.values()} if arb is not None else set()
+        if jobs is not None:
+            for j in jobs.active() if hasattr(jobs, "active") else []:
+                if j.id in placed_jobs:
+                    continue
+                for g in getattr(j, "gpus", []) or []:
+                    if g in inv_gpus:
+                        gpu[inv_gpus.index(g)] = 0.0
+                cpus -= float(j.spec.cpus or 0.0)
+                mem -= int(j.spec.memory_mb or 0)
+        model = s["gpu_model"] or None
+        if model is None and jobs is not None and getattr(jobs, "inventory", None) is not None and jobs.inventory.gpus:
+            model = jobs.inventory.gpus[0].name if jobs.inventory.source == "nvml" else None
+        draining = bool(arb is not None and arb.inventory.draining)
+        return pl.NodeCapacity(self.node_id, self.zone if hasattr(self, "zone") else 0, tuple(gpu), max(0.0, cpus),
+                               max(0, mem), model, None, draining)
+
+    def refresh_inventory(self) -> None:
+        inv = self._inventory()
+        me = self.membership.by_node[self.node_id]
+        self.arbiter.inventory = pl.NodeCapacity(inv.node, me.zone, inv.gpu_free, inv.cpus, inv.memory_mb,
+                                                 inv.gpu_model, me.pool or None, inv.draining)
+
+    # -- store ----------------------------------------------------------------------------------
+
+    def _open_store(self) -> None:
+        store = getattr(self.agent, "store", None)
+        if store is None:
+            return
+        store.ensure_schema("zone", [
+            "CREATE TABLE IF NOT EXISTS zone_placed (placement_id INTEGER PRIMARY KEY, job_id TEXT NOT NULL, "
+            "demand TEXT NOT NULL, gpu_alloc TEXT NOT NULL, submitter INTEGER NOT NULL, since REAL NOT NULL)",
+            "CREATE TABLE IF NOT EXISTS zone_submitted (placement_id INTEGER PRIMARY KEY, name TEXT, outcome TEXT, "
+            "node INTEGER, zone INTEGER, job_id TEXT, reason TEXT, result TEXT, created REAL)",
+        ])
+        # re-adopt placed jobs that still run: their capacity stays taken, a repeated hand-over
+        # answers the same job id
+        for pid, job_id, demand, alloc, sub, since in store.db.execute(
+                "SELECT placement_id, job_id, demand, gpu_alloc, submitter, since FROM zone_placed").fetchall():
+            job = self._jobs.get(job_id) if self._jobs is not None else None
+            if job is None or not getattr(job, "active", False):
+                with store.tx() as db:
+                    db.execute("DELETE FROM zone_placed WHERE placement_id=?", (pid,))
+                continue
+            d = pl.Demand(**json.loads(demand))
+            r = pl.Reservation(pid, d, tuple((int(i), float(f)) for i, f in json.loads(alloc)), math.inf, True)
+            self.arbiter.placed[pid] = Placed(r, job_id, sub, since)
+        self.refresh_inventory()
+
+    def _store_placed(self, p: Placed) -> None:
+        store = getattr(self.agent, "store", None)
+        if store is None:
+            return
+        d = p.reservation.demand
+        with store.tx() as db:
+            db.execute("INSERT OR REPLACE INTO zone_placed VALUES (?, ?, ?, ?, ?, ?)", (
+                p.reservation.placement_id, p.job_id,
+                json.dumps({"gpus": d.gpus, "cpus": d.cpus, "memory_mb": d.memory_mb, "gpu_model": d.gpu_model,
+                            "pool": d.pool}),
+                json.dumps(p.reservation.gpu_alloc), p.submitter, p.since))
+
+    def _unstore_placed(self, pid: int) -> None:
+        store = getattr(self.agent, "store", None)
+        if store is not None:
+            with store.tx() as db:
+                db.execute("DELETE FROM zone_placed WHERE placement_id=?", (pid,))
+
+    async def _watch_jobs(self) -> None:
+        """Give capacity back when placed jobs end."""
+        while True:
+            await asyncio.sleep(1.0)
+            if self._jobs is None:
+                continue
+            for pid, p in list(self.arbiter.placed.items()):
+                if not p.job_id:
+                    continue
+                job = self._jobs.get(p.job_id)
+                if job is None or not getattr(job, "active", False):
+                    self.arbiter.finish(pid)
+                    self._unstore_placed(pid)
+            self.refresh_inventory()
+
+    # -- the node side: requests from peers --------------------------------------------------------
+
+    def handle_request(self, sender: int, body: wire.Body) -> wire.Body | None:
+        """Answer probe, commit and release (and other one-way messages); the reply or None."""
+        now = self.clock()
+        if isinstance(body, wire.Probe):
+            self.counts["probes"] += 1
+            return self.arbiter.on_probe(body, now)
+        if isinstance(body, wire.Commit):
+            return self.arbiter.on_commit(body, now, int(self.s["handover_port"]))
+        if isinstance(body, wire.Release):
+            self.arbiter.on_release(body, now)
+            return None
+        return None
+
+    def _on_message(self, msg: wire.Message, addr: tuple[str, int]) -> None:
+        body = msg.body
+        if isinstance(body, wire.Offer | wire.Refuse | wire.CommitAck):
+            if not self.router.route(msg.node, body) and isinstance(body, wire.Offer):
+                self.counts["late_releases"] += 1
+                assert self.endpoint is not None
+                self.endpoint.send(msg.node, wire.Release(body.placement_id))
+            return
+        if isinstance(body, wire.Summary):
+            self.counts["summaries_received"] += 1
+            st = self.membership.state[msg.node]
+            m = self.membership.by_node[msg.node]
+            st.last_summary = summary_to_capacity(msg.node, m.zone, body)
+            st.summary_at = self.clock()
+            return
+        if isinstance(body, wire.ZoneSummaryMsg):
+            self.counts["zone_summaries_received"] += 1
+            if body.zone != self.zone:
+                z = msg_to_zone_summary(body, self.clock())
+                if z is not None:
+                    self.zone_summaries[body.zone] = z
+                    self._fits_cache.clear()
+            return
+        if isinstance(body, wire.ReclaimNotice):
+            self.counts["reclaim_notices"] += 1
+            self._emit(f"node {msg.node} announced its reclaim in {body.deadline_ms} ms: {body.reason}",
+                       node=msg.node, deadline_ms=body.deadline_ms)
+            return
+        if isinstance(body, wire.Heartbeat):
+            if msg.flags & wire.FLAG_REPLY_WANTED and self.endpoint is not None:
+                self.endpoint.send(msg.node, wire.Heartbeat(int(time.time() - self.started)))
+            return
+        reply = self.handle_request(msg.node, body)
+        if reply is not None and self.endpoint is not None:
+            # answer where it came from, signed with the sender's zone key
+            self.endpoint.send_to(self.membership.by_node[msg.node].zone, addr, reply)
+
+    async def on_handover(self, sender: int, body: wire.Handover) -> wire.HandoverAck:
+        """Start the handed-over job once per placement id; a repeat gets the same answer."""
+        pid = body.placement_id
+        fut = self._inflight.get(pid)
+        if fut is not None:
+            return await asyncio.shield(fut)
+        fut = asyncio.get_running_loop().create_future()
+        self._inflight[pid] = fut
+        try:
+            ack = await self._handover(sender, body)
+        except asyncio.CancelledError:
+            fut.cancel()
+            raise
+        except Exception as e:
+            log.exception("placement %x: hand-over failed", pid)
+            ack = wire.HandoverAck(pid, HANDOVER_ERROR, f"hand-over failed: {e}")
+        finally:
+            self._inflight.pop(pid, None)
+        fut.set_result(ack)
+        return ack
+
+    async def _handover(self, sender: int, body: wire.Handover) -> wire.HandoverAck:
+        pid = body.placement_id
+        self.counts["handovers"] += 1
+        p = self.arbiter.bind(pid, self.clock(), sender)
+        if p is None:
+            return wire.HandoverAck(pid, HANDOVER_NO_RESERVATION, "no live reservation for this placement (lease expired?)")
+        if p.job_id:
+            return wire.HandoverAck(pid, HANDOVER_OK, p.job_id)
+        try:
+            req = json.loads(body.spec_json)
+            spec_d = dict(req["spec"])
+            whole = [self.gpu_index[i] for i, f in p.reservation.gpu_alloc if f >= 1.0 - pl.EPS and i < len(self.gpu_index)]
+            spec_d["gpus"] = whole
+            share = [f"{self.gpu_index[i]}:{f:g}" for i, f in p.reservation.gpu_alloc
+                     if f < 1.0 - pl.EPS and i < len(self.gpu_index)]
+            if share:
+                spec_d["env"] = {**spec_d.get("env", {}), "LAMINAR_GPU_SHARE": ",".join(share)}
+            from laminar.runtime.jobs import JobError, JobSpec
+
+            spec = JobSpec.from_dict(spec_d)
+        except (ValueError, KeyError, TypeError) as e:
+            self.arbiter.unbind(pid)
+            return wire.HandoverAck(pid, HANDOVER_REJECTED, f"job spec refused: {e}")
+        if self._jobs is None:
+            self.arbiter.unbind(pid)
+            return wire.HandoverAck(pid, HANDOVER_ERROR, "this node runs no job manager")
+        try:
+            job = await self._jobs.submit(spec, owner_uid=int(req.get("owner_uid", 0)), owner_gid=int(req.get("owner_gid", 0)))
+        except JobError as e:
+            self.arbiter.unbind(pid)
+            return wire.HandoverAck(pid, HANDOVER_REJECTED, f"job refused: {e}")
+        except Exception as e:
+            self.arbiter.unbind(pid)
+            log.exception("placement %x: job start failed", pid)
+            return wire.HandoverAck(pid, HANDOVER_ERROR, f"job start failed: {e}")
+        p.job_id = job.id
+        self._store_placed(p)
+        self._emit(f"placed job {job.id} from node {sender}", job=job.id, placement=f"{pid:016x}", submitter=sender,
+                   gpu_alloc=[list(a) for a in p.reservation.gpu_alloc])
+        return wire.HandoverAck(pid, HANDOVER_OK, job.id)
+
+    # -- summaries ---------------------------------------------------------------------------------
+
+    def own_zone_summary(self, now: float) -> pl.ZoneSummary:
+        """This zone's summary from the peers' fresh summaries and this node's own view."""
+        fresh = float(self.s["peer_timeout_s"])
+        caps = [self.arbiter.view(now)]
+        for n in self.membership.zone_list(self.zone):
+            if n == self.node_id:
+                continue
+            st = self.membership.state[n]
+            if st.last_summary is not None and now - st.summary_at <= fresh:
+                caps.append(st.last_summary)
+        return pl.summarize_zone(self.zone, caps, now)
+
+    def zone_fits(self, demand: pl.Demand) -> dict[int, float]:
+        """Fit per zone for ``demand``; cached until a summary changes."""
+        key = (demand.gpus, demand.cpus, demand.memory_mb, demand.gpu_model)
+        f = self._fits_cache.get(key)
+        if f is None:
+            now = self.clock()
+            stale = 3 * float(self.s["peer_timeout_s"])
+            sums = {z: s for z, s in self.zone_summaries.items() if now - s.issued_at <= stale}
+            sums[self.zone] = self.own_zone_summary(now)
+            f = {z: pl.zone_fit(s, demand) for z, s in sums.items()}
+            self._fits_cache[key] = f
+        return f
+
+    async def _summary_loop(self) -> None:
+        """Every summary_interval_s: this node's residual capacity to a few zone peers; the
+        zone's lowest live node also sends the zone summary to a few nodes of each other zone."""
+        interval = float(self.s["summary_interval_s"])
+        fanout = int(self.s["summary_fanout"])
+        while True:
+            try:
+                now = self.clock()
+                self.refresh_inventory()
+                self._fits_cache.clear()
+                assert self.endpoint is not None
+                mine = self.arbiter.summary(now)
+                peers = self.membership.zone_list(self.zone)
+                for n in pl.probe_targets(peers, fanout, self.rng, exclude={self.node_id}):
+                    self.endpoint.send(n, mine)
+                    self.counts["summaries_sent"] += 1
+                alive = [n for n in peers if n == self.node_id or self.membership.alive(n, now)]
+                if alive and min(alive) == self.node_id:
+                    zmsg = zone_summary_to_msg(self.own_zone_summary(now))
+                    for z in self.membership.zones():
+                        if z == self.zone:
+                            continue
+                        for n in pl.probe_targets(self.membership.zone_list(z), fanout, self.rng):
+                            self.endpoint.send(n, zmsg)
+            except Exception:
+                log.exception("zone summary round failed")
+            await asyncio.sleep(interval * (0.9 + 0.2 * self.rng.random()))
+
+    # -- the submitter side --------------------------------------------------------------------------
+
+    async def place(self, spec: dict[str, Any], demand: pl.Demand, owner_uid: int = 0, owner_gid: int = 0) -> PlacementResult:
+        """Place a job through the zone (what ``POST /v1/placements`` and Airlock's re-addressing call)."""
+        res = await self.submitter.place(demand, {"spec": spec, "owner_uid": owner_uid, "owner_gid": owner_gid})
+        row = {**res.as_dict(), "name": spec.get("name", ""), "created": time.time()}
+        self.history.append(row)
+        del self.history[:-200]
+        store = getattr(self.agent, "store", None)
+        if store is not None:
+            with store.tx() as db:
+                db.execute("INSERT OR REPLACE INTO zone_submitted VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)", (
+                    res.placement_id, row["name"], res.outcome, res.node, res.zone, res.job_id, res.reason,
+                    json.dumps(row), row["created"]))
+        self._emit(f"placement {res.outcome}: {row['name'] or 'job'} -> node {res.node} zone {res.zone}"
+                   + (f" ({res.reason})" if res.reason else ""), **{k: row[k] for k in ("placement_id", "outcome", "node",
+                                                                                        "zone", "job_id")})
+        return res
+
+    def reclaim_notice(self, deadline_s: float, reason: str) -> int:
+        """This node is being taken back: refuse new placements and tell the zone. Returns
+        the number of peers told."""
+        self.arbiter.inventory = pl.NodeCapacity(**{**self.arbiter.inventory.__dict__, "draining": True})
+        if self.endpoint is None:
+            return 0
+        body = wire.ReclaimNotice(self.rng.getrandbits(63), int(deadline_s * 1000), reason[:200])
+        peers = [n for n in self.membership.zone_list(self.zone) if n != self.node_id]
+        for n in peers:
+            self.endpoint.send(n, body)
+        return len(peers)
+
+    # -- status and API --------------------------------------------------------------------------------
+
+    def stats(self) -> dict[str, Any]:
+        now = self.clock()
+        return {
+            "node": self.node_id, "zone": self.zone, "networked": self.networked,
+            "drops": self.decoder.stats() if self.decoder else {},
+            "handover_drops": self.tcp_decoder.stats() if self.tcp_decoder else {},
+            "udp": {"sent": getattr(self.endpoint, "sent", 0), "received": getattr(self.endpoint, "received", 0),
+                    "send_errors": getattr(self.endpoint, "send_errors", 0)},
+            "arbiter": {**self.arbiter.counts, "held": len(self.arbiter.held), "placed": len(self.arbiter.placed)},
+            "submitter": dict(self.submitter.counts),
+            "counts": dict(self.counts), "late_offers": self.router.late_offers,
+            "residual": capacity_to_summary(self.arbiter.view(now)).__dict__,
+            "zone_summaries": {z: {"nodes": s.nodes, "slots": dict(zip(map(str, pl.SHAPES), s.slots, strict=True)),
+                                   "age_s": round(now - s.issued_at, 2)} for z, s in self.zone_summaries.items()},
+        }
+
+    def status(self) -> dict[str, Any]:
+        return {"node": self.node_id, "zone": self.zone, "networked": self.networked,
+                "members": len(self.membership.by_node), "held": len(self.arbiter.held),
+                "placed": len(self.arbiter.placed), "drops": sum((self.decoder.drops if self.decoder else {}).values())}
+
+    def routes(self) -> list[Any]:
+        from laminar.api import ApiError, Request, Route
+
+        async def peers(req: Request) -> list[dict[str, Any]]:
+            rows = self.membership.peers(self.clock())
+            for r in rows:
+                st = self.membership.state[r["node"]]
+                r["summary_age_s"] = round(self.clock() - st.summary_at, 2) if st.summary_at >= 0 else None
+            return rows
+
+        async def stats(req: Request) -> dict[str, Any]:
+            return self.stats()
+
+        async def submit(req: Request) -> dict[str, Any]:
+            body = req.body
+            if not isinstance(body, dict) or not isinstance(body.get("spec"), dict):
+                raise ApiError(400, "placement: body must be {\"spec\": {job spec}, \"gpus\": n, \"pool\": ..., "
+                                    "\"gpu_model\": ...}")
+            spec = dict(body["spec"])
+            try:
+                from laminar.runtime.jobs import JobError, JobSpec
+
+                checked = JobSpec.from_dict({**spec, "gpus": 0})  # GPUs are chosen by the node that takes it
+            except ImportError:
+                checked = None
+            except JobError as e:
+                raise ApiError(400, f"placement: {e}") from None
+            if isinstance(spec.get("gpus"), list):
+                raise ApiError(400, "placement: give a GPU count (\"gpus\": 2 or 0.5), not indices: the node that "
+                                    "takes the job chooses its GPUs")
+            gpus = body.get("gpus", spec.get("gpus", 0))
+            try:
+                demand = pl.Demand(
+                    gpus=float(gpus),
+                    cpus=float(body.get("cpus", getattr(checked, "cpus", None) or 1.0)),
+                    memory_mb=int(body.get("memory_mb", getattr(checked, "memory_mb", None) or 256)),
+                    gpu_model=body.get("gpu_model") or None, pool=body.get("pool") or None,
+                )
+            except (pl.PlacementError, TypeError, ValueError) as e:
+                raise ApiError(400, f"placement: {e}") from None
+            spec.pop("gpus", None)
+            res = await self.place(spec, demand, req.peer.uid, req.peer.gid)
+            return res.as_dict()
+
+        async def history(req: Request) -> list[dict[str, Any]]:
+            return list(reversed(self.history))
+
+        return [
+            Route("GET", "/v1/zone/peers", peers),
+            Route("GET", "/v1/zone/stats", stats),
+            Route("GET", "/v1/placements", history),
+            Route("POST", "/v1/placements", submit, privileged=False),
+        ]
