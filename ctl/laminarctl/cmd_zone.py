@@ -1,0 +1,111 @@
+"""Zone: the peers this agent knows, its protocol counters, and placing jobs through the zone.
+
+    laminarctl zone peers                     # members, liveness, last seen, summary age
+    laminarctl zone stats                     # drops by reason, arbiter and submitter counters
+    laminarctl zone submit --gpus 0.5 --memory 4G --name train -- python train.py
+    laminarctl zone placements                # where this node's placements went, and why
+
+``zone submit`` places the job on whichever node of the cluster offers first (probe-first,
+late binding; see docs/protocol.md): it may run here or on another node. Exit code 0 when the
+job was placed, 1 otherwise (the reason is printed).
+"""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from .output import emit, info, kv, table
+
+PEER_COLUMNS = [("node", "NODE"), ("zone", "ZONE"), ("addr", "ADDRESS"), ("pool", "POOL"), ("owner", "OWNER"),
+                ("alive", "ALIVE"), ("last_seen_s", "SEEN (s ago)"), ("summary_age_s", "SUMMARY (s ago)"),
+                ("misses", "MISSES"), ("rx", "RX"), ("tx", "TX")]
+PLACEMENT_COLUMNS = [("placement_id", "PLACEMENT"), ("name", "NAME"), ("outcome", "OUTCOME"), ("node", "NODE"),
+                     ("zone", "ZONE"), ("job_id", "JOB"), ("elapsed_ms", "MS"), ("reason", "REASON")]
+
+
+def register(sub: Any, common: argparse.ArgumentParser) -> None:
+    zone = sub.add_parser("zone", parents=[common], help="zone peers, protocol counters, placing through the zone")
+    zsub = zone.add_subparsers(dest="zone_cmd", metavar="SUBCOMMAND")
+    zsub.required = True
+    p = zsub.add_parser("peers", parents=[common], help="the configured members and their liveness")
+    p.set_defaults(func=cmd_peers)
+    p = zsub.add_parser("stats", parents=[common], help="datagrams dropped by reason; arbiter and submitter counters")
+    p.set_defaults(func=cmd_stats)
+    p = zsub.add_parser("placements", parents=[common], help="recent placements submitted on this node")
+    p.set_defaults(func=cmd_placements)
+    p = zsub.add_parser("submit", parents=[common], help="place a job on any node of the cluster",
+                        description="Place a job through the zone. Put the command after --.")
+    p.add_argument("--name", default="", help="a name for the job")
+    p.add_argument("--gpus", type=float, default=0.0, help="GPUs: a count (2) or a share of one (0.5)")
+    p.add_argument("--gpu-model", help="required GPU model (e.g. H100)")
+    p.add_argument("--pool", help="preferred pool: its nodes are probed first")
+    p.add_argument("--memory", help="memory limit, e.g. 512M, 2G")
+    p.add_argument("--cpus", type=float, help="CPUs, fractions allowed (default 1)")
+    p.add_argument("--class", dest="job_class", default="standard", choices=["long-resident", "standard", "transient"],
+                   help="lifecycle class (default: standard)")
+    p.add_argument("--priority", type=int, default=50, help="0..100, higher survives longer (default 50)")
+    p.add_argument("cmd", nargs=argparse.REMAINDER, help="-- command and arguments")
+    p.set_defaults(func=cmd_submit)
+
+
+def cmd_peers(args: argparse.Namespace) -> int:
+    rows = args.client.get("/v1/zone/peers")
+    emit(rows, args.output, lambda rs: table(rs, PEER_COLUMNS))
+    return 0
+
+
+def cmd_stats(args: argparse.Namespace) -> int:
+    st = args.client.get("/v1/zone/stats")
+
+    def human(s: dict[str, Any]) -> None:
+        kv({"node": s["node"], "zone": s["zone"], "networked": s["networked"]}, title="zone")
+        kv(s["drops"], title="datagrams (accepted, and dropped by reason)")
+        kv(s["arbiter"], title="arbiter (this node answering probes)")
+        kv(s["submitter"], title="submitter (placements from this node)")
+        kv({**s["udp"], **s["counts"], "late_offers": s["late_offers"]}, title="traffic")
+
+    emit(st, args.output, human)
+    return 0
+
+
+def cmd_placements(args: argparse.Namespace) -> int:
+    rows = args.client.get("/v1/placements")
+    emit(rows, args.output, lambda rs: table(rs, PLACEMENT_COLUMNS))
+    return 0
+
+
+def build_placement(args: argparse.Namespace) -> dict[str, Any]:
+    """The POST /v1/placements body from the command line. Raises ValueError for bad input."""
+    cmd = list(args.cmd)
+    if cmd and cmd[0] == "--":
+        cmd = cmd[1:]
+    if not cmd:
+        raise ValueError("zone submit: no command given; put it after --, e.g. laminarctl zone submit -- sleep 60")
+    if args.gpus < 0:
+        raise ValueError(f"--gpus {args.gpus}: expected a count >= 0 or a share such as 0.5")
+    spec: dict[str, Any] = {"command": cmd, "name": args.name, "class": args.job_class, "priority": args.priority}
+    if args.memory:
+        spec["memory"] = args.memory
+    if args.cpus is not None:
+        spec["cpus"] = args.cpus
+    body: dict[str, Any] = {"spec": spec, "gpus": args.gpus}
+    if args.pool:
+        body["pool"] = args.pool
+    if args.gpu_model:
+        body["gpu_model"] = args.gpu_model
+    return body
+
+
+def cmd_submit(args: argparse.Namespace) -> int:
+    res = args.client.post("/v1/placements", build_placement(args), timeout=120.0)
+
+    def human(r: dict[str, Any]) -> None:
+        if r["outcome"] == "placed":
+            info(f"{r['job_id']} placed on node {r['node']} (zone {r['zone']}) in {r['elapsed_ms']:.1f} ms, "
+                 f"placement {r['placement_id']}")
+        else:
+            info(f"not placed ({r['outcome']}): {r['reason']}")
+
+    emit(res, args.output, human)
+    return 0 if res.get("outcome") == "placed" else 1
