@@ -92,6 +92,16 @@ def test_jobs_that_fit_the_window_pay_only_the_write() -> None:
     assert "prestaged" in p["big"].reason
 
 
+def test_only_unannounced_departures_count_for_jobs_that_fit_the_window() -> None:
+    h = HazardModel(prior_rate_per_h=1.0)
+    p_all = plan([CkptJob("a", 1 * GB, write_bps=2 * GB)], h, MONDAY, 1.25e9, 60)
+    p_some = plan([CkptJob("a", 1 * GB, write_bps=2 * GB)], h, MONDAY, 1.25e9, 60, unannounced_frac=0.1)
+    assert p_some["a"].mtbf_s == pytest.approx(10 * p_all["a"].mtbf_s)
+    assert p_some["a"].interval_s > 3 * p_all["a"].interval_s
+    with pytest.raises(ScheduleError, match="rollback_frac"):
+        hazard_interval(1, h, MONDAY, rollback_frac=0)
+
+
 def test_notice_fit_packs_smallest_first() -> None:
     fast = 1e12  # local writes take no time here: only the uplink counts
     jobs = [CkptJob("a", 30 * GB, fast), CkptJob("b", 10 * GB, fast), CkptJob("c", 10 * GB, fast)]
@@ -100,6 +110,9 @@ def test_notice_fit_packs_smallest_first() -> None:
     steps = {s.job_id: s for s in notice_schedule(jobs, 1 * GB, 30)}
     assert steps["b"].final and steps["c"].final and not steps["a"].final
     assert steps["c"].transfer_start_s >= steps["b"].transfer_start_s + 10 - 1e-6
+    # they keep training until the latest safe moment: 24 s usable, 20 s needed
+    assert steps["b"].signal_at_s == pytest.approx(4.0, abs=0.05) and steps["a"].signal_at_s == 0
+    assert steps["c"].deadline_s <= 24.0 + 1e-9
     # with slow local disks the writes delay the transfers: only b fits
     slow = [CkptJob(j.job_id, j.size_bytes, write_bps=1 * GB) for j in jobs]
     assert notice_fit(slow, 1 * GB, 30) == {"a": False, "b": True, "c": False}

@@ -36,8 +36,13 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Protocol
 
-from laminar.migrate.hazard import HazardModel
+
+class Hazard(Protocol):
+    """What the scheduler asks of a hazard (HazardModel, HazardSum)."""
+
+    def mtbf_s(self, ts: float, horizon_s: float = 0.0) -> float: ...
 
 # Bounds on an interval: checkpointing more often than every 30 s costs more than it saves on
 # any real job; beyond 6 h the hazard estimate at the end of the interval is a guess.
@@ -114,24 +119,32 @@ def daly_interval(cost_s: float, mtbf_s: float) -> float:
 
 def hazard_interval(
     cost_s: float,
-    hazard: HazardModel,
+    hazard: Hazard,
     now: float,
     min_interval_s: float = MIN_INTERVAL_S,
     max_interval_s: float = MAX_INTERVAL_S,
+    rollback_frac: float = 1.0,
 ) -> tuple[float, float]:
     """The Daly interval under a time-varying hazard: the fixed point of
     ``tau = daly(C, 1 / mean_rate(now, now + tau))``, clamped to [min, max].
+
+    ``rollback_frac`` is the fraction of departures that roll the job back to its last
+    periodic checkpoint: 1 for a job whose final checkpoint would not fit the notice window;
+    for one that fits, only departures that come without a usable notice (the agent counts
+    them), so its MTBF is the hazard's divided by that fraction.
 
     Returns ``(interval_s, mtbf_s)`` where ``mtbf_s`` is the one the interval was computed
     with. Converges in a few iterations (the map is a contraction for piecewise-constant
     rates); stops after 50 and returns the last iterate."""
     _check_nonneg("cost_s", cost_s)
+    if not 0 < rollback_frac <= 1:
+        raise ScheduleError(f"ckpt: rollback_frac must be in (0, 1], got {rollback_frac!r}")
     if not 0 < min_interval_s <= max_interval_s:
         raise ScheduleError(f"ckpt: need 0 < min_interval_s <= max_interval_s, got {min_interval_s}, {max_interval_s}")
-    tau = min(max(daly_interval(cost_s, hazard.mtbf_s(now)), min_interval_s), max_interval_s)
-    mtbf = hazard.mtbf_s(now, tau)
+    tau = min(max(daly_interval(cost_s, hazard.mtbf_s(now) / rollback_frac), min_interval_s), max_interval_s)
+    mtbf = hazard.mtbf_s(now, tau) / rollback_frac
     for _ in range(50):
-        mtbf = hazard.mtbf_s(now, tau)
+        mtbf = hazard.mtbf_s(now, tau) / rollback_frac
         nxt = min(max(daly_interval(cost_s, mtbf), min_interval_s), max_interval_s)
         if abs(nxt - tau) <= 1e-3 * tau:
             tau = nxt
@@ -162,12 +175,13 @@ def notice_fit(jobs: Sequence[CkptJob], link_bps: float, window_s: float, margin
 
 def plan(
     jobs: Sequence[CkptJob],
-    hazard: HazardModel,
+    hazard: Hazard,
     now: float,
     link_bps: float,
     notice_window_s: float,
     min_interval_s: float = MIN_INTERVAL_S,
     max_interval_s: float = MAX_INTERVAL_S,
+    unannounced_frac: float = 1.0,
 ) -> dict[str, CkptPlan]:
     """Checkpoint intervals for the co-resident ``jobs`` of one node whose provider has
     ``hazard``, at time ``now``, with an uplink of ``link_bps`` bytes/s and the provider's
@@ -175,7 +189,9 @@ def plan(
 
     Jobs whose final checkpoint fits the window need no transfer per periodic checkpoint (they
     move at reclaim time), so their cost is the write only; the others are prestaged and pay
-    the transfer at their bandwidth share (the fixed point of the module docstring)."""
+    the transfer at their bandwidth share (the fixed point of the module docstring).
+    ``unannounced_frac``: the share of departures that come without a usable notice; it sets
+    how often the jobs that fit the window still roll back (1, the default, assumes all do)."""
     ids = [j.job_id for j in jobs]
     if len(set(ids)) != len(ids):
         raise ScheduleError(f"ckpt: duplicate job ids in {ids}")
@@ -193,7 +209,8 @@ def plan(
             share[j.job_id] = link_bps / (1.0 + others)
             transfer_s = j.size_bytes / share[j.job_id]
             cost = j.write_s + (transfer_s if pre else 0.0)
-            tau, mtbf = hazard_interval(cost, hazard, now, min_interval_s, max_interval_s)
+            tau, mtbf = hazard_interval(cost, hazard, now, min_interval_s, max_interval_s,
+                                        1.0 if pre else unannounced_frac)
             why = (
                 f"final checkpoint would not fit the {notice_window_s:.0f}s window: prestaged, C includes "
                 f"transfer at {share[j.job_id] / 1e6:.1f} MB/s"
@@ -227,27 +244,31 @@ class NoticeStep:
     """One job's part of an evacuation within a notice window."""
 
     job_id: str
-    signal_at_s: float  # seconds after the notice: send the checkpoint signal
+    signal_at_s: float  # seconds after the notice: send the checkpoint signal (as late as is safe)
     transfer_start_s: float  # seconds after the notice: the transfer may start
     deadline_s: float  # seconds after the notice: the transfer must be done (for the shaper)
     final: bool  # True: a final checkpoint moves; False: resume from the last prestaged one
 
 
 def notice_schedule(jobs: Sequence[CkptJob], link_bps: float, window_s: float, margin: float = NOTICE_MARGIN) -> list[NoticeStep]:
-    """The evacuation timetable for a reclaim with ``window_s`` of notice: every job that fits
-    is signalled at once (writes run in parallel), transfers go smallest first, each with the
-    deadline the shaper enforces; jobs that do not fit get no final checkpoint (``final=False``)
+    """The evacuation timetable for a reclaim with ``window_s`` of notice: the jobs that fit
+    are signalled together as late as the margined window allows (they keep training until
+    then; writes run in parallel), transfers go smallest first, each with the deadline the
+    shaper enforces; jobs that do not fit get no final checkpoint (``final=False``)
     and move their last prestaged checkpoint, due by the window's end."""
     fits = notice_fit(jobs, link_bps, window_s, margin)
-    steps: list[NoticeStep] = []
+    slots: list[tuple[str, float, float]] = []
     used = 0.0
     for j in sorted(jobs, key=lambda j: (j.size_bytes, j.job_id)):
         if fits[j.job_id]:
             start = max(used, j.write_s)
             used = start + j.size_bytes / link_bps
-            steps.append(NoticeStep(j.job_id, 0.0, start, min(window_s * margin, used / margin), True))
-        else:
-            steps.append(NoticeStep(j.job_id, 0.0, 0.0, window_s * margin, False))
+            slots.append((j.job_id, start, used))
+    # Jobs keep training until the latest time that still meets the (margined) window: the
+    # whole timetable slides by the slack.
+    slack = max(0.0, window_s * margin - used)
+    steps = [NoticeStep(jid, slack, slack + st, min(window_s * margin, slack + end / margin), True) for jid, st, end in slots]
+    steps += [NoticeStep(j.job_id, 0.0, 0.0, window_s * margin, False) for j in jobs if not fits[j.job_id]]
     return steps
 
 

@@ -253,6 +253,37 @@ class HazardModel:
         )
 
 
+class HazardSum:
+    """The hazard of losing any of several nodes (a multi-node job): the sum of their models'
+    rates. Offers the same questions as :class:`HazardModel` (rate, cumulative hazard,
+    survival, MTBF), so the checkpoint scheduler takes either."""
+
+    def __init__(self, models: Sequence[HazardModel]) -> None:
+        if not models:
+            raise HazardError("hazard: HazardSum needs at least one model")
+        self.models = list(models)
+
+    def rate_per_s(self, ts: float) -> float:
+        return sum(m.rate_per_s(ts) for m in self.models)
+
+    def cumulative_hazard(self, t0: float, t1: float) -> float:
+        return sum(m.cumulative_hazard(t0, t1) for m in self.models)
+
+    def survival(self, ts: float, horizon_s: float) -> float:
+        _check_pos("horizon_s", horizon_s, allow_zero=True)
+        return math.exp(-self.cumulative_hazard(ts, ts + horizon_s))
+
+    def mean_rate_per_s(self, ts: float, horizon_s: float) -> float:
+        _check_pos("horizon_s", horizon_s, allow_zero=True)
+        if horizon_s == 0:
+            return self.rate_per_s(ts)
+        return self.cumulative_hazard(ts, ts + horizon_s) / horizon_s
+
+    def mtbf_s(self, ts: float, horizon_s: float = 0.0) -> float:
+        r = self.mean_rate_per_s(ts, horizon_s)
+        return math.inf if r <= 0 else 1.0 / r
+
+
 def _split_by_hour(t0: float, t1: float) -> Iterable[tuple[int, float]]:
     """Yields (hour of week, seconds) for the pieces of [t0, t1) cut at whole hours."""
     t = t0

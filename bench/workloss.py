@@ -1,0 +1,411 @@
+"""workloss: work lost and downtime to reclaims, trace-driven on the SkyPilot spot traces.
+
+Laminar (hazard-timed checkpoints, migration within the notice window, destination chosen by
+survival) against Slurm preempt-and-requeue and pipeline-redundancy checkpointing
+(Bamboo/Oobleck-style), on the same node timelines, the same jobs and the same abrupt
+failures. Each baseline is defined in docs/baselines.md; the model in docs/migration.md.
+
+What is real and what is simulated: node departures are the real 1-node preemption traces
+(``--trace``, default ../shared/data/spot-traces; a tick with 1 = preempted); the policy code
+is Laminar's own (laminar.migrate.hazard, .ckpt_schedule, .destination: the agent calls the
+same functions); the jobs, checkpoint sizes and bandwidths are parameters (below), time is
+simulated.
+
+    python bench/workloss.py --quick --json out.json --plot out.png
+
+Keys: workloss_reduction_vs_requeue_pct, workloss_reduction_vs_redundancy_pct,
+downtime_reduction_pct (against the baseline with the *least* downtime, so the figure is
+the conservative one), plus per-policy totals.
+"""
+
+from __future__ import annotations
+
+import argparse
+import bisect
+import json
+import math
+import random
+import statistics
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "agent"))
+
+from laminar.migrate.ckpt_schedule import CkptJob, daly_interval, hazard_interval, notice_fit, notice_schedule  # noqa: E402
+from laminar.migrate.destination import Candidate, MoveRequest, Resources, rank  # noqa: E402
+from laminar.migrate.hazard import HazardModel, HazardSum, SpotTrace, load_spot_trace, spot_trace_files  # noqa: E402
+
+DEFAULT_TRACE = Path(__file__).resolve().parents[2] / "shared/data/spot-traces"
+SETS = ("preemption/1-node/aws-04-22-2023", "preemption/1-node/aws-04-19-2023")
+
+
+@dataclass(frozen=True)
+class Params:
+    nodes_per_job: int = 4  # S: a pipeline of 4 nodes
+    ckpt_gb_per_node: float = 8.0  # checkpoint shard per node
+    write_gbps: float = 2.0  # local NVMe write, GB/s
+    link_gbps: float = 1.25  # node uplink, GB/s (10 Gbit/s)
+    notice_s: float = 120.0  # AWS spot interruption notice
+    restart_s: float = 60.0  # process start + checkpoint load
+    requeue_delay_s: float = 30.0  # Slurm: requeue, scheduling cycle, prolog
+    reconfig_s: float = 30.0  # redundancy: failover / re-plan of the pipeline
+    redundancy_overhead: float = 0.10  # redundancy: extra time per iteration (assumption: see baselines.md)
+    abrupt_frac: float = 0.10  # departures whose notice never arrives (same for all policies)
+    rotations: int = 8  # nodes per zone: the zone's trace shifted by 1 h steps
+
+
+@dataclass
+class Node:
+    name: str
+    zone: str
+    ups: list[tuple[float, float]]
+    starts: list[float] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self.starts = [s for s, _ in self.ups]
+
+    def up_at(self, t: float) -> tuple[float, float] | None:
+        i = bisect.bisect_right(self.starts, t) - 1
+        if i >= 0 and self.ups[i][0] <= t < self.ups[i][1]:
+            return self.ups[i]
+        return None
+
+    def next_up(self, t: float) -> float:
+        if self.up_at(t):
+            return t
+        i = bisect.bisect_right(self.starts, t)
+        return self.starts[i] if i < len(self.starts) else math.inf
+
+
+@dataclass
+class Result:
+    rollback_node_s: float = 0.0
+    overhead_node_s: float = 0.0
+    downtime_s: float = 0.0
+    reclaims: int = 0
+    useful_node_s: float = 0.0
+    migrations: int = 0
+    fallbacks: int = 0
+
+    @property
+    def lost_node_s(self) -> float:
+        return self.rollback_node_s + self.overhead_node_s
+
+
+def build_pool(traces: list[SpotTrace], rotations: int) -> tuple[list[Node], float, float]:
+    t0 = min(tr.start_ts for tr in traces)
+    end = min(tr.start_ts + tr.duration_s for tr in traces)
+    pool = []
+    for tr in traces:
+        for k in range(rotations):
+            shift = k * 3600.0
+            ups = []
+            for s, e in tr.up_intervals():
+                s2, e2 = s + shift, e + shift
+                if e2 > end:
+                    e2 = end + 10 * 86400.0  # past the horizon: up until the end of the run
+                ups.append((s2, e2))
+            pool.append(Node(f"{tr.name}#{k}", tr.name, ups))
+    return pool, t0, end
+
+
+class OnlineHazards:
+    """Per-zone hazard models fed with what the zone has seen so far (no look-ahead)."""
+
+    def __init__(self, pool: list[Node]) -> None:
+        self.events: dict[str, list[tuple[float, float, float]]] = {}
+        for n in pool:
+            self.events.setdefault(n.zone, []).extend((e, s, e) for s, e in n.ups)
+        for v in self.events.values():
+            v.sort()
+        self.models = {z: HazardModel(provider=z) for z in self.events}
+        self.fed = {z: 0 for z in self.events}
+
+    def at(self, t: float) -> dict[str, HazardModel]:
+        for z, evs in self.events.items():
+            i = self.fed[z]
+            m = self.models[z]
+            while i < len(evs) and evs[i][0] <= t:
+                _, s, e = evs[i]
+                m.observe_exposure(s, e)
+                m.observe_reclaim(e)
+                i += 1
+            self.fed[z] = i
+        return self.models
+
+
+def acquire(pool: list[Node], t: float, k: int, busy: set[str], order: list[Node]) -> tuple[float, list[Node]]:
+    """First time >= t at which k free nodes are up, and those nodes (in ``order``)."""
+    while t < math.inf:
+        up = [n for n in order if n.name not in busy and n.up_at(t)]
+        if len(up) >= k:
+            return t, up[:k]
+        nxt = min((n.next_up(t + 1e-6) for n in pool if n.name not in busy and not n.up_at(t)), default=math.inf)
+        t = nxt
+    return math.inf, []
+
+
+def simulate(policy: str, pool: list[Node], start: float, end: float, p: Params, seed: int) -> Result:
+    rng = random.Random(seed)  # the abrupt departures: same draws for every policy
+    order = pool[:]
+    random.Random(seed + 1).shuffle(order)
+    res = Result()
+    size = p.ckpt_gb_per_node * 1e9
+    write_s = size / (p.write_gbps * 1e9)
+    link = p.link_gbps * 1e9
+    S = p.nodes_per_job
+    hz = OnlineHazards(pool) if policy == "laminar" else None
+    # static Daly for the baselines: checkpoint written synchronously to shared storage over
+    # the uplink, MTBF from the pool's average departure rate (given to them: generous)
+    total_up = sum(e - s for n in pool for s, e in n.ups if s < end)
+    departures = sum(1 for n in pool for s, e in n.ups if e < end)
+    job_mtbf = total_up / max(departures, 1) / S
+    c_sync = size / link
+    tau_static = max(daly_interval(c_sync, job_mtbf), 30.0)
+    abrupt_draws: dict[tuple[str, float], bool] = {}
+    seen = [1.0, 2.0]  # Laminar's own count of departures without notice: Beta(1, 1) prior
+
+    def abrupt(node: Node, d: float) -> bool:
+        k = (node.zone, round(d))
+        if k not in abrupt_draws:
+            abrupt_draws[k] = rng.random() < p.abrupt_frac
+        return abrupt_draws[k]
+
+    job = CkptJob("j", size, p.write_gbps * 1e9)
+    step = notice_schedule([job], link, p.notice_s)[0]
+
+    t, nodes = acquire(pool, start, S, set(), order)
+    last_durable = t  # run time at which the last off-node checkpoint became durable (as wall t)
+    degraded = 0  # redundancy: nodes missing from the pipeline
+    while t < end and nodes:
+        # nodes lost while the job was down (restarting, waiting) are replaced before it runs:
+        # no work to lose, only more waiting
+        lost = [n for n in nodes if not n.up_at(t)]
+        if lost and not (policy == "redundancy" and degraded and len(lost) == 0):
+            keep = [n for n in nodes if n.up_at(t)]
+            t2, extra = acquire(pool, t, len(lost), {n.name for n in keep}, order)
+            if not extra:
+                break
+            res.downtime_s += t2 - t
+            nodes, t = keep + extra, t2
+            last_durable = max(last_durable, t) if policy != "redundancy" else last_durable
+            continue
+        departs = [(n.up_at(t) or (t, t))[1] for n in nodes]
+        d_i = min(range(len(nodes)), key=lambda i: departs[i])
+        d = min(departs[d_i], end)
+        # -- run from t to d with periodic checkpoints --------------------------------------
+        if policy == "laminar":
+            assert hz is not None
+            models = hz.at(t)
+            jh = HazardSum([models[n.zone] for n in nodes])
+            fits = notice_fit([CkptJob("j", size, p.write_gbps * 1e9)], link, p.notice_s)["j"]
+            cost = write_s if fits else write_s + size / link
+            tau, _ = hazard_interval(cost, jh, t, rollback_frac=1.0 if not fits else seen[0] / seen[1])
+            pause, lag = cost, (size / link if fits else 0.0)  # async copy after the local write
+        else:
+            tau, pause, lag = tau_static, c_sync, 0.0
+        span = max(0.0, d - t)
+        k = int(span // (tau + pause))
+        rate = S if policy != "redundancy" else (S - degraded)
+        res.overhead_node_s += k * pause * rate
+        if policy == "redundancy":
+            res.overhead_node_s += (span - k * pause) * rate * p.redundancy_overhead / (1 + p.redundancy_overhead)
+        if k > 0:
+            last_ck_end = t + k * (tau + pause)
+            last_durable = max(last_durable, last_ck_end + lag if last_ck_end + lag <= d else last_ck_end - (tau + pause) + lag)
+        res.useful_node_s += span * rate
+        if d >= end:
+            break
+        res.reclaims += 1
+        gone = nodes[d_i]
+        is_abrupt = abrupt(gone, d)
+        # -- the reclaim ----------------------------------------------------------------------
+        if policy == "requeue":
+            res.rollback_node_s += max(0.0, d - last_durable) * S
+            busy: set[str] = set()
+            t2, nodes = acquire(pool, d + p.requeue_delay_s, S, busy, order)
+            t2 += p.restart_s
+            res.downtime_s += t2 - d
+            t, last_durable = t2, t2
+        elif policy == "redundancy":
+            neighbours_lost = degraded > 0  # a second loss before the pipeline is whole again
+            if not neighbours_lost:
+                # failover: the neighbour holds the stage's layers; no rollback, re-plan the pipeline
+                res.downtime_s += p.reconfig_s
+                rest = [n for n in nodes if n is not gone]
+                t2, extra = acquire(pool, d + p.reconfig_s, 1, {n.name for n in rest}, order)
+                if t2 <= d + p.reconfig_s + 1e-6:
+                    nodes, degraded = rest + extra, 0
+                    res.downtime_s += 0.0
+                else:
+                    nodes, degraded = rest, 1
+                t = d + p.reconfig_s
+            else:
+                res.rollback_node_s += max(0.0, d - last_durable) * (S - degraded)
+                t2, nodes = acquire(pool, d + p.requeue_delay_s, S, set(), order)
+                t2 += p.restart_s
+                res.downtime_s += t2 - d
+                t, last_durable, degraded = t2, t2, 0
+        else:  # laminar
+            assert hz is not None
+            seen[0] += 1.0 if is_abrupt else 0.0
+            seen[1] += 1.0
+            fits = step.final
+            # the job keeps training until the timetable's signal, then checkpoints and moves
+            notice_at = max(d - p.notice_s + step.signal_at_s, t)
+            rest = [n for n in nodes if n is not gone]
+            if is_abrupt or not fits:
+                res.rollback_node_s += max(0.0, d - last_durable) * S
+                res.fallbacks += 1
+                ready = d
+                resume_from_fresh = False
+            else:
+                ready = notice_at + write_s + size / link  # final checkpoint written and moved
+                resume_from_fresh = True
+            # destination: rank the free nodes up at the time the move is planned
+            models = hz.at(notice_at if resume_from_fresh else d)
+            plan_t = notice_at if resume_from_fresh else d
+            busy = {n.name for n in rest} | {gone.name}
+            cands = []
+            for n in pool:
+                iv = n.up_at(plan_t)
+                if n.name in busy or iv is None:
+                    continue
+                cands.append(Candidate(n.name, n.zone, "r0", Resources(1, 0, 0), link,
+                                       survival=models[n.zone].survival(plan_t, 4 * 3600.0)))
+            req = MoveRequest("j", Resources(1, 0, 0), size, 4 * 3600.0, p.notice_s if resume_from_fresh else None,
+                              gone.name, gone.zone, "r0")
+            by_name = {n.name: n for n in pool}
+            ranked = [r for r in rank(req, cands) if r.feasible]
+            t_go = max(ready, d if not resume_from_fresh else ready) + p.restart_s
+            ranked = [r for r in ranked if by_name[r.candidate.node].up_at(t_go)]
+            if ranked:
+                dest = by_name[ranked[0].candidate.node]
+                t2 = t_go
+                res.migrations += 1
+            else:
+                t2, extra = acquire(pool, d, 1, busy, order)
+                dest = extra[0] if extra else None
+                t2 += p.restart_s
+            if dest is None:
+                break
+            # the whole job pauses for the final checkpoint at the notice (or stops at d)
+            paused_from = notice_at if resume_from_fresh else d
+            res.downtime_s += t2 - paused_from
+            res.useful_node_s -= max(0.0, d - paused_from) * S  # not working during the notice pause
+            nodes = rest + [dest]
+            t = t2
+            last_durable = t2 if resume_from_fresh else min(last_durable, t2)
+            if not resume_from_fresh:
+                last_durable = t2
+    return res
+
+
+def run(trace_root: Path, sets: list[str], scenarios: int, p: Params) -> dict[str, object]:
+    per: dict[str, list[Result]] = {"laminar": [], "requeue": [], "redundancy": []}
+    for s in sets:
+        traces = [load_spot_trace(f) for f in spot_trace_files(trace_root / s)]
+        traces = [tr for tr in traces if len(tr.departures()) > 0]
+        pool, t0, end = build_pool(traces, p.rotations)
+        for i in range(scenarios):
+            start = t0 + (end - t0) * 0.5 * i / max(scenarios, 1)
+            for pol in per:
+                per[pol].append(simulate(pol, pool, start, end, p, seed=1000 + i))
+    out: dict[str, object] = {}
+    tot = {}
+    for pol, rs in per.items():
+        lost = sum(r.lost_node_s for r in rs)
+        down = sum(r.downtime_s for r in rs)
+        tot[pol] = (lost, down)
+        out[f"{pol}_work_lost_node_h"] = round(lost / 3600, 2)
+        out[f"{pol}_rollback_node_h"] = round(sum(r.rollback_node_s for r in rs) / 3600, 2)
+        out[f"{pol}_overhead_node_h"] = round(sum(r.overhead_node_s for r in rs) / 3600, 2)
+        out[f"{pol}_downtime_h"] = round(down / 3600, 2)
+        out[f"{pol}_reclaims"] = sum(r.reclaims for r in rs)
+        out[f"{pol}_downtime_per_reclaim_median_s"] = round(
+            statistics.median([r.downtime_s / max(r.reclaims, 1) for r in rs]), 1)
+        out[f"{pol}_work_lost_per_scenario_median_node_h"] = round(statistics.median([r.lost_node_s for r in rs]) / 3600, 2)
+    out["laminar_migrations"] = sum(r.migrations for r in per["laminar"])
+    out["laminar_fallbacks"] = sum(r.fallbacks for r in per["laminar"])
+
+    def red(a: float, b: float) -> float:
+        return round(100.0 * (1.0 - a / b), 1) if b > 0 else 0.0
+
+    out["workloss_reduction_vs_requeue_pct"] = red(tot["laminar"][0], tot["requeue"][0])
+    out["workloss_reduction_vs_redundancy_pct"] = red(tot["laminar"][0], tot["redundancy"][0])
+    dr_req = red(tot["laminar"][1], tot["requeue"][1])
+    dr_red = red(tot["laminar"][1], tot["redundancy"][1])
+    out["downtime_reduction_vs_requeue_pct"] = dr_req
+    out["downtime_reduction_vs_redundancy_pct"] = dr_red
+    out["downtime_reduction_pct"] = min(dr_req, dr_red)
+    out["scenarios"] = len(per["laminar"])
+    out["trace_sets"] = ",".join(Path(s).name for s in sets)
+    for k, v in vars(p).items():
+        out[f"param_{k}"] = v
+    out["_per"] = per  # removed before writing JSON
+    return out
+
+
+def plot(out: dict[str, object], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    pols = ["requeue", "redundancy", "laminar"]
+    labels = ["Slurm requeue", "pipeline redundancy", "Laminar"]
+    fig, axes = plt.subplots(1, 2, figsize=(10, 4))
+    rb = [float(str(out[f"{p}_rollback_node_h"])) for p in pols]
+    ov = [float(str(out[f"{p}_overhead_node_h"])) for p in pols]
+    axes[0].bar(labels, rb, label="rolled back (recomputed)", color="#c44")
+    axes[0].bar(labels, ov, bottom=rb, label="tolerance overhead (checkpoints, redundancy)", color="#e9a")
+    axes[0].set_ylabel("node-hours lost")
+    axes[0].set_title(f"work lost (-{out['workloss_reduction_vs_requeue_pct']}% vs requeue, "
+                      f"-{out['workloss_reduction_vs_redundancy_pct']}% vs redundancy)", fontsize=9)
+    axes[0].legend(fontsize=7)
+    axes[1].bar(labels, [float(str(out[f"{p}_downtime_h"])) for p in pols], color=["#888", "#888", "#2a7"])
+    axes[1].set_ylabel("hours without progress")
+    axes[1].set_title(f"downtime (-{out['downtime_reduction_pct']}% vs the better baseline)", fontsize=9)
+    for ax in axes:
+        ax.tick_params(axis="x", labelsize=8)
+    fig.suptitle(f"{out['scenarios']} scenarios on spot traces {out['trace_sets']}, notice {out['param_notice_s']:.0f}s, "
+                 f"{out['param_abrupt_frac']:.0%} abrupt", fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--trace", type=Path, default=DEFAULT_TRACE, help="spot-traces directory")
+    ap.add_argument("--quick", action="store_true", help="one trace set, 4 scenarios (< 60 s)")
+    ap.add_argument("--json", type=Path)
+    ap.add_argument("--plot", type=Path)
+    ap.add_argument("--scenarios", type=int, default=12)
+    ap.add_argument("--notice", type=float, default=Params.notice_s)
+    ap.add_argument("--abrupt-frac", type=float, default=Params.abrupt_frac)
+    ap.add_argument("--redundancy-overhead", type=float, default=Params.redundancy_overhead)
+    ap.add_argument("--ckpt-gb", type=float, default=Params.ckpt_gb_per_node)
+    a = ap.parse_args(argv)
+    if not a.trace.is_dir():
+        ap.error(f"--trace {a.trace}: not a directory (expected ../shared/data/spot-traces)")
+    p = Params(notice_s=a.notice, abrupt_frac=a.abrupt_frac, redundancy_overhead=a.redundancy_overhead,
+               ckpt_gb_per_node=a.ckpt_gb)
+    sets = [SETS[0]] if a.quick else list(SETS)
+    scen = 4 if a.quick else a.scenarios
+    t0 = time.monotonic()
+    out = run(a.trace, sets, scen, p)
+    out.pop("_per")
+    out["wall_s"] = round(time.monotonic() - t0, 1)
+    out["quick"] = int(a.quick)
+    print(json.dumps(out, indent=1))
+    if a.json:
+        a.json.write_text(json.dumps(out))
+    if a.plot:
+        plot(out, a.plot)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
