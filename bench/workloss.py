@@ -281,6 +281,7 @@ def simulate(policy: str, pool: list[Node], start: float, end: float, p: Params,
             ranked = [r for r in rank(req, cands) if r.feasible]
             t_go = max(ready, d if not resume_from_fresh else ready) + p.restart_s
             ranked = [r for r in ranked if by_name[r.candidate.node].up_at(t_go)]
+            dest: Node | None
             if ranked:
                 dest = by_name[ranked[0].candidate.node]
                 t2 = t_go
