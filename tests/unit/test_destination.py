@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+
 from laminar.migrate.destination import Candidate, DestinationError, MoveRequest, Resources, rank
 from laminar.migrate.hazard import HazardModel
 

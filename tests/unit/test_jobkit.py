@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
+
 from laminar import jobkit
 from laminar.jobkit import MANIFEST, Checkpointer, CheckpointError, latest_checkpoint, verify_checkpoint
 
