@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import secrets
 import subprocess
+import sys
 import time
 
 import pytest
@@ -27,8 +28,10 @@ def test_job_cgroup_lifecycle() -> None:
         # The cgroup id is the cgroup2 directory's inode: what /proc/<pid>/cgroup and BPF see.
         assert cg.cgroup_id == os.stat(cg.unified).st_ino
         files = [str(f) for f in cg.procs_files()]
-        script = 'for f in "$@"; do echo $$ > "$f"; done; exec sleep 60'
-        proc = subprocess.Popen(["/bin/sh", "-c", script, "x", *files])
+        # The process joins, then touches 8 MiB of its own: memory charged inside the cgroup.
+        script = ('for f in "$@"; do echo $$ > "$f"; done; exec "$0" -c '
+                  '"import time; b = bytearray(8 << 20); time.sleep(60)"')
+        proc = subprocess.Popen(["/bin/sh", "-c", script, sys.executable, *files])
         deadline = time.monotonic() + 5
         while proc.pid not in cg.pids() and time.monotonic() < deadline:
             time.sleep(0.01)
@@ -38,7 +41,10 @@ def test_job_cgroup_lifecycle() -> None:
         assert cg.freeze() and cg.frozen()
         assert open(f"/proc/{proc.pid}/stat").read().split()[2] in ("S", "D", "T", "t")
         assert cg.thaw() and not cg.frozen()
-        assert cg.memory_usage() > 0
+        deadline = time.monotonic() + 5
+        while cg.memory_usage() < 8 << 20 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert cg.memory_usage() >= 8 << 20
         cg.kill()
         assert proc.wait(5) == -9
         deadline = time.monotonic() + 5

@@ -35,6 +35,7 @@ from collections import deque
 from pathlib import Path
 from typing import Any
 
+from ..config import Field, register_section
 from . import ladder
 from .cgroups import CgroupError, CgroupTree, read_memory_limit, read_memory_usage
 from .policy import Policy, PolicyError, PolicyStore, parse
@@ -50,6 +51,28 @@ TICK_S = 0.05
 STALL_HOLD_S = 0.2
 # At most one evaluation per this interval (a storm raises thousands of tracepoint events).
 MIN_EVAL_GAP_S = 0.005
+
+
+def _class_budgets(v: Any) -> str | None:
+    if not isinstance(v, dict):
+        return "must be a table of class = MiB"
+    for k, mb in v.items():
+        if k not in ("long-resident", "standard", "transient"):
+            return f"unknown class {k!r}; classes are long-resident, standard, transient"
+        if isinstance(mb, bool) or not isinstance(mb, int) or mb <= 0:
+            return f"{k} = {mb!r}: expected MiB as an integer > 0"
+    return None
+
+
+CONFIG_FIELDS = {
+    "budget_mb": Field(int, 0, "memory budget of all jobs on this node in MiB (0: none)",
+                       lambda v: None if v >= 0 else "must be >= 0"),
+    "class_budget_mb": Field(dict, {}, "per-class memory budgets in MiB, e.g. {transient = 2048}", _class_budgets),
+    "hold_allocator": Field(bool, True, "on v1, disable the kernel OOM killer on the budget so tasks wait while "
+                                        "Airlock decides"),
+}
+register_section("airlock", CONFIG_FIELDS)
+
 # BPF pressure event types (bpf/laminar.h LM_EV_*)
 EV_DIRECT_RECLAIM_BEGIN, EV_MEMCG_RECLAIM_BEGIN, EV_OOM_VICTIM = 1, 3, 5
 
@@ -109,7 +132,7 @@ class Airlock:
             self.store = self.store or agent.store
             self.events = self.events or agent.events
             self.migrate = self.migrate or getattr(agent, "migrate", None)
-            cfg = getattr(agent.config, "_values", {}).get("airlock")
+            cfg = agent.config.section("airlock")
             if cfg:
                 self.budget_mb = cfg.get("budget_mb") or None
                 self.class_budget_mb = dict(cfg.get("class_budget_mb") or {})
