@@ -22,6 +22,17 @@ def parse_duration(text: str) -> float:
     return value
 
 
+def add_deadline(body: dict[str, Any], action: str, at: str | None) -> dict[str, Any]:
+    """Puts `at_s` in a kill-switch request body: required with arm, refused without it."""
+    if action == "arm":
+        if not at:
+            raise CtlError("arm needs --at, e.g. --at +30s", EXIT_USAGE)
+        body["at_s"] = parse_duration(at)
+    elif at:
+        raise CtlError("--at goes with arm only", EXIT_USAGE)
+    return body
+
+
 def register(sub: Any, common: argparse.ArgumentParser) -> None:
     p = sub.add_parser("status", parents=[common], help="agent, kernel features, maps, programs, pressure now")
     p.set_defaults(func=cmd_status)
@@ -131,13 +142,7 @@ def cmd_killswitch(args: argparse.Namespace) -> int:
     body: dict[str, Any] = {"action": args.action, "scope": scope}
     if args.job:
         body["job"] = args.job
-    if args.action == "arm":
-        if not args.at:
-            raise CtlError("arm needs --at, e.g. --at +30s", EXIT_USAGE)
-        body["at_s"] = parse_duration(args.at)
-    elif args.at:
-        raise CtlError("--at goes with arm only", EXIT_USAGE)
-    res = args.client.post("/v1/killswitch", body)
+    res = args.client.post("/v1/killswitch", add_deadline(body, args.action, args.at))
     emit(res, args.output, lambda r: info(r.get("message", fmt(r))))
     return 0
 

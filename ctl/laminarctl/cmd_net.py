@@ -17,8 +17,7 @@ import argparse
 import re
 from typing import Any
 
-from .client import EXIT_USAGE, CtlError
-from .cmd_core import parse_duration
+from .cmd_core import add_deadline, parse_duration
 from .output import emit, info, kv, table
 
 # Exit status when some transfer will miss its deadline (scripts re-plan on it); after the
@@ -118,13 +117,7 @@ def cmd_transfer_rm(args: argparse.Namespace) -> int:
 
 def cmd_kill_flow(args: argparse.Namespace) -> int:
     body: dict[str, Any] = {"flow": args.flow, "action": args.action}
-    if args.action == "arm":
-        if not args.at:
-            raise CtlError("arm needs --at, e.g. --at +30s", EXIT_USAGE)
-        body["at_s"] = parse_duration(args.at)
-    elif args.at:
-        raise CtlError("--at goes with arm only", EXIT_USAGE)
-    res = args.client.post("/v1/killswitch/flow", body)
+    res = args.client.post("/v1/killswitch/flow", add_deadline(body, args.action, args.at))
     emit(res, args.output, lambda r: info(r["message"]))
     return 0
 
