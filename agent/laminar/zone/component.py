@@ -45,6 +45,9 @@ HANDOVER_OK = 0
 HANDOVER_NO_RESERVATION = 1  # the committed reservation is gone (hold expired): place elsewhere
 HANDOVER_REJECTED = 2  # the node refused the job spec itself: placing elsewhere fails the same way
 HANDOVER_ERROR = 3  # the node failed to start the job
+# Every job placed through the zone carries its placement id in this environment variable:
+# after an agent restart, a repeated hand-over finds the job by it (and never starts a second).
+PLACEMENT_ENV = "LM_PLACEMENT_ID"  # LAMINAR_* names are reserved by the job manager
 
 
 # --------------------------------------------------------------------------- conversions
@@ -230,14 +233,16 @@ class PlacementResult:
     probed: list[int] = field(default_factory=list)
     refusals: dict[str, int] = field(default_factory=dict)
     reason: str = ""
-    elapsed_ms: float = 0.0
+    elapsed_ms: float = 0.0  # submit to hand-over acknowledged (the job started), in ms
+    bind_ms: float = 0.0  # submit to the offer bound (the placement decided), in ms
+    t0: float = field(default=0.0, repr=False)
 
     def as_dict(self) -> dict[str, Any]:
         return {
             "outcome": self.outcome, "placement_id": f"{self.placement_id:016x}", "node": self.node,
             "zone": self.zone, "job_id": self.job_id, "steps": self.steps, "rounds": self.rounds,
             "probed": self.probed, "refusals": self.refusals, "reason": self.reason,
-            "elapsed_ms": round(self.elapsed_ms, 3),
+            "elapsed_ms": round(self.elapsed_ms, 3), "bind_ms": round(self.bind_ms, 3),
         }
 
 
@@ -267,7 +272,7 @@ class Submitter:
         probe_timeout_s: float = 0.25,
         commit_tries: int = 3,
         handover_timeout_s: float = 10.0,
-        handover_tries: int = 3,
+        unconfirmed_wait_s: float = 60.0,
         max_rounds: int = 3,
         commit_first: bool = False,
         clock: Callable[[], float] = time.time,
@@ -283,12 +288,13 @@ class Submitter:
         self.probe_timeout_s = probe_timeout_s
         self.commit_tries = commit_tries
         self.handover_timeout_s = handover_timeout_s
-        self.handover_tries = handover_tries
+        self.unconfirmed_wait_s = unconfirmed_wait_s
         self.max_rounds = max_rounds
         self.commit_first = commit_first
         self.clock = clock
         self.sleep = sleep
-        self.counts: dict[str, int] = {"placed": 0, "unconfirmed": 0, "rejected": 0, "queued-out": 0}
+        self.counts: dict[str, int] = {"placed": 0, "unconfirmed": 0, "rejected": 0, "queued-out": 0,
+                                       "probe_timeouts": 0, "handover_failures": 0, "queue_waits": 0}
 
     def new_placement_id(self) -> int:
         return self.rng.getrandbits(63) | 1
@@ -298,7 +304,7 @@ class Submitter:
         peer's misbehaviour or silence (they only cost retries)."""
         t0 = time.perf_counter()
         pid = placement_id or self.new_placement_id()
-        res = PlacementResult("queued-out", pid)
+        res = PlacementResult("queued-out", pid, t0=t0)
         answers = self.t.expect(pid)
         try:
             await self._place(demand, spec, pid, answers, res)
@@ -354,6 +360,7 @@ class Submitter:
                 waiting = set(targets)
                 done, timed_out = await self._collect(pid, answers, waiting, offers, res)
                 if timed_out:
+                    self.counts["probe_timeouts"] += 1
                     for n in waiting:  # silent past the timeout: a miss each
                         self.m.missed(n, self.clock())
                 if not done and not offers:
@@ -366,6 +373,7 @@ class Submitter:
             if res.outcome != "queued-out":
                 return
             if rnd + 1 < self.max_rounds:  # queued: wait, then start over (capacity may free up)
+                self.counts["queue_waits"] += 1
                 await self.sleep(queue.delay_s)
         res.reason = res.reason or "no node offered capacity within the retry budget"
 
@@ -424,10 +432,13 @@ class Submitter:
                 if ack is None or ack.status != 0:
                     continue
                 port = ack.port or port
+            res.bind_ms = (time.perf_counter() - res.t0) * 1000
             outcome = await self._handover(pid, node, port, spec_json, res)
             if outcome is None:
                 continue
             res.node, res.zone = node, offer.zone
+            if res.outcome == "placed":
+                res.reason = ""
             return True
 
     async def _commit(
@@ -455,30 +466,43 @@ class Submitter:
 
     async def _handover(self, pid: int, node: int, port: int, spec_json: bytes, res: PlacementResult) -> bool | None:
         """True: finished (placed, unconfirmed or rejected: ``res.outcome`` says); None: the
-        node certainly did not take the job, place it elsewhere."""
+        node certainly did not take the job, place it elsewhere.
+
+        Once the spec may have reached the node (the frame was written), the job may be
+        running there, so it is never placed elsewhere on a guess: the hand-over is repeated
+        (it is idempotent by placement id, also across an agent restart) until the node
+        answers, for at most ``unconfirmed_wait_s``. A node that answers "no reservation"
+        has no job for this placement, so the job goes elsewhere; one that never answers
+        leaves the placement ``unconfirmed``.
+        """
         delivered = False
-        for _ in range(self.handover_tries):
+        deadline = time.monotonic() + self.unconfirmed_wait_s
+        delay = 0.2
+        while True:
             try:
                 ack = await self.t.handover(node, port, wire.Handover(pid, spec_json), self.handover_timeout_s)
             except HandoverError as e:
+                self.counts["handover_failures"] += 1
                 delivered = delivered or e.delivered
                 if not delivered:
                     self.m.missed(node, self.clock())
                     return None
-                continue  # the node may have it: ask again, the hand-over is idempotent
+                if time.monotonic() + delay > deadline:
+                    break
+                await self.sleep(delay)  # the node may have it: ask again until it answers
+                delay = min(delay * 2, 5.0)
+                continue
             if ack.status == HANDOVER_OK:
                 res.outcome, res.job_id = "placed", ack.text
                 return True
             if ack.status == HANDOVER_REJECTED:
                 res.outcome, res.reason = "rejected", ack.text
                 return True
-            if ack.status == HANDOVER_NO_RESERVATION and not delivered:
-                return None
-            res.reason = ack.text
-            if not delivered:
-                return None
+            res.reason = ack.text  # no reservation, or the job failed to start: not running there
+            return None
         res.outcome = "unconfirmed"
-        res.reason = f"node {node} took the hand-over and went silent; not placed elsewhere to avoid doubling the job"
+        res.reason = (f"node {node} received the hand-over and has not answered for {self.unconfirmed_wait_s:g} s; "
+                      "not placed elsewhere, which could run the job twice")
         return True
 
     def _release(self, pid: int, offers: list[pl.Offer]) -> None:
@@ -527,6 +551,8 @@ def zone_config_fields() -> dict[str, Any]:
         "hold_s": Field((int, float), 30.0, "hold of a committed reservation awaiting its hand-over", rng(1, 600)),
         "probe_timeout_s": Field((int, float), 0.2, "how long a submitter waits for answers to one probe round", rng(0.005, 10)),
         "handover_timeout_s": Field((int, float), 10.0, "how long a hand-over may take (job start included)", rng(0.1, 120)),
+        "unconfirmed_wait_s": Field((int, float), 60.0, "how long a submitter keeps asking a node that received a "
+                                    "hand-over and went silent, before reporting the placement unconfirmed", rng(0, 3600)),
         "summary_interval_s": Field((int, float), 1.0, "period of this node's capacity summaries", rng(0.05, 600)),
         "summary_fanout": Field(int, 8, "peers each summary goes to (bounds the rate in any zone size)", rng(1, 1000)),
         "peer_timeout_s": Field((int, float), 10.0, "a summary older than this no longer counts", rng(0.5, 3600)),
@@ -678,6 +704,7 @@ class ZoneComponent:
             transport, self.membership, self.zone_fits, rng=self.rng, policy=policy, lease_s=float(s["lease_s"]),
             hold_s=float(s["hold_s"]), probe_timeout_s=float(s["probe_timeout_s"]),
             handover_timeout_s=float(s["handover_timeout_s"]), max_rounds=int(s["queue_rounds"]), clock=self.clock,
+            unconfirmed_wait_s=float(s["unconfirmed_wait_s"]),
         )
         self.keys = keys
         self.encoder = wire.Encoder(self.node_id, keys)
@@ -821,6 +848,18 @@ class ZoneComponent:
             with store.tx() as db:
                 db.execute("DELETE FROM zone_placed WHERE placement_id=?", (pid,))
 
+    def job_for_placement(self, pid: int) -> str | None:
+        """The id of the job this node started for placement ``pid`` (in any state), found by
+        the placement id its environment carries; None when there is none."""
+        if self._jobs is None:
+            return None
+        tag = f"{pid:016x}"
+        for j in self._jobs.list(True):
+            env = getattr(getattr(j, "spec", None), "env", None) or {}
+            if env.get(PLACEMENT_ENV) == tag:
+                return str(j.id)
+        return None
+
     async def _watch_jobs(self) -> None:
         """Give capacity back when placed jobs end."""
         while True:
@@ -914,6 +953,10 @@ class ZoneComponent:
         self.counts["handovers"] += 1
         p = self.arbiter.bind(pid, self.clock(), sender)
         if p is None:
+            # a repeat after this agent restarted: the job may have started before the crash
+            done = self.job_for_placement(pid)
+            if done is not None:
+                return wire.HandoverAck(pid, HANDOVER_OK, done)
             return wire.HandoverAck(pid, HANDOVER_NO_RESERVATION, "no live reservation for this placement (lease expired?)")
         if p.job_id:
             return wire.HandoverAck(pid, HANDOVER_OK, p.job_id)
@@ -924,8 +967,10 @@ class ZoneComponent:
             spec_d["gpus"] = whole
             share = [f"{self.gpu_index[i]}:{f:g}" for i, f in p.reservation.gpu_alloc
                      if f < 1.0 - pl.EPS and i < len(self.gpu_index)]
+            env = {**spec_d.get("env", {}), PLACEMENT_ENV: f"{pid:016x}"}
             if share:
-                spec_d["env"] = {**spec_d.get("env", {}), "LAMINAR_GPU_SHARE": ",".join(share)}
+                env["LM_GPU_SHARE"] = ",".join(share)
+            spec_d["env"] = env
             from laminar.runtime.jobs import JobError, JobSpec
 
             spec = JobSpec.from_dict(spec_d)
@@ -1051,7 +1096,8 @@ class ZoneComponent:
             "counts": dict(self.counts), "late_offers": self.router.late_offers,
             "residual": capacity_to_summary(self.arbiter.view(now)).__dict__,
             "zone_summaries": {z: {"nodes": s.nodes, "slots": dict(zip(map(str, pl.SHAPES), s.slots, strict=True)),
-                                   "age_s": round(now - s.issued_at, 2)} for z, s in self.zone_summaries.items()},
+                                   "gpu_models": list(s.gpu_models), "age_s": round(now - s.issued_at, 2)}
+                               for z, s in self.zone_summaries.items()},
         }
 
     def status(self) -> dict[str, Any]:

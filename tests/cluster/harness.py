@@ -1,0 +1,206 @@
+"""A real cluster of laminard agents for tests and benchmarks: one network namespace per agent,
+all on one bridge of the test's own (``lmt-br-<rand>``), talking real UDP and TCP.
+
+    with Cluster.create(tmp_path, zones=3, per_zone=3, gpus=2) as c:
+        r = c.place(0, {"name": "x", "command": ["sleep", "30"]}, gpus=1)
+        c.nodes[4].json("jobs")
+
+Each agent gets its own state dir, socket, pin root and cgroup root (``tests/agentproc.py``),
+declared GPUs, and a ``[zone]`` section listing all nodes; every zone has its own key, and the
+key file (mode 0600) holds all of them. Everything (agents, their jobs and cgroups, namespaces,
+veths, the bridge) is removed on exit, also when the test fails.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE.parent))
+
+from agentproc import VENV_BIN, AgentProc  # noqa: E402
+from conftest import Netns, delete_netns, kernel_ready, make_netns, run  # noqa: E402
+
+UDP_PORT = 7440
+TCP_PORT = 7441
+
+
+def cluster_ready() -> str | None:
+    """Why a cluster cannot run here, or None."""
+    return kernel_ready()
+
+
+def wait_until(fn: Callable[[], Any], timeout: float = 30.0, what: str = "condition", every: float = 0.1) -> Any:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        v = fn()
+        if v:
+            return v
+        time.sleep(every)
+    raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+
+
+class ZoneAgent(AgentProc):
+    """A real laminard for zone tests, with two differences from ``laminard`` itself:
+
+    - the zone component is imported before the config is read, so the ``[zone]`` section is
+      known even where laminar.config does not list it itself;
+    - Airlock is left out (``airlock=False``): it treats an OOM kill anywhere on the host as a
+      critical signal, and on this shared machine other tests' memory storms would make it
+      reclaim the cluster's jobs, which would hide what these tests check (placement).
+    """
+
+    airlock = False
+
+    def start(self, wait: bool = True, timeout: float = 60.0) -> None:
+        log = open(self.log_path, "ab")
+        drop = "" if self.airlock else "A.COMPONENTS[:] = [c for c in A.COMPONENTS if 'airlock' not in c]; "
+        code = f"import sys, laminar.zone.component, laminar.agent as A; {drop}sys.exit(A.main())"
+        self.proc = subprocess.Popen(self.argv(str(VENV_BIN / "python"), "-c", code, "--config", str(self.config_path)),
+                                     stdout=log, stderr=log, start_new_session=True)
+        log.close()
+        if wait:
+            self.wait_ready(timeout)
+
+
+@dataclass
+class Node:
+    index: int  # 0-based
+    node_id: int
+    zone: int
+    addr: str
+    netns: Netns
+    host_if: str
+    agent: ZoneAgent
+    mac: str = ""
+
+    def json(self, *args: str) -> Any:
+        return self.agent.json(*args)
+
+    def ctl(self, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+        return self.agent.ctl(*args, check=check)
+
+
+@dataclass
+class Cluster:
+    tmp: Path
+    bridge: str
+    subnet: str
+    keys: dict[int, bytes]
+    keys_file: Path
+    nodes: list[Node] = field(default_factory=list)
+
+    @classmethod
+    @contextmanager
+    def create(cls, tmp: Path, zones: int = 3, per_zone: int = 3, gpus: int = 2, cpus: int = 8,
+               memory_mb: int = 16_000, pools: dict[int, str] | None = None, handover_timeout_s: float = 10.0,
+               zone_extra: str = "", node_extra: dict[int, str] | None = None) -> Iterator[Cluster]:
+        tag = secrets.token_hex(3)
+        bridge = f"lmt-br-{tag}"
+        subnet = f"10.{secrets.randbelow(100) + 120}.{secrets.randbelow(250) + 1}"
+        tmp = Path(tmp) / f"cluster-{tag}"
+        tmp.mkdir(parents=True)
+        keys = {z: secrets.token_bytes(32) for z in range(1, zones + 1)}
+        keys_file = tmp / "zone.keys"
+        keys_file.write_text("".join(f"{z} {k.hex()}\n" for z, k in keys.items()))
+        os.chmod(keys_file, 0o600)
+        c = cls(tmp, bridge, subnet, keys, keys_file)
+        created_ns: list[Netns] = []
+        try:
+            run("ip", "link", "add", bridge, "type", "bridge")
+            run("ip", "addr", "add", f"{subnet}.254/24", "dev", bridge)
+            run("ip", "link", "set", bridge, "up")
+            n = zones * per_zone
+            members = []
+            for i in range(n):
+                zone = 1 + i // per_zone
+                addr = f"{subnet}.{i + 1}"
+                pool = (pools or {}).get(i, "")
+                members.append({"id": i + 1, "zone": zone, "addr": f"{addr}:{UDP_PORT}", "handover_port": TCP_PORT,
+                                **({"pool": pool} if pool else {})})
+            nodes_toml = "".join(
+                f'\n[[zone.nodes]]\nid = {m["id"]}\nzone = {m["zone"]}\naddr = "{m["addr"]}"\nhandover_port = {TCP_PORT}\n'
+                + (f'pool = "{m["pool"]}"\n' if m.get("pool") else "")
+                for m in members)
+            for i in range(n):
+                ns = make_netns(f"z{i}")
+                created_ns.append(ns)
+                host_if, ns_if = f"lmt{tag}{i:02d}h", f"lmt{tag}{i:02d}n"
+                run("ip", "link", "add", host_if, "type", "veth", "peer", "name", ns_if, "netns", ns.name)
+                run("ip", "link", "set", host_if, "master", bridge)
+                run("ip", "link", "set", host_if, "up")
+                addr = f"{subnet}.{i + 1}"
+                ns.run("ip", "addr", "add", f"{addr}/24", "dev", ns_if)
+                ns.run("ip", "link", "set", ns_if, "up")
+                mac = json.loads(ns.run("ip", "-j", "link", "show", "dev", ns_if).stdout)[0]["address"]
+                zone_toml = (
+                    f'[gpus]\ndeclared = {gpus}\n\n[zone]\nnode_id = {i + 1}\nport = {UDP_PORT}\n'
+                    f'handover_port = {TCP_PORT}\nkeys_file = "{keys_file}"\ncpus = {cpus}\nmemory_mb = {memory_mb}\n'
+                    f'summary_interval_s = 0.3\nprobe_timeout_s = 0.2\nhandover_timeout_s = {handover_timeout_s}\n{zone_extra}\n'
+                    f'{(node_extra or {}).get(i, "")}\n{nodes_toml}'
+                )
+                agent = ZoneAgent(tmp, ns_if, ns, extra_toml=zone_toml, node=f"z{1 + i // per_zone}n{i + 1}")
+                c.nodes.append(Node(i, i + 1, 1 + i // per_zone, addr, ns, host_if, agent, mac))
+            for nd in c.nodes:
+                nd.agent.start(wait=False)
+            for nd in c.nodes:
+                nd.agent.wait_ready(90)
+            c.wait_converged()
+            yield c
+        finally:
+            for nd in c.nodes:
+                try:
+                    nd.agent.cleanup()
+                except Exception as e:  # keep cleaning the others
+                    print(f"cleanup of node {nd.node_id} failed: {e}", file=sys.stderr)
+            for ns in created_ns:
+                delete_netns(ns)
+            run("ip", "link", "delete", bridge, check=False)
+
+    def wait_converged(self, timeout: float = 30.0) -> None:
+        """Until every agent holds a fresh summary of every other zone (placements can go anywhere)."""
+        zones = {nd.zone for nd in self.nodes}
+
+        def ok() -> bool:
+            for nd in self.nodes:
+                if nd.agent.proc is None or nd.agent.proc.poll() is not None:
+                    continue
+                st = nd.json("zone", "stats")
+                if set(map(int, st["zone_summaries"])) != zones - {nd.zone}:
+                    return False
+            return True
+
+        wait_until(ok, timeout, "zone summaries to reach every agent", every=0.3)
+
+    def place(self, index: int, spec: dict[str, Any], gpus: float = 0.0, **extra: Any) -> dict[str, Any]:
+        """POST /v1/placements on node ``index`` (0-based) through laminarctl's socket, via curl-free Python."""
+        nd = self.nodes[index]
+        body = {"spec": spec, "gpus": gpus, **extra}
+        argv = nd.agent.argv(str(VENV_BIN / "python"), "-c",
+                             "import json, sys; from laminarctl.client import Client; "
+                             "print(json.dumps(Client(sys.argv[1], timeout=120).post('/v1/placements', json.loads(sys.argv[2]))))",
+                             str(nd.agent.sock), json.dumps(body))
+        r = subprocess.run(argv, text=True, capture_output=True, timeout=180)
+        if r.returncode != 0:
+            raise AssertionError(f"placement on node {nd.node_id} failed: {r.stderr}\n{nd.agent.log()}")
+        out: dict[str, Any] = json.loads(r.stdout)
+        return out
+
+    def jobs(self) -> dict[int, list[dict[str, Any]]]:
+        """Active jobs per node id (agents that are down are skipped)."""
+        out: dict[int, list[dict[str, Any]]] = {}
+        for nd in self.nodes:
+            if nd.agent.proc is None or nd.agent.proc.poll() is not None:
+                continue
+            out[nd.node_id] = [j for j in nd.json("jobs") if j["state"] in ("running", "suspended")]
+        return out

@@ -1,0 +1,168 @@
+"""Zone placement between real agents: 9 laminard processes in 3 zones, each in its own network
+namespace on a bridge of the test's own, talking authenticated UDP (probes, offers, summaries)
+and TCP (hand-overs). GPUs are declared (no GPU here): 2 per node, so the cluster holds 18
+one-GPU jobs and not one more.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable, Iterator
+from contextlib import ExitStack
+from pathlib import Path
+from typing import Any
+
+import pytest
+from harness import UDP_PORT, Cluster, wait_until
+
+pytestmark = pytest.mark.cluster
+
+
+@pytest.fixture
+def make_cluster(tmp_path: Path) -> Iterator[Callable[..., Cluster]]:
+    """Start a cluster (harness.Cluster.create); everything is removed after the test."""
+    with ExitStack() as stack:
+        yield lambda **kw: stack.enter_context(Cluster.create(tmp_path, **kw))
+
+SLEEP = ["sleep", "300"]
+
+
+def all_jobs(c: Cluster) -> list[tuple[int, dict[str, Any]]]:
+    """(node id, job) for every job of every running agent, whatever its state."""
+    out = []
+    for nd in c.nodes:
+        if nd.agent.proc is not None and nd.agent.proc.poll() is None:
+            out.extend((nd.node_id, j) for j in nd.json("jobs"))
+    return out
+
+
+def assert_within_capacity(c: Cluster, gpus: int) -> None:
+    for node, jobs in c.jobs().items():
+        used = [g for j in jobs for g in j["gpus"]]
+        assert len(used) <= gpus and len(set(used)) == len(used), f"node {node} over capacity: {jobs}"
+
+
+def test_jobs_submitted_on_one_node_run_on_others_never_over_capacity(make_cluster):
+    c = make_cluster(zones=3, per_zone=3, gpus=2)
+    results = [c.place(0, {"name": f"fill-{i}", "command": SLEEP}, gpus=1) for i in range(18)]
+    assert [r["outcome"] for r in results] == ["placed"] * 18, results
+    where = Counter(r["node"] for r in results)
+    assert set(where) == {nd.node_id for nd in c.nodes}  # every node took its two
+    assert all(n == 2 for n in where.values()), where
+    assert {r["zone"] for r in results} == {1, 2, 3}
+    # each job runs on the node the placement names, under the job id it returned
+    jobs = {(node, j["id"]): j for node, j in all_jobs(c)}
+    for r in results:
+        assert jobs[(r["node"], r["job_id"])]["name"] == r.get("name", jobs[(r["node"], r["job_id"])]["name"])
+    assert_within_capacity(c, 2)
+    # the cluster is full: one more is refused (queued, then given up), nothing starts anywhere
+    extra = c.place(0, {"name": "one-too-many", "command": SLEEP}, gpus=1)
+    assert extra["outcome"] == "queued-out", extra
+    assert not [j for _, j in all_jobs(c) if j["name"] == "one-too-many"]
+    assert_within_capacity(c, 2)
+    # fractional GPUs share the freed GPU of one job: two halves fit where one whole job was
+    victim = results[0]
+    c.nodes[victim["node"] - 1].ctl("job", "stop", victim["job_id"], "--grace", "0")
+    wait_until(lambda: c.place(0, {"name": "half-a", "command": SLEEP}, gpus=0.5)["outcome"] == "placed",
+               30, "the freed GPU to be offered again")
+    half_b = c.place(0, {"name": "half-b", "command": SLEEP}, gpus=0.5)
+    assert half_b["outcome"] == "placed" and half_b["node"] == victim["node"], half_b
+    env = {j["name"]: j["spec"]["env"] for _, j in all_jobs(c) if j["name"].startswith("half-")}
+    assert env["half-a"]["LM_GPU_SHARE"].endswith(":0.5") and env["half-b"]["LM_GPU_SHARE"].endswith(":0.5")
+
+
+def test_agent_killed_mid_placement_leaves_no_lost_or_doubled_job(make_cluster):
+    """Only node 5 has the GPU model the jobs need, so every placement must go through it.
+    It is frozen while probes arrive (they queue in its socket), thawed so it answers with
+    offers, and killed before the submitters' hand-overs reach it; then it restarts. Each
+    placement must end with exactly one job, on node 5, or with none."""
+    c = make_cluster(zones=3, per_zone=3, gpus=2, handover_timeout_s=2.0, node_extra={4: 'gpu_model = "H100"'},
+                     zone_extra="unconfirmed_wait_s = 60\nqueue_rounds = 6")
+    victim = c.nodes[4]
+    submitters = [0, 2, 6]  # zones 1 and 3: they reach zone 2 by its summary alone
+    wait_until(lambda: all("H100" in c.nodes[i].json("zone", "stats")["zone_summaries"]["2"]["gpu_models"]
+                           for i in submitters), 30, "zone 2's summary to advertise the H100")
+    names = ["race-a", "race-b"]
+    results: dict[str, dict[str, Any]] = {}
+
+    def submit(i: int, name: str) -> None:
+        results[name] = c.place(i, {"name": name, "command": SLEEP}, gpus=1, gpu_model="H100")
+
+    os.kill(victim.agent.proc.pid, signal.SIGSTOP)
+    threads = [threading.Thread(target=submit, args=(submitters[k], n)) for k, n in enumerate(names)]
+    for t in threads:
+        t.start()
+    time.sleep(1.5)  # probes wait in the frozen agent's socket; the submitters time out and back off
+    os.kill(victim.agent.proc.pid, signal.SIGCONT)
+    time.sleep(0.02)  # it answers the queued probes with offers (tentative reservations) ...
+    victim.agent.kill9()  # ... and dies holding them
+    time.sleep(1.0)
+    victim.agent.start(wait=True, timeout=90)
+    for t in threads:
+        t.join(240)
+    assert set(results) == set(names)
+    jobs = all_jobs(c)
+    by_name = Counter(j["name"] for _, j in jobs)
+    for name, r in results.items():
+        assert r["outcome"] == "placed", r
+        assert r["node"] == victim.node_id, r
+        assert by_name[name] == 1, f"{name}: {by_name[name]} jobs for one placement ({r})"
+        assert any(node == r["node"] and j["id"] == r["job_id"] and j["name"] == name for node, j in jobs), r
+    assert_within_capacity(c, 2)
+    # the kill did land mid-placement: the submitters saw silence and retried
+    stats = [c.nodes[i].json("zone", "stats")["submitter"] for i in submitters]
+    assert sum(s["probe_timeouts"] for s in stats) >= 1, stats
+    assert sum(s["queue_waits"] for s in stats) >= 1, stats
+
+
+def test_forged_replayed_and_truncated_datagrams_are_counted_and_ignored(make_cluster):
+    from scapy.all import UDP, Ether, Raw, sendp, sniff  # noqa: I001
+
+    c = make_cluster(zones=3, per_zone=3, gpus=2)
+    target = c.nodes[1]
+    before = target.json("zone", "stats")["drops"]
+    # a real datagram to the target, captured on the bridge (summaries flow every 0.3 s)
+    got = sniff(iface=c.bridge, filter=f"udp and dst host {target.addr} and dst port {UDP_PORT}", count=1, timeout=10)
+    assert got, "no zone datagram seen on the bridge"
+    frame = got[0]
+    data = bytes(frame[Raw].load)
+
+    def inject(payload: bytes) -> None:
+        f = frame.copy()
+        f[UDP].remove_payload()
+        f[UDP].add_payload(Raw(payload))
+        del f[UDP].len, f[UDP].chksum, f["IP"].len, f["IP"].chksum
+        sendp(Ether(bytes(f)), iface=c.bridge, verbose=False)
+
+    # the same datagram again, byte for byte (checksums recomputed: a capture on the bridge holds
+    # the veth's offloaded, still partial UDP checksum, which the receiving kernel would refuse)
+    inject(data)
+    forged = bytearray(data)
+    forged[-1] ^= 0xFF  # MAC does not match
+    inject(bytes(forged))
+    tampered = bytearray(data)
+    tampered[40] ^= 0x01  # body changed under the original MAC
+    inject(bytes(tampered))
+    inject(data[:20])  # truncated below the header
+    inject(data[:-5])  # truncated inside the MAC
+
+    def counted() -> dict[str, int] | None:
+        now = target.json("zone", "stats")["drops"]
+        d = {k: now[k] - before[k] for k in now}
+        return d if d["replay"] >= 1 and d["bad_mac"] >= 2 and d["truncated"] >= 2 else None
+
+    try:
+        d = wait_until(counted, 10, "the drops to be counted")
+    except AssertionError:
+        now = target.json("zone", "stats")["drops"]
+        raise AssertionError(f"drops counted: { {k: now[k] - before[k] for k in now} }; frame {frame!r}") from None
+    assert d["replay"] == 1 and d["bad_mac"] == 2 and d["truncated"] == 2, d
+    assert d["accepted"] > 0  # real traffic kept flowing meanwhile
+    # and the agent still places jobs
+    r = c.place(1, {"name": "after-attack", "command": SLEEP}, gpus=1)
+    assert r["outcome"] == "placed", f"{r['outcome']}: {r['reason']}"
+    assert target.agent.proc.poll() is None
