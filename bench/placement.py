@@ -13,8 +13,10 @@ scans all of them per job for the best fit (least GPU left over), with the same 
 agents spread in the background at a bounded rate, are excluded and reported apart).
 
 Real part (``netns``): 9 agents in 3 zones, each in its own network namespace on a bridge,
-real UDP and TCP; placements submitted on one agent's API; p50/p99 of the end-to-end time
-(probe to hand-over acknowledged) as the submitting agent measures it. Needs root.
+real UDP and TCP; placements submitted on the agents' APIs in turn. ``netns_p50_ms`` and
+``netns_p99_ms`` time the placement decision as the submitting agent measures it (zone choice,
+probes, offers, binding the first good one); ``netns_e2e_*`` add the TCP hand-over until the
+chosen node has started the job in its cgroups and acknowledged it. Needs root.
 
     python bench/placement.py [--quick] [--json PATH] [--plot PATH] [--no-netns]
 """
@@ -84,7 +86,7 @@ def central_best_fit(nodes: list[pl.NodeCapacity], jobs: list[pl.Demand], keep_r
 def run_scale(quick: bool, seed: int = 7) -> dict[str, Any]:
     out: dict[str, Any] = {}
     rows = []
-    tasks = 300 if quick else 2_000
+    tasks = 200 if quick else 2_000
     repeats = 1 if quick else 3
     warm = SimNet.build(100, 100, rng=random.Random(seed))  # warm the interpreter's caches
     run_placements(warm, demands(200, seed), keep_running=25)
@@ -137,31 +139,47 @@ def run_scale(quick: bool, seed: int = 7) -> dict[str, Any]:
     return out
 
 
+def _pct(xs: list[float], q: float) -> float:
+    xs = sorted(xs)
+    return xs[min(len(xs) - 1, int(round(q * (len(xs) - 1))))]
+
+
 def run_netns(quick: bool) -> dict[str, Any]:
-    """p50/p99 placement latency on 9 real agents in 3 zones (tests/cluster harness)."""
-    sys.path.insert(0, str(REPO))
+    """Placement latency on 9 real agents in 3 zones (tests/cluster/harness.py): each job is
+    submitted on node 1's control API; the agent reports the time to bind an offer (probes,
+    offers, late binding: the placement decision) and to the hand-over's acknowledgement
+    (which includes the chosen node starting the job in its cgroups)."""
+    import tempfile
+
+    sys.path[:0] = [str(REPO / "tests"), str(REPO / "tests" / "cluster")]
     try:
-        from tests.cluster.harness import Cluster, cluster_ready
+        from harness import Cluster, cluster_ready  # type: ignore[import-not-found]
     except ImportError as e:
         return {"netns_status": f"skipped: cluster harness not importable ({e})"}
     why = cluster_ready()
     if why:
         return {"netns_status": f"skipped: {why}"}
     n = 60 if quick else 400
-    lat: list[float] = []
-    with Cluster.create(Path("/tmp"), zones=3, per_zone=3, gpus=8) as c:
-        for i in range(n):
-            r = c.place(0, {"name": f"bench-{i}", "argv": ["sleep", "0"]}, gpus=0.25)
-            if r.get("outcome") == "placed":
-                lat.append(float(r["elapsed_ms"]))
-    if not lat:
+    bind: list[float] = []
+    e2e: list[float] = []
+    with tempfile.TemporaryDirectory(prefix="lm-bench-") as tmp, \
+            Cluster.create(Path(tmp), zones=3, per_zone=3, gpus=8, cpus=64, memory_mb=64_000) as c:
+        # jobs sleep through the run: 9 agents share this machine's 2 cores, and a job's
+        # teardown on one agent's loop would otherwise sit in the next placement's probe path
+        for i in range(n + 5):
+            r = c.place(i % 9, {"name": f"bench-{i}", "command": ["sleep", "600"], "cpus": 0.1}, gpus=0.0, memory_mb=64)
+            if i >= 5 and r.get("outcome") == "placed":  # the first few warm up connections and caches
+                bind.append(float(r["bind_ms"]))
+                e2e.append(float(r["elapsed_ms"]))
+    if not bind:
         return {"netns_status": "failed: no placement succeeded"}
-    lat.sort()
     return {
         "netns_status": "ok",
-        "netns_placements": len(lat),
-        "netns_p50_ms": round(statistics.median(lat), 3),
-        "netns_p99_ms": round(lat[min(len(lat) - 1, int(len(lat) * 0.99))], 3),
+        "netns_placements": len(bind),
+        "netns_p50_ms": round(_pct(bind, 0.5), 3),
+        "netns_p99_ms": round(_pct(bind, 0.99), 3),
+        "netns_e2e_p50_ms": round(_pct(e2e, 0.5), 3),
+        "netns_e2e_p99_ms": round(_pct(e2e, 0.99), 3),
     }
 
 

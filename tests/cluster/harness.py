@@ -183,17 +183,11 @@ class Cluster:
         wait_until(ok, timeout, "zone summaries to reach every agent", every=0.3)
 
     def place(self, index: int, spec: dict[str, Any], gpus: float = 0.0, **extra: Any) -> dict[str, Any]:
-        """POST /v1/placements on node ``index`` (0-based) through laminarctl's socket, via curl-free Python."""
-        nd = self.nodes[index]
+        """POST /v1/placements on node ``index`` (0-based): the result (outcome, node, job id, times)."""
+        from laminarctl.client import Client
+
         body = {"spec": spec, "gpus": gpus, **extra}
-        argv = nd.agent.argv(str(VENV_BIN / "python"), "-c",
-                             "import json, sys; from laminarctl.client import Client; "
-                             "print(json.dumps(Client(sys.argv[1], timeout=120).post('/v1/placements', json.loads(sys.argv[2]))))",
-                             str(nd.agent.sock), json.dumps(body))
-        r = subprocess.run(argv, text=True, capture_output=True, timeout=180)
-        if r.returncode != 0:
-            raise AssertionError(f"placement on node {nd.node_id} failed: {r.stderr}\n{nd.agent.log()}")
-        out: dict[str, Any] = json.loads(r.stdout)
+        out: dict[str, Any] = Client(str(self.nodes[index].agent.sock), timeout=180).post("/v1/placements", body)
         return out
 
     def jobs(self) -> dict[int, list[dict[str, Any]]]:
