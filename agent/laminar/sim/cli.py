@@ -43,13 +43,15 @@ def build_scenario(
     elastic_fraction: float = 0.5,
     seed: int = 0,
     max_jobs: int | None = None,
-    train_scale: float = 0.1,
+    span_s: float = 7 * 86_400.0,
     max_duration_s: float = 172_800.0,
 ) -> tuple[list[JobSpec], list[NodeSpec]]:
     """Jobs and nodes (training pool + inference pool) for a trace path; see the module docs.
 
-    openb: the training pool is every ``1/train_scale``-th GPU node of the node list (a
-    ``train_scale`` fraction of the cluster), the inference pool that many 8-GPU servers.
+    openb: the jobs' arrivals are re-timed to a Poisson process over ``span_s`` (their trace
+    order kept), and the training pool is every k-th GPU node of the node list, k chosen so
+    the jobs offer ``load`` of the pool's GPUs over the span; the inference pool is 8-GPU
+    servers with as many GPUs.
     Pods still running at the snapshot's end carry the snapshot's end as their deletion time,
     so their durations are censored, not measured: durations are capped at ``max_duration_s``.
     """
@@ -64,13 +66,18 @@ def build_scenario(
         pods = read_openb_pods(trace)
         npath = nodes_path or trace.parent / "openb_node_list_gpu_node.csv"
         all_nodes = read_openb_nodes(npath)
-        check_fit([p for p in pods if p.scheduled], all_nodes, npath)
-        step = max(1, round(1 / train_scale))
-        training = [n for i, n in enumerate(all_nodes) if i % step == 0]
-        check_fit([p for p in pods if p.scheduled and p.duration > 0], training, f"{npath.name} (1 in {step})")
-        gpus = sum(n.gpus for n in training)
         jobs = [replace(p, duration=min(p.duration, max_duration_s)) for p in pods if p.scheduled and p.duration > 0]
-        jobs = rescale_arrivals(jobs, gpus, load, seed)
+        check_fit(jobs, all_nodes, npath)
+        if max_jobs is not None:
+            jobs = jobs[:max_jobs]
+        # Size the training pool so the jobs, spread over span_s, offer `load` of it.
+        work = sum(max(j.gpus, 0.01) * j.duration for j in jobs)
+        target = work / (span_s * load)
+        step = max(1, round(sum(n.gpus for n in all_nodes) / target))
+        training = [n for i, n in enumerate(all_nodes) if i % step == 0]
+        check_fit(jobs, training, f"{npath.name} (1 node in {step})")
+        gpus = sum(n.gpus for n in training)
+        jobs = rescale_arrivals(jobs, work / span_s, 1.0, seed)
         n_inf = max(1, gpus // 8) if inference_nodes is None else inference_nodes
         inference = [NodeSpec(f"infer-{i:04d}", 8, 96.0, 786_432, "G2", "inference") for i in range(n_inf)]
     if max_jobs is not None:

@@ -395,6 +395,18 @@ class Simulator:
         j.workers.remove(wid)
         self.alloc_train -= j.spec.worker_gpus
         self._touch(node)
+        # A job that lost a base worker keeps its floor: its extra workers become base ones.
+        base = sum(1 for w in j.workers if not self.worker_extra[w])
+        for w in j.workers:
+            if base >= j.spec.workers:
+                break
+            if self.worker_extra[w]:
+                self.worker_extra[w] = False
+                self.n_extra -= 1
+                n = self.nodes[self.worker_node[w]]
+                jid, alloc, cpus, mem, _ = n.workers[w]
+                n.workers[w] = (jid, alloc, cpus, mem, False)
+                base += 1
 
     def _release_all(self, j: _Job) -> None:
         for wid in list(j.workers):
@@ -427,17 +439,23 @@ class Simulator:
             return
         kept: list[str] = []
         scanned = 0
+        failed: set[tuple[float, int, float, int]] = set()  # shapes that did not fit this pass
         while self.queue and scanned < self.cfg.queue_window:
             jid = self.queue.popleft()
             scanned += 1
             j = self.jobs[jid]
             s = j.spec
+            shape = (s.worker_gpus, s.workers, s.worker_cpus, s.worker_memory_mb)
+            if shape in failed:
+                kept.append(jid)
+                continue
             need_whole = int(s.worker_gpus + 1e-9) if s.worker_gpus >= 1 else 0
             quick_no = need_whole > self._max_idle() or s.gpus > self.free_total + 1e-9
             if not quick_no and self._start(j, usable):
                 continue
             if self.policy.elastic and self.n_extra > 0 and self._shed_for(j, usable):
                 continue
+            failed.add(shape)
             kept.append(jid)
         self.queue.extendleft(reversed(kept))
 
