@@ -147,15 +147,15 @@ def main() -> int:
     onodes = read_openb_nodes(data / "openb_node_list_gpu_node.csv")
     seeds = [42] if quick else list(range(42, 45))
     placements = ["laminar"] if quick else ["laminar", "bestfit", "laminar+readdress"]
-    curves = {}
+    curves: dict[str, list[tuple[float, float]]] = {}
     for pl in placements:
         vals = []
         for s in seeds:
             t = time.monotonic()
-            r = run_allocation(onodes, pods, pl, seed=s)
-            vals.append(r.allocation_ratio_pct)
-            curves.setdefault(pl, r.curve)
-            log(f"allocation {pl} seed {s}: {r.allocation_ratio_pct:.2f}% ({time.monotonic() - t:.1f} s)")
+            ar = run_allocation(onodes, pods, pl, seed=s)
+            vals.append(ar.allocation_ratio_pct)
+            curves.setdefault(pl, ar.curve)
+            log(f"allocation {pl} seed {s}: {ar.allocation_ratio_pct:.2f}% ({time.monotonic() - t:.1f} s)")
         key = {"laminar": "allocation_ratio_130pct", "bestfit": "allocation_ratio_130pct_our_bestfit",
                "laminar+readdress": "allocation_ratio_130pct_readdress"}[pl]
         res[key] = round(statistics.fmean(vals), 2)
