@@ -127,17 +127,41 @@ class Arbiter:
         hold_s: float = 30.0,
         max_tentative: int = 64,
     ) -> None:
-        self.inventory = inventory
+        self._inventory = inventory
+        self._inventory_version = 0
         self.lease_s = lease_s
         self.hold_s = hold_s
         self.max_tentative = max_tentative
         self.held: dict[int, pl.Reservation] = {}
         self.placed: dict[int, Placed] = {}
         self.counts: dict[str, int] = {"offers": 0, "refusals": 0, "commits": 0, "releases": 0, "expired": 0}
+        self._placed_version = 0
+        self._base_key: tuple[int, int, int] | None = None
+        self._base_cache: pl.NodeCapacity | None = None
+
+    @property
+    def inventory(self) -> pl.NodeCapacity:
+        return self._inventory
+
+    @inventory.setter
+    def inventory(self, value: pl.NodeCapacity) -> None:
+        self._inventory = value
+        self._inventory_version += 1
+
+    def _base(self) -> pl.NodeCapacity:
+        """The inventory less placed jobs, cached until either changes."""
+        key = (self._inventory_version, len(self.placed), self._placed_version)
+        if self._base_key != key:
+            self._base_cache = pl.residual(self.inventory, [x.reservation for x in self.placed.values()], -math.inf)
+            self._base_key = key
+        assert self._base_cache is not None
+        return self._base_cache
 
     def expire(self, now: float) -> None:
         """Forget reservations whose lease ran out (a lost release, a dead submitter)."""
-        dead = [pid for pid, r in self.held.items() if not r.live(now)]
+        if not self.held:
+            return
+        dead = [pid for pid, r in self.held.items() if not r.expires_at > now]
         for pid in dead:
             del self.held[pid]
         self.counts["expired"] += len(dead)
@@ -158,7 +182,7 @@ class Arbiter:
             self.counts["refusals"] += 1
             return wire.Refuse(p.placement_id, pl.RefuseReason.NO_CPU)
         self.expire(now)
-        base = pl.residual(self.inventory, [x.reservation for x in self.placed.values()], -math.inf)
+        base = self._base()
         lease = min(p.lease_ms / 1000, 60.0) if p.lease_ms else self.lease_s
         a = pl.arbitrate(
             base, list(self.held.values()), demand, now,
@@ -204,11 +228,13 @@ class Arbiter:
         del self.held[placement_id]
         p = Placed(pl.Reservation(r.placement_id, r.demand, r.gpu_alloc, math.inf, True), "", submitter, now)
         self.placed[placement_id] = p
+        self._placed_version += 1
         return p
 
     def unbind(self, placement_id: int) -> None:
         """The job could not start, or it ended: its capacity is free again."""
-        self.placed.pop(placement_id, None)
+        if self.placed.pop(placement_id, None) is not None:
+            self._placed_version += 1
 
     finish = unbind
 
@@ -660,7 +686,6 @@ class ZoneComponent:
         self._fits_cache: dict[tuple[Any, ...], dict[int, float]] = {}
         self._inflight: dict[int, asyncio.Future[wire.HandoverAck]] = {}
         self._tasks: list[asyncio.Task[Any]] = []
-        self._udp: Any = None
         self.history: list[dict[str, Any]] = []
         self.rng = random.Random()
         self.started = time.time()
@@ -716,7 +741,7 @@ class ZoneComponent:
 
             loop = asyncio.get_running_loop()
             self.endpoint = UdpEndpoint(self.membership, self.encoder, self.decoder, self._on_message, self.clock)
-            self._udp, _ = await loop.create_datagram_endpoint(lambda: self.endpoint, local_addr=(s["listen"], s["port"]))
+            self.endpoint.open(loop, s["listen"], int(s["port"]))
             self.server = HandoverServer(self.encoder, self.tcp_decoder,
                                          lambda n: self.membership.by_node[n].zone if n in self.membership.by_node else None,
                                          lambda msg: self.on_handover(msg.node, msg.body),  # type: ignore[arg-type]
@@ -724,7 +749,7 @@ class ZoneComponent:
             try:
                 await self.server.start(s["listen"], s["handover_port"])
             except OSError:
-                self._udp.close()
+                self.endpoint.close()
                 raise
             self._tasks.append(asyncio.create_task(self._summary_loop()))
         self._tasks.append(asyncio.create_task(self._watch_jobs()))
@@ -742,9 +767,8 @@ class ZoneComponent:
         self._tasks.clear()
         if self.server is not None:
             await self.server.stop()
-        if self._udp is not None:
-            self._udp.close()
-            self._udp = None
+        if self.endpoint is not None:
+            self.endpoint.close()
 
     def _emit(self, message: str, **fields: Any) -> None:
         ev = getattr(self.agent, "events", None)

@@ -216,26 +216,27 @@ def residual(node: NodeCapacity, held: Iterable[Reservation], now: float) -> Nod
     Expired reservations count for nothing: that is how a lost release or a dead submitter
     gives capacity back.
     """
-    gpu = list(node.gpu_free)
+    gpu: list[float] | None = None
     cpus, mem = node.cpus, node.memory_mb
     for r in held:
-        if not r.live(now):
+        if not r.expires_at > now:
             continue
-        for i, f in r.gpu_alloc:
-            if 0 <= i < len(gpu):
-                gpu[i] = max(0.0, gpu[i] - f)
+        if r.gpu_alloc:
+            if gpu is None:
+                gpu = list(node.gpu_free)
+            for i, f in r.gpu_alloc:
+                if 0 <= i < len(gpu):
+                    gpu[i] = max(0.0, round(gpu[i] - f, 6))
         cpus -= r.demand.cpus
         mem -= r.demand.memory_mb
-    return NodeCapacity(
-        node=node.node,
-        zone=node.zone,
-        gpu_free=tuple(round(g, 6) for g in gpu),
-        cpus=max(0.0, cpus),
-        memory_mb=max(0, mem),
-        gpu_model=node.gpu_model,
-        pool=node.pool,
-        draining=node.draining,
-    )
+    # on the probe path (thousands a second): the values are in range by construction, so the
+    # checks of NodeCapacity.__post_init__ are skipped
+    out = object.__new__(NodeCapacity)
+    for k, v in (("node", node.node), ("zone", node.zone), ("gpu_free", node.gpu_free if gpu is None else tuple(gpu)),
+                 ("cpus", max(0.0, cpus)), ("memory_mb", max(0, mem)), ("gpu_model", node.gpu_model),
+                 ("pool", node.pool), ("draining", node.draining)):
+        object.__setattr__(out, k, v)
+    return out
 
 
 def fits(node: NodeCapacity, demand: Demand) -> RefuseReason | None:

@@ -37,7 +37,6 @@ Example::
 from __future__ import annotations
 
 import enum
-import hashlib
 import hmac
 import struct
 from collections import Counter
@@ -74,6 +73,9 @@ class MsgType(enum.IntEnum):
     HEARTBEAT = 10
     HANDOVER = 11
     HANDOVER_ACK = 12
+
+
+_MSG_TYPES: dict[int, MsgType] = {int(t): t for t in MsgType}
 
 
 class DropReason(enum.Enum):
@@ -410,7 +412,7 @@ def decode_body(mtype: MsgType, buf: bytes) -> Body:
 
 
 def _mac(key: bytes, data: bytes) -> bytes:
-    return hmac.new(key, data, hashlib.sha256).digest()
+    return hmac.digest(key, data, "sha256")  # one-shot, in C: a third of hmac.new()'s cost
 
 
 class Encoder:
@@ -519,10 +521,9 @@ class Decoder:
             raise self._drop(DropReason.BAD_MAC)
         if node not in self.known_nodes:
             raise self._drop(DropReason.UNKNOWN_NODE, f"node {node}")
-        try:
-            mt = MsgType(mtype)
-        except ValueError:
-            raise self._drop(DropReason.BAD_TYPE, f"type {mtype}") from None
+        mt = _MSG_TYPES.get(mtype)
+        if mt is None:
+            raise self._drop(DropReason.BAD_TYPE, f"type {mtype}")
         now_ms = int(now * 1000)
         if abs(now_ms - ts_ms) > self.window_ms:
             raise self._drop(DropReason.STALE, f"timestamp {ts_ms - now_ms:+d} ms off")

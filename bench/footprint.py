@@ -1,0 +1,279 @@
+"""Footprint benchmark: one real laminard idle, then answering 10,000 probes/s.
+
+The agent runs in a network namespace of the benchmark's own, joined by a veth to a second
+namespace where a load generator (this script, ``--generator``) plays another zone member:
+it sends signed probes at a fixed rate, releases every offer it gets (as a submitter binding
+elsewhere would), and times each answer. Measured on the agent process: resident memory, CPU
+while idle, CPU under load, memory growth over the load; on the generator: the reply latency.
+There is no baseline (absolute figures); the goals are in the issue (rss under 60 MB, idle
+CPU under 0.5 %, p99 reply under 2 ms at 10,000 probes/s, growth under 5 MB).
+
+    python bench/footprint.py [--quick] [--json PATH] [--plot PATH]
+
+``--quick``: 10 s idle and 10 s of load (else 60 s each). Needs root. Everything it creates
+(namespaces, veth, agent, its pins and cgroups) is removed, also on Ctrl-C.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import secrets
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path[:0] = [str(REPO / "agent"), str(REPO / "tests"), str(REPO / "tests" / "cluster")]
+
+PORT = 7440
+
+
+# --------------------------------------------------------------------------- the load generator
+
+
+def generator(args: argparse.Namespace) -> int:
+    """The load generator, two processes sharing one UDP socket, so that neither's backlog is
+    timed as the agent's. ``--role recv`` binds the socket, starts ``--role send`` with it
+    (inherited fd), then reads the answers, times each against the CLOCK_MONOTONIC send time
+    its placement id carries, and releases every offer (as member node 3). The sender sends
+    probes at ``rate``/s as member node 2."""
+    from laminar.zone import wire
+    from laminar.zone.keys import load_keys
+
+    keys = load_keys(args.keys)
+    dst = (args.dst, PORT)
+    sock = socket.socket(fileno=int(args.fd)) if args.fd else socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    if args.role == "send":
+        enc = wire.Encoder(2, keys)
+        t0 = time.perf_counter()
+        end = t0 + args.duration
+        k = 0
+        blocked = 0
+        interval = 1.0 / args.rate
+        while True:
+            now = time.perf_counter()
+            if now >= end:
+                break
+            due = int((now - t0) / interval) + 1
+            while k < due:
+                pid = (time.monotonic_ns() << 8) | (k & 0xFF)
+                try:
+                    sock.sendto(enc.encode(wire.Probe(pid & (2**64 - 1), 0, 10, 1, 2000), 1, time.time()), dst)
+                except BlockingIOError:
+                    blocked += 1
+                k += 1
+            time.sleep(max(0.0, t0 + k * interval - time.perf_counter()))
+        Path(args.out).write_text(json.dumps({"sent": k, "send_blocked": blocked,
+                                              "elapsed_s": time.perf_counter() - t0}))
+        return 0
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4 << 20)
+    sock.bind(("0.0.0.0", 0))
+    sender = subprocess.Popen([sys.executable, str(Path(__file__).resolve()), "--generator", "--role", "send",
+                               "--keys", args.keys, "--dst", args.dst, "--rate", str(args.rate), "--duration",
+                               str(args.duration), "--fd", str(sock.fileno()), "--out", args.out + ".send"],
+                              pass_fds=[sock.fileno()])
+    enc = wire.Encoder(3, keys)
+    dec = wire.Decoder(keys, {1: 1, 2: 1, 3: 1})
+    sock.settimeout(0.2)
+    lat: list[float] = []
+    at: list[float] = []
+    start_ns = time.monotonic_ns()
+    offers = refusals = 0
+    end = time.monotonic() + args.duration + 1.5
+    while time.monotonic() < end:
+        try:
+            data = sock.recv(2048)
+        except TimeoutError:
+            continue
+        t = time.monotonic_ns()
+        try:
+            msg = dec.decode(data, time.time())
+        except wire.Dropped:
+            continue
+        b = msg.body
+        if isinstance(b, wire.Offer | wire.Refuse):
+            lat.append((t - (b.placement_id >> 8)) / 1e6)
+            at.append(round(((b.placement_id >> 8) - start_ns) / 1e9, 4))
+            if isinstance(b, wire.Offer):
+                offers += 1
+                sock.sendto(enc.encode(wire.Release(b.placement_id), 1, time.time()), dst)
+            else:
+                refusals += 1
+    sender.wait(30)
+    sent = json.loads(Path(args.out + ".send").read_text())
+    Path(args.out).write_text(json.dumps({**sent, "answered": len(lat), "offers": offers, "refusals": refusals,
+                                          "lat_ms": lat, "t_s": at}))
+    return sender.returncode
+
+
+# --------------------------------------------------------------------------- the benchmark
+
+
+def pct(xs: list[float], q: float) -> float:
+    xs = sorted(xs)
+    return xs[min(len(xs) - 1, int(round(q * (len(xs) - 1))))] if xs else float("nan")
+
+
+def measure(quick: bool, rate: int, without_airlock: bool = False) -> dict[str, Any]:
+    import psutil
+    from conftest import delete_netns, kernel_ready, make_netns, run
+    from harness import ZoneAgent
+
+    why = kernel_ready()
+    if why:
+        raise SystemExit(f"footprint: cannot run here: {why}")
+    idle_s = 10.0 if quick else 60.0
+    load_s = 10.0 if quick else 60.0
+    created = []
+    agent = None
+    with tempfile.TemporaryDirectory(prefix="lm-fp-") as tmpd:
+        tmp = Path(tmpd)
+        try:
+            a = make_netns("fpa")
+            created.append(a)
+            b = make_netns("fpb")
+            created.append(b)
+            tag = secrets.token_hex(3)
+            ia, ib = f"lmt{tag}a", f"lmt{tag}b"
+            run("ip", "link", "add", ia, "netns", a.name, "type", "veth", "peer", "name", ib, "netns", b.name)
+            octet = secrets.randbelow(200) + 20
+            addr_a, addr_b = f"10.78.{octet}.1", f"10.78.{octet}.2"
+            a.run("ip", "addr", "add", f"{addr_a}/24", "dev", ia)
+            b.run("ip", "addr", "add", f"{addr_b}/24", "dev", ib)
+            a.run("ip", "link", "set", ia, "up")
+            b.run("ip", "link", "set", ib, "up")
+            keys = tmp / "zone.keys"
+            keys.write_text(f"1 {secrets.token_hex(32)}\n")
+            os.chmod(keys, 0o600)
+            zone = (f'[gpus]\ndeclared = 8\n\n[zone]\nnode_id = 1\nport = {PORT}\nkeys_file = "{keys}"\n'
+                    f'cpus = 64\nmemory_mb = 64000\n\n'
+                    f'[[zone.nodes]]\nid = 1\nzone = 1\naddr = "{addr_a}"\n\n'
+                    f'[[zone.nodes]]\nid = 2\nzone = 1\naddr = "{addr_b}"\n\n'
+                    f'[[zone.nodes]]\nid = 3\nzone = 1\naddr = "{addr_b}:7441"\n')
+            agent = ZoneAgent(tmp, ia, a, extra_toml=zone, node="fp-agent")
+            agent.airlock = not without_airlock  # default: the whole agent, every component
+            agent.start(wait=True, timeout=90)
+            assert agent.proc is not None
+            proc = psutil.Process(agent.proc.pid)
+            time.sleep(3.0)  # let start-up settle
+            c0, w0 = sum(proc.cpu_times()[:2]), time.monotonic()
+            time.sleep(idle_s)
+            c1, w1 = sum(proc.cpu_times()[:2]), time.monotonic()
+            idle_pct = (c1 - c0) / (w1 - w0) * 100
+            rss0 = proc.memory_info().rss / 2**20
+            c2, w2 = sum(proc.cpu_times()[:2]), time.monotonic()
+            gen = b.popen(sys.executable, str(Path(__file__).resolve()), "--generator", "--role", "recv",
+                          "--keys", str(keys), "--dst", addr_a, "--rate", str(rate), "--duration", str(load_s),
+                          "--out", str(tmp / "gen.json"))
+            rss_samples = []
+            while gen.poll() is None:
+                rss_samples.append(proc.memory_info().rss / 2**20)
+                time.sleep(0.5)
+            c3, w3 = sum(proc.cpu_times()[:2]), time.monotonic()
+            time.sleep(0.5)
+            rss1 = proc.memory_info().rss / 2**20
+            if gen.returncode != 0:
+                raise RuntimeError(f"load generator failed ({gen.returncode})")
+            g = json.loads((tmp / "gen.json").read_text())
+            g["unanswered"] = g["sent"] - g["answered"]
+            stats = agent.json("zone", "stats")
+        finally:
+            if agent is not None:
+                agent.cleanup()
+            for ns in created:
+                delete_netns(ns)
+    lat = g["lat_ms"]
+    return {
+        "rss_mb": round(rss0, 1),
+        "rss_after_load_mb": round(rss1, 1),
+        "rss_growth_mb": round(rss1 - rss0, 2),
+        "idle_cpu_pct": round(idle_pct, 3),
+        "load_cpu_pct": round((c3 - c2) / (w3 - w2) * 100, 1),
+        "probe_rate_target": rate,
+        "probe_rate_sent": round(g["sent"] / g["elapsed_s"]),
+        "probes_answered": g["answered"],
+        "probes_unanswered": g["unanswered"],
+        "probe_reply_p50_ms": round(pct(lat, 0.5), 3),
+        "probe_reply_p90_ms": round(pct(lat, 0.90), 3),
+        "probe_reply_p99_ms": round(pct(lat, 0.99), 3),
+        "probe_reply_over_2ms_pct": round(100 * sum(1 for x in lat if x > 2.0) / max(1, len(lat)), 2),
+        "probe_reply_max_ms": round(max(lat), 3) if lat else None,
+        "offers": g["offers"],
+        "refusals": g["refusals"],
+        "agent_drops": sum(v for k, v in stats["drops"].items() if k != "accepted"),
+        "agent_udp_received": stats["udp"]["received"],
+        "agent_udp_sent": stats["udp"]["sent"],
+        "agent_probes": stats["counts"]["probes"],
+        "idle_s": idle_s,
+        "loadavg_1m_after": round(os.getloadavg()[0], 2),
+        "components": "all" if not without_airlock else "all but airlock",
+        "load_s": load_s,
+        "_lat": lat,
+        "_lat_t": g.get("t_s", []),
+        "_rss": rss_samples,
+    }
+
+
+def plot(res: dict[str, Any], path: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (a, b) = plt.subplots(1, 2, figsize=(11, 4))
+    a.scatter(res["_lat_t"], res["_lat"], s=1, alpha=0.3)
+    a.axhline(2.0, ls=":", c="gray", label="goal: p99 < 2 ms")
+    a.set_yscale("log")
+    a.set_xlabel("seconds into the load")
+    a.set_ylabel("probe reply latency (ms)")
+    a.set_title(f"Reply latency at {res['probe_rate_sent']} probes/s (p99 {res['probe_reply_p99_ms']} ms)")
+    a.legend(fontsize=8)
+    rss = res["_rss"]
+    b.plot([i * 0.5 for i in range(len(rss))], rss, label="agent RSS under load")
+    b.axhline(60, ls=":", c="gray", label="goal: < 60 MB")
+    b.set_ylim(0, max(80, max(rss or [0]) * 1.2))
+    b.set_xlabel("seconds")
+    b.set_ylabel("MB")
+    b.set_title(f"RSS {res['rss_mb']} MB, growth {res['rss_growth_mb']} MB; idle CPU {res['idle_cpu_pct']} %")
+    b.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--quick", action="store_true", help="10 s idle, 10 s load (else 60 s each)")
+    ap.add_argument("--json", help="write the flat result object here")
+    ap.add_argument("--plot", help="write a PNG here")
+    ap.add_argument("--rate", type=int, default=10_000, help="probes per second (default 10000)")
+    ap.add_argument("--without-airlock", action="store_true",
+                    help="diagnosis: run the agent without its Airlock component (to see what the rest costs)")
+    ap.add_argument("--generator", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--keys", help=argparse.SUPPRESS)
+    ap.add_argument("--role", choices=["send", "recv"], help=argparse.SUPPRESS)
+    ap.add_argument("--fd", help=argparse.SUPPRESS)
+    ap.add_argument("--dst", help=argparse.SUPPRESS)
+    ap.add_argument("--duration", type=float, default=10.0, help=argparse.SUPPRESS)
+    ap.add_argument("--out", help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.generator:
+        return generator(args)
+    res = measure(args.quick, args.rate, args.without_airlock)
+    if args.plot:
+        plot(res, args.plot)
+    flat = {k: v for k, v in res.items() if not k.startswith("_")}
+    print(json.dumps(flat, indent=2))
+    if args.json:
+        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.json).write_text(json.dumps(flat, indent=2) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
