@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+
 from laminar.zone import wire
 from laminar.zone.keys import ZoneKeys
 from laminar.zone.wire import Decoder, Dropped, Encoder

@@ -8,6 +8,7 @@ from collections import Counter
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+
 from laminar.zone import placement as pl
 from laminar.zone.placement import (
     Demand,

@@ -6,6 +6,7 @@ import os
 import struct
 
 import pytest
+
 from laminar.zone import wire
 from laminar.zone.keys import KeyFileError, ZoneKeys, load_keys, parse_keys
 from laminar.zone.wire import Decoder, Dropped, DropReason, Encoder
