@@ -707,6 +707,9 @@ class ZoneComponent:
         if self._jobs is None and agent is not None:
             self._jobs = getattr(agent, "jobs", None)
         members = members_from_config(s["nodes"], s["port"], s["handover_port"])
+        if members and not s["node_id"]:
+            raise RuntimeError(f"zone: zone.nodes lists {len(members)} nodes but zone.node_id is not set; "
+                               f"set it to this node's id (one of {sorted(m.node for m in members)})")
         self.node_id = int(s["node_id"]) or 1
         if not members:  # the one-node zone
             members = [Member(self.node_id, 0, "127.0.0.1", s["port"], s["handover_port"])]
