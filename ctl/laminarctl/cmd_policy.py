@@ -3,6 +3,7 @@
     laminarctl policy show
     laminarctl policy validate policy.toml     # JSON or TOML; exit 1 with every problem listed
     laminarctl policy set policy.toml          # root or the control group; refused whole if invalid
+    laminarctl policy set - < policy.json      # FILE "-" reads standard input
 
 See docs/policy.md for the keys, their defaults and the reasons for them.
 """
@@ -10,6 +11,7 @@ See docs/policy.md for the keys, their defaults and the reasons for them.
 from __future__ import annotations
 
 import argparse
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -24,10 +26,10 @@ def register(sub: Any, common: argparse.ArgumentParser) -> None:
     s = psub.add_parser("show", parents=[common], help="the policy in force, with its version")
     s.set_defaults(func=cmd_show)
     s = psub.add_parser("set", parents=[common], help="validate FILE and put it in force as a new version")
-    s.add_argument("file", help="policy document (JSON or TOML)")
+    s.add_argument("file", help="policy document (JSON or TOML); - reads standard input")
     s.set_defaults(func=cmd_set)
     s = psub.add_parser("validate", parents=[common], help="check FILE; changes nothing")
-    s.add_argument("file", help="policy document (JSON or TOML)")
+    s.add_argument("file", help="policy document (JSON or TOML); - reads standard input")
     s.set_defaults(func=cmd_validate)
 
 
@@ -35,7 +37,7 @@ def _load(path: str) -> Any:
     from laminar.airlock.policy import PolicyError, parse
 
     try:
-        text = Path(path).read_text()
+        text = sys.stdin.read() if path == "-" else Path(path).read_text()
     except OSError as e:
         raise ValueError(f"policy file {path}: {e.strerror}") from None
     try:

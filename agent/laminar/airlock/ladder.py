@@ -13,7 +13,7 @@ Airlock's manager (mechanism) and the simulator (``laminar.sim``) call the same 
   suspended job is escalated at once. Each rung has a time budget; a job suspended longer than
   its budget while the node has not recovered is escalated on its own: re-addressed
   (checkpoint, hand to the migration layer, at most ``max_hops``) when the policy allows, then
-  reclaimed (``cgroup.kill``, work lost recorded). Once the node has been calm for ``hold_s``
+  reclaimed (``cgroup.kill``, work lost recorded), one reclaim per ``RECLAIM_SETTLE_S``. Once the node has been calm for ``hold_s``
   and below ``recover_below``, suspended jobs are thawed one per ``step_s``, highest value
   first (in-situ recovery).
 - `oom_score_adj(job_class, priority)`: the kernel's fallback order mirrors the ladder, so if
@@ -157,13 +157,22 @@ def decide(now: float, level: int, jobs: Iterable[JobView], policy: dict[str, An
     hyst = policy["hysteresis"]
     calm = level == NONE and now - memo.last_pressure >= hyst["hold_s"]
 
-    # 1. Budgets: a rung that ran out of time while the node has not recovered escalates.
-    if not calm:
+    # 1. Budgets: a rung that ran out of time while the node has not recovered (level above
+    #    NONE) escalates. At NONE the job waits for recovery, even inside the hold_s window.
+    #    Reclaims are paced like critical ones (one per RECLAIM_SETTLE_S, lowest value first):
+    #    jobs suspended together run out together, and the memory of the first kill may be
+    #    all the node needed, after which the others recover instead of losing their work.
+    if level > NONE:
+        reclaim_ok = now - memo.last_reclaim >= RECLAIM_SETTLE_S
         for v, j in ranked:
             if j.rung in (SUSPEND, READDRESS) and j.rung_since is not None:
                 budget = policy["rungs"][j.rung]["budget_s"]
                 if now - j.rung_since >= budget:
                     nxt = RECLAIM if j.rung == READDRESS else _next_rung(j, policy)
+                    if nxt == RECLAIM:
+                        if not reclaim_ok:
+                            continue
+                        reclaim_ok = False
                     actions.append(Action(nxt, j.id, f"{j.rung} budget {budget:g}s ran out at pressure "
                                           f"{LEVEL_NAMES[level]} (value {v:.3g})", v))
 

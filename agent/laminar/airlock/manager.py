@@ -18,7 +18,9 @@ The node's budget (config ``[airlock]``): ``budget_mb`` limits everything under 
 ``class_budget_mb`` limits each class's parent, and with ``hold_allocator`` (default) the v1
 OOM killer is disabled on the root and on the protected classes' parents so that, at the limit,
 the kernel makes the allocating task wait while Airlock decides instead of killing by size.
-On a v2 host ``memory.high`` at ``usage.high`` of the budget throttles instead.
+On a v2 host ``memory.high`` at ``usage.high`` of the budget throttles instead. The unprotected
+classes' parents are capped so that they can never fill the budget the protected jobs live in
+(`Airlock.cap_unprotected`): their storms wait at their own caps, also while the agent is down.
 
 Policy: ``GET/PUT /v1/policy``, ``POST /v1/policy/validate`` (`airlock.policy`). Status:
 ``GET /v1/airlock``.
@@ -51,6 +53,14 @@ TICK_S = 0.05
 STALL_HOLD_S = 0.2
 # At most one evaluation per this interval (a storm raises thousands of tracepoint events).
 MIN_EVAL_GAP_S = 0.005
+# Room kept for the protected classes above what they use now, as a share of the budget. v1's
+# oom_kill_disable holds page faults at a full budget, but kernel-side charges (the page cache
+# of a log or checkpoint write, socket buffers) fail with ENOMEM instead: a protected job must
+# never meet a full budget because transients filled it (e.g. while the agent restarts).
+PROTECTED_HEADROOM = 0.10
+# A class cap is rewritten only when it moves by more than this (cgroupfs writes every tick
+# would be churn; 4 MiB is a few ms of growth in a storm).
+CAP_SLACK_BYTES = 4 << 20
 
 
 def _class_budgets(v: Any) -> str | None:
@@ -72,6 +82,18 @@ CONFIG_FIELDS = {
                                         "Airlock decides"),
 }
 register_section("airlock", CONFIG_FIELDS)
+
+# Each job's rung survives an agent restart (crash or upgrade): without it a job frozen by the
+# previous process would look "running" to the new one, never be recovered and never escalate.
+# `since` is wall time (monotonic clocks do not survive a restart).
+RUNG_SCHEMA = [
+    """CREATE TABLE IF NOT EXISTS airlock_rungs (
+        job_id TEXT PRIMARY KEY,
+        rung TEXT NOT NULL,
+        since REAL NOT NULL,
+        hops INTEGER NOT NULL,
+        reason TEXT NOT NULL)""",
+]
 
 # BPF pressure event types (bpf/laminar.h LM_EV_*)
 EV_DIRECT_RECLAIM_BEGIN, EV_MEMCG_RECLAIM_BEGIN, EV_OOM_VICTIM = 1, 3, 5
@@ -122,6 +144,8 @@ class Airlock:
         self._unsub: Any = None
         self._job_triggers: dict[str, PsiTrigger] = {}
         self.loop: asyncio.AbstractEventLoop | None = None
+        self._bg: set[asyncio.Task[Any]] = set()
+        self._caps: dict[str, int] = {}  # unprotected class -> cap in force (bytes)
 
     # -- component life ------------------------------------------------------------------------
     async def start(self, agent: Any) -> None:
@@ -145,7 +169,9 @@ class Airlock:
             self.policy = self.policies.set(self._initial_policy)
         else:
             self.policy = self.policies.current()
+        self.store.ensure_schema("airlock_rungs", RUNG_SCHEMA)
         self._apply_budget()
+        self._restore_rungs()
         self._open_sources()
         if self.events is not None and hasattr(self.events, "subscribe"):
             self._unsub = self.events.subscribe(self._on_event)
@@ -173,6 +199,102 @@ class Airlock:
         self._closers.clear()
         self._job_triggers.clear()
 
+    # -- rungs (persisted) -------------------------------------------------------------------------
+    def _set_rung(self, job_id: str, rung: str, since: float, hops: int, reason: str) -> None:
+        """Record a job's rung in memory and in the store (`since` is monotonic)."""
+        self.rungs[job_id] = (rung, since, hops)
+        wall = time.time() - (time.monotonic() - since)
+        try:
+            with self.store.tx() as db:
+                db.execute("INSERT INTO airlock_rungs(job_id, rung, since, hops, reason) VALUES(?, ?, ?, ?, ?) "
+                           "ON CONFLICT(job_id) DO UPDATE SET rung=excluded.rung, since=excluded.since, "
+                           "hops=excluded.hops, reason=excluded.reason", (job_id, rung, wall, hops, reason))
+        except Exception as e:  # the decision stands; only its survival across a restart is lost
+            log.warning("airlock: could not store the rung of %s: %s", job_id, e)
+
+    def _drop_rung(self, job_id: str) -> None:
+        self.rungs.pop(job_id, None)
+        try:
+            with self.store.tx() as db:
+                db.execute("DELETE FROM airlock_rungs WHERE job_id=?", (job_id,))
+        except Exception as e:
+            log.warning("airlock: could not drop the rung of %s: %s", job_id, e)
+
+    def _restore_rungs(self) -> None:
+        """After a restart: take over the rungs the previous process left, with the kernel's
+        frozen flag as the truth about suspension.
+
+        - a stored suspend/readdress rung of an active job continues with its original start
+          time, so its budget is not reset by a restart;
+        - a frozen job with no stored rung (the agent died between freeze and store) is
+          suspended as of now;
+        - a stored suspend rung of a job that is no longer frozen is dropped;
+        - a stored reclaim rung: the kill is finished (a job still alive is killed again) and
+          a job the job manager found gone while the agent was down is recorded as reclaimed
+          with the stored reason and the work lost, not as lost.
+        The ladder then holds off recovery for ``hold_s`` as if pressure had just been seen."""
+        assert self.store is not None and self.jobs is not None
+        now, wall = time.monotonic(), time.time()
+        rows = self.store.db.execute("SELECT job_id, rung, since, hops, reason FROM airlock_rungs").fetchall()
+        stored = {r[0]: (r[1], float(r[2]), int(r[3]), r[4]) for r in rows}
+        active = {j.id: j for j in self.jobs.active()}
+        for jid, (rung, since_wall, hops, reason) in stored.items():
+            job = active.get(jid)
+            since = now - max(0.0, wall - since_wall)
+            if rung == ladder.RECLAIM:
+                self._drop_rung(jid)
+                if job is not None:
+                    self._set_rung(jid, ladder.RECLAIM, now, hops, reason)
+                    lost = job.work_at_risk_s()
+                    try:
+                        job.cgroup.kill()
+                    except CgroupError as e:
+                        log.warning("airlock: re-reclaim %s: %s", jid, e)
+                    self._spawn(self._finish_reclaim(jid, reason, lost))
+                    self._emit(f"airlock: reclaim of {jid} interrupted by a restart; finishing it: {reason}",
+                               job=jid, adopted_rung=rung)
+                    continue
+                old = self.jobs.get(jid)
+                if old is not None and old.state == "lost":
+                    self.jobs.set_state(old, "reclaimed", f"airlock reclaimed: {reason}")
+                    self._emit(f"airlock: {jid} was reclaimed as the agent went down: {reason}", job=jid,
+                               adopted_rung=rung)
+                continue
+            if job is None:
+                self._drop_rung(jid)
+                continue
+            try:
+                frozen = job.cgroup.frozen()
+            except CgroupError:
+                frozen = False
+            if rung == ladder.SUSPEND and not frozen:
+                self._drop_rung(jid)
+                self.jobs.set_state(job, "running", "airlock: found thawed after a restart")
+                continue
+            self.rungs[jid] = (rung, since, hops)
+            self._emit(f"airlock: {jid} taken over at rung {rung} (for {now - since:.1f} s, {hops} hops) "
+                       "after a restart", job=jid, adopted_rung=rung, for_s=round(now - since, 2), hops=hops)
+        for jid, job in active.items():
+            if jid in self.rungs:
+                continue
+            try:
+                frozen = job.cgroup.frozen()
+            except CgroupError:
+                continue
+            if frozen:
+                self._set_rung(jid, ladder.SUSPEND, now, 0, "frozen when the agent started")
+                self.jobs.set_state(job, "suspended", "airlock: found frozen after a restart")
+                self._emit(f"airlock: {jid} found frozen with no recorded rung; suspended as of now", job=jid,
+                           adopted_rung=ladder.SUSPEND)
+        if any(r[0] in (ladder.SUSPEND, ladder.READDRESS) for r in self.rungs.values()):
+            self.memo.last_pressure = now
+
+    def _spawn(self, coro: Any) -> None:
+        assert self.loop is not None
+        task = self.loop.create_task(coro)
+        self._bg.add(task)
+        task.add_done_callback(self._bg.discard)
+
     # -- budget and sources ----------------------------------------------------------------------
     def _root_memory_dir(self) -> Path:
         assert self.tree is not None
@@ -195,6 +317,52 @@ class Airlock:
                     self.tree.set_class_memory(cls, (mb << 20) if mb else None, oom_kill_disable=hold)
         except (CgroupError, OSError) as e:
             self._emit(f"airlock: could not apply the node budget: {e}", error=str(e))
+        self.cap_unprotected()
+
+    def cap_unprotected(self) -> dict[str, int]:
+        """Keep the protected classes' memory out of the other classes' reach.
+
+        With a node budget and at least one protected class, each unprotected class parent is
+        limited to what it uses now plus the budget's free room, where the free room leaves
+        the protected classes their usage plus `PROTECTED_HEADROOM`. A storm from one class
+        fills its own cap (where, with `hold_allocator`, its tasks wait and Airlock is told
+        through the class's oom_control eventfd) and never the budget the protected jobs live
+        in, also while the agent is down (the caps stay). Two unprotected classes growing at
+        the same moment may together take one free room more than that; then the held root
+        budget is the last line, as without caps. (An even split of the free room would close
+        that gap but halve the room of the one class that storms while the others idle.)
+        Called at start and on every tick; an operator `class_budget_mb` still bounds its
+        class. Returns the caps now in force (bytes)."""
+        if not self.budget_mb or self.tree is None or self.policy is None:
+            return {}
+        prot = [c for c in self.tree.classes if c in set(self.policy["protected"])]
+        unprot = [c for c in self.tree.classes if c not in prot]
+        if not prot or not unprot:
+            return {}
+        h = self.tree.hierarchy
+        budget = self.budget_mb << 20
+        try:
+            usage = {c: read_memory_usage(h, self.tree.class_memory_dir(c)) for c in self.tree.classes}
+        except (CgroupError, ValueError):
+            return dict(self._caps)
+        room = budget - sum(usage[c] for c in prot) - int(budget * PROTECTED_HEADROOM)
+        share = max(0, room - sum(usage[c] for c in unprot))
+        for c in unprot:
+            cap = max(usage[c] + share, 1 << 20)
+            op = self.class_budget_mb.get(c)
+            if op:
+                cap = min(cap, op << 20)
+            if abs(cap - self._caps.get(c, -(1 << 62))) <= CAP_SLACK_BYTES:
+                continue
+            try:
+                if h.memory_in_v2:  # no oom_kill_disable in v2: memory.high throttles instead
+                    self.tree.set_class_memory(c, (op << 20) if op else None, high_bytes=cap)
+                else:
+                    self.tree.set_class_memory(c, cap, oom_kill_disable=self.hold_allocator)
+                self._caps[c] = cap
+            except CgroupError as e:  # e.g. EBUSY: usage grew past the cap we asked for; next tick
+                log.debug("airlock: cap %s at %d MiB: %s", c, cap >> 20, e)
+        return dict(self._caps)
 
     def _open_sources(self) -> None:
         assert self.loop is not None and self.tree is not None
@@ -332,6 +500,10 @@ class Airlock:
             n += 1
             if n % 20 == 0:
                 self.sync_job_triggers()
+            try:
+                self.cap_unprotected()
+            except Exception:
+                log.exception("airlock: capping the unprotected classes failed")
             self.schedule()
 
     def usage(self) -> float | None:
@@ -354,11 +526,14 @@ class Airlock:
         some, full = read_psi(self.tree.hierarchy.unified / self.tree.root_name / "memory.pressure")
         under_oom = False
         if not self.tree.hierarchy.memory_in_v2:
-            try:
-                text = (self._root_memory_dir() / "memory.oom_control").read_text()
-                under_oom = "under_oom 1" in text
-            except OSError:
-                pass
+            # The root (the budget) or a class parent (its cap): a task waits at a limit.
+            for d in [self._root_memory_dir(), *(self.tree.class_memory_dir(c) for c in self.tree.classes)]:
+                try:
+                    if "under_oom 1" in (d / "memory.oom_control").read_text():
+                        under_oom = True
+                        break
+                except OSError:
+                    pass
         return ladder.Signals(usage=self.usage(), psi_some=some, psi_full=full, under_oom=under_oom,
                               critical_event=now - self.last_critical < STALL_HOLD_S,
                               stall_event=now - self.last_stall < STALL_HOLD_S)
@@ -403,7 +578,7 @@ class Airlock:
     def _apply(self, a: ladder.Action, now: float, level: int, sig: ladder.Signals) -> None:
         job = self.jobs.get(a.job_id)
         if job is None or not job.active:
-            self.rungs.pop(a.job_id, None)
+            self._drop_rung(a.job_id)
             return
         reaction_ms = None
         if self.episode_start is not None and a.kind in (ladder.SUSPEND, ladder.RECLAIM):
@@ -417,23 +592,24 @@ class Airlock:
         try:
             if a.kind == ladder.SUSPEND:
                 job.cgroup.freeze(timeout=None)  # frozen within ms; a task waiting at the limit later
-                self.rungs[job.id] = (ladder.SUSPEND, now, hops)
+                self._set_rung(job.id, ladder.SUSPEND, now, hops, a.reason)
                 self.jobs.set_state(job, "suspended", f"airlock: {a.reason}")
             elif a.kind == ladder.RECOVER:
                 job.cgroup.thaw(timeout=None)
-                self.rungs.pop(job.id, None)
+                self._drop_rung(job.id)
                 self.jobs.set_state(job, "running", f"airlock: recovered ({a.reason})")
             elif a.kind == ladder.READDRESS:
-                self.rungs[job.id] = (ladder.READDRESS, now, hops + 1)
+                self._set_rung(job.id, ladder.READDRESS, now, hops + 1, a.reason)
                 self._readdress(job, a, fields)
             elif a.kind == ladder.RECLAIM:
-                self.rungs[job.id] = (ladder.RECLAIM, now, hops)
                 lost = job.work_at_risk_s()
                 fields["work_lost_s"] = round(lost, 3)
                 fields["memory_freed_bytes"] = _safe_usage(job)
                 job.cgroup.kill()  # now, synchronously; the stop task records and cleans up
-                assert self.loop is not None
-                self.loop.create_task(self._finish_reclaim(job.id, a.reason, lost))
+                # Stored after the kill (the hot path), before the stop task records the end:
+                # a restart in between finishes the reclaim instead of calling the job lost.
+                self._set_rung(job.id, ladder.RECLAIM, now, hops, a.reason)
+                self._spawn(self._finish_reclaim(job.id, a.reason, lost))
         except CgroupError as e:
             fields["error"] = str(e)
         fields["reason"] = a.reason
@@ -445,7 +621,7 @@ class Airlock:
             await self.jobs.stop(job_id, f"airlock reclaimed: {reason}", grace_s=0, state="reclaimed", work_lost_s=lost)
         except Exception as e:  # already gone: the watcher recorded it
             log.debug("airlock: reclaim %s: %s", job_id, e)
-        self.rungs.pop(job_id, None)
+        self._drop_rung(job_id)
 
     def _readdress(self, job: Any, a: ladder.Action, fields: dict[str, Any]) -> None:
         """Ask for a checkpoint (the job is thawed so it can handle the signal), then hand it
