@@ -13,6 +13,14 @@ Errors come back as ``{"error": "..."}`` with a 4xx/5xx status. A streaming endp
 (``/v1/events?follow=1``) answers with newline-delimited JSON until the client hangs up.
 The server is deliberately small (one request per connection, bodies up to 1 MiB): the agent
 must stay lean, and the only clients are laminarctl, curl and scripts on the same node.
+
+It is also on the kill-switch's hot path (a request to cut traffic is enforced when the handler
+writes the map), so a request costs as few event-loop rounds as it can: the listening socket is
+watched directly, a new connection is read with non-blocking ``recv`` at once (the request is
+usually already there), and the handler is *started eagerly*, inside the accept callback, the way
+Python 3.12's eager tasks do: a handler that never waits (a kill-switch flip) runs to completion
+and is answered without a task or another round of the loop; one that waits continues as an
+ordinary task from that point. Route lookups are cached per path.
 """
 
 from __future__ import annotations
@@ -25,7 +33,8 @@ import os
 import re
 import socket
 import struct
-from collections.abc import AsyncIterator, Awaitable, Callable
+import types
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Generator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -126,17 +135,65 @@ class Authorizer:
         return peer.gid == gid or gid in _supplementary_groups(peer.pid)
 
 
+@types.coroutine
+def _carry_on(coro: Coroutine[Any, Any, Any], first: Any) -> Generator[Any, Any, Any]:
+    """Drives a coroutine that was stepped outside a task and is suspended on `first` (what it
+    yielded: a future, or None for a bare yield). Run inside a task, it hands each yielded value
+    to the task and passes back what the task sends or throws (a cancellation included), exactly
+    as if the task had run the coroutine from its start. Returns the coroutine's result."""
+    pending = first
+    while True:
+        try:
+            sent = yield pending
+        except BaseException as exc:  # thrown in by the task (cancellation, a failed future)
+            try:
+                pending = coro.throw(exc)
+            except StopIteration as stop:
+                return stop.value
+            continue
+        try:
+            pending = coro.send(sent)
+        except StopIteration as stop:
+            return stop.value
+
+
+def start_eagerly(loop: asyncio.AbstractEventLoop, coro: Coroutine[Any, Any, Any]) -> asyncio.Task[Any] | None:
+    """Runs `coro` now, synchronously, up to its first real wait; returns None when it finished
+    without waiting, else the task that carries it on. Exceptions from the synchronous part
+    propagate to the caller (the coroutine should catch its own).
+
+    This saves the loop round that ``create_task`` costs before a coroutine's first line runs
+    (Python 3.12's ``asyncio.eager_task_factory``; this agent runs on 3.11). Inside the
+    synchronous part ``asyncio.current_task()`` is not this coroutine's task (there is none yet)."""
+    try:
+        first = coro.send(None)
+    except StopIteration:
+        return None
+
+    async def rest() -> Any:
+        return await _carry_on(coro, first)
+
+    return loop.create_task(rest())
+
+
 class ApiServer:
+    # Distinct paths whose route matches are remembered (paths carry ids, so the cache is bounded).
+    MATCH_CACHE = 1024
+
     def __init__(self, path: str | Path, authorizer: Authorizer) -> None:
         self.path = Path(path)
         self.auth = authorizer
         self.routes: list[Route] = []
-        self._server: asyncio.base_events.Server | None = None
+        self._sock: socket.socket | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._conns: set[asyncio.Task[Any]] = set()
+        self._matches: dict[str, list[tuple[Route, dict[str, str]]]] = {}
         self.requests = 0
         self.refused = 0
 
     def add(self, routes: list[Route]) -> None:
         self.routes.extend(routes)
+        self._matches.clear()
 
     async def start(self) -> None:
         self.path.parent.mkdir(parents=True, exist_ok=True)
@@ -146,51 +203,104 @@ class ApiServer:
             self.path.unlink()
         elif self.path.exists():
             raise RuntimeError(f"api: {self.path} exists and is not a socket; remove it or set agent.socket")
-        self._server = await asyncio.start_unix_server(self._serve, path=str(self.path), limit=MAX_HEADER)
-        # Every local user may connect (read-only calls); privileged calls are checked per request.
-        os.chmod(self.path, 0o666)
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
+        try:
+            sock.bind(str(self.path))
+            # Every local user may connect (read-only calls); privileged calls are checked per request.
+            os.chmod(self.path, 0o666)
+            sock.listen(128)
+            sock.setblocking(False)
+        except OSError:
+            sock.close()
+            raise
+        self._sock = sock
+        self._loop = asyncio.get_running_loop()
+        self._loop.add_reader(sock.fileno(), self._accept)
 
     async def stop(self) -> None:
-        if self._server:
-            self._server.close()
-            await self._server.wait_closed()
+        if self._sock is not None and self._loop is not None:
+            self._loop.remove_reader(self._sock.fileno())
+            self._sock.close()
+            self._sock = None
+        conns = list(self._conns)
+        for task in conns:  # open streams (events --follow) and requests still waiting
+            task.cancel()
+        if conns:
+            await asyncio.gather(*conns, return_exceptions=True)
         try:
             if self.path.is_socket():
                 self.path.unlink()
         except OSError:
             pass
 
-    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        try:
-            sock = writer.get_extra_info("socket")
-            peer = peer_credentials(sock)
+    def _accept(self) -> None:
+        """Reader callback of the listening socket: serves every pending connection, each started
+        eagerly (see the module docstring)."""
+        assert self._sock is not None and self._loop is not None
+        while True:
             try:
-                req = await self._read_request(reader, peer)
-            except ApiError as e:
-                await self._send(writer, e.status, {"error": e.message})
+                conn, _ = self._sock.accept()
+            except (BlockingIOError, InterruptedError):
                 return
-            except (asyncio.IncompleteReadError, ConnectionError, asyncio.LimitOverrunError, ValueError):
+            except OSError as e:  # EMFILE and the like: say so, keep serving the others later
+                log.warning("api: accept failed: %s", e)
+                return
+            conn.setblocking(False)
+            try:
+                task = start_eagerly(self._loop, self._serve(conn))
+            except Exception:
+                log.exception("api: connection failed")
+                conn.close()
+                continue
+            if task is not None:
+                self._conns.add(task)
+                task.add_done_callback(self._conns.discard)
+
+    async def _serve(self, conn: socket.socket) -> None:
+        loop = self._loop
+        assert loop is not None
+        try:
+            peer = peer_credentials(conn)
+            try:
+                req = await self._read_request(loop, conn, peer)
+            except ApiError as e:
+                await self._send(loop, conn, e.status, {"error": e.message})
+                return
+            if req is None:  # the client went away before sending a whole request
                 return
             self.requests += 1
             status, payload = await self._dispatch(req)
             if isinstance(payload, Stream):
-                await self._send_stream(writer, payload)
+                await self._send_stream(loop, conn, payload)
             else:
-                await self._send(writer, status, payload)
+                await self._send(loop, conn, status, payload)
         except (ConnectionError, BrokenPipeError):
             pass
+        except asyncio.CancelledError:
+            raise
         except Exception:
             log.exception("api: connection failed")
         finally:
-            try:
-                writer.close()
-                await writer.wait_closed()
-            except Exception:
-                pass
+            conn.close()
 
-    async def _read_request(self, reader: asyncio.StreamReader, peer: Peer) -> Request:
-        head = await reader.readuntil(b"\r\n\r\n")
-        lines = head.decode("latin-1").split("\r\n")
+    @staticmethod
+    async def _read_request(loop: asyncio.AbstractEventLoop, conn: socket.socket, peer: Peer) -> Request | None:
+        """Reads one request (non-blocking recv first: it is usually there already). None when the
+        client closed the connection early; ApiError for a malformed or oversized request."""
+        buf = b""
+        while True:
+            end = buf.find(b"\r\n\r\n")
+            if end >= 0:
+                break
+            if len(buf) > MAX_HEADER:
+                raise ApiError(400, f"request header longer than {MAX_HEADER} bytes")
+            chunk = await loop.sock_recv(conn, 65536)
+            if not chunk:
+                return None
+            buf += chunk
+        if end > MAX_HEADER:
+            raise ApiError(400, f"request header longer than {MAX_HEADER} bytes")
+        lines = buf[:end].decode("latin-1").split("\r\n")
         parts = lines[0].split(" ")
         if len(parts) != 3:
             raise ApiError(400, f"malformed request line {lines[0]!r}")
@@ -200,10 +310,21 @@ class ApiServer:
             if ":" in line:
                 k, v = line.split(":", 1)
                 headers[k.strip().lower()] = v.strip()
-        length = int(headers.get("content-length", "0") or 0)
+        try:
+            length = int(headers.get("content-length", "0") or 0)
+        except ValueError:
+            raise ApiError(400, f"Content-Length {headers.get('content-length')!r} is not a number") from None
+        if length < 0:
+            raise ApiError(400, f"Content-Length {length} is negative")
         if length > MAX_BODY:
             raise ApiError(413, f"request body of {length} bytes exceeds the {MAX_BODY} byte limit")
-        raw = await reader.readexactly(length) if length else b""
+        raw = buf[end + 4:]
+        while len(raw) < length:
+            chunk = await loop.sock_recv(conn, min(65536, length - len(raw)))
+            if not chunk:
+                return None
+            raw += chunk
+        raw = raw[:length]
         body: Any = None
         if raw:
             try:
@@ -213,12 +334,19 @@ class ApiServer:
         url = urlsplit(target)
         return Request(method.upper(), url.path, dict(parse_qsl(url.query)), headers, body, peer)
 
+    def _match(self, path: str) -> list[tuple[Route, dict[str, str]]]:
+        """Every route whose path matches, in registration order, with its path parameters."""
+        hit = self._matches.get(path)
+        if hit is None:
+            hit = [(r, p) for r in self.routes if (p := r.match(path)) is not None]
+            if len(self._matches) >= self.MATCH_CACHE:
+                self._matches.clear()
+            self._matches[path] = hit
+        return hit
+
     async def _dispatch(self, req: Request) -> tuple[int, Any]:
         allowed_methods = []
-        for route in self.routes:
-            params = route.match(req.path)
-            if params is None:
-                continue
+        for route, params in self._match(req.path):
             if route.method != req.method:
                 allowed_methods.append(route.method)
                 continue
@@ -226,7 +354,7 @@ class ApiServer:
                 self.refused += 1
                 return 403, {"error": f"permission denied: {req.method} {req.path} needs root or membership in group "
                                       f"'{self.auth.control_group}' (caller uid {req.peer.uid})"}
-            req.params = params
+            req.params = dict(params)
             try:
                 result = await route.handler(req)
             except ApiError as e:
@@ -240,21 +368,19 @@ class ApiServer:
         return 404, {"error": f"no such endpoint {req.path}"}
 
     @staticmethod
-    async def _send(writer: asyncio.StreamWriter, status: int, payload: Any) -> None:
+    async def _send(loop: asyncio.AbstractEventLoop, conn: socket.socket, status: int, payload: Any) -> None:
         body = json.dumps(payload, default=str).encode() + b"\n"
         head = (f"HTTP/1.1 {status} {REASONS.get(status, 'Status')}\r\nContent-Type: application/json\r\n"
                 f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n").encode()
-        writer.write(head + body)
-        await writer.drain()
+        await loop.sock_sendall(conn, head + body)
 
     @staticmethod
-    async def _send_stream(writer: asyncio.StreamWriter, stream: Stream) -> None:
-        writer.write(b"HTTP/1.1 200 OK\r\nContent-Type: application/x-ndjson\r\nConnection: close\r\n\r\n")
-        await writer.drain()
+    async def _send_stream(loop: asyncio.AbstractEventLoop, conn: socket.socket, stream: Stream) -> None:
+        await loop.sock_sendall(conn, b"HTTP/1.1 200 OK\r\nContent-Type: application/x-ndjson\r\n"
+                                      b"Connection: close\r\n\r\n")
         try:
             async for item in stream.items:
-                writer.write(json.dumps(item, default=str).encode() + b"\n")
-                await writer.drain()
+                await loop.sock_sendall(conn, json.dumps(item, default=str).encode() + b"\n")
         finally:
             aclose = getattr(stream.items, "aclose", None)
             if aclose:

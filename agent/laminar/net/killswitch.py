@@ -32,6 +32,7 @@ the counters. The switch bits themselves are never lost.
 from __future__ import annotations
 
 import ctypes
+import functools
 import ipaddress
 import re
 import socket
@@ -80,18 +81,23 @@ class FlowKey:
 
     @classmethod
     def parse(cls, text: str) -> FlowKey:
-        """``tcp:10.0.0.1:40000->10.0.0.2:7000`` -> FlowKey. Raises KillSwitchError."""
-        m = _TUPLE_RE.match(text.strip())
-        if not m:
-            raise KillSwitchError(f"flow {text!r} not understood: expected PROTO:SADDR:SPORT->DADDR:DPORT, "
-                                  "e.g. tcp:10.0.0.1:40000->10.0.0.2:7000 (local -> remote)")
-        return cls(m[1], m[2], int(m[3]), m[4], int(m[5]))
+        """``tcp:10.0.0.1:40000->10.0.0.2:7000`` -> FlowKey. Raises KillSwitchError.
+        Keys are immutable, so parses are remembered (a kill-switch names the same flow again)."""
+        key = _parse_cached(text)
+        if not isinstance(key, cls):  # a subclass asked: build its own instance
+            return cls(key.proto, key.saddr, key.sport, key.daddr, key.dport)
+        return key
 
     def __str__(self) -> str:
         return f"{self.proto}:{self.saddr}:{self.sport}->{self.daddr}:{self.dport}"
 
     def pack(self) -> bytes:
         """The lm_flow_key bytes: addresses and ports in network byte order, as in the headers."""
+        return self._packed
+
+    @functools.cached_property
+    def _packed(self) -> bytes:
+        # Computed once per key (the dataclass is frozen; cached_property writes __dict__ directly).
         return bytes(abi.flow_key(self.saddr, self.daddr, self.sport, self.dport, self.proto))
 
     @classmethod
@@ -102,6 +108,15 @@ class FlowKey:
 
     def as_dict(self) -> dict[str, Any]:
         return {"proto": self.proto, "saddr": self.saddr, "sport": self.sport, "daddr": self.daddr, "dport": self.dport}
+
+
+@functools.lru_cache(maxsize=1024)
+def _parse_cached(text: str) -> FlowKey:
+    m = _TUPLE_RE.match(text.strip())
+    if not m:
+        raise KillSwitchError(f"flow {text!r} not understood: expected PROTO:SADDR:SPORT->DADDR:DPORT, "
+                              "e.g. tcp:10.0.0.1:40000->10.0.0.2:7000 (local -> remote)")
+    return FlowKey(m[1], m[2], int(m[3]), m[4], int(m[5]))
 
 
 @dataclass
@@ -168,7 +183,8 @@ def apply_flow_switch(flows_map: Any, key: FlowKey, action: str, deadline: int |
     clears both the cut and an armed deadline, ``arm`` cuts at ``deadline`` (monotonic ns).
     A flow with no entry gets one when ``create`` (priority 0: no class), else KillSwitchError 404.
     Returns the entry as written."""
-    raw = flows_map.lookup(key.pack())
+    kb = key.pack()
+    raw = flows_map.lookup(kb)
     if raw is None and not create:
         raise KillSwitchError(f"flow {key} has no lm_flows entry", 404)
     entry = FlowEntry.unpack(raw) if raw is not None else FlowEntry(job_id=job_num)
@@ -185,7 +201,7 @@ def apply_flow_switch(flows_map: Any, key: FlowKey, action: str, deadline: int |
         entry.flags |= LM_FLOW_ARMED
     else:
         raise KillSwitchError(f"action {action!r}: expected one of on, off, arm")
-    flows_map.update(key.pack(), entry.pack())
+    flows_map.update(kb, entry.pack())
     return entry
 
 

@@ -52,6 +52,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import functools
 import logging
 import secrets
 import time
@@ -566,6 +567,15 @@ class TransferRegistry:
         # wait behind a shaper tick. (_write_flow on the thread only rewrites flows being added.)
         res = self.flow_switch(name, body)
         if self.agent is not None:
-            self.agent.events.emit("killswitch", res["message"], scope="flow", flow=res["flow"],
-                                   action=res["action"], uid=req.peer.uid, deadline_ns=res["deadline_ns"])
+            # The switch is enforced from the map write on; the event (a SQLite row and a log line,
+            # a few hundred us here) follows the answer, in the loop's next round: before the agent
+            # reads any request sent after the answer, so `laminarctl events` right after shows it.
+            emit = functools.partial(self.agent.events.emit, "killswitch", res["message"], scope="flow",
+                                     flow=res["flow"], action=res["action"], uid=req.peer.uid,
+                                     deadline_ns=res["deadline_ns"])
+            loop = getattr(self.agent, "loop", None)
+            if loop is not None and loop.is_running():
+                loop.call_soon(emit)
+            else:
+                emit()
         return res
