@@ -1,11 +1,13 @@
 """Kill-switch on the real data plane: netguard on a veth pair in namespaces, real UDP floods.
 
-The netguard programs are loaded and attached by a separate process that is then SIGSTOPped,
-so what cuts the traffic at the deadline is the data plane alone (the program compares
-``bpf_ktime_get_ns()`` with ``kill_at_ns``). That process is a stand-in for laminard: it does
-exactly what NetGuard.start does (open with pins, load, clsact, attach both directions).
-TODO: switch to the real agent once laminard starts inside a network namespace (today
-NetGuard.start calls pyroute2's sync IPRoute inside the agent's running event loop and fails).
+The armed switch is tested with the real agent: laminard (tests/agentproc.py) runs in the node's
+namespace, a flooding job is submitted to it, ``laminarctl killswitch arm --job J --at +2s`` arms
+the job's switch and the agent is then SIGSTOPped, so what cuts the job's traffic at the deadline
+is the data plane alone (the program compares ``bpf_ktime_get_ns()`` with ``kill_at_ns``).
+
+The other tests drive the maps directly (per flow, ingress, one job's switch against another's).
+Their netguard is loaded and attached by a small process that does what NetGuard.start does
+(open with pins, load, clsact, attach both directions), so they need no agent.
 """
 
 from __future__ import annotations
@@ -22,7 +24,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from agentproc import AgentProc
 
+from laminar.bpf import abi
 from laminar.bpf.libbpf import BpfMap
 from laminar.net import killswitch as ks
 
@@ -142,7 +146,45 @@ def flood(ns, dst: str, dport: int, sport: int, secs: float, **kw) -> subprocess
     return ns.popen(PY, "-c", SENDER, dst, str(dport), str(sport), str(secs), stdout=subprocess.PIPE, **kw)
 
 
-def test_armed_flow_cut_at_deadline_with_agent_stopped(node) -> None:  # type: ignore[no-untyped-def]
+def test_armed_job_cut_at_deadline_with_the_agent_sigstopped(veth_pair, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    vp = veth_pair
+    agent = AgentProc(tmp_path, vp.ifname_a, vp.a)
+    stopped = False
+    try:
+        agent.start()
+        assert agent.proc is not None
+        rx = receiver(vp.b, 7.0, 9021)
+        job = agent.json("submit", "--name", "flood", "--", PY, "-c", SENDER, vp.addr_b, "9021", "41021", "5")
+        time.sleep(1.0)  # the flood is flowing
+        out = agent.ctl("killswitch", "arm", "--job", job["id"], "--at", "+2s")
+        assert job["id"] in out.stdout
+        os.kill(agent.proc.pid, signal.SIGSTOP)  # nobody in user space is left to enforce anything
+        stopped = True
+        time.sleep(0.2)
+        state = Path(f"/proc/{agent.proc.pid}/stat").read_text().split()[2]
+        assert state == "T", f"laminard not stopped (state {state})"
+        # The deadline as the agent wrote it, read from the pin (the agent cannot answer now).
+        raw = BpfMap.from_pin(agent.pin_root / "lm_jobs").lookup(int(job["cgroup_id"]).to_bytes(8, "little"))
+        assert raw is not None, "the job is not in lm_jobs"
+        entry = abi.LmJob.from_buffer_copy(raw)
+        assert entry.flags & abi.LM_JOB_ARMED and not entry.flags & abi.LM_JOB_KILL
+        deadline = int(entry.kill_at_ns)
+        assert deadline - time.monotonic_ns() > 500_000_000, "armed too close: the test cannot tell the cut apart"
+        times = arrivals(rx)[9021]
+        assert Path(f"/proc/{agent.proc.pid}/stat").read_text().split()[2] == "T", "laminard ran during the test"
+    finally:
+        if stopped and agent.proc is not None:
+            os.kill(agent.proc.pid, signal.SIGCONT)
+        agent.cleanup()
+    before = [t for t in times if t < deadline]
+    assert len(before) > 100, "the job's flood did not get through before the deadline"
+    assert [t for t in before if deadline - t < 200_000_000], "the flood stopped well before the deadline"
+    # After the deadline: at most what was already in flight (in the veth/socket queues) when it passed.
+    late = [t for t in times if t - deadline > 50_000_000]
+    assert late == [], f"{len(late)} packets arrived more than 50 ms after the deadline"
+
+
+def test_armed_flow_cut_at_deadline(node) -> None:  # type: ignore[no-untyped-def]
     vp, dp = node
     flows = dp.map("lm_flows")
     key = ks.FlowKey("udp", vp.addr_a, 41001, vp.addr_b, 9001)
@@ -151,20 +193,11 @@ def test_armed_flow_cut_at_deadline_with_agent_stopped(node) -> None:  # type: i
     time.sleep(0.3)
     deadline = ks.deadline_ns(1.0)
     ks.apply_flow_switch(flows, key, "arm", deadline)
-    dp.standin.send_signal(signal.SIGSTOP)  # nobody in user space is left to enforce anything
-    try:
-        time.sleep(0.2)
-        state = Path(f"/proc/{dp.standin.pid}/stat").read_text().split()[2]
-        assert state == "T", f"stand-in agent not stopped (state {state})"
-        tx.wait(timeout=30)
-        times = arrivals(rx)[9001]
-    finally:
-        dp.standin.send_signal(signal.SIGCONT)
+    tx.wait(timeout=30)
+    times = arrivals(rx)[9001]
     before = [t for t in times if t < deadline]
-    after = [t for t in times if t >= deadline]
     assert len(before) > 100, "the flood did not get through before the deadline"
-    # After the deadline: at most what was already in flight (in the veth/socket queues) when it passed.
-    late = [t for t in after if t - deadline > 50_000_000]
+    late = [t for t in times if t - deadline > 50_000_000]
     assert late == [], f"{len(late)} packets arrived more than 50 ms after the deadline"
     entry = ks.FlowEntry.unpack(flows.lookup(key.pack()) or b"")
     assert entry.flags & ks.LM_FLOW_ARMED
