@@ -166,3 +166,23 @@ def test_forged_replayed_and_truncated_datagrams_are_counted_and_ignored(make_cl
     r = c.place(1, {"name": "after-attack", "command": SLEEP}, gpus=1)
     assert r["outcome"] == "placed", f"{r['outcome']}: {r['reason']}"
     assert target.agent.proc.poll() is None
+
+
+def test_zone_keeps_advertising_when_its_speaker_dies(make_cluster):
+    """Node 1 speaks for zone 1 (lowest id heard from); once it dies, node 2 takes over, and
+    the other zones keep placing into zone 1 (on its live nodes)."""
+    c = make_cluster(zones=3, per_zone=3, gpus=2, zone_extra="peer_timeout_s = 2")
+    c.nodes[0].agent.kill9()
+    observer = c.nodes[3]
+    time.sleep(3.0)  # past peer_timeout_s: zone 1's summary must be coming from node 2 now
+
+    def fresh() -> bool:
+        z1 = observer.json("zone", "stats")["zone_summaries"].get("1")
+        return bool(z1 and z1["age_s"] < 1.0)
+
+    wait_until(fresh, 10, "a fresh summary of zone 1 after its speaker died")
+    # the 8 live nodes hold 16 one-GPU jobs: all must be placed, 4 of them in zone 1
+    placed = [c.place(3, {"name": f"z1-{i}", "command": SLEEP}, gpus=1) for i in range(16)]
+    assert all(r["outcome"] == "placed" for r in placed), placed
+    assert all(r["node"] != 1 for r in placed)
+    assert Counter(r["zone"] for r in placed) == {1: 4, 2: 6, 3: 6}, placed

@@ -1065,8 +1065,12 @@ class ZoneComponent:
                 for n in pl.probe_targets(peers, fanout, self.rng, exclude={self.node_id}):
                     self.endpoint.send(n, mine)
                     self.counts["summaries_sent"] += 1
-                alive = [n for n in peers if n == self.node_id or self.membership.alive(n, now)]
-                if alive and min(alive) == self.node_id:
+                # the zone's speaker: the lowest node id heard from lately (this one included);
+                # in a zone larger than the fan-out a few may speak, still a bounded rate
+                fresh = float(self.s["peer_timeout_s"])
+                heard = [n for n in peers if n == self.node_id
+                         or (self.membership.state[n].last_seen >= 0 and now - self.membership.state[n].last_seen <= fresh)]
+                if heard and min(heard) == self.node_id:
                     zmsg = zone_summary_to_msg(self.own_zone_summary(now))
                     for z in self.membership.zones():
                         if z == self.zone:
