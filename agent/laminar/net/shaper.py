@@ -220,8 +220,8 @@ def decide(transfers: Iterable[TransferDemand], now_s: float, link: LinkBudget,
                       f"because the migration budget {fmt_rate(budget)} is nearly full")
         if t.max_rate_bps is not None:
             rate = min(rate, float(t.max_rate_bps))
-        # ceil keeps a feasible rate >= its need even after rounding.
-        out[t.id] = TransferRate(t.id, max(p.min_rate_bps, math.ceil(round(rate, 3))), need, status, reason)
+        # ceil keeps a feasible rate >= its need (at most 1 bit/s over the budget per transfer).
+        out[t.id] = TransferRate(t.id, max(p.min_rate_bps, math.ceil(rate)), need, status, reason)
 
     # Best effort for the rest: what the admitted ones leave, in deadline order, capped at their want.
     left = max(0.0, budget - sum(out[t.id].rate_bps for t, _ in admitted))
