@@ -310,8 +310,9 @@ class NetGuard:
             who = "lent jobs"
         verb = {"on": "cut", "off": "restored", "arm": f"armed to cut in {body.get('at_s')} s"}[action]
         msg = f"kill-switch: traffic of {who} {verb}"
-        self.agent.events.emit("killswitch", msg, action=action, scope=scope, job=body.get("job"),
-                               uid=req.peer.uid, deadline_ns=deadline)
+        # Recorded in the next loop round, after the answer: the switch is already enforcing.
+        self.agent.loop.call_soon(lambda: self.agent.events.emit(
+            "killswitch", msg, action=action, scope=scope, job=body.get("job"), uid=req.peer.uid, deadline_ns=deadline))
         return {"message": msg, "action": action, "scope": scope, "job": body.get("job"), "deadline_ns": deadline}
 
 
