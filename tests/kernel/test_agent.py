@@ -222,8 +222,10 @@ def _as_nobody(fn: Callable[[], int]) -> int:
 
 
 def test_unprivileged_caller_may_read_but_not_flip(agent: AgentProc, capfd: pytest.CaptureFixture[str]) -> None:
+    from laminarctl.main import build_parser
     from laminarctl.main import main as ctl
 
+    build_parser()  # import every command module now: the child (nobody) cannot read root's site-packages
     sock = str(agent.sock)
     assert _as_nobody(lambda: ctl(["--socket", sock, "status"])) == 0
     assert _as_nobody(lambda: ctl(["--socket", sock, "killswitch", "on", "--all"])) == 4
