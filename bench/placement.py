@@ -231,6 +231,7 @@ def main() -> int:
     else:
         res["netns_status"] = "skipped: --no-netns"
     res["wall_s"] = round(time.time() - t0, 1)
+    res["loadavg_1m_after"] = round(__import__("os").getloadavg()[0], 2)  # a shared machine: how busy it was
     if args.plot:
         plot(res, args.plot)
     flat = {k: v for k, v in res.items() if not k.startswith("_")}

@@ -18,7 +18,7 @@ from typing import Any
 from .output import emit, info, kv, table
 
 PEER_COLUMNS = [("node", "NODE"), ("zone", "ZONE"), ("addr", "ADDRESS"), ("pool", "POOL"), ("owner", "OWNER"),
-                ("alive", "ALIVE"), ("last_seen_s", "SEEN (s ago)"), ("summary_age_s", "SUMMARY (s ago)"),
+                ("alive", "ALIVE"), ("last_seen_s", "SEEN s"), ("summary_age_s", "SUMMARY s"),
                 ("misses", "MISSES"), ("rx", "RX"), ("tx", "TX")]
 PLACEMENT_COLUMNS = [("placement_id", "PLACEMENT"), ("name", "NAME"), ("outcome", "OUTCOME"), ("node", "NODE"),
                      ("zone", "ZONE"), ("job_id", "JOB"), ("elapsed_ms", "MS"), ("reason", "REASON")]

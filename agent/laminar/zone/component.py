@@ -1010,8 +1010,10 @@ class ZoneComponent:
         try:
             job = await self._jobs.submit(spec, owner_uid=int(req.get("owner_uid", 0)), owner_gid=int(req.get("owner_gid", 0)))
         except JobError as e:
+            # the spec was valid; what failed is this node's (a GPU taken by a local job meanwhile,
+            # a command this node lacks): another node may start it
             self.arbiter.unbind(pid)
-            return wire.HandoverAck(pid, HANDOVER_REJECTED, f"job refused: {e}")
+            return wire.HandoverAck(pid, HANDOVER_ERROR, f"job could not start on node {self.node_id}: {e}")
         except Exception as e:
             self.arbiter.unbind(pid)
             log.exception("placement %x: job start failed", pid)
