@@ -66,3 +66,35 @@ def test_one_node_zone_needs_no_key_and_arbitrates_locally():
     assert isinstance(comp.handle_request(1, wire.Probe(6, 200, 1000, 100, 2000)), wire.Offer)
     fits = comp.zone_fits(pl.Demand(gpus=1))
     assert set(fits) == {0}
+
+
+@pytest.mark.parametrize(
+    "rows,match",
+    [
+        ([{"id": 1, "zone": 1}], "addr None"),
+        ([{"id": 0, "zone": 1, "addr": "10.0.0.1"}], "id 0 must be"),
+        ([{"id": 1, "zone": 70000, "addr": "10.0.0.1"}], "zone 70000"),
+        ([{"id": 1, "zone": 1, "addr": "host.example"}], "not an IP address"),
+        ([{"id": 1, "zone": 1, "addr": "10.0.0.1:99999"}], "port must be"),
+        ([{"id": 1, "zone": 1, "addr": "10.0.0.1", "color": "red"}], "unknown keys"),
+    ],
+)
+def test_membership_config_errors_name_the_entry(rows, match):
+    from laminar.zone.membership import MembershipError, members_from_config
+
+    with pytest.raises(MembershipError, match=match):
+        members_from_config(rows, 7440, 7441)
+
+
+def test_membership_duplicate_ids_and_liveness():
+    from laminar.zone.membership import MAX_MISSES, Member, Membership, MembershipError
+
+    with pytest.raises(MembershipError, match="listed twice"):
+        Membership(1, [Member(1, 1, "10.0.0.1", 1), Member(1, 2, "10.0.0.2", 1)])
+    m = Membership(1, [Member(1, 1, "10.0.0.1", 1), Member(2, 1, "10.0.0.2", 1, pool="gpu")])
+    assert m.pool_list(1, "gpu") == [2] and m.zone_list(1) == [1, 2]
+    for _ in range(MAX_MISSES):
+        m.missed(2, 0.0)
+    assert m.suspects == {2} and m.zone_members(1, alive_only=True, now=0.0) == []
+    m.seen(2, 1.0)
+    assert m.suspects == set() and m.zone_members(1, alive_only=True, now=1.0) == [2]
