@@ -18,7 +18,8 @@ from typing import Any
 from .output import emit, info, kv, table
 
 JOB_COLUMNS = [("id", "ID"), ("name", "NAME"), ("state", "STATE"), ("class", "CLASS"), ("priority", "PRIO"),
-               ("pid", "PID"), ("memory_mb", "MEM MiB"), ("gpus", "GPUS"), ("reason", "REASON")]
+               ("pid", "PID"), ("used_mb", "USED MiB"), ("memory_mb", "LIMIT MiB"), ("rung", "AIRLOCK"),
+               ("gpus", "GPUS"), ("reason", "REASON")]
 
 
 def _gpus_arg(text: str) -> int | list[int]:
@@ -106,9 +107,17 @@ def build_spec(args: argparse.Namespace) -> dict[str, Any]:
     return spec
 
 
+def _rung(j: dict[str, Any]) -> str | None:
+    """'suspend 3.2s' while Airlock holds the job at a rung, else None."""
+    r = j.get("airlock")
+    return f"{r['rung']} {r['for_s']:g}s" if isinstance(r, dict) else None
+
+
 def _row(j: dict[str, Any]) -> dict[str, Any]:
     spec = j.get("spec") or {}
-    return {**j, "memory_mb": spec.get("memory_mb")}
+    used = j.get("memory_bytes")
+    return {**j, "memory_mb": spec.get("memory_mb"), "used_mb": used >> 20 if isinstance(used, int) else None,
+            "rung": _rung(j)}
 
 
 def cmd_submit(args: argparse.Namespace) -> int:

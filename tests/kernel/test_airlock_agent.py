@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import threading
@@ -208,7 +209,9 @@ def story(agent: AgentProc) -> str:
 
 
 def test_storm_from_transients_leaves_long_resident_running_and_untouched(make_agent: Any, script: Path,
-                                                                          tmp_path: Path) -> None:
+                                                                          tmp_path: Path,
+                                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("COLUMNS", "300")  # one table row per job in `laminarctl jobs` (rich wraps at 80)
     agent = make_agent()
     st = agent.json("status")["airlock"]
     assert st["budget_mb"] == BUDGET_MB, st
@@ -234,9 +237,23 @@ def test_storm_from_transients_leaves_long_resident_running_and_untouched(make_a
 
     shown = agent.json("job", "show", lr["id"])
     assert shown["state"] == "running" and shown["frozen"] is False and alive(lr["pid"]), shown
-    assert shown["pid"] == lr["pid"] and lr["pid"] in shown["pids"]
+    assert shown["pid"] == lr["pid"] and lr["pid"] in shown["pids"] and shown["airlock"] is None
     human = agent.ctl("job", "show", lr["id"]).stdout
     assert "running" in human and "frozen" in human
+
+    # What a user sees: suspended transients say so in `jobs`, with Airlock's rung and its age.
+    table = agent.ctl("jobs").stdout
+    assert "AIRLOCK" in table and "USED MiB" in table
+    for t in ts:
+        row = next(line for line in table.splitlines() if line.startswith(t["id"] + " "))
+        if row.split()[2] == "suspended":
+            assert re.search(r" suspend \d", row), row
+        j = agent.json("job", "show", t["id"])
+        if j["state"] == "suspended":
+            assert j["frozen"] is True and j["airlock"]["rung"] == "suspend", j
+    # The unprotected classes are capped below the budget the protected job lives in.
+    caps = agent.json("status")["airlock"]["class_caps_mb"]
+    assert set(caps) == {"standard", "transient"} and all(0 < v < BUDGET_MB for v in caps.values()), caps
 
     actions = airlock_actions(agent)
     assert any(a["action"] == "suspend" for a in actions), story(agent)
@@ -377,6 +394,8 @@ def test_agent_kill9_during_storm_loses_no_job(make_agent: Any, script: Path, tm
         if j["state"] in ("running", "suspended"):
             assert j["adopted"] is True and alive(j["pid"]), j
             assert j["frozen"] is (j["state"] == "suspended"), j
+        if j["state"] == "suspended":  # the new process took the rung over, with its age
+            assert j["airlock"] is not None and j["airlock"]["rung"] == "suspend", j
     assert after[lr["id"]]["state"] == "running"
 
     # Airlock resumes: the ladder acts again after the restart (frozen jobs escalate at their

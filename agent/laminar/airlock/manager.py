@@ -53,11 +53,12 @@ TICK_S = 0.05
 STALL_HOLD_S = 0.2
 # At most one evaluation per this interval (a storm raises thousands of tracepoint events).
 MIN_EVAL_GAP_S = 0.005
-# Room kept for the protected classes above what they use now, as a share of the budget. v1's
-# oom_kill_disable holds page faults at a full budget, but kernel-side charges (the page cache
-# of a log or checkpoint write, socket buffers) fail with ENOMEM instead: a protected job must
-# never meet a full budget because transients filled it (e.g. while the agent restarts).
-PROTECTED_HEADROOM = 0.10
+# Room kept for the protected classes above what they use now: the budget's share above the
+# policy's usage.critical, and at least this much. v1's oom_kill_disable holds page faults at
+# a full budget, but kernel-side charges (the page cache of a log or checkpoint write, socket
+# buffers, a new cgroup) fail with ENOMEM instead: a protected job must never meet a full
+# budget because transients filled it (e.g. while the agent restarts).
+PROTECTED_HEADROOM_MIN = 16 << 20
 # A class cap is rewritten only when it moves by more than this (cgroupfs writes every tick
 # would be churn; 4 MiB is a few ms of growth in a storm).
 CAP_SLACK_BYTES = 4 << 20
@@ -324,7 +325,8 @@ class Airlock:
 
         With a node budget and at least one protected class, each unprotected class parent is
         limited to what it uses now plus the budget's free room, where the free room leaves
-        the protected classes their usage plus `PROTECTED_HEADROOM`. A storm from one class
+        the protected classes their usage plus a reserve (the budget above the policy's
+        ``usage.critical``, at least `PROTECTED_HEADROOM_MIN`). A storm from one class
         fills its own cap (where, with `hold_allocator`, its tasks wait and Airlock is told
         through the class's oom_control eventfd) and never the budget the protected jobs live
         in, also while the agent is down (the caps stay). Two unprotected classes growing at
@@ -345,7 +347,8 @@ class Airlock:
             usage = {c: read_memory_usage(h, self.tree.class_memory_dir(c)) for c in self.tree.classes}
         except (CgroupError, ValueError):
             return dict(self._caps)
-        room = budget - sum(usage[c] for c in prot) - int(budget * PROTECTED_HEADROOM)
+        reserve = max(PROTECTED_HEADROOM_MIN, int(budget * (1 - self.policy["thresholds"]["usage.critical"])))
+        room = budget - sum(usage[c] for c in prot) - reserve
         share = max(0, room - sum(usage[c] for c in unprot))
         for c in unprot:
             cap = max(usage[c] + share, 1 << 20)
@@ -656,6 +659,7 @@ class Airlock:
         r = sorted(self.reactions_ms)
         return {"level": ladder.LEVEL_NAMES[self.level], "policy_version": self.policy.version if self.policy else None,
                 "budget_mb": self.budget_mb, "usage": self.usage() if self.tree else None, "psi": self.psi_note,
+                "class_caps_mb": {c: v >> 20 for c, v in self._caps.items()},
                 "sources": self.sources,
                 "rungs": {k: {"rung": v[0], "for_s": round(time.monotonic() - v[1], 2), "hops": v[2]}
                           for k, v in self.rungs.items()},

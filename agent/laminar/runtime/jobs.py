@@ -573,6 +573,10 @@ class JobManager:
         if job.active:
             job.state = "exited"
             job.reason = job.reason or (f"exit code {code}" if code is not None else "exited (adopted: exit code unknown)")
+            if code == 126 and job.reason == "exit code 126":
+                # The shell could not exec the command; with an empty log that is most often
+                # ENOMEM at a full memory limit (exec's kernel charges are not held like faults).
+                job.reason += " (the command could not be executed; see its log, and whether its class was at its memory limit)"
         job.exit_code = code
         job.ended = time.time()
         await self._teardown(job)
@@ -764,15 +768,30 @@ class JobManager:
             except JobError as e:
                 raise ApiError(400, str(e)) from None
             except CgroupError as e:
-                raise ApiError(503, f"cannot create the job's cgroups: {e}") from None
+                hint = ""
+                if "Cannot allocate memory" in str(e):  # a memcg's own kernel memory is charged to its parent
+                    hint = (f"; the {req.body.get('class', 'standard') if isinstance(req.body, dict) else ''} class is "
+                            "at its memory limit (see `laminarctl events --kind airlock`); retry once Airlock has "
+                            "relieved the pressure")
+                raise ApiError(503, f"cannot create the job's cgroups: {e}{hint}") from None
             return job.as_dict()
+
+        def with_rung(job: Job) -> dict[str, Any]:
+            """The job's record plus Airlock's rung for it (suspend/readdress/reclaim, for how
+            long, hops), or None while Airlock leaves it alone."""
+            out = job.as_dict()
+            rungs = getattr(getattr(self.agent, "airlock", None), "rungs", None)
+            if isinstance(rungs, dict):
+                r = rungs.get(job.id)
+                out["airlock"] = {"rung": r[0], "for_s": round(time.monotonic() - r[1], 2), "hops": r[2]} if r else None
+            return out
 
         async def list_jobs(req: Request) -> builtins.list[dict[str, Any]]:
             everything = req.query.get("all", "1") not in ("0", "false", "no")
-            return [j.as_dict() for j in self.list(everything)]
+            return [with_rung(j) for j in self.list(everything)]
 
         async def show(req: Request) -> dict[str, Any]:
-            return find(req).as_dict()
+            return with_rung(find(req))
 
         async def stop(req: Request) -> dict[str, Any]:
             job = find(req)
