@@ -919,6 +919,12 @@ class ZoneComponent:
 
     def _on_message(self, msg: wire.Message, addr: tuple[str, int]) -> None:
         body = msg.body
+        if msg.type is wire.MsgType.PROBE or msg.type is wire.MsgType.RELEASE:  # the hot path first
+            reply = self.handle_request(msg.node, body)
+            if reply is not None and self.endpoint is not None:
+                # answer where it came from, signed with the sender's zone key
+                self.endpoint.send_to(self.membership.by_node[msg.node].zone, addr, reply)
+            return
         if isinstance(body, wire.Offer | wire.Refuse | wire.CommitAck):
             if not self.router.route(msg.node, body) and isinstance(body, wire.Offer):
                 self.counts["late_releases"] += 1
