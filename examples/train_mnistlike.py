@@ -11,7 +11,8 @@ marked lines.
     kill -USR1 $!          # asks for a checkpoint; it lands in /tmp/ck/ckpt-<step>
 
 Prints one JSON line per event (``start``, ``checkpoint``, ``done`` with the SHA-256 of the
-final weights) so tests and the agent's log can follow it.
+final weights, and with ``--log-steps`` a ``step`` line after each step: the work log) so tests
+and the agent's log can follow it.
 """
 
 from __future__ import annotations
@@ -63,6 +64,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--lr", type=float, default=0.05)
     ap.add_argument("--ckpt-every", type=int, default=0, help="also checkpoint every N steps (0: only on request)")
     ap.add_argument("--step-sleep", type=float, default=0.0, help="seconds to sleep per step (to watch it)")
+    ap.add_argument("--hidden", type=int, default=64, help="hidden units (the checkpoint's size grows with it)")
+    ap.add_argument("--log-steps", action="store_true", help="print a step event after every step (the work log)")
     ap.add_argument("--exit-after-checkpoint", action="store_true", help="stop once a requested checkpoint is saved")
     ap.add_argument("--out", type=Path, help="write the final state dict here")
     a = ap.parse_args(argv)
@@ -70,7 +73,7 @@ def main(argv: list[str] | None = None) -> int:
     torch.manual_seed(a.seed)
     torch.set_num_threads(1)
     torch.use_deterministic_algorithms(True)
-    model = nn.Sequential(nn.Flatten(), nn.Linear(28 * 28, 64), nn.ReLU(), nn.Linear(64, 10))
+    model = nn.Sequential(nn.Flatten(), nn.Linear(28 * 28, a.hidden), nn.ReLU(), nn.Linear(a.hidden, 10))
     opt = torch.optim.SGD(model.parameters(), lr=a.lr, momentum=0.9)
     loss_fn = nn.CrossEntropyLoss()
 
@@ -91,6 +94,8 @@ def main(argv: list[str] | None = None) -> int:
         loss = loss_fn(model(x), y)
         loss.backward()
         opt.step()
+        if a.log_steps:
+            say(event="step", step=step + 1)
         if a.step_sleep:
             time.sleep(a.step_sleep)
         periodic = a.ckpt_every > 0 and (step + 1) % a.ckpt_every == 0

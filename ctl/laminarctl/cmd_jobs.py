@@ -4,6 +4,7 @@
         --name train -- python train.py --epochs 10
     laminarctl jobs                 # active and finished jobs
     laminarctl job show job-3       # or: laminarctl job show 3
+    laminarctl job show 3 --follow  # until it ends; a move off this node as a progress bar
     laminarctl job stop job-3 [--grace 10] [--reason "..."]
 
 Any local user may submit (the job runs with the caller's uid and gid) and stop their own
@@ -71,6 +72,9 @@ def register(sub: Any, common: argparse.ArgumentParser) -> None:
     jsub.required = True
     p = jsub.add_parser("show", parents=[common], help="everything about one job")
     p.add_argument("id", help="job id (job-3) or number (3)")
+    p.add_argument("-f", "--follow", action="store_true",
+                   help="follow the job until it ends, with its move to another node as a progress bar "
+                        "(-o json: one line per change)")
     p.set_defaults(func=cmd_job_show)
     p = jsub.add_parser("stop", parents=[common], help="stop a job: SIGTERM, grace, then kill")
     p.add_argument("id", help="job id (job-3) or number (3)")
@@ -133,7 +137,74 @@ def cmd_jobs(args: argparse.Namespace) -> int:
     return 0
 
 
+def _move(args: argparse.Namespace) -> dict[str, Any] | None:
+    """The job's move off this node (GET /v1/migrations/ID), or None (no move, no migration layer)."""
+    from .client import CtlError
+
+    try:
+        mv = args.client.get(f"/v1/migrations/{args.id}")
+    except CtlError:
+        return None
+    return mv if isinstance(mv, dict) else None
+
+
+FOLLOW_EVERY_S = 0.3
+
+
+def _follow(args: argparse.Namespace) -> int:
+    """Polls the job and its move until the job has ended and no move is under way."""
+    import json
+    import time
+
+    def snapshot() -> tuple[dict[str, Any], dict[str, Any] | None, bool]:
+        job = args.client.get(f"/v1/jobs/{args.id}")
+        mv = _move(args)
+        moving = mv is not None and mv.get("phase") not in ("done", "failed")
+        return job, mv, job.get("state") in ("running", "suspended") or moving
+
+    if args.output == "json":
+        last = None
+        while True:
+            job, mv, going = snapshot()
+            snap = {"id": job["id"], "state": job["state"], "reason": job.get("reason"), "migration": mv}
+            if snap != last:
+                print(json.dumps(snap, default=str), flush=True)
+                last = snap
+            if not going:
+                return 0
+            time.sleep(FOLLOW_EVERY_S)
+
+    from rich.progress import (
+        BarColumn,
+        DownloadColumn,
+        Progress,
+        TextColumn,
+        TimeRemainingColumn,
+        TransferSpeedColumn,
+    )
+
+    cols = (TextColumn("{task.description}"), BarColumn(), DownloadColumn(), TransferSpeedColumn(), TimeRemainingColumn())
+    with Progress(*cols, transient=False) as bar:
+        task = bar.add_task("", total=None)
+        while True:
+            job, mv, going = snapshot()
+            desc = f"{job['id']} {job['state']}"
+            if mv is not None:
+                desc += f" | move {mv['phase']}" + (f" -> node {mv['dest']}" if mv.get("dest") else "")
+                if mv.get("total_bytes"):
+                    bar.update(task, total=mv["total_bytes"], completed=mv.get("done_bytes", 0))
+            bar.update(task, description=desc)
+            if not going:
+                break
+            time.sleep(FOLLOW_EVERY_S)
+    info(f"{job['id']} {job['state']}: {job.get('reason') or ''}"
+         + (f" ({mv['error']})" if mv and mv.get("error") else ""))
+    return 0
+
+
 def cmd_job_show(args: argparse.Namespace) -> int:
+    if getattr(args, "follow", False):
+        return _follow(args)
     job = args.client.get(f"/v1/jobs/{args.id}")
     emit(job, args.output, lambda j: kv({k: v for k, v in j.items() if k != "spec"} | {"command": (j.get("spec") or {}).get("command")},
                                         title=f"job {j['id']}"))

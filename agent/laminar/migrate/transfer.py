@@ -48,6 +48,7 @@ import asyncio
 import contextlib
 import hashlib
 import hmac
+import inspect
 import json
 import logging
 import os
@@ -260,13 +261,15 @@ class Flow:
 
 
 class FlowHook(Protocol):
-    """What the shaper and kill-switch need from a transfer (H5's transfer registry)."""
+    """What the shaper and kill-switch need from a transfer (H5's transfer registry).
+    ``register`` and ``unregister`` may return awaitables (the registry does netlink work on
+    its own thread); they are awaited."""
 
     def register(self, flow: Flow, job_id: str, total_bytes: int, deadline_monotonic: float | None) -> Any: ...
 
     def progress(self, handle: Any, sent_bytes: int) -> None: ...
 
-    def unregister(self, handle: Any) -> None: ...
+    def unregister(self, handle: Any) -> Any: ...
 
 
 def default_flow_hook(agent: Any) -> FlowHook | None:
@@ -308,7 +311,9 @@ class _Pacer:
             await asyncio.sleep(ahead)
 
 
-async def _client_handshake(r: asyncio.StreamReader, w: asyncio.StreamWriter, key: bytes, zone: int, node: str) -> None:
+async def _client_handshake(r: asyncio.StreamReader, w: asyncio.StreamWriter, key: bytes, zone: int, node: str) -> bytes:
+    """Mutual authentication with the zone key; returns the server's nonce (binds later MACs
+    to this connection)."""
     nc = secrets.token_bytes(32)
     await _send(w, {"t": "hello", "v": PROTOCOL_VERSION, "zone": zone, "node": node, "nonce": nc.hex()})
     hdr, _ = await _recv(r, HANDSHAKE_TIMEOUT_S)
@@ -322,6 +327,7 @@ async def _client_handshake(r: asyncio.StreamReader, w: asyncio.StreamWriter, ke
     hdr, _ = await _recv(r, HANDSHAKE_TIMEOUT_S)
     if hdr["t"] != "ok":
         raise TransferError(f"transfer: expected ok, got {hdr['t']!r}")
+    return ns
 
 
 async def send_checkpoint(
@@ -397,6 +403,8 @@ async def _send_once(
             peer = w.get_extra_info("peername")
             handle = flow_hook.register(Flow(sock[0], sock[1], peer[0], peer[1]), m.job_id,
                                         sum(m.chunk_len(i) for i in missing), deadline)
+            if inspect.isawaitable(handle):
+                handle = await handle
         replies: asyncio.Queue[dict[str, Any]] = asyncio.Queue()
 
         async def read_replies() -> None:
@@ -450,7 +458,33 @@ async def _send_once(
             with contextlib.suppress(BaseException):
                 await reader_task
         if flow_hook is not None and handle is not None:
-            flow_hook.unregister(handle)
+            done = flow_hook.unregister(handle)
+            if inspect.isawaitable(done):
+                with contextlib.suppress(Exception):
+                    await done
+        w.close()
+        with contextlib.suppress(Exception):
+            await w.wait_closed()
+
+
+async def send_control(
+    host: str, port: int, key: bytes, op: str, body: Any, *, zone: int = 0, node: str = "",
+    timeout: float = HANDSHAKE_TIMEOUT_S,
+) -> Any:
+    """Sends one control message (``op`` with a JSON ``body``) to a :class:`Receiver` and
+    returns its answer. The message is MAC'd with the zone key and the server's nonce of this
+    connection, so it can be neither forged nor replayed. Raises TransferError (peer refused,
+    authentication) or OSError/TimeoutError (unreachable)."""
+    r, w = await asyncio.wait_for(asyncio.open_connection(host, port), timeout)
+    try:
+        ns = await asyncio.wait_for(_client_handshake(r, w, key, zone, node), timeout)
+        raw = json.dumps(body, sort_keys=True, separators=(",", ":")).encode()
+        await _send(w, {"t": "ctl", "op": op, "body": body, "mac": mac(key, b"laminar-ctl", ns, raw)})
+        hdr, _ = await _recv(r, timeout)
+        if hdr["t"] != "ctl-ok":
+            raise TransferError(f"transfer: expected ctl-ok, got {hdr['t']!r}")
+        return hdr.get("result")
+    finally:
         w.close()
         with contextlib.suppress(Exception):
             await w.wait_closed()
@@ -547,7 +581,8 @@ class _Incoming:
 class Receiver:
     """The transfer endpoint of an agent: receives, verifies and commits checkpoints under
     ``root``. ``keys`` maps a zone id to its key (``ZoneKeys.get``) or is one key for all.
-    ``on_commit`` is called with each committed checkpoint; ``on_progress`` with progress."""
+    ``on_commit`` is called with each committed checkpoint; ``on_progress`` with progress;
+    ``on_control(node, op, body)`` answers authenticated control messages (:func:`send_control`)."""
 
     def __init__(
         self,
@@ -555,8 +590,10 @@ class Receiver:
         keys: bytes | KeyLookup,
         on_commit: Callable[[Committed], Awaitable[None] | None] | None = None,
         on_progress: Callable[[Progress], None] | None = None,
+        on_control: Callable[[str, str, Any], Any] | None = None,
     ) -> None:
         self.root = Path(root)
+        self.on_control = on_control
         self.keys: KeyLookup = (lambda _z, k=keys: k) if isinstance(keys, bytes) else keys  # type: ignore[misc]
         self.on_commit = on_commit
         self.on_progress = on_progress
@@ -583,8 +620,11 @@ class Receiver:
     async def _handle(self, r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
         peer = w.get_extra_info("peername")
         try:
-            node, key = await self._handshake(r, w)
+            node, key, ns = await self._handshake(r, w)
             hdr, _ = await _recv(r)
+            if hdr["t"] == "ctl":
+                await self._control(w, hdr, node, key, ns)
+                return
             if hdr["t"] != "offer":
                 raise TransferError(f"transfer: expected offer, got {hdr['t']!r}")
             m = Manifest.from_body(hdr.get("manifest"))
@@ -610,7 +650,23 @@ class Receiver:
             with contextlib.suppress(Exception):
                 await w.wait_closed()
 
-    async def _handshake(self, r: asyncio.StreamReader, w: asyncio.StreamWriter) -> tuple[str, bytes]:
+    async def _control(self, w: asyncio.StreamWriter, hdr: dict[str, Any], node: str, key: bytes, ns: bytes) -> None:
+        body = hdr.get("body")
+        raw = json.dumps(body, sort_keys=True, separators=(",", ":")).encode()
+        if not hmac.compare_digest(str(hdr.get("mac", "")), mac(key, b"laminar-ctl", ns, raw)):
+            raise TransferError("transfer: control message rejected: its MAC does not match", fatal=True)
+        op = str(hdr.get("op", ""))
+        if self.on_control is None:
+            raise TransferError(f"transfer: this endpoint takes no control messages (op {op!r})", fatal=True)
+        try:
+            res = self.on_control(node, op, body)
+            if asyncio.iscoroutine(res):
+                res = await res
+        except (ValueError, KeyError, TypeError) as e:
+            raise TransferError(f"transfer: control {op!r} refused: {e}", fatal=True) from None
+        await _send(w, {"t": "ctl-ok", "result": res})
+
+    async def _handshake(self, r: asyncio.StreamReader, w: asyncio.StreamWriter) -> tuple[str, bytes, bytes]:
         hdr, _ = await _recv(r, HANDSHAKE_TIMEOUT_S)
         if hdr["t"] != "hello" or hdr.get("v") != PROTOCOL_VERSION:
             raise TransferError(f"transfer: expected hello v{PROTOCOL_VERSION}, got {hdr.get('t')!r} v{hdr.get('v')!r}")
@@ -627,7 +683,7 @@ class Receiver:
         if auth["t"] != "auth" or not hmac.compare_digest(str(auth.get("mac", "")), mac(key, b"laminar-xfer-client", ns, nc)):
             raise TransferError("transfer: client failed authentication", fatal=True)
         await _send(w, {"t": "ok"})
-        return str(hdr.get("node", "")), key
+        return str(hdr.get("node", "")), key, ns
 
     async def _receive(self, r: asyncio.StreamReader, w: asyncio.StreamWriter, m: Manifest, node: str) -> None:
         final = self.final_dir(m.job_id, m.ckpt_id)

@@ -1013,6 +1013,13 @@ class ZoneComponent:
         if self._jobs is None:
             self.arbiter.unbind(pid)
             return wire.HandoverAck(pid, HANDOVER_ERROR, "this node runs no job manager")
+        migrate = getattr(self.agent, "migrate", None)
+        if spec.resume_from and migrate is not None and hasattr(migrate, "check_resume"):
+            try:  # a migrated job: its checkpoint is verified here, right before LAMINAR_RESUME_FROM
+                spec.resume_from = migrate.check_resume(spec.resume_from)
+            except ValueError as e:
+                self.arbiter.unbind(pid)
+                return wire.HandoverAck(pid, HANDOVER_ERROR, f"job could not start on node {self.node_id}: {e}")
         try:
             job = await self._jobs.submit(spec, owner_uid=int(req.get("owner_uid", 0)), owner_gid=int(req.get("owner_gid", 0)))
         except JobError as e:

@@ -1,0 +1,970 @@
+"""The reclaim contract and migration between agents (``agent.migrate``).
+
+An owner (or an inference scheduler) takes a node back with a notice window::
+
+    laminarctl reclaim --notice 60s              # this node
+    laminarctl reclaim --notice 60s --node 4     # node 4 of the zone (forwarded to its agent)
+    POST /v1/reclaim {"notice_s": 60, "node": 4, "reason": "owner"}     (privileged)
+
+The reclaimed node's agent then
+
+1. tells the zone (the zone's reclaim notice: it stops taking placements, its peers record the
+   window) and arms the kill-switch of every job on the node for the window's end
+   (``netguard.arm_job``): whatever still runs then loses its network at once;
+2. plans the evacuation with :func:`laminar.migrate.ckpt_schedule.notice_schedule` (who is
+   signalled when, as late as is safe; transfer deadlines);
+3. for each job: sends the checkpoint signal, waits for the job's new checkpoint (jobkit's
+   layout in ``LAMINAR_CKPT_DIR``, verified against its manifest), freezes the job (steps after
+   the checkpoint would be lost anyway), ranks the zone's nodes with
+   :func:`laminar.migrate.destination.rank` (resource fit from their summaries, whether the
+   transfer fits what is left of the window, survival from the hazard model, zone topology),
+   reserves the best through the zone (probe, offer, commit), sends the checkpoint to the
+   destination's transfer endpoint (:mod:`laminar.migrate.transfer`: authenticated, chunked,
+   resumable; registered with the shaper, ``agent.transfers``, with the window's deadline),
+   hands the job spec over with ``resume_from`` naming the verified checkpoint *on the
+   destination*, and stops its own copy (state ``migrated``). The destination verifies the
+   checkpoint again before the job starts there with ``LAMINAR_RESUME_FROM``;
+4. at the window's end, stops whatever is still running (state ``reclaimed``).
+
+Progress: events of kind ``migrate`` and ``GET /v1/migrations/{job}`` (what
+``laminarctl job show ID --follow`` draws as a progress bar).
+
+**When the source dies.** Every job has a *buddy*: the node its checkpoints are prestaged to
+(shipped as they are written, when ``ckpt_schedule.notice_fit`` says the final checkpoint would
+not fit the expected notice window, or always with ``prestage = "always"``). With each
+shipped checkpoint the buddy receives the job's spec (an authenticated control message,
+``guard``), so it holds everything needed to resume the job. A buddy resumes the job from its
+newest *verified* replica (:func:`laminar.migrate.transfer.latest_verified`; a checkpoint
+whose transfer did not finish was never committed, so it is never used) once the source is
+dead: it announced a reclaim and then fell silent in the zone for ``dead_after_s`` (or its
+window ended), or, with ``orphan_after_s`` set, it fell silent without a notice. Exactly one
+node guards a job at a time: a move hands the guard to the destination (``guard`` there, then
+``release`` to the old buddy), and a node never resumes a job it already runs (the job's
+environment carries ``LM_MIGRATED_FROM``).
+
+Config (``[migrate]``)::
+
+    [migrate]
+    port = 7442              # TCP port of the checkpoint transfer endpoint (the same on every node)
+    notice_margin = 0.8      # share of a notice window planned transfers may use
+    hazard_prior_rate_per_h = 0.0417   # departures per node-hour before any is seen
+    spot_traces = ""         # calibrate the hazard from spot traces (a file or directory)
+    path_mbit = 1000         # path bandwidth to peers assumed for planning
+    rate_mbit = 0            # pace transfers in user space too (0: the shaper only)
+    chunk_kb = 1024          # transfer chunk size
+    prestage = "auto"        # auto | always | off
+    expected_notice_s = 60   # the window "auto" plans for
+    dead_after_s = 3         # silence after a notice that declares the source dead
+    orphan_after_s = 0       # silence without a notice that does (0: never; a partition would double jobs)
+
+The readdress hook Airlock calls for its re-address rung is :meth:`ReclaimComponent.readdress`
+(a move without a deadline).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import math
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from laminar import jobkit
+from laminar.config import Field, _one_of, _range, register_section
+from laminar.migrate import ckpt_schedule as cs
+from laminar.migrate import destination as dst
+from laminar.migrate.hazard import (
+    DEFAULT_PRIOR_RATE_PER_H,
+    HazardError,
+    HazardModel,
+    calibrate_from_spot_traces,
+)
+from laminar.migrate.transfer import (
+    Committed,
+    Flow,
+    Progress,
+    Receiver,
+    TransferError,
+    latest_verified,
+    send_checkpoint,
+    send_control,
+    verified_checkpoint,
+)
+
+log = logging.getLogger("laminar.migrate")
+
+DEFAULT_PORT = 7442
+DEFAULT_CKPT_BYTES = 64 << 20  # planning size of a job that has not checkpointed yet
+DEFAULT_REMAINING_S = 3600.0  # a job's expected remaining run time when nobody says
+MIGRATED_ENV = "LM_MIGRATED_FROM"  # LAMINAR_* names are reserved by the job manager
+HOLD_MIN_S = 30.0
+
+CONFIG_FIELDS = {
+    "port": Field(int, DEFAULT_PORT, "TCP port of the checkpoint transfer endpoint (the same on every node)",
+                  _range(1, 65535)),
+    "listen": Field(str, "", "address the transfer endpoint binds (empty: zone.listen)"),
+    "notice_margin": Field(float, cs.NOTICE_MARGIN, "share of a notice window planned transfers may use",
+                           _range(0.1, 1.0)),
+    "hazard_prior_rate_per_h": Field(float, DEFAULT_PRIOR_RATE_PER_H, "departures per node-hour before any is seen",
+                                     _range(0.0, 100.0)),
+    "spot_traces": Field(str, "", "calibrate the hazard model from these spot traces (file or directory)"),
+    "path_mbit": Field((int, float), 1000.0, "path bandwidth to peers assumed for planning (Mbit/s)",
+                       _range(0.001, 10_000_000)),
+    "rate_mbit": Field((int, float), 0.0, "pace checkpoint transfers in user space (Mbit/s; 0: the shaper only)",
+                       _range(0, 10_000_000)),
+    "chunk_kb": Field(int, 1024, "checkpoint transfer chunk size (KiB)", _range(1, 65536)),
+    "prestage": Field(str, "auto", "ship checkpoints to the job's buddy as they are written: auto (when the final "
+                      "one would not fit expected_notice_s), always, off", _one_of("auto", "always", "off")),
+    "expected_notice_s": Field((int, float), 60.0, "the notice window prestage = auto plans for", _range(0, 86400)),
+    "poll_s": Field((int, float), 0.5, "how often checkpoints, replicas and peers are looked at", _range(0.05, 60)),
+    "dead_after_s": Field((int, float), 3.0, "zone silence after a reclaim notice that declares the source dead",
+                          _range(0.1, 3600)),
+    "orphan_after_s": Field((int, float), 0.0, "zone silence without a notice that declares the source dead "
+                            "(0: never)", _range(0, 86400)),
+    "ckpt_wait_s": Field((int, float), 30.0, "how long a job gets to write its checkpoint after the signal",
+                         _range(0.1, 3600)),
+}
+register_section("migrate", CONFIG_FIELDS)
+
+REPLICAS_SCHEMA = [
+    """CREATE TABLE IF NOT EXISTS migrate_replicas (
+        key TEXT PRIMARY KEY,
+        src_node INTEGER NOT NULL,
+        src_job TEXT NOT NULL,
+        request TEXT NOT NULL,
+        ckpt TEXT NOT NULL,
+        state TEXT NOT NULL,
+        job_id TEXT,
+        updated REAL NOT NULL)""",
+]
+
+
+class MigrateError(Exception):
+    """A move that cannot go on; the message says why."""
+
+
+def parse_duration(v: Any) -> float:
+    """60, 60.0, "60", "60s", "2m", "1h" -> seconds. Raises ValueError naming the value."""
+    if isinstance(v, bool):
+        raise ValueError(f"duration {v!r}: expected seconds or a number with s, m or h (60s, 2m)")
+    if isinstance(v, int | float):
+        secs = float(v)
+    else:
+        t = str(v).strip().lower()
+        mult = {"s": 1.0, "m": 60.0, "h": 3600.0}.get(t[-1:], None)
+        num = t[:-1] if mult else t
+        try:
+            secs = float(num) * (mult or 1.0)
+        except ValueError:
+            raise ValueError(f"duration {v!r}: expected seconds or a number with s, m or h (60s, 2m)") from None
+    if not math.isfinite(secs) or secs <= 0:
+        raise ValueError(f"duration {v!r}: must be > 0")
+    return secs
+
+
+@dataclass
+class Move:
+    """One job's move (shown by GET /v1/migrations/{job})."""
+
+    job: str
+    key: str
+    reason: str
+    phase: str = "planned"  # planned, checkpoint, reserve, transfer, handover, done, failed
+    ckpt: str = ""
+    dest: int | None = None
+    dest_job: str = ""
+    done_bytes: int = 0
+    total_bytes: int = 0
+    deadline: float | None = None  # wall clock
+    error: str = ""
+    started: float = field(default_factory=time.time)
+    ended: float | None = None
+    ranked: list[dict[str, Any]] = field(default_factory=list)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {k: getattr(self, k) for k in self.__dataclass_fields__}
+
+
+class _ShaperHook:
+    """Adapts the shaper's transfer registry (``agent.transfers``: add/report/remove, netlink
+    on its own thread) to the transfer's FlowHook."""
+
+    def __init__(self, reg: Any, job: Any) -> None:
+        self.reg = reg
+        self.job = job
+        self.total = 0
+        self.last_report = 0.0
+
+    async def register(self, flow: Flow, job_id: str, total_bytes: int, deadline_monotonic: float | None) -> Any:
+        if deadline_monotonic is None or total_bytes <= 0:
+            return None
+        from laminar.net.killswitch import FlowKey
+
+        self.total = total_bytes
+        try:
+            key = FlowKey("tcp", flow.saddr, flow.sport, flow.daddr, flow.dport)
+            t = await self.reg._run(self.reg.add, self.job.id, int(self.job.num), key, total_bytes,
+                                    max(0.05, deadline_monotonic - time.monotonic()))
+        except Exception as e:  # shaping off, or the deadline is already infeasible: send unshaped
+            log.info("migrate: transfer of %s not shaped: %s", self.job.id, e)
+            return None
+        return t.id
+
+    def progress(self, handle: Any, sent_bytes: int) -> None:
+        now = time.monotonic()
+        if handle is None or now - self.last_report < 0.2:
+            return
+        self.last_report = now
+        with contextlib.suppress(Exception):
+            asyncio.get_running_loop().create_task(self.reg._run(self.reg.report, handle, min(sent_bytes, self.total)))
+
+    async def unregister(self, handle: Any) -> Any:
+        if handle is not None:
+            with contextlib.suppress(Exception):
+                await self.reg._run(self.reg.remove, handle)
+
+
+class ReclaimComponent:
+    """``laminar.migrate.reclaim:ReclaimComponent`` (agent attribute ``migrate``)."""
+
+    agent_attr = "migrate"
+    status_key = "migrate"
+
+    def __init__(self) -> None:
+        self.agent: Any = None
+        self.s: dict[str, Any] = {}
+        self.receiver: Receiver | None = None
+        self.port = 0
+        self.root: Path | None = None
+        self.hazards: dict[str, HazardModel] = {}
+        self.notices: dict[int, tuple[float, float]] = {}  # node -> (window end, wall; received, wall)
+        self.reclaim: dict[str, Any] | None = None  # this node's reclaim in progress
+        self.moves: dict[str, Move] = {}  # job id -> its latest move
+        self.buddy: dict[str, int] = {}  # job id -> node its checkpoints are prestaged to
+        self.shipped: dict[str, str] = {}  # job id -> newest checkpoint shipped to the buddy
+        self.evacuating: set[str] = set()
+        self._prestaging: set[str] = set()
+        self._tasks: set[asyncio.Task[Any]] = set()
+        self._loop_task: asyncio.Task[Any] | None = None
+        self._unsubscribe: Any = None
+        self.counts: dict[str, int] = {"moves": 0, "moved": 0, "failed": 0, "prestaged": 0, "resumed": 0,
+                                       "received": 0}
+
+    # -- life cycle ---------------------------------------------------------------------------
+
+    async def start(self, agent: Any) -> None:
+        """Opens the replicas table, loads the hazard model, starts the transfer endpoint and
+        the watch loop. Raises RuntimeError when the endpoint's port cannot be bound."""
+        self.agent = agent
+        self.s = {**{k: f.default for k, f in CONFIG_FIELDS.items()}, **agent.config.section("migrate")}
+        agent.store.ensure_schema("migrate", REPLICAS_SCHEMA)
+        prior = float(self.s["hazard_prior_rate_per_h"])
+        self.hazards["default"] = HazardModel("default", prior_rate_per_h=prior)
+        if self.s["spot_traces"]:
+            try:
+                m = calibrate_from_spot_traces(self.s["spot_traces"], provider="default", prior_rate_per_h=prior)
+                self.hazards["default"] = m
+            except (HazardError, OSError) as e:
+                raise RuntimeError(f"migrate: spot_traces {self.s['spot_traces']!r}: {e}") from None
+        self.root = agent.config.state_dir / "xfer"
+        self.receiver = Receiver(self.root, self._key_lookup, on_commit=self._on_commit, on_progress=self._on_rx_progress,
+                                 on_control=self._on_control)
+        zone = getattr(agent, "zone", None)
+        networked = bool(zone is not None and zone.networked)
+        host = self.s["listen"] or (zone.s["listen"] if zone is not None and networked else "127.0.0.1")
+        try:
+            self.port = await self.receiver.start(host, int(self.s["port"]) if networked else 0)
+        except OSError as e:
+            raise RuntimeError(f"migrate: cannot listen on {host}:{self.s['port']} for checkpoint transfers: "
+                               f"{e.strerror or e}; set migrate.port to a free port") from None
+        self._unsubscribe = agent.events.subscribe(self._on_event)
+        self._loop_task = asyncio.get_running_loop().create_task(self._watch())
+
+    async def stop(self) -> None:
+        if self._unsubscribe is not None:
+            self._unsubscribe()
+        tasks = [t for t in (self._loop_task, *self._tasks) if t is not None]
+        for t in tasks:
+            t.cancel()
+        for t in tasks:
+            with contextlib.suppress(BaseException):
+                await t
+        if self.receiver is not None:
+            await self.receiver.stop()
+
+    def _spawn(self, coro: Any) -> asyncio.Task[Any]:
+        task = asyncio.get_running_loop().create_task(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+        return task
+
+    def _emit(self, message: str, **fields: Any) -> None:
+        self.agent.events.emit("migrate", message, **fields)
+
+    # -- zone helpers -------------------------------------------------------------------------
+
+    @property
+    def zone(self) -> Any:
+        z = getattr(self.agent, "zone", None)
+        return z if z is not None and z.networked else None
+
+    def _key_lookup(self, zone: int) -> bytes | None:
+        z = getattr(self.agent, "zone", None)
+        return z.keys.get(zone) if z is not None else None
+
+    @property
+    def node_id(self) -> int:
+        z = getattr(self.agent, "zone", None)
+        return int(z.node_id) if z is not None else 0
+
+    def _member(self, node: int) -> Any:
+        z = self.zone
+        if z is None or node not in z.membership.by_node:
+            raise MigrateError(f"node {node} is not a member of this zone (see `laminarctl zone peers`)")
+        return z.membership.by_node[node]
+
+    def _peer(self, node: int) -> tuple[str, int, bytes, int]:
+        """(address, port, key, zone) of a node's transfer endpoint."""
+        m = self._member(node)
+        key = self._key_lookup(m.zone)
+        if key is None:
+            raise MigrateError(f"no key for zone {m.zone} of node {node}")
+        return m.addr, int(self.s["port"]), key, int(m.zone)
+
+    async def _control(self, node: int, op: str, body: Any, timeout: float = 5.0) -> Any:
+        addr, port, key, zone = self._peer(node)
+        return await send_control(addr, port, key, op, body, zone=zone, node=str(self.node_id), timeout=timeout)
+
+    def _last_seen(self, node: int) -> float:
+        z = self.zone
+        if z is None or node not in z.membership.state:
+            return -1.0
+        return float(z.membership.state[node].last_seen)
+
+    # -- planning -----------------------------------------------------------------------------
+
+    def job_key(self, job: Any) -> str:
+        """The job's name across nodes (job ids are per node): ``n<node>-<job id>``."""
+        return f"n{self.node_id}-{job.id}"
+
+    @staticmethod
+    def _need(job: Any) -> tuple[Any, dst.Resources]:
+        from laminar.zone.placement import Demand
+
+        spec = job.spec
+        gpus = len(job.gpus) if job.gpus else (spec.gpus if isinstance(spec.gpus, int) else len(spec.gpus))
+        cpus = float(spec.cpus or 1.0)
+        mem = int(spec.memory_mb or 256)
+        return Demand(gpus=float(gpus), cpus=cpus, memory_mb=mem), dst.Resources(gpus, mem << 20, cpus)
+
+    def candidates(self, need: dst.Resources) -> list[dst.Candidate]:
+        """Every zone member that may take a job: not this node, not suspect, not draining,
+        not under a reclaim notice. Free resources from its summary (unknown: assumed to fit;
+        the probe decides), survival from its provider's hazard model (the node's owner)."""
+        z = self.zone
+        if z is None:
+            return []
+        now = time.time()
+        path_bps = float(self.s["path_mbit"]) * 1e6 / 8
+        out = []
+        for n, m in z.membership.by_node.items():
+            if n == self.node_id or n in z.membership.suspects:
+                continue
+            if n in self.notices and self.notices[n][0] > now - 3600:
+                continue
+            st = z.membership.state[n]
+            cap = st.last_summary
+            if cap is not None and cap.draining:
+                continue
+            free = need if cap is None else dst.Resources(sum(1 for f in cap.gpu_free if f >= 0.999),
+                                                          int(cap.memory_mb) << 20, float(cap.cpus))
+            provider = m.owner or "default"
+            hz = self.hazards.get(provider) or self.hazards["default"]
+            surv = hz.survival(now, DEFAULT_REMAINING_S)
+            # Racks are not configured: topology is the zone (rack = zone).
+            out.append(dst.Candidate(str(n), str(m.zone), str(m.zone), free, path_bps, survival=surv, provider=provider))
+        return out
+
+    def rank_for(self, job: Any, ckpt_bytes: float, window_s: float | None, prestaged: bool) -> list[dst.Ranked]:
+        _, need = self._need(job)
+        z = self.zone
+        zone = str(z.zone) if z is not None else "0"
+        buddy = self.buddy.get(job.id)
+        req = dst.MoveRequest(self.job_key(job), need, ckpt_bytes, DEFAULT_REMAINING_S, window_s, str(self.node_id),
+                              zone, zone, frozenset({str(buddy)}) if prestaged and buddy else frozenset())
+        ranked = dst.rank(req, self.candidates(need), margin=float(self.s["notice_margin"]))
+        feasible = [r for r in ranked if r.feasible]
+        # The buddy holds the job's fallback checkpoint: prefer it at (nearly) equal cost, so one
+        # node guards the job before and after the move.
+        if buddy is not None and feasible and feasible[0].candidate.node != str(buddy):
+            for i, r in enumerate(feasible):
+                if r.candidate.node == str(buddy) and r.expected_loss_s <= feasible[0].expected_loss_s + 1.0:
+                    feasible.insert(0, feasible.pop(i))
+                    break
+        return feasible + [r for r in ranked if not r.feasible]
+
+    def _ckpt_bytes(self, job: Any) -> int:
+        latest = jobkit.list_checkpoints(job.ckpt_dir) if job.ckpt_dir else []
+        if not latest:
+            return DEFAULT_CKPT_BYTES
+        return sum(p.stat().st_size for p in latest[-1].iterdir() if p.is_file()) or DEFAULT_CKPT_BYTES
+
+    def _should_prestage(self, job: Any) -> bool:
+        mode = self.s["prestage"]
+        if mode == "always":
+            return True
+        if mode == "off":
+            return False
+        w = float(self.s["expected_notice_s"])
+        link = float(self.s["path_mbit"]) * 1e6 / 8
+        c = cs.CkptJob(job.id, float(self._ckpt_bytes(job)))
+        return not cs.notice_fit([c], link, w, float(self.s["notice_margin"]))[job.id] if w > 0 else True
+
+    # -- the reclaim --------------------------------------------------------------------------
+
+    async def announce(self, notice_s: float, node: int | None = None, reason: str = "") -> dict[str, Any]:
+        """A reclaim of ``node`` (None or this node: here) with ``notice_s`` of notice. Another
+        node's reclaim is forwarded to its agent (authenticated control message). Raises
+        MigrateError for a node outside the zone or one that cannot be reached."""
+        notice_s = parse_duration(notice_s)
+        reason = reason or "reclaim announced"
+        if node is not None and node != self.node_id:
+            try:
+                res = await self._control(node, "reclaim", {"notice_s": notice_s, "reason": reason, "ts": time.time()})
+            except (OSError, TimeoutError, TransferError) as e:
+                raise MigrateError(f"reclaim of node {node}: its agent did not take the notice: {e}") from None
+            return {"forwarded_to": node, **(res or {})}
+        return self.start_reclaim(notice_s, reason)
+
+    def start_reclaim(self, notice_s: float, reason: str) -> dict[str, Any]:
+        """Plans and starts the evacuation of this node (idempotent while one runs: the earlier
+        window stays, a shorter one replaces it)."""
+        now = time.time()
+        end = now + notice_s
+        if self.reclaim is not None and not self.reclaim["task"].done():
+            if end >= self.reclaim["deadline"]:
+                return self.reclaim_status()
+            self.reclaim["task"].cancel()
+        jobs_mgr = getattr(self.agent, "jobs", None)
+        active = list(jobs_mgr.active()) if jobs_mgr is not None else []
+        z = getattr(self.agent, "zone", None)
+        told = 0
+        if z is not None:
+            with contextlib.suppress(Exception):
+                told = z.reclaim_notice(notice_s, reason)
+        self.hazards["default"].observe_reclaim(now)
+        deadline_ns = time.monotonic_ns() + int(notice_s * 1e9)
+        armed = []
+        ng = getattr(self.agent, "netguard", None)
+        for j in active:
+            if ng is not None:
+                try:
+                    ng.arm_job(j.cgroup_id, deadline_ns)
+                    armed.append(j.id)
+                except Exception as e:
+                    log.warning("migrate: arming the kill-switch of %s failed: %s", j.id, e)
+        link = float(self.s["path_mbit"]) * 1e6 / 8
+        plan = cs.notice_schedule([cs.CkptJob(j.id, float(self._ckpt_bytes(j))) for j in active], link, notice_s,
+                                  float(self.s["notice_margin"]))
+        steps = {st.job_id: st for st in plan}
+        self.reclaim = {"notice_s": notice_s, "reason": reason, "announced": now, "deadline": end,
+                        "deadline_mono": time.monotonic() + notice_s, "peers_told": told, "armed": armed,
+                        "plan": [st.__dict__ for st in plan]}
+        self.reclaim["task"] = self._spawn(self._execute(active, steps))
+        self._emit(f"reclaim of node {self.node_id} announced: {notice_s:g} s of notice ({reason}); "
+                   f"{len(active)} jobs to move, kill-switch armed for the window's end",
+                   notice_s=notice_s, jobs=[j.id for j in active], peers_told=told, plan=self.reclaim["plan"])
+        return self.reclaim_status()
+
+    def reclaim_status(self) -> dict[str, Any]:
+        r = self.reclaim
+        out: dict[str, Any] = {"node": self.node_id, "reclaim": None,
+                               "notices": {str(n): {"window_end": e, "received": rcv} for n, (e, rcv) in self.notices.items()}}
+        if r is not None:
+            out["reclaim"] = {k: v for k, v in r.items() if k != "task"} | {
+                "left_s": round(max(0.0, r["deadline"] - time.time()), 3), "done": r["task"].done()}
+        return out
+
+    async def _execute(self, jobs: list[Any], steps: dict[str, cs.NoticeStep]) -> None:
+        assert self.reclaim is not None
+        t0 = self.reclaim["deadline_mono"] - self.reclaim["notice_s"]
+        deadline = self.reclaim["deadline_mono"]
+
+        async def one(job: Any) -> None:
+            st = steps.get(job.id)
+            if st is not None:
+                await asyncio.sleep(max(0.0, t0 + st.signal_at_s - time.monotonic()))
+            await self._move(job, f"reclaim of node {self.node_id}", deadline, final=st is None or st.final)
+
+        try:
+            await asyncio.wait_for(asyncio.gather(*(one(j) for j in jobs), return_exceptions=True),
+                                   max(0.0, deadline - time.monotonic()))
+        except TimeoutError:
+            pass
+        await asyncio.sleep(max(0.0, deadline - time.monotonic()))
+        jobs_mgr = self.agent.jobs
+        for j in list(jobs_mgr.active()):
+            try:
+                await jobs_mgr.stop(j.id, f"node {self.node_id} reclaimed: the notice window ended before the job moved",
+                                    grace_s=0, state="reclaimed")
+            except Exception as e:
+                log.debug("migrate: stopping %s at the window's end: %s", j.id, e)
+        self._emit(f"reclaim of node {self.node_id}: window ended", moved=self.counts["moved"])
+
+    async def readdress(self, job: Any) -> dict[str, Any]:
+        """Airlock's re-address rung: move ``job`` elsewhere now, without a deadline (Airlock has
+        already sent the checkpoint signal; a new checkpoint is waited for all the same)."""
+        return (await self._move(job, "airlock re-address", None, final=True)).as_dict()
+
+    # -- one move -----------------------------------------------------------------------------
+
+    async def _wait_checkpoint(self, job: Any, after: Path | None, timeout: float) -> Path | None:
+        """The job's first verified checkpoint newer than ``after``, or None after ``timeout``
+        (or once the job is gone)."""
+        end = time.monotonic() + timeout
+        floor = int(after.name[5:]) if after is not None else -1
+        while time.monotonic() < end:
+            for p in reversed(jobkit.list_checkpoints(job.ckpt_dir)):
+                if int(p.name[5:]) <= floor:
+                    break
+                try:
+                    jobkit.verify_checkpoint(p)
+                    return p
+                except (jobkit.CheckpointError, OSError):
+                    continue
+            if not job.active:
+                return None
+            await asyncio.sleep(0.05)
+        return None
+
+    async def _move(self, job: Any, reason: str, deadline_mono: float | None, final: bool = True) -> Move:
+        """Checkpoint, reserve, transfer, hand over, stop here. Never raises: the outcome is in
+        the returned Move (phase done or failed) and in ``migrate`` events."""
+        mv = Move(job.id, self.job_key(job), reason,
+                  deadline=None if deadline_mono is None else time.time() + deadline_mono - time.monotonic())
+        self.moves[job.id] = mv
+        self.evacuating.add(job.id)
+        self.counts["moves"] += 1
+        frozen = False
+        try:
+            if self.zone is None:
+                raise MigrateError("this node is in a one-node zone: there is nowhere to move the job")
+            before = jobkit.latest_checkpoint(job.ckpt_dir) if job.ckpt_dir else None
+            ckpt = before
+            if final:
+                mv.phase = "checkpoint"
+                self.agent.jobs.request_checkpoint(job)
+                self._emit(f"{job.id}: checkpoint requested ({reason})", job=job.id, phase=mv.phase)
+                wait = float(self.s["ckpt_wait_s"])
+                if deadline_mono is not None:
+                    wait = min(wait, max(0.0, deadline_mono - time.monotonic()))
+                new = await self._wait_checkpoint(job, before, wait)
+                if new is None:
+                    self._emit(f"{job.id}: no new checkpoint within {wait:.1f} s; moving the last one"
+                               if before else f"{job.id}: no checkpoint within {wait:.1f} s", job=job.id)
+                ckpt = new or before
+            if ckpt is None:
+                raise MigrateError("the job has no verified checkpoint to move (does it use laminar.jobkit?)")
+            with contextlib.suppress(Exception):
+                frozen = job.cgroup.freeze(timeout=2.0)  # steps after the checkpoint are lost anyway
+            mv.ckpt = ckpt.name
+            size = sum(p.stat().st_size for p in ckpt.iterdir() if p.is_file())
+            window = None if deadline_mono is None else max(0.0, deadline_mono - time.monotonic())
+            prestaged = self.shipped.get(job.id) == ckpt.name
+            ranked = self.rank_for(job, float(size), window, prestaged)
+            mv.ranked = [{"node": int(r.candidate.node), "feasible": r.feasible,
+                          "expected_loss_s": None if math.isinf(r.expected_loss_s) else round(r.expected_loss_s, 3),
+                          "reasons": list(r.reasons)} for r in ranked]
+            feasible = [r for r in ranked if r.feasible]
+            if not feasible:
+                raise MigrateError("no destination fits: " + "; ".join(
+                    f"node {r.candidate.node}: {', '.join(r.reasons)}" for r in ranked[:4]) if ranked else
+                    "no destination fits: no live peer in the zone")
+            errors = []
+            for r in feasible:
+                node = int(r.candidate.node)
+                try:
+                    await self._move_to(job, mv, ckpt, node, deadline_mono)
+                    break
+                except (MigrateError, TransferError, OSError, TimeoutError) as e:
+                    errors.append(f"node {node}: {e}")
+                    self._emit(f"{job.id}: move to node {node} failed: {e}", job=job.id, node=node)
+            else:
+                raise MigrateError("; ".join(errors))
+            mv.phase = "done"
+            self.counts["moved"] += 1
+            return mv
+        except (MigrateError, TransferError, OSError) as e:
+            mv.phase, mv.error = "failed", str(e)
+            self.counts["failed"] += 1
+            self._emit(f"{job.id}: move failed: {e}", job=job.id, phase="failed", error=str(e))
+            if frozen:
+                with contextlib.suppress(Exception):
+                    job.cgroup.thaw(timeout=2.0)
+            return mv
+        except Exception as e:  # a bug must not leave the job frozen
+            log.exception("migrate: move of %s", job.id)
+            mv.phase, mv.error = "failed", repr(e)
+            if frozen:
+                with contextlib.suppress(Exception):
+                    job.cgroup.thaw(timeout=2.0)
+            return mv
+        finally:
+            mv.ended = time.time()
+            self.evacuating.discard(job.id)
+
+    async def _reserve(self, node: int, demand: Any, hold_s: float) -> int:
+        """Probe ``node`` and commit its offer through the zone: the placement id holding the
+        capacity. Raises MigrateError when it refuses or stays silent."""
+        from laminar.zone import wire
+        from laminar.zone.component import demand_to_probe
+
+        z = self.zone
+        t = z.submitter.t
+        pid = z.submitter.new_placement_id()
+        q = t.expect(pid)
+        timeout = max(0.5, 3 * float(z.s["probe_timeout_s"]))
+        try:
+            for body, want in ((demand_to_probe(demand, pid, max(2.0, float(z.s["lease_s"]))), (wire.Offer, wire.Refuse)),
+                               (wire.Commit(pid, int(min(600.0, hold_s) * 1000)), (wire.CommitAck,))):
+                t.send(node, body)
+                end = time.monotonic() + timeout
+                while True:
+                    left = end - time.monotonic()
+                    if left <= 0:
+                        raise MigrateError(f"node {node} did not answer the {type(body).__name__.lower()} in {timeout:.1f} s")
+                    try:
+                        n, ans = await asyncio.wait_for(q.get(), left)
+                    except TimeoutError:
+                        continue
+                    if n == node and isinstance(ans, want):
+                        break
+                if isinstance(ans, wire.Refuse):
+                    raise MigrateError(f"node {node} refused the reservation (reason {ans.reason})")
+                if isinstance(ans, wire.CommitAck) and ans.status != 0:
+                    raise MigrateError(f"node {node} did not commit the reservation (status {ans.status})")
+            return pid
+        except BaseException:
+            t.send(node, wire.Release(pid))
+            raise
+        finally:
+            t.forget(pid)
+
+    async def _move_to(self, job: Any, mv: Move, ckpt: Path, node: int, deadline_mono: float | None) -> None:
+        from laminar.zone import wire
+        from laminar.zone.component import HANDOVER_OK
+        from laminar.zone.transport import HandoverError
+
+        demand, _ = self._need(job)
+        mv.dest = node
+        mv.phase = "reserve"
+        left = None if deadline_mono is None else deadline_mono - time.monotonic()
+        pid = await self._reserve(node, demand, max(HOLD_MIN_S, 2 * (left or 0.0)))
+        z = self.zone
+        try:
+            mv.phase = "transfer"
+            self._emit(f"{job.id}: node {node} reserved; sending {ckpt.name}", job=job.id, node=node, phase=mv.phase)
+            remote = await self._send(job, ckpt, node, deadline_mono, mv)
+            mv.phase = "handover"
+            old = self.buddy.get(job.id)
+            await self._guard(job, node, ckpt.name)  # the destination guards the job from now on
+            if old is not None and old != node:
+                with contextlib.suppress(Exception):
+                    await self._control(old, "release", {"key": self.job_key(job)})
+            self.buddy[job.id] = node
+            spec = job.spec.as_dict()
+            spec.pop("gpus", None)
+            spec["resume_from"] = remote
+            spec["env"] = {**spec.get("env", {}), MIGRATED_ENV: self.job_key(job)}
+            req = {"spec": spec, "owner_uid": job.owner_uid, "owner_gid": job.owner_gid}
+            m = z.membership.by_node[node]
+            try:
+                ack = await z.submitter.t.handover(node, m.handover_port, wire.Handover(pid, json.dumps(req).encode()),
+                                                   float(z.s["handover_timeout_s"]))
+            except HandoverError as e:
+                raise MigrateError(f"hand-over to node {node} failed: {e}") from None
+            if ack.status != HANDOVER_OK:
+                raise MigrateError(f"node {node} did not start the job: {ack.text}")
+        except BaseException:
+            z.submitter.t.send(node, wire.Release(pid))
+            raise
+        mv.dest_job = ack.text
+        self._emit(f"{job.id} moved to node {node} as {ack.text}, resuming from {ckpt.name}", job=job.id, node=node,
+                   dest_job=ack.text, ckpt=ckpt.name, phase="done")
+        lost = max(0.0, time.time() - ckpt.stat().st_mtime)
+        with contextlib.suppress(Exception):
+            await self.agent.jobs.stop(job.id, f"migrated to node {node} as {ack.text} (from {ckpt.name})",
+                                       grace_s=1.0, state="migrated", work_lost_s=round(lost, 3))
+
+    async def _send(self, job: Any, ckpt: Path, node: int, deadline_mono: float | None, mv: Move | None) -> str:
+        """Sends ``ckpt`` to ``node``'s endpoint; returns its committed path there."""
+        addr, port, key, zone = self._peer(node)
+        hook = _ShaperHook(self.agent.transfers, job) if getattr(self.agent, "transfers", None) is not None else None
+        last = [0.0]
+
+        def progress(p: Progress) -> None:
+            if mv is None:
+                return
+            mv.done_bytes, mv.total_bytes = p.done_bytes, p.total_bytes
+            now = time.monotonic()
+            if now - last[0] >= 0.5 or p.done_bytes >= p.total_bytes:
+                last[0] = now
+                self._emit(f"{job.id}: {p.done_bytes}/{p.total_bytes} bytes of {p.ckpt_id} at node {node}",
+                           persist=False, job=job.id, node=node, done_bytes=p.done_bytes, total_bytes=p.total_bytes,
+                           phase="transfer")
+
+        rate = float(self.s["rate_mbit"]) * 1e6 or None
+        res = await send_checkpoint(addr, port, ckpt, self.job_key(job), key, zone=zone, node=str(self.node_id),
+                                    chunk_size=int(self.s["chunk_kb"]) << 10, rate_bps=rate,
+                                    deadline_monotonic=deadline_mono, progress=progress, flow_hook=hook)
+        if mv is not None:
+            mv.done_bytes = mv.total_bytes = res.total_bytes
+        return res.remote_path
+
+    async def _guard(self, job: Any, node: int, ckpt_name: str) -> None:
+        spec = job.spec.as_dict()
+        spec.pop("gpus", None)
+        await self._control(node, "guard", {
+            "key": self.job_key(job), "src_node": self.node_id, "src_job": job.id, "ckpt": ckpt_name,
+            "request": {"spec": spec, "owner_uid": job.owner_uid, "owner_gid": job.owner_gid,
+                        "gpus": self._need(job)[1].gpus}})
+
+    # -- prestaging and guarding --------------------------------------------------------------
+
+    async def _watch(self) -> None:
+        while True:
+            try:
+                self._prestage_round()
+                await self._guard_round()
+            except Exception:
+                log.exception("migrate: watch round failed")
+            await asyncio.sleep(float(self.s["poll_s"]))
+
+    def _prestage_round(self) -> None:
+        if self.zone is None or self.s["prestage"] == "off":
+            return
+        for job in list(self.agent.jobs.active()):
+            if job.id in self.evacuating or job.id in self._prestaging or not job.ckpt_dir:
+                continue
+            cks = jobkit.list_checkpoints(job.ckpt_dir)
+            if not cks or self.shipped.get(job.id) == cks[-1].name:
+                continue
+            if not self._should_prestage(job):
+                continue
+            self._prestaging.add(job.id)
+            self._spawn(self._prestage(job))
+
+    async def _prestage(self, job: Any) -> None:
+        try:
+            ckpt = jobkit.latest_checkpoint(job.ckpt_dir)
+            if ckpt is None:
+                return
+            node = self.buddy.get(job.id)
+            if node is None or node in self.notices or node in self.zone.membership.suspects:
+                ranked = [r for r in self.rank_for(job, float(self._ckpt_bytes(job)), None, False) if r.feasible]
+                if not ranked:
+                    return
+                node = int(ranked[0].candidate.node)
+            await self._send(job, ckpt, node, None, None)
+            if job.id in self.evacuating:
+                return  # the move decides who guards the job now
+            await self._guard(job, node, ckpt.name)
+            old = self.buddy.get(job.id)
+            if old is not None and old != node:
+                with contextlib.suppress(Exception):
+                    await self._control(old, "release", {"key": self.job_key(job)})
+            self.buddy[job.id] = node
+            self.shipped[job.id] = ckpt.name
+            self.counts["prestaged"] += 1
+            self._emit(f"{job.id}: {ckpt.name} prestaged to node {node}", persist=False, job=job.id, node=node,
+                       ckpt=ckpt.name, phase="prestaged")
+        except (TransferError, MigrateError, OSError, TimeoutError, jobkit.CheckpointError) as e:
+            log.info("migrate: prestaging %s failed: %s", job.id, e)
+            self.buddy.pop(job.id, None)
+        finally:
+            self._prestaging.discard(job.id)
+
+    def _source_dead(self, src: int, now: float) -> str | None:
+        """Why the source of a replica counts as dead, or None while it may be alive."""
+        seen = self._last_seen(src)
+        silent = now - seen if seen >= 0 else math.inf
+        notice = self.notices.get(src)
+        if notice is not None:
+            if now >= notice[0]:
+                return f"node {src}'s reclaim window ended"
+            if silent >= float(self.s["dead_after_s"]) and now - notice[1] >= float(self.s["dead_after_s"]):
+                return f"node {src} went silent {silent:.1f} s after announcing its reclaim"
+        orphan = float(self.s["orphan_after_s"])
+        if orphan > 0 and silent >= orphan:
+            return f"node {src} silent for {silent:.1f} s"
+        return None
+
+    async def _guard_round(self) -> None:
+        db = self.agent.store.db
+        rows = db.execute("SELECT * FROM migrate_replicas WHERE state='guarding'").fetchall()
+        now = time.time()
+        for row in rows:
+            why = self._source_dead(int(row["src_node"]), now)
+            if why is None:
+                continue
+            await self._take_over(row, why)
+
+    def _set_replica(self, key: str, state: str, job_id: str | None = None) -> None:
+        with self.agent.store.tx() as db:
+            db.execute("UPDATE migrate_replicas SET state=?, job_id=COALESCE(?, job_id), updated=? WHERE key=?",
+                       (state, job_id, time.time(), key))
+
+    def _runs_here(self, key: str) -> str | None:
+        for j in self.agent.jobs.list():
+            if (j.spec.env or {}).get(MIGRATED_ENV) == key and j.state not in ("failed",):
+                return str(j.id)
+        return None
+
+    async def _take_over(self, row: Any, why: str) -> None:
+        """Resume a guarded job from its newest verified replica here."""
+        from laminar.runtime.jobs import JobError, JobSpec
+
+        key = row["key"]
+        here = self._runs_here(key)
+        if here is not None:
+            self._set_replica(key, "handed-over", here)
+            return
+        assert self.root is not None
+        path = latest_verified(self.root, key)
+        if path is None:
+            self._set_replica(key, "failed")
+            self._emit(f"{key}: {why}, but no verified checkpoint of it is held here; cannot resume it",
+                       key=key, phase="failed")
+            return
+        req = json.loads(row["request"])
+        spec_d = dict(req["spec"])
+        spec_d["resume_from"] = str(path)
+        spec_d["gpus"] = int(req.get("gpus", 0))
+        spec_d["env"] = {**spec_d.get("env", {}), MIGRATED_ENV: key}
+        try:
+            job = await self.agent.jobs.submit(JobSpec.from_dict(spec_d), owner_uid=int(req.get("owner_uid", 0)),
+                                               owner_gid=int(req.get("owner_gid", 0)))
+        except (JobError, Exception) as e:  # the spec was valid at the source; this node lacks something
+            self._set_replica(key, "failed")
+            self._emit(f"{key}: cannot resume here: {e}", key=key, phase="failed")
+            return
+        self._set_replica(key, "resumed", job.id)
+        self.counts["resumed"] += 1
+        self._emit(f"{key}: {why}; resumed here as {job.id} from {path.name} (the newest verified replica)",
+                   key=key, job=job.id, ckpt=path.name, src_node=int(row["src_node"]), src_job=row["src_job"],
+                   phase="resumed")
+
+    # -- the endpoint's callbacks -------------------------------------------------------------
+
+    def _on_commit(self, c: Committed) -> None:
+        self.counts["received"] += 1
+        self._emit(f"received {c.job_id}/{c.ckpt_id} from node {c.peer_node}, verified", key=c.job_id, ckpt=c.ckpt_id,
+                   src_node=c.peer_node, path=str(c.path), phase="received")
+
+    def _on_rx_progress(self, p: Progress) -> None:
+        pass
+
+    def _on_control(self, node: str, op: str, body: Any) -> Any:
+        if not isinstance(body, dict):
+            raise ValueError(f"body of {op!r} must be an object")
+        if op == "guard":
+            key = str(body["key"])
+            with self.agent.store.tx() as db:
+                db.execute("INSERT INTO migrate_replicas VALUES (?, ?, ?, ?, ?, 'guarding', NULL, ?) "
+                           "ON CONFLICT(key) DO UPDATE SET ckpt=excluded.ckpt, request=excluded.request, "
+                           "state=CASE WHEN state IN ('resumed', 'handed-over') THEN state ELSE 'guarding' END, "
+                           "updated=excluded.updated",
+                           (key, int(body["src_node"]), str(body["src_job"]), json.dumps(body["request"]),
+                            str(body["ckpt"]), time.time()))
+            return {"guarding": key}
+        if op == "release":
+            key = str(body["key"])
+            with self.agent.store.tx() as db:
+                db.execute("UPDATE migrate_replicas SET state='released', updated=? WHERE key=? AND state='guarding'",
+                           (time.time(), key))
+            return {"released": key}
+        if op == "reclaim":
+            ts = float(body.get("ts", 0))
+            if abs(time.time() - ts) > 60:
+                raise ValueError(f"reclaim notice dated {ts} is more than 60 s from this node's clock")
+            return self.start_reclaim(parse_duration(body["notice_s"]), f"{body.get('reason', '')} (from node {node})")
+        raise ValueError(f"unknown control operation {op!r} (guard, release, reclaim)")
+
+    def _on_event(self, e: dict[str, Any]) -> None:
+        """Records the zone's reclaim notices of other nodes (zone events with deadline_ms)."""
+        if e.get("kind") == "zone" and "deadline_ms" in e and "node" in e:
+            now = time.time()
+            node = int(e["node"])
+            self.notices[node] = (now + int(e["deadline_ms"]) / 1000, now)
+            self.hazards["default"].observe_reclaim(now)
+
+    def check_resume(self, path: str) -> str:
+        """What the zone's hand-over calls before a job starts with ``resume_from``: a path
+        under this node's transfer root must be a committed, still-valid checkpoint
+        (verified_checkpoint); any other path must pass jobkit's own check. Raises ValueError."""
+        p = Path(path)
+        try:
+            if self.root is not None and self.root in p.parents:
+                verified_checkpoint(p)
+            else:
+                jobkit.verify_checkpoint(p)
+        except (TransferError, jobkit.CheckpointError) as e:
+            raise ValueError(f"checkpoint {path} is not restorable: {e}") from None
+        return str(p)
+
+    # -- status and API -----------------------------------------------------------------------
+
+    def status(self) -> dict[str, Any]:
+        r = self.reclaim
+        return {"port": self.port, "counts": dict(self.counts), "buddies": {k: v for k, v in self.buddy.items()},
+                "reclaim": None if r is None else {"deadline": r["deadline"], "done": r["task"].done()},
+                "notices": sorted(self.notices)}
+
+    def routes(self) -> list[Any]:
+        from laminar.api import ApiError, Request, Route
+
+        async def post_reclaim(req: Request) -> dict[str, Any]:
+            b = req.body if isinstance(req.body, dict) else {}
+            if "notice_s" not in b:
+                raise ApiError(400, "reclaim: body must be {\"notice_s\": seconds (or \"60s\"), \"node\"?: id, \"reason\"?}")
+            node = b.get("node")
+            if node is not None and (isinstance(node, bool) or not isinstance(node, int) or node <= 0):
+                raise ApiError(400, f"reclaim: node {node!r}: expected a node id (see `laminarctl zone peers`)")
+            try:
+                return await self.announce(b["notice_s"], node, str(b.get("reason") or f"announced by uid {req.peer.uid}"))
+            except ValueError as e:
+                raise ApiError(400, f"reclaim: {e}") from None
+            except MigrateError as e:
+                raise ApiError(409 if "not a member" not in str(e) else 404, str(e)) from None
+
+        async def get_reclaim(req: Request) -> dict[str, Any]:
+            return self.reclaim_status()
+
+        async def migrations(req: Request) -> list[dict[str, Any]]:
+            return [m.as_dict() for m in self.moves.values()]
+
+        async def migration(req: Request) -> dict[str, Any]:
+            jid = req.params["job"]
+            mv = self.moves.get(jid)
+            if mv is None and jid.isdigit():
+                mv = self.moves.get(f"job-{jid}")
+            if mv is None:
+                raise ApiError(404, f"no move of job {jid!r} on this node")
+            return mv.as_dict()
+
+        async def replicas(req: Request) -> list[dict[str, Any]]:
+            rows = self.agent.store.db.execute("SELECT key, src_node, src_job, ckpt, state, job_id, updated "
+                                               "FROM migrate_replicas ORDER BY updated").fetchall()
+            return [dict(r) for r in rows]
+
+        return [
+            Route("POST", "/v1/reclaim", post_reclaim, privileged=True),
+            Route("GET", "/v1/reclaim", get_reclaim),
+            Route("GET", "/v1/migrations", migrations),
+            Route("GET", "/v1/migrations/{job}", migration),
+            Route("GET", "/v1/migrate/replicas", replicas),
+        ]

@@ -1,0 +1,91 @@
+"""Reclaim: announce that a node is taken back, with a notice window.
+
+    laminarctl reclaim --notice 60s              # this node: move its jobs off within 60 s
+    laminarctl reclaim --notice 2m --node 4      # node 4 of the zone (its agent is told)
+    laminarctl reclaim status                    # the reclaim in progress, notices heard from peers
+    laminarctl migrations                        # moves of jobs off this node
+    laminarctl replicas                          # checkpoints this node holds for others' jobs
+
+The agent checkpoints each job, moves it to another node of the zone and arms the kill-switch
+for the window's end (docs/migration.md). Announcing a reclaim needs root or the control group.
+Follow one job's move with ``laminarctl job show ID --follow``.
+"""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from .output import emit, info, kv, table
+
+MOVE_COLUMNS = [("job", "JOB"), ("phase", "PHASE"), ("ckpt", "CHECKPOINT"), ("dest", "TO NODE"),
+                ("dest_job", "AS"), ("done_bytes", "BYTES"), ("total_bytes", "OF"), ("error", "ERROR")]
+REPLICA_COLUMNS = [("key", "JOB"), ("src_node", "FROM NODE"), ("ckpt", "CHECKPOINT"), ("state", "STATE"),
+                   ("job_id", "RESUMED AS")]
+
+
+def parse_notice(text: str) -> float:
+    """'60s', '2m', '1h', '90' (seconds) -> seconds > 0."""
+    t = text.strip().lower()
+    mult = {"s": 1.0, "m": 60.0, "h": 3600.0}.get(t[-1:])
+    try:
+        v = float(t[:-1] if mult else t) * (mult or 1.0)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"--notice {text!r}: expected a duration like 60s, 2m or 90") from None
+    if not v > 0:
+        raise argparse.ArgumentTypeError(f"--notice {text!r}: must be > 0")
+    return v
+
+
+def register(sub: Any, common: argparse.ArgumentParser) -> None:
+    p = sub.add_parser("reclaim", parents=[common], help="announce a node's reclaim (notice window); move its jobs",
+                       description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("what", nargs="?", choices=["status"], help="status: show the reclaim in progress")
+    p.add_argument("--notice", type=parse_notice, help="the notice window, e.g. 60s, 2m")
+    p.add_argument("--node", type=int, help="the node to reclaim (default: this one)")
+    p.add_argument("--reason", default="", help="recorded with the notice")
+    p.set_defaults(func=cmd_reclaim)
+    p = sub.add_parser("migrations", parents=[common], help="moves of jobs off this node")
+    p.set_defaults(func=cmd_migrations)
+    p = sub.add_parser("replicas", parents=[common], help="checkpoints this node guards for jobs of other nodes")
+    p.set_defaults(func=cmd_replicas)
+
+
+def cmd_reclaim(args: argparse.Namespace) -> int:
+    if args.what == "status":
+        st = args.client.get("/v1/reclaim")
+        emit(st, args.output, lambda s: kv({"node": s["node"], **(s.get("reclaim") or {"reclaim": "none"}),
+                                           "notices": s.get("notices")}, title="reclaim"))
+        return 0
+    if args.notice is None:
+        raise ValueError("reclaim: give the notice window, e.g. --notice 60s")
+    body: dict[str, Any] = {"notice_s": args.notice}
+    if args.node is not None:
+        body["node"] = args.node
+    if args.reason:
+        body["reason"] = args.reason
+    res = args.client.post("/v1/reclaim", body, timeout=30)
+
+    def human(r: dict[str, Any]) -> None:
+        if "forwarded_to" in r:
+            info(f"node {r['forwarded_to']} took the notice ({args.notice:g} s)")
+            return
+        rc = r.get("reclaim") or {}
+        info(f"node {r['node']} reclaimed in {args.notice:g} s: {len(rc.get('plan', []))} jobs to move, "
+             f"kill-switch armed for {len(rc.get('armed', []))}; {rc.get('peers_told', 0)} peers told")
+        if rc.get("plan"):
+            table(rc["plan"], [("job_id", "JOB"), ("signal_at_s", "SIGNAL AT s"), ("deadline_s", "DEADLINE s"),
+                               ("final", "FINAL CKPT")])
+
+    emit(res, args.output, human)
+    return 0
+
+
+def cmd_migrations(args: argparse.Namespace) -> int:
+    emit(args.client.get("/v1/migrations"), args.output, lambda ms: table(ms, MOVE_COLUMNS))
+    return 0
+
+
+def cmd_replicas(args: argparse.Namespace) -> int:
+    emit(args.client.get("/v1/migrate/replicas"), args.output, lambda rs: table(rs, REPLICA_COLUMNS))
+    return 0
