@@ -76,10 +76,12 @@ def alive(nd: Node) -> bool:
     return nd.agent.proc is not None and nd.agent.proc.poll() is None
 
 
-def migrate_config(**kw: Any) -> str:
-    """A [migrate] section (it follows the harness's [zone] keys; [[zone.nodes]] come after it)."""
+def migrate_config(shaping_mbit: int = 0, **kw: Any) -> str:
+    """A [migrate] section (it follows the harness's [zone] keys; [[zone.nodes]] come after it),
+    and [shaping] with the link rate when the transfers are to be shaped (a veth has no speed)."""
     body = {"prestage": '"always"', "poll_s": 0.2, **kw}
-    return "\n[migrate]\n" + "".join(f"{k} = {v}\n" for k, v in body.items())
+    out = "\n[migrate]\n" + "".join(f"{k} = {v}\n" for k, v in body.items())
+    return out + (f"\n[shaping]\nlink_mbit = {shaping_mbit}\n" if shaping_mbit else "")
 
 
 def find_migrated(c: Cluster, key: str) -> tuple[Node, dict[str, Any]] | None:
@@ -110,7 +112,7 @@ def assert_continuous(resumed: list[dict[str, Any]], start: int) -> None:
 
 
 def test_reclaimed_job_moves_to_another_node_and_finishes_with_the_same_weights(make_cluster, reference_sha):
-    c = make_cluster(zones=1, per_zone=3, gpus=0, zone_extra=migrate_config())
+    c = make_cluster(zones=1, per_zone=3, gpus=0, zone_extra=migrate_config(shaping_mbit=1000))
     a = c.nodes[0]
     job = json.loads(a.ctl("-o", "json", "submit", "--name", "train", "--", *train_cmd(0.1)).stdout)
     jid, key = job["id"], f"n{a.node_id}-{job['id']}"
@@ -152,6 +154,9 @@ def test_reclaimed_job_moves_to_another_node_and_finishes_with_the_same_weights(
     assert m["total_bytes"] > 0 and m["done_bytes"] == m["total_bytes"]
     events = a.json("events", "--kind", "migrate")
     assert any("moved to node" in e["message"] for e in events), events
+    # the final transfer ran under the shaper, with the window's deadline
+    shaped = [e for e in a.json("events", "--kind", "transfer") if e.get("job") == jid and "registered" in e["message"]]
+    assert shaped, a.json("events", "--kind", "transfer")
 
 
 def test_source_dies_mid_transfer_and_the_job_resumes_from_the_last_verified_checkpoint(make_cluster, reference_sha):
@@ -159,7 +164,7 @@ def test_source_dies_mid_transfer_and_the_job_resumes_from_the_last_verified_che
     c = make_cluster(zones=1, per_zone=3, gpus=0,
                      zone_extra=migrate_config(rate_mbit=0.4, path_mbit=0.4, chunk_kb=8, dead_after_s=2.0))
     a = c.nodes[0]
-    job = json.loads(a.ctl("-o", "json", "submit", "--name", "train", "--", *train_cmd(0.1)).stdout)
+    job = json.loads(a.ctl("-o", "json", "submit", "--name", "train", "--", *train_cmd(0.15)).stdout)
     jid, key = job["id"], f"n{a.node_id}-{job['id']}"
     wait_until(lambda: any(verified_steps(nd, key) for nd in c.nodes[1:]), 60, "a verified replica on a buddy")
     a.ctl("reclaim", "--notice", "10s")

@@ -68,6 +68,8 @@ import contextlib
 import json
 import logging
 import math
+import os
+import shutil
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -102,6 +104,9 @@ DEFAULT_CKPT_BYTES = 64 << 20  # planning size of a job that has not checkpointe
 DEFAULT_REMAINING_S = 3600.0  # a job's expected remaining run time when nobody says
 MIGRATED_ENV = "LM_MIGRATED_FROM"  # LAMINAR_* names are reserved by the job manager
 HOLD_MIN_S = 30.0
+# A job writes its checkpoint at its next step boundary: plan for this much until one has been seen.
+DEFAULT_CKPT_PAUSE_S = 2.0
+TRANSFER_MIN_S = 0.25  # the shortest deadline a late transfer is given
 
 CONFIG_FIELDS = {
     "port": Field(int, DEFAULT_PORT, "TCP port of the checkpoint transfer endpoint (the same on every node)",
@@ -196,15 +201,12 @@ class _ShaperHook:
     def __init__(self, reg: Any, job: Any) -> None:
         self.reg = reg
         self.job = job
-        self.total = 0
-        self.last_report = 0.0
 
     async def register(self, flow: Flow, job_id: str, total_bytes: int, deadline_monotonic: float | None) -> Any:
         if deadline_monotonic is None or total_bytes <= 0:
             return None
         from laminar.net.killswitch import FlowKey
 
-        self.total = total_bytes
         try:
             key = FlowKey("tcp", flow.saddr, flow.sport, flow.daddr, flow.dport)
             t = await self.reg._run(self.reg.add, self.job.id, int(self.job.num), key, total_bytes,
@@ -215,12 +217,10 @@ class _ShaperHook:
         return t.id
 
     def progress(self, handle: Any, sent_bytes: int) -> None:
-        now = time.monotonic()
-        if handle is None or now - self.last_report < 0.2:
-            return
-        self.last_report = now
-        with contextlib.suppress(Exception):
-            asyncio.get_running_loop().create_task(self.reg._run(self.reg.report, handle, min(sent_bytes, self.total)))
+        # Not reported: what the sender wrote is in its socket buffer, not on the wire (a whole
+        # small checkpoint "is sent" at once), and a registry that believed it would drop the
+        # flow to its minimum rate. The registry counts the bytes its HTB leaf really sent.
+        return None
 
     async def unregister(self, handle: Any) -> Any:
         if handle is not None:
@@ -247,6 +247,7 @@ class ReclaimComponent:
         self.buddy: dict[str, int] = {}  # job id -> node its checkpoints are prestaged to
         self.shipped: dict[str, str] = {}  # job id -> newest checkpoint shipped to the buddy
         self.evacuating: set[str] = set()
+        self.ckpt_latency: dict[str, float] = {}  # job id -> seconds its last requested checkpoint took
         self._prestaging: set[str] = set()
         self._tasks: set[asyncio.Task[Any]] = set()
         self._loop_task: asyncio.Task[Any] | None = None
@@ -408,10 +409,13 @@ class ReclaimComponent:
         return feasible + [r for r in ranked if not r.feasible]
 
     def _ckpt_bytes(self, job: Any) -> int:
-        latest = jobkit.list_checkpoints(job.ckpt_dir) if job.ckpt_dir else []
-        if not latest:
-            return DEFAULT_CKPT_BYTES
-        return sum(p.stat().st_size for p in latest[-1].iterdir() if p.is_file()) or DEFAULT_CKPT_BYTES
+        """Size of the job's newest checkpoint (the planning size of its next one)."""
+        for p in reversed(jobkit.list_checkpoints(job.ckpt_dir) if job.ckpt_dir else []):
+            try:
+                return sum(f.stat().st_size for f in p.iterdir() if f.is_file()) or DEFAULT_CKPT_BYTES
+            except OSError:  # removed by the job meanwhile
+                continue
+        return DEFAULT_CKPT_BYTES
 
     def _should_prestage(self, job: Any) -> bool:
         mode = self.s["prestage"]
@@ -468,8 +472,11 @@ class ReclaimComponent:
                 except Exception as e:
                     log.warning("migrate: arming the kill-switch of %s failed: %s", j.id, e)
         link = float(self.s["path_mbit"]) * 1e6 / 8
-        plan = cs.notice_schedule([cs.CkptJob(j.id, float(self._ckpt_bytes(j))) for j in active], link, notice_s,
-                                  float(self.s["notice_margin"]))
+        # A job's checkpoint is not instant: it is written at its next step boundary. The pause
+        # planned for is what this job took last time (else DEFAULT_CKPT_PAUSE_S).
+        plan = cs.notice_schedule([cs.CkptJob(j.id, float(self._ckpt_bytes(j)),
+                                              pause_s=self.ckpt_latency.get(j.id, DEFAULT_CKPT_PAUSE_S))
+                                   for j in active], link, notice_s, float(self.s["notice_margin"]))
         steps = {st.job_id: st for st in plan}
         self.reclaim = {"notice_s": notice_s, "reason": reason, "announced": now, "deadline": end,
                         "deadline_mono": time.monotonic() + notice_s, "peers_told": told, "armed": armed,
@@ -498,7 +505,8 @@ class ReclaimComponent:
             st = steps.get(job.id)
             if st is not None:
                 await asyncio.sleep(max(0.0, t0 + st.signal_at_s - time.monotonic()))
-            await self._move(job, f"reclaim of node {self.node_id}", deadline, final=st is None or st.final)
+            await self._move(job, f"reclaim of node {self.node_id}", deadline, final=st is None or st.final,
+                             transfer_deadline=None if st is None else t0 + st.deadline_s)
 
         try:
             await asyncio.wait_for(asyncio.gather(*(one(j) for j in jobs), return_exceptions=True),
@@ -541,9 +549,12 @@ class ReclaimComponent:
             await asyncio.sleep(0.05)
         return None
 
-    async def _move(self, job: Any, reason: str, deadline_mono: float | None, final: bool = True) -> Move:
-        """Checkpoint, reserve, transfer, hand over, stop here. Never raises: the outcome is in
-        the returned Move (phase done or failed) and in ``migrate`` events."""
+    async def _move(self, job: Any, reason: str, deadline_mono: float | None, final: bool = True,
+                    transfer_deadline: float | None = None) -> Move:
+        """Checkpoint, reserve, transfer, hand over, stop here. ``deadline_mono``: the window's
+        end; ``transfer_deadline``: when the plan wants the transfer done (what the shaper
+        paces to; the rest of the window is for the hand-over). Never raises: the outcome is
+        in the returned Move (phase done or failed) and in ``migrate`` events."""
         mv = Move(job.id, self.job_key(job), reason,
                   deadline=None if deadline_mono is None else time.time() + deadline_mono - time.monotonic())
         self.moves[job.id] = mv
@@ -562,7 +573,10 @@ class ReclaimComponent:
                 wait = float(self.s["ckpt_wait_s"])
                 if deadline_mono is not None:
                     wait = min(wait, max(0.0, deadline_mono - time.monotonic()))
+                asked = time.monotonic()
                 new = await self._wait_checkpoint(job, before, wait)
+                if new is not None:
+                    self.ckpt_latency[job.id] = time.monotonic() - asked
                 if new is None:
                     self._emit(f"{job.id}: no new checkpoint within {wait:.1f} s; moving the last one"
                                if before else f"{job.id}: no checkpoint within {wait:.1f} s", job=job.id)
@@ -587,8 +601,13 @@ class ReclaimComponent:
             errors = []
             for r in feasible:
                 node = int(r.candidate.node)
+                xfer = deadline_mono
+                if transfer_deadline is not None and deadline_mono is not None:
+                    # late (the checkpoint took longer than planned): as soon as the shaper can,
+                    # never past the window
+                    xfer = min(deadline_mono, max(transfer_deadline, time.monotonic() + TRANSFER_MIN_S))
                 try:
-                    await self._move_to(job, mv, ckpt, node, deadline_mono)
+                    await self._move_to(job, mv, ckpt, node, xfer)
                     break
                 except (MigrateError, TransferError, OSError, TimeoutError) as e:
                     errors.append(f"node {node}: {e}")
@@ -718,12 +737,38 @@ class ReclaimComponent:
                            phase="transfer")
 
         rate = float(self.s["rate_mbit"]) * 1e6 or None
-        res = await send_checkpoint(addr, port, ckpt, self.job_key(job), key, zone=zone, node=str(self.node_id),
-                                    chunk_size=int(self.s["chunk_kb"]) << 10, rate_bps=rate,
-                                    deadline_monotonic=deadline_mono, progress=progress, flow_hook=hook)
+        snap = self._snapshot(ckpt, self.job_key(job))
+        try:
+            res = await send_checkpoint(addr, port, snap, self.job_key(job), key, zone=zone, node=str(self.node_id),
+                                        chunk_size=int(self.s["chunk_kb"]) << 10, rate_bps=rate,
+                                        deadline_monotonic=deadline_mono, progress=progress, flow_hook=hook)
+        finally:
+            shutil.rmtree(snap, ignore_errors=True)
         if mv is not None:
             mv.done_bytes = mv.total_bytes = res.total_bytes
         return res.remote_path
+
+    def _snapshot(self, ckpt: Path, key: str) -> Path:
+        """A verified copy of ``ckpt`` the job cannot take away mid-transfer (jobkit removes old
+        checkpoints as it writes new ones): hard links (files are never rewritten in place),
+        a copy where links fail. Raises CheckpointError/OSError when the checkpoint is gone."""
+        assert self.root is not None
+        out = self.root / "outgoing" / key / ckpt.name
+        tmp = out.with_name(f".tmp-{ckpt.name}-{time.monotonic_ns()}")
+        tmp.mkdir(parents=True)
+        try:
+            for f in ckpt.iterdir():
+                try:
+                    os.link(f, tmp / f.name)
+                except OSError:
+                    shutil.copy2(f, tmp / f.name)
+            jobkit.verify_checkpoint(tmp)
+            shutil.rmtree(out, ignore_errors=True)
+            os.rename(tmp, out)
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
+        return out
 
     async def _guard(self, job: Any, node: int, ckpt_name: str) -> None:
         spec = job.spec.as_dict()
@@ -745,7 +790,17 @@ class ReclaimComponent:
             await asyncio.sleep(float(self.s["poll_s"]))
 
     def _prestage_round(self) -> None:
-        if self.zone is None or self.s["prestage"] == "off":
+        if self.zone is None:
+            return
+        # A job that ended here by itself (or was stopped by a person) needs no guard any more;
+        # one reclaimed, lost or migrated keeps it (the buddy resumes it, or the move moved it).
+        for jid, node in list(self.buddy.items()):
+            job = self.agent.jobs.get(jid)
+            if job is None or (not job.active and job.state in ("exited", "stopped", "failed")):
+                self.buddy.pop(jid, None)
+                self.shipped.pop(jid, None)
+                self._spawn(self._release(node, f"n{self.node_id}-{jid}"))
+        if self.s["prestage"] == "off":
             return
         for job in list(self.agent.jobs.active()):
             if job.id in self.evacuating or job.id in self._prestaging or not job.ckpt_dir:
@@ -787,6 +842,12 @@ class ReclaimComponent:
             self.buddy.pop(job.id, None)
         finally:
             self._prestaging.discard(job.id)
+
+    async def _release(self, node: int, key: str) -> None:
+        try:
+            await self._control(node, "release", {"key": key})
+        except (MigrateError, TransferError, OSError, TimeoutError) as e:
+            log.info("migrate: release of %s at node %d failed: %s", key, node, e)
 
     def _source_dead(self, src: int, now: float) -> str | None:
         """Why the source of a replica counts as dead, or None while it may be alive."""
