@@ -247,6 +247,7 @@ class ReclaimComponent:
         self.buddy: dict[str, int] = {}  # job id -> node its checkpoints are prestaged to
         self.shipped: dict[str, str] = {}  # job id -> newest checkpoint shipped to the buddy
         self.evacuating: set[str] = set()
+        self.frozen_at: dict[str, float] = {}  # job id -> when a move froze it (wall clock)
         self.ckpt_latency: dict[str, float] = {}  # job id -> seconds its last requested checkpoint took
         self._prestaging: set[str] = set()
         self._tasks: set[asyncio.Task[Any]] = set()
@@ -585,6 +586,7 @@ class ReclaimComponent:
                 raise MigrateError("the job has no verified checkpoint to move (does it use laminar.jobkit?)")
             with contextlib.suppress(Exception):
                 frozen = job.cgroup.freeze(timeout=2.0)  # steps after the checkpoint are lost anyway
+            self.frozen_at[job.id] = time.time()
             mv.ckpt = ckpt.name
             size = sum(p.stat().st_size for p in ckpt.iterdir() if p.is_file())
             window = None if deadline_mono is None else max(0.0, deadline_mono - time.monotonic())
@@ -714,7 +716,7 @@ class ReclaimComponent:
         mv.dest_job = ack.text
         self._emit(f"{job.id} moved to node {node} as {ack.text}, resuming from {ckpt.name}", job=job.id, node=node,
                    dest_job=ack.text, ckpt=ckpt.name, phase="done")
-        lost = max(0.0, time.time() - ckpt.stat().st_mtime)
+        lost = max(0.0, self.frozen_at.pop(job.id, time.time()) - ckpt.stat().st_mtime)  # trained after it, then frozen
         with contextlib.suppress(Exception):
             await self.agent.jobs.stop(job.id, f"migrated to node {node} as {ack.text} (from {ckpt.name})",
                                        grace_s=1.0, state="migrated", work_lost_s=round(lost, 3))

@@ -26,6 +26,12 @@ for ``chunk`` the raw bytes the header announces):
    sender sends them again) or, after an atomic commit (files fsync'd, a ``VERIFIED`` marker,
    rename), ``committed {digest, path}``.
 
+A connection may instead carry one *control message* after the handshake (``ctl {op, body,
+mac}`` -> ``ctl-ok {result}``; :func:`send_control`): the MAC covers the body and the server's
+nonce of this connection, so it is neither forgeable nor replayable. The reclaim component uses
+it to forward a reclaim notice and to hand a job's guard (its spec) to the node holding its
+replicas (:mod:`laminar.migrate.reclaim`).
+
 The sender re-hashes every chunk it reads and checks the files against the job's own manifest
 first, so a checkpoint corrupted on the source disk is refused there, not shipped.
 
