@@ -70,11 +70,14 @@ class AgentProc:
         except OSError:
             return ""
 
-    def ctl(self, *args: str, check: bool = True, user: int | None = None, timeout: float = 60.0) -> subprocess.CompletedProcess[str]:
-        argv = [str(VENV_BIN / "laminarctl"), "--socket", str(self.sock), *args]
+    def ctl(self, *args: str, check: bool = True, user: int | None = None, timeout: float = 60.0,
+            input: str | None = None) -> subprocess.CompletedProcess[str]:
+        """Runs laminarctl against this agent; `user`: as that uid/gid with no groups (see ctl_as)."""
         if user is not None:
-            argv = ["setpriv", f"--reuid={user}", f"--regid={user}", "--clear-groups", *argv]
-        r = subprocess.run(self.argv(*argv), text=True, capture_output=True, timeout=timeout)
+            r = ctl_as(user, ["--socket", str(self.sock), *args], input)
+        else:
+            argv = [str(VENV_BIN / "laminarctl"), "--socket", str(self.sock), *args]
+            r = subprocess.run(self.argv(*argv), text=True, capture_output=True, timeout=timeout, input=input)
         if check and r.returncode != 0:
             raise AssertionError(f"laminarctl {' '.join(args)} exited {r.returncode}: {r.stderr}\n--- agent log ---\n{self.log()}")
         return r
@@ -160,3 +163,54 @@ def remove_cgroup_tree(name: str) -> None:
         d = hier / name
         if d.is_dir():
             _kill_and_rmdir(d)
+
+
+def ctl_as(uid: int, argv: list[str], input: str | None = None) -> subprocess.CompletedProcess[str]:
+    """laminarctl run in a forked child that dropped to `uid` (gid the same, no groups).
+
+    The child does not exec: the checkout may sit in a directory only root can enter (a CI
+    clone under a 0700 temp dir), so everything the CLI needs is imported and warmed up here,
+    as root, before the fork."""
+    from laminarctl.main import build_parser
+    from laminarctl.main import main as ctl
+
+    build_parser()
+    ctl(["--socket", "/nonexistent/laminard.sock", "status"])  # warms up the error path's imports
+    out_r, out_w = os.pipe()
+    err_r, err_w = os.pipe()
+    in_r, in_w = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child never returns into pytest
+        code = 99
+        try:
+            os.dup2(in_r, 0)
+            os.dup2(out_w, 1)
+            os.dup2(err_w, 2)
+            for fd in (in_r, in_w, out_r, out_w, err_r, err_w):  # else stdin never reaches EOF
+                os.close(fd)
+            os.setgroups([])
+            os.setgid(uid)
+            os.setuid(uid)
+            import sys
+
+            # pytest captures by swapping the sys streams: point them back at the real fds.
+            sys.stdin = open(0, closefd=False)  # noqa: SIM115
+            sys.stdout = open(1, "w", closefd=False)  # noqa: SIM115
+            sys.stderr = open(2, "w", closefd=False)  # noqa: SIM115
+            code = ctl(argv)
+        finally:
+            try:
+                import sys
+
+                sys.stdout.flush()
+                sys.stderr.flush()
+            finally:
+                os._exit(code)
+    for fd in (out_w, err_w, in_r):
+        os.close(fd)
+    with os.fdopen(in_w, "w") as f:
+        f.write(input or "")
+    with os.fdopen(out_r) as fo, os.fdopen(err_r) as fe:
+        out, err = fo.read(), fe.read()
+    _, status = os.waitpid(pid, 0)
+    return subprocess.CompletedProcess(["laminarctl", *argv], os.waitstatus_to_exitcode(status), out, err)
