@@ -48,6 +48,8 @@ log = logging.getLogger("laminar.airlock")
 # A fresh tick reads usage and PSI averages between event wake-ups. 50 ms: memory grows by
 # at most a few hundred MiB in that time; the event sources (eventfd, PSI, BPF) wake us sooner.
 TICK_S = 0.05
+# The tick while no job runs: only keeps PSI triggers and caps in step (footprint of an idle node).
+IDLE_TICK_S = 1.0
 # Edge signals (a PSI trigger, a reclaim tracepoint, pressure_level medium) count as "stall
 # now" for this long; critical ones (oom_control, pressure_level critical) likewise.
 STALL_HOLD_S = 0.2
@@ -447,7 +449,12 @@ class Airlock:
         elif typ in (EV_DIRECT_RECLAIM_BEGIN, "direct_reclaim_begin"):
             self.last_stall = now
         elif typ in (EV_OOM_VICTIM, "oom_victim"):
-            self.last_critical = now
+            # An OOM kill in a cgroup that is not ours (another memcg at its own limit) says
+            # nothing about this node's job budget: at most a stall, never "critical".
+            if not ours:
+                self.last_stall = now
+            else:
+                self.last_critical = now
             if ours:
                 self._emit(f"airlock: the kernel chose pid {event.get('pid')} of a job as OOM victim (cgroup {cg})",
                            level="critical", pid=event.get("pid"), cgroup_id=cg)
@@ -497,11 +504,14 @@ class Airlock:
             log.exception("airlock: evaluation failed")
 
     async def _ticker(self) -> None:
-        n = 0
+        last_sync = time.monotonic()
         while True:
-            await asyncio.sleep(self.tick_s)
-            n += 1
-            if n % 20 == 0:
+            # With no job to protect there is nothing to read every 50 ms: tick once a second
+            # (a job's submission or any pressure signal schedules an evaluation at once).
+            idle = self.jobs is None or not self.jobs.active()
+            await asyncio.sleep(IDLE_TICK_S if idle else self.tick_s)
+            if time.monotonic() - last_sync >= 1.0:
+                last_sync = time.monotonic()
                 self.sync_job_triggers()
             try:
                 self.cap_unprotected()
