@@ -1,9 +1,11 @@
 """laminarctl: operate the Laminar agent on this node.
 
-Every command talks to the local agent over its Unix socket (``--socket`` or
-``$LAMINAR_SOCKET``, default /run/laminar/laminard.sock) and accepts ``-o json``. Command
-groups live in ``cmd_*.py`` modules, each with ``register(subparsers, common)``.
+Every command talks to the local agent over its Unix socket (--socket or $LAMINAR_SOCKET,
+default /run/laminar/laminard.sock) and accepts -o json. Exit codes: 0 success, 1 refused or
+failed, 2 bad input, 3 agent not running, 4 permission denied.
 """
+
+# Command groups live in cmd_*.py modules, each with register(subparsers, common).
 
 from __future__ import annotations
 
