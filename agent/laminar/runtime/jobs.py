@@ -61,7 +61,7 @@ STOP_GRACE_S = 5.0  # SIGTERM -> cgroup.kill
 ADOPT_POLL_S = 0.5
 
 ACTIVE_STATES = ("running", "suspended")
-STATES = ("running", "suspended", "exited", "stopped", "reclaimed", "failed", "lost", "readdressed")
+STATES = ("running", "suspended", "exited", "stopped", "reclaimed", "failed", "lost", "readdressed", "requeued")
 
 SCHEMA = [
     """CREATE TABLE IF NOT EXISTS jobs (
@@ -505,6 +505,8 @@ class JobManager:
                    LAMINAR_CKPT_SIGNAL=spec.checkpoint_signal)
         if spec.resume_from:
             env["LAMINAR_RESUME_FROM"] = spec.resume_from
+        if spec.elastic_min is not None and self.state_dir is not None:  # zone.loan writes it on a scale
+            env["LAMINAR_WORKERS_FILE"] = str(self.state_dir / "elastic" / f"{job.id}.json")
         if spec.gpus or job.gpus:
             env["CUDA_VISIBLE_DEVICES"] = ",".join(map(str, job.gpus))
         files = [str(f) for f in job.cgroup.procs_files()]

@@ -35,6 +35,7 @@ from typing import Any
 
 from laminar.zone import placement as pl
 from laminar.zone import wire
+from laminar.zone.loan import LoanManager
 from laminar.zone.membership import Membership
 from laminar.zone.transport import HandoverError, Router, Transport
 
@@ -665,8 +666,10 @@ class ZoneComponent:
     status_key = "zone"
 
     def __init__(self, settings: dict[str, Any] | None = None, jobs: Any = None, gpus: int | None = None,
-                 clock: Callable[[], float] = time.time) -> None:
+                 clock: Callable[[], float] = time.time, loan: dict[str, Any] | None = None) -> None:
         self._settings = settings
+        self._loan_settings = loan
+        self.loan: LoanManager
         self._jobs = jobs
         self._gpus = gpus
         self.clock = clock
@@ -724,7 +727,10 @@ class ZoneComponent:
         self.zone = me.zone
         self.arbiter = Arbiter(self._inventory(), lease_s=float(s["lease_s"]), hold_s=float(s["hold_s"]),
                                max_tentative=int(s["max_tentative"]))
+        self.loan = LoanManager(self, self._loan_settings if self._loan_settings is not None or agent is None
+                                else agent.config.section("loan"))
         self._open_store()
+        self.loan.start()
         policy = pl.RetryPolicy(d=int(s["probe_d"]), d_max=max(int(s["probe_d"]), int(s["probe_d_max"])),
                                 zones=int(s["zones_max"]))
         transport: Transport = NetTransport(self) if self.networked else LocalTransport(self)  # type: ignore[assignment]
@@ -760,6 +766,8 @@ class ZoneComponent:
                    f"{'networked' if self.networked else 'one-node zone'}")
 
     async def stop(self) -> None:
+        if hasattr(self, "loan"):
+            await self.loan.stop()
         for t in self._tasks:
             t.cancel()
         for t in self._tasks:
@@ -818,6 +826,11 @@ class ZoneComponent:
                         gpu[inv_gpus.index(g)] = 0.0
                 cpus -= float(j.spec.cpus or 0.0)
                 mem -= int(j.spec.memory_mb or 0)
+        loan: LoanManager | None = getattr(self, "loan", None)
+        if loan is not None:  # GPUs granted to elastic jobs are taken
+            for g in loan.granted_gpus():
+                if g in inv_gpus:
+                    gpu[inv_gpus.index(g)] = 0.0
         model = s["gpu_model"] or None
         if model is None and jobs is not None and getattr(jobs, "inventory", None) is not None and jobs.inventory.gpus:
             model = jobs.inventory.gpus[0].name if jobs.inventory.source == "nvml" else None
@@ -909,12 +922,19 @@ class ZoneComponent:
         now = self.clock()
         if isinstance(body, wire.Probe):
             self.counts["probes"] += 1
+            loan = self.loan
+            if body.pool and loan.lends and body.pool != loan.pool and not loan.loanable:
+                # a loan asked of a node of the loaning pool that serves its own load
+                loan.counts["loan_refusals"] += 1
+                return wire.Refuse(body.placement_id, int(pl.RefuseReason.POOL_BUSY))
             return self.arbiter.on_probe(body, now)
         if isinstance(body, wire.Commit):
             return self.arbiter.on_commit(body, now, int(self.s["handover_port"]))
         if isinstance(body, wire.Release):
             self.arbiter.on_release(body, now)
             return None
+        if isinstance(body, wire.LoanRequest | wire.LoanAnswer):
+            return self.loan.on_message(sender, body)
         return None
 
     def _on_message(self, msg: wire.Message, addr: tuple[str, int]) -> None:
@@ -1004,6 +1024,13 @@ class ZoneComponent:
             if share:
                 env["LM_GPU_SHARE"] = ",".join(share)
             spec_d["env"] = env
+            if self.loan.is_loan(p.reservation.demand):
+                if not self.loan.loanable:  # it turned busy since its offer: the job goes elsewhere
+                    self.arbiter.unbind(pid)
+                    return wire.HandoverAck(pid, HANDOVER_NO_RESERVATION,
+                                            f"node {self.node_id} serves its own pool now: no loans")
+                spec_d["lent"] = True
+                self.loan.counts["loans"] += 1
             from laminar.runtime.jobs import JobError, JobSpec
 
             spec = JobSpec.from_dict(spec_d)
@@ -1141,6 +1168,8 @@ class ZoneComponent:
             "submitter": dict(self.submitter.counts),
             "counts": dict(self.counts), "late_offers": self.router.late_offers,
             "residual": capacity_to_summary(self.arbiter.view(now)).__dict__,
+            "loan": {"pool": self.loan.pool, "load": self.loan.load, "loanable": self.loan.loanable,
+                     "returned": self.loan.returned, **self.loan.counts},
             "zone_summaries": {z: {"nodes": s.nodes, "slots": dict(zip(map(str, pl.SHAPES), s.slots, strict=True)),
                                    "gpu_models": list(s.gpu_models), "age_s": round(now - s.issued_at, 2)}
                                for z, s in self.zone_summaries.items()},
@@ -1199,6 +1228,7 @@ class ZoneComponent:
             return list(reversed(self.history))
 
         return [
+            *self.loan.routes(),
             Route("GET", "/v1/zone/peers", peers),
             Route("GET", "/v1/zone/stats", stats),
             Route("GET", "/v1/placements", history),

@@ -166,6 +166,7 @@ class RefuseReason(enum.IntEnum):
     DRAINING = 5  # the node is being reclaimed by its owner
     BUSY = 6  # the node holds its most tentative reservations already
     UNKNOWN_PLACEMENT = 7  # commit/release for a placement this node does not hold
+    POOL_BUSY = 8  # a node of the loaning pool (inference) is serving its own load: no loans now
 
 
 @dataclass(frozen=True)

@@ -73,6 +73,8 @@ class MsgType(enum.IntEnum):
     HEARTBEAT = 10
     HANDOVER = 11
     HANDOVER_ACK = 12
+    LOAN_REQUEST = 13
+    LOAN_ANSWER = 14
 
 
 _MSG_TYPES: dict[int, MsgType] = {int(t): t for t in MsgType}
@@ -212,8 +214,30 @@ class HandoverAck:
     text: str = ""
 
 
+@dataclass(frozen=True)
+class LoanRequest:
+    """Capacity loaning (``laminar.zone.loan``): ``op`` 1 asks a server for its loan state and
+    lent jobs, 2 tells it to return (``payload``: JSON). A repeat (same ``request_id``) gets the
+    same answer and is not acted on twice."""
+
+    request_id: int
+    op: int
+    payload: bytes = b""
+
+
+@dataclass(frozen=True)
+class LoanAnswer:
+    """The answer to a :class:`LoanRequest`: ``status`` 0 and a JSON ``payload``, or non-zero
+    and an error message (JSON ``{"error": ...}``)."""
+
+    request_id: int
+    status: int
+    payload: bytes = b""
+
+
 Body = (
-    Probe | Offer | Refuse | Commit | CommitAck | Release | Summary | ZoneSummaryMsg | ReclaimNotice | Heartbeat | Handover | HandoverAck
+    Probe | Offer | Refuse | Commit | CommitAck | Release | Summary | ZoneSummaryMsg | ReclaimNotice | Heartbeat | Handover
+    | HandoverAck | LoanRequest | LoanAnswer
 )
 
 TYPE_OF: dict[type, MsgType] = {
@@ -229,6 +253,8 @@ TYPE_OF: dict[type, MsgType] = {
     Heartbeat: MsgType.HEARTBEAT,
     Handover: MsgType.HANDOVER,
     HandoverAck: MsgType.HANDOVER_ACK,
+    LoanRequest: MsgType.LOAN_REQUEST,
+    LoanAnswer: MsgType.LOAN_ANSWER,
 }
 
 
@@ -260,6 +286,7 @@ _SUMMARY = struct.Struct("!IIBB")
 _ZONE_SUMMARY = struct.Struct("!HIQQB")
 _RECLAIM = struct.Struct("!QI")
 _HANDOVER_ACK = struct.Struct("!QB")
+_LOAN = struct.Struct("!QB")
 
 
 class _Reader:
@@ -345,6 +372,10 @@ def encode_body(body: Body) -> bytes:
         return _U64.pack(body.placement_id) + body.spec_json
     if isinstance(body, HandoverAck):
         return _HANDOVER_ACK.pack(body.placement_id, body.status) + body.text.encode("utf-8")
+    if isinstance(body, LoanRequest):
+        return _LOAN.pack(body.request_id, body.op) + body.payload
+    if isinstance(body, LoanAnswer):
+        return _LOAN.pack(body.request_id, body.status) + body.payload
     raise TypeError(f"wire: not a message body: {body!r}")
 
 
@@ -402,6 +433,12 @@ def decode_body(mtype: MsgType, buf: bytes) -> Body:
         except UnicodeDecodeError:
             raise Dropped(DropReason.MALFORMED, "hand-over ack text not utf-8") from None
         body = HandoverAck(pid, st, text)
+    elif mtype is MsgType.LOAN_REQUEST:
+        rid, op = r.take(_LOAN)
+        body = LoanRequest(rid, op, r.raw(len(buf) - r.pos))
+    elif mtype is MsgType.LOAN_ANSWER:
+        rid, st = r.take(_LOAN)
+        body = LoanAnswer(rid, st, r.raw(len(buf) - r.pos))
     else:  # pragma: no cover - every MsgType is handled above
         raise Dropped(DropReason.BAD_TYPE, str(mtype))
     r.done()

@@ -1,0 +1,652 @@
+"""Capacity loaning and elastic scaling between real agents (``agent.zone.loan``).
+
+The policy lives in :mod:`laminar.zone.loaning` (which servers to return, at what cost) and
+:mod:`laminar.zone.elastic` (who gets free GPUs); this module is the mechanism that runs it in
+laminard. See ``docs/loaning.md`` for the whole story; in short:
+
+**Loaning.** A node whose pool is ``[loan] pool`` (default ``inference``) serves its own load,
+a number 0..1 the inference scheduler or the operator sets::
+
+    laminarctl pool load 0.2                 POST /v1/pool/load {"load": 0.2}      (privileged)
+
+While the load is below ``[loan] idle_below`` (and the node has not been returned since), the
+node is *loanable*: a placement for another pool (a demand with ``pool = "training"``) that
+probes it gets an offer, and the job it hands over runs with ``lent = true`` (netguard's
+``LM_JOB_LENT``, under the node-wide lent kill-switch). A busy node refuses such probes with
+the reason ``pool_busy``. Demands for the node's own pool, and demands naming no pool, are not
+loans and are decided as before.
+
+**Return.** Any node can take k servers of the pool back::
+
+    laminarctl pool reclaim --pool inference --count 1     POST /v1/pool/reclaim {"pool": ..., "count": k}
+
+The node asks every member of the pool in its zone for its loan state and lent jobs (a signed
+``LOAN_REQUEST``/``LOAN_ANSWER`` exchange over the zone's UDP endpoint, see
+``docs/protocol.md``), turns the answers into :class:`laminar.zone.loaning.LoanedJob` rows
+(weight: GPUs x seconds of work since the job's last checkpoint, plus a restart), chooses the
+k servers of least preemption cost with :func:`laminar.zone.loaning.plan_return` and tells each
+to return. A returned server marks itself returned (it refuses loans until its load is set
+below the threshold again), revokes elastic grants, and checkpoints and requeues its lent
+jobs: checkpoint signal, wait for the checkpoint (``ckpt_wait_s``), stop with state
+``requeued``, and place the job again through the zone with ``LAMINAR_RESUME_FROM`` naming
+the checkpoint (the path must be reachable where the job lands: shared storage). The plan
+(servers, cost, per-job action) is the API's answer and a ``zone`` event.
+
+**Elastic scaling.** Every ``elastic_interval_s`` the node gives its idle whole GPUs to its
+elastic jobs (``elastic_min``/``elastic_max`` in the job spec; one worker per GPU) with
+:func:`laminar.zone.elastic.allocate_elastic`. A job learns its worker count from the JSON file
+``LAMINAR_WORKERS_FILE`` names (``{"workers": n, "gpus": [...]}``), rewritten atomically, and a
+``SIGUSR2``; :func:`laminar.jobkit.workers` reads it. Granted GPUs count as taken in the node's
+capacity. A node that stops being free for it (busy inference, returned) revokes the grants.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+import signal
+import time
+from collections import OrderedDict
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from laminar.zone import elastic as el
+from laminar.zone import loaning as ln
+from laminar.zone import placement as pl
+from laminar.zone import wire
+
+if TYPE_CHECKING:
+    from laminar.zone.component import ZoneComponent
+
+log = logging.getLogger("laminar.zone.loan")
+
+OP_QUERY = 1
+OP_RETURN = 2
+STATUS_OK = 0
+STATUS_ERROR = 1
+WORKERS_ENV = "LAMINAR_WORKERS_FILE"  # set by the job manager for elastic jobs
+ANSWER_CACHE = 256  # answers kept for repeated requests (retransmissions)
+
+
+def config_fields() -> dict[str, Any]:
+    """The ``[loan]`` config section."""
+    from laminar.config import Field, _range
+
+    return {
+        "pool": Field(str, "inference", "the pool whose idle nodes are loaned to other pools (training)"),
+        "idle_below": Field((int, float), 0.3, "a node of that pool is loanable while its load is below this",
+                            _range(0.0, 1.0)),
+        "load": Field((int, float), 0.0, "this node's serving load at start (0..1; POST /v1/pool/load changes it)",
+                      _range(0.0, 1.0)),
+        "query_timeout_s": Field((int, float), 1.0, "how long a reclaim waits for each server's answer", _range(0.05, 60)),
+        "ckpt_wait_s": Field((int, float), 10.0, "how long a returned job gets to write its checkpoint", _range(0, 3600)),
+        "stop_grace_s": Field((int, float), 2.0, "SIGTERM grace of a requeued job", _range(0, 600)),
+        "requeue_for_s": Field((int, float), 600.0, "how long a requeued job keeps trying to be placed again",
+                               _range(1, 86400)),
+        "restart_s": Field((int, float), 60.0, "a stopped job's restart cost in a server's preemption cost",
+                           _range(0, 86400)),
+        "elastic_interval_s": Field((int, float), 1.0, "how often idle GPUs are given to elastic jobs (0: never)",
+                                    _range(0, 3600)),
+        "elastic_remaining_s": Field((int, float), 3600.0, "an elastic job's remaining single-worker seconds when it "
+                                     "does not say (LM_REMAINING_S in its env)", _range(1, 1e9)),
+    }
+
+
+try:
+    from laminar.config import register_section
+
+    register_section("loan", config_fields())
+except ImportError:  # pragma: no cover - the simulator runs without the agent package parts
+    pass
+
+
+class LoanError(ValueError):
+    """A loan request that cannot be done; the message says why and what would be right."""
+
+
+def _dumps(obj: Any) -> bytes:
+    return json.dumps(obj, separators=(",", ":")).encode()
+
+
+def fit_payload(state: dict[str, Any], limit: int) -> bytes:
+    """``state`` as JSON of at most ``limit`` bytes: when its job list does not fit, the jobs are
+    folded into one rigid entry carrying their summed weight and GPUs (every job on a returned
+    server stops in this agent, so the cost is the same)."""
+    data = _dumps(state)
+    if len(data) <= limit:
+        return data
+    jobs = state.get("jobs", [])
+    folded = {"id": f"{len(jobs)}-jobs", "workers": 1, "min": 1,
+              "gpw": round(sum(j["workers"] * j["gpw"] for j in jobs), 2),
+              "weight": round(sum(j["weight"] for j in jobs), 1), "folded": [j["id"] for j in jobs][:8]}
+    data = _dumps({**state, "jobs": [folded], "jobs_folded": len(jobs)})
+    if len(data) > limit:
+        data = _dumps({**state, "jobs": [{**folded, "folded": []}], "jobs_folded": len(jobs)})
+    return data
+
+
+def job_row(job: Any, now: float, restart_s: float) -> dict[str, Any]:
+    """What a server reports about one lent job (one worker per GPU; a CPU-only job is one
+    worker): id, workers, min workers, GPUs per worker, weight (loaning.job_weight)."""
+    gpus = float(len(job.gpus or []))
+    share = (job.spec.env or {}).get("LM_GPU_SHARE", "")
+    if share:  # fractional GPUs: "index:fraction,..."
+        gpus += sum(float(x.split(":")[1]) for x in share.split(",") if ":" in x)
+    workers = max(1, len(job.gpus or []))
+    at_risk = job.work_at_risk_s(now) if hasattr(job, "work_at_risk_s") else 0.0
+    return {"id": str(job.id), "workers": workers, "min": workers, "gpw": round(gpus / workers, 2) if gpus else 0.0,
+            "weight": round(ln.job_weight(max(gpus, 0.01), at_risk, restart_s), 1), "name": job.spec.name}
+
+
+def plan_from_answers(answers: dict[int, dict[str, Any]], k: int) -> tuple[ln.ReturnPlan, dict[str, tuple[int, str]]]:
+    """The return plan for ``k`` of the servers that answered (node -> state). Servers already
+    returned are not candidates. Returns the plan (server names are node ids as strings) and
+    {plan job id: (node, job id on that node)}. Raises LoanError when k is out of range."""
+    cands = sorted(n for n, a in answers.items() if not a.get("returned"))
+    if not 0 < k <= len(cands):
+        raise LoanError(f"cannot return {k} server(s): {len(cands)} loaned server(s) of the pool answered "
+                        f"({', '.join(map(str, cands)) or 'none'})")
+    jobs: list[ln.LoanedJob] = []
+    where: dict[str, tuple[int, str]] = {}
+    for n in cands:
+        for j in answers[n].get("jobs", []):
+            key = f"n{n}-{j['id']}"
+            where[key] = (n, str(j["id"]))
+            w = int(j["workers"])
+            jobs.append(ln.LoanedJob(key, w, min(w, max(1, int(j["min"]))), float(j["gpw"]), float(j["weight"]),
+                                     {str(n): w}))
+    plan = ln.plan_return(jobs, [str(n) for n in cands], k, free_gpus_elsewhere=0.0)
+    return plan, where
+
+
+class LoanManager:
+    """Loaning, returns and elastic grants on one node; owned by the zone component."""
+
+    def __init__(self, zone: ZoneComponent, settings: dict[str, Any] | None = None) -> None:
+        self.zone = zone
+        self.s = {**{k: f.default for k, f in config_fields().items()}, **(settings or {})}
+        self.load = float(self.s["load"])
+        self.returned = False
+        self.grants: dict[str, list[int]] = {}  # job id -> extra GPU indices granted
+        self.workers: dict[str, int] = {}  # job id -> worker count last told
+        self.requeues: dict[str, dict[str, Any]] = {}  # job id -> its requeue's progress
+        self.last_plan: dict[str, Any] | None = None
+        self._pending: dict[int, asyncio.Future[tuple[int, bytes]]] = {}
+        self._answered: OrderedDict[tuple[int, int], wire.LoanAnswer] = OrderedDict()
+        self._tasks: set[asyncio.Task[Any]] = set()
+        self.counts: dict[str, int] = {"loans": 0, "loan_refusals": 0, "queries": 0, "returns": 0, "requeued": 0,
+                                       "grants": 0, "revokes": 0}
+
+    # -- life cycle --------------------------------------------------------------------------
+
+    def start(self) -> None:
+        store = self._store
+        if store is not None:
+            store.ensure_schema("loan", [
+                "CREATE TABLE IF NOT EXISTS loan_state (key TEXT PRIMARY KEY, value TEXT NOT NULL)"])
+            for key, value in store.db.execute("SELECT key, value FROM loan_state").fetchall():
+                v = json.loads(value)
+                if key == "load":
+                    self.load = float(v)
+                elif key == "returned":
+                    self.returned = bool(v)
+                elif key == "grants":
+                    self.grants = {str(k): [int(g) for g in gs] for k, gs in v.items()}
+        if float(self.s["elastic_interval_s"]) > 0:
+            self._spawn(self._elastic_loop())
+
+    async def stop(self) -> None:
+        for t in list(self._tasks):
+            t.cancel()
+        for t in list(self._tasks):
+            try:
+                await t
+            except (asyncio.CancelledError, Exception):
+                pass
+
+    def _spawn(self, coro: Any) -> asyncio.Task[Any]:
+        task = asyncio.get_running_loop().create_task(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+        return task
+
+    @property
+    def _store(self) -> Any:
+        return getattr(self.zone.agent, "store", None)
+
+    @property
+    def _jobs(self) -> Any:
+        return self.zone._jobs
+
+    def _save(self, key: str, value: Any) -> None:
+        store = self._store
+        if store is not None:
+            with store.tx() as db:
+                db.execute("INSERT OR REPLACE INTO loan_state VALUES (?, ?)", (key, json.dumps(value)))
+
+    # -- loan state ----------------------------------------------------------------------------
+
+    @property
+    def pool(self) -> str:
+        """This node's pool (from zone.nodes; empty when none is configured)."""
+        return self.zone.membership.by_node[self.zone.node_id].pool
+
+    @property
+    def lends(self) -> bool:
+        """True when this node belongs to the loaning pool."""
+        return bool(self.pool) and self.pool == self.s["pool"]
+
+    @property
+    def loanable(self) -> bool:
+        return self.lends and not self.returned and self.load < float(self.s["idle_below"])
+
+    def is_loan(self, demand: pl.Demand) -> bool:
+        """A demand that would run here on loan: for another pool, on a node of the loaning pool."""
+        return self.lends and demand.pool is not None and demand.pool != self.pool
+
+    def admit(self, demand: pl.Demand) -> pl.RefuseReason | None:
+        """None when this node may take ``demand`` as far as loaning goes, else the refusal."""
+        if self.is_loan(demand) and not self.loanable:
+            self.counts["loan_refusals"] += 1
+            return pl.RefuseReason.POOL_BUSY
+        return None
+
+    def set_load(self, load: Any) -> dict[str, Any]:
+        """Set the serving load (0..1). Below ``idle_below`` a returned node is loanable again.
+        Raises LoanError for a value out of range."""
+        if isinstance(load, bool) or not isinstance(load, int | float) or not 0.0 <= float(load) <= 1.0:
+            raise LoanError(f"pool load {load!r}: expected a number in 0..1 (share of serving capacity in use)")
+        was = self.loanable
+        self.load = float(load)
+        self._save("load", self.load)
+        if self.load < float(self.s["idle_below"]) and self.returned:
+            self.returned = False
+            self._save("returned", False)
+        if was != self.loanable:
+            self.zone._emit(f"pool {self.pool or '-'}: node {self.zone.node_id} "
+                            f"{'loanable' if self.loanable else 'busy: no more loans'} at load {self.load:g}",
+                            load=self.load, loanable=self.loanable)
+        if not self.loanable and self.lends:
+            self.revoke_grants("the node serves its own load")
+        return self.state()
+
+    def lent_jobs(self) -> list[Any]:
+        jobs = self._jobs
+        if jobs is None:
+            return []
+        return [j for j in jobs.active() if getattr(j.spec, "lent", False)]
+
+    def state(self) -> dict[str, Any]:
+        """This node's loan state and lent jobs (the answer to a query)."""
+        now = time.time()
+        free = sum(1 for f in self.zone.arbiter.view(now).gpu_free if f >= 1.0 - pl.EPS)
+        return {"node": self.zone.node_id, "pool": self.pool, "load": self.load, "loanable": self.loanable,
+                "returned": self.returned, "lends": self.lends, "free_gpus": free,
+                "jobs": [job_row(j, now, float(self.s["restart_s"])) for j in self.lent_jobs()],
+                "grants": {k: len(v) for k, v in self.grants.items()}}
+
+    # -- messages --------------------------------------------------------------------------------
+
+    def on_message(self, sender: int, body: wire.LoanRequest | wire.LoanAnswer) -> wire.LoanAnswer | None:
+        """A LOAN_REQUEST from ``sender``: the answer (cached by request id, so a repeat is not
+        acted on twice). A LOAN_ANSWER: delivered to the waiting request; None."""
+        if isinstance(body, wire.LoanAnswer):
+            fut = self._pending.get(body.request_id)
+            if fut is not None and not fut.done():
+                fut.set_result((body.status, body.payload))
+            return None
+        key = (sender, body.request_id)
+        ans = self._answered.get(key)
+        if ans is not None:
+            return ans
+        try:
+            req = json.loads(body.payload or b"{}")
+            if body.op == OP_QUERY:
+                self.counts["queries"] += 1
+                out = fit_payload(self.state(), wire.MAX_DATAGRAM - wire.HEADER_SIZE - wire.MAC_SIZE - 16)
+            elif body.op == OP_RETURN:
+                out = _dumps(self.do_return(req if isinstance(req, dict) else {}, sender))
+            else:
+                raise LoanError(f"unknown loan operation {body.op} (1 query, 2 return)")
+            ans = wire.LoanAnswer(body.request_id, STATUS_OK, out)
+        except (LoanError, ValueError, TypeError, KeyError) as e:
+            ans = wire.LoanAnswer(body.request_id, STATUS_ERROR, _dumps({"error": str(e)[:400]}))
+        self._answered[key] = ans
+        while len(self._answered) > ANSWER_CACHE:
+            self._answered.popitem(last=False)
+        return ans
+
+    async def request(self, node: int, op: int, payload: dict[str, Any]) -> dict[str, Any]:
+        """Send a loan request to ``node`` (this node: handled in process) and wait for the
+        answer, retransmitting (same request id) within ``query_timeout_s``. Raises LoanError
+        when the node does not answer or answers with an error."""
+        rid = self.zone.rng.getrandbits(63) | 1
+        body = wire.LoanRequest(rid, op, _dumps(payload))
+        if node == self.zone.node_id or self.zone.endpoint is None:
+            ans = self.on_message(self.zone.node_id, body)
+            assert ans is not None
+            status, data = ans.status, ans.payload
+        else:
+            fut: asyncio.Future[tuple[int, bytes]] = asyncio.get_running_loop().create_future()
+            self._pending[rid] = fut
+            timeout = float(self.s["query_timeout_s"])
+            try:
+                for _ in range(3):
+                    self.zone.endpoint.send(node, body)
+                    try:
+                        status, data = await asyncio.wait_for(asyncio.shield(fut), timeout / 3)
+                        break
+                    except TimeoutError:
+                        continue
+                else:
+                    self.zone.membership.missed(node, self.zone.clock())
+                    raise LoanError(f"node {node} did not answer the loan request within {timeout:g} s")
+            finally:
+                self._pending.pop(rid, None)
+        try:
+            out = json.loads(data or b"{}")
+        except ValueError:
+            raise LoanError(f"node {node} answered with something that is not JSON") from None
+        if status != STATUS_OK:
+            raise LoanError(f"node {node}: {out.get('error', 'error') if isinstance(out, dict) else out}")
+        if not isinstance(out, dict):
+            raise LoanError(f"node {node} answered {out!r}, expected an object")
+        return out
+
+    # -- reclaim (the coordinating node) ----------------------------------------------------------
+
+    async def reclaim(self, pool: str, count: int) -> dict[str, Any]:
+        """Take ``count`` loaned servers of ``pool`` in this zone back (see the module docs).
+        Returns the plan as carried out. Raises LoanError for bad input or too few answers."""
+        if not isinstance(pool, str) or not pool:
+            raise LoanError(f"pool {pool!r}: expected a pool name such as \"inference\"")
+        if isinstance(count, bool) or not isinstance(count, int) or count < 1:
+            raise LoanError(f"count {count!r}: expected a number of servers >= 1")
+        members = self.zone.membership.pool_list(self.zone.zone, pool)
+        if not members:
+            pools = sorted({p for (z, p) in self.zone.membership.by_pool if z == self.zone.zone})
+            raise LoanError(f"pool {pool!r} has no members in zone {self.zone.zone} (pools here: {', '.join(pools) or 'none'})")
+        t0 = time.perf_counter()
+        results = await asyncio.gather(*(self.request(n, OP_QUERY, {}) for n in members), return_exceptions=True)
+        answers: dict[int, dict[str, Any]] = {}
+        unanswered: dict[int, str] = {}
+        for n, r in zip(members, results, strict=True):
+            if isinstance(r, BaseException):
+                unanswered[n] = str(r)
+            else:
+                answers[n] = r
+        plan, where = plan_from_answers(answers, count)
+        by_server: dict[int, dict[str, str]] = {int(s): {} for s in plan.servers}
+        actions = []
+        for a in plan.actions:
+            node, job_id = where[a.job_id]
+            action = "requeue" if a.action == "migrate" else a.action
+            by_server[node][job_id] = action
+            actions.append({"node": node, "job": job_id, "action": action, "workers_removed": a.workers_removed})
+        cand_cost = {n: ln.preemption_cost(
+            [ln.LoanedJob(f"n{n}-{j['id']}", int(j["workers"]), int(j["workers"]), float(j["gpw"]), float(j["weight"]),
+                          {str(n): int(j["workers"])}) for j in a.get("jobs", [])], [str(n)])
+            for n, a in answers.items() if not a.get("returned")}
+        plan_id = f"{self.zone.rng.getrandbits(32):08x}"
+        told: dict[int, Any] = {}
+        rets = await asyncio.gather(*(self.request(n, OP_RETURN, {"plan": plan_id, "actions": acts})
+                                      for n, acts in by_server.items()), return_exceptions=True)
+        for n, r in zip(by_server, rets, strict=True):
+            told[n] = {"error": str(r)} if isinstance(r, BaseException) else r
+        servers = [int(s) for s in plan.servers]
+        out = {"plan": plan_id, "pool": pool, "count": count, "servers": servers,
+               "cost": plan.cost, "actions": actions, "candidates": cand_cost,
+               "unanswered": unanswered, "told": told, "elapsed_ms": round((time.perf_counter() - t0) * 1000, 1)}
+        self.last_plan = out
+        self.zone._emit(f"pool {pool}: returning node(s) {', '.join(map(str, servers))} "
+                        f"(preemption cost {plan.cost:g}, {len(actions)} job(s): "
+                        f"{', '.join(str(a['job']) + '@' + str(a['node']) + ' ' + str(a['action']) for a in actions) or 'none'})",
+                        plan=plan_id, pool=pool, servers=servers, cost=plan.cost, actions=actions)
+        return out
+
+    # -- return (the returned server) ----------------------------------------------------------------
+
+    def do_return(self, req: dict[str, Any], sender: int) -> dict[str, Any]:
+        """This server is returned to its pool: no more loans, grants revoked, lent jobs
+        requeued (in the background). Returns what will happen to each lent job."""
+        if not self.lends:
+            raise LoanError(f"node {self.zone.node_id} is not in the loaning pool {self.s['pool']!r}")
+        self.counts["returns"] += 1
+        self.returned = True
+        self._save("returned", True)
+        self.revoke_grants("the node was returned to its pool")
+        asked = req.get("actions", {}) if isinstance(req.get("actions"), dict) else {}
+        done: dict[str, str] = {}
+        for job in self.lent_jobs():
+            action = str(asked.get(job.id, "requeue"))
+            if action not in ("requeue", "scale_in"):
+                action = "requeue"
+            # one job runs on one node here: shedding this server's workers leaves none, so a
+            # planned scale-in (a job with workers elsewhere) is carried out as a requeue too
+            done[job.id] = "requeue"
+            self.requeues[job.id] = {"job": job.id, "phase": "checkpointing", "planned": action,
+                                     "plan": req.get("plan", ""), "by": sender, "since": time.time()}
+            self._spawn(self._requeue(job, str(req.get("plan", ""))))
+        self.zone._emit(f"pool {self.pool}: node {self.zone.node_id} returned by node {sender}; "
+                        f"{len(done)} lent job(s) requeued", plan=req.get("plan", ""), jobs=done, by=sender)
+        return {"node": self.zone.node_id, "returned": True, "jobs": done}
+
+    async def _wait_checkpoint(self, job: Any, after: Path | None, timeout: float) -> Path | None:
+        from laminar import jobkit
+
+        end = time.monotonic() + timeout
+        while True:
+            latest = None
+            for p in reversed(jobkit.list_checkpoints(job.ckpt_dir)) if job.ckpt_dir else []:
+                try:
+                    jobkit.verify_checkpoint(p)
+                    latest = p
+                    break
+                except (jobkit.CheckpointError, OSError):
+                    continue
+            if latest is not None and latest != after:
+                return latest
+            if time.monotonic() >= end or not job.active:
+                return latest
+            await asyncio.sleep(0.1)
+
+    def _demand_of(self, job: Any) -> pl.Demand:
+        for p in self.zone.arbiter.placed.values():
+            if p.job_id == job.id:
+                return p.reservation.demand
+        return pl.Demand(float(len(job.gpus or [])), float(job.spec.cpus or 1.0), int(job.spec.memory_mb or 256))
+
+    async def _requeue(self, job: Any, plan: str) -> None:
+        """Checkpoint, stop (state ``requeued``), place again through the zone. Never raises."""
+        from laminar import jobkit
+
+        rq = self.requeues[job.id]
+        try:
+            before = jobkit.latest_checkpoint(job.ckpt_dir) if job.ckpt_dir else None
+            ckpt = None
+            if self._jobs.request_checkpoint(job):
+                ckpt = await self._wait_checkpoint(job, before, float(self.s["ckpt_wait_s"]))
+            demand = self._demand_of(job)
+            spec = job.spec.as_dict()
+            env = {k: v for k, v in (spec.get("env") or {}).items() if k not in ("LM_PLACEMENT_ID", "LM_GPU_SHARE")}
+            env["LM_REQUEUED_FROM"] = f"n{self.zone.node_id}-{job.id}"
+            spec.update(env=env, lent=False)
+            spec.pop("gpus", None)
+            if ckpt is not None:
+                spec["resume_from"] = str(ckpt)
+            rq.update(phase="stopping", checkpoint=str(ckpt) if ckpt else None)
+            if job.active:
+                await self._jobs.stop(job.id, f"node {self.zone.node_id} returned to pool {self.pool} (plan {plan}): "
+                                      "requeued" + (f" from {ckpt.name}" if ckpt else " without a checkpoint"),
+                                      grace_s=float(self.s["stop_grace_s"]), state="requeued")
+            self.counts["requeued"] += 1
+            rq["phase"] = "placing"
+            end = time.monotonic() + float(self.s["requeue_for_s"])
+            delay = 1.0
+            while True:
+                res = await self.zone.place(spec, demand, job.owner_uid, job.owner_gid)
+                rq["attempts"] = rq.get("attempts", 0) + 1
+                if res.outcome in ("placed", "unconfirmed", "rejected") or time.monotonic() + delay > end:
+                    break
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 30.0)
+            rq.update(phase=res.outcome, node=res.node, new_job=res.job_id, reason=res.reason)
+            self.zone._emit(f"requeued job {job.id}: {res.outcome}"
+                            + (f" on node {res.node} as {res.job_id}" if res.outcome == "placed" else f" ({res.reason})"),
+                            job=job.id, outcome=res.outcome, node=res.node, new_job=res.job_id,
+                            resume_from=spec.get("resume_from"), plan=plan)
+        except Exception as e:
+            log.exception("requeue of %s failed", job.id)
+            rq.update(phase="failed", reason=str(e))
+            self.zone._emit(f"requeue of job {job.id} failed: {e}", job=job.id, plan=plan)
+
+    # -- elastic scaling ------------------------------------------------------------------------------
+
+    def granted_gpus(self) -> set[int]:
+        """GPU indices granted to elastic jobs (the node's capacity counts them as taken)."""
+        return {g for gs in self.grants.values() for g in gs}
+
+    def _elastic_jobs(self) -> list[Any]:
+        jobs = self._jobs
+        if jobs is None:
+            return []
+        return [j for j in jobs.active() if j.spec.elastic_min is not None and j.gpus]
+
+    @property
+    def may_grant(self) -> bool:
+        """Idle GPUs may go to elastic jobs: anywhere but on a loaning-pool node that is busy."""
+        return not self.lends or self.loanable
+
+    def tell_workers(self, job: Any, workers: int, reason: str) -> None:
+        """Write the job's worker count (atomically) and send it SIGUSR2."""
+        path = workers_file(self._state_dir(), job.id)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        os.chmod(path.parent, 0o755)
+        tmp = path.with_suffix(".tmp")
+        gpus = list(job.gpus or []) + self.grants.get(job.id, [])
+        tmp.write_text(json.dumps({"workers": workers, "gpus": gpus, "updated": time.time(), "reason": reason}))
+        os.chmod(tmp, 0o644)
+        os.replace(tmp, path)
+        self.workers[job.id] = workers
+        if job.pid:
+            try:
+                os.kill(job.pid, signal.SIGUSR2)
+            except ProcessLookupError:
+                pass
+
+    def _state_dir(self) -> Path:
+        jobs = self._jobs
+        sd = getattr(jobs, "state_dir", None)
+        return Path(sd) if sd else Path("/var/lib/laminar")
+
+    def revoke_grants(self, why: str) -> None:
+        if not self.grants or self._jobs is None:
+            return
+        for job_id in list(self.grants):
+            job = self._jobs.get(job_id)
+            extra = self.grants.pop(job_id)
+            self.counts["revokes"] += 1
+            if job is not None and job.active:
+                base = max(job.spec.elastic_min or 1, len(job.gpus or []))
+                self.tell_workers(job, base, f"scale in: {why}")
+                self.zone._emit(f"elastic: job {job_id} scaled in to {base} worker(s), {len(extra)} GPU(s) back ({why})",
+                                job=job_id, workers=base, gpus=extra)
+        self._save("grants", self.grants)
+        self.zone.refresh_inventory()
+
+    def elastic_round(self) -> dict[str, el.ElasticOption]:
+        """One round: forget grants of ended jobs, give idle whole GPUs to elastic jobs by the
+        knapsack. Returns the grants made."""
+        jobs = self._jobs
+        if jobs is None:
+            return {}
+        changed = False
+        for job_id in list(self.grants):
+            j = jobs.get(job_id)
+            if j is None or not j.active:
+                del self.grants[job_id]
+                self.workers.pop(job_id, None)
+                changed = True
+        if not self.may_grant:
+            if changed:
+                self._save("grants", self.grants)
+            return {}
+        self.zone.refresh_inventory()
+        view = self.zone.arbiter.view(self.zone.clock())
+        idle = [self.zone.gpu_index[i] for i, f in enumerate(view.gpu_free)
+                if f >= 1.0 - pl.EPS and i < len(self.zone.gpu_index)]
+        cands = self._elastic_jobs()
+        if not idle or not cands:
+            if changed:
+                self._save("grants", self.grants)
+            return {}
+        options = []
+        for j in cands:
+            now_w = max(j.spec.elastic_min or 1, len(j.gpus)) + len(self.grants.get(j.id, []))
+            remaining = float((j.spec.env or {}).get("LM_REMAINING_S", self.s["elastic_remaining_s"]))
+            options.append(el.elastic_job(j.id, remaining, now_w, int(j.spec.elastic_max or now_w), 1))
+        plan = el.allocate_elastic(options, len(idle))
+        for j in cands:
+            opt = plan.get(j.id)
+            if opt is None:
+                continue
+            take, idle = idle[:opt.gpus], idle[opt.gpus:]
+            self.grants.setdefault(j.id, []).extend(take)
+            workers = max(j.spec.elastic_min or 1, len(j.gpus)) + len(self.grants[j.id])
+            self.tell_workers(j, workers, "scale out: idle GPUs granted")
+            self.counts["grants"] += 1
+            self.zone._emit(f"elastic: job {j.id} scaled out to {workers} worker(s) on GPU(s) {take} "
+                            f"(JCT -{opt.jct_reduction:.0f} s by the model)", job=j.id, workers=workers, gpus=take,
+                            jct_reduction_s=round(opt.jct_reduction, 1))
+            changed = True
+        if changed:
+            self._save("grants", self.grants)
+            self.zone.refresh_inventory()
+        return plan
+
+    async def _elastic_loop(self) -> None:
+        interval = float(self.s["elastic_interval_s"])
+        while True:
+            await asyncio.sleep(interval)
+            try:
+                self.elastic_round()
+            except Exception:
+                log.exception("elastic round failed")
+
+    # -- API -----------------------------------------------------------------------------------------
+
+    def routes(self) -> list[Any]:
+        from laminar.api import ApiError, Request, Route
+
+        async def get_pool(req: Request) -> dict[str, Any]:
+            return {**self.state(), "idle_below": float(self.s["idle_below"]), "loan_pool": self.s["pool"],
+                    "counts": dict(self.counts), "requeues": list(self.requeues.values()), "last_plan": self.last_plan}
+
+        async def post_load(req: Request) -> dict[str, Any]:
+            b = req.body if isinstance(req.body, dict) else {}
+            if "load" not in b:
+                raise ApiError(400, "pool load: body must be {\"load\": 0..1}")
+            try:
+                return self.set_load(b["load"])
+            except LoanError as e:
+                raise ApiError(400, str(e)) from None
+
+        async def post_reclaim(req: Request) -> dict[str, Any]:
+            b = req.body if isinstance(req.body, dict) else {}
+            try:
+                return await self.reclaim(b.get("pool", self.s["pool"]), b.get("count", 1))
+            except LoanError as e:
+                raise ApiError(400, f"pool reclaim: {e}") from None
+
+        return [
+            Route("GET", "/v1/pool", get_pool),
+            Route("POST", "/v1/pool/load", post_load, privileged=True),
+            Route("POST", "/v1/pool/reclaim", post_reclaim, privileged=True),
+        ]
+
+
+def workers_file(state_dir: Path, job_id: str) -> Path:
+    """Where an elastic job's worker count is written (``LAMINAR_WORKERS_FILE``)."""
+    return Path(state_dir) / "elastic" / f"{job_id}.json"
