@@ -128,6 +128,19 @@ def list_checkpoints(ckpt_dir: str | os.PathLike[str]) -> list[Path]:
     return sorted((p for p in d.iterdir() if _NAME.match(p.name) and p.is_dir()), key=lambda p: int(p.name[5:]))
 
 
+def workers(default: int | None = None) -> int | None:
+    """An elastic job's current worker count: the agent rewrites the file ``LAMINAR_WORKERS_FILE``
+    names (``{"workers": n, "gpus": [...]}``) and sends ``SIGUSR2`` when it changes. ``default``
+    when there is no such file yet (or the job is not elastic)."""
+    path = os.environ.get("LAMINAR_WORKERS_FILE")
+    if not path:
+        return default
+    try:
+        return int(json.loads(Path(path).read_text())["workers"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return default
+
+
 def latest_checkpoint(ckpt_dir: str | os.PathLike[str]) -> Path | None:
     """The newest checkpoint under ``ckpt_dir`` that passes :func:`verify_checkpoint`, or None."""
     for p in reversed(list_checkpoints(ckpt_dir)):
