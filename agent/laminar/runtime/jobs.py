@@ -61,7 +61,7 @@ STOP_GRACE_S = 5.0  # SIGTERM -> cgroup.kill
 ADOPT_POLL_S = 0.5
 
 ACTIVE_STATES = ("running", "suspended")
-STATES = ("running", "suspended", "exited", "stopped", "reclaimed", "failed", "lost", "readdressed", "requeued")
+STATES = ("running", "suspended", "exited", "stopped", "reclaimed", "failed", "lost", "readdressed", "requeued", "migrated")
 
 SCHEMA = [
     """CREATE TABLE IF NOT EXISTS jobs (
