@@ -165,7 +165,7 @@ def test_loan_messages_round_trip_and_repeats_are_answered_from_cache(tmp_path):
 
 def test_return_plan_picks_the_server_whose_jobs_preempt_least():
     answers = {
-        3: {"jobs": [{"id": "a", "workers": 1, "min": 1, "gpw": 1, "weight": 600.0}]},
+        3: {"loanable": True, "jobs": [{"id": "a", "workers": 1, "min": 1, "gpw": 1, "weight": 600.0}]},
         4: {"jobs": [{"id": "b", "workers": 1, "min": 1, "gpw": 1, "weight": 90.0},
                      {"id": "c", "workers": 1, "min": 1, "gpw": 1, "weight": 70.0}]},
         5: {"jobs": [{"id": "d", "workers": 2, "min": 2, "gpw": 1, "weight": 120.0}]},
@@ -177,7 +177,9 @@ def test_return_plan_picks_the_server_whose_jobs_preempt_least():
     assert where["n5-d"] == (5, "d")
     plan2, _ = plan_from_answers(answers, 2)
     assert plan2.servers == ["5", "4"] and plan2.cost == 280.0
-    answers[7] = {"jobs": []}  # an idle loaned server costs nothing: it goes first
+    answers[8] = {"loanable": False, "jobs": []}  # busy serving, nothing lent: not on loan, not a candidate
+    assert plan_from_answers(answers, 3)[0].servers == ["5", "4", "3"]
+    answers[7] = {"loanable": True, "jobs": []}  # an idle loaned server costs nothing: it goes first
     assert plan_from_answers(answers, 1)[0].servers == ["7"]
     with pytest.raises(LoanError, match="cannot return 5 server"):
         plan_from_answers(answers, 5)

@@ -140,11 +140,17 @@ def job_row(job: Any, now: float, restart_s: float) -> dict[str, Any]:
             "weight": round(ln.job_weight(max(gpus, 0.01), at_risk, restart_s), 1), "name": job.spec.name}
 
 
+def on_loan(state: dict[str, Any]) -> bool:
+    """A server's answer says it is on loan: not returned, and loanable or holding lent jobs
+    (a busy server with none is serving its pool, not lent)."""
+    return not state.get("returned") and bool(state.get("loanable") or state.get("jobs"))
+
+
 def plan_from_answers(answers: dict[int, dict[str, Any]], k: int) -> tuple[ln.ReturnPlan, dict[str, tuple[int, str]]]:
-    """The return plan for ``k`` of the servers that answered (node -> state). Servers already
-    returned are not candidates. Returns the plan (server names are node ids as strings) and
+    """The return plan for ``k`` of the servers that answered (node -> state). Candidates are
+    the servers on loan: not returned, and loanable or holding lent jobs. Returns the plan (server names are node ids as strings) and
     {plan job id: (node, job id on that node)}. Raises LoanError when k is out of range."""
-    cands = sorted(n for n, a in answers.items() if not a.get("returned"))
+    cands = sorted(n for n, a in answers.items() if on_loan(a))
     if not 0 < k <= len(cands):
         raise LoanError(f"cannot return {k} server(s): {len(cands)} loaned server(s) of the pool answered "
                         f"({', '.join(map(str, cands)) or 'none'})")
@@ -388,7 +394,7 @@ class LoanManager:
         cand_cost = {n: ln.preemption_cost(
             [ln.LoanedJob(f"n{n}-{j['id']}", int(j["workers"]), int(j["workers"]), float(j["gpw"]), float(j["weight"]),
                           {str(n): int(j["workers"])}) for j in a.get("jobs", [])], [str(n)])
-            for n, a in answers.items() if not a.get("returned")}
+            for n, a in answers.items() if on_loan(a)}
         plan_id = f"{self.zone.rng.getrandbits(32):08x}"
         told: dict[int, Any] = {}
         rets = await asyncio.gather(*(self.request(n, OP_RETURN, {"plan": plan_id, "actions": acts})
