@@ -10,6 +10,7 @@ failed, 2 bad input, 3 agent not running, 4 permission denied.
 from __future__ import annotations
 
 import argparse
+import functools
 import importlib
 import pkgutil
 import sys
@@ -37,12 +38,17 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"laminarctl {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
     sub.required = True
-    pkg = importlib.import_module("laminarctl")
-    for info in sorted(pkgutil.iter_modules(pkg.__path__), key=lambda m: m.name):
-        if info.name.startswith("cmd_"):
-            mod = importlib.import_module(f"laminarctl.{info.name}")
-            mod.register(sub, common)
+    for mod in command_modules():
+        mod.register(sub, common)
     return parser
+
+
+@functools.cache
+def command_modules() -> list[Any]:
+    """The cmd_* modules, imported once (listing the package directory happens only here)."""
+    pkg = importlib.import_module("laminarctl")
+    names = sorted(m.name for m in pkgutil.iter_modules(pkg.__path__) if m.name.startswith("cmd_"))
+    return [importlib.import_module(f"laminarctl.{name}") for name in names]
 
 
 def main(argv: list[str] | None = None) -> int:
