@@ -98,3 +98,17 @@ def test_oom_score_adj_mirrors_order() -> None:
     assert 0 <= lr < st_ < tr <= 1000
     assert ladder.oom_score_adj("transient", 0) == 1000
     assert ladder.oom_score_adj("transient", 90) < ladder.oom_score_adj("transient", 10)
+
+
+def test_budget_reclaims_are_paced_lowest_value_first_and_wait_at_none() -> None:
+    """Jobs suspended together run out of budget together; they are reclaimed one per
+    RECLAIM_SETTLE_S, lowest survival value first, and not at all once pressure is gone."""
+    nohops = validate({"rungs": {"readdress": {"max_hops": 0}}})
+    jobs = [jv("hi", prio=90, rung="suspend", rung_since=0.0), jv("lo", prio=10, rung="suspend", rung_since=0.0)]
+    memo = Memo()
+    first = decide(10.0, STEADY, jobs, nohops, memo)
+    assert [(a.kind, a.job_id) for a in first] == [("reclaim", "lo")]
+    assert decide(10.0 + ladder.RECLAIM_SETTLE_S / 2, STEADY, jobs[:1], nohops, memo) == []
+    later = decide(10.0 + ladder.RECLAIM_SETTLE_S, STEADY, jobs[:1], nohops, memo)
+    assert [(a.kind, a.job_id) for a in later] == [("reclaim", "hi")]
+    assert decide(20.0, NONE, jobs, nohops, Memo()) == []  # no pressure: they wait for recovery
