@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
+from .client import EXIT_USAGE, CtlError
 from .output import emit, info, kv, table
 
 ACTION_COLUMNS = [("node", "NODE"), ("job", "JOB"), ("action", "ACTION"), ("workers_removed", "WORKERS")]
@@ -51,8 +52,7 @@ def cmd_show(args: argparse.Namespace) -> int:
 
 def cmd_load(args: argparse.Namespace) -> int:
     if not 0.0 <= args.load <= 1.0:
-        info(f"pool load {args.load}: expected a number in 0..1")
-        return 2
+        raise CtlError(f"pool load {args.load}: expected a number in 0..1", EXIT_USAGE)
     st = args.client.post("/v1/pool/load", {"load": args.load})
     emit(st, args.output, lambda s: info(f"node {s['node']} load {s['load']:g}: "
                                          f"{'loanable' if s['loanable'] else 'not loanable'}"))
@@ -61,8 +61,7 @@ def cmd_load(args: argparse.Namespace) -> int:
 
 def cmd_reclaim(args: argparse.Namespace) -> int:
     if args.count < 1:
-        info(f"--count {args.count}: expected a number of servers >= 1")
-        return 2
+        raise CtlError(f"--count {args.count}: expected a number of servers >= 1", EXIT_USAGE)
     res = args.client.post("/v1/pool/reclaim", {"pool": args.pool, "count": args.count}, timeout=60.0)
 
     def human(r: dict[str, Any]) -> None:

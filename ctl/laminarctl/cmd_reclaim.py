@@ -44,6 +44,8 @@ def register(sub: Any, common: argparse.ArgumentParser) -> None:
     p.add_argument("--notice", type=parse_notice, help="the notice window, e.g. 60s, 2m")
     p.add_argument("--node", type=int, help="the node to reclaim (default: this one)")
     p.add_argument("--reason", default="", help="recorded with the notice")
+    p.add_argument("--pool", help="instead: return --count loaned servers of this pool (least preemption first)")
+    p.add_argument("--count", type=int, default=1, help="with --pool: how many servers to return (default 1)")
     p.set_defaults(func=cmd_reclaim)
     p = sub.add_parser("migrations", parents=[common], help="moves of jobs off this node")
     p.set_defaults(func=cmd_migrations)
@@ -57,8 +59,14 @@ def cmd_reclaim(args: argparse.Namespace) -> int:
         emit(st, args.output, lambda s: kv({"node": s["node"], **(s.get("reclaim") or {"reclaim": "none"}),
                                            "notices": s.get("notices")}, title="reclaim"))
         return 0
+    if args.pool:
+        if args.notice is not None or args.node is not None:
+            raise ValueError("reclaim: --pool returns loaned servers; it does not take --notice or --node")
+        from .cmd_pool import cmd_reclaim as pool_reclaim
+
+        return pool_reclaim(args)
     if args.notice is None:
-        raise ValueError("reclaim: give the notice window, e.g. --notice 60s")
+        raise ValueError("reclaim: give the notice window, e.g. --notice 60s (or --pool POOL --count K)")
     body: dict[str, Any] = {"notice_s": args.notice}
     if args.node is not None:
         body["node"] = args.node
