@@ -57,6 +57,10 @@ Config (``[migrate]``)::
     dead_after_s = 3         # silence after a notice that declares the source dead
     orphan_after_s = 0       # silence without a notice that does (0: never; a partition would double jobs)
 
+Between reclaims the component also asks each job for periodic checkpoints at the interval the
+hazard sets (:mod:`laminar.migrate.ckpt_driver`, its keys in the same section; the plan is
+``GET /v1/checkpoints``, ``laminarctl checkpoints``).
+
 The readdress hook Airlock calls for its re-address rung is :meth:`ReclaimComponent.readdress`
 (a move without a deadline).
 """
@@ -77,6 +81,7 @@ from typing import Any
 
 from laminar import jobkit
 from laminar.config import Field, _one_of, _range, register_section
+from laminar.migrate import ckpt_driver
 from laminar.migrate import ckpt_schedule as cs
 from laminar.migrate import destination as dst
 from laminar.migrate.hazard import (
@@ -132,6 +137,7 @@ CONFIG_FIELDS = {
                             "(0: never)", _range(0, 86400)),
     "ckpt_wait_s": Field((int, float), 30.0, "how long a job gets to write its checkpoint after the signal",
                          _range(0.1, 3600)),
+    **ckpt_driver.CONFIG_FIELDS,  # periodic checkpoints (laminar.migrate.ckpt_driver)
 }
 register_section("migrate", CONFIG_FIELDS)
 
@@ -253,6 +259,7 @@ class ReclaimComponent:
         self._tasks: set[asyncio.Task[Any]] = set()
         self._loop_task: asyncio.Task[Any] | None = None
         self._unsubscribe: Any = None
+        self.ckpt: ckpt_driver.CkptDriver | None = None  # periodic checkpoints
         self.counts: dict[str, int] = {"moves": 0, "moved": 0, "failed": 0, "prestaged": 0, "resumed": 0,
                                        "received": 0}
 
@@ -285,6 +292,8 @@ class ReclaimComponent:
                                f"{e.strerror or e}; set migrate.port to a free port") from None
         self._unsubscribe = agent.events.subscribe(self._on_event)
         self._loop_task = asyncio.get_running_loop().create_task(self._watch())
+        self.ckpt = ckpt_driver.CkptDriver(self)
+        self._spawn(self.ckpt.run())
 
     async def stop(self) -> None:
         if self._unsubscribe is not None:
@@ -985,7 +994,8 @@ class ReclaimComponent:
         r = self.reclaim
         return {"port": self.port, "counts": dict(self.counts), "buddies": {k: v for k, v in self.buddy.items()},
                 "reclaim": None if r is None else {"deadline": r["deadline"], "done": r["task"].done()},
-                "notices": sorted(self.notices)}
+                "notices": sorted(self.notices),
+                "periodic_ckpt": None if self.ckpt is None else dict(self.ckpt.counts)}
 
     def routes(self) -> list[Any]:
         from laminar.api import ApiError, Request, Route
@@ -1024,7 +1034,16 @@ class ReclaimComponent:
                                                "FROM migrate_replicas ORDER BY updated").fetchall()
             return [dict(r) for r in rows]
 
+        async def checkpoints(req: Request) -> dict[str, Any]:
+            d = self.ckpt
+            hz = self.hazards["default"]
+            now = time.time()
+            return {"periodic": bool(self.s["periodic"]), "uplink_mbit": None if d is None else d.link_bps * 8 / 1e6,
+                    "hazard_per_h": hz.rate_per_h(now), "mtbf_s": hz.mtbf_s(now), "now": now,
+                    "counts": None if d is None else dict(d.counts), "jobs": [] if d is None else d.view()}
+
         return [
+            Route("GET", "/v1/checkpoints", checkpoints),
             Route("POST", "/v1/reclaim", post_reclaim, privileged=True),
             Route("GET", "/v1/reclaim", get_reclaim),
             Route("GET", "/v1/migrations", migrations),

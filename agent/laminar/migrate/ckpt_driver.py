@@ -1,0 +1,354 @@
+"""Periodic checkpoints: the agent asks each job for a checkpoint at the interval the hazard sets.
+
+:mod:`laminar.migrate.ckpt_schedule` says *how often* a job should checkpoint (Young/Daly with
+the node's time-varying hazard, the checkpoint's cost at the uplink share left when
+co-resident jobs checkpoint too) and how to *stagger* checkpoints that fall due together.
+This module is the part of ``agent.migrate`` that acts on it: every ``poll_s`` it
+
+1. looks at each active job's checkpoint directory (jobkit's layout): a new verified
+   checkpoint is a *commit*; its size is the planning size of the next one, and the time from
+   the signal to the commit (the manifest's mtime) is what a checkpoint costs the job;
+2. records the node's exposure in the hazard model (the reclaims it sees are recorded by the
+   reclaim component), so the rate learns from what this node lives through;
+3. re-plans every job with :func:`ckpt_schedule.plan` (hazard of the ``default`` provider, the
+   uplink of ``migrate.uplink_mbit``, else ``shaping.link_mbit``, else ``migrate.path_mbit``;
+   the notice window ``expected_notice_s``, 0 with ``prestage = "always"``);
+4. a job is *due* one interval after its newest checkpoint (whoever asked for it) or, before
+   its first, after it was first seen; due jobs are ordered by :func:`ckpt_schedule.stagger`
+   so that no two checkpoint at once (each occupies ``max(cost, stagger_gap_s)``, the transfer
+   too when prestaged; in-flight checkpoints count), and a job whose start has come gets its
+   checkpoint signal (``agent.jobs.request_checkpoint``) and a ``migrate`` event with
+   ``phase = "periodic"``, the interval and why (MTBF from the hazard, cost, bandwidth share).
+
+**Who is skipped.** A job is only signalled when its main process *catches* its checkpoint
+signal (``SigCgt`` in ``/proc/<pid>/status``): a process that does not would be killed by
+SIGUSR1, so a job without the checkpoint contract is never driven. A job opts out with
+``LM_CKPT_PERIODIC=off`` in its spec's environment; the whole driver with
+``migrate.periodic = false``. Jobs being moved, and every job during a reclaim of this node,
+are left to the reclaim.
+
+Config (``[migrate]``, besides the reclaim's keys)::
+
+    periodic = true            # drive periodic checkpoints
+    min_interval_s = 30        # bounds on an interval
+    max_interval_s = 21600
+    ckpt_pause_s = 2.0         # planned cost of a job's checkpoint until one has been measured
+    write_mbit = 8000          # local checkpoint write rate assumed for planning
+    uplink_mbit = 0            # uplink for the bandwidth share (0: shaping.link_mbit, else path_mbit)
+    stagger_gap_s = 1.0        # least time between two jobs' checkpoint signals
+    stagger_max_delay_s = 60   # a checkpoint is never delayed more than this to stagger it
+
+The plan is shown by ``GET /v1/checkpoints`` and ``laminarctl checkpoints``.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import signal
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from laminar import jobkit
+from laminar.config import Field, _range
+from laminar.migrate import ckpt_schedule as cs
+
+log = logging.getLogger("laminar.migrate")
+
+OPT_OUT_ENV = "LM_CKPT_PERIODIC"  # "off" in a job's spec env: never signalled periodically
+DEFAULT_PLAN_BYTES = 64 << 20  # planning size before a job's first checkpoint
+
+CONFIG_FIELDS = {
+    "periodic": Field(bool, True, "drive periodic checkpoints at the hazard's interval"),
+    "min_interval_s": Field((int, float), cs.MIN_INTERVAL_S, "shortest periodic checkpoint interval (s)",
+                            _range(0.1, 86400)),
+    "max_interval_s": Field((int, float), cs.MAX_INTERVAL_S, "longest periodic checkpoint interval (s)",
+                            _range(0.1, 7 * 86400)),
+    "ckpt_pause_s": Field((int, float), 2.0, "planned cost of a checkpoint until one has been measured (s)",
+                          _range(0, 3600)),
+    "write_mbit": Field((int, float), 8000.0, "local checkpoint write rate assumed for planning (Mbit/s)",
+                        _range(0.001, 10_000_000)),
+    "uplink_mbit": Field((int, float), 0.0, "uplink shared by checkpoint transfers (Mbit/s; 0: shaping.link_mbit, "
+                         "else path_mbit)", _range(0, 10_000_000)),
+    "stagger_gap_s": Field((int, float), 1.0, "least time between two jobs' periodic checkpoint signals (s)",
+                           _range(0, 3600)),
+    "stagger_max_delay_s": Field((int, float), 60.0, "most a periodic checkpoint is delayed to stagger it (s)",
+                                 _range(0, 86400)),
+}
+
+
+# -- pure parts -----------------------------------------------------------------------------
+
+
+@dataclass
+class Track:
+    """What the driver knows of one job's checkpoints (wall-clock times)."""
+
+    job_id: str
+    first_seen: float
+    newest: str = ""  # name of the newest verified checkpoint seen
+    newest_at: float | None = None  # its commit time (manifest mtime)
+    size_bytes: float | None = None
+    latency_s: float | None = None  # signal -> commit, last measured
+    signal_at: float | None = None  # last periodic signal
+    pending: bool = False  # a signal was sent and its checkpoint has not committed yet
+    signals: int = 0
+    commits: int = 0
+    misses: int = 0
+    plan: cs.CkptPlan | None = None
+    start_at: float | None = None  # when the stagger lets its next checkpoint start
+    skip: str = ""  # why it is not driven (empty: driven)
+    history: list[float] = field(default_factory=list)  # recent signal times
+
+    def base(self) -> float:
+        """The time the next interval counts from: the newest checkpoint or signal, else first seen."""
+        return max(t for t in (self.first_seen, self.newest_at, self.signal_at) if t is not None)
+
+    def occupancy(self, gap_s: float) -> float:
+        """How long one of this job's checkpoints keeps the node's checkpoint path busy."""
+        p = self.plan
+        if p is None:
+            return gap_s
+        return max(gap_s, p.cost_s)
+
+
+def due_at(t: Track) -> float:
+    """When ``t``'s next checkpoint is due (inf without a plan)."""
+    if t.plan is None or math.isinf(t.plan.interval_s):
+        return math.inf
+    return t.base() + t.plan.interval_s
+
+
+def starts(tracks: Sequence[Track], now: float, gap_s: float, max_delay_s: float) -> dict[str, float]:
+    """Start times of the driven jobs' next checkpoints, staggered with :func:`ckpt_schedule.stagger`.
+
+    A job with a checkpoint in flight (signalled, not committed; or signalled less than its
+    occupancy ago) takes part at the time it was signalled, so the others queue behind it;
+    its own entry is left out of the answer. Jobs without a plan are left out."""
+    entries: list[tuple[str, float, float]] = []
+    inflight: set[str] = set()
+    for t in tracks:
+        if t.skip or t.plan is None:
+            continue
+        occ = t.occupancy(gap_s)
+        if t.signal_at is not None and (t.pending or now - t.signal_at < occ):
+            busy = max(occ, now - t.signal_at + gap_s) if t.pending else occ
+            entries.append((t.job_id, t.signal_at, busy))
+            inflight.add(t.job_id)
+            continue
+        d = due_at(t)
+        if math.isfinite(d):
+            entries.append((t.job_id, d, occ))
+    out = cs.stagger(entries, max_delay_s)
+    return {k: v for k, v in out.items() if k not in inflight}
+
+
+def due_now(tracks: Sequence[Track], now: float, gap_s: float, max_delay_s: float) -> list[str]:
+    """The jobs whose staggered start has come, in start order. Sets each track's ``start_at``."""
+    st = starts(tracks, now, gap_s, max_delay_s)
+    for t in tracks:
+        t.start_at = st.get(t.job_id)
+    return [j for j, s in sorted(st.items(), key=lambda kv: (kv[1], kv[0])) if s <= now]
+
+
+def catches_signal(pid: int, signame: str) -> bool:
+    """Whether process ``pid`` has a handler for ``signame`` (``SigCgt`` of /proc/<pid>/status).
+    False when the process is gone or the signal is unknown."""
+    try:
+        num = int(signal.Signals[signame])
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("SigCgt:"):
+                return bool(int(line.split()[1], 16) >> (num - 1) & 1)
+    except (OSError, KeyError, ValueError):
+        return False
+    return False
+
+
+def ckpt_size(path: Path) -> int:
+    return sum(f.stat().st_size for f in path.iterdir() if f.is_file())
+
+
+# -- the driver -----------------------------------------------------------------------------
+
+
+class CkptDriver:
+    """Drives periodic checkpoints for the jobs of ``comp.agent`` (``comp``: the reclaim
+    component, for its settings, hazard models and the jobs it is moving)."""
+
+    def __init__(self, comp: Any) -> None:
+        self.comp = comp
+        self.tracks: dict[str, Track] = {}
+        self.last_round: float | None = None
+        self.link_bps = 0.0
+        self.counts = {"signals": 0, "commits": 0, "misses": 0}
+
+    @property
+    def s(self) -> dict[str, Any]:
+        return dict(self.comp.s)
+
+    def uplink_bps(self) -> float:
+        """Bytes/s of the uplink checkpoint transfers share (see the module docstring)."""
+        mbit = float(self.s["uplink_mbit"])
+        if mbit <= 0:
+            try:
+                mbit = float(self.comp.agent.config.section("shaping").get("link_mbit") or 0)
+            except (KeyError, AttributeError):
+                mbit = 0.0
+        if mbit <= 0:
+            mbit = float(self.s["path_mbit"])
+        return mbit * 1e6 / 8
+
+    def _skip_reason(self, job: Any) -> str:
+        if (job.spec.env or {}).get(OPT_OUT_ENV, "").lower() in ("off", "0", "no", "false"):
+            return f"opted out ({OPT_OUT_ENV}=off)"
+        if not job.ckpt_dir:
+            return "no checkpoint directory"
+        if job.id in self.comp.evacuating:
+            return "being moved"
+        if job.pid is None or not catches_signal(int(job.pid), job.spec.checkpoint_signal):
+            return f"does not catch {job.spec.checkpoint_signal} (no checkpoint contract)"
+        return ""
+
+    def _observe(self, t: Track, job: Any, now: float) -> None:
+        """Notices a new verified checkpoint of ``job``; measures its size and latency."""
+        names = jobkit.list_checkpoints(job.ckpt_dir) if job.ckpt_dir else []
+        if not names or names[-1].name == t.newest:
+            if t.pending and t.signal_at is not None and now - t.signal_at > float(self.s["ckpt_wait_s"]):
+                t.pending = False
+                t.misses += 1
+                self.counts["misses"] += 1
+            return
+        newest = jobkit.latest_checkpoint(job.ckpt_dir)
+        if newest is None or newest.name == t.newest:
+            return
+        try:
+            at = (newest / jobkit.MANIFEST).stat().st_mtime
+            size = ckpt_size(newest)
+        except OSError:  # removed by the job meanwhile: next round
+            return
+        first = not t.newest
+        t.newest, t.newest_at, t.size_bytes = newest.name, min(at, now), float(size)
+        if first and t.signal_at is None:
+            return  # there before the driver looked: not a commit it saw
+        t.commits += 1
+        self.counts["commits"] += 1
+        if t.pending and t.signal_at is not None and at >= t.signal_at - 0.5:
+            t.latency_s = max(0.0, min(at, now) - t.signal_at)
+            t.pending = False
+
+    def _plan(self, tracks: list[Track], now: float) -> None:
+        s = self.s
+        write_bps = float(s["write_mbit"]) * 1e6 / 8
+        jobs = []
+        for t in tracks:
+            size = t.size_bytes if t.size_bytes is not None else float(DEFAULT_PLAN_BYTES)
+            pause = float(s["ckpt_pause_s"]) if t.latency_s is None else max(0.0, t.latency_s - size / write_bps)
+            jobs.append(cs.CkptJob(t.job_id, size, write_bps, pause))
+        self.link_bps = self.uplink_bps()
+        window = 0.0 if s["prestage"] == "always" else float(s["expected_notice_s"])
+        lo = float(s["min_interval_s"])
+        hi = max(lo, float(s["max_interval_s"]))
+        plans = cs.plan(jobs, self.comp.hazards["default"], now, self.link_bps, window, lo, hi)
+        for t in tracks:
+            t.plan = plans.get(t.job_id)
+
+    def round(self, now: float | None = None) -> list[str]:
+        """One look at every active job; signals the due ones. Returns the ids signalled."""
+        now = time.time() if now is None else now
+        hz = self.comp.hazards["default"]
+        if self.last_round is not None and now > self.last_round:
+            hz.observe_exposure(self.last_round, now)
+        self.last_round = now
+        jobs = {j.id: j for j in self.comp.agent.jobs.active()}
+        for jid in list(self.tracks):
+            if jid not in jobs:
+                del self.tracks[jid]
+        for jid, job in jobs.items():
+            t = self.tracks.setdefault(jid, Track(jid, now))
+            if job.ckpt_dir:
+                self._observe(t, job, now)
+            t.skip = self._skip_reason(job)
+        if not self.s["periodic"]:
+            for t in self.tracks.values():
+                t.skip = t.skip or "periodic checkpoints are off (migrate.periodic = false)"
+        reclaim = self.comp.reclaim
+        if reclaim is not None and not reclaim["task"].done():
+            for t in self.tracks.values():
+                t.skip = "this node is being reclaimed"
+        driven = [t for t in self.tracks.values() if not t.skip]
+        if driven:
+            self._plan(driven, now)
+        for t in self.tracks.values():
+            if t.skip:
+                t.plan, t.start_at = None, None
+        fired = []
+        for jid in due_now(driven, now, float(self.s["stagger_gap_s"]), float(self.s["stagger_max_delay_s"])):
+            t = self.tracks[jid]
+            if self._signal(jobs[jid], t, now):
+                fired.append(jid)
+        return fired
+
+    def _signal(self, job: Any, t: Track, now: float) -> bool:
+        p = t.plan
+        assert p is not None
+        if not self.comp.agent.jobs.request_checkpoint(job):
+            return False
+        due = due_at(t)
+        t.signal_at, t.pending = now, True
+        t.signals += 1
+        t.history = (t.history + [now])[-20:]
+        self.counts["signals"] += 1
+        late = now - due
+        why = (f"{job.id}: periodic checkpoint requested: interval {p.interval_s:.1f} s (Daly with MTBF "
+               f"{p.mtbf_s:.0f} s from the hazard, cost C {p.cost_s:.2f} s, uplink share "
+               f"{p.share_bps * 8 / 1e6:.1f} Mbit/s); {p.reason}")
+        if late > 0.5:
+            why += f"; staggered {late:.1f} s behind co-resident checkpoints"
+        self.comp._emit(why, job=job.id, phase="periodic", interval_s=round(p.interval_s, 3),
+                        cost_s=round(p.cost_s, 3), mtbf_s=round(p.mtbf_s, 1), share_bps=round(p.share_bps),
+                        prestage=p.prestage, delay_s=round(max(0.0, late), 3), signal_at=now)
+        return True
+
+    async def run(self) -> None:
+        """The loop the reclaim component starts; never raises (a failed round is logged)."""
+        import asyncio
+
+        while True:
+            try:
+                self.round()
+            except Exception:
+                log.exception("migrate: checkpoint round failed")
+            await asyncio.sleep(float(self.s["poll_s"]))
+
+    def view(self) -> list[dict[str, Any]]:
+        """The current plan per job (GET /v1/checkpoints)."""
+        return [row(t) for t in sorted(self.tracks.values(), key=lambda t: t.job_id)]
+
+
+def row(t: Track) -> dict[str, Any]:
+    p = t.plan
+    return {
+        "job": t.job_id,
+        "driven": not t.skip,
+        "skip": t.skip,
+        "interval_s": None if p is None else round(p.interval_s, 3),
+        "cost_s": None if p is None else round(p.cost_s, 3),
+        "mtbf_s": None if p is None else round(p.mtbf_s, 1),
+        "share_mbit": None if p is None else round(p.share_bps * 8 / 1e6, 3),
+        "prestage": None if p is None else p.prestage,
+        "reason": "" if p is None else p.reason,
+        "next_at": t.start_at,
+        "due_at": None if p is None else due_at(t),
+        "size_bytes": t.size_bytes,
+        "latency_s": None if t.latency_s is None else round(t.latency_s, 3),
+        "newest": t.newest,
+        "signals": t.signals,
+        "commits": t.commits,
+        "misses": t.misses,
+        "last_signal": t.signal_at,
+    }
+
+

@@ -1,0 +1,234 @@
+"""The periodic checkpoint driver's due and stagger logic, and one driver round, without root.
+
+The round tests use a stand-in for the job manager (FakeJobs: no cgroups, no processes started)
+whose ``request_checkpoint`` writes a real jobkit checkpoint; the job's "main process" is this
+test process, with a real SIGUSR1 handler installed for the signal check.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import os
+import signal
+import subprocess
+import sys
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from laminar import jobkit
+from laminar.migrate import ckpt_driver as cd
+from laminar.migrate import ckpt_schedule as cs
+from laminar.migrate.hazard import HazardModel
+from laminar.migrate.reclaim import CONFIG_FIELDS
+
+
+def plan(jid: str, interval: float, cost: float = 0.1) -> cs.CkptPlan:
+    return cs.CkptPlan(jid, interval, cost, 1e6, 0.0, False, 100.0, "test")
+
+
+def track(jid: str, first_seen: float, interval: float, **kw: Any) -> cd.Track:
+    t = cd.Track(jid, first_seen, **kw)
+    t.plan = plan(jid, interval)
+    return t
+
+
+def test_due_counts_from_newest_checkpoint_or_signal() -> None:
+    t = track("a", 100.0, 10.0)
+    assert cd.due_at(t) == 110.0
+    t.newest_at = 105.0
+    assert cd.due_at(t) == 115.0
+    t.signal_at = 120.0
+    assert cd.due_at(t) == 130.0
+    t.plan = None
+    assert math.isinf(cd.due_at(t))
+
+
+def test_nothing_due_before_the_interval() -> None:
+    ts = [track("a", 0.0, 10.0), track("b", 0.0, 10.0)]
+    assert cd.due_now(ts, 9.0, 1.0, 60.0) == []
+
+
+def test_jobs_due_together_are_staggered_by_the_gap() -> None:
+    ts = [track("a", 0.0, 10.0), track("b", 0.0, 10.0)]
+    assert cd.due_now(ts, 10.0, 1.0, 60.0) == ["a"]  # b waits for a's slot
+    assert ts[1].start_at == pytest.approx(11.0)
+    ts[0].signal_at, ts[0].pending = 10.0, True
+    # a is in flight: b still queues behind it, a is not due again
+    assert cd.due_now(ts, 10.5, 1.0, 60.0) == []
+    ts[0].pending, ts[0].newest_at = False, 10.2  # a committed
+    assert cd.due_now(ts, 11.0, 1.0, 60.0) == ["b"]
+    assert ts[0].start_at == pytest.approx(20.2)  # next interval counts from the commit
+
+
+def test_pending_checkpoint_keeps_the_slot_until_it_commits() -> None:
+    ts = [track("a", 0.0, 10.0, signal_at=10.0, pending=True), track("b", 0.0, 10.0)]
+    # a has not committed after 5 s: b's start moves with a's elapsed time (+ the gap)
+    assert cd.due_now(ts, 15.0, 1.0, 60.0) == []
+    assert ts[1].start_at == pytest.approx(16.0)
+
+
+def test_stagger_never_delays_more_than_the_max() -> None:
+    ts = [track("a", 0.0, 10.0, signal_at=10.0, pending=True), track("b", 0.0, 0.5)]
+    # b was due at 0.5, a in flight since 10: the cap of 2 s lets b go at 2.5 regardless
+    assert cd.due_now(ts, 3.0, 1.0, 2.0) == ["b"]
+
+
+def test_skipped_and_planless_tracks_are_left_out() -> None:
+    a = track("a", 0.0, 1.0, skip="opted out")
+    b = cd.Track("b", 0.0)
+    assert cd.due_now([a, b], 100.0, 1.0, 60.0) == []
+
+
+def test_catches_signal_reads_the_real_disposition() -> None:
+    code = "import signal, sys, time; signal.signal(signal.SIGUSR1, lambda *a: None); print('ok', flush=True); time.sleep(30)"
+    catching = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE)
+    plain = subprocess.Popen([sys.executable, "-c", "import time; print('ok', flush=True); time.sleep(30)"],
+                             stdout=subprocess.PIPE)
+    try:
+        assert catching.stdout is not None and plain.stdout is not None
+        catching.stdout.readline()
+        plain.stdout.readline()
+        assert cd.catches_signal(catching.pid, "SIGUSR1")
+        assert not cd.catches_signal(plain.pid, "SIGUSR1")
+        assert not cd.catches_signal(catching.pid, "SIGNOPE")
+    finally:
+        for p in (catching, plain):
+            p.kill()
+            p.wait(10)
+    assert not cd.catches_signal(catching.pid, "SIGUSR1")  # gone
+
+
+# -- one driver round over stand-in jobs ------------------------------------------------------
+
+
+@dataclass
+class FakeSpec:
+    env: dict[str, str] = field(default_factory=dict)
+    checkpoint_signal: str = "SIGUSR1"
+
+
+@dataclass
+class FakeJob:
+    id: str
+    ckpt_dir: Path
+    spec: FakeSpec = field(default_factory=FakeSpec)
+    pid: int = field(default_factory=os.getpid)
+    step: int = 0
+
+
+class FakeJobs:
+    """Stand-in for JobManager: a checkpoint request commits a real jobkit checkpoint at once."""
+
+    def __init__(self, jobs: list[FakeJob]) -> None:
+        self.jobs = jobs
+        self.requests: list[str] = []
+
+    def active(self) -> list[FakeJob]:
+        return list(self.jobs)
+
+    def request_checkpoint(self, job: FakeJob) -> bool:
+        self.requests.append(job.id)
+        job.step += 1
+        jobkit.Checkpointer(job.id, job.ckpt_dir, install_signal=False).save(b"x" * 1000, step=job.step)
+        return True
+
+
+class FakeEvents:
+    def __init__(self) -> None:
+        self.events: list[dict[str, Any]] = []
+
+    def emit(self, kind: str, message: str, **f: Any) -> None:
+        self.events.append({"kind": kind, "message": message, **f})
+
+
+class FakeComp:
+    """The parts of ReclaimComponent the driver reads."""
+
+    def __init__(self, jobs: FakeJobs, **cfg: Any) -> None:
+        self.s = {k: f.default for k, f in CONFIG_FIELDS.items()} | cfg
+        self.hazards = {"default": HazardModel("default", prior_rate_per_h=100.0)}
+        self.evacuating: set[str] = set()
+        self.reclaim: dict[str, Any] | None = None
+        self.events = FakeEvents()
+        self.agent = type("A", (), {"jobs": jobs, "config": None})()
+
+    def _emit(self, message: str, **f: Any) -> None:
+        self.events.emit("migrate", message, **f)
+
+
+@pytest.fixture
+def usr1_handler() -> Iterator[None]:
+    old = signal.signal(signal.SIGUSR1, lambda *a: None)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGUSR1, old)
+
+
+def test_round_signals_due_jobs_staggered_and_measures_commits(tmp_path: Path, usr1_handler: None) -> None:
+    jobs = FakeJobs([FakeJob("job-1", tmp_path / "a"), FakeJob("job-2", tmp_path / "b"),
+                     FakeJob("job-3", tmp_path / "c", spec=FakeSpec(env={cd.OPT_OUT_ENV: "off"}))])
+    comp = FakeComp(jobs, min_interval_s=1.0, max_interval_s=3.0, ckpt_pause_s=0.1, stagger_gap_s=0.5,
+                    uplink_mbit=100.0)
+    d = cd.CkptDriver(comp)
+    t = 1_700_000_000.0
+    assert d.round(t) == []
+    rows = {r["job"]: r for r in d.view()}
+    assert rows["job-3"]["skip"].startswith("opted out") and rows["job-3"]["interval_s"] is None
+    iv = rows["job-1"]["interval_s"]
+    assert 1.0 <= iv <= 3.0 and rows["job-1"]["mtbf_s"] == pytest.approx(36.0, rel=0.05)  # 100/h
+    fired: list[tuple[float, str]] = []
+    step = 0.1
+    for i in range(1, int(30 / step)):
+        now = t + i * step
+        fired += [(now, j) for j in d.round(now)]
+    got = [j for _, j in fired]
+    assert "job-3" not in got and jobs.requests == got
+    n1, n2 = got.count("job-1"), got.count("job-2")
+    # 30 s at an interval of at most 3 s: each job about every interval (never more often)
+    assert n1 >= 30 / 3.5 - 1 and n2 >= 30 / 3.5 - 1
+    assert n1 <= 30 / 1.0 and n2 <= 30 / 1.0
+    # never two signals at the same instant: the gap is kept between the jobs
+    times = [ts for ts, _ in fired]
+    assert len(set(times)) == len(times)
+    assert min(b - a for a, b in zip(times, times[1:], strict=False)) >= 0.5 - 1e-6
+    rows = {r["job"]: r for r in d.view()}
+    assert rows["job-1"]["commits"] >= n1 - 1 and rows["job-1"]["size_bytes"] > 1000
+    assert rows["job-1"]["latency_s"] is not None
+    ev = [e for e in comp.events.events if e.get("phase") == "periodic"]
+    assert len(ev) == len(fired) and all("interval_s" in e and "MTBF" in e["message"] for e in ev)
+
+
+def test_round_leaves_jobs_alone_during_a_reclaim_and_when_switched_off(tmp_path: Path, usr1_handler: None) -> None:
+    jobs = FakeJobs([FakeJob("job-1", tmp_path / "a")])
+    comp = FakeComp(jobs, min_interval_s=1.0, max_interval_s=1.0, periodic=False)
+    d = cd.CkptDriver(comp)
+    t = 1_700_000_000.0
+    for i in range(50):
+        d.round(t + i * 0.2)
+    assert jobs.requests == [] and "periodic checkpoints are off" in d.view()[0]["skip"]
+    comp.s["periodic"] = True
+
+    async def never() -> None:
+        await asyncio.sleep(3600)
+
+    loop = asyncio.new_event_loop()
+    task = loop.create_task(never())
+    try:
+        comp.reclaim = {"task": task}
+        for i in range(50, 100):
+            d.round(t + i * 0.2)
+        assert jobs.requests == [] and d.view()[0]["skip"] == "this node is being reclaimed"
+    finally:
+        task.cancel()
+        loop.run_until_complete(asyncio.gather(task, return_exceptions=True))
+        loop.close()
+    comp.reclaim = None
+    for i in range(100, 130):
+        d.round(t + i * 0.2)
+    assert jobs.requests  # driven again once the reclaim is over
