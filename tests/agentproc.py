@@ -107,7 +107,7 @@ class AgentProc:
         try:
             self.stop()
         finally:
-            subprocess.run(self.argv(str(VENV_BIN / "laminarctl"), "bpf", "unload", "--force",
+            subprocess.run(self.argv(str(VENV_BIN / "laminarctl"), "--socket", str(self.sock), "bpf", "unload", "--force",
                                      "--config", str(self.config_path)), capture_output=True, timeout=60)
             if self.pin_root.exists():
                 shutil.rmtree(self.pin_root, ignore_errors=True)

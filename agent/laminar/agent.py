@@ -169,7 +169,8 @@ class Agent:
         sd_notify(f"READY=1\nSTATUS=ready; components: {', '.join(self.component_names())}\nMAINPID={os.getpid()}")
         await self._stopping.wait()
         sd_notify("STOPPING=1")
-        self.events.emit("agent", "stopping (SIGTERM); pins, programs and jobs stay in place")
+        self.events.emit("agent", "stopping; jobs stay in their cgroups"
+                         + ("; pins and programs stay in place" if self.netguard and self.netguard.maps else ""))
         await self.shutdown()
         return 0
 

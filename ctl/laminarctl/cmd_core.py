@@ -7,7 +7,7 @@ import re
 import time
 from typing import Any
 
-from .client import EXIT_USAGE, CtlError
+from .client import EXIT_USAGE, Client, CtlError
 from .output import emit, fmt, info, kv, print_json, table
 
 
@@ -114,15 +114,26 @@ def cmd_bpf_dump(args: argparse.Namespace) -> int:
 
 
 def cmd_bpf_unload(args: argparse.Namespace) -> int:
+    config = None
+    client = args.client
+    if args.config:
+        from laminar.agent import import_components
+        from laminar.config import load
+
+        import_components()  # a config may hold every component's section
+        config = load(args.config)
+        if getattr(args, "socket", None) is None:
+            # The agent this config describes, not whichever agent owns the default socket.
+            client = Client(config.agent.socket)
     try:
-        res = args.client.post("/v1/bpf/unload", {})
+        res = client.post("/v1/bpf/unload", {})
     except CtlError as e:
         if e.code != 3 or not args.force:
             raise
         from laminar.config import load
         from laminar.net.netguard import unload_offline
 
-        res = unload_offline(load(args.config))
+        res = unload_offline(config if config is not None else load(None))
     emit(res, args.output, lambda r: info(f"unloaded: {fmt(r)}"))
     return 0
 

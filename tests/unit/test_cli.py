@@ -36,3 +36,40 @@ def test_durations() -> None:
     assert parse_duration("500ms") == 0.5
     with pytest.raises(ValueError, match="'0s' must be greater than zero"):
         parse_duration("0s")
+
+
+def test_unload_with_config_talks_to_that_agent_only(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`bpf unload --force --config C` must reach the agent of C, never whichever agent owns the
+    default socket (a test's cleanup once unloaded the node's real agent that way)."""
+    import os
+    import socket
+    import threading
+
+    if os.geteuid() != 0:
+        pytest.skip("the offline unload needs root")
+    other = tmp_path / "other.sock"
+    seen: list[bytes] = []
+    srv = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    srv.bind(str(other))
+    srv.listen(1)
+    srv.settimeout(5)
+
+    def serve() -> None:
+        try:
+            conn, _ = srv.accept()
+        except OSError:
+            return
+        seen.append(conn.recv(4096))
+        conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\nConnection: close\r\n\r\n{}")
+        conn.close()
+
+    t = threading.Thread(target=serve, daemon=True)
+    t.start()
+    monkeypatch.setenv("LAMINAR_SOCKET", str(other))  # what a bare laminarctl would talk to
+    cfg = tmp_path / "c.toml"
+    cfg.write_text(f'[agent]\nstate_dir = "{tmp_path}/state"\nsocket = "{tmp_path}/mine.sock"\n'
+                   f'[bpf]\npin_root = "{tmp_path}/pins"\n[net]\nuplink = "lo"\n')
+    assert main(["bpf", "unload", "--force", "--config", str(cfg)]) == 0
+    srv.close()
+    t.join(5)
+    assert seen == []
