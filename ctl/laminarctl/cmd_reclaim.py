@@ -5,6 +5,7 @@
     laminarctl reclaim status                    # the reclaim in progress, notices heard from peers
     laminarctl migrations                        # moves of jobs off this node
     laminarctl replicas                          # checkpoints this node holds for others' jobs
+    laminarctl checkpoints                       # periodic checkpoint plan: interval, cost, next signal
 
 The agent checkpoints each job, moves it to another node of the zone and arms the kill-switch
 for the window's end (docs/migration.md). Announcing a reclaim needs root or the control group.
@@ -20,6 +21,8 @@ from .output import emit, info, kv, table
 
 MOVE_COLUMNS = [("job", "JOB"), ("phase", "PHASE"), ("ckpt", "CHECKPOINT"), ("dest", "TO NODE"),
                 ("dest_job", "AS"), ("done_bytes", "BYTES"), ("total_bytes", "OF"), ("error", "ERROR")]
+CKPT_COLUMNS = [("job", "JOB"), ("interval_s", "EVERY s"), ("cost_s", "COST s"), ("share_mbit", "Mbit/s"),
+                ("next_in_s", "NEXT IN s"), ("signals", "SIGNALS"), ("commits", "COMMITS"), ("skip", "SKIPPED")]
 REPLICA_COLUMNS = [("key", "JOB"), ("src_node", "FROM NODE"), ("ckpt", "CHECKPOINT"), ("state", "STATE"),
                    ("job_id", "RESUMED AS")]
 
@@ -51,6 +54,9 @@ def register(sub: Any, common: argparse.ArgumentParser) -> None:
     p.set_defaults(func=cmd_migrations)
     p = sub.add_parser("replicas", parents=[common], help="checkpoints this node guards for jobs of other nodes")
     p.set_defaults(func=cmd_replicas)
+    p = sub.add_parser("checkpoints", parents=[common],
+                       help="periodic checkpoint plan per job (interval from the hazard, cost, uplink share, stagger)")
+    p.set_defaults(func=cmd_checkpoints)
 
 
 def cmd_reclaim(args: argparse.Namespace) -> int:
@@ -96,4 +102,21 @@ def cmd_migrations(args: argparse.Namespace) -> int:
 
 def cmd_replicas(args: argparse.Namespace) -> int:
     emit(args.client.get("/v1/migrate/replicas"), args.output, lambda rs: table(rs, REPLICA_COLUMNS))
+    return 0
+
+
+def cmd_checkpoints(args: argparse.Namespace) -> int:
+    st = args.client.get("/v1/checkpoints")
+
+    def human(d: dict[str, Any]) -> None:
+        mtbf = d.get("mtbf_s")
+        info(f"periodic checkpoints {'on' if d.get('periodic') else 'off'}; hazard {d.get('hazard_per_h', 0):.4g}/h "
+             f"(MTBF {mtbf:.0f} s), uplink {d.get('uplink_mbit') or 0:g} Mbit/s" if mtbf is not None else "")
+        rows = []
+        for r in d.get("jobs", []):
+            nxt = r.get("next_at")
+            rows.append({**r, "next_in_s": None if nxt is None else round(max(0.0, nxt - d["now"]), 1)})
+        table(rows, CKPT_COLUMNS)
+
+    emit(st, args.output, human)
     return 0

@@ -72,6 +72,19 @@ def test_pending_checkpoint_keeps_the_slot_until_it_commits() -> None:
     assert ts[1].start_at == pytest.approx(16.0)
 
 
+def test_a_job_due_before_the_one_in_flight_still_queues_behind_it() -> None:
+    # b fell due (10.05) between a's due time (10.0) and a's signal (10.1): it still waits
+    a = track("a", 0.0, 10.0, signal_at=10.1, pending=True)
+    b = track("b", 0.05, 10.0)
+    assert cd.due_now([a, b], 10.3, 1.0, 60.0) == []
+    assert b.start_at == pytest.approx(11.3)  # a is still writing: its slot lasts until now + the gap
+
+
+def test_a_late_round_starts_one_job_only() -> None:
+    ts = [track("a", 0.0, 10.0), track("b", 0.0, 10.0), track("c", 0.0, 10.0)]
+    assert cd.due_now(ts, 15.0, 1.0, 60.0) == ["a"]
+
+
 def test_stagger_never_delays_more_than_the_max() -> None:
     ts = [track("a", 0.0, 10.0, signal_at=10.0, pending=True), track("b", 0.0, 0.5)]
     # b was due at 0.5, a in flight since 10: the cap of 2 s lets b go at 2.5 regardless

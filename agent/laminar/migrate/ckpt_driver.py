@@ -16,7 +16,8 @@ This module is the part of ``agent.migrate`` that acts on it: every ``poll_s`` i
 4. a job is *due* one interval after its newest checkpoint (whoever asked for it) or, before
    its first, after it was first seen; due jobs are ordered by :func:`ckpt_schedule.stagger`
    so that no two checkpoint at once (each occupies ``max(cost, stagger_gap_s)``, the transfer
-   too when prestaged; in-flight checkpoints count), and a job whose start has come gets its
+   too when prestaged; in-flight checkpoints count; at most one job starts per round), and the
+   job whose start has come gets its
    checkpoint signal (``agent.jobs.request_checkpoint``) and a ``migrate`` event with
    ``phase = "periodic"``, the interval and why (MTBF from the hazard, cost, bandwidth share).
 
@@ -125,33 +126,39 @@ def due_at(t: Track) -> float:
 def starts(tracks: Sequence[Track], now: float, gap_s: float, max_delay_s: float) -> dict[str, float]:
     """Start times of the driven jobs' next checkpoints, staggered with :func:`ckpt_schedule.stagger`.
 
-    A job with a checkpoint in flight (signalled, not committed; or signalled less than its
-    occupancy ago) takes part at the time it was signalled, so the others queue behind it;
-    its own entry is left out of the answer. Jobs without a plan are left out."""
+    Checkpoints in flight (signalled, not committed; or signalled less than their occupancy
+    ago) hold the path first: the others queue behind the last of them ends (a leading busy
+    entry). Jobs in flight and jobs without a plan are left out of the answer."""
     entries: list[tuple[str, float, float]] = []
     inflight: set[str] = set()
+    busy_from, busy_to = math.inf, -math.inf
     for t in tracks:
         if t.skip or t.plan is None:
             continue
         occ = t.occupancy(gap_s)
         if t.signal_at is not None and (t.pending or now - t.signal_at < occ):
             busy = max(occ, now - t.signal_at + gap_s) if t.pending else occ
-            entries.append((t.job_id, t.signal_at, busy))
+            busy_from, busy_to = min(busy_from, t.signal_at), max(busy_to, t.signal_at + busy)
             inflight.add(t.job_id)
             continue
         d = due_at(t)
         if math.isfinite(d):
             entries.append((t.job_id, d, occ))
+    if inflight:
+        first = min([busy_from, *(d for _, d, _ in entries)])
+        entries.append(("", first, busy_to - first))  # "" sorts first: it starts at `first`, ends at busy_to
     out = cs.stagger(entries, max_delay_s)
-    return {k: v for k, v in out.items() if k not in inflight}
+    return {k: v for k, v in out.items() if k and k not in inflight}
 
 
 def due_now(tracks: Sequence[Track], now: float, gap_s: float, max_delay_s: float) -> list[str]:
-    """The jobs whose staggered start has come, in start order. Sets each track's ``start_at``."""
+    """The job whose staggered start has come (at most one: when a round comes late, two
+    starts a gap apart may both have passed; the second then waits for the next round, behind
+    the first in flight), as a list. Sets each track's ``start_at``."""
     st = starts(tracks, now, gap_s, max_delay_s)
     for t in tracks:
         t.start_at = st.get(t.job_id)
-    return [j for j, s in sorted(st.items(), key=lambda kv: (kv[1], kv[0])) if s <= now]
+    return [j for j, s in sorted(st.items(), key=lambda kv: (kv[1], kv[0])) if s <= now][:1]
 
 
 def catches_signal(pid: int, signame: str) -> bool:
