@@ -171,13 +171,17 @@ def test_killswitch_counters_kill9_readopt_unload(agent: AgentProc, veth_pair: A
     wait_until(lambda: growing(receiver, "5001") and growing(receiver, "5002"), 10, "traffic after --all off")
 
     # Unload: filters, clsact and pins go; the interface is as it was; the agent stops.
-    agent.ctl("bpf", "unload")
+    res = agent.json("bpf", "unload")
+    assert res["filters_removed"] == 2 and res["clsact_removed"] is True
     assert agent.proc is not None
     agent.proc.wait(30)
     assert agent.proc.returncode == 0, agent.log()
     assert not any(agent.pin_root.glob("lm_*"))
     qdiscs = veth_pair.a.run("tc", "qdisc", "show", "dev", veth_pair.ifname_a).stdout
     assert "clsact" not in qdiscs
+    # The agent's cgroup subtree stays only where jobs still run (both senders do).
+    for job in (j1, j2):
+        assert job["cgroup"] in res["cgroups_kept_busy"]
 
 
 def test_pressure_event_names_the_jobs_cgroup(agent: AgentProc, tmp_path: Path) -> None:
@@ -214,6 +218,14 @@ def test_unprivileged_caller_may_read_but_not_flip(agent: AgentProc) -> None:
     # Nothing changed: the node-wide switch is still open and the data plane is still there.
     assert agent.json("killswitch", "status")["global"]["flags"] == []
     assert agent.json("status")["agent"]["api_refused"] >= 2
+
+
+def test_unload_removes_an_empty_cgroup_subtree(agent: AgentProc) -> None:
+    roots = [Path(m, agent.cgroup_root) for m in ("/sys/fs/cgroup/unified", "/sys/fs/cgroup/memory")]
+    assert all(r.is_dir() for r in roots)
+    res = agent.json("bpf", "unload")
+    assert res["cgroups_removed"] > 0 and res["cgroups_kept_busy"] == []
+    assert not any(r.exists() for r in roots)
 
 
 def test_bad_cli_input_against_a_running_agent(agent: AgentProc) -> None:

@@ -535,3 +535,27 @@ class CgroupTree:
         for d in sorted(self.created, key=lambda p: len(p.parts), reverse=True):
             _rmdir_retry(d)
         self.created.clear()
+
+
+def remove_empty_tree(root_name: str, hierarchy: Hierarchy | None = None) -> dict[str, list[str]]:
+    """Removes the agent's subtree ``<mount>/<root_name>`` in every hierarchy where it holds no
+    process, children first, never killing anything (``laminarctl bpf unload``, uninstall).
+
+    Returns ``{"removed": [...], "kept": [...]}``: a directory that still holds a job (rmdir
+    answers EBUSY) is kept, with its ancestors."""
+    h = hierarchy or detect()
+    out: dict[str, list[str]] = {"removed": [], "kept": []}
+    for mount in [h.unified, *h.v1.values()]:
+        top = mount / root_name
+        if not top.is_dir():
+            continue
+        dirs = sorted((p for p in top.rglob("*") if p.is_dir()), key=lambda p: len(p.parts), reverse=True)
+        for d in [*dirs, top]:
+            try:
+                d.rmdir()
+                out["removed"].append(str(d))
+            except FileNotFoundError:
+                pass
+            except OSError:
+                out["kept"].append(str(d))
+    return out

@@ -225,7 +225,7 @@ class NetGuard:
         return {"name": name, "pin": str(self.pin_root / name), "entries": entries}
 
     async def _api_unload(self, req: Request) -> dict[str, Any]:
-        res = unload(self.agent.store, self.ifindex, self.pin_root)
+        res = unload(self.agent.store, self.ifindex, self.pin_root, self.agent.config.cgroups.root)
         self.maps = {}
         if self.obj is not None:
             self.obj.close()
@@ -316,8 +316,9 @@ class NetGuard:
         return {"message": msg, "action": action, "scope": scope, "job": body.get("job"), "deadline_ns": deadline}
 
 
-def unload(store: Any, ifindex: int | None, pin_root: Path) -> dict[str, Any]:
-    """Detaches netguard, deletes clsact if the agent created it, removes the pins.
+def unload(store: Any, ifindex: int | None, pin_root: Path, cgroup_root: str | None = None) -> dict[str, Any]:
+    """Detaches netguard, deletes clsact if the agent created it, removes the pins and, when
+    `cgroup_root` is given, the agent's cgroup subtree where no job runs any more.
 
     Returns what was done. Safe to run twice (the second run finds nothing to remove)."""
     record = store.get_meta(META_KEY) or {}
@@ -342,6 +343,12 @@ def unload(store: Any, ifindex: int | None, pin_root: Path) -> dict[str, Any]:
             pin_root.rmdir()
         except OSError:
             pass
+    if cgroup_root:
+        from ..airlock.cgroups import remove_empty_tree
+
+        tree = remove_empty_tree(cgroup_root)
+        done["cgroups_removed"] = len(tree["removed"])
+        done["cgroups_kept_busy"] = tree["kept"]
     store.del_meta(META_KEY)
     return done
 
@@ -363,7 +370,7 @@ def unload_offline(config: Any) -> dict[str, Any]:
                 ifindex = nl.call(tc.ifindex_of, ifname)
             except (LookupError, OSError):
                 pass
-        return unload(store, ifindex, pin_root)
+        return unload(store, ifindex, pin_root, config.cgroups.root)
     finally:
         store.close()
 
