@@ -171,11 +171,18 @@ def ctl_as(uid: int, argv: list[str], input: str | None = None) -> subprocess.Co
     The child does not exec: the checkout may sit in a directory only root can enter (a CI
     clone under a 0700 temp dir), so everything the CLI needs is imported and warmed up here,
     as root, before the fork."""
+    from rich.cells import cell_len
+
+    from laminarctl import output
     from laminarctl.main import build_parser
     from laminarctl.main import main as ctl
 
     build_parser()
     ctl(["--socket", "/nonexistent/laminard.sock", "status"])  # warms up the error path's imports
+    # rich loads its unicode width tables lazily, on the first table it lays out: do it here.
+    cell_len("status ü 漢")
+    output.table([{"k": "ü", "v": 1.5}], ["k", "v"], title="warm-up")
+    output.kv({"k": [1], "v": None}, title="warm-up")
     out_r, out_w = os.pipe()
     err_r, err_w = os.pipe()
     in_r, in_w = os.pipe()

@@ -104,7 +104,8 @@ class Cluster:
     @contextmanager
     def create(cls, tmp: Path, zones: int = 3, per_zone: int = 3, gpus: int = 2, cpus: int = 8,
                memory_mb: int = 16_000, pools: dict[int, str] | None = None, handover_timeout_s: float = 10.0,
-               zone_extra: str = "", node_extra: dict[int, str] | None = None) -> Iterator[Cluster]:
+               zone_extra: str = "", node_extra: dict[int, str] | None = None,
+               probe_timeout_s: float = 0.2) -> Iterator[Cluster]:
         tag = secrets.token_hex(3)
         bridge = f"lmt-br-{tag}"
         subnet = f"10.{secrets.randbelow(100) + 120}.{secrets.randbelow(250) + 1}"
@@ -146,7 +147,7 @@ class Cluster:
                 zone_toml = (
                     f'[gpus]\ndeclared = {gpus}\n\n[zone]\nnode_id = {i + 1}\nport = {UDP_PORT}\n'
                     f'handover_port = {TCP_PORT}\nkeys_file = "{keys_file}"\ncpus = {cpus}\nmemory_mb = {memory_mb}\n'
-                    f'summary_interval_s = 0.3\nprobe_timeout_s = 0.2\nhandover_timeout_s = {handover_timeout_s}\n{zone_extra}\n'
+                    f'summary_interval_s = 0.3\nprobe_timeout_s = {probe_timeout_s}\nhandover_timeout_s = {handover_timeout_s}\n{zone_extra}\n'
                     f'{(node_extra or {}).get(i, "")}\n{nodes_toml}'
                 )
                 agent = ZoneAgent(tmp, ns_if, ns, extra_toml=zone_toml, node=f"z{1 + i // per_zone}n{i + 1}")

@@ -58,7 +58,9 @@ def test_idle_inference_nodes_take_training_on_loan_and_reclaim_returns_the_chea
     loan = "[loan]\nelastic_interval_s = 0\nckpt_wait_s = 5\nstop_grace_s = 1\n"
     c = make_cluster(zones=1, per_zone=5, gpus=1, pools={0: "training", 1: "training", 2: "inference",
                                                          3: "inference", 4: "inference"},
-                     node_extra={i: loan for i in range(5)})
+                     node_extra={i: loan for i in range(5)},
+                     # which pool answers first must not decide the test on a loaded 2-core machine
+                     probe_timeout_s=1.0)
     c.nodes[4].ctl("pool", "load", "0.9")  # node 5 serves inference: no loans
     assert c.nodes[4].json("pool")["loanable"] is False
     assert c.nodes[2].json("pool")["loanable"] is True
