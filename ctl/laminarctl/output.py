@@ -10,7 +10,8 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-_console = Console(highlight=False, soft_wrap=True)
+# Piped output (scripts, logs, less) is not squeezed to 80 columns: tables keep whole values.
+_console = Console(highlight=False, soft_wrap=True, width=None if sys.stdout.isatty() else 200)
 _err = Console(stderr=True, highlight=False)
 
 
