@@ -188,3 +188,36 @@ def test_load_keys_missing_file_and_missing_zone(tmp_path):
 def test_parse_keys_errors_name_the_problem(text, match):
     with pytest.raises(KeyFileError, match=match):
         parse_keys(text, "k")
+
+
+def test_probe_fast_path_accepts_exactly_what_the_general_path_accepts() -> None:
+    """The probe fast path (no _Reader) must agree with the general decoder on every body:
+    the same Probe for a good one, None (general path drops it) for a bad one."""
+    from hypothesis import given, settings
+    from hypothesis import strategies as st
+
+    def general(buf: bytes) -> wire.Body | None:
+        r = wire._Reader(buf)
+        try:
+            pid, g, c, m, lease = r.take(wire._PROBE)
+            if g > 6400:
+                return None
+            body = wire.Probe(pid, g, c, m, lease, r.text(), r.text())
+            r.done()
+        except Dropped:
+            return None
+        return body
+
+    good = wire.encode_body(wire.Probe(7, 50, 1000, 2048, 2000, "H100", "train"))
+
+    @settings(max_examples=400, deadline=None)
+    @given(st.one_of(st.binary(max_size=60),
+                     st.builds(lambda i, b: good[:i] + b, st.integers(0, len(good)), st.binary(max_size=8))))
+    def check(buf: bytes) -> None:
+        assert wire._decode_probe_fast(buf) == general(buf)
+
+    check()
+    assert wire.decode_body(wire.MsgType.PROBE, good) == wire.Probe(7, 50, 1000, 2048, 2000, "H100", "train")
+    assert wire.decode_body(wire.MsgType.RELEASE, struct.pack("!Q", 9)) == wire.Release(9)
+    with pytest.raises(Dropped):
+        wire.decode_body(wire.MsgType.RELEASE, struct.pack("!Q", 9) + b"x")
