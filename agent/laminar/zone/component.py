@@ -49,6 +49,7 @@ HANDOVER_ERROR = 3  # the node failed to start the job
 # Every job placed through the zone carries its placement id in this environment variable:
 # after an agent restart, a repeated hand-over finds the job by it (and never starts a second).
 PLACEMENT_ENV = "LM_PLACEMENT_ID"  # LAMINAR_* names are reserved by the job manager
+DEMAND_CACHE_MAX = 256  # probe shapes whose checked Demand the arbiter keeps (bounded memory)
 
 
 # --------------------------------------------------------------------------- conversions
@@ -139,6 +140,7 @@ class Arbiter:
         self._placed_version = 0
         self._base_key: tuple[int, int, int] | None = None
         self._base_cache: pl.NodeCapacity | None = None
+        self._demands: dict[tuple[int, int, int, str, str], pl.Demand] = {}
 
     @property
     def inventory(self) -> pl.NodeCapacity:
@@ -177,11 +179,19 @@ class Arbiter:
         """Answer a probe: an offer under lease (held here) or a refusal with its reason."""
         if p.placement_id in self.placed:  # a late duplicate of a placement that already ran here
             return wire.Refuse(p.placement_id, pl.RefuseReason.BUSY)
-        try:
-            demand = probe_to_demand(p)
-        except pl.PlacementError:
-            self.counts["refusals"] += 1
-            return wire.Refuse(p.placement_id, pl.RefuseReason.NO_CPU)
+        # probes come in few shapes: a checked Demand (immutable) is reused for the same shape,
+        # which spares its validation on the hot path; invalid shapes are checked every time
+        key = (p.gpus_centi, p.cpus_milli, p.memory_mb, p.gpu_model, p.pool)
+        demand = self._demands.get(key)
+        if demand is None:
+            try:
+                demand = probe_to_demand(p)
+            except pl.PlacementError:
+                self.counts["refusals"] += 1
+                return wire.Refuse(p.placement_id, pl.RefuseReason.NO_CPU)
+            if len(self._demands) >= DEMAND_CACHE_MAX:
+                self._demands.clear()
+            self._demands[key] = demand
         self.expire(now)
         base = self._base()
         lease = min(p.lease_ms / 1000, 60.0) if p.lease_ms else self.lease_s
