@@ -231,12 +231,11 @@ def residual(node: NodeCapacity, held: Iterable[Reservation], now: float) -> Nod
         cpus -= r.demand.cpus
         mem -= r.demand.memory_mb
     # on the probe path (thousands a second): the values are in range by construction, so the
-    # checks of NodeCapacity.__post_init__ are skipped
+    # checks of NodeCapacity.__post_init__ are skipped (the fields are filled in directly)
     out = object.__new__(NodeCapacity)
-    for k, v in (("node", node.node), ("zone", node.zone), ("gpu_free", node.gpu_free if gpu is None else tuple(gpu)),
-                 ("cpus", max(0.0, cpus)), ("memory_mb", max(0, mem)), ("gpu_model", node.gpu_model),
-                 ("pool", node.pool), ("draining", node.draining)):
-        object.__setattr__(out, k, v)
+    out.__dict__.update(node=node.node, zone=node.zone, gpu_free=node.gpu_free if gpu is None else tuple(gpu),
+                        cpus=max(0.0, cpus), memory_mb=max(0, mem), gpu_model=node.gpu_model, pool=node.pool,
+                        draining=node.draining)
     return out
 
 
@@ -279,7 +278,7 @@ def arbitrate(
     """
     if lease_s <= 0:
         raise PlacementError(f"arbitrate: lease_s {lease_s!r} must be > 0")
-    live = [r for r in held if r.live(now)]
+    live = [r for r in held if r.expires_at > now]  # Reservation.live(), inlined: the probe path
     for r in live:
         if r.placement_id == placement_id:
             return Offer(node.node, node.zone, node.pool, r)
