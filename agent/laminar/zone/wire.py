@@ -379,6 +379,9 @@ def encode_body(body: Body) -> bytes:
     raise TypeError(f"wire: not a message body: {body!r}")
 
 
+_new = object.__new__
+
+
 def _decode_probe_fast(buf: bytes) -> Probe | None:
     """A well-formed probe body without :class:`_Reader` (the hot path: thousands a second);
     None for anything else, which the general path then decodes or drops with its reason.
@@ -391,9 +394,13 @@ def _decode_probe_fast(buf: bytes) -> Probe | None:
     if g > 6400 or e1 >= n or e1 + 1 + buf[e1] != n:
         return None
     try:
-        return Probe(pid, g, c, m, lease, buf[_PROBE.size + 1 : e1].decode("utf-8"), buf[e1 + 1 :].decode("utf-8"))
+        model, pool = buf[_PROBE.size + 1 : e1].decode("utf-8"), buf[e1 + 1 :].decode("utf-8")
     except UnicodeDecodeError:
         return None
+    p = _new(Probe)  # Probe(...) without its frozen-dataclass __init__, as for Message
+    p.__dict__.update(placement_id=pid, gpus_centi=g, cpus_milli=c, memory_mb=m, lease_ms=lease, gpu_model=model,
+                      pool=pool)
+    return p
 
 
 def decode_body(mtype: MsgType, buf: bytes) -> Body:
@@ -593,7 +600,11 @@ class Decoder:
         body = decode_body(mt, data[HEADER_SIZE : HEADER_SIZE + blen])
         self._accept_seq(node, seq)
         self.accepted += 1
-        return Message(mt, flags, zone, node, ts_ms, seq, body)
+        # Message(...) without its frozen-dataclass __init__ (seven object.__setattr__ calls):
+        # the same object, 0.6 us less on every datagram
+        m = _new(Message)
+        m.__dict__.update(type=mt, flags=flags, zone=zone, node=node, ts_ms=ts_ms, seq=seq, body=body)
+        return m
 
     def _accept_seq(self, node: int, seq: int) -> None:
         w = self._seqs.get(node)
