@@ -343,7 +343,7 @@ def encode_body(body: Body) -> bytes:
         )
     if isinstance(body, Offer):
         out = _OFFER.pack(body.placement_id, body.lease_ms, len(body.gpu_alloc))
-        return out + b"".join(_BB.pack(i, c) for i, c in body.gpu_alloc)
+        return out + b"".join([_BB.pack(i, c) for i, c in body.gpu_alloc]) if body.gpu_alloc else out
     if isinstance(body, Refuse):
         return _REFUSE.pack(body.placement_id, body.reason)
     if isinstance(body, Commit):
@@ -506,12 +506,12 @@ class Encoder:
         if key is None:
             raise ValueError(f"wire: no key for zone {zone} ({self.keys.source})")
         payload = encode_body(body)
+        mtype = TYPE_OF[type(body)]
         self.seq += 1
-        head = HEADER.pack(MAGIC, VERSION, TYPE_OF[type(body)], flags, 0, zone, self.node, int(now * 1000), self.seq, len(payload))
-        data = head + payload
+        data = HEADER.pack(MAGIC, VERSION, mtype, flags, 0, zone, self.node, int(now * 1000), self.seq, len(payload)) + payload
         limit = max_size if max_size is not None else self.max_size
         if len(data) + MAC_SIZE > limit:
-            raise ValueError(f"wire: {TYPE_OF[type(body)].name} message of {len(data) + MAC_SIZE} bytes exceeds {limit}")
+            raise ValueError(f"wire: {mtype.name} message of {len(data) + MAC_SIZE} bytes exceeds {limit}")
         return data + _mac(key, data)
 
 
