@@ -51,6 +51,9 @@ def checkpoint(signum, frame):
         f.write(str(time.time()))
     os.replace(os.path.join(d, "ckpt.tmp"), os.path.join(d, "ckpt"))
 signal.signal(signal.SIGUSR1, checkpoint)
+go = os.environ.get("HOG_GO")  # a start gate: grow only once this file exists
+while go and not os.path.exists(go):
+    time.sleep(0.01)
 total, step, delay, hold, base = int(sys.argv[1]), int(sys.argv[2]), float(sys.argv[3]), float(sys.argv[4]), int(sys.argv[5])
 progress = sys.argv[6] if len(sys.argv) > 6 else ""
 def block(mib):
@@ -178,9 +181,11 @@ def set_policy(agent: AgentProc, tmp: Path, doc: dict[str, Any]) -> int:
     return int(agent.json("policy", "set", str(f))["version"])
 
 
-def submit(agent: AgentProc, name: str, job_class: str, memory: str, argv: list[str], priority: int = 50) -> dict[str, Any]:
+def submit(agent: AgentProc, name: str, job_class: str, memory: str, argv: list[str], priority: int = 50,
+           go: Path | None = None) -> dict[str, Any]:
+    gate = ["--env", f"HOG_GO={go}"] if go else []
     return agent.json("submit", "--name", name, "--class", job_class, "--memory", memory, "--priority", str(priority),
-                      "--", *argv)
+                      *gate, "--", *argv)
 
 
 def jobs(agent: AgentProc) -> dict[str, dict[str, Any]]:
@@ -223,9 +228,15 @@ def test_storm_from_transients_leaves_long_resident_running_and_untouched(make_a
     wait_until(lambda: read_progress(progress) > 0, 20, "the long-resident job to hold its memory and work")
 
     with FrozenWatch(lr["cgroup"]) as watch:
-        # 150 + 3 x 300 MiB against a 512 MiB budget: without Airlock somebody dies.
-        ts = [submit(agent, f"t{i}", "transient", "400M", hog(script, 300, step=20, delay=0.02), priority=10 + i)
-              for i in range(3)]
+        # 150 + 3 x 300 MiB against a 512 MiB budget: without Airlock somebody dies. The three
+        # start together (a gate file): a job started while its class is already at its cap may
+        # fail to exec for want of memory, which is not what this test is about.
+        go = tmp_path / "go"
+        ts = [submit(agent, f"t{i}", "transient", "400M", hog(script, 300, step=20, delay=0.02), priority=10 + i,
+                     go=go) for i in range(3)]
+        wait_until(lambda: all(jobs(agent)[t["id"]]["state"] == "running" for t in ts), 20, "the transients to start")
+        time.sleep(0.5)  # their interpreters are up and waiting at the gate
+        go.touch()
         wait_until(lambda: all(jobs(agent)[t["id"]]["state"] in ("suspended", "reclaimed") for t in ts), 40,
                    "every transient to be suspended or reclaimed", lambda: story(agent))
         time.sleep(2.0)
