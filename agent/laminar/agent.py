@@ -53,20 +53,14 @@ COMPONENTS = [
 def import_components() -> list[tuple[str, type]]:
     """Imports every component module (each registers its config section) and returns the classes.
 
-    Runs before the config is read, so a file may hold every component's section."""
+    Runs before the config is read, so a file may hold every component's section. A component
+    that cannot be imported is an installation error: raised, never skipped."""
     out = []
     for spec in COMPONENTS:
         module, _, cls = spec.partition(":")
-        try:
-            mod = importlib.import_module(module)
-        except ModuleNotFoundError as e:
-            if e.name and module.startswith(e.name):
-                log.debug("component %s not present", spec)
-                continue
-            raise
+        mod = importlib.import_module(module)
         if not hasattr(mod, cls):
-            log.warning("component %s: module has no %s; skipped", spec, cls)
-            continue
+            raise ImportError(f"component {spec}: module {module} has no {cls} (a broken installation?)")
         out.append((spec, getattr(mod, cls)))
     return out
 
