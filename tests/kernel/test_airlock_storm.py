@@ -86,6 +86,15 @@ class Rig:
         await self.jobs.stop()
         await self.start(budget_mb)
 
+    async def close(self) -> None:
+        """Stops the components, kills and removes the test's cgroup tree, closes the store."""
+        if self.airlock:
+            await self.airlock.stop()
+        if self.jobs:
+            await self.jobs.stop()
+        CgroupTree(detect(), self.root).purge()
+        self.store.close()
+
     def actions(self, kind: str | None = None) -> list[dict[str, Any]]:
         return [e for e in self.seen if e["kind"] == "airlock" and "action" in e and (kind is None or e["action"] == kind)]
 
@@ -140,12 +149,7 @@ def test_storm_from_transients_leaves_long_resident_untouched(tmp_path: Path) ->
             for j in reclaimed:
                 assert j.work_lost_s is not None and j.work_lost_s >= 0
         finally:
-            if r.airlock:
-                await r.airlock.stop()
-            if r.jobs:
-                await r.jobs.stop()
-            CgroupTree(detect(), root).purge()
-            r.store.close()
+            await r.close()
 
     run(main())
 
@@ -170,12 +174,7 @@ def test_transient_spike_survived_by_suspension_and_recovery(tmp_path: Path) -> 
             assert alive(lr.pid)
             assert [a["job"] for a in r.actions("suspend")] == [t.id]
         finally:
-            if r.airlock:
-                await r.airlock.stop()
-            if r.jobs:
-                await r.jobs.stop()
-            CgroupTree(detect(), root).purge()
-            r.store.close()
+            await r.close()
 
     run(main())
 
@@ -200,12 +199,7 @@ def test_frozen_job_that_never_recovers_is_escalated_within_budget(tmp_path: Pat
             assert final is not None and final.work_lost_s is not None and final.work_lost_s > 0
             assert not final.cgroup.exists()
         finally:
-            if r.airlock:
-                await r.airlock.stop()
-            if r.jobs:
-                await r.jobs.stop()
-            CgroupTree(detect(), root).purge()
-            r.store.close()
+            await r.close()
 
     run(main())
 
@@ -233,11 +227,6 @@ def test_restart_during_storm_loses_no_job(tmp_path: Path) -> None:
             final = await r.jobs.stop(ts[0].id, "test over", grace_s=0.5)
             assert final is not None and final.state == "stopped" and not final.cgroup.exists()
         finally:
-            if r.airlock:
-                await r.airlock.stop()
-            if r.jobs:
-                await r.jobs.stop()
-            CgroupTree(detect(), root).purge()
-            r.store.close()
+            await r.close()
 
     run(main())
