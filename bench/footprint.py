@@ -122,7 +122,7 @@ def pct(xs: list[float], q: float) -> float:
 
 def measure(quick: bool, rate: int, without_airlock: bool = False) -> dict[str, Any]:
     import psutil
-    from conftest import delete_netns, kernel_ready, make_netns, run
+    from conftest import delete_netns, kernel_ready, make_veth_pair
     from harness import ZoneAgent
 
     why = kernel_ready()
@@ -135,19 +135,8 @@ def measure(quick: bool, rate: int, without_airlock: bool = False) -> dict[str, 
     with tempfile.TemporaryDirectory(prefix="lm-fp-") as tmpd:
         tmp = Path(tmpd)
         try:
-            a = make_netns("fpa")
-            created.append(a)
-            b = make_netns("fpb")
-            created.append(b)
-            tag = secrets.token_hex(3)
-            ia, ib = f"lmt{tag}a", f"lmt{tag}b"
-            run("ip", "link", "add", ia, "netns", a.name, "type", "veth", "peer", "name", ib, "netns", b.name)
-            octet = secrets.randbelow(200) + 20
-            addr_a, addr_b = f"10.78.{octet}.1", f"10.78.{octet}.2"
-            a.run("ip", "addr", "add", f"{addr_a}/24", "dev", ia)
-            b.run("ip", "addr", "add", f"{addr_b}/24", "dev", ib)
-            a.run("ip", "link", "set", ia, "up")
-            b.run("ip", "link", "set", ib, "up")
+            pair = make_veth_pair(created, subnet="10.78", tag="fp")
+            a, b, ia, addr_a, addr_b = pair.a, pair.b, pair.ifname_a, pair.addr_a, pair.addr_b
             keys = tmp / "zone.keys"
             keys.write_text(f"1 {secrets.token_hex(32)}\n")
             os.chmod(keys, 0o600)

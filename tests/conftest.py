@@ -107,26 +107,33 @@ def delete_netns(ns: Netns) -> None:
     run("ip", "netns", "delete", ns.name, check=False)
 
 
+def make_veth_pair(created: list[Netns], subnet: str = "10.77", tag: str = "") -> VethPair:
+    """Two fresh namespaces joined by a veth, addresses SUBNET.x.1 and .2, a default route from
+    `a` through `b`. Each namespace is appended to `created` as soon as it exists, so the caller
+    deletes them (delete_netns) even when a later step fails."""
+    a = make_netns(f"{tag}a")
+    created.append(a)
+    b = make_netns(f"{tag}b")
+    created.append(b)
+    rnd = secrets.token_hex(3)
+    ia, ib = f"lmt{rnd}a", f"lmt{rnd}b"
+    run("ip", "link", "add", ia, "netns", a.name, "type", "veth", "peer", "name", ib, "netns", b.name)
+    octet = secrets.randbelow(200) + 20
+    addr_a, addr_b = f"{subnet}.{octet}.1", f"{subnet}.{octet}.2"
+    a.run("ip", "addr", "add", f"{addr_a}/24", "dev", ia)
+    b.run("ip", "addr", "add", f"{addr_b}/24", "dev", ib)
+    a.run("ip", "link", "set", ia, "up")
+    b.run("ip", "link", "set", ib, "up")
+    a.run("ip", "route", "add", "default", "via", addr_b)
+    return VethPair(a, b, ia, ib, addr_a, addr_b)
+
+
 @pytest.fixture
 def veth_pair() -> Iterator[VethPair]:
     """A veth pair across two fresh namespaces; both namespaces are deleted afterwards."""
     created: list[Netns] = []
     try:
-        a = make_netns("a")
-        created.append(a)
-        b = make_netns("b")
-        created.append(b)
-        tag = secrets.token_hex(3)
-        ia, ib = f"lmt{tag}a", f"lmt{tag}b"
-        run("ip", "link", "add", ia, "netns", a.name, "type", "veth", "peer", "name", ib, "netns", b.name)
-        octet = secrets.randbelow(200) + 20
-        addr_a, addr_b = f"10.77.{octet}.1", f"10.77.{octet}.2"
-        a.run("ip", "addr", "add", f"{addr_a}/24", "dev", ia)
-        b.run("ip", "addr", "add", f"{addr_b}/24", "dev", ib)
-        a.run("ip", "link", "set", ia, "up")
-        b.run("ip", "link", "set", ib, "up")
-        a.run("ip", "route", "add", "default", "via", addr_b)
-        yield VethPair(a, b, ia, ib, addr_a, addr_b)
+        yield make_veth_pair(created)
     finally:
         for ns in created:
             delete_netns(ns)
