@@ -25,8 +25,9 @@ Model:
   (the reclaim notice lets them checkpoint: no work lost, ``restart_s`` paid). **Slurm
   preempt-and-requeue** (``requeue``): idle servers first, then by index; jobs on returned
   servers are killed and requeued from the start (all progress lost).
-- **Elastic scaling** (``laminar``, ``bestfit``): every ``elastic_tick_s``, when no job waits,
-  the idle whole GPUs go to elastic jobs by :func:`laminar.zone.elastic.allocate_elastic`;
+- **Elastic scaling** (``laminar``, ``bestfit``): every ``elastic_tick_s``, after the queue's
+  pass (jobs that still wait did not fit), the idle whole GPUs go to elastic jobs by
+  :func:`laminar.zone.elastic.allocate_elastic`;
   the extra workers are placed by the same placement policy. Extra workers are opportunistic:
   a queued job that does not fit sheds extra workers on a node where that makes it fit.
 - **Checkpoints** every ``checkpoint_interval_s`` of a job's run (the migration issue's
@@ -505,8 +506,10 @@ class Simulator:
     # ------------------------------------------------------------------ elastic
 
     def _rebalance_elastic(self) -> None:
-        if self.queue:
-            return
+        # Second phase of a pass (as Lyra/Aryl: queued jobs first, then the GPUs left over go to
+        # elastic jobs by the knapsack). Jobs still queued did not fit even after shedding extra
+        # workers, so growing into the leftovers takes nothing from them: extras stay
+        # opportunistic and are shed the moment a queued job fits by shedding them.
         usable = self._usable()
         free = sum(n.idle_gpus() for n in usable)
         if free <= 0:
@@ -573,41 +576,33 @@ class Simulator:
             for n in cands[:k]:  # nothing was loaned: idle servers go straight back
                 self._set_serving(n, True)
             return
-        names = [str(n.idx) for n in cands]
         if self.policy.loaning == "index":
             chosen = sorted(cands, key=lambda n: (bool(n.workers), n.idx))[:k]
             self._return_requeue(chosen)
             return
-        loaned_jobs = []
+        # The servers' reports, as the agents answer a reclaim's query (LOAN_ANSWER), and the
+        # same pure decision the agent runs on them (loaning.plan_from_reports).
         cand_set = {n.idx for n in cands}
-        seen: set[str] = set()
+        reports: dict[str, dict[str, Any]] = {}
+        rows: dict[str, dict[str, Any]] = {}
         for n in cands:
+            here: dict[str, int] = {}
             for rec in n.workers.values():
-                jid = rec[0]
-                if jid in seen:
-                    continue
-                seen.add(jid)
-                j = self.jobs[jid]
-                self._sync(j)
-                on: dict[str, int] = {}
-                for w in j.workers:
-                    ni = self.worker_node[w]
-                    if ni in cand_set:
-                        on[str(ni)] = on.get(str(ni), 0) + 1
-                since_ckpt = (self.now - j.run_start) % self.cfg.checkpoint_interval_s
-                loaned_jobs.append(
-                    L.LoanedJob(
-                        jid,
-                        workers=len(j.workers),
-                        min_workers=j.spec.workers,
-                        gpus_per_worker=j.spec.worker_gpus,
-                        weight=L.job_weight(j.spec.gpus, since_ckpt, self.cfg.restart_s),
-                        servers=on,
-                    )
-                )
+                here[rec[0]] = here.get(rec[0], 0) + 1
+            jobs = []
+            for jid in sorted(here):
+                if jid not in rows:
+                    j = self.jobs[jid]
+                    self._sync(j)
+                    since_ckpt = (self.now - j.run_start) % self.cfg.checkpoint_interval_s
+                    rows[jid] = {"id": jid, "workers": len(j.workers), "min": j.spec.workers,
+                                 "gpw": j.spec.worker_gpus,
+                                 "weight": L.job_weight(j.spec.gpus, since_ckpt, self.cfg.restart_s)}
+                jobs.append({**rows[jid], "here": here[jid]})
+            reports[str(n.idx)] = {"loanable": True, "returned": False, "free_gpus": n.idle_gpus(), "jobs": jobs}
         usable_rest = [n for n in self._usable() if n.idx not in cand_set]
         free_elsewhere = float(sum(n.idle_gpus() for n in usable_rest))
-        plan = L.plan_return(loaned_jobs, names, k, free_gpus_elsewhere=free_elsewhere, exact_limit=0)
+        plan = L.plan_from_reports(reports, k, free_gpus_elsewhere=free_elsewhere, exact_limit=0)
         returned = {int(s) for s in plan.servers}
         self.res.servers_returned += len(returned)
         for i in returned:

@@ -141,29 +141,29 @@ def job_row(job: Any, now: float, restart_s: float) -> dict[str, Any]:
 
 
 def on_loan(state: dict[str, Any]) -> bool:
-    """A server's answer says it is on loan: not returned, and loanable or holding lent jobs
-    (a busy server with none is serving its pool, not lent)."""
-    return not state.get("returned") and bool(state.get("loanable") or state.get("jobs"))
+    """A server's answer says it is on loan (:func:`laminar.zone.loaning.on_loan`)."""
+    return ln.on_loan(state)
 
 
 def plan_from_answers(answers: dict[int, dict[str, Any]], k: int) -> tuple[ln.ReturnPlan, dict[str, tuple[int, str]]]:
-    """The return plan for ``k`` of the servers that answered (node -> state). Candidates are
-    the servers on loan: not returned, and loanable or holding lent jobs. Returns the plan (server names are node ids as strings) and
-    {plan job id: (node, job id on that node)}. Raises LoanError when k is out of range."""
-    cands = sorted(n for n, a in answers.items() if on_loan(a))
-    if not 0 < k <= len(cands):
-        raise LoanError(f"cannot return {k} server(s): {len(cands)} loaned server(s) of the pool answered "
-                        f"({', '.join(map(str, cands)) or 'none'})")
-    jobs: list[ln.LoanedJob] = []
+    """The return plan for ``k`` of the servers that answered (node -> state), by the policy
+    the simulator runs too (:func:`laminar.zone.loaning.plan_from_reports`). Job ids are local
+    to a node, so each row is keyed ``n<node>-<id>``; the free GPUs the servers report decide
+    migrate vs requeue. Returns the plan (server names are node ids as strings) and {plan job
+    id: (node, job id on that node)}. Raises LoanError when k is out of range."""
+    reports: dict[str, dict[str, Any]] = {}
     where: dict[str, tuple[int, str]] = {}
-    for n in cands:
-        for j in answers[n].get("jobs", []):
+    for n, a in answers.items():
+        rows = []
+        for j in a.get("jobs", []) or []:
             key = f"n{n}-{j['id']}"
             where[key] = (n, str(j["id"]))
-            w = int(j["workers"])
-            jobs.append(ln.LoanedJob(key, w, min(w, max(1, int(j["min"]))), float(j["gpw"]), float(j["weight"]),
-                                     {str(n): w}))
-    plan = ln.plan_return(jobs, [str(n) for n in cands], k, free_gpus_elsewhere=0.0)
+            rows.append({**j, "id": key})
+        reports[str(n)] = {**a, "jobs": rows}
+    try:
+        plan = ln.plan_from_reports(reports, k)
+    except ValueError as e:
+        raise LoanError(str(e).removeprefix("loaning: ")) from None
     return plan, where
 
 
@@ -388,7 +388,7 @@ class LoanManager:
         actions = []
         for a in plan.actions:
             node, job_id = where[a.job_id]
-            action = "requeue" if a.action == "migrate" else a.action
+            action = a.action
             by_server[node][job_id] = action
             actions.append({"node": node, "job": job_id, "action": action, "workers_removed": a.workers_removed})
         cand_cost = {n: ln.preemption_cost(
@@ -427,11 +427,13 @@ class LoanManager:
         done: dict[str, str] = {}
         for job in self.lent_jobs():
             action = str(asked.get(job.id, "requeue"))
-            if action not in ("requeue", "scale_in"):
+            if action not in ("requeue", "scale_in", "migrate"):
                 action = "requeue"
-            # one job runs on one node here: shedding this server's workers leaves none, so a
-            # planned scale-in (a job with workers elsewhere) is carried out as a requeue too
-            done[job.id] = "requeue"
+            # One job runs on one node here: shedding this server's workers leaves none, so a
+            # planned scale-in is carried out as a requeue. "migrate" (free GPUs elsewhere) and
+            # "requeue" take the same path: checkpoint, stop, place again at once through the
+            # zone (the plan only predicts whether that finds room without waiting).
+            done[job.id] = "migrate" if action == "migrate" else "requeue"
             self.requeues[job.id] = {"job": job.id, "phase": "checkpointing", "planned": action,
                                      "plan": req.get("plan", ""), "by": sender, "since": time.time()}
             self._spawn(self._requeue(job, str(req.get("plan", ""))))

@@ -40,7 +40,7 @@ import itertools
 import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Any, Literal
 
 EXACT_LIMIT = 2000
 """Largest number of k-subsets :func:`choose_servers_to_return` searches exhaustively."""
@@ -209,17 +209,22 @@ def plan_return(
     k: int,
     free_gpus_elsewhere: float = 0.0,
     exact_limit: int = EXACT_LIMIT,
+    free_gpus_by_server: Mapping[str, float] | None = None,
 ) -> ReturnPlan:
     """Choose k servers (as :func:`choose_servers_to_return`) and what each affected job does.
 
-    A job keeping at least ``min_workers`` scales in. A stopped job migrates when its full set
-    of workers fits in the GPUs still free elsewhere (``free_gpus_elsewhere``, handed out to the
-    heaviest stopped jobs first, as a bound: the caller's placement has the final word) and
-    otherwise checkpoints and requeues.
+    A job keeping at least ``min_workers`` scales in. A stopped job migrates when its floor of
+    workers fits in the GPUs still free elsewhere and otherwise checkpoints and requeues:
+    moving now costs a restart, requeuing costs the same restart plus a wait, so a move pays
+    whenever a destination is free. "Free elsewhere" is ``free_gpus_elsewhere`` plus the free
+    GPUs of the servers in ``free_gpus_by_server`` that are *not* returned; it is handed out to
+    the heaviest stopped jobs first, as a bound (the caller's placement has the final word).
     """
     job_list = list(jobs)
     servers = choose_servers_to_return(job_list, candidates, k, exact_limit)
     ret = set(servers)
+    if free_gpus_by_server:
+        free_gpus_elsewhere += sum(max(0.0, float(f)) for s, f in free_gpus_by_server.items() if s not in ret)
     actions: list[JobAction] = []
     stopped: list[tuple[LoanedJob, int]] = []
     for j in job_list:
@@ -239,3 +244,63 @@ def plan_return(
         else:
             actions.append(JobAction(j.job_id, "requeue", taken, need))
     return ReturnPlan(servers, preemption_cost(job_list, servers), actions)
+
+
+def on_loan(report: Mapping[str, Any]) -> bool:
+    """A server's report says it is on loan: not returned, and loanable or holding lent jobs
+    (a busy server with none is serving its pool, not lent)."""
+    return not report.get("returned") and bool(report.get("loanable") or report.get("jobs"))
+
+
+def loaned_jobs(reports: Mapping[str, Mapping[str, Any]]) -> list[LoanedJob]:
+    """The :class:`LoanedJob` rows of servers' reports (see :func:`plan_from_reports`).
+
+    A job reported by several servers (workers on each) is one row whose ``servers`` maps
+    each to its ``here`` count; its total, floor, GPUs per worker and weight come from its
+    first report. Raises ValueError (naming the server and job) on a malformed row.
+    """
+    rows: dict[str, dict[str, Any]] = {}
+    for server in sorted(reports):
+        for j in reports[server].get("jobs", []) or []:
+            try:
+                jid = str(j["id"])
+                total = int(j["workers"])
+                here = int(j.get("here", total))
+                row = rows.setdefault(jid, {"workers": total, "min": min(total, max(1, int(j.get("min", total)))),
+                                            "gpw": float(j["gpw"]), "weight": float(j["weight"]), "servers": {}})
+            except (KeyError, TypeError, ValueError) as e:
+                raise ValueError(f"loaning: server {server}: bad job row {j!r}: {e}") from None
+            if here > 0:
+                row["servers"][server] = row["servers"].get(server, 0) + here
+    return [LoanedJob(jid, r["workers"], r["min"], r["gpw"], r["weight"], r["servers"]) for jid, r in rows.items()]
+
+
+def plan_from_reports(
+    reports: Mapping[str, Mapping[str, Any]],
+    k: int,
+    free_gpus_elsewhere: float = 0.0,
+    exact_limit: int = EXACT_LIMIT,
+) -> ReturnPlan:
+    """The return plan for ``k`` servers from the servers' own reports (server -> report).
+
+    This is the whole decision of a reclaim, shared by the agent (reports are the
+    ``LOAN_ANSWER`` bodies) and the simulator (reports built from its state)::
+
+        {"returned": bool, "loanable": bool, "free_gpus": float,
+         "jobs": [{"id": str, "workers": int, "min": int, "gpw": float, "weight": float,
+                   "here": int}]}
+
+    ``workers`` is a job's total, ``here`` its workers on this server (default: all),
+    ``min`` its floor (an elastic job above it scales in rather than stops). Candidates are
+    the servers on loan (:func:`on_loan`); the free GPUs of loanable reported servers that are
+    not returned (plus ``free_gpus_elsewhere``) decide migrate vs requeue (:func:`plan_return`).
+    Raises ValueError when k is not in 1..candidates.
+    """
+    cands = sorted(s for s, r in reports.items() if on_loan(r))
+    if not 0 < k <= len(cands):
+        raise ValueError(f"loaning: cannot return {k} server(s): {len(cands)} loaned server(s) reported "
+                         f"({', '.join(cands) or 'none'})")
+    # Only a server that takes loans can host a moved job (a busy one's idle GPUs serve its pool).
+    free = {s: float(r.get("free_gpus", 0.0) or 0.0) for s, r in reports.items()
+            if r.get("loanable") and not r.get("returned")}
+    return plan_return(loaned_jobs(reports), cands, k, free_gpus_elsewhere, exact_limit, free_gpus_by_server=free)
