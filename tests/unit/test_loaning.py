@@ -7,6 +7,7 @@ import random
 
 import pytest
 
+from laminar.zone import loaning as L
 from laminar.zone.loaning import (
     LoanedJob,
     choose_servers_to_return,
@@ -100,3 +101,39 @@ def test_bad_input_is_named() -> None:
         LoanedJob("x", workers=1, min_workers=2, gpus_per_worker=1, weight=1)
     with pytest.raises(ValueError, match="duplicate job id 'x'"):
         choose_servers_to_return([LoanedJob("x", 1, 1, 1, 1), LoanedJob("x", 1, 1, 1, 1)], ["a"], 1)
+
+
+def test_plan_from_reports_merges_a_job_across_servers_and_scales_it_in() -> None:
+    # job "e" runs 3 workers (floor 1): 1 on s1, 1 on s2, 1 on a training node (not reported)
+    reports = {
+        "s1": {"loanable": True, "free_gpus": 0, "jobs": [
+            {"id": "e", "workers": 3, "min": 1, "gpw": 1, "weight": 50.0, "here": 1}]},
+        "s2": {"loanable": True, "free_gpus": 0, "jobs": [
+            {"id": "e", "workers": 3, "min": 1, "gpw": 1, "weight": 50.0, "here": 1},
+            {"id": "r", "workers": 1, "min": 1, "gpw": 1, "weight": 10.0}]},
+    }
+    jobs = {j.job_id: j for j in L.loaned_jobs(reports)}
+    assert jobs["e"].servers == {"s1": 1, "s2": 1} and jobs["e"].workers == 3
+    plan = L.plan_from_reports(reports, 1)
+    assert plan.servers == ["s1"] and plan.cost == 0.0  # e sheds one worker, nothing stops
+    assert [(a.job_id, a.action, a.workers_removed) for a in plan.actions] == [("e", "scale_in", 1)]
+    plan2 = L.plan_from_reports(reports, 2)
+    assert plan2.cost == 10.0  # e keeps 1 worker (its floor); r stops
+    assert {a.job_id: a.action for a in plan2.actions} == {"e": "scale_in", "r": "requeue"}
+
+
+def test_plan_from_reports_migrates_when_a_loanable_server_has_room() -> None:
+    reports = {
+        "s1": {"loanable": True, "free_gpus": 0, "jobs": [{"id": "a", "workers": 1, "min": 1, "gpw": 2, "weight": 9.0}]},
+        "s2": {"loanable": True, "free_gpus": 1, "jobs": [{"id": "b", "workers": 1, "min": 1, "gpw": 1, "weight": 99.0}]},
+        "busy": {"loanable": False, "free_gpus": 8, "jobs": []},  # serving its pool: not a destination
+    }
+    plan = L.plan_from_reports(reports, 1)
+    assert plan.servers == ["s1"]
+    assert [(a.job_id, a.action) for a in plan.actions] == [("a", "requeue")]  # 2 GPUs needed, 1 free
+    plan = L.plan_from_reports(reports, 1, free_gpus_elsewhere=1.0)
+    assert [(a.job_id, a.action, a.gpus_to_place) for a in plan.actions] == [("a", "migrate", 2.0)]
+    with pytest.raises(ValueError, match="cannot return 3 server"):
+        L.plan_from_reports(reports, 3)
+    with pytest.raises(ValueError, match="server s9: bad job row"):
+        L.loaned_jobs({"s9": {"jobs": [{"id": "x"}]}})
