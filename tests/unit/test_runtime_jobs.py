@@ -1,11 +1,14 @@
-"""Job specs, sizes, signals, GPU choice and cgroup hierarchy detection (no privileges)."""
+"""Job specs, sizes, signals, GPU choice, cgroup hierarchy detection and admission by class
+capacity (no privileges)."""
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
 
+from laminar.airlock import admission, policy
 from laminar.airlock.cgroups import CgroupError, detect
 from laminar.runtime import gpus
 from laminar.runtime.jobs import JobError, JobSpec, parse_gpus, parse_memory_mb, parse_signal
@@ -84,3 +87,63 @@ def test_detect_hybrid_and_v2(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -
         detect(f"cgroup2 {u} cgroup2 rw 0 0\n")
     with pytest.raises(CgroupError, match="no cgroup2 mount"):
         detect("proc /proc proc rw 0 0\n")
+
+
+# -- admission by class capacity (airlock.admission: pure) ------------------------------------------
+
+def _q(jid: str, num: int, cls: str = "transient", prio: int = 50, mb: int | None = 100) -> admission.Queued:
+    return admission.Queued(jid, num, cls, prio, mb)
+
+
+def test_admission_room_is_cap_minus_member_limits_and_the_queue_is_fifo_by_priority() -> None:
+    lim = admission.Limits({"transient": 512})
+    # 400 MiB of members: room 112. FIFO within a class, priority first; the head blocks.
+    start, waits = admission.plan([_q("a", 1, mb=100), _q("b", 2, mb=200), _q("c", 3, prio=90, mb=300)],
+                                  {"transient": 400}, lim)
+    assert start == [] and list(admission.queue_order([_q("a", 1), _q("c", 3, prio=90)]))[0].id == "c"
+    assert (waits["c"].position, waits["a"].position, waits["b"].position) == (1, 2, 3)
+    assert waits["c"].reason("transient") == ("waiting for class transient: needs 300 MiB, 112 MiB free under "
+                                              "its cap of 512 MiB")
+    assert "1 job(s) ahead" in waits["a"].reason("transient")
+    # Room 312: c (300) starts; a (100) does not fit the 12 left and blocks b.
+    start, waits = admission.plan([_q("a", 1), _q("b", 2, mb=200), _q("c", 3, prio=90, mb=300)], {"transient": 200}, lim)
+    assert start == ["c"] and set(waits) == {"a", "b"}
+    # Room for all: they start in queue order.
+    start, _ = admission.plan([_q("b", 2, mb=200), _q("a", 1), _q("c", 3, prio=90)], {}, lim)
+    assert start == ["c", "a", "b"]
+
+
+def test_admission_without_a_cap_starts_everything_and_classes_are_independent() -> None:
+    lim = admission.Limits({"standard": 100})
+    start, waits = admission.plan([_q("t", 1, "transient", mb=10_000), _q("s", 2, "standard", mb=60)],
+                                  {"standard": 50}, lim)
+    assert start == ["t"] and waits["s"].free_mb == 50
+    assert admission.plan([_q("t", 1, mb=None)], {}, admission.NO_LIMITS)[0] == ["t"]
+
+
+def test_admission_charges_and_never_fits() -> None:
+    assert admission.charge_mb(200, 512) == 200
+    assert admission.charge_mb(None, 512) == 512  # no limit: may use the whole cap
+    assert admission.charge_mb(None, None) == 0
+    assert admission.never_fits(600, 512) and not admission.never_fits(512, 512) and not admission.never_fits(None, 512)
+    assert not admission.never_fits(10 ** 6, None)
+    # A job queued before the cap was lowered under it waits without blocking the others.
+    start, waits = admission.plan([_q("big", 1, mb=600), _q("small", 2, mb=100)], {}, admission.Limits({"transient": 512}))
+    assert start == ["small"] and waits["big"].never and "raise the cap" in waits["big"].reason("transient")
+    assert admission.class_caps({"transient": 1024, "standard": 300}, {"transient": 512, "long-resident": 64}) == \
+        {"transient": 512, "standard": 300, "long-resident": 64}
+
+
+def test_policy_admission_keys_are_validated_by_name() -> None:
+    p = policy.validate({"class_caps_mb": {"transient": 512}, "job_default_mb": {"transient": 128}})
+    assert p["class_caps_mb"] == {"transient": 512} and p["job_default_mb"] == {"transient": 128}
+    assert policy.validate({})["class_caps_mb"] == {}
+    for doc, needle in [({"class_caps_mb": {"gold": 1}}, "unknown class 'gold' in class_caps_mb"),
+                        ({"class_caps_mb": {"transient": 0}}, "class_caps_mb.transient 0"),
+                        ({"class_caps_mb": {"transient": "1G"}}, "expected MiB as an integer"),
+                        ({"job_default_mb": {"standard": True}}, "job_default_mb.standard True"),
+                        ({"class_caps_mb": 5}, "class_caps_mb must be a table"),
+                        ({"class_caps_mb": {"transient": 100}, "job_default_mb": {"transient": 200}},
+                         "job_default_mb.transient 200 exceeds class_caps_mb.transient 100")]:
+        with pytest.raises(policy.PolicyError, match=re.escape(needle)):
+            policy.validate(doc)

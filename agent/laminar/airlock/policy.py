@@ -30,7 +30,11 @@ The defaults, with the reasons for their values::
       "protected": ["long-resident"],   # classes the ladder never acts on
       "readdress": true,                # try re-addressing before reclaiming (needs a checkpoint)
       "work_weight_per_hour": 1.0,      # survival value grows with work at risk ...
-      "memory_weight_per_gib": 0.5      # ... and falls with the memory a job would free
+      "memory_weight_per_gib": 0.5,     # ... and falls with the memory a job would free
+      "class_caps_mb": {},              # admission caps per class (airlock.admission), e.g.
+                                        # {transient = 2048}; with [airlock] class_budget_mb the
+                                        # smaller holds. Raising one starts queued jobs at once
+      "job_default_mb": {}              # memory limit of a job submitted without one, per class
     }
 """
 
@@ -55,6 +59,8 @@ DEFAULT: dict[str, Any] = {
     "readdress": True,
     "work_weight_per_hour": 1.0,
     "memory_weight_per_gib": 0.5,
+    "class_caps_mb": {},
+    "job_default_mb": {},
 }
 
 SCHEMA = [
@@ -72,6 +78,13 @@ class PolicyError(ValueError):
     def __init__(self, problems: list[str]) -> None:
         super().__init__("\n".join(problems))
         self.problems = problems
+
+
+MIB_MAX = 1 << 30  # 1 PiB in MiB: anything larger is a typo
+
+
+def _int(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
 
 
 def _num(v: Any) -> bool:
@@ -97,7 +110,7 @@ def validate(doc: Any) -> dict[str, Any]:
     unknown = sorted(set(doc) - set(DEFAULT))
     for k in unknown:
         problems.append(f"policy: unknown key {k!r}; allowed: {', '.join(sorted(DEFAULT))}")
-    for section in ("thresholds", "hysteresis", "rungs", "class_weights"):
+    for section in ("thresholds", "hysteresis", "rungs", "class_weights", "class_caps_mb", "job_default_mb"):
         if section in doc and not isinstance(doc[section], dict):
             problems.append(f"policy: {section} must be a table, got {doc[section]!r}")
     if problems:
@@ -154,6 +167,17 @@ def validate(doc: Any) -> dict[str, Any]:
     for key in ("work_weight_per_hour", "memory_weight_per_gib"):
         if not _num(p[key]) or not 0 <= p[key] <= 1e6:
             problems.append(f"policy: {key} {p[key]!r} out of range 0..1e6")
+    for key in ("class_caps_mb", "job_default_mb"):
+        for cls, mb in p[key].items():
+            if cls not in CLASSES:
+                problems.append(f"policy: unknown class {cls!r} in {key}; allowed: {', '.join(CLASSES)}")
+            elif isinstance(mb, bool) or not isinstance(mb, int) or not 1 <= mb <= MIB_MAX:
+                problems.append(f"policy: {key}.{cls} {mb!r}: expected MiB as an integer 1..{MIB_MAX}")
+    for cls, mb in p["job_default_mb"].items():
+        cap = p["class_caps_mb"].get(cls)
+        if _int(mb) and _int(cap) and mb > cap:
+            problems.append(f"policy: job_default_mb.{cls} {mb} exceeds class_caps_mb.{cls} {cap}: "
+                            "a job given that default could never start")
     if problems:
         raise PolicyError(problems)
     return p
