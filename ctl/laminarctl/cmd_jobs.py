@@ -9,6 +9,13 @@
 
 Any local user may submit (the job runs with the caller's uid and gid) and stop their own
 jobs; stopping another user's job needs root or the agent's control group.
+
+A job whose class has no room under its memory cap is accepted in state ``queued`` and starts
+by itself once room frees (docs/airlock.md, "Admission"): ``submit`` says so and exits 0,
+``jobs`` and ``job show`` give the reason (``waiting for class transient: needs 400 MiB,
+112 MiB free under its cap of 512 MiB``), and ``job stop`` takes it out of the queue. A job
+whose limit exceeds its class's cap could never start: ``submit`` refuses it (exit 1), naming
+the limit and the cap.
 """
 
 from __future__ import annotations
@@ -64,7 +71,7 @@ def register(sub: Any, common: argparse.ArgumentParser) -> None:
     p.set_defaults(func=cmd_submit)
 
     p = sub.add_parser("jobs", parents=[common], help="list jobs on this node")
-    p.add_argument("--active", action="store_true", help="only running or suspended jobs")
+    p.add_argument("--active", action="store_true", help="only jobs that have not ended (queued, running, suspended)")
     p.set_defaults(func=cmd_jobs)
 
     job = sub.add_parser("job", parents=[common], help="one job: show, stop")
@@ -124,10 +131,16 @@ def _row(j: dict[str, Any]) -> dict[str, Any]:
             "rung": _rung(j)}
 
 
+def _submitted(j: dict[str, Any]) -> None:
+    if j.get("state") == "queued":
+        info(f"{j['id']} queued: {j.get('reason') or 'waiting for room in its class'}")
+    else:
+        info(f"{j['id']} started (pid {j['pid']}, cgroup {j['cgroup']}, log {j['log']})")
+
+
 def cmd_submit(args: argparse.Namespace) -> int:
     job = args.client.post("/v1/jobs", build_spec(args))
-    emit(job, args.output, lambda j: info(f"{j['id']} started (pid {j['pid']}, cgroup {j['cgroup']}, "
-                                          f"log {j['log']})"))
+    emit(job, args.output, _submitted)
     return 0
 
 
@@ -160,7 +173,7 @@ def _follow(args: argparse.Namespace) -> int:
         job = args.client.get(f"/v1/jobs/{args.id}")
         mv = _move(args)
         moving = mv is not None and mv.get("phase") not in ("done", "failed")
-        return job, mv, job.get("state") in ("running", "suspended") or moving
+        return job, mv, job.get("state") in ("queued", "running", "suspended") or moving
 
     if args.output == "json":
         last = None

@@ -38,7 +38,7 @@ from pathlib import Path
 from typing import Any
 
 from ..config import Field, register_section
-from . import ladder
+from . import admission, ladder
 from .cgroups import CgroupError, CgroupTree, read_memory_limit, read_memory_usage
 from .policy import Policy, PolicyError, PolicyStore, parse
 from .signals import PriPoller, PsiTrigger, V1Eventfd, mem_available, psi_window, read_psi
@@ -175,6 +175,10 @@ class Airlock:
         self.store.ensure_schema("airlock_rungs", RUNG_SCHEMA)
         self._apply_budget()
         self._restore_rungs()
+        # Admission by class capacity: the job runtime asks us for the caps in force (and starts
+        # what fits at once, e.g. jobs left queued by the previous process).
+        if hasattr(self.jobs, "set_admission"):
+            self.jobs.set_admission(self.admission_limits)
         self._open_sources()
         if self.events is not None and hasattr(self.events, "subscribe"):
             self._unsub = self.events.subscribe(self._on_event)
@@ -663,13 +667,24 @@ class Airlock:
         new = self.policies.set(doc, uid)
         self.policy = new
         self._emit(f"airlock: policy v{new.version} in force", policy_version=new.version, uid=uid)
+        if hasattr(self.jobs, "admit"):
+            self.jobs.admit()  # a raised cap starts queued jobs now
         return new
+
+    def admission_limits(self) -> admission.Limits:
+        """The class caps and per-job defaults in force (`airlock.admission`): the config's
+        ``class_budget_mb`` and the policy's ``class_caps_mb`` (the smaller), the policy's
+        ``job_default_mb``."""
+        doc = self.policy.doc if self.policy is not None else {}
+        return admission.Limits(admission.class_caps(self.class_budget_mb, doc.get("class_caps_mb")),
+                                dict(doc.get("job_default_mb") or {}))
 
     def status(self) -> dict[str, Any]:
         r = sorted(self.reactions_ms)
         return {"level": ladder.LEVEL_NAMES[self.level], "policy_version": self.policy.version if self.policy else None,
                 "budget_mb": self.budget_mb, "usage": self.usage() if self.tree else None, "psi": self.psi_note,
                 "class_caps_mb": {c: v >> 20 for c, v in self._caps.items()},
+                "admission": self.admission_limits().as_dict(),
                 "sources": self.sources,
                 "rungs": {k: {"rung": v[0], "for_s": round(time.monotonic() - v[1], 2), "hops": v[2]}
                           for k, v in self.rungs.items()},

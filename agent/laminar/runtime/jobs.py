@@ -44,10 +44,12 @@ import shutil
 import signal
 import subprocess
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ..airlock import admission
 from ..airlock.cgroups import LIFECYCLE_CLASSES, CgroupError, CgroupTree, Hierarchy, JobCgroup, detect
 from . import gpus as gpumod
 
@@ -61,7 +63,11 @@ STOP_GRACE_S = 5.0  # SIGTERM -> cgroup.kill
 ADOPT_POLL_S = 0.5
 
 ACTIVE_STATES = ("running", "suspended")
-STATES = ("running", "suspended", "exited", "stopped", "reclaimed", "failed", "lost", "readdressed", "requeued", "migrated")
+# A queued job has no cgroup and no process yet: it waits for room under its class's cap
+# (`airlock.admission`). Queued, running and suspended jobs are the ones that have not ended.
+QUEUED = "queued"
+LIVE_STATES = (QUEUED, *ACTIVE_STATES)
+STATES = ("queued", "running", "suspended", "exited", "stopped", "reclaimed", "failed", "lost", "readdressed", "requeued", "migrated")
 
 SCHEMA = [
     """CREATE TABLE IF NOT EXISTS jobs (
@@ -80,6 +86,8 @@ SCHEMA = [
         reason TEXT,
         work_lost_s REAL)""",
 ]
+# Columns added after the first release, with their types (added to an existing table at start).
+LATER_COLUMNS = {"started": "REAL"}
 
 # The pre-exec step: join every cgroup (exit 127 naming the file if one refuses), set
 # oom_score_adj (best effort), then exec the command. $0 is "laminar-job".
@@ -94,6 +102,10 @@ _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([KMGT]?)(i?B?)?\s*$", re.IGNORECASE)
 
 class JobError(ValueError):
     """A job request that cannot be done; the message names the value and what is allowed."""
+
+
+class AdmissionError(JobError):
+    """A job that could never start on this node: its memory limit exceeds its class's cap."""
 
 
 def parse_memory_mb(value: Any) -> int | None:
@@ -256,10 +268,18 @@ class Job:
     ckpt_dir: Path | None = None
     log_path: Path | None = None
     adopted: bool = False
+    started: float | None = None  # when its process started (None while queued)
+    wait: admission.Wait | None = None  # why it is queued (in memory; its reason says the same)
 
     @property
     def active(self) -> bool:
+        """Running or suspended: it has a cgroup and processes."""
         return self.state in ACTIVE_STATES
+
+    @property
+    def live(self) -> bool:
+        """Not ended: queued, running or suspended."""
+        return self.state in LIVE_STATES
 
     @property
     def pids(self) -> list[int]:
@@ -281,7 +301,9 @@ class Job:
     def work_at_risk_s(self, now: float | None = None) -> float:
         """Seconds of work since the last checkpoint (or since the start): what a kill loses."""
         now = time.time() if now is None else now
-        base = max(self.created, self.last_checkpoint() or 0.0)
+        if self.state == QUEUED:
+            return 0.0
+        base = max(self.started or self.created, self.last_checkpoint() or 0.0)
         return max(0.0, now - base)
 
     def as_dict(self) -> dict[str, Any]:
@@ -293,8 +315,11 @@ class Job:
             "exit_code": self.exit_code, "reason": self.reason, "work_lost_s": self.work_lost_s,
             "ckpt_dir": str(self.ckpt_dir) if self.ckpt_dir else None,
             "log": str(self.log_path) if self.log_path else None, "adopted": self.adopted,
-            "spec": self.spec.as_dict(),
+            "started": self.started, "spec": self.spec.as_dict(),
         }
+        if self.state == QUEUED and self.wait is not None:
+            out["queue"] = {"position": self.wait.position, "needs_mb": self.wait.need_mb,
+                            "free_mb": self.wait.free_mb, "cap_mb": self.wait.cap_mb, "never": self.wait.never}
         if self.active:
             try:
                 out["pids"] = self.cgroup.pids()
@@ -344,6 +369,10 @@ class JobManager:
         self._tasks: set[asyncio.Task[Any]] = set()
         self._exit_waiters: dict[str, asyncio.Event] = {}
         self.loop: asyncio.AbstractEventLoop | None = None
+        # Admission by class capacity: the caps come from Airlock (`set_admission`). Inside an
+        # agent, queued jobs wait until Airlock has said which caps hold; a JobManager used on
+        # its own (tests) has no caps unless given some.
+        self._limits_fn: Callable[[], admission.Limits] | None = None
 
     # -- component life ----------------------------------------------------------------------
     async def start(self, agent: Any) -> None:
@@ -374,6 +403,11 @@ class JobManager:
             (self.state_dir / sub).mkdir(parents=True, exist_ok=True)
             os.chmod(self.state_dir / sub, 0o755)
         self.store.ensure_schema("jobs", SCHEMA)
+        have = {r[1] for r in self.store.db.execute("PRAGMA table_info(jobs)").fetchall()}
+        for col, typ in LATER_COLUMNS.items():
+            if col not in have:
+                with self.store.tx() as db:
+                    db.execute(f"ALTER TABLE jobs ADD COLUMN {col} {typ}")
         self._emit("job", f"jobs: {self.hierarchy.describe()}; GPUs: {self.inventory.source} "
                    f"{self.inventory.indices} {self.inventory.note}".rstrip(),
                    cgroups=self.hierarchy.mode, gpus=self.inventory.as_dict())
@@ -418,13 +452,82 @@ class JobManager:
         return sorted(out.values(), key=lambda j: j.num)
 
     def active(self) -> builtins.list[Job]:
+        """Running and suspended jobs (those with processes); queued ones are not active."""
         return [j for j in self.jobs.values() if j.active]
+
+    def queued(self) -> builtins.list[Job]:
+        """Queued jobs, in the order they would start within their class."""
+        return sorted((j for j in self.jobs.values() if j.state == QUEUED), key=lambda j: (-j.spec.priority, j.num))
+
+    # -- admission -------------------------------------------------------------------------------
+    def set_admission(self, limits_fn: Callable[[], admission.Limits] | None, *, admit: bool = True) -> None:
+        """Airlock's hook: `limits_fn` returns the class caps and per-job defaults in force.
+        Then starts the queued jobs that fit (`admit`)."""
+        self._limits_fn = limits_fn
+        if admit:
+            self.admit()
+
+    def limits(self) -> admission.Limits | None:
+        """The caps in force; None while an agent's Airlock has not said (queue held)."""
+        if self._limits_fn is not None:
+            return self._limits_fn()
+        return None if self.agent is not None else admission.NO_LIMITS
+
+    def charged_mb(self, limits: admission.Limits) -> dict[str, int]:
+        """Per class: the sum of its member jobs' charges (every started job whose cgroup is
+        not gone yet, also while it is being stopped or reclaimed)."""
+        out: dict[str, int] = {}
+        for j in self.jobs.values():
+            if j.state != QUEUED:
+                c = j.spec.job_class
+                out[c] = out.get(c, 0) + admission.charge_mb(j.spec.memory_mb, limits.cap(c))
+        return out
+
+    def admit(self, submitted: str | None = None) -> None:
+        """Start the queued jobs that fit now (`airlock.admission.plan`), record why the others
+        wait. Synchronous (no await between deciding and starting), so two passes never race.
+        A job that fails to start is recorded as failed; for `submitted` (the job the caller
+        is submitting) the error is raised instead, as from `submit`."""
+        if self.tree is None:
+            return
+        limits = self.limits()
+        if limits is None:
+            return
+        queue = [admission.Queued(j.id, j.num, j.spec.job_class, j.spec.priority, j.spec.memory_mb)
+                 for j in self.jobs.values() if j.state == QUEUED]
+        if not queue:
+            return
+        start, waits = admission.plan(queue, self.charged_mb(limits), limits)
+        error: BaseException | None = None
+        for jid in start:
+            job = self.jobs[jid]
+            try:
+                self._start(job)
+            except BaseException as e:
+                if jid == submitted:
+                    error = e
+                else:
+                    log.warning("job %s: start from the queue failed: %s", jid, e)
+        for jid, w in waits.items():
+            job = self.jobs[jid]
+            reason = w.reason(job.spec.job_class)
+            job.wait = w
+            if reason != job.reason:
+                job.reason = reason
+                self._persist(job)
+        if error is not None:
+            raise error
 
     # -- submit --------------------------------------------------------------------------------
     async def submit(self, spec: JobSpec, owner_uid: int = 0, owner_gid: int = 0) -> Job:
-        """Start `spec` as a job owned by (owner_uid, owner_gid). Raises JobError for a bad
-        request (cwd missing, GPUs unavailable, command not found) and CgroupError when the
-        cgroups cannot be made; nothing is left behind on failure."""
+        """Submit `spec` as a job owned by (owner_uid, owner_gid) and start it if its class has
+        room (`airlock.admission`); else it is returned in state ``queued`` (no pid, no cgroup
+        yet, cgroup_id 0; its reason says what it waits for) and starts by itself once room
+        frees. Raises AdmissionError when its memory limit exceeds its class's cap (it could
+        never start), JobError for a bad request (cwd missing, GPUs unavailable, command not
+        found) and CgroupError when the cgroups of a job starting now cannot be made; nothing
+        is left behind on failure. A job given no memory limit gets its class's default
+        (policy ``job_default_mb``) where one is set."""
         assert self.tree is not None and self.state_dir is not None and self.inventory is not None
         spec.validate()
         if spec.cwd is not None and not Path(spec.cwd).is_dir():
@@ -432,22 +535,60 @@ class JobManager:
         exe = spec.command[0]
         if "/" not in exe and shutil.which(exe, path=spec.env.get("PATH", os.environ.get("PATH"))) is None:
             raise JobError(f"command {exe!r}: not found in PATH")
+        limits = self.limits()
+        if limits is not None:
+            cap = limits.cap(spec.job_class)
+            default = limits.job_default_mb.get(spec.job_class)
+            if spec.memory_mb is None and default:
+                spec.memory_mb = default
+            if admission.never_fits(spec.memory_mb, cap):
+                raise AdmissionError(f"memory {spec.memory_mb} MiB: more than the {spec.job_class} class's cap of "
+                                     f"{cap} MiB, so the job could never start on this node; ask for at most {cap}M "
+                                     f"(--memory), or raise the cap (policy class_caps_mb, [airlock] class_budget_mb)")
         used = [g for j in self.active() for g in j.gpus]
         try:
-            gpus = gpumod.allocate(self.inventory, used, spec.gpus)
+            gpumod.allocate(self.inventory, used, spec.gpus)
         except ValueError as e:
             raise JobError(str(e)) from None
 
         with self.store.tx() as db:
             num = int(db.execute("SELECT COALESCE(MAX(num), 0) + 1 FROM jobs").fetchone()[0])
             job_id = f"job-{num}"
+            created = time.time()
             db.execute("INSERT INTO jobs(id, num, spec, state, owner_uid, owner_gid, gpus, created) "
-                       "VALUES(?, ?, ?, 'starting', ?, ?, ?, ?)",
-                       (job_id, num, json.dumps(spec.as_dict()), owner_uid, owner_gid, json.dumps(gpus), time.time()))
-        cg = self.tree.job(spec.job_class, job_id)
-        ckpt = self.state_dir / "ckpt" / job_id
-        logp = self.state_dir / "logs" / f"{job_id}.log"
+                       "VALUES(?, ?, ?, 'queued', ?, ?, '[]', ?)",
+                       (job_id, num, json.dumps(spec.as_dict()), owner_uid, owner_gid, created))
+        job = Job(id=job_id, num=num, spec=spec, cgroup=self.tree.job(spec.job_class, job_id), cgroup_id=0,
+                  state=QUEUED, owner_uid=owner_uid, owner_gid=owner_gid, created=created,
+                  ckpt_dir=self.state_dir / "ckpt" / job_id, log_path=self.state_dir / "logs" / f"{job_id}.log")
+        self.jobs[job_id] = job
+        self.admit(submitted=job_id)  # raises what _start raised for this job (then failed, gone from memory)
+        if job.state == QUEUED:
+            if job.wait is None:  # the queue is held until Airlock says which caps hold
+                job.reason = "waiting for the agent's admission (Airlock) to start"
+                self._persist(job)
+            self._emit("job", f"job {job_id} queued: {job.reason}", job=job_id, num=num, state=QUEUED,
+                       **{"class": spec.job_class}, priority=spec.priority, memory_mb=spec.memory_mb,
+                       queue=job.as_dict().get("queue"))
+        return job
+
+    def _start(self, job: Job) -> None:
+        """Start a queued job now: GPUs, cgroups, the process, netguard, the watch. On failure
+        the job is recorded as failed and dropped from memory, and the error raised (OSError
+        from the spawn as JobError)."""
+        assert self.tree is not None
+        spec = job.spec
+        cg = job.cgroup
         try:
+            used = [g for j in self.active() for g in j.gpus]
+            try:
+                job.gpus = gpumod.allocate(self.inventory, used, spec.gpus) if self.inventory is not None else []
+            except ValueError as e:
+                raise JobError(str(e)) from None
+            # 'starting' in the store: an agent that dies from here until 'running' is recorded
+            # finds the job failed on restart, with whatever it had made removed.
+            job.state = "starting"
+            self._persist(job)
             cg.create()
             if spec.memory_mb is not None:
                 # A job over its own declared limit meets the kernel OOM killer inside its own
@@ -455,12 +596,12 @@ class JobManager:
                 high = int(spec.memory_mb * 0.9) << 20 if self.hierarchy and self.hierarchy.memory_in_v2 else None
                 cg.set_memory_limit(spec.memory_mb << 20, oom_kill_disable=False, high_bytes=high)
             if spec.cpus is not None and not cg.set_cpus(spec.cpus):
-                log.warning("job %s: no cpu controller on this host; cpus=%s not enforced", job_id, spec.cpus)
-            ckpt.mkdir(parents=True, exist_ok=True)
-            if owner_uid:
-                os.chown(ckpt, owner_uid, owner_gid)
-            job = Job(id=job_id, num=num, spec=spec, cgroup=cg, cgroup_id=cg.cgroup_id, owner_uid=owner_uid,
-                      owner_gid=owner_gid, gpus=gpus, ckpt_dir=ckpt, log_path=logp)
+                log.warning("job %s: no cpu controller on this host; cpus=%s not enforced", job.id, spec.cpus)
+            assert job.ckpt_dir is not None
+            job.ckpt_dir.mkdir(parents=True, exist_ok=True)
+            if job.owner_uid:
+                os.chown(job.ckpt_dir, job.owner_uid, job.owner_gid)
+            job.cgroup_id = cg.cgroup_id
             proc = self._spawn(job)
         except BaseException as e:
             try:
@@ -471,25 +612,31 @@ class JobManager:
                 cg.remove()
             except CgroupError:
                 pass
-            with self.store.tx() as db:
-                db.execute("UPDATE jobs SET state='failed', reason=?, ended=? WHERE id=?", (f"start failed: {e}", time.time(), job_id))
+            job.state, job.reason, job.ended, job.wait = "failed", f"start failed: {e}", time.time(), None
+            self._persist(job)
+            self.jobs.pop(job.id, None)
+            self._emit("job", f"job {job.id} failed: {job.reason}", job=job.id, state=job.state)
             if isinstance(e, OSError):
                 raise JobError(f"command {spec.command[0]!r}: {e.strerror or e}") from None
             raise
+        waited = time.time() - job.created
         job.pid = proc.pid
-        self._popen[job_id] = proc
-        self.jobs[job_id] = job
+        job.state = "running"
+        job.started = time.time()
+        job.wait = None
+        job.reason = ""
+        self._popen[job.id] = proc
         self._persist(job)
         if self.netguard is not None:
             try:
                 self.netguard.register_job(job.cgroup_id, job.num, spec.lent)
             except Exception as e:  # the job runs; its traffic is just not identified
-                log.warning("job %s: netguard.register_job failed: %s", job_id, e)
+                log.warning("job %s: netguard.register_job failed: %s", job.id, e)
         self._watch(job)
-        self._emit("job", f"job {job_id} started: {' '.join(spec.command)[:200]}", job=job_id, num=num,
+        after = f" after {waited:.1f} s queued" if waited >= 0.5 else ""
+        self._emit("job", f"job {job.id} started{after}: {' '.join(spec.command)[:200]}", job=job.id, num=job.num,
                    pid=proc.pid, cgroup_id=job.cgroup_id, **{"class": spec.job_class}, priority=spec.priority,
-                   memory_mb=spec.memory_mb, gpus=gpus)
-        return job
+                   memory_mb=spec.memory_mb, gpus=job.gpus, queued_s=round(waited, 3))
 
     def _spawn(self, job: Job) -> subprocess.Popen[bytes]:
         spec = job.spec
@@ -578,7 +725,10 @@ class JobManager:
             if code == 126 and job.reason == "exit code 126":
                 # The shell could not exec the command; with an empty log that is most often
                 # ENOMEM at a full memory limit (exec's kernel charges are not held like faults).
-                job.reason += " (the command could not be executed; see its log, and whether its class was at its memory limit)"
+                # A class with a cap admits only what fits (airlock.admission), so this is a
+                # class without one, overcommitted up to Airlock's usage-based cap.
+                job.reason += (" (the command could not be executed; see its log, and whether its class was at its "
+                               "memory limit: give the class a cap, policy class_caps_mb, so jobs queue instead)")
         job.exit_code = code
         job.ended = time.time()
         await self._teardown(job)
@@ -589,6 +739,7 @@ class JobManager:
         ev = self._exit_waiters.pop(job_id, None)
         if ev is not None:
             ev.set()
+        self.admit()  # its charge is gone with its cgroup: room for the queue
 
     async def _teardown(self, job: Job) -> None:
         """Kill what is left in the cgroup, wait for it to empty, remove it, unregister."""
@@ -649,6 +800,18 @@ class JobManager:
         job = self.get(job_id)
         if job is None:
             raise JobError(f"no job {job_id!r} (see `laminarctl jobs`)")
+        if job.state == QUEUED and job.id in self.jobs:
+            # Never started: nothing to signal or remove; it leaves the queue.
+            job.state, job.reason, job.ended, job.wait = state, reason, time.time(), None
+            job.work_lost_s = 0.0
+            self._persist(job)
+            self.jobs.pop(job.id, None)
+            self._emit("job", f"job {job.id} {state} while queued: {reason}", job=job.id, state=state)
+            ev = self._exit_waiters.pop(job.id, None)
+            if ev is not None:
+                ev.set()
+            self.admit()  # the head of a queue may have left
+            return job
         if not job.active or job.id not in self.jobs:
             raise JobError(f"job {job.id} is not running (state {job.state})")
         grace = self.stop_grace_s if grace_s is None else grace_s
@@ -685,9 +848,10 @@ class JobManager:
     # -- store -----------------------------------------------------------------------------------
     def _persist(self, job: Job) -> None:
         with self.store.tx() as db:
-            db.execute("UPDATE jobs SET state=?, pid=?, cgroup_id=?, ended=?, exit_code=?, reason=?, work_lost_s=? "
-                       "WHERE id=?", (job.state, job.pid, job.cgroup_id, job.ended, job.exit_code, job.reason,
-                                      job.work_lost_s, job.id))
+            db.execute("UPDATE jobs SET state=?, pid=?, cgroup_id=?, ended=?, exit_code=?, reason=?, work_lost_s=?, "
+                       "gpus=?, started=? WHERE id=?",
+                       (job.state, job.pid, job.cgroup_id, job.ended, job.exit_code, job.reason, job.work_lost_s,
+                        json.dumps(job.gpus), job.started, job.id))
 
     def _from_row(self, row: Any) -> Job:
         spec_d = json.loads(row["spec"])
@@ -699,13 +863,21 @@ class JobManager:
                    state=row["state"], pid=row["pid"], owner_uid=row["owner_uid"], owner_gid=row["owner_gid"],
                    gpus=json.loads(row["gpus"]), created=row["created"], ended=row["ended"],
                    exit_code=row["exit_code"], reason=row["reason"] or "", work_lost_s=row["work_lost_s"],
+                   started=row["started"],
                    ckpt_dir=self.state_dir / "ckpt" / row["id"], log_path=self.state_dir / "logs" / f"{row['id']}.log")
 
     def _adopt_all(self) -> None:
-        """Re-adopt stored active jobs whose cgroups still hold processes; mark the rest lost."""
-        rows = self.store.db.execute("SELECT * FROM jobs WHERE state IN ('running', 'suspended', 'starting')").fetchall()
+        """Re-adopt stored active jobs whose cgroups still hold processes; mark the rest lost.
+        Queued jobs stay queued, in their order (they start once Airlock gives the caps)."""
+        rows = self.store.db.execute("SELECT * FROM jobs WHERE state IN ('queued', 'running', 'suspended', 'starting') "
+                                     "ORDER BY num").fetchall()
         for row in rows:
             job = self._from_row(row)
+            if job.state == QUEUED:
+                self.jobs[job.id] = job
+                self._emit("job", f"job {job.id} still queued after the restart: {job.reason}", job=job.id,
+                           state=QUEUED)
+                continue
             if job.state != "starting" and job.cgroup.exists() and job.cgroup.populated():
                 job.adopted = True
                 # The frozen flag in the kernel is the truth about suspension.
