@@ -23,6 +23,7 @@ import pytest
 from laminar import jobkit
 from laminar.migrate import ckpt_driver as cd
 from laminar.migrate import ckpt_schedule as cs
+from laminar.migrate.evidence import NoticeOdds
 from laminar.migrate.hazard import HazardModel
 from laminar.migrate.reclaim import CONFIG_FIELDS
 
@@ -165,6 +166,8 @@ class FakeComp:
     def __init__(self, jobs: FakeJobs, **cfg: Any) -> None:
         self.s = {k: f.default for k, f in CONFIG_FIELDS.items()} | cfg
         self.hazards = {"default": HazardModel("default", prior_rate_per_h=100.0)}
+        self.notice_odds = NoticeOdds(prior_announced=0.0)  # every departure unannounced: rollback share 1
+        self.exposure: list[tuple[float, float, float]] = []
         self.evacuating: set[str] = set()
         self.reclaim: dict[str, Any] | None = None
         self.events = FakeEvents()
@@ -172,6 +175,13 @@ class FakeComp:
 
     def _emit(self, message: str, **f: Any) -> None:
         self.events.emit("migrate", message, **f)
+
+    def observe_exposure(self, t0: float, t1: float, nodes: float = 1.0) -> None:
+        self.exposure.append((t0, t1, nodes))
+        self.hazards["default"].observe_exposure(t0, t1, nodes)
+
+    def exposed_nodes(self) -> float:
+        return 1.0
 
 
 @pytest.fixture

@@ -8,11 +8,14 @@ This module is the part of ``agent.migrate`` that acts on it: every ``poll_s`` i
 1. looks at each active job's checkpoint directory (jobkit's layout): a new verified
    checkpoint is a *commit*; its size is the planning size of the next one, and the time from
    the signal to the commit (the manifest's mtime) is what a checkpoint costs the job;
-2. records the node's exposure in the hazard model (the reclaims it sees are recorded by the
-   reclaim component), so the rate learns from what this node lives through;
+2. records the exposure of this node and its live zone peers in the hazard model (the
+   departures it sees, announced or not, are recorded by the reclaim component; both are kept
+   in the agent's store, :mod:`laminar.migrate.evidence`), so the rate learns from what the
+   zone lives through and a restart does not forget it;
 3. re-plans every job with :func:`ckpt_schedule.plan` (hazard of the ``default`` provider, the
    uplink of ``migrate.uplink_mbit``, else ``shaping.link_mbit``, else ``migrate.path_mbit``;
-   the notice window ``expected_notice_s``, 0 with ``prestage = "always"``);
+   the notice window ``expected_notice_s``, 0 with ``prestage = "always"``; the share of
+   departures without notice learned from what the agent saw, ``NoticeOdds.unannounced_frac``);
 4. a job is *due* one interval after its newest checkpoint (whoever asked for it) or, before
    its first, after it was first seen; due jobs are ordered by :func:`ckpt_schedule.stagger`
    so that no two checkpoint at once (each occupies ``max(cost, stagger_gap_s)``, the transfer
@@ -258,16 +261,16 @@ class CkptDriver:
         window = 0.0 if s["prestage"] == "always" else float(s["expected_notice_s"])
         lo = float(s["min_interval_s"])
         hi = max(lo, float(s["max_interval_s"]))
-        plans = cs.plan(jobs, self.comp.hazards["default"], now, self.link_bps, window, lo, hi)
+        plans = cs.plan(jobs, self.comp.hazards["default"], now, self.link_bps, window, lo, hi,
+                        unannounced_frac=self.comp.notice_odds.unannounced_frac)
         for t in tracks:
             t.plan = plans.get(t.job_id)
 
     def round(self, now: float | None = None) -> list[str]:
         """One look at every active job; signals the due ones. Returns the ids signalled."""
         now = time.time() if now is None else now
-        hz = self.comp.hazards["default"]
         if self.last_round is not None and now > self.last_round:
-            hz.observe_exposure(self.last_round, now)
+            self.comp.observe_exposure(self.last_round, now, self.comp.exposed_nodes())
         self.last_round = now
         jobs = {j.id: j for j in self.comp.agent.jobs.active()}
         for jid in list(self.tracks):

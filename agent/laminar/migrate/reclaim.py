@@ -84,6 +84,7 @@ from laminar.config import Field, _one_of, _range, register_section
 from laminar.migrate import ckpt_driver
 from laminar.migrate import ckpt_schedule as cs
 from laminar.migrate import destination as dst
+from laminar.migrate.evidence import EvidenceStore, NoticeOdds
 from laminar.migrate.hazard import (
     DEFAULT_PRIOR_RATE_PER_H,
     HazardError,
@@ -112,6 +113,10 @@ HOLD_MIN_S = 30.0
 # A job writes its checkpoint at its next step boundary: plan for this much until one has been seen.
 DEFAULT_CKPT_PAUSE_S = 2.0
 TRANSFER_MIN_S = 0.25  # the shortest deadline a late transfer is given
+# Exposure accrues every poll; the store is written at most this often for it (a departure is
+# written at once). A crash loses at most this much exposure, which only makes the rate a
+# little higher (the cautious side).
+EVIDENCE_SAVE_S = 60.0
 
 CONFIG_FIELDS = {
     "port": Field(int, DEFAULT_PORT, "TCP port of the checkpoint transfer endpoint (the same on every node)",
@@ -137,6 +142,8 @@ CONFIG_FIELDS = {
                             "(0: never)", _range(0, 86400)),
     "ckpt_wait_s": Field((int, float), 30.0, "how long a job gets to write its checkpoint after the signal",
                          _range(0.1, 3600)),
+    "prestage_unannounced": Field((int, float), 0.02, "prestage = auto also keeps an off-node replica while the "
+                                  "learned share of departures without notice is at least this", _range(0.0, 1.0)),
     **ckpt_driver.CONFIG_FIELDS,  # periodic checkpoints (laminar.migrate.ckpt_driver)
 }
 register_section("migrate", CONFIG_FIELDS)
@@ -246,7 +253,12 @@ class ReclaimComponent:
         self.receiver: Receiver | None = None
         self.port = 0
         self.root: Path | None = None
-        self.hazards: dict[str, HazardModel] = {}
+        self.hazards: dict[str, HazardModel] = {}  # what the agent plans with: prior (+ traces) + seen
+        self.seen: dict[str, HazardModel] = {}  # only what this agent observed (persisted)
+        self.notice_odds = NoticeOdds()  # departures with and without notice (persisted)
+        self.evidence: EvidenceStore | None = None
+        self._evidence_saved = 0.0
+        self._suspected: set[int] = set()  # peers already counted as departed without notice
         self.notices: dict[int, tuple[float, float]] = {}  # node -> (window end, wall; received, wall)
         self.reclaim: dict[str, Any] | None = None  # this node's reclaim in progress
         self.moves: dict[str, Move] = {}  # job id -> its latest move
@@ -272,13 +284,19 @@ class ReclaimComponent:
         self.s = {**{k: f.default for k, f in CONFIG_FIELDS.items()}, **agent.config.section("migrate")}
         agent.store.ensure_schema("migrate", REPLICAS_SCHEMA)
         prior = float(self.s["hazard_prior_rate_per_h"])
-        self.hazards["default"] = HazardModel("default", prior_rate_per_h=prior)
+        base = HazardModel("default", prior_rate_per_h=prior)
         if self.s["spot_traces"]:
             try:
-                m = calibrate_from_spot_traces(self.s["spot_traces"], provider="default", prior_rate_per_h=prior)
-                self.hazards["default"] = m
+                base = calibrate_from_spot_traces(self.s["spot_traces"], provider="default", prior_rate_per_h=prior)
             except (HazardError, OSError) as e:
                 raise RuntimeError(f"migrate: spot_traces {self.s['spot_traces']!r}: {e}") from None
+        # What this agent saw before a restart is evidence too: reload it on top of the prior.
+        self.evidence = EvidenceStore(agent.store)
+        seen, odds = self.evidence.load()
+        self.seen = {"default": seen.get("default") or HazardModel("default")}
+        self.notice_odds = odds.get("default") or NoticeOdds()
+        self.hazards["default"] = base.merged(self.seen["default"])
+        self._evidence_saved = time.monotonic()
         self.root = agent.config.state_dir / "xfer"
         self.receiver = Receiver(self.root, self._key_lookup, on_commit=self._on_commit, on_progress=self._on_rx_progress,
                                  on_control=self._on_control)
@@ -298,6 +316,8 @@ class ReclaimComponent:
     async def stop(self) -> None:
         if self._unsubscribe is not None:
             self._unsubscribe()
+        with contextlib.suppress(Exception):
+            self.save_evidence()
         tasks = [t for t in (self._loop_task, *self._tasks) if t is not None]
         for t in tasks:
             t.cancel()
@@ -315,6 +335,58 @@ class ReclaimComponent:
 
     def _emit(self, message: str, **fields: Any) -> None:
         self.agent.events.emit("migrate", message, **fields)
+
+    # -- evidence (hazard and notice odds, persisted in the store) -----------------------------
+
+    def observe_exposure(self, t0: float, t1: float, nodes: float = 1.0) -> None:
+        """``nodes`` nodes were up from ``t0`` to ``t1``: exposure for the hazard. Written to the
+        store at most every EVIDENCE_SAVE_S."""
+        for m in (self.hazards["default"], self.seen.setdefault("default", HazardModel("default"))):
+            m.observe_exposure(t0, t1, nodes)
+        if time.monotonic() - self._evidence_saved >= EVIDENCE_SAVE_S:
+            self.save_evidence()
+
+    def observe_departure(self, ts: float, announced: bool) -> None:
+        """A node of the zone departed at ``ts`` (this one or a peer), with or without a usable
+        notice: hazard evidence and notice odds, written to the store at once."""
+        for m in (self.hazards["default"], self.seen.setdefault("default", HazardModel("default"))):
+            m.observe_reclaim(ts)
+        self.notice_odds.observe(announced)
+        self.save_evidence()
+
+    def save_evidence(self) -> None:
+        if self.evidence is None:
+            return
+        try:
+            self.evidence.save("default", self.seen.setdefault("default", HazardModel("default")), self.notice_odds)
+            self._evidence_saved = time.monotonic()
+        except Exception as e:  # the store is the agent's; a failed write must not stop the watch
+            log.warning("migrate: saving hazard evidence failed: %s", e)
+
+    def exposed_nodes(self) -> float:
+        """Nodes whose departures this agent counts: itself and its live zone peers (their
+        reclaim notices and silences are observed here too)."""
+        z = self.zone
+        if z is None:
+            return 1.0
+        return float(1 + sum(1 for n in z.membership.by_node if n != self.node_id and n not in z.membership.suspects))
+
+    def _departure_round(self) -> None:
+        """A peer that turned suspect (silent) with no reclaim notice departed without notice;
+        counted once per silence (it counts again only after it was heard from)."""
+        z = self.zone
+        if z is None:
+            return
+        now = time.time()
+        sus = set(z.membership.suspects)
+        self._suspected &= sus
+        for n in sorted(sus - self._suspected):
+            self._suspected.add(n)
+            notice = self.notices.get(n)
+            if notice is not None and notice[1] > now - 3600:
+                continue  # announced: counted when its notice came
+            self.observe_departure(now, announced=False)
+            log.info("migrate: node %d fell silent without a reclaim notice (unannounced departure)", n)
 
     # -- zone helpers -------------------------------------------------------------------------
 
@@ -433,6 +505,8 @@ class ReclaimComponent:
             return True
         if mode == "off":
             return False
+        if self.notice_odds.unannounced_frac >= float(self.s["prestage_unannounced"]):
+            return True  # departures without notice are plausible: keep an off-node replica
         w = float(self.s["expected_notice_s"])
         link = float(self.s["path_mbit"]) * 1e6 / 8
         c = cs.CkptJob(job.id, float(self._ckpt_bytes(job)))
@@ -470,7 +544,7 @@ class ReclaimComponent:
         if z is not None:
             with contextlib.suppress(Exception):
                 told = z.reclaim_notice(notice_s, reason)
-        self.hazards["default"].observe_reclaim(now)
+        self.observe_departure(now, announced=True)
         deadline_ns = time.monotonic_ns() + int(notice_s * 1e9)
         armed = []
         ng = getattr(self.agent, "netguard", None)
@@ -794,6 +868,7 @@ class ReclaimComponent:
     async def _watch(self) -> None:
         while True:
             try:
+                self._departure_round()
                 self._prestage_round()
                 await self._guard_round()
             except Exception:
@@ -971,8 +1046,10 @@ class ReclaimComponent:
         if e.get("kind") == "zone" and "deadline_ms" in e and "node" in e:
             now = time.time()
             node = int(e["node"])
+            fresh = node not in self.notices or self.notices[node][1] < now - 3600
             self.notices[node] = (now + int(e["deadline_ms"]) / 1000, now)
-            self.hazards["default"].observe_reclaim(now)
+            if fresh:  # a repeated notice of the same reclaim is one departure
+                self.observe_departure(now, announced=True)
 
     def check_resume(self, path: str) -> str:
         """What the zone's hand-over calls before a job starts with ``resume_from``: a path

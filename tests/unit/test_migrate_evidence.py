@@ -1,0 +1,145 @@
+"""Hazard evidence and notice odds survive a restart of the migrate component (real SQLite store).
+
+The component is started twice on the same store file, as laminard does after a crash or an
+upgrade: what the first one saw (zone reclaim notices, a peer that fell silent without one,
+node-hours of exposure) must be in the second one's hazard model and notice odds.
+The zone is a stand-in (``FakeZone``: membership only, no sockets); the store, the event bus,
+the config and the transfer endpoint (on 127.0.0.1) are the agent's own.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+
+from laminar.config import Config, validate
+from laminar.events import EventBus
+from laminar.migrate.evidence import EvidenceStore, NoticeOdds
+from laminar.migrate.hazard import HazardError, HazardModel
+from laminar.migrate.reclaim import ReclaimComponent
+from laminar.store import Store
+
+
+class NoJobs:
+    def active(self) -> list[Any]:
+        return []
+
+    def list(self) -> list[Any]:
+        return []
+
+    def get(self, job_id: str) -> None:
+        return None
+
+
+class FakeZone:
+    """Only the membership view the migrate component reads (no sockets)."""
+
+    networked = True
+    node_id = 1
+    zone = 1
+
+    def __init__(self, peers: list[int]) -> None:
+        by_node = {n: SimpleNamespace(zone=1, addr="127.0.0.1", owner="") for n in [1, *peers]}
+        self.membership = SimpleNamespace(by_node=by_node, suspects=set(),
+                                          state={n: SimpleNamespace(last_seen=time.time(), last_summary=None)
+                                                 for n in by_node})
+        self.keys: dict[int, bytes] = {}
+        self.s = {"listen": "127.0.0.1"}
+
+
+def make_agent(tmp: Path) -> SimpleNamespace:
+    cfg = Config(validate({"agent": {"state_dir": str(tmp), "node": "lm-t-ev"},
+                           "migrate": {"poll_s": 60.0, "periodic": False}}))
+    store = Store(tmp / "state.db")
+    return SimpleNamespace(config=cfg, store=store, events=EventBus(store), jobs=NoJobs(), zone=None)
+
+
+def run(coro: Any) -> Any:
+    return asyncio.new_event_loop().run_until_complete(coro)
+
+
+def test_learned_hazard_and_notice_odds_survive_a_restart(tmp_path: Path) -> None:
+    async def first() -> tuple[float, float, float]:
+        agent = make_agent(tmp_path)
+        comp = ReclaimComponent()
+        await comp.start(agent)
+        try:
+            prior = comp.hazards["default"].weekly_rate_per_h()
+            now = time.time()
+            comp.observe_exposure(now - 10 * 3600, now, nodes=3.0)  # 30 node-hours watched
+            for node in (2, 3):  # two peers announce reclaims through the zone
+                agent.events.emit("zone", f"node {node} reclaimed", node=node, deadline_ms=60_000)
+            agent.events.emit("zone", "node 2 again", node=2, deadline_ms=30_000)  # the same reclaim
+            agent.zone = FakeZone([2, 3, 4])
+            agent.zone.membership.suspects.add(4)  # silent without a notice
+            comp._departure_round()
+            comp._departure_round()  # still silent: counted once
+            learned = comp.hazards["default"].weekly_rate_per_h()
+            assert comp.notice_odds.announced == 2 and comp.notice_odds.unannounced == 1
+            return prior, learned, comp.notice_odds.unannounced_frac
+        finally:
+            await comp.stop()
+            agent.store.db.close()
+
+    prior, learned, frac = run(first())
+    assert learned != pytest.approx(prior)  # the evidence moved the rate
+
+    async def second() -> ReclaimComponent:
+        agent = make_agent(tmp_path)  # a new process: a new store connection, a new component
+        comp = ReclaimComponent()
+        await comp.start(agent)
+        await comp.stop()
+        agent.store.db.close()
+        return comp
+
+    comp = run(second())
+    hz = comp.hazards["default"]
+    assert hz.total_events == pytest.approx(3.0)
+    assert hz.total_exposure_h == pytest.approx(30.0, rel=1e-6)
+    assert hz.weekly_rate_per_h() == pytest.approx(learned)
+    assert comp.notice_odds.announced == 2 and comp.notice_odds.unannounced == 1
+    assert comp.notice_odds.unannounced_frac == pytest.approx(frac)
+    # the prior still comes from the configuration, not from the store
+    assert hz.prior_rate_per_h == pytest.approx(1 / 24)
+
+
+def test_a_changed_prior_applies_to_the_stored_evidence(tmp_path: Path) -> None:
+    store = Store(tmp_path / "s.db")
+    seen = HazardModel("default")
+    seen.observe_exposure(0.0, 7200.0)
+    seen.observe_reclaim(3600.0)
+    EvidenceStore(store).save("default", seen, NoticeOdds(announced=4.0))
+    loaded, odds = EvidenceStore(store).load()
+    m = HazardModel("default", prior_rate_per_h=2.0).merged(loaded["default"])
+    assert m.total_events == 1.0 and m.total_exposure_h == pytest.approx(2.0)
+    assert m.weekly_rate_per_h() == pytest.approx((2.0 * 24 + 1) / (24 + 2))
+    assert odds["default"].unannounced_frac == pytest.approx(1 / 6)
+
+
+def test_a_corrupt_row_is_not_evidence(tmp_path: Path) -> None:
+    store = Store(tmp_path / "s.db")
+    ev = EvidenceStore(store)
+    with store.tx() as db:
+        db.execute("INSERT INTO migrate_hazard VALUES ('default', '[1, 2]', 'x', 0)")
+    seen, _ = ev.load()
+    assert "default" not in seen
+    ev.save("default", HazardModel("default"))  # overwrites it
+    assert "default" in ev.load()[0]
+
+
+def test_notice_odds_learn_the_unannounced_share() -> None:
+    o = NoticeOdds()
+    assert o.unannounced_frac == pytest.approx(0.5)  # Beta(1, 1) before any evidence
+    for _ in range(18):
+        o.observe(announced=True)
+    o.observe(announced=False)
+    assert o.unannounced_frac == pytest.approx(2 / 21)
+    with pytest.raises(HazardError, match="count"):
+        o.observe(True, -1)
+    with pytest.raises(HazardError, match="announced"):
+        NoticeOdds(announced=float("nan"))
