@@ -39,7 +39,7 @@ sys.path.insert(0, str(REPO / "agent"))
 
 from laminar.sim.allocation import PUBLISHED_130PCT, run_allocation  # noqa: E402
 from laminar.sim.cli import build_scenario  # noqa: E402
-from laminar.sim.engine import SimConfig, SimResult, simulate  # noqa: E402
+from laminar.sim.engine import SimConfig, SimResult, best_case_jct, simulate  # noqa: E402
 from laminar.sim.trace import (  # noqa: E402
     NodeSpec,
     default_data_dir,
@@ -93,16 +93,28 @@ def main() -> int:
     pols = ["laminar", "noloan"] if quick else ["laminar", "noloan", "requeue", "bestfit"]
     ob = run_pair(jobs, nodes, pols, args.seed)
     lam, nol = ob["laminar"], ob["noloan"]
+    # Headline: the GPU jobs (CPU-only pods of the GPU trace are not what a GPU scheduler is
+    # judged on; docs/simulator.md); every job's figures follow as *_all_jobs.
     res.update(
-        queuing_speedup=round(ratio(nol.avg_queue_s, lam.avg_queue_s), 3),
-        jct_speedup=round(ratio(nol.avg_jct_s, lam.avg_jct_s), 3),
+        queuing_speedup=round(ratio(nol.avg_queue_gpu_s, lam.avg_queue_gpu_s), 3),
+        jct_speedup=round(ratio(nol.avg_jct_gpu_s, lam.avg_jct_gpu_s), 3),
         usage_gain_pct=round(100 * (lam.usage - nol.usage) / nol.usage, 2),
+        # What no policy can beat on this job mix: JCT with no queue and every elastic job at
+        # its maximum from the start; usage with every GPU busy all the time.
+        jct_speedup_ceiling=round(nol.avg_jct_gpu_s / best_case_jct(jobs), 3),
+        usage_gain_ceiling_pct=round(100 * (1 - nol.usage) / nol.usage, 2),
+        queuing_speedup_all_jobs=round(ratio(nol.avg_queue_s, lam.avg_queue_s), 3),
+        jct_speedup_all_jobs=round(ratio(nol.avg_jct_s, lam.avg_jct_s), 3),
+        openb_gpu_jobs=lam.gpu_jobs,
+        openb_elastic_jobs=sum(1 for j in jobs if j.elastic),
         openb_jobs=len(jobs),
         openb_gpus=sum(n.gpus for n in nodes),
         openb_load=args.load,
     )
     for name, r in ob.items():
         res.update({
+            f"openb_{name}_avg_queue_gpu_s": round(r.avg_queue_gpu_s, 1),
+            f"openb_{name}_avg_jct_gpu_s": round(r.avg_jct_gpu_s, 1),
             f"openb_{name}_avg_queue_s": round(r.avg_queue_s, 1),
             f"openb_{name}_median_queue_s": round(r.median_queue_s, 1),
             f"openb_{name}_p99_queue_s": round(r.p99_queue_s, 1),
@@ -116,6 +128,16 @@ def main() -> int:
                openb_laminar_elastic_grants=lam.elastic_grants)
     if "requeue" in ob:
         res.update(openb_requeue_lost_gpu_h=round(ob["requeue"].lost_gpu_s / 3600, 1))
+    # Sensitivity to the scenario's elasticity (the trace has none): every whole-GPU job elastic.
+    ej, en = build_scenario(data / "openb_pod_list_default.csv", load=args.load, seed=args.seed,
+                            max_jobs=n_jobs, span_s=7 * 86_400 * n_jobs / n_all, elastic_fraction=1.0)
+    eb = run_pair(ej, en, ["laminar", "noloan"], args.seed)
+    res.update(
+        allelastic_queuing_speedup=round(ratio(eb["noloan"].avg_queue_gpu_s, eb["laminar"].avg_queue_gpu_s), 3),
+        allelastic_jct_speedup=round(ratio(eb["noloan"].avg_jct_gpu_s, eb["laminar"].avg_jct_gpu_s), 3),
+        allelastic_usage_gain_pct=round(100 * (eb["laminar"].usage - eb["noloan"].usage) / eb["noloan"].usage, 2),
+        allelastic_jct_speedup_ceiling=round(eb["noloan"].avg_jct_gpu_s / best_case_jct(ej), 3),
+    )
 
     # 2. pollux
     workloads = [1] if quick else list(range(1, 9))
@@ -194,10 +216,10 @@ def plot(path: Path, ob: dict[str, SimResult], res: dict[str, float | str], curv
     ax = axes[0]
     names = list(ob)
     x = range(len(names))
-    ax.bar([i - 0.2 for i in x], [ob[n].avg_queue_s / 3600 for n in names], 0.4, label="mean queuing (h)")
-    ax.bar([i + 0.2 for i in x], [ob[n].avg_jct_s / 3600 for n in names], 0.4, label="mean JCT (h)")
+    ax.bar([i - 0.2 for i in x], [ob[n].avg_queue_gpu_s / 3600 for n in names], 0.4, label="mean queuing, GPU jobs (h)")
+    ax.bar([i + 0.2 for i in x], [ob[n].avg_jct_gpu_s / 3600 for n in names], 0.4, label="mean JCT, GPU jobs (h)")
     ax.set_xticks(list(x), names)
-    ax.set_title(f"openb jobs, load {res['openb_load']}: queuing {res['queuing_speedup']}x, JCT {res['jct_speedup']}x")
+    ax.set_title(f"openb, load {res['openb_load']}: queuing {res['queuing_speedup']}x, JCT {res['jct_speedup']}x (ceiling {res['jct_speedup_ceiling']}x)")
     ax.legend()
     ax = axes[1]
     ax.bar(names, [100 * ob[n].usage for n in names], color="tab:green")
