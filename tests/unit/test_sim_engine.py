@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from laminar.sim.engine import SimConfig, simulate
+from laminar.sim.engine import SimConfig, best_case_jct, simulate
 from laminar.sim.trace import JobSpec, NodeSpec, read_openb_nodes, read_openb_pods
 
 PODS = """name,cpu_milli,memory_mib,num_gpu,gpu_milli,gpu_spec,qos,pod_phase,creation_time,deletion_time,scheduled_time
@@ -109,3 +109,42 @@ def test_same_seed_same_result(tiny: tuple[list[JobSpec], list[NodeSpec]]) -> No
     b = simulate(jobs, nodes, "laminar", SimConfig(seed=7)).summary()
     a.pop("wall_s"), b.pop("wall_s")
     assert a == b
+
+
+def test_elastic_growth_leaves_the_queued_demand_alone() -> None:
+    """A 4-GPU node: e (1 GPU, elastic to 3) and r (2 GPUs) start at 0; q (2 GPUs) arrives at
+    50 and waits (1 GPU idle). At the ticks (100, 200, ...) the idle GPU is not granted: q's
+    demand (2) exceeds it. e and r end at 1000, q starts then and ends at 1500."""
+    nodes = [NodeSpec("n0", 4, 8, 16384, "T4", "training")]
+    jobs = [JobSpec("e", 0, 1000, 1, 1.0, 1, 1024, 3), JobSpec("r", 0, 1000, 1, 2.0, 1, 1024, 1),
+            JobSpec("q", 50, 500, 1, 2.0, 1, 1024, 1)]
+    res = simulate(jobs, nodes, "laminar", SimConfig(elastic_tick_s=100, elastic_overhead=0.0))
+    assert res.elastic_grants == 0
+    assert res.jct == {"e": 1000, "r": 1000, "q": pytest.approx(1450)}
+
+
+def test_reclaim_scales_in_the_elastic_job_whose_extra_worker_is_on_the_returned_server() -> None:
+    """Training node t0 and inference server i0, 1 GPU each. The inference load is 0 at t=0
+    (i0 idle, loaned) and above 0 from the first tick (t=100): i0 is reclaimed.
+
+    e (1 worker, elastic to 2, work 1000 s, overhead 0) starts on t0 (the training pool
+    first), grows onto i0 at the elastic tick t=10, runs at 2x until 100 (190 s of work done),
+    then the return plan scales it in (its floor, 1 worker, stays on t0): 810 s left at 1x,
+    it ends at 910. Nothing is requeued."""
+    nodes = [NodeSpec("t0", 1, 8, 16384, "T4", "training"), NodeSpec("i0", 1, 8, 16384, "T4", "inference")]
+    jobs = [JobSpec("e", 0, 1000, 1, 1.0, 1, 1024, 2)]
+    cfg = SimConfig(elastic_tick_s=10, elastic_overhead=0.0, infer_tick_s=100, infer_low=0.0, infer_high=1.0,
+                    infer_noise=0.0)
+    res = simulate(jobs, nodes, "laminar", cfg)
+    assert (res.reclaims, res.servers_returned, res.scale_ins, res.requeues) == (1, 1, 1, 0)
+    assert res.jct == {"e": pytest.approx(910)}
+
+
+def test_gpu_job_figures_leave_cpu_only_jobs_out_and_the_jct_ceiling_by_hand() -> None:
+    nodes = [NodeSpec("n0", 2, 8, 16384, "T4", "training")]
+    jobs = [JobSpec("g", 0, 100, 1, 1.0, 1, 1024, 2), JobSpec("c", 0, 300, 1, 0.0, 1, 1024, 1)]
+    res = simulate(jobs, nodes, "noloan", SimConfig())
+    assert res.avg_jct_s == 200 and res.gpu_jobs == 1 and res.avg_jct_gpu_s == 100
+    # no queue, g at its 2 workers from the start: 100 x speedup(1)/speedup(2) = 50 (overhead 0)
+    assert best_case_jct(jobs, overhead=0.0) == 50
+    assert best_case_jct(jobs, overhead=0.0, gpu_only=False) == 175
