@@ -35,6 +35,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "agent"))
 
 from laminar.migrate.ckpt_schedule import CkptJob, daly_interval, hazard_interval, notice_fit, notice_schedule  # noqa: E402
 from laminar.migrate.destination import Candidate, MoveRequest, Resources, rank  # noqa: E402
+from laminar.migrate.evidence import NoticeOdds  # noqa: E402
 from laminar.migrate.hazard import HazardModel, HazardSum, SpotTrace, load_spot_trace, spot_trace_files  # noqa: E402
 
 DEFAULT_TRACE = Path(__file__).resolve().parents[2] / "shared/data/spot-traces"
@@ -53,6 +54,9 @@ class Params:
     reconfig_s: float = 30.0  # redundancy: failover / re-plan of the pipeline
     redundancy_overhead: float = 0.10  # redundancy: extra time per iteration (assumption: see baselines.md)
     abrupt_frac: float = 0.10  # departures whose notice never arrives (same for all policies)
+    orphan_after_s: float = 10.0  # Laminar: silence before a buddy resumes a job whose node left unannounced
+    prestage_unannounced: float = 0.02  # Laminar: migrate.prestage_unannounced (agent default)
+    remaining_s: float = 3600.0  # Laminar: the survival horizon the agent ranks destinations with
     rotations: int = 8  # nodes per zone: the zone's trace shifted by 1 h steps
 
 
@@ -79,11 +83,15 @@ class Node:
         return self.starts[i] if i < len(self.starts) else math.inf
 
 
+DOWN_PARTS = ("wait_capacity", "final_ckpt_write", "final_transfer", "restart", "detect", "requeue_delay", "reconfig")
+
+
 @dataclass
 class Result:
     rollback_node_s: float = 0.0
     overhead_node_s: float = 0.0
     downtime_s: float = 0.0
+    down: dict[str, float] = field(default_factory=lambda: dict.fromkeys(DOWN_PARTS, 0.0))
     reclaims: int = 0
     useful_node_s: float = 0.0
     migrations: int = 0
@@ -92,6 +100,11 @@ class Result:
     @property
     def lost_node_s(self) -> float:
         return self.rollback_node_s + self.overhead_node_s
+
+    def add_down(self, part: str, secs: float) -> None:
+        """Downtime of one kind (DOWN_PARTS); the parts add up to ``downtime_s``."""
+        self.down[part] += secs
+        self.downtime_s += secs
 
 
 def build_pool(traces: list[SpotTrace], rotations: int) -> tuple[list[Node], float, float]:
@@ -148,6 +161,16 @@ def acquire(pool: list[Node], t: float, k: int, busy: set[str], order: list[Node
 
 
 def simulate(policy: str, pool: list[Node], start: float, end: float, p: Params, seed: int) -> Result:
+    """One job of ``p.nodes_per_job`` nodes from ``start`` to ``end`` under ``policy``.
+
+    Laminar does what its agent does (laminar.migrate.reclaim): periodic checkpoints at the
+    hazard's interval with the learned share of unannounced departures; each checkpoint shipped
+    to a buddy while departures without notice are plausible (``prestage_unannounced``) or the
+    final one would not fit the window; at a notice, the jobs keep training until the
+    timetable's signal, then write the final checkpoint, freeze, move it to the best-ranked
+    free node and restart there. No free node: the move fails, the job trains on to the
+    window's end and resumes from its buddy's replica when capacity returns. Unannounced: the
+    buddy resumes the job from its newest replica after ``orphan_after_s`` of silence."""
     rng = random.Random(seed)  # the abrupt departures: same draws for every policy
     order = pool[:]
     random.Random(seed + 1).shuffle(order)
@@ -165,7 +188,7 @@ def simulate(policy: str, pool: list[Node], start: float, end: float, p: Params,
     c_sync = size / link
     tau_static = max(daly_interval(c_sync, job_mtbf), 30.0)
     abrupt_draws: dict[tuple[str, float], bool] = {}
-    seen = [1.0, 2.0]  # Laminar's own count of departures without notice: Beta(1, 1) prior
+    odds = NoticeOdds()  # what Laminar's agent learns: departures with and without notice
 
     def abrupt(node: Node, d: float) -> bool:
         k = (node.zone, round(d))
@@ -175,20 +198,21 @@ def simulate(policy: str, pool: list[Node], start: float, end: float, p: Params,
 
     job = CkptJob("j", size, p.write_gbps * 1e9)
     step = notice_schedule([job], link, p.notice_s)[0]
+    fits = notice_fit([job], link, p.notice_s)["j"]
 
     t, nodes = acquire(pool, start, S, set(), order)
-    last_durable = t  # run time at which the last off-node checkpoint became durable (as wall t)
+    last_durable = t  # wall time up to which work survives the loss of a node (off-node copy)
     degraded = 0  # redundancy: nodes missing from the pipeline
     while t < end and nodes:
         # nodes lost while the job was down (restarting, waiting) are replaced before it runs:
         # no work to lose, only more waiting
         lost = [n for n in nodes if not n.up_at(t)]
-        if lost and not (policy == "redundancy" and degraded and len(lost) == 0):
+        if lost:
             keep = [n for n in nodes if n.up_at(t)]
             t2, extra = acquire(pool, t, len(lost), {n.name for n in keep}, order)
             if not extra:
                 break
-            res.downtime_s += t2 - t
+            res.add_down("wait_capacity", t2 - t)
             nodes, t = keep + extra, t2
             last_durable = max(last_durable, t) if policy != "redundancy" else last_durable
             continue
@@ -196,14 +220,17 @@ def simulate(policy: str, pool: list[Node], start: float, end: float, p: Params,
         d_i = min(range(len(nodes)), key=lambda i: departs[i])
         d = min(departs[d_i], end)
         # -- run from t to d with periodic checkpoints --------------------------------------
+        prestaged = True
         if policy == "laminar":
             assert hz is not None
             models = hz.at(t)
             jh = HazardSum([models[n.zone] for n in nodes])
-            fits = notice_fit([CkptJob("j", size, p.write_gbps * 1e9)], link, p.notice_s)["j"]
+            # the agent's rule (ReclaimComponent._should_prestage): ship each checkpoint to a
+            # buddy when the final one would not fit, or departures without notice are plausible
+            prestaged = not fits or odds.unannounced_frac >= p.prestage_unannounced
             cost = write_s if fits else write_s + size / link
-            tau, _ = hazard_interval(cost, jh, t, rollback_frac=1.0 if not fits else seen[0] / seen[1])
-            pause, lag = cost, (size / link if fits else 0.0)  # async copy after the local write
+            tau, _ = hazard_interval(cost, jh, t, rollback_frac=1.0 if not fits else odds.unannounced_frac)
+            pause, lag = cost, (size / link if fits else 0.0)  # async copy to the buddy after the local write
         else:
             tau, pause, lag = tau_static, c_sync, 0.0
         span = max(0.0, d - t)
@@ -212,7 +239,7 @@ def simulate(policy: str, pool: list[Node], start: float, end: float, p: Params,
         res.overhead_node_s += k * pause * rate
         if policy == "redundancy":
             res.overhead_node_s += (span - k * pause) * rate * p.redundancy_overhead / (1 + p.redundancy_overhead)
-        if k > 0:
+        if k > 0 and prestaged:
             last_ck_end = t + k * (tau + pause)
             last_durable = max(last_durable, last_ck_end + lag if last_ck_end + lag <= d else last_ck_end - (tau + pause) + lag)
         res.useful_node_s += span * rate
@@ -224,83 +251,80 @@ def simulate(policy: str, pool: list[Node], start: float, end: float, p: Params,
         # -- the reclaim ----------------------------------------------------------------------
         if policy == "requeue":
             res.rollback_node_s += max(0.0, d - last_durable) * S
-            busy: set[str] = set()
-            t2, nodes = acquire(pool, d + p.requeue_delay_s, S, busy, order)
+            t1 = d + p.requeue_delay_s
+            res.add_down("requeue_delay", p.requeue_delay_s)
+            t2, nodes = acquire(pool, t1, S, set(), order)
+            res.add_down("wait_capacity", t2 - t1)
+            res.add_down("restart", p.restart_s)
             t2 += p.restart_s
-            res.downtime_s += t2 - d
             t, last_durable = t2, t2
         elif policy == "redundancy":
             neighbours_lost = degraded > 0  # a second loss before the pipeline is whole again
             if not neighbours_lost:
                 # failover: the neighbour holds the stage's layers; no rollback, re-plan the pipeline
-                res.downtime_s += p.reconfig_s
+                res.add_down("reconfig", p.reconfig_s)
                 rest = [n for n in nodes if n is not gone]
                 t2, extra = acquire(pool, d + p.reconfig_s, 1, {n.name for n in rest}, order)
                 if t2 <= d + p.reconfig_s + 1e-6:
                     nodes, degraded = rest + extra, 0
-                    res.downtime_s += 0.0
                 else:
                     nodes, degraded = rest, 1
                 t = d + p.reconfig_s
             else:
                 res.rollback_node_s += max(0.0, d - last_durable) * (S - degraded)
-                t2, nodes = acquire(pool, d + p.requeue_delay_s, S, set(), order)
+                t1 = d + p.requeue_delay_s
+                res.add_down("requeue_delay", p.requeue_delay_s)
+                t2, nodes = acquire(pool, t1, S, set(), order)
+                res.add_down("wait_capacity", t2 - t1)
+                res.add_down("restart", p.restart_s)
                 t2 += p.restart_s
-                res.downtime_s += t2 - d
                 t, last_durable, degraded = t2, t2, 0
         else:  # laminar
             assert hz is not None
-            seen[0] += 1.0 if is_abrupt else 0.0
-            seen[1] += 1.0
-            fits = step.final
             # the job keeps training until the timetable's signal, then checkpoints and moves
             notice_at = max(d - p.notice_s + step.signal_at_s, t)
             rest = [n for n in nodes if n is not gone]
-            if is_abrupt or not fits:
-                res.rollback_node_s += max(0.0, d - last_durable) * S
-                res.fallbacks += 1
-                ready = d
-                resume_from_fresh = False
-            else:
-                ready = notice_at + write_s + size / link  # final checkpoint written and moved
-                resume_from_fresh = True
-            # destination: rank the free nodes up at the time the move is planned
-            models = hz.at(notice_at if resume_from_fresh else d)
-            plan_t = notice_at if resume_from_fresh else d
             busy = {n.name for n in rest} | {gone.name}
-            cands = []
-            for n in pool:
-                iv = n.up_at(plan_t)
-                if n.name in busy or iv is None:
-                    continue
-                cands.append(Candidate(n.name, n.zone, "r0", Resources(1, 0, 0), link,
-                                       survival=models[n.zone].survival(plan_t, 4 * 3600.0)))
-            req = MoveRequest("j", Resources(1, 0, 0), size, 4 * 3600.0, p.notice_s if resume_from_fresh else None,
-                              gone.name, gone.zone, "r0")
             by_name = {n.name: n for n in pool}
-            ranked = [r for r in rank(req, cands) if r.feasible]
-            t_go = max(ready, d if not resume_from_fresh else ready) + p.restart_s
-            ranked = [r for r in ranked if by_name[r.candidate.node].up_at(t_go)]
-            dest: Node | None
-            if ranked:
-                dest = by_name[ranked[0].candidate.node]
-                t2 = t_go
-                res.migrations += 1
-            else:
-                t2, extra = acquire(pool, d, 1, busy, order)
-                dest = extra[0] if extra else None
-                t2 += p.restart_s
+            dest: Node | None = None
+            if not is_abrupt and step.final:
+                # rank the free nodes up when the move is planned; the chosen one must still be up
+                # when the job restarts there (write, transfer, restart)
+                models = hz.at(notice_at)
+                t_go = notice_at + write_s + size / link + p.restart_s
+                cands = [Candidate(n.name, n.zone, "r0", Resources(1, 0, 0), link,
+                                   survival=models[n.zone].survival(notice_at, p.remaining_s))
+                         for n in pool if n.name not in busy and n.up_at(notice_at)]
+                req = MoveRequest("j", Resources(1, 0, 0), size, p.remaining_s, p.notice_s, gone.name, gone.zone, "r0")
+                ranked = [r for r in rank(req, cands) if r.feasible and by_name[r.candidate.node].up_at(t_go)]
+                if ranked:
+                    dest = by_name[ranked[0].candidate.node]
+                    res.migrations += 1
+                    res.add_down("final_ckpt_write", write_s)
+                    res.add_down("final_transfer", size / link)
+                    res.add_down("restart", p.restart_s)
+                    res.useful_node_s -= max(0.0, d - notice_at) * S  # paused from the signal on
+                    nodes, t = rest + [dest], t_go
+                    last_durable = t
             if dest is None:
-                break
-            # the whole job pauses for the final checkpoint at the notice (or stops at d)
-            paused_from = notice_at if resume_from_fresh else d
-            res.downtime_s += t2 - paused_from
-            res.useful_node_s -= max(0.0, d - paused_from) * S  # not working during the notice pause
-            nodes = rest + [dest]
-            t = t2
-            last_durable = t2 if resume_from_fresh else min(last_durable, t2)
-            if not resume_from_fresh:
-                last_durable = t2
+                # no usable notice, or nowhere to go: the job's replica on its buddy is what is
+                # left (work since it rolls back); the buddy resumes it after the silence (no
+                # notice) or at the window's end, on the first free node up
+                res.fallbacks += 1
+                if not is_abrupt and step.final:
+                    res.add_down("final_ckpt_write", write_s)  # the agent checkpointed, then found no room
+                    res.useful_node_s -= write_s * S
+                res.rollback_node_s += max(0.0, d - last_durable) * S
+                t1 = d + (p.orphan_after_s if is_abrupt else 0.0)
+                res.add_down("detect", t1 - d)
+                t2, extra = acquire(pool, t1, 1, busy, order)
+                if not extra:
+                    break
+                res.add_down("wait_capacity", t2 - t1)
+                res.add_down("restart", p.restart_s)
+                nodes, t = rest + [extra[0]], t2 + p.restart_s
+                last_durable = t
+            odds.observe(announced=not is_abrupt)  # what the agent learns from this departure
     return res
 
 
@@ -324,6 +348,8 @@ def run(trace_root: Path, sets: list[str], scenarios: int, p: Params) -> dict[st
         out[f"{pol}_rollback_node_h"] = round(sum(r.rollback_node_s for r in rs) / 3600, 2)
         out[f"{pol}_overhead_node_h"] = round(sum(r.overhead_node_s for r in rs) / 3600, 2)
         out[f"{pol}_downtime_h"] = round(down / 3600, 2)
+        for part in DOWN_PARTS:  # where the downtime comes from (the parts add up to the total)
+            out[f"{pol}_down_{part}_h"] = round(sum(r.down[part] for r in rs) / 3600, 2)
         out[f"{pol}_reclaims"] = sum(r.reclaims for r in rs)
         out[f"{pol}_downtime_per_reclaim_median_s"] = round(
             statistics.median([r.downtime_s / max(r.reclaims, 1) for r in rs]), 1)
