@@ -166,7 +166,7 @@ class FakeComp:
     def __init__(self, jobs: FakeJobs, **cfg: Any) -> None:
         self.s = {k: f.default for k, f in CONFIG_FIELDS.items()} | cfg
         self.hazards = {"default": HazardModel("default", prior_rate_per_h=100.0)}
-        self.notice_odds = NoticeOdds(prior_announced=0.0)  # every departure unannounced: rollback share 1
+        self.notice_odds = NoticeOdds()  # no evidence: every departure unannounced, rollback share 1
         self.exposure: list[tuple[float, float, float]] = []
         self.evacuating: set[str] = set()
         self.reclaim: dict[str, Any] | None = None

@@ -118,7 +118,7 @@ def test_a_changed_prior_applies_to_the_stored_evidence(tmp_path: Path) -> None:
     m = HazardModel("default", prior_rate_per_h=2.0).merged(loaded["default"])
     assert m.total_events == 1.0 and m.total_exposure_h == pytest.approx(2.0)
     assert m.weekly_rate_per_h() == pytest.approx((2.0 * 24 + 1) / (24 + 2))
-    assert odds["default"].unannounced_frac == pytest.approx(1 / 6)
+    assert odds["default"].unannounced_frac == pytest.approx(1 / 5)
 
 
 def test_a_corrupt_row_is_not_evidence(tmp_path: Path) -> None:
@@ -134,11 +134,12 @@ def test_a_corrupt_row_is_not_evidence(tmp_path: Path) -> None:
 
 def test_notice_odds_learn_the_unannounced_share() -> None:
     o = NoticeOdds()
-    assert o.unannounced_frac == pytest.approx(0.5)  # Beta(1, 1) before any evidence
-    for _ in range(18):
+    assert o.unannounced_frac == 1.0  # before any evidence: every departure unannounced (cautious)
+    for _ in range(9):
         o.observe(announced=True)
+    assert o.unannounced_frac == pytest.approx(0.1)
     o.observe(announced=False)
-    assert o.unannounced_frac == pytest.approx(2 / 21)
+    assert o.unannounced_frac == pytest.approx(2 / 11)
     with pytest.raises(HazardError, match="count"):
         o.observe(True, -1)
     with pytest.raises(HazardError, match="announced"):

@@ -9,11 +9,14 @@ Two pieces:
 
 * :class:`NoticeOdds` (policy, pure): how many departures came with a usable notice and how
   many without (a peer that fell silent with no reclaim notice, a replica's source that died
-  unannounced), and the posterior mean share of *unannounced* departures under a Beta prior
-  (``Beta(1, 1)`` by default: 0.5 until something is seen). The checkpoint scheduler uses it
+  unannounced), and the posterior mean share of *unannounced* departures under a Beta prior.
+  The checkpoint scheduler uses it
   as ``unannounced_frac`` (how often a job whose final checkpoint fits the window still rolls
   back) and prestaging uses it (``prestage = "auto"`` keeps an off-node replica while
-  departures without notice are plausible). ``bench/workloss.py`` uses the same class.
+  departures without notice are plausible). The default prior is one unannounced departure
+  and no announced one: with no evidence every departure is assumed to come without notice
+  (the scheduler's cautious default), and each announced departure seen lowers the share
+  (after 9 announced and none silent it is 0.1). ``bench/workloss.py`` uses the same class.
 * :class:`EvidenceStore` (mechanism): the agent's own evidence in its SQLite store
   (``agent.store``; tables ``migrate_hazard`` and ``migrate_notice``, owned by the migrate
   component): per provider, the 168 hour-of-week departure counts and node-hours of exposure,
@@ -52,8 +55,9 @@ SCHEMA = [
         updated REAL NOT NULL)""",
 ]
 
-# Beta(1, 1): without evidence an unannounced departure is as likely as an announced one.
-DEFAULT_PRIOR_ANNOUNCED = 1.0
+# Without evidence, assume departures come unannounced (share 1: the cautious side); each
+# announced departure seen then lowers the share.
+DEFAULT_PRIOR_ANNOUNCED = 0.0
 DEFAULT_PRIOR_UNANNOUNCED = 1.0
 
 
