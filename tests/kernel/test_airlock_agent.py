@@ -229,8 +229,10 @@ def test_storm_from_transients_leaves_long_resident_running_and_untouched(make_a
 
     with FrozenWatch(lr["cgroup"]) as watch:
         # 150 + 3 x 300 MiB against a 512 MiB budget: without Airlock somebody dies. The three
-        # start together (a gate file): a job started while its class is already at its cap may
-        # fail to exec for want of memory, which is not what this test is about.
+        # start together (a gate file): the storm needs an uncapped, overcommitted class (with an
+        # admission cap they would queue one by one: test_admission_queue.py), and a job started
+        # while such a class sits at Airlock's usage-based cap may fail to exec for want of
+        # memory, which is not what this test is about.
         go = tmp_path / "go"
         ts = [submit(agent, f"t{i}", "transient", "400M", hog(script, 300, step=20, delay=0.02), priority=10 + i,
                      go=go) for i in range(3)]
