@@ -152,6 +152,12 @@ class Agent:
             for _spec, cls in import_components():
                 comp = cls()
                 await self._start_component(comp, getattr(comp, "agent_attr", None))
+            if self.jobs is not None and self.airlock is None:
+                # an agent built without Airlock has no class caps: the queue held for Airlock's
+                # word (runtime.jobs.limits) would otherwise never start a job
+                from .airlock.admission import NO_LIMITS
+
+                self.jobs.set_admission(lambda: NO_LIMITS)
             await self.api.start()
             self._metrics_server = serve(self.config.metrics.listen, self.metrics)
         except Exception as e:
