@@ -199,3 +199,34 @@ def test_retry_schedule_widens_then_moves_then_queues():
     assert pl.retry_schedule(RetryPolicy(), round=50)[-1] == Queue(30.0)
     with pytest.raises(PlacementError, match="d_max"):
         RetryPolicy(d=4, d_max=2)
+
+
+def test_zone_summary_hints_name_nodes_with_room_only_for_scarce_shapes():
+    rng = random.Random(5)
+    # 20 nodes: 4 have 4 idle GPUs (room for the 4-GPU shape), all have room for 1 GPU
+    nodes = [NodeCapacity(i, 1, (1.0,) * (4 if i < 4 else 1), 8, 8000) for i in range(20)]
+    s = pl.summarize_zone(1, nodes, 3.0, rng=rng, hints=3)
+    k4, k1 = pl.shape_index(4), pl.shape_index(1)
+    assert len(s.hints) == len(pl.SHAPES)
+    assert len(s.hints[k4]) == 3 and set(s.hints[k4]) <= {0, 1, 2, 3}
+    assert s.hints[k1] == ()  # every node takes one GPU: a uniform probe does, no hint needed
+    assert pl.hinted_nodes(s, Demand(gpus=4)) == s.hints[k4]
+    assert pl.hinted_nodes(s, Demand(gpus=3)) == s.hints[k4]  # counted against the next shape up
+    assert pl.hinted_nodes(s, Demand(gpus=1)) == ()
+    assert pl.summarize_zone(1, nodes).hints == ()  # without hints asked for: none
+    # a draining node, or one without CPUs left, is never hinted
+    busy = [NodeCapacity(0, 1, (1.0,) * 4, 0, 8000), NodeCapacity(1, 1, (1.0,) * 4, 8, 8000, draining=True)]
+    assert pl.summarize_zone(1, busy + nodes[4:], rng=rng, hints=3).hints[k4] == ()
+    with pytest.raises(PlacementError, match="hints 99"):
+        pl.summarize_zone(1, nodes, rng=rng, hints=99)
+
+
+def test_zone_summary_hints_are_a_uniform_sample():
+    rng = random.Random(6)
+    nodes = [NodeCapacity(i, 1, (1.0,) * (8 if i % 10 == 0 else 0), 8, 8000) for i in range(1000)]
+    seen: dict[int, int] = {}
+    for _ in range(300):
+        for n in pl.summarize_zone(1, nodes, rng=rng, hints=4).hints[pl.shape_index(8)]:
+            seen[n] = seen.get(n, 0) + 1
+    assert set(seen) <= {i for i in range(0, 1000, 10)}
+    assert len(seen) > 90  # nearly every one of the 100 eligible nodes named at some point

@@ -17,9 +17,18 @@ def small_net(nodes: int = 12, zone_size: int = 4, seed: int = 1) -> SimNet:
     return SimNet.build(nodes, zone_size, gpus_per_node=4, rng=random.Random(seed), fill=0.0)
 
 
+def _check_capacity(net: SimNet, gpus: int) -> None:
+    for node, a in net.arbiters.items():
+        used = [f for p in a.placed.values() for _, f in p.reservation.gpu_alloc]
+        assert sum(used) <= gpus + 1e-9, (node, used)
+        idx = [i for p in a.placed.values() for i, _ in p.reservation.gpu_alloc]
+        assert len(set(idx)) == len(idx)
+
+
 def test_placements_fill_the_cluster_exactly_and_never_overcommit():
     net = small_net()
     sub = net.submitter(pl.RetryPolicy(d=2, d_max=4, zones=3))
+    lease = net.arbiters[1].lease_s
     res = []
 
     async def go() -> None:
@@ -27,17 +36,39 @@ def test_placements_fill_the_cluster_exactly_and_never_overcommit():
             if i % 5 == 0:
                 net.refresh_summaries()
             res.append(await sub.place(pl.Demand(gpus=1, cpus=1, memory_mb=100), {"name": f"j{i}"}))
+            net.clock_s += lease  # one placement per lease: the unused offers have lapsed
 
     asyncio.run(go())
     placed = [r for r in res if r.outcome == "placed"]
     # 12 nodes x 4 GPUs: at most 48 jobs fit, and nearly all of them get placed
     assert 44 <= len(placed) <= 48
-    for node, a in net.arbiters.items():
-        used = [f for p in a.placed.values() for _, f in p.reservation.gpu_alloc]
-        assert sum(used) <= 4 + 1e-9, (node, used)
-        idx = [i for p in a.placed.values() for i, _ in p.reservation.gpu_alloc]
-        assert len(set(idx)) == len(idx)
-    assert not any(a.held for a in net.arbiters.values())  # every unbound offer was released
+    _check_capacity(net, 4)
+    assert net.by_type["Release"] == 0  # unused offers are not released: they lapse
+    assert not any(a.view(net.clock_s) and a.held for a in net.arbiters.values())
+
+
+def test_a_burst_within_one_lease_is_held_back_by_unused_offers_never_overcommitted():
+    # 60 placements at one instant: the unused offer of each holds its node until the lease
+    # ends, so fewer fit at once (the price of not releasing); none is over capacity, and
+    # once the leases lapse the rest fits
+    net = small_net()
+    sub = net.submitter(pl.RetryPolicy(d=2, d_max=4, zones=3))
+    res = []
+
+    async def go() -> None:
+        for i in range(60):
+            res.append(await sub.place(pl.Demand(gpus=1, cpus=1, memory_mb=100), {"name": f"j{i}"}))
+        net.clock_s += net.arbiters[1].lease_s
+        net.refresh_summaries()
+        for i in range(60):
+            res.append(await sub.place(pl.Demand(gpus=1, cpus=1, memory_mb=100), {"name": f"k{i}"}))
+            net.clock_s += net.arbiters[1].lease_s
+
+    asyncio.run(go())
+    burst = sum(r.outcome == "placed" for r in res[:60])
+    total = sum(r.outcome == "placed" for r in res)
+    assert burst < 48 and 44 <= total <= 48
+    _check_capacity(net, 4)
 
 
 def test_messages_per_placement_stay_within_bound_at_low_load():
@@ -71,8 +102,9 @@ def test_hand_over_is_idempotent_and_binds_only_live_reservations():
     assert a.bind(5, now=9.0) is p  # a repeated hand-over finds the same job
     assert a.on_probe(demand_to_probe(pl.Demand(gpus=1), 5, lease_s=1.0), now=9.0).reason == pl.RefuseReason.BUSY
     a.on_probe(demand_to_probe(pl.Demand(gpus=1), 6, lease_s=1.0), now=0.0)
-    assert a.bind(6, now=1.5) is None  # its lease ran out before the hand-over came
-    assert a.view(2.0).gpu_free == (0.0, 1.0)
+    assert isinstance(a.on_probe(demand_to_probe(pl.Demand(gpus=1), 7, lease_s=1.0), now=1.2), wire.Offer)
+    assert a.bind(6, now=1.5) is None  # its lease ran out before the hand-over came, and 7 holds the GPU
+    assert a.view(2.5).gpu_free == (0.0, 1.0)
     a.finish(5)
     assert a.view(2.0).gpu_free == (1.0, 1.0)
 
@@ -96,15 +128,48 @@ def test_silent_node_costs_a_timeout_and_placement_goes_elsewhere():
     assert dead in r.probed
 
 
-def test_offer_arriving_after_binding_is_released():
+def test_offers_not_bound_lapse_without_a_message():
     net = small_net(nodes=4, zone_size=4)
     sub = net.submitter(pl.RetryPolicy(d=4, d_max=4, zones=1, widen_steps=0))
     r = asyncio.run(sub.place(pl.Demand(gpus=1), {"name": "x"}))
     assert r.outcome == "placed"
-    # four offers came, one was bound: three releases, nothing left held anywhere
+    # four offers came, one was bound: no release is sent, the other three hold until the lease ends
+    assert net.by_type["Release"] == 0 and net.messages == 2 * 4 + 2
+    assert sum(len(a.held) for a in net.arbiters.values()) == 3
+    later = net.clock_s + net.arbiters[1].lease_s
+    assert sum(len(a.view(later) and a.held) for a in net.arbiters.values()) == 0
+    assert sum(a.counts["expired"] for a in net.arbiters.values()) == 3
+    assert sum(len(a.placed) for a in net.arbiters.values()) == 1
+
+
+def test_release_unused_sends_the_releases_of_the_earlier_protocol():
+    net = small_net(nodes=4, zone_size=4)
+    net.release_unused = True
+    sub = net.submitter(pl.RetryPolicy(d=4, d_max=4, zones=1, widen_steps=0))
+    assert asyncio.run(sub.place(pl.Demand(gpus=1), {"name": "x"})).outcome == "placed"
     assert net.by_type["Release"] == 3
     assert sum(len(a.held) for a in net.arbiters.values()) == 0
-    assert sum(len(a.placed) for a in net.arbiters.values()) == 1
+
+
+def test_hand_over_after_the_lease_rebinds_when_the_capacity_is_still_free():
+    a = Arbiter(pl.NodeCapacity(1, 1, (1.0,), 8, 8000), lease_s=0.1)
+    assert isinstance(a.on_probe(demand_to_probe(pl.Demand(gpus=1), 21, lease_s=0.1), now=0.0), wire.Offer)
+    p = a.bind(21, now=5.0)  # long after its lease: arbitrated again, and it fits
+    assert p is not None and p.reservation.gpu_alloc == ((0, 1.0),)
+    assert a.counts["rebinds"] == 1
+    # lapsed, and meanwhile another placement took the GPU: no bind, nothing over capacity
+    assert isinstance(a.on_probe(demand_to_probe(pl.Demand(gpus=1), 22, lease_s=0.1), now=6.0), wire.Refuse)
+    a.finish(21)
+    assert isinstance(a.on_probe(demand_to_probe(pl.Demand(gpus=1), 22, lease_s=0.1), now=6.0), wire.Offer)
+    assert isinstance(a.on_probe(demand_to_probe(pl.Demand(gpus=1), 23, lease_s=0.1), now=6.5), wire.Offer)
+    assert a.bind(22, now=6.55) is None  # 22 lapsed, 23 holds the GPU now
+    assert a.counts["rebind_refusals"] == 1
+    assert a.bind(23, now=6.58) is not None
+    # a commit after the lease revives the offer the same way
+    b = Arbiter(pl.NodeCapacity(2, 1, (1.0,), 8, 8000), lease_s=0.1)
+    b.on_probe(demand_to_probe(pl.Demand(gpus=1), 31, lease_s=0.1), now=0.0)
+    assert b.on_commit(wire.Commit(31, 30_000), now=1.0).status == 0
+    assert b.bind(31, now=20.0) is not None
 
 
 def test_no_fit_anywhere_is_queued_out_with_a_reason():
@@ -113,3 +178,32 @@ def test_no_fit_anywhere_is_queued_out_with_a_reason():
     r = asyncio.run(sub.place(pl.Demand(gpus=8), {"name": "too-big"}))
     assert r.outcome == "queued-out"
     assert "no zone" in r.reason
+
+
+def test_one_probe_goes_to_a_hinted_node_for_a_scarce_shape():
+    net = SimNet.build(40, 40, gpus_per_node=4, rng=random.Random(2), fill=0.0)
+    for n, a in net.arbiters.items():  # only nodes 7 and 30 have four idle GPUs
+        a.inventory = pl.NodeCapacity(n, 1, (1.0,) * 4 if n in (7, 30) else (1.0, 0.0, 0.0, 0.0), 64, 512_000, "H100")
+    net.refresh_summaries()
+    assert set(pl.hinted_nodes(net.zone_summaries[1], pl.Demand(gpus=4))) == {7, 30}
+    sub = net.submitter(pl.RetryPolicy(d=2, d_max=4, zones=1))
+    first = asyncio.run(sub.place(pl.Demand(gpus=4), {"name": "big"}))
+    # two probes: one uniform (sent first, it would win if it could), one hinted
+    assert first.outcome == "placed" and first.steps == 1 and first.node in (7, 30)
+    assert first.probed[-1] in (7, 30) and len(first.probed) == 2
+    # the submitter bound a job there since the summary was issued: not hinted again
+    net.clock_s += 1.0
+    second = asyncio.run(sub.place(pl.Demand(gpus=4), {"name": "big2"}))
+    assert second.outcome == "placed" and second.node == ({7, 30} - {first.node}).pop()
+    assert first.node not in second.probed
+    # a small shape most nodes take gets no hint: both probes are uniform draws
+    assert pl.hinted_nodes(net.zone_summaries[1], pl.Demand(gpus=1)) == ()
+
+
+def test_messages_per_placement_are_2d_plus_2_when_the_first_round_binds():
+    net = SimNet.build(200, 100, rng=random.Random(8), fill=0.2)
+    jobs = [pl.Demand(gpus=0.5, cpus=2, memory_mb=1000) for _ in range(50)]
+    results, _cpu, msgs = run_placements(net, jobs, keep_running=100, interval_s=0.5)
+    assert all(r.outcome == "placed" and r.steps == 1 for r in results)
+    assert msgs == len(jobs) * pl.max_messages_per_attempt(2) == len(jobs) * 6
+    assert set(net.by_type) <= {"Probe", "Offer", "Refuse", "Handover", "HandoverAck"}

@@ -25,6 +25,8 @@ BODIES = [
     wire.Release(7),
     wire.Summary((100, 50, 0), 31_500, 120_000, False, "H100", ""),
     wire.ZoneSummaryMsg(2, 100_000, (100_000, 3, 2, 1, 0, 0, 0), 6_400_000_000, 10**12, ("A100", "H100")),
+    wire.ZoneSummaryMsg(2, 1000, (1000, 3, 2, 1, 0, 0, 0), 64_000, 10**9, ("H100",),
+                        ((), (), (), (), (7, 2**32 - 1), tuple(range(32)), ())),
     wire.ReclaimNotice(99, 30_000, "owner returns"),
     wire.Heartbeat(12),
     wire.HandoverAck(7, 0, "job-abc"),
@@ -221,3 +223,22 @@ def test_probe_fast_path_accepts_exactly_what_the_general_path_accepts() -> None
     assert wire.decode_body(wire.MsgType.RELEASE, struct.pack("!Q", 9)) == wire.Release(9)
     with pytest.raises(Dropped):
         wire.decode_body(wire.MsgType.RELEASE, struct.pack("!Q", 9) + b"x")
+
+
+def test_zone_summary_hints_are_optional_and_bounded():
+    enc = Encoder(10, KEYS, seq0=1)
+    dec = Decoder(KEYS, NODES)
+    plain = wire.ZoneSummaryMsg(1, 10, (10, 0, 0, 0, 0, 0, 0), 1000, 2000, ("H100",))
+    body = wire.encode_body(plain)
+    # a zone summary without the hints field (as agents before it send it) decodes, with none
+    assert dec.decode(enc.encode(plain, zone=1, now=1.0), now=1.0).body.hints == ()
+    # hints for more shapes, or more nodes per shape, than the bounds: malformed, counted
+    for seq, tail in enumerate((bytes([wire.MAX_HINT_SHAPES + 1]), bytes([1, wire.MAX_HINTS_PER_SHAPE + 1])
+                                + b"\0" * 4 * (wire.MAX_HINTS_PER_SHAPE + 1), bytes([1, 2, 0, 0, 0, 1])), start=100):
+        head = wire.HEADER.pack(wire.MAGIC, wire.VERSION, wire.MsgType.ZONE_SUMMARY, 0, 0, 1, 10, 1000, seq,
+                                len(body + tail))
+        data = head + body + tail + wire._mac(KEY1, head + body + tail)
+        assert drop_reason(dec, data, now=1.0) is DropReason.MALFORMED
+    assert dec.stats()["malformed"] == 3
+    with pytest.raises(ValueError, match="hints"):
+        enc.encode(wire.ZoneSummaryMsg(1, 10, (10,), 1, 1, (), ((1,) * 33,)), zone=1, now=1.0)

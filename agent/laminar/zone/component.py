@@ -50,6 +50,13 @@ HANDOVER_ERROR = 3  # the node failed to start the job
 # after an agent restart, a repeated hand-over finds the job by it (and never starts a second).
 PLACEMENT_ENV = "LM_PLACEMENT_ID"  # LAMINAR_* names are reserved by the job manager
 DEMAND_CACHE_MAX = 256  # probe shapes whose checked Demand the arbiter keeps (bounded memory)
+BOUND_MEMORY = 4096  # nodes a submitter remembers binding jobs to (to skip them as stale hints)
+LAPSED_MAX = 1024  # lapsed offers an arbiter remembers for a late hand-over (bounded memory)
+# An offer's lease. Unused offers are not released (that would cost a datagram per placement):
+# they lapse, so the lease is what a losing offer costs its node. It covers the answer, the
+# submitter's wait for the other answers (probe_timeout_s, 0.2 s) and the hand-over's connect;
+# a hand-over later than that still binds if the capacity is free (Arbiter.bind).
+LEASE_S = 0.1
 
 
 # --------------------------------------------------------------------------- conversions
@@ -91,13 +98,17 @@ def summary_to_capacity(node: int, zone: int, s: wire.Summary) -> pl.NodeCapacit
 
 
 def zone_summary_to_msg(z: pl.ZoneSummary) -> wire.ZoneSummaryMsg:
-    return wire.ZoneSummaryMsg(z.zone, z.nodes, z.slots, int(z.cpus * 1000), z.memory_mb, z.gpu_models[:16])
+    hints = tuple(h[:wire.MAX_HINTS_PER_SHAPE] for h in z.hints[:wire.MAX_HINT_SHAPES])
+    if not any(hints):
+        hints = ()  # no shape is scarce: the field is left out
+    return wire.ZoneSummaryMsg(z.zone, z.nodes, z.slots, int(z.cpus * 1000), z.memory_mb, z.gpu_models[:16], hints)
 
 
 def msg_to_zone_summary(m: wire.ZoneSummaryMsg, issued_at: float) -> pl.ZoneSummary | None:
     if len(m.slots) != len(pl.SHAPES):
         return None
-    return pl.ZoneSummary(m.zone, m.nodes, m.slots, m.cpus_milli / 1000, m.memory_mb, m.gpu_models, issued_at)
+    return pl.ZoneSummary(m.zone, m.nodes, m.slots, m.cpus_milli / 1000, m.memory_mb, m.gpu_models, issued_at,
+                          m.hints[:len(pl.SHAPES)])
 
 
 # --------------------------------------------------------------------------- the node side
@@ -125,7 +136,7 @@ class Arbiter:
         self,
         inventory: pl.NodeCapacity,
         *,
-        lease_s: float = 2.0,
+        lease_s: float = LEASE_S,
         hold_s: float = 30.0,
         max_tentative: int = 64,
     ) -> None:
@@ -136,7 +147,11 @@ class Arbiter:
         self.max_tentative = max_tentative
         self.held: dict[int, pl.Reservation] = {}
         self.placed: dict[int, Placed] = {}
-        self.counts: dict[str, int] = {"offers": 0, "refusals": 0, "commits": 0, "releases": 0, "expired": 0}
+        # offers whose lease ran out, by placement id (bounded, oldest dropped first): a
+        # hand-over that comes after the lease re-arbitrates the same demand (see bind())
+        self.lapsed: dict[int, pl.Reservation] = {}
+        self.counts: dict[str, int] = {"offers": 0, "refusals": 0, "commits": 0, "releases": 0, "expired": 0,
+                                       "rebinds": 0, "rebind_refusals": 0}
         self._placed_version = 0
         self._base_key: tuple[int, int, int] | None = None
         self._base_cache: pl.NodeCapacity | None = None
@@ -165,8 +180,13 @@ class Arbiter:
         if not self.held:
             return
         dead = [pid for pid, r in self.held.items() if not r.expires_at > now]
+        if not dead:
+            return
+        lapsed = self.lapsed
         for pid in dead:
-            del self.held[pid]
+            lapsed[pid] = self.held.pop(pid)
+        while len(lapsed) > LAPSED_MAX:  # dicts keep insertion order: the oldest go first
+            del lapsed[next(iter(lapsed))]
         self.counts["expired"] += len(dead)
 
     def view(self, now: float) -> pl.NodeCapacity:
@@ -214,6 +234,10 @@ class Arbiter:
         self.expire(now)
         hold = min(c.hold_ms / 1000, 600.0) if c.hold_ms else self.hold_s
         r = pl.commit(list(self.held.values()), c.placement_id, now, hold)
+        if r is None and c.placement_id not in self.held:  # a commit after the lease: as in bind()
+            revived = self._revive(c.placement_id, now)
+            if revived is not None:
+                r = pl.commit([revived], c.placement_id, now, hold)
         if r is None:
             return wire.CommitAck(c.placement_id, int(pl.RefuseReason.UNKNOWN_PLACEMENT), handover_port)
         self.held[c.placement_id] = r
@@ -225,18 +249,38 @@ class Arbiter:
         if self.held.pop(r.placement_id, None) is not None:
             self.counts["releases"] += 1
 
+    def _revive(self, placement_id: int, now: float) -> pl.Reservation | None:
+        """A lapsed offer arbitrated again (a new tentative reservation, not stored), or None
+        when this node never offered it, forgot it, or it no longer fits."""
+        old = self.lapsed.pop(placement_id, None)
+        if old is None:
+            return None
+        a = pl.arbitrate(self._base(), list(self.held.values()), old.demand, now, placement_id=placement_id,
+                         lease_s=self.lease_s, max_tentative=len(self.held) + 1)
+        if isinstance(a, pl.Refusal):
+            self.counts["rebind_refusals"] += 1
+            return None
+        self.counts["rebinds"] += 1
+        return a.reservation
+
     def bind(self, placement_id: int, now: float, submitter: int = 0) -> Placed | None:
         """The hand-over arrived: the live reservation (an offer, committed or not) becomes a
         placed job. Returns the :class:`Placed` entry (the same one again for a repeated
-        hand-over, whose ``job_id`` is then set), or None when no live reservation exists."""
+        hand-over, whose ``job_id`` is then set), or None when no reservation can be had.
+
+        A hand-over that comes after its offer's lease ran out is not refused outright: the
+        lapsed offer's demand is arbitrated again, against everything this node holds and
+        runs now (exactly as a new probe would be), and binds when it still fits. Leases can
+        therefore be short (unused offers are never released, they lapse) without costing a
+        slow submitter its placement; capacity is never promised twice.
+        """
         p = self.placed.get(placement_id)
         if p is not None:
             return p
         self.expire(now)
-        r = self.held.get(placement_id)
+        r = self.held.pop(placement_id, None) or self._revive(placement_id, now)
         if r is None:
             return None
-        del self.held[placement_id]
         p = Placed(pl.Reservation(r.placement_id, r.demand, r.gpu_alloc, math.inf, True), "", submitter, now)
         self.placed[placement_id] = p
         self._placed_version += 1
@@ -294,6 +338,10 @@ class Submitter:
     into the job), which saves a round trip; ``commit_first`` sends a UDP commit first, which
     holds the capacity for ``hold_s`` (for a hand-over that must wait, e.g. a checkpoint
     transfer before a re-addressed job starts).
+
+    Offers the submitter does not bind are not released: they lapse when their lease (``lease_s``,
+    short) runs out, which saves a datagram per unused offer; ``release_unused`` sends the
+    releases anyway (the earlier protocol, kept for comparison in ``bench/placement.py``).
     """
 
     def __init__(
@@ -304,7 +352,7 @@ class Submitter:
         *,
         rng: random.Random | None = None,
         policy: pl.RetryPolicy | None = None,
-        lease_s: float = 2.0,
+        lease_s: float = LEASE_S,
         hold_s: float = 30.0,
         probe_timeout_s: float = 0.25,
         commit_tries: int = 3,
@@ -312,10 +360,14 @@ class Submitter:
         unconfirmed_wait_s: float = 60.0,
         max_rounds: int = 3,
         commit_first: bool = False,
+        release_unused: bool = False,
         clock: Callable[[], float] = time.time,
         sleep: Callable[[float], Any] = asyncio.sleep,
+        zone_summary: Callable[[int], pl.ZoneSummary | None] | None = None,
     ) -> None:
         self.t = transport
+        self.zone_summary = zone_summary
+        self._bound_at: dict[int, float] = {}  # node -> when this submitter last bound a job there
         self.m = membership
         self.zone_fits = zone_fits
         self.rng = rng or random.Random()
@@ -328,6 +380,7 @@ class Submitter:
         self.unconfirmed_wait_s = unconfirmed_wait_s
         self.max_rounds = max_rounds
         self.commit_first = commit_first
+        self.release_unused = release_unused
         self.clock = clock
         self.sleep = sleep
         self.counts: dict[str, int] = {"placed": 0, "unconfirmed": 0, "rejected": 0, "queued-out": 0,
@@ -347,7 +400,7 @@ class Submitter:
             await self._place(demand, spec, pid, answers, res)
         finally:
             self.t.forget(pid)
-            while not answers.empty():  # offers that came in after the binding: release them
+            while self.release_unused and not answers.empty():  # offers that came in after the binding
                 node, body = answers.get_nowait()
                 if isinstance(body, wire.Offer) and not (res.outcome != "queued-out" and node == res.node):
                     self.t.send(node, wire.Release(pid))
@@ -387,7 +440,7 @@ class Submitter:
                 members = self.m.zone_list(zone)
                 preferred = self.m.pool_list(zone, demand.pool) if demand.pool else []
                 skip = probed_in_zone | self.m.suspects if self.m.suspects else probed_in_zone
-                targets = pl.probe_targets(members, step.d, self.rng, exclude=skip, preferred=preferred)
+                targets = self._targets(zone, demand, members, preferred, step.d, skip)
                 if not targets:
                     continue
                 probed_in_zone.update(targets)
@@ -413,6 +466,27 @@ class Submitter:
                 self.counts["queue_waits"] += 1
                 await self.sleep(queue.delay_s)
         res.reason = res.reason or "no node offered capacity within the retry budget"
+
+    def _targets(self, zone: int, demand: pl.Demand, members: list[int], preferred: list[int], d: int,
+                 skip: set[int]) -> list[int]:
+        """``d`` nodes to probe: drawn uniformly (pool members first), except that up to
+        ``d // 2`` (at least one) come from the zone summary's hints for the demand's shape
+        when it names any (:func:`laminar.zone.placement.hinted_nodes`). The uniform ones
+        are sent first, so a hinted node takes the job mostly when they cannot."""
+        hints: tuple[int, ...] = ()
+        summary = self.zone_summary(zone) if self.zone_summary is not None and not demand.pool else None
+        if summary is not None:
+            # a node this submitter bound a job to since the summary was issued is skipped:
+            # the summary cannot know that it filled up
+            by_node, bound, issued = self.m.by_node, self._bound_at, summary.issued_at
+            hints = tuple(n for n in pl.hinted_nodes(summary, demand)
+                          if n in by_node and by_node[n].zone == zone and bound.get(n, -math.inf) < issued)
+        if not hints:
+            return pl.probe_targets(members, d, self.rng, exclude=skip, preferred=preferred)
+        hinted = pl.probe_targets(hints, min(max(1, d // 2), d), self.rng, exclude=skip)
+        uniform = pl.probe_targets(members, d - len(hinted), self.rng, exclude=skip | set(hinted),
+                                   preferred=preferred)
+        return uniform + hinted
 
     async def _collect(
         self, pid: int, answers: asyncio.Queue[tuple[int, wire.Body]], waiting: set[int], offers: list[pl.Offer],
@@ -476,6 +550,9 @@ class Submitter:
             res.node, res.zone = node, offer.zone
             if res.outcome == "placed":
                 res.reason = ""
+                self._bound_at[node] = self.clock()
+                if len(self._bound_at) > BOUND_MEMORY:
+                    del self._bound_at[next(iter(self._bound_at))]
             return True
 
     async def _commit(
@@ -543,8 +620,11 @@ class Submitter:
         return True
 
     def _release(self, pid: int, offers: list[pl.Offer]) -> None:
-        for o in offers:
-            self.t.send(o.node, wire.Release(pid))
+        """Let go of the offers not bound: they lapse with their lease (with ``release_unused``,
+        each is released by a datagram)."""
+        if self.release_unused:
+            for o in offers:
+                self.t.send(o.node, wire.Release(pid))
         offers.clear()
 
 
@@ -584,7 +664,8 @@ def zone_config_fields() -> dict[str, Any]:
         "probe_d_max": Field(int, 8, "most nodes probed in one attempt after widening", rng(1, 255)),
         "zones_max": Field(int, 3, "zones tried before a placement is queued", rng(1, 1000)),
         "queue_rounds": Field(int, 3, "queue cycles (with back-off) before a placement gives up", rng(1, 100)),
-        "lease_s": Field((int, float), 2.0, "lease of a tentative reservation (an offer)", rng(0.05, 60)),
+        "lease_s": Field((int, float), LEASE_S, "lease of a tentative reservation (an offer); unused offers lapse "
+                         "after it (they are not released)", rng(0.05, 60)),
         "hold_s": Field((int, float), 30.0, "hold of a committed reservation awaiting its hand-over", rng(1, 600)),
         "probe_timeout_s": Field((int, float), 0.2, "how long a submitter waits for answers to one probe round", rng(0.005, 10)),
         "handover_timeout_s": Field((int, float), 10.0, "how long a hand-over may take (job start included)", rng(0.1, 120)),
@@ -697,6 +778,7 @@ class ZoneComponent:
         self.router = Router()
         self.zone_summaries: dict[int, pl.ZoneSummary] = {}
         self._fits_cache: dict[tuple[Any, ...], dict[int, float]] = {}
+        self._own_summary: pl.ZoneSummary | None = None
         self._inflight: dict[int, asyncio.Future[wire.HandoverAck]] = {}
         self._tasks: list[asyncio.Task[Any]] = []
         self.history: list[dict[str, Any]] = []
@@ -704,7 +786,7 @@ class ZoneComponent:
         self.started = time.time()
         self.gpu_index: list[int] = []
         self.counts: dict[str, int] = {"probes": 0, "handovers": 0, "summaries_sent": 0, "summaries_received": 0,
-                                       "zone_summaries_received": 0, "reclaim_notices": 0, "late_releases": 0}
+                                       "zone_summaries_received": 0, "reclaim_notices": 0}
 
     # -- life cycle -----------------------------------------------------------------------------
 
@@ -748,7 +830,7 @@ class ZoneComponent:
             transport, self.membership, self.zone_fits, rng=self.rng, policy=policy, lease_s=float(s["lease_s"]),
             hold_s=float(s["hold_s"]), probe_timeout_s=float(s["probe_timeout_s"]),
             handover_timeout_s=float(s["handover_timeout_s"]), max_rounds=int(s["queue_rounds"]), clock=self.clock,
-            unconfirmed_wait_s=float(s["unconfirmed_wait_s"]),
+            unconfirmed_wait_s=float(s["unconfirmed_wait_s"]), zone_summary=self.zone_summary,
         )
         self.keys = keys
         self.encoder = wire.Encoder(self.node_id, keys)
@@ -956,10 +1038,8 @@ class ZoneComponent:
                 self.endpoint.send_to(self.membership.by_node[msg.node].zone, addr, reply)
             return
         if isinstance(body, wire.Offer | wire.Refuse | wire.CommitAck):
-            if not self.router.route(msg.node, body) and isinstance(body, wire.Offer):
-                self.counts["late_releases"] += 1
-                assert self.endpoint is not None
-                self.endpoint.send(msg.node, wire.Release(body.placement_id))
+            # an offer nobody waits for any more (it came after the binding) lapses with its lease
+            self.router.route(msg.node, body)
             return
         if isinstance(body, wire.Summary):
             self.counts["summaries_received"] += 1
@@ -974,7 +1054,7 @@ class ZoneComponent:
                 z = msg_to_zone_summary(body, self.clock())
                 if z is not None:
                     self.zone_summaries[body.zone] = z
-                    self._fits_cache.clear()
+                    self._summaries_changed()
             return
         if isinstance(body, wire.ReclaimNotice):
             self.counts["reclaim_notices"] += 1
@@ -1086,7 +1166,27 @@ class ZoneComponent:
             st = self.membership.state[n]
             if st.last_summary is not None and now - st.summary_at <= fresh:
                 caps.append(st.last_summary)
-        return pl.summarize_zone(self.zone, caps, now)
+        return pl.summarize_zone(self.zone, caps, now, rng=self.rng, hints=pl.HINTS_PER_SHAPE)
+
+    def _own_summary_cached(self) -> pl.ZoneSummary:
+        """:meth:`own_zone_summary`, kept until the next summary round (as the fits are)."""
+        if self._own_summary is None:
+            self._own_summary = self.own_zone_summary(self.clock())
+        return self._own_summary
+
+    def _summaries_changed(self) -> None:
+        self._fits_cache.clear()
+        self._own_summary = None
+
+    def zone_summary(self, zone: int) -> pl.ZoneSummary | None:
+        """The summary this node holds for ``zone`` (its own zone's from its peers), or None
+        when it has none fresh enough; the submitter takes its hints from it."""
+        if zone == self.zone:
+            return self._own_summary_cached()
+        s = self.zone_summaries.get(zone)
+        if s is None or self.clock() - s.issued_at > 3 * float(self.s["peer_timeout_s"]):
+            return None
+        return s
 
     def zone_fits(self, demand: pl.Demand) -> dict[int, float]:
         """Fit per zone for ``demand``; cached until a summary changes."""
@@ -1096,7 +1196,7 @@ class ZoneComponent:
             now = self.clock()
             stale = 3 * float(self.s["peer_timeout_s"])
             sums = {z: s for z, s in self.zone_summaries.items() if now - s.issued_at <= stale}
-            sums[self.zone] = self.own_zone_summary(now)
+            sums[self.zone] = self._own_summary_cached()
             f = {z: pl.zone_fit(s, demand) for z, s in sums.items()}
             self._fits_cache[key] = f
         return f
@@ -1110,7 +1210,7 @@ class ZoneComponent:
             try:
                 now = self.clock()
                 self.refresh_inventory()
-                self._fits_cache.clear()
+                self._summaries_changed()
                 assert self.endpoint is not None
                 mine = self.arbiter.summary(now)
                 peers = self.membership.zone_list(self.zone)

@@ -14,8 +14,11 @@ The placement of one job goes like this (probe-first, execute-later):
 3. Each probed node runs :func:`arbitrate` against its own :class:`NodeCapacity` and the
    reservations it already holds: it answers an :class:`Offer` (a tentative reservation with a
    lease) or a :class:`Refusal` with a :class:`RefuseReason`.
-4. The submitter binds the first good offer (:func:`pick_offer`, late binding) and releases
-   the others; leases expire on their own if a release is lost.
+4. The submitter binds the first good offer (:func:`pick_offer`, late binding) by handing the
+   job over to that node; the other offers are not released (a datagram each): their short
+   lease runs out. Zone summaries name a few nodes with room for shapes that few nodes can
+   take (:func:`hinted_nodes`); one of the ``d`` probes goes to such a node, so a scarce shape
+   is rarely refused by every node probed.
 5. When no offer comes, :func:`retry_schedule` says what to do next: widen ``d``, then try the
    next zone, then queue the job and try again later.
 
@@ -46,6 +49,17 @@ SHAPES: tuple[float, ...] = (0.0, 0.25, 0.5, 1.0, 2.0, 4.0, 8.0)
 
 # Most GPUs one node may declare (the wire format carries one byte per GPU).
 MAX_GPUS_PER_NODE = 64
+
+# Nodes a zone summary names per shape as having room for it (ZoneSummary.hints), for the
+# shapes few nodes can take (HINT_BELOW): 4 bytes a node id, so at most 7 x 16 x 4 = 448 bytes of
+# a zone-summary datagram. Sixteen spread the hinted probes of a busy summary interval over
+# several nodes; the wire allows up to MAX_HINTS.
+HINTS_PER_SHAPE = 16
+MAX_HINTS = 32
+# Shapes that at least this share of a zone's nodes have room for get no hints: two uniform
+# probes both miss such a shape at most (1 - 0.75)^2 = 6 % of the time, and hinting them would
+# only crowd probes onto a few nodes.
+HINT_BELOW = 0.75
 
 
 class PlacementError(ValueError):
@@ -327,10 +341,13 @@ class ZoneSummary:
     memory_mb: int
     gpu_models: tuple[str, ...] = ()
     issued_at: float = 0.0
+    hints: tuple[tuple[int, ...], ...] = ()
 
     def __post_init__(self) -> None:
         if len(self.slots) != len(SHAPES):
             raise PlacementError(f"zone summary {self.zone}: {len(self.slots)} slots, expected {len(SHAPES)}")
+        if len(self.hints) > len(SHAPES):
+            raise PlacementError(f"zone summary {self.zone}: hints for {len(self.hints)} shapes, at most {len(SHAPES)}")
 
 
 def shape_slots(node: NodeCapacity) -> tuple[int, ...]:
@@ -349,23 +366,57 @@ def shape_slots(node: NodeCapacity) -> tuple[int, ...]:
     return tuple(out)
 
 
-def summarize_zone(zone: int, nodes: Iterable[NodeCapacity], issued_at: float = 0.0) -> ZoneSummary:
-    """Aggregate residual node capacities (see :func:`residual`) into a :class:`ZoneSummary`."""
+def summarize_zone(zone: int, nodes: Iterable[NodeCapacity], issued_at: float = 0.0,
+                   rng: random.Random | None = None, hints: int = 0) -> ZoneSummary:
+    """Aggregate residual node capacities (see :func:`residual`) into a :class:`ZoneSummary`.
+
+    With ``hints`` > 0 (and ``rng``), the summary also names, for each shape that fewer than
+    :data:`HINT_BELOW` of the nodes have room for, up to ``hints`` nodes drawn uniformly among
+    those that have (:attr:`ZoneSummary.hints`, see :func:`hinted_nodes`): O(nodes) here, once
+    per summary, never per placement.
+    """
+    if hints < 0 or hints > MAX_HINTS:
+        raise PlacementError(f"summarize_zone: hints {hints!r} must be in 0..{MAX_HINTS}")
     slots = [0] * len(SHAPES)
     cpus = 0.0
     mem = 0
     models: set[str] = set()
     count = 0
+    want = hints if rng is not None else 0
+    sample: list[list[int]] = [[] for _ in SHAPES]  # a reservoir per shape
+    seen = [0] * len(SHAPES)
     for n in nodes:
         count += 1
         for k, v in enumerate(shape_slots(n)):
             slots[k] += v
+            if want and v > 0 and n.cpus > EPS and n.memory_mb > 0:
+                seen[k] += 1
+                if len(sample[k]) < want:
+                    sample[k].append(n.node)
+                else:
+                    j = rng.randrange(seen[k])  # type: ignore[union-attr]
+                    if j < want:
+                        sample[k][j] = n.node
         if not n.draining:
             cpus += n.cpus
             mem += n.memory_mb
         if n.gpu_model and n.gpu_free:
             models.add(n.gpu_model)
-    return ZoneSummary(zone, count, tuple(slots), cpus, mem, tuple(sorted(models)), issued_at)
+    # only shapes a uniform draw often misses: fewer than HINT_BELOW of the nodes have room
+    hint_t = tuple(tuple(h) if seen[k] < HINT_BELOW * count else () for k, h in enumerate(sample)) if want else ()
+    return ZoneSummary(zone, count, tuple(slots), cpus, mem, tuple(sorted(models)), issued_at, hint_t)
+
+
+def hinted_nodes(summary: ZoneSummary, demand: Demand) -> tuple[int, ...]:
+    """Nodes ``summary`` names as having had room for ``demand``'s GPU shape when it was issued
+    (``()`` when it names none). A hint is a guess, as stale as its summary: the node still
+    arbitrates. The submitter probes one hinted node beside the uniform draw, so that a shape
+    few nodes can take (e.g. four whole GPUs on a busy zone) is not refused by every node
+    probed, which would cost a retry round (more messages than the hint's one probe saves)."""
+    k = shape_index(demand.gpus)
+    if k is None or k >= len(summary.hints):
+        return ()
+    return summary.hints[k]
 
 
 def shape_index(gpus: float) -> int | None:
@@ -530,7 +581,9 @@ def retry_schedule(policy: RetryPolicy, round: int = 0) -> list[Probe | Queue]:
     return steps
 
 
-def max_messages_per_attempt(d: int) -> int:
-    """Messages one successful probe round costs at most: ``d`` probes, ``d`` answers, the
-    commit and its acknowledgement, and a release for each of the other ``d - 1`` offers."""
-    return 3 * d + 1
+def max_messages_per_attempt(d: int, releases: bool = False) -> int:
+    """Messages one successful probe round costs at most: ``d`` probes, ``d`` answers, and the
+    binding (the hand-over and its acknowledgement), ``2d + 2``. Unused offers are not
+    released, they lapse with their lease; ``releases`` counts the earlier protocol's release
+    for each of the other ``d - 1`` offers (``3d + 1``)."""
+    return 2 * d + 2 + (d - 1 if releases else 0)

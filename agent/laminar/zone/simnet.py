@@ -16,7 +16,7 @@ Example::
     >>> from laminar.zone import placement as pl
     >>> net = SimNet.build(nodes=50, zone_size=25, gpus_per_node=8, rng=random.Random(1))
     >>> res = asyncio.run(net.place(pl.Demand(gpus=1, cpus=4, memory_mb=8000)))
-    >>> res.outcome, net.messages <= 2 * 2 + 2 + 1 + 2
+    >>> res.outcome, net.messages <= 2 * 2 + 2
     ('placed', True)
 """
 
@@ -54,6 +54,8 @@ class SimNet:
     rng: random.Random
     submitter_node: int
     use_wire: bool = True
+    release_unused: bool = False  # the earlier protocol: unused offers released by a datagram
+    hints: int = pl.HINTS_PER_SHAPE  # nodes per shape the zone summaries name (0: none, the earlier protocol)
     clock_s: float = 1_700_000_000.0
     messages: int = 0
     by_type: Counter[str] = field(default_factory=Counter)
@@ -83,7 +85,7 @@ class SimNet:
             gpus = tuple(rng.choices((1.0, 0.5, 0.0), weights=(1 - fill, fill * 0.4, fill * 0.8))[0]
                          for _ in range(gpus_per_node))
             inv = pl.NodeCapacity(m.node, m.zone, gpus, 64.0, 512_000, "H100")
-            arbiters[m.node] = Arbiter(inv, lease_s=2.0, hold_s=30.0)
+            arbiters[m.node] = Arbiter(inv, hold_s=30.0)  # the agent's default lease
         membership = Membership(self_node=1, members=members)
         net = cls(arbiters, membership, rng, submitter_node=1, use_wire=use_wire)
         net.refresh_summaries()
@@ -127,8 +129,8 @@ class SimNet:
             back = self._carry(node, self.submitter_node, reply)
             self.membership.seen(node, self.clock_s)
             assert isinstance(back, wire.Offer | wire.Refuse | wire.CommitAck)
-            if not self._router_route(node, back) and isinstance(back, wire.Offer):
-                self.send(node, wire.Release(back.placement_id))
+            if not self._router_route(node, back) and isinstance(back, wire.Offer) and self.release_unused:
+                self.send(node, wire.Release(back.placement_id))  # a late offer (else it lapses)
 
     def _router_route(self, node: int, body: wire.Offer | wire.Refuse | wire.CommitAck) -> bool:
         q = self._waiting.get(body.placement_id)
@@ -166,7 +168,9 @@ class SimNet:
         by_zone: dict[int, list[pl.NodeCapacity]] = {}
         for n, a in self.arbiters.items():
             by_zone.setdefault(self.membership.by_node[n].zone, []).append(a.view(self.clock_s))
-        self.zone_summaries = {z: pl.summarize_zone(z, caps, self.clock_s) for z, caps in by_zone.items()}
+        hint_rng = random.Random(int(self.clock_s * 1000))  # its own stream: placements' draws stay as they were
+        self.zone_summaries = {z: pl.summarize_zone(z, caps, self.clock_s, rng=hint_rng, hints=self.hints)
+                               for z, caps in by_zone.items()}
         # what a zone-summary datagram would carry must fit one datagram
         for s in self.zone_summaries.values():
             wire.Encoder(0, SIM_KEY, seq0=1).encode(zone_summary_to_msg(s), 1, self.clock_s)
@@ -184,12 +188,15 @@ class SimNet:
     # -- placing ------------------------------------------------------------------------------
 
     def submitter(self, policy: pl.RetryPolicy | None = None) -> Submitter:
+        """A submitter on node 1 with the agent's defaults (lease, no releases unless
+        ``release_unused``), one queue round, and sleeps that only advance the fake clock."""
         async def no_sleep(s: float) -> None:
             self.clock_s += s
 
         return Submitter(
             self, self.membership, self.zone_fits, rng=self.rng, policy=policy,
             probe_timeout_s=0.05, max_rounds=1, clock=self.now, sleep=no_sleep,
+            release_unused=self.release_unused, zone_summary=lambda z: self.zone_summaries.get(z),
         )
 
     async def place(self, demand: pl.Demand, spec: dict[str, Any] | None = None,
@@ -206,10 +213,13 @@ class _AnyNode(dict[int, int]):
 
 
 def run_placements(net: SimNet, demands: list[pl.Demand], keep_running: int,
-                   refresh_every: int = 50) -> tuple[list[PlacementResult], float, int]:
-    """Place ``demands`` one after another; jobs finish FIFO once more than ``keep_running``
-    run (a steady state). Returns the results, the CPU seconds spent placing (summary
-    refreshes excluded) and the messages sent while placing."""
+                   refresh_every: int = 50, interval_s: float = 0.001) -> tuple[list[PlacementResult], float, int]:
+    """Place ``demands`` one after another, ``interval_s`` of fake time apart; jobs finish FIFO
+    once more than ``keep_running`` run (a steady state). Returns the results, the CPU seconds
+    spent placing (summary refreshes excluded) and the messages sent while placing.
+
+    ``interval_s`` matters since unused offers lapse instead of being released: the offers of
+    the last ``lease / interval_s`` placements still hold their nodes' capacity."""
     sub = net.submitter()
     running: list[tuple[int, int]] = []
     results = []
@@ -227,7 +237,7 @@ def run_placements(net: SimNet, demands: list[pl.Demand], keep_running: int,
             cpu += time.process_time() - c0
             msgs += net.messages - m0
             results.append(r)
-            net.clock_s += 0.001
+            net.clock_s += interval_s
             if r.outcome == "placed" and r.node is not None:
                 running.append((r.node, r.placement_id))
             while len(running) > keep_running:

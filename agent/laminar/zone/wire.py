@@ -173,7 +173,9 @@ class Summary:
 
 @dataclass(frozen=True)
 class ZoneSummaryMsg:
-    """A zone's residual capacity by shape, for submitters in other zones."""
+    """A zone's residual capacity by shape, for submitters in other zones. ``hints[k]`` names
+    nodes that had room for shape ``k`` (an optional trailing field: a body without it
+    decodes with no hints)."""
 
     zone: int
     nodes: int
@@ -181,6 +183,7 @@ class ZoneSummaryMsg:
     cpus_milli: int
     memory_mb: int
     gpu_models: tuple[str, ...] = ()
+    hints: tuple[tuple[int, ...], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -284,6 +287,8 @@ _COMMIT = struct.Struct("!QI")
 _COMMIT_ACK = struct.Struct("!QBH")
 _SUMMARY = struct.Struct("!IIBB")
 _ZONE_SUMMARY = struct.Struct("!HIQQB")
+MAX_HINT_SHAPES = 16  # zone-summary hints: shapes, and nodes named per shape, at most
+MAX_HINTS_PER_SHAPE = 32
 _RECLAIM = struct.Struct("!QI")
 _HANDOVER_ACK = struct.Struct("!QB")
 _LOAN = struct.Struct("!QB")
@@ -363,6 +368,11 @@ def encode_body(body: Body) -> bytes:
         out = _ZONE_SUMMARY.pack(body.zone, body.nodes, body.cpus_milli, body.memory_mb, len(body.slots))
         out += b"".join(_U32.pack(min(s, 2**32 - 1)) for s in body.slots)
         out += _U8.pack(len(body.gpu_models)) + b"".join(_text(m) for m in body.gpu_models)
+        if body.hints:
+            if len(body.hints) > MAX_HINT_SHAPES or any(len(h) > MAX_HINTS_PER_SHAPE for h in body.hints):
+                raise ValueError(f"zone-summary hints: at most {MAX_HINT_SHAPES} shapes of {MAX_HINTS_PER_SHAPE} nodes")
+            out += _U8.pack(len(body.hints))
+            out += b"".join(_U8.pack(len(h)) + b"".join(_U32.pack(n) for n in h) for h in body.hints)
         return out
     if isinstance(body, ReclaimNotice):
         return _RECLAIM.pack(body.notice_id, body.deadline_ms) + _text(body.reason)
@@ -447,7 +457,17 @@ def decode_body(mtype: MsgType, buf: bytes) -> Body:
         slots = tuple(r.take(_U32)[0] for _ in range(ns))
         (nm,) = r.take(_U8)
         models = tuple(r.text() for _ in range(nm))
-        body = ZoneSummaryMsg(z, nodes, slots, c, m, models)
+        hints: list[tuple[int, ...]] = []
+        if r.pos < len(buf):  # the optional hints
+            (nh,) = r.take(_U8)
+            if nh > MAX_HINT_SHAPES:
+                raise Dropped(DropReason.MALFORMED, f"zone-summary hints for {nh} shapes > {MAX_HINT_SHAPES}")
+            for _ in range(nh):
+                (k,) = r.take(_U8)
+                if k > MAX_HINTS_PER_SHAPE:
+                    raise Dropped(DropReason.MALFORMED, f"zone-summary {k} hints for a shape > {MAX_HINTS_PER_SHAPE}")
+                hints.append(tuple(r.take(_U32)[0] for _ in range(k)))
+        body = ZoneSummaryMsg(z, nodes, slots, c, m, models, tuple(hints))
     elif mtype is MsgType.RECLAIM_NOTICE:
         nid, dl = r.take(_RECLAIM)
         body = ReclaimNotice(nid, dl, r.text())
