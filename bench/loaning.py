@@ -18,8 +18,10 @@ layer's policy code; the cluster is a fake (simulated nodes), the jobs come from
    the arrived demand reaches 130% of the openb cluster's capacity, next to the published
    BestFit 93.08 and FGD 95.39.
 
-Keys: ``queuing_speedup`` and ``jct_speedup`` (noloan mean / laminar mean, openb),
-``usage_gain_pct`` (relative gain in cluster usage, openb), ``allocation_ratio_130pct``
+Keys: ``queuing_speedup`` and ``jct_speedup`` (noloan mean / laminar mean over the openb GPU
+jobs; ``*_all_jobs`` with the CPU-only pods too), ``usage_gain_pct`` (relative gain in cluster
+usage, openb), ``jct_speedup_ceiling`` and ``usage_gain_ceiling_pct`` (what no policy can beat
+on the job mix), ``allelastic_*`` (every whole-GPU job elastic, a sensitivity run), ``allocation_ratio_130pct``
 (Laminar's probe placement), ``pollux_*`` the same on the Pollux workloads, and the rest.
 Full runs also time a synthetic 15-day, 50,000-job trace (``synthetic_50k_wall_s``).
 """
