@@ -262,16 +262,22 @@ class FragOffer:
     gpu_left_after: int
 
 
-def pick_frag_offer(offers: Iterable[FragOffer]) -> FragOffer | None:
+def pick_frag_offer(offers: Iterable[FragOffer], quantized: bool = False) -> FragOffer | None:
     """The offer adding the least fragmentation; ties to the tighter fit (less free GPU
-    left), then the lower node id. None when there is no offer.
+    left), then the lower node id (so that submitters sharing a node order fill the same
+    nodes first). None when there is no offer.
+
+    ``quantized``: compare :func:`fgd_score` of the deltas instead of the exact deltas, so
+    that nearly equal deltas tie and the tighter fit decides (FGD's integer scores).
 
     This needs every answer of a round, where :func:`laminar.zone.placement.pick_offer`
     binds the first: the submitter waits for the ``d`` answers (or their timeout)."""
     best: FragOffer | None = None
+    best_key: tuple[float, int, int] | None = None
     for o in offers:
-        if best is None or (round(o.delta, 6), o.gpu_left_after, o.node) < (round(best.delta, 6), best.gpu_left_after, best.node):
-            best = o
+        key = (-fgd_score(o.delta) if quantized else round(o.delta, 6), o.gpu_left_after, o.node)
+        if best_key is None or key < best_key:
+            best, best_key = o, key
     return best
 
 
