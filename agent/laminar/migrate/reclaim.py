@@ -91,6 +91,7 @@ from laminar.migrate.hazard import (
     HazardModel,
     calibrate_from_spot_traces,
 )
+from laminar.migrate.holder import HolderCandidate, RetrySchedule, choose_holder
 from laminar.migrate.transfer import (
     Committed,
     Flow,
@@ -144,6 +145,13 @@ CONFIG_FIELDS = {
                          _range(0.1, 3600)),
     "prestage_unannounced": Field((int, float), 0.02, "prestage = auto also keeps an off-node replica while the "
                                   "learned share of departures without notice is at least this", _range(0.0, 1.0)),
+    "holder": Field(bool, True, "when no peer has room for a job during a reclaim, send its final checkpoint to a live "
+                    "peer with the disk space (a storage holder), which resumes the job when room frees"),
+    "holder_reserve_mb": Field((int, float), 1024.0, "disk space this node keeps free when it offers to hold "
+                               "checkpoints (MiB)", _range(0, 1 << 30)),
+    "retry_base_s": Field((int, float), 2.0, "a guard that finds no room looks again after this, doubling each time",
+                          _range(0.05, 3600)),
+    "retry_max_s": Field((int, float), 30.0, "the longest wait between a guard's looks for room", _range(0.05, 86400)),
     **ckpt_driver.CONFIG_FIELDS,  # periodic checkpoints (laminar.migrate.ckpt_driver)
 }
 register_section("migrate", CONFIG_FIELDS)
@@ -157,6 +165,15 @@ REPLICAS_SCHEMA = [
         ckpt TEXT NOT NULL,
         state TEXT NOT NULL,
         job_id TEXT,
+        updated REAL NOT NULL)""",
+    # A guard whose source is dead but that found no room yet: when it looks again (survives a
+    # restart of the guard's agent).
+    """CREATE TABLE IF NOT EXISTS migrate_retry (
+        key TEXT PRIMARY KEY,
+        attempts INTEGER NOT NULL,
+        next_at REAL NOT NULL,
+        why TEXT NOT NULL,
+        last_error TEXT NOT NULL,
         updated REAL NOT NULL)""",
 ]
 
@@ -191,7 +208,7 @@ class Move:
     job: str
     key: str
     reason: str
-    phase: str = "planned"  # planned, checkpoint, reserve, transfer, handover, done, failed
+    phase: str = "planned"  # planned, checkpoint, reserve, transfer, handover, done, hold, held, failed
     ckpt: str = ""
     dest: int | None = None
     dest_job: str = ""
@@ -273,7 +290,9 @@ class ReclaimComponent:
         self._unsubscribe: Any = None
         self.ckpt: ckpt_driver.CkptDriver | None = None  # periodic checkpoints
         self.counts: dict[str, int] = {"moves": 0, "moved": 0, "failed": 0, "prestaged": 0, "resumed": 0,
-                                       "received": 0}
+                                       "received": 0, "held": 0, "placed": 0, "retries": 0}
+        self.retry = RetrySchedule()  # the guard's looks for room (from the config at start)
+        self._taking: set[str] = set()  # keys whose take-over runs now
 
     # -- life cycle ---------------------------------------------------------------------------
 
@@ -283,6 +302,10 @@ class ReclaimComponent:
         self.agent = agent
         self.s = {**{k: f.default for k, f in CONFIG_FIELDS.items()}, **agent.config.section("migrate")}
         agent.store.ensure_schema("migrate", REPLICAS_SCHEMA)
+        try:
+            self.retry = RetrySchedule(float(self.s["retry_base_s"]), 2.0, float(self.s["retry_max_s"]))
+        except ValueError as e:
+            raise RuntimeError(f"migrate: {e}") from None
         prior = float(self.s["hazard_prior_rate_per_h"])
         base = HazardModel("default", prior_rate_per_h=prior)
         if self.s["spot_traces"]:
@@ -593,7 +616,8 @@ class ReclaimComponent:
                              transfer_deadline=None if st is None else t0 + st.deadline_s)
 
         try:
-            await asyncio.wait_for(asyncio.gather(*(one(j) for j in jobs), return_exceptions=True),
+            await asyncio.wait_for(asyncio.gather(*(one(j) for j in jobs), self._pass_guards(deadline),
+                                                  return_exceptions=True),
                                    max(0.0, deadline - time.monotonic()))
         except TimeoutError:
             pass
@@ -679,18 +703,18 @@ class ReclaimComponent:
                           "expected_loss_s": None if math.isinf(r.expected_loss_s) else round(r.expected_loss_s, 3),
                           "reasons": list(r.reasons)} for r in ranked]
             feasible = [r for r in ranked if r.feasible]
+            xfer = deadline_mono
+            if transfer_deadline is not None and deadline_mono is not None:
+                # late (the checkpoint took longer than planned): as soon as the shaper can,
+                # never past the window
+                xfer = min(deadline_mono, max(transfer_deadline, time.monotonic() + TRANSFER_MIN_S))
+            errors = []
             if not feasible:
-                raise MigrateError("no destination fits: " + "; ".join(
+                errors.append("no destination fits: " + "; ".join(
                     f"node {r.candidate.node}: {', '.join(r.reasons)}" for r in ranked[:4]) if ranked else
                     "no destination fits: no live peer in the zone")
-            errors = []
             for r in feasible:
                 node = int(r.candidate.node)
-                xfer = deadline_mono
-                if transfer_deadline is not None and deadline_mono is not None:
-                    # late (the checkpoint took longer than planned): as soon as the shaper can,
-                    # never past the window
-                    xfer = min(deadline_mono, max(transfer_deadline, time.monotonic() + TRANSFER_MIN_S))
                 try:
                     await self._move_to(job, mv, ckpt, node, xfer)
                     break
@@ -698,7 +722,11 @@ class ReclaimComponent:
                     errors.append(f"node {node}: {e}")
                     self._emit(f"{job.id}: move to node {node} failed: {e}", job=job.id, node=node)
             else:
-                raise MigrateError("; ".join(errors))
+                if deadline_mono is None or not self.s["holder"]:
+                    raise MigrateError("; ".join(errors))
+                # Nowhere to run it during the window: the final checkpoint still leaves the node.
+                await self._hold(job, mv, ckpt, size, xfer, "; ".join(errors))
+                return mv
             mv.phase = "done"
             self.counts["moved"] += 1
             return mv
@@ -720,6 +748,137 @@ class ReclaimComponent:
         finally:
             mv.ended = time.time()
             self.evacuating.discard(job.id)
+
+    # -- storage holders ----------------------------------------------------------------------
+
+    async def _disk_free(self, nodes: list[int], need_bytes: int) -> dict[int, float | None]:
+        """Each node's free disk for checkpoints (its answer to ``space``; None: no answer)."""
+        async def ask(n: int) -> float | None:
+            try:
+                res = await self._control(n, "space", {"bytes": int(need_bytes)}, timeout=2.0)
+                return float(res["free_bytes"])
+            except (MigrateError, TransferError, OSError, TimeoutError, KeyError, TypeError, ValueError) as e:
+                log.info("migrate: node %d did not say its free disk space: %s", n, e)
+                return None
+
+        answers = await asyncio.gather(*(ask(n) for n in nodes))
+        return dict(zip(nodes, answers, strict=True))
+
+    async def rank_holders(self, key: str, size: int, window_s: float | None, prefer: int | None) -> list[Any]:
+        """Live peers that could hold a checkpoint of ``size`` bytes (not suspect, not draining,
+        not under a reclaim notice), ranked by :func:`laminar.migrate.holder.choose_holder`
+        with their own answers about free disk space."""
+        cands = self.candidates(dst.Resources())
+        free = await self._disk_free([int(c.node) for c in cands], size)
+        hc = [HolderCandidate(c.node, c.zone, free[int(c.node)], c.path_bps, float(c.survival or 0.0)) for c in cands]
+        z = self.zone
+        return choose_holder(hc, float(size), window_s, margin=float(self.s["notice_margin"]),
+                             src_zone=None if z is None else str(z.zone),
+                             prefer=() if prefer is None else (str(prefer),))
+
+    async def _hold(self, job: Any, mv: Move, ckpt: Path, size: int, xfer_deadline: float | None, why: str) -> None:
+        """No peer can run ``job`` now: send its final checkpoint to the best storage holder,
+        stop the job here (state ``reclaimed``) and hand the holder the guard with ``take_over``,
+        so it places the job as soon as room frees. Raises MigrateError when no holder takes it."""
+        mv.phase = "hold"
+        window = None if xfer_deadline is None else max(0.0, xfer_deadline - time.monotonic())
+        ranked = await self.rank_holders(self.job_key(job), size, window, self.buddy.get(job.id))
+        mv.ranked += [{"node": int(r.candidate.node), "feasible": r.feasible, "holder": True,
+                       "reasons": list(r.reasons)} for r in ranked]
+        errors = [why]
+        if not any(r.feasible for r in ranked):
+            errors.append("no holder: " + ("; ".join(f"node {r.candidate.node}: {', '.join(r.reasons)}"
+                                                      for r in ranked[:4]) or "no live peer in the zone"))
+        for r in (r for r in ranked if r.feasible):
+            node = int(r.candidate.node)
+            mv.dest = node
+            self._emit(f"{job.id}: no room for it in the zone ({why}); sending {ckpt.name} to node {node} to hold",
+                       job=job.id, node=node, phase="hold")
+            try:
+                await self._send(job, ckpt, node, xfer_deadline, mv)
+            except (MigrateError, TransferError, OSError, TimeoutError) as e:
+                errors.append(f"holder {node}: {e}")
+                continue
+            lost = max(0.0, self.frozen_at.pop(job.id, time.time()) - ckpt.stat().st_mtime)
+            with contextlib.suppress(Exception):  # stopped before the holder may resume it
+                await self.agent.jobs.stop(job.id, f"node {self.node_id} reclaimed with no room in the zone: "
+                                           f"{ckpt.name} held by node {node}, which resumes the job when room frees",
+                                           grace_s=1.0, state="reclaimed", work_lost_s=round(lost, 3))
+            try:
+                await self._guard(job, node, ckpt.name, take_over=True)
+            except (MigrateError, TransferError, OSError, TimeoutError) as e:
+                raise MigrateError(f"holder {node} has {ckpt.name} but did not take the guard: {e}; the job's "
+                                   "buddy still guards it") from None
+            old = self.buddy.get(job.id)
+            if old is not None and old != node:
+                await self._release(old, self.job_key(job))
+            self.buddy[job.id] = node
+            mv.phase = "held"
+            self.counts["held"] += 1
+            self._emit(f"{job.id}: {ckpt.name} held by node {node}; it resumes the job when room frees",
+                       job=job.id, node=node, ckpt=ckpt.name, phase="held")
+            return
+        raise MigrateError("; ".join(errors))
+
+    async def _pass_guards(self, deadline_mono: float) -> None:
+        """This node is reclaimed: every job it guards whose source has stopped it (a held
+        checkpoint, ``take_over``, or a guard waiting for room) goes on to the best storage
+        holder among the live peers, with its newest verified checkpoint and the guard, so the
+        job is not lost with this node. (A guard of a job that still runs at its source needs
+        nothing: the source sees this node's notice and picks another buddy.)"""
+        db = self.agent.store.db
+        rows = db.execute("SELECT * FROM migrate_replicas WHERE state IN ('guarding', 'waiting')").fetchall()
+        for row in rows:
+            key = row["key"]
+            try:
+                req = json.loads(row["request"])
+            except ValueError:
+                continue
+            if row["state"] != "waiting" and not req.get("take_over"):
+                continue
+            while key in self._taking:  # a take-over in flight ends first (it may place the job)
+                await asyncio.sleep(0.05)
+            row = db.execute("SELECT * FROM migrate_replicas WHERE key=?", (key,)).fetchone()
+            if row is None or row["state"] not in ("guarding", "waiting"):
+                continue
+            self._taking.add(key)
+            try:
+                await self._pass_one(row, req, deadline_mono)
+            except Exception as e:  # the next guard is tried; this one is lost with the node
+                log.warning("migrate: passing the guard of %s on failed: %s", key, e)
+                self._emit(f"{key}: could not pass its guard on before this node left: {e}", key=key, phase="failed")
+            finally:
+                self._taking.discard(key)
+
+    async def _pass_one(self, row: Any, req: dict[str, Any], deadline_mono: float) -> None:
+        key = row["key"]
+        assert self.root is not None
+        path = latest_verified(self.root, key)
+        if path is None:
+            return
+        size = sum(f.stat().st_size for f in path.iterdir() if f.is_file())
+        window = max(0.0, deadline_mono - time.monotonic())
+        ranked = [r for r in await self.rank_holders(key, size, window, None)
+                  if r.feasible and int(r.candidate.node) != int(row["src_node"])]
+        errors = []
+        for r in ranked:
+            node = int(r.candidate.node)
+            try:
+                addr, port, zkey, zone = self._peer(node)
+                await send_checkpoint(addr, port, path, key, zkey, zone=zone, node=str(self.node_id),
+                                      chunk_size=int(self.s["chunk_kb"]) << 10,
+                                      rate_bps=float(self.s["rate_mbit"]) * 1e6 or None, deadline_monotonic=deadline_mono)
+                await self._control(node, "guard", {"key": key, "src_node": int(row["src_node"]),
+                                                    "src_job": row["src_job"], "ckpt": path.name,
+                                                    "request": {**req, "take_over": True}})
+            except (MigrateError, TransferError, OSError, TimeoutError) as e:
+                errors.append(f"node {node}: {e}")
+                continue
+            self._set_replica(key, "passed", f"node {node}")
+            self._emit(f"{key}: this node is reclaimed; {path.name} and the job's guard passed on to node {node}",
+                       key=key, node=node, ckpt=path.name, phase="passed")
+            return
+        raise MigrateError("; ".join(errors) or "no live peer can hold it")
 
     async def _reserve(self, node: int, demand: Any, hold_s: float) -> int:
         """Probe ``node`` and commit its offer through the zone: the placement id holding the
@@ -855,13 +1014,22 @@ class ReclaimComponent:
             raise
         return out
 
-    async def _guard(self, job: Any, node: int, ckpt_name: str) -> None:
+    async def _guard(self, job: Any, node: int, ckpt_name: str, take_over: bool = False) -> None:
+        """Hands ``node`` the guard of ``job`` (its spec and owner). ``take_over``: the job is
+        stopped here, so the guard places it at once (not when this node is declared dead).
+        During a reclaim the guard also learns the window's end (it declares this node dead
+        then, even after a restart that lost the zone's notice)."""
         spec = job.spec.as_dict()
         spec.pop("gpus", None)
+        request: dict[str, Any] = {"spec": spec, "owner_uid": job.owner_uid, "owner_gid": job.owner_gid,
+                                   "gpus": self._need(job)[1].gpus}
+        if self.reclaim is not None and not self.reclaim["task"].done():
+            request["window_end"] = self.reclaim["deadline"]
+        if take_over:
+            request["take_over"] = True
         await self._control(node, "guard", {
             "key": self.job_key(job), "src_node": self.node_id, "src_job": job.id, "ckpt": ckpt_name,
-            "request": {"spec": spec, "owner_uid": job.owner_uid, "owner_gid": job.owner_gid,
-                        "gpus": self._need(job)[1].gpus}})
+            "request": request})
 
     # -- prestaging and guarding --------------------------------------------------------------
 
@@ -907,9 +1075,14 @@ class ReclaimComponent:
             node = self.buddy.get(job.id)
             if node is None or node in self.notices or node in self.zone.membership.suspects:
                 ranked = [r for r in self.rank_for(job, float(self._ckpt_bytes(job)), None, False) if r.feasible]
-                if not ranked:
-                    return
-                node = int(ranked[0].candidate.node)
+                if ranked:
+                    node = int(ranked[0].candidate.node)
+                else:  # no peer has room for the job: a peer with the disk space holds its replicas
+                    holders = [h for h in await self.rank_holders(self.job_key(job), self._ckpt_bytes(job), None, None)
+                               if h.feasible]
+                    if not holders:
+                        return
+                    node = int(holders[0].candidate.node)
             await self._send(job, ckpt, node, None, None)
             if job.id in self.evacuating:
                 return  # the move decides who guards the job now
@@ -935,8 +1108,11 @@ class ReclaimComponent:
         except (MigrateError, TransferError, OSError, TimeoutError) as e:
             log.info("migrate: release of %s at node %d failed: %s", key, node, e)
 
-    def _source_dead(self, src: int, now: float) -> str | None:
-        """Why the source of a replica counts as dead, or None while it may be alive."""
+    def _source_dead(self, src: int, now: float, window_end: float | None = None) -> str | None:
+        """Why the source of a replica counts as dead, or None while it may be alive.
+        ``window_end``: the end of the source's reclaim window as its guard message said."""
+        if window_end is not None and now >= window_end:
+            return f"node {src}'s reclaim window ended"
         seen = self._last_seen(src)
         silent = now - seen if seen >= 0 else math.inf
         notice = self.notices.get(src)
@@ -951,19 +1127,43 @@ class ReclaimComponent:
         return None
 
     async def _guard_round(self) -> None:
+        """Starts the take-over of each guarded job that is due: its source is dead (or stopped
+        the job and asked for it, ``take_over``), or it waits for room and its next look is due
+        (``migrate_retry``, kept across restarts)."""
         db = self.agent.store.db
-        rows = db.execute("SELECT * FROM migrate_replicas WHERE state='guarding'").fetchall()
+        rows = db.execute("SELECT * FROM migrate_replicas WHERE state IN ('guarding', 'waiting')").fetchall()
         now = time.time()
         for row in rows:
-            why = self._source_dead(int(row["src_node"]), now)
-            if why is None:
+            key = row["key"]
+            if key in self._taking:
                 continue
-            await self._take_over(row, why)
+            if row["state"] == "waiting":
+                r = db.execute("SELECT next_at, why FROM migrate_retry WHERE key=?", (key,)).fetchone()
+                if r is not None and now < float(r["next_at"]):
+                    continue
+                why = str(r["why"]) if r is not None else "waiting for room"
+            else:
+                try:
+                    req = json.loads(row["request"])
+                except ValueError:
+                    req = {}
+                if now < float(req.get("not_before") or 0.0):
+                    continue  # a guard handed over with a job being handed over: not before that ends
+                why_d = self._source_dead(int(row["src_node"]), now, req.get("window_end"))
+                if why_d is None and req.get("take_over"):
+                    why_d = f"node {row['src_node']} stopped the job and left its checkpoint here"
+                if why_d is None:
+                    continue
+                why = why_d
+            self._taking.add(key)
+            self._spawn(self._take_over(row, why))
 
     def _set_replica(self, key: str, state: str, job_id: str | None = None) -> None:
         with self.agent.store.tx() as db:
             db.execute("UPDATE migrate_replicas SET state=?, job_id=COALESCE(?, job_id), updated=? WHERE key=?",
                        (state, job_id, time.time(), key))
+            if state != "waiting":
+                db.execute("DELETE FROM migrate_retry WHERE key=?", (key,))
 
     def _runs_here(self, key: str) -> str | None:
         for j in self.agent.jobs.list():
@@ -971,23 +1171,63 @@ class ReclaimComponent:
                 return str(j.id)
         return None
 
+    @staticmethod
+    def _need_of(req: dict[str, Any]) -> tuple[Any, dst.Resources]:
+        """(zone Demand, Resources) of a guarded job's request (spec, gpus)."""
+        from laminar.zone.placement import Demand
+
+        spec = req.get("spec") or {}
+        gpus = int(req.get("gpus", 0) or 0)
+        cpus = float(spec.get("cpus") or 1.0)
+        mem = int(spec.get("memory_mb") or 256)
+        return Demand(gpus=float(gpus), cpus=cpus, memory_mb=mem), dst.Resources(gpus, mem << 20, cpus)
+
     async def _take_over(self, row: Any, why: str) -> None:
-        """Resume a guarded job from its newest verified replica here."""
+        """Resume a guarded job from its newest verified replica: here when this node has room,
+        else on the best-ranked peer with room (reserve, send, guard, hand over: the same choice
+        and mechanism as a move), else look again later (:class:`RetrySchedule`; state
+        ``waiting``). Never raises."""
+        key = row["key"]
+        try:
+            await self._take_over_once(row, key, why)
+        finally:
+            self._taking.discard(key)
+
+    async def _take_over_once(self, row: Any, key: str, why: str) -> None:
+        try:
+            here = self._runs_here(key)
+            if here is not None:
+                self._set_replica(key, "handed-over", here)
+                return
+            assert self.root is not None
+            path = latest_verified(self.root, key)
+            if path is None:
+                self._set_replica(key, "failed")
+                self._emit(f"{key}: {why}, but no verified checkpoint of it is held here; cannot resume it",
+                           key=key, phase="failed")
+                return
+            req = json.loads(row["request"])
+            if self.reclaim is not None and not self.reclaim["task"].done():
+                local_err: str | None = "this node is being reclaimed"
+            else:
+                local_err = await self._resume_here(row, req, path, why)
+            if local_err is None:
+                return
+            placed, remote_err = await self._place_elsewhere(row, req, path, why)
+            if placed:
+                return
+            self._wait_for_room(key, why, f"here: {local_err}; elsewhere: {remote_err}", path)
+        except Exception as e:  # a bug or a store error: look again later rather than give up
+            log.exception("migrate: take-over of %s", key)
+            with contextlib.suppress(Exception):
+                self._wait_for_room(key, why, repr(e), None)
+
+    async def _resume_here(self, row: Any, req: dict[str, Any], path: Path, why: str) -> str | None:
+        """Starts the job here from ``path``; None when it started (or is queued by this
+        node's admission), else why not (no free GPU, a command this node lacks)."""
         from laminar.runtime.jobs import JobError, JobSpec
 
         key = row["key"]
-        here = self._runs_here(key)
-        if here is not None:
-            self._set_replica(key, "handed-over", here)
-            return
-        assert self.root is not None
-        path = latest_verified(self.root, key)
-        if path is None:
-            self._set_replica(key, "failed")
-            self._emit(f"{key}: {why}, but no verified checkpoint of it is held here; cannot resume it",
-                       key=key, phase="failed")
-            return
-        req = json.loads(row["request"])
         spec_d = dict(req["spec"])
         spec_d["resume_from"] = str(path)
         spec_d["gpus"] = int(req.get("gpus", 0))
@@ -995,15 +1235,114 @@ class ReclaimComponent:
         try:
             job = await self.agent.jobs.submit(JobSpec.from_dict(spec_d), owner_uid=int(req.get("owner_uid", 0)),
                                                owner_gid=int(req.get("owner_gid", 0)))
-        except (JobError, Exception) as e:  # the spec was valid at the source; this node lacks something
-            self._set_replica(key, "failed")
-            self._emit(f"{key}: cannot resume here: {e}", key=key, phase="failed")
-            return
+        except (JobError, Exception) as e:  # the spec was valid at the source; this node lacks room or something
+            return str(e)
         self._set_replica(key, "resumed", job.id)
         self.counts["resumed"] += 1
         self._emit(f"{key}: {why}; resumed here as {job.id} from {path.name} (the newest verified replica)",
                    key=key, job=job.id, ckpt=path.name, src_node=int(row["src_node"]), src_job=row["src_job"],
                    phase="resumed")
+        return None
+
+    async def _place_elsewhere(self, row: Any, req: dict[str, Any], path: Path, why: str) -> tuple[bool, str]:
+        """Places the guarded job on the best-ranked peer with room: reserve it through the
+        zone, send the checkpoint, hand that peer the guard (not before the hand-over's
+        timeout, so it does not start a second copy), hand the job over with ``resume_from``.
+        Returns (placed, why not)."""
+        key = row["key"]
+        z = self.zone
+        if z is None:
+            return False, "this node is in a one-node zone"
+        demand, need = self._need_of(req)
+        size = sum(f.stat().st_size for f in path.iterdir() if f.is_file())
+        mreq = dst.MoveRequest(key, need, float(size), DEFAULT_REMAINING_S, None, str(self.node_id), str(z.zone),
+                               str(z.zone))
+        ranked = dst.rank(mreq, [c for c in self.candidates(need) if int(c.node) != int(row["src_node"])],
+                          margin=float(self.s["notice_margin"]))
+        feasible = [r for r in ranked if r.feasible]
+        if not feasible:
+            return False, ("no peer has room: " + "; ".join(f"node {r.candidate.node}: {', '.join(r.reasons[:1])}"
+                                                            for r in ranked[:4])) if ranked else "no live peer"
+        errors = []
+        for r in feasible:
+            node = int(r.candidate.node)
+            try:
+                dest_job = await self._place_on(row, req, path, node, demand)
+            except (MigrateError, TransferError, OSError, TimeoutError) as e:
+                errors.append(f"node {node}: {e}")
+                continue
+            self._set_replica(key, "placed", f"node {node}/{dest_job}")
+            self.counts["placed"] += 1
+            self._emit(f"{key}: {why}; placed on node {node} as {dest_job}, resuming from {path.name}", key=key,
+                       node=node, dest_job=dest_job, ckpt=path.name, src_node=int(row["src_node"]),
+                       src_job=row["src_job"], phase="placed")
+            return True, ""
+        return False, "; ".join(errors)
+
+    async def _place_on(self, row: Any, req: dict[str, Any], path: Path, node: int, demand: Any) -> str:
+        """Reserve ``node``, send ``path``, give it the guard, hand the job over: its job id there.
+        Raises MigrateError/TransferError/OSError/TimeoutError (the reservation released)."""
+        from laminar.zone import wire
+
+        key = row["key"]
+        z = self.zone
+        pid = await self._reserve(node, demand, HOLD_MIN_S)
+        guarded = False
+        try:
+            addr, port, zkey, zone = self._peer(node)
+            res = await send_checkpoint(addr, port, path, key, zkey, zone=zone, node=str(self.node_id),
+                                        chunk_size=int(self.s["chunk_kb"]) << 10,
+                                        rate_bps=float(self.s["rate_mbit"]) * 1e6 or None)
+            grace = float(z.s["handover_timeout_s"]) + 5.0
+            await self._control(node, "guard", {"key": key, "src_node": int(row["src_node"]), "src_job": row["src_job"],
+                                                "ckpt": path.name,
+                                                "request": {**req, "take_over": True, "not_before": time.time() + grace}})
+            guarded = True
+            spec = dict(req["spec"])
+            spec["resume_from"] = res.remote_path
+            spec["env"] = {**spec.get("env", {}), MIGRATED_ENV: key}
+            return await self._handover(node, pid, {"spec": spec, "owner_uid": req.get("owner_uid", 0),
+                                                    "owner_gid": req.get("owner_gid", 0)})
+        except BaseException:
+            z.submitter.t.send(node, wire.Release(pid))
+            if guarded:
+                await self._release(node, key)
+            raise
+
+    async def _handover(self, node: int, pid: int, req: dict[str, Any]) -> str:
+        """Hands a job request over to ``node`` under its reservation ``pid``: the job's id there.
+        Raises MigrateError when it does not start the job."""
+        from laminar.zone import wire
+        from laminar.zone.component import HANDOVER_OK
+        from laminar.zone.transport import HandoverError
+
+        z = self.zone
+        m = z.membership.by_node[node]
+        try:
+            ack = await z.submitter.t.handover(node, m.handover_port, wire.Handover(pid, json.dumps(req).encode()),
+                                               float(z.s["handover_timeout_s"]))
+        except HandoverError as e:
+            raise MigrateError(f"hand-over to node {node} failed: {e}") from None
+        if ack.status != HANDOVER_OK:
+            raise MigrateError(f"node {node} did not start the job: {ack.text}")
+        return str(ack.text)
+
+    def _wait_for_room(self, key: str, why: str, error: str, path: Path | None) -> None:
+        """No room anywhere yet: state ``waiting`` and the next look per the retry schedule."""
+        db = self.agent.store.db
+        r = db.execute("SELECT attempts FROM migrate_retry WHERE key=?", (key,)).fetchone()
+        attempts = 0 if r is None else int(r["attempts"])
+        delay = self.retry.delay(attempts)
+        now = time.time()
+        with self.agent.store.tx() as tx:
+            tx.execute("INSERT INTO migrate_retry VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT(key) DO UPDATE SET "
+                       "attempts=excluded.attempts, next_at=excluded.next_at, last_error=excluded.last_error, "
+                       "updated=excluded.updated", (key, attempts + 1, now + delay, why, error, now))
+            tx.execute("UPDATE migrate_replicas SET state='waiting', updated=? WHERE key=?", (now, key))
+        self.counts["retries"] += 1
+        self._emit(f"{key}: no room for it yet ({error}); holding {path.name if path else 'its checkpoint'}, "
+                   f"looking again in {delay:g} s", persist=attempts == 0, key=key, phase="waiting",
+                   attempts=attempts + 1, next_in_s=delay)
 
     # -- the endpoint's callbacks -------------------------------------------------------------
 
@@ -1023,15 +1362,20 @@ class ReclaimComponent:
             with self.agent.store.tx() as db:
                 db.execute("INSERT INTO migrate_replicas VALUES (?, ?, ?, ?, ?, 'guarding', NULL, ?) "
                            "ON CONFLICT(key) DO UPDATE SET ckpt=excluded.ckpt, request=excluded.request, "
-                           "state=CASE WHEN state IN ('resumed', 'handed-over') THEN state ELSE 'guarding' END, "
+                           "state=CASE WHEN state IN ('resumed', 'handed-over', 'placed') THEN state ELSE 'guarding' END, "
                            "updated=excluded.updated",
                            (key, int(body["src_node"]), str(body["src_job"]), json.dumps(body["request"]),
                             str(body["ckpt"]), time.time()))
             return {"guarding": key}
+        if op == "space":  # may this node hold a checkpoint? (storage holders, _hold)
+            assert self.root is not None
+            self.root.mkdir(parents=True, exist_ok=True)
+            free = shutil.disk_usage(self.root).free - float(self.s["holder_reserve_mb"]) * (1 << 20)
+            return {"free_bytes": max(0.0, free)}
         if op == "release":
             key = str(body["key"])
             with self.agent.store.tx() as db:
-                db.execute("UPDATE migrate_replicas SET state='released', updated=? WHERE key=? AND state='guarding'",
+                db.execute("UPDATE migrate_replicas SET state='released', updated=? WHERE key=? AND state IN ('guarding', 'waiting')",
                            (time.time(), key))
             return {"released": key}
         if op == "reclaim":
@@ -1039,7 +1383,7 @@ class ReclaimComponent:
             if abs(time.time() - ts) > 60:
                 raise ValueError(f"reclaim notice dated {ts} is more than 60 s from this node's clock")
             return self.start_reclaim(parse_duration(body["notice_s"]), f"{body.get('reason', '')} (from node {node})")
-        raise ValueError(f"unknown control operation {op!r} (guard, release, reclaim)")
+        raise ValueError(f"unknown control operation {op!r} (guard, release, reclaim, space)")
 
     def _on_event(self, e: dict[str, Any]) -> None:
         """Records the zone's reclaim notices of other nodes (zone events with deadline_ms)."""
@@ -1107,8 +1451,10 @@ class ReclaimComponent:
             return mv.as_dict()
 
         async def replicas(req: Request) -> list[dict[str, Any]]:
-            rows = self.agent.store.db.execute("SELECT key, src_node, src_job, ckpt, state, job_id, updated "
-                                               "FROM migrate_replicas ORDER BY updated").fetchall()
+            rows = self.agent.store.db.execute(
+                "SELECT r.key, r.src_node, r.src_job, r.ckpt, r.state, r.job_id, r.updated, t.attempts, "
+                "t.next_at, t.last_error FROM migrate_replicas r LEFT JOIN migrate_retry t ON t.key = r.key "
+                "ORDER BY r.updated").fetchall()
             return [dict(r) for r in rows]
 
         async def checkpoints(req: Request) -> dict[str, Any]:

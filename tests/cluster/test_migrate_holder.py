@@ -1,0 +1,117 @@
+"""Storage holders and the retrying guard between real agents: node A is reclaimed while no
+peer has room for its job (each peer's only GPU is taken by a job of its own). The job's final
+checkpoint still leaves A: it goes to a peer with the disk space (the holder), which guards the
+job, finds no room, and keeps looking (backoff, state kept in its store across a restart of
+its agent). When room frees on another node, the holder reserves it through the zone, sends
+the checkpoint there and hands the job over; the job resumes from exactly its final
+checkpoint and ends with the weights of an uninterrupted run.
+
+Three agents in one zone (tests/cluster/harness.py), one declared (fake) GPU each; the job is
+the real PyTorch job examples/train_mnistlike.py on CPU.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+
+import pytest
+from agentproc import remove_cgroup_tree
+from conftest import delete_netns
+from harness import wait_until
+from test_migration import (  # noqa: F401  (fixtures: make_cluster, reference_sha)
+    CKPT_EVERY,
+    alive,
+    assert_continuous,
+    find_migrated,
+    job_log,
+    job_state,
+    make_cluster,
+    migrate_config,
+    reference_sha,
+    steps_of,
+    train_cmd,
+    verified_steps,
+)
+
+pytestmark = pytest.mark.cluster
+
+
+def submit(nd, *argv: str, gpus: int = 1) -> str:  # type: ignore[no-untyped-def]
+    return str(json.loads(nd.ctl("-o", "json", "submit", "--gpus", str(gpus), *argv).stdout)["id"])
+
+
+def replica(nd, key: str) -> dict | None:  # type: ignore[no-untyped-def]
+    return next((r for r in nd.json("replicas") if r["key"] == key), None)
+
+
+def test_no_room_anywhere_the_checkpoint_is_held_and_the_job_resumes_when_room_frees(make_cluster, reference_sha):  # noqa: F811
+    c = make_cluster(zones=1, per_zone=3, gpus=1,
+                     zone_extra=migrate_config(retry_base_s=0.5, retry_max_s=2.0, holder_reserve_mb=0))
+    a, peers = c.nodes[0], c.nodes[1:]
+    # every peer's only GPU is taken by a job of its own: no peer can run A's job
+    fillers = {nd.node_id: submit(nd, "--name", "filler", "--", "sleep", "3600") for nd in peers}
+    for nd in peers:
+        wait_until(lambda nd=nd: job_state(nd, fillers[nd.node_id])["state"] == "running", 30, "the filler to run")
+    time.sleep(1.5)  # a few summary rounds (0.3 s): the peers' full GPUs reach A (a stale one is refused at the probe)
+    jid = submit(a, "--name", "train", "--", *train_cmd(0.1))
+    key = f"n{a.node_id}-{jid}"
+    # with no room anywhere, the prestaged replicas go to a peer that only stores them
+    wait_until(lambda: any(verified_steps(nd, key) for nd in peers), 60, "a prestaged replica on a storage-only buddy")
+
+    window_end = json.loads(a.ctl("-o", "json", "reclaim", "--notice", "8s", "--reason", "owner needs it").stdout
+                            )["reclaim"]["deadline"]
+    wait_until(lambda: a.json("migrations") and a.json("migrations")[0]["phase"] in ("held", "failed"), 60,
+               "the final checkpoint to leave A")
+    move = a.json("migrations")[0]
+    assert move["phase"] == "held", move
+    assert any("no destination fits" in " ".join(r["reasons"]) or "needs 1 GPUs" in " ".join(r["reasons"])
+               for r in move["ranked"] if not r.get("holder")), move["ranked"]
+    held = int(move["ckpt"].removeprefix("ckpt-"))
+    h = c.nodes[move["dest"] - 1]
+    x = next(nd for nd in peers if nd is not h)  # where room will free
+    assert held in verified_steps(h, key)  # the final checkpoint itself, verified on the holder
+    assert job_state(a, jid)["state"] == "reclaimed"
+    on_a = job_log(a, jid)
+    asked = [e["step"] for e in on_a if e["event"] == "checkpoint" and e["requested"]]
+    assert asked and asked[0] <= held, (asked, held)
+    assert len([s for s in steps_of(on_a) if s > held]) <= CKPT_EVERY  # lost: only the steps after it
+
+    # the holder guards the job, finds no room and keeps looking
+    wait_until(lambda: (r := replica(h, key)) is not None and r["state"] == "waiting" and (r["attempts"] or 0) >= 2,
+               30, "the holder to look for room more than once")
+    assert find_migrated(c, key) is None
+    # A leaves for good: its agent, its jobs, its namespace
+    wait_until(lambda: time.time() > window_end + 0.5, 30, "A's window to end")
+    a.agent.kill9()
+    remove_cgroup_tree(a.agent.cgroup_root)
+    delete_netns(a.netns)
+
+    # the holder's agent restarts: the guard and its retries survive in its store
+    before = replica(h, key)
+    assert before is not None
+    h.agent.kill9()
+    h.agent.start()
+    r = wait_until(lambda: (r := replica(h, key)) is not None and r["state"] == "waiting"
+                   and r["attempts"] > before["attempts"] and r, 60, "the holder to look again after its restart")
+    assert "here:" in r["last_error"] and "elsewhere:" in r["last_error"], r
+    assert find_migrated(c, key) is None
+
+    # room frees on another node: the holder places the job there from the held checkpoint
+    x.ctl("job", "stop", fillers[x.node_id])
+    found = wait_until(lambda: find_migrated(c, key), 60, "the job to resume where room freed", every=0.3)
+    nd, job = found
+    assert nd is x, (nd.node_id, x.node_id)
+    wait_until(lambda: job_state(x, job["id"])["state"] == "exited", 120, "the resumed job to finish")
+    assert job_state(x, job["id"])["exit_code"] == 0
+    on_x = job_log(x, job["id"])
+    assert_continuous(on_x, held)  # from the final checkpoint, every later step once
+    assert [e for e in on_x if e["event"] == "done"][0]["weights_sha256"] == reference_sha
+    assert held in verified_steps(x, key)  # what it restored was verified there
+    placed = [e for e in h.json("events", "--kind", "migrate") if e.get("phase") == "placed"]
+    assert placed and placed[0]["node"] == x.node_id and placed[0]["key"] == key, placed
+    assert replica(h, key)["state"] == "placed"
+    # exactly one copy ran on the survivors
+    copies = [j for n in c.nodes[1:] if alive(n) for j in n.json("jobs")
+              if (j["spec"].get("env") or {}).get("LM_MIGRATED_FROM") == key]
+    assert len(copies) == 1, copies
