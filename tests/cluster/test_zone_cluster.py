@@ -67,6 +67,12 @@ def test_jobs_submitted_on_one_node_run_on_others_never_over_capacity(make_clust
     # fractional GPUs share the freed GPU of one job: two halves fit where one whole job was
     victim = results[0]
     c.nodes[victim["node"] - 1].ctl("job", "stop", victim["job_id"], "--grace", "0")
+    # its GPU is the only free one: its zone's summary names it (a hint) for one GPU, as other
+    # zones receive it, so a probe goes to it
+    vzone = (victim["node"] - 1) // 3 + 1
+    observer = c.nodes[(vzone % 3) * 3]  # a node of another zone
+    wait_until(lambda: observer.json("zone", "stats")["zone_summaries"].get(str(vzone), {}).get("hints", {}).get("1.0")
+               == [victim["node"]], 30, "the zone summary to hint the node with the free GPU")
     wait_until(lambda: c.place(0, {"name": "half-a", "command": SLEEP}, gpus=0.5)["outcome"] == "placed",
                30, "the freed GPU to be offered again")
     half_b = c.place(0, {"name": "half-b", "command": SLEEP}, gpus=0.5)

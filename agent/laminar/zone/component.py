@@ -6,7 +6,7 @@ Two halves, both free of sockets so the agent and the simulated transport run th
   lease, committed for the hand-over, then *placed* while the job runs) and decides each probe
   with :func:`laminar.zone.placement.arbitrate`.
 - :class:`Submitter` places one job: choose a zone by fit, probe ``d`` nodes, bind the first
-  good offer, release the rest, hand the job over; bounded retries. It talks through a
+  good offer by handing the job over (the others lapse with their lease); bounded retries. It talks through a
   :class:`laminar.zone.transport.Transport` (real UDP/TCP in the agent,
   :class:`laminar.zone.simnet.SimNet` in the benchmark).
 
@@ -1281,7 +1281,8 @@ class ZoneComponent:
             "loan": {"pool": self.loan.pool, "load": self.loan.load, "loanable": self.loan.loanable,
                      "returned": self.loan.returned, **self.loan.counts},
             "zone_summaries": {z: {"nodes": s.nodes, "slots": dict(zip(map(str, pl.SHAPES), s.slots, strict=True)),
-                                   "gpu_models": list(s.gpu_models), "age_s": round(now - s.issued_at, 2)}
+                                   "gpu_models": list(s.gpu_models), "age_s": round(now - s.issued_at, 2),
+                                   "hints": {str(pl.SHAPES[k]): list(h) for k, h in enumerate(s.hints) if h}}
                                for z, s in self.zone_summaries.items()},
         }
 

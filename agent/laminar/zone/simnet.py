@@ -64,6 +64,8 @@ class SimNet:
     _encoders: dict[int, wire.Encoder] = field(default_factory=dict)
     _decoders: dict[int, wire.Decoder] = field(default_factory=dict)
     _waiting: dict[int, asyncio.Queue[tuple[int, wire.Body]]] = field(default_factory=dict)
+    _dirty: set[int] = field(default_factory=set)
+    _lapsing: set[int] = field(default_factory=set)
 
     @classmethod
     def build(
@@ -74,21 +76,25 @@ class SimNet:
         rng: random.Random | None = None,
         fill: float = 0.5,
         use_wire: bool = True,
+        summaries: bool = True,
     ) -> SimNet:
         """``nodes`` fake nodes in zones of ``zone_size``, each GPU already ``fill`` used on
-        average (idle, half or fully used GPUs drawn at random), 64 CPUs and 512 GB."""
+        average (idle, half or fully used GPUs drawn at random), 64 CPUs and 512 GB. The zone
+        summaries are computed unless ``summaries`` is False (call :meth:`refresh_summaries`)."""
         rng = rng or random.Random(0)
         members = [Member(n, 1 + (n - 1) // zone_size, f"10.{n >> 16}.{(n >> 8) & 255}.{n & 255}", 7440, 7441)
                    for n in range(1, nodes + 1)]
         arbiters = {}
-        for m in members:
-            gpus = tuple(rng.choices((1.0, 0.5, 0.0), weights=(1 - fill, fill * 0.4, fill * 0.8))[0]
-                         for _ in range(gpus_per_node))
+        # one draw for all GPUs: the same stream of random() as one draw per GPU, faster
+        free = rng.choices((1.0, 0.5, 0.0), weights=(1 - fill, fill * 0.4, fill * 0.8), k=nodes * gpus_per_node)
+        for i, m in enumerate(members):
+            gpus = tuple(free[i * gpus_per_node:(i + 1) * gpus_per_node])
             inv = pl.NodeCapacity(m.node, m.zone, gpus, 64.0, 512_000, "H100")
             arbiters[m.node] = Arbiter(inv, hold_s=30.0)  # the agent's default lease
         membership = Membership(self_node=1, members=members)
         net = cls(arbiters, membership, rng, submitter_node=1, use_wire=use_wire)
-        net.refresh_summaries()
+        if summaries:
+            net.refresh_summaries()
         return net
 
     # -- the fake network -------------------------------------------------------------------
@@ -118,6 +124,7 @@ class SimNet:
         if a is None:
             return
         got = self._carry(self.submitter_node, node, body)
+        self.touch(node)
         reply: wire.Body | None = None
         if isinstance(got, wire.Probe):
             reply = a.on_probe(got, self.clock_s)
@@ -149,6 +156,7 @@ class SimNet:
 
     async def handover(self, node: int, port: int, body: wire.Handover, timeout_s: float) -> wire.HandoverAck:
         got = self._carry(self.submitter_node, node, body)
+        self.touch(node)
         assert isinstance(got, wire.Handover)
         p = self.arbiters[node].bind(got.placement_id, self.clock_s, self.submitter_node)
         if p is None:
@@ -162,18 +170,34 @@ class SimNet:
 
     # -- zone summaries ------------------------------------------------------------------------
 
-    def refresh_summaries(self) -> None:
-        """Recompute every zone's summary from its nodes' residual capacity, as the agents'
-        summary traffic would (its cost is the background rate, not part of a placement)."""
+    def touch(self, node: int) -> None:
+        """Mark ``node``'s zone summary for recomputation (its capacity may have changed)."""
+        m = self.membership.by_node.get(node)
+        if m is not None:
+            self._dirty.add(m.zone)
+
+    def refresh_summaries(self, only_changed: bool = False) -> None:
+        """Recompute the zone summaries from their nodes' residual capacity, as the agents'
+        summary traffic would (its cost is the background rate, not part of a placement).
+
+        ``only_changed`` recomputes only zones that may have changed through placing: a node
+        of theirs got a message or finished a job since the last refresh (:meth:`touch`), or
+        held an offer then (its lease may have run out since); the other zones' summaries are
+        still exact. Without it every zone is recomputed (after changing arbiters directly)."""
+        zones = self._dirty | self._lapsing if only_changed and self.zone_summaries else None
         by_zone: dict[int, list[pl.NodeCapacity]] = {}
-        for n, a in self.arbiters.items():
-            by_zone.setdefault(self.membership.by_node[n].zone, []).append(a.view(self.clock_s))
+        for z in (self.membership.zones() if zones is None else zones):
+            by_zone[z] = [self.arbiters[n].view(self.clock_s) for n in self.membership.zone_list(z) if n in self.arbiters]
         hint_rng = random.Random(int(self.clock_s * 1000))  # its own stream: placements' draws stay as they were
-        self.zone_summaries = {z: pl.summarize_zone(z, caps, self.clock_s, rng=hint_rng, hints=self.hints)
-                               for z, caps in by_zone.items()}
+        fresh = {z: pl.summarize_zone(z, caps, self.clock_s, rng=hint_rng, hints=self.hints)
+                 for z, caps in sorted(by_zone.items())}
         # what a zone-summary datagram would carry must fit one datagram
-        for s in self.zone_summaries.values():
+        for s in fresh.values():
             wire.Encoder(0, SIM_KEY, seq0=1).encode(zone_summary_to_msg(s), 1, self.clock_s)
+        self.zone_summaries = {**self.zone_summaries, **fresh}
+        self._lapsing = {z for z in fresh if any(self.arbiters[n].held for n in self.membership.zone_list(z)
+                                                  if n in self.arbiters)}
+        self._dirty = set()
         self._fits_cache.clear()
 
     def zone_fits(self, demand: pl.Demand) -> dict[int, float]:
@@ -230,7 +254,7 @@ def run_placements(net: SimNet, demands: list[pl.Demand], keep_running: int,
         nonlocal cpu, msgs
         for i, d in enumerate(demands):
             if i and i % refresh_every == 0:
-                net.refresh_summaries()
+                net.refresh_summaries(only_changed=True)
             m0 = net.messages
             c0 = time.process_time()
             r = await sub.place(d, {"name": f"sim-{i}"})
@@ -243,6 +267,7 @@ def run_placements(net: SimNet, demands: list[pl.Demand], keep_running: int,
             while len(running) > keep_running:
                 node, pid = running.pop(0)
                 net.arbiters[node].finish(pid)
+                net.touch(node)
 
     asyncio.run(go())
     return results, cpu, msgs

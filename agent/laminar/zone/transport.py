@@ -7,8 +7,8 @@ node, receive the answers of one placement in arrival order, hand a job over. Th
 envelope behind a length prefix). The benchmark uses :class:`laminar.zone.simnet.SimNet`.
 
 Answers are routed by placement id (:class:`Router`): an offer that arrives for a placement
-nobody waits for any more (it came after the submitter bound another) is answered with a
-release at once, so late offers never hold capacity longer than one round trip.
+nobody waits for any more (it came after the submitter bound another) is counted and dropped;
+it lapses with its short lease on the node that made it (no release is sent).
 """
 
 from __future__ import annotations
@@ -48,7 +48,7 @@ class Transport(Protocol):
         """Start routing answers (offer, refuse, commit-ack) for ``placement_id`` to a queue."""
 
     def forget(self, placement_id: int) -> None:
-        """Stop routing; later offers for it get released."""
+        """Stop routing; later offers for it are dropped (they lapse)."""
 
     async def handover(self, node: int, port: int, body: wire.Handover, timeout_s: float) -> wire.HandoverAck:
         """Hand the job over; raises :class:`HandoverError` without an answer."""
@@ -70,8 +70,8 @@ class Router:
         self.waiting.pop(placement_id, None)
 
     def route(self, node: int, body: wire.Offer | wire.Refuse | wire.CommitAck) -> bool:
-        """Queue an answer for its placement; False when nobody waits (the caller releases a
-        late offer)."""
+        """Queue an answer for its placement; False when nobody waits (a late offer: counted,
+        it lapses)."""
         q = self.waiting.get(body.placement_id)
         if q is None:
             if isinstance(body, wire.Offer):
