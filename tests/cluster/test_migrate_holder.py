@@ -2,11 +2,12 @@
 peer has room for its job (each peer's only GPU is taken by a job of its own). The job's final
 checkpoint still leaves A: it goes to a peer with the disk space (the holder), which guards the
 job, finds no room, and keeps looking (backoff, state kept in its store across a restart of
-its agent). When room frees on another node, the holder reserves it through the zone, sends
-the checkpoint there and hands the job over; the job resumes from exactly its final
-checkpoint and ends with the weights of an uninterrupted run.
+its agent). Then the holder is reclaimed itself: it passes the checkpoint and the guard on to
+another peer (also full). When room frees on a third node, that guard reserves it through
+the zone, sends the checkpoint there and hands the job over; the job resumes from exactly
+its final checkpoint and ends with the weights of an uninterrupted run.
 
-Three agents in one zone (tests/cluster/harness.py), one declared (fake) GPU each; the job is
+Four agents in one zone (tests/cluster/harness.py), one declared (fake) GPU each; the job is
 the real PyTorch job examples/train_mnistlike.py on CPU.
 """
 
@@ -46,13 +47,13 @@ def replica(nd, key: str) -> dict | None:  # type: ignore[no-untyped-def]
 
 
 def test_no_room_anywhere_the_checkpoint_is_held_and_the_job_resumes_when_room_frees(make_cluster, reference_sha):  # noqa: F811
-    c = make_cluster(zones=1, per_zone=3, gpus=1,
+    c = make_cluster(zones=1, per_zone=4, gpus=1,
                      zone_extra=migrate_config(retry_base_s=0.5, retry_max_s=2.0, holder_reserve_mb=0))
     a, peers = c.nodes[0], c.nodes[1:]
     # every peer's only GPU is taken by a job of its own: no peer can run A's job
     fillers = {nd.node_id: submit(nd, "--name", "filler", "--", "sleep", "3600") for nd in peers}
-    for nd in peers:
-        wait_until(lambda nd=nd: job_state(nd, fillers[nd.node_id])["state"] == "running", 30, "the filler to run")
+    wait_until(lambda: all(job_state(nd, fillers[nd.node_id])["state"] == "running" for nd in peers), 30,
+               "the fillers to run")
     time.sleep(1.5)  # a few summary rounds (0.3 s): the peers' full GPUs reach A (a stale one is refused at the probe)
     jid = submit(a, "--name", "train", "--", *train_cmd(0.1))
     key = f"n{a.node_id}-{jid}"
@@ -69,7 +70,6 @@ def test_no_room_anywhere_the_checkpoint_is_held_and_the_job_resumes_when_room_f
                for r in move["ranked"] if not r.get("holder")), move["ranked"]
     held = int(move["ckpt"].removeprefix("ckpt-"))
     h = c.nodes[move["dest"] - 1]
-    x = next(nd for nd in peers if nd is not h)  # where room will free
     assert held in verified_steps(h, key)  # the final checkpoint itself, verified on the holder
     assert job_state(a, jid)["state"] == "reclaimed"
     on_a = job_log(a, jid)
@@ -94,23 +94,36 @@ def test_no_room_anywhere_the_checkpoint_is_held_and_the_job_resumes_when_room_f
     h.agent.start()
     r = wait_until(lambda: (r := replica(h, key)) is not None and r["state"] == "waiting"
                    and r["attempts"] > before["attempts"] and r, 60, "the holder to look again after its restart")
+    assert isinstance(r, dict)
     assert "here:" in r["last_error"] and "elsewhere:" in r["last_error"], r
     assert find_migrated(c, key) is None
 
-    # room frees on another node: the holder places the job there from the held checkpoint
-    x.ctl("job", "stop", fillers[x.node_id])
+    # the holder is reclaimed in turn: the checkpoint and the guard go on to another full peer
+    h.ctl("reclaim", "--notice", "6s", "--reason", "the holder's owner needs it too")
+    passed = wait_until(lambda: [e for e in h.json("events", "--kind", "migrate") if e.get("phase") == "passed"], 30,
+                        "the holder to pass the guard on")
+    assert passed[0]["key"] == key and passed[0]["ckpt"] == move["ckpt"], passed
+    x = c.nodes[passed[0]["node"] - 1]
+    assert x is not h and x is not a
+    assert held in verified_steps(x, key)
+    wait_until(lambda: (r := replica(x, key)) is not None and r["state"] == "waiting", 30, "the new guard to wait for room")
+    assert replica(h, key)["state"] == "passed"  # type: ignore[index]
+    y = next(nd for nd in peers if nd is not h and nd is not x)  # where room will free
+
+    # room frees on another node: the guard places the job there from the held checkpoint
+    y.ctl("job", "stop", fillers[y.node_id])
     found = wait_until(lambda: find_migrated(c, key), 60, "the job to resume where room freed", every=0.3)
     nd, job = found
-    assert nd is x, (nd.node_id, x.node_id)
-    wait_until(lambda: job_state(x, job["id"])["state"] == "exited", 120, "the resumed job to finish")
-    assert job_state(x, job["id"])["exit_code"] == 0
-    on_x = job_log(x, job["id"])
-    assert_continuous(on_x, held)  # from the final checkpoint, every later step once
-    assert [e for e in on_x if e["event"] == "done"][0]["weights_sha256"] == reference_sha
-    assert held in verified_steps(x, key)  # what it restored was verified there
-    placed = [e for e in h.json("events", "--kind", "migrate") if e.get("phase") == "placed"]
-    assert placed and placed[0]["node"] == x.node_id and placed[0]["key"] == key, placed
-    assert replica(h, key)["state"] == "placed"
+    assert nd is y, (nd.node_id, y.node_id)
+    wait_until(lambda: job_state(y, job["id"])["state"] == "exited", 120, "the resumed job to finish")
+    assert job_state(y, job["id"])["exit_code"] == 0
+    on_y = job_log(y, job["id"])
+    assert_continuous(on_y, held)  # from the final checkpoint, every later step once
+    assert [e for e in on_y if e["event"] == "done"][0]["weights_sha256"] == reference_sha
+    assert held in verified_steps(y, key)  # what it restored was verified there
+    placed = [e for e in x.json("events", "--kind", "migrate") if e.get("phase") == "placed"]
+    assert placed and placed[0]["node"] == y.node_id and placed[0]["key"] == key, placed
+    assert replica(x, key)["state"] == "placed"  # type: ignore[index]
     # exactly one copy ran on the survivors
     copies = [j for n in c.nodes[1:] if alive(n) for j in n.json("jobs")
               if (j["spec"].get("env") or {}).get("LM_MIGRATED_FROM") == key]
