@@ -37,6 +37,7 @@ from laminar.migrate.ckpt_schedule import CkptJob, daly_interval, hazard_interva
 from laminar.migrate.destination import Candidate, MoveRequest, Resources, rank  # noqa: E402
 from laminar.migrate.evidence import NoticeOdds  # noqa: E402
 from laminar.migrate.hazard import HazardModel, HazardSum, SpotTrace, load_spot_trace, spot_trace_files  # noqa: E402
+from laminar.migrate.holder import HolderCandidate, RetrySchedule, choose_holder  # noqa: E402
 
 DEFAULT_TRACE = Path(__file__).resolve().parents[2] / "shared/data/spot-traces"
 SETS = ("preemption/1-node/aws-04-22-2023", "preemption/1-node/aws-04-19-2023")
@@ -58,6 +59,10 @@ class Params:
     prestage_unannounced: float = 0.02  # Laminar: migrate.prestage_unannounced (agent default)
     remaining_s: float = 3600.0  # Laminar: the survival horizon the agent ranks destinations with
     rotations: int = 8  # nodes per zone: the zone's trace shifted by 1 h steps
+    holder: bool = True  # Laminar: migrate.holder (a storage holder takes the final checkpoint when no node is free)
+    retry_base_s: float = 2.0  # Laminar: migrate.retry_base_s (the guard's first wait for room)
+    retry_max_s: float = 30.0  # Laminar: migrate.retry_max_s (the guard's longest wait)
+    durable_guards: bool = False  # NOT BUILT (sensitivity only): a guard's copy survives a pool-wide outage
 
 
 @dataclass
@@ -83,7 +88,8 @@ class Node:
         return self.starts[i] if i < len(self.starts) else math.inf
 
 
-DOWN_PARTS = ("wait_capacity", "final_ckpt_write", "final_transfer", "restart", "detect", "requeue_delay", "reconfig")
+DOWN_PARTS = ("wait_capacity", "retry_lag", "final_ckpt_write", "final_transfer", "resume_transfer", "restart", "detect",
+              "requeue_delay", "reconfig")
 
 
 @dataclass
@@ -96,6 +102,12 @@ class Result:
     useful_node_s: float = 0.0
     migrations: int = 0
     fallbacks: int = 0
+    held: int = 0  # Laminar: final checkpoints sent to a storage holder
+    holder_lost: int = 0  # Laminar: held checkpoints lost before the job was placed (it starts over)
+    buddy_lost: int = 0  # Laminar: buddies' replicas lost before the job was placed (it starts over)
+    guard_lost_abrupt: int = 0  # ... because the guard left without notice
+    guard_lost_no_peer: int = 0  # ... because no live peer could take the guard on
+    passes: int = 0  # Laminar: held checkpoints passed on by a holder that was reclaimed itself
 
     @property
     def lost_node_s(self) -> float:
@@ -160,6 +172,23 @@ def acquire(pool: list[Node], t: float, k: int, busy: set[str], order: list[Node
     return math.inf, []
 
 
+def guard_look(pool: list[Node], order: list[Node], sched: RetrySchedule, t_first: float,
+               busy: set[str]) -> tuple[float, float, float]:
+    """A guard that looks for a free node at ``t_first`` and then on ``sched`` (the agent's
+    RetrySchedule): (the look that finds one, the wait for capacity, the lag between room
+    freeing and that look). (inf, ., .) when no node ever frees."""
+    t = t_first
+    while True:
+        t_free, extra = acquire(pool, t, 1, busy, order)
+        if not extra:
+            return math.inf, 0.0, 0.0
+        t_look = sched.first_at_or_after(t_first, t_free)
+        _, up = acquire(pool, t_look, 1, busy, order)
+        if up and _ == t_look:  # still free at the look
+            return t_look, t_free - t_first, t_look - t_free
+        t = t_look
+
+
 def simulate(policy: str, pool: list[Node], start: float, end: float, p: Params, seed: int) -> Result:
     """One job of ``p.nodes_per_job`` nodes from ``start`` to ``end`` under ``policy``.
 
@@ -189,12 +218,42 @@ def simulate(policy: str, pool: list[Node], start: float, end: float, p: Params,
     tau_static = max(daly_interval(c_sync, job_mtbf), 30.0)
     abrupt_draws: dict[tuple[str, float], bool] = {}
     odds = NoticeOdds()  # what Laminar's agent learns: departures with and without notice
+    sched = RetrySchedule(p.retry_base_s, 2.0, p.retry_max_s)  # the guard's looks for room
 
     def abrupt(node: Node, d: float) -> bool:
         k = (node.zone, round(d))
         if k not in abrupt_draws:
             abrupt_draws[k] = rng.random() < p.abrupt_frac
         return abrupt_draws[k]
+
+    def keep_guard(guard: Node, t_at: float, until: float) -> bool:
+        """Whether the job's guard (holder or buddy: node-local copies) still holds its
+        checkpoint at ``until``. A guard reclaimed with notice passes the checkpoint and the
+        guard on to the live peer with the best odds (ReclaimComponent._pass_guards); one that
+        leaves without notice, or finds no live peer, loses them."""
+        assert hz is not None
+        if p.durable_guards:  # NOT BUILT: what a durable last resort (shared storage, as the baselines use) gives
+            return True
+        by = {n.name: n for n in pool}
+        while True:
+            up = guard.up_at(t_at)
+            g_end = up[1] if up else t_at
+            if g_end >= until:
+                return True
+            if abrupt(guard, g_end):
+                res.guard_lost_abrupt += 1
+                return False
+            t_pass = max(t_at, g_end - p.notice_s)
+            models = hz.at(t_pass)
+            peers = [n for n in pool if n is not guard and n.up_at(t_pass) and n.up_at(t_pass + size / link)]
+            hc = [HolderCandidate(n.name, n.zone, math.inf, link, models[n.zone].survival(t_pass, p.remaining_s))
+                  for n in peers]
+            nxt = [r for r in choose_holder(hc, size, g_end - t_pass) if r.feasible]
+            if not nxt:
+                res.guard_lost_no_peer += 1
+                return False
+            guard, t_at = by[nxt[0].candidate.node], t_pass + size / link
+            res.passes += 1
 
     job = CkptJob("j", size, p.write_gbps * 1e9)
     step = notice_schedule([job], link, p.notice_s)[0]
@@ -306,10 +365,46 @@ def simulate(policy: str, pool: list[Node], start: float, end: float, p: Params,
                     res.useful_node_s -= max(0.0, d - notice_at) * S  # paused from the signal on
                     nodes, t = rest + [dest], t_go
                     last_durable = t
-            if dest is None:
-                # no usable notice, or nowhere to go: the job's replica on its buddy is what is
-                # left (work since it rolls back); the buddy resumes it after the silence (no
-                # notice) or at the window's end, on the first free node up
+            held_by: Node | None = None
+            if dest is None and not is_abrupt and step.final and p.holder:
+                # nowhere to run it: the final checkpoint goes to the live peer with the best
+                # survival odds (ReclaimComponent._hold; disk space assumed on every peer) and
+                # the job stops there; the holder places it when room frees
+                models = hz.at(notice_at)
+                t_h = notice_at + write_s + size / link
+                live = [n for n in rest if n.up_at(t_h)] + [n for n in pool if n.name not in busy and n.up_at(t_h)]
+                hc = [HolderCandidate(n.name, n.zone, math.inf, link, models[n.zone].survival(notice_at, p.remaining_s))
+                      for n in live]
+                ranked_h = [r for r in choose_holder(hc, size, p.notice_s, src_zone=gone.zone) if r.feasible]
+                if ranked_h:
+                    held_by = by_name[ranked_h[0].candidate.node]
+                    res.held += 1
+                    res.add_down("final_ckpt_write", write_s)
+                    res.add_down("final_transfer", size / link)
+                    res.useful_node_s -= max(0.0, d - notice_at) * S  # paused from the signal on
+                    t_look, wait, lag = guard_look(pool, order, sched, t_h, {n.name for n in rest} | {gone.name})
+                    if not math.isfinite(t_look):
+                        break
+                    kept = keep_guard(held_by, t_h, t_look + size / link)
+                    _, extra = acquire(pool, t_look, 1, {n.name for n in rest} | {gone.name}, order)
+                    res.add_down("wait_capacity", wait)
+                    res.add_down("retry_lag", lag)
+                    res.add_down("restart", p.restart_s)
+                    if kept:
+                        res.add_down("resume_transfer", size / link)
+                        nodes, t = rest + extra[:1], t_look + size / link + p.restart_s
+                    else:
+                        # its copy and the job's guard are gone (the buddy was released): the job
+                        # starts over; its progress so far is rolled back
+                        res.holder_lost += 1
+                        res.rollback_node_s += max(0.0, res.useful_node_s - res.rollback_node_s - res.overhead_node_s)
+                        nodes, t = rest + extra[:1], t_look + p.restart_s
+                    last_durable = t
+            if dest is None and held_by is None:
+                # no usable notice, or nowhere to go and no holder: the job's replica on its buddy
+                # is what is left (work since it rolls back); the buddy, its guard, looks for room
+                # from the silence (no notice) or the window's end on, on its retry schedule, and
+                # sends the replica to the free node it finds
                 res.fallbacks += 1
                 if not is_abrupt and step.final:
                     res.add_down("final_ckpt_write", write_s)  # the agent checkpointed, then found no room
@@ -317,12 +412,27 @@ def simulate(policy: str, pool: list[Node], start: float, end: float, p: Params,
                 res.rollback_node_s += max(0.0, d - last_durable) * S
                 t1 = d + (p.orphan_after_s if is_abrupt else 0.0)
                 res.add_down("detect", t1 - d)
-                t2, extra = acquire(pool, t1, 1, busy, order)
-                if not extra:
+                t_look, wait, lag = guard_look(pool, order, sched, t1, busy)
+                if not math.isfinite(t_look):
                     break
-                res.add_down("wait_capacity", t2 - t1)
+                _, extra = acquire(pool, t_look, 1, busy, order)
+                res.add_down("wait_capacity", wait)
+                res.add_down("retry_lag", lag)
                 res.add_down("restart", p.restart_s)
-                nodes, t = rest + [extra[0]], t2 + p.restart_s
+                # the buddy: the live peer with the best odds when the node left (the agent ranks
+                # its buddy the same way; none: the replica was never off the node)
+                models = hz.at(d)
+                live = [n for n in pool if n is not gone and n.up_at(d)]
+                hb = [r for r in choose_holder([HolderCandidate(n.name, n.zone, math.inf, link,
+                                                                models[n.zone].survival(d, p.remaining_s))
+                                                for n in live], size, None) if r.feasible]
+                if hb and keep_guard(by_name[hb[0].candidate.node], d, t_look + size / link):
+                    res.add_down("resume_transfer", size / link)
+                    nodes, t = rest + extra[:1], t_look + size / link + p.restart_s
+                else:  # the replica and the guard are gone: the job starts over
+                    res.buddy_lost += 1
+                    res.rollback_node_s += max(0.0, res.useful_node_s - res.rollback_node_s - res.overhead_node_s)
+                    nodes, t = rest + extra[:1], t_look + p.restart_s
                 last_durable = t
             odds.observe(announced=not is_abrupt)  # what the agent learns from this departure
     return res
@@ -356,6 +466,12 @@ def run(trace_root: Path, sets: list[str], scenarios: int, p: Params) -> dict[st
         out[f"{pol}_work_lost_per_scenario_median_node_h"] = round(statistics.median([r.lost_node_s for r in rs]) / 3600, 2)
     out["laminar_migrations"] = sum(r.migrations for r in per["laminar"])
     out["laminar_fallbacks"] = sum(r.fallbacks for r in per["laminar"])
+    out["laminar_held"] = sum(r.held for r in per["laminar"])
+    out["laminar_holder_lost"] = sum(r.holder_lost for r in per["laminar"])
+    out["laminar_guard_passes"] = sum(r.passes for r in per["laminar"])
+    out["laminar_buddy_lost"] = sum(r.buddy_lost for r in per["laminar"])
+    out["laminar_guard_lost_abrupt"] = sum(r.guard_lost_abrupt for r in per["laminar"])
+    out["laminar_guard_lost_no_peer"] = sum(r.guard_lost_no_peer for r in per["laminar"])
 
     def red(a: float, b: float) -> float:
         return round(100.0 * (1.0 - a / b), 1) if b > 0 else 0.0
@@ -414,11 +530,16 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--abrupt-frac", type=float, default=Params.abrupt_frac)
     ap.add_argument("--redundancy-overhead", type=float, default=Params.redundancy_overhead)
     ap.add_argument("--ckpt-gb", type=float, default=Params.ckpt_gb_per_node)
+    ap.add_argument("--no-holder", action="store_true", help="Laminar without storage holders (migrate.holder = false)")
+    ap.add_argument("--durable-guards", action="store_true",
+                    help="NOT BUILT, a sensitivity: held copies survive a pool-wide outage (shared storage)")
+    ap.add_argument("--retry-max", type=float, default=Params.retry_max_s, help="the guard's longest wait (s)")
     a = ap.parse_args(argv)
     if not a.trace.is_dir():
         ap.error(f"--trace {a.trace}: not a directory (expected ../shared/data/spot-traces)")
     p = Params(notice_s=a.notice, abrupt_frac=a.abrupt_frac, redundancy_overhead=a.redundancy_overhead,
-               ckpt_gb_per_node=a.ckpt_gb)
+               ckpt_gb_per_node=a.ckpt_gb, holder=not a.no_holder, retry_max_s=a.retry_max,
+               durable_guards=a.durable_guards)
     sets = [SETS[0]] if a.quick else list(SETS)
     scen = 4 if a.quick else a.scenarios
     t0 = time.monotonic()

@@ -26,6 +26,28 @@ The reclaimed node's agent then
    checkpoint again before the job starts there with ``LAMINAR_RESUME_FROM``;
 4. at the window's end, stops whatever is still running (state ``reclaimed``).
 
+**No room anywhere: storage holders.** When no peer can run a job during the window (none has
+the GPUs, memory or CPUs free, or every reservation is refused), its final checkpoint still
+leaves the node: the agent asks the live peers for their free disk (control message ``space``,
+less their ``holder_reserve_mb``), ranks them with :func:`laminar.migrate.holder.choose_holder`
+(disk, transfer vs what is left of the window, survival, the job's buddy first at equal
+odds), sends the checkpoint to the best one (same transfer, shaped to the window), stops the
+job (state ``reclaimed``, ``work_lost_s`` = time trained after the checkpoint) and hands that
+peer the guard with ``take_over``. The move's phase is ``held``. Prestaging uses a holder too
+when no peer has room (the buddy then only stores the replicas).
+
+**The retrying guard.** A guard whose source is dead (or stopped the job, ``take_over``)
+resumes the job from its newest verified replica: here when this node has room, else on the
+best-ranked peer with room (:func:`laminar.migrate.destination.rank` over the peers' zone
+summaries, then the zone's probe/offer/commit, the transfer, the guard handed over, the
+hand-over with ``resume_from``: the same choice and mechanism as a move), else it looks again
+after ``retry_base_s``, doubling up to ``retry_max_s`` (:class:`laminar.migrate.holder.RetrySchedule`;
+replica state ``waiting``, the next look in the ``migrate_retry`` table, so a restarted agent
+goes on where it stopped). A guard that is itself reclaimed passes every job it holds for a
+stopped source (``waiting``, or ``take_over``) on to the best holder among its live peers
+(state ``passed``). ``GET /v1/migrate/replicas`` / ``laminarctl replicas`` shows the states,
+attempts, next look and last reason.
+
 Progress: events of kind ``migrate`` and ``GET /v1/migrations/{job}`` (what
 ``laminarctl job show ID --follow`` draws as a progress bar).
 
@@ -56,6 +78,10 @@ Config (``[migrate]``)::
     expected_notice_s = 60   # the window "auto" plans for
     dead_after_s = 3         # silence after a notice that declares the source dead
     orphan_after_s = 0       # silence without a notice that does (0: never; a partition would double jobs)
+    holder = true            # no room for a job during a reclaim: its final checkpoint goes to a storage holder
+    holder_reserve_mb = 1024 # disk this node keeps free when it offers to hold checkpoints
+    retry_base_s = 2         # a guard that finds no room looks again after this, doubling each time
+    retry_max_s = 30         # ... up to this
 
 Between reclaims the component also asks each job for periodic checkpoints at the interval the
 hazard sets (:mod:`laminar.migrate.ckpt_driver`, its keys in the same section; the plan is
