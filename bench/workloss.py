@@ -505,12 +505,15 @@ def plot(out: dict[str, object], path: Path) -> None:
     axes[0].bar(labels, rb, label="rolled back (recomputed)", color="#c44")
     axes[0].bar(labels, ov, bottom=rb, label="tolerance overhead (checkpoints, redundancy)", color="#e9a")
     axes[0].set_ylabel("node-hours lost")
-    axes[0].set_title(f"work lost (-{out['workloss_reduction_vs_requeue_pct']}% vs requeue, "
-                      f"-{out['workloss_reduction_vs_redundancy_pct']}% vs redundancy)", fontsize=9)
+    def change(key: str) -> str:  # a reduction of r % is a change of -r %
+        return f"{-float(str(out[key])):+.1f}%"
+
+    axes[0].set_title(f"work lost ({change('workloss_reduction_vs_requeue_pct')} vs requeue, "
+                      f"{change('workloss_reduction_vs_redundancy_pct')} vs redundancy)", fontsize=9)
     axes[0].legend(fontsize=7)
     axes[1].bar(labels, [float(str(out[f"{p}_downtime_h"])) for p in pols], color=["#888", "#888", "#2a7"])
     axes[1].set_ylabel("hours without progress")
-    axes[1].set_title(f"downtime (-{out['downtime_reduction_pct']}% vs the better baseline)", fontsize=9)
+    axes[1].set_title(f"downtime ({change('downtime_reduction_pct')} vs the better baseline)", fontsize=9)
     for ax in axes:
         ax.tick_params(axis="x", labelsize=8)
     fig.suptitle(f"{out['scenarios']} scenarios on spot traces {out['trace_sets']}, notice {out['param_notice_s']:.0f}s, "
