@@ -63,6 +63,7 @@ class Params:
     retry_base_s: float = 2.0  # Laminar: migrate.retry_base_s (the guard's first wait for room)
     retry_max_s: float = 30.0  # Laminar: migrate.retry_max_s (the guard's longest wait)
     durable_guards: bool = False  # NOT BUILT (sensitivity only): a guard's copy survives a pool-wide outage
+    shrink: bool = False  # NOT BUILT (sensitivity only): the job restarts on the nodes it has (one fewer) rather than wait
 
 
 @dataclass
@@ -261,7 +262,7 @@ def simulate(policy: str, pool: list[Node], start: float, end: float, p: Params,
 
     t, nodes = acquire(pool, start, S, set(), order)
     last_durable = t  # wall time up to which work survives the loss of a node (off-node copy)
-    degraded = 0  # redundancy: nodes missing from the pipeline
+    degraded = 0  # redundancy: nodes missing from the pipeline; Laminar with --shrink: nodes it runs without
     while t < end and nodes:
         # nodes lost while the job was down (restarting, waiting) are replaced before it runs:
         # no work to lose, only more waiting
@@ -278,6 +279,10 @@ def simulate(policy: str, pool: list[Node], start: float, end: float, p: Params,
         departs = [(n.up_at(t) or (t, t))[1] for n in nodes]
         d_i = min(range(len(nodes)), key=lambda i: departs[i])
         d = min(departs[d_i], end)
+        grow_at = math.inf
+        if policy == "laminar" and degraded:  # NOT BUILT (--shrink): grow back when the guard finds a free node
+            grow_at, _, _ = guard_look(pool, order, sched, t, {n.name for n in nodes})
+            d = min(d, grow_at)
         # -- run from t to d with periodic checkpoints --------------------------------------
         prestaged = True
         if policy == "laminar":
@@ -294,7 +299,7 @@ def simulate(policy: str, pool: list[Node], start: float, end: float, p: Params,
             tau, pause, lag = tau_static, c_sync, 0.0
         span = max(0.0, d - t)
         k = int(span // (tau + pause))
-        rate = S if policy != "redundancy" else (S - degraded)
+        rate = S - degraded
         res.overhead_node_s += k * pause * rate
         if policy == "redundancy":
             res.overhead_node_s += (span - k * pause) * rate * p.redundancy_overhead / (1 + p.redundancy_overhead)
@@ -304,6 +309,14 @@ def simulate(policy: str, pool: list[Node], start: float, end: float, p: Params,
         res.useful_node_s += span * rate
         if d >= end:
             break
+        if d == grow_at:  # NOT BUILT (--shrink): checkpoint, ship the shard, restart on all nodes
+            _, extra = acquire(pool, d, degraded, {n.name for n in nodes}, order)
+            res.add_down("final_ckpt_write", write_s)
+            res.add_down("resume_transfer", size / link)
+            res.add_down("restart", p.restart_s)
+            nodes, degraded = nodes + extra, 0
+            t = last_durable = d + write_s + size / link + p.restart_s
+            continue
         res.reclaims += 1
         gone = nodes[d_i]
         is_abrupt = abrupt(gone, d)
@@ -366,6 +379,26 @@ def simulate(policy: str, pool: list[Node], start: float, end: float, p: Params,
                     nodes, t = rest + [dest], t_go
                     last_durable = t
             held_by: Node | None = None
+            if dest is None and p.shrink and degraded == 0 and S > 1:
+                # NOT BUILT (--shrink): the job restarts on the nodes it has, from the final
+                # checkpoint (or, without notice, the buddy's replica), and runs with one fewer
+                res.fallbacks += 1
+                if not is_abrupt and step.final:
+                    res.add_down("final_ckpt_write", write_s)
+                    res.add_down("final_transfer", size / link)
+                    res.useful_node_s -= max(0.0, d - notice_at) * S
+                    t1 = notice_at + write_s + size / link
+                else:
+                    res.rollback_node_s += max(0.0, d - last_durable) * S
+                    t1 = d + (p.orphan_after_s if is_abrupt else 0.0)
+                    res.add_down("detect", t1 - d)
+                    res.add_down("resume_transfer", size / link)
+                    t1 += size / link
+                res.add_down("restart", p.restart_s)
+                nodes, degraded = rest, 1
+                t = last_durable = t1 + p.restart_s
+                odds.observe(announced=not is_abrupt)
+                continue
             if dest is None and not is_abrupt and step.final and p.holder:
                 # nowhere to run it: the final checkpoint goes to the live peer with the best
                 # survival odds (ReclaimComponent._hold; disk space assumed on every peer) and
@@ -536,13 +569,15 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--no-holder", action="store_true", help="Laminar without storage holders (migrate.holder = false)")
     ap.add_argument("--durable-guards", action="store_true",
                     help="NOT BUILT, a sensitivity: held copies survive a pool-wide outage (shared storage)")
+    ap.add_argument("--shrink", action="store_true",
+                    help="NOT BUILT, a sensitivity: a job with no free node restarts on the nodes it has (one fewer)")
     ap.add_argument("--retry-max", type=float, default=Params.retry_max_s, help="the guard's longest wait (s)")
     a = ap.parse_args(argv)
     if not a.trace.is_dir():
         ap.error(f"--trace {a.trace}: not a directory (expected ../shared/data/spot-traces)")
     p = Params(notice_s=a.notice, abrupt_frac=a.abrupt_frac, redundancy_overhead=a.redundancy_overhead,
                ckpt_gb_per_node=a.ckpt_gb, holder=not a.no_holder, retry_max_s=a.retry_max,
-               durable_guards=a.durable_guards)
+               durable_guards=a.durable_guards, shrink=a.shrink)
     sets = [SETS[0]] if a.quick else list(SETS)
     scen = 4 if a.quick else a.scenarios
     t0 = time.monotonic()
