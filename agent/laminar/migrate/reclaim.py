@@ -45,7 +45,22 @@ after ``retry_base_s``, doubling up to ``retry_max_s`` (:class:`laminar.migrate.
 replica state ``waiting``, the next look in the ``migrate_retry`` table, so a restarted agent
 goes on where it stopped). A guard that is itself reclaimed passes every job it holds for a
 stopped source (``waiting``, or ``take_over``) on to the best holder among its live peers
-(state ``passed``). ``GET /v1/migrate/replicas`` / ``laminarctl replicas`` shows the states,
+(state ``passed``).
+
+**The archive, the guard of last resort** (``archive_dir``: storage outside the pool that all
+the zone's agents mount, as the shared storage Slurm jobs checkpoint to). Every copy above is
+on a node of the zone; when the whole pool is gone they all are. With ``archive_dir`` set, a
+stopped job's checkpoint and guard record (``<archive>/<key>/ckpt-N/``, ``guard.json``)
+are written there, atomically, when no live peer can hold them (a reclaim with no holder; a
+reclaimed guard with no peer to pass to) and by a guard as soon as it finds no room. The
+record's claim is the lock: a node renames ``guard.json`` to ``claimed-<node>.json`` before it
+starts or places the job (one node wins), then to ``running-<node>.json``, or back when it
+found no room. Every agent with room tries the unclaimed records (any agent, not only the
+guard: the guard may be gone); a guard whose job another node claimed and runs stands down.
+A claim older than ``ARCHIVE_CLAIM_STALE_S`` whose node never ran the job is taken over.
+Archived checkpoints are not removed by the agent (an operator's cleanup).
+
+``GET /v1/migrate/replicas`` / ``laminarctl replicas`` shows the states,
 attempts, next look and last reason.
 
 Progress: events of kind ``migrate`` and ``GET /v1/migrations/{job}`` (what
@@ -82,6 +97,7 @@ Config (``[migrate]``)::
     holder_reserve_mb = 1024 # disk this node keeps free when it offers to hold checkpoints
     retry_base_s = 2         # a guard that finds no room looks again after this, doubling each time
     retry_max_s = 30         # ... up to this
+    archive_dir = ""         # storage outside the pool for stopped jobs no live peer can keep (empty: off)
 
 Between reclaims the component also asks each job for periodic checkpoints at the interval the
 hazard sets (:mod:`laminar.migrate.ckpt_driver`, its keys in the same section; the plan is
@@ -144,6 +160,8 @@ TRANSFER_MIN_S = 0.25  # the shortest deadline a late transfer is given
 # written at once). A crash loses at most this much exposure, which only makes the rate a
 # little higher (the cautious side).
 EVIDENCE_SAVE_S = 60.0
+# An archive claim this old whose node never ran the job (it died trying) may be taken by another.
+ARCHIVE_CLAIM_STALE_S = 600.0
 
 CONFIG_FIELDS = {
     "port": Field(int, DEFAULT_PORT, "TCP port of the checkpoint transfer endpoint (the same on every node)",
@@ -175,6 +193,9 @@ CONFIG_FIELDS = {
                     "peer with the disk space (a storage holder), which resumes the job when room frees"),
     "holder_reserve_mb": Field((int, float), 1024.0, "disk space this node keeps free when it offers to hold "
                                "checkpoints (MiB)", _range(0, 1 << 30)),
+    "archive_dir": Field(str, "", "storage outside the pool, shared by the zone's agents (an NFS mount): a stopped "
+                         "job's checkpoint and guard go there when no live peer can keep them, and any agent with room "
+                         "claims it (empty: off)"),
     "retry_base_s": Field((int, float), 2.0, "a guard that finds no room looks again after this, doubling each time",
                           _range(0.05, 3600)),
     "retry_max_s": Field((int, float), 30.0, "the longest wait between a guard's looks for room", _range(0.05, 86400)),
@@ -316,9 +337,11 @@ class ReclaimComponent:
         self._unsubscribe: Any = None
         self.ckpt: ckpt_driver.CkptDriver | None = None  # periodic checkpoints
         self.counts: dict[str, int] = {"moves": 0, "moved": 0, "failed": 0, "prestaged": 0, "resumed": 0,
-                                       "received": 0, "held": 0, "placed": 0, "retries": 0}
+                                       "received": 0, "held": 0, "placed": 0, "retries": 0, "archived": 0}
         self.retry = RetrySchedule()  # the guard's looks for room (from the config at start)
         self._taking: set[str] = set()  # keys whose take-over runs now
+        self._archive_next: dict[str, float] = {}  # archived key -> when this node tries it again (monotonic)
+        self._archive_tries: dict[str, int] = {}
 
     # -- life cycle ---------------------------------------------------------------------------
 
@@ -844,7 +867,159 @@ class ReclaimComponent:
             self._emit(f"{job.id}: {ckpt.name} held by node {node}; it resumes the job when room frees",
                        job=job.id, node=node, ckpt=ckpt.name, phase="held")
             return
+        if self._archive_root() is not None:
+            # no live peer keeps it: the archive does, and any agent with room claims it
+            spec = job.spec.as_dict()
+            spec.pop("gpus", None)
+            req = {"spec": spec, "owner_uid": job.owner_uid, "owner_gid": job.owner_gid, "gpus": self._need(job)[1].gpus,
+                   "take_over": True}
+            path = self._archive(self.job_key(job), ckpt, {"key": self.job_key(job), "src_node": self.node_id,
+                                                         "src_job": job.id, "request": req})
+            lost = max(0.0, self.frozen_at.pop(job.id, time.time()) - ckpt.stat().st_mtime)
+            with contextlib.suppress(Exception):
+                await self.agent.jobs.stop(job.id, f"node {self.node_id} reclaimed with no room and no holder in the "
+                                           f"zone: {ckpt.name} archived in {path.parent}; the first agent with room "
+                                           "resumes it", grace_s=1.0, state="reclaimed", work_lost_s=round(lost, 3))
+            old = self.buddy.pop(job.id, None)
+            if old is not None:
+                await self._release(old, self.job_key(job))
+            mv.phase, mv.dest = "archived", None
+            self.counts["archived"] += 1
+            self._emit(f"{job.id}: {'; '.join(errors)}; {ckpt.name} archived in {path.parent}", job=job.id,
+                       ckpt=ckpt.name, phase="archived")
+            return
         raise MigrateError("; ".join(errors))
+
+    # -- the archive: the guard of last resort (migrate.archive_dir) -----------------------------
+
+    def _archive_root(self) -> Path | None:
+        a = str(self.s.get("archive_dir") or "")
+        return Path(a) if a else None
+
+    def _archived(self, key: str) -> bool:
+        root = self._archive_root()
+        return root is not None and (root / key).is_dir() and any((root / key).glob("*.json"))
+
+    def _archive_runner(self, key: str) -> str | None:
+        """Who runs an archived job (it claimed it and started it), or None."""
+        root = self._archive_root()
+        for f in sorted((root / key).glob("running-*.json")) if root is not None else []:
+            return f.name.removeprefix("running-").removesuffix(".json")
+        return None
+
+    def _archive(self, key: str, ckpt: Path, record: dict[str, Any]) -> Path:
+        """Copies the verified checkpoint ``ckpt`` of ``key`` into the archive and (unless a node
+        claimed or runs it) writes its guard record ``guard.json``, both atomically (a temporary
+        name, fsync, rename): the archived checkpoint's path. Raises OSError/CheckpointError."""
+        root = self._archive_root()
+        assert root is not None
+        d = root / key
+        d.mkdir(parents=True, exist_ok=True)
+        dst_dir = d / ckpt.name
+        if not dst_dir.is_dir():
+            tmp = d / f".tmp-{ckpt.name}-{self.node_id}-{time.monotonic_ns()}"
+            try:
+                shutil.copytree(ckpt, tmp)
+                jobkit.verify_checkpoint(tmp)
+                for f in tmp.iterdir():
+                    with open(f, "rb") as fh:
+                        os.fsync(fh.fileno())
+                os.rename(tmp, dst_dir)
+            except BaseException:
+                shutil.rmtree(tmp, ignore_errors=True)
+                raise
+        if not any(d.glob("claimed-*.json")) and not any(d.glob("running-*.json")):
+            tmpj = d / f".guard-{self.node_id}-{time.monotonic_ns()}.tmp"
+            with open(tmpj, "w") as fh:
+                json.dump({**record, "ckpt": ckpt.name, "archived_by": self.node_id, "ts": time.time()}, fh)
+                fh.flush()
+                os.fsync(fh.fileno())
+            os.rename(tmpj, d / "guard.json")
+        return dst_dir
+
+    def _claim(self, key: str) -> bool:
+        """Takes the archive's claim on ``key`` (rename guard.json -> claimed-<node>.json: one
+        node wins; the claim's time is its mtime). A claim older than ARCHIVE_CLAIM_STALE_S
+        whose node never ran the job (it died trying) is taken over the same way. False when
+        another node holds it or there is none."""
+        root = self._archive_root()
+        if root is None:
+            return False
+        d = root / key
+        mine = d / f"claimed-{self.node_id}.json"
+        srcs = [d / "guard.json"]
+        with contextlib.suppress(OSError):
+            srcs += [f for f in d.glob("claimed-*.json")
+                     if f != mine and time.time() - f.stat().st_mtime > ARCHIVE_CLAIM_STALE_S]
+        for src in srcs:
+            try:
+                os.rename(src, mine)
+            except OSError:
+                continue
+            with contextlib.suppress(OSError):
+                os.utime(mine)
+            return True
+        return False
+
+    def _unclaim(self, key: str) -> None:
+        root = self._archive_root()
+        if root is not None:
+            with contextlib.suppress(OSError):
+                os.rename(root / key / f"claimed-{self.node_id}.json", root / key / "guard.json")
+
+    def _claim_done(self, key: str, who: str) -> None:
+        """The claimed job runs (here or where this node placed it): the claim becomes
+        ``running-<node>.json`` (no node claims it again)."""
+        root = self._archive_root()
+        if root is not None:
+            with contextlib.suppress(OSError):
+                os.rename(root / key / f"claimed-{self.node_id}.json", root / key / f"running-{self.node_id}.json")
+
+    def _archive_round(self) -> None:
+        """Any agent with room resumes an archived job no node runs: every unclaimed guard record
+        in the archive is tried here (``_from_archive``), unless this node is being reclaimed."""
+        root = self._archive_root()
+        if root is None or not root.is_dir() or (self.reclaim is not None and not self.reclaim["task"].done()):
+            return
+        now = time.monotonic()
+        for g in root.glob("*/guard.json"):
+            key = g.parent.name
+            if key in self._taking or now < self._archive_next.get(key, 0.0):
+                continue
+            row = self.agent.store.db.execute("SELECT state FROM migrate_replicas WHERE key=?", (key,)).fetchone()
+            if row is not None and row["state"] in ("guarding", "waiting"):
+                continue  # this node guards it: its own take-over goes through the claim
+            self._taking.add(key)
+            self._spawn(self._from_archive(key))
+
+    async def _from_archive(self, key: str) -> None:
+        root = self._archive_root()
+        assert root is not None
+        try:
+            if self._runs_here(key) is not None or not self._claim(key):
+                return
+            done = False
+            try:
+                rec = json.loads((root / key / f"claimed-{self.node_id}.json").read_text())
+                path = root / key / str(rec["ckpt"])
+                jobkit.verify_checkpoint(path)
+                row = {"key": key, "src_node": int(rec["src_node"]), "src_job": str(rec["src_job"])}
+                err = await self._resume_here(row, dict(rec["request"]), path, "claimed from the archive")
+                if err is None:
+                    self._claim_done(key, f"node {self.node_id}")
+                    done = True
+                else:
+                    n = self._archive_tries.get(key, 0)
+                    self._archive_tries[key] = n + 1
+                    self._archive_next[key] = time.monotonic() + self.retry.delay(n)
+            finally:
+                if not done:
+                    self._unclaim(key)
+        except (OSError, ValueError, KeyError, TypeError, jobkit.CheckpointError) as e:
+            log.warning("migrate: archived job %s cannot be resumed here: %s", key, e)
+            self._archive_next[key] = time.monotonic() + float(self.s["retry_max_s"])
+        finally:
+            self._taking.discard(key)
 
     async def _pass_guards(self, deadline_mono: float) -> None:
         """This node is reclaimed: every job it guards whose source has stopped it (a held
@@ -903,6 +1078,13 @@ class ReclaimComponent:
             self._set_replica(key, "passed", f"node {node}")
             self._emit(f"{key}: this node is reclaimed; {path.name} and the job's guard passed on to node {node}",
                        key=key, node=node, ckpt=path.name, phase="passed")
+            return
+        if self._archive_root() is not None:
+            self._archive(key, path, {"key": key, "src_node": int(row["src_node"]), "src_job": row["src_job"],
+                                      "request": {**req, "take_over": True}})
+            self._set_replica(key, "archived")
+            self._emit(f"{key}: this node is reclaimed and no live peer can hold it; {path.name} archived", key=key,
+                       ckpt=path.name, phase="archived")
             return
         raise MigrateError("; ".join(errors) or "no live peer can hold it")
 
@@ -1064,6 +1246,7 @@ class ReclaimComponent:
             try:
                 self._departure_round()
                 self._prestage_round()
+                self._archive_round()
                 await self._guard_round()
             except Exception:
                 log.exception("migrate: watch round failed")
@@ -1233,15 +1416,41 @@ class ReclaimComponent:
                            key=key, phase="failed")
                 return
             req = json.loads(row["request"])
-            if self.reclaim is not None and not self.reclaim["task"].done():
-                local_err: str | None = "this node is being reclaimed"
-            else:
-                local_err = await self._resume_here(row, req, path, why)
-            if local_err is None:
-                return
-            placed, remote_err = await self._place_elsewhere(row, req, path, why)
-            if placed:
-                return
+            claimed = False
+            if self._archived(key):  # the archive's claim is the lock: one node runs the job
+                other = self._archive_runner(key)
+                if other is not None:
+                    self._set_replica(key, "handed-over", other)
+                    self._emit(f"{key}: {other} runs it (claimed from the archive); this guard stands down", key=key,
+                               phase="handed-over")
+                    return
+                if not self._claim(key):
+                    self._wait_for_room(key, why, "another node is trying the archived copy", path)
+                    return
+                claimed = True
+            try:
+                if self.reclaim is not None and not self.reclaim["task"].done():
+                    local_err: str | None = "this node is being reclaimed"
+                else:
+                    local_err = await self._resume_here(row, req, path, why)
+                if local_err is None:
+                    if claimed:
+                        self._claim_done(key, f"node {self.node_id}")
+                        claimed = False
+                    return
+                placed, remote_err = await self._place_elsewhere(row, req, path, why)
+                if placed:
+                    if claimed:
+                        self._claim_done(key, f"placed by node {self.node_id}")
+                        claimed = False
+                    return
+            finally:
+                if claimed:
+                    self._unclaim(key)
+            if self._archive_root() is not None and not self._archived(key):
+                with contextlib.suppress(Exception):  # a copy that outlives this node (and the zone)
+                    self._archive(key, path, {"key": key, "src_node": int(row["src_node"]), "src_job": row["src_job"],
+                                              "request": {**req, "take_over": True}})
             self._wait_for_room(key, why, f"here: {local_err}; elsewhere: {remote_err}", path)
         except Exception as e:  # a bug or a store error: look again later rather than give up
             log.exception("migrate: take-over of %s", key)

@@ -1,0 +1,138 @@
+"""The archive, the guard of last resort (``migrate.archive_dir``: storage outside the pool,
+shared by the zone's agents; here a directory of the test on the host's disk, which every
+agent's namespace sees, as an NFS mount would be seen).
+
+1. No live peer can run or hold A's job (every peer's only GPU is taken, and none offers disk:
+   ``holder_reserve_mb`` larger than its disk): at A's reclaim the final checkpoint goes to
+   the archive with the job's guard record; when room frees on a peer, that peer claims the
+   record and resumes the job from the archived checkpoint.
+2. A holder that waits for room also archives what it holds; it then dies without notice
+   (agent SIGKILLed, namespace deleted): the job is not lost, another node claims it from the
+   archive when room frees there.
+
+Both end with the weights of an uninterrupted run (the real PyTorch job
+examples/train_mnistlike.py on CPU) and exactly one copy of the job.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+from agentproc import remove_cgroup_tree
+from conftest import delete_netns
+from harness import Cluster, Node, wait_until
+from test_migration import (  # noqa: F401  (fixtures: make_cluster, reference_sha)
+    CKPT_EVERY,
+    alive,
+    assert_continuous,
+    find_migrated,
+    job_log,
+    job_state,
+    make_cluster,
+    migrate_config,
+    reference_sha,
+    steps_of,
+    train_cmd,
+)
+
+pytestmark = pytest.mark.cluster
+
+
+def submit(nd: Node, *argv: str, gpus: int = 1) -> str:
+    return str(json.loads(nd.ctl("-o", "json", "submit", "--gpus", str(gpus), *argv).stdout)["id"])
+
+
+def gone(nd: Node) -> None:
+    """The node leaves without notice: its agent, its jobs, its namespace."""
+    nd.agent.kill9()
+    remove_cgroup_tree(nd.agent.cgroup_root)
+    delete_netns(nd.netns)
+
+
+def fill(c: Cluster, nodes: list[Node]) -> dict[int, str]:
+    """Takes the only GPU of each node with a job of its own."""
+    fillers = {nd.node_id: submit(nd, "--name", "filler", "--", "sleep", "3600") for nd in nodes}
+    wait_until(lambda: all(job_state(nd, fillers[nd.node_id])["state"] == "running" for nd in nodes), 30,
+               "the fillers to run")
+    return fillers
+
+
+def finish(c: Cluster, key: str, where: Node, start: int, reference: str) -> None:
+    found = wait_until(lambda: find_migrated(c, key), 60, "the job to resume from the archive", every=0.3)
+    nd, job = found
+    assert nd is where, (nd.node_id, where.node_id)
+    wait_until(lambda: job_state(nd, job["id"])["state"] == "exited", 120, "the resumed job to finish")
+    assert job_state(nd, job["id"])["exit_code"] == 0
+    log = job_log(nd, job["id"])
+    assert_continuous(log, start)
+    assert [e for e in log if e["event"] == "done"][0]["weights_sha256"] == reference
+    copies = [j for n in c.nodes if alive(n) for j in n.json("jobs")
+              if (j["spec"].get("env") or {}).get("LM_MIGRATED_FROM") == key]
+    assert len(copies) == 1, copies
+
+
+def archived(arch: Path, key: str) -> dict[str, Any]:
+    d = arch / key
+    return {"files": sorted(p.name for p in d.glob("*.json")) if d.is_dir() else [],
+            "ckpts": sorted(int(p.name[5:]) for p in d.glob("ckpt-*")) if d.is_dir() else []}
+
+
+def test_no_peer_can_run_or_hold_the_job_the_archive_keeps_it(make_cluster, reference_sha, tmp_path):  # noqa: F811
+    arch = tmp_path / "archive"
+    c = make_cluster(zones=1, per_zone=3, gpus=1, zone_extra=migrate_config(
+        retry_base_s=0.5, retry_max_s=2.0, holder_reserve_mb=1 << 29, archive_dir=f'"{arch}"'))
+    a, peers = c.nodes[0], c.nodes[1:]
+    fillers = fill(c, peers)
+    jid = submit(a, "--name", "train", "--", *train_cmd(0.1))
+    key = f"n{a.node_id}-{jid}"
+    wait_until(lambda: any(e["event"] == "checkpoint" for e in job_log(a, jid)), 60, "the job's first checkpoint")
+
+    a.ctl("reclaim", "--notice", "8s")
+    wait_until(lambda: a.json("migrations") and a.json("migrations")[0]["phase"] in ("archived", "failed"), 60,
+               "the final checkpoint to leave A")
+    move = a.json("migrations")[0]
+    assert move["phase"] == "archived", move
+    assert any(r.get("holder") and not r["feasible"] for r in move["ranked"]), move["ranked"]  # no peer had disk
+    held = int(move["ckpt"].removeprefix("ckpt-"))
+    st = archived(arch, key)
+    assert st["files"] == ["guard.json"] and held in st["ckpts"], st
+    assert job_state(a, jid)["state"] == "reclaimed"
+    assert len([s for s in steps_of(job_log(a, jid)) if s > held]) <= CKPT_EVERY
+    gone(a)
+    assert find_migrated(c, key) is None  # nobody has room yet: nobody runs it
+
+    b = peers[0]
+    b.ctl("job", "stop", fillers[b.node_id])
+    finish(c, key, b, held, reference_sha)
+    assert archived(arch, key)["files"] == [f"running-{b.node_id}.json"]
+
+
+def test_a_waiting_holder_archives_and_its_death_loses_nothing(make_cluster, reference_sha, tmp_path):  # noqa: F811
+    arch = tmp_path / "archive"
+    c = make_cluster(zones=1, per_zone=4, gpus=1, zone_extra=migrate_config(
+        retry_base_s=0.5, retry_max_s=2.0, holder_reserve_mb=0, archive_dir=f'"{arch}"'))
+    a, peers = c.nodes[0], c.nodes[1:]
+    fillers = fill(c, peers)
+    jid = submit(a, "--name", "train", "--", *train_cmd(0.1))
+    key = f"n{a.node_id}-{jid}"
+    wait_until(lambda: any(e["event"] == "checkpoint" for e in job_log(a, jid)), 60, "the job's first checkpoint")
+
+    a.ctl("reclaim", "--notice", "8s")
+    wait_until(lambda: a.json("migrations") and a.json("migrations")[0]["phase"] in ("held", "failed"), 60,
+               "the final checkpoint to leave A")
+    move = a.json("migrations")[0]
+    assert move["phase"] == "held", move
+    held = int(move["ckpt"].removeprefix("ckpt-"))
+    h = c.nodes[move["dest"] - 1]
+    # the holder finds no room and archives what it holds (a copy that outlives it)
+    wait_until(lambda: archived(arch, key)["files"] == ["guard.json"] and held in archived(arch, key)["ckpts"], 30,
+               "the holder to archive the job")
+    gone(a)
+    gone(h)  # the holder leaves without notice
+    x = next(nd for nd in peers if nd is not h)
+    x.ctl("job", "stop", fillers[x.node_id])
+    finish(c, key, x, held, reference_sha)
+    assert archived(arch, key)["files"] == [f"running-{x.node_id}.json"]
