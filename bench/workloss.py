@@ -62,7 +62,8 @@ class Params:
     holder: bool = True  # Laminar: migrate.holder (a storage holder takes the final checkpoint when no node is free)
     retry_base_s: float = 2.0  # Laminar: migrate.retry_base_s (the guard's first wait for room)
     retry_max_s: float = 30.0  # Laminar: migrate.retry_max_s (the guard's longest wait)
-    durable_guards: bool = False  # NOT BUILT (sensitivity only): a guard's copy survives a pool-wide outage
+    archive: bool = False  # Laminar: migrate.archive_dir set (storage outside the pool, as the baselines' shared storage)
+    poll_s: float = 0.5  # Laminar: migrate.poll_s (how often an agent with room looks at the archive)
     shrink: bool = False  # NOT BUILT (sensitivity only): the job restarts on the nodes it has (one fewer) rather than wait
 
 
@@ -201,7 +202,6 @@ def simulate(policy: str, pool: list[Node], start: float, end: float, p: Params,
     free node and restart there. No free node: the move fails, the job trains on to the
     window's end and resumes from its buddy's replica when capacity returns. Unannounced: the
     buddy resumes the job from its newest replica after ``orphan_after_s`` of silence."""
-    rng = random.Random(seed)  # the abrupt departures: same draws for every policy
     order = pool[:]
     random.Random(seed + 1).shuffle(order)
     res = Result()
@@ -224,17 +224,26 @@ def simulate(policy: str, pool: list[Node], start: float, end: float, p: Params,
     def abrupt(node: Node, d: float) -> bool:
         k = (node.zone, round(d))
         if k not in abrupt_draws:
-            abrupt_draws[k] = rng.random() < p.abrupt_frac
+            # a draw per (scenario, zone, time), whatever the order of the questions: the same
+            # departures are abrupt for every policy (Laminar also asks about its guards' departures)
+            abrupt_draws[k] = random.Random(f"{seed}:{k[0]}:{k[1]}").random() < p.abrupt_frac
         return abrupt_draws[k]
+
+    def live_peer(n: Node, t: float, until: float) -> bool:
+        """Up from ``t`` to ``until`` and not under a reclaim notice at ``t`` (the agent leaves
+        out peers that announced their reclaim: ReclaimComponent.candidates)."""
+        up = n.up_at(t)
+        if up is None or up[1] < until:
+            return False
+        return not (up[1] <= t + p.notice_s and not abrupt(n, up[1]))
 
     def keep_guard(guard: Node, t_at: float, until: float) -> bool:
         """Whether the job's guard (holder or buddy: node-local copies) still holds its
         checkpoint at ``until``. A guard reclaimed with notice passes the checkpoint and the
-        guard on to the live peer with the best odds (ReclaimComponent._pass_guards); one that
-        leaves without notice, or finds no live peer, loses them."""
+        guard on to the live peer with the best odds (ReclaimComponent._pass_guards), or with
+        the archive and no live peer, archives it; one that leaves without notice, or finds no
+        live peer and no archive, loses them."""
         assert hz is not None
-        if p.durable_guards:  # NOT BUILT: what a durable last resort (shared storage, as the baselines use) gives
-            return True
         by = {n.name: n for n in pool}
         while True:
             up = guard.up_at(t_at)
@@ -246,15 +255,38 @@ def simulate(policy: str, pool: list[Node], start: float, end: float, p: Params,
                 return False
             t_pass = max(t_at, g_end - p.notice_s)
             models = hz.at(t_pass)
-            peers = [n for n in pool if n is not guard and n.up_at(t_pass) and n.up_at(t_pass + size / link)]
+            peers = [n for n in pool if n is not guard and live_peer(n, t_pass, t_pass + size / link)]
             hc = [HolderCandidate(n.name, n.zone, math.inf, link, models[n.zone].survival(t_pass, p.remaining_s))
                   for n in peers]
             nxt = [r for r in choose_holder(hc, size, g_end - t_pass) if r.feasible]
             if not nxt:
+                if p.archive and g_end - t_pass >= size / link:
+                    return True  # no live peer: the reclaimed guard archives it (_pass_one)
                 res.guard_lost_no_peer += 1
                 return False
             guard, t_at = by[nxt[0].candidate.node], t_pass + size / link
             res.passes += 1
+
+    def guard_wait(guard: Node | None, t_first: float, busy: set[str]) -> tuple[float, float, float, bool]:
+        """A stopped job's wait for room: (the look that places it, wait for capacity, lag,
+        whether its checkpoint was still there). The guard looks on its retry schedule; with
+        the archive (``p.archive``) a guard whose first look fails archives the checkpoint
+        (``size / link`` later it no longer depends on the guard; ``guard`` None: the source
+        archived it itself), and any agent with room claims it within ``poll_s``."""
+        t_look, wait, lag = guard_look(pool, order, sched, t_first, busy)
+        if not math.isfinite(t_look):
+            return t_look, wait, lag, False
+        if p.archive and t_look > t_first:
+            t_arch = t_first + size / link
+            kept = guard is None or keep_guard(guard, t_first, t_arch)
+            t_free = t_look - lag
+            t_claim = max(t_free, t_arch) + p.poll_s
+            if kept and t_claim < t_look:
+                t_up, up = acquire(pool, t_claim, 1, busy, order)
+                if up and t_up == t_claim:
+                    return t_claim, wait, t_claim - t_free, True
+            return t_look, wait, lag, kept
+        return t_look, wait, lag, guard is None or keep_guard(guard, t_first, t_look + size / link)
 
     job = CkptJob("j", size, p.write_gbps * 1e9)
     step = notice_schedule([job], link, p.notice_s)[0]
@@ -405,20 +437,23 @@ def simulate(policy: str, pool: list[Node], start: float, end: float, p: Params,
                 # the job stops there; the holder places it when room frees
                 models = hz.at(notice_at)
                 t_h = notice_at + write_s + size / link
-                live = [n for n in rest if n.up_at(t_h)] + [n for n in pool if n.name not in busy and n.up_at(t_h)]
+                live = [n for n in rest if live_peer(n, notice_at, t_h)] + [
+                    n for n in pool if n.name not in busy and live_peer(n, notice_at, t_h)]
                 hc = [HolderCandidate(n.name, n.zone, math.inf, link, models[n.zone].survival(notice_at, p.remaining_s))
                       for n in live]
                 ranked_h = [r for r in choose_holder(hc, size, p.notice_s, src_zone=gone.zone) if r.feasible]
-                if ranked_h:
-                    held_by = by_name[ranked_h[0].candidate.node]
+                archived = not ranked_h and p.archive  # no live peer: the source archives it (_hold)
+                if ranked_h or archived:
+                    held_by = by_name[ranked_h[0].candidate.node] if ranked_h else gone
                     res.held += 1
                     res.add_down("final_ckpt_write", write_s)
                     res.add_down("final_transfer", size / link)
                     res.useful_node_s -= max(0.0, d - notice_at) * S  # paused from the signal on
-                    t_look, wait, lag = guard_look(pool, order, sched, t_h, {n.name for n in rest} | {gone.name})
+                    # with the archive the source also archives it (_hold): it never hangs on one node
+                    t_look, wait, lag, kept = guard_wait(None if p.archive else held_by, t_h,
+                                                         {n.name for n in rest} | {gone.name})
                     if not math.isfinite(t_look):
                         break
-                    kept = keep_guard(held_by, t_h, t_look + size / link)
                     _, extra = acquire(pool, t_look, 1, {n.name for n in rest} | {gone.name}, order)
                     res.add_down("wait_capacity", wait)
                     res.add_down("retry_lag", lag)
@@ -445,21 +480,28 @@ def simulate(policy: str, pool: list[Node], start: float, end: float, p: Params,
                 res.rollback_node_s += max(0.0, d - last_durable) * S
                 t1 = d + (p.orphan_after_s if is_abrupt else 0.0)
                 res.add_down("detect", t1 - d)
-                t_look, wait, lag = guard_look(pool, order, sched, t1, busy)
+                # the buddy: the live peer with the best odds when the node left (the agent ranks
+                # its buddy the same way; none: the replica was never off the node)
+                models = hz.at(d)
+                live = [n for n in pool if n is not gone and live_peer(n, d, d)]
+                hb = [r for r in choose_holder([HolderCandidate(n.name, n.zone, math.inf, link,
+                                                                models[n.zone].survival(d, p.remaining_s))
+                                                for n in live], size, None) if r.feasible]
+                buddy = by_name[hb[0].candidate.node] if hb else None
+                if buddy is None:
+                    t_look, wait, lag = guard_look(pool, order, sched, t1, busy)
+                    kept = False
+                else:
+                    # it takes over from t1 on; before that it must not leave
+                    t_look, wait, lag, kept = guard_wait(buddy, t1, busy)
+                    kept = kept and keep_guard(buddy, d, t1)
                 if not math.isfinite(t_look):
                     break
                 _, extra = acquire(pool, t_look, 1, busy, order)
                 res.add_down("wait_capacity", wait)
                 res.add_down("retry_lag", lag)
                 res.add_down("restart", p.restart_s)
-                # the buddy: the live peer with the best odds when the node left (the agent ranks
-                # its buddy the same way; none: the replica was never off the node)
-                models = hz.at(d)
-                live = [n for n in pool if n is not gone and n.up_at(d)]
-                hb = [r for r in choose_holder([HolderCandidate(n.name, n.zone, math.inf, link,
-                                                                models[n.zone].survival(d, p.remaining_s))
-                                                for n in live], size, None) if r.feasible]
-                if hb and keep_guard(by_name[hb[0].candidate.node], d, t_look + size / link):
+                if kept:
                     res.add_down("resume_transfer", size / link)
                     nodes, t = rest + extra[:1], t_look + size / link + p.restart_s
                 else:  # the replica and the guard are gone: the job starts over
@@ -567,8 +609,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--redundancy-overhead", type=float, default=Params.redundancy_overhead)
     ap.add_argument("--ckpt-gb", type=float, default=Params.ckpt_gb_per_node)
     ap.add_argument("--no-holder", action="store_true", help="Laminar without storage holders (migrate.holder = false)")
-    ap.add_argument("--durable-guards", action="store_true",
-                    help="NOT BUILT, a sensitivity: held copies survive a pool-wide outage (shared storage)")
+    ap.add_argument("--archive", action="store_true",
+                    help="Laminar with migrate.archive_dir (storage outside the pool, as the baselines' shared storage)")
     ap.add_argument("--shrink", action="store_true",
                     help="NOT BUILT, a sensitivity: a job with no free node restarts on the nodes it has (one fewer)")
     ap.add_argument("--retry-max", type=float, default=Params.retry_max_s, help="the guard's longest wait (s)")
@@ -577,7 +619,7 @@ def main(argv: list[str] | None = None) -> int:
         ap.error(f"--trace {a.trace}: not a directory (expected ../shared/data/spot-traces)")
     p = Params(notice_s=a.notice, abrupt_frac=a.abrupt_frac, redundancy_overhead=a.redundancy_overhead,
                ckpt_gb_per_node=a.ckpt_gb, holder=not a.no_holder, retry_max_s=a.retry_max,
-               durable_guards=a.durable_guards, shrink=a.shrink)
+               archive=a.archive, shrink=a.shrink)
     sets = [SETS[0]] if a.quick else list(SETS)
     scen = 4 if a.quick else a.scenarios
     t0 = time.monotonic()

@@ -6,9 +6,10 @@ agent's namespace sees, as an NFS mount would be seen).
    ``holder_reserve_mb`` larger than its disk): at A's reclaim the final checkpoint goes to
    the archive with the job's guard record; when room frees on a peer, that peer claims the
    record and resumes the job from the archived checkpoint.
-2. A holder that waits for room also archives what it holds; it then dies without notice
-   (agent SIGKILLed, namespace deleted): the job is not lost, another node claims it from the
-   archive when room frees there.
+2. A job whose final checkpoint went to a holder is archived as well (by its source beside
+   the holder, and by any guard that finds no room); the holder, waiting for room, dies
+   without notice (agent SIGKILLed, namespace deleted): the job is not lost, another node
+   claims it from the archive when room frees there.
 
 Both end with the weights of an uninterrupted run (the real PyTorch job
 examples/train_mnistlike.py on CPU) and exactly one copy of the job.
@@ -127,9 +128,11 @@ def test_a_waiting_holder_archives_and_its_death_loses_nothing(make_cluster, ref
     assert move["phase"] == "held", move
     held = int(move["ckpt"].removeprefix("ckpt-"))
     h = c.nodes[move["dest"] - 1]
-    # the holder finds no room and archives what it holds (a copy that outlives it)
+    # the archive keeps a copy that outlives the holder, whose guard waits for room
+    wait_until(lambda: (r := next((r for r in h.json("replicas") if r["key"] == key), None)) is not None
+               and r["state"] == "waiting", 30, "the holder to wait for room")
     wait_until(lambda: archived(arch, key)["files"] == ["guard.json"] and held in archived(arch, key)["ckpts"], 30,
-               "the holder to archive the job")
+               "the job to be archived")
     gone(a)
     gone(h)  # the holder leaves without notice
     x = next(nd for nd in peers if nd is not h)

@@ -862,6 +862,12 @@ class ReclaimComponent:
             if old is not None and old != node:
                 await self._release(old, self.job_key(job))
             self.buddy[job.id] = node
+            if self._archive_root() is not None:  # the holder is one node: the archive outlives it
+                try:
+                    self._archive(self.job_key(job), ckpt, {"key": self.job_key(job), "src_node": self.node_id,
+                                                          "src_job": job.id, "request": self._request(job, True)})
+                except (OSError, jobkit.CheckpointError) as e:
+                    log.warning("migrate: archiving %s failed: %s", job.id, e)
             mv.phase = "held"
             self.counts["held"] += 1
             self._emit(f"{job.id}: {ckpt.name} held by node {node}; it resumes the job when room frees",
@@ -869,12 +875,8 @@ class ReclaimComponent:
             return
         if self._archive_root() is not None:
             # no live peer keeps it: the archive does, and any agent with room claims it
-            spec = job.spec.as_dict()
-            spec.pop("gpus", None)
-            req = {"spec": spec, "owner_uid": job.owner_uid, "owner_gid": job.owner_gid, "gpus": self._need(job)[1].gpus,
-                   "take_over": True}
             path = self._archive(self.job_key(job), ckpt, {"key": self.job_key(job), "src_node": self.node_id,
-                                                         "src_job": job.id, "request": req})
+                                                         "src_job": job.id, "request": self._request(job, True)})
             lost = max(0.0, self.frozen_at.pop(job.id, time.time()) - ckpt.stat().st_mtime)
             with contextlib.suppress(Exception):
                 await self.agent.jobs.stop(job.id, f"node {self.node_id} reclaimed with no room and no holder in the "
@@ -1221,6 +1223,16 @@ class ReclaimComponent:
             shutil.rmtree(tmp, ignore_errors=True)
             raise
         return out
+
+    def _request(self, job: Any, take_over: bool) -> dict[str, Any]:
+        """What a guard needs to resume ``job``: its spec (GPUs as a count), owner, GPUs."""
+        spec = job.spec.as_dict()
+        spec.pop("gpus", None)
+        req: dict[str, Any] = {"spec": spec, "owner_uid": job.owner_uid, "owner_gid": job.owner_gid,
+                               "gpus": self._need(job)[1].gpus}
+        if take_over:
+            req["take_over"] = True
+        return req
 
     async def _guard(self, job: Any, node: int, ckpt_name: str, take_over: bool = False) -> None:
         """Hands ``node`` the guard of ``job`` (its spec and owner). ``take_over``: the job is
