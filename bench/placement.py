@@ -10,7 +10,8 @@ same stream of jobs (0.25 to 4 GPUs); jobs finish first-in first-out once a quar
 count runs, a steady state, at the same load per node at every size (``LOAD``). The centralized baseline keeps every node's residual capacity and
 scans all of them per job for the best fit (least GPU left over), with the same ``fits`` and
 ``allocate_gpus`` functions. CPU is process time spent placing (summary refreshes, which the
-agents spread in the background at a bounded rate, are excluded and reported apart).
+agents spread in the background at a bounded rate, are excluded and reported apart; with them
+the fit of each zone for the demand shapes seen, which changes only with the summaries).
 
 What a placement's messages count: every datagram and TCP message the placement of a job causes,
 retries included: the probes, their answers (offers and refusals, also those that come after
@@ -34,6 +35,7 @@ chosen node has started the job in its cgroups and acknowledged it. Needs root.
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import random
 import statistics
@@ -115,6 +117,7 @@ def _laminar(n: int, tasks: int, repeats: int, seed: int, *, load: float, earlie
         net.refresh_summaries()
         refresh.append(time.process_time() - t0)
         jobs = demands(tasks, seed + 100 + r)
+        gc.collect()  # each run starts from the same collector state, not the last size's garbage
         results, cpu, msgs = run_placements(net, jobs, keep_running=max(1, n // 4), interval_s=1.0 / (load * n))
         cpu_l.append(cpu / len(jobs))
         msgs_l.append(msgs / len(jobs))
@@ -132,7 +135,7 @@ def _laminar(n: int, tasks: int, repeats: int, seed: int, *, load: float, earlie
 def run_scale(quick: bool, seed: int = 7) -> dict[str, Any]:
     out: dict[str, Any] = {}
     rows = []
-    tasks = 600 if quick else 4_000
+    tasks = 1_000 if quick else 4_000
     repeats = 2 if quick else 3
     warm = SimNet.build(100, 100, rng=random.Random(seed))  # warm the interpreter's caches
     run_placements(warm, demands(200, seed), keep_running=25)

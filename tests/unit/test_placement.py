@@ -230,3 +230,15 @@ def test_zone_summary_hints_are_a_uniform_sample():
             seen[n] = seen.get(n, 0) + 1
     assert set(seen) <= {i for i in range(0, 1000, 10)}
     assert len(seen) > 90  # nearly every one of the 100 eligible nodes named at some point
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.dictionaries(st.integers(0, 50), st.sampled_from([0.0, 1.0, 2.5, 7.0, 100.0, float("inf")]), max_size=12),
+       st.integers(0, 2**32 - 1))
+def test_zone_table_draws_what_choose_zone_draws(fits, seed):
+    tab = pl.ZoneTable.of(fits)
+    a, b = random.Random(seed), random.Random(seed)
+    for _ in range(20):
+        assert tab.choose(a) == pl.choose_zone(fits, b)
+    excl = sorted(fits)[:1]
+    assert tab.choose(a, exclude=excl) == pl.choose_zone(fits, b, exclude=excl)

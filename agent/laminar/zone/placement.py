@@ -34,10 +34,11 @@ Example::
 
 from __future__ import annotations
 
+import bisect
 import enum
 import math
 import random
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 # GPU fractions are compared with this slack so that 0.25 + 0.25 + 0.5 == 1.0 holds.
@@ -367,13 +368,15 @@ def shape_slots(node: NodeCapacity) -> tuple[int, ...]:
 
 
 def summarize_zone(zone: int, nodes: Iterable[NodeCapacity], issued_at: float = 0.0,
-                   rng: random.Random | None = None, hints: int = 0) -> ZoneSummary:
+                   rng: random.Random | None = None, hints: int = 0,
+                   slots_of: Callable[[NodeCapacity], tuple[int, ...]] = shape_slots) -> ZoneSummary:
     """Aggregate residual node capacities (see :func:`residual`) into a :class:`ZoneSummary`.
 
     With ``hints`` > 0 (and ``rng``), the summary also names, for each shape that fewer than
     :data:`HINT_BELOW` of the nodes have room for, up to ``hints`` nodes drawn uniformly among
     those that have (:attr:`ZoneSummary.hints`, see :func:`hinted_nodes`): O(nodes) here, once
-    per summary, never per placement.
+    per summary, never per placement. ``slots_of`` is :func:`shape_slots` (a caller that keeps
+    node capacities unchanged between summaries may pass a memo of it).
     """
     if hints < 0 or hints > MAX_HINTS:
         raise PlacementError(f"summarize_zone: hints {hints!r} must be in 0..{MAX_HINTS}")
@@ -387,7 +390,7 @@ def summarize_zone(zone: int, nodes: Iterable[NodeCapacity], issued_at: float = 
     seen = [0] * len(SHAPES)
     for n in nodes:
         count += 1
-        for k, v in enumerate(shape_slots(n)):
+        for k, v in enumerate(slots_of(n)):
             slots[k] += v
             if want and v > 0 and n.cpus > EPS and n.memory_mb > 0:
                 seen[k] += 1
@@ -463,6 +466,39 @@ def choose_zone(fits: Mapping[int, float], rng: random.Random, exclude: Iterable
         if x < 0:
             return z
     return cands[-1][0]
+
+
+@dataclass(frozen=True, eq=False)
+class ZoneTable:
+    """:func:`choose_zone` prepared for one ``fits`` mapping, for a caller that draws from the
+    same fits many times (the submitter, between two summary rounds): the zones with a positive
+    fit in sorted order and their cumulative fits, so a draw costs O(log zones), not O(zones).
+    It draws the same zone as :func:`choose_zone` for the same ``rng`` state."""
+
+    fits: Mapping[int, float]
+    zones: tuple[int, ...]
+    cum: tuple[float, ...]
+
+    @classmethod
+    def of(cls, fits: Mapping[int, float]) -> ZoneTable:
+        zones: list[int] = []
+        cum: list[float] = []
+        total = 0.0
+        for z, f in sorted(fits.items()):
+            if f > 0 and math.isfinite(f):
+                total += f
+                zones.append(z)
+                cum.append(total)
+        return cls(fits, tuple(zones), tuple(cum))
+
+    def choose(self, rng: random.Random, exclude: Iterable[int] = ()) -> int | None:
+        """As :func:`choose_zone` (``exclude`` given: that very function)."""
+        if exclude:
+            return choose_zone(self.fits, rng, exclude)
+        if not self.zones:
+            return None
+        i = bisect.bisect_right(self.cum, rng.random() * self.cum[-1])
+        return self.zones[min(i, len(self.zones) - 1)]
 
 
 def probe_targets(

@@ -61,11 +61,15 @@ class SimNet:
     by_type: Counter[str] = field(default_factory=Counter)
     zone_summaries: dict[int, pl.ZoneSummary] = field(default_factory=dict)
     _fits_cache: dict[tuple[Any, ...], dict[int, float]] = field(default_factory=dict)
+    _fits_demand: dict[tuple[Any, ...], pl.Demand] = field(default_factory=dict)
     _encoders: dict[int, wire.Encoder] = field(default_factory=dict)
     _decoders: dict[int, wire.Decoder] = field(default_factory=dict)
     _waiting: dict[int, asyncio.Queue[tuple[int, wire.Body]]] = field(default_factory=dict)
-    _dirty: set[int] = field(default_factory=set)
-    _lapsing: set[int] = field(default_factory=set)
+    _dirty: set[int] = field(default_factory=set)  # zones, and nodes, changed since the last summary
+    _touched: set[int] = field(default_factory=set)
+    _views: dict[int, pl.NodeCapacity] = field(default_factory=dict)  # node -> residual at the last summary
+    _slots: dict[int, tuple[int, ...]] = field(default_factory=dict)  # id(view) -> its shape slots
+    _holding: dict[int, float] = field(default_factory=dict)  # node -> when its first held offer lapses
 
     @classmethod
     def build(
@@ -175,30 +179,64 @@ class SimNet:
         m = self.membership.by_node.get(node)
         if m is not None:
             self._dirty.add(m.zone)
+            self._touched.add(node)
+
+    def _node_view(self, node: int, fresh: bool) -> pl.NodeCapacity:
+        """The node's residual capacity (cached unless ``fresh``), its shape slots with it."""
+        v = self._views.get(node)
+        if v is None or fresh:
+            a = self.arbiters[node]
+            v = self._views[node] = a.view(self.clock_s)
+            self._slots[id(v)] = pl.shape_slots(v)
+            if a.held:
+                self._holding[node] = min(r.expires_at for r in a.held.values())
+            else:
+                self._holding.pop(node, None)
+        return v
 
     def refresh_summaries(self, only_changed: bool = False) -> None:
         """Recompute the zone summaries from their nodes' residual capacity, as the agents'
         summary traffic would (its cost is the background rate, not part of a placement).
 
-        ``only_changed`` recomputes only zones that may have changed through placing: a node
-        of theirs got a message or finished a job since the last refresh (:meth:`touch`), or
-        held an offer then (its lease may have run out since); the other zones' summaries are
-        still exact. Without it every zone is recomputed (after changing arbiters directly)."""
-        zones = self._dirty | self._lapsing if only_changed and self.zone_summaries else None
+        ``only_changed`` recomputes only what may have changed through placing: nodes that got
+        a message or finished a job since the last refresh (:meth:`touch`), or whose held offer
+        lapsed since, and their zones; the rest is still exact. Without it every node and zone
+        is recomputed (needed after changing arbiters directly)."""
+        now = self.clock_s
+        lapsed = {n for n, t in self._holding.items() if t <= now}  # an offer's lease ran out there
+        incremental = only_changed and bool(self.zone_summaries)
+        if incremental:
+            stale = self._touched | lapsed
+            zones = self._dirty | {self.membership.by_node[n].zone for n in lapsed}
+        else:
+            self._views.clear()
+            self._slots.clear()
+            self._holding.clear()
+            stale, zones = set(), set(self.membership.zones())
         by_zone: dict[int, list[pl.NodeCapacity]] = {}
-        for z in (self.membership.zones() if zones is None else zones):
-            by_zone[z] = [self.arbiters[n].view(self.clock_s) for n in self.membership.zone_list(z) if n in self.arbiters]
-        hint_rng = random.Random(int(self.clock_s * 1000))  # its own stream: placements' draws stay as they were
-        fresh = {z: pl.summarize_zone(z, caps, self.clock_s, rng=hint_rng, hints=self.hints)
-                 for z, caps in sorted(by_zone.items())}
+        for z in sorted(zones):
+            by_zone[z] = [self._node_view(n, n in stale) for n in self.membership.zone_list(z) if n in self.arbiters]
+        if len(self._slots) > 2 * len(self.arbiters):  # drop the slots of views no longer current
+            live = {id(v) for v in self._views.values()}
+            self._slots = {k: v for k, v in self._slots.items() if k in live}
+        hint_rng = random.Random(int(now * 1000))  # its own stream: placements' draws stay as they were
+        slots = self._slots
+        fresh = {z: pl.summarize_zone(z, caps, now, rng=hint_rng, hints=self.hints, slots_of=lambda v: slots[id(v)])
+                 for z, caps in by_zone.items()}
         # what a zone-summary datagram would carry must fit one datagram
         for s in fresh.values():
             wire.Encoder(0, SIM_KEY, seq0=1).encode(zone_summary_to_msg(s), 1, self.clock_s)
         self.zone_summaries = {**self.zone_summaries, **fresh}
-        self._lapsing = {z for z in fresh if any(self.arbiters[n].held for n in self.membership.zone_list(z)
-                                                  if n in self.arbiters)}
         self._dirty = set()
-        self._fits_cache.clear()
+        self._touched = set()
+        # the fits of the demand shapes seen so far, for the zones whose summary changed: new
+        # mappings (a submitter keeps its zone draw per mapping), computed here with the
+        # summaries (background work, as in the agent where they change once a summary round)
+        if incremental:
+            self._fits_cache = {k: {**f, **{z: pl.zone_fit(fresh[z], self._fits_demand[k]) for z in fresh}}
+                                for k, f in self._fits_cache.items()}
+        else:
+            self._fits_cache.clear()
 
     def zone_fits(self, demand: pl.Demand) -> dict[int, float]:
         """Fit per zone for ``demand``, cached until the summaries change (as the agent does)."""
@@ -207,6 +245,7 @@ class SimNet:
         if f is None:
             f = {z: pl.zone_fit(s, demand) for z, s in self.zone_summaries.items()}
             self._fits_cache[key] = f
+            self._fits_demand[key] = demand
         return f
 
     # -- placing ------------------------------------------------------------------------------
