@@ -61,6 +61,11 @@ ZONE_SIZE = 1_000
 # count, is a busy cluster; STRESS_LOAD is ten times that.
 LOAD = 1.0
 STRESS_LOAD = 10.0
+# Zone summaries are recomputed every REFRESH_EVERY placements at every size, so they are as
+# stale (in placements) everywhere. The agents send theirs once a second: at LOAD that is
+# LOAD x n placements, far staler in a large zone; the "stale" run shows what that costs (the
+# hints of a summary go stale with it: they name nodes that have filled up since).
+REFRESH_EVERY = 50
 GPU_CHOICES = (0.25, 0.5, 1.0, 1.0, 2.0, 4.0)
 
 
@@ -103,10 +108,12 @@ def central_best_fit(nodes: list[pl.NodeCapacity], jobs: list[pl.Demand], keep_r
     return cpu, placed
 
 
-def _laminar(n: int, tasks: int, repeats: int, seed: int, *, load: float, earlier: bool) -> dict[str, Any]:
+def _laminar(n: int, tasks: int, repeats: int, seed: int, *, load: float, earlier: bool,
+             refresh_every: int = REFRESH_EVERY) -> dict[str, Any]:
     """Place ``tasks`` jobs ``repeats`` times on fresh ``n``-node clusters at ``load``
-    placements per node per second; ``earlier``: the protocol before this one (unused offers
-    released by a datagram each, no hints in the zone summaries)."""
+    placements per node per second, the zone summaries refreshed every ``refresh_every``
+    placements; ``earlier``: the protocol before this one (unused offers released by a
+    datagram each, no hints in the zone summaries)."""
     cpu_l, msgs_l, placed_l, refused_l, refresh = [], [], [], [], []
     by_type: Counter[str] = Counter()
     for r in range(repeats):
@@ -118,7 +125,8 @@ def _laminar(n: int, tasks: int, repeats: int, seed: int, *, load: float, earlie
         refresh.append(time.process_time() - t0)
         jobs = demands(tasks, seed + 100 + r)
         gc.collect()  # each run starts from the same collector state, not the last size's garbage
-        results, cpu, msgs = run_placements(net, jobs, keep_running=max(1, n // 4), interval_s=1.0 / (load * n))
+        results, cpu, msgs = run_placements(net, jobs, keep_running=max(1, n // 4), interval_s=1.0 / (load * n),
+                                            refresh_every=refresh_every)
         cpu_l.append(cpu / len(jobs))
         msgs_l.append(msgs / len(jobs))
         placed_l.append(sum(1 for x in results if x.outcome == "placed") / len(jobs))
@@ -192,6 +200,17 @@ def run_scale(quick: bool, seed: int = 7) -> dict[str, Any]:
           f"earlier protocol placed {out['stress_earlier_placed_ratio_100']:.2%}, "
           f"{out['stress_earlier_refusals_per_task_100']:.3f} refusals/job, "
           f"{out['stress_earlier_msgs_per_task_100']:.3f} msgs/job", flush=True)
+    for name, earlier in (("stale", False), ("stale_earlier", True)):
+        st = _laminar(1_000, tasks, 1 if quick else repeats, seed, load=LOAD, earlier=earlier,
+                      refresh_every=int(LOAD * 1_000))
+        out[f"{name}_placed_ratio_1000"] = round(st["placed_ratio"], 4)
+        out[f"{name}_refusals_per_task_1000"] = round(st["refusals_per_task"], 4)
+        out[f"{name}_msgs_per_task_1000"] = round(st["msgs_per_task"], 3)
+    print(f"  stale summaries (1000 nodes, one summary a second of fake time = every {int(LOAD * 1000)} placements): "
+          f"placed {out['stale_placed_ratio_1000']:.2%}, {out['stale_refusals_per_task_1000']:.3f} refusals/job, "
+          f"{out['stale_msgs_per_task_1000']:.3f} msgs/job | earlier protocol placed "
+          f"{out['stale_earlier_placed_ratio_1000']:.2%}, {out['stale_earlier_refusals_per_task_1000']:.3f} refusals/job, "
+          f"{out['stale_earlier_msgs_per_task_1000']:.3f} msgs/job", flush=True)
     out["_rows"] = rows
     return out
 

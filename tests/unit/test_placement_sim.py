@@ -207,3 +207,21 @@ def test_messages_per_placement_are_2d_plus_2_when_the_first_round_binds():
     assert all(r.outcome == "placed" and r.steps == 1 for r in results)
     assert msgs == len(jobs) * pl.max_messages_per_attempt(2) == len(jobs) * 6
     assert set(net.by_type) <= {"Probe", "Offer", "Refuse", "Handover", "HandoverAck"}
+
+
+def test_a_hinted_node_that_refused_the_shape_is_not_hinted_again_until_the_next_summary():
+    net = SimNet.build(400, 400, gpus_per_node=4, rng=random.Random(3), fill=0.0)
+    for n, a in net.arbiters.items():  # nodes 7 and 30 have four idle GPUs, the rest one
+        a.inventory = pl.NodeCapacity(n, 1, (1.0,) * 4 if n in (7, 30) else (1.0, 0.0, 0.0, 0.0), 64, 512_000, "H100")
+    net.refresh_summaries()
+    # both fill up after the summary (jobs of other submitters): the hints are stale
+    for n in (7, 30):
+        net.arbiters[n].inventory = pl.NodeCapacity(n, 1, (0.0,) * 4, 64, 512_000, "H100")
+    sub = net.submitter(pl.RetryPolicy(d=2, d_max=2, zones=1, widen_steps=0))
+    res = [asyncio.run(sub.place(pl.Demand(gpus=4), {"name": f"big{i}"})) for i in range(8)]
+    assert all(r.outcome == "queued-out" for r in res)
+    # each stale hint is probed once; then both probes are uniform draws again
+    assert sum(7 in r.probed for r in res) == 1 and sum(30 in r.probed for r in res) == 1
+    # the next summary (it knows they are full) hints nothing for the shape
+    net.refresh_summaries()
+    assert pl.hinted_nodes(net.zone_summaries[1], pl.Demand(gpus=4)) == ()

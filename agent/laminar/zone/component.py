@@ -51,7 +51,10 @@ HANDOVER_ERROR = 3  # the node failed to start the job
 PLACEMENT_ENV = "LM_PLACEMENT_ID"  # LAMINAR_* names are reserved by the job manager
 DEMAND_CACHE_MAX = 256  # probe shapes whose checked Demand the arbiter keeps (bounded memory)
 ZONE_TABLES_MAX = 64  # zone draws a submitter keeps (one per demand shape between summary rounds)
-BOUND_MEMORY = 4096  # nodes a submitter remembers binding jobs to (to skip them as stale hints)
+BOUND_MEMORY = 4096  # nodes a submitter remembers binding jobs to or being refused by (stale hints)
+# refusals that say the node is full for the demand (as opposed to a model or pool mismatch)
+FULL_REASONS = frozenset({pl.RefuseReason.NO_GPU, pl.RefuseReason.NO_CPU, pl.RefuseReason.NO_MEMORY,
+                          pl.RefuseReason.BUSY, pl.RefuseReason.DRAINING})
 LAPSED_MAX = 1024  # lapsed offers an arbiter remembers for a late hand-over (bounded memory)
 # An offer's lease. Unused offers are not released (that would cost a datagram per placement):
 # they lapse, so the lease is what a losing offer costs its node. It covers the answer, the
@@ -318,6 +321,7 @@ class PlacementResult:
     elapsed_ms: float = 0.0  # submit to hand-over acknowledged (the job started), in ms
     bind_ms: float = 0.0  # submit to the offer bound (the placement decided), in ms
     t0: float = field(default=0.0, repr=False)
+    shape: int | None = field(default=None, repr=False)  # the demand's index in placement.SHAPES
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -368,7 +372,9 @@ class Submitter:
     ) -> None:
         self.t = transport
         self.zone_summary = zone_summary
-        self._bound_at: dict[int, float] = {}  # node -> when this submitter last bound a job there
+        # (node, shape index) -> when this submitter last found that node full for that shape
+        # (a refusal), or (node, -1) -> when it bound a job there: hints it then skips
+        self._spent: dict[tuple[int, int], float] = {}
         self._zone_tables: dict[int, pl.ZoneTable] = {}  # id(fits) -> its zone draw
         self.m = membership
         self.zone_fits = zone_fits
@@ -396,7 +402,7 @@ class Submitter:
         peer's misbehaviour or silence (they only cost retries)."""
         t0 = time.perf_counter()
         pid = placement_id or self.new_placement_id()
-        res = PlacementResult("queued-out", pid, t0=t0)
+        res = PlacementResult("queued-out", pid, t0=t0, shape=pl.shape_index(demand.gpus))
         answers = self.t.expect(pid)
         try:
             await self._place(demand, spec, pid, answers, res)
@@ -489,11 +495,13 @@ class Submitter:
         hints: tuple[int, ...] = ()
         summary = self.zone_summary(zone) if self.zone_summary is not None and not demand.pool else None
         if summary is not None:
-            # a node this submitter bound a job to since the summary was issued is skipped:
-            # the summary cannot know that it filled up
-            by_node, bound, issued = self.m.by_node, self._bound_at, summary.issued_at
+            # a node this submitter bound a job to, or that refused it this shape, since the
+            # summary was issued is skipped: the summary cannot know that it filled up
+            by_node, spent, issued = self.m.by_node, self._spent, summary.issued_at
+            k = pl.shape_index(demand.gpus)
             hints = tuple(n for n in pl.hinted_nodes(summary, demand)
-                          if n in by_node and by_node[n].zone == zone and bound.get(n, -math.inf) < issued)
+                          if n in by_node and by_node[n].zone == zone and spent.get((n, -1), -math.inf) < issued
+                          and spent.get((n, k if k is not None else -2), -math.inf) < issued)
         if not hints:
             return pl.probe_targets(members, d, self.rng, exclude=skip, preferred=preferred)
         hinted = pl.probe_targets(hints, min(max(1, d // 2), d), self.rng, exclude=skip)
@@ -537,6 +545,15 @@ class Submitter:
             except ValueError:
                 why = f"reason_{body.reason}"
             res.refusals[why] = res.refusals.get(why, 0) + 1
+            if body.reason in FULL_REASONS and res.shape is not None:
+                self._note_spent(node, res.shape)
+
+    def _note_spent(self, node: int, shape: int) -> None:
+        spent = self._spent
+        spent.pop((node, shape), None)  # re-inserted last: the oldest entries go first
+        spent[(node, shape)] = self.clock()
+        if len(spent) > BOUND_MEMORY:
+            del spent[next(iter(spent))]
 
     async def _bind(
         self, pid: int, spec_json: bytes, answers: asyncio.Queue[tuple[int, wire.Body]], offers: list[pl.Offer],
@@ -563,9 +580,7 @@ class Submitter:
             res.node, res.zone = node, offer.zone
             if res.outcome == "placed":
                 res.reason = ""
-                self._bound_at[node] = self.clock()
-                if len(self._bound_at) > BOUND_MEMORY:
-                    del self._bound_at[next(iter(self._bound_at))]
+                self._note_spent(node, -1)
             return True
 
     async def _commit(
