@@ -92,3 +92,66 @@ def test_readdress_moves_a_resident_to_make_room() -> None:
 def test_bad_placement_name() -> None:
     with pytest.raises(ValueError, match="placement 'nope'"):
         A.run_allocation([NodeSpec("a", 1, 1.0, 1024)], [pod(0, 1.0)], "nope")
+
+
+def _hinted(specs: list[NodeSpec], zones: list[int], mix: K.ShapeMix) -> tuple[list[SimNode], A.HintedFragPlacer]:
+    nodes = [SimNode.from_spec(i, s, z) for i, (s, z) in enumerate(zip(specs, zones, strict=True))]
+    return nodes, A.HintedFragPlacer(nodes, random.Random(1), mix, A.FRAG_RETRY, "first", True)
+
+
+def test_move_hints_name_the_nodes_one_move_frees() -> None:
+    # Zone 0: a (0.3 used), b (0.5 + 0.5 used: one move leaves 0.5 busy, never a whole GPU).
+    # Zone 1: c (0.6 used). A whole-GPU worker fits nowhere; one move frees a or c, not b.
+    specs = [NodeSpec(n, 1, 32.0, 64_000) for n in "abc"]
+    mix = ((K.Shape(1000, 1000, 1), 0.5), (K.Shape(1000, 300, 1), 0.5))
+    nodes, placer = _hinted(specs, [0, 0, 1], mix)
+    nodes[0].take(1, "x", ((0, 0.3),), 1.0, 1024, False)
+    nodes[1].take(2, "y", ((0, 0.5),), 1.0, 1024, False)
+    nodes[1].take(3, "z", ((0, 0.5),), 1.0, 1024, False)
+    nodes[2].take(4, "w", ((0, 0.6),), 1.0, 1024, False)
+    whole = K.Shape(1000, 1000, 1)
+    assert placer.move_hints(0, whole) == (0,)
+    assert placer.move_hints(1, whole) == (2,)
+    # a 0.3 worker fits on a now (0.7 free): no hint for a; b is full, and moving one of its
+    # 0.5 workers makes room: b is hinted
+    assert placer.move_hints(0, K.Shape(1000, 300, 1)) == (1,)
+    # a change of state is seen after touch(): a fills up, so it is no longer a one-move host
+    nodes[0].take(5, "v", ((0, 0.7),), 1.0, 1024, False)
+    placer.touch(nodes[0])
+    assert placer.move_hints(0, whole) == ()
+
+
+def test_hinted_hop_moves_one_resident_and_counts_messages() -> None:
+    # a holds 0.3 (zone 0), c holds 0.6 (zone 1). The whole-GPU pod fails; the hint for zone
+    # 0 names a; a's 0.3 moves next to c's 0.6 (the only room), and the pod takes a's GPU.
+    specs = [NodeSpec(n, 1, 32.0, 64_000) for n in "ac"]
+    mix = ((K.Shape(1000, 1000, 1), 0.5), (K.Shape(1000, 300, 1), 0.5))
+    nodes, placer = _hinted(specs, [0, 1], mix)
+    nodes[0].take(1, "small", ((0, 0.3),), 1.0, 1024, False)
+    nodes[1].take(2, "big", ((0, 0.6),), 1.0, 1024, False)
+    p = pod(9, 1.0)
+    assert placer.place(nodes, 1.0, 1.0, 1024, 0.0) is None
+    before = placer.messages
+    got, moves = A._readdress_hinted(nodes, placer, p)
+    assert moves == 1 and got is not None
+    node, alloc = got
+    assert node is nodes[0] and alloc == ((0, 1.0),)
+    assert 1 in nodes[1].workers and nodes[1].gpu_free[0] == pytest.approx(0.1)
+    # 1 hinted probe + answer, the resident's placement (zone 1: 1 probe, 1 answer, 2 to
+    # bind), 2 to bind the pod: 2 + 4 + 2
+    assert placer.hop_messages == 8 and placer.messages - before == 8
+
+
+def test_hinted_hop_gives_up_when_the_resident_has_no_home() -> None:
+    # Both nodes hold 0.6: either could host a whole GPU after one move, but the moved 0.6
+    # fits nowhere else (0.4 free): no move, nothing changes.
+    specs = [NodeSpec(n, 1, 32.0, 64_000) for n in "ab"]
+    mix = ((K.Shape(1000, 1000, 1), 0.5), (K.Shape(1000, 600, 1), 0.5))
+    nodes, placer = _hinted(specs, [0, 0], mix)
+    nodes[0].take(1, "x", ((0, 0.6),), 1.0, 1024, False)
+    nodes[1].take(2, "y", ((0, 0.6),), 1.0, 1024, False)
+    assert placer.move_hints(0, K.Shape(1000, 1000, 1)) == (0, 1)
+    got, moves = A._readdress_hinted(nodes, placer, pod(9, 1.0))
+    assert (got, moves) == (None, 0)
+    assert [n.gpu_free[0] for n in nodes] == [pytest.approx(0.4), pytest.approx(0.4)]
+    assert set(nodes[0].workers) == {1} and set(nodes[1].workers) == {2}

@@ -114,3 +114,44 @@ def test_eviction_order() -> None:
     assert K.eviction_order((500, 700), 20000, 0, residents, WHOLE, 1000, MIX) == []
     with pytest.raises(PackingError, match="limit"):
         K.eviction_order((500, 700), 20000, 0, residents, WHOLE, 1000, MIX, limit=0)
+
+
+def test_move_frees_by_hand() -> None:
+    # GPU 0 holds a 0.3 worker (id 8) and has 700 free; GPU 1 holds a 0.5 worker (id 7).
+    residents = [Resident(7, ((1, 500),), 4000), Resident(8, ((0, 300),), 2000)]
+    # WHOLE (8 cores) does not fit now; moving 8 frees GPU 0, and 10 + 2 cores >= 8: hinted.
+    assert K.move_frees((700, 500), 10000, residents, WHOLE)
+    # HALF fits now (GPU 0 has 700): no move is needed, so no hint.
+    assert not K.move_frees((700, 500), 10000, residents, HALF)
+    # Too few CPUs even after the larger CPU release (6 + 4 < 16 for a 16-core whole GPU).
+    assert not K.move_frees((700, 500), 6000, residents, Shape(16000, 1000, 1))
+    # GPUs fit but CPUs do not: moving the CPU-only resident (id 9, 12 cores) frees them.
+    cpu_res = [Resident(9, (), 12000)]
+    assert K.move_frees((1000,), 2000, cpu_res, WHOLE)
+    # A 2-GPU gang: one move frees only one GPU of the two busy ones: no hint.
+    two = [Resident(1, ((0, 1000),), 1000), Resident(2, ((1, 1000),), 1000)]
+    assert not K.move_frees((0, 0), 64000, two, Shape(1000, 1000, 2))
+    assert K.move_frees((0, 0, 1000), 64000, two, Shape(1000, 1000, 2))
+
+
+def test_hint_shape_maps_to_smallest_cover() -> None:
+    hinted = [Shape(4000, 500, 1), Shape(8000, 500, 1), Shape(3000, 810, 1), Shape(8000, 1000, 1)]
+    assert K.hint_shape(Shape(4000, 500, 1), hinted) == Shape(4000, 500, 1)  # itself
+    # 0.46 with 6 cores: covered by (8000, 500) (share 500 >= 460, 8 >= 6 cores), not by
+    # (4000, 500) (too few cores); (3000, 810) has too few cores.
+    assert K.hint_shape(Shape(6000, 460, 1), hinted) == Shape(8000, 500, 1)
+    # 0.2 with 2 cores: the smallest share covering it wins over the larger one.
+    assert K.hint_shape(Shape(2000, 200, 1), hinted) == Shape(4000, 500, 1)
+    # a 4-GPU gang: no hinted shape covers it: its GPU-only gang shape
+    assert K.hint_shape(Shape(32000, 1000, 4), hinted) == Shape(0, 1000, 4)
+
+
+def test_pick_evictions_order_and_limit() -> None:
+    small = K.MoveCandidate(5, Resident(1, ((0, 300),), 1000), ((0, 1000),), 40.0)
+    cpu = K.MoveCandidate(9, Resident(2, (), 12000), ((0, 500),), 10.0)
+    small_better = K.MoveCandidate(7, Resident(3, ((1, 300),), 1000), ((1, 1000),), -20.0)
+    big = K.MoveCandidate(1, Resident(4, ((0, 1000),), 1000), ((0, 1000),), -500.0)
+    assert K.pick_evictions([small, cpu, small_better, big], 3) == [cpu, small_better, small]
+    assert K.pick_evictions([], 2) == []
+    with pytest.raises(PackingError, match="limit"):
+        K.pick_evictions([small], 0)

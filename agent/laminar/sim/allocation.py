@@ -65,7 +65,8 @@ PUBLISHED_130PCT = {
 }
 """GPU allocation ratio (%) at 130% arrived demand on openb, mean of 10 seeds (FGD artifact)."""
 
-PLACEMENTS = ("bestfit", "fgd", "fgd-random-ties", "laminar", "laminar+readdress", "laminar-frag", "laminar-frag+readdress")
+PLACEMENTS = ("bestfit", "fgd", "fgd-random-ties", "laminar", "laminar+readdress", "laminar-frag", "laminar-frag+readdress",
+              "laminar-frag+hinted")
 
 PAPER_SEEDS = tuple(range(42, 52))
 """The seeds of the artifact's run scripts (``-tuneseed 42..51``): the reported figures."""
@@ -94,6 +95,8 @@ class AllocationResult:
     moves: int
     allocation_ratio_pct: float
     curve: list[tuple[float, float]]  # (arrived % of capacity, allocated % of capacity)
+    messages: int = 0  # placement messages (probes, answers, bindings), probe placements only
+    hop_messages: int = 0  # of which re-addressing hops (hinted probes, answers, the move)
 
 
 def inflate(pods: Sequence[JobSpec], capacity_gpus: float, ratio: float, rng: random.Random) -> list[JobSpec]:
@@ -297,9 +300,152 @@ class FragProbePlacer(ProbePlacer):
         return None
 
 
+MOVE_HINTS = P.HINTS_PER_SHAPE
+"""Nodes a zone summary names per hinted shape as freed by one move (as many as its room hints)."""
+
+HOP_ZONES = 3
+"""Zones whose hinted nodes one re-addressing hop of ``laminar-frag+hinted`` probes at most."""
+
+GANG_SHAPES = tuple(K.Shape(0, K.MILLI, k) for k in (2, 4, 8))
+"""Gang shapes hinted besides the typical ones (whole-GPU gangs are rare, so never typical,
+and they are the pods that fail for want of one moved worker)."""
+
+
+def _share(alloc: P.GpuAlloc) -> float:
+    """The GPUs a worker holding ``alloc`` asks for (a share of one GPU, or whole GPUs)."""
+    return round(sum(f for _, f in alloc), 3) if len(alloc) <= 1 else float(len(alloc))
+
+
+def _residents(n: SimNode) -> list[K.Resident]:
+    return [K.Resident(w, tuple((i, int(round(f * K.MILLI))) for i, f in rec[1]), int(round(rec[2] * K.MILLI)), rec[3])
+            for w, rec in n.workers.items()]
+
+
+class HintedFragPlacer(FragProbePlacer):
+    """:class:`FragProbePlacer` whose zone summaries also carry *move hints*: for each hinted
+    shape (the zone mix's typical shapes and :data:`GANG_SHAPES`), up to :data:`MOVE_HINTS`
+    node ids (lowest first) where the move of one resident alone would let that shape fit
+    (:func:`laminar.zone.packing.move_frees`, computed by each node on its own residents).
+    :meth:`move_hints` is what the summary of zone ``z`` says; the simulator computes it on
+    demand and caches it until a node of the zone changes (:meth:`touch`)."""
+
+    name = "probe-frag-hinted"
+
+    def __init__(self, nodes: Sequence[SimNode], rng: random.Random, mix: K.ShapeMix, retry: P.RetryPolicy | None = None,
+                 zone_order: str = "first", quantized: bool = True) -> None:
+        super().__init__(nodes, rng, mix, retry, zone_order, quantized)
+        self.hinted = tuple(s for s, _ in mix) + GANG_SHAPES
+        self._moves: dict[int, dict[K.Shape, tuple[int, ...]]] = {z: {} for z in self.zones}
+        self._node_moves: list[dict[K.Shape, bool]] = [{} for _ in nodes]
+        self.hop_messages = 0
+
+    def touch(self, node: SimNode) -> None:
+        super().touch(node)
+        self._node_moves[node.idx].clear()
+        if node.zone in self._moves:
+            self._moves[node.zone].clear()
+
+    def node_move_frees(self, n: SimNode, shape: K.Shape) -> bool:
+        """Node side: whether ``n`` lists itself in its zone's move hints for ``shape``."""
+        c = self._node_moves[n.idx]
+        if shape not in c:
+            gl, cl = _milli_state(n)
+            c[shape] = not n.serving and K.move_frees(gl, cl, _residents(n), shape)
+        return c[shape]
+
+    def move_hints(self, z: int, shape: K.Shape) -> tuple[int, ...]:
+        """The move hints of zone ``z``'s summary for ``shape`` (a hinted shape)."""
+        c = self._moves[z]
+        if shape not in c:
+            out: list[int] = []
+            for i in self.zones[z]:
+                if self.node_move_frees(self.nodes[i], shape):
+                    out.append(i)
+                    if len(out) == MOVE_HINTS:
+                        break
+            c[shape] = tuple(out)
+        return c[shape]
+
+
+def _readdress_hinted(
+    nodes: list[SimNode], placer: HintedFragPlacer, p: JobSpec, tries: int = READDRESS_TRIES, zones: int = HOP_ZONES,
+    per_node: int = 4,
+) -> tuple[tuple[SimNode, P.GpuAlloc] | None, int]:
+    """One re-addressing hop for ``p`` aimed by the zone summaries' move hints; (placement, moves).
+
+    The submitter maps ``p`` to a hinted shape (:func:`laminar.zone.packing.hint_shape`),
+    takes the zones whose summaries hint nodes for it, in zone order (training pool first,
+    as placements do), and probes those nodes (at most :data:`MOVE_HINTS` a zone, ``zones``
+    zones); each names up to two residents whose move alone makes room for ``p`` with its
+    real CPUs and memory (:func:`laminar.zone.packing.eviction_order`). Candidates are tried
+    in :func:`laminar.zone.packing.pick_evictions` order, at most ``tries`` a zone: the first
+    resident that finds a new home elsewhere through the same placement moves, and ``p``
+    takes its room. At most one move. Messages: 2 per hinted probe, plus the resident's
+    placement, plus 2 to bind ``p`` (counted in ``placer.hop_messages`` too)."""
+    shape = K.shape_of(p.worker_gpus, p.worker_cpus)
+    hs = K.hint_shape(shape, placer.hinted)
+    order = sorted(placer.zones, key=lambda z: (nodes[placer.zones[z][0]].pool != "training", z))
+    used = 0
+    known: dict[tuple[float, float, int], bool] = {}
+
+    def homeable(c: K.MoveCandidate) -> bool:
+        # The zone summaries' host counts (the same the placement reads) say whether the
+        # resident could go anywhere: a candidate whose resident no zone can host is dropped.
+        _, ralloc, cpus, mem, _ = nodes[c.node].workers[c.resident.worker]
+        key = (_share(ralloc), cpus, mem)
+        if key not in known:
+            rd = demand_of(key[0], cpus, mem)
+            rs = K.shape_of(key[0], cpus)
+            known[key] = any(placer.hosts(z, rd, rs) > (1 if z == nodes[c.node].zone else 0) for z in order)
+        return known[key]
+
+    for z in order:
+        hinted = placer.move_hints(z, hs)
+        if not hinted:
+            continue
+        used += 1
+        own = 2 * len(hinted)  # hinted probes and their answers
+        placer.probes += len(hinted)
+        cands = [K.MoveCandidate(t, r, a, d)
+                 for t in hinted
+                 for n in (nodes[t],)
+                 for r, a, d in K.eviction_order(*_milli_state(n), n.memory_mb, _residents(n), shape,
+                                                 p.worker_memory_mb, placer.mix, limit=per_node)]
+        rehoming = 0
+        for c in K.pick_evictions([c for c in cands if homeable(c)], tries) if cands else []:
+            n = nodes[c.node]
+            jid, ralloc, cpus, mem, extra = n.workers[c.resident.worker]
+            rgpus = _share(ralloc)
+            n.give(c.resident.worker)
+            n.take(-1, p.job_id, _to_frac(c.alloc), p.worker_cpus, p.worker_memory_mb, False)
+            placer.touch(n)
+            before = placer.messages
+            home = placer.place(nodes, rgpus, cpus, mem, 0.0, exclude=n)
+            rehoming += placer.messages - before  # counted in placer.messages by place()
+            n.give(-1)
+            if home is None:
+                n.take(c.resident.worker, jid, ralloc, cpus, mem, extra)
+                placer.touch(n)
+                continue
+            h, halloc = home
+            h.take(c.resident.worker, jid, halloc, cpus, mem, extra)
+            placer.touch(h)
+            placer.touch(n)
+            own += 2  # binding p to the room the move freed
+            placer.messages += own
+            placer.hop_messages += own + rehoming
+            return (n, _to_frac(c.alloc)), 1
+        placer.messages += own
+        placer.hop_messages += own + rehoming
+        if used >= zones:
+            break
+    return None, 0
+
+
 def run_allocation(
     nodes: Sequence[NodeSpec], pods: Sequence[JobSpec], placement: str, seed: int = 42, ratio: float = 1.3,
     *, retry: P.RetryPolicy | None = None, readdress_probes: int = 8, zone_order: str = "first", quantized: bool = True,
+    hop_tries: int = READDRESS_TRIES, hop_zones: int = HOP_ZONES,
 ) -> AllocationResult:
     """One run of the experiment; deterministic for ``seed``.
 
@@ -327,8 +473,8 @@ def run_allocation(
         placer = FgdPlacer(sim_nodes, workload_mix(work), random.Random(seed + 1),
                            "random" if placement == "fgd-random-ties" else "first")
     elif placement.startswith("laminar-frag"):
-        placer = FragProbePlacer(sim_nodes, random.Random(seed + 1), workload_mix(work), retry or FRAG_RETRY,
-                                 zone_order, quantized)
+        cls = HintedFragPlacer if placement == "laminar-frag+hinted" else FragProbePlacer
+        placer = cls(sim_nodes, random.Random(seed + 1), workload_mix(work), retry or FRAG_RETRY, zone_order, quantized)
     else:
         placer = ProbePlacer(sim_nodes, random.Random(seed + 1))
     arrived = allocated = 0.0
@@ -348,6 +494,10 @@ def run_allocation(
             assert isinstance(placer, FragProbePlacer)
             got, moved = _readdress_frag(sim_nodes, placer, p, rng, readdress_probes)
             moves += moved
+        elif got is None and placement == "laminar-frag+hinted":
+            assert isinstance(placer, HintedFragPlacer)
+            got, moved = _readdress_hinted(sim_nodes, placer, p, hop_tries, hop_zones)
+            moves += moved
         if got is None:
             failed += 1
         else:
@@ -360,7 +510,9 @@ def run_allocation(
         if k % step == 0 or k == len(work) - 1:
             curve.append((100 * arrived / capacity, 100 * allocated / capacity))
     used = sum(sum(1.0 - f for f in n.gpu_free) for n in sim_nodes)
-    return AllocationResult(placement, seed, len(work), failed, moves, 100 * used / capacity, curve)
+    msgs = placer.messages if isinstance(placer, ProbePlacer) else 0
+    hop = placer.hop_messages if isinstance(placer, HintedFragPlacer) else 0
+    return AllocationResult(placement, seed, len(work), failed, moves, 100 * used / capacity, curve, msgs, hop)
 
 
 def _readdress_frag(

@@ -25,6 +25,11 @@ and turns it into the decisions Laminar makes on a node and at the submitter:
   nodes: the least fragmentation added, then the tightest fit.
 - :func:`eviction_order` says which one resident worker a node would move away to make room
   for a worker that does not fit (the bounded re-addressing hop FGD cannot take).
+- :func:`move_frees` is what a node puts in its zone summary's *move hints*: whether the
+  move of one of its residents alone would let a worker of a given typical shape fit where it
+  does not now; :func:`hint_shape` maps any worker to the typical (or gang) shape whose hints
+  it may use, and :func:`pick_evictions` orders the candidate moves the probed hinted nodes
+  name, across nodes.
 
 Units are integers: GPU capacity in milli-GPUs per GPU (1000 = one idle GPU) and CPUs in
 milli-cores, so that equal states compare equal and measures can be cached. :func:`to_milli`
@@ -324,3 +329,62 @@ def eviction_order(
         out.append(((moved, round(after - before, 6), r.worker), (r, a, after - before)))
     out.sort(key=lambda e: e[0])
     return [e[1] for e in out[:limit]]
+
+
+
+def move_frees(gpu_left: Sequence[int], cpu_left: int, residents: Sequence[Resident], shape: Shape) -> bool:
+    """True when a worker of ``shape`` does not fit the node now (GPUs or CPUs) and would
+    after one resident alone leaves: the node's entry in its zone summary's move hints for
+    ``shape``. Memory is left to the probe (:func:`eviction_order` checks it)."""
+    if cpu_left >= shape.cpu_milli and alloc_options(gpu_left, shape):
+        return False
+    for r in residents:
+        if cpu_left + r.cpu_milli < shape.cpu_milli:
+            continue
+        freed = list(gpu_left)
+        for i, m in r.alloc:
+            freed[i] = min(MILLI, freed[i] + m)
+        if alloc_options(freed, shape):
+            return True
+    return False
+
+
+def hint_shape(shape: Shape, hinted: Iterable[Shape]) -> Shape:
+    """The shape of ``hinted`` whose move hints a worker of ``shape`` may use: ``shape``
+    itself when hinted, else the smallest hinted shape that covers it (as many GPUs, at least
+    its share, at least its CPUs; smallest share, then fewest CPUs), else its GPU-only gang
+    shape ``Shape(0, gpu_milli, num_gpus)`` (a node that frees room for that frees the GPUs at
+    least). A node hinted for a covering shape can host ``shape`` after the move."""
+    pool = list(hinted)
+    if shape in pool:
+        return shape
+    cover = [h for h in pool if h.num_gpus == shape.num_gpus and h.gpu_milli >= shape.gpu_milli
+             and h.cpu_milli >= shape.cpu_milli]
+    if cover:
+        return min(cover, key=lambda h: (h.gpu_milli, h.cpu_milli))
+    return Shape(0, shape.gpu_milli, shape.num_gpus)
+
+
+@dataclass(frozen=True)
+class MoveCandidate:
+    """One move a probed node names for a worker that does not fit: move ``resident`` away
+    (``moved_milli`` GPU milli), then the worker takes ``alloc`` and the node's fragmentation
+    changes by ``delta``."""
+
+    node: int
+    resident: Resident
+    alloc: GpuAlloc
+    delta: float
+
+    @property
+    def moved_milli(self) -> int:
+        return sum(m for _, m in self.resident.alloc)
+
+
+def pick_evictions(cands: Iterable[MoveCandidate], limit: int) -> list[MoveCandidate]:
+    """Up to ``limit`` candidate moves in the order the submitter tries them: the least GPU
+    moved (the resident easiest to re-home, the least state to move), then the least
+    fragmentation left on the node, then the lower node id and worker id."""
+    if limit < 1:
+        raise PackingError(f"pick_evictions: limit {limit!r} must be >= 1")
+    return sorted(cands, key=lambda c: (c.moved_milli, round(c.delta, 6), c.node, c.resident.worker))[:limit]
