@@ -6,6 +6,8 @@ processes honouring the checkpoint contract with jobkit.
 
 from __future__ import annotations
 
+import json
+
 from collections.abc import Callable, Iterator
 from contextlib import ExitStack
 from pathlib import Path
@@ -72,7 +74,7 @@ def test_idle_inference_nodes_take_training_on_loan_and_reclaim_returns_the_chea
         r = c.place(0, job(name, every), gpus=1, pool="training")
         assert r["outcome"] == "placed", r
         placed[name] = r
-    assert {placed["train-a"]["node"], placed["train-b"]["node"]} == {1, 2}
+    assert {placed["train-a"]["node"], placed["train-b"]["node"]} == {1, 2}, json.dumps(placed, indent=1)
     assert {placed["lent-rare"]["node"], placed["lent-often"]["node"]} == {3, 4}
     for name, r in placed.items():
         j = node_jobs(c, r["node"])[name]

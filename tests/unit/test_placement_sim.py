@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import random
+from dataclasses import replace
 
 from laminar.zone import placement as pl
 from laminar.zone import wire
@@ -47,12 +48,32 @@ def test_placements_fill_the_cluster_exactly_and_never_overcommit():
     assert not any(a.view(net.clock_s) and a.held for a in net.arbiters.values())
 
 
-def test_a_burst_within_one_lease_is_held_back_by_unused_offers_never_overcommitted():
-    # 60 placements at one instant: the unused offer of each holds its node until the lease
-    # ends, so fewer fit at once (the price of not releasing); none is over capacity, and
-    # once the leases lapse the rest fits
+def test_a_burst_from_one_submitter_is_not_held_back_by_its_own_unused_offers():
+    # 60 placements at one instant: each leaves an unused offer behind, which its node would
+    # hold until the lease ends; the submitter's next probe to that node carries the release
+    # (wire.Probe.releases), so the burst fills the cluster, never over capacity, and no
+    # release datagram is sent
     net = small_net()
     sub = net.submitter(pl.RetryPolicy(d=2, d_max=4, zones=3))
+    res = []
+
+    async def go() -> None:
+        for i in range(60):
+            res.append(await sub.place(pl.Demand(gpus=1, cpus=1, memory_mb=100), {"name": f"j{i}"}))
+
+    asyncio.run(go())
+    assert sum(r.outcome == "placed" for r in res) == 48  # 12 nodes x 4 GPUs
+    _check_capacity(net, 4)
+    assert net.by_type["Release"] == 0
+    assert sum(a.counts["releases"] for a in net.arbiters.values()) > 0  # carried by probes
+
+
+def test_without_piggybacked_releases_a_burst_is_held_back_but_never_overcommitted():
+    # the same burst from a submitter that forgets its unused offers (as a different submitter
+    # would see them): they hold their nodes until the lease ends, then the rest fits
+    net = small_net()
+    sub = net.submitter(pl.RetryPolicy(d=2, d_max=4, zones=3))
+    sub._note_unused = lambda *a: None  # type: ignore[method-assign]
     res = []
 
     async def go() -> None:
@@ -69,6 +90,19 @@ def test_a_burst_within_one_lease_is_held_back_by_unused_offers_never_overcommit
     total = sum(r.outcome == "placed" for r in res)
     assert burst < 48 and 44 <= total <= 48
     _check_capacity(net, 4)
+
+
+def test_a_probe_releases_only_the_named_tentative_offers():
+    a = Arbiter(pl.NodeCapacity(1, 1, (1.0, 1.0), 8, 8000), lease_s=2.0)
+    assert isinstance(a.on_probe(demand_to_probe(pl.Demand(gpus=1), 11, lease_s=2.0), now=100.0), wire.Offer)
+    assert isinstance(a.on_probe(demand_to_probe(pl.Demand(gpus=1), 12, lease_s=2.0), now=100.0), wire.Offer)
+    assert isinstance(a.on_commit(wire.Commit(12, 5000), now=100.0), wire.CommitAck)
+    # full: a third probe is refused; naming 11 (unused) and 12 (committed) frees only 11
+    assert isinstance(a.on_probe(demand_to_probe(pl.Demand(gpus=1), 13, lease_s=2.0), now=100.1), wire.Refuse)
+    p = replace(demand_to_probe(pl.Demand(gpus=1), 14, lease_s=2.0), releases=(11, 12, 999))
+    assert isinstance(a.on_probe(p, now=100.2), wire.Offer)
+    assert set(a.held) == {12, 14} and a.held[12].committed
+    assert a.counts["releases"] == 1
 
 
 def test_messages_per_placement_stay_within_bound_at_low_load():
@@ -225,3 +259,23 @@ def test_a_hinted_node_that_refused_the_shape_is_not_hinted_again_until_the_next
     # the next summary (it knows they are full) hints nothing for the shape
     net.refresh_summaries()
     assert pl.hinted_nodes(net.zone_summaries[1], pl.Demand(gpus=4)) == ()
+
+
+def test_a_late_offer_is_remembered_and_released_by_the_next_probe_to_its_node():
+    # an offer that arrives after its placement ended (the router has nobody waiting) is
+    # handed to the submitter, whose next probe to that node names it as a release
+    from laminar.zone.transport import Router
+
+    net = small_net()
+    sub = net.submitter(pl.RetryPolicy(d=2, d_max=4, zones=3))
+    router = Router()
+    router.on_late_offer = sub.note_late_offer
+    assert router.route(5, wire.Offer(4242, 100, ((0, 100),))) is False
+    assert router.late_offers == 1
+    probe = demand_to_probe(pl.Demand(gpus=1), 77, lease_s=0.1)
+    assert sub._with_releases(probe, 5).releases == (4242,)
+    assert sub._with_releases(probe, 5).releases == ()  # sent once
+    # once its lease has run out, a remembered offer is not named any more
+    router.route(6, wire.Offer(4343, 100, ()))
+    net.clock_s += 0.2
+    assert sub._with_releases(probe, 6).releases == ()

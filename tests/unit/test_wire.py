@@ -18,6 +18,7 @@ NODES = {10: 1, 11: 1, 20: 2}
 
 BODIES = [
     wire.Probe(2**63, 150, 4000, 16_000, 2000, "H100", "campus"),
+    wire.Probe(5, 100, 1000, 1024, 100, "", "training", (2**64 - 1, 3, 7, 9, 11, 13, 15, 17)),
     wire.Offer(7, 1500, ((0, 100), (3, 50))),
     wire.Refuse(7, 3),
     wire.Commit(7, 30_000),
@@ -204,22 +205,39 @@ def test_probe_fast_path_accepts_exactly_what_the_general_path_accepts() -> None
             pid, g, c, m, lease = r.take(wire._PROBE)
             if g > 6400:
                 return None
-            body = wire.Probe(pid, g, c, m, lease, r.text(), r.text())
+            model, pool = r.text(), r.text()
+            releases: tuple[int, ...] = ()
+            if r.pos < len(buf):
+                (k,) = r.take(wire._U8)
+                if not 0 < k <= wire.MAX_PROBE_RELEASES:
+                    return None
+                releases = tuple(r.take(wire._U64)[0] for _ in range(k))
+            body = wire.Probe(pid, g, c, m, lease, model, pool, releases)
             r.done()
         except Dropped:
             return None
         return body
 
     good = wire.encode_body(wire.Probe(7, 50, 1000, 2048, 2000, "H100", "train"))
+    with_releases = wire.encode_body(wire.Probe(7, 50, 1000, 2048, 2000, "H100", "train", (1, 2**63)))
 
-    @settings(max_examples=400, deadline=None)
+    @settings(max_examples=600, deadline=None)
     @given(st.one_of(st.binary(max_size=60),
-                     st.builds(lambda i, b: good[:i] + b, st.integers(0, len(good)), st.binary(max_size=8))))
+                     st.builds(lambda i, b: good[:i] + b, st.integers(0, len(good)), st.binary(max_size=20)),
+                     st.builds(lambda i, b: with_releases[:i] + b, st.integers(0, len(with_releases)),
+                               st.binary(max_size=10))))
     def check(buf: bytes) -> None:
         assert wire._decode_probe_fast(buf) == general(buf)
 
     check()
     assert wire.decode_body(wire.MsgType.PROBE, good) == wire.Probe(7, 50, 1000, 2048, 2000, "H100", "train")
+    assert wire.decode_body(wire.MsgType.PROBE, with_releases).releases == (1, 2**63)
+    for bad in (good + b"\0", good + bytes([wire.MAX_PROBE_RELEASES + 1]) + b"\0" * 8 * (wire.MAX_PROBE_RELEASES + 1),
+                with_releases[:-1]):
+        with pytest.raises(Dropped):
+            wire.decode_body(wire.MsgType.PROBE, bad)
+    with pytest.raises(ValueError, match="releases"):
+        wire.encode_body(wire.Probe(7, 50, 1000, 2048, 2000, releases=tuple(range(1, 10))))
     assert wire.decode_body(wire.MsgType.RELEASE, struct.pack("!Q", 9)) == wire.Release(9)
     with pytest.raises(Dropped):
         wire.decode_body(wire.MsgType.RELEASE, struct.pack("!Q", 9) + b"x")

@@ -29,8 +29,8 @@ import logging
 import math
 import random
 import time
-from collections.abc import Callable
-from dataclasses import dataclass, field
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from laminar.zone import placement as pl
@@ -216,6 +216,8 @@ class Arbiter:
             if len(self._demands) >= DEMAND_CACHE_MAX:
                 self._demands.clear()
             self._demands[key] = demand
+        if p.releases:  # the submitter's unused offers from this node, released by this probe
+            self.drop_unused(p.releases)
         self.expire(now)
         base = self._base()
         lease = min(p.lease_ms / 1000, 60.0) if p.lease_ms else self.lease_s
@@ -247,6 +249,16 @@ class Arbiter:
         self.held[c.placement_id] = r
         self.counts["commits"] += 1
         return wire.CommitAck(c.placement_id, 0, handover_port)
+
+    def drop_unused(self, pids: Iterable[int]) -> None:
+        """Drop the tentative reservations named (offers their submitter did not bind); a
+        committed one, a placed job or an unknown id is left alone."""
+        for pid in pids:
+            r = self.held.get(pid)
+            if r is not None and not r.committed:
+                del self.held[pid]
+                self.lapsed.pop(pid, None)
+                self.counts["releases"] += 1
 
     def on_release(self, r: wire.Release, now: float) -> None:
         """Drop a reservation the submitter did not bind (a placed job is not touched)."""
@@ -376,6 +388,9 @@ class Submitter:
         # (a refusal), or (node, -1) -> when it bound a job there: hints it then skips
         self._spent: dict[tuple[int, int], float] = {}
         self._zone_tables: dict[int, pl.ZoneTable] = {}  # id(fits) -> its zone draw
+        # node -> {placement id: until when} for offers this submitter left unused; the next
+        # probe to that node within the lease carries them as releases (wire.Probe.releases)
+        self._unused: dict[int, dict[int, float]] = {}
         self.m = membership
         self.zone_fits = zone_fits
         self.rng = rng or random.Random()
@@ -408,10 +423,13 @@ class Submitter:
             await self._place(demand, spec, pid, answers, res)
         finally:
             self.t.forget(pid)
-            while self.release_unused and not answers.empty():  # offers that came in after the binding
+            while not answers.empty():  # offers that came in after the binding
                 node, body = answers.get_nowait()
                 if isinstance(body, wire.Offer) and not (res.outcome != "queued-out" and node == res.node):
-                    self.t.send(node, wire.Release(pid))
+                    if self.release_unused:
+                        self.t.send(node, wire.Release(pid))
+                    else:
+                        self._note_unused(node, pid, body.lease_ms / 1000)
             res.elapsed_ms = (time.perf_counter() - t0) * 1000
             self.counts[res.outcome] = self.counts.get(res.outcome, 0) + 1
         return res
@@ -454,7 +472,7 @@ class Submitter:
                 probed_in_zone.update(targets)
                 res.probed.extend(targets)
                 for n in targets:
-                    self.t.send(n, probe)
+                    self.t.send(n, self._with_releases(probe, n))
                 waiting = set(targets)
                 done, timed_out = await self._collect(pid, answers, waiting, offers, res)
                 if timed_out:
@@ -653,7 +671,43 @@ class Submitter:
         if self.release_unused:
             for o in offers:
                 self.t.send(o.node, wire.Release(pid))
+        else:
+            now = self.clock()
+            for o in offers:
+                self._note_unused(o.node, pid, o.expires_at - now)
         offers.clear()
+
+    def note_late_offer(self, node: int, offer: wire.Offer) -> None:
+        """An offer that came after its placement ended: released by a datagram with
+        ``release_unused``, else remembered for the next probe to ``node``."""
+        if self.release_unused:
+            self.t.send(node, wire.Release(offer.placement_id))
+        else:
+            self._note_unused(node, offer.placement_id, offer.lease_ms / 1000)
+
+    def _note_unused(self, node: int, pid: int, left_s: float) -> None:
+        """Remember an offer left unused while its lease runs (bounded: BOUND_MEMORY nodes)."""
+        if left_s <= 0:
+            return
+        if len(self._unused) >= BOUND_MEMORY and node not in self._unused:
+            now = self.clock()
+            for n in [n for n, m in self._unused.items() if all(t <= now for t in m.values())]:
+                del self._unused[n]
+            if len(self._unused) >= BOUND_MEMORY:
+                return  # the offer lapses by itself
+        self._unused.setdefault(node, {})[pid] = self.clock() + left_s
+
+    def _with_releases(self, probe: wire.Probe, node: int) -> wire.Probe:
+        """``probe`` carrying the releases of this submitter's unused offers at ``node`` that
+        still hold capacity there (forgotten once sent)."""
+        held = self._unused.pop(node, None)
+        if not held:
+            return probe
+        now = self.clock()
+        live = tuple(pid for pid, until in held.items() if until > now and pid != probe.placement_id)
+        if not live:
+            return probe
+        return replace(probe, releases=live[-wire.MAX_PROBE_RELEASES:])
 
 
 # --------------------------------------------------------------------------- the agent component
@@ -860,6 +914,7 @@ class ZoneComponent:
             handover_timeout_s=float(s["handover_timeout_s"]), max_rounds=int(s["queue_rounds"]), clock=self.clock,
             unconfirmed_wait_s=float(s["unconfirmed_wait_s"]), zone_summary=self.zone_summary,
         )
+        self.router.on_late_offer = self.submitter.note_late_offer
         self.keys = keys
         self.encoder = wire.Encoder(self.node_id, keys)
         zone_of = self.membership.zone_of()
@@ -981,7 +1036,7 @@ class ZoneComponent:
         for pid, job_id, demand, alloc, sub, since in store.db.execute(
                 "SELECT placement_id, job_id, demand, gpu_alloc, submitter, since FROM zone_placed").fetchall():
             job = self._jobs.get(job_id) if self._jobs is not None else None
-            if job is None or not getattr(job, "active", False):
+            if job is None or not getattr(job, "live", getattr(job, "active", False)):
                 with store.tx() as db:
                     db.execute("DELETE FROM zone_placed WHERE placement_id=?", (pid,))
                 continue
@@ -1030,7 +1085,7 @@ class ZoneComponent:
                 if not p.job_id:
                     continue
                 job = self._jobs.get(p.job_id)
-                if job is None or not getattr(job, "active", False):
+                if job is None or not getattr(job, "live", getattr(job, "active", False)):
                     self.arbiter.finish(pid)
                     self._unstore_placed(pid)
             self.refresh_inventory()

@@ -26,6 +26,7 @@ import asyncio
 import random
 import time
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -65,6 +66,7 @@ class SimNet:
     _encoders: dict[int, wire.Encoder] = field(default_factory=dict)
     _decoders: dict[int, wire.Decoder] = field(default_factory=dict)
     _waiting: dict[int, asyncio.Queue[tuple[int, wire.Body]]] = field(default_factory=dict)
+    _late_offer: Callable[[int, wire.Offer], None] | None = None
     _dirty: set[int] = field(default_factory=set)  # zones, and nodes, changed since the last summary
     _touched: set[int] = field(default_factory=set)
     _views: dict[int, pl.NodeCapacity] = field(default_factory=dict)  # node -> residual at the last summary
@@ -140,8 +142,8 @@ class SimNet:
             back = self._carry(node, self.submitter_node, reply)
             self.membership.seen(node, self.clock_s)
             assert isinstance(back, wire.Offer | wire.Refuse | wire.CommitAck)
-            if not self._router_route(node, back) and isinstance(back, wire.Offer) and self.release_unused:
-                self.send(node, wire.Release(back.placement_id))  # a late offer (else it lapses)
+            if not self._router_route(node, back) and isinstance(back, wire.Offer) and self._late_offer is not None:
+                self._late_offer(node, back)  # a late offer: released or remembered by the submitter
 
     def _router_route(self, node: int, body: wire.Offer | wire.Refuse | wire.CommitAck) -> bool:
         q = self._waiting.get(body.placement_id)
@@ -256,11 +258,13 @@ class SimNet:
         async def no_sleep(s: float) -> None:
             self.clock_s += s
 
-        return Submitter(
+        sub = Submitter(
             self, self.membership, self.zone_fits, rng=self.rng, policy=policy,
             probe_timeout_s=0.05, max_rounds=1, clock=self.now, sleep=no_sleep,
             release_unused=self.release_unused, zone_summary=lambda z: self.zone_summaries.get(z),
         )
+        self._late_offer = sub.note_late_offer
+        return sub
 
     async def place(self, demand: pl.Demand, spec: dict[str, Any] | None = None,
                     submitter: Submitter | None = None) -> PlacementResult:

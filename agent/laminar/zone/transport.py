@@ -60,6 +60,9 @@ class Router:
     def __init__(self) -> None:
         self.waiting: dict[int, asyncio.Queue[tuple[int, wire.Body]]] = {}
         self.late_offers = 0
+        # told of each late offer (the submitter remembers it, to release it with its next
+        # probe to that node: Submitter.note_late_offer)
+        self.on_late_offer: Callable[[int, wire.Offer], None] | None = None
 
     def expect(self, placement_id: int) -> asyncio.Queue[tuple[int, wire.Body]]:
         q: asyncio.Queue[tuple[int, wire.Body]] = asyncio.Queue(ANSWER_QUEUE_MAX)
@@ -76,6 +79,8 @@ class Router:
         if q is None:
             if isinstance(body, wire.Offer):
                 self.late_offers += 1
+                if self.on_late_offer is not None:
+                    self.on_late_offer(node, body)
             return False
         try:
             q.put_nowait((node, body))

@@ -111,7 +111,12 @@ class Dropped(Exception):
 
 @dataclass(frozen=True)
 class Probe:
-    """Can you take this demand? Hold it for ``lease_ms`` if so."""
+    """Can you take this demand? Hold it for ``lease_ms`` if so.
+
+    ``releases`` (optional, at most :data:`MAX_PROBE_RELEASES`) names earlier placements of
+    this submitter whose offers from the probed node it left unused: the node drops those
+    tentative reservations before it arbitrates (a release carried for free by the next probe
+    to the same node, instead of a datagram of its own)."""
 
     placement_id: int
     gpus_centi: int  # GPUs x 100 (50 = half a GPU)
@@ -120,6 +125,7 @@ class Probe:
     lease_ms: int
     gpu_model: str = ""
     pool: str = ""
+    releases: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -287,6 +293,7 @@ _COMMIT = struct.Struct("!QI")
 _COMMIT_ACK = struct.Struct("!QBH")
 _SUMMARY = struct.Struct("!IIBB")
 _ZONE_SUMMARY = struct.Struct("!HIQQB")
+MAX_PROBE_RELEASES = 8  # unused placements a probe may release (its optional trailing field)
 MAX_HINT_SHAPES = 16  # zone-summary hints: shapes, and nodes named per shape, at most
 MAX_HINTS_PER_SHAPE = 32
 _RECLAIM = struct.Struct("!QI")
@@ -345,6 +352,7 @@ def encode_body(body: Body) -> bytes:
             _PROBE.pack(body.placement_id, body.gpus_centi, body.cpus_milli, body.memory_mb, body.lease_ms)
             + _text(body.gpu_model)
             + _text(body.pool)
+            + (_probe_releases(body.releases) if body.releases else b"")
         )
     if isinstance(body, Offer):
         out = _OFFER.pack(body.placement_id, body.lease_ms, len(body.gpu_alloc))
@@ -392,6 +400,12 @@ def encode_body(body: Body) -> bytes:
 _new = object.__new__
 
 
+def _probe_releases(pids: tuple[int, ...]) -> bytes:
+    if len(pids) > MAX_PROBE_RELEASES:
+        raise ValueError(f"probe: {len(pids)} releases, at most {MAX_PROBE_RELEASES}")
+    return _U8.pack(len(pids)) + b"".join(_U64.pack(p) for p in pids)
+
+
 def _decode_probe_fast(buf: bytes) -> Probe | None:
     """A well-formed probe body without :class:`_Reader` (the hot path: thousands a second);
     None for anything else, which the general path then decodes or drops with its reason.
@@ -401,15 +415,21 @@ def _decode_probe_fast(buf: bytes) -> Probe | None:
         return None
     pid, g, c, m, lease = _PROBE.unpack_from(buf, 0)
     e1 = _PROBE.size + 1 + buf[_PROBE.size]
-    if g > 6400 or e1 >= n or e1 + 1 + buf[e1] != n:
+    if g > 6400 or e1 >= n:
         return None
+    e2 = e1 + 1 + buf[e1]
+    releases: tuple[int, ...] = ()
+    if e2 != n:  # the optional releases: a count, then that many placement ids
+        if e2 > n or not (0 < buf[e2] <= MAX_PROBE_RELEASES) or e2 + 1 + 8 * buf[e2] != n:
+            return None
+        releases = struct.unpack_from(f"!{buf[e2]}Q", buf, e2 + 1)
     try:
-        model, pool = buf[_PROBE.size + 1 : e1].decode("utf-8"), buf[e1 + 1 :].decode("utf-8")
+        model, pool = buf[_PROBE.size + 1 : e1].decode("utf-8"), buf[e1 + 1 : e2].decode("utf-8")
     except UnicodeDecodeError:
         return None
     p = _new(Probe)  # Probe(...) without its frozen-dataclass __init__, as for Message
     p.__dict__.update(placement_id=pid, gpus_centi=g, cpus_milli=c, memory_mb=m, lease_ms=lease, gpu_model=model,
-                      pool=pool)
+                      pool=pool, releases=releases)
     return p
 
 
@@ -427,7 +447,14 @@ def decode_body(mtype: MsgType, buf: bytes) -> Body:
         pid, g, c, m, lease = r.take(_PROBE)
         if g > 6400:
             raise Dropped(DropReason.MALFORMED, f"probe gpus_centi {g} > 6400")
-        body = Probe(pid, g, c, m, lease, r.text(), r.text())
+        model, pool = r.text(), r.text()
+        releases: tuple[int, ...] = ()
+        if r.pos < len(buf):  # the optional releases
+            (k,) = r.take(_U8)
+            if not 0 < k <= MAX_PROBE_RELEASES:
+                raise Dropped(DropReason.MALFORMED, f"probe releases {k}, must be 1..{MAX_PROBE_RELEASES}")
+            releases = tuple(r.take(_U64)[0] for _ in range(k))
+        body = Probe(pid, g, c, m, lease, model, pool, releases)
     elif mtype is MsgType.OFFER:
         pid, lease, n = r.take(_OFFER)
         alloc = []
