@@ -74,7 +74,9 @@ def test_no_room_anywhere_the_checkpoint_is_held_and_the_job_resumes_when_room_f
     assert job_state(a, jid)["state"] == "reclaimed"
     on_a = job_log(a, jid)
     asked = [e["step"] for e in on_a if e["event"] == "checkpoint" and e["requested"]]
-    assert asked and asked[0] <= held, (asked, held)
+    logged = [e["step"] for e in on_a if e["event"] == "checkpoint"]
+    # the one the reclaim asked for (frozen right after committing it, the job may not have logged it)
+    assert (asked and asked[0] <= held) or (not asked and held > max(logged, default=-1)), (asked, logged, held)
     assert len([s for s in steps_of(on_a) if s > held]) <= CKPT_EVERY  # lost: only the steps after it
 
     # the holder guards the job, finds no room and keeps looking
