@@ -155,3 +155,22 @@ def test_hinted_hop_gives_up_when_the_resident_has_no_home() -> None:
     assert (got, moves) == (None, 0)
     assert [n.gpu_free[0] for n in nodes] == [pytest.approx(0.4), pytest.approx(0.4)]
     assert set(nodes[0].workers) == {1} and set(nodes[1].workers) == {2}
+
+
+def test_wide_round_compares_two_zones() -> None:
+    # Zone 0: a, an idle 1-GPU node. Zone 1: b, a 1-GPU node with 0.5 used. A 0.5 worker on a
+    # leaves (500) free: fragment for the whole-GPU half of the mix; on b it fills the GPU
+    # (delta -250). With spread 1 only zone 0 (the first that can host) is probed and a
+    # takes it; with spread 2 both zones answer and b wins.
+    specs = [NodeSpec("a", 1, 32.0, 64_000), NodeSpec("b", 1, 32.0, 64_000)]
+    mix = ((K.Shape(4000, 500, 1), 0.5), (K.Shape(8000, 1000, 1), 0.5))
+    for spread, want in ((1, 0), (2, 1)):
+        nodes = [SimNode.from_spec(i, s, i) for i, s in enumerate(specs)]
+        nodes[1].take(1, "x", ((0, 0.5),), 1.0, 1024, False)
+        placer = A.FragProbePlacer(nodes, random.Random(1), mix, A.FRAG_RETRY, "first", True, spread)
+        got = placer.place(nodes, 0.5, 4.0, 1024, 0.0)
+        assert got is not None and got[0] is nodes[want] and got[1] == ((0, 0.5),)
+        # 2 messages per probed node, 2 to bind
+        assert placer.messages == 2 * spread + 2
+    with pytest.raises(ValueError, match="spread 0"):
+        A.FragProbePlacer(nodes, random.Random(1), mix, A.FRAG_RETRY, "first", True, 0)
