@@ -162,6 +162,8 @@ TRANSFER_MIN_S = 0.25  # the shortest deadline a late transfer is given
 EVIDENCE_SAVE_S = 60.0
 # An archive claim this old whose node never ran the job (it died trying) may be taken by another.
 ARCHIVE_CLAIM_STALE_S = 600.0
+# A running job's periodic checkpoint in the archive: its record (who runs it, its buddy).
+LIVE_RECORD = "live.json"
 
 CONFIG_FIELDS = {
     "port": Field(int, DEFAULT_PORT, "TCP port of the checkpoint transfer endpoint (the same on every node)",
@@ -342,6 +344,8 @@ class ReclaimComponent:
         self._taking: set[str] = set()  # keys whose take-over runs now
         self._archive_next: dict[str, float] = {}  # archived key -> when this node tries it again (monotonic)
         self._archive_tries: dict[str, int] = {}
+        self.archived_live: dict[str, str] = {}  # job id -> newest periodic checkpoint in the archive (live.json)
+        self._archiving: set[str] = set()
 
     # -- life cycle ---------------------------------------------------------------------------
 
@@ -930,26 +934,161 @@ class ReclaimComponent:
             except BaseException:
                 shutil.rmtree(tmp, ignore_errors=True)
                 raise
-        if not any(d.glob("claimed-*.json")) and not any(d.glob("running-*.json")):
+        taken = any(d.glob("claimed-*.json")) or any(d.glob("running-*.json"))
+        old_live = d / f".live-{self.node_id}-{time.monotonic_ns()}.old"
+        if not taken and (d / LIVE_RECORD).exists():
+            # the job's periodic record becomes its guard record: taken by rename (atomic), so a
+            # node that claimed it meanwhile keeps it and no second claimable record appears
+            try:
+                os.rename(d / LIVE_RECORD, old_live)
+            except OSError:
+                taken = True
+        if not taken:
             tmpj = d / f".guard-{self.node_id}-{time.monotonic_ns()}.tmp"
             with open(tmpj, "w") as fh:
                 json.dump({**record, "ckpt": ckpt.name, "archived_by": self.node_id, "ts": time.time()}, fh)
                 fh.flush()
                 os.fsync(fh.fileno())
             os.rename(tmpj, d / "guard.json")
+        with contextlib.suppress(OSError):
+            old_live.unlink()
         return dst_dir
 
-    def _claim(self, key: str) -> bool:
+    # -- periodic checkpoints in the archive (live.json) -----------------------------------------
+
+    def _archive_periodic_due(self) -> bool:
+        """The prestaging rule's unannounced branch: periodic checkpoints go to the archive too
+        while departures without notice are plausible (a job whose node and buddy both leave
+        without notice then rolls back only to its last periodic checkpoint)."""
+        return (self._archive_root() is not None
+                and self.notice_odds.unannounced_frac >= float(self.s["prestage_unannounced"]))
+
+    def archive_live(self, key: str, ckpt: Path, record: dict[str, Any]) -> Path | None:
+        """Copies the committed periodic checkpoint ``ckpt`` of the running job ``key`` into the
+        archive (a temporary name, verified against its manifest, fsync'd, renamed: the same
+        layout and checks as :meth:`_archive`), then points the job's live record
+        (``live.json``: who runs it, its buddy, its request) at it and removes the older archived
+        checkpoints: the newest complete one is kept. A stopped job's record (``guard.json``,
+        ``claimed-*``, ``running-*``) is never touched: then nothing is written and None is
+        returned. Blocking file I/O (callers run it in a thread). Raises OSError/CheckpointError
+        (a corrupt copy is removed, never published)."""
+        root = self._archive_root()
+        assert root is not None
+        d = root / key
+        d.mkdir(parents=True, exist_ok=True)
+
+        def stopped() -> bool:
+            return ((d / "guard.json").exists() or any(d.glob("claimed-*.json"))
+                    or any(d.glob("running-*.json")))
+
+        if stopped():
+            return None
+        dst_dir = d / ckpt.name
+        if not (dst_dir.is_dir() and (dst_dir / jobkit.MANIFEST).exists()):
+            tmp = d / f".tmp-{ckpt.name}-{self.node_id}-{time.monotonic_ns()}"
+            try:
+                shutil.copytree(ckpt, tmp)
+                jobkit.verify_checkpoint(tmp)
+                for f in tmp.iterdir():
+                    with open(f, "rb") as fh:
+                        os.fsync(fh.fileno())
+                shutil.rmtree(dst_dir, ignore_errors=True)  # an incomplete leftover of that name
+                os.rename(tmp, dst_dir)
+            except BaseException:
+                shutil.rmtree(tmp, ignore_errors=True)
+                raise
+        tmpj = d / f".live-{self.node_id}-{time.monotonic_ns()}.tmp"
+        with open(tmpj, "w") as out:
+            json.dump({**record, "ckpt": ckpt.name, "archived_by": self.node_id, "ts": time.time()}, out)
+            out.flush()
+            os.fsync(out.fileno())
+        os.rename(tmpj, d / LIVE_RECORD)
+        if stopped():
+            # a node claimed the previous live record meanwhile (it thinks this node is dead):
+            # that claim is the lock; this record must not be a second one
+            with contextlib.suppress(OSError):
+                (d / LIVE_RECORD).unlink()
+            return None
+        for old in d.glob("ckpt-*"):
+            if old.name != ckpt.name and not stopped():
+                shutil.rmtree(old, ignore_errors=True)
+        return dst_dir
+
+    def drop_live(self, key: str) -> bool:
+        """The job ended here (by itself, stopped, failed, or moved by a reclaim): its live record
+        and archived periodic checkpoints go. The record is taken by rename first, so a node that
+        claimed it meanwhile keeps it (and its checkpoint). True when removed."""
+        root = self._archive_root()
+        if root is None:
+            return False
+        d = root / key
+        old = d / f".live-{self.node_id}-{time.monotonic_ns()}.old"
+        try:
+            os.rename(d / LIVE_RECORD, old)
+        except OSError:
+            return False
+        if any(d.glob("guard.json")) or any(d.glob("claimed-*.json")) or any(d.glob("running-*.json")):
+            with contextlib.suppress(OSError):
+                old.unlink()
+            return False
+        shutil.rmtree(d, ignore_errors=True)
+        return True
+
+    def _periodic_archive_round(self) -> None:
+        """Each running job's newest committed checkpoint goes to the archive while the rule
+        holds (:meth:`_archive_periodic_due`); jobs that ended here lose their live record."""
+        if self._archive_root() is None:
+            return
+        for jid in list(self.archived_live):
+            job = self.agent.jobs.get(jid)
+            if job is None or (not job.active and job.state in ("exited", "stopped", "failed", "migrated")):
+                if jid not in self._archiving:
+                    self.archived_live.pop(jid, None)
+                    key = f"n{self.node_id}-{jid}"
+                    if self.drop_live(key):
+                        self._emit(f"{jid}: ended ({job.state if job else 'gone'}); its archived periodic "
+                                   "checkpoints removed", persist=False, job=jid, phase="archive-dropped")
+        if not self._archive_periodic_due() or (self.reclaim is not None and not self.reclaim["task"].done()):
+            return
+        for job in list(self.agent.jobs.active()):
+            if job.id in self.evacuating or job.id in self._archiving or not job.ckpt_dir:
+                continue
+            ckpt = jobkit.latest_checkpoint(job.ckpt_dir)
+            if ckpt is None or self.archived_live.get(job.id) == ckpt.name:
+                continue
+            self._archiving.add(job.id)
+            self._spawn(self._archive_periodic(job, ckpt))
+
+    async def _archive_periodic(self, job: Any, ckpt: Path) -> None:
+        key = self.job_key(job)
+        buddy = self.buddy.get(job.id)
+        record = {"key": key, "src_node": self.node_id, "src_job": job.id, "buddy": buddy,
+                  "request": self._request(job, False), "periodic": True}
+        try:
+            path = await asyncio.to_thread(self.archive_live, key, ckpt, record)
+            if path is not None:
+                self.archived_live[job.id] = ckpt.name
+                self.counts["archived_periodic"] = self.counts.get("archived_periodic", 0) + 1
+                self._emit(f"{job.id}: periodic {ckpt.name} archived (node and buddy leaving without notice would "
+                           "roll it back only to here)", persist=False, job=job.id, ckpt=ckpt.name,
+                           phase="archived-periodic")
+        except (OSError, jobkit.CheckpointError) as e:  # removed by the job's keep meanwhile, a full archive
+            log.info("migrate: archiving periodic %s of %s failed: %s", ckpt.name, job.id, e)
+        finally:
+            self._archiving.discard(job.id)
+
+    def _claim(self, key: str, live: bool = False) -> bool:
         """Takes the archive's claim on ``key`` (rename guard.json -> claimed-<node>.json: one
         node wins; the claim's time is its mtime). A claim older than ARCHIVE_CLAIM_STALE_S
-        whose node never ran the job (it died trying) is taken over the same way. False when
-        another node holds it or there is none."""
+        whose node never ran the job (it died trying) is taken over the same way. ``live``: a
+        running job's periodic record (``live.json``) may be claimed too (its node is dead, and
+        its buddy is this node or dead as well). False when another node holds it or there is none."""
         root = self._archive_root()
         if root is None:
             return False
         d = root / key
         mine = d / f"claimed-{self.node_id}.json"
-        srcs = [d / "guard.json"]
+        srcs = [d / "guard.json"] + ([d / LIVE_RECORD] if live else [])
         with contextlib.suppress(OSError):
             srcs += [f for f in d.glob("claimed-*.json")
                      if f != mine and time.time() - f.stat().st_mtime > ARCHIVE_CLAIM_STALE_S]
@@ -993,12 +1132,31 @@ class ReclaimComponent:
                 continue  # this node guards it: its own take-over goes through the claim
             self._taking.add(key)
             self._spawn(self._from_archive(key))
+        wall = time.time()
+        for g in root.glob(f"*/{LIVE_RECORD}"):
+            key = g.parent.name
+            if key in self._taking or now < self._archive_next.get(key, 0.0):
+                continue
+            try:
+                rec = json.loads(g.read_text())
+                src, buddy = int(rec["src_node"]), rec.get("buddy")
+            except (OSError, ValueError, KeyError, TypeError):
+                continue  # claimed meanwhile, or not ours to read
+            if src == self.node_id or self._source_dead(src, wall) is None:
+                continue  # its node runs it
+            if buddy is not None and int(buddy) != self.node_id and self._source_dead(int(buddy), wall) is None:
+                continue  # its buddy lives and resumes it from its replica
+            row = self.agent.store.db.execute("SELECT state FROM migrate_replicas WHERE key=?", (key,)).fetchone()
+            if row is not None and row["state"] in ("guarding", "waiting"):
+                continue  # this node guards it: its own take-over goes through the claim
+            self._taking.add(key)
+            self._spawn(self._from_archive(key, live=True))
 
-    async def _from_archive(self, key: str) -> None:
+    async def _from_archive(self, key: str, live: bool = False) -> None:
         root = self._archive_root()
         assert root is not None
         try:
-            if self._runs_here(key) is not None or not self._claim(key):
+            if self._runs_here(key) is not None or not self._claim(key, live=live):
                 return
             done = False
             try:
@@ -1006,7 +1164,9 @@ class ReclaimComponent:
                 path = root / key / str(rec["ckpt"])
                 jobkit.verify_checkpoint(path)
                 row = {"key": key, "src_node": int(rec["src_node"]), "src_job": str(rec["src_job"])}
-                err = await self._resume_here(row, dict(rec["request"]), path, "claimed from the archive")
+                why = (f"node {rec['src_node']} and its buddy are gone; claimed its periodic checkpoint from the "
+                       "archive" if rec.get("periodic") else "claimed from the archive")
+                err = await self._resume_here(row, dict(rec["request"]), path, why)
                 if err is None:
                     self._claim_done(key, f"node {self.node_id}")
                     done = True
@@ -1258,6 +1418,7 @@ class ReclaimComponent:
             try:
                 self._departure_round()
                 self._prestage_round()
+                self._periodic_archive_round()
                 self._archive_round()
                 await self._guard_round()
             except Exception:
@@ -1436,7 +1597,7 @@ class ReclaimComponent:
                     self._emit(f"{key}: {other} runs it (claimed from the archive); this guard stands down", key=key,
                                phase="handed-over")
                     return
-                if not self._claim(key):
+                if not self._claim(key, live=True):
                     self._wait_for_room(key, why, "another node is trying the archived copy", path)
                     return
                 claimed = True

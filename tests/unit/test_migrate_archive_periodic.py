@@ -1,0 +1,117 @@
+"""Periodic checkpoints in the archive (ReclaimComponent.archive_live/drop_live and the claim of a
+live record): real files in a temporary directory, components with different node ids standing
+for agents that share the archive, real jobkit checkpoints."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+from laminar.jobkit import Checkpointer, CheckpointError, verify_checkpoint
+from laminar.migrate.reclaim import LIVE_RECORD, ReclaimComponent
+
+
+def agent_of(node: int, archive: Path) -> ReclaimComponent:
+    c = ReclaimComponent()
+    c.agent = SimpleNamespace(zone=SimpleNamespace(node_id=node))
+    c.s = {"archive_dir": str(archive), "prestage_unannounced": 0.02}
+    return c
+
+
+@pytest.fixture
+def job(tmp_path: Path) -> Checkpointer:
+    return Checkpointer(job_id="j1", ckpt_dir=tmp_path / "ck", install_signal=False, keep=3)
+
+
+def rec(buddy: int | None = 2) -> dict[str, object]:
+    return {"key": "k", "src_node": 1, "src_job": "job-1", "buddy": buddy, "request": {"spec": {}}, "periodic": True}
+
+
+def files(d: Path) -> list[str]:
+    return sorted(p.name for p in d.iterdir())
+
+
+def test_the_newest_complete_periodic_checkpoint_is_kept(tmp_path: Path, job: Checkpointer) -> None:
+    a = agent_of(1, tmp_path / "arch")
+    d = tmp_path / "arch" / "k"
+    c5 = job.save(b"weights-5", step=5)
+    assert a.archive_live("k", c5, rec()) == d / "ckpt-5"
+    assert files(d) == ["ckpt-5", LIVE_RECORD]
+    c10 = job.save(b"weights-10", step=10)
+    assert a.archive_live("k", c10, rec()) == d / "ckpt-10"
+    assert files(d) == ["ckpt-10", LIVE_RECORD]  # the older one is gone, no temporary left
+    verify_checkpoint(d / "ckpt-10")
+    r = json.loads((d / LIVE_RECORD).read_text())
+    assert r["ckpt"] == "ckpt-10" and r["src_node"] == 1 and r["buddy"] == 2 and r["archived_by"] == 1
+
+
+def test_a_corrupt_or_partial_copy_is_never_published(tmp_path: Path, job: Checkpointer) -> None:
+    a = agent_of(1, tmp_path / "arch")
+    d = tmp_path / "arch" / "k"
+    a.archive_live("k", job.save(b"weights-5", step=5), rec())
+    bad = job.save(b"weights-10", step=10)
+    (bad / "state.bin").write_bytes(b"tampered")
+    with pytest.raises(CheckpointError):
+        a.archive_live("k", bad, rec())
+    assert files(d) == ["ckpt-5", LIVE_RECORD]  # the record still names the complete one
+    assert json.loads((d / LIVE_RECORD).read_text())["ckpt"] == "ckpt-5"
+    # a leftover of the same name without its manifest (a crash mid-copy) is replaced, not trusted
+    c15 = job.save(b"weights-15", step=15)
+    (d / "ckpt-15").mkdir()
+    (d / "ckpt-15" / "state.bin").write_bytes(b"half")
+    a.archive_live("k", c15, rec())
+    verify_checkpoint(d / "ckpt-15")
+    assert files(d) == ["ckpt-15", LIVE_RECORD]
+
+
+def test_a_job_that_ends_removes_its_archived_copies(tmp_path: Path, job: Checkpointer) -> None:
+    a = agent_of(1, tmp_path / "arch")
+    a.archive_live("k", job.save(b"w", step=5), rec())
+    assert a.drop_live("k")
+    assert not (tmp_path / "arch" / "k").exists()
+    assert not a.drop_live("k")  # nothing left to remove
+
+
+def test_only_a_claim_for_a_dead_job_takes_a_live_record_and_it_is_the_lock(tmp_path: Path, job: Checkpointer) -> None:
+    a, b, c = (agent_of(n, tmp_path / "arch") for n in (1, 2, 3))
+    d = tmp_path / "arch" / "k"
+    a.archive_live("k", job.save(b"w5", step=5), rec())
+    assert not c._claim("k")  # a live record is no stopped job's guard record
+    assert c._claim("k", live=True)  # node 3 decided node 1 and its buddy are gone
+    assert not b._claim("k", live=True)  # one winner
+    # node 1 was not dead after all (slow): its next archive does not publish a second record
+    assert a.archive_live("k", job.save(b"w10", step=10), rec()) is None
+    assert sorted(p.name for p in d.glob("*.json")) == ["claimed-3.json"]
+    assert "ckpt-5" in files(d)  # the claimed record's checkpoint is kept
+    assert not a.drop_live("k")  # the job ending at node 1 does not remove what node 3 claimed
+    assert "ckpt-5" in files(d)
+    c._unclaim("k")  # node 3 found no room: any agent with room may claim it now
+    assert sorted(p.name for p in d.glob("*.json")) == ["guard.json"]
+
+
+def test_a_stopped_jobs_guard_record_replaces_its_live_record(tmp_path: Path, job: Checkpointer) -> None:
+    a = agent_of(1, tmp_path / "arch")
+    d = tmp_path / "arch" / "k"
+    a.archive_live("k", job.save(b"w5", step=5), rec())
+    final = job.save(b"w7", step=7)
+    a._archive("k", final, {"key": "k", "src_node": 1, "src_job": "job-1", "request": {"take_over": True}})
+    assert sorted(p.name for p in d.glob("*.json")) == ["guard.json"]  # one claimable record
+    assert json.loads((d / "guard.json").read_text())["ckpt"] == "ckpt-7"
+    assert not [p for p in d.iterdir() if p.name.startswith(".")]
+    # a periodic checkpoint written later does not re-arm a live record beside it
+    assert a.archive_live("k", job.save(b"w9", step=9), rec()) is None
+    assert not (d / LIVE_RECORD).exists()
+
+
+def test_the_rule_follows_the_learned_unannounced_share(tmp_path: Path) -> None:
+    a = agent_of(1, tmp_path / "arch")
+    assert a._archive_periodic_due()  # the prior: every departure may come without notice
+    for _ in range(200):
+        a.notice_odds.observe(announced=True)
+    assert a.notice_odds.unannounced_frac < 0.02 and not a._archive_periodic_due()
+    a.s["archive_dir"] = ""
+    a.notice_odds = type(a.notice_odds)()
+    assert not a._archive_periodic_due()  # no archive configured
