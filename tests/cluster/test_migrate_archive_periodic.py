@@ -1,0 +1,112 @@
+"""Periodic checkpoints in the archive (``migrate.archive_dir``; a directory of the test that
+every agent's namespace sees, as an NFS mount would be seen).
+
+Three agents. The real PyTorch job (examples/train_mnistlike.py on CPU) trains on A; its
+checkpoints are prestaged to a buddy B and, while departures without notice are plausible (the
+prior: no departure seen yet), archived with a live record naming A and B. A and B then leave
+without notice at once (agents SIGKILLed, their jobs' cgroups killed, namespaces deleted): the
+buddy's replica goes with B. The third agent C sees both silent for ``orphan_after_s``, claims
+the live record and resumes the job from the archived periodic checkpoint, whose weights equal
+an uninterrupted run's at that step; the job trains every later step once and ends with the
+weights of an uninterrupted run; exactly one copy ran; the job's own archived copies at C are
+removed when it ends.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import pytest
+from agentproc import REPO, VENV_BIN, remove_cgroup_tree
+from conftest import delete_netns
+from harness import wait_until
+from test_migrate_archive import finish, submit
+from test_migration import (  # noqa: F401  (fixtures: make_cluster, reference_sha)
+    HIDDEN,
+    STEPS,
+    job_log,
+    make_cluster,
+    migrate_config,
+    parse_events,
+    reference_sha,
+    train_cmd,
+)
+
+pytestmark = pytest.mark.cluster
+
+
+def live(arch: Path, key: str) -> dict[str, Any] | None:
+    try:
+        return dict(json.loads((arch / key / "live.json").read_text()))
+    except (OSError, ValueError):
+        return None
+
+
+def reference_at(step: int, tmp: Path) -> str:
+    """The weights of an uninterrupted run after ``step`` steps (same seed, outside any agent)."""
+    cmd = train_cmd(0.0)
+    cmd[cmd.index("--steps") + 1] = str(step)
+    out = subprocess.run(cmd, env={"PATH": "/usr/bin:/bin", "LAMINAR_CKPT_DIR": str(tmp / f"ref-{step}")},
+                         capture_output=True, text=True, timeout=300, check=True)
+    return str([e for e in parse_events(out.stdout) if e["event"] == "done"][0]["weights_sha256"])
+
+
+def archived_weights(ckpt: Path, tmp: Path) -> tuple[int, str]:
+    """(step, weights SHA-256) of an archived checkpoint, loaded the way the job loads it."""
+    code = (
+        "import sys, json; sys.path.insert(0, sys.argv[1]); import torch.nn as nn, train_mnistlike as t;"
+        "from laminar import jobkit;"
+        "s = jobkit.Checkpointer(ckpt_dir=sys.argv[2], install_signal=False).resume();"
+        "m = nn.Sequential(nn.Flatten(), nn.Linear(784, int(sys.argv[3])), nn.ReLU(), nn.Linear(int(sys.argv[3]), 10));"
+        "m.load_state_dict(s['model']); print(json.dumps([int(s['step']), t.weights_sha256(m)]))")
+    out = subprocess.run([str(VENV_BIN / "python"), "-c", code, str(REPO / "examples"), str(tmp / "load"),
+                          str(HIDDEN)], env={"PATH": "/usr/bin:/bin", "LAMINAR_RESUME_FROM": str(ckpt)},
+                         capture_output=True, text=True, timeout=120, check=True)
+    step, sha = json.loads(out.stdout.strip().splitlines()[-1])
+    return int(step), str(sha)
+
+
+def test_node_and_buddy_gone_without_notice_the_job_resumes_from_its_archived_periodic_checkpoint(
+        make_cluster, reference_sha, tmp_path):  # noqa: F811
+    arch = tmp_path / "archive"
+    c = make_cluster(zones=1, per_zone=3, gpus=0, zone_extra=migrate_config(
+        retry_base_s=0.5, retry_max_s=2.0, orphan_after_s=2.0, archive_dir=f'"{arch}"'))
+    a = c.nodes[0]
+    jid = submit(a, "--name", "train", "--", *train_cmd(0.15), gpus=0)
+    key = f"n{a.node_id}-{jid}"
+
+    def ready() -> bool:  # a periodic checkpoint past the first, archived, naming the buddy that guards it
+        r = live(arch, key)
+        if r is None or r.get("buddy") is None or int(r["ckpt"].removeprefix("ckpt-")) < 30:
+            return False
+        b = c.nodes[int(r["buddy"]) - 1]
+        return any(x["key"] == key and x["state"] == "guarding" for x in b.json("replicas"))
+
+    wait_until(ready, 90, "a periodic checkpoint archived and prestaged to the buddy", every=0.2)
+    b = c.nodes[int(live(arch, key)["buddy"]) - 1]  # type: ignore[index]
+    x = next(nd for nd in c.nodes if nd is not a and nd is not b)
+    a.agent.kill9()  # both leave without notice, at once: nothing more is archived or taken over
+    b.agent.kill9()
+    for nd in (a, b):
+        remove_cgroup_tree(nd.agent.cgroup_root)
+        delete_netns(nd.netns)
+    on_a = job_log(a, jid)
+    assert not any(e["event"] == "done" for e in on_a), "the job ended before its node left"
+    rec = live(arch, key)
+    assert rec is not None and rec["src_node"] == a.node_id and rec["periodic"], rec
+    held = int(rec["ckpt"].removeprefix("ckpt-"))
+    assert sorted(p.name for p in (arch / key).glob("ckpt-*")) == [rec["ckpt"]]  # only the newest is kept
+    assert max(e["step"] for e in on_a if e["event"] == "step") >= held
+
+    finish(c, key, x, held, reference_sha)  # resumed at C from exactly the archived step, same final weights
+    assert sorted(p.name for p in (arch / key).glob("*.json")) == [f"running-{x.node_id}.json"]
+    step, sha = archived_weights(arch / key / rec["ckpt"], tmp_path)
+    assert step == held and held < STEPS
+    assert sha == reference_at(held, tmp_path)  # the archived weights are an uninterrupted run's at that step
+    # the resumed job ended at C: its own archived periodic copies are removed
+    resumed = next(j for j in x.json("jobs") if (j["spec"].get("env") or {}).get("LM_MIGRATED_FROM") == key)
+    wait_until(lambda: not (arch / f"n{x.node_id}-{resumed['id']}").exists(), 30,
+               "the ended job's archived copies to go")
