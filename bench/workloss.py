@@ -15,7 +15,11 @@ simulated.
 
 Keys: workloss_reduction_vs_requeue_pct, workloss_reduction_vs_redundancy_pct,
 downtime_reduction_pct (against the baseline with the *least* downtime, so the figure is
-the conservative one), plus per-policy totals.
+the conservative one), plus per-policy totals. Every run models Laminar twice: the headline
+keys with ``migrate.archive_dir`` set (storage outside the pool, the storage assumption the
+baselines make for their checkpoints: docs/baselines.md), and the same keys (and every
+``laminar_*`` key) without it under ``<key>_no_archive``; the baselines' figures are the same
+in both (checked).
 """
 
 from __future__ import annotations
@@ -28,7 +32,7 @@ import random
 import statistics
 import sys
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "agent"))
@@ -110,6 +114,7 @@ class Result:
     guard_lost_abrupt: int = 0  # ... because the guard left without notice
     guard_lost_no_peer: int = 0  # ... because no live peer could take the guard on
     passes: int = 0  # Laminar: held checkpoints passed on by a holder that was reclaimed itself
+    archive_claims: int = 0  # Laminar (archive): node and buddy gone, the job claimed from its archived periodic checkpoint
 
     @property
     def lost_node_s(self) -> float:
@@ -237,6 +242,14 @@ def simulate(policy: str, pool: list[Node], start: float, end: float, p: Params,
             return False
         return not (up[1] <= t + p.notice_s and not abrupt(n, up[1]))
 
+    guard_lost_at: list[float] = []  # when keep_guard last found a guard gone (for the archive's claim)
+
+    def arch_rule() -> bool:
+        """The agent's rule (ReclaimComponent._archive_periodic_due): with the archive, each
+        periodic checkpoint (and the one a job restarted from) also goes there while
+        departures without notice are plausible, the prestaging rule's unannounced branch."""
+        return p.archive and odds.unannounced_frac >= p.prestage_unannounced
+
     def keep_guard(guard: Node, t_at: float, until: float) -> bool:
         """Whether the job's guard (holder or buddy: node-local copies) still holds its
         checkpoint at ``until``. A guard reclaimed with notice passes the checkpoint and the
@@ -252,6 +265,7 @@ def simulate(policy: str, pool: list[Node], start: float, end: float, p: Params,
                 return True
             if abrupt(guard, g_end):
                 res.guard_lost_abrupt += 1
+                guard_lost_at.append(g_end)
                 return False
             t_pass = max(t_at, g_end - p.notice_s)
             models = hz.at(t_pass)
@@ -263,6 +277,7 @@ def simulate(policy: str, pool: list[Node], start: float, end: float, p: Params,
                 if p.archive and g_end - t_pass >= size / link:
                     return True  # no live peer: the reclaimed guard archives it (_pass_one)
                 res.guard_lost_no_peer += 1
+                guard_lost_at.append(g_end)
                 return False
             guard, t_at = by[nxt[0].candidate.node], t_pass + size / link
             res.passes += 1
@@ -294,6 +309,9 @@ def simulate(policy: str, pool: list[Node], start: float, end: float, p: Params,
 
     t, nodes = acquire(pool, start, S, set(), order)
     last_durable = t  # wall time up to which work survives the loss of a node (off-node copy)
+    # Laminar with the archive: wall time up to which work survives in the archive (the job's
+    # live record; None: no archived copy of the running job)
+    arch_durable: float | None = t if policy == "laminar" and arch_rule() else None
     degraded = 0  # redundancy: nodes missing from the pipeline; Laminar with --shrink: nodes it runs without
     while t < end and nodes:
         # nodes lost while the job was down (restarting, waiting) are replaced before it runs:
@@ -338,6 +356,15 @@ def simulate(policy: str, pool: list[Node], start: float, end: float, p: Params,
         if k > 0 and prestaged:
             last_ck_end = t + k * (tau + pause)
             last_durable = max(last_durable, last_ck_end + lag if last_ck_end + lag <= d else last_ck_end - (tau + pause) + lag)
+        if policy == "laminar" and k > 0 and arch_rule():
+            # each checkpoint is archived after it is committed (after the buddy's copy, over the
+            # same uplink, as fast as it: an assumption); a copy not done when the node leaves
+            # does not count (the archive publishes only complete ones)
+            last_ck_end = t + k * (tau + pause)
+            arch_lag = lag + size / link
+            cand = last_ck_end if last_ck_end + arch_lag <= d else (last_ck_end - (tau + pause) if k >= 2 else None)
+            if cand is not None:
+                arch_durable = cand if arch_durable is None else max(arch_durable, cand)
         res.useful_node_s += span * rate
         if d >= end:
             break
@@ -410,6 +437,7 @@ def simulate(policy: str, pool: list[Node], start: float, end: float, p: Params,
                     res.useful_node_s -= max(0.0, d - notice_at) * S  # paused from the signal on
                     nodes, t = rest + [dest], t_go
                     last_durable = t
+                    arch_durable = t if arch_rule() else None
             held_by: Node | None = None
             if dest is None and p.shrink and degraded == 0 and S > 1:
                 # NOT BUILT (--shrink): the job restarts on the nodes it has, from the final
@@ -429,6 +457,7 @@ def simulate(policy: str, pool: list[Node], start: float, end: float, p: Params,
                 res.add_down("restart", p.restart_s)
                 nodes, degraded = rest, 1
                 t = last_durable = t1 + p.restart_s
+                arch_durable = t if arch_rule() else None
                 odds.observe(announced=not is_abrupt)
                 continue
             if dest is None and not is_abrupt and step.final and p.holder:
@@ -468,6 +497,7 @@ def simulate(policy: str, pool: list[Node], start: float, end: float, p: Params,
                         res.rollback_node_s += max(0.0, res.useful_node_s - res.rollback_node_s - res.overhead_node_s)
                         nodes, t = rest + extra[:1], t_look + p.restart_s
                     last_durable = t
+                    arch_durable = t if arch_rule() else None
             if dest is None and held_by is None:
                 # no usable notice, or nowhere to go and no holder: the job's replica on its buddy
                 # is what is left (work since it rolls back); the buddy, its guard, looks for room
@@ -488,6 +518,7 @@ def simulate(policy: str, pool: list[Node], start: float, end: float, p: Params,
                                                                 models[n.zone].survival(d, p.remaining_s))
                                                 for n in live], size, None) if r.feasible]
                 buddy = by_name[hb[0].candidate.node] if hb else None
+                guard_lost_at.clear()
                 if buddy is None:
                     t_look, wait, lag = guard_look(pool, order, sched, t1, busy)
                     kept = False
@@ -495,20 +526,38 @@ def simulate(policy: str, pool: list[Node], start: float, end: float, p: Params,
                     # it takes over from t1 on; before that it must not leave
                     t_look, wait, lag, kept = guard_wait(buddy, t1, busy)
                     kept = kept and keep_guard(buddy, d, t1)
-                if not math.isfinite(t_look):
-                    break
-                _, extra = acquire(pool, t_look, 1, busy, order)
-                res.add_down("wait_capacity", wait)
-                res.add_down("retry_lag", lag)
-                res.add_down("restart", p.restart_s)
-                if kept:
+                if not kept and arch_durable is not None:
+                    # the node and its buddy are both gone, the job's live record is in the
+                    # archive: any agent with room claims it once both are silent for
+                    # orphan_after_s (its next archive round, poll_s), and resumes the job from
+                    # the archived periodic checkpoint (the buddy's newer replica is lost)
+                    t_c = max([t1] + [g + p.orphan_after_s for g in guard_lost_at]) + p.poll_s
+                    t_up, up = acquire(pool, t_c, 1, busy, order)
+                    if not up:
+                        break
+                    res.archive_claims += 1
+                    res.rollback_node_s += max(0.0, last_durable - arch_durable) * S
+                    res.add_down("detect", t_c - t1)
+                    res.add_down("wait_capacity", t_up - t_c)
                     res.add_down("resume_transfer", size / link)
-                    nodes, t = rest + extra[:1], t_look + size / link + p.restart_s
-                else:  # the replica and the guard are gone: the job starts over
-                    res.buddy_lost += 1
-                    res.rollback_node_s += max(0.0, res.useful_node_s - res.rollback_node_s - res.overhead_node_s)
-                    nodes, t = rest + extra[:1], t_look + p.restart_s
+                    res.add_down("restart", p.restart_s)
+                    nodes, t = rest + up[:1], t_up + size / link + p.restart_s
+                else:
+                    if not math.isfinite(t_look):
+                        break
+                    _, extra = acquire(pool, t_look, 1, busy, order)
+                    res.add_down("wait_capacity", wait)
+                    res.add_down("retry_lag", lag)
+                    res.add_down("restart", p.restart_s)
+                    if kept:
+                        res.add_down("resume_transfer", size / link)
+                        nodes, t = rest + extra[:1], t_look + size / link + p.restart_s
+                    else:  # the replica and the guard are gone, nothing archived: the job starts over
+                        res.buddy_lost += 1
+                        res.rollback_node_s += max(0.0, res.useful_node_s - res.rollback_node_s - res.overhead_node_s)
+                        nodes, t = rest + extra[:1], t_look + p.restart_s
                 last_durable = t
+                arch_durable = t if arch_rule() else None
             odds.observe(announced=not is_abrupt)  # what the agent learns from this departure
     return res
 
@@ -547,6 +596,8 @@ def run(trace_root: Path, sets: list[str], scenarios: int, p: Params) -> dict[st
     out["laminar_buddy_lost"] = sum(r.buddy_lost for r in per["laminar"])
     out["laminar_guard_lost_abrupt"] = sum(r.guard_lost_abrupt for r in per["laminar"])
     out["laminar_guard_lost_no_peer"] = sum(r.guard_lost_no_peer for r in per["laminar"])
+    out["laminar_archive_claims"] = sum(r.archive_claims for r in per["laminar"])
+    out["laminar_jobs_lost"] = sum(r.holder_lost + r.buddy_lost for r in per["laminar"])
 
     def red(a: float, b: float) -> float:
         return round(100.0 * (1.0 - a / b), 1) if b > 0 else 0.0
@@ -566,29 +617,61 @@ def run(trace_root: Path, sets: list[str], scenarios: int, p: Params) -> dict[st
     return out
 
 
+HEADLINE = ("workloss_reduction_vs_requeue_pct", "workloss_reduction_vs_redundancy_pct", "downtime_reduction_pct",
+            "downtime_reduction_vs_requeue_pct", "downtime_reduction_vs_redundancy_pct")
+
+
+def both_configs(arch: dict[str, object], no_arch: dict[str, object]) -> dict[str, object]:
+    """The headline keys from the run with the archive (``migrate.archive_dir``: Laminar's
+    copies of last resort on storage outside the pool, the storage the baselines checkpoint to;
+    see docs/baselines.md); the run without it under ``<key>_no_archive`` (the headline keys and
+    every ``laminar_*`` key). The baselines do not depend on the archive: their figures must be
+    the same in both runs (checked)."""
+    arch.pop("_per", None)
+    no_arch.pop("_per", None)
+    for k, v in arch.items():
+        if k.startswith(("requeue_", "redundancy_")) and no_arch[k] != v:
+            raise AssertionError(f"baseline figure {k} differs with and without the archive: {v} vs {no_arch[k]}")
+    out = dict(arch)
+    out["headline_config"] = "archive"
+    for k, v in no_arch.items():
+        if k in HEADLINE or k.startswith("laminar_"):
+            out[f"{k}_no_archive"] = v
+    return out
+
+
 def plot(out: dict[str, object], path: Path) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    pols = ["requeue", "redundancy", "laminar"]
-    labels = ["Slurm requeue", "pipeline redundancy", "Laminar"]
-    fig, axes = plt.subplots(1, 2, figsize=(10, 4))
-    rb = [float(str(out[f"{p}_rollback_node_h"])) for p in pols]
-    ov = [float(str(out[f"{p}_overhead_node_h"])) for p in pols]
+    pols = ["requeue", "redundancy", "laminar", "laminar_no_archive"]
+    labels = ["Slurm requeue", "pipeline\nredundancy", "Laminar\n(archive)", "Laminar\n(no archive)"]
+
+    def val(pol: str, what: str) -> float:
+        if pol == "laminar_no_archive":
+            return float(str(out[f"laminar_{what}_no_archive"]))
+        return float(str(out[f"{pol}_{what}"]))
+
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4))
+    rb = [val(p, "rollback_node_h") for p in pols]
+    ov = [val(p, "overhead_node_h") for p in pols]
     axes[0].bar(labels, rb, label="rolled back (recomputed)", color="#c44")
     axes[0].bar(labels, ov, bottom=rb, label="tolerance overhead (checkpoints, redundancy)", color="#e9a")
     axes[0].set_ylabel("node-hours lost")
     def change(key: str) -> str:  # a reduction of r % is a change of -r %
         return f"{-float(str(out[key])):+.1f}%"
 
-    axes[0].set_title(f"work lost ({change('workloss_reduction_vs_requeue_pct')} vs requeue, "
-                      f"{change('workloss_reduction_vs_redundancy_pct')} vs redundancy)", fontsize=9)
+    axes[0].set_title(f"work lost, archive ({change('workloss_reduction_vs_requeue_pct')} vs requeue, "
+                      f"{change('workloss_reduction_vs_redundancy_pct')} vs redundancy; no archive: "
+                      f"{change('workloss_reduction_vs_requeue_pct_no_archive')}, "
+                      f"{change('workloss_reduction_vs_redundancy_pct_no_archive')})", fontsize=8)
     axes[0].legend(fontsize=7)
-    axes[1].bar(labels, [float(str(out[f"{p}_downtime_h"])) for p in pols], color=["#888", "#888", "#2a7"])
+    axes[1].bar(labels, [val(p, "downtime_h") for p in pols], color=["#888", "#888", "#2a7", "#9cb"])
     axes[1].set_ylabel("hours without progress")
-    axes[1].set_title(f"downtime ({change('downtime_reduction_pct')} vs the better baseline)", fontsize=9)
+    axes[1].set_title(f"downtime vs the better baseline: {change('downtime_reduction_pct')} (archive), "
+                      f"{change('downtime_reduction_pct_no_archive')} (no archive)", fontsize=8)
     for ax in axes:
         ax.tick_params(axis="x", labelsize=8)
     fig.suptitle(f"{out['scenarios']} scenarios on spot traces {out['trace_sets']}, notice {out['param_notice_s']:.0f}s, "
@@ -609,8 +692,6 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--redundancy-overhead", type=float, default=Params.redundancy_overhead)
     ap.add_argument("--ckpt-gb", type=float, default=Params.ckpt_gb_per_node)
     ap.add_argument("--no-holder", action="store_true", help="Laminar without storage holders (migrate.holder = false)")
-    ap.add_argument("--archive", action="store_true",
-                    help="Laminar with migrate.archive_dir (storage outside the pool, as the baselines' shared storage)")
     ap.add_argument("--shrink", action="store_true",
                     help="NOT BUILT, a sensitivity: a job with no free node restarts on the nodes it has (one fewer)")
     ap.add_argument("--retry-max", type=float, default=Params.retry_max_s, help="the guard's longest wait (s)")
@@ -619,12 +700,11 @@ def main(argv: list[str] | None = None) -> int:
         ap.error(f"--trace {a.trace}: not a directory (expected ../shared/data/spot-traces)")
     p = Params(notice_s=a.notice, abrupt_frac=a.abrupt_frac, redundancy_overhead=a.redundancy_overhead,
                ckpt_gb_per_node=a.ckpt_gb, holder=not a.no_holder, retry_max_s=a.retry_max,
-               archive=a.archive, shrink=a.shrink)
+               archive=True, shrink=a.shrink)
     sets = [SETS[0]] if a.quick else list(SETS)
     scen = 4 if a.quick else a.scenarios
     t0 = time.monotonic()
-    out = run(a.trace, sets, scen, p)
-    out.pop("_per")
+    out = both_configs(run(a.trace, sets, scen, p), run(a.trace, sets, scen, replace(p, archive=False)))
     out["wall_s"] = round(time.monotonic() - t0, 1)
     out["quick"] = int(a.quick)
     print(json.dumps(out, indent=1))
