@@ -58,7 +58,22 @@ starts or places the job (one node wins), then to ``running-<node>.json``, or ba
 found no room. Every agent with room tries the unclaimed records (any agent, not only the
 guard: the guard may be gone); a guard whose job another node claimed and runs stands down.
 A claim older than ``ARCHIVE_CLAIM_STALE_S`` whose node never ran the job is taken over.
-Archived checkpoints are not removed by the agent (an operator's cleanup).
+Archived checkpoints of stopped jobs are not removed by the agent (an operator's cleanup).
+
+**Periodic checkpoints in the archive.** While departures without notice are plausible (the
+learned unannounced share is at least ``prestage_unannounced``, the rule that prestages), each
+running job's newest committed checkpoint (before it wrote one: the verified checkpoint it was
+restarted from) is copied to ``<archive>/<key>/ckpt-N/`` the same way (temporary name, verified
+against its manifest, fsync'd, renamed) and the job's *live record* ``live.json`` (its node, its
+buddy, its request) is pointed at it; older archived checkpoints of the job are then removed
+(the newest complete one is kept), and when the job ends here (exited, stopped, failed, or moved
+by a reclaim) the record and its checkpoints go. A live record is claimed like a guard record
+(rename to ``claimed-<node>.json``), but only by the job's guard once its source is dead, or by
+an agent with room that sees the job's node *and* its buddy dead (silent for
+``orphan_after_s``, or their reclaim windows ended): a job whose node and buddy both leave
+without notice rolls back only to its last archived periodic checkpoint. A stopped job's guard
+record replaces its live record (taken by rename, so only one record is ever claimable), and a
+node that finds its job's live record claimed does not publish another.
 
 ``GET /v1/migrate/replicas`` / ``laminarctl replicas`` shows the states,
 attempts, next look and last reason.
@@ -197,7 +212,8 @@ CONFIG_FIELDS = {
                                "checkpoints (MiB)", _range(0, 1 << 30)),
     "archive_dir": Field(str, "", "storage outside the pool, shared by the zone's agents (an NFS mount): a stopped "
                          "job's checkpoint and guard go there when no live peer can keep them, and any agent with room "
-                         "claims it (empty: off)"),
+                         "claims it; running jobs' periodic checkpoints go there too while departures without notice "
+                         "are plausible (prestage_unannounced) (empty: off)"),
     "retry_base_s": Field((int, float), 2.0, "a guard that finds no room looks again after this, doubling each time",
                           _range(0.05, 3600)),
     "retry_max_s": Field((int, float), 30.0, "the longest wait between a guard's looks for room", _range(0.05, 86400)),
@@ -1035,8 +1051,9 @@ class ReclaimComponent:
         return True
 
     def _periodic_archive_round(self) -> None:
-        """Each running job's newest committed checkpoint goes to the archive while the rule
-        holds (:meth:`_archive_periodic_due`); jobs that ended here lose their live record."""
+        """Each running job's newest committed checkpoint (or, before it wrote one, the verified
+        checkpoint it was restarted from) goes to the archive while the rule holds
+        (:meth:`_archive_periodic_due`); jobs that ended here lose their live record."""
         if self._archive_root() is None:
             return
         for jid in list(self.archived_live):
@@ -1054,6 +1071,11 @@ class ReclaimComponent:
             if job.id in self.evacuating or job.id in self._archiving or not job.ckpt_dir:
                 continue
             ckpt = jobkit.latest_checkpoint(job.ckpt_dir)
+            if ckpt is None and getattr(job.spec, "resume_from", None):
+                # restarted from a checkpoint (a move, a guard, the archive) and none written
+                # since: the one it resumed from is its newest, archived at once under its new key
+                rf = Path(str(job.spec.resume_from))
+                ckpt = rf if (rf / jobkit.MANIFEST).exists() else None
             if ckpt is None or self.archived_live.get(job.id) == ckpt.name:
                 continue
             self._archiving.add(job.id)
