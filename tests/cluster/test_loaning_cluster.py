@@ -7,7 +7,6 @@ processes honouring the checkpoint contract with jobkit.
 from __future__ import annotations
 
 import json
-
 from collections.abc import Callable, Iterator
 from contextlib import ExitStack
 from pathlib import Path
