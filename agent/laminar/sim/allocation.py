@@ -22,8 +22,9 @@ Placements (:data:`PLACEMENTS`):
   for the workload's shape mix (:mod:`laminar.zone.packing`: :func:`~laminar.zone.packing.node_frag`
   with the artifact's typical pods, the top shapes covering 95% of the pods), the score
   quantized as the artifact's Kubernetes plugin does it (``int(100 * sigmoid(-delta/1000))``),
-  the highest score wins, ties drawn uniformly (the Kubernetes scheduler's ``selectHost``),
-  and the GPU inside the node is FGD's own choice too (:func:`~laminar.zone.packing.fgd_alloc`).
+  the highest score wins, ties to the first node in a fixed seeded node order (the artifact's
+  node naming; ``fgd-random-ties`` draws among ties uniformly, the Kubernetes scheduler's
+  ``selectHost``), and the GPU inside the node is FGD's own choice too (:func:`~laminar.zone.packing.fgd_alloc`).
 - ``laminar``: probe-first placement through :mod:`laminar.zone.placement` (``d`` probes,
   first-come late binding of the tightest answer; see :class:`laminar.sim.cluster.ProbePlacer`).
 - ``laminar+readdress``: the same, plus one bounded re-addressing hop: when a pod fails,
