@@ -18,7 +18,7 @@ layer's policy code; the cluster is a fake (simulated nodes), the jobs come from
 3. **allocation at 130%** (the FGD artifact's metric, docs/allocation.md): GPUs allocated when
    the arrived demand reaches 130% of the openb cluster's capacity, next to the published
    BestFit 93.08 and FGD 95.39: full runs take every placement over the paper's seeds 42..51
-   (``--allocation-only --procs 2`` runs only this, two runs at a time: about 10 minutes on
+   (``--allocation-only`` runs only this, two runs at a time by default: about 16 minutes on
    this VM); quick runs Laminar's best and our FGD on seed 42.
 
 Keys: ``queuing_speedup`` and ``jct_speedup`` (noloan mean / laminar mean over the openb GPU
@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import sys
 import time
@@ -155,7 +156,8 @@ def main() -> int:
     ap.add_argument("--load", type=float, default=1.0, help="offered load on the openb training pool")
     ap.add_argument("--allocation-only", action="store_true",
                     help="only experiment 3 (the 10-seed allocation evaluation unless --quick)")
-    ap.add_argument("--procs", type=int, default=1, help="allocation runs in parallel (processes)")
+    ap.add_argument("--procs", type=int, default=min(2, os.cpu_count() or 1),
+                    help="allocation runs in parallel (processes; default: up to 2)")
     args = ap.parse_args()
     if args.procs < 1:
         ap.error(f"--procs {args.procs}: want at least 1")
