@@ -2,8 +2,11 @@
 
 The agent runs in a network namespace of the benchmark's own, joined by a veth to a second
 namespace where a load generator (this script, ``--generator``) plays another zone member:
-it sends signed probes at a fixed rate, releases every offer it gets (as a submitter binding
-elsewhere would), and times each answer. Measured on the agent process: resident memory, CPU
+it sends signed probes at a fixed rate, each naming the previous probe's placement as released
+(as a submitter that bound elsewhere does: the release rides on its next probe to the node,
+``wire.Probe.releases``, with the agents' 0.1 s lease), and times each answer;
+``--release-datagrams`` releases every offer by a datagram of its own instead (the earlier
+protocol: twice the datagrams). Measured on the agent process: resident memory, CPU
 while idle, CPU under load, memory growth over the load; on the generator: the reply latency.
 There is no baseline (absolute figures); the goals are in the issue (rss under 60 MB, idle
 CPU under 0.5 %, p99 reply under 2 ms at 10,000 probes/s, growth under 5 MB).
@@ -56,17 +59,20 @@ def generator(args: argparse.Namespace) -> int:
         k = 0
         blocked = 0
         interval = 1.0 / args.rate
+        prev: tuple[int, ...] = ()
         while True:
             now = time.perf_counter()
             if now >= end:
                 break
             due = int((now - t0) / interval) + 1
             while k < due:
-                pid = (time.monotonic_ns() << 8) | (k & 0xFF)
+                pid = ((time.monotonic_ns() << 8) | (k & 0xFF)) & (2**64 - 1)
+                probe = wire.Probe(pid, 0, 10, 1, args.lease_ms, "", "", () if args.release_datagrams else prev)
                 try:
-                    sock.sendto(enc.encode(wire.Probe(pid & (2**64 - 1), 0, 10, 1, 2000), 1, time.time()), dst)
+                    sock.sendto(enc.encode(probe, 1, time.time()), dst)
                 except BlockingIOError:
                     blocked += 1
+                prev = (pid,)
                 k += 1
             time.sleep(max(0.0, t0 + k * interval - time.perf_counter()))
         Path(args.out).write_text(json.dumps({"sent": k, "send_blocked": blocked,
@@ -76,7 +82,8 @@ def generator(args: argparse.Namespace) -> int:
     sock.bind(("0.0.0.0", 0))
     sender = subprocess.Popen([sys.executable, str(Path(__file__).resolve()), "--generator", "--role", "send",
                                "--keys", args.keys, "--dst", args.dst, "--rate", str(args.rate), "--duration",
-                               str(args.duration), "--fd", str(sock.fileno()), "--out", args.out + ".send"],
+                               str(args.duration), "--fd", str(sock.fileno()), "--out", args.out + ".send",
+                               "--lease-ms", str(args.lease_ms)] + (["--release-datagrams"] if args.release_datagrams else []),
                               pass_fds=[sock.fileno()])
     enc = wire.Encoder(3, keys)
     dec = wire.Decoder(keys, {1: 1, 2: 1, 3: 1})
@@ -102,7 +109,8 @@ def generator(args: argparse.Namespace) -> int:
             at.append(round(((b.placement_id >> 8) - start_ns) / 1e9, 4))
             if isinstance(b, wire.Offer):
                 offers += 1
-                sock.sendto(enc.encode(wire.Release(b.placement_id), 1, time.time()), dst)
+                if args.release_datagrams:
+                    sock.sendto(enc.encode(wire.Release(b.placement_id), 1, time.time()), dst)
             else:
                 refusals += 1
     sender.wait(30)
@@ -120,7 +128,8 @@ def pct(xs: list[float], q: float) -> float:
     return xs[min(len(xs) - 1, int(round(q * (len(xs) - 1))))] if xs else float("nan")
 
 
-def measure(quick: bool, rate: int, without_airlock: bool = False) -> dict[str, Any]:
+def measure(quick: bool, rate: int, without_airlock: bool = False, release_datagrams: bool = False,
+            lease_ms: int = 100) -> dict[str, Any]:
     import psutil
     from conftest import delete_netns, kernel_ready, make_veth_pair
     from harness import ZoneAgent
@@ -159,7 +168,8 @@ def measure(quick: bool, rate: int, without_airlock: bool = False) -> dict[str, 
             c2, w2 = sum(proc.cpu_times()[:2]), time.monotonic()
             gen = b.popen(sys.executable, str(Path(__file__).resolve()), "--generator", "--role", "recv",
                           "--keys", str(keys), "--dst", addr_a, "--rate", str(rate), "--duration", str(load_s),
-                          "--out", str(tmp / "gen.json"))
+                          "--out", str(tmp / "gen.json"), "--lease-ms", str(lease_ms),
+                          *(["--release-datagrams"] if release_datagrams else []))
             rss_samples = []
             while gen.poll() is None:
                 rss_samples.append(proc.memory_info().rss / 2**20)
@@ -202,6 +212,8 @@ def measure(quick: bool, rate: int, without_airlock: bool = False) -> dict[str, 
         "idle_s": idle_s,
         "loadavg_1m_after": round(os.getloadavg()[0], 2),
         "components": "all" if not without_airlock else "all but airlock",
+        "releases": "datagrams" if release_datagrams else "on the next probe",
+        "probe_lease_ms": lease_ms,
         "load_s": load_s,
         "_lat": lat,
         "_lat_t": g.get("t_s", []),
@@ -243,6 +255,9 @@ def main() -> int:
     ap.add_argument("--rate", type=int, default=10_000, help="probes per second (default 10000)")
     ap.add_argument("--without-airlock", action="store_true",
                     help="diagnosis: run the agent without its Airlock component (to see what the rest costs)")
+    ap.add_argument("--release-datagrams", action="store_true",
+                    help="release every offer by a datagram (the earlier protocol) instead of on the next probe")
+    ap.add_argument("--lease-ms", type=int, default=100, help="the probes' lease (default 100, the agents' lease_s)")
     ap.add_argument("--generator", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--keys", help=argparse.SUPPRESS)
     ap.add_argument("--role", choices=["send", "recv"], help=argparse.SUPPRESS)
@@ -253,7 +268,7 @@ def main() -> int:
     args = ap.parse_args()
     if args.generator:
         return generator(args)
-    res = measure(args.quick, args.rate, args.without_airlock)
+    res = measure(args.quick, args.rate, args.without_airlock, args.release_datagrams, args.lease_ms)
     if args.plot:
         plot(res, args.plot)
     flat = {k: v for k, v in res.items() if not k.startswith("_")}
