@@ -24,7 +24,8 @@ share = st.integers(0, 100)
 bodies = st.one_of(
     st.builds(wire.Probe, u64, st.integers(0, 6400), u32, u32, u32, txt, txt,
               st.lists(u64, max_size=wire.MAX_PROBE_RELEASES).map(tuple)),
-    st.builds(wire.Offer, u64, u32, st.lists(st.tuples(u8, share), max_size=8).map(tuple)),
+    st.builds(wire.Offer, u64, u32, st.lists(st.tuples(u8, share), max_size=8).map(tuple),
+              st.one_of(st.none(), st.tuples(st.integers(-2**31, 2**31 - 1), u32))),
     st.builds(wire.Refuse, u64, u8),
     st.builds(wire.Commit, u64, u32),
     st.builds(wire.CommitAck, u64, u8, u16),

@@ -20,6 +20,8 @@ BODIES = [
     wire.Probe(2**63, 150, 4000, 16_000, 2000, "H100", "campus"),
     wire.Probe(5, 100, 1000, 1024, 100, "", "training", (2**64 - 1, 3, 7, 9, 11, 13, 15, 17)),
     wire.Offer(7, 1500, ((0, 100), (3, 50))),
+    wire.Offer(7, 1500, ((1, 25),), (-250_000, 7750)),  # with the packing mode's fragmentation score
+    wire.Offer(7, 1500, (), (2**31 - 1, 2**32 - 1)),
     wire.Refuse(7, 3),
     wire.Commit(7, 30_000),
     wire.CommitAck(7, 0, 7443),
@@ -260,3 +262,15 @@ def test_zone_summary_hints_are_optional_and_bounded():
     assert dec.stats()["malformed"] == 3
     with pytest.raises(ValueError, match="hints"):
         enc.encode(wire.ZoneSummaryMsg(1, 10, (10,), 1, 1, (), ((1,) * 33,)), zone=1, now=1.0)
+
+
+def test_offer_fragmentation_score_is_optional_and_exact():
+    """An offer without the score encodes as before (old decoders read it); with it, 8 more
+    bytes; a truncated score is malformed, not silently dropped to None."""
+    plain = wire.encode_body(wire.Offer(7, 100, ((0, 50),)))
+    scored = wire.encode_body(wire.Offer(7, 100, ((0, 50),), (-1, 500)))
+    assert scored[: len(plain)] == plain and len(scored) == len(plain) + 8
+    assert wire.decode_body(wire.MsgType.OFFER, plain) == wire.Offer(7, 100, ((0, 50),))
+    assert wire.decode_body(wire.MsgType.OFFER, scored).frag == (-1, 500)
+    with pytest.raises(Dropped):
+        wire.decode_body(wire.MsgType.OFFER, scored[:-3])

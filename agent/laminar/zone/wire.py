@@ -130,11 +130,21 @@ class Probe:
 
 @dataclass(frozen=True)
 class Offer:
-    """Yes: held until ``lease_ms`` from now; ``gpu_alloc`` is ((index, centi), ...)."""
+    """Yes: held until ``lease_ms`` from now; ``gpu_alloc`` is ((index, centi), ...).
+
+    ``frag`` (optional trailing field, sent by a node in the ``frag`` packing mode) is
+    ``(delta, gpu_left)``: how much the offer grows the node's fragmentation, in micro-GPUs
+    (signed; :func:`laminar.zone.packing.frag_delta` times 1000), and the free milli-GPUs the
+    node keeps after it. A packing placement ranks offers by it
+    (:func:`laminar.zone.packing.pick_frag_offer`); an offer without it ranks last. Decoders
+    that predate the field drop such an offer as malformed (trailing bytes): nodes in the
+    ``frag`` mode need submitters of this version.
+    """
 
     placement_id: int
     lease_ms: int
     gpu_alloc: tuple[tuple[int, int], ...] = ()
+    frag: tuple[int, int] | None = None
 
 
 @dataclass(frozen=True)
@@ -288,6 +298,7 @@ _U32 = struct.Struct("!I")
 _U64 = struct.Struct("!Q")
 _PROBE = struct.Struct("!QHIII")
 _OFFER = struct.Struct("!QIB")
+_OFFER_FRAG = struct.Struct("!iI")  # Offer.frag: delta in micro-GPUs (signed), free milli-GPUs after
 _REFUSE = struct.Struct("!QB")
 _COMMIT = struct.Struct("!QI")
 _COMMIT_ACK = struct.Struct("!QBH")
@@ -356,7 +367,9 @@ def encode_body(body: Body) -> bytes:
         )
     if isinstance(body, Offer):
         out = _OFFER.pack(body.placement_id, body.lease_ms, len(body.gpu_alloc))
-        return out + b"".join([_BB.pack(i, c) for i, c in body.gpu_alloc]) if body.gpu_alloc else out
+        if body.gpu_alloc:
+            out += b"".join([_BB.pack(i, c) for i, c in body.gpu_alloc])
+        return out + _OFFER_FRAG.pack(*body.frag) if body.frag is not None else out
     if isinstance(body, Refuse):
         return _REFUSE.pack(body.placement_id, body.reason)
     if isinstance(body, Commit):
@@ -463,7 +476,11 @@ def decode_body(mtype: MsgType, buf: bytes) -> Body:
             if c > 100:
                 raise Dropped(DropReason.MALFORMED, f"offer gpu share {c} > 100")
             alloc.append((i, c))
-        body = Offer(pid, lease, tuple(alloc))
+        frag: tuple[int, int] | None = None
+        if r.pos < len(buf):  # the optional fragmentation score
+            d, left = r.take(_OFFER_FRAG)
+            frag = (d, left)
+        body = Offer(pid, lease, tuple(alloc), frag)
     elif mtype is MsgType.REFUSE:
         pid, reason = r.take(_REFUSE)
         body = Refuse(pid, reason)
