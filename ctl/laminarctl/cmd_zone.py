@@ -8,6 +8,12 @@
 ``zone submit`` places the job on whichever node of the cluster offers first (probe-first,
 late binding; see docs/protocol.md): it may run here or on another node. Exit code 0 when the
 job was placed, 1 otherwise (the reason is printed).
+
+``zone submit --packing`` is the packing placement (docs/allocation.md): every node of the
+first few zones that can take the job is probed, every answer awaited, and the offer adding
+the least GPU fragmentation binds (nodes configured with ``[zone] packing = "frag"`` score
+their offers). It costs a probe and an answer per node of those zones: for a saturated
+cluster or a batch of arrivals, not for every job.
 """
 
 from __future__ import annotations
@@ -45,6 +51,8 @@ def register(sub: Any, common: argparse.ArgumentParser) -> None:
     p.add_argument("--class", dest="job_class", default="standard", choices=["long-resident", "standard", "transient"],
                    help="lifecycle class (default: standard)")
     p.add_argument("--priority", type=int, default=50, help="0..100, higher survives longer (default 50)")
+    p.add_argument("--packing", action="store_true",
+                   help="packing placement: probe whole zones, bind the least-fragmenting offer (many more messages)")
     p.add_argument("cmd", nargs=argparse.REMAINDER, help="-- command and arguments")
     p.set_defaults(func=cmd_submit)
 
@@ -90,6 +98,8 @@ def build_placement(args: argparse.Namespace) -> dict[str, Any]:
     if args.cpus is not None:
         spec["cpus"] = args.cpus
     body: dict[str, Any] = {"spec": spec, "gpus": args.gpus}
+    if getattr(args, "packing", False):
+        body["packing"] = True
     if args.pool:
         body["pool"] = args.pool
     if args.gpu_model:

@@ -10,6 +10,15 @@ Two halves, both free of sockets so the agent and the simulated transport run th
   :class:`laminar.zone.transport.Transport` (real UDP/TCP in the agent,
   :class:`laminar.zone.simnet.SimNet` in the benchmark).
 
+Packing mode (``docs/allocation.md``): with ``[zone] packing = "frag"`` a node's arbiter offers
+the least-fragmenting GPUs (:func:`laminar.zone.packing.least_frag_alloc`) and scores its
+offers; a placement with ``packing`` (``POST /v1/placements {"packing": true}``,
+``laminarctl zone submit --packing``) probes every member of the first ``packing_spread``
+zones that can take the job, awaits every answer and binds the least-fragmenting offer
+(:func:`laminar.zone.packing.pick_frag_offer`): the simulator's ``laminar-frag-wide``
+placement, on the same policy functions. The defaults (``bestfit``, no ``packing``) are the
+hot path, unchanged.
+
 :class:`ZoneComponent` wires them into the agent: the UDP endpoint, the TCP hand-over server,
 summaries and heartbeats at a bounded rate, and the API routes ``GET /v1/zone/peers``,
 ``GET /v1/zone/stats`` and ``POST /v1/placements``.
@@ -24,6 +33,7 @@ be running there, so it is *not* placed again elsewhere, which could double it),
 from __future__ import annotations
 
 import asyncio
+import collections
 import json
 import logging
 import math
@@ -33,6 +43,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from laminar.zone import packing as pk
 from laminar.zone import placement as pl
 from laminar.zone import wire
 from laminar.zone.loan import LoanManager
@@ -61,6 +72,25 @@ LAPSED_MAX = 1024  # lapsed offers an arbiter remembers for a late hand-over (bo
 # submitter's wait for the other answers (probe_timeout_s, 0.2 s) and the hand-over's connect;
 # a hand-over later than that still binds if the capacity is free (Arbiter.bind).
 LEASE_S = 0.1
+
+# Packing modes of the node side ([zone] packing): "bestfit" (placement.allocate_gpus, the hot
+# path) or "frag" (packing.least_frag_alloc: the least-fragmenting GPUs, and the offer carries
+# its fragmentation score for a packing placement to compare).
+PACKING_MODES = ("bestfit", "frag")
+SHAPES_SEEN_MAX = 512  # probe shapes a "frag" arbiter remembers for its shape mix (bounded memory)
+MIX_MIN_SEEN = 16  # fewer probe shapes seen than this: the fixed DEFAULT_FRAG_MIX is used
+MIX_REFRESH = 32  # the mix is recomputed after this many new probe shapes (shape_mix sorts them)
+# The shape mix a "frag" arbiter scores with before it has seen MIX_MIN_SEEN probes: the GPU
+# shapes of placement.SHAPES, small ones likelier (as in the Alibaba openb trace, where most
+# workers take one GPU or a share of one), no CPU term (a CPU count would be a guess). An
+# assumption, not a measurement: the mix of the probes seen replaces it soon.
+DEFAULT_FRAG_MIX: pk.ShapeMix = (
+    (pk.Shape(0, 1000, 1), 0.35), (pk.Shape(0, 500, 1), 0.25), (pk.Shape(0, 250, 1), 0.15),
+    (pk.Shape(0, 1000, 2), 0.10), (pk.Shape(0, 1000, 4), 0.10), (pk.Shape(0, 1000, 8), 0.05),
+)
+# Zones whose every member a packing placement probes in one round (whole zones, all answers
+# awaited): laminar.sim.allocation.FRAG_SPREAD, the spread measured best in docs/allocation.md.
+PACKING_SPREAD = 4
 
 
 # --------------------------------------------------------------------------- conversions
@@ -115,6 +145,15 @@ def msg_to_zone_summary(m: wire.ZoneSummaryMsg, issued_at: float) -> pl.ZoneSumm
                           m.hints[:len(pl.SHAPES)])
 
 
+def frag_offer(o: pl.Offer, frag: tuple[int, int] | None) -> pk.FragOffer:
+    """An offer as :func:`laminar.zone.packing.pick_frag_offer` compares it, from what it
+    carried (``wire.Offer.frag``); without a score it ranks after every scored offer."""
+    alloc = tuple((i, int(round(f * pk.MILLI))) for i, f in o.gpu_alloc)
+    if frag is None:
+        return pk.FragOffer(o.node, alloc, math.inf, 2**32)
+    return pk.FragOffer(o.node, alloc, frag[0] / 1000, frag[1])
+
+
 # --------------------------------------------------------------------------- the node side
 
 
@@ -134,6 +173,17 @@ class Arbiter:
     ``inventory`` is the node's capacity with nothing placed; what the arbiter placed (jobs it
     accepted by hand-over) and what it holds (offers, commits) are subtracted from it. Every
     method takes ``now`` (wall clock, seconds) and does no I/O.
+
+    ``packing`` (one of :data:`PACKING_MODES`) says which GPUs an offer takes. ``"bestfit"``
+    (the default): :func:`laminar.zone.placement.arbitrate`'s best fit. ``"frag"``: the
+    allocation adding the least fragmentation (:func:`laminar.zone.packing.least_frag_alloc`)
+    for ``mix`` when given, else for the mix of the shapes probed here lately
+    (:func:`laminar.zone.packing.shape_mix` over the last :data:`SHAPES_SEEN_MAX`; the fixed
+    :data:`DEFAULT_FRAG_MIX` until :data:`MIX_MIN_SEEN` were seen), and the offer carries its
+    fragmentation score (``wire.Offer.frag``). Either way the same checks decide whether the
+    demand fits, counting every live reservation and placed job: only the choice of GPUs
+    differs. A demand with no packing shape (a fraction above one GPU, e.g. 1.5) gets the
+    best fit, without a score.
     """
 
     def __init__(
@@ -143,7 +193,18 @@ class Arbiter:
         lease_s: float = LEASE_S,
         hold_s: float = 30.0,
         max_tentative: int = 64,
+        packing: str = "bestfit",
+        mix: pk.ShapeMix | None = None,
     ) -> None:
+        if packing not in PACKING_MODES:
+            raise ValueError(f"arbiter: packing {packing!r}; choose one of {', '.join(PACKING_MODES)}")
+        if mix is not None:
+            pk.check_mix(mix)
+        self.packing = packing
+        self.fixed_mix = mix
+        self._seen: collections.deque[pk.Shape] = collections.deque(maxlen=SHAPES_SEEN_MAX)
+        self._mix: pk.ShapeMix | None = None
+        self._seen_since_mix = 0
         self._inventory = inventory
         self._inventory_version = 0
         self.lease_s = lease_s
@@ -155,7 +216,7 @@ class Arbiter:
         # hand-over that comes after the lease re-arbitrates the same demand (see bind())
         self.lapsed: dict[int, pl.Reservation] = {}
         self.counts: dict[str, int] = {"offers": 0, "refusals": 0, "commits": 0, "releases": 0, "expired": 0,
-                                       "rebinds": 0, "rebind_refusals": 0}
+                                       "rebinds": 0, "rebind_refusals": 0, "frag_offers": 0}
         self._placed_version = 0
         self._base_key: tuple[int, int, int] | None = None
         self._base_cache: pl.NodeCapacity | None = None
@@ -221,17 +282,63 @@ class Arbiter:
         self.expire(now)
         base = self._base()
         lease = min(p.lease_ms / 1000, 60.0) if p.lease_ms else self.lease_s
+        repeat = p.placement_id in self.held  # a retransmission gets the same offer back
         a = pl.arbitrate(
             base, list(self.held.values()), demand, now,
             placement_id=p.placement_id, lease_s=max(lease, 0.001), max_tentative=self.max_tentative,
         )
+        shape = self._note_shape(demand) if self.packing == "frag" and not repeat else None
         if isinstance(a, pl.Refusal):
             self.counts["refusals"] += 1
             return wire.Refuse(p.placement_id, int(a.reason))
-        self.held[p.placement_id] = a.reservation
+        r = a.reservation
+        frag: tuple[int, int] | None = None
+        if shape is not None:
+            got = self._frag_choice(pl.residual(base, self.held.values(), now), shape)
+            if got is not None:
+                r = replace(r, gpu_alloc=got[0])
+                frag = got[1]
+                self.counts["frag_offers"] += 1
+        self.held[p.placement_id] = r
         self.counts["offers"] += 1
-        remaining = max(1, int((a.expires_at - now) * 1000))
-        return wire.Offer(p.placement_id, remaining, tuple((i, int(round(f * 100))) for i, f in a.gpu_alloc))
+        remaining = max(1, int((r.expires_at - now) * 1000))
+        return wire.Offer(p.placement_id, remaining, tuple((i, int(round(f * 100))) for i, f in r.gpu_alloc), frag)
+
+    def _note_shape(self, demand: pl.Demand) -> pk.Shape | None:
+        """Remember the packing shape of a probed demand (for the mix); None when it has none."""
+        try:
+            shape = pk.shape_of(demand.gpus, demand.cpus)
+        except pk.PackingError:
+            return None
+        self._seen.append(shape)
+        self._seen_since_mix += 1
+        return shape
+
+    def shape_mix(self) -> pk.ShapeMix:
+        """The mix a ``frag`` arbiter scores with now (see the class docs)."""
+        if self.fixed_mix is not None:
+            return self.fixed_mix
+        if len(self._seen) < MIX_MIN_SEEN:
+            return DEFAULT_FRAG_MIX
+        if self._mix is None or self._seen_since_mix >= MIX_REFRESH:
+            self._mix = pk.shape_mix(self._seen)
+            self._seen_since_mix = 0
+        return self._mix
+
+    def _frag_choice(self, free: pl.NodeCapacity, shape: pk.Shape) -> tuple[pl.GpuAlloc, tuple[int, int]] | None:
+        """The least-fragmenting GPUs for ``shape`` in ``free`` (the residual arbitrate
+        checked the demand against) with the offer's score ``(delta in micro-GPUs, free
+        milli-GPUs after)``; None when packing finds no option that surely fits (the best
+        fit stands then). Never returns more of a GPU than ``free`` has."""
+        gl = pk.to_milli(free.gpu_free)
+        got = pk.least_frag_alloc(gl, int(math.floor(free.cpus * 1000 + 1e-6)), shape, self.shape_mix())
+        if got is None:
+            return None
+        alloc = tuple((i, m / pk.MILLI) for i, m in got[0])
+        if len({i for i, _ in alloc}) != len(alloc) or any(free.gpu_free[i] < f - pl.EPS for i, f in alloc):
+            return None  # a milli rounding the fractions do not bear out: keep the best fit
+        delta = max(-(2**31), min(2**31 - 1, int(round(got[1] * 1000))))
+        return alloc, (delta, sum(gl) - sum(m for _, m in got[0]))
 
     def on_commit(self, c: wire.Commit, now: float, handover_port: int = 0) -> wire.CommitAck:
         """Turn the offer committed for the hand-over window; idempotent by placement id."""
@@ -277,6 +384,14 @@ class Arbiter:
             self.counts["rebind_refusals"] += 1
             return None
         self.counts["rebinds"] += 1
+        if self.packing == "frag":  # the same choice of GPUs as its probe had
+            try:
+                shape: pk.Shape | None = pk.shape_of(old.demand.gpus, old.demand.cpus)
+            except pk.PackingError:
+                shape = None
+            got = None if shape is None else self._frag_choice(pl.residual(self._base(), self.held.values(), now), shape)
+            if got is not None:
+                return replace(a.reservation, gpu_alloc=got[0])
         return a.reservation
 
     def bind(self, placement_id: int, now: float, submitter: int = 0) -> Placed | None:
@@ -381,7 +496,11 @@ class Submitter:
         clock: Callable[[], float] = time.time,
         sleep: Callable[[float], Any] = asyncio.sleep,
         zone_summary: Callable[[int], pl.ZoneSummary | None] | None = None,
+        packing_spread: int = PACKING_SPREAD,
     ) -> None:
+        if not (isinstance(packing_spread, int) and packing_spread >= 1):
+            raise ValueError(f"submitter: packing_spread {packing_spread!r} must be an integer >= 1")
+        self.packing_spread = packing_spread
         self.t = transport
         self.zone_summary = zone_summary
         # (node, shape index) -> when this submitter last found that node full for that shape
@@ -407,20 +526,30 @@ class Submitter:
         self.clock = clock
         self.sleep = sleep
         self.counts: dict[str, int] = {"placed": 0, "unconfirmed": 0, "rejected": 0, "queued-out": 0,
-                                       "probe_timeouts": 0, "handover_failures": 0, "queue_waits": 0}
+                                       "probe_timeouts": 0, "handover_failures": 0, "queue_waits": 0,
+                                       "packing_placements": 0}
 
     def new_placement_id(self) -> int:
         return self.rng.getrandbits(63) | 1
 
-    async def place(self, demand: pl.Demand, spec: dict[str, Any], placement_id: int | None = None) -> PlacementResult:
+    async def place(self, demand: pl.Demand, spec: dict[str, Any], placement_id: int | None = None,
+                    packing: bool = False) -> PlacementResult:
         """Place one job; see the module docstring for the outcomes. Never raises for a
-        peer's misbehaviour or silence (they only cost retries)."""
+        peer's misbehaviour or silence (they only cost retries).
+
+        ``packing``: the packing placement (:meth:`_place_packing`: whole zones probed, every
+        answer awaited, the least-fragmenting offer bound) instead of the hot path's ``d``
+        probes and first good offer."""
         t0 = time.perf_counter()
         pid = placement_id or self.new_placement_id()
         res = PlacementResult("queued-out", pid, t0=t0, shape=pl.shape_index(demand.gpus))
         answers = self.t.expect(pid)
         try:
-            await self._place(demand, spec, pid, answers, res)
+            if packing:
+                self.counts["packing_placements"] += 1
+                await self._place_packing(demand, spec, pid, answers, res)
+            else:
+                await self._place(demand, spec, pid, answers, res)
         finally:
             self.t.forget(pid)
             while not answers.empty():  # offers that came in after the binding
@@ -492,6 +621,89 @@ class Submitter:
                 self.counts["queue_waits"] += 1
                 await self.sleep(queue.delay_s)
         res.reason = res.reason or "no node offered capacity within the retry budget"
+
+    async def _place_packing(
+        self, demand: pl.Demand, spec: dict[str, Any], pid: int, answers: asyncio.Queue[tuple[int, wire.Body]],
+        res: PlacementResult,
+    ) -> None:
+        """The packing placement (``laminar-frag-wide`` of :mod:`laminar.sim.allocation`, on
+        the agents): the zones whose summaries say they can take the demand
+        (``zone_fits > 0``), lowest zone id first (an order every submitter shares), are
+        taken ``packing_spread`` at a time; every member of those zones (suspects aside) is
+        probed, every answer is awaited (at most ``probe_timeout_s``), and the offers bind
+        in the order of :func:`laminar.zone.packing.pick_frag_offer` (FGD's quantized score
+        of the fragmentation the offer adds, then the tighter fit, then the lower node id;
+        an offer without a score, from a node in the ``bestfit`` mode, ranks last). No offer:
+        the next ``packing_spread`` zones, for ``policy.zones`` groups; then a queue wait
+        and a new round, ``max_rounds`` in all. Unused offers are handled as on the hot
+        path (remembered and released by the next probe to their node, or they lapse).
+
+        Cost: a probe and an answer per member of each zone probed, plus the hand-over: a
+        mode for a saturated cluster or a batch of arrivals, not the hot path."""
+        probe = demand_to_probe(demand, pid, self.lease_s)
+        spec_json = json.dumps(spec, separators=(",", ":")).encode()
+        offers: list[pl.Offer] = []
+        scores: dict[int, tuple[int, int] | None] = {}  # node -> its offer's wire.Offer.frag
+        dead_offers: set[int] = set()
+        spread = self.packing_spread
+        for rnd in range(self.max_rounds):
+            res.rounds = rnd + 1
+            order = [z for z, f in sorted(self.zone_fits(demand).items()) if f > 0]
+            if not order:
+                res.reason = "no zone advertises a fit for the demand"
+            for g in range(0, min(len(order), self.policy.zones * spread), spread):
+                res.steps += 1
+                suspects = self.m.suspects
+                targets = [n for z in order[g:g + spread] for n in self.m.zone_list(z) if n not in suspects]
+                if not targets:
+                    continue
+                res.probed.extend(targets)
+                for n in targets:
+                    self.t.send(n, self._with_releases(probe, n))
+                waiting = set(targets)
+                if await self._collect_all(answers, waiting, offers, scores, res):
+                    self.counts["probe_timeouts"] += 1
+                    for n in waiting:
+                        self.m.missed(n, self.clock())
+                if await self._bind(pid, spec_json, answers, offers, dead_offers, res,
+                                    pick=lambda live: self._pick_packed(live, scores)):
+                    self._release(pid, offers)
+                    return
+                self._release(pid, offers)
+            if rnd + 1 < self.max_rounds:
+                queue = pl.retry_schedule(self.policy, rnd)[-1]
+                assert isinstance(queue, pl.Queue)
+                self.counts["queue_waits"] += 1
+                await self.sleep(queue.delay_s)
+        res.reason = res.reason or "no node offered capacity within the retry budget"
+
+    async def _collect_all(
+        self, answers: asyncio.Queue[tuple[int, wire.Body]], waiting: set[int], offers: list[pl.Offer],
+        scores: dict[int, tuple[int, int] | None], res: PlacementResult,
+    ) -> bool:
+        """Gather answers until every target answered or ``probe_timeout_s`` passed; each
+        offer's score goes to ``scores``. True when the timeout passed with targets silent."""
+        deadline = time.monotonic() + self.probe_timeout_s
+        while waiting:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return True
+            try:
+                node, body = answers.get_nowait() if not answers.empty() else await asyncio.wait_for(answers.get(), left)
+            except TimeoutError:
+                return True
+            if isinstance(body, wire.Offer):
+                scores[node] = body.frag
+            self._note_answer(node, body, waiting, offers, res)
+        return False
+
+    def _pick_packed(self, offers: list[pl.Offer], scores: dict[int, tuple[int, int] | None]) -> pl.Offer | None:
+        """The live offer :func:`laminar.zone.packing.pick_frag_offer` ranks first (quantized,
+        as ``laminar-frag-wide``); None when none is live."""
+        now = self.clock()
+        live = {o.node: o for o in offers if o.expires_at > now}
+        best = pk.pick_frag_offer((frag_offer(o, scores.get(o.node)) for o in live.values()), quantized=True)
+        return None if best is None else live[best.node]
 
     def _zone_table(self, demand: pl.Demand) -> pl.ZoneTable:
         """The zone draw for ``demand``'s fits, kept while ``zone_fits`` returns the same
@@ -575,12 +787,13 @@ class Submitter:
 
     async def _bind(
         self, pid: int, spec_json: bytes, answers: asyncio.Queue[tuple[int, wire.Body]], offers: list[pl.Offer],
-        dead_offers: set[int], res: PlacementResult,
+        dead_offers: set[int], res: PlacementResult, pick: Callable[[list[pl.Offer]], pl.Offer | None] | None = None,
     ) -> bool:
-        """Commit offers in arrival order until one hands over. True when the placement is
-        finished (placed, unconfirmed or rejected); False to go on with the schedule."""
+        """Commit offers in arrival order (or in ``pick``'s order) until one hands over. True
+        when the placement is finished (placed, unconfirmed or rejected); False to go on
+        with the schedule."""
         while True:
-            offer = pl.pick_offer(offers, self.clock(), margin_s=0.0)
+            offer = pick(offers) if pick is not None else pl.pick_offer(offers, self.clock(), margin_s=0.0)
             if offer is None:
                 return False
             offers.remove(offer)
@@ -728,7 +941,7 @@ def _nodes_check(v: Any) -> str | None:
 
 def zone_config_fields() -> dict[str, Any]:
     """The ``[zone]`` config section (registered with laminar.config on import)."""
-    from laminar.config import Field, _range
+    from laminar.config import Field, _one_of, _range
 
     def rng(lo: float, hi: float) -> Any:
         return _range(lo, hi)
@@ -758,6 +971,11 @@ def zone_config_fields() -> dict[str, Any]:
         "peer_timeout_s": Field((int, float), 10.0, "a summary older than this no longer counts", rng(0.5, 3600)),
         "replay_window_s": Field((int, float), 30.0, "accepted clock difference between nodes", rng(1, 3600)),
         "max_tentative": Field(int, 64, "most tentative reservations a node holds at once", rng(1, 100000)),
+        "packing": Field(str, "bestfit", "which GPUs this node offers: bestfit (the tightest GPU, the hot path) or "
+                         "frag (the least-fragmenting GPUs, with a score for packing placements; docs/allocation.md)",
+                         _one_of(*PACKING_MODES)),
+        "packing_spread": Field(int, PACKING_SPREAD, "zones whose every member a packing placement "
+                                "(POST /v1/placements {\"packing\": true}) probes in one round", rng(1, 1000)),
         "nodes": Field(list, [], "the cluster: [[zone.nodes]] id, zone, addr ('IP' or 'IP:PORT'), handover_port, pool, owner",
                        _nodes_check),
     }
@@ -900,7 +1118,7 @@ class ZoneComponent:
         me = self.membership.by_node[self.node_id]
         self.zone = me.zone
         self.arbiter = Arbiter(self._inventory(), lease_s=float(s["lease_s"]), hold_s=float(s["hold_s"]),
-                               max_tentative=int(s["max_tentative"]))
+                               max_tentative=int(s["max_tentative"]), packing=str(s["packing"]))
         self.loan = LoanManager(self, self._loan_settings if self._loan_settings is not None or agent is None
                                 else agent.config.section("loan"))
         self._open_store()
@@ -913,6 +1131,7 @@ class ZoneComponent:
             hold_s=float(s["hold_s"]), probe_timeout_s=float(s["probe_timeout_s"]),
             handover_timeout_s=float(s["handover_timeout_s"]), max_rounds=int(s["queue_rounds"]), clock=self.clock,
             unconfirmed_wait_s=float(s["unconfirmed_wait_s"]), zone_summary=self.zone_summary,
+            packing_spread=int(s["packing_spread"]),
         )
         self.router.on_late_offer = self.submitter.note_late_offer
         self.keys = keys
@@ -1318,9 +1537,12 @@ class ZoneComponent:
 
     # -- the submitter side --------------------------------------------------------------------------
 
-    async def place(self, spec: dict[str, Any], demand: pl.Demand, owner_uid: int = 0, owner_gid: int = 0) -> PlacementResult:
-        """Place a job through the zone (what ``POST /v1/placements`` and Airlock's re-addressing call)."""
-        res = await self.submitter.place(demand, {"spec": spec, "owner_uid": owner_uid, "owner_gid": owner_gid})
+    async def place(self, spec: dict[str, Any], demand: pl.Demand, owner_uid: int = 0, owner_gid: int = 0,
+                    packing: bool = False) -> PlacementResult:
+        """Place a job through the zone (what ``POST /v1/placements`` and Airlock's re-addressing
+        call); ``packing``: the packing placement (:meth:`Submitter._place_packing`)."""
+        res = await self.submitter.place(demand, {"spec": spec, "owner_uid": owner_uid, "owner_gid": owner_gid},
+                                         packing=packing)
         row = {**res.as_dict(), "name": spec.get("name", ""), "created": time.time()}
         self.history.append(row)
         del self.history[:-200]
@@ -1391,7 +1613,7 @@ class ZoneComponent:
             body = req.body
             if not isinstance(body, dict) or not isinstance(body.get("spec"), dict):
                 raise ApiError(400, "placement: body must be {\"spec\": {job spec}, \"gpus\": n, \"pool\": ..., "
-                                    "\"gpu_model\": ...}")
+                                    "\"gpu_model\": ..., \"packing\": false}")
             spec = dict(body["spec"])
             try:
                 from laminar.runtime.jobs import JobError, JobSpec
@@ -1414,8 +1636,11 @@ class ZoneComponent:
                 )
             except (pl.PlacementError, TypeError, ValueError) as e:
                 raise ApiError(400, f"placement: {e}") from None
+            packing = body.get("packing", False)
+            if not isinstance(packing, bool):
+                raise ApiError(400, f"placement: packing {packing!r} must be true or false")
             spec.pop("gpus", None)
-            res = await self.place(spec, demand, req.peer.uid, req.peer.gid)
+            res = await self.place(spec, demand, req.peer.uid, req.peer.gid, packing=packing)
             return res.as_dict()
 
         async def history(req: Request) -> list[dict[str, Any]]:

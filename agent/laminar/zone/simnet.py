@@ -83,10 +83,12 @@ class SimNet:
         fill: float = 0.5,
         use_wire: bool = True,
         summaries: bool = True,
+        packing: str = "bestfit",
     ) -> SimNet:
         """``nodes`` fake nodes in zones of ``zone_size``, each GPU already ``fill`` used on
         average (idle, half or fully used GPUs drawn at random), 64 CPUs and 512 GB. The zone
-        summaries are computed unless ``summaries`` is False (call :meth:`refresh_summaries`)."""
+        summaries are computed unless ``summaries`` is False (call :meth:`refresh_summaries`).
+        ``packing``: the arbiters' packing mode (``[zone] packing``: bestfit or frag)."""
         rng = rng or random.Random(0)
         members = [Member(n, 1 + (n - 1) // zone_size, f"10.{n >> 16}.{(n >> 8) & 255}.{n & 255}", 7440, 7441)
                    for n in range(1, nodes + 1)]
@@ -96,7 +98,7 @@ class SimNet:
         for i, m in enumerate(members):
             gpus = tuple(free[i * gpus_per_node:(i + 1) * gpus_per_node])
             inv = pl.NodeCapacity(m.node, m.zone, gpus, 64.0, 512_000, "H100")
-            arbiters[m.node] = Arbiter(inv, hold_s=30.0)  # the agent's default lease
+            arbiters[m.node] = Arbiter(inv, hold_s=30.0, packing=packing)  # the agent's default lease
         membership = Membership(self_node=1, members=members)
         net = cls(arbiters, membership, rng, submitter_node=1, use_wire=use_wire)
         if summaries:
@@ -267,9 +269,11 @@ class SimNet:
         return sub
 
     async def place(self, demand: pl.Demand, spec: dict[str, Any] | None = None,
-                    submitter: Submitter | None = None) -> PlacementResult:
+                    submitter: Submitter | None = None, packing: bool = False) -> PlacementResult:
+        """Place one job from node 1; ``packing``: the packing placement (whole zones probed,
+        the least-fragmenting offer bound; see :meth:`Submitter._place_packing`)."""
         s = submitter or self.submitter()
-        return await s.place(demand, spec or {"name": "sim"})
+        return await s.place(demand, spec or {"name": "sim"}, packing=packing)
 
 
 class _AnyNode(dict[int, int]):
