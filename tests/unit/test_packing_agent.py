@@ -168,6 +168,9 @@ def test_packing_placement_remembers_unused_offers_and_releases_them_by_the_next
     first = asyncio.run(net.place(d, submitter=sub, packing=True))
     losers = set(range(1, 9)) - {first.node}
     assert all(first.placement_id in net.arbiters[n].held for n in losers)  # they hold until released
+    # their lease outlives the wait for every answer (probe_timeout_s), then the usual lease
+    lease = net.arbiters[2].held[first.placement_id].expires_at - net.clock_s
+    assert lease == pytest.approx(sub.lease_s + sub.probe_timeout_s, abs=1e-3)
     assert set(sub._unused) == losers
     second = asyncio.run(net.place(d, submitter=sub, packing=True))
     assert second.outcome == "placed"
@@ -207,3 +210,13 @@ def test_default_placement_is_unchanged_d_probes_and_best_fit():
     a = Arbiter(node((1.0, 0.6, 0.3, 0.25)))
     o = a.on_probe(probe(77, 25), NOW)
     assert isinstance(o, wire.Offer) and o.frag is None and o.gpu_alloc == ((3, 25),)  # allocate_gpus' best fit
+
+
+def test_laminarctl_zone_submit_packing_sets_the_body_flag():
+    from laminarctl.cmd_zone import build_placement
+    from laminarctl.main import build_parser
+
+    args = build_parser().parse_args(["zone", "submit", "--gpus", "0.5", "--packing", "--", "sleep", "1"])
+    assert build_placement(args)["packing"] is True
+    args = build_parser().parse_args(["zone", "submit", "--gpus", "0.5", "--", "sleep", "1"])
+    assert "packing" not in build_placement(args)  # the default body is unchanged

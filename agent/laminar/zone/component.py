@@ -639,8 +639,11 @@ class Submitter:
         path (remembered and released by the next probe to their node, or they lapse).
 
         Cost: a probe and an answer per member of each zone probed, plus the hand-over: a
-        mode for a saturated cluster or a batch of arrivals, not the hot path."""
-        probe = demand_to_probe(demand, pid, self.lease_s)
+        mode for a saturated cluster or a batch of arrivals, not the hot path.
+
+        The probes ask for a lease of ``lease_s + probe_timeout_s``: the first offers must
+        outlive the wait for the last answer (a silent node costs the whole timeout)."""
+        probe = demand_to_probe(demand, pid, self.lease_s + self.probe_timeout_s)
         spec_json = json.dumps(spec, separators=(",", ":")).encode()
         offers: list[pl.Offer] = []
         scores: dict[int, tuple[int, int] | None] = {}  # node -> its offer's wire.Offer.frag
