@@ -24,6 +24,7 @@ import json
 import os
 import secrets
 import socket
+import struct
 import subprocess
 import sys
 import tempfile
@@ -35,6 +36,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(REPO / "agent"), str(REPO / "tests"), str(REPO / "tests" / "cluster")]
 
 PORT = 7440
+SO_TIMESTAMPNS = getattr(socket, "SO_TIMESTAMPNS", 35)  # Linux: SO_TIMESTAMPNS_OLD = SCM_TIMESTAMPNS
 
 
 # --------------------------------------------------------------------------- the load generator
@@ -88,17 +90,29 @@ def generator(args: argparse.Namespace) -> int:
     enc = wire.Encoder(3, keys)
     dec = wire.Decoder(keys, {1: 1, 2: 1, 3: 1})
     sock.settimeout(0.2)
+    # each answer is timed at its arrival in this host's kernel (SO_TIMESTAMPNS, CLOCK_REALTIME,
+    # mapped onto CLOCK_MONOTONIC by their offset at start), so that this receiver's own
+    # scheduling on the shared CPUs is not timed as the agent's; the user-space clock is the
+    # fallback where the kernel gives no stamp
+    sock.setsockopt(socket.SOL_SOCKET, SO_TIMESTAMPNS, 1)
+    offset_ns = time.time_ns() - time.monotonic_ns()
     lat: list[float] = []
     at: list[float] = []
     start_ns = time.monotonic_ns()
     offers = refusals = 0
+    kernel_stamped = 0
     end = time.monotonic() + args.duration + 1.5
     while time.monotonic() < end:
         try:
-            data = sock.recv(2048)
+            data, anc, _flags, _addr = sock.recvmsg(2048, 64)
         except TimeoutError:
             continue
         t = time.monotonic_ns()
+        for level, kind, payload in anc:
+            if level == socket.SOL_SOCKET and kind == SO_TIMESTAMPNS and len(payload) >= 16:
+                sec, nsec = struct.unpack_from("qq", payload)
+                t = sec * 1_000_000_000 + nsec - offset_ns
+                kernel_stamped += 1
         try:
             msg = dec.decode(data, time.time())
         except wire.Dropped:
@@ -116,6 +130,7 @@ def generator(args: argparse.Namespace) -> int:
     sender.wait(30)
     sent = json.loads(Path(args.out + ".send").read_text())
     Path(args.out).write_text(json.dumps({**sent, "answered": len(lat), "offers": offers, "refusals": refusals,
+                                          "kernel_stamped": kernel_stamped,
                                           "lat_ms": lat, "t_s": at}))
     return sender.returncode
 
@@ -198,6 +213,7 @@ def measure(quick: bool, rate: int, without_airlock: bool = False, release_datag
         "probe_rate_sent": round(g["sent"] / g["elapsed_s"]),
         "probes_answered": g["answered"],
         "probes_unanswered": g["unanswered"],
+        "probe_reply_kernel_stamped": g.get("kernel_stamped", 0),
         "probe_reply_p50_ms": round(pct(lat, 0.5), 3),
         "probe_reply_p90_ms": round(pct(lat, 0.90), 3),
         "probe_reply_p99_ms": round(pct(lat, 0.99), 3),
