@@ -148,6 +148,7 @@ def measure(quick: bool, rate: int, without_airlock: bool = False, release_datag
     import psutil
     from conftest import delete_netns, kernel_ready, make_veth_pair
     from harness import ZoneAgent
+    from killswitch import unit_nice
 
     why = kernel_ready()
     if why:
@@ -174,6 +175,10 @@ def measure(quick: bool, rate: int, without_airlock: bool = False, release_datag
             agent.start(wait=True, timeout=90)
             assert agent.proc is not None
             proc = psutil.Process(agent.proc.pid)
+            # the niceness systemd/laminard.service gives the agent (Nice=), as on a node (and
+            # as bench/killswitch.py runs it); every thread, since Linux keeps one per thread
+            for task in Path(f"/proc/{proc.pid}/task").iterdir():
+                os.setpriority(os.PRIO_PROCESS, int(task.name), unit_nice())
             time.sleep(3.0)  # let start-up settle
             c0, w0 = sum(proc.cpu_times()[:2]), time.monotonic()
             time.sleep(idle_s)
@@ -230,6 +235,7 @@ def measure(quick: bool, rate: int, without_airlock: bool = False, release_datag
         "components": "all" if not without_airlock else "all but airlock",
         "releases": "datagrams" if release_datagrams else "on the next probe",
         "probe_lease_ms": lease_ms,
+        "agent_nice": unit_nice(),
         "load_s": load_s,
         "_lat": lat,
         "_lat_t": g.get("t_s", []),
