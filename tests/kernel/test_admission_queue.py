@@ -197,7 +197,9 @@ def test_policy_cap_raise_starts_the_queue(make_agent: Any, script: Path, tmp_pa
     wait_until(lambda: show(agent, q["id"])["state"] == "exited", 30, "the queued job to start after the cap rose",
                lambda: story(agent))
     assert show(agent, q["id"])["exit_code"] == 0
-    assert show(agent, m["id"])["state"] == "running"
+    # the members were not harmed (Airlock may suspend one for a while: the class sits at its cap)
+    assert show(agent, m["id"])["state"] in ("running", "suspended")
+    assert show(agent, m2["id"])["state"] in ("running", "suspended")
 
 
 def test_agent_kill9_keeps_the_queue_and_its_order(make_agent: Any, script: Path, tmp_path: Path) -> None:
