@@ -1311,8 +1311,6 @@ class ReclaimComponent:
 
     async def _move_to(self, job: Any, mv: Move, ckpt: Path, node: int, deadline_mono: float | None) -> None:
         from laminar.zone import wire
-        from laminar.zone.component import HANDOVER_OK
-        from laminar.zone.transport import HandoverError
 
         demand, _ = self._need(job)
         mv.dest = node
@@ -1336,23 +1334,16 @@ class ReclaimComponent:
             spec["resume_from"] = remote
             spec["env"] = {**spec.get("env", {}), MIGRATED_ENV: self.job_key(job)}
             req = {"spec": spec, "owner_uid": job.owner_uid, "owner_gid": job.owner_gid}
-            m = z.membership.by_node[node]
-            try:
-                ack = await z.submitter.t.handover(node, m.handover_port, wire.Handover(pid, json.dumps(req).encode()),
-                                                   float(z.s["handover_timeout_s"]))
-            except HandoverError as e:
-                raise MigrateError(f"hand-over to node {node} failed: {e}") from None
-            if ack.status != HANDOVER_OK:
-                raise MigrateError(f"node {node} did not start the job: {ack.text}")
+            dest_job = await self._handover(node, pid, req)
         except BaseException:
             z.submitter.t.send(node, wire.Release(pid))
             raise
-        mv.dest_job = ack.text
-        self._emit(f"{job.id} moved to node {node} as {ack.text}, resuming from {ckpt.name}", job=job.id, node=node,
-                   dest_job=ack.text, ckpt=ckpt.name, phase="done")
+        mv.dest_job = dest_job
+        self._emit(f"{job.id} moved to node {node} as {dest_job}, resuming from {ckpt.name}", job=job.id, node=node,
+                   dest_job=dest_job, ckpt=ckpt.name, phase="done")
         lost = max(0.0, self.frozen_at.pop(job.id, time.time()) - ckpt.stat().st_mtime)  # trained after it, then frozen
         with contextlib.suppress(Exception):
-            await self.agent.jobs.stop(job.id, f"migrated to node {node} as {ack.text} (from {ckpt.name})",
+            await self.agent.jobs.stop(job.id, f"migrated to node {node} as {dest_job} (from {ckpt.name})",
                                        grace_s=1.0, state="migrated", work_lost_s=round(lost, 3))
 
     async def _send(self, job: Any, ckpt: Path, node: int, deadline_mono: float | None, mv: Move | None) -> str:
