@@ -315,15 +315,24 @@ class FragProbePlacer(ProbePlacer):
             assert zone is not None
             targets = P.probe_targets(self.zones[zone], step.d, self.rng, exclude=probed)
             probed.update(targets)
-            self.probes += len(targets)
-            offers = [o for t in targets if (exclude is None or t != exclude.idx)
-                      for o in (self.answer(self.nodes[t], demand, shape),) if o is not None]
-            best = K.pick_frag_offer(offers, self.quantized)
-            if best is not None:
-                self.messages += P.max_messages_per_attempt(len(targets))
-                return self.nodes[best.node], _to_frac(best.alloc)
-            self.messages += 2 * len(targets)
+            got = self._probe_round(targets, demand, shape, exclude)
+            if got is not None:
+                return got
         return None
+
+    def _probe_round(self, targets: list[int], demand: P.Demand, shape: K.Shape,
+                     exclude: SimNode | None) -> tuple[SimNode, P.GpuAlloc] | None:
+        """Probes ``targets`` (all answers awaited) and binds the best offer by
+        :func:`laminar.zone.packing.pick_frag_offer`; counts the probes and messages."""
+        self.probes += len(targets)
+        offers = [o for t in targets if (exclude is None or t != exclude.idx)
+                  for o in (self.answer(self.nodes[t], demand, shape),) if o is not None]
+        best = K.pick_frag_offer(offers, self.quantized)
+        if best is None:
+            self.messages += 2 * len(targets)
+            return None
+        self.messages += P.max_messages_per_attempt(len(targets))
+        return self.nodes[best.node], _to_frac(best.alloc)
 
 
     def _place_spread(self, fitmap: dict[int, float], every: dict[int, float], demand: P.Demand, shape: K.Shape,
@@ -347,14 +356,9 @@ class FragProbePlacer(ProbePlacer):
                 return None
             tried += group
             targets = [t for z in group for t in P.probe_targets(self.zones[z], self.retry.d, self.rng)]
-            self.probes += len(targets)
-            offers = [o for t in targets if (exclude is None or t != exclude.idx)
-                      for o in (self.answer(self.nodes[t], demand, shape),) if o is not None]
-            best = K.pick_frag_offer(offers, self.quantized)
-            if best is not None:
-                self.messages += P.max_messages_per_attempt(len(targets))
-                return self.nodes[best.node], _to_frac(best.alloc)
-            self.messages += 2 * len(targets)
+            got = self._probe_round(targets, demand, shape, exclude)
+            if got is not None:
+                return got
         return None
 
 
