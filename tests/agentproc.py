@@ -7,6 +7,7 @@ stops it and removes everything it made (filters, clsact, pins, cgroups), also a
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import secrets
@@ -14,6 +15,7 @@ import shutil
 import signal
 import subprocess
 import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -221,3 +223,34 @@ def ctl_as(uid: int, argv: list[str], input: str | None = None) -> subprocess.Co
         out, err = fo.read(), fe.read()
     _, status = os.waitpid(pid, 0)
     return subprocess.CompletedProcess(["laminarctl", *argv], os.waitstatus_to_exitcode(status), out, err)
+
+
+def wait_until(fn: Callable[[], Any], timeout: float, what: str, diag: Callable[[], str] = lambda: "") -> Any:
+    """Polls ``fn`` every 0.1 s until it returns something true (returned); fails the test after
+    ``timeout`` s naming ``what``, with ``diag()`` (e.g. the agent's story) appended."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        v = fn()
+        if v:
+            return v
+        time.sleep(0.1)
+    raise AssertionError(f"timed out after {timeout} s waiting for {what}\n{diag()}")
+
+
+@contextlib.contextmanager
+def agent_factory(tmp: Path, veth: Any, default_toml: str) -> Iterator[Callable[..., AgentProc]]:
+    """``make(extra_toml=default_toml)`` starts a laminard on ``veth``'s end A; every agent made
+    is cleaned up on exit, also when the test fails."""
+    made: list[AgentProc] = []
+
+    def make(extra_toml: str = default_toml) -> AgentProc:
+        a = AgentProc(tmp, veth.ifname_a, veth.a, extra_toml=extra_toml)
+        made.append(a)
+        a.start()
+        return a
+
+    try:
+        yield make
+    finally:
+        for a in made:
+            a.cleanup()

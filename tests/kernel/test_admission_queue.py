@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from agentproc import AgentProc
+from agentproc import AgentProc, agent_factory, wait_until
 
 pytestmark = pytest.mark.kernel
 
@@ -59,29 +59,8 @@ def script(tmp_path: Path) -> Path:
 
 @pytest.fixture
 def make_agent(veth_pair: Any, tmp_path: Path) -> Iterator[Callable[..., AgentProc]]:
-    made: list[AgentProc] = []
-
-    def make(extra_toml: str = CONFIG) -> AgentProc:
-        a = AgentProc(tmp_path, veth_pair.ifname_a, veth_pair.a, extra_toml=extra_toml)
-        made.append(a)
-        a.start()
-        return a
-
-    try:
+    with agent_factory(tmp_path, veth_pair, CONFIG) as make:
         yield make
-    finally:
-        for a in made:
-            a.cleanup()
-
-
-def wait_until(fn: Callable[[], Any], timeout: float, what: str, diag: Callable[[], str] = lambda: "") -> Any:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        v = fn()
-        if v:
-            return v
-        time.sleep(0.1)
-    raise AssertionError(f"timed out after {timeout} s waiting for {what}\n{diag()}")
 
 
 def progress(p: Path) -> int:

@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from agentproc import AgentProc
+from agentproc import AgentProc, agent_factory, wait_until
 
 pytestmark = pytest.mark.kernel
 
@@ -88,16 +88,6 @@ def hog(script: Path, total: int, step: int = 20, delay: float = 0.02, hold: flo
         progress: Path | None = None) -> list[str]:
     argv = [sys.executable, str(script), str(total), str(step), str(delay), str(hold), str(base)]
     return argv + ([str(progress)] if progress else [])
-
-
-def wait_until(fn: Callable[[], Any], timeout: float, what: str, diag: Callable[[], str] = lambda: "") -> Any:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        v = fn()
-        if v:
-            return v
-        time.sleep(0.1)
-    raise AssertionError(f"timed out after {timeout} s waiting for {what}\n{diag()}")
 
 
 def alive(pid: int | None) -> bool:
@@ -159,19 +149,8 @@ def script(tmp_path: Path) -> Path:
 @pytest.fixture
 def make_agent(veth_pair: Any, tmp_path: Path) -> Iterator[Callable[..., AgentProc]]:
     """Starts laminards with the Airlock budget; every one is cleaned up after the test."""
-    made: list[AgentProc] = []
-
-    def make(extra_toml: str = AIRLOCK_TOML) -> AgentProc:
-        a = AgentProc(tmp_path, veth_pair.ifname_a, veth_pair.a, extra_toml=extra_toml)
-        made.append(a)
-        a.start()
-        return a
-
-    try:
+    with agent_factory(tmp_path, veth_pair, AIRLOCK_TOML) as make:
         yield make
-    finally:
-        for a in made:
-            a.cleanup()
 
 
 def set_policy(agent: AgentProc, tmp: Path, doc: dict[str, Any]) -> int:
