@@ -17,48 +17,29 @@ examples/train_mnistlike.py on CPU) and exactly one copy of the job.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
 import pytest
-from agentproc import remove_cgroup_tree
-from conftest import delete_netns
 from harness import Cluster, Node, wait_until
 from test_migration import (  # noqa: F401  (fixtures: make_cluster, reference_sha)
     CKPT_EVERY,
     alive,
     assert_continuous,
+    fill,
     find_migrated,
+    gone,
     job_log,
     job_state,
     make_cluster,
     migrate_config,
     reference_sha,
     steps_of,
+    submit,
     train_cmd,
 )
 
 pytestmark = pytest.mark.cluster
-
-
-def submit(nd: Node, *argv: str, gpus: int = 1) -> str:
-    return str(json.loads(nd.ctl("-o", "json", "submit", "--gpus", str(gpus), *argv).stdout)["id"])
-
-
-def gone(nd: Node) -> None:
-    """The node leaves without notice: its agent, its jobs, its namespace."""
-    nd.agent.kill9()
-    remove_cgroup_tree(nd.agent.cgroup_root)
-    delete_netns(nd.netns)
-
-
-def fill(c: Cluster, nodes: list[Node]) -> dict[int, str]:
-    """Takes the only GPU of each node with a job of its own."""
-    fillers = {nd.node_id: submit(nd, "--name", "filler", "--", "sleep", "3600") for nd in nodes}
-    wait_until(lambda: all(job_state(nd, fillers[nd.node_id])["state"] == "running" for nd in nodes), 30,
-               "the fillers to run")
-    return fillers
 
 
 def finish(c: Cluster, key: str, where: Node, start: int, reference: str) -> None:

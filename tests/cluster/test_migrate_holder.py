@@ -24,6 +24,7 @@ from test_migration import (  # noqa: F401  (fixtures: make_cluster, reference_s
     CKPT_EVERY,
     alive,
     assert_continuous,
+    fill,
     find_migrated,
     job_log,
     job_state,
@@ -31,15 +32,12 @@ from test_migration import (  # noqa: F401  (fixtures: make_cluster, reference_s
     migrate_config,
     reference_sha,
     steps_of,
+    submit,
     train_cmd,
     verified_steps,
 )
 
 pytestmark = pytest.mark.cluster
-
-
-def submit(nd, *argv: str, gpus: int = 1) -> str:  # type: ignore[no-untyped-def]
-    return str(json.loads(nd.ctl("-o", "json", "submit", "--gpus", str(gpus), *argv).stdout)["id"])
 
 
 def replica(nd, key: str) -> dict | None:  # type: ignore[no-untyped-def]
@@ -51,9 +49,7 @@ def test_no_room_anywhere_the_checkpoint_is_held_and_the_job_resumes_when_room_f
                      zone_extra=migrate_config(retry_base_s=0.5, retry_max_s=2.0, holder_reserve_mb=0))
     a, peers = c.nodes[0], c.nodes[1:]
     # every peer's only GPU is taken by a job of its own: no peer can run A's job
-    fillers = {nd.node_id: submit(nd, "--name", "filler", "--", "sleep", "3600") for nd in peers}
-    wait_until(lambda: all(job_state(nd, fillers[nd.node_id])["state"] == "running" for nd in peers), 30,
-               "the fillers to run")
+    fillers = fill(c, peers)
     time.sleep(1.5)  # a few summary rounds (0.3 s): the peers' full GPUs reach A (a stale one is refused at the probe)
     jid = submit(a, "--name", "train", "--", *train_cmd(0.1))
     key = f"n{a.node_id}-{jid}"

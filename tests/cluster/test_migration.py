@@ -76,6 +76,25 @@ def alive(nd: Node) -> bool:
     return nd.agent.proc is not None and nd.agent.proc.poll() is None
 
 
+def submit(nd: Node, *argv: str, gpus: int = 1) -> str:
+    return str(json.loads(nd.ctl("-o", "json", "submit", "--gpus", str(gpus), *argv).stdout)["id"])
+
+
+def gone(nd: Node) -> None:
+    """The node leaves without notice: its agent, its jobs, its namespace."""
+    nd.agent.kill9()
+    remove_cgroup_tree(nd.agent.cgroup_root)
+    delete_netns(nd.netns)
+
+
+def fill(c: Cluster, nodes: list[Node]) -> dict[int, str]:
+    """Takes the only GPU of each node with a job of its own."""
+    fillers = {nd.node_id: submit(nd, "--name", "filler", "--", "sleep", "3600") for nd in nodes}
+    wait_until(lambda: all(job_state(nd, fillers[nd.node_id])["state"] == "running" for nd in nodes), 30,
+               "the fillers to run")
+    return fillers
+
+
 def migrate_config(shaping_mbit: int = 0, **kw: Any) -> str:
     """A [migrate] section (it follows the harness's [zone] keys; [[zone.nodes]] come after it),
     and [shaping] with the link rate when the transfers are to be shaped (a veth has no speed)."""
