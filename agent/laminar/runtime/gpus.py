@@ -9,7 +9,15 @@
   the node checks that they exist;
 - ``"none"``: neither (``"no GPUs found"``).
 
-`allocate(inventory, used, want)` is the pure choice of indices for a job.
+`allocate(inventory, used, want)` is the pure choice of indices for a job, and
+`cuda_env(inventory, indices)` the environment that shows a job exactly those GPUs:
+``CUDA_VISIBLE_DEVICES`` names NVML GPUs by UUID (CUDA's own order, fastest first, need not be
+NVML's PCI order, so an index could name another GPU on a node of mixed GPUs) and declared ones
+by index, with ``CUDA_DEVICE_ORDER=PCI_BUS_ID`` so that indices, where used, count as NVML does;
+a job given no GPUs gets ``CUDA_VISIBLE_DEVICES=""`` and sees none.
+
+`nvml_process_memory()` is the GPU memory NVML attributes to each pid (compute processes).
+Verified on a real H100 (docs/gpus.md; tests/gpu).
 """
 
 from __future__ import annotations
@@ -24,6 +32,7 @@ class Gpu:
     index: int
     name: str
     memory_total: int | None = None  # bytes; None for declared GPUs
+    uuid: str | None = None  # NVML's "GPU-…"; None for declared GPUs
 
 
 @dataclass
@@ -38,11 +47,14 @@ class GpuInventory:
 
     def as_dict(self) -> dict[str, Any]:
         return {"source": self.source, "note": self.note,
-                "gpus": [{"index": g.index, "name": g.name, "memory_total": g.memory_total} for g in self.gpus]}
+                "gpus": [{"index": g.index, "name": g.name, "memory_total": g.memory_total, "uuid": g.uuid}
+                         for g in self.gpus]}
 
 
 def nvml_gpus() -> tuple[list[Gpu], str]:
-    """GPUs NVML reports, and a note ("" when NVML worked). Never raises."""
+    """GPUs NVML reports (index, name, total memory in bytes, UUID), and a note ("" when NVML
+    found at least one). Never raises: a missing library or driver, or a GPU NVML cannot
+    read, is the note (the GPUs read before it are not returned: a half-read node is none)."""
     try:
         import pynvml
     except ImportError:
@@ -55,12 +67,9 @@ def nvml_gpus() -> tuple[list[Gpu], str]:
         out = []
         for i in range(pynvml.nvmlDeviceGetCount()):
             h = pynvml.nvmlDeviceGetHandleByIndex(i)
-            name = pynvml.nvmlDeviceGetName(h)
-            if isinstance(name, bytes):
-                name = name.decode()
-            mem = pynvml.nvmlDeviceGetMemoryInfo(h).total
-            out.append(Gpu(i, str(name), int(mem)))
-        return out, ""
+            out.append(Gpu(i, _text(pynvml.nvmlDeviceGetName(h)), int(pynvml.nvmlDeviceGetMemoryInfo(h).total),
+                           _text(pynvml.nvmlDeviceGetUUID(h))))
+        return out, "" if out else "NVML: the driver reports 0 GPUs"
     except pynvml.NVMLError as e:
         return [], f"NVML: {e}"
     finally:
@@ -70,8 +79,16 @@ def nvml_gpus() -> tuple[list[Gpu], str]:
             pass
 
 
+def _text(v: str | bytes) -> str:
+    """NVML strings: bytes in older nvidia-ml-py, str in newer."""
+    return v.decode() if isinstance(v, bytes) else str(v)
+
+
 def nvml_process_memory() -> dict[int, int]:
-    """GPU memory used per pid (bytes) across all GPUs, from NVML; {} where NVML has no GPU."""
+    """GPU memory used per pid (bytes) summed over all GPUs, from NVML's compute processes;
+    {} where NVML has no GPU. A GPU NVML cannot read is left out, the others still count.
+    Pids are as the driver sees them (this host's; in a container with its own pid namespace
+    they are not the container's). A process whose memory NVML cannot tell counts 0."""
     try:
         import pynvml
 
@@ -81,10 +98,14 @@ def nvml_process_memory() -> dict[int, int]:
     out: dict[int, int] = {}
     try:
         for i in range(pynvml.nvmlDeviceGetCount()):
-            h = pynvml.nvmlDeviceGetHandleByIndex(i)
-            for p in pynvml.nvmlDeviceGetComputeRunningProcesses(h):
+            try:
+                h = pynvml.nvmlDeviceGetHandleByIndex(i)
+                procs = pynvml.nvmlDeviceGetComputeRunningProcesses(h)
+            except pynvml.NVMLError:
+                continue
+            for p in procs:
                 out[p.pid] = out.get(p.pid, 0) + int(p.usedGpuMemory or 0)
-    except Exception:
+    except pynvml.NVMLError:
         pass
     finally:
         try:
@@ -129,3 +150,19 @@ def allocate(inventory: GpuInventory, used: Iterable[int], want: int | list[int]
     if taken:
         raise ValueError(f"gpus: indices {taken} are in use by other jobs")
     return list(want)
+
+
+def cuda_env(inventory: GpuInventory, indices: Iterable[int]) -> dict[str, str]:
+    """The environment that shows a job exactly the GPUs `indices` (from `allocate`).
+
+    ``CUDA_VISIBLE_DEVICES`` lists NVML GPUs by UUID and declared ones by index; an empty
+    list gives ``""`` (CUDA then sees no GPU). ``CUDA_DEVICE_ORDER=PCI_BUS_ID`` makes CUDA
+    number GPUs in NVML's order. Raises ValueError for an index the inventory does not have."""
+    by_index = {g.index: g for g in inventory.gpus}
+    names = []
+    for i in indices:
+        g = by_index.get(i)
+        if g is None:
+            raise ValueError(f"gpus: index {i} is not in this node's inventory (have {inventory.indices or 'none'})")
+        names.append(g.uuid or str(g.index))
+    return {"CUDA_DEVICE_ORDER": "PCI_BUS_ID", "CUDA_VISIBLE_DEVICES": ",".join(names)}
