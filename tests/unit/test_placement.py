@@ -201,7 +201,7 @@ def test_retry_schedule_widens_then_moves_then_queues():
         RetryPolicy(d=4, d_max=2)
 
 
-def test_zone_summary_hints_name_nodes_with_room_only_for_scarce_shapes():
+def test_zone_summary_hints_name_nodes_with_room_for_every_shape_some_node_lacks():
     rng = random.Random(5)
     # 20 nodes: 4 have 4 idle GPUs (room for the 4-GPU shape), all have room for 1 GPU
     nodes = [NodeCapacity(i, 1, (1.0,) * (4 if i < 4 else 1), 8, 8000) for i in range(20)]
@@ -219,6 +219,10 @@ def test_zone_summary_hints_name_nodes_with_room_only_for_scarce_shapes():
     assert pl.summarize_zone(1, busy + nodes[4:], rng=rng, hints=3).hints[k4] == ()
     with pytest.raises(PlacementError, match="hints 99"):
         pl.summarize_zone(1, nodes, rng=rng, hints=99)
+    # one node of the twenty is full: the one-GPU shape is hinted too (nineteen have room)
+    full = [NodeCapacity(0, 1, (0.0,) * 4, 8, 8000)] + nodes[1:]
+    s = pl.summarize_zone(1, full, 3.0, rng=rng, hints=3)
+    assert len(s.hints[k1]) == 3 and 0 not in s.hints[k1]
 
 
 def test_zone_summary_hints_are_a_uniform_sample():

@@ -230,8 +230,21 @@ def test_one_probe_goes_to_a_hinted_node_for_a_scarce_shape():
     second = asyncio.run(sub.place(pl.Demand(gpus=4), {"name": "big2"}))
     assert second.outcome == "placed" and second.node == ({7, 30} - {first.node}).pop()
     assert first.node not in second.probed
-    # a small shape most nodes take gets no hint: both probes are uniform draws
+    # a small shape every node takes gets no hint: both probes are uniform draws
     assert pl.hinted_nodes(net.zone_summaries[1], pl.Demand(gpus=1)) == ()
+
+
+def test_a_busy_steady_state_costs_at_most_2d_plus_2_messages_per_placement():
+    # the placement benchmark's steady state at 100 nodes (a quarter of the nodes' worth of jobs
+    # running, summaries refreshed every 50 placements): some nodes are full for one or two
+    # GPUs, and two uniform probes would both miss them now and then; the hinted probe does not
+    net = SimNet.build(100, 100, gpus_per_node=8, rng=random.Random(7), summaries=False)
+    net.refresh_summaries()
+    rng = random.Random(107)
+    jobs = [pl.Demand(gpus=rng.choice((0.25, 0.5, 1.0, 1.0, 2.0, 4.0)), cpus=4, memory_mb=16_000) for _ in range(2000)]
+    results, _cpu, msgs = run_placements(net, jobs, keep_running=25, interval_s=0.01, refresh_every=50)
+    assert all(r.outcome == "placed" for r in results)
+    assert msgs / len(jobs) <= pl.max_messages_per_attempt(pl.RetryPolicy().d)
 
 
 def test_messages_per_placement_are_2d_plus_2_when_the_first_round_binds():

@@ -16,9 +16,9 @@ The placement of one job goes like this (probe-first, execute-later):
    lease) or a :class:`Refusal` with a :class:`RefuseReason`.
 4. The submitter binds the first good offer (:func:`pick_offer`, late binding) by handing the
    job over to that node; the other offers are not released (a datagram each): their short
-   lease runs out. Zone summaries name a few nodes with room for shapes that few nodes can
-   take (:func:`hinted_nodes`); one of the ``d`` probes goes to such a node, so a scarce shape
-   is rarely refused by every node probed.
+   lease runs out. Zone summaries name a few nodes with room for each shape that not every
+   node can take (:func:`hinted_nodes`); one of the ``d`` probes goes to such a node, so a
+   scarce shape is rarely refused by every node probed.
 5. When no offer comes, :func:`retry_schedule` says what to do next: widen ``d``, then try the
    next zone, then queue the job and try again later.
 
@@ -52,15 +52,15 @@ SHAPES: tuple[float, ...] = (0.0, 0.25, 0.5, 1.0, 2.0, 4.0, 8.0)
 MAX_GPUS_PER_NODE = 64
 
 # Nodes a zone summary names per shape as having room for it (ZoneSummary.hints), for the
-# shapes few nodes can take (HINT_BELOW): 4 bytes a node id, so at most 7 x 16 x 4 = 448 bytes of
-# a zone-summary datagram. Sixteen spread the hinted probes of a busy summary interval over
-# several nodes; the wire allows up to MAX_HINTS.
+# shapes not every node can take (HINT_BELOW): 4 bytes a node id, so at most 7 x 16 x 4 = 448
+# bytes of a zone-summary datagram. Sixteen spread the hinted probes of a busy summary interval
+# over several nodes; the wire allows up to MAX_HINTS.
 HINTS_PER_SHAPE = 16
 MAX_HINTS = 32
 # Shapes that at least this share of a zone's nodes have room for get no hints: two uniform
 # probes both miss such a shape at most (1 - 0.75)^2 = 6 % of the time, and hinting them would
 # only crowd probes onto a few nodes.
-HINT_BELOW = 0.75
+HINT_BELOW = 1.0
 
 
 class PlacementError(ValueError):
@@ -405,7 +405,7 @@ def summarize_zone(zone: int, nodes: Iterable[NodeCapacity], issued_at: float = 
             mem += n.memory_mb
         if n.gpu_model and n.gpu_free:
             models.add(n.gpu_model)
-    # only shapes a uniform draw often misses: fewer than HINT_BELOW of the nodes have room
+    # only shapes a uniform draw can miss: fewer than HINT_BELOW of the nodes have room
     hint_t = tuple(tuple(h) if seen[k] < HINT_BELOW * count else () for k, h in enumerate(sample)) if want else ()
     return ZoneSummary(zone, count, tuple(slots), cpus, mem, tuple(sorted(models)), issued_at, hint_t)
 
