@@ -37,6 +37,31 @@ sys.path[:0] = [str(REPO / "agent"), str(REPO / "tests"), str(REPO / "tests" / "
 
 PORT = 7440
 SO_TIMESTAMPNS = getattr(socket, "SO_TIMESTAMPNS", 35)  # Linux: SO_TIMESTAMPNS_OLD = SCM_TIMESTAMPNS
+SO_TIMESTAMPING = 37  # SO_TIMESTAMPING_OLD = SCM_TIMESTAMPING (linux/net_tstamp.h)
+# SOF_TIMESTAMPING_TX_SOFTWARE | _SOFTWARE | _OPT_ID | _OPT_TSONLY
+TS_FLAGS = (1 << 1) | (1 << 4) | (1 << 7) | (1 << 11)
+IP_RECVERR = 11
+SO_EE_ORIGIN_TIMESTAMPING = 4
+
+
+def drain_tx_stamps(sock: socket.socket, tx: dict[int, int]) -> None:
+    """Read every TX timestamp waiting on ``sock``'s error queue into ``tx`` (tskey -> ns)."""
+    while True:
+        try:
+            _data, anc, _flags, _addr = sock.recvmsg(0, 512, socket.MSG_ERRQUEUE | socket.MSG_DONTWAIT)
+        except (BlockingIOError, InterruptedError):
+            return
+        ts = key = None
+        for level, kind, payload in anc:
+            if level == socket.SOL_SOCKET and kind == SO_TIMESTAMPING and len(payload) >= 16:
+                sec, nsec = struct.unpack_from("qq", payload)  # ts[0]: the software stamp
+                ts = sec * 1_000_000_000 + nsec
+            elif level == socket.IPPROTO_IP and kind == IP_RECVERR and len(payload) >= 16:
+                _errno, origin, _t, _c, _p, _info, data = struct.unpack_from("IBBBBII", payload)
+                if origin == SO_EE_ORIGIN_TIMESTAMPING:
+                    key = data
+        if ts and key is not None:
+            tx[key] = ts
 
 
 # --------------------------------------------------------------------------- the load generator
@@ -56,12 +81,18 @@ def generator(args: argparse.Namespace) -> int:
     sock = socket.socket(fileno=int(args.fd)) if args.fd else socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
     if args.role == "send":
         enc = wire.Encoder(2, keys)
+        # each probe is also stamped by the kernel as it leaves (software TX timestamps on the
+        # error queue, numbered per send by SOF_TIMESTAMPING_OPT_ID), so that the reply can be
+        # timed from the wire, not from this sender's clock read before it encoded and sent
+        sock.setsockopt(socket.SOL_SOCKET, SO_TIMESTAMPING, TS_FLAGS)
         t0 = time.perf_counter()
         end = t0 + args.duration
         k = 0
         blocked = 0
         interval = 1.0 / args.rate
         prev: tuple[int, ...] = ()
+        sent_pids: list[int] = []  # in the order the kernel numbers them (tskey 0, 1, ...)
+        tx: dict[int, int] = {}  # tskey -> CLOCK_REALTIME ns the probe left
         while True:
             now = time.perf_counter()
             if now >= end:
@@ -72,13 +103,18 @@ def generator(args: argparse.Namespace) -> int:
                 probe = wire.Probe(pid, 0, 10, 1, args.lease_ms, "", "", () if args.release_datagrams else prev)
                 try:
                     sock.sendto(enc.encode(probe, 1, time.time()), dst)
+                    sent_pids.append(pid)
                 except BlockingIOError:
                     blocked += 1
                 prev = (pid,)
                 k += 1
+            drain_tx_stamps(sock, tx)
             time.sleep(max(0.0, t0 + k * interval - time.perf_counter()))
+        time.sleep(0.05)
+        drain_tx_stamps(sock, tx)
+        tx_by_pid = {str(pid): tx.get(i) for i, pid in enumerate(sent_pids)}
         Path(args.out).write_text(json.dumps({"sent": k, "send_blocked": blocked,
-                                              "elapsed_s": time.perf_counter() - t0}))
+                                              "elapsed_s": time.perf_counter() - t0, "tx_ns": tx_by_pid}))
         return 0
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4 << 20)
     sock.bind(("0.0.0.0", 0))
@@ -101,17 +137,20 @@ def generator(args: argparse.Namespace) -> int:
     start_ns = time.monotonic_ns()
     offers = refusals = 0
     kernel_stamped = 0
+    rx_by_pid: dict[int, int] = {}
     end = time.monotonic() + args.duration + 1.5
     while time.monotonic() < end:
         try:
-            data, anc, _flags, _addr = sock.recvmsg(2048, 64)
+            data, anc, _flags, _addr = sock.recvmsg(2048, 256)
         except TimeoutError:
             continue
         t = time.monotonic_ns()
+        rx_real = 0
         for level, kind, payload in anc:
             if level == socket.SOL_SOCKET and kind == SO_TIMESTAMPNS and len(payload) >= 16:
                 sec, nsec = struct.unpack_from("qq", payload)
-                t = sec * 1_000_000_000 + nsec - offset_ns
+                rx_real = sec * 1_000_000_000 + nsec
+                t = rx_real - offset_ns
                 kernel_stamped += 1
         try:
             msg = dec.decode(data, time.time())
@@ -120,6 +159,8 @@ def generator(args: argparse.Namespace) -> int:
         b = msg.body
         if isinstance(b, wire.Offer | wire.Refuse):
             lat.append((t - (b.placement_id >> 8)) / 1e6)
+            if rx_real:
+                rx_by_pid[b.placement_id] = rx_real
             at.append(round(((b.placement_id >> 8) - start_ns) / 1e9, 4))
             if isinstance(b, wire.Offer):
                 offers += 1
@@ -129,9 +170,25 @@ def generator(args: argparse.Namespace) -> int:
                 refusals += 1
     sender.wait(30)
     sent = json.loads(Path(args.out + ".send").read_text())
+    # the wire's view: from the probe's kernel TX stamp to its answer's kernel RX stamp (same
+    # host, same CLOCK_REALTIME). A stamp whose number does not match its probe (the kernel
+    # numbered a send that failed) shows as one before its probe was stamped by the sender, or
+    # long after: those are counted and the wire figure is not reported if there are any.
+    tx_ns = sent.pop("tx_ns", {})
+    wire_lat: list[float] = []
+    tx_mismatch = 0
+    for pid, rx in rx_by_pid.items():
+        txn = tx_ns.get(str(pid))
+        if txn is None:
+            continue
+        if not 0 <= txn - offset_ns - (pid >> 8) < 1_000_000_000 or rx < txn:
+            tx_mismatch += 1
+            continue
+        wire_lat.append((rx - txn) / 1e6)
     Path(args.out).write_text(json.dumps({**sent, "answered": len(lat), "offers": offers, "refusals": refusals,
-                                          "kernel_stamped": kernel_stamped,
-                                          "lat_ms": lat, "t_s": at}))
+                                          "kernel_stamped": kernel_stamped, "tx_stamped": len(wire_lat),
+                                          "tx_mismatch": tx_mismatch, "lat_ms": lat, "t_s": at,
+                                          "wire_lat_ms": wire_lat}))
     return sender.returncode
 
 
@@ -185,7 +242,8 @@ def measure(quick: bool, rate: int, without_airlock: bool = False, release_datag
             c1, w1 = sum(proc.cpu_times()[:2]), time.monotonic()
             idle_pct = (c1 - c0) / (w1 - w0) * 100
             rss0 = proc.memory_info().rss / 2**20
-            c2, w2 = sum(proc.cpu_times()[:2]), time.monotonic()
+            t2 = proc.cpu_times()
+            c2, w2 = t2.user + t2.system, time.monotonic()
             gen = b.popen(sys.executable, str(Path(__file__).resolve()), "--generator", "--role", "recv",
                           "--keys", str(keys), "--dst", addr_a, "--rate", str(rate), "--duration", str(load_s),
                           "--out", str(tmp / "gen.json"), "--lease-ms", str(lease_ms),
@@ -194,7 +252,8 @@ def measure(quick: bool, rate: int, without_airlock: bool = False, release_datag
             while gen.poll() is None:
                 rss_samples.append(proc.memory_info().rss / 2**20)
                 time.sleep(0.5)
-            c3, w3 = sum(proc.cpu_times()[:2]), time.monotonic()
+            t3 = proc.cpu_times()
+            c3, w3 = t3.user + t3.system, time.monotonic()
             time.sleep(0.5)
             rss1 = proc.memory_info().rss / 2**20
             if gen.returncode != 0:
@@ -208,12 +267,16 @@ def measure(quick: bool, rate: int, without_airlock: bool = False, release_datag
             for ns in created:
                 delete_netns(ns)
     lat = g["lat_ms"]
+    wl = g.get("wire_lat_ms", [])
+    wire_ok = bool(wl) and g.get("tx_mismatch", 0) == 0
     return {
         "rss_mb": round(rss0, 1),
         "rss_after_load_mb": round(rss1, 1),
         "rss_growth_mb": round(rss1 - rss0, 2),
         "idle_cpu_pct": round(idle_pct, 3),
         "load_cpu_pct": round((c3 - c2) / (w3 - w2) * 100, 1),
+        "load_cpu_user_pct": round((t3.user - t2.user) / (w3 - w2) * 100, 1),  # Python
+        "load_cpu_sys_pct": round((t3.system - t2.system) / (w3 - w2) * 100, 1),  # the kernel's share
         "probe_rate_target": rate,
         "probe_rate_sent": round(g["sent"] / g["elapsed_s"]),
         "probes_answered": g["answered"],
@@ -224,6 +287,11 @@ def measure(quick: bool, rate: int, without_airlock: bool = False, release_datag
         "probe_reply_p99_ms": round(pct(lat, 0.99), 3),
         "probe_reply_over_2ms_pct": round(100 * sum(1 for x in lat if x > 2.0) / max(1, len(lat)), 2),
         "probe_reply_max_ms": round(max(lat), 3) if lat else None,
+        "probe_reply_wire_p50_ms": round(pct(wl, 0.5), 3) if wire_ok else None,
+        "probe_reply_wire_p99_ms": round(pct(wl, 0.99), 3) if wire_ok else None,
+        "probe_reply_wire_over_2ms_pct": round(100 * sum(1 for x in wl if x > 2.0) / max(1, len(wl)), 2) if wire_ok else None,
+        "probe_tx_stamped": g.get("tx_stamped", 0),
+        "probe_tx_mismatch": g.get("tx_mismatch", 0),
         "offers": g["offers"],
         "refusals": g["refusals"],
         "agent_drops": sum(v for k, v in stats["drops"].items() if k != "accepted"),
