@@ -57,8 +57,29 @@ record's claim is the lock: a node renames ``guard.json`` to ``claimed-<node>.js
 starts or places the job (one node wins), then to ``running-<node>.json``, or back when it
 found no room. Every agent with room tries the unclaimed records (any agent, not only the
 guard: the guard may be gone); a guard whose job another node claimed and runs stands down.
-A claim older than ``ARCHIVE_CLAIM_STALE_S`` whose node never ran the job is taken over.
-Archived checkpoints of stopped jobs are not removed by the agent (an operator's cleanup).
+A claim older than ``ARCHIVE_CLAIM_STALE_S`` whose node never ran the job is taken over (by
+the job's guard, or by any agent with room that sees it in the archive).
+
+**What the archive keeps, and what goes** (:meth:`ReclaimComponent.archive_gc`, every
+``ARCHIVE_GC_S`` by each agent). A claim that started its job leaves ``<archive>/<key>/`` behind
+with ``running-<node>.json`` (the record, now naming where the job was resumed: its node and job
+id) and the checkpoint it resumed from. That directory is removed once the job no longer needs
+it: when the job it resumed **ended** where it runs (exited, or stopped by its user; the agent
+running it removes it), or when the job's **newer state is safe** in the archive under its new
+key (``n<node>-<job>``: a record whose checkpoint the job wrote itself after it resumed, verified
+against its manifest; any agent removes it). Never removed: a directory with ``guard.json``,
+``live.json`` or a ``claimed-*`` record (claimable, being claimed, or a claim whose node died,
+which another agent takes over after ``ARCHIVE_CLAIM_STALE_S``); a running record whose job
+failed to start, was lost, moved on or is still queued without a newer archived checkpoint; a
+directory with a checkpoint and no record at all (a publish in progress, or a crash's only
+copy: an operator's call). Temporary names (``.tmp-*`` partial copies, ``.guard-*``/
+``.live-*``/``.running-*`` partial records and renamed-away ``.live-*.old`` ones) whose newest
+file is older than ``ARCHIVE_TMP_STALE_S``, and directories with nothing in them for as long,
+are a crashed writer's: whichever agent sees them removes them. Every removal is a rename into
+``<archive>/.gc/`` first (one agent wins; a half-removed tree is never mistaken for a job), then
+the tombstone's removal; symbolic links are never followed (one is removed as a link), and
+nothing outside ``archive_dir`` is touched. The counts are in the component's status
+(``counts``: ``archive_gc_dirs``, ``archive_gc_temporaries``).
 
 **Periodic checkpoints in the archive.** While departures without notice are plausible (the
 learned unannounced share is at least ``prestage_unannounced``, the rule that prestages), each
@@ -130,7 +151,9 @@ import json
 import logging
 import math
 import os
+import re
 import shutil
+import stat
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -179,6 +202,14 @@ EVIDENCE_SAVE_S = 60.0
 ARCHIVE_CLAIM_STALE_S = 600.0
 # A running job's periodic checkpoint in the archive: its record (who runs it, its buddy).
 LIVE_RECORD = "live.json"
+# A temporary name in the archive (a partial copy or record) whose newest file is this old is a
+# crashed writer's: any agent removes it. A copy in progress writes its files as it goes, so only
+# a writer stalled this long loses its temporary (its rename then fails: nothing is published).
+ARCHIVE_TMP_STALE_S = 3600.0
+# How often each agent sweeps the archive (listing it on shared storage is not free).
+ARCHIVE_GC_S = 10.0
+# Removals are renamed here first (one agent wins the rename), then removed.
+ARCHIVE_TRASH = ".gc"
 
 CONFIG_FIELDS = {
     "port": Field(int, DEFAULT_PORT, "TCP port of the checkpoint transfer endpoint (the same on every node)",
@@ -241,6 +272,51 @@ REPLICAS_SCHEMA = [
         last_error TEXT NOT NULL,
         updated REAL NOT NULL)""",
 ]
+
+
+_CKPT_NAME = re.compile(r"^ckpt-\d+$")
+
+
+def _read_record(path: Path) -> dict[str, Any] | None:
+    """An archive record (a regular file holding a JSON object; never through a link), or None."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+        with os.fdopen(fd) as fh:
+            if not stat.S_ISREG(os.fstat(fh.fileno()).st_mode):
+                return None
+            rec = json.load(fh)
+    except (OSError, ValueError):
+        return None
+    return rec if isinstance(rec, dict) else None
+
+
+def _newest_mtime(path: Path) -> float:
+    """The newest modification time of ``path`` and everything under it, links not followed
+    (a link's own time). +inf when it cannot be read (so it never looks old)."""
+    try:
+        st = os.lstat(path)
+    except OSError:
+        return math.inf
+    m = st.st_mtime
+    if stat.S_ISDIR(st.st_mode):
+        for top, dirs, files in os.walk(path, followlinks=False):
+            for n in dirs + files:
+                with contextlib.suppress(OSError):
+                    m = max(m, os.lstat(os.path.join(top, n)).st_mtime)
+    return m
+
+
+def _remove_tree(path: Path) -> None:
+    """Removes ``path``: a link or a file as itself, a directory with shutil.rmtree (which never
+    follows links inside it on Linux: ``rmtree.avoids_symlink_attacks``). Errors are ignored (what
+    is left is a tombstone a later sweep removes)."""
+    try:
+        if stat.S_ISDIR(os.lstat(path).st_mode):
+            shutil.rmtree(path, ignore_errors=True)
+        else:
+            os.unlink(path)
+    except OSError:
+        pass
 
 
 class MigrateError(Exception):
@@ -362,6 +438,9 @@ class ReclaimComponent:
         self._archive_tries: dict[str, int] = {}
         self.archived_live: dict[str, str] = {}  # job id -> newest periodic checkpoint in the archive (live.json)
         self._archiving: set[str] = set()
+        self._gc_next = 0.0  # when this agent sweeps the archive next (monotonic)
+        self._gc_running = False
+        self._gc_unverified: set[tuple[str, str]] = set()  # (key, ckpt) that failed verification: not re-hashed
 
     # -- life cycle ---------------------------------------------------------------------------
 
@@ -1047,8 +1126,7 @@ class ReclaimComponent:
             with contextlib.suppress(OSError):
                 old.unlink()
             return False
-        shutil.rmtree(d, ignore_errors=True)
-        return True
+        return self._tombstone(root, d)
 
     def _periodic_archive_round(self) -> None:
         """Each running job's newest committed checkpoint (or, before it wrote one, the verified
@@ -1084,8 +1162,11 @@ class ReclaimComponent:
     async def _archive_periodic(self, job: Any, ckpt: Path) -> None:
         key = self.job_key(job)
         buddy = self.buddy.get(job.id)
+        rf = getattr(job.spec, "resume_from", None)
         record = {"key": key, "src_node": self.node_id, "src_job": job.id, "buddy": buddy,
-                  "request": self._request(job, False), "periodic": True}
+                  "request": self._request(job, False), "periodic": True,
+                  # the checkpoint it resumed from, not one it wrote: what it resumed from stays (archive_gc)
+                  "resumed_copy": bool(rf) and Path(str(rf)) == ckpt}
         try:
             path = await asyncio.to_thread(self.archive_live, key, ckpt, record)
             if path is not None:
@@ -1130,13 +1211,35 @@ class ReclaimComponent:
             with contextlib.suppress(OSError):
                 os.rename(root / key / f"claimed-{self.node_id}.json", root / key / "guard.json")
 
-    def _claim_done(self, key: str, who: str) -> None:
+    def _claim_done(self, key: str, who: str, runs: tuple[int, str] | None = None) -> None:
         """The claimed job runs (here or where this node placed it): the claim becomes
-        ``running-<node>.json`` (no node claims it again)."""
+        ``running-<node>.json`` (no node claims it again). ``runs``: (node, job id) of the job
+        resumed from it, written into the record (``resumed``), so any agent can tell when the
+        job's newer state is in the archive and this directory may go (:meth:`archive_gc`)."""
         root = self._archive_root()
-        if root is not None:
+        if root is None:
+            return
+        d = root / key
+        mine = d / f"running-{self.node_id}.json"
+        try:
+            os.rename(d / f"claimed-{self.node_id}.json", mine)
+        except OSError:
+            return
+        if runs is None or not runs[1]:
+            return
+        tmp = d / f".running-{self.node_id}-{time.monotonic_ns()}.tmp"
+        try:
+            rec = json.loads(mine.read_text())
+            rec["resumed"] = {"node": int(runs[0]), "job": str(runs[1]), "ts": time.time()}
+            with open(tmp, "w") as out:
+                json.dump(rec, out)
+                out.flush()
+                os.fsync(out.fileno())
+            os.rename(tmp, mine)  # only this node writes its running record
+        except (OSError, ValueError, TypeError) as e:  # the record stays as it was: kept, never removed
+            log.info("migrate: noting where archived %s runs failed: %s", key, e)
             with contextlib.suppress(OSError):
-                os.rename(root / key / f"claimed-{self.node_id}.json", root / key / f"running-{self.node_id}.json")
+                tmp.unlink()
 
     def _archive_round(self) -> None:
         """Any agent with room resumes an archived job no node runs: every unclaimed guard record
@@ -1173,6 +1276,237 @@ class ReclaimComponent:
                 continue  # this node guards it: its own take-over goes through the claim
             self._taking.add(key)
             self._spawn(self._from_archive(key, live=True))
+        for key, rec in self._stale_claims(root, wall):
+            # its node claimed it and died before the job ran: claimable again (_claim takes it over)
+            if key in self._taking or now < self._archive_next.get(key, 0.0):
+                continue
+            if rec.get("periodic"):  # claimed from a live record: only while its node and buddy are still gone
+                try:
+                    src, buddy = int(rec["src_node"]), rec.get("buddy")
+                except (KeyError, TypeError, ValueError):
+                    continue
+                if src == self.node_id or self._source_dead(src, wall) is None:
+                    continue
+                if buddy is not None and int(buddy) != self.node_id and self._source_dead(int(buddy), wall) is None:
+                    continue
+            row = self.agent.store.db.execute("SELECT state FROM migrate_replicas WHERE key=?", (key,)).fetchone()
+            if row is not None and row["state"] in ("guarding", "waiting"):
+                continue  # this node guards it: its own take-over goes through the claim
+            self._taking.add(key)
+            self._spawn(self._from_archive(key))
+        self._archive_gc_round()
+
+    def _stale_claims(self, root: Path, now: float) -> list[tuple[str, dict[str, Any]]]:
+        """(key, record) of each claim in the archive older than ARCHIVE_CLAIM_STALE_S whose job no
+        node runs (another node's: this node's own claims are its take-overs in flight)."""
+        out = []
+        for f in sorted(root.glob("*/claimed-*.json")):
+            if f.name == f"claimed-{self.node_id}.json" or f.parent.name.startswith("."):
+                continue
+            try:
+                if now - os.lstat(f).st_mtime <= ARCHIVE_CLAIM_STALE_S or any(f.parent.glob("running-*.json")):
+                    continue
+            except OSError:
+                continue
+            rec = _read_record(f)
+            if rec is not None:
+                out.append((f.parent.name, rec))
+        return out
+
+    # -- removing what the archive no longer needs (archive_gc) -----------------------------------
+
+    def _placed_as(self, key: str) -> tuple[int, str] | None:
+        """(node, job id) where this node placed the guarded job ``key`` (the replica's job_id,
+        ``node N/job-M``), or None."""
+        row = self.agent.store.db.execute("SELECT job_id FROM migrate_replicas WHERE key=?", (key,)).fetchone()
+        try:
+            node, job = str(row["job_id"]).removeprefix("node ").split("/", 1)
+            return int(node), job
+        except (TypeError, ValueError, IndexError):
+            return None
+
+    def _archive_gc_round(self) -> None:
+        """Every ARCHIVE_GC_S: the archive sweep (:meth:`archive_gc`) in a thread, one at a time."""
+        if self._gc_running or time.monotonic() < self._gc_next:
+            return
+        self._gc_next = time.monotonic() + ARCHIVE_GC_S
+        self._gc_running = True
+        self._spawn(self._archive_gc_task(self._archive_gc_ended()))
+
+    def _archive_gc_ended(self) -> dict[str, set[str]]:
+        """Archive key -> ids of this node's jobs resumed from it (``LM_MIGRATED_FROM``) that ended
+        by themselves (exited) or were stopped by their user: they need nothing from it any more.
+        A job that failed to start, was lost, moved or reclaimed is not here: its state may still
+        be needed from the archive."""
+        out: dict[str, set[str]] = {}
+        jobs = getattr(self.agent, "jobs", None)
+        for j in jobs.list() if jobs is not None else []:
+            k = (j.spec.env or {}).get(MIGRATED_ENV)
+            if k and j.state in ("exited", "stopped"):
+                out.setdefault(str(k), set()).add(str(j.id))
+        return out
+
+    async def _archive_gc_task(self, ended: dict[str, set[str]]) -> None:
+        try:
+            res = await asyncio.to_thread(self.archive_gc, ended)
+            for key, why in res["removed"].items():
+                self._emit(f"archive: {key} removed ({why})", persist=False, key=key, phase="archive-removed", why=why)
+        except Exception:  # a bug or the storage: the next sweep tries again
+            log.exception("migrate: archive sweep")
+        finally:
+            self._gc_running = False
+
+    def archive_gc(self, ended: dict[str, set[str]] | None = None, now: float | None = None,
+                   tmp_stale_s: float = ARCHIVE_TMP_STALE_S) -> dict[str, Any]:
+        """One sweep of the archive (the rule is in the module's docs, *What the archive keeps, and
+        what goes*). Per ``<archive>/<key>/`` (a real directory: links and files at the top are
+        not this agent's and are left alone):
+
+        * temporary names (``.``-prefixed) whose newest file is older than ``tmp_stale_s`` go;
+        * a directory whose only record is ``running-<node>.json`` goes when the job resumed from
+          it ended here (``ended``: key -> this node's job ids that exited or were stopped by
+          their user, and the record names one of them, or, a record from before ``resumed``
+          was written, this node ran it) or when the record's ``resumed`` job holds a newer
+          verified checkpoint it wrote itself under its own key (:meth:`_holds_safe_copy`);
+        * a directory with nothing left in it for ``tmp_stale_s`` goes;
+        * tombstones in ``<archive>/.gc`` older than ``tmp_stale_s`` (a crash mid-removal) go.
+
+        Everything else stays. Each removal is a rename into ``.gc`` (the agent whose rename wins
+        removes it; a loser skips it) and then the tombstone's removal without following links.
+        Blocking file I/O (the agent runs it in a thread). Never raises for the storage (what
+        cannot be read is kept). Returns ``{"removed": {key: why}, "temporaries": n,
+        "tombstones": n}`` and adds them to ``counts`` (``archive_gc_dirs``,
+        ``archive_gc_temporaries``)."""
+        out: dict[str, Any] = {"removed": {}, "temporaries": 0, "tombstones": 0}
+        root = self._archive_root()
+        if root is None:
+            return out
+        now = time.time() if now is None else now
+        try:
+            entries = sorted(os.scandir(root), key=lambda e: e.name)
+        except OSError:
+            return out
+        for e in entries:
+            if e.name.startswith(".") or not e.is_dir(follow_symlinks=False):
+                continue
+            d = Path(e.path)
+            try:
+                names = sorted(os.listdir(d))
+            except OSError:
+                continue
+            for n in names:
+                if n.startswith(".") and now - _newest_mtime(d / n) > tmp_stale_s and self._tombstone(root, d / n):
+                    out["temporaries"] += 1
+            why = self._gc_verdict(root, d, names, (ended or {}).get(e.name, set()), now, tmp_stale_s)
+            if why is not None and self._tombstone(root, d):
+                out["removed"][e.name] = why
+        trash = root / ARCHIVE_TRASH
+        try:
+            if stat.S_ISDIR(os.lstat(trash).st_mode):
+                for t in sorted(os.listdir(trash)):
+                    try:
+                        born = int(t.rsplit(".", 1)[-1]) / 1e9
+                    except ValueError:
+                        born = _newest_mtime(trash / t)
+                    if now - born > tmp_stale_s:
+                        _remove_tree(trash / t)
+                        out["tombstones"] += 1
+        except OSError:
+            pass
+        self.counts["archive_gc_dirs"] = self.counts.get("archive_gc_dirs", 0) + len(out["removed"])
+        self.counts["archive_gc_temporaries"] = (self.counts.get("archive_gc_temporaries", 0) + out["temporaries"]
+                                                 + out["tombstones"])
+        return out
+
+    def _gc_verdict(self, root: Path, d: Path, names: list[str], ended: set[str], now: float,
+                    tmp_stale_s: float) -> str | None:
+        """Why the archive directory ``d`` may go now ("ended", "superseded", "empty"), or None:
+        it stays. ``names``: its entries; ``ended``: this node's job ids resumed from it that
+        ended."""
+        recs = [n for n in names if n.endswith(".json") and not n.startswith(".")]
+        if "guard.json" in recs or LIVE_RECORD in recs or any(n.startswith("claimed-") for n in recs):
+            return None  # claimable, being claimed, or a claim whose node died (taken over when stale)
+        running = [n for n in recs if n.startswith("running-")]
+        if not running:
+            try:
+                if os.listdir(d) or now - _newest_mtime(d) <= tmp_stale_s:
+                    return None  # a checkpoint without a record: a publish in progress or a crash's only copy
+            except OSError:
+                return None
+            return "empty"
+        runner = running[0].removeprefix("running-").removesuffix(".json")
+        rec = _read_record(d / running[0])
+        if rec is None:
+            return None
+        res = rec.get("resumed")
+        if isinstance(res, dict):
+            try:
+                node, job = int(res["node"]), str(res["job"])
+            except (KeyError, TypeError, ValueError):
+                return None
+            if node == self.node_id and job in ended:
+                return "ended"
+            succ = f"n{node}-{job}"
+            if succ != d.name and "/" not in job and not job.startswith(".") and self._holds_safe_copy(root, succ):
+                return "superseded"
+            return None
+        if runner == str(self.node_id) and ended:
+            return "ended"  # a record from before ``resumed``: this node claimed it and ran it here
+        return None
+
+    def _holds_safe_copy(self, root: Path, key: str) -> bool:
+        """``<archive>/<key>/`` (a real directory) has a record (live, guard, claimed or running)
+        naming a checkpoint the job wrote itself (not the copy of what it resumed from,
+        ``resumed_copy``) that is a real directory of regular files and passes
+        :func:`laminar.jobkit.verify_checkpoint`. A checkpoint that failed is not hashed again."""
+        d = root / key
+        try:
+            if not stat.S_ISDIR(os.lstat(d).st_mode):
+                return False
+            names = sorted(os.listdir(d))
+        except OSError:
+            return False
+        for n in names:
+            if not (n in (LIVE_RECORD, "guard.json") or (n.startswith(("claimed-", "running-")) and n.endswith(".json"))):
+                continue
+            rec = _read_record(d / n)
+            ck = None if rec is None else rec.get("ckpt")
+            if rec is None or rec.get("resumed_copy") or not isinstance(ck, str) or not _CKPT_NAME.match(ck):
+                continue
+            if (key, ck) in self._gc_unverified:
+                continue
+            p = d / ck
+            try:
+                if not stat.S_ISDIR(os.lstat(p).st_mode) or any(not stat.S_ISREG(os.lstat(f).st_mode)
+                                                                for f in p.iterdir()):
+                    raise jobkit.CheckpointError(f"{p}: not a directory of regular files")
+                jobkit.verify_checkpoint(p)
+            except (OSError, jobkit.CheckpointError) as e:
+                log.info("migrate: archived %s/%s is no safe copy: %s", key, ck, e)
+                self._gc_unverified.add((key, ck))
+                continue
+            return True
+        return False
+
+    def _tombstone(self, root: Path, path: Path) -> bool:
+        """Removes ``path`` (an entry of the archive ``root`` or of one of its job directories):
+        renamed into ``<root>/.gc`` first (atomic: of two agents one wins), then removed without
+        following links. True when this agent's rename won. Raises ValueError for a path outside
+        the archive."""
+        if path.parent != root and path.parent.parent != root:
+            raise ValueError(f"{path} is not an entry of the archive {root} or of one of its job directories")
+        trash = root / ARCHIVE_TRASH
+        t = trash / f"{path.name}.{self.node_id}.{time.time_ns()}"
+        try:
+            trash.mkdir(exist_ok=True)
+            if not stat.S_ISDIR(os.lstat(trash).st_mode):
+                log.warning("migrate: %s is not a directory; the archive sweep removes nothing", trash)
+                return False
+            os.rename(path, t)
+        except OSError:
+            return False  # gone meanwhile (another agent won), or not ours to move
+        _remove_tree(t)
+        return True
 
     async def _from_archive(self, key: str, live: bool = False) -> None:
         root = self._archive_root()
@@ -1190,7 +1524,7 @@ class ReclaimComponent:
                        "archive" if rec.get("periodic") else "claimed from the archive")
                 err = await self._resume_here(row, dict(rec["request"]), path, why)
                 if err is None:
-                    self._claim_done(key, f"node {self.node_id}")
+                    self._claim_done(key, f"node {self.node_id}", (self.node_id, self._runs_here(key) or ""))
                     done = True
                 else:
                     n = self._archive_tries.get(key, 0)
@@ -1621,13 +1955,13 @@ class ReclaimComponent:
                     local_err = await self._resume_here(row, req, path, why)
                 if local_err is None:
                     if claimed:
-                        self._claim_done(key, f"node {self.node_id}")
+                        self._claim_done(key, f"node {self.node_id}", (self.node_id, self._runs_here(key) or ""))
                         claimed = False
                     return
                 placed, remote_err = await self._place_elsewhere(row, req, path, why)
                 if placed:
                     if claimed:
-                        self._claim_done(key, f"placed by node {self.node_id}")
+                        self._claim_done(key, f"placed by node {self.node_id}", self._placed_as(key))
                         claimed = False
                     return
             finally:

@@ -1,0 +1,278 @@
+"""What the archive keeps and what goes (ReclaimComponent.archive_gc, the claim's ``resumed`` note,
+the resumed copy's mark in a live record, the stale-claim look): real files in a temporary
+directory standing for the shared archive, real jobkit checkpoints verified against their
+manifests, components with different node ids standing for agents that share the archive (two
+of them sweeping at once in threads)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import threading
+import time
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+from test_migrate_archive_live import agent_of, files, rec
+
+from laminar.jobkit import Checkpointer, verify_checkpoint
+from laminar.migrate import reclaim
+from laminar.migrate.reclaim import ARCHIVE_TRASH, LIVE_RECORD, ReclaimComponent
+from laminar.runtime.jobs import JobSpec
+
+OLD = reclaim.ARCHIVE_TMP_STALE_S + 60  # seconds: older than the limit
+
+
+def ckpt_of(tmp: Path, name: str, step: int, data: bytes = b"weights") -> Path:
+    return Checkpointer(job_id=name, ckpt_dir=tmp / name, install_signal=False, keep=5).save(data, step=step)
+
+
+def age(path: Path, seconds: float) -> None:
+    """Backdates ``path`` and everything under it (links themselves, not their targets)."""
+    t = time.time() - seconds
+    for top, dirs, fs in [] if path.is_symlink() else os.walk(path, followlinks=False):
+        for n in dirs + fs:
+            os.utime(os.path.join(top, n), (t, t), follow_symlinks=False)
+    os.utime(path, (t, t), follow_symlinks=False)
+
+
+def guard_rec(key: str, src: int = 1) -> dict[str, object]:
+    return {"key": key, "src_node": src, "src_job": "job-1", "request": {"take_over": True}}
+
+
+def claimed_and_running(arch: Path, tmp: Path, key: str, runner: ReclaimComponent, job: str) -> Path:
+    """Node 1 archives ``key`` (a stopped job's guard record); ``runner`` claims it and resumes it
+    as ``job`` (what _from_archive does): the directory a claim leaves behind."""
+    agent_of(1, arch)._archive(key, ckpt_of(tmp, key, 7), guard_rec(key))
+    assert runner._claim(key)
+    runner._claim_done(key, f"node {runner.node_id}", (runner.node_id, job))
+    return arch / key
+
+
+@pytest.fixture
+def arch(tmp_path: Path) -> Path:
+    return tmp_path / "arch"
+
+
+def test_a_claim_leaves_its_checkpoint_and_a_running_record_naming_the_resumed_job(arch: Path, tmp_path: Path) -> None:
+    b = agent_of(2, arch)
+    d = claimed_and_running(arch, tmp_path, "n1-job-1", b, "job-5")
+    assert files(d) == ["ckpt-7", "running-2.json"]  # what a claim used to leave forever
+    r = json.loads((d / "running-2.json").read_text())
+    assert r["resumed"]["node"] == 2 and r["resumed"]["job"] == "job-5" and r["ckpt"] == "ckpt-7"
+    assert b._archive_runner("n1-job-1") == "2"
+
+
+def test_the_claimed_dir_goes_once_the_resumed_jobs_own_checkpoint_is_archived(arch: Path, tmp_path: Path) -> None:
+    a, b = agent_of(1, arch), agent_of(2, arch)
+    b.agent.events = SimpleNamespace(emit=lambda *args, **kw: None)  # events are not what is tested here
+    d1 = claimed_and_running(arch, tmp_path, "n1-job-1", b, "job-5")
+    # node 2's resumed job, before it wrote a checkpoint: the one it resumed from is archived under
+    # its own key (the periodic round), marked as that copy
+    job = SimpleNamespace(id="job-5", spec=JobSpec(command=["train"], resume_from=str(d1 / "ckpt-7")),
+                          owner_uid=0, owner_gid=0, gpus=[])
+    asyncio.run(b._archive_periodic(job, d1 / "ckpt-7"))
+    d2 = arch / "n2-job-5"
+    assert json.loads((d2 / LIVE_RECORD).read_text())["resumed_copy"] is True
+    for sweeper in (a, b):  # the job may still be loading it: no agent removes it
+        assert sweeper.archive_gc()["removed"] == {}
+    assert files(d1) == ["ckpt-7", "running-2.json"]
+    # the job writes its own checkpoint; it is archived: its newer state is safe without node 2
+    own = ckpt_of(tmp_path, "job-5", 9, b"weights-9")
+    asyncio.run(b._archive_periodic(job, own))
+    assert json.loads((d2 / LIVE_RECORD).read_text())["resumed_copy"] is False
+    assert a.archive_gc()["removed"] == {"n1-job-1": "superseded"}  # any agent may remove it
+    assert not d1.exists()
+    assert files(d2) == ["ckpt-9", LIVE_RECORD] and verify_checkpoint(d2 / "ckpt-9")["step"] == 9
+    assert a.counts["archive_gc_dirs"] == 1 and b.counts.get("archive_gc_dirs", 0) == 0
+    assert os.listdir(arch / ARCHIVE_TRASH) == []
+
+
+def test_the_claimed_dir_goes_when_the_resumed_job_ends_where_it_runs(arch: Path, tmp_path: Path) -> None:
+    a, b = agent_of(1, arch), agent_of(2, arch)
+    d = claimed_and_running(arch, tmp_path, "n1-job-1", b, "job-5")
+    assert b.archive_gc({"n1-job-1": {"job-4"}})["removed"] == {}  # another job of node 2 ended
+    assert a.archive_gc({"n1-job-1": {"job-5"}})["removed"] == {}  # node 1 does not run it
+    assert d.exists()
+    assert b.archive_gc({"n1-job-1": {"job-5"}})["removed"] == {"n1-job-1": "ended"}
+    assert not d.exists() and b.counts["archive_gc_dirs"] == 1
+
+
+def test_a_running_record_from_before_the_resumed_note_goes_only_at_its_runners_end(arch: Path, tmp_path: Path) -> None:
+    a, b = agent_of(1, arch), agent_of(2, arch)
+    a._archive("k", ckpt_of(tmp_path, "k", 7), guard_rec("k"))
+    assert b._claim("k")
+    b._claim_done("k", "node 2")  # no (node, job): where it runs is unknown to other agents
+    assert a.archive_gc({"k": {"job-5"}})["removed"] == {}
+    assert b.archive_gc()["removed"] == {}
+    assert b.archive_gc({"k": {"job-5"}})["removed"] == {"k": "ended"}
+
+
+def test_a_claim_whose_claimant_died_is_kept_and_recoverable(arch: Path, tmp_path: Path) -> None:
+    a, b, c = (agent_of(n, arch) for n in (1, 2, 3))
+    key = "n1-job-1"
+    a._archive(key, ckpt_of(tmp_path, key, 7), guard_rec(key))
+    assert b._claim(key)  # node 2 claims it and dies before the job ran anywhere
+    d = arch / key
+    age(d / "claimed-2.json", reclaim.ARCHIVE_CLAIM_STALE_S + 5)
+    for sweeper in (a, b, c):  # even with every temporary counted stale and the job "ended" everywhere
+        assert sweeper.archive_gc({key: {"job-5"}}, tmp_stale_s=0)["removed"] == {}
+    assert files(d) == ["ckpt-7", "claimed-2.json"]
+    verify_checkpoint(d / "ckpt-7")
+    assert [k for k, _ in c._stale_claims(arch, time.time())] == [key]  # the round's look finds it
+    assert b._stale_claims(arch, time.time()) == []  # its own claim is no other node's stale one
+    assert c._claim(key)  # and takes it over (the stale-claim rule)
+    c._claim_done(key, "node 3", (3, "job-8"))
+    assert c._stale_claims(arch, time.time()) == []
+    assert a.archive_gc()["removed"] == {}  # runs at node 3, nothing newer archived yet: kept
+
+
+def test_a_successor_without_a_verified_checkpoint_of_its_own_keeps_the_claimed_dir(arch: Path, tmp_path: Path) -> None:
+    a, b = agent_of(1, arch), agent_of(2, arch)
+    d = claimed_and_running(arch, tmp_path, "n1-job-1", b, "job-5")
+    b.archive_live("n2-job-5", ckpt_of(tmp_path, "job-5", 9, b"own"), rec())
+    (arch / "n2-job-5" / "ckpt-9" / "state.bin").write_bytes(b"bit rot")  # fails its manifest
+    assert a.archive_gc()["removed"] == {} and a.archive_gc()["removed"] == {}
+    assert d.exists() and ("n2-job-5", "ckpt-9") in a._gc_unverified  # not hashed on every sweep
+
+
+def test_stale_temporaries_go_young_ones_and_published_ones_stay(arch: Path, tmp_path: Path) -> None:
+    a, b = agent_of(1, arch), agent_of(2, arch)
+    key = "n1-job-1"
+    a._archive(key, ckpt_of(tmp_path, key, 7), guard_rec(key))
+    d = arch / key
+    # crashed writers: a partial copy, a partial guard record, a renamed-away live record
+    (d / ".tmp-ckpt-9-3-1").mkdir()
+    (d / ".tmp-ckpt-9-3-1" / "state.bin").write_bytes(b"half a checkpoint")
+    (d / ".guard-3-1.tmp").write_text('{"key": ')
+    (d / ".live-3-1.old").write_text("{}")
+    for p in (".tmp-ckpt-9-3-1", ".guard-3-1.tmp", ".live-3-1.old"):
+        age(d / p, OLD)
+    # young ones: a copy in progress (an old directory whose file is being written now), a fresh record
+    (d / ".tmp-ckpt-10-4-2").mkdir()
+    (d / ".tmp-ckpt-10-4-2" / "state.bin").write_bytes(b"being written")
+    age(d / ".tmp-ckpt-10-4-2", OLD)
+    (d / ".tmp-ckpt-10-4-2" / "state.bin").write_bytes(b"being written, more")
+    (d / ".live-4-2.tmp").write_text("{}")
+    # an empty job directory left long ago, and a checkpoint with no record (a publish in
+    # progress, or a crash's only copy)
+    (arch / "n5-job-1").mkdir()
+    age(arch / "n5-job-1", OLD)
+    bare = arch / "n6-job-1"
+    bare.mkdir()
+    os.rename(ckpt_of(tmp_path, "bare", 3), bare / "ckpt-3")
+    age(bare, OLD)
+    # tombstones a crash left mid-removal: an old one goes, a young one is another agent's at work
+    trash = arch / ARCHIVE_TRASH
+    trash.mkdir()
+    old_t = trash / f"n7-job-1.9.{time.time_ns() - int(OLD * 1e9)}"
+    young_t = trash / f"n8-job-1.9.{time.time_ns()}"
+    for t in (old_t, young_t):
+        t.mkdir()
+        (t / "x").write_text("x")
+
+    res = b.archive_gc()
+    assert res["removed"] == {"n5-job-1": "empty"}
+    assert res["temporaries"] == 3 and res["tombstones"] == 1
+    assert files(d) == [".live-4-2.tmp", ".tmp-ckpt-10-4-2", "ckpt-7", "guard.json"]
+    verify_checkpoint(d / "ckpt-7")
+    assert files(bare) == ["ckpt-3"]
+    assert sorted(os.listdir(trash)) == [young_t.name]
+    assert b.counts["archive_gc_temporaries"] == 4 and b.counts["archive_gc_dirs"] == 1
+    # a writer whose temporary was taken fails its rename: nothing half-written is published
+    with pytest.raises(FileNotFoundError):
+        os.rename(d / ".tmp-ckpt-9-3-1", d / "ckpt-9")
+    assert a.archive_gc()["temporaries"] == 0  # nothing stale left
+
+
+def test_nothing_outside_the_archive_is_touched_and_links_are_not_followed(arch: Path, tmp_path: Path) -> None:
+    a, b = agent_of(1, arch), agent_of(2, arch)
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "precious.bin").write_bytes(b"a user's data")
+    theirs = ckpt_of(tmp_path, "theirs", 9, b"someone else's")  # a valid checkpoint outside the archive
+    d = claimed_and_running(arch, tmp_path, "n1-job-1", b, "job-5")
+    os.symlink(outside, d / "ckpt-8")  # links inside a directory that goes
+    os.symlink(outside / "precious.bin", d / "notes.bin")
+    os.symlink(outside, d / ".tmp-ckpt-3-1-1")  # an old temporary that is a link
+    age(d / ".tmp-ckpt-3-1-1", OLD)
+    # the resumed job's key is a link to a valid checkpoint outside: not a copy in the archive
+    os.symlink(theirs.parent.parent / "theirs-key", arch / "n2-job-5")
+    (theirs.parent.parent / "theirs-key").mkdir()
+    os.rename(theirs, theirs.parent.parent / "theirs-key" / "ckpt-9")
+    (theirs.parent.parent / "theirs-key" / LIVE_RECORD).write_text(json.dumps({"ckpt": "ckpt-9"}))
+    # a job directory that is a link out of the archive, looking removable
+    os.symlink(outside, arch / "n3-job-3")
+    (outside / "running-3.json").write_text(json.dumps({"resumed": {"node": 1, "job": "job-1"}}))
+    res = a.archive_gc({"n3-job-3": {"job-1"}})
+    assert res["removed"] == {} and res["temporaries"] == 1  # the link itself went
+    assert d.exists() and os.path.islink(arch / "n2-job-5") and os.path.islink(arch / "n3-job-3")
+    res = b.archive_gc({"n1-job-1": {"job-5"}, "n3-job-3": {"job-1"}})
+    assert res["removed"] == {"n1-job-1": "ended"}
+    assert sorted(os.listdir(outside)) == ["precious.bin", "running-3.json"]
+    assert (outside / "precious.bin").read_bytes() == b"a user's data"
+    verify_checkpoint(theirs.parent.parent / "theirs-key" / "ckpt-9")
+    assert os.listdir(arch / ARCHIVE_TRASH) == []
+    with pytest.raises(ValueError, match="not an entry of the archive"):
+        a._tombstone(arch, outside / "precious.bin")
+    assert (outside / "precious.bin").exists()
+
+
+def test_a_trash_directory_that_is_a_link_out_stops_every_removal(arch: Path, tmp_path: Path) -> None:
+    a = agent_of(2, arch)
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    d = claimed_and_running(arch, tmp_path, "n1-job-1", a, "job-5")
+    os.symlink(outside, arch / ARCHIVE_TRASH)
+    assert a.archive_gc({"n1-job-1": {"job-5"}})["removed"] == {}
+    assert files(d) == ["ckpt-7", "running-2.json"] and os.listdir(outside) == []
+
+
+def test_two_agents_sweeping_at_once_remove_each_directory_once(arch: Path, tmp_path: Path) -> None:
+    owner, b = agent_of(1, arch), agent_of(2, arch)
+    keys = [f"n1-job-{i}" for i in range(24)]
+    ck = ckpt_of(tmp_path, "shared", 7)
+    for i, k in enumerate(keys):
+        owner._archive(k, ck, guard_rec(k))
+        assert b._claim(k)
+        b._claim_done(k, "node 2", (2, f"job-{100 + i}"))
+        b.archive_live(f"n2-job-{100 + i}", ckpt_of(tmp_path, f"own-{i}", 9), rec())  # newer state is safe
+    kept = "n1-job-99"
+    owner._archive(kept, ck, guard_rec(kept))  # unclaimed: stays whatever happens
+    sweepers = [agent_of(3, arch), agent_of(4, arch)]
+    results: list[dict[str, Any]] = []
+    go = threading.Barrier(len(sweepers))
+
+    def sweep(c: ReclaimComponent) -> None:
+        go.wait()
+        results.append(c.archive_gc())
+
+    threads = [threading.Thread(target=sweep, args=(c,)) for c in sweepers]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    removed = [set(r["removed"]) for r in results]
+    assert removed[0].isdisjoint(removed[1]) and removed[0] | removed[1] == set(keys)
+    assert sum(c.counts["archive_gc_dirs"] for c in sweepers) == len(keys)
+    assert sorted(os.listdir(arch)) == sorted([ARCHIVE_TRASH, kept] + [f"n2-job-{100 + i}" for i in range(24)])
+    assert os.listdir(arch / ARCHIVE_TRASH) == []
+    assert files(arch / kept) == ["ckpt-7", "guard.json"]
+    for i in range(24):
+        verify_checkpoint(arch / f"n2-job-{100 + i}" / "ckpt-9")
+
+
+def test_a_job_that_ends_removes_its_copies_through_a_tombstone(arch: Path, tmp_path: Path) -> None:
+    a = agent_of(1, arch)
+    a.archive_live("k", ckpt_of(tmp_path, "k", 5), rec())
+    assert a.drop_live("k")
+    assert sorted(os.listdir(arch)) == [ARCHIVE_TRASH] and os.listdir(arch / ARCHIVE_TRASH) == []
+
+
+def test_no_archive_configured_sweeps_nothing(tmp_path: Path) -> None:
+    c = agent_of(1, tmp_path)
+    c.s = {"archive_dir": ""}
+    assert c.archive_gc() == {"removed": {}, "temporaries": 0, "tombstones": 0}
