@@ -52,6 +52,15 @@ def test_frag_arbiter_offers_the_least_fragmenting_gpu_where_best_fit_leaves_a_s
     assert p is not None and p.reservation.gpu_alloc == ((1, 0.25),)
 
 
+def test_a_retransmitted_probe_gets_the_same_frag_offer_with_its_score():
+    frag = Arbiter(node((1.0, 0.6, 0.3)), packing="frag", mix=MIX_03)
+    first = frag.on_probe(probe(1, 25), NOW)
+    again = frag.on_probe(probe(1, 25), NOW + 0.01)  # the answer was lost: the probe comes again
+    assert isinstance(first, wire.Offer) and first.frag == (0, 1650)
+    assert again == wire.Offer(1, again.lease_ms, first.gpu_alloc, first.frag)
+    assert len(frag.held) == 1 and frag.counts["frag_offers"] == 1
+
+
 def test_frag_arbiter_scores_a_fragment_filling_offer_negative():
     """(1.0, 0.5), a 0.5 demand, mix half 0.5-GPU and half 1-GPU workers (the packing module's
     example): GPU 1 closes the half GPU a whole-GPU worker cannot use: delta -250 milli."""

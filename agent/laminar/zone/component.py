@@ -205,6 +205,9 @@ class Arbiter:
         self._seen: collections.deque[pk.Shape] = collections.deque(maxlen=SHAPES_SEEN_MAX)
         self._mix: pk.ShapeMix | None = None
         self._seen_since_mix = 0
+        # the score each frag offer carried, by placement id, so that a retransmitted probe gets
+        # its offer back with the same score (pruned to the held offers when it grows)
+        self._frag_of: dict[int, tuple[int, int]] = {}
         self._inventory = inventory
         self._inventory_version = 0
         self.lease_s = lease_s
@@ -292,13 +295,17 @@ class Arbiter:
             self.counts["refusals"] += 1
             return wire.Refuse(p.placement_id, int(a.reason))
         r = a.reservation
-        frag: tuple[int, int] | None = None
+        frag: tuple[int, int] | None = self._frag_of.get(p.placement_id) if repeat else None
         if shape is not None:
             got = self._frag_choice(pl.residual(base, self.held.values(), now), shape)
             if got is not None:
                 r = replace(r, gpu_alloc=got[0])
                 frag = got[1]
                 self.counts["frag_offers"] += 1
+                if len(self._frag_of) >= 2 * max(len(self.held), 32):
+                    held = self.held
+                    self._frag_of = {k: v for k, v in self._frag_of.items() if k in held}
+                self._frag_of[p.placement_id] = frag
         self.held[p.placement_id] = r
         self.counts["offers"] += 1
         remaining = max(1, int((r.expires_at - now) * 1000))
