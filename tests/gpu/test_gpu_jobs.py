@@ -120,12 +120,12 @@ def test_gpu_job_gets_its_gpus_and_a_second_is_refused(rig: Rig) -> None:
         assert ready and view is not None, f"job {first.id} never got ready; log:\n{log_of(rig, first.id)}"
         # exactly its GPUs, by the environment the runtime set, and CUDA works on them
         assert view["cvd"], "the runtime set no CUDA_VISIBLE_DEVICES for a job with GPUs"
-        assert view["count"] == n and sorted(view["uuids"]) == sorted(g.uuid for g in inv.gpus)
+        assert view["count"] == n and sorted(view["uuids"]) == sorted(str(g.uuid) for g in inv.gpus)
         assert view["alloc_ok"] is True
         # the job's own process (sh exec'd it: the job's pid) holds the GPU memory, per NVML
         assert view["pid"] == first.pid
         mem = gpus.nvml_process_memory()
-        assert mem.get(first.pid, 0) >= n * (512 << 20), f"NVML per-pid memory {mem}, job pid {first.pid}"
+        assert first.pid is not None and mem.get(first.pid, 0) >= n * (512 << 20), f"NVML per-pid memory {mem}, job pid {first.pid}"
         assert first.pid in first.pids  # and that pid is in the job's cgroup
         # a second job on a node whose GPUs are all taken: refused at submit, never given one
         for want in (1, [inv.indices[0]]):
@@ -172,7 +172,7 @@ def test_job_without_gpus_sees_none(rig: Rig) -> None:
                          or not rig.jobs.get(job.id).live, 180)  # type: ignore[union-attr]
         view = last_json(log_of(rig, job.id))
         end = await finish(rig, job.id) if rig.jobs.get(job.id).live else rig.jobs.get(job.id)  # type: ignore[union-attr]
-        assert ok and view is not None, log_of(rig, job.id)
+        assert ok and view is not None and end is not None, log_of(rig, job.id)
         assert end.exit_code == 0
         assert view["count"] == 0, f"a job given no GPUs sees {view['count']}: {json.dumps(view)}"
 

@@ -106,7 +106,7 @@ def test_cuda_env_shows_a_child_exactly_its_gpu() -> None:
     inv = gpus.discover(None)
     everything = cuda_child(child_env())
     assert everything["count"] == len(inv.gpus)
-    assert sorted(everything["uuids"]) == sorted(g.uuid for g in inv.gpus)
+    assert sorted(everything["uuids"]) == sorted(str(g.uuid) for g in inv.gpus)
     for g in inv.gpus:
         env = gpus.cuda_env(inv, [g.index])
         assert env == {"CUDA_DEVICE_ORDER": "PCI_BUS_ID", "CUDA_VISIBLE_DEVICES": g.uuid}
