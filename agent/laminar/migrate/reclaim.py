@@ -79,7 +79,8 @@ are a crashed writer's: whichever agent sees them removes them. Every removal is
 ``<archive>/.gc/`` first (one agent wins; a half-removed tree is never mistaken for a job), then
 the tombstone's removal; symbolic links are never followed (one is removed as a link), and
 nothing outside ``archive_dir`` is touched. The counts are in the component's status
-(``counts``: ``archive_gc_dirs``, ``archive_gc_temporaries``).
+(``counts``: ``archive_gc_dirs``, by why ``archive_gc_ended``/``_superseded``/``_empty``, and
+``archive_gc_temporaries``).
 
 **Periodic checkpoints in the archive.** While departures without notice are plausible (the
 learned unannounced share is at least ``prestage_unannounced``, the rule that prestages), each
@@ -1375,8 +1376,8 @@ class ReclaimComponent:
         removes it; a loser skips it) and then the tombstone's removal without following links.
         Blocking file I/O (the agent runs it in a thread). Never raises for the storage (what
         cannot be read is kept). Returns ``{"removed": {key: why}, "temporaries": n,
-        "tombstones": n}`` and adds them to ``counts`` (``archive_gc_dirs``,
-        ``archive_gc_temporaries``)."""
+        "tombstones": n}`` and adds them to ``counts`` (``archive_gc_dirs`` and one count per
+        why, ``archive_gc_temporaries``)."""
         out: dict[str, Any] = {"removed": {}, "temporaries": 0, "tombstones": 0}
         root = self._archive_root()
         if root is None:
@@ -1414,6 +1415,8 @@ class ReclaimComponent:
         except OSError:
             pass
         self.counts["archive_gc_dirs"] = self.counts.get("archive_gc_dirs", 0) + len(out["removed"])
+        for why in out["removed"].values():  # archive_gc_ended, archive_gc_superseded, archive_gc_empty
+            self.counts[f"archive_gc_{why}"] = self.counts.get(f"archive_gc_{why}", 0) + 1
         self.counts["archive_gc_temporaries"] = (self.counts.get("archive_gc_temporaries", 0) + out["temporaries"]
                                                  + out["tombstones"])
         return out

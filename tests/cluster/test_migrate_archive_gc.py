@@ -1,0 +1,166 @@
+"""What the archive keeps and what goes, between real agents (``migrate.archive_dir``: a directory
+of the test that every agent's namespace sees, as an NFS mount would be seen).
+
+1. Periodic checkpoints on (``prestage_unannounced = 0``): A is reclaimed with no room and no
+   holder, its job is archived, B claims it when room frees and resumes it. Once the resumed job
+   wrote a checkpoint of its own and it is archived under the job's new key, the claimed
+   directory goes (``superseded``) while the job still runs; the job finishes with the weights
+   of an uninterrupted run, its own archived copies go at its end, and nothing is left in the
+   archive.
+2. Periodic checkpoints off (``prestage_unannounced = 1``: never due): the claimed directory is
+   the job's only copy outside the pool, so it stays while the job runs (after the job's own
+   checkpoints too) and goes when the job ends, removed by the agent that runs it (``ended``).
+3. A claim whose node died before the job ran (a record left on the storage the way the agent
+   writes it, ``claimed-9.json`` of a node 9 that is gone, older than ARCHIVE_CLAIM_STALE_S)
+   is not removed: an agent with room takes it over, resumes the job from its checkpoint (a real
+   one of the same training run), and the job ends with an uninterrupted run's weights.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+from harness import Cluster, Node, wait_until
+from test_migrate_archive import archived, finish
+from test_migration import (  # noqa: F401  (fixtures: make_cluster, reference_sha)
+    fill,
+    find_migrated,
+    gone,
+    job_log,
+    job_state,
+    make_cluster,
+    migrate_config,
+    reference_sha,
+    submit,
+    train_cmd,
+)
+
+from laminar.jobkit import latest_checkpoint
+from laminar.migrate.reclaim import ARCHIVE_CLAIM_STALE_S, ARCHIVE_TRASH
+from laminar.runtime.jobs import JobSpec
+
+pytestmark = pytest.mark.cluster
+
+
+def gc_counts(c: Cluster) -> dict[str, int]:
+    """The archive sweep's counts summed over the live agents."""
+    out: dict[str, int] = {}
+    for nd in c.nodes:
+        if nd.agent.proc is None or nd.agent.proc.poll() is not None:
+            continue
+        for k, v in nd.json("status")["migrate"]["counts"].items():
+            if k.startswith("archive_gc_"):
+                out[k] = out.get(k, 0) + int(v)
+    return out
+
+
+def empty_archive(arch: Path) -> bool:
+    """Nothing left in the archive but the (empty) tombstone directory."""
+    return sorted(os.listdir(arch)) in ([], [ARCHIVE_TRASH]) and not os.listdir(arch / ARCHIVE_TRASH)
+
+
+def archived_and_claimed(make_cluster: Any, arch: Path, step_sleep: float,  # noqa: F811
+                         **extra: Any) -> tuple[Cluster, str, Node, dict[str, Any], int]:
+    """A's job archived at its reclaim (no peer has room or disk), A gone, B's GPU freed: B claims
+    and resumes it. (cluster, key, B, the resumed job, the step it resumed from)."""
+    c = make_cluster(zones=1, per_zone=3, gpus=1, zone_extra=migrate_config(
+        retry_base_s=0.5, retry_max_s=2.0, holder_reserve_mb=1 << 29, archive_dir=f'"{arch}"', **extra))
+    a, peers = c.nodes[0], c.nodes[1:]
+    fillers = fill(c, peers)
+    jid = submit(a, "--name", "train", "--", *train_cmd(step_sleep))
+    key = f"n{a.node_id}-{jid}"
+    wait_until(lambda: any(e["event"] == "checkpoint" for e in job_log(a, jid)), 60, "the job's first checkpoint")
+    a.ctl("reclaim", "--notice", "8s")
+    wait_until(lambda: a.json("migrations") and a.json("migrations")[0]["phase"] in ("archived", "failed"), 60,
+               "the final checkpoint to leave A")
+    move = a.json("migrations")[0]
+    assert move["phase"] == "archived", move
+    held = int(move["ckpt"].removeprefix("ckpt-"))
+    gone(a)
+    b = peers[0]
+    b.ctl("job", "stop", fillers[b.node_id])
+    found = wait_until(lambda: find_migrated(c, key), 60, "B to claim the archived job", every=0.3)
+    assert found[0] is b
+    wait_until(lambda: archived(arch, key)["files"] == [f"running-{b.node_id}.json"], 30, "the claim to run")
+    rec = json.loads((arch / key / f"running-{b.node_id}.json").read_text())
+    assert rec["resumed"]["node"] == b.node_id and rec["resumed"]["job"] == found[1]["id"], rec  # where it runs
+    return c, key, b, found[1], held
+
+
+def test_the_claimed_directory_goes_once_the_resumed_jobs_own_checkpoint_is_archived(
+        make_cluster, reference_sha, tmp_path):  # noqa: F811
+    arch = tmp_path / "archive"
+    c, key, b, job, held = archived_and_claimed(make_cluster, arch, 0.3, prestage_unannounced=0.0)
+    own = arch / f"n{b.node_id}-{job['id']}"
+
+    def own_checkpoint_archived() -> bool:
+        try:
+            r = json.loads((own / "live.json").read_text())
+        except (OSError, ValueError):
+            return False
+        return not r.get("resumed_copy") and int(r["ckpt"].removeprefix("ckpt-")) > held
+
+    wait_until(own_checkpoint_archived, 60, "the resumed job's own checkpoint in the archive", every=0.2)
+    wait_until(lambda: not (arch / key).exists(), 60, "the claimed directory to go", every=0.3)
+    assert gc_counts(c).get("archive_gc_superseded") == 1, gc_counts(c)
+    finish(c, key, b, held, reference_sha)  # the job did not need it: same final weights, one copy
+    assert gc_counts(c).get("archive_gc_ended", 0) == 0
+    wait_until(lambda: empty_archive(arch), 30, "the ended job's own copies to go")
+
+
+def test_without_a_newer_archived_state_the_claimed_directory_stays_until_the_job_ends(
+        make_cluster, reference_sha, tmp_path):  # noqa: F811
+    arch = tmp_path / "archive"
+    c, key, b, job, held = archived_and_claimed(make_cluster, arch, 0.1, prestage_unannounced=1.0)
+    ck = Path(job_state(b, job["id"])["ckpt_dir"])
+    wait_until(lambda: (p := latest_checkpoint(ck)) is not None and int(p.name[5:]) > held, 60,
+               "the resumed job's own checkpoint")
+    assert archived(arch, key)["files"] == [f"running-{b.node_id}.json"] and held in archived(arch, key)["ckpts"]
+    assert not (arch / f"n{b.node_id}-{job['id']}").exists()  # periodic archiving is not due
+    finish(c, key, b, held, reference_sha)
+    wait_until(lambda: not (arch / key).exists(), 60, "the ended job's claimed directory to go", every=0.3)
+    counts = gc_counts(c)
+    assert counts.get("archive_gc_ended") == 1 and counts.get("archive_gc_superseded", 0) == 0, counts
+    assert b.json("status")["migrate"]["counts"]["archive_gc_ended"] == 1  # the agent that ran it
+    assert empty_archive(arch)
+
+
+def test_a_claim_whose_node_died_before_the_job_ran_is_kept_and_taken_over(
+        make_cluster, reference_sha, tmp_path):  # noqa: F811
+    arch = tmp_path / "archive"
+    start = 45
+    # a real checkpoint of the training run at step 45 (the run stopped there, outside any agent)
+    cmd = train_cmd(0.0)
+    cmd[cmd.index("--steps") + 1] = str(start)
+    subprocess.run(cmd, env={"PATH": "/usr/bin:/bin", "LAMINAR_CKPT_DIR": str(tmp_path / "pre")},
+                   capture_output=True, text=True, timeout=300, check=True)
+    ckpt = latest_checkpoint(tmp_path / "pre")
+    assert ckpt is not None and ckpt.name == f"ckpt-{start}"
+    # what node 9 left when it claimed the job and died before running it
+    key = "n9-job-1"
+    d = arch / key
+    d.mkdir(parents=True)
+    shutil.copytree(ckpt, d / ckpt.name)
+    spec = JobSpec(command=train_cmd(0.1), name="train").validate().as_dict()
+    spec.pop("gpus")
+    rec = {"key": key, "src_node": 9, "src_job": "job-1", "ckpt": ckpt.name, "archived_by": 9, "ts": time.time(),
+           "request": {"spec": spec, "owner_uid": 0, "owner_gid": 0, "gpus": 0, "take_over": True}}
+    (d / "claimed-9.json").write_text(json.dumps(rec))
+    old = time.time() - ARCHIVE_CLAIM_STALE_S - 60
+    os.utime(d / "claimed-9.json", (old, old))
+
+    c = make_cluster(zones=1, per_zone=2, gpus=0, zone_extra=migrate_config(
+        retry_base_s=0.5, retry_max_s=2.0, archive_dir=f'"{arch}"', prestage_unannounced=1.0))
+    nd, job = wait_until(lambda: find_migrated(c, key), 60, "an agent to take the stale claim over", every=0.3)
+    runs = archived(arch, key)["files"]
+    assert runs == [f"running-{nd.node_id}.json"], runs  # taken over by rename: one winner, the checkpoint kept
+    finish(c, key, nd, start, reference_sha)
+    wait_until(lambda: not d.exists(), 60, "the ended job's claimed directory to go", every=0.3)
+    assert empty_archive(arch)
