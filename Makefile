@@ -13,7 +13,7 @@ PREFIX ?= /usr/local
 CONFIG ?=
 PYTEST_ARGS ?=
 
-.PHONY: all setup apt venv bpf run test unit kernel cluster lint bench install uninstall clean
+.PHONY: all setup apt venv bpf run test unit kernel cluster gpu lint bench install uninstall clean
 all: setup
 
 setup: apt venv bpf
@@ -68,6 +68,11 @@ kernel: setup
 
 cluster: setup
 	$(BIN)/pytest -ra $(PYTEST_ARGS) tests/cluster
+
+# On a node with a GPU and its driver (NVML): discovery, per-process memory, GPU jobs, the agent.
+# They skip, each with its reason, where there is none (this is part of `make test` too).
+gpu: setup
+	$(BIN)/pytest -ra -m gpu $(PYTEST_ARGS) tests/gpu
 
 bench: setup
 	@mkdir -p bench/results

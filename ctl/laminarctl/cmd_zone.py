@@ -44,7 +44,8 @@ def register(sub: Any, common: argparse.ArgumentParser) -> None:
                         description="Place a job through the zone. Put the command after --.")
     p.add_argument("--name", default="", help="a name for the job")
     p.add_argument("--gpus", type=float, default=0.0, help="GPUs: a count (2) or a share of one (0.5)")
-    p.add_argument("--gpu-model", help="required GPU model (e.g. H100)")
+    p.add_argument("--gpu-model", help="required GPU model: a node's advertised name or a run of its words "
+                   "(H100 matches NVML's \"NVIDIA H100 80GB HBM3\"; A10 does not match an A100)")
     p.add_argument("--pool", help="preferred pool: its nodes are probed first")
     p.add_argument("--memory", help="memory limit, e.g. 512M, 2G")
     p.add_argument("--cpus", type=float, help="CPUs, fractions allowed (default 1)")

@@ -57,6 +57,7 @@ def test_evidence_moves_the_rate_at_that_hour_of_week_only_nearby() -> None:
     assert m.rate_per_h(MONDAY + 12 * 3600) == pytest.approx(m.rate_per_h(MONDAY + 13 * 3600), rel=0.5)
 
 
+@pytest.mark.skipif(not SPOT.exists(), reason=f"spot traces not at {SPOT}")
 def test_cumulative_hazard_is_additive() -> None:
     m = calibrate_from_spot_traces(SPOT / "preemption/1-node/aws-04-22-2023")
     t0, t1, t2 = MONDAY + 1000, MONDAY + 50_000, MONDAY + 400_000

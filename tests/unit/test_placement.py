@@ -246,3 +246,20 @@ def test_zone_table_draws_what_choose_zone_draws(fits, seed):
         assert tab.choose(a) == pl.choose_zone(fits, b)
     excl = sorted(fits)[:1]
     assert tab.choose(a, exclude=excl) == pl.choose_zone(fits, b, exclude=excl)
+
+
+def test_a_gpu_model_matches_by_name_or_a_run_of_its_words():
+    h100 = "NVIDIA H100 80GB HBM3"  # what NVML calls it, and what the node advertises
+    for want in ("H100", "h100", "H100 80GB", "nvidia-h100", h100):
+        assert pl.model_matches(want, h100), want
+    for want in ("A100", "H10", "80GB H100", "H100 PCIe"):
+        assert not pl.model_matches(want, h100), want
+    assert not pl.model_matches("A10", "NVIDIA A100-SXM4-40GB")
+    assert pl.model_matches("A100", "NVIDIA A100-SXM4-40GB")
+    assert not pl.model_matches("H100", None) and not pl.model_matches("H100", "")
+    node = NodeCapacity(1, 1, (1.0,), 8, 8000, h100)
+    assert pl.fits(node, Demand(gpus=1, gpu_model="H100")) is None
+    assert pl.fits(node, Demand(gpus=1, gpu_model="A100")) == pl.RefuseReason.GPU_MODEL
+    s = pl.summarize_zone(1, [node])
+    assert pl.zone_fit(s, Demand(gpus=1, gpu_model="H100")) > 0
+    assert pl.zone_fit(s, Demand(gpus=1, gpu_model="A100")) == 0

@@ -545,11 +545,20 @@ class JobManager:
                 raise AdmissionError(f"memory {spec.memory_mb} MiB: more than the {spec.job_class} class's cap of "
                                      f"{cap} MiB, so the job could never start on this node; ask for at most {cap}M "
                                      f"(--memory), or raise the cap (policy class_caps_mb, [airlock] class_budget_mb)")
+        # GPUs held by running jobs, and those the queued jobs will take when they start (in
+        # their start order): a job is refused now rather than failing when its turn comes
         used = [g for j in self.active() for g in j.gpus]
+        for q in self.queued():
+            if q.spec.gpus:
+                try:
+                    used += gpumod.allocate(self.inventory, used, q.spec.gpus)
+                except ValueError:
+                    pass  # it cannot start as things stand either; it fails at its turn
         try:
             gpumod.allocate(self.inventory, used, spec.gpus)
         except ValueError as e:
-            raise JobError(str(e)) from None
+            queued = [q.id for q in self.queued() if q.spec.gpus]
+            raise JobError(str(e) + (f" (counting the GPUs of queued job(s) {', '.join(queued)})" if queued else "")) from None
 
         with self.store.tx() as db:
             num = int(db.execute("SELECT COALESCE(MAX(num), 0) + 1 FROM jobs").fetchone()[0])
@@ -654,8 +663,10 @@ class JobManager:
             env["LAMINAR_RESUME_FROM"] = spec.resume_from
         if spec.elastic_min is not None and self.state_dir is not None:  # zone.loan writes it on a scale
             env["LAMINAR_WORKERS_FILE"] = str(self.state_dir / "elastic" / f"{job.id}.json")
-        if spec.gpus or job.gpus:
-            env["CUDA_VISIBLE_DEVICES"] = ",".join(map(str, job.gpus))
+        if self.inventory is not None:
+            # exactly its own GPUs, by UUID in NVML's order; none ("") for a job without GPUs,
+            # which would otherwise see every GPU of the node, those of other jobs too
+            env.update(gpumod.cuda_env(self.inventory, job.gpus))
         files = [str(f) for f in job.cgroup.procs_files()]
         drop: list[str] = []
         if job.owner_uid:

@@ -36,8 +36,10 @@ from __future__ import annotations
 
 import bisect
 import enum
+import functools
 import math
 import random
+import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
@@ -226,6 +228,25 @@ def allocate_gpus(gpu_free: Sequence[float], gpus: float) -> GpuAlloc | None:
     return tuple(alloc)
 
 
+_MODEL_WORDS = re.compile(r"[\s_-]+")
+
+
+@functools.lru_cache(maxsize=256)
+def model_matches(want: str, have: str | None) -> bool:
+    """True when a demand's ``gpu_model`` names a node's: the same name, or a run of its words
+    (case-insensitive; words split at spaces, ``-`` and ``_``). A node advertises NVML's name
+    (``"NVIDIA H100 80GB HBM3"``), which ``"H100"``, ``"h100 80gb"`` and the full name all
+    match; ``"A10"`` does not match ``"NVIDIA A100-SXM4-40GB"`` (a different word), and nothing
+    matches a node with no model."""
+    if not have:
+        return False
+    if want == have:
+        return True
+    w = [x for x in _MODEL_WORDS.split(want.lower()) if x]
+    h = [x for x in _MODEL_WORDS.split(have.lower()) if x]
+    return bool(w) and any(h[i:i + len(w)] == w for i in range(len(h) - len(w) + 1))
+
+
 def residual(node: NodeCapacity, held: Iterable[Reservation], now: float) -> NodeCapacity:
     """``node`` less every reservation in ``held`` that is live at ``now``.
 
@@ -262,7 +283,7 @@ def fits(node: NodeCapacity, demand: Demand) -> RefuseReason | None:
     if node.draining:
         return RefuseReason.DRAINING
     if demand.gpus > 0:
-        if demand.gpu_model is not None and demand.gpu_model != node.gpu_model:
+        if demand.gpu_model is not None and not model_matches(demand.gpu_model, node.gpu_model):
             return RefuseReason.GPU_MODEL
         if allocate_gpus(node.gpu_free, demand.gpus) is None:
             return RefuseReason.NO_GPU
@@ -437,7 +458,8 @@ def zone_fit(summary: ZoneSummary, demand: Demand) -> float:
     hold. A GPU model the zone lacks gives 0. It is an estimate: slots of one node are not
     checked against that same node's CPUs, so arbitration on the node has the last word.
     """
-    if demand.gpus > 0 and demand.gpu_model is not None and demand.gpu_model not in summary.gpu_models:
+    if demand.gpus > 0 and demand.gpu_model is not None and not any(model_matches(demand.gpu_model, m)
+                                                                     for m in summary.gpu_models):
         return 0.0
     k = shape_index(demand.gpus)
     if k is None:
