@@ -22,6 +22,7 @@ from typing import Any
 
 import pytest
 
+from laminar.airlock.cgroups import CgroupError, detect
 from laminar.runtime import gpus
 
 
@@ -125,3 +126,13 @@ def last_json(text: str) -> dict[str, Any] | None:
         if isinstance(v, dict):
             return v
     return None
+
+
+def runtime_or_skip() -> None:
+    """Skips naming why the job runtime (root, cgroups) cannot run here."""
+    if os.geteuid() != 0:
+        pytest.skip("the job runtime needs root (cgroups)")
+    try:
+        detect()
+    except CgroupError as e:
+        pytest.skip(f"the job runtime cannot run here: {e}")

@@ -25,21 +25,14 @@ from typing import Any
 import agentproc
 import pytest
 from agentproc import AgentProc
-from gpucheck import JOB, last_json, nvml_or_skip, smi_gpus
-
-from laminar.airlock.cgroups import CgroupError, detect
+from gpucheck import JOB, last_json, nvml_or_skip, runtime_or_skip, smi_gpus
 
 pytestmark = pytest.mark.gpu
 
 
 def agent_or_skip() -> None:
     """Skips naming what the full agent lacks here."""
-    if os.geteuid() != 0:
-        pytest.skip("laminard needs root")
-    try:
-        detect()
-    except CgroupError as e:
-        pytest.skip(f"laminard cannot run here: {e}")
+    runtime_or_skip()
     if not Path("/sys/kernel/btf/vmlinux").exists():
         pytest.skip("no kernel BTF at /sys/kernel/btf/vmlinux (the BPF objects are CO-RE)")
     if not any(line.split()[2] == "bpf" for line in Path("/proc/self/mounts").read_text().splitlines()):

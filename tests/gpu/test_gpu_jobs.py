@@ -20,24 +20,15 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from gpucheck import JOB, last_json, nvml_or_skip, smi_gpus
+from gpucheck import JOB, last_json, nvml_or_skip, runtime_or_skip, smi_gpus
 
-from laminar.airlock.cgroups import CgroupError, CgroupTree, detect
+from laminar.airlock.cgroups import CgroupTree, detect
 from laminar.events import EventBus
 from laminar.runtime import gpus
 from laminar.runtime.jobs import JobError, JobManager, JobSpec
 from laminar.store import Store
 
 pytestmark = pytest.mark.gpu
-
-
-def runtime_or_skip() -> None:
-    if os.geteuid() != 0:
-        pytest.skip("the job runtime needs root (cgroups)")
-    try:
-        detect()
-    except CgroupError as e:
-        pytest.skip(f"the job runtime cannot run here: {e}")
 
 
 class Rig:

@@ -1253,8 +1253,7 @@ class ReclaimComponent:
             key = g.parent.name
             if key in self._taking or now < self._archive_next.get(key, 0.0):
                 continue
-            row = self.agent.store.db.execute("SELECT state FROM migrate_replicas WHERE key=?", (key,)).fetchone()
-            if row is not None and row["state"] in ("guarding", "waiting"):
+            if self._guarded_here(key):
                 continue  # this node guards it: its own take-over goes through the claim
             self._taking.add(key)
             self._spawn(self._from_archive(key))
@@ -1268,12 +1267,9 @@ class ReclaimComponent:
                 src, buddy = int(rec["src_node"]), rec.get("buddy")
             except (OSError, ValueError, KeyError, TypeError):
                 continue  # claimed meanwhile, or not ours to read
-            if src == self.node_id or self._source_dead(src, wall) is None:
-                continue  # its node runs it
-            if buddy is not None and int(buddy) != self.node_id and self._source_dead(int(buddy), wall) is None:
-                continue  # its buddy lives and resumes it from its replica
-            row = self.agent.store.db.execute("SELECT state FROM migrate_replicas WHERE key=?", (key,)).fetchone()
-            if row is not None and row["state"] in ("guarding", "waiting"):
+            if self._run_elsewhere(src, buddy, wall):
+                continue  # its node runs it, or its buddy lives and resumes it from its replica
+            if self._guarded_here(key):
                 continue  # this node guards it: its own take-over goes through the claim
             self._taking.add(key)
             self._spawn(self._from_archive(key, live=True))
@@ -1286,16 +1282,25 @@ class ReclaimComponent:
                     src, buddy = int(rec["src_node"]), rec.get("buddy")
                 except (KeyError, TypeError, ValueError):
                     continue
-                if src == self.node_id or self._source_dead(src, wall) is None:
+                if self._run_elsewhere(src, buddy, wall):
                     continue
-                if buddy is not None and int(buddy) != self.node_id and self._source_dead(int(buddy), wall) is None:
-                    continue
-            row = self.agent.store.db.execute("SELECT state FROM migrate_replicas WHERE key=?", (key,)).fetchone()
-            if row is not None and row["state"] in ("guarding", "waiting"):
+            if self._guarded_here(key):
                 continue  # this node guards it: its own take-over goes through the claim
             self._taking.add(key)
             self._spawn(self._from_archive(key))
         self._archive_gc_round()
+
+    def _guarded_here(self, key: str) -> bool:
+        """This node guards (or waits to resume) the job ``key``."""
+        row = self.agent.store.db.execute("SELECT state FROM migrate_replicas WHERE key=?", (key,)).fetchone()
+        return row is not None and row["state"] in ("guarding", "waiting")
+
+    def _run_elsewhere(self, src: int, buddy: Any, wall: float) -> bool:
+        """A running job's archived record is not this node's to claim: this node runs it, its
+        node ``src`` is alive, or its ``buddy`` (another node) is and resumes it from its replica."""
+        if src == self.node_id or self._source_dead(src, wall) is None:
+            return True
+        return buddy is not None and int(buddy) != self.node_id and self._source_dead(int(buddy), wall) is None
 
     def _stale_claims(self, root: Path, now: float) -> list[tuple[str, dict[str, Any]]]:
         """(key, record) of each claim in the archive older than ARCHIVE_CLAIM_STALE_S whose job no
