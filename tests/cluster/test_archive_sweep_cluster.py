@@ -14,6 +14,10 @@ of the test that every agent's namespace sees, as an NFS mount would be seen).
    writes it, ``claimed-9.json`` of a node 9 that is gone, older than ARCHIVE_CLAIM_STALE_S)
    is not removed: an agent with room takes it over, resumes the job from its checkpoint (a real
    one of the same training run), and the job ends with an uninterrupted run's weights.
+4. The node that claimed and runs the job dies before anything newer of the job was archived
+   (periodic checkpoints off, ``orphan_after_s`` set): the claimed checkpoint is the job's newest
+   safe state, so another agent claims it again from the dead node's running record and the job
+   ends with an uninterrupted run's weights, once.
 """
 
 from __future__ import annotations
@@ -164,3 +168,20 @@ def test_a_claim_whose_node_died_before_the_job_ran_is_kept_and_taken_over(
     finish(c, key, nd, start, reference_sha)
     wait_until(lambda: not d.exists(), 60, "the ended job's claimed directory to go", every=0.3)
     assert empty_archive(arch)
+
+
+def test_a_job_whose_runner_died_before_anything_newer_was_archived_is_claimed_again(
+        make_cluster, reference_sha, tmp_path):  # noqa: F811
+    arch = tmp_path / "archive"
+    c, key, b, job, held = archived_and_claimed(make_cluster, arch, 0.1, prestage_unannounced=1.0, orphan_after_s=3.0)
+    ck = Path(job_state(b, job["id"])["ckpt_dir"])
+    wait_until(lambda: (p := latest_checkpoint(ck)) is not None and int(p.name[5:]) > held, 60,
+               "the resumed job's own checkpoint (not archived: periodic archiving is not due)")
+    gone(b)  # B leaves without notice, with the only progress past the claimed checkpoint
+    third = c.nodes[2]
+    for j in third.json("jobs"):
+        if j["name"] == "filler" and j["state"] == "running":
+            third.ctl("job", "stop", j["id"])
+    finish(c, key, third, held, reference_sha)  # from the claimed checkpoint, one copy, same weights
+    assert archived(arch, key)["files"] == [f"running-{third.node_id}.json"]
+    wait_until(lambda: not (arch / key).exists(), 60, "the ended job's claimed directory to go", every=0.3)

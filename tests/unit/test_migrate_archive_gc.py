@@ -276,3 +276,35 @@ def test_no_archive_configured_sweeps_nothing(tmp_path: Path) -> None:
     c = agent_of(1, tmp_path)
     c.s = {"archive_dir": ""}
     assert c.archive_gc() == {"removed": {}, "temporaries": 0, "tombstones": 0}
+
+
+def test_a_job_whose_runner_died_before_anything_newer_was_archived_is_claimed_again(arch: Path, tmp_path: Path) -> None:
+    a, b, c = (agent_of(n, arch) for n in (1, 2, 3))
+    seen: dict[int, Any] = {}  # node -> its membership state (last_seen); absent: never heard from
+    for x in (a, b, c):
+        x.s.update(orphan_after_s=60.0, dead_after_s=10.0)
+        x.agent.zone = SimpleNamespace(node_id=x.agent.zone.node_id, networked=True,
+                                       membership=SimpleNamespace(state=seen))
+    key = "n1-job-1"
+    d = claimed_and_running(arch, tmp_path, key, b, "job-5")
+    seen[2] = SimpleNamespace(last_seen=time.time())
+    assert c._dead_runs(arch, time.time()) == []  # node 2 runs it and is heard from
+    seen[2] = SimpleNamespace(last_seen=time.time() - 61)
+    assert c._dead_runs(arch, time.time()) == [(key, 2)]  # silent past orphan_after_s, nothing newer
+    assert b._dead_runs(arch, time.time()) == []  # a node's own running record is not another's to take
+    # once the job's own record is in the archive (its periodic copy), that is how it is recovered
+    succ = arch / "n2-job-5"
+    succ.mkdir()
+    (succ / LIVE_RECORD).write_text(json.dumps(rec()))
+    assert c._dead_runs(arch, time.time()) == []
+    (succ / LIVE_RECORD).unlink()
+    # one node wins the claim; the checkpoint it resumes from is the one the dead node ran from
+    assert c._claim(key, dead_runner=2) and not a._claim(key, dead_runner=2)
+    assert files(d) == ["ckpt-7", "claimed-3.json"]
+    assert json.loads((d / "claimed-3.json").read_text())["ckpt"] == "ckpt-7"
+    verify_checkpoint(d / "ckpt-7")
+    c._claim_done(key, "node 3", (3, "job-9"))
+    resumed = json.loads((d / "running-3.json").read_text())["resumed"]
+    assert (resumed["node"], resumed["job"]) == (3, "job-9")
+    seen[3] = SimpleNamespace(last_seen=time.time())
+    assert a._dead_runs(arch, time.time()) == []  # node 3 runs it now and is heard from

@@ -58,7 +58,10 @@ starts or places the job (one node wins), then to ``running-<node>.json``, or ba
 found no room. Every agent with room tries the unclaimed records (any agent, not only the
 guard: the guard may be gone); a guard whose job another node claimed and runs stands down.
 A claim older than ``ARCHIVE_CLAIM_STALE_S`` whose node never ran the job is taken over (by
-the job's guard, or by any agent with room that sees it in the archive).
+the job's guard, or by any agent with room that sees it in the archive). So is the running record
+of a node that ran the job and is dead (``orphan_after_s`` or its reclaim window, as for any
+take-over) before anything newer of the job reached the archive (its new key holds no record):
+the checkpoint the job resumed from is then its newest safe state (:meth:`ReclaimComponent._dead_runs`).
 
 **What the archive keeps, and what goes** (:meth:`ReclaimComponent.archive_gc`, every
 ``ARCHIVE_GC_S`` by each agent). A claim that started its job leaves ``<archive>/<key>/`` behind
@@ -1181,18 +1184,22 @@ class ReclaimComponent:
         finally:
             self._archiving.discard(job.id)
 
-    def _claim(self, key: str, live: bool = False) -> bool:
+    def _claim(self, key: str, live: bool = False, dead_runner: int | None = None) -> bool:
         """Takes the archive's claim on ``key`` (rename guard.json -> claimed-<node>.json: one
         node wins; the claim's time is its mtime). A claim older than ARCHIVE_CLAIM_STALE_S
         whose node never ran the job (it died trying) is taken over the same way. ``live``: a
         running job's periodic record (``live.json``) may be claimed too (its node is dead, and
-        its buddy is this node or dead as well). False when another node holds it or there is none."""
+        its buddy is this node or dead as well). ``dead_runner``: the running record of that node,
+        which ran the job from here and died before anything newer of it was archived
+        (:meth:`_dead_runs`). False when another node holds it or there is none."""
         root = self._archive_root()
         if root is None:
             return False
         d = root / key
         mine = d / f"claimed-{self.node_id}.json"
         srcs = [d / "guard.json"] + ([d / LIVE_RECORD] if live else [])
+        if dead_runner is not None and dead_runner != self.node_id:
+            srcs.append(d / f"running-{dead_runner}.json")
         with contextlib.suppress(OSError):
             srcs += [f for f in d.glob("claimed-*.json")
                      if f != mine and time.time() - f.stat().st_mtime > ARCHIVE_CLAIM_STALE_S]
@@ -1288,6 +1295,11 @@ class ReclaimComponent:
                 continue  # this node guards it: its own take-over goes through the claim
             self._taking.add(key)
             self._spawn(self._from_archive(key))
+        for key, node in self._dead_runs(root, wall):
+            if key in self._taking or now < self._archive_next.get(key, 0.0) or self._guarded_here(key):
+                continue
+            self._taking.add(key)
+            self._spawn(self._from_archive(key, dead_runner=node))
         self._archive_gc_round()
 
     def _guarded_here(self, key: str) -> bool:
@@ -1301,6 +1313,38 @@ class ReclaimComponent:
         if src == self.node_id or self._source_dead(src, wall) is None:
             return True
         return buddy is not None and int(buddy) != self.node_id and self._source_dead(int(buddy), wall) is None
+
+    def _dead_runs(self, root: Path, now: float) -> list[tuple[str, int]]:
+        """(key, node) of each job claimed from the archive whose runner ``node`` (another node)
+        is dead (:meth:`_source_dead`) before anything newer of the job reached the archive: its
+        successor ``n<node>-<job>`` (the record's ``resumed``) holds no record. The claimed
+        checkpoint is then the job's newest safe state, and any agent may claim it again. With
+        a successor record, the job is recovered through it (its live record), never twice; a
+        record without ``resumed`` (written before it existed) names no successor and is left."""
+        out = []
+        for f in sorted(root.glob("*/running-*.json")):
+            if f.parent.name.startswith("."):
+                continue
+            try:
+                node = int(f.name.removeprefix("running-").removesuffix(".json"))
+            except ValueError:
+                continue
+            if node == self.node_id or self._source_dead(node, now) is None:
+                continue
+            rec = _read_record(f)
+            res = rec.get("resumed") if rec is not None else None
+            if not isinstance(res, dict) or "/" in str(res.get("job", "/")):
+                continue
+            try:
+                succ = os.listdir(root / f"n{res.get('node')}-{res.get('job')}")
+            except FileNotFoundError:
+                succ = []
+            except OSError:
+                continue
+            if any(n.endswith(".json") and not n.startswith(".") for n in succ):
+                continue
+            out.append((f.parent.name, node))
+        return out
 
     def _stale_claims(self, root: Path, now: float) -> list[tuple[str, dict[str, Any]]]:
         """(key, record) of each claim in the archive older than ARCHIVE_CLAIM_STALE_S whose job no
@@ -1516,11 +1560,11 @@ class ReclaimComponent:
         _remove_tree(t)
         return True
 
-    async def _from_archive(self, key: str, live: bool = False) -> None:
+    async def _from_archive(self, key: str, live: bool = False, dead_runner: int | None = None) -> None:
         root = self._archive_root()
         assert root is not None
         try:
-            if self._runs_here(key) is not None or not self._claim(key, live=live):
+            if self._runs_here(key) is not None or not self._claim(key, live=live, dead_runner=dead_runner):
                 return
             done = False
             try:
@@ -1530,6 +1574,8 @@ class ReclaimComponent:
                 row = {"key": key, "src_node": int(rec["src_node"]), "src_job": str(rec["src_job"])}
                 why = (f"node {rec['src_node']} and its buddy are gone; claimed its periodic checkpoint from the "
                        "archive" if rec.get("periodic") else "claimed from the archive")
+                if dead_runner is not None:
+                    why = f"node {dead_runner}, which ran it from the archive, is gone; claimed again from the archive"
                 err = await self._resume_here(row, dict(rec["request"]), path, why)
                 if err is None:
                     self._claim_done(key, f"node {self.node_id}", (self.node_id, self._runs_here(key) or ""))
