@@ -732,20 +732,37 @@ class Submitter:
         ``d // 2`` (at least one) come from the zone summary's hints for the demand's shape
         when it names any (:func:`laminar.zone.placement.hinted_nodes`). The uniform ones
         are sent first, so a hinted node takes the job mostly when they cannot."""
-        hints: tuple[int, ...] = ()
         summary = self.zone_summary(zone) if self.zone_summary is not None and not demand.pool else None
-        if summary is not None:
-            # a node this submitter bound a job to, or that refused it this shape, since the
-            # summary was issued is skipped: the summary cannot know that it filled up
-            by_node, spent, issued = self.m.by_node, self._spent, summary.issued_at
-            k = pl.shape_index(demand.gpus)
-            hints = tuple(n for n in pl.hinted_nodes(summary, demand)
-                          if n in by_node and by_node[n].zone == zone and spent.get((n, -1), -math.inf) < issued
-                          and spent.get((n, k if k is not None else -2), -math.inf) < issued)
-        if not hints:
+        raw = pl.hinted_nodes(summary, demand) if summary is not None else ()
+        if not raw:
             return pl.probe_targets(members, d, self.rng, exclude=skip, preferred=preferred)
-        hinted = pl.probe_targets(hints, min(max(1, d // 2), d), self.rng, exclude=skip)
-        uniform = pl.probe_targets(members, d - len(hinted), self.rng, exclude=skip | set(hinted),
+        # a node this submitter bound a job to, or that refused it this shape, since the summary
+        # was issued is skipped: the summary cannot know that it filled up
+        assert summary is not None
+        by_node, spent, issued = self.m.by_node, self._spent, summary.issued_at
+        k = pl.shape_index(demand.gpus)
+        kk = k if k is not None else -2
+
+        def eligible(n: int) -> bool:
+            return (n not in skip and n in by_node and by_node[n].zone == zone
+                    and spent.get((n, -1), -math.inf) < issued and spent.get((n, kk), -math.inf) < issued)
+
+        want = min(max(1, d // 2), d)
+        hinted: list[int] = []
+        # uniform among the eligible hints by rejection: O(want) checks when most are eligible
+        # (every placement takes this path), one pass over the hints when they are not
+        for _ in range(2 * len(raw)):
+            if len(hinted) >= want:
+                break
+            n = raw[self.rng.randrange(len(raw))]
+            if n not in hinted and eligible(n):
+                hinted.append(n)
+        if len(hinted) < want:
+            rest = [n for n in raw if n not in hinted and eligible(n)]
+            hinted += self.rng.sample(rest, min(want - len(hinted), len(rest)))
+        if not hinted:
+            return pl.probe_targets(members, d, self.rng, exclude=skip, preferred=preferred)
+        uniform = pl.probe_targets(members, d - len(hinted), self.rng, exclude=skip.union(hinted),
                                    preferred=preferred)
         return uniform + hinted
 
