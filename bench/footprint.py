@@ -4,7 +4,11 @@ The agent runs in a network namespace of the benchmark's own, joined by a veth t
 namespace where a load generator (this script, ``--generator``) plays another zone member:
 it sends signed probes at a fixed rate, each naming the previous probe's placement as released
 (as a submitter that bound elsewhere does: the release rides on its next probe to the node,
-``wire.Probe.releases``, with the agents' 0.1 s lease), and times each answer;
+``wire.Probe.releases``, with the agents' 0.1 s lease), and times each answer from the wire:
+from the kernel's TX timestamp of the probe (SO_TIMESTAMPING, software) to the kernel's RX
+timestamp of its answer (SO_TIMESTAMPNS), so that neither generator process's own scheduling
+is timed as the agent's (``probe_reply_wire_*``; ``probe_reply_p99_ms`` times from the sender's
+clock read before it encoded the probe, the earlier method, reported beside it);
 ``--release-datagrams`` releases every offer by a datagram of its own instead (the earlier
 protocol: twice the datagrams). Measured on the agent process: resident memory, CPU
 while idle, CPU under load, memory growth over the load; on the generator: the reply latency.
