@@ -1,0 +1,276 @@
+"""The FGD allocation experiment run by the agents' packing mode (real Arbiter and Submitter).
+
+:func:`laminar.sim.allocation.run_allocation` with ``laminar-frag-wide`` models the packing
+placement in the simulator's own node model. This module runs the *agent's* code for it
+instead: one :class:`laminar.zone.component.Arbiter` per openb node (``packing="frag"``,
+its real inventory: GPUs, CPUs, memory, GPU model) and one
+:class:`laminar.zone.component.Submitter` placing every pod with ``packing=True``
+(:meth:`~laminar.zone.component.Submitter._place_packing`: whole zones probed,
+``packing_spread`` = :data:`~laminar.sim.allocation.FRAG_SPREAD` at a time, every answer
+awaited, :func:`laminar.zone.packing.pick_frag_offer` bound), over
+:class:`laminar.zone.simnet.SimNet` (a FAKE network: instant, lossless, every message
+counted, encoded and decoded by the real wire codec unless ``use_wire=False``).
+
+Same input as the simulator, by the same functions: the node list in file order, node ``i``
+(0-based) is SimNet node ``i + 1`` in zone ``i // 64 + 1`` (the simulator's zones ``i // 64``,
+shifted by one since SimNet numbers from 1; order and ties to the lowest id are unchanged);
+the pods tuned to ``ratio`` x capacity and shuffled by :func:`~laminar.sim.allocation.inflate`
+with ``random.Random(seed)``, exactly as ``run_allocation`` does. Pods are placed one by one
+and never leave; a pod that fails is dropped.
+
+What may differ from ``laminar-frag-wide`` (the point of running it):
+
+- the mix: ``mix="workload"`` gives every arbiter the workload's mix
+  (:func:`~laminar.sim.allocation.workload_mix`, as the simulator does); ``mix="learned"``
+  is the agent's default, the mix of the shapes probed at each node lately
+  (:data:`laminar.zone.component.DEFAULT_FRAG_MIX` until 16 were seen);
+- the zones: the submitter takes the zones whose summaries' ``zone_fit`` is positive (the
+  slot estimate), where the simulator counts the nodes of each zone that can host the pod;
+- the arbiter's rounding: CPUs floored to milli-cores, the score's delta carried in
+  micro-GPUs on the wire.
+
+Between two pods the fake clock moves :data:`ARRIVAL_GAP_S` (longer than an offer's lease),
+so offers left unused by the previous pod have lapsed, as in the simulator where nothing is
+held; the zone summaries are refreshed (``only_changed``) after every placement, so the
+submitter reads exact summaries (their traffic is background, not counted per pod).
+
+Run it (from the repository root)::
+
+    .venv/bin/python -m laminar.sim.agent_packing --seed 42        # with PYTHONPATH=agent
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import random
+import sys
+import time
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from laminar.sim import allocation as A
+from laminar.sim.cluster import demand_of
+from laminar.sim.trace import JobSpec, NodeSpec, default_data_dir, read_openb_nodes, read_openb_pods
+from laminar.zone import packing as K
+from laminar.zone import placement as pl
+from laminar.zone.component import LEASE_S, Arbiter
+from laminar.zone.membership import Member, Membership
+from laminar.zone.simnet import SimNet
+
+ZONE_SIZE = 64
+"""Nodes per zone, as ``run_allocation`` sets them (node ``i`` in zone ``i // 64``)."""
+
+ARRIVAL_GAP_S = 10.0
+"""Fake seconds between two pods: past any offer's lease (``LEASE_S`` + the probe timeout)."""
+
+PROBE_TIMEOUT_S = 5.0
+"""The submitter's wait for all answers. SimNet has delivered every answer before the wait
+starts, but the wait is measured in real time while the answers are read: a short one
+(SimNet's 0.05 s) could run out on a loaded machine and mark nodes as missed."""
+
+MIXES = ("workload", "learned")
+
+ZONE_CHOICES = ("summary", "exact")
+"""How the submitter learns which zones can take a pod: ``summary`` (the agent: the zone
+summaries' ``zone_fit``), ``exact`` (a diagnostic, not the agent: the count of the zone's nodes
+whose arbiter would accept the pod, what the simulator's ``laminar-frag-wide`` reads)."""
+
+assert ARRIVAL_GAP_S > LEASE_S + PROBE_TIMEOUT_S
+
+
+@dataclass
+class AgentPackingResult:
+    """One run: the allocation (the metric of :class:`laminar.sim.allocation.AllocationResult`)
+    and the messages (probes, answers, hand-overs and their acknowledgements; releases carried
+    in probes cost nothing extra; zone summaries excluded)."""
+
+    mix: str
+    zones: str
+    seed: int
+    pods: int
+    placed: int
+    failed: int
+    allocation_ratio_pct: float
+    messages: int
+    messages_per_pod: float
+    messages_per_placed_pod: float
+    wall_s: float
+    probes_refused: int  # probes answered with a refusal (nodes of a probed zone without room)
+    no_zone: int  # pods no zone summary said could be hosted (no probe sent)
+    probe_timeouts: int  # rounds whose wait ran out (0 expected: SimNet loses nothing)
+
+
+def build_net(nodes: Sequence[NodeSpec], mix: K.ShapeMix | None, seed: int = 42, use_wire: bool = True) -> SimNet:
+    """A SimNet of ``nodes`` (node ``i`` is SimNet node ``i + 1``, zone ``i // 64 + 1``), each
+    with a ``packing="frag"`` :class:`Arbiter` holding the node's real inventory; ``mix``
+    given to every arbiter, or None for the agent's learned mix. Summaries computed."""
+    if not nodes:
+        raise ValueError("agent packing: the node list is empty; give at least one node with GPUs")
+    members = [Member(i + 1, i // ZONE_SIZE + 1, f"10.{(i + 1) >> 16}.{((i + 1) >> 8) & 255}.{(i + 1) & 255}",
+                      7440, 7441) for i in range(len(nodes))]
+    arbiters = {}
+    for m, n in zip(members, nodes, strict=True):
+        inv = pl.NodeCapacity(m.node, m.zone, (1.0,) * n.gpus, float(n.cpus), int(n.memory_mb), n.model or None)
+        arbiters[m.node] = Arbiter(inv, hold_s=30.0, packing="frag", mix=mix)
+    net = SimNet(arbiters, Membership(self_node=1, members=members), random.Random(seed + 1), submitter_node=1,
+                 use_wire=use_wire)
+    net.refresh_summaries()
+    return net
+
+
+def allocated_gpus(net: SimNet) -> float:
+    """GPUs held by placed jobs, over every arbiter; checks that no GPU, CPU or memory of any
+    node is over-allocated (raises AssertionError naming the node otherwise)."""
+    total = 0.0
+    for node, a in net.arbiters.items():
+        inv = a.inventory
+        used = [0.0] * len(inv.gpu_free)
+        cpus = 0.0
+        mem = 0
+        for p in a.placed.values():
+            r = p.reservation
+            for i, f in r.gpu_alloc:
+                used[i] += f
+            cpus += r.demand.cpus
+            mem += r.demand.memory_mb
+        for i, u in enumerate(used):
+            if u > inv.gpu_free[i] + 1e-6:
+                raise AssertionError(f"node {node}: GPU {i} allocated {u:.3f} of {inv.gpu_free[i]}")
+        if cpus > inv.cpus + 1e-6 or mem > inv.memory_mb:
+            raise AssertionError(f"node {node}: {cpus} CPUs / {mem} MB placed of {inv.cpus} / {inv.memory_mb}")
+        total += sum(used)
+    return total
+
+
+class ExactZoneFits:
+    """``zone_fits`` for the submitter from the arbiters themselves (the ``exact`` zone choice,
+    a diagnostic): for each zone in id order, how many of its nodes' arbiters would accept
+    ``demand`` now (their residual, :func:`laminar.zone.placement.fits`), until ``wanted``
+    zones with a host were found (the packing placement never probes more); later zones are
+    left out. Cached per zone until :meth:`changed` names one of its nodes."""
+
+    def __init__(self, net: SimNet, wanted: int) -> None:
+        self.net = net
+        self.wanted = wanted
+        self._zones = {z: net.membership.zone_list(z) for z in net.membership.zones()}
+        self._cache: dict[int, dict[tuple[float, float, int], int]] = {z: {} for z in self._zones}
+
+    def changed(self, node: int | None) -> None:
+        m = self.net.membership.by_node.get(node) if node is not None else None
+        if m is not None:
+            self._cache[m.zone].clear()
+
+    def __call__(self, demand: pl.Demand) -> dict[int, float]:
+        key = (demand.gpus, demand.cpus, demand.memory_mb)
+        now = self.net.clock_s
+        out: dict[int, float] = {}
+        found = 0
+        for z in sorted(self._zones):
+            c = self._cache[z]
+            if key not in c:
+                c[key] = sum(1 for n in self._zones[z]
+                             if pl.fits(self.net.arbiters[n].view(now), demand) is None)
+            out[z] = float(c[key])
+            found += c[key] > 0
+            if found >= self.wanted:
+                break
+        return out
+
+
+def run_agent_packing(
+    nodes: Sequence[NodeSpec], pods: Sequence[JobSpec], seed: int = 42, ratio: float = 1.3, *, mix: str = "workload",
+    spread: int = A.FRAG_SPREAD, use_wire: bool = True, limit: int | None = None, zones: str = "summary",
+) -> AgentPackingResult:
+    """One run of the experiment by the agents (see the module docs); deterministic for ``seed``.
+
+    ``mix``: ``"workload"`` (every arbiter scores with the workload's mix, as the simulator)
+    or ``"learned"`` (the agent's default). ``zones``: one of :data:`ZONE_CHOICES`. ``limit``: place only the first ``limit`` pods of
+    the shuffled list (a prefix, for timing); the ratio is still over the whole cluster."""
+    if mix not in MIXES:
+        raise ValueError(f"agent packing: mix {mix!r}; choose one of {', '.join(MIXES)}")
+    if zones not in ZONE_CHOICES:
+        raise ValueError(f"agent packing: zones {zones!r}; choose one of {', '.join(ZONE_CHOICES)}")
+    if limit is not None and limit < 0:
+        raise ValueError(f"agent packing: limit {limit!r} must be >= 0 (or None for every pod)")
+    capacity = float(sum(n.gpus for n in nodes))
+    if capacity <= 0:
+        raise ValueError("agent packing: the node list has no GPU")
+    t0 = time.monotonic()
+    full = A.inflate(pods, capacity, ratio, random.Random(seed))  # the same list as run_allocation's
+    work = full if limit is None else full[:limit]
+    net = build_net(nodes, A.workload_mix(full) if mix == "workload" else None, seed, use_wire)
+    sub = net.submitter(A.FRAG_RETRY)
+    exact = ExactZoneFits(net, A.FRAG_RETRY.zones * spread)
+    if zones == "exact":
+        sub.zone_fits = exact
+    sub.packing_spread = spread
+    sub.probe_timeout_s = PROBE_TIMEOUT_S
+    placed = failed = no_zone = 0
+
+    async def go() -> None:
+        nonlocal placed, failed, no_zone
+        for p in work:
+            r = await sub.place(demand_of(p.worker_gpus, p.worker_cpus, p.worker_memory_mb), {"name": p.job_id},
+                                packing=True)
+            if r.outcome == "placed":
+                placed += 1
+                exact.changed(r.node)
+            else:
+                failed += 1
+                no_zone += not r.probed
+            net.clock_s += ARRIVAL_GAP_S
+            net.refresh_summaries(only_changed=True)
+
+    asyncio.run(go())
+    used = allocated_gpus(net)
+    refused = sum(a.counts["refusals"] for a in net.arbiters.values())
+    n = len(work)
+    return AgentPackingResult(mix, zones, seed, n, placed, failed, 100 * used / capacity, net.messages,
+                              net.messages / n if n else 0.0, net.messages / placed if placed else 0.0,
+                              time.monotonic() - t0, refused, no_zone,
+                              sub.counts["probe_timeouts"])
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description="the FGD allocation experiment run by the agents' packing mode "
+                                 "(real Arbiter/Submitter over SimNet, a fake network), beside laminar-frag-wide")
+    ap.add_argument("--seed", type=int, action="append", help="seed (repeatable; default 42)")
+    ap.add_argument("--data", type=Path, default=default_data_dir(), help="directory of the openb CSVs")
+    ap.add_argument("--mix", choices=(*MIXES, "both"), default="both")
+    ap.add_argument("--zones", choices=(*ZONE_CHOICES, "both"), default="summary",
+                    help="zone choice: the summaries (the agent), exact host counts (a diagnostic), or both")
+    ap.add_argument("--limit", type=int, default=None, help="place only the first N pods (timing)")
+    ap.add_argument("--no-wire", action="store_true", help="skip the wire codec (faster; same decisions)")
+    ap.add_argument("--no-sim", action="store_true", help="skip the simulator's laminar-frag-wide run")
+    ap.add_argument("--json", type=Path, help="write the results here")
+    args = ap.parse_args(argv)
+    nodes = read_openb_nodes(args.data / "openb_node_list_gpu_node.csv")
+    pods = read_openb_pods(args.data / "openb_pod_list_default.csv")
+    out: list[dict[str, object]] = []
+    for seed in args.seed or [42]:
+        if not args.no_sim and args.limit is None:
+            t = time.monotonic()
+            s = A.run_allocation(nodes, pods, "laminar-frag-wide", seed=seed)
+            row = {"run": "sim laminar-frag-wide", "seed": seed, "pods": s.pods, "failed": s.failed,
+                   "allocation_ratio_pct": round(s.allocation_ratio_pct, 2), "messages": s.messages,
+                   "messages_per_placed_pod": round(s.messages / max(1, s.pods - s.failed), 1),
+                   "wall_s": round(time.monotonic() - t, 1)}
+            print(json.dumps(row), flush=True)
+            out.append(row)
+        for mix, zones in [(m, z) for m in (MIXES if args.mix == "both" else (args.mix,))
+                           for z in (ZONE_CHOICES if args.zones == "both" else (args.zones,))]:
+            r = run_agent_packing(nodes, pods, seed, mix=mix, use_wire=not args.no_wire, limit=args.limit, zones=zones)
+            row = {"run": f"agent mix={mix} zones={zones}"} | {k: round(v, 2) if isinstance(v, float) else v
+                                                 for k, v in asdict(r).items()}
+            print(json.dumps(row), flush=True)
+            out.append(row)
+    if args.json:
+        args.json.write_text(json.dumps(out, indent=1) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
