@@ -10,6 +10,7 @@ from laminar.sim import allocation as A
 from laminar.sim.cluster import SimNode
 from laminar.sim.trace import JobSpec, NodeSpec
 from laminar.zone import packing as K
+from laminar.zone import placement as P
 
 
 def pod(i: int, gpus: float, cpus: float = 1.0) -> JobSpec:
@@ -174,3 +175,14 @@ def test_wide_round_compares_two_zones() -> None:
         assert placer.messages == 2 * spread + 2
     with pytest.raises(ValueError, match="spread 0"):
         A.FragProbePlacer(nodes, random.Random(1), mix, A.FRAG_RETRY, "first", True, 0)
+
+
+def test_zone_host_count_tells_pods_of_one_shape_apart_by_memory() -> None:
+    # one node with room for a GPU and 8 GiB: a pod of the same shape asking 16 GiB has no host,
+    # also right after one asking 1 GiB was counted (the count was cached by shape alone)
+    nodes = [SimNode.from_spec(0, NodeSpec("a", 1, 8.0, 8_192), 0)]
+    placer = A.FragProbePlacer(nodes, random.Random(1), ((K.Shape(1000, 1000, 1), 1.0),), A.FRAG_RETRY, "first", True)
+    shape = K.Shape(1000, 1000, 1)
+    z = nodes[0].zone
+    assert placer.hosts(z, P.Demand(gpus=1.0, cpus=1.0, memory_mb=1024), shape) == 1
+    assert placer.hosts(z, P.Demand(gpus=1.0, cpus=1.0, memory_mb=16_384), shape) == 0

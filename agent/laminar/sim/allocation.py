@@ -244,7 +244,7 @@ class FragProbePlacer(ProbePlacer):
         self.mix = mix
         self.zone_order = zone_order
         self.quantized = quantized
-        self._hosts: dict[int, dict[K.Shape, int]] = {z: {} for z in self.zones}
+        self._hosts: dict[int, dict[tuple[K.Shape, int, str | None], int]] = {z: {} for z in self.zones}
         self._cache: list[dict[K.Shape, tuple[K.GpuAlloc, float] | None]] = [{} for _ in nodes]
 
     def touch(self, node: SimNode) -> None:
@@ -259,9 +259,11 @@ class FragProbePlacer(ProbePlacer):
         would say. Used by ``zone_order="first"``, which needs a summary that does not
         over-promise (the slot estimate of ``zone_fit`` ignores each node's CPUs)."""
         c = self._hosts[z]
-        if shape not in c:
-            c[shape] = sum(1 for i in self.zones[z] if P.fits(self.nodes[i].capacity(), demand) is None)
-        return c[shape]
+        # the count depends on the whole demand: two pods of one shape may differ in memory
+        key = (shape, demand.memory_mb, demand.gpu_model)
+        if key not in c:
+            c[key] = sum(1 for i in self.zones[z] if P.fits(self.nodes[i].capacity(), demand) is None)
+        return c[key]
 
     def answer(self, n: SimNode, demand: P.Demand, shape: K.Shape) -> K.FragOffer | None:
         """Node side: the fragmentation-aware offer of ``n`` for one worker, or None (refusal)."""
