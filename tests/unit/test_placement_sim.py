@@ -292,3 +292,21 @@ def test_a_late_offer_is_remembered_and_released_by_the_next_probe_to_its_node()
     router.route(6, wire.Offer(4343, 100, ()))
     net.clock_s += 0.2
     assert sub._with_releases(probe, 6).releases == ()
+
+
+def test_an_offer_whose_answer_was_still_on_its_way_is_released_by_the_next_probe():
+    # two nodes of 4 GPUs; node 2's answers to the first placement are still in flight when
+    # the placement binds node 1 (here: never delivered), but node 2 holds that offer
+    net = SimNet.build(2, 2, gpus_per_node=4, rng=random.Random(3), fill=0.0)
+    sub = net.submitter(pl.RetryPolicy(d=2, d_max=2, zones=1, widen_steps=0))
+    route, late = net._router_route, net._late_offer
+    net._router_route = lambda node, body: False if node == 2 else route(node, body)  # type: ignore[method-assign]
+    net._late_offer = None  # nor does it come late: it is still on its way
+    first = asyncio.run(sub.place(pl.Demand(gpus=4), {"name": "a"}))
+    assert first.outcome == "placed" and first.node == 1 and set(first.probed) == {1, 2}
+    assert len(net.arbiters[2].held) == 1  # the unanswered offer holds all of node 2
+    net._router_route, net._late_offer = route, late  # type: ignore[method-assign]
+    # the next placement's probe to node 2 names it: node 2 lets it go and takes the job
+    second = asyncio.run(sub.place(pl.Demand(gpus=4), {"name": "b"}))
+    assert second.outcome == "placed" and second.node == 2, second.as_dict()
+    assert net.arbiters[2].counts["releases"] == 1

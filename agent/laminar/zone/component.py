@@ -559,6 +559,12 @@ class Submitter:
                 await self._place(demand, spec, pid, answers, res)
         finally:
             self.t.forget(pid)
+            if not packing and not self.release_unused:
+                # a probed node whose answer was still on its way when the placement ended may
+                # hold an offer for it: the next probe there names it too (a node holding none
+                # ignores the id), so it does not depend on that answer arriving in time
+                for n in set(res.probed) - {res.node}:
+                    self._note_unused(n, pid, self.lease_s)
             while not answers.empty():  # offers that came in after the binding
                 node, body = answers.get_nowait()
                 if isinstance(body, wire.Offer) and not (res.outcome != "queued-out" and node == res.node):
