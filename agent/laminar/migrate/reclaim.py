@@ -1020,19 +1020,7 @@ class ReclaimComponent:
         assert root is not None
         d = root / key
         d.mkdir(parents=True, exist_ok=True)
-        dst_dir = d / ckpt.name
-        if not dst_dir.is_dir():
-            tmp = d / f".tmp-{ckpt.name}-{self.node_id}-{time.monotonic_ns()}"
-            try:
-                shutil.copytree(ckpt, tmp)
-                jobkit.verify_checkpoint(tmp)
-                for f in tmp.iterdir():
-                    with open(f, "rb") as fh:
-                        os.fsync(fh.fileno())
-                os.rename(tmp, dst_dir)
-            except BaseException:
-                shutil.rmtree(tmp, ignore_errors=True)
-                raise
+        dst_dir = self._publish_copy(ckpt, d)
         taken = any(d.glob("claimed-*.json")) or any(d.glob("running-*.json"))
         old_live = d / f".live-{self.node_id}-{time.monotonic_ns()}.old"
         if not taken and (d / LIVE_RECORD).exists():
@@ -1062,6 +1050,28 @@ class ReclaimComponent:
         return (self._archive_root() is not None
                 and self.notice_odds.unannounced_frac >= float(self.s["prestage_unannounced"]))
 
+    def _publish_copy(self, ckpt: Path, d: Path) -> Path:
+        """``d/<ckpt.name>``: the verified checkpoint ``ckpt`` copied there under a temporary
+        name, checked against its manifest, fsync'd and renamed into place (kept as it is when
+        a complete copy of that name is already there; an incomplete leftover is replaced).
+        Raises OSError/CheckpointError; a failed copy is removed, never published."""
+        dst_dir = d / ckpt.name
+        if dst_dir.is_dir() and (dst_dir / jobkit.MANIFEST).exists():
+            return dst_dir
+        tmp = d / f".tmp-{ckpt.name}-{self.node_id}-{time.monotonic_ns()}"
+        try:
+            shutil.copytree(ckpt, tmp)
+            jobkit.verify_checkpoint(tmp)
+            for f in tmp.iterdir():
+                with open(f, "rb") as fh:
+                    os.fsync(fh.fileno())
+            shutil.rmtree(dst_dir, ignore_errors=True)  # an incomplete leftover of that name
+            os.rename(tmp, dst_dir)
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
+        return dst_dir
+
     def archive_live(self, key: str, ckpt: Path, record: dict[str, Any]) -> Path | None:
         """Copies the committed periodic checkpoint ``ckpt`` of the running job ``key`` into the
         archive (a temporary name, verified against its manifest, fsync'd, renamed: the same
@@ -1082,20 +1092,7 @@ class ReclaimComponent:
 
         if stopped():
             return None
-        dst_dir = d / ckpt.name
-        if not (dst_dir.is_dir() and (dst_dir / jobkit.MANIFEST).exists()):
-            tmp = d / f".tmp-{ckpt.name}-{self.node_id}-{time.monotonic_ns()}"
-            try:
-                shutil.copytree(ckpt, tmp)
-                jobkit.verify_checkpoint(tmp)
-                for f in tmp.iterdir():
-                    with open(f, "rb") as fh:
-                        os.fsync(fh.fileno())
-                shutil.rmtree(dst_dir, ignore_errors=True)  # an incomplete leftover of that name
-                os.rename(tmp, dst_dir)
-            except BaseException:
-                shutil.rmtree(tmp, ignore_errors=True)
-                raise
+        dst_dir = self._publish_copy(ckpt, d)
         tmpj = d / f".live-{self.node_id}-{time.monotonic_ns()}.tmp"
         with open(tmpj, "w") as out:
             json.dump({**record, "ckpt": ckpt.name, "archived_by": self.node_id, "ts": time.time()}, out)
