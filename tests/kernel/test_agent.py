@@ -18,23 +18,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from agentproc import NOBODY, VENV_BIN, AgentProc
+from agentproc import NOBODY, VENV_BIN, AgentProc, wait_until
 
 pytestmark = pytest.mark.kernel
 
 HERE = Path(__file__).resolve().parent
 PAYLOAD = 100
 BURST = 200
-
-
-def wait_until(fn: Callable[[], Any], timeout: float = 20.0, what: str = "condition") -> Any:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        v = fn()
-        if v:
-            return v
-        time.sleep(0.05)
-    raise AssertionError(f"timed out after {timeout} s waiting for {what}")
 
 
 @pytest.fixture
