@@ -303,6 +303,21 @@ def simulate(policy: str, pool: list[Node], start: float, end: float, p: Params,
             return t_look, wait, lag, kept
         return t_look, wait, lag, guard is None or keep_guard(guard, t_first, t_look + size / link)
 
+    def resume_at_look(t_look: float, wait: float, lag: float, kept: bool, rest: list[Node],
+                       busy: set[str]) -> tuple[list[Node], float]:
+        """The guard's look at ``t_look`` found a free node: the job restarts there, from the
+        kept checkpoint after its transfer, or (``kept`` False: the copy is gone) from the
+        start, its progress so far rolled back. Returns (the job's nodes, when it runs again)."""
+        _, extra = acquire(pool, t_look, 1, busy, order)
+        res.add_down("wait_capacity", wait)
+        res.add_down("retry_lag", lag)
+        res.add_down("restart", p.restart_s)
+        if kept:
+            res.add_down("resume_transfer", size / link)
+            return rest + extra[:1], t_look + size / link + p.restart_s
+        res.rollback_node_s += max(0.0, res.useful_node_s - res.rollback_node_s - res.overhead_node_s)
+        return rest + extra[:1], t_look + p.restart_s
+
     job = CkptJob("j", size, p.write_gbps * 1e9)
     step = notice_schedule([job], link, p.notice_s)[0]
     fits = notice_fit([job], link, p.notice_s)["j"]
@@ -483,19 +498,9 @@ def simulate(policy: str, pool: list[Node], start: float, end: float, p: Params,
                                                          {n.name for n in rest} | {gone.name})
                     if not math.isfinite(t_look):
                         break
-                    _, extra = acquire(pool, t_look, 1, {n.name for n in rest} | {gone.name}, order)
-                    res.add_down("wait_capacity", wait)
-                    res.add_down("retry_lag", lag)
-                    res.add_down("restart", p.restart_s)
-                    if kept:
-                        res.add_down("resume_transfer", size / link)
-                        nodes, t = rest + extra[:1], t_look + size / link + p.restart_s
-                    else:
-                        # its copy and the job's guard are gone (the buddy was released): the job
-                        # starts over; its progress so far is rolled back
-                        res.holder_lost += 1
-                        res.rollback_node_s += max(0.0, res.useful_node_s - res.rollback_node_s - res.overhead_node_s)
-                        nodes, t = rest + extra[:1], t_look + p.restart_s
+                    nodes, t = resume_at_look(t_look, wait, lag, kept, rest, {n.name for n in rest} | {gone.name})
+                    # not kept: its copy and the job's guard are gone (the buddy was released)
+                    res.holder_lost += not kept
                     last_durable = t
                     arch_durable = t if arch_rule() else None
             if dest is None and held_by is None:
@@ -545,17 +550,8 @@ def simulate(policy: str, pool: list[Node], start: float, end: float, p: Params,
                 else:
                     if not math.isfinite(t_look):
                         break
-                    _, extra = acquire(pool, t_look, 1, busy, order)
-                    res.add_down("wait_capacity", wait)
-                    res.add_down("retry_lag", lag)
-                    res.add_down("restart", p.restart_s)
-                    if kept:
-                        res.add_down("resume_transfer", size / link)
-                        nodes, t = rest + extra[:1], t_look + size / link + p.restart_s
-                    else:  # the replica and the guard are gone, nothing archived: the job starts over
-                        res.buddy_lost += 1
-                        res.rollback_node_s += max(0.0, res.useful_node_s - res.rollback_node_s - res.overhead_node_s)
-                        nodes, t = rest + extra[:1], t_look + p.restart_s
+                    nodes, t = resume_at_look(t_look, wait, lag, kept, rest, busy)
+                    res.buddy_lost += not kept  # the replica and the guard are gone, nothing archived
                 last_durable = t
                 arch_durable = t if arch_rule() else None
             odds.observe(announced=not is_abrupt)  # what the agent learns from this departure
