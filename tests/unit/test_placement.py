@@ -150,8 +150,13 @@ def test_zone_summary_and_fit():
     assert pl.zone_fit(s, Demand(gpus=0.3, cpus=1, memory_mb=1)) == 9  # counted as 0.5 shape
     assert pl.zone_fit(s, Demand(gpus=1, gpu_model="A100")) == 0
     assert pl.zone_fit(s, Demand(gpus=16)) == 0
-    # CPUs bound the estimate
-    assert pl.zone_fit(s, Demand(gpus=0, cpus=36, memory_mb=1)) == 2
+    # CPUs bound the estimate: summed over the zone in a summary without host buckets (an
+    # older peer's); per node with them, and no node has 36 free CPUs
+    old = pl.summarize_zone(7, nodes, issued_at=3.0, hosts=False)
+    assert pl.zone_fit(old, Demand(gpus=0, cpus=36, memory_mb=1)) == 2
+    assert pl.zone_fit(s, Demand(gpus=0, cpus=36, memory_mb=1)) == 0
+    assert pl.zone_fit(old, Demand(gpus=0, cpus=20, memory_mb=1)) == 3  # 72 CPUs / 20
+    assert pl.zone_fit(s, Demand(gpus=0, cpus=20, memory_mb=1)) == 2  # nodes 1 and 2 (32 CPUs): one each
 
 
 def test_choose_zone_is_proportional_to_fit():

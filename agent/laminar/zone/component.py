@@ -131,18 +131,45 @@ def summary_to_capacity(node: int, zone: int, s: wire.Summary) -> pl.NodeCapacit
     )
 
 
+def _up(x: float, unit: float) -> int:
+    """``x`` in ``unit``s, rounded up (a bound stays a bound), :data:`wire.HOST_MORE` at the top."""
+    if not math.isfinite(x):
+        return wire.HOST_MORE
+    return max(0, min(wire.HOST_MORE, math.ceil(x / unit - 1e-9)))
+
+
+HOST_CPU_UNIT = 0.1  # a host bucket's CPUs on the wire: tenths of a core
+HOST_MEMORY_UNIT_MB = 64  # and its memory: 64 MB units
+
+
 def zone_summary_to_msg(z: pl.ZoneSummary) -> wire.ZoneSummaryMsg:
+    """The datagram body of ``z``. Host buckets travel rounded up (CPUs in tenths of a core,
+    memory in 64 MB units; beyond the field's top, :data:`wire.HOST_MORE`), node counts capped
+    at 65535; if they would not fit one datagram beside the rest (many long GPU model names),
+    they are left out, and the receivers fall back to the slot estimate."""
     hints = tuple(h[:wire.MAX_HINTS_PER_SHAPE] for h in z.hints[:wire.MAX_HINT_SHAPES])
     if not any(hints):
         hints = ()  # no shape is scarce: the field is left out
-    return wire.ZoneSummaryMsg(z.zone, z.nodes, z.slots, int(z.cpus * 1000), z.memory_mb, z.gpu_models[:16], hints)
+    hosts = tuple(tuple((min(n, 0xFFFF), _up(c, HOST_CPU_UNIT), _up(m, HOST_MEMORY_UNIT_MB))
+                        for n, c, m in b[:wire.MAX_HOST_BUCKETS]) for b in z.hosts[:wire.MAX_HOST_SHAPES])
+    msg = wire.ZoneSummaryMsg(z.zone, z.nodes, z.slots, int(z.cpus * 1000), z.memory_mb, z.gpu_models[:16], hints,
+                              hosts)
+    if hosts and wire.HEADER_SIZE + len(wire.encode_body(msg)) + wire.MAC_SIZE > wire.MAX_DATAGRAM:
+        msg = wire.ZoneSummaryMsg(z.zone, z.nodes, z.slots, int(z.cpus * 1000), z.memory_mb, z.gpu_models[:16], hints)
+    return msg
 
 
 def msg_to_zone_summary(m: wire.ZoneSummaryMsg, issued_at: float) -> pl.ZoneSummary | None:
+    """The summary ``m`` carries, or None when its slots are not one per shape. Host buckets
+    come back as upper bounds (:data:`wire.HOST_MORE`: ``math.inf``); a message without them
+    (an older peer's) gives a summary without them."""
     if len(m.slots) != len(pl.SHAPES):
         return None
+    hosts = tuple(tuple((n, math.inf if c == wire.HOST_MORE else c * HOST_CPU_UNIT,
+                         math.inf if mb == wire.HOST_MORE else float(mb * HOST_MEMORY_UNIT_MB))
+                        for n, c, mb in b[:pl.MAX_HOST_BUCKETS]) for b in m.hosts[:len(pl.SHAPES)])
     return pl.ZoneSummary(m.zone, m.nodes, m.slots, m.cpus_milli / 1000, m.memory_mb, m.gpu_models, issued_at,
-                          m.hints[:len(pl.SHAPES)])
+                          m.hints[:len(pl.SHAPES)], hosts)
 
 
 def frag_offer(o: pl.Offer, frag: tuple[int, int] | None) -> pk.FragOffer:

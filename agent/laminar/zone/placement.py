@@ -37,6 +37,7 @@ from __future__ import annotations
 import bisect
 import enum
 import functools
+import heapq
 import math
 import random
 import re
@@ -63,6 +64,17 @@ MAX_HINTS = 32
 # probes both miss such a shape at most (1 - 0.75)^2 = 6 % of the time, and hinting them would
 # only crowd probes onto a few nodes.
 HINT_BELOW = 1.0
+
+# Host buckets of a zone summary (ZoneSummary.hosts): per shape, the nodes with room for it
+# grouped by free CPUs, largest first, in groups of HOST_BUCKET_SIZES nodes (the last group
+# takes the rest); each group is sent as (nodes, their largest free CPUs, their largest free
+# memory). Eight groups: on the wire 6 bytes a group, at most 7 x (1 + 8 x 6) = 343 bytes.
+HOST_BUCKET_SIZES: tuple[int, ...] = (1, 1, 2, 4, 8, 16, 32)
+MAX_HOST_BUCKETS = len(HOST_BUCKET_SIZES) + 1
+
+HostBucket = tuple[int, float, float]
+"""``(nodes, cpus, memory_mb)``: a group of nodes with room for a shape, with the largest free
+CPUs and the largest free memory (MB) among them (``math.inf``: more than the wire can say)."""
 
 
 class PlacementError(ValueError):
@@ -354,6 +366,11 @@ class ZoneSummary:
     ``slots[k]`` is how many instances of GPU shape ``SHAPES[k]`` the zone's nodes could take
     (shape 0: how many nodes take a CPU-only job at all). ``cpus`` and ``memory_mb`` are the
     zone's free totals; ``gpu_models`` the GPU models present. ``nodes`` counts live nodes.
+
+    ``hosts[k]`` (empty when the summary has none: an older peer's) holds the nodes with room
+    for shape ``k`` as :data:`HostBucket` groups, so :func:`zone_fit` can count the nodes that
+    could host a demand (GPU, CPU and memory room on the same node) instead of summing the
+    zone's resources; see :func:`host_buckets`.
     """
 
     zone: int
@@ -364,12 +381,16 @@ class ZoneSummary:
     gpu_models: tuple[str, ...] = ()
     issued_at: float = 0.0
     hints: tuple[tuple[int, ...], ...] = ()
+    hosts: tuple[tuple[HostBucket, ...], ...] = ()
 
     def __post_init__(self) -> None:
         if len(self.slots) != len(SHAPES):
             raise PlacementError(f"zone summary {self.zone}: {len(self.slots)} slots, expected {len(SHAPES)}")
         if len(self.hints) > len(SHAPES):
             raise PlacementError(f"zone summary {self.zone}: hints for {len(self.hints)} shapes, at most {len(SHAPES)}")
+        if len(self.hosts) > len(SHAPES) or any(len(b) > MAX_HOST_BUCKETS for b in self.hosts):
+            raise PlacementError(f"zone summary {self.zone}: host buckets for {len(self.hosts)} shapes, at most "
+                                 f"{len(SHAPES)} of {MAX_HOST_BUCKETS} buckets each")
 
 
 def shape_slots(node: NodeCapacity) -> tuple[int, ...]:
@@ -388,9 +409,67 @@ def shape_slots(node: NodeCapacity) -> tuple[int, ...]:
     return tuple(out)
 
 
+def host_buckets(rooms: Sequence[tuple[float, float]]) -> tuple[HostBucket, ...]:
+    """The nodes with room for one shape, given as their ``(free cpus, free memory_mb)``,
+    grouped for a zone summary: ordered by free CPUs (then memory), largest first, the first
+    groups of :data:`HOST_BUCKET_SIZES` nodes and the rest in one last group, each as
+    ``(nodes, largest cpus, largest memory_mb)`` of its members. O(n) (a partial selection of
+    the 64 largest, not a sort of all of them); ``()`` for no node.
+
+    A group's corner (its largest CPUs and memory) dominates each of its members, so the nodes
+    of the groups whose corner holds a demand include every node that can host it
+    (:func:`hosts_fit`, an upper bound); with groups doubling in size from the top, the bound
+    is within about twice the true count on the CPU axis."""
+    if not rooms:
+        return ()
+    top = sum(HOST_BUCKET_SIZES)
+    head = heapq.nlargest(top, rooms) if len(rooms) > top else sorted(rooms, reverse=True)
+    out: list[HostBucket] = []
+    i = 0
+    for size in HOST_BUCKET_SIZES:
+        group = head[i:i + size]
+        if not group:
+            break
+        out.append((len(group), group[0][0], max(m for _, m in group)))
+        i += size
+    rest = len(rooms) - len(head)
+    if rest > 0:  # the nodes below the 64 largest: one group, its corner found in one pass
+        cut = head[-1]
+        below = [r for r in rooms if r < cut]
+        tied = [cut] if len(below) < rest else []  # nodes equal to the head's last, left out of it
+        out.append((rest, max(c for c, _ in below + tied), max(m for _, m in below + tied)))
+    return tuple(out)
+
+
+def hosts_fit(buckets: Sequence[HostBucket], demand: Demand) -> int:
+    """How many nodes of ``buckets`` (:func:`host_buckets`) could host ``demand``: the nodes of
+    every group whose largest free CPUs and memory both hold it. An upper bound on the true
+    count (a group's CPUs and memory may come from two of its nodes); when it says 0, no node
+    had both."""
+    return sum(n for n, c, m in buckets if c + EPS >= demand.cpus and m >= demand.memory_mb)
+
+
+def host_copies(buckets: Sequence[HostBucket], demand: Demand) -> float:
+    """How many copies of ``demand`` the nodes of ``buckets`` could take, by their CPUs and
+    memory: each node of a group that holds one copy (see :func:`hosts_fit`) counts for as
+    many as its group's largest free CPUs and memory hold (``math.inf`` for a demand of no
+    CPU and no memory). An upper bound; 0 when no node can host one copy."""
+    total = 0.0
+    for n, c, m in buckets:
+        if c + EPS >= demand.cpus and m >= demand.memory_mb:
+            per = math.inf
+            if demand.cpus > 0:
+                per = min(per, math.floor(c / demand.cpus + EPS))
+            if demand.memory_mb > 0:
+                per = min(per, math.floor(m / demand.memory_mb + EPS))
+            total += n * per
+    return total
+
+
 def summarize_zone(zone: int, nodes: Iterable[NodeCapacity], issued_at: float = 0.0,
                    rng: random.Random | None = None, hints: int = 0,
-                   slots_of: Callable[[NodeCapacity], tuple[int, ...]] = shape_slots) -> ZoneSummary:
+                   slots_of: Callable[[NodeCapacity], tuple[int, ...]] = shape_slots,
+                   hosts: bool = True) -> ZoneSummary:
     """Aggregate residual node capacities (see :func:`residual`) into a :class:`ZoneSummary`.
 
     With ``hints`` > 0 (and ``rng``), the summary also names, for each shape that fewer than
@@ -398,6 +477,10 @@ def summarize_zone(zone: int, nodes: Iterable[NodeCapacity], issued_at: float = 
     those that have (:attr:`ZoneSummary.hints`, see :func:`hinted_nodes`): O(nodes) here, once
     per summary, never per placement. ``slots_of`` is :func:`shape_slots` (a caller that keeps
     node capacities unchanged between summaries may pass a memo of it).
+
+    With ``hosts`` (the default) the summary carries, per shape, the nodes with room for it
+    grouped by their free CPUs and memory (:attr:`ZoneSummary.hosts`, :func:`host_buckets`):
+    also O(nodes), once per summary; ``hosts=False`` gives the summary of the earlier protocol.
     """
     if hints < 0 or hints > MAX_HINTS:
         raise PlacementError(f"summarize_zone: hints {hints!r} must be in 0..{MAX_HINTS}")
@@ -409,10 +492,14 @@ def summarize_zone(zone: int, nodes: Iterable[NodeCapacity], issued_at: float = 
     want = hints if rng is not None else 0
     sample: list[list[int]] = [[] for _ in SHAPES]  # a reservoir per shape
     seen = [0] * len(SHAPES)
+    rooms: list[list[tuple[float, float]]] = [[] for _ in SHAPES]  # (cpus, memory) of nodes with room
     for n in nodes:
         count += 1
+        room = (n.cpus, float(n.memory_mb))
         for k, v in enumerate(slots_of(n)):
             slots[k] += v
+            if hosts and v > 0 and not n.draining:
+                rooms[k].append(room)
             if want and v > 0 and n.cpus > EPS and n.memory_mb > 0:
                 seen[k] += 1
                 if len(sample[k]) < want:
@@ -428,7 +515,8 @@ def summarize_zone(zone: int, nodes: Iterable[NodeCapacity], issued_at: float = 
             models.add(n.gpu_model)
     # only shapes a uniform draw can miss: fewer than HINT_BELOW of the nodes have room
     hint_t = tuple(tuple(h) if seen[k] < HINT_BELOW * count else () for k, h in enumerate(sample)) if want else ()
-    return ZoneSummary(zone, count, tuple(slots), cpus, mem, tuple(sorted(models)), issued_at, hint_t)
+    host_t = tuple(host_buckets(r) for r in rooms) if hosts else ()
+    return ZoneSummary(zone, count, tuple(slots), cpus, mem, tuple(sorted(models)), issued_at, hint_t, host_t)
 
 
 def hinted_nodes(summary: ZoneSummary, demand: Demand) -> tuple[int, ...]:
@@ -455,8 +543,14 @@ def zone_fit(summary: ZoneSummary, demand: Demand) -> float:
     """How many copies of ``demand`` the zone could take, estimated from its summary (>= 0).
 
     The GPU slot count of the demand's shape, bounded by what the free CPUs and memory could
-    hold. A GPU model the zone lacks gives 0. It is an estimate: slots of one node are not
-    checked against that same node's CPUs, so arbitration on the node has the last word.
+    hold; when the summary carries host buckets (:attr:`ZoneSummary.hosts`), bounded also by
+    the copies the nodes with room for the shape could take each by their own CPUs and memory
+    (:func:`host_copies`): a zone where no node has GPU, CPU and memory room together gives
+    0, and a busy zone counts its hosts (near saturation, one copy each), not its summed
+    resources. A summary without them (an
+    older peer's) gives the slot estimate alone. A GPU model the zone lacks gives 0. It is an
+    estimate (an upper bound, as stale as the summary): arbitration on the node has the last
+    word.
     """
     if demand.gpus > 0 and demand.gpu_model is not None and not any(model_matches(demand.gpu_model, m)
                                                                      for m in summary.gpu_models):
@@ -469,6 +563,8 @@ def zone_fit(summary: ZoneSummary, demand: Demand) -> float:
         fit = min(fit, summary.cpus / demand.cpus)
     if demand.memory_mb > 0:
         fit = min(fit, summary.memory_mb / demand.memory_mb)
+    if k < len(summary.hosts):
+        fit = min(fit, host_copies(summary.hosts[k], demand))
     return max(0.0, math.floor(fit + EPS))
 
 

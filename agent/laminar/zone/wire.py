@@ -191,7 +191,15 @@ class Summary:
 class ZoneSummaryMsg:
     """A zone's residual capacity by shape, for submitters in other zones. ``hints[k]`` names
     nodes that had room for shape ``k`` (an optional trailing field: a body without it
-    decodes with no hints)."""
+    decodes with no hints).
+
+    ``hosts[k]`` (a second optional trailing field, after the hints; a body without it decodes
+    with none) groups the nodes with room for shape ``k``, each group as ``(nodes, cpus_deci,
+    memory_64mb)``: its node count and the largest free CPUs (tenths of a core) and free memory
+    (64 MB units) among its nodes, rounded up; :data:`HOST_MORE` in a unit field means "at
+    least that much" (:func:`laminar.zone.placement.host_buckets`). Decoders that predate the
+    field drop such a summary as malformed (trailing bytes), as for ``Offer.frag``.
+    """
 
     zone: int
     nodes: int
@@ -200,6 +208,7 @@ class ZoneSummaryMsg:
     memory_mb: int
     gpu_models: tuple[str, ...] = ()
     hints: tuple[tuple[int, ...], ...] = ()
+    hosts: tuple[tuple[tuple[int, int, int], ...], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -307,6 +316,10 @@ _ZONE_SUMMARY = struct.Struct("!HIQQB")
 MAX_PROBE_RELEASES = 8  # unused placements a probe may release (its optional trailing field)
 MAX_HINT_SHAPES = 16  # zone-summary hints: shapes, and nodes named per shape, at most
 MAX_HINTS_PER_SHAPE = 32
+MAX_HOST_SHAPES = 16  # zone-summary host buckets: shapes, and buckets per shape, at most
+MAX_HOST_BUCKETS = 8
+_HOST_BUCKET = struct.Struct("!HHH")  # nodes, largest free cpus (tenths), largest free memory (64 MB units)
+HOST_MORE = 0xFFFF  # a host bucket's cpus or memory at (or beyond) the field's top
 _RECLAIM = struct.Struct("!QI")
 _HANDOVER_ACK = struct.Struct("!QB")
 _LOAN = struct.Struct("!QB")
@@ -389,11 +402,16 @@ def encode_body(body: Body) -> bytes:
         out = _ZONE_SUMMARY.pack(body.zone, body.nodes, body.cpus_milli, body.memory_mb, len(body.slots))
         out += b"".join(_U32.pack(min(s, 2**32 - 1)) for s in body.slots)
         out += _U8.pack(len(body.gpu_models)) + b"".join(_text(m) for m in body.gpu_models)
-        if body.hints:
+        if body.hints or body.hosts:  # the hosts follow the hints: a count of 0 when there are none
             if len(body.hints) > MAX_HINT_SHAPES or any(len(h) > MAX_HINTS_PER_SHAPE for h in body.hints):
                 raise ValueError(f"zone-summary hints: at most {MAX_HINT_SHAPES} shapes of {MAX_HINTS_PER_SHAPE} nodes")
             out += _U8.pack(len(body.hints))
             out += b"".join(_U8.pack(len(h)) + b"".join(_U32.pack(n) for n in h) for h in body.hints)
+        if body.hosts:
+            if len(body.hosts) > MAX_HOST_SHAPES or any(len(b) > MAX_HOST_BUCKETS for b in body.hosts):
+                raise ValueError(f"zone-summary hosts: at most {MAX_HOST_SHAPES} shapes of {MAX_HOST_BUCKETS} buckets")
+            out += _U8.pack(len(body.hosts))
+            out += b"".join(_U8.pack(len(b)) + b"".join(_HOST_BUCKET.pack(*g) for g in b) for b in body.hosts)
         return out
     if isinstance(body, ReclaimNotice):
         return _RECLAIM.pack(body.notice_id, body.deadline_ms) + _text(body.reason)
@@ -511,7 +529,17 @@ def decode_body(mtype: MsgType, buf: bytes) -> Body:
                 if k > MAX_HINTS_PER_SHAPE:
                     raise Dropped(DropReason.MALFORMED, f"zone-summary {k} hints for a shape > {MAX_HINTS_PER_SHAPE}")
                 hints.append(tuple(r.take(_U32)[0] for _ in range(k)))
-        body = ZoneSummaryMsg(z, nodes, slots, c, m, models, tuple(hints))
+        hosts: list[tuple[tuple[int, int, int], ...]] = []
+        if r.pos < len(buf):  # the optional host buckets
+            (nh,) = r.take(_U8)
+            if nh > MAX_HOST_SHAPES:
+                raise Dropped(DropReason.MALFORMED, f"zone-summary hosts for {nh} shapes > {MAX_HOST_SHAPES}")
+            for _ in range(nh):
+                (k,) = r.take(_U8)
+                if k > MAX_HOST_BUCKETS:
+                    raise Dropped(DropReason.MALFORMED, f"zone-summary {k} host buckets for a shape > {MAX_HOST_BUCKETS}")
+                hosts.append(tuple((g[0], g[1], g[2]) for g in (r.take(_HOST_BUCKET) for _ in range(k))))
+        body = ZoneSummaryMsg(z, nodes, slots, c, m, models, tuple(hints), tuple(hosts))
     elif mtype is MsgType.RECLAIM_NOTICE:
         nid, dl = r.take(_RECLAIM)
         body = ReclaimNotice(nid, dl, r.text())
