@@ -1,18 +1,23 @@
 """Footprint benchmark: one real laminard idle, then answering 10,000 probes/s.
 
 The agent runs in a network namespace of the benchmark's own, joined by a veth to a second
-namespace where a load generator (this script, ``--generator``) plays another zone member:
-it sends signed probes at a fixed rate, each naming the previous probe's placement as released
-(as a submitter that bound elsewhere does: the release rides on its next probe to the node,
-``wire.Probe.releases``, with the agents' 0.1 s lease), and times each answer from the wire:
-from the kernel's TX timestamp of the probe (SO_TIMESTAMPING, software) to the kernel's RX
-timestamp of its answer (SO_TIMESTAMPNS), so that neither generator process's own scheduling
-is timed as the agent's (``probe_reply_wire_*``; ``probe_reply_p99_ms`` times from the sender's
-clock read before it encoded the probe, the earlier method, reported beside it);
-``--release-datagrams`` releases every offer by a datagram of its own instead (the earlier
-protocol: twice the datagrams). Measured on the agent process: resident memory, CPU
-while idle, CPU under load, memory growth over the load; on the generator: the reply latency.
-There is no baseline (absolute figures); the goals are in the issue (rss under 60 MB, idle
+namespace where a load generator plays another zone member: it sends signed probes at a fixed
+rate, each naming the previous probe's placement as released (as a submitter that bound
+elsewhere does: the release rides on its next probe to the node, ``wire.Probe.releases``, with
+the agents' 0.1 s lease), and times each answer two ways: from the sender's clock read just
+before it sent the probe to the kernel's RX timestamp of the answer (``probe_reply_*``), and
+from the wire: from the kernel's TX timestamp of the probe (SO_TIMESTAMPING, software) to the
+kernel's RX timestamp of its answer (SO_TIMESTAMPNS) (``probe_reply_wire_*``).
+
+The load generator is ``bench/lmgen.c``, built here with the machine's C compiler: on a node
+the probes come from other machines, and on a small machine a Python generator took more CPU
+than the agent it loaded (about 60 % of a core against the agent's 50 %, on a 2-core VM), so
+its scheduling showed up in the agent's reply times. The generator does no cryptography: this
+script signs every probe beforehand with the agent's wire codec (each stamped with the time it
+is due to leave, well inside the replay window) and checks and decodes every answer after the
+load. Measured on the agent process: resident memory, CPU while idle, CPU under load (while
+the probes are due), memory growth over the load; from the generator's records: the reply
+latency. There is no baseline (absolute figures); the goals are in the issue (rss under 60 MB, idle
 CPU under 0.5 %, p99 reply under 2 ms at 10,000 probes/s, growth under 5 MB).
 
     python bench/footprint.py [--quick] [--json PATH] [--plot PATH]
@@ -27,7 +32,7 @@ import argparse
 import json
 import os
 import secrets
-import socket
+import shutil
 import struct
 import subprocess
 import sys
@@ -40,160 +45,100 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(REPO / "agent"), str(REPO / "tests"), str(REPO / "tests" / "cluster")]
 
 PORT = 7440
-SO_TIMESTAMPNS = getattr(socket, "SO_TIMESTAMPNS", 35)  # Linux: SO_TIMESTAMPNS_OLD = SCM_TIMESTAMPNS
-SO_TIMESTAMPING = 37  # SO_TIMESTAMPING_OLD = SCM_TIMESTAMPING (linux/net_tstamp.h)
-# SOF_TIMESTAMPING_TX_SOFTWARE | _SOFTWARE | _OPT_ID | _OPT_TSONLY
-TS_FLAGS = (1 << 1) | (1 << 4) | (1 << 7) | (1 << 11)
-IP_RECVERR = 11
-SO_EE_ORIGIN_TIMESTAMPING = 4
-
-
-def drain_tx_stamps(sock: socket.socket, tx: dict[int, int]) -> None:
-    """Read every TX timestamp waiting on ``sock``'s error queue into ``tx`` (tskey -> ns)."""
-    while True:
-        try:
-            _data, anc, _flags, _addr = sock.recvmsg(0, 512, socket.MSG_ERRQUEUE | socket.MSG_DONTWAIT)
-        except (BlockingIOError, InterruptedError):
-            return
-        ts = key = None
-        for level, kind, payload in anc:
-            if level == socket.SOL_SOCKET and kind == SO_TIMESTAMPING and len(payload) >= 16:
-                sec, nsec = struct.unpack_from("qq", payload)  # ts[0]: the software stamp
-                ts = sec * 1_000_000_000 + nsec
-            elif level == socket.IPPROTO_IP and kind == IP_RECVERR and len(payload) >= 16:
-                _errno, origin, _t, _c, _p, _info, data = struct.unpack_from("IBBBBII", payload)
-                if origin == SO_EE_ORIGIN_TIMESTAMPING:
-                    key = data
-        if ts and key is not None:
-            tx[key] = ts
 
 
 # --------------------------------------------------------------------------- the load generator
 
 
-def generator(args: argparse.Namespace) -> int:
-    """The load generator, two processes sharing one UDP socket, so that neither's backlog is
-    timed as the agent's. ``--role recv`` binds the socket, starts ``--role send`` with it
-    (inherited fd), then reads the answers, times each against the CLOCK_MONOTONIC send time
-    its placement id carries, and releases every offer (as member node 3). The sender sends
-    probes at ``rate``/s as member node 2."""
+def build_generator(out: Path) -> Path:
+    """Compile bench/lmgen.c (the load generator, in C: see its header) to ``out``."""
+    cc = shutil.which("cc") or shutil.which("gcc") or shutil.which("clang")
+    if cc is None:
+        raise SystemExit("footprint: no C compiler (cc, gcc or clang) to build the load generator bench/lmgen.c")
+    subprocess.run([cc, "-O2", "-Wall", "-Werror", "-o", str(out), str(REPO / "bench" / "lmgen.c")], check=True)
+    return out
+
+
+def sign_probes(keys_file: Path, n: int, rate: int, lease_ms: int, base: int, path: Path) -> float:
+    """Sign ``n`` probes (member node 2, placement ids ``base`` + k) into ``path`` for lmgen and
+    return the wall-clock time (s) the first is due to leave: each probe carries the time it is
+    due (they leave at ``rate``/s from then on; a late one is still well inside the replay
+    window), and each names the previous one's placement as released, as a submitter that bound
+    elsewhere does (``wire.Probe.releases``: the release rides on its next probe to the node)."""
     from laminar.zone import wire
     from laminar.zone.keys import load_keys
 
-    keys = load_keys(args.keys)
-    dst = (args.dst, PORT)
-    sock = socket.socket(fileno=int(args.fd)) if args.fd else socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-    if args.role == "send":
-        enc = wire.Encoder(2, keys)
-        # each probe is also stamped by the kernel as it leaves (software TX timestamps on the
-        # error queue, numbered per send by SOF_TIMESTAMPING_OPT_ID), so that the reply can be
-        # timed from the wire, not from this sender's clock read before it encoded and sent
-        sock.setsockopt(socket.SOL_SOCKET, SO_TIMESTAMPING, TS_FLAGS)
-        t0 = time.perf_counter()
-        end = t0 + args.duration
-        k = 0
-        blocked = 0
-        interval = 1.0 / args.rate
-        prev: tuple[int, ...] = ()
-        sent_pids: list[int] = []  # in the order the kernel numbers them (tskey 0, 1, ...)
-        tx: dict[int, int] = {}  # tskey -> CLOCK_REALTIME ns the probe left
-        while True:
-            now = time.perf_counter()
-            if now >= end:
-                break
-            due = int((now - t0) / interval) + 1
-            while k < due:
-                pid = ((time.monotonic_ns() << 8) | (k & 0xFF)) & (2**64 - 1)
-                probe = wire.Probe(pid, 0, 10, 1, args.lease_ms, "", "", () if args.release_datagrams else prev)
-                try:
-                    sock.sendto(enc.encode(probe, 1, time.time()), dst)
-                    sent_pids.append(pid)
-                except BlockingIOError:
-                    blocked += 1
-                prev = (pid,)
-                k += 1
-            drain_tx_stamps(sock, tx)
-            time.sleep(max(0.0, t0 + k * interval - time.perf_counter()))
-        time.sleep(0.05)
-        drain_tx_stamps(sock, tx)
-        tx_by_pid = {str(pid): tx.get(i) for i, pid in enumerate(sent_pids)}
-        Path(args.out).write_text(json.dumps({"sent": k, "send_blocked": blocked,
-                                              "elapsed_s": time.perf_counter() - t0, "tx_ns": tx_by_pid}))
-        return 0
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4 << 20)
-    sock.bind(("0.0.0.0", 0))
-    sender = subprocess.Popen([sys.executable, str(Path(__file__).resolve()), "--generator", "--role", "send",
-                               "--keys", args.keys, "--dst", args.dst, "--rate", str(args.rate), "--duration",
-                               str(args.duration), "--fd", str(sock.fileno()), "--out", args.out + ".send",
-                               "--lease-ms", str(args.lease_ms)] + (["--release-datagrams"] if args.release_datagrams else []),
-                              pass_fds=[sock.fileno()])
-    enc = wire.Encoder(3, keys)
-    dec = wire.Decoder(keys, {1: 1, 2: 1, 3: 1})
-    sock.settimeout(0.2)
-    # each answer is timed at its arrival in this host's kernel (SO_TIMESTAMPNS, CLOCK_REALTIME,
-    # mapped onto CLOCK_MONOTONIC by their offset at start), so that this receiver's own
-    # scheduling on the shared CPUs is not timed as the agent's; the user-space clock is the
-    # fallback where the kernel gives no stamp
-    sock.setsockopt(socket.SOL_SOCKET, SO_TIMESTAMPNS, 1)
+    enc = wire.Encoder(2, load_keys(str(keys_file)))
+    t = time.perf_counter()
+    for _ in range(200):  # time a few, then plan the start past the signing of the rest
+        enc.encode(wire.Probe(base, 0, 10, 1, lease_ms, "", "", ()), 1, time.time())
+    per_probe = (time.perf_counter() - t) / 200
+    start = time.time() + 1.0 + 2.0 * per_probe * n
+    out = bytearray()
+    for k in range(n):
+        probe = wire.Probe(base + k, 0, 10, 1, lease_ms, "", "", (base + k - 1,) if k else ())
+        d = enc.encode(probe, 1, start + k / rate)
+        out += struct.pack("<H", len(d)) + d
+    path.write_bytes(bytes(out))
+    if time.time() > start - 0.3:
+        raise RuntimeError("footprint: signing the probes took longer than planned; run again")
+    return start
+
+
+def read_results(keys_file: Path, base: int, send_path: Path, recv_path: Path, window_s: float) -> dict[str, Any]:
+    """Check and decode lmgen's answers (the agent's wire codec, member node 1's signature) and
+    time each: from its probe's send time on the sender's clock (``lat_ms``), and from the wire
+    (``wire_lat_ms``): the probe's kernel TX stamp to its answer's kernel RX stamp (same host,
+    same CLOCK_REALTIME). A TX stamp whose number does not match its probe (the kernel numbered
+    a send that failed) shows as one before its probe was sent, or long after: those are
+    counted, and the wire figure is not reported if there are any."""
+    from laminar.zone import wire
+    from laminar.zone.keys import load_keys
+
+    raw = send_path.read_bytes()
+    sends = [struct.unpack_from("<qqq", raw, i) for i in range(0, len(raw), 24)]
+    n = len(sends)
+    # CLOCK_REALTIME - CLOCK_MONOTONIC, as lmgen's clocks were (same host, no step in between)
     offset_ns = time.time_ns() - time.monotonic_ns()
+    dec = wire.Decoder(load_keys(str(keys_file)), {1: 1, 2: 1, 3: 1}, window_s=window_s)
     lat: list[float] = []
     at: list[float] = []
-    start_ns = time.monotonic_ns()
-    offers = refusals = 0
-    kernel_stamped = 0
-    rx_by_pid: dict[int, int] = {}
-    end = time.monotonic() + args.duration + 1.5
-    while time.monotonic() < end:
+    wire_lat: list[float] = []
+    offers = refusals = tx_mismatch = kernel_stamped = 0
+    start_ns = sends[0][0] if n else 0
+    data = recv_path.read_bytes()
+    i = 0
+    while i + 18 <= len(data):
+        rx_real, t_read = struct.unpack_from("<qq", data, i)
+        (size,) = struct.unpack_from("<H", data, i + 16)
+        dgram = data[i + 18 : i + 18 + size]
+        i += 18 + size
         try:
-            data, anc, _flags, _addr = sock.recvmsg(2048, 256)
-        except TimeoutError:
-            continue
-        t = time.monotonic_ns()
-        rx_real = 0
-        for level, kind, payload in anc:
-            if level == socket.SOL_SOCKET and kind == SO_TIMESTAMPNS and len(payload) >= 16:
-                sec, nsec = struct.unpack_from("qq", payload)
-                rx_real = sec * 1_000_000_000 + nsec
-                t = rx_real - offset_ns
-                kernel_stamped += 1
-        try:
-            msg = dec.decode(data, time.time())
+            body = dec.decode(dgram, time.time()).body
         except wire.Dropped:
             continue
-        b = msg.body
-        if isinstance(b, wire.Offer | wire.Refuse):
-            lat.append((t - (b.placement_id >> 8)) / 1e6)
-            if rx_real:
-                rx_by_pid[b.placement_id] = rx_real
-            at.append(round(((b.placement_id >> 8) - start_ns) / 1e9, 4))
-            if isinstance(b, wire.Offer):
-                offers += 1
-                if args.release_datagrams:
-                    sock.sendto(enc.encode(wire.Release(b.placement_id), 1, time.time()), dst)
-            else:
-                refusals += 1
-    sender.wait(30)
-    sent = json.loads(Path(args.out + ".send").read_text())
-    # the wire's view: from the probe's kernel TX stamp to its answer's kernel RX stamp (same
-    # host, same CLOCK_REALTIME). A stamp whose number does not match its probe (the kernel
-    # numbered a send that failed) shows as one before its probe was stamped by the sender, or
-    # long after: those are counted and the wire figure is not reported if there are any.
-    tx_ns = sent.pop("tx_ns", {})
-    wire_lat: list[float] = []
-    tx_mismatch = 0
-    for pid, rx in rx_by_pid.items():
-        txn = tx_ns.get(str(pid))
-        if txn is None:
+        if not isinstance(body, wire.Offer | wire.Refuse):
             continue
-        if not 0 <= txn - offset_ns - (pid >> 8) < 1_000_000_000 or rx < txn:
-            tx_mismatch += 1
+        k = body.placement_id - base
+        if not 0 <= k < n or not sends[k][2]:
             continue
-        wire_lat.append((rx - txn) / 1e6)
-    Path(args.out).write_text(json.dumps({**sent, "answered": len(lat), "offers": offers, "refusals": refusals,
-                                          "kernel_stamped": kernel_stamped, "tx_stamped": len(wire_lat),
-                                          "tx_mismatch": tx_mismatch, "lat_ms": lat, "t_s": at,
-                                          "wire_lat_ms": wire_lat}))
-    return sender.returncode
+        send_ns, tx_real, _ok = sends[k]
+        offers += isinstance(body, wire.Offer)
+        refusals += isinstance(body, wire.Refuse)
+        t = rx_real - offset_ns if rx_real else t_read
+        kernel_stamped += bool(rx_real)
+        lat.append((t - send_ns) / 1e6)
+        at.append(round((send_ns - start_ns) / 1e9, 4))
+        if rx_real and tx_real:
+            if not 0 <= tx_real - offset_ns - send_ns < 1_000_000_000 or rx_real < tx_real:
+                tx_mismatch += 1
+                continue
+            wire_lat.append((rx_real - tx_real) / 1e6)
+    sent = sum(1 for x in sends if x[2])
+    elapsed = (sends[-1][0] - start_ns) / 1e9 + (1.0 / max(n, 1)) if n else 0.0
+    return {"sent": sent, "send_failed": n - sent, "elapsed_s": elapsed, "answered": len(lat), "offers": offers,
+            "refusals": refusals, "kernel_stamped": kernel_stamped, "tx_stamped": len(wire_lat),
+            "tx_mismatch": tx_mismatch, "lat_ms": lat, "t_s": at, "wire_lat_ms": wire_lat}
 
 
 # --------------------------------------------------------------------------- the benchmark
@@ -204,8 +149,7 @@ def pct(xs: list[float], q: float) -> float:
     return xs[min(len(xs) - 1, int(round(q * (len(xs) - 1))))] if xs else float("nan")
 
 
-def measure(quick: bool, rate: int, without_airlock: bool = False, release_datagrams: bool = False,
-            lease_ms: int = 100) -> dict[str, Any]:
+def measure(quick: bool, rate: int, without_airlock: bool = False, lease_ms: int = 100) -> dict[str, Any]:
     import psutil
     from conftest import delete_netns, kernel_ready, make_veth_pair
     from harness import ZoneAgent
@@ -229,8 +173,7 @@ def measure(quick: bool, rate: int, without_airlock: bool = False, release_datag
             zone = (f'[gpus]\ndeclared = 8\n\n[zone]\nnode_id = 1\nport = {PORT}\nkeys_file = "{keys}"\n'
                     f'cpus = 64\nmemory_mb = 64000\n\n'
                     f'[[zone.nodes]]\nid = 1\nzone = 1\naddr = "{addr_a}"\n\n'
-                    f'[[zone.nodes]]\nid = 2\nzone = 1\naddr = "{addr_b}"\n\n'
-                    f'[[zone.nodes]]\nid = 3\nzone = 1\naddr = "{addr_b}:7441"\n')
+                    f'[[zone.nodes]]\nid = 2\nzone = 1\naddr = "{addr_b}"\n')
             agent = ZoneAgent(tmp, ia, a, extra_toml=zone, node="fp-agent")
             agent.airlock = not without_airlock  # default: the whole agent, every component
             agent.start(wait=True, timeout=90)
@@ -246,23 +189,35 @@ def measure(quick: bool, rate: int, without_airlock: bool = False, release_datag
             c1, w1 = sum(proc.cpu_times()[:2]), time.monotonic()
             idle_pct = (c1 - c0) / (w1 - w0) * 100
             rss0 = proc.memory_info().rss / 2**20
-            t2 = proc.cpu_times()
-            c2, w2 = t2.user + t2.system, time.monotonic()
-            gen = b.popen(sys.executable, str(Path(__file__).resolve()), "--generator", "--role", "recv",
-                          "--keys", str(keys), "--dst", addr_a, "--rate", str(rate), "--duration", str(load_s),
-                          "--out", str(tmp / "gen.json"), "--lease-ms", str(lease_ms),
-                          *(["--release-datagrams"] if release_datagrams else []))
+            n = int(load_s * rate)
+            base = secrets.randbits(40) << 20  # placement ids base + k: unique to this run
+            lmgen = build_generator(tmp / "lmgen")
+            start = sign_probes(keys, n, rate, lease_ms, base, tmp / "probes.bin")
+            gen = b.popen(str(lmgen), addr_a, str(PORT), str(rate), str(int(start * 1e9)), str(tmp / "probes.bin"),
+                          str(tmp / "sends.bin"), str(tmp / "answers.bin"), "1500")
+            # the agent's CPU is read when the first probe is due and when the last is
             rss_samples = []
+            t2 = t3 = None
+            w2 = w3 = 0.0
+            last_rss = 0.0
             while gen.poll() is None:
-                rss_samples.append(proc.memory_info().rss / 2**20)
-                time.sleep(0.5)
-            t3 = proc.cpu_times()
-            c3, w3 = t3.user + t3.system, time.monotonic()
-            time.sleep(0.5)
-            rss1 = proc.memory_info().rss / 2**20
+                now = time.time()
+                if t2 is None and now >= start:
+                    t2, w2 = proc.cpu_times(), time.monotonic()
+                if t2 is not None and t3 is None and now >= start + n / rate:
+                    t3, w3 = proc.cpu_times(), time.monotonic()
+                if time.monotonic() - last_rss >= 0.5:
+                    rss_samples.append(proc.memory_info().rss / 2**20)
+                    last_rss = time.monotonic()
+                time.sleep(0.01)
             if gen.returncode != 0:
                 raise RuntimeError(f"load generator failed ({gen.returncode})")
-            g = json.loads((tmp / "gen.json").read_text())
+            if t2 is None or t3 is None:
+                raise RuntimeError("load generator ended before its load did")
+            c2, c3 = t2.user + t2.system, t3.user + t3.system
+            time.sleep(0.5)
+            rss1 = proc.memory_info().rss / 2**20
+            g = read_results(keys, base, tmp / "sends.bin", tmp / "answers.bin", time.time() - start + 60)
             g["unanswered"] = g["sent"] - g["answered"]
             stats = agent.json("zone", "stats")
         finally:
@@ -305,7 +260,9 @@ def measure(quick: bool, rate: int, without_airlock: bool = False, release_datag
         "idle_s": idle_s,
         "loadavg_1m_after": round(os.getloadavg()[0], 2),
         "components": "all" if not without_airlock else "all but airlock",
-        "releases": "datagrams" if release_datagrams else "on the next probe",
+        "releases": "on the next probe",
+        "probe_send_failed": g["send_failed"],
+        "generator": "bench/lmgen.c",
         "probe_lease_ms": lease_ms,
         "agent_nice": unit_nice(),
         "load_s": load_s,
@@ -349,20 +306,9 @@ def main() -> int:
     ap.add_argument("--rate", type=int, default=10_000, help="probes per second (default 10000)")
     ap.add_argument("--without-airlock", action="store_true",
                     help="diagnosis: run the agent without its Airlock component (to see what the rest costs)")
-    ap.add_argument("--release-datagrams", action="store_true",
-                    help="release every offer by a datagram (the earlier protocol) instead of on the next probe")
     ap.add_argument("--lease-ms", type=int, default=100, help="the probes' lease (default 100, the agents' lease_s)")
-    ap.add_argument("--generator", action="store_true", help=argparse.SUPPRESS)
-    ap.add_argument("--keys", help=argparse.SUPPRESS)
-    ap.add_argument("--role", choices=["send", "recv"], help=argparse.SUPPRESS)
-    ap.add_argument("--fd", help=argparse.SUPPRESS)
-    ap.add_argument("--dst", help=argparse.SUPPRESS)
-    ap.add_argument("--duration", type=float, default=10.0, help=argparse.SUPPRESS)
-    ap.add_argument("--out", help=argparse.SUPPRESS)
     args = ap.parse_args()
-    if args.generator:
-        return generator(args)
-    res = measure(args.quick, args.rate, args.without_airlock, args.release_datagrams, args.lease_ms)
+    res = measure(args.quick, args.rate, args.without_airlock, args.lease_ms)
     if args.plot:
         plot(res, args.plot)
     flat = {k: v for k, v in res.items() if not k.startswith("_")}
