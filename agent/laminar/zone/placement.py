@@ -457,10 +457,10 @@ def host_copies(buckets: Sequence[HostBucket], demand: Demand) -> float:
     total = 0.0
     for n, c, m in buckets:
         if c + EPS >= demand.cpus and m >= demand.memory_mb:
-            per = math.inf
-            if demand.cpus > 0:
+            per = math.inf  # an infinite corner (beyond the wire's field) bounds nothing
+            if demand.cpus > 0 and math.isfinite(c):
                 per = min(per, math.floor(c / demand.cpus + EPS))
-            if demand.memory_mb > 0:
+            if demand.memory_mb > 0 and math.isfinite(m):
                 per = min(per, math.floor(m / demand.memory_mb + EPS))
             total += n * per
     return total

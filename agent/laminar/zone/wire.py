@@ -522,6 +522,8 @@ def decode_body(mtype: MsgType, buf: bytes) -> Body:
         hints: list[tuple[int, ...]] = []
         if r.pos < len(buf):  # the optional hints
             (nh,) = r.take(_U8)
+            if nh == 0 and r.pos == len(buf):  # written only before host buckets: one encoding per body
+                raise Dropped(DropReason.MALFORMED, "zone-summary hints for 0 shapes and no host buckets")
             if nh > MAX_HINT_SHAPES:
                 raise Dropped(DropReason.MALFORMED, f"zone-summary hints for {nh} shapes > {MAX_HINT_SHAPES}")
             for _ in range(nh):
@@ -532,8 +534,8 @@ def decode_body(mtype: MsgType, buf: bytes) -> Body:
         hosts: list[tuple[tuple[int, int, int], ...]] = []
         if r.pos < len(buf):  # the optional host buckets
             (nh,) = r.take(_U8)
-            if nh > MAX_HOST_SHAPES:
-                raise Dropped(DropReason.MALFORMED, f"zone-summary hosts for {nh} shapes > {MAX_HOST_SHAPES}")
+            if not 0 < nh <= MAX_HOST_SHAPES:
+                raise Dropped(DropReason.MALFORMED, f"zone-summary hosts for {nh} shapes, must be 1..{MAX_HOST_SHAPES}")
             for _ in range(nh):
                 (k,) = r.take(_U8)
                 if k > MAX_HOST_BUCKETS:
