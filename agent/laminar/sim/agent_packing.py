@@ -24,8 +24,12 @@ What may differ from ``laminar-frag-wide`` (the point of running it):
   (:func:`~laminar.sim.allocation.workload_mix`, as the simulator does); ``mix="learned"``
   is the agent's default, the mix of the shapes probed at each node lately
   (:data:`laminar.zone.component.DEFAULT_FRAG_MIX` until 16 were seen);
-- the zones: the submitter takes the zones whose summaries' ``zone_fit`` is positive (the
-  slot estimate), where the simulator counts the nodes of each zone that can host the pod;
+- the zones: the submitter takes the zones whose summaries' ``zone_fit`` is positive, where
+  the simulator counts the nodes of each zone that can host the pod. ``zone_fit`` reads the
+  summaries' host buckets (:func:`laminar.zone.placement.host_buckets`: per shape, the nodes
+  with room grouped by free CPUs, with their largest free CPUs and memory), so a zone where no
+  node has GPU, CPU and memory room together says 0; a group's CPUs and memory may come from
+  two of its nodes, so it can still say a zone fits when none of its nodes can;
 - the arbiter's rounding: CPUs floored to milli-cores, the score's delta carried in
   micro-GPUs on the wire.
 
@@ -75,7 +79,9 @@ MIXES = ("workload", "learned")
 
 ZONE_CHOICES = ("summary", "exact")
 """How the submitter learns which zones can take a pod: ``summary`` (the agent: the zone
-summaries' ``zone_fit``), ``exact`` (a diagnostic, not the agent: the count of the zone's nodes
+summaries' ``zone_fit``, host buckets included; SimNet hands the submitter the summaries
+as computed, not their wire form, whose corners are rounded up to a tenth of a core and 64 MB),
+``exact`` (a diagnostic, not the agent: the count of the zone's nodes
 whose arbiter would accept the pod, what the simulator's ``laminar-frag-wide`` reads)."""
 
 assert ARRIVAL_GAP_S > LEASE_S + PROBE_TIMEOUT_S
