@@ -160,7 +160,7 @@ def measure(quick: bool, rate: int, without_airlock: bool = False, lease_ms: int
         raise SystemExit(f"footprint: cannot run here: {why}")
     idle_s = 10.0 if quick else 60.0
     load_s = 10.0 if quick else 60.0
-    created = []
+    created: list[str] = []
     agent = None
     with tempfile.TemporaryDirectory(prefix="lm-fp-") as tmpd:
         tmp = Path(tmpd)
