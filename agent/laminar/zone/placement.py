@@ -65,8 +65,8 @@ MAX_HINTS = 32
 # only crowd probes onto a few nodes.
 HINT_BELOW = 1.0
 
-# Host buckets of a zone summary (ZoneSummary.hosts): per shape, the nodes with room for it
-# grouped by free CPUs, largest first, in groups of HOST_BUCKET_SIZES nodes (the last group
+# Host buckets of a zone summary (ZoneSummary.hosts): per shape, the nodes that might host a
+# demand of its class (host_classes: e.g. a 0.3-GPU demand on a GPU with 0.4 free) grouped by free CPUs, largest first, in groups of HOST_BUCKET_SIZES nodes (the last group
 # takes the rest); each group is sent as (nodes, their largest free CPUs, their largest free
 # memory). Eight groups: on the wire 6 bytes a group, at most 7 x (1 + 8 x 6) = 343 bytes.
 HOST_BUCKET_SIZES: tuple[int, ...] = (1, 1, 2, 4, 8, 16, 32)
@@ -367,8 +367,8 @@ class ZoneSummary:
     (shape 0: how many nodes take a CPU-only job at all). ``cpus`` and ``memory_mb`` are the
     zone's free totals; ``gpu_models`` the GPU models present. ``nodes`` counts live nodes.
 
-    ``hosts[k]`` (empty when the summary has none: an older peer's) holds the nodes with room
-    for shape ``k`` as :data:`HostBucket` groups, so :func:`zone_fit` can count the nodes that
+    ``hosts[k]`` (empty when the summary has none: an older peer's) holds the nodes that might
+    host a demand of shape ``k``'s class (:func:`host_classes`) as :data:`HostBucket` groups, so :func:`zone_fit` can count the nodes that
     could host a demand (GPU, CPU and memory room on the same node) instead of summing the
     zone's resources; see :func:`host_buckets`.
     """
@@ -406,6 +406,32 @@ def shape_slots(node: NodeCapacity) -> tuple[int, ...]:
             out.append(sum(int((f + EPS) // s) for f in node.gpu_free))
         else:
             out.append(idle // int(s))
+    return tuple(out)
+
+
+def host_classes(node: NodeCapacity) -> tuple[bool, ...]:
+    """For each shape in :data:`SHAPES`, whether ``node`` might host a demand of that shape's
+    class: the GPU demands ``g`` that :func:`shape_index` files under it, ``SHAPES[k-1] < g <=
+    SHAPES[k]`` (shape 0: the CPU-only demands). GPU room only, and a necessary condition (an
+    upper bound on the hosts), never a sufficient one: a 0.3-GPU demand is filed under the 0.5
+    shape, and a node whose best GPU has 0.4 free can host it though it has no 0.5 slot, so it
+    is counted; :func:`allocate_gpus` decides. A draining node hosts nothing."""
+    if node.draining:
+        return tuple(False for _ in SHAPES)
+    free = node.gpu_free
+    best = max(free, default=0.0)
+    idle = sum(1 for f in free if f >= 1.0 - EPS)
+    total = sum(free)
+    out: list[bool] = []
+    lo = 0.0
+    for s in SHAPES:
+        if s == 0:
+            out.append(True)
+        elif s <= 1:  # a share of one GPU, more than lo: some GPU with more than lo free
+            out.append(best > lo + EPS / 2)
+        else:  # more than lo >= 1 GPUs: lo whole ones idle, and more than lo free in all
+            out.append(idle >= int(lo + EPS) and total > lo + EPS / 2)
+        lo = s
     return tuple(out)
 
 
@@ -478,8 +504,8 @@ def summarize_zone(zone: int, nodes: Iterable[NodeCapacity], issued_at: float = 
     per summary, never per placement. ``slots_of`` is :func:`shape_slots` (a caller that keeps
     node capacities unchanged between summaries may pass a memo of it).
 
-    With ``hosts`` (the default) the summary carries, per shape, the nodes with room for it
-    grouped by their free CPUs and memory (:attr:`ZoneSummary.hosts`, :func:`host_buckets`):
+    With ``hosts`` (the default) the summary carries, per shape, the nodes that might host a
+    demand of its class (:func:`host_classes`) grouped by their free CPUs and memory (:attr:`ZoneSummary.hosts`, :func:`host_buckets`):
     also O(nodes), once per summary; ``hosts=False`` gives the summary of the earlier protocol.
     """
     if hints < 0 or hints > MAX_HINTS:
@@ -495,11 +521,13 @@ def summarize_zone(zone: int, nodes: Iterable[NodeCapacity], issued_at: float = 
     rooms: list[list[tuple[float, float]]] = [[] for _ in SHAPES]  # (cpus, memory) of nodes with room
     for n in nodes:
         count += 1
-        room = (n.cpus, float(n.memory_mb))
+        if hosts:
+            room = (n.cpus, float(n.memory_mb))
+            for k, ok in enumerate(host_classes(n)):
+                if ok:
+                    rooms[k].append(room)
         for k, v in enumerate(slots_of(n)):
             slots[k] += v
-            if hosts and v > 0 and not n.draining:
-                rooms[k].append(room)
             if want and v > 0 and n.cpus > EPS and n.memory_mb > 0:
                 seen[k] += 1
                 if len(sample[k]) < want:
@@ -542,13 +570,15 @@ def shape_index(gpus: float) -> int | None:
 def zone_fit(summary: ZoneSummary, demand: Demand) -> float:
     """How many copies of ``demand`` the zone could take, estimated from its summary (>= 0).
 
-    The GPU slot count of the demand's shape, bounded by what the free CPUs and memory could
-    hold; when the summary carries host buckets (:attr:`ZoneSummary.hosts`), bounded also by
-    the copies the nodes with room for the shape could take each by their own CPUs and memory
-    (:func:`host_copies`): a zone where no node has GPU, CPU and memory room together gives
-    0, and a busy zone counts its hosts (near saturation, one copy each), not its summed
-    resources. A summary without them (an
-    older peer's) gives the slot estimate alone. A GPU model the zone lacks gives 0. It is an
+    The GPU slot count of the demand's shape (with host buckets, at least the nodes that might
+    host it: a 0.3-GPU demand fits a GPU with 0.4 free, which is no 0.5 slot), bounded by what
+    the free CPUs and memory could hold; when the summary carries host buckets
+    (:attr:`ZoneSummary.hosts`), bounded also by the copies the nodes that might host the
+    demand's class could take each by their own CPUs and memory (:func:`host_copies`): a zone
+    where no node has GPU, CPU and memory room together gives 0, and a busy zone counts its
+    hosts (near saturation, one copy each), not its summed resources. Never below the number
+    of nodes that can host the demand. A summary without them (an older peer's) gives the
+    slot estimate alone. A GPU model the zone lacks gives 0. It is an
     estimate (an upper bound, as stale as the summary): arbitration on the node has the last
     word.
     """
@@ -559,6 +589,8 @@ def zone_fit(summary: ZoneSummary, demand: Demand) -> float:
     if k is None:
         return 0.0
     fit = float(summary.slots[k])
+    if k < len(summary.hosts):  # each node that can host the demand takes one copy at least
+        fit = max(fit, float(hosts_fit(summary.hosts[k], demand)))
     if demand.cpus > 0:
         fit = min(fit, summary.cpus / demand.cpus)
     if demand.memory_mb > 0:
