@@ -1,7 +1,7 @@
 """Benchmark: capacity loaning + elastic scaling (Laminar) vs the same cluster without them.
 
     python bench/loaning.py [--quick] [--json PATH] [--plot PATH] [--trace DATA_DIR] [--seed N]
-                            [--allocation-only] [--procs N]
+                            [--seeds N] [--allocation-only] [--procs N]
 
 Three experiments, all in the trace-driven simulator (``laminar.sim``) running the zone
 layer's policy code; the cluster is a fake (simulated nodes), the jobs come from the traces:
@@ -23,7 +23,8 @@ layer's policy code; the cluster is a fake (simulated nodes), the jobs come from
 
 Keys: ``queuing_speedup`` and ``jct_speedup`` (noloan mean / laminar mean over the openb GPU
 jobs; ``*_all_jobs`` with the CPU-only pods too), ``usage_gain_pct`` (relative gain in cluster
-usage, openb), ``jct_speedup_ceiling`` and ``usage_gain_ceiling_pct`` (what no policy can beat
+usage, openb; with ``--seeds N`` also ``*_median`` and ``*_per_seed`` over seeds SEED..SEED+N-1,
+since the queue of a cluster near saturation swings with the seed), ``jct_speedup_ceiling`` and ``usage_gain_ceiling_pct`` (what no policy can beat
 on the job mix), ``allelastic_*`` (every whole-GPU job elastic, a sensitivity run), ``allocation_ratio_130pct``
 (Laminar's best placement, :data:`BEST`, mean over the paper's seeds 42..51, with ``_sd``,
 ``_min``, ``_max``, ``_per_seed``; ``_probe``: the plain probe placement; ``_our_fgd`` and
@@ -154,6 +155,9 @@ def main() -> int:
     ap.add_argument("--trace", type=Path, default=default_data_dir())
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--load", type=float, default=1.0, help="offered load on the openb training pool")
+    ap.add_argument("--seeds", type=int, default=1,
+                    help="also run the openb laminar/noloan pair on seeds SEED+1.. up to N seeds in all, and report "
+                         "each headline ratio's median and per-seed values (queuing near saturation swings with the seed)")
     ap.add_argument("--allocation-only", action="store_true",
                     help="only experiment 3 (the 10-seed allocation evaluation unless --quick)")
     ap.add_argument("--procs", type=int, default=min(2, os.cpu_count() or 1),
@@ -161,6 +165,8 @@ def main() -> int:
     args = ap.parse_args()
     if args.procs < 1:
         ap.error(f"--procs {args.procs}: want at least 1")
+    if args.seeds < 1:
+        ap.error(f"--seeds {args.seeds}: want at least 1")
     data = args.trace
     t0 = time.monotonic()
     res: dict[str, float | str] = {}
@@ -219,6 +225,23 @@ def main() -> int:
                openb_laminar_elastic_grants=lam.elastic_grants)
     if "requeue" in ob:
         res.update(openb_requeue_lost_gpu_h=round(ob["requeue"].lost_gpu_s / 3600, 1))
+    if args.seeds > 1:  # the headline pair again on more seeds: medians and per-seed values
+        per: dict[str, list[float]] = {"queuing_speedup": [], "jct_speedup": [], "usage_gain_pct": []}
+        for sd in range(args.seed, args.seed + args.seeds):
+            if sd == args.seed:
+                lm, nl = lam, nol
+            else:
+                sj, sn = build_scenario(data / "openb_pod_list_default.csv", load=args.load, seed=sd,
+                                        max_jobs=n_jobs, span_s=7 * 86_400 * n_jobs / n_all)
+                pr2 = run_pair(sj, sn, ["laminar", "noloan"], sd)
+                lm, nl = pr2["laminar"], pr2["noloan"]
+            per["queuing_speedup"].append(round(ratio(nl.avg_queue_gpu_s, lm.avg_queue_gpu_s), 3))
+            per["jct_speedup"].append(round(ratio(nl.avg_jct_gpu_s, lm.avg_jct_gpu_s), 3))
+            per["usage_gain_pct"].append(round(100 * (lm.usage - nl.usage) / nl.usage, 2))
+        for key, vals in per.items():
+            res[f"{key}_median"] = round(statistics.median(vals), 3)
+            res[f"{key}_per_seed"] = " ".join(str(v) for v in vals)
+        res.update(openb_seeds=f"{args.seed}..{args.seed + args.seeds - 1}")
     # Sensitivity to the scenario's elasticity (the trace has none): every whole-GPU job elastic.
     ej, en = build_scenario(data / "openb_pod_list_default.csv", load=args.load, seed=args.seed,
                             max_jobs=n_jobs, span_s=7 * 86_400 * n_jobs / n_all, elastic_fraction=1.0)
