@@ -135,7 +135,8 @@ def read_results(keys_file: Path, base: int, send_path: Path, recv_path: Path, w
                 continue
             wire_lat.append((rx_real - tx_real) / 1e6)
     sent = sum(1 for x in sends if x[2])
-    elapsed = (sends[-1][0] - start_ns) / 1e9 + (1.0 / max(n, 1)) if n else 0.0
+    # the span of n sends is n - 1 intervals: the rate is the sends per interval
+    elapsed = (sends[-1][0] - start_ns) / 1e9 * n / (n - 1) if n > 1 else 0.0
     return {"sent": sent, "send_failed": n - sent, "elapsed_s": elapsed, "answered": len(lat), "offers": offers,
             "refusals": refusals, "kernel_stamped": kernel_stamped, "tx_stamped": len(wire_lat),
             "tx_mismatch": tx_mismatch, "lat_ms": lat, "t_s": at, "wire_lat_ms": wire_lat}
@@ -237,7 +238,7 @@ def measure(quick: bool, rate: int, without_airlock: bool = False, lease_ms: int
         "load_cpu_user_pct": round((t3.user - t2.user) / (w3 - w2) * 100, 1),  # Python
         "load_cpu_sys_pct": round((t3.system - t2.system) / (w3 - w2) * 100, 1),  # the kernel's share
         "probe_rate_target": rate,
-        "probe_rate_sent": round(g["sent"] / g["elapsed_s"]),
+        "probe_rate_sent": round(g["sent"] / g["elapsed_s"]) if g["elapsed_s"] else 0,
         "probes_answered": g["answered"],
         "probes_unanswered": g["unanswered"],
         "probe_reply_kernel_stamped": g.get("kernel_stamped", 0),
