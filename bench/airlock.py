@@ -39,6 +39,7 @@ import os
 import random
 import re
 import secrets
+import shutil
 import signal
 import subprocess
 import sys
@@ -196,6 +197,7 @@ class Storm:
                 await jm.stop()
             self.tree.purge()
             store.close()
+            shutil.rmtree(tmp, ignore_errors=True)  # the run's store, job logs and checkpoints
         return self.result()
 
     def earlyoom_picks(self, eo: subprocess.Popen[str]) -> None:
