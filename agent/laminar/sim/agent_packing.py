@@ -27,7 +27,7 @@ What may differ from ``laminar-frag-wide`` (the point of running it):
 - the zones: the submitter takes the zones whose summaries' ``zone_fit`` is positive, where
   the simulator counts the nodes of each zone that can host the pod. ``zone_fit`` reads the
   summaries' host buckets (:func:`laminar.zone.placement.host_buckets`: per shape, the nodes
-  with room grouped by free CPUs, with their largest free CPUs and memory), so a zone where no
+  that might host a demand of its class grouped by free CPUs, with their largest free CPUs and memory), so a zone where no
   node has GPU, CPU and memory room together says 0; a group's CPUs and memory may come from
   two of its nodes, so it can still say a zone fits when none of its nodes can;
 - the arbiter's rounding: CPUs floored to milli-cores, the score's delta carried in

@@ -436,8 +436,8 @@ def host_classes(node: NodeCapacity) -> tuple[bool, ...]:
 
 
 def host_buckets(rooms: Sequence[tuple[float, float]]) -> tuple[HostBucket, ...]:
-    """The nodes with room for one shape, given as their ``(free cpus, free memory_mb)``,
-    grouped for a zone summary: ordered by free CPUs (then memory), largest first, the first
+    """The nodes that might host one shape's class (:func:`host_classes`), given as their
+    ``(free cpus, free memory_mb)``, grouped for a zone summary: ordered by free CPUs (then memory), largest first, the first
     groups of :data:`HOST_BUCKET_SIZES` nodes and the rest in one last group, each as
     ``(nodes, largest cpus, largest memory_mb)`` of its members. O(n) (a partial selection of
     the 64 largest, not a sort of all of them); ``()`` for no node.
@@ -462,8 +462,9 @@ def host_buckets(rooms: Sequence[tuple[float, float]]) -> tuple[HostBucket, ...]
     if rest > 0:  # the nodes below the 64 largest: one group, its corner found in one pass
         cut = head[-1]
         below = [r for r in rooms if r < cut]
-        tied = [cut] if len(below) < rest else []  # nodes equal to the head's last, left out of it
-        out.append((rest, max(c for c, _ in below + tied), max(m for _, m in below + tied)))
+        if len(below) < rest:  # nodes equal to the head's last, left out of it
+            below.append(cut)
+        out.append((rest, max(c for c, _ in below), max(m for _, m in below)))
     return tuple(out)
 
 
@@ -518,7 +519,7 @@ def summarize_zone(zone: int, nodes: Iterable[NodeCapacity], issued_at: float = 
     want = hints if rng is not None else 0
     sample: list[list[int]] = [[] for _ in SHAPES]  # a reservoir per shape
     seen = [0] * len(SHAPES)
-    rooms: list[list[tuple[float, float]]] = [[] for _ in SHAPES]  # (cpus, memory) of nodes with room
+    rooms: list[list[tuple[float, float]]] = [[] for _ in SHAPES]  # (cpus, memory) of the nodes in each class
     for n in nodes:
         count += 1
         if hosts:

@@ -194,7 +194,7 @@ class ZoneSummaryMsg:
     decodes with no hints).
 
     ``hosts[k]`` (a second optional trailing field, after the hints; a body without it decodes
-    with none) groups the nodes with room for shape ``k``, each group as ``(nodes, cpus_deci,
+    with none) groups the nodes that might host a demand of shape ``k``'s class, each group as ``(nodes, cpus_deci,
     memory_64mb)``: its node count and the largest free CPUs (tenths of a core) and free memory
     (64 MB units) among its nodes, rounded up; :data:`HOST_MORE` in a unit field means "at
     least that much" (:func:`laminar.zone.placement.host_buckets`). Decoders that predate the
