@@ -44,6 +44,14 @@ static void die(const char *what) {
     exit(1);
 }
 
+static void *xalloc(void *p) {
+    if (!p) {
+        fprintf(stderr, "lmgen: out of memory\n");
+        exit(1);
+    }
+    return p;
+}
+
 static void drain_tx(int fd, int64_t *tx_by_key, size_t nkeys) {
     char ctrl[512];
     for (;;) {
@@ -76,17 +84,17 @@ static int sender(int fd, struct sockaddr_in *dst, long rate, int64_t start_real
     if (!f)
         die(in);
     size_t cap = 1 << 16, n = 0;
-    unsigned char **dg = malloc(cap * sizeof *dg);
-    uint16_t *len = malloc(cap * sizeof *len);
+    unsigned char **dg = xalloc(malloc(cap * sizeof *dg));
+    uint16_t *len = xalloc(malloc(cap * sizeof *len));
     unsigned char hdr[2];
     while (fread(hdr, 1, 2, f) == 2) {
         if (n == cap) {
             cap *= 2;
-            dg = realloc(dg, cap * sizeof *dg);
-            len = realloc(len, cap * sizeof *len);
+            dg = xalloc(realloc(dg, cap * sizeof *dg));
+            len = xalloc(realloc(len, cap * sizeof *len));
         }
         len[n] = (uint16_t)(hdr[0] | hdr[1] << 8);
-        dg[n] = malloc(len[n]);
+        dg[n] = xalloc(malloc(len[n] ? len[n] : 1));
         if (fread(dg[n], 1, len[n], f) != len[n]) {
             fprintf(stderr, "lmgen: %s: truncated probe %zu\n", in, n);
             return 1;
@@ -94,9 +102,9 @@ static int sender(int fd, struct sockaddr_in *dst, long rate, int64_t start_real
         n++;
     }
     fclose(f);
-    int64_t *send_ns = calloc(n + 1, sizeof *send_ns), *ok = calloc(n + 1, sizeof *ok);
-    int64_t *tx_by_key = calloc(n + 1, sizeof *tx_by_key);
-    size_t *key_of = calloc(n + 1, sizeof *key_of);  // the kernel's number of each probe's send
+    int64_t *send_ns = xalloc(calloc(n + 1, sizeof *send_ns)), *ok = xalloc(calloc(n + 1, sizeof *ok));
+    int64_t *tx_by_key = xalloc(calloc(n + 1, sizeof *tx_by_key));
+    size_t *key_of = xalloc(calloc(n + 1, sizeof *key_of));  // the kernel's number of each probe's send
     int flags = SOF_TIMESTAMPING_TX_SOFTWARE | SOF_TIMESTAMPING_SOFTWARE | SOF_TIMESTAMPING_OPT_ID |
                 SOF_TIMESTAMPING_OPT_TSONLY;
     if (setsockopt(fd, SOL_SOCKET, SO_TIMESTAMPING, &flags, sizeof flags) < 0)
