@@ -210,7 +210,8 @@ def test_idle_gpus_go_to_elastic_jobs_by_the_knapsack_and_are_revoked_when_busy(
         assert sum(o.gpus for o in plan.values()) == 2
         granted = comp.loan.granted_gpus()
         assert granted == {2, 3}
-        assert comp.arbiter.view(comp.clock()).gpu_free == (0.0, 0.0, 0.0, 0.0)  # granted GPUs are taken
+        # granted GPUs stay free for placements (a hand-over sheds them), but are not idle
+        assert comp.arbiter.view(comp.clock()).gpu_free == (0.0, 0.0, 1.0, 1.0)
         for jid in ("e1", "e2"):
             f = workers_file(jobs.state_dir, jid)
             w = json.loads(f.read_text())
@@ -227,3 +228,36 @@ def test_idle_gpus_go_to_elastic_jobs_by_the_knapsack_and_are_revoked_when_busy(
     run(comp, check)
     monkeypatch.delenv("LAMINAR_WORKERS_FILE")
     assert jobkit.workers(default=4) == 4
+
+
+def test_grants_come_from_the_top_and_give_way_to_placements_and_local_jobs(tmp_path, monkeypatch):
+    jobs = StandInJobs(tmp_path / "state")
+    jobs.jobs["e"] = StandInJob("e", JobSpec(["sleep", "1"], elastic_min=1, elastic_max=2).validate(), [0])
+    comp = make_comp(tmp_path, jobs=jobs, gpus=4)
+
+    def workers() -> dict[str, Any]:
+        return dict(json.loads(workers_file(jobs.state_dir, "e").read_text()))
+
+    def check() -> None:
+        comp.refresh_inventory()
+        plan = comp.loan.elastic_round()
+        assert plan["e"].gpus == 1 and comp.loan.granted_gpus() == {3}  # the highest idle GPU
+        assert workers()["workers"] == 2 and workers()["gpus"] == [0, 3]
+        # a placement takes the lowest free GPUs: an idle one first, no grant shed
+        offer = probe(comp, "training", 21)
+        assert isinstance(offer, wire.Offer) and [i for i, _ in offer.gpu_alloc] == [1]
+        # shedding gives the GPU back: the job is told one worker again, and it is free
+        assert comp.loan.shed({3, 2}, "test") == {"e": [3]}
+        assert comp.loan.granted_gpus() == set() and comp.loan.counts["sheds"] == 1
+        assert workers()["workers"] == 1 and workers()["gpus"] == [0] and "test" in workers()["reason"]
+        assert comp.loan.shed({3}, "again") == {}  # nothing granted: nothing to shed, no file change
+        # granted again (GPU 3, the offer holds GPU 1); then a local job starts on GPU 3 without the
+        # zone: the next round sheds it and grants nothing else (GPU 2 goes, the job is at its max)
+        assert comp.loan.elastic_round()["e"].gpus == 1 and comp.loan.granted_gpus() == {3}
+        jobs.jobs["local"] = StandInJob("local", JobSpec(["sleep", "1"]).validate(), [3])
+        comp.refresh_inventory()
+        comp.loan.elastic_round()
+        assert comp.loan.granted_gpus() == {2} and workers()["gpus"] == [0, 2]
+        assert comp.loan.counts["sheds"] == 2
+
+    run(comp, check)

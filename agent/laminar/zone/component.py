@@ -1280,11 +1280,8 @@ class ZoneComponent:
                         gpu[inv_gpus.index(g)] = 0.0
                 cpus -= float(j.spec.cpus or 0.0)
                 mem -= int(j.spec.memory_mb or 0)
-        loan: LoanManager | None = getattr(self, "loan", None)
-        if loan is not None:  # GPUs granted to elastic jobs are taken
-            for g in loan.granted_gpus():
-                if g in inv_gpus:
-                    gpu[inv_gpus.index(g)] = 0.0
+        # GPUs granted to elastic jobs stay free here: a placement may take them, and the
+        # hand-over sheds them (LoanManager.shed) before its job starts
         model = s["gpu_model"] or None
         if model is None and jobs is not None and getattr(jobs, "inventory", None) is not None and jobs.inventory.gpus:
             model = jobs.inventory.gpus[0].name if jobs.inventory.source == "nvml" else None
@@ -1492,6 +1489,9 @@ class ZoneComponent:
         if self._jobs is None:
             self.arbiter.unbind(pid)
             return wire.HandoverAck(pid, HANDOVER_ERROR, "this node runs no job manager")
+        # GPUs granted to elastic jobs are taken back first (their extra workers scale in)
+        self.loan.shed({self.gpu_index[i] for i, _ in p.reservation.gpu_alloc if i < len(self.gpu_index)},
+                       f"placement {pid:016x} from node {sender} takes the GPU")
         migrate = getattr(self.agent, "migrate", None)
         if spec.resume_from and migrate is not None and hasattr(migrate, "check_resume"):
             try:  # a migrated job: its checkpoint is verified here, right before LAMINAR_RESUME_FROM

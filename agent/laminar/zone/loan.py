@@ -36,8 +36,13 @@ the checkpoint (the path must be reachable where the job lands: shared storage).
 elastic jobs (``elastic_min``/``elastic_max`` in the job spec; one worker per GPU) with
 :func:`laminar.zone.elastic.allocate_elastic`. A job learns its worker count from the JSON file
 ``LAMINAR_WORKERS_FILE`` names (``{"workers": n, "gpus": [...]}``), rewritten atomically, and a
-``SIGUSR2``; :func:`laminar.jobkit.workers` reads it. Granted GPUs count as taken in the node's
-capacity. A node that stops being free for it (busy inference, returned) revokes the grants.
+``SIGUSR2``; :func:`laminar.jobkit.workers` reads it. A grant is on loan to the elastic job,
+not taken: the node still offers granted GPUs to placements, and a job handed over onto them
+**sheds** them (the elastic jobs holding them are told their smaller worker count before the
+new job starts), as a queued job takes an elastic job's extra workers in Aryl's design. Grants
+take idle GPUs from the highest index down and placements take GPUs from the lowest up, so a
+placement sheds only when no other idle GPU is left. A GPU a local job took is shed at the
+next round. A node that stops being free for it (busy inference, returned) revokes the grants.
 """
 
 from __future__ import annotations
@@ -183,7 +188,7 @@ class LoanManager:
         self._answered: OrderedDict[tuple[int, int], wire.LoanAnswer] = OrderedDict()
         self._tasks: set[asyncio.Task[Any]] = set()
         self.counts: dict[str, int] = {"loans": 0, "loan_refusals": 0, "queries": 0, "returns": 0, "requeued": 0,
-                                       "grants": 0, "revokes": 0}
+                                       "grants": 0, "revokes": 0, "sheds": 0}
 
     # -- life cycle --------------------------------------------------------------------------
 
@@ -513,8 +518,35 @@ class LoanManager:
     # -- elastic scaling ------------------------------------------------------------------------------
 
     def granted_gpus(self) -> set[int]:
-        """GPU indices granted to elastic jobs (the node's capacity counts them as taken)."""
+        """GPU indices granted to elastic jobs (free for placements, which shed them)."""
         return {g for gs in self.grants.values() for g in gs}
+
+    def shed(self, gpus: set[int] | list[int], why: str) -> dict[str, list[int]]:
+        """Take ``gpus`` back from the elastic jobs granted them, for a job that starts on them:
+        each such job is told its smaller worker count (file + ``SIGUSR2``) before this returns.
+        Returns job id -> the GPUs taken from it (empty when none was granted)."""
+        want = set(gpus)
+        taken: dict[str, list[int]] = {}
+        for job_id, extra in list(self.grants.items()):
+            hit = [g for g in extra if g in want]
+            if not hit:
+                continue
+            keep = [g for g in extra if g not in want]
+            if keep:
+                self.grants[job_id] = keep
+            else:
+                del self.grants[job_id]
+            taken[job_id] = hit
+            self.counts["sheds"] += 1
+            job = self._jobs.get(job_id) if self._jobs is not None else None
+            if job is not None and job.active:
+                workers = max(job.spec.elastic_min or 1, len(job.gpus or [])) + len(keep)
+                self.tell_workers(job, workers, f"scale in: {why}")
+                self.zone._emit(f"elastic: job {job_id} scaled in to {workers} worker(s), GPU(s) {hit} shed ({why})",
+                                job=job_id, workers=workers, gpus=hit)
+        if taken:
+            self._save("grants", self.grants)
+        return taken
 
     def _elastic_jobs(self) -> list[Any]:
         jobs = self._jobs
@@ -577,14 +609,19 @@ class LoanManager:
                 del self.grants[job_id]
                 self.workers.pop(job_id, None)
                 changed = True
+        # a job started on a granted GPU without the zone (a local submit): its GPUs are shed now
+        held = {g for j in jobs.active() for g in (getattr(j, "gpus", None) or [])}
+        if self.shed(held & self.granted_gpus(), "a local job took the GPU"):
+            changed = True
         if not self.may_grant:
             if changed:
                 self._save("grants", self.grants)
             return {}
         self.zone.refresh_inventory()
         view = self.zone.arbiter.view(self.zone.clock())
+        granted = self.granted_gpus()  # free in the view (placements may shed them), not idle
         idle = [self.zone.gpu_index[i] for i, f in enumerate(view.gpu_free)
-                if f >= 1.0 - pl.EPS and i < len(self.zone.gpu_index)]
+                if f >= 1.0 - pl.EPS and i < len(self.zone.gpu_index) and self.zone.gpu_index[i] not in granted]
         cands = self._elastic_jobs()
         if not idle or not cands:
             if changed:
@@ -600,7 +637,9 @@ class LoanManager:
             opt = plan.get(j.id)
             if opt is None:
                 continue
-            take, idle = idle[:opt.gpus], idle[opt.gpus:]
+            # from the highest index down: placements take the lowest first (allocate_gpus), so
+            # they shed a grant only when no other idle GPU is left
+            take, idle = sorted(idle[len(idle) - opt.gpus:]), idle[:len(idle) - opt.gpus]
             self.grants.setdefault(j.id, []).extend(take)
             workers = max(j.spec.elastic_min or 1, len(j.gpus)) + len(self.grants[j.id])
             self.tell_workers(j, workers, "scale out: idle GPUs granted")
