@@ -99,3 +99,28 @@ def test_cli_bad_input_exits_2_with_the_message(tmp_path: Path) -> None:
     r = subprocess.run([sys.executable, "-m", "laminar.sim.cli", "--trace", str(p)], capture_output=True, text=True)
     assert r.returncode == 2
     assert "openb_pod_list_x.csv:1: missing column" in r.stderr
+
+
+def test_scenario_pool_sample_shifts_to_host_the_largest_pod(tmp_path: Path) -> None:
+    """A small training pool (every k-th node) that would miss the only node big enough for a
+    pod starts its sample at the next offset; with no offset that can host every pod, the error
+    names the node list and the step."""
+    from laminar.sim.cli import build_scenario
+
+    small = "".join(f"p{i},1000,100,1,1000,,BE,Running,{i * 10},{i * 10 + 3600},{i * 10}\n" for i in range(40))
+    pods = write(tmp_path, "openb_pod_list_default.csv", HEADER + small + "big,1000,100,8,1000,,BE,Running,5,3605,5\n")
+    head = "sn,cpu_milli,memory_mib,gpu,model\n"
+    # 15 GPUs, 48 GPU-hours over one hour at load 10: every 3rd node; the 8-GPU node is n4
+    write(tmp_path, "openb_node_list_gpu_node.csv",
+          head + "".join(f"n{i},64000,100000,{8 if i == 4 else 1},T4\n" for i in range(8)))
+    jobs, nodes = build_scenario(pods, load=10.0, span_s=3600.0)
+    training = [n.name for n in nodes if n.pool == "training"]
+    assert training == ["n1", "n4", "n7"] and len(jobs) == 41
+    # a pod that needs n2 (8 GPUs) and one that needs n3 (the memory): every other node
+    # never holds both
+    pods = write(tmp_path, "openb_pod_list_default.csv", HEADER + small + "big,1000,100,8,1000,,BE,Running,5,3605,5\n"
+                 "fat,1000,800000,1,1000,,BE,Running,6,3606,6\n")
+    write(tmp_path, "openb_node_list_gpu_node.csv", head + "".join(
+        f"n{i},64000,{900000 if i == 3 else 100000},{8 if i == 2 else 1},T4\n" for i in range(8)))
+    with pytest.raises(TraceError, match=r"\(1 node in 2\): no node can fit job (big|fat)"):
+        build_scenario(pods, load=6.5, span_s=3600.0)

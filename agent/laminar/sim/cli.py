@@ -50,7 +50,8 @@ def build_scenario(
 
     openb: the jobs' arrivals are re-timed to a Poisson process over ``span_s`` (their trace
     order kept), and the training pool is every k-th GPU node of the node list, k chosen so
-    the jobs offer ``load`` of the pool's GPUs over the span; the inference pool is 8-GPU
+    the jobs offer ``load`` of the pool's GPUs over the span (from the first node, or the
+    first offset whose sample can host every job); the inference pool is 8-GPU
     servers with as many GPUs.
     Pods still running at the snapshot's end carry the snapshot's end as their deletion time,
     so their durations are censored, not measured: durations are capped at ``max_duration_s``.
@@ -74,8 +75,16 @@ def build_scenario(
         work = sum(max(j.gpus, 0.01) * j.duration for j in jobs)
         target = work / (span_s * load)
         step = max(1, round(sum(n.gpus for n in all_nodes) / target))
-        training = [n for i, n in enumerate(all_nodes) if i % step == 0]
-        check_fit(jobs, training, f"{npath.name} (1 node in {step})")
+        # every step-th node, from the first offset whose sample can host every job (a small
+        # pool may miss the few nodes the largest pods need)
+        for offset in range(step):
+            training = all_nodes[offset::step]
+            try:
+                check_fit(jobs, training, f"{npath.name} (1 node in {step})")
+                break
+            except TraceError:
+                if offset == step - 1:
+                    raise
         gpus = sum(n.gpus for n in training)
         jobs = rescale_arrivals(jobs, work / span_s, 1.0, seed)
         n_inf = max(1, gpus // 8) if inference_nodes is None else inference_nodes
