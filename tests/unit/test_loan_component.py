@@ -261,3 +261,43 @@ def test_grants_come_from_the_top_and_give_way_to_placements_and_local_jobs(tmp_
         assert comp.loan.counts["sheds"] == 2
 
     run(comp, check)
+
+
+def test_a_job_is_signalled_only_once_it_catches_sigusr2(tmp_path):
+    """SIGUSR2's default action kills: a job still starting (no handler yet) is told by its
+    file only, and signalled at a later round once it catches SIGUSR2 (real processes)."""
+    import subprocess
+    import sys
+
+    starting = subprocess.Popen(["sleep", "30"])
+    catching = subprocess.Popen([sys.executable, "-c", "import signal, time\n"
+                                 "signal.signal(signal.SIGUSR2, lambda *a: print('usr2', flush=True))\n"
+                                 "print('ready', flush=True)\ntime.sleep(30)\n"],
+                                stdout=subprocess.PIPE, text=True)
+    try:
+        assert catching.stdout is not None and catching.stdout.readline().strip() == "ready"
+        jobs = StandInJobs(tmp_path / "state")
+        jobs.jobs["e"] = StandInJob("e", JobSpec(["sleep", "1"], elastic_min=1, elastic_max=2).validate(), [0],
+                                    pid=starting.pid)
+        comp = make_comp(tmp_path, jobs=jobs, gpus=2)
+
+        def check() -> None:
+            comp.refresh_inventory()
+            assert comp.loan.elastic_round()["e"].gpus == 1
+            assert json.loads(workers_file(jobs.state_dir, "e").read_text())["workers"] == 2
+            assert starting.poll() is None  # not killed by a SIGUSR2 it does not catch
+            assert comp.loan.elastic_round() == {}
+            with pytest.raises(subprocess.TimeoutExpired):  # still alive: a SIGUSR2 would have killed it
+                starting.wait(timeout=0.3)
+            # the job's process now catches SIGUSR2 (here: another real process stands in for it)
+            jobs.jobs["e"].pid = catching.pid
+            comp.loan.elastic_round()
+            assert catching.stdout is not None and catching.stdout.readline().strip() == "usr2"
+            comp.loan.shed({1}, "test")  # a later change is signalled at once
+            assert catching.stdout.readline().strip() == "usr2"
+
+        run(comp, check)
+    finally:
+        for p in (starting, catching):
+            p.kill()
+            p.wait()

@@ -36,7 +36,8 @@ the checkpoint (the path must be reachable where the job lands: shared storage).
 elastic jobs (``elastic_min``/``elastic_max`` in the job spec; one worker per GPU) with
 :func:`laminar.zone.elastic.allocate_elastic`. A job learns its worker count from the JSON file
 ``LAMINAR_WORKERS_FILE`` names (``{"workers": n, "gpus": [...]}``), rewritten atomically, and a
-``SIGUSR2``; :func:`laminar.jobkit.workers` reads it. A grant is on loan to the elastic job,
+``SIGUSR2`` once the job has a handler for it (never before: its default action kills);
+:func:`laminar.jobkit.workers` reads it. A grant is on loan to the elastic job,
 not taken: the node still offers granted GPUs to placements, and a job handed over onto them
 **sheds** them (the elastic jobs holding them are told their smaller worker count before the
 new job starts), as a queued job takes an elastic job's extra workers in Aryl's design. Grants
@@ -57,6 +58,7 @@ from collections import OrderedDict
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from laminar.migrate.ckpt_driver import catches_signal
 from laminar.zone import elastic as el
 from laminar.zone import loaning as ln
 from laminar.zone import placement as pl
@@ -182,6 +184,7 @@ class LoanManager:
         self.returned = False
         self.grants: dict[str, list[int]] = {}  # job id -> extra GPU indices granted
         self.workers: dict[str, int] = {}  # job id -> worker count last told
+        self._unsignalled: set[str] = set()  # told a new count before catching SIGUSR2
         self.requeues: dict[str, dict[str, Any]] = {}  # job id -> its requeue's progress
         self.last_plan: dict[str, Any] | None = None
         self._pending: dict[int, asyncio.Future[tuple[int, bytes]]] = {}
@@ -560,7 +563,10 @@ class LoanManager:
         return not self.lends or self.loanable
 
     def tell_workers(self, job: Any, workers: int, reason: str) -> None:
-        """Write the job's worker count (atomically) and send it SIGUSR2."""
+        """Write the job's worker count (atomically) and send it SIGUSR2 if it has a handler
+        for it (``SigCgt``): SIGUSR2's default action would kill a job still starting (importing
+        its framework) or one without the contract. A job not signalled is signalled by a later
+        round once it catches SIGUSR2 (:meth:`_signal_late`); the file holds the count anyway."""
         path = workers_file(self._state_dir(), job.id)
         path.parent.mkdir(parents=True, exist_ok=True)
         os.chmod(path.parent, 0o755)
@@ -570,11 +576,26 @@ class LoanManager:
         os.chmod(tmp, 0o644)
         os.replace(tmp, path)
         self.workers[job.id] = workers
-        if job.pid:
+        self._signal(job)
+
+    def _signal(self, job: Any) -> None:
+        if job.pid and catches_signal(int(job.pid), "SIGUSR2"):
+            self._unsignalled.discard(job.id)
             try:
                 os.kill(job.pid, signal.SIGUSR2)
             except ProcessLookupError:
                 pass
+        else:
+            self._unsignalled.add(job.id)
+
+    def _signal_late(self) -> None:
+        """Signal the jobs told a new worker count before they caught SIGUSR2, now that they do."""
+        for job_id in list(self._unsignalled):
+            job = self._jobs.get(job_id) if self._jobs is not None else None
+            if job is None or not job.active:
+                self._unsignalled.discard(job_id)
+            elif job.pid and catches_signal(int(job.pid), "SIGUSR2"):
+                self._signal(job)
 
     def _state_dir(self) -> Path:
         jobs = self._jobs
@@ -602,6 +623,7 @@ class LoanManager:
         jobs = self._jobs
         if jobs is None:
             return {}
+        self._signal_late()
         changed = False
         for job_id in list(self.grants):
             j = jobs.get(job_id)
