@@ -49,7 +49,6 @@ from __future__ import annotations
 
 import logging
 import math
-import signal
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -59,6 +58,7 @@ from typing import Any
 from laminar import jobkit
 from laminar.config import Field, _range
 from laminar.migrate import ckpt_schedule as cs
+from laminar.runtime.jobs import catches_signal
 
 log = logging.getLogger("laminar.migrate")
 
@@ -162,19 +162,6 @@ def due_now(tracks: Sequence[Track], now: float, gap_s: float, max_delay_s: floa
     for t in tracks:
         t.start_at = st.get(t.job_id)
     return [j for j, s in sorted(st.items(), key=lambda kv: (kv[1], kv[0])) if s <= now][:1]
-
-
-def catches_signal(pid: int, signame: str) -> bool:
-    """Whether process ``pid`` has a handler for ``signame`` (``SigCgt`` of /proc/<pid>/status).
-    False when the process is gone or the signal is unknown."""
-    try:
-        num = int(signal.Signals[signame])
-        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-            if line.startswith("SigCgt:"):
-                return bool(int(line.split()[1], 16) >> (num - 1) & 1)
-    except (OSError, KeyError, ValueError):
-        return False
-    return False
 
 
 def ckpt_size(path: Path) -> int:

@@ -828,9 +828,13 @@ class ReclaimComponent:
             ckpt = before
             if final:
                 mv.phase = "checkpoint"
-                self.agent.jobs.request_checkpoint(job)
-                self._emit(f"{job.id}: checkpoint requested ({reason})", job=job.id, phase=mv.phase)
-                wait = float(self.s["ckpt_wait_s"])
+                asked_ok = self.agent.jobs.request_checkpoint(job)
+                if asked_ok:
+                    self._emit(f"{job.id}: checkpoint requested ({reason})", job=job.id, phase=mv.phase)
+                else:
+                    self._emit(f"{job.id}: its process does not catch {job.spec.checkpoint_signal} (sending it would "
+                               f"kill it): no final checkpoint ({reason})", job=job.id, phase=mv.phase)
+                wait = float(self.s["ckpt_wait_s"]) if asked_ok else 0.0
                 if deadline_mono is not None:
                     wait = min(wait, max(0.0, deadline_mono - time.monotonic()))
                 asked = time.monotonic()

@@ -100,6 +100,19 @@ ENTER_SH = (
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([KMGT]?)(i?B?)?\s*$", re.IGNORECASE)
 
 
+def catches_signal(pid: int, signame: str) -> bool:
+    """Whether process ``pid`` has a handler for ``signame`` (``SigCgt`` of /proc/<pid>/status).
+    False when the process is gone or the signal is unknown."""
+    try:
+        num = int(signal.Signals[signame])
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("SigCgt:"):
+                return bool(int(line.split()[1], 16) >> (num - 1) & 1)
+    except (OSError, KeyError, ValueError):
+        return False
+    return False
+
+
 class JobError(ValueError):
     """A job request that cannot be done; the message names the value and what is allowed."""
 
@@ -789,8 +802,11 @@ class JobManager:
         self._persist(job)
 
     def request_checkpoint(self, job: Job) -> bool:
-        """Send the job its checkpoint signal (main process). False if it is gone."""
-        if job.pid is None:
+        """Send the job its checkpoint signal (main process) if that process catches it
+        (:func:`catches_signal`). False if it is gone or does not catch it: the default action
+        of SIGUSR1 (and most signals) kills, so a job without a handler (not yet installed,
+        or no checkpoint contract) is left running instead of killed."""
+        if job.pid is None or not catches_signal(int(job.pid), job.spec.checkpoint_signal):
             return False
         try:
             os.kill(job.pid, signal.Signals[job.spec.checkpoint_signal])
