@@ -58,7 +58,7 @@ from collections import OrderedDict
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from laminar.migrate.ckpt_driver import catches_signal
+from laminar.runtime.jobs import catches_signal
 from laminar.zone import elastic as el
 from laminar.zone import loaning as ln
 from laminar.zone import placement as pl
