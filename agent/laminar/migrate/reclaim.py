@@ -609,15 +609,23 @@ class ReclaimComponent:
         """The job's name across nodes (job ids are per node): ``n<node>-<job id>``."""
         return f"n{self.node_id}-{job.id}"
 
-    @staticmethod
-    def _need(job: Any) -> tuple[Any, dst.Resources]:
+    def _need(self, job: Any) -> tuple[Any, dst.Resources]:
+        """The demand a move of ``job`` places (its pool too, when the zone placed it with one:
+        a lent training job asks for the training pool again, so a busy inference node refuses
+        it and an idle one takes it on loan) and the resources a destination must have."""
         from laminar.zone.placement import Demand
 
         spec = job.spec
         gpus = len(job.gpus) if job.gpus else (spec.gpus if isinstance(spec.gpus, int) else len(spec.gpus))
         cpus = float(spec.cpus or 1.0)
         mem = int(spec.memory_mb or 256)
-        return Demand(gpus=float(gpus), cpus=cpus, memory_mb=mem), dst.Resources(gpus, mem << 20, cpus)
+        pool = None
+        arb = getattr(self.zone, "arbiter", None) if self.zone is not None else None
+        for p in getattr(arb, "placed", {}).values():
+            if p.job_id == job.id:
+                pool = p.reservation.demand.pool
+                break
+        return Demand(gpus=float(gpus), cpus=cpus, memory_mb=mem, pool=pool), dst.Resources(gpus, mem << 20, cpus)
 
     def candidates(self, need: dst.Resources) -> list[dst.Candidate]:
         """Every zone member that may take a job: not this node, not suspect, not draining,
@@ -782,6 +790,12 @@ class ReclaimComponent:
             except Exception as e:
                 log.debug("migrate: stopping %s at the window's end: %s", j.id, e)
         self._emit(f"reclaim of node {self.node_id}: window ended", moved=self.counts["moved"])
+
+    async def move_now(self, job: Any, reason: str) -> Move:
+        """Move ``job`` elsewhere now, without a deadline: checkpoint, reserve, transfer, hand
+        over, stop here (state ``migrated``). The loan return's ``migrate`` action. Never
+        raises: a failed move (phase ``failed``) leaves the job running here."""
+        return await self._move(job, reason, None, final=True)
 
     async def readdress(self, job: Any) -> dict[str, Any]:
         """Airlock's re-address rung: move ``job`` elsewhere now, without a deadline (Airlock has
@@ -1721,7 +1735,11 @@ class ReclaimComponent:
             spec = job.spec.as_dict()
             spec.pop("gpus", None)
             spec["resume_from"] = remote
-            spec["env"] = {**spec.get("env", {}), MIGRATED_ENV: self.job_key(job)}
+            # what this node's placement gave the job is not the destination's: its GPU share and
+            # placement id, and lent (the destination marks the job lent if it takes it on loan)
+            env = {k: v for k, v in (spec.get("env") or {}).items() if k not in ("LM_PLACEMENT_ID", "LM_GPU_SHARE")}
+            spec["env"] = {**env, MIGRATED_ENV: self.job_key(job)}
+            spec["lent"] = False
             req = {"spec": spec, "owner_uid": job.owner_uid, "owner_gid": job.owner_gid}
             dest_job = await self._handover(node, pid, req)
         except BaseException:

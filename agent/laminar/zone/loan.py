@@ -191,7 +191,8 @@ class LoanManager:
         self._answered: OrderedDict[tuple[int, int], wire.LoanAnswer] = OrderedDict()
         self._tasks: set[asyncio.Task[Any]] = set()
         self.counts: dict[str, int] = {"loans": 0, "loan_refusals": 0, "queries": 0, "returns": 0, "requeued": 0,
-                                       "grants": 0, "revokes": 0, "sheds": 0}
+                                       "grants": 0, "revokes": 0, "sheds": 0,
+                                       "migrated": 0}
 
     # -- life cycle --------------------------------------------------------------------------
 
@@ -438,13 +439,18 @@ class LoanManager:
             if action not in ("requeue", "scale_in", "migrate"):
                 action = "requeue"
             # One job runs on one node here: shedding this server's workers leaves none, so a
-            # planned scale-in is carried out as a requeue. "migrate" (free GPUs elsewhere) and
-            # "requeue" take the same path: checkpoint, stop, place again at once through the
-            # zone (the plan only predicts whether that finds room without waiting).
+            # planned scale-in is carried out as a requeue. "migrate" (free GPUs elsewhere) moves
+            # the job with the migration layer (its checkpoint is sent to the destination and
+            # verified there); if that fails, or there is no migration layer, it is requeued:
+            # checkpoint, stop, place again through the zone (resume_from must then be readable
+            # where it lands).
             done[job.id] = "migrate" if action == "migrate" else "requeue"
             self.requeues[job.id] = {"job": job.id, "phase": "checkpointing", "planned": action,
                                      "plan": req.get("plan", ""), "by": sender, "since": time.time()}
-            self._spawn(self._requeue(job, str(req.get("plan", ""))))
+            if action == "migrate":
+                self._spawn(self._migrate(job, str(req.get("plan", ""))))
+            else:
+                self._spawn(self._requeue(job, str(req.get("plan", ""))))
         self.zone._emit(f"pool {self.pool}: node {self.zone.node_id} returned by node {sender}; "
                         f"{len(done)} lent job(s) requeued", plan=req.get("plan", ""), jobs=done, by=sender)
         return {"node": self.zone.node_id, "returned": True, "jobs": done}
@@ -473,6 +479,36 @@ class LoanManager:
             if p.job_id == job.id:
                 return p.reservation.demand
         return pl.Demand(float(len(job.gpus or [])), float(job.spec.cpus or 1.0), int(job.spec.memory_mb or 256))
+
+    async def _migrate(self, job: Any, plan: str) -> None:
+        """The plan's ``migrate``: move the job with the migration layer (checkpoint, reserve a
+        node, send the checkpoint, hand over with ``resume_from`` on the destination, stop
+        here); requeue it when that fails. Never raises."""
+        rq = self.requeues[job.id]
+        mig = getattr(self.zone.agent, "migrate", None) if self.zone.agent is not None else None
+        if mig is not None and hasattr(mig, "move_now"):
+            rq["phase"] = "migrating"
+            try:
+                mv = await mig.move_now(job, f"node {self.zone.node_id} returned to pool {self.pool} (plan {plan})")
+            except Exception as e:  # move_now never raises; a bug must not strand the job
+                log.exception("loan: migration of %s", job.id)
+                mv = None
+                rq["migrate_error"] = repr(e)
+            if mv is not None and mv.phase == "done":
+                self.counts["migrated"] += 1
+                rq.update(phase="placed", node=mv.dest, new_job=mv.dest_job, via="migration", checkpoint=mv.ckpt)
+                self.zone._emit(f"migrated job {job.id} to node {mv.dest} as {mv.dest_job} (checkpoint {mv.ckpt} sent "
+                                f"and verified there)", job=job.id, outcome="placed", node=mv.dest, new_job=mv.dest_job,
+                                plan=plan, via="migration")
+                return
+            if mv is not None:
+                rq["migrate_error"] = mv.error
+            self.zone._emit(f"migration of job {job.id} failed ({rq.get('migrate_error', '')}); requeuing it",
+                            job=job.id, plan=plan)
+            if not job.active:  # it ended meanwhile (or was stopped): nothing to requeue
+                rq["phase"] = "ended"
+                return
+        await self._requeue(job, plan)
 
     async def _requeue(self, job: Any, plan: str) -> None:
         """Checkpoint, stop (state ``requeued``), place again through the zone. Never raises."""
