@@ -26,11 +26,14 @@ The node asks every member of the pool in its zone for its loan state and lent j
 (weight: GPUs x seconds of work since the job's last checkpoint, plus a restart), chooses the
 k servers of least preemption cost with :func:`laminar.zone.loaning.plan_return` and tells each
 to return. A returned server marks itself returned (it refuses loans until its load is set
-below the threshold again), revokes elastic grants, and checkpoints and requeues its lent
-jobs: checkpoint signal, wait for the checkpoint (``ckpt_wait_s``), stop with state
-``requeued``, and place the job again through the zone with ``LAMINAR_RESUME_FROM`` naming
-the checkpoint (the path must be reachable where the job lands: shared storage). The plan
-(servers, cost, per-job action) is the API's answer and a ``zone`` event.
+below the threshold again), revokes elastic grants, and does the plan's action for each lent
+job. ``migrate`` (free GPUs were reported elsewhere): the migration layer moves it with its
+checkpoint (``ReclaimComponent.move_now``: checkpoint, reserve, transfer, verify, resume there
+from the copy; state ``migrated`` here). ``requeue`` (and a failed move): checkpoint signal,
+wait for the checkpoint (``ckpt_wait_s``), stop with state ``requeued``, and place the job
+again through the zone with ``LAMINAR_RESUME_FROM`` naming the checkpoint (the path must be
+reachable where the job lands: shared storage). The plan (servers, cost, per-job action) is
+the API's answer and a ``zone`` event.
 
 **Elastic scaling.** Every ``elastic_interval_s`` the node gives its idle whole GPUs to its
 elastic jobs (``elastic_min``/``elastic_max`` in the job spec; one worker per GPU) with
