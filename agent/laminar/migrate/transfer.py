@@ -693,15 +693,22 @@ class Receiver:
 
     async def _receive(self, r: asyncio.StreamReader, w: asyncio.StreamWriter, m: Manifest, node: str) -> None:
         final = self.final_dir(m.job_id, m.ckpt_id)
-        if (final / VERIFIED).exists():
+        if final.exists():
             try:
+                verified_checkpoint(final)
                 old = json.loads((final / TRANSFER_MANIFEST).read_text())
+            except (TransferError, OSError, ValueError) as e:
+                # Not restorable (changed or lost files at rest, a half-removed copy): "committed"
+                # would tell the sender it is delivered while nothing here can be resumed from.
+                log.warning("transfer %s/%s: the committed copy no longer verifies (%s); receiving it again",
+                            m.job_id, m.ckpt_id, e)
+                shutil.rmtree(final)
+            else:
                 if old.get("body", {}).get("files") == m.body()["files"]:  # same bytes, any chunking
                     await _send(w, {"t": "committed", "digest": m.digest, "path": str(final)})
                     return
-            except (OSError, json.JSONDecodeError):
-                pass
-            raise TransferError(f"transfer: {m.job_id}/{m.ckpt_id} is already committed with other content", fatal=True)
+                raise TransferError(f"transfer: {m.job_id}/{m.ckpt_id} is already committed with other content",
+                                    fatal=True)
         inc = _Incoming(self.root / "incoming" / m.job_id / m.ckpt_id, m)
         t0 = time.monotonic()
         try:

@@ -1,0 +1,89 @@
+"""Transfer endpoint bug found by the hunt, reproduced over real loopback sockets with a real
+:class:`laminar.migrate.transfer.Receiver` and real checkpoint files: a committed copy that no
+longer verifies (bit rot, a file removed) was answered ``committed`` to every later send of the
+same checkpoint, so the sender was told the destination held it while nothing restorable was
+there, and the copy could never be repaired.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import secrets
+from pathlib import Path
+
+import pytest
+
+from laminar import jobkit
+from laminar.migrate import transfer
+from laminar.migrate.transfer import (
+    Receiver,
+    TransferError,
+    latest_verified,
+    send_checkpoint,
+    verified_checkpoint,
+)
+
+KEY = secrets.token_bytes(32)
+
+
+def make_ckpt(tmp: Path, size: int, step: int = 40) -> Path:
+    ck = jobkit.Checkpointer(job_id="j1", ckpt_dir=tmp / "src", install_signal=False)
+    return ck.save(os.urandom(size), step=step)
+
+
+async def _with_receiver(root: Path, body):  # type: ignore[no-untyped-def]
+    rcv = Receiver(root, KEY)
+    port = await rcv.start("127.0.0.1", 0)
+    try:
+        return await body(rcv, port)
+    finally:
+        await rcv.stop()
+
+
+def test_a_committed_copy_that_no_longer_verifies_is_received_again(tmp_path: Path) -> None:
+    ckpt = make_ckpt(tmp_path, 300_000)
+    root = tmp_path / "dst"
+
+    async def body(rcv: Receiver, port: int) -> None:
+        first = await send_checkpoint("127.0.0.1", port, ckpt, "j1", KEY, chunk_size=64 << 10)
+        dst = Path(first.remote_path)
+        assert verified_checkpoint(dst) == dst
+        f = dst / "state.bin"
+        data = bytearray(f.read_bytes())
+        data[100] ^= 0xFF  # rots at rest on the destination
+        f.write_bytes(bytes(data))
+        with pytest.raises(TransferError):
+            verified_checkpoint(dst)
+        again = await send_checkpoint("127.0.0.1", port, ckpt, "j1", KEY, chunk_size=64 << 10)
+        # "delivered" must mean restorable: the corrupt copy was replaced by a verified one
+        assert again.sent_bytes == again.total_bytes
+        assert verified_checkpoint(dst) == dst
+        assert latest_verified(root, "j1") == dst
+        assert (dst / "state.bin").read_bytes() == (ckpt / "state.bin").read_bytes()
+        # a file of the copy gone (and its VERIFIED marker) is repaired the same way
+        (dst / "state.bin").unlink()
+        (dst / transfer.VERIFIED).unlink()
+        await send_checkpoint("127.0.0.1", port, ckpt, "j1", KEY, chunk_size=64 << 10)
+        assert verified_checkpoint(dst) == dst
+        # nothing set aside is left behind
+        assert sorted(p.name for p in dst.parent.iterdir()) == ["ckpt-40"]
+
+    asyncio.run(_with_receiver(root, body))
+
+
+def test_a_conflicting_verified_copy_is_still_refused(tmp_path: Path) -> None:
+    a = make_ckpt(tmp_path / "a", 50_000)
+    b = make_ckpt(tmp_path / "b", 50_000)  # same job and name, other bytes
+    root = tmp_path / "dst"
+
+    async def body(rcv: Receiver, port: int) -> None:
+        first = await send_checkpoint("127.0.0.1", port, a, "j1", KEY)
+        with pytest.raises(TransferError, match="other content") as e:
+            await send_checkpoint("127.0.0.1", port, b, "j1", KEY)
+        assert e.value.fatal
+        dst = Path(first.remote_path)
+        assert verified_checkpoint(dst) == dst
+        assert (dst / "state.bin").read_bytes() == (a / "state.bin").read_bytes()
+
+    asyncio.run(_with_receiver(root, body))
