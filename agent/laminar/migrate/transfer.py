@@ -77,6 +77,8 @@ PROTOCOL_VERSION = 1
 DEFAULT_CHUNK = 1 << 20  # 1 MiB: a lost connection costs at most this much again per chunk in flight
 MAX_CHUNK = 64 << 20
 MAX_HEADER = 16 << 20  # a manifest of 10 GB in 1 MiB chunks is ~700 KB of JSON
+MAX_HANDSHAKE = 4096  # hello/challenge/auth: what a peer that has not authenticated may make us read
+MAX_UNAUTHENTICATED = 16  # connections from one address still in the handshake; more are refused at once
 PERSIST_EVERY = 8  # chunks between fdatasync + have.log appends
 MAX_NEED_ROUNDS = 5  # re-send rounds before a transfer is declared failed
 HANDSHAKE_TIMEOUT_S = 10.0
@@ -221,17 +223,24 @@ async def _send(w: asyncio.StreamWriter, hdr: dict[str, Any], payload: bytes = b
     await w.drain()
 
 
-async def _recv(r: asyncio.StreamReader, timeout: float = IO_TIMEOUT_S) -> tuple[dict[str, Any], bytes]:
+async def _recv(r: asyncio.StreamReader, timeout: float = IO_TIMEOUT_S,
+                limit: int = MAX_HEADER) -> tuple[dict[str, Any], bytes]:
+    """One message. ``limit``: the largest header read (MAX_HANDSHAKE before the peer has
+    authenticated). Raises TransferError for a message too large or not a JSON object."""
     n = struct.unpack(">I", await asyncio.wait_for(r.readexactly(4), timeout))[0]
-    if n > MAX_HEADER:
-        raise TransferError(f"transfer: header of {n} bytes exceeds {MAX_HEADER}")
-    hdr = json.loads(await asyncio.wait_for(r.readexactly(n), timeout))
+    if n > limit:
+        when = " before authentication" if limit < MAX_HEADER else ""
+        raise TransferError(f"transfer: header of {n} bytes exceeds {limit}{when}")
+    try:
+        hdr = json.loads(await asyncio.wait_for(r.readexactly(n), timeout))
+    except (ValueError, RecursionError) as e:
+        raise TransferError(f"transfer: malformed message (not JSON): {e!r}") from None
     if not isinstance(hdr, dict) or "t" not in hdr:
         raise TransferError("transfer: message without a type")
     payload = b""
     if hdr.get("t") == "chunk":
-        ln = int(hdr.get("len", -1))
-        if not 0 <= ln <= MAX_CHUNK:
+        ln = hdr.get("len", -1)
+        if not isinstance(ln, int) or not 0 <= ln <= MAX_CHUNK:
             raise TransferError(f"transfer: chunk length {ln} out of range")
         payload = await asyncio.wait_for(r.readexactly(ln), timeout)
     if hdr["t"] == "error":
@@ -322,15 +331,19 @@ async def _client_handshake(r: asyncio.StreamReader, w: asyncio.StreamWriter, ke
     to this connection)."""
     nc = secrets.token_bytes(32)
     await _send(w, {"t": "hello", "v": PROTOCOL_VERSION, "zone": zone, "node": node, "nonce": nc.hex()})
-    hdr, _ = await _recv(r, HANDSHAKE_TIMEOUT_S)
+    hdr, _ = await _recv(r, HANDSHAKE_TIMEOUT_S, MAX_HANDSHAKE)
     if hdr["t"] != "challenge":
         raise TransferError(f"transfer: expected challenge, got {hdr['t']!r}")
-    ns = bytes.fromhex(hdr["nonce"])
-    if not hmac.compare_digest(hdr.get("mac", ""), mac(key, b"laminar-xfer-server", nc, ns)):
+    try:
+        ns = bytes.fromhex(hdr["nonce"])
+        smac = str(hdr["mac"])
+    except (KeyError, TypeError, ValueError) as e:
+        raise TransferError(f"transfer: malformed challenge (nonce and mac must be hex strings): {e!r}") from None
+    if not hmac.compare_digest(smac, mac(key, b"laminar-xfer-server", nc, ns)):
         raise TransferError("transfer: the destination failed authentication (not a member of this zone, or another key)",
                             fatal=True)
     await _send(w, {"t": "auth", "mac": mac(key, b"laminar-xfer-client", ns, nc)})
-    hdr, _ = await _recv(r, HANDSHAKE_TIMEOUT_S)
+    hdr, _ = await _recv(r, HANDSHAKE_TIMEOUT_S, MAX_HANDSHAKE)
     if hdr["t"] != "ok":
         raise TransferError(f"transfer: expected ok, got {hdr['t']!r}")
     return ns
@@ -605,6 +618,7 @@ class Receiver:
         self.on_progress = on_progress
         self.server: asyncio.AbstractServer | None = None
         self._locks: dict[tuple[str, str], asyncio.Lock] = {}
+        self._unauth: dict[str, int] = {}  # peer address -> its connections still in the handshake
         self.committed: list[Committed] = []
 
     async def start(self, host: str, port: int) -> int:
@@ -625,8 +639,18 @@ class Receiver:
 
     async def _handle(self, r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
         peer = w.get_extra_info("peername")
+        ip = str(peer[0]) if isinstance(peer, tuple) and peer else "?"
         try:
-            node, key, ns = await self._handshake(r, w)
+            if self._unauth.get(ip, 0) >= MAX_UNAUTHENTICATED:
+                raise TransferError(f"transfer: {MAX_UNAUTHENTICATED} connections from {ip} are still authenticating; "
+                                    "try again later")
+            self._unauth[ip] = self._unauth.get(ip, 0) + 1
+            try:
+                node, key, ns = await self._handshake(r, w)
+            finally:
+                self._unauth[ip] -= 1
+                if not self._unauth[ip]:
+                    del self._unauth[ip]
             hdr, _ = await _recv(r)
             if hdr["t"] == "ctl":
                 await self._control(w, hdr, node, key, ns)
@@ -645,7 +669,7 @@ class Receiver:
                 await self._receive(r, w, m, node)
             finally:
                 lock.release()
-        except (TransferError, ValueError, KeyError) as e:
+        except (TransferError, ValueError, KeyError, TypeError) as e:
             log.warning("transfer from %s: %s", peer, e)
             with contextlib.suppress(Exception):
                 await _send(w, {"t": "error", "msg": str(e), "fatal": getattr(e, "fatal", False)})
@@ -673,19 +697,24 @@ class Receiver:
         await _send(w, {"t": "ctl-ok", "result": res})
 
     async def _handshake(self, r: asyncio.StreamReader, w: asyncio.StreamWriter) -> tuple[str, bytes, bytes]:
-        hdr, _ = await _recv(r, HANDSHAKE_TIMEOUT_S)
+        hdr, _ = await _recv(r, HANDSHAKE_TIMEOUT_S, MAX_HANDSHAKE)
         if hdr["t"] != "hello" or hdr.get("v") != PROTOCOL_VERSION:
             raise TransferError(f"transfer: expected hello v{PROTOCOL_VERSION}, got {hdr.get('t')!r} v{hdr.get('v')!r}")
-        zone = int(hdr.get("zone", 0))
+        try:
+            zone = hdr.get("zone", 0)
+            if isinstance(zone, bool) or not isinstance(zone, int):
+                raise TypeError(f"zone {zone!r} is not an integer")
+            nc = bytes.fromhex(hdr["nonce"])
+        except (KeyError, TypeError, ValueError) as e:
+            raise TransferError(f"transfer: malformed hello (zone: an integer, nonce: a hex string): {e!r}") from None
         key = self.keys(zone)
         if key is None:
             raise TransferError(f"transfer: no key for zone {zone}", fatal=True)
-        nc = bytes.fromhex(hdr["nonce"])
         if len(nc) < 16:
             raise TransferError("transfer: client nonce too short")
         ns = secrets.token_bytes(32)
         await _send(w, {"t": "challenge", "nonce": ns.hex(), "mac": mac(key, b"laminar-xfer-server", nc, ns)})
-        auth, _ = await _recv(r, HANDSHAKE_TIMEOUT_S)
+        auth, _ = await _recv(r, HANDSHAKE_TIMEOUT_S, MAX_HANDSHAKE)
         if auth["t"] != "auth" or not hmac.compare_digest(str(auth.get("mac", "")), mac(key, b"laminar-xfer-client", ns, nc)):
             raise TransferError("transfer: client failed authentication", fatal=True)
         await _send(w, {"t": "ok"})

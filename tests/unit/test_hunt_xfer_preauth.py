@@ -1,0 +1,124 @@
+"""Transfer endpoint bugs found by the hunt, reproduced over real loopback sockets with a real
+:class:`laminar.migrate.transfer.Receiver`:
+
+- a peer that had not authenticated could make the endpoint read and parse a 16 MiB header
+  (per connection), and hold as many connections in the handshake as it liked;
+- malformed handshake fields (a nonce that is not a string, a zone that is not a number) ended
+  the connection with an unhandled exception instead of a clear error.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import secrets
+import struct
+from pathlib import Path
+
+import pytest
+
+from laminar import jobkit
+from laminar.migrate import transfer
+from laminar.migrate.transfer import (
+    Receiver,
+    send_checkpoint,
+    verified_checkpoint,
+)
+
+KEY = secrets.token_bytes(32)
+
+
+def make_ckpt(tmp: Path, size: int, step: int = 40) -> Path:
+    ck = jobkit.Checkpointer(job_id="j1", ckpt_dir=tmp / "src", install_signal=False)
+    return ck.save(os.urandom(size), step=step)
+
+
+async def _with_receiver(root: Path, body):  # type: ignore[no-untyped-def]
+    rcv = Receiver(root, KEY)
+    port = await rcv.start("127.0.0.1", 0)
+    try:
+        return await body(rcv, port)
+    finally:
+        await rcv.stop()
+
+
+async def _raw(port: int, frames: list[bytes]) -> dict[str, object]:
+    """Sends raw frames before any authentication and returns the endpoint's answer."""
+    r, w = await asyncio.open_connection("127.0.0.1", port)
+    try:
+        for f in frames:
+            w.write(f)
+        await w.drain()
+        n = struct.unpack(">I", await asyncio.wait_for(r.readexactly(4), 30))[0]
+        return json.loads(await asyncio.wait_for(r.readexactly(n), 30))  # type: ignore[no-any-return]
+    finally:
+        w.close()
+
+
+def _frame(hdr: object) -> bytes:
+    raw = json.dumps(hdr).encode()
+    return struct.pack(">I", len(raw)) + raw
+
+
+def test_an_unauthenticated_peer_cannot_make_the_endpoint_read_a_large_header(tmp_path: Path) -> None:
+    async def body(rcv: Receiver, port: int) -> None:
+        big = 8 << 20  # announced before any authentication; the old limit was 16 MiB
+        r, w = await asyncio.open_connection("127.0.0.1", port)
+        try:
+            w.write(struct.pack(">I", big))
+            await w.drain()
+            # the endpoint answers at once, without waiting for (and buffering) the 8 MiB
+            n = struct.unpack(">I", await asyncio.wait_for(r.readexactly(4), 30))[0]
+            ans = json.loads(await asyncio.wait_for(r.readexactly(n), 30))
+        finally:
+            w.close()
+        assert ans["t"] == "error" and "before authentication" in ans["msg"], ans
+        # a normal send still works afterwards
+        ckpt = make_ckpt(tmp_path, 10_000)
+        res = await send_checkpoint("127.0.0.1", port, ckpt, "j1", KEY)
+        assert verified_checkpoint(res.remote_path)
+
+    asyncio.run(_with_receiver(tmp_path / "dst", body))
+
+
+@pytest.mark.parametrize("hello", [
+    {"t": "hello", "v": transfer.PROTOCOL_VERSION, "zone": 0, "node": "x", "nonce": 12345},
+    {"t": "hello", "v": transfer.PROTOCOL_VERSION, "zone": [1], "node": "x", "nonce": "00" * 32},
+    {"t": "hello", "v": transfer.PROTOCOL_VERSION, "zone": 0, "node": "x"},
+])
+def test_a_malformed_hello_gets_a_clear_error(tmp_path: Path, hello: dict[str, object]) -> None:
+    async def body(rcv: Receiver, port: int) -> None:
+        ans = await _raw(port, [_frame(hello)])
+        assert ans["t"] == "error" and "hello" in str(ans["msg"]), ans
+
+    asyncio.run(_with_receiver(tmp_path / "dst", body))
+
+
+def test_connections_still_authenticating_are_capped_per_address(tmp_path: Path) -> None:
+    cap = getattr(transfer, "MAX_UNAUTHENTICATED", 16)
+    n = cap + 24
+
+    async def body(rcv: Receiver, port: int) -> None:
+        conns = [await asyncio.open_connection("127.0.0.1", port) for _ in range(n)]
+
+        async def answer(r: asyncio.StreamReader) -> str:
+            try:
+                k = struct.unpack(">I", await asyncio.wait_for(r.readexactly(4), 60))[0]
+                return str(json.loads(await asyncio.wait_for(r.readexactly(k), 60)).get("msg"))
+            except (asyncio.IncompleteReadError, ConnectionError):
+                return "closed"  # held until the handshake timed out
+
+        try:
+            answers = await asyncio.gather(*(answer(r) for r, _ in conns))
+        finally:
+            for _, w in conns:
+                w.close()
+        refused = [a for a in answers if "still authenticating" in a]
+        assert len(refused) >= n - cap, answers
+        # the address can authenticate again once those are gone
+        ckpt = make_ckpt(tmp_path, 10_000)
+        res = await send_checkpoint("127.0.0.1", port, ckpt, "j1", KEY)
+        assert verified_checkpoint(res.remote_path)
+
+    asyncio.run(_with_receiver(tmp_path / "dst", body))
