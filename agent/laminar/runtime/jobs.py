@@ -506,21 +506,30 @@ class JobManager:
         limits = self.limits()
         if limits is None:
             return
-        queue = [admission.Queued(j.id, j.num, j.spec.job_class, j.spec.priority, j.spec.memory_mb)
-                 for j in self.jobs.values() if j.state == QUEUED]
-        if not queue:
-            return
-        start, waits = admission.plan(queue, self.charged_mb(limits), limits)
         error: BaseException | None = None
-        for jid in start:
-            job = self.jobs[jid]
-            try:
-                self._start(job)
-            except BaseException as e:
-                if jid == submitted:
-                    error = e
-                else:
-                    log.warning("job %s: start from the queue failed: %s", jid, e)
+        waits: dict[str, admission.Wait] = {}
+        while True:
+            queue = [admission.Queued(j.id, j.num, j.spec.job_class, j.spec.priority, j.spec.memory_mb)
+                     for j in self.jobs.values() if j.state == QUEUED]
+            if not queue:
+                waits = {}
+                break
+            start, waits = admission.plan(queue, self.charged_mb(limits), limits)
+            failed = False
+            for jid in start:
+                job = self.jobs[jid]
+                try:
+                    self._start(job)
+                except BaseException as e:
+                    failed = True
+                    if jid == submitted:
+                        error = e
+                    else:
+                        log.warning("job %s: start from the queue failed: %s", jid, e)
+            if not failed:
+                break
+            # a job that failed to start is gone and its room with it: plan again, so the jobs
+            # behind it start now (each pass removes a job from the queue, so this ends)
         for jid, w in waits.items():
             job = self.jobs[jid]
             reason = w.reason(job.spec.job_class)
@@ -895,11 +904,22 @@ class JobManager:
 
     def _adopt_all(self) -> None:
         """Re-adopt stored active jobs whose cgroups still hold processes; mark the rest lost.
-        Queued jobs stay queued, in their order (they start once Airlock gives the caps)."""
+        Queued jobs stay queued, in their order (they start once Airlock gives the caps).
+        A job the previous process had begun to stop (stopped, reclaimed, ... with no end
+        recorded: it died inside the grace) has its stop finished: what is left of it is
+        killed, its cgroups removed and its end recorded, keeping the state and reason."""
         rows = self.store.db.execute("SELECT * FROM jobs WHERE state IN ('queued', 'running', 'suspended', 'starting') "
-                                     "ORDER BY num").fetchall()
+                                     "OR ended IS NULL ORDER BY num").fetchall()
         for row in rows:
             job = self._from_row(row)
+            if job.state not in (*LIVE_STATES, "starting"):
+                # a stop in progress when the previous process died: finish it (_on_exit keeps
+                # the state and reason the stop recorded, kills what is left, removes the cgroups)
+                self.jobs[job.id] = job
+                self._emit("job", f"job {job.id} was being stopped ({job.state}) when the agent went down; "
+                           "finishing the stop", job=job.id, state=job.state)
+                self._spawn_task(self._on_exit(job.id))
+                continue
             if job.state == QUEUED:
                 self.jobs[job.id] = job
                 self._emit("job", f"job {job.id} still queued after the restart: {job.reason}", job=job.id,

@@ -1,0 +1,64 @@
+"""A stop that an agent crash interrupts is finished by the next agent: real laminard, real jobs.
+
+``laminarctl job stop`` records the job as stopped at once and then waits out the grace
+(SIGTERM, then ``cgroup.kill``). An agent killed with ``kill -9`` inside that grace left a job
+that ignores SIGTERM running in its cgroups for good: the record said ``stopped`` (no end time),
+and the next agent re-adopted only queued, running and suspended jobs, so nothing watched,
+stopped or removed it (docs/operations.md, "What survives what").
+"""
+
+from __future__ import annotations
+
+import subprocess
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from agentproc import VENV_BIN, AgentProc, wait_until
+
+pytestmark = pytest.mark.kernel
+
+IGNORES_TERM = "trap '' TERM; while true; do sleep 1; done"
+
+
+@pytest.fixture
+def agent(veth_pair: Any, tmp_path: Path) -> Iterator[AgentProc]:
+    a = AgentProc(tmp_path, veth_pair.ifname_a, veth_pair.a)
+    try:
+        a.start()
+        yield a
+    finally:
+        a.cleanup()
+
+
+def _procs(cgroup: str) -> list[str] | None:
+    try:
+        return (Path(cgroup) / "cgroup.procs").read_text().split()
+    except OSError:
+        return None
+
+
+def test_stop_interrupted_by_kill9_is_finished_after_restart(agent: AgentProc) -> None:
+    job = agent.json("submit", "--name", "lm-t-ignores-term", "--", "sh", "-c", IGNORES_TERM)
+    wait_until(lambda: _procs(job["cgroup"]), 30, "the job's processes")
+    stopper = subprocess.Popen(agent.argv(str(VENV_BIN / "laminarctl"), "--socket", str(agent.sock), "job", "stop",
+                                          job["id"], "--grace", "120"), stdout=subprocess.DEVNULL,
+                               stderr=subprocess.DEVNULL)
+    try:
+        wait_until(lambda: agent.json("job", "show", job["id"])["state"] == "stopped", 30, "the stop to be recorded")
+        time.sleep(0.5)  # inside the 120 s grace: SIGTERM sent (and ignored), no kill yet
+        assert _procs(job["cgroup"]), "the job must still run inside the grace"
+        agent.kill9()
+    finally:
+        stopper.wait(30)
+    agent.start()
+    # The new agent finishes the stop: processes gone, cgroups removed, the end recorded.
+    wait_until(lambda: _procs(job["cgroup"]) is None, 60, "the stopped job's cgroup to be removed",
+               lambda: f"procs {_procs(job['cgroup'])}; job {agent.json('job', 'show', job['id'])}\n{agent.log()}")
+    final = agent.json("job", "show", job["id"])
+    assert final["state"] == "stopped", final
+    assert final["ended"] is not None, final
+    assert "stopped by" in final["reason"], final
+    assert job["id"] not in [j["id"] for j in agent.json("jobs", "--active")]
