@@ -1,0 +1,72 @@
+"""The admission queue under real cgroups and processes (`JobManager` on its own, no agent).
+
+A queued job whose start fails when its turn comes (its working directory was removed while it
+waited, say) is recorded as failed; the room it was to take must go to the jobs behind it at
+once. Before the fix the pass that started it had already counted its charge, so the next job
+stayed queued, saying it waited for room that was free, until some other job happened to end.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import secrets
+import shutil
+import time
+from pathlib import Path
+
+import pytest
+
+from laminar.airlock import admission
+from laminar.airlock.cgroups import CgroupTree, detect
+from laminar.events import EventBus
+from laminar.runtime.jobs import Job, JobManager, JobSpec
+from laminar.store import Store
+
+pytestmark = pytest.mark.kernel
+
+
+async def until(cond: object, timeout: float) -> bool:
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        if cond():  # type: ignore[operator]
+            return True
+        await asyncio.sleep(0.05)
+    return False
+
+
+def test_a_failed_start_from_the_queue_gives_its_room_to_the_next_job(tmp_path: Path) -> None:
+    async def main() -> None:
+        root = f"laminar-t-{secrets.token_hex(3)}"
+        store = Store(tmp_path / "laminar.db")
+        jobs = JobManager(store=store, state_dir=tmp_path, cgroup_root=root, events=EventBus(store), gpus_declared=[])
+        try:
+            await jobs.start(None)
+            jobs.set_admission(lambda: admission.Limits({"transient": 300}))
+            gone = tmp_path / "lm-t-gone"
+            gone.mkdir()
+
+            def spec(name: str, cwd: str | None = None) -> JobSpec:
+                return JobSpec(["sleep", "600"], name=name, memory_mb=200, job_class="transient", cwd=cwd).validate()
+
+            x = await jobs.submit(spec("lm-t-x"))
+            a = await jobs.submit(spec("lm-t-a", str(gone)))
+            b = await jobs.submit(spec("lm-t-b"))
+            assert (x.state, a.state, b.state) == ("running", "queued", "queued")
+            shutil.rmtree(gone)  # a's start will fail at its turn
+            await jobs.stop(x.id, "make room", grace_s=0)
+
+            def record(job_id: str) -> Job:
+                j = jobs.get(job_id)
+                assert j is not None
+                return j
+
+            assert await until(lambda: record(a.id).state == "failed", 20), record(a.id)
+            assert "start failed" in record(a.id).reason
+            # b fits the room a did not take: it starts now, not when some other job ends
+            assert await until(lambda: record(b.id).state == "running", 10), record(b.id)
+        finally:
+            await jobs.stop()
+            CgroupTree(detect(), root).purge()
+            store.close()
+
+    asyncio.run(main())
