@@ -25,6 +25,11 @@ from typing import Any
 
 from .output import emit, info, kv, table
 
+# The agent's limit on a stop's grace (laminar.runtime.jobs.STOP_GRACE_MAX_S).
+GRACE_MAX_S = 3600.0
+# How long `job stop` waits for the agent beyond the grace (the kill and the cgroups' removal).
+STOP_ANSWER_S = 120.0
+
 JOB_COLUMNS = [("id", "ID"), ("name", "NAME"), ("state", "STATE"), ("class", "CLASS"), ("priority", "PRIO"),
                ("pid", "PID"), ("used_mb", "USED MiB"), ("memory_mb", "LIMIT MiB"), ("rung", "AIRLOCK"),
                ("gpus", "GPUS"), ("reason", "REASON")]
@@ -85,7 +90,8 @@ def register(sub: Any, common: argparse.ArgumentParser) -> None:
     p.set_defaults(func=cmd_job_show)
     p = jsub.add_parser("stop", parents=[common], help="stop a job: SIGTERM, grace, then kill")
     p.add_argument("id", help="job id (job-3) or number (3)")
-    p.add_argument("--grace", type=float, help="seconds between SIGTERM and the kill (default: the agent's, 5)")
+    p.add_argument("--grace", type=float, help=f"seconds between SIGTERM and the kill, 0..{GRACE_MAX_S:g} "
+                                               "(default: the agent's, 5)")
     p.add_argument("--reason", help="recorded with the job and in its event")
     p.set_defaults(func=cmd_job_stop)
 
@@ -226,12 +232,13 @@ def cmd_job_show(args: argparse.Namespace) -> int:
 
 def cmd_job_stop(args: argparse.Namespace) -> int:
     body: dict[str, Any] = {}
+    grace = 5.0
     if args.grace is not None:
-        if args.grace < 0:
-            raise ValueError(f"--grace {args.grace}: expected seconds >= 0")
-        body["grace_s"] = args.grace
+        if not 0 <= args.grace <= GRACE_MAX_S:  # also refuses inf and nan
+            raise ValueError(f"--grace {args.grace:g}: expected seconds from 0 to {GRACE_MAX_S:g}")
+        body["grace_s"] = grace = args.grace
     if args.reason:
         body["reason"] = args.reason
-    job = args.client.post(f"/v1/jobs/{args.id}/stop", body, timeout=120)
+    job = args.client.post(f"/v1/jobs/{args.id}/stop", body, timeout=STOP_ANSWER_S + grace)
     emit(job, args.output, lambda j: info(f"{j['id']} {j['state']}: {j['reason']}"))
     return 0

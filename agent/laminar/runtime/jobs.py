@@ -58,6 +58,8 @@ log = logging.getLogger("laminar.jobs")
 PRIORITY_MIN, PRIORITY_MAX, PRIORITY_DEFAULT = 0, 100, 50
 MEMORY_MB_MAX = 1 << 30  # 1 PiB in MiB: anything larger is a typo
 STOP_GRACE_S = 5.0  # SIGTERM -> cgroup.kill
+STOP_GRACE_MAX_S = 3600.0  # a longer grace is a typo (a second stop is refused while one waits)
+CPUS_MIN = 0.01  # the kernel's smallest CFS quota: 1 ms per 100 ms period
 # A re-adopted job whose main process is gone (but whose cgroup is not empty) is watched by
 # polling cgroup.events at this interval; POLLPRI on cgroup.events would do too, this is simpler.
 ADOPT_POLL_S = 0.5
@@ -151,6 +153,21 @@ def parse_signal(value: Any) -> str:
         raise JobError(f"checkpoint signal {value!r}: expected a signal name like SIGUSR1 or a number") from None
 
 
+def parse_grace_s(value: Any) -> float | None:
+    """A stop's grace (seconds from SIGTERM to the kill): None (the agent's default) or a
+    finite number 0..STOP_GRACE_MAX_S; JobError naming the value otherwise (JSON's
+    ``Infinity`` and ``NaN`` included: a grace that never ends would leave the job unstoppable)."""
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int | float) or not 0 <= value <= STOP_GRACE_MAX_S:
+        raise JobError(f"grace_s {value!r}: expected seconds from 0 to {STOP_GRACE_MAX_S:g}")
+    return float(value)
+
+
+def _has_nul(*texts: Any) -> bool:
+    return any(isinstance(t, str) and "\0" in t for t in texts)
+
+
 def parse_gpus(value: Any) -> int | list[int]:
     """2 -> 2 (a count); '0,1' or [0, 1] -> [0, 1] (indices); None/'' -> 0."""
     if value is None or value == "":
@@ -202,12 +219,15 @@ class JobSpec:
             raise JobError(f"command {self.command!r}: expected a non-empty list of strings (argv)")
         if not self.command[0]:
             raise JobError("command: argv[0] is empty")
+        if _has_nul(*self.command):
+            raise JobError(f"command {self.command!r}: an argument holds a NUL byte, which no argv can carry")
         if not isinstance(self.name, str) or len(self.name) > 63 or not all(c.isalnum() or c in "-_." for c in self.name):
             raise JobError(f"name {self.name!r}: 0-63 characters of letters, digits, '-', '_' or '.'")
         self.memory_mb = parse_memory_mb(self.memory_mb)
         if self.cpus is not None:
-            if isinstance(self.cpus, bool) or not isinstance(self.cpus, int | float) or not 0 < self.cpus <= 4096:
-                raise JobError(f"cpus {self.cpus!r}: expected a number of CPUs > 0 (fractions allowed)")
+            if isinstance(self.cpus, bool) or not isinstance(self.cpus, int | float) or not CPUS_MIN <= self.cpus <= 4096:
+                raise JobError(f"cpus {self.cpus!r}: expected a number of CPUs, at least {CPUS_MIN} (the kernel's "
+                               "smallest quota) and at most 4096 (fractions allowed)")
             self.cpus = float(self.cpus)
         self.gpus = parse_gpus(self.gpus)
         if self.job_class not in LIFECYCLE_CLASSES:
@@ -218,11 +238,13 @@ class JobSpec:
         if not isinstance(self.env, dict) or not all(isinstance(k, str) and isinstance(v, str) and k and "=" not in k
                                                      for k, v in self.env.items()):
             raise JobError(f"env {self.env!r}: expected a table of NAME = \"value\" strings")
+        if _has_nul(*self.env, *self.env.values()):
+            raise JobError(f"env {self.env!r}: a name or value holds a NUL byte, which no environment can carry")
         bad = [k for k in self.env if k.startswith("LAMINAR_")]
         if bad:
             raise JobError(f"env {bad}: LAMINAR_* variables are set by the agent (the checkpoint contract)")
-        if self.cwd is not None and (not isinstance(self.cwd, str) or not self.cwd.startswith("/")):
-            raise JobError(f"cwd {self.cwd!r}: expected an absolute path")
+        if self.cwd is not None and (not isinstance(self.cwd, str) or not self.cwd.startswith("/") or _has_nul(self.cwd)):
+            raise JobError(f"cwd {self.cwd!r}: expected an absolute path (with no NUL byte)")
         if not isinstance(self.lent, bool):
             raise JobError(f"lent {self.lent!r}: expected true or false")
         if (self.elastic_min is None) != (self.elastic_max is None):
@@ -231,8 +253,8 @@ class JobSpec:
             ok = all(isinstance(v, int) and not isinstance(v, bool) for v in (self.elastic_min, self.elastic_max))
             if not ok or not 1 <= self.elastic_min <= self.elastic_max:
                 raise JobError(f"elastic min {self.elastic_min!r} / max {self.elastic_max!r}: expected integers with 1 <= min <= max")
-        if self.resume_from is not None and not isinstance(self.resume_from, str):
-            raise JobError(f"resume_from {self.resume_from!r}: expected a path")
+        if self.resume_from is not None and (not isinstance(self.resume_from, str) or _has_nul(self.resume_from)):
+            raise JobError(f"resume_from {self.resume_from!r}: expected a path (with no NUL byte)")
         return self
 
     @classmethod
@@ -1021,9 +1043,10 @@ class JobManager:
                                     f"another user's job needs root or the control group (caller uid {req.peer.uid})")
             body = req.body if isinstance(req.body, dict) else {}
             reason = str(body.get("reason") or f"stopped by uid {req.peer.uid}")
-            grace = body.get("grace_s")
-            if grace is not None and (isinstance(grace, bool) or not isinstance(grace, int | float) or grace < 0):
-                raise ApiError(400, f"grace_s {grace!r}: expected seconds >= 0")
+            try:
+                grace = parse_grace_s(body.get("grace_s"))
+            except JobError as e:
+                raise ApiError(400, str(e)) from None
             try:
                 final = await self.stop(job.id, reason, grace_s=grace)
                 return final.as_dict() if final else {}

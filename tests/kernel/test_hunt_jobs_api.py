@@ -1,0 +1,77 @@
+"""The jobs API under a real laminard: bad stop input changes nothing; who may stop whose job.
+
+Python's JSON reader takes ``Infinity`` and ``NaN``; a stop with ``"grace_s": Infinity`` used to
+be accepted: the job was recorded as stopped, sent SIGTERM and then waited on forever (a job
+that ignores SIGTERM was never killed, and every later stop was refused because one was under
+way). It is now refused with 400, naming the value, and the job runs on untouched.
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from agentproc import NOBODY, AgentProc, wait_until
+
+pytestmark = pytest.mark.kernel
+
+IGNORES_TERM = "trap '' TERM; while true; do sleep 1; done"
+
+
+@pytest.fixture
+def agent(veth_pair: Any, tmp_path: Path) -> Iterator[AgentProc]:
+    a = AgentProc(tmp_path, veth_pair.ifname_a, veth_pair.a)
+    try:
+        a.start()
+        yield a
+    finally:
+        a.cleanup()
+
+
+def raw_post(sock: Path, path: str, body: str, timeout: float = 20) -> tuple[int, Any]:
+    """POST `body` as is (not re-encoded: the point is JSON's non-finite numbers)."""
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    s.settimeout(timeout)
+    try:
+        s.connect(str(sock))
+        data = body.encode()
+        s.sendall(f"POST {path} HTTP/1.1\r\nHost: laminar\r\nContent-Type: application/json\r\n"
+                  f"Content-Length: {len(data)}\r\n\r\n".encode() + data)
+        raw = b""
+        while chunk := s.recv(65536):
+            raw += chunk
+    finally:
+        s.close()
+    head, _, payload = raw.partition(b"\r\n\r\n")
+    return int(head.split()[1]), json.loads(payload)
+
+
+@pytest.mark.parametrize("grace", ["Infinity", "NaN", "1e300"])
+def test_stop_with_a_grace_that_never_ends_is_refused_and_changes_nothing(agent: AgentProc, grace: str) -> None:
+    job = agent.json("submit", "--name", "lm-t-grace", "--", "sh", "-c", IGNORES_TERM)
+    status, out = raw_post(agent.sock, f"/v1/jobs/{job['id']}/stop", f'{{"grace_s": {grace}}}')
+    assert status == 400, out
+    assert "grace_s" in out["error"] and "3600" in out["error"], out
+    after = agent.json("job", "show", job["id"])
+    assert after["state"] == "running" and after["ended"] is None, after
+    # and it can still be stopped the ordinary way
+    assert agent.json("job", "stop", job["id"], "--grace", "0")["state"] == "stopped"
+
+
+def test_only_the_owner_root_or_the_control_group_may_stop_a_job(agent: AgentProc) -> None:
+    job = agent.json("submit", "--name", "lm-t-roots", "--", "sleep", "600")
+    r = agent.ctl("job", "stop", job["id"], user=NOBODY, check=False)
+    assert r.returncode == 4, (r.returncode, r.stderr)
+    assert "permission denied" in r.stderr and f"belongs to uid {job['owner_uid']}" in r.stderr
+    assert agent.json("job", "show", job["id"])["state"] == "running"
+    mine = json.loads(agent.ctl("-o", "json", "submit", "--name", "lm-t-nobody", "--", "sleep", "600",
+                                user=NOBODY).stdout)
+    assert mine["owner_uid"] == NOBODY
+    wait_until(lambda: agent.json("job", "show", mine["id"])["state"] == "running", 30, "nobody's job to run")
+    r = agent.ctl("-o", "json", "job", "stop", mine["id"], "--grace", "0", user=NOBODY, check=False)
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout)["state"] == "stopped"
