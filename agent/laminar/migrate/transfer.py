@@ -79,6 +79,7 @@ MAX_CHUNK = 64 << 20
 MAX_HEADER = 16 << 20  # a manifest of 10 GB in 1 MiB chunks is ~700 KB of JSON
 MAX_HANDSHAKE = 4096  # hello/challenge/auth: what a peer that has not authenticated may make us read
 MAX_UNAUTHENTICATED = 16  # connections from one address still in the handshake; more are refused at once
+_COPY_BLOCK = 4 << 20  # what a commit reads at a time from the partial file
 PERSIST_EVERY = 8  # chunks between fdatasync + have.log appends
 MAX_NEED_ROUNDS = 5  # re-send rounds before a transfer is declared failed
 HANDSHAKE_TIMEOUT_S = 10.0
@@ -795,15 +796,23 @@ class Receiver:
         tmp.mkdir(parents=True)
         off = 0
         for name, size, sha in m.files:
-            data = os.pread(inc.fd, size, off) if size else b""
-            off += size
-            if hashlib.sha256(data).hexdigest() != sha:
-                shutil.rmtree(tmp)
-                raise TransferError(f"transfer: {m.job_id}/{m.ckpt_id}: {name} does not match its SHA-256 after assembly")
+            # In blocks: a file is never held in memory whole (one read returns at most ~2 GiB).
+            h = hashlib.sha256()
             with open(tmp / name, "wb") as f:
-                f.write(data)
+                done = 0
+                while done < size:
+                    block = os.pread(inc.fd, min(_COPY_BLOCK, size - done), off + done)
+                    if not block:
+                        break  # shorter than the manifest says: the hash below fails
+                    h.update(block)
+                    f.write(block)
+                    done += len(block)
                 f.flush()
                 os.fsync(f.fileno())
+            off += size
+            if h.hexdigest() != sha:
+                shutil.rmtree(tmp)
+                raise TransferError(f"transfer: {m.job_id}/{m.ckpt_id}: {name} does not match its SHA-256 after assembly")
         try:
             jobkit.verify_checkpoint(tmp)
         except jobkit.CheckpointError as e:
