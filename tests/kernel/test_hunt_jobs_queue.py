@@ -64,6 +64,8 @@ def test_a_failed_start_from_the_queue_gives_its_room_to_the_next_job(tmp_path: 
             assert "start failed" in record(a.id).reason
             # b fits the room a did not take: it starts now, not when some other job ends
             assert await until(lambda: record(b.id).state == "running", 10), record(b.id)
+            # its shell joins the cgroups right after the spawn: let it, so the purge below finds it
+            assert await until(lambda: record(b.id).pid in record(b.id).cgroup.pids(), 20)
         finally:
             await jobs.stop()
             CgroupTree(detect(), root).purge()
