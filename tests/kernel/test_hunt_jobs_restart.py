@@ -62,3 +62,45 @@ def test_stop_interrupted_by_kill9_is_finished_after_restart(agent: AgentProc) -
     assert final["ended"] is not None, final
     assert "stopped by" in final["reason"], final
     assert job["id"] not in [j["id"] for j in agent.json("jobs", "--active")]
+
+
+# The main process sleeps and exits; its child traps SIGTERM, then "checkpoints" (1 s) and exits.
+LEFTOVER = r"""
+import os, signal, sys, time
+out = sys.argv[1]
+if os.fork() == 0:
+    def term(*_):
+        open(out + ".term", "w").close()
+        time.sleep(1)
+        open(out + ".saved", "w").close()
+        os._exit(0)
+    signal.signal(signal.SIGTERM, term)
+    open(out + ".ready", "w").close()
+    while True:
+        time.sleep(0.1)
+time.sleep(3)
+"""
+
+
+def test_stop_of_an_adopted_job_without_its_main_process_keeps_the_grace(agent: AgentProc, tmp_path: Path) -> None:
+    """A job whose main process ended while the agent was down, with a child still running, is
+    re-adopted and watched through cgroup.events. Stopping it sends SIGTERM and waits the grace
+    as for any job; the watch used to end (and kill the job) as soon as the stop was recorded."""
+    import sys
+
+    script = tmp_path / "leftover.py"
+    script.write_text(LEFTOVER)
+    out = tmp_path / "lm-t-child"
+    job = agent.json("submit", "--name", "lm-t-leftover", "--", sys.executable, str(script), str(out))
+    wait_until(lambda: Path(str(out) + ".ready").exists(), 30, "the child to catch SIGTERM")
+    agent.kill9()
+    wait_until(lambda: str(job["pid"]) not in (_procs(job["cgroup"]) or []), 30, "the main process to exit")
+    assert _procs(job["cgroup"]), "the child lives on in the cgroup"
+    agent.start()
+    adopted = agent.json("job", "show", job["id"])
+    assert adopted["state"] == "running" and adopted["adopted"], adopted
+    final = agent.json("job", "stop", job["id"], "--grace", "60")
+    assert Path(str(out) + ".term").exists()
+    assert Path(str(out) + ".saved").exists(), "the child was killed inside its grace"
+    assert final["state"] == "stopped" and final["ended"] is not None, final
+    assert _procs(job["cgroup"]) is None

@@ -762,8 +762,10 @@ class JobManager:
         task.add_done_callback(self._tasks.discard)
 
     async def _poll_populated(self, job_id: str) -> None:
+        # Until the cgroup empties, also while the job is being stopped: a stop records its state
+        # first and then waits its grace, which ending the watch at once (teardown: kill) cut short.
         job = self.jobs.get(job_id)
-        while job is not None and job.active and job.cgroup.populated():
+        while job is not None and self.jobs.get(job_id) is job and job.cgroup.populated():
             await asyncio.sleep(ADOPT_POLL_S)
         await self._on_exit(job_id)
 
