@@ -706,7 +706,7 @@ class JobManager:
         if spec.resume_from:
             env["LAMINAR_RESUME_FROM"] = spec.resume_from
         if spec.elastic_min is not None and self.state_dir is not None:  # zone.loan writes it on a scale
-            env["LAMINAR_WORKERS_FILE"] = str(self.state_dir / "elastic" / f"{job.id}.json")
+            env["LAMINAR_WORKERS_FILE"] = str(self._workers_file(job.id))
         if self.inventory is not None:
             # exactly its own GPUs, by UUID in NVML's order; none ("") for a job without GPUs,
             # which would otherwise see every GPU of the node, those of other jobs too
@@ -798,8 +798,14 @@ class JobManager:
             ev.set()
         self.admit()  # its charge is gone with its cgroup: room for the queue
 
+    def _workers_file(self, job_id: str) -> Path:
+        """An elastic job's worker count (``LAMINAR_WORKERS_FILE``; zone.loan writes it)."""
+        assert self.state_dir is not None
+        return self.state_dir / "elastic" / f"{job_id}.json"
+
     async def _teardown(self, job: Job) -> None:
-        """Kill what is left in the cgroup, wait for it to empty, remove it, unregister."""
+        """Kill what is left in the cgroup, wait for it to empty, remove it, unregister, and
+        remove the job's workers file (and a temporary one a crash left) if it has one."""
         try:
             if job.cgroup.exists():
                 if job.cgroup.populated():
@@ -816,6 +822,13 @@ class JobManager:
                 self.netguard.unregister_job(job.cgroup_id)
             except Exception as e:
                 log.debug("job %s: netguard.unregister_job: %s", job.id, e)
+        if job.spec.elastic_min is not None and self.state_dir is not None:
+            workers = self._workers_file(job.id)
+            for f in (workers, workers.with_suffix(".tmp")):
+                try:
+                    f.unlink(missing_ok=True)
+                except OSError as e:
+                    log.warning("job %s: cannot remove %s: %s", job.id, f, e)
 
     async def wait(self, job_id: str, timeout: float | None = None) -> Job | None:
         """Wait until the job has ended (or `timeout`); returns its final record."""
