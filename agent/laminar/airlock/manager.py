@@ -575,6 +575,13 @@ class Airlock:
         assert self.policy is not None
         now = time.monotonic()
         self._last_eval = now
+        # A job that ended while at a rung (stopped by its owner while suspended, ended or moved
+        # after a re-address) leaves it: in status, in the store, and in the end-of-episode test
+        # below, which a rung left behind kept from ever passing. A reclaim drops its own.
+        active = {j.id for j in self.jobs.active()}
+        for jid, (rung, _, _) in list(self.rungs.items()):
+            if jid not in active and rung != ladder.RECLAIM:
+                self._drop_rung(jid)
         sig = self.signals(now)
         level = ladder.pressure_level(sig, self.policy.doc)
         if level != self.level:
