@@ -45,6 +45,7 @@ import pickle
 import re
 import shutil
 import signal
+import stat
 import threading
 import time
 from pathlib import Path
@@ -57,6 +58,7 @@ SIDECARS = frozenset({"VERIFIED", "TRANSFER.json"})
 FORMAT_VERSION = 1
 _NAME = re.compile(r"^ckpt-\d+$")
 _HASH_BLOCK = 1 << 20
+MAX_MANIFEST_BYTES = 16 << 20  # a manifest lists files: anything larger is not one
 
 
 class CheckpointError(Exception):
@@ -71,22 +73,50 @@ def _fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
+def _open_regular(path: Path) -> int:
+    """An fd of ``path`` opened for reading only if it is a regular file: a symbolic link, a
+    pipe or a device is refused (OSError) without blocking, so a directory the job's user
+    writes can neither stall nor redirect what the agent reads."""
+    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise OSError(f"{path} is not a regular file")
+    return fd
+
+
 def file_sha256(path: Path) -> str:
+    """SHA-256 of the regular file ``path`` (hex); OSError for a link, pipe or device."""
     h = hashlib.sha256()
-    with open(path, "rb") as f:
+    with open(_open_regular(path), "rb") as f:
         while block := f.read(_HASH_BLOCK):
             h.update(block)
     return h.hexdigest()
+
+
+def _check_dir(p: Path) -> None:
+    try:
+        st = os.lstat(p)
+    except FileNotFoundError:
+        raise CheckpointError(f"checkpoint {p}: no such directory") from None
+    if stat.S_ISLNK(st.st_mode) or not stat.S_ISDIR(st.st_mode):
+        raise CheckpointError(f"checkpoint {p}: not a directory (a symbolic link is never a checkpoint)")
 
 
 def read_manifest(path: str | os.PathLike[str]) -> dict[str, Any]:
     """The manifest of the checkpoint directory ``path``, unverified. Raises CheckpointError."""
     p = Path(path)
     try:
-        m = json.loads((p / MANIFEST).read_text())
+        with open(_open_regular(p / MANIFEST), "rb") as f:
+            raw = f.read(MAX_MANIFEST_BYTES + 1)
     except FileNotFoundError:
         raise CheckpointError(f"checkpoint {p}: no {MANIFEST} (incomplete or not a checkpoint)") from None
-    except (OSError, json.JSONDecodeError) as e:
+    except OSError as e:
+        raise CheckpointError(f"checkpoint {p}: {MANIFEST} is not a readable regular file: {e}") from None
+    if len(raw) > MAX_MANIFEST_BYTES:
+        raise CheckpointError(f"checkpoint {p}: {MANIFEST} exceeds {MAX_MANIFEST_BYTES} bytes")
+    try:
+        m = json.loads(raw)
+    except (ValueError, RecursionError) as e:
         raise CheckpointError(f"checkpoint {p}: unreadable {MANIFEST}: {e}") from None
     if not isinstance(m, dict) or not isinstance(m.get("files"), list) or m.get("version") != FORMAT_VERSION:
         raise CheckpointError(f"checkpoint {p}: {MANIFEST} is not a version {FORMAT_VERSION} manifest")
@@ -99,9 +129,12 @@ def read_manifest(path: str | os.PathLike[str]) -> dict[str, Any]:
 
 def verify_checkpoint(path: str | os.PathLike[str]) -> dict[str, Any]:
     """The manifest of ``path`` after checking that every file it lists exists with the size
-    and SHA-256 it records and that no other file is present. Raises CheckpointError naming
-    the first problem: a checkpoint that fails this is never to be restored."""
+    and SHA-256 it records and that no other file is present. A checkpoint is a directory (not a
+    symbolic link to one) of regular files: a link, pipe or device is refused. Raises
+    CheckpointError naming the first problem: a checkpoint that fails this is never to be
+    restored."""
     p = Path(path)
+    _check_dir(p)
     m = read_manifest(p)
     listed = {f["name"] for f in m["files"]}
     extra = sorted(x.name for x in p.iterdir() if x.name != MANIFEST and x.name not in listed and x.name not in SIDECARS)
@@ -110,22 +143,31 @@ def verify_checkpoint(path: str | os.PathLike[str]) -> dict[str, Any]:
     for f in m["files"]:
         fp = p / f["name"]
         try:
-            size = fp.stat().st_size
+            st = os.lstat(fp)
         except FileNotFoundError:
             raise CheckpointError(f"checkpoint {p}: {f['name']} is missing") from None
+        if not stat.S_ISREG(st.st_mode):
+            raise CheckpointError(f"checkpoint {p}: {f['name']} is not a regular file (a link, pipe or device)")
+        size = st.st_size
         if size != f.get("size"):
             raise CheckpointError(f"checkpoint {p}: {f['name']} has {size} bytes, manifest says {f.get('size')}")
-        if file_sha256(fp) != f.get("sha256"):
+        try:
+            digest = file_sha256(fp)
+        except OSError as e:
+            raise CheckpointError(f"checkpoint {p}: {f['name']} is not a readable regular file: {e}") from None
+        if digest != f.get("sha256"):
             raise CheckpointError(f"checkpoint {p}: {f['name']} does not match its SHA-256 (corrupt)")
     return m
 
 
 def list_checkpoints(ckpt_dir: str | os.PathLike[str]) -> list[Path]:
-    """Committed checkpoint directories under ``ckpt_dir`` (``ckpt-<n>``), oldest first."""
+    """Committed checkpoint directories under ``ckpt_dir`` (``ckpt-<n>``), oldest first; a
+    symbolic link of that name is not one."""
     d = Path(ckpt_dir)
     if not d.is_dir():
         return []
-    return sorted((p for p in d.iterdir() if _NAME.match(p.name) and p.is_dir()), key=lambda p: int(p.name[5:]))
+    return sorted((p for p in d.iterdir() if _NAME.match(p.name) and p.is_dir() and not p.is_symlink()),
+                  key=lambda p: int(p.name[5:]))
 
 
 def workers(default: int | None = None) -> int | None:
