@@ -197,8 +197,9 @@ def latest_checkpoint(ckpt_dir: str | os.PathLike[str]) -> Path | None:
 class Checkpointer:
     """The job's handle on the contract. Arguments default to the ``LAMINAR_*`` environment.
 
-    ``keep``: how many committed checkpoints to keep in ``ckpt_dir`` (older ones are removed
-    after a new one commits). ``install_signal``: set the checkpoint signal's handler (only
+    ``keep``: how many committed checkpoints to keep in ``ckpt_dir``: after a new one commits,
+    it and the ``keep - 1`` newest with a lower step stay, the older ones are removed (one with
+    a higher step, left by another run, is neither counted nor removed). ``install_signal``: set the checkpoint signal's handler (only
     possible from the main thread)."""
 
     def __init__(
@@ -292,7 +293,10 @@ class Checkpointer:
             raise
         self._flag.clear()
         self.saved.append(final)
-        for p in list_checkpoints(self.ckpt_dir)[: -self.keep]:
+        # The new one and the keep-1 newest *older* ones stay: a checkpoint of a higher step (a
+        # corrupt one the job resumed past, another timeline) never counts against the new one.
+        older = [p for p in list_checkpoints(self.ckpt_dir) if int(p.name[5:]) < n]
+        for p in older[: max(0, len(older) - (self.keep - 1))]:
             shutil.rmtree(p, ignore_errors=True)
         return final
 
