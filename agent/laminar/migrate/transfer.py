@@ -84,6 +84,7 @@ PERSIST_EVERY = 8  # chunks between fdatasync + have.log appends
 MAX_NEED_ROUNDS = 5  # re-send rounds before a transfer is declared failed
 HANDSHAKE_TIMEOUT_S = 10.0
 IO_TIMEOUT_S = 60.0
+INCOMING_STALE_S = 24 * 3600.0  # a partial transfer untouched this long is abandoned (its sender never came back)
 _SAFE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")
 VERIFIED = "VERIFIED"
 TRANSFER_MANIFEST = "TRANSFER.json"
@@ -623,9 +624,11 @@ class Receiver:
         self.committed: list[Committed] = []
 
     async def start(self, host: str, port: int) -> int:
-        """Listens on host:port (0: any free port); returns the bound port."""
+        """Listens on host:port (0: any free port); returns the bound port. First removes what
+        a crash left (:meth:`sweep` with ``at_start``)."""
         (self.root / "incoming").mkdir(parents=True, exist_ok=True)
         (self.root / "checkpoints").mkdir(parents=True, exist_ok=True)
+        self.sweep(at_start=True)
         self.server = await asyncio.start_server(self._handle, host, port)
         return int(self.server.sockets[0].getsockname()[1])
 
@@ -634,6 +637,41 @@ class Receiver:
             self.server.close()
             await self.server.wait_closed()
             self.server = None
+
+    def sweep(self, at_start: bool = False, now: float | None = None) -> list[Path]:
+        """Removes what interrupted transfers left and returns it: a partial transfer
+        (``incoming/<job>/<ckpt>/``) no connection is receiving whose files are all older than
+        INCOMING_STALE_S (a younger one is how a transfer resumes, across restarts too), job
+        directories left empty under ``incoming/``, and, ``at_start`` (nothing is being
+        committed), commit temporaries ``checkpoints/<job>/.tmp-*`` of a destination that died
+        mid-commit. Links are removed as links; nothing outside ``root`` is touched."""
+        now = time.time() if now is None else now
+        gone: list[Path] = []
+        busy = {k for k, lock in self._locks.items() if lock.locked()}
+        for jd in _subdirs(self.root / "incoming"):
+            for cd in _subdirs(jd):
+                if (jd.name, cd.name) in busy:
+                    continue
+                try:
+                    newest = max([cd.lstat().st_mtime, *(x.lstat().st_mtime for x in cd.iterdir())])
+                except OSError:
+                    continue
+                if now - newest >= INCOMING_STALE_S:
+                    shutil.rmtree(cd, ignore_errors=True)
+                    gone.append(cd)
+            with contextlib.suppress(OSError):
+                jd.rmdir()  # only when empty
+        if at_start:
+            for jd in _subdirs(self.root / "checkpoints"):
+                for t in jd.glob(".tmp-*"):
+                    if t.is_dir() and not t.is_symlink():
+                        shutil.rmtree(t, ignore_errors=True)
+                    else:
+                        t.unlink(missing_ok=True)
+                    gone.append(t)
+        for g in gone:
+            log.info("transfer: removed %s (left by an interrupted transfer)", g)
+        return gone
 
     def final_dir(self, job_id: str, ckpt_id: str) -> Path:
         return self.root / "checkpoints" / job_id / ckpt_id
@@ -767,6 +805,8 @@ class Receiver:
                     await _send(w, {"t": "committed", "digest": m.digest, "path": str(path)})
                     c = Committed(m.job_id, m.ckpt_id, path, m.digest, node)
                     self.committed.append(c)
+                    with contextlib.suppress(OSError):
+                        self.sweep()
                     if self.on_commit is not None:
                         res = self.on_commit(c)
                         if asyncio.iscoroutine(res):
@@ -834,6 +874,14 @@ class Receiver:
         os.close(fd)
         shutil.rmtree(inc.dir, ignore_errors=True)
         return final
+
+
+def _subdirs(d: Path) -> list[Path]:
+    """The directories in ``d`` (not links to them); [] when ``d`` cannot be listed."""
+    try:
+        return [x for x in d.iterdir() if x.is_dir() and not x.is_symlink()]
+    except OSError:
+        return []
 
 
 def verified_checkpoint(path: str | os.PathLike[str]) -> Path:
