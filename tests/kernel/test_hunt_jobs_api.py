@@ -9,6 +9,8 @@ way). It is now refused with 400, naming the value, and the job runs on untouche
 from __future__ import annotations
 
 import json
+import os
+import signal
 import socket
 from collections.abc import Iterator
 from pathlib import Path
@@ -75,3 +77,29 @@ def test_only_the_owner_root_or_the_control_group_may_stop_a_job(agent: AgentPro
     r = agent.ctl("-o", "json", "job", "stop", mine["id"], "--grace", "0", user=NOBODY, check=False)
     assert r.returncode == 0, r.stderr
     assert json.loads(r.stdout)["state"] == "stopped"
+
+
+def test_stop_does_not_block_the_agent_on_a_main_process_the_kill_missed(agent: AgentProc, tmp_path: Path) -> None:
+    """``cgroup.kill`` cannot end a main process that is not in the job's cgroup any more (a root
+    job can move itself out) or that sleeps uninterruptibly (a hung storage mount): 10 s after the
+    kill the stop tears the job down anyway. It used to ``wait()`` for that process inside the
+    event loop, which froze the whole agent (API, Airlock, kill-switches) for as long as the
+    process lived. Now the stop completes and the main process is killed directly."""
+    escaped = tmp_path / "lm-t-escaped"
+    job = agent.json("submit", "--name", "lm-t-escape", "--", "sh", "-c",
+                     f"echo $$ > /sys/fs/cgroup/unified/cgroup.procs; echo $$ > {escaped}; exec sleep 600")
+    wait_until(lambda: escaped.exists() and escaped.read_text().strip(), 30, "the main process to leave its cgroup")
+    pid = int(escaped.read_text())
+    try:
+        r = agent.ctl("-o", "json", "job", "stop", job["id"], "--grace", "0", check=False, timeout=90)
+        assert r.returncode == 0, r.stderr
+        final = json.loads(r.stdout)
+        assert final["state"] == "stopped" and final["ended"] is not None, final
+        agent.json("status")  # the agent answers
+        wait_until(lambda: not Path(f"/proc/{pid}").exists() or "zombie" in Path(f"/proc/{pid}/status").read_text()
+                   or " Z " in Path(f"/proc/{pid}/stat").read_text(), 30, "the escaped main process to be killed")
+    finally:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass

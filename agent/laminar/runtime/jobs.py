@@ -774,8 +774,12 @@ class JobManager:
         job = self.jobs.get(job_id)
         if job is None:
             return
+        self._unwatch(job_id)
         proc = self._popen.pop(job_id, None)
-        code = proc.wait() if proc is not None else None  # a pidfd fired: wait() does not block
+        # Never wait() here: in the event loop that would freeze the agent for as long as a main
+        # process the stop's kill could not end lives on (see stop). When its pidfd fired it has
+        # exited and poll() reaps it; otherwise its code is unknown.
+        code = proc.poll() if proc is not None else None
         if job.active:
             job.state = "exited"
             job.reason = job.reason or (f"exit code {code}" if code is not None else "exited (adopted: exit code unknown)")
@@ -909,8 +913,15 @@ class JobManager:
         except CgroupError as e:
             log.warning("job %s: stop: %s", job.id, e)
         except TimeoutError:
-            # The main process exited but was never reaped by us (cannot happen with pidfd);
-            # tear down directly so the cgroup does not stay.
+            # 10 s after cgroup.kill the main process still lives: it is no longer in the job's
+            # cgroup (a root job can move itself out) or sleeps uninterruptibly (hung storage).
+            # Kill it by its pidfd (never another process) and tear down without waiting for it.
+            fd = self._pidfds.get(job.id)
+            if fd is not None:
+                try:
+                    signal.pidfd_send_signal(fd, signal.SIGKILL)
+                except OSError:
+                    pass
             await self._on_exit(job.id)
         return self.get(job.id) or job
 
