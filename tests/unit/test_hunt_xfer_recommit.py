@@ -87,3 +87,22 @@ def test_a_conflicting_verified_copy_is_still_refused(tmp_path: Path) -> None:
         assert (dst / "state.bin").read_bytes() == (a / "state.bin").read_bytes()
 
     asyncio.run(_with_receiver(root, body))
+
+
+def test_a_committed_file_replaced_by_a_link_or_pipe_is_not_verified(tmp_path: Path) -> None:
+    ckpt = make_ckpt(tmp_path, 20_000)
+    root = tmp_path / "dst"
+
+    async def body(rcv: Receiver, port: int) -> Path:
+        return Path((await send_checkpoint("127.0.0.1", port, ckpt, "j1", KEY)).remote_path)
+
+    dst = asyncio.run(_with_receiver(root, body))
+    (dst / "state.bin").rename(tmp_path / "moved.bin")
+    os.symlink(tmp_path / "moved.bin", dst / "state.bin")  # same bytes, through a link
+    with pytest.raises(TransferError, match="changed since it was verified"):
+        verified_checkpoint(dst)
+    (dst / "state.bin").unlink()
+    os.mkfifo(dst / "state.bin")
+    with pytest.raises(TransferError, match="changed since it was verified"):
+        verified_checkpoint(dst)
+    assert latest_verified(root, "j1") is None

@@ -899,7 +899,11 @@ def verified_checkpoint(path: str | os.PathLike[str]) -> Path:
         raise TransferError(f"transfer: {p}: manifest digest does not match its VERIFIED marker")
     for name, size, sha in m.files:
         f = p / name
-        if not f.is_file() or f.stat().st_size != size or jobkit.file_sha256(f) != sha:
+        try:
+            same = f.lstat().st_size == size and jobkit.file_sha256(f) == sha  # a link or pipe: OSError
+        except OSError:
+            same = False
+        if not same:
             raise TransferError(f"transfer: {p}: {name} changed since it was verified")
     return p
 
