@@ -71,3 +71,12 @@ def test_cli_waits_for_a_long_grace(tmp_path: Path, monkeypatch: pytest.MonkeyPa
     monkeypatch.setattr(client.Client, "post", post)
     assert main(["--socket", str(tmp_path / "none.sock"), "job", "stop", "job-1", "--grace", "600"]) == 0
     assert seen["timeout"] is not None and seen["timeout"] > 600
+
+
+@pytest.mark.parametrize("sig", ["SIGKILL", "KILL", 9, "SIGSTOP", 19])
+def test_checkpoint_signal_must_be_one_a_job_can_catch(sig: object) -> None:
+    """No process can handle SIGKILL or SIGSTOP: a job on laminar.jobkit died at its start
+    (signal.signal raised OSError), and the agent could never ask for a checkpoint."""
+    with pytest.raises(JobError, match="cannot be caught"):
+        JobSpec.from_dict({"command": ["true"], "checkpoint_signal": sig})
+    assert JobSpec.from_dict({"command": ["true"], "checkpoint_signal": "SIGUSR2"}).checkpoint_signal == "SIGUSR2"

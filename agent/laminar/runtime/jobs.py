@@ -143,14 +143,20 @@ def parse_memory_mb(value: Any) -> int | None:
 
 
 def parse_signal(value: Any) -> str:
-    """'SIGUSR1', 'USR1', 10 -> 'SIGUSR1'."""
+    """'SIGUSR1', 'USR1', 10 -> 'SIGUSR1'. SIGKILL and SIGSTOP are refused: no process can
+    catch them, so a job could never checkpoint on one (laminar.jobkit fails at its start)."""
     try:
         if isinstance(value, int) and not isinstance(value, bool):
-            return signal.Signals(value).name
-        name = str(value).upper()
-        return signal.Signals[name if name.startswith("SIG") else "SIG" + name].name
+            name = signal.Signals(value).name
+        else:
+            name = str(value).upper()
+            name = signal.Signals[name if name.startswith("SIG") else "SIG" + name].name
     except (KeyError, ValueError):
         raise JobError(f"checkpoint signal {value!r}: expected a signal name like SIGUSR1 or a number") from None
+    if name in ("SIGKILL", "SIGSTOP"):
+        raise JobError(f"checkpoint signal {value!r}: {name} cannot be caught, so the job could never checkpoint "
+                       "on it; use a catchable signal such as SIGUSR1 (the default) or SIGUSR2")
+    return name
 
 
 def parse_grace_s(value: Any) -> float | None:
