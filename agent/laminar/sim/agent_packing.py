@@ -22,8 +22,10 @@ What may differ from ``laminar-frag-wide`` (the point of running it):
 
 - the mix: ``mix="workload"`` gives every arbiter the workload's mix
   (:func:`~laminar.sim.allocation.workload_mix`, as the simulator does); ``mix="learned"``
-  is the agent's default, the mix of the shapes probed at each node lately
-  (:data:`laminar.zone.component.DEFAULT_FRAG_MIX` until 16 were seen);
+  is the agent's default, the mix each node learns from the shapes probed at it
+  (:class:`laminar.zone.mixlearn.MixLearner`;
+  :data:`laminar.zone.component.DEFAULT_FRAG_MIX` until 16 were seen); ``mix="pooled"`` is
+  a diagnostic (one learner shared by every node, :data:`DIAGNOSTIC_MIXES`);
 - the zones: the submitter takes the zones whose summaries' ``zone_fit`` is positive, where
   the simulator counts the nodes of each zone that can host the pod. ``zone_fit`` reads the
   summaries' host buckets (:func:`laminar.zone.placement.host_buckets`: per shape, the nodes
@@ -41,6 +43,10 @@ submitter reads exact summaries (their traffic is background, not counted per po
 Run it (from the repository root)::
 
     .venv/bin/python -m laminar.sim.agent_packing --seed 42        # with PYTHONPATH=agent
+
+``--mix-trace N`` prints, every N pods, how far the arbiters' mixes are from the workload's
+(:class:`MixTrace`: total variation distances, per zone group, of the probe stream and of
+the placed pods).
 """
 
 from __future__ import annotations
@@ -51,7 +57,8 @@ import json
 import random
 import sys
 import time
-from collections.abc import Sequence
+from collections import Counter
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -60,8 +67,9 @@ from laminar.sim.cluster import demand_of
 from laminar.sim.trace import JobSpec, NodeSpec, default_data_dir, read_openb_nodes, read_openb_pods
 from laminar.zone import packing as K
 from laminar.zone import placement as pl
-from laminar.zone.component import LEASE_S, Arbiter
+from laminar.zone.component import DEFAULT_FRAG_MIX, LEASE_S, Arbiter, PlacementResult
 from laminar.zone.membership import Member, Membership
+from laminar.zone.mixlearn import mix_distance
 from laminar.zone.simnet import SimNet
 
 ZONE_SIZE = 64
@@ -76,6 +84,11 @@ starts, but the wait is measured in real time while the answers are read: a shor
 (SimNet's 0.05 s) could run out on a loaded machine and mark nodes as missed."""
 
 MIXES = ("workload", "learned")
+DIAGNOSTIC_MIXES = ("pooled",)
+"""``pooled``: a diagnostic, not the agent: every arbiter counts its probes into one shared
+:class:`laminar.zone.mixlearn.MixLearner` (each placement once), so all score with the mix of
+the whole probe stream: what a mix shared between the nodes (e.g. carried by the zone
+summaries) could give; the agents today learn one each (``learned``)."""
 
 ZONE_CHOICES = ("summary", "exact")
 """How the submitter learns which zones can take a pod: ``summary`` (the agent: the zone
@@ -186,17 +199,105 @@ class ExactZoneFits:
         return out
 
 
+def mix_classes(mix: K.ShapeMix) -> dict[str, float]:
+    """A mix's probability by class: CPU-only, a share of one GPU, one whole GPU, several GPUs."""
+    out = {"cpu": 0.0, "share": 0.0, "gpu1": 0.0, "gpus": 0.0}
+    for s, p in mix:
+        out["cpu" if s.num_gpus == 0 else "share" if s.gpu_milli < K.MILLI else "gpu1" if s.num_gpus == 1
+            else "gpus"] += p
+    return out
+
+
+class MixTrace:
+    """Instrumentation for :func:`run_agent_packing` (``observe``): every ``every`` pods, how far
+    the mixes the arbiters score with are from ``reference`` (the workload's mix) and from the
+    mix of the pods that arrived so far; the probe stream's own mix (each pod's shape counted
+    once per probe sent for it) and the placed pods' mix. Rows go to ``rows`` (and ``out``)."""
+
+    def __init__(self, reference: K.ShapeMix, every: int, out: Callable[[str], None] | None = None) -> None:
+        if every <= 0:
+            raise ValueError(f"mix trace: every {every!r} must be > 0")
+        self.reference = reference
+        self.every = every
+        self.out = out
+        self.rows: list[dict[str, object]] = []
+        self._arrived: Counter[K.Shape] = Counter()
+        self._placed: Counter[K.Shape] = Counter()
+        self._probes: Counter[K.Shape] = Counter()
+        self._probes_of = {"placed": 0, "failed": 0}
+        self._pods_of = {"placed": 0, "failed": 0}
+        self._repeat = 0  # probes that went to a node already probed for the same pod
+
+    @staticmethod
+    def _mix(c: Counter[K.Shape]) -> K.ShapeMix:
+        return K.shape_mix(c.elements(), A.MIX_COVERAGE)
+
+    def __call__(self, i: int, pod: JobSpec, r: PlacementResult, net: SimNet) -> None:
+        shape = K.shape_of(pod.worker_gpus, pod.worker_cpus)
+        self._arrived[shape] += 1
+        kind = "placed" if r.outcome == "placed" else "failed"
+        if kind == "placed":
+            self._placed[shape] += 1
+        self._probes[shape] += len(r.probed)
+        self._probes_of[kind] += len(r.probed)
+        self._pods_of[kind] += 1
+        self._repeat += len(r.probed) - len(set(r.probed))
+        if (i + 1) % self.every:
+            return
+        arrived = self._mix(self._arrived)
+        mixes = {n: a.shape_mix() for n, a in net.arbiters.items()}
+        learned = [m for m in mixes.values() if m is not self._default]
+        zone = {n: net.membership.by_node[n].zone for n in mixes}
+        d_ref = [mix_distance(m, self.reference) for m in learned]
+        d_arr = [mix_distance(m, arrived) for m in learned]
+        pooled: dict[K.Shape, float] = {}
+        for m in learned:
+            for s, p in m:
+                pooled[s] = pooled.get(s, 0.0) + p / len(learned)
+        pooled_mix = tuple(sorted(pooled.items(), key=lambda kv: -kv[1]))
+        early = [mix_distance(m, self.reference) for n, m in mixes.items() if m is not self._default and zone[n] <= 4]
+        late = [mix_distance(m, self.reference) for n, m in mixes.items() if m is not self._default and zone[n] > 4]
+        def mean(x: list[float]) -> float | None:
+            return round(sum(x) / len(x), 3) if x else None
+        row: dict[str, object] = {
+            "pods": i + 1, "nodes_learned": len(learned),
+            "node_tv_workload": mean(d_ref), "node_tv_arrived": mean(d_arr),
+            "node_tv_workload_zones1_4": mean(early), "node_tv_workload_zones5_": mean(late),
+            "pooled_tv_workload": round(mix_distance(pooled_mix, self.reference), 3),
+            "probe_stream_tv_workload": round(mix_distance(self._mix(self._probes), self.reference), 3)
+            if self._probes else None,
+            "placed_tv_workload": round(mix_distance(self._mix(self._placed), self.reference), 3)
+            if self._placed else None,
+            "arrived_tv_workload": round(mix_distance(arrived, self.reference), 3),
+            "probes_per_placed": round(self._probes_of["placed"] / max(1, self._pods_of["placed"]), 1),
+            "probes_per_failed": round(self._probes_of["failed"] / max(1, self._pods_of["failed"]), 1),
+            "repeat_probes": self._repeat,
+            "classes_workload": {k: round(v, 3) for k, v in mix_classes(self.reference).items()},
+            "classes_pooled": {k: round(v, 3) for k, v in mix_classes(pooled_mix).items()},
+            "classes_probes": {k: round(v, 3) for k, v in mix_classes(self._mix(self._probes)).items()}
+            if self._probes else None,
+        }
+        self.rows.append(row)
+        if self.out is not None:
+            self.out(json.dumps(row))
+
+    _default: K.ShapeMix = DEFAULT_FRAG_MIX
+
+
 def run_agent_packing(
     nodes: Sequence[NodeSpec], pods: Sequence[JobSpec], seed: int = 42, ratio: float = 1.3, *, mix: str = "workload",
     spread: int = A.FRAG_SPREAD, use_wire: bool = True, limit: int | None = None, zones: str = "summary",
+    observe: Callable[[int, JobSpec, PlacementResult, SimNet], None] | None = None,
 ) -> AgentPackingResult:
     """One run of the experiment by the agents (see the module docs); deterministic for ``seed``.
 
-    ``mix``: ``"workload"`` (every arbiter scores with the workload's mix, as the simulator)
-    or ``"learned"`` (the agent's default). ``zones``: one of :data:`ZONE_CHOICES`. ``limit``: place only the first ``limit`` pods of
-    the shuffled list (a prefix, for timing); the ratio is still over the whole cluster."""
-    if mix not in MIXES:
-        raise ValueError(f"agent packing: mix {mix!r}; choose one of {', '.join(MIXES)}")
+    ``mix``: ``"workload"`` (every arbiter scores with the workload's mix, as the simulator),
+    ``"learned"`` (the agent's default) or ``"pooled"`` (:data:`DIAGNOSTIC_MIXES`). ``zones``: one of :data:`ZONE_CHOICES`. ``limit``: place only the first ``limit`` pods of
+    the shuffled list (a prefix, for timing); the ratio is still over the whole cluster.
+    ``observe(i, pod, result, net)``: called after the ``i``-th pod's placement (instrumentation,
+    e.g. :class:`MixTrace`); it must not change the arbiters."""
+    if mix not in MIXES + DIAGNOSTIC_MIXES:
+        raise ValueError(f"agent packing: mix {mix!r}; choose one of {', '.join(MIXES + DIAGNOSTIC_MIXES)}")
     if zones not in ZONE_CHOICES:
         raise ValueError(f"agent packing: zones {zones!r}; choose one of {', '.join(ZONE_CHOICES)}")
     if limit is not None and limit < 0:
@@ -208,6 +309,10 @@ def run_agent_packing(
     full = A.inflate(pods, capacity, ratio, random.Random(seed))  # the same list as run_allocation's
     work = full if limit is None else full[:limit]
     net = build_net(nodes, A.workload_mix(full) if mix == "workload" else None, seed, use_wire)
+    if mix == "pooled":
+        shared = next(iter(net.arbiters.values())).mix_learner
+        for a in net.arbiters.values():
+            a.mix_learner = shared
     sub = net.submitter(A.FRAG_RETRY)
     exact = ExactZoneFits(net, A.FRAG_RETRY.zones * spread)
     if zones == "exact":
@@ -218,7 +323,7 @@ def run_agent_packing(
 
     async def go() -> None:
         nonlocal placed, failed, no_zone
-        for p in work:
+        for i, p in enumerate(work):
             r = await sub.place(demand_of(p.worker_gpus, p.worker_cpus, p.worker_memory_mb), {"name": p.job_id},
                                 packing=True)
             if r.outcome == "placed":
@@ -227,6 +332,8 @@ def run_agent_packing(
             else:
                 failed += 1
                 no_zone += not r.probed
+            if observe is not None:
+                observe(i, p, r, net)
             net.clock_s += ARRIVAL_GAP_S
             net.refresh_summaries(only_changed=True)
 
@@ -245,13 +352,16 @@ def main(argv: Sequence[str] | None = None) -> int:
                                  "(real Arbiter/Submitter over SimNet, a fake network), beside laminar-frag-wide")
     ap.add_argument("--seed", type=int, action="append", help="seed (repeatable; default 42)")
     ap.add_argument("--data", type=Path, default=default_data_dir(), help="directory of the openb CSVs")
-    ap.add_argument("--mix", choices=(*MIXES, "both"), default="both")
+    ap.add_argument("--mix", choices=(*MIXES, *DIAGNOSTIC_MIXES, "both"), default="both",
+                    help="both: workload and learned; pooled: a diagnostic (one learner shared by every node)")
     ap.add_argument("--zones", choices=(*ZONE_CHOICES, "both"), default="summary",
                     help="zone choice: the summaries (the agent), exact host counts (a diagnostic), or both")
     ap.add_argument("--limit", type=int, default=None, help="place only the first N pods (timing)")
     ap.add_argument("--no-wire", action="store_true", help="skip the wire codec (faster; same decisions)")
     ap.add_argument("--no-sim", action="store_true", help="skip the simulator's laminar-frag-wide run")
     ap.add_argument("--json", type=Path, help="write the results here")
+    ap.add_argument("--mix-trace", type=int, default=0, metavar="N",
+                    help="every N pods, print how far the arbiters' mixes are from the workload's (MixTrace)")
     args = ap.parse_args(argv)
     nodes = read_openb_nodes(args.data / "openb_node_list_gpu_node.csv")
     pods = read_openb_pods(args.data / "openb_pod_list_default.csv")
@@ -268,7 +378,12 @@ def main(argv: Sequence[str] | None = None) -> int:
             out.append(row)
         for mix, zones in [(m, z) for m in (MIXES if args.mix == "both" else (args.mix,))
                            for z in (ZONE_CHOICES if args.zones == "both" else (args.zones,))]:
-            r = run_agent_packing(nodes, pods, seed, mix=mix, use_wire=not args.no_wire, limit=args.limit, zones=zones)
+            trace = None
+            if args.mix_trace:
+                ref = A.workload_mix(A.inflate(pods, float(sum(n.gpus for n in nodes)), 1.3, random.Random(seed)))
+                trace = MixTrace(ref, args.mix_trace, out=lambda line: print(line, flush=True))
+            r = run_agent_packing(nodes, pods, seed, mix=mix, use_wire=not args.no_wire, limit=args.limit, zones=zones,
+                                  observe=trace)
             row = {"run": f"agent mix={mix} zones={zones}"} | {k: round(v, 2) if isinstance(v, float) else v
                                                  for k, v in asdict(r).items()}
             print(json.dumps(row), flush=True)
