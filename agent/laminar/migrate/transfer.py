@@ -24,11 +24,19 @@ for ``chunk`` the raw bytes the header announces):
 4. ``done`` -> the destination re-reads the whole partial file, checks every chunk and every
    file hash again, and answers ``need {chunks}`` (chunks that failed in transit or on disk: the
    sender sends them again) or, after an atomic commit (files fsync'd, a ``VERIFIED`` marker,
-   rename), ``committed {digest, path}``.
+   rename), ``committed {digest, path, mac}``: the MAC (zone key, this connection's server
+   nonce, digest, path) lets the sender believe only the destination that it is delivered.
 
 A connection may instead carry one *control message* after the handshake (``ctl {op, body,
-mac}`` -> ``ctl-ok {result}``; :func:`send_control`): the MAC covers the body and the server's
-nonce of this connection, so it is neither forgeable nor replayable. The reclaim component uses
+mac}`` -> ``ctl-ok {result, mac}``; :func:`send_control`): the MACs cover the op, the body (or
+result) and the server's nonce of this connection, so neither is forgeable, replayable, or
+turned into another operation on the way. An agent from before these MACs fails them with a
+clear error (both sides of a zone run the same version).
+
+Before the peer has authenticated, the endpoint reads at most MAX_HANDSHAKE bytes per message
+and holds at most MAX_UNAUTHENTICATED connections per address in the handshake. Partial
+transfers no connection has touched for INCOMING_STALE_S, and a commit's temporary left by a
+crash, are removed (:meth:`Receiver.sweep`, at start and after each commit). The reclaim component uses
 it to forward a reclaim notice and to hand a job's guard (its spec) to the node holding its
 replicas (:mod:`laminar.migrate.reclaim`).
 
@@ -215,6 +223,27 @@ def build_manifest(ckpt_dir: str | os.PathLike[str], job_id: str, chunk_size: in
 
 
 # -- framing --------------------------------------------------------------------------------
+
+
+def _canon(v: Any) -> bytes:
+    return json.dumps(v, sort_keys=True, separators=(",", ":")).encode()
+
+
+def _committed(key: bytes, ns: bytes, m: Manifest, path: Path) -> dict[str, Any]:
+    """The destination's ``committed`` answer, MAC'd with this connection's nonce: a peer on
+    the path cannot tell the sender a checkpoint is delivered."""
+    return {"t": "committed", "digest": m.digest, "path": str(path),
+            "mac": mac(key, b"laminar-committed", ns, m.digest.encode(), str(path).encode())}
+
+
+def _check_committed(hdr: dict[str, Any], key: bytes, ns: bytes, m: Manifest) -> str:
+    """The committed path of a ``committed`` answer whose MAC checks; raises TransferError."""
+    path, digest = str(hdr.get("path", "")), str(hdr.get("digest", ""))
+    want = mac(key, b"laminar-committed", ns, m.digest.encode(), path.encode())
+    if digest != m.digest or not hmac.compare_digest(str(hdr.get("mac", "")), want):
+        raise TransferError(f"transfer: {m.job_id}/{m.ckpt_id}: 'committed' answer without a valid MAC (tampered with "
+                            "on the way, or the destination runs an older protocol)", fatal=True)
+    return path
 
 
 async def _send(w: asyncio.StreamWriter, hdr: dict[str, Any], payload: bytes = b"") -> None:
@@ -406,11 +435,11 @@ async def _send_once(
     handle = None
     reader_task: asyncio.Task[None] | None = None
     try:
-        await _client_handshake(r, w, key, zone, node)
+        ns = await _client_handshake(r, w, key, zone, node)
         await _send(w, {"t": "offer", "manifest": m.body(), "mac": mac(key, b"laminar-manifest", m.digest.encode())})
         hdr, _ = await _recv(r)
         if hdr["t"] == "committed":
-            res.remote_path = hdr.get("path", "")
+            res.remote_path = _check_committed(hdr, key, ns, m)
             if progress:
                 progress(Progress(m.job_id, m.ckpt_id, m.total_bytes, m.total_bytes, time.monotonic() - t0))
             return
@@ -464,7 +493,7 @@ async def _send_once(
                 raise TransferError("transfer: connection closed before the destination answered")
             h = get.result()
             if h["t"] == "committed":
-                res.remote_path = h.get("path", "")
+                res.remote_path = _check_committed(h, key, ns, m)
                 if progress:
                     progress(Progress(m.job_id, m.ckpt_id, m.total_bytes, m.total_bytes, time.monotonic() - t0))
                 return
@@ -499,12 +528,16 @@ async def send_control(
     r, w = await asyncio.wait_for(asyncio.open_connection(host, port), timeout)
     try:
         ns = await asyncio.wait_for(_client_handshake(r, w, key, zone, node), timeout)
-        raw = json.dumps(body, sort_keys=True, separators=(",", ":")).encode()
-        await _send(w, {"t": "ctl", "op": op, "body": body, "mac": mac(key, b"laminar-ctl", ns, raw)})
+        raw = _canon(body)
+        await _send(w, {"t": "ctl", "op": op, "body": body, "mac": mac(key, b"laminar-ctl", ns, op.encode(), raw)})
         hdr, _ = await _recv(r, timeout)
         if hdr["t"] != "ctl-ok":
             raise TransferError(f"transfer: expected ctl-ok, got {hdr['t']!r}")
-        return hdr.get("result")
+        result = hdr.get("result")
+        if not hmac.compare_digest(str(hdr.get("mac", "")), mac(key, b"laminar-ctl-ok", ns, op.encode(), _canon(result))):
+            raise TransferError(f"transfer: the answer to control {op!r} has no valid MAC (tampered with on the way, "
+                                "or the peer runs an older protocol)", fatal=True)
+        return result
     finally:
         w.close()
         with contextlib.suppress(Exception):
@@ -705,7 +738,7 @@ class Receiver:
             except TimeoutError:
                 raise TransferError(f"transfer: {m.job_id}/{m.ckpt_id} is busy with another connection") from None
             try:
-                await self._receive(r, w, m, node)
+                await self._receive(r, w, m, node, key, ns)
             finally:
                 lock.release()
         except (TransferError, ValueError, KeyError, TypeError) as e:
@@ -721,10 +754,12 @@ class Receiver:
 
     async def _control(self, w: asyncio.StreamWriter, hdr: dict[str, Any], node: str, key: bytes, ns: bytes) -> None:
         body = hdr.get("body")
-        raw = json.dumps(body, sort_keys=True, separators=(",", ":")).encode()
-        if not hmac.compare_digest(str(hdr.get("mac", "")), mac(key, b"laminar-ctl", ns, raw)):
+        op = hdr.get("op")
+        if not isinstance(op, str):
+            raise TransferError(f"transfer: control message without an op (a string): {op!r}", fatal=True)
+        # The MAC covers the op too: otherwise a "guard" could be turned into a "release" on the way.
+        if not hmac.compare_digest(str(hdr.get("mac", "")), mac(key, b"laminar-ctl", ns, op.encode(), _canon(body))):
             raise TransferError("transfer: control message rejected: its MAC does not match", fatal=True)
-        op = str(hdr.get("op", ""))
         if self.on_control is None:
             raise TransferError(f"transfer: this endpoint takes no control messages (op {op!r})", fatal=True)
         try:
@@ -733,7 +768,7 @@ class Receiver:
                 res = await res
         except (ValueError, KeyError, TypeError) as e:
             raise TransferError(f"transfer: control {op!r} refused: {e}", fatal=True) from None
-        await _send(w, {"t": "ctl-ok", "result": res})
+        await _send(w, {"t": "ctl-ok", "result": res, "mac": mac(key, b"laminar-ctl-ok", ns, op.encode(), _canon(res))})
 
     async def _handshake(self, r: asyncio.StreamReader, w: asyncio.StreamWriter) -> tuple[str, bytes, bytes]:
         hdr, _ = await _recv(r, HANDSHAKE_TIMEOUT_S, MAX_HANDSHAKE)
@@ -759,7 +794,8 @@ class Receiver:
         await _send(w, {"t": "ok"})
         return str(hdr.get("node", "")), key, ns
 
-    async def _receive(self, r: asyncio.StreamReader, w: asyncio.StreamWriter, m: Manifest, node: str) -> None:
+    async def _receive(self, r: asyncio.StreamReader, w: asyncio.StreamWriter, m: Manifest, node: str, key: bytes,
+                       ns: bytes) -> None:
         final = self.final_dir(m.job_id, m.ckpt_id)
         if final.exists():
             try:
@@ -773,7 +809,7 @@ class Receiver:
                 shutil.rmtree(final)
             else:
                 if old.get("body", {}).get("files") == m.body()["files"]:  # same bytes, any chunking
-                    await _send(w, {"t": "committed", "digest": m.digest, "path": str(final)})
+                    await _send(w, _committed(key, ns, m, final))
                     return
                 raise TransferError(f"transfer: {m.job_id}/{m.ckpt_id} is already committed with other content",
                                     fatal=True)
@@ -802,7 +838,7 @@ class Receiver:
                         await _send(w, {"t": "need", "chunks": sorted(bad)})
                         continue
                     path = self._commit(inc, node)
-                    await _send(w, {"t": "committed", "digest": m.digest, "path": str(path)})
+                    await _send(w, _committed(key, ns, m, path))
                     c = Committed(m.job_id, m.ckpt_id, path, m.digest, node)
                     self.committed.append(c)
                     with contextlib.suppress(OSError):
