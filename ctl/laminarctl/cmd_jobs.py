@@ -68,7 +68,7 @@ def register(sub: Any, common: argparse.ArgumentParser) -> None:
     p.add_argument("--priority", type=int, default=50, help="0..100, higher survives longer (default 50)")
     p.add_argument("--ckpt-signal", default="SIGUSR1", help="signal that asks the job for a checkpoint (default SIGUSR1)")
     p.add_argument("--env", type=_env_arg, action="append", default=[], metavar="NAME=VALUE", help="extra environment")
-    p.add_argument("--cwd", help="working directory (absolute; default: the agent's)")
+    p.add_argument("--cwd", help="working directory (absolute, one you may enter; default: the agent's)")
     p.add_argument("--lent", action="store_true", help="the job runs on lent capacity (covered by the lent kill-switch)")
     p.add_argument("--elastic", metavar="MIN:MAX", help="elastic workers, e.g. 1:4")
     p.add_argument("--resume-from", help="checkpoint to resume from (sets LAMINAR_RESUME_FROM)")

@@ -13,7 +13,8 @@ or ``POST /v1/jobs``). The `JobManager`:
 3. spawns the command in its own session through a tiny ``/bin/sh`` step that writes its own
    pid into every ``cgroup.procs`` and its ``oom_score_adj`` *before* it execs the command, so
    no instruction of the job runs outside its cgroups; a job submitted by a non-root caller
-   runs as that caller (``setpriv``), never as root;
+   runs as that caller (``setpriv``), never as root, and enters its working directory as that
+   caller (submit refuses one the caller may not enter);
 4. gives it the checkpoint contract: ``LAMINAR_JOB_ID``, ``LAMINAR_CKPT_DIR`` (state
    dir/ckpt/<job>), ``LAMINAR_CKPT_SIGNAL`` (default SIGUSR1) and, when restarted from a
    checkpoint, ``LAMINAR_RESUME_FROM``; stdout and stderr go to state dir/logs/<job>.log;
@@ -99,7 +100,35 @@ ENTER_SH = (
     'echo "$1" > /proc/self/oom_score_adj 2>/dev/null; shift; exec "$@"'
 )
 
+# For a job run as its owner with a working directory: change into it after dropping root
+# (exit 126 naming the directory if the owner may not enter it), then exec the command. $0 is
+# the directory.
+CHDIR_SH = 'cd -- "$0" || { echo "laminar: cannot enter $0 as uid $(id -u)" >&2; exit 126; }; exec "$@"'
+
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([KMGT]?)(i?B?)?\s*$", re.IGNORECASE)
+
+
+def drop_privileges_argv(uid: int, gid: int) -> list[str]:
+    """The argv prefix that runs what follows as `uid`/`gid` (with the user's groups when the
+    uid has a passwd entry, else none)."""
+    try:
+        pwd.getpwuid(uid)
+        groups = "--init-groups"
+    except KeyError:
+        groups = "--clear-groups"
+    return ["setpriv", f"--reuid={uid}", f"--regid={gid}", groups, "--"]
+
+
+def owner_may_enter(path: str, uid: int, gid: int) -> bool:
+    """Whether `uid`/`gid` (with its groups) may make `path` its working directory, asked as
+    that user (the kernel's own check, ACLs included)."""
+    try:
+        r = subprocess.run([*drop_privileges_argv(uid, gid), "/bin/sh", "-c", 'cd -- "$0"', path],
+                           stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                           cwd="/", timeout=10, check=False)
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+    return r.returncode == 0
 
 
 def catches_signal(pid: int, signame: str) -> bool:
@@ -582,6 +611,9 @@ class JobManager:
         spec.validate()
         if spec.cwd is not None and not Path(spec.cwd).is_dir():
             raise JobError(f"cwd {spec.cwd!r}: no such directory")
+        if spec.cwd is not None and owner_uid and not owner_may_enter(spec.cwd, owner_uid, owner_gid):
+            raise JobError(f"cwd {spec.cwd!r}: uid {owner_uid} may not enter it (the job runs as its owner; a "
+                           "directory is entered only with search permission on it and on every directory above it)")
         exe = spec.command[0]
         if "/" not in exe and shutil.which(exe, path=spec.env.get("PATH", os.environ.get("PATH"))) is None:
             raise JobError(f"command {exe!r}: not found in PATH")
@@ -719,12 +751,14 @@ class JobManager:
             env.update(gpumod.cuda_env(self.inventory, job.gpus))
         files = [str(f) for f in job.cgroup.procs_files()]
         drop: list[str] = []
+        cwd = spec.cwd
         if job.owner_uid:
-            drop = ["setpriv", f"--reuid={job.owner_uid}", f"--regid={job.owner_gid}", "--init-groups", "--"]
-            try:
-                pwd.getpwuid(job.owner_uid)
-            except KeyError:
-                drop = ["setpriv", f"--reuid={job.owner_uid}", f"--regid={job.owner_gid}", "--clear-groups", "--"]
+            drop = drop_privileges_argv(job.owner_uid, job.owner_gid)
+            if cwd is not None:
+                # enter the directory as the owner, not as root: root may pass through
+                # directories the owner may not (a 0700 home), which would open what lies below
+                drop += ["/bin/sh", "-c", CHDIR_SH, cwd]
+                cwd = None
         argv = ["/bin/sh", "-c", ENTER_SH, "laminar-job", str(len(files)), *files,
                 str(oom_score_adj_for(spec)), *drop, *spec.command]
         assert job.log_path is not None
@@ -733,7 +767,7 @@ class JobManager:
             if job.owner_uid:
                 os.chown(job.log_path, job.owner_uid, job.owner_gid)
             return subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=logf, stderr=subprocess.STDOUT,
-                                    cwd=spec.cwd, env=env, start_new_session=True, close_fds=True)
+                                    cwd=cwd, env=env, start_new_session=True, close_fds=True)
 
     # -- watching ------------------------------------------------------------------------------
     def _watch(self, job: Job) -> None:
