@@ -863,37 +863,60 @@ class Receiver:
 
     def _commit(self, inc: _Incoming, node: str) -> Path:
         """Splits the verified partial file into the checkpoint's files, fsyncs, re-verifies
-        against the job's manifest, marks VERIFIED and renames into place."""
+        against the job's manifest, marks VERIFIED and renames into place.
+
+        The files are written from the last to the first, each from its end backwards in
+        blocks, and the partial file is cut behind every block: the commit needs one block of
+        disk beyond the checkpoint, not a second copy of it (a storage holder is chosen for
+        room for one). What was cut is forgotten (have.log) when the commit fails, so the
+        sender sends it again; a crash mid-commit leaves the cut chunks zero, which the next
+        attempt's re-verification asks for again. Raises TransferError."""
         m = inc.m
         final = self.final_dir(m.job_id, m.ckpt_id)
         tmp = final.parent / f".tmp-{m.ckpt_id}"
         if tmp.exists():
             shutil.rmtree(tmp)
         tmp.mkdir(parents=True)
-        off = 0
-        for name, size, sha in m.files:
-            # In blocks: a file is never held in memory whole (one read returns at most ~2 GiB).
-            h = hashlib.sha256()
-            with open(tmp / name, "wb") as f:
-                done = 0
-                while done < size:
-                    block = os.pread(inc.fd, min(_COPY_BLOCK, size - done), off + done)
-                    if not block:
-                        break  # shorter than the manifest says: the hash below fails
-                    h.update(block)
-                    f.write(block)
-                    done += len(block)
-                f.flush()
-                os.fsync(f.fileno())
+        starts, off = [], 0
+        for _, size, _ in m.files:
+            starts.append(off)
             off += size
-            if h.hexdigest() != sha:
-                shutil.rmtree(tmp)
-                raise TransferError(f"transfer: {m.job_id}/{m.ckpt_id}: {name} does not match its SHA-256 after assembly")
+        cut = m.total_bytes
+
+        def fail(msg: str, fatal: bool = False) -> TransferError:
+            shutil.rmtree(tmp, ignore_errors=True)
+            if cut < m.total_bytes and m.chunk_size:
+                with contextlib.suppress(OSError):
+                    inc.forget({i for i in inc.have if (i + 1) * m.chunk_size > cut})
+                    os.ftruncate(inc.fd, m.total_bytes)
+            return TransferError(f"transfer: {m.job_id}/{m.ckpt_id}: {msg}", fatal=fatal)
+
+        try:
+            for (name, size, sha), start in reversed(list(zip(m.files, starts, strict=True))):
+                fd = os.open(tmp / name, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644)
+                try:
+                    end = size
+                    while end > 0:
+                        lo = max(0, end - _COPY_BLOCK)
+                        block = os.pread(inc.fd, end - lo, start + lo)
+                        if len(block) != end - lo:
+                            raise fail(f"the partial file is shorter than {name} needs")
+                        os.pwrite(fd, block, lo)
+                        os.ftruncate(inc.fd, start + lo)
+                        cut = start + lo
+                        end = lo
+                    os.fsync(fd)
+                finally:
+                    os.close(fd)
+                if jobkit.file_sha256(tmp / name) != sha:
+                    raise fail(f"{name} does not match its SHA-256 after assembly")
+        except OSError as e:
+            raise fail(f"commit failed: {e}") from None
         try:
             jobkit.verify_checkpoint(tmp)
         except jobkit.CheckpointError as e:
-            shutil.rmtree(tmp)
-            raise TransferError(f"transfer: {m.job_id}/{m.ckpt_id} is not a valid checkpoint: {e}") from None
+            # Every byte matches the MAC'd manifest: sending it again cannot help.
+            raise fail(f"not a valid checkpoint: {e}", fatal=True) from None
         meta = {"digest": m.digest, "body": m.body(), "from_node": node, "committed": time.time()}
         # The transfer's own records live beside the job's files, outside the job's manifest.
         (tmp / TRANSFER_MANIFEST).write_text(json.dumps(meta))
