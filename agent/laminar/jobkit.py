@@ -122,7 +122,8 @@ def read_manifest(path: str | os.PathLike[str]) -> dict[str, Any]:
         raise CheckpointError(f"checkpoint {p}: {MANIFEST} is not a version {FORMAT_VERSION} manifest")
     for f in m["files"]:
         name = f.get("name") if isinstance(f, dict) else None
-        if not isinstance(name, str) or "/" in name or name in ("", ".", "..", MANIFEST) or name in SIDECARS:
+        if (not isinstance(name, str) or "/" in name or "\x00" in name or name in ("", ".", "..", MANIFEST)
+                or name in SIDECARS):
             raise CheckpointError(f"checkpoint {p}: bad file name {name!r} in {MANIFEST}")
     return m
 
@@ -146,6 +147,8 @@ def verify_checkpoint(path: str | os.PathLike[str]) -> dict[str, Any]:
             st = os.lstat(fp)
         except FileNotFoundError:
             raise CheckpointError(f"checkpoint {p}: {f['name']} is missing") from None
+        except OSError as e:  # a name the file system refuses (too long, ...)
+            raise CheckpointError(f"checkpoint {p}: {f['name']!r}: {e.strerror or e}") from None
         if not stat.S_ISREG(st.st_mode):
             raise CheckpointError(f"checkpoint {p}: {f['name']} is not a regular file (a link, pipe or device)")
         size = st.st_size

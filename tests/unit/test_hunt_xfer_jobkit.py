@@ -102,3 +102,16 @@ def test_a_linked_checkpoint_directory_is_not_a_checkpoint_of_this_job(tmp_path:
     # the job's own resume from its directory takes its own checkpoint, not the link
     got = Checkpointer(ckpt_dir=tmp_path / "x", resume_from=tmp_path / "alice", install_signal=False).resume()
     assert got == b"alice's weights"
+
+
+@pytest.mark.parametrize("name", ["a\x00b", "x" * 300])
+def test_a_manifest_name_the_kernel_refuses_is_a_checkpoint_error(tmp_path: Path, name: str) -> None:
+    # A NUL byte (ValueError) or an over-long name (OSError) escaped verify_checkpoint and
+    # latest_checkpoint: the agent's periodic-checkpoint round failed for every job on the node.
+    good = Checkpointer(ckpt_dir=tmp_path, install_signal=False).save(b"ok", step=1)
+    ck = tmp_path / "ckpt-2"
+    ck.mkdir()
+    _manifest_for(ck, name, 0, EMPTY_SHA)
+    with pytest.raises(CheckpointError):
+        verify_checkpoint(ck)
+    assert latest_checkpoint(tmp_path) == good
