@@ -66,6 +66,6 @@ def test_a_checkpoint_file_above_2_gib_commits(tmp_path: Path) -> None:
         dst = asyncio.run(run())
         assert verified_checkpoint(dst) == dst
         assert (dst / "state.bin").stat().st_size == SIZE
-        assert not list((tmp_path / "dst" / "incoming" / "big").iterdir())
+        assert not (tmp_path / "dst" / "incoming" / "big").exists()  # no partial file left
     finally:
         shutil.rmtree(tmp_path / "dst", ignore_errors=True)
