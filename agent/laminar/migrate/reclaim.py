@@ -620,7 +620,7 @@ class ReclaimComponent:
         cpus = float(spec.cpus or 1.0)
         mem = int(spec.memory_mb or 256)
         pool = None
-        arb = getattr(self.zone, "arbiter", None) if self.zone is not None else None
+        arb = getattr(getattr(self.agent, "zone", None), "arbiter", None)
         for p in getattr(arb, "placed", {}).values():
             if p.job_id == job.id:
                 pool = p.reservation.demand.pool
