@@ -255,3 +255,71 @@ def test_round_leaves_jobs_alone_during_a_reclaim_and_when_switched_off(tmp_path
     for i in range(100, 130):
         d.round(t + i * 0.2)
     assert jobs.requests  # driven again once the reclaim is over
+
+
+# -- hashing off the event loop ----------------------------------------------------------------
+
+
+@pytest.fixture
+def hashed(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, bool]]:
+    """Every verify_checkpoint call: (checkpoint name, on the main thread?)."""
+    import threading
+
+    calls: list[tuple[str, bool]] = []
+    real = jobkit.verify_checkpoint
+
+    def spy(p: Any) -> Any:
+        calls.append((Path(p).name, threading.current_thread() is threading.main_thread()))
+        return real(p)
+
+    monkeypatch.setattr(jobkit, "verify_checkpoint", spy)
+    return calls
+
+
+def test_wait_new_checkpoint_hashes_in_a_thread_and_each_checkpoint_once(tmp_path: Path, hashed: list) -> None:
+    ck = jobkit.Checkpointer("j", tmp_path, install_signal=False, keep=10)
+    old = ck.save(b"a" * 1000, step=1)
+    bad = ck.save(b"b" * 1000, step=2)
+    (bad / "state.bin").write_bytes(b"corrupt")  # fails its manifest
+
+    async def main() -> Path | None:
+        async def later() -> None:
+            await asyncio.sleep(0.4)
+            ck.save(b"c" * 1000, step=3)
+
+        t = asyncio.create_task(later())
+        got = await cd.wait_new_checkpoint(tmp_path, old, 10.0, lambda: True, poll_s=0.02)
+        await t
+        return got
+
+    got = asyncio.run(main())
+    assert got is not None and got.name == "ckpt-3"
+    assert hashed and not any(main for _, main in hashed)  # never on the event loop's thread
+    assert [n for n, _ in hashed].count("ckpt-2") == 1  # the corrupt one once, not every poll
+    assert "ckpt-1" not in [n for n, _ in hashed]  # not newer than `after`
+    # none newer within the timeout: None
+    assert asyncio.run(cd.wait_new_checkpoint(tmp_path, got, 0.2, lambda: True, poll_s=0.02)) is None
+
+
+def test_driver_run_verifies_new_commits_in_a_thread(tmp_path: Path, usr1_handler: None, hashed: list) -> None:
+    jobs = FakeJobs([FakeJob("job-1", tmp_path / "a")])
+    comp = FakeComp(jobs, min_interval_s=0.2, max_interval_s=0.2, ckpt_pause_s=0.01, stagger_gap_s=0.01, poll_s=0.05)
+    d = cd.CkptDriver(comp)
+
+    async def main() -> None:
+        task = asyncio.create_task(d.run())
+        try:
+            for _ in range(200):
+                await asyncio.sleep(0.05)
+                if d.counts["commits"] >= 2:
+                    break
+        finally:
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+
+    asyncio.run(main())
+    assert d.counts["commits"] >= 2 and d.counts["signals"] >= 2
+    assert hashed and not any(main for _, main in hashed)
+    # each commit hashed once, not once per round
+    names = [n for n, _ in hashed]
+    assert len(names) == len(set(names))

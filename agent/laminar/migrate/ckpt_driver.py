@@ -50,7 +50,7 @@ from __future__ import annotations
 import logging
 import math
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -168,6 +168,34 @@ def ckpt_size(path: Path) -> int:
     return sum(f.stat().st_size for f in path.iterdir() if f.is_file())
 
 
+async def wait_new_checkpoint(ckpt_dir: str | Path | None, after: Path | None, timeout: float,
+                              alive: Callable[[], bool], poll_s: float = 0.05) -> Path | None:
+    """The first checkpoint under ``ckpt_dir`` newer than ``after`` (by step) that passes
+    :func:`laminar.jobkit.verify_checkpoint`, or None after ``timeout`` or once ``alive()`` is
+    false with none. Each checkpoint is hashed once, and in a worker thread: a checkpoint of
+    many GB takes seconds to hash, which must not stall the agent's event loop (probes,
+    heartbeats, kill-switches)."""
+    import asyncio
+
+    end = time.monotonic() + timeout
+    floor = int(after.name[5:]) if after is not None else -1
+    failed: set[str] = set()
+    while True:
+        for p in reversed(jobkit.list_checkpoints(ckpt_dir) if ckpt_dir else []):
+            if int(p.name[5:]) <= floor:
+                break
+            if p.name in failed:
+                continue
+            try:
+                await asyncio.to_thread(jobkit.verify_checkpoint, p)
+                return p
+            except (jobkit.CheckpointError, OSError):
+                failed.add(p.name)
+        if time.monotonic() >= end or not alive():
+            return None
+        await asyncio.sleep(poll_s)
+
+
 # -- the driver -----------------------------------------------------------------------------
 
 
@@ -181,6 +209,10 @@ class CkptDriver:
         self.last_round: float | None = None
         self.link_bps = 0.0
         self.counts = {"signals": 0, "commits": 0, "misses": 0}
+        # job id -> (newest ckpt-<n> listed, newest that verified): filled off the event loop
+        # by run() (a checkpoint of many GB takes seconds to hash); a direct round() hashes inline
+        self._verified: dict[str, tuple[str, Path | None]] = {}
+        self.threaded = False
 
     @property
     def s(self) -> dict[str, Any]:
@@ -218,7 +250,14 @@ class CkptDriver:
                 t.misses += 1
                 self.counts["misses"] += 1
             return
-        newest = jobkit.latest_checkpoint(job.ckpt_dir)
+        cached = self._verified.get(job.id)
+        if cached is not None and cached[0] == names[-1].name:
+            newest = cached[1]
+        elif self.threaded:
+            return  # run() verifies it in a thread before the next round
+        else:
+            newest = jobkit.latest_checkpoint(job.ckpt_dir)
+            self._verified[job.id] = (names[-1].name, newest)
         if newest is None or newest.name == t.newest:
             return
         try:
@@ -263,6 +302,9 @@ class CkptDriver:
         for jid in list(self.tracks):
             if jid not in jobs:
                 del self.tracks[jid]
+        for jid in list(self._verified):
+            if jid not in jobs:
+                del self._verified[jid]
         for jid, job in jobs.items():
             t = self.tracks.setdefault(jid, Track(jid, now))
             if job.ckpt_dir:
@@ -313,12 +355,32 @@ class CkptDriver:
         """The loop the reclaim component starts; never raises (a failed round is logged)."""
         import asyncio
 
+        self.threaded = True
         while True:
             try:
+                await self.verify_new()
                 self.round()
             except Exception:
                 log.exception("migrate: checkpoint round failed")
             await asyncio.sleep(float(self.s["poll_s"]))
+
+    async def verify_new(self) -> None:
+        """For each active job whose newest listed checkpoint changed, find its newest verified
+        checkpoint in a worker thread (what the next round reads)."""
+        import asyncio
+
+        for job in list(self.comp.agent.jobs.active()):
+            if not job.ckpt_dir:
+                continue
+            names = jobkit.list_checkpoints(job.ckpt_dir)
+            if not names:
+                continue
+            top = names[-1].name
+            cached = self._verified.get(job.id)
+            if cached is not None and cached[0] == top:
+                continue
+            newest = await asyncio.to_thread(jobkit.latest_checkpoint, job.ckpt_dir)
+            self._verified[job.id] = (top, newest)
 
     def view(self) -> list[dict[str, Any]]:
         """The current plan per job (GET /v1/checkpoints)."""

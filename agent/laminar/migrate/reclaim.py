@@ -806,22 +806,8 @@ class ReclaimComponent:
 
     async def _wait_checkpoint(self, job: Any, after: Path | None, timeout: float) -> Path | None:
         """The job's first verified checkpoint newer than ``after``, or None after ``timeout``
-        (or once the job is gone)."""
-        end = time.monotonic() + timeout
-        floor = int(after.name[5:]) if after is not None else -1
-        while time.monotonic() < end:
-            for p in reversed(jobkit.list_checkpoints(job.ckpt_dir)):
-                if int(p.name[5:]) <= floor:
-                    break
-                try:
-                    jobkit.verify_checkpoint(p)
-                    return p
-                except (jobkit.CheckpointError, OSError):
-                    continue
-            if not job.active:
-                return None
-            await asyncio.sleep(0.05)
-        return None
+        (or once the job is gone); hashed off the event loop (:func:`ckpt_driver.wait_new_checkpoint`)."""
+        return await ckpt_driver.wait_new_checkpoint(job.ckpt_dir, after, timeout, lambda: bool(job.active))
 
     async def _move(self, job: Any, reason: str, deadline_mono: float | None, final: bool = True,
                     transfer_deadline: float | None = None) -> Move:
@@ -838,7 +824,7 @@ class ReclaimComponent:
         try:
             if self.zone is None:
                 raise MigrateError("this node is in a one-node zone: there is nowhere to move the job")
-            before = jobkit.latest_checkpoint(job.ckpt_dir) if job.ckpt_dir else None
+            before = await asyncio.to_thread(jobkit.latest_checkpoint, job.ckpt_dir) if job.ckpt_dir else None
             ckpt = before
             if final:
                 mv.phase = "checkpoint"

@@ -61,6 +61,7 @@ from collections import OrderedDict
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from laminar.migrate.ckpt_driver import wait_new_checkpoint
 from laminar.runtime.jobs import catches_signal
 from laminar.zone import elastic as el
 from laminar.zone import loaning as ln
@@ -459,23 +460,10 @@ class LoanManager:
         return {"node": self.zone.node_id, "returned": True, "jobs": done}
 
     async def _wait_checkpoint(self, job: Any, after: Path | None, timeout: float) -> Path | None:
-        from laminar import jobkit
-
-        end = time.monotonic() + timeout
-        while True:
-            latest = None
-            for p in reversed(jobkit.list_checkpoints(job.ckpt_dir)) if job.ckpt_dir else []:
-                try:
-                    jobkit.verify_checkpoint(p)
-                    latest = p
-                    break
-                except (jobkit.CheckpointError, OSError):
-                    continue
-            if latest is not None and latest != after:
-                return latest
-            if time.monotonic() >= end or not job.active:
-                return latest
-            await asyncio.sleep(0.1)
+        """The job's first verified checkpoint newer than ``after`` within ``timeout``, else
+        ``after``; hashed off the event loop (:func:`ckpt_driver.wait_new_checkpoint`)."""
+        new = await wait_new_checkpoint(job.ckpt_dir, after, timeout, lambda: bool(job.active), poll_s=0.1)
+        return new or after
 
     def _demand_of(self, job: Any) -> pl.Demand:
         for p in self.zone.arbiter.placed.values():
@@ -519,8 +507,8 @@ class LoanManager:
 
         rq = self.requeues[job.id]
         try:
-            before = jobkit.latest_checkpoint(job.ckpt_dir) if job.ckpt_dir else None
-            ckpt = None
+            before = await asyncio.to_thread(jobkit.latest_checkpoint, job.ckpt_dir) if job.ckpt_dir else None
+            ckpt = before
             if self._jobs.request_checkpoint(job):
                 ckpt = await self._wait_checkpoint(job, before, float(self.s["ckpt_wait_s"]))
             demand = self._demand_of(job)
