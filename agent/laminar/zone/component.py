@@ -33,7 +33,6 @@ be running there, so it is *not* placed again elsewhere, which could double it),
 from __future__ import annotations
 
 import asyncio
-import collections
 import json
 import logging
 import math
@@ -43,9 +42,9 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from laminar.zone import mixlearn, wire
 from laminar.zone import packing as pk
 from laminar.zone import placement as pl
-from laminar.zone import wire
 from laminar.zone.loan import LoanManager
 from laminar.zone.membership import Membership
 from laminar.zone.transport import HandoverError, Router, Transport
@@ -77,9 +76,13 @@ LEASE_S = 0.1
 # path) or "frag" (packing.least_frag_alloc: the least-fragmenting GPUs, and the offer carries
 # its fragmentation score for a packing placement to compare).
 PACKING_MODES = ("bestfit", "frag")
-SHAPES_SEEN_MAX = 512  # probe shapes a "frag" arbiter remembers for its shape mix (bounded memory)
+# A "frag" arbiter with no fixed mix learns it (laminar.zone.mixlearn.MixLearner): a count of
+# the shapes probed at it, decayed with a half-life of mixlearn.HALF_LIFE probes, each placement
+# counted once, each probe weighed by the rate the node is probed at (against the highest seen);
+# the mix is replaced only when it moved (scores are cached per mix).
+SHAPES_SEEN_MAX = mixlearn.MAX_SHAPES  # distinct probe shapes a "frag" arbiter counts (bounded memory)
 MIX_MIN_SEEN = 16  # fewer probe shapes seen than this: the fixed DEFAULT_FRAG_MIX is used
-MIX_REFRESH = 32  # the mix is recomputed after this many new probe shapes (shape_mix sorts them)
+MIX_REFRESH = 32  # the mix is recomputed after this many new probe shapes (it sorts the shapes)
 # The shape mix a "frag" arbiter scores with before it has seen MIX_MIN_SEEN probes: the GPU
 # shapes of placement.SHAPES, small ones likelier (as in the Alibaba openb trace, where most
 # workers take one GPU or a share of one), no CPU term (a CPU count would be a guess). An
@@ -204,8 +207,10 @@ class Arbiter:
     ``packing`` (one of :data:`PACKING_MODES`) says which GPUs an offer takes. ``"bestfit"``
     (the default): :func:`laminar.zone.placement.arbitrate`'s best fit. ``"frag"``: the
     allocation adding the least fragmentation (:func:`laminar.zone.packing.least_frag_alloc`)
-    for ``mix`` when given, else for the mix of the shapes probed here lately
-    (:func:`laminar.zone.packing.shape_mix` over the last :data:`SHAPES_SEEN_MAX`; the fixed
+    for ``mix`` when given, else for the mix of the shapes probed here
+    (:class:`laminar.zone.mixlearn.MixLearner`: each placement counted once, each probe
+    weighed by the rate this node is probed at, older probes decayed with a half-life of
+    :data:`laminar.zone.mixlearn.HALF_LIFE` probes; the fixed
     :data:`DEFAULT_FRAG_MIX` until :data:`MIX_MIN_SEEN` were seen), and the offer carries its
     fragmentation score (``wire.Offer.frag``). Either way the same checks decide whether the
     demand fits, counting every live reservation and placed job: only the choice of GPUs
@@ -229,9 +234,7 @@ class Arbiter:
             pk.check_mix(mix)
         self.packing = packing
         self.fixed_mix = mix
-        self._seen: collections.deque[pk.Shape] = collections.deque(maxlen=SHAPES_SEEN_MAX)
-        self._mix: pk.ShapeMix | None = None
-        self._seen_since_mix = 0
+        self.mix_learner = mixlearn.MixLearner(max_shapes=SHAPES_SEEN_MAX, min_seen=MIX_MIN_SEEN, refresh=MIX_REFRESH)
         # the score each frag offer carried, by placement id, so that a retransmitted probe gets
         # its offer back with the same score (pruned to the held offers when it grows)
         self._frag_of: dict[int, tuple[int, int]] = {}
@@ -317,7 +320,7 @@ class Arbiter:
             base, list(self.held.values()), demand, now,
             placement_id=p.placement_id, lease_s=max(lease, 0.001), max_tentative=self.max_tentative,
         )
-        shape = self._note_shape(demand) if self.packing == "frag" and not repeat else None
+        shape = self._note_shape(demand, p.placement_id, now) if self.packing == "frag" and not repeat else None
         if isinstance(a, pl.Refusal):
             self.counts["refusals"] += 1
             return wire.Refuse(p.placement_id, int(a.reason))
@@ -338,26 +341,24 @@ class Arbiter:
         remaining = max(1, int((r.expires_at - now) * 1000))
         return wire.Offer(p.placement_id, remaining, tuple((i, int(round(f * 100))) for i, f in r.gpu_alloc), frag)
 
-    def _note_shape(self, demand: pl.Demand) -> pk.Shape | None:
-        """Remember the packing shape of a probed demand (for the mix); None when it has none."""
+    def _note_shape(self, demand: pl.Demand, placement_id: int | None = None, now: float | None = None) -> pk.Shape | None:
+        """The packing shape of a probed demand, None when it has none; counted for the learned
+        mix (once per ``placement_id``: a placement probed here again is not counted twice;
+        weighted by the rate this node is probed at ``now``: :class:`laminar.zone.mixlearn.MixLearner`)."""
         try:
             shape = pk.shape_of(demand.gpus, demand.cpus)
         except pk.PackingError:
             return None
-        self._seen.append(shape)
-        self._seen_since_mix += 1
+        if self.fixed_mix is None:
+            self.mix_learner.note(shape, placement_id, now)
         return shape
 
     def shape_mix(self) -> pk.ShapeMix:
         """The mix a ``frag`` arbiter scores with now (see the class docs)."""
         if self.fixed_mix is not None:
             return self.fixed_mix
-        if len(self._seen) < MIX_MIN_SEEN:
-            return DEFAULT_FRAG_MIX
-        if self._mix is None or self._seen_since_mix >= MIX_REFRESH:
-            self._mix = pk.shape_mix(self._seen)
-            self._seen_since_mix = 0
-        return self._mix
+        mix = self.mix_learner.mix()
+        return DEFAULT_FRAG_MIX if mix is None else mix
 
     def _frag_choice(self, free: pl.NodeCapacity, shape: pk.Shape) -> tuple[pl.GpuAlloc, tuple[int, int]] | None:
         """The least-fragmenting GPUs for ``shape`` in ``free`` (the residual arbitrate
