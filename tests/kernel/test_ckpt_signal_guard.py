@@ -9,17 +9,13 @@ process has no handler (still starting, or without the checkpoint contract) is n
 from __future__ import annotations
 
 import asyncio
-import secrets
 import sys
-import time
 from pathlib import Path
 
 import pytest
+from jobrig import job_manager, until
 
-from laminar.airlock.cgroups import CgroupTree, detect
-from laminar.events import EventBus
-from laminar.runtime.jobs import JobManager, JobSpec, catches_signal
-from laminar.store import Store
+from laminar.runtime.jobs import JobSpec, catches_signal
 
 pytestmark = pytest.mark.kernel
 
@@ -31,22 +27,10 @@ while True:
 """
 
 
-async def until(cond: object, timeout: float) -> bool:
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
-        if cond():  # type: ignore[operator]
-            return True
-        await asyncio.sleep(0.05)
-    return False
-
 
 def test_request_checkpoint_signals_only_a_job_that_catches_it(tmp_path: Path) -> None:
     async def main() -> None:
-        root = f"laminar-t-{secrets.token_hex(3)}"
-        store = Store(tmp_path / "laminar.db")
-        jobs = JobManager(store=store, state_dir=tmp_path, cgroup_root=root, events=EventBus(store), gpus_declared=[])
-        try:
-            await jobs.start(None)
+        async with job_manager(tmp_path) as jobs:
             plain = await jobs.submit(JobSpec(["sleep", "600"], name="lm-plain").validate())
             out = tmp_path / "catcher.out"
             catcher = await jobs.submit(JobSpec([sys.executable, "-c", CATCHER, str(out)], name="lm-catch").validate())
@@ -59,9 +43,5 @@ def test_request_checkpoint_signals_only_a_job_that_catches_it(tmp_path: Path) -
             assert jobs.request_checkpoint(catcher) is True
             assert await until(lambda: out.exists() and out.read_text() == "checkpointed", 10)
             assert jobs.get(catcher.id).state == "running"
-        finally:
-            await jobs.stop()
-            CgroupTree(detect(), root).purge()
-            store.close()
 
     asyncio.run(main())

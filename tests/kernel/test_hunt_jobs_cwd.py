@@ -14,17 +14,14 @@ import asyncio
 import os
 import secrets
 import shutil
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from jobrig import job_manager, until
 
 from laminar.airlock import admission
-from laminar.airlock.cgroups import CgroupTree, detect
-from laminar.events import EventBus
-from laminar.runtime.jobs import JobError, JobManager, JobSpec
-from laminar.store import Store
+from laminar.runtime.jobs import JobError, JobSpec
 
 pytestmark = pytest.mark.kernel
 
@@ -51,22 +48,10 @@ def tree() -> Iterator[Path]:
         shutil.rmtree(top, ignore_errors=True)
 
 
-async def until(cond: object, timeout: float) -> bool:
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
-        if cond():  # type: ignore[operator]
-            return True
-        await asyncio.sleep(0.05)
-    return False
-
 
 def test_cwd_is_entered_as_the_owner(tmp_path: Path, tree: Path) -> None:
     async def main() -> None:
-        root = f"laminar-t-{secrets.token_hex(3)}"
-        store = Store(tmp_path / "laminar.db")
-        jobs = JobManager(store=store, state_dir=tmp_path, cgroup_root=root, events=EventBus(store), gpus_declared=[])
-        try:
-            await jobs.start(None)
+        async with job_manager(tmp_path) as jobs:
             closed = str(tree / "closed" / "data")
             # 1. refused at submit, naming the directory and the uid; nothing stored
             with pytest.raises(JobError, match=f"cwd '{closed}': uid {NOBODY} may not enter it"):
@@ -96,9 +81,5 @@ def test_cwd_is_entered_as_the_owner(tmp_path: Path, tree: Path) -> None:
             assert SECRET not in log, log
             assert "cannot enter" in log, log
             assert jobs.get(late.id).exit_code == 126  # type: ignore[union-attr]
-        finally:
-            await jobs.stop()
-            CgroupTree(detect(), root).purge()
-            store.close()
 
     asyncio.run(main())

@@ -10,27 +10,15 @@ from __future__ import annotations
 
 import asyncio
 import json
-import secrets
-import time
 from pathlib import Path
 
 import pytest
+from jobrig import job_manager, until
 
-from laminar.airlock.cgroups import CgroupTree, detect
-from laminar.events import EventBus
-from laminar.runtime.jobs import JobManager, JobSpec
-from laminar.store import Store
+from laminar.runtime.jobs import JobSpec
 
 pytestmark = pytest.mark.kernel
 
-
-async def until(cond: object, timeout: float) -> bool:
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
-        if cond():  # type: ignore[operator]
-            return True
-        await asyncio.sleep(0.05)
-    return False
 
 
 def environ(pid: int) -> dict[str, str]:
@@ -41,11 +29,7 @@ def environ(pid: int) -> dict[str, str]:
 @pytest.mark.parametrize("how", ["stopped", "exits"])
 def test_an_ended_job_leaves_no_workers_file_and_no_cgroup(tmp_path: Path, how: str) -> None:
     async def main() -> None:
-        root = f"laminar-t-{secrets.token_hex(3)}"
-        store = Store(tmp_path / "laminar.db")
-        jobs = JobManager(store=store, state_dir=tmp_path, cgroup_root=root, events=EventBus(store), gpus_declared=[])
-        try:
-            await jobs.start(None)
+        async with job_manager(tmp_path) as jobs:
             go = tmp_path / "lm-t-go"
             argv = ["sh", "-c", f"while [ ! -e {go} ]; do sleep 0.1; done"]
             job = await jobs.submit(JobSpec(argv, name="lm-t-elastic", memory_mb=64, cpus=0.5, elastic_min=1,
@@ -67,9 +51,5 @@ def test_an_ended_job_leaves_no_workers_file_and_no_cgroup(tmp_path: Path, how: 
             assert final is not None and final.state == ("stopped" if how == "stopped" else "exited"), final
             assert not workers.exists(), f"{workers} left behind"
             assert not [d for d in dirs if d.exists()], "cgroups left behind"
-        finally:
-            await jobs.stop()
-            CgroupTree(detect(), root).purge()
-            store.close()
 
     asyncio.run(main())

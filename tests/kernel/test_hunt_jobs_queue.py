@@ -9,38 +9,22 @@ stayed queued, saying it waited for room that was free, until some other job hap
 from __future__ import annotations
 
 import asyncio
-import secrets
 import shutil
-import time
 from pathlib import Path
 
 import pytest
+from jobrig import job_manager, until
 
 from laminar.airlock import admission
-from laminar.airlock.cgroups import CgroupTree, detect
-from laminar.events import EventBus
-from laminar.runtime.jobs import Job, JobManager, JobSpec
-from laminar.store import Store
+from laminar.runtime.jobs import Job, JobSpec
 
 pytestmark = pytest.mark.kernel
 
 
-async def until(cond: object, timeout: float) -> bool:
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
-        if cond():  # type: ignore[operator]
-            return True
-        await asyncio.sleep(0.05)
-    return False
-
 
 def test_a_failed_start_from_the_queue_gives_its_room_to_the_next_job(tmp_path: Path) -> None:
     async def main() -> None:
-        root = f"laminar-t-{secrets.token_hex(3)}"
-        store = Store(tmp_path / "laminar.db")
-        jobs = JobManager(store=store, state_dir=tmp_path, cgroup_root=root, events=EventBus(store), gpus_declared=[])
-        try:
-            await jobs.start(None)
+        async with job_manager(tmp_path) as jobs:
             jobs.set_admission(lambda: admission.Limits({"transient": 300}))
             gone = tmp_path / "lm-t-gone"
             gone.mkdir()
@@ -66,9 +50,5 @@ def test_a_failed_start_from_the_queue_gives_its_room_to_the_next_job(tmp_path: 
             assert await until(lambda: record(b.id).state == "running", 10), record(b.id)
             # its shell joins the cgroups right after the spawn: let it, so the purge below finds it
             assert await until(lambda: record(b.id).pid in record(b.id).cgroup.pids(), 20)
-        finally:
-            await jobs.stop()
-            CgroupTree(detect(), root).purge()
-            store.close()
 
     asyncio.run(main())
