@@ -27,16 +27,6 @@ PAYLOAD = 100
 BURST = 200
 
 
-@pytest.fixture
-def agent(veth_pair: Any, tmp_path: Path) -> Iterator[AgentProc]:
-    a = AgentProc(tmp_path, veth_pair.ifname_a, veth_pair.a)
-    try:
-        a.start()
-        yield a
-    finally:
-        a.cleanup()
-
-
 def unit_capabilities() -> list[str]:
     """The capability bounding set of systemd/laminard.service, as setpriv names them."""
     unit = (HERE.parents[1] / "systemd/laminard.service").read_text()

@@ -12,7 +12,6 @@ import json
 import os
 import signal
 import socket
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -22,16 +21,6 @@ from agentproc import NOBODY, AgentProc, wait_until
 pytestmark = pytest.mark.kernel
 
 IGNORES_TERM = "trap '' TERM; while true; do sleep 1; done"
-
-
-@pytest.fixture
-def agent(veth_pair: Any, tmp_path: Path) -> Iterator[AgentProc]:
-    a = AgentProc(tmp_path, veth_pair.ifname_a, veth_pair.a)
-    try:
-        a.start()
-        yield a
-    finally:
-        a.cleanup()
 
 
 def raw_post(sock: Path, path: str, body: str, timeout: float = 20) -> tuple[int, Any]:

@@ -11,9 +11,7 @@ from __future__ import annotations
 
 import subprocess
 import time
-from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 from agentproc import VENV_BIN, AgentProc, wait_until
@@ -21,16 +19,6 @@ from agentproc import VENV_BIN, AgentProc, wait_until
 pytestmark = pytest.mark.kernel
 
 IGNORES_TERM = "trap '' TERM; while true; do sleep 1; done"
-
-
-@pytest.fixture
-def agent(veth_pair: Any, tmp_path: Path) -> Iterator[AgentProc]:
-    a = AgentProc(tmp_path, veth_pair.ifname_a, veth_pair.a)
-    try:
-        a.start()
-        yield a
-    finally:
-        a.cleanup()
 
 
 def _procs(cgroup: str) -> list[str] | None:
