@@ -8,7 +8,6 @@ namespace a, both as real processes entered with nsenter --net.
 from __future__ import annotations
 
 import json
-import os
 import secrets
 import subprocess
 import sys
@@ -17,6 +16,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from xferrig import make_ckpt
 
 from laminar import jobkit
 from laminar.migrate.transfer import TransferError, latest_verified, verified_checkpoint
@@ -33,10 +33,6 @@ def keyfile(tmp: Path, name: str = "zone.keys") -> Path:
     p.chmod(0o600)
     return p
 
-
-def make_ckpt(tmp: Path, size: int, step: int = 40) -> Path:
-    ck = jobkit.Checkpointer(job_id="j1", ckpt_dir=tmp / "src", install_signal=False)
-    return ck.save(os.urandom(size), step=step)
 
 
 class Proc:

@@ -14,21 +14,16 @@ from __future__ import annotations
 
 import asyncio
 import os
-import secrets
 import time
 from pathlib import Path
 
-from laminar import jobkit
+from xferrig import KEY, make_ckpt
+
 from laminar.migrate import transfer
 from laminar.migrate.transfer import Receiver, send_checkpoint, verified_checkpoint
 
-KEY = secrets.token_bytes(32)
 STALE_S = getattr(transfer, "INCOMING_STALE_S", 24 * 3600.0)
 
-
-def make_ckpt(tmp: Path, size: int, step: int) -> Path:
-    ck = jobkit.Checkpointer(job_id="j1", ckpt_dir=tmp / "src", install_signal=False)
-    return ck.save(os.urandom(size), step=step)
 
 
 async def _interrupted_send(root: Path, ckpt: Path) -> None:

@@ -11,36 +11,18 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
-import secrets
 import struct
 from pathlib import Path
 
 import pytest
+from xferrig import KEY, make_ckpt, with_receiver
 
-from laminar import jobkit
 from laminar.migrate import transfer
 from laminar.migrate.transfer import (
     Receiver,
     send_checkpoint,
     verified_checkpoint,
 )
-
-KEY = secrets.token_bytes(32)
-
-
-def make_ckpt(tmp: Path, size: int, step: int = 40) -> Path:
-    ck = jobkit.Checkpointer(job_id="j1", ckpt_dir=tmp / "src", install_signal=False)
-    return ck.save(os.urandom(size), step=step)
-
-
-async def _with_receiver(root: Path, body):  # type: ignore[no-untyped-def]
-    rcv = Receiver(root, KEY)
-    port = await rcv.start("127.0.0.1", 0)
-    try:
-        return await body(rcv, port)
-    finally:
-        await rcv.stop()
 
 
 async def _raw(port: int, frames: list[bytes]) -> dict[str, object]:
@@ -79,7 +61,7 @@ def test_an_unauthenticated_peer_cannot_make_the_endpoint_read_a_large_header(tm
         res = await send_checkpoint("127.0.0.1", port, ckpt, "j1", KEY)
         assert verified_checkpoint(res.remote_path)
 
-    asyncio.run(_with_receiver(tmp_path / "dst", body))
+    asyncio.run(with_receiver(tmp_path / "dst", body))
 
 
 @pytest.mark.parametrize("hello", [
@@ -92,7 +74,7 @@ def test_a_malformed_hello_gets_a_clear_error(tmp_path: Path, hello: dict[str, o
         ans = await _raw(port, [_frame(hello)])
         assert ans["t"] == "error" and "hello" in str(ans["msg"]), ans
 
-    asyncio.run(_with_receiver(tmp_path / "dst", body))
+    asyncio.run(with_receiver(tmp_path / "dst", body))
 
 
 def test_connections_still_authenticating_are_capped_per_address(tmp_path: Path) -> None:
@@ -121,4 +103,4 @@ def test_connections_still_authenticating_are_capped_per_address(tmp_path: Path)
         res = await send_checkpoint("127.0.0.1", port, ckpt, "j1", KEY)
         assert verified_checkpoint(res.remote_path)
 
-    asyncio.run(_with_receiver(tmp_path / "dst", body))
+    asyncio.run(with_receiver(tmp_path / "dst", body))

@@ -9,12 +9,11 @@ from __future__ import annotations
 
 import asyncio
 import os
-import secrets
 from pathlib import Path
 
 import pytest
+from xferrig import KEY, make_ckpt, with_receiver
 
-from laminar import jobkit
 from laminar.migrate import transfer
 from laminar.migrate.transfer import (
     Receiver,
@@ -23,22 +22,6 @@ from laminar.migrate.transfer import (
     send_checkpoint,
     verified_checkpoint,
 )
-
-KEY = secrets.token_bytes(32)
-
-
-def make_ckpt(tmp: Path, size: int, step: int = 40) -> Path:
-    ck = jobkit.Checkpointer(job_id="j1", ckpt_dir=tmp / "src", install_signal=False)
-    return ck.save(os.urandom(size), step=step)
-
-
-async def _with_receiver(root: Path, body):  # type: ignore[no-untyped-def]
-    rcv = Receiver(root, KEY)
-    port = await rcv.start("127.0.0.1", 0)
-    try:
-        return await body(rcv, port)
-    finally:
-        await rcv.stop()
 
 
 def test_a_committed_copy_that_no_longer_verifies_is_received_again(tmp_path: Path) -> None:
@@ -69,7 +52,7 @@ def test_a_committed_copy_that_no_longer_verifies_is_received_again(tmp_path: Pa
         # nothing set aside is left behind
         assert sorted(p.name for p in dst.parent.iterdir()) == ["ckpt-40"]
 
-    asyncio.run(_with_receiver(root, body))
+    asyncio.run(with_receiver(root, body))
 
 
 def test_a_conflicting_verified_copy_is_still_refused(tmp_path: Path) -> None:
@@ -86,7 +69,7 @@ def test_a_conflicting_verified_copy_is_still_refused(tmp_path: Path) -> None:
         assert verified_checkpoint(dst) == dst
         assert (dst / "state.bin").read_bytes() == (a / "state.bin").read_bytes()
 
-    asyncio.run(_with_receiver(root, body))
+    asyncio.run(with_receiver(root, body))
 
 
 def test_a_committed_file_replaced_by_a_link_or_pipe_is_not_verified(tmp_path: Path) -> None:
@@ -96,7 +79,7 @@ def test_a_committed_file_replaced_by_a_link_or_pipe_is_not_verified(tmp_path: P
     async def body(rcv: Receiver, port: int) -> Path:
         return Path((await send_checkpoint("127.0.0.1", port, ckpt, "j1", KEY)).remote_path)
 
-    dst = asyncio.run(_with_receiver(root, body))
+    dst = asyncio.run(with_receiver(root, body))
     (dst / "state.bin").rename(tmp_path / "moved.bin")
     os.symlink(tmp_path / "moved.bin", dst / "state.bin")  # same bytes, through a link
     with pytest.raises(TransferError, match="changed since it was verified"):
