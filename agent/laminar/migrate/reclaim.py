@@ -847,8 +847,13 @@ class ReclaimComponent:
                 ckpt = new or before
             if ckpt is None:
                 raise MigrateError("the job has no verified checkpoint to move (does it use laminar.jobkit?)")
+            # steps after the checkpoint are lost anyway. Only what this move froze is thawed if it
+            # fails: a job Airlock had suspended (already frozen) stays as Airlock left it.
+            already = False
             with contextlib.suppress(Exception):
-                frozen = job.cgroup.freeze(timeout=2.0)  # steps after the checkpoint are lost anyway
+                already = bool(job.cgroup.frozen())
+            with contextlib.suppress(Exception):
+                frozen = job.cgroup.freeze(timeout=2.0) and not already
             self.frozen_at[job.id] = time.time()
             mv.ckpt = ckpt.name
             size = sum(p.stat().st_size for p in ckpt.iterdir() if p.is_file())
