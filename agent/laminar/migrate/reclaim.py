@@ -20,7 +20,10 @@ The reclaimed node's agent then
    transfer fits what is left of the window, survival from the hazard model, zone topology),
    reserves the best through the zone (probe, offer, commit), sends the checkpoint to the
    destination's transfer endpoint (:mod:`laminar.migrate.transfer`: authenticated, chunked,
-   resumable; registered with the shaper, ``agent.transfers``, with the window's deadline),
+   resumable; registered with the shaper, ``agent.transfers``, with the window's deadline; what
+   is sent is a snapshot under ``<root>/outgoing/``: hard links to, or copies of, the job's
+   regular files only, never read through a link or opened as a pipe or device, since the job's
+   user may swap a file after it was verified; snapshots a crash left there go at start),
    hands the job spec over with ``resume_from`` naming the verified checkpoint *on the
    destination*, and stops its own copy (state ``migrated``). The destination verifies the
    checkpoint again before the job starts there with ``LAMINAR_RESUME_FROM``;
@@ -323,6 +326,40 @@ def _remove_tree(path: Path) -> None:
         pass
 
 
+def _snapshot_file(src: Path, dst: Path) -> None:
+    """Puts the regular file ``src`` at ``dst``: a hard link to it (never to what a link points
+    to), else a copy read through a descriptor opened without following links and without
+    blocking (a pipe swapped in is not waited on), checked to be the regular file lstat saw.
+    Raises CheckpointError for anything but a regular file (a link, pipe, device, directory),
+    OSError when it cannot be read."""
+    st = os.lstat(src)
+    if not stat.S_ISREG(st.st_mode):
+        raise jobkit.CheckpointError(f"checkpoint {src.parent}: {src.name} is not a regular file (a link, pipe, "
+                                     "device or directory); not sent")
+    try:
+        os.link(src, dst, follow_symlinks=False)
+    except OSError:
+        pass
+    else:
+        if not stat.S_ISREG(os.lstat(dst).st_mode):  # swapped between the lstat and the link
+            os.unlink(dst)
+            raise jobkit.CheckpointError(f"checkpoint {src.parent}: {src.name} changed into something other than a "
+                                         "regular file; not sent")
+        return
+    fd = os.open(src, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    try:
+        fst = os.fstat(fd)
+        if not stat.S_ISREG(fst.st_mode) or (fst.st_dev, fst.st_ino) != (st.st_dev, st.st_ino):
+            raise jobkit.CheckpointError(f"checkpoint {src.parent}: {src.name} changed into something other than a "
+                                         "regular file; not sent")
+        os.set_blocking(fd, True)
+        with os.fdopen(os.dup(fd), "rb") as fin, open(dst, "xb") as fout:
+            shutil.copyfileobj(fin, fout, 4 << 20)
+        os.utime(dst, ns=(fst.st_atime_ns, fst.st_mtime_ns))
+    finally:
+        os.close(fd)
+
+
 class MigrateError(Exception):
     """A move that cannot go on; the message says why."""
 
@@ -483,10 +520,28 @@ class ReclaimComponent:
         except OSError as e:
             raise RuntimeError(f"migrate: cannot listen on {host}:{self.s['port']} for checkpoint transfers: "
                                f"{e.strerror or e}; set migrate.port to a free port") from None
+        # Nothing is being sent yet: every snapshot under outgoing/ is a crashed send's.
+        await asyncio.to_thread(self._sweep_outgoing)
         self._unsubscribe = agent.events.subscribe(self._on_event)
         self._loop_task = asyncio.get_running_loop().create_task(self._watch())
         self.ckpt = ckpt_driver.CkptDriver(self)
         self._spawn(self.ckpt.run())
+
+    def _sweep_outgoing(self) -> list[Path]:
+        """Removes every snapshot under ``<root>/outgoing/`` (called at start, before any send:
+        each one is what a send cut off by a crash left) and returns what went. Links are removed
+        as links (:func:`_remove_tree`); nothing outside ``outgoing/`` is touched."""
+        assert self.root is not None
+        gone = []
+        try:
+            entries = list((self.root / "outgoing").iterdir())
+        except OSError:
+            return []
+        for e in entries:
+            _remove_tree(e)
+            gone.append(e)
+            log.info("migrate: removed %s (a snapshot left by an interrupted send)", e)
+        return gone
 
     async def stop(self) -> None:
         if self._unsubscribe is not None:
@@ -1762,7 +1817,7 @@ class ReclaimComponent:
                            phase="transfer")
 
         rate = float(self.s["rate_mbit"]) * 1e6 or None
-        snap = self._snapshot(ckpt, self.job_key(job))
+        snap = await asyncio.to_thread(self._snapshot, ckpt, self.job_key(job))  # hashes the checkpoint
         try:
             res = await send_checkpoint(addr, port, snap, self.job_key(job), key, zone=zone, node=str(self.node_id),
                                         chunk_size=int(self.s["chunk_kb"]) << 10, rate_bps=rate,
@@ -1776,17 +1831,18 @@ class ReclaimComponent:
     def _snapshot(self, ckpt: Path, key: str) -> Path:
         """A verified copy of ``ckpt`` the job cannot take away mid-transfer (jobkit removes old
         checkpoints as it writes new ones): hard links (files are never rewritten in place),
-        a copy where links fail. Raises CheckpointError/OSError when the checkpoint is gone."""
+        a copy where links fail. Only regular files are taken, and never through a link: the
+        directory is the job user's, who may swap a file for a link, a pipe or a device after it
+        was verified (the agent is root); such a checkpoint is refused (:func:`_snapshot_file`).
+        Blocking file I/O (callers run it in a thread). Raises CheckpointError/OSError when the
+        checkpoint is gone or is not a directory of regular files."""
         assert self.root is not None
         out = self.root / "outgoing" / key / ckpt.name
         tmp = out.with_name(f".tmp-{ckpt.name}-{time.monotonic_ns()}")
         tmp.mkdir(parents=True)
         try:
             for f in ckpt.iterdir():
-                try:
-                    os.link(f, tmp / f.name)
-                except OSError:
-                    shutil.copy2(f, tmp / f.name)
+                _snapshot_file(f, tmp / f.name)
             jobkit.verify_checkpoint(tmp)
             shutil.rmtree(out, ignore_errors=True)
             os.rename(tmp, out)
