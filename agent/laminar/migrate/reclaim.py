@@ -103,6 +103,23 @@ without notice rolls back only to its last archived periodic checkpoint. A stopp
 record replaces its live record (taken by rename, so only one record is ever claimable), and a
 node that finds its job's live record claimed does not publish another.
 
+**Replicas held here, and what goes.** Every checkpoint this node receives for another node's job
+is committed as ``<root>/checkpoints/<key>/ckpt-<n>/`` (:class:`laminar.migrate.transfer.Receiver`).
+When a checkpoint of a key commits here (verified), or a guard names one held here, the key's
+older ``ckpt-*`` go, except the one the key's ``migrate_replicas`` row names (the guarded one)
+and any a local job was or will be resumed from (its spec's ``resume_from`` points at it and it
+has not ended, failed or was lost, or was requeued less than ``REPLICA_REQUEUE_HOLD_S`` ago).
+When the key is released (control op ``release``), and every ``REPLICA_GC_S`` for each key whose row says the job
+is done here (``released``, ``handed-over``, ``placed``, ``passed``, ``resumed``), every ``ckpt-*``
+of the key goes but those a local job uses and those committed after the row last changed (for
+``REPLICA_LATE_S``: a guard naming them may still come), then the key's directory when it is
+empty. The choice and a rename into ``<root>/replica-gc/`` run on the event loop, as the
+endpoint's commits do (so no commit of the same key interleaves), the removal in a worker thread
+(what a stopped agent left there goes at the next start); a key whose take-over runs is left for
+later; links are removed as links, never followed; ``.tmp-*`` and ``incoming/`` (the endpoint's:
+``Receiver.sweep``) and the archive (:meth:`ReclaimComponent.archive_gc`) are never touched.
+Counted in the status as ``counts.replica_gc_ckpts``.
+
 ``GET /v1/migrate/replicas`` / ``laminarctl replicas`` shows the states,
 attempts, next look and last reason.
 
@@ -162,6 +179,7 @@ import re
 import shutil
 import stat
 import time
+from collections.abc import Collection, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -217,6 +235,19 @@ ARCHIVE_TMP_STALE_S = 3600.0
 ARCHIVE_GC_S = 10.0
 # Removals are renamed here first (one agent wins the rename), then removed.
 ARCHIVE_TRASH = ".gc"
+# Replicas this node holds for other nodes' jobs (``<root>/checkpoints/<key>/``) that are no longer
+# needed are renamed into ``<root>/REPLICA_TRASH/`` on the event loop, then removed in a thread.
+REPLICA_TRASH = "replica-gc"
+# How often every held key is looked at (released, handed over, placed elsewhere, ...).
+REPLICA_GC_S = 30.0
+# Replica states after which this node keeps a key's checkpoints only for a local job using them.
+REPLICA_DONE_STATES = ("released", "handed-over", "placed", "passed", "resumed")
+# A checkpoint committed after its key's row last changed (released, say) may be followed by a
+# guard naming it (the guard is sent after the transfer): kept this long.
+REPLICA_LATE_S = 3600.0
+# A requeued job is placed again from its spec (resume_from included) for a while (zone/loan.py's
+# requeue_for_s); a replica it names is kept as long after it was requeued.
+REPLICA_REQUEUE_HOLD_S = 3600.0
 
 CONFIG_FIELDS = {
     "port": Field(int, DEFAULT_PORT, "TCP port of the checkpoint transfer endpoint (the same on every node)",
@@ -282,6 +313,7 @@ REPLICAS_SCHEMA = [
 
 
 _CKPT_NAME = re.compile(r"^ckpt-\d+$")
+_SAFE_KEY = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")  # a transfer's job id (transfer._SAFE)
 
 
 def _read_record(path: Path) -> dict[str, Any] | None:
@@ -324,6 +356,21 @@ def _remove_tree(path: Path) -> None:
             os.unlink(path)
     except OSError:
         pass
+
+
+def _ckpt_step(name: str) -> int:
+    return int(name[5:]) if _CKPT_NAME.match(name) else -1
+
+
+def replica_victims(names: Iterable[str], *, newest: str | None, keep: Collection[str]) -> list[str]:
+    """Which of a key's held checkpoints go (policy; the rule is in the module docs, *Replicas held
+    here*). Only ``ckpt-<n>`` names are ever chosen (``.tmp-*`` commits in progress and anything
+    else are not this rule's), never one in ``keep``. ``newest``: a checkpoint of the key just
+    committed (or guarded) here; those older than it go. None: the key is done here; all go.
+    Returned newest first."""
+    floor = math.inf if newest is None else _ckpt_step(newest)
+    out = [n for n in names if _CKPT_NAME.match(n) and n not in keep and _ckpt_step(n) < floor]
+    return sorted(out, key=_ckpt_step, reverse=True)
 
 
 def _snapshot_file(src: Path, dst: Path) -> None:
@@ -482,6 +529,7 @@ class ReclaimComponent:
         self._gc_next = 0.0  # when this agent sweeps the archive next (monotonic)
         self._gc_running = False
         self._gc_unverified: set[tuple[str, str]] = set()  # (key, ckpt) that failed verification: not re-hashed
+        self._replica_gc_next = 0.0  # when the held replicas are looked at next (monotonic)
 
     # -- life cycle ---------------------------------------------------------------------------
 
@@ -520,8 +568,10 @@ class ReclaimComponent:
         except OSError as e:
             raise RuntimeError(f"migrate: cannot listen on {host}:{self.s['port']} for checkpoint transfers: "
                                f"{e.strerror or e}; set migrate.port to a free port") from None
-        # Nothing is being sent yet: every snapshot under outgoing/ is a crashed send's.
+        # Nothing is being sent yet: every snapshot under outgoing/ is a crashed send's, and what
+        # is in the replica trash was being removed when the agent stopped.
         await asyncio.to_thread(self._sweep_outgoing)
+        await asyncio.to_thread(self._empty_replica_trash)
         self._unsubscribe = agent.events.subscribe(self._on_event)
         self._loop_task = asyncio.get_running_loop().create_task(self._watch())
         self.ckpt = ckpt_driver.CkptDriver(self)
@@ -1888,6 +1938,7 @@ class ReclaimComponent:
                 self._periodic_archive_round()
                 self._archive_round()
                 await self._guard_round()
+                self._replica_gc_round()
             except Exception:
                 log.exception("migrate: watch round failed")
             await asyncio.sleep(float(self.s["poll_s"]))
@@ -2219,12 +2270,161 @@ class ReclaimComponent:
                    f"looking again in {delay:g} s", persist=attempts == 0, key=key, phase="waiting",
                    attempts=attempts + 1, next_in_s=delay)
 
+    # -- replicas held here: what goes (the module docs, *Replicas held here*) -------------------
+
+    def _replica_users(self, d: Path) -> set[str]:
+        """Names of the checkpoints in ``d`` (a key's directory here) a local job was or will be
+        resumed from and may still need: its spec's ``resume_from`` is ``d/<name>`` and it has not
+        ended (queued, starting, running, suspended), it failed or was lost (this may be the only
+        copy of its state: an operator's call, as in the archive), or it was requeued less than
+        REPLICA_REQUEUE_HOLD_S ago (placed again from that spec)."""
+        jobs = getattr(self.agent, "jobs", None)
+        out: set[str] = set()
+        now = time.time()
+        for j in jobs.list() if jobs is not None else []:
+            rf = getattr(j.spec, "resume_from", None)
+            if not rf:
+                continue
+            p = Path(os.path.normpath(str(rf)))
+            if p.parent != d:
+                continue
+            state = str(getattr(j, "state", ""))
+            ended = getattr(j, "ended", None)
+            if state in ("queued", "starting", "running", "suspended", "failed", "lost") or (
+                    state == "requeued" and (ended is None or now - float(ended) < REPLICA_REQUEUE_HOLD_S)):
+                out.add(p.name)
+        return out
+
+    def replica_gc(self, key: str, newest: str | None = None) -> list[str]:
+        """Takes away the checkpoints of ``key`` this node no longer needs (the rule is in the
+        module docs, *Replicas held here*) and returns their names. ``newest``: a checkpoint of the
+        key just committed (or named by a new guard) here; the older ones go, except the one the
+        key's ``migrate_replicas`` row names and any a local job uses. None: only when the row
+        says the key is done here (REPLICA_DONE_STATES), everything but what a local job uses and
+        what was committed after the row last changed (REPLICA_LATE_S) goes, then the directory
+        if it is empty.
+
+        Runs on the event loop, as the transfer endpoint's commits do, so the choice and the
+        renames into ``<root>/REPLICA_TRASH/`` are atomic with respect to a commit of the same
+        key (a commit renames its ``.tmp-*`` into place); the removal of the renamed trees (many
+        GB, possibly) runs in a worker thread. Never touched: ``.tmp-*`` and anything not named
+        ``ckpt-<n>`` (transfer.py's ``Receiver.sweep`` owns temporaries and ``incoming/``), a key
+        whose take-over (or archive claim) runs now, a key directory that is a link. Links are
+        removed as links, never followed."""
+        if self.root is None or key in self._taking or not _SAFE_KEY.match(key):
+            return []
+        d = self.root / "checkpoints" / key
+        try:
+            if not stat.S_ISDIR(os.lstat(d).st_mode):
+                return []
+            have = os.listdir(d)
+        except OSError:
+            return []
+        row = self.agent.store.db.execute("SELECT ckpt, state, updated FROM migrate_replicas WHERE key=?",
+                                          (key,)).fetchone()
+        keep = self._replica_users(d)
+        if newest is not None:
+            try:
+                if not stat.S_ISDIR(os.lstat(d / newest).st_mode):
+                    return []  # not held here: the older ones may be all there is
+            except OSError:
+                return []
+            keep.add(newest)
+            if row is not None:
+                keep.add(str(row["ckpt"]))
+        else:
+            if row is None or row["state"] not in REPLICA_DONE_STATES:
+                return []
+            now = time.time()
+            for n in have:
+                with contextlib.suppress(OSError):
+                    m = os.lstat(d / n).st_mtime
+                    if m > float(row["updated"]) and now - m < REPLICA_LATE_S:
+                        keep.add(n)  # committed after the release: a guard naming it may follow
+        victims = replica_victims(have, newest=newest, keep=keep)
+        if not victims:
+            if newest is None:
+                with contextlib.suppress(OSError):
+                    os.rmdir(d)  # only when empty (a commit in progress keeps its .tmp-* in it)
+            return []
+        trash = self.root / REPLICA_TRASH
+        try:
+            trash.mkdir(exist_ok=True)
+            if not stat.S_ISDIR(os.lstat(trash).st_mode):
+                raise OSError(f"{trash} is not a directory")
+        except OSError as e:
+            log.warning("migrate: replica GC of %s: %s", key, e)
+            return []
+        moved, gone = [], []
+        for n in victims:
+            t = trash / f"{key}.{n}.{time.monotonic_ns()}"
+            try:
+                os.rename(d / n, t)
+            except OSError as e:
+                log.info("migrate: replica GC: %s/%s stays: %s", key, n, e)
+                continue
+            moved.append(t)
+            gone.append(n)
+        if newest is None:
+            with contextlib.suppress(OSError):
+                os.rmdir(d)
+        self.counts["replica_gc_ckpts"] = self.counts.get("replica_gc_ckpts", 0) + len(gone)
+        log.info("migrate: replicas of %s removed: %s (kept: %s)", key, ", ".join(gone),
+                 ", ".join(sorted(set(have) & keep)) or "none")
+        self._remove_later(moved)
+        return gone
+
+    def _remove_later(self, paths: list[Path]) -> None:
+        """Removes ``paths`` (in the replica trash) in a worker thread; inline without a loop."""
+        if not paths:
+            return
+
+        def remove() -> None:
+            for p in paths:
+                _remove_tree(p)
+
+        try:
+            asyncio.get_running_loop()
+        except RuntimeError:
+            remove()
+            return
+        self._spawn(asyncio.to_thread(remove))
+
+    def _empty_replica_trash(self) -> None:
+        """Removes what a stopped agent left in the replica trash (blocking: called in a thread)."""
+        assert self.root is not None
+        with contextlib.suppress(OSError):
+            for n in os.listdir(self.root / REPLICA_TRASH):
+                _remove_tree(self.root / REPLICA_TRASH / n)
+
+    def _replica_gc_round(self, force: bool = False) -> None:
+        """Every REPLICA_GC_S (``force``: now): each held key whose row says it is done here
+        (released, handed over, placed or passed elsewhere, resumed here) loses what no local
+        job uses (:meth:`replica_gc`)."""
+        if self.root is None or (not force and time.monotonic() < self._replica_gc_next):
+            return
+        self._replica_gc_next = time.monotonic() + REPLICA_GC_S
+        rows = self.agent.store.db.execute(
+            f"SELECT key FROM migrate_replicas WHERE state IN ({','.join('?' * len(REPLICA_DONE_STATES))})",
+            REPLICA_DONE_STATES).fetchall()
+        for r in rows:
+            key = str(r["key"])
+            if (self.root / "checkpoints" / key).is_dir():
+                try:
+                    self.replica_gc(key)
+                except Exception:
+                    log.exception("migrate: replica GC of %s", key)
+
     # -- the endpoint's callbacks -------------------------------------------------------------
 
     def _on_commit(self, c: Committed) -> None:
         self.counts["received"] += 1
         self._emit(f"received {c.job_id}/{c.ckpt_id} from node {c.peer_node}, verified", key=c.job_id, ckpt=c.ckpt_id,
                    src_node=c.peer_node, path=str(c.path), phase="received")
+        try:
+            self.replica_gc(c.job_id, newest=c.ckpt_id)  # the older replicas of the key go
+        except Exception:  # the GC must never fail a commit (the sender was told it is delivered)
+            log.exception("migrate: replica GC of %s", c.job_id)
 
     def _on_rx_progress(self, p: Progress) -> None:
         pass
@@ -2241,6 +2441,10 @@ class ReclaimComponent:
                            "updated=excluded.updated",
                            (key, int(body["src_node"]), str(body["src_job"]), json.dumps(body["request"]),
                             str(body["ckpt"]), time.time()))
+            try:  # the guard names a newer checkpoint: the older ones go (when it is held here)
+                self.replica_gc(key, newest=str(body["ckpt"]))
+            except Exception:
+                log.exception("migrate: replica GC of %s", key)
             return {"guarding": key}
         if op == "space":  # may this node hold a checkpoint? (storage holders, _hold)
             assert self.root is not None
@@ -2252,6 +2456,10 @@ class ReclaimComponent:
             with self.agent.store.tx() as db:
                 db.execute("UPDATE migrate_replicas SET state='released', updated=? WHERE key=? AND state IN ('guarding', 'waiting')",
                            (time.time(), key))
+            try:  # nothing here needs the key's checkpoints any more (but a local job resumed from one)
+                self.replica_gc(key)
+            except Exception:
+                log.exception("migrate: replica GC of %s", key)
             return {"released": key}
         if op == "reclaim":
             ts = float(body.get("ts", 0))
