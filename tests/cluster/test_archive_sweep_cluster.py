@@ -183,5 +183,7 @@ def test_a_job_whose_runner_died_before_anything_newer_was_archived_is_claimed_a
         if j["name"] == "filler" and j["state"] == "running":
             third.ctl("job", "stop", j["id"])
     finish(c, key, third, held, reference_sha)  # from the claimed checkpoint, one copy, same weights
-    assert archived(arch, key)["files"] == [f"running-{third.node_id}.json"]
+    # what is left is the third node's running record, unless the sweep (every 10 s) already
+    # removed the ended job's directory: the next line waits for that
+    assert archived(arch, key)["files"] in ([f"running-{third.node_id}.json"], [])
     wait_until(lambda: not (arch / key).exists(), 60, "the ended job's claimed directory to go", every=0.3)
