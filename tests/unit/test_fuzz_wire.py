@@ -21,6 +21,18 @@ u64 = st.integers(0, 2**64 - 1)
 txt = st.text(max_size=20).filter(lambda s: len(s.encode()) <= 255)
 share = st.integers(0, 100)
 
+# a shared shape mix (the summaries' optional trailer): none, or 1..16 distinct packing shapes
+mix_shape = st.one_of(
+    st.tuples(u32, st.just(0), st.just(0)),
+    st.tuples(u32, st.integers(1, 1000), st.just(1)),
+    st.tuples(u32, st.just(1000), st.integers(2, 255)),
+)
+shared_mix = st.one_of(
+    st.just(((), 0)),
+    st.tuples(st.dictionaries(mix_shape, st.integers(0, 4000), min_size=1, max_size=wire.MAX_MIX_SHAPES).map(
+        lambda d: tuple((c, g, n, p) for (c, g, n), p in d.items())), st.integers(1, 2**32 - 1)),
+)
+
 bodies = st.one_of(
     st.builds(wire.Probe, u64, st.integers(0, 6400), u32, u32, u32, txt, txt,
               st.lists(u64, max_size=wire.MAX_PROBE_RELEASES).map(tuple)),
@@ -30,11 +42,13 @@ bodies = st.one_of(
     st.builds(wire.Commit, u64, u32),
     st.builds(wire.CommitAck, u64, u8, u16),
     st.builds(wire.Release, u64),
-    st.builds(wire.Summary, st.lists(share, max_size=16).map(tuple), u32, u32, st.booleans(), txt, txt),
-    st.builds(wire.ZoneSummaryMsg, u16, u32, st.lists(u32, max_size=8).map(tuple), u64, u64, st.lists(txt, max_size=4).map(tuple),
-              st.lists(st.lists(u32, max_size=6).map(tuple), max_size=7).map(tuple),
-              st.lists(st.lists(st.tuples(u16, u16, u16), max_size=wire.MAX_HOST_BUCKETS).map(tuple),
-                       max_size=7).map(tuple)),
+    st.builds(lambda s, m: wire.Summary(*s, *m), st.tuples(st.lists(share, max_size=16).map(tuple), u32, u32,
+                                                           st.booleans(), txt, txt), shared_mix),
+    st.builds(lambda z, m: wire.ZoneSummaryMsg(*z, *m), st.tuples(
+        u16, u32, st.lists(u32, max_size=8).map(tuple), u64, u64, st.lists(txt, max_size=4).map(tuple),
+        st.lists(st.lists(u32, max_size=6).map(tuple), max_size=7).map(tuple),
+        st.lists(st.lists(st.tuples(u16, u16, u16), max_size=wire.MAX_HOST_BUCKETS).map(tuple),
+                 max_size=7).map(tuple)), shared_mix),
     st.builds(wire.ReclaimNotice, u64, u32, txt),
     st.builds(wire.Heartbeat, u32),
     st.builds(wire.HandoverAck, u64, u8, txt),

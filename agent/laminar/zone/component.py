@@ -145,20 +145,49 @@ HOST_CPU_UNIT = 0.1  # a host bucket's CPUs on the wire: tenths of a core
 HOST_MEMORY_UNIT_MB = 64  # and its memory: 64 MB units
 
 
-def zone_summary_to_msg(z: pl.ZoneSummary) -> wire.ZoneSummaryMsg:
-    """The datagram body of ``z``. Host buckets travel rounded up (CPUs in tenths of a core,
+def shares_to_wire(shares: mixlearn.Shares | None) -> tuple[tuple[wire.MixEntry, ...], int]:
+    """A shared mix (:func:`laminar.zone.mixlearn.top_shares`) as the wire carries it: at most
+    :data:`wire.MAX_MIX_SHAPES` entries, shares floored to 1/65535 (so they sum to at most
+    one), the weight in hundredths of a probe (at least 1, capped at the u32's top); ``((),
+    0)`` for None (the field is left out)."""
+    if shares is None:
+        return (), 0
+    total, items = shares
+    weight = max(1, min(0xFFFFFFFF, int(round(total * 100))))
+    mix = tuple((s.cpu_milli, s.gpu_milli, s.num_gpus, max(0, min(wire.MIX_SHARE_ONE, int(p * wire.MIX_SHARE_ONE))))
+                for s, p in items[:wire.MAX_MIX_SHAPES] if s.cpu_milli <= 0xFFFFFFFF and s.num_gpus <= 255)
+    return (mix, weight) if mix else ((), 0)
+
+
+def wire_to_shares(mix: tuple[wire.MixEntry, ...], weight: int) -> mixlearn.Shares | None:
+    """The shared mix a summary carried (None when it carried none). The decoder has checked
+    each entry is a packing shape, so this raises nothing for a decoded message."""
+    if not mix or weight <= 0:
+        return None
+    return weight / 100, tuple((pk.Shape(c, g, n), p / wire.MIX_SHARE_ONE) for c, g, n, p in mix)
+
+
+def zone_summary_to_msg(z: pl.ZoneSummary, mix: mixlearn.Shares | None = None) -> wire.ZoneSummaryMsg:
+    """The datagram body of ``z``, with the zone's shared shape ``mix`` when given. Host buckets travel rounded up (CPUs in tenths of a core,
     memory in 64 MB units; beyond the field's top, :data:`wire.HOST_MORE`), node counts capped
     at 65535; if they would not fit one datagram beside the rest (many long GPU model names),
-    they are left out, and the receivers fall back to the slot estimate."""
+    the mix is left out first, then the host buckets, and the receivers fall back to the slot estimate."""
     hints = tuple(h[:wire.MAX_HINTS_PER_SHAPE] for h in z.hints[:wire.MAX_HINT_SHAPES])
     if not any(hints):
         hints = ()  # no shape is scarce: the field is left out
     hosts = tuple(tuple((min(n, 0xFFFF), _up(c, HOST_CPU_UNIT), _up(m, HOST_MEMORY_UNIT_MB))
                         for n, c, m in b[:wire.MAX_HOST_BUCKETS]) for b in z.hosts[:wire.MAX_HOST_SHAPES])
+    mix_entries, mix_weight = shares_to_wire(mix)
     msg = wire.ZoneSummaryMsg(z.zone, z.nodes, z.slots, int(z.cpus * 1000), z.memory_mb, z.gpu_models[:16], hints,
-                              hosts)
-    if hosts and wire.HEADER_SIZE + len(wire.encode_body(msg)) + wire.MAC_SIZE > wire.MAX_DATAGRAM:
-        msg = wire.ZoneSummaryMsg(z.zone, z.nodes, z.slots, int(z.cpus * 1000), z.memory_mb, z.gpu_models[:16], hints)
+                              hosts, mix_entries, mix_weight)
+
+    def too_large(m: wire.ZoneSummaryMsg) -> bool:
+        return wire.HEADER_SIZE + len(wire.encode_body(m)) + wire.MAC_SIZE > wire.MAX_DATAGRAM
+
+    if mix_entries and too_large(msg):
+        msg = replace(msg, mix=(), mix_weight=0)
+    if hosts and too_large(msg):
+        msg = replace(msg, hosts=())
     return msg
 
 
@@ -353,6 +382,27 @@ class Arbiter:
             self.mix_learner.note(shape, placement_id, now)
         return shape
 
+    def mix_share(self) -> mixlearn.Shares | None:
+        """What this node shares of its learned mix in its summaries (its own counts:
+        :meth:`laminar.zone.mixlearn.MixLearner.share`); None when it learns none (a fixed
+        mix, best fit) or has seen too few probes."""
+        if self.packing != "frag" or self.fixed_mix is not None:
+            return None
+        return self.mix_learner.share()
+
+    def set_peer_mixes(self, parts: Iterable[mixlearn.Shares]) -> None:
+        """Score with this node's learned counts plus ``parts``: the fresh mixes its zone peers
+        and the other zones shared (each weighted by its total,
+        :func:`laminar.zone.mixlearn.merge_shares`). Called once a summary round, never per
+        probe; a no-op for an arbiter that learns no mix."""
+        self.set_peer_weights(mixlearn.merge_shares(parts))
+
+    def set_peer_weights(self, weights: dict[pk.Shape, float]) -> None:
+        """:meth:`set_peer_mixes` with the parts already merged (shape -> weight in probes)."""
+        if self.packing != "frag" or self.fixed_mix is not None:
+            return
+        self.mix_learner.set_peers(weights)
+
     def shape_mix(self) -> pk.ShapeMix:
         """The mix a ``frag`` arbiter scores with now (see the class docs)."""
         if self.fixed_mix is not None:
@@ -460,7 +510,11 @@ class Arbiter:
     finish = unbind
 
     def summary(self, now: float) -> wire.Summary:
-        return capacity_to_summary(self.view(now))
+        """This node's summary: its residual capacity, and its learned mix (:meth:`mix_share`)
+        when it has one to share."""
+        s = capacity_to_summary(self.view(now))
+        mix, weight = shares_to_wire(self.mix_share())
+        return replace(s, mix=mix, mix_weight=weight) if mix else s
 
 
 # --------------------------------------------------------------------------- the submitter side
@@ -1140,6 +1194,9 @@ class ZoneComponent:
         self.zone_summaries: dict[int, pl.ZoneSummary] = {}
         self._fits_cache: dict[tuple[Any, ...], dict[int, float]] = {}
         self._own_summary: pl.ZoneSummary | None = None
+        # shared shape mixes (frag nodes): per zone peer and per other zone, (received at, mix)
+        self.peer_mixes: dict[int, tuple[float, mixlearn.Shares]] = {}
+        self.zone_mixes: dict[int, tuple[float, mixlearn.Shares]] = {}
         self._inflight: dict[int, asyncio.Future[wire.HandoverAck]] = {}
         self._tasks: list[asyncio.Task[Any]] = []
         self.history: list[dict[str, Any]] = []
@@ -1407,6 +1464,9 @@ class ZoneComponent:
             m = self.membership.by_node[msg.node]
             st.last_summary = summary_to_capacity(msg.node, m.zone, body)
             st.summary_at = self.clock()
+            shared = wire_to_shares(body.mix, body.mix_weight)
+            if shared is not None and m.zone == self.zone:
+                self.peer_mixes[msg.node] = (st.summary_at, shared)
             return
         if isinstance(body, wire.ZoneSummaryMsg):
             self.counts["zone_summaries_received"] += 1
@@ -1415,6 +1475,9 @@ class ZoneComponent:
                 if z is not None:
                     self.zone_summaries[body.zone] = z
                     self._summaries_changed()
+                shared = wire_to_shares(body.mix, body.mix_weight)
+                if shared is not None:
+                    self.zone_mixes[body.zone] = (self.clock(), shared)
             return
         if isinstance(body, wire.ReclaimNotice):
             self.counts["reclaim_notices"] += 1
@@ -1531,6 +1594,33 @@ class ZoneComponent:
                 caps.append(st.last_summary)
         return pl.summarize_zone(self.zone, caps, now, rng=self.rng, hints=pl.HINTS_PER_SHAPE)
 
+    def _fresh_peer_mixes(self, now: float) -> list[mixlearn.Shares]:
+        """The mixes this zone's peers shared in summaries received within ``peer_timeout_s``
+        (older ones are forgotten)."""
+        fresh = float(self.s["peer_timeout_s"])
+        for n in [n for n, (at, _) in self.peer_mixes.items() if now - at > fresh]:
+            del self.peer_mixes[n]
+        return [m for _, m in self.peer_mixes.values()]
+
+    def own_zone_mix(self, now: float) -> mixlearn.Shares | None:
+        """This zone's merged mix, for the zone summary: this node's own counts and its fresh
+        zone peers' (each weighted by its total), the heaviest shapes; None when none is known."""
+        parts = self._fresh_peer_mixes(now)
+        mine = self.arbiter.mix_share()
+        if mine is not None:
+            parts.append(mine)
+        return mixlearn.top_shares(mixlearn.merge_shares(parts)) if parts else None
+
+    def refresh_peer_mixes(self, now: float) -> None:
+        """Hand the arbiter the fresh shared mixes: its zone peers' (``peer_timeout_s``) and the
+        other zones' (3 x ``peer_timeout_s``, as their summaries); once a summary round."""
+        parts = self._fresh_peer_mixes(now)
+        stale = 3 * float(self.s["peer_timeout_s"])
+        for z in [z for z, (at, _) in self.zone_mixes.items() if now - at > stale]:
+            del self.zone_mixes[z]
+        parts += [m for _, m in self.zone_mixes.values()]
+        self.arbiter.set_peer_mixes(parts)
+
     def _own_summary_cached(self) -> pl.ZoneSummary:
         """:meth:`own_zone_summary`, kept until the next summary round (as the fits are)."""
         if self._own_summary is None:
@@ -1574,6 +1664,7 @@ class ZoneComponent:
                 now = self.clock()
                 self.refresh_inventory()
                 self._summaries_changed()
+                self.refresh_peer_mixes(now)
                 assert self.endpoint is not None
                 mine = self.arbiter.summary(now)
                 peers = self.membership.zone_list(self.zone)
@@ -1586,7 +1677,7 @@ class ZoneComponent:
                 heard = [n for n in peers if n == self.node_id
                          or (self.membership.state[n].last_seen >= 0 and now - self.membership.state[n].last_seen <= fresh)]
                 if heard and min(heard) == self.node_id:
-                    zmsg = zone_summary_to_msg(self.own_zone_summary(now))
+                    zmsg = zone_summary_to_msg(self.own_zone_summary(now), self.own_zone_mix(now))
                     for z in self.membership.zones():
                         if z == self.zone:
                             continue

@@ -35,6 +35,13 @@ The rule here (all of it O(1) amortized per probe, bounded memory):
   not counted (retries are what fails now, the large demands, and would skew the mix).
 - **Bounded shapes.** At most ``max_shapes`` shapes are counted; past that the lighter half
   is dropped (a shape that rare is not in a 95 % coverage mix).
+- **Shared between the nodes** (the ``frag`` agents, docs/allocation.md *The shared mix*): a
+  node's filtered stream is not the arrivals' mix, but the union of every node's is. A node
+  sends its own counts (:meth:`MixLearner.share`: its heaviest :data:`SHARE_SHAPES` shapes and
+  its total weight, in probes) in its summaries; the zone's speaker sends the zone's merge of
+  them in the zone summary; a node hands the fresh ones it holds to :meth:`MixLearner.set_peers`
+  (:func:`merge_shares`: each weighted by its total), and its mix is computed over its own
+  counts plus those. Merging happens once a summary round, never per probe.
 - **A stable mix.** The mix (:func:`weighted_shape_mix`, FGD's popularity rule) is recomputed
   every ``refresh`` counted probes and *replaced only when it moved* by more than ``change``
   (total variation distance). Scores are cached per mix (``packing._frag``), so a mix that
@@ -57,7 +64,7 @@ from __future__ import annotations
 
 import collections
 import math
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 
 from laminar.zone.packing import PackingError, Shape, ShapeMix
 
@@ -71,6 +78,8 @@ RATE_WINDOW = 32
 """Probes over which a node measures the rate it is probed at (for the weight of a probe)."""
 MIX_CHANGE = 0.02
 """Total variation distance by which a recomputed mix must differ to replace the current one."""
+SHARE_SHAPES = 16
+"""Shapes a node (or a zone) shares of its mix in its summaries, the heaviest first."""
 _RESCALE_AT = 1e100  # the growing weight is folded back into the counts past this
 
 
@@ -100,6 +109,39 @@ def mix_distance(a: ShapeMix, b: ShapeMix) -> float:
     """Total variation distance between two mixes: 0 the same, 1 no shape in common."""
     pa, pb = dict(a), dict(b)
     return 0.5 * sum(abs(pa.get(s, 0.0) - pb.get(s, 0.0)) for s in pa.keys() | pb.keys())
+
+
+Shares = tuple[float, tuple[tuple[Shape, float], ...]]
+"""A mix as shared: the total weight (in probes, > 0) and the heaviest shapes with their share
+of that total (each in [0, 1], summing to at most 1)."""
+
+
+def top_shares(weights: Mapping[Shape, float], k: int = SHARE_SHAPES) -> Shares | None:
+    """``weights`` (shape -> weight) as :data:`Shares`: the total of the positive finite weights
+    and the ``k`` heaviest shapes (ties: the larger shape first) with their share of it; None
+    when no weight is positive."""
+    if k < 1:
+        raise ValueError(f"top_shares: k {k!r} must be >= 1")
+    items = [(s, w) for s, w in weights.items() if w > 0 and math.isfinite(w)]
+    total = sum(w for _, w in items)
+    if not items or not (total > 0 and math.isfinite(total)):
+        return None
+    items.sort(key=lambda kv: (kv[1], kv[0].cpu_milli, kv[0].gpu_milli, kv[0].num_gpus), reverse=True)
+    return total, tuple((s, w / total) for s, w in items[:k])
+
+
+def merge_shares(parts: Iterable[Shares], into: dict[Shape, float] | None = None) -> dict[Shape, float]:
+    """The weights (shape -> weight, in probes) of several shared mixes together: each shape's
+    share times its part's total, summed over ``parts`` (added to ``into`` when given).
+    Parts with a total that is not positive and finite are skipped."""
+    out = {} if into is None else into
+    for total, shares in parts:
+        if not (total > 0 and math.isfinite(total)):
+            continue
+        for s, p in shares:
+            if p > 0:
+                out[s] = out.get(s, 0.0) + total * p
+    return out
 
 
 class MixLearner:
@@ -152,6 +194,9 @@ class MixLearner:
         self.repeats = 0  # probes not counted: a placement already counted here
         self._since = 0
         self._mix: ShapeMix | None = None
+        self._peers: dict[Shape, float] = {}  # the other nodes' weights (set_peers), in probes
+        self._peer_total = 0.0
+        self._peers_new = False
 
     def note(self, shape: Shape, placement_id: int | None = None, now: float | None = None) -> bool:
         """Count one probe of ``shape`` for ``placement_id`` (None: count it whatever its id)
@@ -201,17 +246,48 @@ class MixLearner:
         return rate / self._max_rate
 
     def mix(self) -> ShapeMix | None:
-        """The mix to score with now: None until ``min_seen`` probes were counted; else the
-        weighted mix, recomputed every ``refresh`` counted probes and kept (the same object)
-        while a recomputation moved less than ``change``."""
-        if self.seen < self.min_seen:
+        """The mix to score with now: None until ``min_seen`` probes were counted (here, or
+        in the peers' weights together); else the weighted mix of this node's counts and
+        the peers' (:meth:`set_peers`), recomputed every ``refresh`` counted probes and after
+        new peer weights, and kept (the same object) while a recomputation moved less than
+        ``change``."""
+        if self.seen < self.min_seen and self._peer_total < self.min_seen:
             return None
-        if self._mix is None or self._since >= self.refresh:
-            new = weighted_shape_mix(self.counts, self.coverage)
+        if self._mix is None or self._since >= self.refresh or self._peers_new:
+            weights = self.own_weights()
+            if self._peers:
+                for s, w in self._peers.items():
+                    weights[s] = weights.get(s, 0.0) + w
+            new = weighted_shape_mix(weights, self.coverage)
             if self._mix is None or mix_distance(new, self._mix) > self.change:
                 self._mix = new
             self._since = 0
+            self._peers_new = False
         return self._mix
+
+    def own_weights(self) -> dict[Shape, float]:
+        """This node's decayed counts in probes (the newest probe weighs its rate weight, at
+        most 1; one ``half_life`` older, half that): comparable between nodes."""
+        inc = self._inc
+        return {s: w / inc for s, w in self.counts.items()}
+
+    def share(self, k: int = SHARE_SHAPES) -> Shares | None:
+        """What this node shares of its mix (its own counts only, never the peers'): its total
+        weight in probes and its ``k`` heaviest shapes' shares; None before ``min_seen``
+        probes were counted here."""
+        if self.seen < self.min_seen:
+            return None
+        return top_shares(self.own_weights(), k)
+
+    def set_peers(self, weights: Mapping[Shape, float]) -> None:
+        """Score with this node's counts plus ``weights`` (shape -> weight in probes: the fresh
+        mixes of the zone peers and of the other zones, :func:`merge_shares`), replacing the
+        previous peers' weights; the mix is recomputed at the next :meth:`mix` (and replaced
+        only when it moved by more than ``change``). An empty mapping: this node's counts alone."""
+        peers = {s: float(w) for s, w in weights.items() if w > 0 and math.isfinite(w)}
+        self._peers = peers
+        self._peer_total = sum(peers.values())
+        self._peers_new = True
 
     def weights(self) -> dict[Shape, float]:
         """Each counted shape's share of the (decayed) weight, summing to 1 (for inspection)."""

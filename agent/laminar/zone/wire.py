@@ -175,9 +175,19 @@ class Release:
     placement_id: int
 
 
+MixEntry = tuple[int, int, int, int]
+"""A shared shape mix's entry on the wire: ``(cpu_milli, gpu_milli, num_gpus, share)``, the
+share of the mix's weight in 1/65535 (:data:`MIX_SHARE_ONE`)."""
+
+
 @dataclass(frozen=True)
 class Summary:
-    """A node's residual capacity (after the reservations it holds)."""
+    """A node's residual capacity (after the reservations it holds).
+
+    ``mix`` (an optional trailing field; a body without it decodes with none): the shape mix a
+    ``frag`` node learned from the probes it saw, its heaviest shapes as :data:`MixEntry`, and
+    ``mix_weight`` its total weight in hundredths of a probe (> 0 when ``mix`` is given).
+    Decoders that predate the field drop such a summary as malformed (trailing bytes)."""
 
     gpu_free_centi: tuple[int, ...]
     cpus_milli: int
@@ -185,6 +195,8 @@ class Summary:
     draining: bool
     gpu_model: str = ""
     pool: str = ""
+    mix: tuple[MixEntry, ...] = ()
+    mix_weight: int = 0
 
 
 @dataclass(frozen=True)
@@ -199,6 +211,10 @@ class ZoneSummaryMsg:
     (64 MB units) among its nodes, rounded up; :data:`HOST_MORE` in a unit field means "at
     least that much" (:func:`laminar.zone.placement.host_buckets`). Decoders that predate the
     field drop such a summary as malformed (trailing bytes), as for ``Offer.frag``.
+
+    ``mix``, ``mix_weight`` (a third optional trailing field, after the host buckets, which are
+    then sent with a count of 0 when there are none): the zone's merged shape mix, as in
+    :class:`Summary`.
     """
 
     zone: int
@@ -209,6 +225,8 @@ class ZoneSummaryMsg:
     gpu_models: tuple[str, ...] = ()
     hints: tuple[tuple[int, ...], ...] = ()
     hosts: tuple[tuple[tuple[int, int, int], ...], ...] = ()
+    mix: tuple[MixEntry, ...] = ()
+    mix_weight: int = 0
 
 
 @dataclass(frozen=True)
@@ -319,6 +337,10 @@ MAX_HINTS_PER_SHAPE = 32
 MAX_HOST_SHAPES = 16  # zone-summary host buckets: shapes, and buckets per shape, at most
 MAX_HOST_BUCKETS = 8
 _HOST_BUCKET = struct.Struct("!HHH")  # nodes, largest free cpus (tenths), largest free memory (64 MB units)
+MAX_MIX_SHAPES = 16  # a shared mix's shapes at most (summary and zone-summary)
+MIX_SHARE_ONE = 0xFFFF  # a mix entry's share of the weight: 65535 is all of it
+_MIX_HEAD = struct.Struct("!BI")  # shapes, total weight (hundredths of a probe)
+_MIX_ENTRY = struct.Struct("!IHBH")  # cpu_milli, gpu_milli, num_gpus, share
 HOST_MORE = 0xFFFF  # a host bucket's cpus or memory at (or beyond) the field's top
 _RECLAIM = struct.Struct("!QI")
 _HANDOVER_ACK = struct.Struct("!QB")
@@ -369,6 +391,43 @@ def _text(s: str) -> bytes:
     return _U8.pack(len(b)) + b
 
 
+def _mix_bytes(mix: tuple[MixEntry, ...], weight: int) -> bytes:
+    """The shared-mix trailer; ValueError for a mix the decoder would refuse."""
+    err = _mix_error(mix, weight)
+    if err:
+        raise ValueError(f"shared mix: {err}")
+    return _MIX_HEAD.pack(len(mix), weight) + b"".join(_MIX_ENTRY.pack(*e) for e in mix)
+
+
+def _mix_error(mix: tuple[MixEntry, ...], weight: int) -> str:
+    """Why ``mix`` is not a shared mix the wire carries ('' when it is): 1..16 distinct valid
+    shapes (a share of one GPU, whole GPUs, or CPU only), shares summing to at most
+    :data:`MIX_SHARE_ONE`, a weight > 0."""
+    if not 0 < len(mix) <= MAX_MIX_SHAPES:
+        return f"{len(mix)} shapes, must be 1..{MAX_MIX_SHAPES}"
+    if not 0 < weight <= 0xFFFFFFFF:
+        return f"weight {weight} must be 1..{0xFFFFFFFF}"
+    if sum(e[3] for e in mix) > MIX_SHARE_ONE:
+        return f"shares sum to {sum(e[3] for e in mix)} > {MIX_SHARE_ONE}"
+    if len({e[:3] for e in mix}) != len(mix):
+        return "a shape given twice"
+    for c, g, n, _ in mix:
+        if g > 1000 or (n == 0) != (g == 0) or (n > 1 and g != 1000):
+            return f"shape (cpu {c}, gpu_milli {g}, gpus {n}) is not a packing shape"
+    return ""
+
+
+def _read_mix(r: _Reader) -> tuple[tuple[MixEntry, ...], int]:
+    k, weight = r.take(_MIX_HEAD)
+    if not 0 < k <= MAX_MIX_SHAPES:  # checked before reading k entries
+        raise Dropped(DropReason.MALFORMED, f"shared mix of {k} shapes, must be 1..{MAX_MIX_SHAPES}")
+    mix = tuple((e[0], e[1], e[2], e[3]) for e in (r.take(_MIX_ENTRY) for _ in range(k)))
+    err = _mix_error(mix, weight)
+    if err:
+        raise Dropped(DropReason.MALFORMED, f"shared mix: {err}")
+    return mix, weight
+
+
 def encode_body(body: Body) -> bytes:
     """The body's bytes. Raises ValueError (or struct.error) for a value out of its field's range."""
     if isinstance(body, Probe):
@@ -397,21 +456,24 @@ def encode_body(body: Body) -> bytes:
             + bytes(body.gpu_free_centi)
             + _text(body.gpu_model)
             + _text(body.pool)
+            + (_mix_bytes(body.mix, body.mix_weight) if body.mix else b"")
         )
     if isinstance(body, ZoneSummaryMsg):
         out = _ZONE_SUMMARY.pack(body.zone, body.nodes, body.cpus_milli, body.memory_mb, len(body.slots))
         out += b"".join(_U32.pack(min(s, 2**32 - 1)) for s in body.slots)
         out += _U8.pack(len(body.gpu_models)) + b"".join(_text(m) for m in body.gpu_models)
-        if body.hints or body.hosts:  # the hosts follow the hints: a count of 0 when there are none
+        if body.hints or body.hosts or body.mix:  # later fields follow the hints: a count of 0 when none
             if len(body.hints) > MAX_HINT_SHAPES or any(len(h) > MAX_HINTS_PER_SHAPE for h in body.hints):
                 raise ValueError(f"zone-summary hints: at most {MAX_HINT_SHAPES} shapes of {MAX_HINTS_PER_SHAPE} nodes")
             out += _U8.pack(len(body.hints))
             out += b"".join(_U8.pack(len(h)) + b"".join(_U32.pack(n) for n in h) for h in body.hints)
-        if body.hosts:
+        if body.hosts or body.mix:  # the mix follows the hosts: a count of 0 when there are none
             if len(body.hosts) > MAX_HOST_SHAPES or any(len(b) > MAX_HOST_BUCKETS for b in body.hosts):
                 raise ValueError(f"zone-summary hosts: at most {MAX_HOST_SHAPES} shapes of {MAX_HOST_BUCKETS} buckets")
             out += _U8.pack(len(body.hosts))
             out += b"".join(_U8.pack(len(b)) + b"".join(_HOST_BUCKET.pack(*g) for g in b) for b in body.hosts)
+        if body.mix:
+            out += _mix_bytes(body.mix, body.mix_weight)
         return out
     if isinstance(body, ReclaimNotice):
         return _RECLAIM.pack(body.notice_id, body.deadline_ms) + _text(body.reason)
@@ -513,7 +575,12 @@ def decode_body(mtype: MsgType, buf: bytes) -> Body:
         gpus = tuple(r.raw(n))
         if any(g > 100 for g in gpus) or dr > 1:
             raise Dropped(DropReason.MALFORMED, "summary gpu share > 100 or draining not 0/1")
-        body = Summary(gpus, c, m, bool(dr), r.text(), r.text())
+        model, pool = r.text(), r.text()
+        smix: tuple[MixEntry, ...] = ()
+        sweight = 0
+        if r.pos < len(buf):  # the optional shared mix
+            smix, sweight = _read_mix(r)
+        body = Summary(gpus, c, m, bool(dr), model, pool, smix, sweight)
     elif mtype is MsgType.ZONE_SUMMARY:
         z, nodes, c, m, ns = r.take(_ZONE_SUMMARY)
         slots = tuple(r.take(_U32)[0] for _ in range(ns))
@@ -522,7 +589,7 @@ def decode_body(mtype: MsgType, buf: bytes) -> Body:
         hints: list[tuple[int, ...]] = []
         if r.pos < len(buf):  # the optional hints
             (nh,) = r.take(_U8)
-            if nh == 0 and r.pos == len(buf):  # written only before host buckets: one encoding per body
+            if nh == 0 and r.pos == len(buf):  # written only before later fields: one encoding per body
                 raise Dropped(DropReason.MALFORMED, "zone-summary hints for 0 shapes and no host buckets")
             if nh > MAX_HINT_SHAPES:
                 raise Dropped(DropReason.MALFORMED, f"zone-summary hints for {nh} shapes > {MAX_HINT_SHAPES}")
@@ -534,14 +601,19 @@ def decode_body(mtype: MsgType, buf: bytes) -> Body:
         hosts: list[tuple[tuple[int, int, int], ...]] = []
         if r.pos < len(buf):  # the optional host buckets
             (nh,) = r.take(_U8)
-            if not 0 < nh <= MAX_HOST_SHAPES:
-                raise Dropped(DropReason.MALFORMED, f"zone-summary hosts for {nh} shapes, must be 1..{MAX_HOST_SHAPES}")
+            if nh > MAX_HOST_SHAPES or (nh == 0 and r.pos == len(buf)):  # 0 only before a shared mix
+                raise Dropped(DropReason.MALFORMED, f"zone-summary hosts for {nh} shapes, must be 1..{MAX_HOST_SHAPES} "
+                              "(0 only when a shared mix follows)")
             for _ in range(nh):
                 (k,) = r.take(_U8)
                 if k > MAX_HOST_BUCKETS:
                     raise Dropped(DropReason.MALFORMED, f"zone-summary {k} host buckets for a shape > {MAX_HOST_BUCKETS}")
                 hosts.append(tuple((g[0], g[1], g[2]) for g in (r.take(_HOST_BUCKET) for _ in range(k))))
-        body = ZoneSummaryMsg(z, nodes, slots, c, m, models, tuple(hints), tuple(hosts))
+        zmix: tuple[MixEntry, ...] = ()
+        zweight = 0
+        if r.pos < len(buf):  # the optional shared mix
+            zmix, zweight = _read_mix(r)
+        body = ZoneSummaryMsg(z, nodes, slots, c, m, models, tuple(hints), tuple(hosts), zmix, zweight)
     elif mtype is MsgType.RECLAIM_NOTICE:
         nid, dl = r.take(_RECLAIM)
         body = ReclaimNotice(nid, dl, r.text())
