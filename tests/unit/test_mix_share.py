@@ -270,3 +270,44 @@ def test_a_zone_summary_too_large_for_a_datagram_leaves_the_mix_out_first():
     msg = zone_summary_to_msg(z, mix)
     assert wire.HEADER_SIZE + len(wire.encode_body(msg)) + wire.MAC_SIZE <= wire.MAX_DATAGRAM
     assert msg.mix == ()
+
+
+# --------------------------------------------------------------------------- agent_packing's exchange (SimNet, a FAKE network)
+
+
+def test_agent_packing_exchanges_the_mixes_through_the_wire_and_every_node_takes_them():
+    """The experiment's ``learned`` mix runs the summaries' exchange (``MixExchange``): through
+    the codec each datagram stays within one datagram and grows by the trailer; every node,
+    also one never probed, ends up scoring with a learned mix (not the fixed default); and
+    without the codec the decisions are the same."""
+    import random as _random
+
+    from laminar.sim.agent_packing import MixExchange, build_net, run_agent_packing
+    from laminar.sim.trace import JobSpec, NodeSpec
+    from laminar.zone.component import DEFAULT_FRAG_MIX
+
+    r = _random.Random(4)
+    kinds = ((2, 32.0, 131_072, "P100"),) * 3 + ((8, 96.0, 786_432, "V100M32"),)
+    nodes = [NodeSpec(f"n{i}", *r.choice(kinds)) for i in range(70)]
+    shapes = ((0.25, 4, 8_192), (0.5, 6, 16_384), (1.0, 8, 30_000), (2.0, 16, 60_000), (0.0, 8, 16_000))
+    work = [JobSpec(f"p{i:03d}", 0.0, 1.0, 1, *r.choice(shapes)) for i in range(40)]
+    wired = run_agent_packing(nodes, work, seed=4, mix="learned", mix_every=2)
+    bare = run_agent_packing(nodes, work, seed=4, mix="learned", mix_every=2, use_wire=False)
+    local = run_agent_packing(nodes, work, seed=4, mix="local")
+    assert wired.mix_rounds > 0 and local.mix_rounds == 0 and local.summary_bytes is None
+    sizes = wired.summary_bytes or {}
+    assert 0 < sizes["node_before_max"] < sizes["node_max"] <= wire.MAX_DATAGRAM
+    assert 0 < sizes["zone_before_max"] < sizes["zone_max"] <= wire.MAX_DATAGRAM
+    assert (wired.placed, wired.failed, wired.messages) == (bare.placed, bare.failed, bare.messages)
+    assert wired.allocation_ratio_pct == bare.allocation_ratio_pct
+    # a net where only zone 1's nodes counted probes: after a round, zone 2's score with their mix
+    net = build_net(nodes, None, seed=4)
+    zone1 = [n for n, m in net.membership.by_node.items() if m.zone == 1]
+    zone2 = [n for n, m in net.membership.by_node.items() if m.zone == 2]
+    for n in zone1:
+        for pid in range(20):
+            net.arbiters[n].on_probe(probe(pid + 1, 50, 4000), NOW + pid)
+    ex = MixExchange(net)
+    ex.round()
+    assert all(net.arbiters[n].shape_mix() == ((SMALL, 1.0),) for n in zone1 + zone2)
+    assert DEFAULT_FRAG_MIX != ((SMALL, 1.0),)

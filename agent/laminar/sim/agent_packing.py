@@ -24,8 +24,11 @@ What may differ from ``laminar-frag-wide`` (the point of running it):
   (:func:`~laminar.sim.allocation.workload_mix`, as the simulator does); ``mix="learned"``
   is the agent's default, the mix each node learns from the shapes probed at it
   (:class:`laminar.zone.mixlearn.MixLearner`;
-  :data:`laminar.zone.component.DEFAULT_FRAG_MIX` until 16 were seen); ``mix="pooled"`` is
-  a diagnostic (one learner shared by every node, :data:`DIAGNOSTIC_MIXES`);
+  :data:`laminar.zone.component.DEFAULT_FRAG_MIX` until 16 were seen) merged with the mixes
+  its zone peers and the other zones share in their summaries (:class:`MixExchange`, a
+  summary round every :data:`MIX_EVERY` pods); ``mix="pooled"`` and ``mix="local"`` are
+  diagnostics (one learner shared by every node; each node its own probes only, the agent
+  before the shared mix: :data:`DIAGNOSTIC_MIXES`);
 - the zones: the submitter takes the zones whose summaries' ``zone_fit`` is positive, where
   the simulator counts the nodes of each zone that can host the pod. ``zone_fit`` reads the
   summaries' host buckets (:func:`laminar.zone.placement.host_buckets`: per shape, the nodes
@@ -59,18 +62,26 @@ import sys
 import time
 from collections import Counter
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 from laminar.sim import allocation as A
 from laminar.sim.cluster import demand_of
 from laminar.sim.trace import JobSpec, NodeSpec, default_data_dir, read_openb_nodes, read_openb_pods
+from laminar.zone import mixlearn, wire
 from laminar.zone import packing as K
 from laminar.zone import placement as pl
-from laminar.zone.component import DEFAULT_FRAG_MIX, LEASE_S, Arbiter, PlacementResult
+from laminar.zone.component import (
+    DEFAULT_FRAG_MIX,
+    LEASE_S,
+    Arbiter,
+    PlacementResult,
+    wire_to_shares,
+    zone_summary_to_msg,
+)
 from laminar.zone.membership import Member, Membership
 from laminar.zone.mixlearn import mix_distance
-from laminar.zone.simnet import SimNet
+from laminar.zone.simnet import SIM_KEY, SimNet, _AnyNode
 
 ZONE_SIZE = 64
 """Nodes per zone, as ``run_allocation`` sets them (node ``i`` in zone ``i // 64``)."""
@@ -84,11 +95,18 @@ starts, but the wait is measured in real time while the answers are read: a shor
 (SimNet's 0.05 s) could run out on a loaded machine and mark nodes as missed."""
 
 MIXES = ("workload", "learned")
-DIAGNOSTIC_MIXES = ("pooled",)
+DIAGNOSTIC_MIXES = ("pooled", "local")
 """``pooled``: a diagnostic, not the agent: every arbiter counts its probes into one shared
 :class:`laminar.zone.mixlearn.MixLearner` (each placement once), so all score with the mix of
-the whole probe stream: what a mix shared between the nodes (e.g. carried by the zone
-summaries) could give; the agents today learn one each (``learned``)."""
+the whole probe stream. ``local``: the agent before the shared mix (each node its own
+probes only, no :class:`MixExchange`). ``learned`` is the agent: each node learns from its
+probes and scores with the mixes its zone peers and the other zones share in their summaries."""
+
+MIX_EVERY = 4
+"""Pods between two summary rounds of the shared mix (:class:`MixExchange`). The agents send
+summaries every second and pods here arrive 10 fake seconds apart, so the agent's mixes are
+fresher than these: a round every few pods keeps the run's cost down (each round encodes the
+summaries of the nodes probed since the last)."""
 
 ZONE_CHOICES = ("summary", "exact")
 """How the submitter learns which zones can take a pod: ``summary`` (the agent: the zone
@@ -120,6 +138,8 @@ class AgentPackingResult:
     probes_refused: int  # probes answered with a refusal (nodes of a probed zone without room)
     no_zone: int  # pods no zone summary said could be hosted (no probe sent)
     probe_timeouts: int  # rounds whose wait ran out (0 expected: SimNet loses nothing)
+    mix_rounds: int = 0  # summary rounds of the shared mix (MixExchange), 0 without it
+    summary_bytes: dict[str, float] | None = None  # summary datagram sizes (mean, max), with and without the mix
 
 
 def build_net(nodes: Sequence[NodeSpec], mix: K.ShapeMix | None, seed: int = 42, use_wire: bool = True) -> SimNet:
@@ -197,6 +217,97 @@ class ExactZoneFits:
             if found >= self.wanted:
                 break
         return out
+
+
+class MixExchange:
+    """The shared shape mix of the ``frag`` agents over the fake network, by the agent's code:
+    each node's summary (:meth:`Arbiter.summary`, its learned mix as the optional trailer) to
+    its zone peers, each zone's merged mix in its zone summary
+    (:func:`laminar.zone.component.zone_summary_to_msg`) to the other zones, through the wire
+    codec (one datagram each, :data:`wire.MAX_DATAGRAM` enforced) unless ``use_wire`` is False
+    (then the same quantized values without the envelope); each arbiter then scores with its
+    own counts plus its zone peers' and the other zones' mixes
+    (:meth:`Arbiter.set_peer_weights`, the weights :func:`laminar.zone.mixlearn.merge_shares`
+    gives for those parts). As in an agent that holds every peer's fresh summary: every node
+    hears every zone peer and every zone (summaries are not counted as placement messages).
+
+    Cost: a node's summary is encoded again only when it counted probes since the last round;
+    the merge per node is its zone's and the other zones' merged weights less its own part
+    (O(nodes x shapes) a round). ``sizes`` records the summary datagrams' sizes in bytes, with
+    and without the mix (``node``, ``node_before``, ``zone``, ``zone_before``)."""
+
+    def __init__(self, net: SimNet, use_wire: bool = True) -> None:
+        self.net = net
+        self.use_wire = use_wire
+        self.zones = {z: net.membership.zone_list(z) for z in net.membership.zones()}
+        self._part: dict[int, mixlearn.Shares] = {}  # node -> its mix as its peers decoded it
+        self._seen: dict[int, int] = {}  # node -> learner.seen at its last summary
+        self._enc: dict[int, wire.Encoder] = {}
+        self._dec = wire.Decoder(SIM_KEY, _AnyNode())
+        self.sizes: dict[str, list[int]] = {"node": [], "node_before": [], "zone": [], "zone_before": []}
+        self.rounds = 0
+
+    def _carry(self, src: int, zone: int, body: wire.Body, kind: str, before: wire.Body) -> wire.Body:
+        if not self.use_wire:
+            return body
+        enc = self._enc.get(src)
+        if enc is None:
+            enc = self._enc[src] = wire.Encoder(src, SIM_KEY, seq0=1)
+        data = enc.encode(body, zone, self.net.clock_s)  # raises past one datagram
+        self.sizes[kind].append(len(data))
+        self.sizes[kind + "_before"].append(wire.HEADER_SIZE + len(wire.encode_body(before)) + wire.MAC_SIZE)
+        return self._dec.decode(data, self.net.clock_s).body
+
+    def round(self) -> None:
+        """One summary round: every node's mix to its peers, every zone's to the others."""
+        self.rounds += 1
+        net, now = self.net, self.net.clock_s
+        for node, a in net.arbiters.items():
+            seen = a.mix_learner.seen
+            if self._seen.get(node) == seen:
+                continue
+            self._seen[node] = seen
+            body = a.summary(now)
+            got = self._carry(node, net.membership.by_node[node].zone, body, "node", replace(body, mix=(), mix_weight=0))
+            assert isinstance(got, wire.Summary)
+            part = wire_to_shares(got.mix, got.mix_weight)
+            if part is None:
+                self._part.pop(node, None)
+            else:
+                self._part[node] = part
+        inside: dict[int, dict[K.Shape, float]] = {}  # zone -> its nodes' merged weights
+        shared: dict[int, dict[K.Shape, float]] = {}  # zone -> its zone summary's mix, as received
+        for z, members in self.zones.items():
+            parts = [self._part[n] for n in members if n in self._part]
+            inside[z] = mixlearn.merge_shares(parts)
+            zmix = mixlearn.top_shares(inside[z]) if parts else None
+            zs = net.zone_summaries.get(z)
+            if zs is None or zmix is None:
+                continue
+            zbody = zone_summary_to_msg(zs, zmix)
+            zgot = self._carry(members[0], z, zbody, "zone", replace(zbody, mix=(), mix_weight=0))
+            assert isinstance(zgot, wire.ZoneSummaryMsg)
+            part = wire_to_shares(zgot.mix, zgot.mix_weight)
+            if part is not None:
+                shared[z] = mixlearn.merge_shares([part])
+        everyone = mixlearn.merge_shares([])
+        for w in shared.values():
+            for s_, v in w.items():
+                everyone[s_] = everyone.get(s_, 0.0) + v
+        for z, members in self.zones.items():
+            base = dict(inside[z])
+            for s_, v in everyone.items():
+                base[s_] = base.get(s_, 0.0) + v
+            for s_, v in shared.get(z, {}).items():  # the other zones only
+                base[s_] -= v
+            for n in members:
+                own = self._part.get(n)
+                w = dict(base)
+                if own is not None:  # its zone peers only
+                    total, items = own
+                    for s_, p in items:
+                        w[s_] -= total * p
+                net.arbiters[n].set_peer_weights({s_: v for s_, v in w.items() if v > 1e-9 * (1 + abs(v))})
 
 
 def mix_classes(mix: K.ShapeMix) -> dict[str, float]:
@@ -287,7 +398,7 @@ class MixTrace:
 def run_agent_packing(
     nodes: Sequence[NodeSpec], pods: Sequence[JobSpec], seed: int = 42, ratio: float = 1.3, *, mix: str = "workload",
     spread: int = A.FRAG_SPREAD, use_wire: bool = True, limit: int | None = None, zones: str = "summary",
-    observe: Callable[[int, JobSpec, PlacementResult, SimNet], None] | None = None,
+    observe: Callable[[int, JobSpec, PlacementResult, SimNet], None] | None = None, mix_every: int = MIX_EVERY,
 ) -> AgentPackingResult:
     """One run of the experiment by the agents (see the module docs); deterministic for ``seed``.
 
@@ -295,11 +406,14 @@ def run_agent_packing(
     ``"learned"`` (the agent's default) or ``"pooled"`` (:data:`DIAGNOSTIC_MIXES`). ``zones``: one of :data:`ZONE_CHOICES`. ``limit``: place only the first ``limit`` pods of
     the shuffled list (a prefix, for timing); the ratio is still over the whole cluster.
     ``observe(i, pod, result, net)``: called after the ``i``-th pod's placement (instrumentation,
-    e.g. :class:`MixTrace`); it must not change the arbiters."""
+    e.g. :class:`MixTrace`); it must not change the arbiters. ``mix_every``: pods between two
+    summary rounds of the shared mix (``mix="learned"``, :class:`MixExchange`)."""
     if mix not in MIXES + DIAGNOSTIC_MIXES:
         raise ValueError(f"agent packing: mix {mix!r}; choose one of {', '.join(MIXES + DIAGNOSTIC_MIXES)}")
     if zones not in ZONE_CHOICES:
         raise ValueError(f"agent packing: zones {zones!r}; choose one of {', '.join(ZONE_CHOICES)}")
+    if mix_every < 1:
+        raise ValueError(f"agent packing: mix_every {mix_every!r} must be >= 1 pod")
     if limit is not None and limit < 0:
         raise ValueError(f"agent packing: limit {limit!r} must be >= 0 (or None for every pod)")
     capacity = float(sum(n.gpus for n in nodes))
@@ -313,6 +427,7 @@ def run_agent_packing(
         shared = next(iter(net.arbiters.values())).mix_learner
         for a in net.arbiters.values():
             a.mix_learner = shared
+    exchange = MixExchange(net, use_wire) if mix == "learned" else None
     sub = net.submitter(A.FRAG_RETRY)
     exact = ExactZoneFits(net, A.FRAG_RETRY.zones * spread)
     if zones == "exact":
@@ -336,15 +451,21 @@ def run_agent_packing(
                 observe(i, p, r, net)
             net.clock_s += ARRIVAL_GAP_S
             net.refresh_summaries(only_changed=True)
+            if exchange is not None and (i + 1) % mix_every == 0:
+                exchange.round()
 
     asyncio.run(go())
     used = allocated_gpus(net)
     refused = sum(a.counts["refusals"] for a in net.arbiters.values())
     n = len(work)
+    sizes = None
+    if exchange is not None and exchange.sizes["node"]:
+        sizes = {f"{k}_{f}": round(g(v), 1) for k, v in exchange.sizes.items() if v
+                 for f, g in (("mean", lambda x: sum(x) / len(x)), ("max", max))}
     return AgentPackingResult(mix, zones, seed, n, placed, failed, 100 * used / capacity, net.messages,
                               net.messages / n if n else 0.0, net.messages / placed if placed else 0.0,
                               time.monotonic() - t0, refused, no_zone,
-                              sub.counts["probe_timeouts"])
+                              sub.counts["probe_timeouts"], exchange.rounds if exchange is not None else 0, sizes)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -353,7 +474,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--seed", type=int, action="append", help="seed (repeatable; default 42)")
     ap.add_argument("--data", type=Path, default=default_data_dir(), help="directory of the openb CSVs")
     ap.add_argument("--mix", choices=(*MIXES, *DIAGNOSTIC_MIXES, "both"), default="both",
-                    help="both: workload and learned; pooled: a diagnostic (one learner shared by every node)")
+                    help="both: workload and learned (the agent: mixes shared in the summaries); pooled: a diagnostic "
+                    "(one learner shared by every node); local: each node its own probes only (before the shared mix)")
+    ap.add_argument("--mix-every", type=int, default=MIX_EVERY, metavar="N",
+                    help="pods between two summary rounds of the shared mix (learned)")
     ap.add_argument("--zones", choices=(*ZONE_CHOICES, "both"), default="summary",
                     help="zone choice: the summaries (the agent), exact host counts (a diagnostic), or both")
     ap.add_argument("--limit", type=int, default=None, help="place only the first N pods (timing)")
@@ -383,7 +507,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 ref = A.workload_mix(A.inflate(pods, float(sum(n.gpus for n in nodes)), 1.3, random.Random(seed)))
                 trace = MixTrace(ref, args.mix_trace, out=lambda line: print(line, flush=True))
             r = run_agent_packing(nodes, pods, seed, mix=mix, use_wire=not args.no_wire, limit=args.limit, zones=zones,
-                                  observe=trace)
+                                  observe=trace, mix_every=args.mix_every)
             row = {"run": f"agent mix={mix} zones={zones}"} | {k: round(v, 2) if isinstance(v, float) else v
                                                  for k, v in asdict(r).items()}
             print(json.dumps(row), flush=True)
