@@ -799,7 +799,10 @@ class Receiver:
         final = self.final_dir(m.job_id, m.ckpt_id)
         if final.exists():
             try:
-                verified_checkpoint(final)
+                # hashing a checkpoint of many GB takes seconds: in a worker thread, never on the
+                # agent's event loop (probes, heartbeats, kill-switches); so are verify_all and
+                # the commit below
+                await asyncio.to_thread(verified_checkpoint, final)
                 old = json.loads((final / TRANSFER_MANIFEST).read_text())
             except (TransferError, OSError, ValueError) as e:
                 # Not restorable (changed or lost files at rest, a half-removed copy): "committed"
@@ -832,12 +835,12 @@ class Receiver:
                         await self._ack(w, inc, t0)
                 elif hdr["t"] == "done":
                     inc.persist()
-                    bad = inc.verify_all()
+                    bad = await asyncio.to_thread(inc.verify_all)
                     if bad:
                         inc.forget(bad & inc.have)
                         await _send(w, {"t": "need", "chunks": sorted(bad)})
                         continue
-                    path = self._commit(inc, node)
+                    path = await asyncio.to_thread(self._commit, inc, node)
                     await _send(w, _committed(key, ns, m, path))
                     c = Committed(m.job_id, m.ckpt_id, path, m.digest, node)
                     self.committed.append(c)
