@@ -20,14 +20,15 @@ from laminar.runtime.jobs import JobManager
 from laminar.store import Store
 
 
-async def until(cond: Callable[[], object], timeout: float, step: float = 0.05) -> bool:
-    """True as soon as ``cond()`` is true, False after ``timeout`` seconds."""
+async def until(cond: Callable[[], object], timeout: float = 30.0, step: float = 0.05) -> bool:
+    """True as soon as ``cond()`` is true, False after ``timeout`` seconds (looked at once more
+    at the end)."""
     end = time.monotonic() + timeout
     while time.monotonic() < end:
         if cond():
             return True
         await asyncio.sleep(step)
-    return False
+    return bool(cond())
 
 
 @contextlib.asynccontextmanager

@@ -12,12 +12,11 @@ from __future__ import annotations
 
 import asyncio
 import os
-import time
-from collections.abc import Callable
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
+from jobrig import until
 from test_migrate_evidence import FakeZone, make_agent
 
 from laminar.jobkit import Checkpointer
@@ -48,15 +47,6 @@ class Jobs:
 
 def names(d: Path) -> list[str]:
     return sorted(p.name for p in d.iterdir()) if d.exists() else []
-
-
-async def until(cond: Callable[[], bool], timeout: float = 30.0) -> bool:
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
-        if cond():
-            return True
-        await asyncio.sleep(0.05)
-    return cond()
 
 
 class Source:
@@ -153,17 +143,25 @@ def test_older_replicas_go_the_guarded_and_resumed_from_stay_a_released_key_goes
     asyncio.new_event_loop().run_until_complete(main())
 
 
+async def guarded_and_resumed_here(tmp: Path, agent: Any, comp: ReclaimComponent, state: str,
+                                   **spec: Any) -> tuple[Path, Source, SimpleNamespace]:
+    """Node 2 sends ckpt-5 of ``K`` and guards it here; a local job in ``state`` resumes from it.
+    (The key's directory, the source, the job.)"""
+    d = comp.root / "checkpoints" / K  # type: ignore[operator]
+    src = Source(tmp, comp, 2, K)
+    await src.send(5)
+    await src.ctl("guard", "ckpt-5")
+    job = SimpleNamespace(id="job-4", state=state, ended=None,
+                          spec=JobSpec(["train"], resume_from=str(d / "ckpt-5"), **spec))
+    agent.jobs.jobs.append(job)
+    return d, src, job
+
+
 def test_a_released_key_keeps_what_a_live_job_resumed_from_and_a_commit_in_progress(tmp_path: Path) -> None:
     async def main() -> None:
         agent, comp = await started(tmp_path)
         try:
-            d = comp.root / "checkpoints" / K  # type: ignore[operator]
-            src = Source(tmp_path, comp, 2, K)
-            await src.send(5)
-            await src.ctl("guard", "ckpt-5")
-            job = SimpleNamespace(id="job-4", state="queued", ended=None,
-                                  spec=JobSpec(["train"], resume_from=str(d / "ckpt-5")))
-            agent.jobs.jobs.append(job)  # queued here, to resume from ckpt-5
+            d, src, job = await guarded_and_resumed_here(tmp_path, agent, comp, "queued")  # to resume from ckpt-5
             await src.send(10)
             await src.ctl("guard", "ckpt-10")
             assert await until(lambda: names(d) == ["ckpt-10", "ckpt-5"]), names(d)
@@ -186,13 +184,7 @@ def test_a_handed_over_key_goes_once_its_local_job_ended_and_stale_trash_goes_at
     async def main() -> None:
         agent, comp = await started(tmp_path)
         try:
-            d = comp.root / "checkpoints" / K  # type: ignore[operator]
-            src = Source(tmp_path, comp, 2, K)
-            await src.send(5)
-            await src.ctl("guard", "ckpt-5")
-            job = SimpleNamespace(id="job-4", state="running", ended=None,
-                                  spec=JobSpec(["train"], resume_from=str(d / "ckpt-5"), env={"LM_MIGRATED_FROM": K}))
-            agent.jobs.jobs.append(job)
+            d, src, job = await guarded_and_resumed_here(tmp_path, agent, comp, "running", env={"LM_MIGRATED_FROM": K})
             comp._set_replica(K, "handed-over", "job-4")
             comp._replica_gc_round(force=True)
             await asyncio.sleep(0.3)

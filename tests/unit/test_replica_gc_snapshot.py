@@ -97,31 +97,33 @@ def test_a_fifo_swapped_in_behind_a_link_is_refused_not_opened(tmp_path: Path, s
                 os.close(os.open(fifo, os.O_WRONLY | os.O_NONBLOCK))
 
 
-def test_a_link_to_a_file_with_the_same_bytes_is_refused_where_hard_links_work(tmp_path: Path) -> None:
-    c = component(tmp_path / "xfer")
-    ck = ckpt_in(tmp_path)
+def link_swapped_in(ck: Path, outside: Path) -> None:
+    """The job's user swaps the checkpoint's state file for a link to ``outside``, a file with
+    the same bytes (so the manifest check alone would let it through)."""
     state = next(f for f in ck.iterdir() if f.name != "MANIFEST.json")
-    outside = tmp_path / "not-the-jobs"  # same bytes, so the manifest check alone would let it through
     shutil.copy(state, outside)
     state.unlink()
     state.symlink_to(outside)
+
+
+def test_a_link_to_a_file_with_the_same_bytes_is_refused_where_hard_links_work(tmp_path: Path) -> None:
+    c = component(tmp_path / "xfer")
+    ck = ckpt_in(tmp_path)
+    link_swapped_in(ck, tmp_path / "not-the-jobs")
     with pytest.raises((CheckpointError, OSError)):
         c._snapshot(ck, "n1-job-1")
     assert left_in(tmp_path / "xfer") in ([], ["n1-job-1"])
-    assert outside.read_bytes() == b"weights-5" or outside.exists()  # untouched
+    assert (tmp_path / "not-the-jobs").read_bytes() == b"weights-5"  # untouched
 
 
 def test_a_link_swapped_in_on_the_copy_path_is_refused(tmp_path: Path, shm: Path) -> None:
     c = component(tmp_path / "xfer")
     ck = ckpt_in(shm)
-    state = next(f for f in ck.iterdir() if f.name != "MANIFEST.json")
-    outside = shm / "not-the-jobs"
-    shutil.copy(state, outside)
-    state.unlink()
-    state.symlink_to(outside)
+    link_swapped_in(ck, shm / "not-the-jobs")
     with pytest.raises((CheckpointError, OSError)):
         c._snapshot(ck, "n1-job-1")
     assert left_in(tmp_path / "xfer") in ([], ["n1-job-1"])
+    assert (shm / "not-the-jobs").read_bytes() == b"weights-5"  # untouched
 
 
 def test_stale_outgoing_snapshots_are_removed_at_start_and_links_not_followed(tmp_path: Path) -> None:

@@ -1,5 +1,5 @@
 """The receiving agent hashes a checkpoint in a worker thread, not on its event loop: a real
-transfer over loopback, with jobkit's verification watched for the thread it runs on."""
+transfer over loopback, with jobkit's file hashing watched for the thread it runs on."""
 
 from __future__ import annotations
 
@@ -18,24 +18,29 @@ from laminar.migrate.transfer import Receiver, send_checkpoint, verified_checkpo
 def test_the_commit_and_the_recheck_of_a_committed_copy_hash_off_the_event_loop(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     ckpt = make_ckpt(tmp_path, 300_000)
-    calls: list[bool] = []  # True: on the event loop's (main) thread
-    real = jobkit.verify_checkpoint
+    dst = tmp_path / "dst"
+    calls: list[tuple[Path, bool]] = []  # (what was hashed, on the event loop's thread?)
+    real = jobkit.file_sha256
 
     def spy(p: Any) -> Any:
-        calls.append(threading.current_thread() is threading.main_thread())
+        calls.append((Path(p), threading.current_thread() is threading.main_thread()))
         return real(p)
 
-    monkeypatch.setattr(jobkit, "verify_checkpoint", spy)
+    monkeypatch.setattr(jobkit, "file_sha256", spy)
 
-    async def body(rcv: Receiver, port: int) -> None:
+    def receivers() -> list[bool]:  # the receiver's hashing: of files under its root
+        got = [on_loop for p, on_loop in calls if p.is_relative_to(dst)]
+        calls.clear()
+        return got
+
+    async def body(rcv: Receiver, port: int) -> tuple[Path, list[bool], list[bool]]:
         first = await send_checkpoint("127.0.0.1", port, ckpt, "j1", KEY, chunk_size=64 << 10)
-        assert verified_checkpoint(first.remote_path)
-        n = len(calls)
+        committed = receivers()
         again = await send_checkpoint("127.0.0.1", port, ckpt, "j1", KEY, chunk_size=64 << 10)  # already committed
-        assert again.remote_path == first.remote_path and len(calls) > n
+        assert again.remote_path == first.remote_path
+        return Path(first.remote_path), committed, receivers()
 
-    calls.clear()
-    asyncio.run(with_receiver(tmp_path / "dst", body))
-    # the sender's own checks may run anywhere; the receiver's commit and re-check ran in threads
-    assert any(not on_main for on_main in calls)
-    monkeypatch.setattr(jobkit, "verify_checkpoint", real)
+    path, committed, rechecked = asyncio.run(with_receiver(dst, body))
+    assert committed and not any(committed)  # the commit re-verified it, in a thread
+    assert rechecked and not any(rechecked)  # the committed copy was checked again, in a thread
+    assert verified_checkpoint(path)
