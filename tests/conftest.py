@@ -137,3 +137,18 @@ def veth_pair() -> Iterator[VethPair]:
     finally:
         for ns in created:
             delete_netns(ns)
+
+
+@pytest.fixture
+def agent(veth_pair: VethPair, tmp_path: Path) -> Iterator[object]:
+    """A real laminard (tests/agentproc.AgentProc) with the default configuration on one end of
+    a test veth pair; stopped and cleaned up (jobs, cgroups, pins) after the test. A module may
+    define its own ``agent`` fixture with another configuration."""
+    from agentproc import AgentProc
+
+    a = AgentProc(tmp_path, veth_pair.ifname_a, veth_pair.a)
+    try:
+        a.start()
+        yield a
+    finally:
+        a.cleanup()
