@@ -144,6 +144,19 @@ def catches_signal(pid: int, signame: str) -> bool:
     return False
 
 
+def signal_if_caught(pid: int | None, signame: str) -> bool:
+    """Send ``signame`` to process ``pid`` only if it has a handler for it
+    (:func:`catches_signal`): the default action of SIGUSR1, SIGUSR2 and most signals kills.
+    True when sent; False when the process is gone or does not catch it."""
+    if not pid or not catches_signal(int(pid), signame):
+        return False
+    try:
+        os.kill(int(pid), signal.Signals[signame])
+        return True
+    except ProcessLookupError:
+        return False
+
+
 class JobError(ValueError):
     """A job request that cannot be done; the message names the value and what is allowed."""
 
@@ -896,13 +909,7 @@ class JobManager:
         (:func:`catches_signal`). False if it is gone or does not catch it: the default action
         of SIGUSR1 (and most signals) kills, so a job without a handler (not yet installed,
         or no checkpoint contract) is left running instead of killed."""
-        if job.pid is None or not catches_signal(int(job.pid), job.spec.checkpoint_signal):
-            return False
-        try:
-            os.kill(job.pid, signal.Signals[job.spec.checkpoint_signal])
-            return True
-        except ProcessLookupError:
-            return False
+        return signal_if_caught(job.pid, job.spec.checkpoint_signal)
 
     async def stop(self, job_id: str | None = None, reason: str = "stopped by request", *,
                    grace_s: float | None = None, state: str = "stopped", work_lost_s: float | None = None) -> Job | None:

@@ -55,14 +55,13 @@ import asyncio
 import json
 import logging
 import os
-import signal
 import time
 from collections import OrderedDict
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from laminar.migrate.ckpt_driver import wait_new_checkpoint
-from laminar.runtime.jobs import catches_signal
+from laminar.runtime.jobs import signal_if_caught
 from laminar.zone import elastic as el
 from laminar.zone import loaning as ln
 from laminar.zone import placement as pl
@@ -606,12 +605,8 @@ class LoanManager:
         self._signal(job)
 
     def _signal(self, job: Any) -> None:
-        if job.pid and catches_signal(int(job.pid), "SIGUSR2"):
+        if signal_if_caught(job.pid, "SIGUSR2"):
             self._unsignalled.discard(job.id)
-            try:
-                os.kill(job.pid, signal.SIGUSR2)
-            except ProcessLookupError:
-                pass
         else:
             self._unsignalled.add(job.id)
 
@@ -621,8 +616,8 @@ class LoanManager:
             job = self._jobs.get(job_id) if self._jobs is not None else None
             if job is None or not job.active:
                 self._unsignalled.discard(job_id)
-            elif job.pid and catches_signal(int(job.pid), "SIGUSR2"):
-                self._signal(job)
+            else:
+                self._signal(job)  # stays in the set while it does not catch SIGUSR2
 
     def _state_dir(self) -> Path:
         jobs = self._jobs
