@@ -11,11 +11,11 @@ import asyncio
 import os
 import secrets
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
 import pytest
+from jobrig import until
 
 from laminar.airlock.cgroups import CgroupTree, detect
 from laminar.airlock.manager import Airlock
@@ -97,15 +97,6 @@ class Rig:
 
     def actions(self, kind: str | None = None) -> list[dict[str, Any]]:
         return [e for e in self.seen if e["kind"] == "airlock" and "action" in e and (kind is None or e["action"] == kind)]
-
-
-async def until(cond: Any, timeout: float, step: float = 0.05) -> bool:
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
-        if cond():
-            return True
-        await asyncio.sleep(step)
-    return bool(cond())
 
 
 def alive(pid: int | None) -> bool:
