@@ -1504,6 +1504,7 @@ class ZoneComponent:
         try:
             ack = await self._handover(sender, body)
         except asyncio.CancelledError:
+            self._unbind_unstarted(pid)
             fut.cancel()
             raise
         except Exception as e:
@@ -1511,8 +1512,18 @@ class ZoneComponent:
             ack = wire.HandoverAck(pid, HANDOVER_ERROR, f"hand-over failed: {e}")
         finally:
             self._inflight.pop(pid, None)
+        if ack.status != HANDOVER_OK:
+            # no job runs for it here (the submitter places it elsewhere): a reservation bound
+            # for it must not stay taken (the job watcher only frees entries with a job)
+            self._unbind_unstarted(pid)
         fut.set_result(ack)
         return ack
+
+    def _unbind_unstarted(self, pid: int) -> None:
+        """Free the capacity bound for placement ``pid`` when no job was started for it."""
+        p = self.arbiter.placed.get(pid)
+        if p is not None and not p.job_id:
+            self.arbiter.unbind(pid)
 
     async def _handover(self, sender: int, body: wire.Handover) -> wire.HandoverAck:
         pid = body.placement_id

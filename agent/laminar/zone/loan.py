@@ -565,12 +565,19 @@ class LoanManager:
                 self.grants[job_id] = keep
             else:
                 del self.grants[job_id]
-            taken[job_id] = hit
-            self.counts["sheds"] += 1
             job = self._jobs.get(job_id) if self._jobs is not None else None
             if job is not None and job.active:
                 workers = max(job.spec.elastic_min or 1, len(job.gpus or [])) + len(keep)
-                self.tell_workers(job, workers, f"scale in: {why}")
+                try:
+                    self.tell_workers(job, workers, f"scale in: {why}")
+                except OSError:  # not told: its extra workers still run there, the grant stands
+                    self.grants[job_id] = extra
+                    if taken:
+                        self._save("grants", self.grants)
+                    raise
+            taken[job_id] = hit
+            self.counts["sheds"] += 1
+            if job is not None and job.active:
                 self.zone._emit(f"elastic: job {job_id} scaled in to {workers} worker(s), GPU(s) {hit} shed ({why})",
                                 job=job_id, workers=workers, gpus=hit)
         if taken:

@@ -1,0 +1,58 @@
+"""Hand-overs on the node side (ZoneComponent.on_handover) with a real component on loopback
+sockets and real files: a hand-over that fails gives its GPU back, and a resumed job's
+checkpoint is verified off the event loop. Jobs come from the stand-in job table of
+test_loan_component (the real JobManager needs root and cgroups)."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+from test_loan_component import StandInJob, StandInJobs, make_comp, run
+
+from laminar.runtime.jobs import JobSpec
+from laminar.zone import placement as pl
+from laminar.zone import wire
+from laminar.zone.component import HANDOVER_OK, demand_to_probe
+
+
+class SubmittingJobs(StandInJobs):
+    """The stand-in job table with a submit that records the spec (a job 'runs' at once)."""
+
+    async def submit(self, spec: JobSpec, owner_uid: int = 0, owner_gid: int = 0) -> StandInJob:
+        jid = f"j{len(self.jobs) + 1}"
+        self.jobs[jid] = StandInJob(jid, spec, list(spec.gpus or []))
+        return self.jobs[jid]
+
+
+def test_a_hand_over_that_fails_before_its_job_starts_gives_the_gpu_back(tmp_path: Path) -> None:
+    """The elastic shed before the job starts fails (its workers file cannot be written: here
+    the state directory's 'elastic' entry is a file, as a full or broken disk would fail it):
+    the hand-over answers an error and the submitter places the job elsewhere, so the GPU
+    must be free again here. It stayed taken by a placed entry with no job, for good (the
+    job watcher skips entries without a job id), until the agent restarted."""
+    jobs = SubmittingJobs(tmp_path / "state")
+    jobs.jobs["e"] = StandInJob("e", JobSpec(["sleep", "1"], elastic_min=1, elastic_max=2).validate(), [0])
+    comp = make_comp(tmp_path, pool="training", jobs=jobs, gpus=2)
+
+    async def check() -> None:
+        comp.refresh_inventory()
+        assert comp.loan.elastic_round()["e"].gpus == 1 and comp.loan.granted_gpus() == {1}
+        elastic = jobs.state_dir / "elastic"
+        shutil.rmtree(elastic)
+        elastic.write_text("not a directory")  # tell_workers' mkdir/write now fail
+        pid = 0x5151
+        offer = comp.handle_request(2, demand_to_probe(pl.Demand(gpus=1), pid, 5.0))
+        assert isinstance(offer, wire.Offer) and [i for i, _ in offer.gpu_alloc] == [1]
+        ack = await comp.on_handover(2, wire.Handover(pid, json.dumps({"spec": {"command": ["sleep", "1"]}}).encode()))
+        assert ack.status != HANDOVER_OK
+        assert pid not in comp.arbiter.placed  # nothing runs for it here
+        assert comp.arbiter.view(comp.clock()).gpu_free == (0.0, 1.0)  # GPU 1 is free again
+        # the elastic job was not told to scale in: its grant of GPU 1 stands (a later
+        # placement on it sheds it again)
+        assert comp.loan.grants == {"e": [1]} and comp.loan.counts["sheds"] == 0
+        again = comp.handle_request(2, demand_to_probe(pl.Demand(gpus=1), 0x5153, 5.0))
+        assert isinstance(again, wire.Offer) and [i for i, _ in again.gpu_alloc] == [1]
+
+    run(comp, check)
