@@ -5,12 +5,20 @@ test_loan_component (the real JobManager needs root and cgroups)."""
 
 from __future__ import annotations
 
+import functools
 import json
 import shutil
+import threading
 from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
 
+import pytest
 from test_loan_component import StandInJob, StandInJobs, make_comp, run
+from xferrig import make_ckpt
 
+from laminar import jobkit
+from laminar.migrate.reclaim import ReclaimComponent
 from laminar.runtime.jobs import JobSpec
 from laminar.zone import placement as pl
 from laminar.zone import wire
@@ -54,5 +62,41 @@ def test_a_hand_over_that_fails_before_its_job_starts_gives_the_gpu_back(tmp_pat
         assert comp.loan.grants == {"e": [1]} and comp.loan.counts["sheds"] == 0
         again = comp.handle_request(2, demand_to_probe(pl.Demand(gpus=1), 0x5153, 5.0))
         assert isinstance(again, wire.Offer) and [i for i, _ in again.gpu_alloc] == [1]
+
+    run(comp, check)
+
+
+def test_a_resumed_job_s_checkpoint_is_verified_off_the_event_loop(tmp_path: Path,
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    """A hand-over with ``resume_from`` (a migrated or requeued job) has the migration layer
+    verify the checkpoint right before the job starts: every file hashed, 0.8 s per GiB here.
+    That ran on the agent's event loop, which then answered no probe, heartbeat or API call
+    for seconds on a large checkpoint. The real ReclaimComponent.check_resume runs here, on a
+    real jobkit checkpoint; jobkit's hashing is watched for the thread it runs on."""
+    jobs = SubmittingJobs(tmp_path / "state")
+    comp = make_comp(tmp_path, pool="training", jobs=jobs, gpus=1)
+    ckpt = make_ckpt(tmp_path, 200_000)
+    migrate = SimpleNamespace(root=None)
+    migrate.check_resume = functools.partial(ReclaimComponent.check_resume, migrate)
+    calls: list[tuple[Path, bool]] = []
+    real = jobkit.file_sha256
+
+    def spy(p: Any) -> Any:
+        calls.append((Path(p), threading.current_thread() is threading.main_thread()))
+        return real(p)
+
+    monkeypatch.setattr(jobkit, "file_sha256", spy)
+
+    async def check() -> None:
+        comp.agent = SimpleNamespace(migrate=migrate)
+        pid = 0x6161
+        offer = comp.handle_request(2, demand_to_probe(pl.Demand(gpus=1), pid, 5.0))
+        assert isinstance(offer, wire.Offer)
+        spec = {"command": ["sleep", "1"], "resume_from": str(ckpt)}
+        ack = await comp.on_handover(2, wire.Handover(pid, json.dumps({"spec": spec}).encode()))
+        assert ack.status == HANDOVER_OK, ack.text
+        assert jobs.jobs[ack.text].spec.resume_from == str(ckpt)
+        hashed = [on_loop for p, on_loop in calls if p.is_relative_to(ckpt)]
+        assert hashed and not any(hashed)  # verified, in a worker thread
 
     run(comp, check)
