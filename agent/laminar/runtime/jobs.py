@@ -29,7 +29,12 @@ code is then unknown: it is no longer the agent's child) or by ``cgroup.events``
 
 Who may do what (decided from SO_PEERCRED by the control API): any local user may submit a
 job (it runs with the caller's uid and gid) and stop their own jobs; stopping someone else's
-job needs root or the control group.
+job needs root or the control group. Every local user may list and show every job, but the
+values of a job's environment (``spec.env``, where tokens live) are shown only to the job's
+owner and root: anyone else sees the names with each value replaced by `REDACTED` (and
+``"env_redacted": true``). The command line is shown to all, as ``ps`` shows it. A job's files
+are its owner's alone: its log (mode 0600, owned by the owner), its checkpoint directory
+(0700, owner) and the store holding its spec (``laminar.db``, 0600, root).
 """
 
 from __future__ import annotations
@@ -64,6 +69,8 @@ CPUS_MIN = 0.01  # the kernel's smallest CFS quota: 1 ms per 100 ms period
 # A re-adopted job whose main process is gone (but whose cgroup is not empty) is watched by
 # polling cgroup.events at this interval; POLLPRI on cgroup.events would do too, this is simpler.
 ADOPT_POLL_S = 0.5
+# What a job's env values read as to a caller who is neither the job's owner nor root.
+REDACTED = "<redacted>"
 
 ACTIVE_STATES = ("running", "suspended")
 # A queued job has no cgroup and no process yet: it waits for room under its class's cap
@@ -389,7 +396,12 @@ class Job:
         base = max(self.started or self.created, self.last_checkpoint() or 0.0)
         return max(0.0, now - base)
 
-    def as_dict(self) -> dict[str, Any]:
+    def as_dict(self, reveal: bool = True) -> dict[str, Any]:
+        """The job's record for the API. With ``reveal`` False (a caller who is neither its
+        owner nor root) every env value reads `REDACTED` and ``env_redacted`` is true."""
+        spec = self.spec.as_dict()
+        if not reveal:
+            spec["env"] = {k: REDACTED for k in spec["env"]}
         out: dict[str, Any] = {
             "id": self.id, "num": self.num, "name": self.spec.name, "state": self.state, "pid": self.pid,
             "class": self.spec.job_class, "priority": self.spec.priority, "cgroup_id": self.cgroup_id,
@@ -398,7 +410,7 @@ class Job:
             "exit_code": self.exit_code, "reason": self.reason, "work_lost_s": self.work_lost_s,
             "ckpt_dir": str(self.ckpt_dir) if self.ckpt_dir else None,
             "log": str(self.log_path) if self.log_path else None, "adopted": self.adopted,
-            "started": self.started, "spec": self.spec.as_dict(),
+            "started": self.started, "spec": spec, "env_redacted": not reveal,
         }
         if self.state == QUEUED and self.wait is not None:
             out["queue"] = {"position": self.wait.position, "needs_mb": self.wait.need_mb,
@@ -484,8 +496,11 @@ class JobManager:
         self.inventory = gpumod.discover(self.gpus_declared)
         for sub in ("logs", "ckpt"):
             (self.state_dir / sub).mkdir(parents=True, exist_ok=True)
-            os.chmod(self.state_dir / sub, 0o755)
+            # a job (run as its owner) reaches its own log and checkpoints by their known paths;
+            # nobody lists the others'
+            os.chmod(self.state_dir / sub, 0o711)
         self.store.ensure_schema("jobs", SCHEMA)
+        self._protect_files()
         have = {r[1] for r in self.store.db.execute("PRAGMA table_info(jobs)").fetchall()}
         for col, typ in LATER_COLUMNS.items():
             if col not in have:
@@ -495,6 +510,29 @@ class JobManager:
                    f"{self.inventory.indices} {self.inventory.note}".rstrip(),
                    cgroups=self.hierarchy.mode, gpus=self.inventory.as_dict())
         self._adopt_all()
+
+    def _protect_files(self) -> None:
+        """The store holds every job's spec, env included: root's alone (0600). SQLite gives
+        its -wal and -shm files the database's mode when it creates them; existing ones are
+        set here too. Logs and checkpoint directories left by an older agent (0640, 0755) are
+        made their owners' alone (0600, 0700). Best effort: a failure is logged."""
+        assert self.state_dir is not None
+        path = getattr(self.store, "path", None)
+        private: list[tuple[Path, int]] = []
+        if path is not None:
+            private += [(Path(f"{path}{sfx}"), 0o600) for sfx in ("", "-wal", "-shm")]
+        for sub, mode in (("logs", 0o600), ("ckpt", 0o700)):
+            try:
+                private += [(p, mode) for p in (self.state_dir / sub).iterdir()
+                            if (p.is_dir() if sub == "ckpt" else p.is_file())]
+            except OSError:
+                pass
+        for f, mode in private:
+            try:
+                if f.exists() and not f.is_symlink() and f.stat().st_mode & 0o077:
+                    os.chmod(f, mode)
+            except OSError as e:
+                log.warning("cannot make %s private to its owner: %s", f, e)
 
     async def shutdown(self) -> None:
         """Stop watching. Jobs keep running in their cgroups; the next start re-adopts them."""
@@ -703,6 +741,8 @@ class JobManager:
                 log.warning("job %s: no cpu controller on this host; cpus=%s not enforced", job.id, spec.cpus)
             assert job.ckpt_dir is not None
             job.ckpt_dir.mkdir(parents=True, exist_ok=True)
+            # the owner's alone: a checkpoint holds the job's memory (its data, its tokens)
+            os.chmod(job.ckpt_dir, 0o700)
             if job.owner_uid:
                 os.chown(job.ckpt_dir, job.owner_uid, job.owner_gid)
             job.cgroup_id = cg.cgroup_id
@@ -776,7 +816,7 @@ class JobManager:
                 str(oom_score_adj_for(spec)), *drop, *spec.command]
         assert job.log_path is not None
         with open(job.log_path, "ab", buffering=0) as logf:
-            os.chmod(job.log_path, 0o640)
+            os.chmod(job.log_path, 0o600)  # what a job prints may be secret: not its group's to read
             if job.owner_uid:
                 os.chown(job.log_path, job.owner_uid, job.owner_gid)
             return subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=logf, stderr=subprocess.STDOUT,
@@ -1071,6 +1111,10 @@ class JobManager:
             auth = getattr(getattr(self.agent, "api", None), "auth", None)
             return bool(auth and auth.allowed(req.peer))
 
+        def may_read_secrets(req: Request, job: Job) -> bool:
+            """A job's env values: its owner and root only (not the control group)."""
+            return req.peer.uid == 0 or req.peer.uid == job.owner_uid
+
         def find(req: Request) -> Job:
             job = self.get(req.params["id"])
             if job is None:
@@ -1092,10 +1136,10 @@ class JobManager:
                 raise ApiError(503, f"cannot create the job's cgroups: {e}{hint}") from None
             return job.as_dict()
 
-        def with_rung(job: Job) -> dict[str, Any]:
-            """The job's record plus Airlock's rung for it (suspend/readdress/reclaim, for how
-            long, hops), or None while Airlock leaves it alone."""
-            out = job.as_dict()
+        def with_rung(req: Request, job: Job) -> dict[str, Any]:
+            """The job's record as the caller may see it, plus Airlock's rung for it
+            (suspend/readdress/reclaim, for how long, hops), or None while Airlock leaves it alone."""
+            out = job.as_dict(reveal=may_read_secrets(req, job))
             rungs = getattr(getattr(self.agent, "airlock", None), "rungs", None)
             if isinstance(rungs, dict):
                 r = rungs.get(job.id)
@@ -1104,10 +1148,10 @@ class JobManager:
 
         async def list_jobs(req: Request) -> builtins.list[dict[str, Any]]:
             everything = req.query.get("all", "1") not in ("0", "false", "no")
-            return [with_rung(j) for j in self.list(everything)]
+            return [with_rung(req, j) for j in self.list(everything)]
 
         async def show(req: Request) -> dict[str, Any]:
-            return with_rung(find(req))
+            return with_rung(req, find(req))
 
         async def stop(req: Request) -> dict[str, Any]:
             job = find(req)
@@ -1122,7 +1166,7 @@ class JobManager:
                 raise ApiError(400, str(e)) from None
             try:
                 final = await self.stop(job.id, reason, grace_s=grace)
-                return final.as_dict() if final else {}
+                return final.as_dict(reveal=may_read_secrets(req, final)) if final else {}
             except JobError as e:
                 raise ApiError(409, str(e)) from None
 

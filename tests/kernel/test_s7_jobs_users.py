@@ -1,0 +1,121 @@
+"""Helpers (no tests): real local users for the session-7 jobs tests, and API calls made as them.
+
+``local_user(tag)`` creates a system user ``lm-s7-<tag>-<hex>`` with a group of its own (and,
+with ``extra_group``, a second group ``lm-s7g-<hex>`` it is a member of) and deletes both
+afterwards, also when the test fails. ``call_as(user, sock, method, path, body)`` makes one
+request to a laminard's control socket from a forked child that has dropped to that user (its
+uid, primary gid and supplementary groups), so the agent sees the user's real credentials
+through SO_PEERCRED.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import grp
+import json
+import os
+import pwd
+import secrets
+import socket
+import subprocess
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+
+@dataclass(frozen=True)
+class User:
+    name: str
+    uid: int
+    gid: int
+    groups: tuple[int, ...]
+
+
+def _retry(argv: list[str]) -> None:
+    """useradd/groupadd/userdel, retried: another test on this machine may hold /etc/passwd's lock."""
+    last = ""
+    for _ in range(50):
+        r = subprocess.run(argv, capture_output=True, text=True)
+        if r.returncode == 0:
+            return
+        last = r.stderr
+        if "lock" not in last and "busy" not in last:
+            break
+        time.sleep(0.1)
+    raise RuntimeError(f"{' '.join(argv)}: {last}")
+
+
+@contextlib.contextmanager
+def local_user(tag: str, extra_group: bool = False) -> Iterator[User]:
+    name = f"lm-s7-{tag}-{secrets.token_hex(2)}"
+    gname = f"lm-s7g-{secrets.token_hex(3)}"
+    made_group = False
+    try:
+        if extra_group:
+            _retry(["groupadd", gname])
+            made_group = True
+        _retry(["useradd", "--no-create-home", "--shell", "/usr/sbin/nologin", "--user-group",
+                *(["--groups", gname] if extra_group else []), name])
+        pw = pwd.getpwnam(name)
+        groups = (pw.pw_gid, *((grp.getgrnam(gname).gr_gid,) if extra_group else ()))
+        yield User(name, pw.pw_uid, pw.pw_gid, groups)
+    finally:
+        with contextlib.suppress(KeyError, RuntimeError):
+            pwd.getpwnam(name)
+            _retry(["userdel", name])
+        with contextlib.suppress(KeyError, RuntimeError):
+            grp.getgrnam(name)
+            _retry(["groupdel", name])
+        if made_group:
+            with contextlib.suppress(KeyError, RuntimeError):
+                grp.getgrnam(gname)
+                _retry(["groupdel", gname])
+
+
+def _request(sock: Path, method: str, path: str, body: Any) -> tuple[int, bytes]:
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    s.settimeout(60)
+    try:
+        s.connect(str(sock))
+        data = b"" if body is None else json.dumps(body).encode()
+        s.sendall(f"{method} {path} HTTP/1.1\r\nHost: laminar\r\nContent-Type: application/json\r\n"
+                  f"Content-Length: {len(data)}\r\n\r\n".encode() + data)
+        raw = b""
+        while chunk := s.recv(65536):
+            raw += chunk
+    finally:
+        s.close()
+    head, _, payload = raw.partition(b"\r\n\r\n")
+    return int(head.split()[1]), payload
+
+
+def call_as(user: User | None, sock: Path, method: str, path: str, body: Any = None) -> tuple[int, Any, bytes]:
+    """(status, parsed JSON, raw body bytes) of one request made as `user` (None: as root)."""
+    if user is None:
+        status, raw = _request(sock, method, path, body)
+        return status, json.loads(raw), raw
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child never returns into pytest
+        code = 1
+        try:
+            os.close(r)
+            os.setgroups(list(user.groups))
+            os.setgid(user.gid)
+            os.setuid(user.uid)
+            status, raw = _request(sock, method, path, body)
+            with os.fdopen(w, "wb") as f:
+                f.write(status.to_bytes(2, "big") + raw)
+            code = 0
+        finally:
+            os._exit(code)
+    os.close(w)
+    with os.fdopen(r, "rb") as f:
+        out = f.read()
+    _, st = os.waitpid(pid, 0)
+    if os.waitstatus_to_exitcode(st) != 0 or len(out) < 2:
+        raise RuntimeError(f"request {method} {path} as {user.name} failed in the child (exit {st})")
+    raw = out[2:]
+    return int.from_bytes(out[:2], "big"), json.loads(raw), raw
