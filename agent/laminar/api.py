@@ -14,6 +14,14 @@ Errors come back as ``{"error": "..."}`` with a 4xx/5xx status. A streaming endp
 The server is deliberately small (one request per connection, bodies up to 1 MiB): the agent
 must stay lean, and the only clients are laminarctl, curl and scripts on the same node.
 
+A local user must not be able to lock the operator out or starve the agent of file descriptors
+(1024 under systemd's default soft limit; every cgroup write and PSI trigger needs one): a
+request must arrive whole within ``REQUEST_TIMEOUT_S`` (else 408 and the connection is closed),
+an answer must be taken within as long, and a caller that is neither root nor in the control
+group may hold at most ``MAX_CONNS_PER_UID`` connections (``MAX_UNPRIVILEGED_CONNS`` over all
+such callers; ``events --follow`` streams count) -- past that a new connection is answered 503
+and closed at once. Root and the control group are never counted or refused.
+
 It is also on the kill-switch's hot path (a request to cut traffic is enforced when the handler
 writes the map), so a request costs as few event-loop rounds as it can: the listening socket is
 watched directly, a new connection is read with non-blocking ``recv`` at once (the request is
@@ -44,9 +52,18 @@ log = logging.getLogger("laminar.api")
 
 MAX_BODY = 1 << 20
 MAX_HEADER = 16 << 10
+# A whole request (header and body) must arrive within this; so must the client take an answer.
+REQUEST_TIMEOUT_S = 10.0
+# Open connections of a caller that is neither root nor in the control group: per uid, and all
+# such callers together. Root and the control group are never refused (see the module docstring).
+MAX_CONNS_PER_UID = 32
+MAX_UNPRIVILEGED_CONNS = 128
+# After accept() failed for want of descriptors, the listening socket is watched again after this
+# (it stays readable, so watching it at once would spin the loop).
+ACCEPT_BACKOFF_S = 0.1
 REASONS = {200: "OK", 201: "Created", 400: "Bad Request", 403: "Forbidden", 404: "Not Found",
-           405: "Method Not Allowed", 409: "Conflict", 413: "Payload Too Large", 422: "Unprocessable Entity",
-           500: "Internal Server Error", 503: "Service Unavailable"}
+           405: "Method Not Allowed", 408: "Request Timeout", 409: "Conflict", 413: "Payload Too Large",
+           422: "Unprocessable Entity", 500: "Internal Server Error", 503: "Service Unavailable"}
 
 
 class ApiError(Exception):
@@ -188,8 +205,11 @@ class ApiServer:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._conns: set[asyncio.Task[Any]] = set()
         self._matches: dict[str, list[tuple[Route, dict[str, str]]]] = {}
+        self._open_by_uid: dict[int, int] = {}  # open connections of unprivileged callers
         self.requests = 0
         self.refused = 0
+        self.busy_refused = 0  # connections refused past an unprivileged caller's share
+        self.timed_out = 0
 
     def add(self, routes: list[Route]) -> None:
         self.routes.extend(routes)
@@ -244,10 +264,24 @@ class ApiServer:
                 return
             except OSError as e:  # EMFILE and the like: say so, keep serving the others later
                 log.warning("api: accept failed: %s", e)
+                # The pending connection keeps the socket readable: watching it again at once
+                # would run this callback on every loop round.
+                self._loop.remove_reader(self._sock.fileno())
+                self._loop.call_later(ACCEPT_BACKOFF_S, self._rewatch)
                 return
             conn.setblocking(False)
             try:
-                task = start_eagerly(self._loop, self._serve(conn))
+                peer = peer_credentials(conn)
+                counted = not self.auth.allowed(peer)
+                if counted and not self._admit(peer.uid):
+                    self._refuse_busy(conn, peer)
+                    continue
+            except Exception:
+                log.exception("api: connection failed")
+                conn.close()
+                continue
+            try:
+                task = start_eagerly(self._loop, self._serve(conn, peer, counted))
             except Exception:
                 log.exception("api: connection failed")
                 conn.close()
@@ -256,14 +290,51 @@ class ApiServer:
                 self._conns.add(task)
                 task.add_done_callback(self._conns.discard)
 
-    async def _serve(self, conn: socket.socket) -> None:
+    def _rewatch(self) -> None:
+        if self._sock is not None and self._loop is not None:
+            self._loop.add_reader(self._sock.fileno(), self._accept)
+
+    def _admit(self, uid: int) -> bool:
+        """Counts a connection of an unprivileged caller; False when it is past its share."""
+        if (self._open_by_uid.get(uid, 0) >= MAX_CONNS_PER_UID
+                or sum(self._open_by_uid.values()) >= MAX_UNPRIVILEGED_CONNS):
+            return False
+        self._open_by_uid[uid] = self._open_by_uid.get(uid, 0) + 1
+        return True
+
+    def _release(self, uid: int) -> None:
+        n = self._open_by_uid.get(uid, 0) - 1
+        if n > 0:
+            self._open_by_uid[uid] = n
+        else:
+            self._open_by_uid.pop(uid, None)
+
+    def _refuse_busy(self, conn: socket.socket, peer: Peer) -> None:
+        """Answers 503 without waiting (best effort: the answer fits an empty socket buffer) and closes."""
+        self.busy_refused += 1
+        mine = self._open_by_uid.get(peer.uid, 0)
+        body = json.dumps({"error": f"agent busy: uid {peer.uid} already has {mine} open connections to the "
+                                    f"control socket (at most {MAX_CONNS_PER_UID} per user, "
+                                    f"{MAX_UNPRIVILEGED_CONNS} for all users outside root and group "
+                                    f"'{self.auth.control_group}'); close some and retry"}).encode() + b"\n"
+        try:
+            conn.send(f"HTTP/1.1 503 {REASONS[503]}\r\nContent-Type: application/json\r\nContent-Length: {len(body)}"
+                      f"\r\nConnection: close\r\n\r\n".encode() + body)
+        except OSError:
+            pass
+        finally:
+            conn.close()
+
+    async def _serve(self, conn: socket.socket, peer: Peer, counted: bool = False) -> None:
+        """Serves one connection; `counted`: it holds one of the unprivileged caller's connections."""
         loop = self._loop
         assert loop is not None
         try:
-            peer = peer_credentials(conn)
             try:
                 req = await self._read_request(loop, conn, peer)
             except ApiError as e:
+                if e.status == 408:
+                    self.timed_out += 1
                 await self._send(loop, conn, e.status, {"error": e.message})
                 return
             if req is None:  # the client went away before sending a whole request
@@ -282,11 +353,15 @@ class ApiServer:
             log.exception("api: connection failed")
         finally:
             conn.close()
+            if counted:
+                self._release(peer.uid)
 
     @staticmethod
     async def _read_request(loop: asyncio.AbstractEventLoop, conn: socket.socket, peer: Peer) -> Request | None:
         """Reads one request (non-blocking recv first: it is usually there already). None when the
-        client closed the connection early; ApiError for a malformed or oversized request."""
+        client closed the connection early; ApiError for a malformed or oversized request, 408
+        when the whole request has not arrived within REQUEST_TIMEOUT_S."""
+        deadline = loop.time() + REQUEST_TIMEOUT_S
         buf = b""
         while True:
             end = buf.find(b"\r\n\r\n")
@@ -294,7 +369,7 @@ class ApiServer:
                 break
             if len(buf) > MAX_HEADER:
                 raise ApiError(400, f"request header longer than {MAX_HEADER} bytes")
-            chunk = await loop.sock_recv(conn, 65536)
+            chunk = await _recv(loop, conn, 65536, deadline)
             if not chunk:
                 return None
             buf += chunk
@@ -320,7 +395,7 @@ class ApiServer:
             raise ApiError(413, f"request body of {length} bytes exceeds the {MAX_BODY} byte limit")
         raw = buf[end + 4:]
         while len(raw) < length:
-            chunk = await loop.sock_recv(conn, min(65536, length - len(raw)))
+            chunk = await _recv(loop, conn, min(65536, length - len(raw)), deadline)
             if not chunk:
                 return None
             raw += chunk
@@ -372,7 +447,17 @@ class ApiServer:
         body = json.dumps(payload, default=str).encode() + b"\n"
         head = (f"HTTP/1.1 {status} {REASONS.get(status, 'Status')}\r\nContent-Type: application/json\r\n"
                 f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n").encode()
-        await loop.sock_sendall(conn, head + body)
+        data = head + body
+        try:  # the whole answer usually fits the socket buffer: no task, no timer
+            sent = conn.send(data)
+        except (BlockingIOError, InterruptedError):
+            sent = 0
+        if sent < len(data):
+            try:
+                await asyncio.wait_for(loop.sock_sendall(conn, data[sent:]), REQUEST_TIMEOUT_S)
+            except TimeoutError:
+                log.info("api: a client did not take its %d-byte answer within %g s; dropped", len(data),
+                         REQUEST_TIMEOUT_S)
 
     @staticmethod
     async def _send_stream(loop: asyncio.AbstractEventLoop, conn: socket.socket, stream: Stream) -> None:
@@ -385,6 +470,23 @@ class ApiServer:
             aclose = getattr(stream.items, "aclose", None)
             if aclose:
                 await aclose()
+
+
+async def _recv(loop: asyncio.AbstractEventLoop, conn: socket.socket, n: int, deadline: float) -> bytes:
+    """Up to `n` bytes from a non-blocking socket: at once when they are there (no task, no timer),
+    else waiting until `deadline` (loop time). Raises ApiError 408 past the deadline."""
+    try:
+        return conn.recv(n)
+    except (BlockingIOError, InterruptedError):
+        pass
+    remaining = deadline - loop.time()
+    if remaining > 0:
+        try:
+            return await asyncio.wait_for(loop.sock_recv(conn, n), remaining)
+        except TimeoutError:
+            pass
+    raise ApiError(408, f"the request did not arrive whole within {REQUEST_TIMEOUT_S:g} s; send the header "
+                        "and the Content-Length bytes of body at once")
 
 
 def require(body: Any, key: str, kind: type | tuple[type, ...], what: str) -> Any:

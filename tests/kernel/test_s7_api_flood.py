@@ -1,0 +1,157 @@
+"""The control socket under a flood of idle connections from an unprivileged user (real laminard).
+
+Any local user may connect to the control socket (0666). The server used to wait for a
+request's bytes with no time limit and no bound on the connections it held open, so one
+unprivileged user who opened connections and sent nothing (or half a request line) used up
+the agent's file descriptors (1024 under systemd's default soft limit): the agent could no
+longer accept, so root's ``laminarctl killswitch on`` went unanswered, and every component
+that opens a file (a cgroup's ``cgroup.freeze``, a PSI trigger, the store) failed with EMFILE.
+Now a caller that is neither root nor in the control group has a bounded number of open
+connections (the ones past it are answered 503 and closed at once), and every request must
+arrive whole within ``REQUEST_TIMEOUT_S``.
+
+The agent is started the way systemd starts it: soft RLIMIT_NOFILE 1024.
+"""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+import resource
+import socket
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from agentproc import NOBODY, AgentProc
+
+pytestmark = pytest.mark.kernel
+
+SOFT_NOFILE = 1024  # systemd's default soft limit for a service (DefaultLimitNOFILE=1024:524288)
+
+
+@pytest.fixture
+def agent(veth_pair: Any, tmp_path: Path) -> Iterator[AgentProc]:
+    a = AgentProc(tmp_path, veth_pair.ifname_a, veth_pair.a)
+    try:
+        a.start(prefix=("prlimit", f"--nofile={SOFT_NOFILE}:"))
+        yield a
+    finally:
+        a.cleanup()
+
+
+def get(sock: Path, path: str, timeout: float) -> tuple[int, Any]:
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    s.settimeout(timeout)
+    try:
+        s.connect(str(sock))
+        s.sendall(f"GET {path} HTTP/1.1\r\nHost: laminar\r\n\r\n".encode())
+        raw = b""
+        while chunk := s.recv(65536):
+            raw += chunk
+    finally:
+        s.close()
+    head, _, payload = raw.partition(b"\r\n\r\n")
+    return int(head.split()[1]), json.loads(payload)
+
+
+def flood_as(uid: int, sock: Path, count: int) -> tuple[int, int, int]:
+    """Forks a child that drops to `uid`, opens up to `count` connections to `sock`, sends half a
+    request line on each and holds them. Returns (child pid, fd to close to let it go, connections
+    made). The child stops early once the agent accepts no more for 3 s."""
+    ready_r, ready_w = os.pipe()
+    hold_r, hold_w = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        code = 99
+        try:
+            os.close(ready_r)
+            os.close(hold_w)
+            resource.setrlimit(resource.RLIMIT_NOFILE, (count + 256, count + 256))
+            os.setgroups([])
+            os.setgid(uid)
+            os.setuid(uid)
+            held: list[socket.socket] = []
+            stuck_since: float | None = None
+            while len(held) < count:
+                s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+                s.setblocking(False)
+                try:
+                    s.connect(str(sock))
+                except BlockingIOError:  # the backlog is full: the agent is not accepting
+                    s.close()
+                    stuck_since = stuck_since or time.monotonic()
+                    if time.monotonic() - stuck_since > 3:
+                        break
+                    time.sleep(0.01)
+                    continue
+                stuck_since: float | None = None
+                try:
+                    s.send(b"GET /v1/status HTTP/1.1\r\n")
+                except OSError:
+                    pass
+                held.append(s)
+            os.write(ready_w, f"{len(held)}\n".encode())
+            os.read(hold_r, 1)  # until the parent closes its end
+            code = 0
+        finally:
+            os._exit(code)
+    os.close(ready_w)
+    os.close(hold_r)
+    with os.fdopen(ready_r) as f:
+        made = int(f.readline() or "0")
+    return pid, hold_w, made
+
+
+def test_idle_connections_of_an_unprivileged_user_do_not_lock_root_out(agent: AgentProc) -> None:
+    status = agent.json("status")
+    agent_pid = status["agent"]["pid"]
+    assert f"{SOFT_NOFILE}" in Path(f"/proc/{agent_pid}/limits").read_text()
+    child, hold, made = flood_as(NOBODY, agent.sock, SOFT_NOFILE + 200)
+    try:
+        assert made > 0
+        # root (the operator) must still be served: a kill-switch request is exactly this.
+        try:
+            code, out = get(agent.sock, "/v1/status", timeout=20)
+        except (TimeoutError, OSError) as e:
+            fds = len(os.listdir(f"/proc/{agent_pid}/fd"))
+            pytest.fail(f"root's request went unanswered ({e!r}) while uid {NOBODY} held {made} idle "
+                        f"connections; the agent has {fds} fds open (soft limit {SOFT_NOFILE})")
+        assert code == 200, out
+        assert out["agent"]["pid"] == agent_pid
+        fds = len(os.listdir(f"/proc/{agent_pid}/fd"))
+        assert fds < SOFT_NOFILE // 2, f"the agent holds {fds} fds for one user's idle connections"
+        # the unprivileged user itself is refused with a reason past its share, not hung
+        r = agent.ctl("status", user=NOBODY, check=False, timeout=30)
+        assert r.returncode != 0 and "busy" in r.stderr, (r.returncode, r.stderr)
+    finally:
+        os.close(hold)
+        os.waitpid(child, 0)
+    # once the flood is gone the same user is served again
+    r = agent.ctl("status", user=NOBODY, check=False, timeout=30)
+    assert r.returncode == 0, r.stderr
+
+
+def test_a_request_that_never_completes_is_dropped(agent: AgentProc) -> None:
+    """Half a request line, then silence: the agent answers 408 and closes, it does not wait forever."""
+    from laminar import api
+
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    s.settimeout(getattr(api, "REQUEST_TIMEOUT_S", 10) + 20)
+    try:
+        s.connect(str(agent.sock))
+        s.sendall(b"POST /v1/killswitch HTTP/1.1\r\nContent-Length: 100\r\n\r\n{")
+        raw = b""
+        try:
+            while chunk := s.recv(65536):
+                raw += chunk
+        except TimeoutError:
+            pytest.fail("the agent held a request that never completed for longer than its timeout")
+        except OSError as e:
+            assert e.errno == errno.ECONNRESET, e
+    finally:
+        s.close()
+    assert raw.split()[1] == b"408", raw
