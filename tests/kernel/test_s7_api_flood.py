@@ -88,7 +88,7 @@ def flood_as(uid: int, sock: Path, count: int) -> tuple[int, int, int]:
                         break
                     time.sleep(0.01)
                     continue
-                stuck_since: float | None = None
+                stuck_since = None
                 try:
                     s.send(b"GET /v1/status HTTP/1.1\r\n")
                 except OSError:
