@@ -16,11 +16,27 @@ Example (``/etc/laminar/laminard.toml``)::
     [metrics]
     listen = "127.0.0.1:9477"
 
+Who may submit which Airlock class, up to which priority (``[grants]``): root may submit
+anything; every other local user gets ``default_classes`` (standard and transient) up to
+``default_priority_max`` (50), plus what a grant to their uid or one of their groups adds::
+
+    [[grants.grant]]
+    users = ["alice", 1001]          # names or uids
+    groups = ["ml-prod"]             # names or gids (primary or supplementary)
+    classes = ["long-resident", "standard", "transient"]
+    priority_max = 90
+
+A submission is allowed when one rule that applies to the caller (the default, or a grant)
+lists its class and allows its priority. A grant naming an unknown user or group is refused
+with the value, like every other bad value (docs/operations.md, "Who may submit what").
+
 ``laminard --check-config FILE`` validates a file and prints the effective configuration.
 """
 
 from __future__ import annotations
 
+import grp
+import pwd
 import socket
 import tomllib
 from collections.abc import Callable
@@ -81,6 +97,61 @@ def _name(v: str) -> str | None:
     return None if ok else "must be 1-63 characters of letters, digits, '-', '_' or '.'"
 
 
+# Airlock's lifecycle classes, most protected first (laminar.airlock.cgroups.LIFECYCLE_CLASSES).
+CLASSES = ("long-resident", "standard", "transient")
+PRIORITY_MAX = 100  # laminar.runtime.jobs.PRIORITY_MAX
+GRANT_KEYS = ("users", "groups", "classes", "priority_max")
+
+
+def _classes(v: Any) -> str | None:
+    if not isinstance(v, list) or not v or not all(isinstance(c, str) for c in v):
+        return f"must be a non-empty list of classes from {', '.join(CLASSES)}"
+    bad = [c for c in v if c not in CLASSES]
+    return f"unknown class(es) {bad}; classes are {', '.join(CLASSES)}" if bad else None
+
+
+def _principal(kind: str, v: Any) -> str | None:
+    """A user or group given by name (must exist here) or by number (>= 0)."""
+    if isinstance(v, int) and not isinstance(v, bool):
+        return None if v >= 0 else f"{kind} {v}: an id must be >= 0"
+    if isinstance(v, str) and v:
+        try:
+            (pwd.getpwnam if kind == "user" else grp.getgrnam)(v)
+        except KeyError:
+            return f"{kind} {v!r} does not exist on this host (give its number, or create it first)"
+        return None
+    return f"{kind} {v!r}: expected a name or a number"
+
+
+def _grants(v: Any) -> str | None:
+    """[[grants.grant]] tables: users and/or groups, classes, priority_max."""
+    for i, g in enumerate(v, 1):
+        where = f"grant {i}"
+        if not isinstance(g, dict):
+            return f"{where} = {g!r}: expected a table with {', '.join(GRANT_KEYS)}"
+        unknown = sorted(set(g) - set(GRANT_KEYS))
+        if unknown:
+            return f"{where}: unknown key(s) {unknown}; allowed: {', '.join(GRANT_KEYS)}"
+        for key, kind in (("users", "user"), ("groups", "group")):
+            if not isinstance(g.get(key, []), list):
+                return f"{where}: {key} = {g[key]!r}: expected a list of names or numbers"
+            for x in g.get(key, []):
+                why = _principal(kind, x)
+                if why:
+                    return f"{where}: {why}"
+        if not g.get("users") and not g.get("groups"):
+            return f"{where}: names no one; give users = [...] and/or groups = [...]"
+        if "classes" not in g:
+            return f"{where}: missing classes = [...] (from {', '.join(CLASSES)})"
+        why = _classes(g["classes"])
+        if why:
+            return f"{where}: classes = {g['classes']!r}: {why}"
+        pm = g.get("priority_max")
+        if isinstance(pm, bool) or not isinstance(pm, int) or not 0 <= pm <= PRIORITY_MAX:
+            return f"{where}: priority_max = {pm!r}: expected an integer 0..{PRIORITY_MAX}"
+    return None
+
+
 # The schema: section -> key -> Field. Components read their section through Config.
 SCHEMA: dict[str, dict[str, Field]] = {
     "agent": {
@@ -109,6 +180,14 @@ SCHEMA: dict[str, dict[str, Field]] = {
     },
     "gpus": {
         "declared": Field((int, list), 0, "GPUs this node declares when NVML finds none (count or indices)", _gpus),
+    },
+    "grants": {
+        "default_classes": Field(list, ["standard", "transient"], "Airlock classes every local user may submit "
+                                 "(root may submit any class at any priority)", _classes),
+        "default_priority_max": Field(int, 50, "the highest priority every local user may give a job",
+                                      _range(0, PRIORITY_MAX)),
+        "grant": Field(list, [], "more for some users or groups: [[grants.grant]] users = [...], groups = [...], "
+                                 "classes = [...], priority_max = N", _grants),
     },
 }
 

@@ -41,6 +41,7 @@ from __future__ import annotations
 
 import asyncio
 import builtins
+import grp
 import json
 import logging
 import os
@@ -164,8 +165,92 @@ def signal_if_caught(pid: int | None, signame: str) -> bool:
         return False
 
 
+@dataclass(frozen=True)
+class GrantRule:
+    """One rule of who may submit what: the classes it allows up to `priority_max`, for the
+    uids and gids it names (`everyone`: the default rule)."""
+
+    classes: tuple[str, ...]
+    priority_max: int
+    uids: frozenset[int] = frozenset()
+    gids: frozenset[int] = frozenset()
+    everyone: bool = False
+    label: str = "the default for every user"
+
+    def applies(self, uid: int, gids: set[int]) -> bool:
+        return self.everyone or uid in self.uids or bool(self.gids & gids)
+
+    def allows(self, job_class: str, priority: int) -> bool:
+        return job_class in self.classes and priority <= self.priority_max
+
+    def describe(self) -> str:
+        return f"{', '.join(self.classes)} up to priority {self.priority_max} ({self.label})"
+
+
+@dataclass(frozen=True)
+class Grants:
+    """Which Airlock classes and priorities a caller may submit (config ``[grants]``). Pure:
+    `refusal` decides from the caller's uid and gids alone. Root may submit anything."""
+
+    rules: tuple[GrantRule, ...]
+
+    @classmethod
+    def from_config(cls, section: dict[str, Any] | None) -> Grants:
+        """From a validated ``[grants]`` section (laminar.config); None: the defaults. User
+        and group names are resolved to ids here."""
+        from ..config import SCHEMA
+
+        sec = {k: f.default for k, f in SCHEMA["grants"].items()} | dict(section or {})
+        rules = [GrantRule(tuple(sec["default_classes"]), int(sec["default_priority_max"]), everyone=True)]
+        for g in sec["grant"]:
+            uids = frozenset(x if isinstance(x, int) else pwd.getpwnam(x).pw_uid for x in g.get("users", []))
+            gids = frozenset(x if isinstance(x, int) else grp.getgrnam(x).gr_gid for x in g.get("groups", []))
+            who = [f"user {x}" for x in g.get("users", [])] + [f"group {x}" for x in g.get("groups", [])]
+            rules.append(GrantRule(tuple(g["classes"]), int(g["priority_max"]), uids, gids,
+                                   label=f"granted to {', '.join(who)}"))
+        return cls(tuple(rules))
+
+    def allowed(self, uid: int, gids: set[int]) -> list[GrantRule]:
+        """The rules that apply to the caller."""
+        return [r for r in self.rules if r.applies(uid, gids)]
+
+    def refusal(self, uid: int, gids: set[int], job_class: str, priority: int) -> str | None:
+        """None when the caller (uid, primary and supplementary gids) may submit a job of
+        `job_class` at `priority`; else the refusal, naming what was asked and what it may use."""
+        if uid == 0:
+            return None
+        mine = self.allowed(uid, gids)
+        if any(r.allows(job_class, priority) for r in mine):
+            return None
+        may = "; ".join(r.describe() for r in mine) or "nothing"
+        return (f"permission denied: class {job_class} at priority {priority} is beyond what uid {uid} may submit; "
+                f"it may submit {may}. Ask the node's operator for a grant ([grants] in laminard's config, "
+                "docs/operations.md)")
+
+    def as_dict(self) -> list[dict[str, Any]]:
+        return [{"classes": list(r.classes), "priority_max": r.priority_max, "who": r.label} for r in self.rules]
+
+
+def caller_gids(gid: int, pid: int) -> set[int]:
+    """The caller's primary gid and its supplementary groups (``/proc/<pid>/status``; only the
+    primary one when the process is gone)."""
+    out = {gid}
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("Groups:"):
+                out.update(int(g) for g in line.split()[1:])
+    except (OSError, ValueError):
+        pass
+    return out
+
+
 class JobError(ValueError):
     """A job request that cannot be done; the message names the value and what is allowed."""
+
+
+class GrantError(Exception):
+    """A submission beyond the caller's grant (config ``[grants]``); the message names the class
+    and priority asked and what the caller may use."""
 
 
 class AdmissionError(JobError):
@@ -446,8 +531,11 @@ class JobManager:
 
     def __init__(self, *, store: Any = None, state_dir: Path | str | None = None, cgroup_root: str | None = None,
                  hierarchy: Hierarchy | None = None, events: Any = None, netguard: Any = None,
-                 gpus_declared: list[int] | None = None, stop_grace_s: float = STOP_GRACE_S) -> None:
+                 gpus_declared: list[int] | None = None, stop_grace_s: float = STOP_GRACE_S,
+                 grants: Grants | None = None) -> None:
         self.agent: Any = None
+        # who may submit which class and priority through the API (config [grants])
+        self.grants = grants
         self.store = store
         self.state_dir = Path(state_dir) if state_dir else None
         self.cgroup_root = cgroup_root
@@ -487,9 +575,16 @@ class JobManager:
                 self.gpus_declared = getattr(cfg, "gpus_declared", None)
             self.events = self.events or agent.events
             self.netguard = self.netguard or getattr(agent, "netguard", None)
+            if self.grants is None:
+                try:
+                    section = cfg.section("grants")
+                except (AttributeError, KeyError):
+                    section = None
+                self.grants = Grants.from_config(section)
         if self.store is None or self.state_dir is None:
             raise RuntimeError("JobManager needs a store and a state dir (an agent, or store=/state_dir=)")
         self.cgroup_root = self.cgroup_root or "laminar"
+        self.grants = self.grants or Grants.from_config(None)
         self.hierarchy = self.hierarchy or detect()
         self.tree = CgroupTree(self.hierarchy, self.cgroup_root)
         self.tree.ensure()
@@ -548,7 +643,7 @@ class JobManager:
             counts[j.state] = counts.get(j.state, 0) + 1
         return {"cgroups": self.hierarchy.as_dict() if self.hierarchy else None,
                 "root": self.cgroup_root, "gpus": self.inventory.as_dict() if self.inventory else None,
-                "jobs": counts}
+                "jobs": counts, "grants": self.grants.as_dict() if self.grants else None}
 
     # -- queries -------------------------------------------------------------------------------
     def get(self, job_id: str) -> Job | None:
@@ -649,6 +744,17 @@ class JobManager:
             raise error
 
     # -- submit --------------------------------------------------------------------------------
+    def check_grant(self, spec: JobSpec, uid: int, gid: int, pid: int) -> None:
+        """Raise GrantError (403 in the API) when the caller (its SO_PEERCRED uid, gid and pid)
+        may not submit `spec`'s Airlock class at its priority (config ``[grants]``). For every
+        path by which a local user asks for a job (``POST /v1/jobs``, the zone's
+        ``POST /v1/placements`` at the origin); not for a job arriving from another agent,
+        which keeps the class its origin admitted."""
+        grants = self.grants or Grants.from_config(None)
+        why = grants.refusal(uid, caller_gids(gid, pid) if uid else {gid}, spec.job_class, spec.priority)
+        if why is not None:
+            raise GrantError(why)
+
     async def submit(self, spec: JobSpec, owner_uid: int = 0, owner_gid: int = 0) -> Job:
         """Submit `spec` as a job owned by (owner_uid, owner_gid) and start it if its class has
         room (`airlock.admission`); else it is returned in state ``queued`` (no pid, no cgroup
@@ -1124,7 +1230,10 @@ class JobManager:
         async def submit(req: Request) -> dict[str, Any]:
             try:
                 spec = JobSpec.from_dict(req.body)
+                self.check_grant(spec, req.peer.uid, req.peer.gid, req.peer.pid)
                 job = await self.submit(spec, owner_uid=req.peer.uid, owner_gid=req.peer.gid)
+            except GrantError as e:
+                raise ApiError(403, str(e)) from None
             except JobError as e:
                 raise ApiError(400, str(e)) from None
             except CgroupError as e:
