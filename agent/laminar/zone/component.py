@@ -1158,7 +1158,7 @@ class NetTransport:
         m = self.comp.membership.by_node[node]
         assert self.comp.encoder is not None and self.comp.tcp_decoder is not None
         return await handover(self.comp.encoder, self.comp.tcp_decoder, m.zone, m.addr, port or m.handover_port,
-                              body, timeout_s, self.comp.clock)
+                              body, timeout_s, self.comp.clock, to=node)
 
 
 class ZoneComponent:
@@ -1255,8 +1255,10 @@ class ZoneComponent:
         self.keys = keys
         self.encoder = wire.Encoder(self.node_id, keys)
         zone_of = self.membership.zone_of()
-        self.decoder = wire.Decoder(keys, zone_of, window_s=float(s["replay_window_s"]))
-        self.tcp_decoder = wire.Decoder(keys, zone_of, window_s=float(s["replay_window_s"]), max_size=wire.MAX_FRAME)
+        # both accept only what was sent to this node (the MAC covers the receiver's id)
+        self.decoder = wire.Decoder(keys, zone_of, window_s=float(s["replay_window_s"]), node=self.node_id)
+        self.tcp_decoder = wire.Decoder(keys, zone_of, window_s=float(s["replay_window_s"]), max_size=wire.MAX_FRAME,
+                                        node=self.node_id)
         if self.networked:
             from laminar.zone.transport import HandoverServer, UdpEndpoint
 
@@ -1452,7 +1454,7 @@ class ZoneComponent:
             reply = self.handle_request(msg.node, body)
             if reply is not None and self.endpoint is not None:
                 # answer where it came from, signed with the sender's zone key
-                self.endpoint.send_to(self.membership.by_node[msg.node].zone, addr, reply)
+                self.endpoint.send_to(self.membership.by_node[msg.node].zone, addr, reply, to=msg.node)
             return
         if isinstance(body, wire.Offer | wire.Refuse | wire.CommitAck):
             # an offer nobody waits for any more (it came after the binding) lapses with its lease
@@ -1491,7 +1493,7 @@ class ZoneComponent:
         reply = self.handle_request(msg.node, body)
         if reply is not None and self.endpoint is not None:
             # answer where it came from, signed with the sender's zone key
-            self.endpoint.send_to(self.membership.by_node[msg.node].zone, addr, reply)
+            self.endpoint.send_to(self.membership.by_node[msg.node].zone, addr, reply, to=msg.node)
 
     async def on_handover(self, sender: int, body: wire.Handover) -> wire.HandoverAck:
         """Start the handed-over job once per placement id; a repeat gets the same answer."""

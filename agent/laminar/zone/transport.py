@@ -181,15 +181,16 @@ class UdpEndpoint:
         m = self.m.by_node.get(node)
         if m is None:
             return
-        self.send_to(m.zone, (m.addr, m.port), body, flags)
+        self.send_to(m.zone, (m.addr, m.port), body, flags, to=node)
         self.m.state[node].tx += 1
 
-    def send_to(self, zone: int, addr: tuple[str, int], body: wire.Body, flags: int = 0) -> None:
-        """Send ``body`` signed with ``zone``'s key to ``addr``."""
+    def send_to(self, zone: int, addr: tuple[str, int], body: wire.Body, flags: int = 0, to: int = 0) -> None:
+        """Send ``body`` signed with ``zone``'s key for node ``to`` (only its decoder accepts
+        it) to ``addr``."""
         if self.sock is None:
             return
         try:
-            self.sock.sendto(self.enc.encode(body, zone, self.clock(), flags), addr)
+            self.sock.sendto(self.enc.encode(body, zone, self.clock(), flags, to=to), addr)
             self.sent += 1
         except (OSError, ValueError) as e:
             self.send_errors += 1
@@ -216,12 +217,14 @@ async def handover(
     body: wire.Handover,
     timeout_s: float,
     clock: Callable[[], float] = time.time,
+    to: int = 0,
 ) -> wire.HandoverAck:
-    """Send one hand-over frame to ``addr:port`` and wait for its authenticated ack.
+    """Send one hand-over frame to ``addr:port`` (node ``to``: the frame verifies there only)
+    and wait for its authenticated ack.
 
     Raises :class:`HandoverError` (``delivered`` False when the connection failed before the
     frame was written, True afterwards)."""
-    data = wire.frame(encoder.encode(body, zone, clock(), max_size=wire.MAX_FRAME))
+    data = wire.frame(encoder.encode(body, zone, clock(), max_size=wire.MAX_FRAME, to=to))
     try:
         reader, writer = await asyncio.wait_for(asyncio.open_connection(addr, port), timeout_s)
     except (OSError, TimeoutError) as e:
@@ -293,7 +296,7 @@ class HandoverServer:
             zone = self.zone_of(msg.node)
             if zone is None:
                 return
-            writer.write(wire.frame(self.enc.encode(ack, zone, self.clock(), max_size=wire.MAX_FRAME)))
+            writer.write(wire.frame(self.enc.encode(ack, zone, self.clock(), max_size=wire.MAX_FRAME, to=msg.node)))
             await asyncio.wait_for(writer.drain(), self.timeout_s)
         except (OSError, TimeoutError, asyncio.IncompleteReadError, ValueError, wire.Dropped):
             return

@@ -6,7 +6,9 @@ Every datagram is ``header | body | mac`` (byte layouts in ``docs/protocol.md``)
   reserved byte, the *key zone* (whose key signs it), the sender's node id, the sender's wall
   clock in milliseconds, the sender's sequence number and the body length;
 - a compact ``struct`` body, one layout per message type;
-- HMAC-SHA256 over header and body with the key zone's key (32 bytes).
+- HMAC-SHA256 with the key zone's key (32 bytes) over the receiver's node id (u32, not sent)
+  followed by header and body: a datagram verifies only at the node it was sent to, so one
+  captured on its way to one node and replayed to another is dropped (``bad_mac``).
 
 A UDP datagram is at most :data:`MAX_DATAGRAM` bytes; hand-overs over TCP use the same
 envelope behind a 4-byte length with a larger limit (:data:`MAX_FRAME`).
@@ -23,8 +25,8 @@ Example::
     >>> from laminar.zone.keys import ZoneKeys
     >>> keys = ZoneKeys({1: bytes(32)}, "test")
     >>> enc = Encoder(node=5, keys=keys, seq0=1)
-    >>> dec = Decoder(keys, known_nodes={5: 1})
-    >>> data = enc.encode(Release(placement_id=77), zone=1, now=1000.0)
+    >>> dec = Decoder(keys, known_nodes={5: 1, 6: 1}, node=6)
+    >>> data = enc.encode(Release(placement_id=77), zone=1, now=1000.0, to=6)
     >>> dec.decode(data, now=1000.0).body
     Release(placement_id=77)
     >>> try:
@@ -46,7 +48,7 @@ from dataclasses import dataclass
 from laminar.zone.keys import ZoneKeys
 
 MAGIC = b"LZ"
-VERSION = 1
+VERSION = 2  # 2: the MAC covers the receiver's node id (a datagram of version 1 is dropped as bad_version)
 HEADER = struct.Struct("!2sBBBBHIQQH")
 HEADER_SIZE = HEADER.size  # 30
 MAC_SIZE = 32
@@ -89,7 +91,7 @@ class DropReason(enum.Enum):
     BAD_VERSION = "bad_version"
     BAD_LENGTH = "bad_length"  # body length disagrees with the datagram's size
     UNKNOWN_ZONE = "unknown_zone"  # no key for the key zone it names
-    BAD_MAC = "bad_mac"  # forged, corrupted or signed with another key
+    BAD_MAC = "bad_mac"  # forged, corrupted, signed with another key, or sent to another node
     UNKNOWN_NODE = "unknown_node"  # authenticated, but the sender is not in the membership
     BAD_TYPE = "bad_type"
     STALE = "stale"  # timestamp outside the replay window
@@ -644,7 +646,12 @@ def decode_body(mtype: MsgType, buf: bytes) -> Body:
 # --------------------------------------------------------------------------- envelope
 
 
-def _mac(key: bytes, data: bytes) -> bytes:
+def _mac(key: bytes, data: bytes, to: int = 0) -> bytes:
+    """The MAC of ``data`` sent to node ``to``: over ``to`` (u32) and ``data``; ``to`` 0 (no
+    receiver named: the simulators and tests, never an agent, whose node ids start at 1) over
+    ``data`` alone."""
+    if to:
+        data = _U32.pack(to) + data
     return hmac.digest(key, data, "sha256")  # one-shot, in C: a third of hmac.new()'s cost
 
 
@@ -663,8 +670,10 @@ class Encoder:
         self.seq = seq0 if seq0 is not None else time.time_ns() // 1000
         self.max_size = max_size
 
-    def encode(self, body: Body, zone: int, now: float, flags: int = 0, max_size: int | None = None) -> bytes:
-        """``body`` framed and signed with ``zone``'s key at wall-clock time ``now`` (seconds).
+    def encode(self, body: Body, zone: int, now: float, flags: int = 0, max_size: int | None = None,
+               to: int = 0) -> bytes:
+        """``body`` framed and signed with ``zone``'s key at wall-clock time ``now`` (seconds),
+        for node ``to`` (only that node's decoder accepts it; 0: a decoder without a node).
 
         Raises ValueError when this node holds no key for ``zone`` or the result would exceed
         the size limit (``max_size``, default the encoder's)."""
@@ -678,7 +687,7 @@ class Encoder:
         limit = max_size if max_size is not None else self.max_size
         if len(data) + MAC_SIZE > limit:
             raise ValueError(f"wire: {mtype.name} message of {len(data) + MAC_SIZE} bytes exceeds {limit}")
-        return data + _mac(key, data)
+        return data + _mac(key, data, to)
 
 
 @dataclass
@@ -694,6 +703,10 @@ class Decoder:
     of the zone it is addressed to (the receiver's zone), so a node accepts only its own zone's
     key (``accept_zones``; default: every key it holds); a submitter that places into other
     zones holds their keys too.
+
+    ``node`` is the receiving node's id: the MAC covers it, so a datagram sent to another
+    node (a replay of one captured on its way there) fails the MAC check. 0 (the default, for
+    simulators and tests) accepts datagrams encoded for no node (``to`` 0) only.
     """
 
     def __init__(
@@ -704,8 +717,10 @@ class Decoder:
         accept_zones: set[int] | None = None,
         window_s: float = REPLAY_WINDOW_S,
         max_size: int = MAX_DATAGRAM,
+        node: int = 0,
     ) -> None:
         self.keys = keys
+        self.node = node
         self.known_nodes = known_nodes
         self.accept_zones = accept_zones
         self.window_ms = int(window_s * 1000)
@@ -750,7 +765,7 @@ class Decoder:
         if key is None:
             raise self._drop(DropReason.UNKNOWN_ZONE, f"zone {zone}")
         signed = data[: HEADER_SIZE + blen]
-        if not hmac.compare_digest(_mac(key, signed), data[HEADER_SIZE + blen :]):
+        if not hmac.compare_digest(_mac(key, signed, self.node), data[HEADER_SIZE + blen :]):
             raise self._drop(DropReason.BAD_MAC)
         if node not in self.known_nodes:
             raise self._drop(DropReason.UNKNOWN_NODE, f"node {node}")
