@@ -22,7 +22,16 @@ from laminar.migrate.reclaim import ReclaimComponent
 from laminar.runtime.jobs import JobSpec
 from laminar.zone import placement as pl
 from laminar.zone import wire
-from laminar.zone.component import HANDOVER_OK, demand_to_probe
+from laminar.zone.component import HANDOVER_NO_RESERVATION, HANDOVER_OK, demand_to_probe
+from laminar.zone.loan import workers_file
+
+
+class ActiveWhenSuspended(StandInJob):
+    """A stand-in job that is active while suspended, as the real Job (runtime.jobs.ACTIVE_STATES)."""
+
+    @property
+    def active(self) -> bool:
+        return self.state in ("running", "suspended")
 
 
 class SubmittingJobs(StandInJobs):
@@ -98,5 +107,37 @@ def test_a_resumed_job_s_checkpoint_is_verified_off_the_event_loop(tmp_path: Pat
         assert jobs.jobs[ack.text].spec.resume_from == str(ckpt)
         hashed = [on_loop for p, on_loop in calls if p.is_relative_to(ckpt)]
         assert hashed and not any(hashed)  # verified, in a worker thread
+
+    run(comp, check)
+
+
+def test_a_hand_over_onto_the_grant_of_an_elastic_job_frozen_since_the_offer_goes_elsewhere(tmp_path: Path) -> None:
+    """The offer took the elastic job's granted GPU while the job ran; Airlock suspended it
+    before the hand-over came (the stand-in's state 'suspended'; the cluster test freezes a
+    real cgroup). A frozen job cannot scale in, so the hand-over answers 'no reservation'
+    (the submitter places the job elsewhere), no job starts, and the grant stands."""
+    jobs = SubmittingJobs(tmp_path / "state")
+    jobs.jobs["e"] = ActiveWhenSuspended("e", JobSpec(["sleep", "1"], elastic_min=1, elastic_max=2).validate(), [0])
+    comp = make_comp(tmp_path, pool="training", jobs=jobs, gpus=2)
+
+    async def check() -> None:
+        comp.refresh_inventory()
+        assert comp.loan.elastic_round()["e"].gpus == 1 and comp.loan.granted_gpus() == {1}
+        pid = 0x7171
+        offer = comp.handle_request(2, demand_to_probe(pl.Demand(gpus=1), pid, 5.0))
+        assert isinstance(offer, wire.Offer) and [i for i, _ in offer.gpu_alloc] == [1]
+        jobs.jobs["e"].state = "suspended"
+        ack = await comp.on_handover(2, wire.Handover(pid, json.dumps({"spec": {"command": ["sleep", "1"]}}).encode()))
+        assert ack.status == HANDOVER_NO_RESERVATION and "frozen elastic job" in ack.text, ack
+        assert set(jobs.jobs) == {"e"} and pid not in comp.arbiter.placed
+        assert comp.loan.grants == {"e": [1]}
+        assert json.loads(workers_file(jobs.state_dir, "e").read_text())["workers"] == 2  # not told to scale in
+        refused = comp.handle_request(2, demand_to_probe(pl.Demand(gpus=1), 0x7173, 5.0))
+        assert isinstance(refused, wire.Refuse)  # not offered while frozen
+        assert comp.loan.elastic_round() == {}  # and a frozen job gets no new grant
+        jobs.jobs["e"].state = "running"
+        comp.refresh_inventory()
+        again = comp.handle_request(2, demand_to_probe(pl.Demand(gpus=1), 0x7175, 5.0))
+        assert isinstance(again, wire.Offer) and [i for i, _ in again.gpu_alloc] == [1]
 
     run(comp, check)

@@ -1341,7 +1341,12 @@ class ZoneComponent:
                 cpus -= float(j.spec.cpus or 0.0)
                 mem -= int(j.spec.memory_mb or 0)
         # GPUs granted to elastic jobs stay free here: a placement may take them, and the
-        # hand-over sheds them (LoanManager.shed) before its job starts
+        # hand-over sheds them (LoanManager.shed) before its job starts; except those of a
+        # frozen elastic job, which cannot scale in until it thaws (LoanManager.frozen_grants)
+        loan: LoanManager | None = getattr(self, "loan", None)
+        for g in loan.frozen_grants() if loan is not None else ():
+            if g in inv_gpus:
+                gpu[inv_gpus.index(g)] = 0.0
         model = s["gpu_model"] or None
         if model is None and jobs is not None and getattr(jobs, "inventory", None) is not None and jobs.inventory.gpus:
             model = jobs.inventory.gpus[0].name if jobs.inventory.source == "nvml" else None
@@ -1566,9 +1571,16 @@ class ZoneComponent:
         if self._jobs is None:
             self.arbiter.unbind(pid)
             return wire.HandoverAck(pid, HANDOVER_ERROR, "this node runs no job manager")
-        # GPUs granted to elastic jobs are taken back first (their extra workers scale in)
-        self.loan.shed({self.gpu_index[i] for i, _ in p.reservation.gpu_alloc if i < len(self.gpu_index)},
-                       f"placement {pid:016x} from node {sender} takes the GPU")
+        # GPUs granted to elastic jobs are taken back first (their extra workers scale in);
+        # one granted to an elastic job frozen since the offer cannot be: the job goes elsewhere
+        mine = {self.gpu_index[i] for i, _ in p.reservation.gpu_alloc if i < len(self.gpu_index)}
+        frozen = sorted(mine & self.loan.frozen_grants())
+        if frozen:
+            self.arbiter.unbind(pid)
+            self.refresh_inventory()
+            return wire.HandoverAck(pid, HANDOVER_NO_RESERVATION, f"GPU(s) {frozen} on node {self.node_id} are granted "
+                                    "to a frozen elastic job that cannot scale in until it thaws")
+        self.loan.shed(mine, f"placement {pid:016x} from node {sender} takes the GPU")
         migrate = getattr(self.agent, "migrate", None)
         if spec.resume_from and migrate is not None and hasattr(migrate, "check_resume"):
             try:  # a migrated job: its checkpoint is verified here, right before LAMINAR_RESUME_FROM

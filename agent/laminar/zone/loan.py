@@ -550,6 +550,20 @@ class LoanManager:
         """GPU indices granted to elastic jobs (free for placements, which shed them)."""
         return {g for gs in self.grants.values() for g in gs}
 
+    def frozen_grants(self) -> set[int]:
+        """GPU indices granted to elastic jobs that are frozen now (Airlock's suspend, a move's
+        freeze): not free for placements. A frozen job cannot scale in (its ``SIGUSR2`` waits
+        for the thaw), so a job handed over onto its granted GPU would share it with the
+        frozen extra worker; they are offered again once it thaws."""
+        if not self.grants or self._jobs is None:
+            return set()
+        out: set[int] = set()
+        for job_id, extra in self.grants.items():
+            job = self._jobs.get(job_id)
+            if job is not None and job_frozen(job):
+                out.update(extra)
+        return out
+
     def shed(self, gpus: set[int] | list[int], why: str) -> dict[str, list[int]]:
         """Take ``gpus`` back from the elastic jobs granted them, for a job that starts on them:
         each such job is told its smaller worker count (file + ``SIGUSR2``) before this returns.
@@ -673,7 +687,7 @@ class LoanManager:
         granted = self.granted_gpus()  # free in the view (placements may shed them), not idle
         idle = [self.zone.gpu_index[i] for i, f in enumerate(view.gpu_free)
                 if f >= 1.0 - pl.EPS and i < len(self.zone.gpu_index) and self.zone.gpu_index[i] not in granted]
-        cands = self._elastic_jobs()
+        cands = [j for j in self._elastic_jobs() if not job_frozen(j)]  # a frozen job cannot scale out
         if not idle or not cands:
             if changed:
                 self._save("grants", self.grants)
@@ -743,6 +757,21 @@ class LoanManager:
             Route("POST", "/v1/pool/load", post_load, privileged=True),
             Route("POST", "/v1/pool/reclaim", post_reclaim, privileged=True),
         ]
+
+
+def job_frozen(job: Any) -> bool:
+    """True when ``job``'s processes are frozen: its state is ``suspended`` (Airlock) or its
+    cgroup's kernel flag says frozen (any freeze, a move's included); False when that cannot
+    be read (a cgroup going away)."""
+    if getattr(job, "state", "") == "suspended":
+        return True
+    frozen = getattr(getattr(job, "cgroup", None), "frozen", None)
+    if frozen is None:
+        return False
+    try:
+        return bool(frozen())
+    except (OSError, RuntimeError):  # CgroupError: the cgroup is gone or unreadable
+        return False
 
 
 def workers_file(state_dir: Path, job_id: str) -> Path:
