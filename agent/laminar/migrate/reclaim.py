@@ -120,6 +120,15 @@ later; links are removed as links, never followed; ``.tmp-*`` and ``incoming/`` 
 ``Receiver.sweep``) and the archive (:meth:`ReclaimComponent.archive_gc`) are never touched.
 Counted in the status as ``counts.replica_gc_ckpts``.
 
+A guard whose ``release`` was lost (a source that crashed or restarted and forgot its buddy, a
+partition) is checked with its source once its row has not changed for ``replica_guard_check_s``
+(control op ``needs``; :func:`guard_needed` answers there): it ends (``released``, then as
+above) only when the source says the job ended (exited, stopped, failed), moved (migrated), or
+another node holds its guard, and only if the row did not change while the question was on its
+way. Everything else keeps it: the job runs and the asker is or may be its buddy, a prestage or
+move is in flight, the source has no record of the job, no answer, a source that is silent or
+dead (the take-over's), a ``waiting`` or take-over guard (``counts.replica_guards_ended``).
+
 ``GET /v1/migrate/replicas`` / ``laminarctl replicas`` shows the states,
 attempts, next look and last reason.
 
@@ -158,6 +167,7 @@ Config (``[migrate]``)::
     retry_base_s = 2         # a guard that finds no room looks again after this, doubling each time
     retry_max_s = 30         # ... up to this
     archive_dir = ""         # storage outside the pool for stopped jobs no live peer can keep (empty: off)
+    replica_guard_check_s = 600  # a guard unchanged this long is checked with its source (0: never)
 
 Between reclaims the component also asks each job for periodic checkpoints at the interval the
 hazard sets (:mod:`laminar.migrate.ckpt_driver`, its keys in the same section; the plan is
@@ -286,6 +296,9 @@ CONFIG_FIELDS = {
     "retry_base_s": Field((int, float), 2.0, "a guard that finds no room looks again after this, doubling each time",
                           _range(0.05, 3600)),
     "retry_max_s": Field((int, float), 30.0, "the longest wait between a guard's looks for room", _range(0.05, 86400)),
+    "replica_guard_check_s": Field((int, float), 600.0, "a guard held here that has not changed for this long is "
+                                   "checked with its live source (control op needs): it ends when the source says the "
+                                   "job ended, moved, or has another buddy (0: never)", _range(0, 86400 * 30)),
     **ckpt_driver.CONFIG_FIELDS,  # periodic checkpoints (laminar.migrate.ckpt_driver)
 }
 register_section("migrate", CONFIG_FIELDS)
@@ -371,6 +384,32 @@ def replica_victims(names: Iterable[str], *, newest: str | None, keep: Collectio
     floor = math.inf if newest is None else _ckpt_step(newest)
     out = [n for n in names if _CKPT_NAME.match(n) and n not in keep and _ckpt_step(n) < floor]
     return sorted(out, key=_ckpt_step, reverse=True)
+
+
+# A source's job in these states needs no guard anywhere: it ended here (by itself, by its user, or
+# failed: the source releases its buddy then too) or it moved (the destination runs it, under its
+# own key, with its own buddy).
+GUARD_ENDED_STATES = ("exited", "stopped", "failed", "migrated")
+
+
+def guard_needed(state: str | None, buddy: int | None, asker: int, busy: bool) -> tuple[bool, str]:
+    """The source's answer to ``asker`` (a node holding a guard of one of its jobs, control op
+    ``needs``): (still needed, why). Policy; the rule is in the module docs, *Replicas held here*.
+    ``state``: the job's state here (None: no record of it); ``buddy``: the node this agent
+    handed the job's guard to last (None: unknown, e.g. after a restart); ``busy``: a prestage or
+    move of the job runs now (it may be handing the guard to ``asker`` right now). Not needed
+    only when the job ended or moved, or another node holds its guard; anything unknown keeps it."""
+    if state is None:
+        return True, "this node has no record of the job"
+    if busy:
+        return True, "a prestage or move of the job is in progress"
+    if state in GUARD_ENDED_STATES:
+        return False, f"the job {state} on its source"
+    if buddy is not None and buddy != asker:
+        return False, f"node {buddy} guards the job now"
+    if buddy is None:
+        return True, f"the job is {state} and its source does not know its buddy (it may be this guard)"
+    return True, f"the job is {state} and this node is its buddy"
 
 
 def _snapshot_file(src: Path, dst: Path) -> None:
@@ -530,6 +569,8 @@ class ReclaimComponent:
         self._gc_running = False
         self._gc_unverified: set[tuple[str, str]] = set()  # (key, ckpt) that failed verification: not re-hashed
         self._replica_gc_next = 0.0  # when the held replicas are looked at next (monotonic)
+        self._guard_asked: dict[str, float] = {}  # key -> when its source was last asked (monotonic)
+        self._guard_checking: set[str] = set()  # keys whose source is being asked now
 
     # -- life cycle ---------------------------------------------------------------------------
 
@@ -2397,13 +2438,20 @@ class ReclaimComponent:
             for n in os.listdir(self.root / REPLICA_TRASH):
                 _remove_tree(self.root / REPLICA_TRASH / n)
 
-    def _replica_gc_round(self, force: bool = False) -> None:
+    def _replica_gc_round(self, force: bool = False, now: float | None = None) -> None:
         """Every REPLICA_GC_S (``force``: now): each held key whose row says it is done here
         (released, handed over, placed or passed elsewhere, resumed here) loses what no local
-        job uses (:meth:`replica_gc`)."""
+        job uses (:meth:`replica_gc`); guards unchanged for ``replica_guard_check_s`` are checked
+        with their source (:meth:`_stale_guard_round`). ``now``: the wall clock the ages are
+        measured against (tests)."""
         if self.root is None or (not force and time.monotonic() < self._replica_gc_next):
             return
         self._replica_gc_next = time.monotonic() + REPLICA_GC_S
+        now = time.time() if now is None else now
+        try:
+            self._stale_guard_round(now)
+        except Exception:
+            log.exception("migrate: checking stale guards")
         rows = self.agent.store.db.execute(
             f"SELECT key FROM migrate_replicas WHERE state IN ({','.join('?' * len(REPLICA_DONE_STATES))})",
             REPLICA_DONE_STATES).fetchall()
@@ -2414,6 +2462,94 @@ class ReclaimComponent:
                     self.replica_gc(key)
                 except Exception:
                     log.exception("migrate: replica GC of %s", key)
+
+    def _stale_guard_round(self, now: float) -> None:
+        """Each guard held here (state ``guarding``, not a take-over) unchanged for
+        ``replica_guard_check_s`` whose source is a live zone member not declared dead is checked
+        with the source (control op ``needs``, at most once per that interval per key;
+        :meth:`_check_guard`). A guard of a dead source is the take-over's; one whose source is
+        silent or unreachable stays (it may be the job's only way back)."""
+        check = float(self.s["replica_guard_check_s"])
+        z = self.zone
+        if check <= 0 or z is None:
+            return
+        rows = self.agent.store.db.execute(
+            "SELECT key, src_node, request, updated FROM migrate_replicas WHERE state='guarding' AND updated < ?",
+            (now - check,)).fetchall()
+        mono = time.monotonic()
+        for row in rows:
+            key = str(row["key"])
+            if key in self._taking or key in self._guard_checking or mono < self._guard_asked.get(key, -math.inf) + check:
+                continue
+            try:
+                req = json.loads(row["request"])
+            except ValueError:
+                continue
+            src = int(row["src_node"])
+            if not isinstance(req, dict) or req.get("take_over") or src == self.node_id:
+                continue
+            if src not in z.membership.by_node or src in z.membership.suspects:
+                continue
+            if self._source_dead(src, time.time(), req.get("window_end")) is not None:
+                continue
+            self._guard_asked[key] = mono
+            self._guard_checking.add(key)
+            self._spawn(self._check_guard(key, src, float(row["updated"])))
+
+    async def _check_guard(self, key: str, src: int, seen: float) -> bool:
+        """Asks ``src`` whether the guard of ``key`` held here is still needed
+        (:func:`guard_needed` there). Only a clear "no" from the source ends it: the row becomes
+        ``released`` (as if the source's ``release`` had come, dated when the question was sent,
+        so what the source shipped after it stays for REPLICA_LATE_S), and only if it did not
+        change since ``seen`` (a new guard of the key meanwhile wins); then the released key's
+        replicas go (:meth:`replica_gc`). No answer, an error, an older agent that does not know
+        the op: the guard stays. Returns whether it ended."""
+        try:
+            asked = time.time()
+            try:
+                ans = await self._control(src, "needs", {"key": key})
+            except (MigrateError, TransferError, OSError, TimeoutError) as e:
+                log.info("migrate: asking node %d whether the guard of %s is needed: %s (kept)", src, key, e)
+                return False
+            if not isinstance(ans, dict) or ans.get("key") != key or ans.get("needed") is not False:
+                return False
+            if key in self._taking:
+                return False
+            with self.agent.store.tx() as db:
+                cur = db.execute("UPDATE migrate_replicas SET state='released', updated=? "
+                                 "WHERE key=? AND state='guarding' AND updated=?", (asked, key, seen))
+                ended = cur.rowcount == 1
+            if not ended:
+                return False
+            self.counts["replica_guards_ended"] = self.counts.get("replica_guards_ended", 0) + 1
+            self._emit(f"{key}: node {src} no longer needs this guard ({ans.get('why', '')}); its replicas go",
+                       key=key, src_node=src, phase="guard-ended")
+            try:
+                self.replica_gc(key)
+            except Exception:
+                log.exception("migrate: replica GC of %s", key)
+            return True
+        finally:
+            self._guard_checking.discard(key)
+
+    def _answer_needs(self, node: str, key: str) -> dict[str, Any]:
+        """This node's answer to ``node`` holding a guard of ``key`` (control op ``needs``):
+        ``{"key", "needed", "why"}`` by :func:`guard_needed`. A key of another node, or a job
+        this node has no record of, is needed (this node cannot tell)."""
+        try:
+            asker = int(node)
+        except ValueError:
+            raise ValueError(f"needs: the asking node {node!r} is not a node id") from None
+        prefix = f"n{self.node_id}-"
+        if not key.startswith(prefix):
+            return {"key": key, "needed": True, "why": f"{key} is not a job of node {self.node_id}"}
+        jid = key[len(prefix):]
+        jobs = getattr(self.agent, "jobs", None)
+        job = jobs.get(jid) if jobs is not None else None
+        state = None if job is None else str(job.state)
+        needed, why = guard_needed(state, self.buddy.get(jid), asker,
+                                   jid in self.evacuating or jid in self._prestaging)
+        return {"key": key, "needed": needed, "why": why}
 
     # -- the endpoint's callbacks -------------------------------------------------------------
 
@@ -2466,7 +2602,9 @@ class ReclaimComponent:
             if abs(time.time() - ts) > 60:
                 raise ValueError(f"reclaim notice dated {ts} is more than 60 s from this node's clock")
             return self.start_reclaim(parse_duration(body["notice_s"]), f"{body.get('reason', '')} (from node {node})")
-        raise ValueError(f"unknown control operation {op!r} (guard, release, reclaim, space)")
+        if op == "needs":  # a node holding a guard of one of this node's jobs asks whether it still must
+            return self._answer_needs(node, str(body["key"]))
+        raise ValueError(f"unknown control operation {op!r} (guard, release, reclaim, space, needs)")
 
     def _on_event(self, e: dict[str, Any]) -> None:
         """Records the zone's reclaim notices of other nodes (zone events with deadline_ms)."""
