@@ -127,7 +127,9 @@ above) only when the source says the job ended (exited, stopped, failed), moved 
 another node holds its guard, and only if the row did not change while the question was on its
 way. Everything else keeps it: the job runs and the asker is or may be its buddy, a prestage or
 move is in flight, the source has no record of the job, no answer, a source that is silent or
-dead (the take-over's), a ``waiting`` or take-over guard (``counts.replica_guards_ended``).
+dead (the take-over's), a ``waiting`` or take-over guard (``counts.replica_guards_ended``). A
+key directory no row names (its guard never came) goes once nothing in it changed for
+``replica_orphan_s`` and no local job uses it.
 
 ``GET /v1/migrate/replicas`` / ``laminarctl replicas`` shows the states,
 attempts, next look and last reason.
@@ -168,6 +170,7 @@ Config (``[migrate]``)::
     retry_max_s = 30         # ... up to this
     archive_dir = ""         # storage outside the pool for stopped jobs no live peer can keep (empty: off)
     replica_guard_check_s = 600  # a guard unchanged this long is checked with its source (0: never)
+    replica_orphan_s = 21600 # replicas of a key no guard named go after this (>= 3600)
 
 Between reclaims the component also asks each job for periodic checkpoints at the interval the
 hazard sets (:mod:`laminar.migrate.ckpt_driver`, its keys in the same section; the plan is
@@ -299,6 +302,9 @@ CONFIG_FIELDS = {
     "replica_guard_check_s": Field((int, float), 600.0, "a guard held here that has not changed for this long is "
                                    "checked with its live source (control op needs): it ends when the source says the "
                                    "job ended, moved, or has another buddy (0: never)", _range(0, 86400 * 30)),
+    "replica_orphan_s": Field((int, float), 21600.0, "a key's directory of replicas with no guard row here (its guard "
+                              "never came) that no local job uses goes when nothing in it changed for this long",
+                              _range(REPLICA_LATE_S, 86400 * 365)),
     **ckpt_driver.CONFIG_FIELDS,  # periodic checkpoints (laminar.migrate.ckpt_driver)
 }
 register_section("migrate", CONFIG_FIELDS)
@@ -2336,14 +2342,16 @@ class ReclaimComponent:
                 out.add(p.name)
         return out
 
-    def replica_gc(self, key: str, newest: str | None = None) -> list[str]:
+    def replica_gc(self, key: str, newest: str | None = None, unclaimed: bool = False) -> list[str]:
         """Takes away the checkpoints of ``key`` this node no longer needs (the rule is in the
         module docs, *Replicas held here*) and returns their names. ``newest``: a checkpoint of the
         key just committed (or named by a new guard) here; the older ones go, except the one the
         key's ``migrate_replicas`` row names and any a local job uses. None: only when the row
         says the key is done here (REPLICA_DONE_STATES), everything but what a local job uses and
         what was committed after the row last changed (REPLICA_LATE_S) goes, then the directory
-        if it is empty.
+        if it is empty. ``unclaimed``: the key has no row (no guard names it) and the caller
+        found nothing in it changed for ``replica_orphan_s``; everything but what a local job
+        uses goes (a key that has a row by now is left as the row says).
 
         Runs on the event loop, as the transfer endpoint's commits do, so the choice and the
         renames into ``<root>/REPLICA_TRASH/`` are atomic with respect to a commit of the same
@@ -2373,8 +2381,11 @@ class ReclaimComponent:
             keep.add(newest)
             if row is not None:
                 keep.add(str(row["ckpt"]))
+        elif row is None:
+            if not unclaimed:
+                return []
         else:
-            if row is None or row["state"] not in REPLICA_DONE_STATES:
+            if row["state"] not in REPLICA_DONE_STATES:
                 return []
             now = time.time()
             for n in have:
@@ -2442,8 +2453,9 @@ class ReclaimComponent:
         """Every REPLICA_GC_S (``force``: now): each held key whose row says it is done here
         (released, handed over, placed or passed elsewhere, resumed here) loses what no local
         job uses (:meth:`replica_gc`); guards unchanged for ``replica_guard_check_s`` are checked
-        with their source (:meth:`_stale_guard_round`). ``now``: the wall clock the ages are
-        measured against (tests)."""
+        with their source (:meth:`_stale_guard_round`); key directories no row names, unchanged
+        for ``replica_orphan_s``, go (:meth:`_unclaimed_keys`). ``now``: the wall clock the ages
+        are measured against (tests)."""
         if self.root is None or (not force and time.monotonic() < self._replica_gc_next):
             return
         self._replica_gc_next = time.monotonic() + REPLICA_GC_S
@@ -2452,6 +2464,13 @@ class ReclaimComponent:
             self._stale_guard_round(now)
         except Exception:
             log.exception("migrate: checking stale guards")
+        for key in self._unclaimed_keys(now):
+            try:
+                if self.replica_gc(key, unclaimed=True):
+                    self._emit(f"{key}: replicas no guard named for {self.s['replica_orphan_s']:g} s removed",
+                               persist=False, key=key, phase="replica-unclaimed")
+            except Exception:
+                log.exception("migrate: replica GC of %s", key)
         rows = self.agent.store.db.execute(
             f"SELECT key FROM migrate_replicas WHERE state IN ({','.join('?' * len(REPLICA_DONE_STATES))})",
             REPLICA_DONE_STATES).fetchall()
@@ -2462,6 +2481,33 @@ class ReclaimComponent:
                     self.replica_gc(key)
                 except Exception:
                     log.exception("migrate: replica GC of %s", key)
+
+    def _unclaimed_keys(self, now: float) -> list[str]:
+        """Key directories under ``<root>/checkpoints/`` with no ``migrate_replicas`` row (their
+        guard never came: a lost message, a source that crashed between the transfer and the
+        guard, a crash of this agent between the commit and the row) whose newest entry
+        (:func:`_newest_mtime`) is older than ``replica_orphan_s``, and no take-over uses. Links
+        and names that are not a transfer's key are left."""
+        assert self.root is not None
+        age = float(self.s["replica_orphan_s"])
+        base = self.root / "checkpoints"
+        try:
+            names = sorted(os.listdir(base))
+        except OSError:
+            return []
+        db = self.agent.store.db
+        out = []
+        for n in names:
+            if not _SAFE_KEY.match(n) or n in self._taking:
+                continue
+            with contextlib.suppress(OSError):
+                if not stat.S_ISDIR(os.lstat(base / n).st_mode):
+                    continue
+                if db.execute("SELECT 1 FROM migrate_replicas WHERE key=?", (n,)).fetchone() is not None:
+                    continue
+                if now - _newest_mtime(base / n) >= age:
+                    out.append(n)
+        return out
 
     def _stale_guard_round(self, now: float) -> None:
         """Each guard held here (state ``guarding``, not a take-over) unchanged for
