@@ -129,7 +129,8 @@ way. Everything else keeps it: the job runs and the asker is or may be its buddy
 move is in flight, the source has no record of the job, no answer, a source that is silent or
 dead (the take-over's), a ``waiting`` or take-over guard (``counts.replica_guards_ended``). A
 key directory no row names (its guard never came) goes once nothing in it changed for
-``replica_orphan_s`` and no local job uses it.
+``replica_orphan_s`` and no local job uses it. A done row whose directory is gone is deleted after
+``replica_row_keep_s`` (``counts.replica_rows_pruned``).
 
 ``GET /v1/migrate/replicas`` / ``laminarctl replicas`` shows the states,
 attempts, next look and last reason.
@@ -171,6 +172,7 @@ Config (``[migrate]``)::
     archive_dir = ""         # storage outside the pool for stopped jobs no live peer can keep (empty: off)
     replica_guard_check_s = 600  # a guard unchanged this long is checked with its source (0: never)
     replica_orphan_s = 21600 # replicas of a key no guard named go after this (>= 3600)
+    replica_row_keep_s = 86400   # done replica rows whose directory is gone are deleted after this (>= 3600)
 
 Between reclaims the component also asks each job for periodic checkpoints at the interval the
 hazard sets (:mod:`laminar.migrate.ckpt_driver`, its keys in the same section; the plan is
@@ -305,6 +307,9 @@ CONFIG_FIELDS = {
     "replica_orphan_s": Field((int, float), 21600.0, "a key's directory of replicas with no guard row here (its guard "
                               "never came) that no local job uses goes when nothing in it changed for this long",
                               _range(REPLICA_LATE_S, 86400 * 365)),
+    "replica_row_keep_s": Field((int, float), 86400.0, "a done replica row (released, handed over, placed, passed, "
+                                "resumed) whose directory is gone is deleted after this (a late guard of it is then "
+                                "a new guard)", _range(REPLICA_LATE_S, 86400 * 365)),
     **ckpt_driver.CONFIG_FIELDS,  # periodic checkpoints (laminar.migrate.ckpt_driver)
 }
 register_section("migrate", CONFIG_FIELDS)
@@ -2454,8 +2459,9 @@ class ReclaimComponent:
         (released, handed over, placed or passed elsewhere, resumed here) loses what no local
         job uses (:meth:`replica_gc`); guards unchanged for ``replica_guard_check_s`` are checked
         with their source (:meth:`_stale_guard_round`); key directories no row names, unchanged
-        for ``replica_orphan_s``, go (:meth:`_unclaimed_keys`). ``now``: the wall clock the ages
-        are measured against (tests)."""
+        for ``replica_orphan_s``, go (:meth:`_unclaimed_keys`); done rows whose directory is gone
+        are deleted after ``replica_row_keep_s`` (:meth:`prune_replica_rows`). ``now``: the wall
+        clock the ages are measured against (tests)."""
         if self.root is None or (not force and time.monotonic() < self._replica_gc_next):
             return
         self._replica_gc_next = time.monotonic() + REPLICA_GC_S
@@ -2471,6 +2477,10 @@ class ReclaimComponent:
                                persist=False, key=key, phase="replica-unclaimed")
             except Exception:
                 log.exception("migrate: replica GC of %s", key)
+        try:
+            self.prune_replica_rows(now)
+        except Exception:
+            log.exception("migrate: pruning replica rows")
         rows = self.agent.store.db.execute(
             f"SELECT key FROM migrate_replicas WHERE state IN ({','.join('?' * len(REPLICA_DONE_STATES))})",
             REPLICA_DONE_STATES).fetchall()
@@ -2508,6 +2518,40 @@ class ReclaimComponent:
                 if now - _newest_mtime(base / n) >= age:
                     out.append(n)
         return out
+
+    def prune_replica_rows(self, now: float | None = None) -> list[str]:
+        """Deletes the rows (and retry rows) of keys done here (REPLICA_DONE_STATES) that last
+        changed more than ``replica_row_keep_s`` before ``now`` and whose directory is gone, so
+        the table holds the live replicas and recent history only. Returns the keys deleted."""
+        if self.root is None:
+            return []
+        now = time.time() if now is None else now
+        cutoff = now - float(self.s["replica_row_keep_s"])
+        db = self.agent.store.db
+        rows = db.execute(f"SELECT key FROM migrate_replicas WHERE updated < ? AND state IN "
+                          f"({','.join('?' * len(REPLICA_DONE_STATES))})", (cutoff, *REPLICA_DONE_STATES)).fetchall()
+        gone = []
+        for r in rows:
+            key = str(r["key"])
+            if key in self._taking:
+                continue
+            try:
+                os.lstat(self.root / "checkpoints" / key)
+                continue  # still held (a local job uses it, or it is being removed)
+            except FileNotFoundError:
+                pass
+            except OSError:
+                continue
+            gone.append(key)
+        if gone:
+            with self.agent.store.tx() as tx:
+                for key in gone:
+                    tx.execute("DELETE FROM migrate_replicas WHERE key=? AND updated < ? AND state IN "
+                               f"({','.join('?' * len(REPLICA_DONE_STATES))})", (key, cutoff, *REPLICA_DONE_STATES))
+                    tx.execute("DELETE FROM migrate_retry WHERE key=? AND NOT EXISTS "
+                               "(SELECT 1 FROM migrate_replicas WHERE key=?)", (key, key))
+            self.counts["replica_rows_pruned"] = self.counts.get("replica_rows_pruned", 0) + len(gone)
+        return gone
 
     def _stale_guard_round(self, now: float) -> None:
         """Each guard held here (state ``guarding``, not a take-over) unchanged for
