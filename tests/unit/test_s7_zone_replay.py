@@ -49,10 +49,10 @@ class Tap:
 
 
 async def with_zone(tmp: Path, pools: dict[int, str], body: Callable[[dict[int, ZoneComponent]], Awaitable[T]],
-                    jobs: Callable[[int], Any] | None = None) -> T:
+                    jobs: Callable[[int], Any] | None = None, loan: dict[str, Any] | None = None) -> T:
     """Runs ``body(comps)`` with one real ZoneComponent per node of ``pools`` (node -> pool),
     all in zone 1 on 127.0.0.1, one key, each node's job table ``jobs(node)`` (none by
-    default); stops them after."""
+    default), ``loan`` over the [loan] settings; stops them after."""
     keys = tmp / "zone.keys"
     keys.write_text(f"1 {secrets.token_hex(32)}\n")
     os.chmod(keys, 0o600)
@@ -64,7 +64,7 @@ async def with_zone(tmp: Path, pools: dict[int, str], body: Callable[[dict[int, 
         settings = {"node_id": n, "nodes": nodes, "keys_file": str(keys), "listen": "127.0.0.1", "port": u,
                     "handover_port": t, "cpus": 8, "memory_mb": 8000}
         comps[n] = ZoneComponent(settings=settings, jobs=jobs(n) if jobs else None, gpus=2,
-                                 loan={"elastic_interval_s": 0, "query_timeout_s": 1.0})
+                                 loan={"elastic_interval_s": 0, "query_timeout_s": 1.0, **(loan or {})})
     started = []
     try:
         for c in comps.values():

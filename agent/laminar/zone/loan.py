@@ -78,6 +78,8 @@ STATUS_OK = 0
 STATUS_ERROR = 1
 WORKERS_ENV = "LAMINAR_WORKERS_FILE"  # set by the job manager for elastic jobs
 ANSWER_CACHE = 256  # answers kept for repeated requests (retransmissions)
+# phases of a returned job's move or requeue while it is under way (GET /v1/pool requeues)
+BUSY_PHASES = frozenset({"checkpointing", "migrating", "stopping", "placing"})
 
 
 def config_fields() -> dict[str, Any]:
@@ -114,6 +116,11 @@ except ImportError:  # pragma: no cover - the simulator runs without the agent p
 
 class LoanError(ValueError):
     """A loan request that cannot be done; the message says why and what would be right."""
+
+
+class LoanRefused(LoanError):
+    """A node answered a loan request with an error: it did nothing (as opposed to a node
+    that did not answer, which may have)."""
 
 
 def _dumps(obj: Any) -> bytes:
@@ -368,7 +375,7 @@ class LoanManager:
         except ValueError:
             raise LoanError(f"node {node} answered with something that is not JSON") from None
         if status != STATUS_OK:
-            raise LoanError(f"node {node}: {out.get('error', 'error') if isinstance(out, dict) else out}")
+            raise LoanRefused(f"node {node}: {out.get('error', 'error') if isinstance(out, dict) else out}")
         if not isinstance(out, dict):
             raise LoanError(f"node {node} answered {out!r}, expected an object")
         return out
@@ -395,33 +402,60 @@ class LoanManager:
                 unanswered[n] = str(r)
             else:
                 answers[n] = r
-        plan, where = plan_from_answers(answers, count)
-        by_server: dict[int, dict[str, str]] = {int(s): {} for s in plan.servers}
-        actions = []
-        for a in plan.actions:
-            node, job_id = where[a.job_id]
-            action = a.action
-            by_server[node][job_id] = action
-            actions.append({"node": node, "job": job_id, "action": action, "workers_removed": a.workers_removed})
+        plan, where = plan_from_answers(answers, count)  # too few candidates: LoanError, nothing done
         cand_cost = {n: ln.preemption_cost(
             [ln.LoanedJob(f"n{n}-{j['id']}", int(j["workers"]), int(j["workers"]), float(j["gpw"]), float(j["weight"]),
                           {str(n): int(j["workers"])}) for j in a.get("jobs", [])], [str(n)])
             for n, a in answers.items() if on_loan(a)}
         plan_id = f"{self.zone.rng.getrandbits(32):08x}"
         told: dict[int, Any] = {}
-        rets = await asyncio.gather(*(self.request(n, OP_RETURN, {"plan": plan_id, "actions": acts})
-                                      for n, acts in by_server.items()), return_exceptions=True)
-        for n, r in zip(by_server, rets, strict=True):
-            told[n] = {"error": str(r)} if isinstance(r, BaseException) else r
-        servers = [int(s) for s in plan.servers]
+        refused: dict[int, str] = {}
+        servers: list[int] = []
+        actions: list[dict[str, Any]] = []
+        cost = 0.0
+        short = ""
+        while True:
+            by_server: dict[int, dict[str, str]] = {int(s): {} for s in plan.servers}
+            acts: list[dict[str, Any]] = []
+            for a in plan.actions:
+                node, job_id = where[a.job_id]
+                by_server[node][job_id] = a.action
+                acts.append({"node": node, "job": job_id, "action": a.action, "workers_removed": a.workers_removed})
+            rets = await asyncio.gather(*(self.request(n, OP_RETURN, {"plan": plan_id, "actions": acts_n})
+                                          for n, acts_n in by_server.items()), return_exceptions=True)
+            again = 0
+            for n, r in zip(by_server, rets, strict=True):
+                told[n] = {"error": str(r)} if isinstance(r, BaseException) else r
+                if isinstance(r, LoanRefused):
+                    # it answered no and did nothing (returned already by another reclaim at the
+                    # same time, or not a lender): not a candidate any more, another server goes
+                    refused[n] = str(r)
+                    answers[n] = {**answers[n], "returned": True}
+                    again += 1
+                else:  # returned, or silent (it may have returned: it is not replaced)
+                    servers.append(n)
+                    actions += [x for x in acts if x["node"] == n]
+                    cost += ln.preemption_cost(
+                        [ln.LoanedJob(f"n{n}-{j['id']}", int(j["workers"]), int(j["workers"]), float(j["gpw"]),
+                                      float(j["weight"]), {str(n): int(j["workers"])}) for j in answers[n].get("jobs", [])],
+                        [str(n)])
+            if not again:
+                break
+            try:
+                plan, where = plan_from_answers({n: a for n, a in answers.items() if n not in servers}, again)
+            except LoanError as e:
+                short = f"{again} server(s) short: {e}"
+                break
         out = {"plan": plan_id, "pool": pool, "count": count, "servers": servers,
-               "cost": plan.cost, "actions": actions, "candidates": cand_cost,
-               "unanswered": unanswered, "told": told, "elapsed_ms": round((time.perf_counter() - t0) * 1000, 1)}
+               "cost": cost, "actions": actions, "candidates": cand_cost,
+               "unanswered": unanswered, "told": told, "refused": refused, "short": short,
+               "elapsed_ms": round((time.perf_counter() - t0) * 1000, 1)}
         self.last_plan = out
-        self.zone._emit(f"pool {pool}: returning node(s) {', '.join(map(str, servers))} "
-                        f"(preemption cost {plan.cost:g}, {len(actions)} job(s): "
-                        f"{', '.join(str(a['job']) + '@' + str(a['node']) + ' ' + str(a['action']) for a in actions) or 'none'})",
-                        plan=plan_id, pool=pool, servers=servers, cost=plan.cost, actions=actions)
+        self.zone._emit(f"pool {pool}: returning node(s) {', '.join(map(str, servers)) or 'none'} "
+                        f"(preemption cost {cost:g}, {len(actions)} job(s): "
+                        f"{', '.join(str(a['job']) + '@' + str(a['node']) + ' ' + str(a['action']) for a in actions) or 'none'})"
+                        + (f"; {short}" if short else ""),
+                        plan=plan_id, pool=pool, servers=servers, cost=cost, actions=actions)
         return out
 
     # -- return (the returned server) ----------------------------------------------------------------
@@ -431,6 +465,8 @@ class LoanManager:
         requeued (in the background). Returns what will happen to each lent job."""
         if not self.lends:
             raise LoanError(f"node {self.zone.node_id} is not in the loaning pool {self.s['pool']!r}")
+        if self.returned:  # another reclaim returned it first (a repeat of the same request is answered from the cache)
+            raise LoanError(f"node {self.zone.node_id} was returned already; choose another server")
         self.counts["returns"] += 1
         self.returned = True
         self._save("returned", True)
@@ -438,6 +474,8 @@ class LoanManager:
         asked = req.get("actions", {}) if isinstance(req.get("actions"), dict) else {}
         done: dict[str, str] = {}
         for job in self.lent_jobs():
+            if self.requeues.get(job.id, {}).get("phase") in BUSY_PHASES:
+                continue  # a move or requeue of it runs already (an earlier return): never two
             action = str(asked.get(job.id, "requeue"))
             if action not in ("requeue", "scale_in", "migrate"):
                 action = "requeue"
