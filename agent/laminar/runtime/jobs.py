@@ -21,7 +21,13 @@ or ``POST /v1/jobs``). The `JobManager`:
 5. registers the job with netguard (``register_job(cgroup_id, num, lent)``), stores it in
    SQLite (table ``jobs``), emits ``job`` events, and watches its main process with a pidfd.
 
-When the main process exits, what is left in the cgroup is killed and the cgroups removed.
+When the main process exits, what is left in the cgroup is killed and the cgroups removed, in
+a worker thread (a busy cgroup's removal is retried for about a second per directory, which
+would hold the event loop). A cgroup that cannot be removed (a process that cannot die yet: in
+uninterruptible sleep on hung storage, or frozen by a v1 freezer someone else set) is not
+forgotten: it is recorded as leaked (table ``jobs_leaked_cgroups``, a ``job`` event, the
+metric ``laminar_jobs_leaked_cgroups``), and a sweep every `LEAK_SWEEP_S` seconds, and the next
+agent's start, kills what is left in it and removes it until it is gone.
 
 Jobs survive an agent restart: they run in their own session and cgroups, so a new agent
 re-adopts every stored job whose cgroup still holds processes, watching it by pidfd (its exit
@@ -70,6 +76,10 @@ CPUS_MIN = 0.01  # the kernel's smallest CFS quota: 1 ms per 100 ms period
 # A re-adopted job whose main process is gone (but whose cgroup is not empty) is watched by
 # polling cgroup.events at this interval; POLLPRI on cgroup.events would do too, this is simpler.
 ADOPT_POLL_S = 0.5
+# How often leaked cgroups (a teardown's removal failed) are killed and removed again. A process
+# that could not die (hung storage, a frozen v1 freezer) usually can within minutes; 30 s keeps
+# the retry cheap (one query, one rmdir per leaked directory).
+LEAK_SWEEP_S = 30.0
 # What a job's env values read as to a caller who is neither the job's owner nor root.
 REDACTED = "<redacted>"
 
@@ -97,6 +107,13 @@ SCHEMA = [
         reason TEXT,
         work_lost_s REAL)""",
 ]
+# Cgroups of ended jobs that could not be removed yet: retried by the sweep and at every start.
+SCHEMA.append("""CREATE TABLE IF NOT EXISTS jobs_leaked_cgroups (
+        job_id TEXT PRIMARY KEY,
+        job_class TEXT NOT NULL,
+        since REAL NOT NULL,
+        tries INTEGER NOT NULL,
+        error TEXT NOT NULL)""")
 # Columns added after the first release, with their types (added to an existing table at start).
 LATER_COLUMNS = {"started": "REAL"}
 
@@ -532,10 +549,14 @@ class JobManager:
     def __init__(self, *, store: Any = None, state_dir: Path | str | None = None, cgroup_root: str | None = None,
                  hierarchy: Hierarchy | None = None, events: Any = None, netguard: Any = None,
                  gpus_declared: list[int] | None = None, stop_grace_s: float = STOP_GRACE_S,
-                 grants: Grants | None = None) -> None:
+                 grants: Grants | None = None, leak_sweep_s: float = LEAK_SWEEP_S, metrics: Any = None) -> None:
         self.agent: Any = None
         # who may submit which class and priority through the API (config [grants])
         self.grants = grants
+        self.leak_sweep_s = leak_sweep_s
+        self.metrics = metrics  # a prometheus CollectorRegistry (the agent's, else one of its own)
+        self._leak_gauge: Any = None
+        self._leak_counter: Any = None
         self.store = store
         self.state_dir = Path(state_dir) if state_dir else None
         self.cgroup_root = cgroup_root
@@ -575,6 +596,7 @@ class JobManager:
                 self.gpus_declared = getattr(cfg, "gpus_declared", None)
             self.events = self.events or agent.events
             self.netguard = self.netguard or getattr(agent, "netguard", None)
+            self.metrics = self.metrics or getattr(agent, "metrics", None)
             if self.grants is None:
                 try:
                     section = cfg.section("grants")
@@ -601,10 +623,12 @@ class JobManager:
             if col not in have:
                 with self.store.tx() as db:
                     db.execute(f"ALTER TABLE jobs ADD COLUMN {col} {typ}")
+        self._init_metrics()
         self._emit("job", f"jobs: {self.hierarchy.describe()}; GPUs: {self.inventory.source} "
                    f"{self.inventory.indices} {self.inventory.note}".rstrip(),
                    cgroups=self.hierarchy.mode, gpus=self.inventory.as_dict())
         self._adopt_all()
+        self._spawn_task(self._leak_loop())  # its first sweep runs now: leaks of the previous agent
 
     def _protect_files(self) -> None:
         """The store holds every job's spec, env included: root's alone (0600). SQLite gives
@@ -643,7 +667,88 @@ class JobManager:
             counts[j.state] = counts.get(j.state, 0) + 1
         return {"cgroups": self.hierarchy.as_dict() if self.hierarchy else None,
                 "root": self.cgroup_root, "gpus": self.inventory.as_dict() if self.inventory else None,
-                "jobs": counts, "grants": self.grants.as_dict() if self.grants else None}
+                "jobs": counts, "grants": self.grants.as_dict() if self.grants else None,
+                "leaked_cgroups": self.leaked_cgroups() if self.store is not None else []}
+
+    # -- leaked cgroups ----------------------------------------------------------------------------
+    def _init_metrics(self) -> None:
+        from prometheus_client import CollectorRegistry, Counter, Gauge
+
+        if self._leak_gauge is not None:  # started again (tests): the metrics exist
+            return
+        if self.metrics is None:
+            self.metrics = CollectorRegistry()
+        self._leak_gauge = Gauge("laminar_jobs_leaked_cgroups", "Ended jobs whose cgroups could not be removed yet "
+                                 "(retried by the sweep)", registry=self.metrics)
+        self._leak_counter = Counter("laminar_jobs_cgroups_leaked", "Job cgroups whose removal failed at teardown "
+                                     "(each then retried until gone)", registry=self.metrics)
+        self._leak_gauge.set(len(self.leaked_cgroups()))  # set on every change (never read from the scrape's thread)
+
+    def leaked_cgroups(self) -> builtins.list[dict[str, Any]]:
+        """The leaked cgroups: job_id, job_class, since, tries, error."""
+        return [dict(r) for r in self.store.db.execute("SELECT * FROM jobs_leaked_cgroups ORDER BY since")]
+
+    def _record_leak(self, job: Job, error: str) -> None:
+        """The job's cgroups could not be removed: remember them for the sweep."""
+        with self.store.tx() as db:
+            db.execute("INSERT INTO jobs_leaked_cgroups(job_id, job_class, since, tries, error) VALUES(?, ?, ?, 1, ?) "
+                       "ON CONFLICT(job_id) DO UPDATE SET tries = tries + 1, error = excluded.error",
+                       (job.id, job.spec.job_class, time.time(), error))
+        if self._leak_counter is not None:
+            self._leak_counter.inc()
+            self._leak_gauge.set(len(self.leaked_cgroups()))
+        self._emit("job", f"job {job.id}: its cgroup could not be removed ({error}); kept as leaked and retried "
+                   f"every {self.leak_sweep_s:g} s until it is gone", job=job.id, leaked_cgroup=str(job.cgroup.unified),
+                   error=error)
+
+    async def sweep_leaks(self) -> int:
+        """Kill what is left in each leaked cgroup and remove it (in a worker thread); returns
+        how many are still leaked. A removed one leaves the table with a ``job`` event."""
+        assert self.tree is not None
+        for row in self.leaked_cgroups():
+            try:
+                cg = self.tree.job(row["job_class"], row["job_id"])
+            except CgroupError as e:  # a class this agent no longer has: say so, keep the record
+                log.warning("leaked cgroup of %s: %s", row["job_id"], e)
+                continue
+            try:
+                await asyncio.to_thread(self._kill_and_remove, cg)
+            except CgroupError as e:
+                with self.store.tx() as db:
+                    db.execute("UPDATE jobs_leaked_cgroups SET tries = tries + 1, error = ? WHERE job_id = ?",
+                               (str(e), row["job_id"]))
+                continue
+            with self.store.tx() as db:
+                db.execute("DELETE FROM jobs_leaked_cgroups WHERE job_id = ?", (row["job_id"],))
+            self._emit("job", f"job {row['job_id']}: leaked cgroup removed after {row['tries'] + 1} tries "
+                       f"({time.time() - row['since']:.0f} s)", job=row["job_id"], leaked_cgroup=str(cg.unified),
+                       removed=True)
+        left = len(self.leaked_cgroups())
+        if self._leak_gauge is not None:
+            self._leak_gauge.set(left)
+        return left
+
+    @staticmethod
+    def _kill_and_remove(cg: JobCgroup) -> None:
+        """Blocking (run in a thread): cgroup.kill what is left (a process that could not die
+        before may now), then remove the directories. CgroupError while something remains."""
+        if cg.populated():
+            cg.kill()
+            for _ in range(100):
+                if not cg.populated():
+                    break
+                time.sleep(0.01)
+        cg.remove()
+
+    async def _leak_loop(self) -> None:
+        while True:
+            try:
+                await self.sweep_leaks()
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                log.exception("leaked cgroup sweep failed")
+            await asyncio.sleep(self.leak_sweep_s)
 
     # -- queries -------------------------------------------------------------------------------
     def get(self, job_id: str) -> Job | None:
@@ -860,8 +965,8 @@ class JobManager:
                 pass
             try:
                 cg.remove()
-            except CgroupError:
-                pass
+            except CgroupError as ce:
+                self._record_leak(job, str(ce))
             job.state, job.reason, job.ended, job.wait = "failed", f"start failed: {e}", time.time(), None
             self._persist(job)
             self.jobs.pop(job.id, None)
@@ -1010,16 +1115,20 @@ class JobManager:
         """Kill what is left in the cgroup, wait for it to empty, remove it, unregister, and
         remove the job's workers file (and a temporary one a crash left) if it has one."""
         try:
-            if job.cgroup.exists():
-                if job.cgroup.populated():
-                    job.cgroup.kill()
-                    for _ in range(200):
-                        if not job.cgroup.populated():
-                            break
-                        await asyncio.sleep(0.01)
-                job.cgroup.remove()
+            if job.cgroup.exists() and job.cgroup.populated():
+                job.cgroup.kill()
+                for _ in range(200):
+                    if not job.cgroup.populated():
+                        break
+                    await asyncio.sleep(0.01)
         except CgroupError as e:
             log.warning("job %s: cgroup cleanup: %s", job.id, e)
+        try:
+            # rmdir of a busy directory is retried for ~1 s (cgroups._rmdir_retry): not on the loop
+            await asyncio.to_thread(job.cgroup.remove)
+        except CgroupError as e:
+            log.warning("job %s: cgroup cleanup: %s", job.id, e)
+            self._record_leak(job, str(e))
         if self.netguard is not None:
             try:
                 self.netguard.unregister_job(job.cgroup_id)
@@ -1198,6 +1307,7 @@ class JobManager:
                         job.cgroup.remove()
                 except CgroupError as e:
                     log.warning("job %s: cleanup: %s", job.id, e)
+                    self._record_leak(job, str(e))
                 self._persist(job)
                 self._emit("job", f"job {job.id} {job.state}: {job.reason}", job=job.id, state=job.state)
 
