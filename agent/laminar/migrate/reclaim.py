@@ -2567,6 +2567,7 @@ class ReclaimComponent:
             "SELECT key, src_node, request, updated FROM migrate_replicas WHERE state='guarding' AND updated < ?",
             (now - check,)).fetchall()
         mono = time.monotonic()
+        self._guard_asked = {k: t for k, t in self._guard_asked.items() if mono < t + check}  # the rest may ask again
         for row in rows:
             key = str(row["key"])
             if key in self._taking or key in self._guard_checking or mono < self._guard_asked.get(key, -math.inf) + check:
