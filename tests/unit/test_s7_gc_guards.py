@@ -203,12 +203,18 @@ def test_a_guard_still_needed_is_not_dropped(tmp_path: Path) -> None:
                 assert await until(lambda: answered(buddy), timeout=5)
                 await asyncio.sleep(0.1)
                 assert state(buddy) == "guarding" and held(buddy) == ["ckpt-5"]
-            # a dead source (reclaim notice, then silence): the take-over's, never asked
+            # a silent source (a suspect: it may have left without notice, the guard may be the
+            # job's only way back) and a dead one (its reclaim window ended: the take-over's) are never asked
+            buddy.s["replica_guard_check_s"] = 0.01
             buddy.agent.zone.membership.suspects.add(2)
             buddy._guard_asked.clear()
-            buddy.s["replica_guard_check_s"] = 0.01
             buddy._stale_guard_round(time.time())
             assert not buddy._guard_checking and not buddy._guard_asked
+            buddy.agent.zone.membership.suspects.clear()
+            buddy.notices[2] = (time.time() - 1.0, time.time() - 60.0)
+            buddy._stale_guard_round(time.time())
+            assert not buddy._guard_checking and not buddy._guard_asked
+            assert state(buddy) == "guarding"
 
     run(main())
 
