@@ -1755,6 +1755,8 @@ class ZoneComponent:
             "node": self.node_id, "zone": self.zone, "networked": self.networked,
             "drops": self.decoder.stats() if self.decoder else {},
             "handover_drops": self.tcp_decoder.stats() if self.tcp_decoder else {},
+            "handover_tcp": {"connections": getattr(self.server, "connections", 0),
+                             "refused": getattr(self.server, "refused", 0)},
             "udp": {"sent": getattr(self.endpoint, "sent", 0), "received": getattr(self.endpoint, "received", 0),
                     "send_errors": getattr(self.endpoint, "send_errors", 0)},
             "arbiter": {**self.arbiter.counts, "held": len(self.arbiter.held), "placed": len(self.arbiter.placed)},

@@ -251,11 +251,20 @@ async def handover(
             pass
 
 
+HANDOVER_READING_MAX = 16  # hand-over frames read at once before their MAC is checked
+
+
 class HandoverServer:
     """The TCP end of hand-overs: one frame in, one ack out, per connection.
 
     ``on_handover(msg)`` returns the ack body; frames that fail the wire checks are counted by
     the decoder and the connection is closed without an answer.
+
+    A frame is read whole (up to :data:`wire.MAX_FRAME`) before its MAC can be checked, so at
+    most ``reading_max`` connections are read at once: anyone who reaches the port could
+    otherwise make the agent buffer a MiB per connection it holds open. A connection beyond
+    that is closed at once, unread (counted in ``refused``); a submitter's hand-over then
+    fails and is retried or placed elsewhere.
     """
 
     def __init__(
@@ -266,9 +275,13 @@ class HandoverServer:
         on_handover: Callable[[wire.Message], Awaitable[wire.HandoverAck]],
         clock: Callable[[], float] = time.time,
         timeout_s: float = 10.0,
+        reading_max: int = HANDOVER_READING_MAX,
     ) -> None:
         self.enc = encoder
         self.dec = decoder
+        self.reading_max = reading_max
+        self.reading = 0  # connections whose frame is being read (not yet authenticated)
+        self.refused = 0
         self.zone_of = zone_of
         self.on_handover = on_handover
         self.clock = clock
@@ -287,9 +300,18 @@ class HandoverServer:
 
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         self.connections += 1
+        if self.reading >= self.reading_max:
+            self.refused += 1
+            writer.transport.abort()  # unread: nothing buffered for it
+            return
         try:
-            raw = await asyncio.wait_for(_read_frame(reader, wire.MAX_FRAME), self.timeout_s)
-            msg = self.dec.decode(raw, self.clock())
+            self.reading += 1
+            try:
+                raw = await asyncio.wait_for(_read_frame(reader, wire.MAX_FRAME), self.timeout_s)
+                msg = self.dec.decode(raw, self.clock())
+            finally:
+                self.reading -= 1
+            del raw
             if not isinstance(msg.body, wire.Handover):
                 return
             ack = await self.on_handover(msg)
