@@ -1,4 +1,5 @@
-"""Agent-to-agent checkpoint transfer over TCP: chunked, checksummed, resumable, authenticated.
+"""Agent-to-agent checkpoint transfer over TCP: chunked, checksummed, resumable, authenticated,
+encrypted.
 
 A checkpoint is a directory written by :mod:`laminar.jobkit` (``ckpt-<step>/`` with
 ``MANIFEST.json``). The source agent sends it to the destination agent's transfer endpoint;
@@ -8,13 +9,21 @@ of it, and only a committed checkpoint is ever handed to ``LAMINAR_RESUME_FROM``
 Protocol (one TCP connection; each message is a 4-byte big-endian length, a JSON header, and
 for ``chunk`` the raw bytes the header announces):
 
-1. ``hello {zone, node, nonce_c}`` -> ``challenge {nonce_s, mac_s}`` -> ``auth {mac_c}`` -> ``ok``:
+1. ``hello {v, zone, node, nonce_c}`` -> ``challenge {nonce_s, mac_s}`` -> ``auth {mac_c}`` -> ``ok``:
    mutual HMAC-SHA256 challenge-response with the zone key (:mod:`laminar.zone.keys`), so
-   neither side talks checkpoints with a node outside the zone;
+   neither side talks checkpoints with a node outside the zone. Everything after ``ok``, both
+   ways, travels in AES-256-GCM records (:class:`_Channel`): keys per connection and direction
+   from HKDF-SHA256 of the zone key and both nonces (:func:`derive_keys`), the record's number
+   as nonce; a changed, replayed, reordered or missing record ends the connection, counted in
+   ``STATS.records_rejected``. A peer of another PROTOCOL_VERSION is refused with an error
+   naming both (a zone's agents upgrade together; docs/protocol.md);
 2. ``offer {manifest, mac}``: the *transfer manifest* lists the files (name, size, SHA-256),
    the chunk size and every chunk's SHA-256; its digest is the SHA-256 of its canonical JSON and
    ``mac`` is HMAC(zone key, digest), so the destination knows the manifest, and through it
-   every byte, comes from a zone member. The answer is ``have {chunks}`` (the chunks the
+   every byte, comes from a zone member. The destination first checks its free disk
+   (:func:`offer_room`: the checkpoint, what transfers in progress still lack, a margin) and
+   refuses an offer that does not fit (``error`` with ``reason: no-room``, :class:`NoRoomError`
+   at the sender, fatal: try another destination). The answer is ``have {chunks}`` (the chunks the
    destination already holds, persisted: this is how a transfer resumes after a broken
    connection, a dead sender or a restarted destination) or ``committed`` if it has it all;
 3. ``chunk {i, len}`` + bytes for each missing chunk; the destination checks each against the
