@@ -26,12 +26,14 @@ from types import ModuleType
 from typing import Any
 
 import pytest
+from prometheus_client import CollectorRegistry
 from xferrig import KEY, make_ckpt
 
 from laminar.migrate import transfer
 from laminar.migrate.transfer import (
     STATS,
     Receiver,
+    StatsCollector,
     TransferError,
     latest_verified,
     offer_room,
@@ -196,8 +198,12 @@ def test_a_changed_replayed_dropped_or_reordered_record_fails_the_transfer_count
         return rcv.records_rejected
 
     root = tmp_path / "dst"
+    reg = CollectorRegistry()
+    reg.register(StatsCollector())
+    metric = reg.get_sample_value("laminar_transfer_records_rejected_total")
     assert asyncio.run(_with(root, body)) == 1
     assert STATS.records_rejected - before == 1
+    assert reg.get_sample_value("laminar_transfer_records_rejected_total") == (metric or 0) + 1
     assert latest_verified(root, "j1") is None
     assert list((root / "checkpoints").iterdir()) == []
 

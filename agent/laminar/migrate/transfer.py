@@ -156,6 +156,21 @@ class TransferStats:
 STATS = TransferStats()
 
 
+class StatsCollector:
+    """STATS for a prometheus_client registry (``registry.register(StatsCollector())``):
+    ``laminar_transfer_records_rejected_total`` and
+    ``laminar_transfer_offers_refused_no_room_total``."""
+
+    def collect(self) -> Any:
+        from prometheus_client.core import CounterMetricFamily
+
+        yield CounterMetricFamily("laminar_transfer_records_rejected", "checkpoint-transfer records that failed "
+                                  "authentication (changed, replayed, reordered or dropped on the way); each ended "
+                                  "its connection", value=STATS.records_rejected)
+        yield CounterMetricFamily("laminar_transfer_offers_refused_no_room", "checkpoint offers this agent refused "
+                                  "for lack of disk space", value=STATS.offers_refused_no_room)
+
+
 def mac(key: bytes, label: bytes, *parts: bytes) -> str:
     """HMAC-SHA256 over a domain label and parts (hex): one key, separate meanings."""
     h = hmac.new(key, label, hashlib.sha256)
