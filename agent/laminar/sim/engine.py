@@ -196,9 +196,18 @@ class Simulator:
             self.placer = ProbePlacer(self.nodes, self.rng, members=members)
         else:
             self.placer = BestFitPlacer(self.nodes)
+        for j in jobs:
+            if not (math.isfinite(j.arrival) and j.arrival >= 0 and math.isfinite(j.duration) and j.duration >= 0):
+                raise ValueError(
+                    f"sim: job {j.job_id}: arrival {j.arrival:g} and duration {j.duration:g} must be finite and >= 0"
+                )
+            if j.workers < 1 or not (0 <= j.worker_gpus and math.isfinite(j.worker_gpus)):
+                raise ValueError(f"sim: job {j.job_id}: {j.workers} workers of {j.worker_gpus:g} GPUs")
         self.jobs = {j.job_id: _Job(j, j.duration * E.speedup(j.workers, self.cfg.elastic_overhead)) for j in jobs}
         if len(self.jobs) != len(jobs):
-            raise ValueError("sim: duplicate job ids in the trace")
+            ids = [j.job_id for j in jobs]
+            dup = next(i for i in ids if ids.count(i) > 1)
+            raise ValueError(f"sim: duplicate job id {dup!r} in the trace")
         self.queue: deque[str] = deque()
         self.events: list[tuple[float, int, int, str, int]] = []
         self._seq = 0

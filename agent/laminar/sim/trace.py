@@ -33,9 +33,12 @@ never copy it into the repository).
 from __future__ import annotations
 
 import csv
+import gzip
+import io
 import json
 import math
 import random
+import zlib
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -100,19 +103,57 @@ def default_data_dir() -> Path:
     return Path(__file__).resolve().parents[3].parent / "shared" / "data"
 
 
-def _rows(path: Path, required: Sequence[str]) -> Iterator[tuple[int, dict[str, str]]]:
+def _read_text(path: Path) -> str:
+    """The text of ``path``: gzip-compressed or not, UTF-8 with or without a BOM; CRLF kept
+    for the csv module. Unreadable or non-text files raise :class:`TraceError`."""
     if not path.is_file():
         raise TraceError(path, None, "no such file")
-    with path.open(newline="") as f:
-        reader = csv.DictReader(f)
+    try:
+        raw = path.read_bytes()
+    except OSError as e:
+        raise TraceError(path, None, f"cannot read: {e.strerror or e}") from None
+    if raw[:2] == b"\x1f\x8b":
+        try:
+            raw = gzip.decompress(raw)
+        except (OSError, EOFError, zlib.error) as e:
+            raise TraceError(path, None, f"not a readable gzip file: {e}") from None
+    try:
+        return raw.decode("utf-8-sig")
+    except UnicodeDecodeError as e:
+        raise TraceError(path, None, f"not UTF-8 text (byte {e.start}: {e.reason}); a CSV or JSON trace is") from None
+
+
+def _rows(path: Path, required: Sequence[str]) -> Iterator[tuple[int, dict[str, str]]]:
+    reader = csv.DictReader(io.StringIO(_read_text(path), newline=""))
+    try:
         header = reader.fieldnames or []
-        missing = [c for c in required if c not in header]
-        if missing:
-            raise TraceError(path, 1, f"missing column {', '.join(missing)} (header: {','.join(header)})")
-        for row in reader:
-            if None in row or any(v is None for v in row.values()):
-                raise TraceError(path, reader.line_num, "wrong number of fields")
-            yield reader.line_num, row
+    except csv.Error as e:
+        raise TraceError(path, 1, f"not a CSV header: {e}") from None
+    missing = [c for c in required if c not in header]
+    if missing:
+        raise TraceError(path, 1, f"missing column {', '.join(missing)} (header: {','.join(header)})")
+    while True:
+        try:
+            row = next(reader)
+        except StopIteration:
+            return
+        except csv.Error as e:
+            raise TraceError(path, reader.line_num, f"not CSV: {e}") from None
+        if None in row or any(v is None for v in row.values()):
+            raise TraceError(path, reader.line_num, "wrong number of fields")
+        yield reader.line_num, row
+
+
+def _unique_id(path: Path, line: int, value: str, seen: dict[str, int], what: str = "job id") -> str:
+    """``value`` stripped, checked non-empty and not seen before in this file (``seen`` maps
+    each id to its line)."""
+    v = value.strip()
+    if not v:
+        raise TraceError(path, line, f"empty {what}")
+    if v in seen:
+        raise TraceError(path, line, f"duplicate {what} {v!r} (first on line {seen[v]})")
+    seen[v] = line
+    return v
 
 
 def _num(path: Path, line: int, row: dict[str, str], col: str, *, allow_empty: bool = False) -> float | None:
@@ -141,7 +182,9 @@ def read_openb_pods(path: str | Path) -> list[JobSpec]:
     """Jobs of an ``openb_pod_list_*.csv`` in file order (see the module docs)."""
     p = Path(path)
     jobs: list[JobSpec] = []
+    seen: dict[str, int] = {}
     for line, row in _rows(p, POD_COLUMNS):
+        name = _unique_id(p, line, row["name"], seen)
         cpu = _num(p, line, row, "cpu_milli")
         mem = _num(p, line, row, "memory_mib")
         ngpu = _num(p, line, row, "num_gpu")
@@ -167,7 +210,7 @@ def read_openb_pods(path: str | Path) -> list[JobSpec]:
         worker_gpus = 0.0 if ngpu == 0 else (milli / 1000.0 if ngpu == 1 else float(ngpu))
         jobs.append(
             JobSpec(
-                job_id=row["name"],
+                job_id=name,
                 arrival=created,
                 duration=(deleted - start) if sched is not None else 0.0,
                 workers=1,
@@ -188,7 +231,9 @@ def read_openb_nodes(path: str | Path, pool: str = "training") -> list[NodeSpec]
     """Nodes of an ``openb_node_list_*.csv``; nodes with no GPU are skipped."""
     p = Path(path)
     nodes: list[NodeSpec] = []
+    seen: dict[str, int] = {}
     for line, row in _rows(p, NODE_COLUMNS):
+        sn = _unique_id(p, line, row["sn"], seen, "node sn")
         cpu = _num(p, line, row, "cpu_milli")
         mem = _num(p, line, row, "memory_mib")
         gpu = _num(p, line, row, "gpu")
@@ -197,7 +242,7 @@ def read_openb_nodes(path: str | Path, pool: str = "training") -> list[NodeSpec]
             raise TraceError(p, line, f"gpu {row['gpu']} is not a whole number")
         if gpu == 0:
             continue
-        nodes.append(NodeSpec(row["sn"], int(gpu), cpu / 1000.0, int(mem), row["model"], pool))
+        nodes.append(NodeSpec(sn, int(gpu), cpu / 1000.0, int(mem), row["model"], pool))
     if not nodes:
         raise TraceError(p, None, "no GPU nodes")
     return nodes
@@ -231,14 +276,21 @@ def pollux_run_times(results_dir: str | Path) -> dict[str, float]:
     p = Path(results_dir) / "tiresias-0.5" / "summary.json"
     if not p.is_file():
         raise TraceError(p, None, "no such file (Pollux run times come from the Tiresias results)")
+    text = _read_text(p)
     try:
-        data = json.loads(p.read_text())
+        data = json.loads(text)
         jcts = data["jcts"]
-    except (json.JSONDecodeError, KeyError, TypeError) as e:
+        per_jobs = list(jcts.values())
+        if not all(isinstance(v, dict) for v in per_jobs):
+            raise TypeError("jcts must map each run to {job name: JCT}")
+    except (json.JSONDecodeError, KeyError, TypeError, AttributeError) as e:
         raise TraceError(p, None, f"not a Pollux summary: {e}") from None
     out: dict[str, float] = {}
-    for per_job in jcts.values():
+    for per_job in per_jobs:
         for name, jct in per_job.items():
+            ok = isinstance(jct, int | float) and not isinstance(jct, bool) and math.isfinite(jct) and jct > 0
+            if not ok:
+                raise TraceError(p, None, f"JCT of {name} is {jct!r}; a finite number of seconds > 0 is")
             app = name.rsplit("-", 1)[0]
             out[app] = min(out.get(app, math.inf), float(jct))
     return out
@@ -250,7 +302,9 @@ def read_pollux_workload(path: str | Path, run_times: dict[str, float] | None = 
     if run_times is None:
         run_times = pollux_run_times(p.parent.parent / "results-jobload")
     jobs: list[JobSpec] = []
+    seen: dict[str, int] = {}
     for line, row in _rows(p, POLLUX_COLUMNS):
+        name = _unique_id(p, line, row["name"], seen)
         t = _num(p, line, row, "time")
         r = _num(p, line, row, "num_replicas")
         assert t is not None and r is not None
@@ -259,7 +313,7 @@ def read_pollux_workload(path: str | Path, run_times: dict[str, float] | None = 
         app = row["application"]
         if app not in run_times:
             raise TraceError(p, line, f"application {app!r} has no known run time")
-        jobs.append(JobSpec(row["name"], t, run_times[app], int(r), 1.0, 4.0, 16_384, int(r)))
+        jobs.append(JobSpec(name, t, run_times[app], int(r), 1.0, 4.0, 16_384, int(r)))
     if not jobs:
         raise TraceError(p, None, "no jobs")
     return jobs
@@ -268,19 +322,26 @@ def read_pollux_workload(path: str | Path, run_times: dict[str, float] | None = 
 def read_spot_trace(path: str | Path) -> tuple[float, list[int]]:
     """(gap_seconds, series) of a skypilot spot trace JSON file."""
     p = Path(path)
-    if not p.is_file():
-        raise TraceError(p, None, "no such file")
+    text = _read_text(p)
     try:
-        doc = json.loads(p.read_text())
+        doc = json.loads(text)
         gap = float(doc["metadata"]["gap_seconds"])
-        data = [int(x) for x in doc["data"]]
+        data = doc["data"]
     except (json.JSONDecodeError, KeyError, TypeError, ValueError) as e:
         raise TraceError(p, None, f"not a spot trace ({{metadata: {{gap_seconds}}, data: [...]}}): {e}") from None
-    if gap <= 0:
-        raise TraceError(p, None, f"gap_seconds {gap:g} must be > 0")
-    if any(x < 0 for x in data):
-        raise TraceError(p, None, "negative instance count in data")
-    return gap, data
+    if not (math.isfinite(gap) and gap > 0):
+        raise TraceError(p, None, f"gap_seconds {gap:g} must be a finite number > 0")
+    if not isinstance(data, list):
+        raise TraceError(p, None, f"data must be a list of instance counts, not {type(data).__name__}")
+    if not data:
+        raise TraceError(p, None, "no data")
+    for i, x in enumerate(data):
+        number = isinstance(x, int | float) and not isinstance(x, bool)
+        if not number or not math.isfinite(x) or x != int(x):
+            raise TraceError(p, None, f"data[{i}] {x!r} is not a whole instance count")
+        if x < 0:
+            raise TraceError(p, None, f"data[{i}] {x!r}: negative instance count")
+    return gap, [int(x) for x in data]
 
 
 def departures_from_spot(gap: float, series: Sequence[int], kind: str = "preemption") -> list[float]:
@@ -328,6 +389,8 @@ def rescale_arrivals(jobs: Sequence[JobSpec], capacity_gpus: float, load: float,
         raise ValueError(f"rescale: capacity {capacity_gpus} and load {load} must be > 0")
     ordered = sorted(jobs, key=lambda j: (j.arrival, j.job_id))
     work = sum(max(j.gpus, 0.01) * j.duration for j in ordered)
+    if not (work > 0 and math.isfinite(work)):
+        raise ValueError(f"rescale: the jobs hold no work to re-time (total {work:g} GPU-seconds)")
     rate = len(ordered) * capacity_gpus * load / work  # jobs per second
     rng = random.Random(seed)
     t = 0.0
