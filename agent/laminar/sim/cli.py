@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 from dataclasses import replace
 from pathlib import Path
@@ -56,6 +57,14 @@ def build_scenario(
     Pods still running at the snapshot's end carry the snapshot's end as their deletion time,
     so their durations are censored, not measured: durations are capped at ``max_duration_s``.
     """
+    if not (math.isfinite(load) and load > 0):
+        raise ValueError(f"--load {load:g} must be a finite number > 0 (1.0 offers the pool's capacity)")
+    if max_jobs is not None and max_jobs < 1:
+        raise ValueError(f"--max-jobs {max_jobs} must be >= 1")
+    if inference_nodes is not None and inference_nodes < 0:
+        raise ValueError(f"--inference-nodes {inference_nodes} must be >= 0")
+    if not 0 <= elastic_fraction <= 1:  # also false for NaN
+        raise ValueError(f"--elastic-fraction {elastic_fraction:g} must be in 0..1")
     if trace.is_dir():
         trace = trace / "openb_pod_list_default.csv"
     if trace.name.startswith("workload-"):
@@ -68,6 +77,9 @@ def build_scenario(
         npath = nodes_path or trace.parent / "openb_node_list_gpu_node.csv"
         all_nodes = read_openb_nodes(npath)
         jobs = [replace(p, duration=min(p.duration, max_duration_s)) for p in pods if p.scheduled and p.duration > 0]
+        if not jobs:
+            raise TraceError(trace, None, "no scheduled job with a run time above 0 (scheduled_time set, "
+                             "deletion_time after it); a timed run needs one")
         check_fit(jobs, all_nodes, npath)
         if max_jobs is not None:
             jobs = jobs[:max_jobs]

@@ -1,0 +1,66 @@
+"""Session-7 hunt: `laminarctl sim` options and scenarios that hold no work give exit 2 and a
+message naming the option or file, never a traceback or a silent run (the real CLI, in a
+subprocess, on files written to tmp_path)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from laminar.sim.trace import read_openb_pods, rescale_arrivals
+
+HEADER = "name,cpu_milli,memory_mib,num_gpu,gpu_milli,gpu_spec,qos,pod_phase,creation_time,deletion_time,scheduled_time\n"
+NODES = "sn,cpu_milli,memory_mib,gpu,model\nn1,64000,262144,8,G2\nn2,64000,262144,8,G2\n"
+
+
+def cli(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "laminar.sim.cli", *args, "-o", "json"], capture_output=True, text=True, timeout=60
+    )
+
+
+def openb_dir(tmp_path: Path, pods: str) -> Path:
+    d = tmp_path / "data"
+    d.mkdir()
+    (d / "openb_node_list_gpu_node.csv").write_text(NODES)
+    (d / "openb_pod_list_default.csv").write_text(pods)
+    return d
+
+
+def assert_clear_error(r: subprocess.CompletedProcess[str], needle: str) -> None:
+    assert r.returncode == 2, (r.returncode, r.stderr[-2000:])
+    assert "Traceback" not in r.stderr, r.stderr[-2000:]
+    assert needle in r.stderr, r.stderr
+
+
+def test_trace_with_no_timed_job_is_an_error_not_a_division_by_zero(tmp_path: Path) -> None:
+    """Was: ZeroDivisionError traceback when no pod has a duration (all unscheduled or
+    deleted at their start)."""
+    d = openb_dir(tmp_path, HEADER + "a,1000,100,1,1000,,BE,Running,0,0,0\nb,1000,100,1,1000,,BE,Pending,0,9,\n")
+    assert_clear_error(cli("--trace", str(d)), "no scheduled job with a run time above 0")
+    with pytest.raises(ValueError, match=r"no work"):
+        rescale_arrivals(read_openb_pods(d / "openb_pod_list_default.csv"), 8.0, 1.0, 0)
+
+
+@pytest.mark.parametrize(
+    ("args", "needle"),
+    [
+        (["--load", "0"], "--load 0"),
+        (["--load", "-1"], "--load -1"),
+        (["--load", "inf"], "--load inf"),
+        (["--load", "nan"], "--load nan"),
+        (["--max-jobs", "0"], "--max-jobs 0"),
+        (["--max-jobs", "-1"], "--max-jobs -1"),
+        (["--inference-nodes", "-3"], "--inference-nodes -3"),
+        (["--elastic-fraction", "nan"], "--elastic-fraction nan"),
+    ],
+)
+def test_bad_options_are_named(tmp_path: Path, args: list[str], needle: str) -> None:
+    """Was: ZeroDivisionError tracebacks (--load 0/inf, --max-jobs 0), `cannot convert float
+    NaN to integer` (--load nan), or a silent run (--load -1, --max-jobs -1 ran every job
+    but the last, --inference-nodes -3 ran with none)."""
+    d = openb_dir(tmp_path, HEADER + "a,1000,100,1,1000,,BE,Running,0,100,0\n")
+    assert_clear_error(cli("--trace", str(d), *args), needle)
