@@ -1158,7 +1158,7 @@ class NetTransport:
         m = self.comp.membership.by_node[node]
         assert self.comp.encoder is not None and self.comp.tcp_decoder is not None
         return await handover(self.comp.encoder, self.comp.tcp_decoder, m.zone, m.addr, port or m.handover_port,
-                              body, timeout_s, self.comp.clock, to=node)
+                              body, timeout_s, self.comp.wall, to=node)
 
 
 class ZoneComponent:
@@ -1178,7 +1178,16 @@ class ZoneComponent:
         self.loan: LoanManager
         self._jobs = jobs
         self._gpus = gpus
-        self.clock = clock
+        # ``clock`` is the wall clock: it stamps datagrams and checks theirs (peers compare
+        # wall clocks). Local durations (leases, holds, the age of a summary, when a peer was
+        # last heard) run on ``self.clock``: the wall time at start advanced by the monotonic
+        # clock, so a step of the wall clock (NTP correcting a clock that ran fast, a VM
+        # resumed) neither stretches an offer's lease nor makes an old summary look fresh.
+        # (membership.state[n].last_seen stays a wall-clock time: the migration layer compares
+        # it with time.time(); heard_at is the same moment on self.clock)
+        self.wall = clock
+        wall0, mono0 = clock(), time.monotonic()
+        self.clock: Callable[[], float] = lambda: wall0 + (time.monotonic() - mono0)
         self.agent: Any = None
         self.node_id = 0
         self.networked = False
@@ -1201,7 +1210,7 @@ class ZoneComponent:
         self._tasks: list[asyncio.Task[Any]] = []
         self.history: list[dict[str, Any]] = []
         self.rng = random.Random()
-        self.started = time.time()
+        self.started = self.clock()
         self.gpu_index: list[int] = []
         self.counts: dict[str, int] = {"probes": 0, "handovers": 0, "summaries_sent": 0, "summaries_received": 0,
                                        "zone_summaries_received": 0, "reclaim_notices": 0}
@@ -1263,12 +1272,13 @@ class ZoneComponent:
             from laminar.zone.transport import HandoverServer, UdpEndpoint
 
             loop = asyncio.get_running_loop()
-            self.endpoint = UdpEndpoint(self.membership, self.encoder, self.decoder, self._on_message, self.clock)
+            self.endpoint = UdpEndpoint(self.membership, self.encoder, self.decoder, self._on_message, self.wall,
+                                        local_clock=self.clock)
             self.endpoint.open(loop, s["listen"], int(s["port"]))
             self.server = HandoverServer(self.encoder, self.tcp_decoder,
                                          lambda n: self.membership.by_node[n].zone if n in self.membership.by_node else None,
                                          lambda msg: self.on_handover(msg.node, msg.body),  # type: ignore[arg-type]
-                                         self.clock, float(s["handover_timeout_s"]))
+                                         self.wall, float(s["handover_timeout_s"]))
             try:
                 await self.server.start(s["listen"], s["handover_port"])
             except OSError:
@@ -1493,7 +1503,7 @@ class ZoneComponent:
             return
         if isinstance(body, wire.Heartbeat):
             if msg.flags & wire.FLAG_REPLY_WANTED and self.endpoint is not None:
-                self.endpoint.send(msg.node, wire.Heartbeat(int(time.time() - self.started)))
+                self.endpoint.send(msg.node, wire.Heartbeat(int(self.clock() - self.started)))
             return
         reply = self.handle_request(msg.node, body)
         if reply is not None and self.endpoint is not None:
@@ -1701,7 +1711,7 @@ class ZoneComponent:
                 # in a zone larger than the fan-out a few may speak, still a bounded rate
                 fresh = float(self.s["peer_timeout_s"])
                 heard = [n for n in peers if n == self.node_id
-                         or (self.membership.state[n].last_seen >= 0 and now - self.membership.state[n].last_seen <= fresh)]
+                         or (self.membership.state[n].heard_at >= 0 and now - self.membership.state[n].heard_at <= fresh)]
                 if heard and min(heard) == self.node_id:
                     zmsg = zone_summary_to_msg(self.own_zone_summary(now), self.own_zone_mix(now))
                     for z in self.membership.zones():

@@ -305,8 +305,8 @@ class LoanManager:
 
     def state(self) -> dict[str, Any]:
         """This node's loan state and lent jobs (the answer to a query)."""
-        now = time.time()
-        free = sum(1 for f in self.zone.arbiter.view(now).gpu_free if f >= 1.0 - pl.EPS)
+        now = time.time()  # a job's times are wall-clock times; the arbiter's are the zone's clock
+        free = sum(1 for f in self.zone.arbiter.view(self.zone.clock()).gpu_free if f >= 1.0 - pl.EPS)
         return {"node": self.zone.node_id, "pool": self.pool, "load": self.load, "loanable": self.loanable,
                 "returned": self.returned, "lends": self.lends, "free_gpus": free,
                 "jobs": [job_row(j, now, float(self.s["restart_s"])) for j in self.lent_jobs()],

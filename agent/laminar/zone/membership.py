@@ -52,6 +52,7 @@ class Member:
 @dataclass
 class PeerState:
     last_seen: float = -1.0  # wall clock of the last authenticated datagram; -1: never
+    heard_at: float = -1.0  # the same on the receiver's local (stepless) clock, for ages; -1: never
     misses: int = 0
     rx: int = 0
     tx: int = 0
@@ -103,11 +104,14 @@ class Membership:
     def zones(self) -> list[int]:
         return sorted(self.by_zone)
 
-    def seen(self, node: int, now: float) -> None:
-        """An authenticated datagram came from ``node``."""
+    def seen(self, node: int, now: float, local: float | None = None) -> None:
+        """An authenticated datagram came from ``node`` at wall-clock time ``now``; ``local``:
+        the same moment on the clock that ages are measured with (default ``now``), which a
+        step of the wall clock does not move (ZoneComponent.clock)."""
         st = self.state.get(node)
         if st is not None:
             st.last_seen = now
+            st.heard_at = now if local is None else local
             st.misses = 0
             st.rx += 1
             self.suspects.discard(node)
@@ -145,7 +149,8 @@ class Membership:
         return out
 
     def peers(self, now: float) -> list[dict[str, Any]]:
-        """One row per member for ``laminarctl zone peers``."""
+        """One row per member for ``laminarctl zone peers`` (``now`` on the clock of ``seen``'s
+        ``local``)."""
         rows = []
         for n, m in sorted(self.by_node.items()):
             st = self.state[n]
@@ -158,7 +163,7 @@ class Membership:
                     "owner": m.owner,
                     "self": n == self.self_node,
                     "alive": n == self.self_node or self.alive(n, now),
-                    "last_seen_s": round(now - st.last_seen, 3) if st.last_seen >= 0 else None,
+                    "last_seen_s": round(now - st.heard_at, 3) if st.heard_at >= 0 else None,
                     "misses": st.misses,
                     "rx": st.rx,
                     "tx": st.tx,

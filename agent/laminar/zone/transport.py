@@ -95,7 +95,9 @@ class UdpEndpoint:
     The socket is read straight from the event loop's reader callback, draining up to
     :data:`READ_BATCH` datagrams per wake-up (asyncio's datagram transport reads one per loop
     iteration, which costs a poll per datagram at thousands a second), with a 4 MiB receive
-    buffer to ride out bursts. ``on_message(msg, addr)`` runs synchronously in the loop and
+    buffer to ride out bursts. ``clock`` (the wall clock) stamps and checks datagrams;
+    ``local_clock`` (default: the same) tells the membership when a peer was heard.
+    ``on_message(msg, addr)`` runs synchronously in the loop and
     must not block. Drops are counted by the decoder (``decoder.stats()``); send errors (a
     peer's host down: ICMP unreachable, a full buffer) are counted, never raised.
     """
@@ -107,12 +109,14 @@ class UdpEndpoint:
         decoder: wire.Decoder,
         on_message: Callable[[wire.Message, tuple[str, int]], None],
         clock: Callable[[], float] = time.time,
+        local_clock: Callable[[], float] | None = None,
     ) -> None:
         self.m = membership
         self.enc = encoder
         self.dec = decoder
         self.on_message = on_message
-        self.clock = clock
+        self.clock = clock  # the wall clock: datagram timestamps
+        self.local_clock = local_clock or clock  # when a peer was heard, for ages (membership.seen)
         self.sock: socket.socket | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self.sent = 0
@@ -171,7 +175,7 @@ class UdpEndpoint:
             if log.isEnabledFor(logging.DEBUG):
                 log.debug("dropped datagram from %s: %s", addr, e)
             return
-        self.m.seen(msg.node, now)
+        self.m.seen(msg.node, now, now if self.local_clock is self.clock else self.local_clock())
         try:
             self.on_message(msg, addr)
         except Exception:  # a handler bug must not take the endpoint down
