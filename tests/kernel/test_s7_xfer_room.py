@@ -50,6 +50,9 @@ def test_an_offer_larger_than_the_free_space_is_refused_naming_the_bytes_and_one
         rcv = Receiver(tiny_fs, KEY)
         port = await rcv.start("127.0.0.1", 0)
         try:
+            st = os.statvfs(tiny_fs)
+            margin = int(st.f_blocks * st.f_frsize * 0.05)
+            assert 0 < rcv.free_for_offers() <= st.f_bavail * st.f_frsize - margin
             with pytest.raises(NoRoomError) as e:
                 await send_checkpoint("127.0.0.1", port, big, "j1", KEY, retries=5, retry_delay_s=0.05)
             refused = rcv.refused_no_room
@@ -79,7 +82,9 @@ def test_a_transfer_in_progress_keeps_its_bytes_reserved(tmp_path: Path, tiny_fs
         slow = asyncio.create_task(send_checkpoint("127.0.0.1", port, first, "ja", KEY, chunk_size=256 << 10,
                                                    rate_bps=12e6, retries=0))
         try:
+            idle = rcv.free_for_offers()
             assert await until(lambda: bool(rcv._active), timeout=20)
+            assert rcv.free_for_offers() < idle  # what the first one lacks is not free for offers
             with pytest.raises(NoRoomError) as e:  # 7 + 4 (commit block) + 0.8 (margin) fits alone in 16
                 await send_checkpoint("127.0.0.1", port, second, "jb", KEY, retries=0)
             res = await slow  # the first is not disturbed by the refusal

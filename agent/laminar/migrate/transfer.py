@@ -1062,13 +1062,23 @@ class Receiver:
         await _send(w, {"t": "ok"})  # the last message in the clear
         return str(hdr.get("node", "")), key, nc, ns
 
+    def free_for_offers(self) -> int:
+        """Bytes an offer may take now without being refused for room (before its 4 MiB commit
+        block): the receive root's free space less what transfers in progress still lack and
+        the margin; 0 at least. What a ``space`` answer should say. Raises OSError."""
+        r = offer_room(0, 0, self._reserved(None), *self._fs())
+        return max(0, r.avail - r.need)
+
+    def _fs(self) -> tuple[int, int, int | None]:
+        st = os.statvfs(self.root / "incoming")
+        return st.f_blocks * st.f_frsize, st.f_bavail * st.f_frsize, self.margin_bytes
+
+    def _reserved(self, mine: tuple[str, str] | None) -> int:
+        return sum(max(0, total - _allocated(p)) for k, (p, total) in self._active.items() if k != mine)
+
     def _room(self, m: Manifest, partial: Path) -> Room:
         """What accepting ``m`` takes from the receive root's filesystem, measured now."""
-        st = os.statvfs(self.root / "incoming")
-        mine = (m.job_id, m.ckpt_id)
-        reserved = sum(max(0, total - _allocated(p)) for k, (p, total) in self._active.items() if k != mine)
-        return offer_room(m.total_bytes, _allocated(partial), reserved, st.f_blocks * st.f_frsize,
-                          st.f_bavail * st.f_frsize, self.margin_bytes)
+        return offer_room(m.total_bytes, _allocated(partial), self._reserved((m.job_id, m.ckpt_id)), *self._fs())
 
     async def _receive(self, ch: _Channel, m: Manifest, node: str, key: bytes, ns: bytes) -> None:
         final = self.final_dir(m.job_id, m.ckpt_id)
