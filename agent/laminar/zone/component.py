@@ -1017,6 +1017,12 @@ class Submitter:
         """Remember an offer left unused while its lease runs (bounded: BOUND_MEMORY nodes)."""
         if left_s <= 0:
             return
+        held = self._unused.get(node)
+        if held is not None and len(held) >= 2 * wire.MAX_PROBE_RELEASES:
+            # a probe releases the last MAX_PROBE_RELEASES ids: the oldest go (they lapse)
+            now = self.clock()
+            for p in [p for p, t in held.items() if t <= now] or list(held)[:len(held) - wire.MAX_PROBE_RELEASES]:
+                del held[p]
         if len(self._unused) >= BOUND_MEMORY and node not in self._unused:
             now = self.clock()
             for n in [n for n, m in self._unused.items() if all(t <= now for t in m.values())]:
@@ -1487,7 +1493,9 @@ class ZoneComponent:
             return
         if isinstance(body, wire.ZoneSummaryMsg):
             self.counts["zone_summaries_received"] += 1
-            if body.zone != self.zone:
+            # a zone's summary comes from a member of that zone (its speaker); one a node sends
+            # for another zone is not believed (nor kept: zone ids are the sender's choice)
+            if body.zone != self.zone and body.zone == self.membership.by_node[msg.node].zone:
                 z = msg_to_zone_summary(body, self.clock())
                 if z is not None:
                     self.zone_summaries[body.zone] = z
