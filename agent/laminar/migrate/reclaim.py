@@ -610,6 +610,11 @@ class ReclaimComponent:
         self.hazards["default"] = base.merged(self.seen["default"])
         self._evidence_saved = time.monotonic()
         self.root = agent.config.state_dir / "xfer"
+        # Root's alone: replicas, holders' copies and outgoing snapshots are other users' jobs'
+        # checkpoints (the state directory is 0711 so a job can reach its own ckpt/<job>; a
+        # version before this one left this directory 0755 and its files 0644).
+        self.root.mkdir(parents=True, exist_ok=True)
+        os.chmod(self.root, 0o700)
         self.receiver = Receiver(self.root, self._key_lookup, on_commit=self._on_commit, on_progress=self._on_rx_progress,
                                  on_control=self._on_control)
         zone = getattr(agent, "zone", None)
@@ -1167,6 +1172,16 @@ class ReclaimComponent:
         a = str(self.s.get("archive_dir") or "")
         return Path(a) if a else None
 
+    @staticmethod
+    def _archive_key_dir(root: Path, key: str) -> Path:
+        """``root/key``, made if missing, root's alone (0700): its records carry the job's request
+        (env values included) and its checkpoints are a user's; the archive is shared storage that
+        other users on the zone's nodes may reach."""
+        d = root / key
+        d.mkdir(parents=True, exist_ok=True)
+        os.chmod(d, 0o700)
+        return d
+
     def _archived(self, key: str) -> bool:
         root = self._archive_root()
         return root is not None and (root / key).is_dir() and any((root / key).glob("*.json"))
@@ -1184,8 +1199,7 @@ class ReclaimComponent:
         name, fsync, rename): the archived checkpoint's path. Raises OSError/CheckpointError."""
         root = self._archive_root()
         assert root is not None
-        d = root / key
-        d.mkdir(parents=True, exist_ok=True)
+        d = self._archive_key_dir(root, key)
         dst_dir = self._publish_copy(ckpt, d)
         taken = any(d.glob("claimed-*.json")) or any(d.glob("running-*.json"))
         old_live = d / f".live-{self.node_id}-{time.monotonic_ns()}.old"
@@ -1249,8 +1263,7 @@ class ReclaimComponent:
         (a corrupt copy is removed, never published)."""
         root = self._archive_root()
         assert root is not None
-        d = root / key
-        d.mkdir(parents=True, exist_ok=True)
+        d = self._archive_key_dir(root, key)
 
         def stopped() -> bool:
             return ((d / "guard.json").exists() or any(d.glob("claimed-*.json"))

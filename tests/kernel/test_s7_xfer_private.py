@@ -1,0 +1,106 @@
+"""Checkpoint replicas on a node are root's alone.
+
+The agent's state directory is 0711 (a job running as its user must reach its own
+``ckpt/<job>``), so every directory below it decides for itself who may look. ``xfer/`` holds
+other users' checkpoints (buddies' replicas, holders' copies, outgoing snapshots): a real other
+user must not read them, also when an older version left the directory open.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import stat
+import tempfile
+from pathlib import Path
+
+import pytest
+from agentproc import AgentProc
+from test_s7_jobs_users import User, local_user
+
+pytestmark = pytest.mark.kernel
+
+
+def _read_as(user: User, path: Path) -> str:
+    """'read' when `user` could open `path`, else the errno name, from a child that dropped to it."""
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        out = b"?"
+        try:
+            os.close(r)
+            os.setgroups(list(user.groups))
+            os.setgid(user.gid)
+            os.setuid(user.uid)
+            try:
+                with open(path, "rb") as fh:
+                    fh.read(1)
+                out = b"read"
+            except OSError as e:
+                out = (os.strerror(e.errno) if e.errno else str(e)).encode()
+        finally:
+            os.write(w, out)
+            os._exit(0)
+    os.close(w)
+    with os.fdopen(r, "rb") as f:
+        got = f.read().decode()
+    os.waitpid(pid, 0)
+    return got
+
+
+def test_replicas_are_not_readable_by_other_users(veth_pair) -> None:
+    # pytest's tmp_path is under a 0700 directory: the other user could read nothing there anyway
+    tmp = Path(tempfile.mkdtemp(prefix="lm-s7-xfer-"))
+    os.chmod(tmp, 0o711)
+    a = AgentProc(tmp, veth_pair.ifname_a, veth_pair.a)
+    # what an older version left: an open xfer/ with a replica readable by all
+    replica = a.state_dir / "xfer" / "checkpoints" / "k-s7" / "ckpt-1" / "weights.pt"
+    replica.parent.mkdir(parents=True)
+    os.chmod(a.state_dir, 0o711)
+    for d in (a.state_dir / "xfer", a.state_dir / "xfer" / "checkpoints", replica.parent.parent, replica.parent):
+        os.chmod(d, 0o755)
+    replica.write_bytes(b"secret weights")
+    os.chmod(replica, 0o644)
+    with local_user("xfer") as other:
+        assert _read_as(other, replica) == "read"  # the setup really is open
+        try:
+            a.start()
+            mode = stat.S_IMODE(os.stat(a.state_dir / "xfer").st_mode)
+            assert mode & 0o077 == 0, f"xfer/ is {mode:o}"
+            assert _read_as(other, replica) == os.strerror(13)  # EACCES
+            assert replica.read_bytes() == b"secret weights"  # nothing of the node's own data lost
+        finally:
+            a.cleanup()
+            shutil.rmtree(tmp, ignore_errors=True)
+
+
+def test_archived_records_and_checkpoints_are_root_s_alone(tmp_path: Path) -> None:
+    """The archive (shared storage) holds the job's request, env values included, and its
+    checkpoint: a real other user reaching the archive reads neither, even where an older version
+    left the job's directory open."""
+    from types import SimpleNamespace
+
+    from laminar.jobkit import Checkpointer
+    from laminar.migrate.reclaim import LIVE_RECORD, ReclaimComponent
+
+    arch = Path(tempfile.mkdtemp(prefix="lm-s7-arch-"))
+    try:
+        os.chmod(arch, 0o755)  # an NFS mount every user of the node can reach
+        (arch / "k-old").mkdir(mode=0o755)
+        os.chmod(arch / "k-old", 0o755)
+        c = ReclaimComponent()
+        c.agent = SimpleNamespace(zone=SimpleNamespace(node_id=1))
+        c.s = {"archive_dir": str(arch), "prestage_unannounced": 0.02}
+        job = Checkpointer(job_id="j1", ckpt_dir=tmp_path / "ck", install_signal=False, keep=3)
+        record = {"key": "k", "src_node": 1, "src_job": "job-1", "buddy": 2, "periodic": True,
+                  "request": {"spec": {"env": {"HF_TOKEN": "lm-s7-token"}}}}
+        with local_user("arch") as other:
+            for key in ("k-new", "k-old"):
+                d = c.archive_live(key, job.save(b"weights", step=5), {**record, "key": key})
+                assert d is not None
+                os.chmod(d / "state.bin", 0o644)  # even a copy whose files are open
+                assert _read_as(other, d.parent / LIVE_RECORD) == os.strerror(13), key
+                assert _read_as(other, d / "state.bin") == os.strerror(13), key
+                assert "lm-s7-token" in (d.parent / LIVE_RECORD).read_text()  # root (every agent) still can
+    finally:
+        shutil.rmtree(arch, ignore_errors=True)
