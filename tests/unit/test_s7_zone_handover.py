@@ -5,6 +5,7 @@ test_loan_component (the real JobManager needs root and cgroups)."""
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import json
 import shutil
@@ -141,3 +142,42 @@ def test_a_hand_over_onto_the_grant_of_an_elastic_job_frozen_since_the_offer_goe
         assert isinstance(again, wire.Offer) and [i for i, _ in again.gpu_alloc] == [1]
 
     run(comp, check)
+
+
+def test_a_job_that_started_is_answered_ok_even_when_its_record_cannot_be_written(tmp_path: Path) -> None:
+    """The hand-over started the job, then recording the placement in the agent's database
+    failed (here: another connection holds the real SQLite database's write lock past the
+    busy timeout, 'database is locked'). The answer was an error, so the submitter placed the
+    job on another node as well: two copies. The job runs: the answer is its id."""
+    import sqlite3
+
+    from laminar.store import Store
+
+    jobs = SubmittingJobs(tmp_path / "state")
+    comp = make_comp(tmp_path, pool="training", jobs=jobs, gpus=1)
+    store = Store(tmp_path / "laminar.db")
+    blocker = sqlite3.connect(str(tmp_path / "laminar.db"), isolation_level=None)
+
+    async def go() -> None:
+        await comp.start(SimpleNamespace(store=store))
+        try:
+            pid = 0x8181
+            offer = comp.handle_request(2, demand_to_probe(pl.Demand(gpus=1), pid, 30.0))
+            assert isinstance(offer, wire.Offer)
+            blocker.execute("BEGIN IMMEDIATE")  # the write lock, held
+            try:
+                body = wire.Handover(pid, json.dumps({"spec": {"command": ["sleep", "1"]}}).encode())
+                ack = await comp.on_handover(2, body)
+            finally:
+                blocker.execute("ROLLBACK")
+            assert list(jobs.jobs) == ["j1"]  # the job started
+            assert ack.status == HANDOVER_OK and ack.text == "j1", ack
+            assert comp.arbiter.placed[pid].job_id == "j1"  # its capacity stays taken
+        finally:
+            await comp.stop()
+
+    try:
+        asyncio.run(go())
+    finally:
+        blocker.close()
+        store.close()

@@ -1619,9 +1619,14 @@ class ZoneComponent:
             log.exception("placement %x: job start failed", pid)
             return wire.HandoverAck(pid, HANDOVER_ERROR, f"job start failed: {e}")
         p.job_id = job.id
-        self._store_placed(p)
-        self._emit(f"placed job {job.id} from node {sender}", job=job.id, placement=f"{pid:016x}", submitter=sender,
-                   gpu_alloc=[list(a) for a in p.reservation.gpu_alloc])
+        # the job runs: whatever fails from here on, the answer is its id (an error would have
+        # the submitter place it elsewhere as well: two copies)
+        try:
+            self._store_placed(p)  # lost: after a restart its capacity counts as a local job's
+            self._emit(f"placed job {job.id} from node {sender}", job=job.id, placement=f"{pid:016x}",
+                       submitter=sender, gpu_alloc=[list(a) for a in p.reservation.gpu_alloc])
+        except Exception:
+            log.exception("placement %x: job %s started, but recording it failed", pid, job.id)
         return wire.HandoverAck(pid, HANDOVER_OK, job.id)
 
     # -- summaries ---------------------------------------------------------------------------------
