@@ -63,8 +63,16 @@ class HazardError(ValueError):
 
 
 def hour_of_week(ts: float) -> int:
-    """Hour of the week (0..167, Monday 00:00 UTC = 0) of a Unix timestamp."""
+    """Hour of the week (0..167, Monday 00:00 UTC = 0) of a Unix timestamp; HazardError when
+    ``ts`` is not a finite number."""
+    _check_time("timestamp", ts)
     return (math.floor(ts / 3600.0) + _EPOCH_HOUR_OFFSET) % HOURS_PER_WEEK
+
+
+def _check_time(name: str, v: float) -> float:
+    if not isinstance(v, (int, float)) or isinstance(v, bool) or not math.isfinite(v):
+        raise HazardError(f"hazard: {name} must be a finite number of Unix seconds, got {v!r}")
+    return float(v)
 
 
 def _check_pos(name: str, v: float, allow_zero: bool = False) -> float:
@@ -109,7 +117,10 @@ class HazardModel:
 
     def observe_exposure(self, t0: float, t1: float, nodes: float = 1.0) -> None:
         """Records that ``nodes`` nodes of this provider were up (and could have been taken back)
-        from ``t0`` to ``t1`` (Unix seconds). Raises HazardError if t1 < t0 or nodes < 0."""
+        from ``t0`` to ``t1`` (Unix seconds). Raises HazardError if t1 < t0, either is not
+        finite, or nodes < 0."""
+        if not all(isinstance(v, (int, float)) and math.isfinite(v) for v in (t0, t1)):
+            raise HazardError(f"hazard: exposure bounds must be finite Unix seconds, got {t0!r} .. {t1!r}")
         if t1 < t0:
             raise HazardError(f"hazard: exposure ends before it starts ({t0!r} .. {t1!r})")
         _check_pos("nodes", nodes, allow_zero=True)
@@ -168,7 +179,9 @@ class HazardModel:
 
     def cumulative_hazard(self, t0: float, t1: float) -> float:
         """Integral of the rate from ``t0`` to ``t1`` (expected departures of one node), exact
-        over the hour bins. Raises HazardError if t1 < t0."""
+        over the hour bins. Raises HazardError if t1 < t0 or either is not finite."""
+        _check_time("interval start", t0)
+        _check_time("interval end", t1)
         if t1 < t0:
             raise HazardError(f"hazard: interval ends before it starts ({t0!r} .. {t1!r})")
         rates = self.rates_per_h()
@@ -351,14 +364,14 @@ def load_spot_trace(path: str | Path, start_ts: float | None = None) -> SpotTrac
     trace, or when no start time is given and the directory names no date."""
     p = Path(path)
     try:
-        doc = json.loads(p.read_text())
-    except (OSError, json.JSONDecodeError) as e:
+        doc = json.loads(p.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
         raise HazardError(f"hazard: cannot read spot trace {p}: {e}") from None
     if not isinstance(doc, dict) or "data" not in doc or "metadata" not in doc:
         raise HazardError(f"hazard: {p} is not a spot trace: expected an object with 'metadata' and 'data'")
     gap = doc["metadata"].get("gap_seconds") if isinstance(doc["metadata"], dict) else None
-    if not isinstance(gap, (int, float)) or isinstance(gap, bool) or gap <= 0:
-        raise HazardError(f"hazard: {p}: metadata.gap_seconds must be a positive number, got {gap!r}")
+    if not isinstance(gap, (int, float)) or isinstance(gap, bool) or not math.isfinite(gap) or gap <= 0:
+        raise HazardError(f"hazard: {p}: metadata.gap_seconds must be a finite number > 0, got {gap!r}")
     data = doc["data"]
     if not isinstance(data, list) or not data:
         raise HazardError(f"hazard: {p}: 'data' must be a non-empty list")
