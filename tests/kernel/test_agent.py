@@ -262,6 +262,9 @@ def test_ready_notification_and_metrics(veth_pair: Any, tmp_path: Path) -> None:
                               "import urllib.request;print(urllib.request.urlopen('http://127.0.0.1:19477/metrics').read().decode())")
         assert 'laminar_events_total{kind="agent"}' in out.stdout
         assert "laminar_agent_start_time_seconds" in out.stdout
+        # the checkpoint transfer's counts (records failing authentication, offers refused for room)
+        assert "laminar_transfer_records_rejected_total 0.0" in out.stdout
+        assert "laminar_transfer_offers_refused_no_room_total 0.0" in out.stdout
     finally:
         os.environ.pop("NOTIFY_SOCKET", None)
         listener.close()

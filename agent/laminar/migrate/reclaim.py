@@ -217,6 +217,7 @@ from laminar.migrate.transfer import (
     Flow,
     Progress,
     Receiver,
+    StatsCollector,
     TransferError,
     latest_verified,
     send_checkpoint,
@@ -617,6 +618,10 @@ class ReclaimComponent:
         os.chmod(self.root, 0o700)
         self.receiver = Receiver(self.root, self._key_lookup, on_commit=self._on_commit, on_progress=self._on_rx_progress,
                                  on_control=self._on_control)
+        metrics = getattr(agent, "metrics", None)
+        if metrics is not None:
+            with contextlib.suppress(ValueError):  # the counts are process-wide: registered once per registry
+                metrics.register(StatsCollector())
         zone = getattr(agent, "zone", None)
         networked = bool(zone is not None and zone.networked)
         host = self.s["listen"] or (zone.s["listen"] if zone is not None and networked else "127.0.0.1")
@@ -2688,8 +2693,10 @@ class ReclaimComponent:
             return {"guarding": key}
         if op == "space":  # may this node hold a checkpoint? (storage holders, _hold)
             assert self.root is not None
-            self.root.mkdir(parents=True, exist_ok=True)
-            free = shutil.disk_usage(self.root).free - float(self.s["holder_reserve_mb"]) * (1 << 20)
+            assert self.receiver is not None
+            # what an offer may take now (the free space less what transfers in progress still
+            # lack and the receiver's margin), less what this node keeps for itself as a holder
+            free = self.receiver.free_for_offers() - float(self.s["holder_reserve_mb"]) * (1 << 20)
             return {"free_bytes": max(0.0, free)}
         if op == "release":
             key = str(body["key"])
