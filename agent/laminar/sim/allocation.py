@@ -60,6 +60,7 @@ In Laminar the mix would travel in the zone summaries.
 
 from __future__ import annotations
 
+import math
 import random
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -121,12 +122,25 @@ class AllocationResult:
 
 
 def inflate(pods: Sequence[JobSpec], capacity_gpus: float, ratio: float, rng: random.Random) -> list[JobSpec]:
-    """The pod list tuned to ``ratio`` x capacity and shuffled (see the module docs)."""
+    """The pod list tuned to ``ratio`` x capacity and shuffled (see the module docs).
+
+    Raises ValueError when ``ratio`` or ``capacity_gpus`` is not a finite number > 0, when
+    ``pods`` is empty, or when more pods are needed and none asks for a GPU (drawing them
+    would never reach the target)."""
+    if not (math.isfinite(ratio) and ratio > 0):
+        raise ValueError(f"allocation: ratio {ratio!r} must be a finite number > 0 (1.3: the FGD experiment)")
+    if not (math.isfinite(capacity_gpus) and capacity_gpus > 0):
+        raise ValueError(f"allocation: capacity {capacity_gpus!r} GPUs must be a finite number > 0")
+    if not pods:
+        raise ValueError("allocation: no pods to draw from")
     out = list(pods)
     total = sum(p.gpus for p in out)
     target = ratio * capacity_gpus
     i = 0
     if total < target:
+        if not any(p.gpus > 0 for p in pods):
+            raise ValueError(f"allocation: no pod asks for a GPU ({len(pods)} CPU-only pods), so no number of "
+                             f"them reaches {ratio:g} x {capacity_gpus:g} GPUs")
         while True:
             p = pods[rng.randrange(len(pods))]
             if total + p.gpus > target:
