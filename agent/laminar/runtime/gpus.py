@@ -131,10 +131,15 @@ def discover(declared: Iterable[int] | None) -> GpuInventory:
 
 def allocate(inventory: GpuInventory, used: Iterable[int], want: int | list[int]) -> list[int]:
     """Pick GPU indices for a job: `want` is a count (lowest free indices first) or explicit
-    indices. Raises ValueError naming what is missing or busy."""
+    indices (each at most once). Raises ValueError naming what is missing, busy or malformed
+    (a count below 0 or not a whole number, an index listed twice)."""
     busy = set(used)
     have = inventory.indices
+    if isinstance(want, bool) or (not isinstance(want, int) and not isinstance(want, list)):
+        raise ValueError(f"gpus: a count must be a whole number >= 0, got {want!r}")
     if isinstance(want, int):
+        if want < 0:
+            raise ValueError(f"gpus: a count must be a whole number >= 0, got {want!r}")
         if want == 0:
             return []
         free = [i for i in have if i not in busy]
@@ -142,6 +147,9 @@ def allocate(inventory: GpuInventory, used: Iterable[int], want: int | list[int]
             where = f"{inventory.source}: {len(have)} GPUs" if have else inventory.note or "no GPUs found"
             raise ValueError(f"gpus: asked for {want}, only {len(free)} free ({where}; busy: {sorted(busy) or 'none'})")
         return free[:want]
+    twice = sorted({i for i in want if want.count(i) > 1})
+    if twice:
+        raise ValueError(f"gpus: indices {twice} listed more than once (a GPU goes to a job once)")
     missing = [i for i in want if i not in have]
     if missing:
         raise ValueError(f"gpus: indices {missing} do not exist on this node (have {have or 'none'}; "
