@@ -69,3 +69,25 @@ def test_two_reclaims_at_once_return_two_servers_and_requeue_each_job_once(tmp_p
 
     asyncio.run(with_zone(tmp_path, {1: "inference", 2: "inference", 3: "training", 4: "training"}, body,
                           jobs=tables.get, loan={"ckpt_wait_s": 0.5}))
+
+
+def test_the_return_of_a_server_with_many_lent_jobs_is_answered(tmp_path: Path) -> None:
+    """The returned server answers with what happens to each lent job. With 80 lent jobs
+    (CPU-only or GPU shares: many fit one node) that answer did not fit one datagram: it was
+    never sent, and the coordinator reported that the server did not answer, though it had
+    returned itself and requeued every job."""
+    tables = {n: RequeueJobs(tmp_path / f"state{n}") for n in (1, 2)}
+    for i in range(80):
+        job = LentJob(f"job-{1000 + i}", JobSpec(["sleep", "1"], lent=True).validate(), [], created=time.time())
+        tables[1].jobs[job.id] = job
+
+    async def body(comps: dict[int, ZoneComponent]) -> None:
+        out = await comps[2].loan.reclaim("inference", 1)
+        assert out["servers"] == [1] and comps[1].loan.returned
+        told = out["told"][1]
+        assert told.get("returned") is True, told
+        assert told.get("jobs_folded", len(told["jobs"])) == 80
+        assert comps[1].endpoint.send_errors == 0
+
+    asyncio.run(with_zone(tmp_path, {1: "inference", 2: "training"}, body, jobs=tables.get,
+                          loan={"ckpt_wait_s": 0.1}))

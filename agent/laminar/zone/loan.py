@@ -78,6 +78,7 @@ STATUS_OK = 0
 STATUS_ERROR = 1
 WORKERS_ENV = "LAMINAR_WORKERS_FILE"  # set by the job manager for elastic jobs
 ANSWER_CACHE = 256  # answers kept for repeated requests (retransmissions)
+ANSWER_LIMIT = wire.MAX_DATAGRAM - wire.HEADER_SIZE - wire.MAC_SIZE - 16  # a loan answer's JSON, at most
 # phases of a returned job's move or requeue while it is under way (GET /v1/pool requeues)
 BUSY_PHASES = frozenset({"checkpointing", "migrating", "stopping", "placing"})
 
@@ -141,6 +142,24 @@ def fit_payload(state: dict[str, Any], limit: int) -> bytes:
     data = _dumps({**state, "jobs": [folded], "jobs_folded": len(jobs)})
     if len(data) > limit:
         data = _dumps({**state, "jobs": [{**folded, "folded": []}], "jobs_folded": len(jobs)})
+    return data
+
+
+def fit_return(done: dict[str, Any], limit: int) -> bytes:
+    """A return's answer (:meth:`LoanManager.do_return`) as JSON of at most ``limit`` bytes:
+    when the per-job actions do not fit, they are counted by action instead
+    (``jobs_folded``: how many; ``actions``: count per action; ``jobs``: the first few)."""
+    data = _dumps(done)
+    if len(data) <= limit:
+        return data
+    jobs: dict[str, str] = done.get("jobs", {})
+    counts: dict[str, int] = {}
+    for a in jobs.values():
+        counts[a] = counts.get(a, 0) + 1
+    for keep in (16, 4, 0):
+        data = _dumps({**done, "jobs": dict(list(jobs.items())[:keep]), "jobs_folded": len(jobs), "actions": counts})
+        if len(data) <= limit:
+            break
     return data
 
 
@@ -330,9 +349,9 @@ class LoanManager:
             req = json.loads(body.payload or b"{}")
             if body.op == OP_QUERY:
                 self.counts["queries"] += 1
-                out = fit_payload(self.state(), wire.MAX_DATAGRAM - wire.HEADER_SIZE - wire.MAC_SIZE - 16)
+                out = fit_payload(self.state(), ANSWER_LIMIT)
             elif body.op == OP_RETURN:
-                out = _dumps(self.do_return(req if isinstance(req, dict) else {}, sender))
+                out = fit_return(self.do_return(req if isinstance(req, dict) else {}, sender), ANSWER_LIMIT)
             else:
                 raise LoanError(f"unknown loan operation {body.op} (1 query, 2 return)")
             ans = wire.LoanAnswer(body.request_id, STATUS_OK, out)
