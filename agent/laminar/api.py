@@ -34,6 +34,7 @@ ordinary task from that point. Route lookups are cached per path.
 from __future__ import annotations
 
 import asyncio
+import errno
 import grp
 import json
 import logging
@@ -77,9 +78,15 @@ class ApiError(Exception):
 
 @dataclass(frozen=True)
 class Peer:
+    """The caller as the kernel recorded it at connect(): uid, primary gid, pid and, for a
+    connection, its supplementary groups (``SO_PEERGROUPS``). ``groups`` is None for a Peer
+    made by hand; the authorizer then reads them from /proc, which is only right while the
+    pid is still the caller's."""
+
     uid: int
     gid: int
     pid: int
+    groups: frozenset[int] | None = None
 
 
 @dataclass
@@ -119,11 +126,45 @@ class Route:
         return m.groupdict() if m else None
 
 
+SO_PEERGROUPS = getattr(socket, "SO_PEERGROUPS", 59)  # Linux >= 4.13; Python 3.11 lacks the name
+
+
 def peer_credentials(sock: socket.socket) -> Peer:
-    """The connecting process's pid, uid and gid as the kernel recorded them at connect()."""
+    """The connecting process's pid, uid, gid and supplementary groups as the kernel recorded
+    them at connect(). The pid is not used to decide anything: it may belong to another process
+    by the time a request arrives."""
     raw = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
     pid, uid, gid = struct.unpack("3i", raw)
-    return Peer(uid=uid, gid=gid, pid=pid)
+    return Peer(uid=uid, gid=gid, pid=pid, groups=peer_groups(sock))
+
+
+def peer_groups(sock: socket.socket) -> frozenset[int]:
+    """The supplementary groups of the process that connected `sock`, as of connect()
+    (``SO_PEERGROUPS``). Raises OSError when the kernel cannot say (then nobody is let in by
+    group: the caller fails closed)."""
+    try:
+        raw = sock.getsockopt(socket.SOL_SOCKET, SO_PEERGROUPS, 1024)  # 256 groups: Python's most
+    except OSError as e:
+        if e.errno != errno.ERANGE:
+            raise
+        raw = _peergroups_large(sock.fileno())
+    n = len(raw) // 4
+    return frozenset(struct.unpack(f"{n}I", raw[:4 * n]))
+
+
+def _peergroups_large(fd: int) -> bytes:
+    """SO_PEERGROUPS for a caller with more than 256 groups (NGROUPS_MAX is 65536), through libc:
+    Python's getsockopt takes at most 1024 bytes."""
+    import ctypes
+    import ctypes.util
+
+    libc = ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True)
+    size = ctypes.c_uint32(65536 * 4)
+    buf = ctypes.create_string_buffer(size.value)
+    if libc.getsockopt(fd, socket.SOL_SOCKET, SO_PEERGROUPS, buf, ctypes.byref(size)) != 0:
+        err = ctypes.get_errno()
+        raise OSError(err, f"SO_PEERGROUPS: {os.strerror(err)}")
+    return buf.raw[:size.value]
 
 
 def _supplementary_groups(pid: int) -> set[int]:
@@ -137,7 +178,8 @@ def _supplementary_groups(pid: int) -> set[int]:
 
 
 class Authorizer:
-    """Decides who may call privileged routes: uid 0, or a member of the control group."""
+    """Decides who may call privileged routes: uid 0, or a member of the control group (by the
+    primary gid or the supplementary groups the caller had at connect())."""
 
     def __init__(self, control_group: str) -> None:
         self.control_group = control_group
@@ -149,7 +191,10 @@ class Authorizer:
             gid = grp.getgrnam(self.control_group).gr_gid
         except KeyError:
             return False
-        return peer.gid == gid or gid in _supplementary_groups(peer.pid)
+        if peer.gid == gid:
+            return True
+        groups = peer.groups if peer.groups is not None else _supplementary_groups(peer.pid)
+        return gid in groups
 
 
 @types.coroutine
