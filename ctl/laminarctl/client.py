@@ -63,10 +63,9 @@ class Client:
         data = json.dumps(body).encode() if body is not None else None
         headers = {"Content-Type": "application/json"} if data is not None else {}
         try:
-            conn.request(method, path, body=data, headers=headers)
-            resp = conn.getresponse()
+            resp = _send_and_answer(conn, method, path, data, headers)
             raw = resp.read()
-        except (TimeoutError, ConnectionError) as e:
+        except (TimeoutError, ConnectionError, http.client.HTTPException) as e:
             raise CtlError(f"laminard did not answer {method} {path}: {e}", EXIT_NO_AGENT) from None
         finally:
             conn.close()
@@ -95,8 +94,11 @@ class Client:
         """Yields JSON objects from a newline-delimited stream until the agent closes it."""
         conn = self._conn(None)
         try:
-            conn.request("GET", path)
-            resp = conn.getresponse()
+            try:
+                resp = _send_and_answer(conn, "GET", path, None, {})
+            except (ConnectionError, http.client.HTTPException) as e:
+                # not left to main(), which takes a BrokenPipeError for a closed stdout (exit 0)
+                raise CtlError(f"laminard did not answer GET {path}: {e}", EXIT_NO_AGENT) from None
             if resp.status >= 400:
                 payload = json.loads(resp.read() or b"{}")
                 raise CtlError(str(payload.get("error")), EXIT_DENIED if resp.status == 403 else EXIT_FAILED)
@@ -107,3 +109,19 @@ class Client:
                 yield json.loads(line)
         finally:
             conn.close()
+
+
+def _send_and_answer(conn: _UnixConnection, method: str, path: str, data: bytes | None,
+                     headers: dict[str, str]) -> http.client.HTTPResponse:
+    """Sends a request and returns the agent's answer. The agent may answer and close before it
+    has read the request (a 503 when the caller has too many connections open, a 413 for a body
+    too large): the send then fails with a broken pipe, but the answer is there to read, and it
+    says why. Raises the send's error when there is no answer."""
+    try:
+        conn.request(method, path, body=data, headers=headers)
+    except (BrokenPipeError, ConnectionResetError) as send_error:
+        try:
+            return conn.getresponse()
+        except (OSError, http.client.HTTPException):
+            raise send_error from None
+    return conn.getresponse()
