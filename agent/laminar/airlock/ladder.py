@@ -149,6 +149,7 @@ def decide(now: float, level: int, jobs: Iterable[JobView], policy: dict[str, An
     of budget escalations, and at most one recovery per ``hysteresis.step_s``.
     """
     protected = set(policy["protected"])
+    jobs = list(jobs)
     candidates = [j for j in jobs if j.job_class not in protected]
     ranked = rank(candidates, policy)
     actions: list[Action] = []
@@ -204,8 +205,10 @@ def decide(now: float, level: int, jobs: Iterable[JobView], policy: dict[str, An
         memo.last_reclaim = now
 
     # 3. Recovery: calm for hold_s, below recover_below: thaw the highest-value one per step.
+    #    Every suspended job, protected ones included: a job suspended before its class became
+    #    protected (a policy change during an episode) would otherwise stay frozen for good.
     if calm and now - memo.last_recover >= hyst["step_s"]:
-        suspended = [(v, j) for v, j in ranked if j.rung == SUSPEND]
+        suspended = [(v, j) for v, j in rank(jobs, policy) if j.rung == SUSPEND]
         if suspended:
             v, j = suspended[-1]
             memo.last_recover = now

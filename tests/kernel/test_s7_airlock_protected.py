@@ -1,0 +1,85 @@
+"""A job Airlock suspended is thawed once calm even if its class became protected meanwhile.
+
+The ladder only looked at jobs outside the policy's ``protected`` classes, for recovery too. An
+operator who protected a class during an incident (``laminarctl policy set`` with
+``protected = ["long-resident", "transient"]``, to stop Airlock from touching those jobs) left
+every job of that class that Airlock had already frozen frozen for good: never thawed when the
+pressure ended, never escalated, shown as ``suspended`` and, on v1, holding its memory. Real
+cgroups and processes; the ladder's decisions at calm are applied through ``Airlock._apply``
+(the calm signals themselves are not produced here: the machine is shared).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import secrets
+import time
+from pathlib import Path
+
+import pytest
+
+from laminar.airlock import ladder
+from laminar.airlock.cgroups import CgroupTree, detect
+from laminar.airlock.manager import Airlock
+from laminar.events import EventBus
+from laminar.runtime.jobs import JobManager, JobSpec
+from laminar.store import Store
+
+pytestmark = pytest.mark.kernel
+
+
+def test_a_job_suspended_before_its_class_was_protected_is_thawed_when_calm(tmp_path: Path) -> None:
+    async def main() -> None:
+        root = f"laminar-t-{secrets.token_hex(3)}"
+        store = Store(tmp_path / "laminar.db")
+        bus = EventBus(store)
+        jobs = JobManager(store=store, state_dir=tmp_path, cgroup_root=root, events=bus, gpus_declared=[])
+        al = Airlock(jobs=jobs, store=store, events=bus)
+        try:
+            await jobs.start(None)
+            await al.start(None)
+            job = await jobs.submit(JobSpec(["sleep", "600"], name="lm-t-prot", job_class="transient").validate())
+            for _ in range(200):
+                if job.pid in job.cgroup.pids():
+                    break
+                await asyncio.sleep(0.05)
+            sig = al.signals(0.0)
+            al._apply(ladder.Action(ladder.SUSPEND, job.id, "test: high"), 0.0, ladder.HIGH, sig)
+            assert job.cgroup.frozen() and jobs.get(job.id).state == "suspended"  # type: ignore[union-attr]
+            al.set_policy({"protected": ["long-resident", "transient"]})
+            assert al.policy is not None
+            # calm: no pressure for longer than hold_s, usage below recover_below
+            now = time.monotonic()
+            al.memo.last_pressure = now - 60
+            al.memo.last_recover = now - 60
+            actions = ladder.decide(now, ladder.NONE, al.views(now), al.policy.doc, al.memo, 0.1)
+            for a in actions:
+                al._apply(a, now, ladder.NONE, sig)
+            assert [(a.kind, a.job_id) for a in actions] == [(ladder.RECOVER, job.id)], actions
+            assert not job.cgroup.frozen()
+            assert jobs.get(job.id).state == "running"  # type: ignore[union-attr]
+            assert job.id not in al.rungs
+        finally:
+            await al.stop()
+            await jobs.stop()
+            CgroupTree(detect(), root).purge()
+            store.close()
+
+    asyncio.run(main())
+
+
+def test_a_protected_job_is_still_never_suspended_or_reclaimed() -> None:
+    """The fix thaws protected jobs; it must not make the ladder act on them otherwise."""
+    pol = {**ladder_policy(), "protected": ["transient"]}
+    memo = ladder.Memo()
+    running = ladder.JobView("p", "transient", 0, 0.0, 1 << 30, None, None, 0)
+    assert ladder.decide(100.0, ladder.CRITICAL, [running], pol, memo, 0.99) == []
+    held = ladder.JobView("p", "transient", 0, 0.0, 1 << 30, ladder.SUSPEND, 0.0, 0)
+    acts = ladder.decide(100.0, ladder.CRITICAL, [held], pol, ladder.Memo(), 0.99)
+    assert all(a.kind not in (ladder.RECLAIM, ladder.READDRESS, ladder.SUSPEND) for a in acts), acts
+
+
+def ladder_policy() -> dict[str, object]:
+    from laminar.airlock.policy import validate
+
+    return validate({})
