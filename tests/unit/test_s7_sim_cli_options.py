@@ -64,3 +64,18 @@ def test_bad_options_are_named(tmp_path: Path, args: list[str], needle: str) -> 
     but the last, --inference-nodes -3 ran with none)."""
     d = openb_dir(tmp_path, HEADER + "a,1000,100,1,1000,,BE,Running,0,100,0\n")
     assert_clear_error(cli("--trace", str(d), *args), needle)
+
+
+def test_pool_too_small_for_the_jobs_fails_at_once_naming_the_job(tmp_path: Path) -> None:
+    """Was: with a high --load the pool step ran past the node list and every later offset
+    was tried (empty samples): --load 1e9 never returned, --load 1 ended with `empty node
+    list`, naming neither the job nor the fix."""
+    d = tmp_path / "split"
+    d.mkdir()
+    (d / "openb_node_list_gpu_node.csv").write_text(
+        "sn,cpu_milli,memory_mib,gpu,model\nn1,8000,262144,8,G2\nn2,96000,262144,1,G2\n")
+    (d / "openb_pod_list_default.csv").write_text(
+        HEADER + "a,1000,100,8,1000,,BE,Running,0,1000,0\nb,90000,100,1,1000,,BE,Running,0,1000,0\n")
+    for load in ("1", "1e9"):
+        assert_clear_error(cli("--trace", str(d), "--load", load), "no node can fit job b")
+    assert "lower --load" in cli("--trace", str(d), "--load", "1e9").stderr

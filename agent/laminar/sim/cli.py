@@ -89,14 +89,19 @@ def build_scenario(
         step = max(1, round(sum(n.gpus for n in all_nodes) / target))
         # every step-th node, from the first offset whose sample can host every job (a small
         # pool may miss the few nodes the largest pods need)
-        for offset in range(step):
+        # (offsets past the list's end give empty samples: only the first len(all_nodes) count)
+        first: TraceError | None = None
+        for offset in range(min(step, len(all_nodes))):
             training = all_nodes[offset::step]
             try:
                 check_fit(jobs, training, f"{npath.name} (1 node in {step})")
+                first = None
                 break
-            except TraceError:
-                if offset == step - 1:
-                    raise
+            except TraceError as e:
+                first = first or e
+        if first is not None:
+            raise TraceError(npath, None, f"training pool (1 node in {step}): {first.problem}; no sample of that "
+                             f"size (for --load {load:g}) hosts every job: lower --load or give a larger node list")
         gpus = sum(n.gpus for n in training)
         jobs = rescale_arrivals(jobs, work / span_s, 1.0, seed)
         n_inf = max(1, gpus // 8) if inference_nodes is None else inference_nodes
