@@ -103,6 +103,23 @@ def _quantum(rate_bytes: int) -> int:
     return max(1600, min(200_000, rate_bytes // 10))
 
 
+def remove_tree(ifindex: int, major: int = HTB_MAJOR) -> bool:
+    """Deletes the agent's HTB tree from the interface's root (``laminarctl bpf unload``): only an
+    HTB root whose handle is ``major:``, never a root qdisc someone else set up. The kernel puts
+    its default root qdisc back. Returns whether there was one to delete."""
+    with IPRoute() as ipr:
+        for q in ipr.get_qdiscs(index=ifindex):
+            if q.get("parent") == TC_H_ROOT and q.get_attr("TCA_KIND") == "htb" and q.get("handle") == major << 16:
+                try:
+                    ipr.tc("del", "htb", ifindex, major << 16, parent=TC_H_ROOT)
+                except NetlinkError as e:
+                    if e.code in (errno.ENOENT, errno.EINVAL):
+                        return False
+                    raise
+                return True
+    return False
+
+
 class HtbTree:
     """The HTB tree on one interface (optionally in a named network namespace).
 

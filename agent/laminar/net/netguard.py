@@ -16,13 +16,15 @@ Kill-switch semantics (see docs/bpf-maps.md for the bits):
 - ``lent`` on/off: ``LM_GLOBAL_KILL_LENT``; ``arm --lent`` sets ``LM_GLOBAL_ARMED``.
 
 ``unload()`` (``laminarctl bpf unload``) detaches the programs, deletes the clsact qdisc if
-the agent created it, and removes the pins: the interface is as it was before.
+the agent created it, deletes the shaping tree (the HTB root ``4c4d:`` of ``laminar.net.htb``)
+with the stored transfers, and removes the pins: the interface is as it was before.
 """
 
 from __future__ import annotations
 
 import logging
 import os
+import sqlite3
 import time
 from pathlib import Path
 from typing import Any
@@ -31,7 +33,7 @@ from ..api import ApiError, Request, Route, require
 from ..bpf import abi
 from ..bpf.libbpf import BpfMap, BpfObject, object_path
 from ..features import ensure_bpffs
-from . import nl, tc
+from . import htb, nl, tc
 
 log = logging.getLogger("laminar.netguard")
 
@@ -317,12 +319,15 @@ class NetGuard:
 
 
 def unload(store: Any, ifindex: int | None, pin_root: Path, cgroup_root: str | None = None) -> dict[str, Any]:
-    """Detaches netguard, deletes clsact if the agent created it, removes the pins and, when
-    `cgroup_root` is given, the agent's cgroup subtree where no job runs any more.
+    """Detaches netguard, deletes clsact if the agent created it, deletes the shaping tree
+    (`htb.remove_tree`: only an HTB root with the agent's handle) and forgets the stored
+    transfers, removes the pins and, when `cgroup_root` is given, the agent's cgroup subtree
+    where no job runs any more.
 
     Returns what was done. Safe to run twice (the second run finds nothing to remove)."""
     record = store.get_meta(META_KEY) or {}
-    done: dict[str, Any] = {"filters_removed": 0, "clsact_removed": False, "pins_removed": []}
+    done: dict[str, Any] = {"filters_removed": 0, "clsact_removed": False, "htb_removed": False,
+                            "pins_removed": []}
     if ifindex is None and record.get("ifname"):
         try:
             ifindex = nl.call(tc.ifindex_of, record["ifname"])
@@ -334,6 +339,13 @@ def unload(store: Any, ifindex: int | None, pin_root: Path, cgroup_root: str | N
         if record.get("clsact_created"):
             nl.call(tc.delete_clsact, ifindex)
             done["clsact_removed"] = True
+        done["htb_removed"] = nl.call(htb.remove_tree, ifindex)
+    # Without their tree the stored transfers would come back at the next start, leaves and all.
+    try:
+        with store.tx() as db:
+            db.execute("DELETE FROM net_transfers")
+    except sqlite3.OperationalError:  # no such table: shaping never ran here
+        pass
     if pin_root.is_dir():
         for p in sorted(pin_root.iterdir()):
             if p.name.startswith("lm_"):
