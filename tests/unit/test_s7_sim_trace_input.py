@@ -148,3 +148,12 @@ def test_engine_refuses_a_nan_run_time_instead_of_spinning() -> None:
         simulate([JobSpec("j", 0.0, float("nan"))], nodes, "noloan")
     with pytest.raises(ValueError, match=r"duplicate job id 'a'"):
         simulate([JobSpec("a", 0.0, 1.0), JobSpec("b", 0.0, 1.0), JobSpec("a", 1.0, 1.0)], nodes, "noloan")
+
+
+def test_engine_names_an_unknown_policy() -> None:
+    """Was: KeyError: 'lamnar' (the friendly check came after the lookup)."""
+    from laminar.sim.engine import simulate
+    from laminar.sim.trace import JobSpec, NodeSpec
+
+    with pytest.raises(ValueError, match=r"unknown policy 'lamnar'; choose one of laminar, bestfit, noloan, requeue"):
+        simulate([JobSpec("a", 0.0, 1.0)], [NodeSpec("n", 1, 4.0, 1000)], "lamnar")

@@ -172,9 +172,9 @@ class Simulator:
         on_progress: Callable[[float, int, int], None] | None = None,
     ) -> None:
         self.cfg = config or SimConfig()
-        self.policy = POLICIES[policy] if isinstance(policy, str) else policy
         if isinstance(policy, str) and policy not in POLICIES:
             raise ValueError(f"sim: unknown policy {policy!r}; choose one of {', '.join(POLICIES)}")
+        self.policy = POLICIES[policy] if isinstance(policy, str) else policy
         self.rng = random.Random(self.cfg.seed)
         self.noise_rng = random.Random(f"infer:{self.cfg.seed}")
         self.nodes: list[SimNode] = []
