@@ -157,3 +157,16 @@ def test_engine_names_an_unknown_policy() -> None:
 
     with pytest.raises(ValueError, match=r"unknown policy 'lamnar'; choose one of laminar, bestfit, noloan, requeue"):
         simulate([JobSpec("a", 0.0, 1.0)], [NodeSpec("n", 1, 4.0, 1000)], "lamnar")
+
+
+def test_pollux_workload_named_relative_to_its_own_directory(tmp_path: Path) -> None:
+    """Was: `--trace workload-1.csv` run inside workloads/ looked for ./results-jobload (the
+    parent of "." is "."), so the run failed with `no such file`."""
+    (tmp_path / "results-jobload" / "tiresias-0.5").mkdir(parents=True)
+    (tmp_path / "results-jobload" / "tiresias-0.5" / "summary.json").write_text('{"jcts": {"x": {"app-1": 100}}}')
+    (tmp_path / "workloads").mkdir()
+    (tmp_path / "workloads" / "workload-1.csv").write_text(POLLUX + "j1,0,app,2,32\n")
+    r = subprocess.run([sys.executable, "-m", "laminar.sim.cli", "--trace", "workload-1.csv", "-o", "json"],
+                       capture_output=True, text=True, timeout=60, cwd=tmp_path / "workloads")
+    assert r.returncode == 0, r.stderr
+    assert '"completed": 1' in r.stdout

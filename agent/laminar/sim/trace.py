@@ -300,7 +300,7 @@ def read_pollux_workload(path: str | Path, run_times: dict[str, float] | None = 
     """Jobs of a Pollux ``workload-N.csv``; run times from :func:`pollux_run_times` by default."""
     p = Path(path)
     if run_times is None:
-        run_times = pollux_run_times(p.parent.parent / "results-jobload")
+        run_times = pollux_run_times(p.resolve().parent.parent / "results-jobload")
     jobs: list[JobSpec] = []
     seen: dict[str, int] = {}
     for line, row in _rows(p, POLLUX_COLUMNS):
