@@ -79,3 +79,25 @@ def test_pool_too_small_for_the_jobs_fails_at_once_naming_the_job(tmp_path: Path
     for load in ("1", "1e9"):
         assert_clear_error(cli("--trace", str(d), "--load", load), "no node can fit job b")
     assert "lower --load" in cli("--trace", str(d), "--load", "1e9").stderr
+
+
+def test_gang_larger_than_the_training_pool_is_refused(tmp_path: Path) -> None:
+    """Was: a Pollux job of 32 workers on a 4 x 4-GPU --nodes list passed the per-worker
+    check; under noloan it never started, the run exited 0 with 156 of 160 jobs completed and
+    means over those only (laminar, borrowing inference servers, ran all: unlike sets)."""
+    from laminar.sim.trace import JobSpec, NodeSpec, TraceError, check_fit
+
+    (tmp_path / "results-jobload" / "tiresias-0.5").mkdir(parents=True)
+    (tmp_path / "results-jobload" / "tiresias-0.5" / "summary.json").write_text('{"jcts": {"x": {"app-1": 100}}}')
+    (tmp_path / "workloads").mkdir()
+    w = tmp_path / "workloads" / "workload-1.csv"
+    w.write_text("name,time,application,num_replicas,batch_size\nsmall,0,app,2,32\nbig,5,app,32,32\n")
+    nodes = tmp_path / "nodes.csv"
+    nodes.write_text("sn,cpu_milli,memory_mib,gpu,model\n" + "".join(f"s{i},64000,262144,4,V100\n" for i in range(4)))
+    assert_clear_error(cli("--trace", str(w), "--nodes", str(nodes), "--policy", "noloan"),
+                       "nodes.csv: job big runs 32 workers at once (1 GPUs, 4 CPUs, 16384 MiB each); the 4 nodes hold at most 16")
+    # the gang check counts fractional shares and CPU limits per node
+    n = [NodeSpec("a", 2, 4.0, 10_000)]
+    check_fit([JobSpec("f", 0.0, 1.0, workers=4, worker_gpus=0.5, worker_cpus=1.0, worker_memory_mb=100)], n)
+    with pytest.raises(TraceError, match=r"job c runs 5 workers at once .* hold at most 4"):
+        check_fit([JobSpec("c", 0.0, 1.0, workers=5, worker_gpus=0.25, worker_cpus=1.0, worker_memory_mb=100)], n)

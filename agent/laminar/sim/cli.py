@@ -111,6 +111,10 @@ def build_scenario(
     jobs = with_elasticity(jobs, elastic_fraction, 2, seed)
     if nodes_path is not None and trace.name.startswith("workload-"):
         training = read_openb_nodes(nodes_path)
+    # The training pool is what every policy may use (noloan never borrows the inference
+    # servers): a job it cannot hold would never run there, and the policies' means would
+    # cover different jobs.
+    check_fit(jobs, training, nodes_path if nodes_path is not None else "training pool")
     check_fit(jobs, training + inference, "cluster")
     return jobs, training + inference
 
@@ -152,6 +156,9 @@ def run(args: argparse.Namespace) -> int:
     cfg = replace(SimConfig(), seed=args.seed, progress=args.progress)
     res = simulate(jobs, nodes, args.policy, cfg)
     emit(res, getattr(args, "output", "table"))
+    if res.completed < res.jobs:
+        print(f"laminarctl sim: warning: {res.jobs - res.completed} of {res.jobs} jobs never finished "
+              "(nothing could run them); the means cover the finished jobs only", file=sys.stderr)
     return 0
 
 

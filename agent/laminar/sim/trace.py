@@ -248,8 +248,24 @@ def read_openb_nodes(path: str | Path, pool: str = "training") -> list[NodeSpec]
     return nodes
 
 
+def _slots(j: JobSpec, n: NodeSpec) -> int:
+    """How many workers of ``j`` an empty ``n`` holds at once."""
+    g = j.worker_gpus
+    if g <= 0:
+        by_gpu = math.inf
+    elif g < 1:
+        by_gpu = n.gpus * math.floor(1.0 / g + 1e-9)
+    else:
+        by_gpu = n.gpus // math.ceil(g - 1e-9)
+    by_cpu = math.floor(n.cpus / j.worker_cpus + 1e-9) if j.worker_cpus > 0 else math.inf
+    by_mem = n.memory_mb // j.worker_memory_mb if j.worker_memory_mb > 0 else math.inf
+    m = min(by_gpu, by_cpu, by_mem)
+    return j.workers if m == math.inf else int(m)
+
+
 def check_fit(jobs: Sequence[JobSpec], nodes: Sequence[NodeSpec], path: str | Path = "node list") -> None:
-    """Raise TraceError when no node could ever hold some job's worker (naming that job)."""
+    """Raise TraceError when no node could ever hold some job's worker, or the empty nodes
+    together cannot hold all of a job's ``workers`` at once (its gang), naming that job."""
     if not nodes:
         raise TraceError(path, None, "empty node list")
     max_gpu = max(n.gpus for n in nodes)
@@ -266,6 +282,15 @@ def check_fit(jobs: Sequence[JobSpec], nodes: Sequence[NodeSpec], path: str | Pa
                 f"no node can fit job {j.job_id} (worker: {g:g} GPUs, {j.worker_cpus:g} CPUs, "
                 f"{j.worker_memory_mb} MiB; largest node has {max_gpu} GPUs)",
             )
+        if j.workers > 1:
+            room = sum(min(_slots(j, n), j.workers) for n in nodes)
+            if room < j.workers:
+                raise TraceError(
+                    path,
+                    None,
+                    f"job {j.job_id} runs {j.workers} workers at once ({j.worker_gpus:g} GPUs, "
+                    f"{j.worker_cpus:g} CPUs, {j.worker_memory_mb} MiB each); the {len(nodes)} nodes hold at most {room}",
+                )
 
 
 POLLUX_COLUMNS = ("name", "time", "application", "num_replicas", "batch_size")
