@@ -32,6 +32,7 @@ import asyncio
 import inspect
 import logging
 import os
+import select
 import time
 from collections import deque
 from pathlib import Path
@@ -421,7 +422,14 @@ class Airlock:
     def _on_poller(self) -> None:
         assert self._poller is not None
         now = time.monotonic()
-        for fd, tag in self._poller.ready():
+        signalled = False
+        for fd, tag, mask in self._poller.ready_events():
+            if mask & select.EPOLLERR:
+                # The cgroup behind the file is gone (a job that ended before the next sync):
+                # not a stall, and level-triggered epoll would repeat it every loop round.
+                self._drop_source(fd, tag)
+                continue
+            signalled = True
             if tag.startswith("v1:"):
                 for c in self._closers:
                     if isinstance(c, V1Eventfd) and c.fileno() == fd:
@@ -438,8 +446,28 @@ class Airlock:
                     self.last_critical = now
             else:  # PSI trigger
                 self.last_stall = now
+        if not signalled:
+            return
         self._note_signal(now)
         self.schedule()
+
+    def _drop_source(self, fd: int, tag: str) -> None:
+        """Stops watching a source whose file reports an error (its cgroup was removed)."""
+        assert self._poller is not None
+        self._poller.remove(fd)
+        if tag.startswith("psi:job:"):
+            t = self._job_triggers.pop(tag[len("psi:job:"):], None)
+            if t is not None:
+                t.close()
+            return
+        for c in list(self._closers):
+            if c.fileno() == fd:
+                self._closers.remove(c)
+                try:
+                    c.close()
+                except OSError:
+                    pass
+        log.warning("airlock: pressure source %s reports an error (its cgroup is gone); no longer watched", tag)
 
     def _on_event(self, event: dict[str, Any]) -> None:
         if event.get("kind") != "pressure":
@@ -746,6 +774,9 @@ class Airlock:
 class _Fd:
     def __init__(self, fd: int) -> None:
         self.fd = fd
+
+    def fileno(self) -> int:
+        return self.fd
 
     def close(self) -> None:
         os.close(self.fd)

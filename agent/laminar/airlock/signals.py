@@ -161,7 +161,13 @@ class PriPoller:
 
     def ready(self) -> list[tuple[int, str]]:
         """(fd, tag) for every source that fired; non-blocking."""
-        return [(fd, self.tags.get(fd, "?")) for fd, _ in self.ep.poll(0)]
+        return [(fd, tag) for fd, tag, _ in self.ready_events()]
+
+    def ready_events(self) -> list[tuple[int, str, int]]:
+        """(fd, tag, epoll mask) for every source that fired; non-blocking. EPOLLERR on a PSI
+        trigger or a cgroup file means the file's cgroup is gone (kernfs reports a removed node
+        as POLLERR|POLLPRI for as long as the file is open): no signal, a source to drop."""
+        return [(fd, self.tags.get(fd, "?"), mask) for fd, mask in self.ep.poll(0)]
 
     def close(self) -> None:
         self.ep.close()
