@@ -262,13 +262,32 @@ class TransferRegistry:
             self._pool = None
 
     def _adopt(self) -> None:
-        """Re-reads transfers from the store and reconciles them with the kernel's leaves."""
+        """Re-reads transfers from the store and reconciles them with the kernel's leaves.
+
+        The deadline is taken from the stored wall-clock time (a monotonic value means nothing
+        after a reboot). A transfer whose deadline passed while no agent ran is dropped, leaf,
+        flow entry and row: nobody is left to remove it (the agent's own sender died with it),
+        and kept it would be 'late' for good."""
         assert self.tree is not None
         rows = self.agent.store.db.execute("SELECT * FROM net_transfers").fetchall()
         kernel_leaves = self.tree.leaves()
+        now_mono, now_wall = time.monotonic_ns(), time.time()
         for r in rows:
-            t = Transfer(r["id"], r["job"], r["job_num"], ks.FlowKey.parse(r["flow"]), r["total_bytes"],
-                         r["deadline_mono_ns"], r["deadline_wall"], r["minor"], r["reported_bytes"],
+            deadline = now_mono + int((r["deadline_wall"] - now_wall) * 1e9)
+            flow = ks.FlowKey.parse(r["flow"])
+            if deadline <= now_mono:
+                if self.flows is not None:
+                    self.flows.delete(flow.pack())
+                if r["minor"] in kernel_leaves:
+                    self.tree.remove_leaf(r["minor"])
+                with self.agent.store.tx() as db:
+                    db.execute("DELETE FROM net_transfers WHERE id=?", (r["id"],))
+                self._emit("transfer", f"transfer {r['id']} of job {r['job']} dropped at start: its deadline passed "
+                                       f"{now_wall - r['deadline_wall']:.1f} s ago while no agent ran",
+                           transfer=r["id"], job=r["job"])
+                continue
+            t = Transfer(r["id"], r["job"], r["job_num"], flow, r["total_bytes"],
+                         deadline, r["deadline_wall"], r["minor"], r["reported_bytes"],
                          max_rate_bps=r["max_rate_bps"], created=r["created"])
             if t.minor not in kernel_leaves:  # the tree was rebuilt: give it its leaf back
                 self.tree.add_leaf(self.params.min_rate_bps, t.minor)
