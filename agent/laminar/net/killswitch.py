@@ -11,7 +11,8 @@ stopped, busy or dead.
 A flow is named by a transfer id (``laminarctl net transfers``) or by a 5-tuple written
 ``tcp:10.0.0.1:40000->10.0.0.2:7000`` (egress orientation: local -> remote). A 5-tuple that has
 no ``lm_flows`` entry yet gets one (no HTB class: priority 0), so any flow on the uplink can be
-cut, not only registered transfers.
+cut, not only registered transfers; ``off`` deletes such an entry again (the registry's
+``flow_switch``), so ad-hoc cuts do not fill the map.
 
 API (privileged)::
 

@@ -449,9 +449,17 @@ class TransferRegistry:
             entry = ks.apply_flow_switch(self.flows, key, action, deadline, job_num=job_num)
         except ks.KillSwitchError as e:
             raise ApiError(e.status, str(e)) from None
+        removed = False
+        if action == "off" and not entry.priority and not any(t.flow == key for t in self.transfers.values()):
+            # The entry only held this switch (an ad-hoc cut by 5-tuple, no class): kept, every such
+            # cut would hold one of the map's LM_MAX_FLOWS entries for good, and a full map refuses
+            # every transfer. (A transfer registering this very 5-tuple at this moment, on the
+            # registry's thread, may lose its entry to this delete: it then goes unshaped.)
+            self.flows.delete(key.pack())
+            removed = True
         verb = {"on": "cut", "off": "restored", "arm": f"armed to cut in {body.get('at_s')} s"}[action]
         return {"message": f"kill-switch: flow {name} ({key}) {verb}", "flow": str(key), "action": action,
-                "deadline_ns": deadline, **entry.describe()}
+                "deadline_ns": deadline, "entry_removed": removed, **entry.describe()}
 
     # --- status, metrics, API -------------------------------------------------------------
 
