@@ -13,8 +13,9 @@ The cost ``C`` is what one checkpoint takes: a fixed pause (quiesce, serialise),
 write (``size / write_bps``) and, when the job's checkpoints must be shipped off the node to be
 of use (see *prestaging* below), the transfer at the share of the uplink the job gets while
 co-resident jobs checkpoint too. That share is a fixed point as well: job ``i`` transfers a
-fraction ``d_i / tau_i`` of the time, so another job sees on average ``1 + sum_j!=i d_j/tau_j``
-transfers sharing the link, and each ``d_i`` depends on its share.
+fraction ``d_i / tau_i`` of the time (at most all of it: 1), so another job sees on average
+``1 + sum_j!=i min(1, d_j/tau_j)`` transfers sharing the link, and each ``d_i`` depends on its
+share. On a link the prestaged jobs oversubscribe, each gets at least an equal share.
 
 **Notice window.** When a reclaim is announced with a window of ``W`` seconds, every job on
 the node must write a final checkpoint and move it before the window closes, through the same
@@ -218,7 +219,11 @@ def plan(
                 else f"final checkpoint fits the {notice_window_s:.0f}s window: C is the local write"
             )
             out[j.job_id] = CkptPlan(j.job_id, tau, cost, share[j.job_id], transfer_s, pre, mtbf, why)
-        new_busy = {k: (p.transfer_s / p.interval_s if p.prestage else 0.0) for k, p in out.items()}
+        # A job's transfers cannot hold the link more than all the time: busy fractions are at
+        # most 1, so a job's share is never below link / (prestaged jobs). Unbounded, an
+        # oversubscribed link (transfers longer than the intervals) made the iteration diverge
+        # to absurd shares and then divide by zero.
+        new_busy = {k: (min(1.0, p.transfer_s / p.interval_s) if p.prestage else 0.0) for k, p in out.items()}
         if all(abs(new_busy[k] - busy[k]) < 1e-6 for k in busy):
             break
         busy = new_busy
