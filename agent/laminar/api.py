@@ -261,8 +261,12 @@ class ApiServer:
         self._matches.clear()
 
     async def start(self) -> None:
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        os.chmod(self.path.parent, 0o755)
+        # Reachable by every local user (read-only calls) when the agent makes the directory; a
+        # directory that exists keeps its mode: it may be a shared one (/tmp: 1777) or set so on
+        # purpose (systemd/laminar.tmpfiles makes /run/laminar 0755).
+        if not self.path.parent.is_dir():
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            os.chmod(self.path.parent, 0o755)
         # A stale socket from a crashed agent would make bind() fail; only remove a socket.
         if self.path.is_socket():
             self.path.unlink()
