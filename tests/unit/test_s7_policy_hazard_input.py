@@ -62,3 +62,12 @@ def test_reclaim_and_queries_with_non_finite_times_are_refused(ts: float) -> Non
     with pytest.raises(HazardError, match=r"must be a finite"):
         m.cumulative_hazard(0.0, ts)
 
+
+
+def test_directory_with_an_impossible_date_is_a_hazard_error(tmp_path: Path) -> None:
+    """Was: `ValueError: month must be in 1..12`, naming neither the file nor the directory."""
+    d = tmp_path / "preemption" / "1-node" / "aws-13-45-2023"
+    d.mkdir(parents=True)
+    (d / "t.json").write_text('{"metadata": {"gap_seconds": 60}, "data": [0, 1]}')
+    with pytest.raises(HazardError, match=r"t.json: directory 'aws-13-45-2023' names no real date"):
+        load_spot_trace(d / "t.json")

@@ -353,7 +353,10 @@ def trace_start_ts(path: Path) -> float | None:
         m = _DATE_DIR.search(part)
         if m:
             mm, dd, yyyy = (int(g) for g in m.groups())
-            return datetime(yyyy, mm, dd, tzinfo=UTC).timestamp()
+            try:
+                return datetime(yyyy, mm, dd, tzinfo=UTC).timestamp()
+            except ValueError as e:
+                raise HazardError(f"hazard: {path}: directory {part!r} names no real date (MM-DD-YYYY): {e}") from None
     return None
 
 
