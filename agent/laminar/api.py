@@ -197,6 +197,22 @@ class Authorizer:
         return gid in groups
 
 
+def socket_in_use(path: str | Path) -> bool:
+    """Whether a process accepts connections on the Unix socket at `path` (a running agent);
+    False for a socket file nobody listens on (left by a crashed agent) or no socket at all."""
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
+    s.settimeout(1.0)
+    try:
+        s.connect(str(path))
+    except (ConnectionRefusedError, FileNotFoundError, NotADirectoryError):
+        return False
+    except OSError:  # EAGAIN (its backlog is full), EACCES: someone is there
+        return True
+    finally:
+        s.close()
+    return True
+
+
 @types.coroutine
 def _carry_on(coro: Coroutine[Any, Any, Any], first: Any) -> Generator[Any, Any, Any]:
     """Drives a coroutine that was stepped outside a task and is suspended on `first` (what it
@@ -267,8 +283,12 @@ class ApiServer:
         if not self.path.parent.is_dir():
             self.path.parent.mkdir(parents=True, exist_ok=True)
             os.chmod(self.path.parent, 0o755)
-        # A stale socket from a crashed agent would make bind() fail; only remove a socket.
+        # A stale socket from a crashed agent would make bind() fail; only remove a socket, and
+        # only one nobody answers on (else a second agent would take over a running one's socket).
         if self.path.is_socket():
+            if socket_in_use(self.path):
+                raise RuntimeError(f"api: another laminard answers on {self.path}; stop it first, or give this "
+                                   "agent its own agent.socket")
             self.path.unlink()
         elif self.path.exists():
             raise RuntimeError(f"api: {self.path} exists and is not a socket; remove it or set agent.socket")
