@@ -85,6 +85,11 @@ class NetGuard:
         self.obj.load()
         self.maps = {name: self.obj.map(name) for name in abi.NETGUARD_MAPS}
         self._init_global()
+        if self.adopted:
+            stale = self.prune_jobs(cfg.cgroups.root)
+            if stale:
+                agent.events.emit("agent", f"netguard: dropped {len(stale)} lm_jobs entries of jobs that ended while "
+                                           "no agent ran", cgroup_ids=stale)
         created = nl.call(tc.ensure_clsact, self.ifindex)
         record = agent.store.get_meta(META_KEY) or {}
         if record.get("ifname") != self.ifname:
@@ -129,6 +134,31 @@ class NetGuard:
     def unregister_job(self, cgroup_id: int) -> None:
         self.maps["lm_jobs"].delete(_u64(cgroup_id))
         self.maps["lm_job_stats"].delete(_u64(cgroup_id))
+
+    def prune_jobs(self, cgroup_root: str) -> list[int]:
+        """Deletes the lm_jobs/lm_job_stats entries whose cgroup under the agent's cgroup root
+        (cgroup2) no longer exists or holds no process: jobs that ended while no agent ran, which
+        nobody unregistered. Called at start, before the job manager re-adopts the live jobs.
+        Returns the cgroup ids dropped; none when the cgroup2 mount cannot be found."""
+        from ..airlock.cgroups import CgroupError, detect
+
+        try:
+            base = detect().unified / cgroup_root
+        except (CgroupError, OSError) as e:
+            log.warning("netguard: cannot look for stale lm_jobs entries: %s", e)
+            return []
+        live: set[int] = set()
+        for dirpath, _dirs, _files in os.walk(base):
+            try:
+                if "populated 1" in Path(dirpath, "cgroup.events").read_text():
+                    live.add(os.stat(dirpath).st_ino)
+            except OSError:  # removed meanwhile
+                continue
+        stale = [cg for cg in (int.from_bytes(k, "little") for k in list(self.maps["lm_jobs"].keys()))
+                 if cg not in live]
+        for cg in stale:
+            self.unregister_job(cg)
+        return stale
 
     def job_entry(self, cgroup_id: int) -> abi.LmJob | None:
         raw = self.maps["lm_jobs"].lookup(_u64(cgroup_id))
