@@ -475,6 +475,9 @@ class ApiServer:
                 body = json.loads(raw)
             except ValueError as e:
                 raise ApiError(400, f"request body is not valid JSON: {e}") from None
+            except RecursionError:
+                raise ApiError(400, "request body is JSON nested too deeply; no request needs more than a "
+                                    "few levels") from None
         url = urlsplit(target)
         return Request(method.upper(), url.path, dict(parse_qsl(url.query)), headers, body, peer)
 
