@@ -106,7 +106,10 @@ def fits_fast(n: SimNode, gpus: float, cpus: float, mem: int) -> P.GpuAlloc | No
 
 
 def demand_of(gpus: float, cpus: float, mem: int) -> P.Demand:
-    return P.Demand(gpus=round(gpus, 2), cpus=cpus, memory_mb=int(mem))
+    """The probe's demand for one worker. GPUs go in hundredths (the zone layer's unit),
+    rounded *up*: the node reserves what the offer allocates, so rounding down (0.444 to
+    0.44) let shares on one GPU sum above 1."""
+    return P.Demand(gpus=math.ceil(gpus * 100 - 1e-6) / 100, cpus=cpus, memory_mb=int(mem))
 
 
 class BestFitPlacer:
