@@ -450,7 +450,8 @@ class TransferRegistry:
         except ks.KillSwitchError as e:
             raise ApiError(e.status, str(e)) from None
         removed = False
-        if action == "off" and not entry.priority and not any(t.flow == key for t in self.transfers.values()):
+        # list(): a snapshot taken at once (add/remove change the dict on the registry's thread)
+        if action == "off" and not entry.priority and not any(t.flow == key for t in list(self.transfers.values())):
             # The entry only held this switch (an ad-hoc cut by 5-tuple, no class): kept, every such
             # cut would hold one of the map's LM_MAX_FLOWS entries for good, and a full map refuses
             # every transfer. (A transfer registering this very 5-tuple at this moment, on the
