@@ -170,3 +170,11 @@ def test_pollux_workload_named_relative_to_its_own_directory(tmp_path: Path) -> 
                        capture_output=True, text=True, timeout=60, cwd=tmp_path / "workloads")
     assert r.returncode == 0, r.stderr
     assert '"completed": 1' in r.stdout
+
+
+def test_duplicate_node_sn_names_both_lines(tmp_path: Path) -> None:
+    """Was: accepted; the node list then held two nodes of one name."""
+    p = tmp_path / "nodes.csv"
+    p.write_text("sn,cpu_milli,memory_mib,gpu,model\nn1,1000,100,1,T4\nn2,1000,100,1,T4\nn1,1000,100,2,T4\n")
+    with pytest.raises(TraceError, match=r"nodes.csv:4: duplicate node sn 'n1' \(first on line 2\)"):
+        read_openb_nodes(p)
