@@ -42,6 +42,7 @@ import os
 import re
 import socket
 import struct
+import time
 import types
 from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Generator
 from dataclasses import dataclass, field
@@ -181,15 +182,29 @@ class Authorizer:
     """Decides who may call privileged routes: uid 0, or a member of the control group (by the
     primary gid or the supplementary groups the caller had at connect())."""
 
+    # The group's gid is looked up at most this often: every connection of a caller other than
+    # root is checked on the event loop, and getgrnam may go to the network (LDAP, sssd).
+    GID_TTL_S = 30.0
+
     def __init__(self, control_group: str) -> None:
         self.control_group = control_group
+        self._gid: tuple[float, int | None] | None = None  # (when looked up, gid or None)
+
+    def _group_gid(self) -> int | None:
+        now = time.monotonic()
+        if self._gid is None or now - self._gid[0] >= self.GID_TTL_S:
+            try:
+                gid: int | None = grp.getgrnam(self.control_group).gr_gid
+            except KeyError:
+                gid = None
+            self._gid = (now, gid)
+        return self._gid[1]
 
     def allowed(self, peer: Peer) -> bool:
         if peer.uid == 0:
             return True
-        try:
-            gid = grp.getgrnam(self.control_group).gr_gid
-        except KeyError:
+        gid = self._group_gid()
+        if gid is None:
             return False
         if peer.gid == gid:
             return True
