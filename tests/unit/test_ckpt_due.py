@@ -323,3 +323,27 @@ def test_driver_run_verifies_new_commits_in_a_thread(tmp_path: Path, usr1_handle
     # each commit hashed once, not once per round
     names = [n for n, _ in hashed]
     assert len(names) == len(set(names))
+
+
+def test_a_wall_clock_step_is_not_counted_as_exposure(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Rounds on the real clocks: a year's step of the wall clock between two rounds a second
+    apart adds about a second of exposure, not a year (which would drive the learned departure
+    rate, and so the checkpoint interval, to the no-evidence maximum)."""
+    comp = FakeComp(FakeJobs([]), min_interval_s=1.0, max_interval_s=3.0)
+    d = cd.CkptDriver(comp)
+    wall = [1_700_000_000.0]
+    mono = [1000.0]
+    monkeypatch.setattr(cd.time, "time", lambda: wall[0])
+    monkeypatch.setattr(cd.time, "monotonic", lambda: mono[0])
+    d.round()
+    wall[0] += 1.0
+    mono[0] += 1.0
+    d.round()
+    wall[0] += 365 * 86400.0  # the step
+    mono[0] += 1.0
+    d.round()
+    wall[0] -= 3600.0  # and one back
+    mono[0] += 1.0
+    d.round()
+    assert sum(t1 - t0 for t0, t1, _ in comp.exposure) == pytest.approx(2.0)
+    assert len(comp.exposure) == 2  # the round after the backward step counts nothing

@@ -207,6 +207,7 @@ class CkptDriver:
         self.comp = comp
         self.tracks: dict[str, Track] = {}
         self.last_round: float | None = None
+        self._last_mono: float | None = None
         self.link_bps = 0.0
         self.counts = {"signals": 0, "commits": 0, "misses": 0}
         # job id -> (newest ckpt-<n> listed, newest that verified): filled off the event loop
@@ -294,10 +295,20 @@ class CkptDriver:
 
     def round(self, now: float | None = None) -> list[str]:
         """One look at every active job; signals the due ones. Returns the ids signalled."""
-        now = time.time() if now is None else now
-        if self.last_round is not None and now > self.last_round:
+        mono = time.monotonic()
+        if now is None:
+            now = time.time()
+            # exposure is the time that passed, measured on the monotonic clock: a wall-clock
+            # step (NTP, an RTC fixed at boot) or a suspend would otherwise count as hours or
+            # years of up time without a departure and pull the learned rate towards 0 (saved)
+            if self.last_round is not None and self._last_mono is not None:
+                elapsed = min(max(0.0, now - self.last_round), max(0.0, mono - self._last_mono))
+                if elapsed > 0:
+                    self.comp.observe_exposure(now - elapsed, now, self.comp.exposed_nodes())
+        elif self.last_round is not None and now > self.last_round:  # a caller's clock (tests, replay)
             self.comp.observe_exposure(self.last_round, now, self.comp.exposed_nodes())
         self.last_round = now
+        self._last_mono = mono
         jobs = {j.id: j for j in self.comp.agent.jobs.active()}
         for jid in list(self.tracks):
             if jid not in jobs:
