@@ -357,8 +357,11 @@ class TransferRegistry:
             raise ApiError(409, f"transfer {tid!r} already registered")
         if any(t.flow == flow for t in self.transfers.values()):
             raise ApiError(409, f"flow {flow} already belongs to a registered transfer")
-        if isinstance(deadline_in_s, bool) or not isinstance(deadline_in_s, int | float):
-            raise ApiError(400, f"deadline_s = {deadline_in_s!r}: expected seconds from now (> 0)")
+        # NaN and the infinities fail the range test too (a deadline <= 0 is refused below, as past)
+        if isinstance(deadline_in_s, bool) or not isinstance(deadline_in_s, int | float) \
+                or not -ks.MAX_ARM_S <= deadline_in_s <= ks.MAX_ARM_S:
+            raise ApiError(400, f"deadline_s = {deadline_in_s!r}: expected seconds from now, > 0 and at most "
+                                f"{ks.MAX_ARM_S} (a week)")
         now = time.monotonic_ns()
         deadline = now + int(deadline_in_s * 1e9)
         why = validate_request(total_bytes, sent_bytes, deadline / 1e9, now / 1e9, self.link, max_rate_bps)
