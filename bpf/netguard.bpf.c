@@ -5,7 +5,8 @@
  *                              node-wide and migration-flow kill-switches, steers migration
  *                              flows into HTB leaves through skb->priority, counts.
  * lm_ingress (clsact ingress): identifies the job by the local socket the packet is for
- *                              (bpf_sk_lookup_*), applies the same switches, counts.
+ *                              (bpf_sk_lookup_*, IPv4 and IPv6 TCP/UDP), applies the same
+ *                              switches, counts.
  *
  * Everything that matches no job and no flow passes (TC_ACT_OK): attached with empty maps,
  * netguard changes nothing, so the agent may sit on a node's only uplink.
@@ -23,6 +24,7 @@
 #define TC_ACT_OK   0
 #define TC_ACT_SHOT 2
 #define ETH_P_IP    0x0800
+#define ETH_P_IPV6  0x86DD
 #define ETH_HLEN    14
 #define IP_MF       0x2000
 #define IP_OFFSET   0x1fff
@@ -267,6 +269,40 @@ static __always_inline __u64 ingress_cgroup_id(struct __sk_buff *skb, const stru
 	return cgid;
 }
 
+/* The cgroup2 id of the local socket an IPv6 TCP/UDP packet is for, 0 when none (or when an
+ * extension header comes first: jobs' traffic has none). lm_flows is IPv4 only; the job's
+ * switches apply to IPv6 as to IPv4. */
+static __always_inline __u64 ingress_cgroup_id6(struct __sk_buff *skb)
+{
+	struct ipv6hdr ip6;
+	struct bpf_sock_tuple t = {};
+	struct bpf_sock *sk;
+	__u16 ports[2];
+	__u64 cgid;
+
+	if (bpf_skb_load_bytes(skb, ETH_HLEN, &ip6, sizeof(ip6)) < 0)
+		return 0;
+	if (ip6.nexthdr != IPPROTO_TCP && ip6.nexthdr != IPPROTO_UDP)
+		return 0;
+	if (bpf_skb_load_bytes(skb, ETH_HLEN + sizeof(ip6), ports, sizeof(ports)) < 0)
+		return 0;
+	__builtin_memcpy(t.ipv6.saddr, &ip6.saddr, sizeof(t.ipv6.saddr));
+	__builtin_memcpy(t.ipv6.daddr, &ip6.daddr, sizeof(t.ipv6.daddr));
+	t.ipv6.sport = ports[0];
+	t.ipv6.dport = ports[1];
+	if (ip6.nexthdr == IPPROTO_TCP)
+		sk = bpf_sk_lookup_tcp(skb, &t, sizeof(t.ipv6), BPF_F_CURRENT_NETNS, 0);
+	else
+		sk = bpf_sk_lookup_udp(skb, &t, sizeof(t.ipv6), BPF_F_CURRENT_NETNS, 0);
+	if (!sk)
+		return 0;
+	struct sock *s = bpf_rdonly_cast(sk, bpf_core_type_id_kernel(struct sock));
+
+	cgid = BPF_CORE_READ(s, sk_cgrp_data.cgroup, kn, id);
+	bpf_sk_release(sk);
+	return cgid;
+}
+
 SEC("tc")
 int lm_ingress(struct __sk_buff *skb)
 {
@@ -275,7 +311,9 @@ int lm_ingress(struct __sk_buff *skb)
 	__u64 cgid = 0;
 	bool drop = false;
 
-	if (parse_tuple(skb, &k) == 0) {
+	if (skb->protocol == bpf_htons(ETH_P_IPV6)) {
+		cgid = ingress_cgroup_id6(skb);
+	} else if (parse_tuple(skb, &k) == 0) {
 		/* lm_flows is keyed in egress orientation (local -> remote): swap. */
 		fk.saddr = k.daddr;
 		fk.daddr = k.saddr;
