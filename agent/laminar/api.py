@@ -136,13 +136,17 @@ def peer_credentials(sock: socket.socket) -> Peer:
     by the time a request arrives."""
     raw = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
     pid, uid, gid = struct.unpack("3i", raw)
-    return Peer(uid=uid, gid=gid, pid=pid, groups=peer_groups(sock))
+    try:
+        groups = peer_groups(sock)
+    except OSError as e:  # a kernel that cannot say: membership by supplementary group fails closed
+        log.warning("api: SO_PEERGROUPS: %s; only the primary gid counts for the control group", e)
+        groups = frozenset()
+    return Peer(uid=uid, gid=gid, pid=pid, groups=groups)
 
 
 def peer_groups(sock: socket.socket) -> frozenset[int]:
     """The supplementary groups of the process that connected `sock`, as of connect()
-    (``SO_PEERGROUPS``). Raises OSError when the kernel cannot say (then nobody is let in by
-    group: the caller fails closed)."""
+    (``SO_PEERGROUPS``). Raises OSError when the kernel cannot say."""
     try:
         raw = sock.getsockopt(socket.SOL_SOCKET, SO_PEERGROUPS, 1024)  # 256 groups: Python's most
     except OSError as e:
