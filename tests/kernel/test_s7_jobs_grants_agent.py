@@ -89,3 +89,23 @@ def test_a_submission_beyond_the_callers_grant_is_refused_and_creates_nothing(
     assert agent.json("status")["jobs"]["grants"][1]["priority_max"] == 90
     for j in agent.json("jobs"):
         agent.ctl("job", "stop", j["id"], "--grace", "0")
+
+
+def test_a_zone_placement_is_bound_by_the_callers_grant(granted_agent: AgentProc, users: tuple[User, User]) -> None:
+    """``POST /v1/placements`` (``laminarctl zone submit``) is a local user asking for a job too:
+    the origin checks the grant before it probes; a refused placement probes nothing and places
+    nothing, an allowed one runs with the class asked."""
+    agent = granted_agent
+    plain, ops = users
+    status, out, _ = call_as(plain, agent.sock, "POST", "/v1/placements",
+                             {"spec": spec("long-resident", 80, "lm-s7-zone-refused")})
+    assert status == 403, out
+    assert "class long-resident at priority 80" in out["error"] and "standard, transient up to priority 50" in out["error"]
+    assert agent.json("jobs") == [] and stored_jobs(agent) == 0
+    status, out, _ = call_as(ops, agent.sock, "POST", "/v1/placements",
+                             {"spec": spec("long-resident", 90, "lm-s7-zone-ok")})
+    assert status in (200, 201), out
+    jobs = agent.json("jobs")
+    assert [(j["class"], j["priority"], j["owner_uid"]) for j in jobs] == [("long-resident", 90, ops.uid)]
+    for j in jobs:
+        agent.ctl("job", "stop", j["id"], "--grace", "0")

@@ -849,14 +849,19 @@ class JobManager:
             raise error
 
     # -- submit --------------------------------------------------------------------------------
-    def check_grant(self, spec: JobSpec, uid: int, gid: int, pid: int) -> None:
-        """Raise GrantError (403 in the API) when the caller (its SO_PEERCRED uid, gid and pid)
+    def check_grant(self, spec: JobSpec, uid: int, gid: int, pid: int,
+                    groups: frozenset[int] | None = None) -> None:
+        """Raise GrantError (403 in the API) when the caller (its SO_PEERCRED uid, gid and pid,
+        and the supplementary ``groups`` it had at connect(), SO_PEERGROUPS: ``req.peer.groups``)
         may not submit `spec`'s Airlock class at its priority (config ``[grants]``). For every
         path by which a local user asks for a job (``POST /v1/jobs``, the zone's
         ``POST /v1/placements`` at the origin); not for a job arriving from another agent,
-        which keeps the class its origin admitted."""
+        which keeps the class its origin admitted. Without ``groups`` they are read from
+        ``/proc/<pid>/status`` (a pid reused since connect() would lend its groups: callers
+        with a socket pass them)."""
         grants = self.grants or Grants.from_config(None)
-        why = grants.refusal(uid, caller_gids(gid, pid) if uid else {gid}, spec.job_class, spec.priority)
+        gids = ({gid} | set(groups)) if groups is not None else caller_gids(gid, pid)
+        why = grants.refusal(uid, gids if uid else {gid}, spec.job_class, spec.priority)
         if why is not None:
             raise GrantError(why)
 
@@ -1340,7 +1345,7 @@ class JobManager:
         async def submit(req: Request) -> dict[str, Any]:
             try:
                 spec = JobSpec.from_dict(req.body)
-                self.check_grant(spec, req.peer.uid, req.peer.gid, req.peer.pid)
+                self.check_grant(spec, req.peer.uid, req.peer.gid, req.peer.pid, req.peer.groups)
                 job = await self.submit(spec, owner_uid=req.peer.uid, owner_gid=req.peer.gid)
             except GrantError as e:
                 raise ApiError(403, str(e)) from None

@@ -1819,13 +1819,20 @@ class ZoneComponent:
                                     "\"gpu_model\": ..., \"packing\": false}")
             spec = dict(body["spec"])
             try:
-                from laminar.runtime.jobs import JobError, JobSpec
+                from laminar.runtime.jobs import GrantError, JobError, JobSpec
 
                 checked = JobSpec.from_dict({**spec, "gpus": 0})  # GPUs are chosen by the node that takes it
             except ImportError:
                 checked = None
             except JobError as e:
                 raise ApiError(400, f"placement: {e}") from None
+            if checked is not None and self._jobs is not None and hasattr(self._jobs, "check_grant"):
+                # the origin checks the caller's grant (config [grants]); the node that takes the
+                # job keeps the class admitted here
+                try:
+                    self._jobs.check_grant(checked, req.peer.uid, req.peer.gid, req.peer.pid, req.peer.groups)
+                except GrantError as e:
+                    raise ApiError(403, f"placement: {e}") from None
             if isinstance(spec.get("gpus"), list):
                 raise ApiError(400, "placement: give a GPU count (\"gpus\": 2 or 0.5), not indices: the node that "
                                     "takes the job chooses its GPUs")
