@@ -6,8 +6,11 @@
 
 ``pool reclaim`` asks every server of the pool in this zone for its lent jobs, returns the
 ``count`` servers whose return stops the least work (GPU-seconds since each job's checkpoint),
-and prints the plan: servers, cost, and what happens to each job. Exit code 0 when the plan
-was carried out, 1 when it could not be made (too few loaned servers answered), 2 for bad input.
+and prints the plan: servers, cost, and what happens to each job. Servers that refused (another
+reclaim returned them at the same time) are replaced by the next cheapest. Exit code 0 when the
+plan was carried out for ``count`` servers, 1 when it could not be made (too few loaned servers
+answered) or fell short (fewer servers were left than asked: the answer's ``short``), 2 for bad
+input.
 """
 
 from __future__ import annotations
@@ -15,7 +18,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from .client import EXIT_USAGE, CtlError
+from .client import EXIT_FAILED, EXIT_USAGE, CtlError
 from .output import emit, info, kv, table
 
 ACTION_COLUMNS = [("node", "NODE"), ("job", "JOB"), ("action", "ACTION"), ("workers_removed", "WORKERS")]
@@ -70,6 +73,10 @@ def cmd_reclaim(args: argparse.Namespace) -> int:
         table(r["actions"], ACTION_COLUMNS, title="jobs")
         if r["unanswered"]:
             kv(r["unanswered"], title="servers that did not answer")
+        if r.get("refused"):
+            kv(r["refused"], title="servers that refused (returned by another reclaim), replaced")
+        if r.get("short"):
+            info(f"short: {r['short']}")
 
     emit(res, args.output, human)
-    return 0
+    return EXIT_FAILED if res.get("short") else 0
