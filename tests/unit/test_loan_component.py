@@ -301,3 +301,21 @@ def test_a_job_is_signalled_only_once_it_catches_sigusr2(tmp_path):
         for p in (starting, catching):
             p.kill()
             p.wait()
+
+
+def test_the_workers_file_is_the_jobs_owners_alone(tmp_path):
+    """The count and GPU ids an elastic job is told are readable by its owner (the job runs as
+    it) and root only; the directory is reachable, not listable."""
+    jobs = StandInJobs(tmp_path / "state")
+    jobs.jobs["e1"] = StandInJob("e1", JobSpec(["sleep", "1"], elastic_min=1, elastic_max=3).validate(), [0],
+                                 owner_uid=4242, owner_gid=4243)
+    comp = make_comp(tmp_path, jobs=jobs, gpus=2)
+
+    def check() -> None:
+        comp.refresh_inventory()
+        assert comp.loan.elastic_round()
+        st = workers_file(jobs.state_dir, "e1").stat()
+        assert (st.st_uid, st.st_gid, st.st_mode & 0o777) == (4242, 4243, 0o600)
+        assert workers_file(jobs.state_dir, "e1").parent.stat().st_mode & 0o777 == 0o711
+
+    run(comp, check)

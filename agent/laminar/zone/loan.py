@@ -673,11 +673,13 @@ class LoanManager:
         round once it catches SIGUSR2 (:meth:`_signal_late`); the file holds the count anyway."""
         path = workers_file(self._state_dir(), job.id)
         path.parent.mkdir(parents=True, exist_ok=True)
-        os.chmod(path.parent, 0o755)
+        os.chmod(path.parent, 0o711)  # reachable by each job, listed by none
         tmp = path.with_suffix(".tmp")
         gpus = list(job.gpus or []) + self.grants.get(job.id, [])
         tmp.write_text(json.dumps({"workers": workers, "gpus": gpus, "updated": time.time(), "reason": reason}))
-        os.chmod(tmp, 0o644)
+        # the job's own (its user reads it): other local users learn nothing of its GPUs
+        os.chown(tmp, int(getattr(job, "owner_uid", 0) or 0), int(getattr(job, "owner_gid", 0) or 0))
+        os.chmod(tmp, 0o600)
         os.replace(tmp, path)
         self.workers[job.id] = workers
         self._signal(job)
