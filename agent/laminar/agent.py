@@ -99,6 +99,9 @@ def sd_notify(message: str) -> bool:
     return True
 
 
+MAX_EVENTS = 10_000  # events one GET /v1/events answers (a bigger answer: page with since)
+
+
 class Agent:
     """The node agent: owns the loop, the store, the event bus and the components."""
 
@@ -137,6 +140,14 @@ class Agent:
             self.api.add(routes())
 
     async def run(self) -> int:
+        from .api import socket_in_use
+
+        if socket_in_use(self.config.agent.socket):
+            # another agent serves this node: starting the components would re-attach its
+            # filters, re-adopt its jobs and sweep its files under it
+            log.error("another laminard answers on %s: not starting (stop it first, or give this one "
+                      "another agent.socket and state_dir)", self.config.agent.socket)
+            return 1
         self.loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             self.loop.add_signal_handler(sig, self._stopping.set)
@@ -233,6 +244,8 @@ class Agent:
             limit = int(req.query.get("limit", "100"))
         except ValueError:
             raise ApiError(400, "since and limit must be integers") from None
+        if not 1 <= limit <= MAX_EVENTS:
+            raise ApiError(400, f"limit {limit}: expected 1..{MAX_EVENTS} events")
         kind = req.query.get("kind") or None
         if req.query.get("follow") not in ("1", "true", "yes"):
             return self.store.events(since, kind, limit)

@@ -1,0 +1,34 @@
+"""One agent per node: a second laminard started against a running one's socket exits 1 before
+it starts any component (it would re-attach the first one's filters, re-adopt its jobs and sweep
+its files), and the first keeps serving. ``GET /v1/events`` answers at most 10,000 events: a
+``limit`` of -1 (SQLite: no limit) or above that is refused, naming the value."""
+
+from __future__ import annotations
+
+import subprocess
+
+import pytest
+from agentproc import VENV_BIN, AgentProc
+
+pytestmark = pytest.mark.kernel
+
+
+def test_a_second_agent_on_a_live_socket_does_not_start(agent: AgentProc) -> None:
+    job = agent.json("submit", "--", "sleep", "600")
+    before = agent.json("bpf", "maps")
+    r = subprocess.run(agent.argv(str(VENV_BIN / "laminard"), "--config", str(agent.config_path)),
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 1, (r.returncode, r.stderr[-2000:])
+    assert "another laminard answers on" in r.stderr
+    assert "netguard" not in r.stderr.split("another laminard")[0].lower()  # refused before any component
+    # the first agent is untouched: it answers, its job runs, its maps are the same pins
+    assert agent.json("job", "show", job["id"])["state"] == "running"
+    assert agent.json("bpf", "maps") == before
+    agent.ctl("job", "stop", job["id"], "--grace", "0")
+
+
+def test_events_limit_is_bounded(agent: AgentProc) -> None:
+    for bad in ("-1", "0", "10001"):
+        r = agent.ctl("events", "--limit", bad, check=False)
+        assert r.returncode == 1 and f"limit {bad}: expected 1..10000" in r.stderr, (bad, r.stderr)
+    assert isinstance(agent.json("events", "--limit", "10000"), list)
