@@ -10,6 +10,10 @@ Every datagram is ``header | body | mac`` (byte layouts in ``docs/protocol.md``)
   followed by header and body: a datagram verifies only at the node it was sent to, so one
   captured on its way to one node and replayed to another is dropped (``bad_mac``).
 
+A sender signs with the zone's current key; a receiver accepts any key the zone lists (its
+``next`` and ``previous`` keys during a rotation, :mod:`laminar.zone.keys`), trying the current
+one first, and counts which key verified (:meth:`Decoder.key_stats`).
+
 A UDP datagram is at most :data:`MAX_DATAGRAM` bytes; hand-overs over TCP use the same
 envelope behind a 4-byte length with a larger limit (:data:`MAX_FRAME`).
 
@@ -42,10 +46,10 @@ import enum
 import hmac
 import struct
 from collections import Counter
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
-from laminar.zone.keys import ZoneKeys
+from laminar.zone.keys import ANY_ZONE, ZoneKeys, fingerprint
 
 MAGIC = b"LZ"
 VERSION = 2  # 2: the MAC covers the receiver's node id (a datagram of version 1 is dropped as bad_version)
@@ -56,6 +60,7 @@ MAX_DATAGRAM = 1200  # stays under any path MTU with IPv6 and tunnels, no fragme
 MAX_FRAME = 1 << 20  # a TCP hand-over frame (job spec inside)
 REPLAY_WINDOW_S = 30.0  # clocks of a zone's nodes are NTP-synchronised far better than this
 SEQ_WINDOW = 256  # sequence numbers accepted out of order behind the highest seen
+SEQ_BLOCK = 1 << 20  # sequence numbers an encoder reserves at a time in its persisted floor (Encoder.reserve)
 
 FLAG_REPLY_WANTED = 0x01  # a heartbeat that asks for one back (liveness check)
 
@@ -660,15 +665,29 @@ class Encoder:
 
     ``seq0`` starts the sequence; the default, the wall clock in microseconds, keeps it rising
     across agent restarts, so peers' replay windows accept a restarted node at once.
+
+    ``reserve`` (optional) persists a *sequence floor*: it is called with a number at least
+    :data:`SEQ_BLOCK` above the next sequence number, now and each time the sequence reaches
+    the last number it was given, before any number above is used. So every number this
+    encoder ever sent is at or below the last value ``reserve`` stored, and an agent that starts
+    from ``max(clock, stored floor)`` stays above its earlier numbers even when the wall clock
+    stepped back between its runs (:func:`seq_start`). ``reserve`` must not raise.
     """
 
-    def __init__(self, node: int, keys: ZoneKeys, seq0: int | None = None, max_size: int = MAX_DATAGRAM) -> None:
+    def __init__(self, node: int, keys: ZoneKeys, seq0: int | None = None, max_size: int = MAX_DATAGRAM,
+                 reserve: Callable[[int], None] | None = None, block: int = SEQ_BLOCK) -> None:
         import time
 
         self.node = node
         self.keys = keys
         self.seq = seq0 if seq0 is not None else time.time_ns() // 1000
         self.max_size = max_size
+        self._reserve = reserve
+        self.block = block
+        self.limit = 1 << 64  # the highest sequence number usable without reserving more
+        if reserve is not None:
+            self.limit = self.seq + block
+            reserve(self.limit)
 
     def encode(self, body: Body, zone: int, now: float, flags: int = 0, max_size: int | None = None,
                to: int = 0) -> bytes:
@@ -683,11 +702,21 @@ class Encoder:
         payload = encode_body(body)
         mtype = TYPE_OF[type(body)]
         self.seq += 1
+        if self.seq > self.limit and self._reserve is not None:  # once per SEQ_BLOCK messages
+            self.limit = self.seq + self.block
+            self._reserve(self.limit)
         data = HEADER.pack(MAGIC, VERSION, mtype, flags, 0, zone, self.node, int(now * 1000), self.seq, len(payload)) + payload
         limit = max_size if max_size is not None else self.max_size
         if len(data) + MAC_SIZE > limit:
             raise ValueError(f"wire: {mtype.name} message of {len(data) + MAC_SIZE} bytes exceeds {limit}")
         return data + _mac(key, data, to)
+
+
+def seq_start(clock_us: int, floor: int | None) -> int:
+    """Where a starting encoder's sequence begins: its wall clock in microseconds, or above the
+    persisted floor (the highest number an earlier run may have used) when the clock is behind
+    it (a restart right after the wall clock stepped back)."""
+    return max(clock_us, floor + 1 if floor is not None else 0)
 
 
 @dataclass
@@ -707,6 +736,10 @@ class Decoder:
     ``node`` is the receiving node's id: the MAC covers it, so a datagram sent to another
     node (a replay of one captured on its way there) fails the MAC check. 0 (the default, for
     simulators and tests) accepts datagrams encoded for no node (``to`` 0) only.
+
+    A datagram verifies under any key its zone lists (``ZoneKeys.accepted``), the current key
+    tried first; :meth:`key_stats` counts which key verified. Assigning ``keys`` (a reload)
+    takes effect for the next datagram; the counts of a key that stays listed carry over.
     """
 
     def __init__(
@@ -719,6 +752,12 @@ class Decoder:
         max_size: int = MAX_DATAGRAM,
         node: int = 0,
     ) -> None:
+        # per key zone: (keys to try, current first; verified counts; last verified at) for the
+        # line group that supplies them (ZoneKeys.entry)
+        self._slots: dict[int, tuple[tuple[bytes, ...], list[int], list[float]]] = {}
+        self._groups: dict[int, tuple[tuple[bytes, ...], list[int], list[float]]] = {}
+        self._verified: Counter[tuple[int, str]] = Counter()  # counts of keys no longer listed, by fingerprint
+        self._last: dict[tuple[int, str], float] = {}
         self.keys = keys
         self.node = node
         self.known_nodes = known_nodes
@@ -728,6 +767,56 @@ class Decoder:
         self.drops: Counter[str] = Counter()
         self.accepted = 0
         self._seqs: dict[int, _SeqWindow] = {}
+
+    @property
+    def keys(self) -> ZoneKeys:
+        return self._keys
+
+    @keys.setter
+    def keys(self, keys: ZoneKeys) -> None:
+        """Use ``keys`` from the next datagram on; fold the counts of the keys in use so far
+        into the totals by fingerprint (a key listed again keeps its count)."""
+        for entry, (ks, counts, last) in self._groups.items():
+            for k, c, t in zip(ks, counts, last, strict=True):
+                self._verified[(entry, fingerprint(k))] += c
+                if t:
+                    self._last[(entry, fingerprint(k))] = t
+        self._groups = {}
+        self._slots = {}
+        self._keys = keys
+
+    def _slot(self, zone: int) -> tuple[tuple[bytes, ...], list[int], list[float]] | None:
+        """The keys to try for ``zone`` and their counters; None when this node takes no key for it."""
+        if self.accept_zones is not None and zone not in self.accept_zones:
+            return None
+        entry = self._keys.entry(zone)
+        if entry is None:
+            return None
+        g = self._groups.get(entry)
+        if g is None:
+            ks = tuple(k for _, k in self._keys.accepted(zone))
+            g = self._groups[entry] = (ks, [0] * len(ks), [0.0] * len(ks))
+        self._slots[zone] = g
+        return g
+
+    def key_stats(self) -> list[dict[str, object]]:
+        """Every key this decoder accepts: ``{zone, role, fingerprint, verified, last_verified}``
+        (datagrams it verified since the agent started, across reloads; when it last verified
+        one, wall-clock seconds, for keys other than the current one; None: never)."""
+        out: list[dict[str, object]] = []
+        for d in self._keys.describe():
+            entry = ANY_ZONE if d["zone"] == "*" else int(str(d["zone"]))
+            fp = str(d["fingerprint"])
+            n = self._verified.get((entry, fp), 0)
+            last = self._last.get((entry, fp))
+            g = self._groups.get(entry)
+            if g is not None:
+                for k, c, t in zip(*g, strict=True):
+                    if fingerprint(k) == fp:
+                        n += c
+                        last = t or last
+            out.append({**d, "verified": n, "last_verified": None if d["role"] == "current" else last})
+        return out
 
     def _drop(self, reason: DropReason, detail: str = "") -> Dropped:
         self.drops[reason.value] += 1
@@ -761,12 +850,22 @@ class Decoder:
             raise self._drop(DropReason.TRUNCATED, f"body length {blen}, {n} bytes received")
         if HEADER_SIZE + blen + MAC_SIZE != n:
             raise self._drop(DropReason.BAD_LENGTH, f"body length {blen}, {n} bytes received")
-        key = self.keys.get(zone) if self.accept_zones is None or zone in self.accept_zones else None
-        if key is None:
+        slot = self._slots.get(zone) or self._slot(zone)
+        if slot is None:
             raise self._drop(DropReason.UNKNOWN_ZONE, f"zone {zone}")
+        keys, counts, last = slot
         signed = data[: HEADER_SIZE + blen]
-        if not hmac.compare_digest(_mac(key, signed, self.node), data[HEADER_SIZE + blen :]):
-            raise self._drop(DropReason.BAD_MAC)
+        mac = data[HEADER_SIZE + blen :]
+        if hmac.compare_digest(_mac(keys[0], signed, self.node), mac):
+            counts[0] += 1
+        else:  # a rotation: a peer may sign with the zone's next or previous key
+            for i in range(1, len(keys)):
+                if hmac.compare_digest(_mac(keys[i], signed, self.node), mac):
+                    counts[i] += 1
+                    last[i] = now
+                    break
+            else:
+                raise self._drop(DropReason.BAD_MAC)
         if node not in self.known_nodes:
             raise self._drop(DropReason.UNKNOWN_NODE, f"node {node}")
         mt = _MSG_TYPES.get(mtype)
