@@ -567,10 +567,11 @@ async def _client_handshake(r: asyncio.StreamReader, w: asyncio.StreamWriter, ke
         raise TransferError(f"transfer: expected challenge, got {hdr['t']!r}")
     try:
         ns = bytes.fromhex(hdr["nonce"])
-        smac = str(hdr["mac"])
+        smacs = [str(hdr["mac"]), *(x for x in (hdr.get("macs") or [])[:4] if isinstance(x, str) and x.isascii())]  # macs: a zone key rotation
     except (KeyError, TypeError, ValueError) as e:
         raise TransferError(f"transfer: malformed challenge (nonce and mac must be hex strings): {e!r}") from None
-    if not hmac.compare_digest(smac, mac(key, b"laminar-xfer-server", nc, ns)):
+    want = mac(key, b"laminar-xfer-server", nc, ns)
+    if not any(hmac.compare_digest(m, want) for m in smacs):
         raise TransferError("transfer: the destination failed authentication (not a member of this zone, or another key)",
                             fatal=True)
     await _send(w, {"t": "auth", "mac": mac(key, b"laminar-xfer-client", ns, nc)})
@@ -1055,10 +1056,18 @@ class Receiver:
         if len(nc) < 16:
             raise TransferError("transfer: client nonce too short")
         ns = secrets.token_bytes(32)
-        await _send(w, {"t": "challenge", "nonce": ns.hex(), "mac": mac(key, b"laminar-xfer-server", nc, ns)})
+        # during a zone key rotation the zone lists more keys (laminar.zone.keys.ZoneKey.accepted), and the
+        # source signs with its current one, which may be any of them: prove each, accept the source's proof
+        # under any, and use the key that verified from here on (session keys, manifest and commit MACs)
+        keys = tuple(getattr(key, "accepted", (key,)))
+        extra = {"macs": [mac(k, b"laminar-xfer-server", nc, ns) for k in keys[1:]]} if len(keys) > 1 else {}
+        await _send(w, {"t": "challenge", "nonce": ns.hex(), "mac": mac(key, b"laminar-xfer-server", nc, ns), **extra})
         auth, _ = await _recv(r, HANDSHAKE_TIMEOUT_S, MAX_HANDSHAKE)
-        if auth["t"] != "auth" or not hmac.compare_digest(str(auth.get("mac", "")), mac(key, b"laminar-xfer-client", ns, nc)):
+        got = str(auth.get("mac", ""))
+        verified = next((k for k in keys if hmac.compare_digest(got, mac(k, b"laminar-xfer-client", ns, nc))), None)
+        if auth["t"] != "auth" or verified is None:
             raise TransferError("transfer: client failed authentication", fatal=True)
+        key = bytes(verified)
         await _send(w, {"t": "ok"})  # the last message in the clear
         return str(hdr.get("node", "")), key, nc, ns
 
