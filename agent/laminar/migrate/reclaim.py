@@ -132,8 +132,22 @@ key directory no row names (its guard never came) goes once nothing in it change
 ``replica_orphan_s`` and no local job uses it. A done row whose directory is gone is deleted after
 ``replica_row_keep_s`` (``counts.replica_rows_pruned``).
 
-``GET /v1/migrate/replicas`` / ``laminarctl replicas`` shows the states,
-attempts, next look and last reason.
+**The operator's view, and drop.** ``GET /v1/migrate/replicas`` (``laminarctl replicas``) lists
+every key held here or named by a row (``unclaimed``: a directory no guard named): its state,
+source node and job, owner, the checkpoints held (names, bytes), age since the last change,
+the local jobs resumed from it, whether a transfer into it runs, and what the GC will do with it
+and when, or why it keeps it (:func:`replica_gc_plan`, the same rule as above); ``?totals=1``
+wraps the list as ``{"now", "replicas", "totals"}`` (keys, bytes held, the receive root's free
+space). Every local user may list: a caller that is neither root, the control group nor the
+job's owner sees states, sizes and the GC's plan but not which job it is
+(:func:`redact_replica`). ``POST /v1/migrate/replicas/{key}/drop`` ``{"force"?: bool}``
+(privileged; ``laminarctl replicas drop KEY [--force]``) removes a key's replicas and rows
+through the GC's safe path (:meth:`ReclaimComponent.drop_replica`): refused while a transfer
+into the key or its take-over runs, or a local job uses it, and for a ``guarding`` or
+``waiting`` key without ``force``; a forced drop tells the source nothing (a source that
+prestages ships its next checkpoint and guard again; a stopped job held here, or a gone
+source's job, is then lost unless the archive holds it). Counted as ``counts.replica_dropped``,
+recorded as a ``migrate`` event (phase ``replica-dropped``, ``by`` the caller's uid).
 
 Progress: events of kind ``migrate`` and ``GET /v1/migrations/{job}`` (what
 ``laminarctl job show ID --follow`` draws as a progress bar).
@@ -383,6 +397,27 @@ def _remove_tree(path: Path) -> None:
         pass
 
 
+def _tree_bytes(path: Path) -> int:
+    """The bytes of the regular files at and under ``path`` (apparent sizes), links not followed
+    (a link counts as nothing); 0 when it cannot be read."""
+    try:
+        st = os.lstat(path)
+    except OSError:
+        return 0
+    if stat.S_ISREG(st.st_mode):
+        return st.st_size
+    if not stat.S_ISDIR(st.st_mode):
+        return 0
+    total = 0
+    for top, _dirs, files in os.walk(path, followlinks=False):
+        for n in files:
+            with contextlib.suppress(OSError):
+                fst = os.lstat(os.path.join(top, n))
+                if stat.S_ISREG(fst.st_mode):
+                    total += fst.st_size
+    return total
+
+
 def _ckpt_step(name: str) -> int:
     return int(name[5:]) if _CKPT_NAME.match(name) else -1
 
@@ -396,6 +431,101 @@ def replica_victims(names: Iterable[str], *, newest: str | None, keep: Collectio
     floor = math.inf if newest is None else _ckpt_step(newest)
     out = [n for n in names if _CKPT_NAME.match(n) and n not in keep and _ckpt_step(n) < floor]
     return sorted(out, key=_ckpt_step, reverse=True)
+
+
+# Replica states an operator decides about: the GC never removes these keys' checkpoints.
+REPLICA_OPERATOR_STATES = ("failed", "archived")
+# States whose key a drop refuses without ``force``: the job may have no other way back.
+REPLICA_GUARD_STATES = ("guarding", "waiting")
+
+
+def replica_gc_plan(*, state: str | None, held: dict[str, float], in_use: Collection[str], now: float,
+                    updated: float | None = None, newest_mtime: float | None = None, taking: bool = False,
+                    take_over: bool = False, src_node: int | None = None, next_round: float | None = None,
+                    next_look: float | None = None, orphan_s: float = 21600.0, guard_check_s: float = 600.0,
+                    row_keep_s: float = 86400.0) -> dict[str, Any]:
+    """What the replica GC will do with one key held here, and when (policy: the same rule
+    :meth:`ReclaimComponent.replica_gc` and its round apply, module docs *Replicas held here*),
+    for operators to read (``laminarctl replicas``).
+
+    ``state``: the key's ``migrate_replicas`` state (None: no row, no guard named it); ``held``:
+    its ``ckpt-<n>`` checkpoints here, name -> modification time; ``in_use``: those a local job
+    uses; ``updated``: when the row last changed; ``newest_mtime``: the newest change in the key's
+    directory; ``taking``: a take-over (or archive claim) of it runs now; ``take_over``: the guard
+    was handed over with a stopped job; ``next_round``: when the next GC round runs (wall clock);
+    ``next_look``: a waiting guard's next look for room. Returns ``{"removes": [names], "at": wall
+    time or None, "keeps": [names], "why": text, "row_at": when the row itself goes or None}``."""
+    names = sorted((n for n in held if _CKPT_NAME.match(n)), key=_ckpt_step, reverse=True)
+    used = [n for n in names if n in in_use]
+    out: dict[str, Any] = {"removes": [], "at": None, "keeps": names, "why": "", "row_at": None}
+    use_note = f"; {', '.join(used)} kept while a local job uses it" if used else ""
+    src = f"node {src_node}" if src_node is not None else "its source"
+    if taking:
+        out["why"] = "a take-over (or archive claim) of it runs now"
+        return out
+    if state is None:
+        victims = [n for n in names if n not in in_use]
+        if not victims:
+            out["why"] = "no guard named it; a local job uses it" if used else "no guard named it; nothing to remove"
+            return out
+        at = (now if newest_mtime is None or math.isinf(newest_mtime) else newest_mtime) + orphan_s
+        out.update(removes=victims, at=at, keeps=used,
+                   why=f"no guard named it: goes once nothing in it changed for replica_orphan_s ({orphan_s:g} s)"
+                       + use_note)
+        return out
+    if state == "guarding":
+        if take_over:
+            out["why"] = f"guarding: {src} stopped the job and left it here; the take-over places it"
+        elif guard_check_s > 0 and updated is not None:
+            out["why"] = (f"guarding the job of {src}: kept while the job may need it; asked whether it still "
+                          f"does from {time.strftime('%Y-%m-%d %H:%M:%S', time.gmtime(updated + guard_check_s))} UTC")
+        else:
+            out["why"] = f"guarding the job of {src}: kept while the job may need it"
+        return out
+    if state == "waiting":
+        when = "" if next_look is None else \
+            f" (next look {time.strftime('%Y-%m-%d %H:%M:%S', time.gmtime(next_look))} UTC)"
+        out["why"] = f"waiting for room to resume the job of {src} (its source is gone){when}: kept"
+        return out
+    if state == "failed":
+        out["why"] = "the take-over found no verified checkpoint here: kept for an operator (laminarctl replicas drop)"
+        return out
+    if state == "archived":
+        out["why"] = "passed to the archive when this node was reclaimed: kept for an operator (laminarctl replicas drop)"
+        return out
+    if state not in REPLICA_DONE_STATES:
+        out["why"] = f"state {state!r}: not the GC's"
+        return out
+    late = {n for n in names if updated is not None and held[n] > updated and now - held[n] < REPLICA_LATE_S}
+    victims = [n for n in names if n not in in_use and n not in late]
+    keeps = [n for n in names if n in in_use or n in late]
+    why = f"{state}: the job no longer needs it here"
+    if victims:
+        out.update(removes=victims, at=now if next_round is None else max(now, next_round))
+    if late:
+        why += (f"; {', '.join(sorted(late, key=_ckpt_step, reverse=True))} came after the row changed (a guard naming"
+                f" it may follow): kept until {REPLICA_LATE_S:g} s after it came")
+    why += use_note
+    if not names and updated is not None:
+        out["row_at"] = updated + row_keep_s
+        why += "; nothing held: the row goes after replica_row_keep_s"
+    out.update(keeps=keeps, why=why)
+    return out
+
+
+# What a caller that is neither root, the control group nor the job's owner does not see of a
+# replica (GET /v1/migrate/replicas): which job it is, whose, and what it runs as here.
+REPLICA_PRIVATE_FIELDS = ("key", "src_job", "owner_uid", "job_id", "used_by", "last_error")
+
+
+def redact_replica(item: dict[str, Any]) -> dict[str, Any]:
+    """A replica's view for a caller that may not see whose job it is: the fields in
+    REPLICA_PRIVATE_FIELDS are None, ``redacted`` is True; state, sizes, ages and the GC's plan
+    stay (every local user may see where the node's disk goes)."""
+    out = {**item, **{f: None for f in REPLICA_PRIVATE_FIELDS}, "redacted": True}
+    if item.get("droppable"):
+        out["droppable"] = "refused (details for root or the control group)"
+    return out
 
 
 # A source's job in these states needs no guard anywhere: it ended here (by itself, by its user, or
@@ -460,6 +590,10 @@ def _snapshot_file(src: Path, dst: Path) -> None:
 
 class MigrateError(Exception):
     """A move that cannot go on; the message says why."""
+
+
+class ReplicaRefused(MigrateError):
+    """An operator's drop of a key's replicas that is refused now (the message says why and what to do)."""
 
 
 def parse_duration(v: Any) -> float:
@@ -2344,12 +2478,17 @@ class ReclaimComponent:
 
     def _replica_users(self, d: Path) -> set[str]:
         """Names of the checkpoints in ``d`` (a key's directory here) a local job was or will be
-        resumed from and may still need: its spec's ``resume_from`` is ``d/<name>`` and it has not
-        ended (queued, starting, running, suspended), it failed or was lost (this may be the only
-        copy of its state: an operator's call, as in the archive), or it was requeued less than
-        REPLICA_REQUEUE_HOLD_S ago (placed again from that spec)."""
+        resumed from and may still need (:meth:`_replica_user_jobs`)."""
+        return set(self._replica_user_jobs(d))
+
+    def _replica_user_jobs(self, d: Path) -> dict[str, list[str]]:
+        """The checkpoints in ``d`` (a key's directory here) a local job was or will be resumed
+        from and may still need, each with those jobs' ids: its spec's ``resume_from`` is
+        ``d/<name>`` and it has not ended (queued, starting, running, suspended), it failed or was
+        lost (this may be the only copy of its state: an operator's call, as in the archive), or
+        it was requeued less than REPLICA_REQUEUE_HOLD_S ago (placed again from that spec)."""
         jobs = getattr(self.agent, "jobs", None)
-        out: set[str] = set()
+        out: dict[str, list[str]] = {}
         now = time.time()
         for j in jobs.list() if jobs is not None else []:
             rf = getattr(j.spec, "resume_from", None)
@@ -2362,7 +2501,7 @@ class ReclaimComponent:
             ended = getattr(j, "ended", None)
             if state in ("queued", "starting", "running", "suspended", "failed", "lost") or (
                     state == "requeued" and (ended is None or now - float(ended) < REPLICA_REQUEUE_HOLD_S)):
-                out.add(p.name)
+                out.setdefault(p.name, []).append(str(j.id))
         return out
 
     def replica_gc(self, key: str, newest: str | None = None, unclaimed: bool = False) -> list[str]:
@@ -2660,6 +2799,237 @@ class ReclaimComponent:
                                    jid in self.evacuating or jid in self._prestaging)
         return {"key": key, "needed": needed, "why": why}
 
+    # -- replicas held here: the operator's view and drop (GET /v1/migrate/replicas) -------------
+
+    def _receiving(self, key: str) -> bool:
+        """Whether the transfer endpoint receives (or commits) a checkpoint of ``key`` now."""
+        r = self.receiver
+        if r is None:
+            return False
+        active = getattr(r, "_active", {})
+        locks = getattr(r, "_locks", {})
+        return any(k[0] == key for k in active) or any(k[0] == key and lk.locked() for k, lk in locks.items())
+
+    def _scan_replicas(self) -> dict[str, Any]:
+        """What is under the receive root now (blocking: a worker thread runs it): per key
+        directory under ``checkpoints/`` its ``ckpt-<n>`` (bytes, modification time), its other
+        entries (a commit's ``.tmp-*``), all its bytes and its newest change; the partial
+        transfers under ``incoming/``; the filesystem's free space; the replica trash's bytes.
+        Links are reported as links, never followed."""
+        assert self.root is not None
+        base = self.root / "checkpoints"
+        keys: dict[str, dict[str, Any]] = {}
+        try:
+            names = sorted(os.listdir(base))
+        except OSError:
+            names = []
+        for n in names:
+            p = base / n
+            try:
+                st = os.lstat(p)
+            except OSError:
+                continue
+            if not stat.S_ISDIR(st.st_mode):
+                keys[n] = {"link": stat.S_ISLNK(st.st_mode), "ckpts": {}, "other": [], "bytes": 0,
+                           "newest": st.st_mtime}
+                continue
+            ckpts: dict[str, tuple[int, float]] = {}
+            other: list[str] = []
+            total = 0
+            try:
+                entries = sorted(os.listdir(p))
+            except OSError:
+                entries = []
+            for e in entries:
+                try:
+                    est = os.lstat(p / e)
+                except OSError:
+                    continue
+                size = _tree_bytes(p / e)
+                total += size
+                if _CKPT_NAME.match(e) and stat.S_ISDIR(est.st_mode):
+                    ckpts[e] = (size, est.st_mtime)
+                else:
+                    other.append(e)
+            keys[n] = {"link": False, "ckpts": ckpts, "other": other, "bytes": total, "newest": _newest_mtime(p)}
+        incoming: dict[str, list[str]] = {}
+        with contextlib.suppress(OSError):
+            for n in sorted(os.listdir(self.root / "incoming")):
+                with contextlib.suppress(OSError):
+                    if stat.S_ISDIR(os.lstat(self.root / "incoming" / n).st_mode):
+                        incoming[n] = sorted(os.listdir(self.root / "incoming" / n))
+        free = fs = None
+        with contextlib.suppress(OSError):
+            sv = os.statvfs(base)
+            free, fs = sv.f_bavail * sv.f_frsize, sv.f_blocks * sv.f_frsize
+        return {"keys": keys, "incoming": incoming, "free_bytes": free, "fs_bytes": fs,
+                "trash_bytes": _tree_bytes(self.root / REPLICA_TRASH)}
+
+    def replica_view(self, scan: dict[str, Any], now: float | None = None) -> dict[str, Any]:
+        """Every key this node holds replicas of or has a ``migrate_replicas`` row for, with what
+        the GC will do with it (:func:`replica_gc_plan`), and the totals; ``scan`` is
+        :meth:`_scan_replicas`'s (taken in a thread). Runs on the event loop (the store, the jobs).
+
+        Per key: ``key``, ``state`` (the row's, ``unclaimed`` without a row), ``src_node``,
+        ``src_job``, ``owner_uid``, ``ckpt`` (the guarded checkpoint), ``job_id`` (what it was
+        resumed or placed as), ``updated``, ``attempts``/``next_at``/``last_error`` (a waiting
+        guard's), ``checkpoints`` ([{name, bytes, mtime}], newest first), ``bytes``,
+        ``temporaries``, ``incoming`` (partial transfers), ``link``, ``age_s`` (since the last
+        change of the row or the directory), ``used_by`` (local jobs resumed from it),
+        ``receiving``, ``gc`` (``removes``/``keeps``), ``gc_at``, ``gc_removes``, ``gc_why``,
+        ``row_gc_at``, ``droppable`` (what ``drop`` without ``force`` would say: None when it
+        would drop)."""
+        assert self.root is not None
+        now = time.time() if now is None else now
+        db = self.agent.store.db
+        rows = {str(r["key"]): r for r in db.execute(
+            "SELECT r.key, r.src_node, r.src_job, r.request, r.ckpt, r.state, r.job_id, r.updated, t.attempts, "
+            "t.next_at, t.last_error FROM migrate_replicas r LEFT JOIN migrate_retry t ON t.key = r.key").fetchall()}
+        held: dict[str, dict[str, Any]] = scan["keys"]
+        next_round = now + max(0.0, self._replica_gc_next - time.monotonic())
+        out = []
+        for key in sorted(set(rows) | set(held)):
+            row, sc = rows.get(key), held.get(key)
+            d = self.root / "checkpoints" / key
+            users = self._replica_user_jobs(d) if sc is not None and not sc["link"] else {}
+            try:
+                req = json.loads(row["request"]) if row is not None else {}
+            except ValueError:
+                req = {}
+            req = req if isinstance(req, dict) else {}
+            if row is not None:
+                src_node: int | None = int(row["src_node"])
+                src_job: str | None = str(row["src_job"])
+            else:  # no guard came: what the key's name says (n<node>-<job>)
+                m = re.match(r"^n(\d+)-(.+)$", key)
+                src_node, src_job = (int(m.group(1)), m.group(2)) if m else (None, None)
+            ckpts = sc["ckpts"] if sc is not None else {}
+            updated = float(row["updated"]) if row is not None else None
+            newest = sc["newest"] if sc is not None and not math.isinf(sc["newest"]) else None
+            state = str(row["state"]) if row is not None else None
+            plan = replica_gc_plan(
+                state=state, held={n: t for n, (_, t) in ckpts.items()}, in_use=set(users), now=now, updated=updated,
+                newest_mtime=newest, taking=key in self._taking, take_over=bool(req.get("take_over")),
+                src_node=src_node, next_round=next_round,
+                next_look=float(row["next_at"]) if row is not None and row["next_at"] is not None else None,
+                orphan_s=float(self.s["replica_orphan_s"]), guard_check_s=float(self.s["replica_guard_check_s"]),
+                row_keep_s=float(self.s["replica_row_keep_s"]))
+            changed = max(t for t in (updated, newest, -math.inf) if t is not None)
+            item: dict[str, Any] = {
+                "key": key, "state": state or "unclaimed", "src_node": src_node, "src_job": src_job,
+                "owner_uid": req.get("owner_uid"), "ckpt": str(row["ckpt"]) if row is not None else None,
+                "job_id": row["job_id"] if row is not None else None, "updated": updated,
+                "attempts": row["attempts"] if row is not None else None,
+                "next_at": row["next_at"] if row is not None else None,
+                "last_error": row["last_error"] if row is not None else None,
+                "checkpoints": [{"name": n, "bytes": b, "mtime": t}
+                                for n, (b, t) in sorted(ckpts.items(), key=lambda kv: _ckpt_step(kv[0]), reverse=True)],
+                "bytes": sc["bytes"] if sc is not None else 0,
+                "temporaries": sc["other"] if sc is not None else [], "incoming": scan["incoming"].get(key, []),
+                "link": bool(sc and sc["link"]), "held": sc is not None,
+                "age_s": None if math.isinf(changed) else max(0.0, now - changed),
+                "used_by": sorted({j for js in users.values() for j in js}), "receiving": self._receiving(key),
+                "gc": "removes" if plan["removes"] else "keeps", "gc_at": plan["at"], "gc_removes": plan["removes"],
+                "gc_why": plan["why"], "row_gc_at": plan["row_at"]}
+            item["droppable"] = self._drop_refusal(key, state, src_node, src_job, users, force=False)
+            out.append(item)
+        out.sort(key=lambda r: (r["updated"] if r["updated"] is not None else math.inf, r["key"]))
+        totals = {"keys": len(out), "bytes_held": sum(int(r["bytes"]) for r in out),
+                  "checkpoints": sum(len(r["checkpoints"]) for r in out),
+                  "root": str(self.root / "checkpoints"), "free_bytes": scan["free_bytes"], "fs_bytes": scan["fs_bytes"],
+                  "free_for_offers": None, "trash_bytes": scan["trash_bytes"],
+                  "by_state": {s: sum(1 for r in out if r["state"] == s) for s in sorted({r["state"] for r in out})}}
+        if self.receiver is not None:
+            with contextlib.suppress(OSError):
+                totals["free_for_offers"] = self.receiver.free_for_offers()
+        return {"now": now, "replicas": out, "totals": totals}
+
+    def _drop_refusal(self, key: str, state: str | None, src_node: int | None, src_job: str | None,
+                      users: dict[str, list[str]], force: bool) -> str | None:
+        """Why :meth:`drop_replica` refuses ``key`` now (None: it would drop it)."""
+        if key in self._taking:
+            return f"{key}: a take-over (or archive claim) of it runs now; try again once it ended"
+        if self._receiving(key):
+            return f"{key}: a checkpoint transfer into it is in progress; try again once it ended"
+        if users:
+            jobs = sorted({j for js in users.values() for j in js})
+            return (f"{key}: local job{'s' if len(jobs) > 1 else ''} {', '.join(jobs)} resume{'' if len(jobs) > 1 else 's'}"
+                    f" from {', '.join(sorted(users))}; never dropped while a local job uses it, --force or not "
+                    "(a job that failed or was lost may need it to be restarted: that is an operator's call)")
+        if state in REPLICA_GUARD_STATES and not force:
+            src = f"node {src_node}" if src_node is not None else "its source node"
+            what = (f"this node holds the guard of job {src_job or '?'} of {src}" if state == "guarding" else
+                    f"its source {src} is gone and this node waits for room to resume job {src_job or '?'}")
+            return (f"{key} is {state}: {what}; these replicas may be the job's only way back. Drop it anyway with "
+                    f"--force ({src} is not told: a live source that prestages ships its next checkpoint and guard "
+                    "again; a stopped job held here, or a gone source's job, is then lost unless the archive holds it)")
+        return None
+
+    def drop_replica(self, key: str, force: bool = False, by: str = "") -> dict[str, Any]:
+        """Removes the replicas of ``key`` held here and its ``migrate_replicas`` (and retry) row,
+        as an operator asks (``POST /v1/migrate/replicas/{key}/drop``, ``laminarctl replicas drop``).
+
+        The same safe path as the GC: on the event loop (so no commit of the key interleaves),
+        the key's directory is renamed into ``<root>/REPLICA_TRASH/`` (a link is moved as a link,
+        never followed) and removed in a worker thread; then the rows go. Refused, with nothing
+        changed: a key that is not a transfer key (ValueError), one this node neither holds nor
+        has a row for (LookupError), and (ReplicaRefused) one whose take-over runs, one a transfer
+        is being received into, one a local job resumes from (``force`` or not), a ``guarding`` or
+        ``waiting`` key without ``force``. A forced drop tells the source nothing (see
+        docs/operations.md). ``.tmp-*`` of a commit cannot be there (no transfer runs); partial
+        transfers under ``incoming/`` are the endpoint's (:meth:`Receiver.sweep`) and the archive
+        is never touched. Returns ``{"key", "state", "dropped": [ckpt names], "bytes", "forced"}``."""
+        if not isinstance(key, str) or not _SAFE_KEY.match(key):
+            raise ValueError(f"{key!r} is not a replica key: expected letters, digits, '_', '.' or '-', starting "
+                             "with a letter or digit, at most 128 characters (see `laminarctl replicas`)")
+        if self.root is None:
+            raise LookupError(f"no replicas of {key!r} on this node: it has no transfer endpoint")
+        row = self.agent.store.db.execute("SELECT src_node, src_job, state FROM migrate_replicas WHERE key=?",
+                                          (key,)).fetchone()
+        d = self.root / "checkpoints" / key
+        try:
+            st: os.stat_result | None = os.lstat(d)
+        except FileNotFoundError:
+            st = None
+        if row is None and st is None:
+            raise LookupError(f"no replicas of {key!r} on this node (see `laminarctl replicas`)")
+        is_dir = st is not None and stat.S_ISDIR(st.st_mode)
+        users = self._replica_user_jobs(d) if is_dir else {}
+        state = str(row["state"]) if row is not None else None
+        refusal = self._drop_refusal(key, state, None if row is None else int(row["src_node"]),
+                                     None if row is None else str(row["src_job"]), users, force)
+        if refusal is not None:
+            raise ReplicaRefused(refusal)
+        names: list[str] = []
+        nbytes = 0
+        moved: Path | None = None
+        if st is not None:
+            if is_dir:
+                with contextlib.suppress(OSError):
+                    names = sorted((n for n in os.listdir(d) if _CKPT_NAME.match(n)), key=_ckpt_step, reverse=True)
+                nbytes = _tree_bytes(d)
+            trash = self.root / REPLICA_TRASH
+            try:
+                trash.mkdir(exist_ok=True)
+                if not stat.S_ISDIR(os.lstat(trash).st_mode):
+                    raise OSError(f"{trash} is not a directory")
+                moved = trash / f"{key}.drop.{time.monotonic_ns()}"
+                os.rename(d, moved)
+            except OSError as e:
+                raise MigrateError(f"{key}: cannot move {d} into {trash}: {e}; nothing was removed") from None
+        with self.agent.store.tx() as db:
+            db.execute("DELETE FROM migrate_replicas WHERE key=?", (key,))
+            db.execute("DELETE FROM migrate_retry WHERE key=?", (key,))
+        self._guard_asked.pop(key, None)
+        self.counts["replica_dropped"] = self.counts.get("replica_dropped", 0) + 1
+        forced = force and state in REPLICA_GUARD_STATES
+        self._emit(f"{key}: replicas dropped by {by or 'an operator'} (state {state or 'unclaimed'}"
+                   f"{', forced' if forced else ''}): {', '.join(names) or 'no checkpoint'}, {nbytes} bytes",
+                   key=key, phase="replica-dropped", state=state or "unclaimed", forced=forced, by=by)
+        if moved is not None:
+            self._remove_later([moved])
+        return {"key": key, "state": state or "unclaimed", "dropped": names, "bytes": nbytes, "forced": forced}
+
     # -- the endpoint's callbacks -------------------------------------------------------------
 
     def _on_commit(self, c: Committed) -> None:
@@ -2750,6 +3120,13 @@ class ReclaimComponent:
                 "notices": sorted(self.notices),
                 "periodic_ckpt": None if self.ckpt is None else dict(self.ckpt.counts)}
 
+    def _sees_all(self, peer: Any) -> bool:
+        """Whether ``peer`` sees every replica's job and owner: root or the control group."""
+        if peer.uid == 0:
+            return True
+        auth = getattr(getattr(self.agent, "api", None), "auth", None)
+        return bool(auth is not None and auth.allowed(peer))
+
     def routes(self) -> list[Any]:
         from laminar.api import ApiError, Request, Route
 
@@ -2782,12 +3159,33 @@ class ReclaimComponent:
                 raise ApiError(404, f"no move of job {jid!r} on this node")
             return mv.as_dict()
 
-        async def replicas(req: Request) -> list[dict[str, Any]]:
-            rows = self.agent.store.db.execute(
-                "SELECT r.key, r.src_node, r.src_job, r.ckpt, r.state, r.job_id, r.updated, t.attempts, "
-                "t.next_at, t.last_error FROM migrate_replicas r LEFT JOIN migrate_retry t ON t.key = r.key "
-                "ORDER BY r.updated").fetchall()
-            return [dict(r) for r in rows]
+        async def replicas(req: Request) -> Any:
+            totals = req.query.get("totals", "0")
+            if totals not in ("0", "1", "false", "true"):
+                raise ApiError(400, f"replicas: totals={totals!r}: expected 1 or 0")
+            if self.root is None:
+                view: dict[str, Any] = {"now": time.time(), "replicas": [], "totals": {}}
+            else:
+                view = self.replica_view(await asyncio.to_thread(self._scan_replicas))
+            rows = view["replicas"] if self._sees_all(req.peer) else \
+                [r if r.get("owner_uid") == req.peer.uid else redact_replica(r) for r in view["replicas"]]
+            if totals in ("1", "true"):
+                return {"now": view["now"], "replicas": rows, "totals": view["totals"]}
+            return rows
+
+        async def drop_replica(req: Request) -> dict[str, Any]:
+            b = {} if req.body is None else req.body
+            if not isinstance(b, dict) or set(b) - {"force"} or not isinstance(b.get("force", False), bool):
+                raise ApiError(400, f"replicas drop: body {b!r}: expected {{\"force\"?: true|false}}")
+            try:
+                return self.drop_replica(req.params["key"], force=bool(b.get("force", False)),
+                                         by=f"uid {req.peer.uid}")
+            except ValueError as e:
+                raise ApiError(400, f"replicas drop: {e}") from None
+            except LookupError as e:
+                raise ApiError(404, f"replicas drop: {e.args[0]}") from None
+            except MigrateError as e:
+                raise ApiError(409, f"replicas drop: {e}") from None
 
         async def checkpoints(req: Request) -> dict[str, Any]:
             d = self.ckpt
@@ -2804,4 +3202,5 @@ class ReclaimComponent:
             Route("GET", "/v1/migrations", migrations),
             Route("GET", "/v1/migrations/{job}", migration),
             Route("GET", "/v1/migrate/replicas", replicas),
+            Route("POST", "/v1/migrate/replicas/{key}/drop", drop_replica, privileged=True),
         ]
