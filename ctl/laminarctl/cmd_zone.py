@@ -4,6 +4,8 @@
     laminarctl zone stats                     # drops by reason, arbiter and submitter counters
     laminarctl zone submit --gpus 0.5 --memory 4G --name train -- python train.py
     laminarctl zone placements                # where this node's placements went, and why
+    laminarctl zone keys                      # each zone key: role, fingerprint, datagrams it verified
+    laminarctl zone keys reload               # re-read the key file now (root; same as SIGHUP)
 
 ``zone submit`` places the job on whichever node of the cluster offers first (probe-first,
 late binding; see docs/protocol.md): it may run here or on another node. Exit code 0 when the
@@ -26,6 +28,8 @@ from .output import emit, info, kv, table
 PEER_COLUMNS = [("node", "NODE"), ("zone", "ZONE"), ("addr", "ADDRESS"), ("pool", "POOL"), ("owner", "OWNER"),
                 ("alive", "ALIVE"), ("last_seen_s", "SEEN s"), ("summary_age_s", "SUMMARY s"),
                 ("misses", "MISSES"), ("rx", "RX"), ("tx", "TX")]
+KEY_COLUMNS = [("zone", "ZONE"), ("role", "ROLE"), ("fingerprint", "FINGERPRINT"), ("verified", "VERIFIED"),
+               ("last_verified_s", "LAST USED s AGO")]
 PLACEMENT_COLUMNS = [("placement_id", "PLACEMENT"), ("name", "NAME"), ("outcome", "OUTCOME"), ("node", "NODE"),
                      ("zone", "ZONE"), ("job_id", "JOB"), ("elapsed_ms", "MS"), ("reason", "REASON")]
 
@@ -40,6 +44,13 @@ def register(sub: Any, common: argparse.ArgumentParser) -> None:
     p.set_defaults(func=cmd_stats)
     p = zsub.add_parser("placements", parents=[common], help="recent placements submitted on this node")
     p.set_defaults(func=cmd_placements)
+    p = zsub.add_parser("keys", parents=[common], help="the zone keys in use and which verified how many datagrams",
+                        description="Without an action: each key's zone, role, fingerprint and the datagrams and "
+                        "hand-overs it verified here since the agent started. 'reload' re-reads the key file "
+                        "(refused whole, keeping the keys in use, when it is bad). See docs/operations.md, "
+                        "'Rotating a zone key'.")
+    p.add_argument("action", nargs="?", choices=["reload"], help="reload: re-read the key file now")
+    p.set_defaults(func=cmd_keys)
     p = zsub.add_parser("submit", parents=[common], help="place a job on any node of the cluster",
                         description="Place a job through the zone. Put the command after --.")
     p.add_argument("--name", default="", help="a name for the job")
@@ -61,6 +72,35 @@ def register(sub: Any, common: argparse.ArgumentParser) -> None:
 def cmd_peers(args: argparse.Namespace) -> int:
     rows = args.client.get("/v1/zone/peers")
     emit(rows, args.output, lambda rs: table(rs, PEER_COLUMNS))
+    return 0
+
+
+def cmd_keys(args: argparse.Namespace) -> int:
+    import time
+
+    if args.action == "reload":
+        res = args.client.post("/v1/zone/keys/reload", {})
+
+        def human(r: dict[str, Any]) -> None:
+            info(f"keys reloaded from {r['source']}")
+            table(r["keys"], KEY_COLUMNS[:3])
+
+        emit(res, args.output, human)
+        return 0
+    res = args.client.get("/v1/zone/keys")
+    now = time.time()
+    for k in res.get("keys", []):
+        t = k.get("last_verified")
+        k["last_verified_s"] = round(now - t, 1) if isinstance(t, (int, float)) else ("-" if k["role"] == "current"
+                                                                                       else "never")
+
+    def listing(r: dict[str, Any]) -> None:
+        if r["networked"]:
+            table(r["keys"], KEY_COLUMNS, title=f"zone keys ({r['source']})")
+        else:
+            info("one-node zone: an in-memory key, no key file")
+
+    emit(res, args.output, listing)
     return 0
 
 

@@ -21,7 +21,20 @@ hot path, unchanged.
 
 :class:`ZoneComponent` wires them into the agent: the UDP endpoint, the TCP hand-over server,
 summaries and heartbeats at a bounded rate, and the API routes ``GET /v1/zone/peers``,
-``GET /v1/zone/stats`` and ``POST /v1/placements``.
+``GET /v1/zone/stats``, ``GET /v1/zone/keys``, ``POST /v1/zone/keys/reload`` (privileged) and
+``POST /v1/placements``.
+
+Keys: the agent re-reads its key file (``[zone] keys_file``) on SIGHUP and on
+``POST /v1/zone/keys/reload`` (``laminarctl zone keys reload``), without a restart
+(:meth:`ZoneComponent.reload_keys`): a file that fails any check is refused whole and the keys
+in use stay. ``GET /v1/zone/keys`` shows each key's zone, role, fingerprint and how many
+datagrams it verified, so an operator rotating a key sees when the old one is no longer used
+(``docs/operations.md``, "Rotating a zone key").
+
+Sequence floor: the wire sequence starts at the wall clock in microseconds; the agent persists
+a floor above every number it used (``zone.seq_floor.<node>`` in the store's meta table, one
+write per :data:`laminar.zone.wire.SEQ_BLOCK` datagrams) and starts above it, so a restart
+right after the wall clock stepped back is not dropped by its peers as replays.
 
 A placement's outcome is a :class:`PlacementResult`: ``placed`` (node, zone, job id),
 ``unconfirmed`` (the hand-over reached a node that died before acknowledging it: the job may
@@ -1268,7 +1281,8 @@ class ZoneComponent:
         )
         self.router.on_late_offer = self.submitter.note_late_offer
         self.keys = keys
-        self.encoder = wire.Encoder(self.node_id, keys)
+        self.encoder = wire.Encoder(self.node_id, keys, seq0=self._seq_start(),
+                                    reserve=self._seq_reserve if self._seq_store() is not None else None)
         zone_of = self.membership.zone_of()
         # both accept only what was sent to this node (the MAC covers the receiver's id)
         self.decoder = wire.Decoder(keys, zone_of, window_s=float(s["replay_window_s"]), node=self.node_id)
@@ -1291,11 +1305,25 @@ class ZoneComponent:
                 self.endpoint.close()
                 raise
             self._tasks.append(asyncio.create_task(self._summary_loop()))
+            self._hup_installed = False
+            if agent is not None:  # the agent's process: SIGHUP re-reads the key file
+                import signal
+
+                try:
+                    loop.add_signal_handler(signal.SIGHUP, self._on_sighup)
+                    self._hup_installed = True
+                except (NotImplementedError, RuntimeError, ValueError):  # not the main thread
+                    log.warning("zone: cannot handle SIGHUP here; reload keys with laminarctl zone keys reload")
         self._tasks.append(asyncio.create_task(self._watch_jobs()))
         self._emit(f"zone ready: node {self.node_id} in zone {self.zone}, {len(members)} members, "
                    f"{'networked' if self.networked else 'one-node zone'}")
 
     async def stop(self) -> None:
+        if getattr(self, "_hup_installed", False):
+            import signal
+
+            asyncio.get_running_loop().remove_signal_handler(signal.SIGHUP)
+            self._hup_installed = False
         if hasattr(self, "loan"):
             await self.loan.stop()
         for t in self._tasks:
@@ -1310,6 +1338,72 @@ class ZoneComponent:
             await self.server.stop()
         if self.endpoint is not None:
             self.endpoint.close()
+
+    # -- keys and the sequence floor ---------------------------------------------------------------
+
+    def reload_keys(self) -> dict[str, Any]:
+        """Re-read the key file and use it from the next datagram on (sending, receiving,
+        hand-overs and checkpoint transfers). Raises :class:`laminar.zone.keys.KeyFileError`
+        (the keys in use stay) when the file fails any check, or lacks a key for a member's
+        zone; RuntimeError for the one-node zone, which has no key file. Returns the keys'
+        ``{source, keys: [{zone, role, fingerprint}]}``."""
+        from laminar.zone.keys import load_keys
+
+        if not self.networked:
+            raise RuntimeError("zone: this is the one-node zone (no zone.nodes): it uses an in-memory key, there is "
+                               "no key file to reload")
+        keys = load_keys(self.s["keys_file"], need_zones=sorted({m.zone for m in self.membership.by_node.values()}))
+        self.keys = keys
+        for coder in (self.encoder, self.decoder, self.tcp_decoder):
+            if coder is not None:
+                coder.keys = keys
+        desc = keys.describe()
+        self._emit(f"zone keys reloaded from {keys.source}: "
+                   + ", ".join(f"{d['zone']}:{d['role']}={d['fingerprint']}" for d in desc), keys=desc)
+        return {"source": keys.source, "keys": desc}
+
+    def _on_sighup(self) -> None:
+        from laminar.zone.keys import KeyFileError
+
+        try:
+            self.reload_keys()
+        except (KeyFileError, OSError, RuntimeError) as e:
+            self._emit(f"zone keys not reloaded (the keys in use stay): {e}", error=str(e))
+
+    def key_stats(self) -> list[dict[str, Any]]:
+        """Each key: zone, role, fingerprint, datagrams and hand-over frames it verified here
+        (``verified``), and when it last verified one (``last_verified``, keys other than the
+        current one)."""
+        rows = self.decoder.key_stats() if self.decoder is not None else []
+        tcp = {(r["zone"], r["fingerprint"]): r for r in (self.tcp_decoder.key_stats() if self.tcp_decoder else [])}
+        out = []
+        for r in rows:
+            t = tcp.get((r["zone"], r["fingerprint"]), {})
+            lasts = [x for x in (r["last_verified"], t.get("last_verified")) if isinstance(x, (int, float))]
+            out.append({**r, "verified": int(r["verified"]) + int(t.get("verified", 0)),  # type: ignore[call-overload]
+                        "last_verified": max(lasts) if lasts else None})
+        return out
+
+    def _seq_store(self) -> Any:
+        return getattr(self.agent, "store", None)
+
+    def _seq_start(self) -> int:
+        """This run's first sequence number: the wall clock in µs, or above the persisted
+        floor when the clock is behind it."""
+        store = self._seq_store()
+        floor = store.get_meta(f"zone.seq_floor.{self.node_id}") if store is not None else None
+        start = wire.seq_start(int(self.wall() * 1_000_000), int(floor) if floor is not None else None)
+        if floor is not None and start == int(floor) + 1:
+            log.warning("zone: the wall clock is behind this node's last sequence numbers (stepped back?): "
+                        "starting above the persisted floor %d", floor)
+        return start
+
+    def _seq_reserve(self, limit: int) -> None:
+        store = self._seq_store()
+        try:
+            store.set_meta(f"zone.seq_floor.{self.node_id}", int(limit))
+        except Exception as e:  # never fail a send; the next block tries again
+            log.warning("zone: cannot persist the sequence floor %d: %s", limit, e)
 
     def _emit(self, message: str, **fields: Any) -> None:
         ev = getattr(self.agent, "events", None)
@@ -1778,6 +1872,7 @@ class ZoneComponent:
             "node": self.node_id, "zone": self.zone, "networked": self.networked,
             "drops": self.decoder.stats() if self.decoder else {},
             "handover_drops": self.tcp_decoder.stats() if self.tcp_decoder else {},
+            "keys": self.key_stats() if self.networked else [],
             "handover_tcp": {"connections": getattr(self.server, "connections", 0),
                              "refused": getattr(self.server, "refused", 0)},
             "udp": {"sent": getattr(self.endpoint, "sent", 0), "received": getattr(self.endpoint, "received", 0),
@@ -1811,6 +1906,20 @@ class ZoneComponent:
 
         async def stats(req: Request) -> dict[str, Any]:
             return self.stats()
+
+        async def keys(req: Request) -> dict[str, Any]:
+            return {"source": self.keys.source if hasattr(self, "keys") else None, "networked": self.networked,
+                    "keys": self.key_stats() if self.networked else []}
+
+        async def keys_reload(req: Request) -> dict[str, Any]:
+            from laminar.zone.keys import KeyFileError
+
+            try:
+                return self.reload_keys()
+            except (KeyFileError, OSError) as e:
+                raise ApiError(400, f"{e} (the keys in use stay)") from None
+            except RuntimeError as e:
+                raise ApiError(409, str(e)) from None
 
         async def submit(req: Request) -> dict[str, Any]:
             body = req.body
@@ -1860,6 +1969,8 @@ class ZoneComponent:
             *self.loan.routes(),
             Route("GET", "/v1/zone/peers", peers),
             Route("GET", "/v1/zone/stats", stats),
+            Route("GET", "/v1/zone/keys", keys),
+            Route("POST", "/v1/zone/keys/reload", keys_reload, privileged=True),
             Route("GET", "/v1/placements", history),
             Route("POST", "/v1/placements", submit, privileged=False),
         ]
