@@ -94,7 +94,11 @@ def _row(r: dict[str, Any], now: float) -> dict[str, Any]:
         plan = f"row goes in {human_age(max(0.0, r['row_gc_at'] - now))}"
     else:
         plan = "keeps"
-    return {**r, "key": r.get("key") or "(another user's)", "from": src, "held": held,
+    why = r.get("gc_why") or ""
+    if r.get("attempts"):  # a waiting guard: how often it looked, and why it found no room
+        n = int(r["attempts"])
+        why += f"; looked {n} time{'' if n == 1 else 's'}" + (f", last: {r['last_error']}" if r.get("last_error") else "")
+    return {**r, "key": r.get("key") or "(another user's)", "from": src, "held": held, "gc_why": why,
             "size": human_bytes(r.get("bytes")), "age": human_age(r.get("age_s")),
             "used_by": ", ".join(r.get("used_by") or []) or "-", "gc_plan": plan}
 

@@ -94,10 +94,15 @@ def test_the_listing_shows_each_key_its_bytes_its_user_and_the_gc_plan(tmp_path:
                                 "request": {"spec": {"command": ["train"]}, "owner_uid": NOBODY}},
                                zone=1, node="2")
 
+            waiting = Source(tmp_path, comp, 3, "n3-job-7")  # its source died; no room to resume it yet
+            await waiting.send(2)
+            await waiting.ctl("guard", "ckpt-2")
+            comp._wait_for_room("n3-job-7", "node 3 is dead", "here: no free GPU", None)
+
             rc, out, err = await ctl(sock, "-o", "json", "replicas")
             assert rc == 0, err
             rows = {r["key"]: r for r in json.loads(out)}
-            assert set(rows) == {"n2-job-1", "n3-job-2", "n3-job-3", "n2-job-5", "n2-job-6"}
+            assert set(rows) == {"n2-job-1", "n3-job-2", "n3-job-3", "n2-job-5", "n2-job-6", "n3-job-7"}
             for k, r in rows.items():
                 assert r["bytes"] == disk_bytes(base / k) > 0
                 assert sum(c["bytes"] for c in r["checkpoints"]) == r["bytes"]
@@ -119,30 +124,34 @@ def test_the_listing_shows_each_key_its_bytes_its_user_and_the_gc_plan(tmp_path:
             u = rows["n2-job-5"]
             assert u["used_by"] == ["job-8"] and u["gc"] == "keeps" and u["job_id"] == "job-8"
             assert "job-8" in u["droppable"]
+            w = rows["n3-job-7"]
+            assert (w["state"], w["attempts"], w["last_error"], w["gc"]) == ("waiting", 1, "here: no free GPU", "keeps")
+            assert "waiting for room" in w["gc_why"] and "--force" in w["droppable"]
 
             rc, out, err = await ctl(sock, "-o", "json", "replicas", "--totals")
             assert rc == 0, err
             v = json.loads(out)
             t = v["totals"]
-            assert t["keys"] == 5 and t["bytes_held"] == sum(disk_bytes(base / k) for k in rows)
+            assert t["keys"] == 6 and t["bytes_held"] == sum(disk_bytes(base / k) for k in rows)
             st = os.statvfs(base)
             assert 0 < t["free_bytes"] <= st.f_blocks * st.f_frsize and t["root"] == str(base)
-            assert t["by_state"] == {"guarding": 2, "handed-over": 1, "released": 1, "unclaimed": 1}
+            assert t["by_state"] == {"guarding": 2, "handed-over": 1, "released": 1, "unclaimed": 1, "waiting": 1}
 
             rc, out, err = await ctl(sock, "replicas")  # the table
             assert rc == 0, err
             for k in rows:
                 assert k in out
-            assert "removes ckpt-7" in out and "5 keys" in out and "free" in out
+            assert "removes ckpt-7" in out and "6 keys" in out and "free" in out
+            assert "looked 1 time, last: here: no free GPU" in out
 
             # a caller that is neither root, the control group nor the job's owner: no job identities
             loop = asyncio.get_running_loop()
             r = await loop.run_in_executor(None, ctl_as, NOBODY, ["--socket", str(sock), "-o", "json", "replicas"])
             assert r.returncode == 0, r.stderr
             seen = json.loads(r.stdout)
-            assert len(seen) == 5
+            assert len(seen) == 6
             theirs = [x for x in seen if x.get("redacted")]
-            assert len(theirs) == 4 and all(x["key"] is None and x["src_job"] is None and x["used_by"] is None
+            assert len(theirs) == 5 and all(x["key"] is None and x["src_job"] is None and x["used_by"] is None
                                             for x in theirs)
             assert sorted(x["bytes"] for x in seen) == sorted(x["bytes"] for x in rows.values())
             own = [x for x in seen if not x.get("redacted")]
