@@ -31,7 +31,7 @@ from test_replica_gc import KEY, Source, names, started
 
 from laminar.api import ApiServer, Authorizer
 from laminar.jobkit import Checkpointer
-from laminar.migrate.reclaim import ReclaimComponent
+from laminar.migrate.reclaim import REPLICA_LATE_S, ReclaimComponent
 from laminar.migrate.transfer import send_checkpoint, send_control
 from laminar.runtime.jobs import JobSpec
 
@@ -113,7 +113,9 @@ def test_the_listing_shows_each_key_its_bytes_its_user_and_the_gc_plan(tmp_path:
             assert g["gc"] == "keeps" and "node 2" in g["gc_why"] and g["used_by"] == []
             assert "--force" in g["droppable"] and "only way back" in g["droppable"]
             r2 = rows["n3-job-2"]
-            assert r2["state"] == "released" and r2["gc"] == "keeps" and "came after" in r2["gc_why"]
+            assert r2["state"] == "released" and r2["gc"] == "removes" and "came after" in r2["gc_why"]
+            late = os.lstat(base / "n3-job-2" / "ckpt-2").st_mtime  # kept for a guard that may follow, then goes
+            assert r2["gc_removes"] == ["ckpt-2"] and abs(r2["gc_at"] - (late + REPLICA_LATE_S)) < 1
             o = rows["n3-job-3"]
             assert o["state"] == "unclaimed" and o["src_node"] == 3 and o["gc"] == "removes"
             assert o["gc_removes"] == ["ckpt-7"]

@@ -33,6 +33,9 @@ def test_done_keys_lose_what_no_local_job_uses_at_the_next_round_but_late_checkp
     p = plan("released", held, updated=NOW - 100, in_use={"ckpt-1"}, next_round=NOW + 12)
     assert p["removes"] == ["ckpt-2"] and p["at"] == NOW + 12 and p["keeps"] == ["ckpt-3", "ckpt-1"]
     assert "came after" in str(p["why"]) and "local job" in str(p["why"])
+    only_late = plan("released", {"ckpt-3": NOW - 5, "ckpt-4": NOW - 2}, updated=NOW - 100, next_round=NOW + 12)
+    assert only_late["removes"] == ["ckpt-4", "ckpt-3"] and only_late["at"] == NOW - 2 + REPLICA_LATE_S
+    assert only_late["keeps"] == [] and "came after" in str(only_late["why"])
     old_late = {"ckpt-3": NOW - REPLICA_LATE_S - 1}  # committed after the row changed, but long ago
     assert plan("resumed", old_late, updated=NOW - REPLICA_LATE_S - 10)["removes"] == ["ckpt-3"]
     empty = plan("handed-over", {}, updated=NOW - 100, row_keep_s=86400.0)

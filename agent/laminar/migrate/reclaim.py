@@ -502,6 +502,11 @@ def replica_gc_plan(*, state: str | None, held: dict[str, float], in_use: Collec
     why = f"{state}: the job no longer needs it here"
     if victims:
         out.update(removes=victims, at=now if next_round is None else max(now, next_round))
+    elif late:  # nothing goes now: the late ones go once REPLICA_LATE_S passed (the last of them then)
+        gone_later = [n for n in names if n in late and n not in in_use]
+        if gone_later:
+            out.update(removes=gone_later, at=max(held[n] for n in gone_later) + REPLICA_LATE_S)
+            keeps = [n for n in names if n in in_use]
     if late:
         why += (f"; {', '.join(sorted(late, key=_ckpt_step, reverse=True))} came after the row changed (a guard naming"
                 f" it may follow): kept until {REPLICA_LATE_S:g} s after it came")
