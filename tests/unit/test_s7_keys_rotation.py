@@ -219,10 +219,10 @@ def test_reload_takes_a_good_file_and_refuses_a_bad_one_whole(tmp_path: Path) ->
     """A real ZoneComponent on loopback: a reload switches its encoder and both decoders; a
     bad file (a good first line, a bad second one) changes nothing."""
     keys = keyfile(tmp_path, STEP0)
-    nodes = [{"id": 1, "zone": 1, "addr": f"127.0.0.1:{free_port(socket.SOCK_DGRAM)}"},
+    port = free_port(socket.SOCK_DGRAM)
+    nodes = [{"id": 1, "zone": 1, "addr": f"127.0.0.1:{port}"},
              {"id": 2, "zone": 1, "addr": f"127.0.0.1:{free_port(socket.SOCK_DGRAM)}"}]
-    settings = {"node_id": 1, "nodes": nodes, "keys_file": str(keys), "listen": "127.0.0.1",
-                "port": int(nodes[0]["addr"].split(":")[1]), "handover_port": free_port(socket.SOCK_STREAM),
+    settings = {"node_id": 1, "nodes": nodes, "keys_file": str(keys), "listen": "127.0.0.1", "port": port, "handover_port": free_port(socket.SOCK_STREAM),
                 "cpus": 4, "memory_mb": 4000}
     comp = ZoneComponent(settings=settings, gpus=1, loan={"elastic_interval_s": 0})
 
