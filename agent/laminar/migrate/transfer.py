@@ -82,6 +82,7 @@ import struct
 import sys
 import time
 from collections.abc import Awaitable, Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NoReturn, Protocol
@@ -108,6 +109,7 @@ MAX_HANDSHAKE = 4096  # hello/challenge/auth: what a peer that has not authentic
 MAX_UNAUTHENTICATED = 16  # connections from one address still in the handshake; more are refused at once
 _COPY_BLOCK = 4 << 20  # what a commit reads at a time from the partial file
 PERSIST_EVERY = 8  # chunks between fdatasync + have.log appends
+_HASH_THREADS = min(4, os.cpu_count() or 1)  # threads hashing a checkpoint's chunks at once
 MAX_NEED_ROUNDS = 5  # re-send rounds before a transfer is declared failed
 HANDSHAKE_TIMEOUT_S = 10.0
 IO_TIMEOUT_S = 60.0
@@ -261,25 +263,122 @@ class _Concat:
         return bytes(out)
 
 
+PREFETCH_BYTES = 8 << 20  # what the sender reads and hashes ahead of the socket (at least one chunk)
+
+
+class _Source:
+    """The sender's reads of a checkpoint's chunks: each chunk read (``preadv`` into one of a
+    few reused buffers) and checked against the manifest in a worker thread (hashlib lets go
+    of the GIL), up to PREFETCH_BYTES ahead of the socket, so the disk and SHA-256 run beside
+    the event loop's encryption and sends. Each chunk is hashed again right before it is
+    sent: a checkpoint changed or corrupted on the source disk since the manifest is refused
+    (TransferError, fatal), never shipped. Use as a context manager (it holds the files open)."""
+
+    def __init__(self, root: Path, m: Manifest) -> None:
+        self.m = m
+        self.fds: list[int] = []
+        self.spans: list[tuple[int, int, int]] = []  # (fd, offset in the concatenation, size)
+        off = 0
+        try:
+            for name, size, _ in m.files:
+                fd = os.open(root / name, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW)
+                self.fds.append(fd)
+                self.spans.append((fd, off, size))
+                off += size
+        except OSError:
+            self.close()
+            raise
+        self.depth = max(1, min(8, PREFETCH_BYTES // max(1, m.chunk_size)))
+        self.free = [bytearray(m.chunk_size) for _ in range(min(self.depth + 1, max(1, len(m.chunks))))]
+
+    def __enter__(self) -> _Source:
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        for fd in self.fds:
+            with contextlib.suppress(OSError):
+                os.close(fd)
+        self.fds = []
+
+    def load(self, i: int, buf: bytearray) -> memoryview:
+        """Chunk ``i`` read into ``buf`` and checked (a worker thread); raises TransferError."""
+        n = self.m.chunk_len(i)
+        view = memoryview(buf)[:n]
+        start, end, got = i * self.m.chunk_size, i * self.m.chunk_size + n, 0
+        for fd, off, size in self.spans:
+            lo, hi = max(start, off), min(end, off + size)
+            while lo < hi:
+                k = os.preadv(fd, [view[lo - start:hi - start]], lo - off)
+                if k <= 0:
+                    break
+                lo += k
+                got += k
+        if got != n or hashlib.sha256(view).hexdigest() != self.m.chunks[i]:
+            raise TransferError(f"transfer: refusing to send chunk {i} of {self.m.ckpt_id}: it changed on the source "
+                                "disk", fatal=True)
+        return view
+
+    async def chunks(self, ids: list[int]) -> Any:
+        """Yields (i, view) for each chunk of ``ids`` in order; a view is valid until the next."""
+        loop = asyncio.get_running_loop()
+        todo = iter(ids)
+        ahead: list[tuple[int, bytearray, asyncio.Future[memoryview]]] = []
+        try:
+            while True:
+                while self.free and len(ahead) < self.depth:
+                    i = next(todo, None)
+                    if i is None:
+                        break
+                    buf = self.free.pop()
+                    ahead.append((i, buf, loop.run_in_executor(None, self.load, i, buf)))
+                if not ahead:
+                    return
+                i, buf, fut = ahead.pop(0)
+                view = await fut
+                yield i, view
+                del view
+                self.free.append(buf)
+        finally:
+            for _i, _buf, fut in ahead:  # a thread may still be reading into its buffer: it is dropped
+                fut.cancel()
+            ahead.clear()
+
+
 def build_manifest(ckpt_dir: str | os.PathLike[str], job_id: str, chunk_size: int = DEFAULT_CHUNK) -> Manifest:
     """The transfer manifest of a jobkit checkpoint directory. Checks the files against the
     job's own MANIFEST.json first (raises TransferError: a corrupt source is never shipped)."""
     p = Path(ckpt_dir)
     try:
-        jobkit.verify_checkpoint(p)
+        jobkit.read_manifest(p)  # a directory that is not a checkpoint fails before any hashing
     except jobkit.CheckpointError as e:
         raise TransferError(f"transfer: refusing to send {p}: {e}", fatal=True) from None
     if not 0 < chunk_size <= MAX_CHUNK:
         raise TransferError(f"transfer: chunk_size {chunk_size} out of range 1..{MAX_CHUNK}")
     names = sorted(x.name for x in p.iterdir() if x.name not in jobkit.SIDECARS)
-    files = []
-    for n in names:
-        files.append((n, (p / n).stat().st_size, jobkit.file_sha256(p / n)))
-    m0 = Manifest(job_id, p.name, chunk_size, tuple(files), ())
+    sizes = [(n, (p / n).stat().st_size) for n in names]
+    m0 = Manifest(job_id, p.name, chunk_size, tuple((n, z, "") for n, z in sizes), ())
+    nchunks = (m0.total_bytes + chunk_size - 1) // chunk_size
+    k = max(1, min(_HASH_THREADS, nchunks))
     rd = _Concat(p, m0.files)
-    chunks = []
-    for i in range((m0.total_bytes + chunk_size - 1) // chunk_size):
-        chunks.append(hashlib.sha256(rd.read(i * chunk_size, chunk_size)).hexdigest())
+
+    def hash_chunks(lo: int, hi: int) -> list[str]:
+        return [hashlib.sha256(rd.read(i * chunk_size, chunk_size)).hexdigest() for i in range(lo, hi)]
+
+    # Two SHA-256 passes, side by side in threads (hashlib lets go of the GIL): jobkit's over
+    # each file it lists, which checks them against the job's manifest and gives their
+    # hashes, and the chunks'.
+    with ThreadPoolExecutor(k + 1, thread_name_prefix="lm-xfer-manifest") as ex:
+        job = ex.submit(jobkit.verify_checkpoint, p)
+        parts = [ex.submit(hash_chunks, j * nchunks // k, (j + 1) * nchunks // k) for j in range(k)]
+        try:
+            listed = {f["name"]: f["sha256"] for f in job.result()["files"]}
+        except jobkit.CheckpointError as e:
+            raise TransferError(f"transfer: refusing to send {p}: {e}", fatal=True) from None
+        chunks = [c for f in parts for c in f.result()]
+    files = [(n, z, listed[n] if n in listed else jobkit.file_sha256(p / n)) for n, z in sizes]
     m = Manifest(job_id, p.name, chunk_size, tuple(files), tuple(chunks))
     Manifest.from_body(m.body())  # same checks as the receiver: unsafe names fail here
     return m
@@ -327,12 +426,15 @@ async def _recv(r: _Reader, timeout: float = IO_TIMEOUT_S,
     after it). ``limit``: the largest header read (MAX_HANDSHAKE before the peer has
     authenticated). Raises TransferError for a message too large or not a JSON object, and
     for the peer's ``error`` (NoRoomError when it is a refusal for disk space)."""
-    n = struct.unpack(">I", await asyncio.wait_for(r.readexactly(4), timeout))[0]
+    async with asyncio.timeout(timeout):  # each read: no task per read as with wait_for
+        n = struct.unpack(">I", await r.readexactly(4))[0]
     if n > limit:
         when = " before authentication" if limit < MAX_HEADER else ""
         raise TransferError(f"transfer: header of {n} bytes exceeds {limit}{when}")
     try:
-        hdr = json.loads(await asyncio.wait_for(r.readexactly(n), timeout))
+        async with asyncio.timeout(timeout):
+            raw = await r.readexactly(n)
+        hdr = json.loads(raw)
     except (ValueError, RecursionError) as e:
         raise TransferError(f"transfer: malformed message (not JSON): {e!r}") from None
     if not isinstance(hdr, dict) or "t" not in hdr:
@@ -342,7 +444,8 @@ async def _recv(r: _Reader, timeout: float = IO_TIMEOUT_S,
         ln = hdr.get("len", -1)
         if not isinstance(ln, int) or not 0 <= ln <= MAX_CHUNK:
             raise TransferError(f"transfer: chunk length {ln} out of range")
-        payload = await asyncio.wait_for(r.readexactly(ln), timeout)
+        async with asyncio.timeout(timeout):
+            payload = await r.readexactly(ln)
     if hdr["t"] == "error":
         msg = f"transfer: peer error: {hdr.get('msg')}"
         if hdr.get("reason") == "no-room":
@@ -364,6 +467,108 @@ def derive_keys(key: bytes, nonce_c: bytes, nonce_s: bytes) -> tuple[bytes, byte
     return one(b"laminar-xfer-v2 client->server"), one(b"laminar-xfer-v2 server->client")
 
 
+class _RecordBuffer(asyncio.BufferedProtocol):
+    """What a connection receives after the handshake, read by the kernel straight into one
+    preallocated buffer (``recv_into``), so a record's bytes are copied once on their way to
+    AES-GCM instead of three times (StreamReader's bytearray, ``readexactly``'s bytes, the
+    bytearray's shift). It takes the transport over from the StreamReaderProtocol (with what
+    the StreamReader still held) and passes flow control and the connection's end on to it,
+    so the StreamWriter's ``drain`` and ``wait_closed`` work as before. A view from
+    :meth:`take` is valid until the next await."""
+
+    SIZE = 4 * (RECORD_MAX + RECORD_TAG + 4)
+    LOW = 64 << 10  # free space below which the buffer is compacted, and reading paused if still short
+
+    def __init__(self, r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
+        self.old = w.transport.get_protocol()
+        self.transport: Any = w.transport  # a socket transport: it reads too
+        held = bytes(getattr(r, "_buffer", b""))  # the handshake's peer waits for our answer: normally empty
+        getattr(r, "_buffer", bytearray()).clear()
+        self.buf = bytearray(max(self.SIZE, 2 * len(held)))
+        self.mv = memoryview(self.buf)
+        self.buf[:len(held)] = held
+        self.start, self.end = 0, len(held)
+        self.eof = bool(getattr(r, "_eof", False))
+        self.exc: BaseException | None = r.exception()
+        self.waiter: asyncio.Future[None] | None = None
+        self.paused = False
+        self.transport.set_protocol(self)
+
+    @staticmethod
+    def usable(r: asyncio.StreamReader, w: asyncio.StreamWriter) -> bool:
+        t = getattr(w, "transport", None)
+        return (isinstance(getattr(r, "_buffer", None), bytearray) and t is not None
+                and hasattr(t, "set_protocol") and not t.is_closing())
+
+    def _wake(self) -> None:
+        if self.waiter is not None and not self.waiter.done():
+            self.waiter.set_result(None)
+
+    def _compact(self) -> None:
+        if self.start:
+            k = self.end - self.start
+            self.buf[0:k] = self.buf[self.start:self.end]  # same length: no resize of the exported buffer
+            self.start, self.end = 0, k
+
+    def get_buffer(self, sizehint: int) -> memoryview:
+        if len(self.buf) - self.end < self.LOW:
+            self._compact()
+        return self.mv[self.end:]
+
+    def buffer_updated(self, nbytes: int) -> None:
+        self.end += nbytes
+        if len(self.buf) - self.end < self.LOW:
+            self._compact()
+            if len(self.buf) - self.end < self.LOW and not self.paused:
+                self.paused = True
+                self.transport.pause_reading()
+        self._wake()
+
+    def eof_received(self) -> bool | None:
+        self.eof = True
+        self._wake()
+        return self.old.eof_received()  # type: ignore[attr-defined,no-any-return]
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.eof = True
+        self.exc = exc
+        self._wake()
+        self.old.connection_lost(exc)
+
+    def pause_writing(self) -> None:
+        self.old.pause_writing()  # type: ignore[attr-defined]
+
+    def resume_writing(self) -> None:
+        self.old.resume_writing()  # type: ignore[attr-defined]
+
+    async def need(self, n: int) -> None:
+        """Waits until ``n`` bytes are buffered (``n`` at most a record). Raises
+        asyncio.IncompleteReadError when the connection ends first (ConnectionError when it
+        broke)."""
+        while self.end - self.start < n:
+            if self.eof:
+                if self.exc is not None:
+                    raise ConnectionResetError(str(self.exc))
+                raise asyncio.IncompleteReadError(bytes(self.mv[self.start:self.end]), n)
+            if len(self.buf) - self.start < n:
+                self._compact()
+            if self.paused:
+                self.paused = False
+                self.transport.resume_reading()
+            self.waiter = asyncio.get_running_loop().create_future()
+            try:
+                await self.waiter
+            finally:
+                self.waiter = None
+
+    def take(self, n: int) -> memoryview:
+        v = self.mv[self.start:self.start + n]
+        self.start += n
+        if self.start == self.end:
+            self.start = self.end = 0
+        return v
+
+
 class _Channel:
     """Every message after the handshake, both ways, in AES-256-GCM records.
 
@@ -376,10 +581,10 @@ class _Channel:
     before it, too long) raises RecordError, counted in ``STATS.records_rejected`` and by
     ``on_reject``, and the channel refuses everything after it.
 
-    On the event loop: AES-GCM here is 0.64 ms per MiB to encrypt and 0.27 ms to decrypt, and
-    the library holds the GIL while it works (a 64 MiB encrypt in a thread stopped the loop's
-    thread for 33 ms), so a worker thread would not free the loop; records of at most 1 MiB
-    keep each stop under a millisecond, and the sender yields between them."""
+    On the event loop: AES-GCM here (cryptography 50, AES-NI) is about 0.1 ms per MiB either
+    way, so records of at most 1 MiB keep each stop far under a millisecond and the sender
+    yields between them; a record is sealed into one reused buffer (``encrypt_into``) and
+    written with its length in one call, and records are received by :class:`_RecordBuffer`."""
 
     def __init__(self, r: asyncio.StreamReader, w: asyncio.StreamWriter, tx_key: bytes, rx_key: bytes,
                  on_reject: Callable[[], None] | None = None) -> None:
@@ -391,6 +596,8 @@ class _Channel:
         self._broken: str | None = None
         self._lock = asyncio.Lock()
         self.on_reject = on_reject
+        self._out = bytearray(4 + RECORD_MAX + RECORD_TAG)
+        self._in = _RecordBuffer(r, w) if _RecordBuffer.usable(r, w) else None
 
     @classmethod
     def client(cls, r: asyncio.StreamReader, w: asyncio.StreamWriter, key: bytes, nc: bytes, ns: bytes) -> _Channel:
@@ -404,13 +611,15 @@ class _Channel:
         return cls(r, w, s2c, c2s, on_reject)
 
     def _seal(self, data: bytes | memoryview) -> None:
-        ln = struct.pack(">I", len(data) + RECORD_TAG)
-        ct = self._tx.encrypt(self._ntx.to_bytes(12, "big"), data, ln)
+        n = len(data) + RECORD_TAG
+        out = memoryview(self._out)[:4 + n]
+        struct.pack_into(">I", out, 0, n)
+        # the transport sends it now or copies what the socket did not take: the buffer is free again
+        self._tx.encrypt_into(self._ntx.to_bytes(12, "big"), data, out[:4], out[4:])
         self._ntx += 1
-        self.w.write(ln)
-        self.w.write(ct)
+        self.w.write(out)
 
-    async def send(self, hdr: dict[str, Any], payload: bytes = b"") -> None:
+    async def send(self, hdr: dict[str, Any], payload: bytes | bytearray | memoryview = b"") -> None:
         """One message (a header, and a chunk's bytes), in as many records as it takes."""
         raw = json.dumps(hdr, separators=(",", ":")).encode()
         async with self._lock:  # records of two messages never interleave
@@ -425,11 +634,20 @@ class _Channel:
     async def _record(self) -> bytes:
         if self._broken is not None:
             raise RecordError(self._broken)
-        ln = await self.r.readexactly(4)
+        src = self._in
+        if src is None:
+            ln = await self.r.readexactly(4)
+        else:
+            await src.need(4)
+            ln = bytes(src.take(4))
         n = struct.unpack(">I", ln)[0]
         if not RECORD_TAG <= n <= RECORD_MAX + RECORD_TAG:
             self._reject(f"a record of {n} bytes (at most {RECORD_MAX + RECORD_TAG})")
-        ct = await self.r.readexactly(n)
+        if src is None:
+            ct: bytes | memoryview = await self.r.readexactly(n)
+        else:
+            await src.need(n)
+            ct = src.take(n)
         try:
             pt = self._rx.decrypt(self._nrx.to_bytes(12, "big"), ct, ln)
         except InvalidTag:
@@ -604,7 +822,8 @@ async def send_checkpoint(
     connection (up to ``retries`` more attempts, and never past ``deadline_monotonic``),
     sending only the chunks the destination does not hold. Raises TransferError on
     authentication failure, a corrupt source, or when attempts or time run out."""
-    m = manifest or build_manifest(ckpt_dir, job_id, chunk_size)
+    # hashing a checkpoint of many GB takes seconds: never on the agent's event loop
+    m = manifest if manifest is not None else await asyncio.to_thread(build_manifest, ckpt_dir, job_id, chunk_size)
     src = Path(ckpt_dir)
     t0 = time.monotonic()
     res = SendResult(job_id, m.ckpt_id, m.digest, m.total_bytes, 0, 0, 0, "")
@@ -668,40 +887,45 @@ async def _send_once(
                     await replies.put(h)
 
         reader_task = asyncio.create_task(read_replies())
-        rd = _Concat(src, m.files)
         pacer = _Pacer(rate_bps)
         sent_now = 0
-        for _round in range(MAX_NEED_ROUNDS + 1):
-            for i in missing:
-                data = rd.read(i * m.chunk_size, m.chunk_len(i))
-                if hashlib.sha256(data).hexdigest() != m.chunks[i]:
-                    raise TransferError(f"transfer: refusing to send chunk {i} of {src}: it changed on the source disk",
-                                        fatal=True)
-                await ch.send({"t": "chunk", "i": i, "len": len(data)}, data)
-                res.sent_bytes += len(data)
-                sent_now += len(data)
-                if flow_hook is not None and handle is not None:
-                    flow_hook.progress(handle, sent_now)
-                await pacer.pace(len(data))
-                if reader_task.done():
-                    reader_task.result()  # surfaces the peer's error or a broken connection
-            await ch.send({"t": "done"})
-            get = asyncio.ensure_future(replies.get())
-            await asyncio.wait({get, reader_task}, return_when=asyncio.FIRST_COMPLETED)
-            if not get.done():
-                get.cancel()
-                reader_task.result()
-                raise TransferError("transfer: connection closed before the destination answered")
-            h = get.result()
-            if h["t"] == "committed":
-                res.remote_path = _check_committed(h, key, ns, m)
-                if progress:
-                    progress(Progress(m.job_id, m.ckpt_id, m.total_bytes, m.total_bytes, time.monotonic() - t0))
-                return
-            if h["t"] != "need":
-                raise TransferError(f"transfer: expected need or committed, got {h['t']!r}")
-            missing = sorted(int(i) for i in h["chunks"])
-            log.warning("transfer %s/%s: destination needs %d chunks again", m.job_id, m.ckpt_id, len(missing))
+        with _Source(src, m) as rd:
+            for _round in range(MAX_NEED_ROUNDS + 1):
+                try:
+                    async for i, data in rd.chunks(missing):
+                        await ch.send({"t": "chunk", "i": i, "len": len(data)}, data)
+                        res.sent_bytes += len(data)
+                        sent_now += len(data)
+                        if flow_hook is not None and handle is not None:
+                            flow_hook.progress(handle, sent_now)
+                        await pacer.pace(len(data))
+                        if reader_task.done():
+                            reader_task.result()  # surfaces the peer's error or a broken connection
+                    await ch.send({"t": "done"})
+                except (OSError, asyncio.IncompleteReadError) as e:
+                    # The peer may have said why before it closed (an error, a record that
+                    # failed): its reason beats "connection lost".
+                    with contextlib.suppress(TimeoutError, asyncio.CancelledError):
+                        await asyncio.wait_for(asyncio.shield(reader_task), 1.0)
+                    if reader_task.done() and not reader_task.cancelled() and reader_task.exception() is not None:
+                        raise reader_task.exception() from None  # type: ignore[misc]
+                    raise e
+                get = asyncio.ensure_future(replies.get())
+                await asyncio.wait({get, reader_task}, return_when=asyncio.FIRST_COMPLETED)
+                if not get.done():
+                    get.cancel()
+                    reader_task.result()
+                    raise TransferError("transfer: connection closed before the destination answered")
+                h = get.result()
+                if h["t"] == "committed":
+                    res.remote_path = _check_committed(h, key, ns, m)
+                    if progress:
+                        progress(Progress(m.job_id, m.ckpt_id, m.total_bytes, m.total_bytes, time.monotonic() - t0))
+                    return
+                if h["t"] != "need":
+                    raise TransferError(f"transfer: expected need or committed, got {h['t']!r}")
+                missing = sorted(int(i) for i in h["chunks"])
+                log.warning("transfer %s/%s: destination needs %d chunks again", m.job_id, m.ckpt_id, len(missing))
         raise TransferError(f"transfer: {m.job_id}/{m.ckpt_id}: chunks still failing after {MAX_NEED_ROUNDS} rounds")
     finally:
         if reader_task is not None:
@@ -833,25 +1057,46 @@ class _Incoming:
                 if line.isdigit() and int(line) < len(m.chunks):
                     self.have.add(int(line))
         self.log = open(logp, "a")
-        self.pending: list[int] = []
+        self.writing: list[tuple[int, asyncio.Future[int]]] = []  # chunks being written, not yet persisted
+        self.inflight: asyncio.Future[list[int]] | None = None  # the batch being persisted
 
     def held_bytes(self) -> int:
         return sum(self.m.chunk_len(i) for i in self.have)
 
     def write(self, i: int, data: bytes) -> None:
-        os.pwrite(self.fd, data, i * self.m.chunk_size)
-        self.pending.append(i)
+        """Writes chunk ``i`` at its offset, in a worker thread (the loop goes on receiving)."""
+        loop = asyncio.get_running_loop()
+        self.writing.append((i, loop.run_in_executor(None, os.pwrite, self.fd, data, i * self.m.chunk_size)))
 
-    def persist(self) -> None:
-        """Data first, then the log entries that say it is there."""
-        if not self.pending:
-            return
+    def store(self) -> None:
+        """Persists the chunks written since the last call: once their writes are done, an
+        fdatasync and then the fsync'd have.log lines that say they are there, in a worker
+        thread; :meth:`settle` waits for it (one batch in flight: the next is received
+        meanwhile)."""
+        if self.writing:
+            w, self.writing = self.writing, []
+            self.inflight = asyncio.ensure_future(self._store(w))
+
+    async def _store(self, w: list[tuple[int, asyncio.Future[int]]]) -> list[int]:
+        res = await asyncio.gather(*(f for _, f in w), return_exceptions=True)
+        for r in res:
+            if isinstance(r, BaseException):
+                raise r
+        ids = [i for i, _ in w]
+        await asyncio.get_running_loop().run_in_executor(None, self._sync, ids)
+        return ids
+
+    def _sync(self, ids: list[int]) -> None:
         os.fdatasync(self.fd)
-        self.log.write("".join(f"{i}\n" for i in self.pending))
+        self.log.write("".join(f"{i}\n" for i in ids))
         self.log.flush()
         os.fsync(self.log.fileno())
-        self.have.update(self.pending)
-        self.pending.clear()
+
+    async def settle(self) -> None:
+        """Waits for the batch in flight and counts it as held (raises its OSError)."""
+        f, self.inflight = self.inflight, None
+        if f is not None:
+            self.have.update(await f)
 
     def forget(self, bad: set[int]) -> None:
         self.have -= bad
@@ -864,13 +1109,30 @@ class _Incoming:
     def verify_all(self) -> set[int]:
         """Re-reads the partial file: the chunks that are missing or do not match."""
         bad = set(range(len(self.m.chunks))) - self.have
-        for i in sorted(self.have):
-            data = os.pread(self.fd, self.m.chunk_len(i), i * self.m.chunk_size)
-            if hashlib.sha256(data).hexdigest() != self.m.chunks[i]:
+        held = sorted(self.have)
+        k = max(1, min(_HASH_THREADS, len(held)))
+        parts = [held[j * len(held) // k:(j + 1) * len(held) // k] for j in range(k)]
+        with ThreadPoolExecutor(k, thread_name_prefix="lm-xfer-verify") as ex:  # hashlib lets go of the GIL
+            for got in ex.map(self._bad_among, parts):
+                bad |= got
+        return bad
+
+    def _bad_among(self, ids: list[int]) -> set[int]:
+        bad: set[int] = set()
+        buf = memoryview(bytearray(self.m.chunk_size))
+        for i in ids:
+            n = self.m.chunk_len(i)
+            if os.preadv(self.fd, [buf[:n]], i * self.m.chunk_size) != n \
+                    or hashlib.sha256(buf[:n]).hexdigest() != self.m.chunks[i]:
                 bad.add(i)
         return bad
 
     def close(self) -> None:
+        """Closes the files, once the batch in flight (if any) is written."""
+        busy = [f for f in (self.inflight, *(w for _, w in self.writing)) if f is not None and not f.done()]
+        if busy:
+            busy[0].add_done_callback(lambda _f: self.close())
+            return
         with contextlib.suppress(OSError):
             os.close(self.fd)
         self.log.close()
@@ -1006,6 +1268,8 @@ class Receiver:
                 err.update(reason="no-room", need=e.need, avail=e.avail)
             with contextlib.suppress(Exception):
                 await (ch.send(err) if ch is not None else _send(w, err))
+            if ch is not None and ch._in is not None:
+                await _linger(ch._in, w)
         except (TimeoutError, OSError, asyncio.IncompleteReadError, ConnectionError) as e:
             log.info("transfer from %s: connection lost: %r", peer, e)
         finally:
@@ -1137,15 +1401,18 @@ class Receiver:
                     i = int(hdr["i"])
                     if not 0 <= i < len(m.chunks) or len(payload) != m.chunk_len(i):
                         raise TransferError(f"transfer: chunk {i} of {len(payload)} bytes does not fit the manifest")
-                    if hashlib.sha256(payload).hexdigest() != m.chunks[i]:
-                        log.warning("transfer %s/%s: chunk %d failed its SHA-256; will ask again", m.job_id, m.ckpt_id, i)
-                        continue  # not recorded: it is asked for again after done
+                    # Hashed once, at "done", from the disk (verify_all): that pass finds a chunk
+                    # changed on the way or on disk since, and a second one here would double
+                    # the receiver's SHA-256 work. Written and persisted off the loop.
                     inc.write(i, payload)
-                    if len(inc.pending) >= PERSIST_EVERY:
-                        inc.persist()
+                    if len(inc.writing) >= PERSIST_EVERY:
+                        await inc.settle()
+                        inc.store()
                         await self._ack(ch, inc, t0)
                 elif hdr["t"] == "done":
-                    inc.persist()
+                    await inc.settle()
+                    inc.store()
+                    await inc.settle()
                     bad = await asyncio.to_thread(inc.verify_all)
                     if bad:
                         inc.forget(bad & inc.have)
@@ -1165,9 +1432,13 @@ class Receiver:
                 else:
                     raise TransferError(f"transfer: unexpected {hdr['t']!r}")
         finally:
-            with contextlib.suppress(Exception):
-                inc.persist()  # what arrived whole and verified is kept for the next attempt
-            inc.close()
+            try:
+                with contextlib.suppress(Exception):
+                    await inc.settle()
+                    inc.store()  # what arrived whole is kept for the next attempt (verified at its done)
+                    await inc.settle()
+            finally:
+                inc.close()
 
     async def _ack(self, ch: _Channel, inc: _Incoming, t0: float) -> None:
         done = inc.held_bytes()
@@ -1206,7 +1477,7 @@ class Receiver:
             return TransferError(f"transfer: {m.job_id}/{m.ckpt_id}: {msg}", fatal=fatal)
 
         try:
-            for (name, size, sha), start in reversed(list(zip(m.files, starts, strict=True))):
+            for (name, size, _sha), start in reversed(list(zip(m.files, starts, strict=True))):
                 fd = os.open(tmp / name, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644)
                 try:
                     end = size
@@ -1222,14 +1493,29 @@ class Receiver:
                     os.fsync(fd)
                 finally:
                     os.close(fd)
-                if jobkit.file_sha256(tmp / name) != sha:
-                    raise fail(f"{name} does not match its SHA-256 after assembly")
         except OSError as e:
             raise fail(f"commit failed: {e}") from None
+        # One SHA-256 pass over the assembled files checks them against both manifests: the
+        # job's (jobkit hashes every file it lists) and, through it, the transfer's; only the
+        # job's MANIFEST.json, which lists the others, is hashed on its own.
         try:
-            jobkit.verify_checkpoint(tmp)
-        except jobkit.CheckpointError as e:
-            # Every byte matches the MAC'd manifest: sending it again cannot help.
+            jm = jobkit.verify_checkpoint(tmp)
+            listed = {f["name"]: f["sha256"] for f in jm["files"]}
+            for name, _size, sha in m.files:
+                got = listed[name] if name in listed else jobkit.file_sha256(tmp / name)
+                if got != sha:
+                    raise fail(f"{name} does not match its SHA-256 after assembly")
+        except (jobkit.CheckpointError, OSError, KeyError, TypeError) as e:
+            # A file that differs from the MAC'd transfer manifest changed after verify_all
+            # (on disk, in the copy): sending it again helps. Every byte matching it: the
+            # sender's checkpoint itself is invalid, and sending it again cannot help.
+            for name, _size, sha in m.files:
+                try:
+                    same = jobkit.file_sha256(tmp / name) == sha
+                except OSError:
+                    same = False
+                if not same:
+                    raise fail(f"{name} does not match its SHA-256 after assembly") from None
             raise fail(f"not a valid checkpoint: {e}", fatal=True) from None
         meta = {"digest": m.digest, "body": m.body(), "from_node": node, "committed": time.time()}
         # The transfer's own records live beside the job's files, outside the job's manifest.
@@ -1247,6 +1533,23 @@ class Receiver:
         os.close(fd)
         shutil.rmtree(inc.dir, ignore_errors=True)
         return final
+
+
+LINGER_S = 1.0  # how long an endpoint that refused a peer reads on, so its error reaches the peer
+
+
+async def _linger(src: _RecordBuffer, w: asyncio.StreamWriter) -> None:
+    """After an error to an authenticated peer: half-closes and discards what the peer still
+    sends, until it closes or LINGER_S: closing with unread bytes would send a reset, and a
+    reset may drop the error on its way to the peer, which would see "connection reset"
+    instead of the reason."""
+    with contextlib.suppress(Exception):
+        if w.can_write_eof():
+            w.write_eof()
+        async with asyncio.timeout(LINGER_S):
+            while True:
+                await src.need(1)
+                src.take(src.end - src.start)
 
 
 def _subdirs(d: Path) -> list[Path]:
