@@ -12,7 +12,8 @@ that answers probes and kill-switches while a transfer runs.
 Measured per run: wall time from the sender's start (its manifest included: a reclaim builds
 it inside the notice window) to the destination's commit, MiB/s over that time; CPU seconds
 (user+sys, all threads, process_time) of each side per GiB sent; the sender's manifest time;
-the longest loop stall of each side. The figures are medians over the runs. Compared against,
+the longest loop stall of each side; the receiver's time from its last progress report to
+the commit (``commit_s``: its check of everything received and the commit). The figures are medians over the runs. Compared against,
 in the same run: a plain TCP copy of the same bytes over loopback (``socket.sendfile`` into
 ``recv_into``, no hashing, no encryption: the ceiling a transfer over this loopback could
 reach) and, with ``--baseline-tree PATH`` (an ``agent/`` directory of another revision), the
@@ -23,7 +24,7 @@ same transfer code of that revision.
 
 ``--quick``: 256 MiB, 3 runs (about 20 s); else 1024 MiB, 3 runs. Needs root (tmpfs). Keys:
 ``mib_s``, ``snd_cpu_s_per_gib``, ``rcv_cpu_s_per_gib``, ``snd_stall_max_ms``,
-``rcv_stall_max_ms``, ``manifest_s``, ``tcp_copy_mib_s``, ``ratio_vs_tcp_copy``, and with a
+``rcv_stall_max_ms``, ``manifest_s``, ``commit_s``, ``tcp_copy_mib_s``, ``ratio_vs_tcp_copy``, and with a
 baseline the same keys prefixed ``base_`` and ``speedup_vs_base``.
 """
 
@@ -84,10 +85,16 @@ def _role_serve(root: str, key: bytes) -> None:
         tick = _Ticker()
         cpu: list[float] = []
 
+        last = [0.0, 0.0]  # the last progress, the commit (monotonic)
+
         def commit(_c: Any) -> None:
+            last[1] = time.monotonic()
             done.set()
 
-        rcv = Receiver(root, key, on_commit=commit)
+        def progress(_p: Any) -> None:
+            last[0] = time.monotonic()
+
+        rcv = Receiver(root, key, on_commit=commit, on_progress=progress)
         port = await rcv.start("127.0.0.1", 0)
         print(json.dumps({"port": port}), flush=True)
         tick.start()
@@ -96,7 +103,7 @@ def _role_serve(root: str, key: bytes) -> None:
         cpu.append(time.process_time() - c0)
         await tick.stop()
         await rcv.stop()
-        return {"cpu_s": cpu[0], "stall_max_ms": tick.worst * 1e3}
+        return {"cpu_s": cpu[0], "stall_max_ms": tick.worst * 1e3, "commit_s": last[1] - last[0]}
 
     print(json.dumps(asyncio.run(run())), flush=True)
 
@@ -144,7 +151,7 @@ def _one(tree: Path, ckpt: Path, root: Path, keyhex: str) -> dict[str, float]:
                 p.kill()
                 p.wait()
     return {"wall_s": s["wall_s"], "snd_cpu_s": s["cpu_s"], "rcv_cpu_s": r["cpu_s"], "manifest_s": s["manifest_s"],
-            "snd_stall_max_ms": s["stall_max_ms"], "rcv_stall_max_ms": r["stall_max_ms"]}
+            "snd_stall_max_ms": s["stall_max_ms"], "rcv_stall_max_ms": r["stall_max_ms"], "commit_s": r["commit_s"]}
 
 
 def _tcp_copy(path: Path, size: int) -> float:
@@ -176,7 +183,7 @@ def _per_gib(rows: list[dict[str, float]], size: int) -> dict[str, float]:
     med = {k: statistics.median(r[k] for r in rows) for k in rows[0]}
     return {"mib_s": size / (1 << 20) / med["wall_s"], "snd_cpu_s_per_gib": med["snd_cpu_s"] / gib,
             "rcv_cpu_s_per_gib": med["rcv_cpu_s"] / gib, "snd_stall_max_ms": med["snd_stall_max_ms"],
-            "rcv_stall_max_ms": med["rcv_stall_max_ms"], "manifest_s": med["manifest_s"]}
+            "rcv_stall_max_ms": med["rcv_stall_max_ms"], "manifest_s": med["manifest_s"], "commit_s": med["commit_s"]}
 
 
 def main() -> int:

@@ -69,6 +69,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import errno
 import hashlib
 import hmac
 import inspect
@@ -240,27 +241,19 @@ class Manifest:
         return m
 
 
-class _Concat:
-    """Reads byte ranges of the concatenation of a checkpoint's files."""
-
-    def __init__(self, root: Path, files: tuple[tuple[str, int, str], ...]) -> None:
-        self.root = root
-        self.spans: list[tuple[Path, int, int]] = []
-        off = 0
-        for name, size, _ in files:
-            self.spans.append((root / name, off, size))
-            off += size
-
-    def read(self, start: int, length: int) -> bytes:
-        out = bytearray()
-        end = start + length
-        for path, off, size in self.spans:
-            lo, hi = max(start, off), min(end, off + size)
-            if lo < hi:
-                with open(path, "rb") as f:
-                    f.seek(lo - off)
-                    out += f.read(hi - lo)
-        return bytes(out)
+def _pread_spans(spans: list[tuple[int, int, int]], start: int, view: memoryview) -> int:
+    """Reads the concatenation of files (``spans``: fd, offset in the concatenation, size)
+    from ``start`` into ``view``; the bytes read (fewer when a file is shorter than listed)."""
+    end, got = start + len(view), 0
+    for fd, off, size in spans:
+        lo, hi = max(start, off), min(end, off + size)
+        while lo < hi:
+            k = os.preadv(fd, [view[lo - start:hi - start]], lo - off)
+            if k <= 0:
+                break
+            lo += k
+            got += k
+    return got
 
 
 PREFETCH_BYTES = 8 << 20  # what the sender reads and hashes ahead of the socket (at least one chunk)
@@ -307,16 +300,8 @@ class _Source:
         """Chunk ``i`` read into ``buf`` and checked (a worker thread); raises TransferError."""
         n = self.m.chunk_len(i)
         view = memoryview(buf)[:n]
-        start, end, got = i * self.m.chunk_size, i * self.m.chunk_size + n, 0
-        for fd, off, size in self.spans:
-            lo, hi = max(start, off), min(end, off + size)
-            while lo < hi:
-                k = os.preadv(fd, [view[lo - start:hi - start]], lo - off)
-                if k <= 0:
-                    break
-                lo += k
-                got += k
-        if got != n or hashlib.sha256(view).hexdigest() != self.m.chunks[i]:
+        if _pread_spans(self.spans, i * self.m.chunk_size, view) != n \
+                or hashlib.sha256(view).hexdigest() != self.m.chunks[i]:
             raise TransferError(f"transfer: refusing to send chunk {i} of {self.m.ckpt_id}: it changed on the source "
                                 "disk", fatal=True)
         return view
@@ -362,10 +347,22 @@ def build_manifest(ckpt_dir: str | os.PathLike[str], job_id: str, chunk_size: in
     m0 = Manifest(job_id, p.name, chunk_size, tuple((n, z, "") for n, z in sizes), ())
     nchunks = (m0.total_bytes + chunk_size - 1) // chunk_size
     k = max(1, min(_HASH_THREADS, nchunks))
-    rd = _Concat(p, m0.files)
 
     def hash_chunks(lo: int, hi: int) -> list[str]:
-        return [hashlib.sha256(rd.read(i * chunk_size, chunk_size)).hexdigest() for i in range(lo, hi)]
+        out = []
+        fds = [os.open(p / n, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW) for n, _ in sizes]
+        try:
+            spans = [(fd, sum(z for _, z in sizes[:j]), sizes[j][1]) for j, fd in enumerate(fds)]
+            buf = memoryview(bytearray(chunk_size))
+            for i in range(lo, hi):
+                n = m0.chunk_len(i)
+                if _pread_spans(spans, i * chunk_size, buf[:n]) != n:
+                    raise TransferError(f"transfer: refusing to send {p}: a file shrank while it was read", fatal=True)
+                out.append(hashlib.sha256(buf[:n]).hexdigest())
+        finally:
+            for fd in fds:
+                os.close(fd)
+        return out
 
     # Two SHA-256 passes, side by side in threads (hashlib lets go of the GIL): jobkit's over
     # each file it lists, which checks them against the job's manifest and gives their
@@ -476,7 +473,7 @@ class _RecordBuffer(asyncio.BufferedProtocol):
     so the StreamWriter's ``drain`` and ``wait_closed`` work as before. A view from
     :meth:`take` is valid until the next await."""
 
-    SIZE = 4 * (RECORD_MAX + RECORD_TAG + 4)
+    SIZE = 8 * (RECORD_MAX + RECORD_TAG + 4)
     LOW = 64 << 10  # free space below which the buffer is compacted, and reading paused if still short
 
     def __init__(self, r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
@@ -507,7 +504,7 @@ class _RecordBuffer(asyncio.BufferedProtocol):
     def _compact(self) -> None:
         if self.start:
             k = self.end - self.start
-            self.buf[0:k] = self.buf[self.start:self.end]  # same length: no resize of the exported buffer
+            self.mv[0:k] = self.mv[self.start:self.end]  # one memmove; the buffer is never resized
             self.start, self.end = 0, k
 
     def get_buffer(self, sizehint: int) -> memoryview:
@@ -1019,6 +1016,26 @@ def offer_room(total_bytes: int, on_disk: int, reserved: int, fs_bytes: int, ava
     return Room(own, reserved, margin, avail)
 
 
+def _copy_range(src: int, dst: int, n: int, src_off: int, dst_off: int) -> int:
+    """Copies ``n`` bytes between files at the given offsets; the bytes copied (fewer at the
+    source's end). In the kernel (copy_file_range: no round trip through this process, a
+    reflink where the filesystem shares blocks) when it can, else by pread/pwrite."""
+    done = 0
+    try:
+        while done < n:
+            k = os.copy_file_range(src, dst, n - done, src_off + done, dst_off + done)
+            if k == 0:
+                return done
+            done += k
+        return done
+    except OSError as e:
+        if e.errno not in (errno.EXDEV, errno.ENOSYS, errno.EINVAL, errno.EOPNOTSUPP, errno.EPERM) or done:
+            raise
+    block = os.pread(src, n, src_off)
+    os.pwrite(dst, block, dst_off)
+    return len(block)
+
+
 def _allocated(path: Path) -> int:
     """Bytes of disk ``path`` holds (0 when it does not exist): a partial file is sparse."""
     try:
@@ -1483,10 +1500,8 @@ class Receiver:
                     end = size
                     while end > 0:
                         lo = max(0, end - _COPY_BLOCK)
-                        block = os.pread(inc.fd, end - lo, start + lo)
-                        if len(block) != end - lo:
+                        if _copy_range(inc.fd, fd, end - lo, start + lo, lo) != end - lo:
                             raise fail(f"the partial file is shorter than {name} needs")
-                        os.pwrite(fd, block, lo)
                         os.ftruncate(inc.fd, start + lo)
                         cut = start + lo
                         end = lo
