@@ -4,7 +4,6 @@
     laminarctl reclaim --notice 2m --node 4      # node 4 of the zone (its agent is told)
     laminarctl reclaim status                    # the reclaim in progress, notices heard from peers
     laminarctl migrations                        # moves of jobs off this node
-    laminarctl replicas                          # checkpoints this node holds for others' jobs
     laminarctl checkpoints                       # periodic checkpoint plan: interval, cost, next signal
 
 The agent checkpoints each job, moves it to another node of the zone and arms the kill-switch
@@ -23,8 +22,6 @@ MOVE_COLUMNS = [("job", "JOB"), ("phase", "PHASE"), ("ckpt", "CHECKPOINT"), ("de
                 ("dest_job", "AS"), ("done_bytes", "BYTES"), ("total_bytes", "OF"), ("error", "ERROR")]
 CKPT_COLUMNS = [("job", "JOB"), ("interval_s", "EVERY s"), ("cost_s", "COST s"), ("share_mbit", "Mbit/s"),
                 ("next_in_s", "NEXT IN s"), ("signals", "SIGNALS"), ("commits", "COMMITS"), ("skip", "SKIPPED")]
-REPLICA_COLUMNS = [("key", "JOB"), ("src_node", "FROM NODE"), ("ckpt", "CHECKPOINT"), ("state", "STATE"),
-                   ("job_id", "RESUMED AS")]
 
 
 def parse_notice(text: str) -> float:
@@ -52,8 +49,6 @@ def register(sub: Any, common: argparse.ArgumentParser) -> None:
     p.set_defaults(func=cmd_reclaim)
     p = sub.add_parser("migrations", parents=[common], help="moves of jobs off this node")
     p.set_defaults(func=cmd_migrations)
-    p = sub.add_parser("replicas", parents=[common], help="checkpoints this node guards for jobs of other nodes")
-    p.set_defaults(func=cmd_replicas)
     p = sub.add_parser("checkpoints", parents=[common],
                        help="periodic checkpoint plan per job (interval from the hazard, cost, uplink share, stagger)")
     p.set_defaults(func=cmd_checkpoints)
@@ -97,11 +92,6 @@ def cmd_reclaim(args: argparse.Namespace) -> int:
 
 def cmd_migrations(args: argparse.Namespace) -> int:
     emit(args.client.get("/v1/migrations"), args.output, lambda ms: table(ms, MOVE_COLUMNS))
-    return 0
-
-
-def cmd_replicas(args: argparse.Namespace) -> int:
-    emit(args.client.get("/v1/migrate/replicas"), args.output, lambda rs: table(rs, REPLICA_COLUMNS))
     return 0
 
 

@@ -66,12 +66,7 @@ def human_age(s: float | None) -> str:
 
 
 def register(sub: Any, common: argparse.ArgumentParser) -> None:
-    # cmd_reclaim.py registers an older `replicas` listing before this module (modules register in
-    # name order); this module takes that parser over rather than add a second one (argparse
-    # refuses a duplicate), and adds its own when there is none.
-    p = sub.choices.get("replicas")
-    if p is None:
-        p = sub.add_parser("replicas", parents=[common], help="checkpoint replicas this node holds for other nodes' jobs")
+    p = sub.add_parser("replicas", parents=[common], help="checkpoint replicas this node holds for other nodes' jobs")
     p.description = __doc__
     p.formatter_class = argparse.RawDescriptionHelpFormatter
     p.add_argument("action", nargs="?", choices=["drop"], help="drop: remove KEY's replicas and row")
