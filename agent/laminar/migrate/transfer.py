@@ -1124,27 +1124,6 @@ class _Incoming:
         os.replace(tmp, self.dir / "have.log")
         self.log = open(self.dir / "have.log", "a")
 
-    def verify_all(self) -> set[int]:
-        """Re-reads the partial file: the chunks that are missing or do not match."""
-        bad = set(range(len(self.m.chunks))) - self.have
-        held = sorted(self.have)
-        k = max(1, min(_HASH_THREADS, len(held)))
-        parts = [held[j * len(held) // k:(j + 1) * len(held) // k] for j in range(k)]
-        with ThreadPoolExecutor(k, thread_name_prefix="lm-xfer-verify") as ex:  # hashlib lets go of the GIL
-            for got in ex.map(self._bad_among, parts):
-                bad |= got
-        return bad
-
-    def _bad_among(self, ids: list[int]) -> set[int]:
-        bad: set[int] = set()
-        buf = memoryview(bytearray(self.m.chunk_size))
-        for i in ids:
-            n = self.m.chunk_len(i)
-            if os.preadv(self.fd, [buf[:n]], i * self.m.chunk_size) != n \
-                    or hashlib.sha256(buf[:n]).hexdigest() != self.m.chunks[i]:
-                bad.add(i)
-        return bad
-
     def close(self) -> None:
         """Closes the files, once the batch in flight (if any) is written."""
         busy = [f for f in (self.inflight, *(w for _, w in self.writing)) if f is not None and not f.done()]
@@ -1419,9 +1398,9 @@ class Receiver:
                     i = int(hdr["i"])
                     if not 0 <= i < len(m.chunks) or len(payload) != m.chunk_len(i):
                         raise TransferError(f"transfer: chunk {i} of {len(payload)} bytes does not fit the manifest")
-                    # Hashed once, at "done", from the disk (verify_all): that pass finds a chunk
-                    # changed on the way or on disk since, and a second one here would double
-                    # the receiver's SHA-256 work. Written and persisted off the loop.
+                    # Hashed once, at "done", from the committed files (_commit): that pass finds
+                    # a chunk changed on the way or on disk since, and a second one here would
+                    # double the receiver's SHA-256 work. Written and persisted off the loop.
                     inc.write(i, payload)
                     if len(inc.writing) >= PERSIST_EVERY:
                         await inc.settle()
@@ -1431,12 +1410,13 @@ class Receiver:
                     await inc.settle()
                     inc.store()
                     await inc.settle()
-                    bad = await asyncio.to_thread(inc.verify_all)
-                    if bad:
-                        inc.forget(bad & inc.have)
-                        await ch.send({"t": "need", "chunks": sorted(bad)})
+                    missing = set(range(len(m.chunks))) - inc.have
+                    got = missing if missing else await asyncio.to_thread(self._commit, inc, node)
+                    if isinstance(got, set):  # missing, or failed their SHA-256 (on the way, on disk)
+                        inc.forget(got & inc.have)
+                        await ch.send({"t": "need", "chunks": sorted(got)})
                         continue
-                    path = await asyncio.to_thread(self._commit, inc, node)
+                    path = got
                     await ch.send(_committed(key, ns, m, path))
                     c = Committed(m.job_id, m.ckpt_id, path, m.digest, node)
                     self.committed.append(c)
@@ -1464,16 +1444,21 @@ class Receiver:
         if self.on_progress is not None:
             self.on_progress(Progress(inc.m.job_id, inc.m.ckpt_id, done, inc.m.total_bytes, time.monotonic() - t0))
 
-    def _commit(self, inc: _Incoming, node: str) -> Path:
-        """Splits the verified partial file into the checkpoint's files, fsyncs, re-verifies
-        against the job's manifest, marks VERIFIED and renames into place.
+    def _commit(self, inc: _Incoming, node: str) -> Path | set[int]:
+        """Splits the partial file into the checkpoint's files, checks every chunk of them
+        against the transfer manifest and every file against the job's manifest, marks
+        VERIFIED and renames into place; returns the committed path, or the chunks that failed
+        (the partial file is put back as it was: the sender sends them again).
 
         The files are written from the last to the first, each from its end backwards in
         blocks, and the partial file is cut behind every block: the commit needs one block of
         disk beyond the checkpoint, not a second copy of it (a storage holder is chosen for
-        room for one). What was cut is forgotten (have.log) when the commit fails, so the
-        sender sends it again; a crash mid-commit leaves the cut chunks zero, which the next
-        attempt's re-verification asks for again. Raises TransferError."""
+        room for one). The checks read the assembled files, once each way (the chunks' SHA-256
+        in threads beside jobkit's of each file): a byte that changed on the way, on the disk
+        since it arrived, or in the copy is found before anything is marked verified. What was
+        cut is forgotten (have.log) when the commit fails otherwise, so the sender sends it
+        again; a crash mid-commit leaves the cut chunks zero, which the next attempt's check
+        asks for again. Raises TransferError."""
         m = inc.m
         final = self.final_dir(m.job_id, m.ckpt_id)
         tmp = final.parent / f".tmp-{m.ckpt_id}"
@@ -1509,30 +1494,27 @@ class Receiver:
                     os.fsync(fd)
                 finally:
                     os.close(fd)
+            bad, job = _check_assembled(tmp, m)
         except OSError as e:
             raise fail(f"commit failed: {e}") from None
-        # One SHA-256 pass over the assembled files checks them against both manifests: the
-        # job's (jobkit hashes every file it lists) and, through it, the transfer's; only the
-        # job's MANIFEST.json, which lists the others, is hashed on its own.
-        try:
-            jm = jobkit.verify_checkpoint(tmp)
-            listed = {f["name"]: f["sha256"] for f in jm["files"]}
-            for name, _size, sha in m.files:
-                got = listed[name] if name in listed else jobkit.file_sha256(tmp / name)
-                if got != sha:
-                    raise fail(f"{name} does not match its SHA-256 after assembly")
-        except (jobkit.CheckpointError, OSError, KeyError, TypeError) as e:
-            # A file that differs from the MAC'd transfer manifest changed after verify_all
-            # (on disk, in the copy): sending it again helps. Every byte matching it: the
-            # sender's checkpoint itself is invalid, and sending it again cannot help.
-            for name, _size, sha in m.files:
-                try:
-                    same = jobkit.file_sha256(tmp / name) == sha
-                except OSError:
-                    same = False
-                if not same:
-                    raise fail(f"{name} does not match its SHA-256 after assembly") from None
-            raise fail(f"not a valid checkpoint: {e}", fatal=True) from None
+        if bad:
+            try:
+                _unassemble(tmp, m, starts, inc.fd)
+            except OSError as e:
+                raise fail(f"chunks {sorted(bad)[:8]} failed their SHA-256 and the partial file could not be "
+                           f"restored: {e}") from None
+            cut = m.total_bytes
+            shutil.rmtree(tmp, ignore_errors=True)
+            log.warning("transfer %s/%s: %d chunks failed their SHA-256 (on the way or on disk); asking again",
+                        m.job_id, m.ckpt_id, len(bad))
+            return bad
+        # Every chunk matches the MAC'd manifest: sending again cannot help with what is left.
+        if isinstance(job, jobkit.CheckpointError):
+            raise fail(f"not a valid checkpoint: {job}", fatal=True)
+        for name, _size, sha in m.files:
+            if job.get(name) != sha:
+                raise fail(f"{name} does not match its SHA-256 in the transfer manifest (the manifest is "
+                           "inconsistent)", fatal=True)
         meta = {"digest": m.digest, "body": m.body(), "from_node": node, "committed": time.time()}
         # The transfer's own records live beside the job's files, outside the job's manifest.
         (tmp / TRANSFER_MANIFEST).write_text(json.dumps(meta))
@@ -1549,6 +1531,67 @@ class Receiver:
         os.close(fd)
         shutil.rmtree(inc.dir, ignore_errors=True)
         return final
+
+
+def _check_assembled(d: Path, m: Manifest) -> tuple[set[int], dict[str, str] | jobkit.CheckpointError]:
+    """The chunks of ``m`` the files in ``d`` do not hold, and each file's SHA-256 (or why
+    ``d`` is not a valid jobkit checkpoint): the chunks' SHA-256 in threads, beside jobkit's
+    check of every file it lists, whose hashes it gives (only MANIFEST.json, which lists
+    the others, is hashed on its own). Raises OSError."""
+    fds = [os.open(d / name, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW) for name, _, _ in m.files]
+    try:
+        spans, off = [], 0
+        for fd, (_, size, _) in zip(fds, m.files, strict=True):
+            spans.append((fd, off, size))
+            off += size
+
+        def bad_among(lo: int, hi: int) -> set[int]:
+            bad: set[int] = set()
+            buf = memoryview(bytearray(m.chunk_size))
+            for i in range(lo, hi):
+                n = m.chunk_len(i)
+                if _pread_spans(spans, i * m.chunk_size, buf[:n]) != n \
+                        or hashlib.sha256(buf[:n]).hexdigest() != m.chunks[i]:
+                    bad.add(i)
+            return bad
+
+        def job() -> dict[str, str] | jobkit.CheckpointError:
+            try:
+                listed = {f["name"]: f["sha256"] for f in jobkit.verify_checkpoint(d)["files"]}
+            except jobkit.CheckpointError as e:
+                return e
+            return {name: listed[name] if name in listed else jobkit.file_sha256(d / name) for name, _, _ in m.files}
+
+        n = len(m.chunks)
+        k = max(1, min(_HASH_THREADS, n))
+        with ThreadPoolExecutor(k + 1, thread_name_prefix="lm-xfer-check") as ex:  # hashlib lets go of the GIL
+            j = ex.submit(job)
+            parts = [ex.submit(bad_among, a * n // k, (a + 1) * n // k) for a in range(k)]
+            bad = set().union(*(f.result() for f in parts))
+            return bad, j.result()
+    finally:
+        for fd in fds:
+            os.close(fd)
+
+
+def _unassemble(d: Path, m: Manifest, starts: list[int], part: int) -> None:
+    """Moves the files assembled in ``d`` back into the partial file ``part`` (the way the
+    commit took them, block by block from each file's end, cutting the file behind: one block
+    of disk beyond the checkpoint) and syncs it. Raises OSError."""
+    for (name, size, _), start in zip(m.files, starts, strict=True):
+        fd = os.open(d / name, os.O_RDWR | os.O_CLOEXEC | os.O_NOFOLLOW)
+        try:
+            end = size
+            while end > 0:
+                lo = max(0, end - _COPY_BLOCK)
+                if _copy_range(fd, part, end - lo, lo, start + lo) != end - lo:
+                    raise OSError(f"{name} is shorter than it was assembled")
+                os.ftruncate(fd, lo)
+                end = lo
+        finally:
+            os.close(fd)
+    os.ftruncate(part, m.total_bytes)
+    os.fdatasync(part)
 
 
 LINGER_S = 1.0  # how long an endpoint that refused a peer reads on, so its error reaches the peer
