@@ -127,6 +127,16 @@ class Agent:
         self._stopping = asyncio.Event()
         self._metrics_server: Any = None
 
+    def _on_hup(self) -> None:
+        reload_keys = getattr(self.zone, "reload_keys", None)
+        if reload_keys is None or not getattr(self.zone, "networked", False):
+            log.info("SIGHUP: nothing to reload here (zone keys are re-read by a networked zone)")
+            return
+        try:
+            reload_keys()
+        except Exception as e:  # a bad key file: the old keys stay (the zone says why)
+            log.warning("SIGHUP: zone keys not reloaded: %s", e)
+
     def component_names(self) -> list[str]:
         return [type(c).__name__ for c in self.components]
 
@@ -151,6 +161,9 @@ class Agent:
         self.loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             self.loop.add_signal_handler(sig, self._stopping.set)
+        # `systemctl reload` (SIGHUP): a networked zone takes the signal over to re-read its keys;
+        # anywhere else it must not kill the agent (SIGHUP's default action)
+        self.loop.add_signal_handler(signal.SIGHUP, self._on_hup)
         self.core_metrics.up.set(self.started)
         self.api.add(self.core_routes())
         try:

@@ -32,3 +32,17 @@ def test_events_limit_is_bounded(agent: AgentProc) -> None:
         r = agent.ctl("events", "--limit", bad, check=False)
         assert r.returncode == 1 and f"limit {bad}: expected 1..10000" in r.stderr, (bad, r.stderr)
     assert isinstance(agent.json("events", "--limit", "10000"), list)
+
+
+def test_sighup_does_not_kill_a_one_node_agent(agent: AgentProc) -> None:
+    """``systemctl reload`` sends SIGHUP; an agent whose zone is not networked has nothing to
+    re-read, and SIGHUP's default action would have ended it."""
+    import os
+    import signal
+    import time
+
+    assert agent.proc is not None
+    os.kill(agent.proc.pid, signal.SIGHUP)
+    time.sleep(0.5)
+    assert agent.proc.poll() is None, "laminard died of SIGHUP"
+    assert agent.json("status")["agent"]
