@@ -7,7 +7,10 @@ source checkpoint and the receive root both live on a tmpfs of the benchmark's o
 under a temporary directory, unmounted at the end), so the disk does not bound the figures
 and only the agent's own work is measured. Each side runs a ticker coroutine on its event loop
 (a 1 ms sleep in a loop) and records the longest lateness: the longest stall of the loop
-that answers probes and kill-switches while a transfer runs.
+that answers probes and kill-switches while a transfer runs (``*_stall_max_ms``; on a small
+machine running both ends this includes the time the loop's thread waited for a core), and
+the most CPU the loop's thread spent between two ticks (``*_busy_max_ms``: the longest stretch
+of work that held the loop, which is what the code controls).
 
 Measured per run: wall time from the sender's start (its manifest included: a reclaim builds
 it inside the notice window) to the destination's commit, MiB/s over that time; CPU seconds
@@ -24,7 +27,7 @@ same transfer code of that revision.
 
 ``--quick``: 256 MiB, 3 runs (about 20 s); else 1024 MiB, 3 runs. Needs root (tmpfs). Keys:
 ``mib_s``, ``snd_cpu_s_per_gib``, ``rcv_cpu_s_per_gib``, ``snd_stall_max_ms``,
-``rcv_stall_max_ms``, ``manifest_s``, ``commit_s``, ``tcp_copy_mib_s``, ``ratio_vs_tcp_copy``, and with a
+``rcv_stall_max_ms``, ``snd_busy_max_ms``, ``rcv_busy_max_ms``, ``manifest_s``, ``commit_s``, ``tcp_copy_mib_s``, ``ratio_vs_tcp_copy``, and with a
 baseline the same keys prefixed ``base_`` and ``speedup_vs_base``.
 """
 
@@ -57,13 +60,22 @@ class _Ticker:
 
     def __init__(self) -> None:
         self.worst = 0.0
+        self.busy = 0.0  # the most CPU the loop's thread spent between two ticks: work that held the loop
+        self.over_5ms: list[tuple[float, float]] = []  # (seconds since start, lateness)
         self.task: asyncio.Task[None] | None = None
 
     async def _run(self) -> None:
+        t0 = time.monotonic()
         while True:
-            t = time.monotonic()
+            t, c = time.monotonic(), time.thread_time()
             await asyncio.sleep(0.001)
-            self.worst = max(self.worst, time.monotonic() - t - 0.001)
+            late = time.monotonic() - t - 0.001
+            self.worst = max(self.worst, late)
+            self.busy = max(self.busy, time.thread_time() - c)
+            if os.environ.get("LM_XFER_STALLS") and time.thread_time() - c > 0.003:
+                print(f"busy {1e3 * (time.thread_time() - c):.1f} ms at {t - t0:.3f} s", file=sys.stderr)
+            if late > 0.005:
+                self.over_5ms.append((round(t - t0, 3), round(late * 1e3, 1)))
 
     def start(self) -> None:
         self.task = asyncio.get_running_loop().create_task(self._run())
@@ -103,7 +115,10 @@ def _role_serve(root: str, key: bytes) -> None:
         cpu.append(time.process_time() - c0)
         await tick.stop()
         await rcv.stop()
-        return {"cpu_s": cpu[0], "stall_max_ms": tick.worst * 1e3, "commit_s": last[1] - last[0]}
+        if os.environ.get("LM_XFER_STALLS"):
+            print(f"receiver stalls over 5 ms (s, ms): {tick.over_5ms}", file=sys.stderr)
+        return {"cpu_s": cpu[0], "stall_max_ms": tick.worst * 1e3, "busy_max_ms": tick.busy * 1e3, "commit_s": last[1] - last[0],
+                "stalls_over_5ms": len(tick.over_5ms)}
 
     print(json.dumps(asyncio.run(run())), flush=True)
 
@@ -120,7 +135,9 @@ def _role_send(port: int, ckpt: str, key: bytes) -> None:
         t1 = time.monotonic()
         await send_checkpoint("127.0.0.1", port, ckpt, "j1", key, manifest=m, retries=0)
         out = {"cpu_s": time.process_time() - c0, "manifest_s": t1 - t0, "wall_s": time.monotonic() - t0,
-               "stall_max_ms": tick.worst * 1e3}
+               "stall_max_ms": tick.worst * 1e3, "busy_max_ms": tick.busy * 1e3, "stalls_over_5ms": len(tick.over_5ms)}
+        if os.environ.get("LM_XFER_STALLS"):
+            print(f"sender stalls over 5 ms (s, ms): {tick.over_5ms}, manifest until {t1 - t0:.3f}", file=sys.stderr)
         await tick.stop()
         return out
 
@@ -151,7 +168,8 @@ def _one(tree: Path, ckpt: Path, root: Path, keyhex: str) -> dict[str, float]:
                 p.kill()
                 p.wait()
     return {"wall_s": s["wall_s"], "snd_cpu_s": s["cpu_s"], "rcv_cpu_s": r["cpu_s"], "manifest_s": s["manifest_s"],
-            "snd_stall_max_ms": s["stall_max_ms"], "rcv_stall_max_ms": r["stall_max_ms"], "commit_s": r["commit_s"]}
+            "snd_stall_max_ms": s["stall_max_ms"], "rcv_stall_max_ms": r["stall_max_ms"], "commit_s": r["commit_s"],
+            "snd_busy_max_ms": s["busy_max_ms"], "rcv_busy_max_ms": r["busy_max_ms"]}
 
 
 def _tcp_copy(path: Path, size: int) -> float:
@@ -183,7 +201,8 @@ def _per_gib(rows: list[dict[str, float]], size: int) -> dict[str, float]:
     med = {k: statistics.median(r[k] for r in rows) for k in rows[0]}
     return {"mib_s": size / (1 << 20) / med["wall_s"], "snd_cpu_s_per_gib": med["snd_cpu_s"] / gib,
             "rcv_cpu_s_per_gib": med["rcv_cpu_s"] / gib, "snd_stall_max_ms": med["snd_stall_max_ms"],
-            "rcv_stall_max_ms": med["rcv_stall_max_ms"], "manifest_s": med["manifest_s"], "commit_s": med["commit_s"]}
+            "rcv_stall_max_ms": med["rcv_stall_max_ms"], "manifest_s": med["manifest_s"], "commit_s": med["commit_s"],
+            "snd_busy_max_ms": med["snd_busy_max_ms"], "rcv_busy_max_ms": med["rcv_busy_max_ms"]}
 
 
 def main() -> int:

@@ -111,7 +111,7 @@ MAX_HANDSHAKE = 4096  # hello/challenge/auth: what a peer that has not authentic
 MAX_UNAUTHENTICATED = 16  # connections from one address still in the handshake; more are refused at once
 _COPY_BLOCK = 4 << 20  # what a commit reads at a time from the partial file
 PERSIST_EVERY = 8  # chunks between fdatasync + have.log appends
-_HASH_THREADS = min(4, os.cpu_count() or 1)  # threads hashing a checkpoint's chunks at once
+_HASH_THREADS = max(1, min(4, (os.cpu_count() or 2) - 1))  # threads hashing chunks beside the one hashing files: a core is left to the event loop
 MAX_NEED_ROUNDS = 5  # re-send rounds before a transfer is declared failed
 HANDSHAKE_TIMEOUT_S = 10.0
 IO_TIMEOUT_S = 60.0
@@ -283,6 +283,9 @@ class _Source:
             self.close()
             raise
         self.depth = max(1, min(8, PREFETCH_BYTES // max(1, m.chunk_size)))
+        # one thread: chunk after chunk, ahead of the socket; more would take the cores the
+        # event loops need (a 2-core node stalled its loops 5-15 ms with the default pool's six)
+        self.ex = ThreadPoolExecutor(1, thread_name_prefix="lm-xfer-read")
         self.free = [bytearray(m.chunk_size) for _ in range(min(self.depth + 1, max(1, len(m.chunks))))]
 
     def __enter__(self) -> _Source:
@@ -292,10 +295,21 @@ class _Source:
         self.close()
 
     def close(self) -> None:
-        for fd in self.fds:
-            with contextlib.suppress(OSError):
-                os.close(fd)
-        self.fds = []
+        """Closes the files after the reads already queued (the one thread runs them in order)."""
+        fds, self.fds = self.fds, []
+
+        def close_fds() -> None:
+            for fd in fds:
+                with contextlib.suppress(OSError):
+                    os.close(fd)
+
+        ex = getattr(self, "ex", None)
+        if ex is None:
+            close_fds()
+            return
+        with contextlib.suppress(RuntimeError):  # already shut down: nothing was left open
+            ex.submit(close_fds)
+        ex.shutdown(wait=False)
 
     def load(self, i: int, buf: bytearray) -> memoryview:
         """Chunk ``i`` read into ``buf`` and checked (a worker thread); raises TransferError."""
@@ -319,7 +333,7 @@ class _Source:
                     if i is None:
                         break
                     buf = self.free.pop()
-                    ahead.append((i, buf, loop.run_in_executor(None, self.load, i, buf)))
+                    ahead.append((i, buf, loop.run_in_executor(self.ex, self.load, i, buf)))
                 if not ahead:
                     return
                 i, buf, fut = ahead.pop(0)
@@ -1075,6 +1089,7 @@ class _Incoming:
                 if line.isdigit() and int(line) < len(m.chunks):
                     self.have.add(int(line))
         self.log = open(logp, "a")
+        self.ex = ThreadPoolExecutor(1, thread_name_prefix="lm-xfer-write")  # writes in order, one core at most
         self.writing: list[tuple[int, asyncio.Future[int]]] = []  # chunks being written, not yet persisted
         self.inflight: asyncio.Future[list[int]] | None = None  # the batch being persisted
 
@@ -1084,7 +1099,7 @@ class _Incoming:
     def write(self, i: int, data: bytes) -> None:
         """Writes chunk ``i`` at its offset, in a worker thread (the loop goes on receiving)."""
         loop = asyncio.get_running_loop()
-        self.writing.append((i, loop.run_in_executor(None, os.pwrite, self.fd, data, i * self.m.chunk_size)))
+        self.writing.append((i, loop.run_in_executor(self.ex, os.pwrite, self.fd, data, i * self.m.chunk_size)))
 
     def store(self) -> None:
         """Persists the chunks written since the last call: once their writes are done, an
@@ -1101,7 +1116,7 @@ class _Incoming:
             if isinstance(r, BaseException):
                 raise r
         ids = [i for i, _ in w]
-        await asyncio.get_running_loop().run_in_executor(None, self._sync, ids)
+        await asyncio.get_running_loop().run_in_executor(self.ex, self._sync, ids)
         return ids
 
     def _sync(self, ids: list[int]) -> None:
@@ -1130,6 +1145,7 @@ class _Incoming:
         if busy:
             busy[0].add_done_callback(lambda _f: self.close())
             return
+        self.ex.shutdown(wait=False)
         with contextlib.suppress(OSError):
             os.close(self.fd)
         self.log.close()
@@ -1406,6 +1422,7 @@ class Receiver:
                         await inc.settle()
                         inc.store()
                         await self._ack(ch, inc, t0)
+                    await asyncio.sleep(0)  # records already buffered do not wait: the loop runs between chunks
                 elif hdr["t"] == "done":
                     await inc.settle()
                     inc.store()
