@@ -58,7 +58,8 @@ TREE = REPO / "agent"
 class _Ticker:
     """The longest lateness of a 1 ms sleep on the running loop (seconds)."""
 
-    def __init__(self) -> None:
+    def __init__(self, role: str) -> None:
+        self.role = role
         self.worst = 0.0
         self.busy = 0.0  # the most CPU the loop's thread spent between two ticks: work that held the loop
         self.over_5ms: list[tuple[float, float]] = []  # (seconds since start, lateness)
@@ -73,7 +74,7 @@ class _Ticker:
             self.worst = max(self.worst, late)
             self.busy = max(self.busy, time.thread_time() - c)
             if os.environ.get("LM_XFER_STALLS") and time.thread_time() - c > 0.003:
-                print(f"busy {1e3 * (time.thread_time() - c):.1f} ms at {t - t0:.3f} s", file=sys.stderr)
+                print(f"{self.role} busy {1e3 * (time.thread_time() - c):.1f} ms at {t - t0:.3f} s", file=sys.stderr)
             if late > 0.005:
                 self.over_5ms.append((round(t - t0, 3), round(late * 1e3, 1)))
 
@@ -94,7 +95,7 @@ def _role_serve(root: str, key: bytes) -> None:
 
     async def run() -> dict[str, Any]:
         done = asyncio.Event()
-        tick = _Ticker()
+        tick = _Ticker("receiver")
         cpu: list[float] = []
 
         last = [0.0, 0.0]  # the last progress, the commit (monotonic)
@@ -127,7 +128,7 @@ def _role_send(port: int, ckpt: str, key: bytes) -> None:
     from laminar.migrate.transfer import build_manifest, send_checkpoint
 
     async def run() -> dict[str, Any]:
-        tick = _Ticker()
+        tick = _Ticker("sender")
         tick.start()
         c0, t0 = time.process_time(), time.monotonic()
         # as a reclaim does: the manifest off the loop, then the transfer

@@ -26,15 +26,18 @@ for ``chunk`` the raw bytes the header announces):
    at the sender, fatal: try another destination). The answer is ``have {chunks}`` (the chunks the
    destination already holds, persisted: this is how a transfer resumes after a broken
    connection, a dead sender or a restarted destination) or ``committed`` if it has it all;
-3. ``chunk {i, len}`` + bytes for each missing chunk; the destination checks each against the
+3. ``chunk {i, len}`` + bytes for each missing chunk; the destination checks that it fits the
    manifest, writes it at its offset in a partial file, and records it as held only after the
    data is on disk (fdatasync, then an fsync'd append to ``have.log``); it reports progress with
    ``ack {bytes}``;
-4. ``done`` -> the destination re-reads the whole partial file, checks every chunk and every
-   file hash again, and answers ``need {chunks}`` (chunks that failed in transit or on disk: the
-   sender sends them again) or, after an atomic commit (files fsync'd, a ``VERIFIED`` marker,
-   rename), ``committed {digest, path, mac}``: the MAC (zone key, this connection's server
-   nonce, digest, path) lets the sender believe only the destination that it is delivered.
+4. ``done`` -> the destination splits the partial file into the checkpoint's files, checks every
+   chunk against the manifest and every file against the job's manifest, and answers ``need
+   {chunks}`` (chunks missing, or that failed on the way, on disk or in the copy: the partial
+   file is put back and the sender sends them again) or, after an atomic commit (files
+   fsync'd, a ``VERIFIED`` marker, rename), ``committed {digest, path, mac}``: the MAC (zone
+   key, this connection's server nonce, digest, path) lets the sender believe only the
+   destination that it is delivered. Each byte is hashed once per check, in worker threads
+   (docs/protocol.md, "Cost").
 
 A connection may instead carry one *control message* after the handshake (``ctl {op, body,
 mac}`` -> ``ctl-ok {result, mac}``; :func:`send_control`): the MACs cover the op, the body (or
@@ -49,8 +52,9 @@ crash, are removed (:meth:`Receiver.sweep`, at start and after each commit). The
 it to forward a reclaim notice and to hand a job's guard (its spec) to the node holding its
 replicas (:mod:`laminar.migrate.reclaim`).
 
-The sender re-hashes every chunk it reads and checks the files against the job's own manifest
-first, so a checkpoint corrupted on the source disk is refused there, not shipped.
+The sender re-hashes every chunk it reads (in a thread, ahead of the socket) and checks the
+files against the job's own manifest first, so a checkpoint corrupted on the source disk is
+refused there, not shipped.
 
 Shaping: the sender calls a :class:`FlowHook` with the connection's 5-tuple, the bytes to send
 and the deadline, so the node's shaper can put the flow in its class and the kill-switch can
