@@ -69,3 +69,26 @@ def test_send_checkpoint_hashes_its_source_off_the_event_loop(
     res = asyncio.run(with_receiver(tmp_path / "dst", body))
     assert on_loop and not any(on_loop)
     assert verified_checkpoint(res.remote_path)
+
+
+def test_the_destination_s_error_reaches_a_sender_still_streaming(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The destination refuses a chunk early while the sender still has megabytes in flight:
+    closing with those unread sent a reset, and the sender saw "connection reset" instead of
+    the reason. It half-closes and reads on until the sender hangs up."""
+    ckpt = make_ckpt(tmp_path, 12 << 20)
+    real = transfer._Source.load
+
+    def load(self: Any, i: int, buf: bytearray) -> memoryview:
+        view = real(self, i, buf)
+        return view[:-1] if i == 2 else view  # a chunk one byte short: it does not fit the manifest
+
+    monkeypatch.setattr(transfer._Source, "load", load)
+
+    async def body(rcv: Receiver, port: int) -> None:
+        with pytest.raises(transfer.TransferError, match="does not fit the manifest"):
+            await send_checkpoint("127.0.0.1", port, ckpt, "j1", KEY, chunk_size=64 << 10, retries=0)
+        assert rcv.committed == []
+
+    for _ in range(5):  # without the linger about one in three lost the reason
+        asyncio.run(with_receiver(tmp_path / "dst", body))
