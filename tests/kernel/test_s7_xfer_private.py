@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 from agentproc import AgentProc
-from test_s7_jobs_users import User, local_user
+from userrig import User, local_user
 
 pytestmark = pytest.mark.kernel
 

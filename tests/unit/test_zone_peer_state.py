@@ -8,7 +8,7 @@ import asyncio
 import random
 from pathlib import Path
 
-from test_s7_zone_replay import until, with_zone
+from test_zone_replay import until, with_zone
 
 from laminar.zone import placement as pl
 from laminar.zone import wire

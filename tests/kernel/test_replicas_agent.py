@@ -7,7 +7,7 @@ it starts: real jobkit checkpoints sent with the real ``send_checkpoint`` into a
 on the agent's own receive root (``<state_dir>/xfer``, the directory its migrate component
 serves). One of them gets a ``guarding`` row written into the agent's store with the
 component's own schema: a stand-in, named as such, for the authenticated ``guard`` message a
-source sends (which needs a zone and its key; tests/unit/test_s7_replicas_api.py sends the real
+source sends (which needs a zone and its key; tests/unit/test_replicas_api.py sends the real
 one). The other has no row: its guard never came (``unclaimed``).
 """
 

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import pytest
-from test_s7_zone_handover import SubmittingJobs
+from test_zone_handover import SubmittingJobs
 
 from laminar.zone import placement as pl
 from laminar.zone import wire

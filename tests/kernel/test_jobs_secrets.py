@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 from agentproc import AgentProc, wait_until
-from test_s7_jobs_users import call_as, local_user
+from userrig import call_as, local_user
 
 from laminar.runtime.jobs import REDACTED
 

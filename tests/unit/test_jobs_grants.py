@@ -1,7 +1,7 @@
 """Who may submit which Airlock class at which priority (config ``[grants]``), without root.
 
 The policy is pure (`Grants.refusal`); the config refuses a bad ``[grants]`` whole, naming the
-value. The agent enforcing it against real other users: tests/kernel/test_s7_jobs_grants_agent.py.
+value. The agent enforcing it against real other users: tests/kernel/test_jobs_grants_agent.py.
 """
 
 from __future__ import annotations

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 from agentproc import AgentProc
 from conftest import VethPair
-from test_s7_jobs_users import User, call_as, local_user
+from userrig import User, call_as, local_user
 
 pytestmark = pytest.mark.kernel
 

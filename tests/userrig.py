@@ -1,4 +1,4 @@
-"""Helpers (no tests): real local users for the session-7 jobs tests, and API calls made as them.
+"""Test helpers: real local users for the tests that need another uid, and API calls made as them.
 
 ``local_user(tag)`` creates a system user ``lm-s7-<tag>-<hex>`` with a group of its own (and,
 with ``extra_group``, a second group ``lm-s7g-<hex>`` it is a member of) and deletes both

@@ -2,7 +2,7 @@
 are shown, and a plan that fell short of ``--count`` says why and exits 1 (an operator's script
 must not read a partial return as done). The agent here is a stand-in: a real ApiServer on a
 real socket answering with what the zone component answers in that case (its behaviour is
-tested in test_s7_zone_reclaim.py)."""
+tested in test_zone_reclaim.py)."""
 
 from __future__ import annotations
 

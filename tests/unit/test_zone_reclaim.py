@@ -10,8 +10,8 @@ from pathlib import Path
 from typing import Any
 
 from test_loan_component import StandInJob
-from test_s7_zone_handover import SubmittingJobs
-from test_s7_zone_replay import with_zone
+from test_zone_handover import SubmittingJobs
+from test_zone_replay import with_zone
 
 from laminar.runtime.jobs import JobSpec
 from laminar.zone.component import ZoneComponent
