@@ -494,6 +494,7 @@ class _RecordBuffer(asyncio.BufferedProtocol):
 
     SIZE = 8 * (RECORD_MAX + RECORD_TAG + 4)
     LOW = 64 << 10  # free space below which the buffer is compacted, and reading paused if still short
+    READ = 512 << 10  # the most one recv_into takes
 
     def __init__(self, r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
         self.old = w.transport.get_protocol()
@@ -529,7 +530,7 @@ class _RecordBuffer(asyncio.BufferedProtocol):
     def get_buffer(self, sizehint: int) -> memoryview:
         if len(self.buf) - self.end < self.LOW:
             self._compact()
-        return self.mv[self.end:]
+        return self.mv[self.end:self.end + self.READ]  # one read copies at most this much: the loop runs between
 
     def buffer_updated(self, nbytes: int) -> None:
         self.end += nbytes
