@@ -2808,12 +2808,7 @@ class ReclaimComponent:
 
     def _receiving(self, key: str) -> bool:
         """Whether the transfer endpoint receives (or commits) a checkpoint of ``key`` now."""
-        r = self.receiver
-        if r is None:
-            return False
-        active = getattr(r, "_active", {})
-        locks = getattr(r, "_locks", {})
-        return any(k[0] == key for k in active) or any(k[0] == key and lk.locked() for k, lk in locks.items())
+        return self.receiver is not None and self.receiver.receiving(key)
 
     def _scan_replicas(self) -> dict[str, Any]:
         """What is under the receive root now (blocking: a worker thread runs it): per key

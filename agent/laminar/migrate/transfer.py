@@ -1353,6 +1353,11 @@ class Receiver:
         await _send(w, {"t": "ok"})  # the last message in the clear
         return str(hdr.get("node", "")), key, nc, ns
 
+    def receiving(self, job_id: str) -> bool:
+        """Whether a checkpoint of ``job_id`` (a replica key) is being received or committed now."""
+        return (any(k[0] == job_id for k in self._active)
+                or any(k[0] == job_id and lock.locked() for k, lock in self._locks.items()))
+
     def free_for_offers(self) -> int:
         """Bytes an offer may take now without being refused for room (before its 4 MiB commit
         block): the receive root's free space less what transfers in progress still lack and
