@@ -71,13 +71,13 @@ def sign_probes(keys_file: Path, n: int, rate: int, lease_ms: int, base: int, pa
     enc = wire.Encoder(2, load_keys(str(keys_file)))
     t = time.perf_counter()
     for _ in range(200):  # time a few, then plan the start past the signing of the rest
-        enc.encode(wire.Probe(base, 0, 10, 1, lease_ms, "", "", ()), 1, time.time())
+        enc.encode(wire.Probe(base, 0, 10, 1, lease_ms, "", "", ()), 1, time.time(), to=1)
     per_probe = (time.perf_counter() - t) / 200
     start = time.time() + 1.0 + 2.0 * per_probe * n
     out = bytearray()
     for k in range(n):
         probe = wire.Probe(base + k, 0, 10, 1, lease_ms, "", "", (base + k - 1,) if k else ())
-        d = enc.encode(probe, 1, start + k / rate)
+        d = enc.encode(probe, 1, start + k / rate, to=1)  # the MAC covers the receiver (wire v2)
         out += struct.pack("<H", len(d)) + d
     path.write_bytes(bytes(out))
     if time.time() > start - 0.3:
@@ -100,7 +100,7 @@ def read_results(keys_file: Path, base: int, send_path: Path, recv_path: Path, w
     n = len(sends)
     # CLOCK_REALTIME - CLOCK_MONOTONIC, as lmgen's clocks were (same host, no step in between)
     offset_ns = time.time_ns() - time.monotonic_ns()
-    dec = wire.Decoder(load_keys(str(keys_file)), {1: 1, 2: 1, 3: 1}, window_s=window_s)
+    dec = wire.Decoder(load_keys(str(keys_file)), {1: 1, 2: 1, 3: 1}, window_s=window_s, node=2)
     lat: list[float] = []
     at: list[float] = []
     wire_lat: list[float] = []

@@ -1,4 +1,4 @@
-"""Session-7 hunt: the checkpoint plan's uplink-share fixed point stays bounded when the
+"""The checkpoint plan's uplink-share fixed point stays bounded when the
 prestaged jobs' transfers would need more than the whole uplink (large checkpoints, a slow
 link, a high hazard: the spot traces show MTBFs of 0.1-0.5 h)."""
 

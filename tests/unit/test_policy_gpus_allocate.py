@@ -1,4 +1,4 @@
-"""Session-7 hunt: gpus.allocate (the pure choice of a job's GPU indices) keeps its contract
+"""gpus.allocate (the pure choice of a job's GPU indices) keeps its contract
 for every input: a GPU goes to a job at most once, and a count is a whole number >= 0.
 
 Declared GPUs (the config's stand-in where NVML finds none: this machine has no GPU)."""

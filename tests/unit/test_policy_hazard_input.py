@@ -1,4 +1,4 @@
-"""Session-7 hunt: the hazard model refuses non-finite times and bad spot traces by name
+"""The hazard model refuses non-finite times and bad spot traces by name
 (HazardError) instead of hanging, overflowing or learning from NaN ticks. Real files in
 tmp_path, the real loader."""
 

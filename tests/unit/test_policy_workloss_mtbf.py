@@ -1,4 +1,4 @@
-"""Session-7 hunt: bench/workloss.py gives the baselines (Slurm requeue, pipeline redundancy)
+"""bench/workloss.py gives the baselines (Slurm requeue, pipeline redundancy)
 their static Daly interval from the pool's MTBF; that MTBF counts only up time inside the run.
 
 A real 1-node preemption trace file written to tmp_path, read by the real loader, built into a

@@ -1,4 +1,4 @@
-"""Session-7 hunt: the 130% allocation experiment (run_allocation, and the agents' packing run
+"""The 130% allocation experiment (run_allocation, and the agents' packing run
 through the same inflate) refuses a pod list that can never reach the target instead of
 growing its list without end. Real reader on a file in tmp_path."""
 

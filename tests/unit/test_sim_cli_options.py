@@ -1,4 +1,4 @@
-"""Session-7 hunt: `laminarctl sim` options and scenarios that hold no work give exit 2 and a
+"""`laminarctl sim` options and scenarios that hold no work give exit 2 and a
 message naming the option or file, never a traceback or a silent run (the real CLI, in a
 subprocess, on files written to tmp_path)."""
 

@@ -1,4 +1,4 @@
-"""Session-7 hunt: `laminarctl sim` gives the same figures for the same seed in two processes
+"""`laminarctl sim` gives the same figures for the same seed in two processes
 with different hash seeds (set and dict order of strings, hash randomisation), for every
 policy. A guard: the hunt found no such dependence; this keeps it so.
 

@@ -1,4 +1,4 @@
-"""Session-7 hunt: in the simulator, fractional-GPU jobs never share a GPU beyond its whole
+"""In the simulator, fractional-GPU jobs never share a GPU beyond its whole
 (the shares on one device sum to at most 1) under the probe placement (laminar, noloan,
 requeue) as under best-fit. Real engine, a one-GPU node (a fake cluster, named so)."""
 

@@ -1,4 +1,4 @@
-"""Session-7 hunt: bad trace files reach `laminarctl sim` as a clear error (file, line,
+"""Bad trace files reach `laminarctl sim` as a clear error (file, line,
 problem; exit 2), never a traceback, a hang or a silently wrong run.
 
 Every case writes a real file to tmp_path and runs the real reader or the real CLI in a

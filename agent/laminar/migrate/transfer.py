@@ -93,12 +93,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NoReturn, Protocol
 
-from cryptography.exceptions import InvalidTag
-from cryptography.hazmat.primitives.ciphers.aead import AESGCM
-from cryptography.hazmat.primitives.hashes import SHA256
-from cryptography.hazmat.primitives.kdf.hkdf import HKDF
-
 from laminar import jobkit
+
+# `cryptography` (OpenSSL) is imported at the first connection, not with the agent: it adds
+# ~7 MiB of resident memory that an agent that never transfers does not need.
 
 log = logging.getLogger("laminar.transfer")
 
@@ -477,6 +475,9 @@ def derive_keys(key: bytes, nonce_c: bytes, nonce_s: bytes) -> tuple[bytes, byte
     """The two AES-256-GCM keys of one connection, (client to server, server to client):
     HKDF-SHA256 with the zone key as input key material, both sides' fresh handshake nonces
     (client's, then server's) as salt, and one label per direction as info."""
+    from cryptography.hazmat.primitives.hashes import SHA256
+    from cryptography.hazmat.primitives.kdf.hkdf import HKDF
+
     def one(label: bytes) -> bytes:
         return HKDF(algorithm=SHA256(), length=32, salt=nonce_c + nonce_s, info=label).derive(key)
 
@@ -606,6 +607,8 @@ class _Channel:
     def __init__(self, r: asyncio.StreamReader, w: asyncio.StreamWriter, tx_key: bytes, rx_key: bytes,
                  on_reject: Callable[[], None] | None = None) -> None:
         self.r, self.w = r, w
+        from cryptography.hazmat.primitives.ciphers.aead import AESGCM
+
         self._tx, self._rx = AESGCM(tx_key), AESGCM(rx_key)
         self._ntx = self._nrx = 0
         self._buf: bytes = b""
@@ -665,6 +668,8 @@ class _Channel:
         else:
             await src.need(n)
             ct = src.take(n)
+        from cryptography.exceptions import InvalidTag
+
         try:
             pt = self._rx.decrypt(self._nrx.to_bytes(12, "big"), ct, ln)
         except InvalidTag:
