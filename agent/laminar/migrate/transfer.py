@@ -1098,13 +1098,16 @@ class _Incoming:
             for line in logp.read_text().split():
                 if line.isdigit() and int(line) < len(m.chunks):
                     self.have.add(int(line))
+        self.held = sum(m.chunk_len(i) for i in self.have)  # kept up to date: an ack reads it on the loop
         self.log = open(logp, "a")
         self.ex = ThreadPoolExecutor(1, thread_name_prefix="lm-xfer-write")  # writes in order, one core at most
         self.writing: list[tuple[int, asyncio.Future[int]]] = []  # chunks being written, not yet persisted
         self.inflight: asyncio.Future[list[int]] | None = None  # the batch being persisted
 
     def held_bytes(self) -> int:
-        return sum(self.m.chunk_len(i) for i in self.have)
+        """The bytes of the chunks held (persisted), kept as chunks are added and forgotten: an
+        ack every PERSIST_EVERY chunks must not cost the loop a pass over all of them."""
+        return self.held
 
     def write(self, i: int, data: bytes) -> None:
         """Writes chunk ``i`` at its offset, in a worker thread (the loop goes on receiving)."""
@@ -1139,10 +1142,14 @@ class _Incoming:
         """Waits for the batch in flight and counts it as held (raises its OSError)."""
         f, self.inflight = self.inflight, None
         if f is not None:
-            self.have.update(await f)
+            new = set(await f) - self.have
+            self.have |= new
+            self.held += sum(self.m.chunk_len(i) for i in new)
 
     def forget(self, bad: set[int]) -> None:
-        self.have -= bad
+        gone = bad & self.have
+        self.have -= gone
+        self.held -= sum(self.m.chunk_len(i) for i in gone)
         self.log.close()
         tmp = self.dir / "have.log.tmp"
         tmp.write_text("".join(f"{i}\n" for i in sorted(self.have)))
