@@ -55,6 +55,7 @@ import concurrent.futures
 import functools
 import logging
 import secrets
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -63,6 +64,7 @@ from typing import Any
 from prometheus_client import Gauge
 
 from ..api import ApiError, Request, Route
+from ..bpf import abi
 from ..config import Field, register_section
 from . import killswitch as ks
 from .htb import HtbError, HtbTree, priority_of
@@ -186,6 +188,12 @@ class TransferRegistry:
         # pyroute2 0.9's IPRoute runs its own event loop, which cannot run inside the agent's, so
         # every netlink (and map) operation of the registry runs on this one thread, in order.
         self._pool: concurrent.futures.ThreadPoolExecutor | None = None
+        # Every read-modify-write (and delete) of an lm_flows entry holds this lock from the lookup
+        # to the update: the registry's thread writes a flow's class (_write_flow) while the loop
+        # flips its switch (flow_switch), and without it one writer's update carried the value it
+        # had read before the other's, so a kill bit set in between was silently cleared. Held
+        # for one or two map syscalls only (never across netlink), so a switch never waits on a tick.
+        self.flows_lock = threading.Lock()
 
     def _emit(self, kind: str, message: str, **fields: Any) -> None:
         """Emits an event on the agent's loop (the event bus is not thread-safe; ticks run on a thread)."""
@@ -276,8 +284,7 @@ class TransferRegistry:
             deadline = now_mono + int((r["deadline_wall"] - now_wall) * 1e9)
             flow = ks.FlowKey.parse(r["flow"])
             if deadline <= now_mono:
-                if self.flows is not None:
-                    self.flows.delete(flow.pack())
+                self._release_flow(flow)
                 if r["minor"] in kernel_leaves:
                     self.tree.remove_leaf(r["minor"])
                 with self.agent.store.tx() as db:
@@ -381,8 +388,7 @@ class TransferRegistry:
                                (t.id, t.job, t.job_num, str(t.flow), t.total_bytes, t.reported_bytes,
                                 t.deadline_mono_ns, t.deadline_wall, t.max_rate_bps, t.minor, t.created))
         except Exception:
-            if self.flows is not None:
-                self.flows.delete(flow.pack())
+            self._release_flow(flow)
             self.tree.remove_leaf(t.minor)
             raise
         self.transfers[tid] = t
@@ -396,19 +402,39 @@ class TransferRegistry:
         if self.flows is None:
             return
         assert self.tree is not None
-        raw = self.flows.lookup(t.flow.pack())
-        entry = ks.FlowEntry.unpack(raw) if raw is not None else ks.FlowEntry()
-        entry.job_id = t.job_num
-        entry.priority = priority_of(self.tree.major, t.minor)
-        self.flows.update(t.flow.pack(), entry.pack())
+        kb, priority = t.flow.pack(), priority_of(self.tree.major, t.minor)
+        with self.flows_lock:  # keeps a switch set meanwhile (see flows_lock)
+            raw = self.flows.lookup(kb)
+            entry = ks.FlowEntry.unpack(raw) if raw is not None else ks.FlowEntry()
+            entry.job_id = t.job_num
+            entry.priority = priority
+            self.flows.update(kb, entry.pack())
+
+    def _release_flow(self, flow: ks.FlowKey) -> None:
+        """A transfer lets go of its flow entry: deleted, unless a switch is set on it (cut or
+        armed), which stays, with no class (priority 0), until ``kill-flow … off``: the sender's
+        socket may outlive the transfer, and a cut flow must stay cut until someone says otherwise."""
+        if self.flows is None:
+            return
+        kb = flow.pack()
+        with self.flows_lock:
+            raw = self.flows.lookup(kb)
+            if raw is None:
+                return
+            entry = ks.FlowEntry.unpack(raw)
+            if entry.flags & (abi.LM_FLOW_KILL | abi.LM_FLOW_ARMED):
+                entry.priority = 0  # its leaf goes away
+                self.flows.update(kb, entry.pack())
+            else:
+                self.flows.delete(kb)
 
     def remove(self, tid: str) -> Transfer:
-        """Removes a transfer: its flow entry (and so any switch on it), its leaf, its row."""
+        """Removes a transfer: its flow entry, its leaf, its row. A switch set on the flow (cut or
+        armed) outlives the transfer: the entry stays, without a class, until ``kill-flow … off``."""
         t = self.transfers.get(tid)
         if t is None:
             raise ApiError(404, f"unknown transfer {tid!r}; `laminarctl net transfers` lists them")
-        if self.flows is not None:
-            self.flows.delete(t.flow.pack())
+        self._release_flow(t.flow)
         if self.tree is not None:
             self.tree.remove_leaf(t.minor)
         if self.agent is not None:
@@ -449,18 +475,22 @@ class TransferRegistry:
         key, job_num = self.resolve_flow(name)
         try:
             action, deadline = ks.parse_action(body)
-            entry = ks.apply_flow_switch(self.flows, key, action, deadline, job_num=job_num)
         except ks.KillSwitchError as e:
             raise ApiError(e.status, str(e)) from None
         removed = False
-        # list(): a snapshot taken at once (add/remove change the dict on the registry's thread)
-        if action == "off" and not entry.priority and not any(t.flow == key for t in list(self.transfers.values())):
-            # The entry only held this switch (an ad-hoc cut by 5-tuple, no class): kept, every such
-            # cut would hold one of the map's LM_MAX_FLOWS entries for good, and a full map refuses
-            # every transfer. (A transfer registering this very 5-tuple at this moment, on the
-            # registry's thread, may lose its entry to this delete: it then goes unshaped.)
-            self.flows.delete(key.pack())
-            removed = True
+        with self.flows_lock:  # the switch and the delete below see no write from the registry's thread
+            try:
+                entry = ks.apply_flow_switch(self.flows, key, action, deadline, job_num=job_num)
+            except ks.KillSwitchError as e:
+                raise ApiError(e.status, str(e)) from None
+            # list(): a snapshot taken at once (add/remove change the dict on the registry's thread)
+            if action == "off" and not entry.priority and not any(t.flow == key for t in list(self.transfers.values())):
+                # The entry only held this switch (an ad-hoc cut by 5-tuple, no class): kept, every
+                # such cut would hold one of the map's LM_MAX_FLOWS entries for good, and a full map
+                # refuses every transfer. A transfer registering this 5-tuple writes its class under
+                # the same lock, so an entry with a class is never deleted here.
+                self.flows.delete(key.pack())
+                removed = True
         verb = {"on": "cut", "off": "restored", "arm": f"armed to cut in {body.get('at_s')} s"}[action]
         return {"message": f"kill-switch: flow {name} ({key}) {verb}", "flow": str(key), "action": action,
                 "deadline_ns": deadline, "entry_removed": removed, **entry.describe()}
