@@ -25,6 +25,7 @@ from __future__ import annotations
 import logging
 import os
 import sqlite3
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -69,6 +70,11 @@ class NetGuard:
         self.pin_root = Path("/sys/fs/bpf/laminar")
         self.adopted = False
         self.agent: Any = None
+        # Every read-modify-write of an lm_jobs or lm_global entry (and every delete of one) holds
+        # this lock from the lookup to the update, whatever thread it runs on: two writers each
+        # putting back the value they read would clear a kill bit the other set in between.
+        # Reentrant: the API's 'all' actions call the per-job writers in a loop.
+        self.lock = threading.RLock()
 
     # --- lifecycle --------------------------------------------------------------------------
 
@@ -115,25 +121,28 @@ class NetGuard:
             self.obj = None
 
     def _init_global(self) -> None:
-        g = self._global()
-        if g.abi_version != abi.LM_ABI_VERSION:
-            g.abi_version = abi.LM_ABI_VERSION
-            self.maps["lm_global"].update(abi.u32(0), bytes(g))
+        with self.lock:
+            g = self._global()
+            if g.abi_version != abi.LM_ABI_VERSION:
+                g.abi_version = abi.LM_ABI_VERSION
+                self.maps["lm_global"].update(abi.u32(0), bytes(g))
 
     # --- jobs -------------------------------------------------------------------------------
 
     def register_job(self, cgroup_id: int, job_num: int, lent: bool = False) -> None:
         """Makes netguard see a job's cgroup; keeps any switch already set for it (re-adoption)."""
         m = self.maps["lm_jobs"]
-        raw = m.lookup(_u64(cgroup_id))
-        job = abi.LmJob.from_buffer_copy(raw) if raw else abi.LmJob()
-        job.job_id = job_num
-        job.flags = (job.flags | abi.LM_JOB_LENT) if lent else (job.flags & ~abi.LM_JOB_LENT)
-        m.update(_u64(cgroup_id), bytes(job))
+        with self.lock:
+            raw = m.lookup(_u64(cgroup_id))
+            job = abi.LmJob.from_buffer_copy(raw) if raw else abi.LmJob()
+            job.job_id = job_num
+            job.flags = (job.flags | abi.LM_JOB_LENT) if lent else (job.flags & ~abi.LM_JOB_LENT)
+            m.update(_u64(cgroup_id), bytes(job))
 
     def unregister_job(self, cgroup_id: int) -> None:
-        self.maps["lm_jobs"].delete(_u64(cgroup_id))
-        self.maps["lm_job_stats"].delete(_u64(cgroup_id))
+        with self.lock:
+            self.maps["lm_jobs"].delete(_u64(cgroup_id))
+            self.maps["lm_job_stats"].delete(_u64(cgroup_id))
 
     def prune_jobs(self, cgroup_root: str) -> list[int]:
         """Deletes the lm_jobs/lm_job_stats entries whose cgroup under the agent's cgroup root
@@ -172,13 +181,14 @@ class NetGuard:
         return {f[0]: int(getattr(c, f[0])) for f in abi.LmCounters._fields_}
 
     def _update_job(self, cgroup_id: int, set_flags: int = 0, clear_flags: int = 0, kill_at_ns: int | None = None) -> None:
-        job = self.job_entry(cgroup_id)
-        if job is None:
-            raise KeyError(cgroup_id)
-        job.flags = (job.flags | set_flags) & ~clear_flags
-        if kill_at_ns is not None:
-            job.kill_at_ns = kill_at_ns
-        self.maps["lm_jobs"].update(_u64(cgroup_id), bytes(job))
+        with self.lock:  # an unregister in between cannot be undone by this update either
+            job = self.job_entry(cgroup_id)
+            if job is None:
+                raise KeyError(cgroup_id)
+            job.flags = (job.flags | set_flags) & ~clear_flags
+            if kill_at_ns is not None:
+                job.kill_at_ns = kill_at_ns
+            self.maps["lm_jobs"].update(_u64(cgroup_id), bytes(job))
 
     def set_job_kill(self, cgroup_id: int, on: bool) -> None:
         """on: drop the job's traffic from the next packet; off: restore it (clears an armed deadline too)."""
@@ -196,13 +206,14 @@ class NetGuard:
         return abi.LmGlobal.from_buffer_copy(raw) if raw else abi.LmGlobal()
 
     def set_global(self, set_flags: int = 0, clear_flags: int = 0, kill_at_ns: int | None = None) -> abi.LmGlobal:
-        g = self._global()
-        g.flags = (g.flags | set_flags) & ~clear_flags
-        g.abi_version = abi.LM_ABI_VERSION
-        if kill_at_ns is not None:
-            g.kill_at_ns = kill_at_ns
-        self.maps["lm_global"].update(abi.u32(0), bytes(g))
-        return g
+        with self.lock:
+            g = self._global()
+            g.flags = (g.flags | set_flags) & ~clear_flags
+            g.abi_version = abi.LM_ABI_VERSION
+            if kill_at_ns is not None:
+                g.kill_at_ns = kill_at_ns
+            self.maps["lm_global"].update(abi.u32(0), bytes(g))
+            return g
 
     # --- status and API ---------------------------------------------------------------------
 
