@@ -306,6 +306,14 @@ class NetGuard:
                            "armed_in_s": round((g.kill_at_ns - now) / 1e9, 3) if g.flags & abi.LM_GLOBAL_ARMED else None},
                 "jobs": rows}
 
+    def _job_names(self, cgroup_ids: list[int]) -> list[str]:
+        """Job ids of these cgroups (``cgroup N`` for one the job manager does not know)."""
+        if not cgroup_ids:
+            return []
+        jobs = getattr(self.agent, "jobs", None)
+        by_cgroup = {int(j.cgroup_id): j.id for j in jobs.list()} if jobs is not None else {}
+        return [by_cgroup.get(cg, f"cgroup {cg}") for cg in cgroup_ids]
+
     async def _api_killswitch(self, req: Request) -> dict[str, Any]:
         body = req.body or {}
         action = require(body, "action", str, "one of on, off, arm")
@@ -322,6 +330,7 @@ class NetGuard:
                                     "(a deadline in the past would cut at once: use `on` for that)")
             deadline = time.monotonic_ns() + int(at_s * 1e9)
         who = ""
+        disarmed: list[int] = []  # cgroup ids whose armed deadline an 'off' cleared (a reclaim's, maybe)
         if scope == "job":
             job_id = require(body, "job", str, "a job id")
             job, cg = self._job_cgroup(job_id)
@@ -329,7 +338,11 @@ class NetGuard:
                 assert deadline is not None
                 self.arm_job(cg, deadline)
             else:
-                self.set_job_kill(cg, action == "on")
+                with self.lock:
+                    before = self.job_entry(cg)
+                    self.set_job_kill(cg, action == "on")
+                if action == "off" and before is not None and before.flags & abi.LM_JOB_ARMED:
+                    disarmed.append(cg)
             who = f"job {job_id}"
         elif scope == "all":
             if action == "arm":
@@ -339,9 +352,18 @@ class NetGuard:
             elif action == "on":
                 self.set_global(set_flags=abi.LM_GLOBAL_KILL_JOBS)
             else:
-                self.set_global(clear_flags=abi.LM_GLOBAL_KILL_JOBS)
-                for k, _ in list(self.maps["lm_jobs"].items()):
-                    self.set_job_kill(int.from_bytes(k, "little"), False)
+                # The operator's "all off" is all off: per-job cuts and every armed deadline, those
+                # a reclaim armed included (docs/operations.md); the answer and event name them.
+                with self.lock:
+                    self.set_global(clear_flags=abi.LM_GLOBAL_KILL_JOBS)
+                    for k, v in list(self.maps["lm_jobs"].items()):
+                        cg_k = int.from_bytes(k, "little")
+                        if abi.LmJob.from_buffer_copy(v).flags & abi.LM_JOB_ARMED:
+                            disarmed.append(cg_k)
+                        try:
+                            self.set_job_kill(cg_k, False)
+                        except KeyError:  # unregistered meanwhile
+                            pass
             who = "all jobs"
         else:
             if action == "arm":
@@ -353,10 +375,15 @@ class NetGuard:
             who = "lent jobs"
         verb = {"on": "cut", "off": "restored", "arm": f"armed to cut in {body.get('at_s')} s"}[action]
         msg = f"kill-switch: traffic of {who} {verb}"
+        disarmed_jobs = self._job_names(disarmed)
+        if disarmed_jobs:
+            msg += f"; armed deadline cleared for {', '.join(disarmed_jobs)}"
         # Recorded in the next loop round, after the answer: the switch is already enforcing.
         self.agent.loop.call_soon(lambda: self.agent.events.emit(
-            "killswitch", msg, action=action, scope=scope, job=body.get("job"), uid=req.peer.uid, deadline_ns=deadline))
-        return {"message": msg, "action": action, "scope": scope, "job": body.get("job"), "deadline_ns": deadline}
+            "killswitch", msg, action=action, scope=scope, job=body.get("job"), uid=req.peer.uid, deadline_ns=deadline,
+            disarmed=disarmed_jobs))
+        return {"message": msg, "action": action, "scope": scope, "job": body.get("job"), "deadline_ns": deadline,
+                "disarmed": disarmed_jobs}
 
 
 def unload(store: Any, ifindex: int | None, pin_root: Path, cgroup_root: str | None = None) -> dict[str, Any]:
