@@ -509,7 +509,9 @@ class _RecordBuffer(asyncio.BufferedProtocol):
         self.eof = bool(getattr(r, "_eof", False))
         self.exc: BaseException | None = r.exception()
         self.waiter: asyncio.Future[None] | None = None
-        self.paused = False
+        # StreamReader pauses the socket past twice its limit (a peer that sent on behind its
+        # handshake): taken over as paused, so need() resumes it (else the rest never arrives)
+        self.paused = bool(getattr(r, "_paused", False))
         self.transport.set_protocol(self)
 
     @staticmethod
