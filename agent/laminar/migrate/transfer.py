@@ -645,7 +645,13 @@ class _Channel:
         """One message (a header, and a chunk's bytes), in as many records as it takes."""
         raw = json.dumps(hdr, separators=(",", ":")).encode()
         async with self._lock:  # records of two messages never interleave
-            self._seal(struct.pack(">I", len(raw)) + raw)  # headers are far below RECORD_MAX
+            head = memoryview(struct.pack(">I", len(raw)) + raw)
+            # one record, but an offer's manifest (past ~15k chunks) or a have/need list of
+            # many chunks is longer than RECORD_MAX: then in several, as a chunk's bytes are
+            self._seal(head[:RECORD_MAX])
+            for off in range(RECORD_MAX, len(head), RECORD_MAX):
+                await self.w.drain()
+                self._seal(head[off:off + RECORD_MAX])
             view = memoryview(payload)
             for off in range(0, len(view), RECORD_MAX):
                 self._seal(view[off:off + RECORD_MAX])
