@@ -643,7 +643,10 @@ class _Channel:
 
     async def send(self, hdr: dict[str, Any], payload: bytes | bytearray | memoryview = b"") -> None:
         """One message (a header, and a chunk's bytes), in as many records as it takes."""
-        raw = json.dumps(hdr, separators=(",", ":")).encode()
+        await self.send_encoded(json.dumps(hdr, separators=(",", ":")).encode(), payload)
+
+    async def send_encoded(self, raw: bytes, payload: bytes | bytearray | memoryview = b"") -> None:
+        """:meth:`send` of a header already encoded as JSON (an offer: MBs, encoded in a thread)."""
         async with self._lock:  # records of two messages never interleave
             head = memoryview(struct.pack(">I", len(raw)) + raw)
             # one record, but an offer's manifest (past ~15k chunks) or a have/need list of
@@ -854,6 +857,7 @@ async def send_checkpoint(
     authentication failure, a corrupt source, or when attempts or time run out."""
     # hashing a checkpoint of many GB takes seconds: never on the agent's event loop
     m = manifest if manifest is not None else await asyncio.to_thread(build_manifest, ckpt_dir, job_id, chunk_size)
+    offer = await asyncio.to_thread(_offer, m, key)  # the manifest's JSON (MBs) and digest: not on the loop
     src = Path(ckpt_dir)
     t0 = time.monotonic()
     res = SendResult(job_id, m.ckpt_id, m.digest, m.total_bytes, 0, 0, 0, "")
@@ -863,7 +867,8 @@ async def send_checkpoint(
             break
         res.attempts = attempt + 1
         try:
-            await _send_once(host, port, src, m, key, zone, node, rate_bps, deadline_monotonic, progress, flow_hook, res, t0)
+            await _send_once(host, port, src, m, offer, key, zone, node, rate_bps, deadline_monotonic, progress, flow_hook,
+                             res, t0)
             return res
         except TransferError as e:
             if e.fatal:
@@ -876,8 +881,14 @@ async def send_checkpoint(
     raise TransferError(f"transfer: {job_id}/{m.ckpt_id} not delivered after {res.attempts} attempts: {last!r}")
 
 
+def _offer(m: Manifest, key: bytes) -> bytes:
+    """The ``offer`` message of ``m``, encoded (its digest computed and kept in ``m``)."""
+    return json.dumps({"t": "offer", "manifest": m.body(), "mac": mac(key, b"laminar-manifest", m.digest.encode())},
+                      separators=(",", ":")).encode()
+
+
 async def _send_once(
-    host: str, port: int, src: Path, m: Manifest, key: bytes, zone: int, node: str, rate_bps: float | None,
+    host: str, port: int, src: Path, m: Manifest, offer: bytes, key: bytes, zone: int, node: str, rate_bps: float | None,
     deadline: float | None, progress: Callable[[Progress], None] | None, flow_hook: FlowHook | None,
     res: SendResult, t0: float,
 ) -> None:
@@ -886,7 +897,7 @@ async def _send_once(
     reader_task: asyncio.Task[None] | None = None
     try:
         ch, ns = await _client_handshake(r, w, key, zone, node)
-        await ch.send({"t": "offer", "manifest": m.body(), "mac": mac(key, b"laminar-manifest", m.digest.encode())})
+        await ch.send_encoded(offer)
         hdr, _ = await _recv(ch)
         if hdr["t"] == "committed":
             res.remote_path = _check_committed(hdr, key, ns, m)
