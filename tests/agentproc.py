@@ -225,6 +225,35 @@ def ctl_as(uid: int, argv: list[str], input: str | None = None) -> subprocess.Co
     return subprocess.CompletedProcess(["laminarctl", *argv], os.waitstatus_to_exitcode(status), out, err)
 
 
+def api_request(sock: Path, method: str, path: str, body: str | bytes | None = None,
+                timeout: float = 20.0) -> tuple[int, bytes]:
+    """One raw HTTP/1.1 request to a laminard's control socket, bypassing laminarctl's own input
+    checks (a body laminarctl would refuse, an answer it would not show): (status, raw body)."""
+    import socket
+
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    s.settimeout(timeout)
+    try:
+        s.connect(str(sock))
+        data = body.encode() if isinstance(body, str) else (body or b"")
+        s.sendall(f"{method} {path} HTTP/1.1\r\nHost: laminar\r\nContent-Type: application/json\r\n"
+                  f"Content-Length: {len(data)}\r\n\r\n".encode() + data)
+        raw = b""
+        while chunk := s.recv(65536):
+            raw += chunk
+    finally:
+        s.close()
+    head, _, payload = raw.partition(b"\r\n\r\n")
+    return int(head.split()[1]), payload
+
+
+def api_json(sock: Path, method: str, path: str, body: str | bytes | None = None,
+             timeout: float = 20.0) -> tuple[int, Any]:
+    """:func:`api_request` with the answer parsed as JSON."""
+    status, payload = api_request(sock, method, path, body, timeout)
+    return status, json.loads(payload)
+
+
 def wait_until(fn: Callable[[], Any], timeout: float, what: str, diag: Callable[[], str] = lambda: "") -> Any:
     """Polls ``fn`` every 0.1 s until it returns something true (returned); fails the test after
     ``timeout`` s naming ``what``, with ``diag()`` (e.g. the agent's story) appended."""

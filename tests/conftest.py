@@ -152,3 +152,16 @@ def agent(veth_pair: VethPair, tmp_path: Path) -> Iterator[object]:
         yield a
     finally:
         a.cleanup()
+
+
+@pytest.fixture
+def shaping_agent(veth_pair: VethPair, tmp_path: Path) -> Iterator[object]:
+    """Like ``agent``, with deadline shaping on (``[shaping] link_mbit = 1000``)."""
+    from agentproc import AgentProc
+
+    a = AgentProc(tmp_path, veth_pair.ifname_a, veth_pair.a, extra_toml="[shaping]\nlink_mbit = 1000\n")
+    try:
+        a.start()
+        yield a
+    finally:
+        a.cleanup()

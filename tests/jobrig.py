@@ -1,8 +1,10 @@
-"""A real JobManager over real cgroups for kernel tests, and an async wait.
+"""A real JobManager over real cgroups for kernel tests, with Airlock if asked, and an async wait.
 
 ``job_manager(tmp)`` starts a JobManager with its own cgroup root (``laminar-t-<hex>``) and
 SQLite store in ``tmp``; on leaving it stops the manager, kills and removes the whole cgroup
 tree (every job's processes with it) and closes the store, also when the test fails.
+``airlock_rig(tmp)`` does the same with an Airlock on the same store and event bus, and
+``running(jobs, name, job_class)`` submits a sleeping job and waits for it to be in its cgroup.
 """
 
 from __future__ import annotations
@@ -15,8 +17,9 @@ from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 
 from laminar.airlock.cgroups import CgroupTree, detect
+from laminar.airlock.manager import Airlock
 from laminar.events import EventBus
-from laminar.runtime.jobs import JobManager
+from laminar.runtime.jobs import Job, JobManager, JobSpec
 from laminar.store import Store
 
 
@@ -43,3 +46,28 @@ async def job_manager(tmp: Path) -> AsyncIterator[JobManager]:
         await jobs.stop()
         CgroupTree(detect(), root).purge()
         store.close()
+
+
+@contextlib.asynccontextmanager
+async def airlock_rig(tmp: Path) -> AsyncIterator[tuple[JobManager, Airlock, Store]]:
+    root = f"laminar-t-{secrets.token_hex(3)}"
+    store = Store(tmp / "laminar.db")
+    bus = EventBus(store)
+    jobs = JobManager(store=store, state_dir=tmp, cgroup_root=root, events=bus, gpus_declared=[])
+    al = Airlock(jobs=jobs, store=store, events=bus)
+    try:
+        await jobs.start(None)
+        await al.start(None)
+        yield jobs, al, store
+    finally:
+        await al.stop()
+        await jobs.stop()
+        CgroupTree(detect(), root).purge()
+        store.close()
+
+
+async def running(jobs: JobManager, name: str, job_class: str = "transient") -> Job:
+    """A ``sleep 600`` job of ``job_class``, once its process is in its cgroup."""
+    job = await jobs.submit(JobSpec(["sleep", "600"], name=name, job_class=job_class).validate())
+    await until(lambda: job.pid in job.cgroup.pids(), 10)
+    return job

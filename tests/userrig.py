@@ -16,13 +16,14 @@ import json
 import os
 import pwd
 import secrets
-import socket
 import subprocess
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from agentproc import api_request
 
 
 @dataclass(frozen=True)
@@ -75,20 +76,7 @@ def local_user(tag: str, extra_group: bool = False) -> Iterator[User]:
 
 
 def _request(sock: Path, method: str, path: str, body: Any) -> tuple[int, bytes]:
-    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    s.settimeout(60)
-    try:
-        s.connect(str(sock))
-        data = b"" if body is None else json.dumps(body).encode()
-        s.sendall(f"{method} {path} HTTP/1.1\r\nHost: laminar\r\nContent-Type: application/json\r\n"
-                  f"Content-Length: {len(data)}\r\n\r\n".encode() + data)
-        raw = b""
-        while chunk := s.recv(65536):
-            raw += chunk
-    finally:
-        s.close()
-    head, _, payload = raw.partition(b"\r\n\r\n")
-    return int(head.split()[1]), payload
+    return api_request(sock, method, path, None if body is None else json.dumps(body), timeout=60)
 
 
 def call_as(user: User | None, sock: Path, method: str, path: str, body: Any = None) -> tuple[int, Any, bytes]:

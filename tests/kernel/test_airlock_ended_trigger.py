@@ -12,36 +12,19 @@ closed at once and not counted. Real cgroups, processes and PSI triggers.
 from __future__ import annotations
 
 import asyncio
-import secrets
 import select
 from pathlib import Path
 
 import pytest
-
-from laminar.airlock.cgroups import CgroupTree, detect
-from laminar.airlock.manager import Airlock
-from laminar.events import EventBus
-from laminar.runtime.jobs import JobManager, JobSpec
-from laminar.store import Store
+from jobrig import airlock_rig, running
 
 pytestmark = pytest.mark.kernel
 
 
 def test_the_trigger_of_an_ended_job_is_not_a_stall(tmp_path: Path) -> None:
     async def main() -> None:
-        root = f"laminar-t-{secrets.token_hex(3)}"
-        store = Store(tmp_path / "laminar.db")
-        bus = EventBus(store)
-        jobs = JobManager(store=store, state_dir=tmp_path, cgroup_root=root, events=bus, gpus_declared=[])
-        al = Airlock(jobs=jobs, store=store, events=bus)
-        try:
-            await jobs.start(None)
-            await al.start(None)
-            job = await jobs.submit(JobSpec(["sleep", "600"], name="lm-t-ends", job_class="transient").validate())
-            for _ in range(200):
-                if job.pid in job.cgroup.pids():
-                    break
-                await asyncio.sleep(0.05)
+        async with airlock_rig(tmp_path) as (jobs, al, _):
+            job = await running(jobs, "lm-t-ends")
             al.sync_job_triggers()
             trig = al._job_triggers.get(job.id)
             if trig is None:
@@ -50,29 +33,25 @@ def test_the_trigger_of_an_ended_job_is_not_a_stall(tmp_path: Path) -> None:
             # Airlock's poller is read by hand below (not by the loop), so each step can be seen.
             assert al._poller is not None
             asyncio.get_running_loop().remove_reader(al._poller.fileno())
-            await jobs.stop(job.id, "ended", grace_s=1)
-            assert not job.cgroup.exists()
-            # What the kernel says about the open trigger of a removed cgroup (the premise).
-            assert any(f == fd for f, _ in al._poller.ready()), "the removed cgroup's trigger is not ready"
-            probe = select.epoll()
-            probe.register(fd, select.EPOLLPRI | select.EPOLLERR)
-            mask = dict(probe.poll(0)).get(fd, 0)
-            probe.close()
-            assert mask & select.EPOLLERR, mask
-            # Airlock reads it: with nothing else ready, no stall may be recorded, and it is dropped.
-            others = [t for f, t in al._poller.ready() if f != fd]
-            al.last_stall = float("-inf")
-            al._on_poller()
-            if not others:
-                assert al.last_stall == float("-inf"), "an ended job's trigger was taken for a memory stall"
-            assert all(f != fd for f, _ in al._poller.ready()), "the ended job's trigger still fires"
-            assert job.id not in al._job_triggers
-        finally:
-            if al._poller is not None:  # stop() removes the reader it added
+            try:
+                await jobs.stop(job.id, "ended", grace_s=1)
+                assert not job.cgroup.exists()
+                # What the kernel says about the open trigger of a removed cgroup (the premise).
+                assert any(f == fd for f, _ in al._poller.ready()), "the removed cgroup's trigger is not ready"
+                probe = select.epoll()
+                probe.register(fd, select.EPOLLPRI | select.EPOLLERR)
+                mask = dict(probe.poll(0)).get(fd, 0)
+                probe.close()
+                assert mask & select.EPOLLERR, mask
+                # Airlock reads it: with nothing else ready, no stall may be recorded, and it is dropped.
+                others = [t for f, t in al._poller.ready() if f != fd]
+                al.last_stall = float("-inf")
+                al._on_poller()
+                if not others:
+                    assert al.last_stall == float("-inf"), "an ended job's trigger was taken for a memory stall"
+                assert all(f != fd for f, _ in al._poller.ready()), "the ended job's trigger still fires"
+                assert job.id not in al._job_triggers
+            finally:  # stop() removes the reader it added
                 asyncio.get_running_loop().add_reader(al._poller.fileno(), al._on_poller)
-            await al.stop()
-            await jobs.stop()
-            CgroupTree(detect(), root).purge()
-            store.close()
 
     asyncio.run(main())

@@ -12,37 +12,21 @@ cgroups and processes; the ladder's decisions at calm are applied through ``Airl
 from __future__ import annotations
 
 import asyncio
-import secrets
 import time
 from pathlib import Path
 
 import pytest
+from jobrig import airlock_rig, running
 
 from laminar.airlock import ladder
-from laminar.airlock.cgroups import CgroupTree, detect
-from laminar.airlock.manager import Airlock
-from laminar.events import EventBus
-from laminar.runtime.jobs import JobManager, JobSpec
-from laminar.store import Store
 
 pytestmark = pytest.mark.kernel
 
 
 def test_a_job_suspended_before_its_class_was_protected_is_thawed_when_calm(tmp_path: Path) -> None:
     async def main() -> None:
-        root = f"laminar-t-{secrets.token_hex(3)}"
-        store = Store(tmp_path / "laminar.db")
-        bus = EventBus(store)
-        jobs = JobManager(store=store, state_dir=tmp_path, cgroup_root=root, events=bus, gpus_declared=[])
-        al = Airlock(jobs=jobs, store=store, events=bus)
-        try:
-            await jobs.start(None)
-            await al.start(None)
-            job = await jobs.submit(JobSpec(["sleep", "600"], name="lm-t-prot", job_class="transient").validate())
-            for _ in range(200):
-                if job.pid in job.cgroup.pids():
-                    break
-                await asyncio.sleep(0.05)
+        async with airlock_rig(tmp_path) as (jobs, al, _):
+            job = await running(jobs, "lm-t-prot")
             sig = al.signals(0.0)
             al._apply(ladder.Action(ladder.SUSPEND, job.id, "test: high"), 0.0, ladder.HIGH, sig)
             assert job.cgroup.frozen() and jobs.get(job.id).state == "suspended"  # type: ignore[union-attr]
@@ -59,11 +43,6 @@ def test_a_job_suspended_before_its_class_was_protected_is_thawed_when_calm(tmp_
             assert not job.cgroup.frozen()
             assert jobs.get(job.id).state == "running"  # type: ignore[union-attr]
             assert job.id not in al.rungs
-        finally:
-            await al.stop()
-            await jobs.stop()
-            CgroupTree(detect(), root).purge()
-            store.close()
 
     asyncio.run(main())
 

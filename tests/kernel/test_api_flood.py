@@ -16,7 +16,6 @@ The agent is started the way systemd starts it: soft RLIMIT_NOFILE 1024.
 from __future__ import annotations
 
 import errno
-import json
 import os
 import resource
 import socket
@@ -26,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from agentproc import NOBODY, AgentProc
+from agentproc import NOBODY, AgentProc, api_json
 
 pytestmark = pytest.mark.kernel
 
@@ -41,21 +40,6 @@ def agent(veth_pair: Any, tmp_path: Path) -> Iterator[AgentProc]:
         yield a
     finally:
         a.cleanup()
-
-
-def get(sock: Path, path: str, timeout: float) -> tuple[int, Any]:
-    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    s.settimeout(timeout)
-    try:
-        s.connect(str(sock))
-        s.sendall(f"GET {path} HTTP/1.1\r\nHost: laminar\r\n\r\n".encode())
-        raw = b""
-        while chunk := s.recv(65536):
-            raw += chunk
-    finally:
-        s.close()
-    head, _, payload = raw.partition(b"\r\n\r\n")
-    return int(head.split()[1]), json.loads(payload)
 
 
 def flood_as(uid: int, sock: Path, count: int) -> tuple[int, int, int]:
@@ -115,7 +99,7 @@ def test_idle_connections_of_an_unprivileged_user_do_not_lock_root_out(agent: Ag
         assert made > 0
         # root (the operator) must still be served: a kill-switch request is exactly this.
         try:
-            code, out = get(agent.sock, "/v1/status", timeout=20)
+            code, out = api_json(agent.sock, "GET", "/v1/status", None, timeout=20)
         except (TimeoutError, OSError) as e:
             fds = len(os.listdir(f"/proc/{agent_pid}/fd"))
             pytest.fail(f"root's request went unanswered ({e!r}) while uid {NOBODY} held {made} idle "

@@ -11,40 +11,20 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 from pathlib import Path
-from typing import Any
 
 import pytest
-from agentproc import NOBODY, AgentProc, wait_until
+from agentproc import NOBODY, AgentProc, api_json, wait_until
 
 pytestmark = pytest.mark.kernel
 
 IGNORES_TERM = "trap '' TERM; while true; do sleep 1; done"
 
 
-def raw_post(sock: Path, path: str, body: str, timeout: float = 20) -> tuple[int, Any]:
-    """POST `body` as is (not re-encoded: the point is JSON's non-finite numbers)."""
-    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    s.settimeout(timeout)
-    try:
-        s.connect(str(sock))
-        data = body.encode()
-        s.sendall(f"POST {path} HTTP/1.1\r\nHost: laminar\r\nContent-Type: application/json\r\n"
-                  f"Content-Length: {len(data)}\r\n\r\n".encode() + data)
-        raw = b""
-        while chunk := s.recv(65536):
-            raw += chunk
-    finally:
-        s.close()
-    head, _, payload = raw.partition(b"\r\n\r\n")
-    return int(head.split()[1]), json.loads(payload)
-
-
 @pytest.mark.parametrize("grace", ["Infinity", "NaN", "1e300"])
 def test_stop_with_a_grace_that_never_ends_is_refused_and_changes_nothing(agent: AgentProc, grace: str) -> None:
     job = agent.json("submit", "--name", "lm-t-grace", "--", "sh", "-c", IGNORES_TERM)
-    status, out = raw_post(agent.sock, f"/v1/jobs/{job['id']}/stop", f'{{"grace_s": {grace}}}')
+    status, out = api_json(agent.sock, "POST", f"/v1/jobs/{job['id']}/stop", f'{{"grace_s": {grace}}}')
     assert status == 400, out
     assert "grace_s" in out["error"] and "3600" in out["error"], out
     after = agent.json("job", "show", job["id"])

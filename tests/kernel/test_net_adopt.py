@@ -19,9 +19,6 @@ from __future__ import annotations
 import json
 import sqlite3
 import time
-from collections.abc import Iterator
-from pathlib import Path
-from typing import Any
 
 import pytest
 from agentproc import AgentProc
@@ -31,15 +28,6 @@ pytestmark = pytest.mark.kernel
 FLOW_LATE = "tcp:10.77.0.1:40001->10.77.0.2:7000"
 FLOW_ON = "tcp:10.77.0.1:40002->10.77.0.2:7000"
 
-
-@pytest.fixture
-def shaping_agent(veth_pair: Any, tmp_path: Path) -> Iterator[AgentProc]:
-    a = AgentProc(tmp_path, veth_pair.ifname_a, veth_pair.a, extra_toml="[shaping]\nlink_mbit = 1000\n")
-    try:
-        a.start()
-        yield a
-    finally:
-        a.cleanup()
 
 
 def test_adopted_transfers_past_their_deadline_go_and_the_others_keep_true_deadlines(shaping_agent: AgentProc) -> None:

@@ -9,42 +9,11 @@ Real laminard with shaping on a veth in a netns.
 
 from __future__ import annotations
 
-import json
-import socket
-from collections.abc import Iterator
-from pathlib import Path
-from typing import Any
-
 import pytest
-from agentproc import AgentProc
+from agentproc import AgentProc, api_json
 
 pytestmark = pytest.mark.kernel
 
-
-@pytest.fixture
-def shaping_agent(veth_pair: Any, tmp_path: Path) -> Iterator[AgentProc]:
-    a = AgentProc(tmp_path, veth_pair.ifname_a, veth_pair.a, extra_toml="[shaping]\nlink_mbit = 1000\n")
-    try:
-        a.start()
-        yield a
-    finally:
-        a.cleanup()
-
-
-def raw_post(sock: Path, path: str, body: str) -> tuple[int, Any]:
-    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    s.settimeout(20)
-    try:
-        s.connect(str(sock))
-        data = body.encode()
-        s.sendall(f"POST {path} HTTP/1.1\r\nContent-Length: {len(data)}\r\n\r\n".encode() + data)
-        raw = b""
-        while chunk := s.recv(65536):
-            raw += chunk
-    finally:
-        s.close()
-    head, _, payload = raw.partition(b"\r\n\r\n")
-    return int(head.split()[1]), json.loads(payload)
 
 
 @pytest.mark.parametrize("deadline", ["NaN", "Infinity", "1e10"])
@@ -52,7 +21,7 @@ def test_a_deadline_that_is_no_real_time_is_refused(shaping_agent: AgentProc, de
     job = shaping_agent.json("submit", "--name", "lm-t-bad", "--", "sleep", "600")
     body = (f'{{"job": "{job["id"]}", "flow": "tcp:10.79.0.1:40000->10.79.0.2:7000", "total_bytes": 1000000, '
             f'"deadline_s": {deadline}}}')
-    status, out = raw_post(shaping_agent.sock, "/v1/net/transfers", body)
+    status, out = api_json(shaping_agent.sock, "POST", "/v1/net/transfers", body)
     assert status == 400, out
     assert "deadline_s" in out["error"], out
     assert shaping_agent.json("net", "transfers")["transfers"] == []

@@ -12,8 +12,6 @@ both by the agent's unload and by ``bpf unload --force`` with no agent running.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -23,15 +21,6 @@ pytestmark = pytest.mark.kernel
 
 HTB_HANDLE = "4c4d:"
 
-
-@pytest.fixture
-def shaping_agent(veth_pair: Any, tmp_path: Path) -> Iterator[AgentProc]:
-    a = AgentProc(tmp_path, veth_pair.ifname_a, veth_pair.a, extra_toml="[shaping]\nlink_mbit = 1000\n")
-    try:
-        a.start()
-        yield a
-    finally:
-        a.cleanup()
 
 
 def root_qdisc(veth_pair: Any) -> dict[str, Any] | None:
