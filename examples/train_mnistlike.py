@@ -18,9 +18,11 @@ and the agent's log can follow it.
 from __future__ import annotations
 
 import argparse
+import atexit
 import hashlib
 import json
 import os
+import shutil
 import sys
 import tempfile
 import time
@@ -77,7 +79,10 @@ def main(argv: list[str] | None = None) -> int:
     opt = torch.optim.SGD(model.parameters(), lr=a.lr, momentum=0.9)
     loss_fn = nn.CrossEntropyLoss()
 
-    ckpt_dir = os.environ.get("LAMINAR_CKPT_DIR") or tempfile.mkdtemp(prefix="laminar-ckpt-")
+    ckpt_dir = os.environ.get("LAMINAR_CKPT_DIR")
+    if not ckpt_dir:  # run by hand, not by laminard: checkpoints in a directory removed at exit
+        ckpt_dir = tempfile.mkdtemp(prefix="laminar-ckpt-")
+        atexit.register(shutil.rmtree, ckpt_dir, True)
     ckpt = jobkit.Checkpointer(ckpt_dir=ckpt_dir)  # contract 1/3
     state = ckpt.resume()  # contract 2/3
     start = 0
