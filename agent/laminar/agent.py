@@ -128,14 +128,11 @@ class Agent:
         self._metrics_server: Any = None
 
     def _on_hup(self) -> None:
-        reload_keys = getattr(self.zone, "reload_keys", None)
-        if reload_keys is None or not getattr(self.zone, "networked", False):
+        on_reload = getattr(self.zone, "on_reload_signal", None)
+        if on_reload is None or not getattr(self.zone, "networked", False):
             log.info("SIGHUP: nothing to reload here (zone keys are re-read by a networked zone)")
             return
-        try:
-            reload_keys()
-        except Exception as e:  # a bad key file: the old keys stay (the zone says why)
-            log.warning("SIGHUP: zone keys not reloaded: %s", e)
+        on_reload()
 
     def component_names(self) -> list[str]:
         return [type(c).__name__ for c in self.components]
@@ -161,8 +158,8 @@ class Agent:
         self.loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             self.loop.add_signal_handler(sig, self._stopping.set)
-        # `systemctl reload` (SIGHUP): a networked zone takes the signal over to re-read its keys;
-        # anywhere else it must not kill the agent (SIGHUP's default action)
+        # `systemctl reload` (SIGHUP): a networked zone re-reads its keys; anywhere else it must
+        # not kill the agent (SIGHUP's default action)
         self.loop.add_signal_handler(signal.SIGHUP, self._on_hup)
         self.core_metrics.up.set(self.started)
         self.api.add(self.core_routes())

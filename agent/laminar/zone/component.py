@@ -1305,25 +1305,11 @@ class ZoneComponent:
                 self.endpoint.close()
                 raise
             self._tasks.append(asyncio.create_task(self._summary_loop()))
-            self._hup_installed = False
-            if agent is not None:  # the agent's process: SIGHUP re-reads the key file
-                import signal
-
-                try:
-                    loop.add_signal_handler(signal.SIGHUP, self._on_sighup)
-                    self._hup_installed = True
-                except (NotImplementedError, RuntimeError, ValueError):  # not the main thread
-                    log.warning("zone: cannot handle SIGHUP here; reload keys with laminarctl zone keys reload")
         self._tasks.append(asyncio.create_task(self._watch_jobs()))
         self._emit(f"zone ready: node {self.node_id} in zone {self.zone}, {len(members)} members, "
                    f"{'networked' if self.networked else 'one-node zone'}")
 
     async def stop(self) -> None:
-        if getattr(self, "_hup_installed", False):
-            import signal
-
-            asyncio.get_running_loop().remove_signal_handler(signal.SIGHUP)
-            self._hup_installed = False
         if hasattr(self, "loan"):
             await self.loan.stop()
         for t in self._tasks:
@@ -1362,7 +1348,9 @@ class ZoneComponent:
                    + ", ".join(f"{d['zone']}:{d['role']}={d['fingerprint']}" for d in desc), keys=desc)
         return {"source": keys.source, "keys": desc}
 
-    def _on_sighup(self) -> None:
+    def on_reload_signal(self) -> None:
+        """SIGHUP (the agent owns the signal and calls this): re-read the key file; a file that
+        is refused is recorded as a ``zone`` event and the keys in use stay."""
         from laminar.zone.keys import KeyFileError
 
         try:
