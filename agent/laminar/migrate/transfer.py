@@ -897,13 +897,17 @@ async def _send_once(
     reader_task: asyncio.Task[None] | None = None
     try:
         ch, ns = await _client_handshake(r, w, key, zone, node)
+
+        def committed(h: dict[str, Any]) -> None:
+            """The destination holds the whole checkpoint, verified: its answer's MAC is checked."""
+            res.remote_path = _check_committed(h, key, ns, m)
+            if progress:
+                progress(Progress(m.job_id, m.ckpt_id, m.total_bytes, m.total_bytes, time.monotonic() - t0))
+
         await ch.send_encoded(offer)
         hdr, _ = await _recv(ch)
         if hdr["t"] == "committed":
-            res.remote_path = _check_committed(hdr, key, ns, m)
-            if progress:
-                progress(Progress(m.job_id, m.ckpt_id, m.total_bytes, m.total_bytes, time.monotonic() - t0))
-            return
+            return committed(hdr)
         if hdr["t"] != "have":
             raise TransferError(f"transfer: expected have, got {hdr['t']!r}")
         have = set(int(i) for i in hdr["chunks"])
@@ -959,10 +963,7 @@ async def _send_once(
                     raise TransferError("transfer: connection closed before the destination answered")
                 h = get.result()
                 if h["t"] == "committed":
-                    res.remote_path = _check_committed(h, key, ns, m)
-                    if progress:
-                        progress(Progress(m.job_id, m.ckpt_id, m.total_bytes, m.total_bytes, time.monotonic() - t0))
-                    return
+                    return committed(h)
                 if h["t"] != "need":
                     raise TransferError(f"transfer: expected need or committed, got {h['t']!r}")
                 missing = sorted(int(i) for i in h["chunks"])
