@@ -239,24 +239,20 @@ int lm_egress(struct __sk_buff *skb)
 	return TC_ACT_OK;
 }
 
-/* The cgroup2 id of the local socket an ingress packet is for, 0 when none.
- * At clsact ingress the stack has not demuxed the packet yet (skb->sk is unset), so look the
- * socket up the way the stack will. The helpers take the tuple as it is in the packet
+/* The cgroup2 id of the local socket for tuple `t` (tuple_len: its ipv4 or ipv6 part), 0 when
+ * none. At clsact ingress the stack has not demuxed the packet yet (skb->sk is unset), so look
+ * the socket up the way the stack will. The helpers take the tuple as it is in the packet
  * (source = remote peer, destination = us). BPF_F_CURRENT_NETNS: the netns of skb->dev. */
-static __always_inline __u64 ingress_cgroup_id(struct __sk_buff *skb, const struct lm_flow_key *k)
+static __always_inline __u64 sock_cgroup_id(struct __sk_buff *skb, struct bpf_sock_tuple *t, __u32 tuple_len,
+					    __u8 proto)
 {
-	struct bpf_sock_tuple t = {};
 	struct bpf_sock *sk;
 	__u64 cgid;
 
-	t.ipv4.saddr = k->saddr;
-	t.ipv4.daddr = k->daddr;
-	t.ipv4.sport = k->sport;
-	t.ipv4.dport = k->dport;
-	if (k->proto == IPPROTO_TCP)
-		sk = bpf_sk_lookup_tcp(skb, &t, sizeof(t.ipv4), BPF_F_CURRENT_NETNS, 0);
+	if (proto == IPPROTO_TCP)
+		sk = bpf_sk_lookup_tcp(skb, t, tuple_len, BPF_F_CURRENT_NETNS, 0);
 	else
-		sk = bpf_sk_lookup_udp(skb, &t, sizeof(t.ipv4), BPF_F_CURRENT_NETNS, 0);
+		sk = bpf_sk_lookup_udp(skb, t, tuple_len, BPF_F_CURRENT_NETNS, 0);
 	if (!sk)
 		return 0;
 	/* The lookup returns a full socket (the listener for a request sock), which carries the
@@ -269,6 +265,18 @@ static __always_inline __u64 ingress_cgroup_id(struct __sk_buff *skb, const stru
 	return cgid;
 }
 
+/* The cgroup2 id of the local socket an IPv4 ingress packet (its flow key `k`) is for. */
+static __always_inline __u64 ingress_cgroup_id(struct __sk_buff *skb, const struct lm_flow_key *k)
+{
+	struct bpf_sock_tuple t = {};
+
+	t.ipv4.saddr = k->saddr;
+	t.ipv4.daddr = k->daddr;
+	t.ipv4.sport = k->sport;
+	t.ipv4.dport = k->dport;
+	return sock_cgroup_id(skb, &t, sizeof(t.ipv4), k->proto);
+}
+
 /* The cgroup2 id of the local socket an IPv6 TCP/UDP packet is for, 0 when none (or when an
  * extension header comes first: jobs' traffic has none). lm_flows is IPv4 only; the job's
  * switches apply to IPv6 as to IPv4. */
@@ -276,9 +284,7 @@ static __always_inline __u64 ingress_cgroup_id6(struct __sk_buff *skb)
 {
 	struct ipv6hdr ip6;
 	struct bpf_sock_tuple t = {};
-	struct bpf_sock *sk;
 	__u16 ports[2];
-	__u64 cgid;
 
 	if (bpf_skb_load_bytes(skb, ETH_HLEN, &ip6, sizeof(ip6)) < 0)
 		return 0;
@@ -290,17 +296,7 @@ static __always_inline __u64 ingress_cgroup_id6(struct __sk_buff *skb)
 	__builtin_memcpy(t.ipv6.daddr, &ip6.daddr, sizeof(t.ipv6.daddr));
 	t.ipv6.sport = ports[0];
 	t.ipv6.dport = ports[1];
-	if (ip6.nexthdr == IPPROTO_TCP)
-		sk = bpf_sk_lookup_tcp(skb, &t, sizeof(t.ipv6), BPF_F_CURRENT_NETNS, 0);
-	else
-		sk = bpf_sk_lookup_udp(skb, &t, sizeof(t.ipv6), BPF_F_CURRENT_NETNS, 0);
-	if (!sk)
-		return 0;
-	struct sock *s = bpf_rdonly_cast(sk, bpf_core_type_id_kernel(struct sock));
-
-	cgid = BPF_CORE_READ(s, sk_cgrp_data.cgroup, kn, id);
-	bpf_sk_release(sk);
-	return cgid;
+	return sock_cgroup_id(skb, &t, sizeof(t.ipv6), ip6.nexthdr);
 }
 
 SEC("tc")
