@@ -19,7 +19,8 @@ the conservative one), plus per-policy totals. Every run models Laminar twice: t
 keys with ``migrate.archive_dir`` set (storage outside the pool, the storage assumption the
 baselines make for their checkpoints: docs/baselines.md), and the same keys (and every
 ``laminar_*`` key) without it under ``<key>_no_archive``; the baselines' figures are the same
-in both (checked).
+in both (checked). A reduction against a baseline whose total is 0 is undefined: null in the
+JSON, with ``<key>_na_reason`` saying why, and "n/a" in text (plot titles, stderr).
 """
 
 from __future__ import annotations
@@ -569,6 +570,52 @@ def simulate(policy: str, pool: list[Node], start: float, end: float, p: Params,
     return res
 
 
+NA_SUFFIX = "_na_reason"
+"""Suffix of the key that says why a reduction is null (``<key>_na_reason``)."""
+
+
+def red(a: float, b: float) -> float | None:
+    """Reduction of ``a`` against the baseline's ``b``, in percent (1 decimal): ``100 (1 - a/b)``.
+
+    None when the baseline's ``b`` is 0: a reduction against zero is undefined (nothing to
+    reduce, or Laminar infinitely worse), and a number there (it used to be 0.0) would read as
+    "no improvement". The JSON says null (with ``<key>_na_reason``), the text "n/a"."""
+    if not (math.isfinite(a) and math.isfinite(b)) or a < 0 or b < 0:
+        raise ValueError(f"workloss: reduction of {a!r} against {b!r}: both must be finite and >= 0")
+    return round(100.0 * (1.0 - a / b), 1) if b > 0 else None
+
+
+def na_reason(baseline: str, what: str) -> str:
+    """Why a reduction against ``baseline``'s ``what`` (work lost, downtime) is undefined."""
+    unit = "node-h" if what == "work lost" else "h"
+    return f"n/a: {baseline} had no {what} (0 {unit}); a reduction against zero is undefined"
+
+
+def fmt_red(v: object) -> str:
+    """A reduction for text: ``-12.5%`` style change, or ``n/a`` when undefined (None)."""
+    return "n/a" if v is None else f"{-float(str(v)):+.1f}%"
+
+
+def reductions(tot: dict[str, tuple[float, float]]) -> dict[str, object]:
+    """The headline reductions from each policy's (work lost, downtime) totals: Laminar against
+    each baseline, and ``downtime_reduction_pct`` against the baseline with the least downtime
+    (the conservative figure: with both defined, the smaller of the two). An undefined one
+    (its baseline at 0) is None with ``<key>_na_reason`` beside it."""
+    out: dict[str, object] = {}
+
+    def put(key: str, k: int, base: str) -> None:
+        out[key] = red(tot["laminar"][k], tot[base][k])
+        if out[key] is None:
+            out[f"{key}{NA_SUFFIX}"] = na_reason(base, ("work lost", "downtime")[k])
+
+    put("workloss_reduction_vs_requeue_pct", 0, "requeue")
+    put("workloss_reduction_vs_redundancy_pct", 0, "redundancy")
+    put("downtime_reduction_vs_requeue_pct", 1, "requeue")
+    put("downtime_reduction_vs_redundancy_pct", 1, "redundancy")
+    put("downtime_reduction_pct", 1, min(("requeue", "redundancy"), key=lambda pol: tot[pol][1]))
+    return out
+
+
 def run(trace_root: Path, sets: list[str], scenarios: int, p: Params) -> dict[str, object]:
     per: dict[str, list[Result]] = {"laminar": [], "requeue": [], "redundancy": []}
     for s in sets:
@@ -606,16 +653,7 @@ def run(trace_root: Path, sets: list[str], scenarios: int, p: Params) -> dict[st
     out["laminar_archive_claims"] = sum(r.archive_claims for r in per["laminar"])
     out["laminar_jobs_lost"] = sum(r.holder_lost + r.buddy_lost for r in per["laminar"])
 
-    def red(a: float, b: float) -> float:
-        return round(100.0 * (1.0 - a / b), 1) if b > 0 else 0.0
-
-    out["workloss_reduction_vs_requeue_pct"] = red(tot["laminar"][0], tot["requeue"][0])
-    out["workloss_reduction_vs_redundancy_pct"] = red(tot["laminar"][0], tot["redundancy"][0])
-    dr_req = red(tot["laminar"][1], tot["requeue"][1])
-    dr_red = red(tot["laminar"][1], tot["redundancy"][1])
-    out["downtime_reduction_vs_requeue_pct"] = dr_req
-    out["downtime_reduction_vs_redundancy_pct"] = dr_red
-    out["downtime_reduction_pct"] = min(dr_req, dr_red)
+    out.update(reductions(tot))
     out["scenarios"] = len(per["laminar"])
     out["trace_sets"] = ",".join(Path(s).name for s in sets)
     for k, v in vars(p).items():
@@ -642,8 +680,8 @@ def both_configs(arch: dict[str, object], no_arch: dict[str, object]) -> dict[st
     out = dict(arch)
     out["headline_config"] = "archive"
     for k, v in no_arch.items():
-        if k in HEADLINE or k.startswith("laminar_"):
-            out[f"{k}_no_archive"] = v
+        if k in HEADLINE or k.startswith("laminar_") or k.removesuffix(NA_SUFFIX) in HEADLINE:
+            out[f"{k.removesuffix(NA_SUFFIX)}_no_archive{NA_SUFFIX if k.endswith(NA_SUFFIX) else ''}"] = v
     return out
 
 
@@ -667,8 +705,8 @@ def plot(out: dict[str, object], path: Path) -> None:
     axes[0].bar(labels, rb, label="rolled back (recomputed)", color="#c44")
     axes[0].bar(labels, ov, bottom=rb, label="tolerance overhead (checkpoints, redundancy)", color="#e9a")
     axes[0].set_ylabel("node-hours lost")
-    def change(key: str) -> str:  # a reduction of r % is a change of -r %
-        return f"{-float(str(out[key])):+.1f}%"
+    def change(key: str) -> str:  # a reduction of r % is a change of -r %; undefined: n/a
+        return fmt_red(out[key])
 
     axes[0].set_title(f"work lost, archive ({change('workloss_reduction_vs_requeue_pct')} vs requeue, "
                       f"{change('workloss_reduction_vs_redundancy_pct')} vs redundancy; no archive: "
@@ -715,6 +753,9 @@ def main(argv: list[str] | None = None) -> int:
     out["wall_s"] = round(time.monotonic() - t0, 1)
     out["quick"] = int(a.quick)
     print(json.dumps(out, indent=1))
+    for k, v in out.items():
+        if k.endswith(NA_SUFFIX):
+            print(f"workloss: {k.removesuffix(NA_SUFFIX)} {v}", file=sys.stderr)
     if a.json:
         a.json.write_text(json.dumps(out))
     if a.plot:
