@@ -22,8 +22,9 @@ A PyTorch training loop honours the contract like this::
             ckpt.save({"model": model.state_dict(), "opt": opt.state_dict(), "step": step + 1}, step=step + 1)
 
 The signal handler only sets a flag: the checkpoint is written between steps, where the state
-is consistent. :meth:`Checkpointer.save` commits atomically: it writes into a temporary
-directory, fsyncs every file, writes ``MANIFEST.json`` (each file's size and SHA-256, the step,
+is consistent. :meth:`Checkpointer.save` commits atomically: it streams the state into a
+temporary directory (hashing it on the way, with no second copy of it in the job's memory:
+checkpoints are often taken when memory is short), fsyncs every file, writes ``MANIFEST.json`` (each file's size and SHA-256, the step,
 the job id), fsyncs, and renames the directory into place (``ckpt-<step>``), so a checkpoint
 either exists whole or not at all, whatever happens during the write. :func:`verify_checkpoint`
 re-checks a directory against its manifest; :meth:`Checkpointer.resume` never loads a
@@ -263,10 +264,10 @@ class Checkpointer:
             shutil.rmtree(tmp)
         tmp.mkdir()
         try:
-            fname, fmt, data = _serialize(state)
-            fp = tmp / fname
-            with open(fp, "wb") as f:
-                f.write(data)
+            fname, fmt = _format_of(state)
+            with open(tmp / fname, "wb") as f:
+                out = _HashingWriter(f)
+                _serialize_into(state, fmt, out)
                 f.flush()
                 os.fsync(f.fileno())
             manifest = {
@@ -276,7 +277,7 @@ class Checkpointer:
                 "format": fmt,
                 "created": time.time(),
                 "meta": meta or {},
-                "files": [{"name": fname, "size": len(data), "sha256": hashlib.sha256(data).hexdigest()}],
+                "files": [{"name": fname, "size": out.size, "sha256": out.sha.hexdigest()}],
             }
             with open(tmp / MANIFEST, "w") as f:
                 json.dump(manifest, f, sort_keys=True)
@@ -321,16 +322,50 @@ class Checkpointer:
         return _deserialize(src / f["name"], m.get("format", "bytes"), weights_only)
 
 
-def _serialize(state: Any) -> tuple[str, str, bytes]:
+class _HashingWriter:
+    """A write-only file that hashes and counts what goes through it, so a checkpoint is
+    serialized straight to disk, hashed on the way: the job never holds a second copy of its
+    state in memory (a checkpoint is often taken when memory is short)."""
+
+    def __init__(self, f: io.BufferedWriter) -> None:
+        self._f = f
+        self.sha = hashlib.sha256()
+        self.size = 0
+
+    def write(self, b: Any) -> int:
+        mv = memoryview(b)
+        if mv.ndim != 1 or mv.format != "B":
+            mv = mv.cast("B")
+        self._f.write(mv)
+        self.sha.update(mv)
+        self.size += mv.nbytes
+        return mv.nbytes
+
+    def flush(self) -> None:
+        self._f.flush()
+
+
+def _format_of(state: Any) -> tuple[str, str]:
+    """(file name, format) of ``state``: bytes as is, else torch when it can be imported, else
+    pickle."""
     if isinstance(state, (bytes, bytearray, memoryview)):
-        return "state.bin", "bytes", bytes(state)
+        return "state.bin", "bytes"
     try:
-        import torch
+        import torch  # noqa: F401
     except ImportError:
-        return "state.pkl", "pickle", pickle.dumps(state, protocol=pickle.HIGHEST_PROTOCOL)
-    buf = io.BytesIO()
-    torch.save(state, buf)
-    return "state.pt", "torch", buf.getvalue()
+        return "state.pkl", "pickle"
+    return "state.pt", "torch"
+
+
+def _serialize_into(state: Any, fmt: str, out: _HashingWriter) -> None:
+    if fmt == "bytes":
+        out.write(state)
+    elif fmt == "pickle":
+        pickle.dump(state, out, protocol=pickle.HIGHEST_PROTOCOL)
+    else:
+        import torch
+
+        torch.save(state, out)  # type: ignore[arg-type]  # torch needs only write() and flush()
 
 
 def _deserialize(path: Path, fmt: str, weights_only: bool) -> Any:

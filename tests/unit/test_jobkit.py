@@ -144,3 +144,39 @@ def test_pytorch_job_resumed_from_a_requested_checkpoint_ends_with_identical_wei
     lines = [json.loads(x) for x in out.stdout.splitlines()]
     assert lines[0] == {"event": "start", "step": ck["step"], "resumed": True, "pid": lines[0]["pid"]}
     assert lines[-1]["weights_sha256"] == want
+
+
+_SAVE_PEAK = r"""
+import resource, sys
+import torch
+from laminar import jobkit
+
+kind = sys.argv[2]
+mib = 192
+if kind == "torch":
+    state = {"w": torch.ones(mib << 18, dtype=torch.float32)}  # 192 MiB of weights
+else:
+    state = bytearray(b"\x07") * (mib << 20)
+ck = jobkit.Checkpointer(job_id="peak", ckpt_dir=sys.argv[1], install_signal=False)
+before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+ck.save(state, step=1)
+after = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+jobkit.verify_checkpoint(ck.saved[-1])
+print((after - before) // 1024)
+"""
+
+
+@pytest.mark.parametrize("kind", ["torch", "bytes"])
+def test_save_streams_the_state_to_disk_without_a_second_copy_in_memory(tmp_path: Path, kind: str) -> None:
+    """A checkpoint is often taken when memory is short (a reclaim, Airlock): saving 192 MiB of
+    state must not hold another copy of it in the job's memory (it used to serialize the whole
+    state into memory first, and then copy it: the job's peak grew by 1-2x the state)."""
+    pytest.importorskip("torch")
+    env = {**os.environ, "PYTHONPATH": str(Path(jobkit.__file__).resolve().parents[1])}
+    out = subprocess.run([sys.executable, "-c", _SAVE_PEAK, str(tmp_path / "ck"), kind], env=env,
+                         capture_output=True, text=True, timeout=300, check=True)
+    grew_mib = int(out.stdout.strip().splitlines()[-1])
+    assert grew_mib < 64, f"saving 192 MiB of {kind} state grew the job's peak RSS by {grew_mib} MiB"
+    ck = tmp_path / "ck" / "ckpt-1"
+    m = verify_checkpoint(ck)
+    assert m["files"][0]["size"] == (ck / m["files"][0]["name"]).stat().st_size
