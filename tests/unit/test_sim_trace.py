@@ -124,3 +124,43 @@ def test_scenario_pool_sample_shifts_to_host_the_largest_pod(tmp_path: Path) -> 
         f"n{i},64000,{900000 if i == 3 else 100000},{8 if i == 2 else 1},T4\n" for i in range(8)))
     with pytest.raises(TraceError, match=r"\(1 node in 2\): no node can fit job (big|fat)"):
         build_scenario(pods, load=6.5, span_s=3600.0)
+
+
+def _pods() -> list:  # type: ignore[type-arg]
+    from laminar.sim.trace import JobSpec
+
+    return [JobSpec("a", 0.0, 100.0), JobSpec("b", 5.0, 300.0, worker_gpus=0.5)]
+
+
+@pytest.mark.parametrize("span", [0, 0.0, -5.0, float("nan"), float("inf"), 1e300, True, "7d"])
+def test_synthetic_refuses_a_bad_span(span: object) -> None:
+    """Was: a zero span raised ZeroDivisionError naming nothing, a negative one gave negative
+    arrivals (time running backwards: -1.8 s, -1.8 s, -2.5 s), NaN gave every job after the
+    first a NaN arrival, and 1e300 s spread four jobs over 1e292 years, all silently."""
+    from laminar.sim.trace import synthetic_openb
+
+    with pytest.raises(ValueError, match=r"synthetic: span_s .* must be a finite number of seconds > 0") as e:
+        synthetic_openb(_pods(), 10, span, seed=0)  # type: ignore[arg-type]
+    assert repr(span) in str(e.value)
+
+
+@pytest.mark.parametrize("n", [0, -3, 2.5, True])
+def test_synthetic_refuses_a_bad_job_count(n: object) -> None:
+    from laminar.sim.trace import synthetic_openb
+
+    with pytest.raises(ValueError, match=r"synthetic: n_jobs .* must be a whole number of jobs >= 1"):
+        synthetic_openb(_pods(), n, 3600.0, seed=0)  # type: ignore[arg-type]
+
+
+def test_synthetic_good_span_spreads_arrivals_over_it() -> None:
+    from laminar.sim.trace import MAX_SPAN_S, synthetic_openb
+
+    jobs = synthetic_openb(_pods(), 2000, 86_400.0, seed=3, max_duration_s=200.0)
+    assert len(jobs) == 2000 and len({j.job_id for j in jobs}) == 2000
+    arr = [j.arrival for j in jobs]
+    assert arr == sorted(arr) and arr[0] == 0.0
+    assert 0.8 * 86_400 < arr[-1] < 1.2 * 86_400  # Poisson: the last arrival near the span
+    assert max(j.duration for j in jobs) == 200.0
+    assert synthetic_openb(_pods(), 3, MAX_SPAN_S, seed=0)  # the bound itself is accepted
+    with pytest.raises(ValueError, match="max_duration_s"):
+        synthetic_openb(_pods(), 3, 3600.0, seed=0, max_duration_s=-1.0)

@@ -426,11 +426,32 @@ def rescale_arrivals(jobs: Sequence[JobSpec], capacity_gpus: float, load: float,
     return out
 
 
+MAX_SPAN_S = 10 * 365 * 86_400.0
+"""Longest span :func:`synthetic_openb` accepts (ten years; a longer one is a unit slip)."""
+
+
+def _check_seconds(name: str, v: float, most: float) -> None:
+    """Raise ValueError unless ``v`` is a finite number of seconds in (0, ``most``]."""
+    ok = isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v) and 0 < v <= most
+    if not ok:
+        bound = f" and at most {most:g} (ten years; more is a unit slip)" if math.isfinite(most) else ""
+        raise ValueError(f"synthetic: {name} {v!r} must be a finite number of seconds > 0{bound}")
+
+
 def synthetic_openb(
     pods: Sequence[JobSpec], n_jobs: int, span_s: float, seed: int, max_duration_s: float | None = None
 ) -> list[JobSpec]:
     """A fake trace: ``n_jobs`` jobs drawn (with replacement) from ``pods``, Poisson arrivals over
-    ``span_s`` seconds. Durations are the drawn pod's (capped at ``max_duration_s``)."""
+    ``span_s`` seconds. Durations are the drawn pod's (capped at ``max_duration_s``).
+
+    ``span_s`` must be a finite number of seconds in (0, :data:`MAX_SPAN_S`] (ten years: more is
+    a unit slip, e.g. milliseconds given as seconds), ``n_jobs`` a whole number >= 1 and
+    ``max_duration_s`` (if given) finite and > 0; otherwise ValueError names the value."""
+    _check_seconds("span_s", span_s, MAX_SPAN_S)
+    if isinstance(n_jobs, bool) or not isinstance(n_jobs, int) or n_jobs < 1:
+        raise ValueError(f"synthetic: n_jobs {n_jobs!r} must be a whole number of jobs >= 1")
+    if max_duration_s is not None:
+        _check_seconds("max_duration_s", max_duration_s, math.inf)
     pool = [p for p in pods if p.scheduled and p.duration > 0]
     if not pool:
         raise ValueError("synthetic: no scheduled pods with a duration to draw from")
