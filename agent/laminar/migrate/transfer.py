@@ -1188,6 +1188,47 @@ class _Incoming:
         self.log.close()
 
 
+class _KeyLocks:
+    """One asyncio.Lock per checkpoint being received, so that two connections offering the
+    same checkpoint are served one after the other. An entry lives only while a connection
+    holds or waits on its lock: the map has at most one entry per connection, not one per
+    checkpoint ever offered (an agent receiving checkpoints for months keeps no trace of them)."""
+
+    def __init__(self) -> None:
+        self._m: dict[tuple[str, str], list[Any]] = {}  # key -> [its lock, connections holding or waiting]
+
+    def __len__(self) -> int:
+        return len(self._m)
+
+    def held(self) -> set[tuple[str, str]]:
+        """The keys whose lock a connection holds now."""
+        return {k for k, (lock, _n) in self._m.items() if lock.locked()}
+
+    @contextlib.asynccontextmanager
+    async def hold(self, key: tuple[str, str], timeout: float) -> Any:
+        """Holds ``key``'s lock for the body; waits at most ``timeout`` seconds for it, then
+        raises TransferError (busy). The entry is dropped when its last user leaves, whether
+        it held the lock, timed out or was cancelled."""
+        ent = self._m.get(key)
+        if ent is None:
+            ent = self._m[key] = [asyncio.Lock(), 0]
+        ent[1] += 1
+        try:
+            try:
+                async with asyncio.timeout(timeout):  # Lock.acquire passes a wake-up on when cancelled
+                    await ent[0].acquire()
+            except TimeoutError:
+                raise TransferError(f"transfer: {key[0]}/{key[1]} is busy with another connection") from None
+            try:
+                yield
+            finally:
+                ent[0].release()
+        finally:
+            ent[1] -= 1
+            if not ent[1]:
+                del self._m[key]
+
+
 class Receiver:
     """The transfer endpoint of an agent: receives, verifies and commits checkpoints under
     ``root``. ``keys`` maps a zone id to its key (``ZoneKeys.get``) or is one key for all.
@@ -1220,7 +1261,7 @@ class Receiver:
         self.on_commit = on_commit
         self.on_progress = on_progress
         self.server: asyncio.AbstractServer | None = None
-        self._locks: dict[tuple[str, str], asyncio.Lock] = {}
+        self._locks = _KeyLocks()
         self._unauth: dict[str, int] = {}  # peer address -> its connections still in the handshake
         self.committed: list[Committed] = []
 
@@ -1248,7 +1289,7 @@ class Receiver:
         mid-commit. Links are removed as links; nothing outside ``root`` is touched."""
         now = time.time() if now is None else now
         gone: list[Path] = []
-        busy = {k for k, lock in self._locks.items() if lock.locked()}
+        busy = self._locks.held()
         for jd in _subdirs(self.root / "incoming"):
             for cd in _subdirs(jd):
                 if (jd.name, cd.name) in busy:
@@ -1301,15 +1342,8 @@ class Receiver:
                 raise TransferError(f"transfer: expected offer, got {hdr['t']!r}")
             # parsed and its digest computed in a worker thread: ~7 MB of JSON for 100 GiB in 1 MiB chunks
             m = await asyncio.to_thread(_offered, hdr, key)
-            lock = self._locks.setdefault((m.job_id, m.ckpt_id), asyncio.Lock())
-            try:
-                await asyncio.wait_for(lock.acquire(), IO_TIMEOUT_S)
-            except TimeoutError:
-                raise TransferError(f"transfer: {m.job_id}/{m.ckpt_id} is busy with another connection") from None
-            try:
+            async with self._locks.hold((m.job_id, m.ckpt_id), IO_TIMEOUT_S):
                 await self._receive(ch, m, node, key, ns)
-            finally:
-                lock.release()
         except (TransferError, ValueError, KeyError, TypeError) as e:
             log.warning("transfer from %s: %s", peer, e)
             err: dict[str, Any] = {"t": "error", "msg": str(e), "fatal": getattr(e, "fatal", False)}
@@ -1387,7 +1421,7 @@ class Receiver:
     def receiving(self, job_id: str) -> bool:
         """Whether a checkpoint of ``job_id`` (a replica key) is being received or committed now."""
         return (any(k[0] == job_id for k in self._active)
-                or any(k[0] == job_id and lock.locked() for k, lock in self._locks.items()))
+                or any(k[0] == job_id for k in self._locks.held()))
 
     def free_for_offers(self) -> int:
         """Bytes an offer may take now without being refused for room (before its 4 MiB commit
