@@ -114,3 +114,18 @@ def test_budget_reclaims_are_paced_lowest_value_first_and_wait_at_none() -> None
     # No pressure: nobody is reclaimed however long ago the budget ran out; the calm node thaws instead.
     calm = decide(20.0, NONE, jobs, nohops, Memo())
     assert [(a.kind, a.job_id) for a in calm] == [("recover", "hi")]
+
+
+def test_a_readdressed_job_leaves_its_rung_once_calm_and_is_not_reclaimed_in_a_later_episode() -> None:
+    """A job thawed for its checkpoint (readdress) whose pressure ended kept that rung for good:
+    never suspended again, and reclaimed at the first stall of the next episode, its budget
+    long spent, before any lower-value job was even suspended."""
+    memo = Memo()
+    j = jv("t", prio=90, rung="readdress", rung_since=5.0, hops=1)
+    decide(6.0, HIGH, [j], P, memo, usage=0.9)
+    assert decide(7.0, NONE, [j], P, memo) == []            # calm for 1 s < hold_s 2 s
+    acts = decide(8.5, NONE, [j], P, memo)
+    assert [(a.kind, a.job_id) for a in acts] == [("recover", "t")]
+    # what follows once the manager dropped the rung: the next episode suspends the lowest value
+    later = decide(3600.0, HIGH, [jv("t", prio=90), jv("low", prio=1)], P, memo, usage=0.9)
+    assert [(a.kind, a.job_id) for a in later] == [("suspend", "low")]

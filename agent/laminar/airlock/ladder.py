@@ -15,7 +15,7 @@ Airlock's manager (mechanism) and the simulator (``laminar.sim``) call the same 
   (checkpoint, hand to the migration layer, at most ``max_hops``) when the policy allows, then
   reclaimed (``cgroup.kill``, work lost recorded), one reclaim per ``RECLAIM_SETTLE_S``. Once the node has been calm for ``hold_s``
   and below ``recover_below``, suspended jobs are thawed one per ``step_s``, highest value
-  first (in-situ recovery).
+  first (in-situ recovery); a re-addressed job (already thawed) simply leaves its rung then.
 - `oom_score_adj(job_class, priority)`: the kernel's fallback order mirrors the ladder, so if
   the OOM killer ever acts first it takes transients first. Values are >= 0, which needs no
   CAP_SYS_RESOURCE (lowering oom_score_adj below its current value does).
@@ -207,6 +207,15 @@ def decide(now: float, level: int, jobs: Iterable[JobView], policy: dict[str, An
     # 3. Recovery: calm for hold_s, below recover_below: thaw the highest-value one per step.
     #    Every suspended job, protected ones included: a job suspended before its class became
     #    protected (a policy change during an episode) would otherwise stay frozen for good.
+    #    A re-addressed job (thawed for its checkpoint, waiting for the migration layer) whose
+    #    pressure ended before its budget leaves its rung at once: it runs already, and a rung
+    #    kept would have it reclaimed at the first stall of a later episode (its budget long
+    #    spent) and never suspended again.
+    if calm:
+        for v, j in rank(jobs, policy):
+            if j.rung == READDRESS:
+                actions.append(Action(RECOVER, j.id, f"calm for {hyst['hold_s']:g}s and usage below "
+                                      f"{hyst['recover_below']:g} while re-addressing: back to running", v))
     if calm and now - memo.last_recover >= hyst["step_s"]:
         suspended = [(v, j) for v, j in rank(jobs, policy) if j.rung == SUSPEND]
         if suspended:

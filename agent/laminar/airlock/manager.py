@@ -647,7 +647,10 @@ class Airlock:
                 self._set_rung(job.id, ladder.SUSPEND, now, hops, a.reason)
                 self.jobs.set_state(job, "suspended", f"airlock: {a.reason}")
             elif a.kind == ladder.RECOVER:
-                job.cgroup.thaw(timeout=None)
+                # A re-addressed job was thawed for its checkpoint already; a freeze on it now is
+                # the migration layer's (a move in progress), not ours to undo.
+                if self.rungs.get(job.id, (None,))[0] != ladder.READDRESS:
+                    job.cgroup.thaw(timeout=None)
                 self._drop_rung(job.id)
                 self.jobs.set_state(job, "running", f"airlock: recovered ({a.reason})")
             elif a.kind == ladder.READDRESS:

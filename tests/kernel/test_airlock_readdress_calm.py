@@ -1,0 +1,50 @@
+"""A re-addressed job whose pressure ends leaves its rung, and a later episode treats it as running.
+
+Airlock's re-address rung thaws a suspended job so it can take its checkpoint, then waits for
+the migration layer (or the rung's budget). When the pressure ended first, the job stayed at
+``readdress`` for good: shown so in ``laminarctl jobs``/status and the store, never suspended
+again (only running jobs are), and at the first stall of any later episode reclaimed at once,
+its budget long spent, while lower-value jobs were merely suspended; the episode never ended
+either, so no reaction time was recorded again. Real cgroups and processes; the ladder's
+decisions at explicit levels are applied through ``Airlock._apply`` (the machine is shared:
+real calm and real pressure cannot be produced on demand here).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from pathlib import Path
+
+import pytest
+from jobrig import airlock_rig, running
+
+from laminar.airlock import ladder
+
+pytestmark = pytest.mark.kernel
+
+
+def test_a_readdressed_job_is_back_to_running_once_calm(tmp_path: Path) -> None:
+    async def main() -> None:
+        async with airlock_rig(tmp_path) as (jobs, al, store):
+            assert al.policy is not None
+            job = await running(jobs, "lm-t-readdr")
+            t0 = time.monotonic()
+            sig = al.signals(t0)
+            al._apply(ladder.Action(ladder.SUSPEND, job.id, "test: high"), t0, ladder.HIGH, sig)
+            al._apply(ladder.Action(ladder.READDRESS, job.id, "test: suspend budget ran out"), t0, ladder.HIGH, sig)
+            assert al.rungs[job.id][0] == ladder.READDRESS and not job.cgroup.frozen()
+            # the pressure ends before the readdress budget (30 s): calm for hold_s
+            al.memo.last_pressure = t0
+            now = t0 + al.policy["hysteresis"]["hold_s"] + 0.1
+            for a in ladder.decide(now, ladder.NONE, al.views(now), al.policy.doc, al.memo, 0.1):
+                al._apply(a, now, ladder.NONE, sig)
+            assert job.id not in al.rungs, al.rungs
+            assert not store.db.execute("SELECT 1 FROM airlock_rungs WHERE job_id=?", (job.id,)).fetchall()
+            assert jobs.get(job.id).state == "running"  # type: ignore[union-attr]
+            # an hour later a new episode: the job is a running candidate, not a spent budget
+            later = t0 + 3600
+            acts = ladder.decide(later, ladder.HIGH, al.views(later), al.policy.doc, al.memo, 0.9)
+            assert [(a.kind, a.job_id) for a in acts] == [(ladder.SUSPEND, job.id)], acts
+
+    asyncio.run(main())
