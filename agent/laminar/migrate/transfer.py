@@ -23,7 +23,10 @@ for ``chunk`` the raw bytes the header announces):
    every byte, comes from a zone member. The destination first checks its free disk
    (:func:`offer_room`: the checkpoint, what transfers in progress still lack, a margin) and
    refuses an offer that does not fit (``error`` with ``reason: no-room``, :class:`NoRoomError`
-   at the sender, fatal: try another destination). The answer is ``have {chunks}`` (the chunks the
+   at the sender, fatal: try another destination); so it does when its disk fills later (another
+   writer took the room): a write that fails with ENOSPC or EDQUOT ends the transfer with a
+   no-room refusal naming the error (EIO: a fatal error naming it), the chunks persisted so far
+   kept for a resume. The answer is ``have {chunks}`` (the chunks the
    destination already holds, persisted: this is how a transfer resumes after a broken
    connection, a dead sender or a restarted destination) or ``committed`` if it has it all;
 3. ``chunk {i, len}`` + bytes for each missing chunk; the destination checks that it fits the
@@ -1081,6 +1084,27 @@ def _copy_range(src: int, dst: int, n: int, src_off: int, dst_off: int) -> int:
     return len(block)
 
 
+def _pwrite_all(fd: int, data: bytes | memoryview, off: int) -> int:
+    """Writes all of ``data`` at ``off`` (a short write, as a filling disk gives, is followed
+    by the rest or by the error that stopped it); raises OSError (ENOSPC when the disk takes
+    nothing more)."""
+    view, done = memoryview(data), 0
+    while done < len(view):
+        k = os.pwrite(fd, view[done:], off + done)
+        if k <= 0:
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        done += k
+    return done
+
+
+_NO_ROOM_ERRNOS = (errno.ENOSPC, errno.EDQUOT)  # the receive root is full: another destination may have room
+_DISK_ERRNOS = (*_NO_ROOM_ERRNOS, errno.EIO)  # what a destination refuses a transfer for, naming it, when it writes
+
+
+def _errno_name(e: OSError) -> str:
+    return errno.errorcode.get(e.errno or 0, str(e.errno))
+
+
 def _allocated(path: Path) -> int:
     """Bytes of disk ``path`` holds (0 when it does not exist): a partial file is sparse."""
     try:
@@ -1132,7 +1156,7 @@ class _Incoming:
     def write(self, i: int, data: bytes) -> None:
         """Writes chunk ``i`` at its offset, in a worker thread (the loop goes on receiving)."""
         loop = asyncio.get_running_loop()
-        self.writing.append((i, loop.run_in_executor(self.ex, os.pwrite, self.fd, data, i * self.m.chunk_size)))
+        self.writing.append((i, loop.run_in_executor(self.ex, _pwrite_all, self.fd, data, i * self.m.chunk_size)))
 
     def store(self) -> None:
         """Persists the chunks written since the last call: once their writes are done, an
@@ -1475,8 +1499,36 @@ class Receiver:
         self._active[(m.job_id, m.ckpt_id)] = (d / "data.partial", m.total_bytes)
         try:
             await self._receive_into(ch, m, node, key, ns, d)
+        except OSError as e:
+            if e.errno not in _DISK_ERRNOS:
+                raise
+            raise self._disk_refusal(m, d, e) from None
         finally:
-            self._active.pop((m.job_id, m.ckpt_id), None)
+            self._active.pop((m.job_id, m.ckpt_id), None)  # its reservation goes with it
+
+    def _disk_refusal(self, m: Manifest, d: Path, e: OSError) -> TransferError:
+        """The error that tells the sender why this destination stopped writing ``m``: the
+        disk filled (ENOSPC, EDQUOT: another writer took the room the offer's check saw;
+        NoRoomError, fatal, counted as a refusal for room) or failed (EIO: fatal). The chunks
+        persisted so far stay in ``d`` (a later offer resumes from them when there is room;
+        :meth:`sweep` removes them after INCOMING_STALE_S)."""
+        held = 0
+        with contextlib.suppress(OSError, ValueError):
+            held = sum(1 for x in (d / "have.log").read_text().split() if x.isdigit())
+        kept = min(m.total_bytes, held * m.chunk_size)
+        what = (f"transfer: {m.job_id}/{m.ckpt_id}: writing under {self.root} failed with {_errno_name(e)} "
+                f"({e.strerror}); about {kept} of {m.total_bytes} bytes are kept for a resume")
+        log.warning("%s", what)
+        if e.errno not in _NO_ROOM_ERRNOS:
+            return TransferError(f"{what}; this destination's disk is failing", fatal=True)
+        self.refused_no_room += 1
+        STATS.offers_refused_no_room += 1
+        try:
+            room = self._room(m, d / "data.partial")
+        except OSError:
+            return NoRoomError(f"{what}; no room left", m.total_bytes, 0)
+        return NoRoomError(f"{what}; no room left: needs {room.need} bytes, {room.avail} bytes available",
+                           room.need, room.avail)
 
     async def _receive_into(self, ch: _Channel, m: Manifest, node: str, key: bytes, ns: bytes, d: Path) -> None:
         inc = await asyncio.to_thread(_Incoming, d, m)  # writes the manifest beside the partial (MBs)
@@ -1550,7 +1602,8 @@ class Receiver:
         since it arrived, or in the copy is found before anything is marked verified. What was
         cut is forgotten (have.log) when the commit fails otherwise, so the sender sends it
         again; a crash mid-commit leaves the cut chunks zero, which the next attempt's check
-        asks for again. Raises TransferError."""
+        asks for again. Raises TransferError, or OSError when the disk fills or fails (ENOSPC,
+        EDQUOT, EIO: the caller refuses the transfer naming it)."""
         m = inc.m
         final = self.final_dir(m.job_id, m.ckpt_id)
         tmp = final.parent / f".tmp-{m.ckpt_id}"
@@ -1588,7 +1641,10 @@ class Receiver:
                     os.close(fd)
             bad, job = _check_assembled(tmp, m)
         except OSError as e:
-            raise fail(f"commit failed: {e}") from None
+            err = fail(f"commit failed: {e}")
+            if e.errno in _DISK_ERRNOS:
+                raise  # the disk filled or failed: the sender is told why (Receiver._disk_refusal)
+            raise err from None
         if bad:
             try:
                 _unassemble(tmp, m, starts, inc.fd)
