@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 from jobrig import until
 
-from laminar.airlock.cgroups import CgroupTree, detect
+from laminar.airlock.cgroups import CgroupTree, detect, read_memory_limit
 from laminar.airlock.manager import Airlock
 from laminar.events import EventBus
 from laminar.runtime.jobs import JobManager, JobSpec
@@ -71,20 +71,22 @@ class Rig:
         self.jobs: JobManager | None = None
         self.airlock: Airlock | None = None
 
-    async def start(self, budget_mb: int, policy: dict[str, Any] | None = None) -> None:
+    async def start(self, budget_mb: int | None, policy: dict[str, Any] | None = None, **airlock: Any) -> None:
+        """JobManager and Airlock; `airlock` are more Airlock arguments (class_budget_mb, hold_allocator)."""
         self.jobs = JobManager(store=self.store, state_dir=self.tmp, cgroup_root=self.root, events=self.events,
                                gpus_declared=[])
         await self.jobs.start(None)
         self.airlock = Airlock(jobs=self.jobs, store=self.store, events=self.events, budget_mb=budget_mb,
-                               policy=policy)
+                               policy=policy, **airlock)
         await self.airlock.start(None)
 
-    async def restart(self, budget_mb: int) -> None:
-        """A new JobManager and Airlock over the same store and cgroups (an agent restart)."""
+    async def restart(self, budget_mb: int | None, **airlock: Any) -> None:
+        """A new JobManager and Airlock over the same store and cgroups (an agent restart),
+        with the config's `budget_mb` and `airlock` arguments of the new process."""
         assert self.jobs is not None and self.airlock is not None
         await self.airlock.stop()
         await self.jobs.stop()
-        await self.start(budget_mb)
+        await self.start(budget_mb, **airlock)
 
     async def close(self) -> None:
         """Stops the components, kills and removes the test's cgroup tree, closes the store."""
@@ -217,6 +219,47 @@ def test_restart_during_storm_loses_no_job(tmp_path: Path) -> None:
             # The re-adopted jobs are still managed: a stop works and records the end.
             final = await r.jobs.stop(ts[0].id, "test over", grace_s=0.5)
             assert final is not None and final.state == "stopped" and not final.cgroup.exists()
+        finally:
+            await r.close()
+
+    run(main())
+
+
+def memory_settings(r: Rig) -> dict[str, tuple[int | None, str]]:
+    """{"root" or class: (limit in bytes or None, oom_kill_disable)} of the rig's memory cgroups (v1)."""
+    assert r.airlock is not None and r.airlock.tree is not None
+    tree = r.airlock.tree
+    h = tree.hierarchy
+    dirs = {"root": r.airlock._root_memory_dir(), **{c: tree.class_memory_dir(c) for c in tree.classes}}
+    out = {}
+    for k, d in dirs.items():
+        okd = "" if h.memory_in_v2 else (d / "memory.oom_control").read_text().split()[1]
+        out[k] = (read_memory_limit(h, d), okd)
+    return out
+
+
+def test_memory_settings_follow_the_config_of_a_restarted_agent(tmp_path: Path) -> None:
+    """A restarted agent whose config no longer has a budget, a class budget or hold_allocator
+    left the old process's limits and oom_kill_disable in the kernel: jobs were held at a
+    budget the operator had removed (and, the usage read against that limit, suspended and
+    reclaimed for it)."""
+    async def main() -> None:
+        r = Rig(tmp_path, f"laminar-t-{secrets.token_hex(3)}")
+        try:
+            await r.start(budget_mb=96, class_budget_mb={"long-resident": 64}, hold_allocator=True)
+            before = memory_settings(r)
+            assert before["root"][0] == 96 << 20 and before["long-resident"] == (64 << 20, "1"), before
+            await r.restart(budget_mb=None, class_budget_mb={}, hold_allocator=False)
+            after = memory_settings(r)
+            assert all(v[0] is None for v in after.values()), after
+            if not r.airlock.tree.hierarchy.memory_in_v2:  # type: ignore[union-attr]
+                assert all(v[1] == "0" for v in after.values()), after
+            # a long-resident job takes more than both old limits, and is left alone
+            assert r.jobs is not None
+            lr = await r.jobs.submit(JobSpec(command=hog(120, step=20, delay=0.02), job_class="long-resident",
+                                             name="lr"))
+            assert await until(lambda: lr.cgroup.memory_usage() >= 120 << 20, 20), lr.cgroup.memory_usage()
+            assert r.jobs.get(lr.id).state == "running" and alive(lr.pid)  # type: ignore[union-attr]
         finally:
             await r.close()
 

@@ -309,22 +309,43 @@ class Airlock:
         h = self.tree.hierarchy
         return (h.unified if h.memory_in_v2 else h.v1["memory"]) / self.tree.root_name
 
+    def _capped_classes(self) -> list[str]:
+        """The classes `cap_unprotected` caps under the budget and policy in force."""
+        if not self.budget_mb or self.tree is None or self.policy is None:
+            return []
+        prot = set(self.policy["protected"])
+        unprot = [c for c in self.tree.classes if c not in prot]
+        return unprot if len(unprot) < len(self.tree.classes) else []
+
     def _apply_budget(self) -> None:
+        """Write the memory settings of the root and of every class parent to exactly what the
+        config and the policy in force say, including "none": the kernel keeps what an earlier
+        process wrote (a budget since removed from the config, a class budget, oom_kill_disable
+        under a hold_allocator since turned off, a class cap of a class since protected), and a
+        setting left there would hold jobs at a limit nobody asked for."""
         assert self.tree is not None and self.policy is not None
         prot = set(self.policy["protected"])
+        capped = self._capped_classes()
         try:
             if self.budget_mb:
                 self.tree.set_root_memory(self.budget_mb << 20, oom_kill_disable=self.hold_allocator)
                 if self.tree.hierarchy.memory_in_v2:
                     high = int((self.budget_mb << 20) * self.policy["thresholds"]["usage.high"])
                     (self._root_memory_dir() / "memory.high").write_text(str(high))
-            for cls in self.tree.classes:
-                mb = self.class_budget_mb.get(cls)
-                hold = self.hold_allocator and cls in prot
-                if mb or hold:
-                    self.tree.set_class_memory(cls, (mb << 20) if mb else None, oom_kill_disable=hold)
+            else:
+                self.tree.set_root_memory(None, oom_kill_disable=False)
         except (CgroupError, OSError) as e:
             self._emit(f"airlock: could not apply the node budget: {e}", error=str(e))
+        for cls in self.tree.classes:
+            if cls in capped:
+                continue  # cap_unprotected writes it below
+            self._caps.pop(cls, None)
+            mb = self.class_budget_mb.get(cls)
+            try:
+                self.tree.set_class_memory(cls, (mb << 20) if mb else None,
+                                           oom_kill_disable=self.hold_allocator and cls in prot)
+            except CgroupError as e:
+                self._emit(f"airlock: could not apply the {cls} class's budget: {e}", error=str(e))
         self.cap_unprotected()
 
     def cap_unprotected(self) -> dict[str, int]:
