@@ -192,3 +192,34 @@ def test_zone_keeps_advertising_when_its_speaker_dies(make_cluster):
     assert all(r["outcome"] == "placed" for r in placed), placed
     assert all(r["node"] != 1 for r in placed)
     assert Counter(r["zone"] for r in placed) == {1: 4, 2: 6, 3: 6}, placed
+
+
+def test_a_suspect_in_another_zone_is_probed_again_once_it_is_back(make_cluster):
+    """Node 4 (zone 2) alone has the H100 the jobs need. Its link goes down for a few seconds;
+    a placement from node 1 (zone 1) gets no answer from it three times, so node 1 takes it for
+    a suspect and stops probing it. The link comes back. Nothing node 4 sends reaches zone 1 by
+    itself (its summaries go to its zone peer, zone 2 speaks through node 3): node 1 must find
+    out that it is back, or every H100 job submitted on node 1 is queued out for ever while
+    node 4 sits idle (before the fix: no heartbeat was ever sent, a suspect stayed one)."""
+    from conftest import run
+
+    c = make_cluster(zones=2, per_zone=2, gpus=1, node_extra={3: 'gpu_model = "H100"'})
+    sub, victim = c.nodes[0], c.nodes[3]
+    wait_until(lambda: "H100" in sub.json("zone", "stats")["zone_summaries"]["2"]["gpu_models"], 30,
+               "zone 2's summary to advertise the H100")
+    run("ip", "link", "set", victim.host_if, "down")
+    try:
+        # zone 2's summary keeps node 4's capacity for peer_timeout_s (10 s): this placement
+        # probes the unreachable node in each of its three rounds
+        r = c.place(0, {"name": "while-away", "command": SLEEP}, gpus=1, gpu_model="H100")
+        assert r["outcome"] == "queued-out", r
+    finally:
+        run("ip", "link", "set", victim.host_if, "up")
+
+    def alive_at_sub() -> bool:
+        return bool(next(p for p in sub.json("zone", "peers") if p["node"] == victim.node_id)["alive"])
+
+    assert not alive_at_sub()
+    wait_until(alive_at_sub, 20, "node 1 to see node 4 alive again")
+    r = c.place(0, {"name": "back", "command": SLEEP}, gpus=1, gpu_model="H100")
+    assert r["outcome"] == "placed" and r["node"] == victim.node_id, r

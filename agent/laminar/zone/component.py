@@ -1232,7 +1232,7 @@ class ZoneComponent:
         self.started = self.clock()
         self.gpu_index: list[int] = []
         self.counts: dict[str, int] = {"probes": 0, "handovers": 0, "summaries_sent": 0, "summaries_received": 0,
-                                       "zone_summaries_received": 0, "reclaim_notices": 0}
+                                       "zone_summaries_received": 0, "reclaim_notices": 0, "heartbeats_sent": 0}
 
     # -- life cycle -----------------------------------------------------------------------------
 
@@ -1802,6 +1802,7 @@ class ZoneComponent:
                 for n in pl.probe_targets(peers, fanout, self.rng, exclude={self.node_id}):
                     self.endpoint.send(n, mine)
                     self.counts["summaries_sent"] += 1
+                self._ask_suspects(fanout)
                 # the zone's speaker: the lowest node id heard from lately (this one included);
                 # in a zone larger than the fan-out a few may speak, still a bounded rate
                 fresh = float(self.s["peer_timeout_s"])
@@ -1817,6 +1818,26 @@ class ZoneComponent:
             except Exception:
                 log.exception("zone summary round failed")
             await asyncio.sleep(interval * (0.9 + 0.2 * self.rng.random()))
+
+    def _ask_suspects(self, most: int) -> int:
+        """Ask up to ``most`` suspects (drawn at random) for a heartbeat; returns how many.
+
+        A suspect is not probed, so nothing this node sends it would show that it is back; and
+        a node of another zone sends this one nothing by itself (its summaries stay in its zone,
+        its zone speaks through its lowest live node). Without this, a node that missed three
+        requests (a restart, a link down for a few seconds) stayed a suspect of every node
+        outside its zone for good. Its answer (any authenticated datagram) clears it
+        (``Membership.seen``). Bounded: ``most`` datagrams a summary round, whatever the
+        number of suspects."""
+        sus = [n for n in self.membership.suspects if n != self.node_id]
+        if not sus or self.endpoint is None:
+            return 0
+        pick = sus if len(sus) <= most else self.rng.sample(sorted(sus), most)
+        hb = wire.Heartbeat(int(self.clock() - self.started))
+        for n in pick:
+            self.endpoint.send(n, hb, flags=wire.FLAG_REPLY_WANTED)
+        self.counts["heartbeats_sent"] += len(pick)
+        return len(pick)
 
     # -- the submitter side --------------------------------------------------------------------------
 
