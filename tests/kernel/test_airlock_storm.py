@@ -264,3 +264,30 @@ def test_memory_settings_follow_the_config_of_a_restarted_agent(tmp_path: Path) 
             await r.close()
 
     run(main())
+
+
+@pytest.mark.parametrize("protected", [["long-resident", "standard"], []])
+def test_a_policy_change_lifts_the_caps_of_classes_no_longer_capped(tmp_path: Path, protected: list[str]) -> None:
+    """The unprotected classes' caps follow usage every tick, but a class that a new policy
+    protects (or every class, when the policy protects none) kept the cap last written, from
+    the moment of the last storm: its jobs were held there for good (a protected one never
+    acted on, the rest suspended and reclaimed with the budget mostly free)."""
+    async def main() -> None:
+        r = Rig(tmp_path, f"laminar-t-{secrets.token_hex(3)}")
+        try:
+            await r.start(budget_mb=256)
+            assert r.jobs is not None and r.airlock is not None
+            t = await r.jobs.submit(JobSpec(command=hog(150, step=30, delay=0.02), job_class="transient", name="t"))
+            # the standard class is capped at its usage (0) plus the free room left by the transient
+            assert await until(lambda: r.airlock.status()["class_caps_mb"].get("standard", 999) <= 100, 20), \
+                r.airlock.status()
+            r.airlock.set_policy({"protected": protected})
+            assert memory_settings(r)["standard"][0] is None, memory_settings(r)
+            await r.jobs.stop(t.id, "storm over", grace_s=0)
+            s = await r.jobs.submit(JobSpec(command=hog(150, step=30, delay=0.02), job_class="standard", name="s"))
+            assert await until(lambda: s.cgroup.memory_usage() >= 150 << 20, 20), s.cgroup.memory_usage()
+            assert r.jobs.get(s.id).state == "running" and not r.actions("reclaim")  # type: ignore[union-attr]
+        finally:
+            await r.close()
+
+    run(main())

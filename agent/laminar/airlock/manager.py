@@ -725,6 +725,9 @@ class Airlock:
         assert self.policies is not None
         new = self.policies.set(doc, uid)
         self.policy = new
+        # Which classes are protected (held, never capped) and the thresholds the caps and the
+        # v2 memory.high follow may have changed: the kernel's settings follow at once.
+        self._apply_budget()
         self._emit(f"airlock: policy v{new.version} in force", policy_version=new.version, uid=uid)
         if hasattr(self.jobs, "admit"):
             self.jobs.admit()  # a raised cap starts queued jobs now
