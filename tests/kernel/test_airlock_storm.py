@@ -19,6 +19,7 @@ from jobrig import until
 
 from laminar.airlock.cgroups import CgroupTree, detect, read_memory_limit
 from laminar.airlock.manager import Airlock
+from laminar.airlock.policy import PolicyError
 from laminar.events import EventBus
 from laminar.runtime.jobs import JobManager, JobSpec
 from laminar.store import Store
@@ -287,6 +288,28 @@ def test_a_policy_change_lifts_the_caps_of_classes_no_longer_capped(tmp_path: Pa
             s = await r.jobs.submit(JobSpec(command=hog(150, step=30, delay=0.02), job_class="standard", name="s"))
             assert await until(lambda: s.cgroup.memory_usage() >= 150 << 20, 20), s.cgroup.memory_usage()
             assert r.jobs.get(s.id).state == "running" and not r.actions("reclaim")  # type: ignore[union-attr]
+        finally:
+            await r.close()
+
+    run(main())
+
+
+def test_a_policy_whose_job_default_exceeds_the_configs_class_cap_is_refused_whole(tmp_path: Path) -> None:
+    """Such a policy was accepted, and from then on every job of the class submitted without
+    --memory was refused at submit as one that could never start on this node."""
+    async def main() -> None:
+        r = Rig(tmp_path, f"laminar-t-{secrets.token_hex(3)}")
+        try:
+            await r.start(budget_mb=256, class_budget_mb={"transient": 128})
+            assert r.jobs is not None and r.airlock is not None and r.airlock.policy is not None
+            version = r.airlock.policy.version
+            with pytest.raises(PolicyError, match=r"job_default_mb.transient 200 exceeds the transient class's cap "
+                                                  r"of 128 MiB \(\[airlock\] class_budget_mb"):
+                r.airlock.set_policy({"job_default_mb": {"transient": 200}, "hysteresis": {"hold_s": 1.0}})
+            assert r.airlock.policy.version == version and r.airlock.policy["job_default_mb"] == {}
+            assert r.airlock.policies is not None and r.airlock.policies.current().version == version
+            t = await r.jobs.submit(JobSpec(command=["sleep", "60"], job_class="transient", name="t"))
+            assert t.state == "running" and t.spec.memory_mb is None
         finally:
             await r.close()
 

@@ -65,3 +65,16 @@ def test_invalid_policy_keeps_the_old_one(tmp_path: Path) -> None:
     assert cur.version == 1 and cur["thresholds"]["memory.some"] == 0.2
     assert [h["version"] for h in ps.history()] == [1]
     store.close()
+
+
+def test_a_job_default_above_the_configs_class_cap_is_refused_naming_both() -> None:
+    """job_default_mb was checked against the policy's own class_caps_mb only: a default above
+    the config's [airlock] class_budget_mb was accepted, and every job of that class submitted
+    without --memory was then refused as one that could never start."""
+    with pytest.raises(PolicyError) as e:
+        validate({"job_default_mb": {"transient": 1024}}, {"transient": 512})
+    assert ("policy: job_default_mb.transient 1024 exceeds the transient class's cap of 512 MiB "
+            "([airlock] class_budget_mb in the agent's config)") in str(e.value)
+    assert "at most 512" in str(e.value)
+    assert validate({"job_default_mb": {"transient": 512}}, {"transient": 512})["job_default_mb"] == {"transient": 512}
+    assert validate({"job_default_mb": {"standard": 1024}}, {"transient": 512})  # another class's cap

@@ -723,7 +723,7 @@ class Airlock:
     def set_policy(self, doc: Any, uid: int | None = None) -> Policy:
         """Validate whole and store; PolicyError leaves the policy in force unchanged."""
         assert self.policies is not None
-        new = self.policies.set(doc, uid)
+        new = self.policies.set(doc, uid, self.class_budget_mb)
         self.policy = new
         # Which classes are protected (held, never capped) and the thresholds the caps and the
         # v2 memory.high follow may have changed: the kernel's settings follow at once.
@@ -777,7 +777,7 @@ class Airlock:
                 except PolicyError as e:
                     raise ApiError(422, str(e)) from None
             try:
-                return {"valid": True, "policy": validate(body)}
+                return {"valid": True, "policy": validate(body, self.class_budget_mb)}
             except PolicyError as e:
                 raise ApiError(422, str(e)) from None
 

@@ -102,8 +102,12 @@ def merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def validate(doc: Any) -> dict[str, Any]:
-    """The effective policy (defaults merged under `doc`), or PolicyError listing every problem."""
+def validate(doc: Any, config_caps_mb: dict[str, int] | None = None) -> dict[str, Any]:
+    """The effective policy (defaults merged under `doc`), or PolicyError listing every problem.
+
+    `config_caps_mb` are the class caps the agent's config sets (``[airlock] class_budget_mb``):
+    a ``job_default_mb`` above one of them is refused like one above the policy's own cap. (A
+    stored policy is read back without them: a config lowered later must not stop the agent.)"""
     if not isinstance(doc, dict):
         raise PolicyError([f"policy: expected a JSON object / TOML table, got {type(doc).__name__}"])
     problems: list[str] = []
@@ -175,9 +179,14 @@ def validate(doc: Any) -> dict[str, Any]:
                 problems.append(f"policy: {key}.{cls} {mb!r}: expected MiB as an integer 1..{MIB_MAX}")
     for cls, mb in p["job_default_mb"].items():
         cap = p["class_caps_mb"].get(cls)
+        conf = (config_caps_mb or {}).get(cls)
         if _int(mb) and _int(cap) and mb > cap:
             problems.append(f"policy: job_default_mb.{cls} {mb} exceeds class_caps_mb.{cls} {cap}: "
                             "a job given that default could never start")
+        elif _int(mb) and _int(conf) and mb > conf:
+            problems.append(f"policy: job_default_mb.{cls} {mb} exceeds the {cls} class's cap of {conf} MiB "
+                            f"([airlock] class_budget_mb in the agent's config): a job given that default could "
+                            f"never start; set it to at most {conf}")
     if problems:
         raise PolicyError(problems)
     return p
@@ -225,9 +234,10 @@ class PolicyStore:
             return Policy(validate({}), 0, 0.0)
         return Policy(validate(json.loads(row[2])), int(row[0]), float(row[1]))
 
-    def set(self, doc: Any, uid: int | None = None) -> Policy:
-        """Validate whole, then store as a new version. PolicyError leaves everything as it was."""
-        effective = validate(doc)
+    def set(self, doc: Any, uid: int | None = None, config_caps_mb: dict[str, int] | None = None) -> Policy:
+        """Validate whole (`validate`), then store as a new version. PolicyError leaves
+        everything as it was."""
+        effective = validate(doc, config_caps_mb)
         ts = time.time()
         with self.store.tx() as db:
             cur = db.execute("INSERT INTO airlock_policy(version, ts, uid, doc) VALUES("
