@@ -181,3 +181,31 @@ def test_a_job_that_started_is_answered_ok_even_when_its_record_cannot_be_writte
     finally:
         blocker.close()
         store.close()
+
+
+def test_a_hand_over_or_commit_after_the_node_announced_its_reclaim_goes_elsewhere(tmp_path: Path) -> None:
+    """The node offered capacity (a live tentative reservation), then its owner announced the
+    reclaim (ZoneComponent.reclaim_notice: the node drains; the migration layer moves off the
+    jobs running at that moment and arms their kill-switch). A hand-over or a commit arriving
+    after that bound the offer all the same: a job started on a node being taken back, which
+    the evacuation, planned from the jobs of the notice's moment, does not know of (it dies
+    with the node). It must be refused so the submitter places it elsewhere."""
+    jobs = SubmittingJobs(tmp_path / "state")
+    comp = make_comp(tmp_path, pool="training", jobs=jobs, gpus=2)
+    spec = json.dumps({"spec": {"command": ["sleep", "1"]}}).encode()
+
+    async def check() -> None:
+        comp.refresh_inventory()
+        pid, pid2 = 0x7171, 0x7173
+        for p in (pid, pid2):
+            offer = comp.handle_request(2, demand_to_probe(pl.Demand(gpus=1), p, 5.0))
+            assert isinstance(offer, wire.Offer)
+        comp.reclaim_notice(60.0, "owner takes it back")
+        ack = await comp.on_handover(2, wire.Handover(pid, spec))
+        assert ack.status == HANDOVER_NO_RESERVATION, ack
+        assert pid not in comp.arbiter.placed and not jobs.jobs  # no job started here
+        cack = comp.handle_request(2, wire.Commit(pid2, 30_000))
+        assert isinstance(cack, wire.CommitAck) and cack.status == int(pl.RefuseReason.DRAINING), cack
+        assert not any(r.committed for r in comp.arbiter.held.values())
+
+    run(comp, check)

@@ -442,6 +442,10 @@ class Arbiter:
         """Turn the offer committed for the hand-over window; idempotent by placement id."""
         if c.placement_id in self.placed:
             return wire.CommitAck(c.placement_id, 0, handover_port)
+        if self.inventory.draining:  # reclaimed since its offer: the job goes elsewhere
+            self.held.pop(c.placement_id, None)
+            self.counts["refusals"] += 1
+            return wire.CommitAck(c.placement_id, int(pl.RefuseReason.DRAINING), handover_port)
         self.expire(now)
         hold = min(c.hold_ms / 1000, 600.0) if c.hold_ms else self.hold_s
         r = pl.commit(list(self.held.values()), c.placement_id, now, hold)
@@ -502,10 +506,16 @@ class Arbiter:
         runs now (exactly as a new probe would be), and binds when it still fits. Leases can
         therefore be short (unused offers are never released, they lapse) without costing a
         slow submitter its placement; capacity is never promised twice.
+
+        A draining node (its owner announced the reclaim) binds nothing new, whatever it
+        offered or committed before: the evacuation moves the jobs of the notice's moment only.
         """
         p = self.placed.get(placement_id)
         if p is not None:
             return p
+        if self.inventory.draining:
+            self.held.pop(placement_id, None)
+            return None
         self.expire(now)
         r = self.held.pop(placement_id, None) or self._revive(placement_id, now)
         if r is None:
@@ -1641,6 +1651,9 @@ class ZoneComponent:
             done = self.job_for_placement(pid)
             if done is not None:
                 return wire.HandoverAck(pid, HANDOVER_OK, done)
+            if self.arbiter.inventory.draining:
+                return wire.HandoverAck(pid, HANDOVER_NO_RESERVATION,
+                                        f"node {self.node_id} is being reclaimed by its owner: it takes no new job")
             return wire.HandoverAck(pid, HANDOVER_NO_RESERVATION, "no live reservation for this placement (lease expired?)")
         if p.job_id:
             return wire.HandoverAck(pid, HANDOVER_OK, p.job_id)
