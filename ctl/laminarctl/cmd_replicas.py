@@ -16,9 +16,11 @@ needs; ``GC`` says what it will remove and when, or why it keeps the key. ``fail
 A drop goes through the GC's safe path (the key's directory is renamed into the replica trash,
 then removed in the background) and is refused while a checkpoint of the key is being received,
 while a take-over of it runs, or while a local job resumes from it (``--force`` or not); a
-``guarding`` or ``waiting`` key needs ``--force``: the job's source is not told (a live source
-that prestages ships its next checkpoint and guard again; a stopped job held here, or a gone
-source's job, is lost unless the archive holds it). Callers other than root, the control group and the job's owner see sizes and states
+``guarding`` or ``waiting`` key needs ``--force``; the job's source is then told (control
+message ``dropped``): a live source forgets this node as the job's buddy and prestages the job's
+newest checkpoint to another peer at once. A source that cannot be reached is not told (the drop
+stands; the answer says so): a stopped job held here, or a gone source's job, is lost unless the
+archive holds it. Callers other than root, the control group and the job's owner see sizes and states
 but not which job a replica is (docs/operations.md, *Checkpoint replicas on a node*).
 """
 
@@ -134,9 +136,12 @@ def cmd_drop(args: argparse.Namespace) -> int:
     def human(r: dict[str, Any]) -> None:
         info(f"dropped {r['key']} ({r['state']}): {', '.join(r.get('dropped') or []) or 'no checkpoint held'}, "
              f"{human_bytes(r.get('bytes'))}")
-        if r.get("forced"):
-            error(f"warning: {r['key']} was {r['state']}; its source node was not told and this node no longer "
-                  "guards the job")
+        if r.get("forced") and r.get("source_told"):
+            info(f"its source node {r.get('src_node')} was told and no longer counts on this node: "
+                 f"{r.get('source_says') or 'no reason given'}")
+        elif r.get("forced"):
+            error(f"warning: {r['key']} was {r['state']}; its source node was not told "
+                  f"({r.get('source_says') or 'no source to tell'}) and this node no longer guards the job")
 
     emit(res, args.output, human)
     return 0

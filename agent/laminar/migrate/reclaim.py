@@ -144,9 +144,14 @@ job's owner sees states, sizes and the GC's plan but not which job it is
 (privileged; ``laminarctl replicas drop KEY [--force]``) removes a key's replicas and rows
 through the GC's safe path (:meth:`ReclaimComponent.drop_replica`): refused while a transfer
 into the key or its take-over runs, or a local job uses it, and for a ``guarding`` or
-``waiting`` key without ``force``; a forced drop tells the source nothing (a source that
-prestages ships its next checkpoint and guard again; a stopped job held here, or a gone
-source's job, is then lost unless the archive holds it). Counted as ``counts.replica_dropped``,
+``waiting`` key without ``force``. A forced drop of such a key tells its source (control op
+``dropped``, :meth:`ReclaimComponent.drop_replica_and_tell`): the source forgets this node as the
+job's buddy and prestages a running job's newest checkpoint to another peer at its next round
+(the usual buddy choice without this node for ``REPLICA_DROP_AVOID_S``, unless no other peer can
+take it; event phase ``guard-dropped`` there). A source that cannot be reached is not told (the
+drop stands; the answer's ``source_told`` is false, event phase ``replica-drop-untold``); a
+stopped job held here, or a gone source's job, is then lost unless the archive holds it.
+Counted as ``counts.replica_dropped``,
 recorded as a ``migrate`` event (phase ``replica-dropped``, ``by`` the caller's uid).
 
 Progress: events of kind ``migrate`` and ``GET /v1/migrations/{job}`` (what
@@ -278,6 +283,10 @@ REPLICA_LATE_S = 3600.0
 # A requeued job is placed again from its spec (resume_from included) for a while (zone/loan.py's
 # requeue_for_s); a replica it names is kept as long after it was requeued.
 REPLICA_REQUEUE_HOLD_S = 3600.0
+# A buddy whose operator dropped a job's guard by force (control op ``dropped``) is not chosen
+# again as that job's buddy for this long (the drop freed its disk on purpose), unless it is the
+# only peer that can take the job's checkpoints.
+REPLICA_DROP_AVOID_S = 3600.0
 
 CONFIG_FIELDS = {
     "port": Field(int, DEFAULT_PORT, "TCP port of the checkpoint transfer endpoint (the same on every node)",
@@ -722,6 +731,8 @@ class ReclaimComponent:
         self._replica_gc_next = 0.0  # when the held replicas are looked at next (monotonic)
         self._guard_asked: dict[str, float] = {}  # key -> when its source was last asked (monotonic)
         self._guard_checking: set[str] = set()  # keys whose source is being asked now
+        # job id -> {node: wall time}: buddies whose operator dropped the job's guard (op ``dropped``)
+        self._dropped_by: dict[str, dict[int, float]] = {}
 
     # -- life cycle ---------------------------------------------------------------------------
 
@@ -2182,16 +2193,19 @@ class ReclaimComponent:
             if ckpt is None:
                 return
             node = self.buddy.get(job.id)
-            if node is None or node in self.notices or node in self.zone.membership.suspects:
-                ranked = [r for r in self.rank_for(job, float(self._ckpt_bytes(job)), None, False) if r.feasible]
-                if ranked:
-                    node = int(ranked[0].candidate.node)
-                else:  # no peer has room for the job: a peer with the disk space holds its replicas
-                    holders = [h for h in await self.rank_holders(self.job_key(job), self._ckpt_bytes(job), None, None)
-                               if h.feasible]
-                    if not holders:
-                        return
-                    node = int(holders[0].candidate.node)
+            avoid = self._avoided_buddies(job.id)
+            if node is None or node in self.notices or node in self.zone.membership.suspects or node in avoid:
+                ranked = [int(r.candidate.node)
+                          for r in self.rank_for(job, float(self._ckpt_bytes(job)), None, False) if r.feasible]
+                choice = [n for n in ranked if n not in avoid]
+                if not choice:  # no peer has room for the job: a peer with the disk space holds its replicas
+                    holders = [int(h.candidate.node) for h in
+                               await self.rank_holders(self.job_key(job), self._ckpt_bytes(job), None, None) if h.feasible]
+                    # a peer that dropped the job's guard is the last resort (no other can take it)
+                    choice = [n for n in holders if n not in avoid] or ranked or holders
+                if not choice:
+                    return
+                node = choice[0]
             await self._send(job, ckpt, node, None, None)
             if job.id in self.evacuating:
                 return  # the move decides who guards the job now
@@ -2210,6 +2224,53 @@ class ReclaimComponent:
             self.buddy.pop(job.id, None)
         finally:
             self._prestaging.discard(job.id)
+
+    def _avoided_buddies(self, job_id: str, now: float | None = None) -> set[int]:
+        """Peers whose operator dropped ``job_id``'s guard less than REPLICA_DROP_AVOID_S ago."""
+        now = time.time() if now is None else now
+        seen = {n: t for n, t in self._dropped_by.get(job_id, {}).items() if now - t < REPLICA_DROP_AVOID_S}
+        if seen:
+            self._dropped_by[job_id] = seen
+        else:
+            self._dropped_by.pop(job_id, None)
+        return set(seen)
+
+    def _answer_dropped(self, node: str, key: str) -> dict[str, Any]:
+        """``node``'s operator dropped the guard of ``key`` held there by force (control op
+        ``dropped``). When ``node`` is the job's buddy here (or its buddy is unknown, after a
+        restart), this node forgets it: the job's newest checkpoint is prestaged again at the next
+        round, to the usual buddy choice without ``node`` (REPLICA_DROP_AVOID_S; ``node`` only when
+        no other peer can take it). Returns ``{"key", "forgot", "prestages", "why"}``."""
+        try:
+            asker = int(node)
+        except ValueError:
+            raise ValueError(f"dropped: the node {node!r} is not a node id") from None
+        prefix = f"n{self.node_id}-"
+        if not key.startswith(prefix):
+            return {"key": key, "forgot": False, "prestages": False, "why": f"{key} is not a job of node {self.node_id}"}
+        jid = key[len(prefix):]
+        jobs = getattr(self.agent, "jobs", None)
+        job = jobs.get(jid) if jobs is not None else None
+        if job is None:
+            return {"key": key, "forgot": False, "prestages": False,
+                    "why": f"node {self.node_id} has no record of job {jid}"}
+        buddy = self.buddy.get(jid)
+        if buddy is not None and buddy != asker:
+            return {"key": key, "forgot": False, "prestages": False,
+                    "why": f"node {buddy} guards job {jid} now, not node {asker}: nothing changes"}
+        self.buddy.pop(jid, None)
+        self.shipped.pop(jid, None)
+        self._dropped_by.setdefault(jid, {})[asker] = time.time()
+        prestages = bool(job.active) and self.s["prestage"] != "off" and job.id not in self.evacuating
+        if prestages:
+            why = f"job {jid} is {job.state}: its newest checkpoint goes to another buddy at the next prestage round"
+        else:
+            why = (f"job {jid} is {job.state} here and is not prestaged again: unless the archive holds it, no other "
+                   "copy of its checkpoint is guarded")
+        log.warning("migrate: node %d dropped the guard of %s (an operator's forced drop): %s", asker, key, why)
+        self._emit(f"{jid}: node {asker} dropped its guard (an operator's forced drop); {why}", job=jid, key=key,
+                   node=asker, phase="guard-dropped")
+        return {"key": key, "forgot": True, "prestages": prestages, "why": why}
 
     async def _release(self, node: int, key: str) -> None:
         try:
@@ -2961,8 +3022,8 @@ class ReclaimComponent:
             what = (f"this node holds the guard of job {src_job or '?'} of {src}" if state == "guarding" else
                     f"its source {src} is gone and this node waits for room to resume job {src_job or '?'}")
             return (f"{key} is {state}: {what}; these replicas may be the job's only way back. Drop it anyway with "
-                    f"--force ({src} is not told: a live source that prestages ships its next checkpoint and guard "
-                    "again; a stopped job held here, or a gone source's job, is then lost unless the archive holds it)")
+                    f"--force ({src} is told, if it can be reached, and prestages a running job to another buddy; "
+                    "a stopped job held here, or a gone source's job, is then lost unless the archive holds it)")
         return None
 
     def drop_replica(self, key: str, force: bool = False, by: str = "") -> dict[str, Any]:
@@ -2975,8 +3036,8 @@ class ReclaimComponent:
         changed: a key that is not a transfer key (ValueError), one this node neither holds nor
         has a row for (LookupError), and (ReplicaRefused) one whose take-over runs, one a transfer
         is being received into, one a local job resumes from (``force`` or not), a ``guarding`` or
-        ``waiting`` key without ``force``. A forced drop tells the source nothing (see
-        docs/operations.md). ``.tmp-*`` of a commit cannot be there (no transfer runs); partial
+        ``waiting`` key without ``force``. This tells the source nothing: the API's drop is
+        :meth:`drop_replica_and_tell` (see docs/operations.md). ``.tmp-*`` of a commit cannot be there (no transfer runs); partial
         transfers under ``incoming/`` are the endpoint's (:meth:`Receiver.sweep`) and the archive
         is never touched. Returns ``{"key", "state", "dropped": [ckpt names], "bytes", "forced"}``."""
         if not isinstance(key, str) or not _SAFE_KEY.match(key):
@@ -3028,7 +3089,35 @@ class ReclaimComponent:
                    key=key, phase="replica-dropped", state=state or "unclaimed", forced=forced, by=by)
         if moved is not None:
             self._remove_later([moved])
-        return {"key": key, "state": state or "unclaimed", "dropped": names, "bytes": nbytes, "forced": forced}
+        return {"key": key, "state": state or "unclaimed", "dropped": names, "bytes": nbytes, "forced": forced,
+                "src_node": None if row is None else int(row["src_node"])}
+
+    async def drop_replica_and_tell(self, key: str, force: bool = False, by: str = "",
+                                    timeout: float = 5.0) -> dict[str, Any]:
+        """:meth:`drop_replica`, then, for a forced drop of a ``guarding`` or ``waiting`` key, tells
+        its source (control op ``dropped``, ``{"key"}``) so that it forgets this node as the job's
+        buddy and prestages elsewhere (:meth:`_answer_dropped` there). The drop stands whatever the
+        source says or whether it can be reached. Adds ``source_told`` (True: the source answered;
+        False: it was not told; None: nothing to tell) and ``source_says`` (its answer's ``why``, or
+        why it was not told) to :meth:`drop_replica`'s answer. Raises what drop_replica raises."""
+        res = self.drop_replica(key, force=force, by=by)
+        res["source_told"], res["source_says"] = None, ""
+        src = res.get("src_node")
+        if not res["forced"] or src is None:
+            return res
+        try:
+            if src == self.node_id:
+                raise MigrateError(f"node {src} is this node")
+            ans = await self._control(int(src), "dropped", {"key": key}, timeout=timeout)
+            if not isinstance(ans, dict) or ans.get("key") != key:
+                raise MigrateError(f"node {src} answered {ans!r}")
+        except (MigrateError, TransferError, OSError, TimeoutError) as e:
+            res["source_told"], res["source_says"] = False, f"node {src} was not told: {e}"
+            self._emit(f"{key}: the forced drop was not told to node {src} ({e}): it may still count on this node "
+                       "as the job's buddy", key=key, src_node=src, phase="replica-drop-untold")
+            return res
+        res["source_told"], res["source_says"] = True, str(ans.get("why", ""))
+        return res
 
     # -- the endpoint's callbacks -------------------------------------------------------------
 
@@ -3085,7 +3174,9 @@ class ReclaimComponent:
             return self.start_reclaim(parse_duration(body["notice_s"]), f"{body.get('reason', '')} (from node {node})")
         if op == "needs":  # a node holding a guard of one of this node's jobs asks whether it still must
             return self._answer_needs(node, str(body["key"]))
-        raise ValueError(f"unknown control operation {op!r} (guard, release, reclaim, space, needs)")
+        if op == "dropped":  # an operator dropped the guard of one of this node's jobs there, by force
+            return self._answer_dropped(node, str(body["key"]))
+        raise ValueError(f"unknown control operation {op!r} (guard, release, reclaim, space, needs, dropped)")
 
     def _on_event(self, e: dict[str, Any]) -> None:
         """Records the zone's reclaim notices of other nodes (zone events with deadline_ms)."""
@@ -3178,8 +3269,8 @@ class ReclaimComponent:
             if not isinstance(b, dict) or set(b) - {"force"} or not isinstance(b.get("force", False), bool):
                 raise ApiError(400, f"replicas drop: body {b!r}: expected {{\"force\"?: true|false}}")
             try:
-                return self.drop_replica(req.params["key"], force=bool(b.get("force", False)),
-                                         by=f"uid {req.peer.uid}")
+                return await self.drop_replica_and_tell(req.params["key"], force=bool(b.get("force", False)),
+                                                        by=f"uid {req.peer.uid}")
             except ValueError as e:
                 raise ApiError(400, f"replicas drop: {e}") from None
             except LookupError as e:
