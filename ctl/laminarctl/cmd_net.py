@@ -6,7 +6,9 @@
     laminarctl net transfers progress ckpt-7 --sent 1G
     laminarctl net transfers rm ckpt-7
     laminarctl net kill-flow ckpt-7 on|off|arm [--at +30s]   (a transfer id or a 5-tuple)
-    laminarctl net flows                              every lm_flows entry and its switch
+    laminarctl net flows                              every lm_flows entry and its switch, with who
+                                                      cut it (origin: transfer or operator) and when
+                                                      a transfer's cut expires (expires_in_s)
 
 Job-wide switches are ``laminarctl killswitch on|off|arm --job J|--all|--lent`` (cmd_core).
 """
@@ -125,5 +127,5 @@ def cmd_kill_flow(args: argparse.Namespace) -> int:
 def cmd_flows(args: argparse.Namespace) -> int:
     res = args.client.get("/v1/killswitch/flow")
     emit(res, args.output, lambda r: table(r, ["flow", "transfer", "job_num", "priority", "kill", "armed",
-                                               "armed_in_s", "cut", "packets", "bytes"]))
+                                               "armed_in_s", "cut", "origin", "expires_in_s", "packets", "bytes"]))
     return 0

@@ -157,7 +157,8 @@ def test_adhoc_off_does_not_delete_a_transfer_entry_written_meanwhile(shaped) ->
 def test_a_cut_outlives_the_transfer_that_ends(shaped) -> None:  # type: ignore[no-untyped-def]
     """A transfer removed (its sender says done, or the migration gives up) while its flow is cut or
     armed: the switch stays, without a class, until ``kill-flow … off`` (which then deletes the
-    entry); an uncut transfer's entry is deleted with it."""
+    entry) or until its expiry (``shaping.flow_cut_linger_s``, 900 s by default:
+    test_flow_cut_expiry); an uncut transfer's entry is deleted with it."""
     vp, _dp, reg = shaped
     cut = ks.FlowKey("tcp", vp.addr_a, 40314, vp.addr_b, 7314)
     armed = ks.FlowKey("tcp", vp.addr_a, 40315, vp.addr_b, 7315)

@@ -12,7 +12,9 @@ A flow is named by a transfer id (``laminarctl net transfers``) or by a 5-tuple 
 ``tcp:10.0.0.1:40000->10.0.0.2:7000`` (egress orientation: local -> remote). A 5-tuple that has
 no ``lm_flows`` entry yet gets one (no HTB class: priority 0), so any flow on the uplink can be
 cut, not only registered transfers; ``off`` deletes such an entry again (the registry's
-``flow_switch``), so ad-hoc cuts do not fill the map.
+``flow_switch``), so ad-hoc cuts do not fill the map. A cut made through a transfer id expires
+``shaping.flow_cut_linger_s`` after its transfer ends; a cut by 5-tuple stays until ``off``
+(``laminar.net.transfers``, docs/shaping.md).
 
 API (privileged)::
 

@@ -409,11 +409,13 @@ def unload(store: Any, ifindex: int | None, pin_root: Path, cgroup_root: str | N
             done["clsact_removed"] = True
         done["htb_removed"] = nl.call(htb.remove_tree, ifindex)
     # Without their tree the stored transfers would come back at the next start, leaves and all.
-    try:
-        with store.tx() as db:
-            db.execute("DELETE FROM net_transfers")
-    except sqlite3.OperationalError:  # no such table: shaping never ran here
-        pass
+    # Nor would the records of flow cuts whose lm_flows entries go with the pins.
+    for table in ("net_transfers", "net_flow_cuts"):
+        try:
+            with store.tx() as db:
+                db.execute(f"DELETE FROM {table}")
+        except sqlite3.OperationalError:  # no such table: shaping never ran here
+            pass
     if pin_root.is_dir():
         for p in sorted(pin_root.iterdir()):
             if p.name.startswith("lm_"):

@@ -11,7 +11,10 @@ job, its size and its deadline. The registry then
    leaves (only when they moved by more than 2%);
 3. reports a transfer the shaper finds infeasible at once: in the answer to the request that
    made it so, as a ``transfer`` event, and in metrics, so the migration layer can re-plan;
-4. on removal deletes the flow entry and the leaf.
+4. on removal deletes the flow entry and the leaf; a cut on the flow stays: one made through the
+   transfer (``kill-flow <transfer id> on|arm``) for ``flow_cut_linger_s`` more (recorded in the
+   store, so a restart keeps the expiry), one made by 5-tuple until ``kill-flow … off``. A full
+   ``lm_flows`` refuses new transfers and cuts with 507 naming ``LM_MAX_FLOWS``.
 
 Progress is the larger of what the sender reports (``POST …/progress``) and the bytes the
 transfer's HTB leaf has sent (egress, from the kernel's class counters) discounted by 6% for
@@ -43,6 +46,7 @@ Config (``[shaping]``)::
     margin = 0.1                   # rate = need * (1 + margin)
     tick_ms = 100                  # how often rates are recomputed
     replace_existing = false       # replace a root qdisc a person set up on the uplink
+    flow_cut_linger_s = 900        # a transfer's flow cut stays this long after the transfer ends
 
 Bad input is refused with the value and what is allowed, and changes nothing: an unknown job,
 a deadline not in the future, a rate beyond the link, a flow already registered.
@@ -94,6 +98,10 @@ CONFIG_FIELDS = {
     "tick_ms": Field(int, 100, "how often transfer rates are recomputed",
                      lambda v: None if 10 <= v <= 10_000 else "out of range 10..10000"),
     "replace_existing": Field(bool, False, "replace a root qdisc a person set up on the uplink"),
+    "flow_cut_linger_s": Field((int, float), 900, "how long a flow cut made through a transfer (kill-flow <transfer id> "
+                               "on|arm) stays after the transfer ends (from its armed deadline when later); then its "
+                               "lm_flows entry is deleted. A cut by 5-tuple stays until kill-flow ... off",
+                               lambda v: None if 0 <= v <= 7 * 86400 else "out of range 0..604800"),
 }
 register_section("shaping", CONFIG_FIELDS)
 
@@ -116,7 +124,22 @@ SCHEMA = [
         max_rate_bps INTEGER,
         minor INTEGER NOT NULL,
         created REAL NOT NULL)""",
+    # The flow cuts the registry keeps track of (the switch bits themselves live in lm_flows):
+    # origin 'transfer' (set through a transfer id: expires flow_cut_linger_s after its transfer
+    # ends, expires_wall then set) or 'operator' (set by 5-tuple: stays until kill-flow ... off).
+    """CREATE TABLE IF NOT EXISTS net_flow_cuts (
+        flow TEXT PRIMARY KEY,
+        origin TEXT NOT NULL,
+        transfer TEXT,
+        uid INTEGER,
+        created REAL NOT NULL,
+        expires_wall REAL)""",
 ]
+
+TRANSFER_CUT = "transfer"  # a cut set through a transfer id: lingers, then expires
+OPERATOR_CUT = "operator"  # a cut set by 5-tuple: stays until kill-flow ... off
+DEFAULT_CUT_LINGER_S = 900.0  # a TCP connection whose every packet is dropped gives up in ~15 min (tcp_retries2)
+SWEEP_S = 1.0  # how often expired cuts are looked for
 
 
 def link_speed_bps(ifname: str) -> int | None:
@@ -165,6 +188,39 @@ class Transfer:
                 "status": self.status, "reason": self.reason, "max_rate_bps": self.max_rate_bps}
 
 
+@dataclass
+class FlowCut:
+    """A flow cut (or armed) in ``lm_flows`` as the registry knows it: who set it and, for a cut set
+    through a transfer that has ended, when its entry goes (wall clock, so a restart keeps it)."""
+
+    origin: str  # TRANSFER_CUT or OPERATOR_CUT
+    transfer: str | None = None
+    uid: int | None = None
+    created: float = field(default_factory=time.time)
+    expires_wall: float | None = None  # None: while its transfer lives, or an operator's cut
+
+    def describe(self, now_wall: float) -> dict[str, Any]:
+        return {"origin": self.origin, "cut_by_transfer": self.transfer,
+                "expires_in_s": None if self.expires_wall is None else round(self.expires_wall - now_wall, 3)}
+
+
+def flows_full_message(flows_map: Any, transfers: int, cuts: dict[ks.FlowKey, FlowCut]) -> str:
+    """The error for an lm_flows map with no room: its limit, who holds the entries, and the way out."""
+    limit = getattr(flows_map, "max_entries", abi.LM_MAX_FLOWS)
+    operator = sum(1 for c in cuts.values() if c.origin == OPERATOR_CUT)
+    lingering = sum(1 for c in cuts.values() if c.expires_wall is not None)
+    return (f"lm_flows is full: all {limit} entries are in use (LM_MAX_FLOWS in bpf/laminar.h): {transfers} "
+            f"registered transfers, {operator} cuts by 5-tuple that stay until restored, {lingering} cuts of ended "
+            "transfers waiting to expire (shaping.flow_cut_linger_s). `laminarctl net flows` lists them; "
+            "`laminarctl net kill-flow <flow> off` frees an entry")
+
+
+def _is_full(e: BaseException) -> bool:
+    import errno
+
+    return isinstance(e, OSError) and e.errno == errno.E2BIG
+
+
 class TransferRegistry:
     """Component ``laminar.net.transfers:TransferRegistry`` (agent attribute ``transfers``)."""
 
@@ -194,6 +250,12 @@ class TransferRegistry:
         # had read before the other's, so a kill bit set in between was silently cleared. Held
         # for one or two map syscalls only (never across netlink), so a switch never waits on a tick.
         self.flows_lock = threading.Lock()
+        # Flow cuts by who set them (see FlowCut); changed under flows_lock, mirrored in net_flow_cuts.
+        self.cuts: dict[ks.FlowKey, FlowCut] = {}
+        self.cut_linger_s = DEFAULT_CUT_LINGER_S
+        self._sweeper: asyncio.Task[None] | None = None
+        self._cuts_db_lock = threading.Lock()
+        self._dirty_cuts: set[ks.FlowKey] = set()
 
     def _emit(self, kind: str, message: str, **fields: Any) -> None:
         """Emits an event on the agent's loop (the event bus is not thread-safe; ticks run on a thread)."""
@@ -228,6 +290,12 @@ class TransferRegistry:
         ng = agent.netguard
         if self.flows is None and ng is not None:
             self.flows = ng.maps.get("lm_flows")
+        self.cut_linger_s = float(cfg.get("flow_cut_linger_s", DEFAULT_CUT_LINGER_S))
+        if self.flows is not None:
+            # Cuts outlive the agent (pins): take over their records, expire what expired meanwhile,
+            # and keep expiring them even when shaping is off (they were made while it was on).
+            await self._run(self._load_cuts)
+            self._sweeper = asyncio.get_running_loop().create_task(self._sweep())
         if not cfg["enabled"]:
             self.disabled_reason = "shaping.enabled = false"
         elif self.tree is None:
@@ -248,6 +316,8 @@ class TransferRegistry:
         elif self.link is None:
             self.configure(self.tree.link_bps, self.tree.background_floor_bps, cfg["margin"], cfg["tick_ms"] / 1000)
         if self.disabled_reason:
+            if self.flows is not None:
+                await self._run(self._orphan_cuts)
             log.warning("shaping off: %s", self.disabled_reason)
             agent.events.emit("transfer", f"shaping of migration transfers is off: {self.disabled_reason}")
             return
@@ -255,19 +325,152 @@ class TransferRegistry:
         self._task = asyncio.get_running_loop().create_task(self._ticker())
 
     async def stop(self) -> None:
-        # Leaves and flow entries stay: transfers keep their rates while no agent runs.
-        if self._task is not None:
-            self._task.cancel()
+        # Leaves and flow entries stay: transfers keep their rates while no agent runs (and cuts
+        # keep cutting; their expiry is in the store for the next agent).
+        for task in (self._task, self._sweeper):
+            if task is None:
+                continue
+            task.cancel()
             try:
-                await self._task
+                await task
             except asyncio.CancelledError:
                 pass
-            self._task = None
+        self._task = self._sweeper = None
         if self.tree is not None:
             await self._run(self.tree.close)
         if self._pool is not None:
             self._pool.shutdown(wait=True)
             self._pool = None
+
+    # --- flow cuts: who made them, and when a transfer's cut expires ------------------------
+
+    def _save_cut(self, flow: str, cut: FlowCut | None) -> None:
+        """Mirrors one record in net_flow_cuts (None: deleted)."""
+        if self.agent is None:
+            return
+        with self.agent.store.tx() as db:
+            if cut is None:
+                db.execute("DELETE FROM net_flow_cuts WHERE flow=?", (flow,))
+            else:
+                db.execute("INSERT OR REPLACE INTO net_flow_cuts VALUES (?,?,?,?,?,?)",
+                           (flow, cut.origin, cut.transfer, cut.uid, cut.created, cut.expires_wall))
+
+    def _flush_cuts(self) -> None:
+        """Writes the records changed since the last flush as they are now (whoever changed them
+        last): every change is followed by a flush, so the store ends with the last state whatever
+        the order. Called outside flows_lock (an fsync must not hold up a kill-switch)."""
+        with self._cuts_db_lock:
+            while self._dirty_cuts:
+                key = self._dirty_cuts.pop()
+                self._save_cut(str(key), self.cuts.get(key))
+
+    def _set_cut(self, key: ks.FlowKey, cut: FlowCut | None) -> None:
+        """Records (or forgets) the cut on ``key`` in memory; the caller flushes it to the store
+        (_flush_cuts) once it has let go of flows_lock. Call with flows_lock held."""
+        if cut is None:
+            if self.cuts.pop(key, None) is None:
+                return
+        else:
+            self.cuts[key] = cut
+        self._dirty_cuts.add(key)
+
+    def _load_cuts(self) -> None:
+        """Reads the cut records from the store; drops those whose lm_flows entry is gone or holds no
+        switch any more (the pins were rebuilt, or the entry was restored outside this agent), then
+        expires what expired while no agent ran."""
+        assert self.flows is not None
+        rows = self.agent.store.db.execute("SELECT * FROM net_flow_cuts").fetchall()
+        with self.flows_lock:
+            for r in rows:
+                try:
+                    key = ks.FlowKey.parse(r["flow"])
+                except ks.KillSwitchError:
+                    self._save_cut(r["flow"], None)
+                    continue
+                raw = self.flows.lookup(key.pack())
+                if raw is None or not ks.FlowEntry.unpack(raw).flags & (abi.LM_FLOW_KILL | abi.LM_FLOW_ARMED):
+                    self._save_cut(r["flow"], None)
+                    continue
+                self.cuts[key] = FlowCut(r["origin"], r["transfer"], r["uid"], r["created"], r["expires_wall"])
+        self.expire_cuts()
+
+    def _linger(self, key: ks.FlowKey, entry: ks.FlowEntry, tid: str | None) -> FlowCut | None:
+        """The transfer ``tid`` let go of flow ``key`` whose entry still holds a switch: a cut made
+        through the transfer (or one nobody recorded: made before records existed) gets its expiry,
+        ``flow_cut_linger_s`` from now, or from its armed deadline when that is later; an
+        operator's cut by 5-tuple stays. Call with flows_lock held. Returns the record."""
+        cut = self.cuts.get(key)
+        if cut is not None and cut.origin == OPERATOR_CUT:
+            return cut
+        now_wall, start = time.time(), time.time()
+        if entry.flags & abi.LM_FLOW_ARMED and not entry.flags & abi.LM_FLOW_KILL:
+            start = max(start, now_wall + (entry.kill_at_ns - time.monotonic_ns()) / 1e9)
+        cut = FlowCut(TRANSFER_CUT, cut.transfer if cut is not None else tid,
+                      cut.uid if cut is not None else None, cut.created if cut is not None else now_wall,
+                      start + self.cut_linger_s)
+        self._set_cut(key, cut)
+        return cut
+
+    def expire_cuts(self, now_wall: float | None = None) -> list[ks.FlowKey]:
+        """Deletes the lm_flows entries of transfers' cuts whose linger is over (the flow restored,
+        the entry freed) and forgets them. A flow a transfer registered again meanwhile keeps its
+        entry (its class) and its switch. Returns the flows restored."""
+        now = time.time() if now_wall is None else now_wall
+        done: list[ks.FlowKey] = []
+        if self.flows is None:
+            return done
+        with self.flows_lock:
+            owned = {t.flow for t in list(self.transfers.values())}
+            for key, cut in list(self.cuts.items()):
+                if cut.expires_wall is None or cut.expires_wall > now:
+                    continue
+                if key not in owned:
+                    self.flows.delete(key.pack())
+                    done.append(key)
+                self._set_cut(key, None)
+        self._flush_cuts()
+        for key in done:
+            self._emit("killswitch", f"kill-switch: flow {key} restored and its lm_flows entry freed: the cut made "
+                                     f"through its transfer expired {self.cut_linger_s:g} s after the transfer ended "
+                                     "(shaping.flow_cut_linger_s)", scope="flow", flow=str(key), action="expired")
+        return done
+
+    async def _sweep(self) -> None:
+        while True:
+            await asyncio.sleep(SWEEP_S)
+            now = time.time()
+            if not any(c.expires_wall is not None and c.expires_wall <= now for c in list(self.cuts.values())):
+                continue
+            try:
+                await self._run(self.expire_cuts)
+            except Exception:  # one bad round must not stop the expiry
+                log.exception("flow cut expiry failed")
+
+    def _orphan_cuts(self) -> None:
+        """A cut made through a transfer that is no longer registered (its row went while no agent
+        ran) starts its linger now, as if the transfer had just ended."""
+        if self.flows is None:
+            return
+        with self.flows_lock:
+            for key, cut in list(self.cuts.items()):
+                if cut.origin != TRANSFER_CUT or cut.expires_wall is not None:
+                    continue
+                if any(t.flow == key for t in self.transfers.values()):
+                    continue
+                raw = self.flows.lookup(key.pack())
+                if raw is None:
+                    self._set_cut(key, None)
+                else:
+                    self._linger(key, ks.FlowEntry.unpack(raw), cut.transfer)
+        self._flush_cuts()
+
+    def cut_counts(self) -> dict[str, int]:
+        """How lm_flows is used: entries, its limit, and the cuts that hold entries of their own."""
+        entries = sum(1 for _ in self.flows.keys()) if self.flows is not None else 0
+        return {"flow_entries": entries,
+                "flow_entries_max": int(getattr(self.flows, "max_entries", abi.LM_MAX_FLOWS)),
+                "operator_cuts": sum(1 for c in self.cuts.values() if c.origin == OPERATOR_CUT),
+                "expiring_cuts": sum(1 for c in self.cuts.values() if c.expires_wall is not None)}
 
     def _adopt(self) -> None:
         """Re-reads transfers from the store and reconciles them with the kernel's leaves.
@@ -284,7 +487,7 @@ class TransferRegistry:
             deadline = now_mono + int((r["deadline_wall"] - now_wall) * 1e9)
             flow = ks.FlowKey.parse(r["flow"])
             if deadline <= now_mono:
-                self._release_flow(flow)
+                self._release_flow(flow, r["id"])
                 if r["minor"] in kernel_leaves:
                     self.tree.remove_leaf(r["minor"])
                 with self.agent.store.tx() as db:
@@ -302,6 +505,7 @@ class TransferRegistry:
             self._write_flow(t)
         for minor in set(kernel_leaves) - {t.minor for t in self.transfers.values()}:
             self.tree.remove_leaf(minor)  # a leaf with no transfer behind it
+        self._orphan_cuts()
         if self.transfers:
             self.tick()
 
@@ -388,7 +592,7 @@ class TransferRegistry:
                                (t.id, t.job, t.job_num, str(t.flow), t.total_bytes, t.reported_bytes,
                                 t.deadline_mono_ns, t.deadline_wall, t.max_rate_bps, t.minor, t.created))
         except Exception:
-            self._release_flow(flow)
+            self._release_flow(flow, tid)
             self.tree.remove_leaf(t.minor)
             raise
         self.transfers[tid] = t
@@ -408,25 +612,42 @@ class TransferRegistry:
             entry = ks.FlowEntry.unpack(raw) if raw is not None else ks.FlowEntry()
             entry.job_id = t.job_num
             entry.priority = priority
-            self.flows.update(kb, entry.pack())
+            try:
+                self.flows.update(kb, entry.pack())
+            except OSError as e:
+                if _is_full(e):
+                    raise ApiError(507, f"transfer {t.id} refused: "
+                                        + flows_full_message(self.flows, len(self.transfers), self.cuts)) from None
+                raise
+            cut = self.cuts.get(t.flow)
+            if cut is not None and cut.expires_wall is not None:
+                # an ended transfer's cut on this 5-tuple now lives as long as the new transfer
+                self._set_cut(t.flow, FlowCut(TRANSFER_CUT, t.id, cut.uid, cut.created, None))
+        self._flush_cuts()
 
-    def _release_flow(self, flow: ks.FlowKey) -> None:
-        """A transfer lets go of its flow entry: deleted, unless a switch is set on it (cut or
-        armed), which stays, with no class (priority 0), until ``kill-flow … off``: the sender's
-        socket may outlive the transfer, and a cut flow must stay cut until someone says otherwise."""
+    def _release_flow(self, flow: ks.FlowKey, tid: str | None = None) -> FlowCut | None:
+        """Transfer ``tid`` lets go of its flow entry: deleted, unless a switch is set on it (cut or
+        armed), which stays, with no class (priority 0): the sender's socket may outlive the
+        transfer. A cut made through the transfer stays ``flow_cut_linger_s`` more (from its armed
+        deadline when later), then :meth:`expire_cuts` deletes the entry; an operator's cut by
+        5-tuple stays until ``kill-flow … off``. Returns the cut left in place, if any."""
         if self.flows is None:
-            return
+            return None
         kb = flow.pack()
+        left: FlowCut | None = None
         with self.flows_lock:
             raw = self.flows.lookup(kb)
-            if raw is None:
-                return
-            entry = ks.FlowEntry.unpack(raw)
-            if entry.flags & (abi.LM_FLOW_KILL | abi.LM_FLOW_ARMED):
+            entry = ks.FlowEntry.unpack(raw) if raw is not None else None
+            if entry is not None and entry.flags & (abi.LM_FLOW_KILL | abi.LM_FLOW_ARMED):
                 entry.priority = 0  # its leaf goes away
                 self.flows.update(kb, entry.pack())
+                left = self._linger(flow, entry, tid)
             else:
-                self.flows.delete(kb)
+                if entry is not None:
+                    self.flows.delete(kb)
+                self._set_cut(flow, None)
+        self._flush_cuts()
+        return left
 
     def remove(self, tid: str) -> Transfer:
         """Removes a transfer: its flow entry, its leaf, its row. A switch set on the flow (cut or
@@ -434,7 +655,7 @@ class TransferRegistry:
         t = self.transfers.get(tid)
         if t is None:
             raise ApiError(404, f"unknown transfer {tid!r}; `laminarctl net transfers` lists them")
-        self._release_flow(t.flow)
+        self._release_flow(t.flow, tid)
         if self.tree is not None:
             self.tree.remove_leaf(t.minor)
         if self.agent is not None:
@@ -469,10 +690,15 @@ class TransferRegistry:
         raise ApiError(404, f"unknown transfer {name!r} (give a transfer id from `laminarctl net transfers` or a "
                             "5-tuple like tcp:10.0.0.1:40000->10.0.0.2:7000)")
 
-    def flow_switch(self, name: str, body: Any) -> dict[str, Any]:
+    def flow_switch(self, name: str, body: Any, uid: int | None = None) -> dict[str, Any]:
+        """``kill-flow NAME on|off|arm``: NAME is a transfer id (the cut is the transfer's: it expires
+        ``flow_cut_linger_s`` after the transfer ends) or a 5-tuple (an operator's cut: it stays
+        until ``off``, counted and listed). Raises ApiError; a full lm_flows is refused (507) with
+        its limit and who holds the entries."""
         if self.flows is None:
             raise ApiError(503, "netguard's lm_flows map is not loaded on this agent")
         key, job_num = self.resolve_flow(name)
+        by_transfer = name in self.transfers
         try:
             action, deadline = ks.parse_action(body)
         except ks.KillSwitchError as e:
@@ -483,6 +709,18 @@ class TransferRegistry:
                 entry = ks.apply_flow_switch(self.flows, key, action, deadline, job_num=job_num)
             except ks.KillSwitchError as e:
                 raise ApiError(e.status, str(e)) from None
+            except OSError as e:
+                if _is_full(e):
+                    raise ApiError(507, f"kill-switch: flow {name} ({key}) not cut: "
+                                        + flows_full_message(self.flows, len(self.transfers), self.cuts)) from None
+                raise
+            old = self.cuts.get(key)
+            if action == "off":
+                self._set_cut(key, None)
+            elif old is None or (old.origin == TRANSFER_CUT and not by_transfer):
+                # a cut by 5-tuple is the operator's for good, even on a transfer's flow
+                self._set_cut(key, FlowCut(TRANSFER_CUT if by_transfer else OPERATOR_CUT,
+                                           name if by_transfer else None, uid))
             # list(): a snapshot taken at once (add/remove change the dict on the registry's thread)
             if action == "off" and not entry.priority and not any(t.flow == key for t in list(self.transfers.values())):
                 # The entry only held this switch (an ad-hoc cut by 5-tuple, no class): kept, every
@@ -491,9 +729,17 @@ class TransferRegistry:
                 # the same lock, so an entry with a class is never deleted here.
                 self.flows.delete(key.pack())
                 removed = True
+        # The record goes to the store after the answer (an fsync): the switch is enforced already.
+        loop = getattr(self.agent, "loop", None) if self.agent is not None else None
+        if loop is not None and loop.is_running():
+            loop.call_soon(self._flush_cuts)
+        else:
+            self._flush_cuts()
         verb = {"on": "cut", "off": "restored", "arm": f"armed to cut in {body.get('at_s')} s"}[action]
+        cut = self.cuts.get(key)
         return {"message": f"kill-switch: flow {name} ({key}) {verb}", "flow": str(key), "action": action,
-                "deadline_ns": deadline, "entry_removed": removed, **entry.describe()}
+                "deadline_ns": deadline, "entry_removed": removed, **entry.describe(),
+                **(cut.describe(time.time()) if cut is not None else {"origin": None})}
 
     # --- status, metrics, API -------------------------------------------------------------
 
@@ -503,7 +749,8 @@ class TransferRegistry:
         return [t.as_dict(now, major) for t in sorted(self.transfers.values(), key=lambda t: t.deadline_mono_ns)]
 
     def status(self) -> dict[str, Any]:
-        out: dict[str, Any] = {"shaping": "off" if self.disabled_reason else "on", "transfers": len(self.transfers)}
+        out: dict[str, Any] = {"shaping": "off" if self.disabled_reason else "on", "transfers": len(self.transfers),
+                               **self.cut_counts()}
         if self.disabled_reason:
             out["why_off"] = self.disabled_reason
         if self.link is not None and self.tree is not None:
@@ -617,7 +864,13 @@ class TransferRegistry:
             return []
         names = {t.flow: t.id for t in self.transfers.values()}
         flows = await self._run(ks.read_flows, self.flows)
-        return [{"flow": str(k), "transfer": names.get(k), **e.describe()} for k, e in flows]
+        now = time.time()
+        out = []
+        for k, e in flows:
+            cut = self.cuts.get(k)
+            out.append({"flow": str(k), "transfer": names.get(k), **e.describe(),
+                        **(cut.describe(now) if cut is not None else {"origin": None})})
+        return out
 
     async def _api_flow_switch(self, req: Request) -> dict[str, Any]:
         body = req.body if isinstance(req.body, dict) else {}
@@ -626,7 +879,7 @@ class TransferRegistry:
             raise ApiError(400, "missing 'flow': a transfer id or a 5-tuple like tcp:10.0.0.1:40000->10.0.0.2:7000")
         # On the loop, not the netlink thread: a map update is one syscall, and a kill-switch must not
         # wait behind a shaper tick. (_write_flow on the thread only rewrites flows being added.)
-        res = self.flow_switch(name, body)
+        res = self.flow_switch(name, body, uid=req.peer.uid)
         if self.agent is not None:
             # The switch is enforced from the map write on; the event (a SQLite row and a log line,
             # a few hundred us here) follows the answer, in the loop's next round: before the agent
