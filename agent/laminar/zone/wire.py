@@ -339,6 +339,7 @@ _COMMIT_ACK = struct.Struct("!QBH")
 _SUMMARY = struct.Struct("!IIBB")
 _ZONE_SUMMARY = struct.Struct("!HIQQB")
 MAX_PROBE_RELEASES = 8  # unused placements a probe may release (its optional trailing field)
+MAX_SUMMARY_GPUS = 64  # GPUs a summary may list: a node's most (laminar.zone.placement.MAX_GPUS_PER_NODE)
 MAX_HINT_SHAPES = 16  # zone-summary hints: shapes, and nodes named per shape, at most
 MAX_HINTS_PER_SHAPE = 32
 MAX_HOST_SHAPES = 16  # zone-summary host buckets: shapes, and buckets per shape, at most
@@ -458,6 +459,8 @@ def encode_body(body: Body) -> bytes:
     if isinstance(body, Release):
         return _U64.pack(body.placement_id)
     if isinstance(body, Summary):
+        if len(body.gpu_free_centi) > MAX_SUMMARY_GPUS:
+            raise ValueError(f"summary: {len(body.gpu_free_centi)} GPUs, at most {MAX_SUMMARY_GPUS}")
         return (
             _SUMMARY.pack(body.cpus_milli, body.memory_mb, int(body.draining), len(body.gpu_free_centi))
             + bytes(body.gpu_free_centi)
@@ -579,6 +582,8 @@ def decode_body(mtype: MsgType, buf: bytes) -> Body:
         body = Release(*r.take(_U64))
     elif mtype is MsgType.SUMMARY:
         c, m, dr, n = r.take(_SUMMARY)
+        if n > MAX_SUMMARY_GPUS:
+            raise Dropped(DropReason.MALFORMED, f"summary of {n} GPUs > {MAX_SUMMARY_GPUS}")
         gpus = tuple(r.raw(n))
         if any(g > 100 for g in gpus) or dr > 1:
             raise Dropped(DropReason.MALFORMED, "summary gpu share > 100 or draining not 0/1")
