@@ -232,6 +232,7 @@ class Agent:
             "agent": {"node": self.node, "version": __version__, "pid": os.getpid(),
                       "uptime_s": round(time.time() - self.started, 1), "config": self.config.source,
                       "state_dir": str(self.config.state_dir), "socket": str(self.api.path),
+                      "admin_socket": str(self.api.admin_path),
                       "components": self.component_names(),
                       "api_requests": self.api.requests, "api_refused": self.api.refused},
             "kernel": features.detect().as_dict(),

@@ -22,6 +22,16 @@ group may hold at most ``MAX_CONNS_PER_UID`` connections (``MAX_UNPRIVILEGED_CON
 such callers; ``events --follow`` streams count) -- past that a new connection is answered 503
 and closed at once. Root and the control group are never counted or refused.
 
+Nor can a local user crowd root out of the kernel's queue of connections not yet accepted (the
+listen backlog): one who connects in a loop keeps it full however fast the agent answers, and a
+connect() to a full backlog fails (``EAGAIN``) or waits. So the agent listens on a second socket
+beside the first, the *admin socket* (``laminard.admin.sock`` for ``laminard.sock``, see
+:func:`laminar.config.admin_socket_path`), that only root and the control group may open: mode
+0660, group the control group (0600, root's, when that group does not exist at start). laminarctl
+uses it whenever its caller may open it, and the public socket otherwise; both serve every route,
+privileged ones to the same callers. Each accept round takes at most ``ACCEPT_BATCH`` connections
+from a socket, so a flooded public socket cannot hold the loop away from the admin one.
+
 It is also on the kill-switch's hot path (a request to cut traffic is enforced when the handler
 writes the map), so a request costs as few event-loop rounds as it can: the listening socket is
 watched directly, a new connection is read with non-blocking ``recv`` at once (the request is
@@ -50,6 +60,8 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qsl, urlsplit
 
+from .config import admin_socket_path
+
 log = logging.getLogger("laminar.api")
 
 MAX_BODY = 1 << 20
@@ -63,6 +75,12 @@ MAX_UNPRIVILEGED_CONNS = 128
 # After accept() failed for want of descriptors, the listening socket is watched again after this
 # (it stays readable, so watching it at once would spin the loop).
 ACCEPT_BACKOFF_S = 0.1
+# Connections taken from one listening socket per loop round: a user who connects in a loop
+# refills the public backlog as fast as it drains, and must not keep the loop (the admin socket,
+# handlers waiting on I/O, the data plane's timers) from its next round.
+ACCEPT_BATCH = 64
+# The listen backlog of each socket (the kernel caps it at net.core.somaxconn, 4096 by default).
+LISTEN_BACKLOG = 128
 REASONS = {200: "OK", 201: "Created", 400: "Bad Request", 403: "Forbidden", 404: "Not Found",
            405: "Method Not Allowed", 408: "Request Timeout", 409: "Conflict", 413: "Payload Too Large",
            422: "Unprocessable Entity", 500: "Internal Server Error", 503: "Service Unavailable"}
@@ -194,7 +212,8 @@ class Authorizer:
         self.control_group = control_group
         self._gid: tuple[float, int | None] | None = None  # (when looked up, gid or None)
 
-    def _group_gid(self) -> int | None:
+    def group_gid(self) -> int | None:
+        """The control group's gid (looked up at most every GID_TTL_S), None when it does not exist."""
         now = time.monotonic()
         if self._gid is None or now - self._gid[0] >= self.GID_TTL_S:
             try:
@@ -207,7 +226,7 @@ class Authorizer:
     def allowed(self, peer: Peer) -> bool:
         if peer.uid == 0:
             return True
-        gid = self._group_gid()
+        gid = self.group_gid()
         if gid is None:
             return False
         if peer.gid == gid:
@@ -279,9 +298,11 @@ class ApiServer:
 
     def __init__(self, path: str | Path, authorizer: Authorizer) -> None:
         self.path = Path(path)
+        self.admin_path = Path(admin_socket_path(str(self.path)))
         self.auth = authorizer
         self.routes: list[Route] = []
         self._sock: socket.socket | None = None
+        self._admin_sock: socket.socket | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._conns: set[asyncio.Task[Any]] = set()
         self._matches: dict[str, list[tuple[Route, dict[str, str]]]] = {}
@@ -302,60 +323,84 @@ class ApiServer:
         if not self.path.parent.is_dir():
             self.path.parent.mkdir(parents=True, exist_ok=True)
             os.chmod(self.path.parent, 0o755)
-        # A stale socket from a crashed agent would make bind() fail; only remove a socket, and
-        # only one nobody answers on (else a second agent would take over a running one's socket).
-        if self.path.is_socket():
-            if socket_in_use(self.path):
-                raise RuntimeError(f"api: another laminard answers on {self.path}; stop it first, or give this "
+        for path in (self.path, self.admin_path):
+            self._clear_stale(path)
+        # Every local user may connect to the public socket (read-only calls; privileged calls are
+        # checked per request); only root and the control group to the admin socket. The mode is
+        # set before listen(): nobody can connect in between.
+        gid = self.auth.group_gid()
+        self._sock = self._listen(self.path, 0o666, -1)
+        try:
+            self._admin_sock = self._listen(self.admin_path, 0o600 if gid is None else 0o660,
+                                            -1 if gid is None else gid)
+        except OSError:
+            self._sock.close()
+            self._sock = None
+            raise
+        self._loop = asyncio.get_running_loop()
+        for sock in (self._admin_sock, self._sock):
+            self._loop.add_reader(sock.fileno(), self._accept, sock)
+
+    @staticmethod
+    def _clear_stale(path: Path) -> None:
+        """A stale socket from a crashed agent would make bind() fail; only remove a socket, and
+        only one nobody answers on (else a second agent would take over a running one's socket)."""
+        if path.is_socket():
+            if socket_in_use(path):
+                raise RuntimeError(f"api: another laminard answers on {path}; stop it first, or give this "
                                    "agent its own agent.socket")
-            self.path.unlink()
-        elif self.path.exists():
-            raise RuntimeError(f"api: {self.path} exists and is not a socket; remove it or set agent.socket")
+            path.unlink()
+        elif path.exists():
+            raise RuntimeError(f"api: {path} exists and is not a socket; remove it or set agent.socket")
+
+    @staticmethod
+    def _listen(path: Path, mode: int, gid: int) -> socket.socket:
+        """A non-blocking listening socket bound at `path` with `mode` (and group `gid`, -1: unchanged)."""
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
         try:
-            sock.bind(str(self.path))
-            # Every local user may connect (read-only calls); privileged calls are checked per request.
-            os.chmod(self.path, 0o666)
-            sock.listen(128)
+            sock.bind(str(path))
+            os.chown(path, -1, gid)
+            os.chmod(path, mode)
+            sock.listen(LISTEN_BACKLOG)
             sock.setblocking(False)
         except OSError:
             sock.close()
             raise
-        self._sock = sock
-        self._loop = asyncio.get_running_loop()
-        self._loop.add_reader(sock.fileno(), self._accept)
+        return sock
 
     async def stop(self) -> None:
-        if self._sock is not None and self._loop is not None:
-            self._loop.remove_reader(self._sock.fileno())
-            self._sock.close()
-            self._sock = None
+        for sock in (self._sock, self._admin_sock):
+            if sock is not None and self._loop is not None:
+                self._loop.remove_reader(sock.fileno())
+                sock.close()
+        self._sock = self._admin_sock = None
         conns = list(self._conns)
         for task in conns:  # open streams (events --follow) and requests still waiting
             task.cancel()
         if conns:
             await asyncio.gather(*conns, return_exceptions=True)
-        try:
-            if self.path.is_socket():
-                self.path.unlink()
-        except OSError:
-            pass
-
-    def _accept(self) -> None:
-        """Reader callback of the listening socket: serves every pending connection, each started
-        eagerly (see the module docstring)."""
-        assert self._sock is not None and self._loop is not None
-        while True:
+        for path in (self.path, self.admin_path):
             try:
-                conn, _ = self._sock.accept()
+                if path.is_socket():
+                    path.unlink()
+            except OSError:
+                pass
+
+    def _accept(self, lsock: socket.socket) -> None:
+        """Reader callback of a listening socket: serves up to ACCEPT_BATCH pending connections,
+        each started eagerly (see the module docstring); the rest wait for the next loop round."""
+        assert self._loop is not None
+        for _ in range(ACCEPT_BATCH):
+            try:
+                conn, _ = lsock.accept()
             except (BlockingIOError, InterruptedError):
                 return
             except OSError as e:  # EMFILE and the like: say so, keep serving the others later
                 log.warning("api: accept failed: %s", e)
                 # The pending connection keeps the socket readable: watching it again at once
                 # would run this callback on every loop round.
-                self._loop.remove_reader(self._sock.fileno())
-                self._loop.call_later(ACCEPT_BACKOFF_S, self._rewatch)
+                self._loop.remove_reader(lsock.fileno())
+                self._loop.call_later(ACCEPT_BACKOFF_S, self._rewatch, lsock)
                 return
             conn.setblocking(False)
             try:
@@ -378,9 +423,9 @@ class ApiServer:
                 self._conns.add(task)
                 task.add_done_callback(self._conns.discard)
 
-    def _rewatch(self) -> None:
-        if self._sock is not None and self._loop is not None:
-            self._loop.add_reader(self._sock.fileno(), self._accept)
+    def _rewatch(self, lsock: socket.socket) -> None:
+        if self._loop is not None and lsock in (self._sock, self._admin_sock):
+            self._loop.add_reader(lsock.fileno(), self._accept, lsock)
 
     def _admit(self, uid: int) -> bool:
         """Counts a connection of an unprivileged caller; False when it is past its share."""

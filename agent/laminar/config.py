@@ -61,6 +61,15 @@ class Field:
     check: Check | None = None
 
 
+def admin_socket_path(socket_path: str) -> str:
+    """The admin socket beside the control socket `socket_path` (``agent.socket``): the same
+    directory, ``.admin`` before a ``.sock`` suffix (``/run/laminar/laminard.admin.sock``), else
+    ``.admin`` appended. Only root and the control group may open it (laminar.api)."""
+    if socket_path.endswith(".sock"):
+        return socket_path[:-len(".sock")] + ".admin.sock"
+    return socket_path + ".admin"
+
+
 def _range(lo: float, hi: float) -> Check:
     return lambda v: None if lo <= v <= hi else f"out of range {lo}..{hi}"
 

@@ -3,6 +3,11 @@
 Exit codes (shared by every laminarctl command): 0 success, 1 the agent refused or failed the
 request, 2 bad command-line input, 3 the agent is not running / not reachable, 4 permission
 denied (the caller is neither root nor in the control group).
+
+A caller who may open the agent's admin socket (root, the control group; see laminar.api) is
+connected there, where another local user's flood of connections cannot queue in front of it;
+everyone else goes to the public socket. A connect() waits for room in the socket's queue of
+connections (up to the request's timeout) instead of failing at once when it is full.
 """
 
 from __future__ import annotations
@@ -11,8 +16,11 @@ import http.client
 import json
 import os
 import socket
+import struct
 from collections.abc import Iterator
 from typing import Any
+
+from laminar.config import admin_socket_path
 
 DEFAULT_SOCKET = "/run/laminar/laminard.sock"
 
@@ -28,16 +36,39 @@ class CtlError(Exception):
         self.code = code
 
 
+def connect_unix(path: str, timeout: float | None) -> socket.socket:
+    """A connected stream socket to `path`, with `timeout` for its I/O. The connect() itself is a
+    blocking one bounded by SO_SNDTIMEO: it waits for room when the listener's queue of connections
+    is full (Python's settimeout would make it non-blocking, and fail at once with EAGAIN), and
+    raises BlockingIOError when there was none within `timeout`."""
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
+    try:
+        if timeout is not None:
+            sec = int(timeout)
+            usec = int((timeout - sec) * 1e6) or (0 if sec else 1)  # 0 s 0 us would mean: no limit
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_SNDTIMEO, struct.pack("ll", sec, usec))
+        s.connect(path)
+        s.settimeout(timeout)
+    except BaseException:
+        s.close()
+        raise
+    return s
+
+
 class _UnixConnection(http.client.HTTPConnection):
     def __init__(self, path: str, timeout: float | None) -> None:
         super().__init__("laminar", timeout=timeout)
         self._path = path
 
     def connect(self) -> None:
-        s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        s.settimeout(self.timeout)
-        s.connect(self._path)
-        self.sock = s
+        admin = admin_socket_path(self._path)
+        if os.access(admin, os.W_OK):  # root or the control group: never behind the public queue
+            try:
+                self.sock = connect_unix(admin, self.timeout)
+                return
+            except (FileNotFoundError, ConnectionRefusedError, PermissionError):
+                pass  # gone, or an agent without one: the public socket
+        self.sock = connect_unix(self._path, self.timeout)
 
 
 class Client:
@@ -56,6 +87,11 @@ class Client:
             raise CtlError(f"laminard is not running: {self.path} refuses connections", EXIT_NO_AGENT) from None
         except PermissionError:
             raise CtlError(f"cannot open {self.path}: permission denied", EXIT_DENIED) from None
+        except BlockingIOError:
+            raise CtlError(f"laminard's control socket {self.path} did not take the connection within "
+                           f"{timeout or 0:g} s: its queue of connections stayed full (another local user may be "
+                           "flooding it; root and the control group are served on the admin socket "
+                           f"{admin_socket_path(self.path)})", EXIT_NO_AGENT) from None
         return conn
 
     def request(self, method: str, path: str, body: Any = None, timeout: float | None = None) -> Any:

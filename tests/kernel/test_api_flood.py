@@ -15,17 +15,22 @@ The agent is started the way systemd starts it: soft RLIMIT_NOFILE 1024.
 
 from __future__ import annotations
 
+import contextlib
 import errno
+import grp
 import os
 import resource
+import signal
 import socket
+import stat
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 from agentproc import NOBODY, AgentProc, api_json
+from userrig import User, local_user
 
 pytestmark = pytest.mark.kernel
 
@@ -139,3 +144,104 @@ def test_a_request_that_never_completes_is_dropped(agent: AgentProc) -> None:
     finally:
         s.close()
     assert raw.split()[1] == b"408", raw
+
+
+def _connect_loop(user: User, sock: Path) -> int:
+    """Forks a child that, as `user`, connects to `sock` and hangs up in a loop until killed."""
+    pid = os.fork()
+    if pid == 0:
+        try:
+            os.setgroups(list(user.groups))
+            os.setgid(user.gid)
+            os.setuid(user.uid)
+            while True:
+                s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+                s.setblocking(False)
+                with contextlib.suppress(OSError):
+                    s.connect(str(sock))
+                s.close()
+        finally:
+            os._exit(0)
+    return pid
+
+
+def _as_user(user: User, fn: Callable[[], str]) -> str:
+    """What `fn` returns (a line of text), run in a forked child that dropped to `user`'s uid,
+    primary gid and groups."""
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        out = "child failed"
+        try:
+            os.close(r)
+            os.setgroups(list(user.groups))
+            os.setgid(user.gid)
+            os.setuid(user.uid)
+            try:
+                out = fn()
+            except Exception as e:
+                out = f"{type(e).__name__}: {e}"
+        finally:
+            os.write(w, out.encode()[:4000])
+            os._exit(0)
+    os.close(w)
+    with os.fdopen(r) as f:
+        out = f.read()
+    os.waitpid(pid, 0)
+    return out
+
+
+def test_a_user_connecting_in_a_loop_does_not_crowd_root_or_the_control_group_out(veth_pair: Any,
+                                                                                   tmp_path: Path) -> None:
+    """One local user connects and hangs up in a loop (six processes): the public socket's queue of
+    connections not yet accepted stays full however fast the agent answers. root's and a control
+    group member's laminarctl used to fail at once ("internal error: BlockingIOError") whenever they
+    met the full queue; now they are served on the admin socket, which the flooder cannot open, and
+    another unprivileged user waits for room instead of failing."""
+    from laminarctl.client import Client
+
+    with local_user("flood") as flooder, local_user("ops", extra_group=True) as member:
+        group = grp.getgrgid(member.groups[1]).gr_name
+        a = AgentProc(tmp_path, veth_pair.ifname_a, veth_pair.a)
+        a.config_path.write_text(a.config_path.read_text().replace(
+            'log_level = "debug"\n', f'log_level = "debug"\ncontrol_group = "{group}"\n'))
+        kids: list[int] = []
+        try:
+            a.start()
+            admin = Path(a.json("status")["agent"]["admin_socket"])
+            st = admin.stat()
+            assert (stat.S_IMODE(st.st_mode), st.st_uid, st.st_gid) == (0o660, 0, member.groups[1])
+            kids = [_connect_loop(flooder, a.sock) for _ in range(6)]
+            full = 0
+            for _ in range(400):  # the flood does fill the public queue (else this test shows nothing)
+                s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+                s.setblocking(False)
+                try:
+                    s.connect(str(a.sock))
+                except BlockingIOError:
+                    full += 1
+                finally:
+                    s.close()
+                if full >= 3:
+                    break
+                time.sleep(0.005)
+            assert full >= 3, "the flood never filled the public socket's queue"
+            # The flooder cannot reach the admin socket.
+            assert "PermissionError" in _as_user(flooder, lambda: repr(socket.socket(socket.AF_UNIX).connect(str(admin))))
+            failed = [r.stderr for r in (a.ctl("status", check=False) for _ in range(20)) if r.returncode != 0]
+            assert not failed, f"root's laminarctl failed {len(failed)} of 20 times during the flood: {failed[:2]}"
+
+            def member_status() -> str:
+                c = Client(str(a.sock))
+                return ",".join(str(c.get("/v1/status")["agent"]["node"]) for _ in range(10))
+
+            out = _as_user(member, member_status)
+            assert out.split(",") == [a.json("status")["agent"]["node"]] * 10, out
+            # Someone else outside the control group waits for room in the public queue and is served.
+            r = a.ctl("status", user=NOBODY, check=False, timeout=120)
+            assert r.returncode == 0, r.stderr
+        finally:
+            for k in kids:
+                os.kill(k, signal.SIGKILL)
+                os.waitpid(k, 0)
+            a.cleanup()
