@@ -314,3 +314,31 @@ def test_a_policy_whose_job_default_exceeds_the_configs_class_cap_is_refused_who
             await r.close()
 
     run(main())
+
+
+def test_a_protected_class_held_at_its_own_class_budget_costs_no_other_job(tmp_path: Path) -> None:
+    """A protected class at its own class budget (config class_budget_mb, held by
+    hold_allocator) read as node pressure 'critical': Airlock suspended every unprotected job
+    and reclaimed them one by one, none of which could free a byte for the held class (its
+    limit is its own, and Airlock never acts on protected jobs)."""
+    async def main() -> None:
+        r = Rig(tmp_path, f"laminar-t-{secrets.token_hex(3)}")
+        try:
+            await r.start(budget_mb=512, class_budget_mb={"long-resident": 64}, hold_allocator=True)
+            assert r.jobs is not None and r.airlock is not None
+            t = await r.jobs.submit(JobSpec(command=hog(20, step=20, delay=0.02), job_class="transient", name="t"))
+            lr = await r.jobs.submit(JobSpec(command=hog(100, step=10, delay=0.02), job_class="long-resident",
+                                             name="lr"))
+            cls_dir = r.airlock.tree.class_memory_dir("long-resident")  # type: ignore[union-attr]
+            assert await until(lambda: "under_oom 1" in (cls_dir / "memory.oom_control").read_text(), 20)
+            await asyncio.sleep(2.0)  # many evaluations (ticks, the class's oom_control eventfd)
+            assert [a for a in r.actions() if a["job"] == t.id] == [], r.actions()
+            tj = r.jobs.get(t.id)
+            assert tj is not None and tj.state == "running" and not tj.cgroup.frozen() and alive(t.pid)
+            held = [e for e in r.seen if e["kind"] == "airlock" and e.get("held_class") == "long-resident"]
+            assert held and "class_budget_mb" in held[0]["message"], [e["message"] for e in r.seen]
+            assert alive(lr.pid)
+        finally:
+            await r.close()
+
+    run(main())

@@ -150,6 +150,7 @@ class Airlock:
         self.loop: asyncio.AbstractEventLoop | None = None
         self._bg: set[asyncio.Task[Any]] = set()
         self._caps: dict[str, int] = {}  # unprotected class -> cap in force (bytes)
+        self._held: set[str] = set()  # protected classes waiting at their own class budget
 
     # -- component life ------------------------------------------------------------------------
     async def start(self, agent: Any) -> None:
@@ -450,22 +451,26 @@ class Airlock:
                 # not a stall, and level-triggered epoll would repeat it every loop round.
                 self._drop_source(fd, tag)
                 continue
-            signalled = True
             if tag.startswith("v1:"):
                 for c in self._closers:
                     if isinstance(c, V1Eventfd) and c.fileno() == fd:
                         c.drain()
+                if "oom_control" in tag and tag.rsplit(":", 1)[-1] in self._protected():
+                    continue  # a protected class at its own class budget: see signals()
+                signalled = True
                 if "oom_control" in tag or "critical" in tag:
                     self.last_critical = now
                 else:
                     self.last_stall = now
             elif tag.startswith("v2events:"):
+                signalled = True
                 os.lseek(fd, 0, os.SEEK_SET)
                 text = os.read(fd, 4096).decode()
                 self.last_stall = now
                 if " oom " in f" {text} " or "oom_kill" in text:
                     self.last_critical = now
             else:  # PSI trigger
+                signalled = True
                 self.last_stall = now
         if not signalled:
             return
@@ -591,18 +596,39 @@ class Airlock:
         assert self.tree is not None
         some, full = read_psi(self.tree.hierarchy.unified / self.tree.root_name / "memory.pressure")
         under_oom = False
+        held: set[str] = set()
         if not self.tree.hierarchy.memory_in_v2:
-            # The root (the budget) or a class parent (its cap): a task waits at a limit.
-            for d in [self._root_memory_dir(), *(self.tree.class_memory_dir(c) for c in self.tree.classes)]:
+            # The root (the budget) or an unprotected class parent (its cap): a task waits at a
+            # limit that acting on jobs can lift. A protected class held at its own class budget
+            # is not: no other job's memory is under that limit and its own are never acted on.
+            prot = self._protected()
+            for name, d in [("", self._root_memory_dir()),
+                            *((c, self.tree.class_memory_dir(c)) for c in self.tree.classes)]:
                 try:
                     if "under_oom 1" in (d / "memory.oom_control").read_text():
-                        under_oom = True
-                        break
+                        if name in prot:
+                            held.add(name)
+                        else:
+                            under_oom = True
                 except OSError:
                     pass
+        self._note_held(held)
         return ladder.Signals(usage=self.usage(), psi_some=some, psi_full=full, under_oom=under_oom,
                               critical_event=now - self.last_critical < STALL_HOLD_S,
                               stall_event=now - self.last_stall < STALL_HOLD_S)
+
+    def _protected(self) -> set[str]:
+        return set(self.policy["protected"]) if self.policy is not None else set()
+
+    def _note_held(self, held: set[str]) -> None:
+        """Says once per hold which protected classes wait at their own class budget."""
+        for c in sorted(held - self._held):
+            mb = self.class_budget_mb.get(c)
+            self._emit(f"airlock: protected class {c} waits at its own memory limit (class_budget_mb "
+                       f"{mb if mb else '?'} MiB): Airlock never acts on protected jobs and no other job's memory "
+                       f"counts under that limit, so nothing is suspended or reclaimed for it; raise "
+                       f"[airlock] class_budget_mb.{c} or stop one of its jobs", held_class=c, class_budget_mb=mb)
+        self._held = held
 
     def views(self, now: float) -> list[ladder.JobView]:
         out = []
