@@ -57,7 +57,10 @@ replicas (:mod:`laminar.migrate.reclaim`).
 
 The sender re-hashes every chunk it reads (in a thread, ahead of the socket) and checks the
 files against the job's own manifest first, so a checkpoint corrupted on the source disk is
-refused there, not shipped.
+refused there, not shipped. A checkpoint the job saves again meanwhile (jobkit replaces the
+directory) is told apart from a corrupt one by its files' identities (inode, size, mtime,
+ctime): the sender builds its manifest again and sends the new one, at most
+MAX_SOURCE_CHANGES times (:func:`send_checkpoint`).
 
 Shaping: the sender calls a :class:`FlowHook` with the connection's 5-tuple, the bytes to send
 and the deadline, so the node's shaper can put the flow in its class and the kill-switch can
@@ -92,7 +95,7 @@ import sys
 import time
 from collections.abc import Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, NoReturn, Protocol
 
@@ -118,6 +121,7 @@ _COPY_BLOCK = 4 << 20  # what a commit reads at a time from the partial file
 PERSIST_EVERY = 8  # chunks between fdatasync + have.log appends
 _HASH_THREADS = max(1, min(4, (os.cpu_count() or 2) - 1))  # threads hashing chunks beside the one hashing files: a core is left to the event loop
 MAX_NEED_ROUNDS = 5  # re-send rounds before a transfer is declared failed
+MAX_SOURCE_CHANGES = 5  # manifests built again because the checkpoint changed under the sender, before it gives up
 HANDSHAKE_TIMEOUT_S = 10.0
 IO_TIMEOUT_S = 60.0
 INCOMING_STALE_S = 24 * 3600.0  # a partial transfer untouched this long is abandoned (its sender never came back)
@@ -134,6 +138,13 @@ class TransferError(Exception):
     def __init__(self, msg: str, fatal: bool = False) -> None:
         super().__init__(msg)
         self.fatal = fatal
+
+
+class SourceChangedError(TransferError):
+    """The checkpoint changed under the sender (a job re-saved the same step: jobkit replaces
+    its directory with new files): the manifest no longer describes what is on disk. Not
+    fatal: :func:`send_checkpoint` builds the manifest again and sends what is there now, at
+    most MAX_SOURCE_CHANGES times."""
 
 
 class RecordError(TransferError):
@@ -199,6 +210,9 @@ class Manifest:
     chunk_size: int
     files: tuple[tuple[str, int, str], ...]  # (name, size, sha256)
     chunks: tuple[str, ...]
+    # the sender's side only, never on the wire: what the files were when the manifest was
+    # built (:func:`_source_state`), so a change under the sender is seen (empty: unknown)
+    source: tuple[Any, ...] = field(default=(), compare=False, repr=False)
 
     @functools.cached_property
     def total_bytes(self) -> int:
@@ -277,14 +291,26 @@ class _Source:
         self.m = m
         self.fds: list[int] = []
         self.spans: list[tuple[int, int, int]] = []  # (fd, offset in the concatenation, size)
+        self.idents: list[tuple[int, ...] | None] = [None] * len(m.files)  # each file as the manifest saw it
+        if m.source:
+            seen = dict(m.source[1])
+            self.idents = [seen.get(name) for name, _, _ in m.files]
         off = 0
         try:
-            for name, size, _ in m.files:
-                fd = os.open(root / name, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW)
+            for j, (name, size, _) in enumerate(m.files):
+                try:
+                    fd = os.open(root / name, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW)
+                except FileNotFoundError:
+                    if m.source:  # gone since the manifest: mid re-save, or removed
+                        raise SourceChangedError(f"transfer: {root}/{name} is gone since its manifest was built") from None
+                    raise
                 self.fds.append(fd)
                 self.spans.append((fd, off, size))
                 off += size
-        except OSError:
+                if self.idents[j] is not None and _ident(os.fstat(fd)) != self.idents[j]:
+                    raise SourceChangedError(f"transfer: {root}/{name} is another file than when its manifest was "
+                                             "built (the job saved this checkpoint again)")
+        except (OSError, TransferError):
             self.close()
             raise
         self.depth = max(1, min(8, PREFETCH_BYTES // max(1, m.chunk_size)))
@@ -322,6 +348,10 @@ class _Source:
         view = memoryview(buf)[:n]
         if _pread_spans(self.spans, i * self.m.chunk_size, view) != n \
                 or hashlib.sha256(view).hexdigest() != self.m.chunks[i]:
+            for fd, ident in zip(self.fds, self.idents, strict=False):
+                if ident is not None and _ident(os.fstat(fd)) != ident:  # written since: a change, not rot
+                    raise SourceChangedError(f"transfer: chunk {i} of {self.m.ckpt_id} changed on the source disk "
+                                             "since its manifest was built (a file was written since)")
             raise TransferError(f"transfer: refusing to send chunk {i} of {self.m.ckpt_id}: it changed on the source "
                                 "disk", fatal=True)
         return view
@@ -352,9 +382,31 @@ class _Source:
             ahead.clear()
 
 
+def _ident(st: os.stat_result) -> tuple[int, ...]:
+    """What tells one version of a file from another: a re-save makes new files (inode), a
+    write in place moves mtime and ctime."""
+    return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+
+
+def _source_state(p: Path) -> tuple[Any, ...]:
+    """The checkpoint directory ``p`` as it is now: its own identity and each file's (name,
+    :func:`_ident`), sidecars left out; equal before and after a read means the read saw one
+    version of every file. Raises OSError (gone: mid re-save, or removed) and
+    SourceChangedError (replaced while listed)."""
+    d0 = _ident(os.lstat(p))
+    names = sorted(x.name for x in p.iterdir() if x.name not in jobkit.SIDECARS)
+    files = tuple((n, _ident(os.lstat(p / n))) for n in names)
+    if _ident(os.lstat(p)) != d0:
+        raise SourceChangedError(f"transfer: {p} was replaced while it was listed")
+    return d0, files
+
+
 def build_manifest(ckpt_dir: str | os.PathLike[str], job_id: str, chunk_size: int = DEFAULT_CHUNK) -> Manifest:
     """The transfer manifest of a jobkit checkpoint directory. Checks the files against the
-    job's own MANIFEST.json first (raises TransferError: a corrupt source is never shipped)."""
+    job's own MANIFEST.json first (raises TransferError: a corrupt source is never shipped).
+    Raises SourceChangedError when the checkpoint changed while it was read (a job that saved
+    the same step again: its file hashes and its chunks' would describe two versions); the
+    manifest remembers the files it describes (``source``), so the sender sees a change after."""
     p = Path(ckpt_dir)
     try:
         jobkit.read_manifest(p)  # a directory that is not a checkpoint fails before any hashing
@@ -362,8 +414,27 @@ def build_manifest(ckpt_dir: str | os.PathLike[str], job_id: str, chunk_size: in
         raise TransferError(f"transfer: refusing to send {p}: {e}", fatal=True) from None
     if not 0 < chunk_size <= MAX_CHUNK:
         raise TransferError(f"transfer: chunk_size {chunk_size} out of range 1..{MAX_CHUNK}")
-    names = sorted(x.name for x in p.iterdir() if x.name not in jobkit.SIDECARS)
-    sizes = [(n, (p / n).stat().st_size) for n in names]
+    before = _source_state(p)
+
+    def changed() -> bool:
+        try:
+            return _source_state(p) != before
+        except (OSError, SourceChangedError):
+            return True
+
+    try:
+        m = _hash_checkpoint(p, job_id, chunk_size, [(n, ident[2]) for n, ident in before[1]])
+    except (TransferError, OSError) as e:
+        if changed():  # what failed was reading two versions, not a corrupt source
+            raise SourceChangedError(f"transfer: {p} changed while its manifest was built ({e})") from None
+        raise
+    if changed():
+        raise SourceChangedError(f"transfer: {p} changed while its manifest was built (the job saved it again)")
+    return replace(m, source=before)
+
+
+def _hash_checkpoint(p: Path, job_id: str, chunk_size: int, sizes: list[tuple[str, int]]) -> Manifest:
+    """:func:`build_manifest`'s two passes over the files ``sizes`` lists (name, size)."""
     m0 = Manifest(job_id, p.name, chunk_size, tuple((n, z, "") for n, z in sizes), ())
     nchunks = (m0.total_bytes + chunk_size - 1) // chunk_size
     k = max(1, min(_HASH_THREADS, nchunks))
@@ -857,29 +928,69 @@ async def send_checkpoint(
     returns once the destination has verified and committed it. Reconnects after a broken
     connection (up to ``retries`` more attempts, and never past ``deadline_monotonic``),
     sending only the chunks the destination does not hold. Raises TransferError on
-    authentication failure, a corrupt source, or when attempts or time run out."""
-    # hashing a checkpoint of many GB takes seconds: never on the agent's event loop
-    m = manifest if manifest is not None else await asyncio.to_thread(build_manifest, ckpt_dir, job_id, chunk_size)
-    offer = await asyncio.to_thread(_offer, m, key)  # the manifest's JSON (MBs) and digest: not on the loop
+    authentication failure, a corrupt source, or when attempts or time run out.
+
+    A checkpoint that changes under the sender (the job saves the same step again: jobkit
+    replaces the directory) is seen when its manifest is built, or when a connection opens
+    its files (:class:`SourceChangedError`): the manifest is built again and what is there
+    now is sent, from the start (the destination drops a partial of another digest under
+    the same name). After MAX_SOURCE_CHANGES such changes it gives up (TransferError, fatal,
+    naming the count): a job that re-saves faster than its checkpoint can be sent must not
+    keep the sender busy for ever. ``manifest``: built by the caller (it is built again if
+    the checkpoint changed since)."""
     src = Path(ckpt_dir)
+    changes = 0
+
+    async def rebuild(why: TransferError | None) -> Manifest:
+        """A manifest of what ``src`` holds now; ``why``: the change that makes it needed."""
+        nonlocal changes
+        while True:
+            if why is not None:
+                changes += 1
+                if changes >= MAX_SOURCE_CHANGES:
+                    raise TransferError(f"transfer: {job_id}/{src.name}: the checkpoint changed under the sender "
+                                        f"{changes} times (the job saves it again faster than it is sent); giving up. "
+                                        f"Last: {why}", fatal=True)
+                log.info("transfer %s/%s: the checkpoint changed under the sender (%s); building its manifest again",
+                         job_id, src.name, why)
+                await asyncio.sleep(retry_delay_s)
+            try:
+                # hashing a checkpoint of many GB takes seconds: never on the agent's event loop
+                return await asyncio.to_thread(build_manifest, ckpt_dir, job_id, chunk_size)
+            except SourceChangedError as e:
+                why = e
+            except (TransferError, OSError) as e:
+                if why is None:
+                    raise  # the first look: a checkpoint that is not there or not valid
+                why = SourceChangedError(f"{e}")  # mid re-save (the directory renamed away): look again
+
+    m = manifest if manifest is not None else await rebuild(None)
+    offer = await asyncio.to_thread(_offer, m, key)  # the manifest's JSON (MBs) and digest: not on the loop
     t0 = time.monotonic()
     res = SendResult(job_id, m.ckpt_id, m.digest, m.total_bytes, 0, 0, 0, "")
     last: Exception | None = None
-    for attempt in range(retries + 1):
+    attempt = 0
+    while attempt <= retries:
         if deadline_monotonic is not None and time.monotonic() >= deadline_monotonic:
             break
-        res.attempts = attempt + 1
+        res.attempts += 1
         try:
             await _send_once(host, port, src, m, offer, key, zone, node, rate_bps, deadline_monotonic, progress, flow_hook,
                              res, t0)
             return res
+        except SourceChangedError as e:  # not a failed attempt: another checkpoint to send
+            m = await rebuild(e)
+            offer = await asyncio.to_thread(_offer, m, key)
+            res.digest, res.total_bytes = m.digest, m.total_bytes
+            continue
         except TransferError as e:
             if e.fatal:
                 raise
             last = e
         except (TimeoutError, OSError, asyncio.IncompleteReadError, ConnectionError, ValueError) as e:
             last = e
-        log.info("transfer %s/%s: attempt %d failed: %r", job_id, m.ckpt_id, attempt + 1, last)
+        attempt += 1
+        log.info("transfer %s/%s: attempt %d failed: %r", job_id, m.ckpt_id, res.attempts, last)
         await asyncio.sleep(retry_delay_s)
     raise TransferError(f"transfer: {job_id}/{m.ckpt_id} not delivered after {res.attempts} attempts: {last!r}")
 
@@ -895,7 +1006,12 @@ async def _send_once(
     deadline: float | None, progress: Callable[[Progress], None] | None, flow_hook: FlowHook | None,
     res: SendResult, t0: float,
 ) -> None:
-    r, w = await asyncio.wait_for(asyncio.open_connection(host, port), HANDSHAKE_TIMEOUT_S)
+    rd = _Source(src, m)  # opens the files first: SourceChangedError (before any byte is sent) when they changed
+    try:
+        r, w = await asyncio.wait_for(asyncio.open_connection(host, port), HANDSHAKE_TIMEOUT_S)
+    except BaseException:
+        rd.close()
+        raise
     handle = None
     reader_task: asyncio.Task[None] | None = None
     try:
@@ -937,7 +1053,7 @@ async def _send_once(
         reader_task = asyncio.create_task(read_replies())
         pacer = _Pacer(rate_bps)
         sent_now = 0
-        with _Source(src, m) as rd:
+        with rd:
             for _round in range(MAX_NEED_ROUNDS + 1):
                 try:
                     async for i, data in rd.chunks(missing):
@@ -973,6 +1089,7 @@ async def _send_once(
                 log.warning("transfer %s/%s: destination needs %d chunks again", m.job_id, m.ckpt_id, len(missing))
         raise TransferError(f"transfer: {m.job_id}/{m.ckpt_id}: chunks still failing after {MAX_NEED_ROUNDS} rounds")
     finally:
+        rd.close()
         if reader_task is not None:
             reader_task.cancel()
             with contextlib.suppress(BaseException):
