@@ -588,10 +588,17 @@ class _RecordBuffer(asyncio.BufferedProtocol):
         self.paused = bool(getattr(r, "_paused", False))
         self.transport.set_protocol(self)
 
+    PRIVATE = ("_buffer", "_eof", "_paused")  # what is taken over from asyncio.StreamReader (not its API)
+
     @staticmethod
     def usable(r: asyncio.StreamReader, w: asyncio.StreamWriter) -> bool:
+        """Whether this connection can be taken over: a socket transport and a StreamReader
+        with the private state read above (a Python whose StreamReader lost one of them gets
+        the slow path, ``readexactly``, rather than a guess: a reader taken over as not
+        paused when it was would wait for ever)."""
         t = getattr(w, "transport", None)
-        return (isinstance(getattr(r, "_buffer", None), bytearray) and t is not None
+        return (isinstance(getattr(r, "_buffer", None), bytearray) and isinstance(getattr(r, "_eof", None), bool)
+                and isinstance(getattr(r, "_paused", None), bool) and t is not None
                 and hasattr(t, "set_protocol") and not t.is_closing())
 
     def _wake(self) -> None:
@@ -694,6 +701,13 @@ class _Channel:
         self.on_reject = on_reject
         self._out = bytearray(4 + RECORD_MAX + RECORD_TAG)
         self._in = _RecordBuffer(r, w) if _RecordBuffer.usable(r, w) else None
+
+    def path(self) -> str:
+        """How this connection's records are read, for the log: the fast path or the slow."""
+        if self._in is not None:
+            return "fast path (recv_into one buffer)"
+        return (f"slow path (StreamReader.readexactly: this Python's asyncio.StreamReader lacks "
+                f"{'/'.join(_RecordBuffer.PRIVATE)}, or the transport cannot be taken over)")
 
     @classmethod
     def client(cls, r: asyncio.StreamReader, w: asyncio.StreamWriter, key: bytes, nc: bytes, ns: bytes) -> _Channel:
@@ -1023,6 +1037,8 @@ async def _send_once(
             if progress:
                 progress(Progress(m.job_id, m.ckpt_id, m.total_bytes, m.total_bytes, time.monotonic() - t0))
 
+        if res.attempts == 1:
+            log.info("transfer %s/%s to %s:%d: records read by the %s", m.job_id, m.ckpt_id, host, port, ch.path())
         await ch.send_encoded(offer)
         hdr, _ = await _recv(ch)
         if hdr["t"] == "committed":
@@ -1650,6 +1666,7 @@ class Receiver:
     async def _receive_into(self, ch: _Channel, m: Manifest, node: str, key: bytes, ns: bytes, d: Path) -> None:
         inc = await asyncio.to_thread(_Incoming, d, m)  # writes the manifest beside the partial (MBs)
         t0 = time.monotonic()
+        log.info("transfer %s/%s from %s: records read by the %s", m.job_id, m.ckpt_id, node or "?", ch.path())
         try:
             await ch.send({"t": "have", "chunks": sorted(inc.have)})
             while True:
