@@ -18,6 +18,11 @@ Kill-switch semantics (see docs/bpf-maps.md for the bits):
 ``unload()`` (``laminarctl bpf unload``) detaches the programs, deletes the clsact qdisc if
 the agent created it, deletes the shaping tree (the HTB root ``4c4d:`` of ``laminar.net.htb``)
 with the stored transfers, and removes the pins: the interface is as it was before.
+
+An agent started on another uplink than its last run (``net.uplink`` changed) attaches to the new
+one, then restores the old one the same way (filters, the clsact it made, the shaping tree); an
+old uplink it could not restore stays in its record (``previous``) for the next start and for
+``bpf unload``.
 """
 
 from __future__ import annotations
@@ -98,11 +103,19 @@ class NetGuard:
                                            "no agent ran", cgroup_ids=stale)
         created = nl.call(tc.ensure_clsact, self.ifindex)
         record = agent.store.get_meta(META_KEY) or {}
+        # Uplinks of earlier runs not restored yet (net.uplink changed): kept in the record until
+        # they are, so neither a failure here nor a crash before the end forgets them.
+        previous = [p for p in record.get("previous") or [] if p.get("ifname") != self.ifname]
+        made_here = created or any(p.get("clsact_created") for p in record.get("previous") or []
+                                   if p.get("ifname") == self.ifname)
+        if record.get("ifname") and record["ifname"] != self.ifname:
+            previous.append({"ifname": record["ifname"], "clsact_created": bool(record.get("clsact_created"))})
         if record.get("ifname") != self.ifname:
-            record = {"ifname": self.ifname, "clsact_created": created, "pin_root": str(self.pin_root)}
-        elif created:
+            record = {"ifname": self.ifname, "clsact_created": made_here, "pin_root": str(self.pin_root)}
+        elif made_here:
             record["clsact_created"] = True
         record["ingress"] = bool(cfg.net.ingress)
+        record["previous"] = previous
         agent.store.set_meta(META_KEY, record)
         directions = ["egress", "ingress"] if cfg.net.ingress else ["egress"]
         for direction in directions:
@@ -110,9 +123,34 @@ class NetGuard:
             nl.call(tc.attach_bpf, self.ifindex, direction, prog.fd, PROGRAMS[direction])
         if not cfg.net.ingress:
             nl.call(tc.detach_bpf, self.ifindex, "ingress")
+        if previous:  # after the new uplink enforces
+            record["previous"] = [p for p in previous if not self._leave_old_uplink(p)]
+            agent.store.set_meta(META_KEY, record)
         agent.events.emit("agent", f"netguard {'re-adopted pins and ' if self.adopted else ''}attached to "
                                    f"{self.ifname} ({'/'.join(directions)})",
                           ifname=self.ifname, pin_root=str(self.pin_root), adopted=self.adopted)
+
+    def _leave_old_uplink(self, prev: dict[str, Any]) -> bool:
+        """An earlier run was attached to another uplink (``net.uplink`` changed): put that interface
+        back as it was (our filters, the clsact we made, the shaping tree), as ``bpf unload`` would.
+        Returns whether it is done (the interface may be gone: nothing left to do)."""
+        old = str(prev["ifname"])
+        try:
+            idx = nl.call(tc.ifindex_of, old)
+        except (LookupError, OSError):
+            return True  # gone with its interface
+        try:
+            done = nl.call(restore_interface, idx, bool(prev.get("clsact_created")))
+        except OSError as e:
+            log.warning("netguard: cannot restore the old uplink %s (kept for bpf unload and the next start): %s",
+                        old, e)
+            return False
+        log.info("netguard: left the old uplink %s: %s", old, done)
+        self.agent.events.emit("agent", f"netguard: net.uplink changed from {old} to {self.ifname}: {old} restored "
+                                        f"({done['filters_removed']} filters, clsact "
+                                        f"{'removed' if done['clsact_removed'] else 'kept'}, shaping tree "
+                                        f"{'removed' if done['htb_removed'] else 'none'})", ifname=old, **done)
+        return True
 
     async def stop(self) -> None:
         # Pins and filters stay: they keep enforcing while no agent runs.
@@ -386,6 +424,20 @@ class NetGuard:
                 "disarmed": disarmed_jobs}
 
 
+def restore_interface(ifindex: int, clsact_created: bool) -> dict[str, Any]:
+    """Removes from one interface what the agent put there: its ``lm_`` filters on both hooks, the
+    clsact qdisc when the agent created it, and its shaping tree (``htb.remove_tree``: only an HTB
+    root with the agent's handle). Returns what was removed. Netlink: call through ``nl.call``."""
+    done: dict[str, Any] = {"filters_removed": 0, "clsact_removed": False, "htb_removed": False}
+    for direction in ("egress", "ingress"):
+        done["filters_removed"] += tc.detach_bpf(ifindex, direction)
+    if clsact_created:
+        tc.delete_clsact(ifindex)
+        done["clsact_removed"] = True
+    done["htb_removed"] = htb.remove_tree(ifindex)
+    return done
+
+
 def unload(store: Any, ifindex: int | None, pin_root: Path, cgroup_root: str | None = None) -> dict[str, Any]:
     """Detaches netguard, deletes clsact if the agent created it, deletes the shaping tree
     (`htb.remove_tree`: only an HTB root with the agent's handle) and forgets the stored
@@ -402,12 +454,14 @@ def unload(store: Any, ifindex: int | None, pin_root: Path, cgroup_root: str | N
         except (LookupError, OSError):
             ifindex = None
     if ifindex is not None:
-        for direction in ("egress", "ingress"):
-            done["filters_removed"] += nl.call(tc.detach_bpf, ifindex, direction)
-        if record.get("clsact_created"):
-            nl.call(tc.delete_clsact, ifindex)
-            done["clsact_removed"] = True
-        done["htb_removed"] = nl.call(htb.remove_tree, ifindex)
+        done.update(nl.call(restore_interface, ifindex, bool(record.get("clsact_created"))))
+    for prev in record.get("previous") or []:  # uplinks of earlier runs, not restored yet
+        try:
+            idx = nl.call(tc.ifindex_of, prev["ifname"])
+        except (LookupError, OSError):
+            continue
+        more = nl.call(restore_interface, idx, bool(prev.get("clsact_created")))
+        done["filters_removed"] += more["filters_removed"]
     # Without their tree the stored transfers would come back at the next start, leaves and all.
     # Nor would the records of flow cuts whose lm_flows entries go with the pins.
     for table in ("net_transfers", "net_flow_cuts"):
