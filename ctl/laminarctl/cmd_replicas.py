@@ -10,7 +10,9 @@ A node keeps under ``<state_dir>/xfer/checkpoints/<key>/`` the checkpoints a bud
 and the copies it holds as a storage holder, with a row per key (state ``guarding``,
 ``waiting``, ``released``, ``handed-over``, ``placed``, ``passed``, ``resumed``, ``failed``,
 ``archived``; ``unclaimed``: a directory no guard named). The GC removes what the job no longer
-needs; ``GC`` says what it will remove and when, or why it keeps the key. ``failed`` and
+needs; ``GC`` says what it will remove and when, or why it keeps the key. ``guarding
+(unconfirmed)``: the job's source, alive in the zone, did not answer when last asked whether it
+still needs the guard (``WHY`` says since when it was last heard from); kept, never removed for it. ``failed`` and
 ``archived`` keys are left to an operator: drop them once nobody needs them.
 
 A drop goes through the GC's safe path (the key's directory is renamed into the replica trash,
@@ -95,7 +97,8 @@ def _row(r: dict[str, Any], now: float) -> dict[str, Any]:
     if r.get("attempts"):  # a waiting guard: how often it looked, and why it found no room
         n = int(r["attempts"])
         why += f"; looked {n} time{'' if n == 1 else 's'}" + (f", last: {r['last_error']}" if r.get("last_error") else "")
-    return {**r, "key": r.get("key") or "(another user's)", "from": src, "held": held, "gc_why": why,
+    state = str(r.get("state")) + (" (unconfirmed)" if r.get("unconfirmed") else "")
+    return {**r, "key": r.get("key") or "(another user's)", "state": state, "from": src, "held": held, "gc_why": why,
             "size": human_bytes(r.get("bytes")), "age": human_age(r.get("age_s")),
             "used_by": ", ".join(r.get("used_by") or []) or "-", "gc_plan": plan}
 

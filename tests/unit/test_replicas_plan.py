@@ -4,7 +4,7 @@ gets (``redact_replica``)."""
 
 from __future__ import annotations
 
-from laminar.migrate.reclaim import REPLICA_LATE_S, redact_replica, replica_gc_plan
+from laminar.migrate.reclaim import REPLICA_LATE_S, guard_confirmation, redact_replica, replica_gc_plan
 
 NOW = 1_800_000_000.0
 
@@ -57,3 +57,28 @@ def test_a_redacted_replica_keeps_sizes_and_plan_but_not_whose_job() -> None:
     x = redact_replica(r)
     assert x["redacted"] is True and x["bytes"] == 123 and x["state"] == "guarding"
     assert "job-1" not in str(x) and "1000" not in str(x)
+
+
+def test_a_guard_is_unconfirmed_once_its_source_left_a_question_unanswered_and_says_since_when() -> None:
+    def conf(**kw: object) -> dict[str, object]:
+        args: dict[str, object] = {"state": "guarding", "take_over": False, "updated": NOW - 900, "answered": None,
+                                   "unanswered": 0, "now": NOW, **kw}
+        return guard_confirmation(**args)  # type: ignore[arg-type]
+
+    # never asked, or answered: confirmed; heard from at the guard message or the answer, the later
+    assert conf() == {"unconfirmed": False, "heard_at": NOW - 900, "silent_s": 900.0}
+    assert conf(answered=NOW - 60) == {"unconfirmed": False, "heard_at": NOW - 60, "silent_s": 60.0}
+    # one question unanswered is enough; silent since it last answered (or sent the guard)
+    assert conf(answered=NOW - 700, unanswered=1) == {"unconfirmed": True, "heard_at": NOW - 700, "silent_s": 700.0}
+    assert conf(unanswered=3) == {"unconfirmed": True, "heard_at": NOW - 900, "silent_s": 900.0}
+    # a new guard message after the last answer counts as hearing from the source
+    assert conf(updated=NOW - 5, answered=NOW - 700, unanswered=1)["silent_s"] == 5.0
+    # guards that are never asked are never unconfirmed
+    for kw in ({"take_over": True}, {"state": "waiting"}, {"state": "released"}, {"state": None}):
+        assert conf(unanswered=2, **kw) == {"unconfirmed": False, "heard_at": None, "silent_s": None}
+
+
+def test_the_needs_error_is_not_shown_to_a_caller_who_may_not_see_whose_job_it_is() -> None:
+    r = redact_replica({"key": "n2-job-1", "state": "guarding", "unconfirmed": True, "needs_error": "refused",
+                        "source_silent_s": 70.0})
+    assert r["needs_error"] is None and r["unconfirmed"] is True and r["source_silent_s"] == 70.0

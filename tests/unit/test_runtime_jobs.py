@@ -147,3 +147,24 @@ def test_policy_admission_keys_are_validated_by_name() -> None:
                          "job_default_mb.transient 200 exceeds class_caps_mb.transient 100")]:
         with pytest.raises(policy.PolicyError, match=re.escape(needle)):
             policy.validate(doc)
+
+
+def test_a_gpu_list_longer_than_any_node_is_refused_at_once_and_named_briefly() -> None:
+    """gpus = [0, 1, ..., 149999] (fits the API's 1 MiB body) used to pass validation and reach
+    gpus.allocate, whose duplicate check was quadratic: minutes of the agent's event loop for one
+    local user's request (root's kill-switch unanswered meanwhile), then a 1 MB error message."""
+    many = list(range(150_000))
+    with pytest.raises(JobError) as e:
+        JobSpec.from_dict({"command": ["true"], "gpus": many})
+    msg = str(e.value)
+    assert "gpus" in msg and str(gpus.GPUS_MAX) in msg and len(msg) < 300, msg[:400]
+    with pytest.raises(JobError, match=f"at most {gpus.GPUS_MAX}"):
+        parse_gpus(gpus.GPUS_MAX + 1)
+    with pytest.raises(JobError, match="0..1023"):
+        parse_gpus([0, gpus.GPUS_MAX])
+    assert parse_gpus(list(range(gpus.GPUS_MAX))) == list(range(gpus.GPUS_MAX))
+    # the pure choice stays linear for what is let through, and names a repeat
+    inv = gpus.discover(list(range(gpus.GPUS_MAX)))
+    assert gpus.allocate(inv, [], list(range(gpus.GPUS_MAX))) == list(range(gpus.GPUS_MAX))
+    with pytest.raises(ValueError, match=r"indices \[3\] listed more than once"):
+        gpus.allocate(inv, [], [3, 1, 3])

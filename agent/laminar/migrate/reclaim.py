@@ -127,7 +127,13 @@ above) only when the source says the job ended (exited, stopped, failed), moved 
 another node holds its guard, and only if the row did not change while the question was on its
 way. Everything else keeps it: the job runs and the asker is or may be its buddy, a prestage or
 move is in flight, the source has no record of the job, no answer, a source that is silent or
-dead (the take-over's), a ``waiting`` or take-over guard (``counts.replica_guards_ended``). A
+dead (the take-over's), a ``waiting`` or take-over guard (``counts.replica_guards_ended``).
+A guard whose live source did not answer the last question (a one-way partition, an endpoint
+that does not answer, an older agent) is *unconfirmed* (:func:`guard_confirmation`; the
+``migrate_guard_checks`` table): kept, never removed for it, shown so by the operator's view
+with how long since its source last spoke (its guard message or an answer), and recorded once
+as a ``guard-unconfirmed`` event (``guard-confirmed`` when it answers again; a new guard
+message confirms it too). A
 key directory no row names (its guard never came) goes once nothing in it changed for
 ``replica_orphan_s`` and no local job uses it. A done row whose directory is gone is deleted after
 ``replica_row_keep_s`` (``counts.replica_rows_pruned``).
@@ -357,6 +363,14 @@ REPLICAS_SCHEMA = [
         why TEXT NOT NULL,
         last_error TEXT NOT NULL,
         updated REAL NOT NULL)""",
+    # A guard's questions to its source (control op ``needs``): when it was last asked, when it
+    # last answered (wall clock), how many questions in a row went unanswered and the last error.
+    """CREATE TABLE IF NOT EXISTS migrate_guard_checks (
+        key TEXT PRIMARY KEY,
+        asked REAL NOT NULL,
+        answered REAL,
+        unanswered INTEGER NOT NULL,
+        last_error TEXT NOT NULL)""",
 ]
 
 
@@ -529,7 +543,7 @@ def replica_gc_plan(*, state: str | None, held: dict[str, float], in_use: Collec
 
 # What a caller that is neither root, the control group nor the job's owner does not see of a
 # replica (GET /v1/migrate/replicas): which job it is, whose, and what it runs as here.
-REPLICA_PRIVATE_FIELDS = ("key", "src_job", "owner_uid", "job_id", "used_by", "last_error")
+REPLICA_PRIVATE_FIELDS = ("key", "src_job", "owner_uid", "job_id", "used_by", "last_error", "needs_error")
 
 
 def redact_replica(item: dict[str, Any]) -> dict[str, Any]:
@@ -566,6 +580,27 @@ def guard_needed(state: str | None, buddy: int | None, asker: int, busy: bool) -
     if buddy is None:
         return True, f"the job is {state} and its source does not know its buddy (it may be this guard)"
     return True, f"the job is {state} and this node is its buddy"
+
+
+def guard_confirmation(*, state: str | None, take_over: bool, updated: float | None, answered: float | None,
+                       unanswered: int, now: float) -> dict[str, Any]:
+    """Whether a guard held here is *unconfirmed*: its source, alive in the zone, did not answer
+    the last ``needs`` question about it (a one-way partition, an endpoint that does not answer,
+    an older agent that does not know the op). Policy; the module docs, *Replicas held here*.
+    Only a ``guarding`` guard that is not a take-over is ever asked, so only it can be
+    unconfirmed; nothing is removed for it (it may be the job's only copy).
+
+    ``updated``: when its row last changed (for a ``guarding`` row: the source's last ``guard``
+    message); ``answered``: when the source last answered ``needs`` (None: never);
+    ``unanswered``: the questions in a row it did not answer (an answer, or a new ``guard``
+    message, sets it back to 0). Returns ``{"unconfirmed": bool, "heard_at": when the source last
+    spoke about the guard (its guard message or an answer) or None, "silent_s": seconds since
+    then or None}``; both None for a guard that is never asked."""
+    if state != "guarding" or take_over:
+        return {"unconfirmed": False, "heard_at": None, "silent_s": None}
+    heard = max((t for t in (updated, answered) if t is not None), default=None)
+    return {"unconfirmed": unanswered > 0, "heard_at": heard,
+            "silent_s": None if heard is None else max(0.0, now - heard)}
 
 
 def _snapshot_file(src: Path, dst: Path) -> None:
@@ -2773,6 +2808,8 @@ class ReclaimComponent:
                                f"({','.join('?' * len(REPLICA_DONE_STATES))})", (key, cutoff, *REPLICA_DONE_STATES))
                     tx.execute("DELETE FROM migrate_retry WHERE key=? AND NOT EXISTS "
                                "(SELECT 1 FROM migrate_replicas WHERE key=?)", (key, key))
+                    tx.execute("DELETE FROM migrate_guard_checks WHERE key=? AND NOT EXISTS "
+                               "(SELECT 1 FROM migrate_replicas WHERE key=?)", (key, key))
             self.counts["replica_rows_pruned"] = self.counts.get("replica_rows_pruned", 0) + len(gone)
         return gone
 
@@ -2781,7 +2818,8 @@ class ReclaimComponent:
         ``replica_guard_check_s`` whose source is a live zone member not declared dead is checked
         with the source (control op ``needs``, at most once per that interval per key;
         :meth:`_check_guard`). A guard of a dead source is the take-over's; one whose source is
-        silent or unreachable stays (it may be the job's only way back)."""
+        silent or unreachable stays (it may be the job's only way back); one whose live source
+        does not answer is unconfirmed (:meth:`_guard_unanswered`) and stays too."""
         check = float(self.s["replica_guard_check_s"])
         z = self.zone
         if check <= 0 or z is None:
@@ -2824,8 +2862,13 @@ class ReclaimComponent:
                 ans = await self._control(src, "needs", {"key": key})
             except (MigrateError, TransferError, OSError, TimeoutError) as e:
                 log.info("migrate: asking node %d whether the guard of %s is needed: %s (kept)", src, key, e)
+                self._guard_unanswered(key, src, asked, str(e) or type(e).__name__)
                 return False
-            if not isinstance(ans, dict) or ans.get("key") != key or ans.get("needed") is not False:
+            if not isinstance(ans, dict) or ans.get("key") != key or not isinstance(ans.get("needed"), bool):
+                self._guard_unanswered(key, src, asked, f"an answer that is not one: {str(ans)[:200]}")
+                return False
+            self._guard_answered(key, src, asked)
+            if ans["needed"]:
                 return False
             if key in self._taking:
                 return False
@@ -2845,6 +2888,40 @@ class ReclaimComponent:
             return True
         finally:
             self._guard_checking.discard(key)
+
+    def _guard_unanswered(self, key: str, src: int, asked: float, error: str) -> None:
+        """The ``needs`` question about ``key`` asked at ``asked`` got no answer from ``src``: one
+        more unanswered question (migrate_guard_checks). The first of a row makes the guard
+        unconfirmed (:func:`guard_confirmation`): recorded once as a ``migrate`` event, phase
+        ``guard-unconfirmed``. The guard and its replicas stay."""
+        db = self.agent.store.db
+        prev = db.execute("SELECT answered, unanswered FROM migrate_guard_checks WHERE key=?", (key,)).fetchone()
+        with self.agent.store.tx() as tx:
+            tx.execute("INSERT INTO migrate_guard_checks VALUES (?, ?, NULL, 1, ?) ON CONFLICT(key) DO UPDATE SET "
+                       "asked=excluded.asked, unanswered=unanswered + 1, last_error=excluded.last_error",
+                       (key, asked, error))
+        if prev is not None and int(prev["unanswered"]) > 0:
+            return
+        row = db.execute("SELECT updated FROM migrate_replicas WHERE key=?", (key,)).fetchone()
+        heard = max((float(t) for t in (None if row is None else row["updated"],
+                                        None if prev is None else prev["answered"]) if t is not None), default=None)
+        since = "" if heard is None else f"; last heard from it {max(0.0, time.time() - heard):.0f} s ago"
+        self.counts["replica_guards_unconfirmed"] = self.counts.get("replica_guards_unconfirmed", 0) + 1
+        self._emit(f"{key}: node {src} did not answer whether it still needs this guard ({error}){since}; kept, "
+                   "shown as unconfirmed by `laminarctl replicas` until it answers", key=key, src_node=src,
+                   phase="guard-unconfirmed", error=error, heard_at=heard)
+
+    def _guard_answered(self, key: str, src: int, at: float) -> None:
+        """``src`` answered the ``needs`` question about ``key`` asked at ``at``: the guard is
+        confirmed again (a ``guard-confirmed`` event when it was unconfirmed)."""
+        db = self.agent.store.db
+        prev = db.execute("SELECT unanswered FROM migrate_guard_checks WHERE key=?", (key,)).fetchone()
+        with self.agent.store.tx() as tx:
+            tx.execute("INSERT INTO migrate_guard_checks VALUES (?, ?, ?, 0, '') ON CONFLICT(key) DO UPDATE SET "
+                       "asked=excluded.asked, answered=excluded.answered, unanswered=0, last_error=''", (key, at, at))
+        if prev is not None and int(prev["unanswered"]) > 0:
+            self._emit(f"{key}: node {src} answers again about this guard (after {int(prev['unanswered'])} "
+                       "unanswered questions)", key=key, src_node=src, phase="guard-confirmed")
 
     def _answer_needs(self, node: str, key: str) -> dict[str, Any]:
         """This node's answer to ``node`` holding a guard of ``key`` (control op ``needs``):
@@ -2939,13 +3016,18 @@ class ReclaimComponent:
         change of the row or the directory), ``used_by`` (local jobs resumed from it),
         ``receiving``, ``gc`` (``removes``/``keeps``), ``gc_at``, ``gc_removes``, ``gc_why``,
         ``row_gc_at``, ``droppable`` (what ``drop`` without ``force`` would say: None when it
-        would drop)."""
+        would drop), ``unconfirmed`` (a guard whose live source did not answer the last ``needs``
+        question: :func:`guard_confirmation`), ``source_heard_at``/``source_silent_s`` (when the
+        source last spoke about a ``guarding`` guard: its guard message or an answer),
+        ``needs_unanswered`` (questions in a row without an answer) and ``needs_error`` (the
+        last one's, while unconfirmed)."""
         assert self.root is not None
         now = time.time() if now is None else now
         db = self.agent.store.db
         rows = {str(r["key"]): r for r in db.execute(
             "SELECT r.key, r.src_node, r.src_job, r.request, r.ckpt, r.state, r.job_id, r.updated, t.attempts, "
-            "t.next_at, t.last_error FROM migrate_replicas r LEFT JOIN migrate_retry t ON t.key = r.key").fetchall()}
+            "t.next_at, t.last_error, g.answered, g.unanswered, g.last_error AS needs_error FROM migrate_replicas r "
+            "LEFT JOIN migrate_retry t ON t.key = r.key LEFT JOIN migrate_guard_checks g ON g.key = r.key").fetchall()}
         held: dict[str, dict[str, Any]] = scan["keys"]
         next_round = now + max(0.0, self._replica_gc_next - time.monotonic())
         out = []
@@ -2975,6 +3057,16 @@ class ReclaimComponent:
                 next_look=float(row["next_at"]) if row is not None and row["next_at"] is not None else None,
                 orphan_s=float(self.s["replica_orphan_s"]), guard_check_s=float(self.s["replica_guard_check_s"]),
                 row_keep_s=float(self.s["replica_row_keep_s"]))
+            conf = guard_confirmation(
+                state=state, take_over=bool(req.get("take_over")), updated=updated,
+                answered=None if row is None or row["answered"] is None else float(row["answered"]),
+                unanswered=0 if row is None or row["unanswered"] is None else int(row["unanswered"]), now=now)
+            why = plan["why"]
+            if conf["unconfirmed"] and row is not None:
+                n = int(row["unanswered"])
+                why = (f"UNCONFIRMED: node {src_node} has not answered whether the job still needs this guard "
+                       f"({n} question{'' if n == 1 else 's'} in a row; last: {row['needs_error']}); last heard from it "
+                       f"{conf['silent_s']:.0f} s ago; kept (it may be the job's only copy). " + why)
             changed = max(t for t in (updated, newest, -math.inf) if t is not None)
             item: dict[str, Any] = {
                 "key": key, "state": state or "unclaimed", "src_node": src_node, "src_job": src_job,
@@ -2991,7 +3083,11 @@ class ReclaimComponent:
                 "age_s": None if math.isinf(changed) else max(0.0, now - changed),
                 "used_by": sorted({j for js in users.values() for j in js}), "receiving": self._receiving(key),
                 "gc": "removes" if plan["removes"] else "keeps", "gc_at": plan["at"], "gc_removes": plan["removes"],
-                "gc_why": plan["why"], "row_gc_at": plan["row_at"]}
+                "gc_why": why, "row_gc_at": plan["row_at"], "unconfirmed": conf["unconfirmed"],
+                "source_heard_at": conf["heard_at"], "source_silent_s": conf["silent_s"],
+                "needs_unanswered": int(row["unanswered"] or 0) if row is not None and conf["heard_at"] is not None
+                else None,
+                "needs_error": (row["needs_error"] or None) if row is not None and conf["unconfirmed"] else None}
             item["droppable"] = self._drop_refusal(key, state, src_node, src_job, users, force=False)
             out.append(item)
         out.sort(key=lambda r: (r["updated"] if r["updated"] is not None else math.inf, r["key"]))
@@ -2999,7 +3095,8 @@ class ReclaimComponent:
                   "checkpoints": sum(len(r["checkpoints"]) for r in out),
                   "root": str(self.root / "checkpoints"), "free_bytes": scan["free_bytes"], "fs_bytes": scan["fs_bytes"],
                   "free_for_offers": None, "trash_bytes": scan["trash_bytes"],
-                  "by_state": {s: sum(1 for r in out if r["state"] == s) for s in sorted({r["state"] for r in out})}}
+                  "by_state": {s: sum(1 for r in out if r["state"] == s) for s in sorted({r["state"] for r in out})},
+                  "unconfirmed": sum(1 for r in out if r["unconfirmed"])}
         if self.receiver is not None:
             with contextlib.suppress(OSError):
                 totals["free_for_offers"] = self.receiver.free_for_offers()
@@ -3081,6 +3178,7 @@ class ReclaimComponent:
         with self.agent.store.tx() as db:
             db.execute("DELETE FROM migrate_replicas WHERE key=?", (key,))
             db.execute("DELETE FROM migrate_retry WHERE key=?", (key,))
+            db.execute("DELETE FROM migrate_guard_checks WHERE key=?", (key,))
         self._guard_asked.pop(key, None)
         self.counts["replica_dropped"] = self.counts.get("replica_dropped", 0) + 1
         forced = force and state in REPLICA_GUARD_STATES
@@ -3145,6 +3243,8 @@ class ReclaimComponent:
                            "updated=excluded.updated",
                            (key, int(body["src_node"]), str(body["src_job"]), json.dumps(body["request"]),
                             str(body["ckpt"]), time.time()))
+                # the source just spoke about this guard: its earlier silence no longer counts
+                db.execute("UPDATE migrate_guard_checks SET unanswered=0 WHERE key=?", (key,))
             try:  # the guard names a newer checkpoint: the older ones go (when it is held here)
                 self.replica_gc(key, newest=str(body["ckpt"]))
             except Exception:

@@ -22,9 +22,14 @@ Verified on a real H100 (docs/gpus.md; tests/gpu).
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
+
+# The most GPUs a node has, and one past the highest index: a job asking for more, or a longer
+# list of indices, is a mistake (and a list of 100,000 indices must not cost the agent time).
+GPUS_MAX = 1024
 
 
 @dataclass(frozen=True)
@@ -147,7 +152,7 @@ def allocate(inventory: GpuInventory, used: Iterable[int], want: int | list[int]
             where = f"{inventory.source}: {len(have)} GPUs" if have else inventory.note or "no GPUs found"
             raise ValueError(f"gpus: asked for {want}, only {len(free)} free ({where}; busy: {sorted(busy) or 'none'})")
         return free[:want]
-    twice = sorted({i for i in want if want.count(i) > 1})
+    twice = sorted(i for i, n in Counter(want).items() if n > 1)
     if twice:
         raise ValueError(f"gpus: indices {twice} listed more than once (a GPU goes to a job once)")
     missing = [i for i in want if i not in have]

@@ -325,29 +325,44 @@ def _has_nul(*texts: Any) -> bool:
     return any(isinstance(t, str) and "\0" in t for t in texts)
 
 
+def _brief(value: Any, limit: int = 80) -> str:
+    """repr(value), cut to `limit` characters (an error names a huge value without quoting it whole)."""
+    text = repr(value)
+    return text if len(text) <= limit else f"{text[:limit]}... ({len(value) if hasattr(value, '__len__') else '?'} items)"
+
+
 def parse_gpus(value: Any) -> int | list[int]:
-    """2 -> 2 (a count); '0,1' or [0, 1] -> [0, 1] (indices); None/'' -> 0."""
+    """2 -> 2 (a count); '0,1' or [0, 1] -> [0, 1] (indices); None/'' -> 0. A count above
+    ``gpus.GPUS_MAX``, or an index list longer than that or with an index past it, is refused."""
+    top = gpumod.GPUS_MAX
     if value is None or value == "":
         return 0
     if isinstance(value, bool):
         raise JobError(f"gpus {value!r}: expected a count (2) or indices (0,1)")
     if isinstance(value, int):
-        if value < 0:
-            raise JobError(f"gpus {value}: a count must be >= 0")
+        if not 0 <= value <= top:
+            raise JobError(f"gpus {value}: a count must be 0 to at most {top}")
         return value
     if isinstance(value, str):
         s = value.strip()
         if s.isdigit() and "," not in s:
-            return int(s)
+            return parse_gpus(int(s))
+        if s.count(",") >= top:
+            raise JobError(f"gpus {_brief(value)}: at most {top} indices")
         try:
             value = [int(x) for x in s.split(",")]
         except ValueError:
-            raise JobError(f"gpus {value!r}: expected a count (2) or indices (0,1)") from None
-    if isinstance(value, list) and all(isinstance(i, int) and not isinstance(i, bool) and i >= 0 for i in value):
+            raise JobError(f"gpus {_brief(value)}: expected a count (2) or indices (0,1)") from None
+    if isinstance(value, list) and all(isinstance(i, int) and not isinstance(i, bool) for i in value):
+        if len(value) > top:
+            raise JobError(f"gpus {_brief(value)}: at most {top} indices (no node has more GPUs)")
+        bad = [i for i in value if not 0 <= i < top]
+        if bad:
+            raise JobError(f"gpus {_brief(value)}: indices must be 0..{top - 1}, not {_brief(bad)}")
         if len(set(value)) != len(value):
-            raise JobError(f"gpus {value}: indices must be unique")
+            raise JobError(f"gpus {_brief(value)}: indices must be unique")
         return list(value)
-    raise JobError(f"gpus {value!r}: expected a count (2) or indices (0,1)")
+    raise JobError(f"gpus {_brief(value)}: expected a count (2) or indices (0,1)")
 
 
 @dataclass
