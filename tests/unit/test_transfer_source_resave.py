@@ -8,7 +8,7 @@ chunks' SHA-256), then opens the files again to send them. A re-save between tho
 a manifest that described two versions, or files that no longer matched it: the transfer
 failed (at the destination's final check: "the manifest is inconsistent", or at the source:
 "it changed on the source disk"), fatal. Now the sender sees the change (each file's inode,
-size, mtime, ctime; the directory's), builds the manifest again and sends what is there now, at
+size, mtime; the directory's), builds the manifest again and sends what is there now, at
 most MAX_SOURCE_CHANGES times; the destination still commits only what matches one manifest.
 
 The re-save is placed between the passes by wrapping jobkit.verify_checkpoint (the first pass)
@@ -143,9 +143,8 @@ def test_a_job_that_resaves_all_the_time_makes_the_sender_give_up_clearly_not_lo
 
 def test_a_corrupt_source_is_still_refused_at_once_not_taken_for_a_resave(tmp_path: Path) -> None:
     """A byte changed under the manifest with no sign of a write (bit rot). The flip here is a
-    write, so the test puts the file's old mtime back and gives the manifest the file's new
-    ctime (which no one can set back): to the sender it is the same file, changed. Fatal at
-    once, as before, not retried as a re-save."""
+    write, so the test puts the file's old mtime back: to the sender it is the same file,
+    changed. Fatal at once, as before, not retried as a re-save."""
     ck = make_ckpt(tmp_path, 300 * KB)
     m = T.build_manifest(ck, "j1", 64 * KB)
     f = ck / "state.bin"
@@ -156,12 +155,49 @@ def test_a_corrupt_source_is_still_refused_at_once_not_taken_for_a_resave(tmp_pa
         fh.seek(100 * KB)
         fh.write(bytes([b[0] ^ 0xFF]))
     os.utime(f, ns=(st.st_atime_ns, st.st_mtime_ns))
-    m = T.Manifest(m.job_id, m.ckpt_id, m.chunk_size, m.files, m.chunks,
-                   source=(m.source[0], tuple((n, (*i[:4], os.stat(ck / n).st_ctime_ns)) for n, i in m.source[1])))
 
     async def body(rcv: Receiver, port: int) -> None:
         with pytest.raises(TransferError, match="changed on the source disk") as e:
             await send_checkpoint("127.0.0.1", port, ck, "j1", KEY, chunk_size=64 * KB, retries=3, manifest=m)
         assert e.value.fatal and not isinstance(e.value, T.SourceChangedError)
+
+    asyncio.run(with_receiver(tmp_path / "rcv", body))
+
+
+def test_a_hard_link_made_or_removed_is_not_a_change(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The agent snapshots a checkpoint by hard-linking the job's files, and jobkit removes old
+    checkpoints: either moves the files' ctime, not their bytes. The sender's manifest stands."""
+    ck = make_ckpt(tmp_path, 300 * KB)
+    m = T.build_manifest(ck, "j1", 64 * KB)
+    os.link(ck / "state.bin", tmp_path / "another-snapshot.bin")
+    os.unlink(tmp_path / "another-snapshot.bin")
+    builds: list[Path] = []
+    real = T.build_manifest
+
+    def counted(p: Any, *a: Any) -> T.Manifest:
+        builds.append(Path(p))
+        return real(p, *a)
+
+    monkeypatch.setattr(T, "build_manifest", counted)
+
+    async def body(rcv: Receiver, port: int) -> T.SendResult:
+        return await send_checkpoint("127.0.0.1", port, ck, "j1", KEY, chunk_size=64 * KB, retries=0, manifest=m)
+
+    res = asyncio.run(with_receiver(tmp_path / "rcv", body))
+    assert builds == [] and res.digest == m.digest and verified_checkpoint(res.remote_path)
+
+
+def test_a_resave_that_left_a_corrupt_checkpoint_is_refused_at_once_not_retried_as_a_change(tmp_path: Path) -> None:
+    ck = make_ckpt(tmp_path, 300 * KB)
+    m = T.build_manifest(ck, "j1", 64 * KB)
+    resave(ck, os.urandom(300 * KB))
+    with open(ck / "state.bin", "r+b") as fh:  # the new one does not match its own MANIFEST.json
+        fh.write(b"\x00" * 16)
+
+    async def body(rcv: Receiver, port: int) -> None:
+        with pytest.raises(TransferError) as e:
+            await send_checkpoint("127.0.0.1", port, ck, "j1", KEY, chunk_size=64 * KB, retries=3, manifest=m,
+                                  retry_delay_s=0.01)
+        assert e.value.fatal and "refusing to send" in str(e.value) and "changed under the sender" not in str(e.value)
 
     asyncio.run(with_receiver(tmp_path / "rcv", body))

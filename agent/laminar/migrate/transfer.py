@@ -58,8 +58,8 @@ replicas (:mod:`laminar.migrate.reclaim`).
 The sender re-hashes every chunk it reads (in a thread, ahead of the socket) and checks the
 files against the job's own manifest first, so a checkpoint corrupted on the source disk is
 refused there, not shipped. A checkpoint the job saves again meanwhile (jobkit replaces the
-directory) is told apart from a corrupt one by its files' identities (inode, size, mtime,
-ctime): the sender builds its manifest again and sends the new one, at most
+directory) is told apart from a corrupt one by its files' identities (inode, size, mtime):
+the sender builds its manifest again and sends the new one, at most
 MAX_SOURCE_CHANGES times (:func:`send_checkpoint`).
 
 Shaping: the sender calls a :class:`FlowHook` with the connection's 5-tuple, the bytes to send
@@ -384,8 +384,9 @@ class _Source:
 
 def _ident(st: os.stat_result) -> tuple[int, ...]:
     """What tells one version of a file from another: a re-save makes new files (inode), a
-    write in place moves mtime and ctime."""
-    return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+    write in place moves mtime. Not ctime: a hard link made or removed moves it (the agent's
+    snapshots link the job's files, and jobkit removes old checkpoints), the bytes stay."""
+    return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
 
 
 def _source_state(p: Path) -> tuple[Any, ...]:
@@ -974,9 +975,9 @@ async def send_checkpoint(
             except SourceChangedError as e:
                 why = e
             except (TransferError, OSError) as e:
-                if why is None:
-                    raise  # the first look: a checkpoint that is not there or not valid
-                why = SourceChangedError(f"{e}")  # mid re-save (the directory renamed away): look again
+                if why is None or (isinstance(e, TransferError) and (src / jobkit.MANIFEST).is_file()):
+                    raise  # the first look, or a checkpoint that is there and not valid: no re-save explains it
+                why = SourceChangedError(f"{e}")  # gone mid re-save (the directory renamed away): look again
 
     m = manifest if manifest is not None else await rebuild(None)
     offer = await asyncio.to_thread(_offer, m, key)  # the manifest's JSON (MBs) and digest: not on the loop
