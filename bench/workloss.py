@@ -360,6 +360,11 @@ def simulate(policy: str, pool: list[Node], start: float, end: float, p: Params,
         if policy == "laminar" and degraded:  # NOT BUILT (--shrink): grow back when the guard finds a free node
             grow_at, _, _ = guard_look(pool, order, sched, t, {n.name for n in nodes})
             d = min(d, grow_at)
+        if policy == "redundancy" and degraded:
+            # a degraded pipeline takes a free node as soon as one is up (Bamboo and Oobleck
+            # add joining nodes); until then a second departure exceeds the redundancy
+            grow_at, _ = acquire(pool, t, 1, {n.name for n in nodes}, order)
+            d = min(d, grow_at)
         # -- run from t to d with periodic checkpoints --------------------------------------
         prestaged = True
         if policy == "laminar":
@@ -395,6 +400,12 @@ def simulate(policy: str, pool: list[Node], start: float, end: float, p: Params,
         res.useful_node_s += span * rate
         if d >= end:
             break
+        if d == grow_at and policy == "redundancy":  # the free node joins: re-plan the pipeline
+            _, extra = acquire(pool, d, 1, {n.name for n in nodes}, order)
+            res.add_down("reconfig", p.reconfig_s)
+            nodes, degraded = nodes + extra[:1], 0
+            t = d + p.reconfig_s
+            continue
         if d == grow_at:  # NOT BUILT (--shrink): checkpoint, ship the shard, restart on all nodes
             _, extra = acquire(pool, d, degraded, {n.name for n in nodes}, order)
             res.add_down("final_ckpt_write", write_s)
