@@ -20,6 +20,7 @@ from jobrig import until
 from laminar.airlock.cgroups import CgroupTree, detect, read_memory_limit
 from laminar.airlock.manager import Airlock
 from laminar.airlock.policy import PolicyError
+from laminar.airlock.signals import read_psi
 from laminar.events import EventBus
 from laminar.runtime.jobs import JobManager, JobSpec
 from laminar.store import Store
@@ -338,6 +339,46 @@ def test_a_protected_class_held_at_its_own_class_budget_costs_no_other_job(tmp_p
             held = [e for e in r.seen if e["kind"] == "airlock" and e.get("held_class") == "long-resident"]
             assert held and "class_budget_mb" in held[0]["message"], [e["message"] for e in r.seen]
             assert alive(lr.pid)
+        finally:
+            await r.close()
+
+    run(main())
+
+
+# A job whose working set (a 160 MiB file it reads through mmap, like a data loader) is larger
+# than its own --memory: it stalls on refaults all the time, and only itself.
+THRASH = r"""
+import mmap, os, sys
+size = 160 << 20
+with open(sys.argv[1], "wb") as f:
+    for _ in range(size >> 20):
+        f.write(b"\1" * (1 << 20))
+m = mmap.mmap(os.open(sys.argv[1], os.O_RDONLY), size, prot=mmap.PROT_READ)
+s = 0
+while True:
+    for i in range(0, size, 4096):
+        s += m[i]
+"""
+
+
+def test_a_job_thrashing_at_its_own_memory_limit_costs_no_other_job(tmp_path: Path) -> None:
+    """A job stalling at its own --memory (PSI of its cgroup, hence of the jobs' subtree and the
+    node) read as node pressure, 'critical' by the subtree's PSI full: with the budget 94 %
+    free, Airlock suspended and reclaimed the other jobs ("reclaimed to free 0 MiB") and then
+    the thrashing job itself. Suspending or reclaiming other jobs lifts no job's own limit."""
+    async def main() -> None:
+        r = Rig(tmp_path, f"laminar-t-{secrets.token_hex(3)}")
+        try:
+            await r.start(budget_mb=1024)
+            assert r.jobs is not None and r.airlock is not None
+            b = await r.jobs.submit(JobSpec(command=["sleep", "600"], job_class="transient", priority=1, name="b"))
+            a = await r.jobs.submit(JobSpec(command=[sys.executable, "-c", THRASH, str(tmp_path / "data")],
+                                            job_class="transient", priority=90, memory_mb=64, name="a"))
+            assert await until(lambda: read_psi(a.cgroup.memory_pressure_path)[0] >= 0.05, 30), \
+                a.cgroup.memory_pressure_path.read_text()
+            await asyncio.sleep(3.0)  # PSI triggers of the job, the subtree and the node; many evaluations
+            assert r.actions() == [], [e["message"] for e in r.actions()]
+            assert r.jobs.get(b.id).state == "running" and r.jobs.get(a.id).state == "running"  # type: ignore[union-attr]
         finally:
             await r.close()
 

@@ -34,7 +34,8 @@ def test_levels() -> None:
     assert ladder.pressure_level(Signals(usage=0.5), P) == NONE
     assert ladder.pressure_level(Signals(usage=0.8), P) == STEADY
     assert ladder.pressure_level(Signals(usage=0.86), P) == HIGH
-    assert ladder.pressure_level(Signals(usage=0.5, stall_event=True), P) == HIGH
+    assert ladder.pressure_level(Signals(usage=0.8, stall_event=True), P) == HIGH
+    assert ladder.pressure_level(Signals(usage=0.8, psi_full=0.5), P) == CRITICAL
     assert ladder.pressure_level(Signals(usage=0.96), P) == CRITICAL
     assert ladder.pressure_level(Signals(usage=0.1, under_oom=True), P) == CRITICAL
 
@@ -129,3 +130,14 @@ def test_a_readdressed_job_leaves_its_rung_once_calm_and_is_not_reclaimed_in_a_l
     # what follows once the manager dropped the rung: the next episode suspends the lowest value
     later = decide(3600.0, HIGH, [jv("t", prio=90), jv("low", prio=1)], P, memo, usage=0.9)
     assert [(a.kind, a.job_id) for a in later] == [("suspend", "low")]
+
+
+def test_stalls_count_only_while_the_budget_or_the_machine_is_short() -> None:
+    """A stall with the budget and the machine mostly free is a job at its own limit (or a
+    cgroup that is not a job): no other job's suspension or reclaim can lift it."""
+    for sig in (Signals(usage=0.06, stall_event=True, node_usage=0.2), Signals(usage=0.06, psi_some=0.5, psi_full=0.5),
+                Signals(usage=0.06, critical_event=True, node_usage=0.3)):
+        assert ladder.pressure_level(sig, P) == NONE, sig
+    assert ladder.pressure_level(Signals(usage=0.06, stall_event=True, node_usage=0.9), P) == HIGH
+    assert ladder.pressure_level(Signals(usage=None, psi_full=0.5, node_usage=0.8), P) == CRITICAL
+    assert ladder.pressure_level(Signals(usage=0.06, under_oom=True), P) == CRITICAL  # waits at the budget or a cap

@@ -6,7 +6,8 @@ Airlock's manager (mechanism) and the simulator (``laminar.sim``) call the same 
   job's lifecycle class weight, its priority and the work at risk since its last checkpoint,
   and falls with the memory it would free. The lowest value yields first.
 - `pressure_level(signals, policy)`: NONE (recoverable), STEADY (the hysteresis band), HIGH or
-  CRITICAL, from the budget's usage, PSI and discrete kernel signals.
+  CRITICAL, from the budget's usage, PSI and discrete kernel signals (stalls only while the
+  budget or the machine is at least ``recover_below`` full: below, they are a job's own limit).
 - `decide(now, level, jobs, policy, memo)`: the next actions. Under HIGH the lowest-value
   running job is suspended (freeze: stops its growth, frees nothing); under CRITICAL the
   allocator already waits at the limit, so when no running candidate is left the lowest-value
@@ -72,6 +73,7 @@ class Signals:
     under_oom: bool = False          # a task waits at a limit (v1 oom_control) or memory.events oom
     critical_event: bool = False     # v1 pressure_level critical, OOM victim event
     stall_event: bool = False        # PSI trigger fired / reclaim began recently (edge signals)
+    node_usage: float | None = None  # share of the machine's memory not available (MemAvailable)
 
 
 @dataclass(frozen=True)
@@ -115,12 +117,20 @@ def rank(jobs: Iterable[JobView], policy: dict[str, Any]) -> list[tuple[float, J
 
 
 def pressure_level(s: Signals, policy: dict[str, Any]) -> int:
-    """NONE, STEADY, HIGH or CRITICAL for these signals under `policy`."""
+    """NONE, STEADY, HIGH or CRITICAL for these signals under `policy`.
+
+    Stalls (PSI, reclaim and OOM events) count only while the budget or the machine is at
+    least ``recover_below`` full: below that a stall comes from a limit of its own (a job at
+    its ``--memory``, e.g. a data loader whose file is larger than its limit, or a cgroup that
+    is not a job), which no suspension or reclaim of other jobs can lift. A task waiting at the
+    budget or a class cap (``under_oom``) and the budget's usage count at any level."""
     t = policy["thresholds"]
     usage = s.usage if s.usage is not None else 0.0
-    if s.under_oom or s.critical_event or usage >= t["usage.critical"] or s.psi_full >= t["memory.full"] > 0:
+    short = max(usage, s.node_usage or 0.0) >= policy["hysteresis"]["recover_below"]
+    if s.under_oom or usage >= t["usage.critical"] or (
+            short and (s.critical_event or s.psi_full >= t["memory.full"] > 0)):
         return CRITICAL
-    if s.stall_event or usage >= t["usage.high"] or s.psi_some >= t["memory.some"] > 0:
+    if usage >= t["usage.high"] or (short and (s.stall_event or s.psi_some >= t["memory.some"] > 0)):
         return HIGH
     if usage < policy["hysteresis"]["recover_below"]:
         return NONE

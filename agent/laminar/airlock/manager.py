@@ -613,9 +613,11 @@ class Airlock:
                 except OSError:
                     pass
         self._note_held(held)
+        avail, total = mem_available()
         return ladder.Signals(usage=self.usage(), psi_some=some, psi_full=full, under_oom=under_oom,
                               critical_event=now - self.last_critical < STALL_HOLD_S,
-                              stall_event=now - self.last_stall < STALL_HOLD_S)
+                              stall_event=now - self.last_stall < STALL_HOLD_S,
+                              node_usage=1 - avail / total if total else None)
 
     def _protected(self) -> set[str]:
         return set(self.policy["protected"]) if self.policy is not None else set()
