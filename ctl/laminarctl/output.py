@@ -9,6 +9,7 @@ from typing import Any
 
 from rich.console import Console
 from rich.table import Table
+from rich.text import Text
 
 # Piped output (scripts, logs, less) is not squeezed to 80 columns: tables keep whole values.
 _console = Console(highlight=False, soft_wrap=True, width=None if sys.stdout.isatty() else 200)
@@ -26,7 +27,9 @@ def table(rows: Sequence[dict[str, Any]], columns: Sequence[str] | Sequence[tupl
     for _, header in cols:
         t.add_column(header)
     for row in rows:
-        t.add_row(*[fmt(row.get(k)) for k, _ in cols])
+        # Text, not str: a value is shown as it is, never read as rich markup ("[/]" in a job's
+        # stop reason would otherwise fail the whole table, "[red]x[/red]" would show as "x").
+        t.add_row(*[Text(fmt(row.get(k))) for k, _ in cols])
     _console.print(t)
 
 

@@ -4,12 +4,18 @@ users, and what `laminarctl jobs` shows them.
 - A spec with a list of 120,000 GPU indices (it fits the API's 1 MiB body) is refused at once,
   naming the limit; it used to reach a quadratic duplicate check that held the agent's event
   loop for minutes.
+- `laminarctl jobs` shows a job's stop reason as it is: a user who stopped their own job with
+  the reason ``[/]`` used to make the table fail for everyone (root included) with
+  "internal error: MarkupError", and ``[red]x[/red]`` was shown as ``x``.
 """
 
 from __future__ import annotations
 
+import json
+from typing import Any
+
 import pytest
-from agentproc import AgentProc
+from agentproc import AgentProc, wait_until
 from userrig import call_as, local_user
 
 pytestmark = pytest.mark.kernel
@@ -25,3 +31,26 @@ def test_a_huge_gpu_list_is_refused_at_once_and_the_agent_keeps_answering(agent:
         assert status == 200 and out["agent"]["pid"] > 0
     assert not agent.json("jobs"), "a refused spec left a job behind"
 
+
+def test_jobs_table_shows_a_stop_reason_as_written(agent: AgentProc) -> None:
+    reasons = ["[/]", "[red]mine[/red]"]
+    with local_user("mark") as user:
+        ids = []
+        for reason in reasons:
+            status, job, raw = call_as(user, agent.sock, "POST", "/v1/jobs", {"command": ["/bin/sleep", "1000"]})
+            assert status == 201, raw
+            status, out, raw = call_as(user, agent.sock, "POST", f"/v1/jobs/{job['id']}/stop",
+                                       {"reason": reason, "grace_s": 0})
+            assert status == 201 and out["reason"] == reason, raw
+            ids.append(job["id"])
+
+        def ended() -> Any:
+            return all(j["state"] == "stopped" for j in agent.json("jobs") if j["id"] in ids)
+
+        wait_until(ended, 30, "both jobs stopped", agent.log)
+        r = agent.ctl("jobs", check=False)
+        assert r.returncode == 0, r.stderr
+        for reason in reasons:
+            assert reason in r.stdout, r.stdout
+        by_json = {j["id"]: j["reason"] for j in json.loads(agent.ctl("-o", "json", "jobs").stdout)}
+        assert [by_json[i] for i in ids] == reasons
