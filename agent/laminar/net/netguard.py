@@ -93,8 +93,15 @@ class NetGuard:
         self.pin_root.mkdir(parents=True, exist_ok=True, mode=0o700)
         path = Path(cfg.bpf.object_dir, "netguard.bpf.o") if cfg.bpf.object_dir else object_path("netguard")
         self.obj = BpfObject.open(path, pin_root=str(self.pin_root))
-        self.obj.load()
+        aside = self._set_aside_mismatched_pins(self.obj)
+        try:
+            self.obj.load()
+        except BaseException:
+            self._put_back(aside)
+            raise
         self.maps = {name: self.obj.map(name) for name in abi.NETGUARD_MAPS}
+        if aside:
+            self._carry_over(aside)
         self._init_global()
         if self.adopted:
             stale = self.prune_jobs(cfg.cgroups.root)
@@ -129,6 +136,73 @@ class NetGuard:
         agent.events.emit("agent", f"netguard {'re-adopted pins and ' if self.adopted else ''}attached to "
                                    f"{self.ifname} ({'/'.join(directions)})",
                           ifname=self.ifname, pin_root=str(self.pin_root), adopted=self.adopted)
+
+    def _set_aside_mismatched_pins(self, obj: BpfObject) -> dict[str, BpfMap]:
+        """Pins under pin_root whose definition (type, key and value size, max_entries) is not the
+        one this agent's object declares, left by an agent of another build (an upgrade that resized
+        a map): libbpf refuses to reuse them and the load, so every start failed. Each is unpinned
+        and returned open, to be carried over into the new map after the load (``_carry_over``) or
+        pinned back if the load fails (``_put_back``)."""
+        aside: dict[str, BpfMap] = {}
+        for name, want in obj.maps().items():
+            pin = self.pin_root / name
+            if not pin.exists():
+                continue
+            try:
+                old = BpfMap.from_pin(pin)
+            except OSError:
+                continue  # not a map: libbpf says so at load
+            if (old.map_type, old.key_size, old.value_size, old.max_entries) == \
+                    (want.map_type, want.key_size, want.value_size, want.max_entries):
+                old.close()
+                continue
+            log.warning("netguard: pinned %s is %s key %d value %d max_entries %d; this agent's is %s key %d value %d "
+                        "max_entries %d: replaced, its entries carried over", pin, old.type_name, old.key_size,
+                        old.value_size, old.max_entries, want.type_name, want.key_size, want.value_size,
+                        want.max_entries)
+            BpfMap.unpin(pin)
+            aside[name] = old
+        return aside
+
+    def _put_back(self, aside: dict[str, BpfMap]) -> None:
+        for name, old in aside.items():
+            try:
+                old.pin(self.pin_root / name)
+            except OSError as e:
+                log.error("netguard: cannot pin %s back at %s: %s", name, self.pin_root / name, e)
+            old.close()
+
+    def _carry_over(self, aside: dict[str, BpfMap]) -> None:
+        """Copies the entries of the replaced maps into the new ones, where the entries mean the
+        same (same key and value size, and the old maps' lm_global.abi_version is this agent's):
+        a job or flow that was cut stays cut. Counters (per-CPU) start again. Emits one event."""
+        abi_ok = True
+        g_old = aside.get("lm_global")
+        raw = (g_old.lookup(abi.u32(0)) if g_old is not None else self.maps["lm_global"].lookup(abi.u32(0)))
+        if raw and len(raw) >= 8:
+            version = int.from_bytes(raw[4:8], "little")
+            abi_ok = version in (0, abi.LM_ABI_VERSION)
+        report: list[str] = []
+        for name, old in aside.items():
+            new = self.maps.get(name)
+            copied = dropped = 0
+            if new is not None and abi_ok and not old.percpu and not new.percpu \
+                    and (old.key_size, old.value_size) == (new.key_size, new.value_size):
+                with self.lock:
+                    for k, v in old.items():
+                        try:
+                            new.update(k, v)
+                            copied += 1
+                        except OSError:  # a smaller map, or an array index beyond it
+                            dropped += 1
+            else:
+                dropped = sum(1 for _ in old.keys()) if not old.percpu else 0
+            old.close()
+            report.append(f"{name} ({copied} entries carried over{f', {dropped} dropped' if dropped else ''})")
+        self.agent.events.emit("agent", "netguard: pinned maps of another build replaced: " + ", ".join(report)
+                               + ("" if abi_ok else f"; not carried over: the old maps' ABI version is not "
+                                                    f"{abi.LM_ABI_VERSION}"), pin_root=str(self.pin_root),
+                               replaced=sorted(aside))
 
     def _leave_old_uplink(self, prev: dict[str, Any]) -> bool:
         """An earlier run was attached to another uplink (``net.uplink`` changed): put that interface

@@ -1,0 +1,73 @@
+"""An agent finds pinned maps of another build (a resized map): it starts, and cuts stay cut.
+
+The maps are pinned so a restarted agent re-adopts them. libbpf reuses a pin only when its type,
+key and value sizes and max_entries are the object's; an upgrade that resized a map (say
+LM_MAX_FLOWS or LM_MAX_JOBS) met the old build's pins and every start failed at load
+("couldn't reuse pinned map ... parameter mismatch"), over and over under systemd, until someone
+ran ``bpf unload --force``, which also removes every cut, the shaping tree and the stored transfers.
+netguard now replaces such a pin with the new map and carries its entries over (same key and value
+layout, same ABI version), so a job or flow that was cut before the upgrade is still cut after.
+
+The old build's maps are made for real: ``bpftool map create`` with the old sizes, the entries the
+first agent wrote copied in, pinned in place of the first agent's pins while no agent runs.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import pytest
+from agentproc import AgentProc
+
+from laminar.bpf.libbpf import BpfMap
+
+pytestmark = pytest.mark.kernel
+
+FLOW = "udp:10.78.1.1:40500->10.78.1.2:9500"
+OLD_SIZES = {"lm_jobs": ("8", "16", "2048"), "lm_flows": ("16", "40", "512")}  # key, value, max_entries
+
+
+def make_old_build_map(pin_root: Path, name: str) -> None:
+    """Replaces the pin ``name`` with a map of the old build's size holding the same entries."""
+    key, value, entries = OLD_SIZES[name]
+    tmp = pin_root / f"{name}-oldbuild"
+    subprocess.run(["bpftool", "map", "create", str(tmp), "type", "hash", "key", key, "value", value,
+                    "entries", entries, "name", name], check=True)
+    cur, old = BpfMap.from_pin(pin_root / name), BpfMap.from_pin(tmp)
+    try:
+        for k, v in cur.items():
+            old.update(k, v)
+        BpfMap.unpin(pin_root / name)
+        old.pin(pin_root / name)
+        BpfMap.unpin(tmp)
+    finally:
+        cur.close()
+        old.close()
+
+
+def max_entries(pin: Path) -> int:
+    return int(json.loads(subprocess.run(["bpftool", "-j", "map", "show", "pinned", str(pin)], check=True,
+                                         capture_output=True, text=True).stdout)["max_entries"])
+
+
+def test_pins_of_another_build_are_replaced_and_cuts_carried_over(agent: AgentProc) -> None:
+    a = agent
+    job = a.json("submit", "--name", "lm-t-pinup", "--", "sleep", "600")
+    a.json("killswitch", "on", "--job", job["id"])
+    a.json("net", "kill-flow", FLOW, "on")
+    a.stop()
+    for name in OLD_SIZES:
+        make_old_build_map(a.pin_root, name)
+    assert max_entries(a.pin_root / "lm_flows") == 512
+    a.start()
+    assert max_entries(a.pin_root / "lm_flows") == 1024 and max_entries(a.pin_root / "lm_jobs") == 4096
+    rows: list[dict[str, Any]] = a.json("killswitch", "status")["jobs"]
+    mine = [r for r in rows if r["job"] == job["id"]]
+    assert mine and mine[0]["kill"], rows
+    flows = {f["flow"]: f for f in a.json("net", "flows")}
+    assert flows.get(FLOW, {}).get("kill"), flows
+    events = a.ctl("events").stdout
+    assert "pinned maps of another build replaced" in events, events
