@@ -82,6 +82,21 @@ def _abs_path(v: str) -> str | None:
     return None if v.startswith("/") else "must be an absolute path"
 
 
+# A Unix socket's path holds at most 107 bytes (sun_path is 108, with its NUL).
+SUN_PATH_MAX = 107
+
+
+def _socket_path(v: str) -> str | None:
+    """An absolute path short enough for the socket and the admin socket beside it."""
+    if not v.startswith("/"):
+        return "must be an absolute path"
+    admin = admin_socket_path(v)
+    if len(admin.encode()) > SUN_PATH_MAX:
+        return (f"too long for a Unix socket: the admin socket beside it, {admin!r}, would be "
+                f"{len(admin.encode())} bytes, at most {SUN_PATH_MAX}; choose a shorter path")
+    return None
+
+
 def _listen(v: str) -> str | None:
     if v == "":
         return None
@@ -91,19 +106,22 @@ def _listen(v: str) -> str | None:
     return None
 
 
+GPUS_MAX = 1024  # laminar.runtime.gpus.GPUS_MAX: no node has more
+
+
 def _gpus(v: Any) -> str | None:
     if isinstance(v, bool):
-        return "must be a count (int >= 0) or a list of GPU indices"
+        return f"must be a count (0..{GPUS_MAX}) or a list of GPU indices (0..{GPUS_MAX - 1})"
     if isinstance(v, int):
-        return None if v >= 0 else "must be >= 0"
-    if isinstance(v, list) and all(isinstance(i, int) and not isinstance(i, bool) and i >= 0 for i in v):
+        return None if 0 <= v <= GPUS_MAX else f"a count must be >= 0 and at most {GPUS_MAX} (0..{GPUS_MAX})"
+    if isinstance(v, list) and all(isinstance(i, int) and not isinstance(i, bool) and 0 <= i < GPUS_MAX for i in v):
         return None if len(set(v)) == len(v) else "GPU indices must be unique"
-    return "must be a count (int >= 0) or a list of GPU indices"
+    return f"must be a count (0..{GPUS_MAX}) or a list of GPU indices (0..{GPUS_MAX - 1})"
 
 
 def _name(v: str) -> str | None:
-    ok = v and all(c.isalnum() or c in "-_." for c in v) and len(v) <= 63
-    return None if ok else "must be 1-63 characters of letters, digits, '-', '_' or '.'"
+    ok = v and all(c.isalnum() or c in "-_." for c in v) and len(v) <= 63 and not v.startswith(".")
+    return None if ok else "must be 1-63 characters of letters, digits, '-', '_' or '.', not starting with '.'"
 
 
 # Airlock's lifecycle classes, most protected first (laminar.airlock.cgroups.LIFECYCLE_CLASSES).
@@ -166,7 +184,7 @@ SCHEMA: dict[str, dict[str, Field]] = {
     "agent": {
         "node": Field(str, "", "this node's name (default: the host name)", lambda v: None if v == "" else _name(v)),
         "state_dir": Field(str, "/var/lib/laminar", "SQLite store, job logs, checkpoints", _abs_path),
-        "socket": Field(str, "/run/laminar/laminard.sock", "control API (HTTP+JSON on a Unix socket)", _abs_path),
+        "socket": Field(str, "/run/laminar/laminard.sock", "control API (HTTP+JSON on a Unix socket)", _socket_path),
         "control_group": Field(str, "laminar", "group whose members may change policy and flip switches (besides root)"),
         "log_level": Field(str, "info", "stderr log level", _one_of("debug", "info", "warning", "error")),
         "shutdown_timeout_s": Field((int, float), 10.0, "how long components get to stop on SIGTERM", _range(0.1, 300)),

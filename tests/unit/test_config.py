@@ -72,3 +72,33 @@ def test_check_config_exits_nonzero_and_names_the_key(tmp_path: Path) -> None:
     ok.write_text("[agent]\nnode = 'gpu-1'\n")
     r = subprocess.run([sys.executable, "-m", "laminar.agent", "--check-config", str(ok)], capture_output=True, text=True)
     assert r.returncode == 0 and '"node": "gpu-1"' in r.stdout
+
+
+@pytest.mark.parametrize("text, needles", [
+    # '.' and '..' as the cgroup root: the agent's class parents in the cgroup root itself, or
+    # above it; both passed --check-config and the agent failed at start.
+    ("[cgroups]\nroot = '..'\n", ["cgroups.root = '..'", "not starting with '.'"]),
+    ("[cgroups]\nroot = '.'\n", ["cgroups.root = '.'", "not starting with '.'"]),
+    ("[cgroups]\nroot = '.hidden'\n", ["cgroups.root = '.hidden'"]),
+    # a declared count the agent would expand to a list of that many GPUs at start
+    ("[gpus]\ndeclared = 1000000000000\n", ["gpus.declared = 1000000000000", "0..1024"]),
+    ("[gpus]\ndeclared = [0, 5000]\n", ["gpus.declared = [0, 5000]", "0..1023"]),
+    # a socket path bind() cannot take (sun_path: 107 bytes), counting the admin socket beside it
+    ("[agent]\nsocket = '/run/laminar-" + "x" * 90 + ".sock'\n", ["agent.socket", "too long for a Unix socket",
+                                                                  "at most 107"]),
+])
+def test_values_the_agent_could_not_use_are_refused_by_check_config(tmp_path: Path, text: str,
+                                                                    needles: list[str]) -> None:
+    f = tmp_path / "c.toml"
+    f.write_text(text)
+    with pytest.raises(config.ConfigError) as e:
+        config.load(f)
+    for n in needles:
+        assert n in str(e.value), str(e.value)
+
+
+def test_the_longest_usable_socket_path_is_accepted() -> None:
+    path = "/run/" + "x" * (config.SUN_PATH_MAX - len("/run/") - len(".admin.sock")) + ".sock"
+    assert len(config.admin_socket_path(path)) == config.SUN_PATH_MAX
+    assert config.validate({"agent": {"socket": path}})["agent"]["socket"] == path
+    assert config.validate({"gpus": {"declared": 1024}})["gpus"]["declared"] == 1024
