@@ -60,7 +60,7 @@ def test_two_connections_offering_the_same_checkpoint_are_still_served_one_after
             finally:
                 inside["now"] -= 1
 
-        rcv._receive = counted  # type: ignore[method-assign]
+        rcv._receive = counted  # type: ignore[method-assign,assignment]
         res = await asyncio.gather(*(send_checkpoint("127.0.0.1", port, ck, "j1", KEY, chunk_size=32 * KB, retries=0)
                                      for _ in range(3)))
         assert len(rcv._locks) == 0
