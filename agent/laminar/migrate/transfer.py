@@ -284,8 +284,11 @@ class _Source:
     few reused buffers) and checked against the manifest in a worker thread (hashlib lets go
     of the GIL), up to PREFETCH_BYTES ahead of the socket, so the disk and SHA-256 run beside
     the event loop's encryption and sends. Each chunk is hashed again right before it is
-    sent: a checkpoint changed or corrupted on the source disk since the manifest is refused
-    (TransferError, fatal), never shipped. Use as a context manager (it holds the files open)."""
+    sent: a checkpoint corrupted on the source disk since the manifest is refused
+    (TransferError, fatal), never shipped; one whose files are other files, or were written,
+    since the manifest (``Manifest.source``: a re-save) raises SourceChangedError, when the
+    files are opened or at the chunk that differs. Use as a context manager (it holds the
+    files open)."""
 
     def __init__(self, root: Path, m: Manifest) -> None:
         self.m = m
