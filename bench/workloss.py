@@ -121,10 +121,26 @@ class Result:
     def lost_node_s(self) -> float:
         return self.rollback_node_s + self.overhead_node_s
 
+    tail: list[tuple[str, float]] = field(default_factory=list, repr=False)  # downtime since the job last ran
+
     def add_down(self, part: str, secs: float) -> None:
         """Downtime of one kind (DOWN_PARTS); the parts add up to ``downtime_s``."""
         self.down[part] += secs
         self.downtime_s += secs
+        self.tail.append((part, secs))
+
+    def clip_down(self, t: float, end: float) -> None:
+        """The job runs again at ``t`` (its downtime since it last ran, ``tail``, ends there):
+        take off what of it lies past ``end``, newest first, so that only the run's time counts."""
+        excess = t - end
+        for part, secs in reversed(self.tail):
+            if excess <= 0:
+                break
+            cut = min(secs, excess)
+            self.down[part] -= cut
+            self.downtime_s -= cut
+            excess -= cut
+        self.tail.clear()
 
 
 def build_pool(traces: list[SpotTrace], rotations: int) -> tuple[list[Node], float, float]:
@@ -366,6 +382,7 @@ def simulate(policy: str, pool: list[Node], start: float, end: float, p: Params,
             grow_at, _ = acquire(pool, t, 1, {n.name for n in nodes}, order)
             d = min(d, grow_at)
         # -- run from t to d with periodic checkpoints --------------------------------------
+        res.tail.clear()  # the job runs: what went before is inside the run
         prestaged = True
         if policy == "laminar":
             assert hz is not None
@@ -423,6 +440,10 @@ def simulate(policy: str, pool: list[Node], start: float, end: float, p: Params,
             t1 = d + p.requeue_delay_s
             res.add_down("requeue_delay", p.requeue_delay_s)
             t2, nodes = acquire(pool, t1, S, set(), order)
+            if not nodes:  # never S free nodes again: down until the end of the run
+                res.add_down("wait_capacity", max(0.0, end - t1))
+                t = max(t1, end)
+                break
             res.add_down("wait_capacity", t2 - t1)
             res.add_down("restart", p.restart_s)
             t2 += p.restart_s
@@ -444,6 +465,10 @@ def simulate(policy: str, pool: list[Node], start: float, end: float, p: Params,
                 t1 = d + p.requeue_delay_s
                 res.add_down("requeue_delay", p.requeue_delay_s)
                 t2, nodes = acquire(pool, t1, S, set(), order)
+                if not nodes:  # never S free nodes again: down until the end of the run
+                    res.add_down("wait_capacity", max(0.0, end - t1))
+                    t = max(t1, end)
+                    break
                 res.add_down("wait_capacity", t2 - t1)
                 res.add_down("restart", p.restart_s)
                 t2 += p.restart_s
@@ -578,6 +603,8 @@ def simulate(policy: str, pool: list[Node], start: float, end: float, p: Params,
                 last_durable = t
                 arch_durable = t if arch_rule() else None
             odds.observe(announced=not is_abrupt)  # what the agent learns from this departure
+    if math.isfinite(t):
+        res.clip_down(t, end)  # a wait or restart that runs past the end of the traces
     return res
 
 
