@@ -46,7 +46,10 @@ summaries, then the zone's probe/offer/commit, the transfer, the guard handed ov
 hand-over with ``resume_from``: the same choice and mechanism as a move), else it looks again
 after ``retry_base_s``, doubling up to ``retry_max_s`` (:class:`laminar.migrate.holder.RetrySchedule`;
 replica state ``waiting``, the next look in the ``migrate_retry`` table, so a restarted agent
-goes on where it stopped). A guard that is itself reclaimed passes every job it holds for a
+goes on where it stopped). A ``waiting`` guard whose source was declared dead by a silence and
+is heard from again asks it first (control op ``needs``, whose answer carries the job's state
+there): a job that lives there makes it ``guarding`` again (event phase ``guarding-again``),
+never a second copy. A guard that is itself reclaimed passes every job it holds for a
 stopped source (``waiting``, or ``take_over``) on to the best holder among its live peers
 (state ``passed``).
 
@@ -560,6 +563,8 @@ def redact_replica(item: dict[str, Any]) -> dict[str, Any]:
 # failed: the source releases its buddy then too) or it moved (the destination runs it, under its
 # own key, with its own buddy).
 GUARD_ENDED_STATES = ("exited", "stopped", "failed", "migrated")
+# A source's job in these states lives there (runs, or will): a guard must not revive it elsewhere.
+SOURCE_LIVE_STATES = ("queued", "starting", "running", "suspended")
 
 
 def guard_needed(state: str | None, buddy: int | None, asker: int, busy: bool) -> tuple[bool, str]:
@@ -2347,6 +2352,10 @@ class ReclaimComponent:
                 if r is not None and now < float(r["next_at"]):
                     continue
                 why = str(r["why"]) if r is not None else "waiting for room"
+                if self._source_back(row, now):  # ask it before reviving a job that may run there again
+                    self._taking.add(key)
+                    self._spawn(self._take_over_unless_back(row, why))
+                    continue
             else:
                 try:
                     req = json.loads(row["request"])
@@ -2362,6 +2371,68 @@ class ReclaimComponent:
                 why = why_d
             self._taking.add(key)
             self._spawn(self._take_over(row, why))
+
+    def _source_back(self, row: Any, now: float) -> bool:
+        """Whether the source of a ``waiting`` guard that was declared dead is heard from again: a
+        zone member, not a suspect, heard from at least once by this agent, no longer dead by
+        :meth:`_source_dead` (a silence that ended; a reclaim window that ended stays dead). A
+        guard handed over with a stopped job (``take_over``) never asks: the job runs nowhere."""
+        try:
+            req = json.loads(row["request"])
+        except ValueError:
+            return False
+        if not isinstance(req, dict) or req.get("take_over"):
+            return False
+        src = int(row["src_node"])
+        z = self.zone
+        if z is None or src == self.node_id or src not in z.membership.by_node or src in z.membership.suspects:
+            return False
+        if self._last_seen(src) < 0:
+            return False  # never heard from since this agent started: no evidence it is back
+        return self._source_dead(src, now, req.get("window_end")) is None
+
+    async def _take_over_unless_back(self, row: Any, why: str) -> None:
+        """A ``waiting`` guard whose source is heard from again (:meth:`_source_back`; a silence
+        taken for a death, a partition that healed) asks it (control op ``needs``) before the
+        take-over's next look: a job that lives there (SOURCE_LIVE_STATES) makes the guard
+        ``guarding`` again (reviving it here or elsewhere would run it twice); a clear "not needed"
+        releases it (as :meth:`_check_guard`); anything else (no answer, an older agent that sends
+        no state, a job lost or reclaimed there) goes on with the take-over. Never raises."""
+        key = str(row["key"])
+        src = int(row["src_node"])
+        try:
+            try:
+                ans = await self._control(src, "needs", {"key": key})
+            except (MigrateError, TransferError, OSError, TimeoutError) as e:
+                log.info("migrate: node %d is heard from again but did not answer about %s: %s", src, key, e)
+                ans = None
+            if isinstance(ans, dict) and ans.get("key") == key:
+                state = ans.get("state")
+                if ans.get("needed") is False or state in SOURCE_LIVE_STATES:
+                    new = "released" if ans.get("needed") is False else "guarding"
+                    with self.agent.store.tx() as db:
+                        cur = db.execute("UPDATE migrate_replicas SET state=?, updated=? WHERE key=? AND "
+                                         "state='waiting' AND updated=?", (new, time.time(), key, row["updated"]))
+                        if cur.rowcount == 1:
+                            db.execute("DELETE FROM migrate_retry WHERE key=?", (key,))
+                    if cur.rowcount == 1:
+                        self._emit(f"{key}: node {src} is back ({ans.get('why', '')}); "
+                                   + ("its job lives there: guarding it again, not resumed here" if new == "guarding"
+                                      else "it no longer needs this guard; its replicas go"),
+                                   key=key, src_node=src, phase="guarding-again" if new == "guarding" else "guard-ended",
+                                   src_state=state)
+                        if new == "released":
+                            self._taking.discard(key)  # the GC leaves a key whose take-over runs
+                            try:
+                                self.replica_gc(key)
+                            except Exception:
+                                log.exception("migrate: replica GC of %s", key)
+                    return
+            await self._take_over_once(row, key, why)
+        except Exception:
+            log.exception("migrate: take-over of %s", key)
+        finally:
+            self._taking.discard(key)
 
     def _set_replica(self, key: str, state: str, job_id: str | None = None) -> None:
         with self.agent.store.tx() as db:
@@ -2925,7 +2996,7 @@ class ReclaimComponent:
 
     def _answer_needs(self, node: str, key: str) -> dict[str, Any]:
         """This node's answer to ``node`` holding a guard of ``key`` (control op ``needs``):
-        ``{"key", "needed", "why"}`` by :func:`guard_needed`. A key of another node, or a job
+        ``{"key", "needed", "why", "state"}`` by :func:`guard_needed` (``state``: the job's, None: no record). A key of another node, or a job
         this node has no record of, is needed (this node cannot tell)."""
         try:
             asker = int(node)
@@ -2940,7 +3011,7 @@ class ReclaimComponent:
         state = None if job is None else str(job.state)
         needed, why = guard_needed(state, self.buddy.get(jid), asker,
                                    jid in self.evacuating or jid in self._prestaging)
-        return {"key": key, "needed": needed, "why": why}
+        return {"key": key, "needed": needed, "why": why, "state": state}
 
     # -- replicas held here: the operator's view and drop (GET /v1/migrate/replicas) -------------
 
