@@ -383,3 +383,26 @@ def test_a_job_thrashing_at_its_own_memory_limit_costs_no_other_job(tmp_path: Pa
             await r.close()
 
     run(main())
+
+
+def test_a_class_held_at_its_own_class_budget_is_relieved_by_its_own_jobs(tmp_path: Path) -> None:
+    """An unprotected class at its own class budget (config class_budget_mb) made the whole
+    node 'critical', and the ladder took the lowest-value jobs anywhere: the transients were
+    suspended and reclaimed first, although their memory is not under that class's limit and
+    freeing it could not let the held job go on."""
+    async def main() -> None:
+        r = Rig(tmp_path, f"laminar-t-{secrets.token_hex(3)}")
+        try:
+            await r.start(budget_mb=512, class_budget_mb={"standard": 64}, hold_allocator=True,
+                          policy={"readdress": False})
+            assert r.jobs is not None and r.airlock is not None
+            t = await r.jobs.submit(JobSpec(command=hog(20, step=20, delay=0.02), job_class="transient", name="t"))
+            s = await r.jobs.submit(JobSpec(command=hog(100, step=10, delay=0.02), job_class="standard", name="s"))
+            assert await until(lambda: r.jobs.get(s.id).state == "reclaimed", 20), [e["message"] for e in r.actions()]  # type: ignore[union-attr]
+            assert [a for a in r.actions() if a["job"] == t.id] == [], [e["message"] for e in r.actions()]
+            tj = r.jobs.get(t.id)
+            assert tj is not None and tj.state == "running" and not tj.cgroup.frozen() and alive(t.pid)
+        finally:
+            await r.close()
+
+    run(main())

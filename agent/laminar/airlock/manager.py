@@ -151,6 +151,8 @@ class Airlock:
         self._bg: set[asyncio.Task[Any]] = set()
         self._caps: dict[str, int] = {}  # unprotected class -> cap in force (bytes)
         self._held: set[str] = set()  # protected classes waiting at their own class budget
+        self._scoped: set[str] = set()  # unprotected classes waiting at their own class budget
+        self._class_oom: dict[str, float] = {}  # class -> when its oom_control eventfd last fired
 
     # -- component life ------------------------------------------------------------------------
     async def start(self, agent: Any) -> None:
@@ -455,8 +457,14 @@ class Airlock:
                 for c in self._closers:
                     if isinstance(c, V1Eventfd) and c.fileno() == fd:
                         c.drain()
-                if "oom_control" in tag and tag.rsplit(":", 1)[-1] in self._protected():
-                    continue  # a protected class at its own class budget: see signals()
+                where = tag.rsplit(":", 1)[-1]
+                if "oom_control" in tag and where != "root":
+                    # a class parent's limit: whose jobs can lift it is for signals() to say
+                    if where in self._protected():
+                        continue  # a protected class at its own class budget: see signals()
+                    self._class_oom[where] = now
+                    signalled = True
+                    continue
                 signalled = True
                 if "oom_control" in tag or "critical" in tag:
                     self.last_critical = now
@@ -597,27 +605,44 @@ class Airlock:
         some, full = read_psi(self.tree.hierarchy.unified / self.tree.root_name / "memory.pressure")
         under_oom = False
         held: set[str] = set()
+        scoped: set[str] = set()
         if not self.tree.hierarchy.memory_in_v2:
-            # The root (the budget) or an unprotected class parent (its cap): a task waits at a
-            # limit that acting on jobs can lift. A protected class held at its own class budget
-            # is not: no other job's memory is under that limit and its own are never acted on.
+            # A task waits at a limit (or a class's oom_control fired just now). At the root (the
+            # budget) or at a class cap that follows the budget's free room, acting on any job
+            # lifts it. At a class's own class budget only that class's jobs can (`scoped`), and
+            # a protected class held there none: its jobs are never acted on (`held`).
             prot = self._protected()
             for name, d in [("", self._root_memory_dir()),
                             *((c, self.tree.class_memory_dir(c)) for c in self.tree.classes)]:
                 try:
-                    if "under_oom 1" in (d / "memory.oom_control").read_text():
-                        if name in prot:
-                            held.add(name)
-                        else:
-                            under_oom = True
+                    waits = "under_oom 1" in (d / "memory.oom_control").read_text()
                 except OSError:
-                    pass
+                    waits = False
+                if name and now - self._class_oom.get(name, float("-inf")) < STALL_HOLD_S:
+                    waits = True
+                if not waits:
+                    continue
+                if name in prot:
+                    held.add(name)
+                elif name and self._at_own_budget(name):
+                    scoped.add(name)
+                else:
+                    under_oom = True
         self._note_held(held)
+        self._scoped = scoped
         avail, total = mem_available()
         return ladder.Signals(usage=self.usage(), psi_some=some, psi_full=full, under_oom=under_oom,
                               critical_event=now - self.last_critical < STALL_HOLD_S,
                               stall_event=now - self.last_stall < STALL_HOLD_S,
                               node_usage=1 - avail / total if total else None)
+
+    def _at_own_budget(self, cls: str) -> bool:
+        """True when the limit in force on class `cls` is its own class budget (config
+        ``class_budget_mb``), not a cap that follows the budget's free room."""
+        op = self.class_budget_mb.get(cls)
+        if not op:
+            return False
+        return self._caps.get(cls, op << 20) >= op << 20
 
     def _protected(self) -> set[str]:
         return set(self.policy["protected"]) if self.policy is not None else set()
@@ -661,15 +686,24 @@ class Airlock:
                 self._drop_rung(jid)
         sig = self.signals(now)
         level = ladder.pressure_level(sig, self.policy.doc)
+        views = self.views(now)
+        scoped = sorted(self._scoped) if level < ladder.CRITICAL else []
+        if scoped:
+            # Only classes held at their own class budget: critical for their jobs alone (the
+            # others' memory is not under that limit; they wait as they are).
+            level = ladder.CRITICAL
+            views = [v for v in views if v.job_class in self._scoped]
         if level != self.level:
             if level >= ladder.HIGH and self.episode_start is None:
                 self.episode_start = now
             self._emit(f"airlock: pressure {ladder.LEVEL_NAMES[self.level]} -> {ladder.LEVEL_NAMES[level]} "
                        f"(usage {sig.usage if sig.usage is None else round(sig.usage, 3)}, psi some {sig.psi_some:.2f}, "
-                       f"under_oom {sig.under_oom})", level=ladder.LEVEL_NAMES[level], usage=sig.usage,
-                       psi_some=sig.psi_some, psi_full=sig.psi_full, under_oom=sig.under_oom)
+                       f"under_oom {sig.under_oom}"
+                       + (f"; only class {', '.join(scoped)}, at its own class budget" if scoped else "") + ")",
+                       level=ladder.LEVEL_NAMES[level], usage=sig.usage, psi_some=sig.psi_some,
+                       psi_full=sig.psi_full, under_oom=sig.under_oom, scoped_classes=scoped)
             self.level = level
-        actions = ladder.decide(now, level, self.views(now), self.policy.doc, self.memo, sig.usage)
+        actions = ladder.decide(now, level, views, self.policy.doc, self.memo, sig.usage)
         for a in actions:
             self._apply(a, now, level, sig)
         if level == ladder.NONE and not any(r[0] in (ladder.SUSPEND, ladder.READDRESS) for r in self.rungs.values()):
