@@ -41,7 +41,10 @@ class Store:
 
     def __init__(self, path: str | Path) -> None:
         self.path = Path(path)
-        self.path.parent.mkdir(parents=True, exist_ok=True, mode=0o750)
+        # A state directory made here is 0711 (as systemd's StateDirectoryMode makes it): nobody
+        # lists it, but a job run as its owner must pass through it to its checkpoint directory
+        # and log (laminar.runtime.jobs). The database itself is 0600.
+        self.path.parent.mkdir(parents=True, exist_ok=True, mode=0o711)
         self.db = sqlite3.connect(str(self.path), isolation_level=None, check_same_thread=False)
         self.db.row_factory = sqlite3.Row
         self.db.execute("PRAGMA journal_mode=WAL")

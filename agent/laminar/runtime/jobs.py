@@ -631,6 +631,7 @@ class JobManager:
             # a job (run as its owner) reaches its own log and checkpoints by their known paths;
             # nobody lists the others'
             os.chmod(self.state_dir / sub, 0o711)
+        self._check_reachable()
         self.store.ensure_schema("jobs", SCHEMA)
         self._protect_files()
         have = {r[1] for r in self.store.db.execute("PRAGMA table_info(jobs)").fetchall()}
@@ -644,6 +645,25 @@ class JobManager:
                    cgroups=self.hierarchy.mode, gpus=self.inventory.as_dict())
         self._adopt_all()
         self._spawn_task(self._leak_loop())  # its first sweep runs now: leaks of the previous agent
+
+    def _check_reachable(self) -> None:
+        """Warns (a ``job`` event) when other users may not pass through the state directory or
+        a directory above it: the job of a user other than root could then not reach its
+        checkpoint directory (``LAMINAR_CKPT_DIR``). A directory that exists keeps the mode its
+        operator gave it; the agent makes a missing one 0711 (laminar.store)."""
+        assert self.state_dir is not None
+        closed = []
+        for d in [self.state_dir.resolve(), *self.state_dir.resolve().parents]:
+            try:
+                if not d.stat().st_mode & 0o001:
+                    closed.append(str(d))
+            except OSError:
+                pass
+        if closed:
+            self._emit("job", f"jobs: other users may not pass through {', '.join(closed)} (no search permission for "
+                       "others): a job of a user other than root cannot reach its checkpoint directory under "
+                       f"{self.state_dir}/ckpt; make them 0711 (chmod o+x), as systemd's StateDirectoryMode=0711 "
+                       "does", closed=closed)
 
     def _protect_files(self) -> None:
         """The store holds every job's spec, env included: root's alone (0600). SQLite gives
