@@ -6,6 +6,8 @@ import itertools
 import random
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from laminar.zone.elastic import (
     ElasticJob,
@@ -80,3 +82,29 @@ def test_bad_input_is_named() -> None:
         allocate_elastic([ElasticJob("x", ()), ElasticJob("x", ())], 3)
     with pytest.raises(ValueError, match="workers 0"):
         elastic_job("z", 10, workers=0, max_workers=2, gpus_per_worker=1)
+
+
+_OPTION = st.builds(ElasticOption, st.integers(1, 4), st.integers(1, 7), st.floats(-10, 100, allow_nan=False))
+
+
+@settings(max_examples=400, deadline=None)
+@given(st.lists(st.lists(_OPTION, max_size=4).map(tuple), max_size=5), st.integers(0, 20))
+def test_knapsack_is_feasible_and_optimal_by_hypothesis(classes: list[tuple[ElasticOption, ...]], free: int) -> None:
+    """Any small instance (options in any order, equal GPU costs, negative gains): the plan is
+    one option of each chosen job's own class, within the free GPUs, and as good as brute force."""
+    jobs = [ElasticJob(f"j{i}", opts) for i, opts in enumerate(classes)]
+    plan = allocate_elastic(jobs, free)
+    assert sum(o.gpus for o in plan.values()) <= free
+    for jid, o in plan.items():
+        assert o in jobs[int(jid[1:])].options and o.jct_reduction > 0
+    assert plan_value(plan) == pytest.approx(brute_force(jobs, free))
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.tuples(st.floats(0, 1e5), st.integers(1, 4), st.integers(0, 4), st.integers(1, 3)), max_size=5),
+       st.integers(0, 16))
+def test_knapsack_on_the_models_options_by_hypothesis(specs: list[tuple[float, int, int, int]], free: int) -> None:
+    jobs = [elastic_job(f"j{i}", r, w, w + m, g) for i, (r, w, m, g) in enumerate(specs)]
+    plan = allocate_elastic(jobs, free)
+    assert sum(o.gpus for o in plan.values()) <= free
+    assert plan_value(plan) == pytest.approx(brute_force(jobs, free))

@@ -6,6 +6,8 @@ import itertools
 import random
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from laminar.zone import loaning as L
 from laminar.zone.loaning import (
@@ -137,3 +139,32 @@ def test_plan_from_reports_migrates_when_a_loanable_server_has_room() -> None:
         L.plan_from_reports(reports, 3)
     with pytest.raises(ValueError, match="server s9: bad job row"):
         L.loaned_jobs({"s9": {"jobs": [{"id": "x"}]}})
+
+
+@st.composite
+def _instances(draw: st.DrawFn) -> tuple[list[str], list[LoanedJob], int]:
+    servers = [f"s{i}" for i in range(draw(st.integers(1, 6)))]
+    jobs = []
+    for i in range(draw(st.integers(0, 6))):
+        span = draw(st.lists(st.sampled_from([*servers, "train1", "train2"]), min_size=1, max_size=3, unique=True))
+        on = {s: draw(st.integers(1, 3)) for s in span}
+        w = sum(on.values()) + draw(st.integers(0, 2))
+        jobs.append(LoanedJob(f"j{i}", w, draw(st.integers(1, w)), draw(st.sampled_from([0.5, 1.0, 2.0])),
+                              draw(st.floats(0, 50)), on))
+    return servers, jobs, draw(st.integers(0, len(servers)))
+
+
+@settings(max_examples=400, deadline=None)
+@given(_instances())
+def test_exact_choice_is_least_preempting_by_hypothesis(inst: tuple[list[str], list[LoanedJob], int]) -> None:
+    """Jobs spanning candidate and non-candidate servers, elastic floors, zero weights: the
+    choice on small sets is the least-preempting k-subset, and for one server, greedy too."""
+    servers, jobs, k = inst
+    chosen = choose_servers_to_return(jobs, servers, k)
+    assert len(chosen) == k == len(set(chosen)) and set(chosen) <= set(servers)
+    assert preemption_cost(jobs, chosen) == pytest.approx(brute_cost(jobs, servers, k))
+    one = choose_servers_to_return(jobs, servers, 1, exact_limit=0)
+    assert preemption_cost(jobs, one) == pytest.approx(brute_cost(jobs, servers, 1))
+    plan = plan_return(jobs, servers, k)
+    stopped = {a.job_id for a in plan.actions if a.action != "scale_in"}
+    assert sum(j.weight for j in jobs if j.job_id in stopped) == pytest.approx(plan.cost)
