@@ -13,6 +13,7 @@ real calm and real pressure cannot be produced on demand here).
 from __future__ import annotations
 
 import asyncio
+import secrets
 import time
 from pathlib import Path
 
@@ -20,6 +21,11 @@ import pytest
 from jobrig import airlock_rig, running
 
 from laminar.airlock import ladder
+from laminar.airlock.cgroups import CgroupTree, detect
+from laminar.airlock.manager import Airlock
+from laminar.events import EventBus
+from laminar.runtime.jobs import JobManager
+from laminar.store import Store
 
 pytestmark = pytest.mark.kernel
 
@@ -46,5 +52,48 @@ def test_a_readdressed_job_is_back_to_running_once_calm(tmp_path: Path) -> None:
             later = t0 + 3600
             acts = ladder.decide(later, ladder.HIGH, al.views(later), al.policy.doc, al.memo, 0.9)
             assert [(a.kind, a.job_id) for a in acts] == [(ladder.SUSPEND, job.id)], acts
+
+    asyncio.run(main())
+
+
+def test_a_job_frozen_by_a_move_the_crash_ended_is_thawed_once_calm(tmp_path: Path) -> None:
+    """The agent died while the migration layer moved a re-addressed job (the move freezes it
+    for the transfer). The restarted agent took the rung over as readdress, frozen: nothing
+    would ever thaw it (the move died with the old process), recovery dropped the rung and
+    left the job frozen, shown as running."""
+    async def main() -> None:
+        root = f"laminar-t-{secrets.token_hex(3)}"
+        store = Store(tmp_path / "laminar.db")
+        bus = EventBus(store)
+        jobs = JobManager(store=store, state_dir=tmp_path, cgroup_root=root, events=bus, gpus_declared=[])
+        al = Airlock(jobs=jobs, store=store, events=bus)
+        try:
+            await jobs.start(None)
+            await al.start(None)
+            job = await running(jobs, "lm-t-moved")
+            t0 = time.monotonic()
+            sig = al.signals(t0)
+            al._apply(ladder.Action(ladder.SUSPEND, job.id, "test: high"), t0, ladder.HIGH, sig)
+            al._apply(ladder.Action(ladder.READDRESS, job.id, "test: suspend budget ran out"), t0, ladder.HIGH, sig)
+            assert job.cgroup.freeze()  # what migrate's move does before its transfer
+            await al.stop()
+            await jobs.stop()
+            # the restart
+            jobs = JobManager(store=store, state_dir=tmp_path, cgroup_root=root, events=bus, gpus_declared=[])
+            al = Airlock(jobs=jobs, store=store, events=bus)
+            await jobs.start(None)
+            await al.start(None)
+            assert al.policy is not None
+            now = time.monotonic() + al.policy["hysteresis"]["hold_s"] + 0.1
+            for a in ladder.decide(now, ladder.NONE, al.views(now), al.policy.doc, al.memo, 0.1):
+                al._apply(a, now, ladder.NONE, sig)
+            again = jobs.get(job.id)
+            assert again is not None and not again.cgroup.frozen(), "left frozen after the restart"
+            assert again.state == "running" and job.id not in al.rungs
+        finally:
+            await al.stop()
+            await jobs.stop()
+            CgroupTree(detect(), root).purge()
+            store.close()
 
     asyncio.run(main())

@@ -240,6 +240,9 @@ class Airlock:
         - a frozen job with no stored rung (the agent died between freeze and store) is
           suspended as of now;
         - a stored suspend rung of a job that is no longer frozen is dropped;
+        - a stored readdress rung of a frozen job (frozen by a migration move that died with
+          the previous process) becomes a suspend rung with the same start, so it is thawed
+          once calm instead of staying frozen for good;
         - a stored reclaim rung: the kill is finished (a job still alive is killed again) and
           a job the job manager found gone while the agent was down is recorded as reclaimed
           with the stored reason and the work lost, not as lost.
@@ -281,6 +284,16 @@ class Airlock:
             if rung == ladder.SUSPEND and not frozen:
                 self._drop_rung(jid)
                 self.jobs.set_state(job, "running", "airlock: found thawed after a restart")
+                continue
+            if rung == ladder.READDRESS and frozen:
+                # Re-addressing thaws; a freeze now is a move's (the migration layer freezes for its
+                # transfer), and that move died with the previous process: nothing else would ever
+                # thaw the job. It is suspended as of its rung's start: recovered once calm, else
+                # escalated like any suspended job.
+                self._set_rung(jid, ladder.SUSPEND, since, hops, "frozen by a move a restart ended")
+                self.jobs.set_state(job, "suspended", "airlock: frozen by a move that a restart ended")
+                self._emit(f"airlock: {jid} was being moved (frozen) when the agent went down; suspended, "
+                           "to be recovered once calm", job=jid, adopted_rung=ladder.SUSPEND, hops=hops)
                 continue
             self.rungs[jid] = (rung, since, hops)
             self._emit(f"airlock: {jid} taken over at rung {rung} (for {now - since:.1f} s, {hops} hops) "
