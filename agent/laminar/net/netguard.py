@@ -89,8 +89,11 @@ class NetGuard:
         self.pin_root = Path(cfg.bpf.pin_root)
         ensure_bpffs(str(self.pin_root.parent) if self.pin_root.parent != Path("/") else "/sys/fs/bpf")
         self.ifname, self.ifindex = resolve_uplink(cfg.net.uplink)
-        self.adopted = (self.pin_root / "lm_jobs").exists()
         self.pin_root.mkdir(parents=True, exist_ok=True, mode=0o700)
+        recorded_root = (agent.store.get_meta(META_KEY) or {}).get("pin_root")
+        if recorded_root and Path(recorded_root) != self.pin_root:
+            self._move_pins(Path(recorded_root))
+        self.adopted = (self.pin_root / "lm_jobs").exists()
         path = Path(cfg.bpf.object_dir, "netguard.bpf.o") if cfg.bpf.object_dir else object_path("netguard")
         self.obj = BpfObject.open(path, pin_root=str(self.pin_root))
         aside = self._set_aside_mismatched_pins(self.obj)
@@ -121,6 +124,7 @@ class NetGuard:
             record = {"ifname": self.ifname, "clsact_created": made_here, "pin_root": str(self.pin_root)}
         elif made_here:
             record["clsact_created"] = True
+        record["pin_root"] = str(self.pin_root)  # bpf unload --force removes the pins here
         record["ingress"] = bool(cfg.net.ingress)
         record["previous"] = previous
         agent.store.set_meta(META_KEY, record)
@@ -136,6 +140,38 @@ class NetGuard:
         agent.events.emit("agent", f"netguard {'re-adopted pins and ' if self.adopted else ''}attached to "
                                    f"{self.ifname} ({'/'.join(directions)})",
                           ifname=self.ifname, pin_root=str(self.pin_root), adopted=self.adopted)
+
+    def _move_pins(self, old_root: Path) -> None:
+        """``bpf.pin_root`` changed since the last run: the maps pinned under the old root (every
+        switch, deadline and counter) are pinned under the new one, where the load re-adopts them,
+        and the old pins and directory go. A name already pinned under the new root stays (the
+        old pin is removed all the same: nothing else would ever remove it)."""
+        if not old_root.is_dir():
+            return
+        moved: list[str] = []
+        for pin in sorted(old_root.iterdir()):
+            if not pin.name.startswith("lm_"):
+                continue
+            target = self.pin_root / pin.name
+            if not target.exists():
+                try:
+                    m = BpfMap.from_pin(pin)
+                except OSError as e:
+                    log.warning("netguard: cannot open %s to move it to %s: %s", pin, target, e)
+                    continue
+                try:
+                    m.pin(target)
+                    moved.append(pin.name)
+                finally:
+                    m.close()
+            BpfMap.unpin(pin)
+        try:
+            old_root.rmdir()
+        except OSError:
+            pass  # not empty: something not ours is pinned there
+        self.agent.events.emit("agent", f"netguard: bpf.pin_root changed from {old_root} to {self.pin_root}: "
+                                        f"{len(moved)} pinned maps moved ({', '.join(moved) or 'none'})",
+                               old_pin_root=str(old_root), pin_root=str(self.pin_root), moved=moved)
 
     def _set_aside_mismatched_pins(self, obj: BpfObject) -> dict[str, BpfMap]:
         """Pins under pin_root whose definition (type, key and value size, max_entries) is not the
