@@ -11,12 +11,14 @@ import asyncio
 import os
 import secrets
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
 import pytest
 from jobrig import until
 
+from laminar.airlock import ladder
 from laminar.airlock.cgroups import CgroupTree, detect, read_memory_limit
 from laminar.airlock.manager import Airlock
 from laminar.airlock.policy import PolicyError
@@ -402,6 +404,44 @@ def test_a_class_held_at_its_own_class_budget_is_relieved_by_its_own_jobs(tmp_pa
             assert [a for a in r.actions() if a["job"] == t.id] == [], [e["message"] for e in r.actions()]
             tj = r.jobs.get(t.id)
             assert tj is not None and tj.state == "running" and not tj.cgroup.frozen() and alive(t.pid)
+        finally:
+            await r.close()
+
+    run(main())
+
+
+def test_a_suspension_pending_at_a_restart_is_taken_over_and_thawed_once_calm(tmp_path: Path) -> None:
+    """A task waiting at the held budget only freezes once its wait ends: Airlock's freeze is
+    requested (cgroup.freeze 1) while cgroup.events still says frozen 0. A restart in that
+    window dropped the job's suspend rung as 'found thawed' and called it running; when memory
+    freed, the job froze as requested, and nothing ever thawed it."""
+    async def main() -> None:
+        r = Rig(tmp_path, f"laminar-t-{secrets.token_hex(3)}")
+        everything = {"protected": ["long-resident", "standard", "transient"]}  # the ladder acts on nothing
+        try:
+            await r.start(budget_mb=64, policy=everything, hold_allocator=True)
+            assert r.jobs is not None and r.airlock is not None
+            b = await r.jobs.submit(JobSpec(command=hog(40, step=20, delay=0.02), job_class="transient", name="b"))
+            assert await until(lambda: b.cgroup.memory_usage() >= 40 << 20, 20)
+            a = await r.jobs.submit(JobSpec(command=hog(40, step=10, delay=0.02), job_class="transient", name="a"))
+            root_dir = r.airlock._root_memory_dir()
+            assert await until(lambda: "under_oom 1" in (root_dir / "memory.oom_control").read_text(), 20)
+            now = time.monotonic()
+            r.airlock._apply(ladder.Action(ladder.SUSPEND, a.id, "test: high"), now, ladder.HIGH, r.airlock.signals(now))
+            assert (a.cgroup.unified / "cgroup.freeze").read_text().strip() == "1" and not a.cgroup.frozen()
+            await r.restart(budget_mb=64, hold_allocator=True)
+            assert r.airlock.rungs.get(a.id, (None,))[0] == ladder.SUSPEND, r.airlock.rungs
+            assert r.jobs.get(a.id).state == "suspended"  # type: ignore[union-attr]
+            await r.jobs.stop(b.id, "frees the budget", grace_s=0)
+            assert await until(a.cgroup.frozen, 20)  # the wait ended: the requested freeze took hold
+            assert r.airlock.policy is not None
+            later = time.monotonic() + 60
+            r.airlock.memo.last_recover = float("-inf")
+            for act in ladder.decide(later, ladder.NONE, r.airlock.views(later), r.airlock.policy.doc,
+                                     r.airlock.memo, 0.1):
+                r.airlock._apply(act, later, ladder.NONE, r.airlock.signals(later))
+            aj = r.jobs.get(a.id)
+            assert aj is not None and not aj.cgroup.frozen() and aj.state == "running" and alive(a.pid)
         finally:
             await r.close()
 

@@ -296,7 +296,14 @@ class JobCgroup:
 
     # -- freeze / thaw / kill --------------------------------------------------------------
     def frozen(self) -> bool:
+        """The kernel's flag: every task of the job is frozen now (cgroup.events)."""
         return self.events().get("frozen") == "1"
+
+    def freeze_requested(self) -> bool:
+        """A freeze was asked for (cgroup.freeze 1), whether or not it has taken hold: a task
+        waiting at a held memory limit (or in uninterruptible sleep) freezes only once its wait
+        ends, and then stays frozen until thawed."""
+        return _read(self.unified / "cgroup.freeze").strip() == "1"
 
     def _set_frozen(self, want: bool, timeout: float | None) -> bool:
         _write(self.unified / "cgroup.freeze", "1" if want else "0")

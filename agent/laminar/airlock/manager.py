@@ -232,8 +232,9 @@ class Airlock:
             log.warning("airlock: could not drop the rung of %s: %s", job_id, e)
 
     def _restore_rungs(self) -> None:
-        """After a restart: take over the rungs the previous process left, with the kernel's
-        frozen flag as the truth about suspension.
+        """After a restart: take over the rungs the previous process left, with the kernel as
+        the truth about suspension: frozen, or a freeze requested that has not taken hold yet
+        (a task waiting at the held budget freezes once its wait ends).
 
         - a stored suspend/readdress rung of an active job continues with its original start
           time, so its budget is not reset by a restart;
@@ -278,7 +279,8 @@ class Airlock:
                 self._drop_rung(jid)
                 continue
             try:
-                frozen = job.cgroup.frozen()
+                # requested counts: a task waiting at the held budget freezes once its wait ends
+                frozen = job.cgroup.frozen() or job.cgroup.freeze_requested()
             except CgroupError:
                 frozen = False
             if rung == ladder.SUSPEND and not frozen:
@@ -296,13 +298,15 @@ class Airlock:
                            "to be recovered once calm", job=jid, adopted_rung=ladder.SUSPEND, hops=hops)
                 continue
             self.rungs[jid] = (rung, since, hops)
+            if rung == ladder.SUSPEND and job.state != "suspended":
+                self.jobs.set_state(job, "suspended", "airlock: suspended (freeze pending) when the agent started")
             self._emit(f"airlock: {jid} taken over at rung {rung} (for {now - since:.1f} s, {hops} hops) "
                        "after a restart", job=jid, adopted_rung=rung, for_s=round(now - since, 2), hops=hops)
         for jid, job in active.items():
             if jid in self.rungs:
                 continue
             try:
-                frozen = job.cgroup.frozen()
+                frozen = job.cgroup.frozen() or job.cgroup.freeze_requested()
             except CgroupError:
                 continue
             if frozen:
