@@ -71,7 +71,7 @@ from ..api import ApiError, Request, Route
 from ..bpf import abi
 from ..config import Field, register_section
 from . import killswitch as ks
-from .htb import HtbError, HtbTree, priority_of
+from .htb import HtbError, HtbTree, priority_of, remove_tree
 from .shaper import (
     INFEASIBLE,
     LATE,
@@ -316,6 +316,8 @@ class TransferRegistry:
         elif self.link is None:
             self.configure(self.tree.link_bps, self.tree.background_floor_bps, cfg["margin"], cfg["tick_ms"] / 1000)
         if self.disabled_reason:
+            ifindex = getattr(ng, "ifindex", None) if ng is not None else None
+            await self._run(self._unshape_leftovers, ifindex)
             if self.flows is not None:
                 await self._run(self._orphan_cuts)
             log.warning("shaping off: %s", self.disabled_reason)
@@ -341,6 +343,37 @@ class TransferRegistry:
         if self._pool is not None:
             self._pool.shutdown(wait=True)
             self._pool = None
+
+    def _unshape_leftovers(self, ifindex: int | None) -> None:
+        """Shaping is off in this run: what an earlier run with shaping on left goes, or it would
+        stay for good with nobody to change it: the stored transfers (their flow entries let go:
+        deleted, or a switch on them kept without a class), any other entry steering into a class,
+        and the HTB tree on the uplink (only ours, ``htb.remove_tree``)."""
+        rows = self.agent.store.db.execute("SELECT id, flow FROM net_transfers").fetchall()
+        for r in rows:
+            try:
+                self._release_flow(ks.FlowKey.parse(r["flow"]), r["id"])
+            except ks.KillSwitchError:
+                pass
+        if self.flows is not None:
+            with self.flows_lock:
+                for key, e in ks.read_flows(self.flows):
+                    if not e.priority:
+                        continue
+                    if e.flags & (abi.LM_FLOW_KILL | abi.LM_FLOW_ARMED):
+                        e.priority = 0
+                        self.flows.update(key.pack(), e.pack())
+                    else:
+                        self.flows.delete(key.pack())
+        if rows:
+            with self.agent.store.tx() as db:
+                db.execute("DELETE FROM net_transfers")
+        removed = remove_tree(ifindex) if ifindex else False
+        if rows or removed:
+            self._emit("transfer", f"shaping is off ({self.disabled_reason}): the shaping tree left by an earlier run "
+                                   f"{'removed from the uplink' if removed else 'was gone'}, {len(rows)} stored "
+                                   "transfers forgotten (their flows unshaped; a cut on a flow stays)",
+                       transfers=[r["id"] for r in rows], tree_removed=removed)
 
     # --- flow cuts: who made them, and when a transfer's cut expires ------------------------
 
