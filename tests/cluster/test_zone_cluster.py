@@ -207,19 +207,19 @@ def test_a_suspect_in_another_zone_is_probed_again_once_it_is_back(make_cluster)
     sub, victim = c.nodes[0], c.nodes[3]
     wait_until(lambda: "H100" in sub.json("zone", "stats")["zone_summaries"]["2"]["gpu_models"], 30,
                "zone 2's summary to advertise the H100")
+
+    def alive_at_sub() -> bool:
+        return bool(next(p for p in sub.json("zone", "peers") if p["node"] == victim.node_id)["alive"])
+
     run("ip", "link", "set", victim.host_if, "down")
     try:
         # zone 2's summary keeps node 4's capacity for peer_timeout_s (10 s): this placement
         # probes the unreachable node in each of its three rounds
         r = c.place(0, {"name": "while-away", "command": SLEEP}, gpus=1, gpu_model="H100")
         assert r["outcome"] == "queued-out", r
+        assert not alive_at_sub()  # a suspect now
     finally:
         run("ip", "link", "set", victim.host_if, "up")
-
-    def alive_at_sub() -> bool:
-        return bool(next(p for p in sub.json("zone", "peers") if p["node"] == victim.node_id)["alive"])
-
-    assert not alive_at_sub()
     wait_until(alive_at_sub, 20, "node 1 to see node 4 alive again")
     r = c.place(0, {"name": "back", "command": SLEEP}, gpus=1, gpu_model="H100")
     assert r["outcome"] == "placed" and r["node"] == victim.node_id, r
