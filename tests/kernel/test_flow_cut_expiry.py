@@ -171,3 +171,21 @@ def test_a_transfers_cut_expires_across_an_agent_restart(veth_pair, tmp_path) ->
         assert status["operator_cuts"] == 1 and status["flow_entries_max"] == abi.LM_MAX_FLOWS, status
         events = a.ctl("events").stdout
         assert "expired" in events, events
+
+
+def test_a_cut_by_transfer_id_racing_the_transfers_removal_still_expires(reg) -> None:  # type: ignore[no-untyped-def]
+    """``kill-flow <transfer id> on`` (the loop) while the transfer is being removed (the registry's
+    thread): the removal has let go of the flow entry but the transfer is still registered when the
+    cut lands, so the cut (which makes a new entry) is the transfer's, with no expiry yet, and the
+    transfer is gone a moment later. The interleaving is taken step by step here: the removal's
+    _release_flow, the cut, then the rest of the removal. The sweep must start the cut's linger."""
+    vp, r = reg
+    r.cut_linger_s = 0.0
+    key = ks.FlowKey("tcp", vp.addr_a, 40406, vp.addr_b, 7406)
+    t = r.add("job-1", 1, key, 10_000_000, 600, transfer_id="ckpt-race")
+    r._release_flow(t.flow, t.id)  # remove(), first step
+    r.flow_switch("ckpt-race", {"action": "on"})  # the loop, in between
+    r.tree.remove_leaf(t.minor)  # remove(), the rest
+    del r.transfers[t.id]
+    r.sweep_once(time.time() + 1)
+    assert _entry(r, key) is None, "the cut of an ended transfer never expires"

@@ -468,14 +468,27 @@ class TransferRegistry:
                                      "(shaping.flow_cut_linger_s)", scope="flow", flow=str(key), action="expired")
         return done
 
+    def _sweep_due(self, now_wall: float) -> bool:
+        """Whether a sweep has work: a cut whose linger is over, or a transfer's cut whose transfer
+        is gone with no linger started (a cut by transfer id that landed while the transfer was
+        being removed: after its flow was let go, before it left the registry)."""
+        return any((c.expires_wall is not None and c.expires_wall <= now_wall)
+                   or (c.origin == TRANSFER_CUT and c.expires_wall is None and c.transfer not in self.transfers)
+                   for c in list(self.cuts.values()))
+
+    def sweep_once(self, now_wall: float | None = None) -> list[ks.FlowKey]:
+        """Starts the linger of transfers' cuts whose transfer is gone, then expires what is due.
+        Runs on the registry's thread (add and remove run there too, so neither is half done)."""
+        self._orphan_cuts()
+        return self.expire_cuts(now_wall)
+
     async def _sweep(self) -> None:
         while True:
             await asyncio.sleep(SWEEP_S)
-            now = time.time()
-            if not any(c.expires_wall is not None and c.expires_wall <= now for c in list(self.cuts.values())):
+            if not self._sweep_due(time.time()):
                 continue
             try:
-                await self._run(self.expire_cuts)
+                await self._run(self.sweep_once)
             except Exception:  # one bad round must not stop the expiry
                 log.exception("flow cut expiry failed")
 
