@@ -127,7 +127,8 @@ class Client:
         return self.request("DELETE", path)
 
     def stream(self, path: str) -> Iterator[Any]:
-        """Yields JSON objects from a newline-delimited stream until the agent closes it."""
+        """Yields JSON objects from a newline-delimited stream until the agent closes it (a last
+        line cut short by the closing is dropped)."""
         conn = self._conn(None)
         try:
             try:
@@ -139,8 +140,11 @@ class Client:
                 payload = json.loads(resp.read() or b"{}")
                 raise CtlError(str(payload.get("error")), EXIT_DENIED if resp.status == 403 else EXIT_FAILED)
             while True:
-                line = resp.readline()
-                if not line:
+                try:
+                    line = resp.readline()
+                except (ConnectionError, http.client.HTTPException):
+                    return
+                if not line.endswith(b"\n"):  # closed, perhaps in the middle of a line
                     return
                 yield json.loads(line)
         finally:

@@ -7,7 +7,7 @@ import re
 import time
 from typing import Any
 
-from .client import EXIT_USAGE, Client, CtlError
+from .client import EXIT_NO_AGENT, EXIT_USAGE, Client, CtlError
 from .output import emit, fmt, info, kv, print_json, table
 
 
@@ -175,9 +175,11 @@ def cmd_events(args: argparse.Namespace) -> int:
             for e in events:
                 info(_event_line(e))
         return 0
+    last = args.since
     for e in args.client.stream("/v1/events" + q + "&follow=1"):
         if e.get("kind") == "keepalive":
             continue
+        last = max(last, int(e.get("id") or 0))
         if args.output == "json":
             import json
             import sys
@@ -186,4 +188,7 @@ def cmd_events(args: argparse.Namespace) -> int:
             sys.stdout.flush()
         else:
             info(_event_line(e))
-    return 0
+    # The agent never ends a follow (keepalives every 15 s): the stream closed because it stopped
+    # or restarted, which a script watching the exit code must be able to tell from success.
+    raise CtlError(f"laminard closed the event stream (it stopped or restarted); to go on where this "
+                   f"left off: laminarctl events --follow --since {last}", EXIT_NO_AGENT)
