@@ -255,6 +255,8 @@ class Agent:
             limit = int(req.query.get("limit", "100"))
         except ValueError:
             raise ApiError(400, "since and limit must be integers") from None
+        if not 0 <= since < 1 << 63:
+            raise ApiError(400, f"since {since}: expected an event id, 0 to {(1 << 63) - 1}")
         if not 1 <= limit <= MAX_EVENTS:
             raise ApiError(400, f"limit {limit}: expected 1..{MAX_EVENTS} events")
         kind = req.query.get("kind") or None

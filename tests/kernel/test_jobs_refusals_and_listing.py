@@ -15,7 +15,7 @@ import json
 from typing import Any
 
 import pytest
-from agentproc import AgentProc, wait_until
+from agentproc import AgentProc, api_request, wait_until
 from userrig import call_as, local_user
 
 pytestmark = pytest.mark.kernel
@@ -54,3 +54,17 @@ def test_jobs_table_shows_a_stop_reason_as_written(agent: AgentProc) -> None:
             assert reason in r.stdout, r.stdout
         by_json = {j["id"]: j["reason"] for j in json.loads(agent.ctl("-o", "json", "jobs").stdout)}
         assert [by_json[i] for i in ids] == reasons
+
+
+@pytest.mark.parametrize("path, status, needle", [
+    # numbers no job or event can have: answered as such, not as "internal error: OverflowError"
+    ("/v1/jobs/99999999999999999999", 404, "no job"),
+    ("/v1/jobs/" + "1" * 5000, 404, "no job"),
+    ("/v1/jobs/99999999999999999999/stop", 404, "no job"),
+    ("/v1/events?since=1000000000000000000000000000000", 400, "since"),
+    ("/v1/events?since=-5", 400, "since"),
+])
+def test_ids_past_any_job_or_event_are_a_clear_answer(agent: AgentProc, path: str, status: int, needle: str) -> None:
+    method = "POST" if path.endswith("/stop") else "GET"
+    code, raw = api_request(agent.sock, method, path, "{}" if method == "POST" else None)
+    assert code == status and needle in json.loads(raw)["error"], raw[:300]

@@ -787,15 +787,17 @@ class JobManager:
 
     # -- queries -------------------------------------------------------------------------------
     def get(self, job_id: str) -> Job | None:
-        """A job by id ("job-3") or number ("3"), from memory or the store."""
+        """A job by id ("job-3") or number ("3"), from memory or the store; None when there is
+        none (a number no job can have, such as one past SQLite's 64 bits, included)."""
         if job_id in self.jobs:
             return self.jobs[job_id]
-        if job_id.isdigit():
+        # ASCII digits only ('²'.isdigit() too), and no more than a 64-bit number has
+        num = int(job_id) if job_id.isascii() and job_id.isdigit() and len(job_id) <= 18 else -1
+        if num >= 0:
             for j in self.jobs.values():
-                if j.num == int(job_id):
+                if j.num == num:
                     return j
-        row = self.store.db.execute("SELECT * FROM jobs WHERE id=? OR num=?",
-                                    (job_id, int(job_id) if job_id.isdigit() else -1)).fetchone()
+        row = self.store.db.execute("SELECT * FROM jobs WHERE id=? OR num=?", (job_id, num)).fetchone()
         return self._from_row(row) if row else None
 
     def list(self, all_jobs: bool = True) -> list[Job]:
