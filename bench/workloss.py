@@ -262,13 +262,21 @@ def simulate(policy: str, pool: list[Node], start: float, end: float, p: Params,
             abrupt_draws[k] = random.Random(f"{seed}:{k[0]}:{k[1]}").random() < p.abrupt_frac
         return abrupt_draws[k]
 
+    def under_notice(n: Node, t: float) -> bool:
+        """Up at ``t`` and already announced as reclaimed (its departure, with notice, lies
+        within ``notice_s`` of ``t``). The agent leaves such a node out of every choice: move
+        destinations, storage holders, guards and buddies (ReclaimComponent.candidates, which
+        rank_for and rank_holders both use; a draining node binds no offer or hand-over)."""
+        up = n.up_at(t)
+        return up is not None and up[1] <= t + p.notice_s and not abrupt(n, up[1])
+
     def live_peer(n: Node, t: float, until: float) -> bool:
         """Up from ``t`` to ``until`` and not under a reclaim notice at ``t`` (the agent leaves
         out peers that announced their reclaim: ReclaimComponent.candidates)."""
         up = n.up_at(t)
         if up is None or up[1] < until:
             return False
-        return not (up[1] <= t + p.notice_s and not abrupt(n, up[1]))
+        return not under_notice(n, t)
 
     guard_lost_at: list[float] = []  # when keep_guard last found a guard gone (for the archive's claim)
 
@@ -482,13 +490,14 @@ def simulate(policy: str, pool: list[Node], start: float, end: float, p: Params,
             by_name = {n.name: n for n in pool}
             dest: Node | None = None
             if not is_abrupt and step.final:
-                # rank the free nodes up when the move is planned; the chosen one must still be up
-                # when the job restarts there (write, transfer, restart)
+                # rank the free nodes up and not under a notice when the move is planned (the
+                # agent's candidates); the chosen one must still be up when the job restarts
+                # there (write, transfer, restart)
                 models = hz.at(notice_at)
                 t_go = notice_at + write_s + size / link + p.restart_s
                 cands = [Candidate(n.name, n.zone, "r0", Resources(1, 0, 0), link,
                                    survival=models[n.zone].survival(notice_at, p.remaining_s))
-                         for n in pool if n.name not in busy and n.up_at(notice_at)]
+                         for n in pool if n.name not in busy and n.up_at(notice_at) and not under_notice(n, notice_at)]
                 req = MoveRequest("j", Resources(1, 0, 0), size, p.remaining_s, p.notice_s, gone.name, gone.zone, "r0")
                 ranked = [r for r in rank(req, cands) if r.feasible and by_name[r.candidate.node].up_at(t_go)]
                 if ranked:
