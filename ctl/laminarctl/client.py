@@ -16,6 +16,7 @@ import http.client
 import json
 import os
 import socket
+import stat
 import struct
 from collections.abc import Iterator
 from typing import Any
@@ -55,6 +56,17 @@ def connect_unix(path: str, timeout: float | None) -> socket.socket:
     return s
 
 
+def _is_admin_socket(path: str) -> bool:
+    """Whether `path` is a socket owned by root, as the agent's admin socket is: in a shared
+    directory (agent.socket under /tmp) another user could have put a socket of their own there,
+    and root's requests must not go to it."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return False
+    return stat.S_ISSOCK(st.st_mode) and st.st_uid == 0
+
+
 class _UnixConnection(http.client.HTTPConnection):
     def __init__(self, path: str, timeout: float | None) -> None:
         super().__init__("laminar", timeout=timeout)
@@ -62,7 +74,7 @@ class _UnixConnection(http.client.HTTPConnection):
 
     def connect(self) -> None:
         admin = admin_socket_path(self._path)
-        if os.access(admin, os.W_OK):  # root or the control group: never behind the public queue
+        if _is_admin_socket(admin) and os.access(admin, os.W_OK):  # root or the control group
             try:
                 self.sock = connect_unix(admin, self.timeout)
                 return

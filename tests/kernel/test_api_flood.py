@@ -245,3 +245,53 @@ def test_a_user_connecting_in_a_loop_does_not_crowd_root_or_the_control_group_ou
                 os.kill(k, signal.SIGKILL)
                 os.waitpid(k, 0)
             a.cleanup()
+
+
+def _answer_on(path: Path, who: str) -> socket.socket:
+    """A listening socket at `path` whose thread answers one JSON object naming `who` per connection."""
+    import threading
+
+    srv = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    srv.bind(str(path))
+    os.chmod(path, 0o666)
+    srv.listen(8)
+
+    def serve() -> None:
+        while True:
+            try:
+                c, _ = srv.accept()
+            except OSError:
+                return
+            with c:
+                c.recv(65536)
+                body = f'{{"who": "{who}"}}'.encode()
+                c.sendall(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: "
+                          + str(len(body)).encode() + b"\r\nConnection: close\r\n\r\n" + body)
+
+    threading.Thread(target=serve, daemon=True).start()
+    return srv
+
+
+def test_root_does_not_talk_to_an_admin_socket_another_user_put_in_a_shared_directory(tmp_path: Path) -> None:
+    """agent.socket in a shared directory (/tmp): another user can put a socket of their own at
+    the admin socket's path; laminarctl run by root must not send its requests there."""
+    from laminar.config import admin_socket_path
+    from laminarctl.client import Client
+
+    shared = Path(f"/tmp/lm-t-shared-{os.getpid()}-{time.monotonic_ns() % 100000}")
+    shared.mkdir(mode=0o1777)
+    os.chmod(shared, 0o1777)
+    public = shared / "laminard.sock"
+    servers: list[socket.socket] = []
+    try:
+        with local_user("squat") as squatter:
+            servers.append(_answer_on(public, "agent"))
+            servers.append(_answer_on(Path(admin_socket_path(str(public))), "squatter"))
+            os.chown(admin_socket_path(str(public)), squatter.uid, squatter.gid)
+            assert Client(str(public), timeout=10).get("/v1/status") == {"who": "agent"}
+    finally:
+        for s in servers:
+            s.close()
+        import shutil
+
+        shutil.rmtree(shared, ignore_errors=True)
