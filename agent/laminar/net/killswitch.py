@@ -183,7 +183,8 @@ def parse_action(body: Any) -> tuple[str, int | None]:
 def apply_flow_switch(flows_map: Any, key: FlowKey, action: str, deadline: int | None, *,
                       create: bool = True, job_num: int = 0) -> FlowEntry:
     """Sets a flow's switch in ``lm_flows`` (a laminar.bpf.libbpf.BpfMap): ``on`` cuts now, ``off``
-    clears both the cut and an armed deadline, ``arm`` cuts at ``deadline`` (monotonic ns).
+    clears both the cut and an armed deadline, ``arm`` cuts at ``deadline`` (monotonic ns); arming a
+    flow its passed deadline has cut keeps it cut (``on`` is set with the new deadline).
     A flow with no entry gets one when ``create`` (priority 0: no class), else KillSwitchError 404.
     Returns the entry as written."""
     kb = key.pack()
@@ -199,6 +200,10 @@ def apply_flow_switch(flows_map: Any, key: FlowKey, action: str, deadline: int |
     elif action == "arm":
         if deadline is None:
             raise KillSwitchError("arm needs a deadline")
+        if cut_by_deadline(entry.flags, entry.kill_at_ns):
+            # Cut already, by its passed deadline: a new deadline must not reopen it ("arm" cuts
+            # at T, only "off" restores), so the cut becomes a plain one.
+            entry.flags |= LM_FLOW_KILL
         # Deadline first in the same value write: the program never sees ARMED with a stale time.
         entry.kill_at_ns = deadline
         entry.flags |= LM_FLOW_ARMED
@@ -206,6 +211,13 @@ def apply_flow_switch(flows_map: Any, key: FlowKey, action: str, deadline: int |
         raise KillSwitchError(f"action {action!r}: expected one of on, off, arm")
     flows_map.update(kb, entry.pack())
     return entry
+
+
+def cut_by_deadline(flags: int, kill_at_ns: int, armed_bit: int = LM_FLOW_ARMED, now_ns: int | None = None) -> bool:
+    """Whether an armed switch (``armed_bit`` in ``flags``) has cut already: its deadline passed.
+    Arming such a switch again keeps the cut (the caller sets its kill bit): only ``off`` restores."""
+    now = time.monotonic_ns() if now_ns is None else now_ns
+    return bool(flags & armed_bit) and kill_at_ns <= now
 
 
 def read_flows(flows_map: Any) -> list[tuple[FlowKey, FlowEntry]]:

@@ -40,6 +40,7 @@ from ..bpf import abi
 from ..bpf.libbpf import BpfMap, BpfObject, object_path
 from ..features import ensure_bpffs
 from . import htb, nl, tc
+from .killswitch import cut_by_deadline
 
 log = logging.getLogger("laminar.netguard")
 
@@ -345,9 +346,18 @@ class NetGuard:
         else:
             self._update_job(cgroup_id, clear_flags=abi.LM_JOB_KILL | abi.LM_JOB_ARMED, kill_at_ns=0)
 
-    def arm_job(self, cgroup_id: int, deadline_monotonic_ns: int) -> None:
-        """The data plane cuts the job's traffic once CLOCK_MONOTONIC passes the deadline."""
-        self._update_job(cgroup_id, set_flags=abi.LM_JOB_ARMED, kill_at_ns=deadline_monotonic_ns)
+    def arm_job(self, cgroup_id: int, deadline_monotonic_ns: int) -> bool:
+        """The data plane cuts the job's traffic once CLOCK_MONOTONIC passes the deadline. A job its
+        passed armed deadline has cut already stays cut (its kill flag is set with the new
+        deadline: only ``off`` restores). Returns whether that was so. KeyError: not registered."""
+        with self.lock:
+            job = self.job_entry(cgroup_id)
+            if job is None:
+                raise KeyError(cgroup_id)
+            stays_cut = cut_by_deadline(job.flags, job.kill_at_ns, abi.LM_JOB_ARMED)
+            self._update_job(cgroup_id, set_flags=abi.LM_JOB_ARMED | (abi.LM_JOB_KILL if stays_cut else 0),
+                             kill_at_ns=deadline_monotonic_ns)
+        return stays_cut
 
     def _global(self) -> abi.LmGlobal:
         raw = self.maps["lm_global"].lookup(abi.u32(0))
@@ -479,12 +489,15 @@ class NetGuard:
             deadline = time.monotonic_ns() + int(at_s * 1e9)
         who = ""
         disarmed: list[int] = []  # cgroup ids whose armed deadline an 'off' cleared (a reclaim's, maybe)
+        stayed_cut: list[int] = []  # cgroup ids an 'arm' found cut by their passed deadline (kept cut)
+        lent_stays_cut = False
         if scope == "job":
             job_id = require(body, "job", str, "a job id")
             job, cg = self._job_cgroup(job_id)
             if action == "arm":
                 assert deadline is not None
-                self.arm_job(cg, deadline)
+                if self.arm_job(cg, deadline):
+                    stayed_cut.append(cg)
             else:
                 with self.lock:
                     before = self.job_entry(cg)
@@ -496,7 +509,11 @@ class NetGuard:
             if action == "arm":
                 assert deadline is not None
                 for k, _ in list(self.maps["lm_jobs"].items()):
-                    self.arm_job(int.from_bytes(k, "little"), deadline)
+                    try:
+                        if self.arm_job(int.from_bytes(k, "little"), deadline):
+                            stayed_cut.append(int.from_bytes(k, "little"))
+                    except KeyError:  # unregistered meanwhile
+                        pass
             elif action == "on":
                 self.set_global(set_flags=abi.LM_GLOBAL_KILL_JOBS)
             else:
@@ -515,7 +532,11 @@ class NetGuard:
             who = "all jobs"
         else:
             if action == "arm":
-                self.set_global(set_flags=abi.LM_GLOBAL_ARMED, kill_at_ns=deadline)
+                with self.lock:
+                    g = self._global()
+                    lent_stays_cut = cut_by_deadline(g.flags, g.kill_at_ns, abi.LM_GLOBAL_ARMED)
+                    self.set_global(set_flags=abi.LM_GLOBAL_ARMED
+                                    | (abi.LM_GLOBAL_KILL_LENT if lent_stays_cut else 0), kill_at_ns=deadline)
             elif action == "on":
                 self.set_global(set_flags=abi.LM_GLOBAL_KILL_LENT)
             else:
@@ -526,12 +547,15 @@ class NetGuard:
         disarmed_jobs = self._job_names(disarmed)
         if disarmed_jobs:
             msg += f"; armed deadline cleared for {', '.join(disarmed_jobs)}"
+        kept = self._job_names(stayed_cut) + (["lent jobs"] if lent_stays_cut else [])
+        if kept:
+            msg += (f"; {', '.join(kept)} cut by the armed deadline already: stays cut (off restores)")
         # Recorded in the next loop round, after the answer: the switch is already enforcing.
         self.agent.loop.call_soon(lambda: self.agent.events.emit(
             "killswitch", msg, action=action, scope=scope, job=body.get("job"), uid=req.peer.uid, deadline_ns=deadline,
-            disarmed=disarmed_jobs))
+            disarmed=disarmed_jobs, stays_cut=kept))
         return {"message": msg, "action": action, "scope": scope, "job": body.get("job"), "deadline_ns": deadline,
-                "disarmed": disarmed_jobs}
+                "disarmed": disarmed_jobs, "stays_cut": kept}
 
 
 def restore_interface(ifindex: int, clsact_created: bool) -> dict[str, Any]:

@@ -750,7 +750,12 @@ class TransferRegistry:
         except ks.KillSwitchError as e:
             raise ApiError(e.status, str(e)) from None
         removed = False
+        stays_cut = False
         with self.flows_lock:  # the switch and the delete below see no write from the registry's thread
+            if action == "arm":
+                raw = self.flows.lookup(key.pack())
+                was = ks.FlowEntry.unpack(raw) if raw is not None else None
+                stays_cut = was is not None and ks.cut_by_deadline(was.flags, was.kill_at_ns)
             try:
                 entry = ks.apply_flow_switch(self.flows, key, action, deadline, job_num=job_num)
             except ks.KillSwitchError as e:
@@ -782,6 +787,8 @@ class TransferRegistry:
         else:
             self._flush_cuts()
         verb = {"on": "cut", "off": "restored", "arm": f"armed to cut in {body.get('at_s')} s"}[action]
+        if stays_cut:
+            verb += "; it was cut by its armed deadline already and stays cut (off restores it)"
         cut = self.cuts.get(key)
         return {"message": f"kill-switch: flow {name} ({key}) {verb}", "flow": str(key), "action": action,
                 "deadline_ns": deadline, "entry_removed": removed, **entry.describe(),
