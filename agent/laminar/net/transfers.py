@@ -98,9 +98,8 @@ CONFIG_FIELDS = {
     "tick_ms": Field(int, 100, "how often transfer rates are recomputed",
                      lambda v: None if 10 <= v <= 10_000 else "out of range 10..10000"),
     "replace_existing": Field(bool, False, "replace a root qdisc a person set up on the uplink"),
-    "flow_cut_linger_s": Field((int, float), 900, "how long a flow cut made through a transfer (kill-flow <transfer id> "
-                               "on|arm) stays after the transfer ends (from its armed deadline when later); then its "
-                               "lm_flows entry is deleted. A cut by 5-tuple stays until kill-flow ... off",
+    "flow_cut_linger_s": Field((int, float), 900, "seconds a flow cut made through a transfer id stays after the "
+                               "transfer ends (or its armed deadline); a cut by 5-tuple stays until kill-flow off",
                                lambda v: None if 0 <= v <= 7 * 86400 else "out of range 0..604800"),
 }
 register_section("shaping", CONFIG_FIELDS)
