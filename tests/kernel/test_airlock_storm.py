@@ -19,7 +19,7 @@ import pytest
 from jobrig import until
 
 from laminar.airlock import ladder
-from laminar.airlock.cgroups import CgroupTree, detect, read_memory_limit
+from laminar.airlock.cgroups import CgroupTree, detect, read_memory_limit, read_memory_usage
 from laminar.airlock.manager import Airlock
 from laminar.airlock.policy import PolicyError
 from laminar.airlock.signals import read_psi
@@ -442,6 +442,41 @@ def test_a_suspension_pending_at_a_restart_is_taken_over_and_thawed_once_calm(tm
                 r.airlock._apply(act, later, ladder.NONE, r.airlock.signals(later))
             aj = r.jobs.get(a.id)
             assert aj is not None and not aj.cgroup.frozen() and aj.state == "running" and alive(a.pid)
+        finally:
+            await r.close()
+
+    run(main())
+
+
+def test_clean_page_cache_is_not_memory_in_use(tmp_path: Path) -> None:
+    """v1 usage_in_bytes counts the page cache: a job reading a file larger than the budget's
+    free room (a data set, a checkpoint) fills the budget with clean cache, which the kernel
+    frees on demand, and Airlock read that as pressure 'high': every job was suspended, then
+    re-addressed and reclaimed as its budgets ran out, with 1 MiB of memory really in use."""
+    async def main() -> None:
+        r = Rig(tmp_path, f"laminar-t-{secrets.token_hex(3)}")
+        try:
+            await r.start(budget_mb=256)
+            assert r.jobs is not None and r.airlock is not None
+            data, done = tmp_path / "data", tmp_path / "done"
+            b = await r.jobs.submit(JobSpec(command=["sleep", "600"], job_class="transient", priority=1, name="b"))
+            # O_DIRECT: the file is written past the cache, so reading it charges the job
+            reader = (f"dd if=/dev/zero of={data} bs=1M count=400 oflag=direct status=none && cat {data} > /dev/null "
+                      f"&& touch {done} && exec sleep 600")
+            a = await r.jobs.submit(JobSpec(command=["sh", "-c", reader], job_class="standard", name="a"))
+            root = r.airlock._root_memory_dir()
+            h = r.airlock.tree.hierarchy  # type: ignore[union-attr]
+            peak = [0]
+
+            def read_done() -> bool:
+                peak[0] = max(peak[0], read_memory_usage(h, root))
+                return done.exists()
+
+            assert await until(read_done, 60, step=0.02)
+            assert peak[0] >= 0.85 * (256 << 20), f"the cache reached only {peak[0] >> 20} MiB of the budget"
+            await asyncio.sleep(2.0)
+            assert r.actions() == [], [e["message"] for e in r.actions()]
+            assert r.jobs.get(a.id).state == "running" and r.jobs.get(b.id).state == "running"  # type: ignore[union-attr]
         finally:
             await r.close()
 

@@ -417,6 +417,28 @@ def read_memory_usage(h: Hierarchy, d: Path) -> int:
     return int(_read(d / name).strip())
 
 
+def read_memory_in_use(h: Hierarchy, d: Path) -> int:
+    """Bytes charged to `d` less its clean page cache: what the kernel cannot simply drop.
+
+    v1 ``memory.usage_in_bytes`` and v2 ``memory.current`` count the page cache, and a job
+    that reads a file larger than the free room fills any limit with it; at the limit the
+    kernel drops clean file pages on demand. Dirty pages and pages under writeback stay
+    counted (they must be written first), so do anonymous memory, shmem and kernel memory.
+    Falls back to the plain usage when ``memory.stat`` cannot be read."""
+    usage = read_memory_usage(h, d)
+    try:
+        stat = _keyed(_read(d / "memory.stat"))
+        if h.memory_in_v2:
+            file = int(stat["active_file"]) + int(stat["inactive_file"])
+            busy = int(stat["file_dirty"]) + int(stat["file_writeback"])
+        else:
+            file = int(stat["total_active_file"]) + int(stat["total_inactive_file"])
+            busy = int(stat["total_dirty"]) + int(stat["total_writeback"])
+    except (CgroupError, KeyError, ValueError):
+        return usage
+    return max(0, usage - max(0, file - busy))
+
+
 def set_cpu_quota(h: Hierarchy, cg: JobCgroup, cpus: float | None) -> bool:
     if cpus is not None and cpus <= 0:
         raise CgroupError(f"cpus {cpus} must be > 0")

@@ -64,8 +64,9 @@ class JobView:
 
 @dataclass(frozen=True)
 class Signals:
-    """Pressure inputs at one instant. `usage` is the share of the node's job budget in use
-    (None when there is no budget); PSI values are avg10 fractions (0..1)."""
+    """Pressure inputs at one instant. `usage` is the share of the node's job budget in use,
+    clean page cache not counted (the kernel drops it on demand; None when there is no
+    budget); PSI values are avg10 fractions (0..1)."""
 
     usage: float | None = None
     psi_some: float = 0.0
@@ -74,6 +75,7 @@ class Signals:
     critical_event: bool = False     # v1 pressure_level critical, OOM victim event
     stall_event: bool = False        # PSI trigger fired / reclaim began recently (edge signals)
     node_usage: float | None = None  # share of the machine's memory not available (MemAvailable)
+    charged: float | None = None     # share of the budget charged, clean page cache included
 
 
 @dataclass(frozen=True)
@@ -126,7 +128,9 @@ def pressure_level(s: Signals, policy: dict[str, Any]) -> int:
     budget or a class cap (``under_oom``) and the budget's usage count at any level."""
     t = policy["thresholds"]
     usage = s.usage if s.usage is not None else 0.0
-    short = max(usage, s.node_usage or 0.0) >= policy["hysteresis"]["recover_below"]
+    # the budget counts as full here with its page cache: a thrash on hot file pages at the
+    # budget is pressure although its clean cache is not memory in use
+    short = max(usage, s.charged or 0.0, s.node_usage or 0.0) >= policy["hysteresis"]["recover_below"]
     if s.under_oom or usage >= t["usage.critical"] or (
             short and (s.critical_event or s.psi_full >= t["memory.full"] > 0)):
         return CRITICAL

@@ -40,7 +40,7 @@ from typing import Any
 
 from ..config import Field, register_section
 from . import admission, ladder
-from .cgroups import CgroupError, CgroupTree, read_memory_limit, read_memory_usage
+from .cgroups import CgroupError, CgroupTree, read_memory_in_use, read_memory_limit, read_memory_usage
 from .policy import Policy, PolicyError, PolicyStore, parse
 from .signals import PriPoller, PsiTrigger, V1Eventfd, mem_available, psi_window, read_psi
 
@@ -602,16 +602,17 @@ class Airlock:
                 log.exception("airlock: capping the unprotected classes failed")
             self.schedule()
 
-    def usage(self) -> float | None:
-        """Share of the node's job budget in use (v1/v2 usage of the root / its limit), or,
-        with no budget, the share of the machine's memory that is not available."""
+    def usage(self, charged: bool = False) -> float | None:
+        """Share of the node's job budget in use (the root's usage less its clean page cache,
+        `read_memory_in_use`, over its limit; with `charged` the plain usage, cache
+        included), or, with no budget, the share of the machine's memory not available."""
         assert self.tree is not None
         d = self._root_memory_dir()
         h = self.tree.hierarchy
         try:
             limit = read_memory_limit(h, d)
             if limit:
-                return read_memory_usage(h, d) / limit
+                return (read_memory_usage(h, d) if charged else read_memory_in_use(h, d)) / limit
         except (CgroupError, ValueError):
             pass
         avail, total = mem_available()
@@ -651,7 +652,7 @@ class Airlock:
         return ladder.Signals(usage=self.usage(), psi_some=some, psi_full=full, under_oom=under_oom,
                               critical_event=now - self.last_critical < STALL_HOLD_S,
                               stall_event=now - self.last_stall < STALL_HOLD_S,
-                              node_usage=1 - avail / total if total else None)
+                              node_usage=1 - avail / total if total else None, charged=self.usage(charged=True))
 
     def _at_own_budget(self, cls: str) -> bool:
         """True when the limit in force on class `cls` is its own class budget (config
