@@ -13,6 +13,7 @@ an event never puts a disk flush on a hot path such as a kill-switch request.
 from __future__ import annotations
 
 import json
+import os
 import sqlite3
 import threading
 import time
@@ -45,6 +46,9 @@ class Store:
         # lists it, but a job run as its owner must pass through it to its checkpoint directory
         # and log (laminar.runtime.jobs). The database itself is 0600.
         self.path.parent.mkdir(parents=True, exist_ok=True, mode=0o711)
+        # Root's alone from its first byte (it will hold every job's spec, env included); SQLite
+        # gives its -wal and -shm files the database's mode.
+        os.close(os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600))
         self.db = sqlite3.connect(str(self.path), isolation_level=None, check_same_thread=False)
         self.db.row_factory = sqlite3.Row
         self.db.execute("PRAGMA journal_mode=WAL")
