@@ -482,3 +482,28 @@ def test_clean_page_cache_is_not_memory_in_use(tmp_path: Path) -> None:
             await r.close()
 
     run(main())
+
+
+def test_victims_are_ranked_by_the_memory_they_would_free_not_their_page_cache(tmp_path: Path) -> None:
+    """Survival value falls with the memory a job would free, and that was its charge with the
+    page cache: a job that had read a large file ranked lowest and was suspended (and reclaimed,
+    'to free 300 MiB') ahead of the job actually holding the memory."""
+    async def main() -> None:
+        r = Rig(tmp_path, f"laminar-t-{secrets.token_hex(3)}")
+        try:
+            await r.start(budget_mb=512)
+            assert r.jobs is not None and r.airlock is not None and r.airlock.policy is not None
+            data, done = tmp_path / "data", tmp_path / "done"
+            reader = (f"dd if=/dev/zero of={data} bs=1M count=300 oflag=direct status=none && cat {data} > /dev/null "
+                      f"&& touch {done} && exec sleep 600")
+            a = await r.jobs.submit(JobSpec(command=["sh", "-c", reader], job_class="transient", name="reader"))
+            b = await r.jobs.submit(JobSpec(command=hog(60, step=20, delay=0.02), job_class="transient", name="holder"))
+            assert await until(lambda: done.exists() and b.cgroup.memory_usage() >= 60 << 20, 60)
+            assert a.cgroup.memory_usage() > 2 * b.cgroup.memory_usage()  # the reader's charge: its cache
+            now = time.monotonic()
+            acts = ladder.decide(now, ladder.HIGH, r.airlock.views(now), r.airlock.policy.doc, ladder.Memo(), 0.9)
+            assert [(x.kind, x.job_id) for x in acts] == [(ladder.SUSPEND, b.id)], acts
+        finally:
+            await r.close()
+
+    run(main())

@@ -372,6 +372,11 @@ class JobCgroup:
         """Bytes charged to the job now (v1 memory.usage_in_bytes, v2 memory.current)."""
         return read_memory_usage(self.hierarchy, self.memory_dir)
 
+    def memory_in_use(self) -> int:
+        """Bytes charged to the job less its clean page cache (`read_memory_in_use`): what
+        reclaiming the job would free that the kernel could not drop anyway."""
+        return read_memory_in_use(self.hierarchy, self.memory_dir)
+
     def under_oom(self) -> bool:
         """v1: a task of the job waits at its limit (`under_oom 1`); v2: always False."""
         if self.hierarchy.memory_in_v2:

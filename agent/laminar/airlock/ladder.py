@@ -4,7 +4,8 @@ Airlock's manager (mechanism) and the simulator (``laminar.sim``) call the same 
 
 - `survival_value(job, policy)`: how much keeping a job alive is worth. It grows with the
   job's lifecycle class weight, its priority and the work at risk since its last checkpoint,
-  and falls with the memory it would free. The lowest value yields first.
+  and falls with the memory it would free (its memory in use: clean page cache, which the
+  kernel drops anyway, is not counted). The lowest value yields first.
 - `pressure_level(signals, policy)`: NONE (recoverable), STEADY (the hysteresis band), HIGH or
   CRITICAL, from the budget's usage, PSI and discrete kernel signals (stalls only while the
   budget or the machine is at least ``recover_below`` full: below, they are a job's own limit).

@@ -683,7 +683,7 @@ class Airlock:
             if rung == ladder.RECLAIM:
                 continue
             try:
-                mem = j.cgroup.memory_usage()
+                mem = j.cgroup.memory_in_use()  # its clean page cache the kernel drops anyway
             except CgroupError:
                 continue
             out.append(ladder.JobView(j.id, j.spec.job_class, j.spec.priority, j.work_at_risk_s(wall), mem,
@@ -891,7 +891,7 @@ class _Fd:
 
 def _safe_usage(job: Any) -> int | None:
     try:
-        return int(job.cgroup.memory_usage())
+        return int(job.cgroup.memory_in_use())
     except CgroupError:
         return None
 
