@@ -27,6 +27,8 @@ from .output import emit, info, kv, table
 
 # The agent's limit on a stop's grace (laminar.runtime.jobs.STOP_GRACE_MAX_S).
 GRACE_MAX_S = 3600.0
+# The longest stop reason the agent keeps (laminar.runtime.jobs.REASON_MAX).
+REASON_MAX = 1000
 # How long `job stop` waits for the agent beyond the grace (the kill and the cgroups' removal).
 STOP_ANSWER_S = 120.0
 
@@ -238,6 +240,8 @@ def cmd_job_stop(args: argparse.Namespace) -> int:
             raise ValueError(f"--grace {args.grace:g}: expected seconds from 0 to {GRACE_MAX_S:g}")
         body["grace_s"] = grace = args.grace
     if args.reason:
+        if len(args.reason) > REASON_MAX:
+            raise ValueError(f"--reason of {len(args.reason)} characters: at most {REASON_MAX}")
         body["reason"] = args.reason
     job = args.client.post(f"/v1/jobs/{args.id}/stop", body, timeout=STOP_ANSWER_S + grace)
     emit(job, args.output, lambda j: info(f"{j['id']} {j['state']}: {j['reason']}"))

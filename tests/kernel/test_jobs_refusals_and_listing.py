@@ -68,3 +68,20 @@ def test_ids_past_any_job_or_event_are_a_clear_answer(agent: AgentProc, path: st
     method = "POST" if path.endswith("/stop") else "GET"
     code, raw = api_request(agent.sock, method, path, "{}" if method == "POST" else None)
     assert code == status and needle in json.loads(raw)["error"], raw[:300]
+
+
+@pytest.mark.parametrize("reason", ["x" * 100_000, ["a", "list"]])
+def test_a_stop_reason_too_long_to_keep_is_refused_and_the_job_runs_on(agent: AgentProc, reason: Any) -> None:
+    """A stop's reason is kept with the job and in two events (the log keeps 50,000): a user
+    who stopped jobs with 1 MiB reasons could fill the agent's disk. A list was taken as text."""
+    with local_user("why") as user:
+        status, job, raw = call_as(user, agent.sock, "POST", "/v1/jobs", {"command": ["/bin/sleep", "1000"]})
+        assert status == 201, raw
+        status, out, raw = call_as(user, agent.sock, "POST", f"/v1/jobs/{job['id']}/stop", {"reason": reason})
+        assert status == 400 and "at most 1000 characters" in out["error"] and len(raw) < 1000, raw[:300]
+        assert agent.json("job", "show", job["id"])["state"] == "running"
+        r = agent.ctl("job", "stop", job["id"], "--reason", "x" * 1001, check=False)
+        assert r.returncode == 2 and "at most 1000" in r.stderr, r.stderr
+        status, out, raw = call_as(user, agent.sock, "POST", f"/v1/jobs/{job['id']}/stop",
+                                   {"reason": "y" * 1000, "grace_s": 0})
+        assert status == 201 and out["reason"] == "y" * 1000, raw[:300]

@@ -80,6 +80,9 @@ ADOPT_POLL_S = 0.5
 # that could not die (hung storage, a frozen v1 freezer) usually can within minutes; 30 s keeps
 # the retry cheap (one query, one rmdir per leaked directory).
 LEAK_SWEEP_S = 30.0
+# The longest stop reason a caller may give: it is kept with the job and in two events, and
+# the event log keeps 50,000 of them (a 1 MiB reason per stop would fill the disk).
+REASON_MAX = 1000
 # What a job's env values read as to a caller who is neither the job's owner nor root.
 REDACTED = "<redacted>"
 
@@ -1420,7 +1423,11 @@ class JobManager:
                 raise ApiError(403, f"permission denied: job {job.id} belongs to uid {job.owner_uid}; stopping "
                                     f"another user's job needs root or the control group (caller uid {req.peer.uid})")
             body = req.body if isinstance(req.body, dict) else {}
-            reason = str(body.get("reason") or f"stopped by uid {req.peer.uid}")
+            given = body.get("reason")
+            if given is not None and (not isinstance(given, str) or len(given) > REASON_MAX):
+                raise ApiError(400, f"reason {_brief(given)}: expected text of at most {REASON_MAX} characters "
+                                    "(it is kept with the job and in its events)")
+            reason = given or f"stopped by uid {req.peer.uid}"
             try:
                 grace = parse_grace_s(body.get("grace_s"))
             except JobError as e:
