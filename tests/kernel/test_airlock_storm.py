@@ -19,7 +19,7 @@ import pytest
 from jobrig import until
 
 from laminar.airlock import ladder
-from laminar.airlock.cgroups import CgroupTree, detect, read_memory_limit, read_memory_usage
+from laminar.airlock.cgroups import CgroupError, CgroupTree, detect, read_memory_limit, read_memory_usage
 from laminar.airlock.manager import Airlock
 from laminar.airlock.policy import PolicyError
 from laminar.airlock.signals import read_psi
@@ -228,6 +228,14 @@ def test_restart_during_storm_loses_no_job(tmp_path: Path) -> None:
             await r.close()
 
     run(main())
+
+
+def charged(job: Any) -> int:
+    """The job's memory charge now, 0 once its cgroup is gone."""
+    try:
+        return int(job.cgroup.memory_usage())
+    except CgroupError:
+        return 0
 
 
 def memory_settings(r: Rig) -> dict[str, tuple[int | None, str]]:
@@ -503,6 +511,35 @@ def test_victims_are_ranked_by_the_memory_they_would_free_not_their_page_cache(t
             now = time.monotonic()
             acts = ladder.decide(now, ladder.HIGH, r.airlock.views(now), r.airlock.policy.doc, ladder.Memo(), 0.9)
             assert [(x.kind, x.job_id) for x in acts] == [(ladder.SUSPEND, b.id)], acts
+        finally:
+            await r.close()
+
+    run(main())
+
+
+def test_a_protected_jobs_page_cache_leaves_the_other_classes_room(tmp_path: Path) -> None:
+    """The unprotected classes' caps were computed from charges with the page cache: a
+    long-resident job reading its data set fills the budget with clean cache, which left the
+    other classes no room at all (their caps at their usage), so any transient that grew was
+    held at its cap, 'critical', and reclaimed, with the budget's memory in use nearly nil."""
+    async def main() -> None:
+        r = Rig(tmp_path, f"laminar-t-{secrets.token_hex(3)}")
+        try:
+            await r.start(budget_mb=512)
+            assert r.jobs is not None and r.airlock is not None
+            data, done = tmp_path / "data", tmp_path / "done"
+            reader = (f"dd if=/dev/zero of={data} bs=1M count=700 oflag=direct status=none && cat {data} > /dev/null "
+                      f"&& touch {done} && exec sleep 600")
+            lr = await r.jobs.submit(JobSpec(command=["sh", "-c", reader], job_class="long-resident", name="lr"))
+            assert await until(done.exists, 60)
+            assert lr.cgroup.memory_usage() >= 300 << 20, lr.cgroup.memory_usage()  # its cache fills the budget
+            await asyncio.sleep(0.5)  # a few ticks of caps
+            t = await r.jobs.submit(JobSpec(command=hog(120, step=20, delay=0.02), job_class="transient", name="t"))
+            assert await until(lambda: charged(t) >= 120 << 20, 20), (
+                r.jobs.get(t.id), [e["message"] for e in r.seen if e["kind"] in ("airlock", "job")])
+            await asyncio.sleep(1.0)
+            assert r.actions() == [], [e["message"] for e in r.actions()]
+            assert r.jobs.get(t.id).state == "running"  # type: ignore[union-attr]
         finally:
             await r.close()
 

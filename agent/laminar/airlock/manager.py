@@ -373,7 +373,8 @@ class Airlock:
 
         With a node budget and at least one protected class, each unprotected class parent is
         limited to what it uses now plus the budget's free room, where the free room leaves
-        the protected classes their usage plus a reserve (the budget above the policy's
+        the protected classes their usage plus a reserve (usage: memory in use, clean page
+        cache not counted; a cap is never written below the class's charge) (the budget above the policy's
         ``usage.critical``, at least `PROTECTED_HEADROOM_MIN`). A storm from one class
         fills its own cap (where, with `hold_allocator`, its tasks wait and Airlock is told
         through the class's oom_control eventfd) and never the budget the protected jobs live
@@ -392,14 +393,19 @@ class Airlock:
         h = self.tree.hierarchy
         budget = self.budget_mb << 20
         try:
-            usage = {c: read_memory_usage(h, self.tree.class_memory_dir(c)) for c in self.tree.classes}
+            charged = {c: read_memory_usage(h, self.tree.class_memory_dir(c)) for c in self.tree.classes}
+            # memory in use: clean page cache is dropped on demand (a protected job reading its
+            # data set fills the budget with it) and must not take the other classes' room
+            usage = {c: read_memory_in_use(h, self.tree.class_memory_dir(c)) for c in self.tree.classes}
         except (CgroupError, ValueError):
             return dict(self._caps)
         reserve = max(PROTECTED_HEADROOM_MIN, int(budget * (1 - self.policy["thresholds"]["usage.critical"])))
         room = budget - sum(usage[c] for c in prot) - reserve
         share = max(0, room - sum(usage[c] for c in unprot))
         for c in unprot:
-            cap = max(usage[c] + share, 1 << 20)
+            # never below the class's charge: a v1 limit written under it reclaims synchronously
+            # (in the agent's loop); its own cache is then dropped as it grows, at its cap
+            cap = max(usage[c] + share, charged[c], 1 << 20)
             op = self.class_budget_mb.get(c)
             if op:
                 cap = min(cap, op << 20)
