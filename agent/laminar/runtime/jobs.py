@@ -147,16 +147,44 @@ def drop_privileges_argv(uid: int, gid: int) -> list[str]:
     return ["setpriv", f"--reuid={uid}", f"--regid={gid}", groups, "--"]
 
 
-def owner_may_enter(path: str, uid: int, gid: int) -> bool:
-    """Whether `uid`/`gid` (with its groups) may make `path` its working directory, asked as
-    that user (the kernel's own check, ACLs included)."""
+# How long the filesystem of a job's working directory gets to answer whether it exists and
+# its owner may enter it: a hung NFS or FUSE mount never answers.
+CWD_CHECK_S = 10.0
+_REAPERS: set[asyncio.Task[Any]] = set()
+
+
+async def check_cwd(path: str, uid: int, gid: int) -> None:
+    """Raises JobError unless `path` is a directory (asked as root) that `uid`/`gid` may enter
+    (asked as that user; root when uid is 0). Both questions go to a child process with
+    CWD_CHECK_S to answer, never to the agent's own thread: a stat on hung storage blocks until
+    the storage answers, which would stop the event loop (every request, the kill-switch
+    included) for as long."""
+    enter = [*drop_privileges_argv(uid, gid)] if uid else []
+    argv = ["/bin/sh", "-c", 'test -d "$0" || exit 3; exec "$@"', path, *enter, "/bin/sh", "-c", 'cd -- "$0"', path]
     try:
-        r = subprocess.run([*drop_privileges_argv(uid, gid), "/bin/sh", "-c", 'cd -- "$0"', path],
-                           stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                           cwd="/", timeout=10, check=False)
-    except (OSError, subprocess.TimeoutExpired):
-        return False
-    return r.returncode == 0
+        proc = await asyncio.create_subprocess_exec(*argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                                                    stderr=subprocess.DEVNULL, cwd="/", start_new_session=True)
+    except OSError as e:
+        raise JobError(f"cwd {path!r}: cannot check it: {e}") from None
+    try:
+        code = await asyncio.wait_for(proc.wait(), CWD_CHECK_S)
+    except TimeoutError:
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        raise JobError(f"cwd {path!r}: its filesystem did not answer within {CWD_CHECK_S:g} s (hung storage?); "
+                       "choose a working directory on storage that answers") from None
+    finally:
+        if proc.returncode is None:  # reaped once the kill lands (a process in D state: later)
+            reaper = asyncio.get_running_loop().create_task(proc.wait())
+            _REAPERS.add(reaper)
+            reaper.add_done_callback(_REAPERS.discard)
+    if code == 3:
+        raise JobError(f"cwd {path!r}: no such directory")
+    if code != 0:
+        raise JobError(f"cwd {path!r}: uid {uid} may not enter it (the job runs as its owner; a "
+                       "directory is entered only with search permission on it and on every directory above it)")
 
 
 def catches_signal(pid: int, signame: str) -> bool:
@@ -916,11 +944,8 @@ class JobManager:
         (policy ``job_default_mb``) where one is set."""
         assert self.tree is not None and self.state_dir is not None and self.inventory is not None
         spec.validate()
-        if spec.cwd is not None and not Path(spec.cwd).is_dir():
-            raise JobError(f"cwd {spec.cwd!r}: no such directory")
-        if spec.cwd is not None and owner_uid and not owner_may_enter(spec.cwd, owner_uid, owner_gid):
-            raise JobError(f"cwd {spec.cwd!r}: uid {owner_uid} may not enter it (the job runs as its owner; a "
-                           "directory is entered only with search permission on it and on every directory above it)")
+        if spec.cwd is not None:
+            await check_cwd(spec.cwd, owner_uid, owner_gid)
         exe = spec.command[0]
         if "/" not in exe and shutil.which(exe, path=spec.env.get("PATH", os.environ.get("PATH"))) is None:
             raise JobError(f"command {exe!r}: not found in PATH")

@@ -1,0 +1,96 @@
+"""A job's working directory on storage that never answers must not stop the agent.
+
+``submit --cwd`` is checked (it exists, its owner may enter it) before the job is accepted.
+The check used to run on the agent's event loop: a stat as root, then a child it waited for.
+On a hung mount (a hard NFS mount whose server is gone) the stat never returns, so one
+submission, by any local user, stopped every request of the agent, root's kill-switch included,
+until the storage came back. Now the check runs in a child process given ``CWD_CHECK_S``.
+
+The hung storage is real: a FUSE mount (allow_other, so root waits too) whose server never
+answers, made with mount(2) on /dev/fuse by the test and aborted at the end.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import os
+import secrets
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from agentproc import AgentProc, api_json, wait_until
+from userrig import call_as, local_user
+
+pytestmark = pytest.mark.kernel
+
+MNT_DETACH = 2
+
+
+@contextlib.contextmanager
+def hung_mount() -> Iterator[Path]:
+    """A FUSE mount nobody serves: every lookup under it waits until the mount is aborted."""
+    if not Path("/dev/fuse").exists():
+        pytest.skip("no /dev/fuse on this kernel")
+    mnt = Path(f"/tmp/lm-t-hung-{secrets.token_hex(3)}")
+    mnt.mkdir(mode=0o755)
+    libc = ctypes.CDLL("libc.so.6", use_errno=True)
+    fd = os.open("/dev/fuse", os.O_RDWR | os.O_CLOEXEC)
+    opts = f"fd={fd},rootmode=40000,user_id=0,group_id=0,allow_other".encode()
+    try:
+        if libc.mount(b"lm-t-hung", str(mnt).encode(), b"fuse.lm-t-hung", 0, opts) != 0:
+            err = ctypes.get_errno()
+            raise OSError(err, f"mount fuse on {mnt}: {os.strerror(err)}")
+        yield mnt
+    finally:
+        libc.umount2(str(mnt).encode(), MNT_DETACH)
+        os.close(fd)  # aborts the connection: whatever still waits gets ENOTCONN
+        with contextlib.suppress(OSError):
+            mnt.rmdir()
+
+
+def waits_in_fuse(root_pid: int) -> bool:
+    """Whether `root_pid` or a descendant sleeps waiting for FUSE."""
+    pids = [root_pid]
+    seen = 0
+    while seen < len(pids):
+        pid = pids[seen]
+        seen += 1
+        try:
+            if "fuse" in Path(f"/proc/{pid}/wchan").read_text():
+                return True
+            for tid in os.listdir(f"/proc/{pid}/task"):
+                children = Path(f"/proc/{pid}/task/{tid}/children").read_text().split()
+                pids += [int(c) for c in children]
+        except OSError:
+            continue
+    return False
+
+
+def test_a_cwd_on_hung_storage_does_not_stop_the_agent(agent: AgentProc) -> None:
+    agent_pid = agent.json("status")["agent"]["pid"]
+    with local_user("hung") as user, hung_mount() as mnt:
+        answer: dict[str, Any] = {}
+
+        def submit() -> None:
+            answer["submit"] = call_as(user, agent.sock, "POST", "/v1/jobs",
+                                       {"command": ["/bin/true"], "cwd": str(mnt / "home")})
+
+        t = threading.Thread(target=submit, daemon=True)
+        t.start()
+        wait_until(lambda: waits_in_fuse(agent_pid), 30, "the agent's cwd check to reach the hung mount")
+        # root is answered while the submission still waits on the storage
+        try:
+            code, status = api_json(agent.sock, "GET", "/v1/status", None, timeout=8)
+        except TimeoutError:
+            pytest.fail("the agent did not answer root while a submission's cwd check waited on hung storage")
+        assert code == 200 and status["agent"]["pid"] == agent_pid
+        assert t.is_alive(), answer
+        t.join(60)
+        assert not t.is_alive()
+        code, out, raw = answer["submit"]
+        assert code == 400 and "did not answer within" in out["error"] and str(mnt) in out["error"], raw
+    assert not agent.json("jobs"), "a refused submission left a job"
