@@ -4,8 +4,9 @@
  * Python mirrors each struct in agent/laminar/bpf/abi.py; tests/kernel/test_abi.py checks
  * every mirrored size and field offset against the BTF of the compiled objects, so the two
  * sides cannot drift. Fixed-width types only; explicit padding so no compiler inserts any.
- * Bump LM_ABI_VERSION on any incompatible change: the agent refuses to re-adopt pins whose
- * lm_global.abi_version differs and reloads instead.
+ * Bump LM_ABI_VERSION on any incompatible change: the agent never re-adopts pins whose
+ * lm_global.abi_version differs (netguard replaces them all and reads none of their entries);
+ * a pin of the same version whose size changed is replaced and its entries carried over.
  */
 #ifndef __LAMINAR_H
 #define __LAMINAR_H

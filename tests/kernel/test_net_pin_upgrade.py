@@ -71,3 +71,36 @@ def test_pins_of_another_build_are_replaced_and_cuts_carried_over(agent: AgentPr
     assert flows.get(FLOW, {}).get("kill"), flows
     events = a.ctl("events").stdout
     assert "pinned maps of another build replaced" in events, events
+
+
+def test_pins_of_another_map_abi_are_replaced_and_none_of_their_entries_read(agent: AgentProc) -> None:
+    """Pins whose lm_global says another map ABI version (a layout change that kept the sizes) are
+    not re-adopted: libbpf would have reused them, and this agent read their entries under its own
+    layout. They are all replaced and nothing is carried over."""
+    a = agent
+    job = a.json("submit", "--name", "lm-t-pinabi", "--", "sleep", "600")
+    a.json("killswitch", "on", "--job", job["id"])
+    a.stop()
+    g = BpfMap.from_pin(a.pin_root / "lm_global")
+    try:
+        raw = bytearray(g.lookup((0).to_bytes(4, "little")) or b"")
+        raw[4:8] = (999).to_bytes(4, "little")
+        g.update((0).to_bytes(4, "little"), bytes(raw))
+    finally:
+        g.close()
+    before = {n: json.loads(subprocess.run(["bpftool", "-j", "map", "show", "pinned", str(a.pin_root / n)],
+                                           check=True, capture_output=True, text=True).stdout)["id"]
+              for n in ("lm_jobs", "lm_global")}
+    a.start()
+    after = {n: json.loads(subprocess.run(["bpftool", "-j", "map", "show", "pinned", str(a.pin_root / n)],
+                                          check=True, capture_output=True, text=True).stdout)["id"]
+             for n in ("lm_jobs", "lm_global")}
+    assert all(after[n] != before[n] for n in before), (before, after)
+    g = BpfMap.from_pin(a.pin_root / "lm_global")
+    try:
+        raw = g.lookup((0).to_bytes(4, "little")) or b""
+    finally:
+        g.close()
+    assert int.from_bytes(raw[4:8], "little") == 1
+    events = a.ctl("events").stdout
+    assert "not carried over: the old maps' ABI version" in events, events

@@ -179,8 +179,18 @@ class NetGuard:
         one this agent's object declares, left by an agent of another build (an upgrade that resized
         a map): libbpf refuses to reuse them and the load, so every start failed. Each is unpinned
         and returned open, to be carried over into the new map after the load (``_carry_over``) or
-        pinned back if the load fails (``_put_back``)."""
+        pinned back if the load fails (``_put_back``). Pins left by an agent of another map ABI
+        (the pinned ``lm_global.abi_version`` is neither 0 nor this agent's ``LM_ABI_VERSION``) are
+        all set aside, whatever their sizes: libbpf would re-adopt a map of the same size and this
+        agent would read its entries under another layout; ``_carry_over`` copies none of them."""
         aside: dict[str, BpfMap] = {}
+        other_abi = self._pinned_abi_version()
+        if other_abi in (None, 0, abi.LM_ABI_VERSION):
+            other_abi = None
+        else:
+            log.warning("netguard: the maps pinned under %s are of map ABI version %d, this agent's is %d: "
+                        "all replaced, none of their entries carried over", self.pin_root, other_abi,
+                        abi.LM_ABI_VERSION)
         for name, want in obj.maps().items():
             pin = self.pin_root / name
             if not pin.exists():
@@ -189,6 +199,10 @@ class NetGuard:
                 old = BpfMap.from_pin(pin)
             except OSError:
                 continue  # not a map: libbpf says so at load
+            if other_abi is not None:
+                BpfMap.unpin(pin)
+                aside[name] = old
+                continue
             if (old.map_type, old.key_size, old.value_size, old.max_entries) == \
                     (want.map_type, want.key_size, want.value_size, want.max_entries):
                 old.close()
@@ -200,6 +214,23 @@ class NetGuard:
             BpfMap.unpin(pin)
             aside[name] = old
         return aside
+
+    def _pinned_abi_version(self) -> int | None:
+        """``lm_global.abi_version`` of the map pinned under pin_root, or None (none pinned, unreadable)."""
+        pin = self.pin_root / "lm_global"
+        if not pin.exists():
+            return None
+        try:
+            g = BpfMap.from_pin(pin)
+        except OSError:
+            return None
+        try:
+            raw = g.lookup(abi.u32(0))
+        except OSError:
+            return None
+        finally:
+            g.close()
+        return int.from_bytes(raw[4:8], "little") if raw and len(raw) >= 8 else None
 
     def _put_back(self, aside: dict[str, BpfMap]) -> None:
         for name, old in aside.items():
