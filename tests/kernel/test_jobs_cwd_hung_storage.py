@@ -1,10 +1,11 @@
-"""A job's working directory on storage that never answers must not stop the agent.
+"""A job's working directory or PATH on storage that never answers must not stop the agent.
 
-``submit --cwd`` is checked (it exists, its owner may enter it) before the job is accepted.
-The check used to run on the agent's event loop: a stat as root, then a child it waited for.
-On a hung mount (a hard NFS mount whose server is gone) the stat never returns, so one
-submission, by any local user, stopped every request of the agent, root's kill-switch included,
-until the storage came back. Now the check runs in a child process given ``CWD_CHECK_S``.
+``submit --cwd`` is checked (it exists, its owner may enter it) and a command named without a
+slash is looked up in the job's PATH before the job is accepted. Both checks used to run on the
+agent's event loop (a stat as root, a child it waited for, shutil.which). On a hung mount (a hard
+NFS mount whose server is gone) a stat never returns, so one submission, by any local user,
+stopped every request of the agent, root's kill-switch included, until the storage came back.
+Now both run in one child process given ``PROBE_S``.
 
 The hung storage is real: a FUSE mount (allow_other, so root waits too) whose server never
 answers, made with mount(2) on /dev/fuse by the test and aborted at the end.
@@ -70,14 +71,16 @@ def waits_in_fuse(root_pid: int) -> bool:
     return False
 
 
-def test_a_cwd_on_hung_storage_does_not_stop_the_agent(agent: AgentProc) -> None:
+@pytest.mark.parametrize("where", ["cwd", "PATH"])
+def test_a_cwd_or_path_on_hung_storage_does_not_stop_the_agent(agent: AgentProc, where: str) -> None:
     agent_pid = agent.json("status")["agent"]["pid"]
     with local_user("hung") as user, hung_mount() as mnt:
         answer: dict[str, Any] = {}
+        spec: dict[str, Any] = {"command": ["/bin/true"], "cwd": str(mnt / "home")} if where == "cwd" else \
+            {"command": ["lm-t-tool"], "env": {"PATH": f"{mnt}/bin:/usr/bin"}}
 
         def submit() -> None:
-            answer["submit"] = call_as(user, agent.sock, "POST", "/v1/jobs",
-                                       {"command": ["/bin/true"], "cwd": str(mnt / "home")})
+            answer["submit"] = call_as(user, agent.sock, "POST", "/v1/jobs", spec)
 
         t = threading.Thread(target=submit, daemon=True)
         t.start()
@@ -94,3 +97,20 @@ def test_a_cwd_on_hung_storage_does_not_stop_the_agent(agent: AgentProc) -> None
         code, out, raw = answer["submit"]
         assert code == 400 and "did not answer within" in out["error"] and str(mnt) in out["error"], raw
     assert not agent.json("jobs"), "a refused submission left a job"
+
+
+def test_the_probe_still_finds_commands_and_refuses_what_it_should(agent: AgentProc, tmp_path: Path) -> None:
+    """What the checks answered before, they answer now (the probe is a shell script)."""
+    with local_user("probe") as user:
+        for spec, needle in ((({"command": ["lm-t-no-such-tool"]}), "not found in PATH"),
+                             ({"command": ["true"], "env": {"PATH": "/nonexistent:/usr/bin/*"}}, "not found in PATH"),
+                             ({"command": ["/bin/true"], "cwd": "/nonexistent-lm-t"}, "no such directory"),
+                             ({"command": ["/bin/true"], "cwd": "/root"}, "may not enter")):
+            code, out, raw = call_as(user, agent.sock, "POST", "/v1/jobs", spec)
+            assert code == 400 and needle in out["error"], (spec, raw)
+        code, job, raw = call_as(user, agent.sock, "POST", "/v1/jobs",
+                                 {"command": ["sh", "-c", "pwd"], "cwd": "/tmp", "env": {"PATH": "/nonexistent::/bin"}})
+        assert code == 201, raw
+        final = wait_until(lambda: (j := agent.json("job", "show", job["id"]))["state"] == "exited" and j, 30,
+                           "the job to end", agent.log)
+        assert final["exit_code"] == 0 and Path(job["log"]).read_text() == "/tmp\n"

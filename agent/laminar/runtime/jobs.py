@@ -53,7 +53,6 @@ import logging
 import os
 import pwd
 import re
-import shutil
 import signal
 import subprocess
 import time
@@ -147,43 +146,63 @@ def drop_privileges_argv(uid: int, gid: int) -> list[str]:
     return ["setpriv", f"--reuid={uid}", f"--regid={gid}", groups, "--"]
 
 
-# How long the filesystem of a job's working directory gets to answer whether it exists and
-# its owner may enter it: a hung NFS or FUSE mount never answers.
-CWD_CHECK_S = 10.0
+# How long the filesystems a submission names (its working directory, its PATH) get to answer
+# whether the directory exists and may be entered and where the command is: a hung NFS or FUSE
+# mount never answers.
+PROBE_S = 10.0
 _REAPERS: set[asyncio.Task[Any]] = set()
 
+# The probe, as root: $1 the command to find in $3 (a PATH) when not empty (exit 4 if no
+# directory of it holds an executable file of that name, as shutil.which), $2 the working
+# directory when not empty (exit 3 if it is not a directory), then exec "$@" (the owner's
+# `cd` into it) with the directory as its $0.
+PROBE_SH = (
+    'exe=$1 dir=$2 path=$3; shift 3; '
+    'if [ -n "$exe" ]; then set -f; IFS=:; found=; '
+    'for d in $path; do if [ -f "$d/$exe" ] && [ -x "$d/$exe" ]; then found=1; break; fi; done; '
+    'unset IFS; set +f; [ -n "$found" ] || exit 4; fi; '
+    'if [ -n "$dir" ]; then [ -d "$dir" ] || exit 3; exec "$@" "$dir"; fi; exit 0'
+)
 
-async def check_cwd(path: str, uid: int, gid: int) -> None:
-    """Raises JobError unless `path` is a directory (asked as root) that `uid`/`gid` may enter
-    (asked as that user; root when uid is 0). Both questions go to a child process with
-    CWD_CHECK_S to answer, never to the agent's own thread: a stat on hung storage blocks until
-    the storage answers, which would stop the event loop (every request, the kill-switch
-    included) for as long."""
+
+async def check_paths(cwd: str | None, exe: str | None, path_env: str, uid: int, gid: int) -> None:
+    """Raises JobError unless `exe` (when given) is an executable file in one of `path_env`'s
+    directories, and `cwd` (when given) is a directory (asked as root) that `uid`/`gid` may
+    enter (asked as that user; root when uid is 0). The questions go to one child process with
+    PROBE_S to answer, never to the agent's own thread: a stat on hung storage blocks until the
+    storage answers, which would stop the event loop (every request, the kill-switch included)
+    for as long."""
+    if cwd is None and exe is None:
+        return
     enter = [*drop_privileges_argv(uid, gid)] if uid else []
-    argv = ["/bin/sh", "-c", 'test -d "$0" || exit 3; exec "$@"', path, *enter, "/bin/sh", "-c", 'cd -- "$0"', path]
+    argv = ["/bin/sh", "-c", PROBE_SH, "laminar-probe", exe or "", cwd or "", path_env,
+            *enter, "/bin/sh", "-c", 'cd -- "$0"']
+    what = " and ".join([*([f"PATH {path_env!r}"] if exe else []), *([f"cwd {cwd!r}"] if cwd else [])])
     try:
         proc = await asyncio.create_subprocess_exec(*argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
                                                     stderr=subprocess.DEVNULL, cwd="/", start_new_session=True)
     except OSError as e:
-        raise JobError(f"cwd {path!r}: cannot check it: {e}") from None
+        raise JobError(f"{what}: cannot check: {e}") from None
     try:
-        code = await asyncio.wait_for(proc.wait(), CWD_CHECK_S)
+        code = await asyncio.wait_for(proc.wait(), PROBE_S)
     except TimeoutError:
         try:
             os.killpg(proc.pid, signal.SIGKILL)
         except ProcessLookupError:
             pass
-        raise JobError(f"cwd {path!r}: its filesystem did not answer within {CWD_CHECK_S:g} s (hung storage?); "
-                       "choose a working directory on storage that answers") from None
+        raise JobError(f"{what}: the filesystem did not answer within {PROBE_S:g} s (hung storage?); choose "
+                       "directories on storage that answers") from None
     finally:
         if proc.returncode is None:  # reaped once the kill lands (a process in D state: later)
             reaper = asyncio.get_running_loop().create_task(proc.wait())
             _REAPERS.add(reaper)
             reaper.add_done_callback(_REAPERS.discard)
+    if code == 4:
+        raise JobError(f"command {exe!r}: not found in PATH")
     if code == 3:
-        raise JobError(f"cwd {path!r}: no such directory")
+        raise JobError(f"cwd {cwd!r}: no such directory")
     if code != 0:
-        raise JobError(f"cwd {path!r}: uid {uid} may not enter it (the job runs as its owner; a "
+        raise JobError(f"cwd {cwd!r}: uid {uid} may not enter it (the job runs as its owner; a "
                        "directory is entered only with search permission on it and on every directory above it)")
 
 
@@ -944,11 +963,9 @@ class JobManager:
         (policy ``job_default_mb``) where one is set."""
         assert self.tree is not None and self.state_dir is not None and self.inventory is not None
         spec.validate()
-        if spec.cwd is not None:
-            await check_cwd(spec.cwd, owner_uid, owner_gid)
         exe = spec.command[0]
-        if "/" not in exe and shutil.which(exe, path=spec.env.get("PATH", os.environ.get("PATH"))) is None:
-            raise JobError(f"command {exe!r}: not found in PATH")
+        await check_paths(spec.cwd, None if "/" in exe else exe,
+                          spec.env.get("PATH", os.environ.get("PATH") or os.defpath), owner_uid, owner_gid)
         limits = self.limits()
         if limits is not None:
             cap = limits.cap(spec.job_class)
