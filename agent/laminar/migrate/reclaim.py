@@ -121,7 +121,10 @@ endpoint's commits do (so no commit of the same key interleaves), the removal in
 (what a stopped agent left there goes at the next start); a key whose take-over runs is left for
 later; links are removed as links, never followed; ``.tmp-*`` and ``incoming/`` (the endpoint's:
 ``Receiver.sweep``) and the archive (:meth:`ReclaimComponent.archive_gc`) are never touched.
-Counted in the status as ``counts.replica_gc_ckpts``.
+Counted in the status as ``counts.replica_gc_ckpts``. A job of a user other than root resumes from
+its owner's view of a replica (``<state_dir>/RESUME_DIR/<key>/ckpt-<n>/``, hard links;
+:meth:`ReclaimComponent._resume_copy`), which counts as using the replica and goes once no local
+job may need it and it is RESUME_KEEP_S old (:meth:`ReclaimComponent._resume_gc`).
 
 A guard whose ``release`` was lost (a source that crashed or restarted and forgot its buddy, a
 partition) is checked with its source once its row has not changed for ``replica_guard_check_s``
@@ -229,7 +232,7 @@ from typing import Any
 
 from laminar import jobkit
 from laminar.config import Field, _one_of, _range, register_section
-from laminar.migrate import ckpt_driver
+from laminar.migrate import ckpt_driver, drain
 from laminar.migrate import ckpt_schedule as cs
 from laminar.migrate import destination as dst
 from laminar.migrate.evidence import EvidenceStore, NoticeOdds
@@ -292,6 +295,14 @@ REPLICA_LATE_S = 3600.0
 # A requeued job is placed again from its spec (resume_from included) for a while (zone/loan.py's
 # requeue_for_s); a replica it names is kept as long after it was requeued.
 REPLICA_REQUEUE_HOLD_S = 3600.0
+# A job of a user other than root resumes from a replica here through ``<state_dir>/RESUME_DIR/<key>/
+# ckpt-<n>/``: ``<key>/`` its owner's (0500; the state directory and RESUME_DIR are 0711), the
+# checkpoint directory root's (0755) with hard links to the replica's files (root's, 0644), or
+# copies of those only root may read. ``xfer/`` itself stays root's alone (0700).
+RESUME_DIR = "resume"
+# A resume copy no local job names goes once this old (the hand-over that made it may still be
+# starting its job).
+RESUME_KEEP_S = 600.0
 # A buddy whose operator dropped a job's guard by force (control op ``dropped``) is not chosen
 # again as that job's buddy for this long (the drop freed its disk on purpose), unless it is the
 # only peer that can take the job's checkpoints.
@@ -760,6 +771,7 @@ class ReclaimComponent:
         self.counts: dict[str, int] = {"moves": 0, "moved": 0, "failed": 0, "prestaged": 0, "resumed": 0,
                                        "received": 0, "held": 0, "placed": 0, "retries": 0, "archived": 0}
         self.retry = RetrySchedule()  # the guard's looks for room (from the config at start)
+        self._drain_task: asyncio.Task[Any] | None = None  # places this node's queued jobs elsewhere during a reclaim
         self._taking: set[str] = set()  # keys whose take-over runs now
         self._archive_next: dict[str, float] = {}  # archived key -> when this node tries it again (monotonic)
         self._archive_tries: dict[str, int] = {}
@@ -773,6 +785,7 @@ class ReclaimComponent:
         self._guard_checking: set[str] = set()  # keys whose source is being asked now
         # job id -> {node: wall time}: buddies whose operator dropped the job's guard (op ``dropped``)
         self._dropped_by: dict[str, dict[int, float]] = {}
+        self._owners: dict[str, tuple[int, int]] = {}  # key -> (uid, gid) of its job's owner (guards held here)
 
     # -- life cycle ---------------------------------------------------------------------------
 
@@ -782,6 +795,8 @@ class ReclaimComponent:
         self.agent = agent
         self.s = {**{k: f.default for k, f in CONFIG_FIELDS.items()}, **agent.config.section("migrate")}
         agent.store.ensure_schema("migrate", REPLICAS_SCHEMA)
+        for r in agent.store.db.execute("SELECT key, request FROM migrate_replicas").fetchall():
+            self._note_owner(str(r["key"]), r["request"])
         try:
             self.retry = RetrySchedule(float(self.s["retry_base_s"]), 2.0, float(self.s["retry_max_s"]))
         except ValueError as e:
@@ -1079,6 +1094,10 @@ class ReclaimComponent:
             self.reclaim["task"].cancel()
         jobs_mgr = getattr(self.agent, "jobs", None)
         active = list(jobs_mgr.active()) if jobs_mgr is not None else []
+        if jobs_mgr is not None and hasattr(jobs_mgr, "hold_queue"):
+            # the room the moves free must not start queued jobs on a node about to go (drain.py)
+            jobs_mgr.hold_queue(f"node {self.node_id} is reclaimed: no queued job starts here; "
+                                "each is placed again elsewhere")
         z = getattr(self.agent, "zone", None)
         told = 0
         if z is not None:
@@ -1106,6 +1125,9 @@ class ReclaimComponent:
                         "deadline_mono": time.monotonic() + notice_s, "peers_told": told, "armed": armed,
                         "plan": [st.__dict__ for st in plan]}
         self.reclaim["task"] = self._spawn(self._execute(active, steps))
+        if self._drain_task is None or self._drain_task.done():  # one drain; it follows a shorter window
+            self._drain_task = self._spawn(drain.place_queued_elsewhere(
+                self, lambda: float(self.reclaim["deadline_mono"]) if self.reclaim else 0.0))
         self._emit(f"reclaim of node {self.node_id} announced: {notice_s:g} s of notice ({reason}); "
                    f"{len(active)} jobs to move, kill-switch armed for the window's end",
                    notice_s=notice_s, jobs=[j.id for j in active], peers_told=told, plan=self.reclaim["plan"])
@@ -2531,6 +2553,11 @@ class ReclaimComponent:
 
         key = row["key"]
         spec_d = dict(req["spec"])
+        try:  # a job of another user than root cannot reach xfer/: it resumes from its own view of it
+            path = await asyncio.to_thread(self._resume_copy, path, int(req.get("owner_uid", 0) or 0),
+                                           int(req.get("owner_gid", 0) or 0))
+        except OSError as e:
+            return f"cannot give the job's owner its checkpoint: {e}"
         spec_d["resume_from"] = str(path)
         spec_d["gpus"] = int(req.get("gpus", 0))
         spec_d["env"] = {**spec_d.get("env", {}), MIGRATED_ENV: key}
@@ -2659,21 +2686,30 @@ class ReclaimComponent:
         ``d/<name>`` and it has not ended (queued, starting, running, suspended), it failed or was
         lost (this may be the only copy of its state: an operator's call, as in the archive), or
         it was requeued less than REPLICA_REQUEUE_HOLD_S ago (placed again from that spec)."""
-        jobs = getattr(self.agent, "jobs", None)
         out: dict[str, list[str]] = {}
+        resume = self._resume_root() / d.name
+        for j in self._users_of_resume_from():
+            p = Path(os.path.normpath(str(j.spec.resume_from)))
+            if p.parent == d or p.parent == resume:  # the replica, or its owner's view of it (RESUME_DIR)
+                out.setdefault(p.name, []).append(str(j.id))
+        return out
+
+    def _users_of_resume_from(self) -> list[Any]:
+        """Local jobs with a ``resume_from`` that may still need it: not ended (queued, starting,
+        running, suspended), failed or lost (it may be the only copy of their state: an
+        operator's call), or requeued less than REPLICA_REQUEUE_HOLD_S ago (placed again from
+        that spec)."""
+        jobs = getattr(self.agent, "jobs", None)
+        out = []
         now = time.time()
         for j in jobs.list() if jobs is not None else []:
-            rf = getattr(j.spec, "resume_from", None)
-            if not rf:
-                continue
-            p = Path(os.path.normpath(str(rf)))
-            if p.parent != d:
+            if not getattr(j.spec, "resume_from", None):
                 continue
             state = str(getattr(j, "state", ""))
             ended = getattr(j, "ended", None)
             if state in ("queued", "starting", "running", "suspended", "failed", "lost") or (
                     state == "requeued" and (ended is None or now - float(ended) < REPLICA_REQUEUE_HOLD_S)):
-                out.setdefault(p.name, []).append(str(j.id))
+                out.append(j)
         return out
 
     def replica_gc(self, key: str, newest: str | None = None, unclaimed: bool = False) -> list[str]:
@@ -2810,6 +2846,10 @@ class ReclaimComponent:
             self.prune_replica_rows(now)
         except Exception:
             log.exception("migrate: pruning replica rows")
+        try:
+            self._resume_gc(now)
+        except Exception:
+            log.exception("migrate: removing resume copies")
         rows = self.agent.store.db.execute(
             f"SELECT key FROM migrate_replicas WHERE state IN ({','.join('?' * len(REPLICA_DONE_STATES))})",
             REPLICA_DONE_STATES).fetchall()
@@ -3316,6 +3356,7 @@ class ReclaimComponent:
                             str(body["ckpt"]), time.time()))
                 # the source just spoke about this guard: its earlier silence no longer counts
                 db.execute("UPDATE migrate_guard_checks SET unanswered=0 WHERE key=?", (key,))
+            self._note_owner(key, body["request"])
             try:  # the guard names a newer checkpoint: the older ones go (when it is held here)
                 self.replica_gc(key, newest=str(body["ckpt"]))
             except Exception:
@@ -3371,7 +3412,145 @@ class ReclaimComponent:
                 jobkit.verify_checkpoint(p)
         except (TransferError, jobkit.CheckpointError) as e:
             raise ValueError(f"checkpoint {path} is not restorable: {e}") from None
+        owner = self._owners.get(p.parent.name) if self.root is not None and p.parent.parent == \
+            self.root / "checkpoints" else None
+        if owner is not None:  # a replica, and the guard said whose: the job must be able to read it
+            try:
+                p = self._resume_copy(p, *owner)
+            except OSError as e:
+                raise ValueError(f"checkpoint {path}: cannot give the job's owner (uid {owner[0]}) its copy: "
+                                 f"{e}") from None
         return str(p)
+
+    def _note_owner(self, key: str, request: Any) -> None:
+        """Records whose job ``key`` is from its guard's request (a dict, or its JSON)."""
+        try:
+            req = json.loads(request) if isinstance(request, str) else request
+            self._owners[key] = (int(req.get("owner_uid", 0) or 0), int(req.get("owner_gid", 0) or 0))
+        except (ValueError, TypeError, AttributeError):
+            pass
+
+    def _resume_root(self) -> Path:
+        return Path(self.agent.config.state_dir) / RESUME_DIR
+
+    def _resume_copy(self, path: Path, uid: int, gid: int) -> Path:
+        """The checkpoint a job of ``uid`` resumes from when ``path`` is a replica under
+        ``xfer/`` (root's alone): ``<state_dir>/RESUME_DIR/<key>/<ckpt>/`` (RESUME_DIR's layout),
+        made anew in a directory only root can reach, then renamed into place; links and
+        anything but regular files in ``path`` are refused. ``path`` itself for root's jobs.
+        Blocking (callers run it in a thread). Raises OSError."""
+        if uid == 0:
+            return path
+        key, name = path.parent.name, path.name
+        if not _SAFE_KEY.match(key) or not _CKPT_NAME.match(name):
+            raise OSError(f"{path} is not a replica's checkpoint (<key>/ckpt-<n>)")
+        base = self._resume_root()
+        base.mkdir(exist_ok=True)
+        st = os.lstat(base)
+        if not stat.S_ISDIR(st.st_mode) or st.st_uid != 0:
+            raise OSError(f"{base} is not a directory of root's")
+        os.chmod(base, 0o711)
+        tmp = base / f".tmp-{key}-{name}-{time.monotonic_ns()}"
+        os.mkdir(tmp, 0o700)
+        try:
+            for f in os.listdir(path):
+                src = path / f
+                fst = os.lstat(src)
+                if not stat.S_ISREG(fst.st_mode):
+                    raise OSError(f"{src} is not a regular file")
+                if fst.st_uid == 0 and fst.st_mode & 0o004 and not fst.st_mode & 0o022:
+                    os.link(src, tmp / f, follow_symlinks=False)  # root's, readable, not writable: shared
+                else:  # a file only root may read (or anyone may write): the owner's copy
+                    fd = os.open(src, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+                    try:
+                        with os.fdopen(os.dup(fd), "rb") as fin, open(tmp / f, "xb") as fout:
+                            shutil.copyfileobj(fin, fout, 4 << 20)
+                    finally:
+                        os.close(fd)
+                    os.chmod(tmp / f, 0o644)
+            os.chmod(tmp, 0o755)
+            kd = base / key
+            with contextlib.suppress(FileExistsError):
+                os.mkdir(kd, 0o500)
+            kst = os.lstat(kd)
+            if not stat.S_ISDIR(kst.st_mode):
+                raise OSError(f"{kd} is not a directory")
+            os.chown(kd, uid, gid, follow_symlinks=False)
+            os.chmod(kd, 0o500)  # an entry of root's base: its owner cannot swap it for a link
+            dfd = os.open(kd, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+            try:
+                with contextlib.suppress(FileNotFoundError):
+                    old = os.lstat(name, dir_fd=dfd)
+                    _remove_tree(kd / name) if stat.S_ISDIR(old.st_mode) else os.unlink(name, dir_fd=dfd)
+                os.rename(tmp, name, dst_dir_fd=dfd)
+            finally:
+                os.close(dfd)
+        except BaseException:
+            _remove_tree(tmp)
+            raise
+        return kd / name
+
+    def _resume_gc(self, now: float | None = None) -> list[Path]:
+        """Removes the resume copies (RESUME_DIR) no local job names any more (the rule of
+        :meth:`_replica_user_jobs`) once older than RESUME_KEEP_S, a crashed copy's ``.tmp-*`` as
+        old, and emptied ``<key>/`` directories. Renamed into the replica trash, removed in a
+        thread. Returns what went."""
+        if self.root is None:
+            return []
+        now = time.time() if now is None else now
+        base = self._resume_root()
+        try:
+            keys = os.listdir(base)
+        except OSError:
+            return []
+        used = {(k, n) for k, names in self._resume_users().items() for n in names}
+        gone: list[Path] = []
+        trash = self.root / REPLICA_TRASH
+        trash.mkdir(exist_ok=True)
+
+        def old(p: Path) -> bool:
+            try:
+                return now - os.lstat(p).st_mtime >= RESUME_KEEP_S
+            except OSError:
+                return False
+
+        for k in keys:
+            kd = base / k
+            try:
+                is_dir = stat.S_ISDIR(os.lstat(kd).st_mode)
+            except OSError:
+                continue
+            victims: list[Path] = []
+            if k.startswith(".tmp-") or not is_dir:
+                victims = [kd] if old(kd) else []
+            else:
+                try:
+                    names = os.listdir(kd)
+                except OSError:
+                    continue
+                victims = [kd / n for n in names if (k, n) not in used and old(kd / n)]
+                if not names and old(kd):
+                    with contextlib.suppress(OSError):
+                        os.rmdir(kd)
+            for v in victims:
+                dest = trash / f"resume-{v.parent.name}-{v.name}.{time.monotonic_ns()}"
+                try:
+                    os.rename(v, dest)
+                except OSError:
+                    continue
+                gone.append(dest)
+        self._remove_later(gone)
+        return gone
+
+    def _resume_users(self) -> dict[str, set[str]]:
+        """key -> the names under ``RESUME_DIR/<key>/`` a local job may still resume from."""
+        out: dict[str, set[str]] = {}
+        base = self._resume_root()
+        for j in self._users_of_resume_from():
+            p = Path(os.path.normpath(str(j.spec.resume_from)))
+            if p.parent.parent == base:
+                out.setdefault(p.parent.name, set()).add(p.name)
+        return out
 
     # -- status and API -----------------------------------------------------------------------
 

@@ -1,0 +1,123 @@
+"""A job of a user other than root resumes from its checkpoint after it moved to another node:
+the replica it resumes from (under the destination's ``xfer/``, root's alone) is made readable to
+the job's owner, and to nobody else.
+
+Two real agents in one zone (tests/cluster/harness.py), each in its own network namespace. The
+job is submitted by a real other uid (``agentproc.NOBODY``, through the real laminarctl), runs
+as that user, writes jobkit checkpoints (one at start, one more each time it is asked), and on
+its restart resumes with jobkit from ``LAMINAR_RESUME_FROM``. Node A is reclaimed with a notice
+window; the job moves to node B and must resume there from the checkpoint it moved with.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import stat
+import tempfile
+from pathlib import Path
+
+import pytest
+from agentproc import NOBODY, REPO
+from harness import Cluster, wait_until
+from test_migration import job_log, job_state, migrate_config
+
+pytestmark = pytest.mark.cluster
+
+# The job: resumes if it is told to (and says from which step), writes a checkpoint at start and
+# whenever one is asked for (SIGUSR1, jobkit), and runs on.
+def read_as(uid: int, path: Path) -> str:
+    """'read' when ``uid`` (gid the same, no groups) could read ``path``, else the error, from a
+    forked child that dropped to it."""
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        out = b"?"
+        try:
+            os.close(r)
+            os.setgroups([])
+            os.setgid(uid)
+            os.setuid(uid)
+            try:
+                with open(path, "rb") as fh:
+                    fh.read(1)
+                out = b"read"
+            except OSError as e:
+                out = os.strerror(e.errno or 0).encode()
+        finally:
+            os.write(w, out)
+            os._exit(0)
+    os.close(w)
+    with os.fdopen(r, "rb") as fh:
+        got = fh.read().decode()
+    os.waitpid(pid, 0)
+    return got
+
+
+JOB = f"""
+import json, sys, time
+sys.path.insert(0, {str(REPO / "agent")!r})
+from laminar.jobkit import Checkpointer
+ck = Checkpointer()
+try:
+    ck.resume()
+except Exception as e:
+    print(json.dumps({{"event": "resume-failed", "error": str(e)}}), flush=True)
+    sys.exit(3)
+step = ck.resumed_step or 0
+print(json.dumps({{"event": "start", "resumed": ck.resumed_step}}), flush=True)
+if step == 0:
+    step = 7
+    ck.save(b"weights-%d" % step, step=step)
+while True:
+    if ck.requested():
+        step += 1
+        ck.save(b"weights-%d" % step, step=step)
+        print(json.dumps({{"event": "checkpoint", "step": step}}), flush=True)
+    time.sleep(0.05)
+"""
+
+
+def test_a_moved_job_of_another_user_resumes_from_its_checkpoint() -> None:
+    # the agents' state directories must be reachable by the job's user (pytest's tmp is root's
+    # alone), and the job runs the system's python (the venv's lives under /root)
+    base = Path(tempfile.mkdtemp(prefix="lm-t-resume-", dir="/tmp"))
+    try:
+        os.chmod(base, 0o711)
+        with Cluster.create(base, zones=1, per_zone=2, gpus=0, zone_extra=migrate_config()) as c:
+            moved_and_resumed(c)
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
+
+
+def moved_and_resumed(c: Cluster) -> None:
+    a, b = c.nodes
+    r = a.agent.ctl("-o", "json", "submit", "--name", "theirs", "--", "/usr/bin/python3", "-c", JOB, user=NOBODY)
+    jid = json.loads(r.stdout)["id"]
+    assert job_state(a, jid)["owner_uid"] == NOBODY
+    wait_until(lambda: any(e["event"] == "start" for e in job_log(a, jid)), 30, "the job to start on A")
+
+    a.ctl("reclaim", "--notice", "8s", "--reason", "owner needs it")
+    wait_until(lambda: job_state(a, jid)["state"] in ("migrated", "reclaimed"), 60, "the job to leave A")
+    move = a.json("migrations")[0]
+    assert move["phase"] == "done" and move["dest"] == b.node_id, move
+    moved = int(move["ckpt"].removeprefix("ckpt-"))
+    dest = move["dest_job"]
+    wait_until(lambda: job_log(b, dest), 30, "the job to start on B")
+    on_b = job_log(b, dest)
+    assert on_b[0] == {"event": "start", "resumed": moved}, (on_b, job_state(b, dest))
+    st = job_state(b, dest)
+    assert st["state"] == "running" and st["owner_uid"] == NOBODY, st
+    # what it resumed from: readable by its owner only, never writable by it
+    rf = Path(st["spec"]["resume_from"])
+    for p in [rf, *rf.iterdir()]:
+        m = os.lstat(p)
+        assert not stat.S_ISLNK(m.st_mode) and not m.st_mode & 0o022, (p, oct(m.st_mode))
+        if stat.S_ISREG(m.st_mode):
+            assert m.st_uid == 0, (p, m.st_uid)  # the owner reads the file, cannot change it
+    top = os.lstat(rf.parent)
+    assert top.st_uid == NOBODY and stat.S_IMODE(top.st_mode) == 0o500, (rf.parent, oct(top.st_mode))
+    manifest = rf / "MANIFEST.json"
+    assert read_as(NOBODY, manifest) == "read"
+    assert read_as(NOBODY - 1, manifest) == "Permission denied"  # another user: not even the path
