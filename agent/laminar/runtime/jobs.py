@@ -642,6 +642,9 @@ class JobManager:
         # agent, queued jobs wait until Airlock has said which caps hold; a JobManager used on
         # its own (tests) has no caps unless given some.
         self._limits_fn: Callable[[], admission.Limits] | None = None
+        # Why the queue is held (no queued job starts here), or None: a reclaim of this node
+        # holds it for good (the node is leaving; its queued jobs are placed elsewhere).
+        self.held: str | None = None
 
     # -- component life ----------------------------------------------------------------------
     async def start(self, agent: Any) -> None:
@@ -875,6 +878,19 @@ class JobManager:
         if admit:
             self.admit()
 
+    def hold_queue(self, reason: str | None) -> None:
+        """Hold the queue: while ``reason`` is set no queued job starts here (each one's wait
+        reason says why); None releases it and starts what fits. A reclaim of this node holds it:
+        the capacity its moved jobs free must not start queued jobs on a node about to go."""
+        self.held = reason
+        if reason is None:
+            self.admit()
+            return
+        for j in self.queued():
+            if j.reason != reason:
+                j.reason = reason
+                self._persist(j)
+
     def limits(self) -> admission.Limits | None:
         """The caps in force; None while an agent's Airlock has not said (queue held)."""
         if self._limits_fn is not None:
@@ -897,6 +913,9 @@ class JobManager:
         A job that fails to start is recorded as failed; for `submitted` (the job the caller
         is submitting) the error is raised instead, as from `submit`."""
         if self.tree is None:
+            return
+        if self.held is not None:
+            self.hold_queue(self.held)  # records the reason on every queued job
             return
         limits = self.limits()
         if limits is None:
@@ -1004,7 +1023,7 @@ class JobManager:
         self.jobs[job_id] = job
         self.admit(submitted=job_id)  # raises what _start raised for this job (then failed, gone from memory)
         if job.state == QUEUED:
-            if job.wait is None:  # the queue is held until Airlock says which caps hold
+            if job.wait is None and self.held is None:  # the queue is held until Airlock says which caps hold
                 job.reason = "waiting for the agent's admission (Airlock) to start"
                 self._persist(job)
             self._emit("job", f"job {job_id} queued: {job.reason}", job=job_id, num=num, state=QUEUED,

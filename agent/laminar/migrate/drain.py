@@ -1,0 +1,91 @@
+"""What a reclaimed node does with the jobs queued on it.
+
+A reclaim moves the node's running jobs (:mod:`laminar.migrate.reclaim`). A job still *queued*
+here has no process and no checkpoint to move; left alone it would start on the capacity the
+moves free, on a node about to go, and be killed at the window's end (state ``reclaimed``), or
+stay queued on a node that is gone. So at the notice the node holds its queue
+(``JobManager.hold_queue``: no queued job starts here any more) and :func:`place_queued_elsewhere`
+places every queued job again through the zone, from its spec as submitted (GPU indices of this
+node become their count, ``LM_REQUEUED_FROM=n<node>-<job>`` added):
+
+* one the zone places leaves this node's queue (state ``requeued``, the reason naming the node
+  and the job it became there) and a ``migrate`` event says so;
+* one that finds no place (``queued-out``) stays queued here, held, and is tried again every
+  :data:`RETRY_S` until the window ends;
+* one whose placement is ``unconfirmed`` (the destination may have started it) or ``rejected``
+  (no node may take such a job) is not tried again: it stays queued here, held, so it never runs
+  twice, and the event says why;
+* a job that becomes queued during the window (a hand-over bound before the notice) is placed
+  the same way.
+
+Without a zone (a single node) the queued jobs stay queued here, held. Counted in the
+migration status as ``queued_placed``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable
+from typing import Any
+
+log = logging.getLogger("laminar.migrate")
+
+RETRY_S = 1.0  # a queued job that found no place is tried again this often during the window
+SPEC_ENV_DROPPED = ("LM_PLACEMENT_ID", "LM_GPU_SHARE")  # the destination sets its own
+
+
+def requeue_spec(spec: dict[str, Any], key: str) -> dict[str, Any]:
+    """The spec a queued job is placed again with: as submitted, without what was this node's
+    (GPU indices become their count; the placement id and GPU share its hand-over set go), ``LM_REQUEUED_FROM`` =
+    ``key``; not lent (the destination decides)."""
+    out = dict(spec)
+    env = {k: v for k, v in (out.get("env") or {}).items() if k not in SPEC_ENV_DROPPED}
+    env["LM_REQUEUED_FROM"] = key
+    out.update(env=env, lent=False)
+    if isinstance(out.get("gpus"), list):
+        out["gpus"] = len(out["gpus"])  # indices on this node mean nothing elsewhere: their count does
+    return out
+
+
+async def place_queued_elsewhere(mig: Any, deadline: Callable[[], float]) -> None:
+    """Until ``deadline()`` (monotonic; read each round: a shorter window replaces it): place each job queued on this node through the zone
+    and take it out of this node's queue once placed (see the module's doc). ``mig`` is the
+    migration component (``agent``, ``node_id``, ``job_key``, ``_need``, ``_emit``, ``counts``).
+    Never raises."""
+    jobs = getattr(mig.agent, "jobs", None)
+    zone = getattr(mig.agent, "zone", None)
+    if jobs is None or zone is None or not hasattr(zone, "place"):
+        return
+    done: set[str] = set()  # placed, or not to be tried again
+    while time.monotonic() < deadline():
+        for job in list(jobs.queued()):
+            if job.id in done or time.monotonic() >= deadline():
+                continue
+            try:
+                await _place_one(mig, jobs, zone, job, done)
+            except Exception:  # one job's trouble never stops the others
+                log.exception("migrate: placing queued job %s elsewhere", job.id)
+                done.add(job.id)
+        await asyncio.sleep(max(0.0, min(RETRY_S, deadline() - time.monotonic())))
+
+
+async def _place_one(mig: Any, jobs: Any, zone: Any, job: Any, done: set[str]) -> None:
+    demand, _ = mig._need(job)
+    spec = requeue_spec(job.spec.as_dict(), mig.job_key(job))
+    res = await zone.place(spec, demand, job.owner_uid, job.owner_gid)
+    if res.outcome == "queued-out":
+        return  # no room anywhere now: tried again at the next round
+    done.add(job.id)
+    if res.outcome != "placed":
+        mig._emit(f"queued job {job.id} stays queued on reclaimed node {mig.node_id}, held: its placement "
+                  f"elsewhere was {res.outcome} ({res.reason or 'no reason given'})", job=job.id,
+                  outcome=res.outcome, reason=res.reason)
+        return
+    if job.state == "queued":
+        await jobs.stop(job.id, f"node {mig.node_id} reclaimed: placed again on node {res.node} as {res.job_id}",
+                        state="requeued")
+    mig.counts["queued_placed"] = mig.counts.get("queued_placed", 0) + 1
+    mig._emit(f"queued job {job.id} of reclaimed node {mig.node_id} placed again on node {res.node} as "
+              f"{res.job_id}", job=job.id, outcome="placed", node=res.node, new_job=res.job_id)
