@@ -116,6 +116,9 @@ class Result:
     guard_lost_no_peer: int = 0  # ... because no live peer could take the guard on
     passes: int = 0  # Laminar: held checkpoints passed on by a holder that was reclaimed itself
     archive_claims: int = 0  # Laminar (archive): node and buddy gone, the job claimed from its archived periodic checkpoint
+    moves_failed: int = 0  # Laminar: moves whose destination left before the checkpoint arrived (the job falls back)
+    moves_lost: int = 0  # Laminar: moves whose destination left while restarting the job (after the hand-over)
+    dest_lost: int = 0  # ... of which the job had no archived copy either (it starts over)
 
     @property
     def lost_node_s(self) -> float:
@@ -234,8 +237,12 @@ def simulate(policy: str, pool: list[Node], start: float, end: float, p: Params,
     to a buddy while departures without notice are plausible (``prestage_unannounced``) or the
     final one would not fit the window; at a notice, the jobs keep training until the
     timetable's signal, then write the final checkpoint, freeze, move it to the best-ranked
-    free node and restart there. No free node: the move fails, the job trains on to the
-    window's end and resumes from its buddy's replica when capacity returns. Unannounced: the
+    free node not under a notice (ranked with what the agent knows then: no look-ahead) and
+    restart there. A destination that leaves before the checkpoint arrives fails the move (the
+    job falls back as below); one that leaves after the hand-over, while restarting the job,
+    loses it (claimed from the archive, or started over). No free node: the move fails, the
+    job trains on to the window's end and resumes from its buddy's replica when capacity
+    returns. Unannounced: the
     buddy resumes the job from its newest replica after ``orphan_after_s`` of silence."""
     order = pool[:]
     random.Random(seed + 1).shuffle(order)
@@ -489,19 +496,39 @@ def simulate(policy: str, pool: list[Node], start: float, end: float, p: Params,
             busy = {n.name for n in rest} | {gone.name}
             by_name = {n.name: n for n in pool}
             dest: Node | None = None
+            dest_lost: Node | None = None  # the move's destination, left while restarting the job
+            move_failed = False  # the move's destination left before the checkpoint arrived
             if not is_abrupt and step.final:
                 # rank the free nodes up and not under a notice when the move is planned (the
-                # agent's candidates); the chosen one must still be up when the job restarts
-                # there (write, transfer, restart)
+                # agent's candidates: what it knows then, no look-ahead). The move: write, send
+                # (the hand-over at t_sent: the source stops the job, the destination guards it
+                # and restarts it), restart; the job runs there from t_go
                 models = hz.at(notice_at)
-                t_go = notice_at + write_s + size / link + p.restart_s
+                t_sent = notice_at + write_s + size / link
+                t_go = t_sent + p.restart_s
                 cands = [Candidate(n.name, n.zone, "r0", Resources(1, 0, 0), link,
                                    survival=models[n.zone].survival(notice_at, p.remaining_s))
                          for n in pool if n.name not in busy and n.up_at(notice_at) and not under_notice(n, notice_at)]
                 req = MoveRequest("j", Resources(1, 0, 0), size, p.remaining_s, p.notice_s, gone.name, gone.zone, "r0")
-                ranked = [r for r in rank(req, cands) if r.feasible and by_name[r.candidate.node].up_at(t_go)]
-                if ranked:
-                    dest = by_name[ranked[0].candidate.node]
+                ranked = [r for r in rank(req, cands) if r.feasible]
+                cand = by_name[ranked[0].candidate.node] if ranked else None
+                c_end = (cand.up_at(notice_at) or (notice_at, notice_at))[1] if cand else math.inf
+                if cand is not None and c_end < t_sent:
+                    # the destination left (without notice, or with one that came after the move
+                    # was planned) before the checkpoint arrived: the send stalls until the plan's
+                    # transfer deadline (t_sent) and fails; the agent's other candidates and a
+                    # holder get that same, passed deadline (_move: one deadline for every try),
+                    # so the move fails: the job is thawed, trains on to the window's end and its
+                    # buddy resumes it from its replica (the fallback below)
+                    res.moves_failed += 1
+                    move_failed = True
+                elif cand is not None and c_end < t_go:
+                    # handed over, then the destination left while restarting the job: it was
+                    # the job's only guard (the old buddy was released at the hand-over, the
+                    # source stopped the job), so the final checkpoint is gone with it
+                    dest_lost = cand
+                elif cand is not None:
+                    dest = cand
                     res.migrations += 1
                     res.add_down("final_ckpt_write", write_s)
                     res.add_down("final_transfer", size / link)
@@ -510,6 +537,47 @@ def simulate(policy: str, pool: list[Node], start: float, end: float, p: Params,
                     nodes, t = rest + [dest], t_go
                     last_durable = t
                     arch_durable = t if arch_rule() else None
+            if dest_lost is not None:
+                # the move was made (write, send, hand-over) and the job was restarting on
+                # dest_lost when it left; nothing guards the job now
+                res.migrations += 1
+                res.moves_lost += 1
+                res.reclaims += 1  # the destination's departure is one of the job's too
+                res.add_down("final_ckpt_write", write_s)
+                res.add_down("final_transfer", size / link)
+                res.add_down("restart", c_end - t_sent)  # the restart it did not finish
+                res.useful_node_s -= max(0.0, d - notice_at) * S  # paused from the signal on
+                t1 = c_end + p.orphan_after_s  # the zone takes the destination for gone
+                res.add_down("detect", p.orphan_after_s)
+                if arch_durable is not None:
+                    # the job's live record is in the archive with its newest archived periodic
+                    # checkpoint (the destination archives the one it restarted from only once
+                    # the job runs): an agent with room claims it at its next round (poll_s) and
+                    # resumes from there; the work since is lost with the final checkpoint
+                    t_c = t1 + p.poll_s
+                    t_up, up = acquire(pool, t_c, 1, busy, order)
+                    if not up:
+                        break
+                    res.archive_claims += 1
+                    res.rollback_node_s += max(0.0, notice_at - arch_durable) * S
+                    res.add_down("detect", p.poll_s)
+                    res.add_down("wait_capacity", t_up - t_c)
+                    res.add_down("resume_transfer", size / link)
+                    res.add_down("restart", p.restart_s)
+                    nodes, t = rest + up[:1], t_up + size / link + p.restart_s
+                else:
+                    # no copy of the job is left: it starts over (as any job whose every copy is
+                    # gone, above), placed when a node is free
+                    res.dest_lost += 1
+                    t_look, wait, lag = guard_look(pool, order, sched, t1, busy)
+                    if not math.isfinite(t_look):
+                        break
+                    nodes, t = resume_at_look(t_look, wait, lag, False, rest, busy)
+                last_durable = t
+                arch_durable = t if arch_rule() else None
+                odds.observe(announced=True)  # the source's departure
+                odds.observe(announced=not abrupt(dest_lost, c_end))
+                continue
             held_by: Node | None = None
             if dest is None and p.shrink and degraded == 0 and S > 1:
                 # NOT BUILT (--shrink): the job restarts on the nodes it has, from the final
@@ -532,7 +600,7 @@ def simulate(policy: str, pool: list[Node], start: float, end: float, p: Params,
                 arch_durable = t if arch_rule() else None
                 odds.observe(announced=not is_abrupt)
                 continue
-            if dest is None and not is_abrupt and step.final and p.holder:
+            if dest is None and not is_abrupt and step.final and p.holder and not move_failed:
                 # nowhere to run it: the final checkpoint goes to the live peer with the best
                 # survival odds (ReclaimComponent._hold; disk space assumed on every peer) and
                 # the job stops there; the holder places it when room frees
@@ -569,6 +637,9 @@ def simulate(policy: str, pool: list[Node], start: float, end: float, p: Params,
                 if not is_abrupt and step.final:
                     res.add_down("final_ckpt_write", write_s)  # the agent checkpointed, then found no room
                     res.useful_node_s -= write_s * S
+                    if move_failed:  # ... or sent it to a destination that left: frozen until the send failed
+                        res.add_down("final_transfer", size / link)
+                        res.useful_node_s -= size / link * S
                 res.rollback_node_s += max(0.0, d - last_durable) * S
                 t1 = d + (p.orphan_after_s if is_abrupt else 0.0)
                 res.add_down("detect", t1 - d)
@@ -698,7 +769,9 @@ def run(trace_root: Path, sets: list[str], scenarios: int, p: Params) -> dict[st
     out["laminar_guard_lost_abrupt"] = sum(r.guard_lost_abrupt for r in per["laminar"])
     out["laminar_guard_lost_no_peer"] = sum(r.guard_lost_no_peer for r in per["laminar"])
     out["laminar_archive_claims"] = sum(r.archive_claims for r in per["laminar"])
-    out["laminar_jobs_lost"] = sum(r.holder_lost + r.buddy_lost for r in per["laminar"])
+    out["laminar_moves_failed"] = sum(r.moves_failed for r in per["laminar"])
+    out["laminar_moves_lost"] = sum(r.moves_lost for r in per["laminar"])
+    out["laminar_jobs_lost"] = sum(r.holder_lost + r.buddy_lost + r.dest_lost for r in per["laminar"])
 
     out.update(reductions(tot))
     out["scenarios"] = len(per["laminar"])

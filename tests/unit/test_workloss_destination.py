@@ -53,3 +53,57 @@ def test_live_nodes_not_under_notice_are_still_chosen() -> None:
     r = workloss.simulate("laminar", pool, 0.0, END, p, seed=0)
     assert r.reclaims == 2  # a-src, then a-x (the job went there)
     assert r.migrations == 2
+
+
+def _abrupt(seed: int, zone: str, at: float, frac: float) -> bool:
+    """The bench's draw of whether the departure of a node of ``zone`` at ``at`` comes without
+    notice (simulate's ``abrupt``: a draw per (scenario, zone, time))."""
+    return workloss.random.Random(f"{seed}:{zone}:{round(at)}").random() < frac
+
+
+def _moving(leave_after_plan: float, archive: bool) -> tuple[workloss.Result, workloss.Params]:
+    """The job's node a-src leaves with notice at D; a-x, the destination the agent ranks first
+    (not under notice when the move is planned), leaves *without* notice ``leave_after_plan``
+    seconds after the move was planned; b-y stays up. A seed is picked so that exactly a-x's
+    departure is abrupt."""
+    p = workloss.Params(nodes_per_job=1, rotations=1, abrupt_frac=0.5, archive=archive)
+    step = workloss.notice_schedule([workloss.CkptJob("j", p.ckpt_gb_per_node * 1e9, p.write_gbps * 1e9)],
+                                    p.link_gbps * 1e9, p.notice_s)[0]
+    assert step.final
+    x_end = D - p.notice_s + step.signal_at_s + leave_after_plan
+    seed = next(s for s in range(200) if not _abrupt(s, "z", D, 0.5) and _abrupt(s, "z", x_end, 0.5))
+    src = workloss.Node("a-src", "z", [(0.0, D), (D + 5000.0, FAR)])
+    x = workloss.Node("a-x", "z", [(1.0, x_end)])
+    y = workloss.Node("b-y", "z", [(1.0, FAR)])
+    return workloss.simulate("laminar", [src, x, y], 0.0, END, p, seed=seed), p
+
+
+def test_a_destination_that_leaves_before_the_checkpoint_arrives_fails_the_move() -> None:
+    """Was: the model looked ahead and skipped a-x because it would be gone when the job
+    restarted, which the agent cannot know (a-x left without notice). The agent sends to a-x,
+    the send fails at the plan's transfer deadline, and every other try gets that passed
+    deadline: the move fails, the job trains on to the window's end and its buddy (b-y)
+    resumes it from its replica."""
+    write_s = 8.0 / 2.0
+    r, p = _moving(write_s + 3.0, archive=False)  # mid-transfer (the send takes 6.4 s)
+    assert r.moves_failed == 1 and r.moves_lost == 0
+    assert r.migrations == 0 and r.held == 0 and r.fallbacks == 1
+    xfer = p.ckpt_gb_per_node / p.link_gbps
+    assert abs(r.down["final_transfer"] - xfer) < 1e-6  # frozen while the send stalled
+    assert r.down["resume_transfer"] > 0  # from the buddy's replica
+
+
+def test_a_destination_that_leaves_while_restarting_the_job_loses_it() -> None:
+    """Was: skipped by look-ahead as above. After the hand-over the destination is the job's
+    only guard (the source stopped it, the old buddy was released): when it leaves without
+    notice mid-restart the final checkpoint is gone; without the archive the job starts over,
+    with it an agent with room claims it from its newest archived periodic checkpoint."""
+    xfer_done = 8.0 / 2.0 + 8.0 / 1.25
+    r, p = _moving(xfer_done + 20.0, archive=False)
+    assert r.moves_lost == 1 and r.moves_failed == 0 and r.migrations == 1
+    assert r.dest_lost == 1 and r.archive_claims == 0
+    assert r.reclaims == 2  # a-src, then a-x under the restarting job
+    assert r.rollback_node_s > D / 2  # the job's progress (about D s on one node) is rolled back
+    ra, _ = _moving(xfer_done + 20.0, archive=True)
+    assert ra.moves_lost == 1 and ra.dest_lost == 0 and ra.archive_claims == 1
+    assert ra.rollback_node_s < r.rollback_node_s  # back to the archived copy, not to the start
