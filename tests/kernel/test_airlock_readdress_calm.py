@@ -97,3 +97,34 @@ def test_a_job_frozen_by_a_move_the_crash_ended_is_thawed_once_calm(tmp_path: Pa
             store.close()
 
     asyncio.run(main())
+
+
+def test_a_job_under_a_move_is_left_to_the_move(tmp_path: Path) -> None:
+    """A job the migration layer is moving (``agent.migrate.evacuating``) is not Airlock's: a
+    suspended job whose move froze it was thawed once calm, mid-transfer (it ran here past the
+    checkpoint the destination resumes from: two copies at once), and a critical stall chose it
+    for reclaim though it resumes elsewhere. The agent here is a stand-in (a namespace with the
+    migration layer's ``evacuating`` set), named as such; the cgroups and processes are real."""
+    from types import SimpleNamespace
+
+    async def main() -> None:
+        async with airlock_rig(tmp_path) as (jobs, al, store):
+            assert al.policy is not None
+            job = await running(jobs, "lm-t-moving")
+            other = await running(jobs, "lm-t-staying")
+            t0 = time.monotonic()
+            sig = al.signals(t0)
+            al._apply(ladder.Action(ladder.SUSPEND, job.id, "test: high"), t0, ladder.HIGH, sig)
+            assert job.cgroup.frozen() or job.cgroup.freeze_requested()
+            al.agent = SimpleNamespace(migrate=SimpleNamespace(evacuating={job.id}))  # stand-in agent
+            al.memo.last_pressure = t0
+            now = t0 + al.policy["hysteresis"]["hold_s"] + 0.1
+            acts = ladder.decide(now, ladder.NONE, al.views(now), al.policy.doc, al.memo, 0.1)
+            assert all(a.job_id != job.id for a in acts), acts  # no thaw of the moving job
+            later = t0 + 3600
+            acts = ladder.decide(later, ladder.CRITICAL, al.views(later), al.policy.doc, al.memo, 1.0)
+            assert acts and all(a.job_id == other.id for a in acts), acts
+            al.agent = SimpleNamespace(migrate=SimpleNamespace(evacuating=set()))  # the move failed
+            assert job.id in {v.id for v in al.views(later)}
+
+    asyncio.run(main())

@@ -681,12 +681,21 @@ class Airlock:
                        f"[airlock] class_budget_mb.{c} or stop one of its jobs", held_class=c, class_budget_mb=mb)
         self._held = held
 
+    def moving(self) -> set[str]:
+        """Jobs the migration layer is moving now (``agent.migrate.evacuating``): the move's, not
+        Airlock's. A thaw mid-move would run the job here past the checkpoint the destination
+        resumes from (two copies at once), a reclaim would record it reclaimed while it resumes
+        elsewhere; its memory leaves with it. A move that fails gives it back."""
+        mig = getattr(self.agent, "migrate", None)
+        return set(getattr(mig, "evacuating", ()) or ())
+
     def views(self, now: float) -> list[ladder.JobView]:
         out = []
         wall = time.time()
+        moving = self.moving()
         for j in self.jobs.active():
             rung, since, hops = self.rungs.get(j.id, (None, None, 0))
-            if rung == ladder.RECLAIM:
+            if rung == ladder.RECLAIM or j.id in moving:
                 continue
             try:
                 mem = j.cgroup.memory_in_use()  # its clean page cache the kernel drops anyway
