@@ -114,3 +114,53 @@ def test_the_probe_still_finds_commands_and_refuses_what_it_should(agent: AgentP
         final = wait_until(lambda: (j := agent.json("job", "show", job["id"]))["state"] == "exited" and j, 30,
                            "the job to end", agent.log)
         assert final["exit_code"] == 0 and Path(job["log"]).read_text() == "/tmp\n"
+
+
+@pytest.fixture
+def open_agent(veth_pair: Any) -> Iterator[AgentProc]:
+    """A laminard whose state directory other users can pass (not under pytest's 0700 tmp_path),
+    so that a job run as another user reaches its checkpoint directory."""
+    import shutil
+
+    base = Path(f"/tmp/lm-t-open-{secrets.token_hex(3)}")
+    base.mkdir(mode=0o755)
+    os.chmod(base, 0o755)
+    a = AgentProc(base, veth_pair.ifname_a, veth_pair.a)
+    try:
+        a.start()
+        yield a
+    finally:
+        a.cleanup()
+        shutil.rmtree(base, ignore_errors=True)
+
+
+def test_a_checkpoint_entry_linking_into_hung_storage_does_not_stop_the_agent(open_agent: AgentProc) -> None:
+    """The agent reads how old a running job's newest checkpoint is (its work at risk) from the
+    entries of its checkpoint directory, which the job's owner writes; Airlock asks on every
+    tick. A stat that follows the owner's symlink into a hung mount never returns."""
+    agent = open_agent
+    agent_pid = agent.json("status")["agent"]["pid"]
+    with local_user("link") as user, hung_mount() as mnt:
+        link = f'ln -s {mnt}/ckpt "$LAMINAR_CKPT_DIR/ckpt-9" && echo linked && exec sleep 1000'
+        code, job, raw = call_as(user, agent.sock, "POST", "/v1/jobs", {"command": ["/bin/sh", "-c", link]})
+        assert code == 201, raw
+        wait_until(lambda: Path(job["log"]).read_text() == "linked\n", 30, "the job to make its link")
+        # a stop records the work lost, asking how old the newest checkpoint is (Airlock asks too,
+        # under pressure): the agent must not wait on the mount for it
+        answer: dict[str, Any] = {}
+
+        def stop() -> None:
+            answer["stop"] = call_as(user, agent.sock, "POST", f"/v1/jobs/{job['id']}/stop", {"grace_s": 0})
+
+        t = threading.Thread(target=stop, daemon=True)
+        t.start()
+        t.join(20)
+        try:
+            code, status = api_json(agent.sock, "GET", "/v1/status", None, timeout=8)
+        except TimeoutError:
+            pytest.fail(f"the agent stopped answering when asked about {job['id']}, whose checkpoint directory "
+                        f"links into hung storage (waiting in FUSE: {waits_in_fuse(agent_pid)})")
+        assert code == 200
+        t.join(60)
+        code, out, raw = answer["stop"]
+        assert code == 201 and out["state"] == "stopped", raw

@@ -54,6 +54,7 @@ import os
 import pwd
 import re
 import signal
+import stat
 import subprocess
 import time
 from collections.abc import Callable
@@ -82,6 +83,9 @@ LEAK_SWEEP_S = 30.0
 # The longest stop reason a caller may give: it is kept with the job and in two events, and
 # the event log keeps 50,000 of them (a 1 MiB reason per stop would fill the disk).
 REASON_MAX = 1000
+# Entries of a job's checkpoint directory read to find its newest checkpoint (Airlock asks on
+# every tick; a job's owner may fill the directory with files).
+CKPT_SCAN_MAX = 1024
 # What a job's env values read as to a caller who is neither the job's owner nor root.
 REDACTED = "<redacted>"
 
@@ -543,16 +547,33 @@ class Job:
         return self.cgroup.pids() if self.active else []
 
     def last_checkpoint(self) -> float | None:
-        """Wall time of the newest entry in the job's checkpoint directory, or None."""
-        if self.ckpt_dir is None or not self.ckpt_dir.is_dir():
+        """Wall time of the newest entry in the job's checkpoint directory, or None. The job's
+        owner writes that directory, so an entry is never followed (a link into hung storage
+        would stop the agent: Airlock asks on every tick) and at most CKPT_SCAN_MAX entries are
+        read; past them the directory's own mtime (moved by every entry renamed into it, as a
+        jobkit checkpoint is) stands for the rest."""
+        if self.ckpt_dir is None:
+            return None
+        try:
+            top = os.lstat(self.ckpt_dir)
+        except OSError:
+            return None
+        if not stat.S_ISDIR(top.st_mode):
             return None
         newest = None
-        for p in self.ckpt_dir.iterdir():
-            try:
-                m = p.stat().st_mtime
-            except OSError:
-                continue
-            newest = m if newest is None else max(newest, m)
+        try:
+            with os.scandir(self.ckpt_dir) as entries:
+                for n, entry in enumerate(entries):
+                    if n >= CKPT_SCAN_MAX:
+                        newest = max(newest or 0.0, top.st_mtime)
+                        break
+                    try:
+                        m = entry.stat(follow_symlinks=False).st_mtime
+                    except OSError:
+                        continue
+                    newest = m if newest is None else max(newest, m)
+        except OSError:
+            pass
         return newest
 
     def work_at_risk_s(self, now: float | None = None) -> float:
