@@ -168,3 +168,17 @@ def test_a_gpu_list_longer_than_any_node_is_refused_at_once_and_named_briefly() 
     assert gpus.allocate(inv, [], list(range(gpus.GPUS_MAX))) == list(range(gpus.GPUS_MAX))
     with pytest.raises(ValueError, match=r"indices \[3\] listed more than once"):
         gpus.allocate(inv, [], [3, 1, 3])
+
+
+@pytest.mark.parametrize("spec, names", [
+    ({"class": "transient", "job_class": "long-resident"}, ["'class' = 'transient'", "'job_class' = 'long-resident'"]),
+    ({"memory": "1G", "memory_mb": 64}, ["'memory' = '1G'", "'memory_mb' = 64"]),
+])
+def test_a_spec_giving_one_thing_twice_is_refused_whole(spec: dict[str, object], names: list[str]) -> None:
+    """'class' and 'job_class' (or 'memory' and 'memory_mb') in one spec: one silently won, so a
+    job asked for as long-resident ran as transient (or with another memory limit)."""
+    with pytest.raises(JobError) as e:
+        JobSpec.from_dict({"command": ["true"], **spec})
+    for n in names:
+        assert n in str(e.value), str(e.value)
+    assert JobSpec.from_dict({"command": ["true"], "job_class": "transient", "memory_mb": 64}).memory_mb == 64

@@ -489,6 +489,10 @@ class JobSpec:
         if not isinstance(d, dict):
             raise JobError(f"job spec must be a JSON object, got {type(d).__name__}")
         d = dict(d)
+        for short, full in (("class", "job_class"), ("memory", "memory_mb")):
+            if short in d and full in d:  # two values for one thing: which one was meant?
+                raise JobError(f"job spec: both {short!r} = {_brief(d[short])} and {full!r} = {_brief(d[full])}; "
+                               f"give one of them")
         if "class" in d:
             d["job_class"] = d.pop("class")
         if "memory" in d:
