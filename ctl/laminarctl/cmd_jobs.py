@@ -29,6 +29,10 @@ from .output import emit, info, kv, table
 GRACE_MAX_S = 3600.0
 # The longest stop reason the agent keeps (laminar.runtime.jobs.REASON_MAX).
 REASON_MAX = 1000
+# Ended jobs `jobs` lists by default (the agent's default too: laminar.runtime.jobs.LIST_ENDED_*).
+LAST_DEFAULT = 200
+LAST_MAX = 100_000
+LIVE_STATES = ("queued", "running", "suspended", "starting")
 # How long `job stop` waits for the agent beyond the grace (the kill and the cgroups' removal).
 STOP_ANSWER_S = 120.0
 
@@ -79,6 +83,9 @@ def register(sub: Any, common: argparse.ArgumentParser) -> None:
 
     p = sub.add_parser("jobs", parents=[common], help="list jobs on this node")
     p.add_argument("--active", action="store_true", help="only jobs that have not ended (queued, running, suspended)")
+    p.add_argument("--last", type=int, default=LAST_DEFAULT, metavar="N",
+                   help=f"with the jobs that have not ended, the N that ended last (default {LAST_DEFAULT}, "
+                        f"at most {LAST_MAX}; -o json too)")
     p.set_defaults(func=cmd_jobs)
 
     job = sub.add_parser("job", parents=[common], help="one job: show, stop")
@@ -153,8 +160,24 @@ def cmd_submit(args: argparse.Namespace) -> int:
 
 
 def cmd_jobs(args: argparse.Namespace) -> int:
-    jobs = args.client.get("/v1/jobs" + ("?all=0" if args.active else ""))
-    emit(jobs, args.output, lambda js: table([_row(j) for j in js], JOB_COLUMNS))
+    if not 0 <= args.last <= LAST_MAX:
+        raise ValueError(f"--last {args.last}: expected 0 to {LAST_MAX} ended jobs")
+    if args.active:
+        jobs = args.client.get("/v1/jobs?all=0")
+    else:  # one more than asked: whether older ended jobs were left out
+        jobs = args.client.get(f"/v1/jobs?limit={min(args.last + 1, LAST_MAX)}")
+    ended = [j for j in jobs if j.get("state") not in LIVE_STATES]
+    older = len(ended) > args.last
+    if older:
+        drop = {j["id"] for j in ended[:len(ended) - args.last]}
+        jobs = [j for j in jobs if j["id"] not in drop]
+
+    def human(js: list[dict[str, Any]]) -> None:
+        table([_row(j) for j in js], JOB_COLUMNS)
+        if older:
+            info(f"(older ended jobs not shown: laminarctl jobs --last N, up to {LAST_MAX})")
+
+    emit(jobs, args.output, human)
     return 0
 
 

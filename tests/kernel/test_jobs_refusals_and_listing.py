@@ -15,7 +15,7 @@ import json
 from typing import Any
 
 import pytest
-from agentproc import AgentProc, api_request, wait_until
+from agentproc import AgentProc, api_json, api_request, wait_until
 from userrig import call_as, local_user
 
 pytestmark = pytest.mark.kernel
@@ -85,3 +85,37 @@ def test_a_stop_reason_too_long_to_keep_is_refused_and_the_job_runs_on(agent: Ag
         status, out, raw = call_as(user, agent.sock, "POST", f"/v1/jobs/{job['id']}/stop",
                                    {"reason": "y" * 1000, "grace_s": 0})
         assert status == 201 and out["reason"] == "y" * 1000, raw[:300]
+
+
+def test_the_job_list_is_bounded_to_the_newest_ended_jobs(agent: AgentProc) -> None:
+    """The store keeps every job. GET /v1/jobs read and answered all of them: with 20,000 ended
+    jobs about 3 s of the agent's event loop per request (any user's `laminarctl jobs` in a
+    loop held the kill-switch off). Now the live jobs and the newest 200 ended ones (?limit=
+    asks for more); the table says when older ones are left out."""
+    import sqlite3
+
+    live = agent.json("submit", "--", "/bin/sleep", "1000")
+    spec = json.dumps({"command": ["/bin/true"], "class": "standard"} | {
+        k: v for k, v in live["spec"].items() if k not in ("command", "class")})
+    db = sqlite3.connect(str(agent.state_dir / "laminar.db"), timeout=30)
+    try:
+        with db:  # 300 ended jobs, as an agent that ran them would have them
+            db.executemany("INSERT INTO jobs(id, num, spec, state, owner_uid, owner_gid, gpus, created, ended, "
+                           "exit_code, reason) VALUES(?, ?, ?, 'exited', 0, 0, '[]', ?, ?, 0, 'exit code 0')",
+                           [(f"job-{n}", n, spec, 1e9 + n, 1e9 + n + 1) for n in range(1000, 1300)])
+    finally:
+        db.close()
+    code, jobs = api_json(agent.sock, "GET", "/v1/jobs")
+    assert code == 200
+    ended = [j["num"] for j in jobs if j["state"] == "exited"]
+    assert ended == list(range(1100, 1300)) and live["id"] in [j["id"] for j in jobs], (len(jobs), ended[:3])
+    code, jobs = api_json(agent.sock, "GET", "/v1/jobs?limit=1000")
+    assert code == 200 and len(jobs) == 301
+    for bad in ("abc", "-1", "100001", "00000000000000000000123456789"):
+        code, out = api_json(agent.sock, "GET", f"/v1/jobs?limit={bad}")
+        assert code == 400 and "limit" in out["error"], out
+    r = agent.ctl("jobs")
+    assert "older ended jobs not shown" in r.stdout and "job-1299" in r.stdout and "job-1099 " not in r.stdout
+    assert len(json.loads(agent.ctl("-o", "json", "jobs", "--last", "1000").stdout)) == 301
+    assert len(json.loads(agent.ctl("-o", "json", "jobs", "--last", "5").stdout)) == 6
+    assert agent.json("job", "show", "job-1000")["state"] == "exited"
