@@ -347,3 +347,57 @@ def test_a_wall_clock_step_is_not_counted_as_exposure(tmp_path: Path, monkeypatc
     d.round()
     assert sum(t1 - t0 for t0, t1, _ in comp.exposure) == pytest.approx(2.0)
     assert len(comp.exposure) == 2  # the round after the backward step counts nothing
+
+
+class CorruptFirstJobs(FakeJobs):
+    """The job's first checkpoint commits but does not verify (its data file is damaged after
+    the manifest was written: a bad disk, a writer of its own killed half-way); later ones are
+    good."""
+
+    def request_checkpoint(self, job: FakeJob) -> bool:
+        super().request_checkpoint(job)
+        if len(self.requests) == 1:
+            (job.ckpt_dir / f"ckpt-{job.step}" / "state.bin").write_bytes(b"damaged")
+        return True
+
+
+def test_a_checkpoint_that_does_not_verify_is_a_miss_and_the_job_is_asked_again(tmp_path: Path,
+                                                                                 usr1_handler: None) -> None:
+    """A signalled job whose newest checkpoint directory does not verify has not checkpointed:
+    after ckpt_wait_s it is a miss and the job is asked again at its next due time (it was left
+    pending for ever: never signalled again, and holding the stagger slot)."""
+    jobs = CorruptFirstJobs([FakeJob("job-1", tmp_path / "a")])
+    comp = FakeComp(jobs, min_interval_s=1.0, max_interval_s=1.0, ckpt_pause_s=0.1, ckpt_wait_s=2.0)
+    d = cd.CkptDriver(comp)
+    t = 1_700_000_000.0
+    for i in range(100):  # 10 s
+        d.round(t + i * 0.1)
+    assert len(jobs.requests) >= 3, jobs.requests
+    row = d.view()[0]
+    assert row["misses"] == 1 and row["commits"] >= 1 and row["newest"] != "ckpt-1"
+
+
+def test_commits_below_a_damaged_higher_step_are_seen(tmp_path: Path, usr1_handler: None) -> None:
+    """A damaged checkpoint of a higher step (left by an earlier run of the job) stays the
+    highest name listed; the job's new commits at lower steps are still commits (the threaded
+    driver cached the verification by the highest name only and never looked again)."""
+    jobs = FakeJobs([FakeJob("job-1", tmp_path / "a")])
+    ck = jobkit.Checkpointer("job-1", tmp_path / "a", install_signal=False, keep=10)
+    (ck.save(b"y" * 1000, step=1000) / "state.bin").write_bytes(b"damaged")
+    comp = FakeComp(jobs, min_interval_s=0.2, max_interval_s=0.2, ckpt_pause_s=0.01, stagger_gap_s=0.01,
+                    poll_s=0.05, ckpt_wait_s=30.0)
+    d = cd.CkptDriver(comp)
+
+    async def main() -> None:
+        task = asyncio.create_task(d.run())
+        try:
+            for _ in range(100):
+                await asyncio.sleep(0.05)
+                if d.counts["commits"] >= 3:
+                    break
+        finally:
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+
+    asyncio.run(main())
+    assert d.counts["commits"] >= 3 and d.counts["signals"] >= 3, (d.counts, jobs.requests)

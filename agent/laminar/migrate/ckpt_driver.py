@@ -164,6 +164,10 @@ def due_now(tracks: Sequence[Track], now: float, gap_s: float, max_delay_s: floa
     return [j for j, s in sorted(st.items(), key=lambda kv: (kv[1], kv[0])) if s <= now][:1]
 
 
+def _listing(names: Sequence[Path]) -> tuple[str, ...]:
+    return tuple(p.name for p in names)
+
+
 def ckpt_size(path: Path) -> int:
     return sum(f.stat().st_size for f in path.iterdir() if f.is_file())
 
@@ -210,9 +214,11 @@ class CkptDriver:
         self._last_mono: float | None = None
         self.link_bps = 0.0
         self.counts = {"signals": 0, "commits": 0, "misses": 0}
-        # job id -> (newest ckpt-<n> listed, newest that verified): filled off the event loop
-        # by run() (a checkpoint of many GB takes seconds to hash); a direct round() hashes inline
-        self._verified: dict[str, tuple[str, Path | None]] = {}
+        # job id -> (the ckpt-<n> names listed, the newest that verified): filled off the event
+        # loop by run() (a checkpoint of many GB takes seconds to hash); a direct round() hashes
+        # inline. Keyed by the whole listing, not its highest name: a commit below a damaged
+        # checkpoint of a higher step changes the listing but not its top.
+        self._verified: dict[str, tuple[tuple[str, ...], Path | None]] = {}
         self.threaded = False
 
     @property
@@ -243,38 +249,47 @@ class CkptDriver:
         return ""
 
     def _observe(self, t: Track, job: Any, now: float) -> None:
-        """Notices a new verified checkpoint of ``job``; measures its size and latency."""
+        """Notices a new verified checkpoint of ``job``; measures its size and latency. A signal
+        not answered by a new *verified* checkpoint within ``ckpt_wait_s`` is a miss (a
+        checkpoint directory that does not verify is no answer), and the job is asked again at
+        its next due time."""
         names = jobkit.list_checkpoints(job.ckpt_dir) if job.ckpt_dir else []
-        if not names or names[-1].name == t.newest:
-            if t.pending and t.signal_at is not None and now - t.signal_at > float(self.s["ckpt_wait_s"]):
-                t.pending = False
-                t.misses += 1
-                self.counts["misses"] += 1
-            return
+        key = _listing(names)
+        newest: Path | None = None
         cached = self._verified.get(job.id)
-        if cached is not None and cached[0] == names[-1].name:
+        if not names:
+            pass
+        elif cached is not None and cached[0] == key:
             newest = cached[1]
         elif self.threaded:
             return  # run() verifies it in a thread before the next round
         else:
             newest = jobkit.latest_checkpoint(job.ckpt_dir)
-            self._verified[job.id] = (names[-1].name, newest)
-        if newest is None or newest.name == t.newest:
+            self._verified[job.id] = (key, newest)
+        if newest is not None and newest.name != t.newest and self._commit(t, newest, now):
             return
+        if t.pending and t.signal_at is not None and now - t.signal_at > float(self.s["ckpt_wait_s"]):
+            t.pending = False
+            t.misses += 1
+            self.counts["misses"] += 1
+
+    def _commit(self, t: Track, newest: Path, now: float) -> bool:
+        """Records ``newest``, a verified checkpoint not seen before; False when it is gone."""
         try:
             at = (newest / jobkit.MANIFEST).stat().st_mtime
             size = ckpt_size(newest)
         except OSError:  # removed by the job meanwhile: next round
-            return
+            return False
         first = not t.newest
         t.newest, t.newest_at, t.size_bytes = newest.name, min(at, now), float(size)
         if first and t.signal_at is None:
-            return  # there before the driver looked: not a commit it saw
+            return True  # there before the driver looked: not a commit it saw
         t.commits += 1
         self.counts["commits"] += 1
         if t.pending and t.signal_at is not None and at >= t.signal_at - 0.5:
             t.latency_s = max(0.0, min(at, now) - t.signal_at)
             t.pending = False
+        return True
 
     def _plan(self, tracks: list[Track], now: float) -> None:
         s = self.s
@@ -386,12 +401,12 @@ class CkptDriver:
             names = jobkit.list_checkpoints(job.ckpt_dir)
             if not names:
                 continue
-            top = names[-1].name
+            key = _listing(names)
             cached = self._verified.get(job.id)
-            if cached is not None and cached[0] == top:
+            if cached is not None and cached[0] == key:
                 continue
             newest = await asyncio.to_thread(jobkit.latest_checkpoint, job.ckpt_dir)
-            self._verified[job.id] = (top, newest)
+            self._verified[job.id] = (key, newest)
 
     def view(self) -> list[dict[str, Any]]:
         """The current plan per job (GET /v1/checkpoints)."""
