@@ -401,3 +401,35 @@ def test_commits_below_a_damaged_higher_step_are_seen(tmp_path: Path, usr1_handl
 
     asyncio.run(main())
     assert d.counts["commits"] >= 3 and d.counts["signals"] >= 3, (d.counts, jobs.requests)
+
+
+def test_a_wall_clock_step_back_does_not_stall_periodic_checkpoints(tmp_path: Path, usr1_handler: None,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    """Rounds on the real clocks: when the wall clock steps back a day (NTP correcting an RTC
+    that ran ahead), the jobs are still asked at their interval; the driver's times were wall
+    clock, so every job's next checkpoint moved a day into the future and none was asked
+    until then (and a forward step made every job due at once)."""
+    jobs = FakeJobs([FakeJob("job-1", tmp_path / "a"), FakeJob("job-2", tmp_path / "b")])
+    comp = FakeComp(jobs, min_interval_s=1.0, max_interval_s=1.0, ckpt_pause_s=0.1, stagger_gap_s=0.1)
+    d = cd.CkptDriver(comp)
+    wall = [1_700_000_000.0]
+    mono = [1000.0]
+    monkeypatch.setattr(cd.time, "time", lambda: wall[0])
+    monkeypatch.setattr(cd.time, "monotonic", lambda: mono[0])
+
+    def run(seconds: float) -> list[str]:
+        got: list[str] = []
+        for _ in range(int(seconds / 0.1)):
+            wall[0] += 0.1
+            mono[0] += 0.1
+            got += d.round()
+        return got
+
+    assert len(run(5.0)) >= 6
+    wall[0] -= 86400.0
+    after = run(5.0)
+    assert after.count("job-1") >= 3 and after.count("job-2") >= 3, after
+    wall[0] += 2 * 86400.0
+    burst = run(0.3)
+    assert len(burst) <= 1, burst  # not every job at once: each keeps its place in the interval
+    assert len(run(5.0)) >= 6

@@ -64,6 +64,7 @@ log = logging.getLogger("laminar.migrate")
 
 OPT_OUT_ENV = "LM_CKPT_PERIODIC"  # "off" in a job's spec env: never signalled periodically
 DEFAULT_PLAN_BYTES = 64 << 20  # planning size before a job's first checkpoint
+CLOCK_STEP_S = 1.0  # wall and monotonic clocks parting by more than this between rounds: a step
 
 CONFIG_FIELDS = {
     "periodic": Field(bool, True, "drive periodic checkpoints at the hazard's interval"),
@@ -106,6 +107,17 @@ class Track:
     start_at: float | None = None  # when the stagger lets its next checkpoint start
     skip: str = ""  # why it is not driven (empty: driven)
     history: list[float] = field(default_factory=list)  # recent signal times
+
+    def shift(self, d: float) -> None:
+        """Moves every time of the track by ``d`` seconds (the wall clock stepped by ``d``)."""
+        self.first_seen += d
+        if self.newest_at is not None:
+            self.newest_at += d
+        if self.signal_at is not None:
+            self.signal_at += d
+        if self.start_at is not None:
+            self.start_at += d
+        self.history = [h + d for h in self.history]
 
     def base(self) -> float:
         """The time the next interval counts from: the newest checkpoint or signal, else first seen."""
@@ -320,6 +332,14 @@ class CkptDriver:
                 elapsed = min(max(0.0, now - self.last_round), max(0.0, mono - self._last_mono))
                 if elapsed > 0:
                     self.comp.observe_exposure(now - elapsed, now, self.comp.exposed_nodes())
+                # the tracks' times are wall clock: a step (or a suspend, which the monotonic
+                # clock does not count) moves them with it, so each job keeps its place in its
+                # interval (a day's step back stalled every job for a day; one forward made all
+                # of them due at once)
+                step = (now - self.last_round) - (mono - self._last_mono)
+                if abs(step) > CLOCK_STEP_S:
+                    for t in self.tracks.values():
+                        t.shift(step)
         elif self.last_round is not None and now > self.last_round:  # a caller's clock (tests, replay)
             self.comp.observe_exposure(self.last_round, now, self.comp.exposed_nodes())
         self.last_round = now
