@@ -180,7 +180,10 @@ dead: it announced a reclaim and then fell silent in the zone for ``dead_after_s
 window ended), or, with ``orphan_after_s`` set, it fell silent without a notice. Exactly one
 node guards a job at a time: a move hands the guard to the destination (``guard`` there, then
 ``release`` to the old buddy), and a node never resumes a job it already runs (the job's
-environment carries ``LM_MIGRATED_FROM``).
+environment carries ``LM_MIGRATED_FROM``). A failed prestage keeps the job's buddy (it still
+guards the older checkpoint) and tries another peer next (PRESTAGE_FAIL_AVOID_S); the old buddy
+of a job whose guard went elsewhere is released, and a release that does not arrive is sent again
+(RELEASE_RETRY_S) until it does: two guards of one job would both resume it.
 
 Config (``[migrate]``)::
 
@@ -295,6 +298,14 @@ REPLICA_LATE_S = 3600.0
 # A requeued job is placed again from its spec (resume_from included) for a while (zone/loan.py's
 # requeue_for_s); a replica it names is kept as long after it was requeued.
 REPLICA_REQUEUE_HOLD_S = 3600.0
+# A prestage that failed to a node does not choose it again for the job for this long (another
+# peer is tried; it is the last resort).
+PRESTAGE_FAIL_AVOID_S = 60.0
+# A ``release`` that did not arrive (the old buddy unreachable then) is sent again this often until
+# it does, the node leaves the zone, or RELEASE_GIVE_UP_S passed (the guard's own ``needs`` check
+# then ends it).
+RELEASE_RETRY_S = 5.0
+RELEASE_GIVE_UP_S = 86400.0
 # A job of a user other than root resumes from a replica here through ``<state_dir>/RESUME_DIR/<key>/
 # ckpt-<n>/``: ``<key>/`` its owner's (0500; the state directory and RESUME_DIR are 0711), the
 # checkpoint directory root's (0755) with hard links to the replica's files (root's, 0644), or
@@ -783,8 +794,12 @@ class ReclaimComponent:
         self._replica_gc_next = 0.0  # when the held replicas are looked at next (monotonic)
         self._guard_asked: dict[str, float] = {}  # key -> when its source was last asked (monotonic)
         self._guard_checking: set[str] = set()  # keys whose source is being asked now
-        # job id -> {node: wall time}: buddies whose operator dropped the job's guard (op ``dropped``)
-        self._dropped_by: dict[str, dict[int, float]] = {}
+        # job id -> {node: until (wall)}: peers not chosen as the job's buddy before then (their
+        # operator dropped its guard, op ``dropped``; a prestage to them failed)
+        self._avoid_until: dict[str, dict[int, float]] = {}
+        # (node, key) -> (next try, given up at) (monotonic): releases that did not arrive yet
+        self._releases: dict[tuple[int, str], tuple[float, float]] = {}
+        self._releasing: set[tuple[int, str]] = set()
         self._owners: dict[str, tuple[int, int]] = {}  # key -> (uid, gid) of its job's owner (guards held here)
 
     # -- life cycle ---------------------------------------------------------------------------
@@ -1350,9 +1365,9 @@ class ReclaimComponent:
                 raise MigrateError(f"holder {node} has {ckpt.name} but did not take the guard: {e}; the job's "
                                    "buddy still guards it") from None
             old = self.buddy.get(job.id)
+            self._set_buddy(job.id, node)
             if old is not None and old != node:
                 await self._release(old, self.job_key(job))
-            self.buddy[job.id] = node
             if self._archive_root() is not None:  # the holder is one node: the archive outlives it
                 try:
                     self._archive(self.job_key(job), ckpt, {"key": self.job_key(job), "src_node": self.node_id,
@@ -2106,10 +2121,9 @@ class ReclaimComponent:
             mv.phase = "handover"
             old = self.buddy.get(job.id)
             await self._guard(job, node, ckpt.name)  # the destination guards the job from now on
+            self._set_buddy(job.id, node)
             if old is not None and old != node:
-                with contextlib.suppress(Exception):
-                    await self._control(old, "release", {"key": self.job_key(job)})
-            self.buddy[job.id] = node
+                await self._release(old, self.job_key(job))
             spec = job.spec.as_dict()
             spec.pop("gpus", None)
             spec["resume_from"] = remote
@@ -2216,6 +2230,7 @@ class ReclaimComponent:
         while True:
             try:
                 self._departure_round()
+                self._release_round()
                 self._prestage_round()
                 self._periodic_archive_round()
                 self._archive_round()
@@ -2250,6 +2265,12 @@ class ReclaimComponent:
             self._spawn(self._prestage(job))
 
     async def _prestage(self, job: Any) -> None:
+        """Ships the job's newest checkpoint to its buddy (a new one by the usual choice when it
+        has none, or its buddy is suspect, under a notice, or to be avoided: :meth:`_avoided_buddies`)
+        and hands it the guard; the old buddy is then released (:meth:`_release`, sent again until
+        it arrives). A failure keeps the buddy the job had (it still guards the job's older
+        checkpoint) and avoids the node that failed for PRESTAGE_FAIL_AVOID_S."""
+        node: int | None = None
         try:
             ckpt = jobkit.latest_checkpoint(job.ckpt_dir)
             if ckpt is None:
@@ -2273,29 +2294,36 @@ class ReclaimComponent:
                 return  # the move decides who guards the job now
             await self._guard(job, node, ckpt.name)
             old = self.buddy.get(job.id)
+            self._set_buddy(job.id, node)
             if old is not None and old != node:
-                with contextlib.suppress(Exception):
-                    await self._control(old, "release", {"key": self.job_key(job)})
-            self.buddy[job.id] = node
+                await self._release(old, self.job_key(job))
             self.shipped[job.id] = ckpt.name
             self.counts["prestaged"] += 1
             self._emit(f"{job.id}: {ckpt.name} prestaged to node {node}", persist=False, job=job.id, node=node,
                        ckpt=ckpt.name, phase="prestaged")
         except (TransferError, MigrateError, OSError, TimeoutError, jobkit.CheckpointError) as e:
-            log.info("migrate: prestaging %s failed: %s", job.id, e)
-            self.buddy.pop(job.id, None)
+            log.info("migrate: prestaging %s to node %s failed: %s", job.id, node, e)
+            if node is not None:  # the buddy stays the job's (it guards the older checkpoint); try another next
+                self._avoid(job.id, node, PRESTAGE_FAIL_AVOID_S)
         finally:
             self._prestaging.discard(job.id)
 
     def _avoided_buddies(self, job_id: str, now: float | None = None) -> set[int]:
-        """Peers whose operator dropped ``job_id``'s guard less than REPLICA_DROP_AVOID_S ago."""
+        """Peers not to choose as ``job_id``'s buddy now: their operator dropped its guard less
+        than REPLICA_DROP_AVOID_S ago, or a prestage to them failed less than
+        PRESTAGE_FAIL_AVOID_S ago."""
         now = time.time() if now is None else now
-        seen = {n: t for n, t in self._dropped_by.get(job_id, {}).items() if now - t < REPLICA_DROP_AVOID_S}
+        seen = {n: t for n, t in self._avoid_until.get(job_id, {}).items() if now < t}
         if seen:
-            self._dropped_by[job_id] = seen
+            self._avoid_until[job_id] = seen
         else:
-            self._dropped_by.pop(job_id, None)
+            self._avoid_until.pop(job_id, None)
         return set(seen)
+
+    def _avoid(self, job_id: str, node: int, for_s: float) -> None:
+        until = time.time() + for_s
+        d = self._avoid_until.setdefault(job_id, {})
+        d[node] = max(d.get(node, 0.0), until)
 
     def _answer_dropped(self, node: str, key: str) -> dict[str, Any]:
         """``node``'s operator dropped the guard of ``key`` held there by force (control op
@@ -2322,7 +2350,7 @@ class ReclaimComponent:
                     "why": f"node {buddy} guards job {jid} now, not node {asker}: nothing changes"}
         self.buddy.pop(jid, None)
         self.shipped.pop(jid, None)
-        self._dropped_by.setdefault(jid, {})[asker] = time.time()
+        self._avoid(jid, asker, REPLICA_DROP_AVOID_S)
         prestages = bool(job.active) and self.s["prestage"] != "off" and job.id not in self.evacuating
         if prestages:
             why = f"job {jid} is {job.state}: its newest checkpoint goes to another buddy at the next prestage round"
@@ -2334,11 +2362,49 @@ class ReclaimComponent:
                    node=asker, phase="guard-dropped")
         return {"key": key, "forgot": True, "prestages": prestages, "why": why}
 
+    def _set_buddy(self, job_id: str, node: int) -> None:
+        """``node`` guards ``job_id`` now: a release of it still pending is void."""
+        self.buddy[job_id] = node
+        self._releases.pop((node, f"n{self.node_id}-{job_id}"), None)
+
     async def _release(self, node: int, key: str) -> None:
+        """Tells ``node`` it no longer guards ``key`` (control op ``release``). One that does not
+        arrive is sent again every RELEASE_RETRY_S (:meth:`_release_round`) until it does, the
+        node leaves the zone, RELEASE_GIVE_UP_S passed, or ``node`` is the job's buddy again:
+        else the node would go on guarding an older checkpoint beside the job's new buddy, and
+        both would resume the job if this node died. Never raises."""
+        pair = (node, key)
+        prefix = f"n{self.node_id}-"
+        if key.startswith(prefix) and self.buddy.get(key[len(prefix):]) == node:
+            self._releases.pop(pair, None)  # it guards the job again: nothing to release
+            return
+        self._releasing.add(pair)
         try:
             await self._control(node, "release", {"key": key})
         except (MigrateError, TransferError, OSError, TimeoutError) as e:
-            log.info("migrate: release of %s at node %d failed: %s", key, node, e)
+            mono = time.monotonic()
+            _, give_up = self._releases.get(pair, (0.0, mono + RELEASE_GIVE_UP_S))
+            z = self.zone
+            if mono >= give_up or z is None or node not in z.membership.by_node:
+                self._releases.pop(pair, None)
+                log.warning("migrate: release of %s at node %d failed: %s (given up: its guard is checked with "
+                            "this node after replica_guard_check_s)", key, node, e)
+            else:
+                self._releases[pair] = (mono + RELEASE_RETRY_S, give_up)
+                log.info("migrate: release of %s at node %d failed: %s (sent again in %g s)", key, node, e,
+                         RELEASE_RETRY_S)
+        else:
+            self._releases.pop(pair, None)
+        finally:
+            self._releasing.discard(pair)
+
+    def _release_round(self) -> None:
+        """Sends again each release that did not arrive and is due (:meth:`_release`)."""
+        mono = time.monotonic()
+        for pair, (at, _) in list(self._releases.items()):
+            if mono >= at and pair not in self._releasing:
+                self._releasing.add(pair)
+                self._spawn(self._release(*pair))
 
     def _source_dead(self, src: int, now: float, window_end: float | None = None) -> str | None:
         """Why the source of a replica counts as dead, or None while it may be alive.
@@ -3557,6 +3623,7 @@ class ReclaimComponent:
     def status(self) -> dict[str, Any]:
         r = self.reclaim
         return {"port": self.port, "counts": dict(self.counts), "buddies": {k: v for k, v in self.buddy.items()},
+                "releases_pending": [{"node": n, "key": k} for n, k in sorted(self._releases)],
                 "reclaim": None if r is None else {"deadline": r["deadline"], "done": r["task"].done()},
                 "notices": sorted(self.notices),
                 "periodic_ckpt": None if self.ckpt is None else dict(self.ckpt.counts)}
