@@ -140,6 +140,7 @@ demand = st.builds(
     remaining_bytes=st.integers(0, 10 * GBIT),
     deadline_s=st.floats(-5.0, 120.0),
     max_rate_bps=st.one_of(st.none(), st.integers(10_000, 2 * GBIT)),
+    unconfirmed_bytes=st.integers(0, GBIT),
 )
 
 
@@ -160,3 +161,22 @@ def test_invariants(ts: list[TransferDemand], margin: float, floor: int) -> None
     # The floor holds: the rates together exceed the budget by no more than one bit of rounding
     # and one HTB trickle (min_rate_bps) per transfer.
     assert d.migration_bps <= link.migration_budget_bps + len(ts) * (p.min_rate_bps + 1)
+
+
+def test_unconfirmed_bytes_keep_a_rate_that_sends_them_by_the_deadline() -> None:
+    """Progress counted on the wire can run ahead of the payload: 1 byte left by the estimate, 200 kB
+    maybe left really. The rate is not the 8 kbit/s floor but what sends both by the deadline
+    (with the margin); the status still follows the estimate, and the floor comes from spare budget."""
+    p = ShaperParams(margin=0.1)
+    alone = decide([TransferDemand("a", 1, 20.0, unconfirmed_bytes=200_000)], now_s=0.0, link=LINK, params=p).rates["a"]
+    assert alone.rate_bps >= 200_001 * 8 / 20.0 * 1.1
+    assert alone.status == "on-time" and "unconfirmed" not in alone.status and "estimated progress" in alone.reason
+    before = decide([TransferDemand("a", 1, 20.0)], now_s=0.0, link=LINK, params=p).rates["a"]
+    assert before.rate_bps == p.min_rate_bps  # what counted progress alone gave
+    # The budget (600 Mbit/s) is held by a transfer due earlier: the raise takes only what is left.
+    full = decide([TransferDemand("first", 700_000_000, 10.0), TransferDemand("a", 1, 20.0, unconfirmed_bytes=GBIT)],
+                  now_s=0.0, link=LINK, params=p)
+    assert full.rates["first"].rate_bps >= 560 * MBIT
+    assert full.migration_bps <= LINK.migration_budget_bps + 2 * (p.min_rate_bps + 1)  # rounding and trickles
+    with pytest.raises(ValueError, match="unconfirmed bytes -1"):
+        decide([TransferDemand("a", 1, 20.0, unconfirmed_bytes=-1)], now_s=0.0, link=LINK)

@@ -17,7 +17,14 @@ The rule (ReclaimNet's deadline-aware migration traffic control):
   transfers due before it) is **infeasible** and is reported at once, with the reason, so the
   migration layer can choose another plan instead of discovering the miss at the deadline;
 * infeasible transfers still get whatever budget the feasible ones leave (best effort), so a
-  re-plan that keeps them loses as little as possible.
+  re-plan that keeps them loses as little as possible;
+* a transfer whose progress is only estimated (counted on the wire, not reported by its sender)
+  says how many bytes the estimate may have counted that were not payload
+  (``unconfirmed_bytes``): its rate never falls below what sends ``remaining + unconfirmed`` by
+  its deadline (with the margin), taken from the budget the feasible transfers leave, before the
+  infeasible ones get theirs. Its status still follows ``remaining_bytes``. Without this, an
+  estimate that ran ahead of the payload left the transfer's last bytes at ``MIN_RATE_BPS``
+  until its deadline.
 
 Example::
 
@@ -88,12 +95,15 @@ class ShaperParams:
 
 @dataclass(frozen=True)
 class TransferDemand:
-    """One transfer's state at this tick. ``max_rate_bps`` (optional) caps what it may get."""
+    """One transfer's state at this tick. ``max_rate_bps`` (optional) caps what it may get.
+    ``unconfirmed_bytes``: bytes that may still be left beyond ``remaining_bytes`` because the
+    progress is an estimate (0 when the sender reported it); see the module docstring."""
 
     id: str
     remaining_bytes: int
     deadline_s: float
     max_rate_bps: int | None = None
+    unconfirmed_bytes: int = 0
 
 
 @dataclass(frozen=True)
@@ -157,8 +167,9 @@ def decide(transfers: Iterable[TransferDemand], now_s: float, link: LinkBudget,
 
     Contract: every transfer gets an entry; rates are integers >= ``params.min_rate_bps``; the
     rates of feasible transfers sum to at most the migration budget; a feasible transfer's rate
-    is at least its need (it finishes on time if it keeps that rate). Raises ValueError for a
-    duplicate id or a negative remaining size.
+    is at least its need (it finishes on time if it keeps that rate), and at least the need of
+    ``remaining + unconfirmed`` bytes as far as the budget left by the feasible transfers' own
+    rates allows. Raises ValueError for a duplicate id or a negative size.
     """
     p = params or ShaperParams()
     budget = float(link.migration_budget_bps)
@@ -170,6 +181,8 @@ def decide(transfers: Iterable[TransferDemand], now_s: float, link: LinkBudget,
         seen.add(t.id)
         if t.remaining_bytes < 0:
             raise ValueError(f"transfer {t.id!r}: remaining bytes {t.remaining_bytes} must be >= 0")
+        if t.unconfirmed_bytes < 0:
+            raise ValueError(f"transfer {t.id!r}: unconfirmed bytes {t.unconfirmed_bytes} must be >= 0")
 
     out: dict[str, TransferRate] = {}
     admitted: list[tuple[TransferDemand, float]] = []  # (demand, need) in deadline order
@@ -223,10 +236,29 @@ def decide(transfers: Iterable[TransferDemand], now_s: float, link: LinkBudget,
         # ceil keeps a feasible rate >= its need (at most 1 bit/s over the budget per transfer).
         out[t.id] = TransferRate(t.id, max(p.min_rate_bps, math.ceil(rate)), need, status, reason)
 
-    # Best effort for the rest: what the admitted ones leave, in deadline order, capped at their want.
+    # Estimated progress: raise a feasible transfer to what sends its unconfirmed bytes as well by its
+    # deadline, from what the admitted rates leave (in deadline order), so an estimate that ran ahead
+    # of the payload never leaves the last bytes at the floor rate.
     left = max(0.0, budget - sum(out[t.id].rate_bps for t, _ in admitted))
+    for t, _need in admitted:
+        if t.unconfirmed_bytes <= 0 or left <= 0:
+            continue
+        r = out[t.id]
+        want = need_bps(t.remaining_bytes + t.unconfirmed_bytes, t.deadline_s, now_s) * (1.0 + p.margin)
+        if t.max_rate_bps is not None:
+            want = min(want, float(t.max_rate_bps))
+        give = min(left, max(0.0, want - r.rate_bps))
+        if give >= 1:
+            left -= math.ceil(give)
+            out[t.id] = TransferRate(t.id, r.rate_bps + math.ceil(give), r.need_bps, r.status,
+                                     f"{r.reason}; raised to {fmt_rate(r.rate_bps + math.ceil(give))} for "
+                                     f"{t.unconfirmed_bytes} bytes its estimated progress may have counted")
+    left = max(0.0, left)
+
+    # Best effort for the rest: what the admitted ones leave, in deadline order, capped at their want.
     for t, need, status, reason in rejected:
-        want = need * (1.0 + p.margin) if not math.isinf(need) else left
+        need_all = need_bps(t.remaining_bytes + t.unconfirmed_bytes, t.deadline_s, now_s)
+        want = need_all * (1.0 + p.margin) if not math.isinf(need_all) else left
         if t.max_rate_bps is not None:
             want = min(want, float(t.max_rate_bps))
         give = min(left, want)

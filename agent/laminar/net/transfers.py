@@ -18,7 +18,12 @@ job, its size and its deadline. The registry then
 
 Progress is the larger of what the sender reports (``POST …/progress``) and the bytes the
 transfer's HTB leaf has sent (egress, from the kernel's class counters) discounted by 6% for
-headers and retransmissions; only a report can mark a transfer done.
+headers and retransmissions; only a report can mark a transfer done. Counted progress is an
+estimate: headers and retransmissions can cost more than 6% (a small MTU, a lossy path), so the
+bytes the estimate counts beyond 80% of the leaf's bytes are *unconfirmed*, and the transfer's
+rate never falls below what sends its remaining and unconfirmed bytes by its deadline (from the
+budget the feasible transfers leave). A migration's sender reports no progress (what it wrote is
+in its socket buffer, not on the wire), so its progress is the leaf's count.
 
 API::
 
@@ -109,6 +114,12 @@ register_section("shaping", CONFIG_FIELDS)
 # a transfer is never believed done while its last bytes still wait in its leaf: only the sender's
 # report can say a transfer is done.
 COUNTER_PAYLOAD_SHARE = 0.94
+# The share counted progress may really be: headers cost more than 6% with a small MTU (66 of 590
+# bytes at MTU 576, 86 of 1280 for IPv6 at its minimum MTU) and retransmissions add to the count.
+# The bytes between this bound and the estimate above are "unconfirmed": the shaper keeps a rate
+# that sends them too by the deadline (shaper.TransferDemand.unconfirmed_bytes), so an estimate
+# that ran ahead of the payload never leaves a transfer's last bytes at the floor rate.
+COUNTER_PAYLOAD_SHARE_LOW = 0.80
 
 SCHEMA = [
     """CREATE TABLE IF NOT EXISTS net_transfers (
@@ -174,8 +185,16 @@ class Transfer:
         counted = min(int(self.counted_bytes * COUNTER_PAYLOAD_SHARE), self.total_bytes - 1)
         return min(self.total_bytes, max(self.reported_bytes, counted))
 
+    @property
+    def unconfirmed_bytes(self) -> int:
+        """Bytes ``sent_bytes`` may count that did not go out as payload: its counted part past
+        ``COUNTER_PAYLOAD_SHARE_LOW`` of the leaf's bytes (0 once the sender reported them all)."""
+        surely = max(self.reported_bytes, min(int(self.counted_bytes * COUNTER_PAYLOAD_SHARE_LOW), self.total_bytes))
+        return max(0, self.sent_bytes - surely)
+
     def demand(self) -> TransferDemand:
-        return TransferDemand(self.id, self.total_bytes - self.sent_bytes, self.deadline_mono_ns / 1e9, self.max_rate_bps)
+        return TransferDemand(self.id, self.total_bytes - self.sent_bytes, self.deadline_mono_ns / 1e9, self.max_rate_bps,
+                              self.unconfirmed_bytes)
 
     def as_dict(self, now_ns: int, major: int) -> dict[str, Any]:
         return {"id": self.id, "job": self.job, "flow": str(self.flow), "class": f"{major:x}:{self.minor:x}",
