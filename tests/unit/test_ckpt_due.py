@@ -433,3 +433,26 @@ def test_a_wall_clock_step_back_does_not_stall_periodic_checkpoints(tmp_path: Pa
     burst = run(0.3)
     assert len(burst) <= 1, burst  # not every job at once: each keeps its place in the interval
     assert len(run(5.0)) >= 6
+
+
+def test_the_plan_uses_the_configured_notice_margin(tmp_path: Path, usr1_handler: None) -> None:
+    """Whether a job's final checkpoint fits the notice window is judged with the operator's
+    ``notice_margin``, as the reclaim does: a 64 MiB checkpoint over 16 Mbit/s (33.6 s) fits
+    60 s at the default margin 0.8 but not at 0.3, so the job is prestaged and rolls back on
+    every departure (the driver used 0.8 whatever the configuration, planned the job as fitting,
+    with the interval of one that moves at notice time, several times too long)."""
+    jobs = FakeJobs([FakeJob("job-1", tmp_path / "a")])
+    base = dict(uplink_mbit=16.0, expected_notice_s=60.0, min_interval_s=1.0, max_interval_s=21600.0)
+    comp = FakeComp(jobs, **base)
+    comp.notice_odds = NoticeOdds(announced=99.0)  # departures come with notice: fitting jobs rarely roll back
+    d = cd.CkptDriver(comp)
+    d.round(1_700_000_000.0)
+    fit = d.view()[0]
+    assert fit["prestage"] is False
+    comp2 = FakeComp(jobs, notice_margin=0.3, **base)
+    comp2.notice_odds = NoticeOdds(announced=99.0)
+    d2 = cd.CkptDriver(comp2)
+    d2.round(1_700_000_000.0)
+    tight = d2.view()[0]
+    assert tight["prestage"] is True, tight
+    assert tight["interval_s"] < fit["interval_s"]

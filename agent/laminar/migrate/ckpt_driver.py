@@ -316,7 +316,8 @@ class CkptDriver:
         lo = float(s["min_interval_s"])
         hi = max(lo, float(s["max_interval_s"]))
         plans = cs.plan(jobs, self.comp.hazards["default"], now, self.link_bps, window, lo, hi,
-                        unannounced_frac=self.comp.notice_odds.unannounced_frac)
+                        unannounced_frac=self.comp.notice_odds.unannounced_frac,
+                        margin=float(s["notice_margin"]))
         for t in tracks:
             t.plan = plans.get(t.job_id)
 

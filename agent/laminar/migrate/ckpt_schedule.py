@@ -160,6 +160,8 @@ def notice_fit(jobs: Sequence[CkptJob], link_bps: float, window_s: float, margin
     Writes happen in parallel on the jobs' own disks, transfers take the uplink in turn."""
     _check_pos("link_bps", link_bps)
     _check_nonneg("window_s", window_s)
+    if not isinstance(margin, (int, float)) or not 0 < margin <= 1:
+        raise ScheduleError(f"ckpt: margin must be a share of the window in (0, 1], got {margin!r}")
     budget = window_s * margin
     fits: dict[str, bool] = {}
     used = 0.0
@@ -183,6 +185,7 @@ def plan(
     min_interval_s: float = MIN_INTERVAL_S,
     max_interval_s: float = MAX_INTERVAL_S,
     unannounced_frac: float = 1.0,
+    margin: float = NOTICE_MARGIN,
 ) -> dict[str, CkptPlan]:
     """Checkpoint intervals for the co-resident ``jobs`` of one node whose provider has
     ``hazard``, at time ``now``, with an uplink of ``link_bps`` bytes/s and the provider's
@@ -192,13 +195,15 @@ def plan(
     move at reclaim time), so their cost is the write only; the others are prestaged and pay
     the transfer at their bandwidth share (the fixed point of the module docstring).
     ``unannounced_frac``: the share of departures that come without a usable notice; it sets
-    how often the jobs that fit the window still roll back (1, the default, assumes all do)."""
+    how often the jobs that fit the window still roll back (1, the default, assumes all do).
+    ``margin``: the share of the window planned transfers may use (the reclaim's
+    ``notice_margin``; the fit must be judged as the reclaim will judge it)."""
     ids = [j.job_id for j in jobs]
     if len(set(ids)) != len(ids):
         raise ScheduleError(f"ckpt: duplicate job ids in {ids}")
     if not jobs:
         return {}
-    fits = notice_fit(jobs, link_bps, notice_window_s)
+    fits = notice_fit(jobs, link_bps, notice_window_s, margin)
     share = {j.job_id: link_bps for j in jobs}
     busy = {j.job_id: 0.0 for j in jobs}  # fraction of time each job's transfer uses the link
     out: dict[str, CkptPlan] = {}
