@@ -456,3 +456,23 @@ def test_the_plan_uses_the_configured_notice_margin(tmp_path: Path, usr1_handler
     tight = d2.view()[0]
     assert tight["prestage"] is True, tight
     assert tight["interval_s"] < fit["interval_s"]
+
+
+def test_with_prestage_off_no_transfer_is_planned(tmp_path: Path, usr1_handler: None) -> None:
+    """With ``prestage = "off"`` no checkpoint is shipped before a notice: a job whose final
+    checkpoint does not fit the window costs its local write per checkpoint and rolls back on
+    every departure. The driver planned it as prestaged (a transfer of 33.6 s in C and in the
+    link's busy share, ``prestage: true`` in ``laminarctl checkpoints``): an interval longer
+    than Daly's for a transfer that never happens."""
+    jobs = FakeJobs([FakeJob("job-1", tmp_path / "a")])
+    base = dict(uplink_mbit=16.0, expected_notice_s=10.0, min_interval_s=1.0, max_interval_s=21600.0,
+                ckpt_pause_s=2.0)
+    auto = cd.CkptDriver(FakeComp(jobs, **base))
+    auto.round(1_700_000_000.0)
+    off = cd.CkptDriver(FakeComp(jobs, prestage="off", **base))
+    off.round(1_700_000_000.0)
+    a, o = auto.view()[0], off.view()[0]
+    assert a["prestage"] is True and a["cost_s"] > 30
+    assert o["prestage"] is False, o
+    assert o["cost_s"] < 3 and o["interval_s"] < a["interval_s"]
+    assert "prestag" in o["reason"] and "off" in o["reason"]

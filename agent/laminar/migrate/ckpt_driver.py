@@ -14,7 +14,8 @@ This module is the part of ``agent.migrate`` that acts on it: every ``poll_s`` i
    zone lives through and a restart does not forget it;
 3. re-plans every job with :func:`ckpt_schedule.plan` (hazard of the ``default`` provider, the
    uplink of ``migrate.uplink_mbit``, else ``shaping.link_mbit``, else ``migrate.path_mbit``;
-   the notice window ``expected_notice_s``, 0 with ``prestage = "always"``; the share of
+   the notice window ``expected_notice_s``, 0 with ``prestage = "always"``, judged with
+   ``notice_margin`` as the reclaim does; with ``prestage = "off"`` no transfer is planned; the share of
    departures without notice learned from what the agent saw, ``NoticeOdds.unannounced_frac``);
 4. a job is *due* one interval after its newest checkpoint (whoever asked for it) or, before
    its first, after it was first seen; due jobs are ordered by :func:`ckpt_schedule.stagger`
@@ -317,7 +318,7 @@ class CkptDriver:
         hi = max(lo, float(s["max_interval_s"]))
         plans = cs.plan(jobs, self.comp.hazards["default"], now, self.link_bps, window, lo, hi,
                         unannounced_frac=self.comp.notice_odds.unannounced_frac,
-                        margin=float(s["notice_margin"]))
+                        margin=float(s["notice_margin"]), prestage=s["prestage"] != "off")
         for t in tracks:
             t.plan = plans.get(t.job_id)
 

@@ -186,6 +186,7 @@ def plan(
     max_interval_s: float = MAX_INTERVAL_S,
     unannounced_frac: float = 1.0,
     margin: float = NOTICE_MARGIN,
+    prestage: bool = True,
 ) -> dict[str, CkptPlan]:
     """Checkpoint intervals for the co-resident ``jobs`` of one node whose provider has
     ``hazard``, at time ``now``, with an uplink of ``link_bps`` bytes/s and the provider's
@@ -197,7 +198,10 @@ def plan(
     ``unannounced_frac``: the share of departures that come without a usable notice; it sets
     how often the jobs that fit the window still roll back (1, the default, assumes all do).
     ``margin``: the share of the window planned transfers may use (the reclaim's
-    ``notice_margin``; the fit must be judged as the reclaim will judge it)."""
+    ``notice_margin``; the fit must be judged as the reclaim will judge it). ``prestage``:
+    False when checkpoints are never shipped ahead of a notice (``prestage = "off"``): a job
+    that does not fit then pays only its write per checkpoint and rolls back on every
+    departure."""
     ids = [j.job_id for j in jobs]
     if len(set(ids)) != len(ids):
         raise ScheduleError(f"ckpt: duplicate job ids in {ids}")
@@ -210,19 +214,21 @@ def plan(
     for _ in range(20):
         out = {}
         for j in jobs:
-            pre = not fits[j.job_id]
+            pre = prestage and not fits[j.job_id]
             others = sum(b for k, b in busy.items() if k != j.job_id)
             share[j.job_id] = link_bps / (1.0 + others)
             transfer_s = j.size_bytes / share[j.job_id]
             cost = j.write_s + (transfer_s if pre else 0.0)
             tau, mtbf = hazard_interval(cost, hazard, now, min_interval_s, max_interval_s,
-                                        1.0 if pre else unannounced_frac)
-            why = (
-                f"final checkpoint would not fit the {notice_window_s:.0f}s window: prestaged, C includes "
-                f"transfer at {share[j.job_id] / 1e6:.1f} MB/s"
-                if pre
-                else f"final checkpoint fits the {notice_window_s:.0f}s window: C is the local write"
-            )
+                                        unannounced_frac if fits[j.job_id] else 1.0)
+            if pre:
+                why = (f"final checkpoint would not fit the {notice_window_s:.0f}s window: prestaged, C includes "
+                       f"transfer at {share[j.job_id] / 1e6:.1f} MB/s")
+            elif fits[j.job_id]:
+                why = f"final checkpoint fits the {notice_window_s:.0f}s window: C is the local write"
+            else:
+                why = (f"final checkpoint would not fit the {notice_window_s:.0f}s window and prestaging is off: "
+                       "every departure rolls back to the last checkpoint, C is the local write")
             out[j.job_id] = CkptPlan(j.job_id, tau, cost, share[j.job_id], transfer_s, pre, mtbf, why)
         # A job's transfers cannot hold the link more than all the time: busy fractions are at
         # most 1, so a job's share is never below link / (prestaged jobs). Unbounded, an
