@@ -121,6 +121,11 @@ def read_manifest(path: str | os.PathLike[str]) -> dict[str, Any]:
         raise CheckpointError(f"checkpoint {p}: unreadable {MANIFEST}: {e}") from None
     if not isinstance(m, dict) or not isinstance(m.get("files"), list) or m.get("version") != FORMAT_VERSION:
         raise CheckpointError(f"checkpoint {p}: {MANIFEST} is not a version {FORMAT_VERSION} manifest")
+    if not m["files"]:
+        raise CheckpointError(f"checkpoint {p}: {MANIFEST} lists no file (a checkpoint holds the job's state)")
+    step = m.get("step", 0)
+    if not isinstance(step, int) or isinstance(step, bool) or step < 0:
+        raise CheckpointError(f"checkpoint {p}: step {step!r} in {MANIFEST} is not an integer >= 0")
     for f in m["files"]:
         name = f.get("name") if isinstance(f, dict) else None
         if (not isinstance(name, str) or "/" in name or "\x00" in name or name in ("", ".", "..", MANIFEST)

@@ -180,3 +180,31 @@ def test_save_streams_the_state_to_disk_without_a_second_copy_in_memory(tmp_path
     ck = tmp_path / "ck" / "ckpt-1"
     m = verify_checkpoint(ck)
     assert m["files"][0]["size"] == (ck / m["files"][0]["name"]).stat().st_size
+
+
+def test_a_manifest_listing_no_state_is_not_a_checkpoint(tmp_path: Path) -> None:
+    """A ``ckpt-<n>`` whose manifest lists no file holds no state: it does not verify, so the
+    newest checkpoint with state is resumed (it verified, was chosen as the newest, shipped,
+    and the job's resume failed with an IndexError, on every restart)."""
+    ck = Checkpointer(job_id="j1", ckpt_dir=tmp_path, keep=5, install_signal=False)
+    good = ck.save(b"state", step=1)
+    empty = tmp_path / "ckpt-2"
+    empty.mkdir()
+    m = json.loads((good / MANIFEST).read_text()) | {"step": 2, "files": []}
+    (empty / MANIFEST).write_text(json.dumps(m))
+    with pytest.raises(CheckpointError, match="no file"):
+        verify_checkpoint(empty)
+    assert latest_checkpoint(tmp_path) == good
+    assert Checkpointer(ckpt_dir=tmp_path / "new", resume_from=tmp_path, install_signal=False).resume() == b"state"
+    with pytest.raises(CheckpointError):
+        Checkpointer(ckpt_dir=tmp_path / "new", resume_from=empty, install_signal=False).resume()
+
+
+def test_a_manifest_with_a_step_that_is_no_integer_is_refused(tmp_path: Path) -> None:
+    ck = Checkpointer(job_id="j1", ckpt_dir=tmp_path, install_signal=False)
+    p = ck.save(b"state", step=1)
+    for bad in ("one", None, -1, 1.5, True):
+        m = json.loads((p / MANIFEST).read_text()) | {"step": bad}
+        (p / MANIFEST).write_text(json.dumps(m))
+        with pytest.raises(CheckpointError, match="step"):
+            Checkpointer(ckpt_dir=tmp_path / "new", resume_from=p, install_signal=False).resume()
