@@ -476,3 +476,31 @@ def test_with_prestage_off_no_transfer_is_planned(tmp_path: Path, usr1_handler: 
     assert o["prestage"] is False, o
     assert o["cost_s"] < 3 and o["interval_s"] < a["interval_s"]
     assert "prestag" in o["reason"] and "off" in o["reason"]
+
+
+def test_a_reclaimed_node_is_no_longer_exposure(tmp_path: Path) -> None:
+    """Once this node's reclaim is announced it has departed (the departure is counted then)
+    and its queue stays held: the time after it is not node-time that could end in a departure.
+    It was still counted (one node-hour an hour for as long as the agent ran on the reclaimed
+    node), pulling the learned departure rate down."""
+    comp = FakeComp(FakeJobs([]), min_interval_s=1.0, max_interval_s=3.0)
+    d = cd.CkptDriver(comp)
+    t = 1_700_000_000.0
+    for i in range(10):
+        d.round(t + i * 0.1)
+
+    async def nothing() -> None:
+        return None
+
+    loop = asyncio.new_event_loop()
+    try:
+        task = loop.create_task(nothing())
+        loop.run_until_complete(task)
+    finally:
+        loop.close()
+    comp.reclaim = {"task": task}
+    for i in range(10, 40):
+        d.round(t + i * 0.1)
+    exposed = sum((t1 - t0) * n for t0, t1, n in comp.exposure)
+    assert exposed == pytest.approx(0.9)
+    assert comp.hazards["default"].total_exposure_h == pytest.approx(0.9 / 3600)

@@ -8,7 +8,7 @@ This module is the part of ``agent.migrate`` that acts on it: every ``poll_s`` i
 1. looks at each active job's checkpoint directory (jobkit's layout): a new verified
    checkpoint is a *commit*; its size is the planning size of the next one, and the time from
    the signal to the commit (the manifest's mtime) is what a checkpoint costs the job;
-2. records the exposure of this node and its live zone peers in the hazard model (the
+2. records the exposure of this node (until its reclaim is announced) and its live zone peers in the hazard model (the
    departures it sees, announced or not, are recorded by the reclaim component; both are kept
    in the agent's store, :mod:`laminar.migrate.evidence`), so the rate learns from what the
    zone lives through and a restart does not forget it;
@@ -333,7 +333,7 @@ class CkptDriver:
             if self.last_round is not None and self._last_mono is not None:
                 elapsed = min(max(0.0, now - self.last_round), max(0.0, mono - self._last_mono))
                 if elapsed > 0:
-                    self.comp.observe_exposure(now - elapsed, now, self.comp.exposed_nodes())
+                    self._expose(now - elapsed, now)
                 # the tracks' times are wall clock: a step (or a suspend, which the monotonic
                 # clock does not count) moves them with it, so each job keeps its place in its
                 # interval (a day's step back stalled every job for a day; one forward made all
@@ -343,7 +343,7 @@ class CkptDriver:
                     for t in self.tracks.values():
                         t.shift(step)
         elif self.last_round is not None and now > self.last_round:  # a caller's clock (tests, replay)
-            self.comp.observe_exposure(self.last_round, now, self.comp.exposed_nodes())
+            self._expose(self.last_round, now)
         self.last_round = now
         self._last_mono = mono
         jobs = {j.id: j for j in self.comp.agent.jobs.active()}
@@ -377,6 +377,16 @@ class CkptDriver:
             if self._signal(jobs[jid], t, now):
                 fired.append(jid)
         return fired
+
+    def _expose(self, t0: float, t1: float) -> None:
+        """Records ``t0 .. t1`` as exposure of the nodes whose departures are counted here: this
+        node stops counting once its reclaim is announced (its departure was counted then, and
+        a node that has departed cannot depart again), its live peers go on."""
+        nodes = float(self.comp.exposed_nodes())
+        if self.comp.reclaim is not None:
+            nodes = max(0.0, nodes - 1.0)
+        if nodes > 0:
+            self.comp.observe_exposure(t0, t1, nodes)
 
     def _signal(self, job: Any, t: Track, now: float) -> bool:
         p = t.plan
