@@ -504,3 +504,40 @@ def test_a_reclaimed_node_is_no_longer_exposure(tmp_path: Path) -> None:
     exposed = sum((t1 - t0) * n for t0, t1, n in comp.exposure)
     assert exposed == pytest.approx(0.9)
     assert comp.hazards["default"].total_exposure_h == pytest.approx(0.9 / 3600)
+
+
+def test_a_checkpoint_saved_again_at_the_same_step_is_new(tmp_path: Path, usr1_handler: None) -> None:
+    """jobkit replaces a checkpoint saved twice at one step (a job that numbers checkpoints by
+    epoch, asked mid-epoch): the replacement is the checkpoint asked for. The wait of a move or a
+    loan return took only a higher step as new (it waited all of ckpt_wait_s, out of the notice
+    window, and moved 'the last one'), and the driver counted a miss."""
+    ck = jobkit.Checkpointer("j", tmp_path / "w", install_signal=False)
+    old = ck.save(b"epoch 5, start", step=5)
+
+    async def main() -> Path | None:
+        async def later() -> None:
+            await asyncio.sleep(0.3)
+            ck.save(b"epoch 5, asked mid-epoch", step=5)
+
+        t = asyncio.create_task(later())
+        got = await cd.wait_new_checkpoint(tmp_path / "w", old, 30.0, lambda: True, poll_s=0.02)
+        await t
+        return got
+
+    got = asyncio.run(main())
+    assert got is not None and (got / "state.bin").read_bytes() == b"epoch 5, asked mid-epoch"
+
+    class SameStepJobs(FakeJobs):
+        def request_checkpoint(self, job: FakeJob) -> bool:
+            self.requests.append(job.id)
+            jobkit.Checkpointer(job.id, job.ckpt_dir, install_signal=False).save(os.urandom(100), step=1)
+            return True
+
+    jobs = SameStepJobs([FakeJob("job-1", tmp_path / "a")])
+    comp = FakeComp(jobs, min_interval_s=1.0, max_interval_s=1.0, ckpt_pause_s=0.1, ckpt_wait_s=2.0)
+    d = cd.CkptDriver(comp)
+    t0 = 1_700_000_000.0
+    for i in range(60):
+        d.round(t0 + i * 0.1)
+    row = d.view()[0]
+    assert len(jobs.requests) >= 3 and row["misses"] == 0 and row["commits"] >= len(jobs.requests) - 1, (row, jobs.requests)

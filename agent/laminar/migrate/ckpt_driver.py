@@ -50,6 +50,7 @@ from __future__ import annotations
 
 import logging
 import math
+import os
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -97,6 +98,7 @@ class Track:
     first_seen: float
     newest: str = ""  # name of the newest verified checkpoint seen
     newest_at: float | None = None  # its commit time (manifest mtime)
+    newest_id: tuple[int, int] | None = None  # its directory (a save at the same step is a new one)
     size_bytes: float | None = None
     latency_s: float | None = None  # signal -> commit, last measured
     signal_at: float | None = None  # last periodic signal
@@ -177,8 +179,18 @@ def due_now(tracks: Sequence[Track], now: float, gap_s: float, max_delay_s: floa
     return [j for j, s in sorted(st.items(), key=lambda kv: (kv[1], kv[0])) if s <= now][:1]
 
 
-def _listing(names: Sequence[Path]) -> tuple[str, ...]:
-    return tuple(p.name for p in names)
+def _ident(p: Path) -> tuple[int, int] | None:
+    """Which directory ``p`` is (device, inode), None when it is gone: a checkpoint saved again
+    at the same step is a new directory under the same name (jobkit replaces it by rename)."""
+    try:
+        st = os.lstat(p)
+    except OSError:
+        return None
+    return (st.st_dev, st.st_ino)
+
+
+def _listing(names: Sequence[Path]) -> tuple[tuple[str, tuple[int, int] | None], ...]:
+    return tuple((p.name, _ident(p)) for p in names)
 
 
 def ckpt_size(path: Path) -> int:
@@ -187,7 +199,8 @@ def ckpt_size(path: Path) -> int:
 
 async def wait_new_checkpoint(ckpt_dir: str | Path | None, after: Path | None, timeout: float,
                               alive: Callable[[], bool], poll_s: float = 0.05) -> Path | None:
-    """The first checkpoint under ``ckpt_dir`` newer than ``after`` (by step) that passes
+    """The first checkpoint under ``ckpt_dir`` newer than ``after`` (a higher step, or ``after``'s
+    step saved again: jobkit replaces it) that passes
     :func:`laminar.jobkit.verify_checkpoint`, or None after ``timeout`` or once ``alive()`` is
     false with none. Each checkpoint is hashed once, and in a worker thread: a checkpoint of
     many GB takes seconds to hash, which must not stall the agent's event loop (probes,
@@ -196,18 +209,23 @@ async def wait_new_checkpoint(ckpt_dir: str | Path | None, after: Path | None, t
 
     end = time.monotonic() + timeout
     floor = int(after.name[5:]) if after is not None else -1
-    failed: set[str] = set()
+    after_id = _ident(after) if after is not None else None
+    failed: set[tuple[str, tuple[int, int] | None]] = set()
     while True:
         for p in reversed(jobkit.list_checkpoints(ckpt_dir) if ckpt_dir else []):
-            if int(p.name[5:]) <= floor:
+            n = int(p.name[5:])
+            if n < floor:
                 break
-            if p.name in failed:
+            pid = _ident(p)
+            if pid is None or (n == floor and pid == after_id):
+                continue  # gone, or ``after`` itself (a save at the same step replaces it: new)
+            if (p.name, pid) in failed:
                 continue
             try:
                 await asyncio.to_thread(jobkit.verify_checkpoint, p)
                 return p
             except (jobkit.CheckpointError, OSError):
-                failed.add(p.name)
+                failed.add((p.name, pid))
         if time.monotonic() >= end or not alive():
             return None
         await asyncio.sleep(poll_s)
@@ -231,7 +249,7 @@ class CkptDriver:
         # loop by run() (a checkpoint of many GB takes seconds to hash); a direct round() hashes
         # inline. Keyed by the whole listing, not its highest name: a commit below a damaged
         # checkpoint of a higher step changes the listing but not its top.
-        self._verified: dict[str, tuple[tuple[str, ...], Path | None]] = {}
+        self._verified: dict[str, tuple[tuple[tuple[str, tuple[int, int] | None], ...], Path | None]] = {}
         self.threaded = False
 
     @property
@@ -279,7 +297,8 @@ class CkptDriver:
         else:
             newest = jobkit.latest_checkpoint(job.ckpt_dir)
             self._verified[job.id] = (key, newest)
-        if newest is not None and newest.name != t.newest and self._commit(t, newest, now):
+        if (newest is not None and (newest.name, _ident(newest)) != (t.newest, t.newest_id)
+                and self._commit(t, newest, now)):
             return
         if t.pending and t.signal_at is not None and now - t.signal_at > float(self.s["ckpt_wait_s"]):
             t.pending = False
@@ -295,6 +314,7 @@ class CkptDriver:
             return False
         first = not t.newest
         t.newest, t.newest_at, t.size_bytes = newest.name, min(at, now), float(size)
+        t.newest_id = _ident(newest)
         if first and t.signal_at is None:
             return True  # there before the driver looked: not a commit it saw
         t.commits += 1
