@@ -25,7 +25,7 @@ def test_events_follow_is_not_success_when_the_agent_goes_away(agent: AgentProc,
                                          "events", "--follow"),
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
-        # the stream is live once it shows an event made after it started (a job's)
+        # the stream is live once it shows an event made after it started
         assert follow.stdout is not None
 
         def shown() -> bool:
@@ -33,7 +33,7 @@ def test_events_follow_is_not_success_when_the_agent_goes_away(agent: AgentProc,
             return select.select([follow.stdout], [], [], 1.0)[0] != []
 
         wait_until(shown, 60, "the follow to show an event")
-        assert json.loads(follow.stdout.readline())["kind"] == "job"
+        assert json.loads(follow.stdout.readline())["kind"]  # a job's, or another (pressure: node-wide)
         assert follow.poll() is None
         if how == "stop":
             agent.stop()
