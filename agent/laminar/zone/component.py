@@ -1296,8 +1296,11 @@ class ZoneComponent:
         zone_of = self.membership.zone_of()
         # both accept only what was sent to this node (the MAC covers the receiver's id)
         self.decoder = wire.Decoder(keys, zone_of, window_s=float(s["replay_window_s"]), node=self.node_id)
+        # hand-over frames (and their acks) remember every sequence number for the replay window,
+        # not 256 behind the highest: a sender's numbers run across its datagrams too, so a slow
+        # hand-over frame may come in far behind a later one (wire.Decoder remember_by_time)
         self.tcp_decoder = wire.Decoder(keys, zone_of, window_s=float(s["replay_window_s"]), max_size=wire.MAX_FRAME,
-                                        node=self.node_id)
+                                        node=self.node_id, remember_by_time=True)
         if self.networked:
             from laminar.zone.transport import HandoverServer, UdpEndpoint
 

@@ -227,13 +227,23 @@ async def handover(
     and wait for its authenticated ack.
 
     Raises :class:`HandoverError` (``delivered`` False when the connection failed before the
-    frame was written, True afterwards)."""
-    data = wire.frame(encoder.encode(body, zone, clock(), max_size=wire.MAX_FRAME, to=to))
+    frame was written, True afterwards); ValueError (before connecting) when the frame would
+    exceed :data:`wire.MAX_FRAME`.
+
+    The frame is signed once the connection is up, not before: its timestamp and sequence number
+    are those of the moment it is written, so a slow connect (a lost SYN) neither ages it past
+    the replay window nor puts it behind the sender's later frames."""
+    if encoder.keys.get(zone) is None:
+        raise ValueError(f"wire: no key for zone {zone} ({encoder.keys.source})")
+    size = wire.HEADER_SIZE + len(wire.encode_body(body)) + wire.MAC_SIZE
+    if size > wire.MAX_FRAME:
+        raise ValueError(f"wire: HANDOVER message of {size} bytes exceeds {wire.MAX_FRAME}")
     try:
         reader, writer = await asyncio.wait_for(asyncio.open_connection(addr, port), timeout_s)
     except (OSError, TimeoutError) as e:
         raise HandoverError(f"connect {addr}:{port}: {e}", delivered=False) from None
     try:
+        data = wire.frame(encoder.encode(body, zone, clock(), max_size=wire.MAX_FRAME, to=to))
         try:
             writer.write(data)
             await asyncio.wait_for(writer.drain(), timeout_s)

@@ -22,7 +22,10 @@ envelope behind a 4-byte length with a larger limit (:data:`MAX_FRAME`).
 (``tests/unit/test_fuzz_wire.py`` holds it to that). Checks run cheapest first and the MAC is
 checked before anything in the header is trusted beyond its length; the sequence window is
 updated only for datagrams that passed every other check, so a forgery cannot burn sequence
-numbers.
+numbers. A decoder keeps, per sender, a window of the :data:`SEQ_WINDOW` numbers behind the
+highest seen (UDP), or with ``remember_by_time`` every number it took while its timestamp can
+pass the stale check (the hand-over decoders: one sender's numbers run across its datagrams too,
+so its hand-over frames are far apart and a slow one may come in far behind a later one).
 
 Example::
 
@@ -45,7 +48,7 @@ from __future__ import annotations
 import enum
 import hmac
 import struct
-from collections import Counter
+from collections import Counter, deque
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
@@ -59,7 +62,12 @@ MAC_SIZE = 32
 MAX_DATAGRAM = 1200  # stays under any path MTU with IPv6 and tunnels, no fragmentation
 MAX_FRAME = 1 << 20  # a TCP hand-over frame (job spec inside)
 REPLAY_WINDOW_S = 30.0  # clocks of a zone's nodes are NTP-synchronised far better than this
-SEQ_WINDOW = 256  # sequence numbers accepted out of order behind the highest seen
+SEQ_WINDOW = 256  # sequence numbers accepted out of order behind the highest seen (255 behind: taken; 256: replay)
+# A decoder that remembers by time (hand-over frames over TCP, Decoder(remember_by_time=True))
+# keeps every sequence number it took while its timestamp can still pass the stale check, at
+# most this many (then the oldest go, and a sender's numbers at or below a forgotten one are
+# refused as replay): hand-overs are few, so this is never reached in practice.
+SEEN_BY_TIME_MAX = 1 << 16
 SEQ_BLOCK = 1 << 20  # sequence numbers an encoder reserves at a time in its persisted floor (Encoder.reserve)
 
 FLAG_REPLY_WANTED = 0x01  # a heartbeat that asks for one back (liveness check)
@@ -756,6 +764,7 @@ class Decoder:
         window_s: float = REPLAY_WINDOW_S,
         max_size: int = MAX_DATAGRAM,
         node: int = 0,
+        remember_by_time: bool = False,
     ) -> None:
         # per key zone: (keys to try, current first; verified counts; last verified at) for the
         # line group that supplies them (ZoneKeys.entry)
@@ -772,6 +781,17 @@ class Decoder:
         self.drops: Counter[str] = Counter()
         self.accepted = 0
         self._seqs: dict[int, _SeqWindow] = {}
+        # remember_by_time (the hand-over decoder): every sequence number taken, per sender, while
+        # its timestamp can pass the stale check (not a 256-wide window: one sender's numbers run
+        # across its UDP datagrams too, so its hand-over frames are far apart and may arrive out
+        # of order by more than SEQ_WINDOW). Exact: a number taken is refused again until its
+        # frame is stale. A wall clock stepping back cannot revive a forgotten number: a frame
+        # older than the window before the latest "now" this decoder saw is stale too.
+        self._by_time = remember_by_time
+        self._seen: dict[int, dict[int, int]] = {}  # sender -> seq -> ts_ms
+        self._seen_order: deque[tuple[int, int, int]] = deque()  # (ts_ms, sender, seq)
+        self._seen_floor: dict[int, int] = {}  # sender -> highest seq forgotten early (SEEN_BY_TIME_MAX)
+        self._latest_ms = 0
 
     @property
     def keys(self) -> ZoneKeys:
@@ -879,17 +899,53 @@ class Decoder:
         now_ms = int(now * 1000)
         if abs(now_ms - ts_ms) > self.window_ms:
             raise self._drop(DropReason.STALE, f"timestamp {ts_ms - now_ms:+d} ms off")
-        w = self._seqs.get(node)
-        if w is not None and (seq <= w.top - SEQ_WINDOW or (seq <= w.top and (w.bits >> (w.top - seq)) & 1)):
-            raise self._drop(DropReason.REPLAY, f"node {node} seq {seq}")
-        body = decode_body(mt, data[HEADER_SIZE : HEADER_SIZE + blen])
-        self._accept_seq(node, seq)
+        if self._by_time:
+            self._check_seen(node, seq, ts_ms, now_ms)
+            body = decode_body(mt, data[HEADER_SIZE : HEADER_SIZE + blen])
+            self._remember(node, seq, ts_ms)
+        else:
+            w = self._seqs.get(node)
+            if w is not None and (seq <= w.top - SEQ_WINDOW or (seq <= w.top and (w.bits >> (w.top - seq)) & 1)):
+                raise self._drop(DropReason.REPLAY, f"node {node} seq {seq}")
+            body = decode_body(mt, data[HEADER_SIZE : HEADER_SIZE + blen])
+            self._accept_seq(node, seq)
         self.accepted += 1
         # Message(...) without its frozen-dataclass __init__ (seven object.__setattr__ calls):
         # the same object, 0.6 us less on every datagram
         m = _new(Message)
         m.__dict__.update(type=mt, flags=flags, zone=zone, node=node, ts_ms=ts_ms, seq=seq, body=body)
         return m
+
+    def _check_seen(self, node: int, seq: int, ts_ms: int, now_ms: int) -> None:
+        """remember_by_time: raises Dropped (stale, replay) for a frame taken already, or one
+        whose number may have been forgotten; forgets what can no longer pass the stale check."""
+        self._latest_ms = max(self._latest_ms, now_ms)
+        oldest_ms = self._latest_ms - self.window_ms
+        if ts_ms < oldest_ms:
+            raise self._drop(DropReason.STALE, f"timestamp {ts_ms - self._latest_ms:+d} ms off the latest time seen")
+        order = self._seen_order
+        while order and order[0][0] < oldest_ms:
+            t, n, q = order.popleft()
+            seen = self._seen.get(n)
+            if seen is not None and seen.get(q) == t:
+                del seen[q]
+                if not seen:
+                    del self._seen[n]
+        seen = self._seen.get(node)
+        if (seen is not None and seq in seen) or seq <= self._seen_floor.get(node, -1):
+            raise self._drop(DropReason.REPLAY, f"node {node} seq {seq}")
+
+    def _remember(self, node: int, seq: int, ts_ms: int) -> None:
+        self._seen.setdefault(node, {})[seq] = ts_ms
+        self._seen_order.append((ts_ms, node, seq))
+        while len(self._seen_order) > SEEN_BY_TIME_MAX:
+            t, n, q = self._seen_order.popleft()
+            seen = self._seen.get(n)
+            if seen is not None and seen.get(q) == t:
+                del seen[q]
+                if not seen:
+                    del self._seen[n]
+            self._seen_floor[n] = max(self._seen_floor.get(n, -1), q)
 
     def _accept_seq(self, node: int, seq: int) -> None:
         w = self._seqs.get(node)
