@@ -483,7 +483,7 @@ class NetGuard:
         by_cgroup = {}
         jobs = getattr(self.agent, "jobs", None)
         if jobs is not None:
-            by_cgroup = {int(j.cgroup_id): j.id for j in jobs.list()}
+            by_cgroup = {int(j.cgroup_id): j.id for j in jobs.list(all_jobs=False)}  # the live ones: not the history
         rows = []
         for k, v in self.maps["lm_jobs"].items():
             cg = int.from_bytes(k, "little")
@@ -500,7 +500,7 @@ class NetGuard:
         if not cgroup_ids:
             return []
         jobs = getattr(self.agent, "jobs", None)
-        by_cgroup = {int(j.cgroup_id): j.id for j in jobs.list()} if jobs is not None else {}
+        by_cgroup = {int(j.cgroup_id): j.id for j in jobs.list(all_jobs=False)} if jobs is not None else {}
         return [by_cgroup.get(cg, f"cgroup {cg}") for cg in cgroup_ids]
 
     async def _api_killswitch(self, req: Request) -> dict[str, Any]:
