@@ -81,3 +81,40 @@ def test_bad_input_is_named() -> None:
         Candidate("x", "z", "r", FREE, 1, survival=1.5)
     with pytest.raises(DestinationError, match="remaining_s"):
         req(remaining_s=-1)
+
+
+def test_a_nan_window_is_refused_not_taken_as_fitting() -> None:
+    """A NaN window compared false with every transfer, so any destination 'fit the window'."""
+    with pytest.raises(DestinationError, match="window_s"):
+        req(window_s=float("nan"))
+
+
+@pytest.mark.parametrize("field", ["ckpt_bytes", "remaining_s"])
+def test_infinite_sizes_and_times_are_refused(field: str) -> None:
+    with pytest.raises(DestinationError, match=field):
+        req(**{field: float("inf")})
+    with pytest.raises(DestinationError, match="path_bps"):
+        Candidate("b", "z1", "r1", FREE, float("inf"), survival=0.9)
+
+
+def test_every_accepted_request_ranks_with_a_number() -> None:
+    """No input the constructors accept gives a NaN score (NaN sorts anywhere: an infinite
+    checkpoint to a node sure to survive scored inf * 0 = NaN and the ranking was arbitrary)."""
+    import math
+
+    from hypothesis import given, settings
+    from hypothesis import strategies as st
+
+    finite = st.floats(min_value=0, max_value=1e15, allow_nan=False, allow_infinity=False)
+
+    @settings(max_examples=300, deadline=None)
+    @given(size=finite, remaining=finite, window=st.none() | finite,
+           cands=st.lists(st.tuples(st.floats(1e-3, 1e15), st.floats(0, 1)), min_size=1, max_size=4))
+    def check(size: float, remaining: float, window: float | None, cands: list[tuple[float, float]]) -> None:
+        r = req(ckpt_bytes=size, remaining_s=remaining, window_s=window)
+        got = rank(r, [Candidate(f"n{i}", "z1", "r1", FREE, bps, survival=s) for i, (bps, s) in enumerate(cands)])
+        assert all(not math.isnan(x.expected_loss_s) for x in got)
+        feas = [x.expected_loss_s for x in got if x.feasible]
+        assert feas == sorted(feas)
+
+    check()

@@ -77,8 +77,8 @@ class Candidate:
     provider: str = "default"
 
     def __post_init__(self) -> None:
-        if not (isinstance(self.path_bps, (int, float)) and self.path_bps > 0):
-            raise DestinationError(f"destination: {self.node}: path_bps must be > 0, got {self.path_bps!r}")
+        if not (isinstance(self.path_bps, (int, float)) and 0 < self.path_bps < math.inf):
+            raise DestinationError(f"destination: {self.node}: path_bps must be a finite number > 0, got {self.path_bps!r}")
         if self.survival is not None and not 0.0 <= self.survival <= 1.0:
             raise DestinationError(f"destination: {self.node}: survival must be in 0..1, got {self.survival!r}")
 
@@ -98,10 +98,12 @@ class MoveRequest:
     def __post_init__(self) -> None:
         for name in ("ckpt_bytes", "remaining_s"):
             v = getattr(self, name)
-            if not isinstance(v, (int, float)) or v < 0 or math.isnan(v):
-                raise DestinationError(f"destination: job {self.job_id}: {name} must be >= 0, got {v!r}")
-        if self.window_s is not None and (not isinstance(self.window_s, (int, float)) or self.window_s < 0):
-            raise DestinationError(f"destination: job {self.job_id}: window_s must be >= 0 or None, got {self.window_s!r}")
+            if not isinstance(v, (int, float)) or isinstance(v, bool) or not 0 <= v < math.inf:
+                raise DestinationError(f"destination: job {self.job_id}: {name} must be a finite number >= 0, got {v!r}")
+        w = self.window_s
+        if w is not None and (not isinstance(w, (int, float)) or isinstance(w, bool) or not 0 <= w < math.inf):
+            raise DestinationError(f"destination: job {self.job_id}: window_s must be a finite number >= 0 or None "
+                                   f"(no deadline), got {w!r}")
 
 
 @dataclass(frozen=True)
