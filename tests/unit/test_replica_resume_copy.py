@@ -87,3 +87,36 @@ def test_another_users_job_resumes_from_its_own_view_which_goes_once_no_job_need
             agent.store.db.close()
 
     asyncio.new_event_loop().run_until_complete(main())
+
+
+def test_a_checkpoint_on_another_filesystem_is_copied_for_its_owner(tmp_path: Path) -> None:
+    """An archived checkpoint (``archive_dir``: shared storage, another filesystem than the state
+    directory; here a directory on /dev/shm, a tmpfs) cannot be hard-linked: it is copied."""
+    import shutil
+    import tempfile
+
+    from laminar.jobkit import Checkpointer, verify_checkpoint
+
+    other = Path(tempfile.mkdtemp(prefix="lm-t-archive-", dir="/dev/shm"))
+    try:
+        assert os.stat(other).st_dev != os.stat(tmp_path).st_dev
+        ck = Checkpointer(job_id=K, ckpt_dir=other / K, install_signal=False).save(b"weights-9", step=9)
+
+        async def main() -> None:
+            agent, comp = await started(tmp_path)
+            try:
+                got = await asyncio.to_thread(comp._resume_copy, ck, UID, UID)
+                assert got == tmp_path / "resume" / K / "ckpt-9"
+                verify_checkpoint(got)
+                for f in got.iterdir():
+                    st = os.lstat(f)
+                    assert st.st_uid == 0 and stat.S_IMODE(st.st_mode) == 0o644 and st.st_dev != os.stat(ck).st_dev
+                kd = os.lstat(got.parent)
+                assert (kd.st_uid, stat.S_IMODE(kd.st_mode)) == (UID, 0o500)
+            finally:
+                await comp.stop()
+                agent.store.db.close()
+
+        asyncio.new_event_loop().run_until_complete(main())
+    finally:
+        shutil.rmtree(other, ignore_errors=True)

@@ -3502,8 +3502,9 @@ class ReclaimComponent:
     def _resume_copy(self, path: Path, uid: int, gid: int) -> Path:
         """The checkpoint a job of ``uid`` resumes from when ``path`` is a replica under
         ``xfer/`` (root's alone): ``<state_dir>/RESUME_DIR/<key>/<ckpt>/`` (RESUME_DIR's layout),
-        made anew in a directory only root can reach, then renamed into place; links and
-        anything but regular files in ``path`` are refused. ``path`` itself for root's jobs.
+        made anew in a directory only root can reach, then renamed into place (hard links where
+        the files are root's and readable, copies otherwise and across filesystems: a checkpoint
+        in ``archive_dir``); links and anything but regular files in ``path`` are refused. ``path`` itself for root's jobs.
         Blocking (callers run it in a thread). Raises OSError."""
         if uid == 0:
             return path
@@ -3524,9 +3525,14 @@ class ReclaimComponent:
                 fst = os.lstat(src)
                 if not stat.S_ISREG(fst.st_mode):
                     raise OSError(f"{src} is not a regular file")
+                linked = False
                 if fst.st_uid == 0 and fst.st_mode & 0o004 and not fst.st_mode & 0o022:
-                    os.link(src, tmp / f, follow_symlinks=False)  # root's, readable, not writable: shared
-                else:  # a file only root may read (or anyone may write): the owner's copy
+                    try:  # root's, readable, not writable: shared
+                        os.link(src, tmp / f, follow_symlinks=False)
+                        linked = True
+                    except OSError:  # another filesystem (the archive's): copied
+                        pass
+                if not linked:  # a file only root may read (or anyone may write), or elsewhere: the owner's copy
                     fd = os.open(src, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
                     try:
                         with os.fdopen(os.dup(fd), "rb") as fin, open(tmp / f, "xb") as fout:
