@@ -135,3 +135,16 @@ def test_calibration_on_real_traces_predicts_held_out_departures_better_than_the
     # the AWS V100 zones of April 2023 lost a running instance every hour or two
     assert 0.2 < fitted.weekly_rate_per_h() < 5.0
     assert fitted.total_events == sum(len(t.departures()) for t in traces[:-1])
+
+
+def test_an_availability_trace_file_is_not_read_as_preemptions() -> None:
+    """A 1-node *availability* trace holds 0/1 too, but 1 means an instance is available: read
+    as a preemption trace it was silently inverted (available hours counted as preempted, every
+    return of capacity as up time ending) when ``migrate.spot_traces`` named such a file."""
+    f = SPOT / "availability/1-node/aws-02-15-2023/us-east-1a_v100_1.json"
+    if not f.exists():
+        pytest.skip(f"spot traces not at {SPOT}")
+    with pytest.raises(HazardError, match="availability"):
+        calibrate_from_spot_traces(f)
+    with pytest.raises(HazardError, match="availability"):
+        load_spot_trace(f)

@@ -364,8 +364,14 @@ def load_spot_trace(path: str | Path, start_ts: float | None = None) -> SpotTrac
     """Reads one 1-node preemption trace (JSON ``{"metadata": {"gap_seconds": N}, "data": [0|1, ...]}``).
 
     Raises HazardError naming the file and the offending value when the file is not such a
-    trace, or when no start time is given and the directory names no date."""
+    trace (a file under an ``availability`` directory is an availability trace: its 1 means
+    available), or when no start time is given and the directory names no date."""
     p = Path(path)
+    if "availability" in p.parts:
+        raise HazardError(
+            f"hazard: {p} is an availability trace (1 = an instance is available, not preempted); "
+            "calibrate from the preemption traces (preemption/1-node)"
+        )
     try:
         doc = json.loads(p.read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
