@@ -541,3 +541,20 @@ def test_a_checkpoint_saved_again_at_the_same_step_is_new(tmp_path: Path, usr1_h
         d.round(t0 + i * 0.1)
     row = d.view()[0]
     assert len(jobs.requests) >= 3 and row["misses"] == 0 and row["commits"] >= len(jobs.requests) - 1, (row, jobs.requests)
+
+
+def test_the_notice_fit_is_judged_at_the_path_rate_the_reclaim_moves_at(tmp_path: Path, usr1_handler: None) -> None:
+    """A final checkpoint leaves over the path to a peer (``path_mbit``), however fast the
+    node's uplink: 64 MiB fits 60 s at a 25 Gbit/s uplink, not over a 10 Mbit/s path (53.7 s).
+    The driver judged the fit at the uplink only, planned the job as one that moves at notice
+    time (MTBF divided by the unannounced share) while the reclaim prestages it and rolls it
+    back to its last periodic checkpoint."""
+    jobs = FakeJobs([FakeJob("job-1", tmp_path / "a")])
+    comp = FakeComp(jobs, uplink_mbit=25000.0, path_mbit=10.0, expected_notice_s=60.0, min_interval_s=1.0,
+                    max_interval_s=21600.0)
+    comp.notice_odds = NoticeOdds(announced=99.0)
+    d = cd.CkptDriver(comp)
+    d.round(1_700_000_000.0)
+    row = d.view()[0]
+    assert row["prestage"] is True, row
+    assert row["share_mbit"] <= 10.0 + 1e-9

@@ -14,6 +14,7 @@ This module is the part of ``agent.migrate`` that acts on it: every ``poll_s`` i
    zone lives through and a restart does not forget it;
 3. re-plans every job with :func:`ckpt_schedule.plan` (hazard of the ``default`` provider, the
    uplink of ``migrate.uplink_mbit``, else ``shaping.link_mbit``, else ``migrate.path_mbit``;
+   the rate is the slower of that uplink and ``path_mbit`` (a transfer crosses both);
    the notice window ``expected_notice_s``, 0 with ``prestage = "always"``, judged with
    ``notice_margin`` as the reclaim does; with ``prestage = "off"`` no transfer is planned; the share of
    departures without notice learned from what the agent saw, ``NoticeOdds.unannounced_frac``);
@@ -332,7 +333,9 @@ class CkptDriver:
             size = t.size_bytes if t.size_bytes is not None else float(DEFAULT_PLAN_BYTES)
             pause = float(s["ckpt_pause_s"]) if t.latency_s is None else max(0.0, t.latency_s - size / write_bps)
             jobs.append(cs.CkptJob(t.job_id, size, write_bps, pause))
-        self.link_bps = self.uplink_bps()
+        # a checkpoint leaves over the uplink *and* the path to a peer: the slower one bounds
+        # every transfer, the final one of a notice window (what the reclaim plans with) too
+        self.link_bps = min(self.uplink_bps(), float(s["path_mbit"]) * 1e6 / 8)
         window = 0.0 if s["prestage"] == "always" else float(s["expected_notice_s"])
         lo = float(s["min_interval_s"])
         hi = max(lo, float(s["max_interval_s"]))
