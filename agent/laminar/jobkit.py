@@ -58,6 +58,7 @@ MANIFEST = "MANIFEST.json"
 SIDECARS = frozenset({"VERIFIED", "TRANSFER.json"})
 FORMAT_VERSION = 1
 _NAME = re.compile(r"^ckpt-\d+$")
+_WRITING = re.compile(r"^\.(tmp|old)-ckpt-(\d+)-(\d+)$")  # a save's temporary / replaced checkpoint, by pid
 _HASH_BLOCK = 1 << 20
 MAX_MANIFEST_BYTES = 16 << 20  # a manifest lists files: anything larger is not one
 
@@ -169,6 +170,36 @@ def verify_checkpoint(path: str | os.PathLike[str]) -> dict[str, Any]:
     return m
 
 
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process
+        return True
+    return True
+
+
+def _sweep_dead_saves(d: Path) -> None:
+    """Removes what saves killed half-way left in ``d`` (``.tmp-ckpt-<step>-<pid>`` of a pid
+    that is gone: up to a whole checkpoint each). A replaced checkpoint (``.old-ckpt-...``)
+    whose save died between its two renames is the only one of its step: it is put back."""
+    for p in d.iterdir():
+        m = _WRITING.match(p.name)
+        if m is None or int(m.group(3)) == os.getpid() or _pid_alive(int(m.group(3))):
+            continue
+        if p.is_symlink() or not p.is_dir():
+            continue
+        final = d / f"ckpt-{m.group(2)}"
+        if m.group(1) == "old" and not os.path.lexists(final):
+            try:
+                os.rename(p, final)
+                continue
+            except OSError:
+                pass
+        shutil.rmtree(p, ignore_errors=True)
+
+
 def list_checkpoints(ckpt_dir: str | os.PathLike[str]) -> list[Path]:
     """Committed checkpoint directories under ``ckpt_dir`` (``ckpt-<n>``), oldest first; a
     symbolic link of that name is not one."""
@@ -263,6 +294,7 @@ class Checkpointer:
         if n < 0:
             raise CheckpointError(f"jobkit: step must be >= 0, got {step}")
         self.ckpt_dir.mkdir(parents=True, exist_ok=True)
+        _sweep_dead_saves(self.ckpt_dir)
         final = self.ckpt_dir / f"ckpt-{n}"
         tmp = self.ckpt_dir / f".tmp-ckpt-{n}-{os.getpid()}"
         if tmp.exists():

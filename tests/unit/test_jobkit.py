@@ -208,3 +208,58 @@ def test_a_manifest_with_a_step_that_is_no_integer_is_refused(tmp_path: Path) ->
         (p / MANIFEST).write_text(json.dumps(m))
         with pytest.raises(CheckpointError, match="step"):
             Checkpointer(ckpt_dir=tmp_path / "new", resume_from=p, install_signal=False).resume()
+
+
+_SLOW_WRITER = """
+import sys, time
+sys.path.insert(0, sys.argv[2])
+from laminar import jobkit
+def slow(state, fmt, out):
+    out.write(b"x" * 100000)
+    out.flush()
+    print("writing", flush=True)
+    time.sleep(60)
+jobkit._serialize_into = slow
+jobkit.Checkpointer("j", sys.argv[1], install_signal=False).save(b"s", step=int(sys.argv[3]))
+"""
+
+
+def test_a_save_killed_half_way_leaves_no_temporary_behind_the_next_save(tmp_path: Path) -> None:
+    """A process killed while saving (the kill-switch at a window's end, the OOM killer: a
+    checkpoint is often asked for when memory is short) leaves ``.tmp-ckpt-<step>-<pid>``; the
+    next process saving there removed only its own pid's, so every killed save kept up to a
+    whole checkpoint's size on the disk for as long as the directory lived. A save still being
+    written by a live process is left alone."""
+    agent_dir = str(REPO / "agent")
+    dead = subprocess.Popen([sys.executable, "-c", _SLOW_WRITER, str(tmp_path), agent_dir, "3"],
+                            stdout=subprocess.PIPE, text=True)
+    live = subprocess.Popen([sys.executable, "-c", _SLOW_WRITER, str(tmp_path), agent_dir, "5"],
+                            stdout=subprocess.PIPE, text=True)
+    try:
+        assert dead.stdout is not None and live.stdout is not None
+        assert dead.stdout.readline().strip() == "writing"
+        assert live.stdout.readline().strip() == "writing"
+        dead.kill()
+        dead.wait(10)
+        left = tmp_path / f".tmp-ckpt-3-{dead.pid}"
+        assert left.is_dir()
+        Checkpointer("j", tmp_path, install_signal=False).save(b"next", step=4)
+        assert not left.exists()
+        assert (tmp_path / f".tmp-ckpt-5-{live.pid}").is_dir()  # still being written
+        assert [p.name for p in jobkit.list_checkpoints(tmp_path)] == ["ckpt-4"]
+    finally:
+        for p in (dead, live):
+            p.kill()
+            p.wait(10)
+
+
+def test_a_replace_killed_between_its_renames_puts_the_old_checkpoint_back(tmp_path: Path) -> None:
+    gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True,
+                          check=True)
+    pid = int(gone.stdout)
+    ck = Checkpointer("j", tmp_path, install_signal=False, keep=5)
+    ck.save(b"seven", step=7)
+    os.rename(tmp_path / "ckpt-7", tmp_path / f".old-ckpt-7-{pid}")  # where the killed replace left it
+    ck.save(b"eight", step=8)
+    assert [p.name for p in jobkit.list_checkpoints(tmp_path)] == ["ckpt-7", "ckpt-8"]
+    verify_checkpoint(tmp_path / "ckpt-7")
