@@ -289,7 +289,8 @@ class Checkpointer:
     def save(self, state: Any, step: int | None = None, meta: dict[str, Any] | None = None) -> Path:
         """Commits ``state`` atomically as ``ckpt_dir/ckpt-<step>`` (step defaults to a
         nanosecond timestamp) and clears the request. Returns the checkpoint's directory.
-        Saving the same step twice replaces the earlier checkpoint, atomically too."""
+        Saving the same step twice replaces the earlier checkpoint, atomically too. What saves
+        killed half-way left here (their temporaries) is removed first."""
         n = time.time_ns() if step is None else int(step)
         if n < 0:
             raise CheckpointError(f"jobkit: step must be >= 0, got {step}")
