@@ -558,3 +558,10 @@ def test_the_notice_fit_is_judged_at_the_path_rate_the_reclaim_moves_at(tmp_path
     row = d.view()[0]
     assert row["prestage"] is True, row
     assert row["share_mbit"] <= 10.0 + 1e-9
+
+
+def test_contradicting_interval_bounds_are_named() -> None:
+    s = {k: f.default for k, f in CONFIG_FIELDS.items()}
+    cd.check_settings(s)
+    with pytest.raises(ValueError, match="min_interval_s = 600 is above migrate.max_interval_s = 300"):
+        cd.check_settings(s | {"min_interval_s": 600.0, "max_interval_s": 300.0})

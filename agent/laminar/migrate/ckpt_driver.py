@@ -88,6 +88,16 @@ CONFIG_FIELDS = {
 }
 
 
+def check_settings(s: dict[str, Any]) -> None:
+    """Raises ValueError naming the keys when the ``[migrate]`` settings of this driver
+    contradict each other (each key's own range is checked by the config schema):
+    ``min_interval_s`` above ``max_interval_s`` would otherwise plan every job at the minimum."""
+    lo, hi = float(s["min_interval_s"]), float(s["max_interval_s"])
+    if lo > hi:
+        raise ValueError(f"migrate.min_interval_s = {lo:g} is above migrate.max_interval_s = {hi:g}: "
+                         "the shortest periodic checkpoint interval must not exceed the longest")
+
+
 # -- pure parts -----------------------------------------------------------------------------
 
 
