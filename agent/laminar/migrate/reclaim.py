@@ -390,6 +390,12 @@ REPLICAS_SCHEMA = [
         updated REAL NOT NULL)""",
     # A guard's questions to its source (control op ``needs``): when it was last asked, when it
     # last answered (wall clock), how many questions in a row went unanswered and the last error.
+    # Each of this node's jobs' buddy (the node its guard was handed to last), so that a restarted
+    # agent still releases it when the job ends or its guard goes elsewhere.
+    """CREATE TABLE IF NOT EXISTS migrate_buddies (
+        job_id TEXT PRIMARY KEY,
+        node INTEGER NOT NULL,
+        updated REAL NOT NULL)""",
     """CREATE TABLE IF NOT EXISTS migrate_guard_checks (
         key TEXT PRIMARY KEY,
         asked REAL NOT NULL,
@@ -812,6 +818,8 @@ class ReclaimComponent:
         agent.store.ensure_schema("migrate", REPLICAS_SCHEMA)
         for r in agent.store.db.execute("SELECT key, request FROM migrate_replicas").fetchall():
             self._note_owner(str(r["key"]), r["request"])
+        self.buddy = {str(r["job_id"]): int(r["node"])
+                      for r in agent.store.db.execute("SELECT job_id, node FROM migrate_buddies").fetchall()}
         try:
             self.retry = RetrySchedule(float(self.s["retry_base_s"]), 2.0, float(self.s["retry_max_s"]))
         except ValueError as e:
@@ -1388,7 +1396,7 @@ class ReclaimComponent:
                 await self.agent.jobs.stop(job.id, f"node {self.node_id} reclaimed with no room and no holder in the "
                                            f"zone: {ckpt.name} archived in {path.parent}; the first agent with room "
                                            "resumes it", grace_s=1.0, state="reclaimed", work_lost_s=round(lost, 3))
-            old = self.buddy.pop(job.id, None)
+            old = self._forget_buddy(job.id)
             if old is not None:
                 await self._release(old, self.job_key(job))
             mv.phase, mv.dest = "archived", None
@@ -2248,7 +2256,7 @@ class ReclaimComponent:
         for jid, node in list(self.buddy.items()):
             job = self.agent.jobs.get(jid)
             if job is None or (not job.active and job.state in ("exited", "stopped", "failed")):
-                self.buddy.pop(jid, None)
+                self._forget_buddy(jid)
                 self.shipped.pop(jid, None)
                 self._spawn(self._release(node, f"n{self.node_id}-{jid}"))
         if self.s["prestage"] == "off":
@@ -2348,7 +2356,7 @@ class ReclaimComponent:
         if buddy is not None and buddy != asker:
             return {"key": key, "forgot": False, "prestages": False,
                     "why": f"node {buddy} guards job {jid} now, not node {asker}: nothing changes"}
-        self.buddy.pop(jid, None)
+        self._forget_buddy(jid)
         self.shipped.pop(jid, None)
         self._avoid(jid, asker, REPLICA_DROP_AVOID_S)
         prestages = bool(job.active) and self.s["prestage"] != "off" and job.id not in self.evacuating
@@ -2363,9 +2371,20 @@ class ReclaimComponent:
         return {"key": key, "forgot": True, "prestages": prestages, "why": why}
 
     def _set_buddy(self, job_id: str, node: int) -> None:
-        """``node`` guards ``job_id`` now: a release of it still pending is void."""
+        """``node`` guards ``job_id`` now (kept in the store: a restarted agent still knows it); a
+        release of it still pending is void."""
         self.buddy[job_id] = node
         self._releases.pop((node, f"n{self.node_id}-{job_id}"), None)
+        with contextlib.suppress(Exception), self.agent.store.tx() as db:  # the store is the agent's
+            db.execute("INSERT INTO migrate_buddies VALUES (?, ?, ?) ON CONFLICT(job_id) DO UPDATE SET "
+                       "node=excluded.node, updated=excluded.updated", (job_id, node, time.time()))
+
+    def _forget_buddy(self, job_id: str) -> int | None:
+        """``job_id`` has no buddy any more (here and in the store); returns the one it had."""
+        old = self.buddy.pop(job_id, None)
+        with contextlib.suppress(Exception), self.agent.store.tx() as db:
+            db.execute("DELETE FROM migrate_buddies WHERE job_id=?", (job_id,))
+        return old
 
     async def _release(self, node: int, key: str) -> None:
         """Tells ``node`` it no longer guards ``key`` (control op ``release``). One that does not
