@@ -7,8 +7,9 @@ process that writes a real jobkit checkpoint; two migrate components (node 1, th
 (one port, as in a zone); the source's own prestage (snapshot, transfer, ``guard``); the
 question and answer are authenticated control messages. The zone is a stand-in (``Zone``:
 membership, addresses and keys, no sockets). The release is lost the way it happens: the source
-agent restarts while its job runs (its buddy map is gone), so when the job exits nobody tells
-node 1.
+agent restarts while its job runs without its buddy map (an older agent kept it in memory only;
+a current one keeps it in its store, so the stand-in deletes those rows at each start), so when
+the job exits nobody tells node 1.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import asyncio
 import contextlib
 import secrets
 import socket
+import sqlite3
 import sys
 import time
 from collections.abc import AsyncIterator
@@ -82,6 +84,8 @@ async def node(tmp: Path, me: int, port: int, jobs: Any = None) -> AsyncIterator
     cfg = Config(validate({"agent": {"state_dir": str(d), "node": f"lm-t-gck{me}"},
                            "migrate": {"poll_s": 60.0, "periodic": False, "port": port, "prestage": "always"}}))
     store = Store(d / "migrate.db")
+    with contextlib.suppress(sqlite3.OperationalError), store.tx() as db:  # a source that lost its buddy map
+        db.execute("DELETE FROM migrate_buddies")
     agent = SimpleNamespace(config=cfg, store=store, events=EventBus(store), jobs=jobs, zone=Zone(me))
     comp = ReclaimComponent()
     try:

@@ -9,8 +9,10 @@ the question and answer are real authenticated control messages. Stand-ins, name
 zone (``Zone``: membership, addresses and keys, no sockets) and the source's job manager
 (``Jobs``: one job whose state the test sets, as the job's exit would).
 
-The lost release is made the way it happens: the source agent restarts (its in-memory buddy map
-is gone) and the job ends while it is down, so it never sends ``release`` to node 1.
+The lost release is made the way it happens: the source agent restarts without its buddy map
+and the job ends while it is down, so it never sends ``release`` to node 1. (An agent keeps the
+map in its store since 2026-11-22, tests/cluster/test_replica_buddy_restart.py; one that lost it,
+an older agent or a lost store, is made here by deleting those rows at each start.)
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ import asyncio
 import contextlib
 import secrets
 import socket
+import sqlite3
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -99,6 +102,8 @@ async def node(tmp: Path, me: int, nodes: list[int], port: int, jobs: Jobs | Non
     cfg = Config(validate({"agent": {"state_dir": str(d), "node": f"lm-t-gc{me}"},
                            "migrate": {"poll_s": 60.0, "periodic": False, "port": port, "prestage": prestage}}))
     store = Store(d / "state.db")
+    with contextlib.suppress(sqlite3.OperationalError), store.tx() as db:  # a source that lost its buddy map
+        db.execute("DELETE FROM migrate_buddies")
     agent = SimpleNamespace(config=cfg, store=store, events=EventBus(store), jobs=jobs or Jobs(),
                             zone=Zone(me, nodes))
     comp = ReclaimComponent()
