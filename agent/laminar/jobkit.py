@@ -206,7 +206,7 @@ def list_checkpoints(ckpt_dir: str | os.PathLike[str]) -> list[Path]:
     d = Path(ckpt_dir)
     if not d.is_dir():
         return []
-    return sorted((p for p in d.iterdir() if _NAME.match(p.name) and p.is_dir() and not p.is_symlink()),
+    return sorted((p for p in d.iterdir() if _NAME.match(p.name) and not p.is_symlink() and p.is_dir()),
                   key=lambda p: int(p.name[5:]))
 
 
