@@ -48,6 +48,7 @@ import errno
 import grp
 import json
 import logging
+import math
 import os
 import re
 import socket
@@ -63,6 +64,26 @@ from urllib.parse import parse_qsl, urlsplit
 from .config import admin_socket_path
 
 log = logging.getLogger("laminar.api")
+
+
+def _finite(v: Any) -> Any:
+    """``v`` with every NaN or infinite float (at any depth) as None."""
+    if isinstance(v, float):
+        return v if math.isfinite(v) else None
+    if isinstance(v, dict):
+        return {k: _finite(x) for k, x in v.items()}
+    if isinstance(v, (list, tuple)):
+        return [_finite(x) for x in v]
+    return v
+
+
+def to_json(payload: Any) -> str:
+    """An answer as JSON: a NaN or infinite number (an MTBF with no departure seen, a rate never
+    measured) is null, since ``Infinity`` is not JSON and every parser but Python's refuses it."""
+    try:
+        return json.dumps(payload, default=str, allow_nan=False)
+    except ValueError:
+        return json.dumps(_finite(payload), default=str, allow_nan=False)
 
 MAX_BODY = 1 << 20
 MAX_HEADER = 16 << 10
@@ -580,7 +601,7 @@ class ApiServer:
 
     @staticmethod
     async def _send(loop: asyncio.AbstractEventLoop, conn: socket.socket, status: int, payload: Any) -> None:
-        body = json.dumps(payload, default=str).encode() + b"\n"
+        body = to_json(payload).encode() + b"\n"
         head = (f"HTTP/1.1 {status} {REASONS.get(status, 'Status')}\r\nContent-Type: application/json\r\n"
                 f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n").encode()
         data = head + body
@@ -601,7 +622,7 @@ class ApiServer:
                                       b"Connection: close\r\n\r\n")
         try:
             async for item in stream.items:
-                await loop.sock_sendall(conn, json.dumps(item, default=str).encode() + b"\n")
+                await loop.sock_sendall(conn, to_json(item).encode() + b"\n")
         finally:
             aclose = getattr(stream.items, "aclose", None)
             if aclose:
