@@ -1,0 +1,62 @@
+"""The agent under exactly what systemd/laminard.service gives it: its capability bounding set.
+
+A real laminard runs under ``setpriv --bounding-set`` with the unit's ``CapabilityBoundingSet``
+(as systemd starts it: root, no other capability) and must still do what it does to files of
+the users whose jobs it runs. Files are owned by a real second user (tests/userrig.py).
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+from pathlib import Path
+from typing import Any
+
+import pytest
+from agentproc import AgentProc
+from userrig import local_user
+
+pytestmark = pytest.mark.kernel
+
+UNIT = Path(__file__).resolve().parents[2] / "systemd" / "laminard.service"
+
+
+def unit_directive(name: str) -> str:
+    """The value of directive `name` in the unit's [Service] section (its last setting)."""
+    values = [x.split("=", 1)[1] for x in UNIT.read_text().splitlines() if x.startswith(f"{name}=")]
+    assert values, f"{UNIT} sets no {name}="
+    return values[-1]
+
+
+def setpriv_unit_caps() -> tuple[str, ...]:
+    """A setpriv prefix that runs what follows with only the unit's capabilities."""
+    caps = [c.removeprefix("CAP_").lower() for c in unit_directive("CapabilityBoundingSet").split()]
+    return ("setpriv", "--bounding-set", "-all," + ",".join("+" + c for c in caps), "--inh-caps", "-all", "--")
+
+
+def test_older_agents_user_files_are_made_private_under_the_units_caps(veth_pair: Any, tmp_path: Path) -> None:
+    """An older agent left a job's log 0640 and its checkpoint directory 0755, both the job
+    owner's. At start the agent makes them the owner's alone (0600, 0700): chmod of a file that
+    is not root's needs CAP_FOWNER, so the unit must grant it (without it the files stayed
+    readable by the owner's group and by everyone, with a warning in the log)."""
+    with local_user("fowner") as user:
+        a = AgentProc(tmp_path, veth_pair.ifname_a, veth_pair.a)
+        logs, ckpt = a.state_dir / "logs", a.state_dir / "ckpt"
+        for d in (a.state_dir, logs, ckpt):
+            d.mkdir(mode=0o711, exist_ok=True)
+            os.chmod(d, 0o711)
+        log = logs / "job-old.log"
+        log.write_text("a token printed by the job\n")
+        os.chmod(log, 0o640)
+        os.chown(log, user.uid, user.gid)
+        cdir = ckpt / "job-old"
+        cdir.mkdir()
+        os.chmod(cdir, 0o755)
+        os.chown(cdir, user.uid, user.gid)
+        try:
+            a.start(prefix=setpriv_unit_caps())
+            assert stat.S_IMODE(log.stat().st_mode) == 0o600, a.log()
+            assert stat.S_IMODE(cdir.stat().st_mode) == 0o700, a.log()
+            assert log.stat().st_uid == user.uid and cdir.stat().st_uid == user.uid
+        finally:
+            a.cleanup()
