@@ -13,8 +13,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from agentproc import AgentProc
-from userrig import local_user
+from agentproc import AgentProc, wait_until
+from userrig import call_as, local_user
 
 pytestmark = pytest.mark.kernel
 
@@ -58,5 +58,29 @@ def test_older_agents_user_files_are_made_private_under_the_units_caps(veth_pair
             assert stat.S_IMODE(log.stat().st_mode) == 0o600, a.log()
             assert stat.S_IMODE(cdir.stat().st_mode) == 0o700, a.log()
             assert log.stat().st_uid == user.uid and cdir.stat().st_uid == user.uid
+        finally:
+            a.cleanup()
+
+
+@pytest.mark.xfail(strict=True, reason="runtime/jobs.py does not reset the agent's Nice=-10 for a job "
+                   "(owner: the jobs engineer; see docs/operations.md, Permissions)")
+def test_a_job_does_not_inherit_the_agents_nice(veth_pair: Any, tmp_path: Path) -> None:
+    """The unit runs the agent at ``Nice=`` (-10) so that it gets the CPU ahead of the jobs it
+    protects; a job is a child of the agent and inherits its nice value unless the agent resets
+    it. A job at the agent's priority defeats that, and gives a user a priority only root may set."""
+    nice = int(unit_directive("Nice"))
+    assert nice < 0
+    with local_user("nice") as user:
+        a = AgentProc(tmp_path, veth_pair.ifname_a, veth_pair.a)
+        try:
+            a.start(prefix=("nice", "-n", str(nice), *setpriv_unit_caps()))
+            job = a.json("submit", "--name", "nice", "--", "sleep", "60")
+            assert job["owner_uid"] == 0
+            status, user_job, raw = call_as(user, a.sock, "POST", "/v1/jobs", {"name": "nice-user",
+                                                                               "command": ["sleep", "60"]})
+            assert status == 201 and user_job["owner_uid"] == user.uid, raw
+            for j in (job, user_job):
+                pid = wait_until(lambda j=j: a.json("job", "show", j["id"]).get("pid"), 30, "the job's pid")
+                assert os.getpriority(os.PRIO_PROCESS, pid) == 0, f"job {j['id']} (pid {pid}) runs at the agent's nice"
         finally:
             a.cleanup()
