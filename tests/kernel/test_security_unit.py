@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import os
 import stat
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -84,3 +86,23 @@ def test_a_job_does_not_inherit_the_agents_nice(veth_pair: Any, tmp_path: Path) 
                 assert os.getpriority(os.PRIO_PROCESS, pid) == 0, f"job {j['id']} (pid {pid}) runs at the agent's nice"
         finally:
             a.cleanup()
+
+
+def test_the_unit_leaves_the_agent_its_devices_and_still_protects_the_clock() -> None:
+    """The agent opens GPU device nodes itself (NVML: /dev/nvidiactl, /dev/nvidia<N>). On systemd
+    245 to 251 (Ubuntu 20.04 and 22.04, Debian 11) ``ProtectClock=yes`` implies ``DeviceAllow=char-rtc
+    r``, and any device allow-list closes every other device to the unit's cgroup (systemd issue
+    18142, fixed in 252 by PR 25075): NVML failed and such a node had no GPUs. So the unit sets
+    no device allow-list, directly or through ProtectClock=/PrivateDevices=; the clock stays
+    protected by the capability bounding set, checked here for real: a process holding only the
+    unit's capabilities may not set the clock."""
+    text = UNIT.read_text().splitlines()
+    for directive in ("ProtectClock=", "PrivateDevices=", "DeviceAllow=", "DevicePolicy="):
+        assert not any(x.startswith(directive) for x in text), f"{UNIT} sets {directive}: it closes GPU devices"
+    caps = unit_directive("CapabilityBoundingSet").split()
+    assert "CAP_SYS_TIME" not in caps and "CAP_WAKE_ALARM" not in caps
+    # set the clock to what it reads (a no-op even if allowed): refused for want of CAP_SYS_TIME
+    code = ("import time,sys\ntry:\n    time.clock_settime(time.CLOCK_REALTIME, time.clock_gettime(time.CLOCK_REALTIME))\n"
+            "except PermissionError:\n    sys.exit(0)\nsys.exit(3)\n")
+    r = subprocess.run([*setpriv_unit_caps(), sys.executable, "-c", code], capture_output=True, text=True, timeout=30)
+    assert r.returncode == 0, f"a process with the unit's capabilities set the clock ({r.returncode}: {r.stderr})"
