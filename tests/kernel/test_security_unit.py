@@ -11,6 +11,7 @@ import os
 import stat
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -106,3 +107,37 @@ def test_the_unit_leaves_the_agent_its_devices_and_still_protects_the_clock() ->
             "except PermissionError:\n    sys.exit(0)\nsys.exit(3)\n")
     r = subprocess.run([*setpriv_unit_caps(), sys.executable, "-c", code], capture_output=True, text=True, timeout=30)
     assert r.returncode == 0, f"a process with the unit's capabilities set the clock ({r.returncode}: {r.stderr})"
+
+
+PIDS_V1 = Path("/sys/fs/cgroup/pids")
+
+
+@pytest.mark.skipif(not (PIDS_V1 / "cgroup.procs").exists(), reason="no cgroup v1 pids hierarchy (not a hybrid host)")
+def test_jobs_on_a_hybrid_host_count_against_the_units_tasks_max(veth_pair: Any, tmp_path: Path) -> None:
+    """On a hybrid host the agent moves a job into its own memory, cpu and unified cgroups, but
+    not out of the v1 pids cgroup systemd started the agent in. So every job's tasks (threads
+    included) count against the unit's ``TasksMax=``, whose default is 15% of the host's pid
+    limit (4915 with pid_max 32768): a job with many threads made the agent's own fork, and with
+    it every new job's start, fail with EAGAIN. The unit sets ``TasksMax=infinity``.
+
+    Here a pids cgroup of the test's own stands for the unit's."""
+    unit_cg = PIDS_V1 / f"laminar-t-sec-{os.getpid()}-{os.urandom(2).hex()}"
+    unit_cg.mkdir()
+    a = AgentProc(tmp_path, veth_pair.ifname_a, veth_pair.a)
+    try:
+        a.start(prefix=("sh", "-c", f'echo $$ > {unit_cg}/cgroup.procs && exec "$@"', "sh"))
+        job = a.json("submit", "--name", "tasks", "--", "sleep", "60")
+        pid = wait_until(lambda: a.json("job", "show", job["id"]).get("pid"), 30, "the job's pid")
+        procs = {int(x) for x in (unit_cg / "cgroup.procs").read_text().split()}
+        if pid not in procs:
+            pytest.skip("this host moves jobs out of the agent's pids cgroup")
+        assert unit_directive("TasksMax") == "infinity", (
+            f"job pid {pid} stays in the agent's pids cgroup; the unit's TasksMax= would cap the agent and all jobs")
+    finally:
+        a.cleanup()
+        for _ in range(100):
+            try:
+                unit_cg.rmdir()
+                break
+            except OSError:
+                time.sleep(0.1)
