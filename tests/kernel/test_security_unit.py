@@ -32,9 +32,11 @@ def unit_directive(name: str) -> str:
 
 
 def setpriv_unit_caps() -> tuple[str, ...]:
-    """A setpriv prefix that runs what follows with only the unit's capabilities."""
+    """A setpriv prefix that runs what follows with only the unit's capabilities (and, as the
+    unit sets it, no_new_privs)."""
     caps = [c.removeprefix("CAP_").lower() for c in unit_directive("CapabilityBoundingSet").split()]
-    return ("setpriv", "--bounding-set", "-all," + ",".join("+" + c for c in caps), "--inh-caps", "-all", "--")
+    nnp = ("--no-new-privs",) if unit_directive("NoNewPrivileges") in ("yes", "true", "1", "on") else ()
+    return ("setpriv", *nnp, "--bounding-set", "-all," + ",".join("+" + c for c in caps), "--inh-caps", "-all", "--")
 
 
 def test_older_agents_user_files_are_made_private_under_the_units_caps(veth_pair: Any, tmp_path: Path) -> None:
