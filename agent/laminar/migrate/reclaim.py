@@ -806,6 +806,7 @@ class ReclaimComponent:
         # (node, key) -> (next try, given up at) (monotonic): releases that did not arrive yet
         self._releases: dict[tuple[int, str], tuple[float, float]] = {}
         self._releasing: set[tuple[int, str]] = set()
+        self._drops: dict[str, int] = {}  # job id -> how many ``dropped`` messages came for it
         self._owners: dict[str, tuple[int, int]] = {}  # key -> (uid, gid) of its job's owner (guards held here)
 
     # -- life cycle ---------------------------------------------------------------------------
@@ -2279,6 +2280,7 @@ class ReclaimComponent:
         it arrives). A failure keeps the buddy the job had (it still guards the job's older
         checkpoint) and avoids the node that failed for PRESTAGE_FAIL_AVOID_S."""
         node: int | None = None
+        drops = self._drops.get(job.id, 0)
         try:
             ckpt = jobkit.latest_checkpoint(job.ckpt_dir)
             if ckpt is None:
@@ -2301,6 +2303,12 @@ class ReclaimComponent:
             if job.id in self.evacuating:
                 return  # the move decides who guards the job now
             await self._guard(job, node, ckpt.name)
+            if self._drops.get(job.id, 0) != drops and node in self._avoided_buddies(job.id):
+                # its operator dropped the job's replicas there while this prestage ran: the guard
+                # just sent may name a checkpoint it no longer holds; withdraw it, try another next
+                log.info("migrate: node %d dropped %s during its prestage: not its buddy", node, job.id)
+                await self._release(node, self.job_key(job))
+                return
             old = self.buddy.get(job.id)
             self._set_buddy(job.id, node)
             if old is not None and old != node:
@@ -2359,6 +2367,7 @@ class ReclaimComponent:
         self._forget_buddy(jid)
         self.shipped.pop(jid, None)
         self._avoid(jid, asker, REPLICA_DROP_AVOID_S)
+        self._drops[jid] = self._drops.get(jid, 0) + 1  # a prestage to it running now must not count
         prestages = bool(job.active) and self.s["prestage"] != "off" and job.id not in self.evacuating
         if prestages:
             why = f"job {jid} is {job.state}: its newest checkpoint goes to another buddy at the next prestage round"

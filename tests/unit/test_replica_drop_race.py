@@ -1,0 +1,60 @@
+"""A forced drop of a guard that lands while the source is prestaging the job's next checkpoint
+to that same buddy (the transfer done, the guard not yet sent) does not leave the source
+believing that buddy guards the job: the guard it sends is withdrawn (``release``) and the next
+prestage goes to another peer.
+
+Real pieces (the rig of test_gc_guards): three migrate components (node 1: the buddy whose
+operator drops, node 2: the source, node 3: another peer) on their own SQLite stores, endpoints
+on 127.0.0.<node>; the source's own prestage, real transfers, real authenticated ``guard``,
+``dropped`` and ``release`` control messages, node 1's real ``drop_replica_and_tell``. The
+interleaving is made deterministic by running node 1's drop from inside the source's ``_guard``
+(a wrapper around the real one), right before the guard is sent.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from jobrig import until
+from test_gc_guards import Jobs, K, free_port, held, job_of, node, prestage, run, state
+
+from laminar.jobkit import Checkpointer
+
+
+def test_a_drop_during_a_prestage_to_the_same_buddy_moves_the_guard_elsewhere(tmp_path: Path) -> None:
+    port = free_port()
+    job = job_of(tmp_path)
+
+    async def main() -> None:
+        async with node(tmp_path, 1, [1, 2, 3], port) as b, node(tmp_path, 3, [1, 2, 3], port) as c:
+            async with node(tmp_path, 2, [1, 2, 3], port, Jobs([job])) as src:
+                src.agent.zone.membership.state[3].last_summary = type("S", (), {"draining": True})()  # node 1 first
+                await prestage(src, job, 5)
+                assert src.buddy == {"job-1": 1} and state(b) == "guarding"
+                src.agent.zone.membership.state[3].last_summary = None
+
+                real_guard = src._guard
+                dropped: list[Any] = []
+
+                async def guard_after_a_drop(j: Any, n: int, ckpt: str, take_over: bool = False) -> None:
+                    if n == 1 and not dropped:  # node 1's operator drops the key right now
+                        dropped.append(await b.drop_replica_and_tell(K, force=True, by="uid 0"))
+                    await real_guard(j, n, ckpt, take_over)
+
+                src._guard = guard_after_a_drop  # type: ignore[method-assign]
+                Checkpointer(job_id=job.id, ckpt_dir=job.ckpt_dir, install_signal=False, keep=10).save(
+                    b"weights-10", step=10)
+                src._prestage_round()
+                assert await until(lambda: bool(dropped) and not src._prestaging, timeout=20)
+                assert dropped[0]["source_told"] is True and dropped[0]["dropped"] == ["ckpt-10", "ckpt-5"], dropped
+                # the guard node 1 got after its drop is withdrawn: it holds nothing and guards nothing
+                assert await until(lambda: state(b) in (None, "released") and held(b) == []), (state(b), held(b))
+                assert src.buddy.get("job-1") != 1
+                # the next round prestages to the other peer
+                src._prestage_round()
+                assert await until(lambda: src.buddy.get("job-1") == 3 and src.shipped.get("job-1") == "ckpt-10",
+                                   timeout=20), (src.buddy, src.shipped)
+                assert state(c) == "guarding" and held(c) == ["ckpt-10"]
+
+    run(main())
