@@ -823,6 +823,7 @@ class ReclaimComponent:
                       for r in agent.store.db.execute("SELECT job_id, node FROM migrate_buddies").fetchall()}
         try:
             self.retry = RetrySchedule(float(self.s["retry_base_s"]), 2.0, float(self.s["retry_max_s"]))
+            ckpt_driver.check_settings(self.s)
         except ValueError as e:
             raise RuntimeError(f"migrate: {e}") from None
         prior = float(self.s["hazard_prior_rate_per_h"])
