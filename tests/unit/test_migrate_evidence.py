@@ -144,3 +144,30 @@ def test_notice_odds_learn_the_unannounced_share() -> None:
         o.observe(True, -1)
     with pytest.raises(HazardError, match="announced"):
         NoticeOdds(announced=float("nan"))
+
+
+def test_a_peer_leaving_at_the_end_of_a_long_notice_window_is_one_announced_departure(tmp_path: Path) -> None:
+    """A notice window may be hours long (campus owners): the peer falls silent at its end, more
+    than an hour after its notice came. That silence was counted as a second, unannounced
+    departure (the rule looked at when the notice came, not when its window ended), and the
+    peer, whose departure was counted, still counted as exposed until then."""
+    async def main() -> None:
+        agent = make_agent(tmp_path)
+        comp = ReclaimComponent()
+        await comp.start(agent)
+        try:
+            agent.zone = FakeZone([2, 3])
+            agent.events.emit("zone", "node 2 reclaimed", node=2, deadline_ms=2 * 3600 * 1000)
+            assert comp.notice_odds.announced == 1
+            assert comp.exposed_nodes() == 2.0  # itself and node 3: node 2's departure is counted
+            now = time.time()
+            comp.notices[2] = (now - 5, now - 2 * 3600 - 5)  # two hours later: its window just ended
+            agent.zone.membership.suspects.add(2)
+            comp._departure_round()
+            assert comp.notice_odds.announced == 1 and comp.notice_odds.unannounced == 0
+            assert comp.hazards["default"].total_events == 1.0
+        finally:
+            await comp.stop()
+            agent.store.db.close()
+
+    run(main())

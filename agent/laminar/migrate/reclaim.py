@@ -941,7 +941,15 @@ class ReclaimComponent:
         z = self.zone
         if z is None:
             return 1.0
-        return float(1 + sum(1 for n in z.membership.by_node if n != self.node_id and n not in z.membership.suspects))
+        now = time.time()
+        return float(1 + sum(1 for n in z.membership.by_node if n != self.node_id and n not in z.membership.suspects
+                             and not self._announced(n, now)))
+
+    def _announced(self, node: int, now: float) -> bool:
+        """Whether ``node``'s departure was counted from its reclaim notice: the notice came and
+        its window is open or ended less than an hour ago (a notice window may be hours long)."""
+        notice = self.notices.get(node)
+        return notice is not None and now < max(notice) + 3600
 
     def _departure_round(self) -> None:
         """A peer that turned suspect (silent) with no reclaim notice departed without notice;
@@ -954,8 +962,7 @@ class ReclaimComponent:
         self._suspected &= sus
         for n in sorted(sus - self._suspected):
             self._suspected.add(n)
-            notice = self.notices.get(n)
-            if notice is not None and notice[1] > now - 3600:
+            if self._announced(n, now):
                 continue  # announced: counted when its notice came
             self.observe_departure(now, announced=False)
             log.info("migrate: node %d fell silent without a reclaim notice (unannounced departure)", n)
