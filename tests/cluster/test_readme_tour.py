@@ -171,10 +171,11 @@ def test_the_tour_on_one_agent(agent: AgentProc, tmp_path: Path) -> None:
     good, bad = tmp_path / "my.toml", tmp_path / "bad.toml"
     good.write_text(POLICY_OK)
     bad.write_text(POLICY_BAD)
-    ok(a, "policy", "validate", str(good))
+    assert js(a, "policy", "validate", str(good))
     r = a.ctl("policy", "validate", str(bad), check=False)
     assert r.returncode == 1 and "1.7" in r.stderr and "memory.some" in r.stderr, (r.returncode, r.stderr)
-    ok(a, "policy", "set", str(good))
+    put = js(a, "policy", "set", str(good))
+    assert put["version"] >= 1 and put["policy"]["thresholds"]["memory.some"] == 0.2, put
     pol2 = js(a, "policy", "show")
     assert pol2 != pol and json.dumps(pol2).count("0.2"), pol2
 
@@ -196,7 +197,8 @@ def test_the_tour_on_one_agent(agent: AgentProc, tmp_path: Path) -> None:
     assert "kill" in job_flags()
     assert [j["kill"] for j in js(a, "killswitch", "status")["jobs"] if j["job"] == jid] == [True]
     # arm --lent --at +30s: the deadline is in lm_global, where the data plane enforces it alone
-    ok(a, "killswitch", "arm", "--lent", "--at", "+30s")
+    armed = js(a, "killswitch", "arm", "--lent", "--at", "+30s")
+    assert (armed["action"], armed["scope"]) == ("arm", "lent"), armed
     assert "armed" in global_flags()
     assert 0 < js(a, "killswitch", "status")["global"]["armed_in_s"] <= 30
     ok(a, "killswitch", "off", "--all")
@@ -213,16 +215,18 @@ def test_the_tour_on_one_agent(agent: AgentProc, tmp_path: Path) -> None:
     mine = [f for f in flows if "40000" in json.dumps(f) and "7000" in json.dumps(f)]
     assert mine and mine[0]["origin"] == "operator" and mine[0]["cut"], flows
     assert "operator" in ok(a, "net", "flows").stdout
-    ok(a, "net", "kill-flow", flow, "off")
+    restored = js(a, "net", "kill-flow", flow, "off")
+    assert restored["kill"] is False and restored["cut"] is False, restored
 
-    ok(a, "job", "stop", jid)
+    assert js(a, "job", "stop", jid)["state"] == "stopped"
     assert follow.wait(60) == 0, follow.communicate()
     assert js(a, "job", "show", jid)["state"] not in ("running", "queued", "suspended")
 
     # events --follow exits 3 with the id to resume from when the agent goes away
     ev = bg(a, "events", "--follow", "--kind", "airlock")
     time.sleep(1.0)
-    ok(a, "bpf", "unload")
+    unloaded = js(a, "bpf", "unload")
+    assert "lm_jobs" in unloaded["pins_removed"] and unloaded["filters_removed"] == 2, unloaded
     wait_until(lambda: a.proc is not None and a.proc.poll() is not None, 60, "the agent to stop after bpf unload")
     try:
         code = ev.wait(60)
@@ -267,10 +271,12 @@ def test_the_tour_in_a_zone_of_two(tmp_path: Path) -> None:
         keys = a.json("zone", "keys")
         assert "current" in json.dumps(keys), keys
         ok(a.agent, "zone", "keys")
-        ok(a.agent, "zone", "keys", "reload")
+        reloaded = a.json("zone", "keys", "reload")
+        assert [k["role"] for k in reloaded["keys"]] == ["current"], reloaded
 
         # pool
-        ok(b.agent, "pool", "load", "0.2")
+        loaded = b.json("pool", "load", "0.2")
+        assert loaded["load"] == 0.2 and loaded["loanable"] is True, loaded
         pool = b.json("pool")
         assert pool["loanable"] is True, pool
         assert "inference" in ok(b.agent, "pool").stdout
