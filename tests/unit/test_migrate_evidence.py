@@ -171,3 +171,37 @@ def test_a_peer_leaving_at_the_end_of_a_long_notice_window_is_one_announced_depa
             agent.store.db.close()
 
     run(main())
+
+
+def test_prestage_is_judged_over_the_jobs_that_share_the_window(tmp_path: Path) -> None:
+    """With departures announced (no prestage for their odds), a job is prestaged when its final
+    checkpoint would not leave within the expected notice window. That was judged for the job
+    alone, but a reclaim moves every job through one uplink in one window: two jobs that each fit
+    alone, not together, were both left without an off-node replica, and the one that did not fit
+    lost its work at the reclaim. Real checkpoints on disk (their size is the planning size)."""
+    from laminar import jobkit
+
+    async def main() -> None:
+        agent = make_agent(tmp_path)
+        comp = ReclaimComponent()
+        await comp.start(agent)
+        try:
+            comp.s.update(prestage="auto", expected_notice_s=10.0, path_mbit=8.0, notice_margin=1.0,
+                          prestage_unannounced=0.5)
+            comp.notice_odds.observe(True, 100.0)  # departures come with their notice here
+            jobs = []
+            for i, size in enumerate((6 << 20, 7 << 20)):  # 6.3 s and 7.3 s at 1 MB/s: each fits 10 s alone
+                d = tmp_path / f"job{i}"
+                jobkit.Checkpointer(job_id=f"j{i}", ckpt_dir=d, install_signal=False).save(bytes(size), step=1)
+                jobs.append(SimpleNamespace(id=f"j{i}", ckpt_dir=d, active=True))
+            alone = SimpleNamespace(active=lambda: jobs[1:])
+            agent.jobs = alone
+            assert not comp._should_prestage(jobs[1])  # alone on the node it fits the window
+            agent.jobs = SimpleNamespace(active=lambda: jobs)
+            assert not comp._should_prestage(jobs[0])  # the smaller leaves first: fits
+            assert comp._should_prestage(jobs[1])  # behind it, the larger does not: prestaged
+        finally:
+            await comp.stop()
+            agent.store.db.close()
+
+    run(main())

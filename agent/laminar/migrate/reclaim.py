@@ -1095,9 +1095,16 @@ class ReclaimComponent:
         if self.notice_odds.unannounced_frac >= float(self.s["prestage_unannounced"]):
             return True  # departures without notice are plausible: keep an off-node replica
         w = float(self.s["expected_notice_s"])
+        if w <= 0:
+            return True
+        # The reclaim moves every job of the node through one uplink in one window
+        # (notice_schedule): a job whose final checkpoint fits the window alone may not fit
+        # beside its neighbours, so fit is judged over all of them, as the evacuation plans.
+        jobs_mgr = getattr(self.agent, "jobs", None)
+        others = [j for j in (jobs_mgr.active() if jobs_mgr is not None else []) if j.id != job.id]
         link = float(self.s["path_mbit"]) * 1e6 / 8
-        c = cs.CkptJob(job.id, float(self._ckpt_bytes(job)))
-        return not cs.notice_fit([c], link, w, float(self.s["notice_margin"]))[job.id] if w > 0 else True
+        cands = [cs.CkptJob(j.id, float(self._ckpt_bytes(j))) for j in (job, *others)]
+        return not cs.notice_fit(cands, link, w, float(self.s["notice_margin"]))[job.id]
 
     # -- the reclaim --------------------------------------------------------------------------
 
