@@ -262,6 +262,9 @@ def test_the_tour_in_a_zone_of_two(tmp_path: Path) -> None:
         assert r["outcome"] == "placed" and r["node"] == b.node_id, r
         r = a.json("zone", "submit", "--packing", "--gpus", "0.25", "--name", "lm-t-pack", "--", "sleep", "3600")
         assert r["outcome"] == "placed", r
+        # not in the tour (reported): the placements this node submitted
+        assert len(a.json("zone", "placements")) >= 3
+        ok(a.agent, "zone", "placements")
         # a datagram that is not the zone's is dropped, by reason
         before = sum(a.json("zone", "stats")["drops"].values())
         with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
@@ -292,6 +295,9 @@ def test_the_tour_in_a_zone_of_two(tmp_path: Path) -> None:
         wait_until(lambda: any(r["key"] == key and r["state"] == "guarding" for r in b.json("replicas")), 60,
                    "B to hold A's job's checkpoint")
         assert key in ok(b.agent, "replicas").stdout
+        # not in the tour (reported): each job's periodic checkpoint plan
+        assert jid in json.dumps(a.json("checkpoints"))
+        ok(a.agent, "checkpoints")
         r = b.agent.ctl("replicas", "drop", key, check=False)  # a guard needs --force
         assert r.returncode == 1 and "--force" in r.stderr, (r.returncode, r.stderr)
         res = a.json("reclaim", "--notice", "8s", "--reason", "lm-t tour")
@@ -306,3 +312,21 @@ def test_the_tour_in_a_zone_of_two(tmp_path: Path) -> None:
         assert r.returncode == 0, (r.returncode, r.stderr)
         late = json.loads(r.stdout)
         assert late["state"] != "running" and "reclaimed" in (late.get("reason") or ""), late
+
+
+@pytest.mark.xfail(strict=True, reason="netguard: `killswitch off --all` leaves the lent cut and the lent deadline "
+                                       "(lm_global kill_lent/armed) while answering 'traffic of all jobs restored'; "
+                                       "reported to the lead (agent/laminar/net/netguard.py is not this test's to edit)")
+def test_killswitch_off_all_restores_lent_jobs_too(agent: AgentProc) -> None:
+    """The tour's ``killswitch off --all`` after ``arm --lent`` (or ``on --lent``): every job's
+    traffic flows again, as the answer says, lent jobs' included, and no lent deadline is left."""
+    a = agent
+    lent = js(a, "submit", "--lent", "--name", "lm-t-lent", "--", "sleep", "600")["id"]
+    ok(a, "killswitch", "on", "--lent")
+    ok(a, "killswitch", "arm", "--lent", "--at", "+30s")
+    assert js(a, "killswitch", "status")["global"]["flags"]
+    res = js(a, "killswitch", "off", "--all")
+    assert "all jobs restored" in res["message"], res
+    st = js(a, "killswitch", "status")
+    assert [j["kill"] for j in st["jobs"] if j["job"] == lent] == [False], st
+    assert st["global"]["flags"] == [] and st["global"]["armed_in_s"] is None, st
