@@ -23,11 +23,7 @@ import pytest
 from agentproc import AgentProc, wait_until
 from userrig import call_as, local_user
 
-pytestmark = [
-    pytest.mark.kernel,
-    pytest.mark.xfail(strict=True, reason="runtime/jobs.py runs its root pre-exec step (ENTER_SH, setpriv) with "
-                      "the job's env: a user's PATH or LD_PRELOAD runs as root (reported to the lead)"),
-]
+pytestmark = pytest.mark.kernel
 
 PRELOAD_C = r"""
 #include <fcntl.h>

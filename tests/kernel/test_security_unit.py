@@ -67,8 +67,6 @@ def test_older_agents_user_files_are_made_private_under_the_units_caps(veth_pair
             a.cleanup()
 
 
-@pytest.mark.xfail(strict=True, reason="runtime/jobs.py does not reset the agent's Nice=-10 for a job "
-                   "(owner: the jobs engineer; see docs/operations.md, Permissions)")
 def test_a_job_does_not_inherit_the_agents_nice(veth_pair: Any, tmp_path: Path) -> None:
     """The unit runs the agent at ``Nice=`` (-10) so that it gets the CPU ahead of the jobs it
     protects; a job is a child of the agent and inherits its nice value unless the agent resets

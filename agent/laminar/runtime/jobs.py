@@ -56,6 +56,7 @@ import re
 import signal
 import stat
 import subprocess
+import sys
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
@@ -135,10 +136,42 @@ ENTER_SH = (
     'echo "$1" > /proc/self/oom_score_adj 2>/dev/null; shift; exec "$@"'
 )
 
-# For a job run as its owner with a working directory: change into it after dropping root
-# (exit 126 naming the directory if the owner may not enter it), then exec the command. $0 is
-# the directory.
-CHDIR_SH = 'cd -- "$0" || { echo "laminar: cannot enter $0 as uid $(id -u)" >&2; exit 126; }; exec "$@"'
+# What runs as root before a job's command (ENTER_SH, setpriv) runs with this environment and
+# never with the job's: a user's PATH would pick the 'setpriv' root runs, a user's LD_PRELOAD,
+# GCONV_PATH or LOCPATH would load the user's code into root's processes. The job's environment
+# is applied by JOB_TRAMPOLINE, after the drop, as the job's owner.
+ROOT_ENV = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "LANG": "C.UTF-8"}
+SETPRIV = next((p for p in ("/usr/bin/setpriv", "/bin/setpriv", "/usr/sbin/setpriv") if os.path.exists(p)),
+               "/usr/bin/setpriv")
+# The last step before the job's command, already as its owner (``python3 -I -S``: no
+# environment variable, site or user directory of anyone reaches it): reads the job's
+# environment from the inherited file descriptor argv[1] (JSON; not in argv, which every user can
+# read in /proc), resets the nice value the agent runs at (the unit's Nice=-10 must not pass to
+# jobs), enters the working directory argv[2] when not empty (exit 126 naming it if the owner may
+# not), then execs the command with that environment (exit 127 if it is not found, 126 if it
+# cannot be run).
+JOB_TRAMPOLINE = (
+    "import json, os, sys\n"
+    "fd, cwd, cmd = int(sys.argv[1]), sys.argv[2], sys.argv[3:]\n"
+    "with os.fdopen(fd, 'rb') as f:\n"
+    "    env = json.loads(f.read())\n"
+    "try:\n"
+    "    os.setpriority(os.PRIO_PROCESS, 0, 0)\n"
+    "except OSError:\n"
+    "    pass\n"
+    "if cwd:\n"
+    "    try:\n"
+    "        os.chdir(cwd)\n"
+    "    except OSError as e:\n"
+    "        sys.stderr.write(f'laminar: cannot enter {cwd} as uid {os.getuid()}: {e.strerror}\\n')\n"
+    "        sys.exit(126)\n"
+    "try:\n"
+    "    os.execvpe(cmd[0], cmd, env)\n"
+    "except OSError as e:\n"
+    "    sys.stderr.write(f'laminar: cannot execute {cmd[0]!r}: {e.strerror}\\n')\n"
+    "    sys.exit(127 if isinstance(e, FileNotFoundError) else 126)\n"
+)
+TRAMPOLINE_PYTHON = next((p for p in ("/usr/bin/python3", "/bin/python3") if os.path.exists(p)), sys.executable)
 
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([KMGT]?)(i?B?)?\s*$", re.IGNORECASE)
 
@@ -151,7 +184,7 @@ def drop_privileges_argv(uid: int, gid: int) -> list[str]:
         groups = "--init-groups"
     except KeyError:
         groups = "--clear-groups"
-    return ["setpriv", f"--reuid={uid}", f"--regid={gid}", groups, "--"]
+    return [SETPRIV, f"--reuid={uid}", f"--regid={gid}", groups, "--"]
 
 
 # How long the filesystems a submission names (its working directory, its PATH) get to answer
@@ -1157,24 +1190,27 @@ class JobManager:
             # which would otherwise see every GPU of the node, those of other jobs too
             env.update(gpumod.cuda_env(self.inventory, job.gpus))
         files = [str(f) for f in job.cgroup.procs_files()]
-        drop: list[str] = []
-        cwd = spec.cwd
-        if job.owner_uid:
-            drop = drop_privileges_argv(job.owner_uid, job.owner_gid)
-            if cwd is not None:
-                # enter the directory as the owner, not as root: root may pass through
-                # directories the owner may not (a 0700 home), which would open what lies below
-                drop += ["/bin/sh", "-c", CHDIR_SH, cwd]
-                cwd = None
+        drop = drop_privileges_argv(job.owner_uid, job.owner_gid) if job.owner_uid else []
+        # The working directory is entered by the trampoline, as the owner, not as root: root may
+        # pass through directories the owner may not (a 0700 home), which would open what lies below.
         argv = ["/bin/sh", "-c", ENTER_SH, "laminar-job", str(len(files)), *files,
-                str(oom_score_adj_for(spec)), *drop, *spec.command]
-        assert job.log_path is not None
-        with open(job.log_path, "ab", buffering=0) as logf:
-            os.chmod(job.log_path, 0o600)  # what a job prints may be secret: not its group's to read
-            if job.owner_uid:
-                os.chown(job.log_path, job.owner_uid, job.owner_gid)
-            return subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=logf, stderr=subprocess.STDOUT,
-                                    cwd=cwd, env=env, start_new_session=True, close_fds=True)
+                str(oom_score_adj_for(spec)), *drop, TRAMPOLINE_PYTHON, "-I", "-S", "-c", JOB_TRAMPOLINE,
+                "", spec.cwd or "", *spec.command]
+        env_fd = os.memfd_create("laminar-job-env", 0)  # inherited by the trampoline (pass_fds)
+        try:
+            os.write(env_fd, json.dumps(env).encode())
+            os.lseek(env_fd, 0, os.SEEK_SET)
+            argv[argv.index(JOB_TRAMPOLINE) + 1] = str(env_fd)
+            assert job.log_path is not None
+            with open(job.log_path, "ab", buffering=0) as logf:
+                os.chmod(job.log_path, 0o600)  # what a job prints may be secret: not its group's to read
+                if job.owner_uid:
+                    os.chown(job.log_path, job.owner_uid, job.owner_gid)
+                return subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=logf, stderr=subprocess.STDOUT,
+                                        cwd="/", env=ROOT_ENV, start_new_session=True, close_fds=True,
+                                        pass_fds=(env_fd,))
+        finally:
+            os.close(env_fd)
 
     # -- watching ------------------------------------------------------------------------------
     def _watch(self, job: Job) -> None:
