@@ -314,9 +314,6 @@ def test_the_tour_in_a_zone_of_two(tmp_path: Path) -> None:
         assert late["state"] != "running" and "reclaimed" in (late.get("reason") or ""), late
 
 
-@pytest.mark.xfail(strict=True, reason="netguard: `killswitch off --all` leaves the lent cut and the lent deadline "
-                                       "(lm_global kill_lent/armed) while answering 'traffic of all jobs restored'; "
-                                       "reported to the lead (agent/laminar/net/netguard.py is not this test's to edit)")
 def test_killswitch_off_all_restores_lent_jobs_too(agent: AgentProc) -> None:
     """The tour's ``killswitch off --all`` after ``arm --lent`` (or ``on --lent``): every job's
     traffic flows again, as the answer says, lent jobs' included, and no lent deadline is left."""

@@ -522,6 +522,7 @@ class NetGuard:
         disarmed: list[int] = []  # cgroup ids whose armed deadline an 'off' cleared (a reclaim's, maybe)
         stayed_cut: list[int] = []  # cgroup ids an 'arm' found cut by their passed deadline (kept cut)
         lent_stays_cut = False
+        lent_off = False  # an 'off --all' that also cleared the lent cut or the lent deadline
         if scope == "job":
             job_id = require(body, "job", str, "a job id")
             job, cg = self._job_cgroup(job_id)
@@ -551,7 +552,10 @@ class NetGuard:
                 # The operator's "all off" is all off: per-job cuts and every armed deadline, those
                 # a reclaim armed included (docs/operations.md); the answer and event name them.
                 with self.lock:
-                    self.set_global(clear_flags=abi.LM_GLOBAL_KILL_JOBS)
+                    g = self._global()
+                    lent_off = bool(g.flags & (abi.LM_GLOBAL_KILL_LENT | abi.LM_GLOBAL_ARMED))
+                    self.set_global(clear_flags=abi.LM_GLOBAL_KILL_JOBS | abi.LM_GLOBAL_KILL_LENT | abi.LM_GLOBAL_ARMED,
+                                    kill_at_ns=0)
                     for k, v in list(self.maps["lm_jobs"].items()):
                         cg_k = int.from_bytes(k, "little")
                         if abi.LmJob.from_buffer_copy(v).flags & abi.LM_JOB_ARMED:
@@ -578,6 +582,8 @@ class NetGuard:
         disarmed_jobs = self._job_names(disarmed)
         if disarmed_jobs:
             msg += f"; armed deadline cleared for {', '.join(disarmed_jobs)}"
+        if lent_off:
+            msg += "; the lent jobs' cut and deadline cleared"
         kept = self._job_names(stayed_cut) + (["lent jobs"] if lent_stays_cut else [])
         if kept:
             msg += (f"; {', '.join(kept)} cut by the armed deadline already: stays cut (off restores)")
