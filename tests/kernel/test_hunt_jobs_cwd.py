@@ -54,8 +54,21 @@ def test_cwd_is_entered_as_the_owner(tmp_path: Path, tree: Path) -> None:
         async with job_manager(tmp_path) as jobs:
             closed = str(tree / "closed" / "data")
             # 1. refused at submit, naming the directory and the uid; nothing stored
-            with pytest.raises(JobError, match=f"cwd '{closed}': uid {NOBODY} may not enter it"):
+            with pytest.raises(JobError, match=f"cwd '{closed}': no such directory that uid {NOBODY} may enter"):
                 await jobs.submit(JobSpec(["cat", "secret.txt"], cwd=closed).validate(), NOBODY, NOBODY)
+            # ... and with the same words as a directory that does not exist there: the answer does
+            # not tell the user what lies in a directory closed to them
+            with pytest.raises(JobError) as absent:
+                await jobs.submit(JobSpec(["true"], cwd=str(tree / "closed" / "nope")).validate(), NOBODY, NOBODY)
+            with pytest.raises(JobError) as present:
+                await jobs.submit(JobSpec(["true"], cwd=closed).validate(), NOBODY, NOBODY)
+            assert str(absent.value).replace("nope", "data") == str(present.value)
+            # the same for a command looked up in a PATH directory closed to the user
+            (tree / "closed" / "data" / "lm-t-tool").write_text("#!/bin/sh\n")
+            os.chmod(tree / "closed" / "data" / "lm-t-tool", 0o755)
+            for name in ("lm-t-tool", "lm-t-none"):
+                with pytest.raises(JobError, match="not found in PATH"):
+                    await jobs.submit(JobSpec([name], env={"PATH": closed}).validate(), NOBODY, NOBODY)
             assert jobs.list() == []
             # root's own jobs still go anywhere
             mine = await jobs.submit(JobSpec(["cat", "secret.txt"], cwd=closed).validate())

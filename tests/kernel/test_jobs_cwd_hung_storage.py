@@ -105,7 +105,7 @@ def test_the_probe_still_finds_commands_and_refuses_what_it_should(agent: AgentP
         for spec, needle in ((({"command": ["lm-t-no-such-tool"]}), "not found in PATH"),
                              ({"command": ["true"], "env": {"PATH": "/nonexistent:/usr/bin/*"}}, "not found in PATH"),
                              ({"command": ["/bin/true"], "cwd": "/nonexistent-lm-t"}, "no such directory"),
-                             ({"command": ["/bin/true"], "cwd": "/root"}, "may not enter")):
+                             ({"command": ["/bin/true"], "cwd": "/root"}, "no such directory that uid")):
             code, out, raw = call_as(user, agent.sock, "POST", "/v1/jobs", spec)
             assert code == 400 and needle in out["error"], (spec, raw)
         code, job, raw = call_as(user, agent.sock, "POST", "/v1/jobs",

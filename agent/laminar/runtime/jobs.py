@@ -193,7 +193,7 @@ def drop_privileges_argv(uid: int, gid: int) -> list[str]:
 PROBE_S = 10.0
 _REAPERS: set[asyncio.Task[Any]] = set()
 
-# The probe, as root: $1 the command to find in $3 (a PATH) when not empty (exit 4 if no
+# The probe, as the job's owner: $1 the command to find in $3 (a PATH) when not empty (exit 4 if no
 # directory of it holds an executable file of that name, as shutil.which), $2 the working
 # directory when not empty (exit 3 if it is not a directory), then exec "$@" (the owner's
 # `cd` into it) with the directory as its $0.
@@ -208,16 +208,16 @@ PROBE_SH = (
 
 async def check_paths(cwd: str | None, exe: str | None, path_env: str, uid: int, gid: int) -> None:
     """Raises JobError unless `exe` (when given) is an executable file in one of `path_env`'s
-    directories, and `cwd` (when given) is a directory (asked as root) that `uid`/`gid` may
-    enter (asked as that user; root when uid is 0). The questions go to one child process with
-    PROBE_S to answer, never to the agent's own thread: a stat on hung storage blocks until the
-    storage answers, which would stop the event loop (every request, the kill-switch included)
-    for as long."""
+    directories, and `cwd` (when given) is a directory that `uid`/`gid` may enter, both asked as
+    that user (root when uid is 0): asked as root, the answers told a user whether files exist
+    in directories closed to them. The questions go to one child process with PROBE_S to answer,
+    never to the agent's own thread: a stat on hung storage blocks until the storage answers,
+    which would stop the event loop (every request, the kill-switch included) for as long."""
     if cwd is None and exe is None:
         return
     enter = [*drop_privileges_argv(uid, gid)] if uid else []
-    argv = ["/bin/sh", "-c", PROBE_SH, "laminar-probe", exe or "", cwd or "", path_env,
-            *enter, "/bin/sh", "-c", 'cd -- "$0"']
+    argv = [*enter, "/bin/sh", "-c", PROBE_SH, "laminar-probe", exe or "", cwd or "", path_env,
+            "/bin/sh", "-c", 'cd -- "$0"']
     what = " and ".join([*([f"PATH {path_env!r}"] if exe else []), *([f"cwd {cwd!r}"] if cwd else [])])
     try:
         proc = await asyncio.create_subprocess_exec(*argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
@@ -239,11 +239,9 @@ async def check_paths(cwd: str | None, exe: str | None, path_env: str, uid: int,
             _REAPERS.add(reaper)
             reaper.add_done_callback(_REAPERS.discard)
     if code == 4:
-        raise JobError(f"command {exe!r}: not found in PATH")
-    if code == 3:
-        raise JobError(f"cwd {cwd!r}: no such directory")
+        raise JobError(f"command {exe!r}: not found in PATH (as uid {uid}, who runs the job)")
     if code != 0:
-        raise JobError(f"cwd {cwd!r}: uid {uid} may not enter it (the job runs as its owner; a "
+        raise JobError(f"cwd {cwd!r}: no such directory that uid {uid} may enter (the job runs as its owner; a "
                        "directory is entered only with search permission on it and on every directory above it)")
 
 
