@@ -120,3 +120,28 @@ def test_a_checkpoint_on_another_filesystem_is_copied_for_its_owner(tmp_path: Pa
         asyncio.new_event_loop().run_until_complete(main())
     finally:
         shutil.rmtree(other, ignore_errors=True)
+
+
+def test_a_replica_is_only_for_a_job_of_its_owner(tmp_path: Path) -> None:
+    """A placement from another user that names this replica as its resume_from is refused: it
+    made the agent copy the replica's checkpoint for its owner (disk the other user does not
+    pay for) and start a job that could not read it."""
+    import pytest
+
+    async def main() -> None:
+        agent, comp = await started(tmp_path)
+        try:
+            d = comp.root / "checkpoints" / K  # type: ignore[operator]
+            src = Source(tmp_path, comp, 2, K)
+            await src.send(5)
+            await guard(src, "ckpt-5", UID)
+            with pytest.raises(ValueError, match=f"replica of a job of uid {UID}: a job of uid 1234"):
+                await asyncio.to_thread(comp.check_resume, str(d / "ckpt-5"), 1234)
+            assert not (tmp_path / "resume" / K).exists()  # nothing copied for the refused placement
+            got = await asyncio.to_thread(comp.check_resume, str(d / "ckpt-5"), UID)
+            assert got == str(tmp_path / "resume" / K / "ckpt-5")
+        finally:
+            await comp.stop()
+            agent.store.db.close()
+
+    asyncio.run(main())

@@ -3509,11 +3509,18 @@ class ReclaimComponent:
             if fresh:  # a repeated notice of the same reclaim is one departure
                 self.observe_departure(now, announced=True)
 
-    def check_resume(self, path: str) -> str:
-        """What the zone's hand-over calls before a job starts with ``resume_from``: a path
-        under this node's transfer root must be a committed, still-valid checkpoint
-        (verified_checkpoint); any other path must pass jobkit's own check. Raises ValueError."""
+    def check_resume(self, path: str, owner_uid: int = 0) -> str:
+        """What the zone's hand-over calls before a job of ``owner_uid`` starts with
+        ``resume_from``: a path under this node's transfer root must be a committed, still-valid
+        checkpoint (verified_checkpoint), and a replica whose guard named its job's owner is only
+        for a job of that owner (or root's); any other path must pass jobkit's own check. Raises
+        ValueError."""
         p = Path(path)
+        if self.root is not None and p.parent.parent == self.root / "checkpoints":
+            recorded = self._owners.get(p.parent.name)
+            if recorded is not None and owner_uid not in (0, recorded[0]):
+                raise ValueError(f"checkpoint {path} is a replica of a job of uid {recorded[0]}: a job of uid "
+                                 f"{owner_uid} cannot resume from it")
         try:
             if self.root is not None and self.root in p.parents:
                 verified_checkpoint(p)

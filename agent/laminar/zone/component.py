@@ -1701,7 +1701,8 @@ class ZoneComponent:
         if spec.resume_from and migrate is not None and hasattr(migrate, "check_resume"):
             try:  # a migrated job: its checkpoint is verified here, right before LAMINAR_RESUME_FROM
                 # (every file hashed, ~1 s per GiB: in a worker thread, never on the event loop)
-                spec.resume_from = await asyncio.to_thread(migrate.check_resume, spec.resume_from)
+                spec.resume_from = await asyncio.to_thread(migrate.check_resume, spec.resume_from,
+                                                           int(req.get("owner_uid", 0)))
             except ValueError as e:
                 self.arbiter.unbind(pid)
                 return wire.HandoverAck(pid, HANDOVER_ERROR, f"job could not start on node {self.node_id}: {e}")
