@@ -176,8 +176,9 @@ shipped checkpoint the buddy receives the job's spec (an authenticated control m
 ``guard``), so it holds everything needed to resume the job. A buddy resumes the job from its
 newest *verified* replica (:func:`laminar.migrate.transfer.latest_verified`; a checkpoint
 whose transfer did not finish was never committed, so it is never used) once the source is
-dead: it announced a reclaim and then fell silent in the zone for ``dead_after_s`` (or its
-window ended), or, with ``orphan_after_s`` set, it fell silent without a notice. Exactly one
+dead: it announced a reclaim and then fell silent in the zone for ``dead_after_s`` and does not
+answer when asked (``needs``: one that answers its job lives there is still evacuating it), or
+its window ended, or, with ``orphan_after_s`` set, it fell silent without a notice. Exactly one
 node guards a job at a time: a move hands the guard to the destination (``guard`` there, then
 ``release`` to the old buddy), and a node never resumes a job it already runs (the job's
 environment carries ``LM_MIGRATED_FROM``). A failed prestage keeps the job's buddy (it still
@@ -799,6 +800,7 @@ class ReclaimComponent:
         self._gc_unverified: set[tuple[str, str]] = set()  # (key, ckpt) that failed verification: not re-hashed
         self._replica_gc_next = 0.0  # when the held replicas are looked at next (monotonic)
         self._guard_asked: dict[str, float] = {}  # key -> when its source was last asked (monotonic)
+        self._alive_asked: dict[str, float] = {}  # key -> when a source silent in its window last said its job lives
         self._guard_checking: set[str] = set()  # keys whose source is being asked now
         # job id -> {node: until (wall)}: peers not chosen as the job's buddy before then (their
         # operator dropped its guard, op ``dropped``; a prestage to them failed)
@@ -2499,9 +2501,51 @@ class ReclaimComponent:
                     why_d = f"node {row['src_node']} stopped the job and left its checkpoint here"
                 if why_d is None:
                     continue
+                if not req.get("take_over") and self._window_open(int(row["src_node"]), now, req.get("window_end")):
+                    # Silent in the zone while its window is open: a source still evacuating (loaded,
+                    # its summaries lost) would run the job twice with this take-over: ask it first.
+                    if time.monotonic() - self._alive_asked.get(key, -math.inf) < float(self.s["dead_after_s"]):
+                        continue
+                    self._taking.add(key)
+                    self._spawn(self._take_over_unless_alive(row, why_d))
+                    continue
                 why = why_d
             self._taking.add(key)
             self._spawn(self._take_over(row, why))
+
+    def _window_open(self, src: int, now: float, window_end: float | None) -> bool:
+        """Whether ``src``'s reclaim window (its guard message's or its notice's) has not ended."""
+        notice = self.notices.get(src)
+        ends = [e for e in (window_end, notice[0] if notice is not None else None) if e is not None]
+        return bool(ends) and now < min(float(e) for e in ends)
+
+    async def _take_over_unless_alive(self, row: Any, why: str) -> None:
+        """A source silent in the zone during its reclaim window is asked (control op ``needs``)
+        before its job is taken over: one that answers that the job lives there keeps it (it is
+        evacuating it: a take-over here would run it twice; asked again after ``dead_after_s``);
+        no answer (gone, its agent dead) or any other answer goes on with the take-over. Never
+        raises."""
+        key, src = str(row["key"]), int(row["src_node"])
+        try:
+            try:
+                ans = await self._control(src, "needs", {"key": key}, timeout=float(self.s["dead_after_s"]) + 2.0)
+            except (MigrateError, TransferError, OSError, TimeoutError) as e:
+                log.info("migrate: node %d is silent during its reclaim window and did not answer about %s: %s",
+                         src, key, e)
+                ans = None
+            if isinstance(ans, dict) and ans.get("key") == key and ans.get("state") in SOURCE_LIVE_STATES:
+                first = key not in self._alive_asked
+                self._alive_asked[key] = time.monotonic()
+                if first:
+                    self._emit(f"{key}: node {src} is silent in the zone during its reclaim window but answers: its "
+                               "job lives there (being moved); not taken over here", key=key, src_node=src,
+                               phase="source-alive", src_state=ans.get("state"))
+                return
+            await self._take_over_once(row, key, why)
+        except Exception:
+            log.exception("migrate: take-over of %s", key)
+        finally:
+            self._taking.discard(key)
 
     def _source_back(self, row: Any, now: float) -> bool:
         """Whether the source of a ``waiting`` guard that was declared dead is heard from again: a
