@@ -1994,6 +1994,24 @@ class ReclaimComponent:
         _remove_tree(t)
         return True
 
+    def _archived_newer(self, key: str, path: Path) -> Path | None:
+        """The checkpoint this node's claim on ``key`` names in the archive when its step is above
+        ``path``'s and it verifies, else None. A guard's replica may be older than what reached the
+        archive since (the job's final checkpoint, sent to a holder that archived it and died): a
+        take-over from the replica would lose the work in between. Blocking (hashes)."""
+        root = self._archive_root()
+        if root is None:
+            return None
+        try:
+            rec = json.loads((root / key / f"claimed-{self.node_id}.json").read_text())
+            cand = root / key / str(rec["ckpt"])
+            if int(cand.name.removeprefix("ckpt-")) <= int(path.name.removeprefix("ckpt-")):
+                return None
+            jobkit.verify_checkpoint(cand)
+        except (OSError, ValueError, KeyError, TypeError, jobkit.CheckpointError):
+            return None
+        return cand
+
     async def _from_archive(self, key: str, live: bool = False, dead_runner: int | None = None) -> None:
         root = self._archive_root()
         assert root is not None
@@ -2670,6 +2688,11 @@ class ReclaimComponent:
                     self._wait_for_room(key, why, "another node is trying the archived copy", path)
                     return
                 claimed = True
+                newer = await asyncio.to_thread(self._archived_newer, key, path)
+                if newer is not None:  # the archive has the job's later state (a holder's final checkpoint)
+                    self._emit(f"{key}: the archive holds {newer.name}, newer than this guard's {path.name}: resumed "
+                               "from it", key=key, phase="take-over", ckpt=newer.name)
+                    path = newer
             try:
                 if self.reclaim is not None and not self.reclaim["task"].done():
                     local_err: str | None = "this node is being reclaimed"
