@@ -42,7 +42,7 @@ def _retry(argv: list[str]) -> None:
         if r.returncode == 0:
             return
         last = r.stderr
-        if "lock" not in last and "busy" not in last:
+        if "lock" not in last and "busy" not in last and "currently used" not in last:
             break
         time.sleep(0.1)
     raise RuntimeError(f"{' '.join(argv)}: {last}")
@@ -64,7 +64,10 @@ def local_user(tag: str, extra_group: bool = False) -> Iterator[User]:
         yield User(name, pw.pw_uid, pw.pw_gid, groups)
     finally:
         with contextlib.suppress(KeyError, RuntimeError):
-            pwd.getpwnam(name)
+            uid = pwd.getpwnam(name).pw_uid
+            # what still runs as the user (a job a test's agent started, not stopped yet) would
+            # make userdel refuse ("currently used by process"): the user was left behind
+            subprocess.run(["pkill", "-KILL", "-U", str(uid)], capture_output=True)
             _retry(["userdel", name])
         with contextlib.suppress(KeyError, RuntimeError):
             grp.getgrnam(name)
