@@ -2382,14 +2382,9 @@ class ReclaimComponent:
         restart), this node forgets it: the job's newest checkpoint is prestaged again at the next
         round, to the usual buddy choice without ``node`` (REPLICA_DROP_AVOID_S; ``node`` only when
         no other peer can take it). Returns ``{"key", "forgot", "prestages", "why"}``."""
-        try:
-            asker = int(node)
-        except ValueError:
-            raise ValueError(f"dropped: the node {node!r} is not a node id") from None
-        prefix = f"n{self.node_id}-"
-        if not key.startswith(prefix):
+        asker, jid = self._asked_about(node, key, "dropped")
+        if jid is None:
             return {"key": key, "forgot": False, "prestages": False, "why": f"{key} is not a job of node {self.node_id}"}
-        jid = key[len(prefix):]
         jobs = getattr(self.agent, "jobs", None)
         job = jobs.get(jid) if jobs is not None else None
         if job is None:
@@ -3210,18 +3205,23 @@ class ReclaimComponent:
             self._emit(f"{key}: node {src} answers again about this guard (after {int(prev['unanswered'])} "
                        "unanswered questions)", key=key, src_node=src, phase="guard-confirmed")
 
+    def _asked_about(self, node: str, key: str, op: str) -> tuple[int, str | None]:
+        """(the asking node's id, the id of this node's job ``key`` names, or None when ``key`` is
+        not a job of this node) for control op ``op``. Raises ValueError for a node that is not an id."""
+        try:
+            asker = int(node)
+        except ValueError:
+            raise ValueError(f"{op}: the asking node {node!r} is not a node id") from None
+        prefix = f"n{self.node_id}-"
+        return asker, key[len(prefix):] if key.startswith(prefix) else None
+
     def _answer_needs(self, node: str, key: str) -> dict[str, Any]:
         """This node's answer to ``node`` holding a guard of ``key`` (control op ``needs``):
         ``{"key", "needed", "why", "state"}`` by :func:`guard_needed` (``state``: the job's, None: no record). A key of another node, or a job
         this node has no record of, is needed (this node cannot tell)."""
-        try:
-            asker = int(node)
-        except ValueError:
-            raise ValueError(f"needs: the asking node {node!r} is not a node id") from None
-        prefix = f"n{self.node_id}-"
-        if not key.startswith(prefix):
+        asker, jid = self._asked_about(node, key, "needs")
+        if jid is None:
             return {"key": key, "needed": True, "why": f"{key} is not a job of node {self.node_id}"}
-        jid = key[len(prefix):]
         jobs = getattr(self.agent, "jobs", None)
         job = jobs.get(jid) if jobs is not None else None
         state = None if job is None else str(job.state)
