@@ -58,7 +58,7 @@ lint: venv
 
 # The whole suite. Kernel and cluster tests need root; in CI (CI=true) a skipped one fails the run.
 test: setup lint
-	$(BIN)/pytest -ra $(PYTEST_ARGS) tests
+	$(BIN)/pytest -ra --durations=30 $(PYTEST_ARGS) tests
 
 unit: setup
 	$(BIN)/pytest -ra $(PYTEST_ARGS) tests/unit

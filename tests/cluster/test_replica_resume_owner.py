@@ -55,18 +55,18 @@ def read_as(uid: int, path: Path) -> str:
     return got
 
 
-JOB = f"""
-import json, sys, time
-sys.path.insert(0, {str(REPO / "agent")!r})
+JOB = """
+import json, os, sys, time
+sys.path.insert(0, os.environ["LM_T_LIB"])
 from laminar.jobkit import Checkpointer
 ck = Checkpointer()
 try:
     ck.resume()
 except Exception as e:
-    print(json.dumps({{"event": "resume-failed", "error": str(e)}}), flush=True)
+    print(json.dumps({"event": "resume-failed", "error": str(e)}), flush=True)
     sys.exit(3)
 step = ck.resumed_step or 0
-print(json.dumps({{"event": "start", "resumed": ck.resumed_step}}), flush=True)
+print(json.dumps({"event": "start", "resumed": ck.resumed_step}), flush=True)
 if step == 0:
     step = 7
     ck.save(b"weights-%d" % step, step=step)
@@ -74,7 +74,7 @@ while True:
     if ck.requested():
         step += 1
         ck.save(b"weights-%d" % step, step=step)
-        print(json.dumps({{"event": "checkpoint", "step": step}}), flush=True)
+        print(json.dumps({"event": "checkpoint", "step": step}), flush=True)
     time.sleep(0.05)
 """
 
@@ -85,15 +85,26 @@ def test_a_moved_job_of_another_user_resumes_from_its_checkpoint() -> None:
     base = Path(tempfile.mkdtemp(prefix="lm-t-resume-", dir="/tmp"))
     try:
         os.chmod(base, 0o711)
+        # jobkit where the job's user can read it: the checkout may be under a directory closed to
+        # other users (a fresh clone under a 0700 temporary directory)
+        lib = base / "lib" / "laminar"
+        lib.mkdir(parents=True)
+        (lib / "__init__.py").write_text("")
+        shutil.copy(REPO / "agent" / "laminar" / "jobkit.py", lib / "jobkit.py")
+        for d in (base / "lib", lib):
+            os.chmod(d, 0o755)
+        for f in lib.iterdir():
+            os.chmod(f, 0o644)
         with Cluster.create(base, zones=1, per_zone=2, gpus=0, zone_extra=migrate_config()) as c:
-            moved_and_resumed(c)
+            moved_and_resumed(c, base / "lib")
     finally:
         shutil.rmtree(base, ignore_errors=True)
 
 
-def moved_and_resumed(c: Cluster) -> None:
+def moved_and_resumed(c: Cluster, lib: Path) -> None:
     a, b = c.nodes
-    r = a.agent.ctl("-o", "json", "submit", "--name", "theirs", "--", "/usr/bin/python3", "-c", JOB, user=NOBODY)
+    r = a.agent.ctl("-o", "json", "submit", "--name", "theirs", "--env", f"LM_T_LIB={lib}", "--", "/usr/bin/python3",
+                    "-c", JOB, user=NOBODY)
     jid = json.loads(r.stdout)["id"]
     assert job_state(a, jid)["owner_uid"] == NOBODY
     wait_until(lambda: any(e["event"] == "start" for e in job_log(a, jid)), 30, "the job to start on A")

@@ -1189,11 +1189,13 @@ class JobManager:
             env.update(gpumod.cuda_env(self.inventory, job.gpus))
         files = [str(f) for f in job.cgroup.procs_files()]
         drop = drop_privileges_argv(job.owner_uid, job.owner_gid) if job.owner_uid else []
-        # The working directory is entered by the trampoline, as the owner, not as root: root may
-        # pass through directories the owner may not (a 0700 home), which would open what lies below.
+        # Another user's job enters its working directory in the trampoline, as the owner, not as
+        # root: root may pass through directories the owner may not (a 0700 home), which would open
+        # what lies below. Root's own job enters it at the spawn (a directory gone: the start fails).
+        cwd = spec.cwd if not job.owner_uid else None
         argv = ["/bin/sh", "-c", ENTER_SH, "laminar-job", str(len(files)), *files,
                 str(oom_score_adj_for(spec)), *drop, TRAMPOLINE_PYTHON, "-I", "-S", "-c", JOB_TRAMPOLINE,
-                "", spec.cwd or "", *spec.command]
+                "", (spec.cwd or "") if job.owner_uid else "", *spec.command]
         env_fd = os.memfd_create("laminar-job-env", 0)  # inherited by the trampoline (pass_fds)
         try:
             os.write(env_fd, json.dumps(env).encode())
@@ -1205,7 +1207,7 @@ class JobManager:
                 if job.owner_uid:
                     os.chown(job.log_path, job.owner_uid, job.owner_gid)
                 return subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=logf, stderr=subprocess.STDOUT,
-                                        cwd="/", env=ROOT_ENV, start_new_session=True, close_fds=True,
+                                        cwd=cwd or "/", env=ROOT_ENV, start_new_session=True, close_fds=True,
                                         pass_fds=(env_fd,))
         finally:
             os.close(env_fd)
