@@ -57,7 +57,7 @@ def read_as(uid: int, path: Path) -> str:
 
 JOB = """
 import json, os, sys, time
-sys.path.insert(0, os.environ["LM_T_LIB"])
+sys.path.insert(0, os.environ.get("LM_T_LIB", REPO_AGENT))
 from laminar.jobkit import Checkpointer
 ck = Checkpointer()
 try:
@@ -76,7 +76,7 @@ while True:
         ck.save(b"weights-%d" % step, step=step)
         print(json.dumps({"event": "checkpoint", "step": step}), flush=True)
     time.sleep(0.05)
-"""
+""".replace("REPO_AGENT", repr(str(REPO / "agent")))
 
 
 def test_a_moved_job_of_another_user_resumes_from_its_checkpoint() -> None:
