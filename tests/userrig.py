@@ -5,7 +5,8 @@ with ``extra_group``, a second group ``lm-s7g-<hex>`` it is a member of) and del
 afterwards, also when the test fails. ``call_as(user, sock, method, path, body)`` makes one
 request to a laminard's control socket from a forked child that has dropped to that user (its
 uid, primary gid and supplementary groups), so the agent sees the user's real credentials
-through SO_PEERCRED.
+through SO_PEERCRED. ``read_as(user, path)`` says whether that user (or a bare uid: its gid the
+same, no supplementary groups) could open a file, also from a forked child that dropped to it.
 """
 
 from __future__ import annotations
@@ -110,3 +111,33 @@ def call_as(user: User | None, sock: Path, method: str, path: str, body: Any = N
         raise RuntimeError(f"request {method} {path} as {user.name} failed in the child (exit {st})")
     raw = out[2:]
     return int.from_bytes(out[:2], "big"), json.loads(raw), raw
+
+
+def read_as(user: User | int, path: Path) -> str:
+    """'read' when ``user`` could open and read ``path``, else the error's text (``os.strerror``:
+    "Permission denied", ...), from a forked child that dropped to it. ``user`` an int: that uid
+    with the gid of the same number and no supplementary groups."""
+    uid, gid, groups = (user, user, []) if isinstance(user, int) else (user.uid, user.gid, list(user.groups))
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child never returns into pytest
+        out = b"?"
+        try:
+            os.close(r)
+            os.setgroups(groups)
+            os.setgid(gid)
+            os.setuid(uid)
+            try:
+                with open(path, "rb") as fh:
+                    fh.read(1)
+                out = b"read"
+            except OSError as e:
+                out = (os.strerror(e.errno) if e.errno else str(e)).encode()
+        finally:
+            os.write(w, out)
+            os._exit(0)
+    os.close(w)
+    with os.fdopen(r, "rb") as fh:
+        got = fh.read().decode()
+    os.waitpid(pid, 0)
+    return got

@@ -22,39 +22,12 @@ import pytest
 from agentproc import NOBODY, REPO
 from harness import Cluster, wait_until
 from test_migration import job_log, job_state, migrate_config
+from userrig import read_as
 
 pytestmark = pytest.mark.cluster
 
 # The job: resumes if it is told to (and says from which step), writes a checkpoint at start and
 # whenever one is asked for (SIGUSR1, jobkit), and runs on.
-def read_as(uid: int, path: Path) -> str:
-    """'read' when ``uid`` (gid the same, no groups) could read ``path``, else the error, from a
-    forked child that dropped to it."""
-    r, w = os.pipe()
-    pid = os.fork()
-    if pid == 0:
-        out = b"?"
-        try:
-            os.close(r)
-            os.setgroups([])
-            os.setgid(uid)
-            os.setuid(uid)
-            try:
-                with open(path, "rb") as fh:
-                    fh.read(1)
-                out = b"read"
-            except OSError as e:
-                out = os.strerror(e.errno or 0).encode()
-        finally:
-            os.write(w, out)
-            os._exit(0)
-    os.close(w)
-    with os.fdopen(r, "rb") as fh:
-        got = fh.read().decode()
-    os.waitpid(pid, 0)
-    return got
-
-
 JOB = """
 import json, os, sys, time
 sys.path.insert(0, os.environ.get("LM_T_LIB", REPO_AGENT))

@@ -16,36 +16,9 @@ from pathlib import Path
 
 import pytest
 from agentproc import AgentProc
-from userrig import User, local_user
+from userrig import local_user, read_as
 
 pytestmark = pytest.mark.kernel
-
-
-def _read_as(user: User, path: Path) -> str:
-    """'read' when `user` could open `path`, else the errno name, from a child that dropped to it."""
-    r, w = os.pipe()
-    pid = os.fork()
-    if pid == 0:
-        out = b"?"
-        try:
-            os.close(r)
-            os.setgroups(list(user.groups))
-            os.setgid(user.gid)
-            os.setuid(user.uid)
-            try:
-                with open(path, "rb") as fh:
-                    fh.read(1)
-                out = b"read"
-            except OSError as e:
-                out = (os.strerror(e.errno) if e.errno else str(e)).encode()
-        finally:
-            os.write(w, out)
-            os._exit(0)
-    os.close(w)
-    with os.fdopen(r, "rb") as f:
-        got = f.read().decode()
-    os.waitpid(pid, 0)
-    return got
 
 
 def test_replicas_are_not_readable_by_other_users(veth_pair) -> None:
@@ -62,12 +35,12 @@ def test_replicas_are_not_readable_by_other_users(veth_pair) -> None:
     replica.write_bytes(b"secret weights")
     os.chmod(replica, 0o644)
     with local_user("xfer") as other:
-        assert _read_as(other, replica) == "read"  # the setup really is open
+        assert read_as(other, replica) == "read"  # the setup really is open
         try:
             a.start()
             mode = stat.S_IMODE(os.stat(a.state_dir / "xfer").st_mode)
             assert mode & 0o077 == 0, f"xfer/ is {mode:o}"
-            assert _read_as(other, replica) == os.strerror(13)  # EACCES
+            assert read_as(other, replica) == os.strerror(13)  # EACCES
             assert replica.read_bytes() == b"secret weights"  # nothing of the node's own data lost
         finally:
             a.cleanup()
@@ -99,8 +72,8 @@ def test_archived_records_and_checkpoints_are_root_s_alone(tmp_path: Path) -> No
                 d = c.archive_live(key, job.save(b"weights", step=5), {**record, "key": key})
                 assert d is not None
                 os.chmod(d / "state.bin", 0o644)  # even a copy whose files are open
-                assert _read_as(other, d.parent / LIVE_RECORD) == os.strerror(13), key
-                assert _read_as(other, d / "state.bin") == os.strerror(13), key
+                assert read_as(other, d.parent / LIVE_RECORD) == os.strerror(13), key
+                assert read_as(other, d / "state.bin") == os.strerror(13), key
                 assert "lm-s7-token" in (d.parent / LIVE_RECORD).read_text()  # root (every agent) still can
     finally:
         shutil.rmtree(arch, ignore_errors=True)
