@@ -35,7 +35,9 @@ code is then unknown: it is no longer the agent's child) or by ``cgroup.events``
 
 Who may do what (decided from SO_PEERCRED by the control API): any local user may submit a
 job (it runs with the caller's uid and gid) and stop their own jobs; stopping someone else's
-job needs root or the control group. Every local user may list and show every job, but the
+job needs root or the control group. A user other than root may have at most config
+``jobs.max_per_user`` jobs that have not ended (queued, running, suspended or being stopped);
+one more submission is refused (`QuotaError`, 429) and creates nothing. Every local user may list and show every job, but the
 values of a job's environment (``spec.env``, where tokens live) are shown only to the job's
 owner and root: anyone else sees the names with each value replaced by `REDACTED` (and
 ``"env_redacted": true``). The command line is shown to all, as ``ps`` shows it. A job's files
@@ -65,6 +67,7 @@ from typing import Any
 
 from ..airlock import admission
 from ..airlock.cgroups import LIFECYCLE_CLASSES, CgroupError, CgroupTree, Hierarchy, JobCgroup, detect
+from ..config import Field, register_section
 from . import gpus as gpumod
 
 log = logging.getLogger("laminar.jobs")
@@ -93,6 +96,16 @@ LIST_ENDED_DEFAULT = 200
 LIST_ENDED_MAX = 100_000
 # What a job's env values read as to a caller who is neither the job's owner nor root.
 REDACTED = "<redacted>"
+
+# Config [jobs]: how many jobs one user may have that have not ended (queued, running,
+# suspended or being stopped) on this node (docs/operations.md, "How many jobs a user may have").
+MAX_PER_USER = 256
+CONFIG_FIELDS = {
+    "max_per_user": Field(int, MAX_PER_USER, "how many jobs not yet ended (queued, running, suspended, "
+                          "stopping) one local user may have on this node; root is not limited (0: no limit)",
+                          lambda v: None if 0 <= v <= 1_000_000 else "out of range 0..1000000"),
+}
+register_section("jobs", CONFIG_FIELDS)
 
 ACTIVE_STATES = ("running", "suspended")
 # A queued job has no cgroup and no process yet: it waits for room under its class's cap
@@ -357,6 +370,11 @@ class JobError(ValueError):
 class GrantError(Exception):
     """A submission beyond the caller's grant (config ``[grants]``); the message names the class
     and priority asked and what the caller may use."""
+
+
+class QuotaError(JobError):
+    """The submitting user has as many jobs not yet ended as config ``jobs.max_per_user``
+    allows (429 in the API); nothing was created."""
 
 
 class AdmissionError(JobError):
@@ -674,8 +692,11 @@ class JobManager:
     def __init__(self, *, store: Any = None, state_dir: Path | str | None = None, cgroup_root: str | None = None,
                  hierarchy: Hierarchy | None = None, events: Any = None, netguard: Any = None,
                  gpus_declared: list[int] | None = None, stop_grace_s: float = STOP_GRACE_S,
-                 grants: Grants | None = None, leak_sweep_s: float = LEAK_SWEEP_S, metrics: Any = None) -> None:
+                 grants: Grants | None = None, leak_sweep_s: float = LEAK_SWEEP_S, metrics: Any = None,
+                 max_per_user: int | None = None) -> None:
         self.agent: Any = None
+        # config [jobs] (None: the agent's config, else the defaults): see CONFIG_FIELDS
+        self.max_per_user = max_per_user
         # who may submit which class and priority through the API (config [grants])
         self.grants = grants
         self.leak_sweep_s = leak_sweep_s
@@ -731,6 +752,13 @@ class JobManager:
                 except (AttributeError, KeyError):
                     section = None
                 self.grants = Grants.from_config(section)
+            try:
+                jobs_cfg = cfg.section("jobs")
+            except (AttributeError, KeyError):
+                jobs_cfg = {}
+            if self.max_per_user is None:
+                self.max_per_user = jobs_cfg.get("max_per_user")
+        self.max_per_user = MAX_PER_USER if self.max_per_user is None else self.max_per_user
         if self.store is None or self.state_dir is None:
             raise RuntimeError("JobManager needs a store and a state dir (an agent, or store=/state_dir=)")
         self.cgroup_root = self.cgroup_root or "laminar"
@@ -1039,7 +1067,26 @@ class JobManager:
         if why is not None:
             raise GrantError(why)
 
-    async def submit(self, spec: JobSpec, owner_uid: int = 0, owner_gid: int = 0) -> Job:
+    def live_count(self, uid: int) -> int:
+        """The jobs of `uid` that have not ended here: queued, running, suspended, or being
+        stopped (a stop still in its grace)."""
+        return sum(1 for j in self.jobs.values() if j.owner_uid == uid)
+
+    def check_quota(self, uid: int) -> None:
+        """Raise QuotaError (429 in the API) when `uid` (not root) already has config
+        ``jobs.max_per_user`` jobs that have not ended on this node (`live_count`). For every
+        path by which a local user asks for a job here (``POST /v1/jobs``); not for a job
+        arriving from another agent (a hand-over or a move adds no job to the user's total)."""
+        limit = MAX_PER_USER if self.max_per_user is None else self.max_per_user
+        if uid == 0 or limit <= 0:
+            return
+        have = self.live_count(uid)
+        if have >= limit:
+            raise QuotaError(f"too many jobs: uid {uid} has {have} jobs that have not ended on this node (queued, "
+                             f"running, suspended or stopping); the limit is {limit} per user (config "
+                             "jobs.max_per_user); stop some (`laminarctl stop JOB`) or wait for them to end")
+
+    async def submit(self, spec: JobSpec, owner_uid: int = 0, owner_gid: int = 0, *, quota: bool = False) -> Job:
         """Submit `spec` as a job owned by (owner_uid, owner_gid) and start it if its class has
         room (`airlock.admission`); else it is returned in state ``queued`` (no pid, no cgroup
         yet, cgroup_id 0; its reason says what it waits for) and starts by itself once room
@@ -1047,8 +1094,13 @@ class JobManager:
         never start), JobError for a bad request (cwd missing, GPUs unavailable, command not
         found) and CgroupError when the cgroups of a job starting now cannot be made; nothing
         is left behind on failure. A job given no memory limit gets its class's default
-        (policy ``job_default_mb``) where one is set."""
+        (policy ``job_default_mb``) where one is set. With `quota` (a local user's submission)
+        it raises QuotaError when the owner has ``jobs.max_per_user`` jobs not yet ended
+        (`check_quota`), checked again with no await before the job is stored, so concurrent
+        submissions cannot pass it together."""
         assert self.tree is not None and self.state_dir is not None and self.inventory is not None
+        if quota:
+            self.check_quota(owner_uid)
         spec.validate()
         exe = spec.command[0]
         await check_paths(spec.cwd, None if "/" in exe else exe,
@@ -1078,6 +1130,8 @@ class JobManager:
             queued = [q.id for q in self.queued() if q.spec.gpus]
             raise JobError(str(e) + (f" (counting the GPUs of queued job(s) {', '.join(queued)})" if queued else "")) from None
 
+        if quota:  # again: other submissions of the owner may have been stored while check_paths ran
+            self.check_quota(owner_uid)
         with self.store.tx() as db:
             num = int(db.execute("SELECT COALESCE(MAX(num), 0) + 1 FROM jobs").fetchone()[0])
             job_id = f"job-{num}"
@@ -1520,9 +1574,11 @@ class JobManager:
             try:
                 spec = JobSpec.from_dict(req.body)
                 self.check_grant(spec, req.peer.uid, req.peer.gid, req.peer.pid, req.peer.groups)
-                job = await self.submit(spec, owner_uid=req.peer.uid, owner_gid=req.peer.gid)
+                job = await self.submit(spec, owner_uid=req.peer.uid, owner_gid=req.peer.gid, quota=True)
             except GrantError as e:
                 raise ApiError(403, str(e)) from None
+            except QuotaError as e:
+                raise ApiError(429, str(e)) from None
             except JobError as e:
                 raise ApiError(400, str(e)) from None
             except CgroupError as e:
