@@ -26,7 +26,7 @@ from test_migration import (  # noqa: F401  (fixture)
     submit,
     verified_steps,
 )
-from test_replica_drop_source import JOB, replica
+from test_replica_buddy_change import JOB, replica
 
 pytestmark = pytest.mark.cluster
 

@@ -17,7 +17,7 @@ import pytest
 from agentproc import VENV_BIN
 from harness import wait_until
 from test_migration import make_cluster, migrate_config, submit, verified_steps  # noqa: F401  (fixture)
-from test_replica_drop_source import JOB, replica
+from test_replica_buddy_change import JOB, replica
 
 pytestmark = pytest.mark.cluster
 

@@ -20,20 +20,47 @@ node become their count, ``LM_REQUEUED_FROM=n<node>-<job>`` added):
 
 Without a zone (a single node) the queued jobs stay queued here, held. Counted in the
 migration status as ``queued_placed``.
+
+**An agent restart during the window.** The reclaim is stored (``migrate_reclaim``, with the
+window's end in wall-clock time): the restarted job manager holds its queue from its start
+(:func:`held_at_start`, before Airlock's word would start a queued job), and the reclaim
+component places the queued jobs again. A job whose placement was asked for before the restart
+and not settled (the zone may have placed it: a ``placing`` row in ``migrate_reclaim_jobs``) is
+not placed a second time: it stays queued here, held, as an ``unconfirmed`` one does.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import sqlite3
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from typing import Any
 
 log = logging.getLogger("laminar.migrate")
 
 RETRY_S = 1.0  # a queued job that found no place is tried again this often during the window
 SPEC_ENV_DROPPED = ("LM_PLACEMENT_ID", "LM_GPU_SHARE")  # the destination sets its own
+
+
+def hold_reason(node: int) -> str:
+    """The queue-hold reason of a reclaim of ``node`` (what each held queued job shows)."""
+    return f"node {node} is reclaimed: no queued job starts here; each is placed again elsewhere"
+
+
+def held_at_start(store: Any, now: float | None = None) -> str | None:
+    """The queue-hold reason a starting job manager takes on before it admits anything: that of
+    this node's stored reclaim (table ``migrate_reclaim`` of :mod:`laminar.migrate.reclaim`)
+    whose window (wall clock) is still open at ``now``; None when there is none, its window
+    ended, or the table does not exist yet (a first start)."""
+    try:
+        row = store.db.execute("SELECT node, deadline FROM migrate_reclaim").fetchone()
+    except sqlite3.OperationalError:  # no such table: this agent never stored a reclaim
+        return None
+    if row is None or (time.time() if now is None else now) >= float(row[1]):
+        return None
+    return hold_reason(int(row[0]))
 
 
 def requeue_spec(spec: dict[str, Any], key: str) -> dict[str, Any]:
@@ -49,16 +76,17 @@ def requeue_spec(spec: dict[str, Any], key: str) -> dict[str, Any]:
     return out
 
 
-async def place_queued_elsewhere(mig: Any, deadline: Callable[[], float]) -> None:
+async def place_queued_elsewhere(mig: Any, deadline: Callable[[], float], skip: Collection[str] = ()) -> None:
     """Until ``deadline()`` (monotonic; read each round: a shorter window replaces it): place each job queued on this node through the zone
     and take it out of this node's queue once placed (see the module's doc). ``mig`` is the
-    migration component (``agent``, ``node_id``, ``job_key``, ``_need``, ``_emit``, ``counts``).
-    Never raises."""
+    migration component (``agent``, ``node_id``, ``job_key``, ``_need``, ``_emit``, ``counts``,
+    ``_note_move``, ``_forget_move``). ``skip``: jobs never placed (their placement before a
+    restart was not settled). Never raises."""
     jobs = getattr(mig.agent, "jobs", None)
     zone = getattr(mig.agent, "zone", None)
     if jobs is None or zone is None or not hasattr(zone, "place"):
         return
-    done: set[str] = set()  # placed, or not to be tried again
+    done: set[str] = set(skip)  # placed, or not to be tried again
     while time.monotonic() < deadline():
         for job in list(jobs.queued()):
             if job.id in done or time.monotonic() >= deadline():
@@ -74,11 +102,15 @@ async def place_queued_elsewhere(mig: Any, deadline: Callable[[], float]) -> Non
 async def _place_one(mig: Any, jobs: Any, zone: Any, job: Any, done: set[str]) -> None:
     demand, _ = mig._need(job)
     spec = requeue_spec(job.spec.as_dict(), mig.job_key(job))
+    mig._note_move(job.id, "placing")  # a restart before this settles must not place it twice
     res = await zone.place(spec, demand, job.owner_uid, job.owner_gid)
     if res.outcome == "queued-out":
+        mig._forget_move(job.id)
         return  # no room anywhere now: tried again at the next round
     done.add(job.id)
     if res.outcome != "placed":
+        if res.outcome != "unconfirmed":  # unconfirmed: it may run there; never placed again
+            mig._forget_move(job.id)
         mig._emit(f"queued job {job.id} stays queued on reclaimed node {mig.node_id}, held: its placement "
                   f"elsewhere was {res.outcome} ({res.reason or 'no reason given'})", job=job.id,
                   outcome=res.outcome, reason=res.reason)
@@ -86,6 +118,7 @@ async def _place_one(mig: Any, jobs: Any, zone: Any, job: Any, done: set[str]) -
     if job.state == "queued":
         await jobs.stop(job.id, f"node {mig.node_id} reclaimed: placed again on node {res.node} as {res.job_id}",
                         state="requeued")
+    mig._forget_move(job.id)
     mig.counts["queued_placed"] = mig.counts.get("queued_placed", 0) + 1
     mig._emit(f"queued job {job.id} of reclaimed node {mig.node_id} placed again on node {res.node} as "
               f"{res.job_id}", job=job.id, outcome="placed", node=res.node, new_job=res.job_id)

@@ -29,6 +29,11 @@ The reclaimed node's agent then
    checkpoint again before the job starts there with ``LAMINAR_RESUME_FROM``;
 4. at the window's end, stops whatever is still running (state ``reclaimed``).
 
+The reclaim is stored with its window's end in wall-clock time (table ``migrate_reclaim``): an
+agent restarted inside the window restores it (queue hold, draining, kill-switch, the evacuation
+of what has not moved; nothing that must not run twice runs twice: :meth:`ReclaimComponent._begin_reclaim`),
+and one started after the window ended clears it (the owner gave the node back), with an event.
+
 **No room anywhere: storage holders.** When no peer can run a job during the window (none has
 the GPUs, memory or CPUs free, or every reservation is refused), its final checkpoint still
 leaves the node: the agent asks the live peers for their free disk (control message ``space``,
@@ -403,6 +408,25 @@ REPLICAS_SCHEMA = [
         answered REAL,
         unanswered INTEGER NOT NULL,
         last_error TEXT NOT NULL)""",
+]
+
+RECLAIM_SCHEMA = [
+    # This node's reclaim (one row): its window's end in wall-clock time, so that an agent
+    # restarted inside the window restores it, and one started after it clears it.
+    """CREATE TABLE IF NOT EXISTS migrate_reclaim (
+        node INTEGER PRIMARY KEY,
+        notice_s REAL NOT NULL,
+        reason TEXT NOT NULL,
+        announced REAL NOT NULL,
+        deadline REAL NOT NULL)""",
+    # What the reclaim did to a job that must not be done twice after a restart: ``frozen`` (its
+    # move froze it), ``handover`` (its hand-over to ``node`` was sent), ``placing`` (a queued
+    # job's placement elsewhere was asked for and not settled).
+    """CREATE TABLE IF NOT EXISTS migrate_reclaim_jobs (
+        job_id TEXT PRIMARY KEY,
+        phase TEXT NOT NULL,
+        node INTEGER,
+        updated REAL NOT NULL)""",
 ]
 
 
@@ -819,6 +843,7 @@ class ReclaimComponent:
         self.agent = agent
         self.s = {**{k: f.default for k, f in CONFIG_FIELDS.items()}, **agent.config.section("migrate")}
         agent.store.ensure_schema("migrate", REPLICAS_SCHEMA)
+        agent.store.ensure_schema("migrate-reclaim", RECLAIM_SCHEMA)
         for r in agent.store.db.execute("SELECT key, request FROM migrate_replicas").fetchall():
             self._note_owner(str(r["key"]), r["request"])
         self.buddy = {str(r["job_id"]): int(r["node"])
@@ -870,6 +895,7 @@ class ReclaimComponent:
         self._loop_task = asyncio.get_running_loop().create_task(self._watch())
         self.ckpt = ckpt_driver.CkptDriver(self)
         self._spawn(self.ckpt.run())
+        self._restore_reclaim()
 
     def _sweep_outgoing(self) -> list[Path]:
         """Removes every snapshot under ``<root>/outgoing/`` (called at start, before any send:
@@ -1126,26 +1152,68 @@ class ReclaimComponent:
 
     def start_reclaim(self, notice_s: float, reason: str) -> dict[str, Any]:
         """Plans and starts the evacuation of this node (idempotent while one runs: the earlier
-        window stays, a shorter one replaces it)."""
+        window stays, a shorter one replaces it). Stored (``migrate_reclaim``) so that an agent
+        restarted inside the window restores it (:meth:`_restore_reclaim`)."""
         now = time.time()
         end = now + notice_s
         if self.reclaim is not None and not self.reclaim["task"].done():
             if end >= self.reclaim["deadline"]:
                 return self.reclaim_status()
             self.reclaim["task"].cancel()
+        else:  # a new reclaim: what an earlier one did to jobs is history
+            with self.agent.store.tx() as db:
+                db.execute("DELETE FROM migrate_reclaim_jobs")
+        with self.agent.store.tx() as db:
+            db.execute("DELETE FROM migrate_reclaim")
+            db.execute("INSERT INTO migrate_reclaim VALUES (?, ?, ?, ?, ?)", (self.node_id, notice_s, reason, now, end))
+        self.observe_departure(now, announced=True)
+        self._begin_reclaim(notice_s, reason, now, end, restored=False)
+        return self.reclaim_status()
+
+    def _restore_reclaim(self) -> None:
+        """At start: a stored reclaim whose window is still open is restored (the queue hold,
+        draining in the zone, the kill-switch armed for the window's end, the evacuation of what
+        has not moved; :meth:`_begin_reclaim`); one whose window ended is cleared (the owner took
+        the node and gave it back: it is a node again), with a ``migrate`` event saying so."""
+        db = self.agent.store.db
+        row = db.execute("SELECT * FROM migrate_reclaim").fetchone()
+        if row is None:
+            return
+        now = time.time()
+        end = float(row["deadline"])
+        if now >= end:
+            with self.agent.store.tx() as tx:
+                tx.execute("DELETE FROM migrate_reclaim")
+                tx.execute("DELETE FROM migrate_reclaim_jobs")
+            jobs_mgr = getattr(self.agent, "jobs", None)
+            if jobs_mgr is not None and getattr(jobs_mgr, "held", None) == drain.hold_reason(int(row["node"])):
+                jobs_mgr.hold_queue(None)  # held by this reclaim (it cannot be: held_at_start saw the end)
+            self._emit(f"reclaim of node {row['node']} cleared: its window ended {now - end:.1f} s before this "
+                       "agent started (the owner gave the node back); it takes jobs again", phase="reclaim-cleared",
+                       notice_s=float(row["notice_s"]), window_end=end, reason=str(row["reason"]))
+            return
+        self._begin_reclaim(float(row["notice_s"]), str(row["reason"]), float(row["announced"]), end, restored=True)
+
+    def _begin_reclaim(self, notice_s: float, reason: str, announced: float, end: float, restored: bool) -> None:
+        """Carries out this node's reclaim whose window ends at ``end`` (wall clock): holds the
+        queue, drains the node in the zone (peers told of what is left of the window), arms the
+        kill-switch of every active job for the window's end, plans and runs the evacuation and
+        the placement of queued jobs elsewhere. ``restored``: the agent restarted inside the
+        window: what must not run twice does not (the hazard's departure is not counted again; a
+        job whose hand-over was sent is stopped here, not moved again; one its move froze is
+        thawed and moved again; a queued job whose placement was not settled stays queued)."""
+        left = max(0.0, end - time.time())
         jobs_mgr = getattr(self.agent, "jobs", None)
         active = list(jobs_mgr.active()) if jobs_mgr is not None else []
         if jobs_mgr is not None and hasattr(jobs_mgr, "hold_queue"):
             # the room the moves free must not start queued jobs on a node about to go (drain.py)
-            jobs_mgr.hold_queue(f"node {self.node_id} is reclaimed: no queued job starts here; "
-                                "each is placed again elsewhere")
+            jobs_mgr.hold_queue(drain.hold_reason(self.node_id))
         z = getattr(self.agent, "zone", None)
         told = 0
         if z is not None:
             with contextlib.suppress(Exception):
-                told = z.reclaim_notice(notice_s, reason)
-        self.observe_departure(now, announced=True)
-        deadline_ns = time.monotonic_ns() + int(notice_s * 1e9)
+                told = z.reclaim_notice(left, reason)
+        deadline_ns = time.monotonic_ns() + int(left * 1e9)
         armed = []
         ng = getattr(self.agent, "netguard", None)
         for j in active:
@@ -1155,24 +1223,79 @@ class ReclaimComponent:
                     armed.append(j.id)
                 except Exception as e:
                     log.warning("migrate: arming the kill-switch of %s failed: %s", j.id, e)
+        phases = self._move_phases() if restored else {}
+        handed = [j for j in active if phases.get(j.id, ("", None))[0] == "handover"]
+        active = [j for j in active if j not in handed]
+        for j in active:
+            if phases.get(j.id, ("", None))[0] == "frozen":  # its move froze it: it checkpoints again
+                with contextlib.suppress(Exception):
+                    j.cgroup.thaw(timeout=2.0)
+        for j in handed:
+            self._spawn(self._stop_handed(j, phases[j.id][1]))
+        placing = [jid for jid, (ph, _) in phases.items() if ph == "placing"
+                   and jobs_mgr is not None and getattr(jobs_mgr.get(jid), "state", None) == "queued"]
         link = float(self.s["path_mbit"]) * 1e6 / 8
         # A job's checkpoint is not instant: it is written at its next step boundary. The pause
         # planned for is what this job took last time (else DEFAULT_CKPT_PAUSE_S).
         plan = cs.notice_schedule([cs.CkptJob(j.id, float(self._ckpt_bytes(j)),
                                               pause_s=self.ckpt_latency.get(j.id, DEFAULT_CKPT_PAUSE_S))
-                                   for j in active], link, notice_s, float(self.s["notice_margin"]))
+                                   for j in active], link, left, float(self.s["notice_margin"]))
         steps = {st.job_id: st for st in plan}
-        self.reclaim = {"notice_s": notice_s, "reason": reason, "announced": now, "deadline": end,
-                        "deadline_mono": time.monotonic() + notice_s, "peers_told": told, "armed": armed,
-                        "plan": [st.__dict__ for st in plan]}
+        now_mono = time.monotonic()
+        self.reclaim = {"notice_s": notice_s, "reason": reason, "announced": announced, "deadline": end,
+                        "deadline_mono": now_mono + left, "planned_mono": now_mono, "peers_told": told,
+                        "armed": armed, "plan": [st.__dict__ for st in plan]}
+        if restored:
+            self.reclaim["restored"] = time.time()
+            self.reclaim["handed_over"] = [j.id for j in handed]
         self.reclaim["task"] = self._spawn(self._execute(active, steps))
         if self._drain_task is None or self._drain_task.done():  # one drain; it follows a shorter window
             self._drain_task = self._spawn(drain.place_queued_elsewhere(
-                self, lambda: float(self.reclaim["deadline_mono"]) if self.reclaim else 0.0))
+                self, lambda: float(self.reclaim["deadline_mono"]) if self.reclaim else 0.0, skip=placing))
+        for jid in placing:
+            self._emit(f"queued job {jid} stays queued on reclaimed node {self.node_id}, held: its placement "
+                       "elsewhere was asked for before the agent restarted and may have run there", job=jid,
+                       outcome="unsettled")
+        if restored:
+            self._emit(f"reclaim of node {self.node_id} restored after an agent restart: {left:.1f} s of its window "
+                       f"left; queue held, kill-switch armed for {len(armed)} jobs, {len(active)} jobs to move"
+                       + (f", {len(handed)} handed over before the restart stopped here" if handed else ""),
+                       phase="reclaim-restored", left_s=round(left, 3), jobs=[j.id for j in active],
+                       handed_over=[j.id for j in handed], peers_told=told, plan=self.reclaim["plan"])
+            return
         self._emit(f"reclaim of node {self.node_id} announced: {notice_s:g} s of notice ({reason}); "
                    f"{len(active)} jobs to move, kill-switch armed for the window's end",
                    notice_s=notice_s, jobs=[j.id for j in active], peers_told=told, plan=self.reclaim["plan"])
-        return self.reclaim_status()
+
+    async def _stop_handed(self, job: Any, node: int | None) -> None:
+        """A job whose hand-over to ``node`` was sent before the agent restarted (it may run
+        there now) is stopped here, never moved again. State ``reclaimed``: its guard (``node``)
+        keeps it and resumes it when this node's window ends unless it already runs there."""
+        with contextlib.suppress(Exception):
+            job.cgroup.thaw(timeout=2.0)  # a frozen job is not killed by a signal until it thaws
+        try:
+            await self.agent.jobs.stop(job.id, f"node {self.node_id} reclaimed: the job was handed over to node {node} "
+                                       f"before the agent restarted (node {node} runs it, or guards it and resumes it "
+                                       "when this node's window ends)", grace_s=0, state="reclaimed")
+        except Exception as e:
+            log.warning("migrate: stopping %s, handed over before the restart: %s", job.id, e)
+        self._emit(f"{job.id}: handed over to node {node} before the agent restarted; stopped here, not moved again",
+                   job=job.id, node=node, phase="handed-over")
+
+    def _move_phases(self) -> dict[str, tuple[str, int | None]]:
+        """``migrate_reclaim_jobs``: job id -> (phase, node)."""
+        return {str(r["job_id"]): (str(r["phase"]), None if r["node"] is None else int(r["node"]))
+                for r in self.agent.store.db.execute("SELECT job_id, phase, node FROM migrate_reclaim_jobs")}
+
+    def _note_move(self, job_id: str, phase: str, node: int | None = None) -> None:
+        """Records what the reclaim did to ``job_id`` that a restart must not do twice."""
+        with self.agent.store.tx() as db:
+            db.execute("INSERT OR REPLACE INTO migrate_reclaim_jobs VALUES (?, ?, ?, ?)",
+                       (job_id, phase, node, time.time()))
+
+    def _forget_move(self, job_id: str) -> None:
+        with self.agent.store.tx() as db:
+            db.execute("DELETE FROM migrate_reclaim_jobs WHERE job_id=?", (job_id,))
 
     def reclaim_status(self) -> dict[str, Any]:
         r = self.reclaim
@@ -1185,7 +1308,7 @@ class ReclaimComponent:
 
     async def _execute(self, jobs: list[Any], steps: dict[str, cs.NoticeStep]) -> None:
         assert self.reclaim is not None
-        t0 = self.reclaim["deadline_mono"] - self.reclaim["notice_s"]
+        t0 = self.reclaim["planned_mono"]
         deadline = self.reclaim["deadline_mono"]
 
         async def one(job: Any) -> None:
@@ -1274,6 +1397,8 @@ class ReclaimComponent:
                 already = bool(job.cgroup.frozen())
             with contextlib.suppress(Exception):
                 frozen = job.cgroup.freeze(timeout=2.0) and not already
+            if frozen and deadline_mono is not None:  # a reclaim's: a restart thaws it and moves it again
+                self._note_move(job.id, "frozen")
             self.frozen_at[job.id] = time.time()
             mv.ckpt = ckpt.name
             size = sum(p.stat().st_size for p in ckpt.iterdir() if p.is_file())
@@ -1310,6 +1435,8 @@ class ReclaimComponent:
                 return mv
             mv.phase = "done"
             self.counts["moved"] += 1
+            if deadline_mono is not None:
+                self._forget_move(job.id)
             return mv
         except (MigrateError, TransferError, OSError) as e:
             mv.phase, mv.error = "failed", str(e)
@@ -1318,6 +1445,9 @@ class ReclaimComponent:
             if frozen:
                 with contextlib.suppress(Exception):
                     job.cgroup.thaw(timeout=2.0)
+            if deadline_mono is not None:
+                with contextlib.suppress(Exception):
+                    self._forget_move(job.id)
             return mv
         except Exception as e:  # a bug must not leave the job frozen
             log.exception("migrate: move of %s", job.id)
@@ -1325,6 +1455,9 @@ class ReclaimComponent:
             if frozen:
                 with contextlib.suppress(Exception):
                     job.cgroup.thaw(timeout=2.0)
+            if deadline_mono is not None:
+                with contextlib.suppress(Exception):
+                    self._forget_move(job.id)
             return mv
         finally:
             mv.ended = time.time()
@@ -2177,6 +2310,8 @@ class ReclaimComponent:
             spec["env"] = {**env, MIGRATED_ENV: self.job_key(job)}
             spec["lent"] = False
             req = {"spec": spec, "owner_uid": job.owner_uid, "owner_gid": job.owner_gid}
+            if deadline_mono is not None:  # a reclaim's: once sent, a restart never moves it again
+                self._note_move(job.id, "handover", node)
             dest_job = await self._handover(node, pid, req)
         except BaseException:
             z.submitter.t.send(node, wire.Release(pid))

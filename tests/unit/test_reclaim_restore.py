@@ -1,0 +1,162 @@
+"""What a restored reclaim does not do twice: a real ReclaimComponent over a real store that holds
+a reclaim stored by an agent that restarted inside its window (``migrate_reclaim``,
+``migrate_reclaim_jobs``).
+
+Stand-ins, named as such: the job manager (``RestoreJobs``: jobs with a cgroup that records
+thaws) and the zone (``PlacingZone``: records reclaim notices and placements; not networked, so
+running jobs have nowhere to move). The real-agent restart is tests/kernel/test_reclaim_restart.py.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+from jobrig import until
+from test_migrate_evidence import make_agent
+
+from laminar.migrate import drain
+from laminar.migrate.reclaim import RECLAIM_SCHEMA, ReclaimComponent
+from laminar.runtime.jobs import JobSpec
+
+
+class Cgroup:
+    def __init__(self) -> None:
+        self.thawed = 0
+
+    def thaw(self, timeout: float = 0.0) -> bool:
+        self.thawed += 1
+        return True
+
+    def frozen(self) -> bool:
+        return False
+
+    def freeze(self, timeout: float = 0.0) -> bool:
+        return True
+
+
+class RestoreJobs:
+    """Stand-in job manager: running and queued jobs, the queue hold, stops."""
+
+    def __init__(self) -> None:
+        self.jobs: dict[str, Any] = {}
+        self.held: str | None = None
+        self.stops: dict[str, str] = {}
+
+    def add(self, jid: str, state: str) -> Any:
+        j = SimpleNamespace(id=jid, num=len(self.jobs) + 1, state=state, active=state == "running", cgroup=Cgroup(),
+                            cgroup_id=100 + len(self.jobs), spec=JobSpec(["sleep", "1"]).validate(), gpus=[],
+                            ckpt_dir=None, owner_uid=0, owner_gid=0, ended=None)
+        self.jobs[jid] = j
+        return j
+
+    def active(self) -> list[Any]:
+        return [j for j in self.jobs.values() if j.active]
+
+    def queued(self) -> list[Any]:
+        return [j for j in self.jobs.values() if j.state == "queued"]
+
+    def list(self) -> list[Any]:
+        return list(self.jobs.values())
+
+    def get(self, jid: str) -> Any:
+        return self.jobs.get(jid)
+
+    def hold_queue(self, reason: str | None) -> None:
+        self.held = reason
+
+    def request_checkpoint(self, job: Any) -> bool:
+        return False
+
+    async def stop(self, jid: str, reason: str, grace_s: float = 0.0, state: str = "stopped", **_: Any) -> None:
+        self.stops[jid] = state
+        self.jobs[jid].state, self.jobs[jid].active = state, False
+
+
+class PlacingZone:
+    """Stand-in zone (not networked): records reclaim notices and placements (each one placed)."""
+
+    networked = False
+    node_id = 5
+
+    def __init__(self) -> None:
+        self.notices: list[float] = []
+        self.placed: list[str] = []
+
+    def reclaim_notice(self, deadline_s: float, reason: str) -> int:
+        self.notices.append(deadline_s)
+        return 0
+
+    async def place(self, spec: dict[str, Any], demand: Any, uid: int = 0, gid: int = 0) -> Any:
+        self.placed.append(spec["env"]["LM_REQUEUED_FROM"])
+        return SimpleNamespace(outcome="placed", node=7, job_id=f"job-{len(self.placed)}", reason="")
+
+
+def test_a_restored_reclaim_does_not_move_handed_over_jobs_nor_place_unsettled_ones_again(tmp_path: Path) -> None:
+    async def main() -> None:
+        agent = make_agent(tmp_path)
+        agent.jobs = jobs = RestoreJobs()
+        agent.zone = zone = PlacingZone()
+        handed, frozen = jobs.add("job-1", "running"), jobs.add("job-2", "running")
+        jobs.add("job-3", "queued")  # its placement was asked for before the restart
+        jobs.add("job-4", "queued")  # never tried
+        agent.store.ensure_schema("migrate-reclaim", RECLAIM_SCHEMA)
+        now = time.time()
+        with agent.store.tx() as db:  # what the agent before the restart stored
+            db.execute("INSERT INTO migrate_reclaim VALUES (5, 30, 'owner', ?, ?)", (now - 20, now + 10))
+            db.executemany("INSERT INTO migrate_reclaim_jobs VALUES (?, ?, ?, ?)",
+                           [("job-1", "handover", 7, now - 5), ("job-2", "frozen", None, now - 6),
+                            ("job-3", "placing", None, now - 4)])
+        assert drain.held_at_start(agent.store) == drain.hold_reason(5)  # what the job manager holds at start
+        seen: list[dict[str, Any]] = []
+        agent.events.subscribe(seen.append)
+        comp = ReclaimComponent()
+        await comp.start(agent)
+        try:
+            rc = comp.reclaim_status()["reclaim"]
+            assert rc is not None and rc["restored"] and rc["handed_over"] == ["job-1"]
+            assert abs(rc["deadline"] - (now + 10)) < 1e-6
+            assert jobs.held == drain.hold_reason(5)
+            assert zone.notices and zone.notices[0] <= 10.0  # draining again, peers told of what is left
+            assert await until(lambda: jobs.stops.get("job-1") == "reclaimed")  # stopped here, not moved again
+            assert "job-1" not in comp.moves
+            assert frozen.cgroup.thawed >= 1  # its move froze it: thawed, planned to move again
+            assert [st["job_id"] for st in rc["plan"]] == ["job-2"]
+            assert await until(lambda: zone.placed == ["n5-job-4"])  # job-3 is never placed twice
+            assert jobs.jobs["job-3"].state == "queued"
+            assert any(e.get("outcome") == "unsettled" and e.get("job") == "job-3" for e in seen)
+            assert handed.state == "reclaimed"
+        finally:
+            await comp.stop()
+
+        # started again after the window ended: cleared, with an event
+        with agent.store.tx() as db:
+            db.execute("UPDATE migrate_reclaim SET deadline=?", (time.time() - 1,))
+        assert drain.held_at_start(agent.store) is None
+        jobs.held = None
+        comp = ReclaimComponent()
+        await comp.start(agent)
+        try:
+            assert comp.reclaim_status()["reclaim"] is None
+            assert agent.store.db.execute("SELECT COUNT(*) FROM migrate_reclaim").fetchone()[0] == 0
+            assert agent.store.db.execute("SELECT COUNT(*) FROM migrate_reclaim_jobs").fetchone()[0] == 0
+            assert any(e.get("phase") == "reclaim-cleared" for e in seen)
+            assert jobs.held is None
+        finally:
+            await comp.stop()
+            agent.store.db.close()
+
+    asyncio.run(main())
+
+
+def test_held_at_start_without_a_stored_reclaim(tmp_path: Path) -> None:
+    agent = make_agent(tmp_path)
+    try:
+        assert drain.held_at_start(agent.store) is None  # no table yet (a first start)
+        agent.store.ensure_schema("migrate-reclaim", RECLAIM_SCHEMA)
+        assert drain.held_at_start(agent.store) is None
+    finally:
+        agent.store.db.close()
