@@ -2602,16 +2602,15 @@ class ReclaimComponent:
     def _source_dead(self, src: int, now: float, window_end: float | None = None) -> str | None:
         """Why the source of a replica counts as dead, or None while it may be alive.
         ``window_end``: the end of the source's reclaim window as its guard message said."""
-        if window_end is not None and now >= window_end:
+        end = self._window_end(src, window_end)
+        if end is not None and now >= end:
             return f"node {src}'s reclaim window ended"
         seen = self._last_seen(src)
         silent = now - seen if seen >= 0 else math.inf
         notice = self.notices.get(src)
-        if notice is not None:
-            if now >= notice[0]:
-                return f"node {src}'s reclaim window ended"
-            if silent >= float(self.s["dead_after_s"]) and now - notice[1] >= float(self.s["dead_after_s"]):
-                return f"node {src} went silent {silent:.1f} s after announcing its reclaim"
+        dead_after = float(self.s["dead_after_s"])
+        if notice is not None and silent >= dead_after and now - notice[1] >= dead_after:
+            return f"node {src} went silent {silent:.1f} s after announcing its reclaim"
         orphan = float(self.s["orphan_after_s"])
         if orphan > 0 and silent >= orphan:
             return f"node {src} silent for {silent:.1f} s"
@@ -2661,11 +2660,17 @@ class ReclaimComponent:
             self._taking.add(key)
             self._spawn(self._take_over(row, why))
 
+    def _window_end(self, src: int, window_end: float | None) -> float | None:
+        """The end (wall clock) of ``src``'s reclaim window: the earlier of ``window_end`` (what
+        its guard message said) and its zone notice's; None when neither is known."""
+        notice = self.notices.get(src)
+        ends = [float(e) for e in (window_end, notice[0] if notice is not None else None) if e is not None]
+        return min(ends) if ends else None
+
     def _window_open(self, src: int, now: float, window_end: float | None) -> bool:
         """Whether ``src``'s reclaim window (its guard message's or its notice's) has not ended."""
-        notice = self.notices.get(src)
-        ends = [e for e in (window_end, notice[0] if notice is not None else None) if e is not None]
-        return bool(ends) and now < min(float(e) for e in ends)
+        end = self._window_end(src, window_end)
+        return end is not None and now < end
 
     async def _take_over_unless_alive(self, row: Any, why: str) -> None:
         """A source silent in the zone during its reclaim window is asked (control op ``needs``)
