@@ -61,6 +61,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from laminar.migrate.ckpt_driver import wait_new_checkpoint
+from laminar.migrate.drain import requeue_spec
 from laminar.runtime.jobs import signal_if_caught
 from laminar.zone import elastic as el
 from laminar.zone import loaning as ln
@@ -568,10 +569,10 @@ class LoanManager:
             if self._jobs.request_checkpoint(job):
                 ckpt = await self._wait_checkpoint(job, before, float(self.s["ckpt_wait_s"]))
             demand = self._demand_of(job)
-            spec = job.spec.as_dict()
-            env = {k: v for k, v in (spec.get("env") or {}).items() if k not in ("LM_PLACEMENT_ID", "LM_GPU_SHARE")}
-            env["LM_REQUEUED_FROM"] = f"n{self.zone.node_id}-{job.id}"
-            spec.update(env=env, lent=False)
+            spec = requeue_spec(job.spec.as_dict(), f"n{self.zone.node_id}-{job.id}")
+            # Unlike a queued job's (drain.py: its indices become their count), a started job's GPUs
+            # go: the demand it is placed with again is its placement's here (a GPU share, say), and
+            # the destination gives it GPUs for that demand.
             spec.pop("gpus", None)
             if ckpt is not None:
                 spec["resume_from"] = str(ckpt)
