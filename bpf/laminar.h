@@ -5,13 +5,15 @@
  * every mirrored size and field offset against the BTF of the compiled objects, so the two
  * sides cannot drift. Fixed-width types only; explicit padding so no compiler inserts any.
  * Bump LM_ABI_VERSION on any incompatible change: the agent never re-adopts pins whose
- * lm_global.abi_version differs (netguard replaces them all and reads none of their entries);
- * a pin of the same version whose size changed is replaced and its entries carried over.
+ * lm_global.abi_version differs (netguard replaces them all and reads none of their entries),
+ * except a version it knows how to upgrade (agent/laminar/bpf/abi.py UPGRADES: 1 -> 2 converts
+ * the IPv4 lm_flows keys), whose entries it converts; a pin of the same version whose size
+ * changed is replaced and its entries carried over.
  */
 #ifndef __LAMINAR_H
 #define __LAMINAR_H
 
-#define LM_ABI_VERSION 1
+#define LM_ABI_VERSION 2 /* 2: lm_flow_key holds IPv6 (IPv4 v4-mapped); 1: IPv4 only */
 
 /* Map sizes. Jobs per node are few (tens); flows are checkpoint transfers (a few at a time). */
 #define LM_MAX_JOBS   4096
@@ -73,11 +75,13 @@ struct lm_global {
 };
 
 /* lm_flows: HASH keyed by the egress 5-tuple as seen on the uplink (local -> remote).
+ * Addresses are IPv6; an IPv4 address is stored v4-mapped (::ffff:a.b.c.d: bytes 0-9 zero,
+ * 10-11 0xff, 12-15 the IPv4 address), so one key holds either family and the two never meet.
  * Addresses and ports in network byte order, exactly as in the packet headers. Ingress
  * packets of the flow are matched with source and destination swapped. */
 struct lm_flow_key {
-	__u32 saddr;
-	__u32 daddr;
+	__u32 saddr[4];   /* IPv6 address, or ::ffff:IPv4 */
+	__u32 daddr[4];
 	__u16 sport;
 	__u16 dport;
 	__u8 proto;       /* IPPROTO_TCP or IPPROTO_UDP */

@@ -8,6 +8,9 @@
  *                              (bpf_sk_lookup_*, IPv4 and IPv6 TCP/UDP), applies the same
  *                              switches, counts.
  *
+ * Migration flows (lm_flows) are IPv4 or IPv6 TCP/UDP 5-tuples (IPv4 keyed v4-mapped); an IPv6
+ * packet is matched when its first header is TCP or UDP (no extension headers).
+ *
  * Everything that matches no job and no flow passes (TC_ACT_OK): attached with empty maps,
  * netguard changes nothing, so the agent may sit on a node's only uplink.
  *
@@ -131,34 +134,56 @@ static __always_inline struct lm_counters *job_counters(__u64 cgid)
 	return bpf_map_lookup_elem(&lm_job_stats, &cgid);
 }
 
-/* The IPv4 TCP/UDP 5-tuple of the packet as it is on the wire (network byte order).
- * Returns 0 when there is one; non-IPv4, other protocols and non-first fragments have none. */
+/* The TCP/UDP 5-tuple of the packet as it is on the wire (network byte order), IPv4 stored
+ * v4-mapped (bpf/laminar.h). Returns 4 or 6 (the family) when there is one; other protocols,
+ * non-first IPv4 fragments and IPv6 packets whose first header is not TCP/UDP (an extension
+ * header: jobs' and transfers' traffic has none) have none: -1. */
 static __always_inline int parse_tuple(struct __sk_buff *skb, struct lm_flow_key *k)
 {
-	struct iphdr ip;
 	__u16 ports[2];
 	__u32 l4;
 
 	/* Uplinks are Ethernet (veth, NICs): at tc, skb->data is the MAC header. */
-	if (skb->protocol != bpf_htons(ETH_P_IP))
-		return -1;
-	if (bpf_skb_load_bytes(skb, ETH_HLEN, &ip, sizeof(ip)) < 0)
-		return -1;
-	if (ip.version != 4 || ip.ihl < 5)
-		return -1;
-	if (ip.protocol != IPPROTO_TCP && ip.protocol != IPPROTO_UDP)
-		return -1;
-	if (ip.frag_off & bpf_htons(IP_OFFSET))
-		return -1; /* a later fragment carries no ports */
-	l4 = ETH_HLEN + ip.ihl * 4;
-	if (bpf_skb_load_bytes(skb, l4, ports, sizeof(ports)) < 0)
-		return -1;
-	k->saddr = ip.saddr;
-	k->daddr = ip.daddr;
-	k->sport = ports[0];
-	k->dport = ports[1];
-	k->proto = ip.protocol;
-	return 0;
+	if (skb->protocol == bpf_htons(ETH_P_IP)) {
+		struct iphdr ip;
+
+		if (bpf_skb_load_bytes(skb, ETH_HLEN, &ip, sizeof(ip)) < 0)
+			return -1;
+		if (ip.version != 4 || ip.ihl < 5)
+			return -1;
+		if (ip.protocol != IPPROTO_TCP && ip.protocol != IPPROTO_UDP)
+			return -1;
+		if (ip.frag_off & bpf_htons(IP_OFFSET))
+			return -1; /* a later fragment carries no ports */
+		l4 = ETH_HLEN + ip.ihl * 4;
+		if (bpf_skb_load_bytes(skb, l4, ports, sizeof(ports)) < 0)
+			return -1;
+		k->saddr[2] = bpf_htonl(0xffff);
+		k->saddr[3] = ip.saddr;
+		k->daddr[2] = bpf_htonl(0xffff);
+		k->daddr[3] = ip.daddr;
+		k->proto = ip.protocol;
+		k->sport = ports[0];
+		k->dport = ports[1];
+		return 4;
+	}
+	if (skb->protocol == bpf_htons(ETH_P_IPV6)) {
+		struct ipv6hdr ip6;
+
+		if (bpf_skb_load_bytes(skb, ETH_HLEN, &ip6, sizeof(ip6)) < 0)
+			return -1;
+		if (ip6.nexthdr != IPPROTO_TCP && ip6.nexthdr != IPPROTO_UDP)
+			return -1;
+		if (bpf_skb_load_bytes(skb, ETH_HLEN + sizeof(ip6), ports, sizeof(ports)) < 0)
+			return -1;
+		__builtin_memcpy(k->saddr, &ip6.saddr, sizeof(k->saddr));
+		__builtin_memcpy(k->daddr, &ip6.daddr, sizeof(k->daddr));
+		k->proto = ip6.nexthdr;
+		k->sport = ports[0];
+		k->dport = ports[1];
+		return 6;
+	}
+	return -1;
 }
 
 /* Migration-flow switch and class for the flow `k` (egress orientation).
@@ -229,7 +254,7 @@ int lm_egress(struct __sk_buff *skb)
 	__u64 now = bpf_ktime_get_ns(); /* CLOCK_MONOTONIC, the clock of every kill_at_ns */
 	bool drop = false;
 
-	if (parse_tuple(skb, &k) == 0)
+	if (parse_tuple(skb, &k) > 0)
 		drop = flow_verdict(skb, &k, now, true);
 	/* 0 when the packet has no local socket (forwarded traffic): no job. */
 	drop = job_verdict(skb, bpf_skb_cgroup_id(skb), now, true, drop);
@@ -265,38 +290,24 @@ static __always_inline __u64 sock_cgroup_id(struct __sk_buff *skb, struct bpf_so
 	return cgid;
 }
 
-/* The cgroup2 id of the local socket an IPv4 ingress packet (its flow key `k`) is for. */
-static __always_inline __u64 ingress_cgroup_id(struct __sk_buff *skb, const struct lm_flow_key *k)
+/* The cgroup2 id of the local socket an ingress packet (its tuple `k` as on the wire, family
+ * `family` from parse_tuple) is for, 0 when none. */
+static __always_inline __u64 ingress_cgroup_id(struct __sk_buff *skb, const struct lm_flow_key *k, int family)
 {
 	struct bpf_sock_tuple t = {};
 
-	t.ipv4.saddr = k->saddr;
-	t.ipv4.daddr = k->daddr;
-	t.ipv4.sport = k->sport;
-	t.ipv4.dport = k->dport;
-	return sock_cgroup_id(skb, &t, sizeof(t.ipv4), k->proto);
-}
-
-/* The cgroup2 id of the local socket an IPv6 TCP/UDP packet is for, 0 when none (or when an
- * extension header comes first: jobs' traffic has none). lm_flows is IPv4 only; the job's
- * switches apply to IPv6 as to IPv4. */
-static __always_inline __u64 ingress_cgroup_id6(struct __sk_buff *skb)
-{
-	struct ipv6hdr ip6;
-	struct bpf_sock_tuple t = {};
-	__u16 ports[2];
-
-	if (bpf_skb_load_bytes(skb, ETH_HLEN, &ip6, sizeof(ip6)) < 0)
-		return 0;
-	if (ip6.nexthdr != IPPROTO_TCP && ip6.nexthdr != IPPROTO_UDP)
-		return 0;
-	if (bpf_skb_load_bytes(skb, ETH_HLEN + sizeof(ip6), ports, sizeof(ports)) < 0)
-		return 0;
-	__builtin_memcpy(t.ipv6.saddr, &ip6.saddr, sizeof(t.ipv6.saddr));
-	__builtin_memcpy(t.ipv6.daddr, &ip6.daddr, sizeof(t.ipv6.daddr));
-	t.ipv6.sport = ports[0];
-	t.ipv6.dport = ports[1];
-	return sock_cgroup_id(skb, &t, sizeof(t.ipv6), ip6.nexthdr);
+	if (family == 4) {
+		t.ipv4.saddr = k->saddr[3];
+		t.ipv4.daddr = k->daddr[3];
+		t.ipv4.sport = k->sport;
+		t.ipv4.dport = k->dport;
+		return sock_cgroup_id(skb, &t, sizeof(t.ipv4), k->proto);
+	}
+	__builtin_memcpy(t.ipv6.saddr, k->saddr, sizeof(t.ipv6.saddr));
+	__builtin_memcpy(t.ipv6.daddr, k->daddr, sizeof(t.ipv6.daddr));
+	t.ipv6.sport = k->sport;
+	t.ipv6.dport = k->dport;
+	return sock_cgroup_id(skb, &t, sizeof(t.ipv6), k->proto);
 }
 
 SEC("tc")
@@ -306,18 +317,17 @@ int lm_ingress(struct __sk_buff *skb)
 	__u64 now = bpf_ktime_get_ns();
 	__u64 cgid = 0;
 	bool drop = false;
+	int family = parse_tuple(skb, &k);
 
-	if (skb->protocol == bpf_htons(ETH_P_IPV6)) {
-		cgid = ingress_cgroup_id6(skb);
-	} else if (parse_tuple(skb, &k) == 0) {
+	if (family > 0) {
 		/* lm_flows is keyed in egress orientation (local -> remote): swap. */
-		fk.saddr = k.daddr;
-		fk.daddr = k.saddr;
+		__builtin_memcpy(fk.saddr, k.daddr, sizeof(fk.saddr));
+		__builtin_memcpy(fk.daddr, k.saddr, sizeof(fk.daddr));
 		fk.sport = k.dport;
 		fk.dport = k.sport;
 		fk.proto = k.proto;
 		drop = flow_verdict(skb, &fk, now, false);
-		cgid = ingress_cgroup_id(skb, &k);
+		cgid = ingress_cgroup_id(skb, &k, family);
 	}
 	drop = job_verdict(skb, cgid, now, false, drop);
 	if (drop)

@@ -58,24 +58,39 @@ def test_job_stats_round_trip(cg: int, vals: list[int]) -> None:
 
 
 @given(
-    a=st.ip_addresses(v=4),
-    b=st.ip_addresses(v=4),
+    v=st.sampled_from([4, 6]),
+    data=st.data(),
     sport=st.integers(0, 65535),
     dport=st.integers(0, 65535),
     proto=st.sampled_from(["tcp", "udp"]),
     prio=u32,
 )
-def test_flows_round_trip(a, b, sport: int, dport: int, proto: str, prio: int) -> None:  # type: ignore[no-untyped-def]
+def test_flows_round_trip(v: int, data, sport: int, dport: int, proto: str, prio: int) -> None:  # type: ignore[no-untyped-def]
+    a, b = data.draw(st.ip_addresses(v=v)), data.draw(st.ip_addresses(v=v))
+    if v == 6:  # an IPv4-mapped IPv6 address is the IPv4 flow's key: shown as IPv4
+        a, b = (x.ipv4_mapped or x for x in (a, b))
     k = abi.flow_key(str(a), str(b), sport, dport, proto)
-    # network byte order in memory, as in the packet
-    assert bytes(k)[:4] == a.packed and bytes(k)[8:10] == sport.to_bytes(2, "big")
+    # network byte order in memory, as in the packet; IPv4 v4-mapped in the 16 address bytes
+    raw = bytes(k)
+    assert len(raw) == 40
+    want = (b"\0" * 10 + b"\xff\xff" + a.packed) if a.version == 4 else a.packed
+    assert raw[:16] == want and raw[32:34] == sport.to_bytes(2, "big")
     f = abi.LmFlow(job_id=3, flags=abi.LM_FLOW_ARMED, priority=prio, kill_at_ns=9, packets=1, bytes=2)
-    key, value = abi.decode("lm_flows", bytes(k), bytes(f))
+    key, value = abi.decode("lm_flows", raw, bytes(f))
     assert key == {"saddr": str(a), "daddr": str(b), "sport": sport, "dport": dport, "proto": proto}
     assert value["flags"] == ["armed"] and value["packets"] == 1 and value["bytes"] == 2
     if prio:
         major, minor = value["priority"].split(":")
         assert (int(major, 16) << 16) | int(minor, 16) == prio
+
+
+def test_a_v1_flow_key_is_upgraded_to_its_v4_mapped_key() -> None:
+    """Map ABI 1 keyed lm_flows by IPv4 (16 bytes); the upgrade gives the key ABI 2 uses for it."""
+    v1 = bytes([10, 0, 0, 1, 10, 0, 0, 2]) + (40000).to_bytes(2, "big") + (7000).to_bytes(2, "big") + bytes([6, 0, 0, 0])
+    key, value = abi.UPGRADES[1]("lm_flows", v1, b"v")
+    assert key == bytes(abi.flow_key("10.0.0.1", "10.0.0.2", 40000, 7000, "tcp")) and value == b"v"
+    assert abi.UPGRADES[1]("lm_jobs", abi.u64(5), b"j") == (abi.u64(5), b"j")
+    assert abi.LM_ABI_VERSION == 2
 
 
 def test_global_and_stats() -> None:
@@ -108,4 +123,8 @@ def test_bad_input_is_named() -> None:
         abi.flow_key("10.0.0.3", "10.0.0.1", 1, 2, "icmp")
     with pytest.raises(ValueError, match="70000"):
         abi.flow_key("10.0.0.3", "10.0.0.1", 70000, 2, "udp")
-    assert ctypes.sizeof(abi.LmFlowKey) == 16
+    with pytest.raises(ValueError, match="different families"):
+        abi.flow_key("10.0.0.3", "fd00::1", 1, 2, "udp")
+    with pytest.raises(ValueError, match="'fd00::g'"):
+        abi.flow_key("fd00::g", "fd00::1", 1, 2, "udp")
+    assert ctypes.sizeof(abi.LmFlowKey) == 40

@@ -12,14 +12,16 @@ Build a value, write it, read it back::
     abi.decode("lm_jobs", abi.u64(cgroup_id), jobs_map.lookup(abi.u64(cgroup_id)))
     # -> ({'cgroup_id': 1234}, {'job_id': 7, 'flags': ['kill'], 'kill_at_ns': 0})
 
-Flow keys hold addresses and ports in network byte order, as in the packet;
-:func:`flow_key` builds one from dotted strings and host-order ports, and :func:`decode`
-shows them the same way.
+Flow keys hold addresses and ports in network byte order, as in the packet; addresses are
+16 bytes, IPv6 or IPv4 v4-mapped (``::ffff:10.0.0.1``). :func:`flow_key` builds one from
+address text (``10.0.0.1`` or ``fd00::1``) and host-order ports, and :func:`decode` shows them
+the same way (an IPv4 address as its dotted quad).
 """
 
 from __future__ import annotations
 
 import ctypes
+import ipaddress
 import socket
 import struct
 from typing import Any
@@ -38,7 +40,7 @@ __all__ = [
     "flow_key",
 ]
 
-LM_ABI_VERSION = 1
+LM_ABI_VERSION = 2  # 2: lm_flow_key holds IPv6 (IPv4 v4-mapped); 1: IPv4 only
 
 LM_MAX_JOBS = 4096
 LM_MAX_FLOWS = 1024
@@ -123,11 +125,12 @@ class LmGlobal(ctypes.Structure):
 
 
 class LmFlowKey(ctypes.Structure):
-    """struct lm_flow_key: egress 5-tuple, addresses and ports in network byte order."""
+    """struct lm_flow_key: egress 5-tuple, addresses (IPv6, or IPv4 v4-mapped) and ports in network
+    byte order."""
 
     _fields_ = [
-        ("saddr", ctypes.c_uint32),
-        ("daddr", ctypes.c_uint32),
+        ("saddr", ctypes.c_uint32 * 4),
+        ("daddr", ctypes.c_uint32 * 4),
         ("sport", ctypes.c_uint16),
         ("dport", ctypes.c_uint16),
         ("proto", ctypes.c_uint8),
@@ -228,6 +231,27 @@ def ip_be(addr: str) -> int:
         raise ValueError(f"flow address {addr!r} is not an IPv4 dotted quad like 10.0.0.1") from None
 
 
+V4_MAPPED = bytes(10) + b"\xff\xff"  # the first 12 bytes of ::ffff:a.b.c.d
+
+
+def addr16(addr: str) -> bytes:
+    """An IPv4 or IPv6 address as the 16 bytes of an lm_flow_key address: IPv6 as is, IPv4
+    v4-mapped (``::ffff:a.b.c.d``). A zone (``fe80::1%eth0``) is dropped: the packet has none."""
+    try:
+        ip = ipaddress.ip_address(addr.split("%", 1)[0])
+    except ValueError:
+        raise ValueError(f"flow address {addr!r} is not an IPv4 address like 10.0.0.1 or an IPv6 address "
+                         "like fd00::1") from None
+    return V4_MAPPED + ip.packed if ip.version == 4 else ip.packed
+
+
+def addr_str(raw: bytes) -> str:
+    """16 lm_flow_key address bytes as text: a v4-mapped address as its dotted quad."""
+    if raw[:12] == V4_MAPPED:
+        return socket.inet_ntoa(raw[12:16])
+    return str(ipaddress.IPv6Address(raw))
+
+
 def port_be(port: int) -> int:
     if not 0 <= port <= 0xFFFF:
         raise ValueError(f"flow port {port} out of range 0..65535")
@@ -238,11 +262,30 @@ PROTOS = {"tcp": socket.IPPROTO_TCP, "udp": socket.IPPROTO_UDP}
 
 
 def flow_key(saddr: str, daddr: str, sport: int, dport: int, proto: str | int) -> LmFlowKey:
-    """The lm_flows key of a flow as it leaves this node (local -> remote); ports host order."""
+    """The lm_flows key of a flow as it leaves this node (local -> remote); addresses IPv4 or
+    IPv6 text (both of one family), ports host order."""
     p = PROTOS.get(proto, None) if isinstance(proto, str) else proto
     if p not in (socket.IPPROTO_TCP, socket.IPPROTO_UDP):
         raise ValueError(f"flow protocol {proto!r} must be 'tcp' or 'udp'")
-    return LmFlowKey(saddr=ip_be(saddr), daddr=ip_be(daddr), sport=port_be(sport), dport=port_be(dport), proto=p)
+    s, d = addr16(saddr), addr16(daddr)
+    if (s[:12] == V4_MAPPED) != (d[:12] == V4_MAPPED):
+        raise ValueError(f"flow addresses {saddr!r} and {daddr!r} are of different families: both IPv4 or both IPv6")
+    raw = s + d + struct.pack("=HHB3x", port_be(sport), port_be(dport), p)
+    return LmFlowKey.from_buffer_copy(raw)
+
+
+def upgrade_v1_entry(map_name: str, key: bytes, value: bytes) -> tuple[bytes, bytes]:
+    """An entry of a map written under map ABI 1 as it is under ABI 2: an lm_flows key (IPv4
+    only: saddr, daddr, sport, dport, proto, 3 pad bytes: 16 bytes) becomes v4-mapped; the other
+    maps' layouts did not change."""
+    if map_name == "lm_flows" and len(key) == 16:
+        return bytes(V4_MAPPED + key[0:4] + V4_MAPPED + key[4:8] + key[8:13] + bytes(3)), value
+    return key, value
+
+
+# Map ABI versions the agent converts the entries of (old version -> converter): pins of these
+# are carried over into this ABI's maps, converted; pins of any other version are replaced empty.
+UPGRADES = {1: upgrade_v1_entry}
 
 
 _PROTO_NAMES = {v: k for k, v in PROTOS.items()}
@@ -277,8 +320,8 @@ def _decode_part(map_name: str, role: str, kind: KeyValueType | None, raw: bytes
         d["priority"] = f"{obj.priority >> 16:x}:{obj.priority & 0xFFFF:x}" if obj.priority else 0
     elif isinstance(obj, LmFlowKey):
         d = {
-            "saddr": ip_str(obj.saddr),
-            "daddr": ip_str(obj.daddr),
+            "saddr": addr_str(bytes(obj.saddr)),
+            "daddr": addr_str(bytes(obj.daddr)),
             "sport": socket.ntohs(obj.sport),
             "dport": socket.ntohs(obj.dport),
             "proto": _PROTO_NAMES.get(obj.proto, obj.proto),

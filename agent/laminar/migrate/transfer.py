@@ -84,6 +84,7 @@ import functools
 import hashlib
 import hmac
 import inspect
+import ipaddress
 import json
 import logging
 import math
@@ -831,13 +832,35 @@ class Progress:
 
 @dataclass(frozen=True)
 class Flow:
-    """A transfer's TCP 5-tuple as the source sees it (local -> remote)."""
+    """A transfer's TCP 5-tuple as the source sees it (local -> remote), IPv4 or IPv6.
+
+    Addresses are kept as the packets carry them, so the flow hook registers the 5-tuple the data
+    plane sees: a zone (``fe80::1%eth0``, part of an IPv6 socket's name) is dropped, and an
+    IPv4-mapped address (``::ffff:10.0.0.2``, a dual-stack socket's name for an IPv4 peer) becomes
+    its IPv4 address (the packets are IPv4). Raises ValueError for an address that is neither."""
 
     saddr: str
     sport: int
     daddr: str
     dport: int
     proto: str = "tcp"
+
+    def __post_init__(self) -> None:
+        for name in ("saddr", "daddr"):
+            raw = str(getattr(self, name))
+            try:
+                ip = ipaddress.ip_address(raw.split("%", 1)[0])
+            except ValueError:
+                raise ValueError(f"flow {name} {raw!r} is not an IPv4 or IPv6 address") from None
+            if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
+                ip = ip.ipv4_mapped
+            object.__setattr__(self, name, str(ip))
+
+    @classmethod
+    def of_socket(cls, sockname: Any, peername: Any, proto: str = "tcp") -> Flow:
+        """The flow of a connected socket from its ``getsockname()``/``getpeername()`` (an IPv4
+        pair or an IPv6 4-tuple with flow info and scope id)."""
+        return cls(str(sockname[0]), int(sockname[1]), str(peername[0]), int(peername[1]), proto)
 
 
 class FlowHook(Protocol):
@@ -1063,7 +1086,7 @@ async def _send_once(
         if flow_hook is not None:
             sock = w.get_extra_info("sockname")
             peer = w.get_extra_info("peername")
-            handle = flow_hook.register(Flow(sock[0], sock[1], peer[0], peer[1]), m.job_id,
+            handle = flow_hook.register(Flow.of_socket(sock, peer), m.job_id,
                                         sum(m.chunk_len(i) for i in missing), deadline)
             if inspect.isawaitable(handle):
                 handle = await handle

@@ -9,7 +9,8 @@ plane enforces by itself (``LM_FLOW_ARMED`` with ``kill_at_ns`` on CLOCK_MONOTON
 stopped, busy or dead.
 
 A flow is named by a transfer id (``laminarctl net transfers``) or by a 5-tuple written
-``tcp:10.0.0.1:40000->10.0.0.2:7000`` (egress orientation: local -> remote). A 5-tuple that has
+``tcp:10.0.0.1:40000->10.0.0.2:7000`` or, IPv6, ``tcp:[fd00::1]:40000->[fd00::2]:7000``
+(egress orientation: local -> remote). A 5-tuple that has
 no ``lm_flows`` entry yet gets one (no HTB class: priority 0), so any flow on the uplink can be
 cut, not only registered transfers; ``off`` deletes such an entry again (the registry's
 ``flow_switch``), so ad-hoc cuts do not fill the map. A cut made through a transfer id expires
@@ -39,7 +40,6 @@ import functools
 import ipaddress
 import re
 import socket
-import struct
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -49,7 +49,9 @@ from ..bpf.abi import LM_FLOW_ARMED, LM_FLOW_KILL, PROTOS
 
 MAX_ARM_S = 7 * 86400  # an arm further out than a week is a typo, not a plan
 
-_TUPLE_RE = re.compile(r"^(tcp|udp):([0-9.]+):(\d+)->([0-9.]+):(\d+)$")
+# An address is a dotted quad or a bracketed IPv6 address (``[fd00::1]``), as in a URL.
+_ADDR = r"([0-9.]+|\[[0-9A-Fa-f:.]+(?:%[\w.-]+)?\])"
+_TUPLE_RE = re.compile(rf"^(tcp|udp):{_ADDR}:(\d+)->{_ADDR}:(\d+)$")
 
 
 class KillSwitchError(ValueError):
@@ -60,9 +62,23 @@ class KillSwitchError(ValueError):
         self.status = status
 
 
+def canonical_addr(addr: str) -> str:
+    """An address as a flow key holds it: IPv4 dotted, IPv6 compressed (``fd00::1``), an
+    IPv4-mapped IPv6 address (``::ffff:10.0.0.1``, what a dual-stack socket reports) as its IPv4
+    address (the packet on the wire is IPv4), a zone (``%eth0``) dropped. Raises KillSwitchError."""
+    try:
+        ip = ipaddress.ip_address(addr.split("%", 1)[0])
+    except ValueError:
+        raise KillSwitchError(f"address {addr!r} is not an IPv4 or IPv6 address (e.g. 10.0.0.1, fd00::1)") from None
+    if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
+        ip = ip.ipv4_mapped
+    return str(ip)
+
+
 @dataclass(frozen=True)
 class FlowKey:
-    """An IPv4 5-tuple in egress orientation (local -> remote)."""
+    """A TCP/UDP 5-tuple in egress orientation (local -> remote), IPv4 or IPv6 (both addresses of
+    one family). Addresses are kept canonical (``canonical_addr``), so one flow is one key."""
 
     proto: str
     saddr: str
@@ -73,18 +89,23 @@ class FlowKey:
     def __post_init__(self) -> None:
         if self.proto not in PROTOS:
             raise KillSwitchError(f"protocol {self.proto!r}: expected tcp or udp")
-        for a in (self.saddr, self.daddr):
-            try:
-                ipaddress.IPv4Address(a)
-            except ValueError:
-                raise KillSwitchError(f"address {a!r} is not an IPv4 address (netguard matches IPv4 flows)") from None
+        for name in ("saddr", "daddr"):
+            object.__setattr__(self, name, canonical_addr(getattr(self, name)))
+        if (":" in self.saddr) != (":" in self.daddr):
+            raise KillSwitchError(f"addresses {self.saddr!r} and {self.daddr!r} are of different families: "
+                                  "a flow is IPv4 to IPv4 or IPv6 to IPv6")
         for p in (self.sport, self.dport):
             if not 1 <= p <= 65535:
                 raise KillSwitchError(f"port {p} out of range 1..65535")
 
+    @property
+    def ipv6(self) -> bool:
+        return ":" in self.saddr
+
     @classmethod
     def parse(cls, text: str) -> FlowKey:
-        """``tcp:10.0.0.1:40000->10.0.0.2:7000`` -> FlowKey. Raises KillSwitchError.
+        """``tcp:10.0.0.1:40000->10.0.0.2:7000`` or ``tcp:[fd00::1]:40000->[fd00::2]:7000`` ->
+        FlowKey. Raises KillSwitchError.
         Keys are immutable, so parses are remembered (a kill-switch names the same flow again)."""
         key = _parse_cached(text)
         if not isinstance(key, cls):  # a subclass asked: build its own instance
@@ -92,10 +113,13 @@ class FlowKey:
         return key
 
     def __str__(self) -> str:
+        if self.ipv6:
+            return f"{self.proto}:[{self.saddr}]:{self.sport}->[{self.daddr}]:{self.dport}"
         return f"{self.proto}:{self.saddr}:{self.sport}->{self.daddr}:{self.dport}"
 
     def pack(self) -> bytes:
-        """The lm_flow_key bytes: addresses and ports in network byte order, as in the headers."""
+        """The lm_flow_key bytes: addresses (IPv6, IPv4 v4-mapped) and ports in network byte
+        order, as in the headers."""
         return self._packed
 
     @functools.cached_property
@@ -105,9 +129,10 @@ class FlowKey:
 
     @classmethod
     def unpack(cls, raw: bytes) -> FlowKey:
-        proto = {v: k for k, v in PROTOS.items()}.get(raw[12], str(raw[12]))
-        sport, dport = struct.unpack("!HH", raw[8:12])
-        return cls(proto, socket.inet_ntoa(raw[0:4]), sport, socket.inet_ntoa(raw[4:8]), dport)
+        k = abi.LmFlowKey.from_buffer_copy(raw[:ctypes.sizeof(abi.LmFlowKey)])
+        proto = {v: k for k, v in PROTOS.items()}.get(k.proto, str(k.proto))
+        return cls(proto, abi.addr_str(bytes(k.saddr)), socket.ntohs(k.sport), abi.addr_str(bytes(k.daddr)),
+                   socket.ntohs(k.dport))
 
     def as_dict(self) -> dict[str, Any]:
         return {"proto": self.proto, "saddr": self.saddr, "sport": self.sport, "daddr": self.daddr, "dport": self.dport}
@@ -118,8 +143,9 @@ def _parse_cached(text: str) -> FlowKey:
     m = _TUPLE_RE.match(text.strip())
     if not m:
         raise KillSwitchError(f"flow {text!r} not understood: expected PROTO:SADDR:SPORT->DADDR:DPORT, "
-                              "e.g. tcp:10.0.0.1:40000->10.0.0.2:7000 (local -> remote)")
-    return FlowKey(m[1], m[2], int(m[3]), m[4], int(m[5]))
+                              "e.g. tcp:10.0.0.1:40000->10.0.0.2:7000 or tcp:[fd00::1]:40000->[fd00::2]:7000 "
+                              "(local -> remote)")
+    return FlowKey(m[1], m[2].strip("[]"), int(m[3]), m[4].strip("[]"), int(m[5]))
 
 
 @dataclass

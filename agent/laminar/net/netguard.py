@@ -182,10 +182,20 @@ class NetGuard:
         pinned back if the load fails (``_put_back``). Pins left by an agent of another map ABI
         (the pinned ``lm_global.abi_version`` is neither 0 nor this agent's ``LM_ABI_VERSION``) are
         all set aside, whatever their sizes: libbpf would re-adopt a map of the same size and this
-        agent would read its entries under another layout; ``_carry_over`` copies none of them."""
+        agent would read its entries under another layout; ``_carry_over`` copies none of them. Pins of
+        an older ABI this agent knows how to convert (``abi.UPGRADES``: 1, whose lm_flows keys were
+        IPv4 only) are treated as another build's: the maps whose size changed are set aside and
+        their entries converted, so a flow or job cut before the upgrade stays cut."""
         aside: dict[str, BpfMap] = {}
         other_abi = self._pinned_abi_version()
-        if other_abi in (None, 0, abi.LM_ABI_VERSION):
+        if other_abi in abi.UPGRADES:
+            # An older ABI this agent converts: the maps whose layout changed have another size and
+            # are set aside below like a resized map; _carry_over converts their entries. The
+            # maps of the same size kept their layout and are re-adopted as they are.
+            log.warning("netguard: the maps pinned under %s are of map ABI version %d, this agent's is %d: "
+                        "their entries are converted", self.pin_root, other_abi, abi.LM_ABI_VERSION)
+            other_abi = None
+        elif other_abi in (None, 0, abi.LM_ABI_VERSION):
             other_abi = None
         else:
             log.warning("netguard: the maps pinned under %s are of map ABI version %d, this agent's is %d: "
@@ -245,19 +255,26 @@ class NetGuard:
         same (same key and value size, and the old maps' lm_global.abi_version is this agent's):
         a job or flow that was cut stays cut. Counters (per-CPU) start again. Emits one event."""
         abi_ok = True
+        upgrade = None
         g_old = aside.get("lm_global")
         raw = (g_old.lookup(abi.u32(0)) if g_old is not None else self.maps["lm_global"].lookup(abi.u32(0)))
+        version = abi.LM_ABI_VERSION
         if raw and len(raw) >= 8:
             version = int.from_bytes(raw[4:8], "little")
-            abi_ok = version in (0, abi.LM_ABI_VERSION)
+            upgrade = abi.UPGRADES.get(version)
+            abi_ok = version in (0, abi.LM_ABI_VERSION) or upgrade is not None
         report: list[str] = []
         for name, old in aside.items():
             new = self.maps.get(name)
             copied = dropped = 0
-            if new is not None and abi_ok and not old.percpu and not new.percpu \
-                    and (old.key_size, old.value_size) == (new.key_size, new.value_size):
+            if new is not None and abi_ok and not old.percpu and not new.percpu:
                 with self.lock:
                     for k, v in old.items():
+                        if upgrade is not None:
+                            k, v = upgrade(name, k, v)
+                        if (len(k), len(v)) != (new.key_size, new.value_size):
+                            dropped += 1  # a layout this agent cannot read
+                            continue
                         try:
                             new.update(k, v)
                             copied += 1
@@ -269,7 +286,9 @@ class NetGuard:
             report.append(f"{name} ({copied} entries carried over{f', {dropped} dropped' if dropped else ''})")
         self.agent.events.emit("agent", "netguard: pinned maps of another build replaced: " + ", ".join(report)
                                + ("" if abi_ok else f"; not carried over: the old maps' ABI version is not "
-                                                    f"{abi.LM_ABI_VERSION}"), pin_root=str(self.pin_root),
+                                                    f"{abi.LM_ABI_VERSION}")
+                               + (f"; converted from map ABI version {version} to {abi.LM_ABI_VERSION}"
+                                  if upgrade is not None else ""), pin_root=str(self.pin_root),
                                replaced=sorted(aside))
 
     def _leave_old_uplink(self, prev: dict[str, Any]) -> bool:
