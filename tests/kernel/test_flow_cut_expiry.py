@@ -25,37 +25,20 @@ from typing import Any
 
 import pytest
 from agentproc import AgentProc, agent_factory, wait_until
-from test_killswitch_dataplane import start_dataplane, stop_dataplane
+from flowrig import flow_entry, shaped_registry
 
 from laminar.api import ApiError
 from laminar.bpf import abi
 from laminar.net import killswitch as ks
-from laminar.net.htb import HtbTree
 from laminar.net.transfers import TransferRegistry
 
 pytestmark = pytest.mark.kernel
-MBIT = 1_000_000
 
 
 @pytest.fixture
 def reg(veth_pair) -> Iterator[tuple[Any, TransferRegistry]]:  # type: ignore[no-untyped-def]
-    vp = veth_pair
-    link, floor = 1000 * MBIT, 400 * MBIT
-    dp = start_dataplane(vp.a.argv(), vp.ifname_a, "cutexp")
-    tree = HtbTree(vp.ifname_a, link, floor, netns=vp.a.name)
-    try:
-        tree.setup()
-        r = TransferRegistry(tree=tree, flows_map=dp.map("lm_flows"))
-        r.configure(link, floor)
-        yield vp, r
-    finally:
-        tree.teardown()
-        stop_dataplane(dp)
-
-
-def _entry(r: TransferRegistry, key: ks.FlowKey) -> ks.FlowEntry | None:
-    raw = r.flows.lookup(key.pack())
-    return ks.FlowEntry.unpack(raw) if raw is not None else None
+    with shaped_registry(veth_pair, "cutexp") as (_dp, r):
+        yield veth_pair, r
 
 
 def test_a_transfers_cut_expires_after_the_linger_and_an_operators_cut_stays(reg) -> None:  # type: ignore[no-untyped-def]
@@ -70,18 +53,18 @@ def test_a_transfers_cut_expires_after_the_linger_and_an_operators_cut_stays(reg
     r.remove("ckpt-a")
     r.remove("ckpt-b")
     for key in (by_transfer, by_operator):  # both still cut, without a class
-        e = _entry(r, key)
+        e = flow_entry(r, key)
         assert e is not None and e.flags & abi.LM_FLOW_KILL and e.priority == 0, (key, e)
     assert r.expire_cuts() == []  # not yet: the linger runs from the transfer's end
     time.sleep(0.4)
     assert r.expire_cuts() == [by_transfer]
-    assert _entry(r, by_transfer) is None
-    e = _entry(r, by_operator)
+    assert flow_entry(r, by_transfer) is None
+    e = flow_entry(r, by_operator)
     assert e is not None and e.flags & abi.LM_FLOW_KILL
     counts = r.cut_counts()
     assert counts["operator_cuts"] == 1 and counts["expiring_cuts"] == 0 and counts["flow_entries"] == 1, counts
     r.flow_switch(str(by_operator), {"action": "off"})
-    assert _entry(r, by_operator) is None and r.cut_counts()["operator_cuts"] == 0
+    assert flow_entry(r, by_operator) is None and r.cut_counts()["operator_cuts"] == 0
 
 
 def test_an_armed_transfer_cut_expires_counting_from_its_deadline(reg) -> None:  # type: ignore[no-untyped-def]
@@ -94,10 +77,10 @@ def test_an_armed_transfer_cut_expires_counting_from_its_deadline(reg) -> None: 
     r.remove("ckpt-armed")
     assert r.expire_cuts(now + 30) == []  # the transfer ended early: the arm still stands
     assert r.expire_cuts(now + 65) == []  # cut at 60 s, lingers 10 s more
-    e = _entry(r, key)
+    e = flow_entry(r, key)
     assert e is not None and e.flags & abi.LM_FLOW_ARMED
     assert r.expire_cuts(now + 71) == [key]
-    assert _entry(r, key) is None
+    assert flow_entry(r, key) is None
 
 
 def test_a_transfer_registering_a_lingering_cuts_flow_keeps_it(reg) -> None:  # type: ignore[no-untyped-def]
@@ -111,10 +94,10 @@ def test_a_transfer_registering_a_lingering_cuts_flow_keeps_it(reg) -> None:  # 
     r.remove("ckpt-old")
     r.add("job-1", 1, key, 10_000_000, 600, transfer_id="ckpt-new")
     assert r.expire_cuts(time.time() + 3600) == []
-    e = _entry(r, key)
+    e = flow_entry(r, key)
     assert e is not None and e.priority and e.flags & abi.LM_FLOW_KILL, e
     r.remove("ckpt-new")
-    assert r.expire_cuts(time.time() + 1) == [key] and _entry(r, key) is None
+    assert r.expire_cuts(time.time() + 1) == [key] and flow_entry(r, key) is None
 
 
 def test_a_full_lm_flows_is_refused_with_its_limit(reg) -> None:  # type: ignore[no-untyped-def]
@@ -188,4 +171,4 @@ def test_a_cut_by_transfer_id_racing_the_transfers_removal_still_expires(reg) ->
     r.tree.remove_leaf(t.minor)  # remove(), the rest
     del r.transfers[t.id]
     r.sweep_once(time.time() + 1)
-    assert _entry(r, key) is None, "the cut of an ended transfer never expires"
+    assert flow_entry(r, key) is None, "the cut of an ended transfer never expires"

@@ -20,15 +20,14 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from test_killswitch_dataplane import DataPlane, start_dataplane, stop_dataplane
+from flowrig import flow_entry, shaped_registry
+from test_killswitch_dataplane import DataPlane
 
 from laminar.bpf import abi
 from laminar.net import killswitch as ks
-from laminar.net.htb import HtbTree
 from laminar.net.transfers import TransferRegistry
 
 pytestmark = pytest.mark.kernel
-MBIT = 1_000_000
 ROUNDS = 2000
 
 
@@ -73,23 +72,8 @@ class Hammer:
 
 @pytest.fixture
 def shaped(veth_pair) -> Iterator[tuple[Any, DataPlane, TransferRegistry]]:  # type: ignore[no-untyped-def]
-    vp = veth_pair
-    link, floor = 1000 * MBIT, 400 * MBIT
-    dp = start_dataplane(vp.a.argv(), vp.ifname_a, "ksrace")
-    tree = HtbTree(vp.ifname_a, link, floor, netns=vp.a.name)
-    try:
-        tree.setup()
-        reg = TransferRegistry(tree=tree, flows_map=dp.map("lm_flows"))
-        reg.configure(link, floor)
-        yield vp, dp, reg
-    finally:
-        tree.teardown()
-        stop_dataplane(dp)
-
-
-def _entry(reg: TransferRegistry, key: ks.FlowKey) -> ks.FlowEntry | None:
-    raw = reg.flows.lookup(key.pack())
-    return ks.FlowEntry.unpack(raw) if raw is not None else None
+    with shaped_registry(veth_pair, "ksrace") as (dp, reg):
+        yield veth_pair, dp, reg
 
 
 def test_kill_flow_on_survives_the_registry_rewriting_the_entry(shaped) -> None:  # type: ignore[no-untyped-def]
@@ -101,14 +85,14 @@ def test_kill_flow_on_survives_the_registry_rewriting_the_entry(shaped) -> None:
         for _ in range(ROUNDS):
             reg.flow_switch("ckpt-race", {"action": "on"})
             h.wait_writes(2)
-            e = _entry(reg, key)
+            e = flow_entry(reg, key)
             assert e is not None and e.priority, "the transfer's entry lost its class"
             if not e.flags & abi.LM_FLOW_KILL:
                 lost += 1
                 continue
             reg.flow_switch("ckpt-race", {"action": "off"})
             h.wait_writes(2)
-            e = _entry(reg, key)
+            e = flow_entry(reg, key)
             assert e is not None and not e.flags & abi.LM_FLOW_KILL
     assert lost == 0, f"the kill bit was overwritten by the registry's write in {lost} of {ROUNDS} rounds"
 
@@ -122,7 +106,7 @@ def test_arm_survives_the_registry_rewriting_the_entry(shaped) -> None:  # type:
         for _ in range(ROUNDS):
             reg.flow_switch("ckpt-arm", {"action": "arm", "at_s": 300})
             h.wait_writes(2)
-            e = _entry(reg, key)
+            e = flow_entry(reg, key)
             assert e is not None
             if not (e.flags & abi.LM_FLOW_ARMED and e.kill_at_ns):
                 lost += 1
@@ -147,7 +131,7 @@ def test_adhoc_off_does_not_delete_a_transfer_entry_written_meanwhile(shaped) ->
             reg.flow_switch(str(key), {"action": "on"})
             reg.flow_switch(str(key), {"action": "off"})
             h.wait_writes(2)
-            e = _entry(reg, key)
+            e = flow_entry(reg, key)
             if e is None or not e.priority:
                 lost += 1
     reg.transfers[t.id] = t
@@ -169,12 +153,12 @@ def test_a_cut_outlives_the_transfer_that_ends(shaped) -> None:  # type: ignore[
     reg.flow_switch("ckpt-armed", {"action": "arm", "at_s": 60})
     for tid in ("ckpt-cut", "ckpt-armed", "ckpt-plain"):
         reg.remove(tid)
-    e = _entry(reg, cut)
+    e = flow_entry(reg, cut)
     assert e is not None and e.flags & abi.LM_FLOW_KILL and e.priority == 0
-    e = _entry(reg, armed)
+    e = flow_entry(reg, armed)
     assert e is not None and e.flags & abi.LM_FLOW_ARMED and e.kill_at_ns and e.priority == 0
-    assert _entry(reg, plain) is None
+    assert flow_entry(reg, plain) is None
     res = reg.flow_switch(str(cut), {"action": "off"})
-    assert res["entry_removed"] and _entry(reg, cut) is None
+    assert res["entry_removed"] and flow_entry(reg, cut) is None
     reg.flow_switch(str(armed), {"action": "off"})
-    assert _entry(reg, armed) is None
+    assert flow_entry(reg, armed) is None
