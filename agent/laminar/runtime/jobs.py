@@ -37,7 +37,10 @@ Who may do what (decided from SO_PEERCRED by the control API): any local user ma
 job (it runs with the caller's uid and gid) and stop their own jobs; stopping someone else's
 job needs root or the control group. A user other than root may have at most config
 ``jobs.max_per_user`` jobs that have not ended (queued, running, suspended or being stopped);
-one more submission is refused (`QuotaError`, 429) and creates nothing. Every local user may list and show every job, but the
+one more submission is refused (`QuotaError`, 429) and creates nothing. The records of ended
+jobs are kept for ``jobs.keep_ended_s`` and at most ``jobs.keep_ended`` of them
+(`JobManager.prune_ended`); a job that has not ended, or that another component's table still
+names, is never pruned, and no job number is given twice. Every local user may list and show every job, but the
 values of a job's environment (``spec.env``, where tokens live) are shown only to the job's
 owner and root: anyone else sees the names with each value replaced by `REDACTED` (and
 ``"env_redacted": true``). The command line is shown to all, as ``ps`` shows it. A job's files
@@ -80,6 +83,9 @@ CPUS_MIN = 0.01  # the kernel's smallest CFS quota: 1 ms per 100 ms period
 # A re-adopted job whose main process is gone (but whose cgroup is not empty) is watched by
 # polling cgroup.events at this interval; POLLPRI on cgroup.events would do too, this is simpler.
 ADOPT_POLL_S = 0.5
+# The most ended jobs' records one prune deletes (the rest at the next): a limit lowered by a
+# million rows must not hold the event loop in one statement.
+PRUNE_BATCH = 5000
 # How often leaked cgroups (a teardown's removal failed) are killed and removed again. A process
 # that could not die (hung storage, a frozen v1 freezer) usually can within minutes; 30 s keeps
 # the retry cheap (one query, one rmdir per leaked directory).
@@ -90,20 +96,37 @@ REASON_MAX = 1000
 # Entries of a job's checkpoint directory read to find its newest checkpoint (Airlock asks on
 # every tick; a job's owner may fill the directory with files).
 CKPT_SCAN_MAX = 1024
-# Ended jobs GET /v1/jobs lists (the newest; ?limit= up to LIST_ENDED_MAX): the store keeps
-# every job, and reading 20,000 of them took the event loop about 3 s per request.
+# Ended jobs GET /v1/jobs lists (the newest; ?limit= up to LIST_ENDED_MAX): the store keeps up
+# to config jobs.keep_ended of them (prune_ended), and reading 20,000 took the event loop
+# about 3 s per request.
 LIST_ENDED_DEFAULT = 200
 LIST_ENDED_MAX = 100_000
 # What a job's env values read as to a caller who is neither the job's owner nor root.
 REDACTED = "<redacted>"
 
 # Config [jobs]: how many jobs one user may have that have not ended (queued, running,
-# suspended or being stopped) on this node (docs/operations.md, "How many jobs a user may have").
+# suspended or being stopped) on this node, and how long and how many ended jobs' records the
+# store keeps (docs/operations.md, "How many jobs a user may have, and how long ended jobs are
+# kept").
 MAX_PER_USER = 256
+KEEP_ENDED_S = 7 * 86400.0
+KEEP_ENDED = 10_000
+# The meta key holding the highest job number pruned: numbers (and ids, log and checkpoint
+# paths, replica keys) are never given twice, also when the newest rows are pruned.
+NUM_FLOOR_KEY = "jobs.num_floor"
+# Tables of other components whose rows name a job (column): a job they name is not pruned
+# (a buddy guarding its replica asks about it, a replica resumed here finds it by its key).
+KEEP_REFERENCED = (("migrate_buddies", "job_id"), ("migrate_replicas", "job_id"), ("net_transfers", "job"),
+                   ("zone_placed", "job_id"), ("jobs_leaked_cgroups", "job_id"))
 CONFIG_FIELDS = {
     "max_per_user": Field(int, MAX_PER_USER, "how many jobs not yet ended (queued, running, suspended, "
                           "stopping) one local user may have on this node; root is not limited (0: no limit)",
                           lambda v: None if 0 <= v <= 1_000_000 else "out of range 0..1000000"),
+    "keep_ended_s": Field((int, float), KEEP_ENDED_S, "seconds the records of ended jobs are kept "
+                          "(GET /v1/jobs, `laminarctl jobs`, `job show`); older ones are pruned",
+                          lambda v: None if 0 <= v <= 10 * 365 * 86400 else "out of range 0..315360000"),
+    "keep_ended": Field(int, KEEP_ENDED, "at most this many ended jobs' records are kept (the oldest ended "
+                        "are pruned first)", lambda v: None if 0 <= v <= 10_000_000 else "out of range 0..10000000"),
 }
 register_section("jobs", CONFIG_FIELDS)
 
@@ -138,6 +161,8 @@ SCHEMA.append("""CREATE TABLE IF NOT EXISTS jobs_leaked_cgroups (
         since REAL NOT NULL,
         tries INTEGER NOT NULL,
         error TEXT NOT NULL)""")
+# Retention (prune_ended) picks the oldest ended jobs.
+SCHEMA.append("CREATE INDEX IF NOT EXISTS jobs_by_ended ON jobs(ended)")
 # Columns added after the first release, with their types (added to an existing table at start).
 LATER_COLUMNS = {"started": "REAL"}
 
@@ -693,10 +718,13 @@ class JobManager:
                  hierarchy: Hierarchy | None = None, events: Any = None, netguard: Any = None,
                  gpus_declared: list[int] | None = None, stop_grace_s: float = STOP_GRACE_S,
                  grants: Grants | None = None, leak_sweep_s: float = LEAK_SWEEP_S, metrics: Any = None,
-                 max_per_user: int | None = None) -> None:
+                 max_per_user: int | None = None, keep_ended_s: float | None = None,
+                 keep_ended: int | None = None) -> None:
         self.agent: Any = None
         # config [jobs] (None: the agent's config, else the defaults): see CONFIG_FIELDS
         self.max_per_user = max_per_user
+        self.keep_ended_s = keep_ended_s
+        self.keep_ended = keep_ended
         # who may submit which class and priority through the API (config [grants])
         self.grants = grants
         self.leak_sweep_s = leak_sweep_s
@@ -758,7 +786,13 @@ class JobManager:
                 jobs_cfg = {}
             if self.max_per_user is None:
                 self.max_per_user = jobs_cfg.get("max_per_user")
+            if self.keep_ended_s is None:
+                self.keep_ended_s = jobs_cfg.get("keep_ended_s")
+            if self.keep_ended is None:
+                self.keep_ended = jobs_cfg.get("keep_ended")
         self.max_per_user = MAX_PER_USER if self.max_per_user is None else self.max_per_user
+        self.keep_ended_s = KEEP_ENDED_S if self.keep_ended_s is None else self.keep_ended_s
+        self.keep_ended = KEEP_ENDED if self.keep_ended is None else self.keep_ended
         if self.store is None or self.state_dir is None:
             raise RuntimeError("JobManager needs a store and a state dir (an agent, or store=/state_dir=)")
         self.cgroup_root = self.cgroup_root or "laminar"
@@ -784,12 +818,8 @@ class JobManager:
         self._emit("job", f"jobs: {self.hierarchy.describe()}; GPUs: {self.inventory.source} "
                    f"{self.inventory.indices} {self.inventory.note}".rstrip(),
                    cgroups=self.hierarchy.mode, gpus=self.inventory.as_dict())
-        # a reclaim of this node whose window is still open (an agent restart): held before any admission
-        from laminar.migrate.drain import held_at_start
-
-        self.held = self.held or held_at_start(self.store)
         self._adopt_all()
-        self._spawn_task(self._leak_loop())  # its first sweep runs now: leaks of the previous agent
+        self._spawn_task(self._leak_loop())  # now, then every leak_sweep_s: leaks of the previous agent; pruning
 
     def _check_reachable(self) -> None:
         """Warns (a ``job`` event) when other users may not pass through the state directory or
@@ -928,7 +958,50 @@ class JobManager:
                 raise
             except Exception:
                 log.exception("leaked cgroup sweep failed")
+            self.prune_ended()  # the age rule holds on an idle node too
             await asyncio.sleep(self.leak_sweep_s)
+
+    # -- retention -----------------------------------------------------------------------------
+    def prune_ended(self, now: float | None = None) -> int:
+        """Delete the records of ended jobs beyond config ``jobs.keep_ended_s`` (ended longer
+        ago) and ``jobs.keep_ended`` (the oldest ended first); returns how many. Never a job
+        that has not ended (no ``ended`` recorded: queued, running, suspended, being stopped, or
+        a stop the previous agent left unfinished), nor one another component's table still
+        names (`KEEP_REFERENCED`). At most PRUNE_BATCH per call (the rest at the next one), so a
+        lowered limit never holds the event loop. The highest number pruned is kept
+        (`NUM_FLOOR_KEY`): no job number is ever given twice. Called when a job ends, at start
+        and every ``leak_sweep_s``; a store error is logged, never raised."""
+        if self.store is None:
+            return 0
+        now = time.time() if now is None else now
+        keep_s = KEEP_ENDED_S if self.keep_ended_s is None else float(self.keep_ended_s)
+        keep_n = KEEP_ENDED if self.keep_ended is None else int(self.keep_ended)
+        try:
+            db = self.store.db
+            tables = {r[0] for r in db.execute("SELECT name FROM sqlite_master WHERE type='table'")}
+            where = "ended IS NOT NULL" + "".join(
+                f" AND id NOT IN (SELECT {col} FROM {table} WHERE {col} IS NOT NULL)"
+                for table, col in KEEP_REFERENCED if table in tables)
+            old = [tuple(r) for r in db.execute(f"SELECT id, num FROM jobs WHERE {where} AND ended < ? "
+                                                "ORDER BY ended, num LIMIT ?", (now - keep_s, PRUNE_BATCH))]
+            excess = int(db.execute(f"SELECT COUNT(*) FROM jobs WHERE {where}").fetchone()[0]) - len(old) - keep_n
+            if excess > 0 and len(old) < PRUNE_BATCH:
+                old += [tuple(r) for r in db.execute(
+                    f"SELECT id, num FROM jobs WHERE {where} AND ended >= ? ORDER BY ended, num LIMIT ?",
+                    (now - keep_s, min(excess, PRUNE_BATCH - len(old))))]
+            if not old:
+                return 0
+            floor = max(int(self.store.get_meta(NUM_FLOOR_KEY, 0) or 0), max(int(n) for _, n in old))
+            with self.store.tx() as tx:
+                tx.executemany("DELETE FROM jobs WHERE id = ? AND ended IS NOT NULL", [(i,) for i, _ in old])
+                tx.execute("INSERT INTO meta(key, value) VALUES(?, ?) ON CONFLICT(key) DO UPDATE SET "
+                           "value=excluded.value", (NUM_FLOOR_KEY, json.dumps(floor)))
+        except Exception as e:  # sqlite3.Error, a store closing under us: the next call retries
+            log.warning("jobs: pruning ended jobs' records failed: %s", e)
+            return 0
+        log.info("jobs: pruned the records of %d ended job(s) (oldest %s; keep_ended %d, keep_ended_s %g)",
+                 len(old), old[0][0], keep_n, keep_s)
+        return len(old)
 
     # -- queries -------------------------------------------------------------------------------
     def get(self, job_id: str) -> Job | None:
@@ -1137,7 +1210,9 @@ class JobManager:
         if quota:  # again: other submissions of the owner may have been stored while check_paths ran
             self.check_quota(owner_uid)
         with self.store.tx() as db:
-            num = int(db.execute("SELECT COALESCE(MAX(num), 0) + 1 FROM jobs").fetchone()[0])
+            # past every number given: the highest row, and the highest ever pruned
+            floor = int(self.store.get_meta(NUM_FLOOR_KEY, 0) or 0)
+            num = max(int(db.execute("SELECT COALESCE(MAX(num), 0) FROM jobs").fetchone()[0]), floor) + 1
             job_id = f"job-{num}"
             created = time.time()
             db.execute("INSERT INTO jobs(id, num, spec, state, owner_uid, owner_gid, gpus, created) "
@@ -1342,6 +1417,7 @@ class JobManager:
         if ev is not None:
             ev.set()
         self.admit()  # its charge is gone with its cgroup: room for the queue
+        self.prune_ended()
 
     def _workers_file(self, job_id: str) -> Path:
         """An elastic job's worker count (``LAMINAR_WORKERS_FILE``; zone.loan writes it)."""
@@ -1427,6 +1503,7 @@ class JobManager:
             if ev is not None:
                 ev.set()
             self.admit()  # the head of a queue may have left
+            self.prune_ended()
             return job
         if not job.active or job.id not in self.jobs:
             raise JobError(f"job {job.id} is not running (state {job.state})")
