@@ -818,6 +818,10 @@ class JobManager:
         self._emit("job", f"jobs: {self.hierarchy.describe()}; GPUs: {self.inventory.source} "
                    f"{self.inventory.indices} {self.inventory.note}".rstrip(),
                    cgroups=self.hierarchy.mode, gpus=self.inventory.as_dict())
+        # a reclaim of this node whose window is still open (an agent restart): held before any admission
+        from laminar.migrate.drain import held_at_start
+
+        self.held = self.held or held_at_start(self.store)
         self._adopt_all()
         self._spawn_task(self._leak_loop())  # now, then every leak_sweep_s: leaks of the previous agent; pruning
 
