@@ -170,6 +170,11 @@ drop stands; the answer's ``source_told`` is false, event phase ``replica-drop-u
 stopped job held here, or a gone source's job, is then lost unless the archive holds it.
 Counted as ``counts.replica_dropped``,
 recorded as a ``migrate`` event (phase ``replica-dropped``, ``by`` the caller's uid).
+A key whose checkpoint was committed and whose guard has not come yet is ``unclaimed``, so a
+drop without ``force`` removes it: the guard that then comes names a checkpoint this node does
+not hold, and is refused (:meth:`ReclaimComponent._check_guarded_ckpt`; every guard follows the
+transfer of what it names): the source's prestage (or move) fails and it goes to another peer,
+instead of counting on a buddy with nothing to resume the job from.
 
 Progress: events of kind ``migrate`` and ``GET /v1/migrations/{job}`` (what
 ``laminarctl job show ID --follow`` draws as a progress bar).
@@ -1187,7 +1192,7 @@ class ReclaimComponent:
                 tx.execute("DELETE FROM migrate_reclaim_jobs")
             jobs_mgr = getattr(self.agent, "jobs", None)
             if jobs_mgr is not None and getattr(jobs_mgr, "held", None) == drain.hold_reason(int(row["node"])):
-                jobs_mgr.hold_queue(None)  # held by this reclaim (it cannot be: held_at_start saw the end)
+                jobs_mgr.hold_queue(None)  # the window ended between the job manager's start and this one
             self._emit(f"reclaim of node {row['node']} cleared: its window ended {now - end:.1f} s before this "
                        "agent started (the owner gave the node back); it takes jobs again", phase="reclaim-cleared",
                        notice_s=float(row["notice_s"]), window_end=end, reason=str(row["reason"]))
@@ -3663,6 +3668,7 @@ class ReclaimComponent:
             raise ValueError(f"body of {op!r} must be an object")
         if op == "guard":
             key = str(body["key"])
+            self._check_guarded_ckpt(key, str(body["ckpt"]))
             with self.agent.store.tx() as db:
                 db.execute("INSERT INTO migrate_replicas VALUES (?, ?, ?, ?, ?, 'guarding', NULL, ?) "
                            "ON CONFLICT(key) DO UPDATE SET ckpt=excluded.ckpt, request=excluded.request, "
@@ -3705,6 +3711,24 @@ class ReclaimComponent:
         if op == "dropped":  # an operator dropped the guard of one of this node's jobs there, by force
             return self._answer_dropped(node, str(body["key"]))
         raise ValueError(f"unknown control operation {op!r} (guard, release, reclaim, space, needs, dropped)")
+
+    def _check_guarded_ckpt(self, key: str, ckpt: str) -> None:
+        """A guard is taken only for a checkpoint held here (``<root>/checkpoints/<key>/<ckpt>/``,
+        a directory, not a link): every guard follows the transfer of the checkpoint it names, and
+        one that is not here was dropped in between (an operator's drop of a key no guard had named
+        yet, with or without force) or never came. Taking it would leave this node guarding a job
+        with nothing to resume it from while its source counts on it; refused (ValueError), the
+        source's prestage or move fails and it tries another node (a guard it had stays)."""
+        if not _SAFE_KEY.match(key) or not _CKPT_NAME.match(ckpt):
+            raise ValueError(f"guard of {key!r}: {ckpt!r} is not a checkpoint name (ckpt-<n>) of a replica key")
+        assert self.root is not None
+        try:
+            held = stat.S_ISDIR(os.lstat(self.root / "checkpoints" / key / ckpt).st_mode)
+        except OSError:
+            held = False
+        if not held:
+            raise ValueError(f"guard of {key}: {ckpt} is not held on node {self.node_id} (dropped by its operator, "
+                             "or never received): not guarding it")
 
     def _on_event(self, e: dict[str, Any]) -> None:
         """Records the zone's reclaim notices of other nodes (zone events with deadline_ms)."""
