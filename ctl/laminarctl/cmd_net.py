@@ -52,7 +52,7 @@ def register(sub: Any, common: argparse.ArgumentParser) -> None:
     tsub = tr.add_subparsers(dest="tr_cmd", metavar="ACTION")
     p = tsub.add_parser("add", parents=[common], help="register a transfer (gets an HTB leaf and a flow entry)")
     p.add_argument("--job", required=True, help="the job the transfer belongs to")
-    p.add_argument("--flow", required=True, help="5-tuple, local -> remote: tcp:SADDR:SPORT->DADDR:DPORT")
+    p.add_argument("--flow", required=True, help="5-tuple, local -> remote: tcp:SADDR:SPORT->DADDR:DPORT (IPv6 in brackets: tcp:[fd00::1]:40000->[fd00::2]:7000)")
     p.add_argument("--bytes", required=True, help="total size, e.g. 4G, 512Mi")
     p.add_argument("--deadline", required=True, help="when it must be done, from now: +90s, 2m")
     p.add_argument("--id", help="transfer id (default: generated)")
@@ -67,7 +67,7 @@ def register(sub: Any, common: argparse.ArgumentParser) -> None:
     p.set_defaults(func=cmd_transfer_rm)
 
     p = nsub.add_parser("kill-flow", parents=[common], help="cut one flow (both directions) now or at a deadline")
-    p.add_argument("flow", help="a transfer id or a 5-tuple tcp:SADDR:SPORT->DADDR:DPORT")
+    p.add_argument("flow", help="a transfer id or a 5-tuple tcp:SADDR:SPORT->DADDR:DPORT (IPv6 addresses in brackets)")
     p.add_argument("action", choices=["on", "off", "arm"], help="on: cut now; off: restore; arm: cut at --at")
     p.add_argument("--at", help="with arm: when, e.g. +30s (the data plane enforces it even if the agent dies)")
     p.set_defaults(func=cmd_kill_flow)
