@@ -544,3 +544,40 @@ def test_a_protected_jobs_page_cache_leaves_the_other_classes_room(tmp_path: Pat
             await r.close()
 
     run(main())
+
+
+def test_a_job_stopping_through_a_long_grace_is_cut_short_under_pressure_before_a_running_job(tmp_path: Path) -> None:
+    """A job being stopped (here: it ignores SIGTERM, its grace is 60 s) was out of Airlock's
+    reach: only running and suspended jobs were ranked. Under pressure it kept its memory while
+    Airlock suspended and then reclaimed a running job that was not ending at all. Now its grace
+    is cut short first (it ends anyway; its end stays the stop's, the reason says so) and the
+    running job is left alone."""
+    async def main() -> None:
+        r = Rig(tmp_path, f"laminar-t-{secrets.token_hex(3)}")
+        try:
+            await r.start(budget_mb=512, policy={"readdress": False, "rungs": {"suspend": {"budget_s": 1.0}}})
+            assert r.jobs is not None
+            deaf = ["sh", "-c", "trap '' TERM; exec \"$@\"", "sh", *hog(250, step=50, delay=0.05)]
+            ending = await r.jobs.submit(JobSpec(command=deaf, job_class="transient", priority=10, name="lm-t-ending"))
+            assert await until(lambda: charged(ending) >= 240 << 20, 20), charged(ending)
+            stop = asyncio.create_task(r.jobs.stop(ending.id, "test: stopped by its owner", grace_s=60))
+            assert await until(lambda: ending.state == "stopped", 10)
+            assert ending.ended is None and alive(ending.pid)  # in its grace, SIGTERM ignored
+            # 250 MiB held by the ending job + 350 MiB of a running one: more than the 512 MiB budget
+            busy = await r.jobs.submit(JobSpec(command=hog(350, step=25, delay=0.03), job_class="standard",
+                                               priority=50, name="lm-t-busy"))
+            assert await until(lambda: stop.done(), 20), f"the ending job's grace was not cut: {r.actions()}"
+            final = await stop
+            assert final is not None and final.state == "stopped" and final.ended is not None
+            assert "cut short by Airlock" in final.reason, final.reason
+            assert [a["job"] for a in r.actions("cut")] == [ending.id], r.actions()
+            assert await until(lambda: charged(busy) >= 340 << 20, 20), charged(busy)
+            await asyncio.sleep(1.0)  # past the suspend budget: anything acting on it would show
+            touched = [a for a in r.actions() if a["job"] == busy.id]
+            assert touched == [], f"Airlock acted on the running job instead: {touched}"
+            now = r.jobs.get(busy.id)
+            assert now is not None and now.state == "running" and not now.cgroup.frozen() and alive(busy.pid)
+        finally:
+            await r.close()
+
+    run(main())

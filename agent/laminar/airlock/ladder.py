@@ -18,6 +18,11 @@ Airlock's manager (mechanism) and the simulator (``laminar.sim``) call the same 
   reclaimed (``cgroup.kill``, work lost recorded), one reclaim per ``RECLAIM_SETTLE_S``. Once the node has been calm for ``hold_s``
   and below ``recover_below``, suspended jobs are thawed one per ``step_s``, highest value
   first (in-situ recovery); a re-addressed job (already thawed) simply leaves its rung then.
+- A job being stopped (its SIGTERM sent, its grace running: `JobView.stopping`) is ending anyway
+  and is no candidate for suspension; under HIGH or CRITICAL its grace is cut short first
+  (``CUT``: the mechanism kills it), before any running job is suspended or reclaimed, and the
+  ladder then waits ``RECLAIM_SETTLE_S`` for its memory to come back. Once per job; never a
+  protected class's job.
 - `oom_score_adj(job_class, priority)`: the kernel's fallback order mirrors the ladder, so if
   the OOM killer ever acts first it takes transients first. Values are >= 0, which needs no
   CAP_SYS_RESOURCE (lowering oom_score_adj below its current value does).
@@ -34,6 +39,9 @@ LEVEL_NAMES = {NONE: "none", STEADY: "steady", HIGH: "high", CRITICAL: "critical
 
 # Rung names; a job's `rung` is None while it runs untouched.
 SUSPEND, READDRESS, RECLAIM, RECOVER = "suspend", "readdress", "reclaim", "recover"
+# The action on a job being stopped: its stop's grace is cut short (killed now; it ends as its
+# stop said, e.g. stopped by its owner).
+CUT = "cut"
 
 # After a reclaim under CRITICAL, wait this long for the killed job's memory to be freed before
 # reclaiming another (cgroup.kill is asynchronous; freeing 1 GiB takes ~100 ms).
@@ -61,6 +69,7 @@ class JobView:
     rung: str | None = None       # None (running), SUSPEND or READDRESS
     rung_since: float | None = None
     hops: int = 0                 # re-addressing attempts so far
+    stopping: bool = False        # being stopped (SIGTERM sent, in its grace): ending anyway
 
 
 @dataclass(frozen=True)
@@ -81,7 +90,7 @@ class Signals:
 
 @dataclass(frozen=True)
 class Action:
-    """One decision: `kind` is SUSPEND, READDRESS, RECLAIM or RECOVER; `reason` says why."""
+    """One decision: `kind` is SUSPEND, READDRESS, RECLAIM, RECOVER or CUT; `reason` says why."""
 
     kind: str
     job_id: str
@@ -100,6 +109,8 @@ class Memo:
     last_suspend: float = float("-inf")
     usage_at_suspend: float | None = None
     acted: dict[str, float] = field(default_factory=dict)
+    last_cut: float = float("-inf")
+    cut: dict[str, float] = field(default_factory=dict)  # jobs whose stop's grace was cut, and when
 
 
 def survival_value(job: JobView, policy: dict[str, Any]) -> float:
@@ -164,12 +175,28 @@ def decide(now: float, level: int, jobs: Iterable[JobView], policy: dict[str, An
     of budget escalations, and at most one recovery per ``hysteresis.step_s``.
     """
     protected = set(policy["protected"])
-    jobs = list(jobs)
+    everyone = list(jobs)
+    stopping = [j for j in everyone if j.stopping]
+    jobs = [j for j in everyone if not j.stopping]
     candidates = [j for j in jobs if j.job_class not in protected]
     ranked = rank(candidates, policy)
     actions: list[Action] = []
+    for jid in set(memo.cut) - {j.id for j in stopping}:
+        del memo.cut[jid]
     if level >= HIGH:
         memo.last_pressure = now
+        # 0. Jobs being stopped hold their memory through their grace (one that ignores SIGTERM
+        #    for all of it) although they end anyway: cut their grace short before anything
+        #    that runs is touched, largest first, each once; then let their memory come back.
+        for j in sorted(stopping, key=lambda j: (-j.memory_bytes, j.id)):
+            if j.job_class not in protected and j.id not in memo.cut:
+                memo.cut[j.id] = now
+                actions.append(Action(CUT, j.id, f"pressure {LEVEL_NAMES[level]}: being stopped, ending anyway; "
+                                      f"its grace is cut short to free {j.memory_bytes >> 20} MiB before any running "
+                                      "job is suspended or reclaimed"))
+        if actions:
+            memo.last_cut = now
+            return actions
     hyst = policy["hysteresis"]
     calm = level == NONE and now - memo.last_pressure >= hyst["hold_s"]
 
@@ -198,7 +225,8 @@ def decide(now: float, level: int, jobs: Iterable[JobView], policy: dict[str, An
     #    one per RECLAIM_SETTLE_S so a single kill's memory can come back first.
     if level < HIGH:
         memo.usage_at_suspend = None
-    if level >= HIGH:
+    settling = now - memo.last_cut < RECLAIM_SETTLE_S  # a cut job's memory is coming back
+    if level >= HIGH and not settling:
         running = [(v, j) for v, j in ranked if j.rung is None]
         growing = (memo.usage_at_suspend is None or usage is None
                    or usage > memo.usage_at_suspend + GROWTH_EPS)

@@ -10,7 +10,9 @@ do and does it, lowest survival value first:
 - **recover**: ``cgroup.thaw``, highest value first, one per step, once calm (hysteresis);
 - **re-address**: send the checkpoint signal, then ``agent.migrate.readdress(job)`` when the
   migration layer is present; when it is not, an event says so and the budget runs on;
-- **reclaim**: ``cgroup.kill`` with the work lost (seconds since the last checkpoint) recorded.
+- **reclaim**: ``cgroup.kill`` with the work lost (seconds since the last checkpoint) recorded;
+- **cut**: a job being stopped (in its grace, e.g. ignoring SIGTERM) is killed under pressure
+  before any running job is touched: it ends anyway, and its stop records its end as before.
 
 Every decision is an ``airlock`` event with its reason (``laminarctl events --kind airlock``).
 
@@ -532,7 +534,7 @@ class Airlock:
         typ = event.get("type")
         now = time.monotonic()
         cg = event.get("cgroup_id")
-        ours = self.jobs is not None and any(j.cgroup_id == cg for j in self.jobs.active())
+        ours = self.jobs is not None and any(j.cgroup_id == cg for j in (*self.jobs.active(), *self._stopping()))
         if typ in (EV_MEMCG_RECLAIM_BEGIN, "memcg_reclaim_begin") and ours:
             self.last_stall = now
         elif typ in (EV_DIRECT_RECLAIM_BEGIN, "direct_reclaim_begin"):
@@ -597,7 +599,7 @@ class Airlock:
         while True:
             # With no job to protect there is nothing to read every 50 ms: tick once a second
             # (a job's submission or any pressure signal schedules an evaluation at once).
-            idle = self.jobs is None or not self.jobs.active()
+            idle = self.jobs is None or not (self.jobs.active() or self._stopping())
             await asyncio.sleep(IDLE_TICK_S if idle else self.tick_s)
             if time.monotonic() - last_sync >= 1.0:
                 last_sync = time.monotonic()
@@ -689,10 +691,27 @@ class Airlock:
         mig = getattr(self.agent, "migrate", None)
         return set(getattr(mig, "evacuating", ()) or ())
 
+    def _stopping(self) -> list[Any]:
+        """Jobs being stopped (SIGTERM sent, in their grace; `JobManager.stopping`), but for
+        those Airlock reclaims itself (already killed)."""
+        fn = getattr(self.jobs, "stopping", None)
+        if fn is None:
+            return []
+        return [j for j in fn() if self.rungs.get(j.id, (None,))[0] != ladder.RECLAIM]
+
     def views(self, now: float) -> list[ladder.JobView]:
         out = []
         wall = time.time()
         moving = self.moving()
+        # A job being stopped still holds its memory: the ladder cuts its grace short first.
+        for j in self._stopping():
+            if j.id in moving:
+                continue
+            try:
+                mem = j.cgroup.memory_in_use()
+            except CgroupError:
+                continue
+            out.append(ladder.JobView(j.id, j.spec.job_class, j.spec.priority, 0.0, mem, stopping=True))
         for j in self.jobs.active():
             rung, since, hops = self.rungs.get(j.id, (None, None, 0))
             if rung == ladder.RECLAIM or j.id in moving:
@@ -745,6 +764,9 @@ class Airlock:
 
     def _apply(self, a: ladder.Action, now: float, level: int, sig: ladder.Signals) -> None:
         job = self.jobs.get(a.job_id)
+        if a.kind == ladder.CUT:
+            self._cut(job, a, level, sig)
+            return
         if job is None or not job.active:
             self._drop_rung(a.job_id)
             return
@@ -786,6 +808,26 @@ class Airlock:
         fields["reason"] = a.reason
         self.decisions.append({"ts": time.time(), **fields})
         self._emit(f"airlock: {a.kind} {job.id}: {a.reason}", **fields)
+
+    def _cut(self, job: Any, a: ladder.Action, level: int, sig: ladder.Signals) -> None:
+        """Cut a stopping job's grace short: ``cgroup.kill`` now. Its stop (waiting out the
+        grace) sees the exit and records the end with the state it gave (stopped, requeued,
+        ...), its reason saying that Airlock cut the grace."""
+        if job is None or job.active or job.ended is not None or job.id not in {j.id for j in self._stopping()}:
+            return
+        fields: dict[str, Any] = {"action": a.kind, "job": job.id, "class": job.spec.job_class,
+                                  "priority": job.spec.priority, "stop_state": job.state,
+                                  "level": ladder.LEVEL_NAMES[level], "usage": sig.usage,
+                                  "memory_freed_bytes": _safe_usage(job)}
+        try:
+            job.cgroup.kill()
+            self.jobs.set_state(job, job.state, f"{job.reason}; its grace cut short by Airlock at memory pressure "
+                                                f"{ladder.LEVEL_NAMES[level]}")
+        except CgroupError as e:
+            fields["error"] = str(e)
+        fields["reason"] = a.reason
+        self.decisions.append({"ts": time.time(), **fields})
+        self._emit(f"airlock: cut {job.id}'s stop short: {a.reason}", **fields)
 
     async def _finish_reclaim(self, job_id: str, reason: str, lost: float) -> None:
         try:

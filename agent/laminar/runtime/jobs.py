@@ -1043,6 +1043,12 @@ class JobManager:
         """Running and suspended jobs (those with processes); queued ones are not active."""
         return [j for j in self.jobs.values() if j.active]
 
+    def stopping(self) -> builtins.list[Job]:
+        """Jobs being stopped: their stop has begun (state stopped, reclaimed, requeued, ...)
+        and their end is not recorded yet (SIGTERM sent, the grace running). Not active, not
+        ended: they still hold their cgroup and memory (Airlock cuts the grace under pressure)."""
+        return [j for j in self.jobs.values() if j.state not in LIVE_STATES and j.ended is None]
+
     def queued(self) -> builtins.list[Job]:
         """Queued jobs, in the order they would start within their class."""
         return sorted((j for j in self.jobs.values() if j.state == QUEUED), key=lambda j: (-j.spec.priority, j.num))
