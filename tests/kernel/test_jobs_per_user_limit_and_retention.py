@@ -22,12 +22,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from agentproc import AgentProc, api_json, wait_until
+from agentproc import NOBODY, AgentProc, api_json, wait_until
 from conftest import VethPair
 from jobrig import job_manager
 from userrig import call_as, local_user
 
-from laminar.runtime.jobs import JobSpec
+from laminar.runtime.jobs import Job, JobSpec, QuotaError
 
 pytestmark = pytest.mark.kernel
 
@@ -183,5 +183,25 @@ def test_ended_jobs_older_than_keep_ended_s_are_pruned_and_no_number_is_given_tw
             again = await jobs.submit(JobSpec(["sleep", "600"], name="lm-t-again").validate())
             assert again.num == after.num + 1
             assert jobs.prune_ended() == 0 and jobs.get(again.id) is not None  # running: never pruned
+
+    asyncio.run(main())
+
+
+def test_concurrent_submissions_cannot_pass_the_limit_together(tmp_path: Path) -> None:
+    """Each submission awaits its path probe (run as the owner) between the first check and the
+    store: the limit is checked again with no await before the job is stored."""
+    async def main() -> None:
+        async with job_manager(tmp_path) as jobs:
+            jobs.max_per_user = LIMIT
+            got = await asyncio.gather(*(jobs.submit(JobSpec(["sleep", "600"], name=f"lm-t-c{i}").validate(),
+                                                     owner_uid=NOBODY, owner_gid=NOBODY, quota=True)
+                                         for i in range(LIMIT + 3)), return_exceptions=True)
+            made = [g for g in got if isinstance(g, Job)]
+            refused = [g for g in got if isinstance(g, QuotaError)]
+            assert len(made) == LIMIT and len(refused) == 3, got
+            assert len(jobs.list()) == LIMIT
+            # root is not limited
+            for i in range(LIMIT + 1):
+                await jobs.submit(JobSpec(["sleep", "600"], name=f"lm-t-r{i}").validate(), quota=True)
 
     asyncio.run(main())
