@@ -8,10 +8,12 @@ The jobs are Python processes that allocate and touch memory (`HOG`), so the pre
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import secrets
 import sys
 import time
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -105,6 +107,28 @@ class Rig:
         return [e for e in self.seen if e["kind"] == "airlock" and "action" in e and (kind is None or e["action"] == kind)]
 
 
+@contextlib.asynccontextmanager
+async def storm_rig(tmp: Path, budget_mb: int | None, policy: dict[str, Any] | None = None,
+                    **airlock: Any) -> AsyncIterator[Rig]:
+    """A started `Rig` with its own cgroup root (``laminar-t-<hex>``); closed on leaving (its
+    cgroups and processes removed), also when the test fails."""
+    r = Rig(tmp, f"laminar-t-{secrets.token_hex(3)}")
+    try:
+        await r.start(budget_mb, policy, **airlock)
+        yield r
+    finally:
+        await r.close()
+
+
+def cache_reader(tmp: Path, mib: int) -> tuple[list[str], Path]:
+    """A job's command that writes a `mib` MiB file past the page cache (O_DIRECT), reads it
+    back (so the reading job is charged that much clean page cache), touches the returned
+    path, then sleeps."""
+    data, done = tmp / "data", tmp / "done"
+    return ["sh", "-c", f"dd if=/dev/zero of={data} bs=1M count={mib} oflag=direct status=none && "
+                        f"cat {data} > /dev/null && touch {done} && exec sleep 600"], done
+
+
 def alive(pid: int | None) -> bool:
     if pid is None:
         return False
@@ -121,10 +145,8 @@ def run(coro: Any) -> Any:
 
 def test_storm_from_transients_leaves_long_resident_untouched(tmp_path: Path) -> None:
     async def main() -> None:
-        root = f"laminar-t-{secrets.token_hex(3)}"
-        r = Rig(tmp_path, root)
-        try:
-            await r.start(budget_mb=512, policy={"rungs": {"suspend": {"budget_s": 1.0}}, "readdress": False})
+        async with storm_rig(tmp_path, budget_mb=512,
+                             policy={"rungs": {"suspend": {"budget_s": 1.0}}, "readdress": False}) as r:
             assert r.jobs is not None
             lr = await r.jobs.submit(JobSpec(command=hog(150, step=50, delay=0.05), job_class="long-resident",
                                              priority=90, name="lr"))
@@ -145,18 +167,13 @@ def test_storm_from_transients_leaves_long_resident_untouched(tmp_path: Path) ->
             reclaimed = [r.jobs.get(t.id) for t in ts if r.jobs.get(t.id).state == "reclaimed"]
             for j in reclaimed:
                 assert j.work_lost_s is not None and j.work_lost_s >= 0
-        finally:
-            await r.close()
 
     run(main())
 
 
 def test_transient_spike_survived_by_suspension_and_recovery(tmp_path: Path) -> None:
     async def main() -> None:
-        root = f"laminar-t-{secrets.token_hex(3)}"
-        r = Rig(tmp_path, root)
-        try:
-            await r.start(budget_mb=512, policy={"hysteresis": {"hold_s": 0.5, "step_s": 0.2}})
+        async with storm_rig(tmp_path, budget_mb=512, policy={"hysteresis": {"hold_s": 0.5, "step_s": 0.2}}) as r:
             assert r.jobs is not None
             t = await r.jobs.submit(JobSpec(command=hog(80, step=40, delay=0.05), job_class="transient", name="t"))
             await asyncio.sleep(1.0)
@@ -170,18 +187,14 @@ def test_transient_spike_survived_by_suspension_and_recovery(tmp_path: Path) -> 
             assert tj is not None and tj.state == "running" and not tj.cgroup.frozen() and alive(t.pid)
             assert alive(lr.pid)
             assert [a["job"] for a in r.actions("suspend")] == [t.id]
-        finally:
-            await r.close()
 
     run(main())
 
 
 def test_frozen_job_that_never_recovers_is_escalated_within_budget(tmp_path: Path) -> None:
     async def main() -> None:
-        root = f"laminar-t-{secrets.token_hex(3)}"
-        r = Rig(tmp_path, root)
-        try:
-            await r.start(budget_mb=512, policy={"rungs": {"suspend": {"budget_s": 1.0}, "readdress": {"budget_s": 1.0}}})
+        async with storm_rig(tmp_path, budget_mb=512,
+                             policy={"rungs": {"suspend": {"budget_s": 1.0}, "readdress": {"budget_s": 1.0}}}) as r:
             assert r.jobs is not None
             t = await r.jobs.submit(JobSpec(command=hog(100, step=50, delay=0.05), job_class="transient", name="t"))
             await asyncio.sleep(1.0)
@@ -196,18 +209,13 @@ def test_frozen_job_that_never_recovers_is_escalated_within_budget(tmp_path: Pat
             assert final is not None and final.work_lost_s is not None and final.work_lost_s > 0
             # the stop records 'reclaimed' first, then kills and removes the cgroup
             assert await until(lambda: not final.cgroup.exists(), 10)
-        finally:
-            await r.close()
 
     run(main())
 
 
 def test_restart_during_storm_loses_no_job(tmp_path: Path) -> None:
     async def main() -> None:
-        root = f"laminar-t-{secrets.token_hex(3)}"
-        r = Rig(tmp_path, root)
-        try:
-            await r.start(budget_mb=512, policy={"rungs": {"suspend": {"budget_s": 30.0}}})
+        async with storm_rig(tmp_path, budget_mb=512, policy={"rungs": {"suspend": {"budget_s": 30.0}}}) as r:
             assert r.jobs is not None
             lr = await r.jobs.submit(JobSpec(command=hog(150, step=50, delay=0.05), job_class="long-resident", name="lr"))
             ts = [await r.jobs.submit(JobSpec(command=hog(200, step=20, delay=0.05), job_class="transient", name=f"t{i}"))
@@ -224,8 +232,6 @@ def test_restart_during_storm_loses_no_job(tmp_path: Path) -> None:
             # The re-adopted jobs are still managed: a stop works and records the end.
             final = await r.jobs.stop(ts[0].id, "test over", grace_s=0.5)
             assert final is not None and final.state == "stopped" and not final.cgroup.exists()
-        finally:
-            await r.close()
 
     run(main())
 
@@ -257,9 +263,7 @@ def test_memory_settings_follow_the_config_of_a_restarted_agent(tmp_path: Path) 
     budget the operator had removed (and, the usage read against that limit, suspended and
     reclaimed for it)."""
     async def main() -> None:
-        r = Rig(tmp_path, f"laminar-t-{secrets.token_hex(3)}")
-        try:
-            await r.start(budget_mb=96, class_budget_mb={"long-resident": 64}, hold_allocator=True)
+        async with storm_rig(tmp_path, budget_mb=96, class_budget_mb={"long-resident": 64}, hold_allocator=True) as r:
             before = memory_settings(r)
             assert before["root"][0] == 96 << 20 and before["long-resident"] == (64 << 20, "1"), before
             await r.restart(budget_mb=None, class_budget_mb={}, hold_allocator=False)
@@ -273,8 +277,6 @@ def test_memory_settings_follow_the_config_of_a_restarted_agent(tmp_path: Path) 
                                              name="lr"))
             assert await until(lambda: lr.cgroup.memory_usage() >= 120 << 20, 20), lr.cgroup.memory_usage()
             assert r.jobs.get(lr.id).state == "running" and alive(lr.pid)  # type: ignore[union-attr]
-        finally:
-            await r.close()
 
     run(main())
 
@@ -286,9 +288,7 @@ def test_a_policy_change_lifts_the_caps_of_classes_no_longer_capped(tmp_path: Pa
     the moment of the last storm: its jobs were held there for good (a protected one never
     acted on, the rest suspended and reclaimed with the budget mostly free)."""
     async def main() -> None:
-        r = Rig(tmp_path, f"laminar-t-{secrets.token_hex(3)}")
-        try:
-            await r.start(budget_mb=256)
+        async with storm_rig(tmp_path, budget_mb=256) as r:
             assert r.jobs is not None and r.airlock is not None
             t = await r.jobs.submit(JobSpec(command=hog(150, step=30, delay=0.02), job_class="transient", name="t"))
             # the standard class is capped at its usage (0) plus the free room left by the transient
@@ -300,8 +300,6 @@ def test_a_policy_change_lifts_the_caps_of_classes_no_longer_capped(tmp_path: Pa
             s = await r.jobs.submit(JobSpec(command=hog(150, step=30, delay=0.02), job_class="standard", name="s"))
             assert await until(lambda: s.cgroup.memory_usage() >= 150 << 20, 20), s.cgroup.memory_usage()
             assert r.jobs.get(s.id).state == "running" and not r.actions("reclaim")  # type: ignore[union-attr]
-        finally:
-            await r.close()
 
     run(main())
 
@@ -310,9 +308,7 @@ def test_a_policy_whose_job_default_exceeds_the_configs_class_cap_is_refused_who
     """Such a policy was accepted, and from then on every job of the class submitted without
     --memory was refused at submit as one that could never start on this node."""
     async def main() -> None:
-        r = Rig(tmp_path, f"laminar-t-{secrets.token_hex(3)}")
-        try:
-            await r.start(budget_mb=256, class_budget_mb={"transient": 128})
+        async with storm_rig(tmp_path, budget_mb=256, class_budget_mb={"transient": 128}) as r:
             assert r.jobs is not None and r.airlock is not None and r.airlock.policy is not None
             version = r.airlock.policy.version
             with pytest.raises(PolicyError, match=r"job_default_mb.transient 200 exceeds the transient class's cap "
@@ -322,8 +318,6 @@ def test_a_policy_whose_job_default_exceeds_the_configs_class_cap_is_refused_who
             assert r.airlock.policies is not None and r.airlock.policies.current().version == version
             t = await r.jobs.submit(JobSpec(command=["sleep", "60"], job_class="transient", name="t"))
             assert t.state == "running" and t.spec.memory_mb is None
-        finally:
-            await r.close()
 
     run(main())
 
@@ -334,9 +328,7 @@ def test_a_protected_class_held_at_its_own_class_budget_costs_no_other_job(tmp_p
     and reclaimed them one by one, none of which could free a byte for the held class (its
     limit is its own, and Airlock never acts on protected jobs)."""
     async def main() -> None:
-        r = Rig(tmp_path, f"laminar-t-{secrets.token_hex(3)}")
-        try:
-            await r.start(budget_mb=512, class_budget_mb={"long-resident": 64}, hold_allocator=True)
+        async with storm_rig(tmp_path, budget_mb=512, class_budget_mb={"long-resident": 64}, hold_allocator=True) as r:
             assert r.jobs is not None and r.airlock is not None
             t = await r.jobs.submit(JobSpec(command=hog(20, step=20, delay=0.02), job_class="transient", name="t"))
             lr = await r.jobs.submit(JobSpec(command=hog(100, step=10, delay=0.02), job_class="long-resident",
@@ -350,8 +342,6 @@ def test_a_protected_class_held_at_its_own_class_budget_costs_no_other_job(tmp_p
             held = [e for e in r.seen if e["kind"] == "airlock" and e.get("held_class") == "long-resident"]
             assert held and "class_budget_mb" in held[0]["message"], [e["message"] for e in r.seen]
             assert alive(lr.pid)
-        finally:
-            await r.close()
 
     run(main())
 
@@ -378,9 +368,7 @@ def test_a_job_thrashing_at_its_own_memory_limit_costs_no_other_job(tmp_path: Pa
     free, Airlock suspended and reclaimed the other jobs ("reclaimed to free 0 MiB") and then
     the thrashing job itself. Suspending or reclaiming other jobs lifts no job's own limit."""
     async def main() -> None:
-        r = Rig(tmp_path, f"laminar-t-{secrets.token_hex(3)}")
-        try:
-            await r.start(budget_mb=1024)
+        async with storm_rig(tmp_path, budget_mb=1024) as r:
             assert r.jobs is not None and r.airlock is not None
             b = await r.jobs.submit(JobSpec(command=["sleep", "600"], job_class="transient", priority=1, name="b"))
             a = await r.jobs.submit(JobSpec(command=[sys.executable, "-c", THRASH, str(tmp_path / "data")],
@@ -390,8 +378,6 @@ def test_a_job_thrashing_at_its_own_memory_limit_costs_no_other_job(tmp_path: Pa
             await asyncio.sleep(3.0)  # PSI triggers of the job, the subtree and the node; many evaluations
             assert r.actions() == [], [e["message"] for e in r.actions()]
             assert r.jobs.get(b.id).state == "running" and r.jobs.get(a.id).state == "running"  # type: ignore[union-attr]
-        finally:
-            await r.close()
 
     run(main())
 
@@ -402,10 +388,8 @@ def test_a_class_held_at_its_own_class_budget_is_relieved_by_its_own_jobs(tmp_pa
     suspended and reclaimed first, although their memory is not under that class's limit and
     freeing it could not let the held job go on."""
     async def main() -> None:
-        r = Rig(tmp_path, f"laminar-t-{secrets.token_hex(3)}")
-        try:
-            await r.start(budget_mb=512, class_budget_mb={"standard": 64}, hold_allocator=True,
-                          policy={"readdress": False})
+        async with storm_rig(tmp_path, budget_mb=512, class_budget_mb={"standard": 64}, hold_allocator=True,
+                             policy={"readdress": False}) as r:
             assert r.jobs is not None and r.airlock is not None
             t = await r.jobs.submit(JobSpec(command=hog(20, step=20, delay=0.02), job_class="transient", name="t"))
             s = await r.jobs.submit(JobSpec(command=hog(100, step=10, delay=0.02), job_class="standard", name="s"))
@@ -413,8 +397,6 @@ def test_a_class_held_at_its_own_class_budget_is_relieved_by_its_own_jobs(tmp_pa
             assert [a for a in r.actions() if a["job"] == t.id] == [], [e["message"] for e in r.actions()]
             tj = r.jobs.get(t.id)
             assert tj is not None and tj.state == "running" and not tj.cgroup.frozen() and alive(t.pid)
-        finally:
-            await r.close()
 
     run(main())
 
@@ -425,10 +407,8 @@ def test_a_suspension_pending_at_a_restart_is_taken_over_and_thawed_once_calm(tm
     window dropped the job's suspend rung as 'found thawed' and called it running; when memory
     freed, the job froze as requested, and nothing ever thawed it."""
     async def main() -> None:
-        r = Rig(tmp_path, f"laminar-t-{secrets.token_hex(3)}")
         everything = {"protected": ["long-resident", "standard", "transient"]}  # the ladder acts on nothing
-        try:
-            await r.start(budget_mb=64, policy=everything, hold_allocator=True)
+        async with storm_rig(tmp_path, budget_mb=64, policy=everything, hold_allocator=True) as r:
             assert r.jobs is not None and r.airlock is not None
             b = await r.jobs.submit(JobSpec(command=hog(40, step=20, delay=0.02), job_class="transient", name="b"))
             assert await until(lambda: b.cgroup.memory_usage() >= 40 << 20, 20)
@@ -451,8 +431,6 @@ def test_a_suspension_pending_at_a_restart_is_taken_over_and_thawed_once_calm(tm
                 r.airlock._apply(act, later, ladder.NONE, r.airlock.signals(later))
             aj = r.jobs.get(a.id)
             assert aj is not None and not aj.cgroup.frozen() and aj.state == "running" and alive(a.pid)
-        finally:
-            await r.close()
 
     run(main())
 
@@ -463,16 +441,11 @@ def test_clean_page_cache_is_not_memory_in_use(tmp_path: Path) -> None:
     frees on demand, and Airlock read that as pressure 'high': every job was suspended, then
     re-addressed and reclaimed as its budgets ran out, with 1 MiB of memory really in use."""
     async def main() -> None:
-        r = Rig(tmp_path, f"laminar-t-{secrets.token_hex(3)}")
-        try:
-            await r.start(budget_mb=256)
+        async with storm_rig(tmp_path, budget_mb=256) as r:
             assert r.jobs is not None and r.airlock is not None
-            data, done = tmp_path / "data", tmp_path / "done"
             b = await r.jobs.submit(JobSpec(command=["sleep", "600"], job_class="transient", priority=1, name="b"))
-            # O_DIRECT: the file is written past the cache, so reading it charges the job
-            reader = (f"dd if=/dev/zero of={data} bs=1M count=400 oflag=direct status=none && cat {data} > /dev/null "
-                      f"&& touch {done} && exec sleep 600")
-            a = await r.jobs.submit(JobSpec(command=["sh", "-c", reader], job_class="standard", name="a"))
+            reader, done = cache_reader(tmp_path, 400)
+            a = await r.jobs.submit(JobSpec(command=reader, job_class="standard", name="a"))
             root = r.airlock._root_memory_dir()
             h = r.airlock.tree.hierarchy  # type: ignore[union-attr]
             peak = [0]
@@ -486,8 +459,6 @@ def test_clean_page_cache_is_not_memory_in_use(tmp_path: Path) -> None:
             await asyncio.sleep(2.0)
             assert r.actions() == [], [e["message"] for e in r.actions()]
             assert r.jobs.get(a.id).state == "running" and r.jobs.get(b.id).state == "running"  # type: ignore[union-attr]
-        finally:
-            await r.close()
 
     run(main())
 
@@ -497,22 +468,16 @@ def test_victims_are_ranked_by_the_memory_they_would_free_not_their_page_cache(t
     page cache: a job that had read a large file ranked lowest and was suspended (and reclaimed,
     'to free 300 MiB') ahead of the job actually holding the memory."""
     async def main() -> None:
-        r = Rig(tmp_path, f"laminar-t-{secrets.token_hex(3)}")
-        try:
-            await r.start(budget_mb=512)
+        async with storm_rig(tmp_path, budget_mb=512) as r:
             assert r.jobs is not None and r.airlock is not None and r.airlock.policy is not None
-            data, done = tmp_path / "data", tmp_path / "done"
-            reader = (f"dd if=/dev/zero of={data} bs=1M count=300 oflag=direct status=none && cat {data} > /dev/null "
-                      f"&& touch {done} && exec sleep 600")
-            a = await r.jobs.submit(JobSpec(command=["sh", "-c", reader], job_class="transient", name="reader"))
+            reader, done = cache_reader(tmp_path, 300)
+            a = await r.jobs.submit(JobSpec(command=reader, job_class="transient", name="reader"))
             b = await r.jobs.submit(JobSpec(command=hog(60, step=20, delay=0.02), job_class="transient", name="holder"))
             assert await until(lambda: done.exists() and b.cgroup.memory_usage() >= 60 << 20, 60)
             assert a.cgroup.memory_usage() > 2 * b.cgroup.memory_usage()  # the reader's charge: its cache
             now = time.monotonic()
             acts = ladder.decide(now, ladder.HIGH, r.airlock.views(now), r.airlock.policy.doc, ladder.Memo(), 0.9)
             assert [(x.kind, x.job_id) for x in acts] == [(ladder.SUSPEND, b.id)], acts
-        finally:
-            await r.close()
 
     run(main())
 
@@ -523,14 +488,10 @@ def test_a_protected_jobs_page_cache_leaves_the_other_classes_room(tmp_path: Pat
     other classes no room at all (their caps at their usage), so any transient that grew was
     held at its cap, 'critical', and reclaimed, with the budget's memory in use nearly nil."""
     async def main() -> None:
-        r = Rig(tmp_path, f"laminar-t-{secrets.token_hex(3)}")
-        try:
-            await r.start(budget_mb=512)
+        async with storm_rig(tmp_path, budget_mb=512) as r:
             assert r.jobs is not None and r.airlock is not None
-            data, done = tmp_path / "data", tmp_path / "done"
-            reader = (f"dd if=/dev/zero of={data} bs=1M count=700 oflag=direct status=none && cat {data} > /dev/null "
-                      f"&& touch {done} && exec sleep 600")
-            lr = await r.jobs.submit(JobSpec(command=["sh", "-c", reader], job_class="long-resident", name="lr"))
+            reader, done = cache_reader(tmp_path, 700)
+            lr = await r.jobs.submit(JobSpec(command=reader, job_class="long-resident", name="lr"))
             assert await until(done.exists, 60)
             assert lr.cgroup.memory_usage() >= 300 << 20, lr.cgroup.memory_usage()  # its cache fills the budget
             await asyncio.sleep(0.5)  # a few ticks of caps
@@ -540,8 +501,6 @@ def test_a_protected_jobs_page_cache_leaves_the_other_classes_room(tmp_path: Pat
             await asyncio.sleep(1.0)
             assert r.actions() == [], [e["message"] for e in r.actions()]
             assert r.jobs.get(t.id).state == "running"  # type: ignore[union-attr]
-        finally:
-            await r.close()
 
     run(main())
 
@@ -553,9 +512,8 @@ def test_a_job_stopping_through_a_long_grace_is_cut_short_under_pressure_before_
     is cut short first (it ends anyway; its end stays the stop's, the reason says so) and the
     running job is left alone."""
     async def main() -> None:
-        r = Rig(tmp_path, f"laminar-t-{secrets.token_hex(3)}")
-        try:
-            await r.start(budget_mb=512, policy={"readdress": False, "rungs": {"suspend": {"budget_s": 1.0}}})
+        async with storm_rig(tmp_path, budget_mb=512,
+                             policy={"readdress": False, "rungs": {"suspend": {"budget_s": 1.0}}}) as r:
             assert r.jobs is not None
             deaf = ["sh", "-c", "trap '' TERM; exec \"$@\"", "sh", *hog(250, step=50, delay=0.05)]
             ending = await r.jobs.submit(JobSpec(command=deaf, job_class="transient", priority=10, name="lm-t-ending"))
@@ -577,7 +535,5 @@ def test_a_job_stopping_through_a_long_grace_is_cut_short_under_pressure_before_
             assert touched == [], f"Airlock acted on the running job instead: {touched}"
             now = r.jobs.get(busy.id)
             assert now is not None and now.state == "running" and not now.cgroup.frozen() and alive(busy.pid)
-        finally:
-            await r.close()
 
     run(main())
