@@ -104,7 +104,8 @@ ACCEPT_BATCH = 64
 LISTEN_BACKLOG = 128
 REASONS = {200: "OK", 201: "Created", 400: "Bad Request", 403: "Forbidden", 404: "Not Found",
            405: "Method Not Allowed", 408: "Request Timeout", 409: "Conflict", 413: "Payload Too Large",
-           422: "Unprocessable Entity", 500: "Internal Server Error", 503: "Service Unavailable"}
+           422: "Unprocessable Entity", 429: "Too Many Requests", 500: "Internal Server Error", 503: "Service Unavailable",
+           507: "Insufficient Storage"}
 
 
 class ApiError(Exception):
