@@ -38,7 +38,9 @@ def test_an_ended_job_leaves_no_workers_file_and_no_cgroup(tmp_path: Path, how: 
             assert await until(lambda: job.pid in job.cgroup.pids(), 20)
             dirs = job.cgroup.all_dirs()
             assert all(d.is_dir() for d in dirs)
-            # what zone.loan does on a scale: write the count where the job's environment says
+            # what zone.loan does on a scale: write the count where the job's environment says (the
+            # environment is applied by the start-up trampoline after the drop: wait for the exec)
+            assert await until(lambda: "LAMINAR_WORKERS_FILE" in environ(job.pid), 20)
             workers = Path(environ(job.pid)["LAMINAR_WORKERS_FILE"])
             workers.parent.mkdir(parents=True, exist_ok=True)
             workers.write_text(json.dumps({"workers": 2, "gpus": [], "reason": "test"}))
