@@ -99,6 +99,39 @@ def sd_notify(message: str) -> bool:
     return True
 
 
+def _rss_kib() -> int:
+    """This process's resident memory in KiB (/proc/self/statm), 0 where it cannot be read."""
+    try:
+        with open("/proc/self/statm") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") // 1024
+    except (OSError, ValueError, IndexError):
+        return 0
+
+
+def release_freed_memory() -> int | None:
+    """Returns the memory the C allocator holds freed to the OS (glibc's ``malloc_trim(0)``) and
+    answers how many KiB of resident memory that gave back (0 or more), or None where the C
+    library has no ``malloc_trim`` (musl) and nothing was done.
+
+    Why: glibc keeps freed memory of its main heap (and its thread arenas) for reuse and gives
+    back only what lies above the highest allocation still in use. Where the agent's modules
+    have no cached bytecode (PYTHONDONTWRITEBYTECODE, a checkout the unit cannot write, e.g.
+    under /usr with ProtectSystem=full) every start compiles them, and the compiler's freed
+    memory stayed behind the objects start-up keeps: an idle agent was several MB larger for its
+    whole life, by an amount that depended on allocation order (57.6 MB where 52.1 MB had been
+    measured at a commit whose live data was 0.9 MB smaller; 50.6 MB with this call)."""
+    import ctypes
+
+    try:
+        trim = ctypes.CDLL(None).malloc_trim
+    except (OSError, AttributeError):
+        return None
+    before = _rss_kib()
+    trim.argtypes = [ctypes.c_size_t]
+    trim(0)
+    return max(0, before - _rss_kib())
+
+
 MAX_EVENTS = 10_000  # events one GET /v1/events answers (a bigger answer: page with since)
 
 
@@ -193,6 +226,12 @@ class Agent:
         # keeps every later full collection from scanning them (one took about 12 ms on a 2-core
         # VM, a stall of the loop and of the zone's probe answers)
         gc.freeze()
+        # what start-up freed (compiling modules without cached bytecode) goes back to the OS
+        released = release_freed_memory()
+        if released is None:
+            log.info("start-up: the C library has no malloc_trim; freed memory stays with the allocator")
+        else:
+            log.info("start-up: %d KiB of freed memory returned to the OS", released)
         await self._stopping.wait()
         sd_notify("STOPPING=1")
         self.events.emit("agent", "stopping; jobs stay in their cgroups"
