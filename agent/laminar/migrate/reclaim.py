@@ -3742,30 +3742,40 @@ class ReclaimComponent:
 
     def check_resume(self, path: str, owner_uid: int = 0) -> str:
         """What the zone's hand-over calls before a job of ``owner_uid`` starts with
-        ``resume_from``: a path under this node's transfer root must be a committed, still-valid
-        checkpoint (verified_checkpoint), and a replica whose guard named its job's owner is only
-        for a job of that owner (or root's); any other path must pass jobkit's own check. Raises
+        ``resume_from``; the path the job is given. A path under this node's transfer root must
+        be a committed, still-valid checkpoint (verified_checkpoint), any other must pass jobkit's
+        own check. A replica (``<root>/checkpoints/<key>/ckpt-<n>``) whose guard named its job's
+        owner is only for a job of that owner (or root's), and that owner gets its own copy of it
+        (:meth:`_resume_copy`: ``xfer/`` is root's alone). A job of a user other than root is
+        refused any other path under the transfer root: a replica no guard here named the owner of
+        (every source guards before it hands over; a hand-over without one would start the job
+        with a ``LAMINAR_RESUME_FROM`` it cannot read, and a copy made on the hand-over's word
+        would give whoever places a job naming a replica another user's checkpoint). Raises
         ValueError."""
-        p = Path(path)
-        if self.root is not None and p.parent.parent == self.root / "checkpoints":
-            recorded = self._owners.get(p.parent.name)
-            if recorded is not None and owner_uid not in (0, recorded[0]):
-                raise ValueError(f"checkpoint {path} is a replica of a job of uid {recorded[0]}: a job of uid "
-                                 f"{owner_uid} cannot resume from it")
+        p = Path(os.path.normpath(path))
+        under_root = self.root is not None and self.root in p.parents
+        replica = self.root is not None and p.parent.parent == self.root / "checkpoints"
+        recorded = self._owners.get(p.parent.name) if replica else None
+        if recorded is not None and owner_uid not in (0, recorded[0]):
+            raise ValueError(f"checkpoint {path} is a replica of a job of uid {recorded[0]}: a job of uid "
+                             f"{owner_uid} cannot resume from it")
+        if under_root and recorded is None and owner_uid != 0:
+            what = f"no guard of {p.parent.name} held here named its job's owner" if replica else \
+                "it is not a replica a guard named"
+            raise ValueError(f"checkpoint {path} lies in node {self.node_id}'s transfer directory, which only root "
+                             f"may read, and {what}: a job of uid {owner_uid} is not given it")
         try:
-            if self.root is not None and self.root in p.parents:
+            if under_root:
                 verified_checkpoint(p)
             else:
                 jobkit.verify_checkpoint(p)
         except (TransferError, jobkit.CheckpointError) as e:
             raise ValueError(f"checkpoint {path} is not restorable: {e}") from None
-        owner = self._owners.get(p.parent.name) if self.root is not None and p.parent.parent == \
-            self.root / "checkpoints" else None
-        if owner is not None:  # a replica, and the guard said whose: the job must be able to read it
+        if recorded is not None:  # a replica, and the guard said whose: the job must be able to read it
             try:
-                p = self._resume_copy(p, *owner)
+                p = self._resume_copy(p, *recorded)
             except OSError as e:
-                raise ValueError(f"checkpoint {path}: cannot give the job's owner (uid {owner[0]}) its copy: "
+                raise ValueError(f"checkpoint {path}: cannot give the job's owner (uid {recorded[0]}) its copy: "
                                  f"{e}") from None
         return str(p)
 
