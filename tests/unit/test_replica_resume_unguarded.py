@@ -42,19 +42,29 @@ JOB = ("import json, sys; sys.path.insert(0, sys.argv[1]); from laminar.jobkit i
 
 @pytest.fixture
 def base() -> Iterator[Path]:
-    """A state directory the job's user can traverse (pytest's tmp is root's alone)."""
+    """A state directory the job's user can traverse (pytest's tmp is root's alone), with jobkit
+    under ``lib/`` where that user can read it (the checkout may be under a directory closed to
+    other users: a fresh clone under a 0700 temporary directory)."""
     d = Path(tempfile.mkdtemp(prefix="lm-t-unguarded-", dir="/tmp"))
     try:
         os.chmod(d, 0o711)
+        lib = d / "lib" / "laminar"
+        lib.mkdir(parents=True)
+        (lib / "__init__.py").write_text("")
+        shutil.copy(REPO / "agent" / "laminar" / "jobkit.py", lib / "jobkit.py")
+        for p in (d / "lib", lib):
+            os.chmod(p, 0o755)
+        for f in lib.iterdir():
+            os.chmod(f, 0o644)
         yield d
     finally:
         shutil.rmtree(d, ignore_errors=True)
 
 
 def resume_as(user: User, resume_from: str, ckpt_dir: Path) -> dict[str, object] | str:
-    """The job, run as ``user`` with LAMINAR_RESUME_FROM=``resume_from``: what it resumed (its
-    JSON line), or the last line of its error output."""
-    r = subprocess.run(["/usr/bin/python3", "-c", JOB, str(REPO / "agent"), str(ckpt_dir)],
+    """The job, run as ``user`` with LAMINAR_RESUME_FROM=``resume_from`` (jobkit from the ``lib/``
+    beside ``ckpt_dir``): what it resumed (its JSON line), or the last line of its error output."""
+    r = subprocess.run(["/usr/bin/python3", "-c", JOB, str(ckpt_dir.parent / "lib"), str(ckpt_dir)],
                        env={"PATH": "/usr/bin:/bin", "LAMINAR_RESUME_FROM": resume_from},
                        user=user.uid, group=user.gid, extra_groups=list(user.groups), capture_output=True,
                        text=True, timeout=60, cwd="/")
