@@ -223,3 +223,37 @@ def test_a_suspect_in_another_zone_is_probed_again_once_it_is_back(make_cluster)
     wait_until(alive_at_sub, 20, "node 1 to see node 4 alive again")
     r = c.place(0, {"name": "back", "command": SLEEP}, gpus=1, gpu_model="H100")
     assert r["outcome"] == "placed" and r["node"] == victim.node_id, r
+
+
+def test_a_users_placements_stop_at_each_nodes_job_limit_and_roots_do_not(make_cluster):
+    """``[jobs] max_per_user`` holds for jobs placed through the zone too: the node that takes a
+    local user's new placement counts the user's jobs not yet ended there, and refuses one over
+    the limit, so the placement goes to another node; when every node is at the limit, it is not
+    placed anywhere. Before, a placement's job was started by whichever node bound it with no
+    count at all: a user could pile up jobs without bound through ``POST /v1/placements``."""
+    from userrig import call_as, local_user
+
+    c = make_cluster(zones=1, per_zone=2, gpus=0, zone_extra="\n[jobs]\nmax_per_user = 1\n")
+    with local_user("zq") as user:
+        spec = {"command": SLEEP, "class": "transient", "cwd": "/"}
+        placed = []
+        for i in range(2):
+            status, out, _ = call_as(user, c.nodes[0].agent.sock, "POST", "/v1/placements",
+                                     {"spec": {**spec, "name": f"lm-t-zq{i}"}, "gpus": 0})
+            assert status < 300 and out["outcome"] == "placed", (status, out)
+            placed.append(out["node"])
+        assert sorted(placed) == [1, 2], placed  # one per node: the second node took the one the first refused
+        status, out, _ = call_as(user, c.nodes[0].agent.sock, "POST", "/v1/placements",
+                                 {"spec": {**spec, "name": "lm-t-zq-over"}, "gpus": 0})
+        assert out.get("outcome") != "placed", (status, out)
+        assert "jobs.max_per_user" in out.get("reason", ""), out
+        mine = [j for _, j in all_jobs(c) if j["name"].startswith("lm-t-zq")]
+        assert sorted(j["name"] for j in mine) == ["lm-t-zq0", "lm-t-zq1"], mine
+        assert all(j["owner_uid"] == user.uid for j in mine), mine
+        # root is not limited: its placements still land on the same nodes
+        root = c.place(0, {**spec, "name": "lm-t-zq-root"})
+        assert root["outcome"] == "placed", root
+        for nd in c.nodes:
+            for j in nd.json("jobs"):
+                if j["name"].startswith("lm-t-zq") and j["state"] not in ("exited", "stopped", "failed"):
+                    nd.ctl("job", "stop", j["id"], "--grace", "0", check=False)

@@ -557,6 +557,7 @@ class PlacementResult:
     probed: list[int] = field(default_factory=list)
     refusals: dict[str, int] = field(default_factory=dict)
     reason: str = ""
+    last_refusal: str = ""  # the last node that bound an offer and then did not start the job: why
     elapsed_ms: float = 0.0  # submit to hand-over acknowledged (the job started), in ms
     bind_ms: float = 0.0  # submit to the offer bound (the placement decided), in ms
     t0: float = field(default=0.0, repr=False)
@@ -566,7 +567,7 @@ class PlacementResult:
         return {
             "outcome": self.outcome, "placement_id": f"{self.placement_id:016x}", "node": self.node,
             "zone": self.zone, "job_id": self.job_id, "steps": self.steps, "rounds": self.rounds,
-            "probed": self.probed, "refusals": self.refusals, "reason": self.reason,
+            "probed": self.probed, "refusals": self.refusals, "reason": self.reason, "last_refusal": self.last_refusal,
             "elapsed_ms": round(self.elapsed_ms, 3), "bind_ms": round(self.bind_ms, 3),
         }
 
@@ -739,6 +740,10 @@ class Submitter:
                 self.counts["queue_waits"] += 1
                 await self.sleep(queue.delay_s)
         res.reason = res.reason or "no node offered capacity within the retry budget"
+        if res.outcome == "queued-out" and res.last_refusal and res.last_refusal not in res.reason:
+            # e.g. every node with room refused the job (a user at jobs.max_per_user on each):
+            # the generic "no fit" of the last round would hide why
+            res.reason = f"{res.reason}; the last node that bound it did not start it: {res.last_refusal}"
 
     async def _place_packing(
         self, demand: pl.Demand, spec: dict[str, Any], pid: int, answers: asyncio.Queue[tuple[int, wire.Body]],
@@ -1009,7 +1014,7 @@ class Submitter:
             if ack.status == HANDOVER_REJECTED:
                 res.outcome, res.reason = "rejected", ack.text
                 return True
-            res.reason = ack.text  # no reservation, or the job failed to start: not running there
+            res.reason = res.last_refusal = ack.text  # no reservation, or the job failed to start: not running there
             return None
         res.outcome = "unconfirmed"
         res.reason = (f"node {node} received the hand-over and has not answered for {self.unconfirmed_wait_s:g} s; "
@@ -1707,7 +1712,8 @@ class ZoneComponent:
                 self.arbiter.unbind(pid)
                 return wire.HandoverAck(pid, HANDOVER_ERROR, f"job could not start on node {self.node_id}: {e}")
         try:
-            job = await self._jobs.submit(spec, owner_uid=int(req.get("owner_uid", 0)), owner_gid=int(req.get("owner_gid", 0)))
+            job = await self._jobs.submit(spec, owner_uid=int(req.get("owner_uid", 0)), owner_gid=int(req.get("owner_gid", 0)),
+                                          **({"quota": True} if req.get("quota") is True else {}))
         except JobError as e:
             # the spec was valid; what failed is this node's (a GPU taken by a local job meanwhile,
             # a command this node lacks): another node may start it
@@ -1859,11 +1865,17 @@ class ZoneComponent:
     # -- the submitter side --------------------------------------------------------------------------
 
     async def place(self, spec: dict[str, Any], demand: pl.Demand, owner_uid: int = 0, owner_gid: int = 0,
-                    packing: bool = False) -> PlacementResult:
+                    packing: bool = False, quota: bool = False) -> PlacementResult:
         """Place a job through the zone (what ``POST /v1/placements`` and Airlock's re-addressing
-        call); ``packing``: the packing placement (:meth:`Submitter._place_packing`)."""
-        res = await self.submitter.place(demand, {"spec": spec, "owner_uid": owner_uid, "owner_gid": owner_gid},
-                                         packing=packing)
+        call); ``packing``: the packing placement (:meth:`Submitter._place_packing`); ``quota``:
+        a local user's new job (``POST /v1/placements``), which the node that takes it refuses
+        when the owner already has ``jobs.max_per_user`` jobs not yet ended there (the
+        placement then tries another node). Re-placed, requeued and moved jobs carry no quota:
+        they are not new, and refusing them everywhere would lose them."""
+        req: dict[str, Any] = {"spec": spec, "owner_uid": owner_uid, "owner_gid": owner_gid}
+        if quota:
+            req["quota"] = True
+        res = await self.submitter.place(demand, req, packing=packing)
         row = {**res.as_dict(), "name": spec.get("name", ""), "created": time.time()}
         self.history.append(row)
         del self.history[:-200]
@@ -1985,7 +1997,7 @@ class ZoneComponent:
             if not isinstance(packing, bool):
                 raise ApiError(400, f"placement: packing {packing!r} must be true or false")
             spec.pop("gpus", None)
-            res = await self.place(spec, demand, req.peer.uid, req.peer.gid, packing=packing)
+            res = await self.place(spec, demand, req.peer.uid, req.peer.gid, packing=packing, quota=True)
             return res.as_dict()
 
         async def history(req: Request) -> list[dict[str, Any]]:
