@@ -752,11 +752,18 @@ class Move:
 
 class _ShaperHook:
     """Adapts the shaper's transfer registry (``agent.transfers``: add/report/remove, netlink
-    on its own thread) to the transfer's FlowHook."""
+    on its own thread) to the transfer's FlowHook. Progress is the bytes the destination's TCP
+    acknowledged (the sender reads them from its socket), reported to the registry as such
+    (``report(..., acked=True)``), so the shaper decides on them instead of its leaf's estimate;
+    one report per transfer is under way at a time (the newest value goes next), and a transfer
+    is removed only after its reports."""
 
     def __init__(self, reg: Any, job: Any) -> None:
         self.reg = reg
         self.job = job
+        self._want: dict[Any, int] = {}  # handle -> newest acknowledged bytes
+        self._told: dict[Any, int] = {}  # handle -> what the registry has
+        self._reporting: dict[Any, asyncio.Task[None]] = {}
 
     async def register(self, flow: Flow, job_id: str, total_bytes: int, deadline_monotonic: float | None) -> Any:
         if deadline_monotonic is None or total_bytes <= 0:
@@ -772,14 +779,32 @@ class _ShaperHook:
             return None
         return t.id
 
-    def progress(self, handle: Any, sent_bytes: int) -> None:
-        # Not reported: what the sender wrote is in its socket buffer, not on the wire (a whole
-        # small checkpoint "is sent" at once), and a registry that believed it would drop the
-        # flow to its minimum rate. The registry counts the bytes its HTB leaf really sent.
-        return None
+    def progress(self, handle: Any, acked_bytes: int) -> None:
+        if handle is None or acked_bytes <= self._want.get(handle, -1):
+            return
+        self._want[handle] = acked_bytes
+        if handle not in self._reporting:
+            self._reporting[handle] = asyncio.get_running_loop().create_task(self._report(handle))
+
+    async def _report(self, handle: Any) -> None:
+        try:
+            while (n := self._want.get(handle, 0)) > self._told.get(handle, -1):
+                try:
+                    await self.reg._run(self.reg.report, handle, n, acked=True)
+                except Exception as e:  # removed meanwhile, or shaping went away: the next one may do
+                    log.debug("migrate: progress of transfer %s not reported: %s", handle, e)
+                self._told[handle] = n
+        finally:
+            self._reporting.pop(handle, None)
 
     async def unregister(self, handle: Any) -> Any:
         if handle is not None:
+            task = self._reporting.get(handle)
+            if task is not None:  # the last bytes first: the registry says where it ended
+                with contextlib.suppress(Exception):
+                    await task
+            self._want.pop(handle, None)
+            self._told.pop(handle, None)
             with contextlib.suppress(Exception):
                 await self.reg._run(self.reg.remove, handle)
 

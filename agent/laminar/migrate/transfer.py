@@ -65,7 +65,10 @@ MAX_SOURCE_CHANGES times (:func:`send_checkpoint`).
 Shaping: the sender calls a :class:`FlowHook` with the connection's 5-tuple, the bytes to send
 and the deadline, so the node's shaper can put the flow in its class and the kill-switch can
 cut it at the window's end (engineer H5's ``laminar.net.transfers``; see
-:func:`default_flow_hook`); ``rate_bps`` paces the sender in user space as well.
+:func:`default_flow_hook`); ``rate_bps`` paces the sender in user space as well. While it sends,
+the sender tells the hook every ACK_POLL_S how many of those bytes the peer's TCP has
+acknowledged (``tcpi_bytes_acked`` from TCP_INFO, or the bytes written less SIOCOUTQ on a kernel
+without it), so the shaper decides on confirmed bytes rather than an estimate.
 
 Command line (used by the kernel tests; the agent uses :class:`Receiver` and
 :func:`send_checkpoint`)::
@@ -78,6 +81,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import collections
 import contextlib
 import errno
 import functools
@@ -707,6 +711,7 @@ class _Channel:
 
         self._tx, self._rx = AESGCM(tx_key), AESGCM(rx_key)
         self._ntx = self._nrx = 0
+        self.written = 0  # bytes handed to the transport (records with their length prefixes)
         self._buf: bytes = b""
         self._pos = 0
         self._broken: str | None = None
@@ -741,6 +746,7 @@ class _Channel:
         self._tx.encrypt_into(self._ntx.to_bytes(12, "big"), data, out[:4], out[4:])
         self._ntx += 1
         self.w.write(out)
+        self.written += len(out)
 
     async def send(self, hdr: dict[str, Any], payload: bytes | bytearray | memoryview = b"") -> None:
         """One message (a header, and a chunk's bytes), in as many records as it takes."""
@@ -866,13 +872,128 @@ class Flow:
 class FlowHook(Protocol):
     """What the shaper and kill-switch need from a transfer (H5's transfer registry).
     ``register`` and ``unregister`` may return awaitables (the registry does netlink work on
-    its own thread); they are awaited."""
+    its own thread); they are awaited. ``progress`` is called on the loop, at most every
+    ACK_POLL_S and once at the commit, with the registered bytes the peer's TCP has acknowledged
+    (growing, at most the registered total; the total once the destination committed); never
+    when the kernel cannot say (see :class:`_AckMeter`). It must not block."""
 
     def register(self, flow: Flow, job_id: str, total_bytes: int, deadline_monotonic: float | None) -> Any: ...
 
-    def progress(self, handle: Any, sent_bytes: int) -> None: ...
+    def progress(self, handle: Any, acked_bytes: int) -> None: ...
 
     def unregister(self, handle: Any) -> Any: ...
+
+
+# The sender reports to its flow hook what the peer's TCP has acknowledged, at most this often
+# (and once more when the destination has committed): bytes written into the socket are not yet
+# on the wire, and bytes the shaper's leaf sent may still be lost; acknowledged bytes are neither.
+ACK_POLL_S = 0.2
+_TCP_INFO_LEN = 256  # asks for more than any kernel's struct tcp_info has: the kernel returns what it has
+_TCPI_BYTES_ACKED = 120  # offset of __u64 tcpi_bytes_acked in struct tcp_info (Linux 4.1+)
+_SIOCOUTQ = 0x5411  # TIOCOUTQ: a TCP socket's bytes written and not yet acknowledged
+
+
+def bytes_acked_of(info: bytes) -> int | None:
+    """``tcpi_bytes_acked`` of a ``TCP_INFO`` answer, or None when the kernel's struct tcp_info is
+    too short to have it (kernels before 4.1)."""
+    if len(info) < _TCPI_BYTES_ACKED + 8:
+        return None
+    return int(struct.unpack_from("=Q", info, _TCPI_BYTES_ACKED)[0])
+
+
+def tcp_bytes_acked(sock: Any) -> int | None:
+    """Bytes of this TCP connection's stream the peer has acknowledged so far (the kernel's
+    ``tcpi_bytes_acked``: one getsockopt, exact, never more than the peer's TCP received; the SYN
+    and a FIN count one each, so take differences), or None when the kernel does not say (no such
+    field, not a TCP socket)."""
+    import socket as _socket
+
+    try:
+        info = sock.getsockopt(_socket.IPPROTO_TCP, _socket.TCP_INFO, _TCP_INFO_LEN)
+    except (OSError, AttributeError, ValueError):
+        return None
+    return bytes_acked_of(info)
+
+
+def tcp_unacked_bytes(sock: Any) -> int | None:
+    """Bytes written into this TCP socket that the peer has not acknowledged yet (``SIOCOUTQ``:
+    unsent plus in flight), or None when the kernel does not say."""
+    import array
+    import fcntl
+
+    buf = array.array("i", [0])
+    try:
+        fcntl.ioctl(sock.fileno(), _SIOCOUTQ, buf, True)
+    except (OSError, AttributeError, ValueError):
+        return None
+    return int(buf[0])
+
+
+class _AckMeter:
+    """How many chunk payload bytes the peer's TCP has acknowledged, for the flow hook.
+
+    The channel counts every byte it hands the transport (``_Channel.written``); the meter marks
+    where each chunk's payload records lie in that stream, and maps the stream position the peer
+    has acknowledged to payload bytes (a record's length prefix, a chunk's header and the AES-GCM
+    tags are not payload). The acknowledged position comes from ``tcpi_bytes_acked`` (counted from
+    where it stood when the meter started, when everything written before had been answered), or,
+    on a kernel without it, from the bytes handed to the socket less ``SIOCOUTQ``. ``read`` returns
+    None when the kernel says neither: the hook is then not told (the shaper keeps its estimate)."""
+
+    def __init__(self, sock: Any, ch: _Channel) -> None:
+        self.sock, self.ch = sock, ch
+        self.chunks: collections.deque[tuple[int, int, int]] = collections.deque()  # (payload start, len, payload before)
+        self.payload = 0  # chunk payload bytes written so far
+        self.done = 0  # payload bytes of the chunks already wholly acknowledged
+        self.base_acked = tcp_bytes_acked(sock)
+        self.base_pos = self._in_kernel() - (tcp_unacked_bytes(sock) or 0)
+        self.outq = self.base_acked is None and tcp_unacked_bytes(sock) is not None
+
+    def _in_kernel(self) -> int:
+        """Channel bytes the socket has taken (what the transport still buffers is not in it)."""
+        tr = getattr(self.ch.w, "transport", None)
+        buffered = tr.get_write_buffer_size() if tr is not None else 0
+        return self.ch.written - int(buffered)
+
+    def chunk_sent(self, n: int) -> None:
+        """A chunk of ``n`` payload bytes has just gone to the channel: its header record, then its
+        payload records, end at ``ch.written``."""
+        wire = sum(4 + min(RECORD_MAX, n - off) + RECORD_TAG for off in range(0, n, RECORD_MAX))
+        self.chunks.append((self.ch.written - wire, n, self.payload))
+        self.payload += n
+
+    def position(self) -> int | None:
+        """The channel stream position up to which the peer has acknowledged, or None."""
+        if self.base_acked is not None:
+            now = tcp_bytes_acked(self.sock)
+            return None if now is None else self.base_pos + now - self.base_acked
+        if self.outq:
+            q = tcp_unacked_bytes(self.sock)
+            return None if q is None else self._in_kernel() - q
+        return None
+
+    def read(self) -> int | None:
+        """Chunk payload bytes the peer has acknowledged (never more than written), or None."""
+        pos = self.position()
+        if pos is None:
+            return None
+        while self.chunks:
+            start, n, before = self.chunks[0]
+            x = pos - start
+            got = 0
+            for off in range(0, n, RECORD_MAX):
+                rl = min(RECORD_MAX, n - off)
+                if x >= 4 + rl + RECORD_TAG:
+                    got += rl
+                    x -= 4 + rl + RECORD_TAG
+                else:
+                    got += min(rl, max(0, x - 4))
+                    break
+            if got < n:
+                return before + got
+            self.chunks.popleft()
+            self.done = before + n
+        return self.done
 
 
 def default_flow_hook(agent: Any) -> FlowHook | None:
@@ -1063,12 +1184,18 @@ async def _send_once(
         raise
     handle = None
     reader_task: asyncio.Task[None] | None = None
+    acks_task: asyncio.Task[None] | None = None
+    registered = 0  # the bytes the flow hook was told this attempt sends
+    told = [0]  # the acknowledged bytes the flow hook was last told
     try:
         ch, ns = await _client_handshake(r, w, key, zone, node)
 
         def committed(h: dict[str, Any]) -> None:
             """The destination holds the whole checkpoint, verified: its answer's MAC is checked."""
             res.remote_path = _check_committed(h, key, ns, m)
+            if flow_hook is not None and handle is not None and told[0] < registered:
+                flow_hook.progress(handle, registered)  # all of it: the destination says so
+                told[0] = registered
             if progress:
                 progress(Progress(m.job_id, m.ckpt_id, m.total_bytes, m.total_bytes, time.monotonic() - t0))
 
@@ -1086,10 +1213,16 @@ async def _send_once(
         if flow_hook is not None:
             sock = w.get_extra_info("sockname")
             peer = w.get_extra_info("peername")
-            handle = flow_hook.register(Flow.of_socket(sock, peer), m.job_id,
-                                        sum(m.chunk_len(i) for i in missing), deadline)
+            registered = sum(m.chunk_len(i) for i in missing)
+            handle = flow_hook.register(Flow.of_socket(sock, peer), m.job_id, registered, deadline)
             if inspect.isawaitable(handle):
                 handle = await handle
+        meter: _AckMeter | None = None
+        if flow_hook is not None and handle is not None:
+            raw = w.get_extra_info("socket")
+            meter = _AckMeter(raw, ch) if raw is not None else None
+            if meter is not None:
+                acks_task = asyncio.create_task(_report_acks(meter, flow_hook, handle, registered, told))
         replies: asyncio.Queue[dict[str, Any]] = asyncio.Queue()
 
         async def read_replies() -> None:
@@ -1103,16 +1236,14 @@ async def _send_once(
 
         reader_task = asyncio.create_task(read_replies())
         pacer = _Pacer(rate_bps)
-        sent_now = 0
         with rd:
             for _round in range(MAX_NEED_ROUNDS + 1):
                 try:
                     async for i, data in rd.chunks(missing):
                         await ch.send({"t": "chunk", "i": i, "len": len(data)}, data)
                         res.sent_bytes += len(data)
-                        sent_now += len(data)
-                        if flow_hook is not None and handle is not None:
-                            flow_hook.progress(handle, sent_now)
+                        if meter is not None:
+                            meter.chunk_sent(len(data))
                         await pacer.pace(len(data))
                         if reader_task.done():
                             reader_task.result()  # surfaces the peer's error or a broken connection
@@ -1141,6 +1272,10 @@ async def _send_once(
         raise TransferError(f"transfer: {m.job_id}/{m.ckpt_id}: chunks still failing after {MAX_NEED_ROUNDS} rounds")
     finally:
         rd.close()
+        if acks_task is not None:
+            acks_task.cancel()
+            with contextlib.suppress(BaseException):
+                await acks_task
         if reader_task is not None:
             reader_task.cancel()
             with contextlib.suppress(BaseException):
@@ -1153,6 +1288,21 @@ async def _send_once(
         w.close()
         with contextlib.suppress(Exception):
             await w.wait_closed()
+
+
+async def _report_acks(meter: _AckMeter, hook: FlowHook, handle: Any, total: int, told: list[int]) -> None:
+    """Tells ``hook`` every ACK_POLL_S how many payload bytes the peer has acknowledged, when it
+    grew past ``told[0]`` (kept there; at most ``total``, the bytes registered: chunks sent again
+    after a ``need`` count again)."""
+    while True:
+        await asyncio.sleep(ACK_POLL_S)
+        n = meter.read()
+        if n is None:  # the kernel does not say (any more): the shaper keeps its own estimate
+            return
+        n = min(n, total)
+        if n > told[0]:
+            hook.progress(handle, n)
+            told[0] = n
 
 
 async def send_control(

@@ -16,21 +16,24 @@ job, its size and its deadline. The registry then
    store, so a restart keeps the expiry), one made by 5-tuple until ``kill-flow … off``. A full
    ``lm_flows`` refuses new transfers and cuts with 507 naming ``LM_MAX_FLOWS``.
 
-Progress is the larger of what the sender reports (``POST …/progress``) and the bytes the
-transfer's HTB leaf has sent (egress, from the kernel's class counters) discounted by 6% for
-headers and retransmissions; only a report can mark a transfer done. Counted progress is an
-estimate: headers and retransmissions can cost more than 6% (a small MTU, a lossy path), so the
-bytes the estimate counts beyond 80% of the leaf's bytes are *unconfirmed*, and the transfer's
-rate never falls below what sends its remaining and unconfirmed bytes by its deadline (from the
-budget the feasible transfers leave). A migration's sender reports no progress (what it wrote is
-in its socket buffer, not on the wire), so its progress is the leaf's count.
+Progress is what the sender reports when it reports bytes its peer's TCP acknowledged
+(``"acked": true``: a migration's sender does, from TCP_INFO, every 0.2 s; ``progress`` reads
+``acked``). Otherwise it is the larger of what the sender reports (``POST …/progress``) and the
+bytes the transfer's HTB leaf has sent (egress, from the kernel's class counters) discounted by 6%
+for headers and retransmissions (``progress`` reads ``reported`` or ``estimated``); only a report
+can mark a transfer done. Counted progress is an estimate: headers and retransmissions can cost
+more than 6% (a small MTU, a lossy path), so the bytes the estimate counts beyond 80% of the
+leaf's bytes are *unconfirmed*, and the transfer's rate never falls below what sends its remaining
+and unconfirmed bytes by its deadline (from the budget the feasible transfers leave). Acknowledged
+progress is never an estimate: it has no unconfirmed bytes. It is not kept across an agent
+restart (the sender, in the agent, does not outlive it either).
 
 API::
 
     GET    /v1/net/transfers                      rates, statuses and reasons
     POST   /v1/net/transfers    {"id"?, "job", "flow": "tcp:10.0.0.1:40000->10.0.0.2:7000",
                                  "total_bytes", "deadline_s" (seconds from now), "max_rate_bps"?}
-    POST   /v1/net/transfers/{id}/progress {"sent_bytes"}
+    POST   /v1/net/transfers/{id}/progress {"sent_bytes", "acked"?}
     DELETE /v1/net/transfers/{id}
     POST   /v1/killswitch/flow  {"flow": transfer id or 5-tuple, "action": on|off|arm, "at_s"?}
     GET    /v1/killswitch/flow
@@ -173,6 +176,9 @@ class Transfer:
     minor: int
     reported_bytes: int = 0
     counted_bytes: int = 0
+    # the sender reports what its peer's TCP acknowledged: reported_bytes alone is the progress
+    # (the leaf's count, which runs ahead of it by what is in flight, is not used)
+    acked: bool = False
     max_rate_bps: int | None = None
     created: float = field(default_factory=time.time)
     rate_bps: int = 0
@@ -182,13 +188,27 @@ class Transfer:
 
     @property
     def sent_bytes(self) -> int:
+        if self.acked:
+            return min(self.total_bytes, self.reported_bytes)
         counted = min(int(self.counted_bytes * COUNTER_PAYLOAD_SHARE), self.total_bytes - 1)
         return min(self.total_bytes, max(self.reported_bytes, counted))
 
     @property
+    def progress(self) -> str:
+        """Where ``sent_bytes`` comes from: ``acked`` (the sender reports the bytes its peer
+        acknowledged), ``reported`` (a report, at least the leaf's estimate) or ``estimated``
+        (the leaf's count, discounted for headers)."""
+        if self.acked:
+            return "acked"
+        return "reported" if 0 < self.reported_bytes >= self.sent_bytes else "estimated"
+
+    @property
     def unconfirmed_bytes(self) -> int:
         """Bytes ``sent_bytes`` may count that did not go out as payload: its counted part past
-        ``COUNTER_PAYLOAD_SHARE_LOW`` of the leaf's bytes (0 once the sender reported them all)."""
+        ``COUNTER_PAYLOAD_SHARE_LOW`` of the leaf's bytes (0 once the sender reported them all,
+        and always 0 when it reports acknowledged bytes)."""
+        if self.acked:
+            return 0
         surely = max(self.reported_bytes, min(int(self.counted_bytes * COUNTER_PAYLOAD_SHARE_LOW), self.total_bytes))
         return max(0, self.sent_bytes - surely)
 
@@ -198,7 +218,8 @@ class Transfer:
 
     def as_dict(self, now_ns: int, major: int) -> dict[str, Any]:
         return {"id": self.id, "job": self.job, "flow": str(self.flow), "class": f"{major:x}:{self.minor:x}",
-                "total_bytes": self.total_bytes, "sent_bytes": self.sent_bytes,
+                "total_bytes": self.total_bytes, "sent_bytes": self.sent_bytes, "progress": self.progress,
+                "estimated": self.progress == "estimated",
                 "remaining_bytes": self.total_bytes - self.sent_bytes,
                 "deadline_in_s": round((self.deadline_mono_ns - now_ns) / 1e9, 3), "deadline": self.deadline_wall,
                 "rate_bps": self.rate_bps, "rate": fmt_rate(self.rate_bps),
@@ -729,13 +750,19 @@ class TransferRegistry:
         self._forget_metrics(tid)
         return t
 
-    def report(self, tid: str, sent_bytes: Any) -> Transfer:
+    def report(self, tid: str, sent_bytes: Any, acked: Any = False) -> Transfer:
+        """Records the sender's progress. ``acked``: ``sent_bytes`` are bytes the peer's TCP has
+        acknowledged (the migration sender's report); from then on they alone are the transfer's
+        progress, never the leaf's estimate. Raises ApiError for an unknown transfer or bad input."""
         t = self.transfers.get(tid)
         if t is None:
             raise ApiError(404, f"unknown transfer {tid!r}")
         if isinstance(sent_bytes, bool) or not isinstance(sent_bytes, int) or not 0 <= sent_bytes <= t.total_bytes:
             raise ApiError(400, f"sent_bytes = {sent_bytes!r}: expected an integer in 0..{t.total_bytes}")
+        if not isinstance(acked, bool):
+            raise ApiError(400, f"acked = {acked!r}: expected true or false")
         t.reported_bytes = max(t.reported_bytes, sent_bytes)
+        t.acked = t.acked or acked
         if self.agent is not None:
             with self.agent.store.tx() as db:
                 db.execute("UPDATE net_transfers SET reported_bytes=? WHERE id=?", (t.reported_bytes, tid))
@@ -921,7 +948,8 @@ class TransferRegistry:
         return t.as_dict(time.monotonic_ns(), self.tree.major if self.tree else 0)
 
     async def _api_progress(self, req: Request) -> dict[str, Any]:
-        t = await self._run(self.report, req.params["id"], (req.body or {}).get("sent_bytes"))
+        body = req.body if isinstance(req.body, dict) else {}
+        t = await self._run(self.report, req.params["id"], body.get("sent_bytes"), body.get("acked", False))
         return t.as_dict(time.monotonic_ns(), self.tree.major if self.tree else 0)
 
     async def _api_remove(self, req: Request) -> dict[str, Any]:
