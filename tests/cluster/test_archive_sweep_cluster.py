@@ -18,6 +18,13 @@ of the test that every agent's namespace sees, as an NFS mount would be seen).
    (periodic checkpoints off, ``orphan_after_s`` set): the claimed checkpoint is the job's newest
    safe state, so another agent claims it again from the dead node's running record and the job
    ends with an uninterrupted run's weights, once.
+
+Tests 1, 2 and 4 start the same way (:func:`archived_and_claimed`), which is also the archive's
+own end-to-end case (it was ``test_migrate_archive.py``'s first test, merged here to spare a
+cluster): no peer can run or hold the job (every peer's only GPU taken, none offering disk), so
+at A's reclaim the final checkpoint goes to the archive with the job's guard record (replacing
+its live record where periodic copies were archived), nobody runs it while there is no room,
+and the first peer with room claims it and resumes it from the archived checkpoint.
 """
 
 from __future__ import annotations
@@ -34,6 +41,7 @@ import pytest
 from harness import Cluster, Node, wait_until
 from test_migrate_archive import archived, finish
 from test_migration import (  # noqa: F401  (fixtures: make_cluster, reference_sha)
+    CKPT_EVERY,
     fill,
     find_migrated,
     gone,
@@ -42,6 +50,7 @@ from test_migration import (  # noqa: F401  (fixtures: make_cluster, reference_s
     make_cluster,
     migrate_config,
     reference_sha,
+    steps_of,
     submit,
     train_cmd,
 )
@@ -86,8 +95,14 @@ def archived_and_claimed(make_cluster: Any, arch: Path, step_sleep: float,  # no
                "the final checkpoint to leave A")
     move = a.json("migrations")[0]
     assert move["phase"] == "archived", move
+    assert any(r.get("holder") and not r["feasible"] for r in move["ranked"]), move["ranked"]  # no peer had disk
     held = int(move["ckpt"].removeprefix("ckpt-"))
+    st = archived(arch, key)
+    assert st["files"] == ["guard.json"] and held in st["ckpts"], st  # the guard record, the final checkpoint
+    assert job_state(a, jid)["state"] == "reclaimed"
+    assert len([s for s in steps_of(job_log(a, jid)) if s > held]) <= CKPT_EVERY  # lost: only the steps after it
     gone(a)
+    assert find_migrated(c, key) is None  # nobody has room yet: nobody runs it
     b = peers[0]
     b.ctl("job", "stop", fillers[b.node_id])
     found = wait_until(lambda: find_migrated(c, key), 60, "B to claim the archived job", every=0.3)
@@ -101,7 +116,7 @@ def archived_and_claimed(make_cluster: Any, arch: Path, step_sleep: float,  # no
 def test_the_claimed_directory_goes_once_the_resumed_jobs_own_checkpoint_is_archived(
         make_cluster, reference_sha, tmp_path):  # noqa: F811
     arch = tmp_path / "archive"
-    c, key, b, job, held = archived_and_claimed(make_cluster, arch, 0.3, prestage_unannounced=0.0)
+    c, key, b, job, held = archived_and_claimed(make_cluster, arch, 0.2, prestage_unannounced=0.0)
     own = arch / f"n{b.node_id}-{job['id']}"
 
     def own_checkpoint_archived() -> bool:
@@ -152,7 +167,7 @@ def test_a_claim_whose_node_died_before_the_job_ran_is_kept_and_taken_over(
     d = arch / key
     d.mkdir(parents=True)
     shutil.copytree(ckpt, d / ckpt.name)
-    spec = JobSpec(command=train_cmd(0.1), name="train").validate().as_dict()
+    spec = JobSpec(command=train_cmd(0.05), name="train").validate().as_dict()
     spec.pop("gpus")
     rec = {"key": key, "src_node": 9, "src_job": "job-1", "ckpt": ckpt.name, "archived_by": 9, "ts": time.time(),
            "request": {"spec": spec, "owner_uid": 0, "owner_gid": 0, "gpus": 0, "take_over": True}}

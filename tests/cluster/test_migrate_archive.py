@@ -5,7 +5,9 @@ agent's namespace sees, as an NFS mount would be seen).
 1. No live peer can run or hold A's job (every peer's only GPU is taken, and none offers disk:
    ``holder_reserve_mb`` larger than its disk): at A's reclaim the final checkpoint goes to
    the archive with the job's guard record; when room frees on a peer, that peer claims the
-   record and resumes the job from the archived checkpoint.
+   record and resumes the job from the archived checkpoint. This case is the common start of
+   the archive sweep's tests (``test_archive_sweep_cluster.archived_and_claimed``, asserted
+   there once per test, with periodic archive copies on and off): one cluster less here.
 2. A job whose final checkpoint went to a holder is archived as well (by its source beside
    the holder, and by any guard that finds no room); the holder, waiting for room, dies
    without notice (agent SIGKILLed, namespace deleted): the job is not lost, another node
@@ -23,7 +25,6 @@ from typing import Any
 import pytest
 from harness import Cluster, Node, wait_until
 from test_migration import (  # noqa: F401  (fixtures: make_cluster, reference_sha)
-    CKPT_EVERY,
     alive,
     assert_continuous,
     fill,
@@ -34,7 +35,6 @@ from test_migration import (  # noqa: F401  (fixtures: make_cluster, reference_s
     make_cluster,
     migrate_config,
     reference_sha,
-    steps_of,
     submit,
     train_cmd,
 )
@@ -60,37 +60,6 @@ def archived(arch: Path, key: str) -> dict[str, Any]:
     d = arch / key
     return {"files": sorted(p.name for p in d.glob("*.json")) if d.is_dir() else [],
             "ckpts": sorted(int(p.name[5:]) for p in d.glob("ckpt-*")) if d.is_dir() else []}
-
-
-def test_no_peer_can_run_or_hold_the_job_the_archive_keeps_it(make_cluster, reference_sha, tmp_path):  # noqa: F811
-    arch = tmp_path / "archive"
-    c = make_cluster(zones=1, per_zone=3, gpus=1, zone_extra=migrate_config(
-        retry_base_s=0.5, retry_max_s=2.0, holder_reserve_mb=1 << 29, archive_dir=f'"{arch}"'))
-    a, peers = c.nodes[0], c.nodes[1:]
-    fillers = fill(c, peers)
-    jid = submit(a, "--name", "train", "--", *train_cmd(0.1))
-    key = f"n{a.node_id}-{jid}"
-    wait_until(lambda: any(e["event"] == "checkpoint" for e in job_log(a, jid)), 60, "the job's first checkpoint")
-
-    a.ctl("reclaim", "--notice", "8s")
-    wait_until(lambda: a.json("migrations") and a.json("migrations")[0]["phase"] in ("archived", "failed"), 60,
-               "the final checkpoint to leave A")
-    move = a.json("migrations")[0]
-    assert move["phase"] == "archived", move
-    assert any(r.get("holder") and not r["feasible"] for r in move["ranked"]), move["ranked"]  # no peer had disk
-    held = int(move["ckpt"].removeprefix("ckpt-"))
-    st = archived(arch, key)
-    assert st["files"] == ["guard.json"] and held in st["ckpts"], st
-    assert job_state(a, jid)["state"] == "reclaimed"
-    assert len([s for s in steps_of(job_log(a, jid)) if s > held]) <= CKPT_EVERY
-    gone(a)
-    assert find_migrated(c, key) is None  # nobody has room yet: nobody runs it
-
-    b = peers[0]
-    b.ctl("job", "stop", fillers[b.node_id])
-    finish(c, key, b, held, reference_sha)
-    # the job ended where it was resumed: the claimed directory goes (archive_gc)
-    wait_until(lambda: not (arch / key).exists(), 60, "the claimed directory to go", every=0.3)
 
 
 def test_a_waiting_holder_archives_and_its_death_loses_nothing(make_cluster, reference_sha, tmp_path):  # noqa: F811
