@@ -56,10 +56,24 @@ class GpuInventory:
                          for g in self.gpus]}
 
 
+def nvml_library() -> bool:
+    """Whether NVML's library (libnvidia-ml.so.1, the driver's) can be loaded here: where it
+    cannot, pynvml (about 2 MB of an agent's memory for its whole life) is never imported."""
+    import ctypes
+
+    try:
+        ctypes.CDLL("libnvidia-ml.so.1")
+    except OSError:
+        return False
+    return True
+
+
 def nvml_gpus() -> tuple[list[Gpu], str]:
     """GPUs NVML reports (index, name, total memory in bytes, UUID), and a note ("" when NVML
     found at least one). Never raises: a missing library or driver, or a GPU NVML cannot
     read, is the note (the GPUs read before it are not returned: a half-read node is none)."""
+    if not nvml_library():
+        return [], "NVML: NVML Shared Library Not Found"  # pynvml's own words for it
     try:
         import pynvml
     except ImportError:
@@ -94,6 +108,8 @@ def nvml_process_memory() -> dict[int, int]:
     {} where NVML has no GPU. A GPU NVML cannot read is left out, the others still count.
     Pids are as the driver sees them (this host's; in a container with its own pid namespace
     they are not the container's). A process whose memory NVML cannot tell counts 0."""
+    if not nvml_library():
+        return {}
     try:
         import pynvml
 
