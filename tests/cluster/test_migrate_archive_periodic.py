@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 import shutil
 import subprocess
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -46,28 +47,50 @@ def live(arch: Path, key: str) -> dict[str, Any] | None:
         return None
 
 
-def reference_at(step: int, tmp: Path) -> str:
-    """The weights of an uninterrupted run after ``step`` steps (same seed, outside any agent)."""
+def started(argv: list[str], env: dict[str, str], timeout: float) -> Callable[[], str]:
+    """Starts ``argv`` now (in the background: the test waits for the cluster meanwhile); the
+    function returned waits for it and gives its stdout, failing the test if it failed."""
+    proc = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+    def result() -> str:
+        try:
+            out, err = proc.communicate(timeout=timeout)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait(10)
+        assert proc.returncode == 0, (argv, proc.returncode, err[-2000:])
+        return out
+
+    return result
+
+
+def reference_at(step: int, tmp: Path) -> Callable[[], str]:
+    """The weights of an uninterrupted run after ``step`` steps (same seed, outside any agent),
+    started now and read when the function returned is called."""
     cmd = train_cmd(0.0)
     cmd[cmd.index("--steps") + 1] = str(step)
-    out = subprocess.run(cmd, env={"PATH": "/usr/bin:/bin", "LAMINAR_CKPT_DIR": str(tmp / f"ref-{step}")},
-                         capture_output=True, text=True, timeout=300, check=True)
-    return str([e for e in parse_events(out.stdout) if e["event"] == "done"][0]["weights_sha256"])
+    run = started(cmd, {"PATH": "/usr/bin:/bin", "LAMINAR_CKPT_DIR": str(tmp / f"ref-{step}")}, 300)
+    return lambda: str([e for e in parse_events(run()) if e["event"] == "done"][0]["weights_sha256"])
 
 
-def archived_weights(ckpt: Path, tmp: Path) -> tuple[int, str]:
-    """(step, weights SHA-256) of an archived checkpoint, loaded the way the job loads it."""
+def archived_weights(ckpt: Path, tmp: Path) -> Callable[[], tuple[int, str]]:
+    """(step, weights SHA-256) of an archived checkpoint, loaded the way the job loads it;
+    started now and read when the function returned is called."""
     code = (
         "import sys, json; sys.path.insert(0, sys.argv[1]); import torch.nn as nn, train_mnistlike as t;"
         "from laminar import jobkit;"
         "s = jobkit.Checkpointer(ckpt_dir=sys.argv[2], install_signal=False).resume();"
         "m = nn.Sequential(nn.Flatten(), nn.Linear(784, int(sys.argv[3])), nn.ReLU(), nn.Linear(int(sys.argv[3]), 10));"
         "m.load_state_dict(s['model']); print(json.dumps([int(s['step']), t.weights_sha256(m)]))")
-    out = subprocess.run([str(VENV_BIN / "python"), "-c", code, str(REPO / "examples"), str(tmp / "load"),
-                          str(HIDDEN)], env={"PATH": "/usr/bin:/bin", "LAMINAR_RESUME_FROM": str(ckpt)},
-                         capture_output=True, text=True, timeout=120, check=True)
-    step, sha = json.loads(out.stdout.strip().splitlines()[-1])
-    return int(step), str(sha)
+    run = started([str(VENV_BIN / "python"), "-c", code, str(REPO / "examples"), str(tmp / "load"), str(HIDDEN)],
+                  {"PATH": "/usr/bin:/bin", "LAMINAR_RESUME_FROM": str(ckpt)}, 120)
+
+    def result() -> tuple[int, str]:
+        step, sha = json.loads(run().strip().splitlines()[-1])
+        return int(step), str(sha)
+
+    return result
 
 
 def test_node_and_buddy_gone_without_notice_the_job_resumes_from_its_archived_periodic_checkpoint(
@@ -104,12 +127,14 @@ def test_node_and_buddy_gone_without_notice_the_job_resumes_from_its_archived_pe
     # kept aside now: the claimed directory goes once the resumed job's own checkpoint is archived
     snap = tmp_path / "archived-ckpt"
     shutil.copytree(arch / key / rec["ckpt"], snap)
+    # what the archived checkpoint holds and an uninterrupted run to that step, computed while C works
+    snap_weights, reference_then = archived_weights(snap, tmp_path), reference_at(held, tmp_path)
 
     finish(c, key, x, held, reference_sha)  # resumed at C from exactly the archived step, same final weights
     wait_until(lambda: not (arch / key).exists(), 60, "the claimed directory to go (archive_gc)", every=0.3)
-    step, sha = archived_weights(snap, tmp_path)
+    step, sha = snap_weights()
     assert step == held and held < STEPS
-    assert sha == reference_at(held, tmp_path)  # the archived weights are an uninterrupted run's at that step
+    assert sha == reference_then()  # the archived weights are an uninterrupted run's at that step
     # the resumed job ended at C: its own archived periodic copies are removed
     resumed = next(j for j in x.json("jobs") if (j["spec"].get("env") or {}).get("LM_MIGRATED_FROM") == key)
     wait_until(lambda: not (arch / f"n{x.node_id}-{resumed['id']}").exists(), 30,

@@ -35,15 +35,22 @@ def train_cmd(step_sleep: float) -> list[str]:
             "--ckpt-every", str(CKPT_EVERY), "--step-sleep", str(step_sleep), "--log-steps"]
 
 
+_REFERENCE: dict[str, str] = {}  # the run below, once per session: it is the same for every module
+
+
 @pytest.fixture(scope="module")
 def reference_sha(tmp_path_factory: pytest.TempPathFactory) -> str:
-    """The final weights of an uninterrupted run with the same seed, outside any agent."""
-    d = tmp_path_factory.mktemp("reference")
-    out = subprocess.run(train_cmd(0.0), env={"PATH": "/usr/bin:/bin", "LAMINAR_CKPT_DIR": str(d / "ckpt")},
-                         capture_output=True, text=True, timeout=300, check=True)
-    done = [e for e in parse_events(out.stdout) if e["event"] == "done"]
-    assert len(done) == 1, out.stdout[-2000:]
-    return str(done[0]["weights_sha256"])
+    """The final weights of an uninterrupted run with the same seed, outside any agent (computed
+    once per session: the modules that import this fixture get one instance each, and the run
+    is the same for all of them)."""
+    if "sha" not in _REFERENCE:
+        d = tmp_path_factory.mktemp("reference")
+        out = subprocess.run(train_cmd(0.0), env={"PATH": "/usr/bin:/bin", "LAMINAR_CKPT_DIR": str(d / "ckpt")},
+                             capture_output=True, text=True, timeout=300, check=True)
+        done = [e for e in parse_events(out.stdout) if e["event"] == "done"]
+        assert len(done) == 1, out.stdout[-2000:]
+        _REFERENCE["sha"] = str(done[0]["weights_sha256"])
+    return _REFERENCE["sha"]
 
 
 @pytest.fixture
