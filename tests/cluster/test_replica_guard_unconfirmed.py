@@ -45,6 +45,9 @@ def test_a_guard_whose_source_does_not_answer_is_kept_and_shown_unconfirmed(make
                    "B to show the guard confirmed")
     assert r["unconfirmed"] is False and r["state"] == "guarding"
 
+    # B asks only about a guard unchanged for replica_guard_check_s: its round at the restart must see one
+    wait_until(lambda: (r := replica(b, key)) is not None and (r["source_silent_s"] or 0) >= 1.5, 30,
+               "B's guard to be unchanged for longer than replica_guard_check_s")
     b.netns.run("ip", "route", "add", "blackhole", f"{a.addr}/32")
     restart(b)  # B asks at once
     r = wait_until(lambda: (r := replica(b, key)) is not None and r["unconfirmed"] and r, 75,
