@@ -76,8 +76,9 @@ def register(sub: Any, common: argparse.ArgumentParser) -> None:
     p.set_defaults(func=cmd_flows)
 
 
+# BY: how SENT is known (acked: the destination's TCP acknowledged it; reported; estimated)
 TRANSFER_COLUMNS = [("id", "ID"), ("job", "JOB"), ("flow", "FLOW"), ("class", "CLASS"), ("sent_bytes", "SENT"),
-                    ("total_bytes", "TOTAL"), ("deadline_in_s", "DUE IN S"), ("rate", "RATE"),
+                    ("progress", "BY"), ("total_bytes", "TOTAL"), ("deadline_in_s", "DUE IN S"), ("rate", "RATE"),
                     ("status", "STATUS"), ("reason", "REASON")]
 
 
