@@ -274,14 +274,31 @@ class Manifest:
         return m
 
 
+class _SpanReadError(OSError):
+    """A read of the concatenation that the storage refused (EIO, ...): ``span`` is the index
+    of the file in the spans, ``offset`` where in that file the read failed."""
+
+    def __init__(self, e: OSError, span: int, offset: int) -> None:
+        super().__init__(e.errno, e.strerror)
+        self.span, self.offset = span, offset
+
+    def describe(self, root: Path, names: list[str]) -> str:
+        """``<root>/<file>: a read from byte <offset> failed: <error>``: what a TransferError says."""
+        return f"{root}/{names[self.span]}: a read from byte {self.offset} failed: [Errno {self.errno}] {self.strerror}"
+
+
 def _pread_spans(spans: list[tuple[int, int, int]], start: int, view: memoryview) -> int:
     """Reads the concatenation of files (``spans``: fd, offset in the concatenation, size)
-    from ``start`` into ``view``; the bytes read (fewer when a file is shorter than listed)."""
+    from ``start`` into ``view``; the bytes read (fewer when a file is shorter than listed).
+    Raises _SpanReadError naming the file and offset when the storage fails a read."""
     end, got = start + len(view), 0
-    for fd, off, size in spans:
+    for j, (fd, off, size) in enumerate(spans):
         lo, hi = max(start, off), min(end, off + size)
         while lo < hi:
-            k = os.preadv(fd, [view[lo - start:hi - start]], lo - off)
+            try:
+                k = os.preadv(fd, [view[lo - start:hi - start]], lo - off)
+            except OSError as e:
+                raise _SpanReadError(e, j, lo - off) from e
             if k <= 0:
                 break
             lo += k
@@ -305,6 +322,7 @@ class _Source:
 
     def __init__(self, root: Path, m: Manifest) -> None:
         self.m = m
+        self.root = root
         self.fds: list[int] = []
         self.spans: list[tuple[int, int, int]] = []  # (fd, offset in the concatenation, size)
         self.idents: list[tuple[int, ...] | None] = [None] * len(m.files)  # each file as the manifest saw it
@@ -362,8 +380,14 @@ class _Source:
         """Chunk ``i`` read into ``buf`` and checked (a worker thread); raises TransferError."""
         n = self.m.chunk_len(i)
         view = memoryview(buf)[:n]
-        if _pread_spans(self.spans, i * self.m.chunk_size, view) != n \
-                or hashlib.sha256(view).hexdigest() != self.m.chunks[i]:
+        try:
+            got = _pread_spans(self.spans, i * self.m.chunk_size, view)
+        except _SpanReadError as e:
+            # The source's storage failed (EIO: a bad sector, a lost disk or mount). Not fatal:
+            # the next attempt resumes where the destination is (the storage may be back).
+            raise TransferError(f"transfer: cannot read chunk {i} of {self.m.job_id}/{self.m.ckpt_id} on the source: "
+                                f"{e.describe(self.root, [f[0] for f in self.m.files])}") from None
+        if got != n or hashlib.sha256(view).hexdigest() != self.m.chunks[i]:
             for fd, ident in zip(self.fds, self.idents, strict=False):
                 if ident is not None and _ident(os.fstat(fd)) != ident:  # written since: a change, not rot
                     raise SourceChangedError(f"transfer: chunk {i} of {self.m.ckpt_id} changed on the source disk "

@@ -1,0 +1,283 @@
+"""A real FUSE file system whose storage fails with EIO where a test says: failing storage
+under a checkpoint, on a machine without device-mapper (dm-flakey) or fault injection.
+
+:func:`eio_mount` mounts, with raw mount(2) on ``/dev/fuse``, a read-only mirror of a real
+backing directory, served by a small FUSE server in a forked child process (so the test's
+own file system calls never wait on its own GIL). Every read is answered from the backing
+file, except reads of the file :meth:`EioMount.fail` names that reach at or past its offset:
+those are answered EIO (a bad sector at that offset), until :meth:`EioMount.heal`. Files are
+opened ``FOPEN_DIRECT_IO`` and names and attributes are not cached, so every read and stat
+reaches the server: the page cache never hides a fault, and what the test writes into the
+backing directory shows in the mount at once.
+
+Only what a reader needs is implemented (the protocol is include/uapi/linux/fuse.h, 7.38):
+INIT, LOOKUP, FORGET, GETATTR, OPEN, READ, FLUSH, RELEASE, OPENDIR, READDIR, RELEASEDIR,
+STATFS, DESTROY; anything else is answered ENOSYS (the kernel then treats FLUSH, ACCESS,
+xattrs as unsupported), and the mount is read-only (MS_RDONLY: writes get EROFS).
+
+Usage::
+
+    with eio_mount(backing) as fs:           # fs.path: /tmp/lm-t-eio-<hex>
+        fs.fail("src/ckpt-40/state.bin", 300_000)
+        ...                                  # reads at or past byte 300000 of it: EIO
+        fs.heal()
+
+The mount is detached (umount2 MNT_DETACH) and the server killed on exit, also when the
+test fails; whatever still waits on it then gets ENOTCONN.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import errno
+import mmap
+import os
+import secrets
+import signal
+import stat
+import struct
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+MS_RDONLY, MS_NOSUID, MS_NODEV = 1, 2, 4
+MNT_DETACH = 2
+
+# opcodes (enum fuse_opcode)
+LOOKUP, FORGET, GETATTR, OPEN, READ, STATFS, RELEASE, FLUSH = 1, 2, 3, 14, 15, 17, 18, 25
+INIT, OPENDIR, READDIR, RELEASEDIR, INTERRUPT, DESTROY, BATCH_FORGET = 26, 27, 28, 29, 36, 38, 42
+NO_REPLY = {FORGET, BATCH_FORGET, INTERRUPT}
+FOPEN_DIRECT_IO = 1 << 0
+KERNEL_MAJOR, KERNEL_MINOR = 7, 38
+
+# struct fuse_in_header: len, opcode, unique, nodeid, uid, gid, pid, total_extlen, padding
+IN_HEADER = struct.Struct("<IIQQIIIHH")
+# struct fuse_out_header: len, error (-errno), unique
+OUT_HEADER = struct.Struct("<IiQ")
+# struct fuse_init_in: major, minor, max_readahead, flags (flags2 and unused follow)
+INIT_IN = struct.Struct("<IIII")
+# struct fuse_init_out: major, minor, max_readahead, flags, max_background, congestion_threshold,
+# max_write, time_gran, max_pages, map_alignment, flags2, unused[7]
+INIT_OUT = struct.Struct("<IIIIHHIIHHI28x")
+# struct fuse_attr: ino, size, blocks, atime, mtime, ctime, atimensec, mtimensec, ctimensec,
+# mode, nlink, uid, gid, rdev, blksize, flags
+ATTR = struct.Struct("<QQQQQQIIIIIIIIII")
+# struct fuse_attr_out: attr_valid, attr_valid_nsec, dummy, attr
+ATTR_OUT = struct.Struct("<QII")
+# struct fuse_entry_out: nodeid, generation, entry_valid, attr_valid, entry_valid_nsec,
+# attr_valid_nsec, attr
+ENTRY_OUT = struct.Struct("<QQQQII")
+# struct fuse_open_out: fh, open_flags, padding
+OPEN_OUT = struct.Struct("<QII")
+# struct fuse_read_in: fh, offset, size, read_flags, lock_owner, flags, padding
+READ_IN = struct.Struct("<QQIIQII")
+# struct fuse_release_in: fh, flags, release_flags, lock_owner
+RELEASE_IN = struct.Struct("<QIIQ")
+# struct fuse_dirent: ino, off (of the next entry), namelen, type; then the name, padded to 8
+DIRENT = struct.Struct("<QQII")
+# struct fuse_kstatfs: blocks, bfree, bavail, files, ffree, bsize, namelen, frsize, padding, spare[6]
+KSTATFS = struct.Struct("<QQQQQIIII24x")
+
+# The shared page between the test and the server: fail offset (-1: healthy), EIO answers,
+# READs served, the failing file's path relative to the mount (NUL-padded).
+CTL = struct.Struct("<qQQ")
+NAME_AT, NAME_MAX = CTL.size, 1024
+
+
+class EioMount:
+    """A mounted mirror (``path``) of ``backing`` whose reads fail where :meth:`fail` says."""
+
+    def __init__(self, path: Path, backing: Path, ctl: mmap.mmap) -> None:
+        self.path = path
+        self.backing = backing
+        self._ctl = ctl
+
+    def fail(self, rel: str, offset: int) -> None:
+        """From now on, a read of ``rel`` (relative to the mount) that reaches byte ``offset``
+        or past it is answered EIO."""
+        raw = rel.encode()
+        if len(raw) >= NAME_MAX or offset < 0:
+            raise ValueError(f"fail({rel!r}, {offset}): a path under {NAME_MAX} bytes and an offset >= 0")
+        self._ctl[NAME_AT:NAME_AT + NAME_MAX] = raw.ljust(NAME_MAX, b"\0")
+        self._ctl[:8] = struct.pack("<q", offset)
+
+    def heal(self) -> None:
+        """Every read is answered from the backing file again."""
+        self._ctl[:8] = struct.pack("<q", -1)
+
+    @property
+    def eio_count(self) -> int:
+        """How many reads were answered EIO so far."""
+        return int(CTL.unpack_from(self._ctl)[1])
+
+    @property
+    def reads(self) -> int:
+        """How many READ requests the server answered (EIO included)."""
+        return int(CTL.unpack_from(self._ctl)[2])
+
+
+def _attr(st: os.stat_result) -> bytes:
+    return ATTR.pack(st.st_ino, st.st_size, st.st_blocks, int(st.st_atime), int(st.st_mtime), int(st.st_ctime),
+                     st.st_atime_ns % 10**9, st.st_mtime_ns % 10**9, st.st_ctime_ns % 10**9, st.st_mode, st.st_nlink,
+                     st.st_uid, st.st_gid, st.st_rdev, 4096, 0)
+
+
+class _Server:
+    """The FUSE server (runs in the child): node ids are paths relative to the backing root."""
+
+    def __init__(self, fd: int, backing: Path, ctl: mmap.mmap) -> None:
+        self.fd, self.backing, self.ctl = fd, backing, ctl
+        self.paths: dict[int, str] = {1: ""}
+        self.ids: dict[str, int] = {"": 1}
+        self.files: dict[int, tuple[int, str]] = {}  # fh -> (backing fd, relative path)
+        self.next_fh = 1
+
+    def node(self, rel: str) -> int:
+        if rel not in self.ids:
+            self.ids[rel] = len(self.paths) + 1
+            self.paths[self.ids[rel]] = rel
+        return self.ids[rel]
+
+    def real(self, nodeid: int) -> Path:
+        return self.backing / self.paths[nodeid]
+
+    def reply(self, unique: int, body: bytes = b"", err: int = 0) -> None:
+        try:
+            os.write(self.fd, OUT_HEADER.pack(OUT_HEADER.size + (0 if err else len(body)), -err, unique)
+                     + (b"" if err else body))
+        except OSError as e:  # ENOENT: the request was interrupted meanwhile
+            if e.errno != errno.ENOENT:
+                raise
+
+    def serve(self) -> None:
+        while True:
+            try:
+                req = os.read(self.fd, (1 << 20) + 4096)
+            except OSError as e:
+                if e.errno == errno.EINTR:
+                    continue
+                return  # ENODEV: unmounted or aborted
+            _len, op, unique, nodeid, *_ = IN_HEADER.unpack_from(req)
+            arg = req[IN_HEADER.size:]
+            try:
+                body = self.handle(op, nodeid, arg)
+            except OSError as e:
+                if op not in NO_REPLY:
+                    self.reply(unique, err=e.errno or errno.EIO)
+                continue
+            if op == DESTROY:
+                self.reply(unique)
+                return
+            if op not in NO_REPLY:
+                self.reply(unique, body)
+
+    def handle(self, op: int, nodeid: int, arg: bytes) -> bytes:
+        if op == INIT:
+            major, minor, readahead, _flags = INIT_IN.unpack_from(arg)
+            return INIT_OUT.pack(KERNEL_MAJOR, min(minor, KERNEL_MINOR), readahead, 0, 16, 12, 128 << 10, 1, 0, 0, 0)
+        if op in NO_REPLY:
+            return b""
+        if op == LOOKUP:
+            name = arg.split(b"\0", 1)[0].decode()
+            rel = f"{self.paths[nodeid]}/{name}".lstrip("/")
+            st = os.lstat(self.backing / rel)
+            return ENTRY_OUT.pack(self.node(rel), 0, 0, 0, 0, 0) + _attr(st)
+        if op == GETATTR:
+            return ATTR_OUT.pack(0, 0, 0) + _attr(os.lstat(self.real(nodeid)))
+        if op in (OPEN, OPENDIR):
+            if op == OPEN:
+                fd = os.open(self.real(nodeid), os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+                self.files[self.next_fh] = (fd, self.paths[nodeid])
+            self.next_fh += 1
+            return OPEN_OUT.pack(self.next_fh - 1, FOPEN_DIRECT_IO if op == OPEN else 0, 0)
+        if op == READ:
+            fh, off, size, *_ = READ_IN.unpack_from(arg)
+            fd, rel = self.files[fh]
+            fail_at, eios, reads = CTL.unpack_from(self.ctl)
+            name = bytes(self.ctl[NAME_AT:NAME_AT + NAME_MAX]).rstrip(b"\0").decode()
+            CTL.pack_into(self.ctl, 0, fail_at, eios, reads + 1)
+            if fail_at >= 0 and rel == name and off + size > fail_at:
+                CTL.pack_into(self.ctl, 0, fail_at, eios + 1, reads + 1)
+                raise OSError(errno.EIO, "injected")
+            return os.pread(fd, size, off)
+        if op == READDIR:
+            _fh, off, size, *_ = READ_IN.unpack_from(arg)
+            d = self.real(nodeid)
+            names = [".", ".."] + sorted(os.listdir(d))
+            out = b""
+            for k, name in enumerate(names[off:], start=off + 1):
+                raw = name.encode()
+                ino = os.lstat(d / name).st_ino if name not in (".", "..") else 1
+                mode = os.lstat(d / name).st_mode if name not in (".", "..") else stat.S_IFDIR
+                ent = DIRENT.pack(ino, k, len(raw), stat.S_IFMT(mode) >> 12) + raw
+                ent += b"\0" * (-len(ent) % 8)
+                if len(out) + len(ent) > size:
+                    break
+                out += ent
+            return out
+        if op == RELEASE:
+            fh = RELEASE_IN.unpack_from(arg)[0]
+            fd, _rel = self.files.pop(fh, (-1, ""))
+            if fd >= 0:
+                os.close(fd)
+            return b""
+        if op in (FLUSH, RELEASEDIR, DESTROY):
+            return b""
+        if op == STATFS:
+            sv = os.statvfs(self.backing)
+            return KSTATFS.pack(sv.f_blocks, sv.f_bfree, sv.f_bavail, sv.f_files, sv.f_ffree, sv.f_bsize,
+                                sv.f_namemax, sv.f_frsize, 0)
+        raise OSError(errno.ENOSYS, "not implemented")
+
+
+@contextlib.contextmanager
+def eio_mount(backing: Path) -> Iterator[EioMount]:
+    """Mounts a read-only mirror of ``backing`` at /tmp/lm-t-eio-<hex>, served by a forked
+    child; yields its :class:`EioMount`. Skips when the kernel has no /dev/fuse."""
+    if not Path("/dev/fuse").exists():
+        pytest.skip("no /dev/fuse on this kernel")
+    mnt = Path(f"/tmp/lm-t-eio-{secrets.token_hex(4)}")
+    mnt.mkdir(mode=0o755)
+    libc = ctypes.CDLL("libc.so.6", use_errno=True)
+    ctl = mmap.mmap(-1, NAME_AT + NAME_MAX)  # MAP_SHARED | MAP_ANONYMOUS: shared with the child
+    CTL.pack_into(ctl, 0, -1, 0, 0)
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the server: mounts, says so, serves until unmounted or killed
+        code = 1
+        try:
+            os.close(r)
+            fd = os.open("/dev/fuse", os.O_RDWR | os.O_CLOEXEC)
+            opts = f"fd={fd},rootmode=40000,user_id=0,group_id=0,allow_other".encode()
+            if libc.mount(b"lm-t-eio", str(mnt).encode(), b"fuse.lm-t-eio", MS_RDONLY | MS_NOSUID | MS_NODEV, opts) != 0:
+                err = ctypes.get_errno()
+                os.write(w, f"mount fuse on {mnt}: {os.strerror(err)}".encode())
+                os._exit(1)
+            os.write(w, b"ok")
+            os.close(w)
+            _Server(fd, backing, ctl).serve()
+            code = 0
+        except BaseException as e:  # noqa: BLE001 - the child must never return into pytest
+            print(f"fuserig server: {e!r}", file=sys.stderr)
+        finally:
+            os._exit(code)
+    os.close(w)
+    try:
+        said = os.read(r, 4096)
+    finally:
+        os.close(r)
+    try:
+        if said != b"ok":
+            raise OSError(f"fuserig: {said.decode() or 'the server died before mounting'}")
+        yield EioMount(mnt, backing, ctl)
+    finally:
+        libc.umount2(str(mnt).encode(), MNT_DETACH)
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)  # its /dev/fuse fd closes: the connection is aborted
+        os.waitpid(pid, 0)
+        with contextlib.suppress(OSError):
+            mnt.rmdir()
+        ctl.close()
