@@ -100,16 +100,18 @@ def test_a_summary_of_more_gpus_than_a_node_may_have_is_dropped_and_counted(comp
     enc = wire.Encoder(2, comp.keys, seq0=time.time_ns() // 1000)
     key = comp.keys.get(1)
     assert key is not None
+    m2 = comp.membership.by_node[2]
+    src = (m2.addr, m2.port)  # node 2's roster address: zone.check_source drops node 2's datagrams from any other
     for n in (65, 255):  # signed by node 2 for node 1, as its encoder would (which refuses to)
         body = wire._SUMMARY.pack(8000, 8000, 0, n) + bytes([100] * n) + b"\0\0"
         enc.seq += 1
         data = wire.HEADER.pack(wire.MAGIC, wire.VERSION, wire.MsgType.SUMMARY, 0, 0, 1, 2, int(comp.wall() * 1000),
                                 enc.seq, len(body)) + body
-        comp.endpoint.datagram_received(data + wire._mac(key, data, 1), ("127.0.0.1", 9))
+        comp.endpoint.datagram_received(data + wire._mac(key, data, 1), src)
     after = comp.decoder.stats()
     assert after["malformed"] == before["malformed"] + 2 and after["accepted"] == before["accepted"]
     assert comp.membership.state[2].last_summary is st0
     ok = enc.encode(wire.Summary((100,) * 64, 8000, 8000, False), 1, comp.wall(), to=1)  # 64: a node's most
-    comp.endpoint.datagram_received(ok, ("127.0.0.1", 9))
+    comp.endpoint.datagram_received(ok, src)
     assert comp.decoder.stats()["accepted"] == before["accepted"] + 1
     assert len(comp.membership.state[2].last_summary.gpu_free) == 64

@@ -1119,6 +1119,10 @@ def zone_config_fields() -> dict[str, Any]:
         "summary_fanout": Field(int, 8, "peers each summary goes to (bounds the rate in any zone size)", rng(1, 1000)),
         "peer_timeout_s": Field((int, float), 10.0, "a summary older than this no longer counts", rng(0.5, 3600)),
         "replay_window_s": Field((int, float), 30.0, "accepted clock difference between nodes", rng(1, 3600)),
+        "check_source": Field(bool, True, "drop a datagram or hand-over frame that comes from another address than "
+                              "its sender's zone.nodes entry (wrong_source): the key is per zone, so without it "
+                              "any member can speak as any node; off only for NAT'd or multi-homed nodes whose "
+                              "traffic leaves from another address (docs/protocol.md, Security)"),
         "max_tentative": Field(int, 64, "most tentative reservations a node holds at once", rng(1, 100000)),
         "packing": Field(str, "bestfit", "which GPUs this node offers: bestfit (the tightest GPU, the hot path) or "
                          "frag (the least-fragmenting GPUs, with a score for packing placements; docs/allocation.md)",
@@ -1191,8 +1195,12 @@ class NetTransport:
 
         m = self.comp.membership.by_node[node]
         assert self.comp.encoder is not None and self.comp.tcp_decoder is not None
+        # from the address the agent listens on, when it names one: its roster address, which
+        # the receiver checks the connection against (zone.check_source)
+        listen = str(self.comp.s["listen"])
+        local = None if listen in ("", "0.0.0.0", "::") else listen
         return await handover(self.comp.encoder, self.comp.tcp_decoder, m.zone, m.addr, port or m.handover_port,
-                              body, timeout_s, self.comp.wall, to=node)
+                              body, timeout_s, self.comp.wall, to=node, local_host=local)
 
 
 class ZoneComponent:
@@ -1300,12 +1308,17 @@ class ZoneComponent:
                                     reserve=self._seq_reserve if self._seq_store() is not None else None)
         zone_of = self.membership.zone_of()
         # both accept only what was sent to this node (the MAC covers the receiver's id)
-        self.decoder = wire.Decoder(keys, zone_of, window_s=float(s["replay_window_s"]), node=self.node_id)
+        # and, with zone.check_source, only from the address its sender's roster entry names (the
+        # key is the zone's: any member could sign as any node id)
+        check = bool(s["check_source"])
+        self.decoder = wire.Decoder(keys, zone_of, window_s=float(s["replay_window_s"]), node=self.node_id,
+                                    sources=self.membership.udp_sources() if check else None)
         # hand-over frames (and their acks) remember every sequence number for the replay window,
         # not 256 behind the highest: a sender's numbers run across its datagrams too, so a slow
         # hand-over frame may come in far behind a later one (wire.Decoder remember_by_time)
         self.tcp_decoder = wire.Decoder(keys, zone_of, window_s=float(s["replay_window_s"]), max_size=wire.MAX_FRAME,
-                                        node=self.node_id, remember_by_time=True)
+                                        node=self.node_id, remember_by_time=True,
+                                        sources=self.membership.tcp_sources() if check else None)
         if self.networked:
             from laminar.zone.transport import HandoverServer, UdpEndpoint
 

@@ -2,7 +2,11 @@
 
 The config lists every node of the cluster the agent may talk to (``[[zone.nodes]]``): node
 id, zone id, UDP address, TCP hand-over port, pool and owner. Nothing is discovered: a node
-that is not listed is dropped at the door (``unknown_node``).
+that is not listed is dropped at the door (``unknown_node``). A node's listed address is also
+its identity: the zone key is shared by the zone, so a receiver takes a node's datagrams only
+from its address and port (:meth:`Membership.udp_sources`) and its hand-overs only from its IP
+(:meth:`Membership.tcp_sources`), compared in one spelling (:func:`canonical_ip`); anything
+else is ``wrong_source`` (``zone.check_source``, docs/protocol.md, Security).
 
 Liveness is learnt from traffic. Any authenticated datagram from a node marks it seen; each
 probe or commit it fails to answer counts a miss. A node with :data:`MAX_MISSES` misses and no
@@ -31,6 +35,18 @@ from dataclasses import dataclass, field
 from typing import Any
 
 MAX_MISSES = 3
+
+
+def canonical_ip(host: str) -> str:
+    """``host`` (an IP address as the config or a socket gives it) in one spelling, so that two
+    spellings of one address compare equal: IPv6 compressed and lower case, an IPv4-mapped
+    IPv6 address (``::ffff:10.0.0.1``, what a dual-stack socket reports for an IPv4 peer) as
+    its IPv4 address, a scope (``fe80::1%eth0``) left out. Raises ValueError for a string that
+    is not an IP address."""
+    ip = ipaddress.ip_address(host.partition("%")[0])
+    if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
+        ip = ip.ipv4_mapped
+    return str(ip)
 
 
 class MembershipError(ValueError):
@@ -101,6 +117,17 @@ class Membership:
     def zone_of(self) -> dict[int, int]:
         """node id -> zone id for every member (what the wire decoder needs)."""
         return {n: m.zone for n, m in self.by_node.items()}
+
+    def udp_sources(self) -> dict[int, tuple[str, int]]:
+        """node id -> (canonical IP, UDP port): where that node's datagrams come from (it sends
+        from the socket its roster entry names). What ``wire.Decoder(sources=...)`` checks
+        :class:`laminar.zone.transport.UdpEndpoint`'s sources against."""
+        return {n: (canonical_ip(m.addr), m.port) for n, m in self.by_node.items()}
+
+    def tcp_sources(self) -> dict[int, str]:
+        """node id -> canonical IP: where that node's hand-over connections come from (any
+        port)."""
+        return {n: canonical_ip(m.addr) for n, m in self.by_node.items()}
 
     def zones(self) -> list[int]:
         return sorted(self.by_zone)

@@ -21,13 +21,33 @@ from collections.abc import Awaitable, Callable
 from typing import Protocol
 
 from laminar.zone import wire
-from laminar.zone.membership import Membership
+from laminar.zone.membership import Membership, canonical_ip
 
 log = logging.getLogger("laminar.zone.transport")
 
 ANSWER_QUEUE_MAX = 256  # answers buffered per placement: d is at most 255
 READ_BATCH = 256  # datagrams read per wake-up of the event loop, at most (others wait their turn)
 RCVBUF = 4 << 20  # socket receive buffer: about 5,000 datagrams of a burst
+CANON_CACHE_MAX = 4096  # source addresses whose canonical spelling is remembered
+
+
+class _Canon:
+    """``canonical_ip`` of socket addresses, remembered (the UDP hot path sees few distinct
+    sources: the roster's). Anything that is not an IP address maps to itself."""
+
+    def __init__(self) -> None:
+        self.known: dict[str, str] = {}
+
+    def __call__(self, host: str) -> str:
+        c = self.known.get(host)
+        if c is None:
+            try:
+                c = canonical_ip(host)
+            except ValueError:
+                c = host
+            if len(self.known) < CANON_CACHE_MAX:
+                self.known[host] = c
+        return c
 
 
 class HandoverError(Exception):
@@ -100,6 +120,11 @@ class UdpEndpoint:
     ``on_message(msg, addr)`` runs synchronously in the loop and
     must not block. Drops are counted by the decoder (``decoder.stats()``); send errors (a
     peer's host down: ICMP unreachable, a full buffer) are counted, never raised.
+
+    When the decoder checks sources (``decoder.sources``, from
+    :meth:`Membership.udp_sources`), each datagram's source (canonical IP, port) must be its
+    claimed sender's roster address; one that is not is dropped as ``wrong_source`` before it
+    counts as traffic from anyone.
     """
 
     def __init__(
@@ -123,6 +148,7 @@ class UdpEndpoint:
         self.received = 0
         self.send_errors = 0
         self.recv_errors = 0
+        self._canon = _Canon()
 
     def open(self, loop: asyncio.AbstractEventLoop, host: str, port: int) -> None:
         """Bind ``host:port`` and start reading. Raises OSError (e.g. the port is taken)."""
@@ -170,7 +196,7 @@ class UdpEndpoint:
         self.received += 1
         now = self.clock()
         try:
-            msg = self.dec.decode(data, now)
+            msg = self.dec.decode(data, now, (self._canon(addr[0]), addr[1]) if self.dec.sources is not None else None)
         except wire.Dropped as e:
             if log.isEnabledFor(logging.DEBUG):
                 log.debug("dropped datagram from %s: %s", addr, e)
@@ -222,9 +248,14 @@ async def handover(
     timeout_s: float,
     clock: Callable[[], float] = time.time,
     to: int = 0,
+    local_host: str | None = None,
 ) -> wire.HandoverAck:
     """Send one hand-over frame to ``addr:port`` (node ``to``: the frame verifies there only)
-    and wait for its authenticated ack.
+    and wait for its authenticated ack (from node ``to``, when given).
+
+    ``local_host`` (the agent's ``zone.listen`` when it names one address) is the address the
+    connection leaves from, so that it is this node's roster address on a host with several
+    (the receiver checks it: ``zone.check_source``); None: the route's source address.
 
     Raises :class:`HandoverError` (``delivered`` False when the connection failed before the
     frame was written, True afterwards); ValueError (before connecting) when the frame would
@@ -239,7 +270,8 @@ async def handover(
     if size > wire.MAX_FRAME:
         raise ValueError(f"wire: HANDOVER message of {size} bytes exceeds {wire.MAX_FRAME}")
     try:
-        reader, writer = await asyncio.wait_for(asyncio.open_connection(addr, port), timeout_s)
+        local = (local_host, 0) if local_host else None
+        reader, writer = await asyncio.wait_for(asyncio.open_connection(addr, port, local_addr=local), timeout_s)
     except (OSError, TimeoutError) as e:
         raise HandoverError(f"connect {addr}:{port}: {e}", delivered=False) from None
     try:
@@ -256,6 +288,8 @@ async def handover(
             raise HandoverError(f"no valid answer from {addr}:{port}: {e}", delivered=True) from None
         if not isinstance(msg.body, wire.HandoverAck) or msg.body.placement_id != body.placement_id:
             raise HandoverError(f"unexpected answer from {addr}:{port}: {msg.type.name}", delivered=True)
+        if to and msg.node != to:
+            raise HandoverError(f"answer from {addr}:{port} signed as node {msg.node}, not node {to}", delivered=True)
         return msg.body
     finally:
         writer.close()
@@ -272,7 +306,10 @@ class HandoverServer:
     """The TCP end of hand-overs: one frame in, one ack out, per connection.
 
     ``on_handover(msg)`` returns the ack body; frames that fail the wire checks are counted by
-    the decoder and the connection is closed without an answer.
+    the decoder and the connection is closed without an answer. When the decoder checks
+    sources (``decoder.sources``, from :meth:`Membership.tcp_sources`), the connection's peer
+    IP must be the roster address of the node the frame claims to come from (``wrong_source``
+    otherwise: a member cannot hand a job over as another node).
 
     A frame is read whole (up to :data:`wire.MAX_FRAME`) before its MAC can be checked, so at
     most ``reading_max`` connections are read at once: anyone who reaches the port could
@@ -302,6 +339,7 @@ class HandoverServer:
         self.timeout_s = timeout_s
         self.server: asyncio.AbstractServer | None = None
         self.connections = 0
+        self._canon = _Canon()
 
     async def start(self, host: str, port: int) -> None:
         self.server = await asyncio.start_server(self._serve, host, port, reuse_address=True)
@@ -322,7 +360,11 @@ class HandoverServer:
             self.reading += 1
             try:
                 raw = await asyncio.wait_for(_read_frame(reader, wire.MAX_FRAME), self.timeout_s)
-                msg = self.dec.decode(raw, self.clock())
+                src = None
+                if self.dec.sources is not None:
+                    peer = writer.get_extra_info("peername")
+                    src = self._canon(str(peer[0])) if peer else ""
+                msg = self.dec.decode(raw, self.clock(), src)
             finally:
                 self.reading -= 1
             del raw

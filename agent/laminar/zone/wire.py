@@ -106,6 +106,7 @@ class DropReason(enum.Enum):
     UNKNOWN_ZONE = "unknown_zone"  # no key for the key zone it names
     BAD_MAC = "bad_mac"  # forged, corrupted, signed with another key, or sent to another node
     UNKNOWN_NODE = "unknown_node"  # authenticated, but the sender is not in the membership
+    WRONG_SOURCE = "wrong_source"  # authenticated, but sent from another address than its sender's (zone.check_source)
     BAD_TYPE = "bad_type"
     STALE = "stale"  # timestamp outside the replay window
     REPLAY = "replay"  # sequence number seen already, or behind the window
@@ -753,6 +754,13 @@ class Decoder:
     A datagram verifies under any key its zone lists (``ZoneKeys.accepted``), the current key
     tried first; :meth:`key_stats` counts which key verified. Assigning ``keys`` (a reload)
     takes effect for the next datagram; the counts of a key that stays listed carry over.
+
+    ``sources`` (node id -> the address its datagrams come from, in the form the caller passes
+    as ``src`` to :meth:`decode`; None: no check) binds each sender to its address: the key is
+    per zone, so any member could otherwise sign a datagram as any node id of its zone. An
+    authenticated datagram whose ``src`` differs from its sender's is dropped
+    (``wrong_source``) before its sequence number is taken, so a forgery moves neither the
+    claimed sender's replay window nor anything else.
     """
 
     def __init__(
@@ -765,6 +773,7 @@ class Decoder:
         max_size: int = MAX_DATAGRAM,
         node: int = 0,
         remember_by_time: bool = False,
+        sources: Mapping[int, object] | None = None,
     ) -> None:
         # per key zone: (keys to try, current first; verified counts; last verified at) for the
         # line group that supplies them (ZoneKeys.entry)
@@ -775,6 +784,7 @@ class Decoder:
         self.keys = keys
         self.node = node
         self.known_nodes = known_nodes
+        self.sources = sources
         self.accept_zones = accept_zones
         self.window_ms = int(window_s * 1000)
         self.max_size = max_size
@@ -847,11 +857,12 @@ class Decoder:
         self.drops[reason.value] += 1
         return Dropped(reason, detail)
 
-    def decode(self, data: bytes, now: float) -> Message:
-        """The message in ``data`` received at wall-clock ``now`` (seconds), or raise
+    def decode(self, data: bytes, now: float, src: object = None) -> Message:
+        """The message in ``data`` received at wall-clock ``now`` (seconds) from ``src`` (the
+        sender's address as ``sources`` holds it; None: not checked), or raise
         :class:`Dropped` (and count it). Never raises anything else."""
         try:
-            return self._decode(data, now)
+            return self._decode(data, now, src)
         except Dropped as e:
             if e.reason is DropReason.MALFORMED:
                 self.drops[e.reason.value] += 1
@@ -860,7 +871,7 @@ class Decoder:
             self.drops[DropReason.MALFORMED.value] += 1
             raise Dropped(DropReason.MALFORMED, f"{type(e).__name__}: {e}") from None
 
-    def _decode(self, data: bytes, now: float) -> Message:
+    def _decode(self, data: bytes, now: float, src: object = None) -> Message:
         n = len(data)
         if n > self.max_size:
             raise self._drop(DropReason.TOO_LARGE, f"{n} bytes > {self.max_size}")
@@ -893,6 +904,8 @@ class Decoder:
                 raise self._drop(DropReason.BAD_MAC)
         if node not in self.known_nodes:
             raise self._drop(DropReason.UNKNOWN_NODE, f"node {node}")
+        if src is not None and self.sources is not None and self.sources.get(node, src) != src:
+            raise self._drop(DropReason.WRONG_SOURCE, f"node {node} from {src}, its address is {self.sources.get(node)}")
         mt = _MSG_TYPES.get(mtype)
         if mt is None:
             raise self._drop(DropReason.BAD_TYPE, f"type {mtype}")
