@@ -143,3 +143,18 @@ def test_a_committed_transfer_on_failing_storage_is_not_handed_to_resume(tmp_pat
         assert fs.eio_count > 0
         with pytest.raises(jobkit.CheckpointError, match=r"state\.bin"):
             jobkit.Checkpointer(ckpt_dir=tmp_path / "j", resume_from=fs.path / rel, install_signal=False).resume()
+
+
+def test_an_unreadable_manifest_is_refused_by_the_sender_and_skipped_by_jobkit(tmp_path: Path) -> None:
+    """EIO on the checkpoint's MANIFEST.json: the sender refuses the checkpoint naming the file
+    (before connecting), jobkit skips it for the previous one."""
+    ck = jobkit.Checkpointer(job_id="j1", ckpt_dir=tmp_path / "backing/ck", install_signal=False)
+    ck.save(b"old" * 1000, step=40)
+    ck.save(b"new" * 1000, step=80)
+    with eio_mount(tmp_path / "backing") as fs:
+        fs.fail(f"ck/ckpt-80/{jobkit.MANIFEST}", 0)
+        with pytest.raises(TransferError, match=r"refusing to send .*ckpt-80.*MANIFEST\.json.*Input/output error") as e:
+            asyncio.run(send_checkpoint("127.0.0.1", 9, fs.path / "ck/ckpt-80", "j1", KEY, retries=0))
+        assert e.value.fatal
+        assert jobkit.latest_checkpoint(fs.path / "ck") == fs.path / "ck/ckpt-40"
+        assert fs.eio_count > 0
