@@ -3,11 +3,17 @@
     laminarctl reclaim --notice 60s              # this node: move its jobs off within 60 s
     laminarctl reclaim --notice 2m --node 4      # node 4 of the zone (its agent is told)
     laminarctl reclaim status                    # the reclaim in progress, notices heard from peers
+    laminarctl reclaim cancel [--node 4]         # the owner withdraws it, or gives the node back
     laminarctl migrations                        # moves of jobs off this node
     laminarctl checkpoints                       # periodic checkpoint plan: interval, cost, next signal
 
 The agent checkpoints each job, moves it to another node of the zone and arms the kill-switch
 for the window's end (docs/migration.md). Announcing a reclaim needs root or the control group.
+
+``reclaim cancel`` ends a reclaim (root or the control group): inside the window nothing more
+moves, the kill-switch deadlines are cleared, the queued jobs start here and the node takes
+placements again (jobs already moved stay where they went; a move already begun finishes);
+after the window the node takes jobs again. Refused (exit 1, "no reclaim") when there is none.
 Follow one job's move with ``laminarctl job show ID --follow``.
 """
 
@@ -40,9 +46,10 @@ def parse_notice(text: str) -> float:
 def register(sub: Any, common: argparse.ArgumentParser) -> None:
     p = sub.add_parser("reclaim", parents=[common], help="announce a node's reclaim (notice window); move its jobs",
                        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("what", nargs="?", choices=["status"], help="status: show the reclaim in progress")
+    p.add_argument("what", nargs="?", choices=["status", "cancel"],
+                   help="status: show the reclaim in progress; cancel: withdraw it (or give the node back)")
     p.add_argument("--notice", type=parse_notice, help="the notice window, e.g. 60s, 2m")
-    p.add_argument("--node", type=int, help="the node to reclaim (default: this one)")
+    p.add_argument("--node", type=int, help="the node to reclaim, or whose reclaim to cancel (default: this one)")
     p.add_argument("--reason", default="", help="recorded with the notice")
     p.add_argument("--pool", help="instead: return --count loaned servers of this pool (least preemption first)")
     p.add_argument("--count", type=int, default=1, help="with --pool: how many servers to return (default 1)")
@@ -60,6 +67,8 @@ def cmd_reclaim(args: argparse.Namespace) -> int:
         emit(st, args.output, lambda s: kv({"node": s["node"], **(s.get("reclaim") or {"reclaim": "none"}),
                                            "notices": s.get("notices")}, title="reclaim"))
         return 0
+    if args.what == "cancel":
+        return cmd_cancel(args)
     if args.pool:
         if args.notice is not None or args.node is not None:
             raise ValueError("reclaim: --pool returns loaned servers; it does not take --notice or --node")
@@ -85,6 +94,33 @@ def cmd_reclaim(args: argparse.Namespace) -> int:
         if rc.get("plan"):
             table(rc["plan"], [("job_id", "JOB"), ("signal_at_s", "SIGNAL AT s"), ("deadline_s", "DEADLINE s"),
                                ("final", "FINAL CKPT")])
+
+    emit(res, args.output, human)
+    return 0
+
+
+def cmd_cancel(args: argparse.Namespace) -> int:
+    if args.notice is not None or args.pool:
+        raise ValueError("reclaim cancel: takes --node and --reason, not --notice or --pool")
+    body: dict[str, Any] = {}
+    if args.node is not None:
+        body["node"] = args.node
+    if args.reason:
+        body["reason"] = args.reason
+    res = args.client.post("/v1/reclaim/cancel", body, timeout=60)
+
+    def human(r: dict[str, Any]) -> None:
+        where = f"node {r['forwarded_to']}" if "forwarded_to" in r else f"node {r['node']}"
+        if not r.get("in_window"):
+            info(f"reclaim of {where} cancelled after its window: it takes jobs and placements again")
+            return
+        info(f"reclaim of {where} cancelled inside its window: kill-switch deadline cleared for "
+             f"{len(r.get('disarmed', []))} jobs, queue released, placements taken again"
+             + (f"; moves begun, left to finish: {', '.join(r['finishing'])}" if r.get("finishing") else "")
+             + (f"; stopped here (placement elsewhere unsettled): {', '.join(r['unsettled'])}"
+                if r.get("unsettled") else ""))
+        if r.get("peers_missed"):
+            info(f"peers not reached yet, told again until the window ends: {r['peers_missed']}")
 
     emit(res, args.output, human)
     return 0

@@ -27,11 +27,20 @@ window's end in wall-clock time): the restarted job manager holds its queue from
 component places the queued jobs again. A job whose placement was asked for before the restart
 and not settled (the zone may have placed it: a ``placing`` row in ``migrate_reclaim_jobs``) is
 not placed a second time: it stays queued here, held, as an ``unconfirmed`` one does.
+
+**A reclaim withdrawn** (``laminarctl reclaim cancel``): the placement loop stops after the
+placement it is asking for (never cut in the middle: the zone may place the job); a queued job
+whose placement elsewhere is still unsettled then (``unconfirmed``, or asked for before a
+restart) is stopped here (state ``stopped``, the reason saying where it may run) so it never runs
+twice; the queue hold is released and the others start here (:func:`release_hold`). The node
+takes placements again (:func:`undrain`); the kill-switch deadlines the reclaim armed are cleared
+(:func:`disarm`).
 """
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import sqlite3
 import time
@@ -47,6 +56,45 @@ SPEC_ENV_DROPPED = ("LM_PLACEMENT_ID", "LM_GPU_SHARE")  # the destination sets i
 def hold_reason(node: int) -> str:
     """The queue-hold reason of a reclaim of ``node`` (what each held queued job shows)."""
     return f"node {node} is reclaimed: no queued job starts here; each is placed again elsewhere"
+
+
+def release_hold(jobs: Any, node: int) -> bool:
+    """Releases the job manager's queue hold when it is ``node``'s reclaim's (another holder's
+    hold stays); queued jobs that fit start. Returns whether it was released."""
+    if jobs is None or getattr(jobs, "held", None) != hold_reason(node):
+        return False
+    jobs.hold_queue(None)
+    return True
+
+
+def undrain(zone: Any) -> bool:
+    """The node takes placements again: the zone arbiter's inventory loses its ``draining`` mark
+    (the one ``ZoneComponent.reclaim_notice`` set); peers see it in this node's next summary.
+    Returns whether the node was draining."""
+    arb: Any = getattr(zone, "arbiter", None)
+    inv = getattr(arb, "inventory", None)
+    if inv is None or not getattr(inv, "draining", False):
+        return False
+    arb.inventory = dataclasses.replace(inv, draining=False)
+    return True
+
+
+def disarm(netguard: Any, cgroup_id: int) -> bool:
+    """Clears the armed deadline of the job in cgroup ``cgroup_id`` (the one a reclaim armed for
+    its window's end) and nothing else: a cut the job has (``LM_JOB_KILL``, an operator's
+    ``killswitch job on``) stays. Returns whether a deadline was armed; False for a job the data
+    plane does not know."""
+    from laminar.bpf import abi
+
+    entry = netguard.job_entry(cgroup_id)
+    if entry is None or not entry.flags & abi.LM_JOB_ARMED:
+        return False
+    fn = getattr(netguard, "disarm_job", None)
+    if fn is not None:
+        fn(cgroup_id)
+    else:  # NetGuard has no public "clear only the armed deadline" yet (set_job_kill(off) clears the cut too)
+        netguard._update_job(cgroup_id, clear_flags=abi.LM_JOB_ARMED, kill_at_ns=0)
+    return True
 
 
 def held_at_start(store: Any, now: float | None = None) -> str | None:

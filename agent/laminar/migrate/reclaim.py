@@ -34,6 +34,25 @@ agent restarted inside the window restores it (queue hold, draining, kill-switch
 of what has not moved; nothing that must not run twice runs twice: :meth:`ReclaimComponent._begin_reclaim`),
 and one started after the window ended clears it (the owner gave the node back), with an event.
 
+**A reclaim withdrawn.** An owner may withdraw the notice (a spot rebalance recommendation that
+passed, changed plans) or give the node back after the window::
+
+    laminarctl reclaim cancel [--node 4]
+    POST /v1/reclaim/cancel {"node"?: 4, "reason"?: "..."}          (privileged; 404: no reclaim)
+
+:meth:`ReclaimComponent.cancel_reclaim` removes the stored reclaim first (a restart restores
+nothing), then stops what has not happened: no move begins any more and nothing is stopped at
+the window's end; the kill-switch deadlines the reclaim armed are cleared (a cut the job has for
+another reason stays); the node takes placements again; the placement of queued jobs elsewhere
+stops after the one it is asking for, and the queue hold is released (queued jobs start here).
+What already happened stays: a job handed over runs where it went, a queued job placed again
+elsewhere stays there. A move already begun (its checkpoint signal sent) is never cut: it
+finishes (the job runs on its destination) or fails (the job is thawed and runs on here), so a
+job is never left frozen or nowhere. A queued job whose placement elsewhere is unsettled is
+stopped here so it never runs twice. Peers are told (control op ``reclaim-withdrawn``): they
+forget the notice and the window's end their guards of this node's jobs carry (else they would
+declare this node dead at that end and resume, a second time, jobs that run on here).
+
 **No room anywhere: storage holders.** When no peer can run a job during the window (none has
 the GPUs, memory or CPUs free, or every reservation is refused), its final checkpoint still
 leaves the node: the agent asks the live peers for their free disk (control message ``space``,
@@ -414,6 +433,8 @@ REPLICAS_SCHEMA = [
         unanswered INTEGER NOT NULL,
         last_error TEXT NOT NULL)""",
 ]
+
+WITHDRAWN_RETRY_S = 2.0  # a peer not reached when a reclaim was cancelled is told again this often
 
 RECLAIM_SCHEMA = [
     # This node's reclaim (one row): its window's end in wall-clock time, so that an agent
@@ -844,6 +865,7 @@ class ReclaimComponent:
                                        "received": 0, "held": 0, "placed": 0, "retries": 0, "archived": 0}
         self.retry = RetrySchedule()  # the guard's looks for room (from the config at start)
         self._drain_task: asyncio.Task[Any] | None = None  # places this node's queued jobs elsewhere during a reclaim
+        self._cancelling = False  # a cancel of this node's reclaim runs now
         self._taking: set[str] = set()  # keys whose take-over runs now
         self._archive_next: dict[str, float] = {}  # archived key -> when this node tries it again (monotonic)
         self._archive_tries: dict[str, int] = {}
@@ -1180,6 +1202,21 @@ class ReclaimComponent:
             return {"forwarded_to": node, **(res or {})}
         return self.start_reclaim(notice_s, reason)
 
+    async def cancel(self, node: int | None = None, reason: str = "") -> dict[str, Any]:
+        """Cancels the reclaim of ``node`` (None or this node: here, :meth:`cancel_reclaim`);
+        another node's cancel is forwarded to its agent (control op ``reclaim-cancel``) as the
+        reclaim itself is. Raises LookupError when that node has no reclaim, MigrateError for a
+        node outside the zone, one that cannot be reached, or a cancel already running."""
+        if node is None or node == self.node_id:
+            return await self.cancel_reclaim(reason)
+        try:
+            res = await self._control(node, "reclaim-cancel", {"reason": reason, "ts": time.time()}, timeout=30.0)
+        except (OSError, TimeoutError, TransferError) as e:
+            raise MigrateError(f"reclaim cancel of node {node}: its agent did not take it: {e}") from None
+        if isinstance(res, dict) and "refused" in res:
+            raise (LookupError if res.get("not_found") else MigrateError)(str(res["refused"]))
+        return {"forwarded_to": node, **(res or {})}
+
     def start_reclaim(self, notice_s: float, reason: str) -> dict[str, Any]:
         """Plans and starts the evacuation of this node (idempotent while one runs: the earlier
         window stays, a shorter one replaces it). Stored (``migrate_reclaim``) so that an agent
@@ -1274,7 +1311,7 @@ class ReclaimComponent:
         now_mono = time.monotonic()
         self.reclaim = {"notice_s": notice_s, "reason": reason, "announced": announced, "deadline": end,
                         "deadline_mono": now_mono + left, "planned_mono": now_mono, "peers_told": told,
-                        "armed": armed, "plan": [st.__dict__ for st in plan]}
+                        "armed": armed, "plan": [st.__dict__ for st in plan], "cancel": asyncio.Event()}
         if restored:
             self.reclaim["restored"] = time.time()
             self.reclaim["handed_over"] = [j.id for j in handed]
@@ -1332,31 +1369,178 @@ class ReclaimComponent:
         out: dict[str, Any] = {"node": self.node_id, "reclaim": None,
                                "notices": {str(n): {"window_end": e, "received": rcv} for n, (e, rcv) in self.notices.items()}}
         if r is not None:
-            out["reclaim"] = {k: v for k, v in r.items() if k != "task"} | {
+            out["reclaim"] = {k: v for k, v in r.items() if k not in ("task", "cancel")} | {
                 "left_s": round(max(0.0, r["deadline"] - time.time()), 3), "done": r["task"].done()}
         return out
 
+    async def cancel_reclaim(self, reason: str = "") -> dict[str, Any]:
+        """Withdraws this node's reclaim, inside its window or after it (see the module's doc:
+        "A reclaim withdrawn"). Returns what it did: ``in_window``, ``disarmed`` (jobs whose
+        armed deadline was cleared), ``undrained``, ``released`` (the queue hold), ``finishing``
+        (moves begun before, left to finish), ``unsettled`` (queued jobs stopped here: their
+        placement elsewhere may have run), ``peers_told``/``peers_missed``. Raises LookupError
+        when this node has no reclaim; MigrateError while one cancel is running."""
+        db = self.agent.store.db
+        r = self.reclaim
+        row = db.execute("SELECT * FROM migrate_reclaim").fetchone()
+        if r is None and row is None:
+            raise LookupError(f"node {self.node_id} has no reclaim to cancel (see `laminarctl reclaim status`)")
+        if self._cancelling:
+            raise MigrateError(f"the reclaim of node {self.node_id} is being cancelled already")
+        self._cancelling = True
+        try:
+            return await self._cancel(r, row, reason or "reclaim cancelled")
+        finally:
+            self._cancelling = False
+
+    async def _cancel(self, r: dict[str, Any] | None, row: Any, reason: str) -> dict[str, Any]:
+        now = time.time()
+        end = float(r["deadline"] if r is not None else row["deadline"])
+        in_window = now < end
+        with self.agent.store.tx() as db:  # first: a restart from here on restores nothing
+            db.execute("DELETE FROM migrate_reclaim")
+        self.reclaim = None  # status shows none; the drain's placement loop ends after its current one
+        if r is not None:
+            r["cancel"].set()  # no move begins any more, nothing is stopped at the window's end
+        finishing = sorted(self.evacuating)
+        jobs_mgr = getattr(self.agent, "jobs", None)
+        disarmed: list[str] = []
+        ng = getattr(self.agent, "netguard", None)
+        armed = set(r["armed"]) if r is not None else set()
+        for j in list(jobs_mgr.active()) if jobs_mgr is not None else []:
+            if ng is None or j.id not in armed:
+                continue
+            try:
+                if drain.disarm(ng, j.cgroup_id):
+                    disarmed.append(j.id)
+            except Exception as e:
+                log.warning("migrate: clearing the armed deadline of %s failed: %s", j.id, e)
+        z = getattr(self.agent, "zone", None)
+        undrained = drain.undrain(z) if z is not None else False
+        if self._drain_task is not None and not self._drain_task.done():
+            await asyncio.wait({self._drain_task})  # ends after the placement it asks for (never cut)
+        # the drain stopped: a ``placing`` row left is an unsettled placement (unconfirmed, or
+        # asked for before a restart); the rows go only now
+        unsettled = [jid for jid, (ph, _) in sorted(self._move_phases().items()) if ph == "placing"
+                     and jobs_mgr is not None and getattr(jobs_mgr.get(jid), "state", None) == "queued"]
+        with self.agent.store.tx() as db:
+            db.execute("DELETE FROM migrate_reclaim_jobs")
+        for jid in unsettled:
+            assert jobs_mgr is not None
+            with contextlib.suppress(Exception):
+                await jobs_mgr.stop(jid, f"the reclaim of node {self.node_id} was cancelled while the job's placement "
+                                    "on another node was unsettled: it may run there (see `laminarctl placements` and "
+                                    "the migrate events); not started here so it never runs twice", state="stopped")
+        released = drain.release_hold(jobs_mgr, self.node_id)
+        told, missed = await self._tell_withdrawn()
+        if missed and in_window:  # until its window's end a peer not told may resume this node's jobs twice
+            self._spawn(self._retell_withdrawn(missed, end))
+        out = {"node": self.node_id, "cancelled": True, "in_window": in_window, "window_end": end,
+               "disarmed": disarmed, "undrained": undrained, "released": released, "finishing": finishing,
+               "unsettled": unsettled, "peers_told": told, "peers_missed": missed}
+        what = (f"{len(disarmed)} kill-switch deadlines cleared, "
+                + (f"{len(finishing)} moves begun left to finish, " if finishing else "")
+                + (f"{len(unsettled)} queued jobs with an unsettled placement elsewhere stopped here, " if unsettled else "")
+                + "queue released, the node takes placements again" if in_window else
+                "the node takes jobs and placements again")
+        self._emit(f"reclaim of node {self.node_id} cancelled {'inside its window' if in_window else 'after its window'} "
+                   f"({reason}): {what}; {len(told)} peers told" + (f", {len(missed)} not reached" if missed else ""),
+                   phase="reclaim-cancelled", **{k: v for k, v in out.items() if k not in ("node", "cancelled")})
+        return out
+
+    async def _retell_withdrawn(self, peers: list[int], end: float) -> None:
+        """Tells ``peers`` (not reached at the cancel) again every WITHDRAWN_RETRY_S until each
+        was told or the window (wall clock ``end``) ended."""
+        left = list(peers)
+        while left and time.time() < end:
+            await asyncio.sleep(WITHDRAWN_RETRY_S)
+            if self.reclaim is not None:
+                return  # a new reclaim: its notice is what the peers must hear now
+            _, left = await self._tell_withdrawn(left)
+
+    async def _tell_withdrawn(self, peers: list[int] | None = None) -> tuple[list[int], list[int]]:
+        """Tells ``peers`` (None: every other member of the zone) that this node's reclaim is
+        withdrawn (op ``reclaim-withdrawn``). Returns (told, not reached)."""
+        z = self.zone
+        if z is None:
+            return [], []
+        if peers is None:
+            peers = sorted(n for n in z.membership.by_node if n != self.node_id)
+
+        async def one(n: int) -> bool:
+            try:
+                await self._control(n, "reclaim-withdrawn", {"ts": time.time()}, timeout=3.0)
+                return True
+            except Exception as e:
+                log.warning("migrate: telling node %d that the reclaim is withdrawn failed: %s", n, e)
+                return False
+
+        res = await asyncio.gather(*(one(n) for n in peers))
+        return [n for n, ok in zip(peers, res, strict=True) if ok], [n for n, ok in zip(peers, res, strict=True) if not ok]
+
+    def withdrawn_notice(self, node: int) -> list[str]:
+        """A peer's reclaim was withdrawn: its notice is forgotten (it is a candidate for moves
+        again) and so is the window's end carried by the guards held here of its jobs (they no
+        longer declare it dead then). Returns the keys of those guards."""
+        self.notices.pop(node, None)
+        keys = []
+        with self.agent.store.tx() as db:
+            for row in db.execute("SELECT key, request FROM migrate_replicas WHERE src_node=? "
+                                  "AND state IN ('guarding', 'waiting')", (node,)).fetchall():
+                try:
+                    req = json.loads(row["request"])
+                except ValueError:
+                    continue
+                if isinstance(req, dict) and "window_end" in req:
+                    req.pop("window_end")
+                    db.execute("UPDATE migrate_replicas SET request=? WHERE key=?", (json.dumps(req), row["key"]))
+                    keys.append(str(row["key"]))
+        self._emit(f"node {node} withdrew its reclaim: it is a candidate for moves again"
+                   + (f"; {len(keys)} guards here no longer end with its window" if keys else ""),
+                   node=node, phase="reclaim-withdrawn", guards=keys)
+        return keys
+
     async def _execute(self, jobs: list[Any], steps: dict[str, cs.NoticeStep]) -> None:
+        """The evacuation, then, at the window's end, the stop of what still runs. Withdrawn
+        (``cancel`` set, :meth:`cancel_reclaim`): no move begins any more, a move already begun
+        finishes (never cut: its job must not stay frozen or end up nowhere) and nothing is
+        stopped at the window's end."""
         assert self.reclaim is not None
         t0 = self.reclaim["planned_mono"]
         deadline = self.reclaim["deadline_mono"]
+        cancel: asyncio.Event = self.reclaim["cancel"]
 
         async def one(job: Any) -> None:
             st = steps.get(job.id)
             if st is not None:
-                await asyncio.sleep(max(0.0, t0 + st.signal_at_s - time.monotonic()))
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(cancel.wait(), max(0.0, t0 + st.signal_at_s - time.monotonic()))
+            if cancel.is_set():
+                return  # withdrawn before this job's move began
             await self._move(job, f"reclaim of node {self.node_id}", deadline, final=st is None or st.final,
                              transfer_deadline=None if st is None else t0 + st.deadline_s)
 
+        work = asyncio.ensure_future(asyncio.gather(*(one(j) for j in jobs), self._pass_guards(deadline, cancel),
+                                                    return_exceptions=True))
         try:
-            await asyncio.wait_for(asyncio.gather(*(one(j) for j in jobs), self._pass_guards(deadline),
-                                                  return_exceptions=True),
-                                   max(0.0, deadline - time.monotonic()))
-        except TimeoutError:
-            pass
-        await asyncio.sleep(max(0.0, deadline - time.monotonic()))
+            await asyncio.wait({work}, timeout=max(0.0, deadline - time.monotonic()))
+            if not cancel.is_set():
+                if not work.done():  # the window ended: what is still moving is cut
+                    work.cancel()
+                    with contextlib.suppress(BaseException):
+                        await work
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(cancel.wait(), max(0.0, deadline - time.monotonic()))
+            if cancel.is_set():
+                await work  # moves begun before the withdrawal finish (or fail and thaw their job)
+                return
+        except asyncio.CancelledError:  # a shorter window replaced this one, or the agent stops
+            work.cancel()
+            raise
         jobs_mgr = self.agent.jobs
         for j in list(jobs_mgr.active()):
+            if cancel.is_set():
+                return  # withdrawn while the window's end stopped jobs: the rest run on
             try:
                 await jobs_mgr.stop(j.id, f"node {self.node_id} reclaimed: the notice window ended before the job moved",
                                     grace_s=0, state="reclaimed")
@@ -2208,15 +2392,18 @@ class ReclaimComponent:
         finally:
             self._taking.discard(key)
 
-    async def _pass_guards(self, deadline_mono: float) -> None:
+    async def _pass_guards(self, deadline_mono: float, withdrawn: asyncio.Event | None = None) -> None:
         """This node is reclaimed: every job it guards whose source has stopped it (a held
         checkpoint, ``take_over``, or a guard waiting for room) goes on to the best storage
         holder among the live peers, with its newest verified checkpoint and the guard, so the
         job is not lost with this node. (A guard of a job that still runs at its source needs
-        nothing: the source sees this node's notice and picks another buddy.)"""
+        nothing: the source sees this node's notice and picks another buddy.) ``withdrawn`` set
+        (the reclaim was cancelled): the guards not passed yet stay here."""
         db = self.agent.store.db
         rows = db.execute("SELECT * FROM migrate_replicas WHERE state IN ('guarding', 'waiting')").fetchall()
         for row in rows:
+            if withdrawn is not None and withdrawn.is_set():
+                return
             key = row["key"]
             try:
                 req = json.loads(row["request"])
@@ -3731,11 +3918,27 @@ class ReclaimComponent:
             if abs(time.time() - ts) > 60:
                 raise ValueError(f"reclaim notice dated {ts} is more than 60 s from this node's clock")
             return self.start_reclaim(parse_duration(body["notice_s"]), f"{body.get('reason', '')} (from node {node})")
+        if op in ("reclaim-cancel", "reclaim-withdrawn"):
+            ts = float(body.get("ts", 0))
+            if abs(time.time() - ts) > 60:
+                raise ValueError(f"{op} dated {ts} is more than 60 s from this node's clock")
+            if op == "reclaim-withdrawn":  # the sender's own reclaim: forget its notice
+                return {"withdrawn": int(node), "guards": self.withdrawn_notice(int(node))}
+            return self._cancel_for(node, str(body.get("reason") or ""))
         if op == "needs":  # a node holding a guard of one of this node's jobs asks whether it still must
             return self._answer_needs(node, str(body["key"]))
         if op == "dropped":  # an operator dropped the guard of one of this node's jobs there, by force
             return self._answer_dropped(node, str(body["key"]))
-        raise ValueError(f"unknown control operation {op!r} (guard, release, reclaim, space, needs, dropped)")
+        raise ValueError(f"unknown control operation {op!r} (guard, release, reclaim, reclaim-cancel, "
+                         "reclaim-withdrawn, space, needs, dropped)")
+
+    async def _cancel_for(self, node: str, reason: str) -> dict[str, Any]:
+        """Control op ``reclaim-cancel``: another node cancels this node's reclaim (``laminarctl
+        reclaim cancel --node``). Nothing to cancel is answered ``{"refused": why}``."""
+        try:
+            return await self.cancel_reclaim(f"{reason or 'reclaim cancelled'} (from node {node})")
+        except (LookupError, MigrateError) as e:
+            return {"refused": str(e), "not_found": isinstance(e, LookupError)}
 
     def _check_guarded_ckpt(self, key: str, ckpt: str) -> None:
         """A guard is taken only for a checkpoint held here (``<root>/checkpoints/<key>/<ckpt>/``,
@@ -3974,6 +4177,23 @@ class ReclaimComponent:
             except MigrateError as e:
                 raise ApiError(409 if "not a member" not in str(e) else 404, str(e)) from None
 
+        async def cancel_reclaim(req: Request) -> dict[str, Any]:
+            b = {} if req.body is None else req.body
+            if not isinstance(b, dict) or set(b) - {"node", "reason"}:
+                raise ApiError(400, f"reclaim cancel: body {b!r}: expected {{\"node\"?: id, \"reason\"?: text}}")
+            node = b.get("node")
+            if node is not None and (isinstance(node, bool) or not isinstance(node, int) or node <= 0):
+                raise ApiError(400, f"reclaim cancel: node {node!r}: expected a node id (see `laminarctl zone peers`)")
+            reason = b.get("reason")
+            if reason is not None and (not isinstance(reason, str) or len(reason) > 200):
+                raise ApiError(400, f"reclaim cancel: reason {reason!r}: expected text of at most 200 characters")
+            try:
+                return await self.cancel(node, reason or f"cancelled by uid {req.peer.uid}")
+            except LookupError as e:
+                raise ApiError(404, f"reclaim cancel: {e.args[0]}") from None
+            except MigrateError as e:
+                raise ApiError(404 if "not a member" in str(e) else 409, f"reclaim cancel: {e}") from None
+
         async def get_reclaim(req: Request) -> dict[str, Any]:
             return self.reclaim_status()
 
@@ -4028,6 +4248,7 @@ class ReclaimComponent:
         return [
             Route("GET", "/v1/checkpoints", checkpoints),
             Route("POST", "/v1/reclaim", post_reclaim, privileged=True),
+            Route("POST", "/v1/reclaim/cancel", cancel_reclaim, privileged=True),
             Route("GET", "/v1/reclaim", get_reclaim),
             Route("GET", "/v1/migrations", migrations),
             Route("GET", "/v1/migrations/{job}", migration),

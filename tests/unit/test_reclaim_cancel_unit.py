@@ -1,0 +1,167 @@
+"""A reclaim withdrawn (``ReclaimComponent.cancel_reclaim``): what is under way when the cancel
+comes, and the peers' side. A real ReclaimComponent over a real store and event bus.
+
+Stand-ins, named as such: the job manager (``RestoreJobs`` of test_reclaim_restore: jobs with a
+cgroup, the queue hold, stops), the zone (``HeldZone``: not networked, so this node tells no peer;
+its placements wait for the test; an arbiter whose inventory is a real ``NodeCapacity``) and one
+job's move (``_move`` replaced by one that waits for the test: a real move needs a second agent,
+tests/cluster/). The real agent's cancel, with the data plane's armed deadline, is
+tests/kernel/test_reclaim_cancel.py.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+from jobrig import until
+from test_migrate_evidence import make_agent
+from test_reclaim_restore import RestoreJobs
+
+from laminar.migrate import drain
+from laminar.migrate.reclaim import ReclaimComponent
+from laminar.zone import placement as pl
+
+
+class HeldZone:
+    """Stand-in zone (not networked): a placement waits for ``go`` and is then ``unconfirmed``
+    (the destination may have started the job); the reclaim notice marks the arbiter's real
+    NodeCapacity draining, as ZoneComponent.reclaim_notice does."""
+
+    networked = False
+    node_id = 5
+
+    def __init__(self) -> None:
+        self.arbiter = SimpleNamespace(inventory=pl.NodeCapacity(node=5, zone=1, cpus=4.0, memory_mb=4096))
+        self.asked: list[str] = []
+        self.go = asyncio.Event()
+
+    def reclaim_notice(self, deadline_s: float, reason: str) -> int:
+        self.arbiter.inventory = pl.NodeCapacity(**{**self.arbiter.inventory.__dict__, "draining": True})
+        return 0
+
+    async def place(self, spec: dict[str, Any], demand: Any, uid: int = 0, gid: int = 0) -> Any:
+        self.asked.append(spec["env"]["LM_REQUEUED_FROM"])
+        await self.go.wait()
+        return SimpleNamespace(outcome="unconfirmed", node=7, job_id=None, reason="no answer after the commit")
+
+
+def test_cancel_inside_the_window_lets_a_begun_move_and_placement_finish_and_stops_nothing(tmp_path: Path) -> None:
+    async def main() -> None:
+        agent = make_agent(tmp_path)
+        agent.jobs = jobs = RestoreJobs()
+        agent.zone = zone = HeldZone()
+        moving = jobs.add("job-1", "running")
+        jobs.add("job-2", "queued")  # its placement elsewhere is asked for, unsettled at the cancel
+        jobs.add("job-3", "queued")  # never tried: starts here once the queue is released
+        seen: list[dict[str, Any]] = []
+        agent.events.subscribe(seen.append)
+        comp = ReclaimComponent()
+        await comp.start(agent)
+        move_go = asyncio.Event()
+        moved: list[str] = []
+
+        async def slow_move(job: Any, reason: str, deadline_mono: float | None, final: bool = True,
+                            transfer_deadline: float | None = None) -> Any:
+            comp.evacuating.add(job.id)  # as the real move marks it
+            moved.append(f"begun {job.id}")
+            try:
+                await move_go.wait()  # a transfer in flight, past the cancel and the window's end
+                moved.append(f"done {job.id}")
+            finally:
+                comp.evacuating.discard(job.id)
+
+        comp._move = slow_move  # type: ignore[method-assign]
+        comp.ckpt_latency["job-1"] = 60.0  # a checkpoint slower than the window: signalled at once
+        try:
+            notice = 1.5
+            comp.start_reclaim(notice, "lm-t owner")
+            end_mono = time.monotonic() + notice
+            assert jobs.held == drain.hold_reason(comp.node_id) and zone.arbiter.inventory.draining
+            assert await until(lambda: moved == ["begun job-1"] and zone.asked == ["n5-job-2"])
+            cancelling = asyncio.ensure_future(comp.cancel_reclaim("lm-t changed plans"))
+            await asyncio.sleep(0.3)
+            assert not cancelling.done(), "the cancel must wait for the placement it interrupts"
+            assert jobs.held is not None, "the queue is released only once no placement is in flight"
+            zone.go.set()
+            out = await cancelling
+            assert out["in_window"] and out["finishing"] == ["job-1"] and out["unsettled"] == ["job-2"], out
+            assert out["undrained"] and out["released"] and not zone.arbiter.inventory.draining
+            assert jobs.held is None
+            assert jobs.stops == {"job-2": "stopped"}, "only the job that may run elsewhere is stopped"
+            assert zone.asked == ["n5-job-2"], "no placement is asked for after the cancel"
+            assert comp.reclaim_status()["reclaim"] is None
+            assert agent.store.db.execute("SELECT COUNT(*) FROM migrate_reclaim").fetchone()[0] == 0
+            assert agent.store.db.execute("SELECT COUNT(*) FROM migrate_reclaim_jobs").fetchone()[0] == 0
+            while time.monotonic() < end_mono + 0.5:
+                await asyncio.sleep(0.05)
+            assert moved == ["begun job-1"], "the move in flight is neither cut nor finished yet"
+            assert "job-1" not in jobs.stops and moving.state == "running", "the window's end stops nothing"
+            move_go.set()
+            assert await until(lambda: moved == ["begun job-1", "done job-1"]), "the begun move finishes"
+            assert any(e.get("phase") == "reclaim-cancelled" and e.get("unsettled") == ["job-2"] for e in seen)
+            assert not any("window ended" in e.get("message", "") for e in seen)
+        finally:
+            move_go.set()
+            zone.go.set()
+            await comp.stop()
+            agent.store.db.close()
+
+    asyncio.run(main())
+
+
+def test_a_peer_forgets_a_withdrawn_notice_and_its_guards_window(tmp_path: Path) -> None:
+    async def main() -> None:
+        agent = make_agent(tmp_path)
+        comp = ReclaimComponent()
+        await comp.start(agent)
+        try:
+            now = time.time()
+            agent.events.emit("zone", "node 7 reclaimed", node=7, deadline_ms=2_000)  # the zone's notice
+            assert 7 in comp.notices
+            req = {"spec": {"argv": ["sleep", "1"]}, "owner_uid": 0, "owner_gid": 0, "gpus": 0, "window_end": now + 2}
+            with agent.store.tx() as db:  # a guard node 7 handed over during its window
+                db.execute("INSERT INTO migrate_replicas VALUES ('n7-job-1', 7, 'job-1', ?, 'ckpt-1', 'guarding', "
+                           "NULL, ?)", (json.dumps(req), now))
+            assert comp._source_dead(7, now + 3, req["window_end"]) is not None  # what would resume it twice
+            res = comp._on_control("7", "reclaim-withdrawn", {"ts": now})
+            assert res == {"withdrawn": 7, "guards": ["n7-job-1"]}
+            assert 7 not in comp.notices
+            kept = json.loads(agent.store.db.execute("SELECT request FROM migrate_replicas").fetchone()[0])
+            assert "window_end" not in kept and kept["spec"] == req["spec"]
+            assert comp._source_dead(7, now + 3, kept.get("window_end")) is None, \
+                "a withdrawn reclaim's end must not declare its node dead"
+            try:
+                comp._on_control("7", "reclaim-withdrawn", {"ts": now - 3600})
+                raise AssertionError("a stale withdrawal must be refused")
+            except ValueError as e:
+                assert "more than 60 s" in str(e)
+        finally:
+            await comp.stop()
+            agent.store.db.close()
+
+    asyncio.run(main())
+
+
+def test_cancel_of_nothing_is_refused(tmp_path: Path) -> None:
+    async def main() -> None:
+        agent = make_agent(tmp_path)
+        comp = ReclaimComponent()
+        await comp.start(agent)
+        try:
+            try:
+                await comp.cancel(None, "lm-t")
+                raise AssertionError("a cancel of nothing must be refused")
+            except LookupError as e:
+                assert "no reclaim" in str(e)
+            answer = await comp._on_control("3", "reclaim-cancel", {"ts": time.time()})
+            assert answer["not_found"] and "no reclaim" in answer["refused"], answer
+        finally:
+            await comp.stop()
+            agent.store.db.close()
+
+    asyncio.run(main())
