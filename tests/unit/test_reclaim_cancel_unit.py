@@ -165,3 +165,37 @@ def test_cancel_of_nothing_is_refused(tmp_path: Path) -> None:
             agent.store.db.close()
 
     asyncio.run(main())
+
+
+def test_cancel_of_another_nodes_reclaim_is_forwarded_and_its_peers_told(tmp_path: Path) -> None:
+    """``reclaim cancel --node 2`` on node 1: real authenticated control messages between two
+    migrate components on their own loopback addresses (test_gc_guards' ``node``: stand-in zone
+    membership, no sockets of its own). Node 2 cancels its reclaim and tells node 1, which forgets
+    node 2's notice; node 2's cancel of nothing, asked again, is refused as not found."""
+    from test_gc_guards import free_port, node
+
+    from laminar.migrate.reclaim import MigrateError
+
+    async def main() -> None:
+        port = free_port()
+        async with node(tmp_path, 1, [1, 2], port) as a, node(tmp_path, 2, [1, 2], port) as b:
+            b.start_reclaim(30.0, "lm-t owner")
+            a.agent.events.emit("zone", "node 2 reclaimed", node=2, deadline_ms=30_000)  # its zone notice
+            assert 2 in a.notices
+            res = await a.cancel(2, "lm-t changed plans")
+            assert res["forwarded_to"] == 2 and res["in_window"] and res["peers_told"] == [1], res
+            assert b.reclaim_status()["reclaim"] is None
+            assert b.agent.store.db.execute("SELECT COUNT(*) FROM migrate_reclaim").fetchone()[0] == 0
+            assert 2 not in a.notices, "node 1 must forget the withdrawn notice"
+            try:
+                await a.cancel(2, "again")
+                raise AssertionError("a second cancel must be refused")
+            except LookupError as e:
+                assert "node 2 has no reclaim" in str(e)
+            try:
+                await a.cancel(9, "no such node")
+                raise AssertionError("a node outside the zone must be refused")
+            except MigrateError as e:
+                assert "node 9 is not a member" in str(e)
+
+    asyncio.run(main())
