@@ -110,6 +110,8 @@ def cmd_stats(args: argparse.Namespace) -> int:
     def human(s: dict[str, Any]) -> None:
         kv({"node": s["node"], "zone": s["zone"], "networked": s["networked"]}, title="zone")
         kv(s["drops"], title="datagrams (accepted, and dropped by reason)")
+        if s.get("handover_drops"):
+            kv(s["handover_drops"], title="hand-over frames (accepted, and dropped by reason)")
         kv(s["arbiter"], title="arbiter (this node answering probes)")
         kv(s["submitter"], title="submitter (placements from this node)")
         kv({**s["udp"], **s["counts"], "late_offers": s["late_offers"]}, title="traffic")
