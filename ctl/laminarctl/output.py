@@ -13,7 +13,9 @@ from rich.text import Text
 
 # Piped output (scripts, logs, less) is not squeezed to 80 columns: tables keep whole values.
 _console = Console(highlight=False, soft_wrap=True, width=None if sys.stdout.isatty() else 200)
-_err = Console(stderr=True, highlight=False)
+# errors are never wrapped by us: a script or a log gets each message whole, on one line (rich
+# wrapped them at 80 columns, in the middle of a long path too)
+_err = Console(stderr=True, highlight=False, soft_wrap=True)
 
 
 def print_json(obj: Any) -> None:

@@ -73,3 +73,20 @@ def test_unload_with_config_talks_to_that_agent_only(tmp_path: Path, monkeypatch
     srv.close()
     t.join(5)
     assert seen == []
+
+
+def test_an_error_reaches_a_pipe_whole_on_one_line() -> None:
+    """A script or a log reading laminarctl's stderr gets each error whole: rich wrapped errors at
+    80 columns, also in the middle of a long path, so "zone.keys:2: expected a role" under a long
+    directory came out as ".../z" and "one.keys:2: ..." on two lines."""
+    import subprocess
+    import sys
+
+    long_path = "/tmp/" + "/".join(["lm-t-a-rather-long-directory-name"] * 5) + "/zone.keys"
+    msg = f"{long_path}:2: expected a role (current, next or previous), got 'previus'"
+    code = ("import sys; sys.path.insert(0, sys.argv[1]); from laminarctl.output import error; "
+            "error(sys.argv[2])")
+    ctl_dir = str(Path(__file__).resolve().parents[2] / "ctl")
+    r = subprocess.run([sys.executable, "-c", code, ctl_dir, msg], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    assert r.stderr == f"laminarctl: {msg}\n", r.stderr
