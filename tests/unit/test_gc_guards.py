@@ -11,7 +11,7 @@ zone (``Zone``: membership, addresses and keys, no sockets) and the source's job
 
 The lost release is made the way it happens: the source agent restarts without its buddy map
 and the job ends while it is down, so it never sends ``release`` to node 1. (An agent keeps the
-map in its store since 2026-11-22, tests/cluster/test_replica_buddy_restart.py; one that lost it,
+map in its store since 2026-11-22, tests/cluster/test_replica_buddy_change.py; one that lost it,
 an older agent or a lost store, is made here by deleting those rows at each start.)
 """
 
