@@ -1527,12 +1527,11 @@ class ReclaimComponent:
             if not cancel.is_set():
                 if not work.done():  # the window ended: what is still moving is cut
                     work.cancel()
-                    with contextlib.suppress(BaseException):
-                        await work
+                    await asyncio.wait({work})  # (a cancel of this task itself still propagates)
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(cancel.wait(), max(0.0, deadline - time.monotonic()))
             if cancel.is_set():
-                await work  # moves begun before the withdrawal finish (or fail and thaw their job)
+                await asyncio.wait({work})  # moves begun before the withdrawal finish (or fail and thaw their job)
                 return
         except asyncio.CancelledError:  # a shorter window replaced this one, or the agent stops
             work.cancel()
