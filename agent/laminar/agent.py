@@ -316,12 +316,24 @@ class Agent:
         unsubscribe = self.events.subscribe(push)
         try:
             if since:
-                for event in self.store.events(since, kind, limit):
-                    yield event
+                for past in self.store.events(since, kind, limit):
+                    yield past
             while True:
+                # Not wait_for: on 3.11 it returns an item that arrives in the loop step its
+                # caller is cancelled in and swallows the cancellation (CPython gh-86296); the
+                # agent's stop cancels this stream as the "stopping" event comes in, so the
+                # stream ran on and the agent never exited on SIGTERM. Nor asyncio.timeout: the
+                # API starts handlers eagerly, outside a task. asyncio.wait lets a cancel through.
+                getter = asyncio.ensure_future(queue.get())
                 try:
-                    yield await asyncio.wait_for(queue.get(), 15.0)
-                except TimeoutError:
+                    await asyncio.wait({getter}, timeout=15.0)
+                except BaseException:
+                    getter.cancel()
+                    raise
+                if getter.done():
+                    yield getter.result()
+                else:  # a pending get leaves the queue as it was when cancelled
+                    getter.cancel()
                     yield {"kind": "keepalive", "ts": time.time()}
         finally:
             unsubscribe()

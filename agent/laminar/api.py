@@ -102,6 +102,8 @@ ACCEPT_BACKOFF_S = 0.1
 ACCEPT_BATCH = 64
 # The listen backlog of each socket (the kernel caps it at net.core.somaxconn, 4096 by default).
 LISTEN_BACKLOG = 128
+STOP_WAIT_S = 5.0  # how long the API's stop waits for cancelled connections to end
+
 REASONS = {200: "OK", 201: "Created", 400: "Bad Request", 403: "Forbidden", 404: "Not Found",
            405: "Method Not Allowed", 408: "Request Timeout", 409: "Conflict", 413: "Payload Too Large",
            422: "Unprocessable Entity", 429: "Too Many Requests", 500: "Internal Server Error", 503: "Service Unavailable",
@@ -399,8 +401,11 @@ class ApiServer:
         conns = list(self._conns)
         for task in conns:  # open streams (events --follow) and requests still waiting
             task.cancel()
-        if conns:
-            await asyncio.gather(*conns, return_exceptions=True)
+        if conns:  # bounded: a handler that ignores its cancellation must not hold the agent's stop
+            _, stuck = await asyncio.wait(conns, timeout=STOP_WAIT_S)
+            if stuck:
+                log.warning("api: %d connection(s) still open %g s after the stop cancelled them; left behind",
+                            len(stuck), STOP_WAIT_S)
         for path in (self.path, self.admin_path):
             try:
                 if path.is_socket():

@@ -33,10 +33,14 @@ def test_events_follow_is_not_success_when_the_agent_goes_away(agent: AgentProc,
             return select.select([follow.stdout], [], [], 1.0)[0] != []
 
         wait_until(shown, 60, "the follow to show an event")
-        assert json.loads(follow.stdout.readline())["kind"]  # a job's, or another (pressure: node-wide)
+        line = follow.stdout.readline()
+        assert line, (follow.poll(), follow.stderr.read() if follow.poll() is not None else "")
+        assert json.loads(line)["kind"]  # a job's, or another (pressure: node-wide)
         assert follow.poll() is None
         if how == "stop":
-            agent.stop()
+            # the agent stops by itself on SIGTERM, the follower's stream open (it sat in its
+            # stop until AgentProc's SIGKILL 30 s later: the stream swallowed its cancellation)
+            assert agent.stop() == 0, "laminard did not exit on SIGTERM while events --follow was open"
         else:
             agent.kill9()
         out, err = follow.communicate(timeout=60)
