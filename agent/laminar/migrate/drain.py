@@ -89,11 +89,7 @@ def disarm(netguard: Any, cgroup_id: int) -> bool:
     entry = netguard.job_entry(cgroup_id)
     if entry is None or not entry.flags & abi.LM_JOB_ARMED:
         return False
-    fn = getattr(netguard, "disarm_job", None)
-    if fn is not None:
-        fn(cgroup_id)
-    else:  # NetGuard has no public "clear only the armed deadline" yet (set_job_kill(off) clears the cut too)
-        netguard._update_job(cgroup_id, clear_flags=abi.LM_JOB_ARMED, kill_at_ns=0)
+    netguard.disarm_job(cgroup_id)
     return True
 
 

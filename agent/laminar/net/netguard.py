@@ -396,6 +396,12 @@ class NetGuard:
         else:
             self._update_job(cgroup_id, clear_flags=abi.LM_JOB_KILL | abi.LM_JOB_ARMED, kill_at_ns=0)
 
+    def disarm_job(self, cgroup_id: int) -> None:
+        """Clears the job's armed deadline only (``LM_JOB_ARMED``, ``kill_at_ns``): a cut the job
+        has (``LM_JOB_KILL``: an operator's ``killswitch job on``) stays; a deadline that had
+        passed stops cutting. KeyError: not registered."""
+        self._update_job(cgroup_id, clear_flags=abi.LM_JOB_ARMED, kill_at_ns=0)
+
     def arm_job(self, cgroup_id: int, deadline_monotonic_ns: int) -> bool:
         """The data plane cuts the job's traffic once CLOCK_MONOTONIC passes the deadline. A job its
         passed armed deadline has cut already stays cut (its kill flag is set with the new
