@@ -7,7 +7,7 @@ import re
 from pathlib import Path
 
 import pytest
-from hypothesis import given
+from hypothesis import assume, given
 from hypothesis import strategies as st
 
 from laminar.bpf import abi
@@ -69,6 +69,8 @@ def test_flows_round_trip(v: int, data, sport: int, dport: int, proto: str, prio
     a, b = data.draw(st.ip_addresses(v=v)), data.draw(st.ip_addresses(v=v))
     if v == 6:  # an IPv4-mapped IPv6 address is the IPv4 flow's key: shown as IPv4
         a, b = (x.ipv4_mapped or x for x in (a, b))
+        # one mapped, one not: a flow of two families, which flow_key refuses (tested apart)
+        assume(a.version == b.version)
     k = abi.flow_key(str(a), str(b), sport, dport, proto)
     # network byte order in memory, as in the packet; IPv4 v4-mapped in the 16 address bytes
     raw = bytes(k)
