@@ -199,3 +199,51 @@ def test_cancel_of_another_nodes_reclaim_is_forwarded_and_its_peers_told(tmp_pat
                 assert "node 9 is not a member" in str(e)
 
     asyncio.run(main())
+
+
+def test_a_new_reclaim_while_the_cancelled_ones_move_finishes_does_not_move_the_job_twice(tmp_path: Path) -> None:
+    """A reclaim cancelled while a job's move is under way, then announced again (a second
+    notice) before that move ends: the new reclaim's evacuation must not begin a second move of
+    the job (two hand-overs: the job would run on two nodes); once the first move ends, the job
+    is moved by the new reclaim only if it still runs here."""
+    async def main() -> None:
+        agent = make_agent(tmp_path)
+        agent.jobs = jobs = RestoreJobs()
+        agent.zone = HeldZone()
+        job = jobs.add("job-1", "running")
+        comp = ReclaimComponent()
+        await comp.start(agent)
+        move_go = asyncio.Event()
+        moved: list[str] = []
+
+        async def slow_move(job: Any, reason: str, deadline_mono: float | None, final: bool = True,
+                            transfer_deadline: float | None = None) -> Any:
+            comp.evacuating.add(job.id)  # as the real move marks it
+            moved.append(f"begun {job.id}")
+            try:
+                await move_go.wait()  # a transfer in flight
+                moved.append(f"done {job.id}")
+                await jobs.stop(job.id, "moved", state="migrated")  # handed over: stopped here
+            finally:
+                comp.evacuating.discard(job.id)
+
+        comp._move = slow_move  # type: ignore[method-assign]
+        comp.ckpt_latency["job-1"] = 60.0  # a checkpoint slower than the window: signalled at once
+        try:
+            comp.start_reclaim(20.0, "lm-t owner")
+            assert await until(lambda: moved == ["begun job-1"])
+            out = await comp.cancel_reclaim("lm-t changed plans")
+            assert out["finishing"] == ["job-1"], out
+            comp.start_reclaim(20.0, "lm-t owner again")  # the second notice, the first move in flight
+            await asyncio.sleep(0.5)
+            assert moved == ["begun job-1"], f"a second move of a job already moving began: {moved}"
+            move_go.set()
+            assert await until(lambda: job.state == "migrated")
+            await asyncio.sleep(0.5)
+            assert moved == ["begun job-1", "done job-1"], f"the moved job was moved again: {moved}"
+        finally:
+            move_go.set()
+            await comp.stop()
+            agent.store.db.close()
+
+    asyncio.run(main())

@@ -1515,8 +1515,15 @@ class ReclaimComponent:
             if st is not None:
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(cancel.wait(), max(0.0, t0 + st.signal_at_s - time.monotonic()))
+            while job.id in self.evacuating and not cancel.is_set():
+                # a move begun before this reclaim (a withdrawn reclaim's, finishing; Airlock's,
+                # a loan's) runs on: never two moves of one job (two hand-overs: two copies)
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(cancel.wait(), 0.2)
             if cancel.is_set():
                 return  # withdrawn before this job's move began
+            if not job.active:
+                return  # the earlier move took it away (or it ended)
             await self._move(job, f"reclaim of node {self.node_id}", deadline, final=st is None or st.final,
                              transfer_deadline=None if st is None else t0 + st.deadline_s)
 
