@@ -303,12 +303,14 @@ def test_an_old_version_peer_gets_an_error_naming_both_versions(tmp_path: Path) 
         try:
             with pytest.raises(v1.TransferError) as e1:  # an old source, a new destination
                 await v1.send_checkpoint("127.0.0.1", pn, ckpt, "j1", KEY, retries=3, retry_delay_s=0.05)
-            assert "v1" in str(e1.value) and "v2" in str(e1.value) and "upgraded together" in str(e1.value)
+            assert "v1" in str(e1.value) and f"v{transfer.PROTOCOL_VERSION}" in str(e1.value) \
+                and "upgraded together" in str(e1.value)
             assert e1.value.fatal  # the old sender did not retry
             with pytest.raises(TransferError) as e2:  # a new source, an old destination
                 await send_checkpoint("127.0.0.1", po, ckpt, "j1", KEY, retries=3, retry_delay_s=0.05)
-            assert "destination speaks transfer protocol v1, this agent v2" in str(e2.value) and e2.value.fatal
-            with pytest.raises(TransferError, match="protocol v1, this agent v2"):
+            assert f"destination speaks transfer protocol v1, this agent v{transfer.PROTOCOL_VERSION}" in str(e2.value) \
+                and e2.value.fatal
+            with pytest.raises(TransferError, match=f"protocol v1, this agent v{transfer.PROTOCOL_VERSION}"):
                 await send_control("127.0.0.1", po, KEY, "space", {"bytes": 1})
             assert new.committed == [] and old.committed == []
         finally:

@@ -72,7 +72,8 @@ def test_records_pipelined_behind_auth_beyond_the_readers_limit(tmp_path: Path) 
             s.sendall(_frame({"t": "hello", "v": T.PROTOCOL_VERSION, "zone": 0, "node": "src", "nonce": nc.hex()}))
             ns = bytes.fromhex(str(_read_msg(s)["nonce"]))
             seal = _Sealer(T.derive_keys(KEY, nc, ns)[0])
-            blob = [_frame({"t": "auth", "mac": T.mac(KEY, b"laminar-xfer-client", ns, nc)}),
+            ident = T.hello_identity(T.PROTOCOL_VERSION, 0, "src")  # the hello's claims, under the MAC
+            blob = [_frame({"t": "auth", "mac": T.mac(KEY, b"laminar-xfer-client", ns, nc, ident)}),
                     seal(_frame({"t": "offer", "manifest": m.body(),
                                  "mac": T.mac(KEY, b"laminar-manifest", m.digest.encode())}))]
             for i in range(len(m.chunks)):

@@ -288,6 +288,7 @@ from laminar.migrate.transfer import (
     send_control,
     verified_checkpoint,
 )
+from laminar.zone.membership import canonical_ip
 
 log = logging.getLogger("laminar.migrate")
 
@@ -352,7 +353,9 @@ REPLICA_DROP_AVOID_S = 3600.0
 CONFIG_FIELDS = {
     "port": Field(int, DEFAULT_PORT, "TCP port of the checkpoint transfer endpoint (the same on every node)",
                   _range(1, 65535)),
-    "listen": Field(str, "", "address the transfer endpoint binds (empty: zone.listen)"),
+    "listen": Field(str, "", "address the transfer endpoint binds and, when it names one address, the one this "
+                    "node's transfer connections leave from (peers check it against its zone.nodes entry; "
+                    "empty: zone.listen)"),
     "notice_margin": Field(float, cs.NOTICE_MARGIN, "share of a notice window planned transfers may use",
                            _range(0.1, 1.0)),
     "hazard_prior_rate_per_h": Field(float, DEFAULT_PRIOR_RATE_PER_H, "departures per node-hour before any is seen",
@@ -840,6 +843,7 @@ class ReclaimComponent:
         self.agent: Any = None
         self.s: dict[str, Any] = {}
         self.receiver: Receiver | None = None
+        self._xfer_local: str | None = None  # the address transfer connections leave from (start)
         self.port = 0
         self.root: Path | None = None
         self.hazards: dict[str, HazardModel] = {}  # what the agent plans with: prior (+ traces) + seen
@@ -925,15 +929,21 @@ class ReclaimComponent:
         # version before this one left this directory 0755 and its files 0644).
         self.root.mkdir(parents=True, exist_ok=True)
         os.chmod(self.root, 0o700)
+        zone = getattr(agent, "zone", None)
+        networked = bool(zone is not None and zone.networked)
+        host = self.s["listen"] or (zone.s["listen"] if zone is not None and networked else "127.0.0.1")
+        # A peer's connections leave from this address when it names one (this node's roster
+        # address on a host with several), and the node id a peer's hello claims must be the
+        # one whose roster address its connection comes from (zone.check_source, as the zone's
+        # own messages: the key is the zone's, any member could claim any node id).
+        self._xfer_local = None if host in ("", "0.0.0.0", "::") else str(host)
+        check = networked and bool(getattr(zone, "s", {}).get("check_source", True))
         self.receiver = Receiver(self.root, self._key_lookup, on_commit=self._on_commit, on_progress=self._on_rx_progress,
-                                 on_control=self._on_control)
+                                 on_control=self._on_control, sources=self._roster_ip if check else None)
         metrics = getattr(agent, "metrics", None)
         if metrics is not None:
             with contextlib.suppress(ValueError):  # the counts are process-wide: registered once per registry
                 metrics.register(StatsCollector())
-        zone = getattr(agent, "zone", None)
-        networked = bool(zone is not None and zone.networked)
-        host = self.s["listen"] or (zone.s["listen"] if zone is not None and networked else "127.0.0.1")
         try:
             self.port = await self.receiver.start(host, int(self.s["port"]) if networked else 0)
         except OSError as e:
@@ -1079,7 +1089,20 @@ class ReclaimComponent:
 
     async def _control(self, node: int, op: str, body: Any, timeout: float = 5.0) -> Any:
         addr, port, key, zone = self._peer(node)
-        return await send_control(addr, port, key, op, body, zone=zone, node=str(self.node_id), timeout=timeout)
+        return await send_control(addr, port, key, op, body, zone=zone, node=str(self.node_id), timeout=timeout,
+                                  local_host=self._xfer_local)
+
+    def _roster_ip(self, node: int) -> str | None:
+        """The canonical IP of ``node``'s ``[[zone.nodes]]`` entry, where its transfer connections
+        must come from (the Receiver's ``sources``); None for a node the roster does not list."""
+        z = self.zone
+        m = z.membership.by_node.get(node) if z is not None else None
+        if m is None:
+            return None
+        try:
+            return canonical_ip(str(m.addr))
+        except ValueError:
+            return None
 
     def _last_seen(self, node: int) -> float:
         z = self.zone
@@ -2447,7 +2470,7 @@ class ReclaimComponent:
             try:
                 addr, port, zkey, zone = self._peer(node)
                 await send_checkpoint(addr, port, path, key, zkey, zone=zone, node=str(self.node_id),
-                                      chunk_size=int(self.s["chunk_kb"]) << 10,
+                                      chunk_size=int(self.s["chunk_kb"]) << 10, local_host=self._xfer_local,
                                       rate_bps=float(self.s["rate_mbit"]) * 1e6 or None, deadline_monotonic=deadline_mono)
                 await self._control(node, "guard", {"key": key, "src_node": int(row["src_node"]),
                                                     "src_job": row["src_job"], "ckpt": path.name,
@@ -2568,7 +2591,7 @@ class ReclaimComponent:
         snap = await asyncio.to_thread(self._snapshot, ckpt, self.job_key(job))  # hashes the checkpoint
         try:
             res = await send_checkpoint(addr, port, snap, self.job_key(job), key, zone=zone, node=str(self.node_id),
-                                        chunk_size=int(self.s["chunk_kb"]) << 10, rate_bps=rate,
+                                        chunk_size=int(self.s["chunk_kb"]) << 10, rate_bps=rate, local_host=self._xfer_local,
                                         deadline_monotonic=deadline_mono, progress=progress, flow_hook=hook)
         finally:
             shutil.rmtree(snap, ignore_errors=True)
@@ -3154,7 +3177,7 @@ class ReclaimComponent:
         try:
             addr, port, zkey, zone = self._peer(node)
             res = await send_checkpoint(addr, port, path, key, zkey, zone=zone, node=str(self.node_id),
-                                        chunk_size=int(self.s["chunk_kb"]) << 10,
+                                        chunk_size=int(self.s["chunk_kb"]) << 10, local_host=self._xfer_local,
                                         rate_bps=float(self.s["rate_mbit"]) * 1e6 or None)
             grace = float(z.s["handover_timeout_s"]) + 5.0
             await self._control(node, "guard", {"key": key, "src_node": int(row["src_node"]), "src_job": row["src_job"],
@@ -4157,7 +4180,9 @@ class ReclaimComponent:
                 "releases_pending": [{"node": n, "key": k} for n, k in sorted(self._releases)],
                 "reclaim": None if r is None else {"deadline": r["deadline"], "done": r["task"].done()},
                 "notices": sorted(self.notices),
-                "periodic_ckpt": None if self.ckpt is None else dict(self.ckpt.counts)}
+                "periodic_ckpt": None if self.ckpt is None else dict(self.ckpt.counts),
+                # transfer connections refused: not from the roster address of the node they named
+                "transfer_wrong_source": 0 if self.receiver is None else self.receiver.wrong_source}
 
     def _sees_all(self, peer: Any) -> bool:
         """Whether ``peer`` sees every replica's job and owner: root or the control group."""

@@ -11,7 +11,11 @@ for ``chunk`` the raw bytes the header announces):
 
 1. ``hello {v, zone, node, nonce_c}`` -> ``challenge {nonce_s, mac_s}`` -> ``auth {mac_c}`` -> ``ok``:
    mutual HMAC-SHA256 challenge-response with the zone key (:mod:`laminar.zone.keys`), so
-   neither side talks checkpoints with a node outside the zone. Everything after ``ok``, both
+   neither side talks checkpoints with a node outside the zone. Both MACs cover the hello's
+   claims (version, zone, node: :func:`hello_identity`), so a peer on the path cannot change
+   them; and since the key is the zone's, a destination given ``sources`` (the agent: the
+   zone roster, ``zone.check_source``) refuses a sender whose connection does not come from
+   the roster address of the node it names (``wrong_source``, counted). Everything after ``ok``, both
    ways, travels in AES-256-GCM records (:class:`_Channel`): keys per connection and direction
    from HKDF-SHA256 of the zone key and both nonces (:func:`derive_keys`), the record's number
    as nonce; a changed, replayed, reordered or missing record ends the connection, counted in
@@ -45,7 +49,8 @@ for ``chunk`` the raw bytes the header announces):
 A connection may instead carry one *control message* after the handshake (``ctl {op, body,
 mac}`` -> ``ctl-ok {result, mac}``; :func:`send_control`): the MACs cover the op, the body (or
 result) and the server's nonce of this connection, so neither is forgeable, replayable, or
-turned into another operation on the way. An agent from before these MACs fails them with a
+turned into another operation on the way; it is answered as asked by the hello's node,
+authenticated and checked as above. An agent from before these MACs fails them with a
 clear error (both sides of a zone run the same version).
 
 Before the peer has authenticated, the endpoint reads at most MAX_HANDSHAKE bytes per message
@@ -113,7 +118,8 @@ from laminar import jobkit
 
 log = logging.getLogger("laminar.transfer")
 
-PROTOCOL_VERSION = 2  # the wire protocol (hello); 2: every message after the handshake in AES-GCM records
+PROTOCOL_VERSION = 3  # the wire protocol (hello); 2: every message after the handshake in AES-GCM records;
+# 3: the hello (version, zone, node) under both handshake MACs, and its node checked against the connection's address
 MANIFEST_VERSION = 1  # the transfer manifest's format (its digest, TRANSFER.json of committed copies): unchanged
 RECORD_MAX = 1 << 20  # plaintext bytes per record: AES-GCM holds the GIL, 0.6 ms per MiB here (see _Channel)
 RECORD_TAG = 16
@@ -180,10 +186,13 @@ class NoRoomError(TransferError):
 class TransferStats:
     """Process-wide counters of this module (both sides): ``records_rejected``, records that
     failed authentication (each ends its connection); ``offers_refused_no_room``, offers a
-    Receiver here refused for disk space. Read them, never reset them (tests take deltas)."""
+    Receiver here refused for disk space; ``wrong_source``, connections a Receiver here refused
+    because they did not come from the roster address of the node their hello named
+    (:class:`Receiver`'s ``sources``). Read them, never reset them (tests take deltas)."""
 
     records_rejected: int = 0
     offers_refused_no_room: int = 0
+    wrong_source: int = 0
 
 
 STATS = TransferStats()
@@ -191,8 +200,9 @@ STATS = TransferStats()
 
 class StatsCollector:
     """STATS for a prometheus_client registry (``registry.register(StatsCollector())``):
-    ``laminar_transfer_records_rejected_total`` and
-    ``laminar_transfer_offers_refused_no_room_total``."""
+    ``laminar_transfer_records_rejected_total``,
+    ``laminar_transfer_offers_refused_no_room_total`` and
+    ``laminar_transfer_wrong_source_total``."""
 
     def collect(self) -> Any:
         from prometheus_client.core import CounterMetricFamily
@@ -202,6 +212,9 @@ class StatsCollector:
                                   "its connection", value=STATS.records_rejected)
         yield CounterMetricFamily("laminar_transfer_offers_refused_no_room", "checkpoint offers this agent refused "
                                   "for lack of disk space", value=STATS.offers_refused_no_room)
+        yield CounterMetricFamily("laminar_transfer_wrong_source", "checkpoint-transfer connections this agent "
+                                  "refused: not from the roster address of the node their hello named (or a node "
+                                  "the roster does not list)", value=STATS.wrong_source)
 
 
 def mac(key: bytes, label: bytes, *parts: bytes) -> str:
@@ -1059,28 +1072,44 @@ class _Pacer:
             await asyncio.sleep(ahead)
 
 
-_OLD_HELLO = re.compile(r"expected hello v(\d+), got 'hello' v")  # a v1 endpoint's answer to another version
+# a destination of another version answers our hello with one of these (v1: the first; v2 on: the second)
+_OLD_HELLO = (re.compile(r"expected hello v(\d+), got 'hello' v"),
+              re.compile(r"the source speaks transfer protocol v\d+, this agent v(\d+)"))
 
 
 def version_mismatch(peer: object, side: str) -> str:
     """The error for a peer of another protocol version: names both versions and the fix."""
     return (f"transfer: the {side} speaks transfer protocol v{peer}, this agent v{PROTOCOL_VERSION} (since v2 "
-            "checkpoint bytes are encrypted between agents); a zone's agents must be upgraded together")
+            "checkpoint bytes are encrypted between agents, since v3 the sender's node id is authenticated and "
+            "checked against its address); a zone's agents must be upgraded together")
+
+
+def hello_identity(v: object, zone: object, node: object) -> bytes:
+    """What a ``hello`` claims, as both handshake MACs cover it: the protocol version, the zone
+    (whose key the destination uses) and the sender's node id, exactly as they travel (their
+    canonical JSON). A peer on the path without the key cannot change any of them: the
+    destination's ``challenge`` MAC would not match at the sender, nor the sender's ``auth``
+    MAC at the destination."""
+    return _canon([v, zone, node])
 
 
 async def _client_handshake(r: asyncio.StreamReader, w: asyncio.StreamWriter, key: bytes, zone: int,
                             node: str) -> tuple[_Channel, bytes]:
-    """Mutual authentication with the zone key; returns the encrypted channel for the rest of
-    the connection and the server's nonce (binds later MACs to this connection). Raises
-    TransferError (fatal, naming both versions, for a destination of another version)."""
+    """Mutual authentication with the zone key, over the hello's claims too
+    (:func:`hello_identity`); returns the encrypted channel for the rest of the connection and
+    the server's nonce (binds later MACs to this connection). Raises TransferError (fatal,
+    naming both versions, for a destination of another version; fatal for a destination that
+    refuses this node's address, ``wrong_source``)."""
     nc = secrets.token_bytes(32)
+    ident = hello_identity(PROTOCOL_VERSION, zone, node)
     await _send(w, {"t": "hello", "v": PROTOCOL_VERSION, "zone": zone, "node": node, "nonce": nc.hex()})
     try:
         hdr, _ = await _recv(r, HANDSHAKE_TIMEOUT_S, MAX_HANDSHAKE)
     except TransferError as e:
-        old = _OLD_HELLO.search(str(e))
-        if old:
-            raise TransferError(version_mismatch(old.group(1), "destination"), fatal=True) from None
+        for pat in _OLD_HELLO:
+            old = pat.search(str(e))
+            if old and old.group(1) != str(PROTOCOL_VERSION):
+                raise TransferError(version_mismatch(old.group(1), "destination"), fatal=True) from None
         raise
     if hdr["t"] != "challenge":
         raise TransferError(f"transfer: expected challenge, got {hdr['t']!r}")
@@ -1089,11 +1118,11 @@ async def _client_handshake(r: asyncio.StreamReader, w: asyncio.StreamWriter, ke
         smacs = [str(hdr["mac"]), *(x for x in (hdr.get("macs") or [])[:4] if isinstance(x, str) and x.isascii())]  # macs: a zone key rotation
     except (KeyError, TypeError, ValueError) as e:
         raise TransferError(f"transfer: malformed challenge (nonce and mac must be hex strings): {e!r}") from None
-    want = mac(key, b"laminar-xfer-server", nc, ns)
+    want = mac(key, b"laminar-xfer-server", nc, ns, ident)
     if not any(hmac.compare_digest(m, want) for m in smacs):
-        raise TransferError("transfer: the destination failed authentication (not a member of this zone, or another key)",
-                            fatal=True)
-    await _send(w, {"t": "auth", "mac": mac(key, b"laminar-xfer-client", ns, nc)})
+        raise TransferError("transfer: the destination failed authentication (not a member of this zone, another key, "
+                            "or the hello was changed on the way)", fatal=True)
+    await _send(w, {"t": "auth", "mac": mac(key, b"laminar-xfer-client", ns, nc, ident)})
     hdr, _ = await _recv(r, HANDSHAKE_TIMEOUT_S, MAX_HANDSHAKE)
     if hdr["t"] != "ok":
         raise TransferError(f"transfer: expected ok, got {hdr['t']!r}")
@@ -1117,6 +1146,7 @@ async def send_checkpoint(
     progress: Callable[[Progress], None] | None = None,
     flow_hook: FlowHook | None = None,
     manifest: Manifest | None = None,
+    local_host: str | None = None,
 ) -> SendResult:
     """Sends the jobkit checkpoint ``ckpt_dir`` of ``job_id`` to the receiver at host:port and
     returns once the destination has verified and committed it. Reconnects after a broken
@@ -1131,7 +1161,9 @@ async def send_checkpoint(
     the same name). After MAX_SOURCE_CHANGES such changes it gives up (TransferError, fatal,
     naming the count): a job that re-saves faster than its checkpoint can be sent must not
     keep the sender busy for ever. ``manifest``: built by the caller (it is built again if
-    the checkpoint changed since)."""
+    the checkpoint changed since). ``node``: this node's id, authenticated in the handshake;
+    ``local_host``: the address the connections leave from (this node's roster address on a
+    host with several: the destination checks it against ``node``'s; None: the route's)."""
     src = Path(ckpt_dir)
     changes = 0
 
@@ -1170,7 +1202,7 @@ async def send_checkpoint(
         res.attempts += 1
         try:
             await _send_once(host, port, src, m, offer, key, zone, node, rate_bps, deadline_monotonic, progress, flow_hook,
-                             res, t0)
+                             res, t0, local_host)
             return res
         except SourceChangedError as e:  # not a failed attempt: another checkpoint to send
             m = await rebuild(e)
@@ -1198,11 +1230,11 @@ def _offer(m: Manifest, key: bytes) -> bytes:
 async def _send_once(
     host: str, port: int, src: Path, m: Manifest, offer: bytes, key: bytes, zone: int, node: str, rate_bps: float | None,
     deadline: float | None, progress: Callable[[Progress], None] | None, flow_hook: FlowHook | None,
-    res: SendResult, t0: float,
+    res: SendResult, t0: float, local_host: str | None = None,
 ) -> None:
     rd = _Source(src, m)  # opens the files first: SourceChangedError (before any byte is sent) when they changed
     try:
-        r, w = await asyncio.wait_for(asyncio.open_connection(host, port), HANDSHAKE_TIMEOUT_S)
+        r, w = await asyncio.wait_for(_connect(host, port, local_host), HANDSHAKE_TIMEOUT_S)
     except BaseException:
         rd.close()
         raise
@@ -1329,15 +1361,24 @@ async def _report_acks(meter: _AckMeter, hook: FlowHook, handle: Any, total: int
             told[0] = n
 
 
+def _connect(host: str, port: int, local_host: str | None) -> Awaitable[tuple[asyncio.StreamReader,
+                                                                             asyncio.StreamWriter]]:
+    """A connection to host:port leaving from ``local_host`` (any port) when given."""
+    return asyncio.open_connection(host, port, local_addr=(local_host, 0) if local_host else None)
+
+
 async def send_control(
     host: str, port: int, key: bytes, op: str, body: Any, *, zone: int = 0, node: str = "",
-    timeout: float = HANDSHAKE_TIMEOUT_S,
+    timeout: float = HANDSHAKE_TIMEOUT_S, local_host: str | None = None,
 ) -> Any:
     """Sends one control message (``op`` with a JSON ``body``) to a :class:`Receiver` and
     returns its answer. The message is MAC'd with the zone key and the server's nonce of this
-    connection, so it can be neither forged nor replayed. Raises TransferError (peer refused,
-    authentication) or OSError/TimeoutError (unreachable)."""
-    r, w = await asyncio.wait_for(asyncio.open_connection(host, port), timeout)
+    connection, so it can be neither forged nor replayed; ``node`` (this node's id, which the
+    destination answers as) is authenticated in the handshake, and checked there against the
+    connection's address, which leaves from ``local_host`` when given (as
+    :func:`send_checkpoint`). Raises TransferError (peer refused, authentication) or
+    OSError/TimeoutError (unreachable)."""
+    r, w = await asyncio.wait_for(_connect(host, port, local_host), timeout)
     try:
         ch, ns = await asyncio.wait_for(_client_handshake(r, w, key, zone, node), timeout)
         raw = _canon(body)
@@ -1602,8 +1643,20 @@ class Receiver:
     ``on_control(node, op, body)`` answers authenticated control messages (:func:`send_control`).
     ``margin_bytes``: disk kept free beyond what offers take (None: :func:`offer_room`'s
     default, 5% of the filesystem, at most 1 GiB); an offer that does not fit is refused
-    (NoRoomError at the sender). Counters: ``records_rejected`` (records that failed
-    authentication, each ended its connection), ``refused_no_room``."""
+    (NoRoomError at the sender).
+
+    The sender's ``node`` (and ``zone``) in its hello are covered by both handshake MACs
+    (:func:`hello_identity`), so nobody on the path changes them; but the key is the zone's,
+    so any member could still claim another node's id. ``sources(node)`` (None: not checked)
+    binds a node id to an address: it gives the canonical IP (:func:`laminar.zone.membership.
+    canonical_ip`) that node's connections must come from, or None for a node id the roster
+    does not list (or one that is not a number). A connection whose peer IP differs, after
+    the client authenticated and before ``ok``, is refused with a fatal error naming both
+    addresses, and counted (``wrong_source`` here, ``STATS.wrong_source``): it carries
+    nothing, no control message and no checkpoint.
+
+    Counters: ``records_rejected`` (records that failed authentication, each ended its
+    connection), ``refused_no_room``, ``wrong_source``."""
 
     def __init__(
         self,
@@ -1613,6 +1666,7 @@ class Receiver:
         on_progress: Callable[[Progress], None] | None = None,
         on_control: Callable[[str, str, Any], Any] | None = None,
         margin_bytes: int | None = None,
+        sources: Callable[[int], str | None] | None = None,
     ) -> None:
         if margin_bytes is not None and (isinstance(margin_bytes, bool) or not isinstance(margin_bytes, int)
                                          or margin_bytes < 0):
@@ -1620,6 +1674,8 @@ class Receiver:
         self.margin_bytes = margin_bytes
         self.records_rejected = 0
         self.refused_no_room = 0
+        self.wrong_source = 0
+        self.sources = sources
         self._active: dict[tuple[str, str], tuple[Path, int]] = {}  # accepted offers: partial file, total bytes
         self.root = Path(root)
         self.on_control = on_control
@@ -1694,7 +1750,7 @@ class Receiver:
                                     "try again later")
             self._unauth[ip] = self._unauth.get(ip, 0) + 1
             try:
-                node, key, nc, ns = await self._handshake(r, w)
+                node, key, nc, ns = await self._handshake(r, w, ip)
             finally:
                 self._unauth[ip] -= 1
                 if not self._unauth[ip]:
@@ -1747,10 +1803,35 @@ class Receiver:
             raise TransferError(f"transfer: control {op!r} refused: {e}", fatal=True) from None
         await ch.send({"t": "ctl-ok", "result": res, "mac": mac(key, b"laminar-ctl-ok", ns, op.encode(), _canon(res))})
 
-    async def _handshake(self, r: asyncio.StreamReader, w: asyncio.StreamWriter) -> tuple[str, bytes, bytes, bytes]:
-        """Mutual authentication: (the peer's node, the zone key, client nonce, server nonce).
-        A hello of another version is refused with an error naming both (fatal: an old sender
-        does not retry)."""
+    def _check_source(self, node: str, ip: str) -> None:
+        """Refuses (TransferError, fatal; counted) a connection from ``ip`` whose hello named
+        ``node`` when ``sources`` binds ``node`` to another address or knows no such node."""
+        if self.sources is None:
+            return
+        from laminar.zone.membership import canonical_ip
+
+        n = int(node) if node.isascii() and node.isdigit() else None
+        want = None if n is None else self.sources(n)
+        try:
+            got = canonical_ip(ip)
+        except ValueError:
+            got = ip
+        if want == got:
+            return
+        self.wrong_source += 1
+        STATS.wrong_source += 1
+        why = (f"node {node!r} is not in this node's zone roster" if want is None else
+               f"node {n}'s transfer connections come from {want} (its [[zone.nodes]] address), this one from {got}")
+        log.warning("transfer: refused a connection from %s claiming node %r: %s (wrong_source)", ip, node, why)
+        raise TransferError(f"transfer: {why}: refused (wrong_source; zone.check_source = false turns the check off "
+                            "for NAT'd or multi-homed nodes)", fatal=True)
+
+    async def _handshake(self, r: asyncio.StreamReader, w: asyncio.StreamWriter,
+                         ip: str = "?") -> tuple[str, bytes, bytes, bytes]:
+        """Mutual authentication, over the hello's claims too (:func:`hello_identity`): (the
+        peer's node, the zone key, client nonce, server nonce). A hello of another version is
+        refused with an error naming both (fatal: an old sender does not retry); then, with
+        ``sources``, a node whose roster address is not ``ip``, the connection's peer."""
         hdr, _ = await _recv(r, HANDSHAKE_TIMEOUT_S, MAX_HANDSHAKE)
         if hdr["t"] != "hello":
             raise TransferError(f"transfer: expected hello v{PROTOCOL_VERSION}, got {hdr.get('t')!r}")
@@ -1761,28 +1842,38 @@ class Receiver:
             if isinstance(zone, bool) or not isinstance(zone, int):
                 raise TypeError(f"zone {zone!r} is not an integer")
             nc = bytes.fromhex(hdr["nonce"])
+            node = hdr.get("node", "")
+            if not isinstance(node, str):
+                raise TypeError(f"node {node!r} is not a string")
         except (KeyError, TypeError, ValueError) as e:
-            raise TransferError(f"transfer: malformed hello (zone: an integer, nonce: a hex string): {e!r}") from None
+            raise TransferError(f"transfer: malformed hello (zone: an integer, node: a string, nonce: a hex string): "
+                                f"{e!r}") from None
         key = self.keys(zone)
         if key is None:
             raise TransferError(f"transfer: no key for zone {zone}", fatal=True)
         if len(nc) < 16:
             raise TransferError("transfer: client nonce too short")
         ns = secrets.token_bytes(32)
+        ident = hello_identity(hdr.get("v"), zone, node)
         # during a zone key rotation the zone lists more keys (laminar.zone.keys.ZoneKey.accepted), and the
         # source signs with its current one, which may be any of them: prove each, accept the source's proof
         # under any, and use the key that verified from here on (session keys, manifest and commit MACs)
         keys = tuple(getattr(key, "accepted", (key,)))
-        extra = {"macs": [mac(k, b"laminar-xfer-server", nc, ns) for k in keys[1:]]} if len(keys) > 1 else {}
-        await _send(w, {"t": "challenge", "nonce": ns.hex(), "mac": mac(key, b"laminar-xfer-server", nc, ns), **extra})
+        extra = {"macs": [mac(k, b"laminar-xfer-server", nc, ns, ident) for k in keys[1:]]} if len(keys) > 1 else {}
+        await _send(w, {"t": "challenge", "nonce": ns.hex(), "mac": mac(key, b"laminar-xfer-server", nc, ns, ident),
+                        **extra})
         auth, _ = await _recv(r, HANDSHAKE_TIMEOUT_S, MAX_HANDSHAKE)
         got = str(auth.get("mac", ""))
-        verified = next((k for k in keys if hmac.compare_digest(got, mac(k, b"laminar-xfer-client", ns, nc))), None)
+        verified = next((k for k in keys if hmac.compare_digest(got, mac(k, b"laminar-xfer-client", ns, nc, ident))),
+                        None)
         if auth["t"] != "auth" or verified is None:
-            raise TransferError("transfer: client failed authentication", fatal=True)
+            raise TransferError("transfer: client failed authentication (another key, or its hello was changed on the "
+                                "way)", fatal=True)
+        # the hello is the client's own now; whether the node it names may connect from here:
+        self._check_source(node, ip)
         key = bytes(verified)
         await _send(w, {"t": "ok"})  # the last message in the clear
-        return str(hdr.get("node", "")), key, nc, ns
+        return node, key, nc, ns
 
     def receiving(self, job_id: str) -> bool:
         """Whether a checkpoint of ``job_id`` (a replica key) is being received or committed now."""
