@@ -8,7 +8,8 @@
   registers (``Route(...)`` in agent/laminar) with its privilege, no route that does not exist,
   and every laminarctl command with each of its options;
 - docs/bpf-maps.md states the map ABI of bpf/laminar.h: the ABI version, map sizes, flag values
-  and each struct's fields in order.
+  and each struct's fields in order;
+- docs/policy.md's table names every key of the Airlock policy.
 
 Each check reads files only (no agent, no privileges) and names what is missing or wrong.
 """
@@ -382,3 +383,28 @@ def test_a_stale_layout_is_caught() -> None:
         "LM_ABI_VERSION is 2", "LM_MAX_FLOWS is 1024", "LM_JOB_ARMED is 4",
         "struct lm_flow: the doc shows ['job_id', 'flags', 'priority', 'kill_at_ns', 'packets', 'bytes'], the header "
         "has ['job_id', 'flags', 'priority', '_pad', 'kill_at_ns', 'packets', 'bytes']"]
+
+
+# ---------------------------------------------------------------- the policy language
+
+
+def policy_keys(doc: dict[str, object], prefix: str = "") -> list[str]:
+    """The policy's keys as policy.md's table names them: nested sections down to their leaves
+    (``thresholds."memory.some"``, ``rungs.suspend.budget_s``), maps of classes as one key."""
+    out = []
+    for k, v in doc.items():
+        name = prefix + (f'"{k}"' if "." in k else k)
+        if isinstance(v, dict) and v and k not in ("class_weights",):
+            out += policy_keys(v, name + ".")
+        else:
+            out.append(name)
+    return out
+
+
+def test_every_policy_key_is_in_policy_md() -> None:
+    from laminar.airlock.policy import DEFAULT
+
+    keys = policy_keys(DEFAULT)
+    assert 'thresholds."memory.some"' in keys and "rungs.readdress.max_hops" in keys and "job_default_mb" in keys
+    doc = _text(REPO / "docs" / "policy.md")
+    assert [k for k in keys if f"| `{k}` |" not in doc] == [], "policy keys missing from docs/policy.md's table"
