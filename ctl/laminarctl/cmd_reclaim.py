@@ -111,6 +111,10 @@ def cmd_cancel(args: argparse.Namespace) -> int:
 
     def human(r: dict[str, Any]) -> None:
         where = f"node {r['forwarded_to']}" if "forwarded_to" in r else f"node {r['node']}"
+        if r.get("superseded"):
+            info(f"reclaim of {where} cancelled, but a new reclaim was announced meanwhile: the node stays "
+                 "reclaimed (see `laminarctl reclaim status`)")
+            return
         if not r.get("in_window"):
             info(f"reclaim of {where} cancelled after its window: it takes jobs and placements again")
             return

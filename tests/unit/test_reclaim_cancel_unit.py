@@ -247,3 +247,40 @@ def test_a_new_reclaim_while_the_cancelled_ones_move_finishes_does_not_move_the_
             agent.store.db.close()
 
     asyncio.run(main())
+
+
+def test_a_new_reclaim_announced_while_a_cancel_waits_for_a_placement_keeps_its_hold(tmp_path: Path) -> None:
+    """A second notice comes while the cancel of the first waits for the queued job's placement
+    it interrupts: the cancel must not undo the new reclaim (release its queue hold, so queued
+    jobs start on a node about to go; forget what it does to jobs) nor wait for the new window's
+    end (the drain places queued jobs for the new reclaim now)."""
+    async def main() -> None:
+        agent = make_agent(tmp_path)
+        agent.jobs = jobs = RestoreJobs()
+        agent.zone = zone = HeldZone()
+        jobs.add("job-2", "queued")  # its placement elsewhere is asked for when the cancel comes
+        comp = ReclaimComponent()
+        await comp.start(agent)
+        try:
+            comp.start_reclaim(30.0, "lm-t owner")
+            assert await until(lambda: zone.asked == ["n5-job-2"])
+            cancelling = asyncio.ensure_future(comp.cancel_reclaim("lm-t changed plans"))
+            await asyncio.sleep(0.3)
+            assert not cancelling.done()
+            comp.start_reclaim(30.0, "lm-t owner again")  # the second notice
+            zone.go.set()
+            done, _ = await asyncio.wait({cancelling}, timeout=5.0)
+            assert done, "the cancel waited for the new reclaim's window to end"
+            assert comp.reclaim_status()["reclaim"] is not None
+            assert jobs.held == drain.hold_reason(comp.node_id), "the cancel released the new reclaim's queue hold"
+            assert zone.arbiter.inventory.draining
+            assert agent.store.db.execute("SELECT COUNT(*) FROM migrate_reclaim").fetchone()[0] == 1
+            assert agent.store.db.execute("SELECT phase FROM migrate_reclaim_jobs WHERE job_id='job-2'").fetchone() \
+                is not None, "the unsettled placement's record is kept for the new reclaim (a restart)"
+            assert jobs.jobs["job-2"].state == "queued" and zone.asked == ["n5-job-2"], "never placed twice"
+        finally:
+            zone.go.set()
+            await comp.stop()
+            agent.store.db.close()
+
+    asyncio.run(main())

@@ -52,6 +52,9 @@ job is never left frozen or nowhere. A queued job whose placement elsewhere is u
 stopped here so it never runs twice. Peers are told (control op ``reclaim-withdrawn``): they
 forget the notice and the window's end their guards of this node's jobs carry (else they would
 declare this node dead at that end and resume, a second time, jobs that run on here).
+A new notice that comes while a cancel runs is a new reclaim: the cancel undoes none of it
+(its queue hold, its placements of queued jobs, its notice to the peers; ``superseded`` in the
+answer), and its evacuation begins no second move of a job whose move is under way.
 
 **No room anywhere: storage holders.** When no peer can run a job during the window (none has
 the GPUs, memory or CPUs free, or every reservation is refused), its final checkpoint still
@@ -1250,7 +1253,8 @@ class ReclaimComponent:
             if end >= self.reclaim["deadline"]:
                 return self.reclaim_status()
             self.reclaim["task"].cancel()
-        else:  # a new reclaim: what an earlier one did to jobs is history
+        elif not self._cancelling:  # a new reclaim: what an earlier one did to jobs is history
+            # (not while a cancel runs: its placement in flight is this reclaim's to remember)
             with self.agent.store.tx() as db:
                 db.execute("DELETE FROM migrate_reclaim_jobs")
         with self.agent.store.tx() as db:
@@ -1440,32 +1444,47 @@ class ReclaimComponent:
                 log.warning("migrate: clearing the armed deadline of %s failed: %s", j.id, e)
         z = getattr(self.agent, "zone", None)
         undrained = drain.undrain(z) if z is not None else False
-        if self._drain_task is not None and not self._drain_task.done():
-            await asyncio.wait({self._drain_task})  # ends after the placement it asks for (never cut)
+        drain_task = self._drain_task
+        while drain_task is not None and not drain_task.done() and self.reclaim is None:
+            # it ends after the placement it asks for (never cut); a reclaim announced meanwhile
+            # takes it over (it follows that reclaim's window): not waited for then
+            await asyncio.wait({drain_task}, timeout=0.2)
+        # A new reclaim announced while this cancel waited is that reclaim's now: its queue hold,
+        # its records and its notice to the peers are not undone here.
+        superseded = self.reclaim is not None
         # the drain stopped: a ``placing`` row left is an unsettled placement (unconfirmed, or
         # asked for before a restart); the rows go only now
-        unsettled = [jid for jid, (ph, _) in sorted(self._move_phases().items()) if ph == "placing"
-                     and jobs_mgr is not None and getattr(jobs_mgr.get(jid), "state", None) == "queued"]
-        with self.agent.store.tx() as db:
-            db.execute("DELETE FROM migrate_reclaim_jobs")
+        unsettled = [] if superseded else [
+            jid for jid, (ph, _) in sorted(self._move_phases().items()) if ph == "placing"
+            and jobs_mgr is not None and getattr(jobs_mgr.get(jid), "state", None) == "queued"]
+        if not superseded:
+            with self.agent.store.tx() as db:
+                db.execute("DELETE FROM migrate_reclaim_jobs")
         for jid in unsettled:
             assert jobs_mgr is not None
             with contextlib.suppress(Exception):
                 await jobs_mgr.stop(jid, f"the reclaim of node {self.node_id} was cancelled while the job's placement "
                                     "on another node was unsettled: it may run there (see `laminarctl placements` and "
                                     "the migrate events); not started here so it never runs twice", state="stopped")
-        released = drain.release_hold(jobs_mgr, self.node_id)
-        told, missed = await self._tell_withdrawn()
-        if missed and in_window:  # until its window's end a peer not told may resume this node's jobs twice
+        superseded = self.reclaim is not None
+        released = not superseded and drain.release_hold(jobs_mgr, self.node_id)
+        told, missed = ([], []) if superseded else await self._tell_withdrawn()
+        if self.reclaim is not None and not superseded:  # announced while the peers were told: tell its notice again
+            superseded = True
+            with contextlib.suppress(Exception):
+                z.reclaim_notice(max(0.0, self.reclaim["deadline"] - time.time()), self.reclaim["reason"])
+        if missed and in_window and not superseded:  # until its window's end a peer not told may resume this node's jobs twice
             self._spawn(self._retell_withdrawn(missed, end))
         out = {"node": self.node_id, "cancelled": True, "in_window": in_window, "window_end": end,
                "disarmed": disarmed, "undrained": undrained, "released": released, "finishing": finishing,
-               "unsettled": unsettled, "peers_told": told, "peers_missed": missed}
+               "unsettled": unsettled, "peers_told": told, "peers_missed": missed, "superseded": superseded}
         what = (f"{len(disarmed)} kill-switch deadlines cleared, "
                 + (f"{len(finishing)} moves begun left to finish, " if finishing else "")
                 + (f"{len(unsettled)} queued jobs with an unsettled placement elsewhere stopped here, " if unsettled else "")
                 + "queue released, the node takes placements again" if in_window else
                 "the node takes jobs and placements again")
+        if superseded:
+            what = "a new reclaim announced meanwhile holds the queue and drains the node"
         self._emit(f"reclaim of node {self.node_id} cancelled {'inside its window' if in_window else 'after its window'} "
                    f"({reason}): {what}; {len(told)} peers told" + (f", {len(missed)} not reached" if missed else ""),
                    phase="reclaim-cancelled", **{k: v for k, v in out.items() if k not in ("node", "cancelled")})
