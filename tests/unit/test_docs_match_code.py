@@ -9,7 +9,9 @@
   and every laminarctl command with each of its options;
 - docs/bpf-maps.md states the map ABI of bpf/laminar.h: the ABI version, map sizes, flag values
   and each struct's fields in order;
-- docs/policy.md's table names every key of the Airlock policy.
+- docs/policy.md's table names every key of the Airlock policy;
+- every laminarctl invocation the docs and README show (backticked, or a line of a code block)
+  names a real command and only options it has.
 
 Each check reads files only (no agent, no privileges) and names what is missing or wrong.
 """
@@ -408,3 +410,63 @@ def test_every_policy_key_is_in_policy_md() -> None:
     assert 'thresholds."memory.some"' in keys and "rungs.readdress.max_hops" in keys and "job_default_mb" in keys
     doc = _text(REPO / "docs" / "policy.md")
     assert [k for k in keys if f"| `{k}` |" not in doc] == [], "policy keys missing from docs/policy.md's table"
+
+
+def command_lines(text: str) -> list[str]:
+    """laminarctl invocations in ``text``: backticked spans and lines of fenced blocks that start
+    with ``laminarctl`` (prose such as "laminarctl exits 1" is not one)."""
+    out = re.findall(r"`(laminarctl [^`\n]+)`", text)
+    for block in re.findall(r"^```[^\n]*\n(.*?)^```", text, re.M | re.S):
+        out += [ln.strip() for ln in block.splitlines() if ln.strip().startswith("laminarctl ")]
+    return out
+
+
+def bad_invocations(lines: list[str], commands: dict[str, set[str]]) -> list[str]:
+    """The invocations that name no laminarctl command, or an option their command lacks."""
+    groups = {" ".join(c.split()[:i]) for c in commands for i in range(1, len(c.split()))}
+    out = []
+    for line in lines:
+        words = line.split("#")[0].split()[1:]
+        while words[:2] == ["-o", "json"] or words[:1] == ["--version"]:
+            words = words[2:] if words[0] == "-o" else words[1:]
+        path: list[str] = []
+        for w in words:
+            if " ".join(path + [w]) in commands or " ".join(path + [w]) in groups:
+                path.append(w)
+            else:
+                break
+        cmd = " ".join(path)
+        if not words:
+            continue
+        if cmd not in commands:
+            if cmd not in groups:
+                out.append(f"{line}: no such command")
+            continue
+        for w in words[len(path):]:
+            if w == "--":
+                break
+            opt = re.sub(r"[=,;:)`'\"].*$", "", w)
+            if opt.startswith("--") and opt not in commands[cmd] and opt not in GLOBAL_OPTIONS:
+                out.append(f"{line}: laminarctl {cmd} has no {opt}")
+    return out
+
+
+@pytest.mark.parametrize("doc", DOCS + [REPO / "README.md"], ids=lambda p: p.name)
+def test_every_laminarctl_line_in_the_docs_is_a_real_command(doc: Path) -> None:
+    sys.path.insert(0, str(REPO / "ctl"))
+    from laminarctl.main import build_parser
+
+    assert bad_invocations(command_lines(_text(doc)), cli_commands(build_parser())) == []
+
+
+def test_a_wrong_invocation_is_caught() -> None:
+    p = argparse.ArgumentParser()
+    sub = p.add_subparsers()
+    sub.add_parser("jobs").add_argument("--last")
+    sub.add_parser("zone").add_subparsers().add_parser("submit").add_argument("--gpus")
+    text = ("`laminarctl stop job-3`, `laminarctl jobs --last 5`, `laminarctl jobs --all`, laminarctl exits 1\n"
+            "```\nlaminarctl zone submit --gpus 1 -- python t.py --epochs 3   # --nope in a comment\n"
+            "laminarctl -o json zone\nlaminarctl zone submit --gpu 1\n```\n")
+    assert bad_invocations(command_lines(text), cli_commands(p)) == [
+        "laminarctl stop job-3: no such command", "laminarctl jobs --all: laminarctl jobs has no --all",
+        "laminarctl zone submit --gpu 1: laminarctl zone submit has no --gpu"]
