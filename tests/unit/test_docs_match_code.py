@@ -97,21 +97,43 @@ def section_pages(ops: str) -> dict[str, list[str]]:
     return out
 
 
-def documented(section: str, key: str, text: str) -> bool:
-    """Whether ``text`` names ``section.key``: as `key`, section.key, ``[section] key``, a
-    ``key = ...`` line or a table row ``| section | key |``."""
+def toml_block_keys(text: str) -> set[tuple[str, str]]:
+    """(section, key) of each ``key = ...`` line of a config example in ``text`` (a fenced or an
+    indented block), under the ``[section]`` header above it; prose ends a section."""
+    out = set()
+    section = ""
+    for line in text.splitlines():
+        if m := re.match(r"\s*(?:```\w*\s*)?\[\[?([\w.]+)\]?\]\s*(#.*)?$", line):
+            section = m.group(1)
+        elif m := re.match(r"\s*(\w+)\s*=", line):
+            if section:
+                out.add((section, m.group(1)))
+        elif re.match(r"[^\s#`]", line):
+            section = ""
+    return out
+
+
+def documented(section: str, key: str, text: str, qualified: bool = False) -> bool:
+    """Whether ``text`` names ``section.key``: as section.key, ``[section] key``, a table row
+    ``| section | key |`` or a ``key = ...`` line under ``[section]`` in a code block; unless
+    ``qualified`` (a key name more than one section has), also as a bare `key`."""
     k, s = re.escape(key), re.escape(section)
-    return any(re.search(p, text, re.M) for p in (
-        rf"`{k}`", rf"`{k}\s*=", rf"\b{s}\.{k}\b", rf"\[{s}\]`? `?{k}\b", rf"^\s*{k}\s*=", rf"^\| {s} \| {k} \|"))
+    pats = [rf"\b{s}\.{k}\b", rf"\[{s}\]`? `?{k}\b", rf"^\| {s} \| {k} \|"]
+    if not qualified:
+        pats += [rf"`{k}`", rf"`{k}\s*="]
+    return any(re.search(p, text, re.M) for p in pats) or (section, key) in toml_block_keys(text)
 
 
 def undocumented_keys(schema: dict[str, dict[str, object]], docs_dir: Path) -> list[str]:
+    """``section.key`` of the keys of ``schema`` that neither operations.md nor the section's
+    pages name; a key name two sections share must be named with its section."""
     ops = _text(docs_dir / "operations.md")
     pages = section_pages(ops)
+    names = [k for keys in schema.values() for k in keys]
     out = []
     for section, keys in schema.items():
         text = "\n".join([ops] + [_text(docs_dir / p) for p in pages.get(section, []) if (docs_dir / p).exists()])
-        out += [f"{section}.{k}" for k in keys if not documented(section, k, text)]
+        out += [f"{section}.{k}" for k in keys if not documented(section, k, text, names.count(k) > 1)]
     return out
 
 
@@ -125,10 +147,13 @@ def test_every_config_key_is_documented() -> None:
 
 def test_an_undocumented_key_is_caught(tmp_path: Path) -> None:
     (tmp_path / "operations.md").write_text(
-        "| agent | node | host name | x |\n| `[zone]` | ports | protocol.md |\n")
-    (tmp_path / "protocol.md").write_text("`[zone] port` and `handover_port`\n")
-    schema: dict[str, dict[str, object]] = {"agent": {"node": "", "socket": ""}, "zone": {"port": 1, "handover_port": 2, "check_source": True}}
-    assert undocumented_keys(schema, tmp_path) == ["agent.socket", "zone.check_source"]
+        "| agent | node | host name | x |\n| `[zone]` | ports | protocol.md |\n| `[migrate]` | x | migration.md |\n")
+    (tmp_path / "protocol.md").write_text("`[zone] port` and `handover_port`, `listen`\n")
+    (tmp_path / "migration.md").write_text("```toml\n[migrate]\n# the port\nport = 7442\n```\nThen\nlisten = 1\n")
+    schema: dict[str, dict[str, object]] = {
+        "agent": {"node": "", "socket": ""}, "zone": {"port": 1, "handover_port": 2, "check_source": True, "listen": ""},
+        "migrate": {"port": 3, "listen": ""}}
+    assert undocumented_keys(schema, tmp_path) == ["agent.socket", "zone.check_source", "zone.listen", "migrate.listen"]
 
 
 def table_defaults(ops: str) -> dict[tuple[str, str], str]:
