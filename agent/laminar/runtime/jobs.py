@@ -1022,6 +1022,22 @@ class JobManager:
         row = self.store.db.execute("SELECT * FROM jobs WHERE id=? OR num=?", (job_id, num)).fetchone()
         return self._from_row(row) if row else None
 
+    def pruned(self, job_id: str) -> bool:
+        """Whether `job_id` ("job-3" or "3") names a job this node gave and whose record was
+        pruned (`prune_ended`): it has no record and its number is at or below the highest one
+        pruned (numbers are given in order, never twice, and only ended jobs are pruned), so the
+        job ended. False for a job with a record and for a number this node never gave. For
+        whoever must tell "ended long ago" from "never heard of" once `get` says None: a buddy
+        asking whether the guard of a job that ended is still needed (control op ``needs``)."""
+        text = job_id[4:] if job_id.startswith("job-") else job_id
+        if not (text.isascii() and text.isdigit() and len(text) <= 18) or int(text) < 1:
+            return False
+        try:
+            floor = int(self.store.get_meta(NUM_FLOOR_KEY, 0) or 0)
+        except Exception:  # a store closing under us: cannot tell
+            return False
+        return int(text) <= floor and self.get(job_id) is None
+
     def list(self, all_jobs: bool = True, ended_max: int | None = None) -> list[Job]:
         """Active jobs in memory plus finished ones from the store (all of them, or the newest
         `ended_max`), oldest first."""

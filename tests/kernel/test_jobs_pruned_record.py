@@ -1,0 +1,45 @@
+"""A pruned job is told from one never given (``JobManager.pruned``), over real cgroups and a
+real store.
+
+Once an ended job's record is pruned (``[jobs] keep_ended``, ``keep_ended_s``), ``get`` says
+None for it exactly as for an id this node never gave. Whoever answers for an ended job long
+after (a buddy still guarding the replica of a job whose release never reached it asks its
+source whether the guard is needed: with no record the source answers "needed", and the buddy
+keeps it and resumes the finished job when the source leaves) needs to know that it ended:
+``pruned`` says so from the job number floor the store keeps.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import pytest
+from jobrig import job_manager
+
+from laminar.runtime.jobs import JobSpec
+
+pytestmark = pytest.mark.kernel
+
+
+def test_a_pruned_job_is_known_as_pruned_an_unknown_or_kept_one_is_not(tmp_path: Path) -> None:
+    async def main() -> None:
+        async with job_manager(tmp_path) as jobs:
+            first = await jobs.submit(JobSpec(["true"], name="lm-t-pr1").validate())
+            await jobs.wait(first.id, 30)
+            # an ended job still recorded is not pruned; nor is a number never given
+            assert jobs.get(first.id) is not None and not jobs.pruned(first.id)
+            assert not jobs.pruned(f"job-{first.num + 1}") and not jobs.pruned("job-0")
+            assert not jobs.pruned("nonsense") and not jobs.pruned("job-²") and not jobs.pruned("9" * 40)
+
+            jobs.keep_ended = 0
+            assert jobs.prune_ended() == 1 and jobs.get(first.id) is None
+            assert jobs.pruned(first.id) and jobs.pruned(str(first.num))
+
+            running = await jobs.submit(JobSpec(["sleep", "600"], name="lm-t-pr2").validate())
+            assert not jobs.pruned(running.id)  # has a record (never pruned while it runs)
+            await jobs.stop(running.id, "test", grace_s=0)
+            assert jobs.get(running.id) is None and jobs.pruned(running.id)  # pruned as it ended
+            assert not jobs.pruned(f"job-{running.num + 1}")
+
+    asyncio.run(main())
