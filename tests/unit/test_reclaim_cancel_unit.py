@@ -284,3 +284,76 @@ def test_a_new_reclaim_announced_while_a_cancel_waits_for_a_placement_keeps_its_
             agent.store.db.close()
 
     asyncio.run(main())
+
+
+class FreezerCgroup:
+    """Stand-in cgroup with a freezer state (what a real cgroup's freeze/thaw/frozen report)."""
+
+    def __init__(self) -> None:
+        self.is_frozen = False
+
+    def freeze(self, timeout: float = 0.0) -> bool:
+        self.is_frozen = True
+        return True
+
+    def thaw(self, timeout: float = 0.0) -> bool:
+        self.is_frozen = False
+        return True
+
+    def frozen(self) -> bool:
+        return self.is_frozen
+
+
+def test_a_move_cut_by_a_shorter_window_does_not_leave_its_job_frozen(tmp_path: Path) -> None:
+    """A job frozen by its move (final checkpoint taken, transfer in flight) when a second, shorter
+    notice replaces the window: the cut move must thaw what it froze. Before, the cut (a task
+    cancel) skipped the thaw; the new window's move found the job frozen already, so its failure
+    thawed nothing ("only what this move froze"), and a cancel of the reclaim then left the job
+    frozen on the node for good. The real move runs up to its destination (``_move_to``, a
+    stand-in: the first transfer hangs, the second is refused; a real one needs a second agent)."""
+    from xferrig import make_ckpt
+
+    from laminar.migrate.reclaim import MigrateError
+
+    async def main() -> None:
+        agent = make_agent(tmp_path)
+        agent.jobs = jobs = RestoreJobs()
+        agent.zone = zone = HeldZone()
+        job = jobs.add("job-1", "running")
+        job.cgroup = FreezerCgroup()
+        job.ckpt_dir = make_ckpt(tmp_path, 4096).parent
+        comp = ReclaimComponent()
+
+        async def no_watch() -> None:  # no prestage or guard rounds over the stand-in zone
+            await asyncio.Event().wait()
+
+        comp._watch = no_watch  # type: ignore[method-assign]
+        await comp.start(agent)
+        zone.networked = True  # type: ignore[misc]  # the move needs a zone to move to (set after the start: no sockets)
+        zone.membership = SimpleNamespace(by_node={5: None})  # type: ignore[attr-defined]  # no peer to tell
+        comp.rank_for = lambda *a, **k: [SimpleNamespace(  # type: ignore[method-assign]
+            candidate=SimpleNamespace(node=7), feasible=True, expected_loss_s=1.0, reasons=[])]
+        tries: list[str] = []
+
+        async def move_to(job: Any, mv: Any, ckpt: Path, node: int, deadline_mono: float | None) -> None:
+            tries.append(f"frozen={job.cgroup.is_frozen}")
+            mv.phase = "transfer"
+            if len(tries) == 1:
+                await asyncio.Event().wait()  # the transfer in flight when the window is replaced
+            raise MigrateError(f"node {node} refused the reservation")
+
+        comp._move_to = move_to  # type: ignore[method-assign]
+        comp.ckpt_latency["job-1"] = 60.0  # signalled at once
+        try:
+            comp.start_reclaim(30.0, "lm-t owner")
+            assert await until(lambda: tries == ["frozen=True"])
+            comp.start_reclaim(10.0, "lm-t owner: sooner")  # a shorter window replaces it: the move is cut
+            assert await until(lambda: len(tries) == 2 and comp.moves["job-1"].phase == "failed")
+            assert not job.cgroup.is_frozen, "the job is left frozen after its moves were cut and failed"
+            await comp.cancel_reclaim("lm-t changed plans")
+            assert not job.cgroup.is_frozen and job.state == "running"
+        finally:
+            await comp.stop()
+            agent.store.db.close()
+
+    asyncio.run(main())

@@ -1711,6 +1711,13 @@ class ReclaimComponent:
                 with contextlib.suppress(Exception):
                     self._forget_move(job.id)
             return mv
+        except asyncio.CancelledError:  # cut: the window's end, a shorter window, the agent stopping
+            # what this move froze is thawed unless its hand-over was sent (the destination may
+            # run it): a later move of the job, which finds it frozen already, would never thaw it
+            if frozen and mv.phase != "handover":
+                with contextlib.suppress(Exception):
+                    job.cgroup.thaw(timeout=2.0)
+            raise
         except Exception as e:  # a bug must not leave the job frozen
             log.exception("migrate: move of %s", job.id)
             mv.phase, mv.error = "failed", repr(e)
