@@ -11,7 +11,8 @@
   and each struct's fields in order;
 - docs/policy.md's table names every key of the Airlock policy;
 - every laminarctl invocation the docs and README show (backticked, or a line of a code block)
-  names a real command and only options it has.
+  names a real command and only options it has;
+- every event phase the docs name (phase `x`) is a string the agent's code has.
 
 Each check reads files only (no agent, no privileges) and names what is missing or wrong.
 """
@@ -20,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import ast
+import functools
 import re
 import sys
 from pathlib import Path
@@ -495,3 +497,36 @@ def test_a_wrong_invocation_is_caught() -> None:
     assert bad_invocations(command_lines(text), cli_commands(p)) == [
         "laminarctl stop job-3: no such command", "laminarctl jobs --all: laminarctl jobs has no --all",
         "laminarctl zone submit --gpu 1: laminarctl zone submit has no --gpu"]
+
+
+# ---------------------------------------------------------------- event phases
+
+
+def doc_phases(text: str) -> set[str]:
+    """Event phases a doc names: ``phase `x``` and ``phases `x`, `y` and `z```."""
+    out: set[str] = set()
+    for run in re.findall(r"\bphases? ((?:`[a-z][a-z-]*`(?:,? (?:and |or )?)?)+)", text):
+        out |= set(re.findall(r"`([a-z][a-z-]*)`", run))
+    return out
+
+
+@functools.lru_cache(maxsize=4)
+def code_strings(root: Path) -> frozenset[str]:
+    """Every string constant in the Python files under ``root``."""
+    out: set[str] = set()
+    for f in root.rglob("*.py"):
+        out |= {n.value for n in ast.walk(ast.parse(_text(f))) if isinstance(n, ast.Constant) and isinstance(n.value, str)}
+    return frozenset(out)
+
+
+def test_every_event_phase_a_doc_names_is_emitted_by_the_code() -> None:
+    phases = set().union(*(doc_phases(_text(d)) for d in DOCS))
+    assert {"reclaim-cancelled", "reclaim-cleared", "replica-dropped"} <= phases
+    strings = code_strings(REPO / "agent" / "laminar")
+    assert sorted(phases - strings) == [], "event phases in docs/ that no code emits"
+
+
+def test_an_unknown_phase_is_caught() -> None:
+    text = "a `migrate` event, phase `reclaim-cancelled`; phases `held`, `waiting` and `unheard-of`."
+    assert doc_phases(text) == {"reclaim-cancelled", "held", "waiting", "unheard-of"}
+    assert sorted(doc_phases(text) - code_strings(REPO / "agent" / "laminar")) == ["unheard-of"]
