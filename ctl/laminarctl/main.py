@@ -2,7 +2,8 @@
 
 Every command talks to the local agent over its Unix socket (--socket or $LAMINAR_SOCKET,
 default /run/laminar/laminard.sock) and accepts -o json. Exit codes: 0 success, 1 refused or
-failed, 2 bad input, 3 agent not running, 4 permission denied.
+failed, 2 bad input, 3 agent not running, 4 permission denied, 5 (net transfers) a transfer is
+infeasible or late.
 """
 
 # Command groups live in cmd_*.py modules, each with register(subparsers, common).

@@ -1260,6 +1260,7 @@ class ReclaimComponent:
         with self.agent.store.tx() as db:
             db.execute("DELETE FROM migrate_reclaim")
             db.execute("INSERT INTO migrate_reclaim VALUES (?, ?, ?, ?, ?)", (self.node_id, notice_s, reason, now, end))
+        drain.note_window(self.agent.store, now, notice_s)  # the end by the boot's clock: a wall-clock step moves it not
         self.observe_departure(now, announced=True)
         self._begin_reclaim(notice_s, reason, now, end, restored=False)
         return self.reclaim_status()
@@ -1274,15 +1275,19 @@ class ReclaimComponent:
         if row is None:
             return
         now = time.time()
-        end = float(row["deadline"])
-        if now >= end:
+        # what is left by the boot's clock (a step of the wall clock since does not count), or
+        # after a reboot by the wall clock, never more than the notice
+        left = drain.window_left(self.agent.store, float(row["notice_s"]), float(row["announced"]),
+                                 float(row["deadline"]))
+        end = now + left
+        if left <= 0:
             with self.agent.store.tx() as tx:
                 tx.execute("DELETE FROM migrate_reclaim")
                 tx.execute("DELETE FROM migrate_reclaim_jobs")
             jobs_mgr = getattr(self.agent, "jobs", None)
             if jobs_mgr is not None and getattr(jobs_mgr, "held", None) == drain.hold_reason(int(row["node"])):
                 jobs_mgr.hold_queue(None)  # the window ended between the job manager's start and this one
-            self._emit(f"reclaim of node {row['node']} cleared: its window ended {now - end:.1f} s before this "
+            self._emit(f"reclaim of node {row['node']} cleared: its window ended {-left:.1f} s before this "
                        "agent started (the owner gave the node back); it takes jobs again", phase="reclaim-cleared",
                        notice_s=float(row["notice_s"]), window_end=end, reason=str(row["reason"]))
             return
@@ -1464,7 +1469,7 @@ class ReclaimComponent:
             assert jobs_mgr is not None
             with contextlib.suppress(Exception):
                 await jobs_mgr.stop(jid, f"the reclaim of node {self.node_id} was cancelled while the job's placement "
-                                    "on another node was unsettled: it may run there (see `laminarctl placements` and "
+                                    "on another node was unsettled: it may run there (see `laminarctl zone placements` and "
                                     "the migrate events); not started here so it never runs twice", state="stopped")
         superseded = self.reclaim is not None
         released = not superseded and drain.release_hold(jobs_mgr, self.node_id)

@@ -1187,7 +1187,7 @@ class JobManager:
         if have >= limit:
             raise QuotaError(f"too many jobs: uid {uid} has {have} jobs that have not ended on this node (queued, "
                              f"running, suspended or stopping); the limit is {limit} per user (config "
-                             "jobs.max_per_user); stop some (`laminarctl stop JOB`) or wait for them to end")
+                             "jobs.max_per_user); stop some (`laminarctl job stop JOB`) or wait for them to end")
 
     async def submit(self, spec: JobSpec, owner_uid: int = 0, owner_gid: int = 0, *, quota: bool = False) -> Job:
         """Submit `spec` as a job owned by (owner_uid, owner_gid) and start it if its class has
