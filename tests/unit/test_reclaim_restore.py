@@ -160,3 +160,43 @@ def test_held_at_start_without_a_stored_reclaim(tmp_path: Path) -> None:
         assert drain.held_at_start(agent.store) is None
     finally:
         agent.store.db.close()
+
+
+def test_a_restored_window_is_measured_by_the_boot_clock_not_a_stepped_wall_clock(tmp_path: Path,
+                                                                                  monkeypatch: Any) -> None:
+    """The wall clock steps (an NTP step, a resumed VM, an operator's ``date``) between a reclaim
+    and an agent restart on the same boot: the window restored must be what is left of it, not
+    what the stepped wall clock says. Before, a step forward made the restart clear a reclaim
+    still under way (queued jobs started on a node about to go, nothing moved) and a step back
+    restored a window longer than its notice (checkpoints signalled and the kill-switch armed
+    after the owner takes the node). The step is ``time.time`` moved by an hour (the machine's
+    clock is shared: never set it)."""
+    real = time.time
+
+    async def main() -> None:
+        agent = make_agent(tmp_path)
+        agent.jobs = jobs = RestoreJobs()
+        agent.zone = PlacingZone()
+        comp = ReclaimComponent()
+        await comp.start(agent)
+        try:
+            comp.start_reclaim(30.0, "lm-t owner")
+        finally:
+            await comp.stop()
+        for step in (3600.0, -3600.0):
+            monkeypatch.setattr(time, "time", lambda s=step: real() + s)
+            jobs.held = None  # a job manager starting afresh
+            assert drain.held_at_start(agent.store) == drain.hold_reason(5), f"clock stepped {step:+g} s"
+            comp = ReclaimComponent()
+            await comp.start(agent)
+            try:
+                rc = comp.reclaim_status()["reclaim"]
+                assert rc is not None, f"clock stepped {step:+g} s: the reclaim under way was cleared"
+                assert 20.0 < rc["left_s"] <= 30.0, f"clock stepped {step:+g} s: {rc['left_s']} s left restored"
+                assert jobs.held == drain.hold_reason(5)
+            finally:
+                await comp.stop()
+            monkeypatch.setattr(time, "time", real)
+        agent.store.db.close()
+
+    asyncio.run(main())

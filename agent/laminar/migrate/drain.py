@@ -26,7 +26,11 @@ window's end in wall-clock time): the restarted job manager holds its queue from
 (:func:`held_at_start`, before Airlock's word would start a queued job), and the reclaim
 component places the queued jobs again. A job whose placement was asked for before the restart
 and not settled (the zone may have placed it: a ``placing`` row in ``migrate_reclaim_jobs``) is
-not placed a second time: it stays queued here, held, as an ``unconfirmed`` one does.
+not placed a second time: it stays queued here, held, as an ``unconfirmed`` one does. What is
+left of the window is measured by the boot's own clock (``CLOCK_BOOTTIME``, which steps of the
+wall clock do not move; store meta ``migrate.reclaim_clock``) when the agent restarts on the boot
+that stored the reclaim (:func:`window_left`); after a reboot by the wall clock, never more than
+the notice.
 
 **A reclaim withdrawn** (``laminarctl reclaim cancel``): the placement loop stops after the
 placement it is asking for (never cut in the middle: the zone may place the job); a queued job
@@ -45,6 +49,7 @@ import logging
 import sqlite3
 import time
 from collections.abc import Callable, Collection
+from pathlib import Path
 from typing import Any
 
 log = logging.getLogger("laminar.migrate")
@@ -93,16 +98,46 @@ def disarm(netguard: Any, cgroup_id: int) -> bool:
     return True
 
 
-def held_at_start(store: Any, now: float | None = None) -> str | None:
+CLOCK_META = "migrate.reclaim_clock"  # store meta: the stored reclaim's window's end by the boot's clock
+
+
+def _boot_id() -> str | None:
+    try:
+        return Path("/proc/sys/kernel/random/boot_id").read_text().strip() or None
+    except OSError:
+        return None
+
+
+def note_window(store: Any, announced: float, left_s: float) -> None:
+    """Records the end of the reclaim announced at ``announced`` (wall clock), ``left_s`` from
+    now, by the boot's own clock (``CLOCK_BOOTTIME``: not moved by steps of the wall clock, nor
+    stopped by a suspend), for :func:`window_left` after an agent restart on this boot."""
+    store.set_meta(CLOCK_META, {"announced": announced, "boot_id": _boot_id(),
+                                "end_boot": time.clock_gettime(time.CLOCK_BOOTTIME) + left_s})
+
+
+def window_left(store: Any, notice_s: float, announced: float, deadline: float) -> float:
+    """Seconds left of the stored reclaim (``migrate_reclaim``: its notice, when it was announced
+    and its window's end, wall clock), negative once it ended: by the boot's clock when this is the
+    boot that stored it (:func:`note_window`), else (a reboot) by the wall clock, never more than
+    the notice (a wall clock stepped back must not lengthen the window)."""
+    clk = store.get_meta(CLOCK_META)
+    boot = _boot_id()
+    if isinstance(clk, dict) and clk.get("announced") == announced and boot is not None and clk.get("boot_id") == boot:
+        return float(clk["end_boot"]) - time.clock_gettime(time.CLOCK_BOOTTIME)
+    return min(deadline - time.time(), notice_s)
+
+
+def held_at_start(store: Any) -> str | None:
     """The queue-hold reason a starting job manager takes on before it admits anything: that of
     this node's stored reclaim (table ``migrate_reclaim`` of :mod:`laminar.migrate.reclaim`)
-    whose window (wall clock) is still open at ``now``; None when there is none, its window
+    whose window is still open (:func:`window_left`); None when there is none, its window
     ended, or the table does not exist yet (a first start)."""
     try:
-        row = store.db.execute("SELECT node, deadline FROM migrate_reclaim").fetchone()
+        row = store.db.execute("SELECT node, notice_s, announced, deadline FROM migrate_reclaim").fetchone()
     except sqlite3.OperationalError:  # no such table: this agent never stored a reclaim
         return None
-    if row is None or (time.time() if now is None else now) >= float(row[1]):
+    if row is None or window_left(store, float(row[1]), float(row[2]), float(row[3])) <= 0:
         return None
     return hold_reason(int(row[0]))
 

@@ -29,7 +29,8 @@ The reclaimed node's agent then
    checkpoint again before the job starts there with ``LAMINAR_RESUME_FROM``;
 4. at the window's end, stops whatever is still running (state ``reclaimed``).
 
-The reclaim is stored with its window's end in wall-clock time (table ``migrate_reclaim``): an
+The reclaim is stored with its window's end in wall-clock time (table ``migrate_reclaim``) and by
+the boot's clock (:func:`drain.window_left`: a step of the wall clock does not move it): an
 agent restarted inside the window restores it (queue hold, draining, kill-switch, the evacuation
 of what has not moved; nothing that must not run twice runs twice: :meth:`ReclaimComponent._begin_reclaim`),
 and one started after the window ended clears it (the owner gave the node back), with an event.
@@ -1280,6 +1281,8 @@ class ReclaimComponent:
         left = drain.window_left(self.agent.store, float(row["notice_s"]), float(row["announced"]),
                                  float(row["deadline"]))
         end = now + left
+        if abs(end - float(row["deadline"])) < 1.0:
+            end = float(row["deadline"])  # the clocks agree: the end as stored (and as the guards were told)
         if left <= 0:
             with self.agent.store.tx() as tx:
                 tx.execute("DELETE FROM migrate_reclaim")
