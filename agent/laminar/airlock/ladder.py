@@ -21,7 +21,8 @@ Airlock's manager (mechanism) and the simulator (``laminar.sim``) call the same 
 - A job being stopped (its SIGTERM sent, its grace running: `JobView.stopping`) is ending anyway
   and is no candidate for suspension; under HIGH or CRITICAL its grace is cut short first
   (``CUT``: the mechanism kills it), before any running job is suspended or reclaimed, and the
-  ladder then waits ``RECLAIM_SETTLE_S`` for its memory to come back. Once per job; never a
+  ladder then waits ``RECLAIM_SETTLE_S`` for its memory to come back (that wait at most once per
+  ``CUT_HOLD_S``: later cuts go beside the ladder's other decisions). Once per job; never a
   protected class's job.
 - `oom_score_adj(job_class, priority)`: the kernel's fallback order mirrors the ladder, so if
   the OOM killer ever acts first it takes transients first. Values are >= 0, which needs no
@@ -46,6 +47,9 @@ CUT = "cut"
 # After a reclaim under CRITICAL, wait this long for the killed job's memory to be freed before
 # reclaiming another (cgroup.kill is asynchronous; freeing 1 GiB takes ~100 ms).
 RECLAIM_SETTLE_S = 0.25
+# Cuts hold the ladder off (RECLAIM_SETTLE_S for the cut jobs' memory) at most once per this
+# long; a cut within it is taken beside what the ladder decides (a stream of stops cannot stall it).
+CUT_HOLD_S = 1.0
 
 # Under HIGH (not CRITICAL) another job is suspended only while usage still grows: by more
 # than GROWTH_EPS of the budget since the last suspension, and at most every SUSPEND_STEP_S.
@@ -194,7 +198,10 @@ def decide(now: float, level: int, jobs: Iterable[JobView], policy: dict[str, An
                 actions.append(Action(CUT, j.id, f"pressure {LEVEL_NAMES[level]}: being stopped, ending anyway; "
                                       f"its grace is cut short to free {j.memory_bytes >> 20} MiB before any running "
                                       "job is suspended or reclaimed"))
-        if actions:
+        # The hold (this call ends here, then RECLAIM_SETTLE_S before a suspension or a pressure
+        # reclaim) comes at most once per CUT_HOLD_S: any user can stop their own jobs, and one
+        # new job in its grace every 200 ms otherwise held the ladder off for good.
+        if actions and now - memo.last_cut >= CUT_HOLD_S:
             memo.last_cut = now
             return actions
     hyst = policy["hysteresis"]
