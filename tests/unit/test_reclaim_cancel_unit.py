@@ -278,6 +278,7 @@ def test_a_new_reclaim_announced_while_a_cancel_waits_for_a_placement_keeps_its_
             assert agent.store.db.execute("SELECT phase FROM migrate_reclaim_jobs WHERE job_id='job-2'").fetchone() \
                 is not None, "the unsettled placement's record is kept for the new reclaim (a restart)"
             assert jobs.jobs["job-2"].state == "queued" and zone.asked == ["n5-job-2"], "never placed twice"
+            assert agent.store.get_meta(drain.CANCEL_META) is None, "a restart must restore the new reclaim"
         finally:
             zone.go.set()
             await comp.stop()

@@ -200,3 +200,45 @@ def test_a_restored_window_is_measured_by_the_boot_clock_not_a_stepped_wall_cloc
         agent.store.db.close()
 
     asyncio.run(main())
+
+
+def test_an_agent_restarted_during_a_cancel_settles_what_the_cancel_left(tmp_path: Path) -> None:
+    """The agent restarts between a cancel's first step (the stored reclaim removed: nothing is
+    restored) and its last (the records of what the reclaim did to jobs removed): a queued job
+    whose placement elsewhere was unsettled, a job whose hand-over was sent and one a move froze
+    are still recorded. Before, the restart ignored those records: the queued job started here
+    while it may run on node 7 (twice), the handed-over job ran on here beside its copy there, the
+    frozen one stayed frozen, and the records stayed behind."""
+    async def main() -> None:
+        agent = make_agent(tmp_path)
+        agent.jobs = jobs = RestoreJobs()
+        agent.zone = zone = PlacingZone()
+        handed, frozen = jobs.add("job-1", "running"), jobs.add("job-2", "running")
+        unsettled, other = jobs.add("job-3", "queued"), jobs.add("job-4", "queued")
+        agent.store.ensure_schema("migrate-reclaim", RECLAIM_SCHEMA)
+        now = time.time()
+        agent.store.set_meta(drain.CANCEL_META, {"node": 5, "window_end": now + 20})  # what the cancel wrote first
+        with agent.store.tx() as db:  # the cancel removed migrate_reclaim, then the agent restarted
+            db.executemany("INSERT INTO migrate_reclaim_jobs VALUES (?, ?, ?, ?)",
+                           [("job-1", "handover", 7, now - 5), ("job-2", "frozen", None, now - 6),
+                            ("job-3", "placing", None, now - 4)])
+        held = drain.held_at_start(agent.store)
+        assert held is not None, "the queue must be held until the unsettled placement is settled"
+        jobs.held = held
+        comp = ReclaimComponent()
+        await comp.start(agent)
+        try:
+            assert comp.reclaim_status()["reclaim"] is None
+            assert await until(lambda: jobs.held is None)
+            assert jobs.stops.get("job-3") == "stopped", "the queued job whose placement may have run is not started"
+            assert jobs.stops.get("job-1") in ("reclaimed", "migrated"), "the handed-over job runs on here"
+            assert frozen.cgroup.thawed >= 1 and frozen.state == "running"
+            assert other.state == "queued" and "job-4" not in jobs.stops
+            assert agent.store.db.execute("SELECT COUNT(*) FROM migrate_reclaim_jobs").fetchone()[0] == 0
+            assert zone.placed == [] and handed.state != "running" and unsettled.state == "stopped"
+            assert await until(lambda: agent.store.get_meta(drain.CANCEL_META) is None)
+        finally:
+            await comp.stop()
+            agent.store.db.close()
+
+    asyncio.run(main())

@@ -26,7 +26,10 @@ window's end in wall-clock time): the restarted job manager holds its queue from
 (:func:`held_at_start`, before Airlock's word would start a queued job), and the reclaim
 component places the queued jobs again. A job whose placement was asked for before the restart
 and not settled (the zone may have placed it: a ``placing`` row in ``migrate_reclaim_jobs``) is
-not placed a second time: it stays queued here, held, as an ``unconfirmed`` one does. What is
+not placed a second time: it stays queued here, held, as an ``unconfirmed`` one does. An agent
+restarted during a cancel (store meta :data:`CANCEL_META`, kept from the cancel's first step to
+its last) holds its queue (:data:`SETTLING_HOLD`) while a queued job's placement elsewhere was
+unsettled, until the reclaim component has settled what the cancel left as it would have. What is
 left of the window is measured by the boot's own clock (``CLOCK_BOOTTIME``, which steps of the
 wall clock do not move; store meta ``migrate.reclaim_clock``) when the agent restarts on the boot
 that stored the reclaim (:func:`window_left`); after a reboot by the wall clock, never more than
@@ -61,6 +64,13 @@ SPEC_ENV_DROPPED = ("LM_PLACEMENT_ID", "LM_GPU_SHARE")  # the destination sets i
 def hold_reason(node: int) -> str:
     """The queue-hold reason of a reclaim of ``node`` (what each held queued job shows)."""
     return f"node {node} is reclaimed: no queued job starts here; each is placed again elsewhere"
+
+
+# The queue hold of an agent restarted during a reclaim's cancel, while a queued job's placement
+# elsewhere was unsettled: released once the reclaim component has stopped that job (it may run
+# there), as the cancel would have.
+SETTLING_HOLD = "a withdrawn reclaim's placements of queued jobs elsewhere are being settled"
+CANCEL_META = "migrate.reclaim_cancelling"  # store meta: a cancel under way ({"node", "window_end"})
 
 
 def release_hold(jobs: Any, node: int) -> bool:
@@ -135,9 +145,12 @@ def held_at_start(store: Any) -> str | None:
     ended, or the table does not exist yet (a first start)."""
     try:
         row = store.db.execute("SELECT node, notice_s, announced, deadline FROM migrate_reclaim").fetchone()
+        placing = store.db.execute("SELECT 1 FROM migrate_reclaim_jobs WHERE phase='placing' LIMIT 1").fetchone()
     except sqlite3.OperationalError:  # no such table: this agent never stored a reclaim
         return None
-    if row is None or window_left(store, float(row[1]), float(row[2]), float(row[3])) <= 0:
+    if row is None or store.get_meta(CANCEL_META) is not None:  # a cancel the agent's restart interrupted
+        return SETTLING_HOLD if placing is not None else None
+    if window_left(store, float(row[1]), float(row[2]), float(row[3])) <= 0:
         return None
     return hold_reason(int(row[0]))
 

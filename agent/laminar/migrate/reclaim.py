@@ -1262,6 +1262,7 @@ class ReclaimComponent:
             db.execute("DELETE FROM migrate_reclaim")
             db.execute("INSERT INTO migrate_reclaim VALUES (?, ?, ?, ?, ?)", (self.node_id, notice_s, reason, now, end))
         drain.note_window(self.agent.store, now, notice_s)  # the end by the boot's clock: a wall-clock step moves it not
+        self.agent.store.del_meta(drain.CANCEL_META)  # a cancel under way is superseded: a restart restores this one
         self.observe_departure(now, announced=True)
         self._begin_reclaim(notice_s, reason, now, end, restored=False)
         return self.reclaim_status()
@@ -1273,7 +1274,14 @@ class ReclaimComponent:
         the node and gave it back: it is a node again), with a ``migrate`` event saying so."""
         db = self.agent.store.db
         row = db.execute("SELECT * FROM migrate_reclaim").fetchone()
-        if row is None:
+        marker = self.agent.store.get_meta(drain.CANCEL_META)
+        if marker is not None or row is None:
+            # a cancel the agent's restart interrupted: what it left is settled as it would have
+            with self.agent.store.tx() as tx:
+                tx.execute("DELETE FROM migrate_reclaim")
+            phases = self._move_phases()
+            if marker is not None or phases:
+                self._spawn(self._settle_cancelled(phases, marker if isinstance(marker, dict) else None))
             return
         now = time.time()
         # what is left by the boot's clock (a step of the wall clock since does not count), or
@@ -1369,6 +1377,53 @@ class ReclaimComponent:
                    f"{len(active)} jobs to move, kill-switch armed for the window's end",
                    notice_s=notice_s, jobs=[j.id for j in active], peers_told=told, plan=self.reclaim["plan"])
 
+    async def _settle_cancelled(self, phases: dict[str, tuple[str, int | None]],
+                                marker: dict[str, Any] | None) -> None:
+        """At start, after a cancel the agent's restart interrupted (``marker``: store meta
+        :data:`drain.CANCEL_META`, written at the cancel's first step and removed at its last; or
+        no stored reclaim but records of what one did to jobs, ``migrate_reclaim_jobs``). Settled
+        as the cancel and a restored reclaim would: a job whose hand-over was sent is stopped here
+        (it runs at its destination, or its guard there resumes it), one a move froze is thawed, a
+        queued job whose placement elsewhere was unsettled is stopped here (it may run there: never
+        twice); the records go, the queue hold taken at start (:data:`drain.SETTLING_HOLD`) is
+        released and the peers are told the reclaim is withdrawn (again until its window's end):
+        else their guards of the jobs that run on here would resume them at the window's end."""
+        jobs_mgr = getattr(self.agent, "jobs", None)
+        unsettled = []
+        for jid, (ph, node) in sorted(phases.items()):
+            job = jobs_mgr.get(jid) if jobs_mgr is not None else None
+            if job is None:
+                continue
+            if ph == "handover" and job.active:
+                await self._stop_handed(job, node)
+            elif ph == "frozen" and job.active:
+                with contextlib.suppress(Exception):
+                    job.cgroup.thaw(timeout=2.0)
+            elif ph == "placing" and job.state == "queued":
+                assert jobs_mgr is not None
+                unsettled.append(jid)
+                try:
+                    await jobs_mgr.stop(jid, f"the reclaim of node {self.node_id} was cancelled (the agent restarted "
+                                        "during the cancel) while the job's placement on another node was unsettled: "
+                                        "it may run there (see `laminarctl placements` and the migrate events); not "
+                                        "started here so it never runs twice", state="stopped")
+                except Exception as e:
+                    log.warning("migrate: stopping %s, its placement unsettled at a cancel: %s", jid, e)
+        with self.agent.store.tx() as db:
+            db.execute("DELETE FROM migrate_reclaim_jobs")
+        if jobs_mgr is not None and getattr(jobs_mgr, "held", None) == drain.SETTLING_HOLD:
+            jobs_mgr.hold_queue(None)
+        if marker is not None:
+            _, missed = await self._tell_withdrawn()
+            end = float(marker.get("window_end") or 0.0)
+            if missed and time.time() < end:
+                self._spawn(self._retell_withdrawn(missed, end))
+            self.agent.store.del_meta(drain.CANCEL_META)
+        self._emit(f"reclaim of node {self.node_id}: what its cancel left when the agent restarted is settled"
+                   + (f"; queued jobs stopped here (placement elsewhere unsettled): {', '.join(unsettled)}"
+                      if unsettled else ""), phase="reclaim-cancel-settled", unsettled=unsettled,
+                   jobs=sorted(phases))
+
     async def _stop_handed(self, job: Any, node: int | None) -> None:
         """A job whose hand-over to ``node`` was sent before the agent restarted (it may run
         there now) is stopped here, never moved again. State ``reclaimed``: its guard (``node``)
@@ -1432,6 +1487,8 @@ class ReclaimComponent:
         now = time.time()
         end = float(r["deadline"] if r is not None else row["deadline"])
         in_window = now < end
+        # a restart from here on settles what this cancel leaves (_settle_cancelled), restores nothing
+        self.agent.store.set_meta(drain.CANCEL_META, {"node": self.node_id, "window_end": end})
         with self.agent.store.tx() as db:  # first: a restart from here on restores nothing
             db.execute("DELETE FROM migrate_reclaim")
         self.reclaim = None  # status shows none; the drain's placement loop ends after its current one
@@ -1483,6 +1540,7 @@ class ReclaimComponent:
                 z.reclaim_notice(max(0.0, self.reclaim["deadline"] - time.time()), self.reclaim["reason"])
         if missed and in_window and not superseded:  # until its window's end a peer not told may resume this node's jobs twice
             self._spawn(self._retell_withdrawn(missed, end))
+        self.agent.store.del_meta(drain.CANCEL_META)  # done: nothing is left for a restart to settle
         out = {"node": self.node_id, "cancelled": True, "in_window": in_window, "window_end": end,
                "disarmed": disarmed, "undrained": undrained, "released": released, "finishing": finishing,
                "unsettled": unsettled, "peers_told": told, "peers_missed": missed, "superseded": superseded}
