@@ -1705,6 +1705,14 @@ class ZoneComponent:
         if self._jobs is None:
             self.arbiter.unbind(pid)
             return wire.HandoverAck(pid, HANDOVER_ERROR, "this node runs no job manager")
+        if req.get("quota") is True:
+            # a user's new job whose owner is at jobs.max_per_user here is refused before anything
+            # is taken for it (elastic grants shed, a checkpoint hashed); submit checks again
+            try:
+                self._jobs.check_quota(int(req.get("owner_uid", 0)))
+            except JobError as e:
+                self.arbiter.unbind(pid)
+                return wire.HandoverAck(pid, HANDOVER_ERROR, f"job could not start on node {self.node_id}: {e}")
         # GPUs granted to elastic jobs are taken back first (their extra workers scale in);
         # one granted to an elastic job frozen since the offer cannot be: the job goes elsewhere
         mine = {self.gpu_index[i] for i, _ in p.reservation.gpu_alloc if i < len(self.gpu_index)}
