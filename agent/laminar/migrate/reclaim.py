@@ -1409,11 +1409,11 @@ class ReclaimComponent:
                                         "started here so it never runs twice", state="stopped")
                 except Exception as e:
                     log.warning("migrate: stopping %s, its placement unsettled at a cancel: %s", jid, e)
-        with self.agent.store.tx() as db:
-            db.execute("DELETE FROM migrate_reclaim_jobs")
+        with self.agent.store.tx() as db:  # these only: a reclaim announced meanwhile records its own
+            db.executemany("DELETE FROM migrate_reclaim_jobs WHERE job_id=?", [(jid,) for jid in phases])
         if jobs_mgr is not None and getattr(jobs_mgr, "held", None) == drain.SETTLING_HOLD:
             jobs_mgr.hold_queue(None)
-        if marker is not None:
+        if marker is not None and self.reclaim is None:  # (a reclaim announced meanwhile: its notice stands)
             _, missed = await self._tell_withdrawn()
             end = float(marker.get("window_end") or 0.0)
             if missed and time.time() < end:
