@@ -43,3 +43,35 @@ def test_a_pruned_job_is_known_as_pruned_an_unknown_or_kept_one_is_not(tmp_path:
             assert not jobs.pruned(f"job-{running.num + 1}")
 
     asyncio.run(main())
+
+
+def test_a_buddy_asking_about_a_pruned_job_is_told_the_guard_is_not_needed(tmp_path: Path) -> None:
+    """The source's answer to a buddy's ``needs`` question (``ReclaimComponent._answer_needs``,
+    run over a real job manager; the component's other state is a stand-in with no buddy and
+    nothing moving): a job whose record was pruned ended, so its guard is not needed. Before, no
+    record read as "cannot tell": needed, and the buddy kept the replica for good and resumed the
+    finished job when this node left."""
+    import types
+
+    from laminar.migrate.reclaim import ReclaimComponent
+
+    async def main() -> None:
+        async with job_manager(tmp_path) as jobs:
+            done = await jobs.submit(JobSpec(["true"], name="lm-t-pr3").validate())
+            await jobs.wait(done.id, 30)
+            src = types.SimpleNamespace(node_id=1, agent=types.SimpleNamespace(jobs=jobs), buddy={},
+                                        evacuating=set(), _prestaging=set())
+            src._asked_about = types.MethodType(ReclaimComponent._asked_about, src)
+
+            def ask(jid: str) -> dict[str, object]:
+                return ReclaimComponent._answer_needs(src, "2", f"n1-{jid}")  # type: ignore[arg-type]
+
+            assert ask(done.id)["state"] == "exited"  # recorded: guard_needed decides, as before
+            jobs.keep_ended = 0
+            assert jobs.prune_ended() == 1 and jobs.get(done.id) is None
+            out = ask(done.id)
+            assert out["needed"] is False and out["state"] == "pruned" and "pruned" in str(out["why"]), out
+            unknown = ask(f"job-{done.num + 5}")  # a number never given: still "cannot tell"
+            assert unknown["needed"] is True and unknown["state"] is None, unknown
+
+    asyncio.run(main())

@@ -3702,6 +3702,12 @@ class ReclaimComponent:
             return {"key": key, "needed": True, "why": f"{key} is not a job of node {self.node_id}"}
         jobs = getattr(self.agent, "jobs", None)
         job = jobs.get(jid) if jobs is not None else None
+        if job is None and jobs is not None and hasattr(jobs, "pruned") and jobs.pruned(jid):
+            # ended long ago: its record was pruned (jobs.keep_ended_s / keep_ended); "no
+            # record" alone would say needed, and the buddy would keep the replica for good and
+            # resume a finished job when this node leaves
+            return {"key": key, "needed": False, "state": "pruned",
+                    "why": f"job {jid} ended on node {self.node_id} (its record was pruned)"}
         state = None if job is None else str(job.state)
         needed, why = guard_needed(state, self.buddy.get(jid), asker,
                                    jid in self.evacuating or jid in self._prestaging)
