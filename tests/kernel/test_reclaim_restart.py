@@ -82,3 +82,25 @@ def test_reclaim_restored_after_restart_in_window_and_cleared_after(agent: Agent
     wait_until(lambda: _job(agent, queued["id"])["state"] == "running", 30, "the queued job to start")
     assert any(e.get("phase") == "reclaim-cleared" for e in _events(agent)), \
         "an event says the stored reclaim was cleared"
+
+
+def test_a_window_that_ended_while_the_agent_was_down_stops_what_it_cut(agent: AgentProc) -> None:
+    """The agent is down when the window ends (a crash, an upgrade): nobody stopped the running
+    job, but the data plane cut its traffic at the armed deadline (the pinned maps outlive the
+    agent). The agent started after the window must do what the window's end does: stop the job
+    (state ``reclaimed``; a guard elsewhere resumes it), not adopt it as a running job whose
+    traffic stays cut for good while the node is said to take jobs again."""
+    notice = 6.0
+    running = agent.json("submit", "--name", "lm-t-rr-down", "--", "sh", "-c", LOOP)
+    wait_until(lambda: _job(agent, running["id"])["state"] == "running", 30, "the job to run")
+    res = agent.json("reclaim", "--notice", f"{notice:g}s", "--reason", "lm-t owner")
+    window_end = float(res["reclaim"]["deadline"])
+    assert running["id"] in res["reclaim"]["armed"]
+    agent.stop()
+    assert time.time() < window_end, "the agent stopped after the window ended: make the notice longer"
+    while time.time() < window_end + 1.0:
+        time.sleep(0.2)
+    agent.start()
+    assert _reclaim(agent) is None
+    wait_until(lambda: _job(agent, running["id"])["state"] == "reclaimed", 30,
+               "the job the window's end cut to be stopped as reclaimed", agent.log)

@@ -1298,9 +1298,14 @@ class ReclaimComponent:
             jobs_mgr = getattr(self.agent, "jobs", None)
             if jobs_mgr is not None and getattr(jobs_mgr, "held", None) == drain.hold_reason(int(row["node"])):
                 jobs_mgr.hold_queue(None)  # the window ended between the job manager's start and this one
+            cut = self._cut_at_window_end(float(row["announced"]))
+            for j in cut:  # what the window's end does: the agent was down then (its guard resumes it)
+                self._spawn(self._stop_cut(j))
             self._emit(f"reclaim of node {row['node']} cleared: its window ended {-left:.1f} s before this "
-                       "agent started (the owner gave the node back); it takes jobs again", phase="reclaim-cleared",
-                       notice_s=float(row["notice_s"]), window_end=end, reason=str(row["reason"]))
+                       "agent started (the owner gave the node back); it takes jobs again"
+                       + (f"; stopped as reclaimed, their traffic cut at the window's end: {', '.join(j.id for j in cut)}"
+                          if cut else ""), phase="reclaim-cleared", notice_s=float(row["notice_s"]), window_end=end,
+                       reason=str(row["reason"]), stopped=[j.id for j in cut])
             return
         self._begin_reclaim(float(row["notice_s"]), str(row["reason"]), float(row["announced"]), end, restored=True)
 
@@ -1376,6 +1381,38 @@ class ReclaimComponent:
         self._emit(f"reclaim of node {self.node_id} announced: {notice_s:g} s of notice ({reason}); "
                    f"{len(active)} jobs to move, kill-switch armed for the window's end",
                    notice_s=notice_s, jobs=[j.id for j in active], peers_told=told, plan=self.reclaim["plan"])
+
+    def _cut_at_window_end(self, announced: float) -> list[Any]:
+        """The running jobs of a reclaim whose window ended while no agent ran: those the
+        reclaim armed (running when it was announced, wall clock ``announced``) whose armed
+        deadline has passed, so the data plane cuts their traffic (the pinned maps outlived the
+        agent); nobody stopped them at the window's end."""
+        from laminar.bpf import abi
+        from laminar.net.killswitch import cut_by_deadline
+
+        jobs_mgr = getattr(self.agent, "jobs", None)
+        ng = getattr(self.agent, "netguard", None)
+        if jobs_mgr is None or ng is None:
+            return []
+        out = []
+        for j in jobs_mgr.active():
+            if j.started is not None and j.started > announced:
+                continue  # started after the notice: the reclaim did not arm it
+            try:
+                e = ng.job_entry(j.cgroup_id)
+            except Exception:
+                continue
+            if e is not None and cut_by_deadline(e.flags, e.kill_at_ns, abi.LM_JOB_ARMED):
+                out.append(j)
+        return out
+
+    async def _stop_cut(self, job: Any) -> None:
+        try:
+            await self.agent.jobs.stop(job.id, f"node {self.node_id} reclaimed: the notice window ended while the agent "
+                                       "was down, before the job moved (its traffic was cut then)", grace_s=0,
+                                       state="reclaimed")
+        except Exception as e:
+            log.warning("migrate: stopping %s, cut at the window's end while the agent was down: %s", job.id, e)
 
     async def _settle_cancelled(self, phases: dict[str, tuple[str, int | None]],
                                 marker: dict[str, Any] | None) -> None:
