@@ -358,3 +358,56 @@ def test_a_move_cut_by_a_shorter_window_does_not_leave_its_job_frozen(tmp_path: 
             agent.store.db.close()
 
     asyncio.run(main())
+
+
+def test_peers_not_reached_at_a_cancel_are_told_after_an_agent_restart(tmp_path: Path) -> None:
+    """A peer is not reached when the reclaim is cancelled (told again every 2 s until the
+    window ends) and the agent restarts before it was: the restarted agent must go on telling
+    it. Before, the retries died with the agent and nothing was left to say a peer was missed:
+    at the old window's end that peer's guards declared this node dead and resumed second
+    copies of the jobs that run on here. Peer messages are a stand-in (``_control`` replaced: a
+    real one is test_cancel_of_another_nodes_reclaim_is_forwarded_and_its_peers_told)."""
+    async def main() -> None:
+        agent = make_agent(tmp_path)
+        agent.jobs = RestoreJobs()
+        agent.zone = zone = HeldZone()
+        told: list[tuple[int, str]] = []
+
+        async def no_watch() -> None:
+            await asyncio.Event().wait()
+
+        def start_comp(reachable: bool) -> ReclaimComponent:
+            comp = ReclaimComponent()
+            comp._watch = no_watch  # type: ignore[method-assign]
+
+            async def control(node: int, op: str, body: Any, timeout: float = 5.0) -> Any:
+                if not reachable:
+                    raise OSError(f"node {node} unreachable")
+                told.append((node, op))
+                return {}
+
+            comp._control = control  # type: ignore[method-assign]
+            return comp
+
+        comp = start_comp(reachable=False)
+        await comp.start(agent)
+        zone.networked = True  # type: ignore[misc]  # peers to tell (set after the start: no sockets)
+        zone.membership = SimpleNamespace(by_node={5: None, 7: None})  # type: ignore[attr-defined]
+        try:
+            comp.start_reclaim(30.0, "lm-t owner")
+            out = await comp.cancel_reclaim("lm-t changed plans")
+            assert out["peers_missed"] == [7], out
+        finally:
+            await comp.stop()  # the agent restarts before node 7 was reached
+        zone.networked = False  # type: ignore[misc]
+        comp = start_comp(reachable=True)
+        await comp.start(agent)
+        zone.networked = True  # type: ignore[misc]
+        try:
+            assert await until(lambda: (7, "reclaim-withdrawn") in told), "node 7 is never told after the restart"
+            assert comp.reclaim_status()["reclaim"] is None
+        finally:
+            await comp.stop()
+            agent.store.db.close()
+
+    asyncio.run(main())

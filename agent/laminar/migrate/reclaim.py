@@ -1454,8 +1454,9 @@ class ReclaimComponent:
             _, missed = await self._tell_withdrawn()
             end = float(marker.get("window_end") or 0.0)
             if missed and time.time() < end:
-                self._spawn(self._retell_withdrawn(missed, end))
-            self.agent.store.del_meta(drain.CANCEL_META)
+                self._spawn(self._retell_withdrawn(missed, end))  # the marker goes when they are told
+            else:
+                self.agent.store.del_meta(drain.CANCEL_META)
         self._emit(f"reclaim of node {self.node_id}: what its cancel left when the agent restarted is settled"
                    + (f"; queued jobs stopped here (placement elsewhere unsettled): {', '.join(unsettled)}"
                       if unsettled else ""), phase="reclaim-cancel-settled", unsettled=unsettled,
@@ -1576,8 +1577,11 @@ class ReclaimComponent:
             with contextlib.suppress(Exception):
                 z.reclaim_notice(max(0.0, self.reclaim["deadline"] - time.time()), self.reclaim["reason"])
         if missed and in_window and not superseded:  # until its window's end a peer not told may resume this node's jobs twice
+            # the marker stays until they are told (or the window ends): a restart tells them again
+            self.agent.store.set_meta(drain.CANCEL_META, {"node": self.node_id, "window_end": end, "missed": missed})
             self._spawn(self._retell_withdrawn(missed, end))
-        self.agent.store.del_meta(drain.CANCEL_META)  # done: nothing is left for a restart to settle
+        else:
+            self.agent.store.del_meta(drain.CANCEL_META)  # done: nothing is left for a restart to settle
         out = {"node": self.node_id, "cancelled": True, "in_window": in_window, "window_end": end,
                "disarmed": disarmed, "undrained": undrained, "released": released, "finishing": finishing,
                "unsettled": unsettled, "peers_told": told, "peers_missed": missed, "superseded": superseded}
@@ -1602,6 +1606,7 @@ class ReclaimComponent:
             if self.reclaim is not None:
                 return  # a new reclaim: its notice is what the peers must hear now
             _, left = await self._tell_withdrawn(left)
+        self.agent.store.del_meta(drain.CANCEL_META)  # every peer told, or the window ended
 
     async def _tell_withdrawn(self, peers: list[int] | None = None) -> tuple[list[int], list[int]]:
         """Tells ``peers`` (None: every other member of the zone) that this node's reclaim is
