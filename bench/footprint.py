@@ -227,7 +227,7 @@ def measure(quick: bool, rate: int, without_airlock: bool = False, lease_ms: int
             lmgen = build_generator(tmp / "lmgen")
             start = sign_probes(keys, n, rate, lease_ms, base, tmp / "probes.bin")
             gen = b.popen(str(lmgen), addr_a, str(PORT), str(rate), str(int(start * 1e9)), str(tmp / "probes.bin"),
-                          str(tmp / "sends.bin"), str(tmp / "answers.bin"), "1500")
+                          str(tmp / "sends.bin"), str(tmp / "answers.bin"), "1500", str(PORT))  # from node 2's port
             # the agent's CPU is read when the first probe is due and when the last is
             rss_samples = []
             t2 = t3 = None
@@ -352,6 +352,10 @@ def main() -> int:
     if args.json:
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)
         Path(args.json).write_text(json.dumps(flat, indent=2) + "\n")
+    if not flat["probes_answered"]:  # no latency was measured: say why, never a quiet "nan"
+        print(f"footprint: the agent answered none of {flat['probes_unanswered']} probes (it dropped "
+              f"{flat['agent_drops']}: see its zone stats' drops by reason)", file=sys.stderr)
+        return 1
     return 0
 
 

@@ -5,10 +5,12 @@
 // every probe beforehand (each stamped with the wall-clock time it is due to leave) and checks
 // and decodes every answer afterwards with the agent's own wire codec.
 //
-//   lmgen DST_IP DST_PORT RATE START_REALTIME_NS IN OUT_SEND OUT_RECV LINGER_MS
+//   lmgen DST_IP DST_PORT RATE START_REALTIME_NS IN OUT_SEND OUT_RECV LINGER_MS [SRC_PORT]
 //
 // IN: the probes, each a little-endian u16 length and that many bytes. One UDP socket is
-// bound to an ephemeral port and shared by two processes. The child sends the probes at RATE
+// bound to SRC_PORT (default: an ephemeral port) and shared by two processes: the agent takes a
+// member's datagrams only from the address and port of its zone.nodes entry (wrong_source), so
+// the probes of "node 2" leave from node 2's port. The child sends the probes at RATE
 // per second from START_REALTIME_NS on, reading CLOCK_MONOTONIC just before each sendto and
 // taking the kernel's software TX timestamp of each from the socket's error queue
 // (SO_TIMESTAMPING with OPT_ID: numbered per successful send); it writes OUT_SEND: per probe
@@ -148,8 +150,8 @@ static int sender(int fd, struct sockaddr_in *dst, long rate, int64_t start_real
 }
 
 int main(int argc, char **argv) {
-    if (argc != 9) {
-        fprintf(stderr, "usage: lmgen DST_IP DST_PORT RATE START_REALTIME_NS IN OUT_SEND OUT_RECV LINGER_MS\n");
+    if (argc != 9 && argc != 10) {
+        fprintf(stderr, "usage: lmgen DST_IP DST_PORT RATE START_REALTIME_NS IN OUT_SEND OUT_RECV LINGER_MS [SRC_PORT]\n");
         return 1;
     }
     struct sockaddr_in dst = {.sin_family = AF_INET, .sin_port = htons((uint16_t)atoi(argv[2]))};
@@ -171,7 +173,7 @@ int main(int argc, char **argv) {
     setsockopt(fd, SOL_SOCKET, SO_RCVBUFFORCE, &rcvbuf, sizeof rcvbuf);
     if (setsockopt(fd, SOL_SOCKET, SO_TIMESTAMPNS, &on, sizeof on) < 0)
         die("SO_TIMESTAMPNS");
-    struct sockaddr_in any = {.sin_family = AF_INET};
+    struct sockaddr_in any = {.sin_family = AF_INET, .sin_port = htons((uint16_t)(argc == 10 ? atoi(argv[9]) : 0))};
     if (bind(fd, (struct sockaddr *)&any, sizeof any) < 0)
         die("bind");
     pid_t child = fork();
