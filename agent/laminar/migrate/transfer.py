@@ -93,7 +93,6 @@ import functools
 import hashlib
 import hmac
 import inspect
-import ipaddress
 import json
 import logging
 import math
@@ -889,15 +888,14 @@ class Flow:
     proto: str = "tcp"
 
     def __post_init__(self) -> None:
+        from laminar.zone.membership import canonical_ip
+
         for name in ("saddr", "daddr"):
             raw = str(getattr(self, name))
             try:
-                ip = ipaddress.ip_address(raw.split("%", 1)[0])
+                object.__setattr__(self, name, canonical_ip(raw))
             except ValueError:
                 raise ValueError(f"flow {name} {raw!r} is not an IPv4 or IPv6 address") from None
-            if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
-                ip = ip.ipv4_mapped
-            object.__setattr__(self, name, str(ip))
 
     @classmethod
     def of_socket(cls, sockname: Any, peername: Any, proto: str = "tcp") -> Flow:

@@ -37,7 +37,6 @@ from __future__ import annotations
 
 import ctypes
 import functools
-import ipaddress
 import re
 import socket
 import time
@@ -66,13 +65,12 @@ def canonical_addr(addr: str) -> str:
     """An address as a flow key holds it: IPv4 dotted, IPv6 compressed (``fd00::1``), an
     IPv4-mapped IPv6 address (``::ffff:10.0.0.1``, what a dual-stack socket reports) as its IPv4
     address (the packet on the wire is IPv4), a zone (``%eth0``) dropped. Raises KillSwitchError."""
+    from laminar.zone.membership import canonical_ip
+
     try:
-        ip = ipaddress.ip_address(addr.split("%", 1)[0])
+        return canonical_ip(addr)
     except ValueError:
         raise KillSwitchError(f"address {addr!r} is not an IPv4 or IPv6 address (e.g. 10.0.0.1, fd00::1)") from None
-    if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
-        ip = ip.ipv4_mapped
-    return str(ip)
 
 
 @dataclass(frozen=True)
