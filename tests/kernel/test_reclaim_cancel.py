@@ -19,25 +19,13 @@ from typing import Any
 
 import pytest
 from agentproc import AgentProc, api_json, wait_until
+from test_reclaim_restart import _draining, _job, _reclaim  # one copy of the status readers
 
 pytestmark = pytest.mark.kernel
 
 LOOP = "while true; do sleep 1; done"
 NOTICE_S = 6.0  # long enough to submit and cancel inside it on a loaded VM; waited out once
 SHORT_S = 2.0  # the window the second reclaim lets pass before its cancel
-
-
-def _job(agent: AgentProc, jid: str) -> dict[str, Any]:
-    return agent.json("job", "show", jid)
-
-
-def _reclaim(agent: AgentProc) -> dict[str, Any] | None:
-    st: dict[str, Any] = agent.json("reclaim", "status")
-    return st.get("reclaim")
-
-
-def _draining(agent: AgentProc) -> bool:
-    return bool(api_json(agent.sock, "GET", "/v1/zone/stats")[1]["residual"]["draining"])
 
 
 def _armed(agent: AgentProc, jid: str) -> Any:
