@@ -18,6 +18,7 @@
 /* Map sizes. Jobs per node are few (tens); flows are checkpoint transfers (a few at a time). */
 #define LM_MAX_JOBS   4096
 #define LM_MAX_FLOWS  1024
+#define LM_MAX_FRAGS  1024 /* fragmented datagrams whose first fragment was dropped, remembered (LRU) */
 #define LM_RINGBUF_BYTES (256 * 1024)
 
 /* lm_jobs value flags */
@@ -48,6 +49,8 @@
 #define LM_STAT_DROP_FLOW   3 /* dropped: a migration flow's switch */
 #define LM_STAT_SHAPED      4 /* steered into an HTB class */
 #define LM_STAT_EV_LOST     5 /* pressure events lost to a full ring buffer */
+#define LM_STAT_DROP_EXTHDR 6 /* dropped: an IPv6 extension header chain too long to find TCP/UDP behind */
+#define LM_STAT_DROP_FRAG   7 /* dropped: a later fragment of a datagram whose first fragment was dropped */
 #define LM_STAT_MAX         8
 
 /* lm_jobs: HASH, key __u64 cgroup2 id (what bpf_skb_cgroup_id() returns) */
@@ -96,6 +99,17 @@ struct lm_flow {
 	__u64 kill_at_ns; /* CLOCK_MONOTONIC deadline, used with LM_FLOW_ARMED */
 	__u64 packets;    /* egress + ingress, updated atomically */
 	__u64 bytes;
+};
+
+/* lm_frags: LRU_HASH keyed by a fragmented datagram whose first fragment netguard dropped (any
+ * switch), value __u64 bpf_ktime_get_ns() of that drop; its later fragments (no ports) are
+ * dropped too. Addresses as in the packet (not swapped), IPv4 v4-mapped. */
+struct lm_frag_key {
+	__u32 saddr[4];   /* IPv6 address, or ::ffff:IPv4 */
+	__u32 daddr[4];
+	__u32 id;         /* fragment identification, host byte order (IPv4: 16 bits) */
+	__u8 proto;       /* IPv4: the protocol field; IPv6: 0 (fragments' next headers may differ) */
+	__u8 _pad[3];
 };
 
 /* lm_events: RINGBUF of these */

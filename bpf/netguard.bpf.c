@@ -9,7 +9,7 @@
  *                              switches, counts.
  *
  * Migration flows (lm_flows) are IPv4 or IPv6 TCP/UDP 5-tuples (IPv4 keyed v4-mapped); an IPv6
- * packet is matched when its first header is TCP or UDP (no extension headers).
+ * packet is matched by the TCP/UDP header behind its extension headers (up to LM_IPV6_MAX_EXT).
  *
  * Everything that matches no job and no flow passes (TC_ACT_OK): attached with empty maps,
  * netguard changes nothing, so the agent may sit on a node's only uplink.
@@ -71,6 +71,20 @@ struct {
 	__type(value, struct lm_flow);
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
 } lm_flows SEC(".maps");
+
+/* Datagrams whose first fragment was dropped: their later fragments carry no ports, so they are
+ * dropped by this memory of the first. An entry is needed only while its datagram's fragments
+ * arrive (back to back at egress, within milliseconds at ingress); it counts for LM_FRAG_TTL_NS
+ * only, so a later datagram of the same hosts that reuses the id (IPv4 ids are 16 bits) is not
+ * cut by a stale entry, and the LRU reuses old entries. Only fragments ever look here. */
+#define LM_FRAG_TTL_NS 1000000000ULL
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__uint(max_entries, LM_MAX_FRAGS);
+	__type(key, struct lm_frag_key);
+	__type(value, __u64);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} lm_frags SEC(".maps");
 
 /* Per-CPU so the hot path never contends on a cache line; the agent sums the CPUs.
  * pressure.bpf.c declares the identical map: libbpf reuses the pin only when type, sizes,
@@ -134,11 +148,100 @@ static __always_inline struct lm_counters *job_counters(__u64 cgid)
 	return bpf_map_lookup_elem(&lm_job_stats, &cgid);
 }
 
+/* parse_tuple's answers other than a family (4 or 6). */
+#define PKT_NONE       (-1) /* no TCP/UDP ports to match: passes on (other protocols, ESP, ...) */
+#define PKT_LONG_CHAIN (-2) /* IPv6 extension header chain longer than LM_IPV6_MAX_EXT: dropped */
+#define PKT_LATER_FRAG (-3) /* a fragment at offset > 0 (no ports): dropped when lm_frags has it */
+
+/* What parse_tuple says of fragmentation (*frag), with the datagram's lm_frags key when it is one. */
+#define FRAG_NONE  0
+#define FRAG_FIRST 1 /* offset 0, more to come: remembered in lm_frags when dropped */
+
+/* IPv6 extension headers (RFC 8200) that may stand between the IPv6 header and TCP/UDP: the
+ * ones the kernel's own input path walks (ipv6_ext_hdr()). ESP hides the ports; anything else
+ * is not TCP/UDP. */
+#define NEXTHDR_HOP      0
+#define NEXTHDR_ROUTING  43
+#define NEXTHDR_FRAGMENT 44
+#define NEXTHDR_AUTH     51
+#define NEXTHDR_DEST     60
+#define IP6_OFFSET       0xfff8 /* fragment offset bits of the fragment header's frag_off */
+
+/* How many extension headers parse_tuple walks. A packet that follows RFC 8200 4.1 carries each
+ * at most once (destination options twice), so at most 6 precede TCP/UDP: hop-by-hop, destination
+ * options, routing, fragment, AH, destination options. A longer chain is one no sender needs and
+ * one netguard cannot see the ports behind, so it could carry a cut flow's or cut job's traffic
+ * past the switches: it is dropped (counted in LM_STAT_DROP_EXTHDR). */
+#define LM_IPV6_MAX_EXT 8
+
+/* The IPv6 part of parse_tuple: walks the extension header chain (bounded) to TCP/UDP. */
+static __always_inline int parse_ipv6(struct __sk_buff *skb, struct lm_flow_key *k,
+				      struct lm_frag_key *fr, int *frag)
+{
+	struct ipv6hdr ip6;
+	__u32 off = ETH_HLEN + sizeof(ip6);
+	__u16 ports[2];
+	__u8 nh;
+	int i;
+
+	if (bpf_skb_load_bytes(skb, ETH_HLEN, &ip6, sizeof(ip6)) < 0)
+		return PKT_NONE;
+	nh = ip6.nexthdr;
+	for (i = 0; i < LM_IPV6_MAX_EXT; i++) {
+		/* The first 8 bytes of any of these headers: next header, length, and for a
+		 * fragment header its offset and flags. */
+		struct {
+			__u8 nexthdr;
+			__u8 len;
+			__be16 frag_off;
+			__be32 id;
+		} h;
+
+		if (nh == IPPROTO_TCP || nh == IPPROTO_UDP)
+			break;
+		if (nh != NEXTHDR_HOP && nh != NEXTHDR_ROUTING && nh != NEXTHDR_DEST &&
+		    nh != NEXTHDR_AUTH && nh != NEXTHDR_FRAGMENT)
+			return PKT_NONE;
+		if (bpf_skb_load_bytes(skb, off, &h, sizeof(h)) < 0)
+			return PKT_NONE;
+		if (nh == NEXTHDR_FRAGMENT) {
+			/* A later fragment carries no ports (as IPv4's); the first (offset 0) has the
+			 * whole header chain and the TCP/UDP header (RFC 7112) and is matched by them. */
+			__builtin_memcpy(fr->saddr, &ip6.saddr, sizeof(fr->saddr));
+			__builtin_memcpy(fr->daddr, &ip6.daddr, sizeof(fr->daddr));
+			fr->id = bpf_ntohl(h.id);
+			if (h.frag_off & bpf_htons(IP6_OFFSET))
+				return PKT_LATER_FRAG;
+			if (h.frag_off & bpf_htons(1)) /* M: more fragments */
+				*frag = FRAG_FIRST;
+			off += 8;
+		} else if (nh == NEXTHDR_AUTH) {
+			off += ((__u32)h.len + 2) * 4; /* AH counts 4-byte words, less 2 */
+		} else {
+			off += ((__u32)h.len + 1) * 8; /* 8-byte units, less the first */
+		}
+		nh = h.nexthdr;
+	}
+	if (nh != IPPROTO_TCP && nh != IPPROTO_UDP)
+		return PKT_LONG_CHAIN;
+	if (bpf_skb_load_bytes(skb, off, ports, sizeof(ports)) < 0)
+		return PKT_NONE;
+	__builtin_memcpy(k->saddr, &ip6.saddr, sizeof(k->saddr));
+	__builtin_memcpy(k->daddr, &ip6.daddr, sizeof(k->daddr));
+	k->proto = nh;
+	k->sport = ports[0];
+	k->dport = ports[1];
+	return 6;
+}
+
 /* The TCP/UDP 5-tuple of the packet as it is on the wire (network byte order), IPv4 stored
- * v4-mapped (bpf/laminar.h). Returns 4 or 6 (the family) when there is one; other protocols,
- * non-first IPv4 fragments and IPv6 packets whose first header is not TCP/UDP (an extension
- * header: jobs' and transfers' traffic has none) have none: -1. */
-static __always_inline int parse_tuple(struct __sk_buff *skb, struct lm_flow_key *k)
+ * v4-mapped (bpf/laminar.h). Returns 4 or 6 (the family) when there is one; IPv6 TCP/UDP is
+ * found behind its extension headers (parse_ipv6). Other protocols have none: PKT_NONE; an IPv6
+ * chain too long to walk: PKT_LONG_CHAIN; a later fragment: PKT_LATER_FRAG. For a fragment,
+ * `fr` (zeroed by the caller) is its datagram's lm_frags key, and a first fragment sets *frag
+ * to FRAG_FIRST. Plain packets never touch `fr`. */
+static __always_inline int parse_tuple(struct __sk_buff *skb, struct lm_flow_key *k,
+				       struct lm_frag_key *fr, int *frag)
 {
 	__u16 ports[2];
 	__u32 l4;
@@ -148,16 +251,25 @@ static __always_inline int parse_tuple(struct __sk_buff *skb, struct lm_flow_key
 		struct iphdr ip;
 
 		if (bpf_skb_load_bytes(skb, ETH_HLEN, &ip, sizeof(ip)) < 0)
-			return -1;
+			return PKT_NONE;
 		if (ip.version != 4 || ip.ihl < 5)
-			return -1;
+			return PKT_NONE;
 		if (ip.protocol != IPPROTO_TCP && ip.protocol != IPPROTO_UDP)
-			return -1;
-		if (ip.frag_off & bpf_htons(IP_OFFSET))
-			return -1; /* a later fragment carries no ports */
+			return PKT_NONE;
+		if (ip.frag_off & bpf_htons(IP_OFFSET | IP_MF)) {
+			fr->saddr[2] = bpf_htonl(0xffff);
+			fr->saddr[3] = ip.saddr;
+			fr->daddr[2] = bpf_htonl(0xffff);
+			fr->daddr[3] = ip.daddr;
+			fr->id = bpf_ntohs(ip.id);
+			fr->proto = ip.protocol;
+			if (ip.frag_off & bpf_htons(IP_OFFSET))
+				return PKT_LATER_FRAG; /* a later fragment carries no ports */
+			*frag = FRAG_FIRST;
+		}
 		l4 = ETH_HLEN + ip.ihl * 4;
 		if (bpf_skb_load_bytes(skb, l4, ports, sizeof(ports)) < 0)
-			return -1;
+			return PKT_NONE;
 		k->saddr[2] = bpf_htonl(0xffff);
 		k->saddr[3] = ip.saddr;
 		k->daddr[2] = bpf_htonl(0xffff);
@@ -167,23 +279,9 @@ static __always_inline int parse_tuple(struct __sk_buff *skb, struct lm_flow_key
 		k->dport = ports[1];
 		return 4;
 	}
-	if (skb->protocol == bpf_htons(ETH_P_IPV6)) {
-		struct ipv6hdr ip6;
-
-		if (bpf_skb_load_bytes(skb, ETH_HLEN, &ip6, sizeof(ip6)) < 0)
-			return -1;
-		if (ip6.nexthdr != IPPROTO_TCP && ip6.nexthdr != IPPROTO_UDP)
-			return -1;
-		if (bpf_skb_load_bytes(skb, ETH_HLEN + sizeof(ip6), ports, sizeof(ports)) < 0)
-			return -1;
-		__builtin_memcpy(k->saddr, &ip6.saddr, sizeof(k->saddr));
-		__builtin_memcpy(k->daddr, &ip6.daddr, sizeof(k->daddr));
-		k->proto = ip6.nexthdr;
-		k->sport = ports[0];
-		k->dport = ports[1];
-		return 6;
-	}
-	return -1;
+	if (skb->protocol == bpf_htons(ETH_P_IPV6))
+		return parse_ipv6(skb, k, fr, frag);
+	return PKT_NONE;
 }
 
 /* Migration-flow switch and class for the flow `k` (egress orientation).
@@ -247,19 +345,53 @@ static __always_inline bool job_verdict(struct __sk_buff *skb, __u64 cgid, __u64
 	return drop;
 }
 
+/* The verdict of what parse_tuple did not match to a flow: a chain too long to walk is dropped,
+ * and so is a later fragment of a datagram whose first fragment was dropped. */
+static __always_inline bool unmatched_drops(int family, const struct lm_frag_key *fr, __u64 now)
+{
+	if (family == PKT_LONG_CHAIN) {
+		stat_inc(LM_STAT_DROP_EXTHDR);
+		return true;
+	}
+	if (family == PKT_LATER_FRAG) {
+		__u64 *at = bpf_map_lookup_elem(&lm_frags, fr);
+
+		if (at && now - *at < LM_FRAG_TTL_NS) {
+			stat_inc(LM_STAT_DROP_FRAG);
+			return true;
+		}
+	}
+	return false;
+}
+
+/* The packet is dropped: when it is a first fragment, remember its datagram so that the later
+ * fragments (no ports to match) are dropped too. */
+static __always_inline void dropped(int frag, const struct lm_frag_key *fr, __u64 now)
+{
+	if (frag == FRAG_FIRST)
+		bpf_map_update_elem(&lm_frags, fr, &now, BPF_ANY);
+}
+
 SEC("tc")
 int lm_egress(struct __sk_buff *skb)
 {
 	struct lm_flow_key k = {};
 	__u64 now = bpf_ktime_get_ns(); /* CLOCK_MONOTONIC, the clock of every kill_at_ns */
-	bool drop = false;
+	struct lm_frag_key fr = {};
+	bool drop;
+	int frag = FRAG_NONE;
+	int family = parse_tuple(skb, &k, &fr, &frag);
 
-	if (parse_tuple(skb, &k) > 0)
+	if (family > 0)
 		drop = flow_verdict(skb, &k, now, true);
+	else
+		drop = unmatched_drops(family, &fr, now);
 	/* 0 when the packet has no local socket (forwarded traffic): no job. */
 	drop = job_verdict(skb, bpf_skb_cgroup_id(skb), now, true, drop);
-	if (drop)
+	if (drop) {
+		dropped(frag, &fr, now);
 		return TC_ACT_SHOT;
+	}
 	stat_inc(LM_STAT_PASS);
 	return TC_ACT_OK;
 }
@@ -316,8 +448,10 @@ int lm_ingress(struct __sk_buff *skb)
 	struct lm_flow_key k = {}, fk = {};
 	__u64 now = bpf_ktime_get_ns();
 	__u64 cgid = 0;
+	struct lm_frag_key fr = {};
 	bool drop = false;
-	int family = parse_tuple(skb, &k);
+	int frag = FRAG_NONE;
+	int family = parse_tuple(skb, &k, &fr, &frag);
 
 	if (family > 0) {
 		/* lm_flows is keyed in egress orientation (local -> remote): swap. */
@@ -328,10 +462,14 @@ int lm_ingress(struct __sk_buff *skb)
 		fk.proto = k.proto;
 		drop = flow_verdict(skb, &fk, now, false);
 		cgid = ingress_cgroup_id(skb, &k, family);
+	} else {
+		drop = unmatched_drops(family, &fr, now);
 	}
 	drop = job_verdict(skb, cgid, now, false, drop);
-	if (drop)
+	if (drop) {
+		dropped(frag, &fr, now);
 		return TC_ACT_SHOT;
+	}
 	stat_inc(LM_STAT_PASS);
 	return TC_ACT_OK;
 }

@@ -40,7 +40,7 @@ def agent_or_skip() -> None:
     objs = agentproc.REPO / "agent/laminar/bpf/objects"
     if not (objs / "netguard.bpf.o").exists():
         pytest.skip(f"BPF objects not built in {objs} (make bpf)")
-    for mod in ("cffi", "pyroute2"):
+    for mod in ("cffi",):
         try:
             __import__(mod)
         except ImportError:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import ctypes
 import re
+import struct
 from pathlib import Path
 
 import pytest
@@ -130,3 +131,11 @@ def test_bad_input_is_named() -> None:
     with pytest.raises(ValueError, match="'fd00::g'"):
         abi.flow_key("fd00::g", "fd00::1", 1, 2, "udp")
     assert ctypes.sizeof(abi.LmFlowKey) == 40
+
+
+def test_frags_decode() -> None:
+    """lm_frags: the datagram's addresses as text, its id, the protocol's name; the drop's time."""
+    raw = abi.addr16("10.77.9.1") + abi.addr16("fd00::2") + struct.pack("=IB3x", 0x12345, 17)
+    key, value = abi.decode("lm_frags", raw, abi.u64(77))
+    assert key == {"saddr": "10.77.9.1", "daddr": "fd00::2", "id": 0x12345, "proto": "udp"}
+    assert value == {"dropped_at_ns": 77}

@@ -33,6 +33,7 @@ __all__ = [
     "LmGlobal",
     "LmFlowKey",
     "LmFlow",
+    "LmFragKey",
     "LmPressureEvent",
     "MAP_SCHEMAS",
     "STRUCTS",
@@ -44,6 +45,7 @@ LM_ABI_VERSION = 2  # 2: lm_flow_key holds IPv6 (IPv4 v4-mapped); 1: IPv4 only
 
 LM_MAX_JOBS = 4096
 LM_MAX_FLOWS = 1024
+LM_MAX_FRAGS = 1024
 LM_RINGBUF_BYTES = 256 * 1024
 
 LM_JOB_KILL = 1 << 0
@@ -69,6 +71,8 @@ LM_STAT_DROP_GLOBAL = 2
 LM_STAT_DROP_FLOW = 3
 LM_STAT_SHAPED = 4
 LM_STAT_EV_LOST = 5
+LM_STAT_DROP_EXTHDR = 6
+LM_STAT_DROP_FRAG = 7
 LM_STAT_MAX = 8
 
 # Every constant of laminar.h by its C name (tests compare them with the header).
@@ -92,10 +96,12 @@ STAT_SLOTS = {
     "drop_flow": LM_STAT_DROP_FLOW,
     "shaped": LM_STAT_SHAPED,
     "ev_lost": LM_STAT_EV_LOST,
+    "drop_exthdr": LM_STAT_DROP_EXTHDR,
+    "drop_frag": LM_STAT_DROP_FRAG,
 }
 
 # Maps of each object (names are the pins under the pin root).
-NETGUARD_MAPS = ("lm_jobs", "lm_job_stats", "lm_global", "lm_flows", "lm_stats")
+NETGUARD_MAPS = ("lm_jobs", "lm_job_stats", "lm_global", "lm_flows", "lm_frags", "lm_stats")
 PRESSURE_MAPS = ("lm_events", "lm_stats")
 
 
@@ -152,6 +158,19 @@ class LmFlow(ctypes.Structure):
     ]
 
 
+class LmFragKey(ctypes.Structure):
+    """struct lm_frag_key: a fragmented datagram whose first fragment netguard dropped (the key
+    of lm_frags, value u64 ns of the drop); addresses as in the packet, id host order."""
+
+    _fields_ = [
+        ("saddr", ctypes.c_uint32 * 4),
+        ("daddr", ctypes.c_uint32 * 4),
+        ("id", ctypes.c_uint32),
+        ("proto", ctypes.c_uint8),
+        ("_pad", ctypes.c_uint8 * 3),
+    ]
+
+
 class LmPressureEvent(ctypes.Structure):
     """struct lm_pressure_event: one record of the lm_events ring buffer."""
 
@@ -172,6 +191,7 @@ STRUCTS: dict[str, type[ctypes.Structure]] = {
     "lm_global": LmGlobal,
     "lm_flow_key": LmFlowKey,
     "lm_flow": LmFlow,
+    "lm_frag_key": LmFragKey,
     "lm_pressure_event": LmPressureEvent,
 }
 
@@ -183,6 +203,7 @@ MAP_SCHEMAS: dict[str, tuple[KeyValueType | None, KeyValueType]] = {
     "lm_job_stats": (ctypes.c_uint64, LmCounters),
     "lm_global": (ctypes.c_uint32, LmGlobal),
     "lm_flows": (LmFlowKey, LmFlow),
+    "lm_frags": (LmFragKey, ctypes.c_uint64),
     "lm_stats": (ctypes.c_uint32, ctypes.c_uint64),
     "lm_events": (None, LmPressureEvent),
 }
@@ -309,6 +330,8 @@ def _decode_part(map_name: str, role: str, kind: KeyValueType | None, raw: bytes
         if map_name == "lm_stats" and role == "key":
             names = {i: n for n, i in STAT_SLOTS.items()}
             return {"slot": names.get(v, str(v)), "index": v}
+        if map_name == "lm_frags":
+            return {"dropped_at_ns": v}
         return {"index": v} if role == "key" else {"value": v}
     d = _struct_dict(obj)
     if isinstance(obj, LmJob):
@@ -318,6 +341,9 @@ def _decode_part(map_name: str, role: str, kind: KeyValueType | None, raw: bytes
     elif isinstance(obj, LmFlow):
         d["flags"] = flow_flag_names(obj.flags)
         d["priority"] = f"{obj.priority >> 16:x}:{obj.priority & 0xFFFF:x}" if obj.priority else 0
+    elif isinstance(obj, LmFragKey):
+        d = {"saddr": addr_str(bytes(obj.saddr)), "daddr": addr_str(bytes(obj.daddr)), "id": obj.id,
+             "proto": _PROTO_NAMES.get(obj.proto, obj.proto)}
     elif isinstance(obj, LmFlowKey):
         d = {
             "saddr": addr_str(bytes(obj.saddr)),

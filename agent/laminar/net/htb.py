@@ -42,11 +42,13 @@ from __future__ import annotations
 
 import errno
 import logging
+import struct
 from dataclasses import dataclass
+from functools import lru_cache
 from typing import Any
 
-from pyroute2 import IPRoute
-from pyroute2.netlink.exceptions import NetlinkError
+from . import rtnl
+from .rtnl import NetlinkError, Rtnl
 
 log = logging.getLogger("laminar.net.htb")
 
@@ -63,6 +65,17 @@ MIN_RATE_BPS = 8_000          # HTB cannot hold a class at 0; a zero floor becom
 MIN_BURST_BYTES = 65536 + 1600
 # Root qdiscs the kernel installs by itself: replacing one loses nothing a person configured.
 KERNEL_DEFAULT_ROOTS = frozenset({"noqueue", "pfifo_fast", "mq", "fq_codel", "pfifo", "noop"})
+# HTB's netlink options (uapi/linux/pkt_sched.h)
+TCA_HTB_PARMS, TCA_HTB_INIT, TCA_HTB_RATE64, TCA_HTB_CEIL64 = 1, 2, 6, 7
+HTB_VERSION = 3
+TC_LINKLAYER_ETHERNET = 1
+# struct tc_htb_opt: two tc_ratespec (cell_log, linklayer, overhead, cell_align, mpu, rate),
+# buffer, cbuffer, quantum, level, prio
+_HTB_OPT = struct.Struct("=BBHhHI" "BBHhHI" "IIIII")
+_HTB_GLOB = struct.Struct("=IIIII")  # version, rate2quantum, defcls, debug, direct_pkts
+_GNET_BASIC = struct.Struct("=QI")  # bytes, packets
+_GNET_QUEUE = struct.Struct("=IIIII")  # qlen, backlog, drops, requeues, overlimits
+U32_MAX = 0xFFFFFFFF
 
 
 class HtbError(RuntimeError):
@@ -103,15 +116,53 @@ def _quantum(rate_bytes: int) -> int:
     return max(1600, min(200_000, rate_bytes // 10))
 
 
+@lru_cache(maxsize=1)
+def _tick_in_usec() -> float:
+    """Packet-scheduler ticks per microsecond, from /proc/net/psched (as tc computes it)."""
+    try:
+        t2us, us2t, clock_res = (int(x, 16) for x in open("/proc/net/psched").read().split()[:3])
+    except (OSError, ValueError):
+        return 15.625  # every kernel since 2.6.31: 1000/64 with a 1 GHz clock
+    if clock_res == 1_000_000_000:
+        t2us = us2t  # tc_core_init's compatibility rule for a nanosecond clock
+    return t2us / us2t * (clock_res / 1_000_000)
+
+
+def _xmittime(rate_bytes: int, size: int) -> int:
+    """The time to send `size` bytes at `rate_bytes`/s in scheduler ticks (tc's tc_calc_xmittime),
+    what HTB takes as a bucket size (buffer, cbuffer)."""
+    return min(U32_MAX, int(int(1_000_000 * size / rate_bytes) * _tick_in_usec()))
+
+
+def class_options(rate_b: int, ceil_b: int, burst: int, cburst: int, quantum: int, prio: int) -> bytes:
+    """TCA_OPTIONS of an HTB class: rate and ceil in bytes/s (the 64-bit attributes above
+    4 GB/s), buckets in bytes, quantum in bytes, priority."""
+    opt = _HTB_OPT.pack(0, TC_LINKLAYER_ETHERNET, 0, 0, 0, min(rate_b, U32_MAX),
+                        0, TC_LINKLAYER_ETHERNET, 0, 0, 0, min(ceil_b, U32_MAX),
+                        _xmittime(rate_b, burst), _xmittime(ceil_b, cburst), quantum, 0, prio)
+    out = rtnl.attr(TCA_HTB_PARMS, opt)
+    if rate_b > U32_MAX:
+        out += rtnl.attr_u64(TCA_HTB_RATE64, rate_b)
+    if ceil_b > U32_MAX:
+        out += rtnl.attr_u64(TCA_HTB_CEIL64, ceil_b)
+    return out
+
+
+def qdisc_options(default_minor: int, r2q: int = 10) -> bytes:
+    """TCA_OPTIONS of an HTB root qdisc: unclassified traffic goes to class ``major:default_minor``."""
+    return rtnl.attr(TCA_HTB_INIT, _HTB_GLOB.pack(HTB_VERSION, r2q, default_minor, 0, 0))
+
+
 def remove_tree(ifindex: int, major: int = HTB_MAJOR) -> bool:
     """Deletes the agent's HTB tree from the interface's root (``laminarctl bpf unload``): only an
     HTB root whose handle is ``major:``, never a root qdisc someone else set up. The kernel puts
     its default root qdisc back. Returns whether there was one to delete."""
-    with IPRoute() as ipr:
-        for q in ipr.get_qdiscs(index=ifindex):
-            if q.get("parent") == TC_H_ROOT and q.get_attr("TCA_KIND") == "htb" and q.get("handle") == major << 16:
+    with Rtnl() as nl:
+        for q in nl.qdiscs(ifindex):
+            if q.parent == TC_H_ROOT and q.tc_kind == "htb" and q.handle == major << 16:
                 try:
-                    ipr.tc("del", "htb", ifindex, major << 16, parent=TC_H_ROOT)
+                    nl.tc(rtnl.RTM_DELQDISC, 0, ifindex, major << 16, TC_H_ROOT, tc_kind="htb",
+                          what=f"deleting the HTB root qdisc {major:x}: of ifindex {ifindex}")
                 except NetlinkError as e:
                     if e.code in (errno.ENOENT, errno.EINVAL):
                         return False
@@ -144,7 +195,7 @@ class HtbTree:
         self.previous_root: dict[str, Any] | None = None
         self.adopted = False
         self._leaves: dict[int, int] = {}  # minor -> rate_bps as last applied
-        self._ipr: IPRoute | None = None
+        self._nl: Rtnl | None = None
         self._ifindex = 0
 
     # --- helpers --------------------------------------------------------------------------
@@ -157,52 +208,61 @@ class HtbTree:
         return self.link_bps - self.background_floor_bps
 
     @property
-    def ipr(self) -> IPRoute:
-        if self._ipr is None:
-            self._ipr = IPRoute(netns=self.netns) if self.netns else IPRoute()
-            links = self._ipr.link_lookup(ifname=self.ifname)
-            if not links:
-                self._ipr.close()
-                self._ipr = None
-                where = f" in netns {self.netns}" if self.netns else ""
+    def nl(self) -> Rtnl:
+        """The tree's netlink socket (in its netns), opened on first use; HtbError when the
+        interface is not there."""
+        if self._nl is None:
+            where = f" in netns {self.netns}" if self.netns else ""
+            try:
+                nl = Rtnl(netns=self.netns)
+            except OSError as e:
+                raise HtbError(f"htb: no interface {self.ifname!r}{where}: {e}") from e
+            try:
+                idx = nl.link_index(self.ifname)
+            except OSError:
+                nl.close()
+                raise
+            if idx is None:
+                nl.close()
                 raise HtbError(f"htb: no interface {self.ifname!r}{where}")
-            self._ifindex = links[0]
-        return self._ipr
+            self._nl, self._ifindex = nl, idx
+        return self._nl
 
     @property
     def ifindex(self) -> int:
-        _ = self.ipr
+        _ = self.nl
         return self._ifindex
 
-    def _tc(self, what: str, *args: Any, **kw: Any) -> Any:
+    def _tc(self, what: str, kind: int, flags: int, handle: int, parent: int, options: bytes | None = None) -> None:
         try:
-            return self.ipr.tc(*args, **kw)
+            self.nl.tc(kind, flags, self.ifindex, handle, parent, tc_kind="htb", options=options,
+                         what=f"htb: {what} on {self.ifname}")
         except NetlinkError as e:
-            raise HtbError(f"htb: {what} on {self.ifname}: {e.args[1] if len(e.args) > 1 else e} "
-                           f"(errno {e.code})") from e
+            raise HtbError(f"htb: {what} on {self.ifname}: {e.reason} (errno {e.code})") from e
 
     def _class(self, cmd: str, minor: int, parent_minor: int | None, rate_bps: int, ceil_bps: int,
                prio: int) -> None:
+        """`cmd` is "add-class" (fails when it exists) or "change-class" (fails when it does not)."""
         rate_b = max(MIN_RATE_BPS, rate_bps) // 8
         ceil_b = max(MIN_RATE_BPS, ceil_bps) // 8
         parent = self.handle(parent_minor) if parent_minor is not None else self.major << 16
-        self._tc(f"{cmd} class {self.major:x}:{minor:x} at {rate_bps} bit/s", cmd, "htb", self.ifindex,
-                 self.handle(minor), parent=parent, rate=rate_b, ceil=ceil_b, burst=_burst(rate_b),
-                 cburst=_burst(ceil_b), quantum=_quantum(rate_b), prio=prio)
+        flags = rtnl.NLM_F_CREATE | rtnl.NLM_F_EXCL if cmd == "add-class" else 0
+        self._tc(f"{cmd} class {self.major:x}:{minor:x} at {rate_bps} bit/s", rtnl.RTM_NEWTCLASS, flags,
+                 self.handle(minor), parent,
+                 class_options(rate_b, ceil_b, _burst(rate_b), _burst(ceil_b), _quantum(rate_b), prio))
 
     def root_qdisc(self) -> dict[str, Any] | None:
         """The interface's root qdisc as ``{"kind", "handle"}``, or None (noqueue shows none)."""
-        for q in self.ipr.get_qdiscs(index=self.ifindex):
-            if q.get("parent") == TC_H_ROOT:
-                return {"kind": q.get_attr("TCA_KIND"), "handle": q.get("handle")}
+        for q in self.nl.qdiscs(self.ifindex):
+            if q.parent == TC_H_ROOT:
+                return {"kind": q.tc_kind, "handle": q.handle}
         return None
 
-    def _classes(self) -> dict[int, Any]:
+    def _classes(self) -> dict[int, rtnl.Message]:
         out = {}
-        for c in self.ipr.get_classes(index=self.ifindex):
-            h = c.get("handle")
-            if h >> 16 == self.major:
-                out[h & 0xFFFF] = c
+        for c in self.nl.classes(self.ifindex):
+            if c.handle >> 16 == self.major:
+                out[c.handle & 0xFFFF] = c
         return out
 
     # --- lifecycle ------------------------------------------------------------------------
@@ -228,13 +288,15 @@ class HtbTree:
         self.previous_root = root
         try:
             # "replace" swaps a kernel default root in one step (no moment without a qdisc).
-            self.ipr.tc("replace", "htb", self.ifindex, self.major << 16, default=BACKGROUND_MINOR, r2q=10)
+            self.nl.tc(rtnl.RTM_NEWQDISC, rtnl.NLM_F_CREATE | rtnl.NLM_F_REPLACE, self.ifindex, self.major << 16,
+                         TC_H_ROOT, tc_kind="htb", options=qdisc_options(BACKGROUND_MINOR, r2q=10),
+                         what=f"htb: adding the root qdisc {self.major:x}: on {self.ifname}")
         except NetlinkError as e:
             if e.code in (errno.ENOENT, errno.EOPNOTSUPP):
                 raise HtbUnavailable(
-                    f"htb: the kernel refused an HTB qdisc on {self.ifname} (errno {e.code}: {e.args[-1]}); "
+                    f"htb: the kernel refused an HTB qdisc on {self.ifname} (errno {e.code}: {e.reason}); "
                     f"it needs CONFIG_NET_SCH_HTB (module sch_htb). Shaping of migration transfers is off") from e
-            raise HtbError(f"htb: adding the root qdisc on {self.ifname} failed: errno {e.code}: {e.args[-1]}") from e
+            raise HtbError(f"htb: adding the root qdisc on {self.ifname} failed: errno {e.code}: {e.reason}") from e
         try:
             self._class("add-class", ROOT_MINOR, None, self.link_bps, self.link_bps, 0)
             self._class("add-class", BACKGROUND_MINOR, ROOT_MINOR, self.background_floor_bps, self.link_bps, 0)
@@ -249,12 +311,12 @@ class HtbTree:
     def teardown(self) -> None:
         """Deletes the tree (all leaves with it); the kernel puts its default root qdisc back.
         Safe to call twice; a vanished interface is not an error."""
-        if self._ipr is None and not self._interface_exists():
+        if self._nl is None and not self._interface_exists():
             return
         try:
             root = self.root_qdisc()
             if root and root["kind"] == "htb" and root["handle"] == self.major << 16:
-                self._tc("delete root qdisc", "del", "htb", self.ifindex, self.major << 16, parent=TC_H_ROOT)
+                self._tc("delete root qdisc", rtnl.RTM_DELQDISC, 0, self.major << 16, TC_H_ROOT)
         except HtbError as e:
             if "no interface" not in str(e):
                 raise
@@ -264,15 +326,15 @@ class HtbTree:
 
     def _interface_exists(self) -> bool:
         try:
-            _ = self.ipr
+            _ = self.nl
             return True
         except HtbError:
             return False
 
     def close(self) -> None:
-        if self._ipr is not None:
-            self._ipr.close()
-            self._ipr = None
+        if self._nl is not None:
+            self._nl.close()
+            self._nl = None
 
     def set_link(self, link_bps: int, background_floor_bps: int) -> None:
         """Re-applies the link rate and background floor (config reload, adoption)."""
@@ -317,9 +379,8 @@ class HtbTree:
         """Deletes a leaf; a leaf the kernel no longer has is not an error."""
         self._leaves.pop(minor, None)
         try:
-            # pyroute2 encodes class options even for a delete, so it needs some rate to encode.
-            self.ipr.tc("del-class", "htb", self.ifindex, self.handle(minor), parent=self.handle(MIGRATION_MINOR),
-                        rate=MIN_RATE_BPS // 8)
+            self.nl.tc(rtnl.RTM_DELTCLASS, 0, self.ifindex, self.handle(minor), self.handle(MIGRATION_MINOR),
+                         tc_kind="htb", what=f"htb: deleting class {self.major:x}:{minor:x} on {self.ifname}")
         except NetlinkError as e:
             if e.code != errno.ENOENT:
                 raise HtbError(f"htb: deleting {self.major:x}:{minor:x} on {self.ifname}: errno {e.code}") from e
@@ -331,20 +392,31 @@ class HtbTree:
                              f"{self.background_floor_bps})")
 
     @staticmethod
-    def _rate_of(c: Any, which: str = "rate") -> int:
+    def _rate_of(c: rtnl.Message, which: str = "rate") -> int:
         """A class's rate or ceil in bit/s from a netlink dump (the 64-bit attribute above 4 GB/s)."""
-        parms = c.get_nested("TCA_OPTIONS", "TCA_HTB_PARMS") or {}
-        big = c.get_nested("TCA_OPTIONS", "TCA_HTB_RATE64" if which == "rate" else "TCA_HTB_CEIL64")
-        r = big or (parms.get(which, 0) if isinstance(parms, dict) else 0)
-        return int(r) * 8
+        opts = c.nested(rtnl.TCA_OPTIONS)
+        big = rtnl.u64(opts.get(TCA_HTB_RATE64 if which == "rate" else TCA_HTB_CEIL64))
+        if big:
+            return big * 8
+        parms = opts.get(TCA_HTB_PARMS)
+        if parms is None:
+            return 0
+        if len(parms) < _HTB_OPT.size:
+            raise rtnl.MalformedReply(f"TCA_HTB_PARMS of class {c.handle >> 16:x}:{c.handle & 0xFFFF:x}: "
+                                      f"{len(parms)} bytes, it needs {_HTB_OPT.size}")
+        fields = _HTB_OPT.unpack_from(parms)
+        return int(fields[5] if which == "rate" else fields[11]) * 8
 
     def leaf_stats(self) -> dict[int, LeafStats]:
         """Counters of every class of ours from the kernel, keyed by minor (background and the
         migration parent included: BACKGROUND_MINOR, MIGRATION_MINOR)."""
         out = {}
         for minor, c in self._classes().items():
-            basic = c.get_nested("TCA_STATS2", "TCA_STATS_BASIC") or {}
-            queue = c.get_nested("TCA_STATS2", "TCA_STATS_QUEUE") or {}
-            out[minor] = LeafStats(minor, self._rate_of(c), self._rate_of(c, "ceil"), int(basic.get("bytes", 0)), int(basic.get("packets", 0)),
-                                   int(queue.get("drops", 0)))
+            stats = c.nested(rtnl.TCA_STATS2)
+            basic, queue = stats.get(rtnl.TCA_STATS_BASIC, b""), stats.get(rtnl.TCA_STATS_QUEUE, b"")
+            nbytes, packets = _GNET_BASIC.unpack_from(basic) if len(basic) >= _GNET_BASIC.size else (0, 0)
+            packets = rtnl.u64(stats.get(rtnl.TCA_STATS_PKT64)) or packets  # the 64-bit count past 2**32
+            drops = _GNET_QUEUE.unpack_from(queue)[2] if len(queue) >= _GNET_QUEUE.size else 0
+            out[minor] = LeafStats(minor, self._rate_of(c), self._rate_of(c, "ceil"), int(nbytes), int(packets),
+                                   int(drops))
         return out

@@ -39,7 +39,7 @@ from ..api import ApiError, Request, Route, require
 from ..bpf import abi
 from ..bpf.libbpf import BpfMap, BpfObject, object_path
 from ..features import ensure_bpffs
-from . import htb, nl, tc
+from . import htb, tc
 from .killswitch import cut_by_deadline
 
 log = logging.getLogger("laminar.netguard")
@@ -54,12 +54,19 @@ def _u64(v: int) -> bytes:
 
 def resolve_uplink(configured: str) -> tuple[str, int]:
     """The uplink's name and index; raises RuntimeError saying what to set when there is none."""
-    ifname = configured or nl.call(tc.default_route_ifname)
+    try:
+        ifname = configured or tc.default_route_ifname()
+    except tc.AmbiguousUplink as e:
+        raise RuntimeError(f"netguard: {e}; netguard's programs sit on one interface and would see only the "
+                           "flows the kernel hashes to it, so a cut or shaped job's traffic would leave by the "
+                           f"other{'s' if len(e.ifnames) > 2 else ''} unchecked. Set net.uplink in the config to "
+                           "the interface jobs' traffic leaves by (route it by that one), or bond the interfaces "
+                           "and set net.uplink to the bond (docs/operations.md, 'ECMP uplinks')") from None
     if not ifname:
         raise RuntimeError("netguard: this node has no default route, so there is no uplink to attach to; "
                            "set net.uplink in the config to the interface jobs' traffic leaves by")
     try:
-        return ifname, nl.call(tc.ifindex_of, ifname)
+        return ifname, tc.ifindex_of(ifname)
     except (LookupError, OSError) as e:
         raise RuntimeError(f"netguard: uplink {ifname!r} not found ({e}); set net.uplink to an existing "
                            "interface (see `ip link`)") from None
@@ -112,7 +119,7 @@ class NetGuard:
             if stale:
                 agent.events.emit("agent", f"netguard: dropped {len(stale)} lm_jobs entries of jobs that ended while "
                                            "no agent ran", cgroup_ids=stale)
-        created = nl.call(tc.ensure_clsact, self.ifindex)
+        created = tc.ensure_clsact(self.ifindex)
         record = agent.store.get_meta(META_KEY) or {}
         # Uplinks of earlier runs not restored yet (net.uplink changed): kept in the record until
         # they are, so neither a failure here nor a crash before the end forgets them.
@@ -132,9 +139,9 @@ class NetGuard:
         directions = ["egress", "ingress"] if cfg.net.ingress else ["egress"]
         for direction in directions:
             prog = self.obj.program(PROGRAMS[direction])
-            nl.call(tc.attach_bpf, self.ifindex, direction, prog.fd, PROGRAMS[direction])
+            tc.attach_bpf(self.ifindex, direction, prog.fd, PROGRAMS[direction])
         if not cfg.net.ingress:
-            nl.call(tc.detach_bpf, self.ifindex, "ingress")
+            tc.detach_bpf(self.ifindex, "ingress")
         if previous:  # after the new uplink enforces
             record["previous"] = [p for p in previous if not self._leave_old_uplink(p)]
             agent.store.set_meta(META_KEY, record)
@@ -297,11 +304,11 @@ class NetGuard:
         Returns whether it is done (the interface may be gone: nothing left to do)."""
         old = str(prev["ifname"])
         try:
-            idx = nl.call(tc.ifindex_of, old)
+            idx = tc.ifindex_of(old)
         except (LookupError, OSError):
             return True  # gone with its interface
         try:
-            done = nl.call(restore_interface, idx, bool(prev.get("clsact_created")))
+            done = restore_interface(idx, bool(prev.get("clsact_created")))
         except OSError as e:
             log.warning("netguard: cannot restore the old uplink %s (kept for bpf unload and the next start): %s",
                         old, e)
@@ -447,7 +454,7 @@ class NetGuard:
     def status(self) -> dict[str, Any]:
         progs = []
         for direction in ("egress", "ingress"):
-            for f in nl.call(tc.list_bpf_filters, self.ifindex, direction):
+            for f in tc.list_bpf_filters(self.ifindex, direction):
                 progs.append({"ifname": self.ifname, "direction": direction, **f})
         g = self._global()
         return {"ifname": self.ifname, "ifindex": self.ifindex, "pin_root": str(self.pin_root),
@@ -482,11 +489,21 @@ class NetGuard:
         return {"name": name, "pin": str(self.pin_root / name), "entries": entries}
 
     async def _api_unload(self, req: Request) -> dict[str, Any]:
-        res = unload(self.agent.store, self.ifindex, self.pin_root, self.agent.config.cgroups.root)
+        airlock = getattr(self.agent, "airlock", None)
+        # Before the cgroups go: on v1 their removal signals Airlock's eventfds, and a job it
+        # holds suspended would stay frozen with no agent left to recover it.
+        thawed = airlock.release_for_unload() if airlock is not None else []
+        try:
+            res = unload(self.agent.store, self.ifindex, self.pin_root, self.agent.config.cgroups.root)
+        except Exception:
+            if airlock is not None:  # the agent goes on running: not without Airlock
+                airlock.resume_after_failed_unload()
+            raise
         self.maps = {}
         if self.obj is not None:
             self.obj.close()
             self.obj = None
+        res["jobs_thawed"] = thawed
         self.agent.events.emit("agent", f"data plane unloaded from {self.ifname} by uid {req.peer.uid}; agent stops",
                                **res)
         # Without its data plane the agent has nothing to enforce: stop after answering.
@@ -623,7 +640,7 @@ class NetGuard:
 def restore_interface(ifindex: int, clsact_created: bool) -> dict[str, Any]:
     """Removes from one interface what the agent put there: its ``lm_`` filters on both hooks, the
     clsact qdisc when the agent created it, and its shaping tree (``htb.remove_tree``: only an HTB
-    root with the agent's handle). Returns what was removed. Netlink: call through ``nl.call``."""
+    root with the agent's handle). Returns what was removed."""
     done: dict[str, Any] = {"filters_removed": 0, "clsact_removed": False, "htb_removed": False}
     for direction in ("egress", "ingress"):
         done["filters_removed"] += tc.detach_bpf(ifindex, direction)
@@ -646,17 +663,17 @@ def unload(store: Any, ifindex: int | None, pin_root: Path, cgroup_root: str | N
                             "pins_removed": []}
     if ifindex is None and record.get("ifname"):
         try:
-            ifindex = nl.call(tc.ifindex_of, record["ifname"])
+            ifindex = tc.ifindex_of(record["ifname"])
         except (LookupError, OSError):
             ifindex = None
     if ifindex is not None:
-        done.update(nl.call(restore_interface, ifindex, bool(record.get("clsact_created"))))
+        done.update(restore_interface(ifindex, bool(record.get("clsact_created"))))
     for prev in record.get("previous") or []:  # uplinks of earlier runs, not restored yet
         try:
-            idx = nl.call(tc.ifindex_of, prev["ifname"])
+            idx = tc.ifindex_of(prev["ifname"])
         except (LookupError, OSError):
             continue
-        more = nl.call(restore_interface, idx, bool(prev.get("clsact_created")))
+        more = restore_interface(idx, bool(prev.get("clsact_created")))
         done["filters_removed"] += more["filters_removed"]
     # Without their tree the stored transfers would come back at the next start, leaves and all.
     # Nor would the records of flow cuts whose lm_flows entries go with the pins.
@@ -699,10 +716,24 @@ def unload_offline(config: Any) -> dict[str, Any]:
         ifname = record.get("ifname") or config.net.uplink
         if ifname:
             try:
-                ifindex = nl.call(tc.ifindex_of, ifname)
+                ifindex = tc.ifindex_of(ifname)
             except (LookupError, OSError):
                 pass
-        return unload(store, ifindex, pin_root, config.cgroups.root)
+        res = unload(store, ifindex, pin_root, config.cgroups.root)
     finally:
         store.close()
+    # The cgroups jobs still run in are kept, with the holds Airlock wrote on them: no agent will
+    # decide for a task waiting at one (the agent's own unload lifts them in release_for_unload).
+    from ..airlock.cgroups import CgroupTree, detect
+    from ..airlock.manager import release_holds
+
+    try:
+        airlock = config.section("airlock")
+    except KeyError:  # the config was loaded before the airlock section was registered: defaults
+        airlock = {}
+    problems = release_holds(CgroupTree(detect(), config.cgroups.root), airlock.get("budget_mb") or None,
+                             dict(airlock.get("class_budget_mb") or {}))
+    if problems:
+        res["memory_holds_kept"] = problems
+    return res
 

@@ -1,4 +1,4 @@
-"""tc clsact hooks and direct-action BPF filters through netlink (pyroute2).
+"""tc clsact hooks and direct-action BPF filters through netlink (:mod:`laminar.net.rtnl`).
 
 netguard's programs sit on the uplink's ``clsact`` qdisc, one ``bpf`` filter per direction,
 in direct-action mode (the program's return value is the verdict: ``TC_ACT_OK`` passes,
@@ -24,8 +24,10 @@ so the functions work unchanged in a process started with ``nsenter --net=/run/n
     if created:
         tc.delete_clsact(idx)
 
-Errors are the ``pyroute2.netlink.exceptions.NetlinkError`` (an ``OSError`` with the kernel's
-errno) of the failing request, or ValueError/LookupError for bad arguments.
+Errors are the :class:`laminar.net.rtnl.NetlinkError` (an ``OSError`` with the kernel's
+errno and extended-ack text, its message naming the interface and filter) of the failing
+request, or ValueError/LookupError for bad arguments. The calls are synchronous and fast (one
+netlink round trip to the local kernel), so the agent's event loop calls them directly.
 """
 
 from __future__ import annotations
@@ -34,9 +36,8 @@ import errno
 import socket
 from typing import Any
 
-from pyroute2 import IPRoute
-from pyroute2.netlink.exceptions import NetlinkError
-from pyroute2.netlink.rtnl.tcmsg import sched_bpf
+from . import rtnl
+from .rtnl import NetlinkError, Rtnl
 
 # clsact's two hooks: the parent handles of its egress and ingress filter chains.
 PARENTS = {"egress": 0xFFFFFFF3, "ingress": 0xFFFFFFF2}
@@ -45,13 +46,15 @@ PARENTS = {"egress": 0xFFFFFFF3, "ingress": 0xFFFFFFF2}
 DEFAULT_PRIO = 0xC0DE
 FILTER_HANDLE = 1
 ETH_P_ALL = 0x0003
+CLSACT_HANDLE = 0xFFFF0000
+# cls_bpf's options (uapi/linux/pkt_cls.h)
+TCA_BPF_FD, TCA_BPF_NAME, TCA_BPF_FLAGS, TCA_BPF_TAG, TCA_BPF_ID = 6, 7, 8, 10, 11
+TCA_BPF_FLAG_ACT_DIRECT = 1
 
-# pyroute2 0.9 decodes cls_bpf options only up to TCA_BPF_FLAGS; the kernel also sends
-# TCA_BPF_FLAGS_GEN, TCA_BPF_TAG and TCA_BPF_ID (uapi/linux/pkt_cls.h, in this order). Extend
-# its table once so listings carry the program id (what `bpftool prog show id N` takes).
-_EXTRA = (("TCA_BPF_FLAGS_GEN", "uint32"), ("TCA_BPF_TAG", "hex"), ("TCA_BPF_ID", "uint32"))
-if len(sched_bpf.options.nla_map) == 9:
-    sched_bpf.options.nla_map = tuple(sched_bpf.options.nla_map) + _EXTRA
+
+def _info(prio: int, protocol: int) -> int:
+    """tcm_info of a filter: priority in the upper 16 bits, protocol (network order) below."""
+    return (prio << 16) | socket.htons(protocol)
 
 
 def _parent(direction: str) -> int:
@@ -63,41 +66,60 @@ def _parent(direction: str) -> int:
 
 def ifindex_of(ifname: str) -> int:
     """The index of interface `ifname` in the current netns; LookupError when there is none."""
-    with IPRoute() as ipr:
-        idx = ipr.link_lookup(ifname=ifname)
-    if not idx:
+    with Rtnl() as nl:
+        idx = nl.link_index(ifname)
+    if idx is None:
         raise LookupError(f"no network interface {ifname!r} in this network namespace (see `ip link`)")
-    return int(idx[0])
+    return idx
+
+
+class AmbiguousUplink(LookupError):
+    """The default route is ECMP over several interfaces (``ifnames``): no one of them carries
+    all of the node's traffic, so none is *the* uplink."""
+
+    def __init__(self, ifnames: list[str]) -> None:
+        super().__init__(f"the default route is ECMP (multipath) over {len(ifnames)} interfaces: {', '.join(ifnames)}")
+        self.ifnames = ifnames
 
 
 def default_route_ifname() -> str | None:
-    """The interface of the IPv4 default route with the lowest metric (main table), or None."""
-    with IPRoute() as ipr:
-        routes = [
-            r
-            for r in ipr.get_routes(family=socket.AF_INET, table=254)
-            if r["dst_len"] == 0 and r.get("RTA_OIF") is not None
-        ]
-        if not routes:
+    """The interface of the IPv4 default route with the lowest metric (main table), else (an
+    IPv6-only node) of the IPv6 one, or None. A multipath (ECMP) default route counts with its
+    nexthops' interfaces: all on one interface, that one; on several, :class:`AmbiguousUplink`
+    naming them (the kernel hashes each flow to one nexthop, so programs on one interface
+    would see only the flows hashed to it)."""
+    with Rtnl() as nl:
+        for family in (socket.AF_INET, socket.AF_INET6):
+            routes = [
+                (r, oifs)
+                for r in nl.routes(family)
+                if rtnl.route_table(r) == rtnl.RT_TABLE_MAIN and r.header[1] == 0 and (oifs := rtnl.route_oifs(r))
+            ]
+            if routes:
+                break
+        else:
             return None
-        best = min(routes, key=lambda r: r.get("RTA_PRIORITY") or 0)
-        links = ipr.get_links(best.get("RTA_OIF"))
-        return str(links[0].get("IFLA_IFNAME")) if links else None
+        _, oifs = min(routes, key=lambda ro: rtnl.u32(ro[0].attrs.get(rtnl.RTA_PRIORITY)) or 0)
+        names = [nl.link_name(i) or f"ifindex {i}" for i in oifs]
+        if len(names) > 1:
+            raise AmbiguousUplink(names)
+        return names[0]
 
 
 def has_clsact(ifindex: int) -> bool:
     """True when the interface has a clsact qdisc."""
-    with IPRoute() as ipr:
-        return any(q.get("TCA_KIND") == "clsact" for q in ipr.get_qdiscs(ifindex))
+    with Rtnl() as nl:
+        return any(q.tc_kind == "clsact" for q in nl.qdiscs(ifindex))
 
 
 def ensure_clsact(ifindex: int) -> bool:
     """Add a clsact qdisc to the interface; True when this call created it, False when one
     was there already (ours from an earlier run, or another tool's: clsact is shared by every
     tc BPF user of the device and there can be only one, so EEXIST means "ready", not failure)."""
-    with IPRoute() as ipr:
+    with Rtnl() as nl:
         try:
-            ipr.tc("add", "clsact", ifindex)
+            nl.tc(rtnl.RTM_NEWQDISC, rtnl.NLM_F_CREATE | rtnl.NLM_F_EXCL, ifindex, CLSACT_HANDLE, rtnl.TC_H_CLSACT,
+                  tc_kind="clsact", what=f"adding the clsact qdisc on ifindex {ifindex}")
             return True
         except NetlinkError as e:
             if e.code == errno.EEXIST:
@@ -108,9 +130,10 @@ def ensure_clsact(ifindex: int) -> bool:
 def delete_clsact(ifindex: int) -> bool:
     """Remove the clsact qdisc (and with it every filter on both hooks). False when there was
     none. Only call it for a clsact this process's agent created (see ensure_clsact)."""
-    with IPRoute() as ipr:
+    with Rtnl() as nl:
         try:
-            ipr.tc("del", "clsact", ifindex)
+            nl.tc(rtnl.RTM_DELQDISC, 0, ifindex, CLSACT_HANDLE, rtnl.TC_H_CLSACT, tc_kind="clsact",
+                  what=f"deleting the clsact qdisc on ifindex {ifindex}")
             return True
         except NetlinkError as e:
             # No qdisc: ENOENT, or EINVAL from older kernels for a missing clsact.
@@ -129,37 +152,30 @@ def attach_bpf(ifindex: int, direction: str, prog_fd: int, name: str, prio: int 
     parent = _parent(direction)
     if not 1 <= prio <= 0xFFFF:
         raise ValueError(f"tc filter prio {prio} out of range 1..65535")
-    with IPRoute() as ipr:
-        ipr.tc(
-            "replace-filter",
-            "bpf",
-            ifindex,
-            FILTER_HANDLE,
-            fd=prog_fd,
-            name=name,
-            parent=parent,
-            prio=prio,
-            protocol=ETH_P_ALL,
-            direct_action=True,
-        )
+    options = (rtnl.attr_u32(TCA_BPF_FD, prog_fd) + rtnl.attr_str(TCA_BPF_NAME, name)
+               + rtnl.attr_u32(TCA_BPF_FLAGS, TCA_BPF_FLAG_ACT_DIRECT))
+    with Rtnl() as nl:
+        nl.tc(rtnl.RTM_NEWTFILTER, rtnl.NLM_F_CREATE | rtnl.NLM_F_REPLACE, ifindex, FILTER_HANDLE, parent,
+              _info(prio, ETH_P_ALL), tc_kind="bpf", options=options,
+              what=f"attaching bpf filter {name!r} (prio {prio}) on {direction} of ifindex {ifindex}")
 
 
-def _filter_dict(msg: Any) -> dict[str, Any] | None:
-    if msg.get("TCA_KIND") != "bpf" or not msg["handle"]:
+def _filter_dict(msg: rtnl.Message) -> dict[str, Any] | None:
+    if msg.tc_kind != "bpf" or not msg.handle:
         return None  # the per-prio chain header a dump also returns has handle 0
-    opts = msg.get("TCA_OPTIONS")
-    if opts is None:
+    if rtnl.TCA_OPTIONS not in msg.attrs:
         return None
-    flags = opts.get("TCA_BPF_FLAGS") or 0
-    tag = opts.get("TCA_BPF_TAG")
+    opts = msg.nested(rtnl.TCA_OPTIONS)
+    flags = rtnl.u32(opts.get(TCA_BPF_FLAGS)) or 0
+    tag = opts.get(TCA_BPF_TAG)
     return {
-        "name": opts.get("TCA_BPF_NAME") or "",
-        "prio": (msg["info"] >> 16) & 0xFFFF,
-        "protocol": socket.ntohs(msg["info"] & 0xFFFF),
-        "handle": msg["handle"],
-        "prog_id": opts.get("TCA_BPF_ID"),
-        "tag": tag.replace(":", "") if isinstance(tag, str) else tag,
-        "direct_action": bool(flags & sched_bpf.TCA_BPF_FLAG_ACT_DIRECT),
+        "name": rtnl.string(opts.get(TCA_BPF_NAME)) or "",
+        "prio": (msg.info >> 16) & 0xFFFF,
+        "protocol": socket.ntohs(msg.info & 0xFFFF),
+        "handle": msg.handle,
+        "prog_id": rtnl.u32(opts.get(TCA_BPF_ID)),
+        "tag": tag.hex() if tag is not None else None,
+        "direct_action": bool(flags & TCA_BPF_FLAG_ACT_DIRECT),
     }
 
 
@@ -167,9 +183,9 @@ def list_bpf_filters(ifindex: int, direction: str) -> list[dict[str, Any]]:
     """The bpf filters on the clsact hook `direction`: dicts with name, prio, protocol,
     handle, prog_id, tag, direct_action. Empty when there is no clsact."""
     parent = _parent(direction)
-    with IPRoute() as ipr:
+    with Rtnl() as nl:
         try:
-            msgs = list(ipr.get_filters(index=ifindex, parent=parent))
+            msgs = nl.filters(ifindex, parent)
         except NetlinkError as e:
             if e.code in (errno.ENOENT, errno.EINVAL):
                 return []
@@ -180,24 +196,23 @@ def list_bpf_filters(ifindex: int, direction: str) -> list[dict[str, Any]]:
 def detach_bpf(ifindex: int, direction: str, name_prefix: str = "lm_") -> int:
     """Delete the bpf filters on hook `direction` whose name starts with `name_prefix`
     (Laminar's own; other tools' filters stay). Returns how many were deleted."""
-    parent = _parent(direction)
     done = 0
     for f in list_bpf_filters(ifindex, direction):
         if not f["name"].startswith(name_prefix):
             continue
-        with IPRoute() as ipr:
+        with Rtnl() as nl:
             try:
-                ipr.tc(
-                    "del-filter",
-                    "bpf",
-                    ifindex,
-                    f["handle"],
-                    parent=parent,
-                    prio=f["prio"],
-                    protocol=f["protocol"],
-                )
+                delete_bpf_filter(nl, ifindex, direction, f["name"], f["prio"], f["handle"], f["protocol"])
                 done += 1
             except NetlinkError as e:
                 if e.code != errno.ENOENT:  # gone meanwhile: the goal is reached
                     raise
     return done
+
+
+def delete_bpf_filter(nl: Rtnl, ifindex: int, direction: str, name: str, prio: int, handle: int = FILTER_HANDLE,
+                      protocol: int = ETH_P_ALL) -> None:
+    """Deletes one bpf filter (`name` only names it in the error: the kernel finds it by prio,
+    protocol and handle). Raises NetlinkError (ENOENT when there is no such filter)."""
+    nl.tc(rtnl.RTM_DELTFILTER, 0, ifindex, handle, _parent(direction), _info(prio, protocol), tc_kind="bpf",
+          what=f"deleting bpf filter {name!r} (prio {prio}, handle {handle}) on {direction} of ifindex {ifindex}")

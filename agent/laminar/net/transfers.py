@@ -280,8 +280,8 @@ class TransferRegistry:
         self._task: asyncio.Task[None] | None = None
         self._metrics: dict[str, Gauge] = {}
         self._status_labels: dict[str, tuple[str, str]] = {}
-        # pyroute2 0.9's IPRoute runs its own event loop, which cannot run inside the agent's, so
-        # every netlink (and map) operation of the registry runs on this one thread, in order.
+        # Every netlink (and map) operation of the registry runs on this one thread, in order, so
+        # a tick's class changes never interleave with another's and the loop stays free meanwhile.
         self._pool: concurrent.futures.ThreadPoolExecutor | None = None
         # Every read-modify-write (and delete) of an lm_flows entry holds this lock from the lookup
         # to the update: the registry's thread writes a flow's class (_write_flow) while the loop
