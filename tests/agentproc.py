@@ -2,7 +2,8 @@
 
 The agent runs inside a test network namespace through ``nsenter --net`` (so /sys, the pins and
 the kernel BTF stay visible), attached to that namespace's veth as its uplink. ``cleanup()``
-stops it and removes everything it made (filters, clsact, pins, cgroups), also after a failure.
+stops it and removes everything it made (filters, clsact, pins, cgroups), also after a failure
+and also when Ctrl-C arrives during the cleanup (:func:`cleanup_all`: the run still stops).
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import secrets
 import shutil
 import signal
 import subprocess
+import tempfile
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -24,8 +26,26 @@ VENV_BIN = REPO / ".venv" / "bin"
 NOBODY = 65534
 
 
+def cleanup_all(*steps: Callable[[], object]) -> None:
+    """Runs every cleanup step in order, also when one fails or Ctrl-C (KeyboardInterrupt) arrives
+    during one, then raises what came first, a KeyboardInterrupt before any error: Ctrl-C while
+    a fixture cleans up still stops the run, and leaves no agent, namespace, pin or cgroup behind.
+    (Without this, a KeyboardInterrupt in the first step skipped all the others.)"""
+    first: BaseException | None = None
+    for step in steps:
+        try:
+            step()
+        except BaseException as e:  # noqa: BLE001 - raised again below, after the other steps
+            if first is None or (isinstance(e, KeyboardInterrupt) and not isinstance(first, KeyboardInterrupt)):
+                first = e
+    if first is not None:
+        raise first
+
+
 class AgentProc:
-    def __init__(self, tmp: Path, uplink: str, netns: Any = None, extra_toml: str = "", node: str | None = None) -> None:
+    def __init__(self, tmp: Path, uplink: str, netns: Any = None, extra_toml: str = "", node: str | None = None,
+                 agent_toml: str = "") -> None:
+        """`extra_toml`: sections after the test's own; `agent_toml`: more ``[agent]`` keys (lines)."""
         self.tag = secrets.token_hex(3)
         self.tmp = tmp
         self.netns = netns
@@ -37,7 +57,7 @@ class AgentProc:
         self.config_path = tmp / f"laminard-{self.tag}.toml"
         self.config_path.write_text(
             f'[agent]\nnode = "{node or "n-" + self.tag}"\nstate_dir = "{self.state_dir}"\nsocket = "{self.sock}"\n'
-            f'log_level = "debug"\n\n[bpf]\npin_root = "{self.pin_root}"\n\n[net]\nuplink = "{uplink}"\n\n'
+            f'log_level = "debug"\n{agent_toml}\n[bpf]\npin_root = "{self.pin_root}"\n\n[net]\nuplink = "{uplink}"\n\n'
             f'[metrics]\nlisten = ""\n\n[cgroups]\nroot = "{self.cgroup_root}"\n\n{extra_toml}')
         self.proc: subprocess.Popen[bytes] | None = None
 
@@ -93,6 +113,7 @@ class AgentProc:
             self.proc.wait(10)
 
     def stop(self) -> int | None:
+        """SIGTERM, then SIGKILL after 30 s, or at once when Ctrl-C interrupts the wait (raised again)."""
         if self.proc is None:
             return None
         if self.proc.poll() is None:
@@ -102,19 +123,23 @@ class AgentProc:
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait(10)
+            except KeyboardInterrupt:
+                self.proc.kill()
+                self.proc.wait(10)
+                raise
         return self.proc.returncode
 
     def cleanup(self) -> None:
-        """Stops the agent and removes its jobs, data plane, pins and cgroups."""
-        try:
-            self.stop()
-        finally:
-            subprocess.run(self.argv(str(VENV_BIN / "laminarctl"), "--socket", str(self.sock), "bpf", "unload", "--force",
-                                     "--config", str(self.config_path)), capture_output=True, timeout=60)
-            if self.pin_root.exists():
-                shutil.rmtree(self.pin_root, ignore_errors=True)
-            remove_cgroup_tree(self.cgroup_root)
-            shutil.rmtree(self.sock.parent, ignore_errors=True)
+        """Stops the agent and removes its jobs, data plane, pins and cgroups (every step, also
+        when one fails or Ctrl-C arrives: :func:`cleanup_all`)."""
+        cleanup_all(
+            self.stop,
+            lambda: subprocess.run(self.argv(str(VENV_BIN / "laminarctl"), "--socket", str(self.sock), "bpf", "unload",
+                                             "--force", "--config", str(self.config_path)),
+                                   capture_output=True, timeout=60),
+            lambda: shutil.rmtree(self.pin_root, ignore_errors=True),
+            lambda: remove_cgroup_tree(self.cgroup_root),
+            lambda: shutil.rmtree(self.sock.parent, ignore_errors=True))
 
 
 def _kill_and_rmdir(d: Path) -> None:
@@ -264,6 +289,29 @@ def wait_until(fn: Callable[[], Any], timeout: float, what: str, diag: Callable[
             return v
         time.sleep(0.1)
     raise AssertionError(f"timed out after {timeout} s waiting for {what}\n{diag()}")
+
+
+@contextlib.contextmanager
+def jobkit_base(prefix: str) -> Iterator[Path]:
+    """A fresh directory ``/tmp/<prefix>...`` that other users may traverse (0711; pytest's tmp
+    is root's alone), for agents' state directories whose jobs run as another user, with jobkit
+    under ``lib/`` where that user can read it (the checkout may sit under a directory closed to
+    them: a fresh clone under a 0700 temporary directory); such a job puts ``<base>/lib`` first
+    on its ``sys.path``. Removed afterwards."""
+    d = Path(tempfile.mkdtemp(prefix=prefix, dir="/tmp"))
+    try:
+        os.chmod(d, 0o711)
+        lib = d / "lib" / "laminar"
+        lib.mkdir(parents=True)
+        (lib / "__init__.py").write_text("")
+        shutil.copy(REPO / "agent" / "laminar" / "jobkit.py", lib / "jobkit.py")
+        for p in (d / "lib", lib):
+            os.chmod(p, 0o755)
+        for f in lib.iterdir():
+            os.chmod(f, 0o644)
+        yield d
+    finally:
+        shutil.rmtree(d, ignore_errors=True)
 
 
 @contextlib.contextmanager

@@ -6,9 +6,11 @@ project's prefix (`lm-t-…`, `lmt…`), and remove them afterwards even when th
 
 from __future__ import annotations
 
+import contextlib
 import os
 import secrets
 import shutil
+import signal
 import subprocess
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -33,6 +35,59 @@ def kernel_ready() -> str | None:
         if shutil.which(tool) is None:
             return f"{tool} not installed (run `make setup`)"
     return None
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    # A run started in the background by a non-interactive shell (`pytest ... &` in a script or a
+    # CI step) inherits SIGINT ignored, and Python then never raises KeyboardInterrupt: SIGINT
+    # (Ctrl-C, `kill -INT`) did not stop the run. It does now; fixtures still clean up.
+    if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+    # SIGTERM (`timeout`, a CI runner giving up, `kill`) ends the run the same way, cleaning up: by
+    # default it killed pytest on the spot and left every live fixture's namespaces, agents,
+    # pins and cgroups behind.
+    if signal.getsignal(signal.SIGTERM) == signal.SIG_DFL:
+        signal.signal(signal.SIGTERM, signal.default_int_handler)
+
+
+@contextlib.contextmanager
+def _sigint_held(got: list[int]) -> Iterator[None]:
+    """While fixtures clean up, Ctrl-C (SIGINT) or SIGTERM is noted in `got` instead of raised: a
+    KeyboardInterrupt inside one fixture's teardown made pytest skip every teardown after it on
+    that test (another fixture's namespaces, agents, cgroups were left behind)."""
+    held = [s for s in (signal.SIGINT, signal.SIGTERM)  # not pdb's, or someone else's
+            if signal.getsignal(s) is signal.default_int_handler]
+    for s in held:
+        signal.signal(s, lambda signum, frame: got.append(signum))
+    try:
+        yield
+    finally:
+        for s in held:
+            signal.signal(s, signal.default_int_handler)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None) -> Iterator[None]:
+    """Ctrl-C during a test's teardown stops the run once every fixture of it cleaned up."""
+    got: list[int] = []
+    try:
+        with _sigint_held(got):
+            return (yield)
+    finally:
+        if got:
+            raise KeyboardInterrupt  # over a teardown error too: the run stops
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> Iterator[None]:
+    """The last teardowns (also those of a run stopped by Ctrl-C) finish despite another Ctrl-C;
+    the run then ends as interrupted."""
+    got: list[int] = []
+    with _sigint_held(got):
+        result = yield
+    if got:
+        session.exitstatus = pytest.ExitCode.INTERRUPTED
+    return result
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

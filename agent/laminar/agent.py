@@ -30,7 +30,7 @@ import sys
 import time
 from typing import Any
 
-from . import __version__
+from . import __version__, limits
 from .api import ApiError, ApiServer, Authorizer, Request, Route, Stream
 from .config import Config, ConfigError, defaults_toml, load
 from .events import EventBus
@@ -133,6 +133,16 @@ def release_freed_memory() -> int | None:
 
 
 MAX_EVENTS = 10_000  # events one GET /v1/events answers (a bigger answer: page with since)
+# The stop: a component whose turn comes after the shared deadline still gets this long (its
+# state is saved in its stop); systemd is told the bound plus STOP_MARGIN_S (store, metrics).
+STOP_GRACE_S = 0.5
+STOP_MARGIN_S = 5.0
+
+
+def stop_bound_s(shutdown_timeout_s: float, components: int) -> float:
+    """The longest the agent's stop may take (`Agent.shutdown`): the shared deadline, plus the
+    grace each component (and the API server) gets when its turn comes after it."""
+    return shutdown_timeout_s + STOP_GRACE_S * (components + 1)
 
 
 class Agent:
@@ -148,7 +158,8 @@ class Agent:
         self.core_metrics = CoreMetrics(self.metrics)
         self.events = EventBus(self.store)
         self.events.subscribe(lambda e: self.core_metrics.events.labels(e["kind"]).inc())
-        self.api = ApiServer(config.agent.socket, Authorizer(config.agent.control_group))
+        self.api = ApiServer(config.agent.socket, Authorizer(config.agent.control_group),
+                             float(config.agent.request_timeout_s))
         self.components: list[Any] = []
         self.netguard: Any = None
         self.pressure: Any = None
@@ -189,6 +200,7 @@ class Agent:
                       "another agent.socket and state_dir)", self.config.agent.socket)
             return 1
         self.loop = asyncio.get_running_loop()
+        nofile = self._raise_nofile()
         for sig in (signal.SIGTERM, signal.SIGINT):
             self.loop.add_signal_handler(sig, self._stopping.set)
         # `systemctl reload` (SIGHUP): a networked zone re-reads its keys; anywhere else it must
@@ -212,6 +224,10 @@ class Agent:
                 from .airlock.admission import NO_LIMITS
 
                 self.jobs.set_admission(lambda: NO_LIMITS)
+            note = limits.nofile_note(nofile, int(getattr(self.jobs, "max_per_user", 0) or 0)) if nofile else None
+            if note:
+                log.warning("%s", note)
+                self.events.emit("agent", note, nofile_soft=nofile.soft if nofile else None)
             await self.api.start()
             self._metrics_server = serve(self.config.metrics.listen, self.metrics)
         except Exception as e:
@@ -233,18 +249,53 @@ class Agent:
         else:
             log.info("start-up: %d KiB of freed memory returned to the OS", released)
         await self._stopping.wait()
-        sd_notify("STOPPING=1")
+        # the stop's bound goes with STOPPING=1: the event written next could wait on a busy store
+        sd_notify(f"STOPPING=1\n{self._stop_extension()}")
         self.events.emit("agent", "stopping; jobs stay in their cgroups"
                          + ("; pins and programs stay in place" if self.netguard and self.netguard.maps else ""))
         await self.shutdown()
         return 0
 
+    def _raise_nofile(self) -> limits.NofileLimits | None:
+        """The agent's soft open-files limit raised to its hard limit (`laminar.limits`); jobs
+        get the one it was started with. None (and a warning) if the kernel refused."""
+        try:
+            lim = limits.raise_nofile()
+        except OSError as e:
+            log.warning("open-files limit: cannot raise the soft limit to the hard one: %s", e)
+            return None
+        if lim.soft != lim.inherited_soft:
+            log.info("open-files limit: soft %d raised to %d (the hard limit); jobs get %d, as the agent was started",
+                     lim.inherited_soft, lim.soft, lim.inherited_soft)
+        return lim
+
+    def _stop_extension(self) -> str:
+        """The sd_notify line that gives the stop its bound (shutdown's docstring)."""
+        bound = stop_bound_s(float(self.config.agent.shutdown_timeout_s), len(self.components))
+        return f"EXTEND_TIMEOUT_USEC={int((bound + STOP_MARGIN_S) * 1e6)}"
+
     async def shutdown(self) -> None:
-        await self.api.stop()
-        timeout = float(self.config.agent.shutdown_timeout_s)
+        """Stops the components, last started first, within one deadline: ``shutdown_timeout_s``
+        for all of them together. A component still stopping at the deadline is cancelled; one
+        whose turn comes after it still gets `STOP_GRACE_S` (its state is saved in its stop).
+        So the whole stop takes at most shutdown_timeout_s + STOP_GRACE_S per component, and
+        systemd is told so (EXTEND_TIMEOUT_USEC): a longer shutdown_timeout_s than the unit's
+        TimeoutStopSec no longer gets the agent SIGKILLed mid-stop. (Each component had its own
+        shutdown_timeout_s before: a hung one or two took the agent past TimeoutStopSec=20s.)"""
+        budget = float(self.config.agent.shutdown_timeout_s)
+        sd_notify(self._stop_extension())
+        deadline = time.monotonic() + budget
+        try:
+            await asyncio.wait_for(self.api.stop(), max(deadline - time.monotonic(), STOP_GRACE_S))
+        except Exception:
+            log.exception("stopping the API server failed")
         for comp in reversed(self.components):
+            left = deadline - time.monotonic()
             try:
-                await asyncio.wait_for(comp.stop(), timeout)
+                await asyncio.wait_for(comp.stop(), max(left, STOP_GRACE_S))
+            except TimeoutError:
+                log.error("stopping %s: still not stopped after %.1f s (agent.shutdown_timeout_s %.1f s for the "
+                          "whole stop); cancelled", type(comp).__name__, max(left, STOP_GRACE_S), budget)
             except Exception:
                 log.exception("stopping %s failed", type(comp).__name__)
         self.components.clear()

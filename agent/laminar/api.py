@@ -16,7 +16,7 @@ must stay lean, and the only clients are laminarctl, curl and scripts on the sam
 
 A local user must not be able to lock the operator out or starve the agent of file descriptors
 (1024 under systemd's default soft limit; every cgroup write and PSI trigger needs one): a
-request must arrive whole within ``REQUEST_TIMEOUT_S`` (else 408 and the connection is closed),
+request must arrive whole within ``[agent] request_timeout_s`` (10 s; else 408 and the connection is closed),
 an answer must be taken within as long, and a caller that is neither root nor in the control
 group may hold at most ``MAX_CONNS_PER_UID`` connections (``MAX_UNPRIVILEGED_CONNS`` over all
 such callers; ``events --follow`` streams count) -- past that a new connection is answered 503
@@ -88,6 +88,7 @@ def to_json(payload: Any) -> str:
 MAX_BODY = 1 << 20
 MAX_HEADER = 16 << 10
 # A whole request (header and body) must arrive within this; so must the client take an answer.
+# The default of ``[agent] request_timeout_s``.
 REQUEST_TIMEOUT_S = 10.0
 # Open connections of a caller that is neither root nor in the control group: per uid, and all
 # such callers together. Root and the control group are never refused (see the module docstring).
@@ -320,8 +321,9 @@ class ApiServer:
     # Distinct paths whose route matches are remembered (paths carry ids, so the cache is bounded).
     MATCH_CACHE = 1024
 
-    def __init__(self, path: str | Path, authorizer: Authorizer) -> None:
+    def __init__(self, path: str | Path, authorizer: Authorizer, request_timeout_s: float = REQUEST_TIMEOUT_S) -> None:
         self.path = Path(path)
+        self.request_timeout_s = request_timeout_s  # a request must arrive whole within it; an answer be taken
         self.admin_path = Path(admin_socket_path(str(self.path)))
         self.auth = authorizer
         self.routes: list[Route] = []
@@ -491,11 +493,11 @@ class ApiServer:
         assert loop is not None
         try:
             try:
-                req = await self._read_request(loop, conn, peer)
+                req = await self._read_request(loop, conn, peer, self.request_timeout_s)
             except ApiError as e:
                 if e.status == 408:
                     self.timed_out += 1
-                await self._send(loop, conn, e.status, {"error": e.message})
+                await self._send(loop, conn, e.status, {"error": e.message}, self.request_timeout_s)
                 return
             if req is None:  # the client went away before sending a whole request
                 return
@@ -504,7 +506,7 @@ class ApiServer:
             if isinstance(payload, Stream):
                 await self._send_stream(loop, conn, payload)
             else:
-                await self._send(loop, conn, status, payload)
+                await self._send(loop, conn, status, payload, self.request_timeout_s)
         except (ConnectionError, BrokenPipeError):
             pass
         except asyncio.CancelledError:
@@ -517,11 +519,12 @@ class ApiServer:
                 self._release(peer.uid)
 
     @staticmethod
-    async def _read_request(loop: asyncio.AbstractEventLoop, conn: socket.socket, peer: Peer) -> Request | None:
+    async def _read_request(loop: asyncio.AbstractEventLoop, conn: socket.socket, peer: Peer,
+                            timeout_s: float = REQUEST_TIMEOUT_S) -> Request | None:
         """Reads one request (non-blocking recv first: it is usually there already). None when the
         client closed the connection early; ApiError for a malformed or oversized request, 408
-        when the whole request has not arrived within REQUEST_TIMEOUT_S."""
-        deadline = loop.time() + REQUEST_TIMEOUT_S
+        when the whole request has not arrived within `timeout_s`."""
+        deadline = loop.time() + timeout_s
         buf = b""
         while True:
             end = buf.find(b"\r\n\r\n")
@@ -529,7 +532,7 @@ class ApiServer:
                 break
             if len(buf) > MAX_HEADER:
                 raise ApiError(400, f"request header longer than {MAX_HEADER} bytes")
-            chunk = await _recv(loop, conn, 65536, deadline)
+            chunk = await _recv(loop, conn, 65536, deadline, timeout_s)
             if not chunk:
                 return None
             buf += chunk
@@ -555,7 +558,7 @@ class ApiServer:
             raise ApiError(413, f"request body of {length} bytes exceeds the {MAX_BODY} byte limit")
         raw = buf[end + 4:]
         while len(raw) < length:
-            chunk = await _recv(loop, conn, min(65536, length - len(raw)), deadline)
+            chunk = await _recv(loop, conn, min(65536, length - len(raw)), deadline, timeout_s)
             if not chunk:
                 return None
             raw += chunk
@@ -606,7 +609,8 @@ class ApiServer:
         return 404, {"error": f"no such endpoint {req.path}"}
 
     @staticmethod
-    async def _send(loop: asyncio.AbstractEventLoop, conn: socket.socket, status: int, payload: Any) -> None:
+    async def _send(loop: asyncio.AbstractEventLoop, conn: socket.socket, status: int, payload: Any,
+                    timeout_s: float = REQUEST_TIMEOUT_S) -> None:
         body = to_json(payload).encode() + b"\n"
         head = (f"HTTP/1.1 {status} {REASONS.get(status, 'Status')}\r\nContent-Type: application/json\r\n"
                 f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n").encode()
@@ -617,10 +621,10 @@ class ApiServer:
             sent = 0
         if sent < len(data):
             try:
-                await asyncio.wait_for(loop.sock_sendall(conn, data[sent:]), REQUEST_TIMEOUT_S)
+                await asyncio.wait_for(loop.sock_sendall(conn, data[sent:]), timeout_s)
             except TimeoutError:
                 log.info("api: a client did not take its %d-byte answer within %g s; dropped", len(data),
-                         REQUEST_TIMEOUT_S)
+                         timeout_s)
 
     @staticmethod
     async def _send_stream(loop: asyncio.AbstractEventLoop, conn: socket.socket, stream: Stream) -> None:
@@ -635,9 +639,11 @@ class ApiServer:
                 await aclose()
 
 
-async def _recv(loop: asyncio.AbstractEventLoop, conn: socket.socket, n: int, deadline: float) -> bytes:
+async def _recv(loop: asyncio.AbstractEventLoop, conn: socket.socket, n: int, deadline: float,
+                timeout_s: float = REQUEST_TIMEOUT_S) -> bytes:
     """Up to `n` bytes from a non-blocking socket: at once when they are there (no task, no timer),
-    else waiting until `deadline` (loop time). Raises ApiError 408 past the deadline."""
+    else waiting until `deadline` (loop time; `timeout_s` after the request began, for the error).
+    Raises ApiError 408 past the deadline."""
     try:
         return conn.recv(n)
     except (BlockingIOError, InterruptedError):
@@ -648,7 +654,7 @@ async def _recv(loop: asyncio.AbstractEventLoop, conn: socket.socket, n: int, de
             return await asyncio.wait_for(loop.sock_recv(conn, n), remaining)
         except TimeoutError:
             pass
-    raise ApiError(408, f"the request did not arrive whole within {REQUEST_TIMEOUT_S:g} s; send the header "
+    raise ApiError(408, f"the request did not arrive whole within {timeout_s:g} s; send the header "
                         "and the Content-Length bytes of body at once")
 
 

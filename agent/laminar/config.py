@@ -187,7 +187,9 @@ SCHEMA: dict[str, dict[str, Field]] = {
         "socket": Field(str, "/run/laminar/laminard.sock", "control API (HTTP+JSON on a Unix socket)", _socket_path),
         "control_group": Field(str, "laminar", "group whose members may change policy and flip switches (besides root)"),
         "log_level": Field(str, "info", "stderr log level", _one_of("debug", "info", "warning", "error")),
-        "shutdown_timeout_s": Field((int, float), 10.0, "how long components get to stop on SIGTERM", _range(0.1, 300)),
+        "shutdown_timeout_s": Field((int, float), 10.0, "how long the whole stop on SIGTERM may take, all components together", _range(0.1, 300)),
+        "request_timeout_s": Field((int, float), 10.0, "a control API request must arrive whole within this (else 408), "
+                                   "and a client take its answer", _range(0.1, 600)),
     },
     "bpf": {
         "pin_root": Field(str, "/sys/fs/bpf/laminar", "where maps are pinned (bpffs)", _abs_path),

@@ -212,6 +212,77 @@ class Airlock:
         self._closers.clear()
         self._job_triggers.clear()
 
+    def release_for_unload(self) -> list[str]:
+        """``laminarctl bpf unload``, before the agent's cgroups are removed and the agent stops:
+        Airlock stops watching and acting (no source, no tick, no evaluation: the removal of a
+        v1 memory cgroup signals its eventfds), lifts its memory holds (`_release_holds`) and
+        thaws each job it holds suspended, since the docs promise jobs keep running after an
+        unload and no agent will be there to recover them. A job frozen by a move is the
+        migration layer's and stays as it is.
+
+        Returns the ids of the jobs thawed."""
+        if self._task:
+            self._task.cancel()
+        if self._timer is not None:
+            self._timer.cancel()
+        self._pending = True  # schedule() arms no evaluation from now on
+        if self._poller is not None and self.loop is not None:
+            self.loop.remove_reader(self._poller.fileno())
+        for c in self._closers + list(self._job_triggers.values()):
+            if self._poller is not None:
+                self._poller.remove(c.fileno())
+            try:
+                c.close()
+            except OSError:
+                pass
+        self._closers.clear()
+        self._job_triggers.clear()
+        self._release_holds()
+        thawed: list[str] = []
+        for jid, (rung, _, _) in list(self.rungs.items()):
+            job = self.jobs.get(jid) if self.jobs is not None else None
+            if rung != ladder.SUSPEND or job is None or not job.active:
+                continue
+            try:
+                job.cgroup.thaw(timeout=None)
+            except CgroupError as e:
+                self._emit(f"airlock: cannot thaw {jid} for bpf unload: {e}", job=jid, error=str(e))
+                continue
+            self._drop_rung(jid)
+            self.jobs.set_state(job, "running", "airlock: thawed: the data plane was unloaded")
+            thawed.append(jid)
+        if thawed:
+            self._emit(f"airlock: thawed {', '.join(thawed)}: the data plane was unloaded and no agent will "
+                       "recover them", jobs=thawed)
+        return thawed
+
+    def _release_holds(self) -> None:
+        """For ``bpf unload``: lift what only a running Airlock makes safe. On v1 the root and
+        the classes hold a task at their limit (oom_kill_disable) until Airlock decides, and
+        `cap_unprotected` caps each unprotected class at what its last tick saw; with no agent
+        left, a job reaching either would wait there for good. The operator's budget_mb and
+        class_budget_mb stay as limits, enforced by the kernel's OOM killer."""
+        if self.tree is None:
+            return
+        for problem in release_holds(self.tree, self.budget_mb, self.class_budget_mb):
+            self._emit(f"airlock: {problem}", error=problem)
+        self._caps.clear()
+
+    def resume_after_failed_unload(self) -> None:
+        """An unload that failed leaves the agent running: Airlock watches and acts again (its
+        sources reopened, the ticker restarted; job triggers come back at the next sync; the
+        budget, holds and class caps written again)."""
+        if self.loop is None or self.tree is None:
+            return
+        if self._poller is not None:
+            self._poller.close()
+        self._pending = False
+        self.sources.clear()
+        if self.policy is not None:
+            self._apply_budget()
+        self._open_sources()
+        self._task = self.loop.create_task(self._ticker())
+
     # -- rungs (persisted) -------------------------------------------------------------------------
     def _set_rung(self, job_id: str, rung: str, since: float, hops: int, reason: str) -> None:
         """Record a job's rung in memory and in the store (`since` is monotonic)."""
@@ -479,9 +550,14 @@ class Airlock:
                 self._drop_source(fd, tag)
                 continue
             if tag.startswith("v1:"):
-                for c in self._closers:
-                    if isinstance(c, V1Eventfd) and c.fileno() == fd:
-                        c.drain()
+                ev = next((c for c in self._closers if isinstance(c, V1Eventfd) and c.fileno() == fd), None)
+                if ev is not None:
+                    ev.drain()
+                    if ev.cgroup_gone():
+                        # the kernel signals a v1 memcg's eventfds as it removes the cgroup (bpf
+                        # unload removes the empty class cgroups): a removal, not pressure
+                        self._drop_source(fd, tag, why="its cgroup was removed")
+                        continue
                 where = tag.rsplit(":", 1)[-1]
                 if "oom_control" in tag and where != "root":
                     # a class parent's limit: whose jobs can lift it is for signals() to say
@@ -510,7 +586,7 @@ class Airlock:
         self._note_signal(now)
         self.schedule()
 
-    def _drop_source(self, fd: int, tag: str) -> None:
+    def _drop_source(self, fd: int, tag: str, why: str = "") -> None:
         """Stops watching a source whose file reports an error (its cgroup was removed)."""
         assert self._poller is not None
         self._poller.remove(fd)
@@ -526,6 +602,9 @@ class Airlock:
                     c.close()
                 except OSError:
                     pass
+        if why:
+            log.info("airlock: pressure source %s no longer watched: %s", tag, why)
+            return
         log.warning("airlock: pressure source %s reports an error (its cgroup is gone); no longer watched", tag)
 
     def _on_event(self, event: dict[str, Any]) -> None:
@@ -944,6 +1023,32 @@ class _Fd:
 
     def close(self) -> None:
         os.close(self.fd)
+
+
+def release_holds(tree: CgroupTree, budget_mb: int | None, class_budget_mb: dict[str, int]) -> list[str]:
+    """``bpf unload`` (the agent's, or ``--force`` with none running): the memory settings of
+    the root and of each class parent that still exists become what the config asks for with
+    no Airlock left to decide: the budget (``budget_mb``) and each ``class_budget_mb`` stay as
+    limits, Airlock's class caps go, and the v1 hold at a limit (oom_kill_disable, under which
+    a task waits for Airlock) is off, so the kernel's OOM killer enforces them. Returns what
+    could not be written, one line each (a directory gone is no problem)."""
+    problems: list[str] = []
+    base = tree.hierarchy.unified if tree.hierarchy.memory_in_v2 else tree.hierarchy.v1.get("memory")
+    if base is None or not (base / tree.root_name).is_dir():
+        return problems
+    try:
+        tree.set_root_memory((budget_mb << 20) if budget_mb else None, oom_kill_disable=False)
+    except (CgroupError, OSError) as e:
+        problems.append(f"could not release the node budget's hold: {e}")
+    for cls in tree.classes:
+        if not (base / tree.root_name / cls).is_dir():
+            continue
+        mb = class_budget_mb.get(cls)
+        try:
+            tree.set_class_memory(cls, (mb << 20) if mb else None, oom_kill_disable=False)
+        except (CgroupError, OSError) as e:
+            problems.append(f"could not release the {cls} class's cap: {e}")
+    return problems
 
 
 def _safe_usage(job: Any) -> int | None:

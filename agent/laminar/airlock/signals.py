@@ -107,6 +107,7 @@ class V1Eventfd:
 
     def __init__(self, memory_dir: str | Path, target: str, level: str | None = None) -> None:
         d = Path(memory_dir)
+        self.file = d / f"memory.{target}"
         self.what = f"{d}/memory.{target}" + (f" {level}" if level else "")
         self.efd = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
         tfd = os.open(d / f"memory.{target}", os.O_RDONLY | os.O_CLOEXEC)
@@ -122,6 +123,12 @@ class V1Eventfd:
 
     def fileno(self) -> int:
         return self.efd
+
+    def cgroup_gone(self) -> bool:
+        """True when the watched cgroup was removed. The kernel signals every eventfd registered
+        on a v1 memory cgroup as it removes it (after the directory is gone), so an event read
+        while this is true is that removal, not an OOM or pressure."""
+        return not self.file.exists()
 
     def drain(self) -> int:
         """How many events arrived since the last drain (0 if none)."""

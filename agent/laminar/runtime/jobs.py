@@ -68,6 +68,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from .. import limits
 from ..airlock import admission
 from ..airlock.cgroups import LIFECYCLE_CLASSES, CgroupError, CgroupTree, Hierarchy, JobCgroup, detect
 from ..config import Field, register_section
@@ -167,11 +168,13 @@ SCHEMA.append("CREATE INDEX IF NOT EXISTS jobs_by_ended ON jobs(ended)")
 LATER_COLUMNS = {"started": "REAL"}
 
 # The pre-exec step: join every cgroup (exit 127 naming the file if one refuses), set
-# oom_score_adj (best effort), then exec the command. $0 is "laminar-job".
+# oom_score_adj (best effort), put back the open-files soft limit the agent was started with when
+# one is given (laminar.limits: the agent raised its own), then exec the command. $0 is "laminar-job".
 ENTER_SH = (
     'n=$1; shift; while [ "$n" -gt 0 ]; do '
     'echo $$ > "$1" || { echo "laminar: cannot join cgroup $1" >&2; exit 127; }; shift; n=$((n-1)); done; '
-    'echo "$1" > /proc/self/oom_score_adj 2>/dev/null; shift; exec "$@"'
+    'echo "$1" > /proc/self/oom_score_adj 2>/dev/null; shift; '
+    'if [ -n "$1" ]; then ulimit -Sn "$1"; fi; shift; exec "$@"'
 )
 
 # What runs as root before a job's command (ENTER_SH, setpriv) runs with this environment and
@@ -1353,7 +1356,7 @@ class JobManager:
         # what lies below. Root's own job enters it at the spawn (a directory gone: the start fails).
         cwd = spec.cwd if not job.owner_uid else None
         argv = ["/bin/sh", "-c", ENTER_SH, "laminar-job", str(len(files)), *files,
-                str(oom_score_adj_for(spec)), *drop, TRAMPOLINE_PYTHON, "-I", "-S", "-c", JOB_TRAMPOLINE,
+                str(oom_score_adj_for(spec)), str(limits.job_nofile_soft() or ""), *drop, TRAMPOLINE_PYTHON, "-I", "-S", "-c", JOB_TRAMPOLINE,
                 "", (spec.cwd or "") if job.owner_uid else "", *spec.command]
         env_fd = os.memfd_create("laminar-job-env", 0)  # inherited by the trampoline (pass_fds)
         try:
