@@ -28,7 +28,7 @@ from typing import Any
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
 
-from agentproc import VENV_BIN, AgentProc  # noqa: E402
+from agentproc import VENV_BIN, AgentProc, cleanup_all  # noqa: E402
 from conftest import Netns, delete_netns, kernel_ready, make_netns, run  # noqa: E402
 
 UDP_PORT = 7440
@@ -105,10 +105,15 @@ class Cluster:
     def create(cls, tmp: Path, zones: int = 3, per_zone: int = 3, gpus: int = 2, cpus: int = 8,
                memory_mb: int = 16_000, pools: dict[int, str] | None = None, handover_timeout_s: float = 10.0,
                zone_extra: str = "", node_extra: dict[int, str] | None = None,
-               probe_timeout_s: float = 0.2) -> Iterator[Cluster]:
+               probe_timeout_s: float = 0.2, ipv6: bool = False) -> Iterator[Cluster]:
+        """``ipv6``: the nodes' roster addresses are IPv6 (a ULA /64, written ``[addr]:port``),
+        and the namespaces have no IPv4 address at all (an IPv6-only fabric)."""
         tag = secrets.token_hex(3)
         bridge = f"lmt-br-{tag}"
         subnet = f"10.{secrets.randbelow(100) + 120}.{secrets.randbelow(250) + 1}"
+        if ipv6:  # fdXX:XXXX:XXXX:: (ULA); no DAD, so the addresses can be bound at once
+            subnet = f"fd{secrets.token_hex(1)}:{secrets.token_hex(2)}:{secrets.token_hex(2)}:"
+        sep, plen, nodad = (":", "64", ("nodad",)) if ipv6 else (".", "24", ())
         tmp = Path(tmp) / f"cluster-{tag}"
         tmp.mkdir(parents=True)
         keys = {z: secrets.token_bytes(32) for z in range(1, zones + 1)}
@@ -119,15 +124,16 @@ class Cluster:
         created_ns: list[Netns] = []
         try:
             run("ip", "link", "add", bridge, "type", "bridge")
-            run("ip", "addr", "add", f"{subnet}.254/24", "dev", bridge)
+            run("ip", "addr", "add", f"{subnet}{sep}fe/{plen}" if ipv6 else f"{subnet}.254/24", "dev", bridge, *nodad)
             run("ip", "link", "set", bridge, "up")
             n = zones * per_zone
             members = []
             for i in range(n):
                 zone = 1 + i // per_zone
-                addr = f"{subnet}.{i + 1}"
+                addr = f"{subnet}{sep}{i + 1}"
                 pool = (pools or {}).get(i, "")
-                members.append({"id": i + 1, "zone": zone, "addr": f"{addr}:{UDP_PORT}", "handover_port": TCP_PORT,
+                members.append({"id": i + 1, "zone": zone, "addr": f"[{addr}]:{UDP_PORT}" if ipv6 else f"{addr}:{UDP_PORT}",
+                                "handover_port": TCP_PORT,
                                 **({"pool": pool} if pool else {})})
             nodes_toml = "".join(
                 f'\n[[zone.nodes]]\nid = {m["id"]}\nzone = {m["zone"]}\naddr = "{m["addr"]}"\nhandover_port = {TCP_PORT}\n'
@@ -140,8 +146,8 @@ class Cluster:
                 run("ip", "link", "add", host_if, "type", "veth", "peer", "name", ns_if, "netns", ns.name)
                 run("ip", "link", "set", host_if, "master", bridge)
                 run("ip", "link", "set", host_if, "up")
-                addr = f"{subnet}.{i + 1}"
-                ns.run("ip", "addr", "add", f"{addr}/24", "dev", ns_if)
+                addr = f"{subnet}{sep}{i + 1}"
+                ns.run("ip", "addr", "add", f"{addr}/{plen}", "dev", ns_if, *nodad)
                 ns.run("ip", "link", "set", ns_if, "up")
                 mac = json.loads(ns.run("ip", "-j", "link", "show", "dev", ns_if).stdout)[0]["address"]
                 zone_toml = (
@@ -159,14 +165,23 @@ class Cluster:
             c.wait_converged()
             yield c
         finally:
-            for nd in c.nodes:
-                try:
-                    nd.agent.cleanup()
-                except Exception as e:  # keep cleaning the others
-                    print(f"cleanup of node {nd.node_id} failed: {e}", file=sys.stderr)
-            for ns in created_ns:
-                delete_netns(ns)
-            run("ip", "link", "delete", bridge, check=False)
+            # every step runs, also when Ctrl-C arrives during one (then raised again: the run stops)
+            cleanup_all(lambda: c._terminate(), *(lambda nd=nd: c._cleanup_node(nd) for nd in c.nodes),
+                        *(lambda ns=ns: delete_netns(ns) for ns in created_ns),
+                        lambda: run("ip", "link", "delete", bridge, check=False))
+
+    def _terminate(self) -> None:
+        """SIGTERM to every running agent at once, so that they stop side by side."""
+        for nd in self.nodes:
+            if nd.agent.proc is not None and nd.agent.proc.poll() is None:
+                nd.agent.proc.terminate()
+
+    @staticmethod
+    def _cleanup_node(nd: Node) -> None:
+        try:
+            nd.agent.cleanup()
+        except Exception as e:  # keep cleaning the others; Ctrl-C goes on to cleanup_all
+            print(f"cleanup of node {nd.node_id} failed: {e}", file=sys.stderr)
 
     def wait_converged(self, timeout: float = 30.0) -> None:
         """Until every agent holds a fresh summary of every other zone (placements can go anywhere)."""

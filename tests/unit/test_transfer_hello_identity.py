@@ -23,13 +23,10 @@ TCP, each node on its own address (127.0.0.<node>):
 from __future__ import annotations
 
 import asyncio
-import importlib.util
 import json
 import secrets
 import socket
 import struct
-import subprocess
-import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -38,6 +35,7 @@ from typing import Any
 
 import pytest
 from prometheus_client import CollectorRegistry
+from test_xfer_crypto import Relay, old_transfer
 from xferrig import KEY, make_ckpt
 
 from laminar.migrate import transfer
@@ -75,50 +73,13 @@ async def _with(root: Path, body: Callable[[Receiver, int], Any], calls: Calls, 
         await rcv.stop()
 
 
-class HelloRelay:
-    """A TCP relay on 127.0.0.1 without the key, in front of ``upstream``: connects on from
-    ``via`` (an address) and rewrites the first client frame (the hello) with ``change``."""
-
-    def __init__(self, upstream: int, via: str, change: Callable[[dict[str, Any]], None] | None) -> None:
-        self.upstream, self.via, self.change = upstream, via, change
-        self.server: asyncio.AbstractServer | None = None
-
-    async def start(self) -> int:
-        self.server = await asyncio.start_server(self._handle, "127.0.0.1", 0)
-        return int(self.server.sockets[0].getsockname()[1])
-
-    def close(self) -> None:
-        if self.server is not None:
-            self.server.close()
-
-    async def _handle(self, cr: asyncio.StreamReader, cw: asyncio.StreamWriter) -> None:
-        sr, sw = await asyncio.open_connection("127.0.0.1", self.upstream, local_addr=(self.via, 0))
-
-        async def pump(r: asyncio.StreamReader, w: asyncio.StreamWriter, first: bool) -> None:
-            while True:
-                n = struct.unpack(">I", await r.readexactly(4))[0]
-                f = await r.readexactly(n)
-                if first and self.change is not None:
-                    hello = json.loads(f)
-                    self.change(hello)
-                    f = json.dumps(hello, separators=(",", ":")).encode()
-                first = False
-                w.write(struct.pack(">I", len(f)) + f)
-                await w.drain()
-
-        tasks = [asyncio.ensure_future(pump(cr, sw, True)), asyncio.ensure_future(pump(sr, cw, False))]
-        try:
-            await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            for t in tasks:
-                t.cancel()
-            await asyncio.gather(*tasks, return_exceptions=True)
-            sw.close()
-            cw.close()
-
-
-def _as_node_2(hello: dict[str, Any]) -> None:
-    hello["node"] = "2"
+def _as_node_2(i: int, frame: bytes) -> list[bytes]:
+    """A relay's ``up`` action: the first client frame (the hello) says node 2."""
+    if i == 0:
+        hello = json.loads(frame)
+        hello["node"] = "2"
+        frame = json.dumps(hello, separators=(",", ":")).encode()
+    return [frame]
 
 
 @pytest.mark.parametrize("check", [True, False], ids=["source-checked", "source-unchecked"])
@@ -128,7 +89,7 @@ def test_a_hello_whose_node_a_relay_changed_is_refused(tmp_path: Path, check: bo
     calls = Calls()
 
     async def body(rcv: Receiver, port: int) -> None:
-        relay = HelloRelay(port, "127.0.0.2", _as_node_2)
+        relay = Relay(port, up=_as_node_2, via="127.0.0.2")
         rport = await relay.start()
         try:
             with pytest.raises(TransferError, match="hello was changed on the way") as e:
@@ -139,7 +100,7 @@ def test_a_hello_whose_node_a_relay_changed_is_refused(tmp_path: Path, check: bo
             relay.close()
         assert calls.seen == [], "a hello changed on the way must carry nothing out"
         # the same relay, unchanged, carries node 2's own message: it was the change that was refused
-        plain = HelloRelay(port, "127.0.0.2", None)
+        plain = Relay(port, via="127.0.0.2")
         pport = await plain.start()
         try:
             assert await send_control("127.0.0.1", pport, KEY, "needs", {"key": "n1-job-1"}, node="2",
@@ -259,23 +220,7 @@ def test_an_impostors_reclaim_withdrawn_changes_nothing_at_a_migrate_component(t
 
 
 def _v2() -> ModuleType:
-    """The transfer module of protocol v2 (rev 39865be), loaded from git: a real old peer."""
-    repo = Path(__file__).resolve().parents[2]
-    try:
-        src = subprocess.run(["git", "-C", str(repo), "show", "39865be:agent/laminar/migrate/transfer.py"],
-                             capture_output=True, check=True).stdout
-    except (OSError, subprocess.CalledProcessError) as e:
-        pytest.skip(f"protocol v2 source not in this checkout's history: {e}")
-    name = "laminar_transfer_v2_s9"
-    if name in sys.modules:
-        return sys.modules[name]
-    spec = importlib.util.spec_from_loader(name, loader=None)
-    assert spec is not None
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[name] = mod
-    exec(compile(src, str(repo / ".git" / "lm-s9-transfer-v2.py"), "exec"), mod.__dict__)  # noqa: S102  (the project's own old source)
-    assert mod.PROTOCOL_VERSION == 2
-    return mod
+    return old_transfer("39865be", 2)  # protocol v2: a real old peer
 
 
 def test_a_v2_peer_gets_an_error_naming_both_versions(tmp_path: Path) -> None:

@@ -52,13 +52,14 @@ def _keep(_i: int, f: bytes) -> list[bytes]:
 
 
 class Relay:
-    """A TCP relay on loopback in front of ``upstream``: records both directions' bytes in
-    ``wire`` and passes each frame through ``up`` (client to server) or ``down`` on the first
-    connection (later connections pass unchanged); ``cut_after``: closes the first connection
-    after that many client frames."""
+    """A TCP relay on loopback in front of ``upstream`` (connecting on from the address ``via``):
+    records both directions' bytes in ``wire`` and passes each frame through ``up`` (client to
+    server) or ``down`` on the first connection (later connections pass unchanged);
+    ``cut_after``: closes the first connection after that many client frames. It holds no key."""
 
-    def __init__(self, upstream: int, up: Action = _keep, down: Action = _keep, cut_after: int | None = None) -> None:
-        self.upstream, self.up, self.down, self.cut_after = upstream, up, down, cut_after
+    def __init__(self, upstream: int, up: Action = _keep, down: Action = _keep, cut_after: int | None = None,
+                 via: str = "127.0.0.1") -> None:
+        self.upstream, self.up, self.down, self.cut_after, self.via = upstream, up, down, cut_after, via
         self.wire = bytearray()
         self.connections = 0
         self.server: asyncio.AbstractServer | None = None
@@ -86,7 +87,7 @@ class Relay:
     async def _handle(self, cr: asyncio.StreamReader, cw: asyncio.StreamWriter) -> None:
         first = self.connections == 0
         self.connections += 1
-        sr, sw = await asyncio.open_connection("127.0.0.1", self.upstream)
+        sr, sw = await asyncio.open_connection("127.0.0.1", self.upstream, local_addr=(self.via, 0))
         up = self._pump(cr, sw, self.up if first else _keep, self.cut_after if first else None)
         down = self._pump(sr, cw, self.down if first else _keep, None)
         tasks = [asyncio.ensure_future(up), asyncio.ensure_future(down)]
@@ -113,6 +114,7 @@ def leak_at(plain: bytes, wire: bytes, window: int = 64) -> int | None:
 
 
 async def _with(root: Path, body: Callable[[Receiver, int], Any], **kw: Any) -> Any:
+    """Runs ``body(receiver, port)`` with a Receiver(root, KEY, **kw) on 127.0.0.1."""
     rcv = Receiver(root, KEY, **kw)
     port = await rcv.start("127.0.0.1", 0)
     try:
@@ -271,25 +273,30 @@ def test_a_transfer_broken_mid_way_resumes_over_a_new_connection(tmp_path: Path,
     assert (dst / "state.bin").read_bytes() == (ckpt / "state.bin").read_bytes()
 
 
-def _v1() -> ModuleType:
-    """The transfer module of protocol v1 (rev f720e74), loaded from git: a real old peer."""
+def old_transfer(rev: str, version: int) -> ModuleType:
+    """The transfer module of protocol ``version`` as of git ``rev``, loaded from git: a real old
+    peer (the test is skipped where the checkout lacks that history)."""
     repo = Path(__file__).resolve().parents[2]
     try:
-        src = subprocess.run(["git", "-C", str(repo), "show", "f720e74:agent/laminar/migrate/transfer.py"],
+        src = subprocess.run(["git", "-C", str(repo), "show", f"{rev}:agent/laminar/migrate/transfer.py"],
                              capture_output=True, check=True).stdout
     except (OSError, subprocess.CalledProcessError) as e:
-        pytest.skip(f"protocol v1 source not in this checkout's history: {e}")
-    name = "laminar_transfer_v1_s7"
+        pytest.skip(f"protocol v{version} source not in this checkout's history: {e}")
+    name = f"laminar_transfer_v{version}_{rev}"
     if name in sys.modules:
         return sys.modules[name]
-    path = repo / ".git" / "lm-s7-transfer-v1.py"
+    path = repo / ".git" / f"lm-transfer-v{version}-{rev}.py"
     spec = importlib.util.spec_from_loader(name, loader=None)
     assert spec is not None
     mod = importlib.util.module_from_spec(spec)
     sys.modules[name] = mod
     exec(compile(src, str(path), "exec"), mod.__dict__)  # noqa: S102  (the project's own old source)
-    assert mod.PROTOCOL_VERSION == 1
+    assert mod.PROTOCOL_VERSION == version
     return mod
+
+
+def _v1() -> ModuleType:
+    return old_transfer("f720e74", 1)
 
 
 def test_an_old_version_peer_gets_an_error_naming_both_versions(tmp_path: Path) -> None:

@@ -134,7 +134,12 @@ PERSIST_EVERY = 8  # chunks between fdatasync + have.log appends
 _HASH_THREADS = max(1, min(4, (os.cpu_count() or 2) - 1))  # threads hashing chunks beside the one hashing files: a core is left to the event loop
 MAX_NEED_ROUNDS = 5  # re-send rounds before a transfer is declared failed
 MAX_SOURCE_CHANGES = 5  # manifests built again because the checkpoint changed under the sender, before it gives up
-HANDSHAKE_TIMEOUT_S = 10.0
+HANDSHAKE_TIMEOUT_S = 10.0  # each handshake message: the peer's agent may be busy (a loaded event loop)
+# A connection a destination has not accepted in this long is a silent peer (its host gone, a
+# blackhole: nothing answers the SYN). Linux sends the SYN again 1 s and 3 s after the first; on
+# a LAN (and on any path of RTT < 1 s) 4 s covers both, so only a peer that answers none of three
+# SYNs counts as silent; it was HANDSHAKE_TIMEOUT_S (10 s) before 2026-11-23.
+CONNECT_TIMEOUT_S = 4.0
 IO_TIMEOUT_S = 60.0
 INCOMING_STALE_S = 24 * 3600.0  # a partial transfer untouched this long is abandoned (its sender never came back)
 _SAFE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")
@@ -163,6 +168,14 @@ class SourceChangedError(TransferError):
     its directory with new files): the manifest no longer describes what is on disk. Not
     fatal: :func:`send_checkpoint` builds the manifest again and sends what is there now, at
     most MAX_SOURCE_CHANGES times."""
+
+
+class PeerSilentError(TransferError):
+    """The destination said nothing: it did not accept the connection in CONNECT_TIMEOUT_S, or
+    did not answer the handshake in HANDSHAKE_TIMEOUT_S (its host gone, a blackhole, its agent
+    hung). Not fatal (it may come back); :func:`send_checkpoint` tries such a peer again only
+    ``silent_retries`` times, so a caller with another destination (a prestage) goes there
+    after one timeout instead of the whole retry ladder."""
 
 
 class RecordError(TransferError):
@@ -1141,6 +1154,7 @@ async def send_checkpoint(
     deadline_monotonic: float | None = None,
     retries: int = 5,
     retry_delay_s: float = 0.5,
+    silent_retries: int | None = None,
     progress: Callable[[Progress], None] | None = None,
     flow_hook: FlowHook | None = None,
     manifest: Manifest | None = None,
@@ -1151,6 +1165,11 @@ async def send_checkpoint(
     connection (up to ``retries`` more attempts, and never past ``deadline_monotonic``),
     sending only the chunks the destination does not hold. Raises TransferError on
     authentication failure, a corrupt source, or when attempts or time run out.
+    ``silent_retries``: attempts after one whose destination said nothing
+    (:class:`PeerSilentError`, raised once they are used up); None: as ``retries``. At the
+    defaults a silent destination costs 6 timeouts and 5 delays (about 27 s connecting to a
+    vanished host, 63 s handshaking with a hung agent); a caller that can send elsewhere
+    passes 0.
 
     A checkpoint that changes under the sender (the job saves the same step again: jobkit
     replaces the directory) is seen when its manifest is built, or when a connection opens
@@ -1194,6 +1213,7 @@ async def send_checkpoint(
     res = SendResult(job_id, m.ckpt_id, m.digest, m.total_bytes, 0, 0, 0, "")
     last: Exception | None = None
     attempt = 0
+    silent = 0
     while attempt <= retries:
         if deadline_monotonic is not None and time.monotonic() >= deadline_monotonic:
             break
@@ -1207,6 +1227,12 @@ async def send_checkpoint(
             offer = await asyncio.to_thread(_offer, m, key)
             res.digest, res.total_bytes = m.digest, m.total_bytes
             continue
+        except PeerSilentError as e:
+            silent += 1
+            if silent_retries is not None and silent > silent_retries:
+                raise PeerSilentError(f"{e} (attempt {res.attempts}; not tried again: silent_retries={silent_retries})"
+                                      ) from None
+            last = e
         except TransferError as e:
             if e.fatal:
                 raise
@@ -1232,7 +1258,10 @@ async def _send_once(
 ) -> None:
     rd = _Source(src, m)  # opens the files first: SourceChangedError (before any byte is sent) when they changed
     try:
-        r, w = await asyncio.wait_for(_connect(host, port, local_host), HANDSHAKE_TIMEOUT_S)
+        r, w = await asyncio.wait_for(_connect(host, port, local_host), CONNECT_TIMEOUT_S)
+    except TimeoutError:
+        rd.close()
+        raise PeerSilentError(f"transfer: {host}:{port} did not accept a connection in {CONNECT_TIMEOUT_S:g} s") from None
     except BaseException:
         rd.close()
         raise
@@ -1242,7 +1271,11 @@ async def _send_once(
     registered = 0  # the bytes the flow hook was told this attempt sends
     told = [0]  # the acknowledged bytes the flow hook was last told
     try:
-        ch, ns = await _client_handshake(r, w, key, zone, node)
+        try:
+            ch, ns = await _client_handshake(r, w, key, zone, node)
+        except TimeoutError:
+            raise PeerSilentError(f"transfer: {host}:{port} did not answer the handshake in "
+                                  f"{HANDSHAKE_TIMEOUT_S:g} s") from None
 
         def committed(h: dict[str, Any]) -> None:
             """The destination holds the whole checkpoint, verified: its answer's MAC is checked."""
@@ -1691,8 +1724,24 @@ class Receiver:
         (self.root / "incoming").mkdir(parents=True, exist_ok=True)
         (self.root / "checkpoints").mkdir(parents=True, exist_ok=True)
         self.sweep(at_start=True)
-        self.server = await asyncio.start_server(self._handle, host, port)
+        # '::' (with a port): every address of both families (asyncio's '::' socket is IPv6 only)
+        self.server = await asyncio.start_server(self._handle, None if host == "::" and port else host, port)
         return int(self.server.sockets[0].getsockname()[1])
+
+    async def relisten(self, host: str) -> None:
+        """Listen on ``host`` at the same port instead (the zone's roster address once usable:
+        ZoneComponent.on_rebind); transfers being received go on. When ``host`` cannot be bound
+        the old address is listened on again and the OSError raised."""
+        srv = self.server
+        assert isinstance(srv, asyncio.Server) and srv.sockets, "relisten before start"
+        name = srv.sockets[0].getsockname()
+        old = "::" if len(srv.sockets) > 1 else str(name[0])  # '::' listens on two sockets (start)
+        srv.close()
+        try:
+            self.server = await asyncio.start_server(self._handle, None if host == "::" else host, int(name[1]))
+        except OSError:
+            self.server = await asyncio.start_server(self._handle, None if old == "::" else old, int(name[1]))
+            raise
 
     async def stop(self) -> None:
         if self.server is not None:
@@ -2277,8 +2326,10 @@ def _load_key(path: str, zone: int) -> bytes:
 
 def _hostport(v: str) -> tuple[str, int]:
     host, _, port = v.rpartition(":")
+    if host.startswith("[") and host.endswith("]"):  # [fd00::2]:7480: an IPv6 address with a port
+        host = host[1:-1]
     if not host or not port.isdigit():
-        raise argparse.ArgumentTypeError(f"{v!r}: expected HOST:PORT")
+        raise argparse.ArgumentTypeError(f"{v!r}: expected HOST:PORT ([IPv6]:PORT for an IPv6 address)")
     return host, int(port)
 
 

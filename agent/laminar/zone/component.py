@@ -51,7 +51,7 @@ import logging
 import math
 import random
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -59,8 +59,8 @@ from laminar.zone import mixlearn, wire
 from laminar.zone import packing as pk
 from laminar.zone import placement as pl
 from laminar.zone.loan import LoanManager
-from laminar.zone.membership import Membership
-from laminar.zone.transport import HandoverError, Router, Transport
+from laminar.zone.membership import WILDCARDS, Membership, bind_host, canonical_ip, listen_check
+from laminar.zone.transport import HandoverError, Router, Transport, address_is_local, wait_while_tentative
 
 log = logging.getLogger("laminar.zone")
 
@@ -75,6 +75,8 @@ PLACEMENT_ENV = "LM_PLACEMENT_ID"  # LAMINAR_* names are reserved by the job man
 DEMAND_CACHE_MAX = 256  # probe shapes whose checked Demand the arbiter keeps (bounded memory)
 ZONE_TABLES_MAX = 64  # zone draws a submitter keeps (one per demand shape between summary rounds)
 BOUND_MEMORY = 4096  # nodes a submitter remembers binding jobs to or being refused by (stale hints)
+ROSTER_WAIT_S = 5.0  # an IPv6 roster address still tentative at start (DAD) is waited for this long
+REBIND_INTERVAL_S = 2.0  # then, listening on ::, how often the zone looks whether it is usable
 # refusals that say the node is full for the demand (as opposed to a model or pool mismatch)
 FULL_REASONS = frozenset({pl.RefuseReason.NO_GPU, pl.RefuseReason.NO_CPU, pl.RefuseReason.NO_MEMORY,
                           pl.RefuseReason.BUSY, pl.RefuseReason.DRAINING})
@@ -1097,7 +1099,9 @@ def zone_config_fields() -> dict[str, Any]:
 
     return {
         "node_id": Field(int, 0, "this node's id in zone.nodes (0: the one-node zone, no network)", rng(0, 2**32 - 1)),
-        "listen": Field(str, "0.0.0.0", "address the UDP probe endpoint and the TCP hand-over server bind"),
+        "listen": Field(str, "0.0.0.0", "address the UDP probe endpoint and the TCP hand-over server bind "
+                        "(0.0.0.0: this node's zone.nodes address when this host holds it, else 0.0.0.0, :: for "
+                        "an IPv6 one)", listen_check),
         "port": Field(int, DEFAULT_PORT, "UDP port of the probe endpoint", rng(1, 65535)),
         "handover_port": Field(int, DEFAULT_HANDOVER_PORT, "TCP port for job hand-overs", rng(1, 65535)),
         "keys_file": Field(str, "/etc/laminar/zone.keys", "per-zone keys (root-only file; see docs/protocol.md)"),
@@ -1197,8 +1201,8 @@ class NetTransport:
         assert self.comp.encoder is not None and self.comp.tcp_decoder is not None
         # from the address the agent listens on, when it names one: its roster address, which
         # the receiver checks the connection against (zone.check_source)
-        listen = str(self.comp.s["listen"])
-        local = None if listen in ("", "0.0.0.0", "::") else listen
+        listen = self.comp.listen_host
+        local = None if listen in WILDCARDS else listen
         return await handover(self.comp.encoder, self.comp.tcp_decoder, m.zone, m.addr, port or m.handover_port,
                               body, timeout_s, self.comp.wall, to=node, local_host=local)
 
@@ -1241,6 +1245,14 @@ class ZoneComponent:
         self.tcp_decoder: wire.Decoder | None = None
         self.endpoint: Any = None
         self.server: Any = None
+        self.listen_host = "0.0.0.0"  # zone.listen as bound (membership.bind_host), set by start
+        # An IPv6 roster address still tentative at start (DAD, at boot) is waited for this long,
+        # then the zone listens on :: and looks every rebind_interval_s until it is usable, listens
+        # on it and calls each of on_rebind with it (the migration layer's transfer listener).
+        self.roster_wait_s = ROSTER_WAIT_S
+        self.rebind_interval_s = REBIND_INTERVAL_S
+        self.on_rebind: list[Callable[[str], Awaitable[None]]] = []
+        self._rebind_to = ""
         self.router = Router()
         self.zone_summaries: dict[int, pl.ZoneSummary] = {}
         self._fits_cache: dict[tuple[Any, ...], dict[int, float]] = {}
@@ -1282,10 +1294,34 @@ class ZoneComponent:
             if not any(m.node == self.node_id for m in members):
                 raise RuntimeError(f"zone: node_id {s['node_id']} is not in zone.nodes (ids: {sorted(m.node for m in members)})")
             self.networked = True
+            v6 = [m for m in members if ":" in canonical_ip(m.addr)]  # (::ffff:a.b.c.d is IPv4)
+            v4 = [m for m in members if ":" not in canonical_ip(m.addr)]
+            if v6 and v4 and s["check_source"]:
+                raise RuntimeError(
+                    f"zone: zone.nodes lists IPv6 and IPv4 addresses (node {v6[0].node} ({v6[0].addr}), node "
+                    f"{v4[0].node} ({v4[0].addr})): with zone.check_source a node is heard only from its listed "
+                    "address, so nodes of the two families can never hear each other; list every node in one "
+                    "family (its IPv6 or its IPv4 address), or set check_source = false and listen = \"::\" on every node")
             keys = load_keys(s["keys_file"], need_zones=sorted({m.zone for m in members}))
         self.membership = Membership(self.node_id, members)
         me = self.membership.by_node[self.node_id]
         self.zone = me.zone
+        self.listen_host = bind_host(str(s["listen"]), me.addr)
+        state = "usable"
+        if self.networked and self.listen_host not in WILDCARDS:
+            state = await wait_while_tentative(self.listen_host, self.roster_wait_s)
+        if state != "usable" and self.listen_host not in (s["listen"], "0.0.0.0"):
+            anywhere = "::" if ":" in self.listen_host else "0.0.0.0"
+            log.warning("zone: this node's roster address %s is %s on this host: listening on %s until it is usable "
+                        "(checked every %.0f s), so meanwhile its traffic leaves from whatever address the kernel "
+                        "picks and peers drop it as wrong_source%s", me.addr,
+                        {"tentative": f"still tentative after {self.roster_wait_s:.0f} s",
+                         "duplicate": "a duplicate (DAD failed: another host on the link holds it)"}.get(state, "not"),
+                        anywhere, self.rebind_interval_s,
+                        "" if state != "absent" else " (unless a NAT gives it that address); set zone.listen where it "
+                        "never will be")
+            self._rebind_to = self.listen_host
+            self.listen_host = anywhere
         self.arbiter = Arbiter(self._inventory(), lease_s=float(s["lease_s"]), hold_s=float(s["hold_s"]),
                                max_tentative=int(s["max_tentative"]), packing=str(s["packing"]))
         self.loan = LoanManager(self, self._loan_settings if self._loan_settings is not None or agent is None
@@ -1325,17 +1361,19 @@ class ZoneComponent:
             loop = asyncio.get_running_loop()
             self.endpoint = UdpEndpoint(self.membership, self.encoder, self.decoder, self._on_message, self.wall,
                                         local_clock=self.clock)
-            self.endpoint.open(loop, s["listen"], int(s["port"]))
+            self.endpoint.open(loop, self.listen_host, int(s["port"]))
             self.server = HandoverServer(self.encoder, self.tcp_decoder,
                                          lambda n: self.membership.by_node[n].zone if n in self.membership.by_node else None,
                                          lambda msg: self.on_handover(msg.node, msg.body),  # type: ignore[arg-type]
                                          self.wall, float(s["handover_timeout_s"]))
             try:
-                await self.server.start(s["listen"], s["handover_port"])
+                await self.server.start(self.listen_host, s["handover_port"])
             except OSError:
                 self.endpoint.close()
                 raise
             self._tasks.append(asyncio.create_task(self._summary_loop()))
+            if self._rebind_to:
+                self._tasks.append(asyncio.create_task(self._listen_on_roster_address(self._rebind_to)))
         self._tasks.append(asyncio.create_task(self._watch_jobs()))
         self._emit(f"zone ready: node {self.node_id} in zone {self.zone}, {len(members)} members, "
                    f"{'networked' if self.networked else 'one-node zone'}")
@@ -1423,6 +1461,33 @@ class ZoneComponent:
             store.set_meta(f"zone.seq_floor.{self.node_id}", int(limit))
         except Exception as e:  # never fail a send; the next block tries again
             log.warning("zone: cannot persist the sequence floor %d: %s", limit, e)
+
+    async def _listen_on_roster_address(self, host: str) -> None:
+        """While the zone listens on :: (0.0.0.0: an IPv4 roster) because its roster address
+        ``host`` was not usable at start, look every ``rebind_interval_s``; once it is, listen on it (datagrams and
+        hand-overs: traffic leaves from it again, and peers stop dropping it as wrong_source) and
+        call each of ``on_rebind`` with it."""
+        while True:
+            await asyncio.sleep(self.rebind_interval_s)
+            if not address_is_local(host):
+                continue
+            try:
+                if self.endpoint.sock.getsockname()[0] != canonical_ip(host):
+                    self.endpoint.rebind(host)
+                await self.server.relisten(host)
+            except OSError as e:
+                log.warning("zone: cannot listen on the roster address %s yet (%s): still on %s", host, e,
+                            self.listen_host)
+                continue
+            self.listen_host = host
+            self._rebind_to = ""
+            self._emit(f"this node's roster address {host} is usable now: listening on it", addr=host)
+            for fn in list(self.on_rebind):
+                try:
+                    await fn(host)
+                except Exception:
+                    log.exception("zone: a listener on the roster address %s failed to follow it", host)
+            return
 
     def _emit(self, message: str, **fields: Any) -> None:
         ev = getattr(self.agent, "events", None)
@@ -1532,6 +1597,38 @@ class ZoneComponent:
         if store is not None:
             with store.tx() as db:
                 db.execute("DELETE FROM zone_placed WHERE placement_id=?", (pid,))
+
+    async def _taken_over_as(self, pid: int, body: wire.Handover) -> str | None:
+        """For a hand-over not bound here yet of a migrated job (its spec's env names the job's
+        migration key): the job this node's migration layer took that job over as, here, or is
+        starting it as (waited for: :meth:`laminar.migrate.reclaim.ReclaimComponent.taken_over_as`);
+        else None, without suspending (so the bind that follows is in the same step as this look)."""
+        migrate = getattr(self.agent, "migrate", None)
+        if pid in self.arbiter.placed or migrate is None or not hasattr(migrate, "taken_over_as"):
+            return None
+        try:
+            env = json.loads(body.spec_json)["spec"].get("env")
+        except (ValueError, KeyError, TypeError, AttributeError):
+            return None  # refused with its reason by the hand-over's own parse
+        if not isinstance(env, dict):
+            return None
+        got = await migrate.taken_over_as(env)
+        return None if got is None else str(got)
+
+    def placement_pending(self, pid: int) -> bool:
+        """Whether placement ``pid``'s hand-over is bound on this node and not answered yet: its
+        capacity taken, the job's start (checkpoint check, job manager) under way. False when it
+        never came, was refused, or started its job (:meth:`job_for_placement` finds that one).
+        The migration layer's take-over of a job a placement hands here waits while this holds."""
+        p = self.arbiter.placed.get(pid)
+        return p is not None and not p.job_id
+
+    def forgo_placement(self, pid: int) -> None:
+        """Drops the reservation this node holds for placement ``pid`` (an offer, committed or
+        lapsed), so that its hand-over, should it still come, binds nothing here. A bound
+        placement (:meth:`placement_pending`, or its job started) is left alone."""
+        self.arbiter.held.pop(pid, None)
+        self.arbiter.lapsed.pop(pid, None)
 
     def job_for_placement(self, pid: int) -> str | None:
         """The id of the job this node started for placement ``pid`` (in any state), found by
@@ -1666,6 +1763,10 @@ class ZoneComponent:
     async def _handover(self, sender: int, body: wire.Handover) -> wire.HandoverAck:
         pid = body.placement_id
         self.counts["handovers"] += 1
+        runs = await self._taken_over_as(pid, body)
+        if runs is not None:  # this node's own take-over of the job started it: the hand-over gets it
+            self.forgo_placement(pid)
+            return wire.HandoverAck(pid, HANDOVER_OK, runs)
         p = self.arbiter.bind(pid, self.clock(), sender)
         if p is None:
             # a repeat after this agent restarted: the job may have started before the crash
@@ -1728,7 +1829,9 @@ class ZoneComponent:
             try:  # a migrated job: its checkpoint is verified here, right before LAMINAR_RESUME_FROM
                 # (every file hashed, ~1 s per GiB: in a worker thread, never on the event loop)
                 spec.resume_from = await asyncio.to_thread(migrate.check_resume, spec.resume_from,
-                                                           int(req.get("owner_uid", 0)))
+                                                           int(req.get("owner_uid", 0)),
+                                                           None if req.get("owner_gid") is None
+                                                           else int(req["owner_gid"]))
             except ValueError as e:
                 self.arbiter.unbind(pid)
                 return wire.HandoverAck(pid, HANDOVER_ERROR, f"job could not start on node {self.node_id}: {e}")

@@ -49,6 +49,79 @@ def canonical_ip(host: str) -> str:
     return str(ip)
 
 
+def host_port(host: str, port: int) -> str:
+    """``host:port`` as a config or a user writes it: ``[fd00::1]:7440`` for an IPv6 address
+    (its colons would run into the port's), ``10.0.0.1:7440`` for an IPv4 one."""
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
+def split_addr(addr: str) -> tuple[str, int | None]:
+    """``(IP, port)`` of a ``[[zone.nodes]]`` ``addr``: ``"10.0.0.1"``, ``"10.0.0.1:7440"``,
+    ``"fd00::1"``, ``"[fd00::1]"`` or ``"[fd00::1]:7440"`` (an IPv6 address with a port is
+    written in brackets; a bare one never has a port); port None when none is written. Raises
+    ValueError saying which part is wrong."""
+    host, port = addr, ""
+    if addr.startswith("["):
+        inner, sep, rest = addr[1:].partition("]")
+        if not sep or (rest and not rest.startswith(":")):
+            raise ValueError(f"{addr!r}: expected '[IPv6]' or '[IPv6]:PORT'")
+        host, port = inner, rest[1:] if rest else ""
+        if rest and not port:
+            raise ValueError(f"{addr!r}: the port after ']:' is missing")
+        try:
+            ip = ipaddress.ip_address(host)
+        except ValueError:
+            raise ValueError(f"{addr!r}: {host!r} is not an IPv6 address") from None
+        if ip.version != 6:
+            raise ValueError(f"{addr!r}: brackets are for IPv6 addresses; write an IPv4 address as 'IP:PORT'")
+    elif addr.count(":") == 1:
+        host, _, port = addr.partition(":")
+    try:
+        ip = ipaddress.ip_address(host)
+    except ValueError:
+        raise ValueError(f"{addr!r}: {host!r} is not an IP address") from None
+    if isinstance(ip, ipaddress.IPv6Address) and ip.is_link_local:
+        # unscoped, TCP to it fails (EINVAL); scoped, the agent's sockets lose the scope (a 2-tuple
+        # address carries none), so it could not bind it and spoke from another address
+        raise ValueError(f"{addr!r}: a link-local address (fe80::/10) reaches one link only and needs an "
+                         "interface; list the node's global or ULA (fd00::/8) address")
+    if not port:
+        return host, None
+    if not port.isdigit() or not 0 < int(port) < 65536:
+        raise ValueError(f"{addr!r}: port must be 1..65535")
+    return host, int(port)
+
+
+WILDCARDS = ("", "0.0.0.0", "::")  # listen addresses that name no one address
+
+
+def listen_check(v: str) -> str | None:
+    """Config check of ``zone.listen`` / ``migrate.listen``: one IP address to bind (empty: the
+    key's default), written bare; None when it is one, else what is wrong."""
+    if v == "":
+        return None
+    try:
+        ipaddress.ip_address(v)
+    except ValueError:
+        return ("must be one IP address to bind, written bare (e.g. 0.0.0.0, ::, 10.0.0.5 or fd00::5: "
+                "no brackets, no port: the ports are keys of their own)")
+    return None
+
+
+def bind_host(listen: str, own_addr: str) -> str:
+    """The address to bind for ``zone.listen`` = ``listen`` on a node whose roster address is
+    ``own_addr``. The default ``0.0.0.0`` (or empty) is the roster address itself, of either
+    family: a host often holds several addresses (IPv4: a secondary address, a service or
+    keepalived VIP on the uplink; IPv6: SLAAC beside a static one, privacy addresses) and the
+    kernel sends from the one its route picks, which peers would drop as ``wrong_source``; and
+    an IPv4 socket can neither reach nor be reached by an IPv6 peer. (The agent binds ``0.0.0.0``
+    or ``::`` instead when the address is not on this host, e.g. behind NAT:
+    ``ZoneComponent.start``.) Any other value is kept."""
+    if listen in ("", "0.0.0.0"):
+        return own_addr
+    return listen
+
+
 class MembershipError(ValueError):
     """A node list from the config that cannot be used; the message names the entry."""
 
@@ -186,7 +259,7 @@ class Membership:
                 {
                     "node": n,
                     "zone": m.zone,
-                    "addr": f"{m.addr}:{m.port}",
+                    "addr": host_port(m.addr, m.port),
                     "pool": m.pool,
                     "owner": m.owner,
                     "self": n == self.self_node,
@@ -201,7 +274,8 @@ class Membership:
 
 
 def members_from_config(rows: Iterable[Mapping[str, Any]], default_port: int, default_handover_port: int) -> list[Member]:
-    """Parse ``[[zone.nodes]]`` tables: ``id`` (int), ``zone`` (int), ``addr`` ("IP" or "IP:PORT"),
+    """Parse ``[[zone.nodes]]`` tables: ``id`` (int), ``zone`` (int), ``addr`` ("IP", "IP:PORT", or
+    for IPv6 "[IP]:PORT": :func:`split_addr`),
     optional ``handover_port``, ``pool``, ``owner``. Raises :class:`MembershipError` naming the
     entry and the field that is wrong."""
     out = []
@@ -218,17 +292,12 @@ def members_from_config(rows: Iterable[Mapping[str, Any]], default_port: int, de
         if not isinstance(zone, int) or isinstance(zone, bool) or not 0 <= zone < 2**16:
             raise MembershipError(f"{where}: zone {zone!r} must be an integer in 0..65535")
         if not isinstance(addr, str):
-            raise MembershipError(f"{where}: addr {addr!r} must be a string 'IP' or 'IP:PORT'")
-        host, port = addr, default_port
-        if addr.count(":") == 1:
-            host, _, p = addr.partition(":")
-            if not p.isdigit() or not 0 < int(p) < 65536:
-                raise MembershipError(f"{where}: addr {addr!r}: port must be 1..65535")
-            port = int(p)
+            raise MembershipError(f"{where}: addr {addr!r} must be a string 'IP', 'IP:PORT' or '[IPv6]:PORT'")
         try:
-            ipaddress.ip_address(host)
-        except ValueError:
-            raise MembershipError(f"{where}: addr {addr!r}: {host!r} is not an IP address") from None
+            host, written = split_addr(addr)
+        except ValueError as e:
+            raise MembershipError(f"{where}: addr {e}") from None
+        port = default_port if written is None else written
         hp = row.get("handover_port", default_handover_port)
         if not isinstance(hp, int) or not 0 < hp < 65536:
             raise MembershipError(f"{where}: handover_port {hp!r} must be 1..65535")

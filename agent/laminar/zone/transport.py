@@ -14,6 +14,7 @@ it lapses with its short lease on the node that made it (no release is sent).
 from __future__ import annotations
 
 import asyncio
+import ipaddress
 import logging
 import socket
 import time
@@ -48,6 +49,62 @@ class _Canon:
             if len(self.known) < CANON_CACHE_MAX:
                 self.known[host] = c
         return c
+
+
+def address_is_local(host: str) -> bool:
+    """True when the IP address ``host`` is assigned in this network namespace and usable now
+    (a socket can bind it: not an address of another host, nor a tentative IPv6 one)."""
+    try:
+        with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_DGRAM) as s:
+            s.bind((host, 0))
+    except OSError:
+        return False
+    return True
+
+
+IFA_F_DADFAILED, IFA_F_TENTATIVE = 0x08, 0x40  # an IPv6 address's flags (uapi/linux/if_addr.h)
+IF_INET6 = "/proc/net/if_inet6"  # this network namespace's IPv6 addresses, tentative ones too
+
+
+def address_state(host: str, if_inet6: str = IF_INET6) -> str:
+    """``usable`` when a socket can bind the IP address ``host`` here (:func:`address_is_local`);
+    for an IPv6 address this host holds but cannot bind yet, ``tentative`` (duplicate address
+    detection runs: 1 to 2 s after the address was added, and as long as its link has no
+    carrier) or ``duplicate`` (DAD failed: another host on the link holds it); else ``absent``."""
+    if address_is_local(host):
+        return "usable"
+    try:
+        want = ipaddress.IPv6Address(host).packed.hex()
+    except ValueError:
+        return "absent"
+    try:
+        with open(if_inet6) as f:
+            rows = [line.split() for line in f]
+    except OSError:
+        return "absent"
+    for row in rows:  # address, ifindex, prefix length, scope, flags (hex), interface
+        if len(row) >= 6 and row[0] == want:
+            flags = int(row[4], 16)
+            if flags & IFA_F_DADFAILED:
+                return "duplicate"
+            if flags & IFA_F_TENTATIVE:
+                return "tentative"
+    return "absent"
+
+
+async def wait_while_tentative(host: str, wait_s: float, step_s: float = 0.1) -> str:
+    """:func:`address_state` of ``host``, once it is not ``tentative`` or after ``wait_s``
+    (checked every ``step_s``): an address added just before the agent started (a node's boot)
+    is usable a second or two later."""
+    state = address_state(host)
+    if state == "tentative":
+        log.info("zone: address %s is tentative (duplicate address detection runs): waiting up to %.1f s for it",
+                 host, wait_s)
+        deadline = time.monotonic() + wait_s
+        while state == "tentative" and time.monotonic() < deadline:
+            await asyncio.sleep(step_s)
+            state = address_state(host)
+    return state
 
 
 class HandoverError(Exception):
@@ -151,9 +208,13 @@ class UdpEndpoint:
         self._canon = _Canon()
 
     def open(self, loop: asyncio.AbstractEventLoop, host: str, port: int) -> None:
-        """Bind ``host:port`` and start reading. Raises OSError (e.g. the port is taken)."""
+        """Bind ``host:port`` and start reading. Raises OSError (e.g. the port is taken). An
+        IPv6 ``host`` gives an IPv6 socket; ``::`` one for IPv6 and IPv4 peers alike (dual
+        stack: IPv4 peers are sent to and seen v4-mapped)."""
         sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_DGRAM)
         try:
+            if host == "::":
+                sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0)
             for opt in (getattr(socket, "SO_RCVBUFFORCE", None), socket.SO_RCVBUF):
                 if opt is None:
                     continue
@@ -170,6 +231,20 @@ class UdpEndpoint:
         self.sock = sock
         self._loop = loop
         loop.add_reader(sock.fileno(), self._readable)
+
+    def rebind(self, host: str) -> None:
+        """Listen on ``host`` at the same port instead (the socket is closed and a new one
+        bound: a datagram arriving in between is lost, as any). When ``host`` cannot be bound
+        the old address is bound again and the OSError raised."""
+        assert self.sock is not None and self._loop is not None, "rebind before open"
+        old, port = self.sock.getsockname()[:2]
+        loop = self._loop
+        self.close()
+        try:
+            self.open(loop, host, port)
+        except OSError:
+            self.open(loop, old, port)
+            raise
 
     def close(self) -> None:
         if self.sock is not None:
@@ -219,6 +294,8 @@ class UdpEndpoint:
         it) to ``addr``."""
         if self.sock is None:
             return
+        if self.sock.family == socket.AF_INET6 and ":" not in addr[0]:
+            addr = (f"::ffff:{addr[0]}", addr[1])  # an IPv4 peer, from a dual-stack socket
         try:
             self.sock.sendto(self.enc.encode(body, zone, self.clock(), flags, to=to), addr)
             self.sent += 1
@@ -342,7 +419,23 @@ class HandoverServer:
         self._canon = _Canon()
 
     async def start(self, host: str, port: int) -> None:
-        self.server = await asyncio.start_server(self._serve, host, port, reuse_address=True)
+        """Listen on ``host:port``; ``::`` is every address of both families (asyncio's own
+        ``::`` socket would be IPv6 only)."""
+        self.server = await asyncio.start_server(self._serve, None if host == "::" else host, port, reuse_address=True)
+
+    async def relisten(self, host: str) -> None:
+        """Listen on ``host`` at the same port instead; hand-overs being served go on. When
+        ``host`` cannot be bound the old address is listened on again and the OSError raised."""
+        srv = self.server
+        assert isinstance(srv, asyncio.Server) and srv.sockets, "relisten before start"
+        name = srv.sockets[0].getsockname()
+        old = "::" if len(srv.sockets) > 1 else str(name[0])  # '::' listens on two sockets (start)
+        await self.stop()
+        try:
+            await self.start(host, int(name[1]))
+        except OSError:
+            await self.start(old, int(name[1]))
+            raise
 
     async def stop(self) -> None:
         if self.server is not None:
