@@ -10,6 +10,10 @@ marked lines.
     LAMINAR_CKPT_DIR=/tmp/ck python examples/train_mnistlike.py --steps 300 --step-sleep 0.01 &
     kill -USR1 $!          # asks for a checkpoint; it lands in /tmp/ck/ckpt-<step>
 
+``--step-sleep-after-resume S`` sleeps S seconds per step instead once the run resumed from a
+checkpoint (the sleep does not touch the weights): a test that watches the job before it moves
+but only waits for the resumed run's end sets it to 0, so the move's far side ends at once.
+
 Prints one JSON line per event (``start``, ``checkpoint``, ``done`` with the SHA-256 of the
 final weights, and with ``--log-steps`` a ``step`` line after each step: the work log) so tests
 and the agent's log can follow it.
@@ -66,6 +70,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--lr", type=float, default=0.05)
     ap.add_argument("--ckpt-every", type=int, default=0, help="also checkpoint every N steps (0: only on request)")
     ap.add_argument("--step-sleep", type=float, default=0.0, help="seconds to sleep per step (to watch it)")
+    ap.add_argument("--step-sleep-after-resume", type=float, default=None, metavar="S",
+                    help="seconds to sleep per step once resumed from a checkpoint (default: --step-sleep)")
     ap.add_argument("--hidden", type=int, default=64, help="hidden units (the checkpoint's size grows with it)")
     ap.add_argument("--log-steps", action="store_true", help="print a step event after every step (the work log)")
     ap.add_argument("--exit-after-checkpoint", action="store_true", help="stop once a requested checkpoint is saved")
@@ -91,6 +97,9 @@ def main(argv: list[str] | None = None) -> int:
         opt.load_state_dict(state["opt"])
         start = int(state["step"])
     say(event="start", step=start, resumed=state is not None, pid=os.getpid())
+    step_sleep = a.step_sleep
+    if state is not None and a.step_sleep_after_resume is not None:
+        step_sleep = a.step_sleep_after_resume
 
     loss = torch.tensor(0.0)
     for step in range(start, a.steps):
@@ -101,8 +110,8 @@ def main(argv: list[str] | None = None) -> int:
         opt.step()
         if a.log_steps:
             say(event="step", step=step + 1)
-        if a.step_sleep:
-            time.sleep(a.step_sleep)
+        if step_sleep:
+            time.sleep(step_sleep)
         periodic = a.ckpt_every > 0 and (step + 1) % a.ckpt_every == 0
         if ckpt.requested() or periodic:  # contract 3/3
             asked = ckpt.requested()

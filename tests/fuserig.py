@@ -10,6 +10,11 @@ opened ``FOPEN_DIRECT_IO`` and names and attributes are not cached, so every rea
 reaches the server: the page cache never hides a fault, and what the test writes into the
 backing directory shows in the mount at once.
 
+Storage that answers with other bytes than before (a file replaced between two opens, flaky
+network storage) is :meth:`EioMount.swap`: from a chosen open of a file on, its reads are
+answered from another backing file (of the same size: the mount still reports the first one's
+attributes), so a reader that opens the file twice reads two different contents.
+
 Only what a reader needs is implemented (the protocol is include/uapi/linux/fuse.h, 7.38):
 INIT, LOOKUP, FORGET, GETATTR, OPEN, READ, FLUSH, RELEASE, OPENDIR, READDIR, RELEASEDIR,
 STATFS, DESTROY; anything else is answered ENOSYS (the kernel then treats FLUSH, ACCESS,
@@ -21,6 +26,8 @@ Usage::
         fs.fail("src/ckpt-40/state.bin", 300_000)
         ...                                  # reads at or past byte 300000 of it: EIO
         fs.heal()
+        fs.swap("src/ckpt-40/state.bin", "other.bin", after_opens=1)
+        ...                                  # its 2nd and later opens read other.bin's bytes
 
 The mount is detached (umount2 MNT_DETACH) and the server killed on exit, also when the
 test fails; whatever still waits on it then gets ENOTCONN.
@@ -85,6 +92,13 @@ KSTATFS = struct.Struct("<QQQQQIIII24x")
 # READs served, the failing file's path relative to the mount (NUL-padded).
 CTL = struct.Struct("<qQQ")
 NAME_AT, NAME_MAX = CTL.size, 1024
+# Then the swap: opens of the swapped file that still read its own bytes (-1: no swap), opens of
+# it so far; its path and the replacement's (both relative, NUL-padded).
+SWAP = struct.Struct("<qQ")
+SWAP_AT = NAME_AT + NAME_MAX
+SWAP_NAME_AT = SWAP_AT + SWAP.size
+SWAP_WITH_AT = SWAP_NAME_AT + NAME_MAX
+CTL_SIZE = SWAP_WITH_AT + NAME_MAX
 
 
 class EioMount:
@@ -107,6 +121,23 @@ class EioMount:
     def heal(self) -> None:
         """Every read is answered from the backing file again."""
         self._ctl[:8] = struct.pack("<q", -1)
+
+    def swap(self, rel: str, replacement: str, after_opens: int) -> None:
+        """From now on, the first ``after_opens`` opens of ``rel`` read its own bytes and every later
+        open reads ``replacement``'s (both relative to the mount; the replacement should have
+        the same size, as the mount reports ``rel``'s attributes)."""
+        raw, with_ = rel.encode(), replacement.encode()
+        if len(raw) >= NAME_MAX or len(with_) >= NAME_MAX or after_opens < 0:
+            raise ValueError(f"swap({rel!r}, {replacement!r}, {after_opens}): paths under {NAME_MAX} bytes "
+                             "and after_opens >= 0")
+        self._ctl[SWAP_NAME_AT:SWAP_NAME_AT + NAME_MAX] = raw.ljust(NAME_MAX, b"\0")
+        self._ctl[SWAP_WITH_AT:SWAP_WITH_AT + NAME_MAX] = with_.ljust(NAME_MAX, b"\0")
+        SWAP.pack_into(self._ctl, SWAP_AT, after_opens, 0)
+
+    @property
+    def opens_of_swapped(self) -> int:
+        """How many times the file :meth:`swap` names was opened since."""
+        return int(SWAP.unpack_from(self._ctl, SWAP_AT)[1])
 
     @property
     def eio_count(self) -> int:
@@ -189,7 +220,14 @@ class _Server:
             return ATTR_OUT.pack(0, 0, 0) + _attr(os.lstat(self.real(nodeid)))
         if op in (OPEN, OPENDIR):
             if op == OPEN:
-                fd = os.open(self.real(nodeid), os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+                real = self.real(nodeid)
+                after, opens = SWAP.unpack_from(self.ctl, SWAP_AT)
+                swapped = bytes(self.ctl[SWAP_NAME_AT:SWAP_NAME_AT + NAME_MAX]).rstrip(b"\0").decode()
+                if after >= 0 and self.paths[nodeid] == swapped:
+                    SWAP.pack_into(self.ctl, SWAP_AT, after, opens + 1)
+                    if opens + 1 > after:
+                        real = self.backing / bytes(self.ctl[SWAP_WITH_AT:SWAP_WITH_AT + NAME_MAX]).rstrip(b"\0").decode()
+                fd = os.open(real, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
                 self.files[self.next_fh] = (fd, self.paths[nodeid])
             self.next_fh += 1
             return OPEN_OUT.pack(self.next_fh - 1, FOPEN_DIRECT_IO if op == OPEN else 0, 0)
@@ -242,8 +280,9 @@ def eio_mount(backing: Path) -> Iterator[EioMount]:
     mnt = Path(f"/tmp/lm-t-eio-{secrets.token_hex(4)}")
     mnt.mkdir(mode=0o755)
     libc = ctypes.CDLL("libc.so.6", use_errno=True)
-    ctl = mmap.mmap(-1, NAME_AT + NAME_MAX)  # MAP_SHARED | MAP_ANONYMOUS: shared with the child
+    ctl = mmap.mmap(-1, CTL_SIZE)  # MAP_SHARED | MAP_ANONYMOUS: shared with the child
     CTL.pack_into(ctl, 0, -1, 0, 0)
+    SWAP.pack_into(ctl, SWAP_AT, -1, 0)
     r, w = os.pipe()
     pid = os.fork()
     if pid == 0:  # the server: mounts, says so, serves until unmounted or killed

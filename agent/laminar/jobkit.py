@@ -28,7 +28,16 @@ checkpoints are often taken when memory is short), fsyncs every file, writes ``M
 the job id), fsyncs, and renames the directory into place (``ckpt-<step>``), so a checkpoint
 either exists whole or not at all, whatever happens during the write. :func:`verify_checkpoint`
 re-checks a directory against its manifest; :meth:`Checkpointer.resume` never loads a
-checkpoint that fails it.
+checkpoint that fails it, and loads exactly the bytes it verified: it reads the state file
+once, checks the bytes it read against the manifest's size and SHA-256 and deserializes those,
+never reading the file again (storage that answers a second read with other bytes: a file
+replaced meanwhile, a racing writer, flaky network storage, cannot slip in unverified state).
+Memory: torch state is copied, hashed on the way, into a memfd then sealed against any write,
+and the tensors map its pages (``torch.load(mmap=True)``, copy-on-write): one copy of the
+state, as when torch read the file itself; ``bytes`` state is read into the ``bytes`` returned
+(one copy); pickle state is read into memory and unpickled from there (the file's size beside
+the state until ``resume()`` returns). Where there is no memfd, torch state is loaded as
+pickle's is.
 
 State may be ``bytes`` (stored as is, returned as ``bytes``) or anything ``torch.save``
 accepts (a state dict; loaded back with ``torch.load(weights_only=True)``); without torch,
@@ -38,6 +47,7 @@ state), so a job can import it without the agent's dependencies.
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import io
 import json
@@ -141,33 +151,104 @@ def verify_checkpoint(path: str | os.PathLike[str]) -> dict[str, Any]:
     symbolic link to one) of regular files: a link, pipe or device is refused. Raises
     CheckpointError naming the first problem: a checkpoint that fails this is never to be
     restored."""
-    p = Path(path)
+    return _verify(Path(path), load=False)[0]
+
+
+def _read_whole(fd: int, size: int) -> bytes:
+    """Everything ``fd`` (a regular file of ``size`` bytes by fstat, read from its start; closed
+    here) holds, in one ``bytes`` object sized from fstat up front: no second copy while it is
+    read. OSError when fstat reports another size."""
+    with open(fd, "rb", buffering=0) as raw:
+        if os.fstat(fd).st_size != size:
+            raise OSError(f"its size changed to {os.fstat(fd).st_size} bytes while it was opened")
+        return raw.readall()
+
+
+def _memfd() -> int | None:
+    """A new sealable memfd, or None where there is none (not Linux, a sandbox refusing it)."""
+    try:
+        return os.memfd_create("laminar-resume", os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
+    except (AttributeError, OSError):
+        return None
+
+
+def _copy_sealed(fd: int, size: int, mfd: int) -> tuple[int, str]:
+    """(bytes copied, SHA-256 hex) of what ``fd`` (read from its start; closed here) holds,
+    copied block by block into the empty memfd ``mfd``, which is then sealed against every
+    write, growth and shrink: no process, the job's own included, can change those bytes
+    afterwards. Stops past ``size + 1`` bytes. The caller closes ``mfd`` (also on an error)."""
+    h = hashlib.sha256()
+    total = 0
+    buf = memoryview(bytearray(_HASH_BLOCK))
+    with open(fd, "rb", buffering=0) as src:
+        while total <= size and (n := src.readinto(buf)):
+            total += n
+            h.update(buf[:n])
+            done = 0
+            while done < n:
+                done += os.write(mfd, buf[done:n])
+    fcntl.fcntl(mfd, fcntl.F_ADD_SEALS, fcntl.F_SEAL_SEAL | fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW | fcntl.F_SEAL_WRITE)
+    return total, h.hexdigest()
+
+
+def _verify(p: Path, load: bool) -> tuple[dict[str, Any], bytes | int | None]:
+    """:func:`verify_checkpoint`'s manifest and, with ``load``, the manifest's first file (the
+    job's state) read once and checked against the size and SHA-256 the manifest records as
+    read, so what the caller deserializes is exactly what was verified, whatever the storage
+    answers to a later read (a file replaced meanwhile, a racing writer, flaky network storage):
+    torch state as a sealed memfd (an int: :func:`_copy_sealed`; the caller closes it), where
+    Linux has memfds; any other, in memory (``bytes``)."""
     _check_dir(p)
     m = read_manifest(p)
     listed = {f["name"] for f in m["files"]}
     extra = sorted(x.name for x in p.iterdir() if x.name != MANIFEST and x.name not in listed and x.name not in SIDECARS)
     if extra:
         raise CheckpointError(f"checkpoint {p}: files not in the manifest: {extra}")
-    for f in m["files"]:
-        fp = p / f["name"]
-        try:
-            st = os.lstat(fp)
-        except FileNotFoundError:
-            raise CheckpointError(f"checkpoint {p}: {f['name']} is missing") from None
-        except OSError as e:  # a name the file system refuses (too long, ...)
-            raise CheckpointError(f"checkpoint {p}: {f['name']!r}: {e.strerror or e}") from None
-        if not stat.S_ISREG(st.st_mode):
-            raise CheckpointError(f"checkpoint {p}: {f['name']} is not a regular file (a link, pipe or device)")
-        size = st.st_size
-        if size != f.get("size"):
-            raise CheckpointError(f"checkpoint {p}: {f['name']} has {size} bytes, manifest says {f.get('size')}")
-        try:
-            digest = file_sha256(fp)
-        except OSError as e:
-            raise CheckpointError(f"checkpoint {p}: {f['name']} is not a readable regular file: {e}") from None
-        if digest != f.get("sha256"):
-            raise CheckpointError(f"checkpoint {p}: {f['name']} does not match its SHA-256 (corrupt)")
-    return m
+    data: bytes | int | None = None
+    try:
+        for i, f in enumerate(m["files"]):
+            fp = p / f["name"]
+            try:
+                st = os.lstat(fp)
+            except FileNotFoundError:
+                raise CheckpointError(f"checkpoint {p}: {f['name']} is missing") from None
+            except OSError as e:  # a name the file system refuses (too long, ...)
+                raise CheckpointError(f"checkpoint {p}: {f['name']!r}: {e.strerror or e}") from None
+            if not stat.S_ISREG(st.st_mode):
+                raise CheckpointError(f"checkpoint {p}: {f['name']} is not a regular file (a link, pipe or device)")
+            size = st.st_size
+            if size != f.get("size"):
+                raise CheckpointError(f"checkpoint {p}: {f['name']} has {size} bytes, manifest says {f.get('size')}")
+            try:
+                mfd = _memfd() if load and i == 0 and m.get("format") == "torch" else None
+                if mfd is not None:
+                    try:
+                        got, digest = _copy_sealed(_open_regular(fp), size, mfd)
+                    except BaseException:
+                        os.close(mfd)
+                        raise
+                    if got != size or digest != f.get("sha256"):
+                        os.close(mfd)
+                    else:
+                        data = mfd
+                    if got != size:
+                        raise CheckpointError(f"checkpoint {p}: {f['name']} read {got} bytes, manifest says {size}")
+                elif load and i == 0:
+                    data = _read_whole(_open_regular(fp), size)
+                    if len(data) != size:
+                        raise CheckpointError(f"checkpoint {p}: {f['name']} read {len(data)} bytes, manifest says {size}")
+                    digest = hashlib.sha256(data).hexdigest()
+                else:
+                    digest = file_sha256(fp)
+            except OSError as e:
+                raise CheckpointError(f"checkpoint {p}: {f['name']} is not a readable regular file: {e}") from None
+            if digest != f.get("sha256"):
+                raise CheckpointError(f"checkpoint {p}: {f['name']} does not match its SHA-256 (corrupt)")
+    except BaseException:
+        if isinstance(data, int):  # a later file failed: the state's memfd goes
+            os.close(data)
+        raise
+    return m, data
 
 
 def _pid_alive(pid: int) -> bool:
@@ -354,10 +435,12 @@ class Checkpointer:
             if latest is None:
                 raise CheckpointError(f"jobkit: LAMINAR_RESUME_FROM={src} holds no verified checkpoint")
             src = latest
-        m = verify_checkpoint(src)
+        # the state file is read once, into memory, and verified there: what is loaded is what
+        # was verified, whatever a second read of the storage would answer
+        m, data = _verify(src, load=True)
         self.resumed_step = int(m.get("step", 0))
-        f = m["files"][0]
-        return _deserialize(src / f["name"], m.get("format", "bytes"), weights_only)
+        return _deserialize(src / m["files"][0]["name"], b"" if data is None else data, m.get("format", "bytes"),
+                            weights_only)
 
 
 class _HashingWriter:
@@ -406,14 +489,25 @@ def _serialize_into(state: Any, fmt: str, out: _HashingWriter) -> None:
         torch.save(state, out)  # type: ignore[arg-type]  # torch needs only write() and flush()
 
 
-def _deserialize(path: Path, fmt: str, weights_only: bool) -> Any:
+def _deserialize(path: Path, data: bytes | int, fmt: str, weights_only: bool) -> Any:
+    """The state in ``data`` (the verified bytes of ``path``, or a sealed memfd of them, closed
+    here); the file is never read again."""
+    if isinstance(data, int):
+        import torch
+
+        try:  # the tensors map the sealed memfd's pages: no second copy of the state
+            if os.path.exists(f"/proc/self/fd/{data}"):
+                return torch.load(f"/proc/self/fd/{data}", map_location="cpu", weights_only=weights_only, mmap=True)
+            with open(data, "rb", closefd=False) as f:  # no /proc: read from it (a second copy meanwhile)
+                return torch.load(f, map_location="cpu", weights_only=weights_only)
+        finally:
+            os.close(data)
     if fmt == "bytes":
-        return path.read_bytes()
+        return data
     if fmt == "torch":
         import torch
 
-        return torch.load(path, map_location="cpu", weights_only=weights_only)
+        return torch.load(io.BytesIO(data), map_location="cpu", weights_only=weights_only)  # shares data: no copy
     if fmt == "pickle":
-        with open(path, "rb") as f:
-            return pickle.load(f)
+        return pickle.loads(data)
     raise CheckpointError(f"jobkit: {path}: unknown checkpoint format {fmt!r} (bytes, torch or pickle)")

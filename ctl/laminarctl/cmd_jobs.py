@@ -6,6 +6,8 @@
     laminarctl job show job-3       # or: laminarctl job show 3
     laminarctl job show 3 --follow  # until it ends; a move off this node as a progress bar
     laminarctl job stop job-3 [--grace 10] [--reason "..."]
+    laminarctl job settle job-3 --run-here   # its node never answered the hand-over and is gone
+    laminarctl job settle job-3 --gone       # ... and runs the job: stop it here (migrated)
 
 Any local user may submit (the job runs with the caller's uid and gid) and stop their own
 jobs; stopping another user's job needs root or the agent's control group.
@@ -16,6 +18,16 @@ by itself once room frees (docs/airlock.md, "Admission"): ``submit`` says so and
 112 MiB free under its cap of 512 MiB``), and ``job stop`` takes it out of the queue. A job
 whose limit exceeds its class's cap could never start: ``submit`` refuses it (exit 1), naming
 the limit and the cap.
+
+``job settle`` (root or the control group) ends the wait of a move whose hand-over its
+destination may have received and never answered (``job show`` and ``migrations --pending``
+show it ``unconfirmed``, with the node and since when; the job stays frozen here meanwhile, as
+two copies must never run). Only an operator who knows that node is gone for good decides:
+``--run-here`` (it does not run the job: the job is thawed and runs here; the node is told to
+release the placement if it comes back) or ``--gone`` (it runs the job: the job is stopped
+here, state ``migrated``). The key of a guard's placement (``migrations --pending``, kind
+placement) is settled the same way. The decision is stored: a restart never asks that node
+again. Refused (exit 1) for a job with no pending hand-over (docs/migration.md).
 """
 
 from __future__ import annotations
@@ -103,6 +115,15 @@ def register(sub: Any, common: argparse.ArgumentParser) -> None:
                                                "(default: the agent's, 5)")
     p.add_argument("--reason", help="recorded with the job and in its event")
     p.set_defaults(func=cmd_job_stop)
+    p = jsub.add_parser("settle", parents=[common],
+                        help="end a move's wait for a destination that never answered its hand-over (root)")
+    p.add_argument("id", help="job id (job-3) or number (3), or a guard placement's key (migrations --pending)")
+    how = p.add_mutually_exclusive_group(required=True)
+    how.add_argument("--run-here", dest="decision", action="store_const", const="run-here",
+                     help="the destination does not run the job (gone, known not to): thaw and run it here")
+    how.add_argument("--gone", dest="decision", action="store_const", const="gone",
+                     help="the destination runs the job: stop it here as migrated")
+    p.set_defaults(func=cmd_job_settle)
 
 
 def build_spec(args: argparse.Namespace) -> dict[str, Any]:
@@ -250,8 +271,22 @@ def cmd_job_show(args: argparse.Namespace) -> int:
     if getattr(args, "follow", False):
         return _follow(args)
     job = args.client.get(f"/v1/jobs/{args.id}")
+    mv = _move(args)
+    if mv is not None and mv.get("phase") == "unconfirmed":  # the operator's cue for `job settle`
+        job = {**job, "migration": {"phase": "unconfirmed", "dest": mv.get("dest"),
+                                    "unconfirmed_since": mv.get("unconfirmed_since"), "error": mv.get("error")}}
     emit(job, args.output, lambda j: kv({k: v for k, v in j.items() if k != "spec"} | {"command": (j.get("spec") or {}).get("command")},
                                         title=f"job {j['id']}"))
+    return 0
+
+
+def cmd_job_settle(args: argparse.Namespace) -> int:
+    res = args.client.post(f"/v1/migrations/{args.id}/settle", {"decision": args.decision}, timeout=60)
+    emit(res, args.output, lambda r: info(
+        f"{r['job']}: hand-over to node {r['node']} settled: "
+        + ("the job runs here" if r["decision"] == "run-here" and r["kind"] == "move" else
+           "the guard goes on" if r["decision"] == "run-here" else f"node {r['node']} runs it")
+        + (f" (state {r['state']})" if r.get("state") else "")))
     return 0
 
 

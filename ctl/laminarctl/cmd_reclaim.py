@@ -5,6 +5,7 @@
     laminarctl reclaim status                    # the reclaim in progress, notices heard from peers
     laminarctl reclaim cancel [--node 4]         # the owner withdraws it, or gives the node back
     laminarctl migrations                        # moves of jobs off this node
+    laminarctl migrations --pending              # hand-overs not answered (laminarctl job settle)
     laminarctl checkpoints                       # periodic checkpoint plan: interval, cost, next signal
 
 The agent checkpoints each job, moves it to another node of the zone and arms the kill-switch
@@ -26,6 +27,8 @@ from .output import emit, info, kv, table
 
 MOVE_COLUMNS = [("job", "JOB"), ("phase", "PHASE"), ("ckpt", "CHECKPOINT"), ("dest", "TO NODE"),
                 ("dest_job", "AS"), ("done_bytes", "BYTES"), ("total_bytes", "OF"), ("error", "ERROR")]
+PENDING_COLUMNS = [("job", "JOB/KEY"), ("kind", "KIND"), ("node", "TO NODE"), ("state", "STATE"), ("since", "SINCE"),
+                   ("error", "ERROR")]
 CKPT_COLUMNS = [("job", "JOB"), ("interval_s", "EVERY s"), ("cost_s", "COST s"), ("share_mbit", "Mbit/s"),
                 ("next_in_s", "NEXT IN s"), ("signals", "SIGNALS"), ("commits", "COMMITS"), ("skip", "SKIPPED")]
 
@@ -55,6 +58,8 @@ def register(sub: Any, common: argparse.ArgumentParser) -> None:
     p.add_argument("--count", type=int, default=1, help="with --pool: how many servers to return (default 1)")
     p.set_defaults(func=cmd_reclaim)
     p = sub.add_parser("migrations", parents=[common], help="moves of jobs off this node")
+    p.add_argument("--pending", action="store_true",
+                   help="hand-overs sent and not answered: node, state (unconfirmed), since (see `job settle`)")
     p.set_defaults(func=cmd_migrations)
     p = sub.add_parser("checkpoints", parents=[common],
                        help="periodic checkpoint plan per job (interval from the hazard, cost, uplink share, stagger)")
@@ -131,6 +136,14 @@ def cmd_cancel(args: argparse.Namespace) -> int:
 
 
 def cmd_migrations(args: argparse.Namespace) -> int:
+    if getattr(args, "pending", False):
+        import time
+
+        rows = args.client.get("/v1/migrate/handovers")
+        emit(rows, args.output, lambda hs: table(
+            [{**h, "since": time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(h["since"]))} for h in hs],
+            PENDING_COLUMNS) if hs else info("no pending hand-over"))
+        return 0
     emit(args.client.get("/v1/migrations"), args.output, lambda ms: table(ms, MOVE_COLUMNS))
     return 0
 

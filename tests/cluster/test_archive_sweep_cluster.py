@@ -61,6 +61,10 @@ from laminar.runtime.jobs import JobSpec
 
 pytestmark = pytest.mark.cluster
 
+# Every agent sweeps the archive this often (``archive_gc_s``; 10 s by default): what the tests
+# wait to go goes within a second, and what must stay is swept over many times while it stays.
+SWEEP_S = 1.0
+
 
 def gc_counts(c: Cluster) -> dict[str, int]:
     """The archive sweep's counts summed over the live agents."""
@@ -84,7 +88,8 @@ def archived_and_claimed(make_cluster: Any, arch: Path, step_sleep: float,  # no
     """A's job archived at its reclaim (no peer has room or disk), A gone, B's GPU freed: B claims
     and resumes it. (cluster, key, B, the resumed job, the step it resumed from)."""
     c = make_cluster(zones=1, per_zone=3, gpus=1, zone_extra=migrate_config(
-        retry_base_s=0.5, retry_max_s=2.0, holder_reserve_mb=1 << 29, archive_dir=f'"{arch}"', **extra))
+        retry_base_s=0.5, retry_max_s=2.0, holder_reserve_mb=1 << 29, archive_dir=f'"{arch}"',
+        archive_gc_s=SWEEP_S, **extra))
     a, peers = c.nodes[0], c.nodes[1:]
     fillers = fill(c, peers)
     jid = submit(a, "--name", "train", "--", *train_cmd(step_sleep))
@@ -167,7 +172,7 @@ def test_a_claim_whose_node_died_before_the_job_ran_is_kept_and_taken_over(
     d = arch / key
     d.mkdir(parents=True)
     shutil.copytree(ckpt, d / ckpt.name)
-    spec = JobSpec(command=train_cmd(0.05), name="train").validate().as_dict()
+    spec = JobSpec(command=train_cmd(0.05, after_resume=0), name="train").validate().as_dict()
     spec.pop("gpus")
     rec = {"key": key, "src_node": 9, "src_job": "job-1", "ckpt": ckpt.name, "archived_by": 9, "ts": time.time(),
            "request": {"spec": spec, "owner_uid": 0, "owner_gid": 0, "gpus": 0, "take_over": True}}
@@ -176,7 +181,7 @@ def test_a_claim_whose_node_died_before_the_job_ran_is_kept_and_taken_over(
     os.utime(d / "claimed-9.json", (old, old))
 
     c = make_cluster(zones=1, per_zone=2, gpus=0, zone_extra=migrate_config(
-        retry_base_s=0.5, retry_max_s=2.0, archive_dir=f'"{arch}"', prestage_unannounced=1.0))
+        retry_base_s=0.5, retry_max_s=2.0, archive_dir=f'"{arch}"', archive_gc_s=SWEEP_S, prestage_unannounced=1.0))
     nd, job = wait_until(lambda: find_migrated(c, key), 60, "an agent to take the stale claim over", every=0.3)
     runs = archived(arch, key)["files"]
     assert runs == [f"running-{nd.node_id}.json"], runs  # taken over by rename: one winner, the checkpoint kept
@@ -198,7 +203,7 @@ def test_a_job_whose_runner_died_before_anything_newer_was_archived_is_claimed_a
         if j["name"] == "filler" and j["state"] == "running":
             third.ctl("job", "stop", j["id"])
     finish(c, key, third, held, reference_sha)  # from the claimed checkpoint, one copy, same weights
-    # what is left is the third node's running record, unless the sweep (every 10 s) already
+    # what is left is the third node's running record, unless the sweep (every SWEEP_S) already
     # removed the ended job's directory: the next line waits for that
     assert archived(arch, key)["files"] in ([f"running-{third.node_id}.json"], [])
     wait_until(lambda: not (arch / key).exists(), 60, "the ended job's claimed directory to go", every=0.3)

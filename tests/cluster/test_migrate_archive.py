@@ -65,10 +65,11 @@ def archived(arch: Path, key: str) -> dict[str, Any]:
 def test_a_waiting_holder_archives_and_its_death_loses_nothing(make_cluster, reference_sha, tmp_path):  # noqa: F811
     arch = tmp_path / "archive"
     c = make_cluster(zones=1, per_zone=4, gpus=1, zone_extra=migrate_config(
-        retry_base_s=0.5, retry_max_s=2.0, holder_reserve_mb=0, archive_dir=f'"{arch}"'))
+        retry_base_s=0.5, retry_max_s=2.0, holder_reserve_mb=0, archive_dir=f'"{arch}"',
+        archive_gc_s=1.0))  # the archive sweep every second (default 10 s): what the job's end frees goes soon
     a, peers = c.nodes[0], c.nodes[1:]
     fillers = fill(c, peers)
-    jid = submit(a, "--name", "train", "--", *train_cmd(0.1))
+    jid = submit(a, "--name", "train", "--", *train_cmd(0.1, after_resume=0))
     key = f"n{a.node_id}-{jid}"
     wait_until(lambda: any(e["event"] == "checkpoint" for e in job_log(a, jid)), 60, "the job's first checkpoint")
 

@@ -97,7 +97,8 @@ def test_node_and_buddy_gone_without_notice_the_job_resumes_from_its_archived_pe
         make_cluster, reference_sha, tmp_path):  # noqa: F811
     arch = tmp_path / "archive"
     c = make_cluster(zones=1, per_zone=3, gpus=0, zone_extra=migrate_config(
-        retry_base_s=0.5, retry_max_s=2.0, orphan_after_s=2.0, archive_dir=f'"{arch}"'))
+        retry_base_s=0.5, retry_max_s=2.0, orphan_after_s=2.0, archive_dir=f'"{arch}"',
+        archive_gc_s=1.0))  # the archive sweep every second (default 10 s): what the job's end frees goes soon
     a = c.nodes[0]
     jid = submit(a, "--name", "train", "--", *train_cmd(0.15), gpus=0)
     key = f"n{a.node_id}-{jid}"

@@ -51,7 +51,7 @@ def test_no_room_anywhere_the_checkpoint_is_held_and_the_job_resumes_when_room_f
     # every peer's only GPU is taken by a job of its own: no peer can run A's job
     fillers = fill(c, peers)
     time.sleep(1.5)  # a few summary rounds (0.3 s): the peers' full GPUs reach A (a stale one is refused at the probe)
-    jid = submit(a, "--name", "train", "--", *train_cmd(0.1))
+    jid = submit(a, "--name", "train", "--", *train_cmd(0.1, after_resume=0))
     key = f"n{a.node_id}-{jid}"
     # with no room anywhere, the prestaged replicas go to a peer that only stores them
     wait_until(lambda: any(verified_steps(nd, key) for nd in peers), 60, "a prestaged replica on a storage-only buddy")

@@ -30,9 +30,14 @@ TRAIN = REPO / "examples" / "train_mnistlike.py"
 STEPS, SEED, HIDDEN, CKPT_EVERY = 150, 11, 32, 15
 
 
-def train_cmd(step_sleep: float) -> list[str]:
+def train_cmd(step_sleep: float, after_resume: float | None = None) -> list[str]:
+    """The training job's command: ``step_sleep`` seconds per step (so the test can act while it
+    runs); ``after_resume`` per step once resumed from a checkpoint, where set (0: a test that
+    only waits for the resumed run's end does not wait out its sleeps; the sleep does not touch
+    the weights)."""
+    late = [] if after_resume is None else ["--step-sleep-after-resume", str(after_resume)]
     return [str(VENV_BIN / "python"), str(TRAIN), "--steps", str(STEPS), "--seed", str(SEED), "--hidden", str(HIDDEN),
-            "--ckpt-every", str(CKPT_EVERY), "--step-sleep", str(step_sleep), "--log-steps"]
+            "--ckpt-every", str(CKPT_EVERY), "--step-sleep", str(step_sleep), *late, "--log-steps"]
 
 
 _REFERENCE: dict[str, str] = {}  # the run below, once per session: it is the same for every module
@@ -140,7 +145,7 @@ def assert_continuous(resumed: list[dict[str, Any]], start: int) -> None:
 def test_reclaimed_job_moves_to_another_node_and_finishes_with_the_same_weights(make_cluster, reference_sha):
     c = make_cluster(zones=1, per_zone=3, gpus=0, zone_extra=migrate_config(shaping_mbit=1000))
     a = c.nodes[0]
-    job = json.loads(a.ctl("-o", "json", "submit", "--name", "train", "--", *train_cmd(0.1)).stdout)
+    job = json.loads(a.ctl("-o", "json", "submit", "--name", "train", "--", *train_cmd(0.1, after_resume=0)).stdout)
     jid, key = job["id"], f"n{a.node_id}-{job['id']}"
     # its checkpoints are prestaged to a buddy, which guards the job from then on
     wait_until(lambda: any(r["key"] == key and r["state"] == "guarding"
@@ -196,7 +201,7 @@ def test_source_dies_mid_transfer_and_the_job_resumes_from_the_last_verified_che
     c = make_cluster(zones=1, per_zone=3, gpus=0,
                      zone_extra=migrate_config(rate_mbit=0.4, path_mbit=0.4, chunk_kb=8, dead_after_s=2.0))
     a = c.nodes[0]
-    job = json.loads(a.ctl("-o", "json", "submit", "--name", "train", "--", *train_cmd(0.15)).stdout)
+    job = json.loads(a.ctl("-o", "json", "submit", "--name", "train", "--", *train_cmd(0.15, after_resume=0)).stdout)
     jid, key = job["id"], f"n{a.node_id}-{job['id']}"
     wait_until(lambda: any(verified_steps(nd, key) for nd in c.nodes[1:]), 60, "a verified replica on a buddy")
     a.ctl("reclaim", "--notice", "10s")

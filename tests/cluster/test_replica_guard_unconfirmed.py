@@ -8,12 +8,11 @@ job on node A is a real process that writes one jobkit checkpoint (prestaged to 
 guards it) and runs on. The one-way partition is a blackhole route to A in B's namespace: A's
 datagrams still reach B (A is alive there, not a suspect) but B cannot open a connection to A's
 transfer endpoint. B checks guards unchanged for 1 s (``replica_guard_check_s``) at each of its
-replica GC rounds: one when its agent starts, then every 30 s (``REPLICA_GC_S`` in
-laminar.migrate.reclaim, not a setting). So that the test does not wait three of those intervals,
-B's agent is restarted (as an operator's ``systemctl restart``) to ask its first question at
-once, and again to ask the last one; the second question is the running agent's own next round.
-The count of questions unanswered and the one event are B's store's, so they hold across its
-restarts too.
+replica GC rounds: one when its agent starts, then every ``replica_gc_s`` (2 s here; 30 s by
+default). B's agent is restarted (as an operator's ``systemctl restart``) to ask its first
+question at once, and again to ask the last one; the second question is the running agent's own
+next round. The count of questions unanswered and the one event are B's store's, so they hold
+across its restarts too.
 """
 
 from __future__ import annotations
@@ -34,7 +33,7 @@ def restart(nd: Node) -> None:
 
 
 def test_a_guard_whose_source_does_not_answer_is_kept_and_shown_unconfirmed(make_cluster):  # noqa: F811
-    c = make_cluster(zones=1, per_zone=2, gpus=0, zone_extra=migrate_config(replica_guard_check_s=1))
+    c = make_cluster(zones=1, per_zone=2, gpus=0, zone_extra=migrate_config(replica_guard_check_s=1, replica_gc_s=2))
     a, b = c.nodes
     jid = submit(a, "--name", "one-ckpt", "--", str(VENV_BIN / "python"), "-c", JOB, gpus=0)
     key = f"n{a.node_id}-{jid}"

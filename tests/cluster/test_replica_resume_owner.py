@@ -13,13 +13,11 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import stat
-import tempfile
 from pathlib import Path
 
 import pytest
-from agentproc import NOBODY, REPO
+from agentproc import NOBODY, REPO, jobkit_base
 from harness import Cluster, wait_until
 from test_migration import job_log, job_state, migrate_config
 from userrig import read_as
@@ -53,25 +51,11 @@ while True:
 
 
 def test_a_moved_job_of_another_user_resumes_from_its_checkpoint() -> None:
-    # the agents' state directories must be reachable by the job's user (pytest's tmp is root's
-    # alone), and the job runs the system's python (the venv's lives under /root)
-    base = Path(tempfile.mkdtemp(prefix="lm-t-resume-", dir="/tmp"))
-    try:
-        os.chmod(base, 0o711)
-        # jobkit where the job's user can read it: the checkout may be under a directory closed to
-        # other users (a fresh clone under a 0700 temporary directory)
-        lib = base / "lib" / "laminar"
-        lib.mkdir(parents=True)
-        (lib / "__init__.py").write_text("")
-        shutil.copy(REPO / "agent" / "laminar" / "jobkit.py", lib / "jobkit.py")
-        for d in (base / "lib", lib):
-            os.chmod(d, 0o755)
-        for f in lib.iterdir():
-            os.chmod(f, 0o644)
-        with Cluster.create(base, zones=1, per_zone=2, gpus=0, zone_extra=migrate_config()) as c:
-            moved_and_resumed(c, base / "lib")
-    finally:
-        shutil.rmtree(base, ignore_errors=True)
+    # the agents' state directories must be reachable by the job's user, with jobkit where it can
+    # read it (agentproc.jobkit_base), and the job runs the system's python (the venv's lives under /root)
+    with jobkit_base("lm-t-resume-") as base, \
+            Cluster.create(base, zones=1, per_zone=2, gpus=0, zone_extra=migrate_config()) as c:
+        moved_and_resumed(c, base / "lib")
 
 
 def moved_and_resumed(c: Cluster, lib: Path) -> None:

@@ -19,7 +19,7 @@ import pytest
 from jobrig import job_manager, until
 
 from laminar.jobkit import Checkpointer
-from laminar.migrate.reclaim import CONFIG_FIELDS, ReclaimComponent
+from laminar.migrate.reclaim import CONFIG_FIELDS, MOVES_SCHEMA, ReclaimComponent
 from laminar.runtime.jobs import JobSpec
 
 pytestmark = pytest.mark.kernel
@@ -42,7 +42,9 @@ class LoneZone:
 
 def component(jobs: object) -> ReclaimComponent:
     c = ReclaimComponent()
-    c.agent = SimpleNamespace(jobs=jobs, zone=LoneZone(), events=SimpleNamespace(emit=lambda *a, **kw: None))
+    store = jobs.store  # type: ignore[attr-defined]
+    store.ensure_schema("migrate-moves", MOVES_SCHEMA)  # a move records itself before its freeze
+    c.agent = SimpleNamespace(jobs=jobs, zone=LoneZone(), store=store, events=SimpleNamespace(emit=lambda *a, **kw: None))
     c.s = {k: f.default for k, f in CONFIG_FIELDS.items()}
     return c
 

@@ -19,7 +19,7 @@ from jobrig import until
 from test_migrate_evidence import make_agent
 
 from laminar.migrate import drain
-from laminar.migrate.reclaim import RECLAIM_SCHEMA, ReclaimComponent
+from laminar.migrate.reclaim import MOVES_SCHEMA, RECLAIM_SCHEMA, ReclaimComponent
 from laminar.runtime.jobs import JobSpec
 
 
@@ -237,6 +237,93 @@ def test_an_agent_restarted_during_a_cancel_settles_what_the_cancel_left(tmp_pat
             assert agent.store.db.execute("SELECT COUNT(*) FROM migrate_reclaim_jobs").fetchone()[0] == 0
             assert zone.placed == [] and handed.state != "running" and unsettled.state == "stopped"
             assert await until(lambda: agent.store.get_meta(drain.CANCEL_META) is None)
+        finally:
+            await comp.stop()
+            agent.store.db.close()
+
+    asyncio.run(main())
+
+
+def restarting_in_a_reclaim_with_a_move(tmp_path: Path, phase: str, reason: str) -> tuple[Any, RestoreJobs, Any, Any]:
+    """An agent (not started yet) whose store holds what the agent before its restart stored:
+    a reclaim of node 5 (30 s, 10 s left) and a move of ``job-1`` to node 7 (``migrate_moves``
+    phase ``phase``, for ``reason``); ``job-1`` and ``job-2`` run. Returns (agent, jobs, job-1, job-2)."""
+    agent = make_agent(tmp_path)
+    agent.jobs = jobs = RestoreJobs()
+    agent.zone = PlacingZone()
+    one, two = jobs.add("job-1", "running"), jobs.add("job-2", "running")
+    agent.store.ensure_schema("migrate-reclaim", RECLAIM_SCHEMA)
+    agent.store.ensure_schema("migrate-moves", MOVES_SCHEMA)
+    now = time.time()
+    with agent.store.tx() as db:
+        db.execute("INSERT INTO migrate_reclaim VALUES (5, 30, 'owner', ?, ?)", (now - 20, now + 10))
+        db.execute("INSERT INTO migrate_moves VALUES ('job-1', ?, ?, 1, 7, 3, '{}', ?)", (phase, reason, now - 2))
+    return agent, jobs, one, two
+
+
+def test_a_restored_reclaim_does_not_move_a_job_whose_settled_stop_the_restart_finishes(tmp_path: Path) -> None:
+    """The agent restarts inside a reclaim's window while an operator's ``--gone`` settle of a
+    move (``migrate_moves`` phase ``gone``: node 7 runs the job) was stopping the job here. The
+    restart finishes that stop; the restored reclaim must not begin a move of the same job
+    meanwhile (a second hand-over: a copy elsewhere beside node 7's). Before, the restored
+    reclaim moved it while its stop ran (``job-1`` in ``moves``)."""
+    async def main() -> None:
+        agent, jobs, settled, other = restarting_in_a_reclaim_with_a_move(tmp_path, "gone", "lm-t loan return")
+        release = asyncio.Event()
+        real_stop = jobs.stop
+
+        async def slow_stop(jid: str, *a: Any, **kw: Any) -> None:  # the settled stop takes a while
+            if jid == "job-1":
+                await release.wait()
+            await real_stop(jid, *a, **kw)
+
+        jobs.stop = slow_stop  # type: ignore[method-assign]
+        comp = ReclaimComponent()
+        await comp.start(agent)
+        try:
+            rc = comp.reclaim_status()["reclaim"]
+            assert rc is not None and rc["restored"]
+            assert await until(lambda: comp.moves.get("job-2") is not None and comp.moves["job-2"].ended)
+            assert "job-1" not in comp.moves, "the restored reclaim moved a job whose settled stop was running"
+            release.set()
+            assert await until(lambda: settled.state == "migrated")
+            assert await until(lambda: comp.reclaim_status()["reclaim"] is not None and "job-1" not in comp.evacuating)
+            assert "job-1" not in comp.moves and other.state == "running"
+        finally:
+            release.set()
+            await comp.stop()
+            agent.store.db.close()
+
+    asyncio.run(main())
+
+
+def test_a_restored_reclaim_does_not_move_a_job_whose_cut_move_cannot_be_asked(tmp_path: Path) -> None:
+    """The agent restarts inside a reclaim's window with a move cut during its hand-over
+    (``migrate_moves`` phase ``handover`` to node 7) that this start cannot ask (node 7 is not in
+    the zone's roster: the stand-in zone has none). The job stays frozen here until an operator
+    settles it, and no other move may take it meanwhile (node 7 may run it: a second hand-over
+    is a second copy). Before, the settle that could not ask dropped the job from ``evacuating``
+    and the restored reclaim moved it (``job-1`` placed elsewhere). An operator's ``--run-here``
+    then ends the hold: the job is thawed and the reclaim may move it."""
+    async def main() -> None:
+        agent, _, cut, other = restarting_in_a_reclaim_with_a_move(tmp_path, "handover", "airlock re-address")
+        comp = ReclaimComponent()
+        await comp.start(agent)
+        try:
+            rc = comp.reclaim_status()["reclaim"]
+            assert rc is not None and rc["restored"]
+            assert await until(lambda: comp.moves.get("job-1") is not None and comp.moves["job-1"].ended)
+            assert "cannot ask node 7" in comp.moves["job-1"].error
+            assert await until(lambda: comp.moves.get("job-2") is not None and comp.moves["job-2"].ended)
+            await asyncio.sleep(0.5)  # the reclaim's wait for job-1 looks every 0.2 s
+            assert comp.moves["job-1"].dest == 7 and comp.moves["job-1"].phase == "handover", \
+                "the restored reclaim moved a job whose cut hand-over to node 7 could not be asked"
+            assert "job-1" in comp.evacuating and cut.cgroup.thawed == 0
+            assert [h["job"] for h in comp.pending_handovers()] == ["job-1"]
+            out = await comp.settle_handover("job-1", "run-here", by="lm-t operator")
+            assert out["decision"] == "run-here" and cut.cgroup.thawed == 1
+            assert "job-1" not in comp.evacuating  # the settle ends the hold
+            assert other.state == "running"
         finally:
             await comp.stop()
             agent.store.db.close()

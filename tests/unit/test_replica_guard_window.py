@@ -1,6 +1,8 @@
 """A buddy does not take over a job whose source is silent in the zone during its reclaim window
 but still answers: that source is evacuating the job (a move to another node is under way), and
 a take-over here would run it twice. A source that does not answer is taken over as before.
+After the window's end, only a buddy that may have missed the source's news (restarted since the
+guard came, or silent) asks first; one that was up and heard from the source takes over at once.
 
 Two real components on loopback (the buddy, node 1, and the source, node 2: each a real store,
 real transfer endpoint, real authenticated control messages); stand-ins, named as such: the
@@ -10,16 +12,20 @@ zones (``FakeZone``: membership and keys, no sockets) and the job managers (``Jo
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import json
 import math
 import time
 from pathlib import Path
 from types import SimpleNamespace
+from typing import Any
 
 from jobrig import until
 from test_migrate_evidence import FakeZone, make_agent
 from test_replica_gc import KEY, Jobs, K, Source, started
 
 from laminar.migrate.reclaim import ReclaimComponent
+from laminar.migrate.transfer import send_control
 
 
 def state_of(comp: ReclaimComponent, key: str) -> str:
@@ -64,6 +70,97 @@ def test_a_source_silent_in_its_window_that_answers_keeps_its_job(tmp_path: Path
             assert state_of(buddy, K) != "guarding"  # taken over (resumed, or waiting for room)
         finally:
             await buddy.stop()
+            agent_b.store.db.close()
+            agent_a.store.db.close()
+
+    asyncio.run(main())
+
+
+def test_after_the_window_only_a_buddy_that_may_have_missed_news_asks_first(tmp_path: Path) -> None:
+    """The window's end as the guard message carried it has passed. A buddy up since that
+    message that heard from the source takes over at once (no question: a real reclaim is not
+    delayed); so does one restarted before the reclaim that knows the window from the zone's
+    notice it heard since. One started after that message (a restart: it may have missed the withdrawal)
+    asks: a source that runs the job and has no reclaim keeps the guard guarding and its window
+    is forgotten. One silent for peer_timeout_s before the end asks too; no answer (the source
+    gone) goes on with the take-over."""
+    async def main() -> None:
+        (tmp_path / "b").mkdir()
+        (tmp_path / "a").mkdir()
+        agent_b, buddy = await started(tmp_path / "b")
+        agent_b.zone.s["peer_timeout_s"] = 10.0
+        agent_a = make_agent(tmp_path / "a")
+        agent_a.jobs = Jobs()
+        for jid in ("job-1", "job-2", "job-3", "job-4"):
+            agent_a.jobs.jobs.append(SimpleNamespace(id=jid, state="running", ended=None, spec=None))
+        source = ReclaimComponent()
+        await source.start(agent_a)
+        zone_a = FakeZone([1, 3])
+        zone_a.node_id = 2
+        zone_a.keys = {1: KEY}
+        agent_a.zone = zone_a
+        asked: list[str] = []
+        control = buddy._control
+
+        async def spy(node: int, op: str, body: dict[str, Any], **kw: Any) -> Any:  # records, then sends
+            asked.append(f"{op} {body.get('key')}")
+            return await control(node, op, body, **kw)
+
+        buddy._control = spy  # type: ignore[method-assign]
+        try:
+            buddy.s["port"] = source.port
+            ended = time.time() - 1.0  # the window's end the guard messages carry: passed
+
+            async def guarded(key: str) -> None:
+                src = Source(tmp_path, buddy, 2, key)
+                await src.send(5)
+                await send_control("127.0.0.1", buddy.port, KEY, "guard", {
+                    "key": key, "src_node": 2, "src_job": key[3:], "ckpt": "ckpt-5",
+                    "request": {"spec": {"command": ["train"]}, "window_end": ended}}, zone=1, node="2")
+
+            # up since the guard came, heard from the source just now: taken over at once
+            await guarded("n2-job-1")
+            await buddy._guard_round()
+            assert await until(lambda: not buddy._taking, timeout=30)
+            assert state_of(buddy, "n2-job-1") != "guarding" and asked == [], asked
+
+            # restarted before the reclaim (an older guard without the window's end), the window
+            # known from the zone's notice heard since: up the whole window, taken over at once
+            src4 = Source(tmp_path, buddy, 2, "n2-job-4")
+            await src4.send(5)
+            await src4.ctl("guard", "ckpt-5")
+            buddy._started = time.time()
+            buddy.notices[2] = (ended, ended - 10.0)
+            await buddy._guard_round()
+            assert await until(lambda: not buddy._taking, timeout=30)
+            assert state_of(buddy, "n2-job-4") != "guarding" and asked == [], asked
+            buddy.notices.pop(2)
+            buddy._started = 0.0
+
+            # the agent started after the guard came: it asks, the source runs the job with no reclaim
+            await guarded("n2-job-2")
+            buddy._started = time.time()
+            await buddy._guard_round()
+            assert await until(lambda: not buddy._taking, timeout=30)
+            assert asked == ["needs n2-job-2"] and state_of(buddy, "n2-job-2") == "guarding", asked
+            row = agent_b.store.db.execute("SELECT request FROM migrate_replicas WHERE key='n2-job-2'").fetchone()
+            assert "window_end" not in json.loads(row["request"])  # the withdrawn window ends nothing
+            await buddy._guard_round()
+            assert await until(lambda: not buddy._taking, timeout=30)
+            assert asked == ["needs n2-job-2"] and state_of(buddy, "n2-job-2") == "guarding"
+
+            # up the whole window but nothing heard for peer_timeout_s before its end, the source gone
+            buddy._started = 0.0
+            await guarded("n2-job-3")
+            agent_b.zone.membership.state[2].last_seen = ended - 20.0
+            await source.stop()
+            await buddy._guard_round()
+            assert await until(lambda: not buddy._taking, timeout=30)
+            assert asked == ["needs n2-job-2", "needs n2-job-3"] and state_of(buddy, "n2-job-3") != "guarding", asked
+        finally:
+            await buddy.stop()
+            with contextlib.suppress(Exception):
+                await source.stop()
             agent_b.store.db.close()
             agent_a.store.db.close()
 

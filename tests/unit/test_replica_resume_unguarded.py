@@ -20,20 +20,19 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import shutil
 import stat
 import subprocess
-import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from agentproc import jobkit_base
 from test_replica_gc import KEY, K, Source, started
 from userrig import User, local_user, read_as
 
+from laminar.jobkit import Checkpointer
 from laminar.migrate.transfer import send_control
 
-REPO = Path(__file__).resolve().parents[2]
 # the job: what a training loop does at start with jobkit (says the step and state it resumed)
 JOB = ("import json, sys; sys.path.insert(0, sys.argv[1]); from laminar.jobkit import Checkpointer; "
        "ck = Checkpointer(job_id='j', ckpt_dir=sys.argv[2], install_signal=False); state = ck.resume(); "
@@ -42,23 +41,9 @@ JOB = ("import json, sys; sys.path.insert(0, sys.argv[1]); from laminar.jobkit i
 
 @pytest.fixture
 def base() -> Iterator[Path]:
-    """A state directory the job's user can traverse (pytest's tmp is root's alone), with jobkit
-    under ``lib/`` where that user can read it (the checkout may be under a directory closed to
-    other users: a fresh clone under a 0700 temporary directory)."""
-    d = Path(tempfile.mkdtemp(prefix="lm-t-unguarded-", dir="/tmp"))
-    try:
-        os.chmod(d, 0o711)
-        lib = d / "lib" / "laminar"
-        lib.mkdir(parents=True)
-        (lib / "__init__.py").write_text("")
-        shutil.copy(REPO / "agent" / "laminar" / "jobkit.py", lib / "jobkit.py")
-        for p in (d / "lib", lib):
-            os.chmod(p, 0o755)
-        for f in lib.iterdir():
-            os.chmod(f, 0o644)
+    """A state directory the job's user can traverse, with jobkit under ``lib/`` (agentproc.jobkit_base)."""
+    with jobkit_base("lm-t-unguarded-") as d:
         yield d
-    finally:
-        shutil.rmtree(d, ignore_errors=True)
 
 
 def resume_as(user: User, resume_from: str, ckpt_dir: Path) -> dict[str, object] | str:
@@ -134,6 +119,71 @@ def test_a_guarded_replica_that_no_longer_verifies_is_refused_and_nothing_is_cop
                 with pytest.raises(ValueError, match="not restorable"):
                     await asyncio.to_thread(comp.check_resume, str(d / "ckpt-6"), user.uid)
                 assert not (base / "resume" / K / "ckpt-6").exists()
+            finally:
+                await comp.stop()
+                agent.store.db.close()
+
+        asyncio.run(main())
+
+
+def test_a_path_outside_xfer_is_checked_as_the_jobs_owner_and_a_refusal_tells_no_more_than_they_could_see(
+        base: Path) -> None:
+    """A non-root job's ``resume_from`` outside ``xfer/`` is verified with its owner's own
+    permissions (uid, primary gid, the user's groups): a checkpoint in a directory closed to the
+    owner is refused the same way whether it is valid, corrupt or absent, naming the path and the
+    uid, so a placement is no oracle for what lies where the user cannot look. What the owner
+    can read is verified as before (its errors are what the owner would see), a directory open
+    to one of the user's supplementary groups is readable, and root's jobs are unchanged."""
+    with local_user("orcl", extra_group=True) as user:
+        async def main() -> None:
+            agent, comp = await started(base)
+            try:
+                def ckpt(d: Path, step: int, corrupt: bool = False) -> Path:
+                    p = Checkpointer(job_id="j", ckpt_dir=d, install_signal=False).save(b"weights-%d" % step,
+                                                                                         step=step)
+                    if corrupt:
+                        (p / "state.bin").write_bytes(b"WEIGHTS-%d" % step)  # same size, other bytes
+                    return p
+
+                closed = base / "closed"  # root's alone: the user cannot look inside
+                closed.mkdir(mode=0o700)
+                valid, corrupt = ckpt(closed, 4), ckpt(closed, 5, corrupt=True)
+                absent = closed / "ckpt-6"
+                assert read_as(user, valid / "MANIFEST.json") == "Permission denied"
+                said = []
+                for p in (valid, corrupt, absent):
+                    with pytest.raises(ValueError) as e:
+                        await asyncio.to_thread(comp.check_resume, str(p), user.uid)
+                    said.append(str(e.value).replace(str(p), "<path>"))
+                    assert str(p) in str(e.value) and f"uid {user.uid}" in str(e.value), e.value
+                    assert "Permission denied" in str(e.value), e.value
+                assert said[0] == said[1] == said[2], said  # valid, corrupt and absent look alike
+                # root's job: verified as root, as before
+                assert await asyncio.to_thread(comp.check_resume, str(valid), 0) == str(valid)
+                with pytest.raises(ValueError, match="not restorable: .*does not match its SHA-256"):
+                    await asyncio.to_thread(comp.check_resume, str(corrupt), 0)
+
+                # the user's own directory: verified as the user, errors as the user would see them
+                own = base / "own"
+                own.mkdir(mode=0o700)
+                os.chown(own, user.uid, user.gid)
+                mine, bad = ckpt(own, 7), ckpt(own, 8, corrupt=True)
+                for p in (own, *own.rglob("*")):
+                    os.chown(p, user.uid, user.gid)
+                assert await asyncio.to_thread(comp.check_resume, str(mine), user.uid) == str(mine)
+                with pytest.raises(ValueError, match="not restorable: .*does not match its SHA-256"):
+                    await asyncio.to_thread(comp.check_resume, str(bad), user.uid)
+                with pytest.raises(ValueError, match="no such directory"):
+                    await asyncio.to_thread(comp.check_resume, str(own / "ckpt-9"), user.uid)
+
+                # open to the user's supplementary group only: readable by the job, accepted
+                team = base / "team"
+                team.mkdir()
+                shared = ckpt(team, 3)
+                for p in (team, *team.rglob("*")):
+                    os.chown(p, 0, user.groups[1])
+                    os.chmod(p, 0o750 if p.is_dir() else 0o640)
+                assert await asyncio.to_thread(comp.check_resume, str(shared), user.uid) == str(shared)
             finally:
                 await comp.stop()
                 agent.store.db.close()

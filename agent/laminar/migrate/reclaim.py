@@ -52,10 +52,25 @@ finishes (the job runs on its destination) or fails (the job is thawed and runs 
 job is never left frozen or nowhere. A queued job whose placement elsewhere is unsettled is
 stopped here so it never runs twice. Peers are told (control op ``reclaim-withdrawn``): they
 forget the notice and the window's end their guards of this node's jobs carry (else they would
-declare this node dead at that end and resume, a second time, jobs that run on here).
+declare this node dead at that end and resume, a second time, jobs that run on here). A guard
+that may have missed that (its agent started after the guard message that told it the window's
+end, or it heard nothing from this node for the zone's ``peer_timeout_s`` before the window's
+end: :meth:`ReclaimComponent._missed_news`)
+asks this node (control op ``needs``) before it takes over at the window's end: a job that runs
+here with no reclaim (``reclaim`` false in the answer) keeps it guarding and the window is forgotten.
 A new notice that comes while a cancel runs is a new reclaim: the cancel undoes none of it
 (its queue hold, its placements of queued jobs, its notice to the peers; ``superseded`` in the
 answer), and its evacuation begins no second move of a job whose move is under way.
+
+**A move cut during its hand-over.** Once a hand-over's frame may have reached the destination, no
+answer is never taken for a refusal (:meth:`ReclaimComponent._handover` with ``confirm``): the
+same hand-over (idempotent by placement id there) is sent again until the destination says
+whether it runs the job, which stays frozen here meanwhile; then it is stopped here (it runs
+there) or thawed (it does not). A move without a window (a loan return's :meth:`ReclaimComponent.move_now`,
+Airlock's :meth:`ReclaimComponent.readdress`) is recorded before its freeze and before its
+hand-over (table ``migrate_moves``), so a restart settles one the agent's stop or crash cut
+the same way (:meth:`ReclaimComponent._restore_moves`): never frozen for good, never two
+copies, never none.
 
 **No room anywhere: storage holders.** When no peer can run a job during the window (none has
 the GPUs, memory or CPUs free, or every reservation is refused), its final checkpoint still
@@ -98,7 +113,7 @@ take-over) before anything newer of the job reached the archive (its new key hol
 the checkpoint the job resumed from is then its newest safe state (:meth:`ReclaimComponent._dead_runs`).
 
 **What the archive keeps, and what goes** (:meth:`ReclaimComponent.archive_gc`, every
-``ARCHIVE_GC_S`` by each agent). A claim that started its job leaves ``<archive>/<key>/`` behind
+``archive_gc_s``, 10 s, by each agent). A claim that started its job leaves ``<archive>/<key>/`` behind
 with ``running-<node>.json`` (the record, now naming where the job was resumed: its node and job
 id) and the checkpoint it resumed from. That directory is removed once the job no longer needs
 it: when the job it resumed **ended** where it runs (exited, or stopped by its user; the agent
@@ -140,7 +155,7 @@ When a checkpoint of a key commits here (verified), or a guard names one held he
 older ``ckpt-*`` go, except the one the key's ``migrate_replicas`` row names (the guarded one)
 and any a local job was or will be resumed from (its spec's ``resume_from`` points at it and it
 has not ended, failed or was lost, or was requeued less than ``REPLICA_REQUEUE_HOLD_S`` ago).
-When the key is released (control op ``release``), and every ``REPLICA_GC_S`` for each key whose row says the job
+When the key is released (control op ``release``), and every ``replica_gc_s`` (30 s) for each key whose row says the job
 is done here (``released``, ``handed-over``, ``placed``, ``passed``, ``resumed``), every ``ckpt-*``
 of the key goes but those a local job uses and those committed after the row last changed (for
 ``REPLICA_LATE_S``: a guard naming them may still come), then the key's directory when it is
@@ -215,7 +230,9 @@ its window ended, or, with ``orphan_after_s`` set, it fell silent without a noti
 node guards a job at a time: a move hands the guard to the destination (``guard`` there, then
 ``release`` to the old buddy), and a node never resumes a job it already runs (the job's
 environment carries ``LM_MIGRATED_FROM``). A failed prestage keeps the job's buddy (it still
-guards the older checkpoint) and tries another peer next (PRESTAGE_FAIL_AVOID_S); the old buddy
+guards the older checkpoint) and tries another peer next (PRESTAGE_FAIL_AVOID_S; a buddy that
+said nothing, :class:`~laminar.migrate.transfer.PeerSilentError`, costs one timeout and is
+avoided by every job's prestage as long: :meth:`ReclaimComponent._silent_peers`); the old buddy
 of a job whose guard went elsewhere is released, and a release that does not arrive is sent again
 (RELEASE_RETRY_S) until it does: two guards of one job would both resume it.
 
@@ -241,6 +258,8 @@ Config (``[migrate]``)::
     replica_guard_check_s = 600  # a guard unchanged this long is checked with its source (0: never)
     replica_orphan_s = 21600 # replicas of a key no guard named go after this (>= 3600)
     replica_row_keep_s = 86400   # done replica rows whose directory is gone are deleted after this (>= 3600)
+    replica_gc_s = 30        # how often every held replica is looked at
+    archive_gc_s = 10        # how often this agent sweeps archive_dir
 
 Between reclaims the component also asks each job for periodic checkpoints at the interval the
 hazard sets (:mod:`laminar.migrate.ckpt_driver`, its keys in the same section; the plan is
@@ -258,9 +277,12 @@ import json
 import logging
 import math
 import os
+import pwd
 import re
 import shutil
 import stat
+import subprocess
+import sys
 import time
 from collections.abc import Collection, Iterable
 from dataclasses import dataclass, field
@@ -283,6 +305,7 @@ from laminar.migrate.holder import HolderCandidate, RetrySchedule, choose_holder
 from laminar.migrate.transfer import (
     Committed,
     Flow,
+    PeerSilentError,
     Progress,
     Receiver,
     StatsCollector,
@@ -292,7 +315,7 @@ from laminar.migrate.transfer import (
     send_control,
     verified_checkpoint,
 )
-from laminar.zone.membership import canonical_ip
+from laminar.zone.membership import canonical_ip, listen_check
 
 log = logging.getLogger("laminar.migrate")
 
@@ -316,14 +339,16 @@ LIVE_RECORD = "live.json"
 # crashed writer's: any agent removes it. A copy in progress writes its files as it goes, so only
 # a writer stalled this long loses its temporary (its rename then fails: nothing is published).
 ARCHIVE_TMP_STALE_S = 3600.0
-# How often each agent sweeps the archive (listing it on shared storage is not free).
+# How often each agent sweeps the archive (listing it on shared storage is not free): the default
+# of ``[migrate] archive_gc_s``.
 ARCHIVE_GC_S = 10.0
 # Removals are renamed here first (one agent wins the rename), then removed.
 ARCHIVE_TRASH = ".gc"
 # Replicas this node holds for other nodes' jobs (``<root>/checkpoints/<key>/``) that are no longer
 # needed are renamed into ``<root>/REPLICA_TRASH/`` on the event loop, then removed in a thread.
 REPLICA_TRASH = "replica-gc"
-# How often every held key is looked at (released, handed over, placed elsewhere, ...).
+# How often every held key is looked at (released, handed over, placed elsewhere, ...): the default
+# of ``[migrate] replica_gc_s``.
 REPLICA_GC_S = 30.0
 # Replica states after which this node keeps a key's checkpoints only for a local job using them.
 REPLICA_DONE_STATES = ("released", "handed-over", "placed", "passed", "resumed")
@@ -334,8 +359,16 @@ REPLICA_LATE_S = 3600.0
 # requeue_for_s); a replica it names is kept as long after it was requeued.
 REPLICA_REQUEUE_HOLD_S = 3600.0
 # A prestage that failed to a node does not choose it again for the job for this long (another
-# peer is tried; it is the last resort).
+# peer is tried; it is the last resort). One to which a prestage found the node silent (no
+# connection accepted, no handshake answered: transfer.PeerSilentError, after ONE timeout) is not
+# chosen for any job's prestage as long, unless the zone hears from it again (_silent_peers).
 PRESTAGE_FAIL_AVOID_S = 60.0
+# A move's (or a hold's) transfer to a destination that says nothing (transfer.PeerSilentError: no
+# connection accepted in CONNECT_TIMEOUT_S, no handshake answer in HANDSHAKE_TIMEOUT_S) tries it
+# this many more times, then goes on to the next candidate: one more try covers a lost SYN or a
+# busy agent, the transfer's whole ladder (6 tries: ~26 s connecting, ~63 s handshaking) would
+# eat most of a notice window. Other errors keep the ladder.
+MOVE_SILENT_RETRIES = 1
 # A ``release`` that did not arrive (the old buddy unreachable then) is sent again this often until
 # it does, the node leaves the zone, or RELEASE_GIVE_UP_S passed (the guard's own ``needs`` check
 # then ends it).
@@ -359,7 +392,7 @@ CONFIG_FIELDS = {
                   _range(1, 65535)),
     "listen": Field(str, "", "address the transfer endpoint binds and, when it names one address, the one this "
                     "node's transfer connections leave from (peers check it against its zone.nodes entry; "
-                    "empty: zone.listen)"),
+                    "empty: zone.listen)", listen_check),
     "notice_margin": Field(float, cs.NOTICE_MARGIN, "share of a notice window planned transfers may use",
                            _range(0.1, 1.0)),
     "hazard_prior_rate_per_h": Field(float, DEFAULT_PRIOR_RATE_PER_H, "departures per node-hour before any is seen",
@@ -402,6 +435,11 @@ CONFIG_FIELDS = {
     "replica_row_keep_s": Field((int, float), 86400.0, "a done replica row (released, handed over, placed, passed, "
                                 "resumed) whose directory is gone is deleted after this (a late guard of it is then "
                                 "a new guard)", _range(REPLICA_LATE_S, 86400 * 365)),
+    "replica_gc_s": Field((int, float), REPLICA_GC_S, "how often every replica held here is looked at (released, "
+                          "handed over, placed elsewhere: its checkpoints go; guards due a check with their source)",
+                          _range(0.1, 86400)),
+    "archive_gc_s": Field((int, float), ARCHIVE_GC_S, "how often this agent sweeps archive_dir for what no job "
+                          "needs any more (listing shared storage is not free)", _range(0.1, 86400)),
     **ckpt_driver.CONFIG_FIELDS,  # periodic checkpoints (laminar.migrate.ckpt_driver)
 }
 register_section("migrate", CONFIG_FIELDS)
@@ -439,6 +477,15 @@ REPLICAS_SCHEMA = [
         answered REAL,
         unanswered INTEGER NOT NULL,
         last_error TEXT NOT NULL)""",
+    # A guard's placement of the job it takes over whose hand-over to ``node`` (placement ``pid``,
+    # ``request``) may have been sent and was not answered yet: a restart asks the node before
+    # any other take-over of the key (:meth:`ReclaimComponent._restore_replica_handovers`).
+    """CREATE TABLE IF NOT EXISTS migrate_replica_handovers (
+        key TEXT PRIMARY KEY,
+        node INTEGER NOT NULL,
+        pid INTEGER NOT NULL,
+        request TEXT NOT NULL,
+        updated REAL NOT NULL)""",
 ]
 
 WITHDRAWN_RETRY_S = 2.0  # a peer not reached when a reclaim was cancelled is told again this often
@@ -460,11 +507,89 @@ RECLAIM_SCHEMA = [
         phase TEXT NOT NULL,
         node INTEGER,
         updated REAL NOT NULL)""",
+    # A ``handover`` row's hand-over (its placement id ``pid`` at the node, the ``request`` sent):
+    # a restart that settles a cancelled reclaim asks the node with it (:meth:`ReclaimComponent._settle_cancelled`).
+    """CREATE TABLE IF NOT EXISTS migrate_reclaim_handovers (
+        job_id TEXT PRIMARY KEY,
+        node INTEGER NOT NULL,
+        pid INTEGER NOT NULL,
+        request TEXT NOT NULL,
+        updated REAL NOT NULL)""",
 ]
+
+MOVES_SCHEMA = [
+    # A move without a window (a loan return's, Airlock's re-address: ``move_now``/``readdress``)
+    # under way, so that a restart settles what a stop or crash cut (:meth:`ReclaimComponent._restore_moves`):
+    # ``frozen`` (written before the freeze: it thaws the job, ``thaw`` 1 when the move froze it),
+    # ``handover`` (its hand-over to ``node`` under placement ``pid`` may have been sent: ``request``
+    # is what was handed over, asked again there until the node answers whether it runs the job).
+    """CREATE TABLE IF NOT EXISTS migrate_moves (
+        job_id TEXT PRIMARY KEY,
+        phase TEXT NOT NULL,
+        reason TEXT NOT NULL,
+        thaw INTEGER NOT NULL,
+        node INTEGER,
+        pid INTEGER,
+        request TEXT,
+        updated REAL NOT NULL)""",
+]
+# A hand-over sent and not answered is asked again at most this far apart (it doubles from 0.2 s).
+HANDOVER_ASK_MAX_S = 5.0
 
 
 _CKPT_NAME = re.compile(r"^ckpt-\d+$")
 _SAFE_KEY = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")  # a transfer's job id (transfer._SAFE)
+
+# The check of a checkpoint as a job's owner (argv: jobkit's file, the path, uid, gid): jobkit is
+# loaded while still root (the owner may not reach the agent's code), then the process takes
+# the owner's uid, gid and groups (its passwd entry's, as the job's setpriv --init-groups; none
+# without one) for good before it looks at the path. It prints one JSON line: {} (verified),
+# {"denied": strerror} (the owner cannot reach or open the path itself) or {"error": jobkit's}.
+_VERIFY_AS_OWNER = """
+import importlib.util, json, os, pwd, sys
+spec = importlib.util.spec_from_file_location("laminar_jobkit", sys.argv[1])
+jobkit = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(jobkit)
+path, uid, gid = sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
+try:
+    os.initgroups(pwd.getpwuid(uid).pw_name, gid)
+except KeyError:
+    os.setgroups([])
+os.setgid(gid)
+os.setuid(uid)
+try:
+    jobkit.verify_checkpoint(path)
+    out = {}
+except PermissionError as e:
+    out = {"denied": e.strerror or str(e)}
+except jobkit.CheckpointError as e:
+    out = {"error": str(e)}
+except OSError as e:
+    out = {"error": f"checkpoint {path}: {e}"}
+print(json.dumps(out))
+"""
+
+
+def verify_as_owner(path: str, uid: int, gid: int) -> None:
+    """Verifies the checkpoint ``path`` (jobkit's check) with the permissions of ``uid``, ``gid``
+    and the uid's groups, in a child process that dropped to them, never as root: what a job of
+    that user could read, and no more. Blocking (callers run it in a thread). Raises ValueError
+    naming the path and the uid; its text holds only what that user could have learnt by looking
+    at the path themselves (a checkpoint they cannot reach is refused alike whether it is valid,
+    corrupt or absent)."""
+    argv = [sys.executable, "-I", "-c", _VERIFY_AS_OWNER, jobkit.__file__, path, str(uid), str(gid)]
+    r = subprocess.run(argv, stdin=subprocess.DEVNULL, capture_output=True, text=True, env={}, cwd="/", check=False)
+    try:
+        out = json.loads(r.stdout)
+    except ValueError:
+        tail = (r.stderr.strip().splitlines() or ["no output"])[-1]
+        raise ValueError(f"checkpoint {path} could not be checked as uid {uid} (the job's owner): exit "
+                         f"{r.returncode}: {tail}") from None
+    if "denied" in out:
+        raise ValueError(f"checkpoint {path}: uid {uid} (the job's owner) cannot read it: {out['denied']}")
+    if "error" in out:
+        raise ValueError(f"checkpoint {path} is not restorable: {out['error']} (checked as uid {uid}, the job's "
+                         "owner)")
 
 
 def _read_record(path: Path) -> dict[str, Any] | None:
@@ -732,6 +857,11 @@ class MigrateError(Exception):
     """A move that cannot go on; the message says why."""
 
 
+class HandoverSettled(MigrateError):
+    """A hand-over an operator settled as not taken by its node (``laminarctl job settle
+    --run-here``): the move ends here, it is not tried on another node."""
+
+
 class ReplicaRefused(MigrateError):
     """An operator's drop of a key's replicas that is refused now (the message says why and what to do)."""
 
@@ -865,6 +995,9 @@ class ReclaimComponent:
         self.frozen_at: dict[str, float] = {}  # job id -> when a move froze it (wall clock)
         self.ckpt_latency: dict[str, float] = {}  # job id -> seconds its last requested checkpoint took
         self._prestaging: set[str] = set()
+        # job id -> the send of its prestage in flight (a move of the job cancels it: _supersede_prestage)
+        self._prestage_sends: dict[str, asyncio.Task[str]] = {}
+        self._moves_begun: dict[str, int] = {}  # job id -> moves of it begun (a prestage they overtook stands down)
         self._tasks: set[asyncio.Task[Any]] = set()
         self._loop_task: asyncio.Task[Any] | None = None
         self._unsubscribe: Any = None
@@ -875,6 +1008,12 @@ class ReclaimComponent:
         self._drain_task: asyncio.Task[Any] | None = None  # places this node's queued jobs elsewhere during a reclaim
         self._cancelling = False  # a cancel of this node's reclaim runs now
         self._taking: set[str] = set()  # keys whose take-over runs now
+        # keys whose take-over is starting its job here now (past its last look for a hand-over,
+        # the job manager's start under way): the job's id once stored, None when refused
+        self._starting: dict[str, asyncio.Future[str | None]] = {}
+        # keys whose take-over here dropped the reservation of the placement that handed their
+        # guard here (_fence_placement): this node's guard has the job, that hand-over is answered so
+        self._fenced: dict[str, int] = {}
         self._archive_next: dict[str, float] = {}  # archived key -> when this node tries it again (monotonic)
         self._archive_tries: dict[str, int] = {}
         self.archived_live: dict[str, str] = {}  # job id -> newest periodic checkpoint in the archive (live.json)
@@ -885,15 +1024,21 @@ class ReclaimComponent:
         self._replica_gc_next = 0.0  # when the held replicas are looked at next (monotonic)
         self._guard_asked: dict[str, float] = {}  # key -> when its source was last asked (monotonic)
         self._alive_asked: dict[str, float] = {}  # key -> when a source silent in its window last said its job lives
+        self._started = 0.0  # when this agent's component started (wall): a guard older than it may have missed news
         self._guard_checking: set[str] = set()  # keys whose source is being asked now
         # job id -> {node: until (wall)}: peers not chosen as the job's buddy before then (their
         # operator dropped its guard, op ``dropped``; a prestage to them failed)
         self._avoid_until: dict[str, dict[int, float]] = {}
+        # node -> (when, until) (wall): a prestage found it silent then; suspect for prestages until
+        self._silent: dict[int, tuple[float, float]] = {}
         # (node, key) -> (next try, given up at) (monotonic): releases that did not arrive yet
         self._releases: dict[tuple[int, str], tuple[float, float]] = {}
         self._releasing: set[tuple[int, str]] = set()
         self._drops: dict[str, int] = {}  # job id -> how many ``dropped`` messages came for it
         self._owners: dict[str, tuple[int, int]] = {}  # key -> (uid, gid) of its job's owner (guards held here)
+        # job id (a placement's: its key) -> its confirmed hand-over waiting for its node's answer:
+        # node, since (wall, the first unanswered try; None before), error, wake (an operator's settle)
+        self._asking: dict[str, dict[str, Any]] = {}
 
     # -- life cycle ---------------------------------------------------------------------------
 
@@ -901,9 +1046,11 @@ class ReclaimComponent:
         """Opens the replicas table, loads the hazard model, starts the transfer endpoint and
         the watch loop. Raises RuntimeError when the endpoint's port cannot be bound."""
         self.agent = agent
+        self._started = time.time()
         self.s = {**{k: f.default for k, f in CONFIG_FIELDS.items()}, **agent.config.section("migrate")}
         agent.store.ensure_schema("migrate", REPLICAS_SCHEMA)
         agent.store.ensure_schema("migrate-reclaim", RECLAIM_SCHEMA)
+        agent.store.ensure_schema("migrate-moves", MOVES_SCHEMA)
         for r in agent.store.db.execute("SELECT key, request FROM migrate_replicas").fetchall():
             self._note_owner(str(r["key"]), r["request"])
         self.buddy = {str(r["job_id"]): int(r["node"])
@@ -935,7 +1082,10 @@ class ReclaimComponent:
         os.chmod(self.root, 0o700)
         zone = getattr(agent, "zone", None)
         networked = bool(zone is not None and zone.networked)
-        host = self.s["listen"] or (zone.s["listen"] if zone is not None and networked else "127.0.0.1")
+        # zone.listen as the zone bound it (0.0.0.0 is the roster address when this host holds it,
+        # IPv4 or IPv6, else 0.0.0.0 or ::: membership.bind_host, ZoneComponent.start)
+        host = self.s["listen"] or (getattr(zone, "listen_host", zone.s["listen"]) if zone is not None and networked
+                                    else "127.0.0.1")
         # A peer's connections leave from this address when it names one (this node's roster
         # address on a host with several), and the node id a peer's hello claims must be the
         # one whose roster address its connection comes from (zone.check_source, as the zone's
@@ -953,6 +1103,12 @@ class ReclaimComponent:
         except OSError as e:
             raise RuntimeError(f"migrate: cannot listen on {host}:{self.s['port']} for checkpoint transfers: "
                                f"{e.strerror or e}; set migrate.port to a free port") from None
+        if zone is not None and networked and not self.s["listen"] and hasattr(zone, "on_rebind"):
+            # the zone listens on :: while its roster address is not usable (tentative at boot),
+            # then on the address: so do transfers, and they connect from it again
+            zone.on_rebind.append(self._follow_zone_listen)
+            if zone.listen_host != host:
+                await self._follow_zone_listen(zone.listen_host)
         # Nothing is being sent yet: every snapshot under outgoing/ is a crashed send's, and what
         # is in the replica trash was being removed when the agent stopped.
         await asyncio.to_thread(self._sweep_outgoing)
@@ -962,6 +1118,16 @@ class ReclaimComponent:
         self.ckpt = ckpt_driver.CkptDriver(self)
         self._spawn(self.ckpt.run())
         self._restore_reclaim()
+        self._restore_moves()
+        self._restore_replica_handovers()
+
+    async def _follow_zone_listen(self, host: str) -> None:
+        """The zone listens on its roster address ``host`` now: transfers listen on it and
+        leave from it (zone.check_source at the peers)."""
+        if self.receiver is not None and self.receiver.server is not None:
+            await self.receiver.relisten(host)
+            self._xfer_local = host
+            log.info("migrate: listening for checkpoint transfers on %s (the zone's roster address) now", host)
 
     def _sweep_outgoing(self) -> list[Path]:
         """Removes every snapshot under ``<root>/outgoing/`` (called at start, before any send:
@@ -987,9 +1153,9 @@ class ReclaimComponent:
         tasks = [t for t in (self._loop_task, *self._tasks) if t is not None]
         for t in tasks:
             t.cancel()
-        for t in tasks:
-            with contextlib.suppress(BaseException):
-                await t
+        # their ends (cancelled, or an error) are theirs; a cancel of this stop (the agent's stop
+        # deadline) is not swallowed with them
+        await asyncio.gather(*tasks, return_exceptions=True)
         if self.receiver is not None:
             await self.receiver.stop()
 
@@ -1255,9 +1421,11 @@ class ReclaimComponent:
                 return self.reclaim_status()
             self.reclaim["task"].cancel()
         elif not self._cancelling:  # a new reclaim: what an earlier one did to jobs is history
-            # (not while a cancel runs: its placement in flight is this reclaim's to remember)
+            # (not while a cancel runs: its placement in flight is this reclaim's to remember), but
+            # a move still finishing (a cancelled reclaim's) keeps its record: a restart settles it
+            keep = sorted(self.evacuating)
             with self.agent.store.tx() as db:
-                db.execute("DELETE FROM migrate_reclaim_jobs")
+                db.execute(f"DELETE FROM migrate_reclaim_jobs WHERE job_id NOT IN ({','.join('?' * len(keep))})", keep)
         with self.agent.store.tx() as db:
             db.execute("DELETE FROM migrate_reclaim")
             db.execute("INSERT INTO migrate_reclaim VALUES (?, ?, ?, ?, ?)", (self.node_id, notice_s, reason, now, end))
@@ -1419,8 +1587,12 @@ class ReclaimComponent:
         """At start, after a cancel the agent's restart interrupted (``marker``: store meta
         :data:`drain.CANCEL_META`, written at the cancel's first step and removed at its last; or
         no stored reclaim but records of what one did to jobs, ``migrate_reclaim_jobs``). Settled
-        as the cancel and a restored reclaim would: a job whose hand-over was sent is stopped here
-        (it runs at its destination, or its guard there resumes it), one a move froze is thawed, a
+        as the cancel would have: a job whose hand-over was sent is settled by asking its
+        destination with the same hand-over (:meth:`_settle_cut_move`, recorded in
+        ``migrate_moves`` meanwhile): stopped here (``migrated``) if it runs the job there,
+        thawed here if it has no job for it (the reclaim is withdrawn: no guard resumes it at the
+        window's end); a record of an older agent without the hand-over (no
+        ``migrate_reclaim_handovers`` row) is stopped here as before. One a move froze is thawed, a
         queued job whose placement elsewhere was unsettled is stopped here (it may run there: never
         twice); the records go, the queue hold taken at start (:data:`drain.SETTLING_HOLD`) is
         released and the peers are told the reclaim is withdrawn (again until its window's end):
@@ -1431,7 +1603,16 @@ class ReclaimComponent:
             job = jobs_mgr.get(jid) if jobs_mgr is not None else None
             if job is None:
                 continue
-            if ph == "handover" and job.active:
+            sent = self.agent.store.db.execute("SELECT node, pid, request FROM migrate_reclaim_handovers "
+                                               "WHERE job_id=?", (jid,)).fetchone()
+            if ph == "handover" and job.active and sent is not None:
+                why = f"reclaim of node {self.node_id}, cancelled"
+                req = json.loads(sent["request"])
+                self._record_move(jid, "handover", reason=why, thaw=True, node=int(sent["node"]),
+                                  pid=int(sent["pid"]), request=req)  # a restart meanwhile asks again (_restore_moves)
+                self.evacuating.add(jid)  # Airlock leaves it frozen (AirlockManager.moving)
+                self._spawn(self._settle_cut_move(job, int(sent["node"]), int(sent["pid"]), req, why, True))
+            elif ph == "handover" and job.active:
                 await self._stop_handed(job, node)
             elif ph == "frozen" and job.active:
                 with contextlib.suppress(Exception):
@@ -1448,6 +1629,7 @@ class ReclaimComponent:
                     log.warning("migrate: stopping %s, its placement unsettled at a cancel: %s", jid, e)
         with self.agent.store.tx() as db:  # these only: a reclaim announced meanwhile records its own
             db.executemany("DELETE FROM migrate_reclaim_jobs WHERE job_id=?", [(jid,) for jid in phases])
+            db.executemany("DELETE FROM migrate_reclaim_handovers WHERE job_id=?", [(jid,) for jid in phases])
         if jobs_mgr is not None and getattr(jobs_mgr, "held", None) == drain.SETTLING_HOLD:
             jobs_mgr.hold_queue(None)
         if marker is not None and self.reclaim is None:  # (a reclaim announced meanwhile: its notice stands)
@@ -1482,15 +1664,299 @@ class ReclaimComponent:
         return {str(r["job_id"]): (str(r["phase"]), None if r["node"] is None else int(r["node"]))
                 for r in self.agent.store.db.execute("SELECT job_id, phase, node FROM migrate_reclaim_jobs")}
 
-    def _note_move(self, job_id: str, phase: str, node: int | None = None) -> None:
-        """Records what the reclaim did to ``job_id`` that a restart must not do twice."""
+    def _note_move(self, job_id: str, phase: str, node: int | None = None, pid: int | None = None,
+                   request: dict[str, Any] | None = None) -> None:
+        """Records what the reclaim did to ``job_id`` that a restart must not do twice; with a
+        ``handover``, its placement id and request (``migrate_reclaim_handovers``)."""
         with self.agent.store.tx() as db:
             db.execute("INSERT OR REPLACE INTO migrate_reclaim_jobs VALUES (?, ?, ?, ?)",
                        (job_id, phase, node, time.time()))
+            if pid is not None and request is not None:
+                db.execute("DELETE FROM migrate_reclaim_handovers WHERE job_id NOT IN "
+                           "(SELECT job_id FROM migrate_reclaim_jobs)")  # what records dropped elsewhere left
+                db.execute("INSERT OR REPLACE INTO migrate_reclaim_handovers VALUES (?, ?, ?, ?, ?)",
+                           (job_id, node, pid, json.dumps(request), time.time()))
 
     def _forget_move(self, job_id: str) -> None:
         with self.agent.store.tx() as db:
             db.execute("DELETE FROM migrate_reclaim_jobs WHERE job_id=?", (job_id,))
+            db.execute("DELETE FROM migrate_reclaim_handovers WHERE job_id=?", (job_id,))
+
+    def _record_move(self, job_id: str, phase: str, reason: str = "", thaw: bool | None = None,
+                     node: int | None = None, pid: int | None = None, request: dict[str, Any] | None = None) -> None:
+        """Records where a move without a window (``migrate_moves``) is, before it gets there
+        (``frozen``: before the freeze; ``handover``: before the hand-over is sent). A later
+        phase keeps the earlier ``reason`` and ``thaw``."""
+        with self.agent.store.tx() as db:
+            db.execute("INSERT INTO migrate_moves VALUES (?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT(job_id) DO UPDATE SET "
+                       "phase=excluded.phase, node=excluded.node, pid=excluded.pid, request=excluded.request, "
+                       "updated=excluded.updated", (job_id, phase, reason, int(bool(thaw)), node, pid,
+                                                    None if request is None else json.dumps(request), time.time()))
+
+    def _drop_move_record(self, job_id: str) -> None:
+        with self.agent.store.tx() as db:
+            db.execute("DELETE FROM migrate_moves WHERE job_id=?", (job_id,))
+
+    def _restore_moves(self) -> None:
+        """At start: settles the moves without a window (a loan return's, Airlock's re-address)
+        that the agent's stop or crash cut (``migrate_moves``). One cut before its hand-over was
+        sent: the job is thawed (when the move froze it) and runs here, with a ``migrate`` event
+        (phase ``move-cut``). One whose hand-over may have been sent: the destination is asked
+        (:meth:`_settle_cut_move`), the job frozen and left alone by Airlock until it answers.
+        A job that ended meanwhile only loses its record."""
+        jobs_mgr = getattr(self.agent, "jobs", None)
+        for r in self.agent.store.db.execute("SELECT * FROM migrate_moves").fetchall():
+            jid = str(r["job_id"])
+            job = jobs_mgr.get(jid) if jobs_mgr is not None else None
+            if job is None or not job.active:
+                self._drop_move_record(jid)
+                continue
+            if r["phase"] == "gone":  # an operator settled that its node runs it; the stop here was cut
+                self.evacuating.add(jid)  # a reclaim restored in this start does not move it meanwhile
+                self._spawn(self._stop_settled(job, int(r["node"]), "the agent's restart"))
+                continue
+            if r["phase"] == "handover" and r["node"] is not None and r["pid"] is not None:
+                self.evacuating.add(jid)  # Airlock leaves it frozen (AirlockManager.moving)
+                self._spawn(self._settle_cut_move(job, int(r["node"]), int(r["pid"]), json.loads(r["request"]),
+                                                  str(r["reason"]), bool(r["thaw"])))
+                continue
+            if r["thaw"]:
+                with contextlib.suppress(Exception):
+                    job.cgroup.thaw(timeout=2.0)
+            self._drop_move_record(jid)
+            self._emit(f"{jid}: its move ({r['reason']}) was cut before its hand-over by the agent's stop; "
+                       + ("thawed, it runs here" if r["thaw"] else "it runs here, left as it was before the move"),
+                       job=jid, phase="move-cut", reason=str(r["reason"]))
+
+    async def _settle_cut_move(self, job: Any, node: int, pid: int, req: dict[str, Any], reason: str,
+                               thaw: bool) -> None:
+        """A move whose hand-over to ``node`` (placement ``pid``, request ``req``) may have been
+        sent before the agent stopped: ``node`` is asked, with the same hand-over, until it
+        answers (:meth:`_handover`). It runs the job: the copy here is stopped (state
+        ``migrated``). It does not: the job is thawed here (when the move froze it) and runs
+        on. Either way a ``migrate`` event says so and the record goes; a cancel (the agent
+        stops again) leaves the record for the next start. ``node`` cannot be asked (no zone, or
+        it left the roster): the job stays frozen here and in ``evacuating`` (no reclaim's move,
+        no Airlock re-address of it: ``node`` may run it) until an operator settles it
+        (:meth:`settle_handover`) or a later start asks ``node``."""
+        mv = Move(job.id, self.job_key(job), reason, phase="handover", dest=node)
+        self.moves[job.id] = mv
+        held = False
+        try:
+            try:
+                dest_job = await self._handover(node, pid, req, confirm=True, sent=True, job_id=job.id)
+            except MigrateError as e:
+                mv.phase, mv.error = "failed", str(e)
+                if thaw:
+                    with contextlib.suppress(Exception):
+                        job.cgroup.thaw(timeout=2.0)
+                self._drop_move_record(job.id)
+                self._emit(f"{job.id}: its move to node {node} ({reason}) was cut by the agent's stop during the "
+                           f"hand-over; node {node} did not start it ({e}), so it runs here"
+                           + (", thawed" if thaw else ""), job=job.id, node=node, phase="move-cut", error=str(e))
+                return
+            mv.phase, mv.dest_job = "done", dest_job
+            self.counts["moved"] += 1
+            with contextlib.suppress(Exception):
+                await self.agent.jobs.stop(job.id, f"migrated to node {node} as {dest_job} (its hand-over, cut by "
+                                           "the agent's stop, was confirmed there after the restart)", grace_s=1.0,
+                                           state="migrated")
+            self._drop_move_record(job.id)
+            self._emit(f"{job.id}: its move to node {node} ({reason}) was cut by the agent's stop during the "
+                       f"hand-over; node {node} runs it as {dest_job}, so it is stopped here", job=job.id, node=node,
+                       dest_job=dest_job, phase="done")
+        except (KeyError, AttributeError) as e:  # no zone, or the node left its roster: asked at the next start
+            mv.error = f"cannot ask node {node}: {e!r}"
+            self._emit(f"{job.id}: its move to node {node} was cut by the agent's stop during the hand-over and node "
+                       f"{node} cannot be asked ({e!r}); the job stays frozen here (it may run there) until a start "
+                       "that can ask it, or an operator's call", job=job.id, node=node, phase="unconfirmed")
+            held = True  # still being moved: the settle (_settle_move) takes it out of evacuating
+        finally:
+            mv.ended = time.time()
+            if not held:
+                self.evacuating.discard(job.id)
+
+    # -- an operator's settle of an unanswered hand-over --------------------------------------
+
+    def pending_handovers(self) -> list[dict[str, Any]]:
+        """Hand-overs sent (or maybe sent) and not answered yet, that an operator may settle
+        (:meth:`settle_handover`): a move's (``kind`` move, ``job`` its id) and a guard's
+        placement's (``kind`` placement, ``job`` the replica's key). ``state``: ``handing-over``
+        (its first try is under way), ``unconfirmed`` (a try went unanswered: asked again
+        until the node answers), ``unasked`` (the node cannot be asked: no zone, or it left the
+        roster; it stays until an operator's settle or a start that can ask it). ``since``:
+        the first unanswered try (wall clock), else when the hand-over was recorded."""
+        db = self.agent.store.db
+        rows = [("move", r) for r in db.execute("SELECT job_id AS ref, node, updated FROM migrate_moves "
+                                                "WHERE phase='handover' AND node IS NOT NULL")]
+        rows += [("placement", r) for r in db.execute("SELECT key AS ref, node, updated FROM migrate_replica_handovers")]
+        seen = {str(r["ref"]) for _, r in rows}
+        # a reclaim's move (its records are the reclaim's): while its wait runs
+        rows += [("move", {"ref": jid, "node": a["node"], "updated": a["since"] or time.time()})
+                 for jid, a in self._asking.items() if jid not in seen]
+        out = []
+        for kind, r in rows:
+            a = self._asking.get(str(r["ref"]))
+            state = "unasked" if a is None else "unconfirmed" if a["since"] else "handing-over"
+            out.append({"job": str(r["ref"]), "kind": kind, "node": int(r["node"]), "state": state,
+                        "since": (a["since"] if a is not None else None) or float(r["updated"]),
+                        "error": "" if a is None else a["error"]})
+        return sorted(out, key=lambda h: h["since"])
+
+    def _move_view(self, mv: Move) -> dict[str, Any]:
+        """A move as GET /v1/migrations shows it: phase ``unconfirmed`` (with ``unconfirmed_since``,
+        wall clock) while its hand-over goes unanswered."""
+        d = mv.as_dict()
+        a = self._asking.get(mv.job) if mv.phase == "handover" else None
+        if a is not None and a["since"]:
+            d["phase"], d["unconfirmed_since"] = "unconfirmed", a["since"]
+        return d
+
+    async def settle_handover(self, ref: str, decision: str, by: str = "") -> dict[str, Any]:
+        """An operator's call on a hand-over its node never answered (the node left for good):
+        the wait (:meth:`_handover`) or the record a restart would ask with ends by decision.
+        ``ref``: a job id (``N`` for ``job-N``) with a move's pending hand-over, or the key of a
+        guard's placement. ``decision``: ``run-here`` (the node does not run it: the job is
+        thawed here when its move froze it and runs on; a placement's guard goes on; the node
+        is told to release the placement, best effort) or ``gone`` (the node runs it: the job
+        is stopped here, state ``migrated``; the replica is ``placed`` there). Written to the
+        store before it is done, so a restart finishes it and never asks the node again.
+        Returns {job, kind, node, decision, state}. Raises ValueError (decision) and
+        LookupError (nothing pending for ``ref``)."""
+        if decision not in ("run-here", "gone"):
+            raise ValueError(f"decision {decision!r}: expected run-here or gone")
+        db = self.agent.store.db
+        for jid in dict.fromkeys([ref, f"job-{ref}" if ref.isdigit() else ref]):
+            row = db.execute("SELECT * FROM migrate_moves WHERE job_id=? AND phase='handover' AND node IS NOT NULL",
+                             (jid,)).fetchone()
+            if row is not None:
+                return await self._settle_move(jid, row, decision, by)
+        row = db.execute("SELECT * FROM migrate_replica_handovers WHERE key=?", (ref,)).fetchone()
+        if row is not None:
+            return await self._settle_placement(ref, row, decision, by)
+        mv = self.moves.get(ref) or (self.moves.get(f"job-{ref}") if ref.isdigit() else None)
+        if mv is not None and mv.phase == "handover" and mv.job in self._asking:
+            # a reclaim's move waiting on its answer (no migrate_moves row: the reclaim records
+            # it); once its reclaim is cancelled, no window's end bounds that wait
+            return await self._settle_reclaim_move(mv, decision, by)
+        what = (f" (its move is in phase {mv.phase}: "
+                + ("its hand-over is not sent yet)" if mv.phase == "handover"
+                   else "nothing to settle)") if mv is not None else "")
+        raise LookupError(f"{ref!r} has no pending hand-over on this node{what}; only a move or a guard's placement "
+                          "whose hand-over went unanswered is settled (see `laminarctl migrations --pending`)")
+
+    async def _await_waiter(self, ref: str, decision: str, gone: Any) -> bool:
+        """Hands ``decision`` to the wait for ``ref``'s answer (:meth:`_handover`), if one runs:
+        True once ``gone()`` (what that wait leaves when it ends), False with no wait."""
+        a = self._asking.get(ref)
+        if a is None:
+            return False
+        a["settled"] = decision  # this wait's, this node's: never a later wait's (the node refused meanwhile)
+        a["wake"].set()
+        end = time.monotonic() + float(self.zone.s["handover_timeout_s"] if self.zone else 0.0) + 15.0
+        while not gone() and self._asking.get(ref) in (None, a) and time.monotonic() < end:
+            await asyncio.sleep(0.05)  # (another wait for ref: the node answered, the move tries another)
+        a.pop("settled", None)  # answered meanwhile: the answer decided
+        return True
+
+    async def _settle_reclaim_move(self, mv: Move, decision: str, by: str) -> dict[str, Any]:
+        """An operator's call on a reclaim's move waiting for its hand-over's answer: the
+        decision goes to the wait (:meth:`_handover`), the move ends as for any answer
+        (:meth:`_move`: ``run-here`` thaws the job here, ``gone`` stops it here as ``migrated``;
+        the reclaim's record of it goes). Not stored first: an agent stop in that moment leaves
+        the reclaim's record, and the restart asks the node again."""
+        jid = mv.job
+        a = self._asking[jid]
+        node, since = int(a["node"]), a["since"] or time.time()
+        await self._await_waiter(jid, decision, lambda: jid not in self._asking)
+        jobs_mgr = getattr(self.agent, "jobs", None)
+        job = jobs_mgr.get(jid) if jobs_mgr is not None else None
+        if decision == "run-here" and mv.phase == "failed" and job is not None and job.active:
+            self._spawn(self._release(node, mv.key))  # (the placement's Release went with the move's end)
+        state = None if job is None else job.state
+        self._emit(f"{jid}: its reclaim move's hand-over to node {node}, unanswered since {time.ctime(since)}, "
+                   f"settled by {by or 'an operator'}: " + (f"node {node} does not run it, it runs here"
+                                                            if decision == "run-here" else
+                                                            f"node {node} runs it, stopped here") + f" (state {state})",
+                   job=jid, node=node, decision=decision, phase="settled", by=by)
+        return {"job": jid, "kind": "move", "node": node, "decision": decision, "state": state}
+
+    def _tell_release(self, node: int, pid: int, key: str) -> None:
+        """Best effort: ``node``, if it ever comes back, releases the placement and the guard."""
+        from laminar.zone import wire
+
+        z = self.zone
+        with contextlib.suppress(Exception):
+            if z is not None and node in z.membership.by_node:
+                z.submitter.t.send(node, wire.Release(pid))
+        if z is not None and node in z.membership.by_node:
+            self._spawn(self._release(node, key))
+
+    async def _stop_settled(self, job: Any, node: int, how: str) -> None:
+        """Stops ``job`` here (state ``migrated``) as an operator settled: ``node`` runs it."""
+        with contextlib.suppress(Exception):
+            job.cgroup.thaw(timeout=2.0)  # a frozen job is not killed by a signal until it thaws
+        try:
+            await self.agent.jobs.stop(job.id, f"migrated to node {node}: an operator settled its unanswered "
+                                       f"hand-over as taken there ({how})", grace_s=1.0, state="migrated")
+        except Exception as e:
+            log.warning("migrate: stopping %s, settled as run by node %d: %s", job.id, node, e)
+        self._drop_move_record(job.id)
+        self.evacuating.discard(job.id)  # (held by _restore_moves: no reclaim's move of it meanwhile)
+
+    async def _settle_move(self, jid: str, row: Any, decision: str, by: str) -> dict[str, Any]:
+        node, pid, thaw = int(row["node"]), int(row["pid"]), bool(row["thaw"])
+        since = (self._asking.get(jid) or {}).get("since") or float(row["updated"])
+        with self.agent.store.tx() as db:  # the decision first: a restart finishes it (_restore_moves)
+            db.execute("UPDATE migrate_moves SET phase=?, updated=? WHERE job_id=?",
+                       ("frozen" if decision == "run-here" else "gone", time.time(), jid))
+        rec = lambda: self.agent.store.db.execute("SELECT 1 FROM migrate_moves WHERE job_id=?",  # noqa: E731
+                                                  (jid,)).fetchone() is None
+        jobs_mgr = getattr(self.agent, "jobs", None)
+        job = jobs_mgr.get(jid) if jobs_mgr is not None else None
+        if not await self._await_waiter(jid, decision, rec):
+            if job is None or not job.active:
+                self._drop_move_record(jid)
+                self.evacuating.discard(jid)  # (held by _settle_cut_move while node could not be asked)
+            elif decision == "gone":
+                await self._stop_settled(job, node, f"by {by or 'an operator'}")
+            else:
+                if thaw:
+                    with contextlib.suppress(Exception):
+                        job.cgroup.thaw(timeout=2.0)
+                self._drop_move_record(jid)
+                self.evacuating.discard(jid)  # (held by _settle_cut_move while node could not be asked)
+        if decision == "run-here" and job is not None and job.active:  # (not when node answered: it runs it)
+            self._tell_release(node, pid, self.job_key(job))
+        mv = self.moves.get(jid)
+        if mv is not None and mv.phase == "handover" and mv.dest == node:  # (not its hand-over to another node)
+            mv.phase, mv.ended = ("failed" if decision == "run-here" else "done"), time.time()
+            mv.error = f"settled by an operator: {decision}"
+        state = None if job is None else job.state
+        self._emit(f"{jid}: its hand-over to node {node}, unanswered since {time.ctime(since)}, settled by "
+                   f"{by or 'an operator'}: " + (f"node {node} does not run it, it runs here"
+                                                 + (" (thawed)" if thaw else "") if decision == "run-here"
+                                                 else f"node {node} runs it, stopped here") + f" (state {state})",
+                   job=jid, node=node, decision=decision, phase="settled", by=by)
+        return {"job": jid, "kind": "move", "node": node, "decision": decision, "state": state}
+
+    async def _settle_placement(self, key: str, row: Any, decision: str, by: str) -> dict[str, Any]:
+        node, pid = int(row["node"]), int(row["pid"])
+        if decision == "gone":  # the decision first: a restart never asks node again
+            self._set_replica(key, "placed", f"node {node}/(unconfirmed)")
+        self._drop_replica_handover(key)
+        rec = lambda: key not in self._asking  # noqa: E731
+        if not await self._await_waiter(key, decision, rec):
+            self._taking.discard(key)  # held since the restart (_restore_replica_handovers)
+            if decision == "run-here":
+                self._tell_release(node, pid, key)
+        r = self.agent.store.db.execute("SELECT state FROM migrate_replicas WHERE key=?", (key,)).fetchone()
+        state = None if r is None else str(r["state"])
+        self._emit(f"{key}: its placement's hand-over to node {node} settled by {by or 'an operator'}: "
+                   + (f"node {node} does not run it, the guard goes on" if decision == "run-here"
+                      else f"node {node} runs it (placed)"), key=key, node=node, decision=decision,
+                   phase="settled", by=by)
+        return {"job": key, "kind": "placement", "node": node, "decision": decision, "state": state}
 
     def reclaim_status(self) -> dict[str, Any]:
         r = self.reclaim
@@ -1560,9 +2026,10 @@ class ReclaimComponent:
         unsettled = [] if superseded else [
             jid for jid, (ph, _) in sorted(self._move_phases().items()) if ph == "placing"
             and jobs_mgr is not None and getattr(jobs_mgr.get(jid), "state", None) == "queued"]
-        if not superseded:
+        if not superseded:  # a move left to finish keeps its record: a restart that cuts it settles it
+            done = [(jid,) for jid in self._move_phases() if jid not in self.evacuating]
             with self.agent.store.tx() as db:
-                db.execute("DELETE FROM migrate_reclaim_jobs")
+                db.executemany("DELETE FROM migrate_reclaim_jobs WHERE job_id=?", done)
         for jid in unsettled:
             assert jobs_mgr is not None
             with contextlib.suppress(Exception):
@@ -1732,6 +2199,7 @@ class ReclaimComponent:
                   deadline=None if deadline_mono is None else time.time() + deadline_mono - time.monotonic())
         self.moves[job.id] = mv
         self.evacuating.add(job.id)
+        self._supersede_prestage(job.id)
         self.counts["moves"] += 1
         frozen = False
         try:
@@ -1765,6 +2233,8 @@ class ReclaimComponent:
             already = False
             with contextlib.suppress(Exception):
                 already = bool(job.cgroup.frozen())
+            if deadline_mono is None:  # before the freeze: a restart thaws what a crash cut (_restore_moves)
+                self._record_move(job.id, "frozen", reason=reason, thaw=not already)
             with contextlib.suppress(Exception):
                 frozen = job.cgroup.freeze(timeout=2.0) and not already
             if frozen and deadline_mono is not None:  # a reclaim's: a restart thaws it and moves it again
@@ -1789,12 +2259,21 @@ class ReclaimComponent:
                 errors.append("no destination fits: " + "; ".join(
                     f"node {r.candidate.node}: {', '.join(r.reasons)}" for r in ranked[:4]) if ranked else
                     "no destination fits: no live peer in the zone")
+            # a node a move or a prestage found silent lately is left out: another job of this
+            # reclaim would pay the same timeouts there (it is back once the zone hears from it)
+            silent = self._silent_peers()
+            errors += [f"node {r.candidate.node}: found silent lately" for r in feasible if int(r.candidate.node) in silent]
+            feasible = [r for r in feasible if int(r.candidate.node) not in silent]
             for r in feasible:
                 node = int(r.candidate.node)
                 try:
                     await self._move_to(job, mv, ckpt, node, xfer)
                     break
+                except HandoverSettled:
+                    raise  # the operator's call: the job runs here, not on another node
                 except (MigrateError, TransferError, OSError, TimeoutError) as e:
+                    if isinstance(e, PeerSilentError):
+                        self._mark_silent(node)
                     errors.append(f"node {node}: {e}")
                     self._emit(f"{job.id}: move to node {node} failed: {e}", job=job.id, node=node)
             else:
@@ -1807,6 +2286,8 @@ class ReclaimComponent:
             self.counts["moved"] += 1
             if deadline_mono is not None:
                 self._forget_move(job.id)
+            else:
+                self._drop_move_record(job.id)
             return mv
         except (MigrateError, TransferError, OSError) as e:
             mv.phase, mv.error = "failed", str(e)
@@ -1815,16 +2296,23 @@ class ReclaimComponent:
             if frozen:
                 with contextlib.suppress(Exception):
                     job.cgroup.thaw(timeout=2.0)
-            if deadline_mono is not None:
-                with contextlib.suppress(Exception):
+            with contextlib.suppress(Exception):
+                if deadline_mono is not None:
                     self._forget_move(job.id)
+                else:
+                    self._drop_move_record(job.id)
             return mv
         except asyncio.CancelledError:  # cut: the window's end, a shorter window, the agent stopping
             # what this move froze is thawed unless its hand-over was sent (the destination may
             # run it): a later move of the job, which finds it frozen already, would never thaw it
-            if frozen and mv.phase != "handover":
-                with contextlib.suppress(Exception):
-                    job.cgroup.thaw(timeout=2.0)
+            if mv.phase != "handover":
+                thawed = not frozen
+                if frozen:
+                    with contextlib.suppress(Exception):
+                        thawed = job.cgroup.thaw(timeout=2.0) is not False
+                if thawed and deadline_mono is None:  # else its record has a restart thaw it
+                    with contextlib.suppress(Exception):
+                        self._drop_move_record(job.id)
             raise
         except Exception as e:  # a bug must not leave the job frozen
             log.exception("migrate: move of %s", job.id)
@@ -1832,9 +2320,11 @@ class ReclaimComponent:
             if frozen:
                 with contextlib.suppress(Exception):
                     job.cgroup.thaw(timeout=2.0)
-            if deadline_mono is not None:
-                with contextlib.suppress(Exception):
+            with contextlib.suppress(Exception):
+                if deadline_mono is not None:
                     self._forget_move(job.id)
+                else:
+                    self._drop_move_record(job.id)
             return mv
         finally:
             mv.ended = time.time()
@@ -1880,14 +2370,17 @@ class ReclaimComponent:
         if not any(r.feasible for r in ranked):
             errors.append("no holder: " + ("; ".join(f"node {r.candidate.node}: {', '.join(r.reasons)}"
                                                       for r in ranked[:4]) or "no live peer in the zone"))
-        for r in (r for r in ranked if r.feasible):
+        silent = self._silent_peers()  # a node a move or a prestage found silent lately: left out
+        for r in (r for r in ranked if r.feasible and int(r.candidate.node) not in silent):
             node = int(r.candidate.node)
             mv.dest = node
             self._emit(f"{job.id}: no room for it in the zone ({why}); sending {ckpt.name} to node {node} to hold",
                        job=job.id, node=node, phase="hold")
             try:
-                await self._send(job, ckpt, node, xfer_deadline, mv)
+                await self._send(job, ckpt, node, xfer_deadline, mv, silent_retries=MOVE_SILENT_RETRIES)
             except (MigrateError, TransferError, OSError, TimeoutError) as e:
+                if isinstance(e, PeerSilentError):
+                    self._mark_silent(node)
                 errors.append(f"holder {node}: {e}")
                 continue
             lost = max(0.0, self.frozen_at.pop(job.id, time.time()) - ckpt.stat().st_mtime)
@@ -1902,8 +2395,8 @@ class ReclaimComponent:
                                    "buddy still guards it") from None
             old = self.buddy.get(job.id)
             self._set_buddy(job.id, node)
-            if old is not None and old != node:
-                await self._release(old, self.job_key(job))
+            if old is not None and old != node:  # not awaited: a silent old buddy must not delay the archive
+                self._spawn(self._release(old, self.job_key(job)))
             if self._archive_root() is not None:  # the holder is one node: the archive outlives it
                 try:
                     self._archive(self.job_key(job), ckpt, {"key": self.job_key(job), "src_node": self.node_id,
@@ -2320,10 +2813,10 @@ class ReclaimComponent:
             return None
 
     def _archive_gc_round(self) -> None:
-        """Every ARCHIVE_GC_S: the archive sweep (:meth:`archive_gc`) in a thread, one at a time."""
+        """Every ``archive_gc_s``: the archive sweep (:meth:`archive_gc`) in a thread, one at a time."""
         if self._gc_running or time.monotonic() < self._gc_next:
             return
-        self._gc_next = time.monotonic() + ARCHIVE_GC_S
+        self._gc_next = time.monotonic() + float(self.s["archive_gc_s"])
         self._gc_running = True
         self._spawn(self._archive_gc_task(self._archive_gc_ended()))
 
@@ -2674,13 +3167,15 @@ class ReclaimComponent:
         try:
             mv.phase = "transfer"
             self._emit(f"{job.id}: node {node} reserved; sending {ckpt.name}", job=job.id, node=node, phase=mv.phase)
-            remote = await self._send(job, ckpt, node, deadline_mono, mv)
+            remote = await self._send(job, ckpt, node, deadline_mono, mv, silent_retries=MOVE_SILENT_RETRIES)
             mv.phase = "handover"
             old = self.buddy.get(job.id)
             await self._guard(job, node, ckpt.name)  # the destination guards the job from now on
             self._set_buddy(job.id, node)
             if old is not None and old != node:
-                await self._release(old, self.job_key(job))
+                # beside the hand-over, not before it: the job is frozen, and an old buddy gone
+                # silent held it up to _control's timeout (a release not answered is sent again)
+                self._spawn(self._release(old, self.job_key(job)))
             spec = job.spec.as_dict()
             spec.pop("gpus", None)
             spec["resume_from"] = remote
@@ -2691,8 +3186,10 @@ class ReclaimComponent:
             spec["lent"] = False
             req = {"spec": spec, "owner_uid": job.owner_uid, "owner_gid": job.owner_gid}
             if deadline_mono is not None:  # a reclaim's: once sent, a restart never moves it again
-                self._note_move(job.id, "handover", node)
-            dest_job = await self._handover(node, pid, req)
+                self._note_move(job.id, "handover", node, pid=pid, request=req)
+            else:  # a loan return's, Airlock's: a restart asks node whether it took the job (_restore_moves)
+                self._record_move(job.id, "handover", node=node, pid=pid, request=req)
+            dest_job = await self._handover(node, pid, req, confirm=True, job_id=job.id)
         except BaseException:
             z.submitter.t.send(node, wire.Release(pid))
             raise
@@ -2704,8 +3201,11 @@ class ReclaimComponent:
             await self.agent.jobs.stop(job.id, f"migrated to node {node} as {dest_job} (from {ckpt.name})",
                                        grace_s=1.0, state="migrated", work_lost_s=round(lost, 3))
 
-    async def _send(self, job: Any, ckpt: Path, node: int, deadline_mono: float | None, mv: Move | None) -> str:
-        """Sends ``ckpt`` to ``node``'s endpoint; returns its committed path there."""
+    async def _send(self, job: Any, ckpt: Path, node: int, deadline_mono: float | None, mv: Move | None,
+                    silent_retries: int | None = None) -> str:
+        """Sends ``ckpt`` to ``node``'s endpoint; returns its committed path there.
+        ``silent_retries``: :func:`send_checkpoint`'s (a prestage passes 0, a move
+        :data:`MOVE_SILENT_RETRIES`)."""
         addr, port, key, zone = self._peer(node)
         hook = _ShaperHook(self.agent.transfers, job) if getattr(self.agent, "transfers", None) is not None else None
         last = [0.0]
@@ -2726,7 +3226,8 @@ class ReclaimComponent:
         try:
             res = await send_checkpoint(addr, port, snap, self.job_key(job), key, zone=zone, node=str(self.node_id),
                                         chunk_size=int(self.s["chunk_kb"]) << 10, rate_bps=rate, local_host=self._xfer_local,
-                                        deadline_monotonic=deadline_mono, progress=progress, flow_hook=hook)
+                                        deadline_monotonic=deadline_mono, progress=progress, flow_hook=hook,
+                                        silent_retries=silent_retries)
         finally:
             shutil.rmtree(snap, ignore_errors=True)
         if mv is not None:
@@ -2809,6 +3310,7 @@ class ReclaimComponent:
             if job is None or (not job.active and job.state in ("exited", "stopped", "failed")):
                 self._forget_buddy(jid)
                 self.shipped.pop(jid, None)
+                self._moves_begun.pop(jid, None)
                 self._spawn(self._release(node, f"n{self.node_id}-{jid}"))
         if self.s["prestage"] == "off":
             return
@@ -2831,12 +3333,14 @@ class ReclaimComponent:
         checkpoint) and avoids the node that failed for PRESTAGE_FAIL_AVOID_S."""
         node: int | None = None
         drops = self._drops.get(job.id, 0)
+        moves = self._moves_begun.get(job.id, 0)
         try:
             ckpt = jobkit.latest_checkpoint(job.ckpt_dir)
             if ckpt is None:
                 return
             node = self.buddy.get(job.id)
-            avoid = self._avoided_buddies(job.id)
+            silent = self._silent_peers()
+            avoid = self._avoided_buddies(job.id) | silent
             if node is None or node in self.notices or node in self.zone.membership.suspects or node in avoid:
                 ranked = [int(r.candidate.node)
                           for r in self.rank_for(job, float(self._ckpt_bytes(job)), None, False) if r.feasible]
@@ -2845,14 +3349,31 @@ class ReclaimComponent:
                     holders = [int(h.candidate.node) for h in
                                await self.rank_holders(self.job_key(job), self._ckpt_bytes(job), None, None) if h.feasible]
                     # a peer that dropped the job's guard is the last resort (no other can take it)
-                    choice = [n for n in holders if n not in avoid] or ranked or holders
+                    choice = [n for n in holders if n not in avoid] or [n for n in ranked or holders if n not in silent]
                 if not choice:
                     return
                 node = choice[0]
-            await self._send(job, ckpt, node, None, None)
-            if job.id in self.evacuating:
-                return  # the move decides who guards the job now
+            # one timeout at a silent buddy, then the next round sends to another peer: never the
+            # transfer's whole retry ladder (a minute) with no newer checkpoint off the node
+            send = asyncio.ensure_future(self._send(job, ckpt, node, None, None, silent_retries=0))
+            self._prestage_sends[job.id] = send
+            try:
+                await send
+            except asyncio.CancelledError:
+                if (task := asyncio.current_task()) is not None and task.cancelling():
+                    raise  # this prestage is cancelled (the agent stops), not only its send
+                log.info("migrate: prestaging %s to node %d: superseded by a move of the job", job.id, node)
+                return
+            finally:
+                self._prestage_sends.pop(job.id, None)
+            if job.id in self.evacuating or self._moves_begun.get(job.id, 0) != moves:
+                return  # a move (begun since) decides who guards the job now
             await self._guard(job, node, ckpt.name)
+            if self._moves_begun.get(job.id, 0) != moves:
+                # a move began while the guard was on its way: the move hands the guard to its
+                # destination; the one just sent is withdrawn
+                await self._release(node, self.job_key(job))
+                return
             if self._drops.get(job.id, 0) != drops and node in self._avoided_buddies(job.id):
                 # its operator dropped the job's replicas there while this prestage ran: the guard
                 # just sent may name a checkpoint it no longer holds; withdraw it, try another next
@@ -2861,8 +3382,8 @@ class ReclaimComponent:
                 return
             old = self.buddy.get(job.id)
             self._set_buddy(job.id, node)
-            if old is not None and old != node:
-                await self._release(old, self.job_key(job))
+            if old is not None and old != node:  # not awaited: an old buddy gone silent held the job's next prestage
+                self._spawn(self._release(old, self.job_key(job)))
             self.shipped[job.id] = ckpt.name
             self.counts["prestaged"] += 1
             self._emit(f"{job.id}: {ckpt.name} prestaged to node {node}", persist=False, job=job.id, node=node,
@@ -2871,8 +3392,19 @@ class ReclaimComponent:
             log.info("migrate: prestaging %s to node %s failed: %s", job.id, node, e)
             if node is not None:  # the buddy stays the job's (it guards the older checkpoint); try another next
                 self._avoid(job.id, node, PRESTAGE_FAIL_AVOID_S)
+                if isinstance(e, PeerSilentError):  # and every job's next prestage (and move) avoids it too
+                    self._mark_silent(node)
         finally:
             self._prestaging.discard(job.id)
+
+    def _supersede_prestage(self, job_id: str) -> None:
+        """A move of ``job_id`` begins: a prestage of it still sending is cancelled (the move
+        needs the uplink, and it decides who guards the job), and one past its send stands down
+        (:meth:`_prestage` compares ``_moves_begun``)."""
+        self._moves_begun[job_id] = self._moves_begun.get(job_id, 0) + 1
+        send = self._prestage_sends.get(job_id)
+        if send is not None and not send.done():
+            send.cancel()
 
     def _avoided_buddies(self, job_id: str, now: float | None = None) -> set[int]:
         """Peers not to choose as ``job_id``'s buddy now: their operator dropped its guard less
@@ -2885,6 +3417,20 @@ class ReclaimComponent:
         else:
             self._avoid_until.pop(job_id, None)
         return set(seen)
+
+    def _mark_silent(self, node: int) -> None:
+        """A prestage, a move or a hold found ``node`` silent
+        (:class:`~laminar.migrate.transfer.PeerSilentError`): see :meth:`_silent_peers`."""
+        now = time.time()
+        self._silent[node] = (now, now + PRESTAGE_FAIL_AVOID_S)
+
+    def _silent_peers(self, now: float | None = None) -> set[int]:
+        """Peers a prestage, a move or a hold found silent (:class:`~laminar.migrate.transfer.PeerSilentError`)
+        less than PRESTAGE_FAIL_AVOID_S ago that the zone has not heard from since: no job's
+        prestage, move or hold goes to them (the zone's own suspects are not chosen either)."""
+        now = time.time() if now is None else now
+        self._silent = {n: (t, u) for n, (t, u) in self._silent.items() if now < u and self._last_seen(n) <= t}
+        return set(self._silent)
 
     def _avoid(self, job_id: str, node: int, for_s: float) -> None:
         until = time.time() + for_s
@@ -3036,6 +3582,13 @@ class ReclaimComponent:
                     self._taking.add(key)
                     self._spawn(self._take_over_unless_alive(row, why_d))
                     continue
+                if not req.get("take_over") and self._missed_news(row, req, now):
+                    # its window ended, but this agent may have missed its withdrawal: ask first
+                    if time.monotonic() - self._alive_asked.get(key, -math.inf) < float(self.s["dead_after_s"]):
+                        continue
+                    self._taking.add(key)
+                    self._spawn(self._take_over_unless_alive(row, why_d, missed=True))
+                    continue
                 why = why_d
             self._taking.add(key)
             self._spawn(self._take_over(row, why))
@@ -3052,27 +3605,71 @@ class ReclaimComponent:
         end = self._window_end(src, window_end)
         return end is not None and now < end
 
-    async def _take_over_unless_alive(self, row: Any, why: str) -> None:
+    def _missed_news(self, row: Any, req: dict[str, Any], now: float) -> bool:
+        """Whether the guard ``row`` (its ``request`` ``req``), whose source's reclaim window
+        ended, may have missed the source's news before that end (its withdrawal, control op
+        ``reclaim-withdrawn``, sent again only until the window's end): this agent started after
+        the guard message that told it the window's end (it was down for part of the window; a
+        window known only from the zone's notice was heard by this agent since it started), or it
+        heard nothing from the source (zone membership) in the zone's ``peer_timeout_s`` (at least
+        ``dead_after_s``) before the end. A guard up the whole window that heard from its source
+        takes over at once."""
+        src = int(row["src_node"])
+        end = self._window_end(src, req.get("window_end"))
+        if end is None or now < end:
+            return False
+        if req.get("window_end") is not None and self._started > float(row["updated"]):
+            return True
+        z = self.zone
+        quiet = float(getattr(z, "s", {}).get("peer_timeout_s", 0.0) or 0.0) if z is not None else 0.0
+        return self._last_seen(src) < end - max(quiet, float(self.s["dead_after_s"]))
+
+    async def _take_over_unless_alive(self, row: Any, why: str, missed: bool = False) -> None:
         """A source silent in the zone during its reclaim window is asked (control op ``needs``)
         before its job is taken over: one that answers that the job lives there keeps it (it is
         evacuating it: a take-over here would run it twice; asked again after ``dead_after_s``);
         no answer (gone, its agent dead) or any other answer goes on with the take-over. Never
-        raises."""
+        raises. ``missed``: the window ended and this agent may have missed the source's news
+        (:meth:`_missed_news`): a job that lives there on a node with no reclaim (``reclaim``
+        false in the answer) means the reclaim was withdrawn: the source's window is forgotten
+        (:meth:`withdrawn_notice`) and the guard guards on; a clear "not needed" ends the guard
+        (as :meth:`_check_guard`: its release may have been missed too)."""
         key, src = str(row["key"]), int(row["src_node"])
         try:
             try:
                 ans = await self._control(src, "needs", {"key": key}, timeout=float(self.s["dead_after_s"]) + 2.0)
             except (MigrateError, TransferError, OSError, TimeoutError) as e:
-                log.info("migrate: node %d is silent during its reclaim window and did not answer about %s: %s",
+                log.info("migrate: node %d did not answer whether %s lives there (before its take-over): %s",
                          src, key, e)
                 ans = None
+                if missed:
+                    why = f"{why} (asked first, this agent may have missed its news: no answer, {e or type(e).__name__})"
+            if missed and isinstance(ans, dict) and ans.get("key") == key and ans.get("needed") is False:
+                with self.agent.store.tx() as db:
+                    cur = db.execute("UPDATE migrate_replicas SET state='released', updated=? WHERE key=? AND "
+                                     "state='guarding' AND updated=?", (time.time(), key, row["updated"]))
+                if cur.rowcount == 1:
+                    self.counts["replica_guards_ended"] = self.counts.get("replica_guards_ended", 0) + 1
+                    self._emit(f"{key}: node {src}'s reclaim window ended while this agent may have missed its news; "
+                               f"it no longer needs this guard ({ans.get('why', '')}); its replicas go", key=key,
+                               src_node=src, phase="guard-ended", src_state=ans.get("state"))
+                    self._taking.discard(key)  # the GC leaves a key whose take-over runs
+                    with contextlib.suppress(Exception):
+                        self.replica_gc(key)
+                return
             if isinstance(ans, dict) and ans.get("key") == key and ans.get("state") in SOURCE_LIVE_STATES:
+                withdrawn = missed and ans.get("reclaim") is False
                 first = key not in self._alive_asked
                 self._alive_asked[key] = time.monotonic()
-                if first:
-                    self._emit(f"{key}: node {src} is silent in the zone during its reclaim window but answers: its "
-                               "job lives there (being moved); not taken over here", key=key, src_node=src,
-                               phase="source-alive", src_state=ans.get("state"))
+                if withdrawn:
+                    self.withdrawn_notice(src)  # its window no longer ends anything here
+                if first or withdrawn:
+                    self._emit(f"{key}: node {src} " + (
+                        "answers after its reclaim window ended (this agent may have missed its news): its job runs "
+                        "there and it has no reclaim (withdrawn); guarding on, not taken over here" if withdrawn else
+                        "is silent in the zone during its reclaim window but answers: its job lives there (being "
+                        "moved); not taken over here"), key=key, src_node=src, phase="source-alive",
+                        src_state=ans.get("state"), withdrawn=withdrawn)
                 return
             await self._take_over_once(row, key, why)
         except Exception:
@@ -3155,6 +3752,70 @@ class ReclaimComponent:
                 return str(j.id)
         return None
 
+    async def taken_over_as(self, env: dict[str, Any] | None) -> str | None:
+        """The id of the job a take-over on this node started, or is starting, for the migrated
+        job a spec with environment ``env`` carries (its ``LM_MIGRATED_FROM`` key); None when
+        ``env`` carries none or no such job runs or starts here. Waits while such a start is under
+        way (until the job manager stored the job or refused it). The zone asks this before it
+        binds a hand-over of that job (:meth:`laminar.zone.component.ZoneComponent.on_handover`),
+        and answers the hand-over with the job: never a second copy here, nor one elsewhere (a
+        refused hand-over is placed on another node). Does not suspend when none is starting."""
+        key = (env or {}).get(MIGRATED_ENV)
+        if not key or getattr(self.agent, "jobs", None) is None:
+            return None
+        starting = self._starting.get(str(key))
+        if starting is not None:
+            return await asyncio.shield(starting) or self._runs_here(str(key)) or self._custody(str(key))
+        return self._runs_here(str(key)) or self._custody(str(key))
+
+    def _custody(self, key: str) -> str | None:
+        """What this node's guard of ``key`` did with the job when its take-over dropped the
+        reservation of the placement handing the job here (:meth:`_fence_placement`) and did not
+        resume it here (the start failed: it looks for room here or elsewhere, or placed it on
+        another node): the hand-over of that placement is answered with it, so its placer takes
+        the job as placed and its guard stands down. A refusal would let both guards go on (the
+        placer's placing or resuming it, this one's too): two copies. None when no take-over
+        here fenced it, or this guard ended (released, failed)."""
+        if key not in self._fenced:
+            return None
+        row = self.agent.store.db.execute("SELECT state, job_id FROM migrate_replicas WHERE key=?", (key,)).fetchone()
+        if row is None or str(row["state"]) not in ("guarding", "waiting", "placed", "resumed"):
+            return None
+        where = f" as {row['job_id']}" if row["state"] in ("placed", "resumed") and row["job_id"] else ""
+        return f"(taken over by node {self.node_id}'s guard: {row['state']}{where})"
+
+    def _placement_here(self, request: Any) -> str:
+        """Why a guard handed here by a placement (its request's ``placement``: the placement id
+        whose hand-over brings the job to this node, :meth:`_place_on`) must not take the job over
+        now: that hand-over is bound here and not answered yet (the job's checkpoint verified, its
+        start under way). '' when none is (none came, or it ended: a job it started is found by
+        :meth:`_runs_here`)."""
+        try:
+            pid = json.loads(request).get("placement") if isinstance(request, str) else None
+        except (ValueError, AttributeError):
+            return ""
+        zone: Any = getattr(self.agent, "zone", None)
+        if pid is None or not hasattr(zone, "placement_pending"):
+            return ""
+        return f"placement {int(pid):016x} is being handed over to this node" if zone.placement_pending(int(pid)) else ""
+
+    def _fence_placement(self, req: dict[str, Any], key: str = "") -> dict[str, str]:
+        """A take-over here of a job that a placement (``req["placement"]``) was to hand over to
+        this node: that placement's reservation is dropped, so its hand-over, should it still
+        come, binds nothing here; the env returned (the placement id) tags the job this take-over
+        starts, so that hand-over is answered with that job (the zone's ``job_for_placement``)
+        and its placer takes the job as placed here. Never two copies here."""
+        from laminar.zone.component import PLACEMENT_ENV
+
+        pid = req.get("placement")
+        zone: Any = getattr(self.agent, "zone", None)
+        if pid is None or not hasattr(zone, "forgo_placement"):
+            return {}
+        zone.forgo_placement(int(pid))
+        if key:  # a hand-over of it, should it still come, is answered with this guard's custody (_custody)
+            self._fenced[key] = int(pid)
+        return {PLACEMENT_ENV: f"{int(pid):016x}"}
+
     @staticmethod
     def _need_of(req: dict[str, Any]) -> tuple[Any, dst.Resources]:
         """(zone Demand, Resources) of a guarded job's request (spec, gpus)."""
@@ -3179,6 +3840,10 @@ class ReclaimComponent:
 
     async def _take_over_once(self, row: Any, key: str, why: str) -> None:
         try:
+            pending = self._placement_here(row["request"])
+            if pending:  # its hand-over to this node is under way: it starts the job, not this take-over
+                log.info("migrate: %s: %s; its take-over waits for it", key, pending)
+                return
             here = self._runs_here(key)
             if here is not None:
                 self._set_replica(key, "handed-over", here)
@@ -3213,6 +3878,8 @@ class ReclaimComponent:
                     local_err: str | None = "this node is being reclaimed"
                 else:
                     local_err = await self._resume_here(row, req, path, why)
+                if local_err is not None and self._placement_here(row["request"]):
+                    return  # a hand-over of it to this node came meanwhile: it starts the job, none elsewhere
                 if local_err is None:
                     if claimed:
                         self._claim_done(key, f"node {self.node_id}", (self.node_id, self._runs_here(key) or ""))
@@ -3251,12 +3918,25 @@ class ReclaimComponent:
             return f"cannot give the job's owner its checkpoint: {e}"
         spec_d["resume_from"] = str(path)
         spec_d["gpus"] = int(req.get("gpus", 0))
-        spec_d["env"] = {**spec_d.get("env", {}), MIGRATED_ENV: key}
+        if self._placement_here(json.dumps(req)):
+            return "a hand-over of the job to this node is under way"  # it came while the copy was made
+        # from here until the job is stored, a hand-over of it to this node waits for this start
+        # and is answered with its job (taken_over_as): no await between that check and this
+        starting: asyncio.Future[str | None] = asyncio.get_running_loop().create_future()
+        self._starting[key] = starting
         try:
-            job = await self.agent.jobs.submit(JobSpec.from_dict(spec_d), owner_uid=int(req.get("owner_uid", 0)),
-                                               owner_gid=int(req.get("owner_gid", 0)))
-        except (JobError, Exception) as e:  # the spec was valid at the source; this node lacks room or something
-            return str(e)
+            spec_d["env"] = {**spec_d.get("env", {}), MIGRATED_ENV: key, **self._fence_placement(req, key)}
+            try:
+                job = await self.agent.jobs.submit(JobSpec.from_dict(spec_d), owner_uid=int(req.get("owner_uid", 0)),
+                                                   owner_gid=int(req.get("owner_gid", 0)))
+            except (JobError, Exception) as e:  # the spec was valid at the source; this node lacks room or something
+                return str(e)
+            starting.set_result(str(job.id))
+        finally:
+            if self._starting.get(key) is starting:
+                del self._starting[key]
+            if not starting.done():
+                starting.set_result(None)
         self._set_replica(key, "resumed", job.id)
         self.counts["resumed"] += 1
         self._emit(f"{key}: {why}; resumed here as {job.id} from {path.name} (the newest verified replica)",
@@ -3292,6 +3972,7 @@ class ReclaimComponent:
                 errors.append(f"node {node}: {e}")
                 continue
             self._set_replica(key, "placed", f"node {node}/{dest_job}")
+            self._drop_replica_handover(key)
             self.counts["placed"] += 1
             self._emit(f"{key}: {why}; placed on node {node} as {dest_job}, resuming from {path.name}", key=key,
                        node=node, dest_job=dest_job, ckpt=path.name, src_node=int(row["src_node"]),
@@ -3316,36 +3997,147 @@ class ReclaimComponent:
             grace = float(z.s["handover_timeout_s"]) + 5.0
             await self._control(node, "guard", {"key": key, "src_node": int(row["src_node"]), "src_job": row["src_job"],
                                                 "ckpt": path.name,
-                                                "request": {**req, "take_over": True, "not_before": time.time() + grace}})
+                                                "request": {**req, "take_over": True, "not_before": time.time() + grace,
+                                                            "placement": pid}})
             guarded = True
             spec = dict(req["spec"])
             spec["resume_from"] = res.remote_path
             spec["env"] = {**spec.get("env", {}), MIGRATED_ENV: key}
-            return await self._handover(node, pid, {"spec": spec, "owner_uid": req.get("owner_uid", 0),
-                                                    "owner_gid": req.get("owner_gid", 0)})
+            # confirm: once it may have arrived, no answer is no refusal (node may start the job: a
+            # placement elsewhere or a resume here would run it twice); node is asked until it says
+            hreq = {"spec": spec, "owner_uid": req.get("owner_uid", 0), "owner_gid": req.get("owner_gid", 0)}
+            with self.agent.store.tx() as db:  # a stop that cuts the wait: the restart asks node first
+                db.execute("INSERT OR REPLACE INTO migrate_replica_handovers VALUES (?, ?, ?, ?, ?)",
+                           (key, node, pid, json.dumps(hreq), time.time()))
+            try:
+                return await self._handover(node, pid, hreq, confirm=True, job_id=key, frozen=False)
+            except Exception:  # answered (no job runs there for it), or never sent: the take-over goes on
+                self._drop_replica_handover(key)
+                raise
         except BaseException:
             z.submitter.t.send(node, wire.Release(pid))
             if guarded:
                 await self._release(node, key)
             raise
 
-    async def _handover(self, node: int, pid: int, req: dict[str, Any]) -> str:
+    def _drop_replica_handover(self, key: str) -> None:
+        with self.agent.store.tx() as db:
+            db.execute("DELETE FROM migrate_replica_handovers WHERE key=?", (key,))
+
+    def _restore_replica_handovers(self) -> None:
+        """At start: a guard's placement of a job it took over whose hand-over the agent's stop
+        or crash cut (``migrate_replica_handovers``) is settled before any other take-over of
+        its key (the key is held as taken meanwhile): the node is asked with the same hand-over
+        (:meth:`_settle_replica_handover`). Before, the guard took the job over again (here or
+        on another node) while that node may have started it: two copies."""
+        for r in self.agent.store.db.execute("SELECT * FROM migrate_replica_handovers").fetchall():
+            key = str(r["key"])
+            self._taking.add(key)
+            self._spawn(self._settle_replica_handover(key, int(r["node"]), int(r["pid"]), json.loads(r["request"])))
+
+    async def _settle_replica_handover(self, key: str, node: int, pid: int, req: dict[str, Any]) -> None:
+        """Asks ``node`` (:meth:`_handover`, confirmed) whether it runs the job a cut placement
+        handed it. It does: the replica is ``placed`` there. It does not: the guard goes on as
+        it was (its next take-over looks for room again). Either way a ``migrate`` event says
+        so and the record goes. A node that cannot be asked (no zone, gone from the roster)
+        keeps the key held here until a start that can ask it."""
+        held = True
+        try:
+            try:
+                dest_job = await self._handover(node, pid, req, confirm=True, sent=True, job_id=key, frozen=False)
+            except MigrateError as e:
+                self._drop_replica_handover(key)
+                held = False
+                # as _place_on's refusal: node drops the placement and the take-over guard it gave
+                # it (else node resumes the job at that guard's not_before while the guard here goes on)
+                self._tell_release(node, pid, key)
+                self._emit(f"{key}: its placement on node {node} was cut by the agent's stop during the hand-over; "
+                           f"node {node} did not start it ({e}); the guard goes on", key=key, node=node,
+                           phase="placement-cut", error=str(e))
+                return
+            self._set_replica(key, "placed", f"node {node}/{dest_job}")
+            self._drop_replica_handover(key)
+            held = False
+            self.counts["placed"] += 1
+            self._emit(f"{key}: its placement on node {node} was cut by the agent's stop during the hand-over; "
+                       f"node {node} runs it as {dest_job}", key=key, node=node, dest_job=dest_job, phase="placed")
+        except (KeyError, AttributeError) as e:
+            self._emit(f"{key}: its placement on node {node} was cut by the agent's stop during the hand-over and "
+                       f"node {node} cannot be asked ({e!r}); not taken over again until a start that can ask it",
+                       key=key, node=node, phase="unconfirmed")
+        finally:
+            if not held:
+                self._taking.discard(key)
+
+    async def _handover(self, node: int, pid: int, req: dict[str, Any], confirm: bool = False, sent: bool = False,
+                        job_id: str = "", frozen: bool = True) -> str:
         """Hands a job request over to ``node`` under its reservation ``pid``: the job's id there.
-        Raises MigrateError when it does not start the job."""
+        Raises MigrateError when it does not start the job.
+
+        ``confirm`` (a move's: its job is frozen here): once the frame may have reached ``node``
+        (``sent``: it may have before this call, as for a restart's :meth:`_settle_cut_move`),
+        no answer is never taken for a refusal (the node may run the job: a thaw here or a
+        hand-over elsewhere would run it twice). The same hand-over is sent again, at most
+        HANDOVER_ASK_MAX_S apart, until ``node`` answers: it is idempotent by placement id there,
+        also across that agent's restart (the answer names the job it started for it, or says
+        none runs for it). The job stays frozen meanwhile, with a ``migrate`` event (phase
+        ``unconfirmed``) naming the node; the wait ends with the answer or a cancel. A guard's
+        placement of a replica (:meth:`_place_on`, ``job_id`` its key, ``frozen`` False: no copy
+        runs here) confirms too: meanwhile it is resumed nowhere else."""
         from laminar.zone import wire
         from laminar.zone.component import HANDOVER_OK
         from laminar.zone.transport import HandoverError
 
         z = self.zone
         m = z.membership.by_node[node]
+        delay, told = 0.2, False
+        asking: dict[str, Any] = {"node": node, "since": None, "error": "", "wake": asyncio.Event()}
+        if confirm and job_id:
+            self._asking[job_id] = asking
         try:
-            ack = await z.submitter.t.handover(node, m.handover_port, wire.Handover(pid, json.dumps(req).encode()),
-                                               float(z.s["handover_timeout_s"]))
-        except HandoverError as e:
-            raise MigrateError(f"hand-over to node {node} failed: {e}") from None
+            while True:
+                try:
+                    ack = await z.submitter.t.handover(node, m.handover_port,
+                                                       wire.Handover(pid, json.dumps(req).encode()),
+                                                       float(z.s["handover_timeout_s"]))
+                    break
+                except HandoverError as e:
+                    sent = sent or e.delivered
+                    if not (confirm and sent):
+                        raise MigrateError(f"hand-over to node {node} failed: {e}") from None
+                    asking["since"] = asking["since"] or time.time()
+                    asking["error"] = str(e)
+                    told = self._unconfirmed_once(job_id, node, frozen, told, e)
+                    with contextlib.suppress(TimeoutError):
+                        await asyncio.wait_for(asking["wake"].wait(), delay)
+                    decided = asking.pop("settled", None)
+                    if decided == "run-here":
+                        raise HandoverSettled(f"an operator settled its hand-over to node {node}: node {node} "
+                                              "does not run the job (laminarctl job settle --run-here)") from None
+                    if decided == "gone":
+                        return f"(unconfirmed: an operator settled that node {node} runs it)"
+                    delay = min(2 * delay, HANDOVER_ASK_MAX_S)
+        finally:
+            if self._asking.get(job_id) is asking:
+                del self._asking[job_id]
+        if told:
+            self._emit(f"{job_id}: node {node} answered its hand-over: "
+                       + ("it runs the job" if ack.status == HANDOVER_OK else f"it did not start it ({ack.text})"),
+                       job=job_id, node=node, phase="confirmed", started=ack.status == HANDOVER_OK)
         if ack.status != HANDOVER_OK:
             raise MigrateError(f"node {node} did not start the job: {ack.text}")
         return str(ack.text)
+
+    def _unconfirmed_once(self, job_id: str, node: int, frozen: bool, told: bool, e: Exception) -> bool:
+        """The ``unconfirmed`` event of a hand-over not answered, once per wait: True."""
+        if not told:
+            self._emit(f"{job_id}: its hand-over to node {node} may have arrived and was not answered ({e}); "
+                       + ("the job stays frozen here" if frozen else "the job is placed nowhere else")
+                       + f" and node {node} is asked again until it says whether it "
+                       f"runs the job (never two copies; an operator who knows node {node} is gone for good: "
+                       f"`laminarctl job settle {job_id} --run-here|--gone`)", job=job_id, node=node,
+                       phase="unconfirmed", error=str(e))
+        return True
 
     def _wait_for_room(self, key: str, why: str, error: str, path: Path | None) -> None:
         """No room anywhere yet: state ``waiting`` and the next look per the retry schedule."""
@@ -3511,7 +4303,7 @@ class ReclaimComponent:
                 _remove_tree(self.root / REPLICA_TRASH / n)
 
     def _replica_gc_round(self, force: bool = False, now: float | None = None) -> None:
-        """Every REPLICA_GC_S (``force``: now): each held key whose row says it is done here
+        """Every ``replica_gc_s`` (``force``: now): each held key whose row says it is done here
         (released, handed over, placed or passed elsewhere, resumed here) loses what no local
         job uses (:meth:`replica_gc`); guards unchanged for ``replica_guard_check_s`` are checked
         with their source (:meth:`_stale_guard_round`); key directories no row names, unchanged
@@ -3520,7 +4312,7 @@ class ReclaimComponent:
         clock the ages are measured against (tests)."""
         if self.root is None or (not force and time.monotonic() < self._replica_gc_next):
             return
-        self._replica_gc_next = time.monotonic() + REPLICA_GC_S
+        self._replica_gc_next = time.monotonic() + float(self.s["replica_gc_s"])
         now = time.time() if now is None else now
         try:
             self._stale_guard_round(now)
@@ -3737,7 +4529,8 @@ class ReclaimComponent:
 
     def _answer_needs(self, node: str, key: str) -> dict[str, Any]:
         """This node's answer to ``node`` holding a guard of ``key`` (control op ``needs``):
-        ``{"key", "needed", "why", "state"}`` by :func:`guard_needed` (``state``: the job's, None: no record). A key of another node, or a job
+        ``{"key", "needed", "why", "state", "reclaim"}`` by :func:`guard_needed` (``state``: the job's, None: no record;
+        ``reclaim``: this node has a reclaim now). A key of another node, or a job
         this node has no record of, is needed (this node cannot tell)."""
         asker, jid = self._asked_about(node, key, "needs")
         if jid is None:
@@ -3753,7 +4546,10 @@ class ReclaimComponent:
         state = None if job is None else str(job.state)
         needed, why = guard_needed(state, self.buddy.get(jid), asker,
                                    jid in self.evacuating or jid in self._prestaging)
-        return {"key": key, "needed": needed, "why": why, "state": state}
+        # ``reclaim``: whether this node has a reclaim now (a guard that may have missed its
+        # withdrawal learns from a false one that the window it holds no longer ends anything)
+        return {"key": key, "needed": needed, "why": why, "state": state,
+                "reclaim": getattr(self, "reclaim", None) is not None}  # (getattr: a caller's stand-in may lack it)
 
     # -- replicas held here: the operator's view and drop (GET /v1/migrate/replicas) -------------
 
@@ -4137,7 +4933,7 @@ class ReclaimComponent:
             if fresh:  # a repeated notice of the same reclaim is one departure
                 self.observe_departure(now, announced=True)
 
-    def check_resume(self, path: str, owner_uid: int = 0) -> str:
+    def check_resume(self, path: str, owner_uid: int = 0, owner_gid: int | None = None) -> str:
         """What the zone's hand-over calls before a job of ``owner_uid`` starts with
         ``resume_from``; the path the job is given. A path under this node's transfer root must
         be a committed, still-valid checkpoint (verified_checkpoint), any other must pass jobkit's
@@ -4147,8 +4943,12 @@ class ReclaimComponent:
         refused any other path under the transfer root: a replica no guard here named the owner of
         (every source guards before it hands over; a hand-over without one would start the job
         with a ``LAMINAR_RESUME_FROM`` it cannot read, and a copy made on the hand-over's word
-        would give whoever places a job naming a replica another user's checkpoint). Raises
-        ValueError."""
+        would give whoever places a job naming a replica another user's checkpoint). Any other
+        path of a non-root job is verified with the owner's own permissions (uid, ``owner_gid``,
+        else the uid's passwd group, else 65534, and the uid's groups: :func:`verify_as_owner`),
+        never as root: a checkpoint the owner cannot read is refused saying so, alike whether it
+        is valid, corrupt or absent (as root, the refusal told a user whether a valid checkpoint
+        lay where they cannot look). Raises ValueError."""
         p = Path(os.path.normpath(path))
         under_root = self.root is not None and self.root in p.parents
         replica = self.root is not None and p.parent.parent == self.root / "checkpoints"
@@ -4161,6 +4961,14 @@ class ReclaimComponent:
                 "it is not a replica a guard named"
             raise ValueError(f"checkpoint {path} lies in node {self.node_id}'s transfer directory, which only root "
                              f"may read, and {what}: a job of uid {owner_uid} is not given it")
+        if not under_root and owner_uid != 0:
+            if owner_gid is None:
+                try:
+                    owner_gid = pwd.getpwuid(owner_uid).pw_gid
+                except KeyError:
+                    owner_gid = 65534  # nogroup: no group's permission is assumed
+            verify_as_owner(str(p), owner_uid, owner_gid)
+            return str(p)
         try:
             if under_root:
                 verified_checkpoint(p)
@@ -4369,7 +5177,19 @@ class ReclaimComponent:
             return self.reclaim_status()
 
         async def migrations(req: Request) -> list[dict[str, Any]]:
-            return [m.as_dict() for m in self.moves.values()]
+            return [self._move_view(m) for m in self.moves.values()]
+
+        async def handovers(req: Request) -> list[dict[str, Any]]:
+            return self.pending_handovers()
+
+        async def settle(req: Request) -> dict[str, Any]:
+            b = req.body
+            if not isinstance(b, dict) or set(b) - {"decision"} or b.get("decision") not in ("run-here", "gone"):
+                raise ApiError(400, f"settle: body {b!r}: expected {{\"decision\": \"run-here\" | \"gone\"}}")
+            try:
+                return await self.settle_handover(req.params["job"], b["decision"], by=f"uid {req.peer.uid}")
+            except LookupError as e:
+                raise ApiError(409, f"settle: {e.args[0]}") from None
 
         async def migration(req: Request) -> dict[str, Any]:
             jid = req.params["job"]
@@ -4378,7 +5198,7 @@ class ReclaimComponent:
                 mv = self.moves.get(f"job-{jid}")
             if mv is None:
                 raise ApiError(404, f"no move of job {jid!r} on this node")
-            return mv.as_dict()
+            return self._move_view(mv)
 
         async def replicas(req: Request) -> Any:
             totals = req.query.get("totals", "0")
@@ -4423,6 +5243,8 @@ class ReclaimComponent:
             Route("GET", "/v1/reclaim", get_reclaim),
             Route("GET", "/v1/migrations", migrations),
             Route("GET", "/v1/migrations/{job}", migration),
+            Route("POST", "/v1/migrations/{job}/settle", settle, privileged=True),
+            Route("GET", "/v1/migrate/handovers", handovers),
             Route("GET", "/v1/migrate/replicas", replicas),
             Route("POST", "/v1/migrate/replicas/{key}/drop", drop_replica, privileged=True),
         ]

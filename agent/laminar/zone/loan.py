@@ -52,6 +52,7 @@ next round. A node that stops being free for it (busy inference, returned) revok
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import logging
 import os
@@ -82,6 +83,8 @@ ANSWER_CACHE = 256  # answers kept for repeated requests (retransmissions)
 ANSWER_LIMIT = wire.MAX_DATAGRAM - wire.HEADER_SIZE - wire.MAC_SIZE - 16  # a loan answer's JSON, at most
 # phases of a returned job's move or requeue while it is under way (GET /v1/pool requeues)
 BUSY_PHASES = frozenset({"checkpointing", "migrating", "stopping", "placing"})
+# At start, how long a returned server's redo of its return waits for the migration layer to start.
+REDO_WAIT_S = 30.0
 
 
 def config_fields() -> dict[str, Any]:
@@ -217,6 +220,7 @@ class LoanManager:
         self._unsignalled: set[str] = set()  # told a new count before catching SIGUSR2
         self.requeues: dict[str, dict[str, Any]] = {}  # job id -> its requeue's progress
         self.last_plan: dict[str, Any] | None = None
+        self.last_return: dict[str, Any] = {}  # this server's return: plan, by, job id -> action (stored)
         self._pending: dict[int, asyncio.Future[tuple[int, bytes]]] = {}
         self._answered: OrderedDict[tuple[int, int], wire.LoanAnswer] = OrderedDict()
         self._tasks: set[asyncio.Task[Any]] = set()
@@ -239,8 +243,12 @@ class LoanManager:
                     self.returned = bool(v)
                 elif key == "grants":
                     self.grants = {str(k): [int(g) for g in gs] for k, gs in v.items()}
+                elif key == "return":
+                    self.last_return = v if isinstance(v, dict) else {}
         if float(self.s["elastic_interval_s"]) > 0:
             self._spawn(self._elastic_loop())
+        if self.returned and self.lends:  # its return's moves and requeues ran in memory: a stop cut them
+            self._spawn(self._redo_return(self.last_return))
 
     async def stop(self) -> None:
         for t in list(self._tasks):
@@ -512,9 +520,72 @@ class LoanManager:
                 self._spawn(self._migrate(job, str(req.get("plan", ""))))
             else:
                 self._spawn(self._requeue(job, str(req.get("plan", ""))))
+        self.last_return = {"plan": str(req.get("plan", "")), "by": sender, "jobs": done}
+        self._save("return", self.last_return)  # a restart carries out what a stop cuts (_redo_return)
         self.zone._emit(f"pool {self.pool}: node {self.zone.node_id} returned by node {sender}; "
                         f"{len(done)} lent job(s) requeued", plan=req.get("plan", ""), jobs=done, by=sender)
         return {"node": self.zone.node_id, "returned": True, "jobs": done}
+
+    async def _redo_return(self, ret: dict[str, Any]) -> None:
+        """At start, on a server returned before the agent stopped (``returned`` is stored, its
+        return's moves and requeues ran in memory, so a stop or crash cut them): every lent job
+        still active here is returned again with the action the return gave it (``ret``, stored
+        by :meth:`do_return`: ``migrate`` or ``requeue``; ``requeue`` for a job it did not name),
+        with a ``zone`` event (``restarted`` true). A job whose cut move the migration layer is
+        settling at its start (``ReclaimComponent.evacuating``: its destination is asked whether
+        it took the job) is waited for first: it may run there now, and a second move would
+        hand it over twice. Never raises."""
+        try:
+            agent = self.zone.agent
+            if agent is not None and hasattr(agent, "migrate"):  # the agent starts migrate after the zone
+                end = time.monotonic() + REDO_WAIT_S
+                while getattr(agent, "migrate", None) is None and time.monotonic() < end:
+                    await asyncio.sleep(0.1)
+            mig = getattr(agent, "migrate", None) if agent is not None else None
+            plan = str(ret.get("plan", ""))
+            asked = ret.get("jobs") if isinstance(ret.get("jobs"), dict) else {}
+            assert isinstance(asked, dict)
+            todo = {j.id: ("migrate" if asked.get(j.id) == "migrate" else "requeue") for j in self.lent_jobs()
+                    if self.requeues.get(j.id, {}).get("phase") not in BUSY_PHASES}
+            # requeues the stop cut after the job's stop, while they looked for room (_requeue)
+            placing = {jid: p for jid, p in (ret.get("placing") or {}).items() if isinstance(p, dict)
+                       and jid not in todo and self._jobs is not None
+                       and getattr(self._jobs.get(jid), "state", None) == "requeued"}
+            for jid, p in placing.items():
+                self.requeues[jid] = {"job": jid, "phase": "placing", "planned": "requeue", "plan": plan,
+                                      "by": ret.get("by"), "since": time.time(), "restarted": True}
+                self._spawn(self._place_requeued(jid, p["spec"], pl.Demand(**p["demand"]), int(p["owner_uid"]),
+                                                 int(p["owner_gid"]), plan))
+            if placing:
+                self.zone._emit(f"pool {self.pool}: node {self.zone.node_id} was returned before the agent stopped, "
+                                f"which cut the placement elsewhere of {len(placing)} requeued job(s): placed again: "
+                                + ", ".join(placing), plan=plan, placing=sorted(placing), restarted=True)
+            if not todo:
+                return
+            self.zone._emit(f"pool {self.pool}: node {self.zone.node_id} was returned (plan {plan or '-'}) before the "
+                            f"agent stopped, which cut its return; {len(todo)} lent job(s) still here returned again: "
+                            + ", ".join(f"{j} {a}" for j, a in todo.items()), plan=plan, jobs=todo,
+                            by=ret.get("by"), restarted=True)
+            for jid, action in todo.items():
+                self.requeues[jid] = {"job": jid, "phase": "checkpointing", "planned": action, "plan": plan,
+                                      "by": ret.get("by"), "since": time.time(), "restarted": True}
+                self._spawn(self._redo_one(jid, action, plan, mig))
+        except Exception:
+            log.exception("loan: carrying out the return again at start")
+
+    async def _redo_one(self, job_id: str, action: str, plan: str, mig: Any) -> None:
+        """One lent job of :meth:`_redo_return`: once no move of it is being settled, moved or
+        requeued as its return planned, unless it ended or left meanwhile. Never raises."""
+        try:
+            while mig is not None and job_id in getattr(mig, "evacuating", ()):
+                await asyncio.sleep(0.2)
+            job = self._jobs.get(job_id) if self._jobs is not None else None
+            if job is None or not job.active:  # its settled move stopped it here (it runs there), or it ended
+                self.requeues[job_id]["phase"] = "ended"
+                return
+            await (self._migrate(job, plan) if action == "migrate" else self._requeue(job, plan))
+        except Exception:
+            log.exception("loan: returning %s again at start", job_id)
 
     async def _wait_checkpoint(self, job: Any, after: Path | None, timeout: float) -> Path | None:
         """The job's first verified checkpoint newer than ``after`` within ``timeout``, else
@@ -583,24 +654,45 @@ class LoanManager:
                                       grace_s=float(self.s["stop_grace_s"]), state="requeued")
             self.counts["requeued"] += 1
             rq["phase"] = "placing"
+            await self._place_requeued(job.id, spec, demand, job.owner_uid, job.owner_gid, plan)
+        except Exception as e:
+            log.exception("requeue of %s failed", job.id)
+            rq.update(phase="failed", reason=str(e))
+            self.zone._emit(f"requeue of job {job.id} failed: {e}", job=job.id, plan=plan)
+
+    async def _place_requeued(self, job_id: str, spec: dict[str, Any], demand: pl.Demand, owner_uid: int,
+                              owner_gid: int, plan: str) -> None:
+        """Places a requeued job (stopped here) through the zone, trying again for up to
+        ``requeue_for_s``. Stored while it runs (the return's ``placing``), so a restart of a
+        returned server places it again (:meth:`_redo_return`): a stop or crash here would
+        otherwise leave the job stopped here and placed nowhere. A crash between a placement
+        and that record's removal places it twice. Never raises."""
+        rq = self.requeues[job_id]
+        placing = self.last_return.setdefault("placing", {})
+        placing[job_id] = {"spec": spec, "demand": dataclasses.asdict(demand), "owner_uid": owner_uid,
+                           "owner_gid": owner_gid}
+        try:
+            self._save("return", self.last_return)
             end = time.monotonic() + float(self.s["requeue_for_s"])
             delay = 1.0
             while True:
-                res = await self.zone.place(spec, demand, job.owner_uid, job.owner_gid)
+                res = await self.zone.place(spec, demand, owner_uid, owner_gid)
                 rq["attempts"] = rq.get("attempts", 0) + 1
                 if res.outcome in ("placed", "unconfirmed", "rejected") or time.monotonic() + delay > end:
                     break
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, 30.0)
+            placing.pop(job_id, None)
+            self._save("return", self.last_return)
             rq.update(phase=res.outcome, node=res.node, new_job=res.job_id, reason=res.reason)
-            self.zone._emit(f"requeued job {job.id}: {res.outcome}"
+            self.zone._emit(f"requeued job {job_id}: {res.outcome}"
                             + (f" on node {res.node} as {res.job_id}" if res.outcome == "placed" else f" ({res.reason})"),
-                            job=job.id, outcome=res.outcome, node=res.node, new_job=res.job_id,
+                            job=job_id, outcome=res.outcome, node=res.node, new_job=res.job_id,
                             resume_from=spec.get("resume_from"), plan=plan)
         except Exception as e:
-            log.exception("requeue of %s failed", job.id)
+            log.exception("requeue of %s failed", job_id)
             rq.update(phase="failed", reason=str(e))
-            self.zone._emit(f"requeue of job {job.id} failed: {e}", job=job.id, plan=plan)
+            self.zone._emit(f"requeue of job {job_id} failed: {e}", job=job_id, plan=plan)
 
     # -- elastic scaling ------------------------------------------------------------------------------
 
