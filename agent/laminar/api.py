@@ -298,14 +298,27 @@ def _carry_on(coro: Coroutine[Any, Any, Any], first: Any) -> Generator[Any, Any,
             return stop.value
 
 
+_EAGER = getattr(asyncio, "eager_task_factory", None)  # Python 3.12+
+
+
 def start_eagerly(loop: asyncio.AbstractEventLoop, coro: Coroutine[Any, Any, Any]) -> asyncio.Task[Any] | None:
     """Runs `coro` now, synchronously, up to its first real wait; returns None when it finished
     without waiting, else the task that carries it on. Exceptions from the synchronous part
     propagate to the caller (the coroutine should catch its own).
 
-    This saves the loop round that ``create_task`` costs before a coroutine's first line runs
-    (Python 3.12's ``asyncio.eager_task_factory``; this agent runs on 3.11). Inside the
-    synchronous part ``asyncio.current_task()`` is not this coroutine's task (there is none yet)."""
+    This saves the loop round that ``create_task`` costs before a coroutine's first line runs.
+    On Python 3.12 and later it is ``asyncio.eager_task_factory``: the synchronous part runs
+    inside its task, as ``asyncio.timeout`` and 3.12's ``wait_for`` need (outside a task they
+    raise "Timeout should be used inside a task": every request whose bytes were not there at
+    once was reset, seen on Ubuntu 24.04's Python 3.12). On 3.11 the coroutine is stepped by
+    hand: inside its synchronous part ``asyncio.current_task()`` is not its task (there is none
+    yet), which 3.11's ``wait_for`` does not need."""
+    if _EAGER is not None:
+        task: asyncio.Task[Any] = _EAGER(loop, coro)
+        if task.done():
+            task.result()  # the synchronous part's exception, as on 3.11
+            return None
+        return task
     try:
         first = coro.send(None)
     except StopIteration:

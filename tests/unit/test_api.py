@@ -111,3 +111,31 @@ def test_control_group_membership_by_primary_gid() -> None:
 
     g = grp.getgrgid(0).gr_name  # root's group exists everywhere
     assert Authorizer(g).allowed(Peer(12345, 0, 1)) is True
+
+
+def test_a_request_that_arrives_late_and_in_parts_is_answered(tmp_path: Path) -> None:
+    """The server's first read of a connection runs before the connection has its task (the
+    eager start): a request not there at once made it wait with a timeout there. On Python 3.12
+    ``wait_for`` raised "Timeout should be used inside a task" and the connection was reset
+    (every `laminarctl policy set -`, and a loaded agent's submissions, on Ubuntu 24.04)."""
+    import time
+
+    def calls(path: Path) -> tuple[int, bytes]:
+        data = json.dumps({"a": 1}).encode()
+        head = f"POST /v1/jobs/job-7 HTTP/1.1\r\nHost: x\r\nContent-Length: {len(data)}\r\n\r\n".encode()
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+            s.connect(str(path))
+            time.sleep(0.2)  # nothing there at the server's first read
+            s.sendall(head[:10])
+            time.sleep(0.1)
+            s.sendall(head[10:])
+            time.sleep(0.1)  # the header whole, the body not yet
+            s.sendall(data)
+            buf = b""
+            while chunk := s.recv(65536):
+                buf += chunk
+        h, _, body = buf.partition(b"\r\n\r\n")
+        return int(h.split(b" ")[1]), body
+
+    status, body = serve(tmp_path, calls)
+    assert status == 201 and json.loads(body)["body"] == {"a": 1}, body
