@@ -2,9 +2,10 @@
 in the lm_events ring buffer as memcg reclaim and then as the OOM victim, with its cgroup2 id
 and pid.
 
-The process runs in a v1 memory cgroup of the test's own (this host's memory controller is
-v1; limit 32 MiB) and a cgroup2 directory of its own (whose id the events carry). Both are
-removed afterwards, as are the pins (/sys/fs/bpf/laminar-t-<hex>).
+The process runs in a cgroup2 directory of the test's own (whose id the events carry) and, on a
+hybrid host (this VM: the memory controller is v1), in a v1 memory cgroup of its own with the
+limit (32 MiB); on a pure-v2 host the one cgroup2 directory carries the limit (memory.max). All
+are removed afterwards, as are the pins (/sys/fs/bpf/laminar-t-<hex>).
 """
 
 from __future__ import annotations
@@ -21,13 +22,13 @@ from typing import Any
 
 import pytest
 
+from laminar.airlock.cgroups import detect
 from laminar.bpf import abi
 from laminar.bpf.libbpf import BpfLink, BpfMap, BpfObject, RingBuffer, object_path
 
 pytestmark = pytest.mark.kernel
 
-MEMCG_V1 = Path("/sys/fs/cgroup/memory")
-CGROUP2 = Path("/sys/fs/cgroup/unified")
+HIER = detect()
 LIMIT = 32 << 20
 WAIT_S = 30.0
 
@@ -50,15 +51,20 @@ def pressure() -> Iterator[dict[str, Any]]:
     links: list[BpfLink] = []
     ring: RingBuffer | None = None
     events: list[dict[str, Any]] = []
-    v1 = MEMCG_V1 / f"laminar-t-{tag}"
-    v2 = CGROUP2 / f"laminar-t-{tag}"
+    v2 = HIER.unified / f"laminar-t-{tag}"
+    v1 = None if HIER.memory_in_v2 else HIER.v1["memory"] / f"laminar-t-{tag}"
     try:
         obj.load()
         links = [p.attach() for p in obj.programs().values()]
         ring = RingBuffer(obj.map("lm_events"), lambda data: events.append(abi.decode_event(data)))
-        v1.mkdir()
-        (v1 / "memory.limit_in_bytes").write_text(str(LIMIT))
         v2.mkdir()
+        if v1 is None:
+            (v2 / "memory.max").write_text(str(LIMIT))
+            if (v2 / "memory.swap.max").exists():
+                (v2 / "memory.swap.max").write_text("0")  # swap would put the OOM kill off
+        else:
+            v1.mkdir()
+            (v1 / "memory.limit_in_bytes").write_text(str(LIMIT))
         yield {"ring": ring, "events": events, "v1": v1, "v2": v2, "pin_root": pin_root}
     finally:
         if ring is not None:
@@ -67,7 +73,7 @@ def pressure() -> Iterator[dict[str, Any]]:
             link.destroy()
         obj.close()
         for d in (v1, v2):
-            if d.exists():
+            if d is not None and d.exists():
                 end = time.monotonic() + WAIT_S
                 while (d / "cgroup.procs").read_text().strip() and time.monotonic() < end:
                     time.sleep(0.05)
@@ -88,7 +94,8 @@ def test_memcg_reclaim_and_oom_victim_events(pressure: dict[str, Any]) -> None:
 
     def enter() -> None:
         pid = str(os.getpid())
-        (v1 / "cgroup.procs").write_text(pid)
+        if v1 is not None:
+            (v1 / "cgroup.procs").write_text(pid)
         (v2 / "cgroup.procs").write_text(pid)
 
     hog = subprocess.Popen([sys.executable, "-c", HOG], preexec_fn=enter)
@@ -118,4 +125,8 @@ def test_memcg_reclaim_and_oom_victim_events(pressure: dict[str, Any]) -> None:
     v = victims[0]
     assert v["cgroup_id"] == cg2_id and v["comm"].startswith("python")
     assert v["ts_ns"] >= reclaim[0]["ts_ns"]
-    assert int((v1 / "memory.failcnt").read_text()) > 0
+    if v1 is not None:
+        assert int((v1 / "memory.failcnt").read_text()) > 0
+    else:
+        events_v2 = dict(line.split() for line in (v2 / "memory.events").read_text().splitlines())
+        assert int(events_v2["max"]) > 0 and int(events_v2["oom_kill"]) == 1, events_v2

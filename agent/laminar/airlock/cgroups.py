@@ -378,10 +378,9 @@ class JobCgroup:
         return read_memory_in_use(self.hierarchy, self.memory_dir)
 
     def under_oom(self) -> bool:
-        """v1: a task of the job waits at its limit (`under_oom 1`); v2: always False."""
-        if self.hierarchy.memory_in_v2:
-            return False
-        return _keyed(_read(self.memory_dir / "memory.oom_control")).get("under_oom") == "1"
+        """A task of the job waits at its limit (`read_memory_waits`: v1 ``under_oom 1``, v2
+        its memory in use at its ``memory.high``)."""
+        return read_memory_waits(self.hierarchy, self.memory_dir)
 
     def set_cpus(self, cpus: float | None) -> bool:
         """Limit the job to `cpus` CPUs of time (None = unlimited). False if no cpu controller."""
@@ -401,12 +400,44 @@ def set_memory(h: Hierarchy, d: Path, limit_bytes: int | None, *, oom_kill_disab
     if limit_bytes is not None and limit_bytes <= 0:
         raise CgroupError(f"memory limit {limit_bytes} must be a positive number of bytes")
     if h.memory_in_v2:
+        # v2 has no oom_kill_disable: memory.high just below memory.max is how the allocator
+        # waits (throttled, reclaiming) instead of being killed at the limit (`v2_hold_bytes`).
+        if high_bytes is None and oom_kill_disable and limit_bytes is not None:
+            high_bytes = v2_hold_bytes(limit_bytes)
         _write(d / "memory.max", "max" if limit_bytes is None else str(limit_bytes))
         _write(d / "memory.high", "max" if high_bytes is None else str(high_bytes))
-        # v2 has no oom_kill_disable: memory.high below memory.max is how the allocator waits.
         return
     _write(d / "memory.limit_in_bytes", "-1" if limit_bytes is None else str(limit_bytes))
     _write(d / "memory.oom_control", "1" if oom_kill_disable else "0")
+
+
+# v2's stand-in for v1's oom_kill_disable: memory.high this far below memory.max (a share of the
+# limit, at least V2_HOLD_MIN_BYTES). Above memory.high the kernel throttles the allocating task
+# (it reclaims and sleeps) instead of letting it reach memory.max, where the OOM killer would pick
+# a victim by size. Airlock's critical level (usage.critical, 0.95 by default) lies below it: a
+# task waits here only once Airlock is already acting, as at v1's hold at the limit itself. It was
+# at usage.high (0.85) before 2026-11-23; the throttle then stalled a job spiking past 0.85 (PSI
+# full), which Airlock read as critical, and a suspended job was reclaimed instead of recovered.
+V2_HOLD_SHARE = 0.02
+V2_HOLD_MIN_BYTES = 4 << 20
+
+
+def v2_hold_bytes(limit_bytes: int) -> int:
+    """The memory.high that holds the allocator just below a v2 limit of ``limit_bytes``."""
+    return max(1 << 20, limit_bytes - max(V2_HOLD_MIN_BYTES, int(limit_bytes * V2_HOLD_SHARE)))
+
+
+def read_memory_waits(h: Hierarchy, d: Path) -> bool:
+    """A task of `d` waits at its limit: v1 ``under_oom 1`` (held by oom_kill_disable); v2 its
+    memory in use (`read_memory_in_use`: clean cache aside, which the kernel drops first) at its
+    ``memory.high``, where the kernel throttles the allocator. False where no such limit is set."""
+    if not h.memory_in_v2:
+        return _keyed(_read(d / "memory.oom_control")).get("under_oom") == "1"
+    text = _read(d / "memory.high").strip()
+    if text == "max":
+        return False
+    high = int(text)
+    return read_memory_in_use(h, d) >= high - max(1 << 20, high // 100)
 
 
 def read_memory_limit(h: Hierarchy, d: Path) -> int | None:

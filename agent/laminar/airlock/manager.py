@@ -20,7 +20,9 @@ The node's budget (config ``[airlock]``): ``budget_mb`` limits everything under 
 ``class_budget_mb`` limits each class's parent, and with ``hold_allocator`` (default) the v1
 OOM killer is disabled on the root and on the protected classes' parents so that, at the limit,
 the kernel makes the allocating task wait while Airlock decides instead of killing by size.
-On a v2 host ``memory.high`` at ``usage.high`` of the budget throttles instead. The unprotected
+On a v2 host (no oom_kill_disable) ``memory.high`` just below each such limit throttles the
+allocator instead (`cgroups.v2_hold_bytes`), and ``memory.events.local`` of the root and of each
+class parent tells Airlock, as v1's ``oom_control`` eventfds do. The unprotected
 classes' parents are capped so that they can never fill the budget the protected jobs live in
 (`Airlock.cap_unprotected`): their storms wait at their own caps, also while the agent is down.
 
@@ -42,7 +44,15 @@ from typing import Any
 
 from ..config import Field, register_section
 from . import admission, ladder
-from .cgroups import CgroupError, CgroupTree, read_memory_in_use, read_memory_limit, read_memory_usage
+from .cgroups import (
+    CgroupError,
+    CgroupTree,
+    read_memory_in_use,
+    read_memory_limit,
+    read_memory_usage,
+    read_memory_waits,
+    v2_hold_bytes,
+)
 from .policy import Policy, PolicyError, PolicyStore, parse
 from .signals import PriPoller, PsiTrigger, V1Eventfd, mem_available, psi_window, read_psi
 
@@ -155,6 +165,7 @@ class Airlock:
         self._held: set[str] = set()  # protected classes waiting at their own class budget
         self._scoped: set[str] = set()  # unprotected classes waiting at their own class budget
         self._class_oom: dict[str, float] = {}  # class -> when its oom_control eventfd last fired
+        self._v2_counts: dict[int, dict[str, int]] = {}  # memory.events fd -> its counters last read
 
     # -- component life ------------------------------------------------------------------------
     async def start(self, agent: Any) -> None:
@@ -421,10 +432,8 @@ class Airlock:
         capped = self._capped_classes()
         try:
             if self.budget_mb:
+                # v2: with hold_allocator, memory.high just below the budget (cgroups.v2_hold_bytes)
                 self.tree.set_root_memory(self.budget_mb << 20, oom_kill_disable=self.hold_allocator)
-                if self.tree.hierarchy.memory_in_v2:
-                    high = int((self.budget_mb << 20) * self.policy["thresholds"]["usage.high"])
-                    (self._root_memory_dir() / "memory.high").write_text(str(high))
             else:
                 self.tree.set_root_memory(None, oom_kill_disable=False)
         except (CgroupError, OSError) as e:
@@ -434,9 +443,15 @@ class Airlock:
                 continue  # cap_unprotected writes it below
             self._caps.pop(cls, None)
             mb = self.class_budget_mb.get(cls)
+            hold = self.hold_allocator and cls in prot
             try:
-                self.tree.set_class_memory(cls, (mb << 20) if mb else None,
-                                           oom_kill_disable=self.hold_allocator and cls in prot)
+                if hold and mb and self.tree.hierarchy.memory_in_v2:
+                    # v2 cannot hold a task at memory.max (the charge fails: OOM kill), and above
+                    # memory.high it only slows down: a protected class is throttled at its
+                    # budget and never killed by it (the node's budget stays the hard limit)
+                    self.tree.set_class_memory(cls, None, high_bytes=mb << 20)
+                else:
+                    self.tree.set_class_memory(cls, (mb << 20) if mb else None, oom_kill_disable=hold)
             except CgroupError as e:
                 self._emit(f"airlock: could not apply the {cls} class's budget: {e}", error=str(e))
         self.cap_unprotected()
@@ -485,8 +500,10 @@ class Airlock:
             if abs(cap - self._caps.get(c, -(1 << 62))) <= CAP_SLACK_BYTES:
                 continue
             try:
-                if h.memory_in_v2:  # no oom_kill_disable in v2: memory.high throttles instead
-                    self.tree.set_class_memory(c, (op << 20) if op else None, high_bytes=cap)
+                if h.memory_in_v2:  # no oom_kill_disable in v2: memory.high throttles instead,
+                    # below the class budget's memory.max (at it, the charge fails first: OOM kill)
+                    high = min(cap, v2_hold_bytes(op << 20)) if op and self.hold_allocator else cap
+                    self.tree.set_class_memory(c, (op << 20) if op else None, high_bytes=high)
                 else:
                     self.tree.set_class_memory(c, cap, oom_kill_disable=self.hold_allocator)
                 self._caps[c] = cap
@@ -529,13 +546,25 @@ class Airlock:
                     self._closers.append(ev)
             self.sources.append("v1 oom_control + pressure_level eventfds")
         else:
-            try:
-                fd = os.open(mem_root / "memory.events", os.O_RDONLY)
-                self._poller.add(fd, "v2events:root")
+            # memory.events.local of the budget and of each class parent (local: memory.events
+            # also counts every descendant, and a job at its own --memory is no pressure on the
+            # budget): the kernel notifies (POLLPRI, with POLLERR: kernfs) when a counter moves;
+            # `high` moves while a task is throttled at that level's memory.high, v2's hold at a
+            # limit (what v1's oom_control eventfds say)
+            dirs = [("root", mem_root)] + [(c, self.tree.class_memory_dir(c)) for c in self.tree.classes]
+            opened = 0
+            for tag, d in dirs:
+                try:
+                    fd = os.open(d / "memory.events.local", os.O_RDONLY)
+                except OSError as e:
+                    self._emit(f"airlock: {d / 'memory.events.local'} unavailable: {e}")
+                    continue
+                self._poller.add(fd, f"v2events:{tag}")
                 self._closers.append(_Fd(fd))
+                self._v2_counts[fd] = _events_of(fd)
+                opened += 1
+            if opened:
                 self.sources.append("v2 memory.events")
-            except OSError as e:
-                self._emit(f"airlock: memory.events unavailable: {e}")
         self.sources.append("bpf pressure events")
         self.loop.add_reader(self._poller.fileno(), self._on_poller)
 
@@ -544,6 +573,26 @@ class Airlock:
         now = time.monotonic()
         signalled = False
         for fd, tag, mask in self._poller.ready_events():
+            if tag.startswith("v2events:"):
+                # kernfs reports every change of memory.events as POLLPRI|POLLERR, and a removed
+                # cgroup the same way: only the read tells them apart (it fails on a removed one)
+                try:
+                    counts = _events_of(fd)
+                except OSError:
+                    self._drop_source(fd, tag)
+                    continue
+                before = self._v2_counts.get(fd, {})
+                self._v2_counts[fd] = counts
+                moved = {k for k, v in counts.items() if v != before.get(k, 0)}
+                if not moved:
+                    continue
+                # A wake-up, not a verdict: `high` and `max` also move while the kernel drops
+                # clean page cache at that limit, which holds nobody. Whether a task waits there
+                # is the evaluation's to read (`read_memory_waits`: memory in use at memory.high).
+                signalled = True
+                if tag == "v2events:root" and moved & {"oom", "oom_kill", "oom_group_kill"}:
+                    self.last_critical = now  # the kernel's OOM killer acted at the budget
+                continue
             if mask & select.EPOLLERR:
                 # The cgroup behind the file is gone (a job that ended before the next sync):
                 # not a stall, and level-triggered epoll would repeat it every loop round.
@@ -571,13 +620,6 @@ class Airlock:
                     self.last_critical = now
                 else:
                     self.last_stall = now
-            elif tag.startswith("v2events:"):
-                signalled = True
-                os.lseek(fd, 0, os.SEEK_SET)
-                text = os.read(fd, 4096).decode()
-                self.last_stall = now
-                if " oom " in f" {text} " or "oom_kill" in text:
-                    self.last_critical = now
             else:  # PSI trigger
                 signalled = True
                 self.last_stall = now
@@ -590,6 +632,7 @@ class Airlock:
         """Stops watching a source whose file reports an error (its cgroup was removed)."""
         assert self._poller is not None
         self._poller.remove(fd)
+        self._v2_counts.pop(fd, None)
         if tag.startswith("psi:job:"):
             t = self._job_triggers.pop(tag[len("psi:job:"):], None)
             if t is not None:
@@ -711,28 +754,29 @@ class Airlock:
         under_oom = False
         held: set[str] = set()
         scoped: set[str] = set()
-        if not self.tree.hierarchy.memory_in_v2:
-            # A task waits at a limit (or a class's oom_control fired just now). At the root (the
-            # budget) or at a class cap that follows the budget's free room, acting on any job
-            # lifts it. At a class's own class budget only that class's jobs can (`scoped`), and
-            # a protected class held there none: its jobs are never acted on (`held`).
-            prot = self._protected()
-            for name, d in [("", self._root_memory_dir()),
-                            *((c, self.tree.class_memory_dir(c)) for c in self.tree.classes)]:
-                try:
-                    waits = "under_oom 1" in (d / "memory.oom_control").read_text()
-                except OSError:
-                    waits = False
-                if name and now - self._class_oom.get(name, float("-inf")) < STALL_HOLD_S:
-                    waits = True
-                if not waits:
-                    continue
-                if name in prot:
-                    held.add(name)
-                elif name and self._at_own_budget(name):
-                    scoped.add(name)
-                else:
-                    under_oom = True
+        # A task waits at a limit (v1 under_oom, v2 throttled at memory.high: read_memory_waits;
+        # or a class's oom_control / memory.events fired just now). At the root (the budget) or
+        # at a class cap that follows the budget's free room, acting on any job lifts it. At a
+        # class's own class budget only that class's jobs can (`scoped`), and a protected class
+        # held there none: its jobs are never acted on (`held`).
+        prot = self._protected()
+        h = self.tree.hierarchy
+        for name, d in [("", self._root_memory_dir()),
+                        *((c, self.tree.class_memory_dir(c)) for c in self.tree.classes)]:
+            try:
+                waits = read_memory_waits(h, d)
+            except (CgroupError, OSError, ValueError):
+                waits = False
+            if name and now - self._class_oom.get(name, float("-inf")) < STALL_HOLD_S:
+                waits = True
+            if not waits:
+                continue
+            if name in prot:
+                held.add(name)
+            elif name and self._at_own_budget(name):
+                scoped.add(name)
+            else:
+                under_oom = True
         self._note_held(held)
         self._scoped = scoped
         avail, total = mem_available()
@@ -1012,6 +1056,18 @@ class Airlock:
             self.events.emit("airlock", message, **fields)
         else:
             log.info("%s", message)
+
+
+def _events_of(fd: int) -> dict[str, int]:
+    """The counters of an open v2 ``memory.events.local`` (read from its start: reading is also what
+    re-arms the kernel's notification). Raises OSError once its cgroup is removed."""
+    text = os.pread(fd, 4096, 0).decode()
+    out: dict[str, int] = {}
+    for line in text.splitlines():
+        k, _, v = line.partition(" ")
+        if v.strip().isdigit():
+            out[k] = int(v)
+    return out
 
 
 class _Fd:
