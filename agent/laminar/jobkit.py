@@ -57,6 +57,7 @@ import re
 import shutil
 import signal
 import stat
+import sys
 import threading
 import time
 from pathlib import Path
@@ -425,19 +426,38 @@ class Checkpointer:
 
     def resume(self, weights_only: bool = True) -> Any | None:
         """The state of ``LAMINAR_RESUME_FROM`` (a checkpoint directory, or a directory of
-        checkpoints: the newest verified one), or None on a fresh start. Raises CheckpointError
-        when the checkpoint named does not verify: a corrupt checkpoint is never loaded."""
+        checkpoints: the newest one that verifies as it is loaded), or None on a fresh start.
+        Raises CheckpointError when the checkpoint named does not verify, or when no checkpoint
+        of the directory does: a corrupt checkpoint is never loaded.
+
+        In a directory, each checkpoint from the newest down is read once and verified as it is
+        read; the first that verifies is loaded, and the newer ones that did not are named on
+        stderr. (The newest was verified by one read and loaded by a second before: a second
+        read that disagreed, storage failing or the file replaced in between, failed the
+        resume although an older checkpoint was whole.)"""
         if self.resume_from is None:
             return None
         src = self.resume_from
-        if not (src / MANIFEST).exists():
-            latest = latest_checkpoint(src)
-            if latest is None:
-                raise CheckpointError(f"jobkit: LAMINAR_RESUME_FROM={src} holds no verified checkpoint")
-            src = latest
         # the state file is read once, into memory, and verified there: what is loaded is what
         # was verified, whatever a second read of the storage would answer
-        m, data = _verify(src, load=True)
+        if (src / MANIFEST).exists():
+            m, data = _verify(src, load=True)
+        else:
+            skipped: list[str] = []
+            for cand in reversed(list_checkpoints(src)):
+                try:
+                    m, data = _verify(cand, load=True)
+                except CheckpointError as e:
+                    skipped.append(str(e))
+                    continue
+                src = cand
+                break
+            else:
+                raise CheckpointError(f"jobkit: LAMINAR_RESUME_FROM={src} holds no verified checkpoint"
+                                      + (f" ({'; '.join(skipped)})" if skipped else ""))
+            if skipped:
+                print(f"jobkit: resuming from {src.name}, the newest checkpoint that verifies; newer ones did not: "
+                      f"{'; '.join(skipped)}", file=sys.stderr, flush=True)
         self.resumed_step = int(m.get("step", 0))
         return _deserialize(src / m["files"][0]["name"], b"" if data is None else data, m.get("format", "bytes"),
                             weights_only)

@@ -106,3 +106,43 @@ def test_resuming_torch_state_holds_one_copy_of_it_not_two() -> None:
         assert resumed - base < 192, f"resuming 128 MiB of torch state grew the peak by {resumed - base} MiB"
     finally:
         shutil.rmtree(d, ignore_errors=True)
+
+
+def test_a_directory_resume_reads_each_checkpoint_once_and_falls_back_past_one_that_fails(
+        tmp_path: Path, capfd: pytest.CaptureFixture[str]) -> None:
+    """``LAMINAR_RESUME_FROM`` naming a directory of checkpoints: the newest was verified by one
+    read and loaded by a second; storage whose second read of it answered other bytes failed the
+    resume ("does not match its SHA-256") although that checkpoint had verified. Now each is read
+    once, verified as read: the newest loads. Where the newest fails on every read, the resume
+    falls back to the next one that verifies and names the one it skipped; where none verifies,
+    it refuses, naming each."""
+    ck = jobkit.Checkpointer(job_id="j", ckpt_dir=tmp_path / "backing" / "src", keep=2, install_signal=False)
+    ck.save({"w": torch.full((64, 64), 3.0), "step": 3}, step=3)
+    ck.save({"w": torch.full((64, 64), 5.0), "step": 5}, step=5)
+    other = saved(tmp_path / "other", "x", 666.0)
+    shutil.copy(other / "state.pt", tmp_path / "backing" / "other.pt")
+
+    def resume(fs_path: Path) -> tuple[float, int]:
+        ck = jobkit.Checkpointer(job_id="j", ckpt_dir=tmp_path / "mine", resume_from=fs_path / "src",
+                                 install_signal=False)
+        state = ck.resume()
+        assert float(state["w"].min()) == float(state["w"].max())
+        return float(state["w"].max()), int(ck.resumed_step or 0)
+
+    with eio_mount(tmp_path / "backing") as fs:  # the newest answers its 2nd and later opens with other bytes
+        fs.swap("src/ckpt-5/state.pt", "other.pt", after_opens=1)
+        assert resume(fs.path) == (5.0, 5)
+    assert "newer ones did not" not in capfd.readouterr().err
+
+    with eio_mount(tmp_path / "backing") as fs:  # the newest corrupt on every read: the one before it
+        fs.swap("src/ckpt-5/state.pt", "other.pt", after_opens=0)
+        assert resume(fs.path) == (3.0, 3)
+    err = capfd.readouterr().err
+    assert "resuming from ckpt-3" in err and "ckpt-5" in err and "SHA-256" in err, err
+
+    with eio_mount(tmp_path / "backing") as fs:  # none verifies: refused, naming both
+        fs.swap("src/ckpt-5/state.pt", "other.pt", after_opens=0)
+        (tmp_path / "backing" / "src" / "ckpt-3" / "state.pt").write_bytes(b"\0" * 16)
+        with pytest.raises(jobkit.CheckpointError, match="holds no verified checkpoint") as e:
+            resume(fs.path)
+    assert "ckpt-5" in str(e.value) and "ckpt-3" in str(e.value)
