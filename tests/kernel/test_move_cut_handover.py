@@ -26,7 +26,7 @@ import os
 import secrets
 import socket
 import time
-from collections.abc import AsyncIterator, Coroutine
+from collections.abc import AsyncIterator, Callable, Coroutine
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -526,6 +526,20 @@ class GuardRig:
         _, req, ckpt, row = rig.guarded_replica(self.key, "lm-t-mvcut-guarded3")
         return asyncio.ensure_future(mig._place_elsewhere(row, req, ckpt, "node 3 is dead"))
 
+    async def restart_node2(self, before_start: Callable[[ReclaimComponent], None] = lambda c: None) -> None:
+        """Node 2's migrate component stops (its take-over in flight cancelled) and a fresh one
+        starts on the same store and state directory: the agent's restart, as the migrate layer
+        sees it. ``before_start`` gets the fresh component before it starts."""
+        assert self.node2 is not None and self.rig.dst_zone is not None
+        await self.node2.stop()
+        cfg2 = Config(validate({"agent": {"state_dir": str(self.tmp / "agent2"), "node": "lm-t-mvcut2"},
+                                "migrate": {"poll_s": 60.0, "periodic": False, "port": self.port2}}))
+        self.node2 = ReclaimComponent()
+        before_start(self.node2)
+        await self.node2.start(SimpleNamespace(config=cfg2, store=self.store2, events=EventBus(self.store2),
+                                               jobs=self.rig.dst_jobs, zone=self.rig.dst_zone))
+        self.rig.dst_zone.agent = SimpleNamespace(migrate=self.node2)
+
     def guard2(self) -> Any:
         return self.store2.db.execute("SELECT request, state FROM migrate_replicas WHERE key=?",
                                       (self.key,)).fetchone()
@@ -691,6 +705,66 @@ def test_a_hand_over_to_a_node_whose_guard_took_the_job_over_but_could_not_start
                                   f"(state {state2}): two copies")
                 assert placed and row1["state"] == "placed" and "taken over by node 2" in row1["job_id"], (why, dict(row1))
                 assert state2 in ("waiting", "placed"), state2  # node 2's guard has the job
+                assert not rig.dst_jobs.active()
+            finally:
+                onward.set()
+                await g.stop()
+
+    asyncio.run(main())
+
+
+def test_a_hand_over_after_a_restart_of_the_node_whose_guard_fenced_it_is_still_answered_with_its_custody(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """As above, but node 2's agent restarts after its guard's take-over dropped the placement's
+    reservation, and the hand-over comes before the restarted agent's first guard round (which
+    would take the job over, and fence the placement, again). The restarted node 2 must still
+    answer it with its guard's custody. Before: the mark that the take-over fenced the placement
+    was in memory only; the restarted node refused the hand-over ('no live reservation'), node
+    1's guard went on with the job (not placed) beside node 2's: two copies."""
+    async def main() -> None:
+        async with job_manager(tmp_path) as jobs:
+            rig = Rig(tmp_path, jobs)
+            g = GuardRig(tmp_path, jobs, rig, monkeypatch)
+            hold, onward = asyncio.Event(), asyncio.Event()
+            try:
+                place = await g.start(hold)
+                assert g.node2 is not None and rig.dst_zone is not None
+                node2 = g.node2
+
+                async def refused(*a: Any, **kw: Any) -> Any:  # node 2 has no room for it now
+                    rig.dst_jobs.asked += 1
+                    raise RuntimeError("lm-t: no free GPU on node 2")
+
+                async def held_elsewhere(*a: Any, **kw: Any) -> Any:  # node 2's take-over looks elsewhere
+                    await onward.wait()
+                    raise RuntimeError("lm-t: held")
+
+                rig.dst_jobs.submit = refused  # type: ignore[method-assign]
+                node2._place_elsewhere = held_elsewhere  # type: ignore[method-assign]
+                assert await until(lambda: g.guard2() is not None, 15), [e["message"] for e in rig.events]
+                await g.guard_round_after_not_before()
+                assert await until(lambda: rig.dst_jobs.asked == 1, 10), g.guard2()["state"]  # the start failed
+                assert await until(lambda: g.key in node2._fenced, 10)
+                first_round = asyncio.Event()
+
+                def slow_first_round(c: ReclaimComponent) -> None:
+                    real = c._guard_round
+
+                    async def held() -> None:  # the restarted agent's first guard round comes late
+                        await first_round.wait()
+                        await real()
+                    c._guard_round = held  # type: ignore[method-assign]
+
+                await g.restart_node2(slow_first_round)  # before the hand-over comes
+                hold.set()
+                placed, why = await asyncio.wait_for(place, 30)
+                first_round.set()
+                state2 = g.guard2()["state"]
+                row1 = jobs.store.db.execute("SELECT state, job_id FROM migrate_replicas WHERE key=?",
+                                             (g.key,)).fetchone()
+                assert not (not placed and state2 in ("guarding", "waiting", "placed", "resumed")), (
+                    f"node 1's guard goes on (state {row1['state']}: {why}) and node 2's too (state {state2}): two copies")
+                assert placed and row1["state"] == "placed" and "taken over by node 2" in row1["job_id"], (why, dict(row1))
                 assert not rig.dst_jobs.active()
             finally:
                 onward.set()

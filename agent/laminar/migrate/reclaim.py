@@ -3776,11 +3776,17 @@ class ReclaimComponent:
         the job as placed and its guard stands down. A refusal would let both guards go on (the
         placer's placing or resuming it, this one's too): two copies. None when no take-over
         here fenced it, or this guard ended (released, failed)."""
-        if key not in self._fenced:
-            return None
-        row = self.agent.store.db.execute("SELECT state, job_id FROM migrate_replicas WHERE key=?", (key,)).fetchone()
+        row = self.agent.store.db.execute("SELECT state, job_id, request FROM migrate_replicas WHERE key=?",
+                                          (key,)).fetchone()
         if row is None or str(row["state"]) not in ("guarding", "waiting", "placed", "resumed"):
             return None
+        if key not in self._fenced:
+            try:  # fenced before this agent's restart: the mark is in the guard's request
+                fenced = json.loads(row["request"]).get("fenced") is not None
+            except (ValueError, TypeError, AttributeError):
+                fenced = False
+            if not fenced:
+                return None
         where = f" as {row['job_id']}" if row["state"] in ("placed", "resumed") and row["job_id"] else ""
         return f"(taken over by node {self.node_id}'s guard: {row['state']}{where})"
 
@@ -3814,6 +3820,18 @@ class ReclaimComponent:
         zone.forgo_placement(int(pid))
         if key:  # a hand-over of it, should it still come, is answered with this guard's custody (_custody)
             self._fenced[key] = int(pid)
+            # kept in the guard's request too: a restart of this agent before that hand-over
+            # comes must still answer it with the custody (else it is refused, and its placer
+            # goes on with the job beside this guard: two copies)
+            with self.agent.store.tx() as db:
+                row = db.execute("SELECT request FROM migrate_replicas WHERE key=?", (key,)).fetchone()
+                try:
+                    stored = json.loads(row["request"]) if row is not None else None
+                except (ValueError, TypeError):
+                    stored = None
+                if isinstance(stored, dict):
+                    stored["fenced"] = int(pid)
+                    db.execute("UPDATE migrate_replicas SET request=? WHERE key=?", (json.dumps(stored), key))
         return {PLACEMENT_ENV: f"{int(pid):016x}"}
 
     @staticmethod
