@@ -29,6 +29,7 @@ from agentproc import AgentProc, wait_until
 from jobrig import airlock_rig, running, until
 
 from laminar.airlock import ladder
+from laminar.airlock.cgroups import Hierarchy, read_memory_limit
 from laminar.runtime.jobs import JobSpec
 
 pytestmark = pytest.mark.kernel
@@ -129,9 +130,26 @@ GROW = ("import os, sys, time\n"
         "time.sleep(600)\n")
 
 
+def holds(h: Hierarchy, d: Path) -> bool:
+    """A task at ``d``'s limit waits instead of being killed (Airlock's hold): v1
+    oom_kill_disable; v2 a memory.high below memory.max (or with no memory.max)."""
+    if not h.memory_in_v2:
+        return "oom_kill_disable 1" in (d / "memory.oom_control").read_text()
+    return held_at(h, d) is not None
+
+
+def held_at(h: Hierarchy, d: Path) -> int | None:
+    """Where a task of ``d`` is held or capped by Airlock: v1 its limit (with oom_kill_disable,
+    or a class cap), v2 its memory.high; None when nothing holds it there."""
+    if not h.memory_in_v2:
+        return read_memory_limit(h, d)
+    high = (d / "memory.high").read_text().strip()
+    return None if high == "max" else int(high)
+
+
 def test_unload_lifts_the_memory_holds_no_agent_would_release(tmp_path: Path) -> None:
-    """With a node budget on v1 memory, Airlock has the kernel hold a task that reaches the
-    budget or its class's cap (oom_kill_disable) until Airlock decides, and caps each
+    """With a node budget, Airlock has the kernel hold a task that reaches the budget or its
+    class's cap (v1 oom_kill_disable; v2 memory.high below the limit) until Airlock decides, and caps each
     unprotected class at what its last tick saw. After ``bpf unload`` no agent decides again:
     a job growing past its class's old cap waited there for good (under_oom), though the
     unload promises that jobs keep running. The unload lifts the hold and the caps (the budget
@@ -141,9 +159,7 @@ def test_unload_lifts_the_memory_holds_no_agent_would_release(tmp_path: Path) ->
     async def main() -> None:
         async with airlock_rig(tmp_path) as (jobs, al, _):
             h = al.tree.hierarchy  # type: ignore[union-attr]
-            if h.memory_in_v2:
-                pytest.skip("oom_kill_disable and the class caps under test are v1 memory's")
-            root = h.v1["memory"] / al.tree.root_name  # type: ignore[union-attr]
+            root = al._root_memory_dir()
             al.budget_mb = 256
             al.set_policy({"thresholds": {"usage.high": 0.45, "usage.critical": 0.5},
                            "hysteresis": {"recover_below": 0.4}})
@@ -152,20 +168,20 @@ def test_unload_lifts_the_memory_holds_no_agent_would_release(tmp_path: Path) ->
                                             name="lm-t-unload-grow", job_class="transient").validate())
             await until(lambda: job.pid in job.cgroup.pids(), 10)
             al.cap_unprotected()
-            cap = int((root / "transient" / "memory.limit_in_bytes").read_text())
-            assert cap < 160 << 20, f"the transient class is not capped below what the job will take: {cap}"
-            assert "oom_kill_disable 1" in (root / "memory.oom_control").read_text()
+            cap = held_at(h, root / "transient")
+            assert cap is not None and cap < 160 << 20, f"the transient class is not capped below what the job will take: {cap}"
+            assert holds(h, root)
             al.release_for_unload()
             for d in (root, *(root / c for c in al.tree.classes)):  # type: ignore[union-attr]
-                assert "oom_kill_disable 0" in (d / "memory.oom_control").read_text(), f"{d} still holds at its limit"
-            assert int((root / "memory.limit_in_bytes").read_text()) == 256 << 20  # the budget stays
+                assert not holds(h, d), f"{d} still holds at its limit"
+            assert read_memory_limit(h, root) == 256 << 20  # the budget stays
             go.touch()
             await until(lambda: done.exists() or job.cgroup.under_oom(), 20)
             assert done.exists() and job.active, (
                 f"the job waits at its class's old cap after the unload: under_oom {job.cgroup.under_oom()}, "
-                f"limit {(root / 'transient' / 'memory.limit_in_bytes').read_text().strip()}")
+                f"held at {held_at(h, root / 'transient')}")
             al.resume_after_failed_unload()  # an unload that failed: the holds are back
-            assert "oom_kill_disable 1" in (root / "memory.oom_control").read_text()
+            assert holds(h, root)
 
     asyncio.run(main())
 
@@ -181,8 +197,6 @@ def test_offline_unload_lifts_the_memory_holds_of_cgroups_jobs_keep(tmp_path: Pa
     from laminar.net.netguard import unload_offline
 
     h = detect()
-    if h.memory_in_v2:
-        pytest.skip("oom_kill_disable and the class caps under test are v1 memory's")
     name = f"laminar-t-{secrets.token_hex(3)}"
     tree = CgroupTree(h, name)
     procs = [subprocess.Popen(["sleep", "600"]) for _ in range(2)]
@@ -192,7 +206,7 @@ def test_offline_unload_lifts_the_memory_holds_of_cgroups_jobs_keep(tmp_path: Pa
         tree.set_class_memory("transient", 64 << 20, oom_kill_disable=True)  # a cap of Airlock's
         tree.set_class_memory("standard", 96 << 20, oom_kill_disable=True)  # another, emptied by the unload
         tree.set_class_memory("long-resident", 128 << 20, oom_kill_disable=True)  # class_budget_mb
-        mem = h.v1["memory"] / name
+        mem = (h.unified if h.memory_in_v2 else h.v1["memory"]) / name
         for cls, p in zip(("transient", "long-resident"), procs, strict=True):  # busy: kept
             (mem / cls / "cgroup.procs").write_text(str(p.pid))
         cfg = tmp_path / "laminar.toml"
@@ -204,10 +218,10 @@ def test_offline_unload_lifts_the_memory_holds_of_cgroups_jobs_keep(tmp_path: Pa
         assert str(mem) in res["cgroups_kept_busy"], res
         assert not (mem / "standard").exists(), res
         for d in (mem, mem / "transient", mem / "long-resident"):
-            assert "oom_kill_disable 0" in (d / "memory.oom_control").read_text(), f"{d} still holds at its limit"
-        assert int((mem / "memory.limit_in_bytes").read_text()) == 256 << 20  # the budget stays
-        assert int((mem / "transient" / "memory.limit_in_bytes").read_text()) >= 1 << 62  # the cap is lifted
-        assert int((mem / "long-resident" / "memory.limit_in_bytes").read_text()) == 128 << 20
+            assert not holds(h, d), f"{d} still holds at its limit"
+        assert read_memory_limit(h, mem) == 256 << 20  # the budget stays
+        assert read_memory_limit(h, mem / "transient") is None and held_at(h, mem / "transient") is None  # lifted
+        assert read_memory_limit(h, mem / "long-resident") == 128 << 20
     finally:
         for p in procs:
             p.kill()
