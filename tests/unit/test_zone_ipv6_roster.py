@@ -181,6 +181,29 @@ def test_an_ipv6_roster_address_not_on_this_host_listens_on_any_address(tmp_path
     asyncio.run(run())
 
 
+@pytest.mark.parametrize("listen", ["fd00:0:1ab::7", "192.0.2.77"])
+def test_an_explicit_listen_address_not_on_this_host_fails_the_start_naming_it(tmp_path: Path, listen: str) -> None:
+    """zone.listen set to an address this host does not hold: the start fails saying which
+    address and what to do, where the roster address's default would listen on any address.
+    Before, the error was the socket's bare "[Errno 99] Cannot assign requested address". (A
+    tentative and a DAD-failed one: tests/kernel/test_zone_tentative_roster.py.)"""
+    keys = tmp_path / "zone.keys"
+    keys.write_text(f"1 {secrets.token_hex(32)}\n")
+    os.chmod(keys, 0o600)
+    nodes = [{"id": 1, "zone": 1, "addr": "[::1]:7440"}, {"id": 2, "zone": 1, "addr": "[::1]:7450"}]
+    comp = ZoneComponent(settings={"node_id": 1, "nodes": nodes, "keys_file": str(keys), "listen": listen,
+                                   "summary_interval_s": 600}, gpus=0, loan={"elastic_interval_s": 0})
+
+    async def run() -> None:
+        try:
+            await comp.start(None)
+        finally:
+            await comp.stop()
+
+    with pytest.raises(RuntimeError, match=rf"zone\.listen {listen} is not an address of this host"):
+        asyncio.run(run())
+
+
 def test_the_transfer_command_line_takes_bracketed_ipv6_addresses() -> None:
     """``python -m laminar.migrate.transfer serve --listen [fd00::2]:7480`` / ``send --to ...``:
     the brackets are the address's writing, not part of it (before, '[fd00::2]' went to the

@@ -1253,6 +1253,7 @@ class ZoneComponent:
         self.rebind_interval_s = REBIND_INTERVAL_S
         self.on_rebind: list[Callable[[str], Awaitable[None]]] = []
         self._rebind_to = ""
+        self._rebind_what = "roster address"  # or "zone.listen address": which one is waited for
         self.router = Router()
         self.zone_summaries: dict[int, pl.ZoneSummary] = {}
         self._fits_cache: dict[tuple[Any, ...], dict[int, float]] = {}
@@ -1306,20 +1307,37 @@ class ZoneComponent:
         self.membership = Membership(self.node_id, members)
         me = self.membership.by_node[self.node_id]
         self.zone = me.zone
-        self.listen_host = bind_host(str(s["listen"]), me.addr)
+        listen = str(s["listen"])
+        explicit = listen not in WILDCARDS  # zone.listen names one address, not the roster's by default
+        self.listen_host = bind_host(listen, me.addr)
         state = "usable"
         if self.networked and self.listen_host not in WILDCARDS:
             state = await wait_while_tentative(self.listen_host, self.roster_wait_s)
-        if state != "usable" and self.listen_host not in (s["listen"], "0.0.0.0"):
+        if state != "usable":
+            if explicit and state == "absent":
+                raise RuntimeError(
+                    f"zone: zone.listen {listen} is not an address of this host (no interface holds it, nor is it "
+                    f"tentative): set zone.listen to an address this host holds, or leave it unset (this node's "
+                    f"roster address {me.addr} when the host holds it, else {'::' if ':' in me.addr else '0.0.0.0'})")
+            if explicit and state == "duplicate":
+                raise RuntimeError(
+                    f"zone: zone.listen {listen}: duplicate address detection failed (dadfailed: another host on the "
+                    "link holds it), so it cannot be bound until the address is added again; give this host an "
+                    "address of its own (ip addr del, then add) or set zone.listen to one it holds")
             anywhere = "::" if ":" in self.listen_host else "0.0.0.0"
-            log.warning("zone: this node's roster address %s is %s on this host: listening on %s until it is usable "
-                        "(checked every %.0f s), so meanwhile its traffic leaves from whatever address the kernel "
-                        "picks and peers drop it as wrong_source%s", me.addr,
-                        {"tentative": f"still tentative after {self.roster_wait_s:.0f} s",
-                         "duplicate": "a duplicate (DAD failed: another host on the link holds it)"}.get(state, "not"),
-                        anywhere, self.rebind_interval_s,
-                        "" if state != "absent" else " (unless a NAT gives it that address); set zone.listen where it "
-                        "never will be")
+            self._rebind_what = "zone.listen address" if explicit else "roster address"
+            what = f"{self._rebind_what} {self.listen_host}"
+            why = {"tentative": f"is still tentative after {self.roster_wait_s:.0f} s (duplicate address detection "
+                                "runs)",
+                   "duplicate": "is a duplicate (DAD failed: another host on the link holds it)"}.get(
+                       state, "is not on this host")
+            message = (f"this node's {what} {why}: listening on {anywhere} until it is usable (checked "
+                       f"every {self.rebind_interval_s:.0f} s), so meanwhile its traffic leaves from whatever address "
+                       "the kernel picks and peers drop it as wrong_source"
+                       + (" (unless a NAT gives it that address); set zone.listen where it never will be"
+                          if state == "absent" else ""))
+            log.warning("zone: %s", message)
+            self._emit(message, addr=self.listen_host, state=state)
             self._rebind_to = self.listen_host
             self.listen_host = anywhere
         self.arbiter = Arbiter(self._inventory(), lease_s=float(s["lease_s"]), hold_s=float(s["hold_s"]),
@@ -1373,7 +1391,7 @@ class ZoneComponent:
                 raise
             self._tasks.append(asyncio.create_task(self._summary_loop()))
             if self._rebind_to:
-                self._tasks.append(asyncio.create_task(self._listen_on_roster_address(self._rebind_to)))
+                self._tasks.append(asyncio.create_task(self._listen_once_usable(self._rebind_to)))
         self._tasks.append(asyncio.create_task(self._watch_jobs()))
         self._emit(f"zone ready: node {self.node_id} in zone {self.zone}, {len(members)} members, "
                    f"{'networked' if self.networked else 'one-node zone'}")
@@ -1462,11 +1480,13 @@ class ZoneComponent:
         except Exception as e:  # never fail a send; the next block tries again
             log.warning("zone: cannot persist the sequence floor %d: %s", limit, e)
 
-    async def _listen_on_roster_address(self, host: str) -> None:
-        """While the zone listens on :: (0.0.0.0: an IPv4 roster) because its roster address
-        ``host`` was not usable at start, look every ``rebind_interval_s``; once it is, listen on it (datagrams and
-        hand-overs: traffic leaves from it again, and peers stop dropping it as wrong_source) and
-        call each of ``on_rebind`` with it."""
+    async def _listen_once_usable(self, host: str) -> None:
+        """While the zone listens on :: (0.0.0.0: an IPv4 address) because the address it should
+        bind, ``host`` (its roster address, or zone.listen's), was not usable at start, look every
+        ``rebind_interval_s``; once it is, listen on it (datagrams and hand-overs: traffic leaves
+        from it again, and peers stop dropping it as wrong_source) and call each of ``on_rebind``
+        with it."""
+        what = self._rebind_what
         while True:
             await asyncio.sleep(self.rebind_interval_s)
             if not address_is_local(host):
@@ -1476,17 +1496,16 @@ class ZoneComponent:
                     self.endpoint.rebind(host)
                 await self.server.relisten(host)
             except OSError as e:
-                log.warning("zone: cannot listen on the roster address %s yet (%s): still on %s", host, e,
-                            self.listen_host)
+                log.warning("zone: cannot listen on the %s %s yet (%s): still on %s", what, host, e, self.listen_host)
                 continue
             self.listen_host = host
             self._rebind_to = ""
-            self._emit(f"this node's roster address {host} is usable now: listening on it", addr=host)
+            self._emit(f"this node's {what} {host} is usable now: listening on it", addr=host)
             for fn in list(self.on_rebind):
                 try:
                     await fn(host)
                 except Exception:
-                    log.exception("zone: a listener on the roster address %s failed to follow it", host)
+                    log.exception("zone: a listener on the %s %s failed to follow it", what, host)
             return
 
     def _emit(self, message: str, **fields: Any) -> None:
