@@ -263,3 +263,50 @@ def test_a_roster_mixing_ipv4_and_ipv6_is_refused_while_sources_are_checked(tmp_
     err = asyncio.run(run(True))
     assert "node 1 (::1)" in err and "node 2 (127.0.0.1)" in err and "one family" in err, err
     assert asyncio.run(run(False)) == ""
+
+
+def test_a_failed_handover_names_an_ipv6_peer_in_brackets() -> None:
+    """The hand-over's errors name the peer as a config writes it, ``[::1]:PORT``; before they
+    read ``::1:PORT``, which is ambiguous (is the port part of the address?) and cannot be
+    pasted back into zone.nodes."""
+    from laminar.zone.keys import ephemeral_keys
+    from laminar.zone.transport import HandoverError, handover
+
+    keys = ephemeral_keys()
+    closed = _port(socket.AF_INET6, socket.SOCK_STREAM)  # bound and closed: nothing listens there
+
+    async def run() -> str:
+        try:
+            await handover(wire.Encoder(1, keys), wire.Decoder(keys, {1: 1, 2: 1}, node=1), 1, "::1", closed,
+                           wire.Handover(0x77, b"{}"), 5.0, to=2)
+        except HandoverError as e:
+            return str(e)
+        raise AssertionError("a hand-over to a closed port succeeded")
+
+    err = asyncio.run(run())
+    assert f"[::1]:{closed}" in err, err
+
+
+def test_a_zone_port_in_use_names_the_ipv6_address_in_brackets(tmp_path: Path) -> None:
+    """zone.port taken on zone.listen's address: the start fails naming what it could not bind,
+    ``[::1]:PORT`` (UDP) and the key; before, the bare "[Errno 98] Address already in use"."""
+    keys = tmp_path / "zone.keys"
+    keys.write_text(f"1 {secrets.token_hex(32)}\n")
+    os.chmod(keys, 0o600)
+    with socket.socket(socket.AF_INET6, socket.SOCK_DGRAM) as taken:
+        taken.bind(("::1", 0))
+        u = taken.getsockname()[1]
+        nodes = [{"id": 1, "zone": 1, "addr": f"[::1]:{u}"}, {"id": 2, "zone": 1, "addr": "[::1]:7450"}]
+        comp = ZoneComponent(settings={"node_id": 1, "nodes": nodes, "keys_file": str(keys), "port": u,
+                                       "handover_port": _port(socket.AF_INET6, socket.SOCK_STREAM),
+                                       "summary_interval_s": 600}, gpus=0, loan={"elastic_interval_s": 0})
+
+        async def run() -> None:
+            try:
+                await comp.start(None)
+            finally:
+                await comp.stop()
+
+        with pytest.raises(RuntimeError, match=rf"\[::1\]:{u}.*zone\.port") as e:
+            asyncio.run(run())
+    assert "Address already in use" in str(e.value)

@@ -59,8 +59,15 @@ from laminar.zone import mixlearn, wire
 from laminar.zone import packing as pk
 from laminar.zone import placement as pl
 from laminar.zone.loan import LoanManager
-from laminar.zone.membership import WILDCARDS, Membership, bind_host, canonical_ip, listen_check
-from laminar.zone.transport import HandoverError, Router, Transport, address_is_local, wait_while_tentative
+from laminar.zone.membership import WILDCARDS, Membership, bind_host, canonical_ip, host_port, listen_check
+from laminar.zone.transport import (
+    HandoverError,
+    Router,
+    Transport,
+    address_is_local,
+    error_text,
+    wait_while_tentative,
+)
 
 log = logging.getLogger("laminar.zone")
 
@@ -1001,6 +1008,8 @@ class Submitter:
                 ack = await self.t.handover(node, port, wire.Handover(pid, spec_json), self.handover_timeout_s)
             except HandoverError as e:
                 self.counts["handover_failures"] += 1
+                log.info("zone: hand-over of placement %x to node %d failed (%s): %s", pid, node,
+                         "it may have arrived" if e.delivered else "not delivered", e)
                 delivered = delivered or e.delivered
                 if not delivered:
                     self.m.missed(node, self.clock())
@@ -1379,16 +1388,21 @@ class ZoneComponent:
             loop = asyncio.get_running_loop()
             self.endpoint = UdpEndpoint(self.membership, self.encoder, self.decoder, self._on_message, self.wall,
                                         local_clock=self.clock)
-            self.endpoint.open(loop, self.listen_host, int(s["port"]))
+            try:
+                self.endpoint.open(loop, self.listen_host, int(s["port"]))
+            except OSError as e:
+                raise RuntimeError(f"zone: cannot listen on {host_port(self.listen_host, int(s['port']))} (UDP, "
+                                   f"zone.listen and zone.port): {error_text(e)}") from None
             self.server = HandoverServer(self.encoder, self.tcp_decoder,
                                          lambda n: self.membership.by_node[n].zone if n in self.membership.by_node else None,
                                          lambda msg: self.on_handover(msg.node, msg.body),  # type: ignore[arg-type]
                                          self.wall, float(s["handover_timeout_s"]))
             try:
                 await self.server.start(self.listen_host, s["handover_port"])
-            except OSError:
+            except OSError as e:
                 self.endpoint.close()
-                raise
+                raise RuntimeError(f"zone: cannot listen on {host_port(self.listen_host, int(s['handover_port']))} "
+                                   f"(TCP hand-overs, zone.listen and zone.handover_port): {error_text(e)}") from None
             self._tasks.append(asyncio.create_task(self._summary_loop()))
             if self._rebind_to:
                 self._tasks.append(asyncio.create_task(self._listen_once_usable(self._rebind_to)))

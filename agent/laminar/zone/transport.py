@@ -16,13 +16,14 @@ from __future__ import annotations
 import asyncio
 import ipaddress
 import logging
+import os
 import socket
 import time
 from collections.abc import Awaitable, Callable
 from typing import Protocol
 
 from laminar.zone import wire
-from laminar.zone.membership import Membership, canonical_ip
+from laminar.zone.membership import Membership, canonical_ip, host_port
 
 log = logging.getLogger("laminar.zone.transport")
 
@@ -274,7 +275,7 @@ class UdpEndpoint:
             msg = self.dec.decode(data, now, (self._canon(addr[0]), addr[1]) if self.dec.sources is not None else None)
         except wire.Dropped as e:
             if log.isEnabledFor(logging.DEBUG):
-                log.debug("dropped datagram from %s: %s", addr, e)
+                log.debug("dropped datagram from %s: %s", host_port(addr[0], addr[1]), e)
             return
         self.m.seen(msg.node, now, now if self.local_clock is self.clock else self.local_clock())
         try:
@@ -301,10 +302,21 @@ class UdpEndpoint:
             self.sent += 1
         except (OSError, ValueError) as e:
             self.send_errors += 1
-            log.debug("send to %s failed: %s", addr, e)
+            log.debug("send to %s failed: %s", host_port(addr[0], addr[1]), e)
 
 
 # --------------------------------------------------------------------------- TCP hand-over
+
+
+def error_text(e: BaseException, timeout_s: float | None = None) -> str:
+    """What went wrong, in words, for a message that names the address itself: a timeout as
+    such (its str() is empty), an OSError as its errno's text (asyncio's errors repeat the
+    address as a tuple: ``('::1', 7441, 0, 0)``)."""
+    if isinstance(e, TimeoutError):
+        return f"no answer in {timeout_s:g} s" if timeout_s is not None else "timed out"
+    if isinstance(e, OSError) and e.errno:
+        return f"{os.strerror(e.errno)} (errno {e.errno})"
+    return str(e) or type(e).__name__
 
 
 async def _read_frame(reader: asyncio.StreamReader, max_size: int) -> bytes:
@@ -346,27 +358,28 @@ async def handover(
     size = wire.HEADER_SIZE + len(wire.encode_body(body)) + wire.MAC_SIZE
     if size > wire.MAX_FRAME:
         raise ValueError(f"wire: HANDOVER message of {size} bytes exceeds {wire.MAX_FRAME}")
+    peer = host_port(addr, port)  # [fd00::2]:7441: an IPv6 address's colons would run into the port's
     try:
         local = (local_host, 0) if local_host else None
         reader, writer = await asyncio.wait_for(asyncio.open_connection(addr, port, local_addr=local), timeout_s)
     except (OSError, TimeoutError) as e:
-        raise HandoverError(f"connect {addr}:{port}: {e}", delivered=False) from None
+        raise HandoverError(f"connect {peer}: {error_text(e, timeout_s)}", delivered=False) from None
     try:
         data = wire.frame(encoder.encode(body, zone, clock(), max_size=wire.MAX_FRAME, to=to))
         try:
             writer.write(data)
             await asyncio.wait_for(writer.drain(), timeout_s)
         except (OSError, TimeoutError) as e:
-            raise HandoverError(f"send to {addr}:{port}: {e}", delivered=False) from None
+            raise HandoverError(f"send to {peer}: {error_text(e, timeout_s)}", delivered=False) from None
         try:
             raw = await asyncio.wait_for(_read_frame(reader, 64 * 1024), timeout_s)
             msg = decoder.decode(raw, clock())
         except (OSError, TimeoutError, asyncio.IncompleteReadError, ValueError, wire.Dropped) as e:
-            raise HandoverError(f"no valid answer from {addr}:{port}: {e}", delivered=True) from None
+            raise HandoverError(f"no valid answer from {peer}: {error_text(e, timeout_s)}", delivered=True) from None
         if not isinstance(msg.body, wire.HandoverAck) or msg.body.placement_id != body.placement_id:
-            raise HandoverError(f"unexpected answer from {addr}:{port}: {msg.type.name}", delivered=True)
+            raise HandoverError(f"unexpected answer from {peer}: {msg.type.name}", delivered=True)
         if to and msg.node != to:
-            raise HandoverError(f"answer from {addr}:{port} signed as node {msg.node}, not node {to}", delivered=True)
+            raise HandoverError(f"answer from {peer} signed as node {msg.node}, not node {to}", delivered=True)
         return msg.body
     finally:
         writer.close()
