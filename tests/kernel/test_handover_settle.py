@@ -16,7 +16,9 @@ privileged route to a second user, this one included; the CLI against a real lam
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
+import socket
 import time
 from pathlib import Path
 from types import SimpleNamespace
@@ -25,9 +27,13 @@ from typing import Any
 import pytest
 from agentproc import AgentProc
 from jobrig import until
-from test_move_cut_handover import Placer, Rig, running_rig, sleeper, transfer_in_place
+from test_move_cut_handover import Mover, Placer, Rig, free_port, running_rig, sleeper, transfer_in_place
 
 from laminar.api import ApiError
+from laminar.config import Config, validate
+from laminar.events import EventBus
+from laminar.migrate.reclaim import ReclaimComponent
+from laminar.store import Store
 from laminar.zone.component import ZoneComponent
 
 pytestmark = pytest.mark.kernel
@@ -326,3 +332,83 @@ def test_the_cli_refuses_a_job_with_nothing_pending_and_a_caller_without_privile
     assert agent.json("migrations", "--pending") == []
     assert "no pending hand-over" in agent.ctl("migrations", "--pending").stderr + \
         agent.ctl("migrations", "--pending").stdout
+
+
+class Releaser(Mover):
+    """:class:`Mover` whose checkpoint transfer, guard messages and guard releases are the real
+    ones (to node 2's real transfer endpoint, :func:`start_node2_migrate`)."""
+
+    _send = ReclaimComponent._send
+    _guard = ReclaimComponent._guard
+    _release = ReclaimComponent._release
+
+
+async def start_node2_migrate(rig: Rig, port: int) -> Any:
+    """Node 2's real ReclaimComponent (its own store and state directory under the rig's tmp,
+    its transfer endpoint on ``port``, its zone the rig's destination zone), started as its
+    agent starts it (again on the same store: its restart)."""
+    store = Store(rig.tmp / "node2.db")
+    cfg = Config(validate({"agent": {"state_dir": str(rig.tmp / "node2"), "node": "lm-t-settle-n2"},
+                           "migrate": {"poll_s": 60.0, "periodic": False, "port": port}}))
+    mig = ReclaimComponent()
+    await mig.start(SimpleNamespace(config=cfg, store=store, events=EventBus(store), jobs=rig.dst_jobs,
+                                    zone=rig.dst_zone))
+    return mig
+
+
+async def stop_node2_migrate(mig: Any) -> None:
+    with contextlib.suppress(Exception):
+        await mig.stop()
+    mig.agent.store.close()
+
+
+def test_a_release_a_run_here_settle_decided_reaches_node2_after_the_agents_restart(tmp_path: Path) -> None:
+    """A loan return's move hands node 2 the job's checkpoint and guard (node 2 is its buddy now),
+    then its hand-over goes unanswered. Node 2's agent stops; the operator settles ``--run-here``:
+    the job runs on here, so node 2 must drop its guard of it (else, back, it guards an older
+    checkpoint of a job it does not run and resumes it when this node is declared dead: two
+    copies). The release cannot arrive while node 2 is down, and this agent restarts before it
+    is back. Once node 2's agent is back, the restarted agent sends the release again and node 2's
+    guard ends (``released``). Before: the release was not even sent (node 2 was still the job's
+    buddy, so the release counted as void) and nothing of it outlived the restart."""
+    async def main() -> None:
+        async with running_rig(tmp_path) as (rig, jobs):
+            port2 = free_port(socket.SOCK_STREAM)
+            node2 = await start_node2_migrate(rig, port2)
+            try:
+                mig = await rig.start_migrate(Releaser(), prestage="off")
+                mig.s["port"] = port2  # the transfer port is the same on every node: node 2's, on this host
+                job = await sleeper(jobs, "lm-t-settle-rel2")
+                key = mig.job_key(job)
+                move = asyncio.ensure_future(mig.move_now(job, "lm-t loan return"))
+                assert await until(lambda: any(e.get("phase") == "unconfirmed" for e in rig.events), 20), rig.events
+                assert replica_state(node2, key) == "guarding" and mig.buddy.get(job.id) == 2
+                await stop_node2_migrate(node2)  # node 2's agent is down: its endpoint refuses
+                await rig.stop_destination()
+                res = await settle(mig, job.id, "run-here")
+                assert res["decision"] == "run-here"
+                await asyncio.wait_for(move, 10)
+                assert job.state == "running" and not job.cgroup.frozen()
+                await asyncio.sleep(0.5)  # the release's first try (refused: node 2 is down)
+                await rig.stop_migrate()  # this agent restarts while node 2 is still down
+                mig = await rig.start_migrate(Releaser(), prestage="off", poll_s=0.2)
+                mig.s["port"] = port2
+                await asyncio.sleep(1.0)  # a few rounds with node 2 down: still pending, not given up
+                assert {"node": 2, "key": key} in mig.status()["releases_pending"], mig.status()
+                await rig.start_destination()
+                node2 = await start_node2_migrate(rig, port2)  # node 2's agent is back
+                assert replica_state(node2, key) == "guarding"
+                assert await until(lambda: replica_state(node2, key) == "released", 15), \
+                    f"node 2 still guards {key}, a job that runs on node 1: it would resume a second copy"
+                assert await until(lambda: mig.status()["releases_pending"] == [], 5), mig.status()
+                assert jobs.store.db.execute("SELECT * FROM migrate_releases").fetchall() == []
+                assert job.state == "running" and mig.buddy.get(job.id) is None
+            finally:
+                await stop_node2_migrate(node2)
+
+    asyncio.run(main())
+
+
+def replica_state(mig: Any, key: str) -> str | None:
+    row = mig.agent.store.db.execute("SELECT state FROM migrate_replicas WHERE key=?", (key,)).fetchone()
+    return None if row is None else str(row["state"])

@@ -234,7 +234,8 @@ guards the older checkpoint) and tries another peer next (PRESTAGE_FAIL_AVOID_S;
 said nothing, :class:`~laminar.migrate.transfer.PeerSilentError`, costs one timeout and is
 avoided by every job's prestage as long: :meth:`ReclaimComponent._silent_peers`); the old buddy
 of a job whose guard went elsewhere is released, and a release that does not arrive is sent again
-(RELEASE_RETRY_S) until it does: two guards of one job would both resume it.
+(RELEASE_RETRY_S) until it does, also after a restart (table ``migrate_releases``): two guards of
+one job would both resume it.
 
 Config (``[migrate]``)::
 
@@ -370,8 +371,9 @@ PRESTAGE_FAIL_AVOID_S = 60.0
 # eat most of a notice window. Other errors keep the ladder.
 MOVE_SILENT_RETRIES = 1
 # A ``release`` that did not arrive (the old buddy unreachable then) is sent again this often until
-# it does, the node leaves the zone, or RELEASE_GIVE_UP_S passed (the guard's own ``needs`` check
-# then ends it).
+# it does (also after a restart: ``migrate_releases``; to a node gone from the roster once it is
+# back in it), or RELEASE_GIVE_UP_S passed since it was first owed (the guard's own ``needs``
+# check then ends it).
 RELEASE_RETRY_S = 5.0
 RELEASE_GIVE_UP_S = 86400.0
 # A job of a user other than root resumes from a replica here through ``<state_dir>/RESUME_DIR/<key>/
@@ -471,6 +473,15 @@ REPLICAS_SCHEMA = [
         job_id TEXT PRIMARY KEY,
         node INTEGER NOT NULL,
         updated REAL NOT NULL)""",
+    # A ``release`` this node owes ``node`` for ``key`` (:meth:`ReclaimComponent._release`), written
+    # before its first try and deleted once ``node`` answered (or it was given up, RELEASE_GIVE_UP_S
+    # after ``since``, or ``node`` guards the job again): a restarted agent sends it again.
+    """CREATE TABLE IF NOT EXISTS migrate_releases (
+        node INTEGER NOT NULL,
+        key TEXT NOT NULL,
+        since REAL NOT NULL,
+        last_error TEXT NOT NULL,
+        PRIMARY KEY (node, key))""",
     """CREATE TABLE IF NOT EXISTS migrate_guard_checks (
         key TEXT PRIMARY KEY,
         asked REAL NOT NULL,
@@ -1055,6 +1066,7 @@ class ReclaimComponent:
             self._note_owner(str(r["key"]), r["request"])
         self.buddy = {str(r["job_id"]): int(r["node"])
                       for r in agent.store.db.execute("SELECT job_id, node FROM migrate_buddies").fetchall()}
+        self._restore_releases()
         try:
             self.retry = RetrySchedule(float(self.s["retry_base_s"]), 2.0, float(self.s["retry_max_s"]))
             ckpt_driver.check_settings(self.s)
@@ -1818,8 +1830,10 @@ class ReclaimComponent:
         ``ref``: a job id (``N`` for ``job-N``) with a move's pending hand-over, or the key of a
         guard's placement. ``decision``: ``run-here`` (the node does not run it: the job is
         thawed here when its move froze it and runs on; a placement's guard goes on; the node
-        is told to release the placement, best effort) or ``gone`` (the node runs it: the job
-        is stopped here, state ``migrated``; the replica is ``placed`` there). Written to the
+        is no longer the job's buddy and is told to release its guard, recorded with the
+        decision and sent until it answers, also after a restart: :meth:`_release`) or
+        ``gone`` (the node runs it: the job is stopped here, state ``migrated``; the replica is
+        ``placed`` there). Written to the
         store before it is done, so a restart finishes it and never asks the node again.
         Returns {job, kind, node, decision, state}. Raises ValueError (decision) and
         LookupError (nothing pending for ``ref``)."""
@@ -1872,7 +1886,9 @@ class ReclaimComponent:
         jobs_mgr = getattr(self.agent, "jobs", None)
         job = jobs_mgr.get(jid) if jobs_mgr is not None else None
         if decision == "run-here" and mv.phase == "failed" and job is not None and job.active:
-            self._spawn(self._release(node, mv.key))  # (the placement's Release went with the move's end)
+            self._unbuddy(jid, node)  # (_move_to made node its buddy with the guard it handed it)
+            self._owe_release(node, mv.key)  # (the placement's Release went with the move's end)
+            self._spawn(self._release(node, mv.key))
         state = None if job is None else job.state
         self._emit(f"{jid}: its reclaim move's hand-over to node {node}, unanswered since {time.ctime(since)}, "
                    f"settled by {by or 'an operator'}: " + (f"node {node} does not run it, it runs here"
@@ -1882,15 +1898,27 @@ class ReclaimComponent:
         return {"job": jid, "kind": "move", "node": node, "decision": decision, "state": state}
 
     def _tell_release(self, node: int, pid: int, key: str) -> None:
-        """Best effort: ``node``, if it ever comes back, releases the placement and the guard."""
+        """``node`` releases the placement (best effort: its reservation also lapses by itself)
+        and the guard (:meth:`_release`: recorded here first, sent until ``node`` answers, also
+        after a restart, and once ``node`` is in the zone's roster again if it left it)."""
         from laminar.zone import wire
 
         z = self.zone
         with contextlib.suppress(Exception):
             if z is not None and node in z.membership.by_node:
                 z.submitter.t.send(node, wire.Release(pid))
-        if z is not None and node in z.membership.by_node:
-            self._spawn(self._release(node, key))
+        self._owe_release(node, key)  # before the task: a stop that cancels it unstarted loses nothing
+        self._spawn(self._release(node, key))
+
+    def _unbuddy(self, job_id: str, node: int, db: Any = None) -> None:
+        """``node`` is no longer ``job_id``'s buddy (an operator settled that it does not run the
+        job it was handed with the guard): its guard is released, not kept as the job's."""
+        if self.buddy.get(job_id) == node:
+            self.buddy.pop(job_id, None)
+            if db is not None:
+                db.execute("DELETE FROM migrate_buddies WHERE job_id=? AND node=?", (job_id, node))
+            else:
+                self._forget_buddy(job_id)
 
     async def _stop_settled(self, job: Any, node: int, how: str) -> None:
         """Stops ``job`` here (state ``migrated``) as an operator settled: ``node`` runs it."""
@@ -1907,13 +1935,18 @@ class ReclaimComponent:
     async def _settle_move(self, jid: str, row: Any, decision: str, by: str) -> dict[str, Any]:
         node, pid, thaw = int(row["node"]), int(row["pid"]), bool(row["thaw"])
         since = (self._asking.get(jid) or {}).get("since") or float(row["updated"])
+        jobs_mgr = getattr(self.agent, "jobs", None)
+        job = jobs_mgr.get(jid) if jobs_mgr is not None else None
+        key = self.job_key(job) if job is not None and job.active else None
         with self.agent.store.tx() as db:  # the decision first: a restart finishes it (_restore_moves)
             db.execute("UPDATE migrate_moves SET phase=?, updated=? WHERE job_id=?",
                        ("frozen" if decision == "run-here" else "gone", time.time(), jid))
+            if decision == "run-here" and key is not None:
+                # node drops the guard _move_to handed it (owed before anything else: sent after a restart too)
+                self._unbuddy(jid, node, db)
+                self._owe_release(node, key, db)
         rec = lambda: self.agent.store.db.execute("SELECT 1 FROM migrate_moves WHERE job_id=?",  # noqa: E731
                                                   (jid,)).fetchone() is None
-        jobs_mgr = getattr(self.agent, "jobs", None)
-        job = jobs_mgr.get(jid) if jobs_mgr is not None else None
         if not await self._await_waiter(jid, decision, rec):
             if job is None or not job.active:
                 self._drop_move_record(jid)
@@ -1926,8 +1959,11 @@ class ReclaimComponent:
                         job.cgroup.thaw(timeout=2.0)
                 self._drop_move_record(jid)
                 self.evacuating.discard(jid)  # (held by _settle_cut_move while node could not be asked)
-        if decision == "run-here" and job is not None and job.active:  # (not when node answered: it runs it)
-            self._tell_release(node, pid, self.job_key(job))
+        if key is not None and decision == "run-here":
+            if job is not None and job.active:  # (not when node answered: it runs it)
+                self._tell_release(node, pid, key)
+            else:
+                self._drop_release((node, key))
         mv = self.moves.get(jid)
         if mv is not None and mv.phase == "handover" and mv.dest == node:  # (not its hand-over to another node)
             mv.phase, mv.ended = ("failed" if decision == "run-here" else "done"), time.time()
@@ -3478,6 +3514,7 @@ class ReclaimComponent:
         with contextlib.suppress(Exception), self.agent.store.tx() as db:  # the store is the agent's
             db.execute("INSERT INTO migrate_buddies VALUES (?, ?, ?) ON CONFLICT(job_id) DO UPDATE SET "
                        "node=excluded.node, updated=excluded.updated", (job_id, node, time.time()))
+            db.execute("DELETE FROM migrate_releases WHERE node=? AND key=?", (node, f"n{self.node_id}-{job_id}"))
 
     def _forget_buddy(self, job_id: str) -> int | None:
         """``job_id`` has no buddy any more (here and in the store); returns the one it had."""
@@ -3486,42 +3523,89 @@ class ReclaimComponent:
             db.execute("DELETE FROM migrate_buddies WHERE job_id=?", (job_id,))
         return old
 
-    async def _release(self, node: int, key: str) -> None:
-        """Tells ``node`` it no longer guards ``key`` (control op ``release``). One that does not
-        arrive is sent again every RELEASE_RETRY_S (:meth:`_release_round`) until it does, the
-        node leaves the zone, RELEASE_GIVE_UP_S passed, or ``node`` is the job's buddy again:
-        else the node would go on guarding an older checkpoint beside the job's new buddy, and
-        both would resume the job if this node died. Never raises."""
-        pair = (node, key)
-        prefix = f"n{self.node_id}-"
-        if key.startswith(prefix) and self.buddy.get(key[len(prefix):]) == node:
-            self._releases.pop(pair, None)  # it guards the job again: nothing to release
+    def _owe_release(self, node: int, key: str, db: Any = None) -> None:
+        """Records (in the store, ``migrate_releases``) that ``node`` is to be told it no longer
+        guards ``key``, before any try: what a stop or crash cuts is sent again by the next start
+        (:meth:`_restore_releases`). ``db``: a transaction to write it in (else its own). Never
+        raises (the store is the agent's: a failed write leaves the release in memory only)."""
+        row = (node, key, time.time())
+        if db is not None:
+            db.execute("INSERT OR IGNORE INTO migrate_releases VALUES (?, ?, ?, '')", row)
             return
+        with contextlib.suppress(Exception), self.agent.store.tx() as tx:
+            tx.execute("INSERT OR IGNORE INTO migrate_releases VALUES (?, ?, ?, '')", row)
+
+    def _drop_release(self, pair: tuple[int, str]) -> None:
+        self._releases.pop(pair, None)
+        with contextlib.suppress(Exception), self.agent.store.tx() as db:
+            db.execute("DELETE FROM migrate_releases WHERE node=? AND key=?", pair)
+
+    def _release_void(self, node: int, key: str) -> bool:
+        """Whether ``node`` is ``key``'s job's buddy again (it guards the job: nothing to release)."""
+        prefix = f"n{self.node_id}-"
+        return key.startswith(prefix) and self.buddy.get(key[len(prefix):]) == node
+
+    def _restore_releases(self) -> None:
+        """At start: each release a stop or crash left unsent or unanswered (``migrate_releases``)
+        is due at once (:meth:`_release_round`), and given up RELEASE_GIVE_UP_S after it was first
+        owed; one whose node is the job's buddy again goes."""
+        now, mono = time.time(), time.monotonic()
+        for r in self.agent.store.db.execute("SELECT node, key, since FROM migrate_releases").fetchall():
+            pair = (int(r["node"]), str(r["key"]))
+            if self._release_void(*pair):
+                self._drop_release(pair)
+            else:
+                self._releases[pair] = (mono, mono + max(0.0, float(r["since"]) + RELEASE_GIVE_UP_S - now))
+
+    async def _release(self, node: int, key: str) -> None:
+        """Tells ``node`` it no longer guards ``key`` (control op ``release``). It is recorded
+        first (:meth:`_owe_release`); one that does not arrive is sent again every
+        RELEASE_RETRY_S (:meth:`_release_round`), also after a restart, until ``node`` answers,
+        RELEASE_GIVE_UP_S passed, or ``node`` is the job's buddy again: else the node would go on
+        guarding an older checkpoint beside the job's new buddy (or beside the job itself, after a
+        ``settle --run-here``), and resume it when this node is declared dead. A node that is not
+        in the zone's roster (it left it) is sent it once it is again. Never raises."""
+        pair = (node, key)
+        if self._release_void(node, key):
+            self._drop_release(pair)  # it guards the job again: nothing to release
+            return
+        self._owe_release(node, key)
         self._releasing.add(pair)
         try:
             await self._control(node, "release", {"key": key})
         except (MigrateError, TransferError, OSError, TimeoutError) as e:
             mono = time.monotonic()
-            _, give_up = self._releases.get(pair, (0.0, mono + RELEASE_GIVE_UP_S))
-            z = self.zone
-            if mono >= give_up or z is None or node not in z.membership.by_node:
-                self._releases.pop(pair, None)
+            at, give_up = self._releases.get(pair, (None, mono + RELEASE_GIVE_UP_S))
+            if mono >= give_up:
+                self._drop_release(pair)
                 log.warning("migrate: release of %s at node %d failed: %s (given up: its guard is checked with "
                             "this node after replica_guard_check_s)", key, node, e)
             else:
                 self._releases[pair] = (mono + RELEASE_RETRY_S, give_up)
-                log.info("migrate: release of %s at node %d failed: %s (sent again in %g s)", key, node, e,
-                         RELEASE_RETRY_S)
+                with contextlib.suppress(Exception), self.agent.store.tx() as db:
+                    db.execute("UPDATE migrate_releases SET last_error=? WHERE node=? AND key=?", (str(e), node, key))
+                # once per release (its tries go on every RELEASE_RETRY_S for as long as node is down)
+                log.log(logging.INFO if at is None else logging.DEBUG,
+                        "migrate: release of %s at node %d failed: %s (sent again every %g s until it arrives)",
+                        key, node, e, RELEASE_RETRY_S)
         else:
-            self._releases.pop(pair, None)
+            self._drop_release(pair)
         finally:
             self._releasing.discard(pair)
 
     def _release_round(self) -> None:
-        """Sends again each release that did not arrive and is due (:meth:`_release`)."""
+        """Sends again each release that did not arrive and is due (:meth:`_release`), to a node in
+        the zone's roster; gives up one owed for RELEASE_GIVE_UP_S."""
         mono = time.monotonic()
-        for pair, (at, _) in list(self._releases.items()):
-            if mono >= at and pair not in self._releasing:
+        z = self.zone
+        for pair, (at, give_up) in list(self._releases.items()):
+            if pair in self._releasing:
+                continue
+            if mono >= give_up:
+                self._drop_release(pair)
+                log.warning("migrate: release of %s at node %d given up after %g s (its guard is checked with this "
+                            "node after replica_guard_check_s)", pair[1], pair[0], RELEASE_GIVE_UP_S)
+            elif mono >= at and z is not None and pair[0] in z.membership.by_node:
                 self._releasing.add(pair)
                 self._spawn(self._release(*pair))
 
