@@ -165,3 +165,95 @@ def test_after_the_window_only_a_buddy_that_may_have_missed_news_asks_first(tmp_
             agent_a.store.db.close()
 
     asyncio.run(main())
+
+
+class OlderSource(ReclaimComponent):
+    """Stand-in for a source running an older agent: the real component, whose answer to
+    ``needs`` lacks the ``reclaim`` field (as agents before that field answered)."""
+
+    def _answer_needs(self, node: str, key: str) -> dict[str, Any]:
+        ans = super()._answer_needs(node, key)
+        ans.pop("reclaim", None)
+        return ans
+
+
+def test_an_older_source_that_says_its_job_lives_is_not_asked_every_dead_after_s(tmp_path: Path) -> None:
+    """A buddy that may have missed its source's news (started after the guard came) asks the
+    source after the window's end; the source is an older agent whose answer says the job runs
+    there but not whether it still has a reclaim. The job is not taken over and the window is
+    kept (a withdrawal is not known), once, with one ``source-alive`` event (``withdrawn``
+    None); it is not asked again while the zone hears from the source, however many rounds pass
+    (before: every dead_after_s for as long as the source lives, with a log line each time).
+    Once the source falls silent it is asked again: still answering, still kept (no second
+    event); gone (no answer), the job is taken over."""
+    async def main() -> None:
+        (tmp_path / "b").mkdir()
+        (tmp_path / "a").mkdir()
+        agent_b, buddy = await started(tmp_path / "b")
+        buddy.s["dead_after_s"] = 0.2
+        agent_a = make_agent(tmp_path / "a")
+        agent_a.jobs = Jobs()
+        agent_a.jobs.jobs.append(SimpleNamespace(id="job-1", state="running", ended=None, spec=None))
+        source = OlderSource()
+        await source.start(agent_a)
+        zone_a = FakeZone([1, 3])
+        zone_a.node_id = 2
+        zone_a.keys = {1: KEY}
+        agent_a.zone = zone_a
+        asked: list[str] = []
+        control = buddy._control
+
+        async def spy(node: int, op: str, body: dict[str, Any], **kw: Any) -> Any:  # records, then sends
+            asked.append(f"{op} {body.get('key')}")
+            return await control(node, op, body, **kw)
+
+        buddy._control = spy  # type: ignore[method-assign]
+        events: list[dict[str, Any]] = []
+        agent_b.events.subscribe(events.append)
+        heard = agent_b.zone.membership.state[2]
+        try:
+            buddy.s["port"] = source.port
+            ended = time.time() - 1.0
+            src = Source(tmp_path, buddy, 2, K)
+            await src.send(5)
+            await send_control("127.0.0.1", buddy.port, KEY, "guard", {
+                "key": K, "src_node": 2, "src_job": "job-1", "ckpt": "ckpt-5",
+                "request": {"spec": {"command": ["train"]}, "window_end": ended}}, zone=1, node="2")
+            buddy._started = time.time()  # this agent started after the guard came: it may have missed news
+
+            async def round_after_dead_after_s() -> None:
+                await asyncio.sleep(0.3)  # past dead_after_s since the last question
+                heard.last_seen = time.time()  # the zone hears from node 2 meanwhile
+                await buddy._guard_round()
+                assert await until(lambda: not buddy._taking, timeout=30)
+
+            await round_after_dead_after_s()
+            assert asked == [f"needs {K}"] and state_of(buddy, K) == "guarding", asked
+            alive = [e for e in events if e.get("phase") == "source-alive"]
+            assert [(e["key"], e["src_state"], e["withdrawn"]) for e in alive] == [(K, "running", None)], alive
+            row = agent_b.store.db.execute("SELECT request FROM migrate_replicas WHERE key=?", (K,)).fetchone()
+            assert json.loads(row["request"])["window_end"] == ended  # not known withdrawn: kept
+            for _ in range(4):
+                await round_after_dead_after_s()
+            assert asked == [f"needs {K}"], f"asked again while node 2 is heard from: {asked}"
+            assert state_of(buddy, K) == "guarding"
+
+            heard.last_seen = time.time() - 10.0  # node 2 falls silent in the zone: asked again
+            await buddy._guard_round()
+            assert await until(lambda: not buddy._taking, timeout=30)
+            assert asked == [f"needs {K}"] * 2 and state_of(buddy, K) == "guarding", asked
+            assert len([e for e in events if e.get("phase") == "source-alive"]) == 1, events
+
+            await source.stop()  # gone: no answer, taken over
+            await asyncio.sleep(0.3)
+            await buddy._guard_round()
+            assert await until(lambda: not buddy._taking, timeout=30)
+            assert asked == [f"needs {K}"] * 3 and state_of(buddy, K) != "guarding", asked
+        finally:
+            await buddy.stop()
+            with contextlib.suppress(Exception):
+                await source.stop()
+            agent_b.store.db.close()
+            agent_a.store.db.close()
+
+    asyncio.run(main())

@@ -57,7 +57,9 @@ that may have missed that (its agent started after the guard message that told i
 end, or it heard nothing from this node for the zone's ``peer_timeout_s`` before the window's
 end: :meth:`ReclaimComponent._missed_news`)
 asks this node (control op ``needs``) before it takes over at the window's end: a job that runs
-here with no reclaim (``reclaim`` false in the answer) keeps it guarding and the window is forgotten.
+here with no reclaim (``reclaim`` false in the answer) keeps it guarding and the window is forgotten;
+an older agent's answer without ``reclaim`` keeps it guarding and the window kept, and this node
+is asked again only once it falls silent in the zone (or after a new guard message).
 A new notice that comes while a cancel runs is a new reclaim: the cancel undoes none of it
 (its queue hold, its placements of queued jobs, its notice to the peers; ``superseded`` in the
 answer), and its evacuation begins no second move of a job whose move is under way.
@@ -1035,6 +1037,10 @@ class ReclaimComponent:
         self._replica_gc_next = 0.0  # when the held replicas are looked at next (monotonic)
         self._guard_asked: dict[str, float] = {}  # key -> when its source was last asked (monotonic)
         self._alive_asked: dict[str, float] = {}  # key -> when a source silent in its window last said its job lives
+        # key -> its row's ``updated`` when a source that may have withdrawn its reclaim (the guard
+        # may have missed its news) answered that its job lives there without saying whether it has
+        # a reclaim (an older agent): not asked again while the zone hears from it (_guard_round)
+        self._reclaim_unknown: dict[str, float] = {}
         self._started = 0.0  # when this agent's component started (wall): a guard older than it may have missed news
         self._guard_checking: set[str] = set()  # keys whose source is being asked now
         # job id -> {node: until (wall)}: peers not chosen as the job's buddy before then (their
@@ -3670,6 +3676,9 @@ class ReclaimComponent:
                     # its window ended, but this agent may have missed its withdrawal: ask first
                     if time.monotonic() - self._alive_asked.get(key, -math.inf) < float(self.s["dead_after_s"]):
                         continue
+                    if self._reclaim_unknown.get(key) == float(row["updated"]) and \
+                            now - self._last_seen(int(row["src_node"])) < float(self.s["dead_after_s"]):
+                        continue  # an older source said its job lives there; asked again once it falls silent
                     self._taking.add(key)
                     self._spawn(self._take_over_unless_alive(row, why_d, missed=True))
                     continue
@@ -3716,8 +3725,11 @@ class ReclaimComponent:
         raises. ``missed``: the window ended and this agent may have missed the source's news
         (:meth:`_missed_news`): a job that lives there on a node with no reclaim (``reclaim``
         false in the answer) means the reclaim was withdrawn: the source's window is forgotten
-        (:meth:`withdrawn_notice`) and the guard guards on; a clear "not needed" ends the guard
-        (as :meth:`_check_guard`: its release may have been missed too)."""
+        (:meth:`withdrawn_notice`) and the guard guards on; an answer without ``reclaim`` (an
+        older agent) keeps the guard and the window, once, and :meth:`_guard_round` asks again
+        only once the zone stops hearing from the source (``dead_after_s``) or a new guard
+        message came; a clear "not needed" ends the guard (as :meth:`_check_guard`: its release
+        may have been missed too)."""
         key, src = str(row["key"]), int(row["src_node"])
         try:
             try:
@@ -3747,6 +3759,21 @@ class ReclaimComponent:
                 self._alive_asked[key] = time.monotonic()
                 if withdrawn:
                     self.withdrawn_notice(src)  # its window no longer ends anything here
+                if missed and "reclaim" not in ans:
+                    # an older agent (its answer has no ``reclaim``): whether it withdrew the reclaim
+                    # is unknown, so its window is kept, but its job lives there: not taken over,
+                    # and not asked again every dead_after_s while the zone hears from it (else
+                    # forever: a question, a log line and an event each time); asked again once
+                    # it falls silent (gone: no answer, the take-over) or sends a new guard
+                    told = self._reclaim_unknown.get(key) == float(row["updated"])
+                    self._reclaim_unknown[key] = float(row["updated"])
+                    if not told:
+                        self._emit(f"{key}: node {src} answers after its reclaim window ended (this agent may have "
+                                   "missed its news) that its job runs there, without saying whether it still has "
+                                   "a reclaim (an older agent); guarding on, not taken over here, and not asked "
+                                   f"again while the zone hears from node {src}", key=key, src_node=src,
+                                   phase="source-alive", src_state=ans.get("state"), withdrawn=None)
+                    return
                 if first or withdrawn:
                     self._emit(f"{key}: node {src} " + (
                         "answers after its reclaim window ended (this agent may have missed its news): its job runs "
