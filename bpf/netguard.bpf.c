@@ -28,7 +28,6 @@
 #define TC_ACT_SHOT 2
 #define ETH_P_IP    0x0800
 #define ETH_P_IPV6  0x86DD
-#define ETH_HLEN    14
 #define IP_MF       0x2000
 #define IP_OFFSET   0x1fff
 
@@ -96,6 +95,16 @@ struct {
 	__type(value, __u64);
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
 } lm_stats SEC(".maps");
+
+/* Packet bytes at `off` from the network (IP) header. At tc, skb->data is the MAC header on an
+ * Ethernet device (the uplink, a VXLAN/GENEVE/gretap tunnel) but the IP header itself on an L3
+ * device (ipip, sit, gre, ip6tnl: no MAC header), so offsets are taken from the network header
+ * the stack has set on both hooks (__netif_receive_skb_core on ingress, the IP output path on
+ * egress), whatever the device's link layer. */
+static __always_inline int load_net(struct __sk_buff *skb, __u32 off, void *to, __u32 len)
+{
+	return bpf_skb_load_bytes_relative(skb, off, to, len, BPF_HDR_START_NET);
+}
 
 static __always_inline void stat_inc(__u32 slot)
 {
@@ -179,12 +188,12 @@ static __always_inline int parse_ipv6(struct __sk_buff *skb, struct lm_flow_key 
 				      struct lm_frag_key *fr, int *frag)
 {
 	struct ipv6hdr ip6;
-	__u32 off = ETH_HLEN + sizeof(ip6);
+	__u32 off = sizeof(ip6);
 	__u16 ports[2];
 	__u8 nh;
 	int i;
 
-	if (bpf_skb_load_bytes(skb, ETH_HLEN, &ip6, sizeof(ip6)) < 0)
+	if (load_net(skb, 0, &ip6, sizeof(ip6)) < 0)
 		return PKT_NONE;
 	nh = ip6.nexthdr;
 	for (i = 0; i < LM_IPV6_MAX_EXT; i++) {
@@ -202,7 +211,7 @@ static __always_inline int parse_ipv6(struct __sk_buff *skb, struct lm_flow_key 
 		if (nh != NEXTHDR_HOP && nh != NEXTHDR_ROUTING && nh != NEXTHDR_DEST &&
 		    nh != NEXTHDR_AUTH && nh != NEXTHDR_FRAGMENT)
 			return PKT_NONE;
-		if (bpf_skb_load_bytes(skb, off, &h, sizeof(h)) < 0)
+		if (load_net(skb, off, &h, sizeof(h)) < 0)
 			return PKT_NONE;
 		if (nh == NEXTHDR_FRAGMENT) {
 			/* A later fragment carries no ports (as IPv4's); the first (offset 0) has the
@@ -224,7 +233,7 @@ static __always_inline int parse_ipv6(struct __sk_buff *skb, struct lm_flow_key 
 	}
 	if (nh != IPPROTO_TCP && nh != IPPROTO_UDP)
 		return PKT_LONG_CHAIN;
-	if (bpf_skb_load_bytes(skb, off, ports, sizeof(ports)) < 0)
+	if (load_net(skb, off, ports, sizeof(ports)) < 0)
 		return PKT_NONE;
 	__builtin_memcpy(k->saddr, &ip6.saddr, sizeof(k->saddr));
 	__builtin_memcpy(k->daddr, &ip6.daddr, sizeof(k->daddr));
@@ -246,11 +255,11 @@ static __always_inline int parse_tuple(struct __sk_buff *skb, struct lm_flow_key
 	__u16 ports[2];
 	__u32 l4;
 
-	/* Uplinks are Ethernet (veth, NICs): at tc, skb->data is the MAC header. */
+	/* Offsets from the network header (load_net): Ethernet and L3 devices alike. */
 	if (skb->protocol == bpf_htons(ETH_P_IP)) {
 		struct iphdr ip;
 
-		if (bpf_skb_load_bytes(skb, ETH_HLEN, &ip, sizeof(ip)) < 0)
+		if (load_net(skb, 0, &ip, sizeof(ip)) < 0)
 			return PKT_NONE;
 		if (ip.version != 4 || ip.ihl < 5)
 			return PKT_NONE;
@@ -267,8 +276,8 @@ static __always_inline int parse_tuple(struct __sk_buff *skb, struct lm_flow_key
 				return PKT_LATER_FRAG; /* a later fragment carries no ports */
 			*frag = FRAG_FIRST;
 		}
-		l4 = ETH_HLEN + ip.ihl * 4;
-		if (bpf_skb_load_bytes(skb, l4, ports, sizeof(ports)) < 0)
+		l4 = ip.ihl * 4;
+		if (load_net(skb, l4, ports, sizeof(ports)) < 0)
 			return PKT_NONE;
 		k->saddr[2] = bpf_htonl(0xffff);
 		k->saddr[3] = ip.saddr;
