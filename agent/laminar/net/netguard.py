@@ -19,6 +19,15 @@ Kill-switch semantics (see docs/bpf-maps.md for the bits):
 the agent created it, deletes the shaping tree (the HTB root ``4c4d:`` of ``laminar.net.htb``)
 with the stored transfers, and removes the pins: the interface is as it was before.
 
+Tunnels (``net.tunnels``, on by default with ``net.ingress``): traffic a job receives over a tunnel
+whose underlay is the uplink (VXLAN, GENEVE, GRE, IPIP, ...) reaches the uplink encapsulated, for
+the tunnel's kernel socket or no socket at all, so ``lm_ingress`` there cannot name the job; the
+inner packet surfaces on the tunnel device after decapsulation. ``lm_ingress`` is therefore also
+attached to every tunnel device of the uplink's namespace bound to the uplink or to no interface
+(``tunnels_over``), at the start and every ``net.tunnel_scan_s`` after it, and taken off again by
+``bpf unload`` (the record's ``tunnels``). Egress needs nothing more: an encapsulated packet keeps
+the job's socket (``skb->sk``), so ``lm_egress`` on the uplink still names the job.
+
 An agent started on another uplink than its last run (``net.uplink`` changed) attaches to the new
 one, then restores the old one the same way (filters, the clsact it made, the shaping tree); an
 old uplink it could not restore stays in its record (``previous``) for the next start and for
@@ -27,6 +36,7 @@ old uplink it could not restore stays in its record (``previous``) for the next 
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import os
 import sqlite3
@@ -39,12 +49,15 @@ from ..api import ApiError, Request, Route, require
 from ..bpf import abi
 from ..bpf.libbpf import BpfMap, BpfObject, object_path
 from ..features import ensure_bpffs
-from . import htb, tc
+from . import htb, rtnl, tc
 from .killswitch import cut_by_deadline
 
 log = logging.getLogger("laminar.netguard")
 
 PROGRAMS = {"egress": "lm_egress", "ingress": "lm_ingress"}
+# Link kinds whose decapsulated traffic arrives on the device itself (rtnl.link_kind).
+TUNNEL_KINDS = frozenset({"vxlan", "geneve", "gre", "gretap", "erspan", "ip6gre", "ip6gretap", "ip6erspan",
+                          "ipip", "sit", "ip6tnl"})
 META_KEY = "netguard.attachment"
 
 
@@ -72,6 +85,27 @@ def resolve_uplink(configured: str) -> tuple[str, int]:
                            "interface (see `ip link`)") from None
 
 
+def tunnels_over(uplink_ifindex: int) -> dict[int, str]:
+    """The tunnel devices (TUNNEL_KINDS) of the current network namespace whose underlay may be
+    the uplink: bound to it (``dev``), or to no interface (routed by the table, so by the uplink
+    for anything the default route carries), by ifindex. A tunnel bound to another interface, or
+    to one in another namespace, is left alone."""
+    with rtnl.Rtnl() as nl:
+        links = nl.links()
+    out: dict[int, str] = {}
+    for m in links:
+        if rtnl.link_kind(m) in TUNNEL_KINDS and rtnl.link_underlay(m) in (0, uplink_ifindex):
+            out[m.ifindex] = rtnl.string(m.attrs.get(rtnl.IFLA_IFNAME)) or f"ifindex {m.ifindex}"
+    return out
+
+
+def attach_tunnel(ifindex: int, prog_fd: int) -> bool:
+    """Attaches ``lm_ingress`` on a tunnel device's ingress; returns whether its clsact was made here."""
+    created = tc.ensure_clsact(ifindex)
+    tc.attach_bpf(ifindex, "ingress", prog_fd, PROGRAMS["ingress"])
+    return created
+
+
 class NetGuard:
     status_key = "netguard"
 
@@ -83,6 +117,8 @@ class NetGuard:
         self.pin_root = Path("/sys/fs/bpf/laminar")
         self.adopted = False
         self.agent: Any = None
+        self.tunnels: dict[int, str] = {}  # tunnel devices lm_ingress is attached to, by ifindex
+        self._tunnel_task: asyncio.Task[None] | None = None
         # Every read-modify-write of an lm_jobs or lm_global entry (and every delete of one) holds
         # this lock from the lookup to the update, whatever thread it runs on: two writers each
         # putting back the value they read would clear a kill bit the other set in between.
@@ -129,7 +165,8 @@ class NetGuard:
         if record.get("ifname") and record["ifname"] != self.ifname:
             previous.append({"ifname": record["ifname"], "clsact_created": bool(record.get("clsact_created"))})
         if record.get("ifname") != self.ifname:
-            record = {"ifname": self.ifname, "clsact_created": made_here, "pin_root": str(self.pin_root)}
+            record = {"ifname": self.ifname, "clsact_created": made_here, "pin_root": str(self.pin_root),
+                      "tunnels": record.get("tunnels") or []}  # restored below unless over the new uplink
         elif made_here:
             record["clsact_created"] = True
         record["pin_root"] = str(self.pin_root)  # bpf unload --force removes the pins here
@@ -145,6 +182,12 @@ class NetGuard:
         if previous:  # after the new uplink enforces
             record["previous"] = [p for p in previous if not self._leave_old_uplink(p)]
             agent.store.set_meta(META_KEY, record)
+        if cfg.net.ingress and cfg.net.tunnels:
+            self.sync_tunnels()
+            if cfg.net.tunnel_scan_s > 0:
+                self._tunnel_task = asyncio.get_running_loop().create_task(self._scan_tunnels(cfg.net.tunnel_scan_s))
+        else:
+            self.sync_tunnels(wanted={})  # switched off since the last run: take them off
         agent.events.emit("agent", f"netguard {'re-adopted pins and ' if self.adopted else ''}attached to "
                                    f"{self.ifname} ({'/'.join(directions)})",
                           ifname=self.ifname, pin_root=str(self.pin_root), adopted=self.adopted)
@@ -320,8 +363,61 @@ class NetGuard:
                                         f"{'removed' if done['htb_removed'] else 'none'})", ifname=old, **done)
         return True
 
+    def sync_tunnels(self, wanted: dict[int, str] | None = None) -> None:
+        """Attaches ``lm_ingress`` to the tunnel devices over the uplink (``tunnels_over``; `wanted`
+        instead when given) that do not have it yet, and restores those of the record that are no
+        longer wanted (their clsact too when it was made here). The record's ``tunnels`` says what
+        ``bpf unload`` has to restore."""
+        if self.obj is None:
+            return
+        if wanted is None:
+            wanted = tunnels_over(self.ifindex)
+        record = self.agent.store.get_meta(META_KEY) or {}
+        recorded = {int(t["ifindex"]): t for t in record.get("tunnels") or []}
+        changed = False
+        for idx, name in wanted.items():
+            if idx in self.tunnels:
+                continue
+            try:
+                created = attach_tunnel(idx, self.obj.program(PROGRAMS["ingress"]).fd)
+            except OSError as e:  # gone meanwhile, or refused: tried again at the next scan
+                log.warning("netguard: cannot attach to tunnel %s: %s", name, e)
+                continue
+            prev = recorded.get(idx)
+            recorded[idx] = {"ifindex": idx, "ifname": name,
+                             "clsact_created": created or bool(prev and prev.get("clsact_created"))}
+            self.tunnels[idx] = name
+            changed = True
+            self.agent.events.emit("agent", f"netguard: attached to tunnel {name} (ingress): what the uplink "
+                                            "receives for a job through it is cut with the job", ifname=name)
+        for idx in [i for i in recorded if i not in wanted]:
+            t = recorded.pop(idx)
+            self.tunnels.pop(idx, None)
+            changed = True
+            if tc.ifindex_of_or_none(str(t.get("ifname", ""))) == idx:
+                try:
+                    restore_interface(idx, bool(t.get("clsact_created")))
+                except OSError as e:
+                    log.warning("netguard: cannot restore tunnel %s: %s", t.get("ifname"), e)
+        for idx in [i for i in self.tunnels if i not in wanted]:
+            self.tunnels.pop(idx)
+        if changed:
+            record["tunnels"] = list(recorded.values())
+            self.agent.store.set_meta(META_KEY, record)
+
+    async def _scan_tunnels(self, every_s: float) -> None:
+        while True:
+            await asyncio.sleep(every_s)
+            try:
+                self.sync_tunnels()
+            except OSError as e:
+                log.warning("netguard: tunnel scan failed: %s", e)
+
     async def stop(self) -> None:
         # Pins and filters stay: they keep enforcing while no agent runs.
+        if self._tunnel_task is not None:
+            self._tunnel_task.cancel()
+            self._tunnel_task = None
         if self.obj is not None:
             self.obj.close()
             self.obj = None
@@ -456,6 +552,13 @@ class NetGuard:
         for direction in ("egress", "ingress"):
             for f in tc.list_bpf_filters(self.ifindex, direction):
                 progs.append({"ifname": self.ifname, "direction": direction, **f})
+        for idx, name in sorted(self.tunnels.items()):
+            try:
+                filters = tc.list_bpf_filters(idx, "ingress")
+            except OSError:  # the tunnel went since the last scan
+                continue
+            for f in filters:
+                progs.append({"ifname": name, "direction": "ingress", **f})
         g = self._global()
         return {"ifname": self.ifname, "ifindex": self.ifindex, "pin_root": str(self.pin_root),
                 "adopted_pins": self.adopted, "global_flags": abi.global_flag_names(g.flags),
@@ -500,6 +603,10 @@ class NetGuard:
                 airlock.resume_after_failed_unload()
             raise
         self.maps = {}
+        if self._tunnel_task is not None:
+            self._tunnel_task.cancel()
+            self._tunnel_task = None
+        self.tunnels = {}
         if self.obj is not None:
             self.obj.close()
             self.obj = None
@@ -668,6 +775,11 @@ def unload(store: Any, ifindex: int | None, pin_root: Path, cgroup_root: str | N
             ifindex = None
     if ifindex is not None:
         done.update(restore_interface(ifindex, bool(record.get("clsact_created"))))
+    for t in record.get("tunnels") or []:  # tunnel devices lm_ingress was attached to
+        idx = tc.ifindex_of_or_none(str(t.get("ifname", "")))
+        if idx is not None and idx == t.get("ifindex"):  # not another device that took the name
+            more = restore_interface(idx, bool(t.get("clsact_created")))
+            done["filters_removed"] += more["filters_removed"]
     for prev in record.get("previous") or []:  # uplinks of earlier runs, not restored yet
         try:
             idx = tc.ifindex_of(prev["ifname"])

@@ -65,7 +65,8 @@ RTM_NEWQDISC, RTM_DELQDISC, RTM_GETQDISC = 36, 37, 38
 RTM_NEWTCLASS, RTM_DELTCLASS, RTM_GETTCLASS = 40, 41, 42
 RTM_NEWTFILTER, RTM_DELTFILTER, RTM_GETTFILTER = 44, 45, 46
 
-IFLA_IFNAME = 3
+IFLA_IFNAME, IFLA_LINK, IFLA_LINKINFO, IFLA_LINK_NETNSID = 3, 5, 18, 37
+IFLA_INFO_KIND = 1
 RTA_OIF, RTA_PRIORITY, RTA_MULTIPATH, RTA_TABLE = 4, 6, 9, 15
 RT_TABLE_MAIN = 254
 TCA_KIND, TCA_OPTIONS, TCA_STATS2 = 1, 2, 7
@@ -448,6 +449,10 @@ class Rtnl:
             raise
         return string(m.attrs.get(IFLA_IFNAME))
 
+    def links(self) -> list[Message]:
+        """Every interface of the socket's namespace (``link_kind(m)``, ``link_underlay(m)``)."""
+        return self.dump(RTM_GETLINK, _IFINFOMSG.pack(socket.AF_UNSPEC, 0, 0, 0, 0), what="listing interfaces")
+
     def routes(self, family: int = socket.AF_INET) -> list[Message]:
         """Every route of `family` (all tables; the table is ``route_table(m)``)."""
         return self.dump(RTM_GETROUTE, _RTMSG.pack(family, 0, 0, 0, 0, 0, 0, 0, 0), what="listing routes")
@@ -478,6 +483,22 @@ class Rtnl:
     def filters(self, ifindex: int, parent: int) -> list[Message]:
         return self._tc_dump(RTM_GETTFILTER, ifindex, parent,
                              f"listing filters of ifindex {ifindex} parent {parent >> 16:x}:{parent & 0xFFFF:x}")
+
+
+def link_kind(m: Message) -> str:
+    """A link's kind (IFLA_INFO_KIND: "vxlan", "gre", "veth", ...); "" for one with none (a NIC, lo)."""
+    return string(m.nested(IFLA_LINKINFO).get(IFLA_INFO_KIND)) or ""
+
+
+def link_underlay(m: Message) -> int | None:
+    """The index of the interface a link sits on (IFLA_LINK: a tunnel's ``dev``, a VLAN's or
+    macvlan's parent), 0 for a link bound to none (a tunnel routed by the table), None when that
+    interface is in another namespace (IFLA_LINK_NETNSID), where this namespace's indexes mean
+    nothing."""
+    if IFLA_LINK_NETNSID in m.attrs:
+        return None
+    link = u32(m.attrs.get(IFLA_LINK), "IFLA_LINK") or 0
+    return 0 if link == m.ifindex else link
 
 
 def route_table(m: Message) -> int:

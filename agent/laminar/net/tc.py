@@ -73,6 +73,12 @@ def ifindex_of(ifname: str) -> int:
     return idx
 
 
+def ifindex_of_or_none(ifname: str) -> int | None:
+    """The index of interface `ifname` in the current netns, None when there is none."""
+    with Rtnl() as nl:
+        return nl.link_index(ifname)
+
+
 class AmbiguousUplink(LookupError):
     """The default route is ECMP over several interfaces (``ifnames``): no one of them carries
     all of the node's traffic, so none is *the* uplink."""
