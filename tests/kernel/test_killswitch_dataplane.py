@@ -20,7 +20,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
@@ -46,7 +46,15 @@ idx = tc.ifindex_of(ifname)
 tc.ensure_clsact(idx)
 for direction, name in (("egress", "lm_egress"), ("ingress", "lm_ingress")):
     tc.attach_bpf(idx, direction, obj.program(name).fd, name)
-print("ready", flush=True)
+# More devices for lm_ingress: "tunnels" (the tunnels NetGuard.start attaches to: netguard.tunnels_over)
+# or an interface's name.
+from laminar.net import netguard
+more = []
+for dev in sys.argv[3:]:
+    more += list(netguard.tunnels_over(idx).values()) if dev == "tunnels" else [dev]
+for dev in more:
+    netguard.attach_tunnel(tc.ifindex_of(dev), obj.program("lm_ingress").fd)
+print("ready", *more, flush=True)
 signal.pause()
 """
 
@@ -95,23 +103,28 @@ print(json.dumps({p: t for p, t in times.items()}), flush=True)
 class DataPlane:
     pin_root: Path
     standin: subprocess.Popen[str]
+    more: list[str] = field(default_factory=list)
 
     def map(self, name: str) -> BpfMap:
         return BpfMap.from_pin(self.pin_root / name)
 
 
-def start_dataplane(ns_argv: list[str], ifname: str, tag: str) -> DataPlane:
-    """Starts the stand-in in the node's namespace; returns once netguard is attached."""
+def start_dataplane(ns_argv: list[str], ifname: str, tag: str, *more: str) -> DataPlane:
+    """Starts the stand-in in the node's namespace; returns once netguard is attached (to `ifname`,
+    and lm_ingress to each of `more`: an interface, or "tunnels" for those NetGuard attaches to).
+    The devices lm_ingress went on besides `ifname` are in ``DataPlane.more``."""
     pin_root = Path(f"/sys/fs/bpf/laminar-t-{tag}-{os.getpid()}")
     env = {**os.environ, "PYTHONPATH": f"{REPO}/agent"}
-    p = subprocess.Popen([*ns_argv, PY, "-c", STANDIN, str(pin_root), ifname], stdout=subprocess.PIPE,
+    p = subprocess.Popen([*ns_argv, PY, "-c", STANDIN, str(pin_root), ifname, *more], stdout=subprocess.PIPE,
                          stderr=subprocess.PIPE, text=True, env=env)
     assert p.stdout is not None
     line = p.stdout.readline()
-    if line.strip() != "ready":
+    if line.split()[:1] != ["ready"]:
         p.kill()
+        p.wait()
+        shutil.rmtree(pin_root, ignore_errors=True)
         raise RuntimeError(f"netguard stand-in failed: {line} {p.stderr.read() if p.stderr else ''}")
-    return DataPlane(pin_root, p)
+    return DataPlane(pin_root, p, line.split()[1:])
 
 
 def stop_dataplane(dp: DataPlane) -> None:
