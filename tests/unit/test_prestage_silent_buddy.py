@@ -50,8 +50,8 @@ class Silent:
         await r.read()  # until the sender gives up and closes
 
     @asynccontextmanager
-    async def listening(self, port: int) -> AsyncIterator[Silent]:
-        srv = await asyncio.start_server(self._handle, "127.0.0.1", port)
+    async def listening(self, port: int, host: str = "127.0.0.1") -> AsyncIterator[Silent]:
+        srv = await asyncio.start_server(self._handle, host, port)
         try:
             yield self
         finally:

@@ -1256,12 +1256,15 @@ async def _send_once(
     deadline: float | None, progress: Callable[[Progress], None] | None, flow_hook: FlowHook | None,
     res: SendResult, t0: float, local_host: str | None = None,
 ) -> None:
+    from laminar.zone.membership import host_port
+
     rd = _Source(src, m)  # opens the files first: SourceChangedError (before any byte is sent) when they changed
+    where = host_port(host, port)  # [fd00::1]:7443 for IPv6
     try:
         r, w = await asyncio.wait_for(_connect(host, port, local_host), CONNECT_TIMEOUT_S)
     except TimeoutError:
         rd.close()
-        raise PeerSilentError(f"transfer: {host}:{port} did not accept a connection in {CONNECT_TIMEOUT_S:g} s") from None
+        raise PeerSilentError(f"transfer: {where} did not accept a connection in {CONNECT_TIMEOUT_S:g} s") from None
     except BaseException:
         rd.close()
         raise
@@ -1274,7 +1277,7 @@ async def _send_once(
         try:
             ch, ns = await _client_handshake(r, w, key, zone, node)
         except TimeoutError:
-            raise PeerSilentError(f"transfer: {host}:{port} did not answer the handshake in "
+            raise PeerSilentError(f"transfer: {where} did not answer the handshake in "
                                   f"{HANDSHAKE_TIMEOUT_S:g} s") from None
 
         def committed(h: dict[str, Any]) -> None:
@@ -1287,7 +1290,7 @@ async def _send_once(
                 progress(Progress(m.job_id, m.ckpt_id, m.total_bytes, m.total_bytes, time.monotonic() - t0))
 
         if res.attempts == 1:
-            log.info("transfer %s/%s to %s:%d: records read by the %s", m.job_id, m.ckpt_id, host, port, ch.path())
+            log.info("transfer %s/%s to %s: records read by the %s", m.job_id, m.ckpt_id, where, ch.path())
         await ch.send_encoded(offer)
         hdr, _ = await _recv(ch)
         if hdr["t"] == "committed":
