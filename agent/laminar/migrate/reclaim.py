@@ -583,21 +583,66 @@ print(json.dumps(out))
 """
 
 
-def verify_as_owner(path: str, uid: int, gid: int) -> None:
+# The owner's check of a checkpoint (:func:`verify_as_owner`) that makes no progress for this long
+# (no byte read, no CPU time: storage that does not answer, an NFS or FUSE mount whose server is
+# gone) is killed and the checkpoint refused. A slow check that keeps reading is waited for
+# (hashing takes ~1 s per GiB); this is only for one that reads nothing at all: an NFS server's
+# failover takes up to a minute or two.
+VERIFY_STALL_S = 120.0
+
+
+def _child_progress(pid: int) -> tuple[int, int] | None:
+    """(bytes read, CPU clock ticks) of process ``pid`` so far (``/proc/<pid>/io``' rchar, -1
+    where that cannot be read; ``/proc/<pid>/stat``'s utime + stime), None when /proc cannot
+    tell. Never blocks on the process (a task in D state answers too)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            after_comm = f.read().rsplit(")", 1)[1].split()
+        ticks = int(after_comm[11]) + int(after_comm[12])  # fields 14 and 15 (utime, stime)
+    except (OSError, ValueError, IndexError):
+        return None
+    rchar = -1
+    with contextlib.suppress(OSError, ValueError), open(f"/proc/{pid}/io") as f:
+        rchar = next((int(line.split()[1]) for line in f if line.startswith("rchar:")), -1)
+    return rchar, ticks
+
+
+def verify_as_owner(path: str, uid: int, gid: int, stall_s: float = VERIFY_STALL_S) -> None:
     """Verifies the checkpoint ``path`` (jobkit's check) with the permissions of ``uid``, ``gid``
     and the uid's groups, in a child process that dropped to them, never as root: what a job of
-    that user could read, and no more. Blocking (callers run it in a thread). Raises ValueError
-    naming the path and the uid; its text holds only what that user could have learnt by looking
-    at the path themselves (a checkpoint they cannot reach is refused alike whether it is valid,
-    corrupt or absent)."""
+    that user could read, and no more. Blocking (callers run it in a thread), but bounded: a
+    child that makes no progress for ``stall_s`` (:data:`VERIFY_STALL_S`; no byte read, no CPU
+    time: storage that hangs) is killed and never waited for beyond a second more (a read of a
+    dead NFS or FUSE server can hold it unkillable, in D state; it is reaped once it ends).
+    Raises ValueError naming the path and the uid (and, for a hang, the time waited); its text
+    holds only what that user could have learnt by looking at the path themselves (a checkpoint
+    they cannot reach is refused alike whether it is valid, corrupt or absent)."""
     argv = [sys.executable, "-I", "-c", _VERIFY_AS_OWNER, jobkit.__file__, path, str(uid), str(gid)]
-    r = subprocess.run(argv, stdin=subprocess.DEVNULL, capture_output=True, text=True, env={}, cwd="/", check=False)
+    proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, env={}, cwd="/")
+    seen, since = _child_progress(proc.pid), time.monotonic()
+    while True:
+        try:
+            stdout, stderr = proc.communicate(timeout=min(1.0, stall_s))
+            break
+        except subprocess.TimeoutExpired:
+            now, progress = time.monotonic(), _child_progress(proc.pid)
+            if progress != seen:
+                seen, since = progress, now
+                continue
+            if now - since < stall_s:
+                continue
+            proc.kill()
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                proc.communicate(timeout=1.0)  # reaped now unless unkillable (then by subprocess, later)
+            raise ValueError(f"checkpoint {path} could not be checked as uid {uid} (the job's owner): the check "
+                             f"read nothing for {stall_s:g} s (its storage does not answer) and was stopped") from None
     try:
-        out = json.loads(r.stdout)
+        out = json.loads(stdout)
     except ValueError:
-        tail = (r.stderr.strip().splitlines() or ["no output"])[-1]
+        tail = (stderr.strip().splitlines() or ["no output"])[-1]
         raise ValueError(f"checkpoint {path} could not be checked as uid {uid} (the job's owner): exit "
-                         f"{r.returncode}: {tail}") from None
+                         f"{proc.returncode}: {tail}") from None
     if "denied" in out:
         raise ValueError(f"checkpoint {path}: uid {uid} (the job's owner) cannot read it: {out['denied']}")
     if "error" in out:
