@@ -6,11 +6,10 @@ would (read-only: ``netguard.resolve_uplink('')``, through ``tc.default_route_if
 
 A route with a nexthop object carries RTA_NH_ID. With ``net.ipv4.nexthop_compat_mode = 1``
 (the default; it governs IPv6 routes too) the kernel also fills in the legacy RTA_OIF /
-RTA_MULTIPATH, and the uplink is found. With it 0 (set by operators who run a routing daemon
-with nexthop objects, to halve route dumps) a route carries RTA_NH_ID alone; the uplink
-detection does not look the nexthop up (RTM_GETNEXTHOP), sees no interface, and the agent
-refuses to start saying there is no default route, which is not so. Those cases are marked
-xfail (strict: they fail the run once net/ reads RTA_NH_ID, so the mark is taken off)."""
+RTA_MULTIPATH. With it 0 (set by operators who run a routing daemon with nexthop objects, to
+halve route dumps) a route carries RTA_NH_ID alone: the uplink detection looks the nexthop up
+(RTM_GETNEXTHOP; a group's members each). Before, it did not, saw no interface, and the agent
+refused to start saying there was no default route, which was not so."""
 
 from __future__ import annotations
 
@@ -19,10 +18,6 @@ from conftest import delete_netns, kernel_ready
 from test_uplink_ecmp import _node, _uplink_in
 
 pytestmark = [pytest.mark.kernel, pytest.mark.skipif(kernel_ready() is not None, reason=str(kernel_ready()))]
-
-NOT_READ = pytest.mark.xfail(strict=True, reason="laminar.net.rtnl.route_oifs reads RTA_OIF and RTA_MULTIPATH only, "
-                             "not RTA_NH_ID: with nexthop_compat_mode = 0 the default route has no interface to it")
-
 
 def _gw(v6: bool, i: int, last: int = 254) -> str:
     return f"fd6f:{i}::{last:x}" if v6 else f"10.67.{i}.{last}"
@@ -66,7 +61,6 @@ def test_a_default_route_through_a_nexthop_group_over_two_interfaces_is_refused_
         delete_netns(ns)
 
 
-@NOT_READ
 @pytest.mark.parametrize("v6", [False, True], ids=["ipv4", "ipv6"])
 def test_without_compat_mode_a_default_route_through_a_nexthop_object_is_that_uplink(v6: bool) -> None:
     ns = _node("nh1c")
@@ -77,7 +71,6 @@ def test_without_compat_mode_a_default_route_through_a_nexthop_object_is_that_up
         delete_netns(ns)
 
 
-@NOT_READ
 @pytest.mark.parametrize("v6", [False, True], ids=["ipv4", "ipv6"])
 def test_without_compat_mode_a_nexthop_group_over_two_interfaces_is_refused_naming_both(v6: bool) -> None:
     ns = _node("nhgc")

@@ -64,10 +64,12 @@ RTM_NEWROUTE, RTM_GETROUTE = 24, 26
 RTM_NEWQDISC, RTM_DELQDISC, RTM_GETQDISC = 36, 37, 38
 RTM_NEWTCLASS, RTM_DELTCLASS, RTM_GETTCLASS = 40, 41, 42
 RTM_NEWTFILTER, RTM_DELTFILTER, RTM_GETTFILTER = 44, 45, 46
+RTM_NEWNEXTHOP, RTM_GETNEXTHOP = 104, 106
 
 IFLA_IFNAME, IFLA_LINK, IFLA_LINKINFO, IFLA_LINK_NETNSID = 3, 5, 18, 37
 IFLA_INFO_KIND = 1
-RTA_OIF, RTA_PRIORITY, RTA_MULTIPATH, RTA_TABLE = 4, 6, 9, 15
+RTA_OIF, RTA_PRIORITY, RTA_MULTIPATH, RTA_TABLE, RTA_NH_ID = 4, 6, 9, 15, 30
+NHA_ID, NHA_GROUP, NHA_OIF = 1, 2, 5
 RT_TABLE_MAIN = 254
 TCA_KIND, TCA_OPTIONS, TCA_STATS2 = 1, 2, 7
 TCA_STATS_BASIC, TCA_STATS_QUEUE, TCA_STATS_PKT64 = 1, 3, 8
@@ -80,10 +82,12 @@ _RTMSG = struct.Struct("=BBBBBBBBI")     # family, dst_len, src_len, tos, table,
 _TCMSG = struct.Struct("=BxxxiIII")      # family, ifindex, handle, parent, info
 _NLATTR = struct.Struct("=HH")           # len, type
 _RTNEXTHOP = struct.Struct("=HBBi")      # len, flags, hops, ifindex (struct rtnexthop, then its attributes)
+_NHMSG = struct.Struct("=BBBxI")         # family, scope, protocol, (reserved), flags (struct nhmsg)
+_NHGRP = struct.Struct("=IBBH")          # id, weight, (weight_high / reserved) (struct nexthop_grp)
 _ERRNO = struct.Struct("=i")
 # The fixed header each reply type carries after the nlmsghdr.
 _BODY = {RTM_NEWLINK: _IFINFOMSG, RTM_NEWROUTE: _RTMSG, RTM_NEWQDISC: _TCMSG, RTM_NEWTCLASS: _TCMSG,
-         RTM_NEWTFILTER: _TCMSG}
+         RTM_NEWTFILTER: _TCMSG, RTM_NEWNEXTHOP: _NHMSG}
 RECV_BUF = 65536  # the kernel sizes dump batches to the reader's buffer, so one never exceeds it
 DUMP_RETRIES = 3  # a dump interrupted by a concurrent change (NLM_F_DUMP_INTR) is asked again
 
@@ -456,6 +460,37 @@ class Rtnl:
     def routes(self, family: int = socket.AF_INET) -> list[Message]:
         """Every route of `family` (all tables; the table is ``route_table(m)``)."""
         return self.dump(RTM_GETROUTE, _RTMSG.pack(family, 0, 0, 0, 0, 0, 0, 0, 0), what="listing routes")
+
+    def route_interfaces(self, m: Message) -> list[int]:
+        """The interfaces a route leaves by (:func:`route_oifs`), also for a route through a
+        nexthop object (``ip route add ... nhid N``): with ``net.ipv4.nexthop_compat_mode`` 0
+        such a route carries only RTA_NH_ID, and its interfaces are the nexthop's (a group's:
+        its members', in the kernel's order)."""
+        oifs = route_oifs(m)
+        nh = u32(m.attrs.get(RTA_NH_ID), "RTA_NH_ID")
+        return oifs if oifs or not nh else self.nexthop_oifs(nh)
+
+    def nexthop_oifs(self, nh_id: int) -> list[int]:
+        """The interfaces of nexthop object ``nh_id``: its NHA_OIF, or each member's of a group
+        (groups hold plain nexthops, never groups). Empty for a blackhole. Raises NetlinkError
+        (ENOENT: no such nexthop), MalformedReply."""
+        out: list[int] = []
+        todo, seen = [nh_id], set()
+        while todo:
+            n = todo.pop(0)
+            if n in seen:
+                continue
+            seen.add(n)
+            m = self.get(RTM_GETNEXTHOP, _NHMSG.pack(socket.AF_UNSPEC, 0, 0, 0) + attr(NHA_ID, struct.pack("=I", n)),
+                         what=f"looking up nexthop {n}")
+            oif = u32(m.attrs.get(NHA_OIF), "NHA_OIF")
+            if oif and oif not in out:
+                out.append(oif)
+            grp = m.attrs.get(NHA_GROUP) or b""
+            if len(grp) % _NHGRP.size:
+                raise MalformedReply(f"nexthop {n}: a group of {len(grp)} bytes, not a multiple of {_NHGRP.size}")
+            todo += [_NHGRP.unpack_from(grp, off)[0] for off in range(0, len(grp), _NHGRP.size)]
+        return out
 
     # --- traffic control ----------------------------------------------------------------------
 

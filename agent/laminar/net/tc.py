@@ -99,7 +99,7 @@ def default_route_ifname() -> str | None:
             routes = [
                 (r, oifs)
                 for r in nl.routes(family)
-                if rtnl.route_table(r) == rtnl.RT_TABLE_MAIN and r.header[1] == 0 and (oifs := rtnl.route_oifs(r))
+                if rtnl.route_table(r) == rtnl.RT_TABLE_MAIN and r.header[1] == 0 and (oifs := nl.route_interfaces(r))
             ]
             if routes:
                 break
