@@ -208,7 +208,11 @@ def test_offline_unload_lifts_the_memory_holds_of_cgroups_jobs_keep(tmp_path: Pa
         tree.set_class_memory("long-resident", 128 << 20, oom_kill_disable=True)  # class_budget_mb
         mem = (h.unified if h.memory_in_v2 else h.v1["memory"]) / name
         for cls, p in zip(("transient", "long-resident"), procs, strict=True):  # busy: kept
-            (mem / cls / "cgroup.procs").write_text(str(p.pid))
+            # v2 keeps processes out of a cgroup whose controllers are enabled for its children
+            # (a class parent: EBUSY); they live in a job's directory under it, as jobs do
+            d = mem / cls / "lm-t-job" if h.memory_in_v2 else mem / cls
+            d.mkdir(exist_ok=True)
+            (d / "cgroup.procs").write_text(str(p.pid))
         cfg = tmp_path / "laminar.toml"
         cfg.write_text(f'[agent]\nstate_dir = "{tmp_path / "state"}"\n[bpf]\npin_root = "{tmp_path / "pins"}"\n'
                        f'[cgroups]\nroot = "{name}"\n[airlock]\nbudget_mb = 256\n'
