@@ -44,8 +44,9 @@ def cleanup_all(*steps: Callable[[], object]) -> None:
 
 class AgentProc:
     def __init__(self, tmp: Path, uplink: str, netns: Any = None, extra_toml: str = "", node: str | None = None,
-                 agent_toml: str = "") -> None:
-        """`extra_toml`: sections after the test's own; `agent_toml`: more ``[agent]`` keys (lines)."""
+                 agent_toml: str = "", net_toml: str = "") -> None:
+        """`extra_toml`: sections after the test's own; `agent_toml`, `net_toml`: more ``[agent]``,
+        ``[net]`` keys (lines)."""
         self.tag = secrets.token_hex(3)
         self.tmp = tmp
         self.netns = netns
@@ -57,7 +58,7 @@ class AgentProc:
         self.config_path = tmp / f"laminard-{self.tag}.toml"
         self.config_path.write_text(
             f'[agent]\nnode = "{node or "n-" + self.tag}"\nstate_dir = "{self.state_dir}"\nsocket = "{self.sock}"\n'
-            f'log_level = "debug"\n{agent_toml}\n[bpf]\npin_root = "{self.pin_root}"\n\n[net]\nuplink = "{uplink}"\n\n'
+            f'log_level = "debug"\n{agent_toml}\n[bpf]\npin_root = "{self.pin_root}"\n\n[net]\nuplink = "{uplink}"\n{net_toml}\n'
             f'[metrics]\nlisten = ""\n\n[cgroups]\nroot = "{self.cgroup_root}"\n\n{extra_toml}')
         self.proc: subprocess.Popen[bytes] | None = None
 

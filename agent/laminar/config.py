@@ -203,8 +203,8 @@ SCHEMA: dict[str, dict[str, Field]] = {
         "tunnels": Field(bool, True, "also attach netguard's ingress program to the tunnel devices (vxlan, geneve, "
                          "gre, gretap, ipip, sit, ip6tnl, ip6gre, erspan) on the uplink or bound to no interface, "
                          "where decapsulated traffic arrives (docs/operations.md, 'Tunnels')"),
-        "tunnel_scan_s": Field((int, float), 2.0, "how often tunnel devices created after the start are looked "
-                               "for (0: only at the start)", _range(0, 3600)),
+        "tunnel_scan_s": Field((int, float), 2.0, "how often tunnel devices are looked for besides on every "
+                               "interface change (a netlink link event; 0: on those only)", _range(0, 3600)),
     },
     "metrics": {
         "listen": Field(str, "127.0.0.1:9477", "Prometheus endpoint; empty disables", _listen),

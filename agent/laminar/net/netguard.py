@@ -24,7 +24,8 @@ whose underlay is the uplink (VXLAN, GENEVE, GRE, IPIP, ...) reaches the uplink 
 the tunnel's kernel socket or no socket at all, so ``lm_ingress`` there cannot name the job; the
 inner packet surfaces on the tunnel device after decapsulation. ``lm_ingress`` is therefore also
 attached to every tunnel device of the uplink's namespace bound to the uplink or to no interface
-(``tunnels_over``), at the start and every ``net.tunnel_scan_s`` after it, and taken off again by
+(``tunnels_over``), at the start, on every interface change (a netlink link event) and every
+``net.tunnel_scan_s`` in any case, and taken off again by
 ``bpf unload`` (the record's ``tunnels``). Egress needs nothing more: an encapsulated packet keeps
 the job's socket (``skb->sk``), so ``lm_egress`` on the uplink still names the job.
 
@@ -37,8 +38,10 @@ old uplink it could not restore stays in its record (``previous``) for the next 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
+import socket
 import sqlite3
 import threading
 import time
@@ -59,6 +62,9 @@ PROGRAMS = {"egress": "lm_egress", "ingress": "lm_ingress"}
 TUNNEL_KINDS = frozenset({"vxlan", "geneve", "gre", "gretap", "erspan", "ip6gre", "ip6gretap", "ip6erspan",
                           "ipip", "sit", "ip6tnl"})
 META_KEY = "netguard.attachment"
+# Link events coalesce: after a look for tunnels, the next waits at least this long (a host
+# making hundreds of container veths raises as many events; one look covers them all).
+TUNNEL_EVENT_GAP_S = 0.2
 
 
 def _u64(v: int) -> bytes:
@@ -184,8 +190,7 @@ class NetGuard:
             agent.store.set_meta(META_KEY, record)
         if cfg.net.ingress and cfg.net.tunnels:
             self.sync_tunnels()
-            if cfg.net.tunnel_scan_s > 0:
-                self._tunnel_task = asyncio.get_running_loop().create_task(self._scan_tunnels(cfg.net.tunnel_scan_s))
+            self._tunnel_task = asyncio.get_running_loop().create_task(self._scan_tunnels(cfg.net.tunnel_scan_s))
         else:
             self.sync_tunnels(wanted={})  # switched off since the last run: take them off
         agent.events.emit("agent", f"netguard {'re-adopted pins and ' if self.adopted else ''}attached to "
@@ -406,12 +411,46 @@ class NetGuard:
             self.agent.store.set_meta(META_KEY, record)
 
     async def _scan_tunnels(self, every_s: float) -> None:
-        while True:
-            await asyncio.sleep(every_s)
-            try:
-                self.sync_tunnels()
-            except OSError as e:
-                log.warning("netguard: tunnel scan failed: %s", e)
+        """Looks for tunnels again whenever an interface is added or changes (a netlink link
+        event: a tunnel made after the start is guarded at once, not up to ``every_s`` later),
+        and every ``every_s`` in any case (a missed or overflowed event). Events coalesce: at
+        most one look per TUNNEL_EVENT_GAP_S. ``every_s`` 0: on link events only."""
+        loop = asyncio.get_running_loop()
+        wake = asyncio.Event()
+        try:
+            sock: socket.socket | None = rtnl.link_events()
+        except OSError as e:
+            log.warning("netguard: no link events (%s): tunnels are looked for every %g s only", e, every_s)
+            sock = None
+
+        def drain() -> None:
+            assert sock is not None
+            while True:
+                try:
+                    if not sock.recv(65536):
+                        break
+                except BlockingIOError:
+                    break
+                except OSError:  # ENOBUFS: events were lost; a look covers them
+                    break
+            wake.set()
+
+        if sock is not None:
+            loop.add_reader(sock.fileno(), drain)
+        try:
+            while True:
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(wake.wait(), every_s if every_s > 0 else None)
+                wake.clear()
+                try:
+                    self.sync_tunnels()
+                except OSError as e:
+                    log.warning("netguard: tunnel scan failed: %s", e)
+                await asyncio.sleep(TUNNEL_EVENT_GAP_S)
+        finally:
+            if sock is not None:
+                loop.remove_reader(sock.fileno())
+                sock.close()
 
     async def stop(self) -> None:
         # Pins and filters stay: they keep enforcing while no agent runs.

@@ -280,6 +280,23 @@ def _open_socket() -> socket.socket:
     return s
 
 
+RTMGRP_LINK = 0x1  # the multicast group of interface changes (RTM_NEWLINK/RTM_DELLINK)
+
+
+def link_events() -> socket.socket:
+    """A non-blocking NETLINK_ROUTE socket of this thread's network namespace subscribed to
+    interface changes (RTMGRP_LINK): readable whenever a link is added, changed or removed. Its
+    messages are notifications only; a reader drains them (an overflowing queue makes recv fail
+    with ENOBUFS: something changed, and the reader looks at the links again anyway)."""
+    s = socket.socket(socket.AF_NETLINK, socket.SOCK_RAW | socket.SOCK_CLOEXEC | socket.SOCK_NONBLOCK, NETLINK_ROUTE)
+    try:
+        s.bind((0, RTMGRP_LINK))
+    except BaseException:
+        s.close()
+        raise
+    return s
+
+
 def netns_path(netns: str) -> str:
     """The file of a named network namespace (``ip netns`` keeps them in /run/netns); a path
     starting with "/" is taken as it is."""
