@@ -1164,7 +1164,9 @@ class ReclaimComponent:
         try:
             self.port = await self.receiver.start(host, int(self.s["port"]) if networked else 0)
         except OSError as e:
-            raise RuntimeError(f"migrate: cannot listen on {host}:{self.s['port']} for checkpoint transfers: "
+            from laminar.zone.membership import host_port
+
+            raise RuntimeError(f"migrate: cannot listen on {host_port(str(host), int(self.s['port']))} for checkpoint transfers: "
                                f"{e.strerror or e}; set migrate.port to a free port") from None
         if zone is not None and networked and not self.s["listen"] and hasattr(zone, "on_rebind"):
             # the zone listens on :: while its roster address is not usable (tentative at boot),
