@@ -13,6 +13,9 @@ marked lines.
 ``--step-sleep-after-resume S`` sleeps S seconds per step instead once the run resumed from a
 checkpoint (the sleep does not touch the weights): a test that watches the job before it moves
 but only waits for the resumed run's end sets it to 0, so the move's far side ends at once.
+``--step-sleep-until PATH`` ends the per-step sleeps (both) once PATH exists: a test that needs
+the run alive until it saw something (a later checkpoint archived, a node gone) creates PATH
+then, and the run goes on to its end at full speed (the same weights: the sleeps touch nothing).
 
 Prints one JSON line per event (``start``, ``checkpoint``, ``done`` with the SHA-256 of the
 final weights, and with ``--log-steps`` a ``step`` line after each step: the work log) so tests
@@ -72,6 +75,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--step-sleep", type=float, default=0.0, help="seconds to sleep per step (to watch it)")
     ap.add_argument("--step-sleep-after-resume", type=float, default=None, metavar="S",
                     help="seconds to sleep per step once resumed from a checkpoint (default: --step-sleep)")
+    ap.add_argument("--step-sleep-until", type=Path, default=None, metavar="PATH",
+                    help="no more per-step sleeps once PATH exists (checked after every step)")
     ap.add_argument("--hidden", type=int, default=64, help="hidden units (the checkpoint's size grows with it)")
     ap.add_argument("--log-steps", action="store_true", help="print a step event after every step (the work log)")
     ap.add_argument("--exit-after-checkpoint", action="store_true", help="stop once a requested checkpoint is saved")
@@ -110,6 +115,8 @@ def main(argv: list[str] | None = None) -> int:
         opt.step()
         if a.log_steps:
             say(event="step", step=step + 1)
+        if step_sleep and a.step_sleep_until is not None and os.path.exists(a.step_sleep_until):
+            step_sleep = 0.0  # released: the rest of the run at full speed
         if step_sleep:
             time.sleep(step_sleep)
         periodic = a.ckpt_every > 0 and (step + 1) % a.ckpt_every == 0

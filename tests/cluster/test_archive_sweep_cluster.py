@@ -9,7 +9,8 @@ of the test that every agent's namespace sees, as an NFS mount would be seen).
    archive.
 2. Periodic checkpoints off (``prestage_unannounced = 1``: never due): the claimed directory is
    the job's only copy outside the pool, so it stays while the job runs (after the job's own
-   checkpoints too) and goes when the job ends, removed by the agent that runs it (``ended``).
+   checkpoints too: swept over twice then) and goes when the job ends, removed by the agent that
+   runs it (``ended``).
 3. A claim whose node died before the job ran (a record left on the storage the way the agent
    writes it, ``claimed-9.json`` of a node 9 that is gone, older than ARCHIVE_CLAIM_STALE_S)
    is not removed: an agent with room takes it over, resumes the job from its checkpoint (a real
@@ -56,7 +57,7 @@ from test_migration import (  # noqa: F401  (fixtures: make_cluster, reference_s
 )
 
 from laminar.jobkit import latest_checkpoint
-from laminar.migrate.reclaim import ARCHIVE_CLAIM_STALE_S, ARCHIVE_TRASH
+from laminar.migrate.reclaim import ARCHIVE_CLAIM_STALE_S, ARCHIVE_TMP_STALE_S, ARCHIVE_TRASH
 from laminar.runtime.jobs import JobSpec
 
 pytestmark = pytest.mark.cluster
@@ -64,6 +65,10 @@ pytestmark = pytest.mark.cluster
 # Every agent sweeps the archive this often (``archive_gc_s``; 10 s by default): what the tests
 # wait to go goes within a second, and what must stay is swept over many times while it stays.
 SWEEP_S = 1.0
+# A's reclaim notice. The final checkpoint is asked for late in the window (its planned cost
+# before notice_margin of the window); with no transfer (no peer can take it) a short window
+# leaves about the same time after the signal (~3 s) as a long one, and the archive comes sooner.
+NOTICE = "5s"
 
 
 def gc_counts(c: Cluster) -> dict[str, int]:
@@ -83,19 +88,33 @@ def empty_archive(arch: Path) -> bool:
     return sorted(os.listdir(arch)) in ([], [ARCHIVE_TRASH]) and not os.listdir(arch / ARCHIVE_TRASH)
 
 
-def archived_and_claimed(make_cluster: Any, arch: Path, step_sleep: float,  # noqa: F811
+def swept(arch: Path, i: int) -> None:
+    """Until an agent swept the archive once more: a directory with nothing in it, older than
+    ARCHIVE_TMP_STALE_S (a crashed writer's), goes at the next sweep (``archive_gc_empty``)."""
+    marker = arch / f"lmt-swept-{i}"
+    marker.mkdir()
+    old = time.time() - ARCHIVE_TMP_STALE_S - 60
+    os.utime(marker, (old, old))
+    wait_until(lambda: not marker.exists(), 30, f"a sweep of the archive (marker {marker.name} gone)", every=0.2)
+
+
+def archived_and_claimed(make_cluster: Any, arch: Path, step_sleep: float, go: Path,  # noqa: F811
                          **extra: Any) -> tuple[Cluster, str, Node, dict[str, Any], int]:
     """A's job archived at its reclaim (no peer has room or disk), A gone, B's GPU freed: B claims
-    and resumes it. (cluster, key, B, the resumed job, the step it resumed from)."""
+    and resumes it. (cluster, key, B, the resumed job, the step it resumed from).
+
+    The job sleeps ``step_sleep`` per step, wherever it runs, until the test creates ``go``: it
+    runs slowly while the test watches, and trains the rest at full speed once the test saw what
+    it waited for (it would only wait out the sleeps)."""
     c = make_cluster(zones=1, per_zone=3, gpus=1, zone_extra=migrate_config(
         retry_base_s=0.5, retry_max_s=2.0, holder_reserve_mb=1 << 29, archive_dir=f'"{arch}"',
         archive_gc_s=SWEEP_S, **extra))
     a, peers = c.nodes[0], c.nodes[1:]
     fillers = fill(c, peers)
-    jid = submit(a, "--name", "train", "--", *train_cmd(step_sleep))
+    jid = submit(a, "--name", "train", "--", *train_cmd(step_sleep, sleep_until=go))
     key = f"n{a.node_id}-{jid}"
     wait_until(lambda: any(e["event"] == "checkpoint" for e in job_log(a, jid)), 60, "the job's first checkpoint")
-    a.ctl("reclaim", "--notice", "8s")
+    a.ctl("reclaim", "--notice", NOTICE)
     wait_until(lambda: a.json("migrations") and a.json("migrations")[0]["phase"] in ("archived", "failed"), 60,
                "the final checkpoint to leave A")
     move = a.json("migrations")[0]
@@ -121,7 +140,8 @@ def archived_and_claimed(make_cluster: Any, arch: Path, step_sleep: float,  # no
 def test_the_claimed_directory_goes_once_the_resumed_jobs_own_checkpoint_is_archived(
         make_cluster, reference_sha, tmp_path):  # noqa: F811
     arch = tmp_path / "archive"
-    c, key, b, job, held = archived_and_claimed(make_cluster, arch, 0.2, prestage_unannounced=0.0)
+    go = tmp_path / "go"
+    c, key, b, job, held = archived_and_claimed(make_cluster, arch, 0.2, go, prestage_unannounced=0.0)
     own = arch / f"n{b.node_id}-{job['id']}"
 
     def own_checkpoint_archived() -> bool:
@@ -133,7 +153,8 @@ def test_the_claimed_directory_goes_once_the_resumed_jobs_own_checkpoint_is_arch
 
     wait_until(own_checkpoint_archived, 60, "the resumed job's own checkpoint in the archive", every=0.2)
     wait_until(lambda: not (arch / key).exists(), 60, "the claimed directory to go", every=0.3)
-    assert gc_counts(c).get("archive_gc_superseded") == 1, gc_counts(c)
+    assert gc_counts(c).get("archive_gc_superseded") == 1, gc_counts(c)  # the job still runs (slowly)
+    go.touch()  # the rest of the run at full speed
     finish(c, key, b, held, reference_sha)  # the job did not need it: same final weights, one copy
     assert gc_counts(c).get("archive_gc_ended", 0) == 0
     wait_until(lambda: empty_archive(arch), 30, "the ended job's own copies to go")
@@ -142,16 +163,21 @@ def test_the_claimed_directory_goes_once_the_resumed_jobs_own_checkpoint_is_arch
 def test_without_a_newer_archived_state_the_claimed_directory_stays_until_the_job_ends(
         make_cluster, reference_sha, tmp_path):  # noqa: F811
     arch = tmp_path / "archive"
-    c, key, b, job, held = archived_and_claimed(make_cluster, arch, 0.1, prestage_unannounced=1.0)
+    go = tmp_path / "go"
+    c, key, b, job, held = archived_and_claimed(make_cluster, arch, 0.1, go, prestage_unannounced=1.0)
     ck = Path(job_state(b, job["id"])["ckpt_dir"])
     wait_until(lambda: (p := latest_checkpoint(ck)) is not None and int(p.name[5:]) > held, 60,
                "the resumed job's own checkpoint")
+    for i in range(2):  # swept over (twice) while the job runs past its own checkpoint: it stays
+        swept(arch, i)
     assert archived(arch, key)["files"] == [f"running-{b.node_id}.json"] and held in archived(arch, key)["ckpts"]
     assert not (arch / f"n{b.node_id}-{job['id']}").exists()  # periodic archiving is not due
+    go.touch()  # the rest of the run at full speed
     finish(c, key, b, held, reference_sha)
     wait_until(lambda: not (arch / key).exists(), 60, "the ended job's claimed directory to go", every=0.3)
     counts = gc_counts(c)
     assert counts.get("archive_gc_ended") == 1 and counts.get("archive_gc_superseded", 0) == 0, counts
+    assert counts.get("archive_gc_empty") == 2, counts  # swept()'s markers, nothing else
     assert b.json("status")["migrate"]["counts"]["archive_gc_ended"] == 1  # the agent that ran it
     assert empty_archive(arch)
 
@@ -193,11 +219,14 @@ def test_a_claim_whose_node_died_before_the_job_ran_is_kept_and_taken_over(
 def test_a_job_whose_runner_died_before_anything_newer_was_archived_is_claimed_again(
         make_cluster, reference_sha, tmp_path):  # noqa: F811
     arch = tmp_path / "archive"
-    c, key, b, job, held = archived_and_claimed(make_cluster, arch, 0.1, prestage_unannounced=1.0, orphan_after_s=3.0)
+    go = tmp_path / "go"
+    c, key, b, job, held = archived_and_claimed(make_cluster, arch, 0.1, go, prestage_unannounced=1.0,
+                                                orphan_after_s=3.0)
     ck = Path(job_state(b, job["id"])["ckpt_dir"])
     wait_until(lambda: (p := latest_checkpoint(ck)) is not None and int(p.name[5:]) > held, 60,
                "the resumed job's own checkpoint (not archived: periodic archiving is not due)")
     gone(b)  # B leaves without notice, with the only progress past the claimed checkpoint
+    go.touch()  # where it resumes next, the run trains at full speed
     third = c.nodes[2]
     for j in third.json("jobs"):
         if j["name"] == "filler" and j["state"] == "running":

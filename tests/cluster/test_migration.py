@@ -30,12 +30,16 @@ TRAIN = REPO / "examples" / "train_mnistlike.py"
 STEPS, SEED, HIDDEN, CKPT_EVERY = 150, 11, 32, 15
 
 
-def train_cmd(step_sleep: float, after_resume: float | None = None) -> list[str]:
+def train_cmd(step_sleep: float, after_resume: float | None = None, sleep_until: Path | None = None) -> list[str]:
     """The training job's command: ``step_sleep`` seconds per step (so the test can act while it
     runs); ``after_resume`` per step once resumed from a checkpoint, where set (0: a test that
-    only waits for the resumed run's end does not wait out its sleeps; the sleep does not touch
-    the weights)."""
+    only waits for the resumed run's end does not wait out its sleeps); no sleeps at all once
+    the file ``sleep_until`` exists, where set (a test that needs the run alive until it saw
+    something creates it then: the rest of the run does not wait out its sleeps). The sleeps
+    do not touch the weights."""
     late = [] if after_resume is None else ["--step-sleep-after-resume", str(after_resume)]
+    if sleep_until is not None:
+        late += ["--step-sleep-until", str(sleep_until)]
     return [str(VENV_BIN / "python"), str(TRAIN), "--steps", str(STEPS), "--seed", str(SEED), "--hidden", str(HIDDEN),
             "--ckpt-every", str(CKPT_EVERY), "--step-sleep", str(step_sleep), *late, "--log-steps"]
 
