@@ -29,6 +29,7 @@ from test_migrate_archive import finish, submit
 from test_migration import (  # noqa: F401  (fixtures: make_cluster, reference_sha)
     HIDDEN,
     STEPS,
+    find_migrated,
     job_log,
     make_cluster,
     migrate_config,
@@ -100,7 +101,8 @@ def test_node_and_buddy_gone_without_notice_the_job_resumes_from_its_archived_pe
         retry_base_s=0.5, retry_max_s=2.0, orphan_after_s=2.0, archive_dir=f'"{arch}"',
         archive_gc_s=1.0))  # the archive sweep every second (default 10 s): what the job's end frees goes soon
     a = c.nodes[0]
-    jid = submit(a, "--name", "train", "--", *train_cmd(0.15), gpus=0)
+    go = tmp_path / "go"  # the job sleeps per step (to be watched) until the test creates it
+    jid = submit(a, "--name", "train", "--", *train_cmd(0.15, sleep_until=go), gpus=0)
     key = f"n{a.node_id}-{jid}"
 
     def ready() -> bool:  # a periodic checkpoint past the first, archived, naming the buddy that guards it
@@ -131,12 +133,16 @@ def test_node_and_buddy_gone_without_notice_the_job_resumes_from_its_archived_pe
     # what the archived checkpoint holds and an uninterrupted run to that step, computed while C works
     snap_weights, reference_then = archived_weights(snap, tmp_path), reference_at(held, tmp_path)
 
+    # the resumed job at C archives copies of its own (departures without notice were seen); then
+    # it may train the rest at full speed
+    nd, resumed = wait_until(lambda: find_migrated(c, key), 60, "the job to resume at C", every=0.3)
+    own = f"n{nd.node_id}-{resumed['id']}"
+    wait_until(lambda: live(arch, own) is not None, 60, "the resumed job's own archived copy", every=0.2)
+    go.touch()
     finish(c, key, x, held, reference_sha)  # resumed at C from exactly the archived step, same final weights
     wait_until(lambda: not (arch / key).exists(), 60, "the claimed directory to go (archive_gc)", every=0.3)
     step, sha = snap_weights()
     assert step == held and held < STEPS
     assert sha == reference_then()  # the archived weights are an uninterrupted run's at that step
     # the resumed job ended at C: its own archived periodic copies are removed
-    resumed = next(j for j in x.json("jobs") if (j["spec"].get("env") or {}).get("LM_MIGRATED_FROM") == key)
-    wait_until(lambda: not (arch / f"n{x.node_id}-{resumed['id']}").exists(), 30,
-               "the ended job's archived copies to go")
+    wait_until(lambda: not (arch / own).exists(), 30, "the ended job's archived copies to go")
