@@ -50,13 +50,24 @@ def test_no_room_anywhere_the_checkpoint_is_held_and_the_job_resumes_when_room_f
     a, peers = c.nodes[0], c.nodes[1:]
     # every peer's only GPU is taken by a job of its own: no peer can run A's job
     fillers = fill(c, peers)
-    time.sleep(1.5)  # a few summary rounds (0.3 s): the peers' full GPUs reach A (a stale one is refused at the probe)
+    # the peers' full GPUs reach A (a stale summary is refused at the probe): a summary of each
+    # sent a round (0.3 s) after its filler ran, instead of a fixed wait for a few rounds
+    filled = time.monotonic()
+
+    def summaries_after_fill() -> bool:
+        since = time.monotonic() - filled - 0.3  # a summary younger than this left after the fill
+        ages = [p["summary_age_s"] for p in a.json("zone", "peers") if not p["self"]]
+        return len(ages) == len(peers) and all(x is not None and x < since for x in ages)
+
+    wait_until(summaries_after_fill, 30, "A to hear every peer's summary after its GPU was taken")
     jid = submit(a, "--name", "train", "--", *train_cmd(0.1, after_resume=0))
     key = f"n{a.node_id}-{jid}"
     # with no room anywhere, the prestaged replicas go to a peer that only stores them
     wait_until(lambda: any(verified_steps(nd, key) for nd in peers), 60, "a prestaged replica on a storage-only buddy")
 
-    window_end = json.loads(a.ctl("-o", "json", "reclaim", "--notice", "8s", "--reason", "owner needs it").stdout
+    # A short notice: the final checkpoint is asked for late in the window (its planned cost, 2 s,
+    # before notice_margin of it) and a small one crosses at once: a longer window is only waited out
+    window_end = json.loads(a.ctl("-o", "json", "reclaim", "--notice", "5s", "--reason", "owner needs it").stdout
                             )["reclaim"]["deadline"]
     wait_until(lambda: a.json("migrations") and a.json("migrations")[0]["phase"] in ("held", "failed"), 60,
                "the final checkpoint to leave A")
