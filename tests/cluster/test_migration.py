@@ -201,9 +201,11 @@ def test_reclaimed_job_moves_to_another_node_and_finishes_with_the_same_weights(
 
 
 def test_source_dies_mid_transfer_and_the_job_resumes_from_the_last_verified_checkpoint(make_cluster, reference_sha):
-    # slow transfers (user-space pacing, small chunks) so the source can die in the middle of one
+    # slow transfers (user-space pacing, small chunks) so the source can die in the middle of one;
+    # the buddy declares the silent source dead after dead_after_s and then asks it once more
+    # (timeout dead_after_s + 2 s) before it takes over: 1 s, the summaries come every 0.3 s
     c = make_cluster(zones=1, per_zone=3, gpus=0,
-                     zone_extra=migrate_config(rate_mbit=0.4, path_mbit=0.4, chunk_kb=8, dead_after_s=2.0))
+                     zone_extra=migrate_config(rate_mbit=0.4, path_mbit=0.4, chunk_kb=8, dead_after_s=1.0))
     a = c.nodes[0]
     job = json.loads(a.ctl("-o", "json", "submit", "--name", "train", "--", *train_cmd(0.15, after_resume=0)).stdout)
     jid, key = job["id"], f"n{a.node_id}-{job['id']}"
