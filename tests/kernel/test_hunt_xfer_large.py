@@ -43,7 +43,8 @@ def sparse_ckpt(d: Path) -> Path:
     manifest = {"version": jobkit.FORMAT_VERSION, "job_id": "big", "step": 7, "format": "bytes", "created": 0.0,
                 "meta": {}, "files": [{"name": "state.bin", "size": SIZE, "sha256": h.hexdigest()}]}
     (ck / jobkit.MANIFEST).write_text(json.dumps(manifest))
-    jobkit.verify_checkpoint(ck)
+    # not verified here: the sender checks every file against this manifest before it sends
+    # (a wrong one fails the test there, "refusing to send"), and a pass over 2 GiB is seconds
     return ck
 
 
