@@ -111,7 +111,7 @@ class Cluster:
         tag = secrets.token_hex(3)
         bridge = f"lmt-br-{tag}"
         subnet = f"10.{secrets.randbelow(100) + 120}.{secrets.randbelow(250) + 1}"
-        if ipv6:  # fdXX:XXXX:XXXX:: (ULA); no DAD, so the addresses can be bound at once
+        if ipv6:  # a random fd00::/8 ULA /48 prefix; no DAD, so the addresses can be bound at once
             subnet = f"fd{secrets.token_hex(1)}:{secrets.token_hex(2)}:{secrets.token_hex(2)}:"
         sep, plen, nodad = (":", "64", ("nodad",)) if ipv6 else (".", "24", ())
         tmp = Path(tmp) / f"cluster-{tag}"

@@ -1,5 +1,5 @@
 """A zone on an IPv6-only fabric: three real agents whose ``[[zone.nodes]]`` addresses are IPv6
-(``[fdXX::N]:7440``), each in its own namespace with no IPv4 address at all, ``zone.listen``
+(``[fd<random>::N]:7440``, a random ULA prefix), each in its own namespace with no IPv4 address at all, ``zone.listen``
 left at its default (tests/cluster/harness.py, ``ipv6=True``). One zone serves every check:
 
 - placements probe and hand jobs over across nodes, with no ``wrong_source`` drop and no send

@@ -76,6 +76,31 @@ def test_a_source_silent_in_its_window_that_answers_keeps_its_job(tmp_path: Path
     asyncio.run(main())
 
 
+async def source_asked_by(d: Path, buddy: ReclaimComponent, source: ReclaimComponent,
+                          job_ids: tuple[str, ...]) -> tuple[Any, ReclaimComponent, list[str]]:
+    """Node 2, the source: ``source`` started on an agent in ``d`` whose jobs ``job_ids`` run,
+    in a zone that knows node 1 (the buddy). Returns (its agent, the source, the list of
+    control messages the buddy sends from now on, ``"<op> <key>"`` each, which still go out)."""
+    agent_a = make_agent(d)
+    agent_a.jobs = Jobs()
+    for jid in job_ids:
+        agent_a.jobs.jobs.append(SimpleNamespace(id=jid, state="running", ended=None, spec=None))
+    await source.start(agent_a)
+    zone_a = FakeZone([1, 3])
+    zone_a.node_id = 2
+    zone_a.keys = {1: KEY}
+    agent_a.zone = zone_a
+    asked: list[str] = []
+    control = buddy._control
+
+    async def spy(node: int, op: str, body: dict[str, Any], **kw: Any) -> Any:  # records, then sends
+        asked.append(f"{op} {body.get('key')}")
+        return await control(node, op, body, **kw)
+
+    buddy._control = spy  # type: ignore[method-assign]
+    return agent_a, source, asked
+
+
 def test_after_the_window_only_a_buddy_that_may_have_missed_news_asks_first(tmp_path: Path) -> None:
     """The window's end as the guard message carried it has passed. A buddy up since that
     message that heard from the source takes over at once (no question: a real reclaim is not
@@ -89,24 +114,8 @@ def test_after_the_window_only_a_buddy_that_may_have_missed_news_asks_first(tmp_
         (tmp_path / "a").mkdir()
         agent_b, buddy = await started(tmp_path / "b")
         agent_b.zone.s["peer_timeout_s"] = 10.0
-        agent_a = make_agent(tmp_path / "a")
-        agent_a.jobs = Jobs()
-        for jid in ("job-1", "job-2", "job-3", "job-4"):
-            agent_a.jobs.jobs.append(SimpleNamespace(id=jid, state="running", ended=None, spec=None))
-        source = ReclaimComponent()
-        await source.start(agent_a)
-        zone_a = FakeZone([1, 3])
-        zone_a.node_id = 2
-        zone_a.keys = {1: KEY}
-        agent_a.zone = zone_a
-        asked: list[str] = []
-        control = buddy._control
-
-        async def spy(node: int, op: str, body: dict[str, Any], **kw: Any) -> Any:  # records, then sends
-            asked.append(f"{op} {body.get('key')}")
-            return await control(node, op, body, **kw)
-
-        buddy._control = spy  # type: ignore[method-assign]
+        agent_a, source, asked = await source_asked_by(tmp_path / "a", buddy, ReclaimComponent(),
+                                                      ("job-1", "job-2", "job-3", "job-4"))
         try:
             buddy.s["port"] = source.port
             ended = time.time() - 1.0  # the window's end the guard messages carry: passed
@@ -191,23 +200,7 @@ def test_an_older_source_that_says_its_job_lives_is_not_asked_every_dead_after_s
         (tmp_path / "a").mkdir()
         agent_b, buddy = await started(tmp_path / "b")
         buddy.s["dead_after_s"] = 0.2
-        agent_a = make_agent(tmp_path / "a")
-        agent_a.jobs = Jobs()
-        agent_a.jobs.jobs.append(SimpleNamespace(id="job-1", state="running", ended=None, spec=None))
-        source = OlderSource()
-        await source.start(agent_a)
-        zone_a = FakeZone([1, 3])
-        zone_a.node_id = 2
-        zone_a.keys = {1: KEY}
-        agent_a.zone = zone_a
-        asked: list[str] = []
-        control = buddy._control
-
-        async def spy(node: int, op: str, body: dict[str, Any], **kw: Any) -> Any:  # records, then sends
-            asked.append(f"{op} {body.get('key')}")
-            return await control(node, op, body, **kw)
-
-        buddy._control = spy  # type: ignore[method-assign]
+        agent_a, source, asked = await source_asked_by(tmp_path / "a", buddy, OlderSource(), ("job-1",))
         events: list[dict[str, Any]] = []
         agent_b.events.subscribe(events.append)
         heard = agent_b.zone.membership.state[2]
