@@ -270,21 +270,7 @@ def test_a_move_whose_destination_is_silent_goes_on_to_the_next_candidate_after_
             src.s["prestage"] = "off"  # this test is the move's alone
             save(job, 10)
 
-            def rank_for(j: Any, size: float, window: Any, prestaged: bool) -> list[Any]:  # stand-in: 1, then 3
-                return [SimpleNamespace(candidate=SimpleNamespace(node=n), feasible=True, expected_loss_s=1.0,
-                                        reasons=[]) for n in (1, 3)]
-
-            async def reserve(n: int, demand: Any, hold_s: float) -> int:  # stand-in: both have room
-                return 70 + n
-
-            async def handover(n: int, pid: int, req: dict[str, Any], **kw: Any) -> str:  # stand-in: it runs there
-                return f"job-9{n}"
-
-            released: list[tuple[int, int]] = []  # stand-in for the zone's sender: the reservation's Release
-            src.zone.submitter = SimpleNamespace(t=SimpleNamespace(send=lambda n, m: released.append((n, m.placement_id))))
-            src.rank_for = rank_for  # type: ignore[method-assign]
-            src._reserve = reserve  # type: ignore[method-assign]
-            src._handover = handover  # type: ignore[method-assign]
+            released = destinations_1_then_3(src)
             mv = await src._move(job, "test", None, final=False)
             assert mv.phase == "done" and mv.dest == 3 and mv.dest_job == "job-93", (mv.phase, mv.error)
             assert tries.count("127.0.0.1") == 2, tries  # node 1 twice, not the ladder's 6
@@ -292,6 +278,28 @@ def test_a_move_whose_destination_is_silent_goes_on_to_the_next_candidate_after_
             assert held(c) == ["ckpt-10"]
 
     run(main())
+
+
+def destinations_1_then_3(src: Any) -> list[tuple[int, int]]:
+    """Stand-ins on the moving node ``src``: the ranking (node 1, then node 3), reservations
+    (both have room: placement 70 + node), hand-overs (the job runs there as job-9<node>) and
+    the zone's sender. Returns the (node, placement) of every reservation it releases."""
+    def rank_for(j: Any, size: float, window: Any, prestaged: bool) -> list[Any]:
+        return [SimpleNamespace(candidate=SimpleNamespace(node=n), feasible=True, expected_loss_s=1.0,
+                                reasons=[]) for n in (1, 3)]
+
+    async def reserve(n: int, demand: Any, hold_s: float) -> int:
+        return 70 + n
+
+    async def handover(n: int, pid: int, req: dict[str, Any], **kw: Any) -> str:
+        return f"job-9{n}"
+
+    released: list[tuple[int, int]] = []
+    src.zone.submitter = SimpleNamespace(t=SimpleNamespace(send=lambda n, m: released.append((n, m.placement_id))))
+    src.rank_for = rank_for
+    src._reserve = reserve
+    src._handover = handover
+    return released
 
 
 def test_a_destination_a_move_found_silent_is_not_tried_again_by_the_next_move(
@@ -316,20 +324,7 @@ def test_a_destination_a_move_found_silent_is_not_tried_again_by_the_next_move(
             save(job, 10)
             save(job2, 20)
 
-            def rank_for(j: Any, size: float, window: Any, prestaged: bool) -> list[Any]:  # stand-in: 1, then 3
-                return [SimpleNamespace(candidate=SimpleNamespace(node=n), feasible=True, expected_loss_s=1.0,
-                                        reasons=[]) for n in (1, 3)]
-
-            async def reserve(n: int, demand: Any, hold_s: float) -> int:  # stand-in: both have room
-                return 70 + n
-
-            async def handover(n: int, pid: int, req: dict[str, Any], **kw: Any) -> str:  # stand-in: it runs there
-                return f"job-9{n}"
-
-            src.zone.submitter = SimpleNamespace(t=SimpleNamespace(send=lambda n, m: None))  # stand-in: Release
-            src.rank_for = rank_for  # type: ignore[method-assign]
-            src._reserve = reserve  # type: ignore[method-assign]
-            src._handover = handover  # type: ignore[method-assign]
+            destinations_1_then_3(src)
             mv = await src._move(job, "test", None, final=False)
             assert mv.phase == "done" and mv.dest == 3, (mv.phase, mv.error)
             assert silent.connections == 2, silent.connections  # the first move: two tries at node 1
