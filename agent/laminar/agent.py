@@ -373,8 +373,8 @@ class Agent:
                 # Not wait_for: on 3.11 it returns an item that arrives in the loop step its
                 # caller is cancelled in and swallows the cancellation (CPython gh-86296); the
                 # agent's stop cancels this stream as the "stopping" event comes in, so the
-                # stream ran on and the agent never exited on SIGTERM. Nor asyncio.timeout: the
-                # API starts handlers eagerly, outside a task. asyncio.wait lets a cancel through.
+                # stream ran on and the agent never exited on SIGTERM. asyncio.wait lets a cancel
+                # through.
                 getter = asyncio.ensure_future(queue.get())
                 try:
                     await asyncio.wait({getter}, timeout=15.0)

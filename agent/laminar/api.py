@@ -36,9 +36,10 @@ It is also on the kill-switch's hot path (a request to cut traffic is enforced w
 writes the map), so a request costs as few event-loop rounds as it can: the listening socket is
 watched directly, a new connection is read with non-blocking ``recv`` at once (the request is
 usually already there), and the handler is *started eagerly*, inside the accept callback, the way
-Python 3.12's eager tasks do: a handler that never waits (a kill-switch flip) runs to completion
-and is answered without a task or another round of the loop; one that waits continues as an
-ordinary task from that point. Route lookups are cached per path.
+Python 3.12's eager tasks do (inside its own task from its first line, on 3.11 too): a handler
+that never waits (a kill-switch flip) runs to completion and is answered within the accept
+callback, without another round of the loop; one that waits continues as an ordinary task from
+that point. Route lookups are cached per path.
 """
 
 from __future__ import annotations
@@ -307,27 +308,43 @@ def start_eagerly(loop: asyncio.AbstractEventLoop, coro: Coroutine[Any, Any, Any
     propagate to the caller (the coroutine should catch its own).
 
     This saves the loop round that ``create_task`` costs before a coroutine's first line runs.
-    On Python 3.12 and later it is ``asyncio.eager_task_factory``: the synchronous part runs
-    inside its task, as ``asyncio.timeout`` and 3.12's ``wait_for`` need (outside a task they
-    raise "Timeout should be used inside a task": every request whose bytes were not there at
-    once was reset, seen on Ubuntu 24.04's Python 3.12). On 3.11 the coroutine is stepped by
-    hand: inside its synchronous part ``asyncio.current_task()`` is not its task (there is none
-    yet), which 3.11's ``wait_for`` does not need."""
+    The synchronous part runs with its own task as ``asyncio.current_task()``, as
+    ``asyncio.timeout`` and 3.12's ``wait_for`` need (outside a task they raise "Timeout should
+    be used inside a task": every request whose bytes were not there at once was reset, seen on
+    Ubuntu 24.04's Python 3.12). On Python 3.12 and later this is ``asyncio.eager_task_factory``.
+    On 3.11 the task is made first (its first step is only scheduled), made the current task
+    while the coroutine is stepped by hand (``asyncio.tasks._enter_task``, what 3.12's eager
+    start does inside), and then carries the coroutine on from where it waits; a coroutine that
+    finished at once leaves a task that is cancelled before its first step."""
     if _EAGER is not None:
         task: asyncio.Task[Any] = _EAGER(loop, coro)
         if task.done():
             task.result()  # the synchronous part's exception, as on 3.11
             return None
         return task
-    try:
-        first = coro.send(None)
-    except StopIteration:
-        return None
+    first: list[Any] = []
 
     async def rest() -> Any:
-        return await _carry_on(coro, first)
+        return await _carry_on(coro, first[0])
 
-    return loop.create_task(rest())
+    carrier = loop.create_task(rest())
+    outer = asyncio.current_task(loop)  # None from a loop callback (the accept); set from a task
+    if outer is not None:
+        asyncio.tasks._leave_task(loop, outer)  # type: ignore[attr-defined]
+    asyncio.tasks._enter_task(loop, carrier)  # type: ignore[attr-defined]
+    try:
+        first.append(coro.send(None))
+    except StopIteration:
+        carrier.cancel()  # cancelled before its first step: its coroutine never starts
+        return None
+    except BaseException:
+        carrier.cancel()
+        raise
+    finally:
+        asyncio.tasks._leave_task(loop, carrier)  # type: ignore[attr-defined]
+        if outer is not None:
+            asyncio.tasks._enter_task(loop, outer)  # type: ignore[attr-defined]
+    return carrier
 
 
 class ApiServer:

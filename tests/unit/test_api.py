@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from laminar.api import MAX_BODY, ApiError, ApiServer, Authorizer, Peer, Request, Route, Stream
+from laminar.api import MAX_BODY, ApiError, ApiServer, Authorizer, Peer, Request, Route, Stream, start_eagerly
 
 
 def _raw(path: Path, data: bytes) -> tuple[int, bytes]:
@@ -139,3 +139,53 @@ def test_a_request_that_arrives_late_and_in_parts_is_answered(tmp_path: Path) ->
 
     status, body = serve(tmp_path, calls)
     assert status == 201 and json.loads(body)["body"] == {"a": 1}, body
+
+
+def test_an_eagerly_started_coroutine_runs_inside_its_own_task_from_its_first_line() -> None:
+    """What the server's eager start promises a handler on every Python (the 3.11 path steps the
+    coroutine by hand): ``asyncio.current_task()`` is the task that carries it on, from the first
+    line, so ``asyncio.timeout`` works before the first wait; one that finishes at once returns
+    None and leaves nothing pending; an exception of the synchronous part reaches the caller; a
+    start from inside another task gives that task back as the current one."""
+    import warnings
+
+    seen: dict[str, Any] = {}
+
+    async def handler(gate: asyncio.Future[None]) -> str:
+        seen["sync"] = asyncio.current_task()
+        async with asyncio.timeout(5):  # "Timeout should be used inside a task" without one
+            await gate
+        seen["after"] = asyncio.current_task()
+        return "answered"
+
+    async def at_once() -> str:
+        seen["at_once"] = asyncio.current_task()
+        return "done"
+
+    async def fails() -> None:
+        raise LookupError("synchronous part")
+
+    async def main() -> None:
+        loop = asyncio.get_running_loop()
+        gate: asyncio.Future[None] = loop.create_future()
+        started: list[asyncio.Task[Any] | None] = []
+        loop.call_soon(lambda: started.append(start_eagerly(loop, handler(gate))))  # as the accept callback
+        await asyncio.sleep(0)
+        task = started[0]
+        assert task is not None and seen["sync"] is task
+        gate.set_result(None)
+        assert await task == "answered" and seen["after"] is task
+
+        outer = asyncio.current_task()
+        assert start_eagerly(loop, at_once()) is None
+        assert seen["at_once"] is not None and seen["at_once"] is not outer
+        assert asyncio.current_task() is outer  # the caller's task is current again
+        with pytest.raises(LookupError, match="synchronous part"):
+            start_eagerly(loop, fails())
+        assert asyncio.current_task() is outer
+        await asyncio.sleep(0.01)
+        assert [t for t in asyncio.all_tasks() if t is not outer] == []  # nothing left pending
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # "coroutine ... was never awaited" would fail it
+        asyncio.run(main())
