@@ -184,15 +184,24 @@ class Cluster:
             print(f"cleanup of node {nd.node_id} failed: {e}", file=sys.stderr)
 
     def wait_converged(self, timeout: float = 30.0) -> None:
-        """Until every agent holds a fresh summary of every other zone (placements can go anywhere)."""
+        """Until every agent holds a fresh summary of every other zone and a summary from every
+        running peer of its own zone (placements can go anywhere: before its peers' summaries are
+        in, a node of a one-zone cluster sees no fit on them and a placement is queued out)."""
         zones = {nd.zone for nd in self.nodes}
 
+        def running(nd: Node) -> bool:
+            return nd.agent.proc is not None and nd.agent.proc.poll() is None
+
         def ok() -> bool:
+            up = {nd.node_id for nd in self.nodes if running(nd)}
             for nd in self.nodes:
-                if nd.agent.proc is None or nd.agent.proc.poll() is not None:
+                if nd.node_id not in up:
                     continue
                 st = nd.json("zone", "stats")
                 if set(map(int, st["zone_summaries"])) != zones - {nd.zone}:
+                    return False
+                heard = {int(p["node"]) for p in nd.json("zone", "peers") if p.get("summary_age_s") is not None}
+                if {m.node_id for m in self.nodes if m.zone == nd.zone and m.node_id in up} - {nd.node_id} - heard:
                     return False
             return True
 

@@ -44,11 +44,11 @@ def test_a_frozen_elastic_job_s_granted_gpu_is_not_placed_on_until_it_thaws(clus
     assert r["outcome"] == "placed", r
     home = int(r["node"])
     other = 2 if home == 1 else 1
-    # only the other node has 2 GPUs free. Right after the start the placing node may not have
-    # the other's summary yet ("no zone advertises a fit"), or, on a loaded machine, its probe
-    # goes unanswered in time; with one queue round such a placement comes back queued-out at
-    # once, having changed nothing: ask again until the summaries are in (seen in CI, 5 asks
-    # within 4 ms all refused so)
+    # only the other node has 2 GPUs free. The cluster starts once every node has its peers'
+    # summaries (Cluster.wait_converged; before it did, 5 asks within 4 ms were all refused with
+    # "no zone advertises a fit", seen in CI), but on a loaded machine a probe can still go
+    # unanswered in time; with one queue round such a placement comes back queued-out at once,
+    # having changed nothing: ask again
     tries: list[dict[str, Any]] = []
 
     def place_filler() -> dict[str, Any] | None:
