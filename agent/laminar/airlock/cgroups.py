@@ -153,7 +153,7 @@ def _read(path: Path) -> str:
         raise CgroupError(f"read {path}: {e.strerror or e}") from e
 
 
-def _keyed(text: str) -> dict[str, str]:
+def parse_keyed(text: str) -> dict[str, str]:
     """Parse 'key value' lines (cgroup.events, memory.events, memory.oom_control)."""
     out: dict[str, str] = {}
     for line in text.splitlines():
@@ -285,7 +285,7 @@ class JobCgroup:
         return sorted(out)
 
     def events(self) -> dict[str, str]:
-        return _keyed(_read(self.events_path))
+        return parse_keyed(_read(self.events_path))
 
     def populated(self) -> bool:
         """True while any process lives in the job's cgroup2 subtree; False if it is gone."""
@@ -318,7 +318,7 @@ class JobCgroup:
             p.register(fd, select.POLLPRI | select.POLLERR)
             while True:
                 os.lseek(fd, 0, os.SEEK_SET)
-                state = _keyed(os.read(fd, 4096).decode()).get("frozen")
+                state = parse_keyed(os.read(fd, 4096).decode()).get("frozen")
                 if state == target:
                     return True
                 left = deadline - time.monotonic()
@@ -432,7 +432,7 @@ def read_memory_waits(h: Hierarchy, d: Path) -> bool:
     memory in use (`read_memory_in_use`: clean cache aside, which the kernel drops first) at its
     ``memory.high``, where the kernel throttles the allocator. False where no such limit is set."""
     if not h.memory_in_v2:
-        return _keyed(_read(d / "memory.oom_control")).get("under_oom") == "1"
+        return parse_keyed(_read(d / "memory.oom_control")).get("under_oom") == "1"
     text = _read(d / "memory.high").strip()
     if text == "max":
         return False
@@ -463,7 +463,7 @@ def read_memory_in_use(h: Hierarchy, d: Path) -> int:
     Falls back to the plain usage when ``memory.stat`` cannot be read."""
     usage = read_memory_usage(h, d)
     try:
-        stat = _keyed(_read(d / "memory.stat"))
+        stat = parse_keyed(_read(d / "memory.stat"))
         if h.memory_in_v2:
             file = int(stat["active_file"]) + int(stat["inactive_file"])
             busy = int(stat["file_dirty"]) + int(stat["file_writeback"])
@@ -593,7 +593,7 @@ class CgroupTree:
             deadline = time.monotonic() + 5
             for d in self.created:
                 if d.is_relative_to(self.hierarchy.unified) and d.exists():
-                    while _keyed(_read(d / "cgroup.events")).get("populated") == "1":
+                    while parse_keyed(_read(d / "cgroup.events")).get("populated") == "1":
                         if time.monotonic() > deadline:
                             raise CgroupError(f"{d} still populated 5 s after cgroup.kill")
                         time.sleep(0.01)

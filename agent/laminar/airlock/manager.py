@@ -47,6 +47,7 @@ from . import admission, ladder
 from .cgroups import (
     CgroupError,
     CgroupTree,
+    parse_keyed,
     read_memory_in_use,
     read_memory_limit,
     read_memory_usage,
@@ -1061,13 +1062,7 @@ class Airlock:
 def _events_of(fd: int) -> dict[str, int]:
     """The counters of an open v2 ``memory.events.local`` (read from its start: reading is also what
     re-arms the kernel's notification). Raises OSError once its cgroup is removed."""
-    text = os.pread(fd, 4096, 0).decode()
-    out: dict[str, int] = {}
-    for line in text.splitlines():
-        k, _, v = line.partition(" ")
-        if v.strip().isdigit():
-            out[k] = int(v)
-    return out
+    return {k: int(v) for k, v in parse_keyed(os.pread(fd, 4096, 0).decode()).items() if v.isdigit()}
 
 
 class _Fd:
