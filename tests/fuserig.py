@@ -10,6 +10,11 @@ opened ``FOPEN_DIRECT_IO`` and names and attributes are not cached, so every rea
 reaches the server: the page cache never hides a fault, and what the test writes into the
 backing directory shows in the mount at once.
 
+Storage that stops answering altogether (a dead NFS or FUSE server: every stat, readdir and
+open on the mount then waits) is :meth:`EioMount.hang`: the server is stopped (SIGSTOP), so the
+kernel queues each new request and nobody takes it; :meth:`EioMount.heal` lets it answer again
+(SIGCONT), the queued requests first. A process waiting on a queued request is still killable.
+
 Storage that answers with other bytes than before (a file replaced between two opens, flaky
 network storage) is :meth:`EioMount.swap`: from a chosen open of a file on, its reads are
 answered from another backing file (of the same size: the mount still reports the first one's
@@ -28,6 +33,9 @@ Usage::
         fs.heal()
         fs.swap("src/ckpt-40/state.bin", "other.bin", after_opens=1)
         ...                                  # its 2nd and later opens read other.bin's bytes
+        fs.hang()
+        ...                                  # every call on the mount waits
+        fs.heal()                            # ... and is answered now
 
 The mount is detached (umount2 MNT_DETACH) and the server killed on exit, also when the
 test fails; whatever still waits on it then gets ENOTCONN.
@@ -104,10 +112,12 @@ CTL_SIZE = SWAP_WITH_AT + NAME_MAX
 class EioMount:
     """A mounted mirror (``path``) of ``backing`` whose reads fail where :meth:`fail` says."""
 
-    def __init__(self, path: Path, backing: Path, ctl: mmap.mmap) -> None:
+    def __init__(self, path: Path, backing: Path, ctl: mmap.mmap, server: int) -> None:
         self.path = path
         self.backing = backing
         self._ctl = ctl
+        self._server = server  # the serving child's pid
+        self.hung = False
 
     def fail(self, rel: str, offset: int) -> None:
         """From now on, a read of ``rel`` (relative to the mount) that reaches byte ``offset``
@@ -119,8 +129,18 @@ class EioMount:
         self._ctl[:8] = struct.pack("<q", offset)
 
     def heal(self) -> None:
-        """Every read is answered from the backing file again."""
+        """Every read is answered from the backing file again, and a hung server (:meth:`hang`)
+        answers again, what waited first."""
         self._ctl[:8] = struct.pack("<q", -1)
+        if self.hung:
+            os.kill(self._server, signal.SIGCONT)
+            self.hung = False
+
+    def hang(self) -> None:
+        """From now on nothing on the mount is answered (the server is stopped: requests queue
+        in the kernel and wait, as on a dead NFS or FUSE server), until :meth:`heal`."""
+        os.kill(self._server, signal.SIGSTOP)
+        self.hung = True
 
     def swap(self, rel: str, replacement: str, after_opens: int) -> None:
         """From now on, the first ``after_opens`` opens of ``rel`` read its own bytes and every later
@@ -148,6 +168,18 @@ class EioMount:
     def reads(self) -> int:
         """How many READ requests the server answered (EIO included)."""
         return int(CTL.unpack_from(self._ctl)[2])
+
+
+def fuse_waiters(pid: int) -> list[int]:
+    """The threads of process ``pid`` that wait for a FUSE server's answer now (their wait
+    channel is the kernel's ``request_wait_answer``): on a hung mount (:meth:`EioMount.hang`),
+    how many of its threads it holds."""
+    out = []
+    for t in Path(f"/proc/{pid}/task").iterdir():
+        with contextlib.suppress(OSError):
+            if (t / "wchan").read_text() == "request_wait_answer":
+                out.append(int(t.name))
+    return out
 
 
 def _attr(st: os.stat_result) -> bytes:
@@ -311,11 +343,11 @@ def eio_mount(backing: Path) -> Iterator[EioMount]:
     try:
         if said != b"ok":
             raise OSError(f"fuserig: {said.decode() or 'the server died before mounting'}")
-        yield EioMount(mnt, backing, ctl)
+        yield EioMount(mnt, backing, ctl, pid)
     finally:
         libc.umount2(str(mnt).encode(), MNT_DETACH)
         with contextlib.suppress(ProcessLookupError):
-            os.kill(pid, signal.SIGKILL)  # its /dev/fuse fd closes: the connection is aborted
+            os.kill(pid, signal.SIGKILL)  # its /dev/fuse fd closes: the connection is aborted (stopped or not)
         os.waitpid(pid, 0)
         with contextlib.suppress(OSError):
             mnt.rmdir()

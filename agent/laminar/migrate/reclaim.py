@@ -151,6 +151,18 @@ without notice rolls back only to its last archived periodic checkpoint. A stopp
 record replaces its live record (taken by rename, so only one record is ever claimable), and a
 node that finds its job's live record claimed does not publish another.
 
+**When the archive hangs.** ``archive_dir`` is shared storage, and its server can stop
+answering (an NFS or FUSE server gone: every stat, listing and open on the mount then waits,
+often unkillably). The agent's loop never touches the archive: every look at it and every
+write to it (the rounds, claims, publishes, periodic copies, the sweep, a claimed job's copy
+for its owner) runs on one dedicated thread (:class:`ArchiveLane`), one piece at a time, and
+a round is started only when the one before has ended. A hung archive so holds one thread;
+the control socket, the kill switch, the zone, placements and Airlock go on, and what needs
+the archive waits in order (nothing is lost or done twice). When the work in hand has made no
+progress (no byte read, no CPU time) for ``ARCHIVE_STALL_SWEEPS`` x ``archive_gc_s`` (30 s by
+default), the status says so (``migrate.archive.stalled_s``, ``busy``: what waits) and a log
+line and an event (``archive-stalled``) say it once; ``archive-answers`` when it answers again.
+
 **Replicas held here, and what goes.** Every checkpoint this node receives for another node's job
 is committed as ``<root>/checkpoints/<key>/ckpt-<n>/`` (:class:`laminar.migrate.transfer.Receiver`).
 When a checkpoint of a key commits here (verified), or a guard names one held here, the key's
@@ -275,19 +287,22 @@ The readdress hook Airlock calls for its re-address rung is :meth:`ReclaimCompon
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import contextlib
 import json
 import logging
 import math
 import os
 import pwd
+import queue
 import re
 import shutil
 import stat
 import subprocess
 import sys
+import threading
 import time
-from collections.abc import Collection, Iterable
+from collections.abc import Callable, Collection, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -347,6 +362,11 @@ ARCHIVE_TMP_STALE_S = 3600.0
 ARCHIVE_GC_S = 10.0
 # Removals are renamed here first (one agent wins the rename), then removed.
 ARCHIVE_TRASH = ".gc"
+# The archive counts as stalled (status ``archive.stalled_s``, one event) when the look at it in
+# hand has made no progress (no byte read, no CPU time) for this many ``archive_gc_s`` (30 s by
+# default): a round on healthy shared storage takes well under one; an NFS server's failover
+# takes up to a minute or two, and it is only reported, never acted on.
+ARCHIVE_STALL_SWEEPS = 3
 # Replicas this node holds for other nodes' jobs (``<root>/checkpoints/<key>/``) that are no longer
 # needed are renamed into ``<root>/REPLICA_TRASH/`` on the event loop, then removed in a thread.
 REPLICA_TRASH = "replica-gc"
@@ -591,18 +611,19 @@ print(json.dumps(out))
 VERIFY_STALL_S = 120.0
 
 
-def _child_progress(pid: int) -> tuple[int, int] | None:
-    """(bytes read, CPU clock ticks) of process ``pid`` so far (``/proc/<pid>/io``' rchar, -1
-    where that cannot be read; ``/proc/<pid>/stat``'s utime + stime), None when /proc cannot
-    tell. Never blocks on the process (a task in D state answers too)."""
+def _progress(task: str) -> tuple[int, int] | None:
+    """(bytes read, CPU clock ticks) so far of the process or thread whose /proc directory is
+    ``task`` (``/proc/<pid>``, ``/proc/self/task/<tid>``): its ``io``'s rchar, -1 where that
+    cannot be read, and its ``stat``'s utime + stime; None when /proc cannot tell. Never blocks
+    on the task (one in D state answers too)."""
     try:
-        with open(f"/proc/{pid}/stat") as f:
+        with open(f"{task}/stat") as f:
             after_comm = f.read().rsplit(")", 1)[1].split()
         ticks = int(after_comm[11]) + int(after_comm[12])  # fields 14 and 15 (utime, stime)
     except (OSError, ValueError, IndexError):
         return None
     rchar = -1
-    with contextlib.suppress(OSError, ValueError), open(f"/proc/{pid}/io") as f:
+    with contextlib.suppress(OSError, ValueError), open(f"{task}/io") as f:
         rchar = next((int(line.split()[1]) for line in f if line.startswith("rchar:")), -1)
     return rchar, ticks
 
@@ -620,13 +641,13 @@ def verify_as_owner(path: str, uid: int, gid: int, stall_s: float = VERIFY_STALL
     argv = [sys.executable, "-I", "-c", _VERIFY_AS_OWNER, jobkit.__file__, path, str(uid), str(gid)]
     proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             text=True, env={}, cwd="/")
-    seen, since = _child_progress(proc.pid), time.monotonic()
+    seen, since = _progress(f"/proc/{proc.pid}"), time.monotonic()
     while True:
         try:
             stdout, stderr = proc.communicate(timeout=min(1.0, stall_s))
             break
         except subprocess.TimeoutExpired:
-            now, progress = time.monotonic(), _child_progress(proc.pid)
+            now, progress = time.monotonic(), _progress(f"/proc/{proc.pid}")
             if progress != seen:
                 seen, since = progress, now
                 continue
@@ -648,6 +669,78 @@ def verify_as_owner(path: str, uid: int, gid: int, stall_s: float = VERIFY_STALL
     if "error" in out:
         raise ValueError(f"checkpoint {path} is not restorable: {out['error']} (checked as uid {uid}, the job's "
                          "owner)")
+
+
+class ArchiveLane:
+    """The one thread that touches archive storage (``migrate.archive_dir``, shared storage
+    such as an NFS mount, whose every stat, listing and open waits while its server does not
+    answer, often unkillably). The agent's loop never touches the archive itself: it hands the
+    lane each piece of work (:meth:`call`), which runs them one after the other, so a hung
+    archive holds this one thread and nothing else (the agent's loop and the default executor
+    go on), and what waits for the archive (claims, publishes, sweeps) waits, queued, in order.
+    A daemon thread: a process stopping while it waits on a dead mount is not held by it."""
+
+    def __init__(self) -> None:
+        self._q: queue.SimpleQueue[tuple[str, concurrent.futures.Future[Any], Callable[..., Any],
+                                         tuple[Any, ...]] | None] = queue.SimpleQueue()
+        self._thread: threading.Thread | None = None
+        self._tid = 0
+        self.busy: tuple[str, float] | None = None  # (what, since: monotonic) of the work in hand
+        self._seen: tuple[tuple[str, float], tuple[int, int] | None, float] | None = None
+
+    def call(self, what: str, fn: Callable[..., Any], *args: Any) -> asyncio.Future[Any]:
+        """Runs ``fn(*args)`` on the lane after what was handed to it before; awaitable (its
+        result or its exception). ``what``: how the status names it while it runs. Cancelling
+        the awaitable before it runs drops it."""
+        return asyncio.wrap_future(self.submit(what, fn, *args))
+
+    def submit(self, what: str, fn: Callable[..., Any], *args: Any) -> concurrent.futures.Future[Any]:
+        """:meth:`call` for a caller that does not wait for it (its end is the lane's)."""
+        fut: concurrent.futures.Future[Any] = concurrent.futures.Future()
+        self._q.put((what, fut, fn, args))
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._serve, name="laminar-archive", daemon=True)
+            self._thread.start()
+        return fut
+
+    def _serve(self) -> None:
+        self._tid = threading.get_native_id()
+        while (item := self._q.get()) is not None:
+            what, fut, fn, args = item
+            if not fut.set_running_or_notify_cancel():
+                continue
+            self.busy = (what, time.monotonic())
+            try:
+                res = fn(*args)
+            except BaseException as e:  # noqa: BLE001 - the caller's to handle
+                fut.set_exception(e)
+            else:
+                fut.set_result(res)
+            finally:
+                self.busy = None
+
+    @property
+    def queued(self) -> int:
+        """Pieces of work waiting behind the one in hand."""
+        return self._q.qsize()
+
+    def quiet_s(self, now: float) -> float | None:
+        """Seconds the work in hand has gone without progress (no byte read, no CPU time of the
+        lane's thread, as looked at by the calls of this method: call it every poll), or None
+        when the lane is idle."""
+        busy = self.busy
+        if busy is None or not self._tid:
+            self._seen = None
+            return None
+        progress = _progress(f"/proc/self/task/{self._tid}")
+        if self._seen is None or self._seen[0] is not busy or self._seen[1] != progress:
+            self._seen = (busy, progress, now)
+        return now - self._seen[2]
+
+    def close(self) -> None:
+        """The lane's thread ends once the work in hand is done (at once when idle)."""
+        if self._thread is not None:
+            self._q.put(None)
 
 
 def _read_record(path: Path) -> dict[str, Any] | None:
@@ -1078,6 +1171,11 @@ class ReclaimComponent:
         self._archiving: set[str] = set()
         self._gc_next = 0.0  # when this agent sweeps the archive next (monotonic)
         self._gc_running = False
+        self._lane = ArchiveLane()  # every touch of archive_dir, off the loop, one at a time
+        self._round_running = False  # an archive round is in flight (one at a time)
+        self._archive_rounds = 0  # archive rounds done
+        self._archive_stalled: float | None = None  # when the archive was found stalled (monotonic)
+        self._archive_error: str | None = None  # the last round's storage error, said once
         self._gc_unverified: set[tuple[str, str]] = set()  # (key, ckpt) that failed verification: not re-hashed
         self._replica_gc_next = 0.0  # when the held replicas are looked at next (monotonic)
         self._guard_asked: dict[str, float] = {}  # key -> when its source was last asked (monotonic)
@@ -1221,6 +1319,7 @@ class ReclaimComponent:
         # their ends (cancelled, or an error) are theirs; a cancel of this stop (the agent's stop
         # deadline) is not swallowed with them
         await asyncio.gather(*tasks, return_exceptions=True)
+        self._lane.close()
         if self.receiver is not None:
             await self.receiver.stop()
 
@@ -2488,8 +2587,9 @@ class ReclaimComponent:
                 self._spawn(self._release(old, self.job_key(job)))
             if self._archive_root() is not None:  # the holder is one node: the archive outlives it
                 try:
-                    self._archive(self.job_key(job), ckpt, {"key": self.job_key(job), "src_node": self.node_id,
-                                                          "src_job": job.id, "request": self._request(job, True)})
+                    await self._lane.call(f"archiving {job.id}", self._archive, self.job_key(job), ckpt, {
+                        "key": self.job_key(job), "src_node": self.node_id, "src_job": job.id,
+                        "request": self._request(job, True)})
                 except (OSError, jobkit.CheckpointError) as e:
                     log.warning("migrate: archiving %s failed: %s", job.id, e)
             mv.phase = "held"
@@ -2499,8 +2599,9 @@ class ReclaimComponent:
             return
         if self._archive_root() is not None:
             # no live peer keeps it: the archive does, and any agent with room claims it
-            path = self._archive(self.job_key(job), ckpt, {"key": self.job_key(job), "src_node": self.node_id,
-                                                         "src_job": job.id, "request": self._request(job, True)})
+            path = await self._lane.call(f"archiving {job.id}", self._archive, self.job_key(job), ckpt, {
+                "key": self.job_key(job), "src_node": self.node_id, "src_job": job.id,
+                "request": self._request(job, True)})
             lost = max(0.0, self.frozen_at.pop(job.id, time.time()) - ckpt.stat().st_mtime)
             with contextlib.suppress(Exception):
                 await self.agent.jobs.stop(job.id, f"node {self.node_id} reclaimed with no room and no holder in the "
@@ -2658,36 +2759,143 @@ class ReclaimComponent:
             return False
         return self._tombstone(root, d)
 
-    def _periodic_archive_round(self) -> None:
-        """Each running job's newest committed checkpoint (or, before it wrote one, the verified
-        checkpoint it was restarted from) goes to the archive while the rule holds
-        (:meth:`_archive_periodic_due`); jobs that ended here lose their live record."""
+    def _archive_watch(self) -> None:
+        """Each poll of the watch loop: the archive's health (:meth:`_archive_health`), then its
+        next round (:meth:`_archive_round`) unless one is still in flight: one at a time, so on
+        a hung archive one round waits on the lane and none piles up behind it."""
         if self._archive_root() is None:
             return
-        for jid in list(self.archived_live):
-            job = self.agent.jobs.get(jid)
-            if job is None or (not job.active and job.state in ("exited", "stopped", "failed", "migrated")):
-                if jid not in self._archiving:
-                    self.archived_live.pop(jid, None)
-                    key = f"n{self.node_id}-{jid}"
-                    if self.drop_live(key):
-                        self._emit(f"{jid}: ended ({job.state if job else 'gone'}); its archived periodic "
-                                   "checkpoints removed", persist=False, job=jid, phase="archive-dropped")
-        if not self._archive_periodic_due() or (self.reclaim is not None and not self.reclaim["task"].done()):
-            return
-        for job in list(self.agent.jobs.active()):
-            if job.id in self.evacuating or job.id in self._archiving or not job.ckpt_dir:
-                continue
-            ckpt = jobkit.latest_checkpoint(job.ckpt_dir)
-            if ckpt is None and getattr(job.spec, "resume_from", None):
+        self._archive_health()
+        if not self._round_running:
+            self._round_running = True
+            self._spawn(self._archive_round())
+
+    def _archive_stall(self, now: float) -> tuple[float | None, str | None]:
+        """(seconds without progress, what waits) of the archive work in hand when that is at
+        least ARCHIVE_STALL_SWEEPS x ``archive_gc_s`` (the archive is stalled), else (None, what
+        runs now or None)."""
+        quiet = self._lane.quiet_s(now)
+        busy = self._lane.busy
+        what = busy[0] if busy is not None else None
+        if quiet is not None and quiet >= ARCHIVE_STALL_SWEEPS * float(self.s["archive_gc_s"]):
+            return quiet, what
+        return None, what
+
+    def _archive_health(self) -> None:
+        """Says once (a log line and an event, ``archive-stalled``) when the archive stopped
+        answering (:meth:`_archive_stall`), and once (``archive-answers``) when it answers again."""
+        now = time.monotonic()
+        quiet, what = self._archive_stall(now)
+        if quiet is not None and self._archive_stalled is None:
+            self._archive_stalled = now - quiet
+            msg = (f"archive: {self._archive_root()} does not answer: {what} has made no progress for {quiet:.1f} s "
+                   "(its storage hangs?); archive work (claims, publishes, sweeps) waits for it, the rest of the "
+                   "agent goes on")
+            log.warning("migrate: %s", msg)
+            self._emit(msg, phase="archive-stalled", waiting=what, stalled_s=round(quiet, 1))
+        elif quiet is None and self._archive_stalled is not None:
+            msg = f"archive: {self._archive_root()} answers again after {now - self._archive_stalled:.1f} s"
+            self._archive_stalled = None
+            log.info("migrate: %s", msg)
+            self._emit(msg, phase="archive-answers")
+
+    async def _archive_round(self) -> None:
+        """One round of the archive's work: the look at it (:meth:`_archive_look`, on the lane),
+        then, here on the loop, what it found: ended jobs' live records gone, running jobs'
+        newer periodic checkpoints copied (the prestaging rule's unannounced branch,
+        :meth:`_archive_periodic_due`), and any archived job no node runs tried here
+        (:meth:`_from_archive`): unclaimed guard records, live records of jobs whose node and
+        buddy are gone, stale claims, claims whose runner died (:meth:`_dead_runs`); then the
+        sweep (:meth:`_archive_gc_round`). Claims and the sweep wait while this node is being
+        reclaimed."""
+        try:
+            root = self._archive_root()
+            if root is None:
+                return
+            reclaiming = self.reclaim is not None and not self.reclaim["task"].done()
+            ended: dict[str, str] = {}
+            for jid in list(self.archived_live):
+                job = self.agent.jobs.get(jid)
+                if job is None or (not job.active and job.state in ("exited", "stopped", "failed", "migrated")):
+                    if jid not in self._archiving:
+                        self.archived_live.pop(jid, None)
+                        ended[jid] = job.state if job else "gone"
+            periodic: list[tuple[str, str, str | None]] = []
+            if self._archive_periodic_due() and not reclaiming:
+                periodic = [(j.id, str(j.ckpt_dir), getattr(j.spec, "resume_from", None) or None)
+                            for j in list(self.agent.jobs.active())
+                            if j.id not in self.evacuating and j.id not in self._archiving and j.ckpt_dir]
+            wall, mono = time.time(), time.monotonic()
+            z = self.zone
+            alive = {self.node_id} | {n for n in (list(z.membership.by_node) if z is not None else [])
+                                      if self._source_dead(int(n), wall) is None}
+            skip = set(self._taking) | {k for k, t in self._archive_next.items() if mono < t}
+            look = await self._lane.call("archive round", self._archive_look, root, list(ended), periodic,
+                                         not reclaiming, frozenset(alive), frozenset(skip), wall)
+            self._archive_rounds += 1
+            self._archive_error = None
+            for jid in look["dropped"]:
+                self._emit(f"{jid}: ended ({ended[jid]}); its archived periodic checkpoints removed", persist=False,
+                           job=jid, phase="archive-dropped")
+            for jid, ckpt in look["ckpts"].items():
+                job = self.agent.jobs.get(jid)
+                if (job is None or not job.active or jid in self.evacuating or jid in self._archiving
+                        or self.archived_live.get(jid) == ckpt.name):
+                    continue
+                self._archiving.add(jid)
+                self._spawn(self._archive_periodic(job, ckpt))
+            if not look["claims"] or (self.reclaim is not None and not self.reclaim["task"].done()):
+                return
+            self._archive_claims(look, time.time())
+            self._archive_gc_round()
+        except (OSError, ValueError) as e:  # the storage (gone, refusing): the next round looks again
+            if str(e) != self._archive_error:  # said once while it lasts, not every poll_s
+                log.warning("migrate: archive round: %s", e)
+            self._archive_error = str(e)
+        except Exception:
+            log.exception("migrate: archive round failed")
+        finally:
+            self._round_running = False
+
+    def _archive_look(self, root: Path, ended: list[str], periodic: list[tuple[str, str, str | None]], claims: bool,
+                      alive: frozenset[int], skip: frozenset[str], wall: float) -> dict[str, Any]:
+        """The archive round's file work (on the lane; never on the loop): drops the live records
+        of the ``ended`` jobs (:meth:`drop_live`), finds the newest checkpoint of each running job
+        in ``periodic`` ((job id, its checkpoint directory, its ``resume_from``): the newest it
+        committed, or before it wrote one, the verified checkpoint it was restarted from), and,
+        with ``claims`` and the archive a directory, lists what may be claimed: guard records,
+        live records ((key, src, buddy)), stale claims (:meth:`_stale_claims`) and claims whose
+        runner is not in ``alive`` and may be dead (:meth:`_running_records`). Keys in ``skip``
+        (taken or waiting) are not read. Returns ``{"dropped", "ckpts", "claims", "guards",
+        "lives", "stale", "runs"}``."""
+        out: dict[str, Any] = {"dropped": [], "ckpts": {}, "claims": False, "guards": [], "lives": [], "stale": [],
+                               "runs": []}
+        for jid in ended:
+            if self.drop_live(f"n{self.node_id}-{jid}"):
+                out["dropped"].append(jid)
+        for jid, ckpt_dir, rf in periodic:
+            ckpt = jobkit.latest_checkpoint(ckpt_dir)
+            if ckpt is None and rf:
                 # restarted from a checkpoint (a move, a guard, the archive) and none written
                 # since: the one it resumed from is its newest, archived at once under its new key
-                rf = Path(str(job.spec.resume_from))
-                ckpt = rf if (rf / jobkit.MANIFEST).exists() else None
-            if ckpt is None or self.archived_live.get(job.id) == ckpt.name:
+                ckpt = Path(rf) if (Path(rf) / jobkit.MANIFEST).exists() else None
+            if ckpt is not None:
+                out["ckpts"][jid] = ckpt
+        if not claims or not root.is_dir():
+            return out
+        out["claims"] = True
+        out["guards"] = [g.parent.name for g in root.glob("*/guard.json") if g.parent.name not in skip]
+        for g in root.glob(f"*/{LIVE_RECORD}"):
+            if g.parent.name in skip:
                 continue
-            self._archiving.add(job.id)
-            self._spawn(self._archive_periodic(job, ckpt))
+            try:
+                rec = json.loads(g.read_text())
+                out["lives"].append((g.parent.name, int(rec["src_node"]), rec.get("buddy")))
+            except (OSError, ValueError, KeyError, TypeError):
+                continue  # claimed meanwhile, or not ours to read
+        out["stale"] = [(k, rec) for k, rec in self._stale_claims(root, wall) if k not in skip]
+        out["runs"] = [(k, n) for k, n in self._running_records(root, lambda n: n in alive) if k not in skip]
+        return out
 
     async def _archive_periodic(self, job: Any, ckpt: Path) -> None:
         key = self.job_key(job)
@@ -2698,7 +2906,7 @@ class ReclaimComponent:
                   # the checkpoint it resumed from, not one it wrote: what it resumed from stays (archive_gc)
                   "resumed_copy": bool(rf) and Path(str(rf)) == ckpt}
         try:
-            path = await asyncio.to_thread(self.archive_live, key, ckpt, record)
+            path = await self._lane.call(f"periodic copy of {job.id}", self.archive_live, key, ckpt, record)
             if path is not None:
                 self.archived_live[job.id] = ckpt.name
                 self.counts["archived_periodic"] = self.counts.get("archived_periodic", 0) + 1
@@ -2775,40 +2983,29 @@ class ReclaimComponent:
             with contextlib.suppress(OSError):
                 tmp.unlink()
 
-    def _archive_round(self) -> None:
-        """Any agent with room resumes an archived job no node runs: every unclaimed guard record
-        in the archive is tried here (``_from_archive``), unless this node is being reclaimed."""
-        root = self._archive_root()
-        if root is None or not root.is_dir() or (self.reclaim is not None and not self.reclaim["task"].done()):
-            return
+    def _archive_claims(self, look: dict[str, Any], wall: float) -> None:
+        """Any agent with room resumes an archived job no node runs: every claimable record the
+        round's look found (:meth:`_archive_look`) is tried here (``_from_archive``)."""
         now = time.monotonic()
-        for g in root.glob("*/guard.json"):
-            key = g.parent.name
-            if key in self._taking or now < self._archive_next.get(key, 0.0):
-                continue
-            if self._guarded_here(key):
+
+        def free(key: str) -> bool:
+            return key not in self._taking and now >= self._archive_next.get(key, 0.0)
+
+        for key in look["guards"]:
+            if not free(key) or self._guarded_here(key):
                 continue  # this node guards it: its own take-over goes through the claim
             self._taking.add(key)
             self._spawn(self._from_archive(key))
-        wall = time.time()
-        for g in root.glob(f"*/{LIVE_RECORD}"):
-            key = g.parent.name
-            if key in self._taking or now < self._archive_next.get(key, 0.0):
-                continue
-            try:
-                rec = json.loads(g.read_text())
-                src, buddy = int(rec["src_node"]), rec.get("buddy")
-            except (OSError, ValueError, KeyError, TypeError):
-                continue  # claimed meanwhile, or not ours to read
-            if self._run_elsewhere(src, buddy, wall):
+        for key, src, buddy in look["lives"]:
+            if not free(key) or self._run_elsewhere(src, buddy, wall):
                 continue  # its node runs it, or its buddy lives and resumes it from its replica
             if self._guarded_here(key):
                 continue  # this node guards it: its own take-over goes through the claim
             self._taking.add(key)
             self._spawn(self._from_archive(key, live=True))
-        for key, rec in self._stale_claims(root, wall):
+        for key, rec in look["stale"]:
             # its node claimed it and died before the job ran: claimable again (_claim takes it over)
-            if key in self._taking or now < self._archive_next.get(key, 0.0):
+            if not free(key):
                 continue
             if rec.get("periodic"):  # claimed from a live record: only while its node and buddy are still gone
                 try:
@@ -2821,12 +3018,11 @@ class ReclaimComponent:
                 continue  # this node guards it: its own take-over goes through the claim
             self._taking.add(key)
             self._spawn(self._from_archive(key))
-        for key, node in self._dead_runs(root, wall):
-            if key in self._taking or now < self._archive_next.get(key, 0.0) or self._guarded_here(key):
+        for key, node in look["runs"]:
+            if not free(key) or self._source_dead(node, wall) is None or self._guarded_here(key):
                 continue
             self._taking.add(key)
             self._spawn(self._from_archive(key, dead_runner=node))
-        self._archive_gc_round()
 
     def _guarded_here(self, key: str) -> bool:
         """This node guards (or waits to resume) the job ``key``."""
@@ -2846,7 +3042,14 @@ class ReclaimComponent:
         successor ``n<node>-<job>`` (the record's ``resumed``) holds no record. The claimed
         checkpoint is then the job's newest safe state, and any agent may claim it again. With
         a successor record, the job is recovered through it (its live record), never twice; a
-        record without ``resumed`` (written before it existed) names no successor and is left."""
+        record without ``resumed`` (written before it existed) names no successor and is left.
+        Blocking file I/O; the round reads the files on the lane (:meth:`_running_records`) and
+        asks :meth:`_source_dead` on the loop."""
+        return self._running_records(root, lambda n: self._source_dead(n, now) is None)
+
+    def _running_records(self, root: Path, alive: Callable[[int], bool]) -> list[tuple[str, int]]:
+        """(key, node) of each running record in the archive of another node, not ``alive``, whose
+        successor holds no record (the file part of :meth:`_dead_runs`)."""
         out = []
         for f in sorted(root.glob("*/running-*.json")):
             if f.parent.name.startswith("."):
@@ -2855,7 +3058,7 @@ class ReclaimComponent:
                 node = int(f.name.removeprefix("running-").removesuffix(".json"))
             except ValueError:
                 continue
-            if node == self.node_id or self._source_dead(node, now) is None:
+            if node == self.node_id or alive(node):
                 continue
             rec = _read_record(f)
             res = rec.get("resumed") if rec is not None else None
@@ -2924,7 +3127,7 @@ class ReclaimComponent:
 
     async def _archive_gc_task(self, ended: dict[str, set[str]]) -> None:
         try:
-            res = await asyncio.to_thread(self.archive_gc, ended)
+            res = await self._lane.call("archive sweep", self.archive_gc, ended)
             for key, why in res["removed"].items():
                 self._emit(f"archive: {key} removed ({why})", persist=False, key=key, phase="archive-removed", why=why)
         except Exception:  # a bug or the storage: the next sweep tries again
@@ -3104,17 +3307,50 @@ class ReclaimComponent:
             return None
         return cand
 
+    def _claim_and_read(self, key: str, live: bool, dead_runner: int | None) -> dict[str, Any] | None:
+        """Takes the archive's claim on ``key`` (:meth:`_claim`) and reads the claimed record,
+        whose checkpoint must verify: the record, or None when another node holds the claim.
+        Raises OSError/ValueError/KeyError/TypeError/CheckpointError, the claim given back.
+        Blocking file I/O (on the lane)."""
+        root = self._archive_root()
+        assert root is not None
+        if not self._claim(key, live=live, dead_runner=dead_runner):
+            return None
+        try:
+            rec = json.loads((root / key / f"claimed-{self.node_id}.json").read_text())
+            jobkit.verify_checkpoint(root / key / str(rec["ckpt"]))
+        except BaseException:
+            self._unclaim(key)
+            raise
+        return dict(rec)
+
+    def _claim_archived(self, key: str) -> tuple[bool, str | None, bool]:
+        """A guard's take-over of ``key`` meets the archive (blocking, on the lane): (whether it
+        is archived, who runs it when a node claimed and started it, whether this node took the
+        claim, live records included: :meth:`_claim`)."""
+        if not self._archived(key):
+            return False, None, False
+        other = self._archive_runner(key)
+        if other is not None:
+            return True, other, False
+        return True, None, self._claim(key, live=True)
+
+    def _archive_unless_archived(self, key: str, ckpt: Path, record: dict[str, Any]) -> Path | None:
+        """:meth:`_archive` unless the archive holds a record of ``key`` already (blocking)."""
+        return None if self._archived(key) else self._archive(key, ckpt, record)
+
     async def _from_archive(self, key: str, live: bool = False, dead_runner: int | None = None) -> None:
         root = self._archive_root()
         assert root is not None
         try:
-            if self._runs_here(key) is not None or not self._claim(key, live=live, dead_runner=dead_runner):
+            if self._runs_here(key) is not None:
+                return
+            rec = await self._lane.call(f"claim of {key}", self._claim_and_read, key, live, dead_runner)
+            if rec is None:
                 return
             done = False
             try:
-                rec = json.loads((root / key / f"claimed-{self.node_id}.json").read_text())
                 path = root / key / str(rec["ckpt"])
-                jobkit.verify_checkpoint(path)
                 row = {"key": key, "src_node": int(rec["src_node"]), "src_job": str(rec["src_job"])}
                 why = (f"node {rec['src_node']} and its buddy are gone; claimed its periodic checkpoint from the "
                        "archive" if rec.get("periodic") else "claimed from the archive")
@@ -3122,15 +3358,16 @@ class ReclaimComponent:
                     why = f"node {dead_runner}, which ran it from the archive, is gone; claimed again from the archive"
                 err = await self._resume_here(row, dict(rec["request"]), path, why)
                 if err is None:
-                    self._claim_done(key, f"node {self.node_id}", (self.node_id, self._runs_here(key) or ""))
+                    self._lane.submit(f"claim of {key} done", self._claim_done, key, f"node {self.node_id}",
+                                      (self.node_id, self._runs_here(key) or ""))
                     done = True
                 else:
                     n = self._archive_tries.get(key, 0)
                     self._archive_tries[key] = n + 1
                     self._archive_next[key] = time.monotonic() + self.retry.delay(n)
             finally:
-                if not done:
-                    self._unclaim(key)
+                if not done:  # given back in order on the lane (a hung archive waits for it; nothing waits here)
+                    self._lane.submit(f"claim of {key} given back", self._unclaim, key)
         except (OSError, ValueError, KeyError, TypeError, jobkit.CheckpointError) as e:
             log.warning("migrate: archived job %s cannot be resumed here: %s", key, e)
             self._archive_next[key] = time.monotonic() + float(self.s["retry_max_s"])
@@ -3199,8 +3436,9 @@ class ReclaimComponent:
                        key=key, node=node, ckpt=path.name, phase="passed")
             return
         if self._archive_root() is not None:
-            self._archive(key, path, {"key": key, "src_node": int(row["src_node"]), "src_job": row["src_job"],
-                                      "request": {**req, "take_over": True}})
+            await self._lane.call(f"archiving {key}", self._archive, key, path, {
+                "key": key, "src_node": int(row["src_node"]), "src_job": row["src_job"],
+                "request": {**req, "take_over": True}})
             self._set_replica(key, "archived")
             self._emit(f"{key}: this node is reclaimed and no live peer can hold it; {path.name} archived", key=key,
                        ckpt=path.name, phase="archived")
@@ -3381,8 +3619,7 @@ class ReclaimComponent:
                 self._departure_round()
                 self._release_round()
                 self._prestage_round()
-                self._periodic_archive_round()
-                self._archive_round()
+                self._archive_watch()
                 await self._guard_round()
                 self._replica_gc_round()
             except Exception:
@@ -4032,19 +4269,18 @@ class ReclaimComponent:
                            key=key, phase="failed")
                 return
             req = json.loads(row["request"])
-            claimed = False
-            if self._archived(key):  # the archive's claim is the lock: one node runs the job
-                other = self._archive_runner(key)
+            archived, other, claimed = (await self._lane.call(f"claim of {key}", self._claim_archived, key)
+                                        if self._archive_root() is not None else (False, None, False))
+            if archived:  # the archive's claim is the lock: one node runs the job
                 if other is not None:
                     self._set_replica(key, "handed-over", other)
                     self._emit(f"{key}: {other} runs it (claimed from the archive); this guard stands down", key=key,
                                phase="handed-over")
                     return
-                if not self._claim(key, live=True):
+                if not claimed:
                     self._wait_for_room(key, why, "another node is trying the archived copy", path)
                     return
-                claimed = True
-                newer = await asyncio.to_thread(self._archived_newer, key, path)
+                newer = await self._lane.call(f"checking {key}'s archived checkpoint", self._archived_newer, key, path)
                 if newer is not None:  # the archive has the job's later state (a holder's final checkpoint)
                     self._emit(f"{key}: the archive holds {newer.name}, newer than this guard's {path.name}: resumed "
                                "from it", key=key, phase="take-over", ckpt=newer.name)
@@ -4058,22 +4294,25 @@ class ReclaimComponent:
                     return  # a hand-over of it to this node came meanwhile: it starts the job, none elsewhere
                 if local_err is None:
                     if claimed:
-                        self._claim_done(key, f"node {self.node_id}", (self.node_id, self._runs_here(key) or ""))
+                        self._lane.submit(f"claim of {key} done", self._claim_done, key, f"node {self.node_id}",
+                                          (self.node_id, self._runs_here(key) or ""))
                         claimed = False
                     return
                 placed, remote_err = await self._place_elsewhere(row, req, path, why)
                 if placed:
                     if claimed:
-                        self._claim_done(key, f"placed by node {self.node_id}", self._placed_as(key))
+                        self._lane.submit(f"claim of {key} done", self._claim_done, key,
+                                          f"placed by node {self.node_id}", self._placed_as(key))
                         claimed = False
                     return
             finally:
                 if claimed:
-                    self._unclaim(key)
-            if self._archive_root() is not None and not self._archived(key):
+                    self._lane.submit(f"claim of {key} given back", self._unclaim, key)
+            if self._archive_root() is not None:
                 with contextlib.suppress(Exception):  # a copy that outlives this node (and the zone)
-                    self._archive(key, path, {"key": key, "src_node": int(row["src_node"]), "src_job": row["src_job"],
-                                              "request": {**req, "take_over": True}})
+                    await self._lane.call(f"archiving {key}", self._archive_unless_archived, key, path, {
+                        "key": key, "src_node": int(row["src_node"]), "src_job": row["src_job"],
+                        "request": {**req, "take_over": True}})
             self._wait_for_room(key, why, f"here: {local_err}; elsewhere: {remote_err}", path)
         except Exception as e:  # a bug or a store error: look again later rather than give up
             log.exception("migrate: take-over of %s", key)
@@ -4087,9 +4326,12 @@ class ReclaimComponent:
 
         key = row["key"]
         spec_d = dict(req["spec"])
+        archive = self._archive_root()
         try:  # a job of another user than root cannot reach xfer/: it resumes from its own view of it
-            path = await asyncio.to_thread(self._resume_copy, path, int(req.get("owner_uid", 0) or 0),
-                                           int(req.get("owner_gid", 0) or 0))
+            owner = (path, int(req.get("owner_uid", 0) or 0), int(req.get("owner_gid", 0) or 0))
+            path = await (self._lane.call(f"copying {key} for its owner", self._resume_copy, *owner)
+                          if archive is not None and archive in path.parents else
+                          asyncio.to_thread(self._resume_copy, *owner))
         except OSError as e:
             return f"cannot give the job's owner its checkpoint: {e}"
         spec_d["resume_from"] = str(path)
@@ -5305,8 +5547,21 @@ class ReclaimComponent:
                 "reclaim": None if r is None else {"deadline": r["deadline"], "done": r["task"].done()},
                 "notices": sorted(self.notices),
                 "periodic_ckpt": None if self.ckpt is None else dict(self.ckpt.counts),
+                "archive": self._archive_status(),
                 # transfer connections refused: not from the roster address of the node they named
                 "transfer_wrong_source": 0 if self.receiver is None else self.receiver.wrong_source}
+
+    def _archive_status(self) -> dict[str, Any] | None:
+        """The archive's part of the status (None without ``archive_dir``): ``stalled_s``, the
+        seconds its work in hand has made no progress once that is ARCHIVE_STALL_SWEEPS x
+        ``archive_gc_s`` or more (its storage does not answer; else None), ``busy`` (that work),
+        ``queued`` (work waiting behind it) and ``rounds`` (rounds done)."""
+        root = self._archive_root()
+        if root is None:
+            return None
+        quiet, what = self._archive_stall(time.monotonic())
+        return {"dir": str(root), "stalled_s": None if quiet is None else round(quiet, 1), "busy": what,
+                "queued": self._lane.queued, "rounds": self._archive_rounds}
 
     def _sees_all(self, peer: Any) -> bool:
         """Whether ``peer`` sees every replica's job and owner: root or the control group."""
