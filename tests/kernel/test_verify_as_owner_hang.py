@@ -1,8 +1,10 @@
 """The check of a checkpoint as its job's owner (``verify_as_owner``: a child process that drops
-to the owner's uid and runs jobkit's check; what the zone's hand-over calls before a migrated
-job of a user other than root starts) on storage that stops answering: the check is stopped and
-the checkpoint refused, naming the path, the uid and the time waited, instead of holding its
-worker thread forever; a healthy checkpoint on the same mount still verifies.
+to the owner's uid and runs jobkit's check; what the zone's hand-over calls, through
+``check_resume``, before a migrated job of a user other than root starts) on storage that stops
+answering: the check is stopped and the checkpoint refused, naming the path, the uid and the
+time waited, instead of holding its worker thread forever; a healthy checkpoint on the same
+mount still verifies. A root job's checkpoint outside the transfer directory is checked the
+same way (in a child, as root, bounded), with root's texts: no owner named.
 
 The hanging storage is real: a FUSE mount (tests/fuserig.py) mirroring real checkpoints, its
 server (``HangingServer``, fuserig's server told to leave the reads of one file unanswered, as a
@@ -23,7 +25,8 @@ import pytest
 from fuserig import READ, eio_mount
 
 from laminar.jobkit import Checkpointer
-from laminar.migrate.reclaim import verify_as_owner
+from laminar.migrate import reclaim
+from laminar.migrate.reclaim import ReclaimComponent
 
 pytestmark = pytest.mark.kernel
 
@@ -64,20 +67,24 @@ def state_of(pid: int) -> str:
     return (Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split() or ["?"])[0]
 
 
+@pytest.mark.parametrize("owner", [NOBODY, 0], ids=["nobody", "root"])
 def test_a_check_on_storage_that_stops_answering_is_stopped_naming_path_uid_and_time(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, owner: int) -> None:
     backing = tmp_path / "backing"
     for sub in ("ok", "hung"):
         Checkpointer(job_id=f"lm-t-verify-{sub}", ckpt_dir=backing / sub, install_signal=False).save(
             b"weights" * 4096, step=5)
     monkeypatch.setattr(fuserig, "_Server", HangingServer)  # the forked server is this one
+    monkeypatch.setattr(reclaim, "VERIFY_STALL_S", 1.0)  # the bound on a check without progress
+    check_resume = ReclaimComponent().check_resume  # the zone's hand-over's call (no transfer root here)
     pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="lm-t-verify")
     hung_pids: list[int] = []
     try:
         with eio_mount(backing) as fs:
-            verify_as_owner(str(fs.path / "ok" / "ckpt-5"), NOBODY, NOBODY, stall_s=1.0)  # healthy: verified
+            healthy = str(fs.path / "ok" / "ckpt-5")
+            assert check_resume(healthy, owner, owner) == healthy  # verified
             path = fs.path / "hung" / "ckpt-5"
-            check = pool.submit(verify_as_owner, str(path), NOBODY, NOBODY, 1.0)
+            check = pool.submit(check_resume, str(path), owner, owner)
             try:
                 # (a bound for the suite only: the check itself ends after ~1 s without progress)
                 err = check.exception(timeout=120)
@@ -85,7 +92,8 @@ def test_a_check_on_storage_that_stops_answering_is_stopped_naming_path_uid_and_
                 pytest.fail(f"the check of {path} waits on storage that does not answer (no bound)")
             assert isinstance(err, ValueError), repr(err)
             msg = str(err)
-            assert str(path) in msg and f"uid {NOBODY}" in msg and "1 s" in msg and "storage" in msg, msg
+            assert str(path) in msg and "1 s" in msg and "storage does not answer" in msg, msg
+            assert (f"uid {owner}" in msg) == (owner != 0), msg  # root's text names no owner
             # the child is still stuck in the read, unkillable: it was killed and not waited for
             hung_pids = checks_of(path)
             assert [state_of(p) for p in hung_pids] == ["D"], [(p, state_of(p)) for p in hung_pids]

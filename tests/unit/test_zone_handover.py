@@ -12,13 +12,12 @@ import shutil
 import threading
 from pathlib import Path
 from types import SimpleNamespace
-from typing import Any
 
 import pytest
 from test_loan_component import StandInJob, StandInJobs, make_comp, run
 from xferrig import make_ckpt
 
-from laminar import jobkit
+from laminar.migrate import reclaim
 from laminar.migrate.reclaim import ReclaimComponent
 from laminar.runtime.jobs import JobSpec
 from laminar.zone import placement as pl
@@ -82,20 +81,21 @@ def test_a_resumed_job_s_checkpoint_is_verified_off_the_event_loop(tmp_path: Pat
     verify the checkpoint right before the job starts: every file hashed, 0.8 s per GiB here.
     That ran on the agent's event loop, which then answered no probe, heartbeat or API call
     for seconds on a large checkpoint. The real ReclaimComponent.check_resume runs here, on a
-    real jobkit checkpoint; jobkit's hashing is watched for the thread it runs on."""
+    real jobkit checkpoint; its check (jobkit's, in a child process bounded against storage
+    that hangs: ``verify_as_owner``) is watched for the thread that runs it."""
     jobs = SubmittingJobs(tmp_path / "state")
     comp = make_comp(tmp_path, pool="training", jobs=jobs, gpus=1)
     ckpt = make_ckpt(tmp_path, 200_000)
     migrate = SimpleNamespace(root=None)
     migrate.check_resume = functools.partial(ReclaimComponent.check_resume, migrate)
     calls: list[tuple[Path, bool]] = []
-    real = jobkit.file_sha256
+    real = reclaim.verify_as_owner
 
-    def spy(p: Any) -> Any:
+    def spy(p: str, uid: int, gid: int, stall_s: float | None = None) -> None:
         calls.append((Path(p), threading.current_thread() is threading.main_thread()))
-        return real(p)
+        real(p, uid, gid, stall_s)
 
-    monkeypatch.setattr(jobkit, "file_sha256", spy)
+    monkeypatch.setattr(reclaim, "verify_as_owner", spy)
 
     async def check() -> None:
         comp.agent = SimpleNamespace(migrate=migrate)

@@ -162,6 +162,8 @@ the archive waits in order (nothing is lost or done twice). When the work in han
 progress (no byte read, no CPU time) for ``ARCHIVE_STALL_SWEEPS`` x ``archive_gc_s`` (30 s by
 default), the status says so (``migrate.archive.stalled_s``, ``busy``: what waits) and a log
 line and an event (``archive-stalled``) say it once; ``archive-answers`` when it answers again.
+A root job's ``resume_from`` outside ``xfer/`` is checked in a child process like another
+user's (:func:`verify_as_owner`), bounded by ``VERIFY_STALL_S``.
 
 **Replicas held here, and what goes.** Every checkpoint this node receives for another node's job
 is committed as ``<root>/checkpoints/<key>/ckpt-<n>/`` (:class:`laminar.migrate.transfer.Receiver`).
@@ -628,16 +630,20 @@ def _progress(task: str) -> tuple[int, int] | None:
     return rchar, ticks
 
 
-def verify_as_owner(path: str, uid: int, gid: int, stall_s: float = VERIFY_STALL_S) -> None:
+def verify_as_owner(path: str, uid: int, gid: int, stall_s: float | None = None) -> None:
     """Verifies the checkpoint ``path`` (jobkit's check) with the permissions of ``uid``, ``gid``
     and the uid's groups, in a child process that dropped to them, never as root: what a job of
     that user could read, and no more. Blocking (callers run it in a thread), but bounded: a
-    child that makes no progress for ``stall_s`` (:data:`VERIFY_STALL_S`; no byte read, no CPU
-    time: storage that hangs) is killed and never waited for beyond a second more (a read of a
-    dead NFS or FUSE server can hold it unkillable, in D state; it is reaped once it ends).
+    child that makes no progress for ``stall_s`` (default :data:`VERIFY_STALL_S`; no byte read,
+    no CPU time: storage that hangs) is killed and never waited for beyond a second more (a read
+    of a dead NFS or FUSE server can hold it unkillable, in D state; it is reaped once it ends).
     Raises ValueError naming the path and the uid (and, for a hang, the time waited); its text
     holds only what that user could have learnt by looking at the path themselves (a checkpoint
-    they cannot reach is refused alike whether it is valid, corrupt or absent)."""
+    they cannot reach is refused alike whether it is valid, corrupt or absent). For uid 0 (a
+    root job's checkpoint, checked in a child only for the bound) the texts are root's: jobkit's
+    error as ``checkpoint <path> is not restorable: <error>``, no owner named."""
+    stall_s = VERIFY_STALL_S if stall_s is None else stall_s
+    who = "" if uid == 0 else f" as uid {uid} (the job's owner)"
     argv = [sys.executable, "-I", "-c", _VERIFY_AS_OWNER, jobkit.__file__, path, str(uid), str(gid)]
     proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             text=True, env={}, cwd="/")
@@ -656,14 +662,15 @@ def verify_as_owner(path: str, uid: int, gid: int, stall_s: float = VERIFY_STALL
             proc.kill()
             with contextlib.suppress(subprocess.TimeoutExpired):
                 proc.communicate(timeout=1.0)  # reaped now unless unkillable (then by subprocess, later)
-            raise ValueError(f"checkpoint {path} could not be checked as uid {uid} (the job's owner): the check "
-                             f"read nothing for {stall_s:g} s (its storage does not answer) and was stopped") from None
+            raise ValueError(f"checkpoint {path} could not be checked{who}: the check read nothing for {stall_s:g} s "
+                             "(its storage does not answer) and was stopped") from None
     try:
         out = json.loads(stdout)
     except ValueError:
         tail = (stderr.strip().splitlines() or ["no output"])[-1]
-        raise ValueError(f"checkpoint {path} could not be checked as uid {uid} (the job's owner): exit "
-                         f"{proc.returncode}: {tail}") from None
+        raise ValueError(f"checkpoint {path} could not be checked{who}: exit {proc.returncode}: {tail}") from None
+    if uid == 0 and ("denied" in out or "error" in out):
+        raise ValueError(f"checkpoint {path} is not restorable: {out.get('error') or out['denied']}")
     if "denied" in out:
         raise ValueError(f"checkpoint {path}: uid {uid} (the job's owner) cannot read it: {out['denied']}")
     if "error" in out:
@@ -5387,11 +5394,11 @@ class ReclaimComponent:
                     owner_gid = 65534  # nogroup: no group's permission is assumed
             verify_as_owner(str(p), owner_uid, owner_gid)
             return str(p)
+        if not under_root:  # storage that may hang (NFS, FUSE): checked in a child, bounded (root's texts)
+            verify_as_owner(str(p), 0, 0)
+            return str(p)
         try:
-            if under_root:
-                verified_checkpoint(p)
-            else:
-                jobkit.verify_checkpoint(p)
+            verified_checkpoint(p)
         except (TransferError, jobkit.CheckpointError) as e:
             raise ValueError(f"checkpoint {path} is not restorable: {e}") from None
         if recorded is not None:  # a replica, and the guard said whose: the job must be able to read it
