@@ -35,6 +35,9 @@ agent restarted inside the window restores it (queue hold, draining, kill-switch
 of what has not moved; nothing that must not run twice runs twice: :meth:`ReclaimComponent._begin_reclaim`),
 and one started after the window ended clears it (the owner gave the node back), with an event.
 
+The tunables more than one part of the component uses are in :mod:`laminar.migrate.constants`,
+its errors in :mod:`laminar.migrate.errors`.
+
 **A reclaim withdrawn.** An owner may withdraw the notice (a spot rebalance recommendation that
 passed, changed plans) or give the node back after the window::
 
@@ -314,6 +317,15 @@ from laminar.config import Field, _one_of, _range, register_section
 from laminar.migrate import ckpt_driver, drain
 from laminar.migrate import ckpt_schedule as cs
 from laminar.migrate import destination as dst
+from laminar.migrate.constants import (
+    _CKPT_NAME,
+    _SAFE_KEY,
+    DEFAULT_REMAINING_S,
+    HOLD_MIN_S,
+    MIGRATED_ENV,
+    REPLICA_LATE_S,
+)
+from laminar.migrate.errors import HandoverSettled, MigrateError, ReplicaRefused
 from laminar.migrate.evidence import EvidenceStore, NoticeOdds
 from laminar.migrate.hazard import (
     DEFAULT_PRIOR_RATE_PER_H,
@@ -335,15 +347,13 @@ from laminar.migrate.transfer import (
     send_control,
     verified_checkpoint,
 )
+from laminar.migrate.trees import _newest_mtime, _remove_tree
 from laminar.zone.membership import canonical_ip, listen_check
 
 log = logging.getLogger("laminar.migrate")
 
 DEFAULT_PORT = 7442
 DEFAULT_CKPT_BYTES = 64 << 20  # planning size of a job that has not checkpointed yet
-DEFAULT_REMAINING_S = 3600.0  # a job's expected remaining run time when nobody says
-MIGRATED_ENV = "LM_MIGRATED_FROM"  # LAMINAR_* names are reserved by the job manager
-HOLD_MIN_S = 30.0
 # A job writes its checkpoint at its next step boundary: plan for this much until one has been seen.
 DEFAULT_CKPT_PAUSE_S = 2.0
 TRANSFER_MIN_S = 0.25  # the shortest deadline a late transfer is given
@@ -377,9 +387,6 @@ REPLICA_TRASH = "replica-gc"
 REPLICA_GC_S = 30.0
 # Replica states after which this node keeps a key's checkpoints only for a local job using them.
 REPLICA_DONE_STATES = ("released", "handed-over", "placed", "passed", "resumed")
-# A checkpoint committed after its key's row last changed (released, say) may be followed by a
-# guard naming it (the guard is sent after the transfer): kept this long.
-REPLICA_LATE_S = 3600.0
 # A requeued job is placed again from its spec (resume_from included) for a while (zone/loan.py's
 # requeue_for_s); a replica it names is kept as long after it was requeued.
 REPLICA_REQUEUE_HOLD_S = 3600.0
@@ -571,10 +578,6 @@ MOVES_SCHEMA = [
 # A hand-over sent and not answered is asked again at most this far apart (it doubles from 0.2 s).
 HANDOVER_ASK_MAX_S = 5.0
 
-
-_CKPT_NAME = re.compile(r"^ckpt-\d+$")
-_SAFE_KEY = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")  # a transfer's job id (transfer._SAFE)
-
 # The check of a checkpoint as a job's owner (argv: jobkit's file, the path, uid, gid): jobkit is
 # loaded while still root (the owner may not reach the agent's code), then the process takes
 # the owner's uid, gid and groups (its passwd entry's, as the job's setpriv --init-groups; none
@@ -761,35 +764,6 @@ def _read_record(path: Path) -> dict[str, Any] | None:
     except (OSError, ValueError):
         return None
     return rec if isinstance(rec, dict) else None
-
-
-def _newest_mtime(path: Path) -> float:
-    """The newest modification time of ``path`` and everything under it, links not followed
-    (a link's own time). +inf when it cannot be read (so it never looks old)."""
-    try:
-        st = os.lstat(path)
-    except OSError:
-        return math.inf
-    m = st.st_mtime
-    if stat.S_ISDIR(st.st_mode):
-        for top, dirs, files in os.walk(path, followlinks=False):
-            for n in dirs + files:
-                with contextlib.suppress(OSError):
-                    m = max(m, os.lstat(os.path.join(top, n)).st_mtime)
-    return m
-
-
-def _remove_tree(path: Path) -> None:
-    """Removes ``path``: a link or a file as itself, a directory with shutil.rmtree (which never
-    follows links inside it on Linux: ``rmtree.avoids_symlink_attacks``). Errors are ignored (what
-    is left is a tombstone a later sweep removes)."""
-    try:
-        if stat.S_ISDIR(os.lstat(path).st_mode):
-            shutil.rmtree(path, ignore_errors=True)
-        else:
-            os.unlink(path)
-    except OSError:
-        pass
 
 
 def _tree_bytes(path: Path) -> int:
@@ -1009,19 +983,6 @@ def _snapshot_file(src: Path, dst: Path) -> None:
         os.utime(dst, ns=(fst.st_atime_ns, fst.st_mtime_ns))
     finally:
         os.close(fd)
-
-
-class MigrateError(Exception):
-    """A move that cannot go on; the message says why."""
-
-
-class HandoverSettled(MigrateError):
-    """A hand-over an operator settled as not taken by its node (``laminarctl job settle
-    --run-here``): the move ends here, it is not tried on another node."""
-
-
-class ReplicaRefused(MigrateError):
-    """An operator's drop of a key's replicas that is refused now (the message says why and what to do)."""
 
 
 def parse_duration(v: Any) -> float:

@@ -1,0 +1,40 @@
+"""Trees of files on disk the migrate component looks at and removes (the archive's, the
+replicas'): links are never followed."""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import os
+import shutil
+import stat
+from pathlib import Path
+
+
+def _newest_mtime(path: Path) -> float:
+    """The newest modification time of ``path`` and everything under it, links not followed
+    (a link's own time). +inf when it cannot be read (so it never looks old)."""
+    try:
+        st = os.lstat(path)
+    except OSError:
+        return math.inf
+    m = st.st_mtime
+    if stat.S_ISDIR(st.st_mode):
+        for top, dirs, files in os.walk(path, followlinks=False):
+            for n in dirs + files:
+                with contextlib.suppress(OSError):
+                    m = max(m, os.lstat(os.path.join(top, n)).st_mtime)
+    return m
+
+
+def _remove_tree(path: Path) -> None:
+    """Removes ``path``: a link or a file as itself, a directory with shutil.rmtree (which never
+    follows links inside it on Linux: ``rmtree.avoids_symlink_attacks``). Errors are ignored (what
+    is left is a tombstone a later sweep removes)."""
+    try:
+        if stat.S_ISDIR(os.lstat(path).st_mode):
+            shutil.rmtree(path, ignore_errors=True)
+        else:
+            os.unlink(path)
+    except OSError:
+        pass
