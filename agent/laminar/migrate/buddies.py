@@ -1,0 +1,377 @@
+"""Prestaging, buddies and releases: how a running job's checkpoints get off its node before they
+are needed (a part of :class:`laminar.migrate.reclaim.ReclaimComponent`, which inherits
+:class:`BuddiesMixin`; in long form: docs/migration.md, *When the source dies*).
+
+**When the source dies.** Every job has a *buddy*: the node its checkpoints are prestaged to
+(shipped as they are written, when ``ckpt_schedule.notice_fit`` says the final checkpoint would
+not fit the expected notice window, or always with ``prestage = "always"``). With each
+shipped checkpoint the buddy receives the job's spec (an authenticated control message,
+``guard``), so it holds everything needed to resume the job. A buddy resumes the job from its
+newest *verified* replica (:func:`laminar.migrate.transfer.latest_verified`; a checkpoint
+whose transfer did not finish was never committed, so it is never used) once the source is
+dead: it announced a reclaim and then fell silent in the zone for ``dead_after_s`` and does not
+answer when asked (``needs``: one that answers its job lives there is still evacuating it), or
+its window ended, or, with ``orphan_after_s`` set, it fell silent without a notice. Exactly one
+node guards a job at a time: a move hands the guard to the destination (``guard`` there, then
+``release`` to the old buddy), and a node never resumes a job it already runs (the job's
+environment carries ``LM_MIGRATED_FROM``). A failed prestage keeps the job's buddy (it still
+guards the older checkpoint) and tries another peer next (PRESTAGE_FAIL_AVOID_S; a buddy that
+said nothing, :class:`~laminar.migrate.transfer.PeerSilentError`, costs one timeout and is
+avoided by every job's prestage as long: :meth:`ReclaimComponent._silent_peers`); the old buddy
+of a job whose guard went elsewhere is released, and a release that does not arrive is sent again
+(RELEASE_RETRY_S) until it does, also after a restart (table ``migrate_releases``): two guards of
+one job would both resume it.
+
+What the buddy does with the guard once the source is dead is :mod:`laminar.migrate.guard`'s;
+what it keeps of the replicas, :mod:`laminar.migrate.replicas`'s.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from laminar import jobkit
+from laminar.migrate import destination as dst
+from laminar.migrate.errors import MigrateError
+from laminar.migrate.transfer import PeerSilentError, TransferError
+
+if TYPE_CHECKING:
+    from laminar.migrate.reclaim import Move
+
+log = logging.getLogger("laminar.migrate")
+
+# A prestage that failed to a node does not choose it again for the job for this long (another
+# peer is tried; it is the last resort). One to which a prestage found the node silent (no
+# connection accepted, no handshake answered: transfer.PeerSilentError, after ONE timeout) is not
+# chosen for any job's prestage as long, unless the zone hears from it again (_silent_peers).
+PRESTAGE_FAIL_AVOID_S = 60.0
+
+# A ``release`` that did not arrive (the old buddy unreachable then) is sent again this often until
+# it does (also after a restart: ``migrate_releases``; to a node gone from the roster once it is
+# back in it), or RELEASE_GIVE_UP_S passed since it was first owed (the guard's own ``needs``
+# check then ends it).
+RELEASE_RETRY_S = 5.0
+RELEASE_GIVE_UP_S = 86400.0
+
+# A buddy whose operator dropped a job's guard by force (control op ``dropped``) is not chosen
+# again as that job's buddy for this long (the drop freed its disk on purpose), unless it is the
+# only peer that can take the job's checkpoints.
+REPLICA_DROP_AVOID_S = 3600.0
+
+
+class BuddiesMixin:
+    """Prestaging to a job's buddy, the buddies kept in the store, and releases owed to old buddies."""
+
+    if TYPE_CHECKING:
+        # what this mixin uses of ReclaimComponent (its __init__ and its other parts)
+        _avoid_until: dict[str, dict[int, float]]
+        _drops: dict[str, int]
+        _moves_begun: dict[str, int]
+        _prestage_sends: dict[str, asyncio.Task[str]]
+        _prestaging: set[str]
+        _releases: dict[tuple[int, str], tuple[float, float]]
+        _releasing: set[tuple[int, str]]
+        _silent: dict[int, tuple[float, float]]
+        agent: Any
+        buddy: dict[str, int]
+        counts: dict[str, int]
+        evacuating: set[str]
+        notices: dict[int, tuple[float, float]]
+        s: dict[str, Any]
+        shipped: dict[str, str]
+
+        def _asked_about(self, node: str, key: str, op: str) -> tuple[int, str | None]: ...
+        def _ckpt_bytes(self, job: Any) -> int: ...
+        async def _control(self, node: int, op: str, body: Any, timeout: float = 5.0) -> Any: ...
+        def _emit(self, message: str, **fields: Any) -> None: ...
+        async def _guard(self, job: Any, node: int, ckpt_name: str, take_over: bool = False) -> None: ...
+        def _last_seen(self, node: int) -> float: ...
+        async def _send(self, job: Any, ckpt: Path, node: int, deadline_mono: float | None, mv: Move | None,
+                        silent_retries: int | None = None) -> str: ...
+        def _should_prestage(self, job: Any) -> bool: ...
+        def _spawn(self, coro: Any) -> asyncio.Task[Any]: ...
+        def job_key(self, job: Any) -> str: ...
+        @property
+        def node_id(self) -> int: ...
+        def rank_for(self, job: Any, ckpt_bytes: float, window_s: float | None, prestaged: bool) -> list[dst.Ranked]: ...
+        async def rank_holders(self, key: str, size: int, window_s: float | None, prefer: int | None) -> list[Any]: ...
+        @property
+        def zone(self) -> Any: ...
+
+    def _prestage_round(self) -> None:
+        if self.zone is None:
+            return
+        # A job that ended here by itself (or was stopped by a person) needs no guard any more;
+        # one reclaimed, lost or migrated keeps it (the buddy resumes it, or the move moved it).
+        for jid, node in list(self.buddy.items()):
+            job = self.agent.jobs.get(jid)
+            if job is None or (not job.active and job.state in ("exited", "stopped", "failed")):
+                self._forget_buddy(jid)
+                self.shipped.pop(jid, None)
+                self._moves_begun.pop(jid, None)
+                self._spawn(self._release(node, f"n{self.node_id}-{jid}"))
+        if self.s["prestage"] == "off":
+            return
+        for job in list(self.agent.jobs.active()):
+            if job.id in self.evacuating or job.id in self._prestaging or not job.ckpt_dir:
+                continue
+            cks = jobkit.list_checkpoints(job.ckpt_dir)
+            if not cks or self.shipped.get(job.id) == cks[-1].name:
+                continue
+            if not self._should_prestage(job):
+                continue
+            self._prestaging.add(job.id)
+            self._spawn(self._prestage(job))
+
+    async def _prestage(self, job: Any) -> None:
+        """Ships the job's newest checkpoint to its buddy (a new one by the usual choice when it
+        has none, or its buddy is suspect, under a notice, or to be avoided: :meth:`_avoided_buddies`)
+        and hands it the guard; the old buddy is then released (:meth:`_release`, sent again until
+        it arrives). A failure keeps the buddy the job had (it still guards the job's older
+        checkpoint) and avoids the node that failed for PRESTAGE_FAIL_AVOID_S."""
+        node: int | None = None
+        drops = self._drops.get(job.id, 0)
+        moves = self._moves_begun.get(job.id, 0)
+        try:
+            ckpt = jobkit.latest_checkpoint(job.ckpt_dir)
+            if ckpt is None:
+                return
+            node = self.buddy.get(job.id)
+            silent = self._silent_peers()
+            avoid = self._avoided_buddies(job.id) | silent
+            if node is None or node in self.notices or node in self.zone.membership.suspects or node in avoid:
+                ranked = [int(r.candidate.node)
+                          for r in self.rank_for(job, float(self._ckpt_bytes(job)), None, False) if r.feasible]
+                choice = [n for n in ranked if n not in avoid]
+                if not choice:  # no peer has room for the job: a peer with the disk space holds its replicas
+                    holders = [int(h.candidate.node) for h in
+                               await self.rank_holders(self.job_key(job), self._ckpt_bytes(job), None, None) if h.feasible]
+                    # a peer that dropped the job's guard is the last resort (no other can take it)
+                    choice = [n for n in holders if n not in avoid] or [n for n in ranked or holders if n not in silent]
+                if not choice:
+                    return
+                node = choice[0]
+            # one timeout at a silent buddy, then the next round sends to another peer: never the
+            # transfer's whole retry ladder (a minute) with no newer checkpoint off the node
+            send = asyncio.ensure_future(self._send(job, ckpt, node, None, None, silent_retries=0))
+            self._prestage_sends[job.id] = send
+            try:
+                await send
+            except asyncio.CancelledError:
+                if (task := asyncio.current_task()) is not None and task.cancelling():
+                    raise  # this prestage is cancelled (the agent stops), not only its send
+                log.info("migrate: prestaging %s to node %d: superseded by a move of the job", job.id, node)
+                return
+            finally:
+                self._prestage_sends.pop(job.id, None)
+            if job.id in self.evacuating or self._moves_begun.get(job.id, 0) != moves:
+                return  # a move (begun since) decides who guards the job now
+            await self._guard(job, node, ckpt.name)
+            if self._moves_begun.get(job.id, 0) != moves:
+                # a move began while the guard was on its way: the move hands the guard to its
+                # destination; the one just sent is withdrawn
+                await self._release(node, self.job_key(job))
+                return
+            if self._drops.get(job.id, 0) != drops and node in self._avoided_buddies(job.id):
+                # its operator dropped the job's replicas there while this prestage ran: the guard
+                # just sent may name a checkpoint it no longer holds; withdraw it, try another next
+                log.info("migrate: node %d dropped %s during its prestage: not its buddy", node, job.id)
+                await self._release(node, self.job_key(job))
+                return
+            old = self.buddy.get(job.id)
+            self._set_buddy(job.id, node)
+            if old is not None and old != node:  # not awaited: an old buddy gone silent held the job's next prestage
+                self._spawn(self._release(old, self.job_key(job)))
+            self.shipped[job.id] = ckpt.name
+            self.counts["prestaged"] += 1
+            self._emit(f"{job.id}: {ckpt.name} prestaged to node {node}", persist=False, job=job.id, node=node,
+                       ckpt=ckpt.name, phase="prestaged")
+        except (TransferError, MigrateError, OSError, TimeoutError, jobkit.CheckpointError) as e:
+            log.info("migrate: prestaging %s to node %s failed: %s", job.id, node, e)
+            if node is not None:  # the buddy stays the job's (it guards the older checkpoint); try another next
+                self._avoid(job.id, node, PRESTAGE_FAIL_AVOID_S)
+                if isinstance(e, PeerSilentError):  # and every job's next prestage (and move) avoids it too
+                    self._mark_silent(node)
+        finally:
+            self._prestaging.discard(job.id)
+
+    def _supersede_prestage(self, job_id: str) -> None:
+        """A move of ``job_id`` begins: a prestage of it still sending is cancelled (the move
+        needs the uplink, and it decides who guards the job), and one past its send stands down
+        (:meth:`_prestage` compares ``_moves_begun``)."""
+        self._moves_begun[job_id] = self._moves_begun.get(job_id, 0) + 1
+        send = self._prestage_sends.get(job_id)
+        if send is not None and not send.done():
+            send.cancel()
+
+    def _avoided_buddies(self, job_id: str, now: float | None = None) -> set[int]:
+        """Peers not to choose as ``job_id``'s buddy now: their operator dropped its guard less
+        than REPLICA_DROP_AVOID_S ago, or a prestage to them failed less than
+        PRESTAGE_FAIL_AVOID_S ago."""
+        now = time.time() if now is None else now
+        seen = {n: t for n, t in self._avoid_until.get(job_id, {}).items() if now < t}
+        if seen:
+            self._avoid_until[job_id] = seen
+        else:
+            self._avoid_until.pop(job_id, None)
+        return set(seen)
+
+    def _mark_silent(self, node: int) -> None:
+        """A prestage, a move or a hold found ``node`` silent
+        (:class:`~laminar.migrate.transfer.PeerSilentError`): see :meth:`_silent_peers`."""
+        now = time.time()
+        self._silent[node] = (now, now + PRESTAGE_FAIL_AVOID_S)
+
+    def _silent_peers(self, now: float | None = None) -> set[int]:
+        """Peers a prestage, a move or a hold found silent (:class:`~laminar.migrate.transfer.PeerSilentError`)
+        less than PRESTAGE_FAIL_AVOID_S ago that the zone has not heard from since: no job's
+        prestage, move or hold goes to them (the zone's own suspects are not chosen either)."""
+        now = time.time() if now is None else now
+        self._silent = {n: (t, u) for n, (t, u) in self._silent.items() if now < u and self._last_seen(n) <= t}
+        return set(self._silent)
+
+    def _avoid(self, job_id: str, node: int, for_s: float) -> None:
+        until = time.time() + for_s
+        d = self._avoid_until.setdefault(job_id, {})
+        d[node] = max(d.get(node, 0.0), until)
+
+    def _answer_dropped(self, node: str, key: str) -> dict[str, Any]:
+        """``node``'s operator dropped the guard of ``key`` held there by force (control op
+        ``dropped``). When ``node`` is the job's buddy here (or its buddy is unknown, after a
+        restart), this node forgets it: the job's newest checkpoint is prestaged again at the next
+        round, to the usual buddy choice without ``node`` (REPLICA_DROP_AVOID_S; ``node`` only when
+        no other peer can take it). Returns ``{"key", "forgot", "prestages", "why"}``."""
+        asker, jid = self._asked_about(node, key, "dropped")
+        if jid is None:
+            return {"key": key, "forgot": False, "prestages": False, "why": f"{key} is not a job of node {self.node_id}"}
+        jobs = getattr(self.agent, "jobs", None)
+        job = jobs.get(jid) if jobs is not None else None
+        if job is None:
+            return {"key": key, "forgot": False, "prestages": False,
+                    "why": f"node {self.node_id} has no record of job {jid}"}
+        buddy = self.buddy.get(jid)
+        if buddy is not None and buddy != asker:
+            return {"key": key, "forgot": False, "prestages": False,
+                    "why": f"node {buddy} guards job {jid} now, not node {asker}: nothing changes"}
+        self._forget_buddy(jid)
+        self.shipped.pop(jid, None)
+        self._avoid(jid, asker, REPLICA_DROP_AVOID_S)
+        self._drops[jid] = self._drops.get(jid, 0) + 1  # a prestage to it running now must not count
+        prestages = bool(job.active) and self.s["prestage"] != "off" and job.id not in self.evacuating
+        if prestages:
+            why = f"job {jid} is {job.state}: its newest checkpoint goes to another buddy at the next prestage round"
+        else:
+            why = (f"job {jid} is {job.state} here and is not prestaged again: unless the archive holds it, no other "
+                   "copy of its checkpoint is guarded")
+        log.warning("migrate: node %d dropped the guard of %s (an operator's forced drop): %s", asker, key, why)
+        self._emit(f"{jid}: node {asker} dropped its guard (an operator's forced drop); {why}", job=jid, key=key,
+                   node=asker, phase="guard-dropped")
+        return {"key": key, "forgot": True, "prestages": prestages, "why": why}
+
+    def _set_buddy(self, job_id: str, node: int) -> None:
+        """``node`` guards ``job_id`` now (kept in the store: a restarted agent still knows it); a
+        release of it still pending is void."""
+        self.buddy[job_id] = node
+        self._releases.pop((node, f"n{self.node_id}-{job_id}"), None)
+        with contextlib.suppress(Exception), self.agent.store.tx() as db:  # the store is the agent's
+            db.execute("INSERT INTO migrate_buddies VALUES (?, ?, ?) ON CONFLICT(job_id) DO UPDATE SET "
+                       "node=excluded.node, updated=excluded.updated", (job_id, node, time.time()))
+            db.execute("DELETE FROM migrate_releases WHERE node=? AND key=?", (node, f"n{self.node_id}-{job_id}"))
+
+    def _forget_buddy(self, job_id: str) -> int | None:
+        """``job_id`` has no buddy any more (here and in the store); returns the one it had."""
+        old = self.buddy.pop(job_id, None)
+        with contextlib.suppress(Exception), self.agent.store.tx() as db:
+            db.execute("DELETE FROM migrate_buddies WHERE job_id=?", (job_id,))
+        return old
+
+    def _owe_release(self, node: int, key: str, db: Any = None) -> None:
+        """Records (in the store, ``migrate_releases``) that ``node`` is to be told it no longer
+        guards ``key``, before any try: what a stop or crash cuts is sent again by the next start
+        (:meth:`_restore_releases`). ``db``: a transaction to write it in (else its own). Never
+        raises (the store is the agent's: a failed write leaves the release in memory only)."""
+        row = (node, key, time.time())
+        if db is not None:
+            db.execute("INSERT OR IGNORE INTO migrate_releases VALUES (?, ?, ?, '')", row)
+            return
+        with contextlib.suppress(Exception), self.agent.store.tx() as tx:
+            tx.execute("INSERT OR IGNORE INTO migrate_releases VALUES (?, ?, ?, '')", row)
+
+    def _drop_release(self, pair: tuple[int, str]) -> None:
+        self._releases.pop(pair, None)
+        with contextlib.suppress(Exception), self.agent.store.tx() as db:
+            db.execute("DELETE FROM migrate_releases WHERE node=? AND key=?", pair)
+
+    def _release_void(self, node: int, key: str) -> bool:
+        """Whether ``node`` is ``key``'s job's buddy again (it guards the job: nothing to release)."""
+        prefix = f"n{self.node_id}-"
+        return key.startswith(prefix) and self.buddy.get(key[len(prefix):]) == node
+
+    def _restore_releases(self) -> None:
+        """At start: each release a stop or crash left unsent or unanswered (``migrate_releases``)
+        is due at once (:meth:`_release_round`), and given up RELEASE_GIVE_UP_S after it was first
+        owed; one whose node is the job's buddy again goes."""
+        now, mono = time.time(), time.monotonic()
+        for r in self.agent.store.db.execute("SELECT node, key, since FROM migrate_releases").fetchall():
+            pair = (int(r["node"]), str(r["key"]))
+            if self._release_void(*pair):
+                self._drop_release(pair)
+            else:
+                self._releases[pair] = (mono, mono + max(0.0, float(r["since"]) + RELEASE_GIVE_UP_S - now))
+
+    async def _release(self, node: int, key: str) -> None:
+        """Tells ``node`` it no longer guards ``key`` (control op ``release``). It is recorded
+        first (:meth:`_owe_release`); one that does not arrive is sent again every
+        RELEASE_RETRY_S (:meth:`_release_round`), also after a restart, until ``node`` answers,
+        RELEASE_GIVE_UP_S passed, or ``node`` is the job's buddy again: else the node would go on
+        guarding an older checkpoint beside the job's new buddy (or beside the job itself, after a
+        ``settle --run-here``), and resume it when this node is declared dead. A node that is not
+        in the zone's roster (it left it) is sent it once it is again. Never raises."""
+        pair = (node, key)
+        if self._release_void(node, key):
+            self._drop_release(pair)  # it guards the job again: nothing to release
+            return
+        self._owe_release(node, key)
+        self._releasing.add(pair)
+        try:
+            await self._control(node, "release", {"key": key})
+        except (MigrateError, TransferError, OSError, TimeoutError) as e:
+            mono = time.monotonic()
+            at, give_up = self._releases.get(pair, (None, mono + RELEASE_GIVE_UP_S))
+            if mono >= give_up:
+                self._drop_release(pair)
+                log.warning("migrate: release of %s at node %d failed: %s (given up: its guard is checked with "
+                            "this node after replica_guard_check_s)", key, node, e)
+            else:
+                self._releases[pair] = (mono + RELEASE_RETRY_S, give_up)
+                with contextlib.suppress(Exception), self.agent.store.tx() as db:
+                    db.execute("UPDATE migrate_releases SET last_error=? WHERE node=? AND key=?", (str(e), node, key))
+                # once per release (its tries go on every RELEASE_RETRY_S for as long as node is down)
+                log.log(logging.INFO if at is None else logging.DEBUG,
+                        "migrate: release of %s at node %d failed: %s (sent again every %g s until it arrives)",
+                        key, node, e, RELEASE_RETRY_S)
+        else:
+            self._drop_release(pair)
+        finally:
+            self._releasing.discard(pair)
+
+    def _release_round(self) -> None:
+        """Sends again each release that did not arrive and is due (:meth:`_release`), to a node in
+        the zone's roster; gives up one owed for RELEASE_GIVE_UP_S."""
+        mono = time.monotonic()
+        z = self.zone
+        for pair, (at, give_up) in list(self._releases.items()):
+            if pair in self._releasing:
+                continue
+            if mono >= give_up:
+                self._drop_release(pair)
+                log.warning("migrate: release of %s at node %d given up after %g s (its guard is checked with this "
+                            "node after replica_guard_check_s)", pair[1], pair[0], RELEASE_GIVE_UP_S)
+            elif mono >= at and z is not None and pair[0] in z.membership.by_node:
+                self._releasing.add(pair)
+                self._spawn(self._release(*pair))
