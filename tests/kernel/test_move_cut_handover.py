@@ -201,14 +201,14 @@ async def running_rig(tmp: Path) -> AsyncIterator[tuple[Rig, Any]]:
 
 
 def transfer_in_place(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Stand-in for the checkpoint transfer of a guard's placement: node 2 reads the replica's
-    directory here (both on this machine)."""
-    import laminar.migrate.reclaim as reclaim_mod
+    """Stand-in for the checkpoint transfer of a guard's placement (``GuardMixin._place_on``, in
+    laminar.migrate.guard): node 2 reads the replica's directory here (both on this machine)."""
+    import laminar.migrate.guard as guard_mod
 
     async def sent(addr: str, port: int, path: Path, key: str, *_: Any, **__: Any) -> Any:
         return SimpleNamespace(remote_path=str(path))
 
-    monkeypatch.setattr(reclaim_mod, "send_checkpoint", sent)
+    monkeypatch.setattr(guard_mod, "send_checkpoint", sent)
 
 
 async def sleeper(jobs: Any, name: str) -> Any:
@@ -494,17 +494,17 @@ class GuardRig:
     which node 2's zone asks as an agent's does (the checkpoint's check, a take-over's job)."""
 
     def __init__(self, tmp: Path, jobs: Any, rig: Rig, monkeypatch: pytest.MonkeyPatch) -> None:
-        import laminar.migrate.reclaim as reclaim_mod
+        import laminar.migrate.guard as guard_mod  # the placement's transfer (GuardMixin._place_on)
         from laminar.store import Store
 
         self.tmp, self.jobs, self.rig = tmp, jobs, rig
         self.port2 = free_port(socket.SOCK_STREAM)
-        real_send = reclaim_mod.send_checkpoint
+        real_send = guard_mod.send_checkpoint
 
         async def to_node2(addr: str, port: int, *a: Any, **kw: Any) -> Any:
             return await real_send(addr, self.port2, *a, **kw)
 
-        monkeypatch.setattr(reclaim_mod, "send_checkpoint", to_node2)
+        monkeypatch.setattr(guard_mod, "send_checkpoint", to_node2)
         self.store2 = Store(tmp / "node2.db")
         self.node2: ReclaimComponent | None = None
         self.key = f"lm-t-mvcut-{secrets.token_hex(4)}"

@@ -1,0 +1,776 @@
+"""A guard of another node's job: its source's death, the take-over, the placement elsewhere and
+the hand-over (a part of :class:`laminar.migrate.reclaim.ReclaimComponent`, which inherits
+:class:`GuardMixin`; in long form: docs/migration.md, *When the source dies* and *No room
+anywhere: storage holders and the retrying guard*).
+
+A node guards a job of another node once the job's source handed it the guard (control op
+``guard``, after the transfer of the checkpoint it names: :mod:`laminar.migrate.buddies` on the
+source). It resumes the job when the source is dead (its reclaim window ended, or it fell silent
+after a notice for ``dead_after_s`` and does not answer ``needs``, or, with ``orphan_after_s``
+set, it fell silent without one) or stopped the job and handed it over with ``take_over`` (a
+storage holder, a guard passed on).
+
+**The retrying guard.** A guard whose source is dead (or stopped the job, ``take_over``)
+resumes the job from its newest verified replica: here when this node has room, else on the
+best-ranked peer with room (:func:`laminar.migrate.destination.rank` over the peers' zone
+summaries, then the zone's probe/offer/commit, the transfer, the guard handed over, the
+hand-over with ``resume_from``: the same choice and mechanism as a move), else it looks again
+after ``retry_base_s``, doubling up to ``retry_max_s`` (:class:`laminar.migrate.holder.RetrySchedule`;
+replica state ``waiting``, the next look in the ``migrate_retry`` table, so a restarted agent
+goes on where it stopped). A ``waiting`` guard whose source was declared dead by a silence and
+is heard from again asks it first (control op ``needs``, whose answer carries the job's state
+there): a job that lives there makes it ``guarding`` again (event phase ``guarding-again``),
+never a second copy. A guard that is itself reclaimed passes every job it holds for a
+stopped source (``waiting``, or ``take_over``) on to the best holder among its live peers
+(state ``passed``; :meth:`ReclaimComponent._pass_guards`, in reclaim.py).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import math
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from laminar.migrate import destination as dst
+from laminar.migrate.constants import DEFAULT_REMAINING_S, HOLD_MIN_S, MIGRATED_ENV
+from laminar.migrate.errors import HandoverSettled, MigrateError
+from laminar.migrate.transfer import TransferError, latest_verified, send_checkpoint
+
+if TYPE_CHECKING:
+    from laminar.migrate.holder import RetrySchedule
+    from laminar.migrate.reclaim import ArchiveLane
+
+log = logging.getLogger("laminar.migrate")
+
+# A hand-over sent and not answered is asked again at most this far apart (it doubles from 0.2 s).
+HANDOVER_ASK_MAX_S = 5.0
+
+# A source's job in these states lives there (runs, or will): a guard must not revive it elsewhere.
+SOURCE_LIVE_STATES = ("queued", "starting", "running", "suspended")
+
+
+class GuardMixin:
+    """A guard's watch of its sources, its take-over of a dead source's job, and hand-overs."""
+
+    if TYPE_CHECKING:
+        # what this mixin uses of ReclaimComponent (its __init__ and its other parts)
+        _alive_asked: dict[str, float]
+        _asking: dict[str, dict[str, Any]]
+        _fenced: dict[str, int]
+        _lane: ArchiveLane
+        _reclaim_unknown: dict[str, float]
+        _started: float
+        _starting: dict[str, asyncio.Future[str | None]]
+        _taking: set[str]
+        _xfer_local: str | None
+        agent: Any
+        counts: dict[str, int]
+        notices: dict[int, tuple[float, float]]
+        reclaim: dict[str, Any] | None
+        retry: RetrySchedule
+        root: Path | None
+        s: dict[str, Any]
+
+        def _archive_root(self) -> Path | None: ...
+        def _archive_unless_archived(self, key: str, ckpt: Path, record: dict[str, Any]) -> Path | None: ...
+        def _archived_newer(self, key: str, path: Path) -> Path | None: ...
+        def _claim_archived(self, key: str) -> tuple[bool, str | None, bool]: ...
+        def _claim_done(self, key: str, who: str, runs: tuple[int, str] | None = None) -> None: ...
+        async def _control(self, node: int, op: str, body: Any, timeout: float = 5.0) -> Any: ...
+        def _emit(self, message: str, **fields: Any) -> None: ...
+        def _last_seen(self, node: int) -> float: ...
+        def _peer(self, node: int) -> tuple[str, int, bytes, int]: ...
+        def _placed_as(self, key: str) -> tuple[int, str] | None: ...
+        async def _release(self, node: int, key: str) -> None: ...
+        async def _reserve(self, node: int, demand: Any, hold_s: float) -> int: ...
+        def _resume_copy(self, path: Path, uid: int, gid: int) -> Path: ...
+        def _spawn(self, coro: Any) -> asyncio.Task[Any]: ...
+        def _tell_release(self, node: int, pid: int, key: str) -> None: ...
+        def _unclaim(self, key: str) -> None: ...
+        def candidates(self, need: dst.Resources) -> list[dst.Candidate]: ...
+        @property
+        def node_id(self) -> int: ...
+        def replica_gc(self, key: str, newest: str | None = None, unclaimed: bool = False) -> list[str]: ...
+        def withdrawn_notice(self, node: int) -> list[str]: ...
+        @property
+        def zone(self) -> Any: ...
+
+    def _source_dead(self, src: int, now: float, window_end: float | None = None) -> str | None:
+        """Why the source of a replica counts as dead, or None while it may be alive.
+        ``window_end``: the end of the source's reclaim window as its guard message said."""
+        end = self._window_end(src, window_end)
+        if end is not None and now >= end:
+            return f"node {src}'s reclaim window ended"
+        seen = self._last_seen(src)
+        silent = now - seen if seen >= 0 else math.inf
+        notice = self.notices.get(src)
+        dead_after = float(self.s["dead_after_s"])
+        if notice is not None and silent >= dead_after and now - notice[1] >= dead_after:
+            return f"node {src} went silent {silent:.1f} s after announcing its reclaim"
+        orphan = float(self.s["orphan_after_s"])
+        if orphan > 0 and silent >= orphan:
+            return f"node {src} silent for {silent:.1f} s"
+        return None
+
+    async def _guard_round(self) -> None:
+        """Starts the take-over of each guarded job that is due: its source is dead (or stopped
+        the job and asked for it, ``take_over``), or it waits for room and its next look is due
+        (``migrate_retry``, kept across restarts)."""
+        db = self.agent.store.db
+        rows = db.execute("SELECT * FROM migrate_replicas WHERE state IN ('guarding', 'waiting')").fetchall()
+        now = time.time()
+        for row in rows:
+            key = row["key"]
+            if key in self._taking:
+                continue
+            if row["state"] == "waiting":
+                r = db.execute("SELECT next_at, why FROM migrate_retry WHERE key=?", (key,)).fetchone()
+                if r is not None and now < float(r["next_at"]):
+                    continue
+                why = str(r["why"]) if r is not None else "waiting for room"
+                if self._source_back(row, now):  # ask it before reviving a job that may run there again
+                    self._taking.add(key)
+                    self._spawn(self._take_over_unless_back(row, why))
+                    continue
+            else:
+                try:
+                    req = json.loads(row["request"])
+                except ValueError:
+                    req = {}
+                if now < float(req.get("not_before") or 0.0):
+                    continue  # a guard handed over with a job being handed over: not before that ends
+                why_d = self._source_dead(int(row["src_node"]), now, req.get("window_end"))
+                if why_d is None and req.get("take_over"):
+                    why_d = f"node {row['src_node']} stopped the job and left its checkpoint here"
+                if why_d is None:
+                    continue
+                if not req.get("take_over") and self._window_open(int(row["src_node"]), now, req.get("window_end")):
+                    # Silent in the zone while its window is open: a source still evacuating (loaded,
+                    # its summaries lost) would run the job twice with this take-over: ask it first.
+                    if time.monotonic() - self._alive_asked.get(key, -math.inf) < float(self.s["dead_after_s"]):
+                        continue
+                    self._taking.add(key)
+                    self._spawn(self._take_over_unless_alive(row, why_d))
+                    continue
+                if not req.get("take_over") and self._missed_news(row, req, now):
+                    # its window ended, but this agent may have missed its withdrawal: ask first
+                    if time.monotonic() - self._alive_asked.get(key, -math.inf) < float(self.s["dead_after_s"]):
+                        continue
+                    if self._reclaim_unknown.get(key) == float(row["updated"]) and \
+                            now - self._last_seen(int(row["src_node"])) < float(self.s["dead_after_s"]):
+                        continue  # an older source said its job lives there; asked again once it falls silent
+                    self._taking.add(key)
+                    self._spawn(self._take_over_unless_alive(row, why_d, missed=True))
+                    continue
+                why = why_d
+            self._taking.add(key)
+            self._spawn(self._take_over(row, why))
+
+    def _window_end(self, src: int, window_end: float | None) -> float | None:
+        """The end (wall clock) of ``src``'s reclaim window: the earlier of ``window_end`` (what
+        its guard message said) and its zone notice's; None when neither is known."""
+        notice = self.notices.get(src)
+        ends = [float(e) for e in (window_end, notice[0] if notice is not None else None) if e is not None]
+        return min(ends) if ends else None
+
+    def _window_open(self, src: int, now: float, window_end: float | None) -> bool:
+        """Whether ``src``'s reclaim window (its guard message's or its notice's) has not ended."""
+        end = self._window_end(src, window_end)
+        return end is not None and now < end
+
+    def _missed_news(self, row: Any, req: dict[str, Any], now: float) -> bool:
+        """Whether the guard ``row`` (its ``request`` ``req``), whose source's reclaim window
+        ended, may have missed the source's news before that end (its withdrawal, control op
+        ``reclaim-withdrawn``, sent again only until the window's end): this agent started after
+        the guard message that told it the window's end (it was down for part of the window; a
+        window known only from the zone's notice was heard by this agent since it started), or it
+        heard nothing from the source (zone membership) in the zone's ``peer_timeout_s`` (at least
+        ``dead_after_s``) before the end. A guard up the whole window that heard from its source
+        takes over at once."""
+        src = int(row["src_node"])
+        end = self._window_end(src, req.get("window_end"))
+        if end is None or now < end:
+            return False
+        if req.get("window_end") is not None and self._started > float(row["updated"]):
+            return True
+        z = self.zone
+        quiet = float(getattr(z, "s", {}).get("peer_timeout_s", 0.0) or 0.0) if z is not None else 0.0
+        return self._last_seen(src) < end - max(quiet, float(self.s["dead_after_s"]))
+
+    async def _take_over_unless_alive(self, row: Any, why: str, missed: bool = False) -> None:
+        """A source silent in the zone during its reclaim window is asked (control op ``needs``)
+        before its job is taken over: one that answers that the job lives there keeps it (it is
+        evacuating it: a take-over here would run it twice; asked again after ``dead_after_s``);
+        no answer (gone, its agent dead) or any other answer goes on with the take-over. Never
+        raises. ``missed``: the window ended and this agent may have missed the source's news
+        (:meth:`_missed_news`): a job that lives there on a node with no reclaim (``reclaim``
+        false in the answer) means the reclaim was withdrawn: the source's window is forgotten
+        (:meth:`withdrawn_notice`) and the guard guards on; an answer without ``reclaim`` (an
+        older agent) keeps the guard and the window, once, and :meth:`_guard_round` asks again
+        only once the zone stops hearing from the source (``dead_after_s``) or a new guard
+        message came; a clear "not needed" ends the guard (as :meth:`_check_guard`: its release
+        may have been missed too)."""
+        key, src = str(row["key"]), int(row["src_node"])
+        try:
+            try:
+                ans = await self._control(src, "needs", {"key": key}, timeout=float(self.s["dead_after_s"]) + 2.0)
+            except (MigrateError, TransferError, OSError, TimeoutError) as e:
+                log.info("migrate: node %d did not answer whether %s lives there (before its take-over): %s",
+                         src, key, e)
+                ans = None
+                if missed:
+                    why = f"{why} (asked first, this agent may have missed its news: no answer, {e or type(e).__name__})"
+            if missed and isinstance(ans, dict) and ans.get("key") == key and ans.get("needed") is False:
+                with self.agent.store.tx() as db:
+                    cur = db.execute("UPDATE migrate_replicas SET state='released', updated=? WHERE key=? AND "
+                                     "state='guarding' AND updated=?", (time.time(), key, row["updated"]))
+                if cur.rowcount == 1:
+                    self.counts["replica_guards_ended"] = self.counts.get("replica_guards_ended", 0) + 1
+                    self._emit(f"{key}: node {src}'s reclaim window ended while this agent may have missed its news; "
+                               f"it no longer needs this guard ({ans.get('why', '')}); its replicas go", key=key,
+                               src_node=src, phase="guard-ended", src_state=ans.get("state"))
+                    self._taking.discard(key)  # the GC leaves a key whose take-over runs
+                    with contextlib.suppress(Exception):
+                        self.replica_gc(key)
+                return
+            if isinstance(ans, dict) and ans.get("key") == key and ans.get("state") in SOURCE_LIVE_STATES:
+                withdrawn = missed and ans.get("reclaim") is False
+                first = key not in self._alive_asked
+                self._alive_asked[key] = time.monotonic()
+                if withdrawn:
+                    self.withdrawn_notice(src)  # its window no longer ends anything here
+                if missed and "reclaim" not in ans:
+                    # an older agent (its answer has no ``reclaim``): whether it withdrew the reclaim
+                    # is unknown, so its window is kept, but its job lives there: not taken over,
+                    # and not asked again every dead_after_s while the zone hears from it (else
+                    # forever: a question, a log line and an event each time); asked again once
+                    # it falls silent (gone: no answer, the take-over) or sends a new guard
+                    told = self._reclaim_unknown.get(key) == float(row["updated"])
+                    self._reclaim_unknown[key] = float(row["updated"])
+                    if not told:
+                        self._emit(f"{key}: node {src} answers after its reclaim window ended (this agent may have "
+                                   "missed its news) that its job runs there, without saying whether it still has "
+                                   "a reclaim (an older agent); guarding on, not taken over here, and not asked "
+                                   f"again while the zone hears from node {src}", key=key, src_node=src,
+                                   phase="source-alive", src_state=ans.get("state"), withdrawn=None)
+                    return
+                if first or withdrawn:
+                    self._emit(f"{key}: node {src} " + (
+                        "answers after its reclaim window ended (this agent may have missed its news): its job runs "
+                        "there and it has no reclaim (withdrawn); guarding on, not taken over here" if withdrawn else
+                        "is silent in the zone during its reclaim window but answers: its job lives there (being "
+                        "moved); not taken over here"), key=key, src_node=src, phase="source-alive",
+                        src_state=ans.get("state"), withdrawn=withdrawn)
+                return
+            await self._take_over_once(row, key, why)
+        except Exception:
+            log.exception("migrate: take-over of %s", key)
+        finally:
+            self._taking.discard(key)
+
+    def _source_back(self, row: Any, now: float) -> bool:
+        """Whether the source of a ``waiting`` guard that was declared dead is heard from again: a
+        zone member, not a suspect, heard from at least once by this agent, no longer dead by
+        :meth:`_source_dead` (a silence that ended; a reclaim window that ended stays dead). A
+        guard handed over with a stopped job (``take_over``) never asks: the job runs nowhere."""
+        try:
+            req = json.loads(row["request"])
+        except ValueError:
+            return False
+        if not isinstance(req, dict) or req.get("take_over"):
+            return False
+        src = int(row["src_node"])
+        z = self.zone
+        if z is None or src == self.node_id or src not in z.membership.by_node or src in z.membership.suspects:
+            return False
+        if self._last_seen(src) < 0:
+            return False  # never heard from since this agent started: no evidence it is back
+        return self._source_dead(src, now, req.get("window_end")) is None
+
+    async def _take_over_unless_back(self, row: Any, why: str) -> None:
+        """A ``waiting`` guard whose source is heard from again (:meth:`_source_back`; a silence
+        taken for a death, a partition that healed) asks it (control op ``needs``) before the
+        take-over's next look: a job that lives there (SOURCE_LIVE_STATES) makes the guard
+        ``guarding`` again (reviving it here or elsewhere would run it twice); a clear "not needed"
+        releases it (as :meth:`_check_guard`); anything else (no answer, an older agent that sends
+        no state, a job lost or reclaimed there) goes on with the take-over. Never raises."""
+        key = str(row["key"])
+        src = int(row["src_node"])
+        try:
+            try:
+                ans = await self._control(src, "needs", {"key": key})
+            except (MigrateError, TransferError, OSError, TimeoutError) as e:
+                log.info("migrate: node %d is heard from again but did not answer about %s: %s", src, key, e)
+                ans = None
+            if isinstance(ans, dict) and ans.get("key") == key:
+                state = ans.get("state")
+                if ans.get("needed") is False or state in SOURCE_LIVE_STATES:
+                    new = "released" if ans.get("needed") is False else "guarding"
+                    with self.agent.store.tx() as db:
+                        cur = db.execute("UPDATE migrate_replicas SET state=?, updated=? WHERE key=? AND "
+                                         "state='waiting' AND updated=?", (new, time.time(), key, row["updated"]))
+                        if cur.rowcount == 1:
+                            db.execute("DELETE FROM migrate_retry WHERE key=?", (key,))
+                    if cur.rowcount == 1:
+                        self._emit(f"{key}: node {src} is back ({ans.get('why', '')}); "
+                                   + ("its job lives there: guarding it again, not resumed here" if new == "guarding"
+                                      else "it no longer needs this guard; its replicas go"),
+                                   key=key, src_node=src, phase="guarding-again" if new == "guarding" else "guard-ended",
+                                   src_state=state)
+                        if new == "released":
+                            self._taking.discard(key)  # the GC leaves a key whose take-over runs
+                            try:
+                                self.replica_gc(key)
+                            except Exception:
+                                log.exception("migrate: replica GC of %s", key)
+                    return
+            await self._take_over_once(row, key, why)
+        except Exception:
+            log.exception("migrate: take-over of %s", key)
+        finally:
+            self._taking.discard(key)
+
+    def _set_replica(self, key: str, state: str, job_id: str | None = None) -> None:
+        with self.agent.store.tx() as db:
+            db.execute("UPDATE migrate_replicas SET state=?, job_id=COALESCE(?, job_id), updated=? WHERE key=?",
+                       (state, job_id, time.time(), key))
+            if state != "waiting":
+                db.execute("DELETE FROM migrate_retry WHERE key=?", (key,))
+
+    def _runs_here(self, key: str) -> str | None:
+        for j in self.agent.jobs.list():
+            if (j.spec.env or {}).get(MIGRATED_ENV) == key and j.state not in ("failed",):
+                return str(j.id)
+        return None
+
+    async def taken_over_as(self, env: dict[str, Any] | None) -> str | None:
+        """The id of the job a take-over on this node started, or is starting, for the migrated
+        job a spec with environment ``env`` carries (its ``LM_MIGRATED_FROM`` key); None when
+        ``env`` carries none or no such job runs or starts here. Waits while such a start is under
+        way (until the job manager stored the job or refused it). The zone asks this before it
+        binds a hand-over of that job (:meth:`laminar.zone.component.ZoneComponent.on_handover`),
+        and answers the hand-over with the job: never a second copy here, nor one elsewhere (a
+        refused hand-over is placed on another node). Does not suspend when none is starting."""
+        key = (env or {}).get(MIGRATED_ENV)
+        if not key or getattr(self.agent, "jobs", None) is None:
+            return None
+        starting = self._starting.get(str(key))
+        if starting is not None:
+            return await asyncio.shield(starting) or self._runs_here(str(key)) or self._custody(str(key))
+        return self._runs_here(str(key)) or self._custody(str(key))
+
+    def _custody(self, key: str) -> str | None:
+        """What this node's guard of ``key`` did with the job when its take-over dropped the
+        reservation of the placement handing the job here (:meth:`_fence_placement`) and did not
+        resume it here (the start failed: it looks for room here or elsewhere, or placed it on
+        another node): the hand-over of that placement is answered with it, so its placer takes
+        the job as placed and its guard stands down. A refusal would let both guards go on (the
+        placer's placing or resuming it, this one's too): two copies. None when no take-over
+        here fenced it, or this guard ended (released, failed)."""
+        row = self.agent.store.db.execute("SELECT state, job_id, request FROM migrate_replicas WHERE key=?",
+                                          (key,)).fetchone()
+        if row is None or str(row["state"]) not in ("guarding", "waiting", "placed", "resumed"):
+            return None
+        if key not in self._fenced:
+            try:  # fenced before this agent's restart: the mark is in the guard's request
+                fenced = json.loads(row["request"]).get("fenced") is not None
+            except (ValueError, TypeError, AttributeError):
+                fenced = False
+            if not fenced:
+                return None
+        where = f" as {row['job_id']}" if row["state"] in ("placed", "resumed") and row["job_id"] else ""
+        return f"(taken over by node {self.node_id}'s guard: {row['state']}{where})"
+
+    def _placement_here(self, request: Any) -> str:
+        """Why a guard handed here by a placement (its request's ``placement``: the placement id
+        whose hand-over brings the job to this node, :meth:`_place_on`) must not take the job over
+        now: that hand-over is bound here and not answered yet (the job's checkpoint verified, its
+        start under way). '' when none is (none came, or it ended: a job it started is found by
+        :meth:`_runs_here`)."""
+        try:
+            pid = json.loads(request).get("placement") if isinstance(request, str) else None
+        except (ValueError, AttributeError):
+            return ""
+        zone: Any = getattr(self.agent, "zone", None)
+        if pid is None or not hasattr(zone, "placement_pending"):
+            return ""
+        return f"placement {int(pid):016x} is being handed over to this node" if zone.placement_pending(int(pid)) else ""
+
+    def _fence_placement(self, req: dict[str, Any], key: str = "") -> dict[str, str]:
+        """A take-over here of a job that a placement (``req["placement"]``) was to hand over to
+        this node: that placement's reservation is dropped, so its hand-over, should it still
+        come, binds nothing here; the env returned (the placement id) tags the job this take-over
+        starts, so that hand-over is answered with that job (the zone's ``job_for_placement``)
+        and its placer takes the job as placed here. Never two copies here."""
+        from laminar.zone.component import PLACEMENT_ENV
+
+        pid = req.get("placement")
+        zone: Any = getattr(self.agent, "zone", None)
+        if pid is None or not hasattr(zone, "forgo_placement"):
+            return {}
+        zone.forgo_placement(int(pid))
+        if key:  # a hand-over of it, should it still come, is answered with this guard's custody (_custody)
+            self._fenced[key] = int(pid)
+            # kept in the guard's request too: a restart of this agent before that hand-over
+            # comes must still answer it with the custody (else it is refused, and its placer
+            # goes on with the job beside this guard: two copies)
+            with self.agent.store.tx() as db:
+                row = db.execute("SELECT request FROM migrate_replicas WHERE key=?", (key,)).fetchone()
+                try:
+                    stored = json.loads(row["request"]) if row is not None else None
+                except (ValueError, TypeError):
+                    stored = None
+                if isinstance(stored, dict):
+                    stored["fenced"] = int(pid)
+                    db.execute("UPDATE migrate_replicas SET request=? WHERE key=?", (json.dumps(stored), key))
+        return {PLACEMENT_ENV: f"{int(pid):016x}"}
+
+    @staticmethod
+    def _need_of(req: dict[str, Any]) -> tuple[Any, dst.Resources]:
+        """(zone Demand, Resources) of a guarded job's request (spec, gpus)."""
+        from laminar.zone.placement import Demand
+
+        spec = req.get("spec") or {}
+        gpus = int(req.get("gpus", 0) or 0)
+        cpus = float(spec.get("cpus") or 1.0)
+        mem = int(spec.get("memory_mb") or 256)
+        return Demand(gpus=float(gpus), cpus=cpus, memory_mb=mem), dst.Resources(gpus, mem << 20, cpus)
+
+    async def _take_over(self, row: Any, why: str) -> None:
+        """Resume a guarded job from its newest verified replica: here when this node has room,
+        else on the best-ranked peer with room (reserve, send, guard, hand over: the same choice
+        and mechanism as a move), else look again later (:class:`RetrySchedule`; state
+        ``waiting``). Never raises."""
+        key = row["key"]
+        try:
+            await self._take_over_once(row, key, why)
+        finally:
+            self._taking.discard(key)
+
+    async def _take_over_once(self, row: Any, key: str, why: str) -> None:
+        try:
+            pending = self._placement_here(row["request"])
+            if pending:  # its hand-over to this node is under way: it starts the job, not this take-over
+                log.info("migrate: %s: %s; its take-over waits for it", key, pending)
+                return
+            here = self._runs_here(key)
+            if here is not None:
+                self._set_replica(key, "handed-over", here)
+                return
+            assert self.root is not None
+            path = latest_verified(self.root, key)
+            if path is None:
+                self._set_replica(key, "failed")
+                self._emit(f"{key}: {why}, but no verified checkpoint of it is held here; cannot resume it",
+                           key=key, phase="failed")
+                return
+            req = json.loads(row["request"])
+            archived, other, claimed = (await self._lane.call(f"claim of {key}", self._claim_archived, key)
+                                        if self._archive_root() is not None else (False, None, False))
+            if archived:  # the archive's claim is the lock: one node runs the job
+                if other is not None:
+                    self._set_replica(key, "handed-over", other)
+                    self._emit(f"{key}: {other} runs it (claimed from the archive); this guard stands down", key=key,
+                               phase="handed-over")
+                    return
+                if not claimed:
+                    self._wait_for_room(key, why, "another node is trying the archived copy", path)
+                    return
+                newer = await self._lane.call(f"checking {key}'s archived checkpoint", self._archived_newer, key, path)
+                if newer is not None:  # the archive has the job's later state (a holder's final checkpoint)
+                    self._emit(f"{key}: the archive holds {newer.name}, newer than this guard's {path.name}: resumed "
+                               "from it", key=key, phase="take-over", ckpt=newer.name)
+                    path = newer
+            try:
+                if self.reclaim is not None and not self.reclaim["task"].done():
+                    local_err: str | None = "this node is being reclaimed"
+                else:
+                    local_err = await self._resume_here(row, req, path, why)
+                if local_err is not None and self._placement_here(row["request"]):
+                    return  # a hand-over of it to this node came meanwhile: it starts the job, none elsewhere
+                if local_err is None:
+                    if claimed:
+                        self._lane.submit(f"claim of {key} done", self._claim_done, key, f"node {self.node_id}",
+                                          (self.node_id, self._runs_here(key) or ""))
+                        claimed = False
+                    return
+                placed, remote_err = await self._place_elsewhere(row, req, path, why)
+                if placed:
+                    if claimed:
+                        self._lane.submit(f"claim of {key} done", self._claim_done, key,
+                                          f"placed by node {self.node_id}", self._placed_as(key))
+                        claimed = False
+                    return
+            finally:
+                if claimed:
+                    self._lane.submit(f"claim of {key} given back", self._unclaim, key)
+            if self._archive_root() is not None:
+                with contextlib.suppress(Exception):  # a copy that outlives this node (and the zone)
+                    await self._lane.call(f"archiving {key}", self._archive_unless_archived, key, path, {
+                        "key": key, "src_node": int(row["src_node"]), "src_job": row["src_job"],
+                        "request": {**req, "take_over": True}})
+            self._wait_for_room(key, why, f"here: {local_err}; elsewhere: {remote_err}", path)
+        except Exception as e:  # a bug or a store error: look again later rather than give up
+            log.exception("migrate: take-over of %s", key)
+            with contextlib.suppress(Exception):
+                self._wait_for_room(key, why, repr(e), None)
+
+    async def _resume_here(self, row: Any, req: dict[str, Any], path: Path, why: str) -> str | None:
+        """Starts the job here from ``path``; None when it started (or is queued by this
+        node's admission), else why not (no free GPU, a command this node lacks)."""
+        from laminar.runtime.jobs import JobError, JobSpec
+
+        key = row["key"]
+        spec_d = dict(req["spec"])
+        archive = self._archive_root()
+        try:  # a job of another user than root cannot reach xfer/: it resumes from its own view of it
+            owner = (path, int(req.get("owner_uid", 0) or 0), int(req.get("owner_gid", 0) or 0))
+            path = await (self._lane.call(f"copying {key} for its owner", self._resume_copy, *owner)
+                          if archive is not None and archive in path.parents else
+                          asyncio.to_thread(self._resume_copy, *owner))
+        except OSError as e:
+            return f"cannot give the job's owner its checkpoint: {e}"
+        spec_d["resume_from"] = str(path)
+        spec_d["gpus"] = int(req.get("gpus", 0))
+        if self._placement_here(json.dumps(req)):
+            return "a hand-over of the job to this node is under way"  # it came while the copy was made
+        # from here until the job is stored, a hand-over of it to this node waits for this start
+        # and is answered with its job (taken_over_as): no await between that check and this
+        starting: asyncio.Future[str | None] = asyncio.get_running_loop().create_future()
+        self._starting[key] = starting
+        try:
+            spec_d["env"] = {**spec_d.get("env", {}), MIGRATED_ENV: key, **self._fence_placement(req, key)}
+            try:
+                job = await self.agent.jobs.submit(JobSpec.from_dict(spec_d), owner_uid=int(req.get("owner_uid", 0)),
+                                                   owner_gid=int(req.get("owner_gid", 0)))
+            except (JobError, Exception) as e:  # the spec was valid at the source; this node lacks room or something
+                return str(e)
+            starting.set_result(str(job.id))
+        finally:
+            if self._starting.get(key) is starting:
+                del self._starting[key]
+            if not starting.done():
+                starting.set_result(None)
+        self._set_replica(key, "resumed", job.id)
+        self.counts["resumed"] += 1
+        self._emit(f"{key}: {why}; resumed here as {job.id} from {path.name} (the newest verified replica)",
+                   key=key, job=job.id, ckpt=path.name, src_node=int(row["src_node"]), src_job=row["src_job"],
+                   phase="resumed")
+        return None
+
+    async def _place_elsewhere(self, row: Any, req: dict[str, Any], path: Path, why: str) -> tuple[bool, str]:
+        """Places the guarded job on the best-ranked peer with room: reserve it through the
+        zone, send the checkpoint, hand that peer the guard (not before the hand-over's
+        timeout, so it does not start a second copy), hand the job over with ``resume_from``.
+        Returns (placed, why not)."""
+        key = row["key"]
+        z = self.zone
+        if z is None:
+            return False, "this node is in a one-node zone"
+        demand, need = self._need_of(req)
+        size = sum(f.stat().st_size for f in path.iterdir() if f.is_file())
+        mreq = dst.MoveRequest(key, need, float(size), DEFAULT_REMAINING_S, None, str(self.node_id), str(z.zone),
+                               str(z.zone))
+        ranked = dst.rank(mreq, [c for c in self.candidates(need) if int(c.node) != int(row["src_node"])],
+                          margin=float(self.s["notice_margin"]))
+        feasible = [r for r in ranked if r.feasible]
+        if not feasible:
+            return False, ("no peer has room: " + "; ".join(f"node {r.candidate.node}: {', '.join(r.reasons[:1])}"
+                                                            for r in ranked[:4])) if ranked else "no live peer"
+        errors = []
+        for r in feasible:
+            node = int(r.candidate.node)
+            try:
+                dest_job = await self._place_on(row, req, path, node, demand)
+            except (MigrateError, TransferError, OSError, TimeoutError) as e:
+                errors.append(f"node {node}: {e}")
+                continue
+            self._set_replica(key, "placed", f"node {node}/{dest_job}")
+            self._drop_replica_handover(key)
+            self.counts["placed"] += 1
+            self._emit(f"{key}: {why}; placed on node {node} as {dest_job}, resuming from {path.name}", key=key,
+                       node=node, dest_job=dest_job, ckpt=path.name, src_node=int(row["src_node"]),
+                       src_job=row["src_job"], phase="placed")
+            return True, ""
+        return False, "; ".join(errors)
+
+    async def _place_on(self, row: Any, req: dict[str, Any], path: Path, node: int, demand: Any) -> str:
+        """Reserve ``node``, send ``path``, give it the guard, hand the job over: its job id there.
+        Raises MigrateError/TransferError/OSError/TimeoutError (the reservation released)."""
+        from laminar.zone import wire
+
+        key = row["key"]
+        z = self.zone
+        pid = await self._reserve(node, demand, HOLD_MIN_S)
+        guarded = False
+        try:
+            addr, port, zkey, zone = self._peer(node)
+            res = await send_checkpoint(addr, port, path, key, zkey, zone=zone, node=str(self.node_id),
+                                        chunk_size=int(self.s["chunk_kb"]) << 10, local_host=self._xfer_local,
+                                        rate_bps=float(self.s["rate_mbit"]) * 1e6 or None)
+            grace = float(z.s["handover_timeout_s"]) + 5.0
+            await self._control(node, "guard", {"key": key, "src_node": int(row["src_node"]), "src_job": row["src_job"],
+                                                "ckpt": path.name,
+                                                "request": {**req, "take_over": True, "not_before": time.time() + grace,
+                                                            "placement": pid}})
+            guarded = True
+            spec = dict(req["spec"])
+            spec["resume_from"] = res.remote_path
+            spec["env"] = {**spec.get("env", {}), MIGRATED_ENV: key}
+            # confirm: once it may have arrived, no answer is no refusal (node may start the job: a
+            # placement elsewhere or a resume here would run it twice); node is asked until it says
+            hreq = {"spec": spec, "owner_uid": req.get("owner_uid", 0), "owner_gid": req.get("owner_gid", 0)}
+            with self.agent.store.tx() as db:  # a stop that cuts the wait: the restart asks node first
+                db.execute("INSERT OR REPLACE INTO migrate_replica_handovers VALUES (?, ?, ?, ?, ?)",
+                           (key, node, pid, json.dumps(hreq), time.time()))
+            try:
+                return await self._handover(node, pid, hreq, confirm=True, job_id=key, frozen=False)
+            except Exception:  # answered (no job runs there for it), or never sent: the take-over goes on
+                self._drop_replica_handover(key)
+                raise
+        except BaseException:
+            z.submitter.t.send(node, wire.Release(pid))
+            if guarded:
+                await self._release(node, key)
+            raise
+
+    def _drop_replica_handover(self, key: str) -> None:
+        with self.agent.store.tx() as db:
+            db.execute("DELETE FROM migrate_replica_handovers WHERE key=?", (key,))
+
+    def _restore_replica_handovers(self) -> None:
+        """At start: a guard's placement of a job it took over whose hand-over the agent's stop
+        or crash cut (``migrate_replica_handovers``) is settled before any other take-over of
+        its key (the key is held as taken meanwhile): the node is asked with the same hand-over
+        (:meth:`_settle_replica_handover`). Before, the guard took the job over again (here or
+        on another node) while that node may have started it: two copies."""
+        for r in self.agent.store.db.execute("SELECT * FROM migrate_replica_handovers").fetchall():
+            key = str(r["key"])
+            self._taking.add(key)
+            self._spawn(self._settle_replica_handover(key, int(r["node"]), int(r["pid"]), json.loads(r["request"])))
+
+    async def _settle_replica_handover(self, key: str, node: int, pid: int, req: dict[str, Any]) -> None:
+        """Asks ``node`` (:meth:`_handover`, confirmed) whether it runs the job a cut placement
+        handed it. It does: the replica is ``placed`` there. It does not: the guard goes on as
+        it was (its next take-over looks for room again). Either way a ``migrate`` event says
+        so and the record goes. A node that cannot be asked (no zone, gone from the roster)
+        keeps the key held here until a start that can ask it."""
+        held = True
+        try:
+            try:
+                dest_job = await self._handover(node, pid, req, confirm=True, sent=True, job_id=key, frozen=False)
+            except MigrateError as e:
+                self._drop_replica_handover(key)
+                held = False
+                # as _place_on's refusal: node drops the placement and the take-over guard it gave
+                # it (else node resumes the job at that guard's not_before while the guard here goes on)
+                self._tell_release(node, pid, key)
+                self._emit(f"{key}: its placement on node {node} was cut by the agent's stop during the hand-over; "
+                           f"node {node} did not start it ({e}); the guard goes on", key=key, node=node,
+                           phase="placement-cut", error=str(e))
+                return
+            self._set_replica(key, "placed", f"node {node}/{dest_job}")
+            self._drop_replica_handover(key)
+            held = False
+            self.counts["placed"] += 1
+            self._emit(f"{key}: its placement on node {node} was cut by the agent's stop during the hand-over; "
+                       f"node {node} runs it as {dest_job}", key=key, node=node, dest_job=dest_job, phase="placed")
+        except (KeyError, AttributeError) as e:
+            self._emit(f"{key}: its placement on node {node} was cut by the agent's stop during the hand-over and "
+                       f"node {node} cannot be asked ({e!r}); not taken over again until a start that can ask it",
+                       key=key, node=node, phase="unconfirmed")
+        finally:
+            if not held:
+                self._taking.discard(key)
+
+    async def _handover(self, node: int, pid: int, req: dict[str, Any], confirm: bool = False, sent: bool = False,
+                        job_id: str = "", frozen: bool = True) -> str:
+        """Hands a job request over to ``node`` under its reservation ``pid``: the job's id there.
+        Raises MigrateError when it does not start the job.
+
+        ``confirm`` (a move's: its job is frozen here): once the frame may have reached ``node``
+        (``sent``: it may have before this call, as for a restart's :meth:`_settle_cut_move`),
+        no answer is never taken for a refusal (the node may run the job: a thaw here or a
+        hand-over elsewhere would run it twice). The same hand-over is sent again, at most
+        HANDOVER_ASK_MAX_S apart, until ``node`` answers: it is idempotent by placement id there,
+        also across that agent's restart (the answer names the job it started for it, or says
+        none runs for it). The job stays frozen meanwhile, with a ``migrate`` event (phase
+        ``unconfirmed``) naming the node; the wait ends with the answer or a cancel. A guard's
+        placement of a replica (:meth:`_place_on`, ``job_id`` its key, ``frozen`` False: no copy
+        runs here) confirms too: meanwhile it is resumed nowhere else."""
+        from laminar.zone import wire
+        from laminar.zone.component import HANDOVER_OK
+        from laminar.zone.transport import HandoverError
+
+        z = self.zone
+        m = z.membership.by_node[node]
+        delay, told = 0.2, False
+        asking: dict[str, Any] = {"node": node, "since": None, "error": "", "wake": asyncio.Event()}
+        if confirm and job_id:
+            self._asking[job_id] = asking
+        try:
+            while True:
+                try:
+                    ack = await z.submitter.t.handover(node, m.handover_port,
+                                                       wire.Handover(pid, json.dumps(req).encode()),
+                                                       float(z.s["handover_timeout_s"]))
+                    break
+                except HandoverError as e:
+                    sent = sent or e.delivered
+                    if not (confirm and sent):
+                        raise MigrateError(f"hand-over to node {node} failed: {e}") from None
+                    asking["since"] = asking["since"] or time.time()
+                    asking["error"] = str(e)
+                    told = self._unconfirmed_once(job_id, node, frozen, told, e)
+                    with contextlib.suppress(TimeoutError):
+                        await asyncio.wait_for(asking["wake"].wait(), delay)
+                    decided = asking.pop("settled", None)
+                    if decided == "run-here":
+                        raise HandoverSettled(f"an operator settled its hand-over to node {node}: node {node} "
+                                              "does not run the job (laminarctl job settle --run-here)") from None
+                    if decided == "gone":
+                        return f"(unconfirmed: an operator settled that node {node} runs it)"
+                    delay = min(2 * delay, HANDOVER_ASK_MAX_S)
+        finally:
+            if self._asking.get(job_id) is asking:
+                del self._asking[job_id]
+        if told:
+            self._emit(f"{job_id}: node {node} answered its hand-over: "
+                       + ("it runs the job" if ack.status == HANDOVER_OK else f"it did not start it ({ack.text})"),
+                       job=job_id, node=node, phase="confirmed", started=ack.status == HANDOVER_OK)
+        if ack.status != HANDOVER_OK:
+            raise MigrateError(f"node {node} did not start the job: {ack.text}")
+        return str(ack.text)
+
+    def _unconfirmed_once(self, job_id: str, node: int, frozen: bool, told: bool, e: Exception) -> bool:
+        """The ``unconfirmed`` event of a hand-over not answered, once per wait: True."""
+        if not told:
+            self._emit(f"{job_id}: its hand-over to node {node} may have arrived and was not answered ({e}); "
+                       + ("the job stays frozen here" if frozen else "the job is placed nowhere else")
+                       + f" and node {node} is asked again until it says whether it "
+                       f"runs the job (never two copies; an operator who knows node {node} is gone for good: "
+                       f"`laminarctl job settle {job_id} --run-here|--gone`)", job=job_id, node=node,
+                       phase="unconfirmed", error=str(e))
+        return True
+
+    def _wait_for_room(self, key: str, why: str, error: str, path: Path | None) -> None:
+        """No room anywhere yet: state ``waiting`` and the next look per the retry schedule."""
+        db = self.agent.store.db
+        r = db.execute("SELECT attempts FROM migrate_retry WHERE key=?", (key,)).fetchone()
+        attempts = 0 if r is None else int(r["attempts"])
+        delay = self.retry.delay(attempts)
+        now = time.time()
+        with self.agent.store.tx() as tx:
+            tx.execute("INSERT INTO migrate_retry VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT(key) DO UPDATE SET "
+                       "attempts=excluded.attempts, next_at=excluded.next_at, last_error=excluded.last_error, "
+                       "updated=excluded.updated", (key, attempts + 1, now + delay, why, error, now))
+            tx.execute("UPDATE migrate_replicas SET state='waiting', updated=? WHERE key=?", (now, key))
+        self.counts["retries"] += 1
+        self._emit(f"{key}: no room for it yet ({error}); holding {path.name if path else 'its checkpoint'}, "
+                   f"looking again in {delay:g} s", persist=attempts == 0, key=key, phase="waiting",
+                   attempts=attempts + 1, next_in_s=delay)
