@@ -1,0 +1,1137 @@
+"""Replicas held here: what goes, a guard's check with its source, the operator's view and drop,
+and a job's owner's view of a replica it resumes from (a part of
+:class:`laminar.migrate.reclaim.ReclaimComponent`, which inherits :class:`ReplicasMixin`; the
+pure rules are the module-level functions here, tested without an agent).
+
+**Replicas held here, and what goes.** Every checkpoint this node receives for another node's job
+is committed as ``<root>/checkpoints/<key>/ckpt-<n>/`` (:class:`laminar.migrate.transfer.Receiver`).
+When a checkpoint of a key commits here (verified), or a guard names one held here, the key's
+older ``ckpt-*`` go, except the one the key's ``migrate_replicas`` row names (the guarded one)
+and any a local job was or will be resumed from (its spec's ``resume_from`` points at it and it
+has not ended, failed or was lost, or was requeued less than ``REPLICA_REQUEUE_HOLD_S`` ago).
+When the key is released (control op ``release``), and every ``replica_gc_s`` (30 s) for each key whose row says the job
+is done here (``released``, ``handed-over``, ``placed``, ``passed``, ``resumed``), every ``ckpt-*``
+of the key goes but those a local job uses and those committed after the row last changed (for
+``REPLICA_LATE_S``: a guard naming them may still come), then the key's directory when it is
+empty. The choice and a rename into ``<root>/replica-gc/`` run on the event loop, as the
+endpoint's commits do (so no commit of the same key interleaves), the removal in a worker thread
+(what a stopped agent left there goes at the next start); a key whose take-over runs is left for
+later; links are removed as links, never followed; ``.tmp-*`` and ``incoming/`` (the endpoint's:
+``Receiver.sweep``) and the archive (:meth:`ReclaimComponent.archive_gc`) are never touched.
+Counted in the status as ``counts.replica_gc_ckpts``. A job of a user other than root resumes from
+its owner's view of a replica (``<state_dir>/RESUME_DIR/<key>/ckpt-<n>/``, hard links;
+:meth:`ReclaimComponent._resume_copy`), which counts as using the replica and goes once no local
+job may need it and it is RESUME_KEEP_S old (:meth:`ReclaimComponent._resume_gc`).
+
+A guard whose ``release`` was lost (a source that crashed or restarted and forgot its buddy, a
+partition) is checked with its source once its row has not changed for ``replica_guard_check_s``
+(control op ``needs``; :func:`guard_needed` answers there): it ends (``released``, then as
+above) only when the source says the job ended (exited, stopped, failed), moved (migrated), or
+another node holds its guard, and only if the row did not change while the question was on its
+way. Everything else keeps it: the job runs and the asker is or may be its buddy, a prestage or
+move is in flight, the source has no record of the job, no answer, a source that is silent or
+dead (the take-over's), a ``waiting`` or take-over guard (``counts.replica_guards_ended``).
+A guard whose live source did not answer the last question (a one-way partition, an endpoint
+that does not answer, an older agent) is *unconfirmed* (:func:`guard_confirmation`; the
+``migrate_guard_checks`` table): kept, never removed for it, shown so by the operator's view
+with how long since its source last spoke (its guard message or an answer), and recorded once
+as a ``guard-unconfirmed`` event (``guard-confirmed`` when it answers again; a new guard
+message confirms it too). A
+key directory no row names (its guard never came) goes once nothing in it changed for
+``replica_orphan_s`` and no local job uses it. A done row whose directory is gone is deleted after
+``replica_row_keep_s`` (``counts.replica_rows_pruned``).
+
+**The operator's view, and drop.** ``GET /v1/migrate/replicas`` (``laminarctl replicas``) lists
+every key held here or named by a row (``unclaimed``: a directory no guard named): its state,
+source node and job, owner, the checkpoints held (names, bytes), age since the last change,
+the local jobs resumed from it, whether a transfer into it runs, and what the GC will do with it
+and when, or why it keeps it (:func:`replica_gc_plan`, the same rule as above); ``?totals=1``
+wraps the list as ``{"now", "replicas", "totals"}`` (keys, bytes held, the receive root's free
+space). Every local user may list: a caller that is neither root, the control group nor the
+job's owner sees states, sizes and the GC's plan but not which job it is
+(:func:`redact_replica`). ``POST /v1/migrate/replicas/{key}/drop`` ``{"force"?: bool}``
+(privileged; ``laminarctl replicas drop KEY [--force]``) removes a key's replicas and rows
+through the GC's safe path (:meth:`ReclaimComponent.drop_replica`): refused while a transfer
+into the key or its take-over runs, or a local job uses it, and for a ``guarding`` or
+``waiting`` key without ``force``. A forced drop of such a key tells its source (control op
+``dropped``, :meth:`ReclaimComponent.drop_replica_and_tell`): the source forgets this node as the
+job's buddy and prestages a running job's newest checkpoint to another peer at its next round
+(the usual buddy choice without this node for ``REPLICA_DROP_AVOID_S``, unless no other peer can
+take it; event phase ``guard-dropped`` there). A source that cannot be reached is not told (the
+drop stands; the answer's ``source_told`` is false, event phase ``replica-drop-untold``); a
+stopped job held here, or a gone source's job, is then lost unless the archive holds it.
+Counted as ``counts.replica_dropped``,
+recorded as a ``migrate`` event (phase ``replica-dropped``, ``by`` the caller's uid).
+A key whose checkpoint was committed and whose guard has not come yet is ``unclaimed``, so a
+drop without ``force`` removes it: the guard that then comes names a checkpoint this node does
+not hold, and is refused (:meth:`ReclaimComponent._check_guarded_ckpt`; every guard follows the
+transfer of what it names): the source's prestage (or move) fails and it goes to another peer,
+instead of counting on a buddy with nothing to resume the job from.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import math
+import os
+import re
+import shutil
+import stat
+import time
+from collections.abc import Collection, Iterable
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from laminar.migrate.constants import _CKPT_NAME, _SAFE_KEY, REPLICA_LATE_S
+from laminar.migrate.errors import MigrateError, ReplicaRefused
+from laminar.migrate.transfer import TransferError
+from laminar.migrate.trees import _newest_mtime, _remove_tree
+
+if TYPE_CHECKING:
+    from laminar.migrate.transfer import Receiver
+
+log = logging.getLogger("laminar.migrate")
+
+# Replicas this node holds for other nodes' jobs (``<root>/checkpoints/<key>/``) that are no longer
+# needed are renamed into ``<root>/REPLICA_TRASH/`` on the event loop, then removed in a thread.
+REPLICA_TRASH = "replica-gc"
+
+# Replica states after which this node keeps a key's checkpoints only for a local job using them.
+REPLICA_DONE_STATES = ("released", "handed-over", "placed", "passed", "resumed")
+
+# A requeued job is placed again from its spec (resume_from included) for a while (zone/loan.py's
+# requeue_for_s); a replica it names is kept as long after it was requeued.
+REPLICA_REQUEUE_HOLD_S = 3600.0
+
+# A job of a user other than root resumes from a replica here through ``<state_dir>/RESUME_DIR/<key>/
+# ckpt-<n>/``: ``<key>/`` its owner's (0500; the state directory and RESUME_DIR are 0711), the
+# checkpoint directory root's (0755) with hard links to the replica's files (root's, 0644), or
+# copies of those only root may read. ``xfer/`` itself stays root's alone (0700).
+RESUME_DIR = "resume"
+# A resume copy no local job names goes once this old (the hand-over that made it may still be
+# starting its job).
+RESUME_KEEP_S = 600.0
+
+
+def _tree_bytes(path: Path) -> int:
+    """The bytes of the regular files at and under ``path`` (apparent sizes), links not followed
+    (a link counts as nothing); 0 when it cannot be read."""
+    try:
+        st = os.lstat(path)
+    except OSError:
+        return 0
+    if stat.S_ISREG(st.st_mode):
+        return st.st_size
+    if not stat.S_ISDIR(st.st_mode):
+        return 0
+    total = 0
+    for top, _dirs, files in os.walk(path, followlinks=False):
+        for n in files:
+            with contextlib.suppress(OSError):
+                fst = os.lstat(os.path.join(top, n))
+                if stat.S_ISREG(fst.st_mode):
+                    total += fst.st_size
+    return total
+
+
+def _ckpt_step(name: str) -> int:
+    return int(name[5:]) if _CKPT_NAME.match(name) else -1
+
+
+def replica_victims(names: Iterable[str], *, newest: str | None, keep: Collection[str]) -> list[str]:
+    """Which of a key's held checkpoints go (policy; the rule is in the module docs, *Replicas held
+    here*). Only ``ckpt-<n>`` names are ever chosen (``.tmp-*`` commits in progress and anything
+    else are not this rule's), never one in ``keep``. ``newest``: a checkpoint of the key just
+    committed (or guarded) here; those older than it go. None: the key is done here; all go.
+    Returned newest first."""
+    floor = math.inf if newest is None else _ckpt_step(newest)
+    out = [n for n in names if _CKPT_NAME.match(n) and n not in keep and _ckpt_step(n) < floor]
+    return sorted(out, key=_ckpt_step, reverse=True)
+
+
+# Replica states an operator decides about: the GC never removes these keys' checkpoints.
+REPLICA_OPERATOR_STATES = ("failed", "archived")
+# States whose key a drop refuses without ``force``: the job may have no other way back.
+REPLICA_GUARD_STATES = ("guarding", "waiting")
+
+
+def replica_gc_plan(*, state: str | None, held: dict[str, float], in_use: Collection[str], now: float,
+                    updated: float | None = None, newest_mtime: float | None = None, taking: bool = False,
+                    take_over: bool = False, src_node: int | None = None, next_round: float | None = None,
+                    next_look: float | None = None, orphan_s: float = 21600.0, guard_check_s: float = 600.0,
+                    row_keep_s: float = 86400.0) -> dict[str, Any]:
+    """What the replica GC will do with one key held here, and when (policy: the same rule
+    :meth:`ReclaimComponent.replica_gc` and its round apply, module docs *Replicas held here*),
+    for operators to read (``laminarctl replicas``).
+
+    ``state``: the key's ``migrate_replicas`` state (None: no row, no guard named it); ``held``:
+    its ``ckpt-<n>`` checkpoints here, name -> modification time; ``in_use``: those a local job
+    uses; ``updated``: when the row last changed; ``newest_mtime``: the newest change in the key's
+    directory; ``taking``: a take-over (or archive claim) of it runs now; ``take_over``: the guard
+    was handed over with a stopped job; ``next_round``: when the next GC round runs (wall clock);
+    ``next_look``: a waiting guard's next look for room. Returns ``{"removes": [names], "at": wall
+    time or None, "keeps": [names], "why": text, "row_at": when the row itself goes or None}``."""
+    names = sorted((n for n in held if _CKPT_NAME.match(n)), key=_ckpt_step, reverse=True)
+    used = [n for n in names if n in in_use]
+    out: dict[str, Any] = {"removes": [], "at": None, "keeps": names, "why": "", "row_at": None}
+    use_note = f"; {', '.join(used)} kept while a local job uses it" if used else ""
+    src = f"node {src_node}" if src_node is not None else "its source"
+    if taking:
+        out["why"] = "a take-over (or archive claim) of it runs now"
+        return out
+    if state is None:
+        victims = [n for n in names if n not in in_use]
+        if not victims:
+            out["why"] = "no guard named it; a local job uses it" if used else "no guard named it; nothing to remove"
+            return out
+        at = (now if newest_mtime is None or math.isinf(newest_mtime) else newest_mtime) + orphan_s
+        out.update(removes=victims, at=at, keeps=used,
+                   why=f"no guard named it: goes once nothing in it changed for replica_orphan_s ({orphan_s:g} s)"
+                       + use_note)
+        return out
+    if state == "guarding":
+        if take_over:
+            out["why"] = f"guarding: {src} stopped the job and left it here; the take-over places it"
+        elif guard_check_s > 0 and updated is not None:
+            out["why"] = (f"guarding the job of {src}: kept while the job may need it; asked whether it still "
+                          f"does from {time.strftime('%Y-%m-%d %H:%M:%S', time.gmtime(updated + guard_check_s))} UTC")
+        else:
+            out["why"] = f"guarding the job of {src}: kept while the job may need it"
+        return out
+    if state == "waiting":
+        when = "" if next_look is None else \
+            f" (next look {time.strftime('%Y-%m-%d %H:%M:%S', time.gmtime(next_look))} UTC)"
+        out["why"] = f"waiting for room to resume the job of {src} (its source is gone){when}: kept"
+        return out
+    if state == "failed":
+        out["why"] = "the take-over found no verified checkpoint here: kept for an operator (laminarctl replicas drop)"
+        return out
+    if state == "archived":
+        out["why"] = "passed to the archive when this node was reclaimed: kept for an operator (laminarctl replicas drop)"
+        return out
+    if state not in REPLICA_DONE_STATES:
+        out["why"] = f"state {state!r}: not the GC's"
+        return out
+    late = {n for n in names if updated is not None and held[n] > updated and now - held[n] < REPLICA_LATE_S}
+    victims = [n for n in names if n not in in_use and n not in late]
+    keeps = [n for n in names if n in in_use or n in late]
+    why = f"{state}: the job no longer needs it here"
+    if victims:
+        out.update(removes=victims, at=now if next_round is None else max(now, next_round))
+    elif late:  # nothing goes now: the late ones go once REPLICA_LATE_S passed (the last of them then)
+        gone_later = [n for n in names if n in late and n not in in_use]
+        if gone_later:
+            out.update(removes=gone_later, at=max(held[n] for n in gone_later) + REPLICA_LATE_S)
+            keeps = [n for n in names if n in in_use]
+    if late:
+        why += (f"; {', '.join(sorted(late, key=_ckpt_step, reverse=True))} came after the row changed (a guard naming"
+                f" it may follow): kept until {REPLICA_LATE_S:g} s after it came")
+    why += use_note
+    if not names and updated is not None:
+        out["row_at"] = updated + row_keep_s
+        why += "; nothing held: the row goes after replica_row_keep_s"
+    out.update(keeps=keeps, why=why)
+    return out
+
+
+# What a caller that is neither root, the control group nor the job's owner does not see of a
+# replica (GET /v1/migrate/replicas): which job it is, whose, and what it runs as here.
+REPLICA_PRIVATE_FIELDS = ("key", "src_job", "owner_uid", "job_id", "used_by", "last_error", "needs_error")
+
+
+def redact_replica(item: dict[str, Any]) -> dict[str, Any]:
+    """A replica's view for a caller that may not see whose job it is: the fields in
+    REPLICA_PRIVATE_FIELDS are None, ``redacted`` is True; state, sizes, ages and the GC's plan
+    stay (every local user may see where the node's disk goes)."""
+    out = {**item, **{f: None for f in REPLICA_PRIVATE_FIELDS}, "redacted": True}
+    if item.get("droppable"):
+        out["droppable"] = "refused (details for root or the control group)"
+    return out
+
+
+# A source's job in these states needs no guard anywhere: it ended here (by itself, by its user, or
+# failed: the source releases its buddy then too) or it moved (the destination runs it, under its
+# own key, with its own buddy).
+GUARD_ENDED_STATES = ("exited", "stopped", "failed", "migrated")
+
+
+def guard_needed(state: str | None, buddy: int | None, asker: int, busy: bool) -> tuple[bool, str]:
+    """The source's answer to ``asker`` (a node holding a guard of one of its jobs, control op
+    ``needs``): (still needed, why). Policy; the rule is in the module docs, *Replicas held here*.
+    ``state``: the job's state here (None: no record of it); ``buddy``: the node this agent
+    handed the job's guard to last (None: unknown, e.g. after a restart); ``busy``: a prestage or
+    move of the job runs now (it may be handing the guard to ``asker`` right now). Not needed
+    only when the job ended or moved, or another node holds its guard; anything unknown keeps it."""
+    if state is None:
+        return True, "this node has no record of the job"
+    if busy:
+        return True, "a prestage or move of the job is in progress"
+    if state in GUARD_ENDED_STATES:
+        return False, f"the job {state} on its source"
+    if buddy is not None and buddy != asker:
+        return False, f"node {buddy} guards the job now"
+    if buddy is None:
+        return True, f"the job is {state} and its source does not know its buddy (it may be this guard)"
+    return True, f"the job is {state} and this node is its buddy"
+
+
+def guard_confirmation(*, state: str | None, take_over: bool, updated: float | None, answered: float | None,
+                       unanswered: int, now: float) -> dict[str, Any]:
+    """Whether a guard held here is *unconfirmed*: its source, alive in the zone, did not answer
+    the last ``needs`` question about it (a one-way partition, an endpoint that does not answer,
+    an older agent that does not know the op). Policy; the module docs, *Replicas held here*.
+    Only a ``guarding`` guard that is not a take-over is ever asked, so only it can be
+    unconfirmed; nothing is removed for it (it may be the job's only copy).
+
+    ``updated``: when its row last changed (for a ``guarding`` row: the source's last ``guard``
+    message); ``answered``: when the source last answered ``needs`` (None: never);
+    ``unanswered``: the questions in a row it did not answer (an answer, or a new ``guard``
+    message, sets it back to 0). Returns ``{"unconfirmed": bool, "heard_at": when the source last
+    spoke about the guard (its guard message or an answer) or None, "silent_s": seconds since
+    then or None}``; both None for a guard that is never asked."""
+    if state != "guarding" or take_over:
+        return {"unconfirmed": False, "heard_at": None, "silent_s": None}
+    heard = max((t for t in (updated, answered) if t is not None), default=None)
+    return {"unconfirmed": unanswered > 0, "heard_at": heard,
+            "silent_s": None if heard is None else max(0.0, now - heard)}
+
+
+class ReplicasMixin:
+    """The replicas held here: their GC, the guards' checks with their sources, the operator's view and
+    drop, and the resume copies of a job's owner."""
+
+    if TYPE_CHECKING:
+        # what this mixin uses of ReclaimComponent (its __init__ and its other parts)
+        _guard_asked: dict[str, float]
+        _guard_checking: set[str]
+        _owners: dict[str, tuple[int, int]]
+        _prestaging: set[str]
+        _replica_gc_next: float
+        _taking: set[str]
+        agent: Any
+        buddy: dict[str, int]
+        counts: dict[str, int]
+        evacuating: set[str]
+        receiver: Receiver | None
+        root: Path | None
+        s: dict[str, Any]
+
+        async def _control(self, node: int, op: str, body: Any, timeout: float = 5.0) -> Any: ...
+        def _emit(self, message: str, **fields: Any) -> None: ...
+        def _source_dead(self, src: int, now: float, window_end: float | None = None) -> str | None: ...
+        def _spawn(self, coro: Any) -> asyncio.Task[Any]: ...
+        @property
+        def node_id(self) -> int: ...
+        @property
+        def zone(self) -> Any: ...
+
+    # -- replicas held here: what goes (the module docs, *Replicas held here*) -------------------
+
+    def _replica_users(self, d: Path) -> set[str]:
+        """Names of the checkpoints in ``d`` (a key's directory here) a local job was or will be
+        resumed from and may still need (:meth:`_replica_user_jobs`)."""
+        return set(self._replica_user_jobs(d))
+
+    def _replica_user_jobs(self, d: Path) -> dict[str, list[str]]:
+        """The checkpoints in ``d`` (a key's directory here) a local job was or will be resumed
+        from and may still need, each with those jobs' ids: its spec's ``resume_from`` is
+        ``d/<name>`` and it has not ended (queued, starting, running, suspended), it failed or was
+        lost (this may be the only copy of its state: an operator's call, as in the archive), or
+        it was requeued less than REPLICA_REQUEUE_HOLD_S ago (placed again from that spec)."""
+        out: dict[str, list[str]] = {}
+        resume = self._resume_root() / d.name
+        for j in self._users_of_resume_from():
+            p = Path(os.path.normpath(str(j.spec.resume_from)))
+            if p.parent == d or p.parent == resume:  # the replica, or its owner's view of it (RESUME_DIR)
+                out.setdefault(p.name, []).append(str(j.id))
+        return out
+
+    def _users_of_resume_from(self) -> list[Any]:
+        """Local jobs with a ``resume_from`` that may still need it: not ended (queued, starting,
+        running, suspended), failed or lost (it may be the only copy of their state: an
+        operator's call), or requeued less than REPLICA_REQUEUE_HOLD_S ago (placed again from
+        that spec)."""
+        jobs = getattr(self.agent, "jobs", None)
+        out = []
+        now = time.time()
+        for j in jobs.list() if jobs is not None else []:
+            if not getattr(j.spec, "resume_from", None):
+                continue
+            state = str(getattr(j, "state", ""))
+            ended = getattr(j, "ended", None)
+            if state in ("queued", "starting", "running", "suspended", "failed", "lost") or (
+                    state == "requeued" and (ended is None or now - float(ended) < REPLICA_REQUEUE_HOLD_S)):
+                out.append(j)
+        return out
+
+    def replica_gc(self, key: str, newest: str | None = None, unclaimed: bool = False) -> list[str]:
+        """Takes away the checkpoints of ``key`` this node no longer needs (the rule is in the
+        module docs, *Replicas held here*) and returns their names. ``newest``: a checkpoint of the
+        key just committed (or named by a new guard) here; the older ones go, except the one the
+        key's ``migrate_replicas`` row names and any a local job uses. None: only when the row
+        says the key is done here (REPLICA_DONE_STATES), everything but what a local job uses and
+        what was committed after the row last changed (REPLICA_LATE_S) goes, then the directory
+        if it is empty. ``unclaimed``: the key has no row (no guard names it) and the caller
+        found nothing in it changed for ``replica_orphan_s``; everything but what a local job
+        uses goes (a key that has a row by now is left as the row says).
+
+        Runs on the event loop, as the transfer endpoint's commits do, so the choice and the
+        renames into ``<root>/REPLICA_TRASH/`` are atomic with respect to a commit of the same
+        key (a commit renames its ``.tmp-*`` into place); the removal of the renamed trees (many
+        GB, possibly) runs in a worker thread. Never touched: ``.tmp-*`` and anything not named
+        ``ckpt-<n>`` (transfer.py's ``Receiver.sweep`` owns temporaries and ``incoming/``), a key
+        whose take-over (or archive claim) runs now, a key directory that is a link. Links are
+        removed as links, never followed."""
+        if self.root is None or key in self._taking or not _SAFE_KEY.match(key):
+            return []
+        d = self.root / "checkpoints" / key
+        try:
+            if not stat.S_ISDIR(os.lstat(d).st_mode):
+                return []
+            have = os.listdir(d)
+        except OSError:
+            return []
+        row = self.agent.store.db.execute("SELECT ckpt, state, updated FROM migrate_replicas WHERE key=?",
+                                          (key,)).fetchone()
+        keep = self._replica_users(d)
+        if newest is not None:
+            try:
+                if not stat.S_ISDIR(os.lstat(d / newest).st_mode):
+                    return []  # not held here: the older ones may be all there is
+            except OSError:
+                return []
+            keep.add(newest)
+            if row is not None:
+                keep.add(str(row["ckpt"]))
+        elif row is None:
+            if not unclaimed:
+                return []
+        else:
+            if row["state"] not in REPLICA_DONE_STATES:
+                return []
+            now = time.time()
+            for n in have:
+                with contextlib.suppress(OSError):
+                    m = os.lstat(d / n).st_mtime
+                    if m > float(row["updated"]) and now - m < REPLICA_LATE_S:
+                        keep.add(n)  # committed after the release: a guard naming it may follow
+        victims = replica_victims(have, newest=newest, keep=keep)
+        if not victims:
+            if newest is None:
+                with contextlib.suppress(OSError):
+                    os.rmdir(d)  # only when empty (a commit in progress keeps its .tmp-* in it)
+            return []
+        trash = self.root / REPLICA_TRASH
+        try:
+            trash.mkdir(exist_ok=True)
+            if not stat.S_ISDIR(os.lstat(trash).st_mode):
+                raise OSError(f"{trash} is not a directory")
+        except OSError as e:
+            log.warning("migrate: replica GC of %s: %s", key, e)
+            return []
+        moved, gone = [], []
+        for n in victims:
+            t = trash / f"{key}.{n}.{time.monotonic_ns()}"
+            try:
+                os.rename(d / n, t)
+            except OSError as e:
+                log.info("migrate: replica GC: %s/%s stays: %s", key, n, e)
+                continue
+            moved.append(t)
+            gone.append(n)
+        if newest is None:
+            with contextlib.suppress(OSError):
+                os.rmdir(d)
+        self.counts["replica_gc_ckpts"] = self.counts.get("replica_gc_ckpts", 0) + len(gone)
+        log.info("migrate: replicas of %s removed: %s (kept: %s)", key, ", ".join(gone),
+                 ", ".join(sorted(set(have) & keep)) or "none")
+        self._remove_later(moved)
+        return gone
+
+    def _remove_later(self, paths: list[Path]) -> None:
+        """Removes ``paths`` (in the replica trash) in a worker thread; inline without a loop."""
+        if not paths:
+            return
+
+        def remove() -> None:
+            for p in paths:
+                _remove_tree(p)
+
+        try:
+            asyncio.get_running_loop()
+        except RuntimeError:
+            remove()
+            return
+        self._spawn(asyncio.to_thread(remove))
+
+    def _empty_replica_trash(self) -> None:
+        """Removes what a stopped agent left in the replica trash (blocking: called in a thread)."""
+        assert self.root is not None
+        with contextlib.suppress(OSError):
+            for n in os.listdir(self.root / REPLICA_TRASH):
+                _remove_tree(self.root / REPLICA_TRASH / n)
+
+    def _replica_gc_round(self, force: bool = False, now: float | None = None) -> None:
+        """Every ``replica_gc_s`` (``force``: now): each held key whose row says it is done here
+        (released, handed over, placed or passed elsewhere, resumed here) loses what no local
+        job uses (:meth:`replica_gc`); guards unchanged for ``replica_guard_check_s`` are checked
+        with their source (:meth:`_stale_guard_round`); key directories no row names, unchanged
+        for ``replica_orphan_s``, go (:meth:`_unclaimed_keys`); done rows whose directory is gone
+        are deleted after ``replica_row_keep_s`` (:meth:`prune_replica_rows`). ``now``: the wall
+        clock the ages are measured against (tests)."""
+        if self.root is None or (not force and time.monotonic() < self._replica_gc_next):
+            return
+        self._replica_gc_next = time.monotonic() + float(self.s["replica_gc_s"])
+        now = time.time() if now is None else now
+        try:
+            self._stale_guard_round(now)
+        except Exception:
+            log.exception("migrate: checking stale guards")
+        for key in self._unclaimed_keys(now):
+            try:
+                if self.replica_gc(key, unclaimed=True):
+                    self._emit(f"{key}: replicas no guard named for {self.s['replica_orphan_s']:g} s removed",
+                               persist=False, key=key, phase="replica-unclaimed")
+            except Exception:
+                log.exception("migrate: replica GC of %s", key)
+        try:
+            self.prune_replica_rows(now)
+        except Exception:
+            log.exception("migrate: pruning replica rows")
+        try:
+            self._resume_gc(now)
+        except Exception:
+            log.exception("migrate: removing resume copies")
+        rows = self.agent.store.db.execute(
+            f"SELECT key FROM migrate_replicas WHERE state IN ({','.join('?' * len(REPLICA_DONE_STATES))})",
+            REPLICA_DONE_STATES).fetchall()
+        for r in rows:
+            key = str(r["key"])
+            if (self.root / "checkpoints" / key).is_dir():
+                try:
+                    self.replica_gc(key)
+                except Exception:
+                    log.exception("migrate: replica GC of %s", key)
+
+    def _unclaimed_keys(self, now: float) -> list[str]:
+        """Key directories under ``<root>/checkpoints/`` with no ``migrate_replicas`` row (their
+        guard never came: a lost message, a source that crashed between the transfer and the
+        guard, a crash of this agent between the commit and the row) whose newest entry
+        (:func:`_newest_mtime`) is older than ``replica_orphan_s``, and no take-over uses. Links
+        and names that are not a transfer's key are left."""
+        assert self.root is not None
+        age = float(self.s["replica_orphan_s"])
+        base = self.root / "checkpoints"
+        try:
+            names = sorted(os.listdir(base))
+        except OSError:
+            return []
+        db = self.agent.store.db
+        out = []
+        for n in names:
+            if not _SAFE_KEY.match(n) or n in self._taking:
+                continue
+            with contextlib.suppress(OSError):
+                if not stat.S_ISDIR(os.lstat(base / n).st_mode):
+                    continue
+                if db.execute("SELECT 1 FROM migrate_replicas WHERE key=?", (n,)).fetchone() is not None:
+                    continue
+                if now - _newest_mtime(base / n) >= age:
+                    out.append(n)
+        return out
+
+    def prune_replica_rows(self, now: float | None = None) -> list[str]:
+        """Deletes the rows (and retry rows) of keys done here (REPLICA_DONE_STATES) that last
+        changed more than ``replica_row_keep_s`` before ``now`` and whose directory is gone, so
+        the table holds the live replicas and recent history only. Returns the keys deleted."""
+        if self.root is None:
+            return []
+        now = time.time() if now is None else now
+        cutoff = now - float(self.s["replica_row_keep_s"])
+        db = self.agent.store.db
+        rows = db.execute(f"SELECT key FROM migrate_replicas WHERE updated < ? AND state IN "
+                          f"({','.join('?' * len(REPLICA_DONE_STATES))})", (cutoff, *REPLICA_DONE_STATES)).fetchall()
+        gone = []
+        for r in rows:
+            key = str(r["key"])
+            if key in self._taking:
+                continue
+            try:
+                os.lstat(self.root / "checkpoints" / key)
+                continue  # still held (a local job uses it, or it is being removed)
+            except FileNotFoundError:
+                pass
+            except OSError:
+                continue
+            gone.append(key)
+        if gone:
+            with self.agent.store.tx() as tx:
+                for key in gone:
+                    tx.execute("DELETE FROM migrate_replicas WHERE key=? AND updated < ? AND state IN "
+                               f"({','.join('?' * len(REPLICA_DONE_STATES))})", (key, cutoff, *REPLICA_DONE_STATES))
+                    tx.execute("DELETE FROM migrate_retry WHERE key=? AND NOT EXISTS "
+                               "(SELECT 1 FROM migrate_replicas WHERE key=?)", (key, key))
+                    tx.execute("DELETE FROM migrate_guard_checks WHERE key=? AND NOT EXISTS "
+                               "(SELECT 1 FROM migrate_replicas WHERE key=?)", (key, key))
+            self.counts["replica_rows_pruned"] = self.counts.get("replica_rows_pruned", 0) + len(gone)
+        return gone
+
+    def _stale_guard_round(self, now: float) -> None:
+        """Each guard held here (state ``guarding``, not a take-over) unchanged for
+        ``replica_guard_check_s`` whose source is a live zone member not declared dead is checked
+        with the source (control op ``needs``, at most once per that interval per key;
+        :meth:`_check_guard`). A guard of a dead source is the take-over's; one whose source is
+        silent or unreachable stays (it may be the job's only way back); one whose live source
+        does not answer is unconfirmed (:meth:`_guard_unanswered`) and stays too."""
+        check = float(self.s["replica_guard_check_s"])
+        z = self.zone
+        if check <= 0 or z is None:
+            return
+        rows = self.agent.store.db.execute(
+            "SELECT key, src_node, request, updated FROM migrate_replicas WHERE state='guarding' AND updated < ?",
+            (now - check,)).fetchall()
+        mono = time.monotonic()
+        self._guard_asked = {k: t for k, t in self._guard_asked.items() if mono < t + check}  # the rest may ask again
+        for row in rows:
+            key = str(row["key"])
+            if key in self._taking or key in self._guard_checking or mono < self._guard_asked.get(key, -math.inf) + check:
+                continue
+            try:
+                req = json.loads(row["request"])
+            except ValueError:
+                continue
+            src = int(row["src_node"])
+            if not isinstance(req, dict) or req.get("take_over") or src == self.node_id:
+                continue
+            if src not in z.membership.by_node or src in z.membership.suspects:
+                continue
+            if self._source_dead(src, time.time(), req.get("window_end")) is not None:
+                continue
+            self._guard_asked[key] = mono
+            self._guard_checking.add(key)
+            self._spawn(self._check_guard(key, src, float(row["updated"])))
+
+    async def _check_guard(self, key: str, src: int, seen: float) -> bool:
+        """Asks ``src`` whether the guard of ``key`` held here is still needed
+        (:func:`guard_needed` there). Only a clear "no" from the source ends it: the row becomes
+        ``released`` (as if the source's ``release`` had come, dated when the question was sent,
+        so what the source shipped after it stays for REPLICA_LATE_S), and only if it did not
+        change since ``seen`` (a new guard of the key meanwhile wins); then the released key's
+        replicas go (:meth:`replica_gc`). No answer, an error, an older agent that does not know
+        the op: the guard stays. Returns whether it ended."""
+        try:
+            asked = time.time()
+            try:
+                ans = await self._control(src, "needs", {"key": key})
+            except (MigrateError, TransferError, OSError, TimeoutError) as e:
+                log.info("migrate: asking node %d whether the guard of %s is needed: %s (kept)", src, key, e)
+                self._guard_unanswered(key, src, asked, str(e) or type(e).__name__)
+                return False
+            if not isinstance(ans, dict) or ans.get("key") != key or not isinstance(ans.get("needed"), bool):
+                self._guard_unanswered(key, src, asked, f"an answer that is not one: {str(ans)[:200]}")
+                return False
+            self._guard_answered(key, src, asked)
+            if ans["needed"]:
+                return False
+            if key in self._taking:
+                return False
+            with self.agent.store.tx() as db:
+                cur = db.execute("UPDATE migrate_replicas SET state='released', updated=? "
+                                 "WHERE key=? AND state='guarding' AND updated=?", (asked, key, seen))
+                ended = cur.rowcount == 1
+            if not ended:
+                return False
+            self.counts["replica_guards_ended"] = self.counts.get("replica_guards_ended", 0) + 1
+            self._emit(f"{key}: node {src} no longer needs this guard ({ans.get('why', '')}); its replicas go",
+                       key=key, src_node=src, phase="guard-ended")
+            try:
+                self.replica_gc(key)
+            except Exception:
+                log.exception("migrate: replica GC of %s", key)
+            return True
+        finally:
+            self._guard_checking.discard(key)
+
+    def _guard_unanswered(self, key: str, src: int, asked: float, error: str) -> None:
+        """The ``needs`` question about ``key`` asked at ``asked`` got no answer from ``src``: one
+        more unanswered question (migrate_guard_checks). The first of a row makes the guard
+        unconfirmed (:func:`guard_confirmation`): recorded once as a ``migrate`` event, phase
+        ``guard-unconfirmed``. The guard and its replicas stay."""
+        db = self.agent.store.db
+        prev = db.execute("SELECT answered, unanswered FROM migrate_guard_checks WHERE key=?", (key,)).fetchone()
+        with self.agent.store.tx() as tx:
+            tx.execute("INSERT INTO migrate_guard_checks VALUES (?, ?, NULL, 1, ?) ON CONFLICT(key) DO UPDATE SET "
+                       "asked=excluded.asked, unanswered=unanswered + 1, last_error=excluded.last_error",
+                       (key, asked, error))
+        if prev is not None and int(prev["unanswered"]) > 0:
+            return
+        row = db.execute("SELECT updated FROM migrate_replicas WHERE key=?", (key,)).fetchone()
+        heard = max((float(t) for t in (None if row is None else row["updated"],
+                                        None if prev is None else prev["answered"]) if t is not None), default=None)
+        since = "" if heard is None else f"; last heard from it {max(0.0, time.time() - heard):.0f} s ago"
+        self.counts["replica_guards_unconfirmed"] = self.counts.get("replica_guards_unconfirmed", 0) + 1
+        self._emit(f"{key}: node {src} did not answer whether it still needs this guard ({error}){since}; kept, "
+                   "shown as unconfirmed by `laminarctl replicas` until it answers", key=key, src_node=src,
+                   phase="guard-unconfirmed", error=error, heard_at=heard)
+
+    def _guard_answered(self, key: str, src: int, at: float) -> None:
+        """``src`` answered the ``needs`` question about ``key`` asked at ``at``: the guard is
+        confirmed again (a ``guard-confirmed`` event when it was unconfirmed)."""
+        db = self.agent.store.db
+        prev = db.execute("SELECT unanswered FROM migrate_guard_checks WHERE key=?", (key,)).fetchone()
+        with self.agent.store.tx() as tx:
+            tx.execute("INSERT INTO migrate_guard_checks VALUES (?, ?, ?, 0, '') ON CONFLICT(key) DO UPDATE SET "
+                       "asked=excluded.asked, answered=excluded.answered, unanswered=0, last_error=''", (key, at, at))
+        if prev is not None and int(prev["unanswered"]) > 0:
+            self._emit(f"{key}: node {src} answers again about this guard (after {int(prev['unanswered'])} "
+                       "unanswered questions)", key=key, src_node=src, phase="guard-confirmed")
+
+    def _asked_about(self, node: str, key: str, op: str) -> tuple[int, str | None]:
+        """(the asking node's id, the id of this node's job ``key`` names, or None when ``key`` is
+        not a job of this node) for control op ``op``. Raises ValueError for a node that is not an id."""
+        try:
+            asker = int(node)
+        except ValueError:
+            raise ValueError(f"{op}: the asking node {node!r} is not a node id") from None
+        prefix = f"n{self.node_id}-"
+        return asker, key[len(prefix):] if key.startswith(prefix) else None
+
+    def _answer_needs(self, node: str, key: str) -> dict[str, Any]:
+        """This node's answer to ``node`` holding a guard of ``key`` (control op ``needs``):
+        ``{"key", "needed", "why", "state", "reclaim"}`` by :func:`guard_needed` (``state``: the job's, None: no record;
+        ``reclaim``: this node has a reclaim now). A key of another node, or a job
+        this node has no record of, is needed (this node cannot tell)."""
+        asker, jid = self._asked_about(node, key, "needs")
+        if jid is None:
+            return {"key": key, "needed": True, "why": f"{key} is not a job of node {self.node_id}"}
+        jobs = getattr(self.agent, "jobs", None)
+        job = jobs.get(jid) if jobs is not None else None
+        if job is None and jobs is not None and hasattr(jobs, "pruned") and jobs.pruned(jid):
+            # ended long ago: its record was pruned (jobs.keep_ended_s / keep_ended); "no
+            # record" alone would say needed, and the buddy would keep the replica for good and
+            # resume a finished job when this node leaves
+            return {"key": key, "needed": False, "state": "pruned",
+                    "why": f"job {jid} ended on node {self.node_id} (its record was pruned)"}
+        state = None if job is None else str(job.state)
+        needed, why = guard_needed(state, self.buddy.get(jid), asker,
+                                   jid in self.evacuating or jid in self._prestaging)
+        # ``reclaim``: whether this node has a reclaim now (a guard that may have missed its
+        # withdrawal learns from a false one that the window it holds no longer ends anything)
+        return {"key": key, "needed": needed, "why": why, "state": state,
+                "reclaim": getattr(self, "reclaim", None) is not None}  # (getattr: a caller's stand-in may lack it)
+
+    # -- replicas held here: the operator's view and drop (GET /v1/migrate/replicas) -------------
+
+    def _receiving(self, key: str) -> bool:
+        """Whether the transfer endpoint receives (or commits) a checkpoint of ``key`` now."""
+        return self.receiver is not None and self.receiver.receiving(key)
+
+    def _scan_replicas(self) -> dict[str, Any]:
+        """What is under the receive root now (blocking: a worker thread runs it): per key
+        directory under ``checkpoints/`` its ``ckpt-<n>`` (bytes, modification time), its other
+        entries (a commit's ``.tmp-*``), all its bytes and its newest change; the partial
+        transfers under ``incoming/``; the filesystem's free space; the replica trash's bytes.
+        Links are reported as links, never followed."""
+        assert self.root is not None
+        base = self.root / "checkpoints"
+        keys: dict[str, dict[str, Any]] = {}
+        try:
+            names = sorted(os.listdir(base))
+        except OSError:
+            names = []
+        for n in names:
+            p = base / n
+            try:
+                st = os.lstat(p)
+            except OSError:
+                continue
+            if not stat.S_ISDIR(st.st_mode):
+                keys[n] = {"link": stat.S_ISLNK(st.st_mode), "ckpts": {}, "other": [], "bytes": 0,
+                           "newest": st.st_mtime}
+                continue
+            ckpts: dict[str, tuple[int, float]] = {}
+            other: list[str] = []
+            total = 0
+            try:
+                entries = sorted(os.listdir(p))
+            except OSError:
+                entries = []
+            for e in entries:
+                try:
+                    est = os.lstat(p / e)
+                except OSError:
+                    continue
+                size = _tree_bytes(p / e)
+                total += size
+                if _CKPT_NAME.match(e) and stat.S_ISDIR(est.st_mode):
+                    ckpts[e] = (size, est.st_mtime)
+                else:
+                    other.append(e)
+            keys[n] = {"link": False, "ckpts": ckpts, "other": other, "bytes": total, "newest": _newest_mtime(p)}
+        incoming: dict[str, list[str]] = {}
+        with contextlib.suppress(OSError):
+            for n in sorted(os.listdir(self.root / "incoming")):
+                with contextlib.suppress(OSError):
+                    if stat.S_ISDIR(os.lstat(self.root / "incoming" / n).st_mode):
+                        incoming[n] = sorted(os.listdir(self.root / "incoming" / n))
+        free = fs = None
+        with contextlib.suppress(OSError):
+            sv = os.statvfs(base)
+            free, fs = sv.f_bavail * sv.f_frsize, sv.f_blocks * sv.f_frsize
+        return {"keys": keys, "incoming": incoming, "free_bytes": free, "fs_bytes": fs,
+                "trash_bytes": _tree_bytes(self.root / REPLICA_TRASH)}
+
+    def replica_view(self, scan: dict[str, Any], now: float | None = None) -> dict[str, Any]:
+        """Every key this node holds replicas of or has a ``migrate_replicas`` row for, with what
+        the GC will do with it (:func:`replica_gc_plan`), and the totals; ``scan`` is
+        :meth:`_scan_replicas`'s (taken in a thread). Runs on the event loop (the store, the jobs).
+
+        Per key: ``key``, ``state`` (the row's, ``unclaimed`` without a row), ``src_node``,
+        ``src_job``, ``owner_uid``, ``ckpt`` (the guarded checkpoint), ``job_id`` (what it was
+        resumed or placed as), ``updated``, ``attempts``/``next_at``/``last_error`` (a waiting
+        guard's), ``checkpoints`` ([{name, bytes, mtime}], newest first), ``bytes``,
+        ``temporaries``, ``incoming`` (partial transfers), ``link``, ``age_s`` (since the last
+        change of the row or the directory), ``used_by`` (local jobs resumed from it),
+        ``receiving``, ``gc`` (``removes``/``keeps``), ``gc_at``, ``gc_removes``, ``gc_why``,
+        ``row_gc_at``, ``droppable`` (what ``drop`` without ``force`` would say: None when it
+        would drop), ``unconfirmed`` (a guard whose live source did not answer the last ``needs``
+        question: :func:`guard_confirmation`), ``source_heard_at``/``source_silent_s`` (when the
+        source last spoke about a ``guarding`` guard: its guard message or an answer),
+        ``needs_unanswered`` (questions in a row without an answer) and ``needs_error`` (the
+        last one's, while unconfirmed)."""
+        assert self.root is not None
+        now = time.time() if now is None else now
+        db = self.agent.store.db
+        rows = {str(r["key"]): r for r in db.execute(
+            "SELECT r.key, r.src_node, r.src_job, r.request, r.ckpt, r.state, r.job_id, r.updated, t.attempts, "
+            "t.next_at, t.last_error, g.answered, g.unanswered, g.last_error AS needs_error FROM migrate_replicas r "
+            "LEFT JOIN migrate_retry t ON t.key = r.key LEFT JOIN migrate_guard_checks g ON g.key = r.key").fetchall()}
+        held: dict[str, dict[str, Any]] = scan["keys"]
+        next_round = now + max(0.0, self._replica_gc_next - time.monotonic())
+        out = []
+        for key in sorted(set(rows) | set(held)):
+            row, sc = rows.get(key), held.get(key)
+            d = self.root / "checkpoints" / key
+            users = self._replica_user_jobs(d) if sc is not None and not sc["link"] else {}
+            try:
+                req = json.loads(row["request"]) if row is not None else {}
+            except ValueError:
+                req = {}
+            req = req if isinstance(req, dict) else {}
+            if row is not None:
+                src_node: int | None = int(row["src_node"])
+                src_job: str | None = str(row["src_job"])
+            else:  # no guard came: what the key's name says (n<node>-<job>)
+                m = re.match(r"^n(\d+)-(.+)$", key)
+                src_node, src_job = (int(m.group(1)), m.group(2)) if m else (None, None)
+            ckpts = sc["ckpts"] if sc is not None else {}
+            updated = float(row["updated"]) if row is not None else None
+            newest = sc["newest"] if sc is not None and not math.isinf(sc["newest"]) else None
+            state = str(row["state"]) if row is not None else None
+            plan = replica_gc_plan(
+                state=state, held={n: t for n, (_, t) in ckpts.items()}, in_use=set(users), now=now, updated=updated,
+                newest_mtime=newest, taking=key in self._taking, take_over=bool(req.get("take_over")),
+                src_node=src_node, next_round=next_round,
+                next_look=float(row["next_at"]) if row is not None and row["next_at"] is not None else None,
+                orphan_s=float(self.s["replica_orphan_s"]), guard_check_s=float(self.s["replica_guard_check_s"]),
+                row_keep_s=float(self.s["replica_row_keep_s"]))
+            conf = guard_confirmation(
+                state=state, take_over=bool(req.get("take_over")), updated=updated,
+                answered=None if row is None or row["answered"] is None else float(row["answered"]),
+                unanswered=0 if row is None or row["unanswered"] is None else int(row["unanswered"]), now=now)
+            why = plan["why"]
+            if conf["unconfirmed"] and row is not None:
+                n = int(row["unanswered"])
+                why = (f"UNCONFIRMED: node {src_node} has not answered whether the job still needs this guard "
+                       f"({n} question{'' if n == 1 else 's'} in a row; last: {row['needs_error']}); last heard from it "
+                       f"{conf['silent_s']:.0f} s ago; kept (it may be the job's only copy). " + why)
+            changed = max(t for t in (updated, newest, -math.inf) if t is not None)
+            item: dict[str, Any] = {
+                "key": key, "state": state or "unclaimed", "src_node": src_node, "src_job": src_job,
+                "owner_uid": req.get("owner_uid"), "ckpt": str(row["ckpt"]) if row is not None else None,
+                "job_id": row["job_id"] if row is not None else None, "updated": updated,
+                "attempts": row["attempts"] if row is not None else None,
+                "next_at": row["next_at"] if row is not None else None,
+                "last_error": row["last_error"] if row is not None else None,
+                "checkpoints": [{"name": n, "bytes": b, "mtime": t}
+                                for n, (b, t) in sorted(ckpts.items(), key=lambda kv: _ckpt_step(kv[0]), reverse=True)],
+                "bytes": sc["bytes"] if sc is not None else 0,
+                "temporaries": sc["other"] if sc is not None else [], "incoming": scan["incoming"].get(key, []),
+                "link": bool(sc and sc["link"]), "held": sc is not None,
+                "age_s": None if math.isinf(changed) else max(0.0, now - changed),
+                "used_by": sorted({j for js in users.values() for j in js}), "receiving": self._receiving(key),
+                "gc": "removes" if plan["removes"] else "keeps", "gc_at": plan["at"], "gc_removes": plan["removes"],
+                "gc_why": why, "row_gc_at": plan["row_at"], "unconfirmed": conf["unconfirmed"],
+                "source_heard_at": conf["heard_at"], "source_silent_s": conf["silent_s"],
+                "needs_unanswered": int(row["unanswered"] or 0) if row is not None and conf["heard_at"] is not None
+                else None,
+                "needs_error": (row["needs_error"] or None) if row is not None and conf["unconfirmed"] else None}
+            item["droppable"] = self._drop_refusal(key, state, src_node, src_job, users, force=False)
+            out.append(item)
+        out.sort(key=lambda r: (r["updated"] if r["updated"] is not None else math.inf, r["key"]))
+        totals = {"keys": len(out), "bytes_held": sum(int(r["bytes"]) for r in out),
+                  "checkpoints": sum(len(r["checkpoints"]) for r in out),
+                  "root": str(self.root / "checkpoints"), "free_bytes": scan["free_bytes"], "fs_bytes": scan["fs_bytes"],
+                  "free_for_offers": None, "trash_bytes": scan["trash_bytes"],
+                  "by_state": {s: sum(1 for r in out if r["state"] == s) for s in sorted({r["state"] for r in out})},
+                  "unconfirmed": sum(1 for r in out if r["unconfirmed"])}
+        if self.receiver is not None:
+            with contextlib.suppress(OSError):
+                totals["free_for_offers"] = self.receiver.free_for_offers()
+        return {"now": now, "replicas": out, "totals": totals}
+
+    def _drop_refusal(self, key: str, state: str | None, src_node: int | None, src_job: str | None,
+                      users: dict[str, list[str]], force: bool) -> str | None:
+        """Why :meth:`drop_replica` refuses ``key`` now (None: it would drop it)."""
+        if key in self._taking:
+            return f"{key}: a take-over (or archive claim) of it runs now; try again once it ended"
+        if self._receiving(key):
+            return f"{key}: a checkpoint transfer into it is in progress; try again once it ended"
+        if users:
+            jobs = sorted({j for js in users.values() for j in js})
+            return (f"{key}: local job{'s' if len(jobs) > 1 else ''} {', '.join(jobs)} resume{'' if len(jobs) > 1 else 's'}"
+                    f" from {', '.join(sorted(users))}; never dropped while a local job uses it, --force or not "
+                    "(a job that failed or was lost may need it to be restarted: that is an operator's call)")
+        if state in REPLICA_GUARD_STATES and not force:
+            src = f"node {src_node}" if src_node is not None else "its source node"
+            what = (f"this node holds the guard of job {src_job or '?'} of {src}" if state == "guarding" else
+                    f"its source {src} is gone and this node waits for room to resume job {src_job or '?'}")
+            return (f"{key} is {state}: {what}; these replicas may be the job's only way back. Drop it anyway with "
+                    f"--force ({src} is told, if it can be reached, and prestages a running job to another buddy; "
+                    "a stopped job held here, or a gone source's job, is then lost unless the archive holds it)")
+        return None
+
+    def drop_replica(self, key: str, force: bool = False, by: str = "") -> dict[str, Any]:
+        """Removes the replicas of ``key`` held here and its ``migrate_replicas`` (and retry) row,
+        as an operator asks (``POST /v1/migrate/replicas/{key}/drop``, ``laminarctl replicas drop``).
+
+        The same safe path as the GC: on the event loop (so no commit of the key interleaves),
+        the key's directory is renamed into ``<root>/REPLICA_TRASH/`` (a link is moved as a link,
+        never followed) and removed in a worker thread; then the rows go. Refused, with nothing
+        changed: a key that is not a transfer key (ValueError), one this node neither holds nor
+        has a row for (LookupError), and (ReplicaRefused) one whose take-over runs, one a transfer
+        is being received into, one a local job resumes from (``force`` or not), a ``guarding`` or
+        ``waiting`` key without ``force``. This tells the source nothing: the API's drop is
+        :meth:`drop_replica_and_tell` (see docs/operations.md). ``.tmp-*`` of a commit cannot be there (no transfer runs); partial
+        transfers under ``incoming/`` are the endpoint's (:meth:`Receiver.sweep`) and the archive
+        is never touched. Returns ``{"key", "state", "dropped": [ckpt names], "bytes", "forced"}``."""
+        if not isinstance(key, str) or not _SAFE_KEY.match(key):
+            raise ValueError(f"{key!r} is not a replica key: expected letters, digits, '_', '.' or '-', starting "
+                             "with a letter or digit, at most 128 characters (see `laminarctl replicas`)")
+        if self.root is None:
+            raise LookupError(f"no replicas of {key!r} on this node: it has no transfer endpoint")
+        row = self.agent.store.db.execute("SELECT src_node, src_job, state FROM migrate_replicas WHERE key=?",
+                                          (key,)).fetchone()
+        d = self.root / "checkpoints" / key
+        try:
+            st: os.stat_result | None = os.lstat(d)
+        except FileNotFoundError:
+            st = None
+        if row is None and st is None:
+            raise LookupError(f"no replicas of {key!r} on this node (see `laminarctl replicas`)")
+        is_dir = st is not None and stat.S_ISDIR(st.st_mode)
+        users = self._replica_user_jobs(d) if is_dir else {}
+        state = str(row["state"]) if row is not None else None
+        refusal = self._drop_refusal(key, state, None if row is None else int(row["src_node"]),
+                                     None if row is None else str(row["src_job"]), users, force)
+        if refusal is not None:
+            raise ReplicaRefused(refusal)
+        names: list[str] = []
+        nbytes = 0
+        moved: Path | None = None
+        if st is not None:
+            if is_dir:
+                with contextlib.suppress(OSError):
+                    names = sorted((n for n in os.listdir(d) if _CKPT_NAME.match(n)), key=_ckpt_step, reverse=True)
+                nbytes = _tree_bytes(d)
+            trash = self.root / REPLICA_TRASH
+            try:
+                trash.mkdir(exist_ok=True)
+                if not stat.S_ISDIR(os.lstat(trash).st_mode):
+                    raise OSError(f"{trash} is not a directory")
+                moved = trash / f"{key}.drop.{time.monotonic_ns()}"
+                os.rename(d, moved)
+            except OSError as e:
+                raise MigrateError(f"{key}: cannot move {d} into {trash}: {e}; nothing was removed") from None
+        with self.agent.store.tx() as db:
+            db.execute("DELETE FROM migrate_replicas WHERE key=?", (key,))
+            db.execute("DELETE FROM migrate_retry WHERE key=?", (key,))
+            db.execute("DELETE FROM migrate_guard_checks WHERE key=?", (key,))
+        self._guard_asked.pop(key, None)
+        self.counts["replica_dropped"] = self.counts.get("replica_dropped", 0) + 1
+        forced = force and state in REPLICA_GUARD_STATES
+        self._emit(f"{key}: replicas dropped by {by or 'an operator'} (state {state or 'unclaimed'}"
+                   f"{', forced' if forced else ''}): {', '.join(names) or 'no checkpoint'}, {nbytes} bytes",
+                   key=key, phase="replica-dropped", state=state or "unclaimed", forced=forced, by=by)
+        if moved is not None:
+            self._remove_later([moved])
+        return {"key": key, "state": state or "unclaimed", "dropped": names, "bytes": nbytes, "forced": forced,
+                "src_node": None if row is None else int(row["src_node"])}
+
+    async def drop_replica_and_tell(self, key: str, force: bool = False, by: str = "",
+                                    timeout: float = 5.0) -> dict[str, Any]:
+        """:meth:`drop_replica`, then, for a forced drop of a ``guarding`` or ``waiting`` key, tells
+        its source (control op ``dropped``, ``{"key"}``) so that it forgets this node as the job's
+        buddy and prestages elsewhere (:meth:`_answer_dropped` there). The drop stands whatever the
+        source says or whether it can be reached. Adds ``source_told`` (True: the source answered;
+        False: it was not told; None: nothing to tell) and ``source_says`` (its answer's ``why``, or
+        why it was not told) to :meth:`drop_replica`'s answer. Raises what drop_replica raises."""
+        res = self.drop_replica(key, force=force, by=by)
+        res["source_told"], res["source_says"] = None, ""
+        src = res.get("src_node")
+        if not res["forced"] or src is None:
+            return res
+        try:
+            if src == self.node_id:
+                raise MigrateError(f"node {src} is this node")
+            ans = await self._control(int(src), "dropped", {"key": key}, timeout=timeout)
+            if not isinstance(ans, dict) or ans.get("key") != key:
+                raise MigrateError(f"node {src} answered {ans!r}")
+        except (MigrateError, TransferError, OSError, TimeoutError) as e:
+            res["source_told"], res["source_says"] = False, f"node {src} was not told: {e}"
+            self._emit(f"{key}: the forced drop was not told to node {src} ({e}): it may still count on this node "
+                       "as the job's buddy", key=key, src_node=src, phase="replica-drop-untold")
+            return res
+        res["source_told"], res["source_says"] = True, str(ans.get("why", ""))
+        return res
+
+    # -- a job's owner's view of a replica it resumes from (ReclaimComponent.check_resume) --------
+
+    def _note_owner(self, key: str, request: Any) -> None:
+        """Records whose job ``key`` is from its guard's request (a dict, or its JSON)."""
+        try:
+            req = json.loads(request) if isinstance(request, str) else request
+            self._owners[key] = (int(req.get("owner_uid", 0) or 0), int(req.get("owner_gid", 0) or 0))
+        except (ValueError, TypeError, AttributeError):
+            pass
+
+    def _resume_root(self) -> Path:
+        return Path(self.agent.config.state_dir) / RESUME_DIR
+
+    def _resume_copy(self, path: Path, uid: int, gid: int) -> Path:
+        """The checkpoint a job of ``uid`` resumes from when ``path`` is a replica under
+        ``xfer/`` (root's alone): ``<state_dir>/RESUME_DIR/<key>/<ckpt>/`` (RESUME_DIR's layout),
+        made anew in a directory only root can reach, then renamed into place (hard links where
+        the files are root's and readable, copies otherwise and across filesystems: a checkpoint
+        in ``archive_dir``); links and anything but regular files in ``path`` are refused. ``path`` itself for root's jobs.
+        Blocking (callers run it in a thread). Raises OSError."""
+        if uid == 0:
+            return path
+        key, name = path.parent.name, path.name
+        if not _SAFE_KEY.match(key) or not _CKPT_NAME.match(name):
+            raise OSError(f"{path} is not a replica's checkpoint (<key>/ckpt-<n>)")
+        base = self._resume_root()
+        base.mkdir(exist_ok=True)
+        st = os.lstat(base)
+        if not stat.S_ISDIR(st.st_mode) or st.st_uid != 0:
+            raise OSError(f"{base} is not a directory of root's")
+        os.chmod(base, 0o711)
+        tmp = base / f".tmp-{key}-{name}-{time.monotonic_ns()}"
+        os.mkdir(tmp, 0o700)
+        try:
+            for f in os.listdir(path):
+                src = path / f
+                fst = os.lstat(src)
+                if not stat.S_ISREG(fst.st_mode):
+                    raise OSError(f"{src} is not a regular file")
+                linked = False
+                if fst.st_uid == 0 and fst.st_mode & 0o004 and not fst.st_mode & 0o022:
+                    try:  # root's, readable, not writable: shared
+                        os.link(src, tmp / f, follow_symlinks=False)
+                        linked = True
+                    except OSError:  # another filesystem (the archive's): copied
+                        pass
+                if not linked:  # a file only root may read (or anyone may write), or elsewhere: the owner's copy
+                    fd = os.open(src, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+                    try:
+                        with os.fdopen(os.dup(fd), "rb") as fin, open(tmp / f, "xb") as fout:
+                            shutil.copyfileobj(fin, fout, 4 << 20)
+                    finally:
+                        os.close(fd)
+                    os.chmod(tmp / f, 0o644)
+            os.chmod(tmp, 0o755)
+            kd = base / key
+            with contextlib.suppress(FileExistsError):
+                os.mkdir(kd, 0o500)
+            kst = os.lstat(kd)
+            if not stat.S_ISDIR(kst.st_mode):
+                raise OSError(f"{kd} is not a directory")
+            os.chown(kd, uid, gid, follow_symlinks=False)
+            os.chmod(kd, 0o500)  # an entry of root's base: its owner cannot swap it for a link
+            dfd = os.open(kd, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+            try:
+                with contextlib.suppress(FileNotFoundError):
+                    old = os.lstat(name, dir_fd=dfd)
+                    _remove_tree(kd / name) if stat.S_ISDIR(old.st_mode) else os.unlink(name, dir_fd=dfd)
+                os.rename(tmp, name, dst_dir_fd=dfd)
+            finally:
+                os.close(dfd)
+        except BaseException:
+            _remove_tree(tmp)
+            raise
+        return kd / name
+
+    def _resume_gc(self, now: float | None = None) -> list[Path]:
+        """Removes the resume copies (RESUME_DIR) no local job names any more (the rule of
+        :meth:`_replica_user_jobs`) once older than RESUME_KEEP_S, a crashed copy's ``.tmp-*`` as
+        old, and emptied ``<key>/`` directories. Renamed into the replica trash, removed in a
+        thread. Returns what went."""
+        if self.root is None:
+            return []
+        now = time.time() if now is None else now
+        base = self._resume_root()
+        try:
+            keys = os.listdir(base)
+        except OSError:
+            return []
+        used = {(k, n) for k, names in self._resume_users().items() for n in names}
+        gone: list[Path] = []
+        trash = self.root / REPLICA_TRASH
+        trash.mkdir(exist_ok=True)
+
+        def old(p: Path) -> bool:
+            try:
+                return now - os.lstat(p).st_mtime >= RESUME_KEEP_S
+            except OSError:
+                return False
+
+        for k in keys:
+            kd = base / k
+            try:
+                is_dir = stat.S_ISDIR(os.lstat(kd).st_mode)
+            except OSError:
+                continue
+            victims: list[Path] = []
+            if k.startswith(".tmp-") or not is_dir:
+                victims = [kd] if old(kd) else []
+            else:
+                try:
+                    names = os.listdir(kd)
+                except OSError:
+                    continue
+                victims = [kd / n for n in names if (k, n) not in used and old(kd / n)]
+                if not names and old(kd):
+                    with contextlib.suppress(OSError):
+                        os.rmdir(kd)
+            for v in victims:
+                dest = trash / f"resume-{v.parent.name}-{v.name}.{time.monotonic_ns()}"
+                try:
+                    os.rename(v, dest)
+                except OSError:
+                    continue
+                gone.append(dest)
+        self._remove_later(gone)
+        return gone
+
+    def _resume_users(self) -> dict[str, set[str]]:
+        """key -> the names under ``RESUME_DIR/<key>/`` a local job may still resume from."""
+        out: dict[str, set[str]] = {}
+        base = self._resume_root()
+        for j in self._users_of_resume_from():
+            p = Path(os.path.normpath(str(j.spec.resume_from)))
+            if p.parent.parent == base:
+                out.setdefault(p.parent.name, set()).add(p.name)
+        return out
