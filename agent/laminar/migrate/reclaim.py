@@ -39,38 +39,10 @@ The component is :class:`ReclaimComponent`, in parts: this module has the reclai
 storage holders and the archive, and inherits the rest: :mod:`laminar.migrate.buddies` prestaging,
 buddies and releases (*When the source dies*); :mod:`laminar.migrate.guard` a guard's take-over of a
 dead source's job (*The retrying guard*); :mod:`laminar.migrate.replicas` the replicas held here
-(what goes, the guard's check with its source, the operator's view and drop). The tunables more than
+(what goes, the guard's check with its source, the operator's view and drop);
+:mod:`laminar.migrate.withdraw` a reclaim withdrawn (*A reclaim withdrawn*). The tunables more than
 one part of the component uses are in :mod:`laminar.migrate.constants`, its errors in
 :mod:`laminar.migrate.errors`.
-
-**A reclaim withdrawn.** An owner may withdraw the notice (a spot rebalance recommendation that
-passed, changed plans) or give the node back after the window::
-
-    laminarctl reclaim cancel [--node 4]
-    POST /v1/reclaim/cancel {"node"?: 4, "reason"?: "..."}          (privileged; 404: no reclaim)
-
-:meth:`ReclaimComponent.cancel_reclaim` removes the stored reclaim first (a restart restores
-nothing), then stops what has not happened: no move begins any more and nothing is stopped at
-the window's end; the kill-switch deadlines the reclaim armed are cleared (a cut the job has for
-another reason stays); the node takes placements again; the placement of queued jobs elsewhere
-stops after the one it is asking for, and the queue hold is released (queued jobs start here).
-What already happened stays: a job handed over runs where it went, a queued job placed again
-elsewhere stays there. A move already begun (its checkpoint signal sent) is never cut: it
-finishes (the job runs on its destination) or fails (the job is thawed and runs on here), so a
-job is never left frozen or nowhere. A queued job whose placement elsewhere is unsettled is
-stopped here so it never runs twice. Peers are told (control op ``reclaim-withdrawn``): they
-forget the notice and the window's end their guards of this node's jobs carry (else they would
-declare this node dead at that end and resume, a second time, jobs that run on here). A guard
-that may have missed that (its agent started after the guard message that told it the window's
-end, or it heard nothing from this node for the zone's ``peer_timeout_s`` before the window's
-end: :meth:`ReclaimComponent._missed_news`)
-asks this node (control op ``needs``) before it takes over at the window's end: a job that runs
-here with no reclaim (``reclaim`` false in the answer) keeps it guarding and the window is forgotten;
-an older agent's answer without ``reclaim`` keeps it guarding and the window kept, and this node
-is asked again only once it falls silent in the zone (or after a new guard message).
-A new notice that comes while a cancel runs is a new reclaim: the cancel undoes none of it
-(its queue hold, its placements of queued jobs, its notice to the peers; ``superseded`` in the
-answer), and its evacuation begins no second move of a job whose move is under way.
 
 **A move cut during its hand-over.** Once a hand-over's frame may have reached the destination, no
 answer is never taken for a refusal (:meth:`ReclaimComponent._handover` with ``confirm``): the
@@ -265,6 +237,7 @@ from laminar.migrate.transfer import (
     verified_checkpoint,
 )
 from laminar.migrate.trees import _newest_mtime, _remove_tree
+from laminar.migrate.withdraw import WithdrawMixin
 from laminar.zone.membership import canonical_ip, listen_check
 
 log = logging.getLogger("laminar.migrate")
@@ -415,8 +388,6 @@ REPLICAS_SCHEMA = [
         request TEXT NOT NULL,
         updated REAL NOT NULL)""",
 ]
-
-WITHDRAWN_RETRY_S = 2.0  # a peer not reached when a reclaim was cancelled is told again this often
 
 RECLAIM_SCHEMA = [
     # This node's reclaim (one row): its window's end in wall-clock time, so that an agent
@@ -785,7 +756,7 @@ class _ShaperHook:
                 await self.reg._run(self.reg.remove, handle)
 
 
-class ReclaimComponent(BuddiesMixin, GuardMixin, ReplicasMixin):
+class ReclaimComponent(BuddiesMixin, GuardMixin, ReplicasMixin, WithdrawMixin):
     """``laminar.migrate.reclaim:ReclaimComponent`` (agent attribute ``migrate``)."""
 
     agent_attr = "migrate"
@@ -1413,83 +1384,6 @@ class ReclaimComponent(BuddiesMixin, GuardMixin, ReplicasMixin):
         except Exception as e:
             log.warning("migrate: stopping %s, cut at the window's end while the agent was down: %s", job.id, e)
 
-    async def _settle_cancelled(self, phases: dict[str, tuple[str, int | None]],
-                                marker: dict[str, Any] | None) -> None:
-        """At start, after a cancel the agent's restart interrupted (``marker``: store meta
-        :data:`drain.CANCEL_META`, written at the cancel's first step and removed at its last; or
-        no stored reclaim but records of what one did to jobs, ``migrate_reclaim_jobs``). Settled
-        as the cancel would have: a job whose hand-over was sent is settled by asking its
-        destination with the same hand-over (:meth:`_settle_cut_move`, recorded in
-        ``migrate_moves`` meanwhile): stopped here (``migrated``) if it runs the job there,
-        thawed here if it has no job for it (the reclaim is withdrawn: no guard resumes it at the
-        window's end); a record of an older agent without the hand-over (no
-        ``migrate_reclaim_handovers`` row) is stopped here as before. One a move froze is thawed, a
-        queued job whose placement elsewhere was unsettled is stopped here (it may run there: never
-        twice); the records go, the queue hold taken at start (:data:`drain.SETTLING_HOLD`) is
-        released and the peers are told the reclaim is withdrawn (again until its window's end):
-        else their guards of the jobs that run on here would resume them at the window's end."""
-        jobs_mgr = getattr(self.agent, "jobs", None)
-        unsettled = []
-        for jid, (ph, node) in sorted(phases.items()):
-            job = jobs_mgr.get(jid) if jobs_mgr is not None else None
-            if job is None:
-                continue
-            sent = self.agent.store.db.execute("SELECT node, pid, request FROM migrate_reclaim_handovers "
-                                               "WHERE job_id=?", (jid,)).fetchone()
-            if ph == "handover" and job.active and sent is not None:
-                why = f"reclaim of node {self.node_id}, cancelled"
-                req = json.loads(sent["request"])
-                self._record_move(jid, "handover", reason=why, thaw=True, node=int(sent["node"]),
-                                  pid=int(sent["pid"]), request=req)  # a restart meanwhile asks again (_restore_moves)
-                self.evacuating.add(jid)  # Airlock leaves it frozen (AirlockManager.moving)
-                self._spawn(self._settle_cut_move(job, int(sent["node"]), int(sent["pid"]), req, why, True))
-            elif ph == "handover" and job.active:
-                await self._stop_handed(job, node)
-            elif ph == "frozen" and job.active:
-                with contextlib.suppress(Exception):
-                    job.cgroup.thaw(timeout=2.0)
-            elif ph == "placing" and job.state == "queued":
-                assert jobs_mgr is not None
-                unsettled.append(jid)
-                try:
-                    await jobs_mgr.stop(jid, f"the reclaim of node {self.node_id} was cancelled (the agent restarted "
-                                        "during the cancel) while the job's placement on another node was unsettled: "
-                                        "it may run there (see `laminarctl placements` and the migrate events); not "
-                                        "started here so it never runs twice", state="stopped")
-                except Exception as e:
-                    log.warning("migrate: stopping %s, its placement unsettled at a cancel: %s", jid, e)
-        with self.agent.store.tx() as db:  # these only: a reclaim announced meanwhile records its own
-            db.executemany("DELETE FROM migrate_reclaim_jobs WHERE job_id=?", [(jid,) for jid in phases])
-            db.executemany("DELETE FROM migrate_reclaim_handovers WHERE job_id=?", [(jid,) for jid in phases])
-        if jobs_mgr is not None and getattr(jobs_mgr, "held", None) == drain.SETTLING_HOLD:
-            jobs_mgr.hold_queue(None)
-        if marker is not None and self.reclaim is None:  # (a reclaim announced meanwhile: its notice stands)
-            _, missed = await self._tell_withdrawn()
-            end = float(marker.get("window_end") or 0.0)
-            if missed and time.time() < end:
-                self._spawn(self._retell_withdrawn(missed, end))  # the marker goes when they are told
-            else:
-                self.agent.store.del_meta(drain.CANCEL_META)
-        self._emit(f"reclaim of node {self.node_id}: what its cancel left when the agent restarted is settled"
-                   + (f"; queued jobs stopped here (placement elsewhere unsettled): {', '.join(unsettled)}"
-                      if unsettled else ""), phase="reclaim-cancel-settled", unsettled=unsettled,
-                   jobs=sorted(phases))
-
-    async def _stop_handed(self, job: Any, node: int | None) -> None:
-        """A job whose hand-over to ``node`` was sent before the agent restarted (it may run
-        there now) is stopped here, never moved again. State ``reclaimed``: its guard (``node``)
-        keeps it and resumes it when this node's window ends unless it already runs there."""
-        with contextlib.suppress(Exception):
-            job.cgroup.thaw(timeout=2.0)  # a frozen job is not killed by a signal until it thaws
-        try:
-            await self.agent.jobs.stop(job.id, f"node {self.node_id} reclaimed: the job was handed over to node {node} "
-                                       f"before the agent restarted (node {node} runs it, or guards it and resumes it "
-                                       "when this node's window ends)", grace_s=0, state="reclaimed")
-        except Exception as e:
-            log.warning("migrate: stopping %s, handed over before the restart: %s", job.id, e)
-        self._emit(f"{job.id}: handed over to node {node} before the agent restarted; stopped here, not moved again",
-                   job=job.id, node=node, phase="handed-over")
-
     def _move_phases(self) -> dict[str, tuple[str, int | None]]:
         """``migrate_reclaim_jobs``: job id -> (phase, node)."""
         return {str(r["job_id"]): (str(r["phase"]), None if r["node"] is None else int(r["node"]))
@@ -1821,156 +1715,6 @@ class ReclaimComponent(BuddiesMixin, GuardMixin, ReplicasMixin):
             out["reclaim"] = {k: v for k, v in r.items() if k not in ("task", "cancel")} | {
                 "left_s": round(max(0.0, r["deadline"] - time.time()), 3), "done": r["task"].done()}
         return out
-
-    async def cancel_reclaim(self, reason: str = "") -> dict[str, Any]:
-        """Withdraws this node's reclaim, inside its window or after it (see the module's doc:
-        "A reclaim withdrawn"). Returns what it did: ``in_window``, ``disarmed`` (jobs whose
-        armed deadline was cleared), ``undrained``, ``released`` (the queue hold), ``finishing``
-        (moves begun before, left to finish), ``unsettled`` (queued jobs stopped here: their
-        placement elsewhere may have run), ``peers_told``/``peers_missed``. Raises LookupError
-        when this node has no reclaim; MigrateError while one cancel is running."""
-        db = self.agent.store.db
-        r = self.reclaim
-        row = db.execute("SELECT * FROM migrate_reclaim").fetchone()
-        if r is None and row is None:
-            raise LookupError(f"node {self.node_id} has no reclaim to cancel (see `laminarctl reclaim status`)")
-        if self._cancelling:
-            raise MigrateError(f"the reclaim of node {self.node_id} is being cancelled already")
-        self._cancelling = True
-        try:
-            return await self._cancel(r, row, reason or "reclaim cancelled")
-        finally:
-            self._cancelling = False
-
-    async def _cancel(self, r: dict[str, Any] | None, row: Any, reason: str) -> dict[str, Any]:
-        now = time.time()
-        end = float(r["deadline"] if r is not None else row["deadline"])
-        in_window = now < end
-        # a restart from here on settles what this cancel leaves (_settle_cancelled), restores nothing
-        self.agent.store.set_meta(drain.CANCEL_META, {"node": self.node_id, "window_end": end})
-        with self.agent.store.tx() as db:  # first: a restart from here on restores nothing
-            db.execute("DELETE FROM migrate_reclaim")
-        self.reclaim = None  # status shows none; the drain's placement loop ends after its current one
-        if r is not None:
-            r["cancel"].set()  # no move begins any more, nothing is stopped at the window's end
-        finishing = sorted(self.evacuating)
-        jobs_mgr = getattr(self.agent, "jobs", None)
-        disarmed: list[str] = []
-        ng = getattr(self.agent, "netguard", None)
-        armed = set(r["armed"]) if r is not None else set()
-        for j in list(jobs_mgr.active()) if jobs_mgr is not None else []:
-            if ng is None or j.id not in armed:
-                continue
-            try:
-                if drain.disarm(ng, j.cgroup_id):
-                    disarmed.append(j.id)
-            except Exception as e:
-                log.warning("migrate: clearing the armed deadline of %s failed: %s", j.id, e)
-        z = getattr(self.agent, "zone", None)
-        undrained = drain.undrain(z) if z is not None else False
-        drain_task = self._drain_task
-        while drain_task is not None and not drain_task.done() and self.reclaim is None:
-            # it ends after the placement it asks for (never cut); a reclaim announced meanwhile
-            # takes it over (it follows that reclaim's window): not waited for then
-            await asyncio.wait({drain_task}, timeout=0.2)
-        # A new reclaim announced while this cancel waited is that reclaim's now: its queue hold,
-        # its records and its notice to the peers are not undone here.
-        superseded = self.reclaim is not None
-        # the drain stopped: a ``placing`` row left is an unsettled placement (unconfirmed, or
-        # asked for before a restart); the rows go only now
-        unsettled = [] if superseded else [
-            jid for jid, (ph, _) in sorted(self._move_phases().items()) if ph == "placing"
-            and jobs_mgr is not None and getattr(jobs_mgr.get(jid), "state", None) == "queued"]
-        if not superseded:  # a move left to finish keeps its record: a restart that cuts it settles it
-            done = [(jid,) for jid in self._move_phases() if jid not in self.evacuating]
-            with self.agent.store.tx() as db:
-                db.executemany("DELETE FROM migrate_reclaim_jobs WHERE job_id=?", done)
-        for jid in unsettled:
-            assert jobs_mgr is not None
-            with contextlib.suppress(Exception):
-                await jobs_mgr.stop(jid, f"the reclaim of node {self.node_id} was cancelled while the job's placement "
-                                    "on another node was unsettled: it may run there (see `laminarctl zone placements` and "
-                                    "the migrate events); not started here so it never runs twice", state="stopped")
-        superseded = self.reclaim is not None
-        released = not superseded and drain.release_hold(jobs_mgr, self.node_id)
-        told, missed = ([], []) if superseded else await self._tell_withdrawn()
-        if self.reclaim is not None and not superseded:  # announced while the peers were told: tell its notice again
-            superseded = True
-            with contextlib.suppress(Exception):
-                z.reclaim_notice(max(0.0, self.reclaim["deadline"] - time.time()), self.reclaim["reason"])
-        if missed and in_window and not superseded:  # until its window's end a peer not told may resume this node's jobs twice
-            # the marker stays until they are told (or the window ends): a restart tells them again
-            self.agent.store.set_meta(drain.CANCEL_META, {"node": self.node_id, "window_end": end, "missed": missed})
-            self._spawn(self._retell_withdrawn(missed, end))
-        else:
-            self.agent.store.del_meta(drain.CANCEL_META)  # done: nothing is left for a restart to settle
-        out = {"node": self.node_id, "cancelled": True, "in_window": in_window, "window_end": end,
-               "disarmed": disarmed, "undrained": undrained, "released": released, "finishing": finishing,
-               "unsettled": unsettled, "peers_told": told, "peers_missed": missed, "superseded": superseded}
-        what = (f"{len(disarmed)} kill-switch deadlines cleared, "
-                + (f"{len(finishing)} moves begun left to finish, " if finishing else "")
-                + (f"{len(unsettled)} queued jobs with an unsettled placement elsewhere stopped here, " if unsettled else "")
-                + "queue released, the node takes placements again" if in_window else
-                "the node takes jobs and placements again")
-        if superseded:
-            what = "a new reclaim announced meanwhile holds the queue and drains the node"
-        self._emit(f"reclaim of node {self.node_id} cancelled {'inside its window' if in_window else 'after its window'} "
-                   f"({reason}): {what}; {len(told)} peers told" + (f", {len(missed)} not reached" if missed else ""),
-                   phase="reclaim-cancelled", **{k: v for k, v in out.items() if k not in ("node", "cancelled")})
-        return out
-
-    async def _retell_withdrawn(self, peers: list[int], end: float) -> None:
-        """Tells ``peers`` (not reached at the cancel) again every WITHDRAWN_RETRY_S until each
-        was told or the window (wall clock ``end``) ended."""
-        left = list(peers)
-        while left and time.time() < end:
-            await asyncio.sleep(WITHDRAWN_RETRY_S)
-            if self.reclaim is not None:
-                return  # a new reclaim: its notice is what the peers must hear now
-            _, left = await self._tell_withdrawn(left)
-        self.agent.store.del_meta(drain.CANCEL_META)  # every peer told, or the window ended
-
-    async def _tell_withdrawn(self, peers: list[int] | None = None) -> tuple[list[int], list[int]]:
-        """Tells ``peers`` (None: every other member of the zone) that this node's reclaim is
-        withdrawn (op ``reclaim-withdrawn``). Returns (told, not reached)."""
-        z = self.zone
-        if z is None:
-            return [], []
-        if peers is None:
-            peers = sorted(n for n in z.membership.by_node if n != self.node_id)
-
-        async def one(n: int) -> bool:
-            try:
-                await self._control(n, "reclaim-withdrawn", {"ts": time.time()}, timeout=3.0)
-                return True
-            except Exception as e:
-                log.warning("migrate: telling node %d that the reclaim is withdrawn failed: %s", n, e)
-                return False
-
-        res = await asyncio.gather(*(one(n) for n in peers))
-        return [n for n, ok in zip(peers, res, strict=True) if ok], [n for n, ok in zip(peers, res, strict=True) if not ok]
-
-    def withdrawn_notice(self, node: int) -> list[str]:
-        """A peer's reclaim was withdrawn: its notice is forgotten (it is a candidate for moves
-        again) and so is the window's end carried by the guards held here of its jobs (they no
-        longer declare it dead then). Returns the keys of those guards."""
-        self.notices.pop(node, None)
-        keys = []
-        with self.agent.store.tx() as db:
-            for row in db.execute("SELECT key, request FROM migrate_replicas WHERE src_node=? "
-                                  "AND state IN ('guarding', 'waiting')", (node,)).fetchall():
-                try:
-                    req = json.loads(row["request"])
-                except ValueError:
-                    continue
-                if isinstance(req, dict) and "window_end" in req:
-                    req.pop("window_end")
-                    db.execute("UPDATE migrate_replicas SET request=? WHERE key=?", (json.dumps(req), row["key"]))
-                    keys.append(str(row["key"]))
-        self._emit(f"node {node} withdrew its reclaim: it is a candidate for moves again"
-                   + (f"; {len(keys)} guards here no longer end with its window" if keys else ""),
-                   node=node, phase="reclaim-withdrawn", guards=keys)
-        return keys
 
     async def _execute(self, jobs: list[Any], steps: dict[str, cs.NoticeStep]) -> None:
         """The evacuation, then, at the window's end, the stop of what still runs. Withdrawn
