@@ -13,6 +13,7 @@ veths, the bridge) is removed on exit, also when the test fails.
 
 from __future__ import annotations
 
+import ipaddress
 import json
 import os
 import secrets
@@ -78,7 +79,7 @@ class Node:
     index: int  # 0-based
     node_id: int
     zone: int
-    addr: str
+    addr: str  # as `ip` prints it (an IPv6 one canonical: no leading zeros), whatever the roster spelling
     netns: Netns
     host_if: str
     agent: ZoneAgent
@@ -111,8 +112,11 @@ class Cluster:
         tag = secrets.token_hex(3)
         bridge = f"lmt-br-{tag}"
         subnet = f"10.{secrets.randbelow(100) + 120}.{secrets.randbelow(250) + 1}"
-        if ipv6:  # a random fd00::/8 ULA /48 prefix; no DAD, so the addresses can be bound at once
-            subnet = f"fd{secrets.token_hex(1)}:{secrets.token_hex(2)}:{secrets.token_hex(2)}:"
+        if ipv6:  # a random fd00::/8 ULA /48 prefix; no DAD, so the addresses can be bound at once.
+            # Its second and third groups are written with a leading zero ("fd62:0147:0c4b::1"), a
+            # spelling operators use that the agent must treat as the address ``ip`` prints
+            # ("fd62:147:c4b::1"): the roster is written so, Node.addr is the canonical form.
+            subnet = f"fd{secrets.token_hex(1)}:0{secrets.randbelow(0xF00) + 0x100:x}:0{secrets.randbelow(0xF00) + 0x100:x}:"
         sep, plen, nodad = (":", "64", ("nodad",)) if ipv6 else (".", "24", ())
         tmp = Path(tmp) / f"cluster-{tag}"
         tmp.mkdir(parents=True)
@@ -157,7 +161,7 @@ class Cluster:
                     f'{(node_extra or {}).get(i, "")}\n{nodes_toml}'
                 )
                 agent = ZoneAgent(tmp, ns_if, ns, extra_toml=zone_toml, node=f"z{1 + i // per_zone}n{i + 1}")
-                c.nodes.append(Node(i, i + 1, 1 + i // per_zone, addr, ns, host_if, agent, mac))
+                c.nodes.append(Node(i, i + 1, 1 + i // per_zone, str(ipaddress.ip_address(addr)), ns, host_if, agent, mac))
             for nd in c.nodes:
                 nd.agent.start(wait=False)
             for nd in c.nodes:
