@@ -42,8 +42,8 @@ from laminar.migrate.errors import HandoverSettled, MigrateError
 from laminar.migrate.transfer import TransferError, latest_verified, send_checkpoint
 
 if TYPE_CHECKING:
+    from laminar.migrate.archive import ArchiveLane
     from laminar.migrate.holder import RetrySchedule
-    from laminar.migrate.reclaim import ArchiveLane
 
 log = logging.getLogger("laminar.migrate")
 

@@ -1,0 +1,1028 @@
+"""The archive, the guard of last resort (``migrate.archive_dir``; a part of
+:class:`laminar.migrate.reclaim.ReclaimComponent`, which inherits :class:`ArchiveMixin`; in long
+form: docs/migration.md, *The archive, the guard of last resort* and *What the archive keeps, and
+what goes*): stopped jobs' checkpoints no live peer can keep, running jobs' periodic checkpoints,
+claims, the sweep, and the one thread that touches the archive (:class:`ArchiveLane`).
+
+**The archive, the guard of last resort** (``archive_dir``: storage outside the pool that all
+the zone's agents mount, as the shared storage Slurm jobs checkpoint to). Every other copy of a
+job (its buddy's replicas, a holder's) is on a node of the zone; when the whole pool is gone
+they all are. With ``archive_dir`` set, a stopped job's checkpoint and guard record
+(``<archive>/<key>/ckpt-N/``, ``guard.json``) are written there, atomically, when no live peer
+can hold them (a reclaim with no holder; a reclaimed guard with no peer to pass to) and by a
+guard as soon as it finds no room. The record's claim is the lock: a node renames ``guard.json``
+to ``claimed-<node>.json`` before it starts or places the job (one node wins), then to
+``running-<node>.json``, or back when it found no room. Every agent with room tries the
+unclaimed records (any agent, not only the guard: the guard may be gone); a guard whose job
+another node claimed and runs stands down. A claim older than ``ARCHIVE_CLAIM_STALE_S`` whose
+node never ran the job is taken over (by the job's guard, or by any agent with room that sees it
+in the archive). So is the running record of a node that ran the job and is dead
+(``orphan_after_s`` or its reclaim window, as for any take-over) before anything newer of the
+job reached the archive (its new key holds no record): the checkpoint the job resumed from is
+then its newest safe state (:meth:`ArchiveMixin._dead_runs`).
+
+**What the archive keeps, and what goes** (:meth:`ArchiveMixin.archive_gc`, every
+``archive_gc_s``, 10 s, by each agent). A claim that started its job leaves ``<archive>/<key>/`` behind
+with ``running-<node>.json`` (the record, now naming where the job was resumed: its node and job
+id) and the checkpoint it resumed from. That directory is removed once the job no longer needs
+it: when the job it resumed **ended** where it runs (exited, or stopped by its user; the agent
+running it removes it), or when the job's **newer state is safe** in the archive under its new
+key (``n<node>-<job>``: a record whose checkpoint the job wrote itself after it resumed, verified
+against its manifest; any agent removes it). Never removed: a directory with ``guard.json``,
+``live.json`` or a ``claimed-*`` record (claimable, being claimed, or a claim whose node died,
+which another agent takes over after ``ARCHIVE_CLAIM_STALE_S``); a running record whose job
+failed to start, was lost, moved on or is still queued without a newer archived checkpoint; a
+directory with a checkpoint and no record at all (a publish in progress, or a crash's only
+copy: an operator's call). Temporary names (``.tmp-*`` partial copies, ``.guard-*``/
+``.live-*``/``.running-*`` partial records and renamed-away ``.live-*.old`` ones) whose newest
+file is older than ``ARCHIVE_TMP_STALE_S``, and directories with nothing in them for as long,
+are a crashed writer's: whichever agent sees them removes them. Every removal is a rename into
+``<archive>/.gc/`` first (one agent wins; a half-removed tree is never mistaken for a job), then
+the tombstone's removal; symbolic links are never followed (one is removed as a link), and
+nothing outside ``archive_dir`` is touched. The counts are in the component's status
+(``counts``: ``archive_gc_dirs``, by why ``archive_gc_ended``/``_superseded``/``_empty``, and
+``archive_gc_temporaries``).
+
+**Periodic checkpoints in the archive.** While departures without notice are plausible (the
+learned unannounced share is at least ``prestage_unannounced``, the rule that prestages), each
+running job's newest committed checkpoint (before it wrote one: the verified checkpoint it was
+restarted from) is copied to ``<archive>/<key>/ckpt-N/`` the same way (temporary name, verified
+against its manifest, fsync'd, renamed) and the job's *live record* ``live.json`` (its node, its
+buddy, its request) is pointed at it; older archived checkpoints of the job are then removed
+(the newest complete one is kept), and when the job ends here (exited, stopped, failed, or moved
+by a reclaim) the record and its checkpoints go. A live record is claimed like a guard record
+(rename to ``claimed-<node>.json``), but only by the job's guard once its source is dead, or by
+an agent with room that sees the job's node *and* its buddy dead (silent for
+``orphan_after_s``, or their reclaim windows ended): a job whose node and buddy both leave
+without notice rolls back only to its last archived periodic checkpoint. A stopped job's guard
+record replaces its live record (taken by rename, so only one record is ever claimable), and a
+node that finds its job's live record claimed does not publish another.
+
+**When the archive hangs.** ``archive_dir`` is shared storage, and its server can stop
+answering (an NFS or FUSE server gone: every stat, listing and open on the mount then waits,
+often unkillably). The agent's loop never touches the archive: every look at it and every
+write to it (the rounds, claims, publishes, periodic copies, the sweep, a claimed job's copy
+for its owner) runs on one dedicated thread (:class:`ArchiveLane`), one piece at a time, and
+a round is started only when the one before has ended. A hung archive so holds one thread;
+the control socket, the kill switch, the zone, placements and Airlock go on, and what needs
+the archive waits in order (nothing is lost or done twice). When the work in hand has made no
+progress (no byte read, no CPU time) for ``ARCHIVE_STALL_SWEEPS`` x ``archive_gc_s`` (30 s by
+default), the status says so (``migrate.archive.stalled_s``, ``busy``: what waits) and a log
+line and an event (``archive-stalled``) say it once; ``archive-answers`` when it answers again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import contextlib
+import json
+import logging
+import os
+import queue
+import shutil
+import stat
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from laminar import jobkit
+from laminar.migrate.constants import _CKPT_NAME, MIGRATED_ENV
+from laminar.migrate.trees import _newest_mtime, _remove_tree
+
+if TYPE_CHECKING:
+    from laminar.migrate.evidence import NoticeOdds
+    from laminar.migrate.holder import RetrySchedule
+
+log = logging.getLogger("laminar.migrate")
+
+# An archive claim this old whose node never ran the job (it died trying) may be taken by another.
+ARCHIVE_CLAIM_STALE_S = 600.0
+# A running job's periodic checkpoint in the archive: its record (who runs it, its buddy).
+LIVE_RECORD = "live.json"
+# A temporary name in the archive (a partial copy or record) whose newest file is this old is a
+# crashed writer's: any agent removes it. A copy in progress writes its files as it goes, so only
+# a writer stalled this long loses its temporary (its rename then fails: nothing is published).
+ARCHIVE_TMP_STALE_S = 3600.0
+# How often each agent sweeps the archive (listing it on shared storage is not free): the default
+# of ``[migrate] archive_gc_s``.
+ARCHIVE_GC_S = 10.0
+# Removals are renamed here first (one agent wins the rename), then removed.
+ARCHIVE_TRASH = ".gc"
+# The archive counts as stalled (status ``archive.stalled_s``, one event) when the look at it in
+# hand has made no progress (no byte read, no CPU time) for this many ``archive_gc_s`` (30 s by
+# default): a round on healthy shared storage takes well under one; an NFS server's failover
+# takes up to a minute or two, and it is only reported, never acted on.
+ARCHIVE_STALL_SWEEPS = 3
+
+
+def _progress(task: str) -> tuple[int, int] | None:
+    """(bytes read, CPU clock ticks) so far of the process or thread whose /proc directory is
+    ``task`` (``/proc/<pid>``, ``/proc/self/task/<tid>``): its ``io``'s rchar, -1 where that
+    cannot be read, and its ``stat``'s utime + stime; None when /proc cannot tell. Never blocks
+    on the task (one in D state answers too)."""
+    try:
+        with open(f"{task}/stat") as f:
+            after_comm = f.read().rsplit(")", 1)[1].split()
+        ticks = int(after_comm[11]) + int(after_comm[12])  # fields 14 and 15 (utime, stime)
+    except (OSError, ValueError, IndexError):
+        return None
+    rchar = -1
+    with contextlib.suppress(OSError, ValueError), open(f"{task}/io") as f:
+        rchar = next((int(line.split()[1]) for line in f if line.startswith("rchar:")), -1)
+    return rchar, ticks
+
+
+class ArchiveLane:
+    """The one thread that touches archive storage (``migrate.archive_dir``, shared storage
+    such as an NFS mount, whose every stat, listing and open waits while its server does not
+    answer, often unkillably). The agent's loop never touches the archive itself: it hands the
+    lane each piece of work (:meth:`call`), which runs them one after the other, so a hung
+    archive holds this one thread and nothing else (the agent's loop and the default executor
+    go on), and what waits for the archive (claims, publishes, sweeps) waits, queued, in order.
+    A daemon thread: a process stopping while it waits on a dead mount is not held by it."""
+
+    def __init__(self) -> None:
+        self._q: queue.SimpleQueue[tuple[str, concurrent.futures.Future[Any], Callable[..., Any],
+                                         tuple[Any, ...]] | None] = queue.SimpleQueue()
+        self._thread: threading.Thread | None = None
+        self._tid = 0
+        self.busy: tuple[str, float] | None = None  # (what, since: monotonic) of the work in hand
+        self._seen: tuple[tuple[str, float], tuple[int, int] | None, float] | None = None
+
+    def call(self, what: str, fn: Callable[..., Any], *args: Any) -> asyncio.Future[Any]:
+        """Runs ``fn(*args)`` on the lane after what was handed to it before; awaitable (its
+        result or its exception). ``what``: how the status names it while it runs. Cancelling
+        the awaitable before it runs drops it."""
+        return asyncio.wrap_future(self.submit(what, fn, *args))
+
+    def submit(self, what: str, fn: Callable[..., Any], *args: Any) -> concurrent.futures.Future[Any]:
+        """:meth:`call` for a caller that does not wait for it (its end is the lane's)."""
+        fut: concurrent.futures.Future[Any] = concurrent.futures.Future()
+        self._q.put((what, fut, fn, args))
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._serve, name="laminar-archive", daemon=True)
+            self._thread.start()
+        return fut
+
+    def _serve(self) -> None:
+        self._tid = threading.get_native_id()
+        while (item := self._q.get()) is not None:
+            what, fut, fn, args = item
+            if not fut.set_running_or_notify_cancel():
+                continue
+            self.busy = (what, time.monotonic())
+            try:
+                res = fn(*args)
+            except BaseException as e:  # noqa: BLE001 - the caller's to handle
+                fut.set_exception(e)
+            else:
+                fut.set_result(res)
+            finally:
+                self.busy = None
+
+    @property
+    def queued(self) -> int:
+        """Pieces of work waiting behind the one in hand."""
+        return self._q.qsize()
+
+    def quiet_s(self, now: float) -> float | None:
+        """Seconds the work in hand has gone without progress (no byte read, no CPU time of the
+        lane's thread, as looked at by the calls of this method: call it every poll), or None
+        when the lane is idle."""
+        busy = self.busy
+        if busy is None or not self._tid:
+            self._seen = None
+            return None
+        progress = _progress(f"/proc/self/task/{self._tid}")
+        if self._seen is None or self._seen[0] is not busy or self._seen[1] != progress:
+            self._seen = (busy, progress, now)
+        return now - self._seen[2]
+
+    def close(self) -> None:
+        """The lane's thread ends once the work in hand is done (at once when idle)."""
+        if self._thread is not None:
+            self._q.put(None)
+
+
+def _read_record(path: Path) -> dict[str, Any] | None:
+    """An archive record (a regular file holding a JSON object; never through a link), or None."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+        with os.fdopen(fd) as fh:
+            if not stat.S_ISREG(os.fstat(fh.fileno()).st_mode):
+                return None
+            rec = json.load(fh)
+    except (OSError, ValueError):
+        return None
+    return rec if isinstance(rec, dict) else None
+
+
+class ArchiveMixin:
+    """The archive: stopped jobs' checkpoints and guard records, running jobs' periodic ones,
+    claims, the sweep, the archive's health and status."""
+
+    if TYPE_CHECKING:
+        # what this mixin uses of ReclaimComponent (its __init__ and its other parts)
+        _archive_error: str | None
+        _archive_next: dict[str, float]
+        _archive_rounds: int
+        _archive_stalled: float | None
+        _archive_tries: dict[str, int]
+        _archiving: set[str]
+        _gc_next: float
+        _gc_running: bool
+        _gc_unverified: set[tuple[str, str]]
+        _lane: ArchiveLane
+        _round_running: bool
+        _taking: set[str]
+        agent: Any
+        archived_live: dict[str, str]
+        buddy: dict[str, int]
+        counts: dict[str, int]
+        evacuating: set[str]
+        notice_odds: NoticeOdds
+        reclaim: dict[str, Any] | None
+        retry: RetrySchedule
+        s: dict[str, Any]
+
+        def _emit(self, message: str, **fields: Any) -> None: ...
+        def _request(self, job: Any, take_over: bool) -> dict[str, Any]: ...
+        async def _resume_here(self, row: Any, req: dict[str, Any], path: Path, why: str) -> str | None: ...
+        def _runs_here(self, key: str) -> str | None: ...
+        def _source_dead(self, src: int, now: float, window_end: float | None = None) -> str | None: ...
+        def _spawn(self, coro: Any) -> asyncio.Task[Any]: ...
+        def job_key(self, job: Any) -> str: ...
+        @property
+        def node_id(self) -> int: ...
+        @property
+        def zone(self) -> Any: ...
+
+    def _archive_root(self) -> Path | None:
+        a = str(self.s.get("archive_dir") or "")
+        return Path(a) if a else None
+
+    @staticmethod
+    def _archive_key_dir(root: Path, key: str) -> Path:
+        """``root/key``, made if missing, root's alone (0700): its records carry the job's request
+        (env values included) and its checkpoints are a user's; the archive is shared storage that
+        other users on the zone's nodes may reach."""
+        d = root / key
+        d.mkdir(parents=True, exist_ok=True)
+        os.chmod(d, 0o700)
+        return d
+
+    def _archived(self, key: str) -> bool:
+        root = self._archive_root()
+        return root is not None and (root / key).is_dir() and any((root / key).glob("*.json"))
+
+    def _archive_runner(self, key: str) -> str | None:
+        """Who runs an archived job (it claimed it and started it), or None."""
+        root = self._archive_root()
+        for f in sorted((root / key).glob("running-*.json")) if root is not None else []:
+            return f.name.removeprefix("running-").removesuffix(".json")
+        return None
+
+    def _archive(self, key: str, ckpt: Path, record: dict[str, Any]) -> Path:
+        """Copies the verified checkpoint ``ckpt`` of ``key`` into the archive and (unless a node
+        claimed or runs it) writes its guard record ``guard.json``, both atomically (a temporary
+        name, fsync, rename): the archived checkpoint's path. Raises OSError/CheckpointError."""
+        root = self._archive_root()
+        assert root is not None
+        d = self._archive_key_dir(root, key)
+        dst_dir = self._publish_copy(ckpt, d)
+        taken = any(d.glob("claimed-*.json")) or any(d.glob("running-*.json"))
+        old_live = d / f".live-{self.node_id}-{time.monotonic_ns()}.old"
+        if not taken and (d / LIVE_RECORD).exists():
+            # the job's periodic record becomes its guard record: taken by rename (atomic), so a
+            # node that claimed it meanwhile keeps it and no second claimable record appears
+            try:
+                os.rename(d / LIVE_RECORD, old_live)
+            except OSError:
+                taken = True
+        if not taken:
+            tmpj = d / f".guard-{self.node_id}-{time.monotonic_ns()}.tmp"
+            with open(tmpj, "w") as fh:
+                json.dump({**record, "ckpt": ckpt.name, "archived_by": self.node_id, "ts": time.time()}, fh)
+                fh.flush()
+                os.fsync(fh.fileno())
+            os.rename(tmpj, d / "guard.json")
+        with contextlib.suppress(OSError):
+            old_live.unlink()
+        return dst_dir
+
+    # -- periodic checkpoints in the archive (live.json) -----------------------------------------
+
+    def _archive_periodic_due(self) -> bool:
+        """The prestaging rule's unannounced branch: periodic checkpoints go to the archive too
+        while departures without notice are plausible (a job whose node and buddy both leave
+        without notice then rolls back only to its last periodic checkpoint)."""
+        return (self._archive_root() is not None
+                and self.notice_odds.unannounced_frac >= float(self.s["prestage_unannounced"]))
+
+    def _publish_copy(self, ckpt: Path, d: Path) -> Path:
+        """``d/<ckpt.name>``: the verified checkpoint ``ckpt`` copied there under a temporary
+        name, checked against its manifest, fsync'd and renamed into place (kept as it is when
+        a complete copy of that name is already there; an incomplete leftover is replaced).
+        Raises OSError/CheckpointError; a failed copy is removed, never published."""
+        dst_dir = d / ckpt.name
+        if dst_dir.is_dir() and (dst_dir / jobkit.MANIFEST).exists():
+            return dst_dir
+        tmp = d / f".tmp-{ckpt.name}-{self.node_id}-{time.monotonic_ns()}"
+        try:
+            shutil.copytree(ckpt, tmp)
+            jobkit.verify_checkpoint(tmp)
+            for f in tmp.iterdir():
+                with open(f, "rb") as fh:
+                    os.fsync(fh.fileno())
+            shutil.rmtree(dst_dir, ignore_errors=True)  # an incomplete leftover of that name
+            os.rename(tmp, dst_dir)
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
+        return dst_dir
+
+    def archive_live(self, key: str, ckpt: Path, record: dict[str, Any]) -> Path | None:
+        """Copies the committed periodic checkpoint ``ckpt`` of the running job ``key`` into the
+        archive (a temporary name, verified against its manifest, fsync'd, renamed: the same
+        layout and checks as :meth:`_archive`), then points the job's live record
+        (``live.json``: who runs it, its buddy, its request) at it and removes the older archived
+        checkpoints: the newest complete one is kept. A stopped job's record (``guard.json``,
+        ``claimed-*``, ``running-*``) is never touched: then nothing is written and None is
+        returned. Blocking file I/O (callers run it in a thread). Raises OSError/CheckpointError
+        (a corrupt copy is removed, never published)."""
+        root = self._archive_root()
+        assert root is not None
+        d = self._archive_key_dir(root, key)
+
+        def stopped() -> bool:
+            return ((d / "guard.json").exists() or any(d.glob("claimed-*.json"))
+                    or any(d.glob("running-*.json")))
+
+        if stopped():
+            return None
+        dst_dir = self._publish_copy(ckpt, d)
+        tmpj = d / f".live-{self.node_id}-{time.monotonic_ns()}.tmp"
+        with open(tmpj, "w") as out:
+            json.dump({**record, "ckpt": ckpt.name, "archived_by": self.node_id, "ts": time.time()}, out)
+            out.flush()
+            os.fsync(out.fileno())
+        os.rename(tmpj, d / LIVE_RECORD)
+        if stopped():
+            # a node claimed the previous live record meanwhile (it thinks this node is dead):
+            # that claim is the lock; this record must not be a second one
+            with contextlib.suppress(OSError):
+                (d / LIVE_RECORD).unlink()
+            return None
+        for old in d.glob("ckpt-*"):
+            if old.name != ckpt.name and not stopped():
+                shutil.rmtree(old, ignore_errors=True)
+        return dst_dir
+
+    def drop_live(self, key: str) -> bool:
+        """The job ended here (by itself, stopped, failed, or moved by a reclaim): its live record
+        and archived periodic checkpoints go. The record is taken by rename first, so a node that
+        claimed it meanwhile keeps it (and its checkpoint). True when removed."""
+        root = self._archive_root()
+        if root is None:
+            return False
+        d = root / key
+        old = d / f".live-{self.node_id}-{time.monotonic_ns()}.old"
+        try:
+            os.rename(d / LIVE_RECORD, old)
+        except OSError:
+            return False
+        if any(d.glob("guard.json")) or any(d.glob("claimed-*.json")) or any(d.glob("running-*.json")):
+            with contextlib.suppress(OSError):
+                old.unlink()
+            return False
+        return self._tombstone(root, d)
+
+    def _archive_watch(self) -> None:
+        """Each poll of the watch loop: the archive's health (:meth:`_archive_health`), then its
+        next round (:meth:`_archive_round`) unless one is still in flight: one at a time, so on
+        a hung archive one round waits on the lane and none piles up behind it."""
+        if self._archive_root() is None:
+            return
+        self._archive_health()
+        if not self._round_running:
+            self._round_running = True
+            self._spawn(self._archive_round())
+
+    def _archive_stall(self, now: float) -> tuple[float | None, str | None]:
+        """(seconds without progress, what waits) of the archive work in hand when that is at
+        least ARCHIVE_STALL_SWEEPS x ``archive_gc_s`` (the archive is stalled), else (None, what
+        runs now or None)."""
+        quiet = self._lane.quiet_s(now)
+        busy = self._lane.busy
+        what = busy[0] if busy is not None else None
+        if quiet is not None and quiet >= ARCHIVE_STALL_SWEEPS * float(self.s["archive_gc_s"]):
+            return quiet, what
+        return None, what
+
+    def _archive_health(self) -> None:
+        """Says once (a log line and an event, ``archive-stalled``) when the archive stopped
+        answering (:meth:`_archive_stall`), and once (``archive-answers``) when it answers again."""
+        now = time.monotonic()
+        quiet, what = self._archive_stall(now)
+        if quiet is not None and self._archive_stalled is None:
+            self._archive_stalled = now - quiet
+            msg = (f"archive: {self._archive_root()} does not answer: {what} has made no progress for {quiet:.1f} s "
+                   "(its storage hangs?); archive work (claims, publishes, sweeps) waits for it, the rest of the "
+                   "agent goes on")
+            log.warning("migrate: %s", msg)
+            self._emit(msg, phase="archive-stalled", waiting=what, stalled_s=round(quiet, 1))
+        elif quiet is None and self._archive_stalled is not None:
+            msg = f"archive: {self._archive_root()} answers again after {now - self._archive_stalled:.1f} s"
+            self._archive_stalled = None
+            log.info("migrate: %s", msg)
+            self._emit(msg, phase="archive-answers")
+
+    async def _archive_round(self) -> None:
+        """One round of the archive's work: the look at it (:meth:`_archive_look`, on the lane),
+        then, here on the loop, what it found: ended jobs' live records gone, running jobs'
+        newer periodic checkpoints copied (the prestaging rule's unannounced branch,
+        :meth:`_archive_periodic_due`), and any archived job no node runs tried here
+        (:meth:`_from_archive`): unclaimed guard records, live records of jobs whose node and
+        buddy are gone, stale claims, claims whose runner died (:meth:`_dead_runs`); then the
+        sweep (:meth:`_archive_gc_round`). Claims and the sweep wait while this node is being
+        reclaimed."""
+        try:
+            root = self._archive_root()
+            if root is None:
+                return
+            reclaiming = self.reclaim is not None and not self.reclaim["task"].done()
+            ended: dict[str, str] = {}
+            for jid in list(self.archived_live):
+                job = self.agent.jobs.get(jid)
+                if job is None or (not job.active and job.state in ("exited", "stopped", "failed", "migrated")):
+                    if jid not in self._archiving:
+                        self.archived_live.pop(jid, None)
+                        ended[jid] = job.state if job else "gone"
+            periodic: list[tuple[str, str, str | None]] = []
+            if self._archive_periodic_due() and not reclaiming:
+                periodic = [(j.id, str(j.ckpt_dir), getattr(j.spec, "resume_from", None) or None)
+                            for j in list(self.agent.jobs.active())
+                            if j.id not in self.evacuating and j.id not in self._archiving and j.ckpt_dir]
+            wall, mono = time.time(), time.monotonic()
+            z = self.zone
+            alive = {self.node_id} | {n for n in (list(z.membership.by_node) if z is not None else [])
+                                      if self._source_dead(int(n), wall) is None}
+            skip = set(self._taking) | {k for k, t in self._archive_next.items() if mono < t}
+            look = await self._lane.call("archive round", self._archive_look, root, list(ended), periodic,
+                                         not reclaiming, frozenset(alive), frozenset(skip), wall)
+            self._archive_rounds += 1
+            self._archive_error = None
+            for jid in look["dropped"]:
+                self._emit(f"{jid}: ended ({ended[jid]}); its archived periodic checkpoints removed", persist=False,
+                           job=jid, phase="archive-dropped")
+            for jid, ckpt in look["ckpts"].items():
+                job = self.agent.jobs.get(jid)
+                if (job is None or not job.active or jid in self.evacuating or jid in self._archiving
+                        or self.archived_live.get(jid) == ckpt.name):
+                    continue
+                self._archiving.add(jid)
+                self._spawn(self._archive_periodic(job, ckpt))
+            if not look["claims"] or (self.reclaim is not None and not self.reclaim["task"].done()):
+                return
+            self._archive_claims(look, time.time())
+            self._archive_gc_round()
+        except (OSError, ValueError) as e:  # the storage (gone, refusing): the next round looks again
+            if str(e) != self._archive_error:  # said once while it lasts, not every poll_s
+                log.warning("migrate: archive round: %s", e)
+            self._archive_error = str(e)
+        except Exception:
+            log.exception("migrate: archive round failed")
+        finally:
+            self._round_running = False
+
+    def _archive_look(self, root: Path, ended: list[str], periodic: list[tuple[str, str, str | None]], claims: bool,
+                      alive: frozenset[int], skip: frozenset[str], wall: float) -> dict[str, Any]:
+        """The archive round's file work (on the lane; never on the loop): drops the live records
+        of the ``ended`` jobs (:meth:`drop_live`), finds the newest checkpoint of each running job
+        in ``periodic`` ((job id, its checkpoint directory, its ``resume_from``): the newest it
+        committed, or before it wrote one, the verified checkpoint it was restarted from), and,
+        with ``claims`` and the archive a directory, lists what may be claimed: guard records,
+        live records ((key, src, buddy)), stale claims (:meth:`_stale_claims`) and claims whose
+        runner is not in ``alive`` and may be dead (:meth:`_running_records`). Keys in ``skip``
+        (taken or waiting) are not read. Returns ``{"dropped", "ckpts", "claims", "guards",
+        "lives", "stale", "runs"}``."""
+        out: dict[str, Any] = {"dropped": [], "ckpts": {}, "claims": False, "guards": [], "lives": [], "stale": [],
+                               "runs": []}
+        for jid in ended:
+            if self.drop_live(f"n{self.node_id}-{jid}"):
+                out["dropped"].append(jid)
+        for jid, ckpt_dir, rf in periodic:
+            ckpt = jobkit.latest_checkpoint(ckpt_dir)
+            if ckpt is None and rf:
+                # restarted from a checkpoint (a move, a guard, the archive) and none written
+                # since: the one it resumed from is its newest, archived at once under its new key
+                ckpt = Path(rf) if (Path(rf) / jobkit.MANIFEST).exists() else None
+            if ckpt is not None:
+                out["ckpts"][jid] = ckpt
+        if not claims or not root.is_dir():
+            return out
+        out["claims"] = True
+        out["guards"] = [g.parent.name for g in root.glob("*/guard.json") if g.parent.name not in skip]
+        for g in root.glob(f"*/{LIVE_RECORD}"):
+            if g.parent.name in skip:
+                continue
+            try:
+                rec = json.loads(g.read_text())
+                out["lives"].append((g.parent.name, int(rec["src_node"]), rec.get("buddy")))
+            except (OSError, ValueError, KeyError, TypeError):
+                continue  # claimed meanwhile, or not ours to read
+        out["stale"] = [(k, rec) for k, rec in self._stale_claims(root, wall) if k not in skip]
+        out["runs"] = [(k, n) for k, n in self._running_records(root, lambda n: n in alive) if k not in skip]
+        return out
+
+    async def _archive_periodic(self, job: Any, ckpt: Path) -> None:
+        key = self.job_key(job)
+        buddy = self.buddy.get(job.id)
+        rf = getattr(job.spec, "resume_from", None)
+        record = {"key": key, "src_node": self.node_id, "src_job": job.id, "buddy": buddy,
+                  "request": self._request(job, False), "periodic": True,
+                  # the checkpoint it resumed from, not one it wrote: what it resumed from stays (archive_gc)
+                  "resumed_copy": bool(rf) and Path(str(rf)) == ckpt}
+        try:
+            path = await self._lane.call(f"periodic copy of {job.id}", self.archive_live, key, ckpt, record)
+            if path is not None:
+                self.archived_live[job.id] = ckpt.name
+                self.counts["archived_periodic"] = self.counts.get("archived_periodic", 0) + 1
+                self._emit(f"{job.id}: periodic {ckpt.name} archived (node and buddy leaving without notice would "
+                           "roll it back only to here)", persist=False, job=job.id, ckpt=ckpt.name,
+                           phase="archived-periodic")
+        except (OSError, jobkit.CheckpointError) as e:  # removed by the job's keep meanwhile, a full archive
+            log.info("migrate: archiving periodic %s of %s failed: %s", ckpt.name, job.id, e)
+        finally:
+            self._archiving.discard(job.id)
+
+    def _claim(self, key: str, live: bool = False, dead_runner: int | None = None) -> bool:
+        """Takes the archive's claim on ``key`` (rename guard.json -> claimed-<node>.json: one
+        node wins; the claim's time is its mtime). A claim older than ARCHIVE_CLAIM_STALE_S
+        whose node never ran the job (it died trying) is taken over the same way. ``live``: a
+        running job's periodic record (``live.json``) may be claimed too (its node is dead, and
+        its buddy is this node or dead as well). ``dead_runner``: the running record of that node,
+        which ran the job from here and died before anything newer of it was archived
+        (:meth:`_dead_runs`). False when another node holds it or there is none."""
+        root = self._archive_root()
+        if root is None:
+            return False
+        d = root / key
+        mine = d / f"claimed-{self.node_id}.json"
+        srcs = [d / "guard.json"] + ([d / LIVE_RECORD] if live else [])
+        if dead_runner is not None and dead_runner != self.node_id:
+            srcs.append(d / f"running-{dead_runner}.json")
+        with contextlib.suppress(OSError):
+            srcs += [f for f in d.glob("claimed-*.json")
+                     if f != mine and time.time() - f.stat().st_mtime > ARCHIVE_CLAIM_STALE_S]
+        for src in srcs:
+            try:
+                os.rename(src, mine)
+            except OSError:
+                continue
+            with contextlib.suppress(OSError):
+                os.utime(mine)
+            return True
+        return False
+
+    def _unclaim(self, key: str) -> None:
+        root = self._archive_root()
+        if root is not None:
+            with contextlib.suppress(OSError):
+                os.rename(root / key / f"claimed-{self.node_id}.json", root / key / "guard.json")
+
+    def _claim_done(self, key: str, who: str, runs: tuple[int, str] | None = None) -> None:
+        """The claimed job runs (here or where this node placed it): the claim becomes
+        ``running-<node>.json`` (no node claims it again). ``runs``: (node, job id) of the job
+        resumed from it, written into the record (``resumed``), so any agent can tell when the
+        job's newer state is in the archive and this directory may go (:meth:`archive_gc`)."""
+        root = self._archive_root()
+        if root is None:
+            return
+        d = root / key
+        mine = d / f"running-{self.node_id}.json"
+        try:
+            os.rename(d / f"claimed-{self.node_id}.json", mine)
+        except OSError:
+            return
+        if runs is None or not runs[1]:
+            return
+        tmp = d / f".running-{self.node_id}-{time.monotonic_ns()}.tmp"
+        try:
+            rec = json.loads(mine.read_text())
+            rec["resumed"] = {"node": int(runs[0]), "job": str(runs[1]), "ts": time.time()}
+            with open(tmp, "w") as out:
+                json.dump(rec, out)
+                out.flush()
+                os.fsync(out.fileno())
+            os.rename(tmp, mine)  # only this node writes its running record
+        except (OSError, ValueError, TypeError) as e:  # the record stays as it was: kept, never removed
+            log.info("migrate: noting where archived %s runs failed: %s", key, e)
+            with contextlib.suppress(OSError):
+                tmp.unlink()
+
+    def _archive_claims(self, look: dict[str, Any], wall: float) -> None:
+        """Any agent with room resumes an archived job no node runs: every claimable record the
+        round's look found (:meth:`_archive_look`) is tried here (``_from_archive``)."""
+        now = time.monotonic()
+
+        def free(key: str) -> bool:
+            return key not in self._taking and now >= self._archive_next.get(key, 0.0)
+
+        for key in look["guards"]:
+            if not free(key) or self._guarded_here(key):
+                continue  # this node guards it: its own take-over goes through the claim
+            self._taking.add(key)
+            self._spawn(self._from_archive(key))
+        for key, src, buddy in look["lives"]:
+            if not free(key) or self._run_elsewhere(src, buddy, wall):
+                continue  # its node runs it, or its buddy lives and resumes it from its replica
+            if self._guarded_here(key):
+                continue  # this node guards it: its own take-over goes through the claim
+            self._taking.add(key)
+            self._spawn(self._from_archive(key, live=True))
+        for key, rec in look["stale"]:
+            # its node claimed it and died before the job ran: claimable again (_claim takes it over)
+            if not free(key):
+                continue
+            if rec.get("periodic"):  # claimed from a live record: only while its node and buddy are still gone
+                try:
+                    src, buddy = int(rec["src_node"]), rec.get("buddy")
+                except (KeyError, TypeError, ValueError):
+                    continue
+                if self._run_elsewhere(src, buddy, wall):
+                    continue
+            if self._guarded_here(key):
+                continue  # this node guards it: its own take-over goes through the claim
+            self._taking.add(key)
+            self._spawn(self._from_archive(key))
+        for key, node in look["runs"]:
+            if not free(key) or self._source_dead(node, wall) is None or self._guarded_here(key):
+                continue
+            self._taking.add(key)
+            self._spawn(self._from_archive(key, dead_runner=node))
+
+    def _guarded_here(self, key: str) -> bool:
+        """This node guards (or waits to resume) the job ``key``."""
+        row = self.agent.store.db.execute("SELECT state FROM migrate_replicas WHERE key=?", (key,)).fetchone()
+        return row is not None and row["state"] in ("guarding", "waiting")
+
+    def _run_elsewhere(self, src: int, buddy: Any, wall: float) -> bool:
+        """A running job's archived record is not this node's to claim: this node runs it, its
+        node ``src`` is alive, or its ``buddy`` (another node) is and resumes it from its replica."""
+        if src == self.node_id or self._source_dead(src, wall) is None:
+            return True
+        return buddy is not None and int(buddy) != self.node_id and self._source_dead(int(buddy), wall) is None
+
+    def _dead_runs(self, root: Path, now: float) -> list[tuple[str, int]]:
+        """(key, node) of each job claimed from the archive whose runner ``node`` (another node)
+        is dead (:meth:`_source_dead`) before anything newer of the job reached the archive: its
+        successor ``n<node>-<job>`` (the record's ``resumed``) holds no record. The claimed
+        checkpoint is then the job's newest safe state, and any agent may claim it again. With
+        a successor record, the job is recovered through it (its live record), never twice; a
+        record without ``resumed`` (written before it existed) names no successor and is left.
+        Blocking file I/O; the round reads the files on the lane (:meth:`_running_records`) and
+        asks :meth:`_source_dead` on the loop."""
+        return self._running_records(root, lambda n: self._source_dead(n, now) is None)
+
+    def _running_records(self, root: Path, alive: Callable[[int], bool]) -> list[tuple[str, int]]:
+        """(key, node) of each running record in the archive of another node, not ``alive``, whose
+        successor holds no record (the file part of :meth:`_dead_runs`)."""
+        out = []
+        for f in sorted(root.glob("*/running-*.json")):
+            if f.parent.name.startswith("."):
+                continue
+            try:
+                node = int(f.name.removeprefix("running-").removesuffix(".json"))
+            except ValueError:
+                continue
+            if node == self.node_id or alive(node):
+                continue
+            rec = _read_record(f)
+            res = rec.get("resumed") if rec is not None else None
+            if not isinstance(res, dict) or "/" in str(res.get("job", "/")):
+                continue
+            try:
+                succ = os.listdir(root / f"n{res.get('node')}-{res.get('job')}")
+            except FileNotFoundError:
+                succ = []
+            except OSError:
+                continue
+            if any(n.endswith(".json") and not n.startswith(".") for n in succ):
+                continue
+            out.append((f.parent.name, node))
+        return out
+
+    def _stale_claims(self, root: Path, now: float) -> list[tuple[str, dict[str, Any]]]:
+        """(key, record) of each claim in the archive older than ARCHIVE_CLAIM_STALE_S whose job no
+        node runs (another node's: this node's own claims are its take-overs in flight)."""
+        out = []
+        for f in sorted(root.glob("*/claimed-*.json")):
+            if f.name == f"claimed-{self.node_id}.json" or f.parent.name.startswith("."):
+                continue
+            try:
+                if now - os.lstat(f).st_mtime <= ARCHIVE_CLAIM_STALE_S or any(f.parent.glob("running-*.json")):
+                    continue
+            except OSError:
+                continue
+            rec = _read_record(f)
+            if rec is not None:
+                out.append((f.parent.name, rec))
+        return out
+
+    # -- removing what the archive no longer needs (archive_gc) -----------------------------------
+
+    def _placed_as(self, key: str) -> tuple[int, str] | None:
+        """(node, job id) where this node placed the guarded job ``key`` (the replica's job_id,
+        ``node N/job-M``), or None."""
+        row = self.agent.store.db.execute("SELECT job_id FROM migrate_replicas WHERE key=?", (key,)).fetchone()
+        try:
+            node, job = str(row["job_id"]).removeprefix("node ").split("/", 1)
+            return int(node), job
+        except (TypeError, ValueError, IndexError):
+            return None
+
+    def _archive_gc_round(self) -> None:
+        """Every ``archive_gc_s``: the archive sweep (:meth:`archive_gc`) in a thread, one at a time."""
+        if self._gc_running or time.monotonic() < self._gc_next:
+            return
+        self._gc_next = time.monotonic() + float(self.s["archive_gc_s"])
+        self._gc_running = True
+        self._spawn(self._archive_gc_task(self._archive_gc_ended()))
+
+    def _archive_gc_ended(self) -> dict[str, set[str]]:
+        """Archive key -> ids of this node's jobs resumed from it (``LM_MIGRATED_FROM``) that ended
+        by themselves (exited) or were stopped by their user: they need nothing from it any more.
+        A job that failed to start, was lost, moved or reclaimed is not here: its state may still
+        be needed from the archive."""
+        out: dict[str, set[str]] = {}
+        jobs = getattr(self.agent, "jobs", None)
+        for j in jobs.list() if jobs is not None else []:
+            k = (j.spec.env or {}).get(MIGRATED_ENV)
+            if k and j.state in ("exited", "stopped"):
+                out.setdefault(str(k), set()).add(str(j.id))
+        return out
+
+    async def _archive_gc_task(self, ended: dict[str, set[str]]) -> None:
+        try:
+            res = await self._lane.call("archive sweep", self.archive_gc, ended)
+            for key, why in res["removed"].items():
+                self._emit(f"archive: {key} removed ({why})", persist=False, key=key, phase="archive-removed", why=why)
+        except Exception:  # a bug or the storage: the next sweep tries again
+            log.exception("migrate: archive sweep")
+        finally:
+            self._gc_running = False
+
+    def archive_gc(self, ended: dict[str, set[str]] | None = None, now: float | None = None,
+                   tmp_stale_s: float = ARCHIVE_TMP_STALE_S) -> dict[str, Any]:
+        """One sweep of the archive (the rule is in the module's docs, *What the archive keeps, and
+        what goes*). Per ``<archive>/<key>/`` (a real directory: links and files at the top are
+        not this agent's and are left alone):
+
+        * temporary names (``.``-prefixed) whose newest file is older than ``tmp_stale_s`` go;
+        * a directory whose only record is ``running-<node>.json`` goes when the job resumed from
+          it ended here (``ended``: key -> this node's job ids that exited or were stopped by
+          their user, and the record names one of them, or, a record from before ``resumed``
+          was written, this node ran it) or when the record's ``resumed`` job holds a newer
+          verified checkpoint it wrote itself under its own key (:meth:`_holds_safe_copy`);
+        * a directory with nothing left in it for ``tmp_stale_s`` goes;
+        * tombstones in ``<archive>/.gc`` older than ``tmp_stale_s`` (a crash mid-removal) go.
+
+        Everything else stays. Each removal is a rename into ``.gc`` (the agent whose rename wins
+        removes it; a loser skips it) and then the tombstone's removal without following links.
+        Blocking file I/O (the agent runs it in a thread). Never raises for the storage (what
+        cannot be read is kept). Returns ``{"removed": {key: why}, "temporaries": n,
+        "tombstones": n}`` and adds them to ``counts`` (``archive_gc_dirs`` and one count per
+        why, ``archive_gc_temporaries``)."""
+        out: dict[str, Any] = {"removed": {}, "temporaries": 0, "tombstones": 0}
+        root = self._archive_root()
+        if root is None:
+            return out
+        now = time.time() if now is None else now
+        try:
+            entries = sorted(os.scandir(root), key=lambda e: e.name)
+        except OSError:
+            return out
+        for e in entries:
+            if e.name.startswith(".") or not e.is_dir(follow_symlinks=False):
+                continue
+            d = Path(e.path)
+            try:
+                names = sorted(os.listdir(d))
+            except OSError:
+                continue
+            for n in names:
+                if n.startswith(".") and now - _newest_mtime(d / n) > tmp_stale_s and self._tombstone(root, d / n):
+                    out["temporaries"] += 1
+            why = self._gc_verdict(root, d, names, (ended or {}).get(e.name, set()), now, tmp_stale_s)
+            if why is not None and self._tombstone(root, d):
+                out["removed"][e.name] = why
+        trash = root / ARCHIVE_TRASH
+        try:
+            if stat.S_ISDIR(os.lstat(trash).st_mode):
+                for t in sorted(os.listdir(trash)):
+                    try:
+                        born = int(t.rsplit(".", 1)[-1]) / 1e9
+                    except ValueError:
+                        born = _newest_mtime(trash / t)
+                    if now - born > tmp_stale_s:
+                        _remove_tree(trash / t)
+                        out["tombstones"] += 1
+        except OSError:
+            pass
+        self.counts["archive_gc_dirs"] = self.counts.get("archive_gc_dirs", 0) + len(out["removed"])
+        for why in out["removed"].values():  # archive_gc_ended, archive_gc_superseded, archive_gc_empty
+            self.counts[f"archive_gc_{why}"] = self.counts.get(f"archive_gc_{why}", 0) + 1
+        self.counts["archive_gc_temporaries"] = (self.counts.get("archive_gc_temporaries", 0) + out["temporaries"]
+                                                 + out["tombstones"])
+        return out
+
+    def _gc_verdict(self, root: Path, d: Path, names: list[str], ended: set[str], now: float,
+                    tmp_stale_s: float) -> str | None:
+        """Why the archive directory ``d`` may go now ("ended", "superseded", "empty"), or None:
+        it stays. ``names``: its entries; ``ended``: this node's job ids resumed from it that
+        ended."""
+        recs = [n for n in names if n.endswith(".json") and not n.startswith(".")]
+        if "guard.json" in recs or LIVE_RECORD in recs or any(n.startswith("claimed-") for n in recs):
+            return None  # claimable, being claimed, or a claim whose node died (taken over when stale)
+        running = [n for n in recs if n.startswith("running-")]
+        if not running:
+            try:
+                if os.listdir(d) or now - _newest_mtime(d) <= tmp_stale_s:
+                    return None  # a checkpoint without a record: a publish in progress or a crash's only copy
+            except OSError:
+                return None
+            return "empty"
+        runner = running[0].removeprefix("running-").removesuffix(".json")
+        rec = _read_record(d / running[0])
+        if rec is None:
+            return None
+        res = rec.get("resumed")
+        if isinstance(res, dict):
+            try:
+                node, job = int(res["node"]), str(res["job"])
+            except (KeyError, TypeError, ValueError):
+                return None
+            if node == self.node_id and job in ended:
+                return "ended"
+            succ = f"n{node}-{job}"
+            if succ != d.name and "/" not in job and not job.startswith(".") and self._holds_safe_copy(root, succ):
+                return "superseded"
+            return None
+        if runner == str(self.node_id) and ended:
+            return "ended"  # a record from before ``resumed``: this node claimed it and ran it here
+        return None
+
+    def _holds_safe_copy(self, root: Path, key: str) -> bool:
+        """``<archive>/<key>/`` (a real directory) has a record (live, guard, claimed or running)
+        naming a checkpoint the job wrote itself (not the copy of what it resumed from,
+        ``resumed_copy``) that is a real directory of regular files and passes
+        :func:`laminar.jobkit.verify_checkpoint`. A checkpoint that failed is not hashed again."""
+        d = root / key
+        try:
+            if not stat.S_ISDIR(os.lstat(d).st_mode):
+                return False
+            names = sorted(os.listdir(d))
+        except OSError:
+            return False
+        for n in names:
+            if not (n in (LIVE_RECORD, "guard.json") or (n.startswith(("claimed-", "running-")) and n.endswith(".json"))):
+                continue
+            rec = _read_record(d / n)
+            ck = None if rec is None else rec.get("ckpt")
+            if rec is None or rec.get("resumed_copy") or not isinstance(ck, str) or not _CKPT_NAME.match(ck):
+                continue
+            if (key, ck) in self._gc_unverified:
+                continue
+            p = d / ck
+            try:
+                if not stat.S_ISDIR(os.lstat(p).st_mode) or any(not stat.S_ISREG(os.lstat(f).st_mode)
+                                                                for f in p.iterdir()):
+                    raise jobkit.CheckpointError(f"{p}: not a directory of regular files")
+                jobkit.verify_checkpoint(p)
+            except (OSError, jobkit.CheckpointError) as e:
+                log.info("migrate: archived %s/%s is no safe copy: %s", key, ck, e)
+                self._gc_unverified.add((key, ck))
+                continue
+            return True
+        return False
+
+    def _tombstone(self, root: Path, path: Path) -> bool:
+        """Removes ``path`` (an entry of the archive ``root`` or of one of its job directories):
+        renamed into ``<root>/.gc`` first (atomic: of two agents one wins), then removed without
+        following links. True when this agent's rename won. Raises ValueError for a path outside
+        the archive."""
+        if path.parent != root and path.parent.parent != root:
+            raise ValueError(f"{path} is not an entry of the archive {root} or of one of its job directories")
+        trash = root / ARCHIVE_TRASH
+        t = trash / f"{path.name}.{self.node_id}.{time.time_ns()}"
+        try:
+            trash.mkdir(exist_ok=True)
+            if not stat.S_ISDIR(os.lstat(trash).st_mode):
+                log.warning("migrate: %s is not a directory; the archive sweep removes nothing", trash)
+                return False
+            os.rename(path, t)
+        except OSError:
+            return False  # gone meanwhile (another agent won), or not ours to move
+        _remove_tree(t)
+        return True
+
+    def _archived_newer(self, key: str, path: Path) -> Path | None:
+        """The checkpoint this node's claim on ``key`` names in the archive when its step is above
+        ``path``'s and it verifies, else None. A guard's replica may be older than what reached the
+        archive since (the job's final checkpoint, sent to a holder that archived it and died): a
+        take-over from the replica would lose the work in between. Blocking (hashes)."""
+        root = self._archive_root()
+        if root is None:
+            return None
+        try:
+            rec = json.loads((root / key / f"claimed-{self.node_id}.json").read_text())
+            cand = root / key / str(rec["ckpt"])
+            if int(cand.name.removeprefix("ckpt-")) <= int(path.name.removeprefix("ckpt-")):
+                return None
+            jobkit.verify_checkpoint(cand)
+        except (OSError, ValueError, KeyError, TypeError, jobkit.CheckpointError):
+            return None
+        return cand
+
+    def _claim_and_read(self, key: str, live: bool, dead_runner: int | None) -> dict[str, Any] | None:
+        """Takes the archive's claim on ``key`` (:meth:`_claim`) and reads the claimed record,
+        whose checkpoint must verify: the record, or None when another node holds the claim.
+        Raises OSError/ValueError/KeyError/TypeError/CheckpointError, the claim given back.
+        Blocking file I/O (on the lane)."""
+        root = self._archive_root()
+        assert root is not None
+        if not self._claim(key, live=live, dead_runner=dead_runner):
+            return None
+        try:
+            rec = json.loads((root / key / f"claimed-{self.node_id}.json").read_text())
+            jobkit.verify_checkpoint(root / key / str(rec["ckpt"]))
+        except BaseException:
+            self._unclaim(key)
+            raise
+        return dict(rec)
+
+    def _claim_archived(self, key: str) -> tuple[bool, str | None, bool]:
+        """A guard's take-over of ``key`` meets the archive (blocking, on the lane): (whether it
+        is archived, who runs it when a node claimed and started it, whether this node took the
+        claim, live records included: :meth:`_claim`)."""
+        if not self._archived(key):
+            return False, None, False
+        other = self._archive_runner(key)
+        if other is not None:
+            return True, other, False
+        return True, None, self._claim(key, live=True)
+
+    def _archive_unless_archived(self, key: str, ckpt: Path, record: dict[str, Any]) -> Path | None:
+        """:meth:`_archive` unless the archive holds a record of ``key`` already (blocking)."""
+        return None if self._archived(key) else self._archive(key, ckpt, record)
+
+    async def _from_archive(self, key: str, live: bool = False, dead_runner: int | None = None) -> None:
+        root = self._archive_root()
+        assert root is not None
+        try:
+            if self._runs_here(key) is not None:
+                return
+            rec = await self._lane.call(f"claim of {key}", self._claim_and_read, key, live, dead_runner)
+            if rec is None:
+                return
+            done = False
+            try:
+                path = root / key / str(rec["ckpt"])
+                row = {"key": key, "src_node": int(rec["src_node"]), "src_job": str(rec["src_job"])}
+                why = (f"node {rec['src_node']} and its buddy are gone; claimed its periodic checkpoint from the "
+                       "archive" if rec.get("periodic") else "claimed from the archive")
+                if dead_runner is not None:
+                    why = f"node {dead_runner}, which ran it from the archive, is gone; claimed again from the archive"
+                err = await self._resume_here(row, dict(rec["request"]), path, why)
+                if err is None:
+                    self._lane.submit(f"claim of {key} done", self._claim_done, key, f"node {self.node_id}",
+                                      (self.node_id, self._runs_here(key) or ""))
+                    done = True
+                else:
+                    n = self._archive_tries.get(key, 0)
+                    self._archive_tries[key] = n + 1
+                    self._archive_next[key] = time.monotonic() + self.retry.delay(n)
+            finally:
+                if not done:  # given back in order on the lane (a hung archive waits for it; nothing waits here)
+                    self._lane.submit(f"claim of {key} given back", self._unclaim, key)
+        except (OSError, ValueError, KeyError, TypeError, jobkit.CheckpointError) as e:
+            log.warning("migrate: archived job %s cannot be resumed here: %s", key, e)
+            self._archive_next[key] = time.monotonic() + float(self.s["retry_max_s"])
+        finally:
+            self._taking.discard(key)
+
+    def _archive_status(self) -> dict[str, Any] | None:
+        """The archive's part of the status (None without ``archive_dir``): ``stalled_s``, the
+        seconds its work in hand has made no progress once that is ARCHIVE_STALL_SWEEPS x
+        ``archive_gc_s`` or more (its storage does not answer; else None), ``busy`` (that work),
+        ``queued`` (work waiting behind it) and ``rounds`` (rounds done)."""
+        root = self._archive_root()
+        if root is None:
+            return None
+        quiet, what = self._archive_stall(time.monotonic())
+        return {"dir": str(root), "stalled_s": None if quiet is None else round(quiet, 1), "busy": what,
+                "queued": self._lane.queued, "rounds": self._archive_rounds}
