@@ -6,6 +6,7 @@
     laminarctl zone placements                # where this node's placements went, and why
     laminarctl zone keys                      # each zone key: role, fingerprint, datagrams it verified
     laminarctl zone keys reload               # re-read the key file now (root; same as SIGHUP)
+    laminarctl zone keys node-gen --out /etc/laminar/node.key   # a node key; prints its roster line
 
 ``zone submit`` places the job on whichever node of the cluster offers first (probe-first,
 late binding; see docs/protocol.md): it may run here or on another node. Exit code 0 when the
@@ -16,6 +17,11 @@ first few zones that can take the job is probed, every answer awaited, and the o
 the least GPU fragmentation binds (nodes configured with ``[zone] packing = "frag"`` score
 their offers). It costs a probe and an answer per node of those zones: for a saturated
 cluster or a batch of arrivals, not for every job.
+
+``zone keys node-gen --out PATH`` makes this node's key (an X25519 private key, written 0600;
+an existing file is never replaced) and prints the ``pubkey = "..."`` line for the node's
+``[[zone.nodes]]`` entry on every node (docs/operations.md, "Node keys"). It runs here, without
+the agent.
 """
 
 from __future__ import annotations
@@ -48,8 +54,11 @@ def register(sub: Any, common: argparse.ArgumentParser) -> None:
                         description="Without an action: each key's zone, role, fingerprint and the datagrams and "
                         "hand-overs it verified here since the agent started. 'reload' re-reads the key file "
                         "(refused whole, keeping the keys in use, when it is bad). See docs/operations.md, "
-                        "'Rotating a zone key'.")
-    p.add_argument("action", nargs="?", choices=["reload"], help="reload: re-read the key file now")
+                        "'Rotating a zone key'. 'node-gen --out PATH' writes a new node key (mode 0600) and prints "
+                        "its roster line (docs/operations.md, 'Node keys').")
+    p.add_argument("action", nargs="?", choices=["reload", "node-gen"],
+                   help="reload: re-read the key file now; node-gen: write a node key to --out")
+    p.add_argument("--out", help="node-gen: the private key file to create (e.g. /etc/laminar/node.key)")
     p.set_defaults(func=cmd_keys)
     p = zsub.add_parser("submit", parents=[common], help="place a job on any node of the cluster",
                         description="Place a job through the zone. Put the command after --.")
@@ -78,6 +87,10 @@ def cmd_peers(args: argparse.Namespace) -> int:
 def cmd_keys(args: argparse.Namespace) -> int:
     import time
 
+    if args.action == "node-gen":
+        return node_gen(args)
+    if args.out:
+        raise ValueError("zone keys: --out goes with node-gen only (laminarctl zone keys node-gen --out PATH)")
     if args.action == "reload":
         res = args.client.post("/v1/zone/keys/reload", {})
 
@@ -97,10 +110,36 @@ def cmd_keys(args: argparse.Namespace) -> int:
     def listing(r: dict[str, Any]) -> None:
         if r["networked"]:
             table(r["keys"], KEY_COLUMNS, title=f"zone keys ({r['source']})")
+            nk = r.get("node_key")
+            if nk:
+                info(f"node key {nk['file']}: pubkey {nk['pubkey']}; pair MACs with nodes "
+                     f"{', '.join(map(str, nk['pair_peers'])) or '(none)'}")
+            else:
+                info("node key: none (this node's zone.nodes entry lists no pubkey): zone-key MACs")
         else:
             info("one-node zone: an in-memory key, no key file")
 
     emit(res, args.output, listing)
+    return 0
+
+
+def node_gen(args: argparse.Namespace) -> int:
+    """Write a node key to ``--out`` and print its roster line (JSON: ``{file, pubkey}``)."""
+    from laminar.zone.keys import KeyFileError, generate_node_key
+
+    if not args.out:
+        raise ValueError("zone keys node-gen: --out PATH is required (e.g. --out /etc/laminar/node.key)")
+    try:
+        pub = generate_node_key(args.out)
+    except KeyFileError as e:
+        raise ValueError(str(e)) from None
+    res = {"file": args.out, "pubkey": pub.hex()}
+
+    def human(r: dict[str, Any]) -> None:
+        info(f"wrote {r['file']} (mode 0600); add this line to the node's [[zone.nodes]] entry on every node:")
+        print(f'pubkey = "{r["pubkey"]}"')
+
+    emit(res, args.output, human)
     return 0
 
 

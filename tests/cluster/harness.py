@@ -7,8 +7,10 @@ all on one bridge of the test's own (``lmt-br-<rand>``), talking real UDP and TC
 
 Each agent gets its own state dir, socket, pin root and cgroup root (``tests/agentproc.py``),
 declared GPUs, and a ``[zone]`` section listing all nodes; every zone has its own key, and the
-key file (mode 0600) holds all of them. Everything (agents, their jobs and cgroups, namespaces,
-veths, the bridge) is removed on exit, also when the test fails.
+key file (mode 0600) holds all of them. With ``node_keys=True`` every node also gets a node key
+(``Cluster.node_key_files``) and its pubkey in the roster (docs/protocol.md, *Node keys*).
+Everything (agents, their jobs and cgroups, namespaces, veths, the bridge) is removed on exit,
+also when the test fails.
 """
 
 from __future__ import annotations
@@ -32,6 +34,8 @@ sys.path.insert(0, str(HERE.parent))
 from agentproc import VENV_BIN, AgentProc, cleanup_all  # noqa: E402
 from conftest import Netns, delete_netns, kernel_ready, make_netns, run  # noqa: E402
 
+from laminar.zone.keys import generate_node_key  # noqa: E402
+
 UDP_PORT = 7440
 TCP_PORT = 7441
 
@@ -49,6 +53,19 @@ def wait_until(fn: Callable[[], Any], timeout: float = 30.0, what: str = "condit
             return v
         time.sleep(every)
     raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+
+
+# a UDP datagram with a source address of one's choosing: IPv4 and UDP headers written by hand
+# (IPPROTO_RAW: the kernel takes the IP header as given, filling in its checksum; UDP checksum 0: none)
+_SPOOF = """
+import socket, struct, sys
+src, sport, dst, dport, data = sys.argv[1], int(sys.argv[2]), sys.argv[3], int(sys.argv[4]), bytes.fromhex(sys.argv[5])
+udp = struct.pack("!HHHH", sport, dport, 8 + len(data), 0) + data
+ip = struct.pack("!BBHHHBBH4s4s", 0x45, 0, 20 + len(udp), 0, 0, 64, socket.IPPROTO_UDP, 0,
+                 socket.inet_aton(src), socket.inet_aton(dst))
+with socket.socket(socket.AF_INET, socket.SOCK_RAW, socket.IPPROTO_RAW) as s:
+    s.sendto(ip + udp, (dst, 0))
+"""
 
 
 class ZoneAgent(AgentProc):
@@ -100,15 +117,17 @@ class Cluster:
     keys: dict[int, bytes]
     keys_file: Path
     nodes: list[Node] = field(default_factory=list)
+    node_key_files: dict[int, Path] = field(default_factory=dict)  # node id -> its node key (node_keys=True)
 
     @classmethod
     @contextmanager
     def create(cls, tmp: Path, zones: int = 3, per_zone: int = 3, gpus: int = 2, cpus: int = 8,
                memory_mb: int = 16_000, pools: dict[int, str] | None = None, handover_timeout_s: float = 10.0,
                zone_extra: str = "", node_extra: dict[int, str] | None = None,
-               probe_timeout_s: float = 0.2, ipv6: bool = False) -> Iterator[Cluster]:
+               probe_timeout_s: float = 0.2, ipv6: bool = False, node_keys: bool = False) -> Iterator[Cluster]:
         """``ipv6``: the nodes' roster addresses are IPv6 (a ULA /64, written ``[addr]:port``),
-        and the namespaces have no IPv4 address at all (an IPv6-only fabric)."""
+        and the namespaces have no IPv4 address at all (an IPv6-only fabric). ``node_keys``:
+        every node has a node key file and its pubkey in the roster (pair MACs everywhere)."""
         tag = secrets.token_hex(3)
         bridge = f"lmt-br-{tag}"
         subnet = f"10.{secrets.randbelow(100) + 120}.{secrets.randbelow(250) + 1}"
@@ -131,6 +150,9 @@ class Cluster:
             run("ip", "addr", "add", f"{subnet}{sep}fe/{plen}" if ipv6 else f"{subnet}.254/24", "dev", bridge, *nodad)
             run("ip", "link", "set", bridge, "up")
             n = zones * per_zone
+            if node_keys:
+                c.node_key_files = {i + 1: tmp / f"node{i + 1}.key" for i in range(n)}
+            pubs = {nid: generate_node_key(path).hex() for nid, path in c.node_key_files.items()}
             members = []
             for i in range(n):
                 zone = 1 + i // per_zone
@@ -142,6 +164,7 @@ class Cluster:
             nodes_toml = "".join(
                 f'\n[[zone.nodes]]\nid = {m["id"]}\nzone = {m["zone"]}\naddr = "{m["addr"]}"\nhandover_port = {TCP_PORT}\n'
                 + (f'pool = "{m["pool"]}"\n' if m.get("pool") else "")
+                + (f'pubkey = "{pubs[m["id"]]}"\n' if m["id"] in pubs else "")
                 for m in members)
             for i in range(n):
                 ns = make_netns(f"z{i}")
@@ -157,7 +180,9 @@ class Cluster:
                 zone_toml = (
                     f'[gpus]\ndeclared = {gpus}\n\n[zone]\nnode_id = {i + 1}\nport = {UDP_PORT}\n'
                     f'handover_port = {TCP_PORT}\nkeys_file = "{keys_file}"\ncpus = {cpus}\nmemory_mb = {memory_mb}\n'
-                    f'summary_interval_s = 0.3\nprobe_timeout_s = {probe_timeout_s}\nhandover_timeout_s = {handover_timeout_s}\n{zone_extra}\n'
+                    f'summary_interval_s = 0.3\nprobe_timeout_s = {probe_timeout_s}\nhandover_timeout_s = {handover_timeout_s}\n'
+                    + (f'node_key_file = "{c.node_key_files[i + 1]}"\n' if node_keys else "")
+                    + f'{zone_extra}\n'
                     f'{(node_extra or {}).get(i, "")}\n{nodes_toml}'
                 )
                 agent = ZoneAgent(tmp, ns_if, ns, extra_toml=zone_toml, node=f"z{1 + i // per_zone}n{i + 1}")
@@ -210,6 +235,16 @@ class Cluster:
             return True
 
         wait_until(ok, timeout, "zone summaries to reach every agent", every=0.3)
+
+    def send_spoofed(self, index: int, src: Node, dst: Node, data: bytes) -> None:
+        """From node ``index``'s (0-based) namespace, send ``data`` as one UDP datagram to
+        ``dst``'s zone port that claims to come from ``src``'s roster address and port (a raw
+        socket writes the IP header: what a host on the segment that spoofs addresses can do).
+        IPv4 clusters only."""
+        if ":" in src.addr:
+            raise ValueError("send_spoofed: IPv4 clusters only")
+        self.nodes[index].netns.run(str(VENV_BIN / "python"), "-c", _SPOOF, src.addr, str(UDP_PORT), dst.addr,
+                                    str(UDP_PORT), data.hex())
 
     def place(self, index: int, spec: dict[str, Any], gpus: float = 0.0, **extra: Any) -> dict[str, Any]:
         """POST /v1/placements on node ``index`` (0-based): the result (outcome, node, job id, times)."""

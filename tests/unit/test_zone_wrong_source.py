@@ -15,7 +15,7 @@ import os
 import secrets
 import socket
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterable
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -25,6 +25,7 @@ from test_zone_replay import until
 from laminar.zone import placement as pl
 from laminar.zone import wire
 from laminar.zone.component import HANDOVER_OK, ZoneComponent, demand_to_probe
+from laminar.zone.keys import generate_node_key
 from laminar.zone.membership import canonical_ip
 
 T = TypeVar("T")
@@ -38,20 +39,23 @@ def _port(host: str, kind: int) -> int:
 
 async def with_nodes(tmp: Path, hosts: dict[int, str], body: Callable[[dict[int, ZoneComponent]], Awaitable[T]],
                      jobs: Callable[[int], Any] | None = None, listen: dict[int, str] | None = None,
-                     **extra: Any) -> T:
+                     node_keys: Iterable[int] = (), **extra: Any) -> T:
     """Runs ``body(comps)`` with one real networked ZoneComponent per node of ``hosts`` (node ->
     its loopback IP in the roster; it listens there, or on ``listen[node]``), all in zone 1
-    under one key, ``extra`` over each node's [zone] settings; stops them after."""
+    under one key, ``extra`` over each node's [zone] settings; stops them after. The nodes in
+    ``node_keys`` get a node key (``tmp/node<N>.key``) and their pubkey in the roster."""
     keys = tmp / "zone.keys"
     keys.write_text(f"1 {secrets.token_hex(32)}\n")
     os.chmod(keys, 0o600)
     ports = {n: (_port(h, socket.SOCK_DGRAM), _port(h, socket.SOCK_STREAM)) for n, h in hosts.items()}
-    nodes = [{"id": n, "zone": 1, "addr": f"{hosts[n]}:{u}", "handover_port": t} for n, (u, t) in ports.items()]
+    pubs = {n: generate_node_key(tmp / f"node{n}.key").hex() for n in node_keys}
+    nodes = [{"id": n, "zone": 1, "addr": f"{hosts[n]}:{u}", "handover_port": t, **({"pubkey": pubs[n]} if n in pubs else {})}
+             for n, (u, t) in ports.items()]
     comps = {}
     for n, (u, t) in ports.items():
         settings = {"node_id": n, "nodes": nodes, "keys_file": str(keys), "listen": (listen or {}).get(n, hosts[n]),
                     "port": u, "handover_port": t, "cpus": 8, "memory_mb": 8000, "summary_interval_s": 600,
-                    **extra}
+                    "node_key_file": str(tmp / f"node{n}.key"), **extra}
         comps[n] = ZoneComponent(settings=settings, jobs=jobs(n) if jobs else None, gpus=2,
                                  loan={"elastic_interval_s": 0})
     started = []

@@ -31,6 +31,12 @@ in use stay. ``GET /v1/zone/keys`` shows each key's zone, role, fingerprint and 
 datagrams it verified, so an operator rotating a key sees when the old one is no longer used
 (``docs/operations.md``, "Rotating a zone key").
 
+Node keys: a node whose ``[[zone.nodes]]`` entry lists a ``pubkey`` reads its private key from
+``[zone] node_key_file`` at start (a missing or unsafe file, or one whose public key is not the
+roster's, stops the start naming both), and signs what it sends to every node with a pubkey
+with their pair key (:class:`laminar.zone.keys.PairKeys`); its decoders take only pair MACs
+from those nodes. The roster, pubkeys included, is read at start only.
+
 Sequence floor: the wire sequence starts at the wall clock in microseconds; the agent persists
 a floor above every number it used (``zone.seq_floor.<node>`` in the store's meta table, one
 write per :data:`laminar.zone.wire.SEQ_BLOCK` datagrams) and starts above it, so a restart
@@ -58,6 +64,7 @@ from typing import Any
 from laminar.zone import mixlearn, wire
 from laminar.zone import packing as pk
 from laminar.zone import placement as pl
+from laminar.zone.keys import DEFAULT_NODE_KEY_FILE, PairKeys
 from laminar.zone.loan import LoanManager
 from laminar.zone.membership import WILDCARDS, Membership, bind_host, canonical_ip, host_port, listen_check
 from laminar.zone.transport import (
@@ -1114,6 +1121,9 @@ def zone_config_fields() -> dict[str, Any]:
         "port": Field(int, DEFAULT_PORT, "UDP port of the probe endpoint", rng(1, 65535)),
         "handover_port": Field(int, DEFAULT_HANDOVER_PORT, "TCP port for job hand-overs", rng(1, 65535)),
         "keys_file": Field(str, "/etc/laminar/zone.keys", "per-zone keys (root-only file; see docs/protocol.md)"),
+        "node_key_file": Field(str, DEFAULT_NODE_KEY_FILE, "this node's private X25519 key (root-only file, "
+                               "laminarctl zone keys node-gen); read only when this node's zone.nodes entry lists a "
+                               "pubkey (docs/protocol.md, Node keys)"),
         "gpu_model": Field(str, "", "GPU model this node advertises (e.g. H100; empty: from NVML or none)"),
         "cpus": Field((int, float), 0.0, "CPUs this node offers to placed jobs (0: all online CPUs)", rng(0, 65535)),
         "memory_mb": Field(int, 0, "memory (MiB) this node offers to placed jobs (0: physical memory)", rng(0, 2**32 - 1)),
@@ -1142,7 +1152,8 @@ def zone_config_fields() -> dict[str, Any]:
                          _one_of(*PACKING_MODES)),
         "packing_spread": Field(int, PACKING_SPREAD, "zones whose every member a packing placement "
                                 "(POST /v1/placements {\"packing\": true}) probes in one round", rng(1, 1000)),
-        "nodes": Field(list, [], "the cluster: [[zone.nodes]] id, zone, addr ('IP' or 'IP:PORT'), handover_port, pool, owner",
+        "nodes": Field(list, [], "the cluster: [[zone.nodes]] id, zone, addr ('IP' or 'IP:PORT'), handover_port, pool, "
+                       "owner, pubkey (64 hex digits)",
                        _nodes_check),
     }
 
@@ -1252,6 +1263,7 @@ class ZoneComponent:
         self.encoder: wire.Encoder | None = None
         self.decoder: wire.Decoder | None = None
         self.tcp_decoder: wire.Decoder | None = None
+        self.pairs: PairKeys | None = None  # this node's pair keys (node keys), set by start
         self.endpoint: Any = None
         self.server: Any = None
         self.listen_host = "0.0.0.0"  # zone.listen as bound (membership.bind_host), set by start
@@ -1283,7 +1295,7 @@ class ZoneComponent:
 
     async def start(self, agent: Any) -> None:
         """Read the config, load keys (a clear error when missing or unsafe), open the sockets."""
-        from laminar.zone.keys import ephemeral_keys, load_keys
+        from laminar.zone.keys import ephemeral_keys, load_keys, load_node_key
         from laminar.zone.membership import Member, members_from_config
 
         self.agent = agent
@@ -1316,6 +1328,11 @@ class ZoneComponent:
         self.membership = Membership(self.node_id, members)
         me = self.membership.by_node[self.node_id]
         self.zone = me.zone
+        # node keys: only when the roster gives this node a pubkey (else zone-key MACs, as before)
+        self.pairs = None
+        if self.networked and me.pubkey:
+            path = str(s["node_key_file"])
+            self.pairs = PairKeys(self.node_id, load_node_key(path), self.membership.pubkeys(), path)
         listen = str(s["listen"])
         explicit = listen not in WILDCARDS  # zone.listen names one address, not the roster's by default
         self.listen_host = bind_host(listen, me.addr)
@@ -1368,20 +1385,21 @@ class ZoneComponent:
         self.router.on_late_offer = self.submitter.note_late_offer
         self.keys = keys
         self.encoder = wire.Encoder(self.node_id, keys, seq0=self._seq_start(),
-                                    reserve=self._seq_reserve if self._seq_store() is not None else None)
+                                    reserve=self._seq_reserve if self._seq_store() is not None else None,
+                                    pairs=self.pairs)
         zone_of = self.membership.zone_of()
         # both accept only what was sent to this node (the MAC covers the receiver's id)
         # and, with zone.check_source, only from the address its sender's roster entry names (the
         # key is the zone's: any member could sign as any node id)
         check = bool(s["check_source"])
         self.decoder = wire.Decoder(keys, zone_of, window_s=float(s["replay_window_s"]), node=self.node_id,
-                                    sources=self.membership.udp_sources() if check else None)
+                                    sources=self.membership.udp_sources() if check else None, pairs=self.pairs)
         # hand-over frames (and their acks) remember every sequence number for the replay window,
         # not 256 behind the highest: a sender's numbers run across its datagrams too, so a slow
         # hand-over frame may come in far behind a later one (wire.Decoder remember_by_time)
         self.tcp_decoder = wire.Decoder(keys, zone_of, window_s=float(s["replay_window_s"]), max_size=wire.MAX_FRAME,
                                         node=self.node_id, remember_by_time=True,
-                                        sources=self.membership.tcp_sources() if check else None)
+                                        sources=self.membership.tcp_sources() if check else None, pairs=self.pairs)
         if self.networked:
             from laminar.zone.transport import HandoverServer, UdpEndpoint
 
@@ -1408,7 +1426,9 @@ class ZoneComponent:
                 self._tasks.append(asyncio.create_task(self._listen_once_usable(self._rebind_to)))
         self._tasks.append(asyncio.create_task(self._watch_jobs()))
         self._emit(f"zone ready: node {self.node_id} in zone {self.zone}, {len(members)} members, "
-                   f"{'networked' if self.networked else 'one-node zone'}")
+                   f"{'networked' if self.networked else 'one-node zone'}"
+                   + (f", node key {self.pairs.source}: pair MACs with {len(self.pairs.shared) - 1} nodes"
+                      if self.pairs is not None else ""))
 
     async def stop(self) -> None:
         if hasattr(self, "loan"):
@@ -1472,6 +1492,15 @@ class ZoneComponent:
             out.append({**r, "verified": int(r["verified"]) + int(t.get("verified", 0)),  # type: ignore[call-overload]
                         "last_verified": max(lasts) if lasts else None})
         return out
+
+    def node_key_info(self) -> dict[str, Any] | None:
+        """This node's key as ``GET /v1/zone/keys`` shows it: its file, public key and the peers
+        whose datagrams take pair MACs (every node the roster gives a pubkey, this one aside);
+        None without one (zone-key MACs only)."""
+        if self.pairs is None:
+            return None
+        return {"file": self.pairs.source, "pubkey": self.pairs.public.hex(),
+                "pair_peers": sorted(n for n in self.pairs.shared if n != self.node_id)}
 
     def _seq_store(self) -> Any:
         return getattr(self.agent, "store", None)
@@ -2104,7 +2133,7 @@ class ZoneComponent:
 
         async def keys(req: Request) -> dict[str, Any]:
             return {"source": self.keys.source if hasattr(self, "keys") else None, "networked": self.networked,
-                    "keys": self.key_stats() if self.networked else []}
+                    "keys": self.key_stats() if self.networked else [], "node_key": self.node_key_info()}
 
         async def keys_reload(req: Request) -> dict[str, Any]:
             from laminar.zone.keys import KeyFileError

@@ -34,14 +34,31 @@ the ``*`` keys. An agent re-reads the file on SIGHUP or ``laminarctl zone keys r
 keys in use stay. Agents from before roles refuse a file with a third field: upgrade first.
 
 The one-node default needs no file: :func:`ephemeral_keys` makes a random in-memory key.
+
+**Node keys.** A node may have a static X25519 key pair of its own: the private key in a
+root-only file (``[zone] node_key_file``, one line of 64 hex digits; checked as the zone key
+file is; :func:`generate_node_key`, ``laminarctl zone keys node-gen --out PATH``), the public
+key in its ``[[zone.nodes]]`` entry (``pubkey``, 64 hex digits: :func:`parse_pubkey`). For two
+nodes that both have one, :class:`PairKeys` derives the MAC key of their traffic from the zone
+key and their DH secret (:func:`pair_key`), so only those two can sign it; the zone key stays
+the root of trust and its rotation applies to pair keys unchanged (``docs/protocol.md``,
+*Node keys*)::
+
+    >>> a, b = secrets.token_bytes(32), secrets.token_bytes(32)
+    >>> pubs = {1: public_key(a), 2: public_key(b)}
+    >>> zone_key = bytes(32)
+    >>> PairKeys(1, a, pubs).key(zone_key, 2) == PairKeys(2, b, pubs).key(zone_key, 1)
+    True
 """
 
 from __future__ import annotations
 
 import hashlib
+import hmac
 import os
 import secrets
 import stat
+import struct
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -128,25 +145,25 @@ def ephemeral_keys() -> ZoneKeys:
     return ZoneKeys({ANY_ZONE: secrets.token_bytes(MIN_KEY_BYTES)}, "ephemeral (one-node zone)")
 
 
-def check_file_safe(path: Path) -> None:
+def check_file_safe(path: Path, what: str = "zone keys",
+                    create: str = "create it (mode 0600, one line '<zone> <64+ hex digits>') or configure zone.keys_file",
+                    ) -> None:
     """Raise :class:`KeyFileError` unless ``path`` is a regular file owned by root or by us and
-    neither group- nor other-readable (or writable)."""
+    neither group- nor other-readable (or writable). ``what`` starts each message (``zone keys``,
+    ``node key``); ``create`` says how to make a missing file."""
     try:
         st = os.stat(path)
     except FileNotFoundError:
-        raise KeyFileError(
-            f"zone keys: {path} does not exist; create it (mode 0600, one line '<zone> <64+ hex digits>') "
-            "or configure zone.keys_file"
-        ) from None
+        raise KeyFileError(f"{what}: {path} does not exist; {create}") from None
     except PermissionError as e:
-        raise KeyFileError(f"zone keys: cannot read {path}: {e.strerror}") from None
+        raise KeyFileError(f"{what}: cannot read {path}: {e.strerror}") from None
     if not stat.S_ISREG(st.st_mode):
-        raise KeyFileError(f"zone keys: {path} is not a regular file")
+        raise KeyFileError(f"{what}: {path} is not a regular file")
     if st.st_uid not in (0, os.geteuid()):
-        raise KeyFileError(f"zone keys: {path} is owned by uid {st.st_uid}; it must be owned by root")
+        raise KeyFileError(f"{what}: {path} is owned by uid {st.st_uid}; it must be owned by root")
     if st.st_mode & 0o077:
         raise KeyFileError(
-            f"zone keys: {path} has mode {stat.S_IMODE(st.st_mode):04o}; it must be readable by its owner only "
+            f"{what}: {path} has mode {stat.S_IMODE(st.st_mode):04o}; it must be readable by its owner only "
             f"(chmod 600 {path})"
         )
 
@@ -221,3 +238,138 @@ def load_keys(path: str | os.PathLike[str], need_zones: list[int] | None = None)
         if keys.get(z) is None:
             raise KeyFileError(f"zone keys: {p} holds no key for zone {z} (add a line '{z} <hex key>' or '* <hex key>')")
     return keys
+
+
+# --------------------------------------------------------------------------- node keys
+
+PUBKEY_HEX = 64  # a roster pubkey: an X25519 public key, 32 bytes written as 64 hex digits
+PAIR_LABEL = b"laminar-pair-v1"
+DEFAULT_NODE_KEY_FILE = "/etc/laminar/node.key"
+PAIR_CACHE_MAX = 1 << 18  # derived pair keys kept (peers x zone keys): a reload's old ones go with the rest
+_NODE_KEY_CREATE = "create it with 'laminarctl zone keys node-gen --out PATH' or configure zone.node_key_file"
+
+
+def parse_pubkey(value: object, where: str) -> bytes:
+    """The 32 bytes of a roster ``pubkey`` (:data:`PUBKEY_HEX` hex digits, either case).
+    Raises ValueError naming ``where`` (the roster entry) and the value."""
+    ok = isinstance(value, str) and len(value) == PUBKEY_HEX
+    try:
+        raw = bytes.fromhex(value) if ok else b""  # type: ignore[arg-type]
+    except ValueError:
+        ok = False
+    if not ok:
+        raise ValueError(f"{where}: pubkey {value!r} is not a node public key: expected {PUBKEY_HEX} hex digits "
+                         "(the line 'laminarctl zone keys node-gen' prints for the node)")
+    return raw
+
+
+def public_key(private: bytes) -> bytes:
+    """The X25519 public key (32 bytes) of the private key ``private`` (32 bytes)."""
+    from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
+    from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
+
+    return X25519PrivateKey.from_private_bytes(private).public_key().public_bytes(Encoding.Raw, PublicFormat.Raw)
+
+
+def node_key_text(private: bytes) -> str:
+    """A node key file's text for ``private``: a comment with its public key, then the key."""
+    return (f"# laminar node key (X25519, private: owner root, mode 0600)\n"
+            f"# its roster line: pubkey = \"{public_key(private).hex()}\"\n{private.hex()}\n")
+
+
+def parse_node_key(text: str, source: str = "<string>") -> bytes:
+    """The private key (32 bytes) in a node key file's text: one line of 64 hex digits (blank
+    lines and ``#`` comments ignored). Raises :class:`KeyFileError` naming the file."""
+    lines = [ln.split("#", 1)[0].strip() for ln in text.splitlines()]
+    lines = [ln for ln in lines if ln]
+    if len(lines) != 1:
+        raise KeyFileError(f"node key: {source}: expected one line of {PUBKEY_HEX} hex digits (an X25519 private "
+                           f"key), got {len(lines)} lines; make one with 'laminarctl zone keys node-gen --out {source}'")
+    try:
+        key = bytes.fromhex(lines[0])
+    except ValueError:
+        key = b""
+    if len(key) != 32:
+        raise KeyFileError(f"node key: {source}: the key is not {PUBKEY_HEX} hex digits (an X25519 private key); make "
+                           f"one with 'laminarctl zone keys node-gen --out {source}'")
+    return key
+
+
+def load_node_key(path: str | os.PathLike[str]) -> bytes:
+    """This node's private key from its file (root-only, as the zone keys: :func:`check_file_safe`).
+    Raises :class:`KeyFileError` with a message an operator can act on."""
+    p = Path(path)
+    check_file_safe(p, "node key", _NODE_KEY_CREATE)
+    return parse_node_key(p.read_text(), str(p))
+
+
+def generate_node_key(path: str | os.PathLike[str]) -> bytes:
+    """Write a new node key file at ``path`` (mode 0600, created: an existing file is never
+    replaced) and return its public key. Raises :class:`KeyFileError` when the file exists or
+    cannot be created."""
+    private = secrets.token_bytes(32)
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    except FileExistsError:
+        raise KeyFileError(f"node key: {path} exists already; a node's key changes together with its roster pubkey "
+                           "(docs/operations.md, 'Node keys'): remove the file first, or write to another path") from None
+    except OSError as e:
+        raise KeyFileError(f"node key: cannot create {path}: {e.strerror}") from None
+    with os.fdopen(fd, "w") as f:
+        os.fchmod(f.fileno(), 0o600)  # whatever the umask
+        f.write(node_key_text(private))
+    return public_key(private)
+
+
+def pair_key(zone_key: bytes, shared: bytes, a: int, b: int) -> bytes:
+    """The MAC key of the pair of nodes ``a`` and ``b`` under ``zone_key``: HMAC-SHA256(zone
+    key, ``laminar-pair-v1`` | X25519(a, b) | u32 min(a, b) | u32 max(a, b)). The same for
+    (a, b) and (b, a); the zone key stays the root of trust (a node key alone derives nothing)."""
+    lo, hi = sorted((a, b))
+    return hmac.digest(zone_key, PAIR_LABEL + shared + struct.pack("!II", lo, hi), "sha256")
+
+
+class PairKeys:
+    """This node's pair keys: its node id and private key, and the roster's public keys by node
+    id (this node's included: it must be the private key's, else :class:`KeyFileError` naming
+    both). A datagram between this node and a node that :meth:`covers` is signed with
+    :meth:`key` (per zone key, derived once and cached), not with the zone key itself.
+
+    The X25519 exchange with every listed node runs here, once: a public key that yields no
+    secret (a low-order point) is refused naming the node."""
+
+    def __init__(self, node: int, private: bytes, pubkeys: Mapping[int, bytes], source: str = "node key") -> None:
+        from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey, X25519PublicKey
+
+        own = public_key(private)
+        listed = pubkeys.get(node)
+        if listed != own:
+            raise KeyFileError(
+                f"node key: zone.nodes lists node {node}'s pubkey as {listed.hex() if listed else 'nothing'}, but "
+                f"{source} is the private key of pubkey {own.hex()}: put pubkey = \"{own.hex()}\" in node {node}'s "
+                "[[zone.nodes]] entry on every node, or configure zone.node_key_file with the key that belongs to it")
+        priv = X25519PrivateKey.from_private_bytes(private)
+        self.node = node
+        self.public = own
+        self.source = source
+        self.shared: dict[int, bytes] = {}
+        for n, pub in pubkeys.items():
+            try:
+                self.shared[n] = priv.exchange(X25519PublicKey.from_public_bytes(pub))
+            except ValueError:
+                raise KeyFileError(f"node key: node {n}'s pubkey {pub.hex()} in zone.nodes is not usable (an X25519 "
+                                   "key of low order: no shared secret); generate that node's key again") from None
+        self._cache: dict[tuple[bytes, int], bytes] = {}
+
+    def covers(self, peer: int) -> bool:
+        """True when datagrams with ``peer`` are signed with a pair key (the roster lists its pubkey)."""
+        return peer in self.shared
+
+    def key(self, zone_key: bytes, peer: int) -> bytes:
+        """The pair key of this node and ``peer`` (which :meth:`covers`) under ``zone_key``."""
+        k = self._cache.get((zone_key, peer))
+        if k is None:
+            if len(self._cache) >= PAIR_CACHE_MAX:
+                self._cache.clear()
+            k = self._cache[(bytes(zone_key), peer)] = pair_key(zone_key, self.shared[peer], self.node, peer)
+        return k

@@ -6,7 +6,10 @@ that is not listed is dropped at the door (``unknown_node``). A node's listed ad
 its identity: the zone key is shared by the zone, so a receiver takes a node's datagrams only
 from its address and port (:meth:`Membership.udp_sources`) and its hand-overs only from its IP
 (:meth:`Membership.tcp_sources`), compared in one spelling (:func:`canonical_ip`); anything
-else is ``wrong_source`` (``zone.check_source``, docs/protocol.md, Security).
+else is ``wrong_source`` (``zone.check_source``, docs/protocol.md, Security). A node may also
+list a ``pubkey`` (its node key's public key): then its traffic with other nodes that list one
+is signed with their pair key, which binds the node id whatever the address
+(:class:`laminar.zone.keys.PairKeys`).
 
 Liveness is learnt from traffic. Any authenticated datagram from a node marks it seen; each
 probe or commit it fails to answer counts a miss. A node with :data:`MAX_MISSES` misses and no
@@ -137,6 +140,7 @@ class Member:
     handover_port: int = 0
     pool: str = ""
     owner: str = ""
+    pubkey: bytes = b""  # its node key's X25519 public key (32 bytes); empty: none (zone-key MACs)
 
 
 @dataclass
@@ -196,6 +200,11 @@ class Membership:
         from the socket its roster entry names). What ``wire.Decoder(sources=...)`` checks
         :class:`laminar.zone.transport.UdpEndpoint`'s sources against."""
         return {n: (canonical_ip(m.addr), m.port) for n, m in self.by_node.items()}
+
+    def pubkeys(self) -> dict[int, bytes]:
+        """node id -> its node public key, for the members the roster gives one
+        (:class:`laminar.zone.keys.PairKeys`)."""
+        return {n: m.pubkey for n, m in self.by_node.items() if m.pubkey}
 
     def tcp_sources(self) -> dict[int, str]:
         """node id -> canonical IP: where that node's hand-over connections come from (any
@@ -276,16 +285,20 @@ class Membership:
 def members_from_config(rows: Iterable[Mapping[str, Any]], default_port: int, default_handover_port: int) -> list[Member]:
     """Parse ``[[zone.nodes]]`` tables: ``id`` (int), ``zone`` (int), ``addr`` ("IP", "IP:PORT", or
     for IPv6 "[IP]:PORT": :func:`split_addr`),
-    optional ``handover_port``, ``pool``, ``owner``. Raises :class:`MembershipError` naming the
+    optional ``handover_port``, ``pool``, ``owner``, ``pubkey`` (the node key's public key, 64 hex
+    digits: :func:`laminar.zone.keys.parse_pubkey`). Raises :class:`MembershipError` naming the
     entry and the field that is wrong."""
-    out = []
+    from laminar.zone.keys import parse_pubkey
+
+    out: list[Member] = []
     for i, row in enumerate(rows):
         where = f"zone.nodes[{i}]"
         if not isinstance(row, Mapping):
             raise MembershipError(f"{where}: must be a table with id, zone, addr; got {row!r}")
-        unknown = set(row) - {"id", "zone", "addr", "handover_port", "pool", "owner"}
+        unknown = set(row) - {"id", "zone", "addr", "handover_port", "pool", "owner", "pubkey"}
         if unknown:
-            raise MembershipError(f"{where}: unknown keys {sorted(unknown)}; allowed: id, zone, addr, handover_port, pool, owner")
+            raise MembershipError(f"{where}: unknown keys {sorted(unknown)}; allowed: id, zone, addr, handover_port, pool, "
+                                  "owner, pubkey")
         node, zone, addr = row.get("id"), row.get("zone"), row.get("addr")
         if not isinstance(node, int) or isinstance(node, bool) or not 0 < node < 2**32:
             raise MembershipError(f"{where}: id {node!r} must be an integer in 1..2^32-1")
@@ -304,5 +317,15 @@ def members_from_config(rows: Iterable[Mapping[str, Any]], default_port: int, de
         pool, owner = row.get("pool", ""), row.get("owner", "")
         if not isinstance(pool, str) or not isinstance(owner, str) or len(pool.encode()) > 32:
             raise MembershipError(f"{where}: pool and owner must be strings (pool at most 32 bytes)")
-        out.append(Member(node, zone, host, port, hp, pool, owner))
+        pubkey = b""
+        if "pubkey" in row:
+            try:
+                pubkey = parse_pubkey(row["pubkey"], f"{where} (node {node})")
+            except ValueError as e:
+                raise MembershipError(str(e)) from None
+            twin = next((m.node for m in out if m.pubkey == pubkey), None)
+            if twin is not None:
+                raise MembershipError(f"{where} (node {node}): pubkey {row['pubkey']!r} is node {twin}'s too; every node "
+                                      "needs a key of its own (laminarctl zone keys node-gen on each)")
+        out.append(Member(node, zone, host, port, hp, pool, owner, pubkey))
     return out

@@ -8,7 +8,9 @@ Every datagram is ``header | body | mac`` (byte layouts in ``docs/protocol.md``)
 - a compact ``struct`` body, one layout per message type;
 - HMAC-SHA256 with the key zone's key (32 bytes) over the receiver's node id (u32, not sent)
   followed by header and body: a datagram verifies only at the node it was sent to, so one
-  captured on its way to one node and replayed to another is dropped (``bad_mac``).
+  captured on its way to one node and replayed to another is dropped (``bad_mac``). Between two
+  nodes that both have a node key the MAC key is their pair key under the key zone's key
+  (:class:`laminar.zone.keys.PairKeys`), and a receiver takes only that from such a sender.
 
 A sender signs with the zone's current key; a receiver accepts any key the zone lists (its
 ``next`` and ``previous`` keys during a rotation, :mod:`laminar.zone.keys`), trying the current
@@ -52,7 +54,7 @@ from collections import Counter, deque
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
-from laminar.zone.keys import ANY_ZONE, ZoneKeys, fingerprint
+from laminar.zone.keys import ANY_ZONE, PairKeys, ZoneKeys, fingerprint
 
 MAGIC = b"LZ"
 VERSION = 2  # 2: the MAC covers the receiver's node id (a datagram of version 1 is dropped as bad_version)
@@ -686,14 +688,19 @@ class Encoder:
     encoder ever sent is at or below the last value ``reserve`` stored, and an agent that starts
     from ``max(clock, stored floor)`` stays above its earlier numbers even when the wall clock
     stepped back between its runs (:func:`seq_start`). ``reserve`` must not raise.
+
+    ``pairs`` (this node's :class:`laminar.zone.keys.PairKeys`; None: none) signs what goes to a
+    node it covers with their pair key under the zone's current key instead of the zone key.
     """
 
     def __init__(self, node: int, keys: ZoneKeys, seq0: int | None = None, max_size: int = MAX_DATAGRAM,
-                 reserve: Callable[[int], None] | None = None, block: int = SEQ_BLOCK) -> None:
+                 reserve: Callable[[int], None] | None = None, block: int = SEQ_BLOCK,
+                 pairs: PairKeys | None = None) -> None:
         import time
 
         self.node = node
         self.keys = keys
+        self.pairs = pairs
         self.seq = seq0 if seq0 is not None else time.time_ns() // 1000
         self.max_size = max_size
         self._reserve = reserve
@@ -706,7 +713,9 @@ class Encoder:
     def encode(self, body: Body, zone: int, now: float, flags: int = 0, max_size: int | None = None,
                to: int = 0) -> bytes:
         """``body`` framed and signed with ``zone``'s key at wall-clock time ``now`` (seconds),
-        for node ``to`` (only that node's decoder accepts it; 0: a decoder without a node).
+        for node ``to`` (only that node's decoder accepts it; 0: a decoder without a node). With
+        ``pairs`` covering ``to``, signed with the pair key of this node and ``to`` under that zone
+        key instead (:func:`laminar.zone.keys.pair_key`).
 
         Raises ValueError when this node holds no key for ``zone`` or the result would exceed
         the size limit (``max_size``, default the encoder's)."""
@@ -723,6 +732,8 @@ class Encoder:
         limit = max_size if max_size is not None else self.max_size
         if len(data) + MAC_SIZE > limit:
             raise ValueError(f"wire: {mtype.name} message of {len(data) + MAC_SIZE} bytes exceeds {limit}")
+        if to and self.pairs is not None and self.pairs.covers(to):
+            key = self.pairs.key(key, to)
         return data + _mac(key, data, to)
 
 
@@ -761,6 +772,14 @@ class Decoder:
     authenticated datagram whose ``src`` differs from its sender's is dropped
     (``wrong_source``) before its sequence number is taken, so a forgery moves neither the
     claimed sender's replay window nor anything else.
+
+    ``pairs`` (this node's :class:`laminar.zone.keys.PairKeys`; None: none; used only by a
+    decoder with a ``node``): a datagram whose claimed sender it covers verifies only under the
+    pair key of that sender and this node (under each key the zone lists, as above), never
+    under the zone key itself: a member that is not the sender cannot sign as it, whatever
+    address it sends from. Senders it does not cover (no pubkey in the roster) are checked with
+    the zone keys as before. A wrong pair MAC is ``bad_mac``; the counts of :meth:`key_stats`
+    are by zone key, whichever pair key derived from it verified.
     """
 
     def __init__(
@@ -774,7 +793,10 @@ class Decoder:
         node: int = 0,
         remember_by_time: bool = False,
         sources: Mapping[int, object] | None = None,
+        pairs: PairKeys | None = None,
     ) -> None:
+        self.pairs = pairs if node else None
+        self._pair_slots: dict[tuple[int, int], tuple[bytes, ...]] = {}  # (zone, sender) -> its pair keys
         # per key zone: (keys to try, current first; verified counts; last verified at) for the
         # line group that supplies them (ZoneKeys.entry)
         self._slots: dict[int, tuple[tuple[bytes, ...], list[int], list[float]]] = {}
@@ -818,6 +840,7 @@ class Decoder:
                     self._last[(entry, fingerprint(k))] = t
         self._groups = {}
         self._slots = {}
+        self._pair_slots = {}
         self._keys = keys
 
     def _slot(self, zone: int) -> tuple[tuple[bytes, ...], list[int], list[float]] | None:
@@ -890,6 +913,12 @@ class Decoder:
         if slot is None:
             raise self._drop(DropReason.UNKNOWN_ZONE, f"zone {zone}")
         keys, counts, last = slot
+        pairs = self.pairs
+        if pairs is not None and node in pairs.shared:  # the sender has a node key: its pair key only
+            pk = self._pair_slots.get((zone, node))
+            if pk is None:
+                pk = self._pair_slots[(zone, node)] = tuple(pairs.key(k, node) for k in keys)
+            keys = pk
         signed = data[: HEADER_SIZE + blen]
         mac = data[HEADER_SIZE + blen :]
         if hmac.compare_digest(_mac(keys[0], signed, self.node), mac):
