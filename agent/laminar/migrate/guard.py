@@ -33,6 +33,7 @@ import json
 import logging
 import math
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -202,6 +203,18 @@ class GuardMixin:
         quiet = float(getattr(z, "s", {}).get("peer_timeout_s", 0.0) or 0.0) if z is not None else 0.0
         return self._last_seen(src) < end - max(quiet, float(self.s["dead_after_s"]))
 
+    @contextlib.contextmanager
+    def _taking_over(self, key: str) -> Iterator[None]:
+        """Around a take-over of ``key`` that asks its source first
+        (:meth:`_take_over_unless_alive`, :meth:`_take_over_unless_back`): an exception in it is
+        logged, never raised, and the key's take-over ends (``_taking``) however it ends."""
+        try:
+            yield
+        except Exception:
+            log.exception("migrate: take-over of %s", key)
+        finally:
+            self._taking.discard(key)
+
     async def _take_over_unless_alive(self, row: Any, why: str, missed: bool = False) -> None:
         """A source silent in the zone during its reclaim window is asked (control op ``needs``)
         before its job is taken over: one that answers that the job lives there keeps it (it is
@@ -216,7 +229,7 @@ class GuardMixin:
         message came; a clear "not needed" ends the guard (as :meth:`_check_guard`: its release
         may have been missed too)."""
         key, src = str(row["key"]), int(row["src_node"])
-        try:
+        with self._taking_over(key):
             try:
                 ans = await self._control(src, "needs", {"key": key}, timeout=float(self.s["dead_after_s"]) + 2.0)
             except (MigrateError, TransferError, OSError, TimeoutError) as e:
@@ -268,10 +281,6 @@ class GuardMixin:
                         src_state=ans.get("state"), withdrawn=withdrawn)
                 return
             await self._take_over_once(row, key, why)
-        except Exception:
-            log.exception("migrate: take-over of %s", key)
-        finally:
-            self._taking.discard(key)
 
     def _source_back(self, row: Any, now: float) -> bool:
         """Whether the source of a ``waiting`` guard that was declared dead is heard from again: a
@@ -301,7 +310,7 @@ class GuardMixin:
         no state, a job lost or reclaimed there) goes on with the take-over. Never raises."""
         key = str(row["key"])
         src = int(row["src_node"])
-        try:
+        with self._taking_over(key):
             try:
                 ans = await self._control(src, "needs", {"key": key})
             except (MigrateError, TransferError, OSError, TimeoutError) as e:
@@ -330,10 +339,6 @@ class GuardMixin:
                                 log.exception("migrate: replica GC of %s", key)
                     return
             await self._take_over_once(row, key, why)
-        except Exception:
-            log.exception("migrate: take-over of %s", key)
-        finally:
-            self._taking.discard(key)
 
     def _set_replica(self, key: str, state: str, job_id: str | None = None) -> None:
         with self.agent.store.tx() as db:
