@@ -23,7 +23,13 @@ attributes), so a reader that opens the file twice reads two different contents.
 Only what a reader needs is implemented (the protocol is include/uapi/linux/fuse.h, 7.38):
 INIT, LOOKUP, FORGET, GETATTR, OPEN, READ, FLUSH, RELEASE, OPENDIR, READDIR, RELEASEDIR,
 STATFS, DESTROY; anything else is answered ENOSYS (the kernel then treats FLUSH, ACCESS,
-xattrs as unsupported), and the mount is read-only (MS_RDONLY: writes get EROFS).
+xattrs as unsupported), and the mount is read-only (MS_RDONLY: writes get EROFS). With
+``writable=True`` it is a read-write mirror instead (shared storage an agent writes to, as the
+archive): MKDIR, CREATE, WRITE, SETATTR, RENAME, UNLINK, RMDIR, FSYNC and FSYNCDIR are done on
+the backing directory as asked (the server is root), and :meth:`EioMount.hang_at` stops the
+server at a chosen point of a writer's work: the first MKDIR or CREATE of a name that starts
+with a given prefix waits, with everything after it, until :meth:`EioMount.heal` (a writer
+caught mid-copy, not before it began).
 
 Usage::
 
@@ -36,6 +42,11 @@ Usage::
         fs.hang()
         ...                                  # every call on the mount waits
         fs.heal()                            # ... and is answered now
+
+    with eio_mount(backing, writable=True) as fs:
+        fs.hang_at(".tmp-")                  # the first mkdir/create of .tmp-* waits, and all after
+        ...
+        fs.heal()                            # ... answered now, that mkdir first
 
 The mount is detached (umount2 MNT_DETACH) and the server killed on exit, also when the
 test fails; whatever still waits on it then gets ENOTCONN.
@@ -53,6 +64,7 @@ import signal
 import stat
 import struct
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -64,6 +76,9 @@ MNT_DETACH = 2
 # opcodes (enum fuse_opcode)
 LOOKUP, FORGET, GETATTR, OPEN, READ, STATFS, RELEASE, FLUSH = 1, 2, 3, 14, 15, 17, 18, 25
 INIT, OPENDIR, READDIR, RELEASEDIR, INTERRUPT, DESTROY, BATCH_FORGET = 26, 27, 28, 29, 36, 38, 42
+# a writable mirror's
+SETATTR, MKDIR, UNLINK, RMDIR, RENAME, WRITE, FSYNC, FSYNCDIR, CREATE = 4, 9, 10, 11, 12, 16, 20, 30, 35
+FUSE_BIG_WRITES = 1 << 5  # fuse_init_out flags: writes up to max_write, not one page each
 NO_REPLY = {FORGET, BATCH_FORGET, INTERRUPT}
 FOPEN_DIRECT_IO = 1 << 0
 KERNEL_MAJOR, KERNEL_MINOR = 7, 38
@@ -93,6 +108,23 @@ READ_IN = struct.Struct("<QQIIQII")
 RELEASE_IN = struct.Struct("<QIIQ")
 # struct fuse_dirent: ino, off (of the next entry), namelen, type; then the name, padded to 8
 DIRENT = struct.Struct("<QQII")
+# struct fuse_open_in: flags, open_flags
+OPEN_IN = struct.Struct("<II")
+# struct fuse_mkdir_in: mode, umask; struct fuse_create_in: flags, mode, umask, open_flags
+MKDIR_IN = struct.Struct("<II")
+CREATE_IN = struct.Struct("<IIII")
+# struct fuse_write_in: fh, offset, size, write_flags, lock_owner, flags, padding; fuse_write_out: size, padding
+WRITE_IN = struct.Struct("<QQIIQII")
+WRITE_OUT = struct.Struct("<II")
+# struct fuse_setattr_in: valid, padding, fh, size, lock_owner, atime, mtime, ctime, atimensec,
+# mtimensec, ctimensec, mode, unused4, uid, gid, unused5
+SETATTR_IN = struct.Struct("<IIQQQQQQIIIIIIII")
+FATTR_MODE, FATTR_UID, FATTR_GID, FATTR_SIZE, FATTR_ATIME, FATTR_MTIME = 1, 2, 4, 8, 16, 32
+FATTR_ATIME_NOW, FATTR_MTIME_NOW = 128, 256
+# struct fuse_rename_in: newdir (the old and the new name follow, NUL-terminated)
+RENAME_IN = struct.Struct("<Q")
+# struct fuse_fsync_in: fh, fsync_flags, padding
+FSYNC_IN = struct.Struct("<QII")
 # struct fuse_kstatfs: blocks, bfree, bavail, files, ffree, bsize, namelen, frsize, padding, spare[6]
 KSTATFS = struct.Struct("<QQQQQIIII24x")
 
@@ -106,7 +138,12 @@ SWAP = struct.Struct("<qQ")
 SWAP_AT = NAME_AT + NAME_MAX
 SWAP_NAME_AT = SWAP_AT + SWAP.size
 SWAP_WITH_AT = SWAP_NAME_AT + NAME_MAX
-CTL_SIZE = SWAP_WITH_AT + NAME_MAX
+# Then the hang at a writer's step (hang_at): 0 off, 1 armed, 2 the server stopped itself there;
+# the name prefix (NUL-padded).
+HANG_AT = SWAP_WITH_AT + NAME_MAX
+HANG = struct.Struct("<q")
+HANG_NAME_AT = HANG_AT + HANG.size
+CTL_SIZE = HANG_NAME_AT + NAME_MAX
 
 
 class EioMount:
@@ -129,12 +166,30 @@ class EioMount:
         self._ctl[:8] = struct.pack("<q", offset)
 
     def heal(self) -> None:
-        """Every read is answered from the backing file again, and a hung server (:meth:`hang`)
-        answers again, what waited first."""
+        """Every read is answered from the backing file again, and a hung server (:meth:`hang`,
+        :meth:`hang_at`) answers again, what waited first."""
         self._ctl[:8] = struct.pack("<q", -1)
-        if self.hung:
-            os.kill(self._server, signal.SIGCONT)
+        armed = HANG.unpack_from(self._ctl, HANG_AT)[0]
+        HANG.pack_into(self._ctl, HANG_AT, 0)
+        if self.hung or armed:
+            os.kill(self._server, signal.SIGCONT)  # (a server that never stopped ignores it)
             self.hung = False
+
+    def hang_at(self, prefix: str) -> None:
+        """From the first MKDIR or CREATE of a name (its last component) starting with
+        ``prefix`` on, nothing on the mount is answered, that request included (the server
+        stops itself before it does it), until :meth:`heal`: storage that hangs in the middle of
+        a writer's work. A writable mount's (``eio_mount(writable=True)``)."""
+        raw = prefix.encode()
+        if not raw or len(raw) >= NAME_MAX:
+            raise ValueError(f"hang_at({prefix!r}): a name prefix of 1 to {NAME_MAX - 1} bytes")
+        self._ctl[HANG_NAME_AT:HANG_NAME_AT + NAME_MAX] = raw.ljust(NAME_MAX, b"\0")
+        HANG.pack_into(self._ctl, HANG_AT, 1)
+
+    @property
+    def hung_at(self) -> bool:
+        """Whether the server stopped itself where :meth:`hang_at` said (and waits for :meth:`heal`)."""
+        return bool(HANG.unpack_from(self._ctl, HANG_AT)[0] == 2)
 
     def hang(self) -> None:
         """From now on nothing on the mount is answered (the server is stopped: requests queue
@@ -191,8 +246,8 @@ def _attr(st: os.stat_result) -> bytes:
 class _Server:
     """The FUSE server (runs in the child): node ids are paths relative to the backing root."""
 
-    def __init__(self, fd: int, backing: Path, ctl: mmap.mmap) -> None:
-        self.fd, self.backing, self.ctl = fd, backing, ctl
+    def __init__(self, fd: int, backing: Path, ctl: mmap.mmap, writable: bool = False) -> None:
+        self.fd, self.backing, self.ctl, self.writable = fd, backing, ctl, writable
         self.paths: dict[int, str] = {1: ""}
         self.ids: dict[str, int] = {"": 1}
         self.files: dict[int, tuple[int, str]] = {}  # fh -> (backing fd, relative path)
@@ -200,9 +255,34 @@ class _Server:
 
     def node(self, rel: str) -> int:
         if rel not in self.ids:
-            self.ids[rel] = len(self.paths) + 1
+            # a new id for a new name: one removed or renamed away may still be in the kernel's hands
+            self.ids[rel] = max(self.paths) + 1
             self.paths[self.ids[rel]] = rel
         return self.ids[rel]
+
+    def entry(self, rel: str) -> bytes:
+        """A fuse_entry_out for ``rel`` (nothing cached: every lookup reaches the server)."""
+        return ENTRY_OUT.pack(self.node(rel), 0, 0, 0, 0, 0) + _attr(os.lstat(self.backing / rel))
+
+    def child(self, nodeid: int, arg: bytes) -> tuple[str, bytes]:
+        """(the relative path of the name at the start of ``arg`` in directory ``nodeid``, the rest
+        after its NUL)."""
+        name, rest = arg.split(b"\0", 1)
+        return f"{self.paths[nodeid]}/{name.decode()}".lstrip("/"), rest
+
+    def forget_tree(self, rel: str) -> None:
+        """Names at or under ``rel`` are gone (removed, or replaced by a rename): new ids next time."""
+        for r in [r for r in self.ids if r == rel or r.startswith(rel + "/")]:
+            del self.ids[r]
+
+    def maybe_hang(self, name: str) -> None:
+        """hang_at: the first MKDIR/CREATE of a name with the armed prefix stops the server here."""
+        if HANG.unpack_from(self.ctl, HANG_AT)[0] != 1:
+            return
+        prefix = bytes(self.ctl[HANG_NAME_AT:HANG_NAME_AT + NAME_MAX]).rstrip(b"\0").decode()
+        if name.startswith(prefix):
+            HANG.pack_into(self.ctl, HANG_AT, 2)
+            os.kill(os.getpid(), signal.SIGSTOP)  # until heal(): then this request is done, and the rest
 
     def real(self, nodeid: int) -> Path:
         return self.backing / self.paths[nodeid]
@@ -240,7 +320,8 @@ class _Server:
     def handle(self, op: int, nodeid: int, arg: bytes) -> bytes:
         if op == INIT:
             major, minor, readahead, _flags = INIT_IN.unpack_from(arg)
-            return INIT_OUT.pack(KERNEL_MAJOR, min(minor, KERNEL_MINOR), readahead, 0, 16, 12, 128 << 10, 1, 0, 0, 0)
+            return INIT_OUT.pack(KERNEL_MAJOR, min(minor, KERNEL_MINOR), readahead,
+                                 FUSE_BIG_WRITES if self.writable else 0, 16, 12, 128 << 10, 1, 0, 0, 0)
         if op in NO_REPLY:
             return b""
         if op == LOOKUP:
@@ -259,7 +340,8 @@ class _Server:
                     SWAP.pack_into(self.ctl, SWAP_AT, after, opens + 1)
                     if opens + 1 > after:
                         real = self.backing / bytes(self.ctl[SWAP_WITH_AT:SWAP_WITH_AT + NAME_MAX]).rstrip(b"\0").decode()
-                fd = os.open(real, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+                access = OPEN_IN.unpack_from(arg)[0] & (os.O_ACCMODE | os.O_APPEND) if self.writable else os.O_RDONLY
+                fd = os.open(real, access | os.O_NOFOLLOW | os.O_CLOEXEC)
                 self.files[self.next_fh] = (fd, self.paths[nodeid])
             self.next_fh += 1
             return OPEN_OUT.pack(self.next_fh - 1, FOPEN_DIRECT_IO if op == OPEN else 0, 0)
@@ -300,13 +382,76 @@ class _Server:
             sv = os.statvfs(self.backing)
             return KSTATFS.pack(sv.f_blocks, sv.f_bfree, sv.f_bavail, sv.f_files, sv.f_ffree, sv.f_bsize,
                                 sv.f_namemax, sv.f_frsize, 0)
+        if self.writable and op in (SETATTR, MKDIR, UNLINK, RMDIR, RENAME, WRITE, FSYNC, FSYNCDIR, CREATE):
+            return self.write_op(op, nodeid, arg)
         raise OSError(errno.ENOSYS, "not implemented")
+
+    def write_op(self, op: int, nodeid: int, arg: bytes) -> bytes:
+        """A writable mirror's change, done on the backing directory as asked."""
+        if op == MKDIR:
+            mode, umask = MKDIR_IN.unpack_from(arg)
+            rel, _ = self.child(nodeid, arg[MKDIR_IN.size:])
+            self.maybe_hang(rel.rsplit("/", 1)[-1])
+            os.mkdir(self.backing / rel, mode & ~umask & 0o7777)
+            return self.entry(rel)
+        if op == CREATE:
+            flags, mode, umask, _ = CREATE_IN.unpack_from(arg)
+            rel, _ = self.child(nodeid, arg[CREATE_IN.size:])
+            self.maybe_hang(rel.rsplit("/", 1)[-1])
+            fd = os.open(self.backing / rel, (flags & ~os.O_CLOEXEC) | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC,
+                         mode & ~umask & 0o7777)
+            self.files[self.next_fh] = (fd, rel)
+            self.next_fh += 1
+            return self.entry(rel) + OPEN_OUT.pack(self.next_fh - 1, FOPEN_DIRECT_IO, 0)
+        if op == WRITE:
+            fh, off, size, *_ = WRITE_IN.unpack_from(arg)
+            return WRITE_OUT.pack(os.pwrite(self.files[fh][0], arg[WRITE_IN.size:WRITE_IN.size + size], off), 0)
+        if op == SETATTR:
+            (valid, _, _fh, size, _, atime, mtime, _, atimens, mtimens, _, mode, _, uid, gid,
+             _) = SETATTR_IN.unpack_from(arg)
+            real = self.real(nodeid)
+            if valid & FATTR_MODE:
+                os.chmod(real, mode & 0o7777)
+            if valid & (FATTR_UID | FATTR_GID):
+                os.lchown(real, uid if valid & FATTR_UID else -1, gid if valid & FATTR_GID else -1)
+            if valid & FATTR_SIZE:
+                os.truncate(real, size)
+            if valid & (FATTR_ATIME | FATTR_MTIME):
+                st = os.lstat(real)
+                now = time.time_ns()
+                a = (now if valid & FATTR_ATIME_NOW else atime * 10**9 + atimens) if valid & FATTR_ATIME else st.st_atime_ns
+                m = (now if valid & FATTR_MTIME_NOW else mtime * 10**9 + mtimens) if valid & FATTR_MTIME else st.st_mtime_ns
+                os.utime(real, ns=(a, m), follow_symlinks=False)
+            return ATTR_OUT.pack(0, 0, 0) + _attr(os.lstat(real))
+        if op in (UNLINK, RMDIR):
+            rel, _ = self.child(nodeid, arg)
+            (os.unlink if op == UNLINK else os.rmdir)(self.backing / rel)
+            self.forget_tree(rel)
+            return b""
+        if op == RENAME:
+            newdir = RENAME_IN.unpack_from(arg)[0]
+            old, rest = self.child(nodeid, arg[RENAME_IN.size:])
+            new, _ = self.child(newdir, rest)
+            os.rename(self.backing / old, self.backing / new)
+            self.forget_tree(new)  # what the rename replaced
+            for r in [r for r in self.ids if r == old or r.startswith(old + "/")]:
+                i = self.ids.pop(r)
+                self.ids[new + r[len(old):]] = i
+                self.paths[i] = new + r[len(old):]
+            return b""
+        if op == FSYNC:
+            fh = FSYNC_IN.unpack_from(arg)[0]
+            if fh in self.files:
+                os.fsync(self.files[fh][0])
+            return b""
+        return b""  # FSYNCDIR: the backing directory's entries are written as they are made
 
 
 @contextlib.contextmanager
-def eio_mount(backing: Path) -> Iterator[EioMount]:
-    """Mounts a read-only mirror of ``backing`` at /tmp/lm-t-eio-<hex>, served by a forked
-    child; yields its :class:`EioMount`. Skips when the kernel has no /dev/fuse."""
+def eio_mount(backing: Path, writable: bool = False) -> Iterator[EioMount]:
+    """Mounts a read-only mirror of ``backing`` (``writable``: a read-write one) at
+    /tmp/lm-t-eio-<hex>, served by a forked child; yields its :class:`EioMount`. Skips when the
+    kernel has no /dev/fuse."""
     if not Path("/dev/fuse").exists():
         pytest.skip("no /dev/fuse on this kernel")
     mnt = Path(f"/tmp/lm-t-eio-{secrets.token_hex(4)}")
@@ -315,6 +460,7 @@ def eio_mount(backing: Path) -> Iterator[EioMount]:
     ctl = mmap.mmap(-1, CTL_SIZE)  # MAP_SHARED | MAP_ANONYMOUS: shared with the child
     CTL.pack_into(ctl, 0, -1, 0, 0)
     SWAP.pack_into(ctl, SWAP_AT, -1, 0)
+    HANG.pack_into(ctl, HANG_AT, 0)
     r, w = os.pipe()
     pid = os.fork()
     if pid == 0:  # the server: mounts, says so, serves until unmounted or killed
@@ -323,13 +469,14 @@ def eio_mount(backing: Path) -> Iterator[EioMount]:
             os.close(r)
             fd = os.open("/dev/fuse", os.O_RDWR | os.O_CLOEXEC)
             opts = f"fd={fd},rootmode=40000,user_id=0,group_id=0,allow_other".encode()
-            if libc.mount(b"lm-t-eio", str(mnt).encode(), b"fuse.lm-t-eio", MS_RDONLY | MS_NOSUID | MS_NODEV, opts) != 0:
+            flags = (0 if writable else MS_RDONLY) | MS_NOSUID | MS_NODEV
+            if libc.mount(b"lm-t-eio", str(mnt).encode(), b"fuse.lm-t-eio", flags, opts) != 0:
                 err = ctypes.get_errno()
                 os.write(w, f"mount fuse on {mnt}: {os.strerror(err)}".encode())
                 os._exit(1)
             os.write(w, b"ok")
             os.close(w)
-            _Server(fd, backing, ctl).serve()
+            _Server(fd, backing, ctl, writable).serve()
             code = 0
         except BaseException as e:  # noqa: BLE001 - the child must never return into pytest
             print(f"fuserig server: {e!r}", file=sys.stderr)

@@ -69,6 +69,11 @@ the archive waits in order (nothing is lost or done twice). When the work in han
 progress (no byte read, no CPU time) for ``ARCHIVE_STALL_SWEEPS`` x ``archive_gc_s`` (30 s by
 default), the status says so (``migrate.archive.stalled_s``, ``busy``: what waits) and a log
 line and an event (``archive-stalled``) say it once; ``archive-answers`` when it answers again.
+A reclaim waits for the archive only until ``ARCHIVE_WAIT_MARGIN_S`` before its window ends
+(:meth:`ArchiveMixin._archive_until`): its move then fails as with no archive (the job's buddy
+still guards it) and the copy it waited for is given up (:class:`ArchiveWait`): when the storage
+answers, it publishes nothing; a reclaimed guard's copy of a job it passes on is the exception,
+published late (it is the job's only way back, and every taker claims it through the archive).
 """
 
 from __future__ import annotations
@@ -90,6 +95,7 @@ from typing import TYPE_CHECKING, Any
 
 from laminar import jobkit
 from laminar.migrate.constants import _CKPT_NAME, MIGRATED_ENV
+from laminar.migrate.errors import MigrateError
 from laminar.migrate.trees import _newest_mtime, _remove_tree
 
 if TYPE_CHECKING:
@@ -116,6 +122,11 @@ ARCHIVE_TRASH = ".gc"
 # default): a round on healthy shared storage takes well under one; an NFS server's failover
 # takes up to a minute or two, and it is only reported, never acted on.
 ARCHIVE_STALL_SWEEPS = 3
+# A reclaim waits for the archive's answer (the copy of a job no live peer can keep, a guard passed
+# on) until this long before its window ends, and no longer: a hung archive then fails the move
+# (its job thawed, its buddy still guarding it) and says so before the window's end stops what
+# still runs, rather than the move being cut there in the middle, with nothing said.
+ARCHIVE_WAIT_MARGIN_S = 1.0
 
 
 def _progress(task: str) -> tuple[int, int] | None:
@@ -207,6 +218,47 @@ class ArchiveLane:
             self._q.put(None)
 
 
+class ArchiveGivenUp(Exception):
+    """A publish in the archive whose waiter gave it up (:class:`ArchiveWait`): nothing published."""
+
+
+class ArchiveWait:
+    """One publish in the archive that the loop waits for only until a deadline
+    (:meth:`ArchiveMixin._archive_until`), shared with the lane's work on it. The loop gives it
+    up when the deadline passes (:meth:`give_up`); the lane asks before each step that publishes
+    (the copy's rename into place: :attr:`given_up`; the record's: :meth:`publish`). Whichever
+    comes first wins, under a lock: a publish given up is never made (a hung archive that
+    answers late publishes nothing the move, failed meanwhile, did not count on), and one whose
+    record the lane began to put in place is not given up (the loop counts it as published)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._state = "waiting"  # then "given up" (the loop) or "publishing" (the lane)
+
+    def give_up(self) -> bool:
+        """The loop's: True when the publish will never be made, False when the lane is putting
+        its record in place (it is published, or about to be)."""
+        with self._lock:
+            if self._state == "publishing":
+                return False
+            self._state = "given up"
+            return True
+
+    def publish(self) -> bool:
+        """The lane's, right before the record's rename: True when it may publish now (it can
+        no longer be given up), False when it was given up."""
+        with self._lock:
+            if self._state == "given up":
+                return False
+            self._state = "publishing"
+            return True
+
+    @property
+    def given_up(self) -> bool:
+        with self._lock:
+            return self._state == "given up"
+
+
 def _read_record(path: Path) -> dict[str, Any] | None:
     """An archive record (a regular file holding a JSON object; never through a link), or None."""
     try:
@@ -285,15 +337,30 @@ class ArchiveMixin:
             return f.name.removeprefix("running-").removesuffix(".json")
         return None
 
-    def _archive(self, key: str, ckpt: Path, record: dict[str, Any]) -> Path:
+    def _archive(self, key: str, ckpt: Path, record: dict[str, Any], wait: ArchiveWait | None = None) -> Path:
         """Copies the verified checkpoint ``ckpt`` of ``key`` into the archive and (unless a node
         claimed or runs it) writes its guard record ``guard.json``, both atomically (a temporary
-        name, fsync, rename): the archived checkpoint's path. Raises OSError/CheckpointError."""
+        name, fsync, rename): the archived checkpoint's path. Raises OSError/CheckpointError.
+        ``wait``: its waiter's deadline (:class:`ArchiveWait`); once given up, nothing more is
+        published (its temporaries are removed) and ArchiveGivenUp is raised."""
         root = self._archive_root()
         assert root is not None
         d = self._archive_key_dir(root, key)
-        dst_dir = self._publish_copy(ckpt, d)
+        dst_dir = self._publish_copy(ckpt, d, wait)
         taken = any(d.glob("claimed-*.json")) or any(d.glob("running-*.json"))
+        tmpj = d / f".guard-{self.node_id}-{time.monotonic_ns()}.tmp"
+        if not taken:
+            with open(tmpj, "w") as fh:
+                json.dump({**record, "ckpt": ckpt.name, "archived_by": self.node_id, "ts": time.time()}, fh)
+                fh.flush()
+                os.fsync(fh.fileno())
+        if wait is not None and not wait.publish():
+            # the move that wanted it went on without it (a copy already renamed into place stays: a
+            # record of another node may name it; with no record of its own it is an operator's call)
+            with contextlib.suppress(OSError):
+                tmpj.unlink()
+            log.info("migrate: archive %s answered after the wait for %s's copy ended: no record published", root, key)
+            raise ArchiveGivenUp(f"archive of {key} given up by its waiter")
         old_live = d / f".live-{self.node_id}-{time.monotonic_ns()}.old"
         if not taken and (d / LIVE_RECORD).exists():
             # the job's periodic record becomes its guard record: taken by rename (atomic), so a
@@ -303,15 +370,64 @@ class ArchiveMixin:
             except OSError:
                 taken = True
         if not taken:
-            tmpj = d / f".guard-{self.node_id}-{time.monotonic_ns()}.tmp"
-            with open(tmpj, "w") as fh:
-                json.dump({**record, "ckpt": ckpt.name, "archived_by": self.node_id, "ts": time.time()}, fh)
-                fh.flush()
-                os.fsync(fh.fileno())
             os.rename(tmpj, d / "guard.json")
+        else:
+            with contextlib.suppress(OSError):
+                tmpj.unlink()
         with contextlib.suppress(OSError):
             old_live.unlink()
         return dst_dir
+
+    async def _archive_until(self, what: str, key: str, ckpt: Path, record: dict[str, Any], until: float,
+                             late_ok: bool = False) -> Path:
+        """:meth:`_archive` on the lane, waited for until ``until`` (monotonic) and no longer: a
+        reclaim's copy, which must be made within its window while the archive may hang. The
+        archived path; OSError/CheckpointError as :meth:`_archive`. Raises MigrateError naming
+        the archive and the time waited when it has not answered by then (or the wait's task is
+        cancelled: the window's end). The work may still be in hand on the lane then, waiting on
+        the storage, or queued behind what is: it is given up (:class:`ArchiveWait`; dropped
+        from the queue, and a late answer publishes nothing), so what the caller does instead
+        stays true; except with ``late_ok`` (a late copy is still wanted, and whoever resumes the
+        job claims it there first), when it goes on and says so once it is done. A copy whose
+        record the lane was putting in place when the time ran out counts as archived."""
+        root = self._archive_root()
+        assert root is not None
+        wait = None if late_ok else ArchiveWait()
+        t0 = time.monotonic()
+        fut = self._lane.call(what, self._archive, key, ckpt, record, wait)
+        try:
+            done, _ = await asyncio.wait({fut}, timeout=max(0.0, until - t0))
+        except asyncio.CancelledError:
+            if wait is not None and wait.give_up():
+                fut.cancel()  # dropped while queued; in hand, it publishes nothing
+            fut.add_done_callback(self._archive_late(what, late_ok))
+            raise
+        if done:
+            return Path(fut.result())
+        waited = time.monotonic() - t0
+        if wait is not None and not wait.give_up():
+            log.info("migrate: %s: the record was being put in place in archive %s when %.1f s were up: counted as "
+                     "archived", what, root, waited)
+            fut.add_done_callback(self._archive_late(what, late_ok))
+            return root / key / ckpt.name
+        if wait is not None:
+            fut.cancel()
+        else:
+            fut.add_done_callback(self._archive_late(what, late_ok))
+        raise MigrateError(f"archive {root} did not answer in {waited:.1f} s ({what})")
+
+    def _archive_late(self, what: str, late_ok: bool) -> Callable[[asyncio.Future[Any]], None]:
+        """The end of a publish :meth:`_archive_until` stopped waiting for: said (with ``late_ok``,
+        its late copy, with an event), its error taken."""
+        def done(fut: asyncio.Future[Any]) -> None:
+            if fut.cancelled():
+                return
+            e = fut.exception()
+            if e is None and late_ok:
+                self._emit(f"{what}: the archive answered late; the copy is there now", phase="archived-late")
+            elif e is not None and not isinstance(e, ArchiveGivenUp):
+                log.info("migrate: %s, after its wait ended: %s", what, e)
+        return done
 
     # -- periodic checkpoints in the archive (live.json) -----------------------------------------
 
@@ -322,11 +438,12 @@ class ArchiveMixin:
         return (self._archive_root() is not None
                 and self.notice_odds.unannounced_frac >= float(self.s["prestage_unannounced"]))
 
-    def _publish_copy(self, ckpt: Path, d: Path) -> Path:
+    def _publish_copy(self, ckpt: Path, d: Path, wait: ArchiveWait | None = None) -> Path:
         """``d/<ckpt.name>``: the verified checkpoint ``ckpt`` copied there under a temporary
         name, checked against its manifest, fsync'd and renamed into place (kept as it is when
         a complete copy of that name is already there; an incomplete leftover is replaced).
-        Raises OSError/CheckpointError; a failed copy is removed, never published."""
+        Raises OSError/CheckpointError; a failed copy is removed, never published; so is one
+        whose ``wait`` was given up (ArchiveGivenUp)."""
         dst_dir = d / ckpt.name
         if dst_dir.is_dir() and (dst_dir / jobkit.MANIFEST).exists():
             return dst_dir
@@ -337,6 +454,8 @@ class ArchiveMixin:
             for f in tmp.iterdir():
                 with open(f, "rb") as fh:
                     os.fsync(fh.fileno())
+            if wait is not None and wait.given_up:
+                raise ArchiveGivenUp(f"copy of {ckpt.name} into {d} given up by its waiter")
             shutil.rmtree(dst_dir, ignore_errors=True)  # an incomplete leftover of that name
             os.rename(tmp, dst_dir)
         except BaseException:

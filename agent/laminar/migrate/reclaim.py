@@ -133,7 +133,7 @@ from laminar.migrate import ckpt_driver, drain
 from laminar.migrate import ckpt_schedule as cs
 from laminar.migrate import destination as dst
 from laminar.migrate.archive import ARCHIVE_CLAIM_STALE_S as ARCHIVE_CLAIM_STALE_S
-from laminar.migrate.archive import ARCHIVE_GC_S, ArchiveLane, ArchiveMixin, _progress
+from laminar.migrate.archive import ARCHIVE_GC_S, ARCHIVE_WAIT_MARGIN_S, ArchiveLane, ArchiveMixin, _progress
 from laminar.migrate.archive import ARCHIVE_TMP_STALE_S as ARCHIVE_TMP_STALE_S
 from laminar.migrate.archive import ARCHIVE_TRASH as ARCHIVE_TRASH
 from laminar.migrate.archive import LIVE_RECORD as LIVE_RECORD
@@ -1397,7 +1397,7 @@ class ReclaimComponent(BuddiesMixin, GuardMixin, ReplicasMixin, WithdrawMixin, S
                 if deadline_mono is None or not self.s["holder"]:
                     raise MigrateError("; ".join(errors))
                 # Nowhere to run it during the window: the final checkpoint still leaves the node.
-                await self._hold(job, mv, ckpt, size, xfer, "; ".join(errors))
+                await self._hold(job, mv, ckpt, size, xfer, "; ".join(errors), deadline_mono)
                 return mv
             mv.phase = "done"
             self.counts["moved"] += 1
@@ -1474,10 +1474,15 @@ class ReclaimComponent(BuddiesMixin, GuardMixin, ReplicasMixin, WithdrawMixin, S
                              src_zone=None if z is None else str(z.zone),
                              prefer=() if prefer is None else (str(prefer),))
 
-    async def _hold(self, job: Any, mv: Move, ckpt: Path, size: int, xfer_deadline: float | None, why: str) -> None:
+    async def _hold(self, job: Any, mv: Move, ckpt: Path, size: int, xfer_deadline: float | None, why: str,
+                    window_end: float) -> None:
         """No peer can run ``job`` now: send its final checkpoint to the best storage holder,
         stop the job here (state ``reclaimed``) and hand the holder the guard with ``take_over``,
-        so it places the job as soon as room frees. Raises MigrateError when no holder takes it."""
+        so it places the job as soon as room frees. Raises MigrateError when no holder takes it.
+        The archive (a copy beside the holder, or the job's only one when no holder takes it) is
+        waited for until ARCHIVE_WAIT_MARGIN_S before ``window_end`` (the reclaim's window, not
+        the transfer's plan: the copy comes after the transfer), never longer
+        (:meth:`_archive_until`): one that does not answer by then publishes nothing later."""
         mv.phase = "hold"
         window = None if xfer_deadline is None else max(0.0, xfer_deadline - time.monotonic())
         ranked = await self.rank_holders(self.job_key(job), size, window, self.buddy.get(job.id))
@@ -1516,11 +1521,14 @@ class ReclaimComponent(BuddiesMixin, GuardMixin, ReplicasMixin, WithdrawMixin, S
                 self._spawn(self._release(old, self.job_key(job)))
             if self._archive_root() is not None:  # the holder is one node: the archive outlives it
                 try:
-                    await self._lane.call(f"archiving {job.id}", self._archive, self.job_key(job), ckpt, {
+                    await self._archive_until(f"archiving {job.id}", self.job_key(job), ckpt, {
                         "key": self.job_key(job), "src_node": self.node_id, "src_job": job.id,
-                        "request": self._request(job, True)})
-                except (OSError, jobkit.CheckpointError) as e:
+                        "request": self._request(job, True)}, window_end - ARCHIVE_WAIT_MARGIN_S)
+                except (OSError, jobkit.CheckpointError, MigrateError) as e:
+                    # the holder guards it: a late record would race the holder's own take-over
                     log.warning("migrate: archiving %s failed: %s", job.id, e)
+                    self._emit(f"{job.id}: not archived beside holder {node}: {e}", job=job.id, node=node,
+                               phase="hold")
             mv.phase = "held"
             self.counts["held"] += 1
             self._emit(f"{job.id}: {ckpt.name} held by node {node}; it resumes the job when room frees",
@@ -1528,9 +1536,15 @@ class ReclaimComponent(BuddiesMixin, GuardMixin, ReplicasMixin, WithdrawMixin, S
             return
         if self._archive_root() is not None:
             # no live peer keeps it: the archive does, and any agent with room claims it
-            path = await self._lane.call(f"archiving {job.id}", self._archive, self.job_key(job), ckpt, {
-                "key": self.job_key(job), "src_node": self.node_id, "src_job": job.id,
-                "request": self._request(job, True)})
+            try:
+                path = await self._archive_until(f"archiving {job.id}", self.job_key(job), ckpt, {
+                    "key": self.job_key(job), "src_node": self.node_id, "src_job": job.id,
+                    "request": self._request(job, True)}, window_end - ARCHIVE_WAIT_MARGIN_S)
+            except MigrateError as e:  # a hung archive: as with none, the move fails (its job thawed)
+                buddy = self.buddy.get(job.id)
+                errors.append(f"{e}: nothing archived; " + (f"its buddy, node {buddy}, still guards it" if buddy
+                                                            is not None else "no other node guards it"))
+                raise MigrateError("; ".join(errors)) from None
             lost = max(0.0, self.frozen_at.pop(job.id, time.time()) - ckpt.stat().st_mtime)
             with contextlib.suppress(Exception):
                 await self.agent.jobs.stop(job.id, f"node {self.node_id} reclaimed with no room and no holder in the "
@@ -1565,8 +1579,18 @@ class ReclaimComponent(BuddiesMixin, GuardMixin, ReplicasMixin, WithdrawMixin, S
                 continue
             if row["state"] != "waiting" and not req.get("take_over"):
                 continue
-            while key in self._taking:  # a take-over in flight ends first (it may place the job)
+            # a take-over in flight ends first (it may place the job); one that still waits (on a hung
+            # archive: its claim) when the window is nearly over keeps the guard here, and the next go on
+            until = deadline_mono - ARCHIVE_WAIT_MARGIN_S
+            while key in self._taking and time.monotonic() < until and not (withdrawn and withdrawn.is_set()):
                 await asyncio.sleep(0.05)
+            if key in self._taking:
+                if not (withdrawn and withdrawn.is_set()):
+                    busy = self._lane.busy
+                    self._emit(f"{key}: could not pass its guard on before this node left: its take-over in flight "
+                               "did not end within the window" + (f" (the archive's lane waits on: {busy[0]})"
+                                                                  if busy else ""), key=key, phase="failed")
+                continue
             row = db.execute("SELECT * FROM migrate_replicas WHERE key=?", (key,)).fetchone()
             if row is None or row["state"] not in ("guarding", "waiting"):
                 continue
@@ -1608,9 +1632,17 @@ class ReclaimComponent(BuddiesMixin, GuardMixin, ReplicasMixin, WithdrawMixin, S
                        key=key, node=node, ckpt=path.name, phase="passed")
             return
         if self._archive_root() is not None:
-            await self._lane.call(f"archiving {key}", self._archive, key, path, {
-                "key": key, "src_node": int(row["src_node"]), "src_job": row["src_job"],
-                "request": {**req, "take_over": True}})
+            try:
+                # a late copy is still wanted (it is the job's only one once this node is gone) and
+                # consistent: this guard stays, and its own take-over goes through the archive's
+                # claim, queued on the lane behind that copy, as does any other node's
+                await self._archive_until(f"archiving {key}", key, path, {
+                    "key": key, "src_node": int(row["src_node"]), "src_job": row["src_job"],
+                    "request": {**req, "take_over": True}}, deadline_mono - ARCHIVE_WAIT_MARGIN_S, late_ok=True)
+            except MigrateError as e:
+                raise MigrateError("; ".join([*errors, f"{e}: its copy is published if the archive answers later "
+                                              "(the job is then claimed from there); this node keeps the guard "
+                                              "meanwhile"])) from None
             self._set_replica(key, "archived")
             self._emit(f"{key}: this node is reclaimed and no live peer can hold it; {path.name} archived", key=key,
                        ckpt=path.name, phase="archived")
