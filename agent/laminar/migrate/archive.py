@@ -46,7 +46,7 @@ nothing outside ``archive_dir`` is touched. The counts are in the component's st
 **Periodic checkpoints in the archive.** While departures without notice are plausible (the
 learned unannounced share is at least ``prestage_unannounced``, the rule that prestages), each
 running job's newest committed checkpoint (before it wrote one: the verified checkpoint it was
-restarted from) is copied to ``<archive>/<key>/ckpt-N/`` the same way (temporary name, verified
+restarted from, when the agent gave it: :meth:`ArchiveMixin._given_resume_from`) is copied to ``<archive>/<key>/ckpt-N/`` the same way (temporary name, verified
 against its manifest, fsync'd, renamed) and the job's *live record* ``live.json`` (its node, its
 buddy, its request) is pointed at it; older archived checkpoints of the job are then removed
 (the newest complete one is kept), and when the job ends here (exited, stopped, failed, or moved
@@ -582,7 +582,7 @@ class ArchiveMixin:
                         ended[jid] = job.state if job else "gone"
             periodic: list[tuple[str, str, str | None]] = []
             if self._archive_periodic_due() and not reclaiming:
-                periodic = [(j.id, str(j.ckpt_dir), getattr(j.spec, "resume_from", None) or None)
+                periodic = [(j.id, str(j.ckpt_dir), self._given_resume_from(j, root))
                             for j in list(self.agent.jobs.active())
                             if j.id not in self.evacuating and j.id not in self._archiving and j.ckpt_dir]
             wall, mono = time.time(), time.monotonic()
@@ -616,6 +616,20 @@ class ArchiveMixin:
             log.exception("migrate: archive round failed")
         finally:
             self._round_running = False
+
+    def _given_resume_from(self, job: Any, root: Path) -> str | None:
+        """The job's ``resume_from`` when the agent gave it (a path in its state directory: a
+        replica, its owner's copy, a requeued job's own checkpoint; or in the archive), else None.
+        The round's look (on the lane) stats it, and copies it when the job has written nothing
+        since: a path of the job's user's own, on storage of theirs that may hang, would hold the
+        archive's one thread (and every claim and publish behind it) for as long. Never touches
+        the path."""
+        rf = getattr(job.spec, "resume_from", None)
+        if not rf:
+            return None
+        p = Path(os.path.normpath(str(rf)))
+        state = Path(os.path.normpath(str(self.agent.config.state_dir)))
+        return str(rf) if state in p.parents or Path(os.path.normpath(root)) in p.parents else None
 
     def _archive_look(self, root: Path, ended: list[str], periodic: list[tuple[str, str, str | None]], claims: bool,
                       alive: frozenset[int], skip: frozenset[str], wall: float) -> dict[str, Any]:
