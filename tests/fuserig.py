@@ -60,6 +60,7 @@ import errno
 import mmap
 import os
 import secrets
+import shutil
 import signal
 import stat
 import struct
@@ -496,6 +497,6 @@ def eio_mount(backing: Path, writable: bool = False) -> Iterator[EioMount]:
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGKILL)  # its /dev/fuse fd closes: the connection is aborted (stopped or not)
         os.waitpid(pid, 0)
-        with contextlib.suppress(OSError):
-            mnt.rmdir()
+        if not os.path.ismount(mnt):  # what a writer that outlived the mount put in the bare directory goes too
+            shutil.rmtree(mnt, ignore_errors=True)
         ctl.close()
