@@ -283,6 +283,7 @@ class ArchiveMixin:
         _archive_rounds: int
         _archive_stalled: float | None
         _archive_tries: dict[str, int]
+        _claimed_from: dict[str, str]
         _archiving: set[str]
         _gc_next: float
         _gc_running: bool
@@ -567,12 +568,14 @@ class ArchiveMixin:
         (:meth:`_from_archive`): unclaimed guard records, live records of jobs whose node and
         buddy are gone, stale claims, claims whose runner died (:meth:`_dead_runs`); then the
         sweep (:meth:`_archive_gc_round`). Claims and the sweep wait while this node is being
-        reclaimed."""
+        reclaimed, and stay off once it is (its window ended and the reclaim was not withdrawn): a
+        job it claimed would sit queued on a node its owner took back, while its claim told every
+        other node (the job's buddy's guard too) that a node runs it."""
         try:
             root = self._archive_root()
             if root is None:
                 return
-            reclaiming = self.reclaim is not None and not self.reclaim["task"].done()
+            reclaiming = self.reclaim is not None  # under reclaim, or reclaimed (withdrawn: None again)
             ended: dict[str, str] = {}
             for jid in list(self.archived_live):
                 job = self.agent.jobs.get(jid)
@@ -604,7 +607,7 @@ class ArchiveMixin:
                     continue
                 self._archiving.add(jid)
                 self._spawn(self._archive_periodic(job, ckpt))
-            if not look["claims"] or (self.reclaim is not None and not self.reclaim["task"].done()):
+            if not look["claims"] or self.reclaim is not None:
                 return
             self._archive_claims(look, time.time())
             self._archive_gc_round()
@@ -718,14 +721,33 @@ class ArchiveMixin:
                 continue
             with contextlib.suppress(OSError):
                 os.utime(mine)
+            if src.name.startswith("claimed-"):
+                self._claimed_from.pop(key, None)
+            else:
+                self._claimed_from[key] = src.name  # what _unclaim gives it back as
             return True
         return False
 
     def _unclaim(self, key: str) -> None:
+        """Gives this node's claim on ``key`` back (it found no room, or the record's checkpoint
+        did not verify) as the record it took (:meth:`_claim` notes which): a dead runner's
+        ``running-<node>.json``, a running job's live record (claimable again only while its node
+        and buddy are gone), a stopped job's ``guard.json``. As a guard record, a live one would be
+        claimed by any agent with room at once, and a node thought dead that was only slow would
+        then run the job twice. A stale claim taken over goes back as its record says (``periodic``:
+        a live record, else ``guard.json``). Blocking file I/O (on the lane)."""
         root = self._archive_root()
-        if root is not None:
-            with contextlib.suppress(OSError):
-                os.rename(root / key / f"claimed-{self.node_id}.json", root / key / "guard.json")
+        took = self._claimed_from.pop(key, None)
+        if root is None:
+            return
+        mine = root / key / f"claimed-{self.node_id}.json"
+        if took is None:
+            took = "guard.json"
+            with contextlib.suppress(OSError, ValueError, AttributeError):
+                if json.loads(mine.read_text()).get("periodic"):
+                    took = LIVE_RECORD
+        with contextlib.suppress(OSError):
+            os.rename(mine, root / key / took)
 
     def _claim_done(self, key: str, who: str, runs: tuple[int, str] | None = None) -> None:
         """The claimed job runs (here or where this node placed it): the claim becomes
@@ -733,6 +755,7 @@ class ArchiveMixin:
         resumed from it, written into the record (``resumed``), so any agent can tell when the
         job's newer state is in the archive and this directory may go (:meth:`archive_gc`)."""
         root = self._archive_root()
+        self._claimed_from.pop(key, None)
         if root is None:
             return
         d = root / key

@@ -492,8 +492,9 @@ class GuardMixin:
                                "from it", key=key, phase="take-over", ckpt=newer.name)
                     path = newer
             try:
-                if self.reclaim is not None and not self.reclaim["task"].done():
-                    local_err: str | None = "this node is being reclaimed"
+                if self.reclaim is not None:  # its window ended too: the owner took the node back
+                    local_err: str | None = ("this node is being reclaimed" if not self.reclaim["task"].done()
+                                             else "this node is reclaimed")
                 else:
                     local_err = await self._resume_here(row, req, path, why)
                 if local_err is not None and self._placement_here(row["request"]):
