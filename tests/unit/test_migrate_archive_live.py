@@ -88,7 +88,37 @@ def test_only_a_claim_for_a_dead_job_takes_a_live_record_and_it_is_the_lock(tmp_
     assert "ckpt-5" in files(d)  # the claimed record's checkpoint is kept
     assert not a.drop_live("k")  # the job ending at node 1 does not remove what node 3 claimed
     assert "ckpt-5" in files(d)
-    c._unclaim("k")  # node 3 found no room: any agent with room may claim it now
+    c._unclaim("k")  # node 3 found no room: given back as it was, a running job's live record
+    assert sorted(p.name for p in d.glob("*.json")) == [LIVE_RECORD]
+    # not a stopped job's guard record, which any agent with room claims at once: node 1 (slow,
+    # not dead) still runs the job, and only its and its buddy's death make it claimable
+    assert not b._claim("k")
+    assert b._claim("k", live=True)
+    b._unclaim("k")
+    assert sorted(p.name for p in d.glob("*.json")) == [LIVE_RECORD]
+    # node 1 goes on publishing its periodic checkpoints (a guard record would have stopped that)
+    assert a.archive_live("k", job.save(b"w15", step=15), rec()) is not None
+
+
+def test_a_dead_runners_record_is_given_back_as_it_was(tmp_path: Path, job: Checkpointer) -> None:
+    a, c = (agent_of(n, tmp_path / "arch") for n in (1, 3))
+    d = tmp_path / "arch" / "k"
+    a.archive_live("k", job.save(b"w5", step=5), rec())
+    assert a._claim("k", live=True)
+    a._claim_done("k", "node 1", (1, "job-9"))  # node 1 resumed it from the archive, then died
+    assert c._claim("k", dead_runner=1)
+    c._unclaim("k")  # no room at node 3: the dead runner's record again, not a guard record
+    assert sorted(p.name for p in d.glob("*.json")) == ["running-1.json"]
+    assert not c._claim("k") and not c._claim("k", live=True)
+    assert c._claim("k", dead_runner=1)
+
+
+def test_a_stopped_jobs_guard_record_given_back_is_a_guard_record(tmp_path: Path, job: Checkpointer) -> None:
+    a, c = (agent_of(n, tmp_path / "arch") for n in (1, 3))
+    d = tmp_path / "arch" / "k"
+    a._archive("k", job.save(b"w5", step=5), rec() | {"periodic": False})
+    assert c._claim("k")
+    c._unclaim("k")
     assert sorted(p.name for p in d.glob("*.json")) == ["guard.json"]
 
 

@@ -529,6 +529,7 @@ class ReclaimComponent(BuddiesMixin, GuardMixin, ReplicasMixin, WithdrawMixin, S
         self._fenced: dict[str, int] = {}
         self._archive_next: dict[str, float] = {}  # archived key -> when this node tries it again (monotonic)
         self._archive_tries: dict[str, int] = {}
+        self._claimed_from: dict[str, str] = {}  # archived key -> the record this node's claim took (_unclaim)
         self.archived_live: dict[str, str] = {}  # job id -> newest periodic checkpoint in the archive (live.json)
         self._archiving: set[str] = set()
         self._gc_next = 0.0  # when this agent sweeps the archive next (monotonic)
