@@ -1480,6 +1480,8 @@ class ReclaimComponent(BuddiesMixin, GuardMixin, ReplicasMixin, WithdrawMixin, S
         """No peer can run ``job`` now: send its final checkpoint to the best storage holder,
         stop the job here (state ``reclaimed``) and hand the holder the guard with ``take_over``,
         so it places the job as soon as room frees. Raises MigrateError when no holder takes it.
+        With ``archive_dir``, the copy beside the holder is archived before the holder is handed
+        the guard, so the holder's take-over claims its record (one node runs the job).
         The archive (a copy beside the holder, or the job's only one when no holder takes it) is
         waited for until ARCHIVE_WAIT_MARGIN_S before ``window_end`` (the reclaim's window, not
         the transfer's plan: the copy comes after the transfer), never longer
@@ -1511,6 +1513,20 @@ class ReclaimComponent(BuddiesMixin, GuardMixin, ReplicasMixin, WithdrawMixin, S
                 await self.agent.jobs.stop(job.id, f"node {self.node_id} reclaimed with no room in the zone: "
                                            f"{ckpt.name} held by node {node}, which resumes the job when room frees",
                                            grace_s=1.0, state="reclaimed", work_lost_s=round(lost, 3))
+            if self._archive_root() is not None:  # the holder is one node: the archive outlives it
+                # archived before the holder is told to take over: its take-over then claims the
+                # record (the lock); told first, it could place the job from its replica while the
+                # archive held nothing, and the record published after would be claimed by any
+                # agent with room (the job twice)
+                try:
+                    await self._archive_until(f"archiving {job.id}", self.job_key(job), ckpt, {
+                        "key": self.job_key(job), "src_node": self.node_id, "src_job": job.id,
+                        "request": self._request(job, True)}, window_end - ARCHIVE_WAIT_MARGIN_S)
+                except (OSError, jobkit.CheckpointError, MigrateError) as e:
+                    # a hung one publishes nothing later (given up): the holder alone keeps the job
+                    log.warning("migrate: archiving %s failed: %s", job.id, e)
+                    self._emit(f"{job.id}: not archived beside holder {node}: {e}", job=job.id, node=node,
+                               phase="hold")
             try:
                 await self._guard(job, node, ckpt.name, take_over=True)
             except (MigrateError, TransferError, OSError, TimeoutError) as e:
@@ -1518,18 +1534,8 @@ class ReclaimComponent(BuddiesMixin, GuardMixin, ReplicasMixin, WithdrawMixin, S
                                    "buddy still guards it") from None
             old = self.buddy.get(job.id)
             self._set_buddy(job.id, node)
-            if old is not None and old != node:  # not awaited: a silent old buddy must not delay the archive
+            if old is not None and old != node:  # not awaited: a silent old buddy delays nothing
                 self._spawn(self._release(old, self.job_key(job)))
-            if self._archive_root() is not None:  # the holder is one node: the archive outlives it
-                try:
-                    await self._archive_until(f"archiving {job.id}", self.job_key(job), ckpt, {
-                        "key": self.job_key(job), "src_node": self.node_id, "src_job": job.id,
-                        "request": self._request(job, True)}, window_end - ARCHIVE_WAIT_MARGIN_S)
-                except (OSError, jobkit.CheckpointError, MigrateError) as e:
-                    # the holder guards it: a late record would race the holder's own take-over
-                    log.warning("migrate: archiving %s failed: %s", job.id, e)
-                    self._emit(f"{job.id}: not archived beside holder {node}: {e}", job=job.id, node=node,
-                               phase="hold")
             mv.phase = "held"
             self.counts["held"] += 1
             self._emit(f"{job.id}: {ckpt.name} held by node {node}; it resumes the job when room frees",
