@@ -6,14 +6,22 @@ holder's take-over could place the job from its replica while the archive held n
 the record published after would be claimed by any agent with room: the job twice. When the
 archive cannot take the copy, the holder still gets the guard (it alone keeps the job).
 
+With no holder either, the archive is the job's only keeper. When it does not answer within the
+window: a job with a buddy thaws (its buddy guards it; the given-up copy publishes nothing later);
+a job with no buddy stops at once, and its copy goes on, published when the storage answers (any
+agent with room claims it then): thawed, it would run on beside that copy.
+
 A real component, not started, with a real store, a real archive in a temporary directory and a
 real jobkit checkpoint; what crosses the network (the holder's ranking, the transfer, the guard
-message) and the job manager's stop are stand-ins that record what they were given.
+message) and the job manager's stop are stand-ins that record what they were given. The hung
+archive is a stand-in too (the real one, a stopped FUSE mount, is tests/kernel/
+test_archive_wait_given_up.py): its copy waits on an event before it touches the storage.
 """
 
 from __future__ import annotations
 
 import asyncio
+import threading
 import time
 from pathlib import Path
 from types import SimpleNamespace
@@ -25,7 +33,7 @@ from laminar.migrate.schema import MOVES_SCHEMA, RECLAIM_SCHEMA, REPLICAS_SCHEMA
 from laminar.store import Store
 
 
-def holding_node(tmp: Path, archive: Path) -> tuple[ReclaimComponent, list[str]]:
+def holding_node(tmp: Path, archive: Path, holders: bool = True) -> tuple[ReclaimComponent, list[str]]:
     seen: list[str] = []  # what happened, in order
     c = ReclaimComponent()
     (tmp / "state").mkdir()
@@ -37,12 +45,16 @@ def holding_node(tmp: Path, archive: Path) -> tuple[ReclaimComponent, list[str]]
     async def stop(jid: str, why: str, **kw: Any) -> None:
         seen.append(f"stopped {jid}")
 
+    def emit(kind: str, message: str, **fields: Any) -> None:
+        if fields.get("phase") in ("archiving", "archived-late", "failed"):
+            seen.append(f"event {fields['phase']}")
+
     c.agent = SimpleNamespace(zone=SimpleNamespace(node_id=1, networked=False), store=store,
-                              jobs=SimpleNamespace(stop=stop), events=SimpleNamespace(emit=lambda *a, **k: None))
+                              jobs=SimpleNamespace(stop=stop), events=SimpleNamespace(emit=emit))
     c.s = {"archive_dir": str(archive)}
 
     async def rank_holders(key: str, size: int, window: Any, prefer: Any) -> list[Any]:
-        return [SimpleNamespace(feasible=True, candidate=SimpleNamespace(node=2), reasons=[])]
+        return [SimpleNamespace(feasible=holders, candidate=SimpleNamespace(node=2), reasons=["full"])]
 
     async def send(job: Any, ckpt: Path, node: int, deadline: Any, mv: Any, **kw: Any) -> None:
         seen.append(f"sent {ckpt.name} to {node}")
@@ -58,13 +70,31 @@ def holding_node(tmp: Path, archive: Path) -> tuple[ReclaimComponent, list[str]]
     return c, seen
 
 
-def hold(c: ReclaimComponent, ckpt: Path) -> Move:
+def hold(c: ReclaimComponent, ckpt: Path, window_s: float = 30.0, storage: threading.Event | None = None,
+         seen: list[str] | None = None) -> Move:
+    """The reclaim's _hold of job-1 with ``window_s`` of its window left; ``storage``: the archive
+    answers only once it is set (after _hold returned; then the lane's work is waited for)."""
     job = SimpleNamespace(id="job-1")
     mv = Move(job="job-1", key="n1-job-1", reason="owner")
+    if storage is not None:
+        real = c._publish_copy
+
+        def hung(*a: Any) -> Path:  # stand-in: the storage answers once ``storage`` is set
+            assert storage.wait(30)
+            return real(*a)
+
+        c._publish_copy = hung  # type: ignore[method-assign]
 
     async def main() -> None:
         try:
-            await c._hold(job, mv, ckpt, 1 << 20, None, "no room", time.monotonic() + 30.0)
+            try:
+                await c._hold(job, mv, ckpt, 1 << 20, None, "no room", time.monotonic() + window_s)
+            except Exception as e:
+                (seen if seen is not None else []).append(f"raised {type(e).__name__}")
+            if storage is not None:
+                storage.set()
+                await c._lane.call("the test's end", lambda: None)  # behind the late copy
+                await asyncio.sleep(0)  # its done callback
         finally:
             c._lane.close()
             c.agent.store.close()
@@ -91,3 +121,22 @@ def test_an_archive_that_refuses_the_copy_still_leaves_the_holder_the_guard(tmp_
     assert mv.phase == "held" and mv.dest == 2
     assert seen == ["sent ckpt-7 to 2", "stopped job-1", "guard to 2 take_over=True archived=False"]
     assert c.buddy["job-1"] == 2
+
+
+def test_no_holder_no_buddy_and_a_hung_archive_the_job_stops_and_its_copy_is_published_late(tmp_path: Path) -> None:
+    ckpt = Checkpointer(job_id="job-1", ckpt_dir=tmp_path / "ck", install_signal=False, keep=2).save(b"w", step=7)
+    c, seen = holding_node(tmp_path, tmp_path / "arch", holders=False)
+    mv = hold(c, ckpt, window_s=1.5, storage=threading.Event(), seen=seen)
+    assert mv.phase == "archiving"
+    assert seen == ["stopped job-1", "event archiving", "event archived-late"]
+    assert (tmp_path / "arch" / "n1-job-1" / "guard.json").exists()  # claimable by any agent with room
+    assert (tmp_path / "arch" / "n1-job-1" / "ckpt-7").is_dir()
+
+
+def test_no_holder_and_a_hung_archive_a_job_with_a_buddy_thaws_and_nothing_is_published(tmp_path: Path) -> None:
+    ckpt = Checkpointer(job_id="job-1", ckpt_dir=tmp_path / "ck", install_signal=False, keep=2).save(b"w", step=7)
+    c, seen = holding_node(tmp_path, tmp_path / "arch", holders=False)
+    c.buddy["job-1"] = 3
+    hold(c, ckpt, window_s=1.5, storage=threading.Event(), seen=seen)
+    assert seen == ["raised MigrateError"]  # the move fails: the job thaws, its buddy guards it
+    assert not list((tmp_path / "arch").glob("*/*.json"))  # the given-up copy published nothing

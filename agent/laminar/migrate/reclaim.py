@@ -405,7 +405,7 @@ class Move:
     job: str
     key: str
     reason: str
-    phase: str = "planned"  # planned, checkpoint, reserve, transfer, handover, done, hold, held, failed
+    phase: str = "planned"  # planned, checkpoint, reserve, transfer, handover, done, hold, held, archived, archiving, failed
     ckpt: str = ""
     dest: int | None = None
     dest_job: str = ""
@@ -1543,15 +1543,31 @@ class ReclaimComponent(BuddiesMixin, GuardMixin, ReplicasMixin, WithdrawMixin, S
             return
         if self._archive_root() is not None:
             # no live peer keeps it: the archive does, and any agent with room claims it
+            buddy = self.buddy.get(job.id)
             try:
+                # with no buddy, a late copy is still wanted: it is the job's only one once this
+                # node is gone (published if the storage answers before then)
                 path = await self._archive_until(f"archiving {job.id}", self.job_key(job), ckpt, {
                     "key": self.job_key(job), "src_node": self.node_id, "src_job": job.id,
-                    "request": self._request(job, True)}, window_end - ARCHIVE_WAIT_MARGIN_S)
-            except MigrateError as e:  # a hung archive: as with none, the move fails (its job thawed)
-                buddy = self.buddy.get(job.id)
-                errors.append(f"{e}: nothing archived; " + (f"its buddy, node {buddy}, still guards it" if buddy
-                                                            is not None else "no other node guards it"))
-                raise MigrateError("; ".join(errors)) from None
+                    "request": self._request(job, True)}, window_end - ARCHIVE_WAIT_MARGIN_S, late_ok=buddy is None)
+            except MigrateError as e:
+                if buddy is not None:  # a hung archive: as with none, the move fails (its job thawed)
+                    errors.append(f"{e}: nothing archived; its buddy, node {buddy}, still guards it")
+                    raise MigrateError("; ".join(errors)) from None
+                # Its copy goes on past the window, and the job stops now: thawed, it would run on
+                # here beside the copy any agent with room claims once it is published (the job
+                # twice), and its steps from here are lost at the window's end anyway.
+                lost = max(0.0, self.frozen_at.pop(job.id, time.time()) - ckpt.stat().st_mtime)
+                with contextlib.suppress(Exception):
+                    await self.agent.jobs.stop(job.id, f"node {self.node_id} reclaimed with no room, no holder and no "
+                                               f"buddy in the zone: {e}; {ckpt.name} is published there if it answers "
+                                               "before the node goes, and the first agent with room resumes it",
+                                               grace_s=1.0, state="reclaimed", work_lost_s=round(lost, 3))
+                mv.phase, mv.dest = "archiving", None
+                self.counts["archive_late"] = self.counts.get("archive_late", 0) + 1
+                self._emit(f"{job.id}: {'; '.join(errors)}; {e}: {ckpt.name} is still being archived (an event "
+                           "says when it is there)", job=job.id, ckpt=ckpt.name, phase="archiving")
+                return
             lost = max(0.0, self.frozen_at.pop(job.id, time.time()) - ckpt.stat().st_mtime)
             with contextlib.suppress(Exception):
                 await self.agent.jobs.stop(job.id, f"node {self.node_id} reclaimed with no room and no holder in the "
