@@ -16,6 +16,7 @@ import shutil
 import signal
 import subprocess
 import tempfile
+import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -93,14 +94,20 @@ class AgentProc:
         except OSError:
             return ""
 
-    def ctl(self, *args: str, check: bool = True, user: int | None = None, timeout: float = 60.0,
+    def ctl(self, *args: str, check: bool = True, user: int | None = None, timeout: float | None = None,
             input: str | None = None) -> subprocess.CompletedProcess[str]:
-        """Runs laminarctl against this agent; `user`: as that uid/gid with no groups (see ctl_as)."""
+        """Runs laminarctl against this agent; `user`: as that uid/gid with no groups (see ctl_as).
+        In this process (:func:`ctl_here`) unless it is run as another user, with `input`, with a
+        `timeout` (a process is killed at it: TimeoutExpired; default 60 s), off the main thread
+        or for a command that acts on this node itself (LOCAL_COMMANDS)."""
         if user is not None:
             r = ctl_as(user, ["--socket", str(self.sock), *args], input)
+        elif (input is None and timeout is None and threading.current_thread() is threading.main_thread()
+              and not LOCAL_COMMANDS & set(args)):
+            r = ctl_here(["--socket", str(self.sock), *args])
         else:
             argv = [str(VENV_BIN / "laminarctl"), "--socket", str(self.sock), *args]
-            r = subprocess.run(self.argv(*argv), text=True, capture_output=True, timeout=timeout, input=input)
+            r = subprocess.run(self.argv(*argv), text=True, capture_output=True, timeout=timeout or 60.0, input=input)
         if check and r.returncode != 0:
             raise AssertionError(f"laminarctl {' '.join(args)} exited {r.returncode}: {r.stderr}\n--- agent log ---\n{self.log()}")
         return r
@@ -191,6 +198,33 @@ def remove_cgroup_tree(name: str) -> None:
         d = hier / name
         if d.is_dir():
             _kill_and_rmdir(d)
+
+
+# laminarctl commands that do their work here, not only through the agent's socket: ``bpf unload
+# --force`` unloads offline (the agent's filters, in its network namespace), ``sim`` runs the
+# simulator. They run as a process in the agent's namespace, as a user runs them.
+LOCAL_COMMANDS = frozenset({"bpf", "sim"})
+
+
+def ctl_here(argv: list[str]) -> subprocess.CompletedProcess[str]:
+    """laminarctl's own ``main`` run in this process, its stdout and stderr captured: what the
+    command prints and the status it exits with, as a ``laminarctl`` process would give them
+    (the CLI is a client of the agent's Unix socket, which any network namespace reaches; as
+    root, the same caller as that process). A process per call cost about 0.2 s of CPU, and tests
+    poll an agent's state every 0.1 s: a core spent starting interpreters beside the agents under
+    test. The CLI's own process (its entry point, exit codes, other users) is tested as a process
+    (tests/kernel/test_ctl_exit_codes.py, ``user=``, ``input=``)."""
+    import io
+
+    from laminarctl.main import main as ctl
+
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        try:
+            code = ctl(list(argv))
+        except SystemExit as e:  # argparse's usage errors, --help
+            code = e.code if isinstance(e.code, int) else (0 if e.code is None else 2)
+    return subprocess.CompletedProcess(["laminarctl", *argv], code, out.getvalue(), err.getvalue())
 
 
 def ctl_as(uid: int, argv: list[str], input: str | None = None) -> subprocess.CompletedProcess[str]:
