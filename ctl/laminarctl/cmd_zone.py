@@ -112,8 +112,11 @@ def cmd_keys(args: argparse.Namespace) -> int:
             table(r["keys"], KEY_COLUMNS, title=f"zone keys ({r['source']})")
             nk = r.get("node_key")
             if nk:
+                mode = nk.get("mode", "require")
                 info(f"node key {nk['file']}: pubkey {nk['pubkey']}; pair MACs with nodes "
-                     f"{', '.join(map(str, nk['pair_peers'])) or '(none)'}")
+                     f"{', '.join(map(str, nk['pair_peers'])) or '(none)'}"
+                     + ("" if mode == "require" else f" (node_keys = {mode}: "
+                        + ("signs with the zone key, " if mode == "accept" else "") + "takes zone-key MACs too)"))
             else:
                 info("node key: none (this node's zone.nodes entry lists no pubkey): zone-key MACs")
         else:

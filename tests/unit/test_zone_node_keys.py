@@ -131,6 +131,59 @@ def test_pair_macs_follow_a_zone_key_rotation_and_count_under_the_zone_key() -> 
         dec.decode(old.encode(wire.Release(3), 1, now, to=1), now)
 
 
+def test_a_roll_out_through_accept_send_require_drops_nothing_between_nodes_of_adjacent_modes() -> None:
+    """The roll-out (docs/operations.md, Node keys): every node restarted with the pubkeys and
+    ``node_keys = accept``, then all with ``send``, then all with ``require``. Two nodes one step
+    apart (or one not restarted yet, whose roster lists no pubkeys) always take each other's
+    datagrams; with ``require`` on both, pair MACs only. Before (``require`` alone), a node on the
+    new roster and one not yet restarted dropped each other's traffic until both ran it."""
+    keys = ZoneKeys({1: ZK}, "t")
+    now = time.time()
+    known = {1: 1, 2: 1}
+    seq = iter(range(1, 10**6))
+
+    def node(n: int, mode: str | None) -> tuple[wire.Encoder, wire.Decoder]:
+        p = None if mode is None else PairKeys(n, PRIV[n], PUB, mode=mode)  # None: not restarted yet
+        return (wire.Encoder(n, keys, seq0=next(seq) * 1000, pairs=p),
+                wire.Decoder(keys, known, node=n, pairs=p))
+
+    steps = [(None, "accept"), ("accept", "accept"), ("accept", "send"), ("send", "send"), ("send", "require"),
+             ("require", "require")]
+    for m1, m2 in steps:
+        (e1, d1), (e2, d2) = node(1, m1), node(2, m2)
+        assert d2.decode(e1.encode(wire.Heartbeat(1), 1, now, to=2), now).node == 1, (m1, m2)
+        assert d1.decode(e2.encode(wire.Heartbeat(2), 1, now, to=1), now).node == 2, (m1, m2)
+        assert d1.stats()["bad_mac"] == d2.stats()["bad_mac"] == 0
+        assert [k["verified"] for k in d1.key_stats()] == [1]  # counted under the zone key, whichever verified
+    # what each mode signs with: the zone key (accept) or the pair key (send, require)
+    plain = wire.Decoder(keys, known, node=2)  # checks zone-key MACs only
+    assert plain.decode(node(1, "accept")[0].encode(wire.Heartbeat(3), 1, now, to=2), now).node == 1
+    for mode in ("send", "require"):
+        with pytest.raises(wire.Dropped, match="bad_mac"):
+            plain.decode(node(1, mode)[0].encode(wire.Heartbeat(4), 1, now, to=2), now)
+    # a pair MAC verifies in every mode; a zone-key MAC from a peer with a pubkey only before require
+    # (the transition's price: until then a member holding the zone key can still sign as another)
+    zone_mac = wire.Encoder(2, keys, seq0=10**12).encode(wire.Release(5), 1, now, to=1)
+    for mode in ("accept", "send"):
+        assert node(1, mode)[1].decode(zone_mac, now).node == 2
+    with pytest.raises(wire.Dropped, match="bad_mac"):
+        node(1, "require")[1].decode(zone_mac, now)
+
+
+def test_an_unknown_node_keys_mode_is_refused_naming_the_value(tmp_path: Path) -> None:
+    import laminar.zone.component  # noqa: F401  (registers [zone])
+    from laminar.config import ConfigError, load
+
+    p = tmp_path / "laminard.toml"
+    p.write_text('[zone]\nnode_keys = "optional"\n')
+    with pytest.raises(ConfigError, match=r"zone\.node_keys.*optional.*accept, send, require"):
+        load(p)
+    p.write_text('[zone]\nnode_keys = "accept"\n')
+    assert load(p).section("zone")["node_keys"] == "accept"
+    with pytest.raises(ValueError, match="zone.node_keys = 'optional': expected one of accept, send, require"):
+        PairKeys(1, PRIV[1], PUB, mode="optional")
+
+
 # --------------------------------------------------------------------------- config
 
 
@@ -240,7 +293,7 @@ def test_a_member_signing_as_another_is_believed_only_without_node_keys(tmp_path
         kept = n1.membership.state[2].last_summary
         assert kept is not None and kept.memory_mb == 77_777 and n1.decoder.drops["bad_mac"] == 2
         assert n1.node_key_info() == {"file": str(tmp_path / "node1.key"), "pubkey": n1.pairs.public.hex(),  # type: ignore[union-attr]
-                                      "pair_peers": [2, 3]}
+                                      "mode": "require", "pair_peers": [2, 3]}
 
     asyncio.run(with_nodes(tmp_path, HOSTS, body, node_keys=HOSTS if node_keys else (), check_source=False))
 
@@ -302,3 +355,23 @@ def test_a_zone_with_a_node_still_without_a_key_keeps_talking_to_it(tmp_path: Pa
         assert n1.decoder.drops["bad_mac"] == 1
 
     asyncio.run(with_nodes(tmp_path, HOSTS, body, node_keys=(1, 2), check_source=False))
+
+
+def test_real_components_in_accept_mode_take_a_zone_key_mac_from_a_peer_with_a_pubkey(tmp_path: Path) -> None:
+    """``[zone] node_keys = "accept"`` on real components: the mode reaches the decoders and the
+    keys' status, and a datagram signed with the zone key in node 2's name (what node 2 sends
+    before its restart onto the new roster) is taken, where ``require`` drops it (above)."""
+
+    async def body(comps: dict[int, ZoneComponent]) -> None:
+        n1, n2 = comps[1], comps[2]
+        assert n1.node_key_info()["mode"] == "accept"  # type: ignore[index]
+        dst1 = (n1.membership.by_node[1].addr, n1.membership.by_node[1].port)
+        before = n1.endpoint.received
+        n2.endpoint.sock.sendto(forged(n2, 2, 1, SUMMARY), dst1)
+        await _delivered(n1, before)
+        assert n1.decoder.drops["bad_mac"] == 0
+        kept = n1.membership.state[2].last_summary
+        assert kept is not None and kept.memory_mb == 77_777
+
+    asyncio.run(with_nodes(tmp_path, {1: "127.0.0.1", 2: "127.0.0.2"}, body, node_keys=(1, 2), check_source=False,
+                           zone_settings={"node_keys": "accept"}))

@@ -39,11 +39,12 @@ def _port(host: str, kind: int) -> int:
 
 async def with_nodes(tmp: Path, hosts: dict[int, str], body: Callable[[dict[int, ZoneComponent]], Awaitable[T]],
                      jobs: Callable[[int], Any] | None = None, listen: dict[int, str] | None = None,
-                     node_keys: Iterable[int] = (), **extra: Any) -> T:
+                     node_keys: Iterable[int] = (), zone_settings: dict[str, Any] | None = None, **extra: Any) -> T:
     """Runs ``body(comps)`` with one real networked ZoneComponent per node of ``hosts`` (node ->
     its loopback IP in the roster; it listens there, or on ``listen[node]``), all in zone 1
-    under one key, ``extra`` over each node's [zone] settings; stops them after. The nodes in
-    ``node_keys`` get a node key (``tmp/node<N>.key``) and their pubkey in the roster."""
+    under one key, ``extra`` (and ``zone_settings``, for a key named like a parameter here) over each
+    node's [zone] settings; stops them after. The nodes in ``node_keys`` get a node key
+    (``tmp/node<N>.key``) and their pubkey in the roster."""
     keys = tmp / "zone.keys"
     keys.write_text(f"1 {secrets.token_hex(32)}\n")
     os.chmod(keys, 0o600)
@@ -55,7 +56,7 @@ async def with_nodes(tmp: Path, hosts: dict[int, str], body: Callable[[dict[int,
     for n, (u, t) in ports.items():
         settings = {"node_id": n, "nodes": nodes, "keys_file": str(keys), "listen": (listen or {}).get(n, hosts[n]),
                     "port": u, "handover_port": t, "cpus": 8, "memory_mb": 8000, "summary_interval_s": 600,
-                    "node_key_file": str(tmp / f"node{n}.key"), **extra}
+                    "node_key_file": str(tmp / f"node{n}.key"), **extra, **(zone_settings or {})}
         comps[n] = ZoneComponent(settings=settings, jobs=jobs(n) if jobs else None, gpus=2,
                                  loan={"elastic_interval_s": 0})
     started = []

@@ -64,7 +64,7 @@ from typing import Any
 from laminar.zone import mixlearn, wire
 from laminar.zone import packing as pk
 from laminar.zone import placement as pl
-from laminar.zone.keys import DEFAULT_NODE_KEY_FILE, PairKeys
+from laminar.zone.keys import DEFAULT_NODE_KEY_FILE, NODE_KEY_MODES, PairKeys
 from laminar.zone.loan import LoanManager
 from laminar.zone.membership import WILDCARDS, Membership, bind_host, canonical_ip, host_port, listen_check
 from laminar.zone.transport import (
@@ -1124,6 +1124,10 @@ def zone_config_fields() -> dict[str, Any]:
         "node_key_file": Field(str, DEFAULT_NODE_KEY_FILE, "this node's private X25519 key (root-only file, "
                                "laminarctl zone keys node-gen); read only when this node's zone.nodes entry lists a "
                                "pubkey (docs/protocol.md, Node keys)"),
+        "node_keys": Field(str, "require", "with a node key, what goes to and is taken from peers the roster gives "
+                           "a pubkey: accept (sign with the zone key, take pair or zone MACs), send (sign with the "
+                           "pair key, take either), require (pair MACs only); a zone rolls node keys out through "
+                           "the three in turn (docs/operations.md, Node keys)", _one_of(*NODE_KEY_MODES)),
         "gpu_model": Field(str, "", "GPU model this node advertises (e.g. H100; empty: from NVML or none)"),
         "cpus": Field((int, float), 0.0, "CPUs this node offers to placed jobs (0: all online CPUs)", rng(0, 65535)),
         "memory_mb": Field(int, 0, "memory (MiB) this node offers to placed jobs (0: physical memory)", rng(0, 2**32 - 1)),
@@ -1332,7 +1336,8 @@ class ZoneComponent:
         self.pairs = None
         if self.networked and me.pubkey:
             path = str(s["node_key_file"])
-            self.pairs = PairKeys(self.node_id, load_node_key(path), self.membership.pubkeys(), path)
+            self.pairs = PairKeys(self.node_id, load_node_key(path), self.membership.pubkeys(), path,
+                                  mode=str(s["node_keys"]))
         listen = str(s["listen"])
         explicit = listen not in WILDCARDS  # zone.listen names one address, not the roster's by default
         self.listen_host = bind_host(listen, me.addr)
@@ -1428,7 +1433,8 @@ class ZoneComponent:
         self._emit(f"zone ready: node {self.node_id} in zone {self.zone}, {len(members)} members, "
                    f"{'networked' if self.networked else 'one-node zone'}"
                    + (f", node key {self.pairs.source}: pair MACs with {len(self.pairs.shared) - 1} nodes"
-                      if self.pairs is not None else ""))
+                      + (f" (node_keys = {self.pairs.mode}: zone-key MACs taken too)" if self.pairs.mode != "require"
+                         else "") if self.pairs is not None else ""))
 
     async def stop(self) -> None:
         if hasattr(self, "loan"):
@@ -1499,7 +1505,7 @@ class ZoneComponent:
         None without one (zone-key MACs only)."""
         if self.pairs is None:
             return None
-        return {"file": self.pairs.source, "pubkey": self.pairs.public.hex(),
+        return {"file": self.pairs.source, "pubkey": self.pairs.public.hex(), "mode": self.pairs.mode,
                 "pair_peers": sorted(n for n in self.pairs.shared if n != self.node_id)}
 
     def _seq_store(self) -> Any:

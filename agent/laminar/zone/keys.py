@@ -246,6 +246,13 @@ PUBKEY_HEX = 64  # a roster pubkey: an X25519 public key, 32 bytes written as 64
 PAIR_LABEL = b"laminar-pair-v1"
 DEFAULT_NODE_KEY_FILE = "/etc/laminar/node.key"
 PAIR_CACHE_MAX = 1 << 18  # derived pair keys kept (peers x zone keys): a reload's old ones go with the rest
+# ``[zone] node_keys``: how a node with a node key treats the peers whose pubkey the roster lists.
+# "accept": signs with the zone key, takes a pair MAC or a zone-key MAC (a node not yet on the new
+# roster still hears it and is heard); "send": signs with the pair key, takes either; "require"
+# (the default): signs with the pair key and takes only a pair MAC. A zone rolls out node keys by
+# restarting every node in each mode in turn (docs/operations.md, Node keys): no two nodes ever
+# disagree on what the other accepts.
+NODE_KEY_MODES = ("accept", "send", "require")
 _NODE_KEY_CREATE = "create it with 'laminarctl zone keys node-gen --out PATH' or configure zone.node_key_file"
 
 
@@ -333,13 +340,18 @@ class PairKeys:
     """This node's pair keys: its node id and private key, and the roster's public keys by node
     id (this node's included: it must be the private key's, else :class:`KeyFileError` naming
     both). A datagram between this node and a node that :meth:`covers` is signed with
-    :meth:`key` (per zone key, derived once and cached), not with the zone key itself.
+    :meth:`key` (per zone key, derived once and cached), not with the zone key itself, as its
+    ``mode`` (:data:`NODE_KEY_MODES`) says: :meth:`signs`, :meth:`only`.
 
     The X25519 exchange with every listed node runs here, once: a public key that yields no
     secret (a low-order point) is refused naming the node."""
 
-    def __init__(self, node: int, private: bytes, pubkeys: Mapping[int, bytes], source: str = "node key") -> None:
+    def __init__(self, node: int, private: bytes, pubkeys: Mapping[int, bytes], source: str = "node key",
+                 mode: str = "require") -> None:
         from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey, X25519PublicKey
+
+        if mode not in NODE_KEY_MODES:
+            raise ValueError(f"zone.node_keys = {mode!r}: expected one of {', '.join(NODE_KEY_MODES)}")
 
         own = public_key(private)
         listed = pubkeys.get(node)
@@ -352,6 +364,7 @@ class PairKeys:
         self.node = node
         self.public = own
         self.source = source
+        self.mode = mode
         self.shared: dict[int, bytes] = {}
         for n, pub in pubkeys.items():
             try:
@@ -362,8 +375,18 @@ class PairKeys:
         self._cache: dict[tuple[bytes, int], bytes] = {}
 
     def covers(self, peer: int) -> bool:
-        """True when datagrams with ``peer`` are signed with a pair key (the roster lists its pubkey)."""
+        """True when this node and ``peer`` have a pair key (the roster lists its pubkey)."""
         return peer in self.shared
+
+    def signs(self, peer: int) -> bool:
+        """True when what goes to ``peer`` is signed with the pair key (it :meth:`covers` the peer
+        and the mode is not ``accept``)."""
+        return self.mode != "accept" and peer in self.shared
+
+    def only(self, peer: int) -> bool:
+        """True when ``peer``'s datagrams verify only under the pair key (``require``); else a
+        zone-key MAC from it is taken too."""
+        return self.mode == "require" and peer in self.shared
 
     def key(self, zone_key: bytes, peer: int) -> bytes:
         """The pair key of this node and ``peer`` (which :meth:`covers`) under ``zone_key``."""

@@ -732,7 +732,7 @@ class Encoder:
         limit = max_size if max_size is not None else self.max_size
         if len(data) + MAC_SIZE > limit:
             raise ValueError(f"wire: {mtype.name} message of {len(data) + MAC_SIZE} bytes exceeds {limit}")
-        if to and self.pairs is not None and self.pairs.covers(to):
+        if to and self.pairs is not None and self.pairs.signs(to):
             key = self.pairs.key(key, to)
         return data + _mac(key, data, to)
 
@@ -914,20 +914,23 @@ class Decoder:
             raise self._drop(DropReason.UNKNOWN_ZONE, f"zone {zone}")
         keys, counts, last = slot
         pairs = self.pairs
-        if pairs is not None and node in pairs.shared:  # the sender has a node key: its pair key only
+        if pairs is not None and node in pairs.shared:  # the sender has a node key: its pair key first
             pk = self._pair_slots.get((zone, node))
             if pk is None:
                 pk = self._pair_slots[(zone, node)] = tuple(pairs.key(k, node) for k in keys)
-            keys = pk
+            # require: the pair key only; accept, send (a roll-out): the zone key too, after it
+            keys = pk if pairs.only(node) else pk + keys
         signed = data[: HEADER_SIZE + blen]
         mac = data[HEADER_SIZE + blen :]
         if hmac.compare_digest(_mac(keys[0], signed, self.node), mac):
             counts[0] += 1
         else:  # a rotation: a peer may sign with the zone's next or previous key
+            n = len(counts)  # counted by zone key, whichever of its pair key or itself verified
             for i in range(1, len(keys)):
                 if hmac.compare_digest(_mac(keys[i], signed, self.node), mac):
-                    counts[i] += 1
-                    last[i] = now
+                    counts[i % n] += 1
+                    if i % n:
+                        last[i % n] = now
                     break
             else:
                 raise self._drop(DropReason.BAD_MAC)
