@@ -3,7 +3,8 @@ network namespace, with a node key file each and every pubkey in the roster.
 
 - A zone with node keys works: jobs are placed across all nodes, also across zones (probes,
   offers, commits, hand-overs and zone summaries all pair-signed), and no datagram or hand-over
-  frame is dropped as ``bad_mac``.
+  frame is dropped as ``bad_mac``; a reclaim forwarded to another node's agent and withdrawn
+  there (migrate control messages over the transfer protocol) authenticates under the pair key.
 - The property node keys buy: node 3 (a zone member: it holds the zone key) sends node 1 a
   reclaim notice signed with the zone key in node 2's name, from node 2's own address and port
   (a raw socket writes the IP header: IP spoofing on the segment). ``zone.check_source`` stays
@@ -41,6 +42,13 @@ def test_a_zone_with_node_keys_places_jobs_on_every_node_of_both_zones(make_clus
     for nd in c.nodes:
         st = api(nd, "/v1/zone/stats")
         assert st["drops"]["accepted"] > 0 and st["handover_drops"]["wrong_source"] == 0
+    # the migrate layer's control messages (its transfer protocol's handshake) use the pair key
+    # too: node 1 forwards a reclaim of node 2 to node 2's agent, then withdraws it there
+    n1, n2 = c.nodes[0], c.nodes[1]
+    n1.ctl("reclaim", "--node", "2", "--notice", "120s", "--reason", "lm-t forwarded under the pair key")
+    assert n2.json("reclaim", "status")["reclaim"]["reason"] == "lm-t forwarded under the pair key (from node 1)"
+    n1.ctl("reclaim", "cancel", "--node", "2", "--reason", "lm-t withdrawn")
+    assert n2.json("reclaim", "status")["reclaim"] is None
 
 
 def forged_reclaim_notice(c: Cluster) -> None:

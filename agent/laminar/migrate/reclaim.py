@@ -617,7 +617,8 @@ class ReclaimComponent(BuddiesMixin, GuardMixin, ReplicasMixin, WithdrawMixin, S
         self._xfer_local = None if host in ("", "0.0.0.0", "::") else str(host)
         check = networked and bool(getattr(zone, "s", {}).get("check_source", True))
         self.receiver = Receiver(self.root, self._key_lookup, on_commit=self._on_commit, on_progress=self._on_rx_progress,
-                                 on_control=self._on_control, sources=self._roster_ip if check else None)
+                                 on_control=self._on_control, sources=self._roster_ip if check else None,
+                                 pair_keys=self._pair_candidates)
         metrics = getattr(agent, "metrics", None)
         if metrics is not None:
             with contextlib.suppress(ValueError):  # the counts are process-wide: registered once per registry
@@ -777,12 +778,27 @@ class ReclaimComponent(BuddiesMixin, GuardMixin, ReplicasMixin, WithdrawMixin, S
         return z.membership.by_node[node]
 
     def _peer(self, node: int) -> tuple[str, int, bytes, int]:
-        """(address, port, key, zone) of a node's transfer endpoint."""
+        """(address, port, key, zone) of a node's transfer endpoint. The key is the pair key of
+        this node and ``node`` under the zone's current key when the zone signs datagrams to it
+        with that (node keys: :meth:`laminar.zone.keys.PairKeys.signs`), else the zone key."""
         m = self._member(node)
         key = self._key_lookup(m.zone)
         if key is None:
             raise MigrateError(f"no key for zone {m.zone} of node {node}")
+        pairs = getattr(self.zone, "pairs", None)
+        if pairs is not None and pairs.signs(node):
+            key = pairs.key(bytes(key), node)
         return m.addr, int(self.s["port"]), key, int(m.zone)
+
+    def _pair_candidates(self, node: int, keys: tuple[bytes, ...]) -> tuple[bytes, ...]:
+        """The keys a transfer or control connection naming ``node`` may authenticate under
+        (the Receiver's ``pair_keys``): with node keys covering it, its pair keys under each of
+        the zone's ``keys``, then (unless ``node_keys = require``) those keys too; else ``keys``."""
+        pairs = getattr(self.zone, "pairs", None)
+        if pairs is None or not pairs.covers(node):
+            return keys
+        pk = tuple(pairs.key(bytes(k), node) for k in keys)
+        return pk if pairs.only(node) else pk + keys
 
     async def _control(self, node: int, op: str, body: Any, timeout: float = 5.0) -> Any:
         addr, port, key, zone = self._peer(node)

@@ -1104,6 +1104,9 @@ def hello_identity(v: object, zone: object, node: object) -> bytes:
     return _canon([v, zone, node])
 
 
+CHALLENGE_MACS_MAX = 8  # extra server proofs a client looks at: 3 zone keys (a rotation) x (pair key, zone key)
+
+
 async def _client_handshake(r: asyncio.StreamReader, w: asyncio.StreamWriter, key: bytes, zone: int,
                             node: str) -> tuple[_Channel, bytes]:
     """Mutual authentication with the zone key, over the hello's claims too
@@ -1126,7 +1129,9 @@ async def _client_handshake(r: asyncio.StreamReader, w: asyncio.StreamWriter, ke
         raise TransferError(f"transfer: expected challenge, got {hdr['t']!r}")
     try:
         ns = bytes.fromhex(hdr["nonce"])
-        smacs = [str(hdr["mac"]), *(x for x in (hdr.get("macs") or [])[:4] if isinstance(x, str) and x.isascii())]  # macs: a zone key rotation
+        # macs: a zone key rotation, node keys (pair keys, then zone keys) during their roll-out
+        smacs = [str(hdr["mac"]), *(x for x in (hdr.get("macs") or [])[:CHALLENGE_MACS_MAX]
+                                    if isinstance(x, str) and x.isascii())]
     except (KeyError, TypeError, ValueError) as e:
         raise TransferError(f"transfer: malformed challenge (nonce and mac must be hex strings): {e!r}") from None
     want = mac(key, b"laminar-xfer-server", nc, ns, ident)
@@ -1701,6 +1706,7 @@ class Receiver:
         on_control: Callable[[str, str, Any], Any] | None = None,
         margin_bytes: int | None = None,
         sources: Callable[[int], str | None] | None = None,
+        pair_keys: Callable[[int, tuple[bytes, ...]], tuple[bytes, ...]] | None = None,
     ) -> None:
         if margin_bytes is not None and (isinstance(margin_bytes, bool) or not isinstance(margin_bytes, int)
                                          or margin_bytes < 0):
@@ -1710,6 +1716,9 @@ class Receiver:
         self.refused_no_room = 0
         self.wrong_source = 0
         self.sources = sources
+        # node keys (laminar.zone.keys.PairKeys): (the node a hello names, the zone's keys) -> the
+        # keys its proof may verify under: its pair keys, and the zone keys too unless required
+        self.pair_keys = pair_keys
         self._active: dict[tuple[str, str], tuple[Path, int]] = {}  # accepted offers: partial file, total bytes
         self.root = Path(root)
         self.on_control = on_control
@@ -1909,8 +1918,12 @@ class Receiver:
         # source signs with its current one, which may be any of them: prove each, accept the source's proof
         # under any, and use the key that verified from here on (session keys, manifest and commit MACs)
         keys = tuple(getattr(key, "accepted", (key,)))
+        if self.pair_keys is not None and node.isascii() and node.isdigit():
+            # a node with a node key: its pair key with this node (laminar.zone.keys.PairKeys), as
+            # the zone's datagrams; with node_keys = require, nothing else
+            keys = self.pair_keys(int(node), keys)
         extra = {"macs": [mac(k, b"laminar-xfer-server", nc, ns, ident) for k in keys[1:]]} if len(keys) > 1 else {}
-        await _send(w, {"t": "challenge", "nonce": ns.hex(), "mac": mac(key, b"laminar-xfer-server", nc, ns, ident),
+        await _send(w, {"t": "challenge", "nonce": ns.hex(), "mac": mac(keys[0], b"laminar-xfer-server", nc, ns, ident),
                         **extra})
         auth, _ = await _recv(r, HANDSHAKE_TIMEOUT_S, MAX_HANDSHAKE)
         got = str(auth.get("mac", ""))
