@@ -250,8 +250,8 @@ PAIR_CACHE_MAX = 1 << 18  # derived pair keys kept (peers x zone keys): a reload
 # "accept": signs with the zone key, takes a pair MAC or a zone-key MAC (a node not yet on the new
 # roster still hears it and is heard); "send": signs with the pair key, takes either; "require"
 # (the default): signs with the pair key and takes only a pair MAC. A zone rolls out node keys by
-# restarting every node in each mode in turn (docs/operations.md, Node keys): no two nodes ever
-# disagree on what the other accepts.
+# restarting every node in each mode in turn (docs/operations.md, Node keys): two nodes one step
+# apart (or one not restarted yet and one in accept) always take each other's traffic.
 NODE_KEY_MODES = ("accept", "send", "require")
 _NODE_KEY_CREATE = "create it with 'laminarctl zone keys node-gen --out PATH' or configure zone.node_key_file"
 
