@@ -179,7 +179,8 @@ def test_without_a_newer_archived_state_the_claimed_directory_stays_until_the_jo
     assert counts.get("archive_gc_ended") == 1 and counts.get("archive_gc_superseded", 0) == 0, counts
     assert counts.get("archive_gc_empty") == 2, counts  # swept()'s markers, nothing else
     assert b.json("status")["migrate"]["counts"]["archive_gc_ended"] == 1  # the agent that ran it
-    assert empty_archive(arch)
+    # a removal renames the directory into the tombstone first, then removes it there
+    wait_until(lambda: empty_archive(arch), 30, "the tombstone to be emptied", every=0.2)
 
 
 def test_a_claim_whose_node_died_before_the_job_ran_is_kept_and_taken_over(
@@ -213,7 +214,8 @@ def test_a_claim_whose_node_died_before_the_job_ran_is_kept_and_taken_over(
     assert runs == [f"running-{nd.node_id}.json"], runs  # taken over by rename: one winner, the checkpoint kept
     finish(c, key, nd, start, reference_sha)
     wait_until(lambda: not d.exists(), 60, "the ended job's claimed directory to go", every=0.3)
-    assert empty_archive(arch)
+    # a removal renames the directory into the tombstone first, then removes it there
+    wait_until(lambda: empty_archive(arch), 30, "the tombstone to be emptied", every=0.2)
 
 
 def test_a_job_whose_runner_died_before_anything_newer_was_archived_is_claimed_again(

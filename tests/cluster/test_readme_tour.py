@@ -303,8 +303,9 @@ def test_the_tour_in_a_zone_of_two(tmp_path: Path) -> None:
         res = a.json("reclaim", "--notice", "8s", "--reason", "lm-t tour")
         assert res["reclaim"]["armed"] == [jid], res  # the kill-switch is armed for the window's end
         wait_until(lambda: a.json("job", "show", jid)["state"] == "migrated", 60, "the job to leave node A")
-        move = a.json("migrations")[0]
-        assert move["job"] == jid and move["phase"] == "done" and move["dest"] == b.node_id, move
+        # the job is stopped here (migrated) before its move's record says done
+        move = wait_until(lambda: (m := a.json("migrations")[0])["phase"] == "done" and m, 30, "the move to be done")
+        assert move["job"] == jid and move["dest"] == b.node_id, move
         assert "done" in ok(a.agent, "migrations").stdout
         assert b.json("job", "show", move["dest_job"])["state"] in ("running", "exited"), move
         # and nothing starts on A any more
