@@ -786,19 +786,14 @@ class ReclaimComponent(BuddiesMixin, GuardMixin, ReplicasMixin, WithdrawMixin, S
         if key is None:
             raise MigrateError(f"no key for zone {m.zone} of node {node}")
         pairs = getattr(self.zone, "pairs", None)
-        if pairs is not None and pairs.signs(node):
-            key = pairs.key(bytes(key), node)
-        return m.addr, int(self.s["port"]), key, int(m.zone)
+        return m.addr, int(self.s["port"]), key if pairs is None else pairs.signing_key(key, node), int(m.zone)
 
     def _pair_candidates(self, node: int, keys: tuple[bytes, ...]) -> tuple[bytes, ...]:
         """The keys a transfer or control connection naming ``node`` may authenticate under
         (the Receiver's ``pair_keys``): with node keys covering it, its pair keys under each of
         the zone's ``keys``, then (unless ``node_keys = require``) those keys too; else ``keys``."""
         pairs = getattr(self.zone, "pairs", None)
-        if pairs is None or not pairs.covers(node):
-            return keys
-        pk = tuple(pairs.key(bytes(k), node) for k in keys)
-        return pk if pairs.only(node) else pk + keys
+        return keys if pairs is None else pairs.accepted(keys, node)
 
     async def _control(self, node: int, op: str, body: Any, timeout: float = 5.0) -> Any:
         addr, port, key, zone = self._peer(node)

@@ -388,6 +388,19 @@ class PairKeys:
         zone-key MAC from it is taken too."""
         return self.mode == "require" and peer in self.shared
 
+    def signing_key(self, zone_key: bytes, peer: int) -> bytes:
+        """What goes to ``peer`` is signed with: the pair key when :meth:`signs`, else ``zone_key``."""
+        return self.key(bytes(zone_key), peer) if self.signs(peer) else zone_key
+
+    def accepted(self, zone_keys: tuple[bytes, ...], peer: int) -> tuple[bytes, ...]:
+        """The keys what ``peer`` sends may verify under, in order: with a pair key, the pair key
+        under each of ``zone_keys``, then (unless :meth:`only`) ``zone_keys`` themselves; else
+        ``zone_keys``."""
+        if peer not in self.shared:
+            return zone_keys
+        pk = tuple(self.key(bytes(k), peer) for k in zone_keys)
+        return pk if self.only(peer) else pk + zone_keys
+
     def key(self, zone_key: bytes, peer: int) -> bytes:
         """The pair key of this node and ``peer`` (which :meth:`covers`) under ``zone_key``."""
         k = self._cache.get((zone_key, peer))

@@ -732,8 +732,8 @@ class Encoder:
         limit = max_size if max_size is not None else self.max_size
         if len(data) + MAC_SIZE > limit:
             raise ValueError(f"wire: {mtype.name} message of {len(data) + MAC_SIZE} bytes exceeds {limit}")
-        if to and self.pairs is not None and self.pairs.signs(to):
-            key = self.pairs.key(key, to)
+        if to and self.pairs is not None:
+            key = self.pairs.signing_key(key, to)
         return data + _mac(key, data, to)
 
 
@@ -916,10 +916,9 @@ class Decoder:
         pairs = self.pairs
         if pairs is not None and node in pairs.shared:  # the sender has a node key: its pair key first
             pk = self._pair_slots.get((zone, node))
-            if pk is None:
-                pk = self._pair_slots[(zone, node)] = tuple(pairs.key(k, node) for k in keys)
-            # require: the pair key only; accept, send (a roll-out): the zone key too, after it
-            keys = pk if pairs.only(node) else pk + keys
+            if pk is None:  # require: the pair key only; accept, send (a roll-out): the zone key too, after it
+                pk = self._pair_slots[(zone, node)] = pairs.accepted(keys, node)
+            keys = pk
         signed = data[: HEADER_SIZE + blen]
         mac = data[HEADER_SIZE + blen :]
         if hmac.compare_digest(_mac(keys[0], signed, self.node), mac):
