@@ -217,14 +217,16 @@ FOLLOW_EVERY_S = 0.3
 
 
 def _follow(args: argparse.Namespace) -> int:
-    """Polls the job and its move until the job has ended and no move is under way."""
+    """Polls the job and its move until the job has ended and no move is under way: its move
+    has ended (``ended``, set by the agent whatever phase it ended in: done, failed, but also
+    held, archived or archiving, where the job's checkpoint left with no destination)."""
     import json
     import time
 
     def snapshot() -> tuple[dict[str, Any], dict[str, Any] | None, bool]:
         job = args.client.get(f"/v1/jobs/{args.id}")
         mv = _move(args)
-        moving = mv is not None and mv.get("phase") not in ("done", "failed")
+        moving = mv is not None and mv.get("ended") is None and mv.get("phase") not in ("done", "failed")
         return job, mv, job.get("state") in ("queued", "running", "suspended") or moving
 
     if args.output == "json":
