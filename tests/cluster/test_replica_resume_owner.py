@@ -68,7 +68,7 @@ def moved_and_resumed(c: Cluster, lib: Path) -> None:
 
     a.ctl("reclaim", "--notice", "8s", "--reason", "owner needs it")
     wait_until(lambda: job_state(a, jid)["state"] in ("migrated", "reclaimed"), 60, "the job to leave A")
-    # the job is stopped here (migrated) before its move's record says done
+    # a move to a holder (held) ends after its job was stopped here (reclaimed)
     move = wait_until(lambda: (m := a.json("migrations")[0])["phase"] in ("done", "held", "failed") and m, 30,
                       "the move to end")
     assert move["phase"] == "done" and move["dest"] == b.node_id, move

@@ -44,6 +44,9 @@ def holding_node(tmp: Path, archive: Path, holders: bool = True) -> tuple[Reclai
 
     async def stop(jid: str, why: str, **kw: Any) -> None:
         seen.append(f"stopped {jid}")
+        mv = c.moves.get(jid)
+        if mv is not None and mv.phase == "archiving":
+            seen.append("(move archiving)")
 
     def emit(kind: str, message: str, **fields: Any) -> None:
         if fields.get("phase") in ("archiving", "archived-late", "failed"):
@@ -76,6 +79,7 @@ def hold(c: ReclaimComponent, ckpt: Path, window_s: float = 30.0, storage: threa
     answers only once it is set (after _hold returned; then the lane's work is waited for)."""
     job = SimpleNamespace(id="job-1")
     mv = Move(job="job-1", key="n1-job-1", reason="owner")
+    c.moves["job-1"] = mv
     if storage is not None:
         real = c._publish_copy
 
@@ -127,8 +131,10 @@ def test_no_holder_no_buddy_and_a_hung_archive_the_job_stops_and_its_copy_is_pub
     ckpt = Checkpointer(job_id="job-1", ckpt_dir=tmp_path / "ck", install_signal=False, keep=2).save(b"w", step=7)
     c, seen = holding_node(tmp_path, tmp_path / "arch", holders=False)
     mv = hold(c, ckpt, window_s=1.5, storage=threading.Event(), seen=seen)
-    assert mv.phase == "archiving"
-    assert seen == ["stopped job-1", "event archiving", "event archived-late"]
+    assert seen == ["stopped job-1", "(move archiving)", "event archiving", "event archived-late"]
+    # the move read archiving until the copy landed, archived since
+    assert mv.phase == "archived" and mv.dest is None
+    assert c.counts["archive_late"] == 1 and c.counts["archived"] == 1
     assert (tmp_path / "arch" / "n1-job-1" / "guard.json").exists()  # claimable by any agent with room
     assert (tmp_path / "arch" / "n1-job-1" / "ckpt-7").is_dir()
 

@@ -380,7 +380,7 @@ class ArchiveMixin:
         return dst_dir
 
     async def _archive_until(self, what: str, key: str, ckpt: Path, record: dict[str, Any], until: float,
-                             late_ok: bool = False) -> Path:
+                             late_ok: bool = False, landed: Callable[[], None] | None = None) -> Path:
         """:meth:`_archive` on the lane, waited for until ``until`` (monotonic) and no longer: a
         reclaim's copy, which must be made within its window while the archive may hang. The
         archived path; OSError/CheckpointError as :meth:`_archive`. Raises MigrateError naming
@@ -389,8 +389,9 @@ class ArchiveMixin:
         the storage, or queued behind what is: it is given up (:class:`ArchiveWait`; dropped
         from the queue, and a late answer publishes nothing), so what the caller does instead
         stays true; except with ``late_ok`` (a late copy is still wanted, and whoever resumes the
-        job claims it there first), when it goes on and says so once it is done. A copy whose
-        record the lane was putting in place when the time ran out counts as archived."""
+        job claims it there first), when it goes on and says so once it is done (and calls
+        ``landed``, on the event loop). A copy whose record the lane was putting in place when
+        the time ran out counts as archived."""
         root = self._archive_root()
         assert root is not None
         wait = None if late_ok else ArchiveWait()
@@ -401,7 +402,7 @@ class ArchiveMixin:
         except asyncio.CancelledError:
             if wait is not None and wait.give_up():
                 fut.cancel()  # dropped while queued; in hand, it publishes nothing
-            fut.add_done_callback(self._archive_late(what, late_ok))
+            fut.add_done_callback(self._archive_late(what, late_ok, landed))
             raise
         if done:
             return Path(fut.result())
@@ -409,22 +410,25 @@ class ArchiveMixin:
         if wait is not None and not wait.give_up():
             log.info("migrate: %s: the record was being put in place in archive %s when %.1f s were up: counted as "
                      "archived", what, root, waited)
-            fut.add_done_callback(self._archive_late(what, late_ok))
+            fut.add_done_callback(self._archive_late(what, late_ok, landed))
             return root / key / ckpt.name
         if wait is not None:
             fut.cancel()
         else:
-            fut.add_done_callback(self._archive_late(what, late_ok))
+            fut.add_done_callback(self._archive_late(what, late_ok, landed))
         raise MigrateError(f"archive {root} did not answer in {waited:.1f} s ({what})")
 
-    def _archive_late(self, what: str, late_ok: bool) -> Callable[[asyncio.Future[Any]], None]:
+    def _archive_late(self, what: str, late_ok: bool,
+                      landed: Callable[[], None] | None = None) -> Callable[[asyncio.Future[Any]], None]:
         """The end of a publish :meth:`_archive_until` stopped waiting for: said (with ``late_ok``,
-        its late copy, with an event), its error taken."""
+        its late copy, with an event, after ``landed``), its error taken."""
         def done(fut: asyncio.Future[Any]) -> None:
             if fut.cancelled():
                 return
             e = fut.exception()
             if e is None and late_ok:
+                if landed is not None:
+                    landed()
                 self._emit(f"{what}: the archive answered late; the copy is there now", phase="archived-late")
             elif e is not None and not isinstance(e, ArchiveGivenUp):
                 log.info("migrate: %s, after its wait ended: %s", what, e)

@@ -1433,8 +1433,8 @@ class ReclaimComponent(BuddiesMixin, GuardMixin, ReplicasMixin, WithdrawMixin, S
             return mv
         except asyncio.CancelledError:  # cut: the window's end, a shorter window, the agent stopping
             # what this move froze is thawed unless its hand-over was sent (the destination may
-            # run it): a later move of the job, which finds it frozen already, would never thaw it
-            if mv.phase != "handover":
+            # run it; done: it does): a later move of the job, which finds it frozen already, would never thaw it
+            if mv.phase not in ("handover", "done"):
                 thawed = not frozen
                 if frozen:
                     with contextlib.suppress(Exception):
@@ -1560,11 +1560,13 @@ class ReclaimComponent(BuddiesMixin, GuardMixin, ReplicasMixin, WithdrawMixin, S
                 # node is gone (published if the storage answers before then)
                 path = await self._archive_until(f"archiving {job.id}", self.job_key(job), ckpt, {
                     "key": self.job_key(job), "src_node": self.node_id, "src_job": job.id,
-                    "request": self._request(job, True)}, window_end - ARCHIVE_WAIT_MARGIN_S, late_ok=buddy is None)
+                    "request": self._request(job, True)}, window_end - ARCHIVE_WAIT_MARGIN_S, late_ok=buddy is None,
+                    landed=lambda: self._archived_late(mv))
             except MigrateError as e:
                 if buddy is not None:  # a hung archive: as with none, the move fails (its job thawed)
                     errors.append(f"{e}: nothing archived; its buddy, node {buddy}, still guards it")
                     raise MigrateError("; ".join(errors)) from None
+                mv.phase, mv.dest = "archiving", None  # before the stop: the copy may land meanwhile
                 # Its copy goes on past the window, and the job stops now: thawed, it would run on
                 # here beside the copy any agent with room claims once it is published (the job
                 # twice), and its steps from here are lost at the window's end anyway.
@@ -1574,7 +1576,6 @@ class ReclaimComponent(BuddiesMixin, GuardMixin, ReplicasMixin, WithdrawMixin, S
                                                f"buddy in the zone: {e}; {ckpt.name} is published there if it answers "
                                                "before the node goes, and the first agent with room resumes it",
                                                grace_s=1.0, state="reclaimed", work_lost_s=round(lost, 3))
-                mv.phase, mv.dest = "archiving", None
                 self.counts["archive_late"] = self.counts.get("archive_late", 0) + 1
                 self._emit(f"{job.id}: {'; '.join(errors)}; {e}: {ckpt.name} is still being archived (an event "
                            "says when it is there)", job=job.id, ckpt=ckpt.name, phase="archiving")
@@ -1593,6 +1594,13 @@ class ReclaimComponent(BuddiesMixin, GuardMixin, ReplicasMixin, WithdrawMixin, S
                        ckpt=ckpt.name, phase="archived")
             return
         raise MigrateError("; ".join(errors))
+
+    def _archived_late(self, mv: Move) -> None:
+        """A move's copy, published after its window's wait (phase ``archiving``), is in the
+        archive now: the move reads ``archived``, as one whose copy landed in time."""
+        if mv.phase == "archiving":
+            mv.phase = "archived"
+            self.counts["archived"] += 1
 
     async def _pass_guards(self, deadline_mono: float, withdrawn: asyncio.Event | None = None) -> None:
         """This node is reclaimed: every job it guards whose source has stopped it (a held
@@ -1758,7 +1766,9 @@ class ReclaimComponent(BuddiesMixin, GuardMixin, ReplicasMixin, WithdrawMixin, S
         except BaseException:
             z.submitter.t.send(node, wire.Release(pid))
             raise
-        mv.dest_job = dest_job
+        # done before the stop here: whoever sees the job read ``migrated`` sees its move done
+        # (a cut from here on leaves the job frozen, as at ``handover``: node runs it)
+        mv.phase, mv.dest_job = "done", dest_job
         self._emit(f"{job.id} moved to node {node} as {dest_job}, resuming from {ckpt.name}", job=job.id, node=node,
                    dest_job=dest_job, ckpt=ckpt.name, phase="done")
         lost = max(0.0, self.frozen_at.pop(job.id, time.time()) - ckpt.stat().st_mtime)  # trained after it, then frozen
