@@ -5,7 +5,7 @@
     laminarctl zone submit --gpus 0.5 --memory 4G --name train -- python train.py
     laminarctl zone placements                # where this node's placements went, and why
     laminarctl zone keys                      # each zone key: role, fingerprint, datagrams it verified
-    laminarctl zone keys reload               # re-read the key file now (root; same as SIGHUP)
+    laminarctl zone keys reload               # re-read the key file and node keys now (root; same as SIGHUP)
     laminarctl zone keys node-gen --out /etc/laminar/node.key   # a node key; prints its roster line
 
 ``zone submit`` places the job on whichever node of the cluster offers first (probe-first,
@@ -52,12 +52,13 @@ def register(sub: Any, common: argparse.ArgumentParser) -> None:
     p.set_defaults(func=cmd_placements)
     p = zsub.add_parser("keys", parents=[common], help="the zone keys in use and which verified how many datagrams",
                         description="Without an action: each key's zone, role, fingerprint and the datagrams and "
-                        "hand-overs it verified here since the agent started. 'reload' re-reads the key file "
-                        "(refused whole, keeping the keys in use, when it is bad). See docs/operations.md, "
+                        "hand-overs it verified here since the agent started. 'reload' re-reads the key file and, "
+                        "from the config file, node_keys, node_key_file and the roster's pubkeys (refused whole, "
+                        "keeping the keys in use, when any is bad). See docs/operations.md, "
                         "'Rotating a zone key'. 'node-gen --out PATH' writes a new node key (mode 0600) and prints "
                         "its roster line (docs/operations.md, 'Node keys').")
     p.add_argument("action", nargs="?", choices=["reload", "node-gen"],
-                   help="reload: re-read the key file now; node-gen: write a node key to --out")
+                   help="reload: re-read the key file and node keys now; node-gen: write a node key to --out")
     p.add_argument("--out", help="node-gen: the private key file to create (e.g. /etc/laminar/node.key)")
     p.set_defaults(func=cmd_keys)
     p = zsub.add_parser("submit", parents=[common], help="place a job on any node of the cluster",
@@ -97,6 +98,14 @@ def cmd_keys(args: argparse.Namespace) -> int:
         def human(r: dict[str, Any]) -> None:
             info(f"keys reloaded from {r['source']}")
             table(r["keys"], KEY_COLUMNS[:3])
+            nk = r.get("node_key")
+            if nk:
+                info(f"node key {nk['file']} (node_keys = {nk.get('mode', 'require')}): pair MACs with nodes "
+                     f"{', '.join(map(str, nk['pair_peers'])) or '(none)'}")
+            elif "node_key" in r:
+                info("node key: none (this node's zone.nodes entry lists no pubkey): zone-key MACs")
+            if r.get("restart_needed"):
+                info(f"changed in the config file, applied only by a restart: {', '.join(r['restart_needed'])}")
 
         emit(res, args.output, human)
         return 0

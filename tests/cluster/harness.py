@@ -118,16 +118,20 @@ class Cluster:
     keys_file: Path
     nodes: list[Node] = field(default_factory=list)
     node_key_files: dict[int, Path] = field(default_factory=dict)  # node id -> its node key (node_keys=True)
+    node_pubkeys: dict[int, str] = field(default_factory=dict)  # node id -> its node key's pubkey (hex)
 
     @classmethod
     @contextmanager
     def create(cls, tmp: Path, zones: int = 3, per_zone: int = 3, gpus: int = 2, cpus: int = 8,
                memory_mb: int = 16_000, pools: dict[int, str] | None = None, handover_timeout_s: float = 10.0,
                zone_extra: str = "", node_extra: dict[int, str] | None = None,
-               probe_timeout_s: float = 0.2, ipv6: bool = False, node_keys: bool = False) -> Iterator[Cluster]:
+               probe_timeout_s: float = 0.2, ipv6: bool = False, node_keys: bool = False,
+               roster_pubkeys: bool = True) -> Iterator[Cluster]:
         """``ipv6``: the nodes' roster addresses are IPv6 (a ULA /64, written ``[addr]:port``),
         and the namespaces have no IPv4 address at all (an IPv6-only fabric). ``node_keys``:
-        every node has a node key file and its pubkey in the roster (pair MACs everywhere)."""
+        every node has a node key file and its pubkey in the roster (pair MACs everywhere); with
+        ``roster_pubkeys=False`` the key files are there (``node_key_files``, ``node_pubkeys``)
+        but the roster lists no pubkey yet (zone-key MACs, until a config lists them)."""
         tag = secrets.token_hex(3)
         bridge = f"lmt-br-{tag}"
         subnet = f"10.{secrets.randbelow(100) + 120}.{secrets.randbelow(250) + 1}"
@@ -152,7 +156,8 @@ class Cluster:
             n = zones * per_zone
             if node_keys:
                 c.node_key_files = {i + 1: tmp / f"node{i + 1}.key" for i in range(n)}
-            pubs = {nid: generate_node_key(path).hex() for nid, path in c.node_key_files.items()}
+            c.node_pubkeys = {nid: generate_node_key(path).hex() for nid, path in c.node_key_files.items()}
+            pubs = c.node_pubkeys if roster_pubkeys else {}
             members = []
             for i in range(n):
                 zone = 1 + i // per_zone

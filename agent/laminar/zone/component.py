@@ -35,7 +35,9 @@ Node keys: a node whose ``[[zone.nodes]]`` entry lists a ``pubkey`` reads its pr
 ``[zone] node_key_file`` at start (a missing or unsafe file, or one whose public key is not the
 roster's, stops the start naming both), and signs what it sends to every node with a pubkey
 with their pair key (:class:`laminar.zone.keys.PairKeys`); its decoders take only pair MACs
-from those nodes. The roster, pubkeys included, is read at start only.
+from those nodes. A reload (SIGHUP, ``POST /v1/zone/keys/reload``) re-reads ``node_keys``,
+``node_key_file`` and the roster's pubkeys from the config file, checked whole before any is
+used (:meth:`ZoneComponent.reload_keys`); the rest of the roster is read at start only.
 
 Sequence floor: the wire sequence starts at the wall clock in microseconds; the agent persists
 a floor above every number it used (``zone.seq_floor.<node>`` in the store's meta table, one
@@ -1455,25 +1457,107 @@ class ZoneComponent:
     # -- keys and the sequence floor ---------------------------------------------------------------
 
     def reload_keys(self) -> dict[str, Any]:
-        """Re-read the key file and use it from the next datagram on (sending, receiving,
-        hand-overs and checkpoint transfers). Raises :class:`laminar.zone.keys.KeyFileError`
-        (the keys in use stay) when the file fails any check, or lacks a key for a member's
-        zone; RuntimeError for the one-node zone, which has no key file. Returns the keys'
-        ``{source, keys: [{zone, role, fingerprint}]}``."""
+        """Re-read the key file and, from the agent's config file, the node keys (``[zone]
+        node_keys``, ``node_key_file`` and the roster's pubkeys: :meth:`_node_keys_from_config`),
+        and use them from the next datagram on (sending, receiving, hand-overs and checkpoint
+        transfers). Everything is read and checked before anything changes: raises
+        :class:`laminar.zone.keys.KeyFileError` (the keys in use stay, node keys too) when the key
+        file fails any check or lacks a key for a member's zone, or the config file or node key
+        does; RuntimeError for the one-node zone, which has no key file. Returns the keys'
+        ``{source, keys: [{zone, role, fingerprint}], node_key, restart_needed}`` (``node_key``
+        as ``GET /v1/zone/keys`` shows it; ``restart_needed``: ``[zone]`` settings the config
+        file changes that only a restart applies)."""
         from laminar.zone.keys import load_keys
 
         if not self.networked:
             raise RuntimeError("zone: this is the one-node zone (no zone.nodes): it uses an in-memory key, there is "
                                "no key file to reload")
         keys = load_keys(self.s["keys_file"], need_zones=sorted({m.zone for m in self.membership.by_node.values()}))
+        node = self._node_keys_from_config()
         self.keys = keys
         for coder in (self.encoder, self.decoder, self.tcp_decoder):
             if coder is not None:
                 coder.keys = keys
         desc = keys.describe()
+        restart: list[str] = []
+        changed = ""
+        if node is not None:
+            pairs, pubkeys, restart = node
+            changed = self._use_pairs(pairs, pubkeys)
         self._emit(f"zone keys reloaded from {keys.source}: "
-                   + ", ".join(f"{d['zone']}:{d['role']}={d['fingerprint']}" for d in desc), keys=desc)
-        return {"source": keys.source, "keys": desc}
+                   + ", ".join(f"{d['zone']}:{d['role']}={d['fingerprint']}" for d in desc)
+                   + (f"; {changed}" if changed else "")
+                   + (f"; {', '.join(restart)} changed in {self.agent.config.source}: only a restart applies "
+                      + ("it" if len(restart) == 1 else "them") if restart else ""),
+                   keys=desc, node_key=self.node_key_info(), restart_needed=restart)
+        return {"source": keys.source, "keys": desc, "node_key": self.node_key_info(), "restart_needed": restart}
+
+    # [zone] settings a reload applies (the rest take a restart)
+    RELOADED = ("keys_file", "node_keys", "node_key_file", "nodes")
+
+    def _node_keys_from_config(self) -> tuple[PairKeys | None, dict[int, bytes], list[str]] | None:
+        """What the agent's config file says about node keys now: (this node's pair keys, None
+        when its roster entry lists no pubkey; the roster's pubkeys; the other ``[zone]``
+        settings the file changes, which only a restart applies). None when the agent was given
+        its settings, not a file. The roster (``[[zone.nodes]]``) may differ from the running
+        one in pubkeys only: a node added, dropped or moved takes a restart. Raises KeyFileError
+        naming the file and what is wrong (the file's own checks, a roster that differs beyond
+        pubkeys, a node key file that is missing, unsafe or not the key of this node's pubkey)."""
+        from laminar.config import ConfigError
+        from laminar.config import load as load_config
+        from laminar.zone.keys import KeyFileError, load_node_key
+        from laminar.zone.membership import MembershipError, members_from_config
+
+        source = getattr(getattr(self.agent, "config", None), "source", None)
+        if self._settings is not None or not source or source == "<defaults>":
+            return None
+        try:
+            s = {**{k: f.default for k, f in zone_config_fields().items()}, **load_config(source).section("zone")}
+            members = members_from_config(s["nodes"], s["port"], s["handover_port"])
+        except (ConfigError, MembershipError) as e:
+            raise KeyFileError(f"{e} (re-reading {source} for node keys)") from None
+        running = {n: replace(m, pubkey=b"") for n, m in self.membership.by_node.items()}
+        listed = {m.node: replace(m, pubkey=b"") for m in members}
+        if listed != running or int(s["node_id"] or 0) != self.node_id:
+            diff = sorted(set(running) ^ set(listed))
+            what = (f"nodes {', '.join(map(str, diff))} added or dropped" if diff else "node "
+                    + ", ".join(str(n) for n in sorted(running) if running[n] != listed[n]) + " changed"
+                    if listed != running else f"node_id {s['node_id']} is not {self.node_id}")
+            raise KeyFileError(f"{source}: its zone.nodes differ from the roster this agent runs with beyond pubkeys "
+                               f"({what}): a roster change takes a restart (systemctl restart laminard); a reload "
+                               "applies keys_file, node_keys, node_key_file and the roster's pubkeys")
+        pubkeys = {m.node: m.pubkey for m in members if m.pubkey}
+        pairs = None
+        if self.node_id in pubkeys:
+            path = str(s["node_key_file"])
+            try:
+                pairs = PairKeys(self.node_id, load_node_key(path), pubkeys, path, mode=str(s["node_keys"]))
+            except ValueError as e:
+                raise KeyFileError(str(e)) from None
+        restart = sorted(f"zone.{k}" for k in s if k not in self.RELOADED and s[k] != self.s.get(k))
+        return pairs, pubkeys, restart
+
+    def _use_pairs(self, pairs: PairKeys | None, pubkeys: dict[int, bytes]) -> str:
+        """Sign and verify with ``pairs`` from the next datagram on (the encoder, both decoders;
+        the migrate layer reads ``self.pairs`` each time), the roster's pubkeys now ``pubkeys``.
+        Returns what changed, in words ("" when nothing did: the pair keys in use stay)."""
+        old = self.pairs
+        same = (old is None and pairs is None) or (
+            old is not None and pairs is not None and old.mode == pairs.mode and old.source == pairs.source
+            and old.public == pairs.public and old.shared == pairs.shared)
+        self.membership.set_pubkeys(pubkeys)
+        if same:
+            return ""
+        self.pairs = pairs
+        if self.encoder is not None:
+            self.encoder.pairs = pairs
+        for dec in (self.decoder, self.tcp_decoder):
+            if dec is not None:
+                dec.use_pairs(pairs)
+        if pairs is None:
+            return "node keys off (this node's zone.nodes entry lists no pubkey): zone-key MACs"
+        return (f"node key {pairs.source}, node_keys = {pairs.mode}: pair MACs with "
+                f"{len(pairs.shared) - 1} nodes")
 
     def on_reload_signal(self) -> None:
         """SIGHUP (the agent owns the signal and calls this): re-read the key file; a file that

@@ -34,7 +34,7 @@ from __future__ import annotations
 
 import ipaddress
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 MAX_MISSES = 3
@@ -205,6 +205,14 @@ class Membership:
         """node id -> its node public key, for the members the roster gives one
         (:class:`laminar.zone.keys.PairKeys`)."""
         return {n: m.pubkey for n, m in self.by_node.items() if m.pubkey}
+
+    def set_pubkeys(self, pubkeys: dict[int, bytes]) -> None:
+        """The roster's node public keys are ``pubkeys`` now (a reload of the node keys: every
+        other field of every member stays); a member not in it has none."""
+        for n, m in list(self.by_node.items()):
+            if m.pubkey != pubkeys.get(n, b""):
+                self.by_node[n] = replace(m, pubkey=pubkeys.get(n, b""))
+        self.members = list(self.by_node.values())
 
     def tcp_sources(self) -> dict[int, str]:
         """node id -> canonical IP: where that node's hand-over connections come from (any

@@ -825,6 +825,11 @@ class Decoder:
         self._seen_floor: dict[int, int] = {}  # sender -> highest seq forgotten early (SEEN_BY_TIME_MAX)
         self._latest_ms = 0
 
+    def use_pairs(self, pairs: PairKeys | None) -> None:
+        """Verify with ``pairs`` from the next datagram on (a reload of the node keys)."""
+        self.pairs = pairs if self.node else None
+        self._pair_slots = {}
+
     @property
     def keys(self) -> ZoneKeys:
         return self._keys
