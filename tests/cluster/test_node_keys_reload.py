@@ -11,7 +11,8 @@ address) is dropped by node 1 as ``bad_mac``.
 
 A reload the agent cannot apply is refused whole and changes nothing: a config whose node key is
 not the private key of the node's roster pubkey, one whose roster moved a node (a restart's
-business). A ``[zone]`` setting a reload does not apply is named (``restart_needed``)."""
+business). A ``[zone]`` setting a reload does not apply is named (``restart_needed``); the key
+file is read from the path the config file names now."""
 
 from __future__ import annotations
 
@@ -97,5 +98,12 @@ def test_node_keys_roll_out_by_reloads_node_by_node_with_placements_working(make
     n1.agent.config_path.write_text(good.replace("summary_interval_s = 0.3\n", "summary_interval_s = 0.5\n"))
     out = n1.json("zone", "keys", "reload")
     assert out["restart_needed"] == ["zone.summary_interval_s"] and out["node_key"]["mode"] == "require", out
+    # keys_file is the config file's now: a key file moved to another path is read from there
+    moved = c.keys_file.with_name("zone-moved.keys")
+    moved.write_bytes(c.keys_file.read_bytes())
+    os.chmod(moved, 0o600)
+    n1.agent.config_path.write_text(good.replace(f'keys_file = "{c.keys_file}"', f'keys_file = "{moved}"'))
+    out = n1.json("zone", "keys", "reload")
+    assert out["source"] == str(moved) and out["restart_needed"] == [], out
     place_round(c, 0, "after")
     assert bad_macs(c) == {1: 1, 2: 0, 3: 0}  # the forged notice alone

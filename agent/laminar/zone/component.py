@@ -1472,8 +1472,9 @@ class ZoneComponent:
         if not self.networked:
             raise RuntimeError("zone: this is the one-node zone (no zone.nodes): it uses an in-memory key, there is "
                                "no key file to reload")
-        keys = load_keys(self.s["keys_file"], need_zones=sorted({m.zone for m in self.membership.by_node.values()}))
         node = self._node_keys_from_config()
+        keys_file = self.s["keys_file"] if node is None else node[3]
+        keys = load_keys(keys_file, need_zones=sorted({m.zone for m in self.membership.by_node.values()}))
         self.keys = keys
         for coder in (self.encoder, self.decoder, self.tcp_decoder):
             if coder is not None:
@@ -1482,8 +1483,11 @@ class ZoneComponent:
         restart: list[str] = []
         changed = ""
         if node is not None:
-            pairs, pubkeys, restart = node
+            pairs, pubkeys, restart, _ = node
             changed = self._use_pairs(pairs, pubkeys)
+            self.s["keys_file"] = keys_file  # what the next reload compares with
+            if pairs is not None:
+                self.s["node_keys"], self.s["node_key_file"] = pairs.mode, pairs.source
         self._emit(f"zone keys reloaded from {keys.source}: "
                    + ", ".join(f"{d['zone']}:{d['role']}={d['fingerprint']}" for d in desc)
                    + (f"; {changed}" if changed else "")
@@ -1495,10 +1499,10 @@ class ZoneComponent:
     # [zone] settings a reload applies (the rest take a restart)
     RELOADED = ("keys_file", "node_keys", "node_key_file", "nodes")
 
-    def _node_keys_from_config(self) -> tuple[PairKeys | None, dict[int, bytes], list[str]] | None:
+    def _node_keys_from_config(self) -> tuple[PairKeys | None, dict[int, bytes], list[str], str] | None:
         """What the agent's config file says about node keys now: (this node's pair keys, None
         when its roster entry lists no pubkey; the roster's pubkeys; the other ``[zone]``
-        settings the file changes, which only a restart applies). None when the agent was given
+        settings the file changes, which only a restart applies; its ``keys_file``). None when the agent was given
         its settings, not a file. The roster (``[[zone.nodes]]``) may differ from the running
         one in pubkeys only: a node added, dropped or moved takes a restart. Raises KeyFileError
         naming the file and what is wrong (the file's own checks, a roster that differs beyond
@@ -1520,9 +1524,12 @@ class ZoneComponent:
         listed = {m.node: replace(m, pubkey=b"") for m in members}
         if listed != running or int(s["node_id"] or 0) != self.node_id:
             diff = sorted(set(running) ^ set(listed))
-            what = (f"nodes {', '.join(map(str, diff))} added or dropped" if diff else "node "
-                    + ", ".join(str(n) for n in sorted(running) if running[n] != listed[n]) + " changed"
-                    if listed != running else f"node_id {s['node_id']} is not {self.node_id}")
+            if diff:
+                what = f"nodes {', '.join(map(str, diff))} added or dropped"
+            elif listed != running:
+                what = "node " + ", ".join(str(n) for n in sorted(running) if running[n] != listed[n]) + " changed"
+            else:
+                what = f"node_id {s['node_id']} is not {self.node_id}"
             raise KeyFileError(f"{source}: its zone.nodes differ from the roster this agent runs with beyond pubkeys "
                                f"({what}): a roster change takes a restart (systemctl restart laminard); a reload "
                                "applies keys_file, node_keys, node_key_file and the roster's pubkeys")
@@ -1535,7 +1542,7 @@ class ZoneComponent:
             except ValueError as e:
                 raise KeyFileError(str(e)) from None
         restart = sorted(f"zone.{k}" for k in s if k not in self.RELOADED and s[k] != self.s.get(k))
-        return pairs, pubkeys, restart
+        return pairs, pubkeys, restart, str(s["keys_file"])
 
     def _use_pairs(self, pairs: PairKeys | None, pubkeys: dict[int, bytes]) -> str:
         """Sign and verify with ``pairs`` from the next datagram on (the encoder, both decoders;
