@@ -33,14 +33,20 @@ from laminar.migrate.schema import MOVES_SCHEMA, RECLAIM_SCHEMA, REPLICAS_SCHEMA
 from laminar.store import Store
 
 
-def holding_node(tmp: Path, archive: Path, holders: bool = True) -> tuple[ReclaimComponent, list[str]]:
-    seen: list[str] = []  # what happened, in order
-    c = ReclaimComponent()
+def migrate_store(tmp: Path) -> Store:
+    """A real store under ``tmp/state`` with the migrate layer's tables."""
     (tmp / "state").mkdir()
     store = Store(tmp / "state" / "state.db")
     with store.tx() as db:
         for stmt in REPLICAS_SCHEMA + RECLAIM_SCHEMA + MOVES_SCHEMA:
             db.execute(stmt)
+    return store
+
+
+def holding_node(tmp: Path, archive: Path, holders: bool = True) -> tuple[ReclaimComponent, list[str]]:
+    seen: list[str] = []  # what happened, in order
+    c = ReclaimComponent()
+    store = migrate_store(tmp)
 
     async def stop(jid: str, why: str, **kw: Any) -> None:
         seen.append(f"stopped {jid}")

@@ -17,10 +17,10 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
+from test_hold_archive_first import migrate_store
+
 from laminar.jobkit import Checkpointer
 from laminar.migrate.reclaim import ReclaimComponent
-from laminar.migrate.schema import MOVES_SCHEMA, RECLAIM_SCHEMA, REPLICAS_SCHEMA
-from laminar.store import Store
 
 
 class Cgroup:
@@ -43,11 +43,7 @@ def moving(tmp: Path, stop_blocks: bool) -> tuple[ReclaimComponent, Any, list[st
     seen: list[str] = []
     stopped = asyncio.Event()
     c = ReclaimComponent()
-    (tmp / "state").mkdir()
-    store = Store(tmp / "state" / "state.db")
-    with store.tx() as db:
-        for stmt in REPLICAS_SCHEMA + RECLAIM_SCHEMA + MOVES_SCHEMA:
-            db.execute(stmt)
+    store = migrate_store(tmp)
 
     async def stop(jid: str, why: str, **kw: Any) -> None:
         mv = c.moves[jid]
