@@ -80,17 +80,20 @@ def holding_node(tmp: Path, archive: Path, holders: bool = True) -> tuple[Reclai
 
 
 def hold(c: ReclaimComponent, ckpt: Path, window_s: float = 30.0, storage: threading.Event | None = None,
-         seen: list[str] | None = None) -> Move:
+         seen: list[str] | None = None, refuses: bool = False) -> Move:
     """The reclaim's _hold of job-1 with ``window_s`` of its window left; ``storage``: the archive
-    answers only once it is set (after _hold returned; then the lane's work is waited for)."""
+    answers only once it is set (after _hold returned; then the lane's work is waited for), with
+    an error when it ``refuses`` the copy."""
     job = SimpleNamespace(id="job-1")
-    mv = Move(job="job-1", key="n1-job-1", reason="owner")
+    mv = Move(job="job-1", key="n1-job-1", reason="owner", ckpt=ckpt.name)  # as _move has set it
     c.moves["job-1"] = mv
     if storage is not None:
         real = c._publish_copy
 
         def hung(*a: Any) -> Path:  # stand-in: the storage answers once ``storage`` is set
             assert storage.wait(30)
+            if refuses:
+                raise OSError(28, "No space left on device")
             return real(*a)
 
         c._publish_copy = hung  # type: ignore[method-assign]
@@ -143,6 +146,18 @@ def test_no_holder_no_buddy_and_a_hung_archive_the_job_stops_and_its_copy_is_pub
     assert c.counts["archive_late"] == 1 and c.counts["archived"] == 1
     assert (tmp_path / "arch" / "n1-job-1" / "guard.json").exists()  # claimable by any agent with room
     assert (tmp_path / "arch" / "n1-job-1" / "ckpt-7").is_dir()
+
+
+def test_no_holder_no_buddy_and_a_hung_archive_that_then_refuses_the_copy_the_move_fails_and_says_so(
+        tmp_path: Path) -> None:
+    ckpt = Checkpointer(job_id="job-1", ckpt_dir=tmp_path / "ck", install_signal=False, keep=2).save(b"w", step=7)
+    c, seen = holding_node(tmp_path, tmp_path / "arch", holders=False)
+    mv = hold(c, ckpt, window_s=1.5, storage=threading.Event(), seen=seen, refuses=True)
+    assert seen == ["stopped job-1", "(move archiving)", "event archiving", "event failed"]
+    assert mv.phase == "failed" and "No space left on device" in mv.error and "ckpt-7" in mv.error, mv
+    assert c.counts["archive_late"] == 1 and c.counts["archived"] == 0 and c.counts["failed"] == 1
+    assert not (tmp_path / "arch" / "n1-job-1" / "guard.json").exists()
+    assert ckpt.is_dir()  # the job's own copy stays
 
 
 def test_no_holder_and_a_hung_archive_a_job_with_a_buddy_thaws_and_nothing_is_published(tmp_path: Path) -> None:

@@ -380,7 +380,8 @@ class ArchiveMixin:
         return dst_dir
 
     async def _archive_until(self, what: str, key: str, ckpt: Path, record: dict[str, Any], until: float,
-                             late_ok: bool = False, landed: Callable[[], None] | None = None) -> Path:
+                             late_ok: bool = False,
+                             settled: Callable[[BaseException | None], None] | None = None) -> Path:
         """:meth:`_archive` on the lane, waited for until ``until`` (monotonic) and no longer: a
         reclaim's copy, which must be made within its window while the archive may hang. The
         archived path; OSError/CheckpointError as :meth:`_archive`. Raises MigrateError naming
@@ -390,8 +391,9 @@ class ArchiveMixin:
         from the queue, and a late answer publishes nothing), so what the caller does instead
         stays true; except with ``late_ok`` (a late copy is still wanted, and whoever resumes the
         job claims it there first), when it goes on and says so once it is done (and calls
-        ``landed``, on the event loop). A copy whose record the lane was putting in place when
-        the time ran out counts as archived."""
+        ``settled`` on the event loop: with None once the copy is there, with the error when the
+        storage refused it). A copy whose record the lane was putting in place when the time ran
+        out counts as archived."""
         root = self._archive_root()
         assert root is not None
         wait = None if late_ok else ArchiveWait()
@@ -402,7 +404,7 @@ class ArchiveMixin:
         except asyncio.CancelledError:
             if wait is not None and wait.give_up():
                 fut.cancel()  # dropped while queued; in hand, it publishes nothing
-            fut.add_done_callback(self._archive_late(what, late_ok, landed))
+            fut.add_done_callback(self._archive_late(what, late_ok, settled))
             raise
         if done:
             return Path(fut.result())
@@ -410,25 +412,26 @@ class ArchiveMixin:
         if wait is not None and not wait.give_up():
             log.info("migrate: %s: the record was being put in place in archive %s when %.1f s were up: counted as "
                      "archived", what, root, waited)
-            fut.add_done_callback(self._archive_late(what, late_ok, landed))
+            fut.add_done_callback(self._archive_late(what, late_ok, settled))
             return root / key / ckpt.name
         if wait is not None:
             fut.cancel()
         else:
-            fut.add_done_callback(self._archive_late(what, late_ok, landed))
+            fut.add_done_callback(self._archive_late(what, late_ok, settled))
         raise MigrateError(f"archive {root} did not answer in {waited:.1f} s ({what})")
 
-    def _archive_late(self, what: str, late_ok: bool,
-                      landed: Callable[[], None] | None = None) -> Callable[[asyncio.Future[Any]], None]:
+    def _archive_late(self, what: str, late_ok: bool, settled: Callable[[BaseException | None], None] | None = None
+                      ) -> Callable[[asyncio.Future[Any]], None]:
         """The end of a publish :meth:`_archive_until` stopped waiting for: said (with ``late_ok``,
-        its late copy, with an event, after ``landed``), its error taken."""
+        its late copy, with an event, after ``settled(None)``; its failure after
+        ``settled(error)``), its error taken."""
         def done(fut: asyncio.Future[Any]) -> None:
             if fut.cancelled():
                 return
             e = fut.exception()
+            if late_ok and settled is not None and not isinstance(e, ArchiveGivenUp):
+                settled(e)
             if e is None and late_ok:
-                if landed is not None:
-                    landed()
                 self._emit(f"{what}: the archive answered late; the copy is there now", phase="archived-late")
             elif e is not None and not isinstance(e, ArchiveGivenUp):
                 log.info("migrate: %s, after its wait ended: %s", what, e)

@@ -1561,7 +1561,7 @@ class ReclaimComponent(BuddiesMixin, GuardMixin, ReplicasMixin, WithdrawMixin, S
                 path = await self._archive_until(f"archiving {job.id}", self.job_key(job), ckpt, {
                     "key": self.job_key(job), "src_node": self.node_id, "src_job": job.id,
                     "request": self._request(job, True)}, window_end - ARCHIVE_WAIT_MARGIN_S, late_ok=buddy is None,
-                    landed=lambda: self._archived_late(mv))
+                    settled=lambda e: self._archived_late(mv, e))
             except MigrateError as e:
                 if buddy is not None:  # a hung archive: as with none, the move fails (its job thawed)
                     errors.append(f"{e}: nothing archived; its buddy, node {buddy}, still guards it")
@@ -1595,12 +1595,21 @@ class ReclaimComponent(BuddiesMixin, GuardMixin, ReplicasMixin, WithdrawMixin, S
             return
         raise MigrateError("; ".join(errors))
 
-    def _archived_late(self, mv: Move) -> None:
-        """A move's copy, published after its window's wait (phase ``archiving``), is in the
-        archive now: the move reads ``archived``, as one whose copy landed in time."""
-        if mv.phase == "archiving":
+    def _archived_late(self, mv: Move, error: BaseException | None) -> None:
+        """The end of a move's copy that went on past its window's wait (phase ``archiving``):
+        in the archive now (``error`` None), the move reads ``archived``, as one whose copy
+        landed in time; refused by the storage, it reads ``failed`` with the error, and a
+        ``migrate`` event (phase ``failed``) says the job's checkpoint is nowhere else."""
+        if mv.phase != "archiving":
+            return
+        if error is None:
             mv.phase = "archived"
             self.counts["archived"] += 1
+            return
+        mv.phase, mv.error = "failed", f"archiving {mv.ckpt or 'its checkpoint'} failed after the window's wait: {error}"
+        self.counts["failed"] += 1
+        self._emit(f"{mv.job}: {mv.error}; the job's checkpoint is only on this node (its ckpt directory)",
+                   job=mv.job, phase="failed", error=str(error))
 
     async def _pass_guards(self, deadline_mono: float, withdrawn: asyncio.Event | None = None) -> None:
         """This node is reclaimed: every job it guards whose source has stopped it (a held
