@@ -304,6 +304,37 @@ def test_memory_settings_follow_the_config_of_a_restarted_agent(tmp_path: Path) 
     run(main())
 
 
+def test_a_job_starting_in_an_unprotected_class_meets_a_cap_that_leaves_the_protected_jobs_what_they_use_now(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The unprotected classes' caps follow usage every tick (50 ms). A long-resident job grew by
+    120 MiB and transients started at once, before a tick (the agent's loop busy with their
+    submissions): their class cap still left the long-resident job its usage from before, so the
+    storm could fill the budget itself, where v1's oom_kill_disable fails kernel-side charges
+    with ENOMEM and a protected job dies of a failed write (seen in CI). The job runtime asks
+    Airlock for the caps before it starts a job, and Airlock brings them up to date then. Here
+    no tick refreshes them (both tick intervals an hour): the cap the transient meets is the one
+    its own admission wrote."""
+    from laminar.airlock import manager
+
+    monkeypatch.setattr(manager, "IDLE_TICK_S", 3600.0)
+
+    async def main() -> None:
+        async with storm_rig(tmp_path, budget_mb=256, tick_s=3600.0) as r:
+            assert r.jobs is not None
+            before = memory_settings(r)["transient"][0]
+            lr = await r.jobs.submit(JobSpec(command=hog(120, step=40, delay=0.01), job_class="long-resident",
+                                             priority=90, name="lr"))
+            assert await until(lambda: lr.cgroup.memory_usage() >= 120 << 20, 20), lr.cgroup.memory_usage()
+            assert memory_settings(r)["transient"][0] == before  # no tick: the cap from before lr grew
+            await r.jobs.submit(JobSpec(command=["sleep", "600"], job_class="transient", name="t"))
+            # the budget less the long-resident job's usage (>= 120 MiB) and the reserve (16 MiB)
+            cap = memory_settings(r)["transient"][0]
+            assert before is not None and before > (200 << 20), before
+            assert cap is not None and cap <= (256 - 120 - 16) << 20, (cap >> 20, before >> 20)
+
+    run(main())
+
+
 @pytest.mark.parametrize("protected", [["long-resident", "standard"], []])
 def test_a_policy_change_lifts_the_caps_of_classes_no_longer_capped(tmp_path: Path, protected: list[str]) -> None:
     """The unprotected classes' caps follow usage every tick, but a class that a new policy
@@ -366,6 +397,29 @@ def test_a_protected_class_held_at_its_own_class_budget_costs_no_other_job(tmp_p
             held = [e for e in r.seen if e["kind"] == "airlock" and e.get("held_class") == "long-resident"]
             assert held and "class_budget_mb" in held[0]["message"], [e["message"] for e in r.seen]
             assert alive(lr.pid)
+
+    run(main())
+
+
+def test_a_protected_job_at_the_full_node_budget_is_not_said_to_wait_at_its_own_class_limit(tmp_path: Path) -> None:
+    """On v1 a full budget marks every class under it as waiting (``under_oom``), the protected
+    ones too: Airlock said "protected class long-resident waits at its own memory limit
+    (class_budget_mb ? MiB) ... raise [airlock] class_budget_mb" while the class had no limit of
+    its own and the node budget was what was full (seen in CI). A class is held at its own limit
+    only when the budget is not full."""
+    async def main() -> None:
+        async with storm_rig(tmp_path, budget_mb=128, hold_allocator=True) as r:
+            assert r.jobs is not None and r.airlock is not None
+            lr = await r.jobs.submit(JobSpec(command=hog(200, step=10, delay=0.02), job_class="long-resident",
+                                             name="lr"))
+            root = r.airlock._root_memory_dir()
+            h = r.airlock.tree.hierarchy  # type: ignore[union-attr]
+            assert await until(lambda: read_memory_waits(h, root), 20)
+            await asyncio.sleep(1.0)  # many evaluations (ticks, the root's oom_control eventfd)
+            assert read_memory_waits(h, root)
+            held = [e["message"] for e in r.seen if e["kind"] == "airlock" and e.get("held_class")]
+            assert held == [], held
+            assert [a for a in r.actions() if a["job"] == lr.id] == []  # protected: never acted on
 
     run(main())
 

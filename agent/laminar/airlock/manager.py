@@ -196,7 +196,7 @@ class Airlock:
         # Admission by class capacity: the job runtime asks us for the caps in force (and starts
         # what fits at once, e.g. jobs left queued by the previous process).
         if hasattr(self.jobs, "set_admission"):
-            self.jobs.set_admission(self.admission_limits)
+            self.jobs.set_admission(self._limits_for_admission)
         self._open_sources()
         if self.events is not None and hasattr(self.events, "subscribe"):
             self._unsub = self.events.subscribe(self._on_event)
@@ -762,6 +762,7 @@ class Airlock:
         # held there none: its jobs are never acted on (`held`).
         prot = self._protected()
         h = self.tree.hierarchy
+        root_waits = False
         for name, d in [("", self._root_memory_dir()),
                         *((c, self.tree.class_memory_dir(c)) for c in self.tree.classes)]:
             try:
@@ -772,8 +773,11 @@ class Airlock:
                 waits = True
             if not waits:
                 continue
+            if not name:
+                root_waits = True
             if name in prot:
-                held.add(name)
+                if not root_waits:  # (v1 marks every class under a full budget as waiting too)
+                    held.add(name)
             elif name and self._at_own_budget(name):
                 scoped.add(name)
             else:
@@ -993,6 +997,22 @@ class Airlock:
         if hasattr(self.jobs, "admit"):
             self.jobs.admit()  # a raised cap starts queued jobs now
         return new
+
+    def _limits_for_admission(self) -> admission.Limits:
+        """:meth:`admission_limits` for the job runtime, which asks before it starts jobs, with
+        the unprotected classes' caps brought up to date first (:meth:`cap_unprotected`): a job
+        about to start in an unprotected class meets a cap that leaves the protected classes
+        what they use now, not what they used at the last tick. (Seen: a long-resident job grew
+        by 150 MiB and three transients were started within the same 50 ms, while the agent's
+        loop was busy with their submissions; their class cap still left the long-resident job
+        its usage from before, so the storm filled the budget itself, where v1's
+        ``oom_kill_disable`` fails kernel-side charges with ENOMEM, and the long-resident job
+        died of a failed write.)"""
+        try:
+            self.cap_unprotected()
+        except Exception:
+            log.exception("airlock: capping the unprotected classes failed")
+        return self.admission_limits()
 
     def admission_limits(self) -> admission.Limits:
         """The class caps and per-job defaults in force (`airlock.admission`): the config's
