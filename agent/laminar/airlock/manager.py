@@ -1002,12 +1002,12 @@ class Airlock:
         """:meth:`admission_limits` for the job runtime, which asks before it starts jobs, with
         the unprotected classes' caps brought up to date first (:meth:`cap_unprotected`): a job
         about to start in an unprotected class meets a cap that leaves the protected classes
-        what they use now, not what they used at the last tick. (Seen: a long-resident job grew
-        by 150 MiB and three transients were started within the same 50 ms, while the agent's
-        loop was busy with their submissions; their class cap still left the long-resident job
-        its usage from before, so the storm filled the budget itself, where v1's
-        ``oom_kill_disable`` fails kernel-side charges with ENOMEM, and the long-resident job
-        died of a failed write.)"""
+        what they use now, not what they used at the last tick. (The likely cause of a CI
+        failure: a long-resident job grew by 150 MiB and three transients were started right
+        after, while the agent's loop handled their submissions; a class cap that still left the
+        long-resident job its usage from before lets such a storm fill the budget itself, where
+        v1's ``oom_kill_disable`` fails kernel-side charges with ENOMEM: the long-resident job
+        ended with exit code 1, a failed write.)"""
         try:
             self.cap_unprotected()
         except Exception:
