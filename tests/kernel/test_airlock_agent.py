@@ -366,9 +366,9 @@ def test_agent_kill9_during_storm_loses_no_job(make_agent: Any, script: Path, tm
                lambda: story(agent))
     # The ladder meets a storm one suspension per signal: the kill comes once it had up to 3 s
     # to meet the rest (every transient suspended or reclaimed), as it did when this test polled
-    # through a laminarctl process (~0.3 s a poll). Killed right after the first suspension, a
-    # transient still growing outlived the long-resident job while no agent ran (seen once; its
-    # oom_score_adj is the lowest: an open question, docs/airlock.md).
+    # through a laminarctl process (~0.3 s a poll). Killed right after the first suspension, the
+    # long-resident job died while no agent ran (seen once; no OOM kill, likely a write failed
+    # with ENOMEM at a full budget that a stale class cap let the storm fill: docs/airlock.md).
     settle = time.monotonic() + 3.0
     while time.monotonic() < settle and any(jobs(agent)[t["id"]]["state"] == "running" for t in ts):
         time.sleep(0.2)

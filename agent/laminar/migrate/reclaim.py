@@ -1561,7 +1561,7 @@ class ReclaimComponent(BuddiesMixin, GuardMixin, ReplicasMixin, WithdrawMixin, S
                 path = await self._archive_until(f"archiving {job.id}", self.job_key(job), ckpt, {
                     "key": self.job_key(job), "src_node": self.node_id, "src_job": job.id,
                     "request": self._request(job, True)}, window_end - ARCHIVE_WAIT_MARGIN_S, late_ok=buddy is None,
-                    settled=lambda e: self._archived_late(mv, e))
+                    settled=lambda e: self._late_copy_settled(mv, e))
             except MigrateError as e:
                 if buddy is not None:  # a hung archive: as with none, the move fails (its job thawed)
                     errors.append(f"{e}: nothing archived; its buddy, node {buddy}, still guards it")
@@ -1595,7 +1595,7 @@ class ReclaimComponent(BuddiesMixin, GuardMixin, ReplicasMixin, WithdrawMixin, S
             return
         raise MigrateError("; ".join(errors))
 
-    def _archived_late(self, mv: Move, error: BaseException | None) -> None:
+    def _late_copy_settled(self, mv: Move, error: BaseException | None) -> None:
         """The end of a move's copy that went on past its window's wait (phase ``archiving``):
         in the archive now (``error`` None), the move reads ``archived``, as one whose copy
         landed in time; refused by the storage, it reads ``failed`` with the error, and a

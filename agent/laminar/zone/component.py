@@ -61,7 +61,7 @@ import random
 import time
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import Any, NamedTuple
 
 from laminar.zone import mixlearn, wire
 from laminar.zone import packing as pk
@@ -1233,6 +1233,15 @@ class NetTransport:
                               body, timeout_s, self.comp.wall, to=node, local_host=local)
 
 
+class NodeKeyConfig(NamedTuple):
+    """What a reload reads from the agent's config file (:meth:`ZoneComponent.reload_keys`)."""
+
+    pairs: PairKeys | None  # this node's pair keys; None when its roster entry lists no pubkey
+    pubkeys: dict[int, bytes]  # the roster's pubkeys by node id
+    restart_needed: list[str]  # other [zone] settings the file changes, which only a restart applies
+    keys_file: str  # the zone key file it names
+
+
 class ZoneComponent:
     """laminard's zone layer (``agent.zone``). See the module docstring.
 
@@ -1473,8 +1482,7 @@ class ZoneComponent:
             raise RuntimeError("zone: this is the one-node zone (no zone.nodes): it uses an in-memory key, there is "
                                "no key file to reload")
         node = self._node_keys_from_config()
-        keys_file = self.s["keys_file"] if node is None else node[3]
-        keys = load_keys(keys_file, need_zones=sorted({m.zone for m in self.membership.by_node.values()}))
+        keys = load_keys(self.s["keys_file"] if node is None else node.keys_file, need_zones=sorted({m.zone for m in self.membership.by_node.values()}))
         self.keys = keys
         for coder in (self.encoder, self.decoder, self.tcp_decoder):
             if coder is not None:
@@ -1483,11 +1491,8 @@ class ZoneComponent:
         restart: list[str] = []
         changed = ""
         if node is not None:
-            pairs, pubkeys, restart, _ = node
-            changed = self._use_pairs(pairs, pubkeys)
-            self.s["keys_file"] = keys_file  # what the next reload compares with
-            if pairs is not None:
-                self.s["node_keys"], self.s["node_key_file"] = pairs.mode, pairs.source
+            restart = node.restart_needed
+            changed = self._use_pairs(node.pairs, node.pubkeys)
         self._emit(f"zone keys reloaded from {keys.source}: "
                    + ", ".join(f"{d['zone']}:{d['role']}={d['fingerprint']}" for d in desc)
                    + (f"; {changed}" if changed else "")
@@ -1499,11 +1504,9 @@ class ZoneComponent:
     # [zone] settings a reload applies (the rest take a restart)
     RELOADED = ("keys_file", "node_keys", "node_key_file", "nodes")
 
-    def _node_keys_from_config(self) -> tuple[PairKeys | None, dict[int, bytes], list[str], str] | None:
-        """What the agent's config file says about node keys now: (this node's pair keys, None
-        when its roster entry lists no pubkey; the roster's pubkeys; the other ``[zone]``
-        settings the file changes, which only a restart applies; its ``keys_file``). None when the agent was given
-        its settings, not a file. The roster (``[[zone.nodes]]``) may differ from the running
+    def _node_keys_from_config(self) -> NodeKeyConfig | None:
+        """What the agent's config file says about node keys now (:class:`NodeKeyConfig`). None
+        when the agent was given its settings, not a file. The roster (``[[zone.nodes]]``) may differ from the running
         one in pubkeys only: a node added, dropped or moved takes a restart. Raises KeyFileError
         naming the file and what is wrong (the file's own checks, a roster that differs beyond
         pubkeys, a node key file that is missing, unsafe or not the key of this node's pubkey)."""
@@ -1542,7 +1545,7 @@ class ZoneComponent:
             except ValueError as e:
                 raise KeyFileError(str(e)) from None
         restart = sorted(f"zone.{k}" for k in s if k not in self.RELOADED and s[k] != self.s.get(k))
-        return pairs, pubkeys, restart, str(s["keys_file"])
+        return NodeKeyConfig(pairs, pubkeys, restart, str(s["keys_file"]))
 
     def _use_pairs(self, pairs: PairKeys | None, pubkeys: dict[int, bytes]) -> str:
         """Sign and verify with ``pairs`` from the next datagram on (the encoder, both decoders;
