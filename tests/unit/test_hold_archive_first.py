@@ -21,6 +21,7 @@ test_archive_wait_given_up.py): its copy waits on an event before it touches the
 from __future__ import annotations
 
 import asyncio
+import sqlite3
 import threading
 import time
 from pathlib import Path
@@ -41,6 +42,15 @@ def migrate_store(tmp: Path) -> Store:
         for stmt in REPLICAS_SCHEMA + RECLAIM_SCHEMA + MOVES_SCHEMA:
             db.execute(stmt)
     return store
+
+
+def late_copies(tmp: Path) -> int:
+    """Late archive copies a restart would take up (``migrate_late_copies``)."""
+    db = sqlite3.connect(str(tmp / "state" / "state.db"))
+    try:
+        return int(db.execute("SELECT COUNT(*) FROM migrate_late_copies").fetchone()[0])
+    finally:
+        db.close()
 
 
 def holding_node(tmp: Path, archive: Path, holders: bool = True) -> tuple[ReclaimComponent, list[str]]:
@@ -146,6 +156,7 @@ def test_no_holder_no_buddy_and_a_hung_archive_the_job_stops_and_its_copy_is_pub
     assert c.counts["archive_late"] == 1 and c.counts["archived"] == 1
     assert (tmp_path / "arch" / "n1-job-1" / "guard.json").exists()  # claimable by any agent with room
     assert (tmp_path / "arch" / "n1-job-1" / "ckpt-7").is_dir()
+    assert late_copies(tmp_path) == 0  # landed: a restart does not take it up (test_late_archive_restart.py)
 
 
 def test_no_holder_no_buddy_and_a_hung_archive_that_then_refuses_the_copy_the_move_fails_and_says_so(
@@ -158,6 +169,7 @@ def test_no_holder_no_buddy_and_a_hung_archive_that_then_refuses_the_copy_the_mo
     assert c.counts["archive_late"] == 1 and c.counts["archived"] == 0 and c.counts["failed"] == 1
     assert not (tmp_path / "arch" / "n1-job-1" / "guard.json").exists()
     assert ckpt.is_dir()  # the job's own copy stays
+    assert late_copies(tmp_path) == 0
 
 
 def test_no_holder_and_a_hung_archive_a_job_with_a_buddy_thaws_and_nothing_is_published(tmp_path: Path) -> None:
@@ -167,3 +179,4 @@ def test_no_holder_and_a_hung_archive_a_job_with_a_buddy_thaws_and_nothing_is_pu
     hold(c, ckpt, window_s=1.5, storage=threading.Event(), seen=seen)
     assert seen == ["raised MigrateError"]  # the move fails: the job thaws, its buddy guards it
     assert not list((tmp_path / "arch").glob("*/*.json"))  # the given-up copy published nothing
+    assert late_copies(tmp_path) == 0  # its buddy guards it: nothing for a restart to take up

@@ -74,6 +74,9 @@ A reclaim waits for the archive only until ``ARCHIVE_WAIT_MARGIN_S`` before its 
 still guards it) and the copy it waited for is given up (:class:`ArchiveWait`): when the storage
 answers, it publishes nothing; a reclaimed guard's copy of a job it passes on is the exception,
 published late (it is the job's only way back, and every taker claims it through the archive).
+So is the copy of a job with no holder and no buddy, and it survives an agent stop or crash
+(``migrate_late_copies``; :meth:`ArchiveMixin._restore_late_copies`): its "about to publish" is
+committed before its record's rename, so a restart publishes it at most once.
 """
 
 from __future__ import annotations
@@ -86,6 +89,7 @@ import logging
 import os
 import queue
 import shutil
+import sqlite3
 import stat
 import threading
 import time
@@ -296,12 +300,14 @@ class ArchiveMixin:
         buddy: dict[str, int]
         counts: dict[str, int]
         evacuating: set[str]
+        moves: dict[str, Any]
         notice_odds: NoticeOdds
         reclaim: dict[str, Any] | None
         retry: RetrySchedule
         s: dict[str, Any]
 
         def _emit(self, message: str, **fields: Any) -> None: ...
+        def _late_copy_settled(self, mv: Any, error: BaseException | None) -> None: ...
         def _request(self, job: Any, take_over: bool) -> dict[str, Any]: ...
         async def _resume_here(self, row: Any, req: dict[str, Any], path: Path, why: str) -> str | None: ...
         def _runs_here(self, key: str) -> str | None: ...
@@ -338,12 +344,15 @@ class ArchiveMixin:
             return f.name.removeprefix("running-").removesuffix(".json")
         return None
 
-    def _archive(self, key: str, ckpt: Path, record: dict[str, Any], wait: ArchiveWait | None = None) -> Path:
+    def _archive(self, key: str, ckpt: Path, record: dict[str, Any], wait: ArchiveWait | None = None,
+                 mark: Callable[[], None] | None = None) -> Path:
         """Copies the verified checkpoint ``ckpt`` of ``key`` into the archive and (unless a node
         claimed or runs it) writes its guard record ``guard.json``, both atomically (a temporary
         name, fsync, rename): the archived checkpoint's path. Raises OSError/CheckpointError.
         ``wait``: its waiter's deadline (:class:`ArchiveWait`); once given up, nothing more is
-        published (its temporaries are removed) and ArchiveGivenUp is raised."""
+        published (its temporaries are removed) and ArchiveGivenUp is raised. ``mark``: called
+        (here, on the lane) right before the record is put in place, once it will be: a late
+        copy's durable "about to publish" (:meth:`_late_mark`)."""
         root = self._archive_root()
         assert root is not None
         d = self._archive_key_dir(root, key)
@@ -362,6 +371,8 @@ class ArchiveMixin:
                 tmpj.unlink()
             log.info("migrate: archive %s answered after the wait for %s's copy ended: no record published", root, key)
             raise ArchiveGivenUp(f"archive of {key} given up by its waiter")
+        if not taken and mark is not None:
+            mark()
         old_live = d / f".live-{self.node_id}-{time.monotonic_ns()}.old"
         if not taken and (d / LIVE_RECORD).exists():
             # the job's periodic record becomes its guard record: taken by rename (atomic), so a
@@ -381,7 +392,8 @@ class ArchiveMixin:
 
     async def _archive_until(self, what: str, key: str, ckpt: Path, record: dict[str, Any], until: float,
                              late_ok: bool = False,
-                             settled: Callable[[BaseException | None], None] | None = None) -> Path:
+                             settled: Callable[[BaseException | None], None] | None = None,
+                             mark: Callable[[], None] | None = None) -> Path:
         """:meth:`_archive` on the lane, waited for until ``until`` (monotonic) and no longer: a
         reclaim's copy, which must be made within its window while the archive may hang. The
         archived path; OSError/CheckpointError as :meth:`_archive`. Raises MigrateError naming
@@ -393,12 +405,12 @@ class ArchiveMixin:
         job claims it there first), when it goes on and says so once it is done (and calls
         ``settled`` on the event loop: with None once the copy is there, with the error when the
         storage refused it). A copy whose record the lane was putting in place when the time ran
-        out counts as archived."""
+        out counts as archived. ``mark``: as :meth:`_archive`'s."""
         root = self._archive_root()
         assert root is not None
         wait = None if late_ok else ArchiveWait()
         t0 = time.monotonic()
-        fut = self._lane.call(what, self._archive, key, ckpt, record, wait)
+        fut = self._lane.call(what, self._archive, key, ckpt, record, wait, mark)
         try:
             done, _ = await asyncio.wait({fut}, timeout=max(0.0, until - t0))
         except asyncio.CancelledError:
@@ -436,6 +448,122 @@ class ArchiveMixin:
             elif e is not None and not isinstance(e, ArchiveGivenUp):
                 log.info("migrate: %s, after its wait ended: %s", what, e)
         return done
+
+    # -- a late copy, across a restart (migrate_late_copies) ---------------------------------------
+
+    def _late_row_add(self, key: str, job_id: str, ckpt: Path, record: dict[str, Any]) -> None:
+        """Before a copy that may go on past its window's wait starts: what a restart needs to
+        take it up (:meth:`_restore_late_copies`)."""
+        with self.agent.store.tx() as db:
+            db.execute("INSERT OR REPLACE INTO migrate_late_copies VALUES (?, ?, ?, ?, 0, 0, ?)",
+                       (key, job_id, str(ckpt), json.dumps(record), time.time()))
+
+    def _late_row_late(self, key: str) -> None:
+        """The copy goes on past its wait (its job stopped for it, or its wait cut)."""
+        with self.agent.store.tx() as db:
+            db.execute("UPDATE migrate_late_copies SET late=1 WHERE key=?", (key,))
+
+    def _late_row_drop(self, key: str) -> None:
+        with self.agent.store.tx() as db:
+            db.execute("DELETE FROM migrate_late_copies WHERE key=?", (key,))
+
+    def _late_mark(self, key: str) -> None:
+        """On the lane, right before the copy's record is put in place: ``publishing``, committed
+        (synchronous=FULL) before the rename, so a restart that reads 0 knows the record never
+        was (at most once: it may publish it). Through a connection of its own, not the loop's:
+        its transaction is this one write's alone."""
+        db = sqlite3.connect(str(self.agent.store.path), isolation_level=None, timeout=30.0)
+        try:
+            db.execute("PRAGMA synchronous=FULL")
+            db.execute("UPDATE migrate_late_copies SET publishing=1 WHERE key=?", (key,))
+        finally:
+            db.close()
+
+    def _restore_late_copies(self) -> None:
+        """At start: a late copy the agent's stop or crash cut (``migrate_late_copies``) is taken
+        up again when its job is still ``reclaimed`` here (stopped for it; its checkpoint is only
+        in its ckpt directory): published if its record never was; a record ``publishing`` when
+        the agent stopped is looked for in the archive and never written twice
+        (:meth:`_late_again`). A row of a job that is not ``reclaimed`` (the agent stopped before
+        the job did: the restored reclaim moves it again) is dropped."""
+        jobs_mgr = getattr(self.agent, "jobs", None)
+        rows = self.agent.store.db.execute("SELECT * FROM migrate_late_copies").fetchall()
+        for r in rows:
+            key, job_id = str(r["key"]), str(r["job_id"])
+            job = jobs_mgr.get(job_id) if jobs_mgr is not None else None
+            state = getattr(job, "state", None)
+            if not r["late"] or state != "reclaimed" or self._archive_root() is None:
+                self._late_row_drop(key)
+                if r["publishing"]:
+                    # its record may be in the archive, claimable, while the job is here too
+                    self._emit(f"{job_id}: its copy to the archive (key {key}) was being published when the agent "
+                               f"stopped, and the job is {state or 'gone'} here: if the archive holds its record, "
+                               "another agent may resume it as well; check `laminarctl migrations`", job=job_id,
+                               key=key, phase="archive-uncertain")
+                else:
+                    log.info("migrate: a copy of %s to the archive cut by the agent's stop is not taken up: the job "
+                             "is %s here", job_id, state or "gone")
+                continue
+            try:
+                record = json.loads(r["record"])
+            except ValueError:
+                record = None
+            if not isinstance(record, dict):
+                self._late_row_drop(key)
+                log.warning("migrate: the stored record of %s's late archive copy is not a JSON object: dropped", job_id)
+                continue
+            self._spawn(self._late_copy_again(key, job_id, Path(r["ckpt"]), record, bool(r["publishing"])))
+
+    async def _late_copy_again(self, key: str, job_id: str, ckpt: Path, record: dict[str, Any],
+                               publishing: bool) -> None:
+        """A late copy taken up after a restart: on the lane (waited for as long as the archive
+        takes: it is the job's only way back), its move shown (``archiving``, then ``archived``
+        or ``failed``) and said with events."""
+        from laminar.migrate.reclaim import Move
+
+        mv = Move(job_id, key, "a late archive copy taken up after the agent's restart", phase="archiving",
+                  ckpt=ckpt.name, ended=time.time())
+        self.moves[job_id] = mv
+        self.counts["archive_late_resumed"] = self.counts.get("archive_late_resumed", 0) + 1
+        self._emit(f"{job_id}: its copy of {ckpt.name} to the archive was cut by the agent's stop; taken up again",
+                   job=job_id, ckpt=ckpt.name, phase="archiving")
+        try:
+            res = await self._lane.call(f"archiving {job_id} again", self._late_again, key, ckpt, record, publishing)
+        except (OSError, jobkit.CheckpointError, MigrateError) as e:
+            self._late_row_drop(key)
+            self._late_copy_settled(mv, e)
+            return
+        self._late_row_drop(key)
+        self._late_copy_settled(mv, None)
+        if res == "gone":
+            self._emit(f"{job_id}: its record was being put in the archive when the agent stopped, and nothing "
+                       f"of it is there now (claimed and run to its end elsewhere, or removed): not published "
+                       f"again (the job would run twice); {ckpt.name} stays in its ckpt directory here",
+                       job=job_id, key=key, phase="archived")
+        else:
+            self._emit(f"{job_id}: {ckpt.name} is in the archive ({res} after the agent's restart); the first "
+                       "agent with room resumes it", job=job_id, ckpt=ckpt.name, phase="archived-late")
+
+    def _late_again(self, key: str, ckpt: Path, record: dict[str, Any], publishing: bool) -> str:
+        """On the lane: a late copy after a restart. With ``publishing`` its record may already be
+        in place: a record of the key there (``guard.json``, a claim, a runner) is it
+        ("published"); a temporary record of this node's (``.guard-<node>-*.tmp``, removed by
+        the rename only) says the rename never happened (published now); neither says it was
+        published and has since gone (claimed, run to its end elsewhere and removed, or the
+        temporary removed as stale): "gone", nothing published. Otherwise the copy is made
+        ("published now"). Raises OSError/CheckpointError/MigrateError."""
+        root = self._archive_root()
+        if root is None:
+            raise MigrateError("migrate.archive_dir is not set any more")
+        d = root / key
+        if publishing:
+            if (d / "guard.json").exists() or any(d.glob("claimed-*.json")) or any(d.glob("running-*.json")):
+                return "published"
+            if not any(d.glob(f".guard-{self.node_id}-*.tmp")):
+                return "gone"
+        jobkit.verify_checkpoint(ckpt)
+        self._archive(key, ckpt, record, None, mark=lambda: self._late_mark(key))
+        return "published now"
 
     # -- periodic checkpoints in the archive (live.json) -----------------------------------------
 

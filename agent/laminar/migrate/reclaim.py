@@ -644,6 +644,7 @@ class ReclaimComponent(BuddiesMixin, GuardMixin, ReplicasMixin, WithdrawMixin, S
         self._loop_task = asyncio.get_running_loop().create_task(self._watch())
         self.ckpt = ckpt_driver.CkptDriver(self)
         self._spawn(self.ckpt.run())
+        self._restore_late_copies()  # before the reclaim's restore: by the job states the stop left
         self._restore_reclaim()
         self._restore_moves()
         self._restore_replica_handovers()
@@ -1555,17 +1556,31 @@ class ReclaimComponent(BuddiesMixin, GuardMixin, ReplicasMixin, WithdrawMixin, S
         if self._archive_root() is not None:
             # no live peer keeps it: the archive does, and any agent with room claims it
             buddy = self.buddy.get(job.id)
+            key = self.job_key(job)
+            record = {"key": key, "src_node": self.node_id, "src_job": job.id, "request": self._request(job, True)}
+            late_ok = buddy is None
+            if late_ok:  # a restart takes the copy up again, never publishing it twice (_restore_late_copies)
+                self._late_row_add(key, job.id, ckpt, record)
+
+            def settled(e: BaseException | None) -> None:
+                self._late_row_drop(key)
+                self._late_copy_settled(mv, e)
             try:
                 # with no buddy, a late copy is still wanted: it is the job's only one once this
                 # node is gone (published if the storage answers before then)
-                path = await self._archive_until(f"archiving {job.id}", self.job_key(job), ckpt, {
-                    "key": self.job_key(job), "src_node": self.node_id, "src_job": job.id,
-                    "request": self._request(job, True)}, window_end - ARCHIVE_WAIT_MARGIN_S, late_ok=buddy is None,
-                    settled=lambda e: self._late_copy_settled(mv, e))
+                path = await self._archive_until(f"archiving {job.id}", key, ckpt, record,
+                                                 window_end - ARCHIVE_WAIT_MARGIN_S, late_ok=late_ok,
+                                                 settled=settled if late_ok else None,
+                                                 mark=(lambda: self._late_mark(key)) if late_ok else None)
+            except asyncio.CancelledError:
+                if late_ok:  # the copy goes on; the window's end stops the job
+                    self._late_row_late(key)
+                raise
             except MigrateError as e:
-                if buddy is not None:  # a hung archive: as with none, the move fails (its job thawed)
+                if not late_ok:  # a hung archive: as with none, the move fails (its job thawed)
                     errors.append(f"{e}: nothing archived; its buddy, node {buddy}, still guards it")
                     raise MigrateError("; ".join(errors)) from None
+                self._late_row_late(key)  # before the stop: a restart that finds the job reclaimed takes it up
                 mv.phase, mv.dest = "archiving", None  # before the stop: the copy may land meanwhile
                 # Its copy goes on past the window, and the job stops now: thawed, it would run on
                 # here beside the copy any agent with room claims once it is published (the job
@@ -1580,6 +1595,12 @@ class ReclaimComponent(BuddiesMixin, GuardMixin, ReplicasMixin, WithdrawMixin, S
                 self._emit(f"{job.id}: {'; '.join(errors)}; {e}: {ckpt.name} is still being archived (an event "
                            "says when it is there)", job=job.id, ckpt=ckpt.name, phase="archiving")
                 return
+            except BaseException:
+                if late_ok:
+                    self._late_row_drop(key)
+                raise
+            if late_ok:
+                self._late_row_drop(key)
             lost = max(0.0, self.frozen_at.pop(job.id, time.time()) - ckpt.stat().st_mtime)
             with contextlib.suppress(Exception):
                 await self.agent.jobs.stop(job.id, f"node {self.node_id} reclaimed with no room and no holder in the "

@@ -73,6 +73,20 @@ RECLAIM_SCHEMA = [
         phase TEXT NOT NULL,
         node INTEGER,
         updated REAL NOT NULL)""",
+    # A reclaimed job's copy to the archive that may go on past its window's wait (no holder, no
+    # buddy: the archive is its only keeper; ArchiveMixin._archive_until with ``late_ok``), written
+    # before the copy starts: ``late`` 1 once the job was stopped for it (or its wait was cut),
+    # ``publishing`` 1 (written on the archive's thread, committed) right before its record is
+    # renamed into place. A restart takes up a late copy of a job still ``reclaimed`` whose record
+    # was never put in place, and never publishes one twice (ArchiveMixin._restore_late_copies).
+    """CREATE TABLE IF NOT EXISTS migrate_late_copies (
+        key TEXT PRIMARY KEY,
+        job_id TEXT NOT NULL,
+        ckpt TEXT NOT NULL,
+        record TEXT NOT NULL,
+        late INTEGER NOT NULL,
+        publishing INTEGER NOT NULL,
+        since REAL NOT NULL)""",
     # A ``handover`` row's hand-over (its placement id ``pid`` at the node, the ``request`` sent):
     # a restart that settles a cancelled reclaim asks the node with it (:meth:`ReclaimComponent._settle_cancelled`).
     """CREATE TABLE IF NOT EXISTS migrate_reclaim_handovers (

@@ -1,0 +1,216 @@
+"""A reclaimed job with no holder and no buddy whose copy to a hung archive goes on past its
+window's wait (ReclaimComponent._hold, phase ``archiving``) has its checkpoint only in its ckpt
+directory on this node until the copy lands. An agent stop or crash while the copy waits used
+to end it for good. Now the copy is recorded (``migrate_late_copies``) before it starts, and
+its "about to publish" mark is committed right before its record is renamed into place, so the
+restarted agent takes it up (:meth:`ArchiveMixin._restore_late_copies`): published when its
+record never was, never published twice when it was (a published record may have been claimed,
+run to its end and removed elsewhere: publishing it again would run the job twice).
+
+A real component and a real store (the restart opens the same database file anew), a real
+archive in a temporary directory and a real jobkit checkpoint; the holder ranking, the job
+manager and the hung storage are stand-ins (as in test_hold_archive_first.py). The crashed
+agent is one whose archive thread never comes back: it blocks in the storage (or right before
+or after the record's rename) until the test ends; nothing of it runs after the "crash".
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sqlite3
+import threading
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+from test_hold_archive_first import holding_node
+
+from laminar.jobkit import Checkpointer
+from laminar.migrate import archive as archive_mod
+from laminar.migrate.reclaim import Move, ReclaimComponent
+from laminar.store import Store
+
+
+class Crash(BaseException):
+    """The crashed agent's archive thread, let go at the test's end: it publishes nothing more."""
+
+
+@pytest.fixture
+def dead() -> Any:
+    ev = threading.Event()
+    yield ev
+    ev.set()  # the "crashed" agent's lane thread ends (raising Crash)
+
+
+def rows(tmp: Path) -> list[dict[str, Any]]:
+    db = sqlite3.connect(str(tmp / "state" / "state.db"))
+    db.row_factory = sqlite3.Row
+    try:
+        return [dict(r) for r in db.execute("SELECT key, job_id, late, publishing FROM migrate_late_copies")]
+    finally:
+        db.close()
+
+
+def crash_during_late_copy(tmp: Path, arch: Path, dead: threading.Event, where: str) -> Path:
+    """Node 1 reclaimed with no holder and no buddy, its archive hung past the window's wait:
+    job-1 stops (``reclaimed``) and its copy goes on, until the agent "crashes" with the copy
+    ``where``: "storage" (waiting on the storage before any byte), "before-rename" (its mark
+    committed, the record not renamed) or "after-rename" (the record in place, the loop never
+    told). The job's checkpoint."""
+    ckpt = Checkpointer(job_id="job-1", ckpt_dir=tmp / "ck", install_signal=False, keep=2).save(b"w", step=7)
+    c, seen = holding_node(tmp, arch, holders=False)
+    storage = threading.Event()
+    real_copy, real_rename = c._publish_copy, archive_mod.os.rename
+
+    def hung_copy(*a: Any) -> Path:
+        storage.wait()
+        if where == "storage":
+            dead.wait()
+            raise Crash
+        return real_copy(*a)
+
+    reached = threading.Event()
+
+    def rename(src: Any, dst: Any) -> None:
+        if Path(dst).name != "guard.json" or threading.current_thread().name != "laminar-archive":
+            return real_rename(src, dst)
+        if where == "after-rename":
+            real_rename(src, dst)
+        reached.set()
+        dead.wait()
+        raise Crash
+
+    c._publish_copy = hung_copy  # type: ignore[method-assign]
+    mp = pytest.MonkeyPatch()
+    mp.setattr(archive_mod.os, "rename", rename)
+
+    async def main() -> None:
+        job = SimpleNamespace(id="job-1")
+        mv = Move(job="job-1", key="n1-job-1", reason="owner", ckpt=ckpt.name)
+        c.moves["job-1"] = mv
+        await c._hold(job, mv, ckpt, 1 << 20, None, "no room", asyncio.get_running_loop().time() + 1.5)
+        assert mv.phase == "archiving" and seen[:2] == ["stopped job-1", "(move archiving)"], (mv, seen)
+        storage.set()
+        if where != "storage":
+            assert await asyncio.to_thread(reached.wait, 30)
+
+    try:
+        asyncio.run(main())
+    finally:
+        mp.undo()  # the crashed thread, if let go, raises before its own rename
+        c.agent.store.close()
+    return ckpt
+
+
+def restart(tmp: Path, arch: Path, state: str = "reclaimed") -> tuple[ReclaimComponent, list[tuple[str, str]]]:
+    """The agent restarted on the same state directory: the migrate component's late-copy
+    restore, run to its end. Its events (phase, message)."""
+    events: list[tuple[str, str]] = []
+    store = Store(tmp / "state" / "state.db")
+    c = ReclaimComponent()
+    c.agent = SimpleNamespace(
+        zone=SimpleNamespace(node_id=1, networked=False), store=store,
+        jobs=SimpleNamespace(get=lambda jid: SimpleNamespace(id=jid, state=state) if jid == "job-1" else None),
+        events=SimpleNamespace(emit=lambda kind, message, **f: events.append((str(f.get("phase")), message))))
+    c.s = {"archive_dir": str(arch)}
+
+    async def main() -> None:
+        try:
+            c._restore_late_copies()
+            while c._tasks:
+                await asyncio.gather(*list(c._tasks))
+        finally:
+            c._lane.close()
+            store.close()
+
+    asyncio.run(main())
+    return c, events
+
+
+def guard_record(arch: Path) -> dict[str, Any]:
+    return dict(json.loads((arch / "n1-job-1" / "guard.json").read_text()))
+
+
+def test_a_restart_while_the_storage_hangs_takes_the_copy_up_and_publishes_it(tmp_path: Path, dead: Any) -> None:
+    arch = tmp_path / "arch"
+    crash_during_late_copy(tmp_path, arch, dead, "storage")
+    assert rows(tmp_path) == [{"key": "n1-job-1", "job_id": "job-1", "late": 1, "publishing": 0}]
+    assert not (arch / "n1-job-1" / "guard.json").exists()
+    c, events = restart(tmp_path, arch)
+    assert guard_record(arch)["ckpt"] == "ckpt-7"  # claimable by any agent with room
+    assert (arch / "n1-job-1" / "ckpt-7").is_dir()
+    assert c.moves["job-1"].phase == "archived" and c.counts["archived"] == 1
+    assert [p for p, _ in events] == ["archiving", "archived-late"]
+    assert rows(tmp_path) == []
+
+
+def test_a_crash_between_the_mark_and_the_rename_publishes_the_record_after_the_restart(
+        tmp_path: Path, dead: Any) -> None:
+    arch = tmp_path / "arch"
+    crash_during_late_copy(tmp_path, arch, dead, "before-rename")
+    assert rows(tmp_path)[0]["publishing"] == 1  # the mark was committed before the rename
+    assert not (arch / "n1-job-1" / "guard.json").exists()
+    assert list((arch / "n1-job-1").glob(".guard-1-*.tmp"))  # the record that was never renamed
+    c, events = restart(tmp_path, arch)
+    assert guard_record(arch)["ckpt"] == "ckpt-7"
+    assert c.moves["job-1"].phase == "archived"
+    assert rows(tmp_path) == []
+
+
+def test_a_record_published_before_the_crash_is_not_published_again(tmp_path: Path, dead: Any) -> None:
+    arch = tmp_path / "arch"
+    crash_during_late_copy(tmp_path, arch, dead, "after-rename")
+    before = guard_record(arch)
+    c, events = restart(tmp_path, arch)
+    assert guard_record(arch) == before  # the same record, not written again
+    assert c.moves["job-1"].phase == "archived"
+    assert rows(tmp_path) == []
+
+
+def test_a_record_published_claimed_and_gone_before_the_restart_is_never_published_again(
+        tmp_path: Path, dead: Any) -> None:
+    arch = tmp_path / "arch"
+    ckpt = crash_during_late_copy(tmp_path, arch, dead, "after-rename")
+    # meanwhile another agent claimed it, ran the job to its end and the sweep removed the directory
+    for f in (arch / "n1-job-1").rglob("*"):
+        if f.is_file():
+            f.unlink()
+    for d in sorted((arch / "n1-job-1").rglob("*"), reverse=True):
+        d.rmdir()
+    c, events = restart(tmp_path, arch)
+    assert not (arch / "n1-job-1" / "guard.json").exists()  # the job would run twice
+    assert events[-1][0] == "archived" and "not published again" in events[-1][1], events
+    assert ckpt.is_dir()  # the job's own copy stays
+    assert rows(tmp_path) == []
+
+
+def test_a_job_that_is_not_reclaimed_after_the_restart_is_left_to_the_restored_reclaim(
+        tmp_path: Path, dead: Any) -> None:
+    arch = tmp_path / "arch"
+    crash_during_late_copy(tmp_path, arch, dead, "storage")
+    c, events = restart(tmp_path, arch, state="running")
+    assert not (arch / "n1-job-1" / "guard.json").exists() and "job-1" not in c.moves
+    assert events == [] and rows(tmp_path) == []
+
+
+def test_a_published_record_of_a_job_that_runs_here_after_the_restart_is_said(tmp_path: Path, dead: Any) -> None:
+    arch = tmp_path / "arch"
+    crash_during_late_copy(tmp_path, arch, dead, "after-rename")
+    c, events = restart(tmp_path, arch, state="running")
+    assert [p for p, _ in events] == ["archive-uncertain"] and "another agent may resume it" in events[0][1]
+    assert rows(tmp_path) == []
+
+
+def test_a_checkpoint_gone_from_this_node_fails_the_move_and_publishes_nothing(tmp_path: Path, dead: Any) -> None:
+    arch = tmp_path / "arch"
+    ckpt = crash_during_late_copy(tmp_path, arch, dead, "storage")
+    for f in ckpt.iterdir():
+        f.unlink()
+    ckpt.rmdir()
+    c, events = restart(tmp_path, arch)
+    mv = c.moves["job-1"]
+    assert mv.phase == "failed" and "ckpt-7" in mv.error, mv
+    assert not (arch / "n1-job-1" / "guard.json").exists()
+    assert rows(tmp_path) == []
