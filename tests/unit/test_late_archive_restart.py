@@ -104,21 +104,32 @@ def crash_during_late_copy(tmp: Path, arch: Path, dead: threading.Event, where: 
     return ckpt
 
 
-def restart(tmp: Path, arch: Path, state: str = "reclaimed") -> tuple[ReclaimComponent, list[tuple[str, str]]]:
-    """The agent restarted on the same state directory: the migrate component's late-copy
-    restore, run to its end. Its events (phase, message)."""
+def restart(tmp: Path, arch: Path, state: str = "reclaimed",
+            left_out: list[set[str]] | None = None) -> tuple[ReclaimComponent, list[tuple[str, str]]]:
+    """The agent restarted on the same state directory, job-1 ``state`` there: the migrate
+    component's late-copy restore, run to its end. Its events (phase, message; a stop of the
+    job is one too, "stopped"). ``left_out``: gets the jobs the restored reclaim must not move,
+    as the restore left them for it."""
     events: list[tuple[str, str]] = []
     store = Store(tmp / "state" / "state.db")
     c = ReclaimComponent()
+    job = SimpleNamespace(id="job-1", state=state, cgroup=SimpleNamespace(thaw=lambda timeout: True))
+
+    async def stop(jid: str, why: str, state: str = "", **kw: Any) -> None:
+        events.append(("stopped", f"{jid} {state}: {why}"))
+        job.state = state
+
     c.agent = SimpleNamespace(
         zone=SimpleNamespace(node_id=1, networked=False), store=store,
-        jobs=SimpleNamespace(get=lambda jid: SimpleNamespace(id=jid, state=state) if jid == "job-1" else None),
+        jobs=SimpleNamespace(get=lambda jid: job if jid == "job-1" else None, stop=stop),
         events=SimpleNamespace(emit=lambda kind, message, **f: events.append((str(f.get("phase")), message))))
     c.s = {"archive_dir": str(arch)}
 
     async def main() -> None:
         try:
             c._restore_late_copies()
+            if left_out is not None:
+                left_out.append(set(c._late_stopping))
             while c._tasks:
                 await asyncio.gather(*list(c._tasks))
         finally:
@@ -195,10 +206,26 @@ def test_a_job_that_is_not_reclaimed_after_the_restart_is_left_to_the_restored_r
     assert events == [] and rows(tmp_path) == []
 
 
-def test_a_published_record_of_a_job_that_runs_here_after_the_restart_is_said(tmp_path: Path, dead: Any) -> None:
+def test_a_job_still_running_whose_record_was_published_is_stopped_not_moved_again(tmp_path: Path, dead: Any) -> None:
+    """The agent stopped between the record's publish and the job's stop (the job was frozen;
+    the restart's restore would thaw it and move it again): the archive is its way back, so it
+    is stopped here and left out of the restored reclaim's moves."""
     arch = tmp_path / "arch"
     crash_during_late_copy(tmp_path, arch, dead, "after-rename")
-    c, events = restart(tmp_path, arch, state="running")
+    before = guard_record(arch)
+    left_out: list[set[str]] = []
+    c, events = restart(tmp_path, arch, state="running", left_out=left_out)
+    assert left_out == [{"job-1"}] and c._late_stopping == set()
+    assert [p for p, _ in events] == ["stopped", "archiving", "archived-late"], events
+    assert events[0][1].startswith("job-1 reclaimed:")
+    assert guard_record(arch) == before and c.moves["job-1"].phase == "archived"
+    assert rows(tmp_path) == []
+
+
+def test_a_published_record_of_a_job_the_user_stopped_meanwhile_is_said(tmp_path: Path, dead: Any) -> None:
+    arch = tmp_path / "arch"
+    crash_during_late_copy(tmp_path, arch, dead, "after-rename")
+    c, events = restart(tmp_path, arch, state="stopped")
     assert [p for p, _ in events] == ["archive-uncertain"] and "another agent may resume it" in events[0][1]
     assert rows(tmp_path) == []
 
@@ -213,4 +240,63 @@ def test_a_checkpoint_gone_from_this_node_fails_the_move_and_publishes_nothing(t
     mv = c.moves["job-1"]
     assert mv.phase == "failed" and "ckpt-7" in mv.error, mv
     assert not (arch / "n1-job-1" / "guard.json").exists()
+    assert rows(tmp_path) == []
+
+
+def test_a_copy_in_time_is_recorded_as_publishing_until_its_job_is_stopped(tmp_path: Path) -> None:
+    """A crash between the copy's publish and the job's stop leaves a row the restart reads (the
+    record may be claimed while the job is here too: said); after the stop the row is gone."""
+    from test_hold_archive_first import late_copies
+
+    arch = tmp_path / "arch"
+    ckpt = Checkpointer(job_id="job-1", ckpt_dir=tmp_path / "ck", install_signal=False, keep=2).save(b"w", step=7)
+    c, seen = holding_node(tmp_path, arch, holders=False)
+    at_stop: list[list[dict[str, Any]]] = []
+
+    async def stop(jid: str, why: str, **kw: Any) -> None:
+        at_stop.append(rows(tmp_path))
+
+    c.agent.jobs.stop = stop
+
+    async def main() -> None:
+        mv = Move(job="job-1", key="n1-job-1", reason="owner", ckpt=ckpt.name)
+        c.moves["job-1"] = mv
+        try:
+            await c._hold(SimpleNamespace(id="job-1"), mv, ckpt, 1 << 20, None, "no room",
+                          asyncio.get_running_loop().time() + 30)
+        finally:
+            c._lane.close()
+            c.agent.store.close()
+        assert mv.phase == "archived"
+
+    asyncio.run(main())
+    assert at_stop == [[{"key": "n1-job-1", "job_id": "job-1", "late": 0, "publishing": 1}]]
+    assert late_copies(tmp_path) == 0
+    assert guard_record(arch)["ckpt"] == "ckpt-7"
+
+
+def test_a_crash_right_after_a_copy_in_time_stopped_its_job_publishes_nothing_again(tmp_path: Path) -> None:
+    arch = tmp_path / "arch"
+    ckpt = Checkpointer(job_id="job-1", ckpt_dir=tmp_path / "ck", install_signal=False, keep=2).save(b"w", step=7)
+    c, seen = holding_node(tmp_path, arch, holders=False)
+
+    async def stop(jid: str, why: str, **kw: Any) -> None:
+        raise Crash  # the job stopped, then the agent died before it dropped the row
+
+    c.agent.jobs.stop = stop
+
+    async def main() -> None:
+        mv = Move(job="job-1", key="n1-job-1", reason="owner", ckpt=ckpt.name)
+        try:
+            await c._hold(SimpleNamespace(id="job-1"), mv, ckpt, 1 << 20, None, "no room",
+                          asyncio.get_running_loop().time() + 30)
+        finally:
+            c._lane.close()
+            c.agent.store.close()
+
+    with pytest.raises(Crash):
+        asyncio.run(main())
+    before = guard_record(arch)
+    c2, events = restart(tmp_path, arch)
+    assert guard_record(arch) == before and c2.moves["job-1"].phase == "archived"
     assert rows(tmp_path) == []

@@ -329,3 +329,50 @@ def test_a_restored_reclaim_does_not_move_a_job_whose_cut_move_cannot_be_asked(t
             agent.store.db.close()
 
     asyncio.run(main())
+
+
+def test_a_restored_reclaim_stops_a_job_whose_archived_record_was_being_published_and_never_moves_it(
+        tmp_path: Path) -> None:
+    """The agent stopped between the publish of a job's record in the archive (no holder, no
+    buddy: the archive was its only keeper) and the job's stop, the job frozen by its move. Its
+    restart stops the job (the archive resumes it: it runs once) and leaves it out of the
+    restored reclaim's plan; the record is not written again (migrate_late_copies)."""
+    import json
+
+    from laminar.config import Config, validate
+    from laminar.jobkit import Checkpointer
+
+    async def main() -> None:
+        agent = make_agent(tmp_path)
+        arch = tmp_path / "arch"
+        agent.config = Config(validate({"agent": {"state_dir": str(tmp_path), "node": "lm-t-ev"},
+                                        "migrate": {"poll_s": 60.0, "periodic": False, "archive_dir": str(arch)}}))
+        agent.jobs = jobs = RestoreJobs()
+        agent.zone = PlacingZone()
+        archived, other = jobs.add("job-1", "running"), jobs.add("job-2", "running")
+        ckpt = Checkpointer(job_id="job-1", ckpt_dir=tmp_path / "ck", install_signal=False, keep=2).save(b"w", step=3)
+        (arch / "n5-job-1").mkdir(parents=True)
+        (arch / "n5-job-1" / "guard.json").write_text(json.dumps({"key": "n5-job-1", "ckpt": "ckpt-3", "ts": 1.0}))
+        agent.store.ensure_schema("migrate-reclaim", RECLAIM_SCHEMA)
+        now = time.time()
+        with agent.store.tx() as db:  # what the agent before the restart stored
+            db.execute("INSERT INTO migrate_reclaim VALUES (5, 30, 'owner', ?, ?)", (now - 20, now + 10))
+            db.executemany("INSERT INTO migrate_reclaim_jobs VALUES (?, ?, ?, ?)",
+                           [("job-1", "frozen", None, now - 6), ("job-2", "frozen", None, now - 6)])
+            db.execute("INSERT INTO migrate_late_copies VALUES ('n5-job-1', 'job-1', ?, ?, 0, 1, ?)",
+                       (str(ckpt), json.dumps({"key": "n5-job-1", "src_node": 5, "src_job": "job-1"}), now - 5))
+        comp = ReclaimComponent()
+        await comp.start(agent)
+        try:
+            rc = comp.reclaim_status()["reclaim"]
+            assert rc is not None and rc["restored"]
+            assert [st["job_id"] for st in rc["plan"]] == ["job-2"]  # job-1 is not moved again
+            assert await until(lambda: jobs.stops.get("job-1") == "reclaimed")
+            assert await until(lambda: comp.moves.get("job-1") is not None and comp.moves["job-1"].phase == "archived")
+            assert json.loads((arch / "n5-job-1" / "guard.json").read_text())["ts"] == 1.0  # not written again
+            assert archived.state == "reclaimed" and other.state == "running"
+            assert agent.store.db.execute("SELECT COUNT(*) FROM migrate_late_copies").fetchone()[0] == 0
+        finally:
+            await comp.stop()
+
+    asyncio.run(main())

@@ -293,6 +293,7 @@ class ArchiveMixin:
         _gc_running: bool
         _gc_unverified: set[tuple[str, str]]
         _lane: ArchiveLane
+        _late_stopping: set[str]
         _round_running: bool
         _taking: set[str]
         agent: Any
@@ -484,17 +485,27 @@ class ArchiveMixin:
         up again when its job is still ``reclaimed`` here (stopped for it; its checkpoint is only
         in its ckpt directory): published if its record never was; a record ``publishing`` when
         the agent stopped is looked for in the archive and never written twice
-        (:meth:`_late_again`). A row of a job that is not ``reclaimed`` (the agent stopped before
-        the job did: the restored reclaim moves it again) is dropped."""
+        (:meth:`_late_again`). A job still running here whose record was ``publishing`` (the
+        agent stopped between the publish and the job's stop) is stopped now, as it would have
+        been, and left out of the restored reclaim's moves (``_late_stopping``): the archive is
+        its way back, so it runs once. Any other row (a job the agent stopped before it stopped:
+        the restored reclaim moves it again) is dropped, with an event when its record may be in
+        the archive (another agent may resume the job too)."""
         jobs_mgr = getattr(self.agent, "jobs", None)
         rows = self.agent.store.db.execute("SELECT * FROM migrate_late_copies").fetchall()
         for r in rows:
-            key, job_id = str(r["key"]), str(r["job_id"])
+            key, job_id, publishing = str(r["key"]), str(r["job_id"]), bool(r["publishing"])
             job = jobs_mgr.get(job_id) if jobs_mgr is not None else None
             state = getattr(job, "state", None)
-            if not r["late"] or state != "reclaimed" or self._archive_root() is None:
+            active = state in ("running", "suspended")
+            try:
+                record = json.loads(r["record"])
+            except ValueError:
+                record = None
+            if (self._archive_root() is None or not isinstance(record, dict)
+                    or not ((state == "reclaimed" and (r["late"] or publishing)) or (active and publishing))):
                 self._late_row_drop(key)
-                if r["publishing"]:
+                if publishing and state != "reclaimed":
                     # its record may be in the archive, claimable, while the job is here too
                     self._emit(f"{job_id}: its copy to the archive (key {key}) was being published when the agent "
                                f"stopped, and the job is {state or 'gone'} here: if the archive holds its record, "
@@ -502,17 +513,30 @@ class ArchiveMixin:
                                key=key, phase="archive-uncertain")
                 else:
                     log.info("migrate: a copy of %s to the archive cut by the agent's stop is not taken up: the job "
-                             "is %s here", job_id, state or "gone")
+                             "is %s here%s", job_id, state or "gone",
+                             "" if isinstance(record, dict) else " (its stored record is not a JSON object)")
                 continue
+            if active:
+                self._late_stopping.add(job_id)
+                self._spawn(self._late_stop_then_copy(job, key, Path(r["ckpt"]), record))
+            else:
+                self._spawn(self._late_copy_again(key, job_id, Path(r["ckpt"]), record, publishing))
+
+    async def _late_stop_then_copy(self, job: Any, key: str, ckpt: Path, record: dict[str, Any]) -> None:
+        """A job whose archived record was being published when the agent stopped, before the
+        job did: stopped here (``reclaimed``) as it would have been, then its copy is seen to."""
+        try:
+            with contextlib.suppress(Exception):
+                job.cgroup.thaw(timeout=2.0)  # a frozen job is not killed by a signal until it thaws
             try:
-                record = json.loads(r["record"])
-            except ValueError:
-                record = None
-            if not isinstance(record, dict):
-                self._late_row_drop(key)
-                log.warning("migrate: the stored record of %s's late archive copy is not a JSON object: dropped", job_id)
-                continue
-            self._spawn(self._late_copy_again(key, job_id, Path(r["ckpt"]), record, bool(r["publishing"])))
+                await self.agent.jobs.stop(job.id, f"node {self.node_id} reclaimed: {ckpt.name} was being published "
+                                           "in the archive when the agent stopped; the first agent with room resumes "
+                                           "the job from there", grace_s=0, state="reclaimed")
+            except Exception as e:
+                log.warning("migrate: stopping %s, archived before the restart: %s", job.id, e)
+            await self._late_copy_again(key, job.id, ckpt, record, True)
+        finally:
+            self._late_stopping.discard(job.id)
 
     async def _late_copy_again(self, key: str, job_id: str, ckpt: Path, record: dict[str, Any],
                                publishing: bool) -> None:

@@ -532,6 +532,7 @@ class ReclaimComponent(BuddiesMixin, GuardMixin, ReplicasMixin, WithdrawMixin, S
         self._claimed_from: dict[str, str] = {}  # archived key -> the record this node's claim took (_unclaim)
         self.archived_live: dict[str, str] = {}  # job id -> newest periodic checkpoint in the archive (live.json)
         self._archiving: set[str] = set()
+        self._late_stopping: set[str] = set()  # jobs a restart stops: their record was being archived
         self._gc_next = 0.0  # when this agent sweeps the archive next (monotonic)
         self._gc_running = False
         self._lane = ArchiveLane()  # every touch of archive_dir, off the loop, one at a time
@@ -1047,7 +1048,9 @@ class ReclaimComponent(BuddiesMixin, GuardMixin, ReplicasMixin, WithdrawMixin, S
                     log.warning("migrate: arming the kill-switch of %s failed: %s", j.id, e)
         phases = self._move_phases() if restored else {}
         handed = [j for j in active if phases.get(j.id, ("", None))[0] == "handover"]
-        active = [j for j in active if j not in handed]
+        # a job whose archived record was being published when the agent stopped is stopped, not
+        # moved again (_restore_late_copies): the archive resumes it
+        active = [j for j in active if j not in handed and j.id not in self._late_stopping]
         for j in active:
             if phases.get(j.id, ("", None))[0] == "frozen":  # its move froze it: it checkpoints again
                 with contextlib.suppress(Exception):
@@ -1599,13 +1602,13 @@ class ReclaimComponent(BuddiesMixin, GuardMixin, ReplicasMixin, WithdrawMixin, S
                 if late_ok:
                     self._late_row_drop(key)
                 raise
-            if late_ok:
-                self._late_row_drop(key)
             lost = max(0.0, self.frozen_at.pop(job.id, time.time()) - ckpt.stat().st_mtime)
             with contextlib.suppress(Exception):
                 await self.agent.jobs.stop(job.id, f"node {self.node_id} reclaimed with no room and no holder in the "
                                            f"zone: {ckpt.name} archived in {path.parent}; the first agent with room "
                                            "resumes it", grace_s=1.0, state="reclaimed", work_lost_s=round(lost, 3))
+            if late_ok:  # after the stop: a restart before it finds the record published and the job here
+                self._late_row_drop(key)
             old = self._forget_buddy(job.id)
             if old is not None:
                 await self._release(old, self.job_key(job))
