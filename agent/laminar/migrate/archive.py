@@ -394,7 +394,7 @@ class ArchiveMixin:
     async def _archive_until(self, what: str, key: str, ckpt: Path, record: dict[str, Any], until: float,
                              late_ok: bool = False,
                              settled: Callable[[BaseException | None], None] | None = None,
-                             mark: Callable[[], None] | None = None) -> Path:
+                             mark: Callable[[], None] | None = None, wait: ArchiveWait | None = None) -> Path:
         """:meth:`_archive` on the lane, waited for until ``until`` (monotonic) and no longer: a
         reclaim's copy, which must be made within its window while the archive may hang. The
         archived path; OSError/CheckpointError as :meth:`_archive`. Raises MigrateError naming
@@ -406,10 +406,14 @@ class ArchiveMixin:
         job claims it there first), when it goes on and says so once it is done (and calls
         ``settled`` on the event loop: with None once the copy is there, with the error when the
         storage refused it). A copy whose record the lane was putting in place when the time ran
-        out counts as archived. ``mark``: as :meth:`_archive`'s."""
+        out counts as archived. ``mark``: as :meth:`_archive`'s. ``wait``: with ``late_ok``, the
+        caller's :class:`ArchiveWait`, given up only if this wait is cancelled (the caller's job
+        is thawed and runs on: a copy published later would be a second one); its state says
+        whether it was."""
         root = self._archive_root()
         assert root is not None
-        wait = None if late_ok else ArchiveWait()
+        if not late_ok:
+            wait = ArchiveWait()
         t0 = time.monotonic()
         fut = self._lane.call(what, self._archive, key, ckpt, record, wait, mark)
         try:
@@ -422,15 +426,15 @@ class ArchiveMixin:
         if done:
             return Path(fut.result())
         waited = time.monotonic() - t0
-        if wait is not None and not wait.give_up():
+        if late_ok:  # it goes on
+            fut.add_done_callback(self._archive_late(what, late_ok, settled))
+        elif wait is not None and not wait.give_up():
             log.info("migrate: %s: the record was being put in place in archive %s when %.1f s were up: counted as "
                      "archived", what, root, waited)
             fut.add_done_callback(self._archive_late(what, late_ok, settled))
             return root / key / ckpt.name
-        if wait is not None:
-            fut.cancel()
         else:
-            fut.add_done_callback(self._archive_late(what, late_ok, settled))
+            fut.cancel()
         raise MigrateError(f"archive {root} did not answer in {waited:.1f} s ({what})")
 
     def _archive_late(self, what: str, late_ok: bool, settled: Callable[[BaseException | None], None] | None = None

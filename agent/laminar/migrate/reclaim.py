@@ -133,7 +133,14 @@ from laminar.migrate import ckpt_driver, drain
 from laminar.migrate import ckpt_schedule as cs
 from laminar.migrate import destination as dst
 from laminar.migrate.archive import ARCHIVE_CLAIM_STALE_S as ARCHIVE_CLAIM_STALE_S
-from laminar.migrate.archive import ARCHIVE_GC_S, ARCHIVE_WAIT_MARGIN_S, ArchiveLane, ArchiveMixin, _progress
+from laminar.migrate.archive import (
+    ARCHIVE_GC_S,
+    ARCHIVE_WAIT_MARGIN_S,
+    ArchiveLane,
+    ArchiveMixin,
+    ArchiveWait,
+    _progress,
+)
 from laminar.migrate.archive import ARCHIVE_TMP_STALE_S as ARCHIVE_TMP_STALE_S
 from laminar.migrate.archive import ARCHIVE_TRASH as ARCHIVE_TRASH
 from laminar.migrate.archive import LIVE_RECORD as LIVE_RECORD
@@ -1274,6 +1281,10 @@ class ReclaimComponent(BuddiesMixin, GuardMixin, ReplicasMixin, WithdrawMixin, S
                 return  # withdrawn before this job's move began
             if not job.active:
                 return  # the earlier move took it away (or it ended)
+            prev = self.moves.get(job.id)
+            if prev is not None and prev.phase in ("archived", "archiving"):
+                await self._stop_archived(job, prev)  # an earlier plan's move, cut while it stopped the job
+                return
             await self._move(job, f"reclaim of node {self.node_id}", deadline, final=st is None or st.final,
                              transfer_deadline=None if st is None else t0 + st.deadline_s)
 
@@ -1438,7 +1449,9 @@ class ReclaimComponent(BuddiesMixin, GuardMixin, ReplicasMixin, WithdrawMixin, S
         except asyncio.CancelledError:  # cut: the window's end, a shorter window, the agent stopping
             # what this move froze is thawed unless its hand-over was sent (the destination may
             # run it; done: it does): a later move of the job, which finds it frozen already, would never thaw it
-            if mv.phase not in ("handover", "done"):
+            # archived or archiving: its checkpoint is (or goes) in the archive, where any agent
+            # with room claims it; the window's end, a new plan (_stop_archived) or a restart stops it
+            if mv.phase not in ("handover", "done", "archived", "archiving"):
                 thawed = not frozen
                 if frozen:
                     with contextlib.suppress(Exception):
@@ -1562,6 +1575,9 @@ class ReclaimComponent(BuddiesMixin, GuardMixin, ReplicasMixin, WithdrawMixin, S
             key = self.job_key(job)
             record = {"key": key, "src_node": self.node_id, "src_job": job.id, "request": self._request(job, True)}
             late_ok = buddy is None
+            # given up only if this wait is cut (a shorter window, the agent's stop): the job is
+            # then thawed and moved again, and a copy published later would be a second one
+            aw = ArchiveWait() if late_ok else None
             if late_ok:  # a restart takes the copy up again, never publishing it twice (_restore_late_copies)
                 self._late_row_add(key, job.id, ckpt, record)
 
@@ -1574,10 +1590,12 @@ class ReclaimComponent(BuddiesMixin, GuardMixin, ReplicasMixin, WithdrawMixin, S
                 path = await self._archive_until(f"archiving {job.id}", key, ckpt, record,
                                                  window_end - ARCHIVE_WAIT_MARGIN_S, late_ok=late_ok,
                                                  settled=settled if late_ok else None,
-                                                 mark=(lambda: self._late_mark(key)) if late_ok else None)
+                                                 mark=(lambda: self._late_mark(key)) if late_ok else None, wait=aw)
             except asyncio.CancelledError:
-                if late_ok:  # the copy goes on; the window's end stops the job
-                    self._late_row_late(key)
+                if aw is not None and aw.given_up:
+                    self._late_row_drop(key)  # nothing is published: the job is thawed (_move)
+                elif aw is not None:  # its record was being put in place: the job stays frozen, stopped
+                    mv.phase, mv.dest = "archived", None  # by the window's end, a new plan or a restart
                 raise
             except MigrateError as e:
                 if not late_ok:  # a hung archive: as with none, the move fails (its job thawed)
@@ -1602,6 +1620,9 @@ class ReclaimComponent(BuddiesMixin, GuardMixin, ReplicasMixin, WithdrawMixin, S
                 if late_ok:
                     self._late_row_drop(key)
                 raise
+            # before the stop: cut there, the job is not thawed (_move): the archive resumes it
+            mv.phase, mv.dest = "archived", None
+            self.counts["archived"] += 1
             lost = max(0.0, self.frozen_at.pop(job.id, time.time()) - ckpt.stat().st_mtime)
             with contextlib.suppress(Exception):
                 await self.agent.jobs.stop(job.id, f"node {self.node_id} reclaimed with no room and no holder in the "
@@ -1612,12 +1633,25 @@ class ReclaimComponent(BuddiesMixin, GuardMixin, ReplicasMixin, WithdrawMixin, S
             old = self._forget_buddy(job.id)
             if old is not None:
                 await self._release(old, self.job_key(job))
-            mv.phase, mv.dest = "archived", None
-            self.counts["archived"] += 1
             self._emit(f"{job.id}: {'; '.join(errors)}; {ckpt.name} archived in {path.parent}", job=job.id,
                        ckpt=ckpt.name, phase="archived")
             return
         raise MigrateError("; ".join(errors))
+
+    async def _stop_archived(self, job: Any, mv: Move) -> None:
+        """A job whose move (an earlier plan's, cut by a shorter window) archived its checkpoint,
+        or was archiving it, before it could stop the job: stopped here (``reclaimed``), never
+        moved again (the archive's record is claimable: it would run twice)."""
+        with contextlib.suppress(Exception):
+            job.cgroup.thaw(timeout=2.0)  # a frozen job is not killed by a signal until it thaws
+        try:
+            await self.agent.jobs.stop(job.id, f"node {self.node_id} reclaimed: {mv.ckpt or 'its checkpoint'} is "
+                                       f"{mv.phase} in the archive; the first agent with room resumes it", grace_s=0,
+                                       state="reclaimed")
+        except Exception as e:
+            log.warning("migrate: stopping %s, %s before a new plan: %s", job.id, mv.phase, e)
+        self._emit(f"{job.id}: {mv.ckpt or 'its checkpoint'} {mv.phase} in the archive by an earlier plan's move; "
+                   "stopped here, not moved again", job=job.id, phase=mv.phase)
 
     def _late_copy_settled(self, mv: Move, error: BaseException | None) -> None:
         """The end of a move's copy that went on past its window's wait (phase ``archiving``):

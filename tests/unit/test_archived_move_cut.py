@@ -1,0 +1,119 @@
+"""A reclaim's move with no destination and no holder puts the job's final checkpoint in the
+archive (``_hold``), where any agent with room claims it. Cut (a shorter window replacing the
+reclaim's plan, the agent stopping) it must not leave two copies of the job:
+
+- cut while the copy still waits on a hung archive: the copy is given up (published neither
+  then nor when the storage answers) and the job is thawed (the new plan moves it again);
+- cut once the copy is archived, while the job is being stopped: the job stays frozen, never
+  thawed, and the new plan stops it here instead of moving it again (the archive resumes it).
+
+A real component, not started, with a real store, a real archive in a temporary directory and
+a real jobkit checkpoint; the ranking, the holders' answers and the job manager's stop are
+stand-ins that record what they were given; the job's cgroup too (a recorder of freeze and
+thaw); the hung storage is a copy that waits on an event before it touches the archive.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+from test_hold_archive_first import late_copies, migrate_store
+from test_move_done_before_stop import Cgroup
+
+from laminar.jobkit import Checkpointer
+from laminar.migrate.reclaim import ReclaimComponent
+
+
+def homeless(tmp: Path, stop_blocks: bool) -> tuple[ReclaimComponent, Any, list[str], asyncio.Event]:
+    """Node 1, reclaimed, with job-1 and no destination, no holder and no buddy for it."""
+    seen: list[str] = []
+    stopping = asyncio.Event()
+    c = ReclaimComponent()
+    store = migrate_store(tmp)
+
+    async def stop(jid: str, why: str, **kw: Any) -> None:
+        seen.append(f"stop {jid} state={kw.get('state')} move={c.moves[jid].phase}")
+        stopping.set()
+        if stop_blocks and len(seen) == 1:
+            await asyncio.Event().wait()  # cut while stopping
+
+    c.agent = SimpleNamespace(zone=SimpleNamespace(node_id=1, networked=True), store=store,
+                              jobs=SimpleNamespace(stop=stop), events=SimpleNamespace(emit=lambda kind, message, **f: None))
+    c.s = {"ckpt_wait_s": 0.0, "holder": True, "archive_dir": str(tmp / "arch")}
+    ckpt_dir = tmp / "ck"
+    Checkpointer(job_id="job-1", ckpt_dir=ckpt_dir, install_signal=False, keep=2).save(b"w", step=7)
+    job = SimpleNamespace(id="job-1", ckpt_dir=ckpt_dir, active=True, cgroup=Cgroup(), owner_uid=0, owner_gid=0,
+                          spec=SimpleNamespace(as_dict=lambda: {"command": ["true"], "env": {}}))
+
+    async def rank_holders(key: str, size: int, window: Any, prefer: Any) -> list[Any]:
+        return []
+
+    c.rank_for = lambda job, size, window, prestaged: []  # type: ignore[method-assign]
+    c.rank_holders = rank_holders  # type: ignore[method-assign]
+    c._request = lambda job, take_over: {"spec": {}, "take_over": take_over}  # type: ignore[method-assign]
+    return c, job, seen, stopping
+
+
+def test_a_move_cut_while_its_copy_waits_on_a_hung_archive_gives_the_copy_up_and_thaws_the_job(
+        tmp_path: Path) -> None:
+    c, job, seen, _ = homeless(tmp_path, stop_blocks=False)
+    storage, copying = threading.Event(), threading.Event()
+    real = c._publish_copy
+
+    def hung(*a: Any) -> Path:
+        copying.set()
+        assert storage.wait(30)
+        return real(*a)
+
+    c._publish_copy = hung  # type: ignore[method-assign]
+
+    async def main() -> None:
+        task = asyncio.ensure_future(c._move(job, "a test", time.monotonic() + 30, final=False))
+        try:
+            assert await asyncio.to_thread(copying.wait, 10)
+            task.cancel()  # a shorter window replaces the plan (or the agent stops)
+            await asyncio.gather(task, return_exceptions=True)
+            assert task.cancelled()
+            storage.set()  # the storage answers
+            await c._lane.call("the test's end", lambda: None)  # behind the copy
+        finally:
+            c._lane.close()
+
+    asyncio.run(main())
+    assert seen == []  # never stopped here
+    assert job.cgroup.calls == ["freeze", "thaw"]  # thawed: the new plan moves it again
+    assert not list((tmp_path / "arch").glob("*/*.json"))  # nothing claimable: it would run twice
+    assert late_copies(tmp_path) == 0
+    c.agent.store.close()
+
+
+def test_a_move_cut_after_the_archive_has_the_job_leaves_it_frozen_and_a_new_plan_stops_it(tmp_path: Path) -> None:
+    c, job, seen, stopping = homeless(tmp_path, stop_blocks=True)
+
+    async def main() -> None:
+        task = asyncio.ensure_future(c._move(job, "a test", time.monotonic() + 30, final=False))
+        try:
+            await asyncio.wait_for(stopping.wait(), 10)
+            task.cancel()  # a shorter window replaces the plan while the job is being stopped
+            await asyncio.gather(task, return_exceptions=True)
+            assert task.cancelled()
+            assert job.cgroup.calls == ["freeze"]  # not thawed: the archive's record is claimable
+            assert c.moves["job-1"].phase == "archived"
+            # the new plan's evacuation: the job is stopped here, not moved again
+            c.reclaim = {"planned_mono": time.monotonic(), "deadline_mono": time.monotonic() + 0.5,
+                         "cancel": asyncio.Event()}
+            c.agent.jobs.active = lambda: []
+            await c._execute([job], {})
+        finally:
+            c._lane.close()
+
+    asyncio.run(main())
+    assert seen == ["stop job-1 state=reclaimed move=archived", "stop job-1 state=reclaimed move=archived"]
+    assert job.cgroup.calls == ["freeze", "thaw"]  # thawed by the stop (a frozen job takes no signal)
+    assert (tmp_path / "arch" / "n1-job-1" / "guard.json").exists()
+    c.agent.store.close()
