@@ -5,7 +5,8 @@ reclaim's plan, the agent stopping) it must not leave two copies of the job:
 - cut while the copy still waits on a hung archive: the copy is given up (published neither
   then nor when the storage answers) and the job is thawed (the new plan moves it again);
 - cut once the copy is archived, while the job is being stopped: the job stays frozen, never
-  thawed, and the new plan stops it here instead of moving it again (the archive resumes it).
+  thawed, and the new plan stops it here instead of moving it again (the archive resumes it);
+  so for a job whose late copy goes on (``archiving``).
 
 A real component, not started, with a real store, a real archive in a temporary directory and
 a real jobkit checkpoint; the ranking, the holders' answers and the job manager's stop are
@@ -103,7 +104,6 @@ def test_a_move_cut_after_the_archive_has_the_job_leaves_it_frozen_and_a_new_pla
             await asyncio.gather(task, return_exceptions=True)
             assert task.cancelled()
             assert job.cgroup.calls == ["freeze"]  # not thawed: the archive's record is claimable
-            assert c.moves["job-1"].phase == "archived"
             # the new plan's evacuation: the job is stopped here, not moved again
             c.reclaim = {"planned_mono": time.monotonic(), "deadline_mono": time.monotonic() + 0.5,
                          "cancel": asyncio.Event()}
@@ -113,7 +113,44 @@ def test_a_move_cut_after_the_archive_has_the_job_leaves_it_frozen_and_a_new_pla
             c._lane.close()
 
     asyncio.run(main())
-    assert seen == ["stop job-1 state=reclaimed move=archived", "stop job-1 state=reclaimed move=archived"]
+    assert seen == ["stop job-1 state=reclaimed move=hold", "stop job-1 state=reclaimed move=hold"]
     assert job.cgroup.calls == ["freeze", "thaw"]  # thawed by the stop (a frozen job takes no signal)
     assert (tmp_path / "arch" / "n1-job-1" / "guard.json").exists()
+    c.agent.store.close()
+
+
+def test_a_move_cut_while_it_stops_a_job_whose_late_copy_goes_on_leaves_it_frozen_and_a_new_plan_stops_it(
+        tmp_path: Path) -> None:
+    c, job, seen, stopping = homeless(tmp_path, stop_blocks=True)
+    storage = threading.Event()
+    real = c._publish_copy
+
+    def hung(*a: Any) -> Path:
+        assert storage.wait(30)
+        return real(*a)
+
+    c._publish_copy = hung  # type: ignore[method-assign]
+
+    async def main() -> None:
+        task = asyncio.ensure_future(c._move(job, "a test", time.monotonic() + 1.5, final=False))
+        try:
+            await asyncio.wait_for(stopping.wait(), 10)  # past the window's wait: the job stops, its copy goes on
+            assert c.moves["job-1"].phase == "archiving"
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+            assert job.cgroup.calls == ["freeze"]  # not thawed: its copy will be claimable
+            c.reclaim = {"planned_mono": time.monotonic(), "deadline_mono": time.monotonic() + 0.5,
+                         "cancel": asyncio.Event()}
+            c.agent.jobs.active = lambda: []
+            await c._execute([job], {})
+            storage.set()  # the storage answers: the copy lands
+            await c._lane.call("the test's end", lambda: None)
+            await asyncio.sleep(0)
+        finally:
+            c._lane.close()
+
+    asyncio.run(main())
+    assert seen == ["stop job-1 state=reclaimed move=archiving", "stop job-1 state=reclaimed move=archiving"]
+    assert (tmp_path / "arch" / "n1-job-1" / "guard.json").exists()  # published: the job's way back
+    assert c.moves["job-1"].phase == "archived"
     c.agent.store.close()

@@ -540,6 +540,9 @@ class ReclaimComponent(BuddiesMixin, GuardMixin, ReplicasMixin, WithdrawMixin, S
         self.archived_live: dict[str, str] = {}  # job id -> newest periodic checkpoint in the archive (live.json)
         self._archiving: set[str] = set()
         self._late_stopping: set[str] = set()  # jobs a restart stops: their record was being archived
+        # jobs whose final checkpoint is in the archive (or on its way there, late) while their
+        # stop here is under way: never thawed nor moved again (any agent with room claims it)
+        self._archive_keeps: set[str] = set()
         self._gc_next = 0.0  # when this agent sweeps the archive next (monotonic)
         self._gc_running = False
         self._lane = ArchiveLane()  # every touch of archive_dir, off the loop, one at a time
@@ -1282,7 +1285,7 @@ class ReclaimComponent(BuddiesMixin, GuardMixin, ReplicasMixin, WithdrawMixin, S
             if not job.active:
                 return  # the earlier move took it away (or it ended)
             prev = self.moves.get(job.id)
-            if prev is not None and prev.phase in ("archived", "archiving"):
+            if prev is not None and job.id in self._archive_keeps:
                 await self._stop_archived(job, prev)  # an earlier plan's move, cut while it stopped the job
                 return
             await self._move(job, f"reclaim of node {self.node_id}", deadline, final=st is None or st.final,
@@ -1449,9 +1452,9 @@ class ReclaimComponent(BuddiesMixin, GuardMixin, ReplicasMixin, WithdrawMixin, S
         except asyncio.CancelledError:  # cut: the window's end, a shorter window, the agent stopping
             # what this move froze is thawed unless its hand-over was sent (the destination may
             # run it; done: it does): a later move of the job, which finds it frozen already, would never thaw it
-            # archived or archiving: its checkpoint is (or goes) in the archive, where any agent
-            # with room claims it; the window's end, a new plan (_stop_archived) or a restart stops it
-            if mv.phase not in ("handover", "done", "archived", "archiving"):
+            # _archive_keeps: its checkpoint is (or goes) in the archive, where any agent with room
+            # claims it; the window's end, a new plan (_stop_archived) or a restart stops it
+            if mv.phase not in ("handover", "done") and job.id not in self._archive_keeps:
                 thawed = not frozen
                 if frozen:
                     with contextlib.suppress(Exception):
@@ -1595,13 +1598,14 @@ class ReclaimComponent(BuddiesMixin, GuardMixin, ReplicasMixin, WithdrawMixin, S
                 if aw is not None and aw.given_up:
                     self._late_row_drop(key)  # nothing is published: the job is thawed (_move)
                 elif aw is not None:  # its record was being put in place: the job stays frozen, stopped
-                    mv.phase, mv.dest = "archived", None  # by the window's end, a new plan or a restart
+                    self._archive_keeps.add(job.id)  # by the window's end, a new plan or a restart
                 raise
             except MigrateError as e:
                 if not late_ok:  # a hung archive: as with none, the move fails (its job thawed)
                     errors.append(f"{e}: nothing archived; its buddy, node {buddy}, still guards it")
                     raise MigrateError("; ".join(errors)) from None
                 self._late_row_late(key)  # before the stop: a restart that finds the job reclaimed takes it up
+                self._archive_keeps.add(job.id)
                 mv.phase, mv.dest = "archiving", None  # before the stop: the copy may land meanwhile
                 # Its copy goes on past the window, and the job stops now: thawed, it would run on
                 # here beside the copy any agent with room claims once it is published (the job
@@ -1612,6 +1616,7 @@ class ReclaimComponent(BuddiesMixin, GuardMixin, ReplicasMixin, WithdrawMixin, S
                                                f"buddy in the zone: {e}; {ckpt.name} is published there if it answers "
                                                "before the node goes, and the first agent with room resumes it",
                                                grace_s=1.0, state="reclaimed", work_lost_s=round(lost, 3))
+                self._archive_keeps.discard(job.id)
                 self.counts["archive_late"] = self.counts.get("archive_late", 0) + 1
                 self._emit(f"{job.id}: {'; '.join(errors)}; {e}: {ckpt.name} is still being archived (an event "
                            "says when it is there)", job=job.id, ckpt=ckpt.name, phase="archiving")
@@ -1620,19 +1625,20 @@ class ReclaimComponent(BuddiesMixin, GuardMixin, ReplicasMixin, WithdrawMixin, S
                 if late_ok:
                     self._late_row_drop(key)
                 raise
-            # before the stop: cut there, the job is not thawed (_move): the archive resumes it
-            mv.phase, mv.dest = "archived", None
-            self.counts["archived"] += 1
+            self._archive_keeps.add(job.id)  # cut in the stop, the job is not thawed (_move): the archive resumes it
             lost = max(0.0, self.frozen_at.pop(job.id, time.time()) - ckpt.stat().st_mtime)
             with contextlib.suppress(Exception):
                 await self.agent.jobs.stop(job.id, f"node {self.node_id} reclaimed with no room and no holder in the "
                                            f"zone: {ckpt.name} archived in {path.parent}; the first agent with room "
                                            "resumes it", grace_s=1.0, state="reclaimed", work_lost_s=round(lost, 3))
+            self._archive_keeps.discard(job.id)
             if late_ok:  # after the stop: a restart before it finds the record published and the job here
                 self._late_row_drop(key)
             old = self._forget_buddy(job.id)
             if old is not None:
                 await self._release(old, self.job_key(job))
+            mv.phase, mv.dest = "archived", None
+            self.counts["archived"] += 1
             self._emit(f"{job.id}: {'; '.join(errors)}; {ckpt.name} archived in {path.parent}", job=job.id,
                        ckpt=ckpt.name, phase="archived")
             return
@@ -1640,18 +1646,19 @@ class ReclaimComponent(BuddiesMixin, GuardMixin, ReplicasMixin, WithdrawMixin, S
 
     async def _stop_archived(self, job: Any, mv: Move) -> None:
         """A job whose move (an earlier plan's, cut by a shorter window) archived its checkpoint,
-        or was archiving it, before it could stop the job: stopped here (``reclaimed``), never
-        moved again (the archive's record is claimable: it would run twice)."""
+        or was archiving it, before it could stop the job (``_archive_keeps``): stopped here
+        (``reclaimed``), never moved again (the archive's record is claimable: it would run twice)."""
         with contextlib.suppress(Exception):
             job.cgroup.thaw(timeout=2.0)  # a frozen job is not killed by a signal until it thaws
+        what = mv.ckpt or "its checkpoint"
         try:
-            await self.agent.jobs.stop(job.id, f"node {self.node_id} reclaimed: {mv.ckpt or 'its checkpoint'} is "
-                                       f"{mv.phase} in the archive; the first agent with room resumes it", grace_s=0,
-                                       state="reclaimed")
+            await self.agent.jobs.stop(job.id, f"node {self.node_id} reclaimed: {what} is in the archive, or on its "
+                                       "way there; the first agent with room resumes it", grace_s=0, state="reclaimed")
         except Exception as e:
-            log.warning("migrate: stopping %s, %s before a new plan: %s", job.id, mv.phase, e)
-        self._emit(f"{job.id}: {mv.ckpt or 'its checkpoint'} {mv.phase} in the archive by an earlier plan's move; "
-                   "stopped here, not moved again", job=job.id, phase=mv.phase)
+            log.warning("migrate: stopping %s, archived before a new plan: %s", job.id, e)
+        self._archive_keeps.discard(job.id)
+        self._emit(f"{job.id}: {what} archived (or on its way there) by an earlier plan's move, cut before it "
+                   "stopped the job; stopped here, not moved again", job=job.id, phase="archive-stop")
 
     def _late_copy_settled(self, mv: Move, error: BaseException | None) -> None:
         """The end of a move's copy that went on past its window's wait (phase ``archiving``):
