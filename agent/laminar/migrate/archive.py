@@ -464,7 +464,7 @@ class ArchiveMixin:
                        (key, job_id, str(ckpt), json.dumps(record), time.time()))
 
     def _late_row_late(self, key: str) -> None:
-        """The copy goes on past its wait (its job stopped for it, or its wait cut)."""
+        """The copy goes on past its window's wait, and its job is stopped for it."""
         with self.agent.store.tx() as db:
             db.execute("UPDATE migrate_late_copies SET late=1 WHERE key=?", (key,))
 
