@@ -23,6 +23,7 @@ from typing import Any
 
 import pytest
 from jobrig import job_manager, until
+from ports import free_port
 
 from laminar.events import EventBus
 from laminar.zone import placement as pl
@@ -34,10 +35,6 @@ pytestmark = pytest.mark.kernel
 JOB = "import signal, sys, time; signal.signal(signal.SIGUSR1, lambda *a: None); open(sys.argv[1], 'w').close(); time.sleep(600)"
 
 
-def free_port(kind: int) -> int:
-    with socket.socket(socket.AF_INET, kind) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def settings(tmp: Path) -> dict[str, Any]:

@@ -33,6 +33,7 @@ from typing import Any
 
 import pytest
 from jobrig import job_manager, until
+from ports import free_port
 
 from laminar.config import Config, validate
 from laminar.events import EventBus
@@ -44,10 +45,6 @@ from laminar.zone.component import ZoneComponent
 pytestmark = pytest.mark.kernel
 
 
-def free_port(kind: int) -> int:
-    with socket.socket(socket.AF_INET, kind) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 class GatedJobs:

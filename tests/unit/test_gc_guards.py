@@ -28,6 +28,7 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
+import ports
 import pytest
 from jobrig import until
 
@@ -74,9 +75,7 @@ class Jobs:
 
 
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.2", 0))
-        return int(s.getsockname()[1])
+    return ports.free_port(socket.SOCK_STREAM, "127.0.0.2")
 
 
 class Job(SimpleNamespace):

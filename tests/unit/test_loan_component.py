@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from ports import free_port
 
 from laminar import jobkit
 from laminar.runtime.jobs import JobSpec
@@ -22,12 +23,6 @@ from laminar.zone import placement as pl
 from laminar.zone import wire
 from laminar.zone.component import ZoneComponent, demand_to_probe
 from laminar.zone.loan import OP_QUERY, OP_RETURN, LoanError, fit_payload, plan_from_answers, workers_file
-
-
-def free_port(kind: int) -> int:
-    with socket.socket(socket.AF_INET, kind) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @dataclass

@@ -15,6 +15,7 @@ from dataclasses import replace
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from ports import free_port
 
 from laminar.zone import mixlearn, wire
 from laminar.zone import placement as pl
@@ -215,10 +216,6 @@ def test_a_learning_frag_arbiter_shares_its_mix_and_scores_with_its_peers():
     assert other.shape_mix() == ((WHOLE, 1.0),)
 
 
-def free_port(kind: int) -> int:
-    with socket.socket(socket.AF_INET, kind) as sk:
-        sk.bind(("127.0.0.1", 0))
-        return int(sk.getsockname()[1])
 
 
 def test_zone_component_merges_fresh_shared_mixes_and_sends_its_zones(tmp_path):

@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from ports import free_port
 from test_fuzz_wire import bodies
 
 from laminar.zone import placement as pl
@@ -25,9 +26,7 @@ from laminar.zone.component import ZoneComponent, zone_summary_to_msg
 
 
 def _port(kind: int) -> int:
-    with socket.socket(socket.AF_INET, kind) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+    return free_port(kind)
 
 
 @pytest.fixture(scope="module")

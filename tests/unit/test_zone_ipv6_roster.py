@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from ports import free_port
 from test_zone_handover import SubmittingJobs
 from test_zone_replay import until
 
@@ -74,9 +75,7 @@ def test_peers_show_ipv6_addresses_in_the_form_the_config_takes():
 
 
 def _port(family: int, kind: int) -> int:
-    with socket.socket(family, kind) as s:
-        s.bind(("::1" if family == socket.AF_INET6 else "127.0.0.1", 0))
-        return int(s.getsockname()[1])
+    return free_port(kind, "::1" if family == socket.AF_INET6 else "127.0.0.1", family)
 
 
 async def _with_nodes(tmp: Path, hosts: dict[int, str], body: Callable[[dict[int, ZoneComponent]], Awaitable[None]],

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import pytest
+from ports import free_port
 from test_zone_handover import SubmittingJobs
 
 from laminar.zone import placement as pl
@@ -28,9 +29,7 @@ T = TypeVar("T")
 
 
 def _port(kind: int) -> int:
-    with socket.socket(socket.AF_INET, kind) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+    return free_port(kind)
 
 
 class Tap:

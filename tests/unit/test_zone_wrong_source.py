@@ -19,6 +19,7 @@ from collections.abc import Awaitable, Callable, Iterable
 from pathlib import Path
 from typing import Any, TypeVar
 
+from ports import free_port
 from test_zone_handover import SubmittingJobs
 from test_zone_replay import until
 
@@ -32,9 +33,7 @@ T = TypeVar("T")
 
 
 def _port(host: str, kind: int) -> int:
-    with socket.socket(socket.AF_INET, kind) as s:
-        s.bind((host, 0))
-        return int(s.getsockname()[1])
+    return free_port(kind, host, socket.AF_INET)
 
 
 async def with_nodes(tmp: Path, hosts: dict[int, str], body: Callable[[dict[int, ZoneComponent]], Awaitable[T]],
