@@ -1240,6 +1240,7 @@ class NodeKeyConfig(NamedTuple):
     pubkeys: dict[int, bytes]  # the roster's pubkeys by node id
     restart_needed: list[str]  # other [zone] settings the file changes, which only a restart applies
     keys_file: str  # the zone key file it names
+    added: list[Any]  # Members the roster lists and the running one does not (nodes added)
 
 
 class ZoneComponent:
@@ -1482,34 +1483,60 @@ class ZoneComponent:
             raise RuntimeError("zone: this is the one-node zone (no zone.nodes): it uses an in-memory key, there is "
                                "no key file to reload")
         node = self._node_keys_from_config()
-        keys = load_keys(self.s["keys_file"] if node is None else node.keys_file, need_zones=sorted({m.zone for m in self.membership.by_node.values()}))
+        added = node.added if node is not None else []
+        zones = {m.zone for m in self.membership.by_node.values()} | {m.zone for m in added}
+        keys = load_keys(self.s["keys_file"] if node is None else node.keys_file, need_zones=sorted(zones))
+        # everything is checked: from here on it is applied
         self.keys = keys
         for coder in (self.encoder, self.decoder, self.tcp_decoder):
             if coder is not None:
                 coder.keys = keys
+        if added:
+            self._add_members(added)
         desc = keys.describe()
         restart: list[str] = []
         changed = ""
         if node is not None:
             restart = node.restart_needed
             changed = self._use_pairs(node.pairs, node.pubkeys)
+        ids = [m.node for m in added]
         self._emit(f"zone keys reloaded from {keys.source}: "
                    + ", ".join(f"{d['zone']}:{d['role']}={d['fingerprint']}" for d in desc)
+                   + (f"; nodes added to the roster: {', '.join(f'{m.node} (zone {m.zone}, {host_port(m.addr, m.port)})' for m in added)}"
+                      if added else "")
                    + (f"; {changed}" if changed else "")
                    + (f"; {', '.join(restart)} changed in {self.agent.config.source}: only a restart applies "
                       + ("it" if len(restart) == 1 else "them") if restart else ""),
-                   keys=desc, node_key=self.node_key_info(), restart_needed=restart)
-        return {"source": keys.source, "keys": desc, "node_key": self.node_key_info(), "restart_needed": restart}
+                   keys=desc, node_key=self.node_key_info(), restart_needed=restart, added_nodes=ids)
+        return {"source": keys.source, "keys": desc, "node_key": self.node_key_info(), "restart_needed": restart,
+                "added_nodes": ids}
+
+    def _add_members(self, added: list[Any]) -> None:
+        """Nodes added to the roster by a reload: members from now on (probed, offered, heard
+        from, their hand-overs and transfers taken from their listed addresses). Every reader
+        of the roster reads ``self.membership``; the decoders keep their own maps of it."""
+        self.membership.add(added)
+        zone_of = self.membership.zone_of()
+        for dec, sources in ((self.decoder, self.membership.udp_sources()),
+                             (self.tcp_decoder, self.membership.tcp_sources())):
+            if dec is not None:
+                dec.known_nodes = zone_of
+                if dec.sources is not None:
+                    dec.sources = sources
+        log.info("zone: nodes added to the roster: %s", ", ".join(str(m.node) for m in added))
 
     # [zone] settings a reload applies (the rest take a restart)
     RELOADED = ("keys_file", "node_keys", "node_key_file", "nodes")
 
     def _node_keys_from_config(self) -> NodeKeyConfig | None:
-        """What the agent's config file says about node keys now (:class:`NodeKeyConfig`). None
-        when the agent was given its settings, not a file. The roster (``[[zone.nodes]]``) may differ from the running
-        one in pubkeys only: a node added, dropped or moved takes a restart. Raises KeyFileError
-        naming the file and what is wrong (the file's own checks, a roster that differs beyond
-        pubkeys, a node key file that is missing, unsafe or not the key of this node's pubkey)."""
+        """What the agent's config file says about node keys and the roster now
+        (:class:`NodeKeyConfig`). None when the agent was given its settings, not a file. The
+        roster (``[[zone.nodes]]``) may differ from the running one in pubkeys and by nodes
+        added (``added``); a node dropped or changed (its zone, address, ports, pool or owner)
+        takes a restart. Raises KeyFileError naming the file and what is wrong (the file's own
+        checks, a roster that differs otherwise, nodes of both address families with
+        ``check_source``, a node key file that is missing, unsafe or not the key of this
+        node's pubkey)."""
         from laminar.config import ConfigError
         from laminar.config import load as load_config
         from laminar.zone.keys import KeyFileError, load_node_key
@@ -1525,17 +1552,32 @@ class ZoneComponent:
             raise KeyFileError(f"{e} (re-reading {source} for node keys)") from None
         running = {n: replace(m, pubkey=b"") for n, m in self.membership.by_node.items()}
         listed = {m.node: replace(m, pubkey=b"") for m in members}
-        if listed != running or int(s["node_id"] or 0) != self.node_id:
-            diff = sorted(set(running) ^ set(listed))
-            if diff:
-                what = f"nodes {', '.join(map(str, diff))} added or dropped"
-            elif listed != running:
-                what = "node " + ", ".join(str(n) for n in sorted(running) if running[n] != listed[n]) + " changed"
+        dropped = sorted(set(running) - set(listed))
+        changed = sorted(n for n in running if n in listed and running[n] != listed[n])
+        if dropped or changed or int(s["node_id"] or 0) != self.node_id:
+            if dropped:
+                what = f"node{'s' if len(dropped) > 1 else ''} {', '.join(map(str, dropped))} dropped"
+            elif changed:
+                what = f"node{'s' if len(changed) > 1 else ''} {', '.join(map(str, changed))} changed"
             else:
                 what = f"node_id {s['node_id']} is not {self.node_id}"
             raise KeyFileError(f"{source}: its zone.nodes differ from the roster this agent runs with beyond pubkeys "
-                               f"({what}): a roster change takes a restart (systemctl restart laminard); a reload "
-                               "applies keys_file, node_keys, node_key_file and the roster's pubkeys")
+                               f"and nodes added ({what}): that roster change takes a restart (systemctl restart "
+                               "laminard); a reload applies keys_file, node_keys, node_key_file, the roster's pubkeys "
+                               "and nodes added to it")
+        added = [m for m in members if m.node not in running]
+        taken = {(m.addr, m.port): n for n, m in self.membership.by_node.items()}
+        for m in added:
+            if (m.addr, m.port) in taken:
+                raise KeyFileError(f"{source}: node {m.node}, added to zone.nodes, has node {taken[(m.addr, m.port)]}'s "
+                                   f"address {host_port(m.addr, m.port)}")
+        if added and s["check_source"]:
+            fam = {":" in canonical_ip(m.addr) for m in members}
+            if len(fam) > 1:
+                raise KeyFileError(f"{source}: zone.nodes would list IPv6 and IPv4 addresses with nodes "
+                                   f"{', '.join(str(m.node) for m in added)} added: with zone.check_source a node is "
+                                   "heard only from its listed address, so nodes of the two families can never "
+                                   "hear each other (list every node in one family)")
         pubkeys = {m.node: m.pubkey for m in members if m.pubkey}
         pairs = None
         if self.node_id in pubkeys:
@@ -1545,7 +1587,7 @@ class ZoneComponent:
             except ValueError as e:
                 raise KeyFileError(str(e)) from None
         restart = sorted(f"zone.{k}" for k in s if k not in self.RELOADED and s[k] != self.s.get(k))
-        return NodeKeyConfig(pairs, pubkeys, restart, str(s["keys_file"]))
+        return NodeKeyConfig(pairs, pubkeys, restart, str(s["keys_file"]), added)
 
     def _use_pairs(self, pairs: PairKeys | None, pubkeys: dict[int, bytes]) -> str:
         """Sign and verify with ``pairs`` from the next datagram on (the encoder, both decoders;

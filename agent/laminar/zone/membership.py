@@ -186,6 +186,34 @@ class Membership:
         self.members = list(self.by_node.values())
         self.state = {n: PeerState() for n in self.by_node}
 
+    def add(self, members: Iterable[Member]) -> list[int]:
+        """Adds ``members``, nodes the roster lists now and did not before (a reload:
+        ``ZoneComponent.reload_keys``); their liveness starts unknown, as every node's at start
+        (probed optimistically). The indexes are updated in place (``zone_list`` and
+        ``pool_list`` hand out the same lists). Raises :class:`MembershipError` (nothing added)
+        for a node id listed already or twice, or an address and port another node has. The
+        node ids added."""
+        new = list(members)
+        ids = [m.node for m in new]
+        addrs = [(m.addr, m.port) for m in new]
+        for m in new:
+            if m.node in self.by_node or ids.count(m.node) > 1:
+                raise MembershipError(f"zone.nodes: node id {m.node} listed twice")
+            if (m.addr, m.port) in self.by_addr or addrs.count((m.addr, m.port)) > 1:
+                raise MembershipError(f"zone.nodes: node {m.node}'s address {host_port(m.addr, m.port)} is another "
+                                      "node's too")
+        for m in new:
+            self.by_node[m.node] = m
+            self.by_zone.setdefault(m.zone, []).append(m.node)
+            self.by_zone[m.zone].sort()
+            self.by_addr[(m.addr, m.port)] = m.node
+            if m.pool:
+                self.by_pool.setdefault((m.zone, m.pool), []).append(m.node)
+                self.by_pool[(m.zone, m.pool)].sort()
+            self.state[m.node] = PeerState()
+        self.members = list(self.by_node.values())
+        return ids
+
     @property
     def zone(self) -> int:
         """This node's zone."""
