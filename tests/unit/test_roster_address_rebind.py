@@ -11,6 +11,7 @@ import socket
 from pathlib import Path
 
 import pytest
+from ports import free_port
 from xferrig import KEY
 
 from laminar.migrate.transfer import Receiver
@@ -39,7 +40,7 @@ def test_address_states(tmp_path: Path) -> None:
 def test_the_udp_endpoint_moves_keeping_its_port_and_stays_when_the_address_cannot_be_bound() -> None:
     async def run() -> None:
         ep = UdpEndpoint(Membership(1, []), Encoder(1, {}), Decoder({}, lambda n: None), lambda m, a: None)
-        ep.open(asyncio.get_running_loop(), "::", 0)
+        ep.open(asyncio.get_running_loop(), "::", free_port(socket.SOCK_DGRAM, "::"))
         try:
             port = ep.sock.getsockname()[1]
             with pytest.raises(OSError):
@@ -66,7 +67,7 @@ def test_the_handover_server_moves_keeping_its_port_and_stays_when_the_address_c
             raise AssertionError("no hand-over expected")
 
         srv = HandoverServer(Encoder(1, {}), Decoder({}, lambda n: None), lambda n: None, never)
-        await srv.start("::", 0)
+        await srv.start("::", free_port(socket.SOCK_STREAM, "::"))
         try:
             assert srv.server is not None
             port = srv.server.sockets[0].getsockname()[1]
@@ -84,7 +85,7 @@ def test_the_handover_server_moves_keeping_its_port_and_stays_when_the_address_c
 def test_the_transfer_receiver_moves_keeping_its_port_and_stays_when_the_address_cannot_be_bound(tmp_path: Path) -> None:
     async def run() -> None:
         rcv = Receiver(tmp_path, KEY)
-        port = await rcv.start("::1", 0)
+        port = await rcv.start("::1", free_port(socket.SOCK_STREAM, "::"))
         try:
             with pytest.raises(OSError):
                 await rcv.relisten(NOT_HERE)
