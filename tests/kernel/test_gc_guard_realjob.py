@@ -28,6 +28,7 @@ from typing import Any
 
 import pytest
 from jobrig import job_manager, until
+from ports import free_port
 
 from laminar.config import Config, validate
 from laminar.events import EventBus
@@ -112,9 +113,7 @@ async def ask(buddy: ReclaimComponent) -> None:
 
 
 def test_the_guard_of_a_running_job_stays_and_ends_when_the_job_exits(tmp_path: Path) -> None:
-    with socket.socket() as s:
-        s.bind(("127.0.0.2", 0))
-        port = int(s.getsockname()[1])
+    port = free_port(socket.SOCK_STREAM, "127.0.0.2")
     stop = tmp_path / "stop"
 
     async def main() -> None:

@@ -11,6 +11,7 @@ import socket
 from pathlib import Path
 
 import pytest
+from ports import free_port
 from test_prestage_silent_buddy import Silent
 
 from laminar.jobkit import Checkpointer
@@ -20,9 +21,7 @@ from laminar.migrate import transfer
 def test_a_silent_ipv6_destination_is_named_with_brackets(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(transfer, "HANDSHAKE_TIMEOUT_S", 0.3)
     ckpt = Checkpointer(job_id="j", ckpt_dir=tmp_path / "ck", install_signal=False).save(b"weights", step=1)
-    with socket.socket(socket.AF_INET6) as s:
-        s.bind(("::1", 0))
-        port = int(s.getsockname()[1])
+    port = free_port(socket.SOCK_STREAM, "::1")
 
     async def main() -> str:
         async with Silent().listening(port, "::1"):
