@@ -140,6 +140,27 @@ def restart(tmp: Path, arch: Path, state: str = "reclaimed",
     return c, events
 
 
+def hold_in_time(tmp: Path, arch: Path, stop: Any) -> Move:
+    """Node 1's _hold of job-1 (no holder, no buddy) whose archive answers in time; ``stop``:
+    the job manager's stop. The move."""
+    ckpt = Checkpointer(job_id="job-1", ckpt_dir=tmp / "ck", install_signal=False, keep=2).save(b"w", step=7)
+    c, _ = holding_node(tmp, arch, holders=False)
+    c.agent.jobs.stop = stop
+    mv = Move(job="job-1", key="n1-job-1", reason="owner", ckpt=ckpt.name)
+    c.moves["job-1"] = mv
+
+    async def main() -> None:
+        try:
+            await c._hold(SimpleNamespace(id="job-1"), mv, ckpt, 1 << 20, None, "no room",
+                          asyncio.get_running_loop().time() + 30)
+        finally:
+            c._lane.close()
+            c.agent.store.close()
+
+    asyncio.run(main())
+    return mv
+
+
 def guard_record(arch: Path) -> dict[str, Any]:
     return dict(json.loads((arch / "n1-job-1" / "guard.json").read_text()))
 
@@ -249,27 +270,12 @@ def test_a_copy_in_time_is_recorded_as_publishing_until_its_job_is_stopped(tmp_p
     from test_hold_archive_first import late_copies
 
     arch = tmp_path / "arch"
-    ckpt = Checkpointer(job_id="job-1", ckpt_dir=tmp_path / "ck", install_signal=False, keep=2).save(b"w", step=7)
-    c, seen = holding_node(tmp_path, arch, holders=False)
     at_stop: list[list[dict[str, Any]]] = []
 
     async def stop(jid: str, why: str, **kw: Any) -> None:
         at_stop.append(rows(tmp_path))
 
-    c.agent.jobs.stop = stop
-
-    async def main() -> None:
-        mv = Move(job="job-1", key="n1-job-1", reason="owner", ckpt=ckpt.name)
-        c.moves["job-1"] = mv
-        try:
-            await c._hold(SimpleNamespace(id="job-1"), mv, ckpt, 1 << 20, None, "no room",
-                          asyncio.get_running_loop().time() + 30)
-        finally:
-            c._lane.close()
-            c.agent.store.close()
-        assert mv.phase == "archived"
-
-    asyncio.run(main())
+    assert hold_in_time(tmp_path, arch, stop).phase == "archived"
     assert at_stop == [[{"key": "n1-job-1", "job_id": "job-1", "late": 0, "publishing": 1}]]
     assert late_copies(tmp_path) == 0
     assert guard_record(arch)["ckpt"] == "ckpt-7"
@@ -277,25 +283,12 @@ def test_a_copy_in_time_is_recorded_as_publishing_until_its_job_is_stopped(tmp_p
 
 def test_a_crash_right_after_a_copy_in_time_stopped_its_job_publishes_nothing_again(tmp_path: Path) -> None:
     arch = tmp_path / "arch"
-    ckpt = Checkpointer(job_id="job-1", ckpt_dir=tmp_path / "ck", install_signal=False, keep=2).save(b"w", step=7)
-    c, seen = holding_node(tmp_path, arch, holders=False)
 
     async def stop(jid: str, why: str, **kw: Any) -> None:
         raise Crash  # the job stopped, then the agent died before it dropped the row
 
-    c.agent.jobs.stop = stop
-
-    async def main() -> None:
-        mv = Move(job="job-1", key="n1-job-1", reason="owner", ckpt=ckpt.name)
-        try:
-            await c._hold(SimpleNamespace(id="job-1"), mv, ckpt, 1 << 20, None, "no room",
-                          asyncio.get_running_loop().time() + 30)
-        finally:
-            c._lane.close()
-            c.agent.store.close()
-
     with pytest.raises(Crash):
-        asyncio.run(main())
+        hold_in_time(tmp_path, arch, stop)
     before = guard_record(arch)
     c2, events = restart(tmp_path, arch)
     assert guard_record(arch) == before and c2.moves["job-1"].phase == "archived"
