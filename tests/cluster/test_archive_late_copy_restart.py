@@ -25,9 +25,8 @@ import time
 import pytest
 from fuserig import eio_mount
 from harness import wait_until
+from test_migrate_archive import finish
 from test_migration import (  # noqa: F401  (fixtures: make_cluster, reference_sha)
-    alive,
-    assert_continuous,
     fill,
     find_migrated,
     job_log,
@@ -98,14 +97,7 @@ def test_a_late_archive_copy_cut_by_an_agent_kill_is_taken_up_after_its_restart_
             first = wait_until(lambda: [e for e in job_log(nd, job["id"]) if e["event"] == "start"], 60,
                                "the resumed job's start", every=0.3)
             assert int(first[0]["step"]) == int(ckpt.removeprefix("ckpt-")), (first, ckpt)  # from the final one
-            wait_until(lambda: job_state(nd, job["id"])["state"] == "exited", 120, "the resumed job to finish")
-            assert job_state(nd, job["id"])["exit_code"] == 0
-            log = job_log(nd, job["id"])
-            assert_continuous(log, int(first[0]["step"]))
-            assert [e for e in log if e["event"] == "done"][0]["weights_sha256"] == reference_sha
-            copies = [j for n in c.nodes if alive(n) for j in n.json("jobs")
-                      if (j["spec"].get("env") or {}).get("LM_MIGRATED_FROM") == key]
-            assert len(copies) == 1, copies  # once
+            finish(c, key, nd, int(first[0]["step"]), reference_sha)  # one copy, an uninterrupted run's weights
             recs = {p.name: json.loads(p.read_text()) for p in (backing / key).glob("*.json")} \
                 if (backing / key).is_dir() else {}
             assert "guard.json" not in recs, recs  # claimed, not claimable again
