@@ -443,8 +443,19 @@ def test_tcp_job_flow_both_directions(env: Env) -> None:
         assert src.first_line == "connected"
         assert sink.p.stdout is not None
         assert sink.p.stdout.readline().strip() == str(total)
+        # The connection's last packets (the sink's FIN, the source's ACK of it) pass after the
+        # sink read everything: both ends exit, then the counts are read once they stand still
+        # (read before, the job's counters, read second, had the two the flow's had not).
+        src.p.wait(10)
+        sink.p.wait(10)
         f = abi.LmFlow.from_buffer_copy(flows.lookup(key) or b"")
-    c = env.counters(idx)
+        for _ in range(50):
+            time.sleep(0.1)
+            now = abi.LmFlow.from_buffer_copy(flows.lookup(key) or b"")
+            if now.packets == f.packets:
+                break
+            f = now
+        c = env.counters(idx)
     assert c.tx_bytes > total and c.rx_packets > 0 and c.drop_packets == 0
     # Every packet of the connection, both directions, is the flow's. The job's are all but
     # the last few ingress ones: once the closed socket is a time-wait sock the lookup (full
