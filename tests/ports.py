@@ -5,7 +5,8 @@ Binding port 0 and closing the socket hands out an ephemeral port, which the ker
 to any outgoing connection (another test's transfer, an agent's hand-over) before the test
 binds it: an "Address already in use" that comes and goes. A port below the ephemeral range is
 never handed out that way; it is checked free (bound once, then let go) for the family, host
-and socket kind it is for.
+and socket kind it is for, and never handed out twice in one process (a test that picks three
+ports, then binds them, would otherwise get the same one twice now and then).
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import random
 import socket
 
 _rng = random.Random()
+_given: set[int] = set()  # ports handed out in this process: never twice (a test may pick several)
 
 
 def _ephemeral() -> tuple[int, int]:
@@ -33,10 +35,14 @@ def free_port(kind: int = socket.SOCK_STREAM, host: str = "127.0.0.1", family: i
     first = 10000 if lo > 12000 else 1024
     for _ in range(200):
         port = _rng.randrange(first, lo) if lo - first > 1000 else 0
+        if port in _given:
+            continue
         with socket.socket(fam, kind) as s:
             try:
                 s.bind((host, port))
             except OSError:
                 continue
-            return int(s.getsockname()[1])
+            got = int(s.getsockname()[1])
+        _given.add(got)
+        return got
     raise OSError(f"no free port on {host} below {lo} after 200 tries")
