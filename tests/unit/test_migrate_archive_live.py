@@ -5,12 +5,18 @@ for agents that share the archive, real jobkit checkpoints."""
 from __future__ import annotations
 
 import json
+import os
+import threading
+import time
 from pathlib import Path
 from types import SimpleNamespace
+from typing import Any
 
 import pytest
 
+from laminar import jobkit
 from laminar.jobkit import Checkpointer, CheckpointError, verify_checkpoint
+from laminar.migrate.archive import ARCHIVE_TMP_STALE_S
 from laminar.migrate.reclaim import LIVE_RECORD, ReclaimComponent
 
 
@@ -145,3 +151,96 @@ def test_the_rule_follows_the_learned_unannounced_share(tmp_path: Path) -> None:
     a.s["archive_dir"] = ""
     a.notice_odds = type(a.notice_odds)()
     assert not a._archive_periodic_due()  # no archive configured
+
+
+def test_a_live_record_waits_for_the_newer_copy_its_node_still_makes_and_no_longer(
+        tmp_path: Path, job: Checkpointer, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Node 1's reclaim window ended (it counts as dead) while its agent, still heard from,
+    copies the job's final checkpoint into the archive (late: the archive hung). Node 3, with room,
+    does not claim the job's older live record while that copy goes on, for at most the progress
+    the copy holds (rent-or-buy); a silent node 1, or no newer copy, is not waited for."""
+    arch = tmp_path / "arch"
+    a, c = agent_of(1, arch), agent_of(3, arch)
+    d = arch / "k"
+    a.archive_live("k", job.save(b"w5", step=5), rec(buddy=None))
+    live = json.loads((d / LIVE_RECORD).read_text())
+    live["ts"] -= 30.0  # the periodic copy was 30 s before the final checkpoint's
+    (d / LIVE_RECORD).write_text(json.dumps(live))
+    final = job.save(b"w10", step=10)
+
+    # node 1's copy of ckpt-10 is under way: its temporary is written, its verification hangs
+    go, copying = threading.Event(), threading.Event()
+    verify = jobkit.verify_checkpoint
+
+    def slow_verify(p: Path) -> Any:
+        if p.name.startswith(".tmp-ckpt-10-1-"):
+            copying.set()
+            assert go.wait(30)
+        return verify(p)
+
+    monkeypatch.setattr(jobkit, "verify_checkpoint", slow_verify)
+    t = threading.Thread(target=a._archive, args=("k", final, {"key": "k", "src_node": 1, "src_job": "job-1",
+                                                              "request": {"take_over": True}}))
+    t.start()
+    try:
+        assert copying.wait(30)
+        wall = time.time()
+        c.s.update(dead_after_s=10.0, orphan_after_s=60.0)
+        c.notices = {1: (wall - 1.0, wall - 7.0)}  # node 1's window ended a second ago
+        heard = {1: wall}
+        c._last_seen = lambda n: heard.get(n, -1.0)  # type: ignore[method-assign]
+        c._guarded_here = lambda key: False  # type: ignore[method-assign]
+        events: list[dict[str, Any]] = []
+        c._emit = lambda msg, **f: events.append({"message": msg, **f})  # type: ignore[method-assign]
+        claimed: list[tuple[str, bool]] = []
+        c._from_archive = lambda key, live=False, **kw: (key, live)  # type: ignore[method-assign,assignment]
+        c._spawn = claimed.append  # type: ignore[method-assign,assignment]
+
+        def round_() -> None:
+            c._archive_claims(c._archive_look(arch, [], [], True, frozenset({3}), frozenset(), time.time()), time.time())
+
+        assert c._source_dead(1, time.time()) == "node 1's reclaim window ended"
+        round_()
+        assert claimed == [] and [e["phase"] for e in events] == ["archive-live-wait"]
+        assert "ckpt-10" in events[0]["message"] and events[0]["ckpt"] == "ckpt-5"
+        c._live_waits["k"] -= 20.0  # 20 s in: the copy holds about 30 s of progress
+        round_()
+        assert claimed == [] and len(events) == 1
+        c._live_waits["k"] -= 11.0  # past the progress it would save: the older record is claimed
+        round_()
+        assert claimed == [("k", True)] and events[-1]["phase"] == "archive-live-waited"
+        assert c._live_waits == {}
+
+        claimed.clear()
+        c._taking.clear()  # (that take-over found no room and gave the record back)
+        heard[1] = time.time() - 11.0  # node 1 silent past dead_after_s: not waited for
+        round_()
+        assert claimed == [("k", True)]
+    finally:
+        go.set()
+        t.join(30)
+    # the newer copy landed (nothing claimed it in this test): its guard record replaced the live one
+    assert sorted(p.name for p in d.glob("*.json")) == ["guard.json"]
+    claimed.clear()
+    look = c._archive_look(arch, [], [], True, frozenset({3}), frozenset(), time.time())
+    assert look["lives"] == [] and look["guards"] == ["k"]
+
+
+def test_a_live_record_with_no_newer_copy_or_only_a_stale_one_is_claimed_at_once(
+        tmp_path: Path, job: Checkpointer) -> None:
+    arch = tmp_path / "arch"
+    a = agent_of(1, arch)
+    d = arch / "k"
+    a.archive_live("k", job.save(b"w5", step=5), rec(buddy=None))
+    look = lambda: agent_of(3, arch)._archive_look(arch, [], [], True, frozenset({3}), frozenset(), time.time())  # noqa: E731
+    assert look()["lives"] == [("k", 1, None, None)]
+    (d / ".tmp-ckpt-3-1-5").mkdir()  # an older checkpoint's copy: not newer
+    (d / ".tmp-ckpt-9-2-5").mkdir()  # another node's
+    assert look()["lives"] == [("k", 1, None, None)]
+    stale = d / ".tmp-ckpt-9-1-5"
+    stale.mkdir()
+    assert look()["lives"][0][3][:2] == ("ckpt-5", "ckpt-9")
+    old = time.time() - ARCHIVE_TMP_STALE_S - 60
+    os.utime(stale, (old, old))  # a crashed writer's leftover
+    assert look()["lives"] == [("k", 1, None, None)]
+

@@ -56,7 +56,11 @@ an agent with room that sees the job's node *and* its buddy dead (silent for
 ``orphan_after_s``, or their reclaim windows ended): a job whose node and buddy both leave
 without notice rolls back only to its last archived periodic checkpoint. A stopped job's guard
 record replaces its live record (taken by rename, so only one record is ever claimable), and a
-node that finds its job's live record claimed does not publish another.
+node that finds its job's live record claimed does not publish another. A node whose window ended
+counts as dead while its agent may still be copying the job's final checkpoint (late, the
+archive hung): while it is heard from and its newer copy's temporary is in the key's directory,
+the live record waits, unclaimed, at most as long as the progress that copy holds
+(:meth:`ArchiveMixin._await_newer_copy`).
 
 **When the archive hangs.** ``archive_dir`` is shared storage, and its server can stop
 answering (an NFS or FUSE server gone: every stat, listing and open on the mount then waits,
@@ -88,6 +92,7 @@ import json
 import logging
 import os
 import queue
+import re
 import shutil
 import sqlite3
 import stat
@@ -263,6 +268,41 @@ class ArchiveWait:
             return self._state == "given up"
 
 
+_TMP_COPY = re.compile(r"\.tmp-(.+)-(\d+)-(\d+)")
+_CKPT_STEP = re.compile(r"ckpt-(\d+)")
+
+
+def _newer_copy(d: Path, src: int, rec: dict[str, Any], wall: float) -> tuple[str, str, float] | None:
+    """The copy of a newer checkpoint of the job that node ``src`` is making in ``d`` (its key
+    directory) while the job's live record ``rec`` names an older one: (the record's checkpoint,
+    the newer one's name, the progress between them in seconds: when the copy began, its
+    temporary's mtime, less the record's time), or None. A temporary older than
+    ARCHIVE_TMP_STALE_S is a crashed writer's and does not count."""
+    try:
+        ts, have = float(rec["ts"]), str(rec["ckpt"])
+    except (KeyError, TypeError, ValueError):
+        return None
+    m_have = _CKPT_STEP.fullmatch(have)
+    best: tuple[str, str, float] | None = None
+    for t in d.glob(".tmp-*"):
+        m = _TMP_COPY.fullmatch(t.name)
+        if m is None or int(m[2]) != src or m[1] == have:
+            continue
+        m_new = _CKPT_STEP.fullmatch(m[1])
+        if m_have is not None and (m_new is None or int(m_new[1]) <= int(m_have[1])):
+            continue  # not newer than the record's
+        try:
+            st = os.lstat(t)
+        except OSError:
+            continue
+        if not stat.S_ISDIR(st.st_mode) or wall - st.st_mtime > ARCHIVE_TMP_STALE_S:
+            continue
+        gain = min(max(st.st_mtime - ts, 0.0), ARCHIVE_TMP_STALE_S)
+        if best is None or gain < best[2]:
+            best = (have, m[1], gain)
+    return best
+
+
 def _read_record(path: Path) -> dict[str, Any] | None:
     """An archive record (a regular file holding a JSON object; never through a link), or None."""
     try:
@@ -294,6 +334,7 @@ class ArchiveMixin:
         _gc_unverified: set[tuple[str, str]]
         _lane: ArchiveLane
         _late_stopping: set[str]
+        _live_waits: dict[str, float]
         _round_running: bool
         _taking: set[str]
         agent: Any
@@ -308,6 +349,7 @@ class ArchiveMixin:
         s: dict[str, Any]
 
         def _emit(self, message: str, **fields: Any) -> None: ...
+        def _last_seen(self, node: int) -> float: ...
         def _late_copy_settled(self, mv: Any, error: BaseException | None) -> None: ...
         def _request(self, job: Any, take_over: bool) -> dict[str, Any]: ...
         async def _resume_here(self, row: Any, req: dict[str, Any], path: Path, why: str) -> str | None: ...
@@ -804,7 +846,7 @@ class ArchiveMixin:
         in ``periodic`` ((job id, its checkpoint directory, its ``resume_from``): the newest it
         committed, or before it wrote one, the verified checkpoint it was restarted from), and,
         with ``claims`` and the archive a directory, lists what may be claimed: guard records,
-        live records ((key, src, buddy)), stale claims (:meth:`_stale_claims`) and claims whose
+        live records ((key, src, buddy, newer): ``newer`` from :func:`_newer_copy`), stale claims (:meth:`_stale_claims`) and claims whose
         runner is not in ``alive`` and may be dead (:meth:`_running_records`). Keys in ``skip``
         (taken or waiting) are not read. Returns ``{"dropped", "ckpts", "claims", "guards",
         "lives", "stale", "runs"}``."""
@@ -830,7 +872,8 @@ class ArchiveMixin:
                 continue
             try:
                 rec = json.loads(g.read_text())
-                out["lives"].append((g.parent.name, int(rec["src_node"]), rec.get("buddy")))
+                src = int(rec["src_node"])
+                out["lives"].append((g.parent.name, src, rec.get("buddy"), _newer_copy(g.parent, src, rec, wall)))
             except (OSError, ValueError, KeyError, TypeError):
                 continue  # claimed meanwhile, or not ours to read
         out["stale"] = [(k, rec) for k, rec in self._stale_claims(root, wall) if k not in skip]
@@ -956,13 +999,18 @@ class ArchiveMixin:
                 continue  # this node guards it: its own take-over goes through the claim
             self._taking.add(key)
             self._spawn(self._from_archive(key))
-        for key, src, buddy in look["lives"]:
+        waited = {}
+        for key, src, buddy, newer in look["lives"]:
             if not free(key) or self._run_elsewhere(src, buddy, wall):
                 continue  # its node runs it, or its buddy lives and resumes it from its replica
             if self._guarded_here(key):
                 continue  # this node guards it: its own take-over goes through the claim
+            if newer is not None and self._await_newer_copy(key, src, newer, wall, now):
+                waited[key] = self._live_waits[key]
+                continue
             self._taking.add(key)
             self._spawn(self._from_archive(key, live=True))
+        self._live_waits = waited  # a wait ends with its record (claimed, replaced by the newer one, gone)
         for key, rec in look["stale"]:
             # its node claimed it and died before the job ran: claimable again (_claim takes it over)
             if not free(key):
@@ -983,6 +1031,32 @@ class ArchiveMixin:
                 continue
             self._taking.add(key)
             self._spawn(self._from_archive(key, dead_runner=node))
+
+    def _await_newer_copy(self, key: str, src: int, newer: tuple[str, str, float], wall: float, now: float) -> bool:
+        """Whether the live record of ``key`` waits (is not claimed yet) for the newer checkpoint
+        its node ``src`` is copying into the archive (``newer``: the record's checkpoint, the newer
+        one's name, the progress between them in seconds; :func:`_newer_copy`). A node whose
+        reclaim window ended counts as dead, yet its agent may still be there, making the late
+        copy of the job's final checkpoint (the archive hung past the window's wait): claiming the
+        older record then would resume the job from there and throw away the newer one (its
+        record is never published once the live record is claimed). So while ``src`` is heard from
+        (within ``dead_after_s``), the claim waits, at most as long as the progress it would save
+        (the rent-or-buy break-even: the wait never costs more than that progress); a silent
+        ``src`` is not waited for."""
+        seen = self._last_seen(src)
+        if seen < 0 or wall - seen >= float(self.s["dead_after_s"]):
+            return False
+        first = self._live_waits.setdefault(key, now)
+        if now - first >= newer[2]:
+            self._emit(f"{key}: waited {now - first:.1f} s for node {src}'s copy of {newer[1]} into the archive "
+                       f"(the progress it holds over {newer[0]}); resumed from {newer[0]}", persist=False,
+                       key=key, ckpt=newer[0], phase="archive-live-waited")
+            return False
+        if now == first:
+            self._emit(f"{key}: its archived {newer[0]} is not claimed yet: node {src}, heard from past its "
+                       f"reclaim window, is copying {newer[1]} into the archive (waits up to {newer[2]:.1f} s, "
+                       "the progress it holds)", persist=False, key=key, ckpt=newer[0], phase="archive-live-wait")
+        return True
 
     def _guarded_here(self, key: str) -> bool:
         """This node guards (or waits to resume) the job ``key``."""

@@ -540,6 +540,8 @@ class ReclaimComponent(BuddiesMixin, GuardMixin, ReplicasMixin, WithdrawMixin, S
         self.archived_live: dict[str, str] = {}  # job id -> newest periodic checkpoint in the archive (live.json)
         self._archiving: set[str] = set()
         self._late_stopping: set[str] = set()  # jobs a restart stops: their record was being archived
+        # archived keys whose live record waits, not claimed, for its node's newer copy: since (monotonic)
+        self._live_waits: dict[str, float] = {}
         # jobs whose final checkpoint is in the archive (or on its way there, late) while their
         # stop here is under way: never thawed nor moved again (any agent with room claims it)
         self._archive_keeps: set[str] = set()
