@@ -23,7 +23,7 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
-from test_hold_archive_first import late_copies, migrate_store
+from test_hold_archive_first import hang_copies, late_copies, migrate_store
 from test_move_done_before_stop import Cgroup
 
 from laminar.jobkit import Checkpointer
@@ -60,18 +60,18 @@ def homeless(tmp: Path, stop_blocks: bool) -> tuple[ReclaimComponent, Any, list[
     return c, job, seen, stopping
 
 
+async def new_plan(c: ReclaimComponent, job: Any) -> None:
+    """A shorter window's plan evacuating ``job`` (``_execute``), half a second left."""
+    c.reclaim = {"planned_mono": time.monotonic(), "deadline_mono": time.monotonic() + 0.5, "cancel": asyncio.Event()}
+    c.agent.jobs.active = lambda: []
+    await c._execute([job], {})
+
+
 def test_a_move_cut_while_its_copy_waits_on_a_hung_archive_gives_the_copy_up_and_thaws_the_job(
         tmp_path: Path) -> None:
     c, job, seen, _ = homeless(tmp_path, stop_blocks=False)
     storage, copying = threading.Event(), threading.Event()
-    real = c._publish_copy
-
-    def hung(*a: Any) -> Path:
-        copying.set()
-        assert storage.wait(30)
-        return real(*a)
-
-    c._publish_copy = hung  # type: ignore[method-assign]
+    hang_copies(c, storage, copying)
 
     async def main() -> None:
         task = asyncio.ensure_future(c._move(job, "a test", time.monotonic() + 30, final=False))
@@ -104,11 +104,7 @@ def test_a_move_cut_after_the_archive_has_the_job_leaves_it_frozen_and_a_new_pla
             await asyncio.gather(task, return_exceptions=True)
             assert task.cancelled()
             assert job.cgroup.calls == ["freeze"]  # not thawed: the archive's record is claimable
-            # the new plan's evacuation: the job is stopped here, not moved again
-            c.reclaim = {"planned_mono": time.monotonic(), "deadline_mono": time.monotonic() + 0.5,
-                         "cancel": asyncio.Event()}
-            c.agent.jobs.active = lambda: []
-            await c._execute([job], {})
+            await new_plan(c, job)  # its evacuation: the job is stopped here, not moved again
         finally:
             c._lane.close()
 
@@ -123,13 +119,7 @@ def test_a_move_cut_while_it_stops_a_job_whose_late_copy_goes_on_leaves_it_froze
         tmp_path: Path) -> None:
     c, job, seen, stopping = homeless(tmp_path, stop_blocks=True)
     storage = threading.Event()
-    real = c._publish_copy
-
-    def hung(*a: Any) -> Path:
-        assert storage.wait(30)
-        return real(*a)
-
-    c._publish_copy = hung  # type: ignore[method-assign]
+    hang_copies(c, storage)
 
     async def main() -> None:
         task = asyncio.ensure_future(c._move(job, "a test", time.monotonic() + 1.5, final=False))
@@ -139,10 +129,7 @@ def test_a_move_cut_while_it_stops_a_job_whose_late_copy_goes_on_leaves_it_froze
             task.cancel()
             await asyncio.gather(task, return_exceptions=True)
             assert job.cgroup.calls == ["freeze"]  # not thawed: its copy will be claimable
-            c.reclaim = {"planned_mono": time.monotonic(), "deadline_mono": time.monotonic() + 0.5,
-                         "cancel": asyncio.Event()}
-            c.agent.jobs.active = lambda: []
-            await c._execute([job], {})
+            await new_plan(c, job)
             storage.set()  # the storage answers: the copy lands
             await c._lane.call("the test's end", lambda: None)
             await asyncio.sleep(0)

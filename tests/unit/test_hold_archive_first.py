@@ -24,6 +24,7 @@ import asyncio
 import sqlite3
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -89,6 +90,29 @@ def holding_node(tmp: Path, archive: Path, holders: bool = True) -> tuple[Reclai
     return c, seen
 
 
+def hang_copies(c: ReclaimComponent, storage: threading.Event, copying: threading.Event | None = None,
+                answer: Callable[[], None] | None = None) -> None:
+    """A stand-in for hung storage under the archive: ``c``'s copies into it (``_publish_copy``,
+    on its archive thread) wait until ``storage`` is set (``copying`` is set as one begins); then
+    ``answer`` runs (it may raise: the storage's error, or the agent's crash) and the real copy
+    is made."""
+    real = c._publish_copy
+
+    def hung(*a: Any) -> Path:
+        if copying is not None:
+            copying.set()
+        assert storage.wait(30)
+        if answer is not None:
+            answer()
+        return real(*a)
+
+    c._publish_copy = hung  # type: ignore[method-assign]
+
+
+def refuse() -> None:
+    raise OSError(28, "No space left on device")
+
+
 def hold(c: ReclaimComponent, ckpt: Path, window_s: float = 30.0, storage: threading.Event | None = None,
          seen: list[str] | None = None, refuses: bool = False) -> Move:
     """The reclaim's _hold of job-1 with ``window_s`` of its window left; ``storage``: the archive
@@ -98,15 +122,7 @@ def hold(c: ReclaimComponent, ckpt: Path, window_s: float = 30.0, storage: threa
     mv = Move(job="job-1", key="n1-job-1", reason="owner", ckpt=ckpt.name)  # as _move has set it
     c.moves["job-1"] = mv
     if storage is not None:
-        real = c._publish_copy
-
-        def hung(*a: Any) -> Path:  # stand-in: the storage answers once ``storage`` is set
-            assert storage.wait(30)
-            if refuses:
-                raise OSError(28, "No space left on device")
-            return real(*a)
-
-        c._publish_copy = hung  # type: ignore[method-assign]
+        hang_copies(c, storage, answer=refuse if refuses else None)
 
     async def main() -> None:
         try:

@@ -25,7 +25,7 @@ from types import SimpleNamespace
 from typing import Any
 
 import pytest
-from test_hold_archive_first import holding_node
+from test_hold_archive_first import hang_copies, holding_node
 
 from laminar.jobkit import Checkpointer
 from laminar.migrate import archive as archive_mod
@@ -62,14 +62,12 @@ def crash_during_late_copy(tmp: Path, arch: Path, dead: threading.Event, where: 
     ckpt = Checkpointer(job_id="job-1", ckpt_dir=tmp / "ck", install_signal=False, keep=2).save(b"w", step=7)
     c, seen = holding_node(tmp, arch, holders=False)
     storage = threading.Event()
-    real_copy, real_rename = c._publish_copy, archive_mod.os.rename
+    real_rename = archive_mod.os.rename
 
-    def hung_copy(*a: Any) -> Path:
-        storage.wait()
+    def crash() -> None:
         if where == "storage":
             dead.wait()
             raise Crash
-        return real_copy(*a)
 
     reached = threading.Event()
 
@@ -82,7 +80,7 @@ def crash_during_late_copy(tmp: Path, arch: Path, dead: threading.Event, where: 
         dead.wait()
         raise Crash
 
-    c._publish_copy = hung_copy  # type: ignore[method-assign]
+    hang_copies(c, storage, answer=crash)
     mp = pytest.MonkeyPatch()
     mp.setattr(archive_mod.os, "rename", rename)
 
