@@ -1295,6 +1295,9 @@ class ReclaimComponent(BuddiesMixin, GuardMixin, ReplicasMixin, WithdrawMixin, S
 
         work = asyncio.ensure_future(asyncio.gather(*(one(j) for j in jobs), self._pass_guards(deadline, cancel),
                                                     return_exceptions=True))
+        # cut with its moves still unwinding, a gather ends with a CancelledError that the cut
+        # (which re-raises its own) never reads: read here, or asyncio logs it as never retrieved
+        work.add_done_callback(lambda f: f.cancelled() or f.exception())
         try:
             await asyncio.wait({work}, timeout=max(0.0, deadline - time.monotonic()))
             if not cancel.is_set():
