@@ -6,7 +6,9 @@ the copy up (its record was never published: ``migrate_late_copies``), the copy 
 storage answers, and the
 first agent with room resumes the job from the archive, once, with the weights of an
 uninterrupted run. Before, the restart ended the copy for good, and the job's only checkpoint
-stayed in its ckpt directory on the node being taken back.
+stayed in its ckpt directory on the node being taken back. B has room before the copy lands and
+may see the job's older live record (a periodic copy) first: it waits for the newer copy of A's,
+which A, heard from past its window, is making (a fresh-clone CI run resumed from the older one).
 
 The hung storage is real: ``archive_dir`` is a writable FUSE mount (tests/fuserig.py) whose
 server stops itself at the first ``mkdir`` of a copy's temporary name (``.tmp-ckpt-*``), so
