@@ -9,11 +9,13 @@ from __future__ import annotations
 import asyncio
 import socket
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 from ports import free_port
 from xferrig import KEY
 
+from laminar.migrate.reclaim import ReclaimComponent
 from laminar.migrate.transfer import Receiver
 from laminar.zone.membership import Membership
 from laminar.zone.transport import HandoverServer, UdpEndpoint, address_state
@@ -96,6 +98,166 @@ def test_the_transfer_receiver_moves_keeping_its_port_and_stays_when_the_address
             _, w = await asyncio.open_connection("127.0.0.1", port)
             w.close()
         finally:
+            await rcv.stop()
+
+    asyncio.run(run())
+
+
+def squat(kind: int, port: int) -> socket.socket:
+    """Another socket takes ``port`` on every address (both families), as one may in the moment
+    a move has closed the old socket and not yet bound the new one."""
+    s = socket.socket(socket.AF_INET6, kind)
+    s.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0)
+    s.bind(("::", port))
+    if kind == socket.SOCK_STREAM:
+        s.listen()
+    return s
+
+
+def test_the_udp_endpoint_whose_port_is_taken_mid_move_says_so_and_binds_on_the_next_try() -> None:
+    async def run() -> None:
+        ep = UdpEndpoint(Membership(1, []), Encoder(1, {}), Decoder({}, lambda n: None), lambda m, a: None)
+        port = free_port(socket.SOCK_DGRAM, "::")
+        ep.open(asyncio.get_running_loop(), "::", port)
+        squatter: list[socket.socket] = []
+        close = ep.close
+
+        def close_then_squat() -> None:
+            close()
+            if not squatter:
+                squatter.append(squat(socket.SOCK_DGRAM, port))
+
+        ep.close = close_then_squat  # type: ignore[method-assign]
+        try:
+            with pytest.raises(OSError, match=r"nor :: again .*no zone socket until it is tried again"):
+                ep.rebind("::1")
+            assert ep.sock is None  # before: an OSError from the fallback, and the next look crashed on None
+            ep.send_to(1, ("::1", port), None)  # type: ignore[arg-type]  # dropped: no socket, no crash
+            squatter[0].close()
+            ep.rebind("::1")  # the zone's next look
+            assert ep.sock is not None and ep.sock.getsockname()[:2] == ("::1", port)
+            with socket.socket(socket.AF_INET6, socket.SOCK_DGRAM) as s:
+                s.sendto(b"x", ("::1", port))
+            for _ in range(100):
+                if ep.received:
+                    break
+                await asyncio.sleep(0.01)
+            assert ep.received == 1
+        finally:
+            for s in squatter:
+                s.close()
+            close()
+
+    asyncio.run(run())
+
+
+def test_the_handover_server_whose_port_is_taken_mid_move_says_so_and_listens_on_the_next_try() -> None:
+    async def run() -> None:
+        async def never(msg):  # type: ignore[no-untyped-def]
+            raise AssertionError("no hand-over expected")
+
+        srv = HandoverServer(Encoder(1, {}), Decoder({}, lambda n: None), lambda n: None, never)
+        port = free_port(socket.SOCK_STREAM, "::")
+        await srv.start("::", port)
+        squatter: list[socket.socket] = []
+        stop = srv.stop
+
+        async def stop_then_squat() -> None:
+            await stop()
+            if not squatter:
+                squatter.append(squat(socket.SOCK_STREAM, port))
+
+        srv.stop = stop_then_squat  # type: ignore[method-assign]
+        try:
+            with pytest.raises(OSError, match=r"nor on :: again .*not listening until it is tried again"):
+                await srv.relisten("::1")
+            assert srv.server is None
+            squatter[0].close()
+            await srv.relisten("::1")  # the zone's next look
+            assert srv.server is not None
+            assert [s.getsockname()[:2] for s in srv.server.sockets] == [("::1", port)]
+            _, w = await asyncio.open_connection("::1", port)
+            w.close()
+        finally:
+            for s in squatter:
+                s.close()
+            await stop()
+
+    asyncio.run(run())
+
+
+def test_the_transfer_receiver_whose_port_is_taken_mid_move_says_so_and_listens_on_the_next_try(
+        tmp_path: Path) -> None:
+    async def run() -> None:
+        rcv = Receiver(tmp_path, KEY)
+        port = await rcv.start("::", free_port(socket.SOCK_STREAM, "::"))
+        squatter: list[socket.socket] = []
+        close = rcv._close
+
+        async def close_then_squat() -> None:
+            await close()
+            if not squatter:
+                squatter.append(squat(socket.SOCK_STREAM, port))
+
+        rcv._close = close_then_squat  # type: ignore[method-assign]
+        try:
+            with pytest.raises(OSError, match=r"nor on :: again"):
+                await rcv.relisten("127.0.0.1")
+            assert rcv.server is None
+            squatter[0].close()
+            await rcv.relisten("127.0.0.1")
+            assert rcv.server is not None
+            assert [s.getsockname()[:2] for s in rcv.server.sockets] == [("127.0.0.1", port)]
+            _, w = await asyncio.open_connection("127.0.0.1", port)
+            w.close()
+        finally:
+            for s in squatter:
+                s.close()
+            await rcv.stop()
+
+    asyncio.run(run())
+
+
+def test_transfers_follow_the_zone_onto_its_address_once_the_port_taken_mid_move_is_free_again(
+        tmp_path: Path) -> None:
+    """The zone moved onto its roster address; the checkpoint receiver's move there finds its port
+    taken in the moment between: it is tried again every ``rebind_interval_s`` until it binds
+    (before, the receiver stayed closed for good: no checkpoint could reach this node)."""
+    async def run() -> None:
+        rcv = Receiver(tmp_path, KEY)
+        port = await rcv.start("::", free_port(socket.SOCK_STREAM, "::"))
+        squatter: list[socket.socket] = []
+        close = rcv._close
+
+        async def close_then_squat() -> None:
+            await close()
+            if not squatter:
+                squatter.append(squat(socket.SOCK_STREAM, port))
+
+        rcv._close = close_then_squat  # type: ignore[method-assign]
+        c = ReclaimComponent()
+        c.receiver = rcv
+        c.agent = SimpleNamespace(zone=SimpleNamespace(networked=True, listen_host="127.0.0.1", rebind_interval_s=0.05))
+        try:
+            await c._follow_zone_listen("127.0.0.1")
+            assert rcv.server is None and c._tasks  # not listening; tried again
+            await asyncio.sleep(0.2)
+            assert rcv.server is None  # still taken
+            squatter[0].close()
+            for _ in range(100):
+                if rcv.server is not None:
+                    break
+                await asyncio.sleep(0.02)
+            assert rcv.server is not None
+            assert [s.getsockname()[:2] for s in rcv.server.sockets] == [("127.0.0.1", port)]
+            assert c._xfer_local == "127.0.0.1"
+            await asyncio.sleep(0.1)
+            assert not c._tasks  # done once bound
+        finally:
+            for t in list(c._tasks):
+                t.cancel()
+            for s in squatter:
+                s.close()
             await rcv.stop()
 
     asyncio.run(run())

@@ -664,11 +664,36 @@ class ReclaimComponent(BuddiesMixin, GuardMixin, ReplicasMixin, WithdrawMixin, S
 
     async def _follow_zone_listen(self, host: str) -> None:
         """The zone listens on its roster address ``host`` now: transfers listen on it and
-        leave from it (zone.check_source at the peers)."""
-        if self.receiver is not None and self.receiver.server is not None:
-            await self.receiver.relisten(host)
-            self._xfer_local = host
-            log.info("migrate: listening for checkpoint transfers on %s (the zone's roster address) now", host)
+        leave from it (zone.check_source at the peers). When the port cannot be bound there
+        (taken in the moment the old socket was closed), it is tried again every
+        ``rebind_interval_s`` until it is, as long as the zone stays on ``host``: meanwhile the
+        old address listens, or, when it could not be bound again either, nothing does."""
+        if self.receiver is None or self.receiver.port is None:
+            return
+        try:
+            await self._relisten_xfer(host)
+        except OSError as e:
+            log.warning("migrate: cannot listen for checkpoint transfers on %s yet (%s): tried again", host, e)
+            self._spawn(self._relisten_xfer_until(host))
+
+    async def _relisten_xfer(self, host: str) -> None:
+        assert self.receiver is not None
+        await self.receiver.relisten(host)
+        self._xfer_local = host
+        log.info("migrate: listening for checkpoint transfers on %s (the zone's roster address) now", host)
+
+    async def _relisten_xfer_until(self, host: str) -> None:
+        every = float(getattr(self.zone, "rebind_interval_s", 0) or 2.0)
+        while True:
+            await asyncio.sleep(every)
+            z = self.zone
+            if self.receiver is None or (z is not None and getattr(z, "listen_host", host) != host):
+                return  # stopped, or the zone moved on (its next rebind calls _follow_zone_listen again)
+            try:
+                await self._relisten_xfer(host)
+                return
+            except OSError as e:
+                log.debug("migrate: checkpoint transfers on %s: %s", host, e)
 
     def _sweep_outgoing(self) -> list[Path]:
         """Removes every snapshot under ``<root>/outgoing/`` (called at start, before any send:

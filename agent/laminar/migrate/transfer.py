@@ -110,7 +110,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, NoReturn, Protocol
 
-from laminar import jobkit
+from laminar import jobkit, listen
 
 # `cryptography` (OpenSSL) is imported at the first connection, not with the agent: it adds
 # ~7 MiB of resident memory that an agent that never transfers does not need.
@@ -1726,6 +1726,7 @@ class Receiver:
         self.on_commit = on_commit
         self.on_progress = on_progress
         self.server: asyncio.AbstractServer | None = None
+        self.port: int | None = None  # the port it listens on (kept while a relisten finds it taken)
         self._locks = _KeyLocks()
         self._unauth: dict[str, int] = {}  # peer address -> its connections still in the handshake
         self.committed: list[Committed] = []
@@ -1736,24 +1737,26 @@ class Receiver:
         (self.root / "incoming").mkdir(parents=True, exist_ok=True)
         (self.root / "checkpoints").mkdir(parents=True, exist_ok=True)
         self.sweep(at_start=True)
+        await self._bind(host, port)
+        assert self.port is not None
+        return self.port
+
+    async def _bind(self, host: str, port: int) -> None:
         # '::' (with a port): every address of both families (asyncio's '::' socket is IPv6 only)
         self.server = await asyncio.start_server(self._handle, None if host == "::" and port else host, port)
-        return int(self.server.sockets[0].getsockname()[1])
+        self.port = int(self.server.sockets[0].getsockname()[1])
+
+    async def _close(self) -> None:
+        if self.server is not None:
+            self.server.close()  # transfers being received go on
+            self.server = None
 
     async def relisten(self, host: str) -> None:
         """Listen on ``host`` at the same port instead (the zone's roster address once usable:
         ZoneComponent.on_rebind); transfers being received go on. When ``host`` cannot be bound
-        the old address is listened on again and the OSError raised."""
-        srv = self.server
-        assert isinstance(srv, asyncio.Server) and srv.sockets, "relisten before start"
-        name = srv.sockets[0].getsockname()
-        old = "::" if len(srv.sockets) > 1 else str(name[0])  # '::' listens on two sockets (start)
-        srv.close()
-        try:
-            self.server = await asyncio.start_server(self._handle, None if host == "::" else host, int(name[1]))
-        except OSError:
-            self.server = await asyncio.start_server(self._handle, None if old == "::" else old, int(name[1]))
-            raise
+        the old address is listened on again and the OSError raised; when neither can be,
+        nothing listens until the next call (:func:`laminar.listen.relisten`)."""
+        await listen.relisten(self.server, self.port, host, self._bind, self._close)
 
     async def stop(self) -> None:
         if self.server is not None:

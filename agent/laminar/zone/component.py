@@ -1677,7 +1677,8 @@ class ZoneComponent:
             if not address_is_local(host):
                 continue
             try:
-                if self.endpoint.sock.getsockname()[0] != canonical_ip(host):
+                sock = self.endpoint.sock  # None: a rebind found the port taken (tried again here)
+                if sock is None or sock.getsockname()[0] != canonical_ip(host):
                     self.endpoint.rebind(host)
                 await self.server.relisten(host)
             except OSError as e:

@@ -22,6 +22,7 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import Protocol
 
+from laminar import listen
 from laminar.zone import wire
 from laminar.zone.membership import Membership, canonical_ip, host_port
 
@@ -202,6 +203,7 @@ class UdpEndpoint:
         self.local_clock = local_clock or clock  # when a peer was heard, for ages (membership.seen)
         self.sock: socket.socket | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
+        self.port: int | None = None  # the port bound (kept while a rebind finds it taken)
         self.sent = 0
         self.received = 0
         self.send_errors = 0
@@ -231,20 +233,30 @@ class UdpEndpoint:
             raise
         self.sock = sock
         self._loop = loop
+        self.port = int(sock.getsockname()[1])
         loop.add_reader(sock.fileno(), self._readable)
 
     def rebind(self, host: str) -> None:
         """Listen on ``host`` at the same port instead (the socket is closed and a new one
         bound: a datagram arriving in between is lost, as any). When ``host`` cannot be bound
-        the old address is bound again and the OSError raised."""
-        assert self.sock is not None and self._loop is not None, "rebind before open"
-        old, port = self.sock.getsockname()[:2]
-        loop = self._loop
+        the old address is bound again and the OSError raised; when neither can be (the port
+        was taken in between), no socket is open (sends are dropped) and an OSError says so:
+        the next call binds ``host`` at that port."""
+        assert self._loop is not None and self.port is not None, "rebind before open"
+        loop, port = self._loop, self.port
+        if self.sock is None:
+            self.open(loop, host, port)
+            return
+        old = str(self.sock.getsockname()[0])
         self.close()
         try:
             self.open(loop, host, port)
-        except OSError:
-            self.open(loop, old, port)
+        except OSError as e:
+            try:
+                self.open(loop, old, port)
+            except OSError as again:
+                raise OSError(e.errno, f"cannot bind {host} port {port} ({e.strerror}), nor {old} again "
+                                       f"({again.strerror}): no zone socket until it is tried again") from e
             raise
 
     def close(self) -> None:
@@ -428,6 +440,7 @@ class HandoverServer:
         self.clock = clock
         self.timeout_s = timeout_s
         self.server: asyncio.AbstractServer | None = None
+        self.port: int | None = None  # the port it listens on (kept while a relisten finds it taken)
         self.connections = 0
         self._canon = _Canon()
 
@@ -435,20 +448,13 @@ class HandoverServer:
         """Listen on ``host:port``; ``::`` is every address of both families (asyncio's own
         ``::`` socket would be IPv6 only)."""
         self.server = await asyncio.start_server(self._serve, None if host == "::" else host, port, reuse_address=True)
+        self.port = int(self.server.sockets[0].getsockname()[1])
 
     async def relisten(self, host: str) -> None:
         """Listen on ``host`` at the same port instead; hand-overs being served go on. When
-        ``host`` cannot be bound the old address is listened on again and the OSError raised."""
-        srv = self.server
-        assert isinstance(srv, asyncio.Server) and srv.sockets, "relisten before start"
-        name = srv.sockets[0].getsockname()
-        old = "::" if len(srv.sockets) > 1 else str(name[0])  # '::' listens on two sockets (start)
-        await self.stop()
-        try:
-            await self.start(host, int(name[1]))
-        except OSError:
-            await self.start(old, int(name[1]))
-            raise
+        ``host`` cannot be bound the old address is listened on again and the OSError raised;
+        when neither can be, nothing listens until the next call (:func:`laminar.listen.relisten`)."""
+        await listen.relisten(self.server, self.port, host, self.start, self.stop)
 
     async def stop(self) -> None:
         if self.server is not None:
