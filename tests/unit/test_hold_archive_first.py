@@ -142,12 +142,15 @@ def hold(c: ReclaimComponent, ckpt: Path, window_s: float = 30.0, storage: threa
     return mv
 
 
-def test_the_holder_takes_the_guard_once_the_archive_holds_the_record(tmp_path: Path) -> None:
+def test_the_holder_guards_before_the_stop_and_takes_over_once_the_archive_holds_the_record(tmp_path: Path) -> None:
     ckpt = Checkpointer(job_id="job-1", ckpt_dir=tmp_path / "ck", install_signal=False, keep=2).save(b"w", step=7)
     c, seen = holding_node(tmp_path, tmp_path / "arch")
     mv = hold(c, ckpt)
     assert mv.phase == "held" and mv.dest == 2
-    assert seen == ["sent ckpt-7 to 2", "stopped job-1", "guard to 2 take_over=True archived=True"]
+    # guarded (as a buddy: it takes over at the window's end) before the job stops: an agent
+    # crash after the stop leaves the job its keeper; told to take over once archived
+    assert seen == ["sent ckpt-7 to 2", "guard to 2 take_over=False archived=False", "stopped job-1",
+                    "guard to 2 take_over=True archived=True"]
     assert (tmp_path / "arch" / "n1-job-1" / "guard.json").exists()
     assert c.buddy["job-1"] == 2
 
@@ -158,8 +161,26 @@ def test_an_archive_that_refuses_the_copy_still_leaves_the_holder_the_guard(tmp_
     c, seen = holding_node(tmp_path, tmp_path / "not-a-dir" / "arch")
     mv = hold(c, ckpt)
     assert mv.phase == "held" and mv.dest == 2
-    assert seen == ["sent ckpt-7 to 2", "stopped job-1", "guard to 2 take_over=True archived=False"]
+    assert seen == ["sent ckpt-7 to 2", "guard to 2 take_over=False archived=False", "stopped job-1",
+                    "guard to 2 take_over=True archived=False"]
     assert c.buddy["job-1"] == 2
+
+
+def test_a_holder_that_does_not_take_the_guard_is_passed_over_and_the_job_is_not_stopped_for_it(
+        tmp_path: Path) -> None:
+    ckpt = Checkpointer(job_id="job-1", ckpt_dir=tmp_path / "ck", install_signal=False, keep=2).save(b"w", step=7)
+    c, seen = holding_node(tmp_path, tmp_path / "arch")
+
+    async def silent_guard(job: Any, node: int, ckpt: str, take_over: bool = False) -> None:
+        seen.append(f"guard to {node} take_over={take_over}: no answer")
+        raise TimeoutError("node 2 did not answer")
+
+    c._guard = silent_guard  # type: ignore[method-assign]
+    c.s["archive_dir"] = ""  # no archive: the move fails, and the job runs on here
+    c.buddy["job-1"] = 3  # an older buddy: kept, not released
+    mv = hold(c, ckpt, seen=seen)
+    assert seen == ["sent ckpt-7 to 2", "guard to 2 take_over=False: no answer", "raised MigrateError"]
+    assert mv.phase != "held" and c.buddy["job-1"] == 3
 
 
 def test_no_holder_no_buddy_and_a_hung_archive_the_job_stops_and_its_copy_is_published_late(tmp_path: Path) -> None:

@@ -1539,8 +1539,9 @@ class ReclaimComponent(BuddiesMixin, GuardMixin, ReplicasMixin, WithdrawMixin, S
     async def _hold(self, job: Any, mv: Move, ckpt: Path, size: int, xfer_deadline: float | None, why: str,
                     window_end: float) -> None:
         """No peer can run ``job`` now: send its final checkpoint to the best storage holder,
-        stop the job here (state ``reclaimed``) and hand the holder the guard with ``take_over``,
-        so it places the job as soon as room frees. Raises MigrateError when no holder takes it.
+        hand it the guard (as a buddy's: it takes the job over at this node's window end, should
+        this agent die now), stop the job here (state ``reclaimed``) and tell the holder to take
+        it over (``take_over``), so it places the job as soon as room frees. Raises MigrateError when no holder takes it.
         With ``archive_dir``, the copy beside the holder is archived before the holder is handed
         the guard, so the holder's take-over claims its record (one node runs the job).
         The archive (a copy beside the holder, or the job's only one when no holder takes it) is
@@ -1569,6 +1570,19 @@ class ReclaimComponent(BuddiesMixin, GuardMixin, ReplicasMixin, WithdrawMixin, S
                     self._mark_silent(node)
                 errors.append(f"holder {node}: {e}")
                 continue
+            # The holder guards the job before it stops here (as a buddy: it takes the job over
+            # when this node's window ends, which the guard carries): an agent crash between the
+            # stop and the take-over below leaves the job its keeper. Told to take over only
+            # once the job is stopped, it never runs it beside this node.
+            old = self.buddy.get(job.id)
+            try:
+                await self._guard(job, node, ckpt.name)
+            except (MigrateError, TransferError, OSError, TimeoutError) as e:
+                errors.append(f"holder {node} has {ckpt.name} but did not take the guard: {e}")
+                continue
+            self._set_buddy(job.id, node)
+            if old is not None and old != node:  # its guard of an older checkpoint is not needed (not awaited:
+                self._spawn(self._release(old, self.job_key(job)))  # a silent old buddy delays nothing)
             lost = max(0.0, self.frozen_at.pop(job.id, time.time()) - ckpt.stat().st_mtime)
             with contextlib.suppress(Exception):  # stopped before the holder may resume it
                 await self.agent.jobs.stop(job.id, f"node {self.node_id} reclaimed with no room in the zone: "
@@ -1591,12 +1605,8 @@ class ReclaimComponent(BuddiesMixin, GuardMixin, ReplicasMixin, WithdrawMixin, S
             try:
                 await self._guard(job, node, ckpt.name, take_over=True)
             except (MigrateError, TransferError, OSError, TimeoutError) as e:
-                raise MigrateError(f"holder {node} has {ckpt.name} but did not take the guard: {e}; the job's "
-                                   "buddy still guards it") from None
-            old = self.buddy.get(job.id)
-            self._set_buddy(job.id, node)
-            if old is not None and old != node:  # not awaited: a silent old buddy delays nothing
-                self._spawn(self._release(old, self.job_key(job)))
+                raise MigrateError(f"holder {node} guards {ckpt.name} but was not told to take the job over now: "
+                                   f"{e}; it takes it over when this node's window ends") from None
             mv.phase = "held"
             self.counts["held"] += 1
             self._emit(f"{job.id}: {ckpt.name} held by node {node}; it resumes the job when room frees",

@@ -1,0 +1,86 @@
+"""A reclaimed job with no room in the zone goes to a storage holder: its final checkpoint is sent
+there, the job stops, the copy beside the holder is archived, and the holder is told to take the
+job over. Here A's agent dies (SIGKILL) after the stop and before that take-over, while the
+archive's copy hangs, and never comes back (its node was taken). Before, the holder had the
+checkpoint but no guard of the job (the guard came with the take-over): nothing resumed the job,
+or only from an older periodic copy in the archive. Now the holder guards the job before it is
+stopped (as a buddy would, with the window's end), takes it over when A's window ends, and,
+once room frees on it, resumes the job from its final checkpoint, once, with the weights of an
+uninterrupted run.
+
+The hung storage is real: ``archive_dir`` is a writable FUSE mount (tests/fuserig.py) whose
+server stops itself at the first ``mkdir`` of a copy's temporary name (``.tmp-ckpt-*``); the
+agents are real, each in its own network namespace, the job a real PyTorch training run.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+
+import pytest
+from fuserig import eio_mount
+from harness import wait_until
+from test_migrate_archive import finish
+from test_migrate_holder import replica
+from test_migration import (  # noqa: F401  (fixtures: make_cluster, reference_sha)
+    fill,
+    find_migrated,
+    job_log,
+    job_state,
+    make_cluster,
+    migrate_config,
+    reference_sha,
+    submit,
+    train_cmd,
+)
+
+pytestmark = pytest.mark.cluster
+
+
+def test_the_holder_guards_the_job_before_it_stops_so_an_agent_crash_before_the_take_over_loses_nothing(
+        make_cluster, reference_sha, tmp_path):  # noqa: F811
+    backing = tmp_path / "archive"
+    backing.mkdir()
+    with eio_mount(backing, writable=True) as fs:
+        try:
+            c = make_cluster(zones=1, per_zone=2, gpus=1, zone_extra=migrate_config(
+                prestage='"off"', retry_base_s=0.5, retry_max_s=2.0, holder_reserve_mb=0,
+                archive_dir=f'"{fs.path}"', archive_gc_s=1.0))
+            a, b = c.nodes
+            fillers = fill(c, [b])  # no room on B; it offers its disk (holder_reserve_mb 0): B holds
+            jid = submit(a, "--name", "train", "--", *train_cmd(0.2, after_resume=0))
+            key = f"n{a.node_id}-{jid}"
+            wait_until(lambda: any(e["event"] == "checkpoint" for e in job_log(a, jid)), 60, "the job's first checkpoint")
+            assert replica(b, key) is None, "B guards the job (prestage is off)"
+
+            a.ctl("reclaim", "--notice", "8s")
+            fs.hang_at(".tmp-ckpt-")  # the archive's copy beside the holder begins, and hangs there
+            wait_until(lambda: fs.hung_at and job_state(a, jid)["state"] == "reclaimed", 60,
+                       "A to send the checkpoint to B, stop the job and archive the copy beside it")
+            move = a.json("migrations")[0]
+            assert move["phase"] == "hold" and move["dest"] == b.node_id, move  # not told to take over yet
+            ckpt = move["ckpt"]
+            guard = replica(b, key)
+            assert guard is not None and guard["state"] == "guarding" and guard["ckpt"] == ckpt, guard
+
+            # A's agent dies here (its node is taken: it never comes back). The FUSE request its
+            # archive thread waits on holds the killed process until the storage answers it.
+            os.kill(a.agent.proc.pid, signal.SIGKILL)
+            time.sleep(0.5)
+            fs.heal()
+            a.agent.proc.wait(30)
+            assert not (backing / key / "guard.json").exists(), "the copy beside the holder was published"
+
+            # B takes the job over once A's window ends, finds no room, and waits for it
+            wait_until(lambda: (replica(b, key) or {}).get("state") == "waiting", 60, "B to take the job over")
+            b.ctl("job", "stop", fillers[b.node_id])
+            nd, job = wait_until(lambda: find_migrated(c, key), 60, "the job resumed on B", every=0.3)
+            assert nd is b
+            first = wait_until(lambda: [e for e in job_log(nd, job["id"]) if e["event"] == "start"], 60,
+                               "the resumed job's start", every=0.3)
+            assert int(first[0]["step"]) == int(ckpt.removeprefix("ckpt-")), (first, ckpt)  # the final one
+            finish(c, key, b, int(first[0]["step"]), reference_sha)  # one copy, an uninterrupted run's weights
+        finally:
+            fs.heal()  # the agents stop with their storage answering
