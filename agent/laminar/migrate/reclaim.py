@@ -1541,9 +1541,10 @@ class ReclaimComponent(BuddiesMixin, GuardMixin, ReplicasMixin, WithdrawMixin, S
         """No peer can run ``job`` now: send its final checkpoint to the best storage holder,
         hand it the guard (as a buddy's: it takes the job over at this node's window end, should
         this agent die now), stop the job here (state ``reclaimed``) and tell the holder to take
-        it over (``take_over``), so it places the job as soon as room frees. Raises MigrateError when no holder takes it.
-        With ``archive_dir``, the copy beside the holder is archived before the holder is handed
-        the guard, so the holder's take-over claims its record (one node runs the job).
+        it over (``take_over``), so it places the job as soon as room frees. Raises MigrateError
+        when no holder takes it. With ``archive_dir``, the copy beside the holder is archived
+        before the holder is told to take over, so its take-over claims the record (one node
+        runs the job).
         The archive (a copy beside the holder, or the job's only one when no holder takes it) is
         waited for until ARCHIVE_WAIT_MARGIN_S before ``window_end`` (the reclaim's window, not
         the transfer's plan: the copy comes after the transfer), never longer
