@@ -106,6 +106,8 @@ def cmd_keys(args: argparse.Namespace) -> int:
                 info("node key: none (this node's zone.nodes entry lists no pubkey): zone-key MACs")
             if r.get("added_nodes"):
                 info(f"nodes added to the roster: {', '.join(map(str, r['added_nodes']))}")
+            if r.get("readdressed_nodes"):
+                info(f"nodes at a new address: {', '.join(map(str, r['readdressed_nodes']))}")
             if r.get("restart_needed"):
                 info(f"changed in the config file, applied only by a restart: {', '.join(r['restart_needed'])}")
 

@@ -10,8 +10,8 @@ required: a reclaim notice signed with the zone key in node 2's name (sent from 
 address) is dropped by node 1 as ``bad_mac``.
 
 A reload the agent cannot apply is refused whole and changes nothing: a config whose node key is
-not the private key of the node's roster pubkey, one whose roster moved a node (a restart's
-business). A ``[zone]`` setting a reload does not apply is named (``restart_needed``); the key
+not the private key of the node's roster pubkey, one whose roster moved a node to another zone
+(a restart's business). A ``[zone]`` setting a reload does not apply is named (``restart_needed``); the key
 file is read from the path the config file names now."""
 
 from __future__ import annotations
@@ -88,8 +88,11 @@ def test_node_keys_roll_out_by_reloads_node_by_node_with_placements_working(make
     err = " ".join(r.stderr.split())
     assert r.returncode != 0 and "node 1's pubkey" in err and "the keys in use stay" in err, r.stderr
     assert node_key(n1)["mode"] == "require"  # type: ignore[index]
-    # refused whole: the roster moved node 3 (a restart's business), named in the event of a SIGHUP
-    n1.agent.config_path.write_text(good.replace(f'addr = "{c.nodes[2].addr}:', f'addr = "{c.subnet}.99:'))
+    # refused whole: the roster moved node 3 to another zone (a restart's business), named in the
+    # event of a SIGHUP
+    entry = f'zone = 1\naddr = "{c.nodes[2].addr}:'
+    assert entry in good
+    n1.agent.config_path.write_text(good.replace(entry, entry.replace("zone = 1", "zone = 2")))
     os.kill(n1.agent.proc.pid, signal.SIGHUP)  # type: ignore[union-attr]
     wait_until(lambda: any("not reloaded" in e["message"] and "node 3 changed" in e["message"]
                            for e in api(n1, "/v1/events?kind=zone")), 15, "the refused reload's event")

@@ -68,3 +68,58 @@ def test_a_node_added_to_the_roster_by_a_reload_takes_placements_without_a_resta
     assert roster(n1) == [1, 2, 3]
     n1.agent.config_path.write_text(full[1])
     place_round(c, 0, "after-refused")
+
+
+def peer_addr(nd: Node, node: int) -> str:
+    return next(str(p["addr"]) for p in api(nd, "/v1/zone/peers") if int(p["node"]) == node)
+
+
+def test_a_node_given_another_address_is_taken_by_a_reload_without_restarting_the_others(make_cluster: Any) -> None:
+    """Node 2's host gets another address (a re-IP): its agent restarts there with its new
+    roster entry (its own address takes a restart), and nodes 1 and 3 take the new address by a
+    reload (SIGHUP, ``zone keys reload``), no restart: until then they drop node 2's datagrams
+    (``wrong_source``: its listed address is the old one) and never place on it; after, jobs
+    placed from each node land on all three. A reload that changes another node's zone, or this
+    node's own address, is refused whole, naming the node, and changes nothing."""
+    c = make_cluster(zones=1, per_zone=3, gpus=1)
+    n1, n2, n3 = c.nodes
+    old = n2.addr
+    new = old.rsplit(".", 1)[0] + ".102"
+    n2.netns.run("ip", "addr", "add", f"{new}/24", "dev", n2.host_if[:-1] + "n")
+    texts = {nd.node_id: nd.agent.config_path.read_text() for nd in c.nodes}
+    moved = {n: t.replace(f'addr = "{old}:', f'addr = "{new}:') for n, t in texts.items()}
+    assert all(moved[n] != texts[n] for n in moved)
+    n2.agent.config_path.write_text(moved[2])
+    n2.agent.stop()
+    n2.agent.start()
+    drops = api(n1, "/v1/zone/stats")["drops"]["wrong_source"]
+    wait_until(lambda: api(n1, "/v1/zone/stats")["drops"]["wrong_source"] > drops, 30,
+               "node 1 to drop node 2's datagrams from its new address")
+
+    n1.agent.config_path.write_text(moved[1])
+    assert n1.agent.proc is not None
+    os.kill(n1.agent.proc.pid, signal.SIGHUP)
+    wait_until(lambda: peer_addr(n1, 2).startswith(new), 15, "node 1 to take node 2's new address on SIGHUP")
+    ev = [e for e in api(n1, "/v1/events?kind=zone") if e.get("readdressed_nodes")]
+    assert [e["readdressed_nodes"] for e in ev] == [[2]] and f"nodes readdressed: 2 ({new}:" in ev[0]["message"], ev
+    n3.agent.config_path.write_text(moved[3])
+    out = n3.ctl("zone", "keys", "reload").stdout
+    assert "nodes at a new address: 2" in out and "restart" not in out, out
+    assert peer_addr(n3, 2).startswith(new)
+    assert all(nd.agent.proc is not None and nd.agent.proc.poll() is None for nd in (n1, n3))  # no restart
+    assert roster(n1) == roster(n3) == [1, 2, 3]
+
+    place_round(c, 0, "from-1")  # node 2 included, at its new address (probes, offers, the hand-over)
+    place_round(c, 1, "from-2")
+    place_round(c, 2, "from-3")
+
+    # another node's zone, or this node's own address: a restart's business, refused whole
+    for text, what in ((moved[1].replace("id = 3\nzone = 1", "id = 3\nzone = 2"), "node 3 changed"),
+                       (moved[1].replace(f'addr = "{n1.addr}:', f'addr = "{n1.addr[:-1]}9:'), "node 1 changed")):
+        assert text != moved[1]
+        n1.agent.config_path.write_text(text)
+        r = n1.ctl("zone", "keys", "reload", check=False)
+        assert r.returncode != 0 and what in r.stderr and "takes a restart" in r.stderr, (r.stdout, r.stderr)
+        assert peer_addr(n1, 2).startswith(new) and roster(n1) == [1, 2, 3]
+    n1.agent.config_path.write_text(moved[1])
+    place_round(c, 0, "after-refused")

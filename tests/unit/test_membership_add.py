@@ -40,3 +40,34 @@ def test_a_node_id_or_address_listed_already_is_refused_with_nothing_added(new: 
     with pytest.raises(MembershipError, match=error.replace("(", r"\(")):
         m.add(new)
     assert sorted(m.by_node) == [1, 2, 4] and m.zone_list(1) == [1, 2] and sorted(m.state) == [1, 2, 4]
+
+
+def test_a_readdressed_node_is_heard_and_reached_at_its_new_address_and_keeps_its_liveness() -> None:
+    m = roster()
+    m.seen(2, now=5.0)
+    assert m.readdress([Member(2, 1, "10.0.0.12", 7441, handover_port=7442)]) == [2]
+    assert m.by_node[2].addr == "10.0.0.12" and m.by_node[2].port == 7441 and m.by_node[2].handover_port == 7442
+    assert m.by_addr[("10.0.0.12", 7441)] == 2 and ("10.0.0.2", 7440) not in m.by_addr
+    assert m.udp_sources()[2] == ("10.0.0.12", 7441) and m.tcp_sources()[2] == "10.0.0.12"
+    assert [x.node for x in m.members] == [1, 2, 4] and m.members[1].addr == "10.0.0.12"
+    assert m.state[2].last_seen == 5.0 and m.zone_list(1) == [1, 2]
+    # two nodes trading addresses: each address one node's after the move
+    assert m.readdress([Member(1, 1, "10.0.0.4", 7440, pool="training"), Member(4, 2, "10.0.0.1", 7440)]) == [1, 4]
+    assert m.by_addr[("10.0.0.4", 7440)] == 1 and m.by_addr[("10.0.0.1", 7440)] == 4
+
+
+@pytest.mark.parametrize(("new", "error"), [
+    ([Member(3, 1, "10.0.0.3", 7440)], "node 3 is not in the roster"),
+    ([Member(2, 2, "10.0.0.12", 7440)], "node 2's zone, pool or owner changed"),
+    ([Member(1, 1, "10.0.0.11", 7440)], "node 1's zone, pool or owner changed"),  # its pool ("training") dropped
+    ([Member(2, 1, "10.0.0.4", 7440)], "node 4's address 10.0.0.4:7440 is node 2's too"),
+])
+def test_a_readdress_that_is_not_only_an_address_or_takes_another_nodes_is_refused_with_nothing_changed(
+        new: list[Member], error: str) -> None:
+    m = roster()
+    before = (dict(m.by_node), dict(m.by_addr))
+    with pytest.raises(MembershipError, match=error.replace("(", r"\(").replace(")", r"\)")):
+        m.readdress(new, check_only=True)
+    with pytest.raises(MembershipError):
+        m.readdress(new)
+    assert (m.by_node, m.by_addr) == before

@@ -1241,6 +1241,7 @@ class NodeKeyConfig(NamedTuple):
     restart_needed: list[str]  # other [zone] settings the file changes, which only a restart applies
     keys_file: str  # the zone key file it names
     added: list[Any]  # Members the roster lists and the running one does not (nodes added)
+    moved: list[Any]  # other nodes the roster lists at another address or ports than the running one
 
 
 class ZoneComponent:
@@ -1484,6 +1485,7 @@ class ZoneComponent:
                                "no key file to reload")
         node = self._node_keys_from_config()
         added = node.added if node is not None else []
+        moved = node.moved if node is not None else []
         zones = {m.zone for m in self.membership.by_node.values()} | {m.zone for m in added}
         keys = load_keys(self.s["keys_file"] if node is None else node.keys_file, need_zones=sorted(zones))
         # everything is checked: from here on it is applied
@@ -1491,8 +1493,8 @@ class ZoneComponent:
         for coder in (self.encoder, self.decoder, self.tcp_decoder):
             if coder is not None:
                 coder.keys = keys
-        if added:
-            self._add_members(added)
+        if added or moved:
+            self._roster_changes(added, moved)
         desc = keys.describe()
         restart: list[str] = []
         changed = ""
@@ -1504,18 +1506,23 @@ class ZoneComponent:
                    + ", ".join(f"{d['zone']}:{d['role']}={d['fingerprint']}" for d in desc)
                    + (f"; nodes added to the roster: {', '.join(f'{m.node} (zone {m.zone}, {host_port(m.addr, m.port)})' for m in added)}"
                       if added else "")
+                   + (f"; nodes readdressed: {', '.join(f'{m.node} ({host_port(m.addr, m.port)})' for m in moved)}"
+                      if moved else "")
                    + (f"; {changed}" if changed else "")
                    + (f"; {', '.join(restart)} changed in {self.agent.config.source}: only a restart applies "
                       + ("it" if len(restart) == 1 else "them") if restart else ""),
-                   keys=desc, node_key=self.node_key_info(), restart_needed=restart, added_nodes=ids)
+                   keys=desc, node_key=self.node_key_info(), restart_needed=restart, added_nodes=ids,
+                   readdressed_nodes=[m.node for m in moved])
         return {"source": keys.source, "keys": desc, "node_key": self.node_key_info(), "restart_needed": restart,
-                "added_nodes": ids}
+                "added_nodes": ids, "readdressed_nodes": [m.node for m in moved]}
 
-    def _add_members(self, added: list[Any]) -> None:
-        """Nodes added to the roster by a reload: members from now on (probed, offered, heard
-        from, their hand-overs and transfers taken from their listed addresses). Every reader
-        of the roster reads ``self.membership``; the decoders keep their own maps of it."""
+    def _roster_changes(self, added: list[Any], moved: list[Any]) -> None:
+        """Nodes added to the roster by a reload, and nodes it moved to another address or
+        ports: members from now on (probed, offered, heard from, their hand-overs and transfers
+        taken from their listed addresses), and at their new addresses. Every reader of the
+        roster reads ``self.membership``; the decoders keep their own maps of it."""
         self.membership.add(added)
+        self.membership.readdress(moved)
         zone_of = self.membership.zone_of()
         for dec, sources in ((self.decoder, self.membership.udp_sources()),
                              (self.tcp_decoder, self.membership.tcp_sources())):
@@ -1523,7 +1530,8 @@ class ZoneComponent:
                 dec.known_nodes = zone_of
                 if dec.sources is not None:
                     dec.sources = sources
-        log.info("zone: nodes added to the roster: %s", ", ".join(str(m.node) for m in added))
+        log.info("zone: roster reloaded: nodes added %s, readdressed %s", [m.node for m in added],
+                 [f"{m.node} ({host_port(m.addr, m.port)})" for m in moved])
 
     # [zone] settings a reload applies (the rest take a restart)
     RELOADED = ("keys_file", "node_keys", "node_key_file", "nodes")
@@ -1531,9 +1539,10 @@ class ZoneComponent:
     def _node_keys_from_config(self) -> NodeKeyConfig | None:
         """What the agent's config file says about node keys and the roster now
         (:class:`NodeKeyConfig`). None when the agent was given its settings, not a file. The
-        roster (``[[zone.nodes]]``) may differ from the running one in pubkeys and by nodes
-        added (``added``); a node dropped or changed (its zone, address, ports, pool or owner)
-        takes a restart. Raises KeyFileError naming the file and what is wrong (the file's own
+        roster (``[[zone.nodes]]``) may differ from the running one in pubkeys, by nodes
+        added (``added``) and by other nodes' addresses and ports (``moved``); a node dropped,
+        another node's zone, pool or owner changed, or this node's own entry changed, takes a
+        restart. Raises KeyFileError naming the file and what is wrong (the file's own
         checks, a roster that differs otherwise, nodes of both address families with
         ``check_source``, a node key file that is missing, unsafe or not the key of this
         node's pubkey)."""
@@ -1554,6 +1563,10 @@ class ZoneComponent:
         listed = {m.node: replace(m, pubkey=b"") for m in members}
         dropped = sorted(set(running) - set(listed))
         changed = sorted(n for n in running if n in listed and running[n] != listed[n])
+        # another node at another address or ports (its agent restarted there): taken by the reload
+        moved = [listed[n] for n in changed if n != self.node_id and replace(
+            listed[n], addr=running[n].addr, port=running[n].port, handover_port=running[n].handover_port) == running[n]]
+        changed = [n for n in changed if n not in {m.node for m in moved}]
         if dropped or changed or int(s["node_id"] or 0) != self.node_id:
             if dropped:
                 what = f"node{'s' if len(dropped) > 1 else ''} {', '.join(map(str, dropped))} dropped"
@@ -1561,21 +1574,27 @@ class ZoneComponent:
                 what = f"node{'s' if len(changed) > 1 else ''} {', '.join(map(str, changed))} changed"
             else:
                 what = f"node_id {s['node_id']} is not {self.node_id}"
-            raise KeyFileError(f"{source}: its zone.nodes differ from the roster this agent runs with beyond pubkeys "
-                               f"and nodes added ({what}): that roster change takes a restart (systemctl restart "
-                               "laminard); a reload applies keys_file, node_keys, node_key_file, the roster's pubkeys "
-                               "and nodes added to it")
+            raise KeyFileError(f"{source}: its zone.nodes differ from the roster this agent runs with beyond pubkeys, "
+                               f"nodes added and other nodes' addresses ({what}): that roster change takes a restart "
+                               "(systemctl restart laminard); a reload applies keys_file, node_keys, node_key_file, "
+                               "the roster's pubkeys, nodes added to it and other nodes' new addresses and ports")
         added = [m for m in members if m.node not in running]
-        taken = {(m.addr, m.port): n for n, m in self.membership.by_node.items()}
+        try:
+            self.membership.readdress(moved, check_only=True)
+        except MembershipError as e:
+            raise KeyFileError(f"{source}: {e}") from None
+        taken = {(m.addr, m.port): n for n, m in self.membership.by_node.items() if n not in {x.node for x in moved}}
+        taken |= {(m.addr, m.port): m.node for m in moved}
         for m in added:
             if (m.addr, m.port) in taken:
                 raise KeyFileError(f"{source}: node {m.node}, added to zone.nodes, has node {taken[(m.addr, m.port)]}'s "
                                    f"address {host_port(m.addr, m.port)}")
-        if added and s["check_source"]:
+        if (added or moved) and s["check_source"]:
             fam = {":" in canonical_ip(m.addr) for m in members}
             if len(fam) > 1:
                 raise KeyFileError(f"{source}: zone.nodes would list IPv6 and IPv4 addresses with nodes "
-                                   f"{', '.join(str(m.node) for m in added)} added: with zone.check_source a node is "
+                                   f"{', '.join(str(m.node) for m in added + moved)} added or readdressed: with "
+                                   "zone.check_source a node is "
                                    "heard only from its listed address, so nodes of the two families can never "
                                    "hear each other (list every node in one family)")
         pubkeys = {m.node: m.pubkey for m in members if m.pubkey}
@@ -1587,7 +1606,7 @@ class ZoneComponent:
             except ValueError as e:
                 raise KeyFileError(str(e)) from None
         restart = sorted(f"zone.{k}" for k in s if k not in self.RELOADED and s[k] != self.s.get(k))
-        return NodeKeyConfig(pairs, pubkeys, restart, str(s["keys_file"]), added)
+        return NodeKeyConfig(pairs, pubkeys, restart, str(s["keys_file"]), added, moved)
 
     def _use_pairs(self, pairs: PairKeys | None, pubkeys: dict[int, bytes]) -> str:
         """Sign and verify with ``pairs`` from the next datagram on (the encoder, both decoders;

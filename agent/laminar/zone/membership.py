@@ -214,6 +214,39 @@ class Membership:
         self.members = list(self.by_node.values())
         return ids
 
+    def readdress(self, members: Iterable[Member], check_only: bool = False) -> list[int]:
+        """Moves ``members``, nodes the roster lists already, to the address and ports listed
+        now (a reload: a node given another address, its agent restarted there). Their zone,
+        pool and owner stay as they are (a change of those takes a restart), their liveness
+        too: a node is heard from its new address from now on, and its old one is nobody's.
+        Raises :class:`MembershipError` (nothing changed) for a node not in the roster, one whose
+        zone, pool or owner differ, or an address and port that another node would have after
+        the move. ``check_only``: only the checks. The node ids moved."""
+        new = list(members)
+        for m in new:
+            cur = self.by_node.get(m.node)
+            if cur is None:
+                raise MembershipError(f"zone.nodes: node {m.node} is not in the roster: it cannot be readdressed")
+            if (cur.zone, cur.pool, cur.owner) != (m.zone, m.pool, m.owner):
+                raise MembershipError(f"zone.nodes: node {m.node}'s zone, pool or owner changed: only its address and "
+                                      "ports change without a restart")
+        after = {n: (x.addr, x.port) for n, x in self.by_node.items()} | {m.node: (m.addr, m.port) for m in new}
+        owner: dict[tuple[str, int], int] = {}
+        for n, a in sorted(after.items()):
+            if a in owner:
+                raise MembershipError(f"zone.nodes: node {n}'s address {host_port(*a)} is node {owner[a]}'s too")
+            owner[a] = n
+        if check_only:
+            return [m.node for m in new]
+        for m in new:
+            cur = self.by_node[m.node]
+            self.by_addr.pop((cur.addr, cur.port), None)
+        for m in new:
+            self.by_node[m.node] = replace(m, pubkey=self.by_node[m.node].pubkey)  # (pubkeys: set_pubkeys)
+            self.by_addr[(m.addr, m.port)] = m.node
+        self.members = list(self.by_node.values())
+        return [m.node for m in new]
+
     @property
     def zone(self) -> int:
         """This node's zone."""
