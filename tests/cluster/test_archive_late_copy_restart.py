@@ -23,6 +23,7 @@ import json
 import os
 import signal
 import time
+from typing import Any
 
 import pytest
 from fuserig import eio_mount
@@ -43,21 +44,32 @@ from test_migration import (  # noqa: F401  (fixtures: make_cluster, reference_s
 pytestmark = pytest.mark.cluster
 
 
+def job_beside_a_full_node(make_cluster: Any, fs: Any, holder_reserve_mb: int) -> tuple[  # noqa: F811
+        Any, Any, Any, dict[int, str], str, str]:
+    """Two agents A and B sharing the archive ``fs`` (a writable FUSE mount), B's only GPU taken
+    (no room for A's job in the zone), prestage off (no buddy): A's training job has written its
+    first checkpoint. ``holder_reserve_mb``: 0, B offers its disk (a holder); large, none.
+    (cluster, A, B, B's filler job by node, the job's id on A, its key)."""
+    c = make_cluster(zones=1, per_zone=2, gpus=1, zone_extra=migrate_config(
+        prestage='"off"', retry_base_s=0.5, retry_max_s=2.0, holder_reserve_mb=holder_reserve_mb,
+        archive_dir=f'"{fs.path}"', archive_gc_s=1.0))
+    a, b = c.nodes
+    fillers = fill(c, [b])
+    jid = submit(a, "--name", "train", "--", *train_cmd(0.2, after_resume=0))
+    key = f"n{a.node_id}-{jid}"
+    wait_until(lambda: any(e["event"] == "checkpoint" for e in job_log(a, jid)), 60, "the job's first checkpoint")
+    assert not [r for r in b.json("replicas") if r["key"] == key], "B guards the job (prestage is off)"
+    return c, a, b, fillers, jid, key
+
+
 def test_a_late_archive_copy_cut_by_an_agent_kill_is_taken_up_after_its_restart_and_the_job_resumes_once(
         make_cluster, reference_sha, tmp_path):  # noqa: F811
     backing = tmp_path / "archive"
     backing.mkdir()
     with eio_mount(backing, writable=True) as fs:
         try:
-            c = make_cluster(zones=1, per_zone=2, gpus=1, zone_extra=migrate_config(
-                prestage='"off"', retry_base_s=0.5, retry_max_s=2.0, holder_reserve_mb=1 << 29,
-                archive_dir=f'"{fs.path}"', archive_gc_s=1.0))
-            a, b = c.nodes
-            fillers = fill(c, [b])  # no room on B, and no disk offered (holder_reserve_mb): no holder
-            jid = submit(a, "--name", "train", "--", *train_cmd(0.2, after_resume=0))
-            key = f"n{a.node_id}-{jid}"
-            wait_until(lambda: any(e["event"] == "checkpoint" for e in job_log(a, jid)), 60, "the job's first checkpoint")
-            assert not [r for r in b.json("replicas") if r["key"] == key], "B guards the job (prestage is off)"
+            # no room on B, and no disk offered (holder_reserve_mb): no holder
+            c, a, b, fillers, jid, key = job_beside_a_full_node(make_cluster, fs, holder_reserve_mb=1 << 29)
 
             a.ctl("reclaim", "--notice", "6s")
             fs.hang_at(".tmp-ckpt-")  # the archive's copy of the final checkpoint begins, and hangs there

@@ -22,18 +22,15 @@ import time
 import pytest
 from fuserig import eio_mount
 from harness import wait_until
+from test_archive_late_copy_restart import job_beside_a_full_node
 from test_migrate_archive import finish
 from test_migrate_holder import replica
 from test_migration import (  # noqa: F401  (fixtures: make_cluster, reference_sha)
-    fill,
     find_migrated,
     job_log,
     job_state,
     make_cluster,
-    migrate_config,
     reference_sha,
-    submit,
-    train_cmd,
 )
 
 pytestmark = pytest.mark.cluster
@@ -45,15 +42,8 @@ def test_the_holder_guards_the_job_before_it_stops_so_an_agent_crash_before_the_
     backing.mkdir()
     with eio_mount(backing, writable=True) as fs:
         try:
-            c = make_cluster(zones=1, per_zone=2, gpus=1, zone_extra=migrate_config(
-                prestage='"off"', retry_base_s=0.5, retry_max_s=2.0, holder_reserve_mb=0,
-                archive_dir=f'"{fs.path}"', archive_gc_s=1.0))
-            a, b = c.nodes
-            fillers = fill(c, [b])  # no room on B; it offers its disk (holder_reserve_mb 0): B holds
-            jid = submit(a, "--name", "train", "--", *train_cmd(0.2, after_resume=0))
-            key = f"n{a.node_id}-{jid}"
-            wait_until(lambda: any(e["event"] == "checkpoint" for e in job_log(a, jid)), 60, "the job's first checkpoint")
-            assert replica(b, key) is None, "B guards the job (prestage is off)"
+            # no room on B; it offers its disk (holder_reserve_mb 0): B holds
+            c, a, b, fillers, jid, key = job_beside_a_full_node(make_cluster, fs, holder_reserve_mb=0)
 
             a.ctl("reclaim", "--notice", "8s")
             fs.hang_at(".tmp-ckpt-")  # the archive's copy beside the holder begins, and hangs there

@@ -10,6 +10,7 @@ import asyncio
 import socket
 from pathlib import Path
 from types import SimpleNamespace
+from typing import Any
 
 import pytest
 from ports import free_port
@@ -22,6 +23,28 @@ from laminar.zone.transport import HandoverServer, UdpEndpoint, address_state
 from laminar.zone.wire import Decoder, Encoder
 
 NOT_HERE = "fd00:0:1ab::7"  # an address no test host holds
+
+
+def endpoint() -> UdpEndpoint:
+    return UdpEndpoint(Membership(1, []), Encoder(1, {}), Decoder({}, lambda n: None), lambda m, a: None)
+
+
+def handover_server() -> HandoverServer:
+    async def never(msg: Any) -> Any:
+        raise AssertionError("no hand-over expected")
+
+    return HandoverServer(Encoder(1, {}), Decoder({}, lambda n: None), lambda n: None, never)
+
+
+async def reads_there(ep: UdpEndpoint, host: str, port: int) -> None:
+    """The endpoint reads what is sent to ``host:port`` (the datagram, undecodable, is dropped)."""
+    with socket.socket(socket.AF_INET6, socket.SOCK_DGRAM) as s:
+        s.sendto(b"x", (host, port))
+    for _ in range(100):
+        if ep.received:
+            break
+        await asyncio.sleep(0.01)
+    assert ep.received == 1
 
 
 def test_address_states(tmp_path: Path) -> None:
@@ -41,7 +64,7 @@ def test_address_states(tmp_path: Path) -> None:
 
 def test_the_udp_endpoint_moves_keeping_its_port_and_stays_when_the_address_cannot_be_bound() -> None:
     async def run() -> None:
-        ep = UdpEndpoint(Membership(1, []), Encoder(1, {}), Decoder({}, lambda n: None), lambda m, a: None)
+        ep = endpoint()
         ep.open(asyncio.get_running_loop(), "::", free_port(socket.SOCK_DGRAM, "::"))
         try:
             port = ep.sock.getsockname()[1]
@@ -50,13 +73,7 @@ def test_the_udp_endpoint_moves_keeping_its_port_and_stays_when_the_address_cann
             assert ep.sock is not None and ep.sock.getsockname()[:2] == ("::", port)
             ep.rebind("::1")
             assert ep.sock.getsockname()[:2] == ("::1", port)
-            with socket.socket(socket.AF_INET6, socket.SOCK_DGRAM) as s:
-                s.sendto(b"x", ("::1", port))  # it reads there (the datagram is dropped as undecodable)
-            for _ in range(100):
-                if ep.received:
-                    break
-                await asyncio.sleep(0.01)
-            assert ep.received == 1
+            await reads_there(ep, "::1", port)
         finally:
             ep.close()
 
@@ -65,10 +82,7 @@ def test_the_udp_endpoint_moves_keeping_its_port_and_stays_when_the_address_cann
 
 def test_the_handover_server_moves_keeping_its_port_and_stays_when_the_address_cannot_be_bound() -> None:
     async def run() -> None:
-        async def never(msg):  # type: ignore[no-untyped-def]
-            raise AssertionError("no hand-over expected")
-
-        srv = HandoverServer(Encoder(1, {}), Decoder({}, lambda n: None), lambda n: None, never)
+        srv = handover_server()
         await srv.start("::", free_port(socket.SOCK_STREAM, "::"))
         try:
             assert srv.server is not None
@@ -114,20 +128,36 @@ def squat(kind: int, port: int) -> socket.socket:
     return s
 
 
+def squat_after(obj: Any, name: str, kind: int, port: int) -> list[socket.socket]:
+    """Wraps ``obj.<name>`` (what closes its socket, sync or async) so that right after its first
+    call another socket takes ``port`` (:func:`squat`): the squatter, once there, is in the list
+    returned."""
+    real = getattr(obj, name)
+    taken: list[socket.socket] = []
+
+    def then() -> None:
+        if not taken:
+            taken.append(squat(kind, port))
+
+    async def closed_async() -> None:
+        await real()
+        then()
+
+    def closed() -> None:
+        real()
+        then()
+
+    setattr(obj, name, closed_async if asyncio.iscoroutinefunction(real) else closed)
+    return taken
+
+
 def test_the_udp_endpoint_whose_port_is_taken_mid_move_says_so_and_binds_on_the_next_try() -> None:
     async def run() -> None:
-        ep = UdpEndpoint(Membership(1, []), Encoder(1, {}), Decoder({}, lambda n: None), lambda m, a: None)
+        ep = endpoint()
         port = free_port(socket.SOCK_DGRAM, "::")
         ep.open(asyncio.get_running_loop(), "::", port)
-        squatter: list[socket.socket] = []
         close = ep.close
-
-        def close_then_squat() -> None:
-            close()
-            if not squatter:
-                squatter.append(squat(socket.SOCK_DGRAM, port))
-
-        ep.close = close_then_squat  # type: ignore[method-assign]
+        squatter = squat_after(ep, "close", socket.SOCK_DGRAM, port)
         try:
             with pytest.raises(OSError, match=r"nor :: again .*no zone socket until it is tried again"):
                 ep.rebind("::1")
@@ -136,13 +166,7 @@ def test_the_udp_endpoint_whose_port_is_taken_mid_move_says_so_and_binds_on_the_
             squatter[0].close()
             ep.rebind("::1")  # the zone's next look
             assert ep.sock is not None and ep.sock.getsockname()[:2] == ("::1", port)
-            with socket.socket(socket.AF_INET6, socket.SOCK_DGRAM) as s:
-                s.sendto(b"x", ("::1", port))
-            for _ in range(100):
-                if ep.received:
-                    break
-                await asyncio.sleep(0.01)
-            assert ep.received == 1
+            await reads_there(ep, "::1", port)
         finally:
             for s in squatter:
                 s.close()
@@ -153,21 +177,11 @@ def test_the_udp_endpoint_whose_port_is_taken_mid_move_says_so_and_binds_on_the_
 
 def test_the_handover_server_whose_port_is_taken_mid_move_says_so_and_listens_on_the_next_try() -> None:
     async def run() -> None:
-        async def never(msg):  # type: ignore[no-untyped-def]
-            raise AssertionError("no hand-over expected")
-
-        srv = HandoverServer(Encoder(1, {}), Decoder({}, lambda n: None), lambda n: None, never)
+        srv = handover_server()
         port = free_port(socket.SOCK_STREAM, "::")
         await srv.start("::", port)
-        squatter: list[socket.socket] = []
         stop = srv.stop
-
-        async def stop_then_squat() -> None:
-            await stop()
-            if not squatter:
-                squatter.append(squat(socket.SOCK_STREAM, port))
-
-        srv.stop = stop_then_squat  # type: ignore[method-assign]
+        squatter = squat_after(srv, "stop", socket.SOCK_STREAM, port)
         try:
             with pytest.raises(OSError, match=r"nor on :: again .*not listening until it is tried again"):
                 await srv.relisten("::1")
@@ -191,15 +205,7 @@ def test_the_transfer_receiver_whose_port_is_taken_mid_move_says_so_and_listens_
     async def run() -> None:
         rcv = Receiver(tmp_path, KEY)
         port = await rcv.start("::", free_port(socket.SOCK_STREAM, "::"))
-        squatter: list[socket.socket] = []
-        close = rcv._close
-
-        async def close_then_squat() -> None:
-            await close()
-            if not squatter:
-                squatter.append(squat(socket.SOCK_STREAM, port))
-
-        rcv._close = close_then_squat  # type: ignore[method-assign]
+        squatter = squat_after(rcv, "_close", socket.SOCK_STREAM, port)
         try:
             with pytest.raises(OSError, match=r"nor on :: again"):
                 await rcv.relisten("127.0.0.1")
@@ -226,15 +232,7 @@ def test_transfers_follow_the_zone_onto_its_address_once_the_port_taken_mid_move
     async def run() -> None:
         rcv = Receiver(tmp_path, KEY)
         port = await rcv.start("::", free_port(socket.SOCK_STREAM, "::"))
-        squatter: list[socket.socket] = []
-        close = rcv._close
-
-        async def close_then_squat() -> None:
-            await close()
-            if not squatter:
-                squatter.append(squat(socket.SOCK_STREAM, port))
-
-        rcv._close = close_then_squat  # type: ignore[method-assign]
+        squatter = squat_after(rcv, "_close", socket.SOCK_STREAM, port)
         c = ReclaimComponent()
         c.receiver = rcv
         c.agent = SimpleNamespace(zone=SimpleNamespace(networked=True, listen_host="127.0.0.1", rebind_interval_s=0.05))
