@@ -4,8 +4,16 @@ and a node id or address already listed is refused with nothing added."""
 
 from __future__ import annotations
 
-import pytest
+import asyncio
+import os
+import secrets
+import socket
+from pathlib import Path
 
+import pytest
+from ports import free_port
+
+from laminar.zone.component import ZoneComponent
 from laminar.zone.membership import Member, Membership, MembershipError
 
 
@@ -71,3 +79,35 @@ def test_a_readdress_that_is_not_only_an_address_or_takes_another_nodes_is_refus
     with pytest.raises(MembershipError):
         m.readdress(new)
     assert (m.by_node, m.by_addr) == before
+
+
+def test_a_reload_that_moves_a_node_and_adds_one_at_its_old_address_applies_both(tmp_path: Path) -> None:
+    """A real ZoneComponent on loopback takes a reload's roster changes (``_roster_changes``): node
+    2 moved to another port and node 3 added at node 2's old address. The move is applied
+    first: added first, node 3 would clash with node 2 still there and the reload would fail
+    half applied (its keys already switched)."""
+    port = free_port(socket.SOCK_DGRAM)
+    old2, new2 = free_port(socket.SOCK_DGRAM), free_port(socket.SOCK_DGRAM)
+    keys = tmp_path / "zone.keys"
+    keys.write_text(f"1 {secrets.token_hex(32)}\n")
+    os.chmod(keys, 0o600)
+    settings = {"node_id": 1, "nodes": [{"id": 1, "zone": 1, "addr": f"127.0.0.1:{port}"},
+                                        {"id": 2, "zone": 1, "addr": f"127.0.0.1:{old2}"}],
+                "keys_file": str(keys), "listen": "127.0.0.1", "port": port,
+                "handover_port": free_port(socket.SOCK_STREAM), "cpus": 4, "memory_mb": 4000}
+    comp = ZoneComponent(settings=settings, gpus=1, loan={"elastic_interval_s": 0})
+
+    async def go() -> None:
+        await comp.start(None)
+        try:
+            hp = comp.membership.by_node[2].handover_port
+            comp._roster_changes([Member(3, 1, "127.0.0.1", old2, hp)], [Member(2, 1, "127.0.0.1", new2, hp)])
+            m = comp.membership
+            assert m.by_addr[("127.0.0.1", new2)] == 2 and m.by_addr[("127.0.0.1", old2)] == 3
+            assert comp.decoder is not None and comp.decoder.sources is not None
+            assert comp.decoder.sources[2] == ("127.0.0.1", new2) and comp.decoder.sources[3] == ("127.0.0.1", old2)
+            assert comp.decoder.known_nodes == {1: 1, 2: 1, 3: 1}
+        finally:
+            await comp.stop()
+
+    asyncio.run(go())

@@ -1521,8 +1521,8 @@ class ZoneComponent:
         ports: members from now on (probed, offered, heard from, their hand-overs and transfers
         taken from their listed addresses), and at their new addresses. Every reader of the
         roster reads ``self.membership``; the decoders keep their own maps of it."""
+        self.membership.readdress(moved)  # first: a node added may take the address a moved one left
         self.membership.add(added)
-        self.membership.readdress(moved)
         zone_of = self.membership.zone_of()
         for dec, sources in ((self.decoder, self.membership.udp_sources()),
                              (self.tcp_decoder, self.membership.tcp_sources())):
