@@ -121,5 +121,10 @@ def test_a_node_given_another_address_is_taken_by_a_reload_without_restarting_th
         r = n1.ctl("zone", "keys", "reload", check=False)
         assert r.returncode != 0 and what in r.stderr and "takes a restart" in r.stderr, (r.stdout, r.stderr)
         assert peer_addr(n1, 2).startswith(new) and roster(n1) == [1, 2, 3]
+    # node 2 moved onto node 3's address: one address for two nodes, refused whole
+    n1.agent.config_path.write_text(moved[1].replace(f'addr = "{new}:', f'addr = "{n3.addr}:'))
+    r = n1.ctl("zone", "keys", "reload", check=False)
+    assert r.returncode != 0 and "lists node 3 at node 2's address" in " ".join(r.stderr.split()), r.stderr
+    assert peer_addr(n1, 2).startswith(new) and peer_addr(n1, 3).startswith(n3.addr)
     n1.agent.config_path.write_text(moved[1])
     place_round(c, 0, "after-refused")

@@ -240,6 +240,8 @@ def test_a_live_record_with_no_newer_copy_or_only_a_stale_one_is_claimed_at_once
     stale = d / ".tmp-ckpt-9-1-5"
     stale.mkdir()
     assert look()["lives"][0][3][:2] == ("ckpt-5", "ckpt-9")
+    # node 1 alive (it runs the job): its record is not claimable, and not looked into
+    assert agent_of(3, arch)._archive_look(arch, [], [], True, frozenset({1, 3}), frozenset(), time.time())["lives"] == []
     old = time.time() - ARCHIVE_TMP_STALE_S - 60
     os.utime(stale, (old, old))  # a crashed writer's leftover
     assert look()["lives"] == [("k", 1, None, None)]

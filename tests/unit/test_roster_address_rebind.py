@@ -151,6 +151,21 @@ def squat_after(obj: Any, name: str, kind: int, port: int) -> list[socket.socket
     return taken
 
 
+async def taken_then_listens(srv: Any, host: str, port: int, squatter: list[socket.socket]) -> None:
+    """``srv`` (a hand-over server or a receiver, on ``::`` at ``port``) moves onto ``host`` while
+    the squatter takes the port in the gap: the OSError says nothing listens, and nothing does;
+    once the squatter is gone, the next relisten listens on ``host:port`` and takes a connection."""
+    with pytest.raises(OSError, match=r"nor on :: again .*not listening until it is tried again"):
+        await srv.relisten(host)
+    assert srv.server is None
+    squatter[0].close()
+    await srv.relisten(host)
+    assert srv.server is not None
+    assert [s.getsockname()[:2] for s in srv.server.sockets] == [(host, port)]
+    _, w = await asyncio.open_connection(host, port)
+    w.close()
+
+
 def test_the_udp_endpoint_whose_port_is_taken_mid_move_says_so_and_binds_on_the_next_try() -> None:
     async def run() -> None:
         ep = endpoint()
@@ -183,15 +198,7 @@ def test_the_handover_server_whose_port_is_taken_mid_move_says_so_and_listens_on
         stop = srv.stop
         squatter = squat_after(srv, "stop", socket.SOCK_STREAM, port)
         try:
-            with pytest.raises(OSError, match=r"nor on :: again .*not listening until it is tried again"):
-                await srv.relisten("::1")
-            assert srv.server is None
-            squatter[0].close()
-            await srv.relisten("::1")  # the zone's next look
-            assert srv.server is not None
-            assert [s.getsockname()[:2] for s in srv.server.sockets] == [("::1", port)]
-            _, w = await asyncio.open_connection("::1", port)
-            w.close()
+            await taken_then_listens(srv, "::1", port, squatter)  # (the zone's next look binds it)
         finally:
             for s in squatter:
                 s.close()
@@ -207,15 +214,7 @@ def test_the_transfer_receiver_whose_port_is_taken_mid_move_says_so_and_listens_
         port = await rcv.start("::", free_port(socket.SOCK_STREAM, "::"))
         squatter = squat_after(rcv, "_close", socket.SOCK_STREAM, port)
         try:
-            with pytest.raises(OSError, match=r"nor on :: again"):
-                await rcv.relisten("127.0.0.1")
-            assert rcv.server is None
-            squatter[0].close()
-            await rcv.relisten("127.0.0.1")
-            assert rcv.server is not None
-            assert [s.getsockname()[:2] for s in rcv.server.sockets] == [("127.0.0.1", port)]
-            _, w = await asyncio.open_connection("127.0.0.1", port)
-            w.close()
+            await taken_then_listens(rcv, "127.0.0.1", port, squatter)
         finally:
             for s in squatter:
                 s.close()

@@ -846,7 +846,8 @@ class ArchiveMixin:
         in ``periodic`` ((job id, its checkpoint directory, its ``resume_from``): the newest it
         committed, or before it wrote one, the verified checkpoint it was restarted from), and,
         with ``claims`` and the archive a directory, lists what may be claimed: guard records,
-        live records ((key, src, buddy, newer): ``newer`` from :func:`_newer_copy`), stale claims (:meth:`_stale_claims`) and claims whose
+        live records of nodes not in ``alive`` ((key, src, buddy, newer): ``newer`` from
+        :func:`_newer_copy`), stale claims (:meth:`_stale_claims`) and claims whose
         runner is not in ``alive`` and may be dead (:meth:`_running_records`). Keys in ``skip``
         (taken or waiting) are not read. Returns ``{"dropped", "ckpts", "claims", "guards",
         "lives", "stale", "runs"}``."""
@@ -873,6 +874,8 @@ class ArchiveMixin:
             try:
                 rec = json.loads(g.read_text())
                 src = int(rec["src_node"])
+                if src in alive:
+                    continue  # its node runs it: not claimable (nor its directory listed for a newer copy)
                 out["lives"].append((g.parent.name, src, rec.get("buddy"), _newer_copy(g.parent, src, rec, wall)))
             except (OSError, ValueError, KeyError, TypeError):
                 continue  # claimed meanwhile, or not ours to read

@@ -1579,16 +1579,12 @@ class ZoneComponent:
                                "(systemctl restart laminard); a reload applies keys_file, node_keys, node_key_file, "
                                "the roster's pubkeys, nodes added to it and other nodes' new addresses and ports")
         added = [m for m in members if m.node not in running]
-        try:
-            self.membership.readdress(moved, check_only=True)
-        except MembershipError as e:
-            raise KeyFileError(f"{source}: {e}") from None
-        taken = {(m.addr, m.port): n for n, m in self.membership.by_node.items() if n not in {x.node for x in moved}}
-        taken |= {(m.addr, m.port): m.node for m in moved}
-        for m in added:
-            if (m.addr, m.port) in taken:
-                raise KeyFileError(f"{source}: node {m.node}, added to zone.nodes, has node {taken[(m.addr, m.port)]}'s "
-                                   f"address {host_port(m.addr, m.port)}")
+        taken: dict[tuple[str, int], int] = {}  # the roster as it will be: one node per address and port
+        for m in members:
+            other = taken.setdefault((m.addr, m.port), m.node)
+            if other != m.node:
+                raise KeyFileError(f"{source}: zone.nodes lists node {m.node} at node {other}'s address "
+                                   f"{host_port(m.addr, m.port)}")
         if (added or moved) and s["check_source"]:
             fam = {":" in canonical_ip(m.addr) for m in members}
             if len(fam) > 1:

@@ -214,14 +214,14 @@ class Membership:
         self.members = list(self.by_node.values())
         return ids
 
-    def readdress(self, members: Iterable[Member], check_only: bool = False) -> list[int]:
+    def readdress(self, members: Iterable[Member]) -> list[int]:
         """Moves ``members``, nodes the roster lists already, to the address and ports listed
         now (a reload: a node given another address, its agent restarted there). Their zone,
         pool and owner stay as they are (a change of those takes a restart), their liveness
         too: a node is heard from its new address from now on, and its old one is nobody's.
         Raises :class:`MembershipError` (nothing changed) for a node not in the roster, one whose
         zone, pool or owner differ, or an address and port that another node would have after
-        the move. ``check_only``: only the checks. The node ids moved."""
+        the move. The node ids moved."""
         new = list(members)
         for m in new:
             cur = self.by_node.get(m.node)
@@ -236,8 +236,6 @@ class Membership:
             if a in owner:
                 raise MembershipError(f"zone.nodes: node {n}'s address {host_port(*a)} is node {owner[a]}'s too")
             owner[a] = n
-        if check_only:
-            return [m.node for m in new]
         for m in new:
             cur = self.by_node[m.node]
             self.by_addr.pop((cur.addr, cur.port), None)
