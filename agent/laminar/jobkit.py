@@ -60,6 +60,7 @@ import stat
 import sys
 import threading
 import time
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -146,13 +147,18 @@ def read_manifest(path: str | os.PathLike[str]) -> dict[str, Any]:
     return m
 
 
-def verify_checkpoint(path: str | os.PathLike[str]) -> dict[str, Any]:
+def verify_checkpoint(path: str | os.PathLike[str], *, hashed: Mapping[str, str] | None = None) -> dict[str, Any]:
     """The manifest of ``path`` after checking that every file it lists exists with the size
     and SHA-256 it records and that no other file is present. A checkpoint is a directory (not a
     symbolic link to one) of regular files: a link, pipe or device is refused. Raises
     CheckpointError naming the first problem: a checkpoint that fails this is never to be
-    restored."""
-    return _verify(Path(path), load=False)[0]
+    restored.
+
+    ``hashed`` (name -> SHA-256 hex) is for a caller that hashed some files' bytes itself, as it
+    wrote them (the transfer receiver): those files are checked for presence, type and size and
+    their given hash against the manifest's, not read again. A job restoring a checkpoint never
+    passes it: :func:`Checkpointer.load` hashes what it deserializes."""
+    return _verify(Path(path), load=False, hashed=hashed or {})[0]
 
 
 def _read_whole(fd: int, size: int) -> bytes:
@@ -192,7 +198,7 @@ def _copy_sealed(fd: int, size: int, mfd: int) -> tuple[int, str]:
     return total, h.hexdigest()
 
 
-def _verify(p: Path, load: bool) -> tuple[dict[str, Any], bytes | int | None]:
+def _verify(p: Path, load: bool, hashed: Mapping[str, str] | None = None) -> tuple[dict[str, Any], bytes | int | None]:
     """:func:`verify_checkpoint`'s manifest and, with ``load``, the manifest's first file (the
     job's state) read once and checked against the size and SHA-256 the manifest records as
     read, so what the caller deserializes is exactly what was verified, whatever the storage
@@ -234,6 +240,8 @@ def _verify(p: Path, load: bool) -> tuple[dict[str, Any], bytes | int | None]:
                         data = mfd
                     if got != size:
                         raise CheckpointError(f"checkpoint {p}: {f['name']} read {got} bytes, manifest says {size}")
+                elif not load and hashed and f["name"] in hashed:
+                    digest = hashed[f["name"]]
                 elif load and i == 0:
                     data = _read_whole(_open_regular(fp), size)
                     if len(data) != size:

@@ -268,9 +268,9 @@ def hashed(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, bool]]:
     calls: list[tuple[str, bool]] = []
     real = jobkit.verify_checkpoint
 
-    def spy(p: Any) -> Any:
+    def spy(p: Any, **kw: Any) -> Any:
         calls.append((Path(p).name, threading.current_thread() is threading.main_thread()))
-        return real(p)
+        return real(p, **kw)
 
     monkeypatch.setattr(jobkit, "verify_checkpoint", spy)
     return calls

@@ -172,11 +172,11 @@ def test_a_live_record_waits_for_the_newer_copy_its_node_still_makes_and_no_long
     go, copying = threading.Event(), threading.Event()
     verify = jobkit.verify_checkpoint
 
-    def slow_verify(p: Path) -> Any:
+    def slow_verify(p: Path, **kw: Any) -> Any:
         if p.name.startswith(".tmp-ckpt-10-1-"):
             copying.set()
             assert go.wait(30)
-        return verify(p)
+        return verify(p, **kw)
 
     monkeypatch.setattr(jobkit, "verify_checkpoint", slow_verify)
     t = threading.Thread(target=a._archive, args=("k", final, {"key": "k", "src_node": 1, "src_job": "job-1",

@@ -52,13 +52,13 @@ def between_the_passes(monkeypatch: pytest.MonkeyPatch, ck: Path, times: int) ->
             chunk_pass.set()
         return real_pread(spans, start, view)
 
-    def verify(path: Any) -> Any:
+    def verify(path: Any, **kw: Any) -> Any:
         if len(saved) < times and Path(path) == ck:
             assert chunk_pass.wait(10), "the chunk pass never started"
             chunk_pass.clear()
             saved.append(os.urandom((ck / "state.bin").stat().st_size))
             resave(ck, saved[-1])
-        return real_verify(path)
+        return real_verify(path, **kw)
 
     monkeypatch.setattr(T, "_pread_spans", pread)
     monkeypatch.setattr(jobkit, "verify_checkpoint", verify)

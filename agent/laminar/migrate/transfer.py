@@ -37,14 +37,15 @@ for ``chunk`` the raw bytes the header announces):
    manifest, writes it at its offset in a partial file, and records it as held only after the
    data is on disk (fdatasync, then an fsync'd append to ``have.log``); it reports progress with
    ``ack {bytes}``;
-4. ``done`` -> the destination splits the partial file into the checkpoint's files, checks every
-   chunk against the manifest and every file against the job's manifest, and answers ``need
-   {chunks}`` (chunks missing, or that failed on the way, on disk or in the copy: the partial
-   file is put back and the sender sends them again) or, after an atomic commit (files
-   fsync'd, a ``VERIFIED`` marker, rename), ``committed {digest, path, mac}``: the MAC (zone
-   key, this connection's server nonce, digest, path) lets the sender believe only the
-   destination that it is delivered. Each byte is hashed once per check, in worker threads
-   (docs/protocol.md, "Cost").
+4. ``done`` -> the destination splits the partial file into the checkpoint's files (the
+   first, the largest, is the partial file itself, moved, when its bytes were hashed in order
+   as they were written), checks every file against the manifest and the job's manifest (and,
+   when one fails, every chunk, to name them), and answers ``need {chunks}`` (chunks missing,
+   or that failed on the way, on disk or in the copy: the partial file is put back and the
+   sender sends them again) or, after an atomic commit (files fsync'd, a ``VERIFIED`` marker,
+   rename), ``committed {digest, path, mac}``: the MAC (zone key, this connection's server
+   nonce, digest, path) lets the sender believe only the destination that it is delivered.
+   Each byte is hashed once, in worker threads (docs/protocol.md, "Cost").
 
 A connection may instead carry one *control message* after the handshake (``ctl {op, body,
 mac}`` -> ``ctl-ok {result, mac}``; :func:`send_control`): the MACs cover the op, the body (or
@@ -489,7 +490,10 @@ def build_manifest(ckpt_dir: str | os.PathLike[str], job_id: str, chunk_size: in
             return True
 
     try:
-        m = _hash_checkpoint(p, job_id, chunk_size, [(n, ident[2]) for n, ident in before[1]])
+        # the largest file first: the destination moves the first file into place rather than
+        # copying it out of the partial file (Receiver._commit)
+        sizes = sorted(((n, ident[2]) for n, ident in before[1]), key=lambda f: (-f[1], f[0]))
+        m = _hash_checkpoint(p, job_id, chunk_size, sizes)
     except (TransferError, OSError) as e:
         if changed():  # what failed was reading two versions, not a corrupt source
             raise SourceChangedError(f"transfer: {p} changed while its manifest was built ({e})") from None
@@ -1569,6 +1573,16 @@ class _Incoming:
         self.ex = ThreadPoolExecutor(1, thread_name_prefix="lm-xfer-write")  # writes in order, one core at most
         self.writing: list[tuple[int, asyncio.Future[int]]] = []  # chunks being written, not yet persisted
         self.inflight: asyncio.Future[list[int]] | None = None  # the batch being persisted
+        # The first file's SHA-256 over the bytes as they are written (the very buffers given to
+        # pwrite, in the write thread, in order), while its chunks arrive in order from chunk 0
+        # on this connection: the commit then moves the partial file into place as that file
+        # instead of copying it out and reading it back (Receiver._commit). None once that
+        # cannot hold: a chunk out of order, a chunk held from an earlier connection, a chunk
+        # forgotten.
+        self.first = m.files[0][1] if m.files else 0
+        self.stream: Any = hashlib.sha256() if self.first > 0 and 0 not in self.have else None
+        self.stream_next = 0  # the chunk the stream takes next
+        self.streamed = 0  # bytes of the first file fed to the stream (in the write thread)
 
     def held_bytes(self) -> int:
         """The bytes of the chunks held (persisted), kept as chunks are added and forgotten: an
@@ -1576,9 +1590,33 @@ class _Incoming:
         return self.held
 
     def write(self, i: int, data: bytes) -> None:
-        """Writes chunk ``i`` at its offset, in a worker thread (the loop goes on receiving)."""
+        """Writes chunk ``i`` at its offset, in a worker thread (the loop goes on receiving),
+        and feeds the first file's part of it to the stream's hash there when it is the chunk
+        the stream takes next (``data`` is immutable: what is hashed is what was written)."""
         loop = asyncio.get_running_loop()
-        self.writing.append((i, loop.run_in_executor(self.ex, _pwrite_all, self.fd, data, i * self.m.chunk_size)))
+        off = i * self.m.chunk_size
+        h = None
+        if self.stream is not None and off < self.first:
+            if i == self.stream_next:
+                h, self.stream_next = self.stream, i + 1
+            else:
+                self.stream = None
+        self.writing.append((i, loop.run_in_executor(self.ex, self._write, h, data, off)))
+
+    def _write(self, h: Any, data: bytes, off: int) -> int:
+        n = _pwrite_all(self.fd, data, off)
+        if h is not None:
+            k = min(len(data), self.first - off)
+            h.update(memoryview(data)[:k])
+            self.streamed += k
+        return n
+
+    def streamed_sha256(self) -> str | None:
+        """The first file's SHA-256 as its bytes were written, when all of them were, in order,
+        on this connection (call once the writes are settled); else None."""
+        if self.stream is None or self.streamed != self.first:
+            return None
+        return str(self.stream.hexdigest())
 
     def store(self) -> None:
         """Persists the chunks written since the last call: once their writes are done, an
@@ -1614,6 +1652,8 @@ class _Incoming:
 
     def forget(self, bad: set[int]) -> None:
         gone = bad & self.have
+        if gone:
+            self.stream = None  # sent again, out of order: the commit reads the first file back
         self.have -= gone
         self.held -= sum(self.m.chunk_len(i) for i in gone)
         self.log.close()
@@ -2041,9 +2081,9 @@ class Receiver:
                     i = int(hdr["i"])
                     if not 0 <= i < len(m.chunks) or len(payload) != m.chunk_len(i):
                         raise TransferError(f"transfer: chunk {i} of {len(payload)} bytes does not fit the manifest")
-                    # Hashed once, at "done", from the committed files (_commit): that pass finds
-                    # a chunk changed on the way or on disk since, and a second one here would
-                    # double the receiver's SHA-256 work. Written and persisted off the loop.
+                    # Checked at "done" (_commit), each byte hashed once: the first file's as it
+                    # is written when its chunks come in order (_Incoming.write), the rest read
+                    # back from the committed files. Written and persisted off the loop.
                     inc.write(i, payload)
                     if len(inc.writing) >= PERSIST_EVERY:
                         await inc.settle()
@@ -2089,21 +2129,28 @@ class Receiver:
             self.on_progress(Progress(inc.m.job_id, inc.m.ckpt_id, done, inc.m.total_bytes, time.monotonic() - t0))
 
     def _commit(self, inc: _Incoming, node: str) -> Path | set[int]:
-        """Splits the partial file into the checkpoint's files, checks every chunk of them
-        against the transfer manifest and every file against the job's manifest, marks
-        VERIFIED and renames into place; returns the committed path, or the chunks that failed
-        (the partial file is put back as it was: the sender sends them again).
+        """Splits the partial file into the checkpoint's files, checks every file against the
+        transfer manifest and the job's manifest (and, when one fails, every chunk, to name
+        the ones to send again), marks VERIFIED and renames into place; returns the committed
+        path, or the chunks that failed (the partial file is put back as it was: the sender
+        sends them again).
 
         The files are written from the last to the first, each from its end backwards in
         blocks, and the partial file is cut behind every block: the commit needs one block of
         disk beyond the checkpoint, not a second copy of it (a storage holder is chosen for
-        room for one). The checks read the assembled files, once each way (the chunks' SHA-256
-        in threads beside jobkit's of each file): a byte that changed on the way, on the disk
-        since it arrived, or in the copy is found before anything is marked verified. What was
-        cut is forgotten (have.log) when the commit fails otherwise, so the sender sends it
-        again; a crash mid-commit leaves the cut chunks zero, which the next attempt's check
-        asks for again. Raises TransferError, or OSError when the disk fills or fails (ENOSPC,
-        EDQUOT, EIO: the caller refuses the transfer naming it)."""
+        room for one). The first file (the largest: :func:`build_manifest` puts it first) is
+        not copied when its bytes were hashed as they were written, in order, on this
+        connection (:meth:`_Incoming.streamed_sha256`) and match: once the others are cut off,
+        the partial file *is* that file, and it is moved into place. Every other file is read
+        back from where it was assembled: a byte that changed on the way, on the disk since
+        it arrived, or in the copy is found before anything is marked verified. (The moved
+        file's bytes are the ones hashed; a byte that rots on disk later is caught where the
+        job loads it: :meth:`laminar.jobkit.Checkpointer.load` hashes what it deserializes.)
+        What was cut is forgotten (have.log) when the commit fails otherwise, so the sender
+        sends it again; a crash mid-commit leaves the cut chunks zero (or, once the partial
+        file was moved, none), which the next attempt's check asks for again. Raises
+        TransferError, or OSError when the disk fills or fails (ENOSPC, EDQUOT, EIO: the
+        caller refuses the transfer naming it)."""
         m = inc.m
         final = self.final_dir(m.job_id, m.ckpt_id)
         tmp = final.parent / f".tmp-{m.ckpt_id}"
@@ -2115,8 +2162,22 @@ class Receiver:
             starts.append(off)
             off += size
         cut = m.total_bytes
+        sha = inc.streamed_sha256()
+        part = inc.dir / "data.partial"
+        keep = m.files[0][0] if sha is not None and sha == m.files[0][2] else None  # the file moved, not copied
+        if keep is not None and os.stat(inc.dir).st_dev != os.stat(tmp).st_dev:
+            keep = None  # incoming/ on another file system than checkpoints/ (a mount): a rename cannot move it
+        moved = False
+
+        def put_back() -> None:  # the moved file becomes the partial file again (the same inode: inc.fd)
+            nonlocal moved
+            if moved:
+                os.rename(tmp / m.files[0][0], part)
+                moved = False
 
         def fail(msg: str, fatal: bool = False) -> TransferError:
+            with contextlib.suppress(OSError):
+                put_back()
             shutil.rmtree(tmp, ignore_errors=True)
             if cut < m.total_bytes and m.chunk_size:
                 with contextlib.suppress(OSError):
@@ -2126,6 +2187,8 @@ class Receiver:
 
         try:
             for (name, size, _sha), start in reversed(list(zip(m.files, starts, strict=True))):
+                if name == keep and start == 0:
+                    continue
                 fd = os.open(tmp / name, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644)
                 try:
                     end = size
@@ -2139,7 +2202,14 @@ class Receiver:
                     os.fsync(fd)
                 finally:
                     os.close(fd)
-            bad, job = _check_assembled(tmp, m)
+            if keep is not None:
+                os.ftruncate(inc.fd, m.files[0][1])
+                cut = m.files[0][1]
+                os.fchmod(inc.fd, 0o644)  # as the copied files: the job may run as another user
+                os.fsync(inc.fd)
+                os.rename(part, tmp / keep)
+                moved = True
+            bad, job = _check_assembled(tmp, m, {keep: m.files[0][2]} if keep is not None else {})
         except OSError as e:
             err = fail(f"commit failed: {e}")
             if e.errno in _DISK_ERRNOS:
@@ -2147,7 +2217,8 @@ class Receiver:
             raise err from None
         if bad:
             try:
-                _unassemble(tmp, m, starts, inc.fd)
+                put_back()
+                _unassemble(tmp, m, starts, inc.fd, skip=keep)
             except OSError as e:
                 raise fail(f"chunks {sorted(bad)[:8]} failed their SHA-256 and the partial file could not be "
                            f"restored: {e}") from None
@@ -2191,11 +2262,23 @@ def _offered(hdr: dict[str, Any], key: bytes) -> Manifest:
     return m
 
 
-def _check_assembled(d: Path, m: Manifest) -> tuple[set[int], dict[str, str] | jobkit.CheckpointError]:
+def _check_assembled(d: Path, m: Manifest, hashed: dict[str, str]) -> tuple[set[int], dict[str, str] | jobkit.CheckpointError]:
     """The chunks of ``m`` the files in ``d`` do not hold, and each file's SHA-256 (or why
-    ``d`` is not a valid jobkit checkpoint): the chunks' SHA-256 in threads, beside jobkit's
-    check of every file it lists, whose hashes it gives (only MANIFEST.json, which lists
-    the others, is hashed on its own). Raises OSError."""
+    ``d`` is not a valid jobkit checkpoint). First jobkit's check of every file it lists, whose
+    hashes it gives (only MANIFEST.json, which lists the others, is hashed on its own; a file
+    in ``hashed`` was hashed as it was written and is not read again); only when a file does
+    not match the transfer manifest, or the checkpoint is not valid, are the chunks' SHA-256
+    taken, in threads, to name the ones to send again (none: what was received is what the
+    manifest says, and sending again cannot help). Raises OSError."""
+    try:
+        listed = {f["name"]: f["sha256"] for f in jobkit.verify_checkpoint(d, hashed=hashed)["files"]}
+        job: dict[str, str] | jobkit.CheckpointError = {
+            name: listed[name] if name in listed else hashed.get(name) or jobkit.file_sha256(d / name)
+            for name, _, _ in m.files}
+    except jobkit.CheckpointError as e:
+        job = e
+    if isinstance(job, dict) and all(job.get(name) == sha for name, _, sha in m.files):
+        return set(), job
     fds = [os.open(d / name, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW) for name, _, _ in m.files]
     try:
         spans, off = [], 0
@@ -2213,30 +2296,24 @@ def _check_assembled(d: Path, m: Manifest) -> tuple[set[int], dict[str, str] | j
                     bad.add(i)
             return bad
 
-        def job() -> dict[str, str] | jobkit.CheckpointError:
-            try:
-                listed = {f["name"]: f["sha256"] for f in jobkit.verify_checkpoint(d)["files"]}
-            except jobkit.CheckpointError as e:
-                return e
-            return {name: listed[name] if name in listed else jobkit.file_sha256(d / name) for name, _, _ in m.files}
-
         n = len(m.chunks)
         k = max(1, min(_HASH_THREADS, n))
-        with ThreadPoolExecutor(k + 1, thread_name_prefix="lm-xfer-check") as ex:  # hashlib lets go of the GIL
-            j = ex.submit(job)
+        with ThreadPoolExecutor(k, thread_name_prefix="lm-xfer-check") as ex:  # hashlib lets go of the GIL
             parts = [ex.submit(bad_among, a * n // k, (a + 1) * n // k) for a in range(k)]
-            bad = set().union(*(f.result() for f in parts))
-            return bad, j.result()
+            return set().union(*(f.result() for f in parts)), job
     finally:
         for fd in fds:
             os.close(fd)
 
 
-def _unassemble(d: Path, m: Manifest, starts: list[int], part: int) -> None:
+def _unassemble(d: Path, m: Manifest, starts: list[int], part: int, skip: str | None = None) -> None:
     """Moves the files assembled in ``d`` back into the partial file ``part`` (the way the
     commit took them, block by block from each file's end, cutting the file behind: one block
-    of disk beyond the checkpoint) and syncs it. Raises OSError."""
+    of disk beyond the checkpoint) and syncs it; ``skip`` is the first file when the commit
+    moved the partial file itself into place (the caller has moved it back). Raises OSError."""
     for (name, size, _), start in zip(m.files, starts, strict=True):
+        if name == skip and start == 0:
+            continue
         fd = os.open(d / name, os.O_RDWR | os.O_CLOEXEC | os.O_NOFOLLOW)
         try:
             end = size
