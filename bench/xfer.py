@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import functools
 import json
 import os
 import secrets
@@ -131,8 +132,12 @@ def _role_send(port: int, ckpt: str, key: bytes) -> None:
         tick = _Ticker("sender")
         tick.start()
         c0, t0 = time.process_time(), time.monotonic()
-        # as a reclaim does: the manifest off the loop, then the transfer
-        m = await asyncio.to_thread(build_manifest, ckpt, "j1")
+        # as a reclaim does (send_checkpoint builds it so): the manifest off the loop, the
+        # files' check beside the transfer where this tree has it (check_files), then the transfer
+        try:
+            m = await asyncio.to_thread(functools.partial(build_manifest, ckpt, "j1", check_files=False))
+        except TypeError:  # a baseline tree from before 2026-11-24: the files checked first
+            m = await asyncio.to_thread(build_manifest, ckpt, "j1")
         t1 = time.monotonic()
         await send_checkpoint("127.0.0.1", port, ckpt, "j1", key, manifest=m, retries=0)
         out = {"cpu_s": time.process_time() - c0, "manifest_s": t1 - t0, "wall_s": time.monotonic() - t0,

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -115,3 +116,66 @@ def test_a_bad_byte_in_another_file_is_asked_for_again_and_the_moved_file_put_ba
     assert res.sent_bytes == res.total_bytes + (res.total_bytes - last * CHUNK)  # the last chunk went twice
     same_as_source(res, ck)
     assert not list((tmp_path / "rcv").glob("checkpoints/j1/.tmp-*"))
+
+
+# -- the sender: the files' check beside the transfer ----------------------------------------
+
+
+def test_the_first_byte_leaves_before_the_source_files_are_checked(tmp_path: Path,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    """send_checkpoint hashes the chunks, offers, and sends while jobkit's check of the files
+    runs; ``done`` waits for that check. Held here until the destination acknowledges chunks
+    (before, the manifest waited for it: no byte left until it was released)."""
+    ck = make_ckpt(tmp_path, 2400 * KB)  # 38 chunks: an ack counts what was persisted a batch of 8 before
+    release, real = threading.Event(), jobkit.verify_checkpoint
+
+    def held(p: Any, **kw: Any) -> Any:
+        if Path(p) == ck:
+            assert release.wait(30), "never released"
+        return real(p, **kw)
+
+    monkeypatch.setattr(jobkit, "verify_checkpoint", held)
+    seen: list[int] = []
+
+    def progress(pr: T.Progress) -> None:
+        if not release.is_set():
+            seen.append(pr.done_bytes)  # the destination's acks while the check is held
+        if pr.done_bytes > 0:
+            release.set()
+
+    async def body(rcv: Receiver, port: int) -> T.SendResult:
+        try:
+            return await send_checkpoint("127.0.0.1", port, ck, "j1", KEY, chunk_size=CHUNK, retries=0,
+                                         progress=progress)
+        finally:
+            release.set()
+
+    res = asyncio.run(with_receiver(tmp_path / "rcv", body))
+    assert seen and seen[-1] > 0  # chunks held at the destination while the check was held
+    same_as_source(res, ck)
+
+
+def test_a_source_that_rotted_under_its_manifest_is_refused_before_done_and_never_committed(tmp_path: Path) -> None:
+    """A byte of the state changed on the source disk with no sign of a write (the mtime put
+    back): the chunks are hashed from what is there, the files' hashes are the job's word.
+    The files' check fails beside the transfer: fatal, named, and the destination commits
+    nothing (it never got ``done``)."""
+    ck = make_ckpt(tmp_path, 600 * KB)
+    f = ck / "state.bin"
+    st = f.stat()
+    with open(f, "r+b") as fh:
+        fh.seek(200 * KB)
+        b = fh.read(1)
+        fh.seek(200 * KB)
+        fh.write(bytes([b[0] ^ 0xFF]))
+    os.utime(f, ns=(st.st_atime_ns, st.st_mtime_ns))
+    committed: list[Any] = []
+
+    async def body(rcv: Receiver, port: int) -> None:
+        rcv.on_commit = committed.append
+        with pytest.raises(T.TransferError, match=r"refusing to send .*state\.bin does not match") as e:
+            await send_checkpoint("127.0.0.1", port, ck, "j1", KEY, chunk_size=CHUNK, retries=3, retry_delay_s=0.01)
+        assert e.value.fatal and not isinstance(e.value, T.SourceChangedError)
+
+    asyncio.run(with_receiver(tmp_path / "rcv", body))
+    assert committed == [] and not list((tmp_path / "rcv").glob("checkpoints/j1/ckpt-*"))

@@ -62,8 +62,9 @@ it to forward a reclaim notice and to hand a job's guard (its spec) to the node 
 replicas (:mod:`laminar.migrate.reclaim`).
 
 The sender re-hashes every chunk it reads (in a thread, ahead of the socket) and checks the
-files against the job's own manifest first, so a checkpoint corrupted on the source disk is
-refused there, not shipped. A checkpoint the job saves again meanwhile (jobkit replaces the
+files against the job's own manifest before it sends ``done`` (:func:`check_source`, in a
+thread beside the transfer: the first byte leaves after the chunks' hashes alone), so a
+checkpoint corrupted on the source disk is refused there, never committed. A checkpoint the job saves again meanwhile (jobkit replaces the
 directory) is told apart from a corrupt one by its files' identities (inode, size, mtime):
 the sender builds its manifest again and sends the new one, at most
 MAX_SOURCE_CHANGES times (:func:`send_checkpoint`).
@@ -252,6 +253,9 @@ class Manifest:
     # the sender's side only, never on the wire: what the files were when the manifest was
     # built (:func:`_source_state`), so a change under the sender is seen (empty: unknown)
     source: tuple[Any, ...] = field(default=(), compare=False, repr=False)
+    # the sender's side only: the files' SHA-256 are the job's MANIFEST.json's word, not yet
+    # checked against the disk (build_manifest(check_files=False): :func:`check_source` does it)
+    unchecked: bool = field(default=False, compare=False, repr=False)
 
     @functools.cached_property
     def total_bytes(self) -> int:
@@ -468,12 +472,19 @@ def _source_state(p: Path) -> tuple[Any, ...]:
     return d0, files
 
 
-def build_manifest(ckpt_dir: str | os.PathLike[str], job_id: str, chunk_size: int = DEFAULT_CHUNK) -> Manifest:
+def build_manifest(ckpt_dir: str | os.PathLike[str], job_id: str, chunk_size: int = DEFAULT_CHUNK, *,
+                   check_files: bool = True) -> Manifest:
     """The transfer manifest of a jobkit checkpoint directory. Checks the files against the
     job's own MANIFEST.json first (raises TransferError: a corrupt source is never shipped).
     Raises SourceChangedError when the checkpoint changed while it was read (a job that saved
     the same step again: its file hashes and its chunks' would describe two versions); the
-    manifest remembers the files it describes (``source``), so the sender sees a change after."""
+    manifest remembers the files it describes (``source``), so the sender sees a change after.
+
+    ``check_files=False`` (what :func:`send_checkpoint` does): only the chunks are hashed
+    (every thread on them); the files' SHA-256 are taken from the job's MANIFEST.json, sizes
+    checked, and the manifest is marked ``unchecked``: the caller runs :func:`check_source`
+    beside the transfer and sends ``done`` only once it passed. The first byte leaves after
+    one parallel pass instead of a sequential pass over the largest file."""
     p = Path(ckpt_dir)
     try:
         jobkit.read_manifest(p)  # a directory that is not a checkpoint fails before any hashing
@@ -493,7 +504,7 @@ def build_manifest(ckpt_dir: str | os.PathLike[str], job_id: str, chunk_size: in
         # the largest file first: the destination moves the first file into place rather than
         # copying it out of the partial file (Receiver._commit)
         sizes = sorted(((n, ident[2]) for n, ident in before[1]), key=lambda f: (-f[1], f[0]))
-        m = _hash_checkpoint(p, job_id, chunk_size, sizes)
+        m = _hash_checkpoint(p, job_id, chunk_size, sizes, check_files)
     except (TransferError, OSError) as e:
         if changed():  # what failed was reading two versions, not a corrupt source
             raise SourceChangedError(f"transfer: {p} changed while its manifest was built ({e})") from None
@@ -503,11 +514,13 @@ def build_manifest(ckpt_dir: str | os.PathLike[str], job_id: str, chunk_size: in
     return replace(m, source=before)
 
 
-def _hash_checkpoint(p: Path, job_id: str, chunk_size: int, sizes: list[tuple[str, int]]) -> Manifest:
-    """:func:`build_manifest`'s two passes over the files ``sizes`` lists (name, size)."""
+def _hash_checkpoint(p: Path, job_id: str, chunk_size: int, sizes: list[tuple[str, int]],
+                     check_files: bool = True) -> Manifest:
+    """:func:`build_manifest`'s two passes over the files ``sizes`` lists (name, size); the
+    chunks' alone without ``check_files``."""
     m0 = Manifest(job_id, p.name, chunk_size, tuple((n, z, "") for n, z in sizes), ())
     nchunks = (m0.total_bytes + chunk_size - 1) // chunk_size
-    k = max(1, min(_HASH_THREADS, nchunks))
+    k = max(1, min(_HASH_THREADS + (0 if check_files else 1), nchunks))
 
     def hash_chunks(lo: int, hi: int) -> list[str]:
         out = []
@@ -520,11 +533,36 @@ def _hash_checkpoint(p: Path, job_id: str, chunk_size: int, sizes: list[tuple[st
                 if _pread_spans(spans, i * chunk_size, buf[:n]) != n:
                     raise TransferError(f"transfer: refusing to send {p}: a file shrank while it was read", fatal=True)
                 out.append(hashlib.sha256(buf[:n]).hexdigest())
+        except _SpanReadError as e:  # the storage failed a read (EIO): named, as jobkit's check names it
+            raise TransferError(f"transfer: refusing to send {p}: {e.describe(p, [n for n, _ in sizes])}",
+                                fatal=True) from None
         finally:
             for fd in fds:
                 os.close(fd)
         return out
 
+    if not check_files:
+        try:
+            claims = {f["name"]: f for f in jobkit.read_manifest(p)["files"]}
+        except jobkit.CheckpointError as e:
+            raise TransferError(f"transfer: refusing to send {p}: {e}", fatal=True) from None
+        for n, z in sizes:
+            if n in claims and claims[n].get("size") != z:
+                raise TransferError(f"transfer: refusing to send {p}: {n} has {z} bytes, its manifest says "
+                                    f"{claims[n].get('size')}", fatal=True)
+        missing = sorted(set(claims) - {n for n, _ in sizes})
+        if missing:
+            raise TransferError(f"transfer: refusing to send {p}: {missing[0]} is missing", fatal=True)
+        extra = sorted(n for n, _ in sizes if n not in claims and n != jobkit.MANIFEST)
+        if extra:
+            raise TransferError(f"transfer: refusing to send {p}: files not in its manifest: {extra}", fatal=True)
+        with ThreadPoolExecutor(k, thread_name_prefix="lm-xfer-manifest") as ex:
+            parts = [ex.submit(hash_chunks, j * nchunks // k, (j + 1) * nchunks // k) for j in range(k)]
+            chunks = [c for f in parts for c in f.result()]
+        files = [(n, z, str(claims[n]["sha256"]) if n in claims else jobkit.file_sha256(p / n)) for n, z in sizes]
+        m = Manifest(job_id, p.name, chunk_size, tuple(files), tuple(chunks), unchecked=True)
+        Manifest.from_body(m.body())
+        return m
     # Two SHA-256 passes, side by side in threads (hashlib lets go of the GIL): jobkit's over
     # each file it lists, which checks them against the job's manifest and gives their
     # hashes, and the chunks'.
@@ -540,6 +578,34 @@ def _hash_checkpoint(p: Path, job_id: str, chunk_size: int, sizes: list[tuple[st
     m = Manifest(job_id, p.name, chunk_size, tuple(files), tuple(chunks))
     Manifest.from_body(m.body())  # same checks as the receiver: unsafe names fail here
     return m
+
+
+def check_source(ckpt_dir: str | os.PathLike[str], m: Manifest) -> None:
+    """The check an ``unchecked`` manifest's files still need: every file against the job's
+    MANIFEST.json (jobkit's, one pass over each) and those hashes against ``m``. Raises
+    SourceChangedError when the checkpoint is another since ``m`` was built (a re-save: send
+    the new one), TransferError (fatal) when it is the same and does not match (corrupt on the
+    source disk: never shipped whole, never committed)."""
+    p = Path(ckpt_dir)
+
+    def changed() -> bool:
+        try:
+            return bool(m.source) and _source_state(p) != m.source
+        except (OSError, SourceChangedError):
+            return True
+
+    try:
+        listed = {f["name"]: f["sha256"] for f in jobkit.verify_checkpoint(p)["files"]}
+    except jobkit.CheckpointError as e:
+        if changed():
+            raise SourceChangedError(f"transfer: {p} changed while it was sent ({e})") from None
+        raise TransferError(f"transfer: refusing to send {p}: {e}", fatal=True) from None
+    if changed():
+        raise SourceChangedError(f"transfer: {p} changed while it was sent (the job saved it again)")
+    for name, _size, sha in m.files:
+        if name in listed and listed[name] != sha:
+            raise TransferError(f"transfer: refusing to send {p}: {name} does not match the SHA-256 it was sent "
+                                "under", fatal=True)
 
 
 # -- framing --------------------------------------------------------------------------------
@@ -1207,8 +1273,10 @@ async def send_checkpoint(
                          job_id, src.name, why)
                 await asyncio.sleep(retry_delay_s)
             try:
-                # hashing a checkpoint of many GB takes seconds: never on the agent's event loop
-                return await asyncio.to_thread(build_manifest, ckpt_dir, job_id, chunk_size)
+                # hashing a checkpoint of many GB takes seconds: never on the agent's event loop;
+                # the files' own check runs beside the transfer (check_source, before "done")
+                return await asyncio.to_thread(functools.partial(build_manifest, ckpt_dir, job_id, chunk_size,
+                                                                 check_files=False))
             except SourceChangedError as e:
                 why = e
             except (TransferError, OSError) as e:
@@ -1216,7 +1284,35 @@ async def send_checkpoint(
                     raise  # the first look, or a checkpoint that is there and not valid: no re-save explains it
                 why = SourceChangedError(f"{e}")  # gone mid re-save (the directory renamed away): look again
 
+    checking: asyncio.Future[None] | None = None  # check_source of an unchecked manifest, beside the transfer
+
+    def check(m: Manifest) -> asyncio.Future[None] | None:
+        nonlocal checking
+        if checking is not None:
+            checking.cancel()  # the thread finishes on its own; its answer is not wanted
+        checking = asyncio.ensure_future(asyncio.to_thread(check_source, src, m)) if m.unchecked else None
+        return checking
+
     m = manifest if manifest is not None else await rebuild(None)
+    try:
+        return await _send_all(host, port, src, job_id, m, key, zone, node, rate_bps, deadline_monotonic, retries,
+                               retry_delay_s, silent_retries, progress, flow_hook, local_host, rebuild, check)
+    finally:
+        if checking is not None:
+            checking.cancel()
+            with contextlib.suppress(BaseException):
+                await checking
+
+
+async def _send_all(
+    host: str, port: int, src: Path, job_id: str, m: Manifest, key: bytes, zone: int, node: str, rate_bps: float | None,
+    deadline_monotonic: float | None, retries: int, retry_delay_s: float, silent_retries: int | None,
+    progress: Callable[[Progress], None] | None, flow_hook: FlowHook | None, local_host: str | None,
+    rebuild: Callable[[TransferError | None], Awaitable[Manifest]],
+    check: Callable[[Manifest], asyncio.Future[None] | None],
+) -> SendResult:
+    """:func:`send_checkpoint`'s attempts, from the manifest ``m`` on."""
+    source_ok = check(m)
     offer = await asyncio.to_thread(_offer, m, key)  # the manifest's JSON (MBs) and digest: not on the loop
     t0 = time.monotonic()
     res = SendResult(job_id, m.ckpt_id, m.digest, m.total_bytes, 0, 0, 0, "")
@@ -1229,10 +1325,11 @@ async def send_checkpoint(
         res.attempts += 1
         try:
             await _send_once(host, port, src, m, offer, key, zone, node, rate_bps, deadline_monotonic, progress, flow_hook,
-                             res, t0, local_host)
+                             res, t0, local_host, source_ok)
             return res
         except SourceChangedError as e:  # not a failed attempt: another checkpoint to send
             m = await rebuild(e)
+            source_ok = check(m)
             offer = await asyncio.to_thread(_offer, m, key)
             res.digest, res.total_bytes = m.digest, m.total_bytes
             continue
@@ -1263,8 +1360,11 @@ def _offer(m: Manifest, key: bytes) -> bytes:
 async def _send_once(
     host: str, port: int, src: Path, m: Manifest, offer: bytes, key: bytes, zone: int, node: str, rate_bps: float | None,
     deadline: float | None, progress: Callable[[Progress], None] | None, flow_hook: FlowHook | None,
-    res: SendResult, t0: float, local_host: str | None = None,
+    res: SendResult, t0: float, local_host: str | None = None, source_ok: asyncio.Future[None] | None = None,
 ) -> None:
+    """One connection's attempt. ``source_ok``: the source's check (:func:`check_source`) of an
+    unchecked manifest, awaited before ``done`` (its error ends the transfer: the destination
+    commits nothing)."""
     from laminar.zone.membership import host_port
 
     rd = _Source(src, m)  # opens the files first: SourceChangedError (before any byte is sent) when they changed
@@ -1346,6 +1446,8 @@ async def _send_once(
                         await pacer.pace(len(data))
                         if reader_task.done():
                             reader_task.result()  # surfaces the peer's error or a broken connection
+                    if source_ok is not None:
+                        await _source_checked(source_ok, reader_task)
                     await ch.send({"t": "done"})
                 except (OSError, asyncio.IncompleteReadError) as e:
                     # The peer may have said why before it closed (an error, a record that
@@ -1387,6 +1489,15 @@ async def _send_once(
         w.close()
         with contextlib.suppress(Exception):
             await w.wait_closed()
+
+
+async def _source_checked(source_ok: asyncio.Future[None], reader_task: asyncio.Task[None]) -> None:
+    """Waits for the source's check (raises its error), or for the connection to fail first."""
+    await asyncio.wait({source_ok, reader_task}, return_when=asyncio.FIRST_COMPLETED)
+    if not source_ok.done():
+        reader_task.result()  # the peer's error or a broken connection
+        raise TransferError("transfer: the destination closed the connection while the source was checked")
+    source_ok.result()
 
 
 async def _report_acks(meter: _AckMeter, hook: FlowHook, handle: Any, total: int, told: list[int]) -> None:
