@@ -157,7 +157,7 @@ def verify_checkpoint(path: str | os.PathLike[str], *, hashed: Mapping[str, str]
     ``hashed`` (name -> SHA-256 hex) is for a caller that hashed some files' bytes itself, as it
     wrote them (the transfer receiver): those files are checked for presence, type and size and
     their given hash against the manifest's, not read again. A job restoring a checkpoint never
-    passes it: :func:`Checkpointer.load` hashes what it deserializes."""
+    passes it: :func:`Checkpointer.resume` hashes what it deserializes."""
     return _verify(Path(path), load=False, hashed=hashed or {})[0]
 
 

@@ -250,3 +250,93 @@ def test_an_older_source_that_says_its_job_lives_is_not_asked_every_dead_after_s
             agent_a.store.db.close()
 
     asyncio.run(main())
+
+
+def test_a_guard_reads_the_sources_window_in_its_own_clock(tmp_path: Path) -> None:
+    """The source's clock runs 300 s behind the buddy's. Its guard message says its window ends
+    30 s from now by its clock: the buddy keeps guarding (before, it read that instant in its
+    own clock, 270 s in the past, and took the job over at once while the source was still
+    moving it: the job ran twice). A guard's ``not_before`` is moved the same way; a message
+    with an unreadable clock is refused whole."""
+    async def main() -> None:
+        (tmp_path / "b").mkdir()
+        agent_b, buddy = await started(tmp_path / "b")
+        try:
+            src = Source(tmp_path, buddy, 2, K)
+            await src.send(5)
+            skew = -300.0
+            theirs = time.time() + skew
+            body = {"key": K, "src_node": 2, "src_job": "job-1", "ckpt": "ckpt-5", "clock": theirs,
+                    "request": {"spec": {"command": ["train"]}, "window_end": theirs + 30,
+                                "not_before": theirs + 20}}
+            await send_control("127.0.0.1", buddy.port, KEY, "guard", body, zone=1, node="2")
+            row = buddy.agent.store.db.execute("SELECT request FROM migrate_replicas WHERE key=?", (K,)).fetchone()
+            req = json.loads(row["request"])
+            now = time.time()
+            assert now + 29 < req["window_end"] <= now + 31  # 30 s from now, in the buddy's clock
+            assert now + 19 < req["not_before"] <= now + 21
+            agent_b.zone.membership.state[2].last_seen = now
+            assert buddy._source_dead(2, now, req["window_end"]) is None
+            await buddy._guard_round()
+            assert await until(lambda: not buddy._taking)
+            assert state_of(buddy, K) == "guarding"  # not taken over: the window is open
+
+            bad = {**body, "clock": "soon", "request": {**body["request"], "window_end": 1.0}}
+            try:
+                await send_control("127.0.0.1", buddy.port, KEY, "guard", bad, zone=1, node="2")
+            except Exception as e:
+                assert "clock" in str(e), e
+            else:
+                raise AssertionError("a guard with an unreadable clock was taken")
+            row = buddy.agent.store.db.execute("SELECT request FROM migrate_replicas WHERE key=?", (K,)).fetchone()
+            assert json.loads(row["request"])["window_end"] == req["window_end"]  # unchanged
+        finally:
+            await buddy.stop()
+            agent_b.store.db.close()
+
+    asyncio.run(main())
+
+
+def test_a_sources_guard_message_carries_its_clock(tmp_path: Path) -> None:
+    """What the source's component sends (``_control``): the guard's request with the sender's
+    wall clock beside it, so the guard can move the instants into its own."""
+    async def main() -> None:
+        (tmp_path / "b").mkdir()
+        agent_b, buddy = await started(tmp_path / "b")
+        (tmp_path / "a").mkdir()
+        agent_a = make_agent(tmp_path / "a")
+        agent_a.jobs = Jobs()
+        source = ReclaimComponent()
+        await source.start(agent_a)
+        zone_a = FakeZone([1, 3])
+        zone_a.node_id = 2
+        zone_a.keys = {1: KEY}
+        agent_a.zone = zone_a
+        try:
+            zone_a.membership.by_node[1].handover_port = 0
+            source.s["port"] = buddy.port  # node 1's transfer endpoint is the buddy's
+            await Source(tmp_path, buddy, 2, K).send(5)
+            bodies: list[Any] = []
+            real = buddy._on_control
+
+            def on_control(node: str, op: str, body: Any) -> Any:
+                bodies.append(body)
+                return real(node, op, body)
+
+            buddy._on_control = on_control  # type: ignore[method-assign]
+            assert buddy.receiver is not None
+            buddy.receiver.on_control = on_control
+            t0 = time.time()
+            await source._control(1, "guard", {"key": K, "src_node": 2, "src_job": "job-1", "ckpt": "ckpt-5",
+                                               "request": {"spec": {"command": ["train"]}, "window_end": t0 + 40}})
+            row = buddy.agent.store.db.execute("SELECT request FROM migrate_replicas WHERE key=?", (K,)).fetchone()
+            end = json.loads(row["request"])["window_end"]
+            assert t0 + 40 <= end <= time.time() + 40  # moved by the transit only (same clock here)
+            assert [t0 <= b["clock"] <= time.time() for b in bodies] == [True]  # the sender's clock, as it sent
+        finally:
+            await source.stop()
+            await buddy.stop()
+            agent_b.store.db.close()
+            agent_a.store.db.close()
+
+    asyncio.run(main())

@@ -487,6 +487,37 @@ class _ShaperHook:
                 await self.reg._run(self.reg.remove, handle)
 
 
+GUARD_INSTANTS = ("window_end", "not_before")  # wall-clock instants a guard message's request carries
+
+
+def _in_own_clock(body: dict[str, Any]) -> dict[str, Any]:
+    """A guard message's request with its instants (GUARD_INSTANTS: the end of the source's
+    reclaim window, the moment before which the guard must not act) moved from the sender's
+    wall clock to this node's: shifted by this node's time less the sender's ``clock`` when it
+    sent the message. The shift holds the skew between the two clocks and the message's
+    transit, so an instant lands at most a transit later than it was meant, never earlier: a
+    guard whose clock runs ahead no longer takes over before the window ends. A message
+    without ``clock`` (an agent of before 2026-11-24) is taken as it is. Raises ValueError for
+    a ``clock`` or an instant that is not a finite number."""
+    def instant(name: str, v: Any) -> float:
+        try:
+            t = float(v)
+        except (TypeError, ValueError):
+            t = math.nan
+        if isinstance(v, bool) or not math.isfinite(t):
+            raise ValueError(f"guard: {name} {v!r} is not a finite number (seconds since the epoch)")
+        return t
+
+    req = dict(body["request"])
+    if body.get("clock") is None:
+        return req
+    shift = time.time() - instant("clock", body["clock"])
+    for f in GUARD_INSTANTS:
+        if req.get(f) is not None:
+            req[f] = instant(f, req[f]) + shift
+    return req
+
+
 class ReclaimComponent(BuddiesMixin, GuardMixin, ReplicasMixin, WithdrawMixin, SettleMixin, ArchiveMixin):
     """``laminar.migrate.reclaim:ReclaimComponent`` (agent attribute ``migrate``)."""
 
@@ -835,6 +866,10 @@ class ReclaimComponent(BuddiesMixin, GuardMixin, ReplicasMixin, WithdrawMixin, S
         return keys if pairs is None else pairs.accepted(keys, node)
 
     async def _control(self, node: int, op: str, body: Any, timeout: float = 5.0) -> Any:
+        if op == "guard" and isinstance(body, dict):
+            # this node's wall clock as it sends: the guard reads the instants in the request
+            # (window_end, not_before) in its own clock, whatever the skew (_on_control)
+            body = {**body, "clock": time.time()}
         addr, port, key, zone = self._peer(node)
         return await send_control(addr, port, key, op, body, zone=zone, node=str(self.node_id), timeout=timeout,
                                   local_host=self._xfer_local)
@@ -2009,16 +2044,17 @@ class ReclaimComponent(BuddiesMixin, GuardMixin, ReplicasMixin, WithdrawMixin, S
         if op == "guard":
             key = str(body["key"])
             self._check_guarded_ckpt(key, str(body["ckpt"]))
+            req = _in_own_clock(body)
             with self.agent.store.tx() as db:
                 db.execute("INSERT INTO migrate_replicas VALUES (?, ?, ?, ?, ?, 'guarding', NULL, ?) "
                            "ON CONFLICT(key) DO UPDATE SET ckpt=excluded.ckpt, request=excluded.request, "
                            "state=CASE WHEN state IN ('resumed', 'handed-over', 'placed') THEN state ELSE 'guarding' END, "
                            "updated=excluded.updated",
-                           (key, int(body["src_node"]), str(body["src_job"]), json.dumps(body["request"]),
+                           (key, int(body["src_node"]), str(body["src_job"]), json.dumps(req),
                             str(body["ckpt"]), time.time()))
                 # the source just spoke about this guard: its earlier silence no longer counts
                 db.execute("UPDATE migrate_guard_checks SET unanswered=0 WHERE key=?", (key,))
-            self._note_owner(key, body["request"])
+            self._note_owner(key, req)
             try:  # the guard names a newer checkpoint: the older ones go (when it is held here)
                 self.replica_gc(key, newest=str(body["ckpt"]))
             except Exception:

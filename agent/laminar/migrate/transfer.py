@@ -2256,7 +2256,7 @@ class Receiver:
         back from where it was assembled: a byte that changed on the way, on the disk since
         it arrived, or in the copy is found before anything is marked verified. (The moved
         file's bytes are the ones hashed; a byte that rots on disk later is caught where the
-        job loads it: :meth:`laminar.jobkit.Checkpointer.load` hashes what it deserializes.)
+        job loads it: :meth:`laminar.jobkit.Checkpointer.resume` hashes what it deserializes.)
         What was cut is forgotten (have.log) when the commit fails otherwise, so the sender
         sends it again; a crash mid-commit leaves the cut chunks zero (or, once the partial
         file was moved, none), which the next attempt's check asks for again. Raises
