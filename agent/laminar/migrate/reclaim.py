@@ -128,6 +128,7 @@ from pathlib import Path
 from typing import Any
 
 from laminar import jobkit
+from laminar.airlock.cgroups import CgroupError
 from laminar.config import Field, _one_of, _range, register_section
 from laminar.migrate import ckpt_driver, drain
 from laminar.migrate import ckpt_schedule as cs
@@ -963,13 +964,26 @@ class ReclaimComponent(BuddiesMixin, GuardMixin, ReplicasMixin, WithdrawMixin, S
         return feasible + [r for r in ranked if not r.feasible]
 
     def _ckpt_bytes(self, job: Any) -> int:
-        """Size of the job's newest checkpoint (the planning size of its next one)."""
+        """Size of the job's newest checkpoint (the planning size of its next one). A job that
+        has not checkpointed yet is planned at the memory it holds (its cgroup's, less clean
+        page cache: the state it could write is in there), at least DEFAULT_CKPT_BYTES: a
+        reclaim that planned a 1 GiB job as 64 MiB asked for its checkpoint too late for the
+        transfer, and the job was lost at the window's end. Planning too large only asks
+        earlier; the move is ranked again with the checkpoint's real size. (A GPU job's state
+        in GPU memory is not in its cgroup: its first checkpoint gives the size.)"""
         for p in reversed(jobkit.list_checkpoints(job.ckpt_dir) if job.ckpt_dir else []):
             try:
                 return sum(f.stat().st_size for f in p.iterdir() if f.is_file()) or DEFAULT_CKPT_BYTES
             except OSError:  # removed by the job meanwhile
                 continue
-        return DEFAULT_CKPT_BYTES
+        held = 0
+        cg = getattr(job, "cgroup", None)
+        if cg is not None and getattr(job, "active", False):
+            try:
+                held = int(cg.memory_in_use())
+            except (OSError, ValueError, CgroupError):  # gone meanwhile, or no memory controller
+                held = 0
+        return max(DEFAULT_CKPT_BYTES, held)
 
     def _should_prestage(self, job: Any) -> bool:
         mode = self.s["prestage"]

@@ -1,0 +1,83 @@
+"""The size a reclaim plans for a job that has not checkpointed yet (a real job in a real
+cgroup under a real JobManager; the migrate component over a stand-in agent: config, store,
+events, no zone).
+
+Before, such a job was planned at 64 MiB whatever it held: the reclaim asked for a 1 GiB job's
+checkpoint too late for its transfer (bench/move.py, 20 s of notice: the plan left 0.5 s for a
+transfer the destination's check then put at 8.6 s), and the job was lost at the window's end.
+Now it is planned at the memory its cgroup holds (less clean page cache), at least 64 MiB; once
+it has a checkpoint, that checkpoint's size.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+from pathlib import Path
+from types import SimpleNamespace
+
+from jobrig import job_manager, until
+
+from laminar import jobkit
+from laminar.config import Config, validate
+from laminar.events import EventBus
+from laminar.migrate.reclaim import DEFAULT_CKPT_BYTES, ReclaimComponent
+from laminar.runtime.jobs import JobSpec
+from laminar.store import Store
+
+MB = 1 << 20
+
+
+def make_agent(tmp: Path) -> SimpleNamespace:
+    """A stand-in agent for the migrate component: config, store, events; no zone."""
+    cfg = Config(validate({"agent": {"state_dir": str(tmp), "node": "lm-t-plan"},
+                           "migrate": {"poll_s": 60.0, "periodic": False}}))
+    store = Store(tmp / "state.db")
+    return SimpleNamespace(config=cfg, store=store, events=EventBus(store), jobs=None, zone=None)
+
+HOLD = """
+import os, sys, time
+state = bytearray(os.urandom(int(sys.argv[1]) << 20))  # the job's state, in its memory
+print("ready", flush=True)
+time.sleep(600)
+"""
+
+
+def test_a_job_without_a_checkpoint_is_planned_at_the_memory_it_holds(tmp_path: Path) -> None:
+    async def main() -> None:
+        async with job_manager(tmp_path / "jobs") as jobs:
+            agent = make_agent(tmp_path)
+            agent.jobs = jobs
+            comp = ReclaimComponent()
+            await comp.start(agent)
+            try:
+                big = await jobs.submit(JobSpec([sys.executable, "-c", HOLD, "300"], name="big").validate())
+                small = await jobs.submit(JobSpec([sys.executable, "-c", HOLD, "1"], name="small").validate())
+                log = tmp_path / "jobs" / "logs"
+
+                def ready(jid: str) -> bool:
+                    p = log / f"{jid}.log"
+                    return p.exists() and "ready" in p.read_text()
+
+                assert await until(lambda: ready(big.id) and ready(small.id), 60)
+                assert comp._ckpt_bytes(big) >= 300 * MB  # what it holds, not 64 MiB
+                assert comp._ckpt_bytes(small) == DEFAULT_CKPT_BYTES  # at least the default
+
+                assert big.ckpt_dir is not None
+                jobkit.Checkpointer(job_id=big.id, ckpt_dir=big.ckpt_dir, install_signal=False).save(
+                    b"x" * (3 * MB), step=1)
+                size = comp._ckpt_bytes(big)
+                assert 3 * MB <= size < 4 * MB  # its checkpoint's size, once it has one
+
+                await jobs.stop(big.id, "test")
+                assert await until(lambda: not big.active, 30)
+                for p in jobkit.list_checkpoints(big.ckpt_dir):
+                    for f in p.iterdir():
+                        f.unlink()
+                    p.rmdir()
+                assert comp._ckpt_bytes(big) == DEFAULT_CKPT_BYTES  # ended: no memory to go by
+            finally:
+                await comp.stop()
+                agent.store.db.close()
+
+    asyncio.run(main())
