@@ -22,6 +22,18 @@ def make_ckpt(tmp: Path, size: int, step: int = 40) -> Path:
     return ck.save(os.urandom(size), step=step)
 
 
+def rot(f: Path, at: int) -> None:
+    """Flips byte ``at`` of ``f`` with no sign of a write (its mtime put back): bit rot, as the
+    sender's identity checks see it."""
+    st = f.stat()
+    with open(f, "r+b") as fh:
+        fh.seek(at)
+        b = fh.read(1)
+        fh.seek(at)
+        fh.write(bytes([b[0] ^ 0xFF]))
+    os.utime(f, ns=(st.st_atime_ns, st.st_mtime_ns))
+
+
 async def with_receiver(root: Path, body: Callable[[Receiver, int], Awaitable[T]], key: bytes = KEY) -> T:
     """Runs ``body(receiver, port)`` with a Receiver on 127.0.0.1 under ``root``; stops it after."""
     rcv = Receiver(root, key)

@@ -33,20 +33,27 @@ def state_of(comp: ReclaimComponent, key: str) -> str:
     return str(row["state"]) if row else ""
 
 
+async def source_node(d: Path) -> tuple[Any, ReclaimComponent, FakeZone]:
+    """Node 2, a job's source: a started component over a stand-in agent (no jobs yet) and zone
+    (nodes 1 and 3, zone key KEY)."""
+    agent = make_agent(d)
+    agent.jobs = Jobs()
+    source = ReclaimComponent()
+    await source.start(agent)
+    zone = FakeZone([1, 3])
+    zone.node_id = 2
+    zone.keys = {1: KEY}
+    agent.zone = zone
+    return agent, source, zone
+
+
 def test_a_source_silent_in_its_window_that_answers_keeps_its_job(tmp_path: Path) -> None:
     async def main() -> None:
         (tmp_path / "b").mkdir()
         (tmp_path / "a").mkdir()
         agent_b, buddy = await started(tmp_path / "b")
-        agent_a = make_agent(tmp_path / "a")
-        agent_a.jobs = Jobs()
+        agent_a, source, zone_a = await source_node(tmp_path / "a")
         agent_a.jobs.jobs.append(SimpleNamespace(id="job-1", state="running", ended=None, spec=None))
-        source = ReclaimComponent()
-        await source.start(agent_a)
-        zone_a = FakeZone([1, 3])
-        zone_a.node_id = 2
-        zone_a.keys = {1: KEY}
-        agent_a.zone = zone_a
         try:
             buddy.s["port"] = source.port  # the buddy's control messages to node 2 reach the source
             seen: list[str] = []
@@ -304,14 +311,7 @@ def test_a_sources_guard_message_carries_its_clock(tmp_path: Path) -> None:
         (tmp_path / "b").mkdir()
         agent_b, buddy = await started(tmp_path / "b")
         (tmp_path / "a").mkdir()
-        agent_a = make_agent(tmp_path / "a")
-        agent_a.jobs = Jobs()
-        source = ReclaimComponent()
-        await source.start(agent_a)
-        zone_a = FakeZone([1, 3])
-        zone_a.node_id = 2
-        zone_a.keys = {1: KEY}
-        agent_a.zone = zone_a
+        agent_a, source, zone_a = await source_node(tmp_path / "a")
         try:
             zone_a.membership.by_node[1].handover_port = 0
             source.s["port"] = buddy.port  # node 1's transfer endpoint is the buddy's

@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from xferrig import KEY, make_ckpt, with_receiver
+from xferrig import KEY, make_ckpt, rot, with_receiver
 
 from laminar import jobkit
 from laminar.migrate import transfer as T
@@ -147,14 +147,7 @@ def test_a_corrupt_source_is_still_refused_at_once_not_taken_for_a_resave(tmp_pa
     changed. Fatal at once, as before, not retried as a re-save."""
     ck = make_ckpt(tmp_path, 300 * KB)
     m = T.build_manifest(ck, "j1", 64 * KB)
-    f = ck / "state.bin"
-    st = f.stat()
-    with open(f, "r+b") as fh:
-        fh.seek(100 * KB)
-        b = fh.read(1)
-        fh.seek(100 * KB)
-        fh.write(bytes([b[0] ^ 0xFF]))
-    os.utime(f, ns=(st.st_atime_ns, st.st_mtime_ns))
+    rot(ck / "state.bin", 100 * KB)
 
     async def body(rcv: Receiver, port: int) -> None:
         with pytest.raises(TransferError, match="changed on the source disk") as e:

@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from xferrig import KEY, make_ckpt, with_receiver
+from xferrig import KEY, make_ckpt, rot, with_receiver
 
 from laminar import jobkit
 from laminar.migrate import transfer as T
@@ -161,14 +161,7 @@ def test_a_source_that_rotted_under_its_manifest_is_refused_before_done_and_neve
     The files' check fails beside the transfer: fatal, named, and the destination commits
     nothing (it never got ``done``)."""
     ck = make_ckpt(tmp_path, 600 * KB)
-    f = ck / "state.bin"
-    st = f.stat()
-    with open(f, "r+b") as fh:
-        fh.seek(200 * KB)
-        b = fh.read(1)
-        fh.seek(200 * KB)
-        fh.write(bytes([b[0] ^ 0xFF]))
-    os.utime(f, ns=(st.st_atime_ns, st.st_mtime_ns))
+    rot(ck / "state.bin", 200 * KB)
     committed: list[Any] = []
 
     async def body(rcv: Receiver, port: int) -> None:
