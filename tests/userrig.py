@@ -69,7 +69,12 @@ def local_user(tag: str, extra_group: bool = False) -> Iterator[User]:
             # what still runs as the user (a job a test's agent started, not stopped yet) would
             # make userdel refuse ("currently used by process"): the user was left behind
             subprocess.run(["pkill", "-KILL", "-U", str(uid)], capture_output=True)
-            _retry(["userdel", name])
+            try:
+                _retry(["userdel", name])
+            except RuntimeError:
+                # still "used by process" after the retries (a killed process not reaped yet): the
+                # user goes anyway, so no lm-s7-* user is left on the machine (a CI run left one)
+                _retry(["userdel", "--force", name])
         with contextlib.suppress(KeyError, RuntimeError):
             grp.getgrnam(name)
             _retry(["groupdel", name])
