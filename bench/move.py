@@ -86,21 +86,12 @@ def _role_job(mib: int) -> int:
 # --------------------------------------------------------------------------- the driver
 
 
-def _events(p: Path) -> list[dict[str, Any]]:
-    out = []
-    if p.exists():
-        for line in p.read_text().splitlines():
-            if line.startswith("{"):
-                try:
-                    out.append(json.loads(line))
-                except ValueError:
-                    pass
-    return out
-
-
 def _one(tmp: Path, mib: int, tree: Path | None) -> dict[str, float]:
     sys.path[:0] = [str(REPO / "tests"), str(REPO / "tests" / "cluster")]
-    from harness import Cluster, wait_until
+    from harness import Cluster, parse_events, wait_until
+
+    def _events(p: Path) -> list[dict[str, Any]]:
+        return parse_events(p.read_text()) if p.exists() else []
 
     old = os.environ.get("PYTHONPATH")
     if tree is not None:

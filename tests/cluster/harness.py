@@ -45,6 +45,18 @@ def cluster_ready() -> str | None:
     return kernel_ready()
 
 
+def parse_events(text: str) -> list[dict[str, Any]]:
+    """The JSON objects a job printed one per line (its log); other lines are skipped."""
+    out = []
+    for line in text.splitlines():
+        if line.startswith("{"):
+            try:
+                out.append(json.loads(line))
+            except ValueError:
+                continue
+    return out
+
+
 def wait_until(fn: Callable[[], Any], timeout: float = 30.0, what: str = "condition", every: float = 0.1) -> Any:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:

@@ -22,7 +22,7 @@ from typing import Any
 import pytest
 from agentproc import REPO, VENV_BIN, remove_cgroup_tree
 from conftest import delete_netns
-from harness import Cluster, Node, wait_until
+from harness import Cluster, Node, parse_events, wait_until
 
 pytestmark = pytest.mark.cluster
 
@@ -66,17 +66,6 @@ def reference_sha(tmp_path_factory: pytest.TempPathFactory) -> str:
 def make_cluster(tmp_path: Path) -> Iterator[Callable[..., Cluster]]:
     with ExitStack() as stack:
         yield lambda **kw: stack.enter_context(Cluster.create(tmp_path, **kw))
-
-
-def parse_events(text: str) -> list[dict[str, Any]]:
-    out = []
-    for line in text.splitlines():
-        if line.startswith("{"):
-            try:
-                out.append(json.loads(line))
-            except ValueError:
-                continue
-    return out
 
 
 def job_log(nd: Node, job_id: str) -> list[dict[str, Any]]:
