@@ -1682,6 +1682,10 @@ class _Incoming:
         self.held = sum(m.chunk_len(i) for i in self.have)  # kept up to date: an ack reads it on the loop
         self.log = open(logp, "a")
         self.ex = ThreadPoolExecutor(1, thread_name_prefix="lm-xfer-write")  # writes in order, one core at most
+        # fdatasync and the have.log appends in a thread of their own: a batch's writes go on
+        # into the page cache while the batch before it is flushed (on the same thread, every
+        # flush stopped the writes, and the receive behind them, for the disk's latency).
+        self.sync_ex = ThreadPoolExecutor(1, thread_name_prefix="lm-xfer-sync")
         self.writing: list[tuple[int, asyncio.Future[int]]] = []  # chunks being written, not yet persisted
         self.inflight: asyncio.Future[list[int]] | None = None  # the batch being persisted
         # The first file's SHA-256 over the bytes as they are written (the very buffers given to
@@ -1744,7 +1748,7 @@ class _Incoming:
             if isinstance(r, BaseException):
                 raise r
         ids = [i for i, _ in w]
-        await asyncio.get_running_loop().run_in_executor(self.ex, self._sync, ids)
+        await asyncio.get_running_loop().run_in_executor(self.sync_ex, self._sync, ids)
         return ids
 
     def _sync(self, ids: list[int]) -> None:
@@ -1780,6 +1784,7 @@ class _Incoming:
             busy[0].add_done_callback(lambda _f: self.close())
             return
         self.ex.shutdown(wait=False)
+        self.sync_ex.shutdown(wait=False)
         with contextlib.suppress(OSError):
             os.close(self.fd)
         self.log.close()
