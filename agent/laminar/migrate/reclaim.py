@@ -123,7 +123,7 @@ import stat
 import subprocess
 import sys
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -173,13 +173,17 @@ from laminar.migrate.replicas import replica_victims as replica_victims
 from laminar.migrate.schema import MOVES_SCHEMA, RECLAIM_SCHEMA, REPLICAS_SCHEMA
 from laminar.migrate.settle import SettleMixin
 from laminar.migrate.transfer import (
+    DEFAULT_CHUNK,
     Committed,
     Flow,
+    Manifest,
     PeerSilentError,
     Progress,
     Receiver,
     StatsCollector,
     TransferError,
+    _source_state,
+    build_manifest,
     latest_verified,
     send_checkpoint,
     send_control,
@@ -353,6 +357,20 @@ def verify_as_owner(path: str, uid: int, gid: int, stall_s: float | None = None)
                          "owner)")
 
 
+def _same_files(m: Manifest, snap: Path) -> Manifest | None:
+    """``m`` (built from the job's checkpoint directory) for its snapshot ``snap``, when ``snap``
+    holds the very files ``m`` was built from (the same inode, size and mtime: hard links made
+    since), with ``snap``'s own identity as its source; else None (copied, or saved again
+    since: the manifest is built again from the snapshot)."""
+    if not m.source:
+        return None
+    try:
+        now = _source_state(snap)
+    except (OSError, TransferError):
+        return None
+    return replace(m, source=(now[0], m.source[1])) if now[1] == m.source[1] else None
+
+
 def _snapshot_file(src: Path, dst: Path) -> None:
     """Puts the regular file ``src`` at ``dst``: a hard link to it (never to what a link points
     to), else a copy read through a descriptor opened without following links and without
@@ -424,9 +442,11 @@ class Move:
     started: float = field(default_factory=time.time)
     ended: float | None = None
     ranked: list[dict[str, Any]] = field(default_factory=list)
+    # the final checkpoint's transfer manifest, built as it was checked: sent as it is (not shown)
+    manifest: Manifest | None = field(default=None, repr=False, compare=False)
 
     def as_dict(self) -> dict[str, Any]:
-        return {k: getattr(self, k) for k in self.__dataclass_fields__}
+        return {k: getattr(self, k) for k in self.__dataclass_fields__ if k != "manifest"}
 
 
 class _ShaperHook:
@@ -1410,10 +1430,24 @@ class ReclaimComponent(BuddiesMixin, GuardMixin, ReplicasMixin, WithdrawMixin, S
 
     # -- one move -----------------------------------------------------------------------------
 
-    async def _wait_checkpoint(self, job: Any, after: Path | None, timeout: float) -> Path | None:
-        """The job's first verified checkpoint newer than ``after``, or None after ``timeout``
-        (or once the job is gone); hashed off the event loop (:func:`ckpt_driver.wait_new_checkpoint`)."""
-        return await ckpt_driver.wait_new_checkpoint(job.ckpt_dir, after, timeout, lambda: bool(job.active))
+    async def _wait_checkpoint(self, job: Any, after: Path | None, timeout: float) -> tuple[Path | None, Manifest | None]:
+        """The job's first verified checkpoint newer than ``after`` and its transfer manifest,
+        or (None, None) after ``timeout`` (or once the job is gone); hashed off the event loop
+        (:func:`ckpt_driver.wait_new_checkpoint`). The check is the manifest's build, which
+        checks the files against the job's manifest while it hashes the chunks (one read, the
+        two hashes side by side): the move then sends without hashing the checkpoint again."""
+        built: dict[Path, Manifest] = {}
+        chunk = int(self.s.get("chunk_kb", DEFAULT_CHUNK >> 10)) << 10
+        key = self.job_key(job)
+
+        def check(p: Path) -> None:
+            try:
+                built[p] = build_manifest(p, key, chunk)
+            except TransferError as e:  # corrupt, or saved again while it was read: not this one
+                raise jobkit.CheckpointError(str(e)) from None
+
+        new = await ckpt_driver.wait_new_checkpoint(job.ckpt_dir, after, timeout, lambda: bool(job.active), check=check)
+        return new, None if new is None else built.get(new)
 
     async def _move(self, job: Any, reason: str, deadline_mono: float | None, final: bool = True,
                     transfer_deadline: float | None = None) -> Move:
@@ -1445,7 +1479,7 @@ class ReclaimComponent(BuddiesMixin, GuardMixin, ReplicasMixin, WithdrawMixin, S
                 if deadline_mono is not None:
                     wait = min(wait, max(0.0, deadline_mono - time.monotonic()))
                 asked = time.monotonic()
-                new = await self._wait_checkpoint(job, before, wait)
+                new, mv.manifest = await self._wait_checkpoint(job, before, wait)
                 if new is not None:
                     self.ckpt_latency[job.id] = time.monotonic() - asked
                 if new is None:
@@ -1904,7 +1938,8 @@ class ReclaimComponent(BuddiesMixin, GuardMixin, ReplicasMixin, WithdrawMixin, S
         try:
             mv.phase = "transfer"
             self._emit(f"{job.id}: node {node} reserved; sending {ckpt.name}", job=job.id, node=node, phase=mv.phase)
-            remote = await self._send(job, ckpt, node, deadline_mono, mv, silent_retries=MOVE_SILENT_RETRIES)
+            remote = await self._send(job, ckpt, node, deadline_mono, mv, silent_retries=MOVE_SILENT_RETRIES,
+                                      manifest=mv.manifest)
             mv.phase = "handover"
             old = self.buddy.get(job.id)
             await self._guard(job, node, ckpt.name)  # the destination guards the job from now on
@@ -1941,10 +1976,12 @@ class ReclaimComponent(BuddiesMixin, GuardMixin, ReplicasMixin, WithdrawMixin, S
                                        grace_s=1.0, state="migrated", work_lost_s=round(lost, 3))
 
     async def _send(self, job: Any, ckpt: Path, node: int, deadline_mono: float | None, mv: Move | None,
-                    silent_retries: int | None = None) -> str:
+                    silent_retries: int | None = None, manifest: Manifest | None = None) -> str:
         """Sends ``ckpt`` to ``node``'s endpoint; returns its committed path there.
         ``silent_retries``: :func:`send_checkpoint`'s (a prestage passes 0, a move
-        :data:`MOVE_SILENT_RETRIES`)."""
+        :data:`MOVE_SILENT_RETRIES`). ``manifest``: ``ckpt``'s, built (files checked) when it
+        was found; sent as it is when the snapshot holds the very files it describes (hard
+        links: same inode, size and mtime), else built again from the snapshot."""
         addr, port, key, zone = self._peer(node)
         hook = _ShaperHook(self.agent.transfers, job) if getattr(self.agent, "transfers", None) is not None else None
         last = [0.0]
@@ -1961,12 +1998,14 @@ class ReclaimComponent(BuddiesMixin, GuardMixin, ReplicasMixin, WithdrawMixin, S
                            phase="transfer")
 
         rate = float(self.s["rate_mbit"]) * 1e6 or None
-        snap = await asyncio.to_thread(self._snapshot, ckpt, self.job_key(job))  # hashes the checkpoint
+        snap = await asyncio.to_thread(self._snapshot, ckpt, self.job_key(job))
         try:
+            if manifest is not None:
+                manifest = await asyncio.to_thread(_same_files, manifest, snap)
             res = await send_checkpoint(addr, port, snap, self.job_key(job), key, zone=zone, node=str(self.node_id),
                                         chunk_size=int(self.s["chunk_kb"]) << 10, rate_bps=rate, local_host=self._xfer_local,
                                         deadline_monotonic=deadline_mono, progress=progress, flow_hook=hook,
-                                        silent_retries=silent_retries)
+                                        silent_retries=silent_retries, manifest=manifest)
         finally:
             shutil.rmtree(snap, ignore_errors=True)
         if mv is not None:
@@ -1974,13 +2013,18 @@ class ReclaimComponent(BuddiesMixin, GuardMixin, ReplicasMixin, WithdrawMixin, S
         return res.remote_path
 
     def _snapshot(self, ckpt: Path, key: str) -> Path:
-        """A verified copy of ``ckpt`` the job cannot take away mid-transfer (jobkit removes old
+        """A copy of ``ckpt`` the job cannot take away mid-transfer (jobkit removes old
         checkpoints as it writes new ones): hard links (files are never rewritten in place),
         a copy where links fail. Only regular files are taken, and never through a link: the
         directory is the job user's, who may swap a file for a link, a pipe or a device after it
         was verified (the agent is root); such a checkpoint is refused (:func:`_snapshot_file`).
-        Blocking file I/O (callers run it in a thread). Raises CheckpointError/OSError when the
-        checkpoint is gone or is not a directory of regular files."""
+        The copy's shape is checked here (its manifest, every file it lists there with its size,
+        nothing else); its bytes are not hashed again here: :func:`send_checkpoint` checks them
+        against the manifest beside the transfer (``check_source``), and the destination commits
+        nothing before that check passed (a pass here held the first byte back by a read of the
+        whole checkpoint, 0.55 s per GiB). Blocking file I/O (callers run it in a thread).
+        Raises CheckpointError/OSError when the checkpoint is gone or is not a directory of
+        regular files."""
         assert self.root is not None
         out = self.root / "outgoing" / key / ckpt.name
         tmp = out.with_name(f".tmp-{ckpt.name}-{time.monotonic_ns()}")
@@ -1988,7 +2032,8 @@ class ReclaimComponent(BuddiesMixin, GuardMixin, ReplicasMixin, WithdrawMixin, S
         try:
             for f in ckpt.iterdir():
                 _snapshot_file(f, tmp / f.name)
-            jobkit.verify_checkpoint(tmp)
+            listed = jobkit.read_manifest(tmp)["files"]
+            jobkit.verify_checkpoint(tmp, hashed={f["name"]: str(f.get("sha256")) for f in listed})
             shutil.rmtree(out, ignore_errors=True)
             os.rename(tmp, out)
         except BaseException:

@@ -1,0 +1,126 @@
+"""A move reads its final checkpoint once before the first byte leaves.
+
+Before, the source read a 1 GiB final checkpoint four times: jobkit's check when the agent found
+it, jobkit's check again of the snapshot it sends, the chunks' hashes for the transfer manifest,
+and jobkit's check beside the transfer; on 2 cores the first byte left about 1.5 s after the
+job's save. Now the agent's check when it finds the checkpoint *is* the manifest's build (jobkit's
+check of every file beside the chunks' hashes, one read), the snapshot's check looks at its
+shape only (files, types, sizes), and the send uses that manifest as it is when the snapshot
+holds the very files it was built from.
+
+What a user relies on and these tests hold: the destination commits exactly the job's
+checkpoint; a byte that rots on the source after the check is never committed (the sender
+re-hashes each chunk it reads against the manifest); a checkpoint saved again in between is
+sent as it is now, not as the manifest described it. Real jobkit checkpoints, a real Receiver
+over loopback, the agent's own ``_wait_checkpoint`` and ``_send``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+from xferrig import KEY, make_ckpt, rot, with_receiver
+
+from laminar import jobkit
+from laminar.migrate import transfer as T
+from laminar.migrate.reclaim import ReclaimComponent
+
+KB = 1 << 10
+
+
+def component(root: Path, port: int) -> ReclaimComponent:
+    c = ReclaimComponent()
+    c.agent = SimpleNamespace(zone=SimpleNamespace(node_id=1))
+    c.root = root
+    c.s = {"rate_mbit": 0, "chunk_kb": 64}
+    c._peer = lambda node: ("127.0.0.1", port, KEY, 0)  # type: ignore[method-assign]
+    return c
+
+
+def job_at(ckpt_dir: Path) -> Any:
+    return SimpleNamespace(id="job-1", ckpt_dir=ckpt_dir, active=True)
+
+
+@pytest.fixture
+def full_reads(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """Every whole-checkpoint hash on the sender: jobkit's check without ``hashed`` and the
+    manifest's chunk pass (the checkpoint's name each time)."""
+    calls: list[str] = []
+    verify, chunks = jobkit.verify_checkpoint, T._hash_checkpoint
+
+    def spy_verify(p: Any, **kw: Any) -> Any:
+        if not kw.get("hashed"):
+            calls.append(f"verify {Path(p).name}")
+        return verify(p, **kw)
+
+    def spy_chunks(p: Path, *a: Any, **kw: Any) -> Any:
+        calls.append(f"chunks {p.name}")
+        return chunks(p, *a, **kw)
+
+    monkeypatch.setattr(jobkit, "verify_checkpoint", spy_verify)
+    monkeypatch.setattr(T, "_hash_checkpoint", spy_chunks)
+    return calls
+
+
+def move(tmp: Path, ck: Path, between: Any = None) -> tuple[T.SendResult | BaseException, list[Any], str | None]:
+    """The agent finds ``ck`` (its check), ``between()`` runs, then the agent sends it:
+    (the committed path or the error, what the destination committed, the manifest's ckpt)."""
+    committed: list[Any] = []
+
+    async def body(rcv: T.Receiver, port: int) -> tuple[Any, list[Any], str | None]:
+        rcv.on_commit = committed.append
+        c = component(tmp / "xfer", port)
+        job = job_at(ck.parent)
+        found, m = await c._wait_checkpoint(job, None, 5.0)
+        assert found == ck and m is not None and m.ckpt_id == ck.name and not m.unchecked
+        if between is not None:
+            between()
+        try:
+            return await c._send(job, found, 7, None, None, manifest=m), committed, m.ckpt_id
+        except T.TransferError as e:
+            return e, committed, m.ckpt_id
+
+    return asyncio.run(with_receiver(tmp / "rcv", body))
+
+
+def test_the_move_sends_the_manifest_its_check_built_and_hashes_nothing_again(tmp_path: Path,
+                                                                              full_reads: list[str]) -> None:
+    ck = make_ckpt(tmp_path, 700 * KB)
+    seen: list[str] = []
+    remote, committed, _ = move(tmp_path, ck, between=lambda: seen.extend(full_reads))
+    assert seen == [f"chunks {ck.name}", f"verify {ck.name}"]  # the check: one build, both hashes
+    assert full_reads == seen  # the send read nothing whole again
+    assert isinstance(remote, str) and len(committed) == 1
+    got = T.verified_checkpoint(remote)
+    for f in ck.iterdir():
+        assert (got / f.name).read_bytes() == f.read_bytes(), f.name
+
+
+def test_a_byte_that_rots_after_the_check_is_never_committed(tmp_path: Path) -> None:
+    ck = make_ckpt(tmp_path, 700 * KB)
+    err, committed, _ = move(tmp_path, ck, between=lambda: rot(ck / "state.bin", 300 * KB))
+    assert isinstance(err, T.TransferError) and err.fatal, err
+    assert "changed on the source" in str(err)
+    assert committed == [] and not list((tmp_path / "rcv").glob("checkpoints/*/ckpt-*"))
+
+
+def test_a_checkpoint_saved_again_after_the_check_is_sent_as_it_is_now(tmp_path: Path, full_reads: list[str]) -> None:
+    ck = make_ckpt(tmp_path, 700 * KB)
+    again = b"saved again at the same step" * 1000
+    first = (ck / "state.bin").read_bytes()
+
+    def resave() -> None:
+        full_reads.clear()
+        jobkit.Checkpointer(job_id="j1", ckpt_dir=ck.parent, install_signal=False).save(again, step=40)
+
+    remote, committed, _ = move(tmp_path, ck, between=resave)
+    assert isinstance(remote, str) and len(committed) == 1, remote
+    got = T.verified_checkpoint(remote)
+    assert (got / "state.bin").read_bytes() != first  # not what the manifest of the check described
+    for f in ck.iterdir():  # the files of the save made after the check
+        assert (got / f.name).read_bytes() == f.read_bytes(), f.name
+    assert any(r.startswith("chunks") for r in full_reads)  # its manifest was built again
