@@ -210,13 +210,16 @@ def ckpt_size(path: Path) -> int:
 
 async def wait_new_checkpoint(ckpt_dir: str | Path | None, after: Path | None, timeout: float,
                               alive: Callable[[], bool], poll_s: float = 0.05,
-                              check: Callable[[Path], object] | None = None) -> Path | None:
+                              check: Callable[[Path], object] | None = None,
+                              found: Callable[[Path], object] | None = None) -> Path | None:
     """The first checkpoint under ``ckpt_dir`` newer than ``after`` (a higher step, or ``after``'s
     step saved again: jobkit replaces it) that passes ``check`` (None:
     :func:`laminar.jobkit.verify_checkpoint`; a check raises CheckpointError or OSError), or
-    None after ``timeout`` or once ``alive()`` is false with none. Each checkpoint is hashed
-    once, and in a worker thread: a checkpoint of many GB takes seconds to hash, which must
-    not stall the agent's event loop (probes, heartbeats, kill-switches)."""
+    None after ``timeout`` or once ``alive()`` is false with none (every checkpoint listed is
+    checked first). ``found`` is called (on the loop) with each checkpoint before its check.
+    Each checkpoint is hashed once, and in a worker thread: a checkpoint of many GB takes
+    seconds to hash, which must not stall the agent's event loop (probes, heartbeats,
+    kill-switches)."""
     import asyncio
 
     end = time.monotonic() + timeout
@@ -233,6 +236,8 @@ async def wait_new_checkpoint(ckpt_dir: str | Path | None, after: Path | None, t
                 continue  # gone, or ``after`` itself (a save at the same step replaces it: new)
             if (p.name, pid) in failed:
                 continue
+            if found is not None:
+                found(p)
             try:
                 await asyncio.to_thread(check or jobkit.verify_checkpoint, p)
                 return p

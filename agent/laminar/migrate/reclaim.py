@@ -14,8 +14,9 @@ The reclaimed node's agent then
 2. plans the evacuation with :func:`laminar.migrate.ckpt_schedule.notice_schedule` (who is
    signalled when, as late as is safe; transfer deadlines);
 3. for each job: sends the checkpoint signal, waits for the job's new checkpoint (jobkit's
-   layout in ``LAMINAR_CKPT_DIR``, verified against its manifest), freezes the job (steps after
-   the checkpoint would be lost anyway), ranks the zone's nodes with
+   layout in ``LAMINAR_CKPT_DIR``), freezes the job as soon as it is there (steps after the
+   checkpoint would be lost anyway), checks it against its manifest while it builds the
+   transfer manifest (one read), ranks the zone's nodes with
    :func:`laminar.migrate.destination.rank` (resource fit from their summaries, whether the
    transfer fits what is left of the window, survival from the hazard model, zone topology),
    reserves the best through the zone (probe, offer, commit), sends the checkpoint to the
@@ -123,6 +124,7 @@ import stat
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -1430,12 +1432,15 @@ class ReclaimComponent(BuddiesMixin, GuardMixin, ReplicasMixin, WithdrawMixin, S
 
     # -- one move -----------------------------------------------------------------------------
 
-    async def _wait_checkpoint(self, job: Any, after: Path | None, timeout: float) -> tuple[Path | None, Manifest | None]:
+    async def _wait_checkpoint(self, job: Any, after: Path | None, timeout: float,
+                               found: Callable[[Path], object] | None = None,
+                               alive: Callable[[], bool] | None = None) -> tuple[Path | None, Manifest | None]:
         """The job's first verified checkpoint newer than ``after`` and its transfer manifest,
-        or (None, None) after ``timeout`` (or once the job is gone); hashed off the event loop
-        (:func:`ckpt_driver.wait_new_checkpoint`). The check is the manifest's build, which
-        checks the files against the job's manifest while it hashes the chunks (one read, the
-        two hashes side by side): the move then sends without hashing the checkpoint again."""
+        or (None, None) after ``timeout`` (or once the job is gone, or ``alive()`` is false);
+        hashed off the event loop (:func:`ckpt_driver.wait_new_checkpoint`; ``found`` is called
+        with each one before its check). The check is the manifest's build, which checks the
+        files against the job's manifest while it hashes the chunks (one read, the two hashes
+        side by side): the move then sends without hashing the checkpoint again."""
         built: dict[Path, Manifest] = {}
         chunk = int(self.s.get("chunk_kb", DEFAULT_CHUNK >> 10)) << 10
         key = self.job_key(job)
@@ -1446,7 +1451,9 @@ class ReclaimComponent(BuddiesMixin, GuardMixin, ReplicasMixin, WithdrawMixin, S
             except TransferError as e:  # corrupt, or saved again while it was read: not this one
                 raise jobkit.CheckpointError(str(e)) from None
 
-        new = await ckpt_driver.wait_new_checkpoint(job.ckpt_dir, after, timeout, lambda: bool(job.active), check=check)
+        new = await ckpt_driver.wait_new_checkpoint(job.ckpt_dir, after, timeout,
+                                                    lambda: bool(job.active) and (alive is None or alive()),
+                                                    check=check, found=found)
         return new, None if new is None else built.get(new)
 
     async def _move(self, job: Any, reason: str, deadline_mono: float | None, final: bool = True,
@@ -1478,28 +1485,56 @@ class ReclaimComponent(BuddiesMixin, GuardMixin, ReplicasMixin, WithdrawMixin, S
                 wait = float(self.s["ckpt_wait_s"]) if asked_ok else 0.0
                 if deadline_mono is not None:
                     wait = min(wait, max(0.0, deadline_mono - time.monotonic()))
+            held = False
+
+            def hold(_seen: Path | None = None) -> None:
+                """Freezes the job (once): its steps after the checkpoint are lost anyway. Done as
+                soon as the final checkpoint is there, before it is checked: the job's cores go to
+                the check, and no more steps are thrown away meanwhile (a check reads the whole
+                checkpoint: seconds for many GB). Only what this move froze is thawed if it
+                fails: a job Airlock had suspended (already frozen) stays as Airlock left it."""
+                nonlocal frozen, held
+                if held:
+                    return
+                held = True
+                already = False
+                with contextlib.suppress(Exception):
+                    already = bool(job.cgroup.frozen())
+                if deadline_mono is None:  # before the freeze: a restart thaws what a crash cut (_restore_moves)
+                    self._record_move(job.id, "frozen", reason=reason, thaw=not already)
+                with contextlib.suppress(Exception):
+                    frozen = job.cgroup.freeze(timeout=2.0) and not already
+                if frozen and deadline_mono is not None:  # a reclaim's: a restart thaws it and moves it again
+                    self._note_move(job.id, "frozen")
+                self.frozen_at[job.id] = time.time()
+
+            if final:
+                mv.phase = "checkpoint"
+                asked_ok = self.agent.jobs.request_checkpoint(job)
+                if asked_ok:
+                    self._emit(f"{job.id}: checkpoint requested ({reason})", job=job.id, phase=mv.phase)
+                else:
+                    self._emit(f"{job.id}: its process does not catch {job.spec.checkpoint_signal} (sending it would "
+                               f"kill it): no final checkpoint ({reason})", job=job.id, phase=mv.phase)
+                wait = float(self.s["ckpt_wait_s"]) if asked_ok else 0.0
+                if deadline_mono is not None:
+                    wait = min(wait, max(0.0, deadline_mono - time.monotonic()))
                 asked = time.monotonic()
-                new, mv.manifest = await self._wait_checkpoint(job, before, wait)
+                # frozen once its checkpoint is there; a checkpoint that then fails its check ends
+                # the wait (a frozen job saves no other): the last verified one is moved
+                new, mv.manifest = await self._wait_checkpoint(job, before, wait, found=hold, alive=lambda: not held)
                 if new is not None:
                     self.ckpt_latency[job.id] = time.monotonic() - asked
-                if new is None:
+                elif held:
+                    self._emit(f"{job.id}: its final checkpoint failed its check; "
+                               + ("moving the last one" if before else "it has no other"), job=job.id)
+                else:
                     self._emit(f"{job.id}: no new checkpoint within {wait:.1f} s; moving the last one"
                                if before else f"{job.id}: no checkpoint within {wait:.1f} s", job=job.id)
                 ckpt = new or before
             if ckpt is None:
                 raise MigrateError("the job has no verified checkpoint to move (does it use laminar.jobkit?)")
-            # steps after the checkpoint are lost anyway. Only what this move froze is thawed if it
-            # fails: a job Airlock had suspended (already frozen) stays as Airlock left it.
-            already = False
-            with contextlib.suppress(Exception):
-                already = bool(job.cgroup.frozen())
-            if deadline_mono is None:  # before the freeze: a restart thaws what a crash cut (_restore_moves)
-                self._record_move(job.id, "frozen", reason=reason, thaw=not already)
-            with contextlib.suppress(Exception):
-                frozen = job.cgroup.freeze(timeout=2.0) and not already
-            if frozen and deadline_mono is not None:  # a reclaim's: a restart thaws it and moves it again
-                self._note_move(job.id, "frozen")
-            self.frozen_at[job.id] = time.time()
+            hold()
             mv.ckpt = ckpt.name
             size = sum(p.stat().st_size for p in ckpt.iterdir() if p.is_file())
             window = None if deadline_mono is None else max(0.0, deadline_mono - time.monotonic())
