@@ -15,7 +15,7 @@ loaded. The benchmark reclaims node A with a notice window of NOTICE_S plus 10 s
   the agent freezes the job once it saw the checkpoint);
 - ``ckpt_s``: the reclaim's request to the final checkpoint saved on A (signal, save, fsync;
   not downtime: the job trains on meanwhile);
-- ``move_s``: that checkpoint saved to the job's process started on B (the agent's manifest,
+- ``move_s``: that checkpoint saved to the job's process started on B (the agent's check,
   transfer, commit, guard and hand-over);
 - ``start_s``: the process started to its state loaded (``import torch``, as a training
   job's, where it is installed, and jobkit's check of what it loads included);
@@ -197,7 +197,7 @@ def _plot(res: dict[str, Any], sizes: list[int], prefixes: list[str], path: str)
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    parts = [("move_s", "manifest, transfer, commit, hand-over"), ("start_s", "process start and load")]
+    parts = [("move_s", "check, transfer, commit, hand-over"), ("start_s", "process start and load")]
     fig, ax = plt.subplots(figsize=(7, 4))
     labels, x = [], 0
     for mib in sizes:
