@@ -31,14 +31,18 @@ from laminar.migrate import reclaim as R
 pytestmark = pytest.mark.kernel
 
 
-def saves_when_asked(jobs: Any, job: Any, data: bytes, step: int) -> None:
-    """The job's checkpoint handler, played by the test: a new checkpoint when the agent asks."""
+def saves_when_asked(jobs: Any, job: Any, data: bytes, step: int) -> list[str]:
+    """The job's checkpoint handler, played by the test: a new checkpoint when the agent asks;
+    returns the list of the asks (job ids)."""
+    asks: list[str] = []
 
     def request(j: Any) -> bool:
+        asks.append(j.id)
         Checkpointer(job_id=j.id, ckpt_dir=j.ckpt_dir, install_signal=False).save(data, step=step)
         return True
 
     jobs.request_checkpoint = request
+    return asks
 
 
 def test_the_job_is_frozen_while_its_final_checkpoint_is_checked(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -54,10 +58,11 @@ def test_the_job_is_frozen_while_its_final_checkpoint_is_checked(tmp_path: Path,
                 return real(p, *a, **kw)
 
             monkeypatch.setattr(R, "build_manifest", checked)
-            saves_when_asked(jobs, job, b"weights at step 9", 9)
+            asks = saves_when_asked(jobs, job, b"weights at step 9", 9)
             c = component(jobs)
             mv = await asyncio.wait_for(c.move_now(job, "test: freeze before the check"), 120)
             assert mv.phase == "failed" and "no destination fits" in mv.error, mv
+            assert asks == [job.id]  # one final checkpoint asked for, once
             assert mv.ckpt == "ckpt-9"  # the final checkpoint was the one chosen
             assert await until(lambda: not job.cgroup.frozen(), 10), "the failed move left the job frozen"
 

@@ -1474,17 +1474,6 @@ class ReclaimComponent(BuddiesMixin, GuardMixin, ReplicasMixin, WithdrawMixin, S
                 raise MigrateError("this node is in a one-node zone: there is nowhere to move the job")
             before = await asyncio.to_thread(jobkit.latest_checkpoint, job.ckpt_dir) if job.ckpt_dir else None
             ckpt = before
-            if final:
-                mv.phase = "checkpoint"
-                asked_ok = self.agent.jobs.request_checkpoint(job)
-                if asked_ok:
-                    self._emit(f"{job.id}: checkpoint requested ({reason})", job=job.id, phase=mv.phase)
-                else:
-                    self._emit(f"{job.id}: its process does not catch {job.spec.checkpoint_signal} (sending it would "
-                               f"kill it): no final checkpoint ({reason})", job=job.id, phase=mv.phase)
-                wait = float(self.s["ckpt_wait_s"]) if asked_ok else 0.0
-                if deadline_mono is not None:
-                    wait = min(wait, max(0.0, deadline_mono - time.monotonic()))
             held = False
 
             def hold(_seen: Path | None = None) -> None:
