@@ -5,8 +5,9 @@ events, no zone).
 Before, such a job was planned at 64 MiB whatever it held: the reclaim asked for a 1 GiB job's
 checkpoint too late for its transfer (bench/move.py, 20 s of notice: the plan left 0.5 s for a
 transfer the destination's check then put at 8.6 s), and the job was lost at the window's end.
-Now it is planned at the memory its cgroup holds (less clean page cache), at least 64 MiB; once
-it has a checkpoint, that checkpoint's size.
+Now it is planned at the memory its cgroup holds (less clean page cache), plus, for a GPU job, the
+GPU memory NVML attributes to its processes, at least 64 MiB; once it has a checkpoint, that
+checkpoint's size.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import sys
 from pathlib import Path
 from types import SimpleNamespace
 
+import pytest
 from jobrig import job_manager, until
 
 from laminar import jobkit
@@ -76,6 +78,52 @@ def test_a_job_without_a_checkpoint_is_planned_at_the_memory_it_holds(tmp_path: 
                         f.unlink()
                     p.rmdir()
                 assert comp._ckpt_bytes(big) == DEFAULT_CKPT_BYTES  # ended: no memory to go by
+            finally:
+                await comp.stop()
+                agent.store.db.close()
+
+    asyncio.run(main())
+
+
+def test_a_gpu_job_without_a_checkpoint_is_planned_with_the_gpu_memory_its_processes_hold(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A GPU job's state is mostly in GPU memory, which its cgroup does not count: planned at
+    64 MiB (its cgroup holds a few), a job holding GBs on its GPU had its final checkpoint asked
+    for too late for the transfer, as the 1 GiB CPU job above was. Now NVML's memory of the
+    job's processes (those in its cgroup) is added. This machine has no GPU: NVML is the fake
+    here (``gpus.nvml_process_memory``, which a GPU machine's tests check against the driver,
+    tests/gpu/test_nvml_device.py); the job, its cgroup and its pids are real."""
+    from laminar.runtime import gpus
+
+    nvml_calls: list[int] = []
+
+    async def main() -> None:
+        async with job_manager(tmp_path / "jobs") as jobs:
+            agent = make_agent(tmp_path)
+            agent.jobs = jobs
+            comp = ReclaimComponent()
+            await comp.start(agent)
+            try:
+                gpu = await jobs.submit(JobSpec([sys.executable, "-c", HOLD, "1"], name="gpu").validate())
+                cpu = await jobs.submit(JobSpec([sys.executable, "-c", HOLD, "1"], name="cpu").validate())
+                log = tmp_path / "jobs" / "logs"
+                assert await until(lambda: all((log / f"{j.id}.log").exists() and "ready" in (log / f"{j.id}.log").read_text()
+                                               for j in (gpu, cpu)), 60)
+                gpu.gpus = [0]  # what its placement gave it (the fake GPU below)
+
+                def fake_nvml() -> dict[int, int]:  # the fake GPU: 3 GiB for the GPU job's process
+                    nvml_calls.append(1)
+                    return {gpu.pid: 3 << 30, 999_999: 5 << 30}
+
+                monkeypatch.setattr(gpus, "nvml_process_memory", fake_nvml)
+                size = comp._ckpt_bytes(gpu)
+                assert 3 << 30 <= size < (3 << 30) + 64 * MB, size  # its GPU memory, not another pid's
+                calls = len(nvml_calls)
+                assert comp._ckpt_bytes(cpu) == DEFAULT_CKPT_BYTES  # no GPU: NVML not asked
+                assert len(nvml_calls) == calls
+
+                monkeypatch.setattr(gpus, "nvml_process_memory", lambda: {})  # NVML unreadable
+                assert comp._ckpt_bytes(gpu) == DEFAULT_CKPT_BYTES  # the cgroup's alone, as before
             finally:
                 await comp.stop()
                 agent.store.db.close()

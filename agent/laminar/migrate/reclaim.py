@@ -988,11 +988,12 @@ class ReclaimComponent(BuddiesMixin, GuardMixin, ReplicasMixin, WithdrawMixin, S
     def _ckpt_bytes(self, job: Any) -> int:
         """Size of the job's newest checkpoint (the planning size of its next one). A job that
         has not checkpointed yet is planned at the memory it holds (its cgroup's, less clean
-        page cache: the state it could write is in there), at least DEFAULT_CKPT_BYTES: a
-        reclaim that planned a 1 GiB job as 64 MiB asked for its checkpoint too late for the
-        transfer, and the job was lost at the window's end. Planning too large only asks
-        earlier; the move is ranked again with the checkpoint's real size. (A GPU job's state
-        in GPU memory is not in its cgroup: its first checkpoint gives the size.)"""
+        page cache: the state it could write is in there), plus, for a job with GPUs, the GPU
+        memory NVML attributes to the processes in its cgroup (its state is mostly there, which
+        the cgroup does not count), at least DEFAULT_CKPT_BYTES: a reclaim that planned a 1 GiB
+        job as 64 MiB asked for its checkpoint too late for the transfer, and the job was lost
+        at the window's end. Planning too large only asks earlier; the move is ranked again
+        with the checkpoint's real size."""
         for p in reversed(jobkit.list_checkpoints(job.ckpt_dir) if job.ckpt_dir else []):
             try:
                 return sum(f.stat().st_size for f in p.iterdir() if f.is_file()) or DEFAULT_CKPT_BYTES
@@ -1005,7 +1006,21 @@ class ReclaimComponent(BuddiesMixin, GuardMixin, ReplicasMixin, WithdrawMixin, S
                 held = int(cg.memory_in_use())
             except (OSError, ValueError, CgroupError):  # gone meanwhile, or no memory controller
                 held = 0
+            if getattr(job, "gpus", None):
+                held += self._gpu_memory(cg)
         return max(DEFAULT_CKPT_BYTES, held)
+
+    @staticmethod
+    def _gpu_memory(cg: Any) -> int:
+        """GPU memory (bytes) NVML attributes to the processes in the cgroup ``cg``; 0 where
+        NVML or the cgroup cannot tell (the plan then goes by the cgroup's memory alone)."""
+        from laminar.runtime import gpus
+
+        try:
+            pids = set(cg.pids())
+            return sum(v for pid, v in gpus.nvml_process_memory().items() if pid in pids)
+        except (OSError, ValueError, CgroupError):
+            return 0
 
     def _should_prestage(self, job: Any) -> bool:
         mode = self.s["prestage"]
@@ -1672,7 +1687,8 @@ class ReclaimComponent(BuddiesMixin, GuardMixin, ReplicasMixin, WithdrawMixin, S
             self._emit(f"{job.id}: no room for it in the zone ({why}); sending {ckpt.name} to node {node} to hold",
                        job=job.id, node=node, phase="hold")
             try:
-                await self._send(job, ckpt, node, xfer_deadline, mv, silent_retries=MOVE_SILENT_RETRIES)
+                await self._send(job, ckpt, node, xfer_deadline, mv, silent_retries=MOVE_SILENT_RETRIES,
+                                 manifest=mv.manifest)
             except (MigrateError, TransferError, OSError, TimeoutError) as e:
                 if isinstance(e, PeerSilentError):
                     self._mark_silent(node)
