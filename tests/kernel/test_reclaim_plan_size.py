@@ -13,6 +13,7 @@ checkpoint's size.
 from __future__ import annotations
 
 import asyncio
+import math
 import sys
 from pathlib import Path
 from types import SimpleNamespace
@@ -116,14 +117,26 @@ def test_a_gpu_job_without_a_checkpoint_is_planned_with_the_gpu_memory_its_proce
                     return {gpu.pid: 3 << 30, 999_999: 5 << 30}
 
                 monkeypatch.setattr(gpus, "nvml_process_memory", fake_nvml)
+                await comp._gpu_memory_round()  # the watch's round: NVML read in a worker thread
+                assert len(nvml_calls) == 1
                 size = comp._ckpt_bytes(gpu)
                 assert 3 << 30 <= size < (3 << 30) + 64 * MB, size  # its GPU memory, not another pid's
-                calls = len(nvml_calls)
-                assert comp._ckpt_bytes(cpu) == DEFAULT_CKPT_BYTES  # no GPU: NVML not asked
-                assert len(nvml_calls) == calls
+                assert comp._ckpt_bytes(cpu) == DEFAULT_CKPT_BYTES  # no GPU
+                assert len(nvml_calls) == 1  # the plan reads the last round's figures, never NVML itself
 
+                await comp._gpu_memory_round()
+                assert len(nvml_calls) == 1  # not read again within GPU_MEM_EVERY_S
+                comp._gpu_mem_at = -math.inf
                 monkeypatch.setattr(gpus, "nvml_process_memory", lambda: {})  # NVML unreadable
+                await comp._gpu_memory_round()
                 assert comp._ckpt_bytes(gpu) == DEFAULT_CKPT_BYTES  # the cgroup's alone, as before
+
+                assert gpu.ckpt_dir is not None  # once it has checkpointed, NVML is not read at all
+                jobkit.Checkpointer(job_id=gpu.id, ckpt_dir=gpu.ckpt_dir, install_signal=False).save(b"w" * MB, step=1)
+                comp._gpu_mem_at = -math.inf
+                monkeypatch.setattr(gpus, "nvml_process_memory", fake_nvml)
+                await comp._gpu_memory_round()
+                assert len(nvml_calls) == 1 and MB <= comp._ckpt_bytes(gpu) < 2 * MB
             finally:
                 await comp.stop()
                 agent.store.db.close()

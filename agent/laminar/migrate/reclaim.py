@@ -206,6 +206,7 @@ TRANSFER_MIN_S = 0.25  # the shortest deadline a late transfer is given
 # written at once). A crash loses at most this much exposure, which only makes the rate a
 # little higher (the cautious side).
 EVIDENCE_SAVE_S = 60.0
+GPU_MEM_EVERY_S = 10.0  # NVML's GPU memory per process read at most this often (planning sizes)
 # How often every held key is looked at (released, handed over, placed elsewhere, ...): the default
 # of ``[migrate] replica_gc_s``.
 REPLICA_GC_S = 30.0
@@ -568,6 +569,8 @@ class ReclaimComponent(BuddiesMixin, GuardMixin, ReplicasMixin, WithdrawMixin, S
         self.evacuating: set[str] = set()
         self.frozen_at: dict[str, float] = {}  # job id -> when a move froze it (wall clock)
         self.ckpt_latency: dict[str, float] = {}  # job id -> seconds its last requested checkpoint took
+        self._gpu_mem: dict[int, int] = {}  # pid -> GPU bytes, NVML's last read (_gpu_memory_round)
+        self._gpu_mem_at = -math.inf
         self._prestaging: set[str] = set()
         # job id -> the send of its prestage in flight (a move of the job cancels it: _supersede_prestage)
         self._prestage_sends: dict[str, asyncio.Task[str]] = {}
@@ -1010,17 +1013,32 @@ class ReclaimComponent(BuddiesMixin, GuardMixin, ReplicasMixin, WithdrawMixin, S
                 held += self._gpu_memory(cg)
         return max(DEFAULT_CKPT_BYTES, held)
 
-    @staticmethod
-    def _gpu_memory(cg: Any) -> int:
-        """GPU memory (bytes) NVML attributes to the processes in the cgroup ``cg``; 0 where
-        NVML or the cgroup cannot tell (the plan then goes by the cgroup's memory alone)."""
-        from laminar.runtime import gpus
-
+    def _gpu_memory(self, cg: Any) -> int:
+        """GPU memory (bytes) NVML attributed to the processes in the cgroup ``cg`` at its last
+        read (:meth:`_gpu_memory_round`; never NVML itself here: this runs on the event loop, and
+        an NVML init can take a driver's start-up); 0 where NVML or the cgroup cannot tell (the
+        plan then goes by the cgroup's memory alone)."""
         try:
             pids = set(cg.pids())
-            return sum(v for pid, v in gpus.nvml_process_memory().items() if pid in pids)
         except (OSError, ValueError, CgroupError):
             return 0
+        return sum(v for pid, v in self._gpu_mem.items() if pid in pids)
+
+    async def _gpu_memory_round(self) -> None:
+        """Reads NVML's GPU memory per process, in a worker thread, at most every
+        GPU_MEM_EVERY_S, and only while a job with GPUs has no checkpoint yet (the one case
+        :meth:`_ckpt_bytes` needs it)."""
+        jobs = getattr(self.agent, "jobs", None)
+        if jobs is None or time.monotonic() - self._gpu_mem_at < GPU_MEM_EVERY_S:
+            return
+        if not any(getattr(j, "gpus", None) and not (j.ckpt_dir and jobkit.list_checkpoints(j.ckpt_dir))
+                   for j in jobs.active()):
+            self._gpu_mem = {}
+            return
+        from laminar.runtime import gpus
+
+        self._gpu_mem_at = time.monotonic()
+        self._gpu_mem = await asyncio.to_thread(gpus.nvml_process_memory)
 
     def _should_prestage(self, job: Any) -> bool:
         mode = self.s["prestage"]
@@ -2121,6 +2139,10 @@ class ReclaimComponent(BuddiesMixin, GuardMixin, ReplicasMixin, WithdrawMixin, S
                 self._replica_gc_round()
             except Exception:
                 log.exception("migrate: watch round failed")
+            try:
+                await self._gpu_memory_round()
+            except Exception:
+                log.exception("migrate: reading GPU memory per process failed")
             await asyncio.sleep(float(self.s["poll_s"]))
 
     # -- the endpoint's callbacks -------------------------------------------------------------
