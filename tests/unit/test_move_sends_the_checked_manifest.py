@@ -11,8 +11,9 @@ holds the very files it was built from.
 What a user relies on and these tests hold: the destination commits exactly the job's
 checkpoint; a byte that rots on the source after the check is never committed (the sender
 re-hashes each chunk it reads against the manifest); a checkpoint saved again in between is
-sent as it is now, not as the manifest described it. Real jobkit checkpoints, a real Receiver
-over loopback, the agent's own ``_wait_checkpoint`` and ``_send``.
+sent as it is now, not as the manifest described it. A prestage reads its checkpoint once too,
+off the event loop. Real jobkit checkpoints, a real Receiver over loopback, the agent's own
+``_wait_checkpoint``, ``_prestage`` and ``_send``.
 """
 
 from __future__ import annotations
@@ -124,3 +125,55 @@ def test_a_checkpoint_saved_again_after_the_check_is_sent_as_it_is_now(tmp_path:
     for f in ck.iterdir():  # the files of the save made after the check
         assert (got / f.name).read_bytes() == f.read_bytes(), f.name
     assert any(r.startswith("chunks") for r in full_reads)  # its manifest was built again
+
+
+def test_a_prestage_reads_the_checkpoint_once_off_the_event_loop(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A prestage (the newest checkpoint to the job's buddy, while the job trains) chose its
+    checkpoint with ``jobkit.latest_checkpoint`` on the event loop: a whole read of a checkpoint
+    of many GB held the agent's loop (probes, the API, kill-switch requests) for seconds; then the
+    send read it twice more. Now the choice is the manifest's build in a worker thread, and the
+    send uses that manifest."""
+    import threading
+
+    ck = make_ckpt(tmp_path, 700 * KB)
+    reads: list[tuple[str, bool]] = []  # (what, on the event loop's thread)
+    verify, chunks = jobkit.verify_checkpoint, T._hash_checkpoint
+
+    def spy_verify(p: Any, **kw: Any) -> Any:
+        if not kw.get("hashed"):
+            reads.append((f"verify {Path(p).name}", threading.current_thread() is threading.main_thread()))
+        return verify(p, **kw)
+
+    def spy_chunks(p: Path, *a: Any, **kw: Any) -> Any:
+        reads.append((f"chunks {p.name}", threading.current_thread() is threading.main_thread()))
+        return chunks(p, *a, **kw)
+
+    monkeypatch.setattr(jobkit, "verify_checkpoint", spy_verify)
+    monkeypatch.setattr(T, "_hash_checkpoint", spy_chunks)
+    committed: list[Any] = []
+    guarded: list[tuple[int, str]] = []
+
+    async def body(rcv: T.Receiver, port: int) -> None:
+        rcv.on_commit = committed.append
+        c = component(tmp_path / "xfer", port)
+        c.agent.zone.membership = SimpleNamespace(suspects=set())
+        c.agent.zone.networked = True
+        job = job_at(ck.parent)
+        c.buddy[job.id] = 7  # its buddy already: no ranking
+
+        async def guard(job: Any, node: int, ckpt_name: str, take_over: bool = False) -> None:
+            guarded.append((node, ckpt_name))
+
+        c._guard = guard  # type: ignore[method-assign]
+        c._emit = lambda message, **fields: None  # type: ignore[method-assign]
+        c._set_buddy = lambda job_id, node: None  # type: ignore[method-assign]
+        await c._prestage(job)
+        assert c.shipped.get(job.id) == ck.name
+
+    asyncio.run(with_receiver(tmp_path / "rcv", body))
+    assert guarded == [(7, ck.name)] and len(committed) == 1
+    got = T.verified_checkpoint(committed[0].path)
+    for f in ck.iterdir():
+        assert (got / f.name).read_bytes() == f.read_bytes(), f.name
+    assert sorted(w for w, _ in reads) == [f"chunks {ck.name}", f"verify {ck.name}"], reads  # one read by each hash
+    assert not any(main for _, main in reads), f"read whole on the event loop: {reads}"

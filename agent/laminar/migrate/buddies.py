@@ -42,6 +42,7 @@ from laminar.migrate.transfer import PeerSilentError, TransferError
 
 if TYPE_CHECKING:
     from laminar.migrate.reclaim import Move
+    from laminar.migrate.transfer import Manifest
 
 log = logging.getLogger("laminar.migrate")
 
@@ -92,7 +93,8 @@ class BuddiesMixin:
         async def _guard(self, job: Any, node: int, ckpt_name: str, take_over: bool = False) -> None: ...
         def _last_seen(self, node: int) -> float: ...
         async def _send(self, job: Any, ckpt: Path, node: int, deadline_mono: float | None, mv: Move | None,
-                        silent_retries: int | None = None) -> str: ...
+                        silent_retries: int | None = None, manifest: Manifest | None = None) -> str: ...
+        def _newest_checked(self, job: Any) -> tuple[Path | None, Manifest | None]: ...
         def _should_prestage(self, job: Any) -> bool: ...
         def _spawn(self, coro: Any) -> asyncio.Task[Any]: ...
         def job_key(self, job: Any) -> str: ...
@@ -138,7 +140,9 @@ class BuddiesMixin:
         drops = self._drops.get(job.id, 0)
         moves = self._moves_begun.get(job.id, 0)
         try:
-            ckpt = jobkit.latest_checkpoint(job.ckpt_dir)
+            # the newest that passes its check, read once in a worker thread (a checkpoint of
+            # many GB took seconds, on the event loop before); the send uses that read's manifest
+            ckpt, manifest = await asyncio.to_thread(self._newest_checked, job)
             if ckpt is None:
                 return
             node = self.buddy.get(job.id)
@@ -158,7 +162,7 @@ class BuddiesMixin:
                 node = choice[0]
             # one timeout at a silent buddy, then the next round sends to another peer: never the
             # transfer's whole retry ladder (a minute) with no newer checkpoint off the node
-            send = asyncio.ensure_future(self._send(job, ckpt, node, None, None, silent_retries=0))
+            send = asyncio.ensure_future(self._send(job, ckpt, node, None, None, silent_retries=0, manifest=manifest))
             self._prestage_sends[job.id] = send
             try:
                 await send

@@ -1475,12 +1475,10 @@ class ReclaimComponent(BuddiesMixin, GuardMixin, ReplicasMixin, WithdrawMixin, S
         files against the job's manifest while it hashes the chunks (one read, the two hashes
         side by side): the move then sends without hashing the checkpoint again."""
         built: dict[Path, Manifest] = {}
-        chunk = int(self.s.get("chunk_kb", DEFAULT_CHUNK >> 10)) << 10
-        key = self.job_key(job)
 
         def check(p: Path) -> None:
             try:
-                built[p] = build_manifest(p, key, chunk)
+                built[p] = self._checked_manifest(job, p)
             except TransferError as e:  # corrupt, or saved again while it was read: not this one
                 raise jobkit.CheckpointError(str(e)) from None
 
@@ -1488,6 +1486,25 @@ class ReclaimComponent(BuddiesMixin, GuardMixin, ReplicasMixin, WithdrawMixin, S
                                                     lambda: bool(job.active) and (alive is None or alive()),
                                                     check=check, found=found)
         return new, None if new is None else built.get(new)
+
+    def _checked_manifest(self, job: Any, p: Path) -> Manifest:
+        """The transfer manifest of ``job``'s checkpoint ``p``, its files checked against the
+        job's manifest beside the chunks' hashes (one read of each byte by each, in threads):
+        a send given it hashes nothing again. Blocking (callers run it in a thread). Raises
+        TransferError (corrupt, or saved again while it was read) or OSError."""
+        return build_manifest(p, self.job_key(job), int(self.s.get("chunk_kb", DEFAULT_CHUNK >> 10)) << 10)
+
+    def _newest_checked(self, job: Any) -> tuple[Path | None, Manifest | None]:
+        """``job``'s newest checkpoint that passes its check (:func:`jobkit.latest_checkpoint`'s
+        choice) and that check's transfer manifest (:meth:`_checked_manifest`), or (None,
+        None). Blocking: a checkpoint of many GB takes seconds to read (callers run it in a
+        thread, never on the event loop)."""
+        for p in reversed(jobkit.list_checkpoints(job.ckpt_dir) if job.ckpt_dir else []):
+            try:
+                return p, self._checked_manifest(job, p)
+            except (TransferError, OSError):
+                continue
+        return None, None
 
     async def _move(self, job: Any, reason: str, deadline_mono: float | None, final: bool = True,
                     transfer_deadline: float | None = None) -> Move:
