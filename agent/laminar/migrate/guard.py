@@ -468,7 +468,8 @@ class GuardMixin:
                 self._set_replica(key, "handed-over", here)
                 return
             assert self.root is not None
-            path = latest_verified(self.root, key)
+            # a replica received long ago is hashed whole (seconds for many GB): not on the loop
+            path = await asyncio.to_thread(latest_verified, self.root, key)
             if path is None:
                 self._set_replica(key, "failed")
                 self._emit(f"{key}: {why}, but no verified checkpoint of it is held here; cannot resume it",

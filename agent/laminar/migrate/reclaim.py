@@ -1921,7 +1921,7 @@ class ReclaimComponent(BuddiesMixin, GuardMixin, ReplicasMixin, WithdrawMixin, S
     async def _pass_one(self, row: Any, req: dict[str, Any], deadline_mono: float) -> None:
         key = row["key"]
         assert self.root is not None
-        path = latest_verified(self.root, key)
+        path = await asyncio.to_thread(latest_verified, self.root, key)  # may hash it whole: not on the loop
         if path is None:
             return
         size = sum(f.stat().st_size for f in path.iterdir() if f.is_file())
