@@ -13,10 +13,13 @@ checkpoint's size.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import math
 import sys
+from collections.abc import AsyncIterator
 from pathlib import Path
 from types import SimpleNamespace
+from typing import Any
 
 import pytest
 from jobrig import job_manager, until
@@ -46,42 +49,55 @@ time.sleep(600)
 """
 
 
+@contextlib.asynccontextmanager
+async def planner(tmp: Path) -> AsyncIterator[tuple[Any, ReclaimComponent]]:
+    """A real JobManager and the migrate component started over the stand-in agent."""
+    async with job_manager(tmp / "jobs") as jobs:
+        agent = make_agent(tmp)
+        agent.jobs = jobs
+        comp = ReclaimComponent()
+        await comp.start(agent)
+        try:
+            yield jobs, comp
+        finally:
+            await comp.stop()
+            agent.store.db.close()
+
+
+async def holding(jobs: Any, tmp: Path, *mibs: int) -> list[Any]:
+    """Real jobs holding ``mibs`` MiB of state each in their memory, once they all hold it."""
+    out = [await jobs.submit(JobSpec([sys.executable, "-c", HOLD, str(m)], name=f"hold{i}").validate())
+           for i, m in enumerate(mibs)]
+    log = tmp / "jobs" / "logs"
+
+    def ready(jid: str) -> bool:
+        p = log / f"{jid}.log"
+        return p.exists() and "ready" in p.read_text()
+
+    assert await until(lambda: all(ready(j.id) for j in out), 60)
+    return out
+
+
 def test_a_job_without_a_checkpoint_is_planned_at_the_memory_it_holds(tmp_path: Path) -> None:
     async def main() -> None:
-        async with job_manager(tmp_path / "jobs") as jobs:
-            agent = make_agent(tmp_path)
-            agent.jobs = jobs
-            comp = ReclaimComponent()
-            await comp.start(agent)
-            try:
-                big = await jobs.submit(JobSpec([sys.executable, "-c", HOLD, "300"], name="big").validate())
-                small = await jobs.submit(JobSpec([sys.executable, "-c", HOLD, "1"], name="small").validate())
-                log = tmp_path / "jobs" / "logs"
+        async with planner(tmp_path) as (jobs, comp):
+            big, small = await holding(jobs, tmp_path, 300, 1)
+            assert comp._ckpt_bytes(big) >= 300 * MB  # what it holds, not 64 MiB
+            assert comp._ckpt_bytes(small) == DEFAULT_CKPT_BYTES  # at least the default
 
-                def ready(jid: str) -> bool:
-                    p = log / f"{jid}.log"
-                    return p.exists() and "ready" in p.read_text()
+            assert big.ckpt_dir is not None
+            jobkit.Checkpointer(job_id=big.id, ckpt_dir=big.ckpt_dir, install_signal=False).save(
+                b"x" * (3 * MB), step=1)
+            size = comp._ckpt_bytes(big)
+            assert 3 * MB <= size < 4 * MB  # its checkpoint's size, once it has one
 
-                assert await until(lambda: ready(big.id) and ready(small.id), 60)
-                assert comp._ckpt_bytes(big) >= 300 * MB  # what it holds, not 64 MiB
-                assert comp._ckpt_bytes(small) == DEFAULT_CKPT_BYTES  # at least the default
-
-                assert big.ckpt_dir is not None
-                jobkit.Checkpointer(job_id=big.id, ckpt_dir=big.ckpt_dir, install_signal=False).save(
-                    b"x" * (3 * MB), step=1)
-                size = comp._ckpt_bytes(big)
-                assert 3 * MB <= size < 4 * MB  # its checkpoint's size, once it has one
-
-                await jobs.stop(big.id, "test")
-                assert await until(lambda: not big.active, 30)
-                for p in jobkit.list_checkpoints(big.ckpt_dir):
-                    for f in p.iterdir():
-                        f.unlink()
-                    p.rmdir()
-                assert comp._ckpt_bytes(big) == DEFAULT_CKPT_BYTES  # ended: no memory to go by
-            finally:
-                await comp.stop()
-                agent.store.db.close()
+            await jobs.stop(big.id, "test")
+            assert await until(lambda: not big.active, 30)
+            for p in jobkit.list_checkpoints(big.ckpt_dir):
+                for f in p.iterdir():
+                    f.unlink()
+                p.rmdir()
+            assert comp._ckpt_bytes(big) == DEFAULT_CKPT_BYTES  # ended: no memory to go by
 
     asyncio.run(main())
 
@@ -99,46 +115,34 @@ def test_a_gpu_job_without_a_checkpoint_is_planned_with_the_gpu_memory_its_proce
     nvml_calls: list[int] = []
 
     async def main() -> None:
-        async with job_manager(tmp_path / "jobs") as jobs:
-            agent = make_agent(tmp_path)
-            agent.jobs = jobs
-            comp = ReclaimComponent()
-            await comp.start(agent)
-            try:
-                gpu = await jobs.submit(JobSpec([sys.executable, "-c", HOLD, "1"], name="gpu").validate())
-                cpu = await jobs.submit(JobSpec([sys.executable, "-c", HOLD, "1"], name="cpu").validate())
-                log = tmp_path / "jobs" / "logs"
-                assert await until(lambda: all((log / f"{j.id}.log").exists() and "ready" in (log / f"{j.id}.log").read_text()
-                                               for j in (gpu, cpu)), 60)
-                gpu.gpus = [0]  # what its placement gave it (the fake GPU below)
+        async with planner(tmp_path) as (jobs, comp):
+            gpu, cpu = await holding(jobs, tmp_path, 1, 1)
+            gpu.gpus = [0]  # what its placement gave it (the fake GPU below)
 
-                def fake_nvml() -> dict[int, int]:  # the fake GPU: 3 GiB for the GPU job's process
-                    nvml_calls.append(1)
-                    return {gpu.pid: 3 << 30, 999_999: 5 << 30}
+            def fake_nvml() -> dict[int, int]:  # the fake GPU: 3 GiB for the GPU job's process
+                nvml_calls.append(1)
+                return {gpu.pid: 3 << 30, 999_999: 5 << 30}
 
-                monkeypatch.setattr(gpus, "nvml_process_memory", fake_nvml)
-                await comp._gpu_memory_round()  # the watch's round: NVML read in a worker thread
-                assert len(nvml_calls) == 1
-                size = comp._ckpt_bytes(gpu)
-                assert 3 << 30 <= size < (3 << 30) + 64 * MB, size  # its GPU memory, not another pid's
-                assert comp._ckpt_bytes(cpu) == DEFAULT_CKPT_BYTES  # no GPU
-                assert len(nvml_calls) == 1  # the plan reads the last round's figures, never NVML itself
+            monkeypatch.setattr(gpus, "nvml_process_memory", fake_nvml)
+            await comp._gpu_memory_round()  # the watch's round: NVML read in a worker thread
+            assert len(nvml_calls) == 1
+            size = comp._ckpt_bytes(gpu)
+            assert 3 << 30 <= size < (3 << 30) + 64 * MB, size  # its GPU memory, not another pid's
+            assert comp._ckpt_bytes(cpu) == DEFAULT_CKPT_BYTES  # no GPU
+            assert len(nvml_calls) == 1  # the plan reads the last round's figures, never NVML itself
 
-                await comp._gpu_memory_round()
-                assert len(nvml_calls) == 1  # not read again within GPU_MEM_EVERY_S
-                comp._gpu_mem_at = -math.inf
-                monkeypatch.setattr(gpus, "nvml_process_memory", lambda: {})  # NVML unreadable
-                await comp._gpu_memory_round()
-                assert comp._ckpt_bytes(gpu) == DEFAULT_CKPT_BYTES  # the cgroup's alone, as before
+            await comp._gpu_memory_round()
+            assert len(nvml_calls) == 1  # not read again within GPU_MEM_EVERY_S
+            comp._gpu_mem_at = -math.inf
+            monkeypatch.setattr(gpus, "nvml_process_memory", lambda: {})  # NVML unreadable
+            await comp._gpu_memory_round()
+            assert comp._ckpt_bytes(gpu) == DEFAULT_CKPT_BYTES  # the cgroup's alone, as before
 
-                assert gpu.ckpt_dir is not None  # once it has checkpointed, NVML is not read at all
-                jobkit.Checkpointer(job_id=gpu.id, ckpt_dir=gpu.ckpt_dir, install_signal=False).save(b"w" * MB, step=1)
-                comp._gpu_mem_at = -math.inf
-                monkeypatch.setattr(gpus, "nvml_process_memory", fake_nvml)
-                await comp._gpu_memory_round()
-                assert len(nvml_calls) == 1 and MB <= comp._ckpt_bytes(gpu) < 2 * MB
-            finally:
-                await comp.stop()
-                agent.store.db.close()
+            assert gpu.ckpt_dir is not None  # once it has checkpointed, NVML is not read at all
+            jobkit.Checkpointer(job_id=gpu.id, ckpt_dir=gpu.ckpt_dir, install_signal=False).save(b"w" * MB, step=1)
+            comp._gpu_mem_at = -math.inf
+            monkeypatch.setattr(gpus, "nvml_process_memory", fake_nvml)
+            await comp._gpu_memory_round()
+            assert len(nvml_calls) == 1 and MB <= comp._ckpt_bytes(gpu) < 2 * MB
 
     asyncio.run(main())
