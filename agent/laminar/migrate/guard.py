@@ -459,7 +459,12 @@ class GuardMixin:
 
     async def _take_over_once(self, row: Any, key: str, why: str) -> None:
         try:
-            pending = self._placement_here(row["request"])
+            request = row["request"]
+            assert self.root is not None
+            # a replica received long ago is hashed whole (seconds for many GB): not on the loop,
+            # and before the checks below, so nothing changes between them and the claim
+            path = await asyncio.to_thread(latest_verified, self.root, key)
+            pending = self._placement_here(request)
             if pending:  # its hand-over to this node is under way: it starts the job, not this take-over
                 log.info("migrate: %s: %s; its take-over waits for it", key, pending)
                 return
@@ -467,9 +472,6 @@ class GuardMixin:
             if here is not None:
                 self._set_replica(key, "handed-over", here)
                 return
-            assert self.root is not None
-            # a replica received long ago is hashed whole (seconds for many GB): not on the loop
-            path = await asyncio.to_thread(latest_verified, self.root, key)
             if path is None:
                 self._set_replica(key, "failed")
                 self._emit(f"{key}: {why}, but no verified checkpoint of it is held here; cannot resume it",

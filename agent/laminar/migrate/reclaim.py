@@ -1031,13 +1031,13 @@ class ReclaimComponent(BuddiesMixin, GuardMixin, ReplicasMixin, WithdrawMixin, S
         jobs = getattr(self.agent, "jobs", None)
         if jobs is None or time.monotonic() - self._gpu_mem_at < GPU_MEM_EVERY_S:
             return
+        self._gpu_mem_at = time.monotonic()  # the checkpoint listings below too: not every round
         if not any(getattr(j, "gpus", None) and not (j.ckpt_dir and jobkit.list_checkpoints(j.ckpt_dir))
                    for j in jobs.active()):
             self._gpu_mem = {}
             return
         from laminar.runtime import gpus
 
-        self._gpu_mem_at = time.monotonic()
         self._gpu_mem = await asyncio.to_thread(gpus.nvml_process_memory)
 
     def _should_prestage(self, job: Any) -> bool:
