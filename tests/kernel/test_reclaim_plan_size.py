@@ -124,6 +124,7 @@ def test_a_gpu_job_without_a_checkpoint_is_planned_with_the_gpu_memory_its_proce
                 return {gpu.pid: 3 << 30, 999_999: 5 << 30}
 
             monkeypatch.setattr(gpus, "nvml_process_memory", fake_nvml)
+            comp._gpu_mem_at = -math.inf  # (the watch's round at start looked: no GPU job then)
             await comp._gpu_memory_round()  # the watch's round: NVML read in a worker thread
             assert len(nvml_calls) == 1
             size = comp._ckpt_bytes(gpu)

@@ -19,6 +19,7 @@ off the event loop. Real jobkit checkpoints, a real Receiver over loopback, the 
 from __future__ import annotations
 
 import asyncio
+import threading
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -47,19 +48,23 @@ def job_at(ckpt_dir: Path) -> Any:
 
 
 @pytest.fixture
-def full_reads(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+def read_where(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, bool]]:
     """Every whole-checkpoint hash on the sender: jobkit's check without ``hashed`` and the
-    manifest's chunk pass (the checkpoint's name each time)."""
-    calls: list[str] = []
+    manifest's chunk pass, as (what and the checkpoint's name, whether on the event loop's
+    thread)."""
+    calls: list[tuple[str, bool]] = []
     verify, chunks = jobkit.verify_checkpoint, T._hash_checkpoint
+
+    def on_main() -> bool:
+        return threading.current_thread() is threading.main_thread()
 
     def spy_verify(p: Any, **kw: Any) -> Any:
         if not kw.get("hashed"):
-            calls.append(f"verify {Path(p).name}")
+            calls.append((f"verify {Path(p).name}", on_main()))
         return verify(p, **kw)
 
     def spy_chunks(p: Path, *a: Any, **kw: Any) -> Any:
-        calls.append(f"chunks {p.name}")
+        calls.append((f"chunks {p.name}", on_main()))
         return chunks(p, *a, **kw)
 
     monkeypatch.setattr(jobkit, "verify_checkpoint", spy_verify)
@@ -89,12 +94,13 @@ def move(tmp: Path, ck: Path, between: Any = None) -> tuple[T.SendResult | BaseE
 
 
 def test_the_move_sends_the_manifest_its_check_built_and_hashes_nothing_again(tmp_path: Path,
-                                                                              full_reads: list[str]) -> None:
+                                                                              read_where: list[tuple[str, bool]]) -> None:
     ck = make_ckpt(tmp_path, 700 * KB)
     seen: list[str] = []
-    remote, committed, _ = move(tmp_path, ck, between=lambda: seen.extend(full_reads))
+    remote, committed, _ = move(tmp_path, ck, between=lambda: seen.extend(w for w, _ in read_where))
     assert seen == [f"chunks {ck.name}", f"verify {ck.name}"]  # the check: one build, both hashes
-    assert full_reads == seen  # the send read nothing whole again
+    assert [w for w, _ in read_where] == seen  # the send read nothing whole again
+    assert not any(main for _, main in read_where)  # and the check read it in worker threads
     assert isinstance(remote, str) and len(committed) == 1
     got = T.verified_checkpoint(remote)
     for f in ck.iterdir():
@@ -109,13 +115,14 @@ def test_a_byte_that_rots_after_the_check_is_never_committed(tmp_path: Path) -> 
     assert committed == [] and not list((tmp_path / "rcv").glob("checkpoints/*/ckpt-*"))
 
 
-def test_a_checkpoint_saved_again_after_the_check_is_sent_as_it_is_now(tmp_path: Path, full_reads: list[str]) -> None:
+def test_a_checkpoint_saved_again_after_the_check_is_sent_as_it_is_now(tmp_path: Path,
+                                                                       read_where: list[tuple[str, bool]]) -> None:
     ck = make_ckpt(tmp_path, 700 * KB)
     again = b"saved again at the same step" * 1000
     first = (ck / "state.bin").read_bytes()
 
     def resave() -> None:
-        full_reads.clear()
+        read_where.clear()
         jobkit.Checkpointer(job_id="j1", ckpt_dir=ck.parent, install_signal=False).save(again, step=40)
 
     remote, committed, _ = move(tmp_path, ck, between=resave)
@@ -124,32 +131,18 @@ def test_a_checkpoint_saved_again_after_the_check_is_sent_as_it_is_now(tmp_path:
     assert (got / "state.bin").read_bytes() != first  # not what the manifest of the check described
     for f in ck.iterdir():  # the files of the save made after the check
         assert (got / f.name).read_bytes() == f.read_bytes(), f.name
-    assert any(r.startswith("chunks") for r in full_reads)  # its manifest was built again
+    assert any(w.startswith("chunks") for w, _ in read_where)  # its manifest was built again
 
 
-def test_a_prestage_reads_the_checkpoint_once_off_the_event_loop(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_prestage_reads_the_checkpoint_once_off_the_event_loop(tmp_path: Path,
+                                                                  read_where: list[tuple[str, bool]]) -> None:
     """A prestage (the newest checkpoint to the job's buddy, while the job trains) chose its
     checkpoint with ``jobkit.latest_checkpoint`` on the event loop: a whole read of a checkpoint
     of many GB held the agent's loop (probes, the API, kill-switch requests) for seconds; then the
     send read it twice more. Now the choice is the manifest's build in a worker thread, and the
     send uses that manifest."""
-    import threading
-
     ck = make_ckpt(tmp_path, 700 * KB)
-    reads: list[tuple[str, bool]] = []  # (what, on the event loop's thread)
-    verify, chunks = jobkit.verify_checkpoint, T._hash_checkpoint
-
-    def spy_verify(p: Any, **kw: Any) -> Any:
-        if not kw.get("hashed"):
-            reads.append((f"verify {Path(p).name}", threading.current_thread() is threading.main_thread()))
-        return verify(p, **kw)
-
-    def spy_chunks(p: Path, *a: Any, **kw: Any) -> Any:
-        reads.append((f"chunks {p.name}", threading.current_thread() is threading.main_thread()))
-        return chunks(p, *a, **kw)
-
-    monkeypatch.setattr(jobkit, "verify_checkpoint", spy_verify)
-    monkeypatch.setattr(T, "_hash_checkpoint", spy_chunks)
+    reads = read_where
     committed: list[Any] = []
     guarded: list[tuple[int, str]] = []
 
