@@ -215,7 +215,8 @@ def test_a_guard_still_needed_is_not_dropped(tmp_path: Path) -> None:
             buddy._stale_guard_round(time.time())
             assert not buddy._guard_checking and not buddy._guard_asked
             buddy.agent.zone.membership.suspects.clear()
-            buddy.notices[2] = (time.time() - 1.0, time.time() - 60.0)
+            came = buddy.agent.store.db.execute("SELECT updated FROM migrate_replicas").fetchone()["updated"]
+            buddy.notices[2] = (came + 0.01, came - 60.0)  # its window ended after the guard came
             buddy._stale_guard_round(time.time())
             assert not buddy._guard_checking and not buddy._guard_asked
             assert state(buddy) == "guarding"

@@ -145,6 +145,8 @@ def test_after_the_window_only_a_buddy_that_may_have_missed_news_asks_first(tmp_
             src4 = Source(tmp_path, buddy, 2, "n2-job-4")
             await src4.send(5)
             await src4.ctl("guard", "ckpt-5")
+            with agent_b.store.tx() as db:  # the guard came before the window's end (the notice's)
+                db.execute("UPDATE migrate_replicas SET updated=? WHERE key='n2-job-4'", (ended - 20.0,))
             buddy._started = time.time()
             buddy.notices[2] = (ended, ended - 10.0)
             await buddy._guard_round()
@@ -336,6 +338,59 @@ def test_a_sources_guard_message_carries_its_clock(tmp_path: Path) -> None:
         finally:
             await source.stop()
             await buddy.stop()
+            agent_b.store.db.close()
+            agent_a.store.db.close()
+
+    asyncio.run(main())
+
+
+def test_a_job_a_source_guards_after_coming_back_from_its_reclaim_is_not_taken_over(tmp_path: Path) -> None:
+    """Node 2's reclaim window ended (the zone's notice) and its agent came back: restarted after
+    the window's end, it cleared the reclaim (the owner gave the node back) and takes jobs again.
+    A job it runs since, and guards here (a guard message without a window, after the window's
+    end), is not taken over: it runs there (before, it was taken over at once, the notice's old
+    window declaring its source dead, and ran twice). A guard that came before the window's end
+    is taken over at once, as before; and so is the new job once node 2 is reclaimed again and
+    that window ends."""
+    async def main() -> None:
+        (tmp_path / "b").mkdir()
+        (tmp_path / "a").mkdir()
+        agent_b, buddy = await started(tmp_path / "b")
+        agent_a, source, asked = await source_asked_by(tmp_path / "a", buddy, ReclaimComponent(), ("job-5", "job-6"))
+        try:
+            buddy.s["port"] = source.port
+            now = time.time()
+            buddy.notices[2] = (now - 30.0, now - 90.0)  # its 60 s window ended 30 s ago
+            agent_b.zone.membership.state[2].last_seen = time.time()  # heard from since
+
+            old = Source(tmp_path, buddy, 2, "n2-job-5")  # guarded before the window's end
+            await old.send(5)
+            await old.ctl("guard", "ckpt-5")
+            with agent_b.store.tx() as db:
+                db.execute("UPDATE migrate_replicas SET updated=? WHERE key='n2-job-5'", (now - 100.0,))
+            new = Source(tmp_path, buddy, 2, "n2-job-6")  # guarded now, back from the reclaim
+            await new.send(5)
+            await new.ctl("guard", "ckpt-5")
+            for _ in range(3):
+                await buddy._guard_round()
+                assert await until(lambda: not buddy._taking, timeout=30)
+            assert state_of(buddy, "n2-job-5") != "guarding"  # its source's window ended: taken over
+            assert state_of(buddy, "n2-job-6") == "guarding", "the job of a node back from its reclaim was taken over"
+            assert buddy._source_dead(2, time.time()) is not None  # node 2 counts as dead for anything else
+            assert buddy._source_dead(2, time.time(), None, time.time() - 1.0) is None
+            assert asked == [], asked
+
+            # reclaimed again, after that guard came: that window's end declares it dead for the job
+            await asyncio.sleep(0.2)
+            now = time.time()
+            buddy.notices[2] = (now - 0.05, now - 5.0)
+            await buddy._guard_round()
+            assert await until(lambda: not buddy._taking, timeout=30)
+            assert state_of(buddy, "n2-job-6") != "guarding"
+        finally:
+            await buddy.stop()
+            with contextlib.suppress(Exception):
+                await source.stop()
             agent_b.store.db.close()
             agent_a.store.db.close()
 

@@ -103,7 +103,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from laminar import jobkit
-from laminar.migrate.constants import _CKPT_NAME, MIGRATED_ENV
+from laminar.migrate.constants import _CKPT_NAME, MIGRATED_ENV, SOURCE_LIVE_STATES
 from laminar.migrate.errors import MigrateError
 from laminar.migrate.trees import _newest_mtime, _remove_tree
 
@@ -325,6 +325,7 @@ class ArchiveMixin:
         _archive_error: str | None
         _archive_next: dict[str, float]
         _archive_rounds: int
+        _archive_runs_told: dict[str, str]
         _archive_stalled: float | None
         _archive_tries: dict[str, int]
         _claimed_from: dict[str, str]
@@ -344,17 +345,20 @@ class ArchiveMixin:
         evacuating: set[str]
         moves: dict[str, Any]
         notice_odds: NoticeOdds
+        notices: dict[int, tuple[float, float]]
         reclaim: dict[str, Any] | None
         retry: RetrySchedule
         s: dict[str, Any]
 
+        async def _control(self, node: int, op: str, body: Any, timeout: float = 5.0) -> Any: ...
         def _emit(self, message: str, **fields: Any) -> None: ...
         def _last_seen(self, node: int) -> float: ...
         def _late_copy_settled(self, mv: Any, error: BaseException | None) -> None: ...
         def _request(self, job: Any, take_over: bool) -> dict[str, Any]: ...
         async def _resume_here(self, row: Any, req: dict[str, Any], path: Path, why: str) -> str | None: ...
         def _runs_here(self, key: str) -> str | None: ...
-        def _source_dead(self, src: int, now: float, window_end: float | None = None) -> str | None: ...
+        def _source_dead(self, src: int, now: float, window_end: float | None = None,
+                         since: float | None = None) -> str | None: ...
         def _spawn(self, coro: Any) -> asyncio.Task[Any]: ...
         def job_key(self, job: Any) -> str: ...
         @property
@@ -880,7 +884,7 @@ class ArchiveMixin:
             except (OSError, ValueError, KeyError, TypeError):
                 continue  # claimed meanwhile, or not ours to read
         out["stale"] = [(k, rec) for k, rec in self._stale_claims(root, wall) if k not in skip]
-        out["runs"] = [(k, n) for k, n in self._running_records(root, lambda n: n in alive) if k not in skip]
+        out["runs"] = [(k, n, j) for k, n, j in self._running_records(root, lambda n: n in alive) if k not in skip]
         return out
 
     async def _archive_periodic(self, job: Any, ckpt: Path) -> None:
@@ -1012,7 +1016,7 @@ class ArchiveMixin:
                 waited[key] = self._live_waits[key]
                 continue
             self._taking.add(key)
-            self._spawn(self._from_archive(key, live=True))
+            self._spawn(self._from_archive(key, live=True, ask=(src, key) if self._window_ended(src, wall) else None))
         self._live_waits = waited  # a wait ends with its record (claimed, replaced by the newer one, gone)
         for key, rec in look["stale"]:
             # its node claimed it and died before the job ran: claimable again (_claim takes it over)
@@ -1029,11 +1033,23 @@ class ArchiveMixin:
                 continue  # this node guards it: its own take-over goes through the claim
             self._taking.add(key)
             self._spawn(self._from_archive(key))
-        for key, node in look["runs"]:
+        for key, node, (runs_on, job) in look["runs"]:
             if not free(key) or self._source_dead(node, wall) is None or self._guarded_here(key):
                 continue
             self._taking.add(key)
-            self._spawn(self._from_archive(key, dead_runner=node))
+            # the node it placed the job on (another, alive or not: that one is asked) or itself
+            # (asked when its window ended: it may be back), whether the job runs there
+            ask = (runs_on, f"n{runs_on}-{job}") if runs_on != node or self._window_ended(node, wall) else None
+            self._spawn(self._from_archive(key, dead_runner=node, ask=ask))
+
+    def _window_ended(self, node: int, wall: float) -> bool:
+        """Whether ``node``'s reclaim window (the zone's notice) has ended. Such a node counts as
+        dead, yet its agent may have come back after the window (restarted, its reclaim cleared:
+        the owner gave the node back) and run what it claimed or started since: its archived
+        records are asked about first (:meth:`_from_archive`'s ``ask``). A claim of a node
+        that is only silent is not (it does not answer)."""
+        notice = self.notices.get(node)
+        return notice is not None and wall >= notice[0]
 
     def _await_newer_copy(self, key: str, src: int, newer: tuple[str, str, float], wall: float, now: float) -> bool:
         """Whether the live record of ``key`` waits (is not claimed yet) for the newer checkpoint
@@ -1082,11 +1098,12 @@ class ArchiveMixin:
         record without ``resumed`` (written before it existed) names no successor and is left.
         Blocking file I/O; the round reads the files on the lane (:meth:`_running_records`) and
         asks :meth:`_source_dead` on the loop."""
-        return self._running_records(root, lambda n: self._source_dead(n, now) is None)
+        return [(k, n) for k, n, _ in self._running_records(root, lambda n: self._source_dead(n, now) is None)]
 
-    def _running_records(self, root: Path, alive: Callable[[int], bool]) -> list[tuple[str, int]]:
-        """(key, node) of each running record in the archive of another node, not ``alive``, whose
-        successor holds no record (the file part of :meth:`_dead_runs`)."""
+    def _running_records(self, root: Path, alive: Callable[[int], bool]) -> list[tuple[str, int, tuple[int, str]]]:
+        """(key, node, (node, job) of the job resumed from it: its successor) of each running
+        record in the archive of another node, not ``alive``, whose successor holds no record (the
+        file part of :meth:`_dead_runs`)."""
         out = []
         for f in sorted(root.glob("*/running-*.json")):
             if f.parent.name.startswith("."):
@@ -1109,7 +1126,10 @@ class ArchiveMixin:
                 continue
             if any(n.endswith(".json") and not n.startswith(".") for n in succ):
                 continue
-            out.append((f.parent.name, node))
+            try:
+                out.append((f.parent.name, node, (int(res["node"]), str(res["job"]))))
+            except (KeyError, TypeError, ValueError):
+                continue
         return out
 
     def _stale_claims(self, root: Path, now: float) -> list[tuple[str, dict[str, Any]]]:
@@ -1376,11 +1396,18 @@ class ArchiveMixin:
         """:meth:`_archive` unless the archive holds a record of ``key`` already (blocking)."""
         return None if self._archived(key) else self._archive(key, ckpt, record)
 
-    async def _from_archive(self, key: str, live: bool = False, dead_runner: int | None = None) -> None:
+    async def _from_archive(self, key: str, live: bool = False, dead_runner: int | None = None,
+                            ask: tuple[int, str] | None = None) -> None:
+        """Claims the archived job ``key`` (its guard record; ``live``: its live record too;
+        ``dead_runner``: that node's running record) and resumes it here; given back when it
+        cannot start here. ``ask``: (node, key) of the job that may still run there, asked first
+        (:meth:`_still_runs`)."""
         root = self._archive_root()
         assert root is not None
         try:
             if self._runs_here(key) is not None:
+                return
+            if ask is not None and ask[0] != self.node_id and await self._still_runs(key, *ask):
                 return
             rec = await self._lane.call(f"claim of {key}", self._claim_and_read, key, live, dead_runner)
             if rec is None:
@@ -1410,6 +1437,31 @@ class ArchiveMixin:
             self._archive_next[key] = time.monotonic() + float(self.s["retry_max_s"])
         finally:
             self._taking.discard(key)
+
+    async def _still_runs(self, key: str, node: int, job_key: str) -> bool:
+        """Whether ``node`` answers (control op ``needs``) that its job ``job_key`` lives there
+        (SOURCE_LIVE_STATES): the archived job ``key`` is not claimed here then, and is looked at
+        again after ``dead_after_s``. A node dead by its reclaim window's end may be back (its
+        agent restarted after the window and cleared the reclaim) and run the job it claimed from
+        the archive, or its own job whose periodic record this is; before, that job was claimed
+        and resumed here too (two copies). No answer, or any other state (reclaimed, stopped by
+        the window's end), goes on with the claim."""
+        try:
+            ans = await self._control(node, "needs", {"key": job_key}, timeout=float(self.s["dead_after_s"]) + 2.0)
+        except Exception as e:  # gone: no answer (a refused connection, a timeout, an error)
+            log.info("migrate: node %d did not answer whether %s lives there (before claiming %s): %s",
+                     node, job_key, key, e)
+            return False
+        state = ans.get("state") if isinstance(ans, dict) and ans.get("key") == job_key else None
+        if state not in SOURCE_LIVE_STATES:
+            return False
+        self._archive_next[key] = time.monotonic() + float(self.s["dead_after_s"])
+        if self._archive_runs_told.get(key) != job_key:
+            self._archive_runs_told[key] = job_key
+            self._emit(f"{key}: node {node} counts as dead (its reclaim window ended) but answers that {job_key} "
+                       f"runs there ({state}): not claimed from the archive here", persist=False, key=key,
+                       node=node, job_key=job_key, state=state, phase="archive-runs-there")
+        return True
 
     def _archive_status(self) -> dict[str, Any] | None:
         """The archive's part of the status (None without ``archive_dir``): ``stalled_s``, the

@@ -10,6 +10,10 @@ DEFAULT_REMAINING_S = 3600.0  # a job's expected remaining run time when nobody 
 MIGRATED_ENV = "LM_MIGRATED_FROM"  # LAMINAR_* names are reserved by the job manager
 HOLD_MIN_S = 30.0
 
+# A source's job in these states lives there (runs, or will): a guard must not revive it elsewhere,
+# nor a node claim it from the archive.
+SOURCE_LIVE_STATES = ("queued", "starting", "running", "suspended")
+
 # A checkpoint committed after its key's row last changed (released, say) may be followed by a
 # guard naming it (the guard is sent after the transfer): kept this long.
 REPLICA_LATE_S = 3600.0

@@ -38,7 +38,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from laminar.migrate import destination as dst
-from laminar.migrate.constants import DEFAULT_REMAINING_S, HOLD_MIN_S, MIGRATED_ENV
+from laminar.migrate.constants import DEFAULT_REMAINING_S, HOLD_MIN_S, MIGRATED_ENV, SOURCE_LIVE_STATES
 from laminar.migrate.errors import HandoverSettled, MigrateError
 from laminar.migrate.transfer import TransferError, latest_verified, send_checkpoint
 
@@ -50,10 +50,6 @@ log = logging.getLogger("laminar.migrate")
 
 # A hand-over sent and not answered is asked again at most this far apart (it doubles from 0.2 s).
 HANDOVER_ASK_MAX_S = 5.0
-
-# A source's job in these states lives there (runs, or will): a guard must not revive it elsewhere.
-SOURCE_LIVE_STATES = ("queued", "starting", "running", "suspended")
-
 
 class GuardMixin:
     """A guard's watch of its sources, its take-over of a dead source's job, and hand-overs."""
@@ -101,15 +97,17 @@ class GuardMixin:
         @property
         def zone(self) -> Any: ...
 
-    def _source_dead(self, src: int, now: float, window_end: float | None = None) -> str | None:
+    def _source_dead(self, src: int, now: float, window_end: float | None = None,
+                     since: float | None = None) -> str | None:
         """Why the source of a replica counts as dead, or None while it may be alive.
-        ``window_end``: the end of the source's reclaim window as its guard message said."""
-        end = self._window_end(src, window_end)
+        ``window_end``: the end of the source's reclaim window as its guard message said;
+        ``since``: when that message came (this node's clock; :meth:`_notice`)."""
+        end = self._window_end(src, window_end, since)
         if end is not None and now >= end:
             return f"node {src}'s reclaim window ended"
         seen = self._last_seen(src)
         silent = now - seen if seen >= 0 else math.inf
-        notice = self.notices.get(src)
+        notice = self._notice(src, window_end, since)
         dead_after = float(self.s["dead_after_s"])
         if notice is not None and silent >= dead_after and now - notice[1] >= dead_after:
             return f"node {src} went silent {silent:.1f} s after announcing its reclaim"
@@ -145,12 +143,14 @@ class GuardMixin:
                     req = {}
                 if now < float(req.get("not_before") or 0.0):
                     continue  # a guard handed over with a job being handed over: not before that ends
-                why_d = self._source_dead(int(row["src_node"]), now, req.get("window_end"))
+                came = float(row["updated"])  # the guard message's arrival (or this guard's last change)
+                why_d = self._source_dead(int(row["src_node"]), now, req.get("window_end"), came)
                 if why_d is None and req.get("take_over"):
                     why_d = f"node {row['src_node']} stopped the job and left its checkpoint here"
                 if why_d is None:
                     continue
-                if not req.get("take_over") and self._window_open(int(row["src_node"]), now, req.get("window_end")):
+                if not req.get("take_over") and self._window_open(int(row["src_node"]), now, req.get("window_end"),
+                                                                   came):
                     # Silent in the zone while its window is open: a source still evacuating (loaded,
                     # its summaries lost) would run the job twice with this take-over: ask it first.
                     if time.monotonic() - self._alive_asked.get(key, -math.inf) < float(self.s["dead_after_s"]):
@@ -172,16 +172,32 @@ class GuardMixin:
             self._taking.add(key)
             self._spawn(self._take_over(row, why))
 
-    def _window_end(self, src: int, window_end: float | None) -> float | None:
-        """The end (wall clock) of ``src``'s reclaim window: the earlier of ``window_end`` (what
-        its guard message said) and its zone notice's; None when neither is known."""
+    def _notice(self, src: int, window_end: float | None = None,
+                since: float | None = None) -> tuple[float, float] | None:
+        """``src``'s reclaim notice (window end, received; this node's wall clock) as it bears on
+        a guard whose message came at ``since`` (this node's clock) carrying ``window_end``: None
+        when there is none, or when its window had ended before that message came and the message
+        carried no window of its own. The source had no reclaim when it sent it: it came back
+        after that window (its agent restarted after the window's end and cleared the reclaim:
+        the owner gave the node back), and a job it guards since is not dead with the old window
+        (before, its buddy took such a job over at once and it ran twice). A source that is
+        still reclaimed says its window in every guard message it sends."""
         notice = self.notices.get(src)
+        if notice is None or since is None or window_end is not None or notice[0] > since:
+            return notice
+        return None
+
+    def _window_end(self, src: int, window_end: float | None, since: float | None = None) -> float | None:
+        """The end (wall clock) of ``src``'s reclaim window: the earlier of ``window_end`` (what
+        its guard message said) and its zone notice's (:meth:`_notice`, with ``since``); None
+        when neither is known."""
+        notice = self._notice(src, window_end, since)
         ends = [float(e) for e in (window_end, notice[0] if notice is not None else None) if e is not None]
         return min(ends) if ends else None
 
-    def _window_open(self, src: int, now: float, window_end: float | None) -> bool:
+    def _window_open(self, src: int, now: float, window_end: float | None, since: float | None = None) -> bool:
         """Whether ``src``'s reclaim window (its guard message's or its notice's) has not ended."""
-        end = self._window_end(src, window_end)
+        end = self._window_end(src, window_end, since)
         return end is not None and now < end
 
     def _missed_news(self, row: Any, req: dict[str, Any], now: float) -> bool:
@@ -194,7 +210,7 @@ class GuardMixin:
         ``dead_after_s``) before the end. A guard up the whole window that heard from its source
         takes over at once."""
         src = int(row["src_node"])
-        end = self._window_end(src, req.get("window_end"))
+        end = self._window_end(src, req.get("window_end"), float(row["updated"]))
         if end is None or now < end:
             return False
         if req.get("window_end") is not None and self._started > float(row["updated"]):

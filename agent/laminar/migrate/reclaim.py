@@ -593,6 +593,8 @@ class ReclaimComponent(BuddiesMixin, GuardMixin, ReplicasMixin, WithdrawMixin, S
         self._fenced: dict[str, int] = {}
         self._archive_next: dict[str, float] = {}  # archived key -> when this node tries it again (monotonic)
         self._archive_tries: dict[str, int] = {}
+        # archived key -> the job a node dead by its window answered runs there (said once: _still_runs)
+        self._archive_runs_told: dict[str, str] = {}
         self._claimed_from: dict[str, str] = {}  # archived key -> the record this node's claim took (_unclaim)
         self.archived_live: dict[str, str] = {}  # job id -> newest periodic checkpoint in the archive (live.json)
         self._archiving: set[str] = set()
