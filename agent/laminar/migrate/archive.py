@@ -108,6 +108,7 @@ from laminar.migrate.errors import MigrateError
 from laminar.migrate.trees import _newest_mtime, _remove_tree
 
 if TYPE_CHECKING:
+    from laminar.migrate.ckpt_driver import CkptDriver
     from laminar.migrate.evidence import NoticeOdds
     from laminar.migrate.holder import RetrySchedule
 
@@ -334,6 +335,7 @@ class ArchiveMixin:
         _gc_running: bool
         _gc_unverified: set[tuple[str, str]]
         _lane: ArchiveLane
+        ckpt: CkptDriver | None
         _late_stopping: set[str]
         _live_waits: dict[str, float]
         _round_running: bool
@@ -351,6 +353,7 @@ class ArchiveMixin:
         s: dict[str, Any]
 
         async def _control(self, node: int, op: str, body: Any, timeout: float = 5.0) -> Any: ...
+        def _driver_checked(self, job: Any) -> tuple[Path | None] | None: ...
         def _emit(self, message: str, **fields: Any) -> None: ...
         def _last_seen(self, node: int) -> float: ...
         def _late_copy_settled(self, mv: Any, error: BaseException | None) -> None: ...
@@ -792,11 +795,20 @@ class ArchiveMixin:
                     if jid not in self._archiving:
                         self.archived_live.pop(jid, None)
                         ended[jid] = job.state if job else "gone"
-            periodic: list[tuple[str, str, str | None]] = []
+            periodic: list[tuple[str, str, str | None, tuple[Path | None] | None]] = []
             if self._archive_periodic_due() and not reclaiming:
-                periodic = [(j.id, str(j.ckpt_dir), self._given_resume_from(j, root))
-                            for j in list(self.agent.jobs.active())
-                            if j.id not in self.evacuating and j.id not in self._archiving and j.ckpt_dir]
+                # each job's newest verified checkpoint as the checkpoint driver's check of its
+                # listing found it: nothing is read for it here. Before, the look hashed every
+                # running job's newest checkpoint whole at every round (poll_s), copied or not.
+                # A listing the running driver has not checked yet waits for its check.
+                driving = self.ckpt is not None and self.ckpt.threaded
+                for j in list(self.agent.jobs.active()):
+                    if j.id in self.evacuating or j.id in self._archiving or not j.ckpt_dir:
+                        continue
+                    known = self._driver_checked(j)
+                    if known is None and driving:
+                        continue
+                    periodic.append((j.id, str(j.ckpt_dir), self._given_resume_from(j, root), known))
             wall, mono = time.time(), time.monotonic()
             z = self.zone
             alive = {self.node_id} | {n for n in (list(z.membership.by_node) if z is not None else [])
@@ -843,12 +855,16 @@ class ArchiveMixin:
         state = Path(os.path.normpath(str(self.agent.config.state_dir)))
         return str(rf) if state in p.parents or Path(os.path.normpath(root)) in p.parents else None
 
-    def _archive_look(self, root: Path, ended: list[str], periodic: list[tuple[str, str, str | None]], claims: bool,
+    def _archive_look(self, root: Path, ended: list[str],
+                      periodic: list[tuple[str, str, str | None, tuple[Path | None] | None]], claims: bool,
                       alive: frozenset[int], skip: frozenset[str], wall: float) -> dict[str, Any]:
         """The archive round's file work (on the lane; never on the loop): drops the live records
         of the ``ended`` jobs (:meth:`drop_live`), finds the newest checkpoint of each running job
-        in ``periodic`` ((job id, its checkpoint directory, its ``resume_from``): the newest it
-        committed, or before it wrote one, the verified checkpoint it was restarted from), and,
+        in ``periodic`` ((job id, its checkpoint directory, its ``resume_from``, (the newest
+        verified one) while the checkpoint driver's check of the job's listing holds, else None):
+        the newest it committed, or before it wrote one, the verified checkpoint it was restarted
+        from; with the driver's answer nothing is read here: the copy is checked as it is made),
+        and,
         with ``claims`` and the archive a directory, lists what may be claimed: guard records,
         live records of nodes not in ``alive`` ((key, src, buddy, newer): ``newer`` from
         :func:`_newer_copy`), stale claims (:meth:`_stale_claims`) and claims whose
@@ -860,8 +876,8 @@ class ArchiveMixin:
         for jid in ended:
             if self.drop_live(f"n{self.node_id}-{jid}"):
                 out["dropped"].append(jid)
-        for jid, ckpt_dir, rf in periodic:
-            ckpt = jobkit.latest_checkpoint(ckpt_dir)
+        for jid, ckpt_dir, rf, known in periodic:
+            ckpt = known[0] if known is not None else jobkit.latest_checkpoint(ckpt_dir)
             if ckpt is None and rf:
                 # restarted from a checkpoint (a move, a guard, the archive) and none written
                 # since: the one it resumed from is its newest, archived at once under its new key

@@ -41,6 +41,7 @@ from laminar.migrate.errors import MigrateError
 from laminar.migrate.transfer import PeerSilentError, TransferError
 
 if TYPE_CHECKING:
+    from laminar.migrate.ckpt_driver import CkptDriver
     from laminar.migrate.reclaim import Move
     from laminar.migrate.transfer import Manifest
 
@@ -79,6 +80,7 @@ class BuddiesMixin:
         _releasing: set[tuple[int, str]]
         _silent: dict[int, tuple[float, float]]
         agent: Any
+        ckpt: CkptDriver | None
         buddy: dict[str, int]
         counts: dict[str, int]
         evacuating: set[str]
@@ -94,7 +96,7 @@ class BuddiesMixin:
         def _last_seen(self, node: int) -> float: ...
         async def _send(self, job: Any, ckpt: Path, node: int, deadline_mono: float | None, mv: Move | None,
                         silent_retries: int | None = None, manifest: Manifest | None = None) -> str: ...
-        def _newest_checked(self, job: Any) -> tuple[Path | None, Manifest | None]: ...
+        async def _newest_checked_once(self, job: Any) -> tuple[Path | None, Manifest | None]: ...
         def _should_prestage(self, job: Any) -> bool: ...
         def _spawn(self, coro: Any) -> asyncio.Task[Any]: ...
         def job_key(self, job: Any) -> str: ...
@@ -142,7 +144,8 @@ class BuddiesMixin:
         try:
             # the newest that passes its check, read once in a worker thread (a checkpoint of
             # many GB took seconds, on the event loop before); the send uses that read's manifest
-            ckpt, manifest = await asyncio.to_thread(self._newest_checked, job)
+            # the checkpoint driver's check of the listing (the same one, when both look at once)
+            ckpt, manifest = await self._newest_checked_once(job)
             if ckpt is None:
                 return
             node = self.buddy.get(job.id)

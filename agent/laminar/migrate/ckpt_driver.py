@@ -262,12 +262,16 @@ class CkptDriver:
         self._last_mono: float | None = None
         self.link_bps = 0.0
         self.counts = {"signals": 0, "commits": 0, "misses": 0}
-        # job id -> (the ckpt-<n> names listed, the newest that verified): filled off the event
-        # loop by run() (a checkpoint of many GB takes seconds to hash); a direct round() hashes
-        # inline. Keyed by the whole listing, not its highest name: a commit below a damaged
-        # checkpoint of a higher step changes the listing but not its top.
-        self._verified: dict[str, tuple[tuple[tuple[str, tuple[int, int] | None], ...], Path | None]] = {}
+        # job id -> (the ckpt-<n> names listed, the newest that verified, that check's transfer
+        # manifest or None): filled off the event loop by run() (a checkpoint of many GB takes
+        # seconds to hash); a direct round() hashes inline. Keyed by the whole listing, not its
+        # highest name: a commit below a damaged checkpoint of a higher step changes the listing
+        # but not its top. What the prestage, a move's start and the archive's periodic copy
+        # take as the newest verified checkpoint while the listing stays (:meth:`checked`).
+        self._verified: dict[str, tuple[tuple[tuple[str, tuple[int, int] | None], ...], Path | None, Any]] = {}
         self.threaded = False
+        # job id -> (the listing, whether with the manifest, the check in flight): :meth:`check`
+        self._checking: dict[str, tuple[Any, bool, Any]] = {}
 
     @property
     def s(self) -> dict[str, Any]:
@@ -313,7 +317,7 @@ class CkptDriver:
             return  # run() verifies it in a thread before the next round
         else:
             newest = jobkit.latest_checkpoint(job.ckpt_dir)
-            self._verified[job.id] = (key, newest)
+            self._verified[job.id] = (key, newest, None)
         if (newest is not None and (newest.name, _ident(newest)) != (t.newest, t.newest_id)
                 and self._commit(t, newest, now)):
             return
@@ -464,8 +468,6 @@ class CkptDriver:
     async def verify_new(self) -> None:
         """For each active job whose newest listed checkpoint changed, find its newest verified
         checkpoint in a worker thread (what the next round reads)."""
-        import asyncio
-
         for job in list(self.comp.agent.jobs.active()):
             if not job.ckpt_dir:
                 continue
@@ -476,8 +478,53 @@ class CkptDriver:
             cached = self._verified.get(job.id)
             if cached is not None and cached[0] == key:
                 continue
-            newest = await asyncio.to_thread(jobkit.latest_checkpoint, job.ckpt_dir)
-            self._verified[job.id] = (key, newest)
+            await self.check(job)
+
+    async def check(self, job: Any, manifest: bool | None = None) -> tuple[Path | None, Any]:
+        """(``job``'s newest verified checkpoint or None, the transfer manifest its check built
+        or None) for the job's checkpoint listing now: the check in a worker thread, done once
+        per listing whoever asks (this driver's round, a prestage), a second asker of the same
+        listing awaiting the first one's. ``manifest``: the check is the transfer manifest's
+        build (jobkit's check of each file beside the chunks' hashes, in the same read; the
+        reclaim component's ``_newest_checked``) so that the prestage sends with it; None: when
+        the component prestages the job (``_prestage_manifest``). Before, the driver's check and
+        the prestage's build each read every checkpoint whole."""
+        import asyncio
+
+        key = _listing(jobkit.list_checkpoints(job.ckpt_dir) if job.ckpt_dir else [])
+        cached = self._verified.get(job.id)
+        if cached is not None and cached[0] == key and (cached[2] is not None or not manifest or cached[1] is None):
+            return cached[1], cached[2]
+        flying = self._checking.get(job.id)
+        if flying is not None and flying[0] == key and (flying[1] or not manifest):
+            return await asyncio.shield(flying[2])
+        if manifest is None:
+            wants = getattr(self.comp, "_prestage_manifest", None)
+            manifest = bool(wants is not None and wants(job))
+        if manifest:
+            fut = asyncio.ensure_future(asyncio.to_thread(self.comp._newest_checked, job))
+        else:
+            fut = asyncio.ensure_future(asyncio.to_thread(lambda: (jobkit.latest_checkpoint(job.ckpt_dir), None)))
+        self._checking[job.id] = (key, manifest, fut)
+        try:
+            newest, built = await asyncio.shield(fut)
+        finally:
+            if self._checking.get(job.id, (None, None, None))[2] is fut:
+                del self._checking[job.id]
+        self._verified[job.id] = (key, newest, built)
+        return newest, built
+
+    def checked(self, job: Any) -> tuple[Path | None, Any] | None:
+        """(``job``'s newest verified checkpoint, the transfer manifest its check built or
+        None) as the last check found them, while the job's checkpoint listing (names and
+        directories) is still the one checked; None when it was not checked or changed since.
+        A checkpoint rewritten in place since its check is not noticed here: whoever sends or
+        copies it checks what it reads (the send against the manifest, the archive's copy
+        against the job's manifest)."""
+        hit = self._verified.get(job.id) if job.ckpt_dir else None
+        if hit is None or _listing(jobkit.list_checkpoints(job.ckpt_dir)) != hit[0]:
+            return None
+        return hit[1], hit[2]
 
     def view(self) -> list[dict[str, Any]]:
         """The current plan per job (GET /v1/checkpoints)."""

@@ -1496,6 +1496,34 @@ class ReclaimComponent(BuddiesMixin, GuardMixin, ReplicasMixin, WithdrawMixin, S
         TransferError (corrupt, or saved again while it was read) or OSError."""
         return build_manifest(p, self.job_key(job), int(self.s.get("chunk_kb", DEFAULT_CHUNK >> 10)) << 10)
 
+    def _driver_checked(self, job: Any) -> tuple[Path | None] | None:
+        """(``job``'s newest verified checkpoint, or None: none verified) as the checkpoint
+        driver's last check of the job's listing found it, while that listing holds; None when
+        there is no such check (:meth:`ckpt_driver.CkptDriver.checked`). Lists the job's
+        checkpoint directory (no checkpoint is read)."""
+        hit = self.ckpt.checked(job) if self.ckpt is not None and job.ckpt_dir else None
+        return None if hit is None else (hit[0],)
+
+    def _prestage_manifest(self, job: Any) -> bool:
+        """Whether the checkpoint driver's check of ``job``'s new checkpoints should build their
+        transfer manifest (:meth:`_newest_checked`): this agent prestages the job now."""
+        return (self.zone is not None and self.s["prestage"] != "off" and job.id not in self.evacuating
+                and self._should_prestage(job))
+
+    async def _newest_checked_once(self, job: Any) -> tuple[Path | None, Manifest | None]:
+        """:meth:`_newest_checked` by way of the checkpoint driver's check of ``job``'s listing
+        (:meth:`ckpt_driver.CkptDriver.check`: done once, whoever asks first, with the manifest
+        for a job this agent prestages), when it found a checkpoint and built its manifest and
+        the checkpoint's files are still the ones it read (the same inode, size and mtime:
+        :func:`_same_files`); else built here, in a thread."""
+        if self.ckpt is not None and job.ckpt_dir:
+            ckpt, m = await self.ckpt.check(job, manifest=True)
+            if ckpt is not None and m is not None:
+                m = await asyncio.to_thread(_same_files, m, ckpt)
+                if m is not None:
+                    return ckpt, m
+        return await asyncio.to_thread(self._newest_checked, job)
+
     def _newest_checked(self, job: Any) -> tuple[Path | None, Manifest | None]:
         """``job``'s newest checkpoint that passes its check (:func:`jobkit.latest_checkpoint`'s
         choice) and that check's transfer manifest (:meth:`_checked_manifest`), or (None,
@@ -1524,7 +1552,15 @@ class ReclaimComponent(BuddiesMixin, GuardMixin, ReplicasMixin, WithdrawMixin, S
         try:
             if self.zone is None:
                 raise MigrateError("this node is in a one-node zone: there is nowhere to move the job")
-            before = await asyncio.to_thread(jobkit.latest_checkpoint, job.ckpt_dir) if job.ckpt_dir else None
+            # the newest verified checkpoint: the checkpoint driver's check of the job's listing
+            # while it holds (nothing read here: a whole read of a checkpoint of many GB before
+            # the final checkpoint is even asked for, seconds of the window); else checked now
+            known = self.ckpt.checked(job) if self.ckpt is not None and job.ckpt_dir else None
+            if known is not None:
+                before, before_manifest = known
+            else:
+                before = await asyncio.to_thread(jobkit.latest_checkpoint, job.ckpt_dir) if job.ckpt_dir else None
+                before_manifest = None
             ckpt = before
             held = False
 
@@ -1573,6 +1609,10 @@ class ReclaimComponent(BuddiesMixin, GuardMixin, ReplicasMixin, WithdrawMixin, S
                     self._emit(f"{job.id}: no new checkpoint within {wait:.1f} s; moving the last one"
                                if before else f"{job.id}: no checkpoint within {wait:.1f} s", job=job.id)
                 ckpt = new or before
+                if new is None:
+                    mv.manifest = before_manifest  # (the send checks it holds: _same_files)
+            else:
+                mv.manifest = before_manifest
             if ckpt is None:
                 raise MigrateError("the job has no verified checkpoint to move (does it use laminar.jobkit?)")
             hold()
