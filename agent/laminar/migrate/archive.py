@@ -1467,9 +1467,11 @@ class ArchiveMixin:
         except Exception as e:  # gone: no answer (a refused connection, a timeout, an error)
             log.info("migrate: node %d did not answer whether %s lives there (before claiming %s): %s",
                      node, job_key, key, e)
+            self._archive_runs_told.pop(key, None)
             return False
         state = ans.get("state") if isinstance(ans, dict) and ans.get("key") == job_key else None
         if state not in SOURCE_LIVE_STATES:
+            self._archive_runs_told.pop(key, None)
             return False
         self._archive_next[key] = time.monotonic() + float(self.s["dead_after_s"])
         if self._archive_runs_told.get(key) != job_key:
