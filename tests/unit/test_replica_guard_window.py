@@ -395,3 +395,37 @@ def test_a_job_a_source_guards_after_coming_back_from_its_reclaim_is_not_taken_o
             agent_a.store.db.close()
 
     asyncio.run(main())
+
+
+def test_a_reclaimed_source_says_its_window_in_every_guard_message() -> None:
+    """A guard message without the window's end tells the guard that its source has no reclaim
+    (one that came after the notice's window ended is of a node back from its reclaim, whose job
+    is not taken over). So a source that is still reclaimed says it in every message: also one
+    sent once the reclaim's own task ended (a prestage in flight at the window's end), which left
+    it out before, and whose job, stopped at the window's end, would then never be taken over."""
+    from laminar.runtime.jobs import JobSpec
+
+    async def main() -> None:
+        c = ReclaimComponent()
+        c.agent = SimpleNamespace(zone=SimpleNamespace(node_id=2))
+        sent: list[dict[str, Any]] = []
+
+        async def control(node: int, op: str, body: Any, timeout: float = 5.0) -> Any:  # recorded, not sent
+            sent.append(dict(body["request"]))
+
+        c._control = control  # type: ignore[method-assign]
+        c._need = lambda job: (None, SimpleNamespace(gpus=0))  # type: ignore[method-assign]
+        job = SimpleNamespace(id="job-1", spec=JobSpec(["train"]), owner_uid=0, owner_gid=0)
+        await c._guard(job, 1, "ckpt-5")  # no reclaim
+        loop = asyncio.get_running_loop()
+        running, done = loop.create_future(), loop.create_future()
+        done.set_result(None)
+        c.reclaim = {"deadline": 1000.0, "task": running}  # in its window
+        await c._guard(job, 1, "ckpt-6")
+        c.reclaim = {"deadline": 1000.0, "task": done}  # reclaimed: the window ended, the reclaim's task too
+        await c._guard(job, 1, "ckpt-7")
+        running.cancel()
+        assert ["window_end" in r for r in sent] == [False, True, True], sent
+        assert sent[2]["window_end"] == 1000.0
+
+    asyncio.run(main())

@@ -51,6 +51,7 @@ log = logging.getLogger("laminar.migrate")
 # A hand-over sent and not answered is asked again at most this far apart (it doubles from 0.2 s).
 HANDOVER_ASK_MAX_S = 5.0
 
+
 class GuardMixin:
     """A guard's watch of its sources, its take-over of a dead source's job, and hand-overs."""
 

@@ -2171,13 +2171,18 @@ class ReclaimComponent(BuddiesMixin, GuardMixin, ReplicasMixin, WithdrawMixin, S
     async def _guard(self, job: Any, node: int, ckpt_name: str, take_over: bool = False) -> None:
         """Hands ``node`` the guard of ``job`` (its spec and owner). ``take_over``: the job is
         stopped here, so the guard places it at once (not when this node is declared dead).
-        During a reclaim the guard also learns the window's end (it declares this node dead
-        then, even after a restart that lost the zone's notice)."""
+        While this node has a reclaim (in its window, or reclaimed: the window ended and the
+        reclaim was neither withdrawn nor cleared by a restart) the guard also learns the
+        window's end: it declares this node dead then, even after a restart that lost the zone's
+        notice, and a guard message without it tells the guard that this node has no reclaim
+        (one that came after the notice's window ended is of a node back from its reclaim:
+        :meth:`GuardMixin._notice`). Before, a message sent after the reclaim's own task ended (a
+        prestage in flight at the window's end) left it out."""
         spec = job.spec.as_dict()
         spec.pop("gpus", None)
         request: dict[str, Any] = {"spec": spec, "owner_uid": job.owner_uid, "owner_gid": job.owner_gid,
                                    "gpus": self._need(job)[1].gpus}
-        if self.reclaim is not None and not self.reclaim["task"].done():
+        if self.reclaim is not None:
             request["window_end"] = self.reclaim["deadline"]
         if take_over:
             request["take_over"] = True
