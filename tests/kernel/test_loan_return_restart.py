@@ -138,3 +138,55 @@ def test_a_requeue_cut_while_it_looks_for_room_is_placed_again_at_the_next_start
                 await zone.stop()
 
     asyncio.run(main())
+
+
+# The job: writes one checkpoint through jobkit, catches the checkpoint signal, writes no other.
+SAVES_ONCE = ("import signal, sys, time; from laminar import jobkit; c = jobkit.Checkpointer(install_signal=False); "
+              "c.save(b'w' * 65536, step=7); signal.signal(signal.SIGUSR1, lambda *a: None); "
+              "open(sys.argv[1], 'w').close(); time.sleep(600)")
+
+
+def test_a_returns_requeue_takes_the_checkpoint_drivers_answer_and_reads_nothing_first(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A return's requeue found the job's newest verified checkpoint with
+    ``jobkit.latest_checkpoint`` (a whole read and hash; seconds for many GB) before it even asked
+    for the final one. With the migration layer's checkpoint driver holding a check of the job's
+    listing, it takes that answer and reads nothing; the job is requeued from that checkpoint
+    (it wrote no other). The driver is the real CkptDriver over a stand-in component (the agent's
+    job list only); the zone, job manager, cgroups and job are real."""
+    import sys
+
+    from laminar import jobkit
+    from laminar.migrate.ckpt_driver import CkptDriver
+
+    async def main() -> None:
+        async with job_manager(tmp_path) as jobs:
+            agent = SimpleNamespace(store=jobs.store, events=EventBus(jobs.store), jobs=jobs)
+            agent.migrate = SimpleNamespace(ckpt=CkptDriver(SimpleNamespace(agent=agent, s={})))
+            zone = ZoneComponent(settings=settings(tmp_path), gpus=0,
+                                 loan={"elastic_interval_s": 0, "ckpt_wait_s": 0.5, "requeue_for_s": 600.0})
+            await zone.start(agent)
+            try:
+                ready = tmp_path / "ready"
+                res = await zone.place({"command": [sys.executable, "-c", SAVES_ONCE, str(ready)],
+                                        "name": "lm-t-loanck"}, pl.Demand(cpus=1.0, memory_mb=256, pool="training"))
+                assert res.outcome == "placed" and res.node == 1, res.as_dict()
+                job = jobs.get(str(res.job_id))
+                assert job is not None and job.spec.lent
+                assert await until(lambda: ready.exists(), 30), "the job never wrote its checkpoint"
+                await agent.migrate.ckpt.verify_new()  # the driver's check of the listing
+                newest = agent.migrate.ckpt.checked(job)[0]
+                assert newest is not None and newest.name == "ckpt-7"
+                reads: list[str] = []
+                latest = jobkit.latest_checkpoint
+                monkeypatch.setattr(jobkit, "latest_checkpoint", lambda d: reads.append(str(d)) or latest(d))
+                zone.loan.do_return({"plan": "lm-t-p3", "actions": {job.id: "requeue"}}, 2)
+                assert await until(lambda: zone.loan.requeues[job.id].get("attempts", 0) >= 1, 30), \
+                    zone.loan.requeues[job.id]
+                rq = zone.loan.requeues[job.id]
+                assert reads == [], f"the requeue read the job's checkpoints whole: {reads}"
+                assert rq["checkpoint"] == str(newest) and job.state == "requeued", rq
+            finally:
+                await zone.stop()
+
+    asyncio.run(main())

@@ -635,7 +635,16 @@ class LoanManager:
 
         rq = self.requeues[job.id]
         try:
-            before = await asyncio.to_thread(jobkit.latest_checkpoint, job.ckpt_dir) if job.ckpt_dir else None
+            # the newest verified checkpoint: the migration layer's checkpoint driver's check of
+            # the job's listing while it holds (nothing read before the final checkpoint is
+            # asked for: a whole read of many GB took seconds of the return), else checked now
+            mig = getattr(self.zone.agent, "migrate", None) if self.zone.agent is not None else None
+            driver = getattr(mig, "ckpt", None)
+            known = driver.checked(job) if driver is not None and job.ckpt_dir else None
+            if known is not None:
+                before = known[0]
+            else:
+                before = await asyncio.to_thread(jobkit.latest_checkpoint, job.ckpt_dir) if job.ckpt_dir else None
             ckpt = before
             if self._jobs.request_checkpoint(job):
                 ckpt = await self._wait_checkpoint(job, before, float(self.s["ckpt_wait_s"]))
