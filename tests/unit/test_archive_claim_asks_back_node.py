@@ -17,7 +17,6 @@ recorded, not run).
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import time
 from pathlib import Path
@@ -28,7 +27,7 @@ from jobrig import until
 from test_migrate_archive_gc import ckpt_of, claimed_and_running
 from test_migrate_archive_live import agent_of, files, rec
 from test_replica_gc import started
-from test_replica_guard_window import source_asked_by
+from test_replica_guard_window import source_asked_by, stop_both
 
 from laminar.migrate.reclaim import LIVE_RECORD, ReclaimComponent
 
@@ -100,11 +99,7 @@ def test_a_node_back_from_its_reclaim_is_asked_before_what_it_runs_is_claimed_fr
             assert resumed == [("n2-job-3", "ckpt-4"), ("n3-job-1", "ckpt-7")], resumed
             assert asked[-1] == "needs n2-job-2"
         finally:
-            await b.stop()
-            with contextlib.suppress(Exception):
-                await a.stop()
-            agent_b.store.db.close()
-            agent_a.store.db.close()
+            await stop_both(b, a, agent_b, agent_a)
 
     asyncio.run(main())
 

@@ -83,6 +83,16 @@ def test_a_source_silent_in_its_window_that_answers_keeps_its_job(tmp_path: Path
     asyncio.run(main())
 
 
+async def stop_both(buddy: ReclaimComponent, source: ReclaimComponent, *agents: Any) -> None:
+    """A test's teardown: both components stopped (the source may be already), the agents'
+    stores closed."""
+    await buddy.stop()
+    with contextlib.suppress(Exception):
+        await source.stop()
+    for agent in agents:
+        agent.store.db.close()
+
+
 async def source_asked_by(d: Path, buddy: ReclaimComponent, source: ReclaimComponent,
                           job_ids: tuple[str, ...]) -> tuple[Any, ReclaimComponent, list[str]]:
     """Node 2, the source: ``source`` started on an agent in ``d`` whose jobs ``job_ids`` run,
@@ -176,11 +186,7 @@ def test_after_the_window_only_a_buddy_that_may_have_missed_news_asks_first(tmp_
             assert await until(lambda: not buddy._taking, timeout=30)
             assert asked == ["needs n2-job-2", "needs n2-job-3"] and state_of(buddy, "n2-job-3") != "guarding", asked
         finally:
-            await buddy.stop()
-            with contextlib.suppress(Exception):
-                await source.stop()
-            agent_b.store.db.close()
-            agent_a.store.db.close()
+            await stop_both(buddy, source, agent_b, agent_a)
 
     asyncio.run(main())
 
@@ -252,11 +258,7 @@ def test_an_older_source_that_says_its_job_lives_is_not_asked_every_dead_after_s
             assert await until(lambda: not buddy._taking, timeout=30)
             assert asked == [f"needs {K}"] * 3 and state_of(buddy, K) != "guarding", asked
         finally:
-            await buddy.stop()
-            with contextlib.suppress(Exception):
-                await source.stop()
-            agent_b.store.db.close()
-            agent_a.store.db.close()
+            await stop_both(buddy, source, agent_b, agent_a)
 
     asyncio.run(main())
 
@@ -388,11 +390,7 @@ def test_a_job_a_source_guards_after_coming_back_from_its_reclaim_is_not_taken_o
             assert await until(lambda: not buddy._taking, timeout=30)
             assert state_of(buddy, "n2-job-6") != "guarding"
         finally:
-            await buddy.stop()
-            with contextlib.suppress(Exception):
-                await source.stop()
-            agent_b.store.db.close()
-            agent_a.store.db.close()
+            await stop_both(buddy, source, agent_b, agent_a)
 
     asyncio.run(main())
 
