@@ -1,7 +1,8 @@
 """A node whose reclaim window ended counts as dead, yet its agent may be back: restarted after the
 window, it cleared the reclaim (the owner gave the node back) and takes jobs again, from the
 archive too. What it runs since is not claimed from the archive by another node: that node asks
-it first (control op ``needs``) and leaves the record while it answers that the job lives there.
+it first (control op ``needs``) and leaves the record while it answers that the job lives there
+(or ended there: exited, stopped by its user, failed, moved).
 Before, the job it had claimed from the archive (its running record) and its own job's periodic
 record were claimed and resumed a second time (a fresh-clone CI run of
 tests/cluster/test_archive_late_copy_restart.py saw the job on both nodes). A node that does not
@@ -92,7 +93,17 @@ def test_a_node_back_from_its_reclaim_is_asked_before_what_it_runs_is_claimed_fr
             await round_()
             assert resumed == [("n2-job-3", "ckpt-4")], resumed
 
-            # node 2 gone for good: no answer, and the job it ran is claimed again from the archive
+            # job-2 ended there by itself: the job is not resumed again from the archive either
+            agent_a.jobs.get("job-2").state = "exited"
+            b._archive_next.clear()
+            b._archive_runs_told.clear()
+            await round_()
+            assert resumed == [("n2-job-3", "ckpt-4")], resumed
+            assert [e["state"] for e in events if e.get("phase") == "archive-runs-there"][-1] == "exited"
+
+            # (say it had not: running there) node 2 gone for good: no answer, and the job it ran is
+            # claimed again from the archive
+            agent_a.jobs.get("job-2").state = "running"
             await a.stop()
             b._archive_next.clear()
             await round_()

@@ -103,7 +103,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from laminar import jobkit
-from laminar.migrate.constants import _CKPT_NAME, MIGRATED_ENV, SOURCE_LIVE_STATES
+from laminar.migrate.constants import _CKPT_NAME, GUARD_ENDED_STATES, MIGRATED_ENV, SOURCE_LIVE_STATES
 from laminar.migrate.errors import MigrateError
 from laminar.migrate.trees import _newest_mtime, _remove_tree
 
@@ -1456,12 +1456,14 @@ class ArchiveMixin:
 
     async def _still_runs(self, key: str, node: int, job_key: str) -> bool:
         """Whether ``node`` answers (control op ``needs``) that its job ``job_key`` lives there
-        (SOURCE_LIVE_STATES): the archived job ``key`` is not claimed here then, and is looked at
-        again after ``dead_after_s``. A node dead by its reclaim window's end may be back (its
-        agent restarted after the window and cleared the reclaim) and run the job it claimed from
-        the archive, or its own job whose periodic record this is; before, that job was claimed
-        and resumed here too (two copies). No answer, or any other state (reclaimed, stopped by
-        the window's end), goes on with the claim."""
+        (SOURCE_LIVE_STATES) or ended there (GUARD_ENDED_STATES: exited, stopped by its user,
+        failed, or moved elsewhere): the archived job ``key`` is not claimed here then, and is
+        looked at again after ``dead_after_s`` (an ended job's record goes with that node's
+        sweep). A node dead by its reclaim window's end may be back (its agent restarted after the
+        window and cleared the reclaim) and run the job it claimed from the archive, or its own
+        job whose periodic record this is; before, that job was claimed and resumed here too (two
+        copies), or resumed again after it had ended. No answer, or a job stopped by the window's
+        end (``reclaimed``), goes on with the claim."""
         try:
             ans = await self._control(node, "needs", {"key": job_key}, timeout=float(self.s["dead_after_s"]) + 2.0)
         except Exception as e:  # gone: no answer (a refused connection, a timeout, an error)
@@ -1470,15 +1472,16 @@ class ArchiveMixin:
             self._archive_runs_told.pop(key, None)
             return False
         state = ans.get("state") if isinstance(ans, dict) and ans.get("key") == job_key else None
-        if state not in SOURCE_LIVE_STATES:
+        if state not in SOURCE_LIVE_STATES and state not in GUARD_ENDED_STATES:
             self._archive_runs_told.pop(key, None)
             return False
         self._archive_next[key] = time.monotonic() + float(self.s["dead_after_s"])
         if self._archive_runs_told.get(key) != job_key:
             self._archive_runs_told[key] = job_key
-            self._emit(f"{key}: node {node} counts as dead (its reclaim window ended) but answers that {job_key} "
-                       f"runs there ({state}): not claimed from the archive here", persist=False, key=key,
-                       node=node, job_key=job_key, state=state, phase="archive-runs-there")
+            what = f"runs there ({state})" if state in SOURCE_LIVE_STATES else f"ended there ({state})"
+            self._emit(f"{key}: node {node} counts as dead (its reclaim window ended, or it placed the job elsewhere) "
+                       f"but answers that {job_key} {what}: not claimed from the archive here", persist=False,
+                       key=key, node=node, job_key=job_key, state=state, phase="archive-runs-there")
         return True
 
     def _archive_status(self) -> dict[str, Any] | None:

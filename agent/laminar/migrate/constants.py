@@ -14,6 +14,11 @@ HOLD_MIN_S = 30.0
 # nor a node claim it from the archive.
 SOURCE_LIVE_STATES = ("queued", "starting", "running", "suspended")
 
+# A source's job in these states needs no guard anywhere: it ended here (by itself, by its user, or
+# failed: the source releases its buddy then too) or it moved (the destination runs it, under its
+# own key, with its own buddy). Nor is it resumed from the archive.
+GUARD_ENDED_STATES = ("exited", "stopped", "failed", "migrated")
+
 # A checkpoint committed after its key's row last changed (released, say) may be followed by a
 # guard naming it (the guard is sent after the transfer): kept this long.
 REPLICA_LATE_S = 3600.0

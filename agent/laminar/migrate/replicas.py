@@ -85,7 +85,7 @@ from collections.abc import Collection, Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from laminar.migrate.constants import _CKPT_NAME, _SAFE_KEY, REPLICA_LATE_S
+from laminar.migrate.constants import _CKPT_NAME, _SAFE_KEY, GUARD_ENDED_STATES, REPLICA_LATE_S
 from laminar.migrate.errors import MigrateError, ReplicaRefused
 from laminar.migrate.transfer import TransferError
 from laminar.migrate.trees import _newest_mtime, _remove_tree
@@ -251,11 +251,6 @@ def redact_replica(item: dict[str, Any]) -> dict[str, Any]:
         out["droppable"] = "refused (details for root or the control group)"
     return out
 
-
-# A source's job in these states needs no guard anywhere: it ended here (by itself, by its user, or
-# failed: the source releases its buddy then too) or it moved (the destination runs it, under its
-# own key, with its own buddy).
-GUARD_ENDED_STATES = ("exited", "stopped", "failed", "migrated")
 
 
 def guard_needed(state: str | None, buddy: int | None, asker: int, busy: bool) -> tuple[bool, str]:
