@@ -511,7 +511,9 @@ class CkptDriver:
         finally:
             if self._checking.get(job.id, (None, None, None))[2] is fut:
                 del self._checking[job.id]
-        self._verified[job.id] = (key, newest, built)
+        prev = self._verified.get(job.id)
+        if prev is None or prev[0] != key or prev[2] is None or built is not None:
+            self._verified[job.id] = (key, newest, built)  # (a check with the manifest that ended first is kept)
         return newest, built
 
     def checked(self, job: Any) -> tuple[Path | None, Any] | None:
