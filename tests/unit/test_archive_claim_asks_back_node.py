@@ -2,7 +2,7 @@
 window, it cleared the reclaim (the owner gave the node back) and takes jobs again, from the
 archive too. What it runs since is not claimed from the archive by another node: that node asks
 it first (control op ``needs``) and leaves the record while it answers that the job lives there
-(or ended there: exited, stopped by its user, failed, moved).
+(or ended there: exited, stopped by its user, moved elsewhere; one that failed there is resumed).
 Before, the job it had claimed from the archive (its running record) and its own job's periodic
 record were claimed and resumed a second time (a fresh-clone CI run of
 tests/cluster/test_archive_late_copy_restart.py saw the job on both nodes). A node that does not
@@ -100,6 +100,10 @@ def test_a_node_back_from_its_reclaim_is_asked_before_what_it_runs_is_claimed_fr
             await round_()
             assert resumed == [("n2-job-3", "ckpt-4")], resumed
             assert [e["state"] for e in events if e.get("phase") == "archive-runs-there"][-1] == "exited"
+            assert b._archive_next["n3-job-1"] - time.monotonic() > 500  # asked again only after minutes
+            # one that failed there is resumed from the archive (its state may still be needed there)
+            agent_a.jobs.get("job-2").state = "failed"
+            assert not await b._still_runs("n3-job-1", 2, "n2-job-2")
 
             # (say it had not: running there) node 2 gone for good: no answer, and the job it ran is
             # claimed again from the archive

@@ -103,7 +103,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from laminar import jobkit
-from laminar.migrate.constants import _CKPT_NAME, GUARD_ENDED_STATES, MIGRATED_ENV, SOURCE_LIVE_STATES
+from laminar.migrate.constants import _CKPT_NAME, MIGRATED_ENV, SOURCE_LIVE_STATES
 from laminar.migrate.errors import MigrateError
 from laminar.migrate.trees import _newest_mtime, _remove_tree
 
@@ -114,6 +114,11 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("laminar.migrate")
 
+# A job in these states on the node a claim asks (``_still_runs``) ended there by itself, by its
+# user, or moved elsewhere (its successor runs under its own key): not resumed again from the
+# archive (the node's sweep removes the record: ended, or superseded). A job that failed there is
+# (the archive keeps a failed job's state for that: ``_archive_gc_ended``).
+ARCHIVE_ENDED_THERE = ("exited", "stopped", "migrated")
 # An archive claim this old whose node never ran the job (it died trying) may be taken by another.
 ARCHIVE_CLAIM_STALE_S = 600.0
 # A running job's periodic checkpoint in the archive: its record (who runs it, its buddy).
@@ -1456,14 +1461,15 @@ class ArchiveMixin:
 
     async def _still_runs(self, key: str, node: int, job_key: str) -> bool:
         """Whether ``node`` answers (control op ``needs``) that its job ``job_key`` lives there
-        (SOURCE_LIVE_STATES) or ended there (GUARD_ENDED_STATES: exited, stopped by its user,
-        failed, or moved elsewhere): the archived job ``key`` is not claimed here then, and is
-        looked at again after ``dead_after_s`` (an ended job's record goes with that node's
-        sweep). A node dead by its reclaim window's end may be back (its agent restarted after the
-        window and cleared the reclaim) and run the job it claimed from the archive, or its own
-        job whose periodic record this is; before, that job was claimed and resumed here too (two
-        copies), or resumed again after it had ended. No answer, or a job stopped by the window's
-        end (``reclaimed``), goes on with the claim."""
+        (SOURCE_LIVE_STATES) or ended there (ARCHIVE_ENDED_THERE: exited, stopped by its user,
+        moved elsewhere): the archived job ``key`` is not claimed here then, and is looked at
+        again after ``dead_after_s`` (ended: after ARCHIVE_CLAIM_STALE_S; its record goes with
+        that node's sweep). A node dead by its reclaim window's end may be back (its agent
+        restarted after the window and cleared the reclaim) and run the job it claimed from the
+        archive, or its own job whose periodic record this is; before, that job was claimed and
+        resumed here too (two copies), or resumed again after it had ended. No answer, a job
+        stopped by the window's end (``reclaimed``) or one that failed there goes on with the
+        claim."""
         try:
             ans = await self._control(node, "needs", {"key": job_key}, timeout=float(self.s["dead_after_s"]) + 2.0)
         except Exception as e:  # gone: no answer (a refused connection, a timeout, an error)
@@ -1472,10 +1478,11 @@ class ArchiveMixin:
             self._archive_runs_told.pop(key, None)
             return False
         state = ans.get("state") if isinstance(ans, dict) and ans.get("key") == job_key else None
-        if state not in SOURCE_LIVE_STATES and state not in GUARD_ENDED_STATES:
+        if state not in SOURCE_LIVE_STATES and state not in ARCHIVE_ENDED_THERE:
             self._archive_runs_told.pop(key, None)
             return False
-        self._archive_next[key] = time.monotonic() + float(self.s["dead_after_s"])
+        again = float(self.s["dead_after_s"]) if state in SOURCE_LIVE_STATES else ARCHIVE_CLAIM_STALE_S
+        self._archive_next[key] = time.monotonic() + again
         if self._archive_runs_told.get(key) != job_key:
             self._archive_runs_told[key] = job_key
             what = f"runs there ({state})" if state in SOURCE_LIVE_STATES else f"ended there ({state})"

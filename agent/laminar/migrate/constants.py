@@ -16,7 +16,7 @@ SOURCE_LIVE_STATES = ("queued", "starting", "running", "suspended")
 
 # A source's job in these states needs no guard anywhere: it ended here (by itself, by its user, or
 # failed: the source releases its buddy then too) or it moved (the destination runs it, under its
-# own key, with its own buddy). Nor is it resumed from the archive.
+# own key, with its own buddy).
 GUARD_ENDED_STATES = ("exited", "stopped", "failed", "migrated")
 
 # A checkpoint committed after its key's row last changed (released, say) may be followed by a

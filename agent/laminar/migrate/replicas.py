@@ -252,7 +252,6 @@ def redact_replica(item: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-
 def guard_needed(state: str | None, buddy: int | None, asker: int, busy: bool) -> tuple[bool, str]:
     """The source's answer to ``asker`` (a node holding a guard of one of its jobs, control op
     ``needs``): (still needed, why). Policy; the rule is in the module docs, *Replicas held here*.
