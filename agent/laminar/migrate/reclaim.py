@@ -1553,14 +1553,13 @@ class ReclaimComponent(BuddiesMixin, GuardMixin, ReplicasMixin, WithdrawMixin, S
             if self.zone is None:
                 raise MigrateError("this node is in a one-node zone: there is nowhere to move the job")
             # the newest verified checkpoint: the checkpoint driver's check of the job's listing
-            # while it holds (nothing read here: a whole read of a checkpoint of many GB before
-            # the final checkpoint is even asked for, seconds of the window); else checked now
-            known = self.ckpt.checked(job) if self.ckpt is not None and job.ckpt_dir else None
-            if known is not None:
-                before, before_manifest = known
+            # (nothing read here while it holds: a whole read of a checkpoint of many GB before
+            # the final checkpoint is even asked for, seconds of the window; else checked now)
+            before_manifest = None
+            if self.ckpt is not None and job.ckpt_dir:
+                before, before_manifest = await self.ckpt.check(job, manifest=False)
             else:
                 before = await asyncio.to_thread(jobkit.latest_checkpoint, job.ckpt_dir) if job.ckpt_dir else None
-                before_manifest = None
             ckpt = before
             held = False
 

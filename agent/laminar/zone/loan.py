@@ -640,9 +640,8 @@ class LoanManager:
             # asked for: a whole read of many GB took seconds of the return), else checked now
             mig = getattr(self.zone.agent, "migrate", None) if self.zone.agent is not None else None
             driver = getattr(mig, "ckpt", None)
-            known = driver.checked(job) if driver is not None and job.ckpt_dir else None
-            if known is not None:
-                before = known[0]
+            if driver is not None and job.ckpt_dir:
+                before = (await driver.check(job, manifest=False))[0]
             else:
                 before = await asyncio.to_thread(jobkit.latest_checkpoint, job.ckpt_dir) if job.ckpt_dir else None
             ckpt = before
