@@ -106,8 +106,12 @@ class GuardMixin:
         end = self._window_end(src, window_end, since)
         if end is not None and now >= end:
             return f"node {src}'s reclaim window ended"
-        seen = self._last_seen(src)
-        silent = now - seen if seen >= 0 else math.inf
+        # Silent since it was last heard, or since this agent started when not heard since: this
+        # agent cannot vouch for a silence it was not there to hear. Before, a peer not heard
+        # yet counted as silent forever, so a restarted agent took every peer for gone until its
+        # first datagram came, and with ``orphan_after_s`` set its first guard and archive rounds
+        # resumed jobs that still ran there (found by bench/chaos.py).
+        silent = now - max(self._last_seen(src), self._started)
         notice = self._notice(src, window_end, since)
         dead_after = float(self.s["dead_after_s"])
         if notice is not None and silent >= dead_after and now - notice[1] >= dead_after:

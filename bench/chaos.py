@@ -1,0 +1,281 @@
+"""A soak under random reclaims, withdrawals and agent kills: do jobs finish once, with the
+right result, and how much work is redone?
+
+Real laminard agents, one zone, each in its own network namespace (``tests/cluster/harness.py``),
+sharing an archive directory (``migrate.archive_dir``) with prestaging on. The jobs are this
+script's ``--role job``: a hash chain of ``--steps`` steps (``h = sha256(h || step)``), saved
+through jobkit every second and when the agent asks, resumed from ``LAMINAR_RESUME_FROM``; every
+step, start and end is appended to a ledger file shared by all nodes (one ``write`` per line,
+``O_APPEND``: lines never interleave within themselves). Meanwhile a seeded schedule hits random
+nodes, one at a time, with one of:
+
+- ``reclaim``: a notice of 4 to 10 s; once its window ended and 3 to 15 s more passed, the owner
+  gives the node back (``reclaim cancel``, or an agent restart, which clears the stored reclaim);
+- ``withdraw``: a notice of 10 s, cancelled 1 to 5 s into it;
+- ``kill``: SIGKILL of the agent (its jobs run on), started again 1 to 6 s later;
+- ``restart``: SIGTERM, started again at once.
+
+Checked, from the ledger (the run exits 1 when any fails; these are the contract, not timings):
+
+- ``double_runs``: two processes of the same job stepping at the same time (their step lines
+  interleave), or a job stepping after its end;
+- ``wrong_results``: an end whose hash is not the chain's over all the steps;
+- ``unfinished``: a job with no end when the run's time is up (lost, or never resumed).
+
+Measured: ``redone_steps_pct`` (steps run more than once, over the jobs' steps), ``wall_s``,
+events by kind, and the agents' own counts of moves and archive claims.
+
+    python bench/chaos.py [--quick] [--seed N] [--json PATH] [--nodes N] [--jobs N]
+                          [--steps N] [--limit-s S] [--keep-logs DIR]
+
+``--quick``: 3 nodes, 2 jobs of 600 steps; else 4 nodes, 3 jobs of 3,000 steps. A step is 50 ms.
+Needs root (namespaces, cgroups).
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import random
+import shutil
+import signal
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[1]
+STEP_S = 0.05
+
+
+def chain(steps: int) -> str:
+    h = b""
+    for s in range(1, steps + 1):
+        h = hashlib.sha256(h + s.to_bytes(8, "big")).digest()
+    return h.hex()
+
+
+def _role_job(name: str, steps: int, ledger: str) -> int:
+    sys.path.insert(0, str(REPO / "agent"))
+    from laminar import jobkit
+
+    fd = os.open(ledger, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+
+    def note(**kw: Any) -> None:
+        os.write(fd, (json.dumps({"n": name, "pid": os.getpid(), **kw}) + "\n").encode())
+
+    ck = jobkit.Checkpointer()
+    state = ck.resume()
+    step, h = (0, b"") if state is None else (int.from_bytes(state[:8], "big"), state[8:])
+    note(ev="start", s=step, node=os.environ.get("LAMINAR_JOB_ID", ""))
+    last = time.monotonic()
+    while step < steps:
+        time.sleep(STEP_S)
+        step += 1
+        h = hashlib.sha256(h + step.to_bytes(8, "big")).digest()
+        note(ev="step", s=step)
+        if ck.requested() or time.monotonic() - last >= 1.0:
+            ck.save(step.to_bytes(8, "big") + h, step=step)
+            last = time.monotonic()
+    note(ev="done", s=step, h=h.hex())
+    return 0
+
+
+# --------------------------------------------------------------------------- the checks
+
+
+def check(ledger: Path, names: list[str], steps: int) -> dict[str, Any]:
+    """The contract's checks over the ledger (see the module's doc)."""
+    want = chain(steps)
+    rows = [json.loads(line) for line in ledger.read_text().splitlines() if line.strip()] if ledger.exists() else []
+    double, wrong, ran = [], [], dict.fromkeys(names, 0)
+    done: dict[str, int] = {}
+    stepping: dict[str, int] = {}  # job -> the pid that stepped last
+    ended: dict[str, int] = {}  # job -> pids whose process ended (a done line), or was replaced by a start
+    for r in rows:
+        n, pid = r["n"], r["pid"]
+        if r["ev"] == "start":
+            stepping.pop(n, None)
+            if n in done:
+                double.append(f"{n}: started again (pid {pid}) after its end")
+        elif r["ev"] == "step":
+            ran[n] += 1
+            if n in done:
+                double.append(f"{n}: step {r['s']} by pid {pid} after its end")
+            prev = stepping.get(n)
+            if prev is not None and prev != pid:
+                double.append(f"{n}: pids {prev} and {pid} step at once (step {r['s']})")
+            stepping[n] = pid
+        elif r["ev"] == "done":
+            if n in done:
+                double.append(f"{n}: ended twice")
+            done[n] = pid
+            ended[n] = pid
+            if r["h"] != want:
+                wrong.append(f"{n}: hash {r['h'][:12]}... is not the chain's {want[:12]}...")
+    # a job restarted from a checkpoint starts with a "start" line: any later step by the older
+    # pid is a second process stepping at once (caught above when lines interleave)
+    return {"double_runs": double, "wrong_results": wrong, "unfinished": sorted(set(names) - set(done)),
+            "redone_steps_pct": round(100.0 * (sum(ran.values()) - steps * len(done)) / max(1, steps * len(names)), 2),
+            "steps_run": sum(ran.values())}
+
+
+# --------------------------------------------------------------------------- the driver
+
+
+def run(a: argparse.Namespace, tmp: Path) -> dict[str, Any]:
+    sys.path[:0] = [str(REPO / "tests"), str(REPO / "tests" / "cluster")]
+    from harness import Cluster, wait_until
+
+    rng = random.Random(a.seed)
+    archive = tmp / "archive"
+    archive.mkdir()
+    ledger = tmp / "ledger.jsonl"
+    extra = ("\n[migrate]\nprestage = \"always\"\npoll_s = 0.2\nretry_base_s = 0.5\nretry_max_s = 2.0\n"
+             f"archive_dir = \"{archive}\"\narchive_gc_s = 2.0\norphan_after_s = {a.orphan_after_s}\n")
+    names = [f"chaos{i}" for i in range(a.jobs)]
+    counts: dict[str, int] = {}
+    log: list[str] = []
+    t0 = time.monotonic()
+
+    def say(msg: str) -> None:
+        line = f"[{time.monotonic() - t0:7.1f}s] {msg}"
+        log.append(line)
+        print(line, file=sys.stderr, flush=True)
+
+    with Cluster.create(tmp, zones=1, per_zone=a.nodes, gpus=1, cpus=4, memory_mb=8000, zone_extra=extra) as c:
+        def up(nd: Any) -> bool:
+            return nd.agent.proc is not None and nd.agent.proc.poll() is None
+
+        for i, n in enumerate(names):
+            nd = c.nodes[i % len(c.nodes)]
+            nd.ctl("-o", "json", "submit", "--gpus", "1", "--name", n, "--", sys.executable,
+                   str(Path(__file__).resolve()), "--role", "job", "--name", n, "--steps", str(a.steps),
+                   "--ledger", str(ledger))
+        say(f"{a.jobs} jobs submitted on {a.nodes} nodes")
+        time.sleep(3)
+
+        def all_done() -> bool:
+            return len(check(ledger, names, a.steps)["unfinished"]) == 0
+
+        deadline = t0 + a.limit_s
+        while time.monotonic() < deadline and not all_done():
+            nd = rng.choice(c.nodes)
+            kind = rng.choices(["reclaim", "withdraw", "kill", "restart"], weights=[4, 2, 3, 1])[0]
+            counts[kind] = counts.get(kind, 0) + 1
+            try:
+                if kind == "reclaim":
+                    notice = rng.uniform(4, 10)
+                    nd.ctl("reclaim", "--notice", f"{notice:.1f}s", "--reason", "bench/chaos.py")
+                    back = notice + rng.uniform(3, 15)
+                    how = rng.choice(["cancel", "restart"])
+                    say(f"node {nd.node_id}: reclaim, notice {notice:.1f} s; given back by {how} after {back:.1f} s")
+                    time.sleep(back)
+                    if how == "cancel":
+                        nd.ctl("reclaim", "cancel", "--reason", "bench/chaos.py: back", check=False)
+                    else:
+                        nd.agent.stop()
+                        nd.agent.start(timeout=90)
+                elif kind == "withdraw":
+                    into = rng.uniform(1, 5)
+                    say(f"node {nd.node_id}: reclaim, notice 10 s, withdrawn after {into:.1f} s")
+                    nd.ctl("reclaim", "--notice", "10s", "--reason", "bench/chaos.py")
+                    time.sleep(into)
+                    nd.ctl("reclaim", "cancel", "--reason", "bench/chaos.py: withdrawn", check=False)
+                elif kind == "kill":
+                    down = rng.uniform(1, 6)
+                    say(f"node {nd.node_id}: SIGKILL, down {down:.1f} s")
+                    nd.agent.kill9()
+                    time.sleep(down)
+                    nd.agent.start(timeout=90)
+                else:
+                    say(f"node {nd.node_id}: SIGTERM and start")
+                    nd.agent.stop()
+                    nd.agent.start(timeout=90)
+            except Exception as e:  # an agent that fails to answer or start is a finding too
+                say(f"node {nd.node_id}: {kind} failed: {e}")
+                counts["failed_actions"] = counts.get("failed_actions", 0) + 1
+                if not up(nd):
+                    nd.agent.start(timeout=90)
+            time.sleep(rng.uniform(2, 8))
+        say("chaos over; waiting for the jobs to end")
+        try:
+            wait_until(all_done, max(60.0, deadline + 120 - time.monotonic()), "every job to end", every=1.0)
+        except AssertionError as e:
+            say(str(e))
+        res = check(ledger, names, a.steps)
+        agents: dict[str, int] = {}
+        for nd in c.nodes:
+            if not up(nd):
+                continue
+            moves = nd.json("migrations")
+            for m in moves:
+                k = f"moves_{m.get('phase')}"
+                agents[k] = agents.get(k, 0) + 1
+            events = nd.json("events", "--kind", "migrate", "--limit", "5000")
+            for e in events:
+                k = f"migrate_events_{e.get('phase')}"
+                agents[k] = agents.get(k, 0) + 1
+            if a.keep_logs:
+                Path(a.keep_logs).mkdir(parents=True, exist_ok=True)
+                Path(a.keep_logs, f"migrate-node{nd.node_id}.json").write_text(
+                    json.dumps({"migrations": moves, "events": events}, indent=1))
+        if a.keep_logs:
+            out = Path(a.keep_logs)
+            out.mkdir(parents=True, exist_ok=True)
+            shutil.copy(ledger, out / "ledger.jsonl")
+            for nd in c.nodes:
+                shutil.copy(nd.agent.log_path, out / f"laminard-node{nd.node_id}.log")
+                logs = nd.agent.state_dir / "logs"
+                if logs.is_dir():
+                    shutil.copytree(logs, out / f"jobs-node{nd.node_id}", dirs_exist_ok=True)
+            (out / "schedule.txt").write_text("\n".join(log) + "\n")
+    return {"seed": a.seed, "nodes": a.nodes, "jobs": a.jobs, "steps": a.steps, "step_s": STEP_S,
+            "wall_s": round(time.monotonic() - t0, 1), "events": counts, **agents, **res}
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--json")
+    ap.add_argument("--nodes", type=int)
+    ap.add_argument("--jobs", type=int)
+    ap.add_argument("--steps", type=int)
+    ap.add_argument("--limit-s", type=float, default=600.0, help="how long the schedule runs at most")
+    ap.add_argument("--orphan-after-s", type=float, default=30.0,
+                    help="migrate.orphan_after_s (above the longest kill: a kill is not a departure)")
+    ap.add_argument("--keep-logs", help="copy the ledger, the agents' and the jobs' logs here")
+    ap.add_argument("--role", choices=["job"], help=argparse.SUPPRESS)
+    ap.add_argument("--name", help=argparse.SUPPRESS)
+    ap.add_argument("--ledger", help=argparse.SUPPRESS)
+    a = ap.parse_args()
+    a.nodes = a.nodes or (3 if a.quick else 4)
+    a.jobs = a.jobs or (2 if a.quick else 3)
+    a.steps = a.steps or (600 if a.quick else 3000)
+    if a.role == "job":
+        return _role_job(str(a.name), a.steps, str(a.ledger))
+    if a.nodes < 2 or a.jobs < 1 or a.jobs >= a.nodes or a.steps < 1 or a.limit_s <= 0:
+        raise SystemExit(f"chaos: need 2+ nodes, 1 to nodes-1 jobs, 1+ steps and a positive limit "
+                         f"(got --nodes {a.nodes} --jobs {a.jobs} --steps {a.steps} --limit-s {a.limit_s})")
+    if os.geteuid() != 0:
+        raise SystemExit("chaos: needs root (network namespaces, cgroups)")
+
+    def interrupted(signum: int, _frame: Any) -> None:
+        raise KeyboardInterrupt  # the cluster's cleanup runs (agents, namespaces, bridge, cgroups)
+
+    signal.signal(signal.SIGTERM, interrupted)
+    with tempfile.TemporaryDirectory(prefix="lm-bench-chaos-") as tmp:
+        res = run(a, Path(tmp))
+    out = json.dumps(res, indent=1)
+    print(out)
+    if a.json:
+        Path(a.json).write_text(out + "\n")
+    return 1 if res["double_runs"] or res["wrong_results"] or res["unfinished"] else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,92 @@
+"""A peer this agent has not heard from since it started is silent since that start, not forever.
+
+Before, ``_source_dead`` took a peer never heard from (zone membership's ``last_seen`` -1, which
+every peer has when an agent starts) for silent forever. With ``orphan_after_s`` set (the spot
+deployment), an agent's first guard and archive rounds after a restart, before any summary had
+come, took every peer for gone: they claimed live records of jobs that still ran on their nodes
+from the archive and resumed them a second time (bench/chaos.py: a node given back by an agent
+restart resumed node 2's running job from its periodic copy at once: "node 2 and its buddy are
+gone").
+
+A real component started on a real store (its transfer endpoint on loopback) and a real archive
+directory with a real jobkit checkpoint and live record; stand-ins, named as such: the zone
+(``FakeZone``: membership only, set as a zone that just started: no peer heard yet) and the job
+manager; the job's start is recorded, not run (``_resume_here``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from pathlib import Path
+from typing import Any
+
+from test_migrate_archive_gc import ckpt_of
+from test_migrate_archive_live import agent_of, rec
+from test_replica_gc import started
+
+from laminar.migrate.reclaim import LIVE_RECORD
+
+
+def test_a_peer_not_heard_since_the_start_counts_as_silent_only_since_then(tmp_path: Path) -> None:
+    async def main() -> None:
+        agent, c = await started(tmp_path)
+        try:
+            c.s.update(orphan_after_s=30.0, dead_after_s=10.0)
+            for st in agent.zone.membership.state.values():
+                st.last_seen = -1.0  # as a zone that just started: nobody heard yet
+            now = time.time()
+            c._started = now - 5.0  # up 5 s
+            assert c._source_dead(2, now) is None
+            c._started = now - 31.0  # up 31 s, and still nothing from node 2
+            assert c._source_dead(2, now) == "node 2 silent for 31.0 s"
+            agent.zone.membership.state[2].last_seen = now - 12.0  # heard 12 s ago: silent since then
+            assert c._source_dead(2, now) is None
+            agent.zone.membership.state[2].last_seen = now - 40.0  # (before a restart 31 s ago: cannot be)
+            assert c._source_dead(2, now) == "node 2 silent for 31.0 s"
+        finally:
+            await c.stop()
+            agent.store.close()
+
+    asyncio.run(main())
+
+
+def test_an_agent_that_just_started_does_not_claim_a_live_record_of_a_peer_it_has_not_heard_yet(
+        tmp_path: Path) -> None:
+    async def main() -> None:
+        arch = tmp_path / "arch"
+        agent, c = await started(tmp_path / "agent")
+        resumed: list[str] = []
+
+        async def resume_here(row: Any, req: dict[str, Any], path: Path, why: str) -> str | None:
+            resumed.append(f"{row['key']} {path.name}: {why}")  # (the job's start: not what is tested)
+            return None
+
+        c._resume_here = resume_here  # type: ignore[method-assign]
+        try:
+            c.s.update(archive_dir=str(arch), orphan_after_s=30.0, dead_after_s=10.0)
+            # node 2's running job has its periodic copy in the archive, node 3 its buddy
+            agent_of(2, arch).archive_live("n2-job-1", ckpt_of(tmp_path, "j1", 40),
+                                           {**rec(buddy=3), "key": "n2-job-1", "src_node": 2})
+            for st in agent.zone.membership.state.values():
+                st.last_seen = -1.0  # this agent just (re)started: no peer heard from yet
+            c._started = time.time()
+            await c._archive_round()
+            await asyncio.sleep(0.2)
+            assert resumed == [], "a job that runs on node 2 was resumed here as well"
+            assert (arch / "n2-job-1" / LIVE_RECORD).exists()
+
+            # 31 s on, nothing from node 2 or its buddy: gone, and the job is claimed here
+            c._started -= 31.0
+            await c._archive_round()
+            for _ in range(100):
+                if resumed:
+                    break
+                await asyncio.sleep(0.05)
+            assert resumed == ["n2-job-1 ckpt-40: node 2 and its buddy are gone; claimed its periodic "
+                               "checkpoint from the archive"], resumed
+        finally:
+            await c.stop()
+            agent.store.close()
+
+    asyncio.run(main())
