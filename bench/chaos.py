@@ -65,12 +65,13 @@ def _role_job(name: str, steps: int, ledger: str) -> int:
     fd = os.open(ledger, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
 
     def note(**kw: Any) -> None:
-        os.write(fd, (json.dumps({"n": name, "pid": os.getpid(), **kw}) + "\n").encode())
+        os.write(fd, (json.dumps({"n": name, "pid": os.getpid(), "t": round(time.time(), 3), **kw}) + "\n").encode())
 
     ck = jobkit.Checkpointer()
     state = ck.resume()
     step, h = (0, b"") if state is None else (int.from_bytes(state[:8], "big"), state[8:])
-    note(ev="start", s=step, node=os.environ.get("LAMINAR_JOB_ID", ""))
+    cg = Path("/proc/self/cgroup").read_text().strip().rsplit(":", 1)[-1]  # names the agent (its cgroup root)
+    note(ev="start", s=step, job=os.environ.get("LAMINAR_JOB_ID", ""), cgroup=cg)
     last = time.monotonic()
     while step < steps:
         time.sleep(STEP_S)
@@ -258,8 +259,8 @@ def main() -> int:
     a.steps = a.steps or (600 if a.quick else 3000)
     if a.role == "job":
         return _role_job(str(a.name), a.steps, str(a.ledger))
-    if a.nodes < 2 or a.jobs < 1 or a.jobs >= a.nodes or a.steps < 1 or a.limit_s <= 0:
-        raise SystemExit(f"chaos: need 2+ nodes, 1 to nodes-1 jobs, 1+ steps and a positive limit "
+    if a.nodes < 2 or a.jobs < 1 or a.jobs > a.nodes or a.steps < 1 or a.limit_s <= 0:
+        raise SystemExit(f"chaos: need 2+ nodes, 1 to nodes jobs, 1+ steps and a positive limit "
                          f"(got --nodes {a.nodes} --jobs {a.jobs} --steps {a.steps} --limit-s {a.limit_s})")
     if os.geteuid() != 0:
         raise SystemExit("chaos: needs root (network namespaces, cgroups)")

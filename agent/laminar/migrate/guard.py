@@ -307,12 +307,15 @@ class GuardMixin:
         """Whether the source of a ``waiting`` guard that was declared dead is heard from again: a
         zone member, not a suspect, heard from at least once by this agent, no longer dead by
         :meth:`_source_dead` (a silence that ended; a reclaim window that ended stays dead). A
-        guard handed over with a stopped job (``take_over``) never asks: the job runs nowhere."""
+        guard handed over with a stopped job (``take_over``) asks whenever its source is heard
+        from after the guard came: the job ran nowhere then, but its node, given back, may have
+        resumed it itself since (from the archive), and only the source can say so (the archive's
+        running record of it is gone once the resumed job's own copy is archived)."""
         try:
             req = json.loads(row["request"])
         except ValueError:
             return False
-        if not isinstance(req, dict) or req.get("take_over"):
+        if not isinstance(req, dict):
             return False
         src = int(row["src_node"])
         z = self.zone
@@ -320,6 +323,8 @@ class GuardMixin:
             return False
         if self._last_seen(src) < 0:
             return False  # never heard from since this agent started: no evidence it is back
+        if req.get("take_over"):
+            return self._last_seen(src) > float(row["updated"])
         return self._source_dead(src, now, req.get("window_end")) is None
 
     async def _take_over_unless_back(self, row: Any, why: str) -> None:
@@ -328,7 +333,9 @@ class GuardMixin:
         take-over's next look: a job that lives there (SOURCE_LIVE_STATES) makes the guard
         ``guarding`` again (reviving it here or elsewhere would run it twice); a clear "not needed"
         releases it (as :meth:`_check_guard`); anything else (no answer, an older agent that sends
-        no state, a job lost or reclaimed there) goes on with the take-over. Never raises."""
+        no state, a job lost or reclaimed there) goes on with the take-over. A ``take_over`` guard
+        (its source stopped the job) is released only when the source runs the job again itself
+        (``runs_as`` in the answer); any other answer goes on with the take-over. Never raises."""
         key = str(row["key"])
         src = int(row["src_node"])
         with self._taking_over(key):
@@ -337,6 +344,12 @@ class GuardMixin:
             except (MigrateError, TransferError, OSError, TimeoutError) as e:
                 log.info("migrate: node %d is heard from again but did not answer about %s: %s", src, key, e)
                 ans = None
+            try:
+                take_over = bool(json.loads(row["request"]).get("take_over"))
+            except (ValueError, AttributeError, KeyError, IndexError, TypeError):
+                take_over = False
+            if take_over and not (isinstance(ans, dict) and ans.get("runs_as")):
+                ans = None  # the job stopped there: only its source running it again ends this guard
             if isinstance(ans, dict) and ans.get("key") == key:
                 state = ans.get("state")
                 if ans.get("needed") is False or state in SOURCE_LIVE_STATES:
@@ -370,7 +383,7 @@ class GuardMixin:
 
     def _runs_here(self, key: str) -> str | None:
         for j in self.agent.jobs.list():
-            if (j.spec.env or {}).get(MIGRATED_ENV) == key and j.state not in ("failed",):
+            if (getattr(j.spec, "env", None) or {}).get(MIGRATED_ENV) == key and j.state not in ("failed",):
                 return str(j.id)
         return None
 

@@ -315,6 +315,7 @@ class ReplicasMixin:
 
         async def _control(self, node: int, op: str, body: Any, timeout: float = 5.0) -> Any: ...
         def _emit(self, message: str, **fields: Any) -> None: ...
+        def _runs_here(self, key: str) -> str | None: ...
         def _source_dead(self, src: int, now: float, window_end: float | None = None,
                          since: float | None = None) -> str | None: ...
         def _spawn(self, coro: Any) -> asyncio.Task[Any]: ...
@@ -711,6 +712,16 @@ class ReplicasMixin:
             return {"key": key, "needed": False, "state": "pruned",
                     "why": f"job {jid} ended on node {self.node_id} (its record was pruned)"}
         state = None if job is None else str(job.state)
+        again = self._runs_here(key)
+        if again is not None:
+            # This node runs the job again itself (a job of its that it resumed from the archive
+            # or a replica once it was given back): the job has a new key and its own guards now,
+            # and a guard of the old key resuming it would run it twice (bench/chaos.py: a holder
+            # that found room resumed a job its source had claimed back from the archive).
+            again_job = jobs.get(again) if jobs is not None else None
+            return {"key": key, "needed": False, "state": None if again_job is None else str(again_job.state),
+                    "runs_as": again, "why": f"node {self.node_id} runs {key} again, as {again}",
+                    "reclaim": getattr(self, "reclaim", None) is not None}
         needed, why = guard_needed(state, self.buddy.get(jid), asker,
                                    jid in self.evacuating or jid in self._prestaging)
         # ``reclaim``: whether this node has a reclaim now (a guard that may have missed its
