@@ -13,7 +13,9 @@ nodes, one at a time, with one of:
   gives the node back (``reclaim cancel``, or an agent restart, which clears the stored reclaim);
 - ``withdraw``: a notice of 10 s, cancelled 1 to 5 s into it;
 - ``kill``: SIGKILL of the agent (its jobs run on), started again 1 to 6 s later;
-- ``restart``: SIGTERM, started again at once.
+- ``restart``: SIGTERM, started again at once;
+- ``partition`` (with ``--partitions``): the node's link to the bridge down for 2 s to
+  min(12 s, ``orphan_after_s`` / 2), then up (shorter than ``orphan_after_s``: no take-over).
 
 Checked, from the ledger (the run exits 1 when any fails; these are the contract, not timings):
 
@@ -26,7 +28,7 @@ Measured: ``redone_steps_pct`` (steps run more than once, over the jobs' steps),
 events by kind, and the agents' own counts of moves and archive claims.
 
     python bench/chaos.py [--quick] [--seed N] [--json PATH] [--nodes N] [--jobs N]
-                          [--steps N] [--limit-s S] [--keep-logs DIR]
+                          [--steps N] [--limit-s S] [--partitions] [--keep-logs DIR]
 
 ``--quick``: 3 nodes, 2 jobs of 600 steps; else 4 nodes, 3 jobs of 3,000 steps. A step is 50 ms.
 Needs root (namespaces, cgroups).
@@ -41,6 +43,7 @@ import os
 import random
 import shutil
 import signal
+import subprocess
 import sys
 import tempfile
 import time
@@ -165,7 +168,10 @@ def run(a: argparse.Namespace, tmp: Path) -> dict[str, Any]:
         deadline = t0 + a.limit_s
         while time.monotonic() < deadline and not all_done():
             nd = rng.choice(c.nodes)
-            kind = rng.choices(["reclaim", "withdraw", "kill", "restart"], weights=[4, 2, 3, 1])[0]
+            kinds, weights = ["reclaim", "withdraw", "kill", "restart"], [4, 2, 3, 1]
+            if a.partitions:
+                kinds, weights = kinds + ["partition"], weights + [3]
+            kind = rng.choices(kinds, weights=weights)[0]
             counts[kind] = counts.get(kind, 0) + 1
             try:
                 if kind == "reclaim":
@@ -186,6 +192,14 @@ def run(a: argparse.Namespace, tmp: Path) -> dict[str, Any]:
                     nd.ctl("reclaim", "--notice", "10s", "--reason", "bench/chaos.py")
                     time.sleep(into)
                     nd.ctl("reclaim", "cancel", "--reason", "bench/chaos.py: withdrawn", check=False)
+                elif kind == "partition":
+                    cut = rng.uniform(2, min(12.0, a.orphan_after_s / 2))
+                    say(f"node {nd.node_id}: partitioned (its link down) for {cut:.1f} s")
+                    subprocess.run(["ip", "link", "set", nd.host_if, "down"], check=True)
+                    try:
+                        time.sleep(cut)
+                    finally:
+                        subprocess.run(["ip", "link", "set", nd.host_if, "up"], check=True)
                 elif kind == "kill":
                     down = rng.uniform(1, 6)
                     say(f"node {nd.node_id}: SIGKILL, down {down:.1f} s")
@@ -249,6 +263,9 @@ def main() -> int:
     ap.add_argument("--limit-s", type=float, default=600.0, help="how long the schedule runs at most")
     ap.add_argument("--orphan-after-s", type=float, default=30.0,
                     help="migrate.orphan_after_s (above the longest kill: a kill is not a departure)")
+    ap.add_argument("--partitions", action="store_true",
+                    help="also cut a node's link for 2 s to min(12, orphan_after_s / 2) s (a partition shorter "
+                         "than orphan_after_s: no take-over may follow)")
     ap.add_argument("--keep-logs", help="copy the ledger, the agents' and the jobs' logs here")
     ap.add_argument("--role", choices=["job"], help=argparse.SUPPRESS)
     ap.add_argument("--name", help=argparse.SUPPRESS)

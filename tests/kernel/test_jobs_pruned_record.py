@@ -62,6 +62,7 @@ def test_a_buddy_asking_about_a_pruned_job_is_told_the_guard_is_not_needed(tmp_p
             src = types.SimpleNamespace(node_id=1, agent=types.SimpleNamespace(jobs=jobs), buddy={},
                                         evacuating=set(), _prestaging=set())
             src._asked_about = types.MethodType(ReclaimComponent._asked_about, src)
+            src._runs_here = types.MethodType(ReclaimComponent._runs_here, src)  # (this node runs none again)
 
             def ask(jid: str) -> dict[str, object]:
                 return ReclaimComponent._answer_needs(src, "2", f"n1-{jid}")  # type: ignore[arg-type]
