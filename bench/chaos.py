@@ -7,7 +7,7 @@ script's ``--role job``: a hash chain of ``--steps`` steps (``h = sha256(h || st
 through jobkit every second and when the agent asks, resumed from ``LAMINAR_RESUME_FROM``; every
 step, start and end is appended to a ledger file shared by all nodes (one ``write`` per line,
 ``O_APPEND``: lines never interleave within themselves). Meanwhile a seeded schedule hits random
-nodes, one at a time, with one of:
+nodes, one at a time (``--concurrent N``: up to N at once, each on its own node), with one of:
 
 - ``reclaim``: a notice of 4 to 10 s; once its window ended and 3 to 15 s more passed, the owner
   gives the node back (``reclaim cancel``, or an agent restart, which clears the stored reclaim);
@@ -28,7 +28,8 @@ Measured: ``redone_steps_pct`` (steps run more than once, over the jobs' steps),
 events by kind, and the agents' own counts of moves and archive claims.
 
     python bench/chaos.py [--quick] [--seed N] [--json PATH] [--nodes N] [--jobs N]
-                          [--steps N] [--limit-s S] [--partitions] [--keep-logs DIR]
+                          [--steps N] [--limit-s S] [--partitions] [--concurrent N]
+                          [--keep-logs DIR]
 
 ``--quick``: 3 nodes, 2 jobs of 600 steps; else 4 nodes, 3 jobs of 3,000 steps. A step is 50 ms.
 Needs root (namespaces, cgroups).
@@ -46,6 +47,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -165,46 +167,48 @@ def run(a: argparse.Namespace, tmp: Path) -> dict[str, Any]:
         def all_done() -> bool:
             return len(check(ledger, names, a.steps)["unfinished"]) == 0
 
-        deadline = t0 + a.limit_s
-        while time.monotonic() < deadline and not all_done():
-            nd = rng.choice(c.nodes)
-            kinds, weights = ["reclaim", "withdraw", "kill", "restart"], [4, 2, 3, 1]
-            if a.partitions:
-                kinds, weights = kinds + ["partition"], weights + [3]
-            kind = rng.choices(kinds, weights=weights)[0]
-            counts[kind] = counts.get(kind, 0) + 1
+        def draw(kind: str) -> dict[str, Any]:
+            """The event's parameters, drawn here (in the schedule's order: a seed's schedule is
+            the same whatever the timing)."""
+            if kind == "reclaim":
+                notice = rng.uniform(4, 10)
+                return {"notice": notice, "back": notice + rng.uniform(3, 15), "how": rng.choice(["cancel", "restart"])}
+            if kind == "withdraw":
+                return {"into": rng.uniform(1, 5)}
+            if kind == "partition":
+                return {"cut": rng.uniform(2, min(12.0, a.orphan_after_s / 2))}
+            if kind == "kill":
+                return {"down": rng.uniform(1, 6)}
+            return {}
+
+        def act(nd: Any, kind: str, p: dict[str, Any]) -> None:
             try:
                 if kind == "reclaim":
-                    notice = rng.uniform(4, 10)
-                    nd.ctl("reclaim", "--notice", f"{notice:.1f}s", "--reason", "bench/chaos.py")
-                    back = notice + rng.uniform(3, 15)
-                    how = rng.choice(["cancel", "restart"])
-                    say(f"node {nd.node_id}: reclaim, notice {notice:.1f} s; given back by {how} after {back:.1f} s")
-                    time.sleep(back)
-                    if how == "cancel":
+                    nd.ctl("reclaim", "--notice", f"{p['notice']:.1f}s", "--reason", "bench/chaos.py")
+                    say(f"node {nd.node_id}: reclaim, notice {p['notice']:.1f} s; given back by {p['how']} "
+                        f"after {p['back']:.1f} s")
+                    time.sleep(p["back"])
+                    if p["how"] == "cancel":
                         nd.ctl("reclaim", "cancel", "--reason", "bench/chaos.py: back", check=False)
                     else:
                         nd.agent.stop()
                         nd.agent.start(timeout=90)
                 elif kind == "withdraw":
-                    into = rng.uniform(1, 5)
-                    say(f"node {nd.node_id}: reclaim, notice 10 s, withdrawn after {into:.1f} s")
+                    say(f"node {nd.node_id}: reclaim, notice 10 s, withdrawn after {p['into']:.1f} s")
                     nd.ctl("reclaim", "--notice", "10s", "--reason", "bench/chaos.py")
-                    time.sleep(into)
+                    time.sleep(p["into"])
                     nd.ctl("reclaim", "cancel", "--reason", "bench/chaos.py: withdrawn", check=False)
                 elif kind == "partition":
-                    cut = rng.uniform(2, min(12.0, a.orphan_after_s / 2))
-                    say(f"node {nd.node_id}: partitioned (its link down) for {cut:.1f} s")
+                    say(f"node {nd.node_id}: partitioned (its link down) for {p['cut']:.1f} s")
                     subprocess.run(["ip", "link", "set", nd.host_if, "down"], check=True)
                     try:
-                        time.sleep(cut)
+                        time.sleep(p["cut"])
                     finally:
                         subprocess.run(["ip", "link", "set", nd.host_if, "up"], check=True)
                 elif kind == "kill":
-                    down = rng.uniform(1, 6)
-                    say(f"node {nd.node_id}: SIGKILL, down {down:.1f} s")
+                    say(f"node {nd.node_id}: SIGKILL, down {p['down']:.1f} s")
                     nd.agent.kill9()
-                    time.sleep(down)
+                    time.sleep(p["down"])
                     nd.agent.start(timeout=90)
                 else:
                     say(f"node {nd.node_id}: SIGTERM and start")
@@ -215,7 +219,34 @@ def run(a: argparse.Namespace, tmp: Path) -> dict[str, Any]:
                 counts["failed_actions"] = counts.get("failed_actions", 0) + 1
                 if not up(nd):
                     nd.agent.start(timeout=90)
+            finally:
+                busy.discard(nd.node_id)
+
+        busy: set[int] = set()
+        threads: list[threading.Thread] = []
+        deadline = t0 + a.limit_s
+        while time.monotonic() < deadline and not all_done():
+            free = [nd for nd in c.nodes if nd.node_id not in busy]
+            if len(busy) >= a.concurrent or not free:
+                time.sleep(0.2)
+                continue
+            nd = rng.choice(free)
+            kinds, weights = ["reclaim", "withdraw", "kill", "restart"], [4, 2, 3, 1]
+            if a.partitions:
+                kinds, weights = kinds + ["partition"], weights + [3]
+            kind = rng.choices(kinds, weights=weights)[0]
+            counts[kind] = counts.get(kind, 0) + 1
+            busy.add(nd.node_id)
+            params = draw(kind)
+            if a.concurrent == 1:
+                act(nd, kind, params)
+            else:  # up to --concurrent events at once, each on its own node
+                t = threading.Thread(target=act, args=(nd, kind, params), daemon=True)
+                t.start()
+                threads.append(t)
             time.sleep(rng.uniform(2, 8))
+        for t in threads:
+            t.join()
         say("chaos over; waiting for the jobs to end")
         try:
             wait_until(all_done, max(60.0, deadline + 120 - time.monotonic()), "every job to end", every=1.0)
@@ -266,6 +297,8 @@ def main() -> int:
     ap.add_argument("--partitions", action="store_true",
                     help="also cut a node's link for 2 s to min(12, orphan_after_s / 2) s (a partition shorter "
                          "than orphan_after_s: no take-over may follow)")
+    ap.add_argument("--concurrent", type=int, default=1,
+                    help="events under way at once, each on its own node (1: one after another)")
     ap.add_argument("--keep-logs", help="copy the ledger, the agents' and the jobs' logs here")
     ap.add_argument("--role", choices=["job"], help=argparse.SUPPRESS)
     ap.add_argument("--name", help=argparse.SUPPRESS)
@@ -276,9 +309,10 @@ def main() -> int:
     a.steps = a.steps or (600 if a.quick else 3000)
     if a.role == "job":
         return _role_job(str(a.name), a.steps, str(a.ledger))
-    if a.nodes < 2 or a.jobs < 1 or a.jobs > a.nodes or a.steps < 1 or a.limit_s <= 0:
-        raise SystemExit(f"chaos: need 2+ nodes, 1 to nodes jobs, 1+ steps and a positive limit "
-                         f"(got --nodes {a.nodes} --jobs {a.jobs} --steps {a.steps} --limit-s {a.limit_s})")
+    if a.nodes < 2 or a.jobs < 1 or a.jobs > a.nodes or a.steps < 1 or a.limit_s <= 0 or not 1 <= a.concurrent < a.nodes:
+        raise SystemExit(f"chaos: need 2+ nodes, 1 to nodes jobs, 1+ steps, a positive limit and 1 to nodes-1 "
+                         f"concurrent events (got --nodes {a.nodes} --jobs {a.jobs} --steps {a.steps} "
+                         f"--limit-s {a.limit_s} --concurrent {a.concurrent})")
     if os.geteuid() != 0:
         raise SystemExit("chaos: needs root (network namespaces, cgroups)")
 

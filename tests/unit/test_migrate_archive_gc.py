@@ -20,6 +20,7 @@ from test_migrate_archive_live import agent_of, files, rec
 
 from laminar.jobkit import Checkpointer, verify_checkpoint
 from laminar.migrate import reclaim
+from laminar.migrate.archive import ARCHIVE_DONE
 from laminar.migrate.reclaim import ARCHIVE_TRASH, LIVE_RECORD, ReclaimComponent
 from laminar.runtime.jobs import JobSpec
 
@@ -258,8 +259,11 @@ def test_two_agents_sweeping_at_once_remove_each_directory_once(arch: Path, tmp_
     removed = [set(r["removed"]) for r in results]
     assert removed[0].isdisjoint(removed[1]) and removed[0] | removed[1] == set(keys)
     assert sum(c.counts["archive_gc_dirs"] for c in sweepers) == len(keys)
-    assert sorted(os.listdir(arch)) == sorted([ARCHIVE_TRASH, kept] + [f"n2-job-{100 + i}" for i in range(24)])
+    assert sorted(os.listdir(arch)) == sorted([ARCHIVE_TRASH, ARCHIVE_DONE, kept]
+                                              + [f"n2-job-{100 + i}" for i in range(24)])
     assert os.listdir(arch / ARCHIVE_TRASH) == []
+    assert sorted(os.listdir(arch / ARCHIVE_DONE)) == sorted(keys)  # each claimed key's marker, whole
+    assert all(json.loads((arch / ARCHIVE_DONE / k).read_text())["runner"] == "2" for k in keys)
     assert files(arch / kept) == ["ckpt-7", "guard.json"]
     for i in range(24):
         verify_checkpoint(arch / f"n2-job-{100 + i}" / "ckpt-9")
@@ -308,3 +312,27 @@ def test_a_job_whose_runner_died_before_anything_newer_was_archived_is_claimed_a
     assert (resumed["node"], resumed["job"]) == (3, "job-9")
     seen[3] = SimpleNamespace(last_seen=time.time())
     assert a._dead_runs(arch, time.time()) == []  # node 3 runs it now and is heard from
+
+
+def test_a_guard_that_missed_a_claim_the_sweep_removed_stands_down_and_publishes_nothing(arch: Path,
+                                                                                      tmp_path: Path) -> None:
+    """A guard of ``n1-job-1`` (its node reclaimed the job with no room; the guard waits for room)
+    missed the claim: node 2 resumed the job from the archive as its job-5, whose own newer
+    checkpoint is archived, and the sweep removed ``n1-job-1``'s directory. Before, the guard
+    found nothing archived at its next look, published its older checkpoint again (a copy that
+    outlives it) and another agent resumed the job a second time (bench/chaos.py, a full zone).
+    The sweep's marker (``.done/n1-job-1``) says it is archived and who ran it: the guard
+    stands down, and nothing of the key is published again."""
+    key = "n1-job-1"
+    b = agent_of(2, arch)
+    claimed_and_running(arch, tmp_path, key, b, "job-5")
+    b.archive_live("n2-job-5", ckpt_of(tmp_path, "own", 9), rec())  # its own newer state is safe
+    assert agent_of(3, arch).archive_gc()["removed"] == {key: "superseded"}
+    assert not (arch / key).exists()
+    guard = agent_of(4, arch)
+    assert guard._claim_archived(key) == (True, "2", False)  # "node 2 runs it": the guard stands down
+    assert guard._archive_unless_archived(key, ckpt_of(tmp_path, "held", 7), guard_rec(key)) is None
+    assert not (arch / key).exists()  # nothing published again: nothing to claim a second time
+    # a key never claimed is archived as before
+    assert guard._archive_unless_archived("n1-job-2", ckpt_of(tmp_path, "other", 3), guard_rec("n1-job-2"))
+    assert guard._claim_archived("n1-job-2") == (True, None, True)

@@ -103,7 +103,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from laminar import jobkit
-from laminar.migrate.constants import _CKPT_NAME, MIGRATED_ENV, SOURCE_LIVE_STATES
+from laminar.migrate.constants import _CKPT_NAME, _SAFE_KEY, MIGRATED_ENV, SOURCE_LIVE_STATES
 from laminar.migrate.errors import MigrateError
 from laminar.migrate.trees import _newest_mtime, _remove_tree
 
@@ -132,6 +132,12 @@ ARCHIVE_TMP_STALE_S = 3600.0
 ARCHIVE_GC_S = 10.0
 # Removals are renamed here first (one agent wins the rename), then removed.
 ARCHIVE_TRASH = ".gc"
+# A key whose claimed job ended or was superseded (the sweep removed its directory) leaves a marker
+# here, ``<archive>/.done/<key>``, naming who ran it: without it a guard of that key that missed
+# the claim (down, cut off) found nothing archived, published its older checkpoint again and
+# another agent resumed the job a second time (bench/chaos.py). Kept ARCHIVE_DONE_KEEP_S.
+ARCHIVE_DONE = ".done"
+ARCHIVE_DONE_KEEP_S = 7 * 86400.0
 # The archive counts as stalled (status ``archive.stalled_s``, one event) when the look at it in
 # hand has made no progress (no byte read, no CPU time) for this many ``archive_gc_s`` (30 s by
 # default): a round on healthy shared storage takes well under one; an NFS server's failover
@@ -389,15 +395,30 @@ class ArchiveMixin:
         return d
 
     def _archived(self, key: str) -> bool:
+        """The archive holds a record of ``key``, or the marker of its claimed job that ended or
+        was superseded (:data:`ARCHIVE_DONE`)."""
         root = self._archive_root()
-        return root is not None and (root / key).is_dir() and any((root / key).glob("*.json"))
+        return root is not None and (((root / key).is_dir() and any((root / key).glob("*.json")))
+                                     or self._archive_done(root, key) is not None)
+
+    @staticmethod
+    def _archive_done(root: Path, key: str) -> str | None:
+        """Who ran ``key``'s claimed job, by its marker in ``<archive>/.done`` (written by the
+        sweep that removed the key's directory), or None when there is none."""
+        if not _SAFE_KEY.match(key):
+            return None
+        try:
+            rec = json.loads((root / ARCHIVE_DONE / key).read_text())
+        except (OSError, ValueError):
+            return None
+        return str(rec.get("runner") or "another node") if isinstance(rec, dict) else "another node"
 
     def _archive_runner(self, key: str) -> str | None:
-        """Who runs an archived job (it claimed it and started it), or None."""
+        """Who runs an archived job (it claimed it and started it), or ran it (its marker), or None."""
         root = self._archive_root()
         for f in sorted((root / key).glob("running-*.json")) if root is not None else []:
             return f.name.removeprefix("running-").removesuffix(".json")
-        return None
+        return self._archive_done(root, key) if root is not None else None
 
     def _archive(self, key: str, ckpt: Path, record: dict[str, Any], wait: ArchiveWait | None = None,
                  mark: Callable[[], None] | None = None) -> Path:
@@ -1255,8 +1276,20 @@ class ArchiveMixin:
                 if n.startswith(".") and now - _newest_mtime(d / n) > tmp_stale_s and self._tombstone(root, d / n):
                     out["temporaries"] += 1
             why = self._gc_verdict(root, d, names, (ended or {}).get(e.name, set()), now, tmp_stale_s)
+            runner = next((n.removeprefix("running-").removesuffix(".json") for n in names
+                           if n.startswith("running-") and n.endswith(".json")), None)
+            if why in ("ended", "superseded") and runner is not None:
+                self._mark_done(root, e.name, runner, why, now)  # before the directory goes
             if why is not None and self._tombstone(root, d):
                 out["removed"][e.name] = why
+        done = root / ARCHIVE_DONE
+        try:
+            for t in sorted(os.listdir(done)) if stat.S_ISDIR(os.lstat(done).st_mode) else []:
+                with contextlib.suppress(OSError):
+                    if now - os.lstat(done / t).st_mtime > ARCHIVE_DONE_KEEP_S:
+                        os.unlink(done / t)
+        except OSError:
+            pass
         trash = root / ARCHIVE_TRASH
         try:
             if stat.S_ISDIR(os.lstat(trash).st_mode):
@@ -1276,6 +1309,23 @@ class ArchiveMixin:
         self.counts["archive_gc_temporaries"] = (self.counts.get("archive_gc_temporaries", 0) + out["temporaries"]
                                                  + out["tombstones"])
         return out
+
+    @staticmethod
+    def _mark_done(root: Path, key: str, runner: str, why: str, now: float) -> None:
+        """``<archive>/.done/<key>``: the claimed job of ``key`` ran on ``runner`` and ended or was
+        superseded (written whole under a temporary name, then renamed; never raises)."""
+        if not _SAFE_KEY.match(key):
+            return
+        d = root / ARCHIVE_DONE
+        tmp = d / f".{key}.{os.getpid()}.tmp"
+        try:
+            d.mkdir(mode=0o700, exist_ok=True)
+            tmp.write_text(json.dumps({"key": key, "runner": runner, "why": why, "at": now}))
+            os.replace(tmp, d / key)
+        except OSError as e:
+            log.warning("migrate: archive: cannot mark %s done: %s", key, e)
+            with contextlib.suppress(OSError):
+                tmp.unlink()
 
     def _gc_verdict(self, root: Path, d: Path, names: list[str], ended: set[str], now: float,
                     tmp_stale_s: float) -> str | None:
