@@ -57,6 +57,7 @@ from test_migration import (  # noqa: F401  (fixtures: make_cluster, reference_s
 )
 
 from laminar.jobkit import latest_checkpoint
+from laminar.migrate.archive import ARCHIVE_DONE
 from laminar.migrate.reclaim import ARCHIVE_CLAIM_STALE_S, ARCHIVE_TMP_STALE_S, ARCHIVE_TRASH
 from laminar.runtime.jobs import JobSpec
 
@@ -84,8 +85,11 @@ def gc_counts(c: Cluster) -> dict[str, int]:
 
 
 def empty_archive(arch: Path) -> bool:
-    """Nothing left in the archive but the (empty) tombstone directory."""
-    return sorted(os.listdir(arch)) in ([], [ARCHIVE_TRASH]) and not os.listdir(arch / ARCHIVE_TRASH)
+    """Nothing left in the archive but the (empty) tombstone directory and the markers of
+    claimed keys that ended or were superseded (``.done``: small files, kept 7 days)."""
+    names = set(os.listdir(arch))
+    return names <= {ARCHIVE_TRASH, ARCHIVE_DONE} and not (ARCHIVE_TRASH in names and os.listdir(arch / ARCHIVE_TRASH)) \
+        and all(p.is_file() and p.stat().st_size < 4096 for p in (arch / ARCHIVE_DONE).glob("*"))
 
 
 def swept(arch: Path, i: int) -> None:

@@ -47,6 +47,7 @@ from laminar.migrate.errors import MigrateError
 log = logging.getLogger("laminar.migrate")
 
 WITHDRAWN_RETRY_S = 2.0  # a peer not reached when a reclaim was cancelled is told again this often
+CLEARED_TELL_TRIES = 30  # a reclaim cleared at the agent's start: its peers are told this many times at most
 
 
 class WithdrawMixin:
@@ -258,6 +259,26 @@ class WithdrawMixin:
                 return  # a new reclaim: its notice is what the peers must hear now
             _, left = await self._tell_withdrawn(left)
         self.agent.store.del_meta(drain.CANCEL_META)  # every peer told, or the window ended
+
+    async def _tell_cleared(self) -> None:
+        """The stored reclaim was cleared at the agent's start (its window ended while no agent
+        ran: the owner gave the node back): the peers are told as after ``reclaim cancel`` (op
+        ``reclaim-withdrawn``), so they forget its notice. Before, they kept it and counted the
+        node dead by its ended window: one that could not reach it when it asked before claiming
+        its running job's archived copy (a partition) claimed it and ran the job a second time
+        (bench/chaos.py). Peers not reached are told again every WITHDRAWN_RETRY_S, at most
+        CLEARED_TELL_TRIES times; a new reclaim of this node stops it."""
+        left: list[int] | None = None
+        for _ in range(CLEARED_TELL_TRIES):
+            if self.reclaim is not None:
+                return  # a new reclaim: its notice is what the peers must hear now
+            if self.zone is None:  # (not up yet: looked at again)
+                await asyncio.sleep(WITHDRAWN_RETRY_S)
+                continue
+            _, left = await self._tell_withdrawn(left)
+            if not left:
+                return
+            await asyncio.sleep(WITHDRAWN_RETRY_S)
 
     async def _tell_withdrawn(self, peers: list[int] | None = None) -> tuple[list[int], list[int]]:
         """Tells ``peers`` (None: every other member of the zone) that this node's reclaim is
