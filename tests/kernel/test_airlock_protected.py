@@ -16,7 +16,7 @@ import time
 from pathlib import Path
 
 import pytest
-from jobrig import airlock_rig, running
+from jobrig import airlock_rig, running, until
 
 from laminar.airlock import ladder
 
@@ -29,7 +29,9 @@ def test_a_job_suspended_before_its_class_was_protected_is_thawed_when_calm(tmp_
             job = await running(jobs, "lm-t-prot")
             sig = al.signals(0.0)
             al._apply(ladder.Action(ladder.SUSPEND, job.id, "test: high"), 0.0, ladder.HIGH, sig)
-            assert job.cgroup.frozen() and jobs.get(job.id).state == "suspended"  # type: ignore[union-attr]
+            # Airlock asks for the freeze without waiting; the kernel reports it a moment later
+            assert await until(job.cgroup.frozen, 10), "the suspended job did not freeze within 10 s"
+            assert jobs.get(job.id).state == "suspended"  # type: ignore[union-attr]
             al.set_policy({"protected": ["long-resident", "transient"]})
             assert al.policy is not None
             # calm: no pressure for longer than hold_s, usage below recover_below
@@ -40,7 +42,7 @@ def test_a_job_suspended_before_its_class_was_protected_is_thawed_when_calm(tmp_
             for a in actions:
                 al._apply(a, now, ladder.NONE, sig)
             assert [(a.kind, a.job_id) for a in actions] == [(ladder.RECOVER, job.id)], actions
-            assert not job.cgroup.frozen()
+            assert await until(lambda: not job.cgroup.frozen(), 10), "the recovered job stayed frozen 10 s"
             assert jobs.get(job.id).state == "running"  # type: ignore[union-attr]
             assert job.id not in al.rungs
 
