@@ -411,3 +411,48 @@ def test_peers_not_reached_at_a_cancel_are_told_after_an_agent_restart(tmp_path:
             agent.store.db.close()
 
     asyncio.run(main())
+
+
+def test_peers_not_reached_at_a_cancel_after_the_window_are_told_again(tmp_path: Path) -> None:
+    """The owner gives the node back after the window (``reclaim cancel`` then) while node 7 is
+    cut off. Node 7 kept the ended notice and counted this node gone: a guard of it there could
+    claim a job that runs on here (bench/chaos.py found the same with a reclaim cleared at
+    start). Before, the retries stopped at the window's end, so a cancel after it told node 7
+    never; now it is told again once reachable, and the cancel's marker goes then. Peer messages
+    are a stand-in (``_control`` replaced)."""
+    async def main() -> None:
+        agent = make_agent(tmp_path)
+        agent.jobs = RestoreJobs()
+        agent.zone = zone = HeldZone()
+        told: list[tuple[int, str]] = []
+        cut = {7}
+
+        async def no_watch() -> None:
+            await asyncio.Event().wait()
+
+        async def control(node: int, op: str, body: Any, timeout: float = 5.0) -> Any:
+            if node in cut:
+                raise OSError(f"node {node} unreachable")
+            told.append((node, op))
+            return {}
+
+        comp = ReclaimComponent()
+        comp._watch = no_watch  # type: ignore[method-assign]
+        comp._control = control  # type: ignore[method-assign]
+        await comp.start(agent)
+        zone.networked = True  # type: ignore[misc]
+        zone.membership = SimpleNamespace(by_node={3: None, 5: None, 7: None})  # type: ignore[attr-defined]
+        try:
+            comp.start_reclaim(0.2, "lm-t owner")
+            await asyncio.sleep(0.5)
+            out = await comp.cancel_reclaim("lm-t given back")
+            assert not out["in_window"] and out["peers_told"] == [3] and out["peers_missed"] == [7], out
+            assert agent.store.get_meta(drain.CANCEL_META)["missed"] == [7], "nothing says node 7 was missed"
+            cut.clear()  # the partition heals
+            assert await until(lambda: (7, "reclaim-withdrawn") in told, 10), "node 7 is never told after the window"
+            assert await until(lambda: agent.store.get_meta(drain.CANCEL_META) is None, 5)
+        finally:
+            await comp.stop()
+            agent.store.db.close()
+
+    asyncio.run(main())

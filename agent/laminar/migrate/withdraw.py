@@ -19,7 +19,9 @@ finishes (the job runs on its destination) or fails (the job is thawed and runs 
 job is never left frozen or nowhere. A queued job whose placement elsewhere is unsettled is
 stopped here so it never runs twice. Peers are told (control op ``reclaim-withdrawn``): they
 forget the notice and the window's end their guards of this node's jobs carry (else they would
-declare this node dead at that end and resume, a second time, jobs that run on here). A guard
+declare this node dead at that end and resume, a second time, jobs that run on here). A peer
+not reached is told again every WITHDRAWN_RETRY_S: until its window's end without limit, then
+CLEARED_TELL_TRIES times (also after a cancel after the window); a restart meanwhile goes on. A guard
 that may have missed that (its agent started after the guard message that told it the window's
 end, or it heard nothing from this node for the zone's ``peer_timeout_s`` before the window's
 end: :meth:`ReclaimComponent._missed_news`)
@@ -47,7 +49,7 @@ from laminar.migrate.errors import MigrateError
 log = logging.getLogger("laminar.migrate")
 
 WITHDRAWN_RETRY_S = 2.0  # a peer not reached when a reclaim was cancelled is told again this often
-CLEARED_TELL_TRIES = 30  # a reclaim cleared at the agent's start: its peers are told this many times at most
+CLEARED_TELL_TRIES = 30  # after the window (a cancel then, or a reclaim cleared at start): tries at most
 
 
 class WithdrawMixin:
@@ -128,7 +130,7 @@ class WithdrawMixin:
         if marker is not None and self.reclaim is None:  # (a reclaim announced meanwhile: its notice stands)
             _, missed = await self._tell_withdrawn()
             end = float(marker.get("window_end") or 0.0)
-            if missed and time.time() < end:
+            if missed:
                 self._spawn(self._retell_withdrawn(missed, end))  # the marker goes when they are told
             else:
                 self.agent.store.del_meta(drain.CANCEL_META)
@@ -228,8 +230,9 @@ class WithdrawMixin:
             superseded = True
             with contextlib.suppress(Exception):
                 z.reclaim_notice(max(0.0, self.reclaim["deadline"] - time.time()), self.reclaim["reason"])
-        if missed and in_window and not superseded:  # until its window's end a peer not told may resume this node's jobs twice
-            # the marker stays until they are told (or the window ends): a restart tells them again
+        if missed and not superseded:  # a peer not told may resume this node's jobs twice (before its window's
+            # end, and after it while it counts this node gone by its ended notice: bench/chaos.py)
+            # the marker stays until they are told (or the tries run out): a restart tells them again
             self.agent.store.set_meta(drain.CANCEL_META, {"node": self.node_id, "window_end": end, "missed": missed})
             self._spawn(self._retell_withdrawn(missed, end))
         else:
@@ -251,14 +254,23 @@ class WithdrawMixin:
 
     async def _retell_withdrawn(self, peers: list[int], end: float) -> None:
         """Tells ``peers`` (not reached at the cancel) again every WITHDRAWN_RETRY_S until each
-        was told or the window (wall clock ``end``) ended."""
+        was told: without end inside the window (wall clock ``end``), CLEARED_TELL_TRIES times
+        more after it. Before, it stopped at the window's end, and a cancel after the window told a
+        peer not reached never: that peer kept the ended notice and counted this node gone."""
         left = list(peers)
-        while left and time.time() < end:
+        after = 0
+        while left:
+            if time.time() >= end:
+                after += 1
+                if after > CLEARED_TELL_TRIES:
+                    log.warning("migrate: nodes %s never heard that the reclaim of node %d was withdrawn",
+                                left, self.node_id)
+                    break
             await asyncio.sleep(WITHDRAWN_RETRY_S)
             if self.reclaim is not None:
                 return  # a new reclaim: its notice is what the peers must hear now
             _, left = await self._tell_withdrawn(left)
-        self.agent.store.del_meta(drain.CANCEL_META)  # every peer told, or the window ended
+        self.agent.store.del_meta(drain.CANCEL_META)  # every peer told, or the tries ran out
 
     async def _tell_cleared(self) -> None:
         """The stored reclaim was cleared at the agent's start (its window ended while no agent
