@@ -52,6 +52,15 @@ log = logging.getLogger("laminar.migrate")
 HANDOVER_ASK_MAX_S = 5.0
 
 
+def _stored_request(row: Any) -> dict[str, Any] | None:
+    """A guard row's stored request (``migrate_replicas.request``), None when it is not a JSON object."""
+    try:
+        req = json.loads(row["request"])
+    except (ValueError, TypeError, KeyError, IndexError):
+        return None
+    return req if isinstance(req, dict) else None
+
+
 class GuardMixin:
     """A guard's watch of its sources, its take-over of a dead source's job, and hand-overs."""
 
@@ -311,11 +320,8 @@ class GuardMixin:
         from after the guard came: the job ran nowhere then, but its node, given back, may have
         resumed it itself since (from the archive), and only the source can say so (the archive's
         running record of it is gone once the resumed job's own copy is archived)."""
-        try:
-            req = json.loads(row["request"])
-        except ValueError:
-            return False
-        if not isinstance(req, dict):
+        req = _stored_request(row)
+        if req is None:
             return False
         src = int(row["src_node"])
         z = self.zone
@@ -344,10 +350,7 @@ class GuardMixin:
             except (MigrateError, TransferError, OSError, TimeoutError) as e:
                 log.info("migrate: node %d is heard from again but did not answer about %s: %s", src, key, e)
                 ans = None
-            try:
-                take_over = bool(json.loads(row["request"]).get("take_over"))
-            except (ValueError, AttributeError, KeyError, IndexError, TypeError):
-                take_over = False
+            take_over = bool((_stored_request(row) or {}).get("take_over"))
             if take_over and not (isinstance(ans, dict) and ans.get("runs_as")):
                 ans = None  # the job stopped there: only its source running it again ends this guard
             if isinstance(ans, dict) and ans.get("key") == key:
