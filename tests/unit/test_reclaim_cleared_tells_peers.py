@@ -17,11 +17,9 @@ from pathlib import Path
 from typing import Any
 
 from jobrig import until
-from test_migrate_evidence import FakeZone, make_agent
-from test_replica_gc import KEY, Jobs, started
-from test_replica_guard_window import stop_both
+from test_replica_gc import started
+from test_replica_guard_window import source_node, stop_both
 
-from laminar.migrate.reclaim import ReclaimComponent
 from laminar.migrate.schema import RECLAIM_SCHEMA
 
 
@@ -34,19 +32,15 @@ def test_a_reclaim_cleared_at_the_start_is_withdrawn_at_the_peers(tmp_path: Path
         peer.notices[2] = (now - 10.0, now - 70.0)  # node 2's 60 s window ended 10 s ago
         assert peer._source_dead(2, now) == "node 2's reclaim window ended"
 
-        agent_a = make_agent(tmp_path / "a")  # node 2, restarted: its reclaim is stored
-        agent_a.jobs = Jobs()
-        agent_a.store.ensure_schema("migrate-reclaim", RECLAIM_SCHEMA)
-        with agent_a.store.tx() as db:
-            db.execute("INSERT INTO migrate_reclaim VALUES (?, ?, ?, ?, ?)", (2, 60.0, "owner", now - 70.0, now - 10.0))
         events: list[dict[str, Any]] = []
-        agent_a.events.subscribe(events.append)
-        source = ReclaimComponent()
-        await source.start(agent_a)
-        zone = FakeZone([1, 3])
-        zone.node_id = 2
-        zone.keys = {1: KEY}
-        agent_a.zone = zone
+
+        def stored_reclaim(agent: Any) -> None:  # node 2, restarted: its reclaim is stored
+            agent.store.ensure_schema("migrate-reclaim", RECLAIM_SCHEMA)
+            with agent.store.tx() as db:
+                db.execute("INSERT INTO migrate_reclaim VALUES (?, ?, ?, ?, ?)", (2, 60.0, "owner", now - 70.0, now - 10.0))
+            agent.events.subscribe(events.append)
+
+        agent_a, source, _ = await source_node(tmp_path / "a", stored_reclaim)
         source.s["port"] = peer.port  # node 2's control messages reach node 1
         try:
             assert [e["phase"] for e in events if e.get("phase") == "reclaim-cleared"] == ["reclaim-cleared"]

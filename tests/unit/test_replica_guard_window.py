@@ -16,6 +16,7 @@ import contextlib
 import json
 import math
 import time
+from collections.abc import Callable
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -33,11 +34,15 @@ def state_of(comp: ReclaimComponent, key: str) -> str:
     return str(row["state"]) if row else ""
 
 
-async def source_node(d: Path) -> tuple[Any, ReclaimComponent, FakeZone]:
+async def source_node(d: Path, before_start: Callable[[Any], None] | None = None
+                      ) -> tuple[Any, ReclaimComponent, FakeZone]:
     """Node 2, a job's source: a started component over a stand-in agent (no jobs yet) and zone
-    (nodes 1 and 3, zone key KEY)."""
+    (nodes 1 and 3, zone key KEY). ``before_start(agent)`` runs before the component starts
+    (what a restarted agent finds in its store)."""
     agent = make_agent(d)
     agent.jobs = Jobs()
+    if before_start is not None:
+        before_start(agent)
     source = ReclaimComponent()
     await source.start(agent)
     zone = FakeZone([1, 3])
