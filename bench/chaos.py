@@ -15,7 +15,12 @@ nodes, one at a time (``--concurrent N``: up to N at once, each on its own node)
 - ``kill``: SIGKILL of the agent (its jobs run on), started again 1 to 6 s later;
 - ``restart``: SIGTERM, started again at once;
 - ``partition`` (with ``--partitions``): the node's link to the bridge down for 2 s to
-  min(12 s, ``orphan_after_s`` / 2), then up (shorter than ``orphan_after_s``: no take-over).
+  min(12 s, ``orphan_after_s`` / 2), then up (shorter than ``orphan_after_s``: no take-over);
+- ``crash`` (with ``--crashes``): the node fails abruptly, as a power cut or a kernel panic: its
+  agent and every job are SIGKILLed, its cgroups removed and its link cut for
+  ``orphan_after_s`` + 5 to + 25 s (the zone counts it gone: its jobs are taken over elsewhere,
+  from their replicas or the archive); then it comes back, its state directory and pins kept
+  as on a disk, and its agent starts (a reboot).
 
 Checked, from the ledger (the run exits 1 when any fails; these are the contract, not timings):
 
@@ -28,8 +33,8 @@ Measured: ``redone_steps_pct`` (steps run more than once, over the jobs' steps),
 events by kind, and the agents' own counts of moves and archive claims.
 
     python bench/chaos.py [--quick] [--seed N] [--json PATH] [--nodes N] [--jobs N]
-                          [--steps N] [--limit-s S] [--partitions] [--concurrent N]
-                          [--keep-logs DIR]
+                          [--steps N] [--limit-s S] [--partitions] [--crashes]
+                          [--concurrent N] [--keep-logs DIR]
 
 ``--quick``: 3 nodes, 2 jobs of 600 steps; else 4 nodes, 3 jobs of 3,000 steps. A step is 50 ms.
 Needs root (namespaces, cgroups).
@@ -134,6 +139,7 @@ def check(ledger: Path, names: list[str], steps: int) -> dict[str, Any]:
 
 def run(a: argparse.Namespace, tmp: Path) -> dict[str, Any]:
     sys.path[:0] = [str(REPO / "tests"), str(REPO / "tests" / "cluster")]
+    from agentproc import remove_cgroup_tree
     from harness import Cluster, wait_until
 
     rng = random.Random(a.seed)
@@ -179,6 +185,8 @@ def run(a: argparse.Namespace, tmp: Path) -> dict[str, Any]:
                 return {"cut": rng.uniform(2, min(12.0, a.orphan_after_s / 2))}
             if kind == "kill":
                 return {"down": rng.uniform(1, 6)}
+            if kind == "crash":
+                return {"down": a.orphan_after_s + rng.uniform(5, 25)}
             return {}
 
         def act(nd: Any, kind: str, p: dict[str, Any]) -> None:
@@ -205,6 +213,17 @@ def run(a: argparse.Namespace, tmp: Path) -> dict[str, Any]:
                         time.sleep(p["cut"])
                     finally:
                         subprocess.run(["ip", "link", "set", nd.host_if, "up"], check=True)
+                elif kind == "crash":
+                    say(f"node {nd.node_id}: crash (agent and jobs killed, cgroups gone, link down) for "
+                        f"{p['down']:.1f} s, then a reboot")
+                    subprocess.run(["ip", "link", "set", nd.host_if, "down"], check=True)
+                    try:
+                        nd.agent.kill9()
+                        remove_cgroup_tree(nd.agent.cgroup_root)  # every job process with it
+                        time.sleep(p["down"])
+                    finally:
+                        subprocess.run(["ip", "link", "set", nd.host_if, "up"], check=True)
+                    nd.agent.start(timeout=90)
                 elif kind == "kill":
                     say(f"node {nd.node_id}: SIGKILL, down {p['down']:.1f} s")
                     nd.agent.kill9()
@@ -234,6 +253,8 @@ def run(a: argparse.Namespace, tmp: Path) -> dict[str, Any]:
             kinds, weights = ["reclaim", "withdraw", "kill", "restart"], [4, 2, 3, 1]
             if a.partitions:
                 kinds, weights = kinds + ["partition"], weights + [3]
+            if a.crashes:
+                kinds, weights = kinds + ["crash"], weights + [1]
             kind = rng.choices(kinds, weights=weights)[0]
             counts[kind] = counts.get(kind, 0) + 1
             busy.add(nd.node_id)
@@ -297,6 +318,9 @@ def main() -> int:
     ap.add_argument("--partitions", action="store_true",
                     help="also cut a node's link for 2 s to min(12, orphan_after_s / 2) s (a partition shorter "
                          "than orphan_after_s: no take-over may follow)")
+    ap.add_argument("--crashes", action="store_true",
+                    help="also crash a node: agent and jobs killed, cgroups gone, link down for orphan_after_s "
+                         "+ 5 to + 25 s, then a reboot (its jobs are taken over elsewhere meanwhile)")
     ap.add_argument("--concurrent", type=int, default=1,
                     help="events under way at once, each on its own node (1: one after another)")
     ap.add_argument("--keep-logs", help="copy the ledger, the agents' and the jobs' logs here")
