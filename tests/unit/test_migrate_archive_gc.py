@@ -20,7 +20,7 @@ from test_migrate_archive_live import agent_of, files, rec
 
 from laminar.jobkit import Checkpointer, verify_checkpoint
 from laminar.migrate import reclaim
-from laminar.migrate.archive import ARCHIVE_DONE
+from laminar.migrate.archive import ARCHIVE_DONE, ARCHIVE_DONE_EXPIRE_EVERY_S, ARCHIVE_DONE_KEEP_S
 from laminar.migrate.reclaim import ARCHIVE_TRASH, LIVE_RECORD, ReclaimComponent
 from laminar.runtime.jobs import JobSpec
 
@@ -336,3 +336,25 @@ def test_a_guard_that_missed_a_claim_the_sweep_removed_stands_down_and_publishes
     # a key never claimed is archived as before
     assert guard._archive_unless_archived("n1-job-2", ckpt_of(tmp_path, "other", 3), guard_rec("n1-job-2"))
     assert guard._claim_archived("n1-job-2") == (True, None, True)
+
+
+def test_done_markers_expire_after_a_week_looked_over_once_an_hour(arch: Path, tmp_path: Path) -> None:
+    """The sweep keeps each ``.done`` marker ARCHIVE_DONE_KEEP_S (a week) and then removes it;
+    it looks the markers over once an hour, not at every sweep (``archive_gc_s``, seconds): on
+    shared storage their listing grows with the claims."""
+    a = agent_of(2, arch)
+    done = arch / ARCHIVE_DONE
+    done.mkdir(parents=True)
+    for k in ("n1-job-1", "n1-job-2", "n1-job-3"):
+        (done / k).write_text(json.dumps({"key": k, "runner": "2"}))
+    week = ARCHIVE_DONE_KEEP_S
+    age(done / "n1-job-1", week + 60)
+    now = time.time()
+    a.archive_gc(now=now)
+    assert sorted(os.listdir(done)) == ["n1-job-2", "n1-job-3"]  # a week old: gone; the others stay
+    age(done / "n1-job-2", week + 60)
+    a.archive_gc(now=now + 10)  # the next sweep, minutes later: not looked over again yet
+    assert sorted(os.listdir(done)) == ["n1-job-2", "n1-job-3"]
+    a.archive_gc(now=now + ARCHIVE_DONE_EXPIRE_EVERY_S + 1)
+    assert os.listdir(done) == ["n1-job-3"]
+    assert a._archive_done(arch, "n1-job-3") == "2"

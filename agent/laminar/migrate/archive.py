@@ -138,6 +138,7 @@ ARCHIVE_TRASH = ".gc"
 # another agent resumed the job a second time (bench/chaos.py). Kept ARCHIVE_DONE_KEEP_S.
 ARCHIVE_DONE = ".done"
 ARCHIVE_DONE_KEEP_S = 7 * 86400.0
+ARCHIVE_DONE_EXPIRE_EVERY_S = 3600.0  # the markers are looked over for expiry this often, not at every sweep
 # The archive counts as stalled (status ``archive.stalled_s``, one event) when the look at it in
 # hand has made no progress (no byte read, no CPU time) for this many ``archive_gc_s`` (30 s by
 # default): a round on healthy shared storage takes well under one; an NFS server's failover
@@ -335,6 +336,7 @@ class ArchiveMixin:
     if TYPE_CHECKING:
         # what this mixin uses of ReclaimComponent (its __init__ and its other parts)
         _archive_error: str | None
+        _done_expired: float | None
         _archive_next: dict[str, float]
         _archive_rounds: int
         _archive_runs_told: dict[str, str]
@@ -1282,14 +1284,16 @@ class ArchiveMixin:
                 self._mark_done(root, e.name, runner, why, now)  # before the directory goes
             if why is not None and self._tombstone(root, d):
                 out["removed"][e.name] = why
-        done = root / ARCHIVE_DONE
-        try:
-            for t in sorted(os.listdir(done)) if stat.S_ISDIR(os.lstat(done).st_mode) else []:
-                with contextlib.suppress(OSError):
-                    if now - os.lstat(done / t).st_mtime > ARCHIVE_DONE_KEEP_S:
-                        os.unlink(done / t)
-        except OSError:
-            pass
+        if self._done_expired is None or now - self._done_expired >= ARCHIVE_DONE_EXPIRE_EVERY_S:
+            self._done_expired = now  # (listing them at every sweep grows with the claims on shared storage)
+            done = root / ARCHIVE_DONE
+            try:
+                for t in sorted(os.listdir(done)) if stat.S_ISDIR(os.lstat(done).st_mode) else []:
+                    with contextlib.suppress(OSError):
+                        if now - os.lstat(done / t).st_mtime > ARCHIVE_DONE_KEEP_S:
+                            os.unlink(done / t)
+            except OSError:
+                pass
         trash = root / ARCHIVE_TRASH
         try:
             if stat.S_ISDIR(os.lstat(trash).st_mode):

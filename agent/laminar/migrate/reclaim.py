@@ -606,6 +606,7 @@ class ReclaimComponent(BuddiesMixin, GuardMixin, ReplicasMixin, WithdrawMixin, S
         self._archive_keeps: set[str] = set()
         self._gc_next = 0.0  # when this agent sweeps the archive next (monotonic)
         self._gc_running = False
+        self._done_expired: float | None = None  # when the sweep last expired <archive>/.done markers (wall)
         self._lane = ArchiveLane()  # every touch of archive_dir, off the loop, one at a time
         self._round_running = False  # an archive round is in flight (one at a time)
         self._archive_rounds = 0  # archive rounds done
