@@ -51,6 +51,13 @@ log = logging.getLogger("laminar.migrate")
 # A hand-over sent and not answered is asked again at most this far apart (it doubles from 0.2 s).
 HANDOVER_ASK_MAX_S = 5.0
 
+# A guard that took over a job (``resumed``) tells its source, once heard from after the take-over,
+# that it runs the job now (control op ``superseded``): for this long after the take-over, again
+# every SUPERSEDED_RETRY_S while the source does not answer, SUPERSEDED_TRIES times at most.
+SUPERSEDED_TELL_S = 86400.0
+SUPERSEDED_RETRY_S = 5.0
+SUPERSEDED_TRIES = 30
+
 
 def _stored_request(row: Any) -> dict[str, Any] | None:
     """A guard row's stored request (``migrate_replicas.request``), None when it is not a JSON object."""
@@ -73,6 +80,7 @@ class GuardMixin:
         _reclaim_unknown: dict[str, float]
         _started: float
         _starting: dict[str, asyncio.Future[str | None]]
+        _superseded_next: dict[str, tuple[float, int]]
         _taking: set[str]
         _xfer_local: str | None
         agent: Any
@@ -107,6 +115,53 @@ class GuardMixin:
         @property
         def zone(self) -> Any: ...
 
+    def _superseded_round(self, now: float) -> None:
+        """A guard that took a job over (state ``resumed``, within SUPERSEDED_TELL_S) and runs it
+        here (:meth:`_runs_here`) tells its source once the source is heard from after the
+        take-over (:meth:`_tell_superseded`). The source was taken for gone after a silence
+        (``orphan_after_s``; or a reclaim window that ended while it was cut off): when the
+        silence was a partition, its copy of the job never stopped, and two copies run from the
+        take-over on. Before, nothing reconciled them once the partition healed: both ran to
+        their ends. A source that crashed and came back has no copy running and stops nothing."""
+        rows = self.agent.store.db.execute(
+            "SELECT key, src_node, updated FROM migrate_replicas WHERE state='resumed' AND updated > ?",
+            (now - SUPERSEDED_TELL_S,)).fetchall()
+        mono = time.monotonic()
+        for row in rows:
+            key, src, at = str(row["key"]), int(row["src_node"]), float(row["updated"])
+            due, tries = self._superseded_next.get(key, (-math.inf, 0))
+            if mono < due or tries >= SUPERSEDED_TRIES or src == self.node_id:
+                continue
+            if self._last_seen(src) <= at:
+                continue  # not heard from since the take-over: still gone, or still cut off
+            runs = self._runs_here(key)
+            if runs is None:
+                continue
+            self._superseded_next[key] = (math.inf, tries + 1)  # one at a time
+            self._spawn(self._tell_superseded(key, src, runs, at))
+
+    async def _tell_superseded(self, key: str, src: int, runs: str, at: float) -> None:
+        """Tells ``src`` that this node took its job ``key`` over at ``at`` (this node's wall
+        clock) and runs it as ``runs`` (control op ``superseded``); the source stops its copy if
+        one runs there that started before (:meth:`ReplicasMixin._answer_superseded`). Told once
+        when answered; else again after SUPERSEDED_RETRY_S. Never raises."""
+        tries = self._superseded_next.get(key, (math.inf, 1))[1]
+        try:
+            ans = await self._control(src, "superseded", {"key": key, "node": self.node_id, "job": runs, "at": at})
+        except (MigrateError, TransferError, OSError, TimeoutError) as e:
+            self._superseded_next[key] = (time.monotonic() + SUPERSEDED_RETRY_S, tries)
+            (log.warning if tries >= SUPERSEDED_TRIES else log.info)(
+                "migrate: telling node %d that %s runs here as %s failed (try %d of %d): %s",
+                src, key, runs, tries, SUPERSEDED_TRIES, e)
+            return
+        self._superseded_next[key] = (math.inf, SUPERSEDED_TRIES)  # told
+        stopped = ans.get("stopped") if isinstance(ans, dict) and ans.get("key") == key else None
+        if stopped:
+            self._emit(f"{key}: node {src} ran its copy on after this node took the job over (a partition "
+                       f"taken for its departure); told that {runs} runs it here, it stopped {stopped}: the job "
+                       "runs once again", key=key, src_node=src, job=runs, stopped=str(stopped),
+                       phase="superseded-there")
+
     def _source_dead(self, src: int, now: float, window_end: float | None = None,
                      since: float | None = None) -> str | None:
         """Why the source of a replica counts as dead, or None while it may be alive.
@@ -133,10 +188,12 @@ class GuardMixin:
     async def _guard_round(self) -> None:
         """Starts the take-over of each guarded job that is due: its source is dead (or stopped
         the job and asked for it, ``take_over``), or it waits for room and its next look is due
-        (``migrate_retry``, kept across restarts)."""
+        (``migrate_retry``, kept across restarts). Then tells the sources heard from again after
+        a take-over that their job runs here now (:meth:`_superseded_round`)."""
         db = self.agent.store.db
         rows = db.execute("SELECT * FROM migrate_replicas WHERE state IN ('guarding', 'waiting')").fetchall()
         now = time.time()
+        self._superseded_round(now)
         for row in rows:
             key = row["key"]
             if key in self._taking:

@@ -90,7 +90,7 @@ Config (``[migrate]``)::
     prestage = "auto"        # auto | always | off
     expected_notice_s = 60   # the window "auto" plans for
     dead_after_s = 3         # silence after a notice that declares the source dead
-    orphan_after_s = 0       # silence without a notice that does (0: never; a partition would double jobs)
+    orphan_after_s = 0       # silence without a notice that does (0: never; a partition doubles jobs until it heals)
     holder = true            # no room for a job during a reclaim: its final checkpoint goes to a storage holder
     holder_reserve_mb = 1024 # disk this node keeps free when it offers to hold checkpoints
     retry_base_s = 2         # a guard that finds no room looks again after this, doubling each time
@@ -591,6 +591,10 @@ class ReclaimComponent(BuddiesMixin, GuardMixin, ReplicasMixin, WithdrawMixin, S
         # keys whose take-over here dropped the reservation of the placement that handed their
         # guard here (_fence_placement): this node's guard has the job, that hand-over is answered so
         self._fenced: dict[str, int] = {}
+        # keys taken over here whose source was (being) told that this node runs them (_superseded_round):
+        # (when to tell it again, monotonic; tries)
+        self._superseded_next: dict[str, tuple[float, int]] = {}
+        self._superseding: set[str] = set()  # this node's jobs being stopped: a guard runs them (_answer_superseded)
         self._archive_next: dict[str, float] = {}  # archived key -> when this node tries it again (monotonic)
         self._archive_tries: dict[str, int] = {}
         # archived key -> the job a node dead by its window answered runs there (said once: _still_runs)
@@ -895,9 +899,10 @@ class ReclaimComponent(BuddiesMixin, GuardMixin, ReplicasMixin, WithdrawMixin, S
         return keys if pairs is None else pairs.accepted(keys, node)
 
     async def _control(self, node: int, op: str, body: Any, timeout: float = 5.0) -> Any:
-        if op == "guard" and isinstance(body, dict):
+        if op in ("guard", "superseded") and isinstance(body, dict):
             # this node's wall clock as it sends: the guard reads the instants in the request
-            # (window_end, not_before) in its own clock, whatever the skew (_on_control)
+            # (window_end, not_before) in its own clock, whatever the skew (_on_control); the
+            # source, a take-over's instant (``superseded``: _answer_superseded)
             body = {**body, "clock": time.time()}
         addr, port, key, zone = self._peer(node)
         return await send_control(addr, port, key, op, body, zone=zone, node=str(self.node_id), timeout=timeout,
@@ -2275,12 +2280,14 @@ class ReclaimComponent(BuddiesMixin, GuardMixin, ReplicasMixin, WithdrawMixin, S
             if op == "reclaim-withdrawn":  # the sender's own reclaim: forget its notice
                 return {"withdrawn": int(node), "guards": self.withdrawn_notice(int(node))}
             return self._cancel_for(node, str(body.get("reason") or ""))
+        if op == "superseded":  # a guard took one of this node's jobs over and runs it
+            return self._answer_superseded(node, body)
         if op == "needs":  # a node holding a guard of one of this node's jobs asks whether it still must
             return self._answer_needs(node, str(body["key"]))
         if op == "dropped":  # an operator dropped the guard of one of this node's jobs there, by force
             return self._answer_dropped(node, str(body["key"]))
         raise ValueError(f"unknown control operation {op!r} (guard, release, reclaim, reclaim-cancel, "
-                         "reclaim-withdrawn, space, needs, dropped)")
+                         "reclaim-withdrawn, space, superseded, needs, dropped)")
 
     async def _cancel_for(self, node: str, reason: str) -> dict[str, Any]:
         """Control op ``reclaim-cancel``: another node cancels this node's reclaim (``laminarctl

@@ -304,6 +304,7 @@ class ReplicasMixin:
         _owners: dict[str, tuple[int, int]]
         _prestaging: set[str]
         _replica_gc_next: float
+        _superseding: set[str]
         _taking: set[str]
         agent: Any
         buddy: dict[str, int]
@@ -315,6 +316,8 @@ class ReplicasMixin:
 
         async def _control(self, node: int, op: str, body: Any, timeout: float = 5.0) -> Any: ...
         def _emit(self, message: str, **fields: Any) -> None: ...
+        def _forget_buddy(self, job_id: str) -> int | None: ...
+        async def _release(self, node: int, key: str) -> None: ...
         def _runs_here(self, key: str) -> str | None: ...
         def _source_dead(self, src: int, now: float, window_end: float | None = None,
                          since: float | None = None) -> str | None: ...
@@ -694,6 +697,62 @@ class ReplicasMixin:
             raise ValueError(f"{op}: the asking node {node!r} is not a node id") from None
         prefix = f"n{self.node_id}-"
         return asker, key[len(prefix):] if key.startswith(prefix) else None
+
+    def _answer_superseded(self, node: str, body: dict[str, Any]) -> dict[str, Any]:
+        """``node`` took this node's job ``key`` over (it was taken for gone: a silence of
+        ``orphan_after_s``, or its reclaim window's end while it was cut off) and runs it as
+        ``job`` since ``at`` (the guard's wall clock, moved into this one's by the message's
+        ``clock``): control op ``superseded``, sent once this node is heard from again
+        (:meth:`GuardMixin._superseded_round`). When this node's copy of the job still runs and
+        started before that instant (a partition, not a departure), it is stopped here, state
+        ``migrated``, so the job runs once (:meth:`_stop_superseded`); its other guard, if any, is
+        released. A job that started after it is another job under the same key (a node whose
+        state was wiped numbers its jobs again) and is left alone. Answers ``{"key", "stopped":
+        job id or None, "why"}``. Raises ValueError for a malformed body or a sender that speaks
+        for another node."""
+        key = str(body["key"])
+        asker, jid = self._asked_about(node, key, "superseded")
+        try:
+            claimed, their, at = int(body["node"]), str(body["job"]), float(body["at"])
+            shift = 0.0 if body.get("clock") is None else time.time() - float(body["clock"])
+        except (KeyError, TypeError, ValueError):
+            raise ValueError(f"superseded: a body of key, node, job, at (seconds since the epoch) and clock "
+                             f"is needed, not {body!r}") from None
+        if claimed != asker or not math.isfinite(at + shift):
+            raise ValueError(f"superseded: node {asker} cannot speak for node {claimed!r} (or at {at!r} is not a time)")
+        at += shift
+        jobs = getattr(self.agent, "jobs", None)
+        job = jobs.get(jid) if jobs is not None and jid is not None else None
+        if job is None or not job.active:
+            return {"key": key, "stopped": None, "why": f"no copy of {key} runs on node {self.node_id}"}
+        if job.id in self._superseding:
+            return {"key": key, "stopped": job.id, "why": f"{job.id} is being stopped"}
+        if job.started is None or float(job.started) >= at:
+            return {"key": key, "stopped": None, "why": f"{job.id} started after node {asker} took {key} over: "
+                    "another job under the same key"}
+        if job.id in self.evacuating:
+            return {"key": key, "stopped": None, "why": f"{job.id} is being moved"}
+        self._superseding.add(job.id)
+        self._spawn(self._stop_superseded(job, asker, their, key))
+        return {"key": key, "stopped": job.id, "why": f"{job.id} stopped: node {asker} runs it as {their}"}
+
+    async def _stop_superseded(self, job: Any, node: int, their: str, key: str) -> None:
+        """Stops ``job`` here (state ``migrated``: it runs on ``node`` as ``their``), with an event
+        (phase ``superseded``); its buddy, when another node, is released. Never raises."""
+        try:
+            self._emit(f"{job.id}: node {node} took it over as {their} while it heard nothing from this node "
+                       "(a partition taken for a departure); both copies ran since: stopped here so that it runs once",
+                       job=job.id, node=node, their_job=their, key=key, phase="superseded")
+            buddy = self._forget_buddy(job.id)
+            if buddy is not None and buddy != node:
+                self._spawn(self._release(buddy, key))
+            await self.agent.jobs.stop(job.id, f"node {node} runs it as {their}: it took the job over while it heard "
+                                       f"nothing from node {self.node_id} (a partition); stopped here so that it runs "
+                                       "once", grace_s=0, state="migrated")
+        except Exception as e:  # gone meanwhile: nothing runs twice
+            log.warning("migrate: stopping %s, which node %d runs as %s: %s", job.id, node, their, e)
+        finally:
+            self._superseding.discard(job.id)
 
     def _answer_needs(self, node: str, key: str) -> dict[str, Any]:
         """This node's answer to ``node`` holding a guard of ``key`` (control op ``needs``):

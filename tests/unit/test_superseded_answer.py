@@ -1,0 +1,137 @@
+"""The source's side of ``superseded`` (``ReclaimComponent._answer_superseded``): a guard that
+took a job over after a silence says it runs it now. The source stops only a copy that still
+runs and started before the take-over, only on the word of the node that runs it, and reads
+the take-over's instant in its own clock. Real component methods over stand-ins of the job
+manager (named as such: ``Jobs``, ``Job``) and a stand-in for the job's stop.
+(The whole path over two real agents and a real partition:
+tests/cluster/test_partition_heal_superseded.py.)"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import types
+from dataclasses import dataclass, field
+from typing import Any
+
+import pytest
+
+from laminar.migrate.reclaim import ReclaimComponent
+
+
+@dataclass
+class Job:  # stand-in: what _answer_superseded reads of a job
+    id: str
+    started: float | None
+    state: str = "running"
+
+    @property
+    def active(self) -> bool:
+        return self.state in ("running", "suspended")
+
+
+@dataclass
+class Jobs:  # stand-in job manager: stop records what it was asked
+    jobs: dict[str, Job]
+    stopped: list[tuple[str, str, str]] = field(default_factory=list)
+
+    def get(self, jid: str) -> Job | None:
+        return self.jobs.get(jid)
+
+    async def stop(self, jid: str, reason: str, *, grace_s: float | None = None, state: str = "stopped") -> Job:
+        self.stopped.append((jid, state, reason))
+        self.jobs[jid].state = state
+        return self.jobs[jid]
+
+
+def source(jobs: Jobs) -> Any:
+    """Node 2 with its buddies map; the methods under test bound to it."""
+    events: list[dict[str, Any]] = []
+    releases: list[tuple[int, str]] = []
+    tasks: list[asyncio.Task[Any]] = []
+    src = types.SimpleNamespace(node_id=2, agent=types.SimpleNamespace(jobs=jobs), evacuating=set(),
+                                _superseding=set(), buddy={"job-1": 3}, events=events, releases=releases)
+    src._emit = lambda message, **kw: events.append({"message": message, **kw})
+    src._spawn = lambda coro: tasks.append(asyncio.ensure_future(coro)) or tasks[-1]
+
+    def forget(jid: str) -> int | None:
+        return src.buddy.pop(jid, None)
+
+    async def release(node: int, key: str) -> None:
+        releases.append((node, key))
+
+    src._forget_buddy = forget
+    src._release = release
+    src.tasks = tasks
+    for name in ("_asked_about", "_answer_superseded", "_stop_superseded"):
+        setattr(src, name, types.MethodType(getattr(ReclaimComponent, name), src))
+    return src
+
+
+def body(at: float, node: int = 1, clock: float | None = None) -> dict[str, Any]:
+    b: dict[str, Any] = {"key": "n2-job-1", "node": node, "job": "job-9", "at": at}
+    if clock is not None:
+        b["clock"] = clock
+    return b
+
+
+def test_a_copy_that_ran_on_through_the_take_over_is_stopped_and_its_other_guard_released() -> None:
+    async def main() -> None:
+        now = time.time()
+        jobs = Jobs({"job-1": Job("job-1", started=now - 600)})
+        src = source(jobs)
+        ans = src._answer_superseded("1", body(now - 30, clock=now))
+        assert ans["stopped"] == "job-1", ans
+        assert src._answer_superseded("1", body(now - 30, clock=now))["stopped"] == "job-1"  # asked again: once
+        await asyncio.gather(*src.tasks)
+        assert [(j, st) for j, st, _ in jobs.stopped] == [("job-1", "migrated")]
+        assert "node 1 runs it as job-9" in jobs.stopped[0][2]
+        assert src.releases == [(3, "n2-job-1")] and src.buddy == {}  # node 3 guarded it meanwhile
+        assert [e["phase"] for e in src.events] == ["superseded"]
+        assert src._answer_superseded("1", body(now - 30))["stopped"] is None  # it no longer runs
+
+    asyncio.run(main())
+
+
+def test_a_job_started_after_the_take_over_is_another_job_and_is_left_alone() -> None:
+    """A node whose state was wiped numbers its jobs again: ``n2-job-1`` is a new job."""
+    now = time.time()
+    jobs = Jobs({"job-1": Job("job-1", started=now - 10)})
+    src = source(jobs)
+    ans = src._answer_superseded("1", body(now - 30))
+    assert ans["stopped"] is None and "started after" in ans["why"], ans
+    assert not src.tasks and jobs.stopped == []
+
+
+def test_the_take_over_instant_is_read_in_the_sources_clock() -> None:
+    """The guard's clock runs 120 s behind: its take-over 60 s ago reads 180 s ago raw. A job
+    started 90 s ago started before the take-over (stopped); read raw, it would have seemed to
+    start after it. And the other way round with a guard's clock ahead."""
+    async def main() -> None:
+        now = time.time()
+        jobs = Jobs({"job-1": Job("job-1", started=now - 90)})
+        src = source(jobs)
+        guard_now = now - 120
+        assert src._answer_superseded("1", body(guard_now - 60, clock=guard_now))["stopped"] == "job-1"
+        await asyncio.gather(*src.tasks)
+        jobs2 = Jobs({"job-1": Job("job-1", started=now - 90)})
+        src2 = source(jobs2)
+        guard_ahead = now + 120  # its clock runs ahead: its take-over 100 s ago was 100 s ago here too,
+        # after the job's start (90 s ago): another job; read raw (20 s in the future) it would be stopped
+        assert src2._answer_superseded("1", body(guard_ahead - 100, clock=guard_ahead))["stopped"] is None
+
+    asyncio.run(main())
+
+
+def test_only_the_node_that_runs_the_job_may_say_so_and_a_bad_body_is_refused() -> None:
+    now = time.time()
+    jobs = Jobs({"job-1": Job("job-1", started=now - 600)})
+    src = source(jobs)
+    with pytest.raises(ValueError, match="node 3 cannot speak for node 1"):
+        src._answer_superseded("3", body(now))
+    for bad in ({"key": "n2-job-1", "node": 1, "job": "job-9"}, {"key": "n2-job-1", "node": 1, "job": "job-9", "at": "x"},
+                {"key": "n2-job-1", "node": 1, "job": "job-9", "at": float("nan")}):
+        with pytest.raises(ValueError):
+            src._answer_superseded("1", bad)
+    assert src._answer_superseded("1", {**body(now), "key": "n5-job-1"})["stopped"] is None  # not a job of node 2
+    assert not src.tasks and jobs.stopped == [] and jobs.jobs["job-1"].state == "running"
