@@ -18,6 +18,7 @@ from __future__ import annotations
 import pytest
 from agentproc import VENV_BIN
 from harness import wait_until
+from test_migrate_archive_periodic import live
 from test_migration import (  # noqa: F401  (fixture)
     find_migrated,
     job_state,
@@ -63,3 +64,47 @@ def test_after_a_partition_longer_than_orphan_after_s_the_source_stops_its_copy(
     # told once: a later round does not ask again, and nothing else on A is stopped
     assert [j["id"] for j in a.json("jobs", "--active")] == []
     assert [j["id"] for j in b.json("jobs", "--active")] == [resumed["id"]]
+
+
+def test_after_a_partition_the_node_that_claimed_the_job_from_the_archive_tells_its_source(
+        make_cluster, tmp_path):  # noqa: F811
+    """Node X is cut off from A (the job's node) and B (its buddy) both: to X both are gone, so X
+    claims the job's live record from the archive and resumes it, while A's copy runs on (B
+    still hears A: it takes nothing over). Healed, X tells A, which stops its copy. Before, X
+    kept no guard row of a job it claimed from the archive, so nothing told A."""
+    arch = tmp_path / "archive"
+    c = make_cluster(zones=1, per_zone=3, gpus=1, zone_extra=migrate_config(
+        orphan_after_s=2, retry_base_s=0.3, retry_max_s=0.6, archive_dir=f'"{arch}"', archive_gc_s=1.0))
+    a, b, x = c.nodes
+    jid = submit(a, "--name", "split-archive", "--", str(VENV_BIN / "python"), "-c", JOB)
+    key = f"n{a.node_id}-{jid}"
+
+    def ready() -> bool:  # the checkpoint archived (live.json) and guarded by A's buddy
+        r = live(arch, key)
+        buddy = None if r is None else r.get("buddy")
+        return buddy is not None and any(nd.node_id == buddy and (g := replica(nd, key)) is not None
+                                         and g["state"] == "guarding" for nd in (b, x))
+
+    wait_until(ready, 60, "the job's checkpoint archived and guarded by its buddy", every=0.2)
+    buddy = int(live(arch, key)["buddy"])  # type: ignore[index]
+    if buddy == x.node_id:  # the cut-off node must be neither the job's node nor its buddy
+        b, x = x, b
+    cut = [(a, x), (b, x), (x, a), (x, b)]  # (in whose namespace, route to whom): both ways
+    for nd, to in cut:
+        nd.netns.run("ip", "route", "add", "blackhole", f"{to.addr}/32")
+    try:
+        found = wait_until(lambda: (f := find_migrated(c, key)) is not None and f[0] is x and f, 60,
+                           "X to claim the job from the archive and resume it")
+        _, resumed = found
+        wait_until(lambda: job_state(x, resumed["id"])["state"] == "running", 30, "X's copy to run")
+        assert job_state(a, jid)["state"] == "running"  # two copies: the partition's cost
+        assert replica(x, key)["state"] == "resumed"  # type: ignore[index]
+    finally:
+        for nd, to in cut:
+            nd.netns.run("ip", "route", "del", "blackhole", f"{to.addr}/32")
+
+    wait_until(lambda: job_state(a, jid)["state"] == "migrated", 30, "A to stop its copy once X told it")
+    assert f"node {x.node_id}" in job_state(a, jid)["reason"]
+    assert job_state(x, resumed["id"])["state"] == "running"
+    ev = [e for e in a.json("events", "--kind", "migrate") if e.get("phase") == "superseded"]
+    assert [(e["job"], e["node"]) for e in ev] == [(jid, x.node_id)], ev

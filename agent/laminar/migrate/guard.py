@@ -660,6 +660,11 @@ class GuardMixin:
             if not starting.done():
                 starting.set_result(None)
         self._set_replica(key, "resumed", job.id)
+        with self.agent.store.tx() as db:  # claimed from the archive: no guard row here, one is made for it,
+            # so its source, heard from again, is told that this node runs the job now (_superseded_round)
+            db.execute("INSERT OR IGNORE INTO migrate_replicas VALUES (?, ?, ?, ?, ?, 'resumed', ?, ?)",
+                       (key, int(row["src_node"]), str(row["src_job"]), json.dumps(req), path.name, job.id,
+                        time.time()))
         self.counts["resumed"] += 1
         self._emit(f"{key}: {why}; resumed here as {job.id} from {path.name} (the newest verified replica)",
                    key=key, job=job.id, ckpt=path.name, src_node=int(row["src_node"]), src_job=row["src_job"],
