@@ -108,3 +108,40 @@ def test_after_a_partition_the_node_that_claimed_the_job_from_the_archive_tells_
     assert job_state(x, resumed["id"])["state"] == "running"
     ev = [e for e in a.json("events", "--kind", "migrate") if e.get("phase") == "superseded"]
     assert [(e["job"], e["node"]) for e in ev] == [(jid, x.node_id)], ev
+
+
+FINISH = """
+import os, sys, time
+from laminar.jobkit import Checkpointer
+Checkpointer(install_signal=False).save(b"weights-7", step=7)
+while not (os.path.exists(sys.argv[1]) and "LM_MIGRATED_FROM" not in os.environ):
+    time.sleep(0.1)  # the copy on its own node finishes once told; a resumed copy never does by itself
+"""
+
+
+def test_a_job_its_source_finished_during_the_partition_is_stopped_where_it_was_taken_over(
+        make_cluster, tmp_path):  # noqa: F811
+    """The source's copy finishes (exit 0) while cut off; the buddy took the job over meanwhile
+    and runs it again. Healed, the buddy learns the job was finished and stops its rerun."""
+    c = make_cluster(zones=1, per_zone=2, gpus=1, zone_extra=migrate_config(
+        orphan_after_s=2, retry_base_s=0.3, retry_max_s=0.6))
+    a, b = c.nodes
+    go = tmp_path / "finish"
+    jid = submit(a, "--name", "finishes", "--", str(VENV_BIN / "python"), "-c", FINISH, str(go))
+    key = f"n{a.node_id}-{jid}"
+    wait_until(lambda: (r := replica(b, key)) is not None and r["state"] == "guarding" and 7 in verified_steps(b, key),
+               60, "B to hold and guard the job's checkpoint")
+    a.netns.run("ip", "route", "add", "blackhole", f"{b.addr}/32")
+    try:
+        _, resumed = wait_until(lambda: find_migrated(c, key), 30, "B to resume the job")
+        wait_until(lambda: job_state(b, resumed["id"])["state"] == "running", 30, "B's copy to run")
+        go.touch()
+        wait_until(lambda: job_state(a, jid)["state"] == "exited", 30, "A's copy to finish")
+        assert job_state(a, jid)["exit_code"] == 0
+    finally:
+        a.netns.run("ip", "route", "del", "blackhole", f"{b.addr}/32")
+    wait_until(lambda: job_state(b, resumed["id"])["state"] == "stopped", 30, "B to stop its rerun once A answered")
+    assert "finished" in job_state(b, resumed["id"])["reason"]
+    ev = [e for e in b.json("events", "--kind", "migrate") if e.get("phase") == "superseded-done-there"]
+    assert [(e["key"], e["job"]) for e in ev] == [(key, resumed["id"])], ev
+    assert job_state(a, jid)["state"] == "exited"

@@ -155,12 +155,31 @@ class GuardMixin:
                 src, key, runs, tries, SUPERSEDED_TRIES, e)
             return
         self._superseded_next[key] = (math.inf, SUPERSEDED_TRIES)  # told
-        stopped = ans.get("stopped") if isinstance(ans, dict) and ans.get("key") == key else None
-        if stopped:
+        ans = ans if isinstance(ans, dict) and ans.get("key") == key else {}
+        stopped = ans.get("stopped")
+        if ans.get("state") == "exited" and ans.get("exit_code") == 0:
+            await self._stop_rerun(key, src, runs)
+        elif stopped:
             self._emit(f"{key}: node {src} ran its copy on after this node took the job over (a partition "
                        f"taken for its departure); told that {runs} runs it here, it stopped {stopped}: the job "
                        "runs once again", key=key, src_node=src, job=runs, stopped=str(stopped),
                        phase="superseded-there")
+
+    async def _stop_rerun(self, key: str, src: int, runs: str) -> None:
+        """The source finished ``key`` itself (exit 0): this node took it over while it could not
+        hear the source (which finished it during the partition, or had finished it and could not
+        release this guard), so ``runs`` here is a rerun of a finished job. Stopped (state
+        ``stopped``, event phase ``superseded-done-there``). Never raises."""
+        job = self.agent.jobs.get(runs)
+        if job is None or not job.active:
+            return
+        self._emit(f"{key}: node {src} finished it itself (exit 0) while this node, cut off from it, ran it again as "
+                   f"{runs}: {runs} is stopped", key=key, src_node=src, job=runs, phase="superseded-done-there")
+        try:
+            await self.agent.jobs.stop(runs, f"node {src} finished {key} itself (exit 0) while this node, cut off "
+                                       "from it, ran it again: a rerun of a finished job", grace_s=0, state="stopped")
+        except Exception as e:  # ended meanwhile
+            log.warning("migrate: stopping %s, a rerun of %s that node %d finished: %s", runs, key, src, e)
 
     def _source_dead(self, src: int, now: float, window_end: float | None = None,
                      since: float | None = None) -> str | None:

@@ -708,7 +708,8 @@ class ReplicasMixin:
         ``migrated``, so the job runs once (:meth:`_stop_superseded`); its other guard, if any, is
         released. A job that started after it is another job under the same key (a node whose
         state was wiped numbers its jobs again) and is left alone. Answers ``{"key", "stopped":
-        job id or None, "why"}``. Raises ValueError for a malformed body or a sender that speaks
+        job id or None, "why"}``, and for a copy that no longer runs here its ``state`` and
+        ``exit_code`` (one that finished by itself makes the guard's copy a rerun: it stops it). Raises ValueError for a malformed body or a sender that speaks
         for another node."""
         key = str(body["key"])
         asker, jid = self._asked_about(node, key, "superseded")
@@ -724,7 +725,10 @@ class ReplicasMixin:
         jobs = getattr(self.agent, "jobs", None)
         job = jobs.get(jid) if jobs is not None and jid is not None else None
         if job is None or not job.active:
-            return {"key": key, "stopped": None, "why": f"no copy of {key} runs on node {self.node_id}"}
+            # ``state``/``exit_code``: a copy that finished here by itself (exit 0) makes the guard's a rerun
+            return {"key": key, "stopped": None, "why": f"no copy of {key} runs on node {self.node_id}",
+                    "state": None if job is None else str(job.state),
+                    "exit_code": None if job is None else job.exit_code}
         if job.id in self._superseding:
             return {"key": key, "stopped": job.id, "why": f"{job.id} is being stopped"}
         if job.started is None or float(job.started) >= at:
