@@ -16,6 +16,10 @@ nodes, one at a time (``--concurrent N``: up to N at once, each on its own node)
 - ``restart``: SIGTERM, started again at once;
 - ``partition`` (with ``--partitions``): the node's link to the bridge down for 2 s to
   min(12 s, ``orphan_after_s`` / 2), then up (shorter than ``orphan_after_s``: no take-over);
+- ``long-partition`` (with ``--long-partitions``): the link down for ``orphan_after_s`` + 3 to
+  + 15 s: the zone takes the node for gone and resumes its jobs elsewhere while they run on
+  there. Two copies of a job may run from the take-over until LONG_CUT_GRACE_S after the link
+  is back (the guard then tells the node, which stops its copy: control op ``superseded``);
 - ``crash`` (with ``--crashes``): the node fails abruptly, as a power cut or a kernel panic: its
   agent and every job are SIGKILLed, its cgroups removed and its link cut for
   ``orphan_after_s`` + 5 to + 25 s (the zone counts it gone: its jobs are taken over elsewhere,
@@ -25,7 +29,8 @@ nodes, one at a time (``--concurrent N``: up to N at once, each on its own node)
 Checked, from the ledger (the run exits 1 when any fails; these are the contract, not timings):
 
 - ``double_runs``: two processes of the same job stepping at the same time (their step lines
-  interleave), or a job stepping after its end;
+  interleave), or a job stepping after its end; inside a long partition's window (above) these
+  are counted as ``split_runs`` instead, and are no failure;
 - ``wrong_results``: an end whose hash is not the chain's over all the steps;
 - ``unfinished``: a job with no end when the run's time is up (lost, or never resumed).
 
@@ -33,7 +38,7 @@ Measured: ``redone_steps_pct`` (steps run more than once, over the jobs' steps),
 events by kind, and the agents' own counts of moves and archive claims.
 
     python bench/chaos.py [--quick] [--seed N] [--json PATH] [--nodes N] [--jobs N]
-                          [--steps N] [--limit-s S] [--partitions] [--crashes]
+                          [--steps N] [--limit-s S] [--partitions] [--long-partitions] [--crashes]
                           [--concurrent N] [--keep-logs DIR]
 
 ``--quick``: 3 nodes, 2 jobs of 600 steps; else 4 nodes, 3 jobs of 3,000 steps. A step is 50 ms.
@@ -59,6 +64,9 @@ from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
 STEP_S = 0.05
+# After a long partition's link is back, two copies of a job may run this long more: the guard
+# hears the node (summaries), tells it (``superseded``) and it stops its copy.
+LONG_CUT_GRACE_S = 20.0
 
 
 def chain(steps: int) -> str:
@@ -98,38 +106,47 @@ def _role_job(name: str, steps: int, ledger: str) -> int:
 # --------------------------------------------------------------------------- the checks
 
 
-def check(ledger: Path, names: list[str], steps: int) -> dict[str, Any]:
-    """The contract's checks over the ledger (see the module's doc)."""
+def check(ledger: Path, names: list[str], steps: int,
+          windows: list[tuple[float, float]] | None = None) -> dict[str, Any]:
+    """The contract's checks over the ledger (see the module's doc). ``windows``: (from, to)
+    wall-clock spans of long partitions (grace included) in which two copies may run: what
+    happens in one is a ``split_runs`` entry, not a ``double_runs`` one."""
     want = chain(steps)
     rows = [json.loads(line) for line in ledger.read_text().splitlines() if line.strip()] if ledger.exists() else []
-    double, wrong, ran = [], [], dict.fromkeys(names, 0)
+    double, split, wrong, ran = [], [], [], dict.fromkeys(names, 0)
     done: dict[str, int] = {}
     stepping: dict[str, int] = {}  # job -> the pid that stepped last
-    ended: dict[str, int] = {}  # job -> pids whose process ended (a done line), or was replaced by a start
+    last_t: dict[int, float] = {}  # pid -> when it stepped last
+
+    def bad(what: str, t: float) -> None:
+        (split if any(lo <= t <= hi for lo, hi in windows or []) else double).append(what)
+
     for r in rows:
-        n, pid = r["n"], r["pid"]
+        n, pid, t = r["n"], r["pid"], float(r.get("t", 0.0))
         if r["ev"] == "start":
             stepping.pop(n, None)
             if n in done:
-                double.append(f"{n}: started again (pid {pid}) after its end")
+                bad(f"{n}: started again (pid {pid}) after its end", t)
         elif r["ev"] == "step":
             ran[n] += 1
             if n in done:
-                double.append(f"{n}: step {r['s']} by pid {pid} after its end")
+                bad(f"{n}: step {r['s']} by pid {pid} after its end", t)
             prev = stepping.get(n)
             if prev is not None and prev != pid:
-                double.append(f"{n}: pids {prev} and {pid} step at once (step {r['s']})")
+                # the two ran at once until the other's last step: that is when it happened
+                bad(f"{n}: pids {prev} and {pid} step at once (step {r['s']})", last_t.get(prev, t))
             stepping[n] = pid
+            last_t[pid] = t
         elif r["ev"] == "done":
             if n in done:
-                double.append(f"{n}: ended twice")
+                bad(f"{n}: ended twice", t)
             done[n] = pid
-            ended[n] = pid
             if r["h"] != want:
                 wrong.append(f"{n}: hash {r['h'][:12]}... is not the chain's {want[:12]}...")
     # a job restarted from a checkpoint starts with a "start" line: any later step by the older
     # pid is a second process stepping at once (caught above when lines interleave)
-    return {"double_runs": double, "wrong_results": wrong, "unfinished": sorted(set(names) - set(done)),
+    return {"double_runs": double, "split_runs": len(split), "wrong_results": wrong,
+            "unfinished": sorted(set(names) - set(done)),
             "redone_steps_pct": round(100.0 * (sum(ran.values()) - steps * len(done)) / max(1, steps * len(names)), 2),
             "steps_run": sum(ran.values())}
 
@@ -151,6 +168,7 @@ def run(a: argparse.Namespace, tmp: Path) -> dict[str, Any]:
     names = [f"chaos{i}" for i in range(a.jobs)]
     counts: dict[str, int] = {}
     log: list[str] = []
+    windows: list[tuple[float, float]] = []  # long partitions: (cut, back + LONG_CUT_GRACE_S), wall clock
     t0 = time.monotonic()
 
     def say(msg: str) -> None:
@@ -171,7 +189,7 @@ def run(a: argparse.Namespace, tmp: Path) -> dict[str, Any]:
         time.sleep(3)
 
         def all_done() -> bool:
-            return len(check(ledger, names, a.steps)["unfinished"]) == 0
+            return len(check(ledger, names, a.steps, windows)["unfinished"]) == 0
 
         def draw(kind: str) -> dict[str, Any]:
             """The event's parameters, drawn here (in the schedule's order: a seed's schedule is
@@ -187,6 +205,8 @@ def run(a: argparse.Namespace, tmp: Path) -> dict[str, Any]:
                 return {"down": rng.uniform(1, 6)}
             if kind == "crash":
                 return {"down": a.orphan_after_s + rng.uniform(5, 25)}
+            if kind == "long-partition":
+                return {"cut": a.orphan_after_s + rng.uniform(3, 15)}
             return {}
 
         def act(nd: Any, kind: str, p: dict[str, Any]) -> None:
@@ -213,6 +233,16 @@ def run(a: argparse.Namespace, tmp: Path) -> dict[str, Any]:
                         time.sleep(p["cut"])
                     finally:
                         subprocess.run(["ip", "link", "set", nd.host_if, "up"], check=True)
+                elif kind == "long-partition":
+                    say(f"node {nd.node_id}: partitioned for {p['cut']:.1f} s, past orphan_after_s (its jobs are "
+                        "resumed elsewhere; its copies must stop once it is back)")
+                    cut_at = time.time()
+                    subprocess.run(["ip", "link", "set", nd.host_if, "down"], check=True)
+                    try:
+                        time.sleep(p["cut"])
+                    finally:
+                        subprocess.run(["ip", "link", "set", nd.host_if, "up"], check=True)
+                        windows.append((cut_at, time.time() + LONG_CUT_GRACE_S))
                 elif kind == "crash":
                     say(f"node {nd.node_id}: crash (agent and jobs killed, cgroups gone, link down) for "
                         f"{p['down']:.1f} s, then a reboot")
@@ -255,6 +285,8 @@ def run(a: argparse.Namespace, tmp: Path) -> dict[str, Any]:
                 kinds, weights = kinds + ["partition"], weights + [3]
             if a.crashes:
                 kinds, weights = kinds + ["crash"], weights + [1]
+            if a.long_partitions:
+                kinds, weights = kinds + ["long-partition"], weights + [2]
             kind = rng.choices(kinds, weights=weights)[0]
             counts[kind] = counts.get(kind, 0) + 1
             busy.add(nd.node_id)
@@ -273,7 +305,7 @@ def run(a: argparse.Namespace, tmp: Path) -> dict[str, Any]:
             wait_until(all_done, max(60.0, deadline + 120 - time.monotonic()), "every job to end", every=1.0)
         except AssertionError as e:
             say(str(e))
-        res = check(ledger, names, a.steps)
+        res = check(ledger, names, a.steps, windows)
         agents: dict[str, int] = {}
         for nd in c.nodes:
             if not up(nd):
@@ -318,6 +350,9 @@ def main() -> int:
     ap.add_argument("--partitions", action="store_true",
                     help="also cut a node's link for 2 s to min(12, orphan_after_s / 2) s (a partition shorter "
                          "than orphan_after_s: no take-over may follow)")
+    ap.add_argument("--long-partitions", action="store_true",
+                    help="also cut a node's link for orphan_after_s + 3 to + 15 s: its jobs are taken over elsewhere "
+                         "and its copies must stop once it is back (two copies allowed until LONG_CUT_GRACE_S after)")
     ap.add_argument("--crashes", action="store_true",
                     help="also crash a node: agent and jobs killed, cgroups gone, link down for orphan_after_s "
                          "+ 5 to + 25 s, then a reboot (its jobs are taken over elsewhere meanwhile)")

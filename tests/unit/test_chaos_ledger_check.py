@@ -50,3 +50,23 @@ def test_two_processes_stepping_at_once_a_step_after_the_end_and_a_bad_hash_are_
     assert any("after its end" in d for d in r["double_runs"]), r["double_runs"]
     assert len(r["wrong_results"]) == 1 and r["wrong_results"][0].startswith("b: hash 000000")
     assert r["unfinished"] == ["c"]
+
+
+def timed(rows: list[dict[str, Any]], t0: float, dt: float = 1.0) -> list[dict[str, Any]]:
+    return [{**r, "t": t0 + i * dt} for i, r in enumerate(rows)]
+
+
+def test_two_copies_inside_a_long_partitions_window_are_split_runs_and_outside_it_double_runs(tmp_path: Path) -> None:
+    """A long partition (``--long-partitions``): the node's copy (pid 1) runs on while the guard's
+    (pid 2) resumes; pid 1 stops after the heal. Inside the window that is a split run, not a
+    failure; the same overlap outside it, or a copy that steps on after it, is a double run."""
+    a1, a2 = run("a", 1, 0, 2, done=False), run("a", 2, 0, STEPS)
+    rows = timed(a1[:2] + a2[:2] + a1[2:] + a2[2:], 100.0)  # pid 1 steps at 100..102 beside pid 2
+    r = chaos.check(ledger(tmp_path, rows), ["a"], STEPS, windows=[(99.0, 110.0)])
+    assert r["double_runs"] == [] and r["split_runs"] >= 1, r
+    r = chaos.check(ledger(tmp_path, rows), ["a"], STEPS, windows=[(50.0, 60.0)])
+    assert any("step at once" in d for d in r["double_runs"]) and r["split_runs"] == 0, r
+    # pid 2 resumed inside the window, pid 1 still steps long after it ended: a double run
+    late = [{"n": "a", "pid": 1, "ev": "step", "s": 3, "t": 200.0}, {"n": "a", "pid": 2, "ev": "step", "s": 4, "t": 201.0}]
+    r = chaos.check(ledger(tmp_path, timed(a1[:2] + a2[:2], 100.0) + late), ["a"], STEPS, windows=[(99.0, 110.0)])
+    assert any("step at once" in d for d in r["double_runs"]), r
