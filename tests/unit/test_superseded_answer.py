@@ -24,6 +24,7 @@ class Job:  # stand-in: what _answer_superseded reads of a job
     id: str
     started: float | None
     state: str = "running"
+    exit_code: int | None = None
 
     @property
     def active(self) -> bool:
@@ -44,13 +45,24 @@ class Jobs:  # stand-in job manager: stop records what it was asked
         return self.jobs[jid]
 
 
+class Lane:  # stand-in for the archive's lane: runs the call at once
+    def call(self, what: str, fn: Any, *args: Any) -> asyncio.Future[Any]:
+        f = asyncio.get_running_loop().create_future()
+        f.set_result(fn(*args))
+        return f
+
+
 def source(jobs: Jobs) -> Any:
     """Node 2 with its buddies map; the methods under test bound to it."""
     events: list[dict[str, Any]] = []
     releases: list[tuple[int, str]] = []
     tasks: list[asyncio.Task[Any]] = []
     src = types.SimpleNamespace(node_id=2, agent=types.SimpleNamespace(jobs=jobs), evacuating=set(),
-                                _superseding=set(), buddy={"job-1": 3}, events=events, releases=releases)
+                                _superseding=set(), buddy={"job-1": 3}, events=events, releases=releases,
+                                _releases={(1, "n2-job-1"): (0.0, 0.0)},  # node 1: its old buddy, owed a release
+                                _lane=Lane(), archive=None, runner=None)
+    src._archive_root = lambda: src.archive
+    src._archive_runner = lambda key: src.runner
     src._emit = lambda message, **kw: events.append({"message": message, **kw})
     src._spawn = lambda coro: tasks.append(asyncio.ensure_future(coro)) or tasks[-1]
 
@@ -119,6 +131,29 @@ def test_the_take_over_instant_is_read_in_the_sources_clock() -> None:
         guard_ahead = now + 120  # its clock runs ahead: its take-over 100 s ago was 100 s ago here too,
         # after the job's start (90 s ago): another job; read raw (20 s in the future) it would be stopped
         assert src2._answer_superseded("1", body(guard_ahead - 100, clock=guard_ahead))["stopped"] is None
+
+    asyncio.run(main())
+
+
+def test_a_node_that_does_not_guard_the_job_is_believed_only_when_the_archive_names_it() -> None:
+    """Node 4 never guarded ``n2-job-1``: without an archive its word stops nothing; with one,
+    the job stops only when the archive names node 4 the runner of its claim."""
+    async def main() -> None:
+        now = time.time()
+        jobs = Jobs({"job-1": Job("job-1", started=now - 600)})
+        src = source(jobs)
+        ans = src._answer_superseded("4", body(now - 30, node=4))
+        assert ans["stopped"] is None and "neither guards" in ans["why"] and not src.tasks, ans
+        src.archive = "/archive"
+        src.runner = "5"  # the archive says node 5 claimed it
+        ans = src._answer_superseded("4", body(now - 30, node=4))
+        assert ans["stopped"] is None and ans["checks"] == "job-1", ans
+        await asyncio.gather(*src.tasks)
+        assert jobs.stopped == [] and jobs.jobs["job-1"].state == "running" and src.events == []
+        src.runner = "4"
+        src._answer_superseded("4", body(now - 30, node=4))
+        await asyncio.gather(*src.tasks)
+        assert [(j, st) for j, st, _ in jobs.stopped] == [("job-1", "migrated")]
 
     asyncio.run(main())
 

@@ -91,6 +91,7 @@ from laminar.migrate.transfer import TransferError
 from laminar.migrate.trees import _newest_mtime, _remove_tree
 
 if TYPE_CHECKING:
+    from laminar.migrate.archive import ArchiveLane
     from laminar.migrate.transfer import Receiver
 
 log = logging.getLogger("laminar.migrate")
@@ -301,6 +302,8 @@ class ReplicasMixin:
         # what this mixin uses of ReclaimComponent (its __init__ and its other parts)
         _guard_asked: dict[str, float]
         _guard_checking: set[str]
+        _lane: ArchiveLane
+        _releases: dict[tuple[int, str], tuple[float, float]]
         _owners: dict[str, tuple[int, int]]
         _prestaging: set[str]
         _replica_gc_next: float
@@ -316,6 +319,8 @@ class ReplicasMixin:
 
         async def _control(self, node: int, op: str, body: Any, timeout: float = 5.0) -> Any: ...
         def _emit(self, message: str, **fields: Any) -> None: ...
+        def _archive_root(self) -> Path | None: ...
+        def _archive_runner(self, key: str) -> str | None: ...
         def _forget_buddy(self, job_id: str) -> int | None: ...
         async def _release(self, node: int, key: str) -> None: ...
         def _runs_here(self, key: str) -> str | None: ...
@@ -706,7 +711,10 @@ class ReplicasMixin:
         (:meth:`GuardMixin._superseded_round`). When this node's copy of the job still runs and
         started before that instant (a partition, not a departure), it is stopped here, state
         ``migrated``, so the job runs once (:meth:`_stop_superseded`); its other guard, if any, is
-        released. A job that started after it is another job under the same key (a node whose
+        released. The asker's word is taken only from the job's guard (its buddy, or an old buddy
+        still owed a release); from another node, the job stops only once the archive names it
+        the runner of its claim of ``key`` (read on the archive's lane: :meth:`_stop_superseded`;
+        answered ``checks``), and never without an archive. A job that started after it is another job under the same key (a node whose
         state was wiped numbers its jobs again) and is left alone. Answers ``{"key", "stopped":
         job id or None, "why"}``, and for a copy that no longer runs here its ``state`` and
         ``exit_code`` (one that finished by itself makes the guard's copy a rerun: it stops it). Raises ValueError for a malformed body or a sender that speaks
@@ -736,14 +744,33 @@ class ReplicasMixin:
                     "another job under the same key"}
         if job.id in self.evacuating:
             return {"key": key, "stopped": None, "why": f"{job.id} is being moved"}
+        # the asker's word alone stops nothing: it guards the job here (its buddy, or the old buddy
+        # still owed a release), or the archive names it the runner of its claim (read on the lane)
+        vouched = self.buddy.get(job.id) == asker or (asker, key) in self._releases
+        if not vouched and self._archive_root() is None:
+            return {"key": key, "stopped": None, "why": f"node {asker} neither guards {key} nor claimed it from "
+                    "an archive: nothing here says it runs it"}
         self._superseding.add(job.id)
-        self._spawn(self._stop_superseded(job, asker, their, key))
+        self._spawn(self._stop_superseded(job, asker, their, key, vouched))
+        if not vouched:
+            return {"key": key, "stopped": None, "checks": job.id,
+                    "why": f"{job.id} is stopped once the archive names node {asker} its runner"}
         return {"key": key, "stopped": job.id, "why": f"{job.id} stopped: node {asker} runs it as {their}"}
 
-    async def _stop_superseded(self, job: Any, node: int, their: str, key: str) -> None:
+    async def _stop_superseded(self, job: Any, node: int, their: str, key: str, vouched: bool = True) -> None:
         """Stops ``job`` here (state ``migrated``: it runs on ``node`` as ``their``), with an event
-        (phase ``superseded``); its buddy, when another node, is released. Never raises."""
+        (phase ``superseded``); its buddy, when another node, is released. Not ``vouched`` (the
+        asker is not its guard): only when the archive names ``node`` the runner of its claim of
+        ``key``. Never raises."""
         try:
+            if not vouched:
+                runner = await self._lane.call(f"who runs {key}", self._archive_runner, key)
+                if runner != str(node):
+                    log.warning("migrate: node %d says it runs %s as %s, but it does not guard it and the archive "
+                                "names %s its runner: %s runs on", node, key, their, runner, job.id)
+                    return
+            if not job.active:
+                return
             self._emit(f"{job.id}: node {node} took it over as {their} while it heard nothing from this node "
                        "(a partition taken for a departure); both copies ran since: stopped here so that it runs once",
                        job=job.id, node=node, their_job=their, key=key, phase="superseded")
