@@ -170,3 +170,38 @@ def test_only_the_node_that_runs_the_job_may_say_so_and_a_bad_body_is_refused() 
             src._answer_superseded("1", bad)
     assert src._answer_superseded("1", {**body(now), "key": "n5-job-1"})["stopped"] is None  # not a job of node 2
     assert not src.tasks and jobs.stopped == [] and jobs.jobs["job-1"].state == "running"
+
+
+def test_a_release_answered_with_superseded_stops_the_copy_as_the_op_would() -> None:
+    """After the heal the source's release of its old buddy (node 1, not reached during the
+    partition) may arrive before node 1's ``superseded``: node 1's answer to it says it runs the
+    job, and the source stops its copy on it, while node 1 still counts as the guard owed the
+    release. Before the release is dropped, not after: else nothing would vouch for node 1."""
+    async def main() -> None:
+        now = time.time()
+        jobs = Jobs({"job-1": Job("job-1", started=now - 600)})
+        src = source(jobs)
+        src.buddy = {"job-1": 3}
+        src._releasing = set()
+        src._release_void = lambda node, key: False
+        src._owe_release = lambda node, key: None
+        src._drop_release = lambda pair: src._releases.pop(pair, None)
+
+        sent: list[tuple[int, str]] = []
+
+        async def control(node: int, op: str, body: Any, timeout: float = 5.0) -> Any:
+            sent.append((node, op))
+            if node != 1:
+                return {"released": body["key"]}
+            return {"released": body["key"], "superseded": {"node": 1, "job": "job-9", "at": now - 30, "clock": now}}
+
+        src._control = control
+        src._release = types.MethodType(ReclaimComponent._release, src)
+        await src._release(1, "n2-job-1")
+        while not all(t.done() for t in src.tasks):  # the stop, and the release of node 3 it spawns
+            await asyncio.gather(*src.tasks)
+        assert [(j, st) for j, st, _ in jobs.stopped] == [("job-1", "migrated")]
+        assert src._releases == {} and [e["phase"] for e in src.events] == ["superseded"]
+        assert sent == [(1, "release"), (3, "release")]  # node 3, its buddy meanwhile, no longer guards it
+
+    asyncio.run(main())

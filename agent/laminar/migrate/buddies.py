@@ -88,6 +88,7 @@ class BuddiesMixin:
         s: dict[str, Any]
         shipped: dict[str, str]
 
+        def _answer_superseded(self, node: str, body: dict[str, Any]) -> dict[str, Any]: ...
         def _asked_about(self, node: str, key: str, op: str) -> tuple[int, str | None]: ...
         def _ckpt_bytes(self, job: Any) -> int: ...
         async def _control(self, node: int, op: str, body: Any, timeout: float = 5.0) -> Any: ...
@@ -346,7 +347,7 @@ class BuddiesMixin:
         self._owe_release(node, key)
         self._releasing.add(pair)
         try:
-            await self._control(node, "release", {"key": key})
+            ans = await self._control(node, "release", {"key": key})
         except (MigrateError, TransferError, OSError, TimeoutError) as e:
             mono = time.monotonic()
             at, give_up = self._releases.get(pair, (None, mono + RELEASE_GIVE_UP_S))
@@ -363,6 +364,12 @@ class BuddiesMixin:
                         "migrate: release of %s at node %d failed: %s (sent again every %g s until it arrives)",
                         key, node, e, RELEASE_RETRY_S)
         else:
+            sup = ans.get("superseded") if isinstance(ans, dict) else None
+            if isinstance(sup, dict):  # it took the job over and runs it: as control op ``superseded``
+                try:  # (before the release is dropped: an old buddy owed it is this job's guard)
+                    self._answer_superseded(str(node), {**sup, "key": key})
+                except (ValueError, KeyError, TypeError) as e:
+                    log.warning("migrate: node %d's answer to the release of %s: %s", node, key, e)
             self._drop_release(pair)
         finally:
             self._releasing.discard(pair)

@@ -2260,6 +2260,10 @@ class ReclaimComponent(BuddiesMixin, GuardMixin, ReplicasMixin, WithdrawMixin, S
             return {"free_bytes": max(0.0, free)}
         if op == "release":
             key = str(body["key"])
+            row = self.agent.store.db.execute("SELECT state, updated FROM migrate_replicas WHERE key=?", (key,)).fetchone()
+            # taken over here and run here: the source still runs its copy, or it would not release
+            # this guard; the answer says so (as ``superseded`` would: a release may come first)
+            runs = self._runs_here(key) if row is not None and row["state"] == "resumed" else None
             with self.agent.store.tx() as db:
                 db.execute("UPDATE migrate_replicas SET state='released', updated=? WHERE key=? AND state IN ('guarding', 'waiting')",
                            (time.time(), key))
@@ -2267,6 +2271,10 @@ class ReclaimComponent(BuddiesMixin, GuardMixin, ReplicasMixin, WithdrawMixin, S
                 self.replica_gc(key)
             except Exception:
                 log.exception("migrate: replica GC of %s", key)
+            if runs is not None:
+                assert row is not None
+                return {"released": key, "superseded": {"node": self.node_id, "job": runs, "at": float(row["updated"]),
+                                                        "clock": time.time()}}
             return {"released": key}
         if op == "reclaim":
             ts = float(body.get("ts", 0))
