@@ -704,21 +704,25 @@ class ReplicasMixin:
         return asker, key[len(prefix):] if key.startswith(prefix) else None
 
     def _answer_superseded(self, node: str, body: dict[str, Any]) -> dict[str, Any]:
-        """``node`` took this node's job ``key`` over (it was taken for gone: a silence of
-        ``orphan_after_s``, or its reclaim window's end while it was cut off) and runs it as
-        ``job`` since ``at`` (the guard's wall clock, moved into this one's by the message's
-        ``clock``): control op ``superseded``, sent once this node is heard from again
-        (:meth:`GuardMixin._superseded_round`). When this node's copy of the job still runs and
-        started before that instant (a partition, not a departure), it is stopped here, state
-        ``migrated``, so the job runs once (:meth:`_stop_superseded`); its other guard, if any, is
-        released. The asker's word is taken only from the job's guard (its buddy, or an old buddy
-        still owed a release); from another node, the job stops only once the archive names it
-        the runner of its claim of ``key`` (read on the archive's lane: :meth:`_stop_superseded`;
-        answered ``checks``), and never without an archive. A job that started after it is another job under the same key (a node whose
-        state was wiped numbers its jobs again) and is left alone. Answers ``{"key", "stopped":
-        job id or None, "why"}``, and for a copy that no longer runs here its ``state`` and
-        ``exit_code`` (one that finished by itself makes the guard's copy a rerun: it stops it). Raises ValueError for a malformed body or a sender that speaks
-        for another node."""
+        """Control op ``superseded``: ``node`` took this node's job ``key`` over (it took this node
+        for gone: a silence of ``orphan_after_s``, or a reclaim window that ended while it was cut
+        off) and runs it as ``job`` since ``at`` (its wall clock, moved into this one's by the
+        message's ``clock``). Sent once this node is heard from again
+        (:meth:`GuardMixin._superseded_round`), or carried by the answer to a ``release``.
+
+        When this node's copy still runs and started before ``at`` (a partition, not a
+        departure), it is stopped here, state ``migrated``, so the job runs once
+        (:meth:`_stop_superseded`); its other guard, if any, is released. The asker's word is
+        taken only from the job's guard (its buddy, or an old buddy still owed a release); from
+        another node the job stops only once the archive names it the runner of its claim of
+        ``key`` (read on the archive's lane; answered ``checks``), and never without an archive.
+        A job that started after ``at`` is another job under the same key (a node whose state was
+        wiped numbers its jobs again) and is left alone.
+
+        Answers ``{"key", "stopped": job id or None, "why"}``; for a copy that no longer runs
+        here, also its ``state`` and ``exit_code`` (one that finished by itself makes the
+        guard's copy a rerun: the guard stops it). Raises ValueError for a malformed body or a
+        sender that speaks for another node."""
         key = str(body["key"])
         asker, jid = self._asked_about(node, key, "superseded")
         try:
