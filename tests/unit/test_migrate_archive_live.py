@@ -16,7 +16,7 @@ import pytest
 
 from laminar import jobkit
 from laminar.jobkit import Checkpointer, CheckpointError, verify_checkpoint
-from laminar.migrate.archive import ARCHIVE_TMP_STALE_S
+from laminar.migrate.archive import ARCHIVE_DONE, ARCHIVE_TMP_STALE_S
 from laminar.migrate.reclaim import LIVE_RECORD, ReclaimComponent
 
 
@@ -246,3 +246,36 @@ def test_a_live_record_with_no_newer_copy_or_only_a_stale_one_is_claimed_at_once
     os.utime(stale, (old, old))  # a crashed writer's leftover
     assert look()["lives"] == [("k", 1, None, None)]
 
+
+
+def test_a_live_record_written_lately_by_a_node_only_silent_is_not_claimed(tmp_path: Path, job: Checkpointer) -> None:
+    """Node 1 is silent in the zone (a partition) but still writes its job's live record to the
+    archive: a record younger than ``orphan_after_s`` says its node is alive, so node 3 does not
+    claim it (bench/chaos.py --long-partitions: a partitioned node's new record was claimed a
+    second after it was written, and the job ran twice). A node whose reclaim window ended is
+    asked before the claim instead (``_from_archive``'s ``ask``), and an older record is claimable."""
+    arch = tmp_path / "arch"
+    agent_of(1, arch).archive_live("k", job.save(b"w5", step=5), rec(buddy=None))
+    c = agent_of(3, arch)
+    c.s["orphan_after_s"] = 30.0
+    look = lambda: c._archive_look(arch, [], [], True, frozenset({3}), frozenset(), time.time())  # noqa: E731
+    assert look()["lives"] == []
+    now = time.time()
+    c.notices = {1: (now - 1.0, now - 10.0)}  # its reclaim window ended a second ago
+    assert look()["lives"] == [("k", 1, None, None)]
+    c.notices = {}
+    then = now - 31.0
+    os.utime(arch / "k" / LIVE_RECORD, (then, then))  # written 31 s ago: its node may be gone
+    assert look()["lives"] == [("k", 1, None, None)]
+
+
+def test_a_copy_still_running_after_its_key_was_claimed_and_swept_publishes_no_live_record(
+        tmp_path: Path, job: Checkpointer) -> None:
+    """Node 2, cut off, runs on a job whose key another node claimed, ran and whose directory the
+    sweep removed (leaving ``.done/<key>``): its next periodic copy must not publish a live
+    record there, which a third node would claim and run again (bench/chaos.py)."""
+    arch = tmp_path / "arch"
+    (arch / ARCHIVE_DONE).mkdir(parents=True)
+    (arch / ARCHIVE_DONE / "k").write_text(json.dumps({"key": "k", "runner": "1", "why": "superseded"}))
+    assert agent_of(2, arch).archive_live("k", job.save(b"w5", step=5), rec(buddy=None)) is None
+    assert not (arch / "k" / LIVE_RECORD).exists()

@@ -17,6 +17,7 @@ manager; the job's start is recorded, not run (``_resume_here``).
 from __future__ import annotations
 
 import asyncio
+import os
 import time
 from pathlib import Path
 from typing import Any
@@ -78,6 +79,8 @@ def test_an_agent_that_just_started_does_not_claim_a_live_record_of_a_peer_it_ha
 
             # 31 s on, nothing from node 2 or its buddy: gone, and the job is claimed here
             c._started -= 31.0
+            then = time.time() - 31.0  # its live record was written as long ago (a fresh one says its node is alive)
+            os.utime(arch / "n2-job-1" / LIVE_RECORD, (then, then))
             await c._archive_round()
             for _ in range(100):
                 if resumed:
