@@ -1163,7 +1163,7 @@ class ReclaimComponent(BuddiesMixin, GuardMixin, ReplicasMixin, WithdrawMixin, S
                        + (f"; stopped as reclaimed, their traffic cut at the window's end: {', '.join(j.id for j in cut)}"
                           if cut else ""), phase="reclaim-cleared", notice_s=float(row["notice_s"]), window_end=end,
                        reason=str(row["reason"]), stopped=[j.id for j in cut])
-            self._spawn(self._tell_cleared())  # the peers forget its notice, as after a cancel
+            self._spawn(self._retell_withdrawn(None, 0.0, at_once=True, marker=False))  # the peers forget its notice
             return
         self._begin_reclaim(float(row["notice_s"]), str(row["reason"]), float(row["announced"]), end, restored=True)
 

@@ -252,45 +252,42 @@ class WithdrawMixin:
                    phase="reclaim-cancelled", **{k: v for k, v in out.items() if k not in ("node", "cancelled")})
         return out
 
-    async def _retell_withdrawn(self, peers: list[int], end: float) -> None:
-        """Tells ``peers`` (not reached at the cancel) again every WITHDRAWN_RETRY_S until each
-        was told: without end inside the window (wall clock ``end``), CLEARED_TELL_TRIES times
-        more after it. Before, it stopped at the window's end, and a cancel after the window told a
-        peer not reached never: that peer kept the ended notice and counted this node gone."""
-        left = list(peers)
+    async def _retell_withdrawn(self, peers: list[int] | None, end: float, *, at_once: bool = False,
+                                marker: bool = True) -> None:
+        """Tells ``peers`` (None: every other member of the zone) that this node's reclaim is
+        withdrawn, again every WITHDRAWN_RETRY_S until each was told: without end inside the
+        window (wall clock ``end``), CLEARED_TELL_TRIES times more after it. ``at_once``: the
+        first try is now, not after a wait. ``marker``: the cancel's marker
+        (:data:`drain.CANCEL_META`) goes at the end (every peer told or the tries ran out). A new
+        reclaim of this node stops it (its notice is what the peers must hear now).
+
+        After a cancel, with the peers not reached (before, it stopped at the window's end, and a
+        cancel after the window told a peer not reached never: that peer kept the ended notice
+        and counted this node gone). And at the agent's start, when the stored reclaim was cleared
+        (its window ended while no agent ran: the owner gave the node back), with every peer,
+        ``at_once``, no marker: before, they kept its notice and counted the node dead by its
+        ended window; one that could not reach it when it asked before claiming its running job's
+        archived copy (a partition) claimed it and ran the job a second time (bench/chaos.py)."""
+        left = peers
         after = 0
-        while left:
+        wait = not at_once
+        while left is None or left:
             if time.time() >= end:
                 after += 1
                 if after > CLEARED_TELL_TRIES:
                     log.warning("migrate: nodes %s never heard that the reclaim of node %d was withdrawn",
-                                left, self.node_id)
+                                "all" if left is None else left, self.node_id)
                     break
-            await asyncio.sleep(WITHDRAWN_RETRY_S)
-            if self.reclaim is not None:
-                return  # a new reclaim: its notice is what the peers must hear now
-            _, left = await self._tell_withdrawn(left)
-        self.agent.store.del_meta(drain.CANCEL_META)  # every peer told, or the tries ran out
-
-    async def _tell_cleared(self) -> None:
-        """The stored reclaim was cleared at the agent's start (its window ended while no agent
-        ran: the owner gave the node back): the peers are told as after ``reclaim cancel`` (op
-        ``reclaim-withdrawn``), so they forget its notice. Before, they kept it and counted the
-        node dead by its ended window: one that could not reach it when it asked before claiming
-        its running job's archived copy (a partition) claimed it and ran the job a second time
-        (bench/chaos.py). Peers not reached are told again every WITHDRAWN_RETRY_S, at most
-        CLEARED_TELL_TRIES times; a new reclaim of this node stops it."""
-        left: list[int] | None = None
-        for _ in range(CLEARED_TELL_TRIES):
-            if self.reclaim is not None:
-                return  # a new reclaim: its notice is what the peers must hear now
-            if self.zone is None:  # (not up yet: looked at again)
+            if wait:
                 await asyncio.sleep(WITHDRAWN_RETRY_S)
-                continue
+            wait = True
+            if self.reclaim is not None:
+                return  # a new reclaim: its notice is what the peers must hear now
+            if self.zone is None:  # a one-node zone: nobody to tell
+                break
             _, left = await self._tell_withdrawn(left)
-            if not left:
-                return
-            await asyncio.sleep(WITHDRAWN_RETRY_S)
+        if marker:
+            self.agent.store.del_meta(drain.CANCEL_META)
 
     async def _tell_withdrawn(self, peers: list[int] | None = None) -> tuple[list[int], list[int]]:
         """Tells ``peers`` (None: every other member of the zone) that this node's reclaim is
