@@ -1544,7 +1544,9 @@ class JobManager:
         self._emit("job", f"job {job.id} stopping: {reason}", job=job.id, grace_s=grace)
         ev = self._exit_waiters.setdefault(job.id, asyncio.Event())
         try:
-            if job.cgroup.frozen():
+            if grace > 0 and job.cgroup.freeze_requested():
+                # a frozen job takes no SIGTERM until thawed; with no grace it is not thawed (a
+                # fenced or superseded copy must not run another step): cgroup.kill kills it frozen
                 job.cgroup.thaw(timeout=0.5)
             if grace > 0:
                 job.cgroup.signal(signal.SIGTERM)
