@@ -817,7 +817,8 @@ class Airlock:
         resumes from (two copies at once), a reclaim would record it reclaimed while it resumes
         elsewhere; its memory leaves with it. A move that fails gives it back."""
         mig = getattr(self.agent, "migrate", None)
-        return set(getattr(mig, "evacuating", ()) or ())
+        # and those it fenced (fence.py): a thaw would run a job the zone may resume elsewhere
+        return set(getattr(mig, "evacuating", ()) or ()) | set(getattr(mig, "fenced_jobs", ()) or ())
 
     def _stopping(self) -> list[Any]:
         """Jobs being stopped (SIGTERM sent, in their grace; `JobManager.stopping`), but for

@@ -91,6 +91,7 @@ Config (``[migrate]``)::
     expected_notice_s = 60   # the window "auto" plans for
     dead_after_s = 3         # silence after a notice that declares the source dead
     orphan_after_s = 0       # silence without a notice that does (0: never; a partition doubles jobs until it heals)
+    fence_after_s = 0        # hearing no member this long freezes the jobs the zone would resume (0: off; < orphan_after_s)
     holder = true            # no room for a job during a reclaim: its final checkpoint goes to a storage holder
     holder_reserve_mb = 1024 # disk this node keeps free when it offers to hold checkpoints
     retry_base_s = 2         # a guard that finds no room looks again after this, doubling each time
@@ -158,6 +159,7 @@ from laminar.migrate.constants import (
 )
 from laminar.migrate.errors import HandoverSettled, MigrateError
 from laminar.migrate.evidence import EvidenceStore, NoticeOdds
+from laminar.migrate.fence import FenceMixin, check_fence_settings
 from laminar.migrate.guard import GuardMixin
 from laminar.migrate.hazard import (
     DEFAULT_PRIOR_RATE_PER_H,
@@ -241,6 +243,10 @@ CONFIG_FIELDS = {
                           _range(0.1, 3600)),
     "orphan_after_s": Field((int, float), 0.0, "zone silence without a notice that declares the source dead "
                             "(0: never)", _range(0, 86400)),
+    "fence_after_s": Field((int, float), 0.0, "a node that hears no other member of the roster for this long "
+                           "freezes the jobs the zone would resume elsewhere (a buddy or an archived copy) until it "
+                           "hears one again and finds them not taken over (self-fencing; must be less than "
+                           "orphan_after_s; 0: off)", _range(0, 86400)),
     "ckpt_wait_s": Field((int, float), 30.0, "how long a job gets to write its checkpoint after the signal",
                          _range(0.1, 3600)),
     "prestage_unannounced": Field((int, float), 0.02, "prestage = auto also keeps an off-node replica while the "
@@ -542,7 +548,7 @@ def _in_own_clock(body: dict[str, Any]) -> dict[str, Any]:
     return req
 
 
-class ReclaimComponent(BuddiesMixin, GuardMixin, ReplicasMixin, WithdrawMixin, SettleMixin, ArchiveMixin):
+class ReclaimComponent(BuddiesMixin, GuardMixin, ReplicasMixin, WithdrawMixin, SettleMixin, ArchiveMixin, FenceMixin):
     """``laminar.migrate.reclaim:ReclaimComponent`` (agent attribute ``migrate``)."""
 
     agent_attr = "migrate"
@@ -567,6 +573,8 @@ class ReclaimComponent(BuddiesMixin, GuardMixin, ReplicasMixin, WithdrawMixin, S
         self.buddy: dict[str, int] = {}  # job id -> node its checkpoints are prestaged to
         self.shipped: dict[str, str] = {}  # job id -> newest checkpoint shipped to the buddy
         self.evacuating: set[str] = set()
+        self.fenced_jobs: dict[str, float] = {}  # job id -> when this node froze it, cut off from its zone (fence.py)
+        self._unfencing: set[str] = set()
         self.frozen_at: dict[str, float] = {}  # job id -> when a move froze it (wall clock)
         self.ckpt_latency: dict[str, float] = {}  # job id -> seconds its last requested checkpoint took
         self._gpu_mem: dict[int, int] = {}  # pid -> GPU bytes, NVML's last read (_gpu_memory_round)
@@ -656,9 +664,11 @@ class ReclaimComponent(BuddiesMixin, GuardMixin, ReplicasMixin, WithdrawMixin, S
         self.buddy = {str(r["job_id"]): int(r["node"])
                       for r in agent.store.db.execute("SELECT job_id, node FROM migrate_buddies").fetchall()}
         self._restore_releases()
+        self._restore_fenced()
         try:
             self.retry = RetrySchedule(float(self.s["retry_base_s"]), 2.0, float(self.s["retry_max_s"]))
             ckpt_driver.check_settings(self.s)
+            check_fence_settings(self.s)
         except ValueError as e:
             raise RuntimeError(f"migrate: {e}") from None
         prior = float(self.s["hazard_prior_rate_per_h"])
@@ -2202,6 +2212,7 @@ class ReclaimComponent(BuddiesMixin, GuardMixin, ReplicasMixin, WithdrawMixin, S
         while True:
             try:
                 self._departure_round()
+                self._fence_round(time.time())
                 self._release_round()
                 self._prestage_round()
                 self._archive_watch()
@@ -2294,8 +2305,10 @@ class ReclaimComponent(BuddiesMixin, GuardMixin, ReplicasMixin, WithdrawMixin, S
             return self._answer_needs(node, str(body["key"]))
         if op == "dropped":  # an operator dropped the guard of one of this node's jobs there, by force
             return self._answer_dropped(node, str(body["key"]))
+        if op == "taken":  # a job's node, fenced while cut off and heard again: did this node take it over?
+            return self._answer_taken(node, str(body["key"]))
         raise ValueError(f"unknown control operation {op!r} (guard, release, reclaim, reclaim-cancel, "
-                         "reclaim-withdrawn, space, superseded, needs, dropped)")
+                         "reclaim-withdrawn, space, superseded, needs, dropped, taken)")
 
     async def _cancel_for(self, node: str, reason: str) -> dict[str, Any]:
         """Control op ``reclaim-cancel``: another node cancels this node's reclaim (``laminarctl
@@ -2392,6 +2405,8 @@ class ReclaimComponent(BuddiesMixin, GuardMixin, ReplicasMixin, WithdrawMixin, S
                 "releases_pending": [{"node": n, "key": k} for n, k in sorted(self._releases)],
                 "reclaim": None if r is None else {"deadline": r["deadline"], "done": r["task"].done()},
                 "notices": sorted(self.notices),
+                # jobs frozen while this node heard none of its zone (fence.py): job id -> since (wall clock)
+                "fenced": dict(self.fenced_jobs),
                 "periodic_ckpt": None if self.ckpt is None else dict(self.ckpt.counts),
                 "archive": self._archive_status(),
                 # transfer connections refused: not from the roster address of the node they named

@@ -1,0 +1,265 @@
+"""Self-fencing: a node cut off from its whole zone stops running the jobs the zone will resume
+elsewhere, before the zone does (``migrate.fence_after_s``; 0, the default: off).
+
+With ``orphan_after_s`` set, a job's buddy (or, with ``archive_dir``, any node) that hears nothing
+from the job's node for that long takes the node for gone and resumes the job. When the silence
+is a partition, the node's own copy runs on: two copies run from the take-over until the
+partition heals and the resuming node tells the source (control op ``superseded``), which then
+stops its copy. A job whose steps have effects outside it (it writes results to shared storage,
+logs to an experiment tracker, calls a service) does them twice meanwhile.
+
+With ``fence_after_s`` (less than ``orphan_after_s``), a node that has heard no other member of
+the roster for that long freezes (cgroup freezer) every job the zone would resume elsewhere: one
+with a buddy, or with a periodic copy in the archive. Event phase ``fenced``. A cut-off node hears
+nobody, so it fences before the others' silence reaches ``orphan_after_s``; from the take-over
+on, only the resumed copy runs. The same node, while it hears nobody, takes nothing over either
+(:meth:`GuardMixin._source_dead` answers alive): it is the one cut off, not the others.
+
+Once it hears a member again it settles each fenced job before thawing it:
+
+- it asks the job's buddy (control op ``taken``, ``{key}``; answered ``{key, runs, state}``)
+  whether it took the job over: ``runs`` (the id of its copy) stops the fenced copy here (state
+  ``migrated``, event phase ``superseded``, as the op ``superseded``); a buddy that does not
+  answer keeps the job fenced until it does, or until it counts as gone itself (silent for
+  ``orphan_after_s`` while this node hears others: the rule every take-over uses);
+- with an archive, a claim of the job there (``claimed-*``, ``running-*``) keeps it fenced until
+  the claimer tells this node that it runs it (op ``superseded``: stopped) or gives the claim
+  back;
+- else it is thawed (event phase ``unfenced``): the partition ended before anyone took it over.
+
+A job Airlock holds suspended is fenced too (Airlock must not thaw it meanwhile: it is in
+:meth:`AirlockManager.moving`) and left frozen at the end. The fenced jobs are kept in the store
+(meta ``migrate.fenced``): an agent restarted meanwhile settles them the same way.
+
+What it costs: a node whose peers all fail at once (not a partition) freezes its own jobs until
+one comes back; in a zone of two nodes a partition fences both sides, and neither takes the
+other's jobs over until it heals (no side can tell a partition from a departure). A node that
+hears some members but not a job's buddy (a partial partition) does not fence: the overlap then
+lasts until the heal, as without fencing.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from laminar.migrate.errors import MigrateError
+from laminar.migrate.transfer import TransferError
+
+if TYPE_CHECKING:
+    from laminar.migrate.archive import ArchiveLane
+
+log = logging.getLogger("laminar.migrate")
+
+FENCE_META = "migrate.fenced"
+"""Store meta: {job id: when it was fenced (wall clock)}."""
+
+
+def check_fence_settings(s: dict[str, Any]) -> None:
+    """Raises ValueError when ``fence_after_s`` cannot work with the other settings."""
+    fence = float(s.get("fence_after_s") or 0.0)
+    if fence <= 0:
+        return
+    orphan = float(s.get("orphan_after_s") or 0.0)
+    if orphan <= 0:
+        raise ValueError(f"fence_after_s = {fence:g} needs orphan_after_s > 0 (with orphan_after_s = 0 nothing is "
+                         "resumed elsewhere after a silence: there is nothing to fence against)")
+    if fence >= orphan:
+        raise ValueError(f"fence_after_s = {fence:g} must be less than orphan_after_s = {orphan:g} (a node cut off "
+                         "must freeze its jobs before the zone resumes them elsewhere)")
+
+
+class FenceMixin:
+    """A cut-off node's freeze of the jobs the zone resumes elsewhere (see the module's doc)."""
+
+    if TYPE_CHECKING:
+        _lane: ArchiveLane
+        _started: float
+        _superseding: set[str]
+        agent: Any
+        archived_live: dict[str, str]
+        buddy: dict[str, int]
+        evacuating: set[str]
+        s: dict[str, Any]
+
+        def _archive_root(self) -> Path | None: ...
+        async def _control(self, node: int, op: str, body: Any, timeout: float = 5.0) -> Any: ...
+        def _emit(self, message: str, **fields: Any) -> None: ...
+        def _last_seen(self, node: int) -> float: ...
+        def _runs_here(self, key: str) -> str | None: ...
+        def _source_dead(self, src: int, now: float, window_end: float | None = None,
+                         since: float | None = None) -> str | None: ...
+        def _spawn(self, coro: Any) -> asyncio.Task[Any]: ...
+        async def _stop_superseded(self, job: Any, node: int, their: str, key: str, vouched: bool = True) -> None: ...
+        def job_key(self, job: Any) -> str: ...
+        @property
+        def node_id(self) -> int: ...
+        @property
+        def zone(self) -> Any: ...
+
+    fenced_jobs: dict[str, float]
+    _unfencing: set[str]
+
+    def _restore_fenced(self) -> None:
+        """At start: the jobs fenced before the restart (they are still frozen)."""
+        self.fenced_jobs, self._unfencing = {}, set()
+        got = self.agent.store.get_meta(FENCE_META)
+        if isinstance(got, dict):
+            self.fenced_jobs = {str(k): float(v) for k, v in got.items() if isinstance(v, (int, float))}
+
+    def _save_fenced(self) -> None:
+        with contextlib.suppress(Exception):
+            if self.fenced_jobs:
+                self.agent.store.set_meta(FENCE_META, dict(self.fenced_jobs))
+            else:
+                self.agent.store.del_meta(FENCE_META)
+
+    def _heard_last(self) -> float | None:
+        """When this node last heard any other member of the roster (-1: none since the start),
+        or None when it has none (a one-node zone)."""
+        z = self.zone
+        others = [n for n in z.membership.state if n != self.node_id] if z is not None else []
+        return max(self._last_seen(n) for n in others) if others else None
+
+    def _isolated(self, now: float) -> bool:
+        """Fencing is on and this node has heard no other member of the roster for
+        ``fence_after_s`` (nor since this agent started)."""
+        after = float(self.s.get("fence_after_s") or 0.0)
+        heard = self._heard_last() if after > 0 else None
+        return heard is not None and now - max(heard, self._started) >= after
+
+    def _fence_round(self, now: float) -> None:
+        """Fences what the zone would resume elsewhere while this node is cut off; a fenced job
+        is settled (:meth:`_unfence`) once a member is heard from after it was fenced (not merely
+        once this node is no longer cut off: an agent restarted meanwhile has heard nobody yet)."""
+        if float(self.s.get("fence_after_s") or 0.0) <= 0 and not self.fenced_jobs:
+            return
+        if self._isolated(now):
+            self._fence(now)
+            return
+        heard = self._heard_last()
+        for jid, since in list(self.fenced_jobs.items()):
+            if (heard is None or heard > since) and jid not in self._unfencing:
+                self._unfencing.add(jid)
+                self._spawn(self._unfence(jid))
+
+    def _fence(self, now: float) -> None:
+        jobs = getattr(self.agent, "jobs", None)
+        if jobs is None:
+            return
+        new = []
+        for job in list(jobs.active()):
+            if job.id in self.fenced_jobs:
+                with contextlib.suppress(Exception):  # thawed meanwhile (a move that failed): frozen again
+                    if not job.cgroup.freeze_requested():
+                        job.cgroup.freeze(timeout=None)
+                continue
+            if job.id in self.evacuating or job.id in self._superseding:
+                continue  # (a move under way freezes and settles the job itself)
+            if job.id not in self.buddy and job.id not in self.archived_live:
+                continue  # nothing elsewhere would resume it: it runs on
+            try:
+                job.cgroup.freeze(timeout=None)  # asked for now; taken once every task stops
+            except Exception as e:  # its cgroup gone: it ended
+                log.warning("migrate: fencing %s: %s", job.id, e)
+                continue
+            self.fenced_jobs[job.id] = now
+            new.append(job.id)
+        if new:
+            self._save_fenced()
+            after = float(self.s["fence_after_s"])
+            self._emit(f"node {self.node_id} heard no member of its zone for {after:g} s (fence_after_s): frozen, so "
+                       f"that a job resumed elsewhere meanwhile does not run twice: {', '.join(new)}",
+                       phase="fenced", jobs=new, fence_after_s=after)
+
+    async def _unfence(self, jid: str) -> None:
+        """Settles a fenced job once a member is heard from again (see the module's doc). Never raises."""
+        try:
+            await self._unfence_one(jid)
+        except Exception:
+            log.exception("migrate: settling fenced %s", jid)
+        finally:
+            self._unfencing.discard(jid)
+
+    def _drop_fenced(self, jid: str) -> None:
+        if self.fenced_jobs.pop(jid, None) is not None:
+            self._save_fenced()
+
+    async def _unfence_one(self, jid: str) -> None:
+        jobs = getattr(self.agent, "jobs", None)
+        job = jobs.get(jid) if jobs is not None else None
+        if job is None or not job.active:
+            self._drop_fenced(jid)
+            return
+        if jid in self._superseding:
+            return  # being stopped: a node runs it
+        key = self.job_key(job)
+        if self._archive_root() is not None:
+            claimer = await self._lane.call(f"claims of fenced {jid}", self._archive_claimer, key)
+            if claimer is not None:
+                return  # the claimer tells this node it runs the job (superseded), or gives the claim back
+        buddy = self.buddy.get(jid)
+        if buddy is not None and buddy != self.node_id:
+            try:
+                ans = await self._control(buddy, "taken", {"key": key}, timeout=3.0)
+            except (MigrateError, TransferError, OSError, TimeoutError) as e:
+                if self._source_dead(buddy, time.time()) is None:
+                    log.info("migrate: fenced %s stays frozen until its buddy, node %d, answers: %s", jid, buddy, e)
+                    return
+                ans = {}  # gone by the rule every take-over uses: its copy, if any, went with it
+            runs = ans.get("runs") if isinstance(ans, dict) and ans.get("key") == key else None
+            if runs:
+                self._superseding.add(jid)
+                await self._stop_superseded(job, buddy, str(runs), key)
+                self._drop_fenced(jid)
+                return
+        held = self._airlock_suspended(jid)
+        if not held:
+            try:
+                job.cgroup.thaw(timeout=None)
+            except Exception as e:
+                log.warning("migrate: thawing fenced %s: %s", jid, e)
+        since = self.fenced_jobs.get(jid, time.time())
+        self._drop_fenced(jid)
+        self._emit(f"{jid}: node {self.node_id} hears its zone again and nobody took the job over: "
+                   + ("left frozen (Airlock holds it suspended)" if held else "thawed")
+                   + f" after {time.time() - since:.1f} s fenced", job=jid, phase="unfenced", airlock_held=held,
+                   fenced_s=round(time.time() - since, 3))
+
+    def _airlock_suspended(self, jid: str) -> bool:
+        rungs = getattr(getattr(self.agent, "airlock", None), "rungs", None) or {}
+        rung = rungs.get(jid)
+        return rung is not None and rung[0] == "suspend"
+
+    def _archive_claimer(self, key: str) -> str | None:
+        """The node that claimed ``key`` in the archive or runs it from there (blocking: the lane)."""
+        root = self._archive_root()
+        d = root / key if root is not None else None
+        if d is None or not d.is_dir():
+            return None
+        for f in sorted(d.glob("running-*.json")) + sorted(d.glob("claimed-*.json")):
+            node = f.name.split("-", 1)[1].removesuffix(".json")
+            if node != str(self.node_id):
+                return node
+        return None
+
+    def _answer_taken(self, node: str, key: str) -> dict[str, Any]:
+        """Control op ``taken``: the job's node (fenced while cut off, now heard again) asks its
+        buddy whether it took ``key`` over. ``{key, runs, state}``: ``runs`` the id of the job
+        that runs it here (None when none), ``state`` this node's guard of it (None: none). Only
+        the job's own node is answered about it. Raises ValueError for another asker."""
+        try:
+            asker = int(node)
+        except ValueError:
+            raise ValueError(f"taken: the asking node {node!r} is not a node id") from None
+        if not key.startswith(f"n{asker}-"):
+            raise ValueError(f"taken: node {asker} asks about {key!r}, not one of its jobs")
+        row = self.agent.store.db.execute("SELECT state, src_node FROM migrate_replicas WHERE key=?", (key,)).fetchone()
+        if row is None or int(row["src_node"]) != asker:
+            return {"key": key, "runs": None, "state": None}
+        runs = self._runs_here(key) if row["state"] == "resumed" else None
+        return {"key": key, "runs": runs, "state": str(row["state"])}

@@ -1,0 +1,140 @@
+"""Self-fencing (``migrate.fence_after_s``): a node cut off from its whole zone freezes the jobs the
+zone would resume elsewhere, before the zone does, so a job never runs twice at once.
+
+Without it (tests/cluster/test_partition_heal_superseded.py) the job's node runs its copy on
+through the partition, beside the copy its buddy resumed, until the heal. With it, the cut-off
+node hears no member for ``fence_after_s`` (less than ``orphan_after_s``) and freezes the job;
+the buddy resumes it; once healed, the node asks the buddy (control op ``taken``) and stops its
+frozen copy without running another step. A partition that ends before ``orphan_after_s``
+thaws the job: nobody took it over.
+
+Three real agents in one zone (tests/cluster/harness.py), one declared (fake) GPU each; the job
+is a real process that writes one jobkit checkpoint and then appends its pid to a file every
+50 ms (its steps). The partition is blackhole routes between the job's node and the two others,
+both ways (it hears nobody; they hear each other), removed to heal it.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import pytest
+from agentproc import VENV_BIN
+from harness import Node, wait_until
+from test_migration import (  # noqa: F401  (fixture)
+    find_migrated,
+    job_state,
+    make_cluster,
+    migrate_config,
+    submit,
+    verified_steps,
+)
+from test_replica_buddy_change import replica
+
+pytestmark = pytest.mark.cluster
+
+STEPS = """
+import os, sys, time
+from laminar.jobkit import Checkpointer
+Checkpointer(install_signal=False).save(b"weights-7", step=7)
+while True:
+    with open(sys.argv[1], "a") as f:
+        f.write(f"{os.getpid()}\\n")
+    time.sleep(0.05)
+"""
+
+
+def steps_by(path: Path) -> dict[str, int]:
+    out: dict[str, int] = {}
+    for line in path.read_text().split() if path.exists() else []:
+        out[line] = out.get(line, 0) + 1
+    return out
+
+
+def phases(nd: Node, phase: str) -> list[dict[str, object]]:
+    return [e for e in nd.json("events", "--kind", "migrate") if e.get("phase") == phase]
+
+
+def cut(a: Node, others: list[Node]) -> None:
+    """Both ways: a blackhole route stops only what its namespace sends."""
+    for o in others:
+        a.netns.run("ip", "route", "add", "blackhole", f"{o.addr}/32")
+        o.netns.run("ip", "route", "add", "blackhole", f"{a.addr}/32")
+
+
+def heal(a: Node, others: list[Node]) -> None:
+    for o in others:
+        a.netns.run("ip", "route", "del", "blackhole", f"{o.addr}/32", check=False)
+        o.netns.run("ip", "route", "del", "blackhole", f"{a.addr}/32", check=False)
+
+
+def guarded(c, a: Node, path: Path) -> tuple[str, str, Node]:  # type: ignore[no-untyped-def]
+    jid = submit(a, "--name", "fenced", "--", str(VENV_BIN / "python"), "-c", STEPS, str(path))
+    key = f"n{a.node_id}-{jid}"
+    buddy = wait_until(lambda: next((nd for nd in c.nodes if nd is not a and (r := replica(nd, key)) is not None
+                                     and r["state"] == "guarding" and 7 in verified_steps(nd, key)), None),
+                       60, "a peer to hold and guard the job's checkpoint")
+    wait_until(lambda: steps_by(path), 30, "the job to step")
+    return jid, key, buddy
+
+
+def test_a_node_cut_off_freezes_its_job_before_the_zone_resumes_it_and_stops_it_when_healed(
+        make_cluster, tmp_path: Path) -> None:  # noqa: F811
+    c = make_cluster(zones=1, per_zone=3, gpus=1, zone_extra=migrate_config(
+        orphan_after_s=4, fence_after_s=1.5, retry_base_s=0.3, retry_max_s=0.6))
+    a, *others = c.nodes
+    steps = tmp_path / "steps"
+    jid, key, buddy = guarded(c, a, steps)
+    pid_a = str(job_state(a, jid)["pid"])
+
+    cut(a, others)
+    try:
+        wait_until(lambda: phases(a, "fenced"), 30, "A to fence its job")
+        assert [e["jobs"] for e in phases(a, "fenced")] == [[jid]]
+        assert list(a.json("status")["migrate"]["fenced"]) == [jid]
+        _, resumed = wait_until(lambda: find_migrated(c, key), 30, "the buddy to resume the job")
+        assert find_migrated(c, key)[0] is buddy  # type: ignore[index]
+        wait_until(lambda: job_state(buddy, resumed["id"])["state"] == "running", 30, "the resumed copy to run")
+        frozen_at = steps_by(steps).get(pid_a, 0)
+        wait_until(lambda: steps_by(steps).get(str(job_state(buddy, resumed["id"])["pid"]), 0) >= 20, 30,
+                   "the resumed copy to step")
+        # A's copy took no step while the resumed one ran: one copy at a time
+        assert steps_by(steps).get(pid_a, 0) == frozen_at
+        assert job_state(a, jid)["state"] == "running"  # frozen, not stopped: A cannot know yet
+    finally:
+        heal(a, others)
+
+    wait_until(lambda: job_state(a, jid)["state"] == "migrated", 30, "A to stop its fenced copy once healed")
+    assert f"node {buddy.node_id}" in job_state(a, jid)["reason"]
+    assert steps_by(steps).get(pid_a, 0) == frozen_at, "A's copy stepped again after the heal"
+    assert job_state(buddy, resumed["id"])["state"] == "running"
+    assert phases(a, "unfenced") == []
+    assert a.json("status")["migrate"]["fenced"] == {}
+    assert [e["job"] for e in phases(a, "superseded")] == [jid]
+
+
+def test_a_partition_shorter_than_orphan_after_s_thaws_the_fenced_job(make_cluster, tmp_path: Path) -> None:  # noqa: F811
+    c = make_cluster(zones=1, per_zone=3, gpus=1, zone_extra=migrate_config(
+        orphan_after_s=30, fence_after_s=1.5, retry_base_s=0.3, retry_max_s=0.6))
+    a, *others = c.nodes
+    steps = tmp_path / "steps"
+    jid, key, buddy = guarded(c, a, steps)
+    pid_a = str(job_state(a, jid)["pid"])
+
+    cut(a, others)
+    try:
+        wait_until(lambda: phases(a, "fenced"), 30, "A to fence its job")
+        held = steps_by(steps).get(pid_a, 0)
+        time.sleep(1.0)  # (no assertion on a timing: only that a frozen job takes no step)
+        assert steps_by(steps).get(pid_a, 0) == held
+    finally:
+        heal(a, others)
+
+    wait_until(lambda: phases(a, "unfenced"), 30, "A to thaw its job once it hears its zone")
+    wait_until(lambda: steps_by(steps).get(pid_a, 0) > held + 5, 30, "the thawed job to step again")
+    assert job_state(a, jid)["state"] == "running"
+    assert find_migrated(c, key) is None  # nobody took it over
+    assert replica(buddy, key)["state"] == "guarding"  # type: ignore[index]
+    ev = phases(a, "unfenced")
+    assert [(e["job"], e["airlock_held"]) for e in ev] == [(jid, False)], ev

@@ -1,0 +1,261 @@
+"""Self-fencing's parts (laminar/migrate/fence.py): the settings it refuses, when a node counts as
+cut off, that a cut-off node takes nothing over, which jobs it fences (kept across a restart),
+how it settles them once heard again, and the buddy's answer to ``taken``.
+
+A real component started on a real SQLite store with its real transfer endpoint on loopback
+(the ``taken`` question is a real authenticated control message from node 2). Stand-ins, named
+as such: the zone (``FakeZone``: membership only), the job manager (``Jobs``) and the jobs'
+cgroups (``Cgroup``: records freeze and thaw). The whole path over three real agents, real
+jobs and a real partition: tests/cluster/test_fence.py.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+from test_replica_gc import K, Source, started
+
+from laminar.config import ConfigError, validate
+from laminar.migrate.fence import FENCE_META, check_fence_settings
+from laminar.runtime.jobs import JobSpec
+
+
+class Cgroup:  # stand-in: records what was asked of the job's cgroup
+    def __init__(self) -> None:
+        self.calls: list[str] = []
+
+    def freeze(self, timeout: float | None = None) -> bool:
+        self.calls.append("freeze")
+        return True
+
+    def thaw(self, timeout: float | None = None) -> bool:
+        self.calls.append("thaw")
+        return True
+
+    def freeze_requested(self) -> bool:
+        return bool(self.calls) and self.calls[-1] == "freeze"
+
+
+class Jobs:  # stand-in job manager: these jobs run here
+    def __init__(self, jobs: list[Any]) -> None:
+        self.jobs = jobs
+
+    def active(self) -> list[Any]:
+        return [j for j in self.jobs if j.active]
+
+    def list(self) -> list[Any]:
+        return list(self.jobs)
+
+    def get(self, job_id: str) -> Any:
+        return next((j for j in self.jobs if j.id == job_id), None)
+
+
+def job(jid: str, env: dict[str, str] | None = None) -> SimpleNamespace:
+    return SimpleNamespace(id=jid, active=True, state="running", cgroup=Cgroup(), started=time.time() - 60,
+                           spec=JobSpec(command=["train"], env=env or {}))
+
+
+def test_settings_that_cannot_work_are_refused_naming_the_values() -> None:
+    check_fence_settings({"fence_after_s": 0.0, "orphan_after_s": 0.0})  # off
+    check_fence_settings({"fence_after_s": 5.0, "orphan_after_s": 30.0})
+    with pytest.raises(ValueError, match=r"fence_after_s = 30 must be less than orphan_after_s = 30"):
+        check_fence_settings({"fence_after_s": 30.0, "orphan_after_s": 30.0})
+    with pytest.raises(ValueError, match=r"fence_after_s = 5 needs orphan_after_s > 0"):
+        check_fence_settings({"fence_after_s": 5.0, "orphan_after_s": 0.0})
+    with pytest.raises(ConfigError, match=r"migrate.fence_after_s = -1"):
+        validate({"migrate": {"fence_after_s": -1}})
+
+
+def test_a_node_that_hears_nobody_is_cut_off_and_takes_nothing_over(tmp_path: Path) -> None:
+    async def main() -> None:
+        agent, c = await started(tmp_path)
+        try:
+            c.s.update(orphan_after_s=30.0, fence_after_s=10.0)
+            now = time.time()
+            c._started = now - 100.0
+            state = agent.zone.membership.state
+            state[2].last_seen = now - 40.0  # node 2 silent past orphan_after_s
+            state[3].last_seen = now - 1.0  # node 3 heard a second ago: this node is not cut off
+            assert not c._isolated(now)
+            assert c._source_dead(2, now) == "node 2 silent for 40.0 s"
+            state[3].last_seen = now - 12.0  # nobody heard for 12 s: this node is the one cut off
+            assert c._isolated(now)
+            assert c._source_dead(2, now) is None
+            c.s["fence_after_s"] = 0.0  # off: as before
+            assert not c._isolated(now)
+            assert c._source_dead(2, now) == "node 2 silent for 40.0 s"
+            c.s["fence_after_s"] = 10.0
+            c._started = now - 5.0  # started 5 s ago: it cannot vouch for a longer silence
+            assert not c._isolated(now)
+        finally:
+            await c.stop()
+            agent.store.close()
+
+    asyncio.run(main())
+
+
+def test_the_jobs_the_zone_would_resume_are_fenced_kept_across_a_restart_and_settled(tmp_path: Path) -> None:
+    async def main() -> None:
+        agent, c = await started(tmp_path)
+        guarded, archived, alone, moving = job("job-1"), job("job-2"), job("job-3"), job("job-4")
+        agent.jobs = Jobs([guarded, archived, alone, moving])
+        events: list[dict[str, Any]] = []
+        agent.events.subscribe(events.append)
+        asked: list[tuple[int, str, Any]] = []
+        answers: dict[int, Any] = {}
+
+        async def control(node: int, op: str, body: Any, timeout: float = 5.0) -> Any:  # stand-in: the buddy
+            asked.append((node, op, body))
+            ans = answers.get(node)
+            if isinstance(ans, Exception):
+                raise ans
+            return ans
+
+        c._control = control  # type: ignore[method-assign]
+        try:
+            c.s.update(orphan_after_s=30.0, fence_after_s=10.0)
+            c.buddy.update({"job-1": 2, "job-4": 3})
+            c.archived_live["job-2"] = "ckpt-5"
+            c.evacuating.add("job-4")  # a move settles it itself
+            now = time.time()
+            c._started = now - 100.0
+            for st in agent.zone.membership.state.values():
+                st.last_seen = now - 20.0
+            c._fence_round(now)
+            assert sorted(c.fenced_jobs) == ["job-1", "job-2"]
+            assert guarded.cgroup.calls == ["freeze"] and archived.cgroup.calls == ["freeze"]
+            assert alone.cgroup.calls == [] and moving.cgroup.calls == []  # nothing would resume them
+            assert [e["jobs"] for e in events if e.get("phase") == "fenced"] == [["job-1", "job-2"]]
+            c._fence_round(now + 1)  # still cut off: fenced once
+            assert guarded.cgroup.calls == ["freeze"]
+            archived.cgroup.calls.append("thaw")  # thawed by something else meanwhile (a move that failed)
+            c._fence_round(now + 2)
+            assert archived.cgroup.calls == ["freeze", "thaw", "freeze"]  # frozen again
+            archived.cgroup.calls[:] = ["freeze"]
+            assert sorted(agent.store.get_meta(FENCE_META)) == ["job-1", "job-2"]
+
+            c.fenced_jobs = {}  # a restart: what was fenced comes back from the store
+            c._restore_fenced()
+            assert sorted(c.fenced_jobs) == ["job-1", "job-2"]
+            c._started = time.time()  # restarted just now, nobody heard yet: not cut off, but nothing settles
+            for st in agent.zone.membership.state.values():
+                st.last_seen = -1.0
+            c._fence_round(time.time())
+            await asyncio.sleep(0.1)
+            assert sorted(c.fenced_jobs) == ["job-1", "job-2"] and asked == []
+
+            # heard again; job-1's buddy (node 2) does not answer and is not gone: stays frozen
+            agent.zone.membership.state[3].last_seen = time.time()
+            answers[2] = OSError("no route to node 2")
+            agent.zone.membership.state[2].last_seen = time.time() - 5.0
+            c._fence_round(time.time())
+            await asyncio.sleep(0.2)
+            assert "job-1" in c.fenced_jobs and guarded.cgroup.calls == ["freeze"]
+            assert [(n, op) for n, op, _ in asked] == [(2, "taken")]
+            assert asked[0][2] == {"key": "n1-job-1"}
+            assert "job-2" not in c.fenced_jobs and archived.cgroup.calls == ["freeze", "thaw"]  # no buddy: thawed
+
+            # node 2 answers: it did not take job-1 over: thawed, the fence forgotten
+            answers[2] = {"key": "n1-job-1", "runs": None, "state": "guarding"}
+            c._fence_round(time.time())
+            await asyncio.sleep(0.2)
+            assert guarded.cgroup.calls == ["freeze", "thaw"] and c.fenced_jobs == {}
+            assert agent.store.get_meta(FENCE_META) is None
+            ev = [(e["job"], e["airlock_held"]) for e in events if e.get("phase") == "unfenced"]
+            assert sorted(ev) == [("job-1", False), ("job-2", False)], ev
+        finally:
+            await c.stop()
+            agent.store.close()
+
+    asyncio.run(main())
+
+
+def test_a_fenced_job_its_buddy_took_over_is_stopped_not_thawed(tmp_path: Path) -> None:
+    async def main() -> None:
+        agent, c = await started(tmp_path)
+        j = job("job-1")
+        agent.jobs = Jobs([j])
+        stopped: list[tuple[str, str, str]] = []
+
+        async def stop(jid: str, reason: str, *, grace_s: float | None = None, state: str = "stopped") -> Any:
+            stopped.append((jid, state, reason))
+            j.active, j.state = False, state
+
+        agent.jobs.stop = stop  # type: ignore[attr-defined]
+
+        async def control(node: int, op: str, body: Any, timeout: float = 5.0) -> Any:  # stand-in: the buddy
+            return {"key": body["key"], "runs": "job-9", "state": "resumed"}
+
+        async def release(node: int, key: str) -> None:
+            pass
+
+        c._control = control  # type: ignore[method-assign]
+        c._release = release  # type: ignore[method-assign]
+        try:
+            c.s.update(orphan_after_s=30.0, fence_after_s=10.0)
+            c.buddy["job-1"] = 2
+            c.fenced_jobs["job-1"] = time.time() - 40.0
+            c._fence_round(time.time())  # heard from (FakeZone: everyone just now)
+            for _ in range(50):
+                if stopped:
+                    break
+                await asyncio.sleep(0.05)
+            assert [(jid, st) for jid, st, _ in stopped] == [("job-1", "migrated")]
+            assert "node 2 runs it as job-9" in stopped[0][2]
+            assert j.cgroup.calls == []  # never thawed: it takes no step before it dies
+            assert c.fenced_jobs == {}
+        finally:
+            await c.stop()
+            agent.store.close()
+
+    asyncio.run(main())
+
+
+def test_the_buddy_answers_taken_only_to_the_jobs_node(tmp_path: Path) -> None:
+    async def main() -> None:
+        agent, c = await started(tmp_path)  # node 1, the buddy of node 2's job K (n2-job-1)
+        try:
+            src = Source(tmp_path, c, 2, K)
+            await src.send(5)
+            await src.ctl("guard", "ckpt-5")
+            assert await src.ctl("taken") == {"key": K, "runs": None, "state": "guarding"}
+            with agent.store.tx() as db:  # node 1 took it over (node 2 was silent) and runs it
+                db.execute("UPDATE migrate_replicas SET state='resumed' WHERE key=?", (K,))
+            agent.jobs.jobs.append(SimpleNamespace(id="job-9", state="running",
+                                                   spec=JobSpec(command=["train"], env={"LM_MIGRATED_FROM": K})))
+            assert await src.ctl("taken") == {"key": K, "runs": "job-9", "state": "resumed"}
+            other = Source(tmp_path, c, 3, K)  # node 3 asking about node 2's job: refused
+            with pytest.raises(Exception, match="not one of its jobs"):
+                await other.ctl("taken")
+            assert await Source(tmp_path, c, 2, "n2-job-77").ctl("taken") == {"key": "n2-job-77", "runs": None,
+                                                                              "state": None}
+        finally:
+            await c.stop()
+            agent.store.close()
+
+    asyncio.run(main())
+
+
+def test_the_fenced_set_survives_only_as_json_numbers(tmp_path: Path) -> None:
+    """A meta value that is not {job: time} is ignored at start, not a crash."""
+    async def main() -> None:
+        agent, c = await started(tmp_path)
+        try:
+            agent.store.set_meta(FENCE_META, {"job-1": 5.0, "job-2": "x"})
+            c._restore_fenced()
+            assert c.fenced_jobs == {"job-1": 5.0}
+            agent.store.set_meta(FENCE_META, ["job-1"])
+            c._restore_fenced()
+            assert c.fenced_jobs == {}
+            assert json.dumps(c.fenced_jobs) == "{}"
+        finally:
+            await c.stop()
+            agent.store.close()
+
+    asyncio.run(main())
