@@ -39,7 +39,7 @@ events by kind, and the agents' own counts of moves and archive claims.
 
     python bench/chaos.py [--quick] [--seed N] [--json PATH] [--nodes N] [--jobs N]
                           [--steps N] [--limit-s S] [--partitions] [--long-partitions] [--crashes]
-                          [--concurrent N] [--keep-logs DIR]
+                          [--concurrent N] [--fence-after-s S] [--keep-logs DIR]
 
 ``--quick``: 3 nodes, 2 jobs of 600 steps; else 4 nodes, 3 jobs of 3,000 steps. A step is 50 ms.
 Needs root (namespaces, cgroups).
@@ -164,7 +164,8 @@ def run(a: argparse.Namespace, tmp: Path) -> dict[str, Any]:
     archive.mkdir()
     ledger = tmp / "ledger.jsonl"
     extra = ("\n[migrate]\nprestage = \"always\"\npoll_s = 0.2\nretry_base_s = 0.5\nretry_max_s = 2.0\n"
-             f"archive_dir = \"{archive}\"\narchive_gc_s = 2.0\norphan_after_s = {a.orphan_after_s}\n")
+             f"archive_dir = \"{archive}\"\narchive_gc_s = 2.0\norphan_after_s = {a.orphan_after_s}\n"
+             f"fence_after_s = {a.fence_after_s}\n")
     names = [f"chaos{i}" for i in range(a.jobs)]
     counts: dict[str, int] = {}
     log: list[str] = []
@@ -333,6 +334,7 @@ def run(a: argparse.Namespace, tmp: Path) -> dict[str, Any]:
                     shutil.copytree(logs, out / f"jobs-node{nd.node_id}", dirs_exist_ok=True)
             (out / "schedule.txt").write_text("\n".join(log) + "\n")
     return {"seed": a.seed, "nodes": a.nodes, "jobs": a.jobs, "steps": a.steps, "step_s": STEP_S,
+            "fence_after_s": a.fence_after_s,
             "wall_s": round(time.monotonic() - t0, 1), "events": counts, **agents, **res}
 
 
@@ -347,6 +349,9 @@ def main() -> int:
     ap.add_argument("--limit-s", type=float, default=600.0, help="how long the schedule runs at most")
     ap.add_argument("--orphan-after-s", type=float, default=30.0,
                     help="migrate.orphan_after_s (above the longest kill: a kill is not a departure)")
+    ap.add_argument("--fence-after-s", type=float, default=0.0,
+                    help="migrate.fence_after_s (0: off): a node cut off from the zone freezes its jobs before "
+                         "they are resumed elsewhere, so a long partition should leave no split runs")
     ap.add_argument("--partitions", action="store_true",
                     help="also cut a node's link for 2 s to min(12, orphan_after_s / 2) s (a partition shorter "
                          "than orphan_after_s: no take-over may follow)")
