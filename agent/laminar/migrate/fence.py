@@ -212,6 +212,8 @@ class FenceMixin:
                     return
                 ans = {}  # gone by the rule every take-over uses: its copy, if any, went with it
             runs = ans.get("runs") if isinstance(ans, dict) and ans.get("key") == key else None
+            if jid in self._superseding or not job.active:
+                return  # the buddy's own ``superseded`` came first (its stop settles the fence)
             if runs:
                 self._superseding.add(jid)
                 await self._stop_superseded(job, buddy, str(runs), key)
