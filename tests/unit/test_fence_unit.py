@@ -58,7 +58,7 @@ class Jobs:  # stand-in job manager: these jobs run here
 
 def job(jid: str, env: dict[str, str] | None = None) -> SimpleNamespace:
     return SimpleNamespace(id=jid, active=True, state="running", cgroup=Cgroup(), started=time.time() - 60,
-                           spec=JobSpec(command=["train"], env=env or {}))
+                           spec=JobSpec(command=["train"], env=env or {}), ckpt_dir=None, pid=None)
 
 
 def test_settings_that_cannot_work_are_refused_naming_the_values() -> None:
@@ -254,6 +254,93 @@ def test_the_fenced_set_survives_only_as_json_numbers(tmp_path: Path) -> None:
             c._restore_fenced()
             assert c.fenced_jobs == {}
             assert json.dumps(c.fenced_jobs) == "{}"
+        finally:
+            await c.stop()
+            agent.store.close()
+
+    asyncio.run(main())
+
+
+def test_an_old_buddy_still_owed_a_release_is_asked_too(tmp_path: Path) -> None:
+    """The buddy changed just before the partition (node 2 -> node 3): node 2, cut off from this
+    node first, still guards the job and took it over. Node 3 says it runs nothing; node 2's
+    answer stops the fenced copy. Before, only the current buddy was asked and the fenced copy
+    was thawed beside node 2's (bench/chaos.py --fence-after-s, seed 26)."""
+    async def main() -> None:
+        agent, c = await started(tmp_path)
+        j = job("job-1")
+        agent.jobs = Jobs([j])
+        stopped: list[tuple[str, str, str]] = []
+
+        async def stop(jid: str, reason: str, *, grace_s: float | None = None, state: str = "stopped") -> Any:
+            stopped.append((jid, state, reason))
+            j.active, j.state = False, state
+
+        agent.jobs.stop = stop  # type: ignore[attr-defined]
+        asked: list[int] = []
+
+        async def control(node: int, op: str, body: Any, timeout: float = 5.0) -> Any:  # stand-in: the guards
+            asked.append(node)
+            return {"key": body["key"], "runs": "job-9" if node == 2 else None, "state": "guarding"}
+
+        async def release(node: int, key: str) -> None:
+            pass
+
+        c._control = control  # type: ignore[method-assign]
+        c._release = release  # type: ignore[method-assign]
+        try:
+            c.s.update(orphan_after_s=30.0, fence_after_s=10.0)
+            c.buddy["job-1"] = 3
+            # owed, not due again for an hour (the watch loop's release round leaves it alone)
+            c._releases[(2, "n1-job-1")] = (time.monotonic() + 3600.0, time.monotonic() + 7200.0)
+            c.fenced_jobs["job-1"] = time.time() - 40.0
+            c._fence_round(time.time())
+            for _ in range(50):
+                if stopped:
+                    break
+                await asyncio.sleep(0.05)
+            assert asked == [2]  # (in node order: node 2 answered first)
+            assert [(jid, st) for jid, st, _ in stopped] == [("job-1", "migrated")]
+            assert "node 2 runs it as job-9" in stopped[0][2] and j.cgroup.calls == []
+        finally:
+            await c.stop()
+            agent.store.close()
+
+    asyncio.run(main())
+
+
+def test_a_fenced_job_claimed_or_run_from_the_archive_stays_frozen(tmp_path: Path) -> None:
+    """A node claimed the job's periodic copy and ran it; the sweep then removed the key's
+    directory and left its ``.done`` marker. The fenced copy stays frozen (the runner tells this
+    node, op ``superseded``): no buddy is asked, nothing is thawed."""
+    async def main() -> None:
+        arch = tmp_path / "arch"
+        agent, c = await started(tmp_path / "agent")
+        j = job("job-1")
+        agent.jobs = Jobs([j])
+        asked: list[int] = []
+
+        async def control(node: int, op: str, body: Any, timeout: float = 5.0) -> Any:
+            asked.append(node)
+            return {"key": body["key"], "runs": None, "state": "guarding"}
+
+        c._control = control  # type: ignore[method-assign]
+        try:
+            c.s.update(orphan_after_s=30.0, fence_after_s=10.0, archive_dir=str(arch))
+            c.buddy["job-1"] = 3
+            (arch / ".done").mkdir(parents=True)
+            (arch / ".done" / "n1-job-1").write_text(json.dumps({"runner": "4"}))
+            c.fenced_jobs["job-1"] = time.time() - 40.0
+            c._fence_round(time.time())
+            await asyncio.sleep(0.3)
+            assert "job-1" in c.fenced_jobs and j.cgroup.calls == [] and asked == []
+            (arch / ".done" / "n1-job-1").unlink()  # (no claim: the buddy is asked, and it is thawed)
+            c._fence_round(time.time())
+            for _ in range(50):
+                if "job-1" not in c.fenced_jobs:
+                    break
+                await asyncio.sleep(0.05)
+            assert asked == [3] and j.cgroup.calls == ["thaw"] and c.fenced_jobs == {}
         finally:
             await c.stop()
             agent.store.close()

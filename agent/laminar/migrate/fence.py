@@ -17,14 +17,15 @@ on, only the resumed copy runs. The same node, while it hears nobody, takes noth
 
 Once it hears a member again it settles each fenced job before thawing it:
 
-- it asks the job's buddy (control op ``taken``, ``{key}``; answered ``{key, runs, state}``)
+- it asks the job's buddy, and any old buddy still owed a release (a guard changed just before
+  the partition still guards), (control op ``taken``, ``{key}``; answered ``{key, runs, state}``)
   whether it took the job over: ``runs`` (the id of its copy) stops the fenced copy here (state
   ``migrated``, event phase ``superseded``, as the op ``superseded``); a buddy that does not
   answer keeps the job fenced until it does, or until it counts as gone itself (silent for
   ``orphan_after_s`` while this node hears others: the rule every take-over uses);
-- with an archive, a claim of the job there (``claimed-*``, ``running-*``) keeps it fenced until
-  the claimer tells this node that it runs it (op ``superseded``: stopped) or gives the claim
-  back;
+- with an archive, a claim of the job there (``claimed-*``, ``running-*``, or the sweep's
+  ``.done`` marker) keeps it fenced until the claimer tells this node that it runs it (op
+  ``superseded``: stopped) or gives the claim back;
 - else it is thawed (event phase ``unfenced``): the partition ended before anyone took it over.
 
 A job Airlock holds suspended is fenced too (Airlock must not thaw it meanwhile: it is in
@@ -78,6 +79,7 @@ class FenceMixin:
 
     if TYPE_CHECKING:
         _lane: ArchiveLane
+        _releases: dict[tuple[int, str], tuple[float, float]]
         _started: float
         _superseding: set[str]
         agent: Any
@@ -87,6 +89,8 @@ class FenceMixin:
         s: dict[str, Any]
 
         def _archive_root(self) -> Path | None: ...
+        @staticmethod
+        def _archive_done(root: Path, key: str) -> str | None: ...
         async def _control(self, node: int, op: str, body: Any, timeout: float = 5.0) -> Any: ...
         def _emit(self, message: str, **fields: Any) -> None: ...
         def _last_seen(self, node: int) -> float: ...
@@ -202,21 +206,25 @@ class FenceMixin:
             claimer = await self._lane.call(f"claims of fenced {jid}", self._archive_claimer, key)
             if claimer is not None:
                 return  # the claimer tells this node it runs the job (superseded), or gives the claim back
-        buddy = self.buddy.get(jid)
-        if buddy is not None and buddy != self.node_id:
+        # its buddy, and the old buddies still owed a release: a guard changed just before the
+        # partition (the old one, cut off from this node earlier, still guards and may take over)
+        ask = sorted(({self.buddy[jid]} if jid in self.buddy else set())
+                     | {n for n, k in self._releases if k == key} - {self.node_id})
+        for node in ask:
             try:
-                ans = await self._control(buddy, "taken", {"key": key}, timeout=3.0)
+                ans = await self._control(node, "taken", {"key": key}, timeout=3.0)
             except (MigrateError, TransferError, OSError, TimeoutError) as e:
-                if self._source_dead(buddy, time.time()) is None:
-                    log.info("migrate: fenced %s stays frozen until its buddy, node %d, answers: %s", jid, buddy, e)
+                if self._source_dead(node, time.time()) is None:
+                    log.info("migrate: fenced %s stays frozen until node %d, which guards it, answers: %s",
+                             jid, node, e)
                     return
-                ans = {}  # gone by the rule every take-over uses: its copy, if any, went with it
+                continue  # gone by the rule every take-over uses: its copy, if any, went with it
             runs = ans.get("runs") if isinstance(ans, dict) and ans.get("key") == key else None
             if jid in self._superseding or not job.active:
-                return  # the buddy's own ``superseded`` came first (its stop settles the fence)
+                return  # the guard's own ``superseded`` came first (its stop settles the fence)
             if runs:
                 self._superseding.add(jid)
-                await self._stop_superseded(job, buddy, str(runs), key)
+                await self._stop_superseded(job, node, str(runs), key)
                 self._drop_fenced(jid)
                 return
         held = self._airlock_suspended(jid)
@@ -238,16 +246,19 @@ class FenceMixin:
         return rung is not None and rung[0] == "suspend"
 
     def _archive_claimer(self, key: str) -> str | None:
-        """The node that claimed ``key`` in the archive or runs it from there (blocking: the lane)."""
+        """The node that claimed ``key`` in the archive, runs it from there, or ran it (the
+        sweep's ``.done`` marker, once the resumed job's own copies made the key's directory
+        needless), or None (blocking: the lane)."""
         root = self._archive_root()
-        d = root / key if root is not None else None
-        if d is None or not d.is_dir():
+        if root is None:
             return None
-        for f in sorted(d.glob("running-*.json")) + sorted(d.glob("claimed-*.json")):
-            node = f.name.split("-", 1)[1].removesuffix(".json")
-            if node != str(self.node_id):
-                return node
-        return None
+        d = root / key
+        if d.is_dir():
+            for f in sorted(d.glob("running-*.json")) + sorted(d.glob("claimed-*.json")):
+                node = f.name.split("-", 1)[1].removesuffix(".json")
+                if node != str(self.node_id):
+                    return node
+        return self._archive_done(root, key)
 
     def _answer_taken(self, node: str, key: str) -> dict[str, Any]:
         """Control op ``taken``: the job's node (fenced while cut off, now heard again) asks its
