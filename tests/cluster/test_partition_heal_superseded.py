@@ -20,6 +20,7 @@ from agentproc import VENV_BIN
 from harness import wait_until
 from test_migrate_archive_periodic import live
 from test_migration import (  # noqa: F401  (fixture)
+    fill,
     find_migrated,
     job_state,
     make_cluster,
@@ -145,3 +146,39 @@ def test_a_job_its_source_finished_during_the_partition_is_stopped_where_it_was_
     ev = [e for e in b.json("events", "--kind", "migrate") if e.get("phase") == "superseded-done-there"]
     assert [(e["key"], e["job"]) for e in ev] == [(key, resumed["id"])], ev
     assert job_state(a, jid)["state"] == "exited"
+
+
+def test_a_guard_that_placed_the_job_on_another_node_tells_the_source_for_that_node(make_cluster):  # noqa: F811
+    """The buddy has no room when A falls silent (its only GPU taken meanwhile): it takes the job
+    over by placing it on the third node (replica state ``placed``). That node runs the job from a
+    hand-over and keeps no guard row, so before, nobody told A, and A's copy ran on beside it to
+    its end (bench/chaos.py --fence-after-s, seed 27). Now the buddy tells A for it."""
+    c = make_cluster(zones=1, per_zone=3, gpus=1, zone_extra=migrate_config(
+        orphan_after_s=2, retry_base_s=0.3, retry_max_s=0.6))
+    a = c.nodes[0]
+    jid = submit(a, "--name", "split-placed", "--", str(VENV_BIN / "python"), "-c", JOB)
+    key = f"n{a.node_id}-{jid}"
+    buddy = wait_until(lambda: next((nd for nd in c.nodes[1:] if (r := replica(nd, key)) is not None
+                                     and r["state"] == "guarding" and 7 in verified_steps(nd, key)), None),
+                       60, "a peer to hold and guard the job's checkpoint")
+    other = next(nd for nd in c.nodes[1:] if nd is not buddy)
+    fill(c, [buddy])  # no room on the buddy any more
+    cut = [(a, buddy), (a, other), (buddy, a), (other, a)]
+    for nd, to in cut:
+        nd.netns.run("ip", "route", "add", "blackhole", f"{to.addr}/32")
+    try:
+        found = wait_until(lambda: find_migrated(c, key), 60, "the buddy to place the job elsewhere")
+        nd, placed = found
+        assert nd is other, f"the job resumed on node {nd.node_id}, not placed on node {other.node_id}"
+        assert replica(buddy, key)["state"] == "placed"  # type: ignore[index]
+        wait_until(lambda: job_state(other, placed["id"])["state"] == "running", 30, "the placed copy to run")
+        assert job_state(a, jid)["state"] == "running"  # two copies: the partition's cost (no fencing)
+    finally:
+        for nd, to in cut:
+            nd.netns.run("ip", "route", "del", "blackhole", f"{to.addr}/32", check=False)
+
+    wait_until(lambda: job_state(a, jid)["state"] == "migrated", 30, "A to stop its copy once the buddy told it")
+    assert f"node {other.node_id} runs it as {placed['id']}" in job_state(a, jid)["reason"]
+    assert job_state(other, placed["id"])["state"] == "running"
+    ev = [e for e in a.json("events", "--kind", "migrate") if e.get("phase") == "superseded"]
+    assert [(e["job"], e["node"], e["their_job"]) for e in ev] == [(jid, other.node_id, placed["id"])], ev

@@ -162,8 +162,8 @@ def test_only_the_node_that_runs_the_job_may_say_so_and_a_bad_body_is_refused() 
     now = time.time()
     jobs = Jobs({"job-1": Job("job-1", started=now - 600)})
     src = source(jobs)
-    with pytest.raises(ValueError, match="node 3 cannot speak for node 1"):
-        src._answer_superseded("3", body(now))
+    with pytest.raises(ValueError, match="node 4 cannot speak for node 1"):  # node 4 does not guard it
+        src._answer_superseded("4", body(now))
     for bad in ({"key": "n2-job-1", "node": 1, "job": "job-9"}, {"key": "n2-job-1", "node": 1, "job": "job-9", "at": "x"},
                 {"key": "n2-job-1", "node": 1, "job": "job-9", "at": float("nan")}):
         with pytest.raises(ValueError):
@@ -203,5 +203,24 @@ def test_a_release_answered_with_superseded_stops_the_copy_as_the_op_would() -> 
         assert [(j, st) for j, st, _ in jobs.stopped] == [("job-1", "migrated")]
         assert src._releases == {} and [e["phase"] for e in src.events] == ["superseded"]
         assert sent == [(1, "release"), (3, "release")]  # node 3, its buddy meanwhile, no longer guards it
+
+    asyncio.run(main())
+
+
+def test_the_guard_speaks_for_the_node_it_placed_the_job_on() -> None:
+    """Node 3, the job's buddy, took it over with no room of its own and placed it on node 1
+    (its replica state ``placed``): it tells the source that node 1 runs it. Before, only the node
+    running the job could say so, and it never did (its job came by a hand-over: it keeps no
+    guard row), so the source's copy ran on beside it to its end (bench/chaos.py
+    --fence-after-s, seed 27)."""
+    async def main() -> None:
+        now = time.time()
+        jobs = Jobs({"job-1": Job("job-1", started=now - 600)})
+        src = source(jobs)
+        ans = src._answer_superseded("3", body(now - 30, node=1, clock=now))
+        assert ans["stopped"] == "job-1" and "node 1 runs it as job-9" in ans["why"], ans
+        await asyncio.gather(*src.tasks)
+        assert [(j, st) for j, st, _ in jobs.stopped] == [("job-1", "migrated")]
+        assert "node 1 runs it as job-9" in jobs.stopped[0][2]
 
     asyncio.run(main())

@@ -125,8 +125,8 @@ class GuardMixin:
         take-over on. Before, nothing reconciled them once the partition healed: both ran to
         their ends. A source that crashed and came back has no copy running and stops nothing."""
         rows = self.agent.store.db.execute(
-            "SELECT key, src_node, updated FROM migrate_replicas WHERE state='resumed' AND updated > ?",
-            (now - SUPERSEDED_TELL_S,)).fetchall()
+            "SELECT key, src_node, state, updated FROM migrate_replicas WHERE state IN ('resumed', 'placed') "
+            "AND updated > ?", (now - SUPERSEDED_TELL_S,)).fetchall()
         mono = time.monotonic()
         for row in rows:
             key, src, at = str(row["key"]), int(row["src_node"]), float(row["updated"])
@@ -135,20 +135,27 @@ class GuardMixin:
                 continue
             if self._last_seen(src) <= at:
                 continue  # not heard from since the take-over: still gone, or still cut off
-            runs = self._runs_here(key)
+            runs: str | None
+            if row["state"] == "placed":  # taken over and placed on another node (no room here)
+                placed = self._placed_as(key)
+                runner, runs = placed if placed is not None else (self.node_id, None)
+            else:
+                runner, runs = self.node_id, self._runs_here(key)
             if runs is None:
                 continue
             self._superseded_next[key] = (math.inf, tries + 1)  # one at a time
-            self._spawn(self._tell_superseded(key, src, runs, at))
+            self._spawn(self._tell_superseded(key, src, runs, at, runner))
 
-    async def _tell_superseded(self, key: str, src: int, runs: str, at: float) -> None:
+    async def _tell_superseded(self, key: str, src: int, runs: str, at: float, runner: int | None = None) -> None:
         """Tells ``src`` that this node took its job ``key`` over at ``at`` (this node's wall
-        clock) and runs it as ``runs`` (control op ``superseded``); the source stops its copy if
-        one runs there that started before (:meth:`ReplicasMixin._answer_superseded`). Told once
-        when answered; else again after SUPERSEDED_RETRY_S. Never raises."""
+        clock) and that ``runner`` (this node, or the node it placed the job on) runs it as
+        ``runs`` (control op ``superseded``); the source stops its copy if one runs there that
+        started before (:meth:`ReplicasMixin._answer_superseded`). Told once when answered; else
+        again after SUPERSEDED_RETRY_S. Never raises."""
         tries = self._superseded_next.get(key, (math.inf, 1))[1]
+        runner = self.node_id if runner is None else runner
         try:
-            ans = await self._control(src, "superseded", {"key": key, "node": self.node_id, "job": runs, "at": at})
+            ans = await self._control(src, "superseded", {"key": key, "node": runner, "job": runs, "at": at})
         except (MigrateError, TransferError, OSError, TimeoutError) as e:
             self._superseded_next[key] = (time.monotonic() + SUPERSEDED_RETRY_S, tries)
             (log.warning if tries >= SUPERSEDED_TRIES else log.info)(
@@ -158,12 +165,12 @@ class GuardMixin:
         self._superseded_next[key] = (math.inf, SUPERSEDED_TRIES)  # told
         ans = ans if isinstance(ans, dict) and ans.get("key") == key else {}
         stopped = ans.get("stopped")
-        if ans.get("state") == "exited" and ans.get("exit_code") == 0:
+        if ans.get("state") == "exited" and ans.get("exit_code") == 0 and runner == self.node_id:
             await self._stop_rerun(key, src, runs)
         elif stopped:
             self._emit(f"{key}: node {src} ran its copy on after this node took the job over (a partition "
-                       f"taken for its departure); told that {runs} runs it here, it stopped {stopped}: the job "
-                       "runs once again", key=key, src_node=src, job=runs, stopped=str(stopped),
+                       f"taken for its departure); told that {runs} runs it on node {runner}, it stopped {stopped}: "
+                       "the job runs once again", key=key, src_node=src, job=runs, stopped=str(stopped),
                        phase="superseded-there")
 
     async def _stop_rerun(self, key: str, src: int, runs: str) -> None:

@@ -731,8 +731,13 @@ class ReplicasMixin:
         except (KeyError, TypeError, ValueError):
             raise ValueError(f"superseded: a body of key, node, job, at (seconds since the epoch) and clock "
                              f"is needed, not {body!r}") from None
-        if claimed != asker or not math.isfinite(at + shift):
-            raise ValueError(f"superseded: node {asker} cannot speak for node {claimed!r} (or at {at!r} is not a time)")
+        if not math.isfinite(at + shift):
+            raise ValueError(f"superseded: at {at!r} is not a time")
+        # a node speaks for itself, or the job's guard (its buddy, or an old buddy still owed a
+        # release) for the node it placed the job on when it had no room (replica state ``placed``)
+        guard = jid is not None and (self.buddy.get(jid) == asker or (asker, key) in self._releases)
+        if claimed != asker and not guard:
+            raise ValueError(f"superseded: node {asker} cannot speak for node {claimed!r} (it does not guard {key})")
         at += shift
         jobs = getattr(self.agent, "jobs", None)
         job = jobs.get(jid) if jobs is not None and jid is not None else None
@@ -750,16 +755,16 @@ class ReplicasMixin:
             return {"key": key, "stopped": None, "why": f"{job.id} is being moved"}
         # the asker's word alone stops nothing: it guards the job here (its buddy, or the old buddy
         # still owed a release), or the archive names it the runner of its claim (read on the lane)
-        vouched = self.buddy.get(job.id) == asker or (asker, key) in self._releases
+        vouched = guard
         if not vouched and self._archive_root() is None:
             return {"key": key, "stopped": None, "why": f"node {asker} neither guards {key} nor claimed it from "
                     "an archive: nothing here says it runs it"}
         self._superseding.add(job.id)
-        self._spawn(self._stop_superseded(job, asker, their, key, vouched))
+        self._spawn(self._stop_superseded(job, claimed, their, key, vouched))
         if not vouched:
             return {"key": key, "stopped": None, "checks": job.id,
                     "why": f"{job.id} is stopped once the archive names node {asker} its runner"}
-        return {"key": key, "stopped": job.id, "why": f"{job.id} stopped: node {asker} runs it as {their}"}
+        return {"key": key, "stopped": job.id, "why": f"{job.id} stopped: node {claimed} runs it as {their}"}
 
     async def _stop_superseded(self, job: Any, node: int, their: str, key: str, vouched: bool = True) -> None:
         """Stops ``job`` here (state ``migrated``: it runs on ``node`` as ``their``), with an event
