@@ -176,7 +176,7 @@ def test_the_jobs_the_zone_would_resume_are_fenced_kept_across_a_restart_and_set
     asyncio.run(main())
 
 
-def test_a_fenced_job_its_buddy_took_over_is_stopped_not_thawed(tmp_path: Path) -> None:
+def test_a_fenced_job_its_buddy_took_over_and_placed_elsewhere_is_stopped_not_thawed(tmp_path: Path) -> None:
     async def main() -> None:
         agent, c = await started(tmp_path)
         j = job("job-1")
@@ -190,7 +190,8 @@ def test_a_fenced_job_its_buddy_took_over_is_stopped_not_thawed(tmp_path: Path) 
         agent.jobs.stop = stop  # type: ignore[attr-defined]
 
         async def control(node: int, op: str, body: Any, timeout: float = 5.0) -> Any:  # stand-in: the buddy
-            return {"key": body["key"], "runs": "job-9", "state": "resumed"}
+            # it had no room and placed the job on node 4
+            return {"key": body["key"], "runs": "job-9", "node": 4, "state": "placed"}
 
         async def release(node: int, key: str) -> None:
             pass
@@ -207,7 +208,7 @@ def test_a_fenced_job_its_buddy_took_over_is_stopped_not_thawed(tmp_path: Path) 
                     break
                 await asyncio.sleep(0.05)
             assert [(jid, st) for jid, st, _ in stopped] == [("job-1", "migrated")]
-            assert "node 2 runs it as job-9" in stopped[0][2]
+            assert "node 4 runs it as job-9" in stopped[0][2]
             assert j.cgroup.calls == []  # never thawed: it takes no step before it dies
             assert c.fenced_jobs == {}
         finally:
@@ -224,12 +225,16 @@ def test_the_buddy_answers_taken_only_to_the_jobs_node(tmp_path: Path) -> None:
             src = Source(tmp_path, c, 2, K)
             await src.send(5)
             await src.ctl("guard", "ckpt-5")
-            assert await src.ctl("taken") == {"key": K, "runs": None, "state": "guarding"}
+            assert await src.ctl("taken") == {"key": K, "runs": None, "node": None, "state": "guarding"}
             with agent.store.tx() as db:  # node 1 took it over (node 2 was silent) and runs it
                 db.execute("UPDATE migrate_replicas SET state='resumed' WHERE key=?", (K,))
             agent.jobs.jobs.append(SimpleNamespace(id="job-9", state="running",
                                                    spec=JobSpec(command=["train"], env={"LM_MIGRATED_FROM": K})))
-            assert await src.ctl("taken") == {"key": K, "runs": "job-9", "state": "resumed"}
+            assert await src.ctl("taken") == {"key": K, "runs": "job-9", "node": 1, "state": "resumed"}
+            with agent.store.tx() as db:  # no room here: it placed the job on node 3 instead
+                db.execute("UPDATE migrate_replicas SET state='placed', job_id='node 3/job-4' WHERE key=?", (K,))
+            agent.jobs.jobs.clear()
+            assert await src.ctl("taken") == {"key": K, "runs": "job-4", "node": 3, "state": "placed"}
             other = Source(tmp_path, c, 3, K)  # node 3 asking about node 2's job: refused
             with pytest.raises(Exception, match="not one of its jobs"):
                 await other.ctl("taken")

@@ -94,6 +94,7 @@ class FenceMixin:
         async def _control(self, node: int, op: str, body: Any, timeout: float = 5.0) -> Any: ...
         def _emit(self, message: str, **fields: Any) -> None: ...
         def _last_seen(self, node: int) -> float: ...
+        def _placed_as(self, key: str) -> tuple[int, str] | None: ...
         def _runs_here(self, key: str) -> str | None: ...
         def _source_dead(self, src: int, now: float, window_end: float | None = None,
                          since: float | None = None) -> str | None: ...
@@ -223,8 +224,10 @@ class FenceMixin:
             if jid in self._superseding or not job.active:
                 return  # the guard's own ``superseded`` came first (its stop settles the fence)
             if runs:
-                self._superseding.add(jid)
-                await self._stop_superseded(job, node, str(runs), key)
+                runner = ans.get("node")
+                runner = int(runner) if isinstance(runner, int) and not isinstance(runner, bool) else node
+                self._superseding.add(jid)  # (on the word of its guard: it runs the job, or placed it there)
+                await self._stop_superseded(job, runner, str(runs), key)
                 self._drop_fenced(jid)
                 return
         held = self._airlock_suspended(jid)
@@ -262,9 +265,10 @@ class FenceMixin:
 
     def _answer_taken(self, node: str, key: str) -> dict[str, Any]:
         """Control op ``taken``: the job's node (fenced while cut off, now heard again) asks its
-        buddy whether it took ``key`` over. ``{key, runs, state}``: ``runs`` the id of the job
-        that runs it here (None when none), ``state`` this node's guard of it (None: none). Only
-        the job's own node is answered about it. Raises ValueError for another asker."""
+        buddy whether it took ``key`` over. ``{key, runs, node, state}``: ``runs`` the id of the
+        job that runs it and ``node`` where (this node, or the node it placed the job on when it
+        had no room: state ``placed``), None when none; ``state`` this node's guard of it (None:
+        none). Only the job's own node is answered about it. Raises ValueError for another asker."""
         try:
             asker = int(node)
         except ValueError:
@@ -274,5 +278,9 @@ class FenceMixin:
         row = self.agent.store.db.execute("SELECT state, src_node FROM migrate_replicas WHERE key=?", (key,)).fetchone()
         if row is None or int(row["src_node"]) != asker:
             return {"key": key, "runs": None, "state": None}
+        if row["state"] == "placed":  # taken over and placed on another node (no room here)
+            placed = self._placed_as(key)
+            if placed is not None:
+                return {"key": key, "runs": placed[1], "node": placed[0], "state": "placed"}
         runs = self._runs_here(key) if row["state"] == "resumed" else None
-        return {"key": key, "runs": runs, "state": str(row["state"])}
+        return {"key": key, "runs": runs, "node": self.node_id if runs else None, "state": str(row["state"])}
