@@ -104,7 +104,8 @@ def test_the_jobs_the_zone_would_resume_are_fenced_kept_across_a_restart_and_set
     async def main() -> None:
         agent, c = await started(tmp_path)
         guarded, archived, alone, moving = job("job-1"), job("job-2"), job("job-3"), job("job-4")
-        agent.jobs = Jobs([guarded, archived, alone, moving])
+        owed = job("job-5")  # its old buddy (owed a release) still guards it
+        agent.jobs = Jobs([guarded, archived, alone, moving, owed])
         events: list[dict[str, Any]] = []
         agent.events.subscribe(events.append)
         asked: list[tuple[int, str, Any]] = []
@@ -123,15 +124,18 @@ def test_the_jobs_the_zone_would_resume_are_fenced_kept_across_a_restart_and_set
             c.buddy.update({"job-1": 2, "job-4": 3})
             c.archived_live["job-2"] = "ckpt-5"
             c.evacuating.add("job-4")  # a move settles it itself
+            c._releases[(3, "n1-job-5")] = (time.monotonic() + 3600.0, time.monotonic() + 7200.0)
             now = time.time()
             c._started = now - 100.0
             for st in agent.zone.membership.state.values():
                 st.last_seen = now - 20.0
             c._fence_round(now)
-            assert sorted(c.fenced_jobs) == ["job-1", "job-2"]
+            assert sorted(c.fenced_jobs) == ["job-1", "job-2", "job-5"]
             assert guarded.cgroup.calls == ["freeze"] and archived.cgroup.calls == ["freeze"]
+            c._drop_fenced("job-5")  # (not settled below with the other two: not what is tested there)
+            c._releases.clear()
             assert alone.cgroup.calls == [] and moving.cgroup.calls == []  # nothing would resume them
-            assert [e["jobs"] for e in events if e.get("phase") == "fenced"] == [["job-1", "job-2"]]
+            assert [e["jobs"] for e in events if e.get("phase") == "fenced"] == [["job-1", "job-2", "job-5"]]
             c._fence_round(now + 1)  # still cut off: fenced once
             assert guarded.cgroup.calls == ["freeze"]
             archived.cgroup.calls.append("thaw")  # thawed by something else meanwhile (a move that failed)

@@ -165,8 +165,10 @@ class FenceMixin:
                 continue
             if job.id in self.evacuating or job.id in self._superseding:
                 continue  # (a move under way freezes and settles the job itself)
-            if job.id not in self.buddy and job.id not in self.archived_live:
-                continue  # nothing elsewhere would resume it: it runs on
+            key = self.job_key(job)
+            if (job.id not in self.buddy and job.id not in self.archived_live
+                    and not any(k == key for _, k in self._releases)):
+                continue  # nothing elsewhere would resume it (no guard, old or new, no archived copy): it runs on
             try:
                 job.cgroup.freeze(timeout=None)  # asked for now; taken once every task stops
             except Exception as e:  # its cgroup gone: it ended
