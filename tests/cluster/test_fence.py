@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 from agentproc import VENV_BIN
@@ -69,24 +70,25 @@ def heal(a: Node, others: list[Node]) -> None:
         o.netns.run("ip", "route", "del", "blackhole", f"{a.addr}/32", check=False)
 
 
-def guarded(c, a: Node, path: Path) -> tuple[str, str, Node]:  # type: ignore[no-untyped-def]
+def guarded(make: Any, path: Path, orphan_after_s: float) -> tuple[Any, Node, list[Node], str, str, Node, str]:
+    """Three agents with fencing; node A's job stepping, its checkpoint guarded by a peer.
+    Returns (cluster, A, the other two, job id, key, buddy, the job's pid)."""
+    c = make(zones=1, per_zone=3, gpus=1, zone_extra=migrate_config(
+        orphan_after_s=orphan_after_s, fence_after_s=1.5, retry_base_s=0.3, retry_max_s=0.6))
+    a, *others = c.nodes
     jid = submit(a, "--name", "fenced", "--", str(VENV_BIN / "python"), "-c", STEPS, str(path))
     key = f"n{a.node_id}-{jid}"
     buddy = wait_until(lambda: next((nd for nd in c.nodes if nd is not a and (r := replica(nd, key)) is not None
                                      and r["state"] == "guarding" and 7 in verified_steps(nd, key)), None),
                        60, "a peer to hold and guard the job's checkpoint")
     wait_until(lambda: steps_by(path), 30, "the job to step")
-    return jid, key, buddy
+    return c, a, others, jid, key, buddy, str(job_state(a, jid)["pid"])
 
 
 def test_a_node_cut_off_freezes_its_job_before_the_zone_resumes_it_and_stops_it_when_healed(
         make_cluster, tmp_path: Path) -> None:  # noqa: F811
-    c = make_cluster(zones=1, per_zone=3, gpus=1, zone_extra=migrate_config(
-        orphan_after_s=4, fence_after_s=1.5, retry_base_s=0.3, retry_max_s=0.6))
-    a, *others = c.nodes
     steps = tmp_path / "steps"
-    jid, key, buddy = guarded(c, a, steps)
-    pid_a = str(job_state(a, jid)["pid"])
+    c, a, others, jid, key, buddy, pid_a = guarded(make_cluster, steps, orphan_after_s=4)
 
     cut(a, others)
     try:
@@ -110,17 +112,13 @@ def test_a_node_cut_off_freezes_its_job_before_the_zone_resumes_it_and_stops_it_
     assert steps_by(steps).get(pid_a, 0) == frozen_at, "A's copy stepped again after the heal"
     assert job_state(buddy, resumed["id"])["state"] == "running"
     assert phases(a, "unfenced") == []
-    assert a.json("status")["migrate"]["fenced"] == {}
+    wait_until(lambda: a.json("status")["migrate"]["fenced"] == {}, 10, "A's status to show nothing fenced")
     assert [e["job"] for e in phases(a, "superseded")] == [jid]
 
 
 def test_a_partition_shorter_than_orphan_after_s_thaws_the_fenced_job(make_cluster, tmp_path: Path) -> None:  # noqa: F811
-    c = make_cluster(zones=1, per_zone=3, gpus=1, zone_extra=migrate_config(
-        orphan_after_s=30, fence_after_s=1.5, retry_base_s=0.3, retry_max_s=0.6))
-    a, *others = c.nodes
     steps = tmp_path / "steps"
-    jid, key, buddy = guarded(c, a, steps)
-    pid_a = str(job_state(a, jid)["pid"])
+    c, a, others, jid, key, buddy, pid_a = guarded(make_cluster, steps, orphan_after_s=30)
 
     cut(a, others)
     try:

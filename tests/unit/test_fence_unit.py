@@ -55,6 +55,18 @@ class Jobs:  # stand-in job manager: these jobs run here
     def get(self, job_id: str) -> Any:
         return next((j for j in self.jobs if j.id == job_id), None)
 
+    def stops(self) -> list[tuple[str, str, str]]:
+        """Gives this stand-in a ``stop`` that ends the job and records (id, state, reason)."""
+        stopped: list[tuple[str, str, str]] = []
+
+        async def stop(jid: str, reason: str, *, grace_s: float | None = None, state: str = "stopped") -> Any:
+            stopped.append((jid, state, reason))
+            j = self.get(jid)
+            j.active, j.state = False, state
+
+        self.stop = stop
+        return stopped
+
 
 def job(jid: str, env: dict[str, str] | None = None) -> SimpleNamespace:
     return SimpleNamespace(id=jid, active=True, state="running", cgroup=Cgroup(), started=time.time() - 60,
@@ -185,13 +197,7 @@ def test_a_fenced_job_its_buddy_took_over_and_placed_elsewhere_is_stopped_not_th
         agent, c = await started(tmp_path)
         j = job("job-1")
         agent.jobs = Jobs([j])
-        stopped: list[tuple[str, str, str]] = []
-
-        async def stop(jid: str, reason: str, *, grace_s: float | None = None, state: str = "stopped") -> Any:
-            stopped.append((jid, state, reason))
-            j.active, j.state = False, state
-
-        agent.jobs.stop = stop  # type: ignore[attr-defined]
+        stopped = agent.jobs.stops()
 
         async def control(node: int, op: str, body: Any, timeout: float = 5.0) -> Any:  # stand-in: the buddy
             # it had no room and placed the job on node 4
@@ -279,13 +285,7 @@ def test_an_old_buddy_still_owed_a_release_is_asked_too(tmp_path: Path) -> None:
         agent, c = await started(tmp_path)
         j = job("job-1")
         agent.jobs = Jobs([j])
-        stopped: list[tuple[str, str, str]] = []
-
-        async def stop(jid: str, reason: str, *, grace_s: float | None = None, state: str = "stopped") -> Any:
-            stopped.append((jid, state, reason))
-            j.active, j.state = False, state
-
-        agent.jobs.stop = stop  # type: ignore[attr-defined]
+        stopped = agent.jobs.stops()
         asked: list[int] = []
 
         async def control(node: int, op: str, body: Any, timeout: float = 5.0) -> Any:  # stand-in: the guards
