@@ -103,7 +103,8 @@ def test_a_node_cut_off_freezes_its_job_before_the_zone_resumes_it_and_stops_it_
                    "the resumed copy to step")
         # A's copy took no step while the resumed one ran: one copy at a time
         assert steps_by(steps).get(pid_a, 0) == frozen_at
-        assert job_state(a, jid)["state"] == "running"  # frozen, not stopped: A cannot know yet
+        shown = job_state(a, jid)  # frozen, not stopped: A cannot know yet
+        assert shown["state"] == "suspended" and shown["reason"].startswith("fenced: "), shown
     finally:
         heal(a, others)
 
@@ -132,7 +133,36 @@ def test_a_partition_shorter_than_orphan_after_s_thaws_the_fenced_job(make_clust
     wait_until(lambda: phases(a, "unfenced"), 30, "A to thaw its job once it hears its zone")
     wait_until(lambda: steps_by(steps).get(pid_a, 0) > held + 5, 30, "the thawed job to step again")
     assert job_state(a, jid)["state"] == "running"
+    assert job_state(a, jid)["reason"].startswith("unfenced: ")
     assert find_migrated(c, key) is None  # nobody took it over
     assert replica(buddy, key)["state"] == "guarding"  # type: ignore[index]
     ev = phases(a, "unfenced")
     assert [(e["job"], e["airlock_held"]) for e in ev] == [(jid, False)], ev
+
+
+def test_an_agent_restarted_while_fenced_keeps_the_job_frozen_and_settles_it_once_healed(
+        make_cluster, tmp_path: Path) -> None:  # noqa: F811
+    """The agent of the cut-off node is killed (SIGKILL) and started again while the node is
+    still cut off: the job stays frozen (the fence is kept in the store, and a restarted agent
+    has heard nobody yet, so it settles nothing), and once healed it is settled as before:
+    nobody took it over, so it is thawed."""
+    steps = tmp_path / "steps"
+    c, a, others, jid, key, buddy, pid_a = guarded(make_cluster, steps, orphan_after_s=30)
+    cut(a, others)
+    try:
+        wait_until(lambda: phases(a, "fenced"), 30, "A to fence its job")
+        a.agent.kill9()
+        a.agent.start()
+        assert job_state(a, jid)["state"] == "suspended"  # re-adopted, still frozen
+        assert list(a.json("status")["migrate"]["fenced"]) == [jid]
+        held = steps_by(steps).get(pid_a, 0)
+        time.sleep(1.0)  # (no assertion on a timing: only that a frozen job takes no step)
+        assert steps_by(steps).get(pid_a, 0) == held
+        assert phases(a, "unfenced") == []
+    finally:
+        heal(a, others)
+    wait_until(lambda: phases(a, "unfenced"), 30, "A to thaw its job once it hears its zone")
+    wait_until(lambda: steps_by(steps).get(pid_a, 0) > held + 5, 30, "the thawed job to step again")
+    assert find_migrated(c, key) is None
+    assert job_state(a, jid)["state"] == "running"  # (not left "suspended" as re-adopted)
+    assert a.json("status")["migrate"]["fenced"] == {}

@@ -55,6 +55,9 @@ class Jobs:  # stand-in job manager: these jobs run here
     def get(self, job_id: str) -> Any:
         return next((j for j in self.jobs if j.id == job_id), None)
 
+    def set_state(self, job: Any, state: str, reason: str = "") -> None:
+        job.state, job.reason = state, reason
+
     def stops(self) -> list[tuple[str, str, str]]:
         """Gives this stand-in a ``stop`` that ends the job and records (id, state, reason)."""
         stopped: list[tuple[str, str, str]] = []
@@ -147,6 +150,8 @@ def test_the_jobs_the_zone_would_resume_are_fenced_kept_across_a_restart_and_set
             c._drop_fenced("job-5")  # (not settled below with the other two: not what is tested there)
             c._releases.clear()
             assert alone.cgroup.calls == [] and moving.cgroup.calls == []  # nothing would resume them
+            assert (guarded.state, alone.state) == ("suspended", "running")
+            assert guarded.reason.startswith("fenced: node 1 heard no member of its zone for 10 s")
             assert [e["jobs"] for e in events if e.get("phase") == "fenced"] == [["job-1", "job-2", "job-5"]]
             c._fence_round(now + 1)  # still cut off: fenced once
             assert guarded.cgroup.calls == ["freeze"]
@@ -182,6 +187,7 @@ def test_the_jobs_the_zone_would_resume_are_fenced_kept_across_a_restart_and_set
             c._fence_round(time.time())
             await asyncio.sleep(0.2)
             assert guarded.cgroup.calls == ["freeze", "thaw"] and c.fenced_jobs == {}
+            assert guarded.state == "running" and guarded.reason.startswith("unfenced: node 1 hears its zone again")
             assert agent.store.get_meta(FENCE_META) is None
             ev = [(e["job"], e["airlock_held"]) for e in events if e.get("phase") == "unfenced"]
             assert sorted(ev) == [("job-1", False), ("job-2", False)], ev

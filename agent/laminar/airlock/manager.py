@@ -324,7 +324,9 @@ class Airlock:
         - a stored suspend/readdress rung of an active job continues with its original start
           time, so its budget is not reset by a restart;
         - a frozen job with no stored rung (the agent died between freeze and store) is
-          suspended as of now;
+          suspended as of now, but for one the migration layer fenced (store meta
+          ``migrate.fenced``: its node was cut off from the zone; laminar/migrate/fence.py),
+          which is the migration layer's to settle;
         - a stored suspend rung of a job that is no longer frozen is dropped;
         - a stored readdress rung of a frozen job (frozen by a migration move that died with
           the previous process) becomes a suspend rung with the same start, so it is thawed
@@ -387,8 +389,9 @@ class Airlock:
                 self.jobs.set_state(job, "suspended", "airlock: suspended (freeze pending) when the agent started")
             self._emit(f"airlock: {jid} taken over at rung {rung} (for {now - since:.1f} s, {hops} hops) "
                        "after a restart", job=jid, adopted_rung=rung, for_s=round(now - since, 2), hops=hops)
+        fenced = self.store.get_meta("migrate.fenced")  # (laminar.migrate.fence.FENCE_META)
         for jid, job in active.items():
-            if jid in self.rungs:
+            if jid in self.rungs or (isinstance(fenced, dict) and jid in fenced):
                 continue
             try:
                 frozen = job.cgroup.frozen() or job.cgroup.freeze_requested()

@@ -10,7 +10,8 @@ logs to an experiment tracker, calls a service) does them twice meanwhile.
 
 With ``fence_after_s`` (less than ``orphan_after_s``), a node that has heard no other member of
 the roster for that long freezes (cgroup freezer) every job the zone would resume elsewhere: one
-with a buddy, or with a periodic copy in the archive. Event phase ``fenced``. A cut-off node hears
+with a buddy (or an old buddy still owed a release), or with a periodic copy in the archive.
+Event phase ``fenced``; the job's state shows ``suspended`` (reason ``fenced: ...``). A cut-off node hears
 nobody, so it fences before the others' silence reaches ``orphan_after_s``; from the take-over
 on, only the resumed copy runs. The same node, while it hears nobody, takes nothing over either
 (:meth:`GuardMixin._source_dead` answers alive): it is the one cut off, not the others.
@@ -29,7 +30,8 @@ Once it hears a member again it settles each fenced job before thawing it:
 - else it is thawed (event phase ``unfenced``): the partition ended before anyone took it over.
 
 A job Airlock holds suspended is fenced too (Airlock must not thaw it meanwhile: it is in
-:meth:`AirlockManager.moving`) and left frozen at the end. The fenced jobs are kept in the store
+:meth:`AirlockManager.moving`, and a restarted Airlock does not adopt it) and left frozen at
+the end. The fenced jobs are kept in the store
 (meta ``migrate.fenced``): an agent restarted meanwhile settles them the same way.
 
 What it costs: a node whose peers all fail at once (not a partition) freezes its own jobs until
@@ -176,9 +178,13 @@ class FenceMixin:
                 continue
             self.fenced_jobs[job.id] = now
             new.append(job.id)
+        after = float(self.s["fence_after_s"])
+        for jid in new:  # what `laminarctl jobs` shows (and what a restart re-adopts it as: frozen)
+            self._set_job_state(jid, "suspended", f"fenced: node {self.node_id} heard no member of its zone for "
+                                f"{after:g} s (migrate.fence_after_s); thawed once it hears one and nobody took the "
+                                "job over")
         if new:
             self._save_fenced()
-            after = float(self.s["fence_after_s"])
             self._emit(f"node {self.node_id} heard no member of its zone for {after:g} s (fence_after_s): frozen, so "
                        f"that a job resumed elsewhere meanwhile does not run twice: {', '.join(new)}",
                        phase="fenced", jobs=new, fence_after_s=after)
@@ -238,12 +244,25 @@ class FenceMixin:
                 job.cgroup.thaw(timeout=None)
             except Exception as e:
                 log.warning("migrate: thawing fenced %s: %s", jid, e)
+            else:
+                self._set_job_state(jid, "running", f"unfenced: node {self.node_id} hears its zone again and nobody "
+                                    "took the job over")
         since = self.fenced_jobs.get(jid, time.time())
         self._drop_fenced(jid)
         self._emit(f"{jid}: node {self.node_id} hears its zone again and nobody took the job over: "
                    + ("left frozen (Airlock holds it suspended)" if held else "thawed")
                    + f" after {time.time() - since:.1f} s fenced", job=jid, phase="unfenced", airlock_held=held,
                    fenced_s=round(time.time() - since, 3))
+
+    def _set_job_state(self, jid: str, state: str, reason: str) -> None:
+        jobs = getattr(self.agent, "jobs", None)
+        job = jobs.get(jid) if jobs is not None else None
+        if jobs is None or job is None or not job.active or not hasattr(jobs, "set_state"):
+            return
+        try:
+            jobs.set_state(job, state, reason)
+        except Exception as e:  # (the store: the state shown is wrong, the job is not)
+            log.warning("migrate: recording %s %s: %s", jid, state, e)
 
     def _airlock_suspended(self, jid: str) -> bool:
         rungs = getattr(getattr(self.agent, "airlock", None), "rungs", None) or {}
