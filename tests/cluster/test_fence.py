@@ -165,4 +165,6 @@ def test_an_agent_restarted_while_fenced_keeps_the_job_frozen_and_settles_it_onc
     wait_until(lambda: steps_by(steps).get(pid_a, 0) > held + 5, 30, "the thawed job to step again")
     assert find_migrated(c, key) is None
     assert job_state(a, jid)["state"] == "running"  # (not left "suspended" as re-adopted)
+    # the restarted Airlock did not take the frozen job for one it suspended: the fence thawed it
+    assert [e["airlock_held"] for e in phases(a, "unfenced")] == [False]
     assert a.json("status")["migrate"]["fenced"] == {}

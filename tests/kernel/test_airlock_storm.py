@@ -616,3 +616,27 @@ def test_a_job_stopping_through_a_long_grace_is_cut_short_under_pressure_before_
             assert now is not None and now.state == "running" and not now.cgroup.frozen() and alive(busy.pid)
 
     run(main())
+
+
+def test_a_restarted_airlock_leaves_a_job_the_migration_layer_fenced_to_it(tmp_path: Path) -> None:
+    """A frozen job with no recorded rung is one Airlock froze and did not record before the
+    agent went down: a restarted Airlock suspends it and thaws it once calm. A job the migration
+    layer fenced (its node cut off from its zone: store meta ``migrate.fenced``,
+    laminar/migrate/fence.py) is frozen too, and not Airlock's: thawed once calm, it would run
+    beside the copy the zone resumed elsewhere. A real frozen cgroup each; the other job, frozen
+    the same way without the meta, is taken as Airlock's."""
+    async def main() -> None:
+        async with storm_rig(tmp_path, budget_mb=None) as r:
+            assert r.jobs is not None and r.airlock is not None
+            fenced = await r.jobs.submit(JobSpec(command=["sleep", "600"], job_class="standard", name="fenced"))
+            other = await r.jobs.submit(JobSpec(command=["sleep", "600"], job_class="standard", name="other"))
+            for j in (fenced, other):
+                assert j.cgroup.freeze(timeout=10)
+            r.store.set_meta("migrate.fenced", {fenced.id: time.time()})
+            await r.restart(budget_mb=None)
+            assert fenced.id not in r.airlock.rungs, r.airlock.rungs
+            assert r.airlock.rungs.get(other.id, (None,))[0] == ladder.SUSPEND
+            fj = r.jobs.get(fenced.id)
+            assert fj is not None and fj.cgroup.frozen()
+
+    run(main())
