@@ -282,7 +282,8 @@ class FenceMixin:
                 node = f.name.split("-", 1)[1].removesuffix(".json")
                 if node != str(self.node_id):
                     return node
-        return self._archive_done(root, key)
+        done = self._archive_done(root, key)
+        return None if done == str(self.node_id) else done
 
     def _answer_taken(self, node: str, key: str) -> dict[str, Any]:
         """Control op ``taken``: the job's node (fenced while cut off, now heard again) asks its
