@@ -361,3 +361,61 @@ def test_a_fenced_job_claimed_or_run_from_the_archive_stays_frozen(tmp_path: Pat
             agent.store.close()
 
     asyncio.run(main())
+
+
+def test_a_silence_after_a_notice_declares_nothing_while_no_other_member_is_heard_either(tmp_path: Path) -> None:
+    """Node 2 announced a reclaim and fell silent 4 s ago (past dead_after_s, 3 s). Node 3 was
+    not heard for 5 s either: this node may be the one cut off (for less than fence_after_s), so
+    node 2 does not count as dead. Node 3 heard a second ago: it does. Found by the soak (seed 29:
+    a node cut off 3 s resumed a job its reclaimed source still ran)."""
+    async def main() -> None:
+        agent, c = await started(tmp_path)
+        try:
+            c.s.update(orphan_after_s=30.0, fence_after_s=10.0, dead_after_s=3.0)
+            now = time.time()
+            c._started = now - 100.0
+            c.notices[2] = (now + 60.0, now - 10.0)  # node 2's window ends in a minute
+            state = agent.zone.membership.state
+            state[2].last_seen, state[3].last_seen = now - 4.0, now - 5.0
+            assert not c._isolated(now)
+            assert c._source_dead(2, now) is None
+            state[3].last_seen = now - 1.0
+            assert c._source_dead(2, now) == "node 2 went silent 4.0 s after announcing its reclaim"
+            c.s["fence_after_s"] = 0.0  # off: as before
+            state[3].last_seen = now - 5.0
+            assert c._source_dead(2, now) == "node 2 went silent 4.0 s after announcing its reclaim"
+        finally:
+            await c.stop()
+            agent.store.close()
+
+    asyncio.run(main())
+
+
+def test_a_fenced_copy_whose_claim_another_node_took_is_stopped(tmp_path: Path) -> None:
+    """This node resumed node 2's job (``LM_MIGRATED_FROM`` n2-job-7, its claim in the archive),
+    was cut off and fenced it; node 3 counted it gone and took the claim (``running-3.json``) and
+    runs the job. The archive's claim is the lock: the fenced copy is stopped, never thawed.
+    Before, it was thawed (nobody took *its own* key over) and ran beside node 3's (seed 29)."""
+    async def main() -> None:
+        arch = tmp_path / "arch"
+        agent, c = await started(tmp_path / "agent")
+        j = job("job-4", env={"LM_MIGRATED_FROM": "n2-job-7"})
+        agent.jobs = Jobs([j])
+        stopped = agent.jobs.stops()
+        try:
+            c.s.update(orphan_after_s=30.0, fence_after_s=10.0, archive_dir=str(arch))
+            (arch / "n2-job-7").mkdir(parents=True)
+            (arch / "n2-job-7" / "running-3.json").write_text("{}")
+            c.fenced_jobs["job-4"] = time.time() - 40.0
+            c._fence_round(time.time())
+            for _ in range(50):
+                if stopped:
+                    break
+                await asyncio.sleep(0.05)
+            assert [(jid, st) for jid, st, _ in stopped] == [("job-4", "migrated")]
+            assert "node 3 runs it" in stopped[0][2] and j.cgroup.calls == []
+        finally:
+            await c.stop()
+            agent.store.close()
+
+    asyncio.run(main())

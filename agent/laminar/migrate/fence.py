@@ -14,7 +14,10 @@ with a buddy (or an old buddy still owed a release), or with a periodic copy in 
 Event phase ``fenced``; the job's state shows ``suspended`` (reason ``fenced: ...``). A cut-off node hears
 nobody, so it fences before the others' silence reaches ``orphan_after_s``; from the take-over
 on, only the resumed copy runs. The same node, while it hears nobody, takes nothing over either
-(:meth:`GuardMixin._source_dead` answers alive): it is the one cut off, not the others.
+(:meth:`GuardMixin._source_dead` answers alive): it is the one cut off, not the others. Nor
+does a silence declare a source dead while this node heard no other member during it
+(:meth:`_cannot_tell`): a silence after a reclaim notice (``dead_after_s``) is shorter than
+``fence_after_s``.
 
 Once it hears a member again it settles each fenced job before thawing it:
 
@@ -26,7 +29,9 @@ Once it hears a member again it settles each fenced job before thawing it:
   ``orphan_after_s`` while this node hears others: the rule every take-over uses);
 - with an archive, a claim of the job there (``claimed-*``, ``running-*``, or the sweep's
   ``.done`` marker) keeps it fenced until the claimer tells this node that it runs it (op
-  ``superseded``: stopped) or gives the claim back;
+  ``superseded``: stopped) or gives the claim back; a copy this node resumed itself (its
+  ``LM_MIGRATED_FROM`` key) whose claim another node took meanwhile (a dead runner's claim: it
+  counted this node gone) is stopped: the archive's claim is the lock, and it lost it;
 - else it is thawed (event phase ``unfenced``): the partition ended before anyone took it over.
 
 A job Airlock holds suspended is fenced too (Airlock must not thaw it meanwhile: it is in
@@ -50,6 +55,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from laminar.migrate.constants import MIGRATED_ENV
 from laminar.migrate.errors import MigrateError
 from laminar.migrate.transfer import TransferError
 
@@ -91,6 +97,7 @@ class FenceMixin:
         s: dict[str, Any]
 
         def _archive_root(self) -> Path | None: ...
+        def _archive_runner(self, key: str) -> str | None: ...
         @staticmethod
         def _archive_done(root: Path, key: str) -> str | None: ...
         async def _control(self, node: int, op: str, body: Any, timeout: float = 5.0) -> Any: ...
@@ -138,6 +145,22 @@ class FenceMixin:
         after = float(self.s.get("fence_after_s") or 0.0)
         heard = self._heard_last() if after > 0 else None
         return heard is not None and now - max(heard, self._started) >= after
+
+    def _cannot_tell(self, src: int, now: float, within: float) -> bool:
+        """Fencing is on and this node heard no member but ``src`` within ``within`` (at most
+        ``fence_after_s``) either: it cannot tell ``src``'s departure from its own isolation, so
+        ``src``'s silence declares nothing (:meth:`GuardMixin._source_dead`). Found by the soak: a
+        reclaim notice's short silence (``dead_after_s``, 3 s) let a node cut off 3 s before
+        resume a job its source still ran, before the node's own fence (10 s) could hold it."""
+        after = float(self.s.get("fence_after_s") or 0.0)
+        z = self.zone
+        if after <= 0 or z is None:
+            return False
+        others = [n for n in z.membership.state if n not in (self.node_id, src)]
+        if not others:
+            return True  # (a zone of two: nobody else to hear)
+        heard = max(self._last_seen(n) for n in others)
+        return now - max(heard, self._started) >= min(within, after)
 
     def _fence_round(self, now: float) -> None:
         """Fences what the zone would resume elsewhere while this node is cut off; a fenced job
@@ -215,6 +238,19 @@ class FenceMixin:
             claimer = await self._lane.call(f"claims of fenced {jid}", self._archive_claimer, key)
             if claimer is not None:
                 return  # the claimer tells this node it runs the job (superseded), or gives the claim back
+            # a copy this node resumed (of another node's job, or from the archive) whose claim
+            # another node took meanwhile (it counted this node gone: a dead runner's claim): the
+            # archive's claim is the lock, and this copy lost it
+            origin = str((getattr(job.spec, "env", None) or {}).get(MIGRATED_ENV) or "")
+            runner = await self._lane.call(f"who runs {origin}", self._archive_runner, origin) if origin else None
+            if runner is not None and runner != str(self.node_id):
+                if not runner.isdigit() or jid in self._superseding or not job.active:
+                    return  # (a marker of an older agent names no node: left frozen for the operator)
+                self._superseding.add(jid)
+                await self._stop_superseded(job, int(runner), f"its claim of {origin}", origin, vouched=False)
+                if not job.active:
+                    self._drop_fenced(jid)
+                return
         # its buddy, and the old buddies still owed a release: a guard changed just before the
         # partition (the old one, cut off from this node earlier, still guards and may take over)
         ask = sorted(({self.buddy[jid]} if jid in self.buddy else set())

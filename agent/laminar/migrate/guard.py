@@ -98,6 +98,7 @@ class GuardMixin:
         def _claim_done(self, key: str, who: str, runs: tuple[int, str] | None = None) -> None: ...
         async def _control(self, node: int, op: str, body: Any, timeout: float = 5.0) -> Any: ...
         def _emit(self, message: str, **fields: Any) -> None: ...
+        def _cannot_tell(self, src: int, now: float, within: float) -> bool: ...
         def _isolated(self, now: float) -> bool: ...
         def _last_seen(self, node: int) -> float: ...
         def _peer(self, node: int) -> tuple[str, int, bytes, int]: ...
@@ -208,10 +209,13 @@ class GuardMixin:
         notice = self._notice(src, window_end, since)
         dead_after = float(self.s["dead_after_s"])
         if notice is not None and silent >= dead_after and now - notice[1] >= dead_after:
-            return f"node {src} went silent {silent:.1f} s after announcing its reclaim"
+            # (with fencing: only while others were heard meanwhile; a node that hears nobody
+            # either may be the one cut off, and this silence is shorter than fence_after_s)
+            return None if self._cannot_tell(src, now, dead_after) else \
+                f"node {src} went silent {silent:.1f} s after announcing its reclaim"
         orphan = float(self.s["orphan_after_s"])
         if orphan > 0 and silent >= orphan:
-            return f"node {src} silent for {silent:.1f} s"
+            return None if self._cannot_tell(src, now, orphan) else f"node {src} silent for {silent:.1f} s"
         return None
 
     async def _guard_round(self) -> None:
