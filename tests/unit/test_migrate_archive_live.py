@@ -279,3 +279,34 @@ def test_a_copy_still_running_after_its_key_was_claimed_and_swept_publishes_no_l
     (arch / ARCHIVE_DONE / "k").write_text(json.dumps({"key": "k", "runner": "1", "why": "superseded"}))
     assert agent_of(2, arch).archive_live("k", job.save(b"w5", step=5), rec(buddy=None)) is None
     assert not (arch / "k" / LIVE_RECORD).exists()
+
+
+def test_an_ended_jobs_live_record_claimed_meanwhile_is_dropped_once_given_back(tmp_path: Path, job: Checkpointer) -> None:
+    """Node 1's job ends (stopped: another node runs it now) while node 3, which took node 1 for
+    gone, holds a claim of its live record and has not run it. The drop cannot take the record
+    then; before, it was never tried again, and when node 3 gave the claim back (no room) the
+    ended job's record was claimable again: a node resumed a lineage that had ended
+    (bench/chaos.py --fence-after-s, seed 29). Now the round says to drop it again, and the next
+    one does."""
+    arch = tmp_path / "arch"
+    a, c = agent_of(1, arch), agent_of(3, arch)
+    key = "n1-job-1"
+    a.archive_live(key, job.save(b"w5", step=5), {**rec(), "key": key})
+    assert c._claim(key, live=True)
+
+    def look() -> dict[str, object]:
+        return a._archive_look(arch, ["job-1"], [], False, frozenset(), frozenset(), time.time())
+
+    first = look()
+    assert first["dropped"] == [] and first["drop_again"] == ["job-1"]
+    c._unclaim(key)  # no room at node 3: given back as a live record
+    assert (arch / key / LIVE_RECORD).exists()
+    second = look()
+    assert second["dropped"] == ["job-1"] and second["drop_again"] == []
+    assert not (arch / key).exists() or not (arch / key / LIVE_RECORD).exists()
+    # a claim its node runs is that node's: not tried again
+    a.archive_live("n1-job-2", job.save(b"w6", step=6), {**rec(), "key": "n1-job-2"})
+    assert c._claim("n1-job-2", live=True)
+    c._claim_done("n1-job-2", "node 3")
+    third = a._archive_look(arch, ["job-2"], [], False, frozenset(), frozenset(), time.time())
+    assert third["dropped"] == [] and third["drop_again"] == []

@@ -744,6 +744,14 @@ class ArchiveMixin:
                 shutil.rmtree(old, ignore_errors=True)
         return dst_dir
 
+    @staticmethod
+    def _live_held(d: Path) -> bool:
+        """``d`` (a key's directory) holds its live record, or a claim of it that no node runs yet."""
+        try:
+            return (d / LIVE_RECORD).exists() or (any(d.glob("claimed-*.json")) and not any(d.glob("running-*.json")))
+        except OSError:
+            return False
+
     def drop_live(self, key: str) -> bool:
         """The job ended here (by itself, stopped, failed, or moved by a reclaim): its live record
         and archived periodic checkpoints go. The record is taken by rename first, so a node that
@@ -852,6 +860,8 @@ class ArchiveMixin:
             for jid in look["dropped"]:
                 self._emit(f"{jid}: ended ({ended[jid]}); its archived periodic checkpoints removed", persist=False,
                            job=jid, phase="archive-dropped")
+            for jid in look.get("drop_again", []):  # (looked at again next round, as long as it is held)
+                self.archived_live.setdefault(jid, "")
             for jid, ckpt in look["ckpts"].items():
                 job = self.agent.jobs.get(jid)
                 if (job is None or not job.active or jid in self.evacuating or jid in self._archiving
@@ -903,10 +913,16 @@ class ArchiveMixin:
         (taken or waiting) are not read. Returns ``{"dropped", "ckpts", "claims", "guards",
         "lives", "stale", "runs"}``."""
         out: dict[str, Any] = {"dropped": [], "ckpts": {}, "claims": False, "guards": [], "lives": [], "stale": [],
-                               "runs": []}
+                               "runs": [], "drop_again": []}
         for jid in ended:
-            if self.drop_live(f"n{self.node_id}-{jid}"):
+            key = f"n{self.node_id}-{jid}"
+            if self.drop_live(key):
                 out["dropped"].append(jid)
+            elif self._live_held(root / key):
+                # claimed by a node that has not run it (yet): it gives the record back if it finds
+                # no room, and then the ended job's record would be claimable again (a lineage that
+                # ended, resumed: bench/chaos.py --fence-after-s, seed 29). Dropped again next round.
+                out["drop_again"].append(jid)
         for jid, ckpt_dir, rf, known in periodic:
             ckpt = known[0] if known is not None else jobkit.latest_checkpoint(ckpt_dir)
             if ckpt is None and rf:
