@@ -419,3 +419,30 @@ def test_a_fenced_copy_whose_claim_another_node_took_is_stopped(tmp_path: Path) 
             agent.store.close()
 
     asyncio.run(main())
+
+
+def test_a_control_message_from_a_member_counts_as_hearing_it(tmp_path: Path) -> None:
+    """An authenticated control message (its hello's node, checked against the roster) says its
+    node is alive as a datagram does: the zone's membership notes it. Before, a guard that had
+    just been sent the source's message could still take the source for silent (its datagrams
+    not heard yet after a partition) and take its job over. A real membership (the zone's own
+    class) in the zone stand-in."""
+    async def main() -> None:
+        agent, c = await started(tmp_path)
+        try:
+            from laminar.zone.membership import Member, Membership
+
+            m = Membership(self_node=1, members=[Member(n, 1, "127.0.0.1", 7440 + n) for n in (1, 2, 3)])
+            agent.zone.membership = m
+            agent.zone.clock = time.monotonic
+            agent.zone.wall = time.time
+            assert m.state[2].last_seen < 0
+            before = time.time()
+            await Source(tmp_path, c, 2, K).ctl("taken")
+            assert m.state[2].last_seen >= before and m.state[2].misses == 0
+            assert m.state[3].last_seen < 0  # only the node that spoke
+        finally:
+            await c.stop()
+            agent.store.close()
+
+    asyncio.run(main())

@@ -930,6 +930,14 @@ class ReclaimComponent(BuddiesMixin, GuardMixin, ReplicasMixin, WithdrawMixin, S
         except ValueError:
             return None
 
+    def _heard_over_tcp(self, node: str) -> None:
+        z = self.zone
+        if z is None:
+            return
+        with contextlib.suppress(Exception):  # (not a node id, not in the roster: nothing to note)
+            wall = getattr(z, "wall", time.time)
+            z.membership.seen(int(node), wall(), z.clock())
+
     def _last_seen(self, node: int) -> float:
         z = self.zone
         if z is None or node not in z.membership.state:
@@ -2241,6 +2249,11 @@ class ReclaimComponent(BuddiesMixin, GuardMixin, ReplicasMixin, WithdrawMixin, S
         pass
 
     def _on_control(self, node: str, op: str, body: Any) -> Any:
+        # an authenticated message from a roster member (its hello's node, checked against its
+        # roster address): it is alive, as an authenticated datagram says (Membership.seen).
+        # Before, only datagrams counted: a guard that had the source's message in hand could still
+        # take it for silent (its datagrams not yet heard after a partition) and take its job over
+        self._heard_over_tcp(node)
         if not isinstance(body, dict):
             raise ValueError(f"body of {op!r} must be an object")
         if op == "guard":
