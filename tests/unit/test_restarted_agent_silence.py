@@ -20,6 +20,7 @@ import asyncio
 import os
 import time
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 from test_migrate_archive_gc import ckpt_of
@@ -88,6 +89,34 @@ def test_an_agent_that_just_started_does_not_claim_a_live_record_of_a_peer_it_ha
                 await asyncio.sleep(0.05)
             assert resumed == ["n2-job-1 ckpt-40: node 2 and its buddy are gone; claimed its periodic "
                                "checkpoint from the archive"], resumed
+        finally:
+            await c.stop()
+            agent.store.close()
+
+    asyncio.run(main())
+
+
+def test_a_restarted_agent_drops_the_live_record_of_a_job_that_ended_after_the_restart(tmp_path: Path) -> None:
+    """The agent archived its job's periodic checkpoint (live record), restarted (what it
+    archived is kept in memory only), and then the job ended here (stopped: another node runs
+    it). Before, its live record stayed, and a node that later took this one for gone resumed
+    the ended lineage from it (bench/chaos.py --fence-after-s, seed 29). The first archive round
+    after a start finds this node's live records, so the drop happens as without a restart."""
+    async def main() -> None:
+        arch = tmp_path / "arch"
+        agent_of(1, arch).archive_live("n1-job-3", ckpt_of(tmp_path, "j3", 40),
+                                       {**rec(buddy=2), "key": "n1-job-3", "src_node": 1})
+        agent_of(2, arch).archive_live("n2-job-1", ckpt_of(tmp_path, "j1", 40),
+                                       {**rec(buddy=3), "key": "n2-job-1", "src_node": 2})
+        agent, c = await started(tmp_path / "agent")  # node 1, just (re)started: nothing in archived_live
+        ended = SimpleNamespace(id="job-3", state="migrated", active=False)
+        agent.jobs.jobs.append(ended)
+        try:
+            c.s.update(archive_dir=str(arch), orphan_after_s=30.0)
+            assert c.archived_live == {}
+            await c._archive_round()
+            assert not (arch / "n1-job-3" / LIVE_RECORD).exists()
+            assert (arch / "n2-job-1" / LIVE_RECORD).exists()  # another node's: not this one's to drop
         finally:
             await c.stop()
             agent.store.close()

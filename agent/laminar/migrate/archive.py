@@ -744,6 +744,21 @@ class ArchiveMixin:
                 shutil.rmtree(old, ignore_errors=True)
         return dst_dir
 
+    def _own_live_records(self, root: Path) -> dict[str, str]:
+        """{job id: checkpoint} of the live records in the archive that name this node the job's
+        node (blocking: the lane)."""
+        out: dict[str, str] = {}
+        prefix = f"n{self.node_id}-"
+        with contextlib.suppress(OSError):
+            for g in root.glob(f"{prefix}*/{LIVE_RECORD}"):
+                try:
+                    rec = json.loads(g.read_text())
+                    if int(rec["src_node"]) == self.node_id:
+                        out[g.parent.name[len(prefix):]] = str(rec.get("ckpt") or "")
+                except (OSError, ValueError, KeyError, TypeError):
+                    continue
+        return out
+
     @staticmethod
     def _live_held(d: Path) -> bool:
         """``d`` (a key's directory) holds its live record, or a claim of it that no node runs yet."""
@@ -827,6 +842,15 @@ class ArchiveMixin:
             if root is None:
                 return
             reclaiming = self.reclaim is not None  # under reclaim, or reclaimed (withdrawn: None again)
+            if not self._archive_rounds:
+                # the first round since the start: this node's live records in the archive (what it
+                # archived before a restart; archived_live is kept in memory only). Before, a job
+                # that ended after a restart left its live record, and a node that took this one
+                # for gone later resumed the ended lineage from it (bench/chaos.py
+                # --fence-after-s, seed 29)
+                mine = await self._lane.call("own live records", self._own_live_records, root)
+                for jid, ck in mine.items():
+                    self.archived_live.setdefault(jid, ck)
             ended: dict[str, str] = {}
             for jid in list(self.archived_live):
                 job = self.agent.jobs.get(jid)
