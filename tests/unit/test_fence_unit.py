@@ -379,7 +379,9 @@ def test_a_silence_after_a_notice_declares_nothing_while_no_other_member_is_hear
             state[2].last_seen, state[3].last_seen = now - 4.0, now - 5.0
             assert not c._isolated(now)
             assert c._source_dead(2, now) is None
-            state[3].last_seen = now - 1.0
+            state[3].last_seen = now - 2.0  # heard only 2 s past node 2's last word (it may be this node that left)
+            assert c._source_dead(2, now) is None
+            state[3].last_seen = now - 0.5  # 3.5 s past it: node 2 is the silent one
             assert c._source_dead(2, now) == "node 2 went silent 4.0 s after announcing its reclaim"
             c.s["fence_after_s"] = 0.0  # off: as before
             state[3].last_seen = now - 5.0
@@ -402,6 +404,13 @@ def test_a_fenced_copy_whose_claim_another_node_took_is_stopped(tmp_path: Path) 
         j = job("job-4", env={"LM_MIGRATED_FROM": "n2-job-7"})
         agent.jobs = Jobs([j])
         stopped = agent.jobs.stops()
+        released: list[tuple[int, str]] = []
+
+        async def release(node: int, key: str) -> None:
+            released.append((node, key))
+
+        c._release = release  # type: ignore[method-assign]
+        c.buddy["job-4"] = 3  # node 3 guards this copy too (its own key, n1-job-4)
         try:
             c.s.update(orphan_after_s=30.0, fence_after_s=10.0, archive_dir=str(arch))
             (arch / "n2-job-7").mkdir(parents=True)
@@ -414,6 +423,10 @@ def test_a_fenced_copy_whose_claim_another_node_took_is_stopped(tmp_path: Path) 
                 await asyncio.sleep(0.05)
             assert [(jid, st) for jid, st, _ in stopped] == [("job-4", "migrated")]
             assert "node 3 runs it" in stopped[0][2] and j.cgroup.calls == []
+            # node 3 runs the lineage (n2-job-7) but also guards this copy's own key: released, else
+            # it would resume the ended copy when it next takes this node for gone (seed 29)
+            await asyncio.sleep(0.1)
+            assert released == [(3, "n1-job-4")] and "job-4" not in c.buddy
         finally:
             await c.stop()
             agent.store.close()

@@ -147,9 +147,9 @@ class FenceMixin:
         return heard is not None and now - max(heard, self._started) >= after
 
     def _cannot_tell(self, src: int, now: float, within: float) -> bool:
-        """Fencing is on and this node heard no member but ``src`` within ``within`` (at most
-        ``fence_after_s``) either: it cannot tell ``src``'s departure from its own isolation, so
-        ``src``'s silence declares nothing (:meth:`GuardMixin._source_dead`). Found by the soak: a
+        """Fencing is on and this node has not heard other members for ``within`` (at most
+        ``fence_after_s``) past ``src``'s last word: it cannot tell ``src``'s departure from its
+        own isolation, so ``src``'s silence declares nothing (:meth:`GuardMixin._source_dead`). Found by the soak: a
         reclaim notice's short silence (``dead_after_s``, 3 s) let a node cut off 3 s before
         resume a job its source still ran, before the node's own fence (10 s) could hold it."""
         after = float(self.s.get("fence_after_s") or 0.0)
@@ -159,8 +159,11 @@ class FenceMixin:
         others = [n for n in z.membership.state if n not in (self.node_id, src)]
         if not others:
             return True  # (a zone of two: nobody else to hear)
+        # the others must have been heard that long past the source's last word: its silence is
+        # then one this node could have heard end (a source that fell silent just before this node
+        # was cut off is otherwise taken for gone a few seconds into the cut)
         heard = max(self._last_seen(n) for n in others)
-        return now - max(heard, self._started) >= min(within, after)
+        return heard - max(self._last_seen(src), self._started) < min(within, after)
 
     def _fence_round(self, now: float) -> None:
         """Fences what the zone would resume elsewhere while this node is cut off; a fenced job

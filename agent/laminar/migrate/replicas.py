@@ -783,9 +783,13 @@ class ReplicasMixin:
             self._emit(f"{job.id}: node {node} took it over as {their} while it heard nothing from this node "
                        "(a partition taken for a departure); both copies ran since: stopped here so that it runs once",
                        job=job.id, node=node, their_job=their, key=key, phase="superseded")
+            # its buddy no longer guards it: released, unless that buddy took this very key over (its
+            # guard row is its copy's now). ``key`` may be another's: a fenced copy this node resumed
+            # stops for the claim of the key it came from (fence.py); its buddy guards its own key
+            own = f"n{self.node_id}-{job.id}"
             buddy = self._forget_buddy(job.id)
-            if buddy is not None and buddy != node:
-                self._spawn(self._release(buddy, key))
+            if buddy is not None and (buddy != node or key != own):
+                self._spawn(self._release(buddy, own))
             await self.agent.jobs.stop(job.id, f"node {node} runs it as {their}: it took the job over while it heard "
                                        f"nothing from node {self.node_id} (a partition); stopped here so that it runs "
                                        "once", grace_s=0, state="migrated")
