@@ -98,8 +98,6 @@ class FenceMixin:
 
         def _archive_root(self) -> Path | None: ...
         def _archive_runner(self, key: str) -> str | None: ...
-        @staticmethod
-        def _archive_done(root: Path, key: str) -> str | None: ...
         async def _control(self, node: int, op: str, body: Any, timeout: float = 5.0) -> Any: ...
         def _emit(self, message: str, **fields: Any) -> None: ...
         def _last_seen(self, node: int) -> float: ...
@@ -315,14 +313,9 @@ class FenceMixin:
         root = self._archive_root()
         if root is None:
             return None
-        d = root / key
-        if d.is_dir():
-            for f in sorted(d.glob("running-*.json")) + sorted(d.glob("claimed-*.json")):
-                node = f.name.split("-", 1)[1].removesuffix(".json")
-                if node != str(self.node_id):
-                    return node
-        done = self._archive_done(root, key)
-        return None if done == str(self.node_id) else done
+        claims = [f.name.removeprefix("claimed-").removesuffix(".json") for f in sorted((root / key).glob("claimed-*.json"))]
+        who = [n for n in (*claims, self._archive_runner(key)) if n is not None and n != str(self.node_id)]
+        return who[0] if who else None
 
     def _answer_taken(self, node: str, key: str) -> dict[str, Any]:
         """Control op ``taken``: the job's node (fenced while cut off, now heard again) asks its
