@@ -24,6 +24,7 @@ import pytest
 from agentproc import VENV_BIN
 from harness import Node, wait_until
 from test_migration import (  # noqa: F401  (fixture)
+    fill,
     find_migrated,
     job_state,
     make_cluster,
@@ -168,3 +169,42 @@ def test_an_agent_restarted_while_fenced_keeps_the_job_frozen_and_settles_it_onc
     # the restarted Airlock did not take the frozen job for one it suspended: the fence thawed it
     assert [e["airlock_held"] for e in phases(a, "unfenced")] == [False]
     assert a.json("status")["migrate"]["fenced"] == {}
+
+
+def test_a_guard_cut_off_when_the_reclaim_is_withdrawn_does_not_resume_the_job_at_the_old_windows_end(
+        make_cluster, tmp_path: Path) -> None:  # noqa: F811
+    """A's reclaim is announced, and its buddy B hears the notice; B is then cut off, and the
+    owner withdraws the reclaim, which B misses. At the old window's end B has room (its own
+    job stopped meanwhile) and a guard whose source's window ended. Before, B resumed the job
+    there and then, beside the copy that ran on at A (the soak, seed 29). Now the end declares
+    nothing while B hears no other member after it; healed, B learns of the withdrawal (asks A,
+    or hears it told again) and guards on: the job ran once, on A, all along."""
+    steps = tmp_path / "steps"
+    c, a, others, jid, key, buddy, pid_a = guarded(make_cluster, steps, orphan_after_s=30)
+    third = next(nd for nd in others if nd is not buddy)
+    fillers = fill(c, [buddy, third])  # no room for a move: the job stays on A through the window
+    a.json("reclaim", "--notice", "8s", "--reason", "lm-t owner")
+    notices = wait_until(lambda: buddy.json("reclaim", "status")["notices"].get(str(a.node_id)), 10,
+                         "B to hear A's notice")
+    end = float(notices["window_end"])
+
+    cut(buddy, [a, third])
+    try:
+        out = a.json("reclaim", "cancel", "--reason", "lm-t plans changed")
+        assert out["in_window"] and buddy.node_id in out["peers_missed"], out
+        buddy.ctl("job", "stop", fillers[buddy.node_id])  # room on B for a take-over at the old end
+        wait_until(lambda: job_state(buddy, fillers[buddy.node_id])["state"] not in ("running", "suspended"), 30,
+                   "B's own job to stop")
+        while time.time() < end + 4.0:  # past the old window's end, B still cut off
+            time.sleep(0.2)
+        assert find_migrated(c, key) is None, "B resumed the job while cut off, beside A's copy"
+        assert set(steps_by(steps)) == {pid_a}
+    finally:
+        heal(buddy, [a, third])
+
+    wait_until(lambda: str(a.node_id) not in buddy.json("reclaim", "status")["notices"], 30,
+               "B to learn, once healed, that A's reclaim was withdrawn")
+    time.sleep(2.0)  # ten guard rounds (poll_s 0.2): the forgotten window brings no take-over
+    assert find_migrated(c, key) is None
+    assert job_state(a, jid)["state"] == "running"
+    assert set(steps_by(steps)) == {pid_a}, "another copy of the job stepped"

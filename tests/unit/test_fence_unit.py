@@ -393,6 +393,55 @@ def test_a_silence_after_a_notice_declares_nothing_while_no_other_member_is_hear
     asyncio.run(main())
 
 
+def test_a_window_end_declares_nothing_until_another_member_is_heard_after_it(tmp_path: Path) -> None:
+    """Node 2's reclaim window ended 2 s ago. This node heard node 3 last 5 s ago, before that
+    end: it may be the one cut off, and have missed the reclaim's withdrawal (or the job's move),
+    so node 2 does not count as gone yet. Once node 3 is heard after the end, it does; and since
+    node 2 is heard after its end too (its agent is there to answer), the guard asks it first.
+    Found by the soak (seed 29: a node cut off 5 s before the withdrawal resumed the job at the
+    old window's end, beside the copy that ran on at its source)."""
+    async def main() -> None:
+        agent, c = await started(tmp_path)
+        try:
+            c.s.update(orphan_after_s=30.0, fence_after_s=10.0, dead_after_s=3.0)
+            now = time.time()
+            c._started = now - 100.0
+            end = now - 2.0
+            c.notices[2] = (end, now - 20.0)
+            state = agent.zone.membership.state
+            state[2].last_seen, state[3].last_seen = now - 5.0, now - 5.0
+            assert not c._isolated(now)
+            assert c._source_dead(2, now) is None
+            assert c._source_dead(2, now, end, now - 20.0) is None  # (the guard message's window too)
+            state[3].last_seen = now - 0.5  # heard after the end: this node is not cut off
+            assert c._source_dead(2, now) == "node 2's reclaim window ended"
+            row = {"key": "n2-job-1", "src_node": 2, "updated": now - 20.0}
+            req = {"window_end": end}
+            assert c._missed_news(row, req, now)  # a guard round saw it cut off at the end: asks first
+            c._cut_at_end.clear()  # (as for a node that heard others all along)
+            state[2].last_seen = end - 1.0  # node 2 heard a second before its end
+            assert not c._missed_news(row, req, now)  # takes over at once
+            state[2].last_seen = end - 4.0  # its last word 4 s before the end (past dead_after_s)
+            assert c._missed_news(row, req, now)
+            state[2].last_seen = now - 1.0  # heard after its end: its agent is there to answer
+            assert c._missed_news(row, req, now)
+
+            c.s["fence_after_s"] = 0.0  # off: as before
+            state[2].last_seen, state[3].last_seen = now - 5.0, now - 5.0
+            assert c._source_dead(2, now) == "node 2's reclaim window ended"
+            state[2].last_seen = now - 1.0
+            assert not c._missed_news(row, req, now)
+
+            c.s["fence_after_s"] = 10.0
+            del state[3]  # a zone of two: nobody else to hear, the end declares node 2 gone
+            assert c._source_dead(2, now) == "node 2's reclaim window ended"
+        finally:
+            await c.stop()
+            agent.store.close()
+
+    asyncio.run(main())
+
+
 def test_a_fenced_copy_whose_claim_another_node_took_is_stopped(tmp_path: Path) -> None:
     """This node resumed node 2's job (``LM_MIGRATED_FROM`` n2-job-7, its claim in the archive),
     was cut off and fenced it; node 3 counted it gone and took the claim (``running-3.json``) and

@@ -144,6 +144,22 @@ class FenceMixin:
         heard = self._heard_last() if after > 0 else None
         return heard is not None and now - max(heard, self._started) >= after
 
+    def _unheard_since(self, src: int, end: float) -> bool:
+        """Fencing is on and this node has heard no member of the roster but ``src`` since
+        ``end`` (``src``'s reclaim window's end, wall clock): it may be the one cut off, and have
+        missed what ``src`` said before its end (its reclaim withdrawn, its job moved to a third
+        node and this guard released), so that end declares nothing yet
+        (:meth:`GuardMixin._source_dead`); once another member is heard after it, the guard asks
+        ``src`` first when ``src`` is heard too (:meth:`GuardMixin._missed_news`). A zone of two
+        has nobody else to hear: the end declares ``src`` gone, as without fencing. Found by the
+        soak (seed 29): a node cut off 5 s before a reclaim was withdrawn resumed the job at the
+        old window's end, beside the copy that ran on at its source."""
+        z = self.zone
+        if float(self.s.get("fence_after_s") or 0.0) <= 0 or z is None:
+            return False
+        others = [n for n in z.membership.state if n not in (self.node_id, src)]
+        return bool(others) and max(self._last_seen(n) for n in others) < end
+
     def _cannot_tell(self, src: int, now: float, within: float) -> bool:
         """Fencing is on and this node has not heard other members for ``within`` (at most
         ``fence_after_s``) past ``src``'s last word: it cannot tell ``src``'s departure from its

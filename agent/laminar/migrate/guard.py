@@ -74,6 +74,7 @@ class GuardMixin:
     if TYPE_CHECKING:
         # what this mixin uses of ReclaimComponent (its __init__ and its other parts)
         _alive_asked: dict[str, float]
+        _cut_at_end: dict[int, float]
         _asking: dict[str, dict[str, Any]]
         _fenced: dict[str, int]
         _lane: ArchiveLane
@@ -100,6 +101,7 @@ class GuardMixin:
         def _emit(self, message: str, **fields: Any) -> None: ...
         def _cannot_tell(self, src: int, now: float, within: float) -> bool: ...
         def _isolated(self, now: float) -> bool: ...
+        def _unheard_since(self, src: int, end: float) -> bool: ...
         def _last_seen(self, node: int) -> float: ...
         def _peer(self, node: int) -> tuple[str, int, bytes, int]: ...
         def _placed_as(self, key: str) -> tuple[int, str] | None: ...
@@ -197,6 +199,11 @@ class GuardMixin:
         ``since``: when that message came (this node's clock; :meth:`_notice`)."""
         end = self._window_end(src, window_end, since)
         if end is not None and now >= end:
+            # (with fencing: only once another member was heard after that end; this node may be
+            # the one cut off, and have missed the reclaim's withdrawal or the job's move)
+            if self._unheard_since(src, end):
+                self._cut_at_end[src] = end  # once heard again, the guard asks src first (_missed_news)
+                return None
             return f"node {src}'s reclaim window ended"
         if self._isolated(now):
             return None  # this node hears nobody: it is the one cut off (fence_after_s, fence.py)
@@ -314,14 +321,26 @@ class GuardMixin:
         the guard message that told it the window's end (it was down for part of the window; a
         window known only from the zone's notice was heard by this agent since it started), or it
         heard nothing from the source (zone membership) in the zone's ``peer_timeout_s`` (at least
-        ``dead_after_s``) before the end. A guard up the whole window that heard from its source
-        takes over at once."""
+        ``dead_after_s``) before the end; with fencing, unless it heard the source in the last
+        ``dead_after_s`` before the end and heard others all along. A guard up the whole window
+        that heard from its source takes over at once (with fencing, once it heard another member
+        after the end: :meth:`_unheard_since`)."""
         src = int(row["src_node"])
         end = self._window_end(src, req.get("window_end"), float(row["updated"]))
         if end is None or now < end:
             return False
         if req.get("window_end") is not None and self._started > float(row["updated"]):
             return True
+        if float(self.s.get("fence_after_s") or 0.0) > 0:
+            # (with fencing) this node may have been cut off before the end (it hears another
+            # member after it before taking over: :meth:`_unheard_since`), so it asks first unless
+            # it heard the source in the last ``dead_after_s`` before the end: it heard nobody at
+            # the end (a guard round saw it), or the source's last word came earlier, or the
+            # source is heard after its end (its agent is there to answer). Asking costs a round
+            # trip (or the question's timeout), a missed withdrawal or move a second copy
+            # (bench/chaos.py, seed 29; the first heal heard another member before the source)
+            seen = self._last_seen(src)
+            return self._cut_at_end.get(src) == end or not end - float(self.s["dead_after_s"]) <= seen < end
         z = self.zone
         quiet = float(getattr(z, "s", {}).get("peer_timeout_s", 0.0) or 0.0) if z is not None else 0.0
         return self._last_seen(src) < end - max(quiet, float(self.s["dead_after_s"]))

@@ -627,6 +627,7 @@ class ReclaimComponent(BuddiesMixin, GuardMixin, ReplicasMixin, WithdrawMixin, S
         self._gc_unverified: set[tuple[str, str]] = set()  # (key, ckpt) that failed verification: not re-hashed
         self._replica_gc_next = 0.0  # when the held replicas are looked at next (monotonic)
         self._guard_asked: dict[str, float] = {}  # key -> when its source was last asked (monotonic)
+        self._cut_at_end: dict[int, float] = {}  # node -> the window's end this node heard nobody after (fence.py)
         self._alive_asked: dict[str, float] = {}  # key -> when a source silent in its window last said its job lives
         # key -> its row's ``updated`` when a source that may have withdrawn its reclaim (the guard
         # may have missed its news) answered that its job lives there without saying whether it has
