@@ -20,6 +20,10 @@ nodes, one at a time (``--concurrent N``: up to N at once, each on its own node)
   + 15 s: the zone takes the node for gone and resumes its jobs elsewhere while they run on
   there. Two copies of a job may run from the take-over until LONG_CUT_GRACE_S after the link
   is back (the guard then tells the node, which stops its copy: control op ``superseded``);
+- ``partial-partition`` (with ``--partial-partitions``): only the link between the node and one
+  other node down (blackhole routes, both ways) for ``orphan_after_s`` + 3 to + 15 s; both still
+  hear the rest of the zone, so neither is gone (the silent one is vouched for by the others,
+  control op ``heard``): no copy may run twice, and none is counted as a split run;
 - ``crash`` (with ``--crashes``): the node fails abruptly, as a power cut or a kernel panic: its
   agent and every job are SIGKILLed, its cgroups removed and its link cut for
   ``orphan_after_s`` + 5 to + 25 s (the zone counts it gone: its jobs are taken over elsewhere,
@@ -39,6 +43,7 @@ events by kind, and the agents' own counts of moves and archive claims.
 
     python bench/chaos.py [--quick] [--seed N] [--json PATH] [--nodes N] [--jobs N]
                           [--steps N] [--limit-s S] [--partitions] [--long-partitions] [--crashes]
+                          [--partial-partitions]
                           [--concurrent N] [--fence-after-s S] [--keep-logs DIR]
 
 ``--quick``: 3 nodes, 2 jobs of 600 steps; else 4 nodes, 3 jobs of 3,000 steps. A step is 50 ms.
@@ -208,6 +213,8 @@ def run(a: argparse.Namespace, tmp: Path) -> dict[str, Any]:
                 return {"down": a.orphan_after_s + rng.uniform(5, 25)}
             if kind == "long-partition":
                 return {"cut": a.orphan_after_s + rng.uniform(3, 15)}
+            if kind == "partial-partition":
+                return {"cut": a.orphan_after_s + rng.uniform(3, 15), "peer": rng.random()}
             return {}
 
         def act(nd: Any, kind: str, p: dict[str, Any]) -> None:
@@ -244,6 +251,19 @@ def run(a: argparse.Namespace, tmp: Path) -> dict[str, Any]:
                     finally:
                         subprocess.run(["ip", "link", "set", nd.host_if, "up"], check=True)
                         windows.append((cut_at, time.time() + LONG_CUT_GRACE_S))
+                elif kind == "partial-partition":
+                    peers = [o for o in c.nodes if o is not nd]
+                    o = peers[int(p["peer"] * len(peers))]
+                    say(f"node {nd.node_id}: cut from node {o.node_id} alone for {p['cut']:.1f} s, past "
+                        "orphan_after_s (both still hear the others: neither is gone)")
+                    routes = [(nd, o), (o, nd)]
+                    for x, y in routes:
+                        x.netns.run("ip", "route", "add", "blackhole", f"{y.addr}/32")
+                    try:
+                        time.sleep(p["cut"])
+                    finally:
+                        for x, y in routes:
+                            x.netns.run("ip", "route", "del", "blackhole", f"{y.addr}/32", check=False)
                 elif kind == "crash":
                     say(f"node {nd.node_id}: crash (agent and jobs killed, cgroups gone, link down) for "
                         f"{p['down']:.1f} s, then a reboot")
@@ -288,6 +308,8 @@ def run(a: argparse.Namespace, tmp: Path) -> dict[str, Any]:
                 kinds, weights = kinds + ["crash"], weights + [1]
             if a.long_partitions:
                 kinds, weights = kinds + ["long-partition"], weights + [2]
+            if a.partial_partitions:
+                kinds, weights = kinds + ["partial-partition"], weights + [2]
             kind = rng.choices(kinds, weights=weights)[0]
             counts[kind] = counts.get(kind, 0) + 1
             busy.add(nd.node_id)
@@ -358,6 +380,9 @@ def main() -> int:
     ap.add_argument("--long-partitions", action="store_true",
                     help="also cut a node's link for orphan_after_s + 3 to + 15 s: its jobs are taken over elsewhere "
                          "and its copies must stop once it is back (two copies allowed until LONG_CUT_GRACE_S after)")
+    ap.add_argument("--partial-partitions", action="store_true",
+                    help="also cut the link between a node and one other node alone for orphan_after_s + 3 to + 15 s "
+                         "(both still hear the rest of the zone: no take-over may follow, no copy may run twice)")
     ap.add_argument("--crashes", action="store_true",
                     help="also crash a node: agent and jobs killed, cgroups gone, link down for orphan_after_s "
                          "+ 5 to + 25 s, then a reboot (its jobs are taken over elsewhere meanwhile)")

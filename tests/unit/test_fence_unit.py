@@ -98,6 +98,7 @@ def test_a_node_that_hears_nobody_is_cut_off_and_takes_nothing_over(tmp_path: Pa
             state[2].last_seen = now - 40.0  # node 2 silent past orphan_after_s
             state[3].last_seen = now - 1.0  # node 3 heard a second ago: this node is not cut off
             assert not c._isolated(now)
+            c._vouched[2] = (now, 40.0, 1)  # node 3 said it has not heard node 2 for 40 s either (vouch.py)
             assert c._source_dead(2, now) == "node 2 silent for 40.0 s"
             state[3].last_seen = now - 12.0  # nobody heard for 12 s: this node is the one cut off
             assert c._isolated(now)

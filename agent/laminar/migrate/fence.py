@@ -42,8 +42,8 @@ the end. The fenced jobs are kept in the store
 What it costs: a node whose peers all fail at once (not a partition) freezes its own jobs until
 one comes back; in a zone of two nodes a partition fences both sides, and neither takes the
 other's jobs over until it heals (no side can tell a partition from a departure). A node that
-hears some members but not a job's buddy (a partial partition) does not fence: the overlap then
-lasts until the heal, as without fencing.
+hears some members but not a job's buddy (a partial partition) does not fence; its buddy does
+not take the job over either, because the members it asks heard the node lately (vouch.py).
 """
 
 from __future__ import annotations
@@ -154,10 +154,10 @@ class FenceMixin:
         has nobody else to hear: the end declares ``src`` gone, as without fencing. Found by the
         soak (seed 29): a node cut off 5 s before a reclaim was withdrawn resumed the job at the
         old window's end, beside the copy that ran on at its source."""
-        z = self.zone
-        if float(self.s.get("fence_after_s") or 0.0) <= 0 or z is None:
+        if float(self.s.get("fence_after_s") or 0.0) <= 0:
             return False
-        others = [n for n in z.membership.state if n not in (self.node_id, src)]
+        z = self.zone
+        others = [n for n in z.membership.state if n not in (self.node_id, src)] if z is not None else []
         return bool(others) and max(self._last_seen(n) for n in others) < end
 
     def _cannot_tell(self, src: int, now: float, within: float) -> bool:

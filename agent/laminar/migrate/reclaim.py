@@ -194,6 +194,7 @@ from laminar.migrate.transfer import (
     verified_checkpoint,
 )
 from laminar.migrate.trees import _remove_tree
+from laminar.migrate.vouch import VouchMixin
 from laminar.migrate.withdraw import WithdrawMixin
 from laminar.zone.membership import canonical_ip, listen_check
 
@@ -548,7 +549,8 @@ def _in_own_clock(body: dict[str, Any]) -> dict[str, Any]:
     return req
 
 
-class ReclaimComponent(BuddiesMixin, GuardMixin, ReplicasMixin, WithdrawMixin, SettleMixin, ArchiveMixin, FenceMixin):
+class ReclaimComponent(BuddiesMixin, GuardMixin, ReplicasMixin, WithdrawMixin, SettleMixin, ArchiveMixin, FenceMixin,
+                       VouchMixin):
     """``laminar.migrate.reclaim:ReclaimComponent`` (agent attribute ``migrate``)."""
 
     agent_attr = "migrate"
@@ -627,6 +629,7 @@ class ReclaimComponent(BuddiesMixin, GuardMixin, ReplicasMixin, WithdrawMixin, S
         self._gc_unverified: set[tuple[str, str]] = set()  # (key, ckpt) that failed verification: not re-hashed
         self._replica_gc_next = 0.0  # when the held replicas are looked at next (monotonic)
         self._guard_asked: dict[str, float] = {}  # key -> when its source was last asked (monotonic)
+        self._init_vouch()  # other members' word on a silent peer (vouch.py)
         self._cut_at_end: dict[int, float] = {}  # node -> the window's end this node heard nobody after (fence.py)
         self._alive_asked: dict[str, float] = {}  # key -> when a source silent in its window last said its job lives
         # key -> its row's ``updated`` when a source that may have withdrawn its reclaim (the guard
@@ -2222,6 +2225,7 @@ class ReclaimComponent(BuddiesMixin, GuardMixin, ReplicasMixin, WithdrawMixin, S
             try:
                 self._departure_round()
                 self._fence_round(time.time())
+                self._vouch_round(time.time())
                 self._release_round()
                 self._prestage_round()
                 self._archive_watch()
@@ -2321,8 +2325,10 @@ class ReclaimComponent(BuddiesMixin, GuardMixin, ReplicasMixin, WithdrawMixin, S
             return self._answer_dropped(node, str(body["key"]))
         if op == "taken":  # a job's node, fenced while cut off and heard again: did this node take it over?
             return self._answer_taken(node, str(body["key"]))
+        if op == "heard":  # a node that hears nothing from a peer: when did this node last hear it?
+            return self._answer_heard(node, body)
         raise ValueError(f"unknown control operation {op!r} (guard, release, reclaim, reclaim-cancel, "
-                         "reclaim-withdrawn, space, superseded, needs, dropped, taken)")
+                         "reclaim-withdrawn, space, superseded, needs, dropped, taken, heard)")
 
     async def _cancel_for(self, node: str, reason: str) -> dict[str, Any]:
         """Control op ``reclaim-cancel``: another node cancels this node's reclaim (``laminarctl
@@ -2421,6 +2427,8 @@ class ReclaimComponent(BuddiesMixin, GuardMixin, ReplicasMixin, WithdrawMixin, S
                 "notices": sorted(self.notices),
                 # jobs frozen while this node heard none of its zone (fence.py): job id -> since (wall clock)
                 "fenced": dict(self.fenced_jobs),
+                # silent peers another member heard lately (vouch.py): not taken for gone
+                "heard_elsewhere": sorted(self._vouch_told),
                 "periodic_ckpt": None if self.ckpt is None else dict(self.ckpt.counts),
                 "archive": self._archive_status(),
                 # transfer connections refused: not from the roster address of the node they named

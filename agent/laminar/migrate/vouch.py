@@ -1,0 +1,165 @@
+"""A silence is a departure only if the zone agrees: before a node takes a peer for gone after
+``orphan_after_s`` of silence (and resumes its jobs: a buddy's take-over, a claim in the archive),
+it asks a few other members when they last heard that peer (control op ``heard``).
+
+A partial partition (the link between a job's node and its buddy down, both still hearing the
+rest of the zone) looks, from the buddy, like the node's departure: before, the buddy resumed
+the job after ``orphan_after_s`` while the node ran its copy on, and both ran until the link came
+back. Self-fencing does not help there (fence.py): the node hears the others, so it never takes
+itself for cut off.
+
+So when a peer's silence here reaches ``orphan_after_s`` and a verdict is asked for
+(:meth:`GuardMixin._source_dead`: a buddy's take-over, a claim from the archive, the fence's
+settling), this node asks up to :data:`VOUCH_ASK` other members it heard lately how long ago
+they heard the peer (``{node, age}``; ``age`` None: not since that agent started), and the
+verdict waits for the answers (milliseconds; :data:`VOUCH_TIMEOUT_S` at most). The silence that
+counts is the shortest: this node's own, or an answer's age plus the time since it came. A peer
+another member heard within ``orphan_after_s`` is not gone (:meth:`_heard_elsewhere`; an event
+of phase ``heard-elsewhere`` says so once per silence); such an answer holds for
+``dead_after_s``, then the peer is asked about again. One that confirms the silence holds for
+``orphan_after_s``. With nobody to ask (a zone of two, every other member silent here too) or
+no answer at all (an older agent refuses the op, the others are gone as well), this node's own
+silence counts, as before. Only peers a verdict is asked about are asked about, at most
+:data:`VOUCH_MAX_ASKING` at once: the questions grow with the departures, not the zone.
+
+What it costs: a take-over by silence waits one question's round trip; a dead node behind a
+partial partition is declared gone once the members that heard it last have not heard it for
+``orphan_after_s`` either. The answer is authenticated as every control message; it only ever
+holds a take-over back.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+import random
+import time
+from typing import TYPE_CHECKING, Any
+
+log = logging.getLogger("laminar.migrate")
+
+VOUCH_ASK = 3
+"""Members asked, per question, when they last heard a silent peer."""
+
+VOUCH_TIMEOUT_S = 2.0
+"""How long one question waits for each answer."""
+
+VOUCH_MAX_ASKING = 8
+"""Most silent peers asked about at once (a verdict on another waits a round)."""
+
+
+class VouchMixin:
+    """Other members' word on a silent peer (see the module's doc)."""
+
+    if TYPE_CHECKING:
+        _started: float
+        counts: dict[str, int]
+        s: dict[str, Any]
+
+        async def _control(self, node: int, op: str, body: Any, timeout: float = 5.0) -> Any: ...
+        def _emit(self, message: str, **fields: Any) -> None: ...
+        def _isolated(self, now: float) -> bool: ...
+        def _last_seen(self, node: int) -> float: ...
+        def _spawn(self, coro: Any) -> asyncio.Task[Any]: ...
+        @property
+        def node_id(self) -> int: ...
+        @property
+        def zone(self) -> Any: ...
+
+    # node -> (when the answers came (wall), the shortest age they gave or None, how many answered)
+    _vouched: dict[int, tuple[float, float | None, int]]
+    _vouching: set[int]  # nodes asked about now
+    _vouch_told: set[int]  # nodes whose take-over another member's word held back (said once a silence)
+
+    def _init_vouch(self) -> None:
+        self._vouched, self._vouching, self._vouch_told = {}, set(), set()
+
+    def _silent_here(self, node: int, now: float) -> float:
+        return now - max(self._last_seen(node), self._started)
+
+    def _vouch_round(self, now: float) -> None:
+        """Forgets what was said of peers heard here again (their silence ended)."""
+        orphan = float(self.s.get("orphan_after_s") or 0.0)
+        for node in set(self._vouched) | self._vouch_told:
+            if self._silent_here(node, now) < orphan / 2:
+                self._vouched.pop(node, None)
+                self._vouch_told.discard(node)
+
+    def _ask_about(self, node: int, now: float) -> bool:
+        """Starts a question about ``node`` (unless one is out) to up to :data:`VOUCH_ASK` other
+        members heard here lately (within half of ``orphan_after_s``); at most
+        :data:`VOUCH_MAX_ASKING` nodes are asked about at once. False when there is nobody to
+        ask: this node heard nobody else lately (a zone of two, or it is the one cut off)."""
+        if node in self._vouching:
+            return True
+        z = self.zone
+        if z is None:
+            return False
+        orphan = float(self.s.get("orphan_after_s") or 0.0)
+        heard = [n for n in z.membership.state
+                 if n not in (self.node_id, node) and self._silent_here(n, now) < orphan / 2]
+        if not heard or self._isolated(now):
+            return False
+        if len(self._vouching) >= VOUCH_MAX_ASKING:
+            return True  # asked once the questions out are answered (a round later)
+        self._vouching.add(node)
+        self._spawn(self._ask_heard(node, random.sample(heard, min(VOUCH_ASK, len(heard)))))
+        return True
+
+    async def _ask_heard(self, node: int, ask: list[int]) -> None:
+        try:
+            answers = await asyncio.gather(*(self._control(n, "heard", {"node": node}, timeout=VOUCH_TIMEOUT_S)
+                                             for n in ask), return_exceptions=True)
+            ages, answered = [], 0
+            for n, a in zip(ask, answers, strict=True):
+                if isinstance(a, BaseException):
+                    log.info("migrate: node %d did not say when it last heard node %d: %s", n, node, a)
+                    continue
+                if not isinstance(a, dict) or a.get("node") != node:
+                    continue
+                answered += 1
+                age = a.get("age")
+                if isinstance(age, (int, float)) and not isinstance(age, bool) and math.isfinite(age) and age >= 0:
+                    ages.append(float(age))
+            self.counts["vouch_asks"] = self.counts.get("vouch_asks", 0) + 1
+            self._vouched[node] = (time.time(), min(ages) if ages else None, answered)
+        finally:
+            self._vouching.discard(node)
+
+    def _heard_elsewhere(self, node: int, now: float) -> bool:
+        """Whether another member's word holds back the verdict that ``node``, silent here for
+        ``orphan_after_s``, is gone. An answer in hand says so when a member heard ``node``
+        within ``orphan_after_s`` (its age plus the time since it came); it holds for
+        ``dead_after_s`` (then ``node`` is asked about again), one that confirms the silence for
+        ``orphan_after_s``. With none in hand, the question is asked and the verdict waits for
+        it; with nobody to ask, or nobody answering, this node's silence counts."""
+        orphan = float(self.s.get("orphan_after_s") or 0.0)
+        got = self._vouched.get(node)
+        if got is not None:
+            at, age, answered = got
+            since = age + max(0.0, now - at) if answered and age is not None else None
+            gone = since is None or since >= orphan
+            if now - at < (orphan if gone else float(self.s["dead_after_s"])):
+                if gone:
+                    return False
+                if node not in self._vouch_told:
+                    self._vouch_told.add(node)
+                    self._emit(f"node {node} is silent here for {self._silent_here(node, now):.1f} s, but another "
+                               f"member heard it {since:.1f} s ago: not taken for gone (a partial partition: its jobs "
+                               "are not resumed here)", node=node, heard_s=round(since or 0.0, 3),
+                               phase="heard-elsewhere")
+                return True
+        return self._ask_about(node, now)
+
+    def _answer_heard(self, asker: str, body: dict[str, Any]) -> dict[str, Any]:
+        """Control op ``heard``: how long ago this node last heard ``node`` (``{node, age}``; age
+        None when not since this agent started). Raises ValueError for a node id that is not one."""
+        try:
+            node = int(body["node"])
+        except (KeyError, TypeError, ValueError):
+            raise ValueError(f"heard: node {body.get('node')!r} is not a node id") from None
+        seen = self._last_seen(node)
+        if node == self.node_id:
+            return {"node": node, "age": 0.0}
+        return {"node": node, "age": None if seen < 0 else max(0.0, time.time() - seen)}

@@ -1,0 +1,121 @@
+"""Other members' word on a silent peer (laminar/migrate/vouch.py): a node silent here is taken
+for gone after ``orphan_after_s`` only when the members asked (control op ``heard``) did not hear
+it within that time either (a partial partition: the link between this node and it is down, the
+rest of the zone still hears it).
+
+A real component started on a real SQLite store with its real transfer endpoint on loopback:
+the ``heard`` question it answers is a real authenticated control message from node 2.
+Stand-ins, named as such: the zone (``FakeZone``: membership only), and, for the questions this
+node asks, its ``_control`` (``Peers``: answers as the members would; the whole path over real
+agents and a real partial partition is tests/cluster/test_partial_partition.py).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+from test_replica_gc import KEY, started
+
+from laminar.migrate.transfer import TransferError, send_control
+
+
+class Peers:  # stand-in for the control messages this node sends: each member's answer to ``heard``
+    def __init__(self, ages: dict[int, Any]) -> None:
+        self.ages, self.asked = ages, []  # node -> age it answers (an exception: no answer)
+
+    async def __call__(self, node: int, op: str, body: Any, timeout: float = 5.0) -> Any:
+        self.asked.append((node, op, body["node"]))
+        age = self.ages[node]
+        if isinstance(age, BaseException):
+            raise age
+        return {"node": body["node"], "age": age}
+
+
+async def settle(c: Any) -> None:
+    for _ in range(50):
+        if not c._vouching:
+            return
+        await asyncio.sleep(0.01)
+
+
+def test_a_silent_node_another_member_heard_lately_is_not_gone(tmp_path: Path) -> None:
+    async def main() -> None:
+        agent, c = await started(tmp_path)  # this node is 1; members 2 and 3
+        events: list[dict[str, Any]] = []
+        agent.events.subscribe(events.append)
+        try:
+            c.s.update(orphan_after_s=10.0, dead_after_s=3.0)
+            now = time.time()
+            c._started = now - 100.0
+            state = agent.zone.membership.state
+            state[2].last_seen, state[3].last_seen = now - 12.0, now - 0.5  # 2 silent here, 3 heard
+            c._control = peers = Peers({3: 1.0})  # node 3 heard node 2 a second ago
+            assert c._source_dead(2, now) is None  # the verdict asks node 3 first, and waits
+            assert 2 in c._vouching
+            await settle(c)
+            assert peers.asked == [(3, "heard", 2)]
+            assert c._source_dead(2, now) is None  # heard by node 3 a second ago: a partial partition
+            ev = [e for e in events if e.get("phase") == "heard-elsewhere"]
+            assert [(e["node"], e["heard_s"] < 2.0) for e in ev] == [(2, True)]
+            assert c.status()["heard_elsewhere"] == [2]
+            assert c._source_dead(2, now + 1.0) is None
+            assert len(peers.asked) == 1  # the answer holds for dead_after_s: not asked again
+            # past dead_after_s, asked again: node 3 has not heard node 2 for 11 s either: gone
+            peers.ages[3] = 11.0
+            assert c._source_dead(2, now + 3.5) is None
+            await settle(c)
+            assert len(peers.asked) == 2
+            assert c._source_dead(2, now + 3.5) == "node 2 silent for 15.5 s"
+            assert c._source_dead(2, now + 9.0) == "node 2 silent for 21.0 s"
+            assert len(peers.asked) == 2  # a confirmed silence holds for orphan_after_s
+            assert len([e for e in events if e.get("phase") == "heard-elsewhere"]) == 1  # said once
+
+            # node 2 heard here again: what was said of it is forgotten
+            state[2].last_seen = now
+            c._vouch_round(now)
+            assert 2 not in c._vouched and c.status()["heard_elsewhere"] == []
+            # silent again; no answer (an older agent refuses the op; node 3 is gone too): the
+            # verdict waits for the question, then this node's silence counts
+            state[2].last_seen = now - 12.0
+            peers.ages[3] = TransferError("unknown control operation 'heard'")
+            assert c._source_dead(2, now) is None
+            await settle(c)
+            assert c._source_dead(2, now) == "node 2 silent for 12.0 s"
+            # node 3 silent here as well: nobody to ask, this node's silence counts at once
+            c._vouched.clear()
+            state[3].last_seen = now - 12.0
+            assert c._source_dead(2, now) == "node 2 silent for 12.0 s"
+            assert not c._vouching and len(peers.asked) == 3
+        finally:
+            await c.stop()
+            agent.store.close()
+
+    asyncio.run(main())
+
+
+def test_the_node_answers_when_it_last_heard_a_member(tmp_path: Path) -> None:
+    async def main() -> None:
+        agent, c = await started(tmp_path)
+        try:
+            now = time.time()
+            agent.zone.membership.state[3].last_seen = now - 4.0
+
+            async def ask(body: Any) -> Any:
+                return await send_control("127.0.0.1", c.port, KEY, "heard", body, zone=1, node="2")
+
+            got = await ask({"node": 3})
+            assert got["node"] == 3 and 4.0 <= got["age"] < 6.0, got
+            agent.zone.membership.state[3].last_seen = -1.0  # not heard since this agent started
+            assert await ask({"node": 3}) == {"node": 3, "age": None}
+            assert (await ask({"node": 9}))["age"] is None  # not a member: never heard
+            with pytest.raises(TransferError, match=r"heard: node 'x' is not a node id"):
+                await ask({"node": "x"})
+        finally:
+            await c.stop()
+            agent.store.close()
+
+    asyncio.run(main())
