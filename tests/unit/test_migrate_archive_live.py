@@ -310,3 +310,20 @@ def test_an_ended_jobs_live_record_claimed_meanwhile_is_dropped_once_given_back(
     c._claim_done("n1-job-2", "node 3")
     third = a._archive_look(arch, ["job-2"], [], False, frozenset(), frozenset(), time.time())
     assert third["dropped"] == [] and third["drop_again"] == []
+
+
+def test_a_job_that_ended_leaves_a_marker_that_stands_its_guard_down(tmp_path: Path, job: Checkpointer) -> None:
+    """Node 1's job ends (exit 0) while node 1 is cut off from its buddy, node 2, which misses
+    the release. Before, the buddy took the ended job over once node 1 had been silent for
+    orphan_after_s and ran its last steps, and its end, a second time (bench/chaos.py
+    --fence-after-s, seed 31). Now the round that drops the ended job's live record leaves the
+    archive's done marker naming node 1, and the buddy's take-over meets it: it stands down."""
+    arch = tmp_path / "arch"
+    a, b = agent_of(1, arch), agent_of(2, arch)
+    key = "n1-job-1"
+    a.archive_live(key, job.save(b"w5", step=5), {**rec(), "key": key})
+    look = a._archive_look(arch, ["job-1"], [], False, frozenset(), frozenset(), time.time())
+    assert look["dropped"] == ["job-1"]
+    assert json.loads((arch / ARCHIVE_DONE / key).read_text())["runner"] == "node 1"
+    assert b._claim_archived(key) == (True, "node 1", False)  # archived, run there: not claimed
+    assert b._claim_archived("n1-job-9") == (False, None, False)  # (a key that never ended: as before)

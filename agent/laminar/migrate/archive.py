@@ -942,6 +942,12 @@ class ArchiveMixin:
             key = f"n{self.node_id}-{jid}"
             if self.drop_live(key):
                 out["dropped"].append(jid)
+                # the lineage ended here: a guard of this key that missed the release (this node
+                # was cut off from it when the job ended) finds the marker and stands down
+                # (_claim_archived). Before, the buddy took the ended job over after
+                # orphan_after_s and ran its last steps, and its end, a second time
+                # (bench/chaos.py --fence-after-s, seed 31)
+                self._mark_done(root, key, f"node {self.node_id}", "ended there", wall)
             elif self._live_held(root / key):
                 # claimed by a node that has not run it (yet): it gives the record back if it finds
                 # no room, and then the ended job's record would be claimable again (a lineage that

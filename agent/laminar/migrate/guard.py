@@ -635,8 +635,10 @@ class GuardMixin:
             if archived:  # the archive's claim is the lock: one node runs the job
                 if other is not None:
                     self._set_replica(key, "handed-over", other)
-                    self._emit(f"{key}: {other} runs it (claimed from the archive); this guard stands down", key=key,
-                               phase="handed-over")
+                    own = other == f"node {row['src_node']}"  # its own node's marker: the job ended there
+                    self._emit(f"{key}: " + (f"{other} ran it to its end (the archive's marker; its release was "
+                                             "missed)" if own else f"{other} runs it (claimed from the archive)")
+                               + "; this guard stands down", key=key, phase="handed-over")
                     return
                 if not claimed:
                     self._wait_for_room(key, why, "another node is trying the archived copy", path)
