@@ -70,6 +70,8 @@ def test_a_source_silent_in_its_window_that_answers_keeps_its_job(tmp_path: Path
             now = time.time()
             buddy.notices[2] = (now + 60, now - 10)  # its reclaim was announced 10 s ago, 60 s left
             agent_b.zone.membership.state[2].last_seen = now - 10  # and nothing heard since
+            # (nor from node 3: nobody else to ask when it last heard node 2, vouch.py)
+            agent_b.zone.membership.state[3].last_seen = now - 10
             buddy._started = now - 60  # (up a minute: it was there to hear that silence)
             await buddy._guard_round()
             assert await until(lambda: not buddy._taking)

@@ -62,15 +62,16 @@ def test_a_silent_node_another_member_heard_lately_is_not_gone(tmp_path: Path) -
             ev = [e for e in events if e.get("phase") == "heard-elsewhere"]
             assert [(e["node"], e["heard_s"] < 2.0) for e in ev] == [(2, True)]
             assert c.status()["heard_elsewhere"] == [2]
-            assert c._source_dead(2, now + 1.0) is None
-            assert len(peers.asked) == 1  # the answer holds for dead_after_s: not asked again
-            # past dead_after_s, asked again: node 3 has not heard node 2 for 11 s either: gone
+            assert c._source_dead(2, now + 5.0) is None
+            assert len(peers.asked) == 1  # the answer holds while its word is under 10 s old: not asked again
+            # its word too old to tell (10.5 s): asked again; node 3 has not heard node 2 for 11 s either: gone
             peers.ages[3] = 11.0
-            assert c._source_dead(2, now + 3.5) is None
+            state[3].last_seen = now + 9.0  # (node 3 still heard here)
+            assert c._source_dead(2, now + 9.5) is None
             await settle(c)
             assert len(peers.asked) == 2
-            assert c._source_dead(2, now + 3.5) == "node 2 silent for 15.5 s"
-            assert c._source_dead(2, now + 9.0) == "node 2 silent for 21.0 s"
+            assert c._source_dead(2, now + 9.5) == "node 2 silent for 21.5 s"
+            assert c._source_dead(2, now + 9.9) == "node 2 silent for 21.9 s"
             assert len(peers.asked) == 2  # a confirmed silence holds for orphan_after_s
             assert len([e for e in events if e.get("phase") == "heard-elsewhere"]) == 1  # said once
 
@@ -78,18 +79,40 @@ def test_a_silent_node_another_member_heard_lately_is_not_gone(tmp_path: Path) -
             state[2].last_seen = now
             c._vouch_round(now)
             assert 2 not in c._vouched and c.status()["heard_elsewhere"] == []
-            # silent again; no answer (an older agent refuses the op; node 3 is gone too): the
-            # verdict waits for the question, then this node's silence counts
-            state[2].last_seen = now - 12.0
+            # silent again; an older agent refuses the op: the verdict waits for the question,
+            # then this node's silence counts (as before the op)
+            state[2].last_seen, state[3].last_seen = now - 12.0, now - 0.5
             peers.ages[3] = TransferError("unknown control operation 'heard'")
             assert c._source_dead(2, now) is None
             await settle(c)
             assert c._source_dead(2, now) == "node 2 silent for 12.0 s"
-            # node 3 silent here as well: nobody to ask, this node's silence counts at once
+            # node 3 not reached (this node may be the one cut off): held back, asked again after dead_after_s
             c._vouched.clear()
+            peers.ages[3] = OSError(113, "No route to host")
+            assert c._source_dead(2, now) is None
+            await settle(c)
+            assert c._source_dead(2, now + 1.0) is None and 2 not in c._vouching  # (held, not asked again yet)
+            assert c._source_dead(2, now + 3.5) is None and 2 in c._vouching  # asked again
+            await settle(c)
+            assert len(peers.asked) == 5
+            # node 3 silent here as well, for longer than 6 s (twice dead_after_s): nobody to ask,
+            # this node's silence counts at once
             state[3].last_seen = now - 12.0
-            assert c._source_dead(2, now) == "node 2 silent for 12.0 s"
-            assert not c._vouching and len(peers.asked) == 3
+            assert c._source_dead(2, now + 3.5) == "node 2 silent for 15.5 s"
+            assert not c._vouching and len(peers.asked) == 5
+
+            # a silence after a reclaim notice (dead_after_s) is asked about the same way
+            c._vouched.clear()
+            state[2].last_seen, state[3].last_seen = now - 4.0, now - 0.2
+            c.notices[2] = (now + 60.0, now - 20.0)
+            peers.ages[3] = 0.5  # node 3 heard node 2 half a second ago
+            assert c._source_dead(2, now) is None
+            await settle(c)
+            assert c._source_dead(2, now) is None and len(peers.asked) == 6
+            peers.ages[3] = 4.0
+            assert c._source_dead(2, now + 3.0) is None  # its word too old: asked again
+            await settle(c)
+            assert c._source_dead(2, now + 3.0) == "node 2 went silent 7.0 s after announcing its reclaim"
         finally:
             await c.stop()
             agent.store.close()

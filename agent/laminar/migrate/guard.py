@@ -102,7 +102,7 @@ class GuardMixin:
         def _cannot_tell(self, src: int, now: float, within: float) -> bool: ...
         def _isolated(self, now: float) -> bool: ...
         def _unheard_since(self, src: int, end: float) -> bool: ...
-        def _heard_elsewhere(self, node: int, now: float) -> bool: ...
+        def _heard_elsewhere(self, node: int, now: float, within: float | None = None) -> bool: ...
         def _last_seen(self, node: int) -> float: ...
         def _peer(self, node: int) -> tuple[str, int, bytes, int]: ...
         def _placed_as(self, key: str) -> tuple[int, str] | None: ...
@@ -219,8 +219,9 @@ class GuardMixin:
         if notice is not None and silent >= dead_after and now - notice[1] >= dead_after:
             # (with fencing: only while others were heard meanwhile; a node that hears nobody
             # either may be the one cut off, and this silence is shorter than fence_after_s)
-            return None if self._cannot_tell(src, now, dead_after) else \
-                f"node {src} went silent {silent:.1f} s after announcing its reclaim"
+            if self._cannot_tell(src, now, dead_after) or self._heard_elsewhere(src, now, dead_after):
+                return None  # (others heard it lately, or none answered: this node may be the one cut off)
+            return f"node {src} went silent {silent:.1f} s after announcing its reclaim"
         orphan = float(self.s["orphan_after_s"])
         if orphan > 0 and silent >= orphan:
             if self._cannot_tell(src, now, orphan) or self._heard_elsewhere(src, now):
@@ -378,8 +379,8 @@ class GuardMixin:
             try:
                 ans = await self._control(src, "needs", {"key": key}, timeout=float(self.s["dead_after_s"]) + 2.0)
             except (MigrateError, TransferError, OSError, TimeoutError) as e:
-                log.info("migrate: node %d did not answer whether %s lives there (before its take-over): %s",
-                         src, key, e)
+                log.info("migrate: node %d did not answer whether %s lives there (before its take-over: %s): %s",
+                         src, key, why, e)
                 ans = None
                 if missed:
                     why = f"{why} (asked first, this agent may have missed its news: no answer, {e or type(e).__name__})"

@@ -1,31 +1,39 @@
-"""A silence is a departure only if the zone agrees: before a node takes a peer for gone after
-``orphan_after_s`` of silence (and resumes its jobs: a buddy's take-over, a claim in the archive),
-it asks a few other members when they last heard that peer (control op ``heard``).
+"""A silence is a departure only if the zone agrees: before a node takes a peer for gone after a
+silence (``orphan_after_s``, or ``dead_after_s`` after the peer's reclaim notice) and resumes its
+jobs (a buddy's take-over, a claim in the archive), it asks a few other members when they last
+heard that peer (control op ``heard``).
 
 A partial partition (the link between a job's node and its buddy down, both still hearing the
 rest of the zone) looks, from the buddy, like the node's departure: before, the buddy resumed
 the job after ``orphan_after_s`` while the node ran its copy on, and both ran until the link came
 back. Self-fencing does not help there (fence.py): the node hears the others, so it never takes
-itself for cut off.
+itself for cut off. Nor did fencing's own rule (:meth:`FenceMixin._cannot_tell`: others heard
+``dead_after_s`` past the peer's last word) hold for a link that flapped: a node cut off 4 s,
+back for a tenth of a second (it heard one other member, not the reclaimed peer) and cut off
+again resumed the peer's job in its window (bench/chaos.py --partial-partitions, seed 32).
 
-So when a peer's silence here reaches ``orphan_after_s`` and a verdict is asked for
+So when a peer's silence here reaches that length and a verdict is asked for
 (:meth:`GuardMixin._source_dead`: a buddy's take-over, a claim from the archive, the fence's
-settling), this node asks up to :data:`VOUCH_ASK` other members it heard lately how long ago
-they heard the peer (``{node, age}``; ``age`` None: not since that agent started), and the
-verdict waits for the answers (milliseconds; :data:`VOUCH_TIMEOUT_S` at most). The silence that
-counts is the shortest: this node's own, or an answer's age plus the time since it came. A peer
-another member heard within ``orphan_after_s`` is not gone (:meth:`_heard_elsewhere`; an event
-of phase ``heard-elsewhere`` says so once per silence); such an answer holds for
-``dead_after_s``, then the peer is asked about again. One that confirms the silence holds for
-``orphan_after_s``. With nobody to ask (a zone of two, every other member silent here too) or
-no answer at all (an older agent refuses the op, the others are gone as well), this node's own
-silence counts, as before. Only peers a verdict is asked about are asked about, at most
-:data:`VOUCH_MAX_ASKING` at once: the questions grow with the departures, not the zone.
+settling), this node asks up to :data:`VOUCH_ASK` other members it heard lately
+(:meth:`_lately_s`) how long ago they heard the peer (``{node, age}``; ``age`` None: not since
+that agent started), and the verdict waits for the answers (milliseconds;
+:data:`VOUCH_TIMEOUT_S` at most). The silence that counts is the shortest: this node's own, or
+an answer's age plus the time since it came. A peer another member heard within that length is
+not gone (:meth:`_heard_elsewhere`; an event of phase ``heard-elsewhere`` says so once per
+silence); once that answer is too old to tell, the peer is asked about again. An answer that
+confirms the silence (its own age that long) holds for as long. Members reached that cannot say
+(not heard since their start, or an older agent that refuses the op) leave this node's silence
+to count, as before; members not reached at all hold the verdict back for ``dead_after_s`` (this
+node may be the one cut off) and are asked again. With nobody to ask (a zone of two, every other
+member silent here for longer than :meth:`_lately_s`), this node's own silence counts. Only
+peers a verdict is asked about are asked about, at most :data:`VOUCH_MAX_ASKING` at once: the
+questions grow with the departures, not the zone.
 
 What it costs: a take-over by silence waits one question's round trip; a dead node behind a
 partial partition is declared gone once the members that heard it last have not heard it for
-``orphan_after_s`` either. The answer is authenticated as every control message; it only ever
-holds a take-over back.
+that long either; a node cut off from everyone waits up to :meth:`_lately_s` longer before its
+own silence counts (with fencing it takes nothing over meanwhile anyway). The answer is
+authenticated as every control message; it only ever holds a take-over back.
 """
 
 from __future__ import annotations
@@ -36,6 +44,8 @@ import math
 import random
 import time
 from typing import TYPE_CHECKING, Any
+
+from laminar.migrate.transfer import TransferError
 
 log = logging.getLogger("laminar.migrate")
 
@@ -67,8 +77,9 @@ class VouchMixin:
         @property
         def zone(self) -> Any: ...
 
-    # node -> (when the answers came (wall), the shortest age they gave or None, how many answered)
-    _vouched: dict[int, tuple[float, float | None, int]]
+    # node -> (when the answers came (wall), the shortest age they gave (None: nobody could say),
+    # whether any member asked was reached: it answered, or refused the op)
+    _vouched: dict[int, tuple[float, float | None, bool]]
     _vouching: set[int]  # nodes asked about now
     _vouch_told: set[int]  # nodes whose take-over another member's word held back (said once a silence)
 
@@ -78,27 +89,30 @@ class VouchMixin:
     def _silent_here(self, node: int, now: float) -> float:
         return now - max(self._last_seen(node), self._started)
 
+    def _lately_s(self) -> float:
+        """A member heard here within this long can be asked (half of ``orphan_after_s``, at least
+        twice ``dead_after_s``)."""
+        return max(float(self.s.get("orphan_after_s") or 0.0) / 2, 2 * float(self.s["dead_after_s"]))
+
     def _vouch_round(self, now: float) -> None:
         """Forgets what was said of peers heard here again (their silence ended)."""
-        orphan = float(self.s.get("orphan_after_s") or 0.0)
         for node in set(self._vouched) | self._vouch_told:
-            if self._silent_here(node, now) < orphan / 2:
+            if self._silent_here(node, now) < float(self.s["dead_after_s"]):
                 self._vouched.pop(node, None)
                 self._vouch_told.discard(node)
 
     def _ask_about(self, node: int, now: float) -> bool:
         """Starts a question about ``node`` (unless one is out) to up to :data:`VOUCH_ASK` other
-        members heard here lately (within half of ``orphan_after_s``); at most
-        :data:`VOUCH_MAX_ASKING` nodes are asked about at once. False when there is nobody to
-        ask: this node heard nobody else lately (a zone of two, or it is the one cut off)."""
+        members heard here lately (:meth:`_lately_s`); at most :data:`VOUCH_MAX_ASKING` nodes are
+        asked about at once. False when there is nobody to ask: this node heard nobody else
+        lately (a zone of two, or it is the one cut off, for a while now)."""
         if node in self._vouching:
             return True
         z = self.zone
-        if z is None:
-            return False
-        orphan = float(self.s.get("orphan_after_s") or 0.0)
-        heard = [n for n in z.membership.state
-                 if n not in (self.node_id, node) and self._silent_here(n, now) < orphan / 2]
+        if z is None or node == self.node_id:
+            return False  # (this node itself: it is no peer's to vouch for)
+        lately = self._lately_s()
+        heard = [n for n in z.membership.state if n not in (self.node_id, node) and self._silent_here(n, now) < lately]
         if not heard or self._isolated(now):
             return False
         if len(self._vouching) >= VOUCH_MAX_ASKING:
@@ -111,44 +125,50 @@ class VouchMixin:
         try:
             answers = await asyncio.gather(*(self._control(n, "heard", {"node": node}, timeout=VOUCH_TIMEOUT_S)
                                              for n in ask), return_exceptions=True)
-            ages, answered = [], 0
+            ages, reached = [], False
             for n, a in zip(ask, answers, strict=True):
+                if isinstance(a, TransferError):  # it answered with a refusal (an older agent)
+                    reached = True
                 if isinstance(a, BaseException):
                     log.info("migrate: node %d did not say when it last heard node %d: %s", n, node, a)
                     continue
                 if not isinstance(a, dict) or a.get("node") != node:
                     continue
-                answered += 1
+                reached = True
                 age = a.get("age")
                 if isinstance(age, (int, float)) and not isinstance(age, bool) and math.isfinite(age) and age >= 0:
                     ages.append(float(age))
             self.counts["vouch_asks"] = self.counts.get("vouch_asks", 0) + 1
-            self._vouched[node] = (time.time(), min(ages) if ages else None, answered)
+            self._vouched[node] = (time.time(), min(ages) if ages else None, reached)
         finally:
             self._vouching.discard(node)
 
-    def _heard_elsewhere(self, node: int, now: float) -> bool:
-        """Whether another member's word holds back the verdict that ``node``, silent here for
-        ``orphan_after_s``, is gone. An answer in hand says so when a member heard ``node``
-        within ``orphan_after_s`` (its age plus the time since it came); it holds for
-        ``dead_after_s`` (then ``node`` is asked about again), one that confirms the silence for
-        ``orphan_after_s``. With none in hand, the question is asked and the verdict waits for
-        it; with nobody to ask, or nobody answering, this node's silence counts."""
-        orphan = float(self.s.get("orphan_after_s") or 0.0)
+    def _heard_elsewhere(self, node: int, now: float, within: float | None = None) -> bool:
+        """Whether other members' word holds back the verdict that ``node``, silent here for
+        ``within`` (``orphan_after_s`` by default), is gone. The answers in hand hold it back
+        while one says a member heard ``node`` within ``within`` (its age plus the time since it
+        came); they confirm the silence when one said so itself (its age at least ``within``;
+        good for ``within``), or when the members reached could not say (not heard since their
+        start, or an older agent's refusal). When none was reached (this node may be the one cut
+        off) it is held back for ``dead_after_s``, then asked again. Anything else (no answer in
+        hand, or one too old to tell) asks, and holds the verdict back until the answers come;
+        with nobody to ask, this node's silence counts."""
+        within = float(self.s.get("orphan_after_s") or 0.0) if within is None else within
         got = self._vouched.get(node)
         if got is not None:
-            at, age, answered = got
-            since = age + max(0.0, now - at) if answered and age is not None else None
-            gone = since is None or since >= orphan
-            if now - at < (orphan if gone else float(self.s["dead_after_s"])):
-                if gone:
-                    return False
+            at, age, reached = got
+            fresh = now - at < within
+            if age is not None and age + max(0.0, now - at) < within:
                 if node not in self._vouch_told:
                     self._vouch_told.add(node)
                     self._emit(f"node {node} is silent here for {self._silent_here(node, now):.1f} s, but another "
-                               f"member heard it {since:.1f} s ago: not taken for gone (a partial partition: its jobs "
-                               "are not resumed here)", node=node, heard_s=round(since or 0.0, 3),
-                               phase="heard-elsewhere")
+                               f"member heard it {age + max(0.0, now - at):.1f} s ago: not taken for gone (a partial "
+                               "partition, or this node's own: its jobs are not resumed here)", node=node,
+                               heard_s=round(age + max(0.0, now - at), 3), phase="heard-elsewhere")
+                return True
+            if fresh and (age is not None and age >= within or age is None and reached):
+                return False
+            if not reached and now - at < float(self.s["dead_after_s"]):
                 return True
         return self._ask_about(node, now)
 
