@@ -235,6 +235,49 @@ def test_a_fenced_job_its_buddy_took_over_and_placed_elsewhere_is_stopped_not_th
     asyncio.run(main())
 
 
+def test_a_fenced_job_whose_guard_was_passed_on_asks_where_it_went(tmp_path: Path) -> None:
+    """Job-1's buddy (node 2), reclaimed while this node was cut off, passed the guard on to
+    node 3 with a take-over. Node 2 answers ``taken`` with ``passed_to`` 3; node 3 runs the job:
+    the fenced copy is stopped, not thawed. Before, node 2's "not taken" thawed it beside node
+    3's copy (bench/chaos.py --partial-partitions, seed 32)."""
+    async def main() -> None:
+        agent, c = await started(tmp_path)
+        j = job("job-1")
+        agent.jobs = Jobs([j])
+        stopped = agent.jobs.stops()
+        asked: list[int] = []
+
+        async def control(node: int, op: str, body: Any, timeout: float = 5.0) -> Any:  # stand-in: the guards
+            asked.append(node)
+            if node == 2:
+                return {"key": body["key"], "runs": None, "state": "passed", "passed_to": 3}
+            return {"key": body["key"], "runs": "job-6", "node": 3, "state": "resumed"}
+
+        async def release(node: int, key: str) -> None:
+            pass
+
+        c._control = control  # type: ignore[method-assign]
+        c._release = release  # type: ignore[method-assign]
+        try:
+            c.s.update(orphan_after_s=30.0, fence_after_s=10.0)
+            c.buddy["job-1"] = 2
+            c.fenced_jobs["job-1"] = time.time() - 40.0
+            c._fence_round(time.time())  # heard from (FakeZone: everyone just now)
+            for _ in range(50):
+                if stopped:
+                    break
+                await asyncio.sleep(0.05)
+            assert asked == [2, 3]
+            assert [(jid, st) for jid, st, _ in stopped] == [("job-1", "migrated")]
+            assert "node 3 runs it as job-6" in stopped[0][2]
+            assert j.cgroup.calls == []  # never thawed
+        finally:
+            await c.stop()
+            agent.store.close()
+
+    asyncio.run(main())
+
+
 def test_the_buddy_answers_taken_only_to_the_jobs_node(tmp_path: Path) -> None:
     async def main() -> None:
         agent, c = await started(tmp_path)  # node 1, the buddy of node 2's job K (n2-job-1)
@@ -252,6 +295,9 @@ def test_the_buddy_answers_taken_only_to_the_jobs_node(tmp_path: Path) -> None:
                 db.execute("UPDATE migrate_replicas SET state='placed', job_id='node 3/job-4' WHERE key=?", (K,))
             agent.jobs.jobs.clear()
             assert await src.ctl("taken") == {"key": K, "runs": "job-4", "node": 3, "state": "placed"}
+            with agent.store.tx() as db:  # reclaimed meanwhile, it passed the guard on to node 3
+                db.execute("UPDATE migrate_replicas SET state='passed', job_id='node 3' WHERE key=?", (K,))
+            assert await src.ctl("taken") == {"key": K, "runs": None, "state": "passed", "passed_to": 3}
             other = Source(tmp_path, c, 3, K)  # node 3 asking about node 2's job: refused
             with pytest.raises(Exception, match="not one of its jobs"):
                 await other.ctl("taken")

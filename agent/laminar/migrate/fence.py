@@ -23,7 +23,8 @@ Once it hears a member again it settles each fenced job before thawing it:
 
 - it asks the job's buddy, and any old buddy still owed a release (a guard changed just before
   the partition still guards), (control op ``taken``, ``{key}``; answered ``{key, runs, state}``)
-  whether it took the job over: ``runs`` (the id of its copy) stops the fenced copy here (state
+  whether it took the job over (a guard that passed the job on when it was reclaimed says to
+  whom, ``passed_to``, and that node is asked too): ``runs`` (the id of its copy) stops the fenced copy here (state
   ``migrated``, event phase ``superseded``, as the op ``superseded``); a buddy that does not
   answer keeps the job fenced until it does, or until it counts as gone itself (silent for
   ``orphan_after_s`` while this node hears others: the rule every take-over uses);
@@ -63,6 +64,9 @@ if TYPE_CHECKING:
     from laminar.migrate.archive import ArchiveLane
 
 log = logging.getLogger("laminar.migrate")
+
+TAKEN_ASK_MAX = 8
+"""Most guards a fenced job's node asks (``taken``), following guards passed on."""
 
 FENCE_META = "migrate.fenced"
 """Store meta: {job id: when it was fenced (wall clock)}."""
@@ -272,7 +276,7 @@ class FenceMixin:
         # partition (the old one, cut off from this node earlier, still guards and may take over)
         ask = sorted(({self.buddy[jid]} if jid in self.buddy else set())
                      | {n for n, k in self._releases if k == key} - {self.node_id})
-        for node in ask:
+        for node in ask:  # (grows: a guard passed on is asked where it went)
             try:
                 ans = await self._control(node, "taken", {"key": key}, timeout=3.0)
             except (MigrateError, TransferError, OSError, TimeoutError) as e:
@@ -284,6 +288,13 @@ class FenceMixin:
             runs = ans.get("runs") if isinstance(ans, dict) and ans.get("key") == key else None
             if jid in self._superseding or not job.active:
                 return  # the guard's own ``superseded`` came first (its stop settles the fence)
+            to = ans.get("passed_to") if isinstance(ans, dict) and ans.get("key") == key else None
+            if isinstance(to, int) and not isinstance(to, bool) and to not in ask and to != self.node_id \
+                    and len(ask) < TAKEN_ASK_MAX:
+                # the guard, reclaimed meanwhile, passed it on (with a take-over): ask there too.
+                # Before, the fenced copy was thawed on the first guard's "not taken" while the
+                # second resumed the job (bench/chaos.py --partial-partitions, seed 32)
+                ask.append(to)
             if runs:
                 runner = ans.get("node")
                 runner = int(runner) if isinstance(runner, int) and not isinstance(runner, bool) else node
@@ -345,12 +356,16 @@ class FenceMixin:
             raise ValueError(f"taken: the asking node {node!r} is not a node id") from None
         if not key.startswith(f"n{asker}-"):
             raise ValueError(f"taken: node {asker} asks about {key!r}, not one of its jobs")
-        row = self.agent.store.db.execute("SELECT state, src_node FROM migrate_replicas WHERE key=?", (key,)).fetchone()
+        row = self.agent.store.db.execute("SELECT state, src_node, job_id FROM migrate_replicas WHERE key=?",
+                                          (key,)).fetchone()
         if row is None or int(row["src_node"]) != asker:
             return {"key": key, "runs": None, "state": None}
         if row["state"] == "placed":  # taken over and placed on another node (no room here)
             placed = self._placed_as(key)
             if placed is not None:
                 return {"key": key, "runs": placed[1], "node": placed[0], "state": "placed"}
+        if row["state"] == "passed":  # this node was reclaimed and passed the guard on (``_pass_one``)
+            to = str(row["job_id"] or "").removeprefix("node ")
+            return {"key": key, "runs": None, "state": "passed", "passed_to": int(to) if to.isdigit() else None}
         runs = self._runs_here(key) if row["state"] == "resumed" else None
         return {"key": key, "runs": runs, "node": self.node_id if runs else None, "state": str(row["state"])}
