@@ -199,49 +199,12 @@ def test_the_jobs_the_zone_would_resume_are_fenced_kept_across_a_restart_and_set
     asyncio.run(main())
 
 
-def test_a_fenced_job_its_buddy_took_over_and_placed_elsewhere_is_stopped_not_thawed(tmp_path: Path) -> None:
-    async def main() -> None:
-        agent, c = await started(tmp_path)
-        j = job("job-1")
-        agent.jobs = Jobs([j])
-        stopped = agent.jobs.stops()
-
-        async def control(node: int, op: str, body: Any, timeout: float = 5.0) -> Any:  # stand-in: the buddy
-            # it had no room and placed the job on node 4
-            return {"key": body["key"], "runs": "job-9", "node": 4, "state": "placed"}
-
-        async def release(node: int, key: str) -> None:
-            pass
-
-        c._control = control  # type: ignore[method-assign]
-        c._release = release  # type: ignore[method-assign]
-        try:
-            c.s.update(orphan_after_s=30.0, fence_after_s=10.0)
-            c.buddy["job-1"] = 2
-            c.fenced_jobs["job-1"] = time.time() - 40.0
-            c._fence_round(time.time())  # heard from (FakeZone: everyone just now)
-            for _ in range(50):
-                if stopped:
-                    break
-                await asyncio.sleep(0.05)
-            assert [(jid, st) for jid, st, _ in stopped] == [("job-1", "migrated")]
-            assert "node 4 runs it as job-9" in stopped[0][2]
-            assert j.cgroup.calls == []  # never thawed: it takes no step before it dies
-            assert c.fenced_jobs == {}
-        finally:
-            await c.stop()
-            agent.store.close()
-
-    asyncio.run(main())
-
-
-def test_a_fenced_job_whose_guard_was_passed_on_asks_where_it_went(tmp_path: Path) -> None:
-    """Job-1's buddy (node 2), reclaimed while this node was cut off, passed the guard on to
-    node 3 with a take-over. Node 2 answers ``taken`` with ``passed_to`` 3; node 3 runs the job:
-    the fenced copy is stopped, not thawed. Before, node 2's "not taken" thawed it beside node
-    3's copy (bench/chaos.py --partial-partitions, seed 32)."""
-    async def main() -> None:
-        agent, c = await started(tmp_path)
+def settled(tmp: Path, answers: dict[int, dict[str, Any]]) -> tuple[list[int], list[tuple[str, str, str]], Any]:
+    """Job-1 (buddy: node 2) fenced 40 s ago, this node heard again: the nodes its settling asked
+    (``taken``, answered from ``answers``, a stand-in for the guards), what it stopped, and the
+    job (whose cgroup stand-in records any thaw)."""
+    async def main() -> tuple[list[int], list[tuple[str, str, str]], Any]:
+        agent, c = await started(tmp)
         j = job("job-1")
         agent.jobs = Jobs([j])
         stopped = agent.jobs.stops()
@@ -249,9 +212,7 @@ def test_a_fenced_job_whose_guard_was_passed_on_asks_where_it_went(tmp_path: Pat
 
         async def control(node: int, op: str, body: Any, timeout: float = 5.0) -> Any:  # stand-in: the guards
             asked.append(node)
-            if node == 2:
-                return {"key": body["key"], "runs": None, "state": "passed", "passed_to": 3}
-            return {"key": body["key"], "runs": "job-6", "node": 3, "state": "resumed"}
+            return {"key": body["key"], **answers[node]}
 
         async def release(node: int, key: str) -> None:
             pass
@@ -267,15 +228,34 @@ def test_a_fenced_job_whose_guard_was_passed_on_asks_where_it_went(tmp_path: Pat
                 if stopped:
                     break
                 await asyncio.sleep(0.05)
-            assert asked == [2, 3]
-            assert [(jid, st) for jid, st, _ in stopped] == [("job-1", "migrated")]
-            assert "node 3 runs it as job-6" in stopped[0][2]
-            assert j.cgroup.calls == []  # never thawed
+            assert c.fenced_jobs == {}
+            return asked, stopped, j
         finally:
             await c.stop()
             agent.store.close()
 
-    asyncio.run(main())
+    return asyncio.run(main())
+
+
+def test_a_fenced_job_its_buddy_took_over_and_placed_elsewhere_is_stopped_not_thawed(tmp_path: Path) -> None:
+    # the buddy had no room and placed the job on node 4
+    _, stopped, j = settled(tmp_path, {2: {"runs": "job-9", "node": 4, "state": "placed"}})
+    assert [(jid, st) for jid, st, _ in stopped] == [("job-1", "migrated")]
+    assert "node 4 runs it as job-9" in stopped[0][2]
+    assert j.cgroup.calls == []  # never thawed: it takes no step before it dies
+
+
+def test_a_fenced_job_whose_guard_was_passed_on_asks_where_it_went(tmp_path: Path) -> None:
+    """Job-1's buddy (node 2), reclaimed while this node was cut off, passed the guard on to
+    node 3 with a take-over. Node 2 answers ``taken`` with ``passed_to`` 3; node 3 runs the job:
+    the fenced copy is stopped, not thawed. Before, node 2's "not taken" thawed it beside node
+    3's copy (bench/chaos.py --partial-partitions, seed 32)."""
+    asked, stopped, j = settled(tmp_path, {2: {"runs": None, "state": "passed", "passed_to": 3},
+                                           3: {"runs": "job-6", "node": 3, "state": "resumed"}})
+    assert asked == [2, 3]
+    assert [(jid, st) for jid, st, _ in stopped] == [("job-1", "migrated")]
+    assert "node 3 runs it as job-6" in stopped[0][2]
+    assert j.cgroup.calls == []  # never thawed
 
 
 def test_the_buddy_answers_taken_only_to_the_jobs_node(tmp_path: Path) -> None:
