@@ -511,6 +511,44 @@ def test_a_fenced_copy_whose_claim_another_node_took_is_stopped(tmp_path: Path) 
     asyncio.run(main())
 
 
+def test_a_fenced_copy_the_claimer_placed_here_is_its_claims_own(tmp_path: Path) -> None:
+    """Node 3 claimed node 2's job (n2-job-7) from the archive, had no room and placed it here as
+    job-4 (its running record's ``resumed`` names node 1 and job-4). This node, cut off, fenced
+    it. Healed, the claim is no reason to stop it: it is the claim's copy; its buddy did not take
+    it over, so it is thawed. Before, it was stopped for node 3's claim and the job ran nowhere
+    any more (bench/chaos.py --partial-partitions, seed 34: a job never finished)."""
+    async def main() -> None:
+        arch = tmp_path / "arch"
+        agent, c = await started(tmp_path / "agent")
+        j = job("job-4", env={"LM_MIGRATED_FROM": "n2-job-7"})
+        agent.jobs = Jobs([j])
+        stopped = agent.jobs.stops()
+
+        async def control(node: int, op: str, body: Any, timeout: float = 5.0) -> Any:  # stand-in: the buddy
+            return {"key": body["key"], "runs": None, "state": "guarding"}
+
+        c._control = control  # type: ignore[method-assign]
+        c.buddy["job-4"] = 2
+        try:
+            c.s.update(orphan_after_s=30.0, fence_after_s=10.0, archive_dir=str(arch))
+            (arch / "n2-job-7").mkdir(parents=True)
+            (arch / "n2-job-7" / "running-3.json").write_text(
+                json.dumps({"key": "n2-job-7", "resumed": {"node": 1, "job": "job-4", "ts": time.time()}}))
+            c.fenced_jobs["job-4"] = time.time() - 40.0
+            c._fence_round(time.time())
+            for _ in range(50):
+                if c.fenced_jobs == {}:
+                    break
+                await asyncio.sleep(0.05)
+            assert stopped == [] and j.cgroup.calls == ["thaw"]
+            assert j.state == "running" and j.reason.startswith("unfenced: ")
+        finally:
+            await c.stop()
+            agent.store.close()
+
+    asyncio.run(main())
+
+
 def test_a_control_message_from_a_member_counts_as_hearing_it(tmp_path: Path) -> None:
     """An authenticated control message (its hello's node, checked against the roster) says its
     node is alive as a datagram does: the zone's membership notes it. Before, a guard that had

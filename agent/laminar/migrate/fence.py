@@ -32,7 +32,8 @@ Once it hears a member again it settles each fenced job before thawing it:
   ``.done`` marker) keeps it fenced until the claimer tells this node that it runs it (op
   ``superseded``: stopped) or gives the claim back; a copy this node resumed itself (its
   ``LM_MIGRATED_FROM`` key) whose claim another node took meanwhile (a dead runner's claim: it
-  counted this node gone) is stopped: the archive's claim is the lock, and it lost it;
+  counted this node gone) is stopped: the archive's claim is the lock, and it lost it (unless
+  the claim's running record names this very copy: the claimer placed the job here);
 - else it is thawed (event phase ``unfenced``): the partition ended before anyone took it over.
 
 A job Airlock holds suspended is fenced too (Airlock must not thaw it meanwhile: it is in
@@ -51,6 +52,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
 import time
 from pathlib import Path
@@ -264,6 +266,12 @@ class FenceMixin:
             # archive's claim is the lock, and this copy lost it
             origin = str((getattr(job.spec, "env", None) or {}).get(MIGRATED_ENV) or "")
             runner = await self._lane.call(f"who runs {origin}", self._archive_runner, origin) if origin else None
+            if runner is not None and runner != str(self.node_id) and \
+                    await self._lane.call(f"where {origin} runs", self._placed_here_by_claim, origin, jid):
+                # the claimer placed the claimed job here (no room there): this copy is the claim's
+                # own. Before, it was stopped for the claim, and nobody ran the job any more
+                # (bench/chaos.py --partial-partitions, seed 34: a job lost)
+                runner = None
             if runner is not None and runner != str(self.node_id):
                 if not runner.isdigit() or jid in self._superseding or not job.active:
                     return  # (a marker of an older agent names no node: left frozen for the operator)
@@ -332,6 +340,19 @@ class FenceMixin:
         rungs = getattr(getattr(self.agent, "airlock", None), "rungs", None) or {}
         rung = rungs.get(jid)
         return rung is not None and rung[0] == "suspend"
+
+    def _placed_here_by_claim(self, key: str, jid: str) -> bool:
+        """Whether a claim of ``key`` in the archive runs as this node's job ``jid``: its running
+        record's ``resumed`` names them (the claimer placed it here). Blocking: the lane."""
+        root = self._archive_root()
+        for f in sorted((root / key).glob("running-*.json")) if root is not None else []:
+            try:
+                resumed = json.loads(f.read_text()).get("resumed") or {}
+                if int(resumed.get("node", -1)) == self.node_id and str(resumed.get("job")) == jid:
+                    return True
+            except (OSError, ValueError, TypeError, AttributeError):
+                continue
+        return False
 
     def _archive_claimer(self, key: str) -> str | None:
         """The node that claimed ``key`` in the archive, runs it from there, or ran it (the
