@@ -454,6 +454,17 @@ def test_a_window_end_declares_nothing_until_another_member_is_heard_after_it(tm
             state[2].last_seen = now - 1.0  # heard after its end: its agent is there to answer
             assert c._missed_news(row, req, now)
 
+            # a window that ended 0.1 s ago, between two summaries (both heard 0.6 s ago): held back
+            # until another member is heard after it, but no cut-off is noted, so the guard then
+            # takes over at once (it heard the source just before the end)
+            end2 = now - 0.1
+            c.notices[2] = (end2, now - 20.0)
+            state[2].last_seen, state[3].last_seen = now - 0.6, now - 0.6
+            assert c._source_dead(2, now) is None and c._cut_at_end == {}
+            state[3].last_seen = now - 0.05
+            assert c._source_dead(2, now) == "node 2's reclaim window ended"
+            assert not c._missed_news(row, {"window_end": end2}, now)
+
             c.s["fence_after_s"] = 0.0  # off: as before
             state[2].last_seen, state[3].last_seen = now - 5.0, now - 5.0
             assert c._source_dead(2, now) == "node 2's reclaim window ended"

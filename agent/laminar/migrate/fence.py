@@ -164,7 +164,13 @@ class FenceMixin:
             return False
         z = self.zone
         others = [n for n in z.membership.state if n not in (self.node_id, src)] if z is not None else []
-        return bool(others) and max(self._last_seen(n) for n in others) < end
+        return bool(others) and self._heard_others(src) < end
+
+    def _heard_others(self, src: int) -> float:
+        """When this node last heard a member of the roster other than ``src`` (-1: none)."""
+        z = self.zone
+        others = [n for n in z.membership.state if n not in (self.node_id, src)] if z is not None else []
+        return max((self._last_seen(n) for n in others), default=-1.0)
 
     def _cannot_tell(self, src: int, now: float, within: float) -> bool:
         """Fencing is on and this node has not heard other members for ``within`` (at most
