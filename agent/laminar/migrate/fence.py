@@ -136,11 +136,11 @@ class FenceMixin:
             else:
                 self.agent.store.del_meta(FENCE_META)
 
-    def _heard_last(self) -> float | None:
-        """When this node last heard any other member of the roster (-1: none since the start),
-        or None when it has none (a one-node zone)."""
+    def _heard_last(self, but: int | None = None) -> float | None:
+        """When this node last heard any other member of the roster (``but`` that one too) (-1:
+        none since the start), or None when it has none (a one-node zone)."""
         z = self.zone
-        others = [n for n in z.membership.state if n != self.node_id] if z is not None else []
+        others = [n for n in z.membership.state if n not in (self.node_id, but)] if z is not None else []
         return max(self._last_seen(n) for n in others) if others else None
 
     def _isolated(self, now: float) -> bool:
@@ -162,15 +162,8 @@ class FenceMixin:
         old window's end, beside the copy that ran on at its source."""
         if float(self.s.get("fence_after_s") or 0.0) <= 0:
             return False
-        z = self.zone
-        others = [n for n in z.membership.state if n not in (self.node_id, src)] if z is not None else []
-        return bool(others) and self._heard_others(src) < end
-
-    def _heard_others(self, src: int) -> float:
-        """When this node last heard a member of the roster other than ``src`` (-1: none)."""
-        z = self.zone
-        others = [n for n in z.membership.state if n not in (self.node_id, src)] if z is not None else []
-        return max((self._last_seen(n) for n in others), default=-1.0)
+        heard = self._heard_last(but=src)
+        return heard is not None and heard < end
 
     def _cannot_tell(self, src: int, now: float, within: float) -> bool:
         """Fencing is on and this node has not heard other members for ``within`` (at most
