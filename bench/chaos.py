@@ -2,7 +2,8 @@
 right result, and how much work is redone?
 
 Real laminard agents, one zone, each in its own network namespace (``tests/cluster/harness.py``),
-sharing an archive directory (``migrate.archive_dir``) with prestaging on. The jobs are this
+sharing an archive directory (``migrate.archive_dir``; none with ``--no-archive``: the jobs then
+live on their buddies' replicas alone) with prestaging on. The jobs are this
 script's ``--role job``: a hash chain of ``--steps`` steps (``h = sha256(h || step)``), saved
 through jobkit every second and when the agent asks, resumed from ``LAMINAR_RESUME_FROM``; every
 step, start and end is appended to a ledger file shared by all nodes (one ``write`` per line,
@@ -44,7 +45,7 @@ events by kind, and the agents' own counts of moves and archive claims.
     python bench/chaos.py [--quick] [--seed N] [--json PATH] [--nodes N] [--jobs N]
                           [--steps N] [--limit-s S] [--partitions] [--long-partitions] [--crashes]
                           [--partial-partitions]
-                          [--concurrent N] [--fence-after-s S] [--keep-logs DIR]
+                          [--concurrent N] [--fence-after-s S] [--no-archive] [--keep-logs DIR]
 
 ``--quick``: 3 nodes, 2 jobs of 600 steps; else 4 nodes, 3 jobs of 3,000 steps. A step is 50 ms.
 Needs root (namespaces, cgroups).
@@ -118,7 +119,10 @@ def check(ledger: Path, names: list[str], steps: int,
     happens in one is a ``split_runs`` entry, not a ``double_runs`` one."""
     want = chain(steps)
     rows = [json.loads(line) for line in ledger.read_text().splitlines() if line.strip()] if ledger.exists() else []
-    double, split, wrong, ran = [], [], [], dict.fromkeys(names, 0)
+    double: list[str] = []
+    split: list[str] = []
+    wrong: list[str] = []
+    ran = dict.fromkeys(names, 0)
     done: dict[str, int] = {}
     stepping: dict[str, int] = {}  # job -> the pid that stepped last
     last_t: dict[int, float] = {}  # pid -> when it stepped last
@@ -165,12 +169,13 @@ def run(a: argparse.Namespace, tmp: Path) -> dict[str, Any]:
     from harness import Cluster, wait_until
 
     rng = random.Random(a.seed)
-    archive = tmp / "archive"
-    archive.mkdir()
     ledger = tmp / "ledger.jsonl"
     extra = ("\n[migrate]\nprestage = \"always\"\npoll_s = 0.2\nretry_base_s = 0.5\nretry_max_s = 2.0\n"
-             f"archive_dir = \"{archive}\"\narchive_gc_s = 2.0\norphan_after_s = {a.orphan_after_s}\n"
-             f"fence_after_s = {a.fence_after_s}\n")
+             f"orphan_after_s = {a.orphan_after_s}\nfence_after_s = {a.fence_after_s}\n")
+    if not a.no_archive:
+        archive = tmp / "archive"
+        archive.mkdir()
+        extra += f"archive_dir = \"{archive}\"\narchive_gc_s = 2.0\n"
     names = [f"chaos{i}" for i in range(a.jobs)]
     counts: dict[str, int] = {}
     log: list[str] = []
@@ -338,8 +343,8 @@ def run(a: argparse.Namespace, tmp: Path) -> dict[str, Any]:
                 k = f"moves_{m.get('phase')}"
                 agents[k] = agents.get(k, 0) + 1
             events = nd.json("events", "--kind", "migrate", "--limit", "5000")
-            for e in events:
-                k = f"migrate_events_{e.get('phase')}"
+            for ev in events:
+                k = f"migrate_events_{ev.get('phase')}"
                 agents[k] = agents.get(k, 0) + 1
             if a.keep_logs:
                 Path(a.keep_logs).mkdir(parents=True, exist_ok=True)
@@ -356,7 +361,7 @@ def run(a: argparse.Namespace, tmp: Path) -> dict[str, Any]:
                     shutil.copytree(logs, out / f"jobs-node{nd.node_id}", dirs_exist_ok=True)
             (out / "schedule.txt").write_text("\n".join(log) + "\n")
     return {"seed": a.seed, "nodes": a.nodes, "jobs": a.jobs, "steps": a.steps, "step_s": STEP_S,
-            "fence_after_s": a.fence_after_s,
+            "fence_after_s": a.fence_after_s, "archive": not a.no_archive,
             "wall_s": round(time.monotonic() - t0, 1), "events": counts, **agents, **res}
 
 
@@ -388,6 +393,9 @@ def main() -> int:
                          "+ 5 to + 25 s, then a reboot (its jobs are taken over elsewhere meanwhile)")
     ap.add_argument("--concurrent", type=int, default=1,
                     help="events under way at once, each on its own node (1: one after another)")
+    ap.add_argument("--no-archive", action="store_true",
+                    help="no migrate.archive_dir: jobs survive on their buddies' replicas alone (a crash while "
+                         "a job's node and its buddy are both down loses it: use --concurrent 1)")
     ap.add_argument("--keep-logs", help="copy the ledger, the agents' and the jobs' logs here")
     ap.add_argument("--role", choices=["job"], help=argparse.SUPPRESS)
     ap.add_argument("--name", help=argparse.SUPPRESS)

@@ -60,7 +60,7 @@ def source(jobs: Jobs) -> Any:
     src = types.SimpleNamespace(node_id=2, agent=types.SimpleNamespace(jobs=jobs), evacuating=set(),
                                 _superseding=set(), buddy={"job-1": 3}, events=events, releases=releases,
                                 _releases={(1, "n2-job-1"): (0.0, 0.0)},  # node 1: its old buddy, owed a release
-                                _lane=Lane(), archive=None, runner=None)
+                                _lane=Lane(), archive=None, runner=None, _moves_begun={}, _prestage_sends={})
     src._archive_root = lambda: src.archive
     src._archive_runner = lambda key: src.runner
     src._emit = lambda message, **kw: events.append({"message": message, **kw})
@@ -75,7 +75,7 @@ def source(jobs: Jobs) -> Any:
     src._forget_buddy = forget
     src._release = release
     src.tasks = tasks
-    for name in ("_asked_about", "_answer_superseded", "_stop_superseded"):
+    for name in ("_asked_about", "_answer_superseded", "_stop_superseded", "_supersede_prestage"):
         setattr(src, name, types.MethodType(getattr(ReclaimComponent, name), src))
     return src
 

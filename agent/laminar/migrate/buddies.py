@@ -76,6 +76,8 @@ class BuddiesMixin:
         _moves_begun: dict[str, int]
         _prestage_sends: dict[str, asyncio.Task[str]]
         _prestaging: set[str]
+        _superseding: set[str]
+        fenced_jobs: dict[str, float]
         _releases: dict[tuple[int, str], tuple[float, float]]
         _releasing: set[tuple[int, str]]
         _silent: dict[int, tuple[float, float]]
@@ -124,6 +126,14 @@ class BuddiesMixin:
             return
         for job in list(self.agent.jobs.active()):
             if job.id in self.evacuating or job.id in self._prestaging or not job.ckpt_dir:
+                continue
+            if job.id in self.fenced_jobs or job.id in self._superseding:
+                # fenced (frozen, unsettled) or being stopped for a take-over: a prestage now would
+                # hand the guard to a new buddy, which knows nothing of a take-over, and release
+                # the one that may have made it (the one the fence's settling asks). Found by the
+                # soak (bench/chaos.py --no-archive, seed 43): a fenced job whose unshipped
+                # checkpoint went to a new buddy was thawed on its "not taken" beside the copy
+                # its old buddy had placed elsewhere
                 continue
             cks = jobkit.list_checkpoints(job.ckpt_dir)
             if not cks or self.shipped.get(job.id) == cks[-1].name:
@@ -345,12 +355,18 @@ class BuddiesMixin:
             self._drop_release(pair)  # it guards the job again: nothing to release
             return
         self._owe_release(node, key)
+        first = pair not in self._releases
+        # owed from now on, also while this first try is on its way (a connect to a node cut off
+        # takes seconds): the node is still the job's guard to the fence's settling (``taken``)
+        # and to its ``superseded`` (the answer below may carry one)
+        mono = time.monotonic()
+        self._releases.setdefault(pair, (mono + RELEASE_RETRY_S, mono + RELEASE_GIVE_UP_S))
         self._releasing.add(pair)
         try:
             ans = await self._control(node, "release", {"key": key})
         except (MigrateError, TransferError, OSError, TimeoutError) as e:
             mono = time.monotonic()
-            at, give_up = self._releases.get(pair, (None, mono + RELEASE_GIVE_UP_S))
+            _, give_up = self._releases.get(pair, (None, mono + RELEASE_GIVE_UP_S))
             if mono >= give_up:
                 self._drop_release(pair)
                 log.warning("migrate: release of %s at node %d failed: %s (given up: its guard is checked with "
@@ -360,7 +376,7 @@ class BuddiesMixin:
                 with contextlib.suppress(Exception), self.agent.store.tx() as db:
                     db.execute("UPDATE migrate_releases SET last_error=? WHERE node=? AND key=?", (str(e), node, key))
                 # once per release (its tries go on every RELEASE_RETRY_S for as long as node is down)
-                log.log(logging.INFO if at is None else logging.DEBUG,
+                log.log(logging.INFO if first else logging.DEBUG,
                         "migrate: release of %s at node %d failed: %s (sent again every %g s until it arrives)",
                         key, node, e, RELEASE_RETRY_S)
         else:

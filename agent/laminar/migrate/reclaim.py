@@ -1442,10 +1442,17 @@ class ReclaimComponent(BuddiesMixin, GuardMixin, ReplicasMixin, WithdrawMixin, S
                 # a loan's) runs on: never two moves of one job (two hand-overs: two copies)
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(cancel.wait(), 0.2)
+            while job.id in self.fenced_jobs and job.active and not cancel.is_set():
+                # fenced (this node heard none of its zone; fence.py): the zone may have taken it
+                # over, and a move now would start a second lineage of it. Its settling stops it
+                # (taken over) or thaws it (moved then); unsettled at the window's end, it is
+                # stopped there as the rest (its guard resumes it)
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(cancel.wait(), 0.2)
             if cancel.is_set():
                 return  # withdrawn before this job's move began
             if not job.active:
-                return  # the earlier move took it away (or it ended)
+                return  # the earlier move took it away (or it ended, or its fence settled it as taken)
             prev = self.moves.get(job.id)
             if prev is not None and job.id in self._archive_keeps:
                 await self._stop_archived(job, prev)  # an earlier plan's move, cut while it stopped the job
@@ -1579,6 +1586,9 @@ class ReclaimComponent(BuddiesMixin, GuardMixin, ReplicasMixin, WithdrawMixin, S
         self.counts["moves"] += 1
         frozen = False
         try:
+            if job.id in self.fenced_jobs:
+                raise MigrateError(f"{job.id} is fenced (node {self.node_id} heard none of its zone; "
+                                   "migrate.fence_after_s): it moves once its fence is settled, if nobody took it over")
             if self.zone is None:
                 raise MigrateError("this node is in a one-node zone: there is nowhere to move the job")
             # the newest verified checkpoint: the checkpoint driver's check of the job's listing
@@ -2293,6 +2303,11 @@ class ReclaimComponent(BuddiesMixin, GuardMixin, ReplicasMixin, WithdrawMixin, S
             # taken over here and run here: the source still runs its copy, or it would not release
             # this guard; the answer says so (as ``superseded`` would: a release may come first)
             runs = self._runs_here(key) if row is not None and row["state"] == "resumed" else None
+            # taken over and placed on another node (no room here): the same, naming that node, as
+            # ``taken`` does. Before, the answer said only "released", and a source whose buddy had
+            # changed (this guard was the old one) refused this node's ``superseded`` after it: a
+            # fenced copy was thawed beside the placed one (bench/chaos.py --no-archive, seed 43)
+            placed = self._placed_as(key) if row is not None and row["state"] == "placed" else None
             with self.agent.store.tx() as db:
                 db.execute("UPDATE migrate_replicas SET state='released', updated=? WHERE key=? AND state IN ('guarding', 'waiting')",
                            (time.time(), key))
@@ -2300,10 +2315,12 @@ class ReclaimComponent(BuddiesMixin, GuardMixin, ReplicasMixin, WithdrawMixin, S
                 self.replica_gc(key)
             except Exception:
                 log.exception("migrate: replica GC of %s", key)
-            if runs is not None:
+            if runs is not None or placed is not None:
                 assert row is not None
-                return {"released": key, "superseded": {"node": self.node_id, "job": runs, "at": float(row["updated"]),
-                                                        "clock": time.time()}}
+                node_job = (self.node_id, runs) if runs is not None else placed
+                assert node_job is not None
+                return {"released": key, "superseded": {"node": node_job[0], "job": node_job[1],
+                                                        "at": float(row["updated"]), "clock": time.time()}}
             return {"released": key}
         if op == "reclaim":
             ts = float(body.get("ts", 0))

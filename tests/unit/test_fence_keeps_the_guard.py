@@ -1,0 +1,191 @@
+"""While a job's lineage is unsettled, who guards it does not change, and a guard that took it
+over is heard. Four holes the soak found (bench/chaos.py --no-archive --concurrent 2, seed 43:
+a job ran twice for 3,595 steps, and a fenced copy was thawed beside a take-over):
+
+- a fenced job is not prestaged: a new buddy would know nothing of a take-over and the old one
+  (the one that may have made it, and the one the fence's settling asks) would be released;
+- a prestage in flight when its job is stopped for a take-over (``superseded``) withdraws the
+  guard it sends after: else that node guards a job no longer run here, and takes it over the
+  next time this node falls silent, beside the copy that superseded it;
+- a guard that took the job over and placed it on another node answers a ``release`` with
+  ``superseded`` naming that node (as ``taken`` does), and the source believes it while the
+  release is on its way;
+- a reclaim moves a fenced job only once its fence is settled (a move is refused meanwhile).
+
+Real pieces (the rig of test_gc_guards): migrate components of node 1, node 2 (the source) and
+node 3, each on its own SQLite store with its endpoint on 127.0.0.<node>; the source's own
+prestage, real transfers and real authenticated ``guard``, ``release`` and ``superseded``
+answers. Stand-ins, named as such: the zone (``Zone``), the job managers (``Jobs`` with a
+``stop`` that records); in the reclaim test, the zone (``HeldZone``) and the job manager
+(``RestoreJobs``) of test_reclaim_cancel_unit, and the move (recorded, not run) where the test is
+when a move begins, and the fence's settling (one that has not ended). The whole fence over real agents and a real partition:
+tests/cluster/test_fence.py.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from pathlib import Path
+from typing import Any
+
+from jobrig import until
+from test_gc_guards import Jobs, K, free_port, held, job_of, node, run, state
+from test_migrate_evidence import make_agent
+from test_reclaim_cancel_unit import HeldZone
+from test_reclaim_restore import RestoreJobs
+
+from laminar.jobkit import Checkpointer
+from laminar.migrate.reclaim import ReclaimComponent
+
+
+class StoppingJobs(Jobs):
+    """Stand-in job manager whose ``stop`` ends the job and records (id, state)."""
+
+    def __init__(self, jobs: list[Any]) -> None:
+        super().__init__(jobs)
+        self.stopped: list[tuple[str, str]] = []
+
+    async def stop(self, jid: str, reason: str, *, grace_s: float | None = None, state: str = "stopped") -> Any:
+        j = self.get(jid)
+        j.state = state
+        self.stopped.append((jid, state))
+        return j
+
+
+def save(job: Any, step: int) -> None:
+    Checkpointer(job_id=job.id, ckpt_dir=job.ckpt_dir, install_signal=False, keep=10).save(
+        f"weights-{step}".encode(), step=step)
+
+
+def test_a_fenced_job_is_not_prestaged_so_its_guard_does_not_change(tmp_path: Path) -> None:
+    port = free_port()
+    job = job_of(tmp_path)
+
+    async def main() -> None:
+        async with node(tmp_path, 1, [1, 2, 3], port) as n1, node(tmp_path, 3, [1, 2, 3], port) as n3, \
+                node(tmp_path, 2, [1, 2, 3], port, Jobs([job])) as src:
+            src._set_buddy("job-1", 1)
+            save(job, 5)
+            src._prestage_round()
+            assert await until(lambda: src.shipped.get("job-1") == "ckpt-5", timeout=20)
+            assert state(n1) == "guarding"
+            # cut off: the job is fenced. Its next checkpoint (written before the freeze took)
+            # would go to node 3 (node 1 avoided, as after a failed prestage)
+            src.fenced_jobs["job-1"] = time.time()
+            src._avoid("job-1", 1, 60.0)
+            save(job, 10)
+            src._prestage_round()
+            await asyncio.sleep(1.0)
+            assert not src._prestaging and src.shipped.get("job-1") == "ckpt-5"
+            assert src.buddy["job-1"] == 1 and state(n1) == "guarding"  # node 1 still guards it: it is asked
+            assert state(n3) is None and held(n3) == []
+            assert not any(k == K for _, k in src._releases)
+            # settled (thawed: nobody took it over): prestaged again, to node 3 now
+            del src.fenced_jobs["job-1"]
+            src._prestage_round()
+            assert await until(lambda: src.shipped.get("job-1") == "ckpt-10", timeout=20), src.shipped
+            assert src.buddy["job-1"] == 3 and state(n3) == "guarding"
+
+    run(main())
+
+
+def test_a_guard_a_prestage_sends_after_its_job_was_superseded_is_withdrawn(tmp_path: Path) -> None:
+    port = free_port()
+    job = job_of(tmp_path)
+    job.started = time.time() - 60
+    jobs = StoppingJobs([job])
+
+    async def main() -> None:
+        async with node(tmp_path, 1, [1, 2, 3], port) as n1, node(tmp_path, 2, [1, 2, 3], port, jobs) as src:
+            real_guard = src._guard
+
+            async def guard(j: Any, n: int, ckpt_name: str, take_over: bool = False) -> None:
+                # node 3, which took the job over while node 2 was silent, says so while the
+                # prestage's checkpoint is at node 1 and its guard not yet sent
+                src._superseding.add(j.id)
+                await src._stop_superseded(j, 3, "job-4", K)
+                await real_guard(j, n, ckpt_name, take_over)
+
+            src._guard = guard  # type: ignore[method-assign]
+            save(job, 5)
+            src._prestage_round()
+            assert await until(lambda: not src._prestaging, timeout=20)
+            assert jobs.stopped == [("job-1", "migrated")]
+            assert await until(lambda: state(n1) == "released", timeout=20), state(n1)
+            assert "job-1" not in src.buddy and not src._releases
+
+    run(main())
+
+
+def test_a_guard_that_placed_the_job_elsewhere_answers_the_release_with_where(tmp_path: Path) -> None:
+    port = free_port()
+    job = job_of(tmp_path)
+    job.started = time.time() - 60
+    jobs = StoppingJobs([job])
+
+    async def main() -> None:
+        async with node(tmp_path, 1, [1, 2, 3], port) as n1, node(tmp_path, 2, [1, 2, 3], port, jobs) as src:
+            src._set_buddy("job-1", 1)
+            save(job, 5)
+            src._prestage_round()
+            assert await until(lambda: state(n1) == "guarding", timeout=20)
+            # node 2 was silent: node 1 took the job over and, with no room, placed it on node 3
+            with n1.agent.store.tx() as db:
+                db.execute("UPDATE migrate_replicas SET state='placed', job_id='node 3/job-4', updated=? WHERE key=?",
+                           (time.time() - 10, K))
+            # meanwhile node 2 handed the guard to another buddy and releases node 1
+            src._set_buddy("job-1", 4)
+            await src._release(1, K)
+            assert await until(lambda: bool(jobs.stopped), timeout=10)
+            assert jobs.stopped == [("job-1", "migrated")]
+            ev = [str(e["message"]) for e in src.agent.store.db.execute("SELECT message, fields FROM events").fetchall()
+                  if '"superseded"' in e["fields"]]
+            assert ev and "node 3 took it over as job-4" in ev[0], ev
+            assert (1, K) not in src._releases
+
+    run(main())
+
+
+def test_a_reclaim_moves_a_fenced_job_only_once_its_fence_is_settled(tmp_path: Path) -> None:
+    async def main() -> None:
+        agent = make_agent(tmp_path)
+        agent.jobs = jobs = RestoreJobs()
+        agent.zone = HeldZone()
+        settles = jobs.add("job-1", "running")
+        jobs.add("job-2", "running")  # its fence is never settled
+        comp = ReclaimComponent()
+        await comp.start(agent)
+        moved: list[str] = []
+        real_move = comp._move
+
+        async def move(job: Any, reason: str, deadline_mono: float | None, final: bool = True,
+                       transfer_deadline: float | None = None) -> Any:
+            moved.append(job.id)
+
+        async def unsettled(jid: str) -> None:  # stand-in: a settling whose guard does not answer yet
+            comp._unfencing.discard(jid)
+
+        comp._unfence = unsettled  # type: ignore[method-assign]
+        try:
+            now = time.time()
+            comp.fenced_jobs.update({"job-1": now, "job-2": now})
+            # a move of a fenced job is refused, and leaves it as it was (frozen by its fence)
+            mv = await real_move(settles, "lm-t", None)
+            assert mv.phase == "failed" and "job-1 is fenced" in str(mv.error), mv
+            assert settles.cgroup.thawed == 0 and settles.active
+            assert "job-1" not in comp.evacuating
+            comp._move = move  # type: ignore[method-assign]
+            comp.ckpt_latency.update({"job-1": 60.0, "job-2": 60.0})  # signalled at once
+            comp.start_reclaim(2.0, "lm-t owner")
+            await asyncio.sleep(0.8)
+            assert moved == [], "a fenced job is not moved before its fence is settled"
+            del comp.fenced_jobs["job-1"]  # settled: thawed, nobody took it over
+            assert await until(lambda: moved == ["job-1"], timeout=5), moved
+            assert await until(lambda: "job-2" in jobs.stops, timeout=5)
+            assert moved == ["job-1"] and jobs.stops["job-2"] == "reclaimed"  # stopped at the window's end
+        finally:
+            await comp.stop()
+            agent.store.close()
+
+    asyncio.run(main())
