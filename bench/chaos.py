@@ -29,7 +29,9 @@ nodes, one at a time (``--concurrent N``: up to N at once, each on its own node)
   agent and every job are SIGKILLed, its cgroups removed and its link cut for
   ``orphan_after_s`` + 5 to + 25 s (the zone counts it gone: its jobs are taken over elsewhere,
   from their replicas or the archive); then it comes back, its state directory and pins kept
-  as on a disk, and its agent starts (a reboot).
+  as on a disk, and its agent starts (a reboot);
+- ``reboot`` (with ``--reboots``): the same for 3 s to ``orphan_after_s`` / 2, so nobody took its
+  jobs over: they are ``lost`` there, and their buddies must resume them.
 
 Checked, from the ledger (the run exits 1 when any fails; these are the contract, not timings):
 
@@ -44,7 +46,7 @@ events by kind, and the agents' own counts of moves and archive claims.
 
     python bench/chaos.py [--quick] [--seed N] [--json PATH] [--nodes N] [--jobs N]
                           [--steps N] [--limit-s S] [--partitions] [--long-partitions] [--crashes]
-                          [--partial-partitions]
+                          [--partial-partitions] [--reboots]
                           [--concurrent N] [--fence-after-s S] [--no-archive] [--keep-logs DIR]
 
 ``--quick``: 3 nodes, 2 jobs of 600 steps; else 4 nodes, 3 jobs of 3,000 steps. A step is 50 ms.
@@ -216,6 +218,8 @@ def run(a: argparse.Namespace, tmp: Path) -> dict[str, Any]:
                 return {"down": rng.uniform(1, 6)}
             if kind == "crash":
                 return {"down": a.orphan_after_s + rng.uniform(5, 25)}
+            if kind == "reboot":
+                return {"down": rng.uniform(3, a.orphan_after_s / 2)}
             if kind == "long-partition":
                 return {"cut": a.orphan_after_s + rng.uniform(3, 15)}
             if kind == "partial-partition":
@@ -269,8 +273,8 @@ def run(a: argparse.Namespace, tmp: Path) -> dict[str, Any]:
                     finally:
                         for x, y in routes:
                             x.netns.run("ip", "route", "del", "blackhole", f"{y.addr}/32", check=False)
-                elif kind == "crash":
-                    say(f"node {nd.node_id}: crash (agent and jobs killed, cgroups gone, link down) for "
+                elif kind in ("crash", "reboot"):
+                    say(f"node {nd.node_id}: {kind} (agent and jobs killed, cgroups gone, link down) for "
                         f"{p['down']:.1f} s, then a reboot")
                     subprocess.run(["ip", "link", "set", nd.host_if, "down"], check=True)
                     try:
@@ -311,6 +315,8 @@ def run(a: argparse.Namespace, tmp: Path) -> dict[str, Any]:
                 kinds, weights = kinds + ["partition"], weights + [3]
             if a.crashes:
                 kinds, weights = kinds + ["crash"], weights + [1]
+            if a.reboots:
+                kinds, weights = kinds + ["reboot"], weights + [1]
             if a.long_partitions:
                 kinds, weights = kinds + ["long-partition"], weights + [2]
             if a.partial_partitions:
@@ -391,6 +397,10 @@ def main() -> int:
     ap.add_argument("--crashes", action="store_true",
                     help="also crash a node: agent and jobs killed, cgroups gone, link down for orphan_after_s "
                          "+ 5 to + 25 s, then a reboot (its jobs are taken over elsewhere meanwhile)")
+    ap.add_argument("--reboots", action="store_true",
+                    help="also reboot a node faster than orphan_after_s: agent and jobs killed, cgroups gone, link "
+                         "down for 3 s to orphan_after_s / 2, then its agent starts (nobody took its jobs over: "
+                         "their buddies must resume them, found lost there)")
     ap.add_argument("--concurrent", type=int, default=1,
                     help="events under way at once, each on its own node (1: one after another)")
     ap.add_argument("--no-archive", action="store_true",

@@ -1,6 +1,7 @@
-"""While a job's lineage is unsettled, who guards it does not change, and a guard that took it
-over is heard. Four holes the soak found (bench/chaos.py --no-archive --concurrent 2, seed 43:
-a job ran twice for 3,595 steps, and a fenced copy was thawed beside a take-over):
+"""While a job's lineage is unsettled, who guards it does not change, a guard that took it over
+is heard, and a guard resumes a job stopped for good. Five holes the soak found
+(bench/chaos.py --no-archive --concurrent 2, seed 43: a job ran twice for 3,595 steps, and a
+fenced copy was thawed beside a take-over; seed 44: a job resumed 76 s late):
 
 - a fenced job is not prestaged: a new buddy would know nothing of a take-over and the old one
   (the one that may have made it, and the one the fence's settling asks) would be released;
@@ -10,7 +11,10 @@ a job ran twice for 3,595 steps, and a fenced copy was thawed beside a take-over
 - a guard that took the job over and placed it on another node answers a ``release`` with
   ``superseded`` naming that node (as ``taken`` does), and the source believes it while the
   release is on its way;
-- a reclaim moves a fenced job only once its fence is settled (a move is refused meanwhile).
+- a reclaim moves a fenced job only once its fence is settled (a move is refused meanwhile);
+- a guard whose source stopped the job for good while the guard could not hear it (the source
+  rebooted: ``lost``; its window ended while the guard's agent was down: ``reclaimed``) resumes
+  it once it hears the source again, instead of waiting for the source's next silence.
 
 Real pieces (the rig of test_gc_guards): migrate components of node 1, node 2 (the source) and
 node 3, each on its own SQLite store with its endpoint on 127.0.0.<node>; the source's own
@@ -25,6 +29,7 @@ tests/cluster/test_fence.py.
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 from pathlib import Path
 from typing import Any
@@ -189,3 +194,48 @@ def test_a_reclaim_moves_a_fenced_job_only_once_its_fence_is_settled(tmp_path: P
             agent.store.close()
 
     asyncio.run(main())
+
+
+def test_a_guard_resumes_a_job_its_source_stopped_for_good_while_it_could_not_hear(tmp_path: Path) -> None:
+    """Node 2 rebooted faster than ``orphan_after_s`` (or its reclaim window ended while its
+    buddy's agent was down): its job is ``lost`` there and nobody took it over. Once node 1, the
+    buddy, hears node 2 again after the silence (or first hears it after its own start), it asks
+    (``needs``) and, told the job was stopped for good there, makes its guard a take-over. Before,
+    it guarded on until node 2's next silence (bench/chaos.py --no-archive, seed 44: 76 s and an
+    older replica), or for ever."""
+    port = free_port()
+    job = job_of(tmp_path)
+    job.started = time.time() - 60
+
+    def request(comp: ReclaimComponent) -> dict[str, Any]:
+        row = comp.agent.store.db.execute("SELECT request FROM migrate_replicas WHERE key=?", (K,)).fetchone()
+        return dict(json.loads(row["request"]))
+
+    async def main() -> None:
+        async with node(tmp_path, 1, [1, 2, 3], port) as n1, node(tmp_path, 2, [1, 2, 3], port, Jobs([job])) as src:
+            src._set_buddy("job-1", 1)
+            save(job, 5)
+            src._prestage_round()
+            assert await until(lambda: state(n1) == "guarding", timeout=20)
+            events: list[dict[str, Any]] = []
+            n1.agent.events.subscribe(events.append)
+            n1._guard_recheck_round(time.time())  # first heard since its start: asked; the job runs
+            assert await until(lambda: K not in n1._guard_checking and K in n1._guard_asked, timeout=10)
+            assert not request(n1).get("take_over") and state(n1) == "guarding"
+            job.state = "lost"  # node 2's agent restarted and found it gone (a reboot)
+            n1._guard_recheck_round(time.time())  # heard all along: not asked again
+            await asyncio.sleep(0.5)
+            assert not request(n1).get("take_over")
+            heard = n1.zone.membership.state[2]
+            heard.last_seen = time.time() - 20.0  # silent for 20 s (less than orphan_after_s) ...
+            n1._guard_recheck_round(time.time())
+            await asyncio.sleep(0.3)
+            assert not request(n1).get("take_over")
+            heard.last_seen = time.time()  # ... and heard again
+            n1._guard_recheck_round(time.time())
+            assert await until(lambda: bool(request(n1).get("take_over")), timeout=10), request(n1)
+            assert request(n1)["stopped_there"] == "lost" and state(n1) == "guarding"
+            ev = [e for e in events if e.get("phase") == "stopped-there"]
+            assert len(ev) == 1 and "node 2 says the job was lost there" in ev[0]["message"], ev
+
+    run(main())

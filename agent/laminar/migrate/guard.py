@@ -269,7 +269,9 @@ class GuardMixin:
                 came = float(row["updated"])  # the guard message's arrival (or this guard's last change)
                 why_d = self._source_dead(int(row["src_node"]), now, req.get("window_end"), came)
                 if why_d is None and req.get("take_over"):
-                    why_d = f"node {row['src_node']} stopped the job and left its checkpoint here"
+                    why_d = (f"node {row['src_node']} says the job was {req['stopped_there']} there without moving"
+                             if req.get("stopped_there") else
+                             f"node {row['src_node']} stopped the job and left its checkpoint here")
                 if why_d is None:
                     continue
                 if not req.get("take_over") and self._window_open(int(row["src_node"]), now, req.get("window_end"),

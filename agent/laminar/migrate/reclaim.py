@@ -638,6 +638,7 @@ class ReclaimComponent(BuddiesMixin, GuardMixin, ReplicasMixin, WithdrawMixin, S
         self._reclaim_unknown: dict[str, float] = {}
         self._started = 0.0  # when this agent's component started (wall): a guard older than it may have missed news
         self._guard_checking: set[str] = set()  # keys whose source is being asked now
+        self._src_heard: dict[int, float] = {}  # guarded sources: when last heard, as of the last recheck round
         # job id -> {node: until (wall)}: peers not chosen as the job's buddy before then (their
         # operator dropped its guard, op ``dropped``; a prestage to them failed)
         self._avoid_until: dict[str, dict[int, float]] = {}
@@ -2239,6 +2240,7 @@ class ReclaimComponent(BuddiesMixin, GuardMixin, ReplicasMixin, WithdrawMixin, S
                 self._release_round()
                 self._prestage_round()
                 self._archive_watch()
+                self._guard_recheck_round(time.time())
                 await self._guard_round()
                 self._replica_gc_round()
             except Exception:

@@ -85,7 +85,13 @@ from collections.abc import Collection, Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from laminar.migrate.constants import _CKPT_NAME, _SAFE_KEY, GUARD_ENDED_STATES, REPLICA_LATE_S
+from laminar.migrate.constants import (
+    _CKPT_NAME,
+    _SAFE_KEY,
+    GUARD_ENDED_STATES,
+    REPLICA_LATE_S,
+    SOURCE_STOPPED_STATES,
+)
 from laminar.migrate.errors import MigrateError, ReplicaRefused
 from laminar.migrate.transfer import TransferError
 from laminar.migrate.trees import _newest_mtime, _remove_tree
@@ -102,6 +108,10 @@ REPLICA_TRASH = "replica-gc"
 
 # Replica states after which this node keeps a key's checkpoints only for a local job using them.
 REPLICA_DONE_STATES = ("released", "handed-over", "placed", "passed", "resumed")
+
+# A source heard again after a silence this long (or first heard since this agent started) is asked
+# at once about the guards held here for it (:meth:`ReplicasMixin._guard_recheck_round`).
+GUARD_RECHECK_GAP_S = 5.0
 
 # A requeued job is placed again from its spec (resume_from included) for a while (zone/loan.py's
 # requeue_for_s); a replica it names is kept as long after it was requeued.
@@ -307,6 +317,7 @@ class ReplicasMixin:
         _owners: dict[str, tuple[int, int]]
         _prestaging: set[str]
         _replica_gc_next: float
+        _src_heard: dict[int, float]
         _superseding: set[str]
         _taking: set[str]
         agent: Any
@@ -322,6 +333,7 @@ class ReplicasMixin:
         def _archive_root(self) -> Path | None: ...
         def _archive_runner(self, key: str) -> str | None: ...
         def _forget_buddy(self, job_id: str) -> int | None: ...
+        def _last_seen(self, node: int) -> float: ...
         async def _release(self, node: int, key: str) -> None: ...
         def _runs_here(self, key: str) -> str | None: ...
         def _source_dead(self, src: int, now: float, window_end: float | None = None,
@@ -619,6 +631,72 @@ class ReplicasMixin:
             self._guard_checking.add(key)
             self._spawn(self._check_guard(key, src, float(row["updated"])))
 
+    def _guard_recheck_round(self, now: float) -> None:
+        """A source heard again after a silence of GUARD_RECHECK_GAP_S or more, or heard for the
+        first time since this agent started, may have stopped a job this node guards while this
+        node could not hear it: its reclaim window ended while this agent was down (so it never
+        learned the window), or it rebooted faster than ``orphan_after_s`` and found the job
+        gone (``lost``). Each guard held here for it (``guarding``, not a take-over) is checked
+        at once (:meth:`_check_guard`), which takes the job over when the source says it was
+        stopped for good (SOURCE_STOPPED_STATES). Before, such a guard waited for the source's
+        next silence (bench/chaos.py --no-archive, seed 44: 76 s, from an older replica) or,
+        the source staying up, for ever."""
+        z = self.zone
+        if z is None:
+            return
+        rows = self.agent.store.db.execute(
+            "SELECT key, src_node, request, updated FROM migrate_replicas WHERE state='guarding'").fetchall()
+        srcs = {int(r["src_node"]) for r in rows}
+        back = set()
+        for src in srcs:
+            seen, prev = self._last_seen(src), self._src_heard.get(src)
+            self._src_heard[src] = seen
+            if seen >= 0 and (prev is None or prev < 0 or seen - prev >= GUARD_RECHECK_GAP_S):
+                back.add(src)
+        for src in set(self._src_heard) - srcs:
+            del self._src_heard[src]
+        mono = time.monotonic()
+        for row in rows:
+            key, src = str(row["key"]), int(row["src_node"])
+            if src not in back or key in self._taking or key in self._guard_checking or src == self.node_id:
+                continue
+            if src not in z.membership.by_node or src in z.membership.suspects:
+                continue
+            try:
+                req = json.loads(row["request"])
+            except ValueError:
+                continue
+            if not isinstance(req, dict) or req.get("take_over"):
+                continue
+            self._guard_asked[key] = mono
+            self._guard_checking.add(key)
+            self._spawn(self._check_guard(key, src, float(row["updated"])))
+
+    def _stopped_there(self, key: str, src: int, seen: float, state: str) -> bool:
+        """``src`` says its job ``key`` was stopped for good there (``state``, SOURCE_STOPPED_STATES)
+        and still needs this guard: the guard becomes a take-over (as a holder's: its request's
+        ``take_over``), which the next guard round resumes, if the row did not change since
+        ``seen``. Returns whether it did."""
+        db = self.agent.store.db
+        row = db.execute("SELECT request FROM migrate_replicas WHERE key=? AND state='guarding' AND updated=?",
+                         (key, seen)).fetchone()
+        try:
+            req = json.loads(row["request"]) if row is not None else None
+        except ValueError:
+            req = None
+        if not isinstance(req, dict) or req.get("take_over"):
+            return False
+        req["take_over"] = True
+        req["stopped_there"] = state
+        with self.agent.store.tx() as tx:
+            cur = tx.execute("UPDATE migrate_replicas SET request=?, updated=? WHERE key=? AND state='guarding' "
+                             "AND updated=?", (json.dumps(req), time.time(), key, seen))
+        if cur.rowcount != 1:
+            return False
+        self._emit(f"{key}: node {src} says the job was {state} there without moving, and this node guards it: "
+                   "resuming it", key=key, src_node=src, src_state=state, phase="stopped-there")
+        return True
+
     async def _check_guard(self, key: str, src: int, seen: float) -> bool:
         """Asks ``src`` whether the guard of ``key`` held here is still needed
         (:func:`guard_needed` there). Only a clear "no" from the source ends it: the row becomes
@@ -640,6 +718,8 @@ class ReplicasMixin:
                 return False
             self._guard_answered(key, src, asked)
             if ans["needed"]:
+                if ans.get("state") in SOURCE_STOPPED_STATES and key not in self._taking:
+                    self._stopped_there(key, src, seen, str(ans["state"]))
                 return False
             if key in self._taking:
                 return False
