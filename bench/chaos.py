@@ -316,7 +316,7 @@ def run(a: argparse.Namespace, tmp: Path) -> dict[str, Any]:
             if a.crashes:
                 kinds, weights = kinds + ["crash"], weights + [1]
             if a.reboots:
-                kinds, weights = kinds + ["reboot"], weights + [1]
+                kinds, weights = kinds + ["reboot"], weights + [3]
             if a.long_partitions:
                 kinds, weights = kinds + ["long-partition"], weights + [2]
             if a.partial_partitions:

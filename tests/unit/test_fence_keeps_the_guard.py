@@ -58,9 +58,24 @@ class StoppingJobs(Jobs):
         return j
 
 
+def running(tmp: Path) -> tuple[int, Any, StoppingJobs]:
+    """A port for the nodes' endpoints, node 2's job-1 (running for a minute) and its manager."""
+    job = job_of(tmp)
+    job.started = time.time() - 60
+    return free_port(), job, StoppingJobs([job])
+
+
 def save(job: Any, step: int) -> None:
     Checkpointer(job_id=job.id, ckpt_dir=job.ckpt_dir, install_signal=False, keep=10).save(
         f"weights-{step}".encode(), step=step)
+
+
+async def guarded_by_node_1(src: ReclaimComponent, n1: ReclaimComponent, job: Any) -> None:
+    """Node 2 (``src``) prestages its job's checkpoint 5 to node 1, which guards it then."""
+    src._set_buddy("job-1", 1)
+    save(job, 5)
+    src._prestage_round()
+    assert await until(lambda: state(n1) == "guarding", timeout=20)
 
 
 def test_a_fenced_job_is_not_prestaged_so_its_guard_does_not_change(tmp_path: Path) -> None:
@@ -96,10 +111,7 @@ def test_a_fenced_job_is_not_prestaged_so_its_guard_does_not_change(tmp_path: Pa
 
 
 def test_a_guard_a_prestage_sends_after_its_job_was_superseded_is_withdrawn(tmp_path: Path) -> None:
-    port = free_port()
-    job = job_of(tmp_path)
-    job.started = time.time() - 60
-    jobs = StoppingJobs([job])
+    port, job, jobs = running(tmp_path)
 
     async def main() -> None:
         async with node(tmp_path, 1, [1, 2, 3], port) as n1, node(tmp_path, 2, [1, 2, 3], port, jobs) as src:
@@ -124,17 +136,11 @@ def test_a_guard_a_prestage_sends_after_its_job_was_superseded_is_withdrawn(tmp_
 
 
 def test_a_guard_that_placed_the_job_elsewhere_answers_the_release_with_where(tmp_path: Path) -> None:
-    port = free_port()
-    job = job_of(tmp_path)
-    job.started = time.time() - 60
-    jobs = StoppingJobs([job])
+    port, job, jobs = running(tmp_path)
 
     async def main() -> None:
         async with node(tmp_path, 1, [1, 2, 3], port) as n1, node(tmp_path, 2, [1, 2, 3], port, jobs) as src:
-            src._set_buddy("job-1", 1)
-            save(job, 5)
-            src._prestage_round()
-            assert await until(lambda: state(n1) == "guarding", timeout=20)
+            await guarded_by_node_1(src, n1, job)
             # node 2 was silent: node 1 took the job over and, with no room, placed it on node 3
             with n1.agent.store.tx() as db:
                 db.execute("UPDATE migrate_replicas SET state='placed', job_id='node 3/job-4', updated=? WHERE key=?",
@@ -203,20 +209,15 @@ def test_a_guard_resumes_a_job_its_source_stopped_for_good_while_it_could_not_he
     (``needs``) and, told the job was stopped for good there, makes its guard a take-over. Before,
     it guarded on until node 2's next silence (bench/chaos.py --no-archive, seed 44: 76 s and an
     older replica), or for ever."""
-    port = free_port()
-    job = job_of(tmp_path)
-    job.started = time.time() - 60
+    port, job, jobs = running(tmp_path)
 
     def request(comp: ReclaimComponent) -> dict[str, Any]:
         row = comp.agent.store.db.execute("SELECT request FROM migrate_replicas WHERE key=?", (K,)).fetchone()
         return dict(json.loads(row["request"]))
 
     async def main() -> None:
-        async with node(tmp_path, 1, [1, 2, 3], port) as n1, node(tmp_path, 2, [1, 2, 3], port, Jobs([job])) as src:
-            src._set_buddy("job-1", 1)
-            save(job, 5)
-            src._prestage_round()
-            assert await until(lambda: state(n1) == "guarding", timeout=20)
+        async with node(tmp_path, 1, [1, 2, 3], port) as n1, node(tmp_path, 2, [1, 2, 3], port, jobs) as src:
+            await guarded_by_node_1(src, n1, job)
             events: list[dict[str, Any]] = []
             n1.agent.events.subscribe(events.append)
             n1._guard_recheck_round(time.time())  # first heard since its start: asked; the job runs
