@@ -42,6 +42,7 @@ from test_reclaim_restore import RestoreJobs
 
 from laminar.jobkit import Checkpointer
 from laminar.migrate.reclaim import ReclaimComponent
+from laminar.runtime.jobs import LOST_WITH_CGROUP
 
 
 class StoppingJobs(Jobs):
@@ -223,17 +224,28 @@ def test_a_guard_resumes_a_job_its_source_stopped_for_good_while_it_could_not_he
             n1._guard_recheck_round(time.time())  # first heard since its start: asked; the job runs
             assert await until(lambda: K not in n1._guard_checking and K in n1._guard_asked, timeout=10)
             assert not request(n1).get("take_over") and state(n1) == "guarding"
-            job.state = "lost"  # node 2's agent restarted and found it gone (a reboot)
+            heard = n1.zone.membership.state[2]
+
+            async def silent_then_heard() -> None:
+                heard.last_seen = time.time() - 20.0  # silent for 20 s (less than orphan_after_s) ...
+                n1._guard_recheck_round(time.time())
+                await asyncio.sleep(0.3)
+                assert not request(n1).get("take_over")
+                heard.last_seen = time.time()  # ... and heard again: asked
+                n1._guard_recheck_round(time.time())
+                assert K in n1._guard_checking  # (its question spawned; answered below)
+                assert await until(lambda: K not in n1._guard_checking, timeout=10)
+
+            # its processes ended while node 2's agent was down, its cgroup still there: it may
+            # have finished by itself, and is not resumed elsewhere
+            job.state, job.reason = "lost", "ended while the agent was down (exit code unknown)"
+            await silent_then_heard()
+            assert not request(n1).get("take_over")
+            job.reason = LOST_WITH_CGROUP  # node 2's agent found its cgroup gone: the node rebooted
             n1._guard_recheck_round(time.time())  # heard all along: not asked again
             await asyncio.sleep(0.5)
             assert not request(n1).get("take_over")
-            heard = n1.zone.membership.state[2]
-            heard.last_seen = time.time() - 20.0  # silent for 20 s (less than orphan_after_s) ...
-            n1._guard_recheck_round(time.time())
-            await asyncio.sleep(0.3)
-            assert not request(n1).get("take_over")
-            heard.last_seen = time.time()  # ... and heard again
-            n1._guard_recheck_round(time.time())
+            await silent_then_heard()
             assert await until(lambda: bool(request(n1).get("take_over")), timeout=10), request(n1)
             assert request(n1)["stopped_there"] == "lost" and state(n1) == "guarding"
             ev = [e for e in events if e.get("phase") == "stopped-there"]

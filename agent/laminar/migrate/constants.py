@@ -19,9 +19,9 @@ SOURCE_LIVE_STATES = ("queued", "starting", "running", "suspended")
 # own key, with its own buddy).
 GUARD_ENDED_STATES = ("exited", "stopped", "failed", "migrated")
 
-# A source's job in these states was stopped for good there without moving (its reclaim window
-# ended before it moved; it ended while the agent was down, a reboot): its guard resumes it.
-SOURCE_STOPPED_STATES = ("reclaimed", "lost")
+# The reason of a job its node's reclaim stopped at the window's end, before it moved (also when
+# the agent was down then): its guard resumes it (``needs`` answers ``stopped_for_good``).
+WINDOW_ENDED = "the notice window ended"
 
 # A checkpoint committed after its key's row last changed (released, say) may be followed by a
 # guard naming it (the guard is sent after the transfer): kept this long.

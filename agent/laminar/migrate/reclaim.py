@@ -156,6 +156,7 @@ from laminar.migrate.constants import (
     HOLD_MIN_S,
     MIGRATED_ENV,
     REPLICA_LATE_S,
+    WINDOW_ENDED,
 )
 from laminar.migrate.errors import HandoverSettled, MigrateError
 from laminar.migrate.evidence import EvidenceStore, NoticeOdds
@@ -1291,7 +1292,7 @@ class ReclaimComponent(BuddiesMixin, GuardMixin, ReplicasMixin, WithdrawMixin, S
 
     async def _stop_cut(self, job: Any) -> None:
         try:
-            await self.agent.jobs.stop(job.id, f"node {self.node_id} reclaimed: the notice window ended while the agent "
+            await self.agent.jobs.stop(job.id, f"node {self.node_id} reclaimed: {WINDOW_ENDED} while the agent "
                                        "was down, before the job moved (its traffic was cut then)", grace_s=0,
                                        state="reclaimed")
         except Exception as e:
@@ -1485,7 +1486,7 @@ class ReclaimComponent(BuddiesMixin, GuardMixin, ReplicasMixin, WithdrawMixin, S
             if cancel.is_set():
                 return  # withdrawn while the window's end stopped jobs: the rest run on
             try:
-                await jobs_mgr.stop(j.id, f"node {self.node_id} reclaimed: the notice window ended before the job moved",
+                await jobs_mgr.stop(j.id, f"node {self.node_id} reclaimed: {WINDOW_ENDED} before the job moved",
                                     grace_s=0, state="reclaimed")
             except Exception as e:
                 log.debug("migrate: stopping %s at the window's end: %s", j.id, e)

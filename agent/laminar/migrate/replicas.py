@@ -90,11 +90,12 @@ from laminar.migrate.constants import (
     _SAFE_KEY,
     GUARD_ENDED_STATES,
     REPLICA_LATE_S,
-    SOURCE_STOPPED_STATES,
+    WINDOW_ENDED,
 )
 from laminar.migrate.errors import MigrateError, ReplicaRefused
 from laminar.migrate.transfer import TransferError
 from laminar.migrate.trees import _newest_mtime, _remove_tree
+from laminar.runtime.jobs import LOST_WITH_CGROUP
 
 if TYPE_CHECKING:
     from laminar.migrate.archive import ArchiveLane
@@ -638,7 +639,7 @@ class ReplicasMixin:
         learned the window), or it rebooted faster than ``orphan_after_s`` and found the job
         gone (``lost``). Each guard held here for it (``guarding``, not a take-over) is checked
         at once (:meth:`_check_guard`), which takes the job over when the source says it was
-        stopped for good (SOURCE_STOPPED_STATES). Before, such a guard waited for the source's
+        stopped for good (``stopped_for_good`` in its answer). Before, such a guard waited for the source's
         next silence (bench/chaos.py --no-archive, seed 44: 76 s, from an older replica) or,
         the source staying up, for ever."""
         z = self.zone
@@ -673,7 +674,7 @@ class ReplicasMixin:
             self._spawn(self._check_guard(key, src, float(row["updated"])))
 
     def _stopped_there(self, key: str, src: int, seen: float, state: str) -> bool:
-        """``src`` says its job ``key`` was stopped for good there (``state``, SOURCE_STOPPED_STATES)
+        """``src`` says its job ``key`` was stopped for good there (``state``; ``stopped_for_good``)
         and still needs this guard: the guard becomes a take-over (as a holder's: its request's
         ``take_over``), which the next guard round resumes, if the row did not change since
         ``seen``. Returns whether it did."""
@@ -718,8 +719,8 @@ class ReplicasMixin:
                 return False
             self._guard_answered(key, src, asked)
             if ans["needed"]:
-                if ans.get("state") in SOURCE_STOPPED_STATES and key not in self._taking:
-                    self._stopped_there(key, src, seen, str(ans["state"]))
+                if ans.get("stopped_for_good") is True and key not in self._taking:
+                    self._stopped_there(key, src, seen, str(ans.get("state")))
                 return False
             if key in self._taking:
                 return False
@@ -914,8 +915,14 @@ class ReplicasMixin:
         needed, why = guard_needed(state, self.buddy.get(jid), asker,
                                    jid in self.evacuating or jid in self._prestaging)
         # ``reclaim``: whether this node has a reclaim now (a guard that may have missed its
-        # withdrawal learns from a false one that the window it holds no longer ends anything)
-        return {"key": key, "needed": needed, "why": why, "state": state,
+        # withdrawal learns from a false one that the window it holds no longer ends anything);
+        # ``stopped_for_good``: the job stopped here without moving and its guard is to resume it
+        # (its window ended first; it was lost with its cgroup, a reboot), not one that may have
+        # ended by itself while the agent was down, nor one Airlock reclaimed
+        reason = str(getattr(job, "reason", "") or "")
+        stopped = needed and ((state == "reclaimed" and WINDOW_ENDED in reason)
+                              or (state == "lost" and reason == LOST_WITH_CGROUP))
+        return {"key": key, "needed": needed, "why": why, "state": state, "stopped_for_good": stopped,
                 "reclaim": getattr(self, "reclaim", None) is not None}  # (getattr: a caller's stand-in may lack it)
 
     # -- replicas held here: the operator's view and drop (GET /v1/migrate/replicas) -------------

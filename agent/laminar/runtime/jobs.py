@@ -138,6 +138,11 @@ QUEUED = "queued"
 LIVE_STATES = (QUEUED, *ACTIVE_STATES)
 STATES = ("queued", "running", "suspended", "exited", "stopped", "reclaimed", "failed", "lost", "readdressed", "requeued", "migrated")
 
+# The reason of a job found ``lost`` at the agent's start whose cgroup was gone (the node rebooted,
+# or someone removed it), not merely empty (its processes ended while the agent was down: it may
+# have finished by itself). Only such a job is resumed by its guard elsewhere (migrate: ``needs``).
+LOST_WITH_CGROUP = "its cgroup was gone when the agent started (the node rebooted, or it was removed)"
+
 SCHEMA = [
     """CREATE TABLE IF NOT EXISTS jobs (
         id TEXT PRIMARY KEY,
@@ -1641,9 +1646,10 @@ class JobManager:
                 self._emit("job", f"job {job.id} re-adopted ({job.state}, pid {job.pid})", job=job.id,
                            pid=job.pid, cgroup_id=job.cgroup_id)
             else:
+                gone = not job.cgroup.exists()
                 job.state = "lost" if job.state != "starting" else "failed"
-                job.reason = "ended while the agent was down (exit code unknown)" if job.state == "lost" \
-                    else "agent stopped while the job was starting"
+                job.reason = ("agent stopped while the job was starting" if job.state != "lost" else
+                              LOST_WITH_CGROUP if gone else "ended while the agent was down (exit code unknown)")
                 job.ended = time.time()
                 try:
                     if job.cgroup.exists():
