@@ -918,10 +918,11 @@ class ReplicasMixin:
         # withdrawal learns from a false one that the window it holds no longer ends anything);
         # ``stopped_for_good``: the job stopped here without moving and its guard is to resume it
         # (its window ended first; it was lost with its cgroup, a reboot), not one that may have
-        # ended by itself while the agent was down, nor one Airlock reclaimed
+        # ended by itself while the agent was down, nor one Airlock reclaimed), said only to the
+        # node this one knows for its buddy (two guards, an old one owed a release, never both)
         reason = str(getattr(job, "reason", "") or "")
-        stopped = needed and ((state == "reclaimed" and WINDOW_ENDED in reason)
-                              or (state == "lost" and reason == LOST_WITH_CGROUP))
+        stopped = needed and self.buddy.get(str(jid)) == asker and (
+            (state == "reclaimed" and WINDOW_ENDED in reason) or (state == "lost" and reason == LOST_WITH_CGROUP))
         return {"key": key, "needed": needed, "why": why, "state": state, "stopped_for_good": stopped,
                 "reclaim": getattr(self, "reclaim", None) is not None}  # (getattr: a caller's stand-in may lack it)
 
