@@ -14,7 +14,9 @@ fenced copy was thawed beside a take-over; seed 44: a job resumed 76 s late):
 - a reclaim moves a fenced job only once its fence is settled (a move is refused meanwhile);
 - a guard whose source stopped the job for good while the guard could not hear it (the source
   rebooted: ``lost``; its window ended while the guard's agent was down: ``reclaimed``) resumes
-  it once it hears the source again, instead of waiting for the source's next silence.
+  it once it hears the source again, instead of waiting for the source's next silence;
+- (and one the same logs showed) a prestage whose checkpoint the job's own rotation removed
+  under it does not make the peer avoided.
 
 Real pieces (the rig of test_gc_guards): migrate components of node 1, node 2 (the source) and
 node 3, each on its own SQLite store with its endpoint on 127.0.0.<node>; the source's own
@@ -250,5 +252,33 @@ def test_a_guard_resumes_a_job_its_source_stopped_for_good_while_it_could_not_he
             assert request(n1)["stopped_there"] == "lost" and state(n1) == "guarding"
             ev = [e for e in events if e.get("phase") == "stopped-there"]
             assert len(ev) == 1 and "node 2 says the job was lost there" in ev[0]["message"], ev
+
+    run(main())
+
+
+def test_a_checkpoint_the_job_rotated_away_mid_prestage_is_no_fault_of_the_peer(tmp_path: Path) -> None:
+    """The job's own rotation (jobkit's ``keep``) removed the checkpoint a prestage was sending:
+    the peer is not avoided for it (before, it was, for PRESTAGE_FAIL_AVOID_S: seed 44's logs),
+    while a failure at the peer still is."""
+    port, job, jobs = running(tmp_path)
+
+    async def main() -> None:
+        async with node(tmp_path, 2, [1, 2, 3], port, jobs) as src:
+            src._set_buddy("job-1", 1)
+            failures = [FileNotFoundError(2, "No such file or directory", str(job.ckpt_dir / "ckpt-5" / "data")),
+                        ConnectionRefusedError(111, "Connect call failed")]
+
+            async def send(*a: Any, **kw: Any) -> str:
+                raise failures.pop(0)
+
+            src._send = send  # type: ignore[method-assign]
+            save(job, 5)
+            src._prestage_round()
+            assert await until(lambda: not src._prestaging, timeout=10)
+            assert len(failures) == 1 and 1 not in src._avoided_buddies("job-1")
+            save(job, 6)
+            src._prestage_round()
+            assert await until(lambda: not failures and not src._prestaging, timeout=10)
+            assert 1 in src._avoided_buddies("job-1") and src.buddy["job-1"] == 1
 
     run(main())

@@ -211,6 +211,9 @@ class BuddiesMixin:
                        ckpt=ckpt.name, phase="prestaged")
         except (TransferError, MigrateError, OSError, TimeoutError, jobkit.CheckpointError) as e:
             log.info("migrate: prestaging %s to node %s failed: %s", job.id, node, e)
+            if isinstance(e, FileNotFoundError) and job.ckpt_dir and \
+                    str(e.filename or "").startswith(str(job.ckpt_dir) + "/"):
+                return  # the job's own rotation removed the checkpoint under the send: no fault of the peer's
             if node is not None:  # the buddy stays the job's (it guards the older checkpoint); try another next
                 self._avoid(job.id, node, PRESTAGE_FAIL_AVOID_S)
                 if isinstance(e, PeerSilentError):  # and every job's next prestage (and move) avoids it too
