@@ -101,6 +101,10 @@ def test_idle_inference_nodes_take_training_on_loan_and_reclaim_returns_the_chea
     wait_until(lambda: node_jobs(c, often)["lent-often"]["state"] == "requeued", 30, "the lent job to be requeued")
     st = c.nodes[often - 1].json("pool")
     assert st["returned"] is True and st["loanable"] is False
+    # the return is a departure with notice in the returned server's hazard evidence (which
+    # times the checkpoints of the jobs lent to it later); the other server saw none
+    assert c.nodes[often - 1].json("status")["migrate"]["evidence"]["announced"] == 1
+    assert c.nodes[rare - 1].json("status")["migrate"]["evidence"]["announced"] == 0
     # the inference scheduler frees node 5: the requeued job lands there, on loan, resumed
     c.nodes[4].ctl("pool", "load", "0.0")
     moved = wait_until(lambda: node_jobs(c, 5).get("lent-often"), 60, "the requeued job to be placed again")

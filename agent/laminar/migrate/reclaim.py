@@ -833,6 +833,15 @@ class ReclaimComponent(BuddiesMixin, GuardMixin, ReplicasMixin, WithdrawMixin, S
         self.notice_odds.observe(announced)
         self.save_evidence()
 
+    def _evidence_status(self) -> dict[str, Any]:
+        """The evidence this agent gathered (its store's, not the configured prior): departures
+        with and without notice, exposure, and the ``default`` hazard's rate now."""
+        seen = self.seen.get("default") or HazardModel("default")
+        return {"announced": self.notice_odds.announced, "unannounced": self.notice_odds.unannounced,
+                "departures": seen.total_events, "exposure_node_h": round(seen.total_exposure_h, 3),
+                "rate_per_h_now": round(self.hazards["default"].rate_per_h(time.time()), 6),
+                "unannounced_frac": round(self.notice_odds.unannounced_frac, 4)}
+
     def save_evidence(self) -> None:
         if self.evidence is None:
             return
@@ -2450,6 +2459,8 @@ class ReclaimComponent(BuddiesMixin, GuardMixin, ReplicasMixin, WithdrawMixin, S
                 # silent peers another member heard lately (vouch.py): not taken for gone
                 "heard_elsewhere": sorted(self._vouch_told),
                 "periodic_ckpt": None if self.ckpt is None else dict(self.ckpt.counts),
+                # what the hazard learned here (departures announced or not, node-hours watched)
+                "evidence": self._evidence_status(),
                 "archive": self._archive_status(),
                 # transfer connections refused: not from the roster address of the node they named
                 "transfer_wrong_source": 0 if self.receiver is None else self.receiver.wrong_source}

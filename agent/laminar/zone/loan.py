@@ -498,6 +498,12 @@ class LoanManager:
         self.counts["returns"] += 1
         self.returned = True
         self._save("returned", True)
+        # A lent server taken back is a departure with notice of this node: the hazard the
+        # checkpoint driver times lent jobs' checkpoints by learns the hours its pool takes
+        # servers back (docs/loaning.md).
+        mig = getattr(self.zone.agent, "migrate", None) if self.zone.agent is not None else None
+        if mig is not None and hasattr(mig, "observe_departure"):
+            mig.observe_departure(time.time(), announced=True)
         self.revoke_grants("the node was returned to its pool")
         asked = req.get("actions", {}) if isinstance(req.get("actions"), dict) else {}
         done: dict[str, str] = {}
