@@ -56,6 +56,8 @@ def test_trace_with_no_timed_job_is_an_error_not_a_division_by_zero(tmp_path: Pa
         (["--max-jobs", "-1"], "--max-jobs -1"),
         (["--inference-nodes", "-3"], "--inference-nodes -3"),
         (["--elastic-fraction", "nan"], "--elastic-fraction nan"),
+        (["--ckpt-gb-per-gpu", "-2"], "--ckpt-gb-per-gpu -2"),
+        (["--ckpt-pause-s", "nan"], "--ckpt-pause-s nan"),
     ],
 )
 def test_bad_options_are_named(tmp_path: Path, args: list[str], needle: str) -> None:

@@ -134,6 +134,10 @@ def add_parser(subparsers: Any, parents: list[argparse.ArgumentParser] | None = 
     p.add_argument("--inference-nodes", type=int, default=None, help="inference servers (default: as training)")
     p.add_argument("--elastic-fraction", type=float, default=0.5)
     p.add_argument("--max-jobs", type=int, default=None)
+    p.add_argument("--ckpt-gb-per-gpu", type=float, default=SimConfig.ckpt_gb_per_gpu,
+                   help="checkpoint size per GPU a worker holds, GB (an assumption; 0 with --ckpt-pause-s 0: free checkpoints)")
+    p.add_argument("--ckpt-pause-s", type=float, default=SimConfig.ckpt_pause_s,
+                   help="fixed cost of one checkpoint, seconds (the agent's migrate.ckpt_pause_s)")
     p.add_argument("--progress", action="store_true", help="progress lines on stderr")
     if not parents:
         p.add_argument("-o", "--output", choices=("table", "json"), default="table")
@@ -147,13 +151,14 @@ def run(args: argparse.Namespace) -> int:
         jobs, nodes = build_scenario(
             args.trace, args.nodes, args.load, args.inference_nodes, args.elastic_fraction, args.seed, args.max_jobs
         )
-    except TraceError as e:
+        for opt, v in (("--ckpt-gb-per-gpu", args.ckpt_gb_per_gpu), ("--ckpt-pause-s", args.ckpt_pause_s)):
+            if not (math.isfinite(v) and v >= 0):
+                raise ValueError(f"{opt} {v:g} must be a finite number >= 0 (0 for both: checkpoints cost nothing)")
+        cfg = replace(SimConfig(), seed=args.seed, progress=args.progress, ckpt_gb_per_gpu=args.ckpt_gb_per_gpu,
+                      ckpt_pause_s=args.ckpt_pause_s)
+    except (TraceError, ValueError) as e:
         print(f"laminarctl sim: {e}", file=sys.stderr)
         return 2
-    except ValueError as e:
-        print(f"laminarctl sim: {e}", file=sys.stderr)
-        return 2
-    cfg = replace(SimConfig(), seed=args.seed, progress=args.progress)
     res = simulate(jobs, nodes, args.policy, cfg)
     emit(res, getattr(args, "output", "table"))
     if res.completed < res.jobs:

@@ -30,8 +30,22 @@ Model:
   :func:`laminar.zone.elastic.allocate_elastic`;
   the extra workers are placed by the same placement policy. Extra workers are opportunistic:
   a queued job that does not fit sheds extra workers on a node where that makes it fit.
-- **Checkpoints** every ``checkpoint_interval_s`` of a job's run (the migration issue's
-  policy may set this per job; the sim takes one interval).
+- **Checkpoints** (the migration layer's policy, as the agent's checkpoint driver runs it): a
+  running job checkpoints every :func:`laminar.migrate.ckpt_schedule.hazard_interval` (Daly
+  under the time-varying hazard of the nodes it runs on), each checkpoint pausing it for its
+  cost (``ckpt_pause_s`` plus its shard at ``write_gbps``). The hazard is one
+  :class:`laminar.migrate.hazard.HazardModel` per pool, with the agent's default prior,
+  learned from the exposure of the pool's nodes and the servers returned from it (each return
+  an announced departure, :class:`laminar.migrate.evidence.NoticeOdds`). A returned job gets
+  ``ckpt_wait_s`` for its final checkpoint (the agent's ``loan.ckpt_wait_s``): written in time,
+  it resumes from it; too large to be, it rolls back to its newest periodic one (work lost).
+  Slurm's ``requeue`` takes no checkpoints (its jobs start over). A job whose checkpoints cost
+  nothing (``ckpt_pause_s`` and ``ckpt_gb_per_gpu`` 0) takes no periodic ones: a return
+  checkpoints it at once for free (the model before 2026-12-01).
+- **Destination choice** (``laminar``): a returned job that migrates probes as a placement
+  does, and among the offers of a probe round binds the first that
+  :func:`laminar.migrate.destination.rank` puts first (survival over the job's remaining time
+  from its pool's hazard, the zone as topology), as the agent's ``move_now`` does.
 
 Metrics (:class:`SimResult`): per job queuing time (first start - arrival) and JCT (finish -
 arrival), averaged over every job and over the GPU jobs only (``*_gpu_s``: jobs asking for a
@@ -54,10 +68,15 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from laminar.sim.cluster import BestFitPlacer, ProbePlacer, SimNode, fits_fast
+from laminar.migrate import ckpt_schedule as CS
+from laminar.migrate import destination as D
+from laminar.migrate.evidence import NoticeOdds
+from laminar.migrate.hazard import DEFAULT_PRIOR_RATE_PER_H, DEFAULT_PRIOR_STRENGTH_H, HazardModel, HazardSum
+from laminar.sim.cluster import BestFitPlacer, ProbePlacer, SimNode, fit_ordered_answers, fits_fast
 from laminar.sim.trace import JobSpec, NodeSpec
 from laminar.zone import elastic as E
 from laminar.zone import loaning as L
+from laminar.zone import placement as P
 
 
 @dataclass(frozen=True)
@@ -93,10 +112,31 @@ class SimConfig:
     infer_noise: float = 0.05
     elastic_tick_s: float = 300.0
     elastic_overhead: float = E.DEFAULT_OVERHEAD
-    checkpoint_interval_s: float = 1800.0
     restart_s: float = 60.0
+    # The checkpoint contract (docs/simulator.md, *Checkpoints*). The sizes are an assumption
+    # (no trace in ../shared/data says them): 2 GB per GPU a worker holds (a share: its part).
+    ckpt_gb_per_gpu: float = 2.0
+    ckpt_pause_s: float = 2.0  # the agent's migrate.ckpt_pause_s (quiesce, serialise)
+    write_gbps: float = 1.0  # the agent's migrate.write_mbit (8000)
+    link_gbps: float = 1.25  # a node's uplink (10 Gbit/s): what a migrated job's checkpoint crosses
+    ckpt_wait_s: float = 10.0  # the agent's loan.ckpt_wait_s: a returned job's time for its final checkpoint
+    epoch_ts: float = 0.0  # Unix time of t = 0 (the hazard bins by hour of the week)
+    hazard_prior_per_h: float = DEFAULT_PRIOR_RATE_PER_H  # the agent's [migrate.hazard] defaults
+    hazard_prior_strength_h: float = DEFAULT_PRIOR_STRENGTH_H
     progress: bool = False
     progress_every_s: float = 5.0
+
+    def __post_init__(self) -> None:
+        for name in ("ckpt_gb_per_gpu", "ckpt_pause_s", "ckpt_wait_s", "restart_s", "hazard_prior_per_h"):
+            v = getattr(self, name)
+            if not (isinstance(v, (int, float)) and math.isfinite(v) and v >= 0):
+                raise ValueError(f"sim: {name} {v!r} must be a finite number >= 0")
+        for name in ("write_gbps", "link_gbps", "hazard_prior_strength_h"):
+            v = getattr(self, name)
+            if not (isinstance(v, (int, float)) and math.isfinite(v) and v > 0):
+                raise ValueError(f"sim: {name} {v!r} must be a finite number > 0")
+        if not (isinstance(self.epoch_ts, (int, float)) and math.isfinite(self.epoch_ts)):
+            raise ValueError(f"sim: epoch_ts {self.epoch_ts!r} must be a finite number of Unix seconds")
 
 
 @dataclass
@@ -111,6 +151,9 @@ class _Job:
     finish: float | None = None
     version: int = 0
     requeues: int = 0
+    ckpt_done: float = 0.0  # progress at its newest checkpoint (what a rollback returns to)
+    ckpt_at: float = 0.0  # when that checkpoint was taken (or the job last started from one)
+    ckpt_version: int = 0  # stale periodic-checkpoint events are skipped by this
 
 
 @dataclass
@@ -136,6 +179,10 @@ class SimResult:
     requeues: int = 0
     lost_gpu_s: float = 0.0
     elastic_grants: int = 0
+    checkpoints: int = 0  # periodic checkpoints taken
+    ckpt_pause_gpu_s: float = 0.0  # GPU-seconds the jobs spent paused for them
+    rollbacks: int = 0  # returned jobs whose final checkpoint did not make ckpt_wait_s
+    migrations_to_loaned: int = 0  # migrations whose destination (a worker's) was a loaned server
     gpu_jobs: int = 0
     avg_queue_gpu_s: float = 0.0
     avg_jct_gpu_s: float = 0.0
@@ -157,7 +204,7 @@ def _pct(xs: Sequence[float], q: float) -> float:
     return s[min(len(s) - 1, int(math.ceil(q * len(s))) - 1)]
 
 
-ARRIVE, FINISH, INFER, ELASTIC = 0, 1, 2, 3
+ARRIVE, FINISH, INFER, ELASTIC, CKPT = 0, 1, 2, 3, 4
 
 
 class Simulator:
@@ -229,6 +276,13 @@ class Simulator:
         self.last_progress = 0.0
         for n in self.member_nodes:
             self._track(n, +1)
+        # The migration layer's evidence, one hazard per pool (the agent's default prior): the
+        # exposure of the nodes that may be taken back and the servers returned, each an
+        # announced departure.
+        self.hazards = {pool: HazardModel(pool, self.cfg.hazard_prior_per_h, self.cfg.hazard_prior_strength_h)
+                        for pool in sorted({n.pool for n in self.nodes})}
+        self.notice_odds = NoticeOdds()
+        self.exposed_to = 0.0
         self.res = SimResult(self.policy.name, len(jobs), 0, 0, 0, 0, 0, 0, 0, 0, 0, 0)
 
     # ------------------------------------------------------------------ events and time
@@ -298,6 +352,10 @@ class Simulator:
                     elastic_due = True
                     if finished < len(self.jobs):
                         self._push(t + self.cfg.elastic_tick_s, ELASTIC)
+                elif kind == CKPT:
+                    j = self.jobs[jid]
+                    if ver == j.ckpt_version and j.finish is None and j.workers:
+                        self._checkpoint(j)
             self._schedule()
             if elastic_due:
                 self._rebalance_elastic()
@@ -316,7 +374,7 @@ class Simulator:
             if (
                 not self.running
                 and self.now - self.last_progress > 2 * self.cfg.infer_period_s
-                and all(e[2] in (INFER, ELASTIC) for e in self.events)
+                and all(e[2] in (INFER, ELASTIC, CKPT) for e in self.events)
             ):
                 break  # only ticks left and nothing has run for two periods: the rest never fit
         self.res.wall_s = time.monotonic() - wall0
@@ -380,9 +438,15 @@ class Simulator:
             self._usable_cache = [n for n in self.member_nodes if not n.serving]
         return self._usable_cache
 
-    def _place_worker(self, j: _Job, usable: list[SimNode], extra: bool) -> bool:
+    def _place_worker(self, j: _Job, usable: list[SimNode], extra: bool, src: SimNode | None = None) -> bool:
+        """One worker of ``j`` placed on ``usable``; ``src``: the server a move leaves, whose
+        job then binds the offer destination choice ranks first (probe placement only)."""
         s = j.spec
-        got = self.placer.place(usable, s.worker_gpus, s.worker_cpus, s.worker_memory_mb, self.now)
+        if src is not None and isinstance(self.placer, ProbePlacer):
+            got = self.placer.move(s.worker_gpus, s.worker_cpus, s.worker_memory_mb, self.now,
+                                   lambda offers: self._destination(j, src, offers))
+        else:
+            got = self.placer.place(usable, s.worker_gpus, s.worker_cpus, s.worker_memory_mb, self.now)
         if got is None:
             return False
         node, alloc = got
@@ -432,11 +496,12 @@ class Simulator:
         for wid in list(j.workers):
             self._remove_worker(j, wid)
 
-    def _start(self, j: _Job, usable: list[SimNode]) -> bool:
-        """Place the job's gang of ``workers``; all or nothing."""
+    def _start(self, j: _Job, usable: list[SimNode], src: SimNode | None = None) -> bool:
+        """Place the job's gang of ``workers``; all or nothing. ``src``: a move's source
+        (:meth:`_place_worker`)."""
         s = j.spec
         for _ in range(s.workers):
-            if not self._place_worker(j, usable, extra=False):
+            if not self._place_worker(j, usable, extra=False, src=src):
                 self._release_all(j)
                 return False
         self._began(j)
@@ -447,9 +512,86 @@ class Simulator:
             j.started = self.now
         j.run_start = self.now
         j.last = self.now
+        # it starts from its newest checkpoint (or from nothing): that one is its rollback point
+        j.ckpt_done, j.ckpt_at = j.done, self.now
         self.running.add(j.spec.job_id)
         self.last_progress = self.now
         self._reschedule_finish(j)
+        self._plan_checkpoint(j)
+
+    # ------------------------------------------------------------------ checkpoints and moves
+
+    def _ckpt_cost(self, j: _Job) -> float:
+        """Seconds one checkpoint of ``j`` pauses it: the fixed part and its largest shard's
+        write (its workers write theirs side by side)."""
+        c = self.cfg
+        return c.ckpt_pause_s + j.spec.worker_gpus * c.ckpt_gb_per_gpu / c.write_gbps
+
+    def _job_hazard(self, j: _Job) -> HazardSum:
+        """The departure hazard of ``j``: any node it runs on taken back stops it."""
+        return HazardSum([self.hazards[self.nodes[i].pool] for i in sorted({self.worker_node[w] for w in j.workers})])
+
+    def _plan_checkpoint(self, j: _Job, after_s: float = 0.0) -> None:
+        """The next periodic checkpoint of ``j``, one interval after ``after_s`` from now: the
+        agent's driver's interval (:func:`laminar.migrate.ckpt_schedule.hazard_interval`). A job
+        whose final checkpoint makes ``ckpt_wait_s`` is rolled back only by departures without
+        notice (the share the evidence gives), one whose final one does not by every one."""
+        j.ckpt_version += 1
+        cost = self._ckpt_cost(j)
+        if self.policy.kill_loses_work or cost <= 0 or not j.workers:
+            return
+        frac = self.notice_odds.unannounced_frac if cost <= self.cfg.ckpt_wait_s else 1.0
+        tau, _ = CS.hazard_interval(cost, self._job_hazard(j), self.cfg.epoch_ts + self.now + after_s, rollback_frac=frac)
+        self._push(self.now + after_s + tau, CKPT, j.spec.job_id, j.ckpt_version)
+
+    def _checkpoint(self, j: _Job) -> None:
+        """A periodic checkpoint: the job's progress now is its rollback point; it pauses for
+        the checkpoint's cost."""
+        self._sync(j)
+        cost = self._ckpt_cost(j)
+        # the pause is work added (its progress units are no training): restored, the job has
+        # them behind it
+        j.work += cost * self._rate(j)
+        j.ckpt_done, j.ckpt_at = j.done + cost * self._rate(j), self.now
+        self.res.checkpoints += 1
+        self.res.ckpt_pause_gpu_s += cost * len(j.workers) * j.spec.worker_gpus
+        self._reschedule_finish(j)
+        self._plan_checkpoint(j, after_s=cost)
+
+    def _final_checkpoint(self, j: _Job) -> float:
+        """A returned job's final checkpoint (``j`` synced): the seconds it costs the job. One
+        that takes longer than ``ckpt_wait_s`` is not waited for: the job rolls back to its
+        newest periodic checkpoint (work lost) and has cost the whole wait."""
+        cost = self._ckpt_cost(j)
+        if cost <= self.cfg.ckpt_wait_s:
+            return cost
+        self.res.rollbacks += 1
+        lost = max(0.0, j.done - j.ckpt_done)  # (none while its newest checkpoint's pause runs)
+        self.res.lost_gpu_s += lost / E.speedup(j.spec.workers, self.cfg.elastic_overhead) * j.spec.gpus
+        j.done -= lost
+        return self.cfg.ckpt_wait_s
+
+    def _destination(self, j: _Job, src: SimNode, offers: list[P.Offer]) -> P.Offer | None:
+        """The offer :func:`laminar.migrate.destination.rank` puts first for a worker of ``j``
+        leaving ``src``: survival over the job's remaining time from each node's pool hazard,
+        the zone as topology (the sim has no racks), the checkpoint shard over the uplink."""
+        s = j.spec
+        need = D.Resources(math.ceil(s.worker_gpus), s.worker_memory_mb << 20, s.worker_cpus)
+        link = self.cfg.link_gbps * 1e9
+        rate = E.speedup(s.workers, self.cfg.elastic_overhead)
+        req = D.MoveRequest(s.job_id, need, s.worker_gpus * self.cfg.ckpt_gb_per_gpu * 1e9,
+                            max(0.0, j.work - j.done) / rate, None, str(src.idx), str(src.zone), str(src.zone))
+        cands = [D.Candidate(str(o.node), str(o.zone), str(o.zone), need, link, provider=self.nodes[o.node].pool)
+                 for o in offers]  # an offer fits by the node's own arbitration
+        ranked = [r for r in D.rank(req, cands, self.hazards, self.cfg.epoch_ts + self.now, restart_s=self.cfg.restart_s)
+                  if r.feasible]
+        if not ranked:
+            return None
+        # Equal scores (same pool and zone) keep late binding's order, tightest fit first
+        # (rank's own tie-break, the node's name, would undo the packing).
+        tied = {r.candidate.node for r in ranked if r.expected_loss_s <= ranked[0].expected_loss_s + 1e-9}
+        return next(a for a in fit_ordered_answers(offers, self.nodes, s.worker_gpus)
+                    if isinstance(a, P.Offer) and str(a.node) in tied)
 
     def _schedule(self) -> None:
         if not self.queue:
@@ -574,7 +716,21 @@ class Simulator:
         u += self.noise_rng.uniform(-c.infer_noise, c.infer_noise)
         return max(0, min(len(self.inference), math.ceil(max(0.0, u) * len(self.inference))))
 
+    def _observe_exposure(self, t: float) -> None:
+        """Hazard evidence up to ``t``: node-hours of the nodes that could have been taken back
+        since the last call (the training pool's nodes; the loaned servers)."""
+        t0, self.exposed_to = self.exposed_to, t
+        if t <= t0:
+            return
+        counts: dict[str, int] = {}
+        for n in self.nodes:
+            if n.pool != "inference" or (self.policy.loaning is not None and not n.serving):
+                counts[n.pool] = counts.get(n.pool, 0) + 1
+        for pool, k in counts.items():
+            self.hazards[pool].observe_exposure(self.cfg.epoch_ts + t0, self.cfg.epoch_ts + t, k)
+
     def _set_inference(self, t: float, initial: bool = False) -> None:
+        self._observe_exposure(t)
         need = self._needed(t)
         serving = [n for n in self.inference if n.serving]
         if initial:
@@ -615,7 +771,7 @@ class Simulator:
                 if jid not in rows:
                     j = self.jobs[jid]
                     self._sync(j)
-                    since_ckpt = (self.now - j.run_start) % self.cfg.checkpoint_interval_s
+                    since_ckpt = self.now - j.ckpt_at
                     rows[jid] = {"id": jid, "workers": len(j.workers), "min": j.spec.workers,
                                  "gpw": j.spec.worker_gpus,
                                  "weight": L.job_weight(j.spec.gpus, since_ckpt, self.cfg.restart_s)}
@@ -626,6 +782,9 @@ class Simulator:
         plan = L.plan_from_reports(reports, k, free_gpus_elsewhere=free_elsewhere, exact_limit=0)
         returned = {int(s) for s in plan.servers}
         self.res.servers_returned += len(returned)
+        if returned:
+            self.hazards["inference"].observe_reclaim(self.cfg.epoch_ts + self.now, len(returned))
+            self.notice_odds.observe(True, len(returned))
         for i in returned:
             self._set_serving(self.nodes[i], True)
         for act in plan.actions:
@@ -637,13 +796,22 @@ class Simulator:
                 self.res.scale_ins += act.workers_removed
                 self._reschedule_finish(j)
             else:
+                src_idx = next((self.worker_node[w] for w in j.workers if self.worker_node[w] in returned), None)
+                src = None if src_idx is None else self.nodes[src_idx]
+                paused = self._final_checkpoint(j)
                 self._release_all(j)
                 j.version += 1
-                j.work += self.cfg.restart_s * E.speedup(j.spec.workers, self.cfg.elastic_overhead)
+                rate = E.speedup(j.spec.workers, self.cfg.elastic_overhead)
+                j.work += (paused + self.cfg.restart_s) * rate
                 j.requeues += 1
                 self.running.discard(j.spec.job_id)
-                if act.action == "migrate" and self._start(j, self._usable()):
+                if act.action == "migrate" and self._start(j, self._usable(), src=src):
+                    # the checkpoint crosses the uplink before the job starts there
+                    j.work += j.spec.worker_gpus * self.cfg.ckpt_gb_per_gpu / self.cfg.link_gbps * rate
+                    self._reschedule_finish(j)
                     self.res.migrations += 1
+                    self.res.migrations_to_loaned += any(self.nodes[self.worker_node[w]].pool == "inference"
+                                                         for w in j.workers)
                 else:
                     self.res.requeues += 1
                     self.queue.appendleft(j.spec.job_id)
