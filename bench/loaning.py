@@ -222,7 +222,12 @@ def main() -> int:
         })
     res.update(openb_laminar_scale_ins=lam.scale_ins, openb_laminar_migrations=lam.migrations,
                openb_laminar_requeues=lam.requeues, openb_laminar_servers_returned=lam.servers_returned,
-               openb_laminar_elastic_grants=lam.elastic_grants)
+               openb_laminar_elastic_grants=lam.elastic_grants,
+               openb_laminar_migrations_to_loaned=lam.migrations_to_loaned,
+               openb_laminar_rollbacks=lam.rollbacks, openb_laminar_lost_gpu_h=round(lam.lost_gpu_s / 3600, 2))
+    for name, r in ob.items():  # the checkpoint contract (docs/simulator.md, Checkpoints)
+        res.update({f"openb_{name}_checkpoints": r.checkpoints,
+                    f"openb_{name}_ckpt_pause_gpu_h": round(r.ckpt_pause_gpu_s / 3600, 2)})
     if "requeue" in ob:
         res.update(openb_requeue_lost_gpu_h=round(ob["requeue"].lost_gpu_s / 3600, 1))
     if args.seeds > 1:  # the headline pair again on more seeds: medians and per-seed values
