@@ -27,7 +27,10 @@ def heap_kib():
     return rss
 
 # 512 blocks of 64 KiB (below glibc's mmap threshold: in the main heap), each followed by a small
-# allocation that stays: freeing the blocks leaves 32 MiB of holes that free() cannot give back
+# allocation that stays: freeing the blocks leaves up to 32 MiB of holes that free() cannot give
+# back (free() itself trims the run of them that ends at the heap's top: where the small ones
+# land, in holes import left or after each block, depends on the hash seed's allocation order)
+start = heap_kib()
 blocks, keep = [], []
 for i in range(512):
     blocks.append(b'x' * 65536)
@@ -35,7 +38,8 @@ for i in range(512):
 del blocks
 before = heap_kib()
 released = release_freed_memory()
-print(json.dumps({'before': before, 'after': heap_kib(), 'released': released, 'kept': len(keep)}))
+print(json.dumps({'start': start, 'before': before, 'after': heap_kib(), 'released': released,
+                  'kept': len(keep)}))
 """
 
 
@@ -46,7 +50,11 @@ def test_freed_heap_behind_live_objects_leaves_the_resident_set() -> None:
     out = json.loads(r.stdout)
     if out["released"] is None:
         pytest.skip("the C library has no malloc_trim (not glibc): the agent keeps freed memory there")
-    # the holes (32 MiB) were resident before and are gone after; what the function answers is
-    # the process's resident drop, which includes them
-    assert out["before"] - out["after"] >= 16 * 1024, out
-    assert out["released"] >= 16 * 1024, out
+    # The holes free() kept (20 to 32 MiB in 20 runs) were resident before; after, the heap is
+    # back to its size at the start plus what stays (512 KiB kept, some slack). What the function
+    # answers is the process's resident drop, which includes them. (Asserting 16 MiB of holes
+    # failed about one run in four: free() had trimmed more than half of them itself.)
+    holes = out["before"] - out["start"]
+    assert holes >= 8 * 1024, out  # the test's premise: free() left holes behind live objects
+    assert out["after"] - out["start"] <= 2 * 1024, out
+    assert out["released"] >= holes - 2 * 1024, out
