@@ -191,7 +191,8 @@ def row(n: int, **kw: object) -> dict[str, object]:
     return {"id": n, "zone": 1, "addr": f"10.0.0.{n}", **kw}
 
 
-@pytest.mark.parametrize("value", ["ab" * 31, "zz" * 32, "ab" * 33, 12, PUB[1].hex() + " ", ""])
+@pytest.mark.parametrize("value", ["ab" * 31, "zz" * 32, "ab" * 33, 12, PUB[1].hex() + " ", ""],
+                         ids=["short", "not-hex", "long", "int", "trailing-space", "empty"])
 def test_a_malformed_roster_pubkey_is_refused_naming_the_node_and_value(value: object) -> None:
     with pytest.raises(MembershipError) as e:
         members_from_config([row(1), row(2, pubkey=value)], 7440, 7441)
