@@ -139,7 +139,11 @@ def archived_and_claimed(make_cluster: Any, arch: Path, step_sleep: float, go: P
     found = wait_until(lambda: find_migrated(c, key), 60, "B to claim the archived job", every=0.3)
     assert found[0] is b
     wait_until(lambda: archived(arch, key)["files"] == [f"running-{b.node_id}.json"], 30, "the claim to run")
-    rec = json.loads((arch / key / f"running-{b.node_id}.json").read_text())
+    # the claim is renamed to its running record first, then where the job runs is written into
+    # it (a second rename, ArchiveMixin._claim_done): a read between the two finds no "resumed"
+    run_rec = arch / key / f"running-{b.node_id}.json"
+    rec = wait_until(lambda: (r := json.loads(run_rec.read_text())).get("resumed") and r, 30,
+                     "the running record to say where the job runs")
     assert rec["resumed"]["node"] == b.node_id and rec["resumed"]["job"] == found[1]["id"], rec  # where it runs
     return c, key, b, found[1], held
 
