@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import math
 import random
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from laminar.sim.trace import NodeSpec
@@ -173,20 +173,6 @@ class ProbePlacer:
         return self._summary[z]
 
     def place(self, usable: Sequence[SimNode], gpus: float, cpus: float, mem: int, now: float) -> tuple[SimNode, P.GpuAlloc] | None:
-        """One worker's placement: the node and its GPU allocation, or None (queue)."""
-        return self._probe(gpus, cpus, mem, now, None)
-
-    def move(
-        self, gpus: float, cpus: float, mem: int, now: float, choose: Callable[[list[P.Offer]], P.Offer | None]
-    ) -> tuple[SimNode, P.GpuAlloc] | None:
-        """A moving worker's placement: as :meth:`place`, but ``choose`` (the move's destination
-        choice) picks among a probe round's offers instead of late binding's first; None from it
-        counts as no good offer."""
-        return self._probe(gpus, cpus, mem, now, choose)
-
-    def _probe(
-        self, gpus: float, cpus: float, mem: int, now: float, choose: Callable[[list[P.Offer]], P.Offer | None] | None
-    ) -> tuple[SimNode, P.GpuAlloc] | None:
         demand = demand_of(gpus, cpus, mem)
         every = {z: P.zone_fit(self.summary(z), demand) for z in self.zones}
         own = {z: f for z, f in every.items() if self.nodes[self.zones[z][0]].pool == "training"}
@@ -216,10 +202,7 @@ class ProbePlacer:
                 for t in targets
             ]
             self.probes += len(targets)
-            if choose is None:
-                offer = P.pick_offer(fit_ordered_answers(answers, self.nodes, gpus), now)
-            else:
-                offer = choose([a for a in answers if isinstance(a, P.Offer) and a.expires_at > now])
+            offer = P.pick_offer(fit_ordered_answers(answers, self.nodes, gpus), now)
             if offer is not None:
                 self.messages += P.max_messages_per_attempt(len(targets))
                 return self.nodes[offer.node], offer.gpu_alloc
