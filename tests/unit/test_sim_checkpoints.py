@@ -14,9 +14,9 @@ import math
 import pytest
 
 from laminar.migrate.ckpt_schedule import daly_interval
+from laminar.sim.cluster import fits_fast
 from laminar.sim.engine import SimConfig, Simulator, simulate
 from laminar.sim.trace import JobSpec, NodeSpec
-from laminar.zone import placement as P
 
 # One checkpoint costs 3 s: a 2 s pause and 1 GB (1 GPU at 1 GB per GPU) at 1 GB/s.
 COST = {"ckpt_pause_s": 2.0, "ckpt_gb_per_gpu": 1.0, "write_gbps": 1.0}
@@ -88,30 +88,26 @@ def test_the_return_takes_the_server_whose_job_checkpointed_last() -> None:
 
 
 def test_destination_choice_weighs_the_pools_hazard_against_the_zone() -> None:
-    """A worker leaving loaned server infer-0 with two offers: infer-1 in its own zone, t0 in
-    the training pool's. With the pools' hazards equal, the same zone wins (another zone costs
-    30 s); once the inference pool is seen to take servers back often, t0 wins (a later return
-    would cost a move and half an hour of exposure)."""
-    nodes = [one_gpu("t0", "training"), one_gpu("infer-0", "inference"), one_gpu("infer-1", "inference")]
+    """A worker leaving loaned server infer-0 fits on infer-1, in its own zone, and on t0, in the
+    training pool's. With the pools' hazards equal, the same zone wins (another zone costs 30 s);
+    once the inference pool is seen to take servers back often, t0 wins (a later return would
+    cost a move and half an hour of exposure). Among equals, the tightest fit."""
+    nodes = [NodeSpec("t0", 2, 8, 16384, "T4", "training"), one_gpu("infer-0", "inference"),
+             one_gpu("infer-1", "inference"), one_gpu("t1", "training")]
     sim = Simulator([JobSpec("a", 0, 7200, 1, 1.0, 1, 1024, 1)], nodes, "laminar", SimConfig(**COST))
     job = sim.jobs["a"]
-    src, infer1, t0 = sim.nodes[1], sim.nodes[2], sim.nodes[0]
-    assert src.zone == infer1.zone != t0.zone
-
-    def offer(n: object) -> P.Offer:
-        got = P.arbitrate(n.capacity(), [], P.Demand(gpus=1.0, cpus=1.0, memory_mb=1024), 0.0,  # type: ignore[attr-defined]
-                          placement_id=1, lease_s=2.0)
-        assert isinstance(got, P.Offer)
-        return got
-
-    offers = [offer(t0), offer(infer1)]
-    assert sim._destination(job, src, offers).node == infer1.idx
-    for h in range(168):  # a day of servers returned every few hours, the week round
+    t0, src, infer1, t1 = sim.nodes
+    assert src.zone == infer1.zone != t0.zone == t1.zone
+    fits = [(n, fits_fast(n, 1.0, 1.0, 1024)) for n in (t0, infer1, t1)]
+    assert sim._destination(job, src, fits)[0] is infer1
+    for h in range(168):  # the inference pool takes a server back every other hour, the week round
         ts = h * 3600.0 + 1800.0
         sim.hazards["inference"].observe_exposure(ts - 1800, ts + 1800, 1)
         sim.hazards["inference"].observe_reclaim(ts, 0.5)
     assert sim.hazards["inference"].survival(0.0, 7200) < 0.5 < sim.hazards["training"].survival(0.0, 7200)
-    assert sim._destination(job, src, offers).node == t0.idx
+    # t0 and t1 tie (same pool and zone): t1 is the tighter fit (1 GPU left: none after)
+    assert sim._destination(job, src, fits)[0] is t1
+    assert sim._destination(job, src, []) is None
 
 
 @pytest.mark.parametrize("bad", [{"ckpt_wait_s": -1.0}, {"write_gbps": 0.0}, {"link_gbps": math.inf},

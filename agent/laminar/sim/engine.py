@@ -42,10 +42,10 @@ Model:
   Slurm's ``requeue`` takes no checkpoints (its jobs start over). A job whose checkpoints cost
   nothing (``ckpt_pause_s`` and ``ckpt_gb_per_gpu`` 0) takes no periodic ones: a return
   checkpoints it at once for free (the model before 2026-12-01).
-- **Destination choice** (``laminar``): a returned job that migrates probes as a placement
-  does, and among the offers of a probe round binds the first that
-  :func:`laminar.migrate.destination.rank` puts first (survival over the job's remaining time
-  from its pool's hazard, the zone as topology), as the agent's ``move_now`` does.
+- **Destination choice** (``laminar``): a returned job that migrates goes, worker by worker,
+  to the usable node :func:`laminar.migrate.destination.rank` puts first among those it fits on
+  (survival over the job's remaining time from the node's pool hazard, the zone as topology),
+  as the agent's ``move_now`` ranks its roster's members.
 
 Metrics (:class:`SimResult`): per job queuing time (first start - arrival) and JCT (finish -
 arrival), averaged over every job and over the GPU jobs only (``*_gpu_s``: jobs asking for a
@@ -72,7 +72,7 @@ from laminar.migrate import ckpt_schedule as CS
 from laminar.migrate import destination as D
 from laminar.migrate.evidence import NoticeOdds
 from laminar.migrate.hazard import DEFAULT_PRIOR_RATE_PER_H, DEFAULT_PRIOR_STRENGTH_H, HazardModel, HazardSum
-from laminar.sim.cluster import BestFitPlacer, ProbePlacer, SimNode, fit_ordered_answers, fits_fast
+from laminar.sim.cluster import BestFitPlacer, ProbePlacer, SimNode, fits_fast
 from laminar.sim.trace import JobSpec, NodeSpec
 from laminar.zone import elastic as E
 from laminar.zone import loaning as L
@@ -440,11 +440,11 @@ class Simulator:
 
     def _place_worker(self, j: _Job, usable: list[SimNode], extra: bool, src: SimNode | None = None) -> bool:
         """One worker of ``j`` placed on ``usable``; ``src``: the server a move leaves, whose
-        job then binds the offer destination choice ranks first (probe placement only)."""
+        job then goes where destination choice ranks first (``laminar``; :meth:`_destination`)."""
         s = j.spec
-        if src is not None and isinstance(self.placer, ProbePlacer):
-            got = self.placer.move(s.worker_gpus, s.worker_cpus, s.worker_memory_mb, self.now,
-                                   lambda offers: self._destination(j, src, offers))
+        if src is not None and self.policy.placement == "probe":
+            got = self._destination(j, src, [(n, a) for n in usable if n is not src and (
+                a := fits_fast(n, s.worker_gpus, s.worker_cpus, s.worker_memory_mb)) is not None])
         else:
             got = self.placer.place(usable, s.worker_gpus, s.worker_cpus, s.worker_memory_mb, self.now)
         if got is None:
@@ -571,27 +571,32 @@ class Simulator:
         j.done -= lost
         return self.cfg.ckpt_wait_s
 
-    def _destination(self, j: _Job, src: SimNode, offers: list[P.Offer]) -> P.Offer | None:
-        """The offer :func:`laminar.migrate.destination.rank` puts first for a worker of ``j``
-        leaving ``src``: survival over the job's remaining time from each node's pool hazard,
-        the zone as topology (the sim has no racks), the checkpoint shard over the uplink."""
+    def _destination(self, j: _Job, src: SimNode, fits: list[tuple[SimNode, P.GpuAlloc]]
+                     ) -> tuple[SimNode, P.GpuAlloc] | None:
+        """Where a worker of ``j`` leaving ``src`` goes, as the agent's move chooses
+        (``ReclaimComponent.candidates`` and ``rank_for``): every usable node it fits on, ranked
+        by :func:`laminar.migrate.destination.rank` (survival over the job's remaining time from
+        the node's pool hazard, the zone as topology: the sim has no racks, the checkpoint shard
+        over the uplink); equal scores go to the tightest fit (rank's own tie-break, the node's
+        name, would undo the packing). None when it fits nowhere."""
+        if not fits:
+            return None
         s = j.spec
         need = D.Resources(math.ceil(s.worker_gpus), s.worker_memory_mb << 20, s.worker_cpus)
-        link = self.cfg.link_gbps * 1e9
         rate = E.speedup(s.workers, self.cfg.elastic_overhead)
-        req = D.MoveRequest(s.job_id, need, s.worker_gpus * self.cfg.ckpt_gb_per_gpu * 1e9,
-                            max(0.0, j.work - j.done) / rate, None, str(src.idx), str(src.zone), str(src.zone))
-        cands = [D.Candidate(str(o.node), str(o.zone), str(o.zone), need, link, provider=self.nodes[o.node].pool)
-                 for o in offers]  # an offer fits by the node's own arbitration
-        ranked = [r for r in D.rank(req, cands, self.hazards, self.cfg.epoch_ts + self.now, restart_s=self.cfg.restart_s)
-                  if r.feasible]
-        if not ranked:
+        remaining = max(0.0, j.work - j.done) / rate
+        ts = self.cfg.epoch_ts + self.now
+        survival = {pool: m.survival(ts, remaining) for pool, m in self.hazards.items()}
+        req = D.MoveRequest(s.job_id, need, s.worker_gpus * self.cfg.ckpt_gb_per_gpu * 1e9, remaining, None,
+                            str(src.idx), str(src.zone), str(src.zone))
+        cands = [D.Candidate(str(n.idx), str(n.zone), str(n.zone), need, self.cfg.link_gbps * 1e9,
+                             survival=survival[n.pool], provider=n.pool) for n, _ in fits]  # each fits: checked
+        ranked = D.rank(req, cands, restart_s=self.cfg.restart_s)
+        best = ranked[0].expected_loss_s
+        tied = {int(r.candidate.node) for r in ranked if r.feasible and r.expected_loss_s <= best + 1e-9}
+        if not tied:
             return None
-        # Equal scores (same pool and zone) keep late binding's order, tightest fit first
-        # (rank's own tie-break, the node's name, would undo the packing).
-        tied = {r.candidate.node for r in ranked if r.expected_loss_s <= ranked[0].expected_loss_s + 1e-9}
-        return next(a for a in fit_ordered_answers(offers, self.nodes, s.worker_gpus)
-                    if isinstance(a, P.Offer) and str(a.node) in tied)
+        return min(((n, a) for n, a in fits if n.idx in tied), key=lambda na: (na[0].free_gpu() - s.worker_gpus, na[0].idx))
 
     def _schedule(self) -> None:
         if not self.queue:
