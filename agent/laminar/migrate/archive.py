@@ -93,6 +93,7 @@ import logging
 import os
 import queue
 import re
+import secrets
 import shutil
 import sqlite3
 import stat
@@ -1372,11 +1373,15 @@ class ArchiveMixin:
     @staticmethod
     def _mark_done(root: Path, key: str, runner: str, why: str, now: float) -> None:
         """``<archive>/.done/<key>``: the claimed job of ``key`` ran on ``runner`` and ended or was
-        superseded (written whole under a temporary name, then renamed; never raises)."""
+        superseded (written whole under a temporary name, then renamed; never raises). The
+        temporary name is this write's own: two sweepers marking one key at once (agents on
+        other nodes, whose pids may be equal, or two in one process) each rename a whole record
+        (before, both wrote ``.<key>.<pid>.tmp``: one renamed a file the other was writing into,
+        and the marker was left with two records in it, which reads as no marker)."""
         if not _SAFE_KEY.match(key):
             return
         d = root / ARCHIVE_DONE
-        tmp = d / f".{key}.{os.getpid()}.tmp"
+        tmp = d / f".{key}.{os.getpid()}.{secrets.token_hex(6)}.tmp"
         try:
             d.mkdir(mode=0o700, exist_ok=True)
             tmp.write_text(json.dumps({"key": key, "runner": runner, "why": why, "at": now}))
