@@ -186,3 +186,43 @@ def test_zone_host_count_tells_pods_of_one_shape_apart_by_memory() -> None:
     z = nodes[0].zone
     assert placer.hosts(z, P.Demand(gpus=1.0, cpus=1.0, memory_mb=1024), shape) == 1
     assert placer.hosts(z, P.Demand(gpus=1.0, cpus=1.0, memory_mb=16_384), shape) == 0
+
+
+def test_cached_answers_follow_each_change_of_a_node() -> None:
+    # The placers keep answers per node until the node changes (capacity(), fits, offers):
+    # every take, give and change of serving must show in the next answer.
+    specs = [NodeSpec("a", 2, 32.0, 64_000), NodeSpec("b", 2, 32.0, 64_000)]
+    nodes = [SimNode.from_spec(i, s, 0) for i, s in enumerate(specs)]
+    n = nodes[0]
+    assert n.capacity() is n.capacity()  # built once while nothing changes
+    n.take(1, "x", ((0, 1.0), (1, 0.5)), 30.0, 1024, False)
+    assert n.capacity().gpu_free == (0.0, 0.5) and n.capacity().cpus == 2.0
+    n.serving = True
+    assert n.capacity().draining
+    n.serving = False
+    n.give(1)
+    assert n.capacity().gpu_free == (1.0, 1.0) and not n.capacity().draining
+
+    mix = ((K.Shape(4000, 500, 1), 0.5), (K.Shape(8000, 1000, 1), 0.5))
+    frag = A.FragProbePlacer(nodes, random.Random(1), mix)
+    whole = P.Demand(gpus=1.0, cpus=4.0, memory_mb=1024)
+    shape = K.shape_of(1.0, 4.0)
+    assert frag.fits(n, whole) and frag.answer(n, whole, shape) is not None
+    n.take(2, "y", ((0, 1.0), (1, 1.0)), 4.0, 1024, False)
+    frag.touch(n)
+    assert not frag.fits(n, whole) and frag.answer(n, whole, shape) is None
+    n.give(2)
+    frag.touch(n)
+    offer = frag.answer(n, whole, shape)
+    assert offer is not None and offer.gpu_left_after == 1000  # of 2,000 milli-GPUs free, one GPU taken
+
+    fgd = A.FgdPlacer(nodes, mix, random.Random(1))
+    for m in nodes:
+        m.take(10 + m.idx, "z", ((0, 1.0),), 1.0, 1024, False)
+        fgd.touch(m)
+    got = fgd.place(nodes, 1.0, 4.0, 1024, 0.0)
+    assert got is not None and got[1] == ((1, 1.0),)
+    for m in nodes:
+        m.take(20 + m.idx, "z", ((1, 1.0),), 1.0, 1024, False)
+        fgd.touch(m)
+    assert fgd.place(nodes, 1.0, 4.0, 1024, 0.0) is None  # not the answers from before the takes

@@ -62,9 +62,9 @@ from __future__ import annotations
 
 import math
 import random
-from collections.abc import Sequence
+from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Generic, Protocol, TypeVar
 
 from laminar.sim.cluster import EPS, BestFitPlacer, ProbePlacer, SimNode, demand_of, fits_fast
 from laminar.sim.trace import JobSpec, NodeSpec
@@ -167,6 +167,40 @@ class Placer(Protocol):
     def place(self, usable: Sequence[SimNode], gpus: float, cpus: float, mem: int, now: float) -> tuple[SimNode, P.GpuAlloc] | None: ...
 
 
+_R = TypeVar("_R")
+_UNSET: Any = object()
+"""A :class:`_NodeCache` slot not computed since its node last changed."""
+
+
+class _NodeCache(Generic[_R]):
+    """Per key (a shape, a demand), one slot per node: a placer's answer for that key on that
+    node, valid until the node changes (:meth:`drop`). Kept as a column per key so a loop
+    over nodes indexes a list instead of hashing the key again for every node (the hashing
+    was half of FGD's time on openb)."""
+
+    def __init__(self, n_nodes: int) -> None:
+        self.n = n_nodes
+        self.cols: dict[Hashable, list[Any]] = {}
+
+    def column(self, key: Hashable) -> list[Any]:
+        col = self.cols.get(key)
+        if col is None:
+            col = self.cols[key] = [_UNSET] * self.n
+        return col
+
+    def drop(self, idx: int) -> None:
+        for col in self.cols.values():
+            col[idx] = _UNSET
+
+
+def _fits(n: SimNode, demand: P.Demand) -> bool:
+    """``P.fits(n.capacity(), demand) is None``, the cheap refusals (serving, CPUs, memory)
+    checked first so most nodes that cannot host the worker skip the GPU allocation."""
+    if n.serving or demand.cpus > max(0.0, n.cpus) + EPS or demand.memory_mb > max(0, n.memory_mb):
+        return False
+    return P.fits(n.capacity(), demand) is None
+
+
 def _milli_state(n: SimNode) -> tuple[tuple[int, ...], int]:
     return K.to_milli(n.gpu_free), int(round(n.cpus * K.MILLI))
 
@@ -198,29 +232,28 @@ class FgdPlacer:
         self.ties = ties
         self.order = list(nodes)
         rng.shuffle(self.order)
-        self._cache: list[dict[K.Shape, tuple[K.GpuAlloc, int] | None]] = [{} for _ in nodes]
+        self._cache = _NodeCache[tuple[K.GpuAlloc, int]](len(nodes))
         self.probes = 0
 
     def touch(self, node: SimNode) -> None:
-        self._cache[node.idx].clear()
+        self._cache.drop(node.idx)
 
     def place(self, usable: Sequence[SimNode], gpus: float, cpus: float, mem: int, now: float) -> tuple[SimNode, P.GpuAlloc] | None:
         shape = K.shape_of(gpus, cpus)
         best = -1
         ties: list[tuple[SimNode, K.GpuAlloc]] = []
         ok = {id(n) for n in usable} if usable is not self.nodes else None
+        col = self._cache.column(shape)
         for n in self.order:
             if ok is not None and id(n) not in ok:
                 continue
             self.probes += 1
             if n.serving or mem > n.memory_mb or cpus > n.cpus + EPS:
                 continue
-            c = self._cache[n.idx]
-            if shape in c:
-                r = c[shape]
-            else:
+            r = col[n.idx]
+            if r is _UNSET:
                 gl, cl = _milli_state(n)
-                r = c[shape] = K.fgd_alloc(gl, cl, shape, self.mix)
+                r = col[n.idx] = K.fgd_alloc(gl, cl, shape, self.mix)
             if r is None:
                 continue
             if r[1] > best:
@@ -259,11 +292,13 @@ class FragProbePlacer(ProbePlacer):
         self.zone_order = zone_order
         self.quantized = quantized
         self._hosts: dict[int, dict[tuple[K.Shape, int, str | None], int]] = {z: {} for z in self.zones}
-        self._cache: list[dict[K.Shape, tuple[K.GpuAlloc, float] | None]] = [{} for _ in nodes]
+        self._cache = _NodeCache[tuple[K.GpuAlloc, float]](len(nodes))
+        self._fit = _NodeCache[bool](len(nodes))
 
     def touch(self, node: SimNode) -> None:
         super().touch(node)
-        self._cache[node.idx].clear()
+        self._cache.drop(node.idx)
+        self._fit.drop(node.idx)
         if node.zone in self._hosts:
             self._hosts[node.zone].clear()
 
@@ -276,19 +311,26 @@ class FragProbePlacer(ProbePlacer):
         # the count depends on the whole demand: two pods of one shape may differ in memory
         key = (shape, demand.memory_mb, demand.gpu_model)
         if key not in c:
-            c[key] = sum(1 for i in self.zones[z] if P.fits(self.nodes[i].capacity(), demand) is None)
+            c[key] = sum(1 for i in self.zones[z] if self.fits(self.nodes[i], demand))
         return c[key]
+
+    def fits(self, n: SimNode, demand: P.Demand) -> bool:
+        """Whether ``demand`` fits on ``n`` (:func:`laminar.zone.placement.fits`), kept until ``n`` changes."""
+        col = self._fit.column(demand)
+        r = col[n.idx]
+        if r is _UNSET:
+            r = col[n.idx] = _fits(n, demand)
+        return bool(r)
 
     def answer(self, n: SimNode, demand: P.Demand, shape: K.Shape) -> K.FragOffer | None:
         """Node side: the fragmentation-aware offer of ``n`` for one worker, or None (refusal)."""
-        if P.fits(n.capacity(), demand) is not None:
+        if not self.fits(n, demand):
             return None
-        c = self._cache[n.idx]
-        if shape in c:
-            r = c[shape]
-        else:
+        col = self._cache.column(shape)
+        r = col[n.idx]
+        if r is _UNSET:
             gl, cl = _milli_state(n)
-            r = c[shape] = K.least_frag_alloc(gl, cl, shape, self.mix)
+            r = col[n.idx] = K.least_frag_alloc(gl, cl, shape, self.mix)
         if r is None:
             return None
         a, delta = r

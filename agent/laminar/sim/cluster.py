@@ -52,6 +52,8 @@ class SimNode:
     serving: bool = False
     workers: dict[int, tuple[str, P.GpuAlloc, float, int, bool]] = field(default_factory=dict)
     # worker id -> (job id, gpu alloc, cpus, memory_mb, extra)
+    _cap: P.NodeCapacity | None = field(default=None, repr=False, compare=False)
+    # capacity() as last built; take() and give() drop it, a change of serving rebuilds it
 
     @classmethod
     def from_spec(cls, idx: int, spec: NodeSpec, zone: int) -> SimNode:
@@ -68,7 +70,10 @@ class SimNode:
         return sum(self.gpu_free)
 
     def capacity(self) -> P.NodeCapacity:
-        return P.NodeCapacity(
+        c = self._cap
+        if c is not None and c.draining == self.serving:
+            return c
+        c = self._cap = P.NodeCapacity(
             node=self.idx,
             zone=self.zone,
             gpu_free=tuple(min(1.0, max(0.0, round(f, 6))) for f in self.gpu_free),
@@ -78,8 +83,10 @@ class SimNode:
             pool=self.pool,
             draining=self.serving,
         )
+        return c
 
     def take(self, wid: int, job_id: str, alloc: P.GpuAlloc, cpus: float, mem: int, extra: bool) -> None:
+        self._cap = None
         for i, f in alloc:
             self.gpu_free[i] = round(self.gpu_free[i] - f, 6)
             if self.gpu_free[i] < -EPS:
@@ -89,6 +96,7 @@ class SimNode:
         self.workers[wid] = (job_id, alloc, cpus, mem, extra)
 
     def give(self, wid: int) -> None:
+        self._cap = None
         _, alloc, cpus, mem, _ = self.workers.pop(wid)
         for i, f in alloc:
             self.gpu_free[i] = min(1.0, round(self.gpu_free[i] + f, 6))
