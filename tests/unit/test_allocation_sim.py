@@ -7,7 +7,7 @@ import random
 import pytest
 
 from laminar.sim import allocation as A
-from laminar.sim.cluster import SimNode
+from laminar.sim.cluster import BestFitPlacer, SimNode
 from laminar.sim.trace import JobSpec, NodeSpec
 from laminar.zone import packing as K
 from laminar.zone import placement as P
@@ -195,13 +195,17 @@ def test_cached_answers_follow_each_change_of_a_node() -> None:
     nodes = [SimNode.from_spec(i, s, 0) for i, s in enumerate(specs)]
     n = nodes[0]
     assert n.capacity() is n.capacity()  # built once while nothing changes
+    assert (n.idle_gpus(), n.free_gpu(), n.alloc_gpus(1.5)) == (2, 2.0, ((0, 1.0), (1, 0.5)))
     n.take(1, "x", ((0, 1.0), (1, 0.5)), 30.0, 1024, False)
     assert n.capacity().gpu_free == (0.0, 0.5) and n.capacity().cpus == 2.0
+    assert (n.idle_gpus(), n.free_gpu(), n.alloc_gpus(1.5), n.alloc_gpus(0.5)) == (0, 0.5, None, ((1, 0.5),))
+    assert BestFitPlacer(nodes).place(nodes, 1.0, 1.0, 1024, 0.0)[0] is nodes[1]  # type: ignore[index]
     n.serving = True
     assert n.capacity().draining
     n.serving = False
     n.give(1)
     assert n.capacity().gpu_free == (1.0, 1.0) and not n.capacity().draining
+    assert (n.idle_gpus(), n.free_gpu(), n.alloc_gpus(1.5)) == (2, 2.0, ((0, 1.0), (1, 0.5)))
 
     mix = ((K.Shape(4000, 500, 1), 0.5), (K.Shape(8000, 1000, 1), 0.5))
     frag = A.FragProbePlacer(nodes, random.Random(1), mix)

@@ -25,11 +25,13 @@ import math
 import random
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from laminar.sim.trace import NodeSpec
 from laminar.zone import placement as P
 
 EPS = 1e-6
+_NO_ALLOC: Any = object()  # SimNode.alloc_gpus: not computed since the node last changed
 
 SIM_RETRY = P.RetryPolicy(d=8, d_max=32, widen=2, widen_steps=2, zones=3)
 """Probe schedule of the simulated Laminar: 8 probes, widened to 16 then 32, in up to 3 zones.
@@ -52,8 +54,12 @@ class SimNode:
     serving: bool = False
     workers: dict[int, tuple[str, P.GpuAlloc, float, int, bool]] = field(default_factory=dict)
     # worker id -> (job id, gpu alloc, cpus, memory_mb, extra)
+    # What is derived from gpu_free, cpus and memory_mb, kept until take() or give() changes
+    # them (_changed); capacity() is rebuilt when serving changed too.
     _cap: P.NodeCapacity | None = field(default=None, repr=False, compare=False)
-    # capacity() as last built; take() and give() drop it, a change of serving rebuilds it
+    _idle: int = field(default=-1, repr=False, compare=False)
+    _free: float = field(default=-1.0, repr=False, compare=False)
+    _allocs: dict[float, P.GpuAlloc | None] = field(default_factory=dict, repr=False, compare=False)
 
     @classmethod
     def from_spec(cls, idx: int, spec: NodeSpec, zone: int) -> SimNode:
@@ -64,10 +70,27 @@ class SimNode:
         return self.spec.pool
 
     def idle_gpus(self) -> int:
-        return sum(1 for f in self.gpu_free if f >= 1.0 - EPS)
+        if self._idle < 0:
+            self._idle = sum(1 for f in self.gpu_free if f >= 1.0 - EPS)
+        return self._idle
 
     def free_gpu(self) -> float:
-        return sum(self.gpu_free)
+        if self._free < 0:
+            self._free = sum(self.gpu_free)
+        return self._free
+
+    def alloc_gpus(self, gpus: float) -> P.GpuAlloc | None:
+        """:func:`laminar.zone.placement.allocate_gpus` on this node's GPUs as they are now."""
+        a = self._allocs.get(gpus, _NO_ALLOC)
+        if a is _NO_ALLOC:
+            a = self._allocs[gpus] = P.allocate_gpus(self.gpu_free, gpus)
+        return a
+
+    def _changed(self) -> None:
+        self._cap = None
+        self._idle = -1
+        self._free = -1.0
+        self._allocs.clear()
 
     def capacity(self) -> P.NodeCapacity:
         c = self._cap
@@ -86,7 +109,7 @@ class SimNode:
         return c
 
     def take(self, wid: int, job_id: str, alloc: P.GpuAlloc, cpus: float, mem: int, extra: bool) -> None:
-        self._cap = None
+        self._changed()
         for i, f in alloc:
             self.gpu_free[i] = round(self.gpu_free[i] - f, 6)
             if self.gpu_free[i] < -EPS:
@@ -96,7 +119,7 @@ class SimNode:
         self.workers[wid] = (job_id, alloc, cpus, mem, extra)
 
     def give(self, wid: int) -> None:
-        self._cap = None
+        self._changed()
         _, alloc, cpus, mem, _ = self.workers.pop(wid)
         for i, f in alloc:
             self.gpu_free[i] = min(1.0, round(self.gpu_free[i] + f, 6))
@@ -110,7 +133,7 @@ def fits_fast(n: SimNode, gpus: float, cpus: float, mem: int) -> P.GpuAlloc | No
         return None
     if gpus <= 0:
         return ()
-    return P.allocate_gpus(n.gpu_free, gpus)
+    return n.alloc_gpus(gpus)
 
 
 def demand_of(gpus: float, cpus: float, mem: int) -> P.Demand:
