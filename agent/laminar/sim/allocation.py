@@ -62,9 +62,9 @@ from __future__ import annotations
 
 import math
 import random
-from collections.abc import Hashable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Generic, Protocol, TypeVar
+from typing import Any, Protocol
 
 from laminar.sim.cluster import EPS, BestFitPlacer, ProbePlacer, SimNode, demand_of, fits_fast
 from laminar.sim.trace import JobSpec, NodeSpec
@@ -167,38 +167,29 @@ class Placer(Protocol):
     def place(self, usable: Sequence[SimNode], gpus: float, cpus: float, mem: int, now: float) -> tuple[SimNode, P.GpuAlloc] | None: ...
 
 
-_R = TypeVar("_R")
 _UNSET: Any = object()
-"""A :class:`_NodeCache` slot not computed since its node last changed."""
+"""A :class:`_ShapeCache` slot not computed since its node last changed."""
 
 
-class _NodeCache(Generic[_R]):
-    """Per key (a shape, a demand), one slot per node: a placer's answer for that key on that
-    node, valid until the node changes (:meth:`drop`). Kept as a column per key so a loop
-    over nodes indexes a list instead of hashing the key again for every node (the hashing
-    was half of FGD's time on openb)."""
+class _ShapeCache:
+    """Per worker shape, one slot per node: a placer's answer for that shape on that node (an
+    allocation, or None for no fit), valid until the node changes (:meth:`drop`). Kept as a
+    column per shape so a loop over nodes indexes a list instead of hashing the shape again
+    for every node (the hashing was half of FGD's time on openb)."""
 
     def __init__(self, n_nodes: int) -> None:
         self.n = n_nodes
-        self.cols: dict[Hashable, list[Any]] = {}
+        self.cols: dict[K.Shape, list[Any]] = {}
 
-    def column(self, key: Hashable) -> list[Any]:
-        col = self.cols.get(key)
+    def column(self, shape: K.Shape) -> list[Any]:
+        col = self.cols.get(shape)
         if col is None:
-            col = self.cols[key] = [_UNSET] * self.n
+            col = self.cols[shape] = [_UNSET] * self.n
         return col
 
     def drop(self, idx: int) -> None:
         for col in self.cols.values():
             col[idx] = _UNSET
-
-
-def _fits(n: SimNode, demand: P.Demand) -> bool:
-    """``P.fits(n.capacity(), demand) is None``, the cheap refusals (serving, CPUs, memory)
-    checked first so most nodes that cannot host the worker skip the GPU allocation."""
-    if n.serving or demand.cpus > max(0.0, n.cpus) + EPS or demand.memory_mb > max(0, n.memory_mb):
-        return False
-    return P.fits(n.capacity(), demand) is None
 
 
 def _milli_state(n: SimNode) -> tuple[tuple[int, ...], int]:
@@ -232,7 +223,7 @@ class FgdPlacer:
         self.ties = ties
         self.order = list(nodes)
         rng.shuffle(self.order)
-        self._cache = _NodeCache[tuple[K.GpuAlloc, int]](len(nodes))
+        self._cache = _ShapeCache(len(nodes))
         self.probes = 0
 
     def touch(self, node: SimNode) -> None:
@@ -292,13 +283,11 @@ class FragProbePlacer(ProbePlacer):
         self.zone_order = zone_order
         self.quantized = quantized
         self._hosts: dict[int, dict[tuple[K.Shape, int, str | None], int]] = {z: {} for z in self.zones}
-        self._cache = _NodeCache[tuple[K.GpuAlloc, float]](len(nodes))
-        self._fit = _NodeCache[bool](len(nodes))
+        self._cache = _ShapeCache(len(nodes))
 
     def touch(self, node: SimNode) -> None:
         super().touch(node)
         self._cache.drop(node.idx)
-        self._fit.drop(node.idx)
         if node.zone in self._hosts:
             self._hosts[node.zone].clear()
 
@@ -314,13 +303,13 @@ class FragProbePlacer(ProbePlacer):
             c[key] = sum(1 for i in self.zones[z] if self.fits(self.nodes[i], demand))
         return c[key]
 
-    def fits(self, n: SimNode, demand: P.Demand) -> bool:
-        """Whether ``demand`` fits on ``n`` (:func:`laminar.zone.placement.fits`), kept until ``n`` changes."""
-        col = self._fit.column(demand)
-        r = col[n.idx]
-        if r is _UNSET:
-            r = col[n.idx] = _fits(n, demand)
-        return bool(r)
+    @staticmethod
+    def fits(n: SimNode, demand: P.Demand) -> bool:
+        """``P.fits(n.capacity(), demand) is None``, the cheap refusals (serving, CPUs, memory)
+        checked first so most nodes that cannot host the worker skip the GPU allocation."""
+        if n.serving or demand.cpus > max(0.0, n.cpus) + EPS or demand.memory_mb > max(0, n.memory_mb):
+            return False
+        return P.fits(n.capacity(), demand) is None
 
     def answer(self, n: SimNode, demand: P.Demand, shape: K.Shape) -> K.FragOffer | None:
         """Node side: the fragmentation-aware offer of ``n`` for one worker, or None (refusal)."""
