@@ -43,7 +43,6 @@ import signal
 import statistics
 import sys
 import time
-from concurrent.futures import ProcessPoolExecutor
 from dataclasses import replace
 from multiprocessing.pool import AsyncResult
 from pathlib import Path
@@ -101,14 +100,6 @@ seeds 1..5, never on the reported seeds) gives the headline ``allocation_ratio_1
 CURVES: dict[str, list[tuple[float, float]]] = {}
 
 
-def allocation_jobs(data: Path, quick: bool) -> tuple[list[int], list[str], list[tuple[Path, str, int]]]:
-    """The seeds, the placements and the runs (one per pair) of :func:`allocation_130pct`."""
-    seeds = [42] if quick else list(PAPER_SEEDS)
-    placements = [BEST, "fgd"] if quick else [BEST, "fgd", "laminar-frag", "bestfit", "laminar", "laminar+readdress"]
-    placements = list(dict.fromkeys(placements))
-    return seeds, placements, [(data, pl, s) for pl in placements for s in seeds]
-
-
 def _one_allocation(job: tuple[Path, str, int]) -> tuple[str, int, AllocationResult, float]:
     data, pl, seed = job
     t = time.monotonic()
@@ -117,23 +108,27 @@ def _one_allocation(job: tuple[Path, str, int]) -> tuple[str, int, AllocationRes
     return pl, seed, run_allocation(nodes, pods, pl, seed=seed), time.monotonic() - t
 
 
-def allocation_130pct(data: Path, quick: bool, procs: int,
-                      pending: list[AsyncResult[tuple[str, int, AllocationResult, float]]] | None = None,
-                      ) -> dict[str, float | str]:
+Pending = list[AsyncResult[tuple[str, int, AllocationResult, float]]]
+
+
+def allocation_runs(data: Path, quick: bool) -> tuple[list[int], list[str], list[tuple[Path, str, int]]]:
+    """The seeds, the placements and the runs (one per pair) of :func:`allocation_130pct`."""
+    seeds = [42] if quick else list(PAPER_SEEDS)
+    placements = [BEST, "fgd"] if quick else [BEST, "fgd", "laminar-frag", "bestfit", "laminar", "laminar+readdress"]
+    placements = list(dict.fromkeys(placements))
+    return seeds, placements, [(data, pl, s) for pl in placements for s in seeds]
+
+
+def allocation_130pct(data: Path, quick: bool, pending: Pending | None) -> dict[str, float | str]:
     """Experiment 3: GPUs allocated at 130% arrived demand (openb, FGD's experiment).
 
     Full: every placement of :data:`ALLOC_KEYS` on the paper's seeds 42..51 (mean, sample sd,
     min, max and the per-seed figures); quick: Laminar's best and our FGD on seed 42.
-    ``pending``: the runs already submitted by :func:`allocation_jobs` (else run here)."""
-    seeds, placements, jobs = allocation_jobs(data, quick)
+    ``pending``: the runs of :func:`allocation_runs` started in worker processes at the
+    benchmark's start (beside experiments 1 and 2), or None to run them here, one by one."""
+    seeds, placements, runs = allocation_runs(data, quick)
     got: dict[str, dict[int, AllocationResult]] = {pl: {} for pl in placements}
-    if pending is not None:
-        done = [f.get() for f in pending]
-    elif procs > 1:
-        with ProcessPoolExecutor(procs) as ex:
-            done = list(ex.map(_one_allocation, jobs))
-    else:
-        done = [_one_allocation(j) for j in jobs]
+    done = [f.get() for f in pending] if pending is not None else [_one_allocation(r) for r in runs]
     for pl, s, ar, wall in done:
         got[pl][s] = ar
         log(f"allocation {pl} seed {s}: {ar.allocation_ratio_pct:.2f}% moves {ar.moves} ({wall:.1f} s)")
@@ -184,150 +179,16 @@ def main() -> int:
     t0 = time.monotonic()
     res: dict[str, float | str] = {}
     quick = args.quick
-    if args.allocation_only:
-        res.update(allocation_130pct(data, quick, args.procs))
-        res.update(quick=int(quick), wall_s=round(time.monotonic() - t0, 1), machine="2-core Debian 12 VM")
-        print(json.dumps(res, indent=2))
-        if args.json:
-            args.json.parent.mkdir(parents=True, exist_ok=True)
-            args.json.write_text(json.dumps(res, indent=2) + "\n")
-        return 0
-
-    # Quick: the allocation runs start now in worker processes, beside experiments 1 and 2
-    # here (the 60-second budget of a quick run; the figures do not depend on the order).
-    pool = multiprocessing.Pool(args.procs) if quick and args.procs > 1 else None
-    pending = [pool.apply_async(_one_allocation, (j,)) for j in allocation_jobs(data, quick)[2]] if pool else None
+    # The allocation runs start now in worker processes (--procs), beside experiments 1 and 2
+    # here: the quick run's 60-second budget (the figures do not depend on the order).
+    pool = multiprocessing.Pool(args.procs) if args.procs > 1 else None
+    pending = [pool.apply_async(_one_allocation, (r,)) for r in allocation_runs(data, quick)[2]] if pool else None
     signal.signal(signal.SIGTERM, _exit_on_term)
-
     try:
-        # 1. openb
-        log(f"openb: load {args.load}, {'2,000 jobs' if quick else 'all jobs'}, 7 days for all jobs")
-        # Quick: the first 2,000 jobs at the same arrival rate (the span shrinks with the count).
-        n_all = sum(1 for p in read_openb_pods(data / "openb_pod_list_default.csv") if p.scheduled and p.duration > 0)
-        n_jobs = min(2000, n_all) if quick else n_all
-        jobs, nodes = build_scenario(data / "openb_pod_list_default.csv", load=args.load, seed=args.seed,
-                                     max_jobs=n_jobs, span_s=7 * 86_400 * n_jobs / n_all)
-        pols = ["laminar", "noloan"] if quick else ["laminar", "noloan", "requeue", "bestfit"]
-        ob = run_pair(jobs, nodes, pols, args.seed)
-        lam, nol = ob["laminar"], ob["noloan"]
-        # Headline: the GPU jobs (CPU-only pods of the GPU trace are not what a GPU scheduler is
-        # judged on; docs/simulator.md); every job's figures follow as *_all_jobs.
-        res.update(
-            queuing_speedup=round(ratio(nol.avg_queue_gpu_s, lam.avg_queue_gpu_s), 3),
-            jct_speedup=round(ratio(nol.avg_jct_gpu_s, lam.avg_jct_gpu_s), 3),
-            usage_gain_pct=round(100 * (lam.usage - nol.usage) / nol.usage, 2),
-            # What no policy can beat on this job mix: JCT with no queue and every elastic job at
-            # its maximum from the start; usage with every GPU busy all the time.
-            jct_speedup_ceiling=round(nol.avg_jct_gpu_s / best_case_jct(jobs), 3),
-            usage_gain_ceiling_pct=round(100 * (1 - nol.usage) / nol.usage, 2),
-            queuing_speedup_all_jobs=round(ratio(nol.avg_queue_s, lam.avg_queue_s), 3),
-            jct_speedup_all_jobs=round(ratio(nol.avg_jct_s, lam.avg_jct_s), 3),
-            openb_gpu_jobs=lam.gpu_jobs,
-            openb_elastic_jobs=sum(1 for j in jobs if j.elastic),
-            openb_jobs=len(jobs),
-            openb_gpus=sum(n.gpus for n in nodes),
-            openb_load=args.load,
-        )
-        for name, r in ob.items():
-            res.update({
-                f"openb_{name}_avg_queue_gpu_s": round(r.avg_queue_gpu_s, 1),
-                f"openb_{name}_avg_jct_gpu_s": round(r.avg_jct_gpu_s, 1),
-                f"openb_{name}_avg_queue_s": round(r.avg_queue_s, 1),
-                f"openb_{name}_median_queue_s": round(r.median_queue_s, 1),
-                f"openb_{name}_p99_queue_s": round(r.p99_queue_s, 1),
-                f"openb_{name}_avg_jct_s": round(r.avg_jct_s, 1),
-                f"openb_{name}_median_jct_s": round(r.median_jct_s, 1),
-                f"openb_{name}_p99_jct_s": round(r.p99_jct_s, 1),
-                f"openb_{name}_usage": round(r.usage, 4),
-            })
-        res.update(openb_laminar_scale_ins=lam.scale_ins, openb_laminar_migrations=lam.migrations,
-                   openb_laminar_requeues=lam.requeues, openb_laminar_servers_returned=lam.servers_returned,
-                   openb_laminar_elastic_grants=lam.elastic_grants,
-                   openb_laminar_migrations_to_loaned=lam.migrations_to_loaned,
-                   openb_laminar_rollbacks=lam.rollbacks, openb_laminar_lost_gpu_h=round(lam.lost_gpu_s / 3600, 2))
-        for name, r in ob.items():  # the checkpoint contract (docs/simulator.md, Checkpoints)
-            res.update({f"openb_{name}_checkpoints": r.checkpoints,
-                        f"openb_{name}_ckpt_pause_gpu_h": round(r.ckpt_pause_gpu_s / 3600, 2)})
-        if "requeue" in ob:
-            res.update(openb_requeue_lost_gpu_h=round(ob["requeue"].lost_gpu_s / 3600, 1))
-        if args.seeds > 1:  # the headline pair again on more seeds: medians and per-seed values
-            per: dict[str, list[float]] = {"queuing_speedup": [], "jct_speedup": [], "usage_gain_pct": []}
-            for sd in range(args.seed, args.seed + args.seeds):
-                if sd == args.seed:
-                    lm, nl = lam, nol
-                else:
-                    sj, sn = build_scenario(data / "openb_pod_list_default.csv", load=args.load, seed=sd,
-                                            max_jobs=n_jobs, span_s=7 * 86_400 * n_jobs / n_all)
-                    pr2 = run_pair(sj, sn, ["laminar", "noloan"], sd)
-                    lm, nl = pr2["laminar"], pr2["noloan"]
-                per["queuing_speedup"].append(round(ratio(nl.avg_queue_gpu_s, lm.avg_queue_gpu_s), 3))
-                per["jct_speedup"].append(round(ratio(nl.avg_jct_gpu_s, lm.avg_jct_gpu_s), 3))
-                per["usage_gain_pct"].append(round(100 * (lm.usage - nl.usage) / nl.usage, 2))
-            for key, vals in per.items():
-                res[f"{key}_median"] = round(statistics.median(vals), 3)
-                res[f"{key}_per_seed"] = " ".join(str(v) for v in vals)
-            res.update(openb_seeds=f"{args.seed}..{args.seed + args.seeds - 1}")
-        # Sensitivity to the scenario's elasticity (the trace has none): every whole-GPU job elastic.
-        ej, en = build_scenario(data / "openb_pod_list_default.csv", load=args.load, seed=args.seed,
-                                max_jobs=n_jobs, span_s=7 * 86_400 * n_jobs / n_all, elastic_fraction=1.0)
-        eb = run_pair(ej, en, ["laminar", "noloan"], args.seed)
-        res.update(
-            allelastic_queuing_speedup=round(ratio(eb["noloan"].avg_queue_gpu_s, eb["laminar"].avg_queue_gpu_s), 3),
-            allelastic_jct_speedup=round(ratio(eb["noloan"].avg_jct_gpu_s, eb["laminar"].avg_jct_gpu_s), 3),
-            allelastic_usage_gain_pct=round(100 * (eb["laminar"].usage - eb["noloan"].usage) / eb["noloan"].usage, 2),
-            allelastic_jct_speedup_ceiling=round(eb["noloan"].avg_jct_gpu_s / best_case_jct(ej), 3),
-        )
-
-        # 2. pollux
-        workloads = [1] if quick else list(range(1, 9))
-        pq: dict[str, list[float]] = {"lq": [], "nq": [], "lj": [], "nj": [], "lu": [], "nu": []}
-        for w in workloads:
-            log(f"pollux workload-{w}")
-            pj, pn = build_scenario(data / f"pollux/simulator/workloads/workload-{w}.csv", seed=args.seed)
-            pr = run_pair(pj, pn, ["laminar", "noloan"], args.seed)
-            pq["lq"].append(pr["laminar"].avg_queue_s)
-            pq["nq"].append(pr["noloan"].avg_queue_s)
-            pq["lj"].append(pr["laminar"].avg_jct_s)
-            pq["nj"].append(pr["noloan"].avg_jct_s)
-            pq["lu"].append(pr["laminar"].usage)
-            pq["nu"].append(pr["noloan"].usage)
-        m = {k: statistics.fmean(v) for k, v in pq.items()}
-        res.update(
-            pollux_queuing_speedup=round(ratio(m["nq"], m["lq"]), 3),
-            pollux_jct_speedup=round(ratio(m["nj"], m["lj"]), 3),
-            pollux_usage_gain_pct=round(100 * (m["lu"] - m["nu"]) / m["nu"], 2),
-            pollux_laminar_avg_jct_s=round(m["lj"], 1),
-            pollux_noloan_avg_jct_s=round(m["nj"], 1),
-            pollux_laminar_avg_queue_s=round(m["lq"], 1),
-            pollux_noloan_avg_queue_s=round(m["nq"], 1),
-            pollux_workloads=len(workloads),
-        )
-
-        # 3. allocation ratio at 130% arrived demand
-        res.update(allocation_130pct(data, quick, args.procs, pending))
-
-        # 4. speed: a synthetic 15-day, 50,000-job trace (a fake drawn from the openb mix)
-        if not quick:
-            pods = read_openb_pods(data / "openb_pod_list_default.csv")
-            onodes = read_openb_nodes(data / "openb_node_list_gpu_node.csv")
-            syn = synthetic_openb(pods, 50_000, 15 * 86_400, args.seed, max_duration_s=172_800)
-            syn = with_elasticity(syn, 0.5, 2, args.seed)
-            snodes = [replace(n, pool="training") for n in onodes]
-            snodes += [NodeSpec(f"infer-{i:04d}", 8, 96.0, 786_432, "G2", "inference") for i in range(200)]
-            t = time.monotonic()
-            sr = simulate(syn, snodes, "laminar", SimConfig(seed=args.seed, progress=True))
-            res.update(synthetic_50k_wall_s=round(time.monotonic() - t, 1), synthetic_50k_completed=sr.completed,
-                       synthetic_50k_nodes=len(snodes))
-            log(f"synthetic 50k jobs / 15 days: {res['synthetic_50k_wall_s']} s")
-
-        res.update(quick=int(quick), wall_s=round(time.monotonic() - t0, 1), machine="2-core Debian 12 VM")
-        print(json.dumps(res, indent=2))
-        if args.json:
-            args.json.parent.mkdir(parents=True, exist_ok=True)
-            args.json.write_text(json.dumps(res, indent=2) + "\n")
-        if args.plot:
-            plot(args.plot, ob, res, CURVES)
-        return 0
+        if args.allocation_only:
+            res.update(allocation_130pct(data, quick, pending))
+            return report(args, res, t0)
+        return experiments(args, res, t0, pending)
     finally:  # also when interrupted: no worker left behind
         if pool is not None:
             pool.terminate()
@@ -336,6 +197,146 @@ def main() -> int:
 
 def _exit_on_term(signum: int, _frame: object) -> None:
     raise SystemExit(128 + signum)
+
+
+def report(args: argparse.Namespace, res: dict[str, float | str], t0: float) -> int:
+    """Prints ``res`` (and writes ``--json``) with the run's wall time and machine."""
+    res.update(quick=int(args.quick), wall_s=round(time.monotonic() - t0, 1), machine="2-core Debian 12 VM")
+    print(json.dumps(res, indent=2))
+    if args.json:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps(res, indent=2) + "\n")
+    return 0
+
+
+def experiments(args: argparse.Namespace, res: dict[str, float | str], t0: float, pending: Pending | None) -> int:
+    """Experiments 1 to 4 (see the module docs), then the report and the plot."""
+    data, quick = args.trace, args.quick
+
+    # 1. openb
+    log(f"openb: load {args.load}, {'2,000 jobs' if quick else 'all jobs'}, 7 days for all jobs")
+    # Quick: the first 2,000 jobs at the same arrival rate (the span shrinks with the count).
+    n_all = sum(1 for p in read_openb_pods(data / "openb_pod_list_default.csv") if p.scheduled and p.duration > 0)
+    n_jobs = min(2000, n_all) if quick else n_all
+    jobs, nodes = build_scenario(data / "openb_pod_list_default.csv", load=args.load, seed=args.seed,
+                                 max_jobs=n_jobs, span_s=7 * 86_400 * n_jobs / n_all)
+    pols = ["laminar", "noloan"] if quick else ["laminar", "noloan", "requeue", "bestfit"]
+    ob = run_pair(jobs, nodes, pols, args.seed)
+    lam, nol = ob["laminar"], ob["noloan"]
+    # Headline: the GPU jobs (CPU-only pods of the GPU trace are not what a GPU scheduler is
+    # judged on; docs/simulator.md); every job's figures follow as *_all_jobs.
+    res.update(
+        queuing_speedup=round(ratio(nol.avg_queue_gpu_s, lam.avg_queue_gpu_s), 3),
+        jct_speedup=round(ratio(nol.avg_jct_gpu_s, lam.avg_jct_gpu_s), 3),
+        usage_gain_pct=round(100 * (lam.usage - nol.usage) / nol.usage, 2),
+        # What no policy can beat on this job mix: JCT with no queue and every elastic job at
+        # its maximum from the start; usage with every GPU busy all the time.
+        jct_speedup_ceiling=round(nol.avg_jct_gpu_s / best_case_jct(jobs), 3),
+        usage_gain_ceiling_pct=round(100 * (1 - nol.usage) / nol.usage, 2),
+        queuing_speedup_all_jobs=round(ratio(nol.avg_queue_s, lam.avg_queue_s), 3),
+        jct_speedup_all_jobs=round(ratio(nol.avg_jct_s, lam.avg_jct_s), 3),
+        openb_gpu_jobs=lam.gpu_jobs,
+        openb_elastic_jobs=sum(1 for j in jobs if j.elastic),
+        openb_jobs=len(jobs),
+        openb_gpus=sum(n.gpus for n in nodes),
+        openb_load=args.load,
+    )
+    for name, r in ob.items():
+        res.update({
+            f"openb_{name}_avg_queue_gpu_s": round(r.avg_queue_gpu_s, 1),
+            f"openb_{name}_avg_jct_gpu_s": round(r.avg_jct_gpu_s, 1),
+            f"openb_{name}_avg_queue_s": round(r.avg_queue_s, 1),
+            f"openb_{name}_median_queue_s": round(r.median_queue_s, 1),
+            f"openb_{name}_p99_queue_s": round(r.p99_queue_s, 1),
+            f"openb_{name}_avg_jct_s": round(r.avg_jct_s, 1),
+            f"openb_{name}_median_jct_s": round(r.median_jct_s, 1),
+            f"openb_{name}_p99_jct_s": round(r.p99_jct_s, 1),
+            f"openb_{name}_usage": round(r.usage, 4),
+        })
+    res.update(openb_laminar_scale_ins=lam.scale_ins, openb_laminar_migrations=lam.migrations,
+               openb_laminar_requeues=lam.requeues, openb_laminar_servers_returned=lam.servers_returned,
+               openb_laminar_elastic_grants=lam.elastic_grants,
+               openb_laminar_migrations_to_loaned=lam.migrations_to_loaned,
+               openb_laminar_rollbacks=lam.rollbacks, openb_laminar_lost_gpu_h=round(lam.lost_gpu_s / 3600, 2))
+    for name, r in ob.items():  # the checkpoint contract (docs/simulator.md, Checkpoints)
+        res.update({f"openb_{name}_checkpoints": r.checkpoints,
+                    f"openb_{name}_ckpt_pause_gpu_h": round(r.ckpt_pause_gpu_s / 3600, 2)})
+    if "requeue" in ob:
+        res.update(openb_requeue_lost_gpu_h=round(ob["requeue"].lost_gpu_s / 3600, 1))
+    if args.seeds > 1:  # the headline pair again on more seeds: medians and per-seed values
+        per: dict[str, list[float]] = {"queuing_speedup": [], "jct_speedup": [], "usage_gain_pct": []}
+        for sd in range(args.seed, args.seed + args.seeds):
+            if sd == args.seed:
+                lm, nl = lam, nol
+            else:
+                sj, sn = build_scenario(data / "openb_pod_list_default.csv", load=args.load, seed=sd,
+                                        max_jobs=n_jobs, span_s=7 * 86_400 * n_jobs / n_all)
+                pr2 = run_pair(sj, sn, ["laminar", "noloan"], sd)
+                lm, nl = pr2["laminar"], pr2["noloan"]
+            per["queuing_speedup"].append(round(ratio(nl.avg_queue_gpu_s, lm.avg_queue_gpu_s), 3))
+            per["jct_speedup"].append(round(ratio(nl.avg_jct_gpu_s, lm.avg_jct_gpu_s), 3))
+            per["usage_gain_pct"].append(round(100 * (lm.usage - nl.usage) / nl.usage, 2))
+        for key, vals in per.items():
+            res[f"{key}_median"] = round(statistics.median(vals), 3)
+            res[f"{key}_per_seed"] = " ".join(str(v) for v in vals)
+        res.update(openb_seeds=f"{args.seed}..{args.seed + args.seeds - 1}")
+    # Sensitivity to the scenario's elasticity (the trace has none): every whole-GPU job elastic.
+    ej, en = build_scenario(data / "openb_pod_list_default.csv", load=args.load, seed=args.seed,
+                            max_jobs=n_jobs, span_s=7 * 86_400 * n_jobs / n_all, elastic_fraction=1.0)
+    eb = run_pair(ej, en, ["laminar", "noloan"], args.seed)
+    res.update(
+        allelastic_queuing_speedup=round(ratio(eb["noloan"].avg_queue_gpu_s, eb["laminar"].avg_queue_gpu_s), 3),
+        allelastic_jct_speedup=round(ratio(eb["noloan"].avg_jct_gpu_s, eb["laminar"].avg_jct_gpu_s), 3),
+        allelastic_usage_gain_pct=round(100 * (eb["laminar"].usage - eb["noloan"].usage) / eb["noloan"].usage, 2),
+        allelastic_jct_speedup_ceiling=round(eb["noloan"].avg_jct_gpu_s / best_case_jct(ej), 3),
+    )
+
+    # 2. pollux
+    workloads = [1] if quick else list(range(1, 9))
+    pq: dict[str, list[float]] = {"lq": [], "nq": [], "lj": [], "nj": [], "lu": [], "nu": []}
+    for w in workloads:
+        log(f"pollux workload-{w}")
+        pj, pn = build_scenario(data / f"pollux/simulator/workloads/workload-{w}.csv", seed=args.seed)
+        pr = run_pair(pj, pn, ["laminar", "noloan"], args.seed)
+        pq["lq"].append(pr["laminar"].avg_queue_s)
+        pq["nq"].append(pr["noloan"].avg_queue_s)
+        pq["lj"].append(pr["laminar"].avg_jct_s)
+        pq["nj"].append(pr["noloan"].avg_jct_s)
+        pq["lu"].append(pr["laminar"].usage)
+        pq["nu"].append(pr["noloan"].usage)
+    m = {k: statistics.fmean(v) for k, v in pq.items()}
+    res.update(
+        pollux_queuing_speedup=round(ratio(m["nq"], m["lq"]), 3),
+        pollux_jct_speedup=round(ratio(m["nj"], m["lj"]), 3),
+        pollux_usage_gain_pct=round(100 * (m["lu"] - m["nu"]) / m["nu"], 2),
+        pollux_laminar_avg_jct_s=round(m["lj"], 1),
+        pollux_noloan_avg_jct_s=round(m["nj"], 1),
+        pollux_laminar_avg_queue_s=round(m["lq"], 1),
+        pollux_noloan_avg_queue_s=round(m["nq"], 1),
+        pollux_workloads=len(workloads),
+    )
+
+    # 3. allocation ratio at 130% arrived demand
+    res.update(allocation_130pct(data, quick, pending))
+
+    # 4. speed: a synthetic 15-day, 50,000-job trace (a fake drawn from the openb mix)
+    if not quick:
+        pods = read_openb_pods(data / "openb_pod_list_default.csv")
+        onodes = read_openb_nodes(data / "openb_node_list_gpu_node.csv")
+        syn = synthetic_openb(pods, 50_000, 15 * 86_400, args.seed, max_duration_s=172_800)
+        syn = with_elasticity(syn, 0.5, 2, args.seed)
+        snodes = [replace(n, pool="training") for n in onodes]
+        snodes += [NodeSpec(f"infer-{i:04d}", 8, 96.0, 786_432, "G2", "inference") for i in range(200)]
+        t = time.monotonic()
+        sr = simulate(syn, snodes, "laminar", SimConfig(seed=args.seed, progress=True))
+        res.update(synthetic_50k_wall_s=round(time.monotonic() - t, 1), synthetic_50k_completed=sr.completed,
+                   synthetic_50k_nodes=len(snodes))
+        log(f"synthetic 50k jobs / 15 days: {res['synthetic_50k_wall_s']} s")
+
+    report(args, res, t0)
+    if args.plot:
+        plot(args.plot, ob, res, CURVES)
+    return 0
 
 
 def plot(path: Path, ob: dict[str, SimResult], res: dict[str, float | str], curves: dict) -> None:  # type: ignore[type-arg]
