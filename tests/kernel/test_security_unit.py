@@ -84,6 +84,11 @@ def test_a_job_does_not_inherit_the_agents_nice(veth_pair: Any, tmp_path: Path) 
             assert status == 201 and user_job["owner_uid"] == user.uid, raw
             for j in (job, user_job):
                 pid = wait_until(lambda j=j: a.json("job", "show", j["id"]).get("pid"), 30, "the job's pid")
+                # the pid is the job's from the agent's fork on; the nice is reset in the last step
+                # before the command (the trampoline), so look once the command runs (under load the
+                # pid was seen still in the steps before it, at the agent's nice)
+                wait_until(lambda pid=pid: Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")[0] == b"sleep",
+                           30, "the job's command to run")
                 assert os.getpriority(os.PRIO_PROCESS, pid) == 0, f"job {j['id']} (pid {pid}) runs at the agent's nice"
         finally:
             a.cleanup()
