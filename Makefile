@@ -57,16 +57,24 @@ lint: venv
 	$(BIN)/mypy
 
 # The whole suite. Kernel and cluster tests need root; in CI (CI=true) a skipped one fails the run.
-# Unit and cluster tests run two files at a time (TEST_WORKERS; each cluster test tags its bridge,
-# namespaces, pins and cgroup root with a name of its own); kernel tests one at a time (memory
-# storms under a budget, systemd in a container, the pressure the whole machine feels). Both
-# halves run; the run fails if either did (5, nothing collected under a -k, is not a failure).
+# Three runs, each always run; the suite fails if any did (5, nothing collected under a -k, is not
+# a failure):
+# 1. unit and cluster tests, two files at a time (TEST_WORKERS; each cluster test tags its bridge,
+#    namespaces, pins and cgroup root with a name of its own);
+# 2. kernel tests, two files at a time, but for those marked `serial`: they too build namespaces,
+#    veths, pins, cgroups and users of their own;
+# 3. the `serial` kernel tests and the GPU tests, one at a time: memory storms whose pressure the
+#    whole machine feels (the agents of other tests would see it), the kernel's next pid steered,
+#    systemd booted in a container, a connection flood.
 TEST_WORKERS ?= 2
 test: setup lint
 	@rc=0; \
 	$(BIN)/pytest -ra --durations=30 -n $(TEST_WORKERS) --dist loadfile $(PYTEST_ARGS) tests/unit tests/cluster \
 	  || { r=$$?; [ $$r -eq 5 ] || rc=$$r; }; \
-	$(BIN)/pytest -ra --durations=30 $(PYTEST_ARGS) tests/kernel tests/gpu || { r=$$?; [ $$r -eq 5 ] || rc=$$r; }; \
+	$(BIN)/pytest -ra --durations=30 -n $(TEST_WORKERS) --dist loadfile -m "not serial and not gpu" $(PYTEST_ARGS) \
+	  tests/kernel tests/gpu || { r=$$?; [ $$r -eq 5 ] || rc=$$r; }; \
+	$(BIN)/pytest -ra --durations=30 -m "serial or gpu" $(PYTEST_ARGS) tests/kernel tests/gpu \
+	  || { r=$$?; [ $$r -eq 5 ] || rc=$$r; }; \
 	exit $$rc
 
 unit: setup

@@ -26,7 +26,8 @@ from typing import Any
 import pytest
 from agentproc import AgentProc, agent_factory, wait_until
 
-pytestmark = pytest.mark.kernel
+# serial: its memory pressure is felt machine-wide (node PSI, MemAvailable); run alone (Makefile)
+pytestmark = [pytest.mark.kernel, pytest.mark.serial]
 
 CAP_MB = 300
 CONFIG = f"[airlock]\nclass_budget_mb = {{transient = {CAP_MB}}}\n"

@@ -34,7 +34,8 @@ from typing import Any
 import pytest
 from agentproc import AgentProc, agent_factory, wait_until
 
-pytestmark = pytest.mark.kernel
+# serial: its memory pressure is felt machine-wide (node PSI, MemAvailable); run alone (Makefile)
+pytestmark = [pytest.mark.kernel, pytest.mark.serial]
 
 BUDGET_MB = 512
 AIRLOCK_TOML = f"[airlock]\nbudget_mb = {BUDGET_MB}\n"

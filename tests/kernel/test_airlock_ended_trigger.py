@@ -18,7 +18,8 @@ from pathlib import Path
 import pytest
 from jobrig import airlock_rig, running
 
-pytestmark = pytest.mark.kernel
+# serial: its memory pressure is felt machine-wide (node PSI, MemAvailable); run alone (Makefile)
+pytestmark = [pytest.mark.kernel, pytest.mark.serial]
 
 
 def test_the_trigger_of_an_ended_job_is_not_a_stall(tmp_path: Path) -> None:

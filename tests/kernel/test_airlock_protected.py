@@ -20,7 +20,8 @@ from jobrig import airlock_rig, running, until
 
 from laminar.airlock import ladder
 
-pytestmark = pytest.mark.kernel
+# serial: its memory pressure is felt machine-wide (node PSI, MemAvailable); run alone (Makefile)
+pytestmark = [pytest.mark.kernel, pytest.mark.serial]
 
 
 def test_a_job_suspended_before_its_class_was_protected_is_thawed_when_calm(tmp_path: Path) -> None:

@@ -27,7 +27,8 @@ from laminar.events import EventBus
 from laminar.runtime.jobs import JobManager
 from laminar.store import Store
 
-pytestmark = pytest.mark.kernel
+# serial: its memory pressure is felt machine-wide (node PSI, MemAvailable); run alone (Makefile)
+pytestmark = [pytest.mark.kernel, pytest.mark.serial]
 
 
 def test_a_readdressed_job_is_back_to_running_once_calm(tmp_path: Path) -> None:

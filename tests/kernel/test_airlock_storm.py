@@ -38,7 +38,8 @@ from laminar.events import EventBus
 from laminar.runtime.jobs import JobManager, JobSpec
 from laminar.store import Store
 
-pytestmark = pytest.mark.kernel
+# serial: its memory pressure is felt machine-wide (node PSI, MemAvailable); run alone (Makefile)
+pytestmark = [pytest.mark.kernel, pytest.mark.serial]
 
 # A job that writes a checkpoint on SIGUSR1 (the contract), grows to TOTAL MiB in STEP MiB steps every DELAY s, holds HOLD s (forever when
 # < 0), frees, then sleeps forever. Pages are written so they are really charged.

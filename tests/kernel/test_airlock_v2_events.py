@@ -27,7 +27,8 @@ from test_airlock_storm import storm_rig
 from laminar.airlock.cgroups import detect
 from laminar.airlock.manager import _events_of
 
-pytestmark = pytest.mark.kernel
+# serial: its memory pressure is felt machine-wide (node PSI, MemAvailable); run alone (Makefile)
+pytestmark = [pytest.mark.kernel, pytest.mark.serial]
 
 
 def test_a_changed_v2_events_file_is_still_watched_and_a_removed_one_is_dropped(tmp_path: Path) -> None:

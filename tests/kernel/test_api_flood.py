@@ -35,7 +35,8 @@ import pytest
 from agentproc import NOBODY, AgentProc, api_json
 from userrig import User, local_user
 
-pytestmark = pytest.mark.kernel
+# serial: it floods the agent with connections and needs the machine's CPUs to itself to mean anything
+pytestmark = [pytest.mark.kernel, pytest.mark.serial]
 
 SOFT_NOFILE = 1024  # systemd's default soft limit for a service (DefaultLimitNOFILE=1024:524288), as the hard one
 REQUEST_TIMEOUT_S = 1.0  # [agent] request_timeout_s of the agent that must drop a request (default 10)

@@ -32,7 +32,8 @@ import pytest
 
 from laminar.api import ApiServer, Authorizer, Request, Route
 
-pytestmark = pytest.mark.kernel
+# serial: it steers the kernel's next pid (ns_last_pid), which any other test's fork would take
+pytestmark = [pytest.mark.kernel, pytest.mark.serial]
 
 GROUP = "lm-s7-h5"
 NOBODY = 65534

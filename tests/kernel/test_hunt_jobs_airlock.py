@@ -18,7 +18,8 @@ from jobrig import airlock_rig, running, until
 
 from laminar.airlock import ladder
 
-pytestmark = pytest.mark.kernel
+# serial: its memory pressure is felt machine-wide (node PSI, MemAvailable); run alone (Makefile)
+pytestmark = [pytest.mark.kernel, pytest.mark.serial]
 
 
 @pytest.mark.parametrize("rung", [ladder.SUSPEND, ladder.READDRESS])

@@ -26,7 +26,8 @@ from laminar.airlock.cgroups import detect
 from laminar.bpf import abi
 from laminar.bpf.libbpf import BpfLink, BpfMap, BpfObject, RingBuffer, object_path
 
-pytestmark = pytest.mark.kernel
+# serial: its memory pressure is felt machine-wide (node PSI, MemAvailable); run alone (Makefile)
+pytestmark = [pytest.mark.kernel, pytest.mark.serial]
 
 HIER = detect()
 LIMIT = 32 << 20

@@ -31,7 +31,8 @@ from nspawnrig import REPO, SystemdContainer, missing
 
 from laminarctl.client import Client
 
-pytestmark = pytest.mark.kernel
+# serial: boots this machine's root under systemd-nspawn (a whole systemd: CPU and memory)
+pytestmark = [pytest.mark.kernel, pytest.mark.serial]
 
 UNIT = "laminard"
 UNIT_FILE = REPO / "systemd" / "laminard.service"
