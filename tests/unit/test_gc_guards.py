@@ -89,7 +89,7 @@ class Job(SimpleNamespace):
 def job_of(tmp: Path) -> Job:
     """The source's job-1: running, with a checkpoint directory the test writes checkpoints to."""
     return Job(id="job-1", num=1, state="running", gpus=[], owner_uid=0, owner_gid=0, ended=None, pid=None,
-               spec=JobSpec(["train"]), ckpt_dir=tmp / "job-1-ckpt")
+               exit_code=None, spec=JobSpec(["train"]), ckpt_dir=tmp / "job-1-ckpt")
 
 
 @contextlib.asynccontextmanager

@@ -75,7 +75,7 @@ def test_a_silent_buddy_costs_one_timeout_and_the_checkpoint_goes_to_another_pee
     port = free_port()
     job = job_of(tmp_path)
     job2 = Job(id="job-2", num=2, state="running", gpus=[], owner_uid=0, owner_gid=0, ended=None, pid=None,
-               spec=JobSpec(["train"]), ckpt_dir=tmp_path / "job-2-ckpt")
+               exit_code=None, spec=JobSpec(["train"]), ckpt_dir=tmp_path / "job-2-ckpt")
 
     async def main() -> None:
         async with Silent().listening(port) as silent, node(tmp_path, 3, [1, 2, 3], port) as c:
@@ -316,7 +316,7 @@ def test_a_destination_a_move_found_silent_is_not_tried_again_by_the_next_move(
     port = free_port()
     job = job_of(tmp_path)
     job2 = Job(id="job-2", num=2, state="running", gpus=[], owner_uid=0, owner_gid=0, ended=None, pid=None,
-               spec=JobSpec(["train"]), ckpt_dir=tmp_path / "job-2-ckpt")
+               exit_code=None, spec=JobSpec(["train"]), ckpt_dir=tmp_path / "job-2-ckpt")
 
     async def main() -> None:
         async with contextlib.AsyncExitStack() as stack:
