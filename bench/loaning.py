@@ -210,6 +210,22 @@ def report(args: argparse.Namespace, res: dict[str, float | str], t0: float) -> 
     return 0
 
 
+def pollux_means(data: Path, workloads: list[int], seed: int, elastic_fraction: float) -> dict[str, float]:
+    """Laminar (l) and noloan (n) on each Pollux workload: the means over the workloads of the
+    mean queue (q), the mean JCT (j) and the usage (u), keyed ``lq``, ``nq``, ``lj``, ..."""
+    per: dict[str, list[float]] = {f"{s}{w}": [] for s in "ln" for w in "qju"}
+    for w in workloads:
+        log(f"pollux workload-{w}, {elastic_fraction:.0%} of the jobs elastic")
+        pj, pn = build_scenario(data / f"pollux/simulator/workloads/workload-{w}.csv", seed=seed,
+                                elastic_fraction=elastic_fraction)
+        pr = run_pair(pj, pn, ["laminar", "noloan"], seed)
+        for s, r in (("l", pr["laminar"]), ("n", pr["noloan"])):
+            per[f"{s}q"].append(r.avg_queue_s)
+            per[f"{s}j"].append(r.avg_jct_s)
+            per[f"{s}u"].append(r.usage)
+    return {k: statistics.fmean(v) for k, v in per.items()}
+
+
 def experiments(args: argparse.Namespace, res: dict[str, float | str], t0: float, pending: Pending | None) -> int:
     """Experiments 1 to 4 (see the module docs), then the report and the plot."""
     data, quick = args.trace, args.quick
@@ -294,18 +310,7 @@ def experiments(args: argparse.Namespace, res: dict[str, float | str], t0: float
 
     # 2. pollux
     workloads = [1] if quick else list(range(1, 9))
-    pq: dict[str, list[float]] = {"lq": [], "nq": [], "lj": [], "nj": [], "lu": [], "nu": []}
-    for w in workloads:
-        log(f"pollux workload-{w}")
-        pj, pn = build_scenario(data / f"pollux/simulator/workloads/workload-{w}.csv", seed=args.seed)
-        pr = run_pair(pj, pn, ["laminar", "noloan"], args.seed)
-        pq["lq"].append(pr["laminar"].avg_queue_s)
-        pq["nq"].append(pr["noloan"].avg_queue_s)
-        pq["lj"].append(pr["laminar"].avg_jct_s)
-        pq["nj"].append(pr["noloan"].avg_jct_s)
-        pq["lu"].append(pr["laminar"].usage)
-        pq["nu"].append(pr["noloan"].usage)
-    m = {k: statistics.fmean(v) for k, v in pq.items()}
+    m = pollux_means(data, workloads, args.seed, 0.5)
     res.update(
         pollux_queuing_speedup=round(ratio(m["nq"], m["lq"]), 3),
         pollux_jct_speedup=round(ratio(m["nj"], m["lj"]), 3),
@@ -318,20 +323,11 @@ def experiments(args: argparse.Namespace, res: dict[str, float | str], t0: float
     )
     # Sensitivity: the workloads' own artifact (AdaptDL) lets Pollux adapt every job, where the
     # headline above gives them openb's seeded half (docs/simulator.md, Elasticity).
-    pa: dict[str, list[float]] = {"lq": [], "nq": [], "lj": [], "nj": [], "lu": [], "nu": []}
-    for w in workloads:
-        pj, pn = build_scenario(data / f"pollux/simulator/workloads/workload-{w}.csv", seed=args.seed,
-                                elastic_fraction=1.0)
-        pr = run_pair(pj, pn, ["laminar", "noloan"], args.seed)
-        for side, r in (("l", pr["laminar"]), ("n", pr["noloan"])):
-            pa[f"{side}q"].append(r.avg_queue_s)
-            pa[f"{side}j"].append(r.avg_jct_s)
-            pa[f"{side}u"].append(r.usage)
-    ma = {k: statistics.fmean(v) for k, v in pa.items()}
+    m = pollux_means(data, workloads, args.seed, 1.0)
     res.update(
-        pollux_allelastic_queuing_speedup=round(ratio(ma["nq"], ma["lq"]), 3),
-        pollux_allelastic_jct_speedup=round(ratio(ma["nj"], ma["lj"]), 3),
-        pollux_allelastic_usage_gain_pct=round(100 * (ma["lu"] - ma["nu"]) / ma["nu"], 2),
+        pollux_allelastic_queuing_speedup=round(ratio(m["nq"], m["lq"]), 3),
+        pollux_allelastic_jct_speedup=round(ratio(m["nj"], m["lj"]), 3),
+        pollux_allelastic_usage_gain_pct=round(100 * (m["lu"] - m["nu"]) / m["nu"], 2),
     )
 
     # 3. allocation ratio at 130% arrived demand
