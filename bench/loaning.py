@@ -135,21 +135,21 @@ def allocation_130pct(data: Path, quick: bool, pending: Pending | None) -> dict[
         log(f"allocation {pl} seed {s}: {ar.allocation_ratio_pct:.2f}% moves {ar.moves} ({wall:.1f} s)")
     out: dict[str, float | str] = {}
     for pl in placements:
-        runs = [got[pl][s] for s in seeds]
-        vals = [r.allocation_ratio_pct for r in runs]
+        results = [got[pl][s] for s in seeds]
+        vals = [r.allocation_ratio_pct for r in results]
         key = ALLOC_KEYS[pl]
-        CURVES.setdefault(pl, runs[0].curve)
+        CURVES.setdefault(pl, results[0].curve)
         out[key] = round(statistics.fmean(vals), 2)
         out[f"{key}_sd"] = round(statistics.stdev(vals), 2) if len(vals) > 1 else 0.0
         out[f"{key}_min"] = round(min(vals), 2)
         out[f"{key}_max"] = round(max(vals), 2)
         out[f"{key}_per_seed"] = " ".join(f"{v:.2f}" for v in vals)
-        if any(r.moves for r in runs) or "readdress" in pl or "hinted" in pl:
-            out[f"{key}_moves_mean"] = round(statistics.fmean(r.moves for r in runs), 1)
-        if any(r.messages for r in runs):
-            placed = [r.pods - r.failed for r in runs]
-            out[f"{key}_messages_per_pod"] = round(statistics.fmean(r.messages / r.pods for r in runs), 1)
-            out[f"{key}_messages_per_placed_pod"] = round(statistics.fmean(r.messages / max(1, n) for r, n in zip(runs, placed, strict=True)), 1)
+        if any(r.moves for r in results) or "readdress" in pl or "hinted" in pl:
+            out[f"{key}_moves_mean"] = round(statistics.fmean(r.moves for r in results), 1)
+        if any(r.messages for r in results):
+            placed = [r.pods - r.failed for r in results]
+            out[f"{key}_messages_per_pod"] = round(statistics.fmean(r.messages / r.pods for r in results), 1)
+            out[f"{key}_messages_per_placed_pod"] = round(statistics.fmean(r.messages / max(1, n) for r, n in zip(results, placed, strict=True)), 1)
     out.update(allocation_best_placement=BEST, allocation_seeds=len(seeds),
                allocation_beats_published_fgd=int(float(out["allocation_ratio_130pct"]) > PUBLISHED_130PCT["FGD"]),
                published_bestfit_130pct=PUBLISHED_130PCT["BestFit"], published_fgd_130pct=PUBLISHED_130PCT["FGD"])
@@ -200,6 +200,18 @@ def _exit_on_term(signum: int, _frame: object) -> None:
     raise SystemExit(128 + signum)
 
 
+def gains(nq: float, lq: float, nj: float, lj: float, nu: float, lu: float) -> dict[str, float]:
+    """The three headline figures from noloan's (n) and Laminar's (l) mean queue (q), mean JCT
+    (j) and usage (u): ``queuing_speedup``, ``jct_speedup``, ``usage_gain_pct``."""
+    return {"queuing_speedup": round(ratio(nq, lq), 3), "jct_speedup": round(ratio(nj, lj), 3),
+            "usage_gain_pct": round(100 * (lu - nu) / nu, 2)}
+
+
+def gpu_gains(nol: SimResult, lam: SimResult) -> dict[str, float]:
+    """:func:`gains` over the GPU jobs of two runs (the openb headline)."""
+    return gains(nol.avg_queue_gpu_s, lam.avg_queue_gpu_s, nol.avg_jct_gpu_s, lam.avg_jct_gpu_s, nol.usage, lam.usage)
+
+
 def report(args: argparse.Namespace, res: dict[str, float | str], t0: float) -> int:
     """Prints ``res`` (and writes ``--json``) with the run's wall time and machine."""
     res.update(quick=int(args.quick), wall_s=round(time.monotonic() - t0, 1), machine="2-core Debian 12 VM")
@@ -242,10 +254,8 @@ def experiments(args: argparse.Namespace, res: dict[str, float | str], t0: float
     lam, nol = ob["laminar"], ob["noloan"]
     # Headline: the GPU jobs (CPU-only pods of the GPU trace are not what a GPU scheduler is
     # judged on; docs/simulator.md); every job's figures follow as *_all_jobs.
+    res.update(gpu_gains(nol, lam))
     res.update(
-        queuing_speedup=round(ratio(nol.avg_queue_gpu_s, lam.avg_queue_gpu_s), 3),
-        jct_speedup=round(ratio(nol.avg_jct_gpu_s, lam.avg_jct_gpu_s), 3),
-        usage_gain_pct=round(100 * (lam.usage - nol.usage) / nol.usage, 2),
         # What no policy can beat on this job mix: JCT with no queue and every elastic job at
         # its maximum from the start; usage with every GPU busy all the time.
         jct_speedup_ceiling=round(nol.avg_jct_gpu_s / best_case_jct(jobs), 3),
@@ -290,9 +300,8 @@ def experiments(args: argparse.Namespace, res: dict[str, float | str], t0: float
                                         max_jobs=n_jobs, span_s=7 * 86_400 * n_jobs / n_all)
                 pr2 = run_pair(sj, sn, ["laminar", "noloan"], sd)
                 lm, nl = pr2["laminar"], pr2["noloan"]
-            per["queuing_speedup"].append(round(ratio(nl.avg_queue_gpu_s, lm.avg_queue_gpu_s), 3))
-            per["jct_speedup"].append(round(ratio(nl.avg_jct_gpu_s, lm.avg_jct_gpu_s), 3))
-            per["usage_gain_pct"].append(round(100 * (lm.usage - nl.usage) / nl.usage, 2))
+            for key, v in gpu_gains(nl, lm).items():
+                per[key].append(v)
         for key, vals in per.items():
             res[f"{key}_median"] = round(statistics.median(vals), 3)
             res[f"{key}_per_seed"] = " ".join(str(v) for v in vals)
@@ -301,20 +310,16 @@ def experiments(args: argparse.Namespace, res: dict[str, float | str], t0: float
     ej, en = build_scenario(data / "openb_pod_list_default.csv", load=args.load, seed=args.seed,
                             max_jobs=n_jobs, span_s=7 * 86_400 * n_jobs / n_all, elastic_fraction=1.0)
     eb = run_pair(ej, en, ["laminar", "noloan"], args.seed)
+    res.update({f"allelastic_{k}": v for k, v in gpu_gains(eb["noloan"], eb["laminar"]).items()})
     res.update(
-        allelastic_queuing_speedup=round(ratio(eb["noloan"].avg_queue_gpu_s, eb["laminar"].avg_queue_gpu_s), 3),
-        allelastic_jct_speedup=round(ratio(eb["noloan"].avg_jct_gpu_s, eb["laminar"].avg_jct_gpu_s), 3),
-        allelastic_usage_gain_pct=round(100 * (eb["laminar"].usage - eb["noloan"].usage) / eb["noloan"].usage, 2),
         allelastic_jct_speedup_ceiling=round(eb["noloan"].avg_jct_gpu_s / best_case_jct(ej), 3),
     )
 
     # 2. pollux
     workloads = [1] if quick else list(range(1, 9))
     m = pollux_means(data, workloads, args.seed, 0.5)
+    res.update({f"pollux_{k}": v for k, v in gains(m["nq"], m["lq"], m["nj"], m["lj"], m["nu"], m["lu"]).items()})
     res.update(
-        pollux_queuing_speedup=round(ratio(m["nq"], m["lq"]), 3),
-        pollux_jct_speedup=round(ratio(m["nj"], m["lj"]), 3),
-        pollux_usage_gain_pct=round(100 * (m["lu"] - m["nu"]) / m["nu"], 2),
         pollux_laminar_avg_jct_s=round(m["lj"], 1),
         pollux_noloan_avg_jct_s=round(m["nj"], 1),
         pollux_laminar_avg_queue_s=round(m["lq"], 1),
@@ -324,11 +329,8 @@ def experiments(args: argparse.Namespace, res: dict[str, float | str], t0: float
     # Sensitivity: the workloads' own artifact (AdaptDL) lets Pollux adapt every job, where the
     # headline above gives them openb's seeded half (docs/simulator.md, Elasticity).
     m = pollux_means(data, workloads, args.seed, 1.0)
-    res.update(
-        pollux_allelastic_queuing_speedup=round(ratio(m["nq"], m["lq"]), 3),
-        pollux_allelastic_jct_speedup=round(ratio(m["nj"], m["lj"]), 3),
-        pollux_allelastic_usage_gain_pct=round(100 * (m["lu"] - m["nu"]) / m["nu"], 2),
-    )
+    res.update({f"pollux_allelastic_{k}": v
+                for k, v in gains(m["nq"], m["lq"], m["nj"], m["lj"], m["nu"], m["lu"]).items()})
 
     # 3. allocation ratio at 130% arrived demand
     res.update(allocation_130pct(data, quick, pending))
