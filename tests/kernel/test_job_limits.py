@@ -230,6 +230,8 @@ def test_a_fork_bomb_stops_at_pids_max_while_root_stays_live(limits_agent: Agent
         assert shown["pids_limit"]["current"] <= PIDS_MAX
         all_jobs = agent.json("status")["jobs"]["job_limits"]["all_jobs_pids"]
         assert all_jobs["current"] >= shown["pids_limit"]["current"]
+        # root's status and kill-switch keep answering while the job holds its tasks at pids.max
+        wait_until(lambda: len(live.status_s) >= 10 or live.failures, 60, "root's status calls beside the bomb")
         agent.ctl("job", "stop", job["id"], "--grace", "0")
     live.check(bound_s=2.0)
 
