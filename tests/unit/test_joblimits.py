@@ -54,7 +54,9 @@ def test_every_rlimit_goes_to_prlimit_so_none_is_the_agents() -> None:
     assert sorted(a.split("=")[0][2:] for a in args) == sorted(jl.RLIMITS)
     assert "--memlock=8388608:8388608" in args and "--core=0:unlimited" in args and "--nofile=1024:524288" in args
     argv = jl.launch_argv(p)
-    assert argv[argv.index(jl.PRLIMIT):][-1] == "--"
+    assert argv[argv.index(jl.PRLIMIT):][-1] == "--" and jl.SETPRIV not in argv
+    nnp = jl.launch_argv(jl.Profile(1500, dict(BASE), 100, 0o022, 0, True))
+    assert nnp[-3:] == [jl.SETPRIV, "--no-new-privs", "--"]  # after the limits, before the drop
 
 
 @pytest.mark.parametrize("text, want", [

@@ -513,9 +513,6 @@ class Profile:
                 "umask": f"{self.umask:04o}", "nice": self.nice, "no_new_privs": self.no_new_privs,
                 "from": list(self.sources), "clamped": dict(self.clamped)}
 
-    def describe(self) -> str:
-        return " ".join(f"{k} {_fmt(k, s)}:{_fmt(k, h)}" for k, (s, h) in sorted(self.limits.items()))
-
 
 @dataclass(frozen=True)
 class Settings:
@@ -703,10 +700,6 @@ def configure(section: dict[str, Any] | None) -> Limiter:
     """Makes the ``[job_limits]`` section (None: the defaults) the one jobs and helpers get."""
     global _active
     _active = Limiter(Settings.from_config(section))
-    return _active
-
-
-def active() -> Limiter:
     return _active
 
 
