@@ -258,15 +258,15 @@ class Agent:
 
     def _raise_nofile(self) -> limits.NofileLimits | None:
         """The agent's soft open-files limit raised to its hard limit (`laminar.limits`); jobs
-        get the one it was started with. None (and a warning) if the kernel refused."""
+        get their owner's (`laminar.runtime.joblimits`). None (and a warning) if the kernel refused."""
         try:
             lim = limits.raise_nofile()
         except OSError as e:
             log.warning("open-files limit: cannot raise the soft limit to the hard one: %s", e)
             return None
         if lim.soft != lim.inherited_soft:
-            log.info("open-files limit: soft %d raised to %d (the hard limit); jobs get %d, as the agent was started",
-                     lim.inherited_soft, lim.soft, lim.inherited_soft)
+            log.info("open-files limit: soft %d raised to %d (the hard limit); jobs get their owner's limits "
+                     "([job_limits])", lim.inherited_soft, lim.soft)
         return lim
 
     def _stop_extension(self) -> str:

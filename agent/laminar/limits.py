@@ -1,4 +1,4 @@
-"""The agent's open-files limit (``RLIMIT_NOFILE``), and the one its jobs get.
+"""The agent's open-files limit (``RLIMIT_NOFILE``).
 
 The agent holds about two descriptors per running job (a pidfd and a PSI trigger) besides its
 own sockets, maps and store. The systemd unit sets ``LimitNOFILE=65536``; started any other way
@@ -7,12 +7,10 @@ failed "Too many open files" and submissions were refused. So at start the agent
 soft limit to its hard limit (`raise_nofile`), and says so when even that holds fewer running
 jobs than ``jobs.max_per_user`` lets one user have (`nofile_note`).
 
-Jobs do not get the raised limit: a job gets the soft limit the agent was started with
-(`job_nofile_soft`; 65,536 under the unit, as docs/operations.md says; a shell's 1,024 under
-``make run``), restored as root before the drop to the job's owner. That is what systemd does
-for its own services (it raises its own soft limit, and gives services 1,024 soft): a program
-that uses ``select()`` fails on a descriptor above 1,023, and a job that needs more raises its
-soft limit up to the hard one itself.
+Jobs get none of the agent's limits, raised or not: every job starts with its owner's profile
+(`laminar.runtime.joblimits`: by default soft 1,024 and hard 524,288 open files, as systemd
+gives its services; a program that uses ``select()`` fails on a descriptor above 1,023, and a
+job that needs more raises its soft limit up to the hard one itself).
 """
 
 from __future__ import annotations
@@ -26,12 +24,9 @@ from pathlib import Path
 FDS_PER_JOB = 2
 FDS_RESERVED = 256
 
-_job_soft: int | None = None
-
-
 @dataclass(frozen=True)
 class NofileLimits:
-    inherited_soft: int  # the soft limit the agent was started with (what jobs get)
+    inherited_soft: int  # the soft limit the agent was started with
     soft: int            # the soft limit now
     hard: int
 
@@ -45,22 +40,14 @@ def _nr_open() -> int:
 
 def raise_nofile() -> NofileLimits:
     """Raises this process's soft RLIMIT_NOFILE to its hard limit (to fs.nr_open where the hard
-    limit is unlimited) and remembers the soft limit it was started with, for the jobs
-    (`job_nofile_soft`). Never raises the hard limit. Raises OSError if the kernel refuses."""
-    global _job_soft
+    limit is unlimited) and says what it was started with. Never raises the hard limit. Raises
+    OSError if the kernel refuses."""
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     target = hard if hard != resource.RLIM_INFINITY else _nr_open()
     if soft != resource.RLIM_INFINITY and soft < target:
         resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
-        _job_soft = soft
         return NofileLimits(soft, target, hard)
     return NofileLimits(soft, soft, hard)
-
-
-def job_nofile_soft() -> int | None:
-    """The soft limit a job is to get (the one the agent was started with), or None when the
-    agent did not raise its own (the job inherits the agent's as it is)."""
-    return _job_soft
 
 
 def jobs_held(soft: int) -> int:

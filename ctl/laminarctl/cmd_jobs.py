@@ -12,6 +12,12 @@
 Any local user may submit (the job runs with the caller's uid and gid) and stop their own
 jobs; stopping another user's job needs root or the agent's control group.
 
+``job show`` says what the job started with (``limits``: its owner's profile on this node, not
+the agent's; docs/operations.md, "What a job gets: the site's limits"): every rlimit as
+SOFT:HARD, its ``pids.max``, umask and nice value, where they came from (``[job_limits]``, the
+limits.conf lines that applied) and what the agent could not give (``limits clamped``); and,
+while it runs, its tasks against its ``pids.max`` with the forks refused there (``pids``).
+
 A job whose class has no room under its memory cap is accepted in state ``queued`` and starts
 by itself once room frees (docs/airlock.md, "Admission"): ``submit`` says so and exits 0,
 ``jobs`` and ``job show`` give the reason (``waiting for class transient: needs 400 MiB,
@@ -269,6 +275,35 @@ def _follow(args: argparse.Namespace) -> int:
     return 0
 
 
+_BYTES = ("as", "core", "data", "fsize", "memlock", "msgqueue", "rss", "stack")
+
+
+def _size(item: str, v: Any) -> str:
+    if not isinstance(v, int) or item not in _BYTES:
+        return str(v)
+    for suffix, unit in (("G", 1 << 30), ("M", 1 << 20), ("K", 1 << 10)):
+        if v >= unit and v % unit == 0:
+            return f"{v // unit}{suffix}"
+    return str(v)
+
+
+def limits_pairs(job: dict[str, Any]) -> dict[str, Any]:
+    """``job show``'s lines for a job's ``limits`` and ``pids_limit`` (none for a queued job)."""
+    lim = job.get("limits")
+    out: dict[str, Any] = {}
+    if isinstance(lim, dict):
+        rl = " ".join(f"{k} {_size(k, s)}:{_size(k, h)}" for k, (s, h) in sorted((lim.get("rlimits") or {}).items()))
+        out["limits"] = (f"{rl}; pids.max {lim.get('pids_max')}; umask {lim.get('umask')}; nice {lim.get('nice')}"
+                         + ("; no_new_privs" if lim.get("no_new_privs") else ""))
+        out["limits from"] = "; ".join(lim.get("from") or [])
+        if lim.get("clamped"):
+            out["limits clamped"] = "; ".join(f"{k}: {v}" for k, v in sorted(lim["clamped"].items()))
+    pl = job.get("pids_limit")
+    if isinstance(pl, dict):
+        out["pids"] = f"{pl.get('current')} of {pl.get('max')} ({pl.get('refused')} forks refused at pids.max)"
+    return out
+
+
 def cmd_job_show(args: argparse.Namespace) -> int:
     if getattr(args, "follow", False):
         return _follow(args)
@@ -277,7 +312,8 @@ def cmd_job_show(args: argparse.Namespace) -> int:
     if mv is not None and mv.get("phase") == "unconfirmed":  # the operator's cue for `job settle`
         job = {**job, "migration": {"phase": "unconfirmed", "dest": mv.get("dest"),
                                     "unconfirmed_since": mv.get("unconfirmed_since"), "error": mv.get("error")}}
-    emit(job, args.output, lambda j: kv({k: v for k, v in j.items() if k != "spec"} | {"command": (j.get("spec") or {}).get("command")},
+    emit(job, args.output, lambda j: kv({k: v for k, v in j.items() if k not in ("spec", "limits", "pids_limit")}
+                                        | {"command": (j.get("spec") or {}).get("command")} | limits_pairs(j),
                                         title=f"job {j['id']}"))
     return 0
 

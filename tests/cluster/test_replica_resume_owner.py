@@ -6,7 +6,8 @@ Two real agents in one zone (tests/cluster/harness.py), each in its own network 
 job is submitted by a real other uid (``agentproc.NOBODY``, through the real laminarctl), runs
 as that user, writes jobkit checkpoints (one at start, one more each time it is asked), and on
 its restart resumes with jobkit from ``LAMINAR_RESUME_FROM``. Node A is reclaimed with a notice
-window; the job moves to node B and must resume there from the checkpoint it moved with.
+window; the job moves to node B and must resume there from the checkpoint it moved with, under
+its owner's limits on B (runtime.joblimits), not B's agent's.
 """
 
 from __future__ import annotations
@@ -79,6 +80,11 @@ def moved_and_resumed(c: Cluster, lib: Path) -> None:
     assert on_b[0] == {"event": "start", "resumed": moved}, (on_b, job_state(b, dest))
     st = job_state(b, dest)
     assert st["state"] == "running" and st["owner_uid"] == NOBODY, st
+    # a job from a peer starts with its owner's limits on this node, not the agent's ([job_limits])
+    assert st["limits"]["from"][0] == "[job_limits]" and st["limits"]["rlimits"]["nofile"][0] == 1024, st["limits"]
+    nofile = next(line.split()[3] for line in Path(f"/proc/{st['pid']}/limits").read_text().splitlines()
+                  if line.startswith("Max open files"))
+    assert nofile == "1024", nofile
     # what it resumed from: readable by its owner only, never writable by it
     rf = Path(st["spec"]["resume_from"])
     for p in [rf, *rf.iterdir()]:

@@ -1,12 +1,13 @@
-"""The agent raises its own open-files limit; its jobs get the one it was started with.
+"""The agent raises its own open-files limit; its jobs get their owner's, not the agent's.
 
 The agent holds about two descriptors per running job (a pidfd and a PSI trigger). Under the
 unit (``LimitNOFILE=65536``) that is room for thousands, but started any other way (``make run``,
 a shell with soft limit 1,024) it ran out near 480 jobs: ``laminarctl status`` failed "Too many
 open files" and submissions were refused. Now the agent raises its soft limit to its hard limit
-at start, and a job still gets the soft limit the agent was started with (docs/operations.md,
-"What jobs inherit from the unit"), as systemd gives its services 1,024: programs using
-select() fail above 1,023. A real laminard started under a small soft limit (prlimit), real jobs.
+at start, and a job gets neither: it starts with its owner's profile (docs/operations.md, "What
+a job gets: the site's limits"; by default soft 1,024, as systemd gives its services: programs
+using select() fail above 1,023). A real laminard started under a small soft limit (prlimit),
+real jobs (all of a job's limits: tests/kernel/test_job_limits.py).
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ def nofile(pid: int) -> tuple[int, int]:
     raise AssertionError(f"no open-files line in /proc/{pid}/limits")
 
 
-def test_agent_under_a_small_soft_limit_runs_more_jobs_and_jobs_keep_that_limit(
+def test_agent_under_a_small_soft_limit_runs_more_jobs_and_jobs_get_the_profiles_limit(
         veth_pair: object, tmp_path: Path) -> None:
     hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
     if hard == resource.RLIM_INFINITY or hard < 1024:
@@ -58,7 +59,9 @@ def test_agent_under_a_small_soft_limit_runs_more_jobs_and_jobs_keep_that_limit(
         assert st["agent"]["pid"] == pid
         job_pids = [int(p) for j in agent.json("jobs", "--active") for p in j.get("pids") or []]
         assert job_pids
+        want = tuple(st["jobs"]["job_limits"]["defaults"]["nofile"])  # [job_limits], as this agent can give it
+        assert want[0] == 1024
         for jp in job_pids:
-            assert nofile(jp) == (soft, hard), f"job pid {jp}: {nofile(jp)}, not the agent's start limit {soft}"
+            assert nofile(jp) == want, f"job pid {jp}: {nofile(jp)}, not the profile's {want}"
     finally:
         agent.cleanup()

@@ -191,7 +191,9 @@ def test_control_socket_permissions_under_systemd(box: SystemdContainer) -> None
 
 def test_jobs_run_as_their_submitter_in_the_agents_cgroups(box: SystemdContainer) -> None:
     """A job submitted through the socket runs as its submitter in the cgroups the agent made
-    (cgroup2 and v1 memory under /laminar), outside the unit's own cgroup."""
+    (cgroup2, v1 memory and v1 pids under /laminar, with a pids.max), outside the unit's own
+    cgroup, and with its owner's limits, not the unit's LimitNOFILE= (docs/operations.md, "What a
+    job gets: the site's limits")."""
     agent = int(box.show(UNIT, "MainPID")["MainPID"])
     fds_before = open_fds(box, agent)
     mine = json.loads(box.ctl("-o", "json", "submit", "--name", "lm-sd-root", "--", "sleep", "600").stdout)
@@ -207,7 +209,14 @@ def test_jobs_run_as_their_submitter_in_the_agents_cgroups(box: SystemdContainer
         assert cg["unified"] == f"/laminar/{job['class']}/{job['id']}", cg
         assert cg["memory"] == f"/laminar/{job['class']}/{job['id']}", cg
         assert job["cgroup"] == f"/sys/fs/cgroup/unified{cg['unified']}"
-        assert cg["pids"] == "/system.slice/laminard.service", cg  # the agent makes no pids cgroups
+        assert cg["pids"] == f"/laminar/{job['class']}/{job['id']}", cg  # its own, not the unit's (TasksMax)
+        assert box.sh(f"cat /sys/fs/cgroup/pids{cg['pids']}/pids.max").stdout.strip().isdigit()
+        # set in the root steps before the drop: look once the command runs
+        wait_until(lambda j=job: box.sh(f"cat /proc/{j['pid']}/cmdline").stdout.split("\0")[0] == "sleep", 30,
+                   "the job's command to run")
+        nofile = next(line.split()[3:5] for line in box.sh(f"cat /proc/{job['pid']}/limits").stdout.splitlines()
+                      if line.startswith("Max open files"))
+        assert nofile[0] == "1024", (job["id"], nofile)  # [job_limits] nofile, not the unit's 65536
         # a job may not gain privileges the agent lacks (NoNewPrivileges= is inherited)
         assert st["NoNewPrivs"] == "1"
     JOBS[:] = [mine, theirs]

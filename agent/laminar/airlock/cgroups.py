@@ -9,13 +9,17 @@ Every job gets:
 - its **memory limit** in whichever hierarchy has the memory controller: v1
   `memory.limit_in_bytes` (plus `memory.oom_control` = 1 so the kernel holds the allocator
   instead of killing) on a hybrid host, v2 `memory.max`/`memory.high` on a pure-v2 host;
-- a CPU quota where a cpu controller is available (v1 `cpu.cfs_quota_us` or v2 `cpu.max`).
+- a CPU quota where a cpu controller is available (v1 `cpu.cfs_quota_us` or v2 `cpu.max`);
+- a **task limit**, `pids.max`, wherever the pids controller lives: the v1 pids hierarchy on a
+  hybrid host (which systemd mounts there), cgroup2 on a pure-v2 host; and one over all jobs on
+  the root name's directory (laminar.runtime.joblimits says how many).
 
 Layout, under a configurable root name (default ``laminar``), with one parent per lifecycle
 class so that the parents' limits keep the protected class's memory out of the others' reach::
 
     /sys/fs/cgroup/unified/laminar/<class>/<job_id>     cgroup2 (hybrid host)
     /sys/fs/cgroup/memory/laminar/<class>/<job_id>      v1 memory (hybrid host)
+    /sys/fs/cgroup/pids/laminar/<class>/<job_id>        v1 pids (hybrid host)
     /sys/fs/cgroup/laminar/<class>/<job_id>             pure v2: both in one directory
 
 Example::
@@ -62,7 +66,7 @@ class Hierarchy:
 
     `mode` is ``"hybrid"`` (cgroup2 without the memory controller, v1 memory) or ``"v2"``
     (memory in cgroup2). `unified` is the cgroup2 mount; `v1` maps each v1 controller that
-    Laminar uses (``memory``, ``cpu``) to its mount point (empty on a pure-v2 host).
+    Laminar uses (``memory``, ``cpu``, ``pids``) to its mount point (empty on a pure-v2 host).
     `v2_controllers` are the controllers available at the cgroup2 root.
     """
 
@@ -74,6 +78,16 @@ class Hierarchy:
     @property
     def memory_in_v2(self) -> bool:
         return self.mode == "v2"
+
+    @property
+    def pids_in_v2(self) -> bool:
+        """The pids controller is cgroup2's (a pure-v2 host; or a hybrid one that left it there)."""
+        return "pids" in self.v2_controllers and "pids" not in self.v1
+
+    @property
+    def pids_mount(self) -> Path | None:
+        """Where the pids controller is mounted; None when this host has none."""
+        return self.unified if self.pids_in_v2 else self.v1.get("pids")
 
     def describe(self) -> str:
         """One line for `laminarctl status` and the agent's start-up log."""
@@ -104,7 +118,7 @@ def _parse_mounts(text: str) -> tuple[list[Path], dict[str, Path]]:
         if fstype == "cgroup2":
             v2.append(Path(mnt))
         elif fstype == "cgroup":
-            for ctrl in ("memory", "cpu", "freezer"):
+            for ctrl in ("memory", "cpu", "freezer", "pids"):
                 if ctrl in opts and ctrl not in v1:
                     v1[ctrl] = Path(mnt)
     return v2, v1
@@ -135,7 +149,7 @@ def detect(mounts: str | None = None) -> Hierarchy:
     if "memory" not in v1:
         raise CgroupError(f"no memory controller: not in {unified}/cgroup.controllers "
                           f"({' '.join(sorted(controllers)) or 'empty'}) and no v1 memory mount")
-    return Hierarchy("hybrid", unified, {k: v for k, v in v1.items() if k in ("memory", "cpu")}, controllers)
+    return Hierarchy("hybrid", unified, {k: v for k, v in v1.items() if k in ("memory", "cpu", "pids")}, controllers)
 
 
 def _write(path: Path, value: str) -> None:
@@ -386,6 +400,22 @@ class JobCgroup:
         """Limit the job to `cpus` CPUs of time (None = unlimited). False if no cpu controller."""
         return set_cpu_quota(self.hierarchy, self, cpus)
 
+    @property
+    def pids_dir(self) -> Path | None:
+        """The directory holding this job's pids controller files; None without the controller."""
+        return self.unified if self.hierarchy.pids_in_v2 else self.v1.get("pids")
+
+    def set_pids_max(self, limit: int | None) -> bool:
+        """The most tasks (processes and threads) the job may have at once (None = ``max``): a
+        fork or clone past it fails with EAGAIN inside the job. False if no pids controller.
+        Raises CgroupError on failure."""
+        return set_pids_max(self.pids_dir, limit)
+
+    def pids_limit(self) -> dict[str, int | str] | None:
+        """``{"current", "max", "refused"}`` of the job's pids controller (refused: forks and
+        clones that failed at its pids.max); None without the controller or once gone."""
+        return read_pids(self.pids_dir)
+
     def remove(self) -> None:
         """Remove the job's directories, children first. The job must hold no processes
         (kill it first); raises CgroupError (EBUSY) otherwise. Missing dirs are fine."""
@@ -475,6 +505,30 @@ def read_memory_in_use(h: Hierarchy, d: Path) -> int:
     return max(0, usage - max(0, file - busy))
 
 
+def set_pids_max(d: Path | None, limit: int | None) -> bool:
+    """``pids.max`` of a pids-controller directory `d` (None: no controller here: False)."""
+    if d is None:
+        return False
+    if limit is not None and limit < 1:
+        raise CgroupError(f"task limit {limit} must be at least 1")
+    _write(d / "pids.max", "max" if limit is None else str(limit))
+    return True
+
+
+def read_pids(d: Path | None) -> dict[str, int | str] | None:
+    """current, max and refused (``pids.events`` max) of a pids-controller directory."""
+    if d is None:
+        return None
+    try:
+        mx = (d / "pids.max").read_text().strip()
+        out: dict[str, int | str] = {"current": int((d / "pids.current").read_text()),
+                                     "max": mx if mx == "max" else int(mx)}
+        out["refused"] = int(parse_keyed((d / "pids.events").read_text()).get("max", "0"))
+    except (OSError, ValueError):
+        return None
+    return out
+
+
 def set_cpu_quota(h: Hierarchy, cg: JobCgroup, cpus: float | None) -> bool:
     if cpus is not None and cpus <= 0:
         raise CgroupError(f"cpus {cpus} must be > 0")
@@ -535,8 +589,11 @@ class CgroupTree:
                         pass
                     except OSError as e:
                         raise CgroupError(f"mkdir {d}: {e.strerror}") from e
-        if self.hierarchy.mode == "v2":
-            want = [c for c in ("memory", "cpu", "pids") if c in self.hierarchy.v2_controllers]
+        # v2 controllers enabled downwards: all three on a pure-v2 host; on a hybrid one only
+        # pids, where the host left it to cgroup2
+        want = ([c for c in ("memory", "cpu", "pids") if c in self.hierarchy.v2_controllers]
+                if self.hierarchy.mode == "v2" else ["pids"] if self.hierarchy.pids_in_v2 else [])
+        if want:
             u = self.hierarchy.unified
             for d in [u, u / self.root_name, *(u / self.root_name / c for c in self.classes)]:
                 for c in want:
@@ -567,6 +624,19 @@ class CgroupTree:
         kernel holds the allocator of that class at its limit while Airlock decides."""
         set_memory(self.hierarchy, self.class_memory_dir(job_class), limit_bytes,
                    oom_kill_disable=oom_kill_disable, high_bytes=high_bytes)
+
+    def root_pids_dir(self) -> Path | None:
+        """The root name's directory in the pids controller (None: the host has none)."""
+        m = self.hierarchy.pids_mount
+        return None if m is None else m / self.root_name
+
+    def set_root_pids_max(self, limit: int | None) -> bool:
+        """The most tasks all jobs together may have (None = ``max``); False if no pids controller."""
+        return set_pids_max(self.root_pids_dir(), limit)
+
+    def root_pids(self) -> dict[str, int | str] | None:
+        """`read_pids` of the root name's directory: all jobs' tasks, limit, forks refused at it."""
+        return read_pids(self.root_pids_dir())
 
     def set_root_memory(self, limit_bytes: int | None, *, oom_kill_disable: bool = False) -> None:
         """Limit everything under the root name (the node's budget for all jobs)."""

@@ -332,9 +332,14 @@ def verify_as_owner(path: str, uid: int, gid: int, stall_s: float | None = None)
     they cannot reach is refused alike whether it is valid, corrupt or absent). For uid 0 (a
     root job's checkpoint, checked in a child only for the bound) the texts are root's: jobkit's
     error as ``checkpoint <path> is not restorable: <error>``, no owner named."""
+    from laminar.runtime import joblimits
+
     stall_s = VERIFY_STALL_S if stall_s is None else stall_s
     who = "" if uid == 0 else f" as uid {uid} (the job's owner)"
-    argv = [sys.executable, "-I", "-c", _VERIFY_AS_OWNER, jobkit.__file__, path, str(uid), str(gid)]
+    # the owner's limits, nice value and an oom_score_adj of its own, not the agent's (a job's
+    # owner's profile: joblimits; its LimitsError is a ValueError naming the limits file)
+    argv = [*joblimits.helper_argv(uid, gid), sys.executable, "-I", "-c", _VERIFY_AS_OWNER, jobkit.__file__, path,
+            str(uid), str(gid)]
     proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             text=True, env={}, cwd="/")
     seen, since = _progress(f"/proc/{proc.pid}"), time.monotonic()

@@ -14,7 +14,9 @@ or ``POST /v1/jobs``). The `JobManager`:
    pid into every ``cgroup.procs`` and its ``oom_score_adj`` *before* it execs the command, so
    no instruction of the job runs outside its cgroups; a job submitted by a non-root caller
    runs as that caller (``setpriv``), never as root, and enters its working directory as that
-   caller (submit refuses one the caller may not enter);
+   caller (submit refuses one the caller may not enter); it starts with its owner's limits, not
+   the agent's: all sixteen rlimits, nice value and umask of the owner's profile and a
+   ``pids.max`` on its cgroup (`laminar.runtime.joblimits`; shown in its record, ``limits``);
 4. gives it the checkpoint contract: ``LAMINAR_JOB_ID``, ``LAMINAR_CKPT_DIR`` (state
    dir/ckpt/<job>), ``LAMINAR_CKPT_SIGNAL`` (default SIGUSR1) and, when restarted from a
    checkpoint, ``LAMINAR_RESUME_FROM``; stdout and stderr go to state dir/logs/<job>.log;
@@ -68,11 +70,11 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .. import limits
 from ..airlock import admission
 from ..airlock.cgroups import LIFECYCLE_CLASSES, CgroupError, CgroupTree, Hierarchy, JobCgroup, detect
 from ..config import Field, register_section
 from . import gpus as gpumod
+from . import joblimits
 
 log = logging.getLogger("laminar.jobs")
 
@@ -170,16 +172,15 @@ SCHEMA.append("""CREATE TABLE IF NOT EXISTS jobs_leaked_cgroups (
 # Retention (prune_ended) picks the oldest ended jobs.
 SCHEMA.append("CREATE INDEX IF NOT EXISTS jobs_by_ended ON jobs(ended)")
 # Columns added after the first release, with their types (added to an existing table at start).
-LATER_COLUMNS = {"started": "REAL"}
+LATER_COLUMNS = {"started": "REAL", "limits": "TEXT"}
 
 # The pre-exec step: join every cgroup (exit 127 naming the file if one refuses), set
-# oom_score_adj (best effort), put back the open-files soft limit the agent was started with when
-# one is given (laminar.limits: the agent raised its own), then exec the command. $0 is "laminar-job".
+# oom_score_adj (best effort) and the owner's umask, then exec the rest: the owner's nice value and
+# rlimits (joblimits.launch_argv), the drop, the trampoline. $0 is "laminar-job".
 ENTER_SH = (
     'n=$1; shift; while [ "$n" -gt 0 ]; do '
     'echo $$ > "$1" || { echo "laminar: cannot join cgroup $1" >&2; exit 127; }; shift; n=$((n-1)); done; '
-    'echo "$1" > /proc/self/oom_score_adj 2>/dev/null; shift; '
-    'if [ -n "$1" ]; then ulimit -Sn "$1"; fi; shift; exec "$@"'
+    'echo "$1" > /proc/self/oom_score_adj 2>/dev/null; umask "$2"; shift 2; exec "$@"'
 )
 
 # What runs as root before a job's command (ENTER_SH, setpriv) runs with this environment and
@@ -192,19 +193,14 @@ SETPRIV = next((p for p in ("/usr/bin/setpriv", "/bin/setpriv", "/usr/sbin/setpr
 # The last step before the job's command, already as its owner (``python3 -I -S``: no
 # environment variable, site or user directory of anyone reaches it): reads the job's
 # environment from the inherited file descriptor argv[1] (JSON; not in argv, which every user can
-# read in /proc), resets the nice value the agent runs at (the unit's Nice=-10 must not pass to
-# jobs), enters the working directory argv[2] when not empty (exit 126 naming it if the owner may
-# not), then execs the command with that environment (exit 127 if it is not found, 126 if it
-# cannot be run).
+# read in /proc), enters the working directory argv[2] when not empty (exit 126 naming it if the
+# owner may not), then execs the command with that environment (exit 127 if it is not found, 126
+# if it cannot be run). Its nice value (not the agent's Nice=-10) and limits were set as root before.
 JOB_TRAMPOLINE = (
     "import json, os, sys\n"
     "fd, cwd, cmd = int(sys.argv[1]), sys.argv[2], sys.argv[3:]\n"
     "with os.fdopen(fd, 'rb') as f:\n"
     "    env = json.loads(f.read())\n"
-    "try:\n"
-    "    os.setpriority(os.PRIO_PROCESS, 0, 0)\n"
-    "except OSError:\n"
-    "    pass\n"
     "if cwd:\n"
     "    try:\n"
     "        os.chdir(cwd)\n"
@@ -258,10 +254,14 @@ async def check_paths(cwd: str | None, exe: str | None, path_env: str, uid: int,
     that user (root when uid is 0): asked as root, the answers told a user whether files exist
     in directories closed to them. The questions go to one child process with PROBE_S to answer,
     never to the agent's own thread: a stat on hung storage blocks until the storage answers,
-    which would stop the event loop (every request, the kill-switch included) for as long."""
+    which would stop the event loop (every request, the kill-switch included) for as long. The
+    child holds the user's limits (`joblimits.helper_argv`), not the agent's."""
     if cwd is None and exe is None:
         return
-    enter = [*drop_privileges_argv(uid, gid)] if uid else []
+    try:
+        enter = [*joblimits.helper_argv(uid, gid), *(drop_privileges_argv(uid, gid) if uid else [])]
+    except joblimits.LimitsError as e:
+        raise JobError(str(e)) from None
     argv = [*enter, "/bin/sh", "-c", PROBE_SH, "laminar-probe", exe or "", cwd or "", path_env,
             "/bin/sh", "-c", 'cd -- "$0"']
     what = " and ".join([*([f"PATH {path_env!r}"] if exe else []), *([f"cwd {cwd!r}"] if cwd else [])])
@@ -286,6 +286,9 @@ async def check_paths(cwd: str | None, exe: str | None, path_env: str, uid: int,
             reaper.add_done_callback(_REAPERS.discard)
     if code == 4:
         raise JobError(f"command {exe!r}: not found in PATH (as uid {uid}, who runs the job)")
+    if code not in (0, 2, 3):  # 2, 3: cd or [ -d ] said no; else the check itself could not run as uid
+        raise JobError(f"{what}: could not be checked as uid {uid} (exit {code}; a user at its process limit, "
+                       "nproc, can start no more processes, nor jobs)")
     if code != 0:
         raise JobError(f"cwd {cwd!r}: no such directory that uid {uid} may enter (the job runs as its owner; a "
                        "directory is entered only with search permission on it and on every directory above it)")
@@ -621,6 +624,7 @@ class Job:
     adopted: bool = False
     started: float | None = None  # when its process started (None while queued)
     wait: admission.Wait | None = None  # why it is queued (in memory; its reason says the same)
+    limits: dict[str, Any] | None = None  # what it started with (joblimits.Profile.record; None: queued)
 
     @property
     def active(self) -> bool:
@@ -688,7 +692,7 @@ class Job:
             "exit_code": self.exit_code, "reason": self.reason, "work_lost_s": self.work_lost_s,
             "ckpt_dir": str(self.ckpt_dir) if self.ckpt_dir else None,
             "log": str(self.log_path) if self.log_path else None, "adopted": self.adopted,
-            "started": self.started, "spec": spec, "env_redacted": not reveal,
+            "started": self.started, "spec": spec, "env_redacted": not reveal, "limits": self.limits,
         }
         if self.state == QUEUED and self.wait is not None:
             out["queue"] = {"position": self.wait.position, "needs_mb": self.wait.need_mb,
@@ -698,6 +702,7 @@ class Job:
                 out["pids"] = self.cgroup.pids()
                 out["memory_bytes"] = self.cgroup.memory_usage()
                 out["frozen"] = self.cgroup.frozen()
+                out["pids_limit"] = self.cgroup.pids_limit()
             except CgroupError:
                 pass
         return out
@@ -727,8 +732,11 @@ class JobManager:
                  gpus_declared: list[int] | None = None, stop_grace_s: float = STOP_GRACE_S,
                  grants: Grants | None = None, leak_sweep_s: float = LEAK_SWEEP_S, metrics: Any = None,
                  max_per_user: int | None = None, keep_ended_s: float | None = None,
-                 keep_ended: int | None = None) -> None:
+                 keep_ended: int | None = None, job_limits: dict[str, Any] | None = None) -> None:
         self.agent: Any = None
+        # config [job_limits] (None: the agent's config, else the defaults): what jobs start with
+        self.job_limits_cfg = job_limits
+        self.limiter: joblimits.Limiter | None = None
         # config [jobs] (None: the agent's config, else the defaults): see CONFIG_FIELDS
         self.max_per_user = max_per_user
         self.keep_ended_s = keep_ended_s
@@ -798,6 +806,11 @@ class JobManager:
                 self.keep_ended_s = jobs_cfg.get("keep_ended_s")
             if self.keep_ended is None:
                 self.keep_ended = jobs_cfg.get("keep_ended")
+            if self.job_limits_cfg is None:
+                try:
+                    self.job_limits_cfg = cfg.section("job_limits")
+                except (AttributeError, KeyError):
+                    pass
         self.max_per_user = MAX_PER_USER if self.max_per_user is None else self.max_per_user
         self.keep_ended_s = KEEP_ENDED_S if self.keep_ended_s is None else self.keep_ended_s
         self.keep_ended = KEEP_ENDED if self.keep_ended is None else self.keep_ended
@@ -808,6 +821,11 @@ class JobManager:
         self.hierarchy = self.hierarchy or detect()
         self.tree = CgroupTree(self.hierarchy, self.cgroup_root)
         self.tree.ensure()
+        self.limiter = joblimits.configure(self.job_limits_cfg)
+        # all jobs together never take the tasks the agent, sshd and root need to fork
+        if not self.tree.set_root_pids_max(self.limiter.settings.all_jobs_pids_max):
+            self._emit("job", "jobs: this host has no pids controller: a job's tasks are bounded only by its "
+                       "owner's RLIMIT_NPROC (never for root's jobs)", pids_controller=None)
         self.inventory = gpumod.discover(self.gpus_declared)
         for sub in ("logs", "ckpt"):
             (self.state_dir / sub).mkdir(parents=True, exist_ok=True)
@@ -890,7 +908,18 @@ class JobManager:
         return {"cgroups": self.hierarchy.as_dict() if self.hierarchy else None,
                 "root": self.cgroup_root, "gpus": self.inventory.as_dict() if self.inventory else None,
                 "jobs": counts, "grants": self.grants.as_dict() if self.grants else None,
+                "job_limits": self._limits_status(),
                 "leaked_cgroups": self.leaked_cgroups() if self.store is not None else []}
+
+    def _limits_status(self) -> dict[str, Any] | None:
+        """What jobs start with (joblimits), where their task limits live, and how many forks
+        all jobs together had refused at the agent's root pids.max."""
+        if self.limiter is None or self.tree is None:
+            return None
+        out = self.limiter.status()
+        out["pids_controller"] = str(self.hierarchy.pids_mount) if self.hierarchy and self.hierarchy.pids_mount else None
+        out["all_jobs_pids"] = self.tree.root_pids()
+        return out
 
     # -- leaked cgroups ----------------------------------------------------------------------------
     def _init_metrics(self) -> None:
@@ -1283,7 +1312,16 @@ class JobManager:
             # finds the job failed on restart, with whatever it had made removed.
             job.state = "starting"
             self._persist(job)
+            assert self.limiter is not None
+            try:  # the owner's profile on this node, wherever the job came from
+                profile = self.limiter.profile(job.owner_uid, job.owner_gid)
+            except joblimits.LimitsError as e:
+                raise JobError(str(e)) from None
             cg.create()
+            job.limits = profile.record()
+            if not cg.set_pids_max(profile.pids_max):
+                job.limits["pids_max"] = None
+                job.limits["clamped"]["pids_max"] = "no pids controller on this host"
             if spec.memory_mb is not None:
                 # A job over its own declared limit meets the kernel OOM killer inside its own
                 # cgroup (only it can be chosen); the node budget is where Airlock holds the allocator.
@@ -1298,7 +1336,7 @@ class JobManager:
             if job.owner_uid:
                 os.chown(job.ckpt_dir, job.owner_uid, job.owner_gid)
             job.cgroup_id = cg.cgroup_id
-            proc = self._spawn(job)
+            proc = self._spawn(job, profile)
         except BaseException as e:
             try:
                 cg.kill()
@@ -1322,6 +1360,8 @@ class JobManager:
         job.wait = None
         job.reason = ""
         self._popen[job.id] = proc
+        with self.store.tx() as db:
+            db.execute("UPDATE jobs SET limits=? WHERE id=?", (json.dumps(job.limits), job.id))
         self._persist(job)
         if self.netguard is not None:
             try:
@@ -1334,7 +1374,7 @@ class JobManager:
                    pid=proc.pid, cgroup_id=job.cgroup_id, **{"class": spec.job_class}, priority=spec.priority,
                    memory_mb=spec.memory_mb, gpus=job.gpus, queued_s=round(waited, 3))
 
-    def _spawn(self, job: Job) -> subprocess.Popen[bytes]:
+    def _spawn(self, job: Job, profile: joblimits.Profile) -> subprocess.Popen[bytes]:
         spec = job.spec
         env = {"PATH": os.environ.get("PATH", "/usr/local/bin:/usr/bin:/bin"), "LANG": os.environ.get("LANG", "C.UTF-8")}
         if job.owner_uid:
@@ -1360,8 +1400,11 @@ class JobManager:
         # root: root may pass through directories the owner may not (a 0700 home), which would open
         # what lies below. Root's own job enters it at the spawn (a directory gone: the start fails).
         cwd = spec.cwd if not job.owner_uid else None
+        # as root, after joining the cgroups: the owner's nice value, all its rlimits (nothing of the
+        # agent's: LimitMEMLOCK=infinity, LimitNOFILE=65536, Nice=-10), then the drop
         argv = ["/bin/sh", "-c", ENTER_SH, "laminar-job", str(len(files)), *files,
-                str(oom_score_adj_for(spec)), str(limits.job_nofile_soft() or ""), *drop, TRAMPOLINE_PYTHON, "-I", "-S", "-c", JOB_TRAMPOLINE,
+                str(oom_score_adj_for(spec)), f"{profile.umask:04o}", *joblimits.launch_argv(profile), *drop,
+                TRAMPOLINE_PYTHON, "-I", "-S", "-c", JOB_TRAMPOLINE,
                 "", (spec.cwd or "") if job.owner_uid else "", *spec.command]
         env_fd = os.memfd_create("laminar-job-env", 0)  # inherited by the trampoline (pass_fds)
         try:
@@ -1599,7 +1642,7 @@ class JobManager:
                    state=row["state"], pid=row["pid"], owner_uid=row["owner_uid"], owner_gid=row["owner_gid"],
                    gpus=json.loads(row["gpus"]), created=row["created"], ended=row["ended"],
                    exit_code=row["exit_code"], reason=row["reason"] or "", work_lost_s=row["work_lost_s"],
-                   started=row["started"],
+                   started=row["started"], limits=json.loads(row["limits"]) if row["limits"] else None,
                    ckpt_dir=self.state_dir / "ckpt" / row["id"], log_path=self.state_dir / "logs" / f"{row['id']}.log")
 
     def _adopt_all(self) -> None:
