@@ -110,7 +110,7 @@ import stat
 import struct
 import sys
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -148,6 +148,11 @@ LARGE_HEADERS = {b'{"t":"offer",': MAX_HEADER, b'{"t":"ctl","op":"guard",': GUAR
 # costs per value, not per byte (16 MiB of one-digit numbers: 0.5 s; 16 MiB of chunk hashes:
 # 0.03 s), and 2^19 separators take at most ~30 ms (bench: tests/unit/test_xfer_flood.py).
 MAX_SEPARATORS = 1 << 19
+# Headers over CTL_MAX being read and parsed at once, per member and in all: each holds up to
+# MAX_HEADER bytes and the objects parsed from them; more wait their turn (a header arrives in
+# milliseconds on a LAN), so a member's 32 authenticated connections hold 2 of them, not 32.
+LARGE_PER_MEMBER = 2
+LARGE_TOTAL = 8
 MAX_FILES = 10_000  # files a checkpoint may have to be transferred (the manifest's digest costs per file)
 HANDSHAKE_DEADLINE_S = 10.0  # the whole handshake (hello to auth) of a Receiver's peer, one deadline
 _COPY_BLOCK = 4 << 20  # what a commit reads at a time from the partial file
@@ -670,13 +675,16 @@ class _Reader(Protocol):
 
 
 async def _recv(r: _Reader, timeout: float = IO_TIMEOUT_S, limit: int = MAX_HEADER, *,
-                large: dict[bytes, int] | None = None, chunk_max: int | None = None) -> tuple[dict[str, Any], bytes]:
+                large: dict[bytes, int] | None = None, chunk_max: int | None = None,
+                large_turn: Callable[[], contextlib.AbstractAsyncContextManager[Any]] | None = None,
+                ) -> tuple[dict[str, Any], bytes]:
     """One message from ``r`` (the plain stream during the handshake, a :class:`_Channel`
     after it). ``limit``: the largest header read (MAX_HANDSHAKE before the peer has
     authenticated); ``large``: headers that may be longer, by their first bytes, each with its
     own limit (:data:`LARGE_HEADERS`); ``chunk_max``: the largest chunk payload read (None, the
-    default: a chunk is refused here, before its payload is read). A header over CTL_MAX bytes is parsed
-    only when it has at most MAX_SEPARATORS separators, in a worker thread. Raises
+    default: a chunk is refused here, before its payload is read). A header over CTL_MAX bytes
+    is read and parsed in its turn (``large_turn()``, held meanwhile: :meth:`Receiver._large_turn`),
+    and only when it has at most MAX_SEPARATORS separators, in a worker thread. Raises
     TransferError for a message too large or not a JSON object, and for the peer's ``error``
     (NoRoomError when it is a refusal for disk space)."""
     async with asyncio.timeout(timeout):  # each read: no task per read as with wait_for
@@ -689,17 +697,23 @@ async def _recv(r: _Reader, timeout: float = IO_TIMEOUT_S, limit: int = MAX_HEAD
                 head = await r.readexactly(min(n, max(map(len, allowed))))
         if not any(head.startswith(p) and n <= most for p, most in allowed.items()):
             when = " before authentication" if limit <= MAX_HANDSHAKE else ""
-            raise TransferError(f"transfer: header of {n} bytes exceeds {limit}{when}")
+            but = "".join(f", {p.decode()}...: {most}" for p, most in allowed.items())
+            raise TransferError(f"transfer: header of {n} bytes exceeds {limit}{when}"
+                                + (f" (the most for one starting {but[2:]})" if but else ""))
     try:
-        async with asyncio.timeout(timeout):
-            raw = head + await r.readexactly(n - len(head))
         if n > CTL_MAX:
-            seps = raw.count(b",") + raw.count(b":")
-            if seps > MAX_SEPARATORS:
-                raise TransferError(f"transfer: a header of {n} bytes with {seps} JSON separators, more than "
-                                    f"{MAX_SEPARATORS}: refused unparsed")
-            hdr = await asyncio.to_thread(json.loads, raw)
+            async with large_turn() if large_turn is not None else contextlib.nullcontext():
+                async with asyncio.timeout(timeout):
+                    raw = head + await r.readexactly(n - len(head))
+                seps = raw.count(b",") + raw.count(b":")
+                if seps > MAX_SEPARATORS:
+                    raise TransferError(f"transfer: a header of {n} bytes with {seps} JSON separators, more than "
+                                        f"{MAX_SEPARATORS}: refused unparsed")
+                hdr = await asyncio.to_thread(json.loads, raw)
+                del raw
         else:
+            async with asyncio.timeout(timeout):
+                raw = head + await r.readexactly(n - len(head))
             hdr = json.loads(raw)
     except (ValueError, RecursionError) as e:
         raise TransferError(f"transfer: malformed message (not JSON): {e!r}") from None
@@ -1975,6 +1989,9 @@ class Receiver:
         self.on_commit = on_commit
         self.on_progress = on_progress
         self.gate = gate if gate is not None else Gate()
+        # member -> (its turns at large headers, connections using or waiting for one): _large_turn
+        self._large: dict[str, tuple[asyncio.Semaphore, int]] = {}
+        self._large_total = asyncio.Semaphore(LARGE_TOTAL)
         self.server: GatedListener | None = None
         self.port: int | None = None  # the port it listens on (kept while a relisten finds it taken)
         self._locks = _KeyLocks()
@@ -2075,7 +2092,7 @@ class Receiver:
                 raise TransferError(f"transfer: node {node} has {self.gate.authenticated.per_key} connections here "
                                     "already (or this node has its most); try again later")
             # a control message or an offer; a chunk here is refused before its payload is read
-            hdr, _ = await _recv(ch, limit=CTL_MAX, large=LARGE_HEADERS)
+            hdr, _ = await _recv(ch, limit=CTL_MAX, large=LARGE_HEADERS, large_turn=lambda: self._large_turn(node))
             if hdr["t"] == "ctl":
                 await self._control(ch, hdr, node, key, ns)
                 return
@@ -2102,6 +2119,32 @@ class Receiver:
             w.close()
             with contextlib.suppress(Exception):
                 await w.wait_closed()
+
+    @contextlib.asynccontextmanager
+    async def _large_turn(self, node: str) -> AsyncIterator[None]:
+        """A turn to read and parse a header over CTL_MAX of ``node``'s: at most LARGE_PER_MEMBER
+        of one member at once, LARGE_TOTAL in all; waits at most IO_TIMEOUT_S for it."""
+        mine, users = self._large.get(node) or (asyncio.Semaphore(LARGE_PER_MEMBER), 0)
+        self._large[node] = (mine, users + 1)
+        try:
+            async with asyncio.timeout(IO_TIMEOUT_S):
+                await mine.acquire()
+                try:
+                    await self._large_total.acquire()
+                except BaseException:
+                    mine.release()
+                    raise
+            try:
+                yield
+            finally:
+                self._large_total.release()
+                mine.release()
+        finally:
+            sem, users = self._large[node]
+            if users > 1:
+                self._large[node] = (sem, users - 1)
+            else:
+                del self._large[node]  # nobody waits: the map holds only members reading now
 
     def _count_reject(self) -> None:
         self.records_rejected += 1

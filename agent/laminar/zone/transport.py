@@ -408,11 +408,11 @@ async def handover(
 
 # Before its MAC is checked a hand-over frame is read in two steps, each under a deadline: its
 # length and header (34 bytes, sent at once by a submitter) within HEADER_DEADLINE_S, then, once
-# the header names a member at this connection's address, its body within the hand-over timeout
-# plus the time it takes at BODY_MIN_RATE. A peer that drips bytes holds its slot no longer.
+# the header names a member at this connection's address, its body (at most 64 KiB: the
+# header's body length is 16 bits) within the hand-over timeout plus the time it takes at
+# BODY_MIN_RATE. A peer that drips bytes holds its slot no longer.
 HEADER_DEADLINE_S = 3.0
-BODY_MIN_RATE = 1 << 20  # bytes per second
-OFFLOOP_MAC = 64 << 10  # a frame larger than this has its HMACs computed in a worker thread
+BODY_MIN_RATE = 64 << 10  # bytes per second
 
 
 class HandoverServer:
@@ -429,9 +429,10 @@ class HandoverServer:
     counted by reason in :meth:`stats`). An admitted connection's header is read first
     (:data:`HEADER_DEADLINE_S`) and checked (:meth:`laminar.zone.wire.Decoder.precheck`: a
     frame's size, its zone, its claimed sender and that sender's address) before its body is
-    read, at :data:`BODY_MIN_RATE` at least; a frame over :data:`OFFLOOP_MAC` bytes has its
-    HMACs computed in a worker thread. Once authenticated the connection gives its reading slot
-    back and takes one of its member's (``gate.authenticate``) while the job starts.
+    read, at :data:`BODY_MIN_RATE` at least (a frame announcing more than its header's body
+    length, up to :data:`wire.MAX_FRAME` before, is dropped there: ``bad_length``). Once
+    authenticated the connection gives its reading slot back and takes one of its member's
+    (``gate.authenticate``) while the job starts.
     """
 
     def __init__(
@@ -505,10 +506,7 @@ class HandoverServer:
             except TimeoutError:
                 self.gate.count("slow")
                 return
-            macs = None
-            if n > OFFLOOP_MAC:  # up to 6 HMACs of a MiB (a key rotation): ~10 ms, off the loop
-                macs = await asyncio.to_thread(wire.macs_of, self.dec.mac_keys(raw), raw, self.dec.node)
-            msg = self.dec.decode(raw, self.clock(), src, macs)
+            msg = self.dec.decode(raw, self.clock(), src)
             del raw
             slot.release()  # authenticated: its reading slot goes back, a member's is taken
             if not isinstance(msg.body, wire.Handover):

@@ -887,14 +887,12 @@ class Decoder:
         self.drops[reason.value] += 1
         return Dropped(reason, detail)
 
-    def decode(self, data: bytes, now: float, src: object = None, macs: Mapping[bytes, bytes] | None = None) -> Message:
+    def decode(self, data: bytes, now: float, src: object = None) -> Message:
         """The message in ``data`` received at wall-clock ``now`` (seconds) from ``src`` (the
         sender's address as ``sources`` holds it; None: not checked), or raise
-        :class:`Dropped` (and count it). Never raises anything else. ``macs``: MACs of ``data``
-        computed already, by key (:meth:`mac_keys`, :func:`macs_of`: a large frame's, in a
-        worker thread); a key not in it is computed here."""
+        :class:`Dropped` (and count it). Never raises anything else."""
         try:
-            return self._decode(data, now, src, macs or _NO_MACS)
+            return self._decode(data, now, src)
         except Dropped as e:
             if e.reason is DropReason.MALFORMED:
                 self.drops[e.reason.value] += 1
@@ -934,22 +932,7 @@ class Decoder:
             self.drops[DropReason.MALFORMED.value] += 1
             raise Dropped(DropReason.MALFORMED, f"{type(e).__name__}: {e}") from None
 
-    def mac_keys(self, data: bytes) -> tuple[bytes, ...]:
-        """The keys :meth:`decode` tries on ``data`` (whose header passed :meth:`precheck`), in
-        order; () when it has none. Counts nothing."""
-        try:
-            _m, _v, _t, _f, _r, zone, node, _ts, _seq, _blen = HEADER.unpack_from(data, 0)
-            slot = self._slots.get(zone) or self._slot(zone)
-            if slot is None:
-                return ()
-            keys = slot[0]
-            if self.pairs is not None and node in self.pairs.shared:
-                keys = self._pair_slots.get((zone, node)) or self.pairs.accepted(keys, node)
-            return tuple(keys)
-        except Exception:
-            return ()
-
-    def _decode(self, data: bytes, now: float, src: object, macs: Mapping[bytes, bytes]) -> Message:
+    def _decode(self, data: bytes, now: float, src: object = None) -> Message:
         n = len(data)
         if n > self.max_size:
             raise self._drop(DropReason.TOO_LARGE, f"{n} bytes > {self.max_size}")
@@ -983,12 +966,12 @@ class Decoder:
             keys = pk
         signed = data[: HEADER_SIZE + blen]
         mac = data[HEADER_SIZE + blen :]
-        if hmac.compare_digest(macs.get(keys[0]) or _mac(keys[0], signed, self.node), mac):
+        if hmac.compare_digest(_mac(keys[0], signed, self.node), mac):
             counts[0] += 1
         else:  # a rotation: a peer may sign with the zone's next or previous key
             n = len(counts)  # counted by zone key, whichever of its pair key or itself verified
             for i in range(1, len(keys)):
-                if hmac.compare_digest(macs.get(keys[i]) or _mac(keys[i], signed, self.node), mac):
+                if hmac.compare_digest(_mac(keys[i], signed, self.node), mac):
                     counts[i % n] += 1
                     if i % n:
                         last[i % n] = now
@@ -1065,21 +1048,6 @@ class Decoder:
         out = {r.value: self.drops.get(r.value, 0) for r in DropReason}
         out["accepted"] = self.accepted
         return out
-
-
-_NO_MACS: Mapping[bytes, bytes] = {}
-
-
-def macs_of(keys: tuple[bytes, ...], data: bytes, to: int) -> dict[bytes, bytes]:
-    """The MAC of the signed part of ``data`` (header and body, as its header's length says)
-    under each of ``keys``, for receiver ``to``: what :meth:`Decoder.decode` compares, computed
-    where the caller likes (hashlib releases the GIL: a worker thread takes a MiB's HMACs off the
-    event loop). Pure."""
-    if len(data) < HEADER_SIZE:
-        return {}
-    blen = HEADER.unpack_from(data, 0)[-1]
-    signed = data[: HEADER_SIZE + blen]
-    return {k: _mac(k, signed, to) for k in keys}
 
 
 def frame(data: bytes) -> bytes:
