@@ -2,7 +2,8 @@
 bench/ start it there with ``nsenter``). It prints one JSON object with what it saw.
 
 ``flood``: an off-roster host. From each of ``--sources`` (addresses on its own interface) it
-opens as many connections as it can to each of ``--ports`` of ``--target``, at most ``--rate``
+opens as many connections as it can to ``--target``'s ``--handover`` and ``--transfer`` ports,
+at most ``--rate``
 new ones a second and ``--max`` open at once, and keeps them: on the hand-over port it sends a
 frame's length (1 MiB) and then one byte every ``--drip`` seconds, on the transfer port the
 start of a hello and then one byte every ``--drip`` seconds. A connection the target closes or
@@ -17,7 +18,7 @@ authenticated connections and leaves them idle (each answered at once with an er
 other ops, the body a list of numbers, MAC'd correctly), (3) an offer header of ``--big`` bytes
 of numbers, (4) a chunk before any offer; it reports each answer's text and how long it took.
 
-    python peerattack.py flood --target 10.0.0.1 --ports 7441,7442 --sources 10.0.0.200,10.0.0.201 --seconds 30
+    python peerattack.py flood --target 10.0.0.1 --handover 7441 --transfer 7442 --sources 10.0.0.200,10.0.0.201
     python peerattack.py member --target 10.0.0.1 --port 7442 --key-file zone.keys --zone 1 --node 2 --idle 64
 """
 
@@ -45,12 +46,13 @@ def flood(a: argparse.Namespace) -> dict[str, Any]:
     want = a.max + 256
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     resource.setrlimit(resource.RLIMIT_NOFILE, (min(max(want, soft), max(hard, want)), max(hard, want)))
-    ports = [int(p) for p in a.ports.split(",")]
     sources = a.sources.split(",")
-    first = {ports[0]: struct.pack("!I", 1 << 20) + b"LZ"}  # a hand-over frame: its length, its magic
-    if len(ports) > 1:
-        for p in ports[1:]:
-            first[p] = struct.pack(">I", 200) + b'{"t":"hello",'  # the transfer handshake's first header
+    first: dict[int, bytes] = {}
+    if a.handover:
+        first[a.handover] = struct.pack("!I", 1 << 20) + b"LZ"  # a hand-over frame: its length, its magic
+    if a.transfer:
+        first[a.transfer] = struct.pack(">I", 200) + b'{"t":"hello",'  # the transfer handshake's first header
+    ports = list(first)
     sel = selectors.DefaultSelector()
     conns: dict[int, tuple[socket.socket, int, bool, float]] = {}  # fd -> (sock, port, established, next drip)
     c = {"opened": 0, "established": 0, "reset": 0, "held_max": 0, "connect_errors": 0}
@@ -223,7 +225,8 @@ def main() -> int:
     sub = ap.add_subparsers(dest="cmd", required=True)
     f = sub.add_parser("flood")
     f.add_argument("--target", required=True)
-    f.add_argument("--ports", required=True)
+    f.add_argument("--handover", type=int, default=0, help="the hand-over port (zone.handover_port)")
+    f.add_argument("--transfer", type=int, default=0, help="the transfer port (migrate.port)")
     f.add_argument("--sources", required=True)
     f.add_argument("--seconds", type=float, default=30)
     f.add_argument("--max", type=int, default=4000)

@@ -154,10 +154,11 @@ def test_an_off_roster_flood_of_both_ports_leaves_placements_and_prestages_worki
     pid = agent_pid(n1)
     base_fds = fds(pid)
     keep = root_job(n1)  # (node 2's GPUs are its filler's: its GPU placements can only go to node 1)
-    flood = ns.popen(str(VENV_BIN / "python"), str(ATTACK), "flood", "--target", n1.addr, "--ports",
-                     f"7441,{xport}", "--sources", ",".join(addrs), "--seconds", str(FLOOD_S), "--max", "4000",
+    flood = ns.popen(str(VENV_BIN / "python"), str(ATTACK), "flood", "--target", n1.addr, "--handover", "7441",
+                     "--transfer", str(xport), "--sources", ",".join(addrs), "--seconds", str(FLOOD_S), "--max", "4000",
                      "--rate", "400", "--drip", "2", stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     placed: list[dict[str, Any]] = []
+    flooding = False
     try:
         time.sleep(5)  # the flood holds what it can
         with Sampler(lambda: fds(pid)) as fd_most, RootLiveness(n1.agent.sock, keep) as live:
@@ -166,14 +167,14 @@ def test_an_off_roster_flood_of_both_ports_leaves_placements_and_prestages_worki
                 placed.append(cluster.place(1, {"name": f"lm-t-p{k}", "command": ["sleep", "600"]}, gpus=0.5))
             key = f"n{n2.node_id}-{jid}"
             steps = wait_until(lambda: verified_steps(n1, key), 50, "node 2's checkpoint prestaged to node 1")
-        assert flood.poll() is None, "the flood ended before the checks did: their figures are not under flood"
+        flooding = flood.poll() is None  # still running: what was checked ran under the flood
     finally:
         flood.terminate()
         out, err = flood.communicate(timeout=30)
         stop_placed(n1, placed)
     seen = json.loads(out.strip().splitlines()[-1]) if out.strip() else {"error": err[-2000:]}
     zone = n1.json("zone", "stats")["handover_tcp"]
-    xfer = n1.json("status")["migrate"]["transfer_gate"]
+    xfer = n1.json("status")["migrate"].get("transfer_gate", {})
     figures = {"flood": seen, "fds": {"base": base_fds, "most": fd_most.most},
                "placements": [(p.get("outcome"), p.get("node"), p.get("reason")) for p in placed],
                "status_s": round(live.worst()[0], 3), "killswitch_s": round(live.worst()[1], 3),
@@ -182,8 +183,9 @@ def test_an_off_roster_flood_of_both_ports_leaves_placements_and_prestages_worki
     assert seen.get("opened", 0) > 1000, f"the flood did not run as meant: {seen}"
     assert all(p.get("outcome") == "placed" and p.get("node") == n1.node_id for p in placed), figures
     assert 7 in steps
+    assert flooding, "the flood ended before the checks did: their figures are not under flood"
     assert fd_most.most - base_fds < FD_SLACK, figures
-    assert zone["off_roster"] > 0 and xfer["off_roster"] > 0, figures
+    assert zone.get("off_roster", 0) > 0 and xfer.get("off_roster", 0) > 0, figures
     assert zone["reading"] + xfer["reading"] <= 2 * 8, figures  # the roster's own, at most (zone.gate.PER_SOURCE)
     live.check(bound_s=2.0)
 
@@ -199,14 +201,14 @@ def test_a_member_holding_authenticated_connections_and_sending_huge_headers_is_
                          "--local", n2.addr, "--key-file", str(cluster.keys_file), "--zone", "1",
                          "--node", str(n2.node_id), "--idle", "64", "--big", str(15 << 20))
     seen = json.loads(r.stdout.strip().splitlines()[-1])
-    gate = n1.json("status")["migrate"]["transfer_gate"]
+    gate = n1.json("status")["migrate"].get("transfer_gate", {})
     figures = {"member": seen, "rss_mb": {"base": round(base_rss, 1), "most": round(rss_most.most, 1)},
                "status_s": round(live.worst()[0], 3), "killswitch_s": round(live.worst()[1], 3), "transfer_gate": gate}
     print("figures:", json.dumps(figures))
     idle = seen["idle"]
     assert idle["held"] <= 32 and idle["refused"] >= 64 - 32, figures  # zone.gate.MEMBER_AUTHENTICATED
     assert any("try again later" in x for x in idle["refusals"]), figures
-    assert gate["member_busy"] >= 64 - 32, figures
+    assert gate.get("member_busy", 0) >= 64 - 32, figures
     big = {b["what"]: b["answer"] for b in seen["big"]}
     for op in ("ctl guard", "ctl space", "ctl release", "ctl needs"):
         assert "exceeds" in big[op], figures  # 15 MiB: past a guard's 1 MiB and everything else's 64 KiB
