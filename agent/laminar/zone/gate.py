@@ -42,6 +42,7 @@ Example::
 from __future__ import annotations
 
 import asyncio
+import functools
 import ipaddress
 import logging
 import socket
@@ -181,25 +182,14 @@ class Gate:
         return out
 
 
-class _Canon:
-    """``canonical_ip`` of peer addresses, remembered for the few a port sees often (the
-    roster's); a flood of distinct addresses is not remembered past the bound."""
-
-    MAX = 4096
-
-    def __init__(self) -> None:
-        self.known: dict[str, str] = {}
-
-    def __call__(self, host: str) -> str:
-        c = self.known.get(host)
-        if c is None:
-            try:
-                c = canonical_ip(host)
-            except ValueError:
-                c = host
-            if len(self.known) < self.MAX:
-                self.known[host] = c
-        return c
+@functools.lru_cache(maxsize=4096)
+def canonical(host: str) -> str:
+    """``canonical_ip(host)``, remembered for the addresses seen most (the roster's); anything
+    that is not an IP address is itself."""
+    try:
+        return canonical_ip(host)
+    except ValueError:
+        return host
 
 
 _LINGER_RESET = struct.pack("ii", 1, 0)
@@ -234,7 +224,6 @@ class GatedListener:
         self.sockets: list[socket.socket] = []
         self.tasks: set[asyncio.Task[None]] = set()
         self._loop: asyncio.AbstractEventLoop | None = None
-        self._canon = _Canon()
 
     async def start(self, host: str | None, port: int) -> int:
         """Listen on ``host:port`` (None: every address, IPv4 and IPv6); the port bound.
@@ -289,7 +278,7 @@ class GatedListener:
                 loop.remove_reader(lsock.fileno())
                 loop.call_later(ACCEPT_BACKOFF_S, self._rewatch, lsock)
                 return
-            ip = self._canon(str(addr[0])) if isinstance(addr, tuple) and addr else "?"
+            ip = canonical(str(addr[0])) if isinstance(addr, tuple) and addr else "?"
             slot = self.gate.admit(ip)
             if slot is None:
                 reset(conn)
