@@ -95,10 +95,10 @@ def test_one_member_holding_its_share_cannot_take_another_members(tmp_path: Path
         held = await _hold(me.addr, me.handover_port, "127.0.0.3", 40, head)
         try:
             await asyncio.sleep(0.3)
-            st = n1.stats()["handover_tcp"]
-            assert st["reading"] == G.PER_SOURCE and st["source_busy"] >= 40 - G.PER_SOURCE, st
             ack = await _placed(n1, n2, 0x6001)
             assert ack.status == HANDOVER_OK, ack
+            st = n1.stats()["handover_tcp"]
+            assert st["reading"] == G.PER_SOURCE and st["source_busy"] >= 40 - G.PER_SOURCE, st
             t0 = time.monotonic()
             await asyncio.sleep(0.5)
             while n1.stats()["handover_tcp"]["reading"] and time.monotonic() - t0 < 30:
