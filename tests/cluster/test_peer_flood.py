@@ -214,6 +214,7 @@ def test_a_member_holding_authenticated_connections_and_sending_huge_headers_is_
         assert "exceeds" in big[op], figures  # 15 MiB: past a guard's 1 MiB and everything else's 64 KiB
     assert "refused unparsed" in big["offer"], figures
     assert "chunk before an offer" in big["chunk"], figures
+    assert (gate.get("too_large"), gate.get("too_dense"), gate.get("chunk_before_offer")) == (4, 1, 1), figures
     assert rss_most.most - base_rss < RSS_SLACK_MB, figures
     live.check(bound_s=2.0)
     # and node 2's own traffic still gets through: a placement onto node 1

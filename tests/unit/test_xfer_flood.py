@@ -135,6 +135,8 @@ def test_huge_headers_from_a_member_are_refused_before_they_are_parsed(tmp_path:
         w.close()
         assert "chunk before an offer" in got, got
         assert calls.seen == []
+        st = rcv.stats()  # counted by reason: `laminarctl status -o json`, migrate.transfer_gate
+        assert (st["too_large"], st["too_dense"], st["chunk_before_offer"]) == (2, 1, 1), st
         # a guard of ~900 KB (a job spec's size) is read and acted on
         spec = {"key": "n2-job-1", "request": {"spec": {"command": ["true"], "env": {"PAD": "x" * 900_000}}}}
         got = await ctl("guard", T._canon(spec))

@@ -204,6 +204,20 @@ class PeerSilentError(TransferError):
     after one timeout instead of the whole retry ladder."""
 
 
+class RefusedMessage(TransferError):
+    """A message refused for its size or shape before it was parsed or its payload read
+    (:func:`_recv`); ``reason`` names the counter a Receiver counts it under
+    (:data:`REFUSED_REASONS`): ``too_large``, ``too_dense`` (JSON of more than MAX_SEPARATORS
+    separators), ``chunk_before_offer``. Not fatal."""
+
+    def __init__(self, msg: str, reason: str) -> None:
+        super().__init__(msg)
+        self.reason = reason
+
+
+REFUSED_REASONS = ("too_large", "too_dense", "chunk_before_offer")
+
+
 class RecordError(TransferError):
     """A record after the handshake failed authentication (modified, replayed, reordered,
     dropped on the way, or not a record at all). The connection ends; nothing it carried
@@ -698,8 +712,8 @@ async def _recv(r: _Reader, timeout: float = IO_TIMEOUT_S, limit: int = MAX_HEAD
         if not any(head.startswith(p) and n <= most for p, most in allowed.items()):
             when = " before authentication" if limit <= MAX_HANDSHAKE else ""
             but = "".join(f", {p.decode()}...: {most}" for p, most in allowed.items())
-            raise TransferError(f"transfer: header of {n} bytes exceeds {limit}{when}"
-                                + (f" (the most for one starting {but[2:]})" if but else ""))
+            raise RefusedMessage(f"transfer: header of {n} bytes exceeds {limit}{when}"
+                                 + (f" (the most for one starting {but[2:]})" if but else ""), "too_large")
     try:
         if n > CTL_MAX:
             async with large_turn() if large_turn is not None else contextlib.nullcontext():
@@ -707,8 +721,8 @@ async def _recv(r: _Reader, timeout: float = IO_TIMEOUT_S, limit: int = MAX_HEAD
                     raw = head + await r.readexactly(n - len(head))
                 seps = raw.count(b",") + raw.count(b":")
                 if seps > MAX_SEPARATORS:
-                    raise TransferError(f"transfer: a header of {n} bytes with {seps} JSON separators, more than "
-                                        f"{MAX_SEPARATORS}: refused unparsed")
+                    raise RefusedMessage(f"transfer: a header of {n} bytes with {seps} JSON separators, more than "
+                                         f"{MAX_SEPARATORS}: refused unparsed", "too_dense")
                 hdr = await asyncio.to_thread(json.loads, raw)
                 del raw
         else:
@@ -723,9 +737,9 @@ async def _recv(r: _Reader, timeout: float = IO_TIMEOUT_S, limit: int = MAX_HEAD
     if hdr.get("t") == "chunk":
         ln = hdr.get("len", -1)
         if chunk_max is None:
-            raise TransferError("transfer: a chunk before an offer: refused, its payload unread")
+            raise RefusedMessage("transfer: a chunk before an offer: refused, its payload unread", "chunk_before_offer")
         if not isinstance(ln, int) or not 0 <= ln <= chunk_max:
-            raise TransferError(f"transfer: chunk length {ln} out of range 0..{chunk_max}")
+            raise RefusedMessage(f"transfer: chunk length {ln} out of range 0..{chunk_max}", "too_large")
         async with asyncio.timeout(timeout):
             payload = await r.readexactly(ln)
     if hdr["t"] == "error":
@@ -1989,6 +2003,7 @@ class Receiver:
         self.on_commit = on_commit
         self.on_progress = on_progress
         self.gate = gate if gate is not None else Gate()
+        self.refused: collections.Counter[str] = collections.Counter()  # messages refused unparsed, by reason
         # member -> (its turns at large headers, connections using or waiting for one): _large_turn
         self._large: dict[str, tuple[asyncio.Semaphore, int]] = {}
         self._large_total = asyncio.Semaphore(LARGE_TOTAL)
@@ -2033,8 +2048,10 @@ class Receiver:
 
     def stats(self) -> dict[str, int]:
         """Connections refused or cut by reason, and held now (:meth:`laminar.zone.gate.Gate.stats`),
-        with ``wrong_source`` (a hello naming a node whose roster address is not the peer's)."""
-        return {**self.gate.stats(), "wrong_source": self.wrong_source}
+        with ``wrong_source`` (a hello naming a node whose roster address is not the peer's) and
+        messages refused unparsed by reason (:data:`REFUSED_REASONS`)."""
+        return {**self.gate.stats(), "wrong_source": self.wrong_source,
+                **{r: self.refused[r] for r in REFUSED_REASONS}}
 
     def sweep(self, at_start: bool = False, now: float | None = None) -> list[Path]:
         """Removes what interrupted transfers left and returns it: a partial transfer
@@ -2104,6 +2121,8 @@ class Receiver:
                 await self._receive(ch, m, node, key, ns)
         except (TransferError, ValueError, KeyError, TypeError) as e:
             log.warning("transfer from %s: %s", peer, e)
+            if isinstance(e, RefusedMessage):
+                self.refused[e.reason] += 1
             err: dict[str, Any] = {"t": "error", "msg": str(e), "fatal": getattr(e, "fatal", False)}
             if isinstance(e, NoRoomError):
                 err.update(reason="no-room", need=e.need, avail=e.avail)
