@@ -776,7 +776,7 @@ class _RecordBuffer(asyncio.BufferedProtocol):
     :meth:`take` is valid until the next await.
 
     The buffer starts at START bytes and grows (doubling) while the peer sends faster than
-    records are taken: up to two records' worth, or SIZE once the connection carries a
+    records are taken, up to two records' worth; it is SIZE once the connection carries a
     checkpoint (:meth:`bulk`, after the receiver accepted its offer). An authenticated
     connection that carries a control message, or none, holds little (it was SIZE, zero-filled,
     for every connection: 20 idle ones held 160 MiB)."""
@@ -829,9 +829,11 @@ class _RecordBuffer(asyncio.BufferedProtocol):
             self.start, self.end = 0, k
 
     def bulk(self) -> None:
-        """The connection carries a checkpoint: the buffer may grow to SIZE (records arrive
-        back to back; a larger buffer reads them in fewer, larger reads)."""
+        """The connection carries a checkpoint: the buffer is SIZE from now on (records arrive
+        back to back; a large buffer reads them in fewer, larger reads and moves its bytes
+        seldom, as every connection's did before)."""
         self.cap = max(self.cap, self.SIZE)
+        self._grow(self.SIZE)
 
     def _grow(self, at_least: int) -> bool:
         """A larger buffer (at least ``at_least`` bytes, at most ``cap`` unless a record needs
