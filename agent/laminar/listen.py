@@ -7,11 +7,18 @@ nothing listens, and another socket may take the port then."""
 
 from __future__ import annotations
 
-import asyncio
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Any, Protocol
 
 
-async def relisten(server: asyncio.AbstractServer | None, port: int | None, host: str,
+class Listening(Protocol):
+    """A server listening on TCP sockets: asyncio's, or :class:`laminar.zone.gate.GatedListener`."""
+
+    @property
+    def sockets(self) -> Sequence[Any]: ...
+
+
+async def relisten(server: Listening | None, port: int | None, host: str,
                    bind: Callable[[str, int], Awaitable[object]], close: Callable[[], Awaitable[None]]) -> None:
     """Listen on ``host`` at the port ``server`` listens on (``bind(host, port)`` once
     ``close()`` closed it). When ``host`` cannot be bound, the old address is bound again and
@@ -23,7 +30,7 @@ async def relisten(server: asyncio.AbstractServer | None, port: int | None, host
             raise RuntimeError("relisten before the server was started")
         await bind(host, port)
         return
-    assert isinstance(server, asyncio.Server) and server.sockets, "relisten of a closed server"
+    assert server.sockets, "relisten of a closed server"
     name = server.sockets[0].getsockname()
     old = "::" if len(server.sockets) > 1 else str(name[0])  # '::' listens on two sockets
     await close()

@@ -167,6 +167,8 @@ def cmd_stats(args: argparse.Namespace) -> int:
         kv(s["drops"], title="datagrams (accepted, and dropped by reason)")
         if s.get("handover_drops"):
             kv(s["handover_drops"], title="hand-over frames (accepted, and dropped by reason)")
+        if s.get("handover_tcp"):
+            kv(s["handover_tcp"], title="hand-over port (connections, refused or cut by reason, held now)")
         kv(s["arbiter"], title="arbiter (this node answering probes)")
         kv(s["submitter"], title="submitter (placements from this node)")
         kv({**s["udp"], **s["counts"], "late_offers": s["late_offers"]}, title="traffic")

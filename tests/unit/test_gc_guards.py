@@ -53,7 +53,8 @@ class Zone:
         self.node_id = me
         self.membership = SimpleNamespace(
             by_node={n: SimpleNamespace(zone=1, addr=f"127.0.0.{n}", owner="") for n in nodes}, suspects=set(),
-            state={n: SimpleNamespace(last_seen=time.time(), last_summary=None) for n in nodes})
+            state={n: SimpleNamespace(last_seen=time.time(), last_summary=None) for n in nodes},
+            roster_ips=lambda: frozenset(f"127.0.0.{n}" for n in nodes))
         self.keys = {1: KEY}
         self.s = {"listen": f"127.0.0.{me}", "handover_timeout_s": 5.0}
 

@@ -159,7 +159,7 @@ def test_the_current_key_is_tried_first_and_a_fallback_is_counted_with_when() ->
     assert rows["next"]["verified"] == 1 and rows["next"]["last_verified"] == 100.0
     assert rows["current"]["verified"] == 0 and rows["current"]["last_verified"] is None
     # a key outside the zone's list is still refused
-    c = wire.Encoder(3, parse_keys(f"1 {OTHER.hex()}\n", "c"))
+    c = wire.Encoder(1, parse_keys(f"1 {OTHER.hex()}\n", "c"))  # node 1 (a member), another key
     with pytest.raises(wire.Dropped, match="bad_mac"):
         b.decode(c.encode(wire.Heartbeat(1), zone=1, now=100.0, to=2), now=100.0)
 

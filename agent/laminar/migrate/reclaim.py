@@ -197,6 +197,7 @@ from laminar.migrate.transfer import (
 from laminar.migrate.trees import _remove_tree
 from laminar.migrate.vouch import VouchMixin
 from laminar.migrate.withdraw import WithdrawMixin
+from laminar.zone.gate import Gate
 from laminar.zone.membership import canonical_ip, listen_check
 
 log = logging.getLogger("laminar.migrate")
@@ -714,9 +715,12 @@ class ReclaimComponent(BuddiesMixin, GuardMixin, ReplicasMixin, WithdrawMixin, S
         # own messages: the key is the zone's, any member could claim any node id).
         self._xfer_local = None if host in ("", "0.0.0.0", "::") else str(host)
         check = networked and bool(getattr(zone, "s", {}).get("check_source", True))
+        # who may hold the port before authenticating (laminar.zone.gate): the roster's addresses,
+        # a share each, and with zone.check_source nobody else
+        gate = Gate(lambda: zone.membership.roster_ips(), check_source=check) if networked and zone is not None else Gate()
         self.receiver = Receiver(self.root, self._key_lookup, on_commit=self._on_commit, on_progress=self._on_rx_progress,
                                  on_control=self._on_control, sources=self._roster_ip if check else None,
-                                 pair_keys=self._pair_candidates)
+                                 pair_keys=self._pair_candidates, gate=gate)
         metrics = getattr(agent, "metrics", None)
         if metrics is not None:
             with contextlib.suppress(ValueError):  # the counts are process-wide: registered once per registry
@@ -2468,7 +2472,9 @@ class ReclaimComponent(BuddiesMixin, GuardMixin, ReplicasMixin, WithdrawMixin, S
                 "evidence": self._evidence_status(),
                 "archive": self._archive_status(),
                 # transfer connections refused: not from the roster address of the node they named
-                "transfer_wrong_source": 0 if self.receiver is None else self.receiver.wrong_source}
+                "transfer_wrong_source": 0 if self.receiver is None else self.receiver.wrong_source,
+                # transfer connections refused or cut by reason (off_roster, source_busy, slow, ...)
+                "transfer_gate": {} if self.receiver is None else self.receiver.stats()}
 
     def _sees_all(self, peer: Any) -> bool:
         """Whether ``peer`` sees every replica's job and owner: root or the control group."""

@@ -54,8 +54,12 @@ turned into another operation on the way; it is answered as asked by the hello's
 authenticated and checked as above. An agent from before these MACs fails them with a
 clear error (both sides of a zone run the same version).
 
-Before the peer has authenticated, the endpoint reads at most MAX_HANDSHAKE bytes per message
-and holds at most MAX_UNAUTHENTICATED connections per address in the handshake. Partial
+Before the peer has authenticated, the endpoint reads at most MAX_HANDSHAKE bytes per message,
+the whole handshake within HANDSHAKE_DEADLINE_S, and a :class:`laminar.zone.gate.Gate` decides who
+may connect at all and how many connections each address and member holds (the agent's: only
+roster addresses with ``zone.check_source``). After it, headers are small (CTL_MAX) but for an
+offer's and a guard's, a chunk's payload is read only once an offer was accepted and only up to
+its chunk size, and large JSON is parsed only under MAX_SEPARATORS (see :func:`_recv`). Partial
 transfers no connection has touched for INCOMING_STALE_S, and a commit's temporary left by a
 crash, are removed (:meth:`Receiver.sweep`, at start and after each commit). The reclaim component uses
 it to forward a reclaim notice and to hand a job's guard (its spec) to the node holding its
@@ -106,13 +110,14 @@ import stat
 import struct
 import sys
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, NoReturn, Protocol
 
 from laminar import jobkit, listen
+from laminar.zone.gate import Gate, GatedListener, Slot
 
 # `cryptography` (OpenSSL) is imported at the first connection, not with the agent: it adds
 # ~7 MiB of resident memory that an agent that never transfers does not need.
@@ -130,13 +135,32 @@ DEFAULT_CHUNK = 1 << 20  # 1 MiB: a lost connection costs at most this much agai
 MAX_CHUNK = 64 << 20
 MAX_HEADER = 16 << 20  # a manifest of 10 GB in 1 MiB chunks is ~700 KB of JSON
 MAX_HANDSHAKE = 4096  # hello/challenge/auth: what a peer that has not authenticated may make us read
-MAX_UNAUTHENTICATED = 16  # connections from one address still in the handshake; more are refused at once
+# After the handshake a Receiver reads headers of at most CTL_MAX bytes, but for the two that
+# carry much: an offer (its manifest, up to MAX_HEADER) and a guard control message (a job's
+# spec, which fits a hand-over frame: laminar.zone.wire.MAX_FRAME). Which one a header is shows
+# in its first bytes (the sender's JSON names "t" first: LARGE_HEADERS), read before the rest.
+CTL_MAX = 64 << 10
+GUARD_MAX = (1 << 20) + CTL_MAX
+LARGE_HEADERS = {b'{"t":"offer",': MAX_HEADER, b'{"t":"ctl","op":"guard",': GUARD_MAX}
+# JSON over CTL_MAX bytes is parsed only when it has at most MAX_SEPARATORS ',' and ':' (a
+# manifest of 10,000 files and 250,000 chunks has ~280,000), in a worker thread. json.loads
+# holds the GIL all along, so the thread does not free the event loop: the bound does. Parsing
+# costs per value, not per byte (16 MiB of one-digit numbers: 0.5 s; 16 MiB of chunk hashes:
+# 0.03 s), and 2^19 separators take at most ~30 ms (bench: tests/unit/test_xfer_flood.py).
+MAX_SEPARATORS = 1 << 19
+# Headers over CTL_MAX being read and parsed at once, per member and in all: each holds up to
+# MAX_HEADER bytes and the objects parsed from them; more wait their turn (a header arrives in
+# milliseconds on a LAN), so a member's 32 authenticated connections hold 2 of them, not 32.
+LARGE_PER_MEMBER = 2
+LARGE_TOTAL = 8
+MAX_FILES = 10_000  # files a checkpoint may have to be transferred (the manifest's digest costs per file)
+HANDSHAKE_DEADLINE_S = 10.0  # the whole handshake (hello to auth) of a Receiver's peer, one deadline
 _COPY_BLOCK = 4 << 20  # what a commit reads at a time from the partial file
 PERSIST_EVERY = 8  # chunks between fdatasync + have.log appends
 _HASH_THREADS = max(1, min(4, (os.cpu_count() or 2) - 1))  # threads hashing chunks beside the one hashing files: a core is left to the event loop
 MAX_NEED_ROUNDS = 5  # re-send rounds before a transfer is declared failed
 MAX_SOURCE_CHANGES = 5  # manifests built again because the checkpoint changed under the sender, before it gives up
-HANDSHAKE_TIMEOUT_S = 10.0  # each handshake message: the peer's agent may be busy (a loaded event loop)
+HANDSHAKE_TIMEOUT_S = 10.0  # each handshake message (the sender's side): the peer's agent may be busy (a loaded event loop)
 # A connection a destination has not accepted in this long is a silent peer (its host gone, a
 # blackhole: nothing answers the SYN). Linux sends the SYN again 1 s and 3 s after the first; on
 # a LAN (and on any path of RTT < 1 s) 4 s covers both, so only a peer that answers none of three
@@ -178,6 +202,20 @@ class PeerSilentError(TransferError):
     hung). Not fatal (it may come back); :func:`send_checkpoint` tries such a peer again only
     ``silent_retries`` times, so a caller with another destination (a prestage) goes there
     after one timeout instead of the whole retry ladder."""
+
+
+class RefusedMessage(TransferError):
+    """A message refused for its size or shape before it was parsed or its payload read
+    (:func:`_recv`); ``reason`` names the counter a Receiver counts it under
+    (:data:`REFUSED_REASONS`): ``too_large``, ``too_dense`` (JSON of more than MAX_SEPARATORS
+    separators), ``chunk_before_offer``. Not fatal."""
+
+    def __init__(self, msg: str, reason: str) -> None:
+        super().__init__(msg)
+        self.reason = reason
+
+
+REFUSED_REASONS = ("too_large", "too_dense", "chunk_before_offer")
 
 
 class RecordError(TransferError):
@@ -284,6 +322,9 @@ class Manifest:
         try:
             if b["v"] != MANIFEST_VERSION:
                 raise TransferError(f"transfer: manifest version {b['v']!r}, expected {MANIFEST_VERSION}")
+            if len(b["files"]) > MAX_FILES:
+                raise TransferError(f"transfer: the manifest lists {len(b['files'])} files, more than the {MAX_FILES} a "
+                                    "transfer takes")
             m = cls(
                 job_id=str(b["job_id"]),
                 ckpt_id=str(b["ckpt_id"]),
@@ -493,6 +534,9 @@ def build_manifest(ckpt_dir: str | os.PathLike[str], job_id: str, chunk_size: in
     if not 0 < chunk_size <= MAX_CHUNK:
         raise TransferError(f"transfer: chunk_size {chunk_size} out of range 1..{MAX_CHUNK}")
     before = _source_state(p)
+    if len(before[1]) > MAX_FILES:
+        raise TransferError(f"transfer: refusing to send {p}: {len(before[1])} files, more than the {MAX_FILES} a "
+                            "transfer takes (save the job's state in fewer files)", fatal=True)
 
     def changed() -> bool:
         try:
@@ -644,21 +688,47 @@ class _Reader(Protocol):
     async def readexactly(self, n: int) -> bytes: ...
 
 
-async def _recv(r: _Reader, timeout: float = IO_TIMEOUT_S,
-                limit: int = MAX_HEADER) -> tuple[dict[str, Any], bytes]:
+async def _recv(r: _Reader, timeout: float = IO_TIMEOUT_S, limit: int = MAX_HEADER, *,
+                large: dict[bytes, int] | None = None, chunk_max: int | None = None,
+                large_turn: Callable[[], contextlib.AbstractAsyncContextManager[Any]] | None = None,
+                ) -> tuple[dict[str, Any], bytes]:
     """One message from ``r`` (the plain stream during the handshake, a :class:`_Channel`
     after it). ``limit``: the largest header read (MAX_HANDSHAKE before the peer has
-    authenticated). Raises TransferError for a message too large or not a JSON object, and
-    for the peer's ``error`` (NoRoomError when it is a refusal for disk space)."""
+    authenticated); ``large``: headers that may be longer, by their first bytes, each with its
+    own limit (:data:`LARGE_HEADERS`); ``chunk_max``: the largest chunk payload read (None, the
+    default: a chunk is refused here, before its payload is read). A header over CTL_MAX bytes
+    is read and parsed in its turn (``large_turn()``, held meanwhile: :meth:`Receiver._large_turn`),
+    and only when it has at most MAX_SEPARATORS separators, in a worker thread. Raises
+    TransferError for a message too large or not a JSON object, and for the peer's ``error``
+    (NoRoomError when it is a refusal for disk space)."""
     async with asyncio.timeout(timeout):  # each read: no task per read as with wait_for
         n = struct.unpack(">I", await r.readexactly(4))[0]
+    head = b""
     if n > limit:
-        when = " before authentication" if limit < MAX_HEADER else ""
-        raise TransferError(f"transfer: header of {n} bytes exceeds {limit}{when}")
+        allowed = large or {}
+        if allowed and n <= max(allowed.values()):
+            async with asyncio.timeout(timeout):
+                head = await r.readexactly(min(n, max(map(len, allowed))))
+        if not any(head.startswith(p) and n <= most for p, most in allowed.items()):
+            when = " before authentication" if limit <= MAX_HANDSHAKE else ""
+            but = "".join(f", {p.decode()}...: {most}" for p, most in allowed.items())
+            raise RefusedMessage(f"transfer: header of {n} bytes exceeds {limit}{when}"
+                                 + (f" (the most for one starting {but[2:]})" if but else ""), "too_large")
     try:
-        async with asyncio.timeout(timeout):
-            raw = await r.readexactly(n)
-        hdr = json.loads(raw)
+        if n > CTL_MAX:
+            async with large_turn() if large_turn is not None else contextlib.nullcontext():
+                async with asyncio.timeout(timeout):
+                    raw = head + await r.readexactly(n - len(head))
+                seps = raw.count(b",") + raw.count(b":")
+                if seps > MAX_SEPARATORS:
+                    raise RefusedMessage(f"transfer: a header of {n} bytes with {seps} JSON separators, more than "
+                                         f"{MAX_SEPARATORS}: refused unparsed", "too_dense")
+                hdr = await asyncio.to_thread(json.loads, raw)
+                del raw
+        else:
+            async with asyncio.timeout(timeout):
+                raw = head + await r.readexactly(n - len(head))
+            hdr = json.loads(raw)
     except (ValueError, RecursionError) as e:
         raise TransferError(f"transfer: malformed message (not JSON): {e!r}") from None
     if not isinstance(hdr, dict) or "t" not in hdr:
@@ -666,8 +736,10 @@ async def _recv(r: _Reader, timeout: float = IO_TIMEOUT_S,
     payload = b""
     if hdr.get("t") == "chunk":
         ln = hdr.get("len", -1)
-        if not isinstance(ln, int) or not 0 <= ln <= MAX_CHUNK:
-            raise TransferError(f"transfer: chunk length {ln} out of range")
+        if chunk_max is None:
+            raise RefusedMessage("transfer: a chunk before an offer: refused, its payload unread", "chunk_before_offer")
+        if not isinstance(ln, int) or not 0 <= ln <= chunk_max:
+            raise RefusedMessage(f"transfer: chunk length {ln} out of range 0..{chunk_max}", "too_large")
         async with asyncio.timeout(timeout):
             payload = await r.readexactly(ln)
     if hdr["t"] == "error":
@@ -701,10 +773,18 @@ class _RecordBuffer(asyncio.BufferedProtocol):
     bytearray's shift). It takes the transport over from the StreamReaderProtocol (with what
     the StreamReader still held) and passes flow control and the connection's end on to it,
     so the StreamWriter's ``drain`` and ``wait_closed`` work as before. A view from
-    :meth:`take` is valid until the next await."""
+    :meth:`take` is valid until the next await.
+
+    The buffer starts at START bytes and grows (doubling) while the peer sends faster than
+    records are taken, up to two records' worth; it is SIZE once the connection carries a
+    checkpoint (:meth:`bulk`, after the receiver accepted its offer). An authenticated
+    connection that carries a control message, or none, holds little (it was SIZE, zero-filled,
+    for every connection: 20 idle ones held 160 MiB)."""
 
     SIZE = 8 * (RECORD_MAX + RECORD_TAG + 4)
-    LOW = 64 << 10  # free space below which the buffer is compacted, and reading paused if still short
+    START = 128 << 10
+    SMALL = 2 * (RECORD_MAX + RECORD_TAG + 4)  # the most it grows to before bulk(): a whole record and the next's start
+    LOW = 64 << 10  # free space below which the buffer is compacted, then grown or reading paused if still short
     READ = 512 << 10  # the most one recv_into takes
 
     def __init__(self, r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
@@ -712,7 +792,8 @@ class _RecordBuffer(asyncio.BufferedProtocol):
         self.transport: Any = w.transport  # a socket transport: it reads too
         held = bytes(getattr(r, "_buffer", b""))  # the handshake's peer waits for our answer: normally empty
         getattr(r, "_buffer", bytearray()).clear()
-        self.buf = bytearray(max(self.SIZE, 2 * len(held)))
+        self.cap = self.SMALL
+        self.buf = bytearray(max(self.START, 2 * len(held)))
         self.mv = memoryview(self.buf)
         self.buf[:len(held)] = held
         self.start, self.end = 0, len(held)
@@ -747,6 +828,27 @@ class _RecordBuffer(asyncio.BufferedProtocol):
             self.mv[0:k] = self.mv[self.start:self.end]  # one memmove; the buffer is never resized
             self.start, self.end = 0, k
 
+    def bulk(self) -> None:
+        """The connection carries a checkpoint: the buffer is SIZE from now on (records arrive
+        back to back; a large buffer reads them in fewer, larger reads and moves its bytes
+        seldom, as every connection's did before)."""
+        self.cap = max(self.cap, self.SIZE)
+        self._grow(self.SIZE)
+
+    def _grow(self, at_least: int) -> bool:
+        """A larger buffer (at least ``at_least`` bytes, at most ``cap`` unless a record needs
+        more), its bytes moved to the start; False when it is at ``cap`` already. Views taken
+        before keep the old buffer alive as long as they are held."""
+        size = max(at_least, min(self.cap, 2 * len(self.buf)))
+        if size <= len(self.buf):
+            return False
+        k = self.end - self.start
+        new = bytearray(size)
+        new[:k] = self.mv[self.start:self.end]
+        self.buf, self.mv = new, memoryview(new)
+        self.start, self.end = 0, k
+        return True
+
     def get_buffer(self, sizehint: int) -> memoryview:
         if len(self.buf) - self.end < self.LOW:
             self._compact()
@@ -756,7 +858,7 @@ class _RecordBuffer(asyncio.BufferedProtocol):
         self.end += nbytes
         if len(self.buf) - self.end < self.LOW:
             self._compact()
-            if len(self.buf) - self.end < self.LOW and not self.paused:
+            if len(self.buf) - self.end < self.LOW and not self._grow(0) and not self.paused:
                 self.paused = True
                 self.transport.pause_reading()
         self._wake()
@@ -789,6 +891,8 @@ class _RecordBuffer(asyncio.BufferedProtocol):
                 raise asyncio.IncompleteReadError(bytes(self.mv[self.start:self.end]), n)
             if len(self.buf) - self.start < n:
                 self._compact()
+                if len(self.buf) < n:
+                    self._grow(n)
             if self.paused:
                 self.paused = False
                 self.transport.resume_reading()
@@ -836,8 +940,13 @@ class _Channel:
         self._broken: str | None = None
         self._lock = asyncio.Lock()
         self.on_reject = on_reject
-        self._out = bytearray(4 + RECORD_MAX + RECORD_TAG)
+        self._out = bytearray(0)  # grown to the largest record sealed yet (a receiver's: small answers)
         self._in = _RecordBuffer(r, w) if _RecordBuffer.usable(r, w) else None
+
+    def bulk(self) -> None:
+        """This connection carries a checkpoint now: its receive buffer may grow to its full size."""
+        if self._in is not None:
+            self._in.bulk()
 
     def path(self) -> str:
         """How this connection's records are read, for the log: the fast path or the slow."""
@@ -859,6 +968,8 @@ class _Channel:
 
     def _seal(self, data: bytes | memoryview) -> None:
         n = len(data) + RECORD_TAG
+        if len(self._out) < 4 + n:
+            self._out = bytearray(min(4 + RECORD_MAX + RECORD_TAG, max(4 + n, 2 * len(self._out))))
         out = memoryview(self._out)[:4 + n]
         struct.pack_into(">I", out, 0, n)
         # the transport sends it now or copies what the socket did not take: the buffer is free again
@@ -1850,8 +1961,19 @@ class Receiver:
     addresses, and counted (``wrong_source`` here, ``STATS.wrong_source``): it carries
     nothing, no control message and no checkpoint.
 
+    Who may hold the port is the ``gate``'s to decide (:mod:`laminar.zone.gate`; the agent's
+    admits only roster addresses with ``zone.check_source``, a share each; None: every address
+    a stranger, a share each): a connection refused there is reset unread. The handshake has
+    one deadline (HANDSHAKE_DEADLINE_S), and the node a hello names is checked against the
+    connection's address before any MAC is computed. Once authenticated, the connection takes
+    one of its member's slots (``gate.authenticate``; refused past it, non-fatal: try again
+    later). Its first message is a control message (at most CTL_MAX bytes, a ``guard`` at most
+    GUARD_MAX) or an offer (at most MAX_HEADER); a chunk before an offer is refused unread, and
+    a chunk's payload is read only up to the manifest's chunk size.
+
     Counters: ``records_rejected`` (records that failed authentication, each ended its
-    connection), ``refused_no_room``, ``wrong_source``."""
+    connection), ``refused_no_room``, ``wrong_source``; ``gate.stats()`` (connections refused
+    by reason)."""
 
     def __init__(
         self,
@@ -1863,6 +1985,7 @@ class Receiver:
         margin_bytes: int | None = None,
         sources: Callable[[int], str | None] | None = None,
         pair_keys: Callable[[int, tuple[bytes, ...]], tuple[bytes, ...]] | None = None,
+        gate: Gate | None = None,
     ) -> None:
         if margin_bytes is not None and (isinstance(margin_bytes, bool) or not isinstance(margin_bytes, int)
                                          or margin_bytes < 0):
@@ -1881,10 +2004,14 @@ class Receiver:
         self.keys: KeyLookup = (lambda _z, k=keys: k) if isinstance(keys, bytes) else keys  # type: ignore[misc]
         self.on_commit = on_commit
         self.on_progress = on_progress
-        self.server: asyncio.AbstractServer | None = None
+        self.gate = gate if gate is not None else Gate()
+        self.refused: collections.Counter[str] = collections.Counter()  # messages refused unparsed, by reason
+        # member -> (its turns at large headers, connections using or waiting for one): _large_turn
+        self._large: dict[str, tuple[asyncio.Semaphore, int]] = {}
+        self._large_total = asyncio.Semaphore(LARGE_TOTAL)
+        self.server: GatedListener | None = None
         self.port: int | None = None  # the port it listens on (kept while a relisten finds it taken)
         self._locks = _KeyLocks()
-        self._unauth: dict[str, int] = {}  # peer address -> its connections still in the handshake
         self.committed: list[Committed] = []
 
     async def start(self, host: str, port: int) -> int:
@@ -1898,9 +2025,10 @@ class Receiver:
         return self.port
 
     async def _bind(self, host: str, port: int) -> None:
-        # '::' (with a port): every address of both families (asyncio's '::' socket is IPv6 only)
-        self.server = await asyncio.start_server(self._handle, None if host == "::" and port else host, port)
-        self.port = int(self.server.sockets[0].getsockname()[1])
+        # '::' (with a port): every address of both families (an '::' socket alone is IPv6 only)
+        srv = GatedListener(self.gate, self._handle, "transfer port")
+        self.port = await srv.start(None if host == "::" and port else host, port)
+        self.server = srv
 
     async def _close(self) -> None:
         if self.server is not None:
@@ -1919,6 +2047,13 @@ class Receiver:
             self.server.close()
             await self.server.wait_closed()
             self.server = None
+
+    def stats(self) -> dict[str, int]:
+        """Connections refused or cut by reason, and held now (:meth:`laminar.zone.gate.Gate.stats`),
+        with ``wrong_source`` (a hello naming a node whose roster address is not the peer's) and
+        messages refused unparsed by reason (:data:`REFUSED_REASONS`)."""
+        return {**self.gate.stats(), "wrong_source": self.wrong_source,
+                **{r: self.refused[r] for r in REFUSED_REASONS}}
 
     def sweep(self, at_start: bool = False, now: float | None = None) -> list[Path]:
         """Removes what interrupted transfers left and returns it: a partial transfer
@@ -1958,34 +2093,38 @@ class Receiver:
     def final_dir(self, job_id: str, ckpt_id: str) -> Path:
         return self.root / "checkpoints" / job_id / ckpt_id
 
-    async def _handle(self, r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
+    async def _handle(self, r: asyncio.StreamReader, w: asyncio.StreamWriter, ip: str, slot: Slot) -> None:
         peer = w.get_extra_info("peername")
-        ip = str(peer[0]) if isinstance(peer, tuple) and peer else "?"
         ch: _Channel | None = None  # after the handshake: everything goes through it
+        member: Slot | None = None
         try:
-            if self._unauth.get(ip, 0) >= MAX_UNAUTHENTICATED:
-                raise TransferError(f"transfer: {MAX_UNAUTHENTICATED} connections from {ip} are still authenticating; "
-                                    "try again later")
-            self._unauth[ip] = self._unauth.get(ip, 0) + 1
             try:
-                node, key, nc, ns = await self._handshake(r, w, ip)
-            finally:
-                self._unauth[ip] -= 1
-                if not self._unauth[ip]:
-                    del self._unauth[ip]
+                async with asyncio.timeout(HANDSHAKE_DEADLINE_S):
+                    node, key, nc, ns = await self._handshake(r, w, ip)
+            except TimeoutError:
+                self.gate.count("slow")
+                raise
+            slot.release()  # authenticated: its handshake slot goes back, one of its member's is taken
             ch = _Channel.server(r, w, key, nc, ns, self._count_reject)
-            hdr, _ = await _recv(ch)
+            member = self.gate.authenticate(node)
+            if member is None:
+                raise TransferError(f"transfer: node {node} has {self.gate.authenticated.per_key} connections here "
+                                    "already (or this node has its most); try again later")
+            # a control message or an offer; a chunk here is refused before its payload is read
+            hdr, _ = await _recv(ch, limit=CTL_MAX, large=LARGE_HEADERS, large_turn=lambda: self._large_turn(node))
             if hdr["t"] == "ctl":
                 await self._control(ch, hdr, node, key, ns)
                 return
             if hdr["t"] != "offer":
                 raise TransferError(f"transfer: expected offer, got {hdr['t']!r}")
-            # parsed and its digest computed in a worker thread: ~7 MB of JSON for 100 GiB in 1 MiB chunks
+            # checked and its digest computed in a worker thread: ~7 MB of JSON for 100 GiB in 1 MiB chunks
             m = await asyncio.to_thread(_offered, hdr, key)
             async with self._locks.hold((m.job_id, m.ckpt_id), IO_TIMEOUT_S):
                 await self._receive(ch, m, node, key, ns)
         except (TransferError, ValueError, KeyError, TypeError) as e:
             log.warning("transfer from %s: %s", peer, e)
+            if isinstance(e, RefusedMessage):
+                self.refused[e.reason] += 1
             err: dict[str, Any] = {"t": "error", "msg": str(e), "fatal": getattr(e, "fatal", False)}
             if isinstance(e, NoRoomError):
                 err.update(reason="no-room", need=e.need, avail=e.avail)
@@ -1996,9 +2135,37 @@ class Receiver:
         except (TimeoutError, OSError, asyncio.IncompleteReadError, ConnectionError) as e:
             log.info("transfer from %s: connection lost: %r", peer, e)
         finally:
+            if member is not None:
+                member.release()
             w.close()
             with contextlib.suppress(Exception):
                 await w.wait_closed()
+
+    @contextlib.asynccontextmanager
+    async def _large_turn(self, node: str) -> AsyncIterator[None]:
+        """A turn to read and parse a header over CTL_MAX of ``node``'s: at most LARGE_PER_MEMBER
+        of one member at once, LARGE_TOTAL in all; waits at most IO_TIMEOUT_S for it."""
+        mine, users = self._large.get(node) or (asyncio.Semaphore(LARGE_PER_MEMBER), 0)
+        self._large[node] = (mine, users + 1)
+        try:
+            async with asyncio.timeout(IO_TIMEOUT_S):
+                await mine.acquire()
+                try:
+                    await self._large_total.acquire()
+                except BaseException:
+                    mine.release()
+                    raise
+            try:
+                yield
+            finally:
+                self._large_total.release()
+                mine.release()
+        finally:
+            sem, users = self._large[node]
+            if users > 1:
+                self._large[node] = (sem, users - 1)
+            else:
+                del self._large[node]  # nobody waits: the map holds only members reading now
 
     def _count_reject(self) -> None:
         self.records_rejected += 1
@@ -2048,8 +2215,9 @@ class Receiver:
                          ip: str = "?") -> tuple[str, bytes, bytes, bytes]:
         """Mutual authentication, over the hello's claims too (:func:`hello_identity`): (the
         peer's node, the zone key, client nonce, server nonce). A hello of another version is
-        refused with an error naming both (fatal: an old sender does not retry); then, with
-        ``sources``, a node whose roster address is not ``ip``, the connection's peer."""
+        refused with an error naming both (fatal: an old sender does not retry); with
+        ``sources``, a hello naming a node whose roster address is not ``ip`` (the connection's
+        peer) is refused before any MAC is computed."""
         hdr, _ = await _recv(r, HANDSHAKE_TIMEOUT_S, MAX_HANDSHAKE)
         if hdr["t"] != "hello":
             raise TransferError(f"transfer: expected hello v{PROTOCOL_VERSION}, got {hdr.get('t')!r}")
@@ -2071,6 +2239,9 @@ class Receiver:
             raise TransferError(f"transfer: no key for zone {zone}", fatal=True)
         if len(nc) < 16:
             raise TransferError("transfer: client nonce too short")
+        # whether the node it names may connect from here, before any MAC work: the claim is not
+        # proven yet, but a connection that cannot be that node's is refused at no cost
+        self._check_source(node, ip)
         ns = secrets.token_bytes(32)
         ident = hello_identity(hdr.get("v"), zone, node)
         # during a zone key rotation the zone lists more keys (laminar.zone.keys.ZoneKey.accepted), and the
@@ -2091,8 +2262,6 @@ class Receiver:
         if auth["t"] != "auth" or verified is None:
             raise TransferError("transfer: client failed authentication (another key, or its hello was changed on the "
                                 "way)", fatal=True)
-        # the hello is the client's own now; whether the node it names may connect from here:
-        self._check_source(node, ip)
         key = bytes(verified)
         await _send(w, {"t": "ok"})  # the last message in the clear
         return node, key, nc, ns
@@ -2128,7 +2297,7 @@ class Receiver:
                 # agent's event loop (probes, heartbeats, kill-switches); so are verify_all and
                 # the commit below
                 await asyncio.to_thread(verified_checkpoint, final)
-                old = json.loads((final / TRANSFER_MANIFEST).read_text())
+                old = await asyncio.to_thread(lambda: json.loads((final / TRANSFER_MANIFEST).read_text()))
             except (TransferError, OSError, ValueError) as e:
                 # Not restorable (changed or lost files at rest, a half-removed copy): "committed"
                 # would tell the sender it is delivered while nothing here can be resumed from.
@@ -2152,6 +2321,7 @@ class Receiver:
                 f"{room.margin}), {room.avail} bytes available", room.need, room.avail)
         # no await between the check and this: two offers cannot both count the same free space
         self._active[(m.job_id, m.ckpt_id)] = (d / "data.partial", m.total_bytes)
+        ch.bulk()  # an accepted offer: its chunks come back to back
         try:
             await self._receive_into(ch, m, node, key, ns, d)
         except OSError as e:
@@ -2192,7 +2362,9 @@ class Receiver:
         try:
             await ch.send({"t": "have", "chunks": sorted(inc.have)})
             while True:
-                hdr, payload = await _recv(ch)
+                # chunks (a payload of at most the manifest's chunk size, read after its header
+                # is checked) and done: small headers
+                hdr, payload = await _recv(ch, limit=CTL_MAX, chunk_max=m.chunk_size)
                 if hdr["t"] == "chunk":
                     i = int(hdr["i"])
                     if not 0 <= i < len(m.chunks) or len(payload) != m.chunk_len(i):

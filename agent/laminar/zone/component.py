@@ -1419,6 +1419,7 @@ class ZoneComponent:
                                         node=self.node_id, remember_by_time=True,
                                         sources=self.membership.tcp_sources() if check else None, pairs=self.pairs)
         if self.networked:
+            from laminar.zone.gate import Gate
             from laminar.zone.transport import HandoverServer, UdpEndpoint
 
             loop = asyncio.get_running_loop()
@@ -1432,7 +1433,8 @@ class ZoneComponent:
             self.server = HandoverServer(self.encoder, self.tcp_decoder,
                                          lambda n: self.membership.by_node[n].zone if n in self.membership.by_node else None,
                                          lambda msg: self.on_handover(msg.node, msg.body),  # type: ignore[arg-type]
-                                         self.wall, float(s["handover_timeout_s"]))
+                                         self.wall, float(s["handover_timeout_s"]),
+                                         gate=Gate(self.membership.roster_ips, check_source=check))
             try:
                 await self.server.start(self.listen_host, s["handover_port"])
             except OSError as e:
@@ -2255,8 +2257,8 @@ class ZoneComponent:
             "drops": self.decoder.stats() if self.decoder else {},
             "handover_drops": self.tcp_decoder.stats() if self.tcp_decoder else {},
             "keys": self.key_stats() if self.networked else [],
-            "handover_tcp": {"connections": getattr(self.server, "connections", 0),
-                             "refused": getattr(self.server, "refused", 0)},
+            # who held the hand-over port, refused by reason (laminar.zone.gate)
+            "handover_tcp": self.server.stats() if self.server is not None else {"connections": 0, "refused": 0},
             "udp": {"sent": getattr(self.endpoint, "sent", 0), "received": getattr(self.endpoint, "received", 0),
                     "send_errors": getattr(self.endpoint, "send_errors", 0)},
             "arbiter": {**self.arbiter.counts, "held": len(self.arbiter.held), "placed": len(self.arbiter.placed)},
@@ -2274,7 +2276,8 @@ class ZoneComponent:
     def status(self) -> dict[str, Any]:
         return {"node": self.node_id, "zone": self.zone, "networked": self.networked,
                 "members": len(self.membership.by_node), "held": len(self.arbiter.held),
-                "placed": len(self.arbiter.placed), "drops": sum((self.decoder.drops if self.decoder else {}).values())}
+                "placed": len(self.arbiter.placed), "drops": sum((self.decoder.drops if self.decoder else {}).values()),
+                "handover_gate": self.server.gate.stats() if self.server is not None else {}}
 
     def routes(self) -> list[Any]:
         from laminar.api import ApiError, Request, Route

@@ -166,6 +166,8 @@ class Membership:
     by_addr: dict[tuple[str, int], int] = field(init=False)
     by_pool: dict[tuple[int, str], list[int]] = field(init=False)
     suspects: set[int] = field(init=False)
+    _ips: frozenset[str] = field(init=False, default=frozenset(), repr=False, compare=False)
+    _ips_of: object = field(init=False, default=None, repr=False, compare=False)  # the members list _ips is of
 
     def __post_init__(self) -> None:
         self.by_node = {}
@@ -272,6 +274,16 @@ class Membership:
             if m.pubkey != pubkeys.get(n, b""):
                 self.by_node[n] = replace(m, pubkey=pubkeys.get(n, b""))
         self.members = list(self.by_node.values())
+
+    def roster_ips(self) -> frozenset[str]:
+        """Every member's canonical IP: the addresses that may open this node's TCP ports with
+        ``zone.check_source`` (:class:`laminar.zone.gate.Gate`). Built again only when the roster
+        changed (``members`` is a new list after each change), so a check per connection is a
+        set lookup."""
+        if self._ips_of is not self.members:
+            self._ips = frozenset(canonical_ip(m.addr) for m in self.members)
+            self._ips_of = self.members
+        return self._ips
 
     def tcp_sources(self) -> dict[int, str]:
         """node id -> canonical IP: where that node's hand-over connections come from (any

@@ -24,12 +24,14 @@ from typing import Protocol
 
 from laminar import listen
 from laminar.zone import wire
+from laminar.zone.gate import REASONS, Gate, GatedListener, Slot
 from laminar.zone.membership import Membership, canonical_ip, host_port
 
 log = logging.getLogger("laminar.zone.transport")
 
 ANSWER_QUEUE_MAX = 256  # answers buffered per placement: d is at most 255
 READ_BATCH = 256  # datagrams read per wake-up of the event loop, at most (others wait their turn)
+READ_BUDGET_S = 0.005  # ...and for at most this long: a burst of datagrams never holds the loop past it
 RCVBUF = 4 << 20  # socket receive buffer: about 5,000 datagrams of a burst
 CANON_CACHE_MAX = 4096  # source addresses whose canonical spelling is remembered
 
@@ -270,7 +272,8 @@ class UdpEndpoint:
         sock = self.sock
         if sock is None:
             return
-        for _ in range(READ_BATCH):
+        until = time.monotonic() + READ_BUDGET_S
+        for i in range(READ_BATCH):
             try:
                 data, addr = sock.recvfrom(2048)
             except (BlockingIOError, InterruptedError):
@@ -279,6 +282,8 @@ class UdpEndpoint:
                 self.recv_errors += 1
                 return
             self.datagram_received(data, addr)
+            if i & 15 == 15 and time.monotonic() > until:
+                return  # the rest next round: the socket stays readable
 
     def datagram_received(self, data: bytes, addr: tuple[str, int]) -> None:
         self.received += 1
@@ -401,7 +406,13 @@ async def handover(
             pass
 
 
-HANDOVER_READING_MAX = 16  # hand-over frames read at once before their MAC is checked
+# Before its MAC is checked a hand-over frame is read in two steps, each under a deadline: its
+# length and header (34 bytes, sent at once by a submitter) within HEADER_DEADLINE_S, then, once
+# the header names a member at this connection's address, its body (at most 64 KiB: the
+# header's body length is 16 bits) within the hand-over timeout plus the time it takes at
+# BODY_MIN_RATE. A peer that drips bytes holds its slot no longer.
+HEADER_DEADLINE_S = 3.0
+BODY_MIN_RATE = 64 << 10  # bytes per second
 
 
 class HandoverServer:
@@ -413,11 +424,15 @@ class HandoverServer:
     IP must be the roster address of the node the frame claims to come from (``wrong_source``
     otherwise: a member cannot hand a job over as another node).
 
-    A frame is read whole (up to :data:`wire.MAX_FRAME`) before its MAC can be checked, so at
-    most ``reading_max`` connections are read at once: anyone who reaches the port could
-    otherwise make the agent buffer a MiB per connection it holds open. A connection beyond
-    that is closed at once, unread (counted in ``refused``); a submitter's hand-over then
-    fails and is retried or placed elsewhere.
+    Who may hold the port before authenticating is the ``gate``'s to decide
+    (:mod:`laminar.zone.gate`: with ``zone.check_source`` only roster addresses, a share each;
+    counted by reason in :meth:`stats`). An admitted connection's header is read first
+    (:data:`HEADER_DEADLINE_S`) and checked (:meth:`laminar.zone.wire.Decoder.precheck`: a
+    frame's size, its zone, its claimed sender and that sender's address) before its body is
+    read, at :data:`BODY_MIN_RATE` at least (a frame announcing more than its header's body
+    length, up to :data:`wire.MAX_FRAME` before, is dropped there: ``bad_length``). Once
+    authenticated the connection gives its reading slot back and takes one of its member's
+    (``gate.authenticate``) while the job starts.
     """
 
     def __init__(
@@ -428,27 +443,41 @@ class HandoverServer:
         on_handover: Callable[[wire.Message], Awaitable[wire.HandoverAck]],
         clock: Callable[[], float] = time.time,
         timeout_s: float = 10.0,
-        reading_max: int = HANDOVER_READING_MAX,
+        gate: Gate | None = None,
     ) -> None:
         self.enc = encoder
         self.dec = decoder
-        self.reading_max = reading_max
-        self.reading = 0  # connections whose frame is being read (not yet authenticated)
-        self.refused = 0
+        self.gate = gate if gate is not None else Gate()
         self.zone_of = zone_of
         self.on_handover = on_handover
         self.clock = clock
         self.timeout_s = timeout_s
-        self.server: asyncio.AbstractServer | None = None
+        self.server: GatedListener | None = None
         self.port: int | None = None  # the port it listens on (kept while a relisten finds it taken)
         self.connections = 0
-        self._canon = _Canon()
+
+    @property
+    def refused(self) -> int:
+        """Connections refused or cut before their frame was read (every reason of the gate's)."""
+        st = self.gate.stats()
+        return sum(st[r] for r in REASONS)
+
+    @property
+    def reading(self) -> int:
+        """Connections whose frame is being read (not yet authenticated)."""
+        return self.gate.stats()["reading"]
+
+    def stats(self) -> dict[str, int]:
+        """``connections`` admitted or not, ``refused`` (all reasons), and the gate's counts by
+        reason (:meth:`laminar.zone.gate.Gate.stats`)."""
+        return {"connections": self.connections, "refused": self.refused, **self.gate.stats()}
 
     async def start(self, host: str, port: int) -> None:
-        """Listen on ``host:port``; ``::`` is every address of both families (asyncio's own
-        ``::`` socket would be IPv6 only)."""
-        self.server = await asyncio.start_server(self._serve, None if host == "::" else host, port, reuse_address=True)
-        self.port = int(self.server.sockets[0].getsockname()[1])
+        """Listen on ``host:port``; ``::`` is every address of both families (two sockets, as
+        asyncio's servers)."""
+        srv = GatedListener(self.gate, self._serve, "zone: hand-over port")
+        self.port = await srv.start(None if host == "::" else host, port)
+        self.server = srv
 
     async def relisten(self, host: str) -> None:
         """Listen on ``host`` at the same port instead; hand-overs being served go on. When
@@ -462,25 +491,28 @@ class HandoverServer:
             await self.server.wait_closed()
             self.server = None
 
-    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, ip: str, slot: Slot) -> None:
         self.connections += 1
-        if self.reading >= self.reading_max:
-            self.refused += 1
-            writer.transport.abort()  # unread: nothing buffered for it
-            return
+        member: Slot | None = None
         try:
-            self.reading += 1
+            src = ip if self.dec.sources is not None else None
             try:
-                raw = await asyncio.wait_for(_read_frame(reader, wire.MAX_FRAME), self.timeout_s)
-                src = None
-                if self.dec.sources is not None:
-                    peer = writer.get_extra_info("peername")
-                    src = self._canon(str(peer[0])) if peer else ""
-                msg = self.dec.decode(raw, self.clock(), src)
-            finally:
-                self.reading -= 1
+                async with asyncio.timeout(min(HEADER_DEADLINE_S, self.timeout_s)):
+                    head = await reader.readexactly(4 + wire.HEADER_SIZE)
+                n = wire.frame_length(head[:4])
+                self.dec.precheck(head[4:], n, src)  # nothing more is read of a frame that will be dropped
+                async with asyncio.timeout(self.timeout_s + n / BODY_MIN_RATE):
+                    raw = head[4:] + await reader.readexactly(n - wire.HEADER_SIZE)
+            except TimeoutError:
+                self.gate.count("slow")
+                return
+            msg = self.dec.decode(raw, self.clock(), src)
             del raw
+            slot.release()  # authenticated: its reading slot goes back, a member's is taken
             if not isinstance(msg.body, wire.Handover):
+                return
+            member = self.gate.authenticate(msg.node)
+            if member is None:
                 return
             ack = await self.on_handover(msg)
             zone = self.zone_of(msg.node)
@@ -493,4 +525,6 @@ class HandoverServer:
         except Exception:
             log.exception("hand-over failed")
         finally:
+            if member is not None:
+                member.release()
             writer.close()

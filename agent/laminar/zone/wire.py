@@ -21,8 +21,10 @@ envelope behind a 4-byte length with a larger limit (:data:`MAX_FRAME`).
 
 :class:`Decoder` turns bytes into a typed :class:`Message` or raises :class:`Dropped` with a
 :class:`DropReason`, counting every drop by reason; it raises nothing else, whatever the input
-(``tests/unit/test_fuzz_wire.py`` holds it to that). Checks run cheapest first and the MAC is
-checked before anything in the header is trusted beyond its length; the sequence window is
+(``tests/unit/test_fuzz_wire.py`` holds it to that). Checks run cheapest first: the claimed
+sender (in the roster, and with ``sources`` at its roster address) is checked before any MAC
+work, so a datagram from an address that is not its claim's costs no HMAC; the MAC is checked
+before anything else in the header is trusted beyond its length; the sequence window is
 updated only for datagrams that passed every other check, so a forgery cannot burn sequence
 numbers. A decoder keeps, per sender, a window of the :data:`SEQ_WINDOW` numbers behind the
 highest seen (UDP), or with ``remember_by_time`` every number it took while its timestamp can
@@ -107,8 +109,8 @@ class DropReason(enum.Enum):
     BAD_LENGTH = "bad_length"  # body length disagrees with the datagram's size
     UNKNOWN_ZONE = "unknown_zone"  # no key for the key zone it names
     BAD_MAC = "bad_mac"  # forged, corrupted, signed with another key, or sent to another node
-    UNKNOWN_NODE = "unknown_node"  # authenticated, but the sender is not in the membership
-    WRONG_SOURCE = "wrong_source"  # authenticated, but sent from another address than its sender's (zone.check_source)
+    UNKNOWN_NODE = "unknown_node"  # the claimed sender is not in the membership (checked before the MAC)
+    WRONG_SOURCE = "wrong_source"  # sent from another address than its claimed sender's (zone.check_source; before the MAC)
     BAD_TYPE = "bad_type"
     STALE = "stale"  # timestamp outside the replay window
     REPLAY = "replay"  # sequence number seen already, or behind the window
@@ -899,6 +901,37 @@ class Decoder:
             self.drops[DropReason.MALFORMED.value] += 1
             raise Dropped(DropReason.MALFORMED, f"{type(e).__name__}: {e}") from None
 
+    def precheck(self, header: bytes, size: int, src: object = None) -> None:
+        """What :meth:`decode` checks before any MAC work, on a TCP frame's first
+        :data:`HEADER_SIZE` bytes and its announced ``size``, so that a frame that will be
+        dropped is not read further: raises :class:`Dropped` (counted as decode would) for a
+        frame too large, truncated, not ours, whose body length disagrees with ``size``, of a
+        zone this node takes no key for, or claiming a sender that is not a member or (with
+        ``sources``) not at ``src``. Never raises anything else."""
+        try:
+            if size > self.max_size:
+                raise self._drop(DropReason.TOO_LARGE, f"{size} bytes > {self.max_size}")
+            if size < HEADER_SIZE + MAC_SIZE or len(header) < HEADER_SIZE:
+                raise self._drop(DropReason.TRUNCATED, f"{size} bytes")
+            magic, version, _mtype, _flags, _res, zone, node, _ts, _seq, blen = HEADER.unpack_from(header, 0)
+            if magic != MAGIC:
+                raise self._drop(DropReason.BAD_MAGIC)
+            if version != VERSION:
+                raise self._drop(DropReason.BAD_VERSION, f"version {version}, this agent speaks {VERSION}")
+            if HEADER_SIZE + blen + MAC_SIZE != size:
+                raise self._drop(DropReason.BAD_LENGTH, f"body length {blen}, frame of {size} bytes")
+            if (self._slots.get(zone) or self._slot(zone)) is None:
+                raise self._drop(DropReason.UNKNOWN_ZONE, f"zone {zone}")
+            if node not in self.known_nodes:
+                raise self._drop(DropReason.UNKNOWN_NODE, f"node {node}")
+            if src is not None and self.sources is not None and self.sources.get(node, src) != src:
+                raise self._drop(DropReason.WRONG_SOURCE, f"node {node} from {src}, its address is {self.sources.get(node)}")
+        except Dropped:
+            raise
+        except Exception as e:  # never anything else
+            self.drops[DropReason.MALFORMED.value] += 1
+            raise Dropped(DropReason.MALFORMED, f"{type(e).__name__}: {e}") from None
+
     def _decode(self, data: bytes, now: float, src: object = None) -> Message:
         n = len(data)
         if n > self.max_size:
@@ -917,6 +950,13 @@ class Decoder:
         slot = self._slots.get(zone) or self._slot(zone)
         if slot is None:
             raise self._drop(DropReason.UNKNOWN_ZONE, f"zone {zone}")
+        # the claim, before any MAC work: a datagram from an address that is not its claimed
+        # sender's roster address, or naming no member, costs no HMAC (a flood of them from off
+        # the roster costs a dict look-up each)
+        if node not in self.known_nodes:
+            raise self._drop(DropReason.UNKNOWN_NODE, f"node {node}")
+        if src is not None and self.sources is not None and self.sources.get(node, src) != src:
+            raise self._drop(DropReason.WRONG_SOURCE, f"node {node} from {src}, its address is {self.sources.get(node)}")
         keys, counts, last = slot
         pairs = self.pairs
         if pairs is not None and node in pairs.shared:  # the sender has a node key: its pair key first
@@ -938,10 +978,6 @@ class Decoder:
                     break
             else:
                 raise self._drop(DropReason.BAD_MAC)
-        if node not in self.known_nodes:
-            raise self._drop(DropReason.UNKNOWN_NODE, f"node {node}")
-        if src is not None and self.sources is not None and self.sources.get(node, src) != src:
-            raise self._drop(DropReason.WRONG_SOURCE, f"node {node} from {src}, its address is {self.sources.get(node)}")
         mt = _MSG_TYPES.get(mtype)
         if mt is None:
             raise self._drop(DropReason.BAD_TYPE, f"type {mtype}")
