@@ -113,6 +113,7 @@ from laminar.migrate.archive_auth import (
     canonical,
     manifest_digest,
     owner_body,
+    owner_request,
 )
 from laminar.migrate.archive_view import _NODE_FILE, DONE_DIR, Refusals, Sealed, View
 from laminar.migrate.constants import _SAFE_KEY, MIGRATED_ENV, SOURCE_LIVE_STATES
@@ -1902,7 +1903,9 @@ class ArchiveMixin:
                        "archive" if rec["kind"] == "live" else "claimed from the archive")
                 if dead_runner is not None:
                     why = f"node {dead_runner}, which ran it from the archive, is gone; claimed again from the archive"
-                err = await self._resume_here(row, dict(rec["request"]), path, why)
+                # (what its node signed of the request, nothing else: a placement named there would
+                # drop this node's reservation of it, an LM_PLACEMENT_ID answer a hand-over with it)
+                err = await self._resume_here(row, owner_request(rec["request"]), path, why)
                 if err is None:
                     self._lane.submit(f"claim of {key} done", self._claim_done, key, f"node {self.node_id}",
                                       (self.node_id, self._runs_here(key) or ""))
