@@ -118,13 +118,6 @@ def presigned(src: ReclaimComponent, key: str, ckpt: Path) -> dict[str, Any]:
     return rec
 
 
-def seen_long_ago(c: ReclaimComponent, seconds: float) -> None:
-    """Every claim ``c`` has seen so far, seen ``seconds`` earlier than it was (its own clock:
-    what makes a claim stale)."""
-    for ident in c._claims_seen:
-        c._claims_seen[ident] -= seconds
-
-
 def claimed_by(arch: Path, tmp: Path, key: str, runner: int, resumed: tuple[int, str] | None,
                keys: ZoneKeys | None = None) -> Path:
     """``key``'s job archived by its own node (a real checkpoint) and claimed and started by node

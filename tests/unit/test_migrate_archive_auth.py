@@ -499,13 +499,26 @@ def test_a_filename_alone_never_vouches_a_supersede(world: Any) -> None:
 
 def test_a_backdated_claim_is_not_stale(world: Any) -> None:
     """A4: a fresh claim whose mtime is set back (``touch -d``): before, a second node took it
-    over at once and the job ran twice. Staleness is the looking agent's own clock."""
+    over at once and the job ran twice. A claim's age is its node's signed note; a claim with no
+    note (its node crashed right after the rename) ages by the looking agent's own clock."""
     key = "n1-job-42"
     world.writer._archive(key, ckpt_of(world.tmp, key), record(key))
-    assert agent_of(2, world.arch)._claim(key)
-    os.utime(world.arch / key / "claimed-2.json", (1e9, 1e9))
+    two = agent_of(2, world.arch)
+    assert two._claim(key)
+    claim = world.arch / key / "claimed-2.json"
+    os.utime(claim, (1e9, 1e9))
     assert not world.c._claim(key) and world.c._stale_claims(world.arch, time.time()) == []
-    for ident in world.c._claims_seen:  # this agent's own wait: then it is stale
+    reseal(two, claim, ts=time.time() - ARCHIVE_CLAIM_STALE_S - 1)  # node 2 noted it that long ago
+    assert world.c._claim(key)
+    world.c._unclaim(key)  # (given back: what it took, where it was)
+    assert sorted(p.name for p in (world.arch / key).glob("*.json")) == ["guard.json"]
+    # a claim never noted: this agent's own wait
+    assert two._claim(key)
+    taken = json.loads(claim.read_bytes())["body"]["taken"]
+    claim.write_bytes(json.dumps(taken).encode())  # the bare record, as the rename left it
+    os.utime(claim, (1e9, 1e9))
+    assert not world.c._claim(key)
+    for ident in world.c._claims_seen:
         world.c._claims_seen[ident] -= ARCHIVE_CLAIM_STALE_S + 1
     assert world.c._claim(key)
 

@@ -7,10 +7,11 @@ from __future__ import annotations
 
 import json
 import os
+import time
 from pathlib import Path
 
 import pytest
-from archiverig import agent_of, record
+from archiverig import agent_of, record, reseal
 
 from laminar.jobkit import Checkpointer, CheckpointError, verify_checkpoint
 from laminar.migrate import reclaim
@@ -65,11 +66,10 @@ def test_a_stale_claim_of_a_node_that_died_trying_is_taken_over(tmp_path: Path, 
     a._archive(K, ckpt, record(K))
     assert a._claim(K)
     assert not b._claim(K)  # fresh: node 1 may still be starting it
-    old = 1e9  # an mtime set far back says nothing: staleness is this agent's own clock
-    os.utime(tmp_path / "arch" / K / "claimed-1.json", (old, old))
+    claim = tmp_path / "arch" / K / "claimed-1.json"
+    os.utime(claim, (1e9, 1e9))  # an mtime set far back says nothing: the claim's signed note does
     assert not b._claim(K)
-    for ident in b._claims_seen:  # node 2 has seen the claim, unchanged, for longer than the limit
-        b._claims_seen[ident] -= reclaim.ARCHIVE_CLAIM_STALE_S + 5
+    reseal(a, claim, ts=time.time() - reclaim.ARCHIVE_CLAIM_STALE_S - 5)  # node 1 claimed it that long ago
     assert b._claim(K)
     assert [p.name for p in (tmp_path / "arch" / K).glob("*.json")] == ["claimed-2.json"]
 

@@ -16,7 +16,7 @@ from types import SimpleNamespace
 from typing import Any
 
 import pytest
-from archiverig import agent_of, mark_done, presigned, record, seen_long_ago, zone_of
+from archiverig import agent_of, mark_done, presigned, record, reseal, zone_of
 from test_migrate_archive_live import files
 
 from laminar.jobkit import Checkpointer, verify_checkpoint
@@ -123,8 +123,8 @@ def test_a_claim_whose_claimant_died_is_kept_and_recoverable(arch: Path, tmp_pat
     assert b._claim(key)  # node 2 claims it and dies before the job ran anywhere
     d = arch / key
     age(d / "claimed-2.json", reclaim.ARCHIVE_CLAIM_STALE_S + 5)  # (its mtime says nothing)
-    assert c._stale_claims(arch, time.time()) == []  # first seen by node 3 now
-    seen_long_ago(c, reclaim.ARCHIVE_CLAIM_STALE_S + 5)
+    assert c._stale_claims(arch, time.time()) == []
+    reseal(b, d / "claimed-2.json", ts=time.time() - reclaim.ARCHIVE_CLAIM_STALE_S - 5)  # its signed note does
     for sweeper in (a, b, c):  # even with every temporary counted stale and the job "ended" everywhere
         assert sweeper.archive_gc({key: {"job-5"}}, tmp_stale_s=0)["removed"] == {}
     assert files(d) == ["ckpt-7", "claimed-2.json"]
@@ -315,7 +315,8 @@ def test_a_job_whose_runner_died_before_anything_newer_was_archived_is_claimed_a
     # one node wins the claim; the checkpoint it resumes from is the one the dead node ran from
     assert c._claim(key, dead_runner=2) and not a._claim(key, dead_runner=2)
     assert files(d) == ["ckpt-7", "claimed-3.json"]
-    assert json.loads((d / "claimed-3.json").read_text())["body"]["record"]["body"]["ckpt"] == "ckpt-7"
+    note = json.loads((d / "claimed-3.json").read_text())["body"]  # node 3's claim: node 2's running record it took
+    assert note["from"] == "running-2.json" and note["taken"]["body"]["record"]["body"]["ckpt"] == "ckpt-7"
     verify_checkpoint(d / "ckpt-7")
     c._claim_done(key, "node 3", (3, "job-9"))
     resumed = json.loads((d / "running-3.json").read_text())["body"]["resumed"]

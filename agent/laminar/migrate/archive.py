@@ -1266,15 +1266,24 @@ class ArchiveMixin:
             except OSError:
                 continue
             v.forget(key)
-            if v.read(key, mine) is None:  # swapped between the look and the rename: given back as it was
+            got = v.read(key, mine)
+            if got is None:  # swapped between the look and the rename: given back as it was
                 with contextlib.suppress(OSError):
                     os.rename(mine, src, src_dir_fd=d, dst_dir_fd=d)
                 v.forget(key)
                 continue
+            taken, frm = got.taken
             if src.startswith("claimed-"):
                 self._claimed_from.pop(key, None)
             else:
                 self._claimed_from[key] = src  # what _unclaim gives it back as
+            # noted, signed: what was taken, from where, when (its staleness; without the note, a
+            # crash right after the rename, the claim is stale by this agent's own clock alone)
+            with contextlib.suppress(OSError):
+                archive_fs.replace(d, mine, v.auth.seal({"kind": "claim", "key": key, "taken": taken, "from": frm,
+                                                         "ts": time.time()}),
+                                   f".claim-{self.node_id}-{time.monotonic_ns()}.tmp")
+                v.forget(key)
             return True
         return False
 
@@ -1298,11 +1307,18 @@ class ArchiveMixin:
         mine = f"claimed-{self.node_id}.json"
         if d is None:
             return
+        s = v.read(key, mine)
+        if s is not None and s.body["kind"] == "claim":  # noted: what it took goes back, as it was, where it was
+            taken, frm = s.taken
+            with contextlib.suppress(OSError):
+                archive_fs.replace(d, frm, canonical(taken), f".unclaim-{self.node_id}-{time.monotonic_ns()}.tmp")
+                os.unlink(mine, dir_fd=d)
+            v.forget(key)
+            return
         if took is None:
-            s = v.read(key, mine)
             if s is None:
-                return
-            took = {"guard": "guard.json", "live": LIVE_RECORD}.get(s.body["kind"], f"running-{s.body['writer']}.json")
+                return  # (one that does not verify is left as it is)
+            took = s.taken[1]
         with contextlib.suppress(OSError):
             os.rename(mine, took, src_dir_fd=d, dst_dir_fd=d)
         v.forget(key)
@@ -1460,8 +1476,8 @@ class ArchiveMixin:
             if node == self.node_id or alive(node) or res is None:
                 continue
             succ = f"n{res['node']}-{res['job']}"
-            if succ != key and any(n in ("guard.json", LIVE_RECORD) or _NODE_FILE.fullmatch(n)
-                                   for n in v.names(succ) if v.read(succ, n) is not None):
+            if succ != key and any((n in ("guard.json", LIVE_RECORD) or _NODE_FILE.fullmatch(n))
+                                   and v.read(succ, n) is not None for n in v.names(succ)):
                 continue
             out.append((key, node, (int(res["node"]), str(res["job"]))))
         return out
@@ -1482,7 +1498,7 @@ class ArchiveMixin:
     def _stale_claim(self, v: View, key: str) -> tuple[str, dict[str, Any], str] | None:
         """(key, the claimed record's body, the claim's file name) of a verified claim of another
         node in the key's directory that no node runs and that this agent has seen unchanged for
-        ARCHIVE_CLAIM_STALE_S (:meth:`_claim_seen_for`: its own clock, never the file's mtime,
+        ARCHIVE_CLAIM_STALE_S (:meth:`_claim_age`: its signed note, or this agent's own clock; never its mtime,
         which anyone who can write the share sets at will), or None."""
         claims = v.claims(key)
         if any(c.name.startswith("running-") for c in claims):
@@ -1490,9 +1506,19 @@ class ArchiveMixin:
         for c in claims:
             if c.node == self.node_id or not c.name.startswith("claimed-"):
                 continue
-            if self._claim_seen_for(v, key, c) > ARCHIVE_CLAIM_STALE_S:
+            if self._claim_age(v, key, c) > ARCHIVE_CLAIM_STALE_S:
                 return key, c.owner, c.name
         return None
+
+    def _claim_age(self, v: View, key: str, c: Sealed) -> float:
+        """How old the claim ``c`` is: by its signed note (``ts``), or, a claim its node never
+        noted (it crashed right after the rename), by how long this agent has seen it as it is
+        now (:meth:`_claim_seen_for`); so is another node's note under this claim's name (a
+        takeover not noted yet). Never the file's mtime, which anyone who can write the share
+        sets at will."""
+        if c.body["kind"] == "claim" and c.body["writer"] == c.node:
+            return time.time() - float(c.body["ts"])
+        return self._claim_seen_for(v, key, c)
 
     def _claim_seen_for(self, v: View, key: str, c: Sealed) -> float:
         """Seconds since this agent first saw the claim ``c`` as it is now (the same file: inode

@@ -36,6 +36,10 @@ in the body, and checked before anything is done with it.
   ``ts``. Its writer must be ``src_node``: a job's node signs its records, also the one its guard
   publishes when it finds no room (the node presigns it when it hands the guard over:
   :data:`PRESIGNED`, carried in the guard's request).
+* ``claim`` (``claimed-<node>.json``: a node's claim, taken by renaming the record, then noted):
+  the record it took (verified as the file it was), the name it took it from, when (``ts``: a
+  claim older than ARCHIVE_CLAIM_STALE_S whose node never ran the job is taken over; a file's
+  mtime is anyone's to set); its writer is the node its file name gives.
 * ``run`` (``running-<node>.json``: a claim whose node started the job): the claimed owner
   record (verified the same way), where the job now runs (``resumed``); its writer is the node
   its file name gives.
@@ -76,7 +80,7 @@ NODE_MAX = 2**32 - 1
 # (:meth:`ArchiveMixin._presign`): the record the guard publishes when it finds no room.
 PRESIGNED = "archive_record"
 
-KINDS = ("guard", "live", "run", "done")
+KINDS = ("guard", "live", "run", "claim", "done")
 OWNER_KINDS = ("guard", "live")
 DONE_WHYS = ("ended there", "ended", "superseded")
 # Why a file in the archive was refused (migrate.counts.archive_unverified_<reason>).
@@ -205,7 +209,7 @@ def check_body(body: Any, *, name: str, dir_key: str | None) -> dict[str, Any]:
         raise Refused("key_mismatch", f"the record is of {key!r}, found in {dir_key!r}")
     allowed: tuple[str, ...] | None = {"guard.json": ("guard",), "live.json": ("live",)}.get(name)
     if name.startswith("claimed-"):
-        allowed = ("guard", "live", "run")  # a claim: the record it took, as it was
+        allowed = ("guard", "live", "run", "claim")  # a claim: its node's note of it, or the record it took, as it was
     elif name.startswith("running-"):
         allowed = ("run",)
     elif dir_key is None:
@@ -214,6 +218,13 @@ def check_body(body: Any, *, name: str, dir_key: str | None) -> dict[str, Any]:
         raise Refused("bad_schema", f"a {kind} record named {name!r}")
     if kind in OWNER_KINDS:
         return _check_owner(body)
+    if kind == "claim":
+        frm = body.get("from")
+        if not isinstance(body.get("taken"), dict) or not isinstance(frm, str) or not _is_time(body.get("ts")) \
+                or not (frm in ("guard.json", "live.json") or re.fullmatch(r"running-\d{1,10}\.json", frm)):
+            raise Refused("bad_schema", "a claim needs ts, the record it took and the name it took it from")
+        # (under another node's name: a claim that node took over, by rename, and has not noted yet)
+        return body
     if kind == "run":
         res = body.get("resumed")
         if res is not None and not (isinstance(res, dict) and _is_int(res.get("node"), 0, NODE_MAX)
@@ -354,6 +365,10 @@ class ArchiveAuth:
             raise Refused("bad_mac", f"the zone MAC does not verify under zone {zone}'s keys")
         self._check_nmac(writer, msg, nmac, accepted)
         checked = check_body(body, name=name, dir_key=dir_key)
+        if checked["kind"] == "claim":  # what it took, verified as the file it was
+            inner = self.open_obj(checked["taken"], name=checked["from"], dir_key=dir_key)
+            if inner["key"] != checked["key"]:
+                raise Refused("key_mismatch", f"a claim of {checked['key']!r} holds a record of {inner['key']!r}")
         if checked["kind"] == "run":  # the record it claimed: its owner's, verified as such
             self.open_obj(checked["record"], name="claimed", dir_key=None)
             inner = checked["record"]["body"]

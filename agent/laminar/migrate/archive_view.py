@@ -75,12 +75,25 @@ class Sealed:
 
     @property
     def owner(self) -> dict[str, Any]:
-        """The body of the job's own record (guard or live): this one, or the one a run record claimed."""
-        return self.body if self.body["kind"] in OWNER_KINDS else dict(self.body["record"]["body"])
+        """The body of the job's own record (guard or live): this one, or the one a claim or a
+        run record holds."""
+        return dict(self.owner_env["body"])
 
     @property
     def owner_env(self) -> dict[str, Any]:
-        return self.env if self.body["kind"] in OWNER_KINDS else dict(self.body["record"])
+        env, body = self.env, self.body
+        if body["kind"] == "claim":
+            env = body["taken"]
+            body = env["body"]
+        return env if body["kind"] in OWNER_KINDS else dict(body["record"])
+
+    @property
+    def taken(self) -> tuple[dict[str, Any], str]:
+        """(the envelope a claim took, the name it had): a bare claim's is this very record."""
+        if self.body["kind"] == "claim":
+            return dict(self.body["taken"]), str(self.body["from"])
+        k = self.body["kind"]
+        return self.env, {"guard": "guard.json", "live": "live.json"}.get(k, f"running-{self.body['writer']}.json")
 
     @property
     def node(self) -> int | None:
