@@ -132,3 +132,28 @@ def claimed_by(arch: Path, tmp: Path, key: str, runner: int, resumed: tuple[int,
     assert r._claim(key)
     r._claim_done(key, f"node {runner}", resumed)
     return arch / key
+
+
+def held_record(path: Path) -> dict[str, Any] | None:
+    """The body of the job's own record (its guard or live record, as its node signed it) that
+    the archive file ``path`` holds: itself, what a claim took, what a run record claimed. Read
+    as a test reads its own archive (not verified); None when there is none or it is no envelope."""
+    import json
+
+    try:
+        body = json.loads(path.read_bytes())["body"]
+        if body["kind"] == "claim":
+            body = body["taken"]["body"]
+        return dict(body["record"]["body"]) if body["kind"] == "run" else dict(body)
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+def body_of(path: Path) -> dict[str, Any] | None:
+    """The body of the archive file ``path`` (an envelope), unverified; None when there is none."""
+    import json
+
+    try:
+        return dict(json.loads(path.read_bytes())["body"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
