@@ -11,8 +11,9 @@ they all are. With ``archive_dir`` set, a stopped job's checkpoint and guard rec
 (``<archive>/<key>/ckpt-N/``, ``guard.json``) are written there, atomically, when no live peer
 can hold them (a reclaim with no holder; a reclaimed guard with no peer to pass to) and by a
 guard as soon as it finds no room. The record's claim is the lock: a node renames ``guard.json``
-to ``claimed-<node>.json`` before it starts or places the job (one node wins), then to
-``running-<node>.json``, or back when it found no room. Every agent with room tries the
+to ``claimed-<node>.json`` before it starts or places the job (one node wins; then it notes the
+claim there, signed), writes its ``running-<node>.json`` once the job started, or puts what it
+took back when it found no room. Every agent with room tries the
 unclaimed records (any agent, not only the guard: the guard may be gone); a guard whose job
 another node claimed and runs stands down. A claim older than ``ARCHIVE_CLAIM_STALE_S`` whose
 node never ran the job is taken over (by the job's guard, or by any agent with room that sees it
@@ -20,6 +21,24 @@ in the archive). So is the running record of a node that ran the job and is dead
 (``orphan_after_s`` or its reclaim window, as for any take-over) before anything newer of the
 job reached the archive (its new key holds no record): the checkpoint the job resumed from is
 then its newest safe state (:meth:`ArchiveMixin._dead_runs`).
+
+**Who may write the archive** (:mod:`laminar.migrate.archive_auth`, :mod:`laminar.migrate.archive_fs`,
+:mod:`laminar.migrate.archive_view`). Shared storage is not trusted. Every record is signed
+(a zone MAC under a key derived from the zone key; with node keys, a node MAC for each roster
+node), every field an agent acts on is in what is signed, and a job's records are its own
+node's (a guard publishes the guard record the job's node signed for it when it handed the
+guard over). A claim is noted, signed, with what it took and when (its staleness); a running
+record is a run record its node signs; ``.done`` markers are signed. What does not verify is
+never claimed, renamed, removed or taken as evidence: it is counted by reason
+(``counts.archive_unverified_<reason>``, the latest in ``archive.refused``) and left for the
+operator. All file work goes through directory fds opened without following a link; records
+are opened without waiting (a FIFO) and read under a size cap; a round and a sweep read at most
+ARCHIVE_SCAN_MAX entries of the root (a listing held open from one to the next) and
+ARCHIVE_DIR_MAX of a key's directory, and start at most ARCHIVE_CLAIMS_MAX claims. The root
+must be a real directory of ``archive_uid`` (root) that neither group nor others may write,
+else the archive is not used (``archive.error``). A claimed checkpoint is copied into this
+node's state directory and checked against the manifest its record signed as it is copied:
+the job, root's included, resumes from that copy, never from the shared storage.
 
 **What the archive keeps, and what goes** (:meth:`ArchiveMixin.archive_gc`, every
 ``archive_gc_s``, 10 s, by each agent). A claim that started its job leaves ``<archive>/<key>/`` behind
@@ -145,9 +164,10 @@ ARCHIVE_GC_S = 10.0
 # Removals are renamed here first (one agent wins the rename), then removed.
 ARCHIVE_TRASH = ".gc"
 # A key whose claimed job ended or was superseded (the sweep removed its directory) leaves a marker
-# here, ``<archive>/.done/<key>``, naming who ran it: without it a guard of that key that missed
-# the claim (down, cut off) found nothing archived, published its older checkpoint again and
-# another agent resumed the job a second time (bench/chaos.py). Kept ARCHIVE_DONE_KEEP_S.
+# here, ``<archive>/.done/<key>``, naming who ran it (signed): without it a guard of that key
+# that missed the claim (down, cut off) found nothing archived, published its older checkpoint
+# again and another agent resumed the job a second time (bench/chaos.py). Kept
+# ARCHIVE_DONE_KEEP_S by the time it signed.
 ARCHIVE_DONE = DONE_DIR
 # Kept at least as long as a claimable record is (archive_auth.RECORD_MAX_AGE_S, a day less): a
 # copy of a claimed record planted again after its marker went is refused as expired.
@@ -1497,9 +1517,8 @@ class ArchiveMixin:
 
     def _stale_claim(self, v: View, key: str) -> tuple[str, dict[str, Any], str] | None:
         """(key, the claimed record's body, the claim's file name) of a verified claim of another
-        node in the key's directory that no node runs and that this agent has seen unchanged for
-        ARCHIVE_CLAIM_STALE_S (:meth:`_claim_age`: its signed note, or this agent's own clock; never its mtime,
-        which anyone who can write the share sets at will), or None."""
+        node in the key's directory that no node runs and that is older than
+        ARCHIVE_CLAIM_STALE_S (:meth:`_claim_age`), or None."""
         claims = v.claims(key)
         if any(c.name.startswith("running-") for c in claims):
             return None
