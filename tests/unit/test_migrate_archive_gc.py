@@ -130,6 +130,15 @@ def test_a_claim_whose_claimant_died_is_kept_and_recoverable(arch: Path, tmp_pat
     assert files(d) == ["ckpt-7", "claimed-2.json"]
     verify_checkpoint(d / "ckpt-7")
     assert [k for k, _ in c._stale_claims(arch, time.time())] == [key]  # the round's look finds it
+    spawned: list[Any] = []
+    c._from_archive = lambda key, **kw: key  # type: ignore[method-assign,assignment]
+    c._spawn = spawned.append  # type: ignore[method-assign,assignment]
+    c._guarded_here = lambda key: False  # type: ignore[method-assign]
+    look = c._archive_look(arch, [], [], True, frozenset({3}), frozenset(), time.time())
+    assert [k for k, _ in look["stale"]] == [key]
+    c._archive_claims(look, time.time())
+    assert spawned == [key]  # and tries it
+    c._taking.clear()
     assert b._stale_claims(arch, time.time()) == []  # its own claim is no other node's stale one
     assert c._claim(key)  # and takes it over (the stale-claim rule)
     c._claim_done(key, "node 3", (3, "job-8"))

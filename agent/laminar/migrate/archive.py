@@ -1169,7 +1169,7 @@ class ArchiveMixin:
                 if any(n.startswith("claimed-") for n in names):
                     stale = self._stale_claim(v, key)
                     if stale is not None:
-                        out["stale"].append(stale)
+                        out["stale"].append(stale[:2])
                 if any(n.startswith("running-") for n in names):
                     out["runs"] += self._running_records(v, key, lambda n: n in alive)
             return out
