@@ -131,6 +131,13 @@ def read_manifest(path: str | os.PathLike[str]) -> dict[str, Any]:
         raise CheckpointError(f"checkpoint {p}: no {MANIFEST} (incomplete or not a checkpoint)") from None
     except OSError as e:
         raise CheckpointError(f"checkpoint {p}: {MANIFEST} is not a readable regular file: {e}") from None
+    return parse_manifest(raw, str(p))
+
+
+def parse_manifest(raw: bytes, where: str) -> dict[str, Any]:
+    """The manifest ``raw`` (a ``MANIFEST.json``'s bytes; ``where`` names its checkpoint in
+    errors), checked as :func:`read_manifest` checks it. Raises CheckpointError."""
+    p = where
     if len(raw) > MAX_MANIFEST_BYTES:
         raise CheckpointError(f"checkpoint {p}: {MANIFEST} exceeds {MAX_MANIFEST_BYTES} bytes")
     try:

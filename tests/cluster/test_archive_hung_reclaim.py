@@ -17,11 +17,11 @@ the kernel, until :meth:`fuserig.EioMount.heal`.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
 import pytest
+from archiverig import held_record
 from fuserig import eio_mount
 from harness import Node, wait_until
 from test_migrate_archive import finish
@@ -45,9 +45,10 @@ def archive_rounds(nd: Node) -> int:
 
 
 def records(arch: Path, key: str) -> dict[str, dict[str, Any]]:
-    """The archive's records of ``key`` (guard, claimed, running: every ``*.json``) by name."""
+    """The job records the archive's files of ``key`` hold (guard, claimed, running: every
+    ``*.json``; each its node's signed guard or live record) by name."""
     d = arch / key
-    return {p.name: json.loads(p.read_text()) for p in d.glob("*.json")} if d.is_dir() else {}
+    return {p.name: held_record(p) or {} for p in d.glob("*.json")} if d.is_dir() else {}
 
 
 def test_a_reclaim_does_not_wait_for_a_hung_archive_past_its_window_and_its_late_copy_publishes_nothing(
@@ -94,8 +95,8 @@ def test_a_reclaim_does_not_wait_for_a_hung_archive_past_its_window_and_its_late
             # nothing of A's reclaim reached the archive: no record of it, no copy of its final checkpoint
             # (a periodic copy of an earlier checkpoint, made while the job ran, may be there, with its live record)
             recs = records(backing, key)
-            assert not [r for r in recs.values() if r.get("archived_by") == a.node_id and not r.get("periodic")], recs
-            assert not [r for r in recs.values() if r.get("ckpt") == move["ckpt"] and r.get("archived_by") == a.node_id]
+            assert not [r for r in recs.values() if r.get("writer") == a.node_id and r.get("kind") != "live"], recs
+            assert not [r for r in recs.values() if r.get("ckpt") == move["ckpt"] and r.get("writer") == a.node_id]
             left = [p.name for p in (backing / key).iterdir()] if (backing / key).is_dir() else []
             assert not [n for n in left if n.startswith((".tmp-", ".guard-")) and f"-{a.node_id}-" in n], left
             # B resumes it, once (through the archive's claim where the archive holds a periodic copy)

@@ -11,10 +11,11 @@ of the test that every agent's namespace sees, as an NFS mount would be seen).
    the job's only copy outside the pool, so it stays while the job runs (after the job's own
    checkpoints too: swept over twice then) and goes when the job ends, removed by the agent that
    runs it (``ended``).
-3. A claim whose node died before the job ran (a record left on the storage the way the agent
-   writes it, ``claimed-9.json`` of a node 9 that is gone, older than ARCHIVE_CLAIM_STALE_S)
-   is not removed: an agent with room takes it over, resumes the job from its checkpoint (a real
-   one of the same training run), and the job ends with an uninterrupted run's weights.
+3. A claim whose node died before the job ran (left on the storage the way the agent writes it:
+   node 3's job record and its claim, ``claimed-3.json``, noted longer than ARCHIVE_CLAIM_STALE_S
+   ago, signed with the zone's key; node 3 is gone) is not removed: an agent with room takes it
+   over, resumes the job from its checkpoint (a real one of the same training run), and the job
+   ends with an uninterrupted run's weights.
 4. The node that claimed and runs the job dies before anything newer of the job was archived
    (periodic checkpoints off, ``orphan_after_s`` set): the claimed checkpoint is the job's newest
    safe state, so another agent claims it again from the dead node's running record and the job
@@ -39,6 +40,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from archiverig import body_of
 from harness import Cluster, Node, wait_until
 from test_migrate_archive import archived, finish
 from test_migration import (  # noqa: F401  (fixtures: make_cluster, reference_sha)
@@ -58,8 +60,10 @@ from test_migration import (  # noqa: F401  (fixtures: make_cluster, reference_s
 
 from laminar.jobkit import latest_checkpoint
 from laminar.migrate.archive import ARCHIVE_DONE
-from laminar.migrate.reclaim import ARCHIVE_CLAIM_STALE_S, ARCHIVE_TMP_STALE_S, ARCHIVE_TRASH
+from laminar.migrate.archive_auth import ArchiveAuth, owner_body
+from laminar.migrate.reclaim import ARCHIVE_CLAIM_STALE_S, ARCHIVE_TMP_STALE_S, ARCHIVE_TRASH, _manifest_facts
 from laminar.runtime.jobs import JobSpec
+from laminar.zone.keys import parse_keys
 
 pytestmark = pytest.mark.cluster
 
@@ -86,7 +90,7 @@ def gc_counts(c: Cluster) -> dict[str, int]:
 
 def empty_archive(arch: Path) -> bool:
     """Nothing left in the archive but the (empty) tombstone directory and the markers of
-    claimed keys that ended or were superseded (``.done``: small files, kept 7 days)."""
+    claimed keys that ended or were superseded (``.done``: small files, kept 30 days)."""
     names = set(os.listdir(arch))
     return names <= {ARCHIVE_TRASH, ARCHIVE_DONE} and not (ARCHIVE_TRASH in names and os.listdir(arch / ARCHIVE_TRASH)) \
         and all(p.is_file() and p.stat().st_size < 4096 for p in (arch / ARCHIVE_DONE).glob("*"))
@@ -139,10 +143,9 @@ def archived_and_claimed(make_cluster: Any, arch: Path, step_sleep: float, go: P
     found = wait_until(lambda: find_migrated(c, key), 60, "B to claim the archived job", every=0.3)
     assert found[0] is b
     wait_until(lambda: archived(arch, key)["files"] == [f"running-{b.node_id}.json"], 30, "the claim to run")
-    # the claim is renamed to its running record first, then where the job runs is written into
-    # it (a second rename, ArchiveMixin._claim_done): a read between the two finds no "resumed"
+    # the claim becomes its running record, which says where the job runs (``resumed``)
     run_rec = arch / key / f"running-{b.node_id}.json"
-    rec = wait_until(lambda: (r := json.loads(run_rec.read_text())).get("resumed") and r, 30,
+    rec = wait_until(lambda: (r := body_of(run_rec)) and r.get("resumed") and r, 30,
                      "the running record to say where the job runs")
     assert rec["resumed"]["node"] == b.node_id and rec["resumed"]["job"] == found[1]["id"], rec  # where it runs
     return c, key, b, found[1], held
@@ -156,11 +159,8 @@ def test_the_claimed_directory_goes_once_the_resumed_jobs_own_checkpoint_is_arch
     own = arch / f"n{b.node_id}-{job['id']}"
 
     def own_checkpoint_archived() -> bool:
-        try:
-            r = json.loads((own / "live.json").read_text())
-        except (OSError, ValueError):
-            return False
-        return not r.get("resumed_copy") and int(r["ckpt"].removeprefix("ckpt-")) > held
+        r = body_of(own / "live.json")
+        return r is not None and not r.get("resumed_copy") and int(r["ckpt"].removeprefix("ckpt-")) > held
 
     wait_until(own_checkpoint_archived, 60, "the resumed job's own checkpoint in the archive", every=0.2)
     wait_until(lambda: not (arch / key).exists(), 60, "the claimed directory to go", every=0.3)
@@ -205,21 +205,24 @@ def test_a_claim_whose_node_died_before_the_job_ran_is_kept_and_taken_over(
                    capture_output=True, text=True, timeout=300, check=True)
     ckpt = latest_checkpoint(tmp_path / "pre")
     assert ckpt is not None and ckpt.name == f"ckpt-{start}"
-    # what node 9 left when it claimed the job and died before running it
-    key = "n9-job-1"
+    c = make_cluster(zones=1, per_zone=3, gpus=0, zone_extra=migrate_config(
+        retry_base_s=0.5, retry_max_s=2.0, archive_dir=f'"{arch}"', archive_gc_s=SWEEP_S, prestage_unannounced=1.0))
+    gone(c.nodes[2])
+    # what node 3 left when it claimed its job-1000's record and died before running it, signed
+    # as its agent signs (the zone's key)
+    key = "n3-job-1000"
     d = arch / key
     d.mkdir(parents=True)
+    os.chmod(d, 0o700)
     shutil.copytree(ckpt, d / ckpt.name)
     spec = JobSpec(command=train_cmd(0.05, after_resume=0), name="train").validate().as_dict()
     spec.pop("gpus")
-    rec = {"key": key, "src_node": 9, "src_job": "job-1", "ckpt": ckpt.name, "archived_by": 9, "ts": time.time(),
-           "request": {"spec": spec, "owner_uid": 0, "owner_gid": 0, "gpus": 0, "take_over": True}}
-    (d / "claimed-9.json").write_text(json.dumps(rec))
-    old = time.time() - ARCHIVE_CLAIM_STALE_S - 60
-    os.utime(d / "claimed-9.json", (old, old))
-
-    c = make_cluster(zones=1, per_zone=2, gpus=0, zone_extra=migrate_config(
-        retry_base_s=0.5, retry_max_s=2.0, archive_dir=f'"{arch}"', archive_gc_s=SWEEP_S, prestage_unannounced=1.0))
+    auth = ArchiveAuth(3, 1, parse_keys(c.keys_file.read_text()))
+    rec = {"key": key, "src_node": 3, "src_job": "job-1000",
+           "request": {"spec": spec, "owner_uid": 0, "owner_gid": 0, "gpus": 0}}
+    owner = json.loads(auth.seal(owner_body("guard", rec, ckpt.name, *_manifest_facts(ckpt), time.time())))
+    (d / "claimed-3.json").write_bytes(auth.seal({"kind": "claim", "key": key, "taken": owner, "from": "guard.json",
+                                                  "ts": time.time() - ARCHIVE_CLAIM_STALE_S - 60}))
     nd, job = wait_until(lambda: find_migrated(c, key), 60, "an agent to take the stale claim over", every=0.3)
     runs = archived(arch, key)["files"]
     assert runs == [f"running-{nd.node_id}.json"], runs  # taken over by rename: one winner, the checkpoint kept

@@ -23,6 +23,7 @@ from typing import Any
 
 import pytest
 from agentproc import REPO, VENV_BIN, remove_cgroup_tree
+from archiverig import body_of
 from conftest import delete_netns
 from harness import wait_until
 from test_migrate_archive import finish, submit
@@ -42,10 +43,8 @@ pytestmark = pytest.mark.cluster
 
 
 def live(arch: Path, key: str) -> dict[str, Any] | None:
-    try:
-        return dict(json.loads((arch / key / "live.json").read_text()))
-    except (OSError, ValueError):
-        return None
+    """The body of the key's live record (as its node signed it), or None."""
+    return body_of(arch / key / "live.json")
 
 
 def started(argv: list[str], env: dict[str, str], timeout: float) -> Callable[[], str]:
@@ -123,7 +122,7 @@ def test_node_and_buddy_gone_without_notice_the_job_resumes_from_its_archived_pe
     on_a = job_log(a, jid)
     assert not any(e["event"] == "done" for e in on_a), "the job ended before its node left"
     rec = live(arch, key)
-    assert rec is not None and rec["src_node"] == a.node_id and rec["periodic"], rec
+    assert rec is not None and rec["src_node"] == a.node_id and rec["kind"] == "live", rec
     held = int(rec["ckpt"].removeprefix("ckpt-"))
     assert sorted(p.name for p in (arch / key).glob("ckpt-*")) == [rec["ckpt"]]  # only the newest is kept
     assert max(e["step"] for e in on_a if e["event"] == "step") >= held

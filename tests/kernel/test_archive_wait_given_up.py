@@ -18,6 +18,7 @@ from types import SimpleNamespace
 from typing import Any
 
 import pytest
+from archiverig import record, zone_of
 from fuserig import eio_mount
 
 from laminar.jobkit import Checkpointer
@@ -27,10 +28,6 @@ from laminar.migrate.reclaim import ReclaimComponent
 pytestmark = pytest.mark.kernel
 
 WAIT_S = 60.0  # a bound for the suite only
-
-
-def record(key: str) -> dict[str, Any]:
-    return {"key": key, "src_node": 1, "src_job": "job-1", "request": {"take_over": True}}
 
 
 async def until(cond: Any, what: str) -> None:
@@ -52,7 +49,7 @@ def test_a_wait_for_a_hung_archive_ends_and_its_late_copy_publishes_only_where_w
     key = "n1-lm-t-job"
     with eio_mount(backing, writable=True) as fs:
         c = ReclaimComponent()  # node 1's archive work, no agent around it
-        c.agent = SimpleNamespace(zone=SimpleNamespace(node_id=1))
+        c.agent = SimpleNamespace(zone=zone_of(1))  # (it holds the zone's key: its records are signed)
         c.s = {"archive_dir": str(fs.path)}
         c._emit = lambda message, **fields: events.append((message, fields))  # type: ignore[method-assign]
 

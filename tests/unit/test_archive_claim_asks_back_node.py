@@ -18,16 +18,16 @@ recorded, not run).
 from __future__ import annotations
 
 import asyncio
-import json
 import time
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
+from archiverig import agent_of, record, reseal, zone_keys, zone_of
 from jobrig import until
 from test_migrate_archive_gc import ckpt_of, claimed_and_running
-from test_migrate_archive_live import agent_of, files, rec
-from test_replica_gc import started
+from test_migrate_archive_live import files
+from test_replica_gc import KEY, started
 from test_replica_guard_window import source_asked_by, stop_both
 
 from laminar.migrate.reclaim import LIVE_RECORD, ReclaimComponent
@@ -54,9 +54,9 @@ def test_a_node_back_from_its_reclaim_is_asked_before_what_it_runs_is_claimed_fr
         try:
             # node 2 claimed node 3's archived job and runs it as job-2; its own job-3's periodic
             # copy is in the archive too (no buddy)
-            claimed_and_running(arch, tmp_path, "n3-job-1", agent_of(2, arch), "job-2")
-            agent_of(2, arch).archive_live("n2-job-3", ckpt_of(tmp_path, "j3", 4), {**rec(buddy=None), "src_node": 2,
-                                                                                    "src_job": "job-3"})
+            keys = zone_keys(KEY.hex())  # the zone's key, as the components here hold it
+            claimed_and_running(arch, tmp_path, "n3-job-1", agent_of(2, arch, keys), "job-2")
+            agent_of(2, arch, keys).archive_live("n2-job-3", ckpt_of(tmp_path, "j3", 4), record("n2-job-3", None))
             now = time.time()
             b.notices[2] = (now - 20.0, now - 80.0)  # node 2's 60 s window ended 20 s ago
             agent_b.zone.membership.state[2].last_seen = now  # and it is heard from: back
@@ -126,7 +126,9 @@ def test_a_dead_runner_is_not_asked_unless_its_window_ended_or_it_placed_the_job
     c = agent_of(1, arch)
     c.s.update(orphan_after_s=60.0, dead_after_s=10.0)
     seen = {2: SimpleNamespace(last_seen=time.time() - 61)}
-    c.agent.zone = SimpleNamespace(node_id=1, networked=True, membership=SimpleNamespace(state=seen))
+    c.agent.zone = zone_of(1)
+    c.agent.zone.networked = True
+    c.agent.zone.membership.state = seen
     c.notices = {}
     claimed_and_running(arch, tmp_path, "n3-job-1", agent_of(2, arch), "job-2")
     spawned: list[tuple[str, Any]] = []
@@ -138,9 +140,7 @@ def test_a_dead_runner_is_not_asked_unless_its_window_ended_or_it_placed_the_job
 
     # the running record says node 2 placed the job on node 4: node 4 is asked about its job
     run = arch / "n3-job-1" / "running-2.json"
-    r = json.loads(run.read_text())
-    r["resumed"].update(node=4, job="job-9")
-    run.write_text(json.dumps(r))
+    reseal(agent_of(2, arch), run, resumed={"node": 4, "job": "job-9"})
     assert files(arch / "n3-job-1") == ["ckpt-7", "running-2.json"]
     spawned.clear()
     c._taking.clear()

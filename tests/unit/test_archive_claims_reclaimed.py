@@ -15,6 +15,7 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
+from archiverig import record, zone_of
 
 from laminar.jobkit import Checkpointer
 from laminar.migrate.reclaim import ReclaimComponent
@@ -30,8 +31,7 @@ def component(node: int, archive: Path, state: Path) -> ReclaimComponent:
         for stmt in REPLICAS_SCHEMA:
             db.execute(stmt)
     jobs = SimpleNamespace(get=lambda jid: None, active=lambda: [], list=lambda: [])
-    c.agent = SimpleNamespace(zone=SimpleNamespace(node_id=node, networked=False), jobs=jobs, store=store,
-                              config=SimpleNamespace(state_dir=str(state)))
+    c.agent = SimpleNamespace(zone=zone_of(node), jobs=jobs, store=store, config=SimpleNamespace(state_dir=str(state)))
     c.s = {"archive_dir": str(archive), "prestage_unannounced": 1.0, "archive_gc_s": 3600.0,
            "retry_max_s": 1.0}
     return c
@@ -69,8 +69,7 @@ def archive(tmp_path: Path) -> Path:
     root = tmp_path / "arch"
     job = Checkpointer(job_id="job-1", ckpt_dir=tmp_path / "ck", install_signal=False, keep=2)
     src = component(1, root, tmp_path / "s1")
-    src._archive("n1-job-1", job.save(b"w", step=3),
-                 {"key": "n1-job-1", "src_node": 1, "src_job": "job-1", "buddy": None, "request": {"spec": {}}})
+    src._archive("n1-job-1", job.save(b"w", step=3), record("n1-job-1", None))
     src._lane.close()
     src.agent.store.close()
     assert (root / "n1-job-1" / "guard.json").exists()

@@ -24,6 +24,7 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
+from archiverig import request, zone_of
 from test_hold_archive_first import hang_copies, late_copies, migrate_store
 from test_move_done_before_stop import Cgroup
 
@@ -44,7 +45,7 @@ def homeless(tmp: Path, stop_blocks: bool) -> tuple[ReclaimComponent, Any, list[
         if stop_blocks and len(seen) == 1:
             await asyncio.Event().wait()  # cut while stopping
 
-    c.agent = SimpleNamespace(zone=SimpleNamespace(node_id=1, networked=True), store=store,
+    c.agent = SimpleNamespace(zone=zone_of(1, networked=True), store=store,
                               jobs=SimpleNamespace(stop=stop), events=SimpleNamespace(emit=lambda kind, message, **f: None))
     c.s = {"ckpt_wait_s": 0.0, "holder": True, "archive_dir": str(tmp / "arch")}
     ckpt_dir = tmp / "ck"
@@ -57,7 +58,7 @@ def homeless(tmp: Path, stop_blocks: bool) -> tuple[ReclaimComponent, Any, list[
 
     c.rank_for = lambda job, size, window, prestaged: []  # type: ignore[method-assign]
     c.rank_holders = rank_holders  # type: ignore[method-assign]
-    c._request = lambda job, take_over: {"spec": {}, "take_over": take_over}  # type: ignore[method-assign]
+    c._request = lambda job, take_over: {**request(), "take_over": take_over}  # type: ignore[method-assign]
     return c, job, seen, stopping
 
 

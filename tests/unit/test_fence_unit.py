@@ -19,7 +19,8 @@ from types import SimpleNamespace
 from typing import Any
 
 import pytest
-from test_replica_gc import K, Source, started
+from archiverig import agent_of, claimed_by, mark_done, zone_keys
+from test_replica_gc import KEY, K, Source, started
 
 from laminar.config import ConfigError, validate
 from laminar.migrate.fence import FENCE_META, check_fence_settings
@@ -371,7 +372,9 @@ def test_a_fenced_job_claimed_or_run_from_the_archive_stays_frozen(tmp_path: Pat
             c.s.update(orphan_after_s=30.0, fence_after_s=10.0, archive_dir=str(arch))
             c.buddy["job-1"] = 3
             (arch / ".done").mkdir(parents=True)
-            (arch / ".done" / "n1-job-1").write_text(json.dumps({"runner": "4"}))
+            (arch / ".done" / "n1-job-1").write_text(json.dumps({"runner": "4"}))  # unsigned: says nothing
+            assert c._archive_claimer("n1-job-1") is None
+            mark_done(agent_of(3, arch, zone_keys(KEY.hex())), "n1-job-1", 4)
             c.fenced_jobs["job-1"] = time.time() - 40.0
             c._fence_round(time.time())
             await asyncio.sleep(0.3)
@@ -501,8 +504,7 @@ def test_a_fenced_copy_whose_claim_another_node_took_is_stopped(tmp_path: Path) 
         c.buddy["job-4"] = 3  # node 3 guards this copy too (its own key, n1-job-4)
         try:
             c.s.update(orphan_after_s=30.0, fence_after_s=10.0, archive_dir=str(arch))
-            (arch / "n2-job-7").mkdir(parents=True)
-            (arch / "n2-job-7" / "running-3.json").write_text("{}")
+            claimed_by(arch, tmp_path, "n2-job-7", 3, (3, "job-9"), zone_keys(KEY.hex()))
             c.fenced_jobs["job-4"] = time.time() - 40.0
             c._fence_round(time.time())
             for _ in range(50):
@@ -542,9 +544,7 @@ def test_a_fenced_copy_the_claimer_placed_here_is_its_claims_own(tmp_path: Path)
         c.buddy["job-4"] = 2
         try:
             c.s.update(orphan_after_s=30.0, fence_after_s=10.0, archive_dir=str(arch))
-            (arch / "n2-job-7").mkdir(parents=True)
-            (arch / "n2-job-7" / "running-3.json").write_text(
-                json.dumps({"key": "n2-job-7", "resumed": {"node": 1, "job": "job-4", "ts": time.time()}}))
+            claimed_by(arch, tmp_path, "n2-job-7", 3, (1, "job-4"), zone_keys(KEY.hex()))
             c.fenced_jobs["job-4"] = time.time() - 40.0
             c._fence_round(time.time())
             for _ in range(50):

@@ -29,6 +29,8 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
+from archiverig import request, zone_of
+
 from laminar.jobkit import Checkpointer
 from laminar.migrate.reclaim import Move, ReclaimComponent
 from laminar.migrate.schema import MOVES_SCHEMA, RECLAIM_SCHEMA, REPLICAS_SCHEMA
@@ -69,7 +71,7 @@ def holding_node(tmp: Path, archive: Path, holders: bool = True) -> tuple[Reclai
         if fields.get("phase") in ("archiving", "archived-late", "failed"):
             seen.append(f"event {fields['phase']}")
 
-    c.agent = SimpleNamespace(zone=SimpleNamespace(node_id=1, networked=False), store=store,
+    c.agent = SimpleNamespace(zone=zone_of(1, networked=False), store=store,
                               jobs=SimpleNamespace(stop=stop), events=SimpleNamespace(emit=emit))
     c.s = {"archive_dir": str(archive)}
 
@@ -86,7 +88,7 @@ def holding_node(tmp: Path, archive: Path, holders: bool = True) -> tuple[Reclai
     c.rank_holders = rank_holders  # type: ignore[method-assign]
     c._send = send  # type: ignore[method-assign]
     c._guard = guard  # type: ignore[method-assign]
-    c._request = lambda job, take_over: {"spec": {}, "take_over": take_over}  # type: ignore[method-assign]
+    c._request = lambda job, take_over: {**request(), "take_over": take_over}  # type: ignore[method-assign]
     return c, seen
 
 

@@ -25,6 +25,7 @@ from types import SimpleNamespace
 from typing import Any
 
 import pytest
+from archiverig import zone_of
 from test_hold_archive_first import hang_copies, holding_node
 
 from laminar.jobkit import Checkpointer
@@ -71,11 +72,11 @@ def crash_during_late_copy(tmp: Path, arch: Path, dead: threading.Event, where: 
 
     reached = threading.Event()
 
-    def rename(src: Any, dst: Any) -> None:
+    def rename(src: Any, dst: Any, **kw: Any) -> None:
         if Path(dst).name != "guard.json" or threading.current_thread().name != "laminar-archive":
-            return real_rename(src, dst)
+            return real_rename(src, dst, **kw)
         if where == "after-rename":
-            real_rename(src, dst)
+            real_rename(src, dst, **kw)
         reached.set()
         dead.wait()
         raise Crash
@@ -118,7 +119,7 @@ def restart(tmp: Path, arch: Path, state: str = "reclaimed",
         job.state = state
 
     c.agent = SimpleNamespace(
-        zone=SimpleNamespace(node_id=1, networked=False), store=store,
+        zone=zone_of(1), store=store,
         jobs=SimpleNamespace(get=lambda jid: job if jid == "job-1" else None, stop=stop),
         events=SimpleNamespace(emit=lambda kind, message, **f: events.append((str(f.get("phase")), message))))
     c.s = {"archive_dir": str(arch)}
@@ -160,7 +161,7 @@ def hold_in_time(tmp: Path, arch: Path, stop: Any) -> Move:
 
 
 def guard_record(arch: Path) -> dict[str, Any]:
-    return dict(json.loads((arch / "n1-job-1" / "guard.json").read_text()))
+    return dict(json.loads((arch / "n1-job-1" / "guard.json").read_text())["body"])
 
 
 def test_a_restart_while_the_storage_hangs_takes_the_copy_up_and_publishes_it(tmp_path: Path, dead: Any) -> None:

@@ -16,7 +16,8 @@ from types import SimpleNamespace
 from typing import Any
 
 import pytest
-from test_migrate_archive_live import agent_of, files, rec
+from archiverig import agent_of, mark_done, presigned, record, reseal, zone_of
+from test_migrate_archive_live import files
 
 from laminar.jobkit import Checkpointer, verify_checkpoint
 from laminar.migrate import reclaim
@@ -40,14 +41,15 @@ def age(path: Path, seconds: float) -> None:
     os.utime(path, (t, t), follow_symlinks=False)
 
 
-def guard_rec(key: str, src: int = 1) -> dict[str, object]:
-    return {"key": key, "src_node": src, "src_job": "job-1", "request": {"take_over": True}}
+def guard_rec(key: str) -> dict[str, Any]:
+    return record(key)
 
 
 def claimed_and_running(arch: Path, tmp: Path, key: str, runner: ReclaimComponent, job: str) -> Path:
-    """Node 1 archives ``key`` (a stopped job's guard record); ``runner`` claims it and resumes it
-    as ``job`` (what _from_archive does): the directory a claim leaves behind."""
-    agent_of(1, arch)._archive(key, ckpt_of(tmp, key, 7), guard_rec(key))
+    """The job's node (``key``'s) archives it (a stopped job's guard record); ``runner`` claims
+    it and resumes it as ``job`` (what _from_archive does): the directory a claim leaves behind."""
+    agent_of(int(key[1:].split("-")[0]), arch, keys=runner.agent.zone.keys)._archive(key, ckpt_of(tmp, key, 7),
+                                                                                   guard_rec(key))
     assert runner._claim(key)
     runner._claim_done(key, f"node {runner.node_id}", (runner.node_id, job))
     return arch / key
@@ -62,8 +64,9 @@ def test_a_claim_leaves_its_checkpoint_and_a_running_record_naming_the_resumed_j
     b = agent_of(2, arch)
     d = claimed_and_running(arch, tmp_path, "n1-job-1", b, "job-5")
     assert files(d) == ["ckpt-7", "running-2.json"]  # what a claim used to leave forever
-    r = json.loads((d / "running-2.json").read_text())
-    assert r["resumed"]["node"] == 2 and r["resumed"]["job"] == "job-5" and r["ckpt"] == "ckpt-7"
+    r = json.loads((d / "running-2.json").read_text())["body"]
+    assert r["resumed"]["node"] == 2 and r["resumed"]["job"] == "job-5" and r["record"]["body"]["ckpt"] == "ckpt-7"
+    assert r["writer"] == 2 and r["record"]["body"]["writer"] == 1  # node 2's run record, holding node 1's record
     assert b._archive_runner("n1-job-1") == "2"
 
 
@@ -77,14 +80,14 @@ def test_the_claimed_dir_goes_once_the_resumed_jobs_own_checkpoint_is_archived(a
                           owner_uid=0, owner_gid=0, gpus=[])
     asyncio.run(b._archive_periodic(job, d1 / "ckpt-7"))
     d2 = arch / "n2-job-5"
-    assert json.loads((d2 / LIVE_RECORD).read_text())["resumed_copy"] is True
+    assert json.loads((d2 / LIVE_RECORD).read_text())["body"]["resumed_copy"] is True
     for sweeper in (a, b):  # the job may still be loading it: no agent removes it
         assert sweeper.archive_gc()["removed"] == {}
     assert files(d1) == ["ckpt-7", "running-2.json"]
     # the job writes its own checkpoint; it is archived: its newer state is safe without node 2
     own = ckpt_of(tmp_path, "job-5", 9, b"weights-9")
     asyncio.run(b._archive_periodic(job, own))
-    assert json.loads((d2 / LIVE_RECORD).read_text())["resumed_copy"] is False
+    assert json.loads((d2 / LIVE_RECORD).read_text())["body"]["resumed_copy"] is False
     assert a.archive_gc()["removed"] == {"n1-job-1": "superseded"}  # any agent may remove it
     assert not d1.exists()
     assert files(d2) == ["ckpt-9", LIVE_RECORD] and verify_checkpoint(d2 / "ckpt-9")["step"] == 9
@@ -104,12 +107,13 @@ def test_the_claimed_dir_goes_when_the_resumed_job_ends_where_it_runs(arch: Path
 
 def test_a_running_record_from_before_the_resumed_note_goes_only_at_its_runners_end(arch: Path, tmp_path: Path) -> None:
     a, b = agent_of(1, arch), agent_of(2, arch)
-    a._archive("k", ckpt_of(tmp_path, "k", 7), guard_rec("k"))
-    assert b._claim("k")
-    b._claim_done("k", "node 2")  # no (node, job): where it runs is unknown to other agents
-    assert a.archive_gc({"k": {"job-5"}})["removed"] == {}
+    k = "n1-job-1"
+    a._archive(k, ckpt_of(tmp_path, k, 7), guard_rec(k))
+    assert b._claim(k)
+    b._claim_done(k, "node 2")  # no (node, job): where it runs is unknown to other agents
+    assert a.archive_gc({k: {"job-5"}})["removed"] == {}
     assert b.archive_gc()["removed"] == {}
-    assert b.archive_gc({"k": {"job-5"}})["removed"] == {"k": "ended"}
+    assert b.archive_gc({k: {"job-5"}})["removed"] == {k: "ended"}
 
 
 def test_a_claim_whose_claimant_died_is_kept_and_recoverable(arch: Path, tmp_path: Path) -> None:
@@ -118,12 +122,23 @@ def test_a_claim_whose_claimant_died_is_kept_and_recoverable(arch: Path, tmp_pat
     a._archive(key, ckpt_of(tmp_path, key, 7), guard_rec(key))
     assert b._claim(key)  # node 2 claims it and dies before the job ran anywhere
     d = arch / key
-    age(d / "claimed-2.json", reclaim.ARCHIVE_CLAIM_STALE_S + 5)
+    age(d / "claimed-2.json", reclaim.ARCHIVE_CLAIM_STALE_S + 5)  # (its mtime says nothing)
+    assert c._stale_claims(arch, time.time()) == []
+    reseal(b, d / "claimed-2.json", ts=time.time() - reclaim.ARCHIVE_CLAIM_STALE_S - 5)  # its signed note does
     for sweeper in (a, b, c):  # even with every temporary counted stale and the job "ended" everywhere
         assert sweeper.archive_gc({key: {"job-5"}}, tmp_stale_s=0)["removed"] == {}
     assert files(d) == ["ckpt-7", "claimed-2.json"]
     verify_checkpoint(d / "ckpt-7")
     assert [k for k, _ in c._stale_claims(arch, time.time())] == [key]  # the round's look finds it
+    spawned: list[Any] = []
+    c._from_archive = lambda key, **kw: key  # type: ignore[method-assign,assignment]
+    c._spawn = spawned.append  # type: ignore[method-assign,assignment]
+    c._guarded_here = lambda key: False  # type: ignore[method-assign]
+    look = c._archive_look(arch, [], [], True, frozenset({3}), frozenset(), time.time())
+    assert [k for k, _ in look["stale"]] == [key]
+    c._archive_claims(look, time.time())
+    assert spawned == [key]  # and tries it
+    c._taking.clear()
     assert b._stale_claims(arch, time.time()) == []  # its own claim is no other node's stale one
     assert c._claim(key)  # and takes it over (the stale-claim rule)
     c._claim_done(key, "node 3", (3, "job-8"))
@@ -134,7 +149,7 @@ def test_a_claim_whose_claimant_died_is_kept_and_recoverable(arch: Path, tmp_pat
 def test_a_successor_without_a_verified_checkpoint_of_its_own_keeps_the_claimed_dir(arch: Path, tmp_path: Path) -> None:
     a, b = agent_of(1, arch), agent_of(2, arch)
     d = claimed_and_running(arch, tmp_path, "n1-job-1", b, "job-5")
-    b.archive_live("n2-job-5", ckpt_of(tmp_path, "job-5", 9, b"own"), rec())
+    b.archive_live("n2-job-5", ckpt_of(tmp_path, "job-5", 9, b"own"), record("n2-job-5"))
     (arch / "n2-job-5" / "ckpt-9" / "state.bin").write_bytes(b"bit rot")  # fails its manifest
     assert a.archive_gc()["removed"] == {} and a.archive_gc()["removed"] == {}
     assert d.exists() and ("n2-job-5", "ckpt-9") in a._gc_unverified  # not hashed on every sweep
@@ -210,6 +225,7 @@ def test_nothing_outside_the_archive_is_touched_and_links_are_not_followed(arch:
     (outside / "running-3.json").write_text(json.dumps({"resumed": {"node": 1, "job": "job-1"}}))
     res = a.archive_gc({"n3-job-3": {"job-1"}})
     assert res["removed"] == {} and res["temporaries"] == 1  # the link itself went
+    assert a.counts["archive_unverified_link"] == 2  # the two key directories that are links: never followed
     assert d.exists() and os.path.islink(arch / "n2-job-5") and os.path.islink(arch / "n3-job-3")
     res = b.archive_gc({"n1-job-1": {"job-5"}, "n3-job-3": {"job-1"}})
     assert res["removed"] == {"n1-job-1": "ended"}
@@ -240,7 +256,7 @@ def test_two_agents_sweeping_at_once_remove_each_directory_once(arch: Path, tmp_
         owner._archive(k, ck, guard_rec(k))
         assert b._claim(k)
         b._claim_done(k, "node 2", (2, f"job-{100 + i}"))
-        b.archive_live(f"n2-job-{100 + i}", ckpt_of(tmp_path, f"own-{i}", 9), rec())  # newer state is safe
+        b.archive_live(f"n2-job-{100 + i}", ckpt_of(tmp_path, f"own-{i}", 9), record(f"n2-job-{100 + i}"))
     kept = "n1-job-99"
     owner._archive(kept, ck, guard_rec(kept))  # unclaimed: stays whatever happens
     sweepers = [agent_of(3, arch), agent_of(4, arch)]
@@ -263,7 +279,7 @@ def test_two_agents_sweeping_at_once_remove_each_directory_once(arch: Path, tmp_
                                               + [f"n2-job-{100 + i}" for i in range(24)])
     assert os.listdir(arch / ARCHIVE_TRASH) == []
     assert sorted(os.listdir(arch / ARCHIVE_DONE)) == sorted(keys)  # each claimed key's marker, whole
-    assert all(json.loads((arch / ARCHIVE_DONE / k).read_text())["runner"] == "2" for k in keys)
+    assert all(owner._archive_done(arch, k) == "2" for k in keys)
     assert files(arch / kept) == ["ckpt-7", "guard.json"]
     for i in range(24):
         verify_checkpoint(arch / f"n2-job-{100 + i}" / "ckpt-9")
@@ -271,8 +287,8 @@ def test_two_agents_sweeping_at_once_remove_each_directory_once(arch: Path, tmp_
 
 def test_a_job_that_ends_removes_its_copies_through_a_tombstone(arch: Path, tmp_path: Path) -> None:
     a = agent_of(1, arch)
-    a.archive_live("k", ckpt_of(tmp_path, "k", 5), rec())
-    assert a.drop_live("k")
+    a.archive_live("n1-job-1", ckpt_of(tmp_path, "k", 5), record("n1-job-1"))
+    assert a.drop_live("n1-job-1")
     assert sorted(os.listdir(arch)) == [ARCHIVE_TRASH] and os.listdir(arch / ARCHIVE_TRASH) == []
 
 
@@ -287,8 +303,9 @@ def test_a_job_whose_runner_died_before_anything_newer_was_archived_is_claimed_a
     seen: dict[int, Any] = {}  # node -> its membership state (last_seen); absent: never heard from
     for x in (a, b, c):
         x.s.update(orphan_after_s=60.0, dead_after_s=10.0)
-        x.agent.zone = SimpleNamespace(node_id=x.agent.zone.node_id, networked=True,
-                                       membership=SimpleNamespace(state=seen))
+        x.agent.zone = zone_of(x.agent.zone.node_id)
+        x.agent.zone.networked = True
+        x.agent.zone.membership.state = seen
     key = "n1-job-1"
     d = claimed_and_running(arch, tmp_path, key, b, "job-5")
     seen[2] = SimpleNamespace(last_seen=time.time())
@@ -299,16 +316,19 @@ def test_a_job_whose_runner_died_before_anything_newer_was_archived_is_claimed_a
     # once the job's own record is in the archive (its periodic copy), that is how it is recovered
     succ = arch / "n2-job-5"
     succ.mkdir()
-    (succ / LIVE_RECORD).write_text(json.dumps(rec()))
+    (succ / LIVE_RECORD).write_text(json.dumps(record("n2-job-5")))  # unsigned: says nothing
+    assert c._dead_runs(arch, time.time()) == [(key, 2)]
+    b.archive_live("n2-job-5", ckpt_of(tmp_path, "own", 8), record("n2-job-5"))
     assert c._dead_runs(arch, time.time()) == []
     (succ / LIVE_RECORD).unlink()
     # one node wins the claim; the checkpoint it resumes from is the one the dead node ran from
     assert c._claim(key, dead_runner=2) and not a._claim(key, dead_runner=2)
     assert files(d) == ["ckpt-7", "claimed-3.json"]
-    assert json.loads((d / "claimed-3.json").read_text())["ckpt"] == "ckpt-7"
+    note = json.loads((d / "claimed-3.json").read_text())["body"]  # node 3's claim: node 2's running record it took
+    assert note["from"] == "running-2.json" and note["taken"]["body"]["record"]["body"]["ckpt"] == "ckpt-7"
     verify_checkpoint(d / "ckpt-7")
     c._claim_done(key, "node 3", (3, "job-9"))
-    resumed = json.loads((d / "running-3.json").read_text())["resumed"]
+    resumed = json.loads((d / "running-3.json").read_text())["body"]["resumed"]
     assert (resumed["node"], resumed["job"]) == (3, "job-9")
     seen[3] = SimpleNamespace(last_seen=time.time())
     assert a._dead_runs(arch, time.time()) == []  # node 3 runs it now and is heard from
@@ -326,35 +346,43 @@ def test_a_guard_that_missed_a_claim_the_sweep_removed_stands_down_and_publishes
     key = "n1-job-1"
     b = agent_of(2, arch)
     claimed_and_running(arch, tmp_path, key, b, "job-5")
-    b.archive_live("n2-job-5", ckpt_of(tmp_path, "own", 9), rec())  # its own newer state is safe
+    b.archive_live("n2-job-5", ckpt_of(tmp_path, "own", 9), record("n2-job-5"))  # its own newer state is safe
     assert agent_of(3, arch).archive_gc()["removed"] == {key: "superseded"}
     assert not (arch / key).exists()
     guard = agent_of(4, arch)
     assert guard._claim_archived(key) == (True, "2", False)  # "node 2 runs it": the guard stands down
     assert guard._archive_unless_archived(key, ckpt_of(tmp_path, "held", 7), guard_rec(key)) is None
     assert not (arch / key).exists()  # nothing published again: nothing to claim a second time
-    # a key never claimed is archived as before
-    assert guard._archive_unless_archived("n1-job-2", ckpt_of(tmp_path, "other", 3), guard_rec("n1-job-2"))
+    # a key never claimed is archived as before, with the record its node signed for its guard
+    other = ckpt_of(tmp_path, "other", 3)
+    assert guard._archive_unless_archived("n1-job-2", other, presigned(agent_of(1, arch), "n1-job-2", other))
     assert guard._claim_archived("n1-job-2") == (True, None, True)
+    # and never without one: only the job's node speaks for its job
+    with pytest.raises(OSError, match="no signed record"):
+        guard._archive_unless_archived("n1-job-3", other, guard_rec("n1-job-3"))
+    assert not (arch / "n1-job-3" / "guard.json").exists()
 
 
-def test_done_markers_expire_after_a_week_looked_over_once_an_hour(arch: Path, tmp_path: Path) -> None:
-    """The sweep keeps each ``.done`` marker ARCHIVE_DONE_KEEP_S (a week) and then removes it;
+def test_done_markers_expire_by_their_signed_time_looked_over_once_an_hour(arch: Path, tmp_path: Path) -> None:
+    """The sweep keeps each ``.done`` marker ARCHIVE_DONE_KEEP_S (30 days, by the time it signed) and then removes it;
     it looks the markers over once an hour, not at every sweep (``archive_gc_s``, seconds): on
     shared storage their listing grows with the claims."""
     a = agent_of(2, arch)
     done = arch / ARCHIVE_DONE
-    done.mkdir(parents=True)
-    for k in ("n1-job-1", "n1-job-2", "n1-job-3"):
-        (done / k).write_text(json.dumps({"key": k, "runner": "2"}))
-    week = ARCHIVE_DONE_KEEP_S
-    age(done / "n1-job-1", week + 60)
+    keep = ARCHIVE_DONE_KEEP_S
     now = time.time()
+    mark_done(a, "n1-job-1", 2, at=now - keep - 60)
+    for k in ("n1-job-2", "n1-job-3"):
+        mark_done(a, k, 2, at=now)
+    (done / "n1-job-4").write_text(json.dumps({"key": "n1-job-4", "runner": "2"}))  # unsigned: no marker at all
+    age(done / "n1-job-4", keep + 60)
+    assert a._archive_done(arch, "n1-job-4") is None
+    age(done / "n1-job-3", keep + 60)  # its file's mtime says nothing: its signed time does
     a.archive_gc(now=now)
-    assert sorted(os.listdir(done)) == ["n1-job-2", "n1-job-3"]  # a week old: gone; the others stay
-    age(done / "n1-job-2", week + 60)
+    assert sorted(os.listdir(done)) == ["n1-job-2", "n1-job-3", "n1-job-4"]  # past the keep: gone; others stay
+    mark_done(a, "n1-job-2", 2, at=now - keep - 60)
     a.archive_gc(now=now + 10)  # the next sweep, minutes later: not looked over again yet
-    assert sorted(os.listdir(done)) == ["n1-job-2", "n1-job-3"]
+    assert sorted(os.listdir(done)) == ["n1-job-2", "n1-job-3", "n1-job-4"]
     a.archive_gc(now=now + ARCHIVE_DONE_EXPIRE_EVERY_S + 1)
-    assert os.listdir(done) == ["n1-job-3"]
+    assert sorted(os.listdir(done)) == ["n1-job-3", "n1-job-4"]  # (one that does not verify is an operator's)
     assert a._archive_done(arch, "n1-job-3") == "2"

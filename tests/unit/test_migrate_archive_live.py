@@ -1,6 +1,6 @@
 """Periodic checkpoints in the archive (ReclaimComponent.archive_live/drop_live and the claim of a
 live record): real files in a temporary directory, components with different node ids standing
-for agents that share the archive, real jobkit checkpoints."""
+for agents that share the archive (tests/archiverig.py: signed records), real jobkit checkpoints."""
 
 from __future__ import annotations
 
@@ -9,22 +9,17 @@ import os
 import threading
 import time
 from pathlib import Path
-from types import SimpleNamespace
 from typing import Any
 
 import pytest
+from archiverig import agent_of, mark_done, record, reseal
 
-from laminar import jobkit
 from laminar.jobkit import Checkpointer, CheckpointError, verify_checkpoint
-from laminar.migrate.archive import ARCHIVE_DONE, ARCHIVE_TMP_STALE_S
-from laminar.migrate.reclaim import LIVE_RECORD, ReclaimComponent
+from laminar.migrate import archive_fs
+from laminar.migrate.archive import ARCHIVE_TMP_STALE_S
+from laminar.migrate.reclaim import LIVE_RECORD
 
-
-def agent_of(node: int, archive: Path) -> ReclaimComponent:
-    c = ReclaimComponent()
-    c.agent = SimpleNamespace(zone=SimpleNamespace(node_id=node))
-    c.s = {"archive_dir": str(archive), "prestage_unannounced": 0.02}
-    return c
+K = "n1-job-1"
 
 
 @pytest.fixture
@@ -33,7 +28,7 @@ def job(tmp_path: Path) -> Checkpointer:
 
 
 def rec(buddy: int | None = 2) -> dict[str, object]:
-    return {"key": "k", "src_node": 1, "src_job": "job-1", "buddy": buddy, "request": {"spec": {}}, "periodic": True}
+    return record(K, buddy, periodic=True)
 
 
 def files(d: Path) -> list[str]:
@@ -42,103 +37,103 @@ def files(d: Path) -> list[str]:
 
 def test_the_newest_complete_periodic_checkpoint_is_kept(tmp_path: Path, job: Checkpointer) -> None:
     a = agent_of(1, tmp_path / "arch")
-    d = tmp_path / "arch" / "k"
+    d = tmp_path / "arch" / K
     c5 = job.save(b"weights-5", step=5)
-    assert a.archive_live("k", c5, rec()) == d / "ckpt-5"
+    assert a.archive_live(K, c5, rec()) == d / "ckpt-5"
     assert files(d) == ["ckpt-5", LIVE_RECORD]
     c10 = job.save(b"weights-10", step=10)
-    assert a.archive_live("k", c10, rec()) == d / "ckpt-10"
+    assert a.archive_live(K, c10, rec()) == d / "ckpt-10"
     assert files(d) == ["ckpt-10", LIVE_RECORD]  # the older one is gone, no temporary left
     verify_checkpoint(d / "ckpt-10")
-    r = json.loads((d / LIVE_RECORD).read_text())
-    assert r["ckpt"] == "ckpt-10" and r["src_node"] == 1 and r["buddy"] == 2 and r["archived_by"] == 1
+    r = json.loads((d / LIVE_RECORD).read_text())["body"]
+    assert r["ckpt"] == "ckpt-10" and r["src_node"] == 1 and r["buddy"] == 2 and r["writer"] == 1
 
 
 def test_a_corrupt_or_partial_copy_is_never_published(tmp_path: Path, job: Checkpointer) -> None:
     a = agent_of(1, tmp_path / "arch")
-    d = tmp_path / "arch" / "k"
-    a.archive_live("k", job.save(b"weights-5", step=5), rec())
+    d = tmp_path / "arch" / K
+    a.archive_live(K, job.save(b"weights-5", step=5), rec())
     bad = job.save(b"weights-10", step=10)
     (bad / "state.bin").write_bytes(b"tampered")
     with pytest.raises(CheckpointError):
-        a.archive_live("k", bad, rec())
+        a.archive_live(K, bad, rec())
     assert files(d) == ["ckpt-5", LIVE_RECORD]  # the record still names the complete one
-    assert json.loads((d / LIVE_RECORD).read_text())["ckpt"] == "ckpt-5"
+    assert json.loads((d / LIVE_RECORD).read_text())["body"]["ckpt"] == "ckpt-5"
     # a leftover of the same name without its manifest (a crash mid-copy) is replaced, not trusted
     c15 = job.save(b"weights-15", step=15)
     (d / "ckpt-15").mkdir()
     (d / "ckpt-15" / "state.bin").write_bytes(b"half")
-    a.archive_live("k", c15, rec())
+    a.archive_live(K, c15, rec())
     verify_checkpoint(d / "ckpt-15")
     assert files(d) == ["ckpt-15", LIVE_RECORD]
 
 
 def test_a_job_that_ends_removes_its_archived_copies(tmp_path: Path, job: Checkpointer) -> None:
     a = agent_of(1, tmp_path / "arch")
-    a.archive_live("k", job.save(b"w", step=5), rec())
-    assert a.drop_live("k")
-    assert not (tmp_path / "arch" / "k").exists()
-    assert not a.drop_live("k")  # nothing left to remove
+    a.archive_live(K, job.save(b"w", step=5), rec())
+    assert a.drop_live(K)
+    assert not (tmp_path / "arch" / K).exists()
+    assert not a.drop_live(K)  # nothing left to remove
 
 
 def test_only_a_claim_for_a_dead_job_takes_a_live_record_and_it_is_the_lock(tmp_path: Path, job: Checkpointer) -> None:
     a, b, c = (agent_of(n, tmp_path / "arch") for n in (1, 2, 3))
-    d = tmp_path / "arch" / "k"
-    a.archive_live("k", job.save(b"w5", step=5), rec())
-    assert not c._claim("k")  # a live record is no stopped job's guard record
-    assert c._claim("k", live=True)  # node 3 decided node 1 and its buddy are gone
-    assert not b._claim("k", live=True)  # one winner
+    d = tmp_path / "arch" / K
+    a.archive_live(K, job.save(b"w5", step=5), rec())
+    assert not c._claim(K)  # a live record is no stopped job's guard record
+    assert c._claim(K, live=True)  # node 3 decided node 1 and its buddy are gone
+    assert not b._claim(K, live=True)  # one winner
     # node 1 was not dead after all (slow): its next archive does not publish a second record
-    assert a.archive_live("k", job.save(b"w10", step=10), rec()) is None
+    assert a.archive_live(K, job.save(b"w10", step=10), rec()) is None
     assert sorted(p.name for p in d.glob("*.json")) == ["claimed-3.json"]
     assert "ckpt-5" in files(d)  # the claimed record's checkpoint is kept
-    assert not a.drop_live("k")  # the job ending at node 1 does not remove what node 3 claimed
+    assert not a.drop_live(K)  # the job ending at node 1 does not remove what node 3 claimed
     assert "ckpt-5" in files(d)
-    c._unclaim("k")  # node 3 found no room: given back as it was, a running job's live record
+    c._unclaim(K)  # node 3 found no room: given back as it was, a running job's live record
     assert sorted(p.name for p in d.glob("*.json")) == [LIVE_RECORD]
     # not a stopped job's guard record, which any agent with room claims at once: node 1 (slow,
     # not dead) still runs the job, and only its and its buddy's death make it claimable
-    assert not b._claim("k")
-    assert b._claim("k", live=True)
-    b._unclaim("k")
+    assert not b._claim(K)
+    assert b._claim(K, live=True)
+    b._unclaim(K)
     assert sorted(p.name for p in d.glob("*.json")) == [LIVE_RECORD]
     # node 1 goes on publishing its periodic checkpoints (a guard record would have stopped that)
-    assert a.archive_live("k", job.save(b"w15", step=15), rec()) is not None
+    assert a.archive_live(K, job.save(b"w15", step=15), rec()) is not None
 
 
 def test_a_dead_runners_record_is_given_back_as_it_was(tmp_path: Path, job: Checkpointer) -> None:
     a, c = (agent_of(n, tmp_path / "arch") for n in (1, 3))
-    d = tmp_path / "arch" / "k"
-    a.archive_live("k", job.save(b"w5", step=5), rec())
-    assert a._claim("k", live=True)
-    a._claim_done("k", "node 1", (1, "job-9"))  # node 1 resumed it from the archive, then died
-    assert c._claim("k", dead_runner=1)
-    c._unclaim("k")  # no room at node 3: the dead runner's record again, not a guard record
+    d = tmp_path / "arch" / K
+    a.archive_live(K, job.save(b"w5", step=5), rec())
+    assert a._claim(K, live=True)
+    a._claim_done(K, "node 1", (1, "job-9"))  # node 1 resumed it from the archive, then died
+    assert c._claim(K, dead_runner=1)
+    c._unclaim(K)  # no room at node 3: the dead runner's record again, not a guard record
     assert sorted(p.name for p in d.glob("*.json")) == ["running-1.json"]
-    assert not c._claim("k") and not c._claim("k", live=True)
-    assert c._claim("k", dead_runner=1)
+    assert not c._claim(K) and not c._claim(K, live=True)
+    assert c._claim(K, dead_runner=1)
 
 
 def test_a_stopped_jobs_guard_record_given_back_is_a_guard_record(tmp_path: Path, job: Checkpointer) -> None:
     a, c = (agent_of(n, tmp_path / "arch") for n in (1, 3))
-    d = tmp_path / "arch" / "k"
-    a._archive("k", job.save(b"w5", step=5), rec() | {"periodic": False})
-    assert c._claim("k")
-    c._unclaim("k")
+    d = tmp_path / "arch" / K
+    a._archive(K, job.save(b"w5", step=5), rec() | {"periodic": False})
+    assert c._claim(K)
+    c._unclaim(K)
     assert sorted(p.name for p in d.glob("*.json")) == ["guard.json"]
 
 
 def test_a_stopped_jobs_guard_record_replaces_its_live_record(tmp_path: Path, job: Checkpointer) -> None:
     a = agent_of(1, tmp_path / "arch")
-    d = tmp_path / "arch" / "k"
-    a.archive_live("k", job.save(b"w5", step=5), rec())
+    d = tmp_path / "arch" / K
+    a.archive_live(K, job.save(b"w5", step=5), rec())
     final = job.save(b"w7", step=7)
-    a._archive("k", final, {"key": "k", "src_node": 1, "src_job": "job-1", "request": {"take_over": True}})
+    a._archive(K, final, record(K))
     assert sorted(p.name for p in d.glob("*.json")) == ["guard.json"]  # one claimable record
-    assert json.loads((d / "guard.json").read_text())["ckpt"] == "ckpt-7"
+    assert json.loads((d / "guard.json").read_text())["body"]["ckpt"] == "ckpt-7"
     assert not [p for p in d.iterdir() if p.name.startswith(".")]
     # a periodic checkpoint written later does not re-arm a live record beside it
-    assert a.archive_live("k", job.save(b"w9", step=9), rec()) is None
+    assert a.archive_live(K, job.save(b"w9", step=9), rec()) is None
     assert not (d / LIVE_RECORD).exists()
 
 
@@ -161,26 +156,24 @@ def test_a_live_record_waits_for_the_newer_copy_its_node_still_makes_and_no_long
     the copy holds (rent-or-buy); a silent node 1, or no newer copy, is not waited for."""
     arch = tmp_path / "arch"
     a, c = agent_of(1, arch), agent_of(3, arch)
-    d = arch / "k"
-    a.archive_live("k", job.save(b"w5", step=5), rec(buddy=None))
-    live = json.loads((d / LIVE_RECORD).read_text())
-    live["ts"] -= 30.0  # the periodic copy was 30 s before the final checkpoint's
-    (d / LIVE_RECORD).write_text(json.dumps(live))
+    d = arch / K
+    a.archive_live(K, job.save(b"w5", step=5), rec(buddy=None))
+    live = json.loads((d / LIVE_RECORD).read_text())["body"]
+    reseal(a, d / LIVE_RECORD, ts=live["ts"] - 30.0)  # the periodic copy was 30 s before the final checkpoint's
     final = job.save(b"w10", step=10)
 
-    # node 1's copy of ckpt-10 is under way: its temporary is written, its verification hangs
+    # node 1's copy of ckpt-10 is under way: its temporary is made, its copy hangs
     go, copying = threading.Event(), threading.Event()
-    verify = jobkit.verify_checkpoint
+    copy = archive_fs.copy_checkpoint
 
-    def slow_verify(p: Path, **kw: Any) -> Any:
-        if p.name.startswith(".tmp-ckpt-10-1-"):
+    def slow_copy(src: int, dst: int | None, raw: bytes, where: str, *a: Any) -> Any:
+        if dst is not None and where.endswith("ckpt-10"):
             copying.set()
             assert go.wait(30)
-        return verify(p, **kw)
+        return copy(src, dst, raw, where, *a)
 
-    monkeypatch.setattr(jobkit, "verify_checkpoint", slow_verify)
-    t = threading.Thread(target=a._archive, args=("k", final, {"key": "k", "src_node": 1, "src_job": "job-1",
-                                                              "request": {"take_over": True}}))
+    monkeypatch.setattr(archive_fs, "copy_checkpoint", slow_copy)
+    t = threading.Thread(target=a._archive, args=(K, final, record(K)))
     t.start()
     try:
         assert copying.wait(30)
@@ -203,19 +196,19 @@ def test_a_live_record_waits_for_the_newer_copy_its_node_still_makes_and_no_long
         round_()
         assert claimed == [] and [e["phase"] for e in events] == ["archive-live-wait"]
         assert "ckpt-10" in events[0]["message"] and events[0]["ckpt"] == "ckpt-5"
-        c._live_waits["k"] -= 20.0  # 20 s in: the copy holds about 30 s of progress
+        c._live_waits[K] -= 20.0  # 20 s in: the copy holds about 30 s of progress
         round_()
         assert claimed == [] and len(events) == 1
-        c._live_waits["k"] -= 11.0  # past the progress it would save: the older record is claimed
+        c._live_waits[K] -= 11.0  # past the progress it would save: the older record is claimed
         round_()
-        assert claimed == [("k", True)] and events[-1]["phase"] == "archive-live-waited"
+        assert claimed == [(K, True)] and events[-1]["phase"] == "archive-live-waited"
         assert c._live_waits == {}
 
         claimed.clear()
         c._taking.clear()  # (that take-over found no room and gave the record back)
         heard[1] = time.time() - 11.0  # node 1 silent past dead_after_s: not waited for
         round_()
-        assert claimed == [("k", True)]
+        assert claimed == [(K, True)]
     finally:
         go.set()
         t.join(30)
@@ -223,20 +216,20 @@ def test_a_live_record_waits_for_the_newer_copy_its_node_still_makes_and_no_long
     assert sorted(p.name for p in d.glob("*.json")) == ["guard.json"]
     claimed.clear()
     look = c._archive_look(arch, [], [], True, frozenset({3}), frozenset(), time.time())
-    assert look["lives"] == [] and look["guards"] == ["k"]
+    assert look["lives"] == [] and look["guards"] == [K]
 
 
 def test_a_live_record_with_no_newer_copy_or_only_a_stale_one_is_claimed_at_once(
         tmp_path: Path, job: Checkpointer) -> None:
     arch = tmp_path / "arch"
     a = agent_of(1, arch)
-    d = arch / "k"
-    a.archive_live("k", job.save(b"w5", step=5), rec(buddy=None))
+    d = arch / K
+    a.archive_live(K, job.save(b"w5", step=5), rec(buddy=None))
     look = lambda: agent_of(3, arch)._archive_look(arch, [], [], True, frozenset({3}), frozenset(), time.time())  # noqa: E731
-    assert look()["lives"] == [("k", 1, None, None)]
+    assert look()["lives"] == [(K, 1, None, None)]
     (d / ".tmp-ckpt-3-1-5").mkdir()  # an older checkpoint's copy: not newer
     (d / ".tmp-ckpt-9-2-5").mkdir()  # another node's
-    assert look()["lives"] == [("k", 1, None, None)]
+    assert look()["lives"] == [(K, 1, None, None)]
     stale = d / ".tmp-ckpt-9-1-5"
     stale.mkdir()
     assert look()["lives"][0][3][:2] == ("ckpt-5", "ckpt-9")
@@ -244,7 +237,7 @@ def test_a_live_record_with_no_newer_copy_or_only_a_stale_one_is_claimed_at_once
     assert agent_of(3, arch)._archive_look(arch, [], [], True, frozenset({1, 3}), frozenset(), time.time())["lives"] == []
     old = time.time() - ARCHIVE_TMP_STALE_S - 60
     os.utime(stale, (old, old))  # a crashed writer's leftover
-    assert look()["lives"] == [("k", 1, None, None)]
+    assert look()["lives"] == [(K, 1, None, None)]
 
 
 
@@ -255,18 +248,19 @@ def test_a_live_record_written_lately_by_a_node_only_silent_is_not_claimed(tmp_p
     second after it was written, and the job ran twice). A node whose reclaim window ended is
     asked before the claim instead (``_from_archive``'s ``ask``), and an older record is claimable."""
     arch = tmp_path / "arch"
-    agent_of(1, arch).archive_live("k", job.save(b"w5", step=5), rec(buddy=None))
+    agent_of(1, arch).archive_live(K, job.save(b"w5", step=5), rec(buddy=None))
     c = agent_of(3, arch)
     c.s["orphan_after_s"] = 30.0
     look = lambda: c._archive_look(arch, [], [], True, frozenset({3}), frozenset(), time.time())  # noqa: E731
     assert look()["lives"] == []
     now = time.time()
     c.notices = {1: (now - 1.0, now - 10.0)}  # its reclaim window ended a second ago
-    assert look()["lives"] == [("k", 1, None, None)]
+    assert look()["lives"] == [(K, 1, None, None)]
     c.notices = {}
-    then = now - 31.0
-    os.utime(arch / "k" / LIVE_RECORD, (then, then))  # written 31 s ago: its node may be gone
-    assert look()["lives"] == [("k", 1, None, None)]
+    os.utime(arch / K / LIVE_RECORD, (now - 31.0, now - 31.0))  # a file's mtime is anyone's to set: not read
+    assert look()["lives"] == []
+    reseal(agent_of(1, arch), arch / K / LIVE_RECORD, ts=now - 31.0)  # written 31 s ago: its node may be gone
+    assert look()["lives"] == [(K, 1, None, None)]
 
 
 def test_a_copy_still_running_after_its_key_was_claimed_and_swept_publishes_no_live_record(
@@ -275,10 +269,9 @@ def test_a_copy_still_running_after_its_key_was_claimed_and_swept_publishes_no_l
     sweep removed (leaving ``.done/<key>``): its next periodic copy must not publish a live
     record there, which a third node would claim and run again (bench/chaos.py)."""
     arch = tmp_path / "arch"
-    (arch / ARCHIVE_DONE).mkdir(parents=True)
-    (arch / ARCHIVE_DONE / "k").write_text(json.dumps({"key": "k", "runner": "1", "why": "superseded"}))
-    assert agent_of(2, arch).archive_live("k", job.save(b"w5", step=5), rec(buddy=None)) is None
-    assert not (arch / "k" / LIVE_RECORD).exists()
+    mark_done(agent_of(3, arch), K, 1)
+    assert agent_of(2, arch).archive_live(K, job.save(b"w5", step=5), rec(buddy=None)) is None
+    assert not (arch / K / LIVE_RECORD).exists()
 
 
 def test_an_ended_jobs_live_record_claimed_meanwhile_is_dropped_once_given_back(tmp_path: Path, job: Checkpointer) -> None:
@@ -291,7 +284,7 @@ def test_an_ended_jobs_live_record_claimed_meanwhile_is_dropped_once_given_back(
     arch = tmp_path / "arch"
     a, c = agent_of(1, arch), agent_of(3, arch)
     key = "n1-job-1"
-    a.archive_live(key, job.save(b"w5", step=5), {**rec(), "key": key})
+    a.archive_live(key, job.save(b"w5", step=5), rec())
     assert c._claim(key, live=True)
 
     def look() -> dict[str, object]:
@@ -305,7 +298,7 @@ def test_an_ended_jobs_live_record_claimed_meanwhile_is_dropped_once_given_back(
     assert second["dropped"] == ["job-1"] and second["drop_again"] == []
     assert not (arch / key).exists() or not (arch / key / LIVE_RECORD).exists()
     # a claim its node runs is that node's: not tried again
-    a.archive_live("n1-job-2", job.save(b"w6", step=6), {**rec(), "key": "n1-job-2"})
+    a.archive_live("n1-job-2", job.save(b"w6", step=6), record("n1-job-2", periodic=True))
     assert c._claim("n1-job-2", live=True)
     c._claim_done("n1-job-2", "node 3")
     third = a._archive_look(arch, ["job-2"], [], False, frozenset(), frozenset(), time.time())
@@ -321,9 +314,9 @@ def test_a_job_that_ended_leaves_a_marker_that_stands_its_guard_down(tmp_path: P
     arch = tmp_path / "arch"
     a, b = agent_of(1, arch), agent_of(2, arch)
     key = "n1-job-1"
-    a.archive_live(key, job.save(b"w5", step=5), {**rec(), "key": key})
+    a.archive_live(key, job.save(b"w5", step=5), rec())
     look = a._archive_look(arch, ["job-1"], [], False, frozenset(), frozenset(), time.time())
     assert look["dropped"] == ["job-1"]
-    assert json.loads((arch / ARCHIVE_DONE / key).read_text())["runner"] == "node 1"
+    assert a._archive_done(arch, key) == "node 1"
     assert b._claim_archived(key) == (True, "node 1", False)  # archived, run there: not claimed
     assert b._claim_archived("n1-job-9") == (False, None, False)  # (a key that never ended: as before)

@@ -15,6 +15,7 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
+from archiverig import agent_of, record, zone_keys
 from jobrig import until
 from test_migrate_evidence import make_agent
 
@@ -352,10 +353,11 @@ def test_a_restored_reclaim_stops_a_job_whose_archived_record_was_being_publishe
                                         "migrate": {"poll_s": 60.0, "periodic": False, "archive_dir": str(arch)}}))
         agent.jobs = jobs = RestoreJobs()
         agent.zone = PlacingZone()
+        agent.zone.zone, agent.zone.keys = 1, zone_keys()  # the zone's key: what signs its archive records
         archived, other = jobs.add("job-1", "running"), jobs.add("job-2", "running")
         ckpt = Checkpointer(job_id="job-1", ckpt_dir=tmp_path / "ck", install_signal=False, keep=2).save(b"w", step=3)
-        (arch / "n5-job-1").mkdir(parents=True)
-        (arch / "n5-job-1" / "guard.json").write_text(json.dumps({"key": "n5-job-1", "ckpt": "ckpt-3", "ts": 1.0}))
+        agent_of(5, arch)._archive("n5-job-1", ckpt, record("n5-job-1"))  # published before the restart
+        published = (arch / "n5-job-1" / "guard.json").read_bytes()
         agent.store.ensure_schema("migrate-reclaim", RECLAIM_SCHEMA)
         now = time.time()
         with agent.store.tx() as db:  # what the agent before the restart stored
@@ -372,7 +374,7 @@ def test_a_restored_reclaim_stops_a_job_whose_archived_record_was_being_publishe
             assert [st["job_id"] for st in rc["plan"]] == ["job-2"]  # job-1 is not moved again
             assert await until(lambda: jobs.stops.get("job-1") == "reclaimed")
             assert await until(lambda: comp.moves.get("job-1") is not None and comp.moves["job-1"].phase == "archived")
-            assert json.loads((arch / "n5-job-1" / "guard.json").read_text())["ts"] == 1.0  # not written again
+            assert (arch / "n5-job-1" / "guard.json").read_bytes() == published  # not written again
             assert archived.state == "reclaimed" and other.state == "running"
             assert agent.store.db.execute("SELECT COUNT(*) FROM migrate_late_copies").fetchone()[0] == 0
         finally:

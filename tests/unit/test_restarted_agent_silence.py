@@ -17,15 +17,14 @@ manager; the job's start is recorded, not run (``_resume_here``).
 from __future__ import annotations
 
 import asyncio
-import os
 import time
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
+from archiverig import agent_of, record, reseal, zone_keys
 from test_migrate_archive_gc import ckpt_of
-from test_migrate_archive_live import agent_of, rec
-from test_replica_gc import started
+from test_replica_gc import KEY, started
 
 from laminar.migrate.reclaim import LIVE_RECORD
 
@@ -68,8 +67,8 @@ def test_an_agent_that_just_started_does_not_claim_a_live_record_of_a_peer_it_ha
         try:
             c.s.update(archive_dir=str(arch), orphan_after_s=30.0, dead_after_s=10.0)
             # node 2's running job has its periodic copy in the archive, node 3 its buddy
-            agent_of(2, arch).archive_live("n2-job-1", ckpt_of(tmp_path, "j1", 40),
-                                           {**rec(buddy=3), "key": "n2-job-1", "src_node": 2})
+            agent_of(2, arch, zone_keys(KEY.hex())).archive_live("n2-job-1", ckpt_of(tmp_path, "j1", 40),
+                                                                 record("n2-job-1", buddy=3))
             for st in agent.zone.membership.state.values():
                 st.last_seen = -1.0  # this agent just (re)started: no peer heard from yet
             c._started = time.time()
@@ -81,7 +80,7 @@ def test_an_agent_that_just_started_does_not_claim_a_live_record_of_a_peer_it_ha
             # 31 s on, nothing from node 2 or its buddy: gone, and the job is claimed here
             c._started -= 31.0
             then = time.time() - 31.0  # its live record was written as long ago (a fresh one says its node is alive)
-            os.utime(arch / "n2-job-1" / LIVE_RECORD, (then, then))
+            reseal(agent_of(2, arch, zone_keys(KEY.hex())), arch / "n2-job-1" / LIVE_RECORD, ts=then)
             await c._archive_round()
             for _ in range(100):
                 if resumed:
@@ -104,10 +103,9 @@ def test_a_restarted_agent_drops_the_live_record_of_a_job_that_ended_after_the_r
     after a start finds this node's live records, so the drop happens as without a restart."""
     async def main() -> None:
         arch = tmp_path / "arch"
-        agent_of(1, arch).archive_live("n1-job-3", ckpt_of(tmp_path, "j3", 40),
-                                       {**rec(buddy=2), "key": "n1-job-3", "src_node": 1})
-        agent_of(2, arch).archive_live("n2-job-1", ckpt_of(tmp_path, "j1", 40),
-                                       {**rec(buddy=3), "key": "n2-job-1", "src_node": 2})
+        keys = zone_keys(KEY.hex())
+        agent_of(1, arch, keys).archive_live("n1-job-3", ckpt_of(tmp_path, "j3", 40), record("n1-job-3", buddy=2))
+        agent_of(2, arch, keys).archive_live("n2-job-1", ckpt_of(tmp_path, "j1", 40), record("n2-job-1", buddy=3))
         agent, c = await started(tmp_path / "agent")  # node 1, just (re)started: nothing in archived_live
         ended = SimpleNamespace(id="job-3", state="migrated", active=False)
         agent.jobs.jobs.append(ended)

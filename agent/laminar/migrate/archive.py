@@ -11,8 +11,9 @@ they all are. With ``archive_dir`` set, a stopped job's checkpoint and guard rec
 (``<archive>/<key>/ckpt-N/``, ``guard.json``) are written there, atomically, when no live peer
 can hold them (a reclaim with no holder; a reclaimed guard with no peer to pass to) and by a
 guard as soon as it finds no room. The record's claim is the lock: a node renames ``guard.json``
-to ``claimed-<node>.json`` before it starts or places the job (one node wins), then to
-``running-<node>.json``, or back when it found no room. Every agent with room tries the
+to ``claimed-<node>.json`` before it starts or places the job (one node wins; then it notes the
+claim there, signed), writes its ``running-<node>.json`` once the job started, or puts what it
+took back when it found no room. Every agent with room tries the
 unclaimed records (any agent, not only the guard: the guard may be gone); a guard whose job
 another node claimed and runs stands down. A claim older than ``ARCHIVE_CLAIM_STALE_S`` whose
 node never ran the job is taken over (by the job's guard, or by any agent with room that sees it
@@ -20,6 +21,24 @@ in the archive). So is the running record of a node that ran the job and is dead
 (``orphan_after_s`` or its reclaim window, as for any take-over) before anything newer of the
 job reached the archive (its new key holds no record): the checkpoint the job resumed from is
 then its newest safe state (:meth:`ArchiveMixin._dead_runs`).
+
+**Who may write the archive** (:mod:`laminar.migrate.archive_auth`, :mod:`laminar.migrate.archive_fs`,
+:mod:`laminar.migrate.archive_view`). Shared storage is not trusted. Every record is signed
+(a zone MAC under a key derived from the zone key; with node keys, a node MAC for each roster
+node), every field an agent acts on is in what is signed, and a job's records are its own
+node's (a guard publishes the guard record the job's node signed for it when it handed the
+guard over). A claim is noted, signed, with what it took and when (its staleness); a running
+record is a run record its node signs; ``.done`` markers are signed. What does not verify is
+never claimed, renamed, removed or taken as evidence: it is counted by reason
+(``counts.archive_unverified_<reason>``, the latest in ``archive.refused``) and left for the
+operator. All file work goes through directory fds opened without following a link; records
+are opened without waiting (a FIFO) and read under a size cap; a round and a sweep read at most
+ARCHIVE_SCAN_MAX entries of the root (a listing held open from one to the next) and
+ARCHIVE_DIR_MAX of a key's directory, and start at most ARCHIVE_CLAIMS_MAX claims. The root
+must be a real directory of ``archive_uid`` (root) that neither group nor others may write,
+else the archive is not used (``archive.error``). A claimed checkpoint is copied into this
+node's state directory and checked against the manifest its record signed as it is copied:
+the job, root's included, resumes from that copy, never from the shared storage.
 
 **What the archive keeps, and what goes** (:meth:`ArchiveMixin.archive_gc`, every
 ``archive_gc_s``, 10 s, by each agent). A claim that started its job leaves ``<archive>/<key>/`` behind
@@ -86,6 +105,7 @@ committed before its record's rename, so a restart publishes it at most once.
 from __future__ import annotations
 
 import asyncio
+import collections
 import concurrent.futures
 import contextlib
 import json
@@ -104,9 +124,19 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from laminar import jobkit
-from laminar.migrate.constants import _CKPT_NAME, _SAFE_KEY, MIGRATED_ENV, SOURCE_LIVE_STATES
+from laminar.migrate import archive_fs
+from laminar.migrate.archive_auth import (
+    PRESIGNED,
+    ArchiveAuth,
+    Refused,
+    canonical,
+    manifest_digest,
+    owner_body,
+    owner_request,
+)
+from laminar.migrate.archive_view import _NODE_FILE, DONE_DIR, Refusals, Sealed, View
+from laminar.migrate.constants import _SAFE_KEY, MIGRATED_ENV, SOURCE_LIVE_STATES
 from laminar.migrate.errors import MigrateError
-from laminar.migrate.trees import _newest_mtime, _remove_tree
 
 if TYPE_CHECKING:
     from laminar.migrate.ckpt_driver import CkptDriver
@@ -134,11 +164,14 @@ ARCHIVE_GC_S = 10.0
 # Removals are renamed here first (one agent wins the rename), then removed.
 ARCHIVE_TRASH = ".gc"
 # A key whose claimed job ended or was superseded (the sweep removed its directory) leaves a marker
-# here, ``<archive>/.done/<key>``, naming who ran it: without it a guard of that key that missed
-# the claim (down, cut off) found nothing archived, published its older checkpoint again and
-# another agent resumed the job a second time (bench/chaos.py). Kept ARCHIVE_DONE_KEEP_S.
-ARCHIVE_DONE = ".done"
-ARCHIVE_DONE_KEEP_S = 7 * 86400.0
+# here, ``<archive>/.done/<key>``, naming who ran it (signed): without it a guard of that key
+# that missed the claim (down, cut off) found nothing archived, published its older checkpoint
+# again and another agent resumed the job a second time (bench/chaos.py). Kept
+# ARCHIVE_DONE_KEEP_S by the time it signed.
+ARCHIVE_DONE = DONE_DIR
+# Kept at least as long as a claimable record is (archive_auth.RECORD_MAX_AGE_S, a day less): a
+# copy of a claimed record planted again after its marker went is refused as expired.
+ARCHIVE_DONE_KEEP_S = 30 * 86400.0
 ARCHIVE_DONE_EXPIRE_EVERY_S = 3600.0  # the markers are looked over for expiry this often, not at every sweep
 # The archive counts as stalled (status ``archive.stalled_s``, one event) when the look at it in
 # hand has made no progress (no byte read, no CPU time) for this many ``archive_gc_s`` (30 s by
@@ -150,6 +183,18 @@ ARCHIVE_STALL_SWEEPS = 3
 # (its job thawed, its buddy still guarding it) and says so before the window's end stops what
 # still runs, rather than the move being cut there in the middle, with nothing said.
 ARCHIVE_WAIT_MARGIN_S = 1.0
+# A round (and a sweep) reads at most this many entries of the archive's root; the next one goes
+# on from there (a pass over a larger archive takes several): a million planted directories cost
+# each round this many, not a million.
+ARCHIVE_SCAN_MAX = 2048
+# Claims started per round; the rest wait for the next round (poll_s later).
+ARCHIVE_CLAIMS_MAX = 4
+# A checkpoint fetched from the archive leaves this much free on the state directory's disk.
+ARCHIVE_FETCH_RESERVE = 256 << 20
+# A claim no node runs yet is stale once this agent has seen it, unchanged, this long (its own
+# clock: a file's mtime is anyone's to set).
+CLAIMS_SEEN_KEEP = 4096
+_KEY_NODE = re.compile(r"n(\d{1,10})-.+")
 
 
 def _progress(task: str) -> tuple[int, int] | None:
@@ -286,27 +331,26 @@ _TMP_COPY = re.compile(r"\.tmp-(.+)-(\d+)-(\d+)")
 _CKPT_STEP = re.compile(r"ckpt-(\d+)")
 
 
-def _newer_copy(d: Path, src: int, rec: dict[str, Any], wall: float) -> tuple[str, str, float] | None:
-    """The copy of a newer checkpoint of the job that node ``src`` is making in ``d`` (its key
-    directory) while the job's live record ``rec`` names an older one: (the record's checkpoint,
-    the newer one's name, the progress between them in seconds: when the copy began, its
-    temporary's mtime, less the record's time), or None. A temporary older than
-    ARCHIVE_TMP_STALE_S is a crashed writer's and does not count."""
-    try:
-        ts, have = float(rec["ts"]), str(rec["ckpt"])
-    except (KeyError, TypeError, ValueError):
-        return None
+def _newer_copy(dirfd: int, names: list[str], src: int, rec: dict[str, Any],
+                wall: float) -> tuple[str, str, float] | None:
+    """The copy of a newer checkpoint of the job that node ``src`` is making in its key
+    directory (``dirfd``, whose entries are ``names``) while the job's live record ``rec`` (a
+    verified body) names an older one: (the record's checkpoint, the newer one's name, the
+    progress between them in seconds: when the copy began, its temporary's mtime, less the
+    record's time), or None. A temporary older than ARCHIVE_TMP_STALE_S is a crashed writer's
+    and does not count (nor does one that is not a directory)."""
+    ts, have = float(rec["ts"]), str(rec["ckpt"])
     m_have = _CKPT_STEP.fullmatch(have)
     best: tuple[str, str, float] | None = None
-    for t in d.glob(".tmp-*"):
-        m = _TMP_COPY.fullmatch(t.name)
+    for n in names:
+        m = _TMP_COPY.fullmatch(n)
         if m is None or int(m[2]) != src or m[1] == have:
             continue
         m_new = _CKPT_STEP.fullmatch(m[1])
         if m_have is not None and (m_new is None or int(m_new[1]) <= int(m_have[1])):
             continue  # not newer than the record's
         try:
-            st = os.lstat(t)
+            st = archive_fs.lstat_at(dirfd, n)
         except OSError:
             continue
         if not stat.S_ISDIR(st.st_mode) or wall - st.st_mtime > ARCHIVE_TMP_STALE_S:
@@ -317,19 +361,6 @@ def _newer_copy(d: Path, src: int, rec: dict[str, Any], wall: float) -> tuple[st
     return best
 
 
-def _read_record(path: Path) -> dict[str, Any] | None:
-    """An archive record (a regular file holding a JSON object; never through a link), or None."""
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
-        with os.fdopen(fd) as fh:
-            if not stat.S_ISREG(os.fstat(fh.fileno()).st_mode):
-                return None
-            rec = json.load(fh)
-    except (OSError, ValueError):
-        return None
-    return rec if isinstance(rec, dict) else None
-
-
 class ArchiveMixin:
     """The archive: stopped jobs' checkpoints and guard records, running jobs' periodic ones,
     claims, the sweep, the archive's health and status."""
@@ -337,6 +368,11 @@ class ArchiveMixin:
     if TYPE_CHECKING:
         # what this mixin uses of ReclaimComponent (its __init__ and its other parts)
         _archive_error: str | None
+        _archive_refusals: Refusals
+        _archive_root_error: str | None
+        _archive_scan: tuple[str, int, Any] | None
+        _gc_scan: tuple[str, int, Any] | None
+        _claims_seen: collections.OrderedDict[tuple[Any, ...], float]
         _done_expired: float | None
         _archive_next: dict[str, float]
         _archive_rounds: int
@@ -372,6 +408,9 @@ class ArchiveMixin:
         def _last_seen(self, node: int) -> float: ...
         def _late_copy_settled(self, mv: Any, error: BaseException | None) -> None: ...
         def _request(self, job: Any, take_over: bool) -> dict[str, Any]: ...
+        def _resume_root(self) -> Path: ...
+        def _resume_base(self) -> Path: ...
+        def _resume_install(self, tmp: Path, key: str, name: str, uid: int, gid: int) -> Path: ...
         async def _resume_here(self, row: Any, req: dict[str, Any], path: Path, why: str) -> str | None: ...
         def _runs_here(self, key: str) -> str | None: ...
         def _source_dead(self, src: int, now: float, window_end: float | None = None,
@@ -387,87 +426,168 @@ class ArchiveMixin:
         a = str(self.s.get("archive_dir") or "")
         return Path(a) if a else None
 
-    @staticmethod
-    def _archive_key_dir(root: Path, key: str) -> Path:
-        """``root/key``, made if missing, root's alone (0700): its records carry the job's request
-        (env values included) and its checkpoints are a user's; the archive is shared storage that
-        other users on the zone's nodes may reach."""
-        d = root / key
-        d.mkdir(parents=True, exist_ok=True)
-        os.chmod(d, 0o700)
-        return d
+    def _archive_view(self, root: Path | None = None, create: bool = True) -> View:
+        """A look at the archive (:class:`laminar.migrate.archive_view.View`; blocking: on the
+        lane). ``create``: the archive's root is made when missing (else FileNotFoundError).
+        Raises :class:`laminar.migrate.archive_fs.RootError` (an OSError, said in the status)
+        when ``archive_dir`` may not be used, MigrateError when this node holds no zone key."""
+        root = root if root is not None else self._archive_root()
+        assert root is not None
+        auth = ArchiveAuth.of(getattr(self.agent, "zone", None))
+        if auth is None:
+            raise MigrateError("archive records are signed with the zone's keys, and this node holds none")
+        try:
+            v = View(root, int(self.s.get("archive_uid", 0) or 0), auth, self._archive_refusals, time.time(), create)
+        except archive_fs.RootError as e:
+            self._archive_root_error = str(e)
+            raise
+        self._archive_root_error = None
+        return v
 
-    def _archived(self, key: str) -> bool:
-        """The archive holds a record of ``key``, or the marker of its claimed job that ended or
-        was superseded (:data:`ARCHIVE_DONE`)."""
+    def _view_or_none(self, create: bool = False) -> View | None:
+        """:meth:`_archive_view` of the configured archive, or None when there is none (not
+        configured, or its root does not exist yet)."""
         root = self._archive_root()
-        return root is not None and (((root / key).is_dir() and any((root / key).glob("*.json")))
-                                     or self._archive_done(root, key) is not None)
-
-    @staticmethod
-    def _archive_done(root: Path, key: str) -> str | None:
-        """Who ran ``key``'s claimed job, by its marker in ``<archive>/.done`` (written by the
-        sweep that removed the key's directory), or None when there is none."""
-        if not _SAFE_KEY.match(key):
+        if root is None:
             return None
         try:
-            rec = json.loads((root / ARCHIVE_DONE / key).read_text())
-        except (OSError, ValueError):
+            return self._archive_view(root, create)
+        except FileNotFoundError:
             return None
-        return str(rec.get("runner") or "another node") if isinstance(rec, dict) else "another node"
+
+    def _archived(self, key: str) -> bool:
+        """The archive holds a verified record of ``key`` (claimable, claimed or run), or the
+        verified marker of its claimed job that ended or was superseded (:data:`ARCHIVE_DONE`).
+        A file that does not verify says nothing (a stray ``x.json`` once stood a guard down)."""
+        v = self._view_or_none()
+        if v is None:
+            return False
+        with v:
+            return self._archived_in(v, key)
+
+    @staticmethod
+    def _archived_in(v: View, key: str) -> bool:
+        return (bool(v.claims(key)) or v.done(key) is not None
+                or any(v.claimable(key, n) is not None for n in ("guard.json", LIVE_RECORD)))
+
+    def _archive_done(self, root: Path, key: str) -> str | None:
+        """Who ran ``key``'s claimed job, by its verified marker in ``<archive>/.done`` (written
+        by the sweep that removed the key's directory), or None when there is none."""
+        try:
+            with self._archive_view(root, create=False) as v:
+                return self._done_runner(v, key)
+        except FileNotFoundError:
+            return None
+
+    @staticmethod
+    def _done_runner(v: View, key: str) -> str | None:
+        d = v.done(key)
+        if d is None:
+            return None
+        return f"node {d.body['runner']}" if d.body["why"] == "ended there" else str(d.body["runner"])
 
     def _archive_runner(self, key: str) -> str | None:
-        """Who runs an archived job (it claimed it and started it), or ran it (its marker), or None."""
-        root = self._archive_root()
-        for f in sorted((root / key).glob("running-*.json")) if root is not None else []:
-            return f.name.removeprefix("running-").removesuffix(".json")
-        return self._archive_done(root, key) if root is not None else None
+        """Who runs an archived job (it claimed it and started it: its verified running record,
+        never a file's name alone), or ran it (its marker), or None."""
+        v = self._view_or_none()
+        if v is None:
+            return None
+        with v:
+            return self._runner_in(v, key)
+
+    @classmethod
+    def _runner_in(cls, v: View, key: str) -> str | None:
+        runs = sorted(int(s.body["writer"]) for s in v.runs(key))
+        return str(runs[0]) if runs else cls._done_runner(v, key)
 
     def _archive(self, key: str, ckpt: Path, record: dict[str, Any], wait: ArchiveWait | None = None,
                  mark: Callable[[], None] | None = None) -> Path:
         """Copies the verified checkpoint ``ckpt`` of ``key`` into the archive and (unless a node
         claimed or runs it) writes its guard record ``guard.json``, both atomically (a temporary
-        name, fsync, rename): the archived checkpoint's path. Raises OSError/CheckpointError.
-        ``wait``: its waiter's deadline (:class:`ArchiveWait`); once given up, nothing more is
-        published (its temporaries are removed) and ArchiveGivenUp is raised. ``mark``: called
-        (here, on the lane) right before the record is put in place, once it will be: a late
-        copy's durable "about to publish" (:meth:`_late_mark`)."""
+        name, fsync, rename): the archived checkpoint's path. The record is signed by this node
+        for its own job; for another node's (a guard's publish) it is the one that node signed
+        and handed the guard with (``record["request"][PRESIGNED]``), for this very checkpoint,
+        or nothing is published (OSError). Raises OSError/CheckpointError. ``wait``: its
+        waiter's deadline (:class:`ArchiveWait`); once given up, nothing more is published (its
+        temporaries are removed) and ArchiveGivenUp is raised. ``mark``: called (here, on the
+        lane) right before the record is put in place, once it will be: a late copy's durable
+        "about to publish" (:meth:`_late_mark`)."""
         root = self._archive_root()
         assert root is not None
-        d = self._archive_key_dir(root, key)
-        dst_dir = self._publish_copy(ckpt, d, wait)
-        taken = any(d.glob("claimed-*.json")) or any(d.glob("running-*.json"))
-        tmpj = d / f".guard-{self.node_id}-{time.monotonic_ns()}.tmp"
-        if not taken:
-            with open(tmpj, "w") as fh:
-                json.dump({**record, "ckpt": ckpt.name, "archived_by": self.node_id, "ts": time.time()}, fh)
-                fh.flush()
-                os.fsync(fh.fileno())
-        if wait is not None and not wait.publish():
-            # the move that wanted it went on without it (a copy already renamed into place stays: a
-            # record of another node may name it; with no record of its own it is an operator's call)
+        with self._archive_view(root) as v:
+            d = self._key_dir_made(v, key)
+            signed = self._presigned(v, key, record)
+            if signed is not None and signed["body"]["ckpt"] != ckpt.name:
+                raise OSError(f"{key}: the record node {record['src_node']} signed names {signed['body']['ckpt']}, "
+                              f"this guard holds {ckpt.name}: not archived")
+            digest, nbytes, files = self._publish_copy(ckpt, d, wait, None if signed is None else
+                                                       str(signed["body"]["manifest_sha256"]),
+                                                       int(record["request"]["owner_uid"]))
+            v.forget(key)
+            taken = bool(v.claims(key))
+            tmpj = f".guard-{self.node_id}-{time.monotonic_ns()}.tmp"
+            if not taken:
+                data = canonical(signed) if signed is not None else v.auth.seal(
+                    owner_body("guard", record, ckpt.name, digest, nbytes, files, time.time()))
+                archive_fs.write_new(d, tmpj, data)
+            if wait is not None and not wait.publish():
+                # the move that wanted it went on without it (a copy already renamed into place stays: a
+                # record of another node may name it; with no record of its own it is an operator's call)
+                with contextlib.suppress(OSError):
+                    os.unlink(tmpj, dir_fd=d)
+                log.info("migrate: archive %s answered after the wait for %s's copy ended: no record published", root,
+                         key)
+                raise ArchiveGivenUp(f"archive of {key} given up by its waiter")
+            if not taken and mark is not None:
+                mark()
+            old_live = f".live-{self.node_id}-{time.monotonic_ns()}.old"
+            if not taken and LIVE_RECORD in v.names(key):
+                # the job's periodic record becomes its guard record: taken by rename (atomic), so a
+                # node that claimed it meanwhile keeps it and no second claimable record appears
+                try:
+                    os.rename(LIVE_RECORD, old_live, src_dir_fd=d, dst_dir_fd=d)
+                except OSError:
+                    taken = True
+            if not taken:
+                os.rename(tmpj, "guard.json", src_dir_fd=d, dst_dir_fd=d)
+            else:
+                with contextlib.suppress(OSError):
+                    os.unlink(tmpj, dir_fd=d)
             with contextlib.suppress(OSError):
-                tmpj.unlink()
-            log.info("migrate: archive %s answered after the wait for %s's copy ended: no record published", root, key)
-            raise ArchiveGivenUp(f"archive of {key} given up by its waiter")
-        if not taken and mark is not None:
-            mark()
-        old_live = d / f".live-{self.node_id}-{time.monotonic_ns()}.old"
-        if not taken and (d / LIVE_RECORD).exists():
-            # the job's periodic record becomes its guard record: taken by rename (atomic), so a
-            # node that claimed it meanwhile keeps it and no second claimable record appears
-            try:
-                os.rename(d / LIVE_RECORD, old_live)
-            except OSError:
-                taken = True
-        if not taken:
-            os.rename(tmpj, d / "guard.json")
-        else:
-            with contextlib.suppress(OSError):
-                tmpj.unlink()
-        with contextlib.suppress(OSError):
-            old_live.unlink()
-        return dst_dir
+                os.unlink(old_live, dir_fd=d)
+        return root / key / ckpt.name
+
+    def _key_dir_made(self, v: View, key: str) -> int:
+        """The fd of ``<archive>/<key>``, made 0700 when missing (root's alone: its records carry
+        the job's request, env values included, and its checkpoints are a user's); OSError when
+        it is a link, not a directory or another owner's (counted: never written through)."""
+        if not _SAFE_KEY.match(key):
+            raise OSError(f"archive: {key!r} is not a job key")
+        try:
+            d = v.dir(key, create=True)
+        except Refused as e:
+            raise OSError(f"archive {v.root}: {key}: {e}; nothing written there") from None
+        assert d is not None
+        return d
+
+    def _presigned(self, v: View, key: str, record: dict[str, Any]) -> dict[str, Any] | None:
+        """The envelope this node publishes for another node's job (as its guard): the guard
+        record that job's node signed and handed the guard with (:data:`PRESIGNED` in the
+        request), once it verifies here; None for this node's own job (it signs it itself).
+        OSError when there is none or it does not verify: only a job's node speaks for its job."""
+        src = int(record["src_node"])
+        if src == self.node_id:
+            return None
+        env = (record.get("request") or {}).get(PRESIGNED)
+        if not isinstance(env, dict):
+            raise OSError(f"{key}: node {src} handed its guard no signed record to publish (an agent from before "
+                          "archive authentication): not archived; this guard keeps the job")
+        try:
+            v.auth.open_obj(env, name="guard.json", dir_key=key)
+        except Refused as e:
+            raise OSError(f"{key}: the record node {src} signed for its guard is refused here ({e}): not archived") \
+                from None
+        return env
 
     async def _archive_until(self, what: str, key: str, ckpt: Path, record: dict[str, Any], until: float,
                              late_ok: bool = False,
@@ -652,7 +772,7 @@ class ArchiveMixin:
 
     def _late_again(self, key: str, ckpt: Path, record: dict[str, Any], publishing: bool) -> str:
         """On the lane: a late copy after a restart. With ``publishing`` its record may already be
-        in place: a record of the key there (``guard.json``, a claim, a runner) is it
+        in place: a verified record of the key there (``guard.json``, a claim, a runner) is it
         ("published"); a temporary record of this node's (``.guard-<node>-*.tmp``, removed by
         the rename only) says the rename never happened (published now); neither says it was
         published and has since gone (claimed, run to its end elsewhere and removed, or the
@@ -661,12 +781,12 @@ class ArchiveMixin:
         root = self._archive_root()
         if root is None:
             raise MigrateError("migrate.archive_dir is not set any more")
-        d = root / key
         if publishing:
-            if (d / "guard.json").exists() or any(d.glob("claimed-*.json")) or any(d.glob("running-*.json")):
-                return "published"
-            if not any(d.glob(f".guard-{self.node_id}-*.tmp")):
-                return "gone"
+            with self._archive_view(root) as v:
+                if v.read(key, "guard.json") is not None or v.claims(key):
+                    return "published"
+                if not any(n.startswith(f".guard-{self.node_id}-") and n.endswith(".tmp") for n in v.names(key)):
+                    return "gone"
         jobkit.verify_checkpoint(ckpt)
         self._archive(key, ckpt, record, None, mark=lambda: self._late_mark(key))
         return "published now"
@@ -680,112 +800,161 @@ class ArchiveMixin:
         return (self._archive_root() is not None
                 and self.notice_odds.unannounced_frac >= float(self.s["prestage_unannounced"]))
 
-    def _publish_copy(self, ckpt: Path, d: Path, wait: ArchiveWait | None = None) -> Path:
-        """``d/<ckpt.name>``: the verified checkpoint ``ckpt`` copied there under a temporary
-        name, checked against its manifest, fsync'd and renamed into place (kept as it is when
-        a complete copy of that name is already there; an incomplete leftover is replaced).
-        Raises OSError/CheckpointError; a failed copy is removed, never published; so is one
-        whose ``wait`` was given up (ArchiveGivenUp)."""
-        dst_dir = d / ckpt.name
-        if dst_dir.is_dir() and (dst_dir / jobkit.MANIFEST).exists():
-            return dst_dir
-        tmp = d / f".tmp-{ckpt.name}-{self.node_id}-{time.monotonic_ns()}"
+    def _publish_copy(self, ckpt: Path, d: int, wait: ArchiveWait | None = None, expect: str | None = None,
+                      owner_uid: int | None = None) -> tuple[str, int, int]:
+        """Copies the checkpoint ``ckpt`` (a local directory) into the key directory ``d`` as
+        ``ckpt.name``: (its manifest's SHA-256, bytes, files). Only the files its manifest lists
+        are read, through an fd of ``ckpt`` opened without following a link, each opened without
+        following a link or waiting, hashed as it is copied and compared with the manifest;
+        under a temporary name, fsync'd, renamed into place (a complete copy of this very
+        manifest already there is kept; an incomplete leftover of the name is replaced). A job's
+        own checkpoint (outside the agent's state directory) must be owned by ``owner_uid``: a
+        job cannot make root copy another user's files into its record. ``expect``: the manifest
+        digest a presigned record names (another is refused). Raises OSError/CheckpointError (a
+        failed copy is removed, never published); ArchiveGivenUp once its ``wait`` was given up."""
         try:
-            shutil.copytree(ckpt, tmp)
-            jobkit.verify_checkpoint(tmp)
-            for f in tmp.iterdir():
-                with open(f, "rb") as fh:
-                    os.fsync(fh.fileno())
-            if wait is not None and wait.given_up:
-                raise ArchiveGivenUp(f"copy of {ckpt.name} into {d} given up by its waiter")
-            shutil.rmtree(dst_dir, ignore_errors=True)  # an incomplete leftover of that name
-            os.rename(tmp, dst_dir)
-        except BaseException:
-            shutil.rmtree(tmp, ignore_errors=True)
-            raise
-        return dst_dir
+            src = os.open(ckpt, archive_fs.O_DIR)
+        except OSError as e:
+            raise jobkit.CheckpointError(f"checkpoint {ckpt}: not a directory ({e.strerror or e})") from None
+        try:
+            if owner_uid and not self._in_state_dir(ckpt) and os.fstat(src).st_uid != owner_uid:
+                raise jobkit.CheckpointError(f"checkpoint {ckpt} is owned by uid {os.fstat(src).st_uid}, not by the "
+                                             f"job's owner (uid {owner_uid}): not archived")
+            try:
+                raw = archive_fs.read_small(src, jobkit.MANIFEST, jobkit.MAX_MANIFEST_BYTES)
+                m = archive_fs.parse_manifest(raw, str(ckpt))
+            except FileNotFoundError:
+                raise jobkit.CheckpointError(f"checkpoint {ckpt}: no {jobkit.MANIFEST}") from None
+            except Refused as e:
+                raise jobkit.CheckpointError(f"checkpoint {ckpt}: {e}") from None
+            digest = manifest_digest(raw)
+            if expect is not None and digest != expect:
+                raise jobkit.CheckpointError(f"checkpoint {ckpt}: its manifest is not the one its job's node signed")
+            facts = (digest, sum(int(f["size"]) for f in m["files"]), len(m["files"]))
+            try:
+                have = archive_fs.open_dir(d, ckpt.name)
+            except (OSError, Refused):
+                have = None
+            if have is not None:
+                try:
+                    same = manifest_digest(archive_fs.read_small(have, jobkit.MANIFEST, jobkit.MAX_MANIFEST_BYTES)) \
+                        == digest
+                except (OSError, Refused):
+                    same = False
+                finally:
+                    os.close(have)
+                if same:
+                    return facts
+            tmp = f".tmp-{ckpt.name}-{self.node_id}-{time.monotonic_ns()}"
+            os.mkdir(tmp, 0o700, dir_fd=d)
+            try:
+                tfd = archive_fs.open_dir(d, tmp)
+                try:
+                    archive_fs.copy_checkpoint(src, tfd, raw, str(ckpt))
+                finally:
+                    os.close(tfd)
+                if wait is not None and wait.given_up:
+                    raise ArchiveGivenUp(f"copy of {ckpt.name} given up by its waiter")
+                archive_fs.remove_tree(d, ckpt.name)  # an incomplete leftover of that name
+                os.rename(tmp, ckpt.name, src_dir_fd=d, dst_dir_fd=d)
+            except Refused as e:
+                archive_fs.remove_tree(d, tmp)
+                raise jobkit.CheckpointError(f"checkpoint {ckpt}: {e}") from None
+            except BaseException:
+                archive_fs.remove_tree(d, tmp)
+                raise
+            return facts
+        finally:
+            os.close(src)
+
+    def _in_state_dir(self, p: Path) -> bool:
+        state = getattr(getattr(self.agent, "config", None), "state_dir", None)
+        return state is not None and Path(os.path.normpath(str(state))) in Path(os.path.normpath(str(p))).parents
 
     def archive_live(self, key: str, ckpt: Path, record: dict[str, Any]) -> Path | None:
         """Copies the committed periodic checkpoint ``ckpt`` of the running job ``key`` into the
-        archive (a temporary name, verified against its manifest, fsync'd, renamed: the same
-        layout and checks as :meth:`_archive`), then points the job's live record
-        (``live.json``: who runs it, its buddy, its request) at it and removes the older archived
-        checkpoints: the newest complete one is kept. A stopped job's record (``guard.json``,
-        ``claimed-*``, ``running-*``) is never touched: then nothing is written and None is
-        returned. Blocking file I/O (callers run it in a thread). Raises OSError/CheckpointError
-        (a corrupt copy is removed, never published)."""
+        archive (the same layout and checks as :meth:`_archive`), then points the job's live
+        record (``live.json``, signed by this node: who runs it, its buddy, its request) at it and
+        removes the older archived checkpoints: the newest complete one is kept. A stopped job's
+        record (``guard.json``, a claim, a running record, a ``.done`` marker: verified ones) is
+        never touched: then nothing is written and None is returned. Blocking file I/O (the
+        lane). Raises OSError/CheckpointError (a corrupt copy is removed, never published)."""
         root = self._archive_root()
         assert root is not None
-        d = self._archive_key_dir(root, key)
+        with self._archive_view(root) as v:
+            d = self._key_dir_made(v, key)
 
-        def stopped() -> bool:
-            # (a ``.done`` marker: the key was claimed, run elsewhere and swept; this copy runs on
-            # only because a partition kept it from hearing so: a new live record would be
-            # claimed a second time. bench/chaos.py --long-partitions)
-            return ((d / "guard.json").exists() or any(d.glob("claimed-*.json"))
-                    or any(d.glob("running-*.json")) or self._archive_done(root, key) is not None)
+            def stopped() -> bool:
+                # (a ``.done`` marker: the key was claimed, run elsewhere and swept; this copy runs on
+                # only because a partition kept it from hearing so: a new live record would be
+                # claimed a second time. bench/chaos.py --long-partitions)
+                v.forget(key)
+                return v.read(key, "guard.json") is not None or bool(v.claims(key)) or v.done(key) is not None
 
-        if stopped():
-            return None
-        dst_dir = self._publish_copy(ckpt, d)
-        tmpj = d / f".live-{self.node_id}-{time.monotonic_ns()}.tmp"
-        with open(tmpj, "w") as out:
-            json.dump({**record, "ckpt": ckpt.name, "archived_by": self.node_id, "ts": time.time()}, out)
-            out.flush()
-            os.fsync(out.fileno())
-        os.rename(tmpj, d / LIVE_RECORD)
-        if stopped():
-            # a node claimed the previous live record meanwhile (it thinks this node is dead):
-            # that claim is the lock; this record must not be a second one
-            with contextlib.suppress(OSError):
-                (d / LIVE_RECORD).unlink()
-            return None
-        for old in d.glob("ckpt-*"):
-            if old.name != ckpt.name and not stopped():
-                shutil.rmtree(old, ignore_errors=True)
-        return dst_dir
+            if stopped():
+                return None
+            digest, nbytes, files = self._publish_copy(ckpt, d, None, None, int(record["request"]["owner_uid"]))
+            tmpj = f".live-{self.node_id}-{time.monotonic_ns()}.tmp"
+            archive_fs.replace(d, LIVE_RECORD, v.auth.seal(
+                owner_body("live", record, ckpt.name, digest, nbytes, files, time.time())), tmpj)
+            if stopped():
+                # a node claimed the previous live record meanwhile (it thinks this node is dead):
+                # that claim is the lock; this record must not be a second one
+                with contextlib.suppress(OSError):
+                    os.unlink(LIVE_RECORD, dir_fd=d)
+                return None
+            for old in v.names(key):
+                if _CKPT_STEP.fullmatch(old) and old != ckpt.name and not stopped():
+                    archive_fs.remove_tree(d, old)
+        return root / key / ckpt.name
 
     def _own_live_records(self, root: Path) -> dict[str, str]:
-        """{job id: checkpoint} of the live records in the archive that name this node the job's
-        node (blocking: the lane)."""
+        """{job id: checkpoint} of the verified live records in the archive of this node's jobs
+        (at start: at most 16 x ARCHIVE_SCAN_MAX entries of the root are looked at; blocking:
+        the lane)."""
         out: dict[str, str] = {}
         prefix = f"n{self.node_id}-"
-        with contextlib.suppress(OSError):
-            for g in root.glob(f"{prefix}*/{LIVE_RECORD}"):
-                try:
-                    rec = json.loads(g.read_text())
-                    if int(rec["src_node"]) == self.node_id:
-                        out[g.parent.name[len(prefix):]] = str(rec.get("ckpt") or "")
-                except (OSError, ValueError, KeyError, TypeError):
-                    continue
+        with contextlib.suppress(OSError, MigrateError), self._archive_view(root, create=False) as v:
+            for key in archive_fs.names(v.rootfd, 16 * ARCHIVE_SCAN_MAX)[0]:
+                if key.startswith(prefix) and (s := v.read(key, LIVE_RECORD)) is not None:
+                    out[key[len(prefix):]] = str(s.body["ckpt"])
         return out
 
     @staticmethod
-    def _live_held(d: Path) -> bool:
-        """``d`` (a key's directory) holds its live record, or a claim of it that no node runs yet."""
-        try:
-            return (d / LIVE_RECORD).exists() or (any(d.glob("claimed-*.json")) and not any(d.glob("running-*.json")))
-        except OSError:
-            return False
+    def _live_held(v: View, key: str) -> bool:
+        """The key's directory holds its live record, or a claim of it that no node runs yet."""
+        v.forget(key)
+        claims = v.claims(key)
+        return (v.read(key, LIVE_RECORD) is not None
+                or (any(c.name.startswith("claimed-") for c in claims) and not any(c.name.startswith("running-")
+                                                                                 for c in claims)))
 
     def drop_live(self, key: str) -> bool:
         """The job ended here (by itself, stopped, failed, or moved by a reclaim): its live record
-        and archived periodic checkpoints go. The record is taken by rename first, so a node that
-        claimed it meanwhile keeps it (and its checkpoint). True when removed."""
-        root = self._archive_root()
-        if root is None:
+        and archived periodic checkpoints go. The record (this node's own, verified) is taken by
+        rename first, so a node that claimed it meanwhile keeps it (and its checkpoint). True
+        when removed."""
+        v = self._view_or_none()
+        if v is None:
             return False
-        d = root / key
-        old = d / f".live-{self.node_id}-{time.monotonic_ns()}.old"
+        with v:
+            return self._drop_live_in(v, key)
+
+    def _drop_live_in(self, v: View, key: str) -> bool:
+        d = v.dir(key)
+        if d is None or v.read(key, LIVE_RECORD) is None:
+            return False
+        old = f".live-{self.node_id}-{time.monotonic_ns()}.old"
         try:
-            os.rename(d / LIVE_RECORD, old)
+            os.rename(LIVE_RECORD, old, src_dir_fd=d, dst_dir_fd=d)
         except OSError:
             return False
-        if any(d.glob("guard.json")) or any(d.glob("claimed-*.json")) or any(d.glob("running-*.json")):
+        v.forget(key)
+        if v.read(key, "guard.json") is not None or v.claims(key):
             with contextlib.suppress(OSError):
-                old.unlink()
+                os.unlink(old, dir_fd=d)
             return False
-        return self._tombstone(root, d)
+        return self._tombstone_in(v, None, key)
 
     def _archive_watch(self) -> None:
         """Each poll of the watch loop: the archive's health (:meth:`_archive_health`), then its
@@ -898,7 +1067,8 @@ class ArchiveMixin:
                 return
             self._archive_claims(look, time.time())
             self._archive_gc_round()
-        except (OSError, ValueError) as e:  # the storage (gone, refusing): the next round looks again
+        except (OSError, ValueError, MigrateError) as e:  # the storage (gone, refusing; the root's owner or mode;
+            # no zone keys): the next round looks again
             if str(e) != self._archive_error:  # said once while it lasts, not every poll_s
                 log.warning("migrate: archive round: %s", e)
             self._archive_error = str(e)
@@ -909,17 +1079,17 @@ class ArchiveMixin:
 
     def _given_resume_from(self, job: Any, root: Path) -> str | None:
         """The job's ``resume_from`` when the agent gave it (a path in its state directory: a
-        replica, its owner's copy, a requeued job's own checkpoint; or in the archive), else None.
-        The round's look (on the lane) stats it, and copies it when the job has written nothing
-        since: a path of the job's user's own, on storage of theirs that may hang, would hold the
-        archive's one thread (and every claim and publish behind it) for as long. Never touches
-        the path."""
+        replica, its owner's copy, a requeued job's own checkpoint, a checkpoint fetched from
+        the archive), else None. The round's look (on the lane) stats it, and copies it when the
+        job has written nothing since: a path of the job's user's own, on storage of theirs that
+        may hang, would hold the archive's one thread (and every claim and publish behind it)
+        for as long. Never touches the path."""
         rf = getattr(job.spec, "resume_from", None)
         if not rf:
             return None
         p = Path(os.path.normpath(str(rf)))
         state = Path(os.path.normpath(str(self.agent.config.state_dir)))
-        return str(rf) if state in p.parents or Path(os.path.normpath(root)) in p.parents else None
+        return str(rf) if state in p.parents else None
 
     def _archive_look(self, root: Path, ended: list[str],
                       periodic: list[tuple[str, str, str | None, tuple[Path | None] | None]], claims: bool,
@@ -930,62 +1100,134 @@ class ArchiveMixin:
         verified one) while the checkpoint driver's check of the job's listing holds, else None):
         the newest it committed, or before it wrote one, the verified checkpoint it was restarted
         from; with the driver's answer nothing is read here: the copy is checked as it is made),
-        and,
-        with ``claims`` and the archive a directory, lists what may be claimed: guard records,
-        live records of nodes not in ``alive`` ((key, src, buddy, newer): ``newer`` from
-        :func:`_newer_copy`), stale claims (:meth:`_stale_claims`) and claims whose
-        runner is not in ``alive`` and may be dead (:meth:`_running_records`). Keys in ``skip``
-        (taken or waiting) are not read. Returns ``{"dropped", "ckpts", "claims", "guards",
-        "lives", "stale", "runs"}``."""
+        and, with ``claims`` and the archive a directory, lists what may be claimed among the
+        next ARCHIVE_SCAN_MAX entries of its root (:meth:`_scan_keys`; verified records only:
+        :class:`laminar.migrate.archive_view.View`): guard records, live records of nodes not in
+        ``alive`` ((key, src, buddy, newer): ``newer`` from :func:`_newer_copy`), stale claims
+        (:meth:`_stale_claim`) and claims whose runner is not in ``alive`` and may be dead
+        (:meth:`_running_records`). Keys in ``skip`` (taken or waiting) are not read. Returns
+        ``{"dropped", "ckpts", "claims", "guards", "lives", "stale", "runs"}``."""
         out: dict[str, Any] = {"dropped": [], "ckpts": {}, "claims": False, "guards": [], "lives": [], "stale": [],
                                "runs": [], "drop_again": []}
-        for jid in ended:
-            key = f"n{self.node_id}-{jid}"
-            if self.drop_live(key):
-                out["dropped"].append(jid)
-                # the lineage ended here: a guard of this key that missed the release (this node
-                # was cut off from it when the job ended) finds the marker and stands down
-                # (_claim_archived). Before, the buddy took the ended job over after
-                # orphan_after_s and ran its last steps, and its end, a second time
-                # (bench/chaos.py --fence-after-s, seed 31)
-                self._mark_done(root, key, f"node {self.node_id}", "ended there", wall)
-            elif self._live_held(root / key):
-                # claimed by a node that has not run it (yet): it gives the record back if it finds
-                # no room, and then the ended job's record would be claimable again (a lineage that
-                # ended, resumed: bench/chaos.py --fence-after-s, seed 29). Dropped again next round.
-                out["drop_again"].append(jid)
-        for jid, ckpt_dir, rf, known in periodic:
-            ckpt = known[0] if known is not None else jobkit.latest_checkpoint(ckpt_dir)
-            if ckpt is None and rf:
-                # restarted from a checkpoint (a move, a guard, the archive) and none written
-                # since: the one it resumed from is its newest, archived at once under its new key
-                ckpt = Path(rf) if (Path(rf) / jobkit.MANIFEST).exists() else None
-            if ckpt is not None:
-                out["ckpts"][jid] = ckpt
-        if not claims or not root.is_dir():
-            return out
-        out["claims"] = True
-        out["guards"] = [g.parent.name for g in root.glob("*/guard.json") if g.parent.name not in skip]
-        for g in root.glob(f"*/{LIVE_RECORD}"):
-            if g.parent.name in skip:
-                continue
-            try:
-                rec = json.loads(g.read_text())
-                src = int(rec["src_node"])
-                if src in alive:
-                    continue  # its node runs it: not claimable (nor its directory listed for a newer copy)
-                if not self._window_ended(src, wall) and wall - os.stat(g).st_mtime < float(self.s.get("orphan_after_s") or 0):
-                    # only silent, and written lately: its node is alive whatever the zone hears of it
-                    # (a partition: it still reaches the archive). bench/chaos.py --long-partitions: a
-                    # partitioned node's new live record was claimed a second after it was written.
-                    # (A node dead by its window's end is asked first: _from_archive's ``ask``.)
+        try:  # (only what needs the archive's records opens it: a round with neither reads nothing of it)
+            v: View | None = self._archive_view(root, create=False) if ended or claims else None
+        except FileNotFoundError:
+            v = None
+        try:
+            for jid in ended:
+                key = f"n{self.node_id}-{jid}"
+                if v is None:
+                    break
+                if self._drop_live_in(v, key):
+                    out["dropped"].append(jid)
+                    # the lineage ended here: a guard of this key that missed the release (this node
+                    # was cut off from it when the job ended) finds the marker and stands down
+                    # (_claim_archived). Before, the buddy took the ended job over after
+                    # orphan_after_s and ran its last steps, and its end, a second time
+                    # (bench/chaos.py --fence-after-s, seed 31)
+                    self._mark_done_in(v, key, self.node_id, "ended there", wall)
+                elif self._live_held(v, key):
+                    # claimed by a node that has not run it (yet): it gives the record back if it finds
+                    # no room, and then the ended job's record would be claimable again (a lineage that
+                    # ended, resumed: bench/chaos.py --fence-after-s, seed 29). Dropped again next round.
+                    out["drop_again"].append(jid)
+            for jid, ckpt_dir, rf, known in periodic:
+                ckpt = known[0] if known is not None else jobkit.latest_checkpoint(ckpt_dir)
+                if ckpt is None and rf:
+                    # restarted from a checkpoint (a move, a guard, the archive) and none written
+                    # since: the one it resumed from is its newest, archived at once under its new key
+                    ckpt = Path(rf) if (Path(rf) / jobkit.MANIFEST).exists() else None
+                if ckpt is not None:
+                    out["ckpts"][jid] = ckpt
+            if not claims or v is None:
+                return out
+            out["claims"] = True
+            orphan_s = float(self.s.get("orphan_after_s") or 0)
+            for key in self._scan_keys(v):
+                if key in skip:
                     continue
-                out["lives"].append((g.parent.name, src, rec.get("buddy"), _newer_copy(g.parent, src, rec, wall)))
-            except (OSError, ValueError, KeyError, TypeError):
-                continue  # claimed meanwhile, or not ours to read
-        out["stale"] = [(k, rec) for k, rec in self._stale_claims(root, wall) if k not in skip]
-        out["runs"] = [(k, n, j) for k, n, j in self._running_records(root, lambda n: n in alive) if k not in skip]
+                names = v.names(key)
+                if "guard.json" in names and v.claimable(key, "guard.json") is not None:
+                    out["guards"].append(key)
+                    continue
+                m = _KEY_NODE.fullmatch(key)
+                if LIVE_RECORD in names and m is not None and int(m[1]) not in alive:
+                    # (its node runs it: not claimable, nor its directory looked into for a newer copy)
+                    s = v.claimable(key, LIVE_RECORD)
+                    if s is not None:
+                        b = s.body
+                        # only silent, and written lately (its signed time, not the file's): its node is
+                        # alive whatever the zone hears of it (a partition: it still reaches the
+                        # archive). bench/chaos.py --long-partitions: a partitioned node's new live
+                        # record was claimed a second after it was written. (A node dead by its
+                        # window's end is asked first: _from_archive's ``ask``.)
+                        if self._window_ended(int(b["src_node"]), wall) or wall - float(b["ts"]) >= orphan_s:
+                            d = v.dir(key)
+                            out["lives"].append((key, int(b["src_node"]), b.get("buddy"),
+                                                 _newer_copy(d, names, int(b["src_node"]), b, wall)
+                                                 if d is not None else None))
+                if any(n.startswith("claimed-") for n in names):
+                    stale = self._stale_claim(v, key)
+                    if stale is not None:
+                        out["stale"].append(stale[:2])
+                if any(n.startswith("running-") for n in names):
+                    out["runs"] += self._running_records(v, key, lambda n: n in alive)
+            return out
+        finally:
+            if v is not None:
+                v.close()
+
+    def _scan_keys(self, v: View, which: str = "_archive_scan") -> list[str]:
+        """The names among the next ARCHIVE_SCAN_MAX entries of the archive's root that may be
+        key directories (:meth:`_scan_page`; ``which``: the round's pass or the sweep's). A link
+        there is counted, never followed."""
+        out: list[str] = []
+        for e in self._scan_page(which, str(v.root), v.rootfd):
+            if e.name.startswith(".") or not _SAFE_KEY.match(e.name):
+                continue
+            with contextlib.suppress(OSError):
+                if e.is_symlink():
+                    v.dir(e.name)  # counted (``link``), never followed
+                elif e.is_dir(follow_symlinks=False):
+                    out.append(e.name)
         return out
+
+    def _scan_page(self, which: str, path: str, dirfd: int) -> list[os.DirEntry[str]]:
+        """The next ARCHIVE_SCAN_MAX entries of the directory ``dirfd`` (``path``). A pass goes on
+        from one call to the next through a listing held open between them (``which`` names
+        it), and a new one starts once it ended: each call reads at most that many entries,
+        however many there are."""
+        scan = getattr(self, which, None)
+        if scan is not None and scan[0] != path:
+            self._scan_end(which)
+            scan = None
+        if scan is None:
+            fd = os.open(".", archive_fs.O_DIR, dir_fd=dirfd)
+            try:
+                scan = (path, fd, os.scandir(fd))
+            except BaseException:
+                os.close(fd)
+                raise
+            setattr(self, which, scan)
+        out: list[os.DirEntry[str]] = []
+        try:
+            for e in scan[2]:
+                out.append(e)
+                if len(out) >= ARCHIVE_SCAN_MAX:
+                    return out
+        except OSError:
+            pass
+        self._scan_end(which)  # this pass ended: the next call starts another
+        return out
+
+    def _scan_end(self, which: str) -> None:
+        scan = getattr(self, which, None)
+        setattr(self, which, None)
+        if scan is not None:
+            with contextlib.suppress(OSError):
+                scan[2].close()
+            with contextlib.suppress(OSError):
+                os.close(scan[1])
 
     async def _archive_periodic(self, job: Any, ckpt: Path) -> None:
         key = self.job_key(job)
@@ -1010,34 +1252,58 @@ class ArchiveMixin:
 
     def _claim(self, key: str, live: bool = False, dead_runner: int | None = None) -> bool:
         """Takes the archive's claim on ``key`` (rename guard.json -> claimed-<node>.json: one
-        node wins; the claim's time is its mtime). A claim older than ARCHIVE_CLAIM_STALE_S
-        whose node never ran the job (it died trying) is taken over the same way. ``live``: a
-        running job's periodic record (``live.json``) may be claimed too (its node is dead, and
-        its buddy is this node or dead as well). ``dead_runner``: the running record of that node,
-        which ran the job from here and died before anything newer of it was archived
-        (:meth:`_dead_runs`). False when another node holds it or there is none."""
-        root = self._archive_root()
-        if root is None:
+        node wins). Only a record that verifies is taken (:meth:`_claim_in`). A claim this agent
+        has seen unchanged for ARCHIVE_CLAIM_STALE_S whose node never ran the job (it died
+        trying) is taken over the same way. ``live``: a running job's periodic record
+        (``live.json``) may be claimed too (its node is dead, and its buddy is this node or dead
+        as well). ``dead_runner``: the running record of that node, which ran the job from here
+        and died before anything newer of it was archived (:meth:`_dead_runs`). False when
+        another node holds it or there is none."""
+        v = self._view_or_none()
+        if v is None:
             return False
-        d = root / key
-        mine = d / f"claimed-{self.node_id}.json"
-        srcs = [d / "guard.json"] + ([d / LIVE_RECORD] if live else [])
+        with v:
+            return self._claim_in(v, key, live, dead_runner)
+
+    def _claim_in(self, v: View, key: str, live: bool = False, dead_runner: int | None = None) -> bool:
+        d = v.dir(key)
+        if d is None:
+            return False
+        mine = f"claimed-{self.node_id}.json"
+        srcs = [n for n in ["guard.json"] + ([LIVE_RECORD] if live else []) if v.claimable(key, n) is not None]
         if dead_runner is not None and dead_runner != self.node_id:
-            srcs.append(d / f"running-{dead_runner}.json")
-        with contextlib.suppress(OSError):
-            srcs += [f for f in d.glob("claimed-*.json")
-                     if f != mine and time.time() - f.stat().st_mtime > ARCHIVE_CLAIM_STALE_S]
+            n = f"running-{dead_runner}.json"
+            if n in v.names(key) and v.read(key, n) is not None:
+                srcs.append(n)
+        if (stale := self._stale_claim(v, key)) is not None:
+            srcs.append(stale[2])
         for src in srcs:
+            s = v.read(key, src)
+            if s is None or self._archive_refusals.known(("payload", key, s.owner["nonce"])):
+                continue  # (its checkpoint did not match what it signed: not claimed again)
             try:
-                os.rename(src, mine)
+                os.rename(src, mine, src_dir_fd=d, dst_dir_fd=d)
             except OSError:
                 continue
-            with contextlib.suppress(OSError):
-                os.utime(mine)
-            if src.name.startswith("claimed-"):
+            v.forget(key)
+            got = v.read(key, mine)
+            if got is None:  # swapped between the look and the rename: given back as it was
+                with contextlib.suppress(OSError):
+                    os.rename(mine, src, src_dir_fd=d, dst_dir_fd=d)
+                v.forget(key)
+                continue
+            taken, frm = got.taken
+            if src.startswith("claimed-"):
                 self._claimed_from.pop(key, None)
             else:
-                self._claimed_from[key] = src.name  # what _unclaim gives it back as
+                self._claimed_from[key] = src  # what _unclaim gives it back as
+            # noted, signed: what was taken, from where, when (its staleness; without the note, a
+            # crash right after the rename, the claim is stale by this agent's own clock alone)
+            with contextlib.suppress(OSError):
+                archive_fs.replace(d, mine, v.auth.seal({"kind": "claim", "key": key, "taken": taken, "from": frm,
+                                                         "ts": time.time()}),
+                                   f".claim-{self.node_id}-{time.monotonic_ns()}.tmp")
+                v.forget(key)
             return True
         return False
 
@@ -1047,64 +1313,79 @@ class ArchiveMixin:
         ``running-<node>.json``, a running job's live record (claimable again only while its node
         and buddy are gone), a stopped job's ``guard.json``. As a guard record, a live one would be
         claimed by any agent with room at once, and a node thought dead that was only slow would
-        then run the job twice. A stale claim taken over goes back as its record says (``periodic``:
-        a live record, else ``guard.json``). Blocking file I/O (on the lane)."""
-        root = self._archive_root()
+        then run the job twice. A stale claim taken over goes back as its signed record says
+        (its kind; a claim that does not verify is left as it is). Blocking file I/O (on the lane)."""
         took = self._claimed_from.pop(key, None)
-        if root is None:
+        v = self._view_or_none()
+        if v is None:
             return
-        mine = root / key / f"claimed-{self.node_id}.json"
+        with v:
+            self._unclaim_in(v, key, took)
+
+    def _unclaim_in(self, v: View, key: str, took: str | None) -> None:
+        d = v.dir(key)
+        mine = f"claimed-{self.node_id}.json"
+        if d is None:
+            return
+        s = v.read(key, mine)
+        if s is not None and s.body["kind"] == "claim":  # noted: what it took goes back, as it was, where it was
+            taken, frm = s.taken
+            with contextlib.suppress(OSError):
+                archive_fs.replace(d, frm, canonical(taken), f".unclaim-{self.node_id}-{time.monotonic_ns()}.tmp")
+                os.unlink(mine, dir_fd=d)
+            v.forget(key)
+            return
         if took is None:
-            took = "guard.json"
-            with contextlib.suppress(OSError, ValueError, AttributeError):
-                if json.loads(mine.read_text()).get("periodic"):
-                    took = LIVE_RECORD
+            if s is None:
+                return  # (one that does not verify is left as it is)
+            took = s.taken[1]
         with contextlib.suppress(OSError):
-            os.rename(mine, root / key / took)
+            os.rename(mine, took, src_dir_fd=d, dst_dir_fd=d)
+        v.forget(key)
 
     def _claim_done(self, key: str, who: str, runs: tuple[int, str] | None = None) -> None:
-        """The claimed job runs (here or where this node placed it): the claim becomes
-        ``running-<node>.json`` (no node claims it again). ``runs``: (node, job id) of the job
-        resumed from it, written into the record (``resumed``), so any agent can tell when the
-        job's newer state is in the archive and this directory may go (:meth:`archive_gc`)."""
-        root = self._archive_root()
+        """The claimed job runs (here or where this node placed it): this node's claim becomes
+        ``running-<node>.json``, a run record it signs holding the record it claimed (no node
+        claims it again) and ``resumed``: (node, job id) of the job resumed from it, so any agent
+        can tell when the job's newer state is in the archive and this directory may go
+        (:meth:`archive_gc`)."""
         self._claimed_from.pop(key, None)
-        if root is None:
+        v = self._view_or_none()
+        if v is None:
             return
-        d = root / key
-        mine = d / f"running-{self.node_id}.json"
-        try:
-            os.rename(d / f"claimed-{self.node_id}.json", mine)
-        except OSError:
-            return
-        if runs is None or not runs[1]:
-            return
-        tmp = d / f".running-{self.node_id}-{time.monotonic_ns()}.tmp"
-        try:
-            rec = json.loads(mine.read_text())
-            rec["resumed"] = {"node": int(runs[0]), "job": str(runs[1]), "ts": time.time()}
-            with open(tmp, "w") as out:
-                json.dump(rec, out)
-                out.flush()
-                os.fsync(out.fileno())
-            os.rename(tmp, mine)  # only this node writes its running record
-        except (OSError, ValueError, TypeError) as e:  # the record stays as it was: kept, never removed
-            log.info("migrate: noting where archived %s runs failed: %s", key, e)
+        with v:
+            d = v.dir(key)
+            mine = f"claimed-{self.node_id}.json"
+            s = v.read(key, mine) if d is not None else None
+            if d is None or s is None:
+                log.warning("migrate: archive: %s/%s is gone or does not verify: no running record written", key, mine)
+                return
+            body = {"kind": "run", "key": key, "record": s.owner_env, "ts": time.time(),
+                    "resumed": {"node": int(runs[0]), "job": str(runs[1])} if runs is not None and runs[1] else None}
+            try:
+                archive_fs.replace(d, f"running-{self.node_id}.json", v.auth.seal(body),
+                                   f".running-{self.node_id}-{time.monotonic_ns()}.tmp")
+            except OSError as e:  # the claim stays as it was: kept, never removed
+                log.info("migrate: noting where archived %s runs failed: %s", key, e)
+                return
             with contextlib.suppress(OSError):
-                tmp.unlink()
+                os.unlink(mine, dir_fd=d)
 
     def _archive_claims(self, look: dict[str, Any], wall: float) -> None:
-        """Any agent with room resumes an archived job no node runs: every claimable record the
-        round's look found (:meth:`_archive_look`) is tried here (``_from_archive``)."""
+        """Any agent with room resumes an archived job no node runs: the claimable records the
+        round's look found (:meth:`_archive_look`) are tried here (``_from_archive``), at most
+        ARCHIVE_CLAIMS_MAX a round (the rest the next round)."""
         now = time.monotonic()
+        started = 0
 
         def free(key: str) -> bool:
-            return key not in self._taking and now >= self._archive_next.get(key, 0.0)
+            return started < ARCHIVE_CLAIMS_MAX and key not in self._taking and now >= self._archive_next.get(key, 0.0)
 
         for key in look["guards"]:
             if not free(key) or self._guarded_here(key):
                 continue  # this node guards it: its own take-over goes through the claim
             self._taking.add(key)
+            started += 1
             self._spawn(self._from_archive(key))
         waited = {}
         for key, src, buddy, newer in look["lives"]:
@@ -1116,27 +1397,26 @@ class ArchiveMixin:
                 waited[key] = self._live_waits[key]
                 continue
             self._taking.add(key)
+            started += 1
             self._spawn(self._from_archive(key, live=True, ask=(src, key) if self._window_ended(src, wall) else None))
         self._live_waits = waited  # a wait ends with its record (claimed, replaced by the newer one, gone)
-        for key, rec in look["stale"]:
+        for key, rec in look["stale"][:ARCHIVE_SCAN_MAX]:
             # its node claimed it and died before the job ran: claimable again (_claim takes it over)
             if not free(key):
                 continue
-            if rec.get("periodic"):  # claimed from a live record: only while its node and buddy are still gone
-                try:
-                    src, buddy = int(rec["src_node"]), rec.get("buddy")
-                except (KeyError, TypeError, ValueError):
-                    continue
-                if self._run_elsewhere(src, buddy, wall):
+            if rec["kind"] == "live":  # claimed from a live record: only while its node and buddy are still gone
+                if self._run_elsewhere(int(rec["src_node"]), rec.get("buddy"), wall):
                     continue
             if self._guarded_here(key):
                 continue  # this node guards it: its own take-over goes through the claim
             self._taking.add(key)
+            started += 1
             self._spawn(self._from_archive(key))
         for key, node, (runs_on, job) in look["runs"]:
             if not free(key) or self._source_dead(node, wall) is None or self._guarded_here(key):
                 continue
             self._taking.add(key)
+            started += 1
             # the node it placed the job on (another, alive or not: that one is asked) or itself
             # (asked when its window ended: it may be back), whether the job runs there
             ask = (runs_on, f"n{runs_on}-{job}") if runs_on != node or self._window_ended(node, wall) else None
@@ -1192,62 +1472,87 @@ class ArchiveMixin:
     def _dead_runs(self, root: Path, now: float) -> list[tuple[str, int]]:
         """(key, node) of each job claimed from the archive whose runner ``node`` (another node)
         is dead (:meth:`_source_dead`) before anything newer of the job reached the archive: its
-        successor ``n<node>-<job>`` (the record's ``resumed``) holds no record. The claimed
-        checkpoint is then the job's newest safe state, and any agent may claim it again. With
-        a successor record, the job is recovered through it (its live record), never twice; a
-        record without ``resumed`` (written before it existed) names no successor and is left.
-        Blocking file I/O; the round reads the files on the lane (:meth:`_running_records`) and
-        asks :meth:`_source_dead` on the loop."""
-        return [(k, n) for k, n, _ in self._running_records(root, lambda n: self._source_dead(n, now) is None)]
-
-    def _running_records(self, root: Path, alive: Callable[[int], bool]) -> list[tuple[str, int, tuple[int, str]]]:
-        """(key, node, (node, job) of the job resumed from it: its successor) of each running
-        record in the archive of another node, not ``alive``, whose successor holds no record (the
-        file part of :meth:`_dead_runs`)."""
+        successor ``n<node>-<job>`` (the record's ``resumed``) holds no verified record. The
+        claimed checkpoint is then the job's newest safe state, and any agent may claim it
+        again. With a successor record, the job is recovered through it (its live record), never
+        twice; a record without ``resumed`` names no successor and is left. Blocking file I/O
+        (the first ARCHIVE_SCAN_MAX entries of the root); the round reads the files on the lane
+        (:meth:`_running_records`) and asks :meth:`_source_dead` on the loop."""
         out = []
-        for f in sorted(root.glob("*/running-*.json")):
-            if f.parent.name.startswith("."):
+        with self._archive_view(root, create=False) as v:
+            for key in archive_fs.names(v.rootfd, ARCHIVE_SCAN_MAX)[0]:
+                if not key.startswith("."):
+                    out += [(k, n) for k, n, _ in self._running_records(v, key, lambda n: self._source_dead(n, now) is None)]
+        return out
+
+    def _running_records(self, v: View, key: str, alive: Callable[[int], bool]
+                         ) -> list[tuple[str, int, tuple[int, str]]]:
+        """(key, node, (node, job) of the job resumed from it: its successor) of each verified
+        running record in the key's directory of another node, not ``alive``, whose successor
+        holds no verified record (the file part of :meth:`_dead_runs`)."""
+        out = []
+        for s in v.runs(key):
+            node, res = int(s.body["writer"]), s.body.get("resumed")
+            if node == self.node_id or alive(node) or res is None:
                 continue
-            try:
-                node = int(f.name.removeprefix("running-").removesuffix(".json"))
-            except ValueError:
+            succ = f"n{res['node']}-{res['job']}"
+            if succ != key and any((n in ("guard.json", LIVE_RECORD) or _NODE_FILE.fullmatch(n))
+                                   and v.read(succ, n) is not None for n in v.names(succ)):
                 continue
-            if node == self.node_id or alive(node):
-                continue
-            rec = _read_record(f)
-            res = rec.get("resumed") if rec is not None else None
-            if not isinstance(res, dict) or "/" in str(res.get("job", "/")):
-                continue
-            try:
-                succ = os.listdir(root / f"n{res.get('node')}-{res.get('job')}")
-            except FileNotFoundError:
-                succ = []
-            except OSError:
-                continue
-            if any(n.endswith(".json") and not n.startswith(".") for n in succ):
-                continue
-            try:
-                out.append((f.parent.name, node, (int(res["node"]), str(res["job"]))))
-            except (KeyError, TypeError, ValueError):
-                continue
+            out.append((key, node, (int(res["node"]), str(res["job"]))))
         return out
 
     def _stale_claims(self, root: Path, now: float) -> list[tuple[str, dict[str, Any]]]:
-        """(key, record) of each claim in the archive older than ARCHIVE_CLAIM_STALE_S whose job no
-        node runs (another node's: this node's own claims are its take-overs in flight)."""
+        """(key, claimed record's body) of each claim in the archive (among the first
+        ARCHIVE_SCAN_MAX entries of its root) that this agent has seen unchanged for
+        ARCHIVE_CLAIM_STALE_S and whose job no node runs (another node's: this node's own
+        claims are its take-overs in flight)."""
         out = []
-        for f in sorted(root.glob("*/claimed-*.json")):
-            if f.name == f"claimed-{self.node_id}.json" or f.parent.name.startswith("."):
-                continue
-            try:
-                if now - os.lstat(f).st_mtime <= ARCHIVE_CLAIM_STALE_S or any(f.parent.glob("running-*.json")):
-                    continue
-            except OSError:
-                continue
-            rec = _read_record(f)
-            if rec is not None:
-                out.append((f.parent.name, rec))
+        with self._archive_view(root, create=False) as v:
+            for key in archive_fs.names(v.rootfd, ARCHIVE_SCAN_MAX)[0]:
+                st = self._stale_claim(v, key) if not key.startswith(".") else None
+                if st is not None:
+                    out.append((st[0], st[1]))
         return out
+
+    def _stale_claim(self, v: View, key: str) -> tuple[str, dict[str, Any], str] | None:
+        """(key, the claimed record's body, the claim's file name) of a verified claim of another
+        node in the key's directory that no node runs and that is older than
+        ARCHIVE_CLAIM_STALE_S (:meth:`_claim_age`), or None."""
+        claims = v.claims(key)
+        if any(c.name.startswith("running-") for c in claims):
+            return None
+        for c in claims:
+            if c.node == self.node_id or not c.name.startswith("claimed-"):
+                continue
+            if self._claim_age(v, key, c) > ARCHIVE_CLAIM_STALE_S:
+                return key, c.owner, c.name
+        return None
+
+    def _claim_age(self, v: View, key: str, c: Sealed) -> float:
+        """How old the claim ``c`` is: by its signed note (``ts``), or, a claim its node never
+        noted (it crashed right after the rename), by how long this agent has seen it as it is
+        now (:meth:`_claim_seen_for`); so is another node's note under this claim's name (a
+        takeover not noted yet). Never the file's mtime, which anyone who can write the share
+        sets at will."""
+        if c.body["kind"] == "claim" and c.body["writer"] == c.node:
+            return time.time() - float(c.body["ts"])
+        return self._claim_seen_for(v, key, c)
+
+    def _claim_seen_for(self, v: View, key: str, c: Sealed) -> float:
+        """Seconds since this agent first saw the claim ``c`` as it is now (the same file: inode
+        and ctime, which a rename or rewrite changes; 0 the first time)."""
+        try:
+            st = archive_fs.lstat_at(v.dir(key) or v.rootfd, c.name)
+        except OSError:
+            return 0.0
+        ident = (key, c.name, st.st_ino, st.st_ctime_ns)
+        now = time.monotonic()
+        first = self._claims_seen.setdefault(ident, now)
+        self._claims_seen.move_to_end(ident)
+        while len(self._claims_seen) > CLAIMS_SEEN_KEEP:
+            self._claims_seen.popitem(last=False)
+        return now - first
 
     # -- removing what the archive no longer needs (archive_gc) -----------------------------------
 
@@ -1295,74 +1600,63 @@ class ArchiveMixin:
     def archive_gc(self, ended: dict[str, set[str]] | None = None, now: float | None = None,
                    tmp_stale_s: float = ARCHIVE_TMP_STALE_S) -> dict[str, Any]:
         """One sweep of the archive (the rule is in the module's docs, *What the archive keeps, and
-        what goes*). Per ``<archive>/<key>/`` (a real directory: links and files at the top are
-        not this agent's and are left alone):
+        what goes*) over the next ARCHIVE_SCAN_MAX entries of its root (:meth:`_scan_keys`: a
+        larger archive takes several sweeps). Per ``<archive>/<key>/`` (a real directory of the
+        archive's owner: links and files at the top are not this agent's and are left alone):
 
         * temporary names (``.``-prefixed) whose newest file is older than ``tmp_stale_s`` go;
-        * a directory whose only record is ``running-<node>.json`` goes when the job resumed from
-          it ended here (``ended``: key -> this node's job ids that exited or were stopped by
-          their user, and the record names one of them, or, a record from before ``resumed``
-          was written, this node ran it) or when the record's ``resumed`` job holds a newer
-          verified checkpoint it wrote itself under its own key (:meth:`_holds_safe_copy`);
+        * a directory whose only record is a verified ``running-<node>.json`` goes when the job
+          resumed from it ended here (``ended``: key -> this node's job ids that exited or were
+          stopped by their user, and the record names one of them, or, a record without
+          ``resumed``, this node ran it) or when the record's ``resumed`` job holds a newer
+          checkpoint it wrote itself under its own key, verified against the manifest its record
+          signed (:meth:`_holds_safe_copy_in`);
         * a directory with nothing left in it for ``tmp_stale_s`` goes;
         * tombstones in ``<archive>/.gc`` older than ``tmp_stale_s`` (a crash mid-removal) go.
 
-        Everything else stays. Each removal is a rename into ``.gc`` (the agent whose rename wins
+        Everything else stays (a directory holding a record that does not verify is an
+        operator's call). Each removal is a rename into ``.gc`` (the agent whose rename wins
         removes it; a loser skips it) and then the tombstone's removal without following links.
-        Blocking file I/O (the agent runs it in a thread). Never raises for the storage (what
-        cannot be read is kept). Returns ``{"removed": {key: why}, "temporaries": n,
-        "tombstones": n}`` and adds them to ``counts`` (``archive_gc_dirs`` and one count per
-        why, ``archive_gc_temporaries``)."""
+        Blocking file I/O (the lane). Never raises for the storage (what cannot be read is
+        kept). Returns ``{"removed": {key: why}, "temporaries": n, "tombstones": n}`` and adds
+        them to ``counts`` (``archive_gc_dirs`` and one count per why, ``archive_gc_temporaries``)."""
         out: dict[str, Any] = {"removed": {}, "temporaries": 0, "tombstones": 0}
-        root = self._archive_root()
-        if root is None:
-            return out
         now = time.time() if now is None else now
         try:
-            entries = sorted(os.scandir(root), key=lambda e: e.name)
-        except OSError:
+            v = self._view_or_none()
+        except (OSError, MigrateError):
             return out
-        for e in entries:
-            if e.name.startswith(".") or not e.is_dir(follow_symlinks=False):
-                continue
-            d = Path(e.path)
-            try:
-                names = sorted(os.listdir(d))
-            except OSError:
-                continue
-            for n in names:
-                if n.startswith(".") and now - _newest_mtime(d / n) > tmp_stale_s and self._tombstone(root, d / n):
-                    out["temporaries"] += 1
-            why = self._gc_verdict(root, d, names, (ended or {}).get(e.name, set()), now, tmp_stale_s)
-            runner = next((n.removeprefix("running-").removesuffix(".json") for n in names
-                           if n.startswith("running-") and n.endswith(".json")), None)
-            if why in ("ended", "superseded") and runner is not None:
-                self._mark_done(root, e.name, runner, why, now)  # before the directory goes
-            if why is not None and self._tombstone(root, d):
-                out["removed"][e.name] = why
-        if self._done_expired is None or now - self._done_expired >= ARCHIVE_DONE_EXPIRE_EVERY_S:
-            self._done_expired = now  # (listing them at every sweep grows with the claims on shared storage)
-            done = root / ARCHIVE_DONE
-            try:
-                for t in sorted(os.listdir(done)) if stat.S_ISDIR(os.lstat(done).st_mode) else []:
-                    with contextlib.suppress(OSError):
-                        if now - os.lstat(done / t).st_mtime > ARCHIVE_DONE_KEEP_S:
-                            os.unlink(done / t)
-            except OSError:
-                pass
-        trash = root / ARCHIVE_TRASH
-        try:
-            if stat.S_ISDIR(os.lstat(trash).st_mode):
-                for t in sorted(os.listdir(trash)):
-                    try:
-                        born = int(t.rsplit(".", 1)[-1]) / 1e9
-                    except ValueError:
-                        born = _newest_mtime(trash / t)
-                    if now - born > tmp_stale_s:
-                        _remove_tree(trash / t)
-                        out["tombstones"] += 1
-        except OSError:
-            pass
+        if v is None:
+            return out
+        with v:
+            for key in self._scan_keys(v, "_gc_scan"):
+                d = v.dir(key)
+                if d is None:
+                    continue
+                names = v.names(key)
+                for n in names:
+                    if n.startswith(".") and now - archive_fs.newest_mtime(d, n) > tmp_stale_s \
+                            and self._tombstone_in(v, key, n):
+                        out["temporaries"] += 1
+                why, runner = self._gc_verdict_in(v, key, names, (ended or {}).get(key, set()), now, tmp_stale_s)
+                if why in ("ended", "superseded") and runner is not None:
+                    self._mark_done_in(v, key, runner, why, now)  # before the directory goes
+                if why is not None and self._tombstone_in(v, None, key):
+                    out["removed"][key] = why
+            if self._done_expired is None or now - self._done_expired >= ARCHIVE_DONE_EXPIRE_EVERY_S:
+                self._done_expired = now  # (listing them at every sweep grows with the claims on shared storage)
+                self._expire_done(v, now, tmp_stale_s)
+            trash = v.dir(ARCHIVE_TRASH)
+            if trash is not None:
+                with contextlib.suppress(OSError):
+                    for t in archive_fs.names(trash, ARCHIVE_SCAN_MAX)[0]:
+                        try:
+                            born = int(t.rsplit(".", 1)[-1]) / 1e9
+                        except ValueError:
+                            born = archive_fs.newest_mtime(trash, t)
+                        if now - born > tmp_stale_s:
+                            archive_fs.remove_tree(trash, t)
+                            out["tombstones"] += 1
         self.counts["archive_gc_dirs"] = self.counts.get("archive_gc_dirs", 0) + len(out["removed"])
         for why in out["removed"].values():  # archive_gc_ended, archive_gc_superseded, archive_gc_empty
             self.counts[f"archive_gc_{why}"] = self.counts.get(f"archive_gc_{why}", 0) + 1
@@ -1370,162 +1664,261 @@ class ArchiveMixin:
                                                  + out["tombstones"])
         return out
 
-    @staticmethod
-    def _mark_done(root: Path, key: str, runner: str, why: str, now: float) -> None:
-        """``<archive>/.done/<key>``: the claimed job of ``key`` ran on ``runner`` and ended or was
-        superseded (written whole under a temporary name, then renamed; never raises). The
-        temporary name is this write's own: two sweepers marking one key at once (agents on
-        other nodes, whose pids may be equal, or two in one process) each rename a whole record
-        (before, both wrote ``.<key>.<pid>.tmp``: one renamed a file the other was writing into,
-        and the marker was left with two records in it, which reads as no marker)."""
+    def _expire_done(self, v: View, now: float, tmp_stale_s: float) -> None:
+        """The next ARCHIVE_SCAN_MAX entries of ``<archive>/.done``: a verified marker whose signed
+        time is older than ARCHIVE_DONE_KEEP_S goes, as does a crashed write's temporary;
+        anything else stays (a marker that does not verify is never removed: an operator's call)."""
+        d = v.dir(ARCHIVE_DONE)
+        if d is None:
+            return
+        with contextlib.suppress(OSError):
+            for e in self._scan_page("_done_scan", str(v.root / ARCHIVE_DONE), d):
+                t = e.name
+                if t.startswith("."):
+                    if now - archive_fs.newest_mtime(d, t) > tmp_stale_s:
+                        with contextlib.suppress(OSError):
+                            os.unlink(t, dir_fd=d)
+                    continue
+                s = v.done(t)
+                if s is not None and now - float(s.body["at"]) > ARCHIVE_DONE_KEEP_S:
+                    with contextlib.suppress(OSError):
+                        os.unlink(t, dir_fd=d)
+
+    def _mark_done_in(self, v: View, key: str, runner: int, why: str, now: float) -> None:
+        """``<archive>/.done/<key>``, signed by this node: the claimed job of ``key`` ran on node
+        ``runner`` and ended (``why``: "ended there" on its own node, "ended", "superseded").
+        Written whole under a temporary name of this write's own, then renamed (two sweepers
+        marking one key at once each rename a whole record); never raises."""
         if not _SAFE_KEY.match(key):
             return
-        d = root / ARCHIVE_DONE
-        tmp = d / f".{key}.{os.getpid()}.{secrets.token_hex(6)}.tmp"
         try:
-            d.mkdir(mode=0o700, exist_ok=True)
-            tmp.write_text(json.dumps({"key": key, "runner": runner, "why": why, "at": now}))
-            os.replace(tmp, d / key)
-        except OSError as e:
+            d = v.dir(ARCHIVE_DONE, create=True)
+            assert d is not None
+            archive_fs.replace(d, key, v.auth.seal({"kind": "done", "key": key, "runner": int(runner), "why": why,
+                                                    "at": now}),
+                               f".{key}.{os.getpid()}.{secrets.token_hex(6)}.tmp")
+        except (OSError, Refused) as e:
             log.warning("migrate: archive: cannot mark %s done: %s", key, e)
-            with contextlib.suppress(OSError):
-                tmp.unlink()
 
-    def _gc_verdict(self, root: Path, d: Path, names: list[str], ended: set[str], now: float,
-                    tmp_stale_s: float) -> str | None:
-        """Why the archive directory ``d`` may go now ("ended", "superseded", "empty"), or None:
-        it stays. ``names``: its entries; ``ended``: this node's job ids resumed from it that
-        ended."""
+    def _gc_verdict_in(self, v: View, key: str, names: list[str], ended: set[str], now: float,
+                       tmp_stale_s: float) -> tuple[str | None, int | None]:
+        """Why the key's directory may go now ("ended", "superseded", "empty") and the node that
+        ran its job (named by its marker), or (None, None): it stays. ``names``: its entries;
+        ``ended``: this node's job ids resumed from it that ended. Only a verified running record
+        decides; a directory with any other record (verified or not) stays."""
         recs = [n for n in names if n.endswith(".json") and not n.startswith(".")]
-        if "guard.json" in recs or LIVE_RECORD in recs or any(n.startswith("claimed-") for n in recs):
-            return None  # claimable, being claimed, or a claim whose node died (taken over when stale)
-        running = [n for n in recs if n.startswith("running-")]
-        if not running:
-            try:
-                if os.listdir(d) or now - _newest_mtime(d) <= tmp_stale_s:
-                    return None  # a checkpoint without a record: a publish in progress or a crash's only copy
-            except OSError:
-                return None
-            return "empty"
-        runner = running[0].removeprefix("running-").removesuffix(".json")
-        rec = _read_record(d / running[0])
-        if rec is None:
-            return None
-        res = rec.get("resumed")
-        if isinstance(res, dict):
-            try:
-                node, job = int(res["node"]), str(res["job"])
-            except (KeyError, TypeError, ValueError):
-                return None
+        if any(n in ("guard.json", LIVE_RECORD) or n.startswith("claimed-") for n in recs):
+            return None, None  # claimable, being claimed, or a claim whose node died (taken over when stale)
+        if not any(n.startswith("running-") for n in recs):
+            v.forget(key)
+            if v.names(key) or now - archive_fs.newest_mtime(v.rootfd, key) <= tmp_stale_s:
+                return None, None  # a checkpoint without a record: a publish in progress or a crash's only copy
+            return "empty", None
+        runs = sorted(v.runs(key), key=lambda s: s.name)
+        if not runs:
+            return None, None
+        runner, res = int(runs[0].body["writer"]), runs[0].body.get("resumed")
+        if res is not None:
+            node, job = int(res["node"]), str(res["job"])
             if node == self.node_id and job in ended:
-                return "ended"
+                return "ended", runner
             succ = f"n{node}-{job}"
-            if succ != d.name and "/" not in job and not job.startswith(".") and self._holds_safe_copy(root, succ):
-                return "superseded"
-            return None
-        if runner == str(self.node_id) and ended:
-            return "ended"  # a record from before ``resumed``: this node claimed it and ran it here
-        return None
+            if succ != key and not job.startswith(".") and self._holds_safe_copy_in(v, succ):
+                return "superseded", runner
+            return None, None
+        if runner == self.node_id and ended:
+            return "ended", runner  # a record without ``resumed``: this node claimed it and ran it here
+        return None, None
 
-    def _holds_safe_copy(self, root: Path, key: str) -> bool:
-        """``<archive>/<key>/`` (a real directory) has a record (live, guard, claimed or running)
-        naming a checkpoint the job wrote itself (not the copy of what it resumed from,
-        ``resumed_copy``) that is a real directory of regular files and passes
-        :func:`laminar.jobkit.verify_checkpoint`. A checkpoint that failed is not hashed again."""
-        d = root / key
-        try:
-            if not stat.S_ISDIR(os.lstat(d).st_mode):
-                return False
-            names = sorted(os.listdir(d))
-        except OSError:
+    def _holds_safe_copy_in(self, v: View, key: str) -> bool:
+        """``<archive>/<key>/`` has a verified record (live, guard, claimed or running) naming a
+        checkpoint the job wrote itself (not the copy of what it resumed from,
+        ``resumed_copy``) whose manifest is the one the record signed and whose files match it
+        (hashed in place). A checkpoint that failed is not hashed again."""
+        if v.dir(key) is None:
             return False
-        for n in names:
-            if not (n in (LIVE_RECORD, "guard.json") or (n.startswith(("claimed-", "running-")) and n.endswith(".json"))):
+        for n in v.names(key):
+            if not (n in (LIVE_RECORD, "guard.json") or _NODE_FILE.fullmatch(n)):
                 continue
-            rec = _read_record(d / n)
-            ck = None if rec is None else rec.get("ckpt")
-            if rec is None or rec.get("resumed_copy") or not isinstance(ck, str) or not _CKPT_NAME.match(ck):
+            s = v.read(key, n)
+            if s is None or s.owner.get("resumed_copy"):
                 continue
-            if (key, ck) in self._gc_unverified:
+            b = s.owner
+            if (key, str(b["ckpt"])) in self._gc_unverified:
                 continue
-            p = d / ck
             try:
-                if not stat.S_ISDIR(os.lstat(p).st_mode) or any(not stat.S_ISREG(os.lstat(f).st_mode)
-                                                                for f in p.iterdir()):
-                    raise jobkit.CheckpointError(f"{p}: not a directory of regular files")
-                jobkit.verify_checkpoint(p)
-            except (OSError, jobkit.CheckpointError) as e:
-                log.info("migrate: archived %s/%s is no safe copy: %s", key, ck, e)
-                self._gc_unverified.add((key, ck))
+                self._check_payload(v, key, b)
+            except (OSError, Refused) as e:
+                log.info("migrate: archived %s/%s is no safe copy: %s", key, b["ckpt"], e)
+                self._gc_unverified.add((key, str(b["ckpt"])))
                 continue
             return True
         return False
 
+    @staticmethod
+    def _check_payload(v: View, key: str, b: dict[str, Any], dst_fd: int | None = None) -> None:
+        """The checkpoint the verified record body ``b`` names in the key's directory, checked
+        against what the record signed (its manifest's SHA-256, then every file against that
+        manifest: a payload rewritten with a consistent manifest of its own is refused) and,
+        with ``dst_fd``, copied there as it is checked. Raises :class:`Refused` (``bad_ckpt``: not
+        a real directory; ``manifest_mismatch``) or OSError."""
+        d = v.dir(key)
+        if d is None:
+            raise FileNotFoundError(f"{v.root}/{key}")
+        where = f"{key}/{b['ckpt']}"
+        try:
+            ck = archive_fs.open_dir(d, str(b["ckpt"]))
+        except Refused as e:
+            raise Refused("bad_ckpt", f"{where}: {e.detail}") from None
+        except FileNotFoundError:
+            raise Refused("bad_ckpt", f"{where} is missing") from None
+        try:
+            try:
+                raw = archive_fs.read_small(ck, jobkit.MANIFEST, jobkit.MAX_MANIFEST_BYTES)
+            except FileNotFoundError:
+                raise Refused("manifest_mismatch", f"{where}: no {jobkit.MANIFEST}") from None
+            except Refused as e:
+                raise Refused("manifest_mismatch", f"{where}: {jobkit.MANIFEST}: {e.detail}") from None
+            if manifest_digest(raw) != b["manifest_sha256"]:
+                raise Refused("manifest_mismatch", f"{where}: its {jobkit.MANIFEST} is not the one its record signed")
+            archive_fs.copy_checkpoint(ck, dst_fd, raw, where, 0o644)
+        finally:
+            os.close(ck)
+
+    def _fetch(self, v: View, key: str, b: dict[str, Any]) -> Path:
+        """The checkpoint the verified record body ``b`` names, copied out of the archive into
+        this node's state directory (``<state>/resume/<key>/<ckpt>/``, the owner's view of a
+        checkpoint: :meth:`_resume_install`) and checked against what the record signed as it is
+        copied (:meth:`_check_payload`): every job resumed from the archive, root's included,
+        reads this local copy, never the shared storage (which anyone who can write it could
+        change between the check and the job's read). Raises :class:`Refused` (``bad_ckpt``,
+        ``manifest_mismatch``, ``too_big_ckpt``: it does not fit, leaving ARCHIVE_FETCH_RESERVE
+        free) or OSError."""
+        req = b["request"]
+        base = self._resume_base()
+        st = os.statvfs(base)
+        free = st.f_bavail * st.f_frsize
+        if free < int(b["bytes"]) + ARCHIVE_FETCH_RESERVE:
+            raise Refused("too_big_ckpt", f"{key}/{b['ckpt']}: {b['bytes']} bytes, {free} free in {base}")
+        tmp = base / f".tmp-{key}-{b['ckpt']}-{time.monotonic_ns()}"
+        os.mkdir(tmp, 0o700)
+        try:
+            tfd = os.open(tmp, archive_fs.O_DIR)
+            try:
+                self._check_payload(v, key, b, tfd)
+            finally:
+                os.close(tfd)
+            return self._resume_install(tmp, key, str(b["ckpt"]), int(req["owner_uid"]), int(req["owner_gid"]))
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
+
     def _tombstone(self, root: Path, path: Path) -> bool:
-        """Removes ``path`` (an entry of the archive ``root`` or of one of its job directories):
-        renamed into ``<root>/.gc`` first (atomic: of two agents one wins), then removed without
-        following links. True when this agent's rename won. Raises ValueError for a path outside
-        the archive."""
+        """Removes ``path`` (an entry of the archive ``root`` or of one of its job directories)
+        (:meth:`_tombstone_in`). Raises ValueError for a path outside the archive."""
         if path.parent != root and path.parent.parent != root:
             raise ValueError(f"{path} is not an entry of the archive {root} or of one of its job directories")
-        trash = root / ARCHIVE_TRASH
-        t = trash / f"{path.name}.{self.node_id}.{time.time_ns()}"
+        with self._archive_view(root, create=False) as v:
+            return self._tombstone_in(v, None if path.parent == root else path.parent.name, path.name)
+
+    def _tombstone_in(self, v: View, key: str | None, name: str) -> bool:
+        """Removes the entry ``name`` of the archive's root (``key`` None) or of the key's
+        directory: renamed into ``<root>/.gc`` first (atomic: of two agents one wins; through
+        directory fds, never a path a link could redirect), then removed without following
+        links. True when this agent's rename won. A ``.gc`` that is not a real directory of the
+        archive's owner (a link: counted) stops every removal."""
         try:
-            trash.mkdir(exist_ok=True)
-            if not stat.S_ISDIR(os.lstat(trash).st_mode):
-                log.warning("migrate: %s is not a directory; the archive sweep removes nothing", trash)
-                return False
-            os.rename(path, t)
+            trash = v.dir(ARCHIVE_TRASH, create=True)
+        except (OSError, Refused):
+            return False
+        src = v.rootfd if key is None else v.dir(key)
+        if trash is None or src is None:
+            return False
+        t = f"{name}.{self.node_id}.{time.time_ns()}"
+        try:
+            os.rename(name, t, src_dir_fd=src, dst_dir_fd=trash)
         except OSError:
             return False  # gone meanwhile (another agent won), or not ours to move
-        _remove_tree(t)
+        v.forget(name if key is None else key)
+        archive_fs.remove_tree(trash, t)
         return True
 
     def _archived_newer(self, key: str, path: Path) -> Path | None:
         """The checkpoint this node's claim on ``key`` names in the archive when its step is above
-        ``path``'s and it verifies, else None. A guard's replica may be older than what reached the
-        archive since (the job's final checkpoint, sent to a holder that archived it and died): a
-        take-over from the replica would lose the work in between. Blocking (hashes)."""
-        root = self._archive_root()
-        if root is None:
-            return None
+        ``path``'s and it is what the claimed record signed: copied out into this node's state
+        directory for the job's owner (:meth:`_fetch`), else None. A guard's replica may be older
+        than what reached the archive since (the job's final checkpoint, sent to a holder that
+        archived it and died): a take-over from the replica would lose the work in between.
+        Blocking (copies and hashes)."""
         try:
-            rec = json.loads((root / key / f"claimed-{self.node_id}.json").read_text())
-            cand = root / key / str(rec["ckpt"])
-            if int(cand.name.removeprefix("ckpt-")) <= int(path.name.removeprefix("ckpt-")):
+            v = self._view_or_none()
+        except (OSError, MigrateError):
+            return None
+        if v is None:
+            return None
+        with v:
+            s = v.read(key, f"claimed-{self.node_id}.json")
+            if s is None:
                 return None
-            jobkit.verify_checkpoint(cand)
-        except (OSError, ValueError, KeyError, TypeError, jobkit.CheckpointError):
-            return None
-        return cand
+            b = s.owner
+            try:
+                if int(str(b["ckpt"]).removeprefix("ckpt-")) <= int(path.name.removeprefix("ckpt-")):
+                    return None
+                return self._fetch(v, key, b)
+            except Refused as e:
+                self._payload_refused(key, b, e)
+            except (OSError, ValueError) as e:
+                log.info("migrate: archived %s/%s could not be fetched: %s", key, b["ckpt"], e)
+        return None
 
-    def _claim_and_read(self, key: str, live: bool, dead_runner: int | None) -> dict[str, Any] | None:
-        """Takes the archive's claim on ``key`` (:meth:`_claim`) and reads the claimed record,
-        whose checkpoint must verify: the record, or None when another node holds the claim.
-        Raises OSError/ValueError/KeyError/TypeError/CheckpointError, the claim given back.
-        Blocking file I/O (on the lane)."""
-        root = self._archive_root()
-        assert root is not None
-        if not self._claim(key, live=live, dead_runner=dead_runner):
+    def _payload_refused(self, key: str, b: dict[str, Any], e: Refused) -> None:
+        """Counts a checkpoint that does not match its verified record; one that is not what its
+        record signed is not claimed again (until its record changes)."""
+        known = e.reason in ("bad_ckpt", "manifest_mismatch")
+        self._archive_refusals.note(f"{key}/{b['ckpt']}", e, ("payload", key, b["nonce"]) if known else None)
+
+    def _claim_and_read(self, key: str, live: bool, dead_runner: int | None) -> tuple[dict[str, Any], Path] | None:
+        """Takes the archive's claim on ``key`` (:meth:`_claim_in`), reads the claimed record
+        (verified) and fetches its checkpoint for the job's owner (:meth:`_fetch`): (the job's
+        record body, the local checkpoint), or None when another node holds the claim. Raises
+        OSError (the claim given back): the checkpoint is not what the record signed (counted),
+        does not fit, or the storage failed. Blocking file I/O (on the lane)."""
+        v = self._view_or_none()
+        if v is None:
             return None
-        try:
-            rec = json.loads((root / key / f"claimed-{self.node_id}.json").read_text())
-            jobkit.verify_checkpoint(root / key / str(rec["ckpt"]))
-        except BaseException:
-            self._unclaim(key)
-            raise
-        return dict(rec)
+        with v:
+            if not self._claim_in(v, key, live=live, dead_runner=dead_runner):
+                return None
+            try:
+                s = v.read(key, f"claimed-{self.node_id}.json")
+                if s is None:
+                    raise OSError(f"archive: {key}: the claimed record is gone or does not verify")
+                b = s.owner
+                try:
+                    path = self._fetch(v, key, b)
+                except Refused as e:
+                    self._payload_refused(key, b, e)
+                    raise OSError(f"archive: {key}: {e}") from None
+            except BaseException:
+                self._unclaim_in(v, key, self._claimed_from.pop(key, None))
+                raise
+            return dict(b), path
 
     def _claim_archived(self, key: str) -> tuple[bool, str | None, bool]:
         """A guard's take-over of ``key`` meets the archive (blocking, on the lane): (whether it
         is archived, who runs it when a node claimed and started it, whether this node took the
-        claim, live records included: :meth:`_claim`)."""
-        if not self._archived(key):
+        claim, live records included: :meth:`_claim`). Only verified records count: a file
+        planted there stands no guard down."""
+        v = self._view_or_none()
+        if v is None:
             return False, None, False
-        other = self._archive_runner(key)
-        if other is not None:
-            return True, other, False
-        return True, None, self._claim(key, live=True)
+        with v:
+            if not self._archived_in(v, key):
+                return False, None, False
+            other = self._runner_in(v, key)
+            if other is not None:
+                return True, other, False
+            return True, None, self._claim_in(v, key, live=True)
 
     def _archive_unless_archived(self, key: str, ckpt: Path, record: dict[str, Any]) -> Path | None:
         """:meth:`_archive` unless the archive holds a record of ``key`` already (blocking)."""
@@ -1534,9 +1927,9 @@ class ArchiveMixin:
     async def _from_archive(self, key: str, live: bool = False, dead_runner: int | None = None,
                             ask: tuple[int, str] | None = None) -> None:
         """Claims the archived job ``key`` (its guard record; ``live``: its live record too;
-        ``dead_runner``: that node's running record) and resumes it here; given back when it
-        cannot start here. ``ask``: (node, key) of the job that may still run there, asked first
-        (:meth:`_still_runs`)."""
+        ``dead_runner``: that node's running record) and resumes it here from the local copy of
+        its checkpoint (:meth:`_claim_and_read`); given back when it cannot start here. ``ask``:
+        (node, key) of the job that may still run there, asked first (:meth:`_still_runs`)."""
         root = self._archive_root()
         assert root is not None
         try:
@@ -1544,18 +1937,20 @@ class ArchiveMixin:
                 return
             if ask is not None and ask[0] != self.node_id and await self._still_runs(key, *ask):
                 return
-            rec = await self._lane.call(f"claim of {key}", self._claim_and_read, key, live, dead_runner)
-            if rec is None:
+            got = await self._lane.call(f"claim of {key}", self._claim_and_read, key, live, dead_runner)
+            if got is None:
                 return
+            rec, path = got
             done = False
             try:
-                path = root / key / str(rec["ckpt"])
                 row = {"key": key, "src_node": int(rec["src_node"]), "src_job": str(rec["src_job"])}
                 why = (f"node {rec['src_node']} and its buddy are gone; claimed its periodic checkpoint from the "
-                       "archive" if rec.get("periodic") else "claimed from the archive")
+                       "archive" if rec["kind"] == "live" else "claimed from the archive")
                 if dead_runner is not None:
                     why = f"node {dead_runner}, which ran it from the archive, is gone; claimed again from the archive"
-                err = await self._resume_here(row, dict(rec["request"]), path, why)
+                # (what its node signed of the request, nothing else: a placement named there would
+                # drop this node's reservation of it, an LM_PLACEMENT_ID answer a hand-over with it)
+                err = await self._resume_here(row, owner_request(rec["request"]), path, why)
                 if err is None:
                     self._lane.submit(f"claim of {key} done", self._claim_done, key, f"node {self.node_id}",
                                       (self.node_id, self._runs_here(key) or ""))
@@ -1567,7 +1962,7 @@ class ArchiveMixin:
             finally:
                 if not done:  # given back in order on the lane (a hung archive waits for it; nothing waits here)
                     self._lane.submit(f"claim of {key} given back", self._unclaim, key)
-        except (OSError, ValueError, KeyError, TypeError, jobkit.CheckpointError) as e:
+        except (OSError, ValueError, KeyError, TypeError, MigrateError, jobkit.CheckpointError) as e:
             log.warning("migrate: archived job %s cannot be resumed here: %s", key, e)
             self._archive_next[key] = time.monotonic() + float(self.s["retry_max_s"])
         finally:
@@ -1609,10 +2004,16 @@ class ArchiveMixin:
         """The archive's part of the status (None without ``archive_dir``): ``stalled_s``, the
         seconds its work in hand has made no progress once that is ARCHIVE_STALL_SWEEPS x
         ``archive_gc_s`` or more (its storage does not answer; else None), ``busy`` (that work),
-        ``queued`` (work waiting behind it) and ``rounds`` (rounds done)."""
+        ``queued`` (work waiting behind it), ``rounds`` (rounds done), ``auth`` (what its records
+        are signed with: ``node`` with a node key, else ``zone``; None without zone keys),
+        ``error`` (why ``archive_dir`` is not used: its owner or mode) and ``refused`` (the
+        latest files refused, with why: counted in ``counts.archive_unverified_<reason>``)."""
         root = self._archive_root()
         if root is None:
             return None
         quiet, what = self._archive_stall(time.monotonic())
+        auth = ArchiveAuth.of(getattr(self.agent, "zone", None))
         return {"dir": str(root), "stalled_s": None if quiet is None else round(quiet, 1), "busy": what,
-                "queued": self._lane.queued, "rounds": self._archive_rounds}
+                "queued": self._lane.queued, "rounds": self._archive_rounds,
+                "auth": None if auth is None else auth.mode, "error": self._archive_root_error,
+                "refused": list(self._archive_refusals.samples)}

@@ -52,18 +52,19 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from laminar.migrate.archive import ARCHIVE_CLAIM_STALE_S
 from laminar.migrate.constants import MIGRATED_ENV
 from laminar.migrate.errors import MigrateError
 from laminar.migrate.transfer import TransferError
 
 if TYPE_CHECKING:
     from laminar.migrate.archive import ArchiveLane
+    from laminar.migrate.archive_view import Sealed, View
 
 log = logging.getLogger("laminar.migrate")
 
@@ -104,6 +105,10 @@ class FenceMixin:
 
         def _archive_root(self) -> Path | None: ...
         def _archive_runner(self, key: str) -> str | None: ...
+        def _view_or_none(self, create: bool = False) -> View | None: ...
+        def _claim_age(self, v: View, key: str, c: Sealed) -> float: ...
+        @classmethod
+        def _runner_in(cls, v: View, key: str) -> str | None: ...
         async def _control(self, node: int, op: str, body: Any, timeout: float = 5.0) -> Any: ...
         def _emit(self, message: str, **fields: Any) -> None: ...
         def _last_seen(self, node: int) -> float: ...
@@ -341,28 +346,28 @@ class FenceMixin:
         return rung is not None and rung[0] == "suspend"
 
     def _placed_here_by_claim(self, key: str, jid: str) -> bool:
-        """Whether a claim of ``key`` in the archive runs as this node's job ``jid``: its running
-        record's ``resumed`` names them (the claimer placed it here). Blocking: the lane."""
-        root = self._archive_root()
-        for f in sorted((root / key).glob("running-*.json")) if root is not None else []:
-            try:
-                resumed = json.loads(f.read_text()).get("resumed") or {}
-                if int(resumed.get("node", -1)) == self.node_id and str(resumed.get("job")) == jid:
-                    return True
-            except (OSError, ValueError, TypeError, AttributeError):
-                continue
-        return False
+        """Whether a claim of ``key`` in the archive runs as this node's job ``jid``: a verified
+        running record's ``resumed`` names them (the claimer placed it here). Blocking: the lane."""
+        v = self._view_or_none()
+        if v is None:
+            return False
+        with v:
+            return any((s.body.get("resumed") or {}).get("node") == self.node_id
+                       and (s.body.get("resumed") or {}).get("job") == jid for s in v.runs(key))
 
     def _archive_claimer(self, key: str) -> str | None:
-        """The node that claimed ``key`` in the archive, runs it from there, or ran it (the
-        sweep's ``.done`` marker, once the resumed job's own copies made the key's directory
-        needless), or None (blocking: the lane)."""
-        root = self._archive_root()
-        if root is None:
+        """The node that claimed ``key`` in the archive (a verified claim this agent has not seen
+        go stale), runs it from there, or ran it (the sweep's ``.done`` marker, once the resumed
+        job's own copies made the key's directory needless), or None (blocking: the lane). A
+        file that does not verify names nobody: one planted there keeps no job frozen."""
+        v = self._view_or_none()
+        if v is None:
             return None
-        claims = [f.name.removeprefix("claimed-").removesuffix(".json") for f in sorted((root / key).glob("claimed-*.json"))]
-        who = [n for n in (*claims, self._archive_runner(key)) if n is not None and n != str(self.node_id)]
-        return who[0] if who else None
+        with v:
+            claims = [str(c.node) for c in v.claims(key) if c.name.startswith("claimed-")
+                      and self._claim_age(v, key, c) <= ARCHIVE_CLAIM_STALE_S]
+            who = [n for n in (*claims, self._runner_in(v, key)) if n is not None and n != str(self.node_id)]
+            return who[0] if who else None
 
     def _answer_taken(self, node: str, key: str) -> dict[str, Any]:
         """Control op ``taken``: the job's node (fenced while cut off, now heard again) asks its

@@ -110,6 +110,7 @@ class GuardMixin:
         async def _release(self, node: int, key: str) -> None: ...
         async def _reserve(self, node: int, demand: Any, hold_s: float) -> int: ...
         def _resume_copy(self, path: Path, uid: int, gid: int) -> Path: ...
+        def _resume_root(self) -> Path: ...
         def _spawn(self, coro: Any) -> asyncio.Task[Any]: ...
         def _tell_release(self, node: int, pid: int, key: str) -> None: ...
         def _unclaim(self, key: str) -> None: ...
@@ -698,12 +699,14 @@ class GuardMixin:
 
         key = row["key"]
         spec_d = dict(req["spec"])
-        archive = self._archive_root()
+        uid, gid = req.get("owner_uid"), req.get("owner_gid")
+        if (not isinstance(uid, int) or not isinstance(gid, int) or isinstance(uid, bool) or isinstance(gid, bool)
+                or not (0 <= uid < 2**32 - 1 and 0 <= gid < 2**32 - 1)):
+            # never read as root: a request without its owner is refused
+            return f"the job's request names no owner (owner_uid {uid!r}, owner_gid {gid!r}: integers are needed)"
         try:  # a job of another user than root cannot reach xfer/: it resumes from its own view of it
-            owner = (path, int(req.get("owner_uid", 0) or 0), int(req.get("owner_gid", 0) or 0))
-            path = await (self._lane.call(f"copying {key} for its owner", self._resume_copy, *owner)
-                          if archive is not None and archive in path.parents else
-                          asyncio.to_thread(self._resume_copy, *owner))
+            if path.parent.parent != self._resume_root():  # (one fetched from the archive is that view already)
+                path = await asyncio.to_thread(self._resume_copy, path, uid, gid)
         except OSError as e:
             return f"cannot give the job's owner its checkpoint: {e}"
         spec_d["resume_from"] = str(path)
@@ -717,8 +720,7 @@ class GuardMixin:
         try:
             spec_d["env"] = {**spec_d.get("env", {}), MIGRATED_ENV: key, **self._fence_placement(req, key)}
             try:
-                job = await self.agent.jobs.submit(JobSpec.from_dict(spec_d), owner_uid=int(req.get("owner_uid", 0)),
-                                                   owner_gid=int(req.get("owner_gid", 0)))
+                job = await self.agent.jobs.submit(JobSpec.from_dict(spec_d), owner_uid=uid, owner_gid=gid)
             except (JobError, Exception) as e:  # the spec was valid at the source; this node lacks room or something
                 return str(e)
             starting.set_result(str(job.id))

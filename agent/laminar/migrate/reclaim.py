@@ -114,6 +114,7 @@ The readdress hook Airlock calls for its re-address rung is :meth:`ReclaimCompon
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import json
 import logging
@@ -148,6 +149,8 @@ from laminar.migrate.archive import (
 from laminar.migrate.archive import ARCHIVE_TMP_STALE_S as ARCHIVE_TMP_STALE_S
 from laminar.migrate.archive import ARCHIVE_TRASH as ARCHIVE_TRASH
 from laminar.migrate.archive import LIVE_RECORD as LIVE_RECORD
+from laminar.migrate.archive_auth import PRESIGNED, ArchiveAuth, manifest_digest, owner_body
+from laminar.migrate.archive_view import Refusals
 from laminar.migrate.buddies import BuddiesMixin
 from laminar.migrate.constants import (
     _CKPT_NAME,
@@ -262,6 +265,10 @@ CONFIG_FIELDS = {
                          "job's checkpoint and guard go there when no live peer can keep them, and any agent with room "
                          "claims it; running jobs' periodic checkpoints go there too while departures without notice "
                          "are plausible (prestage_unannounced) (empty: off)"),
+    "archive_uid": Field(int, 0, "the uid that owns archive_dir and what the agents write there: root (0) unless the "
+                         "export squashes root (root_squash or all_squash: then the uid it maps the agents' root to, "
+                         "e.g. 65534). The agent uses the archive only while archive_dir is a real directory of this "
+                         "uid that neither group nor others may write", _range(0, 2**32 - 2)),
     "retry_base_s": Field((int, float), 2.0, "a guard that finds no room looks again after this, doubling each time",
                           _range(0.05, 3600)),
     "retry_max_s": Field((int, float), 30.0, "the longest wait between a guard's looks for room", _range(0.05, 86400)),
@@ -528,6 +535,17 @@ class _ShaperHook:
 GUARD_INSTANTS = ("window_end", "not_before")  # wall-clock instants a guard message's request carries
 
 
+SENT_MANIFESTS_KEEP = 4096  # checkpoints last sent, per job key, remembered for the guard that follows (_presign)
+
+
+def _manifest_facts(ckpt: Path) -> tuple[str, int, int]:
+    """(SHA-256 of its MANIFEST.json, bytes, files) of the checkpoint ``ckpt`` (a snapshot of
+    root's): what an archived record of it signs. Raises OSError/ValueError/CheckpointError."""
+    raw = (ckpt / jobkit.MANIFEST).read_bytes()
+    files = jobkit.parse_manifest(raw, str(ckpt))["files"]
+    return manifest_digest(raw), sum(int(f["size"]) for f in files), len(files)
+
+
 def _in_own_clock(body: dict[str, Any]) -> dict[str, Any]:
     """A guard message's request with its instants (GUARD_INSTANTS: the end of the source's
     reclaim window, the moment before which the guard must not act) moved from the sender's
@@ -634,6 +652,18 @@ class ReclaimComponent(BuddiesMixin, GuardMixin, ReplicasMixin, WithdrawMixin, S
         self._archive_stalled: float | None = None  # when the archive was found stalled (monotonic)
         self._archive_error: str | None = None  # the last round's storage error, said once
         self._gc_unverified: set[tuple[str, str]] = set()  # (key, ckpt) that failed verification: not re-hashed
+        # files of the archive refused (counted once each by reason, the latest for the status)
+        self._archive_refusals = Refusals(self.counts)
+        self._archive_root_error: str | None = None  # why archive_dir is not used (its owner, its mode)
+        # (key, claim file, inode, ctime) -> when this agent first saw that claim (monotonic): its staleness
+        self._claims_seen: collections.OrderedDict[tuple[Any, ...], float] = collections.OrderedDict()
+        # the root listings a round, a sweep and a .done expiry go on through (archive._scan_page)
+        self._archive_scan: tuple[str, int, Any] | None = None
+        self._gc_scan: tuple[str, int, Any] | None = None
+        self._done_scan: tuple[str, int, Any] | None = None
+        # key -> (checkpoint name, manifest SHA-256, bytes, files) last sent to a peer: what the
+        # guard that follows it is handed, signed, to publish in the archive (_presign)
+        self._sent_manifests: dict[str, tuple[str, str, int, int]] = {}
         self._replica_gc_next = 0.0  # when the held replicas are looked at next (monotonic)
         self._guard_asked: dict[str, float] = {}  # key -> when its source was last asked (monotonic)
         self._init_vouch()  # other members' word on a silent peer (vouch.py)
@@ -2175,6 +2205,12 @@ class ReclaimComponent(BuddiesMixin, GuardMixin, ReplicasMixin, WithdrawMixin, S
         rate = float(self.s["rate_mbit"]) * 1e6 or None
         snap = await asyncio.to_thread(self._snapshot, ckpt, self.job_key(job))
         try:
+            if self._archive_root() is not None:  # what the guard that follows is handed, signed (_presign)
+                self._sent_manifests.pop(self.job_key(job), None)
+                with contextlib.suppress(OSError, ValueError, jobkit.CheckpointError):
+                    self._sent_manifests[self.job_key(job)] = (ckpt.name, *await asyncio.to_thread(_manifest_facts, snap))
+                while len(self._sent_manifests) > SENT_MANIFESTS_KEEP:  # (the oldest: of jobs long gone)
+                    self._sent_manifests.pop(next(iter(self._sent_manifests)))
             if manifest is not None:
                 manifest = await asyncio.to_thread(_same_files, manifest, snap)
             res = await send_checkpoint(addr, port, snap, self.job_key(job), key, zone=zone, node=str(self.node_id),
@@ -2244,9 +2280,28 @@ class ReclaimComponent(BuddiesMixin, GuardMixin, ReplicasMixin, WithdrawMixin, S
             request["window_end"] = self.reclaim["deadline"]
         if take_over:
             request["take_over"] = True
+        signed = self._presign(job, request, ckpt_name)
+        if signed is not None:
+            request[PRESIGNED] = signed
         await self._control(node, "guard", {
             "key": self.job_key(job), "src_node": self.node_id, "src_job": job.id, "ckpt": ckpt_name,
             "request": request})
+
+    def _presign(self, job: Any, request: dict[str, Any], ckpt_name: str) -> dict[str, Any] | None:
+        """The guard record of ``job`` this node signs for its guard (with ``archive_dir``): the
+        record the guard publishes in the archive when it finds no room (as this node would;
+        :meth:`ArchiveMixin._presigned`), naming ``ckpt_name`` as last sent (its manifest's
+        SHA-256, bytes and files, noted by :meth:`_send`). Only a job's node signs its records,
+        so no other node can publish one for it. None when nothing of it was sent lately or this
+        node holds no zone key (the guard then keeps the job without archiving it)."""
+        key = self.job_key(job)
+        sent = self._sent_manifests.get(key)
+        auth = ArchiveAuth.of(getattr(self.agent, "zone", None))
+        if self._archive_root() is None or sent is None or sent[0] != ckpt_name or auth is None:
+            return None
+        body = owner_body("guard", {"key": key, "src_node": self.node_id, "src_job": job.id, "request": request},
+                          ckpt_name, sent[1], sent[2], sent[3], time.time())
+        return dict(json.loads(auth.seal(body)))
 
     # -- prestaging and guarding --------------------------------------------------------------
 

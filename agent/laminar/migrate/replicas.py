@@ -1218,20 +1218,17 @@ class ReplicasMixin:
         """The checkpoint a job of ``uid`` resumes from when ``path`` is a replica under
         ``xfer/`` (root's alone): ``<state_dir>/RESUME_DIR/<key>/<ckpt>/`` (RESUME_DIR's layout),
         made anew in a directory only root can reach, then renamed into place (hard links where
-        the files are root's and readable, copies otherwise and across filesystems: a checkpoint
-        in ``archive_dir``); links and anything but regular files in ``path`` are refused. ``path`` itself for root's jobs.
+        the files are root's and readable, copies otherwise and across filesystems); links and
+        anything but regular files in ``path`` are refused. ``path`` itself for root's jobs (a
+        checkpoint claimed from the archive is already fetched into RESUME_DIR for its owner:
+        :meth:`ArchiveMixin._fetch`).
         Blocking (callers run it in a thread). Raises OSError."""
         if uid == 0:
             return path
         key, name = path.parent.name, path.name
         if not _SAFE_KEY.match(key) or not _CKPT_NAME.match(name):
             raise OSError(f"{path} is not a replica's checkpoint (<key>/ckpt-<n>)")
-        base = self._resume_root()
-        base.mkdir(exist_ok=True)
-        st = os.lstat(base)
-        if not stat.S_ISDIR(st.st_mode) or st.st_uid != 0:
-            raise OSError(f"{base} is not a directory of root's")
-        os.chmod(base, 0o711)
+        base = self._resume_base()
         tmp = base / f".tmp-{key}-{name}-{time.monotonic_ns()}"
         os.mkdir(tmp, 0o700)
         try:
@@ -1255,8 +1252,29 @@ class ReplicasMixin:
                     finally:
                         os.close(fd)
                     os.chmod(tmp / f, 0o644)
+        except BaseException:
+            _remove_tree(tmp)
+            raise
+        return self._resume_install(tmp, key, name, uid, gid)
+
+    def _resume_base(self) -> Path:
+        """RESUME_DIR, made when missing: a directory of root's (0711). Raises OSError."""
+        base = self._resume_root()
+        base.mkdir(exist_ok=True)
+        st = os.lstat(base)
+        if not stat.S_ISDIR(st.st_mode) or st.st_uid != 0:
+            raise OSError(f"{base} is not a directory of root's")
+        os.chmod(base, 0o711)
+        return base
+
+    def _resume_install(self, tmp: Path, key: str, name: str, uid: int, gid: int) -> Path:
+        """Puts the checkpoint made in ``tmp`` (a directory only root can reach, in RESUME_DIR, of
+        files mode 0644) in place as ``RESUME_DIR/<key>/<name>`` for the job of ``uid``/``gid``
+        (``<key>/`` theirs, 0500: they cannot swap it for a link); an older one of the name is
+        replaced. ``tmp`` is removed on a failure. Raises OSError."""
+        try:
             os.chmod(tmp, 0o755)
-            kd = base / key
+            kd = self._resume_root() / key
             with contextlib.suppress(FileExistsError):
                 os.mkdir(kd, 0o500)
             kst = os.lstat(kd)
