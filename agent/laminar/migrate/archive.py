@@ -104,6 +104,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from laminar import jobkit
+from laminar.airlock.cgroups import set_frozen_async
 from laminar.migrate.constants import _CKPT_NAME, _SAFE_KEY, MIGRATED_ENV, SOURCE_LIVE_STATES
 from laminar.migrate.errors import MigrateError
 from laminar.migrate.trees import _newest_mtime, _remove_tree
@@ -609,7 +610,7 @@ class ArchiveMixin:
         job did: stopped here (``reclaimed``) as it would have been, then its copy is seen to."""
         try:
             with contextlib.suppress(Exception):
-                job.cgroup.thaw(timeout=2.0)  # a frozen job is not killed by a signal until it thaws
+                await set_frozen_async(job.cgroup, False, 2.0)  # a frozen job is not killed by a signal until it thaws
             try:
                 await self.agent.jobs.stop(job.id, f"node {self.node_id} reclaimed: {ckpt.name} was being published "
                                            "in the archive when the agent stopped; the first agent with room resumes "
