@@ -170,8 +170,8 @@ from laminar.migrate.hazard import (
     calibrate_from_spot_traces,
 )
 from laminar.migrate.holder import HolderCandidate, RetrySchedule, choose_holder
+from laminar.migrate.replicas import REPLICA_SCAN_TIMEOUT_S, ReplicasMixin, redact_replica
 from laminar.migrate.replicas import RESUME_KEEP_S as RESUME_KEEP_S
-from laminar.migrate.replicas import ReplicasMixin, redact_replica
 from laminar.migrate.replicas import guard_confirmation as guard_confirmation
 from laminar.migrate.replicas import guard_needed as guard_needed
 from laminar.migrate.replicas import replica_gc_plan as replica_gc_plan
@@ -595,6 +595,11 @@ class ReclaimComponent(BuddiesMixin, GuardMixin, ReplicasMixin, WithdrawMixin, S
         self._fit: tuple[float, dict[str, bool]] = (-math.inf, {})
         # a checkpoint listing and check lane for a component without the checkpoint driver
         self._own_ckpt_tools: tuple[CkptScanner, Lane] | None = None
+        # walks of the replica root (replicas.py): one at a time, bounded; the last one's answer
+        self._replica_lane = Lane("replica-scan", workers=1, timeout_s=REPLICA_SCAN_TIMEOUT_S)
+        self._replica_scan: tuple[float, dict[str, Any]] | None = None
+        self._replica_scan_fut: asyncio.Future[dict[str, Any]] | None = None
+        self._unclaimed_task: asyncio.Task[Any] | None = None
         self._prestaging: set[str] = set()
         # job id -> the send of its prestage in flight (a move of the job cancels it: _supersede_prestage)
         self._prestage_sends: dict[str, asyncio.Task[str]] = {}
@@ -2337,6 +2342,7 @@ class ReclaimComponent(BuddiesMixin, GuardMixin, ReplicasMixin, WithdrawMixin, S
     # -- the endpoint's callbacks -------------------------------------------------------------
 
     def _on_commit(self, c: Committed) -> None:
+        self._replica_scan = None  # the replica view walks again (a commit changed the root)
         self.counts["received"] += 1
         self._emit(f"received {c.job_id}/{c.ckpt_id} from node {c.peer_node}, verified", key=c.job_id, ckpt=c.ckpt_id,
                    src_node=c.peer_node, path=str(c.path), phase="received")
@@ -2616,7 +2622,7 @@ class ReclaimComponent(BuddiesMixin, GuardMixin, ReplicasMixin, WithdrawMixin, S
             if self.root is None:
                 view: dict[str, Any] = {"now": time.time(), "replicas": [], "totals": {}}
             else:
-                view = self.replica_view(await asyncio.to_thread(self._scan_replicas))
+                view = self.replica_view(await self.replica_scan())
             rows = view["replicas"] if self._sees_all(req.peer) else \
                 [r if r.get("owner_uid") == req.peer.uid else redact_replica(r) for r in view["replicas"]]
             if totals in ("1", "true"):
