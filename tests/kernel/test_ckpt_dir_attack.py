@@ -159,46 +159,73 @@ def checkpoints(agent: AgentProc) -> dict[str, dict[str, Any]]:
     return {r["job"]: r for r in out["jobs"]}
 
 
-def test_a_hostile_checkpoint_directory_costs_nothing_and_leaks_nothing_and_others_go_on(
+def attack(agent: AgentProc, attacker: User, victim: User, hostile: dict[str, tuple[str, tuple[str, ...]]],
+           lib: str) -> tuple[RootLiveness, dict[str, dict[str, Any]], dict[str, dict[str, Any]], int]:
+    """Another user's honest job runs; then the attacker's ``hostile`` jobs (name -> (code, argv))
+    do their worst while root's liveness probe watches for ATTACK_S: (the probe, GET
+    /v1/checkpoints at the end by job id, the jobs by name with ``honest``, the honest job's
+    commits when the attack was ready)."""
+    root_job = agent.json("submit", "--name", "lm-t-root", "--", "sleep", "600")["id"]
+    jobs = {"honest": run_as(agent, victim, "lm-t-honest", HONEST, lib)}
+    wait_until(lambda: ready(jobs["honest"]), 60, "the other user's job to start", agent.log)
+    with RootLiveness(agent.sock, root_job) as live:
+        for name, (code, argv) in hostile.items():
+            jobs[name] = run_as(agent, attacker, f"lm-t-{name}", code, *argv)
+        wait_until(lambda: all(ready(j) for j in jobs.values()), 120, "the attacker's jobs to be ready", agent.log)
+        before = checkpoints(agent).get(jobs["honest"]["id"], {}).get("commits", 0)
+        time.sleep(ATTACK_S)
+        rows = checkpoints(agent)
+    return live, rows, jobs, before
+
+
+def test_a_flooded_checkpoint_directory_with_links_costs_nothing_and_leaks_nothing(
         veth_pair: Any, tmp_path: Path) -> None:
+    """200,000 ``ckpt-N`` directories, a link of a checkpoint's name into a hung mount, a FIFO,
+    and, in another job, a checkpoint whose sidecar is a link to /etc/shadow."""
     backing = tmp_path / "backing"
     (backing / "ckpt-1").mkdir(parents=True)
     with jobkit_base("lm-t-ckatk-") as base, agent_at(base, veth_pair) as agent, \
             local_user("ckatk") as attacker, local_user("ckvic") as victim, eio_mount(backing) as fs:
         fs.hang()  # storage that never answers: a link into it must never be followed
         lib = str(base / "lib")
-        root_job = agent.json("submit", "--name", "lm-t-root", "--", "sleep", "600")["id"]
-        honest = run_as(agent, victim, "lm-t-honest", HONEST, lib)
-        wait_until(lambda: ready(honest), 60, "the other user's job to start", agent.log)
-        with RootLiveness(agent.sock, root_job) as live:
-            flood = run_as(agent, attacker, "lm-t-flood", FLOOD, str(fs.path / "ckpt-1"))
-            leak = run_as(agent, attacker, "lm-t-leak", LEAK, lib)
-            sparse = run_as(agent, attacker, "lm-t-sparse", SPARSE, lib)
-            wait_until(lambda: all(ready(j) for j in (flood, leak, sparse)), 120, "the attacker's jobs to be ready",
-                       agent.log)
-            commits_before = checkpoints(agent).get(honest["id"], {}).get("commits", 0)
-            time.sleep(ATTACK_S)
-            rows = checkpoints(agent)
+        live, rows, jobs, before = attack(agent, attacker, victim, {
+            "flood": (FLOOD, (str(fs.path / "ckpt-1"),)), "leak": (LEAK, (lib,))}, lib)
         live.check(bound_s=2.0)
         print(f"root's slowest status / kill-switch during the attack: {live.worst()}")
-
         # the other user's periodic checkpoints were asked for, committed and verified meanwhile
-        assert rows[honest["id"]]["commits"] >= commits_before + 2, rows[honest["id"]]
+        assert rows[jobs["honest"]["id"]]["commits"] >= before + 2, rows[jobs["honest"]["id"]]
         # the leaking checkpoint's size is its manifest's (the state and the manifest), never
         # with the size of a root-only file a link in it points to
-        ck5 = Path(leak["ckpt_dir"]) / "ckpt-5"
+        ck5 = Path(jobs["leak"]["ckpt_dir"]) / "ckpt-5"
         manifest = json.loads((ck5 / "MANIFEST.json").read_text())
         expected = sum(f["size"] for f in manifest["files"]) + (ck5 / "MANIFEST.json").stat().st_size
-        row = rows[leak["id"]]
+        row = rows[jobs["leak"]["id"]]
         assert row["newest"] == "ckpt-5", row
         assert row["size_bytes"] == expected, (
-            f"GET /v1/checkpoints shows {row['size_bytes']} bytes for {leak['id']}: its checkpoint holds {expected}, "
-            f"{SHADOW} {SHADOW.stat().st_size}")
-        # the checkpoints that declare 512 GiB (sparse) and 4 TiB were refused unread: ckpt-1 is its newest
-        assert rows[sparse["id"]]["newest"] == "ckpt-1", rows[sparse["id"]]
+            f"GET /v1/checkpoints shows {row['size_bytes']} bytes for {jobs['leak']['id']}: its checkpoint holds "
+            f"{expected}, {SHADOW} {SHADOW.stat().st_size}")
         # the flood is listed, bounded: the scans say they cut it
         scan = agent.json("status")["jobs"]["ckpt_scan"]
         assert scan["truncated"] >= 1, scan
+
+
+def test_checkpoints_declaring_huge_or_sparse_files_are_refused_unread_and_others_are_verified(
+        veth_pair: Any, tmp_path: Path) -> None:
+    """A manifest declaring a 512 GiB sparse file (hashed for minutes before, in a thread the
+    checkpoint driver awaited before any other job's check) and one declaring 4 TiB: refused
+    unread; the other user's periodic checkpoints are verified meanwhile; the agent stops at once."""
+    with jobkit_base("lm-t-ckbig-") as base, agent_at(base, veth_pair) as agent, \
+            local_user("ckbig") as attacker, local_user("ckvic") as victim:
+        lib = str(base / "lib")
+        live, rows, jobs, before = attack(agent, attacker, victim, {"sparse": (SPARSE, (lib,))}, lib)
+        live.check(bound_s=2.0)
+        assert rows[jobs["honest"]["id"]]["commits"] >= before + 2, rows[jobs["honest"]["id"]]
+        # the checkpoints that declare 512 GiB (sparse) and 4 TiB were refused unread: ckpt-1 is its newest
+        assert rows[jobs["sparse"]["id"]]["newest"] == "ckpt-1", rows[jobs["sparse"]["id"]]
+        t0 = time.monotonic()
+        rc = agent.stop()
+        took = time.monotonic() - t0
+        assert rc == 0 and took < 25.0, f"the agent's stop took {took:.1f} s (exit {rc})"
 
 
 def bind(src: Path, dst: Path) -> None:
