@@ -228,6 +228,27 @@ def test_checkpoints_declaring_huge_or_sparse_files_are_refused_unread_and_other
         assert rc == 0 and took < 25.0, f"the agent's stop took {took:.1f} s (exit {rc})"
 
 
+def test_a_resume_froms_sparse_manifest_is_refused_unread_by_the_owners_check(tmp_path: Path) -> None:
+    """A placement's ``resume_from`` (any local user's) is checked as its owner
+    (``verify_as_owner``, a child process): a hand-made manifest naming a 512 GiB sparse file was
+    hashed whole, minutes to hours of a worker thread (stopped only when the read made no
+    progress at all). Refused unread now."""
+    from laminar import jobkit
+    from laminar.migrate.reclaim import verify_as_owner
+
+    p = jobkit.Checkpointer("j", tmp_path / "ck", install_signal=False).save(b"x", step=1)
+    size = 512 << 30
+    with open(p / "state.bin", "r+b") as f:
+        f.truncate(size)
+    m = json.loads((p / jobkit.MANIFEST).read_text())
+    m["files"] = [{"name": "state.bin", "size": size, "sha256": "0" * 64}]
+    (p / jobkit.MANIFEST).write_text(json.dumps(m))
+    t0 = time.monotonic()
+    with pytest.raises(ValueError, match="sparse"):
+        verify_as_owner(str(p), 0, 0)
+    assert time.monotonic() - t0 < 30.0
+
+
 def bind(src: Path, dst: Path) -> None:
     libc = ctypes.CDLL("libc.so.6", use_errno=True)
     if libc.mount(str(src).encode(), str(dst).encode(), None, MS_BIND, None) != 0:

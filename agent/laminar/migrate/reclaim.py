@@ -296,11 +296,12 @@ register_section("migrate", CONFIG_FIELDS)
 # without one) for good before it looks at the path. It prints one JSON line: {} (verified),
 # {"denied": strerror} (the owner cannot reach or open the path itself) or {"error": jobkit's}.
 _VERIFY_AS_OWNER = """
-import importlib.util, json, os, pwd, sys
+import importlib.util, json, os, pwd, sys, time
 spec = importlib.util.spec_from_file_location("laminar_jobkit", sys.argv[1])
 jobkit = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(jobkit)
 path, uid, gid = sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
+limits = jobkit.Limits(int(sys.argv[5]), time.monotonic() + float(sys.argv[6]), refuse_sparse=True)
 try:
     os.initgroups(pwd.getpwuid(uid).pw_name, gid)
 except KeyError:
@@ -308,7 +309,7 @@ except KeyError:
 os.setgid(gid)
 os.setuid(uid)
 try:
-    jobkit.verify_checkpoint(path)
+    jobkit.verify_checkpoint(path, limits=limits)
     out = {}
 except PermissionError as e:
     out = {"denied": e.strerror or str(e)}
@@ -328,7 +329,8 @@ print(json.dumps(out))
 VERIFY_STALL_S = 120.0
 
 
-def verify_as_owner(path: str, uid: int, gid: int, stall_s: float | None = None) -> None:
+def verify_as_owner(path: str, uid: int, gid: int, stall_s: float | None = None, *,
+                    max_bytes: int = ckpt_driver.VERIFY_MAX_BYTES, timeout_s: float = ckpt_driver.VERIFY_TIMEOUT_S) -> None:
     """Verifies the checkpoint ``path`` (jobkit's check) with the permissions of ``uid``, ``gid``
     and the uid's groups, in a child process that dropped to them, never as root: what a job of
     that user could read, and no more. Blocking (callers run it in a thread), but bounded: a
@@ -339,10 +341,17 @@ def verify_as_owner(path: str, uid: int, gid: int, stall_s: float | None = None)
     holds only what that user could have learnt by looking at the path themselves (a checkpoint
     they cannot reach is refused alike whether it is valid, corrupt or absent). For uid 0 (a
     root job's checkpoint, checked in a child only for the bound) the texts are root's: jobkit's
-    error as ``checkpoint <path> is not restorable: <error>``, no owner named."""
+    error as ``checkpoint <path> is not restorable: <error>``, no owner named.
+
+    The check has jobkit's limits too (:class:`jobkit.Limits`): a manifest declaring more than
+    ``max_bytes``, or a sparse file, is refused unread, and the check stops after ``timeout_s``
+    (a child still running a few seconds past it is killed): a hand-made manifest naming a
+    10 TiB sparse file was hashed for hours, holding the caller's thread."""
     stall_s = VERIFY_STALL_S if stall_s is None else stall_s
     who = "" if uid == 0 else f" as uid {uid} (the job's owner)"
-    argv = [sys.executable, "-I", "-c", _VERIFY_AS_OWNER, jobkit.__file__, path, str(uid), str(gid)]
+    argv = [sys.executable, "-I", "-c", _VERIFY_AS_OWNER, jobkit.__file__, path, str(uid), str(gid), str(int(max_bytes)),
+            repr(float(timeout_s))]
+    end = time.monotonic() + float(timeout_s) + 5.0
     proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             text=True, env={}, cwd="/")
     seen, since = _progress(f"/proc/{proc.pid}"), time.monotonic()
@@ -352,14 +361,17 @@ def verify_as_owner(path: str, uid: int, gid: int, stall_s: float | None = None)
             break
         except subprocess.TimeoutExpired:
             now, progress = time.monotonic(), _progress(f"/proc/{proc.pid}")
-            if progress != seen:
+            if progress != seen and now < end:
                 seen, since = progress, now
                 continue
-            if now - since < stall_s:
+            if now - since < stall_s and now < end:
                 continue
             proc.kill()
             with contextlib.suppress(subprocess.TimeoutExpired):
                 proc.communicate(timeout=1.0)  # reaped now unless unkillable (then by subprocess, later)
+            if now >= end:
+                raise ValueError(f"checkpoint {path} could not be checked{who}: the check took more than "
+                                 f"{timeout_s:g} s and was stopped") from None
             raise ValueError(f"checkpoint {path} could not be checked{who}: the check read nothing for {stall_s:g} s "
                              "(its storage does not answer) and was stopped") from None
     try:
