@@ -102,7 +102,7 @@ class Limits:
 
     def check_time(self, p: Path) -> None:
         if self.deadline is not None and time.monotonic() > self.deadline:
-            raise CheckpointError(f"checkpoint {p}: its check ran out of time (migrate.verify_timeout_s)")
+            raise LimitError(f"checkpoint {p}: its check ran out of time (migrate.verify_timeout_s)", "out_of_time")
 
 
 NO_LIMITS = Limits()
@@ -110,6 +110,15 @@ NO_LIMITS = Limits()
 
 class CheckpointError(Exception):
     """A checkpoint that is missing, incomplete or corrupt; the message says which and why."""
+
+
+class LimitError(CheckpointError):
+    """A checkpoint refused by a check's :class:`Limits`; ``reason``: ``too_large`` (its
+    manifest declares more than ``max_bytes``), ``sparse``, ``out_of_time``."""
+
+    def __init__(self, message: str, reason: str) -> None:
+        super().__init__(message)
+        self.reason = reason
 
 
 def _fsync_dir(path: Path) -> None:
@@ -220,8 +229,8 @@ def _precheck(p: Path, limits: Limits) -> dict[str, Any]:
             raise CheckpointError(f"checkpoint {p}: {f['name']}: size {z!r} in {MANIFEST} is not an integer >= 0")
         declared += z
     if limits.max_bytes is not None and declared > limits.max_bytes:
-        raise CheckpointError(f"checkpoint {p}: its {MANIFEST} declares {declared} bytes, more than the "
-                              f"{limits.max_bytes} a check may read (migrate.verify_max_bytes)")
+        raise LimitError(f"checkpoint {p}: its {MANIFEST} declares {declared} bytes, more than the "
+                         f"{limits.max_bytes} a check may read (migrate.verify_max_bytes)", "too_large")
     extra: list[str] = []
     seen = 0
     try:  # not through a link swapped in since the lstat
@@ -257,8 +266,8 @@ def _precheck(p: Path, limits: Limits) -> dict[str, Any]:
             raise CheckpointError(f"checkpoint {p}: {f['name']} has {st.st_size} bytes, manifest says {f.get('size')}")
         if (limits.refuse_sparse and st.st_size >= SPARSE_MIN_BYTES
                 and st.st_blocks * 512 * SPARSE_RATIO < st.st_size):
-            raise CheckpointError(f"checkpoint {p}: {f['name']} is sparse: {st.st_size} bytes long, "
-                                  f"{st.st_blocks * 512} on disk (a checkpoint's files are written whole)")
+            raise LimitError(f"checkpoint {p}: {f['name']} is sparse: {st.st_size} bytes long, "
+                             f"{st.st_blocks * 512} on disk (a checkpoint's files are written whole)", "sparse")
         limits.check_time(p)
     return m
 

@@ -222,6 +222,8 @@ def test_checkpoints_declaring_huge_or_sparse_files_are_refused_unread_and_other
         assert rows[jobs["honest"]["id"]]["commits"] >= before + 2, rows[jobs["honest"]["id"]]
         # the checkpoints that declare 512 GiB (sparse) and 4 TiB were refused unread: ckpt-1 is its newest
         assert rows[jobs["sparse"]["id"]]["newest"] == "ckpt-1", rows[jobs["sparse"]["id"]]
+        refused = agent.json("status")["migrate"]["ckpt"]["refused"]  # counted by reason
+        assert refused["sparse"] >= 1 and refused["too_large"] >= 1, refused
         t0 = time.monotonic()
         rc = agent.stop()
         took = time.monotonic() - t0

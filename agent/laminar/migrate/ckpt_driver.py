@@ -75,6 +75,14 @@ VERIFY_WORKERS = 8
 VERIFY_MAX_BYTES = 1 << 40
 VERIFY_TIMEOUT_S = 1800.0
 VERIFY_TRIES = 3
+# Checkpoints of jobs refused by a check's limits, by reason (jobkit.LimitError: too_large, sparse,
+# out_of_time), since the agent started: `laminarctl status -o json`, migrate.ckpt.refused.
+REFUSED: dict[str, int] = {"too_large": 0, "sparse": 0, "out_of_time": 0}
+
+
+def _count_refusal(e: BaseException) -> None:
+    if isinstance(e, jobkit.LimitError):
+        REFUSED[e.reason] = REFUSED.get(e.reason, 0) + 1
 DEFAULT_PLAN_BYTES = 64 << 20  # planning size before a job's first checkpoint
 CLOCK_STEP_S = 1.0  # wall and monotonic clocks parting by more than this between rounds: a step
 
@@ -252,6 +260,7 @@ def check_newest(names: Sequence[Path], s: dict[str, Any],
             return p, built, checked_info(p, m)
         except (jobkit.CheckpointError, OSError) as e:
             log.info("migrate: checkpoint %s not taken: %s", p, e)
+            _count_refusal(e)
             if limits.deadline is not None and time.monotonic() > limits.deadline:
                 break
     return None, None, None
@@ -326,6 +335,7 @@ async def wait_new_checkpoint(ckpt_dir: str | Path | None, after: Path | None, t
                 return p
             except (jobkit.CheckpointError, OSError, TimeoutError, LaneBusy) as e:
                 log.info("migrate: checkpoint %s not taken: %s", p, e)
+                _count_refusal(e)
                 failed.add((name, pid))
         if time.monotonic() >= end or not alive():
             return None
@@ -367,7 +377,7 @@ class CkptDriver:
     def stats(self) -> dict[str, Any]:
         """Counts for the status: signals, commits, misses, checks that failed or did not
         finish, and the scan and check lanes'."""
-        return {**self.counts, "scan": self.scan.stats(), "verify": self.lane.stats()}
+        return {**self.counts, "refused": dict(REFUSED), "scan": self.scan.stats(), "verify": self.lane.stats()}
 
     def _listed(self, job: Any) -> Listing | None:
         """``job``'s checkpoint listing: the scanner's last (run() refreshes it off the loop), or
