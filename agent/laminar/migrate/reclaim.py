@@ -219,6 +219,9 @@ GPU_MEM_EVERY_S = 10.0  # NVML's GPU memory per process read at most this often 
 PRESTAGE_FIT_S = 0.25
 # How long a move waits for its job to be frozen (or thawed), without blocking the loop.
 FREEZE_WAIT_S = 2.0
+# The look at whether a checked checkpoint's files are still those checked (a stat of each, in
+# the job's directory: in its owner's lane, never longer than this).
+SAME_FILES_S = 10.0
 # How often every held key is looked at (released, handed over, placed elsewhere, ...): the default
 # of ``[migrate] replica_gc_s``.
 REPLICA_GC_S = 30.0
@@ -1604,7 +1607,7 @@ class ReclaimComponent(BuddiesMixin, GuardMixin, ReplicasMixin, WithdrawMixin, S
             if ckpt is not None and m is not None:
                 scan, lane = self._ckpt_tools()
                 try:  # a stat of each of the job's files: the job's storage, in its owner's lane
-                    m = await lane.run(getattr(job, "owner_uid", 0), _same_files, m, ckpt)
+                    m = await lane.run(getattr(job, "owner_uid", 0), _same_files, m, ckpt, timeout_s=SAME_FILES_S)
                 except (TimeoutError, LaneBusy):
                     return None, None
                 if m is not None:
