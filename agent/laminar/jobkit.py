@@ -78,10 +78,47 @@ _WRITING = re.compile(r"^\.(tmp|old)-ckpt-(\d+)-(\d+)$")  # a save's temporary /
 _HASH_BLOCK = 1 << 20
 _COPY_BLOCK = 4 << 20  # a resume's copy into its memfd: larger blocks, fewer hand-offs to the hash thread
 MAX_MANIFEST_BYTES = 16 << 20  # a manifest lists files: anything larger is not one
+# A file whose blocks on disk are fewer than 1/SPARSE_RATIO of its length, past SPARSE_MIN_BYTES,
+# is refused by a check with ``refuse_sparse`` (the agent's): a checkpoint is written, not
+# seeked over, and a 10 TiB file of holes would be hashed for hours. (A compressing file system
+# reports fewer blocks too, by a factor of a few: the ratio leaves room for that.)
+SPARSE_RATIO = 64
+SPARSE_MIN_BYTES = 1 << 30
+EXTRA_NAMED_MAX = 10  # files not in a manifest named in a check's error (the rest counted)
+
+
+class Limits:
+    """What one check may cost (the agent's; a job checking its own checkpoint has none):
+    ``max_bytes`` the most bytes its manifest may declare, ``deadline`` a ``time.monotonic()``
+    past which it stops (between blocks), ``refuse_sparse`` whether a sparse file is refused
+    (:data:`SPARSE_RATIO`)."""
+
+    __slots__ = ("max_bytes", "deadline", "refuse_sparse")
+
+    def __init__(self, max_bytes: int | None = None, deadline: float | None = None, refuse_sparse: bool = False) -> None:
+        self.max_bytes = max_bytes
+        self.deadline = deadline
+        self.refuse_sparse = refuse_sparse
+
+    def check_time(self, p: Path) -> None:
+        if self.deadline is not None and time.monotonic() > self.deadline:
+            raise LimitError(f"checkpoint {p}: its check ran out of time (migrate.verify_timeout_s)", "out_of_time")
+
+
+NO_LIMITS = Limits()
 
 
 class CheckpointError(Exception):
     """A checkpoint that is missing, incomplete or corrupt; the message says which and why."""
+
+
+class LimitError(CheckpointError):
+    """A checkpoint refused by a check's :class:`Limits`; ``reason``: ``too_large`` (its
+    manifest declares more than ``max_bytes``), ``sparse``, ``out_of_time``."""
+
+    def __init__(self, message: str, reason: str) -> None:
+        super().__init__(message)
+        self.reason = reason
 
 
 def _fsync_dir(path: Path) -> None:
@@ -103,12 +140,14 @@ def _open_regular(path: Path) -> int:
     return fd
 
 
-def file_sha256(path: Path) -> str:
-    """SHA-256 of the regular file ``path`` (hex); OSError for a link, pipe or device."""
+def file_sha256(path: Path, limits: Limits = NO_LIMITS) -> str:
+    """SHA-256 of the regular file ``path`` (hex); OSError for a link, pipe or device;
+    CheckpointError once ``limits.deadline`` passes (looked at between blocks)."""
     h = hashlib.sha256()
     with open(_open_regular(path), "rb") as f:
         while block := f.read(_HASH_BLOCK):
             h.update(block)
+            limits.check_time(path.parent)
     return h.hexdigest()
 
 
@@ -159,7 +198,8 @@ def parse_manifest(raw: bytes, where: str) -> dict[str, Any]:
     return m
 
 
-def verify_checkpoint(path: str | os.PathLike[str], *, hashed: Mapping[str, str] | None = None) -> dict[str, Any]:
+def verify_checkpoint(path: str | os.PathLike[str], *, hashed: Mapping[str, str] | None = None,
+                      limits: Limits = NO_LIMITS) -> dict[str, Any]:
     """The manifest of ``path`` after checking that every file it lists exists with the size
     and SHA-256 it records and that no other file is present. A checkpoint is a directory (not a
     symbolic link to one) of regular files: a link, pipe or device is refused. Raises
@@ -169,8 +209,74 @@ def verify_checkpoint(path: str | os.PathLike[str], *, hashed: Mapping[str, str]
     ``hashed`` (name -> SHA-256 hex) is for a caller that hashed some files' bytes itself, as it
     wrote them (the transfer receiver): those files are checked for presence, type and size and
     their given hash against the manifest's, not read again. A job restoring a checkpoint never
-    passes it: :func:`Checkpointer.resume` hashes what it deserializes."""
-    return _verify(Path(path), load=False, hashed=hashed or {})[0]
+    passes it: :func:`Checkpointer.resume` hashes what it deserializes.
+
+    ``limits`` (the agent's): what the check may cost (:class:`Limits`); past them it raises
+    CheckpointError before hashing (a manifest declaring more than ``max_bytes``, a sparse file)
+    or as soon as the deadline passes."""
+    return _verify(Path(path), load=False, hashed=hashed or {}, limits=limits)[0]
+
+
+def precheck(path: str | os.PathLike[str], limits: Limits = NO_LIMITS) -> dict[str, Any]:
+    """The manifest of ``path`` after the checks of :func:`verify_checkpoint` that read no
+    file's contents: a directory of exactly the manifest's files, regular files of the sizes it
+    records, within ``limits`` (declared bytes, no sparse file). Raises CheckpointError. What
+    hashes a checkpoint another way (the transfer manifest's build) runs it first."""
+    return _precheck(Path(path), limits)
+
+
+def _precheck(p: Path, limits: Limits) -> dict[str, Any]:
+    _check_dir(p)
+    m = read_manifest(p)
+    listed = {f["name"] for f in m["files"]}
+    declared = 0
+    for f in m["files"]:
+        z = f.get("size")
+        if not isinstance(z, int) or isinstance(z, bool) or z < 0:
+            raise CheckpointError(f"checkpoint {p}: {f['name']}: size {z!r} in {MANIFEST} is not an integer >= 0")
+        declared += z
+    if limits.max_bytes is not None and declared > limits.max_bytes:
+        raise LimitError(f"checkpoint {p}: its {MANIFEST} declares {declared} bytes, more than the "
+                         f"{limits.max_bytes} a check may read (migrate.verify_max_bytes)", "too_large")
+    extra: list[str] = []
+    seen = 0
+    try:  # not through a link swapped in since the lstat
+        fd = os.open(p, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError as e:
+        raise CheckpointError(f"checkpoint {p}: not a readable directory: {e.strerror or e}") from None
+    try:
+        it = os.scandir(fd)  # at most the listed files, the manifest, the sidecars and a few more are read
+    finally:
+        os.close(fd)  # (scandir reads a duplicate)
+    with it:
+        for ent in it:
+            if ent.name == MANIFEST or ent.name in listed or ent.name in SIDECARS:
+                continue
+            extra.append(ent.name)
+            seen += 1
+            if seen > EXTRA_NAMED_MAX:
+                break
+    if extra:
+        more = " and more" if len(extra) > EXTRA_NAMED_MAX else ""
+        raise CheckpointError(f"checkpoint {p}: files not in the manifest: {sorted(extra[:EXTRA_NAMED_MAX])}{more}")
+    for f in m["files"]:
+        fp = p / f["name"]
+        try:
+            st = os.lstat(fp)
+        except FileNotFoundError:
+            raise CheckpointError(f"checkpoint {p}: {f['name']} is missing") from None
+        except OSError as e:  # a name the file system refuses (too long, ...)
+            raise CheckpointError(f"checkpoint {p}: {f['name']!r}: {e.strerror or e}") from None
+        if not stat.S_ISREG(st.st_mode):
+            raise CheckpointError(f"checkpoint {p}: {f['name']} is not a regular file (a link, pipe or device)")
+        if st.st_size != f.get("size"):
+            raise CheckpointError(f"checkpoint {p}: {f['name']} has {st.st_size} bytes, manifest says {f.get('size')}")
+        if (limits.refuse_sparse and st.st_size >= SPARSE_MIN_BYTES
+                and st.st_blocks * 512 * SPARSE_RATIO < st.st_size):
+            raise LimitError(f"checkpoint {p}: {f['name']} is sparse: {st.st_size} bytes long, "
+                             f"{st.st_blocks * 512} on disk (a checkpoint's files are written whole)", "sparse")
+        limits.check_time(p)
+    return m
 
 
 def _read_whole(fd: int, size: int) -> bytes:
@@ -229,19 +335,15 @@ def _copy_sealed(fd: int, size: int, mfd: int) -> tuple[int, str]:
     return total, h.hexdigest()
 
 
-def _verify(p: Path, load: bool, hashed: Mapping[str, str] | None = None) -> tuple[dict[str, Any], bytes | int | None]:
+def _verify(p: Path, load: bool, hashed: Mapping[str, str] | None = None,
+            limits: Limits = NO_LIMITS) -> tuple[dict[str, Any], bytes | int | None]:
     """:func:`verify_checkpoint`'s manifest and, with ``load``, the manifest's first file (the
     job's state) read once and checked against the size and SHA-256 the manifest records as
     read, so what the caller deserializes is exactly what was verified, whatever the storage
     answers to a later read (a file replaced meanwhile, a racing writer, flaky network storage):
     torch state as a sealed memfd (an int: :func:`_copy_sealed`; the caller closes it), where
     Linux has memfds; any other, in memory (``bytes``)."""
-    _check_dir(p)
-    m = read_manifest(p)
-    listed = {f["name"] for f in m["files"]}
-    extra = sorted(x.name for x in p.iterdir() if x.name != MANIFEST and x.name not in listed and x.name not in SIDECARS)
-    if extra:
-        raise CheckpointError(f"checkpoint {p}: files not in the manifest: {extra}")
+    m = _precheck(p, limits)  # nothing hashed before the whole directory is as its manifest says
     data: bytes | int | None = None
     try:
         for i, f in enumerate(m["files"]):
@@ -279,7 +381,7 @@ def _verify(p: Path, load: bool, hashed: Mapping[str, str] | None = None) -> tup
                         raise CheckpointError(f"checkpoint {p}: {f['name']} read {len(data)} bytes, manifest says {size}")
                     digest = hashlib.sha256(data).hexdigest()
                 else:
-                    digest = file_sha256(fp)
+                    digest = file_sha256(fp) if limits is NO_LIMITS else file_sha256(fp, limits)
             except OSError as e:
                 raise CheckpointError(f"checkpoint {p}: {f['name']} is not a readable regular file: {e}") from None
             if digest != f.get("sha256"):
@@ -323,12 +425,17 @@ def _sweep_dead_saves(d: Path) -> None:
 
 def list_checkpoints(ckpt_dir: str | os.PathLike[str]) -> list[Path]:
     """Committed checkpoint directories under ``ckpt_dir`` (``ckpt-<n>``), oldest first; a
-    symbolic link of that name is not one."""
+    symbolic link of that name is not one, and nothing is followed (an entry's type is its
+    directory entry's: nothing behind a link or a mount point is reached). Unbounded: the job's
+    own view of its directory; the agent reads jobs' directories with
+    :mod:`laminar.runtime.ckpt_scan`, bounded and off its event loop."""
     d = Path(ckpt_dir)
-    if not d.is_dir():
+    try:
+        with os.scandir(d) as it:
+            found = [d / e.name for e in it if _NAME.fullmatch(e.name) and e.is_dir(follow_symlinks=False)]
+    except OSError:
         return []
-    return sorted((p for p in d.iterdir() if _NAME.match(p.name) and not p.is_symlink() and p.is_dir()),
-                  key=lambda p: int(p.name[5:]))
+    return sorted(found, key=lambda p: int(p.name[5:]))
 
 
 def workers(default: int | None = None) -> int | None:
@@ -344,15 +451,27 @@ def workers(default: int | None = None) -> int | None:
         return default
 
 
-def latest_checkpoint(ckpt_dir: str | os.PathLike[str]) -> Path | None:
-    """The newest checkpoint under ``ckpt_dir`` that passes :func:`verify_checkpoint`, or None."""
-    for p in reversed(list_checkpoints(ckpt_dir)):
+def latest_checkpoint(ckpt_dir: str | os.PathLike[str], *, tries: int | None = None,
+                      limits: Limits = NO_LIMITS, names: list[Path] | None = None) -> Path | None:
+    """The newest checkpoint under ``ckpt_dir`` that passes :func:`verify_checkpoint`, or None.
+    ``tries``: at most that many of the newest are checked (the agent's: a job cannot make it
+    check a thousand); ``limits``: each check's (:class:`Limits`; its deadline bounds them all);
+    ``names``: the checkpoints to look at (a listing taken already), else listed here."""
+    return newest_verified(ckpt_dir, tries=tries, limits=limits, names=names)[0]
+
+
+def newest_verified(ckpt_dir: str | os.PathLike[str], *, tries: int | None = None, limits: Limits = NO_LIMITS,
+                    names: list[Path] | None = None) -> tuple[Path | None, dict[str, Any] | None]:
+    """:func:`latest_checkpoint` and the manifest it verified: (path, manifest) or (None, None)."""
+    cands = list(reversed(list_checkpoints(ckpt_dir) if names is None else names))
+    for p in cands if tries is None else cands[:tries]:
         try:
-            verify_checkpoint(p)
-            return p
+            return p, verify_checkpoint(p, limits=limits)
         except CheckpointError:
+            if limits.deadline is not None and time.monotonic() > limits.deadline:
+                break
             continue
-    return None
+    return None, None
 
 
 class Checkpointer:

@@ -52,6 +52,13 @@ def test_returned_servers_job_migrates_with_its_checkpoint_to_a_loanable_server(
     # lent-x checkpoints often: node 3 is the cheaper return, and node 4 has a free GPU for it
     src = node_jobs(c, 3)["lent-x"]
     wait_until(lambda: any(Path(src["ckpt_dir"]).glob("ckpt-*")), 20, "lent-x's first checkpoint")
+
+    def weight(node: int, name: str) -> float:
+        return next(float(r["weight"]) for r in c.nodes[node - 1].json("pool")["jobs"] if r["name"] == name)
+
+    # what the plan compares, once the agents saw it (their scan of checkpoint directories runs
+    # every 0.5 s, off the loop): lent-x's work at risk, hence its weight, below lent-y's
+    wait_until(lambda: weight(3, "lent-x") < weight(4, "lent-y"), 20, "node 3 to see lent-x's checkpoint")
     plan = c.nodes[0].json("pool", "reclaim", "--pool", "inference", "--count", "1")
     assert plan["servers"] == [3], plan
     assert plan["actions"] == [{"node": 3, "job": x["job_id"], "action": "migrate", "workers_removed": 1}], plan

@@ -89,6 +89,14 @@ def test_idle_inference_nodes_take_training_on_loan_and_reclaim_returns_the_chea
     wait_until(lambda: node_jobs(c, often)["lent-often"]["ckpt_dir"] and
                any(True for _ in Path(node_jobs(c, often)["lent-often"]["ckpt_dir"]).glob("ckpt-*")),
                20, "the often-checkpointing job's first checkpoint")
+
+    def weight(node: int, name: str) -> float:
+        return next(float(r["weight"]) for r in c.nodes[node - 1].json("pool")["jobs"] if r["name"] == name)
+
+    # what the plan compares, once the agents saw that checkpoint (their scan of checkpoint
+    # directories runs every 0.5 s, off the loop)
+    wait_until(lambda: weight(often, "lent-often") < weight(rare, "lent-rare"), 20,
+               "the agents to see the often-checkpointing job's checkpoint")
     plan = c.nodes[1].json("pool", "reclaim", "--pool", "inference", "--count", "1")
     assert plan["servers"] == [often], plan
     assert set(plan["candidates"]) == {str(rare), str(often)}  # node 5 is busy, not on loan

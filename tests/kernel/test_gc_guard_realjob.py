@@ -123,6 +123,8 @@ def test_the_guard_of_a_running_job_stays_and_ends_when_the_job_exits(tmp_path: 
             assert job.ckpt_dir is not None
             assert await until(lambda: job.state == "running" and (job.ckpt_dir / "ckpt-7").is_dir(), timeout=30)
             async with node(tmp_path, 2, port, jm) as src:
+                assert src.ckpt is not None  # (the round reads the scan of the job's checkpoint directory)
+                await src.ckpt.scan.refresh_all(jm.active())
                 src._prestage_round()
                 assert await until(lambda: src.shipped.get(job.id) == "ckpt-7", timeout=30), src.shipped
                 assert await until(lambda: guard_of(buddy, key) == ("guarding", ["ckpt-7"]))

@@ -7,7 +7,8 @@ checkpoint too late for its transfer (bench/move.py, 20 s of notice: the plan le
 transfer the destination's check then put at 8.6 s), and the job was lost at the window's end.
 Now it is planned at the memory its cgroup holds (less clean page cache), plus, for a GPU job, the
 GPU memory NVML attributes to its processes, at least 64 MiB; once it has a checkpoint, that
-checkpoint's size.
+checkpoint's size by its verified manifest (the checkpoint driver's check; never a stat of the
+job's files).
 """
 
 from __future__ import annotations
@@ -88,6 +89,8 @@ def test_a_job_without_a_checkpoint_is_planned_at_the_memory_it_holds(tmp_path: 
             assert big.ckpt_dir is not None
             jobkit.Checkpointer(job_id=big.id, ckpt_dir=big.ckpt_dir, install_signal=False).save(
                 b"x" * (3 * MB), step=1)
+            assert comp.ckpt is not None
+            await comp.ckpt.verify_new()  # the driver's round (every poll_s): its size is its verified manifest's
             size = comp._ckpt_bytes(big)
             assert 3 * MB <= size < 4 * MB  # its checkpoint's size, once it has one
 
@@ -97,6 +100,7 @@ def test_a_job_without_a_checkpoint_is_planned_at_the_memory_it_holds(tmp_path: 
                 for f in p.iterdir():
                     f.unlink()
                 p.rmdir()
+            comp.ckpt.round()  # the driver's next round forgets the ended job
             assert comp._ckpt_bytes(big) == DEFAULT_CKPT_BYTES  # ended: no memory to go by
 
     asyncio.run(main())
@@ -141,6 +145,8 @@ def test_a_gpu_job_without_a_checkpoint_is_planned_with_the_gpu_memory_its_proce
 
             assert gpu.ckpt_dir is not None  # once it has checkpointed, NVML is not read at all
             jobkit.Checkpointer(job_id=gpu.id, ckpt_dir=gpu.ckpt_dir, install_signal=False).save(b"w" * MB, step=1)
+            assert comp.ckpt is not None
+            await comp.ckpt.verify_new()  # the driver's round: the checkpoint listed and checked
             comp._gpu_mem_at = -math.inf
             monkeypatch.setattr(gpus, "nvml_process_memory", fake_nvml)
             await comp._gpu_memory_round()

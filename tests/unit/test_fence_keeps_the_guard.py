@@ -37,7 +37,7 @@ from pathlib import Path
 from typing import Any
 
 from jobrig import until
-from test_gc_guards import Jobs, K, free_port, held, job_of, node, run, state
+from test_gc_guards import Jobs, K, free_port, held, job_of, node, prestage_round, run, state
 from test_migrate_evidence import make_agent
 from test_reclaim_cancel_unit import HeldZone
 from test_reclaim_restore import RestoreJobs
@@ -77,7 +77,7 @@ async def guarded_by_node_1(src: ReclaimComponent, n1: ReclaimComponent, job: An
     """Node 2 (``src``) prestages its job's checkpoint 5 to node 1, which guards it then."""
     src._set_buddy("job-1", 1)
     save(job, 5)
-    src._prestage_round()
+    await prestage_round(src)
     assert await until(lambda: state(n1) == "guarding", timeout=20)
 
 
@@ -90,7 +90,7 @@ def test_a_fenced_job_is_not_prestaged_so_its_guard_does_not_change(tmp_path: Pa
                 node(tmp_path, 2, [1, 2, 3], port, Jobs([job])) as src:
             src._set_buddy("job-1", 1)
             save(job, 5)
-            src._prestage_round()
+            await prestage_round(src)
             assert await until(lambda: src.shipped.get("job-1") == "ckpt-5", timeout=20)
             assert state(n1) == "guarding"
             # cut off: the job is fenced. Its next checkpoint (written before the freeze took)
@@ -98,7 +98,7 @@ def test_a_fenced_job_is_not_prestaged_so_its_guard_does_not_change(tmp_path: Pa
             src.fenced_jobs["job-1"] = time.time()
             src._avoid("job-1", 1, 60.0)
             save(job, 10)
-            src._prestage_round()
+            await prestage_round(src)
             await asyncio.sleep(1.0)
             assert not src._prestaging and src.shipped.get("job-1") == "ckpt-5"
             assert src.buddy["job-1"] == 1 and state(n1) == "guarding"  # node 1 still guards it: it is asked
@@ -106,7 +106,7 @@ def test_a_fenced_job_is_not_prestaged_so_its_guard_does_not_change(tmp_path: Pa
             assert not any(k == K for _, k in src._releases)
             # settled (thawed: nobody took it over): prestaged again, to node 3 now
             del src.fenced_jobs["job-1"]
-            src._prestage_round()
+            await prestage_round(src)
             assert await until(lambda: src.shipped.get("job-1") == "ckpt-10", timeout=20), src.shipped
             assert src.buddy["job-1"] == 3 and state(n3) == "guarding"
 
@@ -129,7 +129,7 @@ def test_a_guard_a_prestage_sends_after_its_job_was_superseded_is_withdrawn(tmp_
 
             src._guard = guard  # type: ignore[method-assign]
             save(job, 5)
-            src._prestage_round()
+            await prestage_round(src)
             assert await until(lambda: not src._prestaging, timeout=20)
             assert jobs.stopped == [("job-1", "migrated")]
             assert await until(lambda: state(n1) == "released", timeout=20), state(n1)
@@ -273,11 +273,11 @@ def test_a_checkpoint_the_job_rotated_away_mid_prestage_is_no_fault_of_the_peer(
 
             src._send = send  # type: ignore[method-assign]
             save(job, 5)
-            src._prestage_round()
+            await prestage_round(src)
             assert await until(lambda: not src._prestaging, timeout=10)
             assert len(failures) == 1 and 1 not in src._avoided_buddies("job-1")
             save(job, 6)
-            src._prestage_round()
+            await prestage_round(src)
             assert await until(lambda: not failures and not src._prestaging, timeout=10)
             assert 1 in src._avoided_buddies("job-1") and src.buddy["job-1"] == 1
 

@@ -125,11 +125,20 @@ def state(comp: ReclaimComponent, key: str = K) -> str | None:
     return None if row is None else str(row["state"])
 
 
+async def prestage_round(src: ReclaimComponent) -> None:
+    """One prestage round as the agent's watch runs it, after the scan of the jobs' checkpoint
+    directories it reads (off the loop, every poll_s: laminar.runtime.ckpt_scan); the round
+    itself never reads a job's directory."""
+    assert src.ckpt is not None
+    await src.ckpt.scan.refresh_all(src.agent.jobs.active())
+    src._prestage_round()
+
+
 async def prestage(src: ReclaimComponent, job: Any, step: int) -> None:
     """The job writes checkpoint ``step``; the source's own prestage ships it and sends the guard."""
     Checkpointer(job_id=job.id, ckpt_dir=job.ckpt_dir, install_signal=False, keep=10).save(
         f"weights-{step}".encode(), step=step)
-    src._prestage_round()
+    await prestage_round(src)
     assert await until(lambda: src.shipped.get(job.id) == f"ckpt-{step}", timeout=20), src.shipped
 
 
@@ -162,7 +171,7 @@ def test_a_lost_release_of_an_ended_job_ends_the_guard_and_its_replicas_go(tmp_p
             # the source agent restarts (its buddy map is gone); the job exits while it is down
             job.state = "exited"
             async with node(tmp_path, 2, [1, 2], port, Jobs([job])) as src:
-                src._prestage_round()  # knows no buddy: sends no release
+                await prestage_round(src)  # knows no buddy: sends no release
                 await asyncio.sleep(0.3)
                 assert state(buddy) == "guarding" and held(buddy) == ["ckpt-5"]  # the leak before the rule
                 await asyncio.sleep(0.05)

@@ -178,7 +178,8 @@ def test_prestage_is_judged_over_the_jobs_that_share_the_window(tmp_path: Path) 
     checkpoint would not leave within the expected notice window. That was judged for the job
     alone, but a reclaim moves every job through one uplink in one window: two jobs that each fit
     alone, not together, were both left without an off-node replica, and the one that did not fit
-    lost its work at the reclaim. Real checkpoints on disk (their size is the planning size)."""
+    lost its work at the reclaim. Real checkpoints on disk (their verified manifests' sizes are the
+    planning sizes)."""
     from laminar import jobkit
 
     async def main() -> None:
@@ -194,6 +195,10 @@ def test_prestage_is_judged_over_the_jobs_that_share_the_window(tmp_path: Path) 
                 d = tmp_path / f"job{i}"
                 jobkit.Checkpointer(job_id=f"j{i}", ckpt_dir=d, install_signal=False).save(bytes(size), step=1)
                 jobs.append(SimpleNamespace(id=f"j{i}", ckpt_dir=d, active=True))
+            # the planning size is the verified manifest's: the checkpoint driver checks them first
+            agent.jobs = SimpleNamespace(active=lambda: jobs)
+            assert comp.ckpt is not None
+            await comp.ckpt.verify_new()
             alone = SimpleNamespace(active=lambda: jobs[1:])
             agent.jobs = alone
             assert not comp._should_prestage(jobs[1])  # alone on the node it fits the window

@@ -29,7 +29,7 @@ from typing import Any
 
 import pytest
 from jobrig import until
-from test_gc_guards import Job, Jobs, K, free_port, held, job_of, node, run, state
+from test_gc_guards import Job, Jobs, K, free_port, held, job_of, node, prestage_round, run, state
 
 from laminar.jobkit import Checkpointer, latest_checkpoint
 from laminar.migrate import transfer
@@ -91,12 +91,12 @@ def test_a_silent_buddy_costs_one_timeout_and_the_checkpoint_goes_to_another_pee
 
                 src._send = send  # type: ignore[method-assign]
                 save(job, 10)
-                src._prestage_round()
+                await prestage_round(src)
                 assert await until(lambda: not src._prestaging, timeout=30)
                 # one attempt at the silent buddy, not the transfer's retry ladder (6 of them)
                 assert silent.connections == 1, silent.connections
                 assert src.buddy["job-1"] == 1  # a failed prestage keeps the buddy (it guards the older one)
-                src._prestage_round()  # the next round: another live peer
+                await prestage_round(src)  # the next round: another live peer
                 assert await until(lambda: src.shipped.get("job-1") == "ckpt-10", timeout=20), src.shipped
                 assert src.buddy["job-1"] == 3 and held(c) == ["ckpt-10"] and state(c) == "guarding"
                 # done without waiting on the release of node 1's guard (its outcome not known yet):
@@ -108,7 +108,7 @@ def test_a_silent_buddy_costs_one_timeout_and_the_checkpoint_goes_to_another_pee
                 assert (1, "n2-job-1") in src._releases
                 # the other job whose buddy node 1 was does not try it again: it is suspect now
                 save(job2, 7)
-                src._prestage_round()
+                await prestage_round(src)
                 assert await until(lambda: src.shipped.get("job-2") == "ckpt-7", timeout=20), src.shipped
                 assert src.buddy["job-2"] == 3 and held(c, "n2-job-2") == ["ckpt-7"]
                 assert sends == [("job-1", 1), ("job-1", 3), ("job-2", 3)], sends
@@ -134,10 +134,10 @@ def test_a_buddy_whose_syns_go_unanswered_costs_one_connect_timeout(tmp_path: Pa
                 async with node(tmp_path, 3, [1, 2, 3], port) as c, node(tmp_path, 2, [1, 2, 3], port, Jobs([job])) as src:
                     src._set_buddy("job-1", 1)
                     save(job, 10)
-                    src._prestage_round()
+                    await prestage_round(src)
                     assert await until(lambda: not src._prestaging, timeout=30)
                     assert src._silent_peers() == {1} and src.shipped.get("job-1") is None
-                    src._prestage_round()
+                    await prestage_round(src)
                     assert await until(lambda: src.shipped.get("job-1") == "ckpt-10", timeout=20), src.shipped
                     assert src.buddy["job-1"] == 3 and held(c) == ["ckpt-10"]
 
@@ -220,7 +220,7 @@ def test_a_prestage_a_move_overtook_neither_takes_the_guard_back_nor_slows_the_m
                 src._send = send  # type: ignore[method-assign]
                 src._reserve = reserve  # type: ignore[method-assign]
                 src._handover = handover  # type: ignore[method-assign]
-                src._prestage_round()
+                await prestage_round(src)
                 assert await until(lambda: prestage_sends == ["started"], timeout=20)
                 move = asyncio.ensure_future(src._move(job, "test", None, final=False))
                 await asyncio.sleep(0.2)

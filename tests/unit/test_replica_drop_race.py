@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from jobrig import until
-from test_gc_guards import Jobs, K, free_port, held, job_of, node, prestage, run, state
+from test_gc_guards import Jobs, K, free_port, held, job_of, node, prestage, prestage_round, run, state
 
 from laminar.jobkit import Checkpointer
 
@@ -45,14 +45,14 @@ def test_a_drop_during_a_prestage_to_the_same_buddy_moves_the_guard_elsewhere(tm
                 src._guard = guard_after_a_drop  # type: ignore[method-assign]
                 Checkpointer(job_id=job.id, ckpt_dir=job.ckpt_dir, install_signal=False, keep=10).save(
                     b"weights-10", step=10)
-                src._prestage_round()
+                await prestage_round(src)
                 assert await until(lambda: bool(dropped) and not src._prestaging, timeout=20)
                 assert dropped[0]["source_told"] is True and dropped[0]["dropped"] == ["ckpt-10", "ckpt-5"], dropped
                 # the guard node 1 got after its drop is withdrawn: it holds nothing and guards nothing
                 assert await until(lambda: state(b) in (None, "released") and held(b) == []), (state(b), held(b))
                 assert src.buddy.get("job-1") != 1
                 # the next round prestages to the other peer
-                src._prestage_round()
+                await prestage_round(src)
                 assert await until(lambda: src.buddy.get("job-1") == 3 and src.shipped.get("job-1") == "ckpt-10",
                                    timeout=20), (src.buddy, src.shipped)
                 assert state(c) == "guarding" and held(c) == ["ckpt-10"]

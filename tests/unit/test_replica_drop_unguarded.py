@@ -20,7 +20,7 @@ from typing import Any
 
 import pytest
 from jobrig import until
-from test_gc_guards import Jobs, K, free_port, held, job_of, node, run, state
+from test_gc_guards import Jobs, K, free_port, held, job_of, node, prestage_round, run, state
 
 from laminar.jobkit import Checkpointer
 
@@ -46,7 +46,7 @@ def test_a_guard_naming_a_checkpoint_dropped_before_it_came_is_refused(tmp_path:
                 src._guard = guard_after_a_drop  # type: ignore[method-assign]
                 Checkpointer(job_id=job.id, ckpt_dir=job.ckpt_dir, install_signal=False, keep=10).save(
                     b"weights-5", step=5)
-                src._prestage_round()
+                await prestage_round(src)
                 assert await until(lambda: bool(dropped) and not src._prestaging, timeout=20)
                 assert isinstance(dropped[0], dict) and dropped[0]["dropped"] == ["ckpt-5"], dropped
                 # node 1 guards nothing it cannot resume, and the source does not count on it
@@ -54,7 +54,7 @@ def test_a_guard_naming_a_checkpoint_dropped_before_it_came_is_refused(tmp_path:
                 assert src.buddy.get("job-1") != 1 and src.shipped.get("job-1") is None, (src.buddy, src.shipped)
                 # the next prestage goes to the other peer
                 src.agent.zone.membership.state[3].last_summary = None
-                src._prestage_round()
+                await prestage_round(src)
                 assert await until(lambda: src.buddy.get("job-1") == 3 and src.shipped.get("job-1") == "ckpt-5",
                                    timeout=20), (src.buddy, src.shipped)
                 assert state(c) == "guarding" and held(c) == ["ckpt-5"]

@@ -44,6 +44,7 @@ import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 CGROUP_MOUNT = Path("/sys/fs/cgroup")
 LIFECYCLE_CLASSES = ("long-resident", "standard", "transient")
@@ -342,6 +343,14 @@ class JobCgroup:
         finally:
             os.close(fd)
 
+    async def freeze_async(self, timeout: float = FREEZE_WAIT_S) -> bool:
+        """:meth:`freeze` for the event loop: see :func:`set_frozen_async`."""
+        return await set_frozen_async(self, True, timeout)
+
+    async def thaw_async(self, timeout: float = FREEZE_WAIT_S) -> bool:
+        """:meth:`thaw` for the event loop: see :func:`set_frozen_async`."""
+        return await set_frozen_async(self, False, timeout)
+
     def freeze(self, timeout: float | None = FREEZE_WAIT_S) -> bool:
         """Freeze every process of the job. True once cgroup.events says `frozen 1`,
         False if that did not happen within `timeout` (the freeze stays requested)."""
@@ -422,6 +431,46 @@ class JobCgroup:
         # Paths are <mount>/<root>/<class>/<job> by construction: only our directories.
         for d in self.all_dirs():
             _rmdir_retry(d)
+
+
+# How often set_frozen_async looks at cgroup.events while it waits: a freeze of running tasks
+# takes about 3 ms, so the first looks come soon; a task in uninterruptible sleep may take
+# seconds, looked at every 50 ms.
+FROZEN_LOOKS_S = (0.002, 0.005, 0.01, 0.02, 0.05)
+# Freezes and thaws that did not take hold within their wait (a task in uninterruptible sleep:
+# on hung storage, at a held memory limit), for the status ("migrate" stats and events say whose).
+FREEZE_COUNTS = {"freeze_timeouts": 0, "thaw_timeouts": 0}
+
+
+def freeze_counts() -> dict[str, int]:
+    """Freezes and thaws that did not take hold within their wait, since the agent started."""
+    return dict(FREEZE_COUNTS)
+
+
+async def set_frozen_async(cg: Any, want: bool, timeout: float = FREEZE_WAIT_S) -> bool:
+    """Asks the kernel to freeze (``want``) or thaw the cgroup ``cg`` and waits, on the event
+    loop without blocking it, up to ``timeout`` seconds for ``cgroup.events`` to say it is so:
+    True when it is, False when not within ``timeout`` (the request stays: a freeze takes hold
+    once a task in uninterruptible sleep, on a hung FUSE or NFS mount, wakes). Blocking waits
+    (``freeze(timeout=2.0)``) held the agent's loop for the whole ``timeout`` whenever a job had
+    such a task. ``cg``: a :class:`JobCgroup` or anything with its ``freeze``/``thaw``
+    (``timeout=0``: ask and look once) and ``frozen``. Raises CgroupError as they do."""
+    import asyncio
+
+    ask = cg.freeze if want else cg.thaw
+    if ask(timeout=0):
+        return True
+    deadline = time.monotonic() + max(0.0, timeout)
+    i = 0
+    while True:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            FREEZE_COUNTS["freeze_timeouts" if want else "thaw_timeouts"] += 1
+            return False
+        await asyncio.sleep(min(left, FROZEN_LOOKS_S[min(i, len(FROZEN_LOOKS_S) - 1)]))
+        i += 1
+        if bool(cg.frozen()) == want:
+            return True
 
 
 def set_memory(h: Hierarchy, d: Path, limit_bytes: int | None, *, oom_kill_disable: bool = False,

@@ -124,7 +124,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from laminar import jobkit
-from laminar.migrate import archive_fs
+from laminar.airlock.cgroups import set_frozen_async
+from laminar.migrate import archive_fs, ckpt_driver
 from laminar.migrate.archive_auth import (
     PRESIGNED,
     ArchiveAuth,
@@ -137,6 +138,7 @@ from laminar.migrate.archive_auth import (
 from laminar.migrate.archive_view import _NODE_FILE, DONE_DIR, Refusals, Sealed, View
 from laminar.migrate.constants import _SAFE_KEY, MIGRATED_ENV, SOURCE_LIVE_STATES
 from laminar.migrate.errors import MigrateError
+from laminar.runtime.ckpt_scan import scan_dir
 
 if TYPE_CHECKING:
     from laminar.migrate.ckpt_driver import CkptDriver
@@ -729,7 +731,7 @@ class ArchiveMixin:
         job did: stopped here (``reclaimed``) as it would have been, then its copy is seen to."""
         try:
             with contextlib.suppress(Exception):
-                job.cgroup.thaw(timeout=2.0)  # a frozen job is not killed by a signal until it thaws
+                await set_frozen_async(job.cgroup, False, 2.0)  # a frozen job is not killed by a signal until it thaws
             try:
                 await self.agent.jobs.stop(job.id, f"node {self.node_id} reclaimed: {ckpt.name} was being published "
                                            "in the archive when the agent stopped; the first agent with room resumes "
@@ -1132,7 +1134,12 @@ class ArchiveMixin:
                     # ended, resumed: bench/chaos.py --fence-after-s, seed 29). Dropped again next round.
                     out["drop_again"].append(jid)
             for jid, ckpt_dir, rf, known in periodic:
-                ckpt = known[0] if known is not None else jobkit.latest_checkpoint(ckpt_dir)
+                # no driver has checked it: the agent's own bounded check (its tries, bytes and time)
+                if known is not None:
+                    ckpt = known[0]
+                else:
+                    listing = scan_dir(ckpt_dir)
+                    ckpt = ckpt_driver.check_newest(listing.paths() if listing else [], self.s)[0]
                 if ckpt is None and rf:
                     # restarted from a checkpoint (a move, a guard, the archive) and none written
                     # since: the one it resumed from is its newest, archived at once under its new key

@@ -135,7 +135,9 @@ class BuddiesMixin:
                 # checkpoint went to a new buddy was thawed on its "not taken" beside the copy
                 # its old buddy had placed elsewhere
                 continue
-            cks = jobkit.list_checkpoints(job.ckpt_dir)
+            # the listing the checkpoint driver's last scan took (off the loop, bounded): none
+            # yet, or unknown this round, is nothing new
+            cks = self.ckpt.listed(job) if self.ckpt is not None else None
             if not cks or self.shipped.get(job.id) == cks[-1].name:
                 continue
             if not self._should_prestage(job):

@@ -61,11 +61,28 @@ from typing import Any
 from laminar import jobkit
 from laminar.config import Field, _range
 from laminar.migrate import ckpt_schedule as cs
+from laminar.offloop import Lane, LaneBusy
+from laminar.runtime.ckpt_scan import CkptScanner, Listing
 from laminar.runtime.jobs import catches_signal
 
 log = logging.getLogger("laminar.migrate")
 
 OPT_OUT_ENV = "LM_CKPT_PERIODIC"  # "off" in a job's spec env: never signalled periodically
+# Checks of jobs' checkpoints run side by side (one per owner at a time: laminar.offloop.Lane), so
+# a user whose checkpoint takes long to check (many GB, slow storage) holds one of these and
+# never delays another user's.
+VERIFY_WORKERS = 8
+VERIFY_MAX_BYTES = 1 << 40
+VERIFY_TIMEOUT_S = 1800.0
+VERIFY_TRIES = 3
+# Checkpoints of jobs refused by a check's limits, by reason (jobkit.LimitError: too_large, sparse,
+# out_of_time), since the agent started: `laminarctl status -o json`, migrate.ckpt.refused.
+REFUSED: dict[str, int] = {"too_large": 0, "sparse": 0, "out_of_time": 0}
+
+
+def _count_refusal(e: BaseException) -> None:
+    if isinstance(e, jobkit.LimitError):
+        REFUSED[e.reason] = REFUSED.get(e.reason, 0) + 1
 DEFAULT_PLAN_BYTES = 64 << 20  # planning size before a job's first checkpoint
 CLOCK_STEP_S = 1.0  # wall and monotonic clocks parting by more than this between rounds: a step
 
@@ -85,6 +102,13 @@ CONFIG_FIELDS = {
                            _range(0, 3600)),
     "stagger_max_delay_s": Field((int, float), 60.0, "most a periodic checkpoint is delayed to stagger it (s)",
                                  _range(0, 86400)),
+    "verify_max_bytes": Field(int, VERIFY_MAX_BYTES, "most bytes a job's checkpoint may declare in its manifest to "
+                              "be checked (a larger one, or one with a sparse file, is refused unread)",
+                              _range(1, 1 << 60)),
+    "verify_timeout_s": Field((int, float), VERIFY_TIMEOUT_S, "longest check of one job's checkpoints (s); past it "
+                              "the check stops and the checkpoint counts as unverified", _range(1, 86400)),
+    "verify_tries": Field(int, VERIFY_TRIES, "newest checkpoints of a job checked, newest first, to find one that "
+                          "verifies", _range(1, 64)),
 }
 
 
@@ -190,59 +214,129 @@ def due_now(tracks: Sequence[Track], now: float, gap_s: float, max_delay_s: floa
     return [j for j, s in sorted(st.items(), key=lambda kv: (kv[1], kv[0])) if s <= now][:1]
 
 
-def _ident(p: Path) -> tuple[int, int] | None:
-    """Which directory ``p`` is (device, inode), None when it is gone: a checkpoint saved again
-    at the same step is a new directory under the same name (jobkit replaces it by rename)."""
-    try:
-        st = os.lstat(p)
-    except OSError:
-        return None
-    return (st.st_dev, st.st_ino)
+Ident = tuple[tuple[str, tuple[int, int]], ...]  # a listing's checkpoints: Listing.ident()
 
 
-def _listing(names: Sequence[Path]) -> tuple[tuple[str, tuple[int, int] | None], ...]:
-    return tuple((p.name, _ident(p)) for p in names)
+@dataclass(frozen=True)
+class Checked:
+    """What the check of a checkpoint found besides its path: the bytes its verified manifest
+    declares (the planning size; never a stat of the job's files, which may be links anywhere),
+    the manifest's modification time (the commit time), and which directory it is."""
+
+    size_bytes: int
+    committed_at: float
+    ident: tuple[int, int]
 
 
-def ckpt_size(path: Path) -> int:
-    return sum(f.stat().st_size for f in path.iterdir() if f.is_file())
+def limits_of(s: dict[str, Any]) -> jobkit.Limits:
+    """A check's limits from the ``[migrate]`` settings ``s``, its deadline from now."""
+    return jobkit.Limits(int(s.get("verify_max_bytes", VERIFY_MAX_BYTES)),
+                         time.monotonic() + float(s.get("verify_timeout_s", VERIFY_TIMEOUT_S)), refuse_sparse=True)
+
+
+def checked_info(p: Path, manifest: dict[str, Any]) -> Checked:
+    """:class:`Checked` of the checkpoint ``p`` whose ``manifest`` verified (blocking: one lstat)."""
+    st = os.lstat(p / jobkit.MANIFEST)  # (the manifest itself: what a transfer sends besides the files)
+    d = os.lstat(p)
+    return Checked(sum(int(f["size"]) for f in manifest["files"]) + st.st_size, st.st_mtime, (d.st_dev, d.st_ino))
+
+
+def check_newest(names: Sequence[Path], s: dict[str, Any],
+                 check: Callable[[Path], object] | None = None) -> tuple[Path | None, Any, Checked | None]:
+    """The newest of ``names`` (oldest first) that passes its check, within the settings'
+    limits (at most ``verify_tries`` tried, each refused unread past ``verify_max_bytes`` or
+    with a sparse file, all of them within ``verify_timeout_s``): (its path, what ``check``
+    returned (None: jobkit's check), :class:`Checked`), or (None, None, None). Blocking: a
+    verify lane runs it."""
+    limits = limits_of(s)
+    for p in list(reversed(names))[:int(s.get("verify_tries", VERIFY_TRIES))]:
+        try:
+            built = None
+            if check is None:
+                m = jobkit.verify_checkpoint(p, limits=limits)
+            else:
+                m = jobkit.precheck(p, limits)  # nothing read before the directory is as its manifest says
+                built = check(p)
+            return p, built, checked_info(p, m)
+        except (jobkit.CheckpointError, OSError) as e:
+            log.info("migrate: checkpoint %s not taken: %s", p, e)
+            _count_refusal(e)
+            if limits.deadline is not None and time.monotonic() > limits.deadline:
+                break
+    return None, None, None
 
 
 async def wait_new_checkpoint(ckpt_dir: str | Path | None, after: Path | None, timeout: float,
                               alive: Callable[[], bool], poll_s: float = 0.05,
                               check: Callable[[Path], object] | None = None,
-                              found: Callable[[Path], object] | None = None) -> Path | None:
+                              found: Callable[[Path], object] | None = None, *,
+                              job: Any = None, scanner: CkptScanner | None = None, lane: Lane | None = None,
+                              settings: dict[str, Any] | None = None) -> Path | None:
     """The first checkpoint under ``ckpt_dir`` newer than ``after`` (a higher step, or ``after``'s
     step saved again: jobkit replaces it) that passes ``check`` (None:
     :func:`laminar.jobkit.verify_checkpoint`; a check raises CheckpointError or OSError), or
     None after ``timeout`` or once ``alive()`` is false with none (every checkpoint listed is
-    checked first). ``found`` is called (on the loop) with each checkpoint before its check.
-    Each checkpoint is hashed once, and in a worker thread: a checkpoint of many GB takes
-    seconds to hash, which must not stall the agent's event loop (probes, heartbeats,
-    kill-switches)."""
-    import asyncio
+    checked first). ``found`` is called (on the loop) with each checkpoint before its check; it
+    may return an awaitable (awaited before the check).
 
+    The directory is the job's: it is listed by ``scanner`` (bounded, off the loop, never
+    through a link: :mod:`laminar.runtime.ckpt_scan`), and each checkpoint is checked once, in
+    ``lane`` (one check per owner at a time, with the settings' limits: at most
+    ``verify_max_bytes``, no sparse file, ``verify_timeout_s``), never on the event loop
+    (probes, heartbeats, kill-switches). ``job`` (its ``id`` and ``owner_uid``), ``scanner``,
+    ``lane`` and ``settings`` default to a listing of ``ckpt_dir`` of its own and the defaults."""
+    import asyncio
+    from types import SimpleNamespace
+
+    if not ckpt_dir:
+        return None
+    s = settings or {}
+    who = job if job is not None else SimpleNamespace(id=f"path:{ckpt_dir}", ckpt_dir=ckpt_dir, owner_uid=0)
+    if getattr(who, "ckpt_dir", None) != ckpt_dir:
+        who = SimpleNamespace(id=f"path:{ckpt_dir}", ckpt_dir=ckpt_dir, owner_uid=getattr(job, "owner_uid", 0))
+    scan = scanner or CkptScanner()
+    lane = lane or Lane("ckpt-verify", workers=1, timeout_s=float(s.get("verify_timeout_s", VERIFY_TIMEOUT_S)))
+    owner = getattr(who, "owner_uid", 0)
     end = time.monotonic() + timeout
     floor = int(after.name[5:]) if after is not None else -1
-    after_id = _ident(after) if after is not None else None
-    failed: set[tuple[str, tuple[int, int] | None]] = set()
+    known = scan.cached(who.id)  # taken before the checkpoint was asked for: ``after`` as it was
+    after_id = known.ident_of(after.name) if known is not None and after is not None else None
+    first = True
+    failed: set[tuple[str, tuple[int, int]]] = set()
+
+    def verify(p: Path) -> object:
+        limits = limits_of(s)
+        if check is None:
+            return jobkit.verify_checkpoint(p, limits=limits)
+        jobkit.precheck(p, limits)  # nothing read before the directory is as its manifest says
+        return check(p)
+
     while True:
-        for p in reversed(jobkit.list_checkpoints(ckpt_dir) if ckpt_dir else []):
-            n = int(p.name[5:])
+        listing = await scan.refresh(who)
+        if listing is not None and first and after is not None and after_id is None:
+            after_id = listing.ident_of(after.name)
+        first = False
+        for name, ino in reversed(listing.ckpts if listing is not None else ()):
+            n = int(name[5:])
             if n < floor:
                 break
-            pid = _ident(p)
-            if pid is None or (n == floor and pid == after_id):
-                continue  # gone, or ``after`` itself (a save at the same step replaces it: new)
-            if (p.name, pid) in failed:
+            pid = (listing.key[0], ino) if listing is not None else (0, 0)
+            if n == floor and pid == after_id:
+                continue  # ``after`` itself (a save at the same step replaces it: new)
+            if (name, pid) in failed:
                 continue
+            p = Path(ckpt_dir) / name
             if found is not None:
-                found(p)
+                res = found(p)
+                if asyncio.iscoroutine(res) or isinstance(res, asyncio.Future):
+                    await res
             try:
-                await asyncio.to_thread(check or jobkit.verify_checkpoint, p)
+                await lane.run(owner, verify, p, timeout_s=max(1.0, float(s.get("verify_timeout_s", VERIFY_TIMEOUT_S))))
                 return p
-            except (jobkit.CheckpointError, OSError):
-                failed.add((p.name, pid))
+            except (jobkit.CheckpointError, OSError, TimeoutError, LaneBusy) as e:
+                log.info("migrate: checkpoint %s not taken: %s", p, e)
+                _count_refusal(e)
+                failed.add((name, pid))
         if time.monotonic() >= end or not alive():
             return None
         await asyncio.sleep(poll_s)
@@ -261,17 +355,48 @@ class CkptDriver:
         self.last_round: float | None = None
         self._last_mono: float | None = None
         self.link_bps = 0.0
-        self.counts = {"signals": 0, "commits": 0, "misses": 0}
-        # job id -> (the ckpt-<n> names listed, the newest that verified, that check's transfer
-        # manifest or None): filled off the event loop by run() (a checkpoint of many GB takes
-        # seconds to hash); a direct round() hashes inline. Keyed by the whole listing, not its
-        # highest name: a commit below a damaged checkpoint of a higher step changes the listing
-        # but not its top. What the prestage, a move's start and the archive's periodic copy
-        # take as the newest verified checkpoint while the listing stays (:meth:`checked`).
-        self._verified: dict[str, tuple[tuple[tuple[str, tuple[int, int] | None], ...], Path | None, Any]] = {}
+        self.counts = {"signals": 0, "commits": 0, "misses": 0, "verify_failed": 0, "verify_unknown": 0}
+        # job id -> (the checkpoints listed, the newest that verified, that check's transfer
+        # manifest or None, what its check found): filled off the event loop by run() (a
+        # checkpoint of many GB takes seconds to hash); a direct round() hashes inline. Keyed by
+        # the whole listing, not its highest name: a commit below a damaged checkpoint of a
+        # higher step changes the listing but not its top. What the prestage, a move's start and
+        # the archive's periodic copy take as the newest verified checkpoint while the listing
+        # stays (:meth:`checked`).
+        self._verified: dict[str, tuple[Ident, Path | None, Any, Checked | None]] = {}
         self.threaded = False
         # job id -> (the listing, whether with the manifest, the check in flight): :meth:`check`
         self._checking: dict[str, tuple[Any, bool, Any]] = {}
+        # jobs' checkpoint listings: the job manager's scanner (Airlock reads the same), else one
+        # of the driver's own (a stand-in job manager)
+        self.scan: CkptScanner = getattr(getattr(comp.agent, "jobs", None), "ckpt_scan", None) or CkptScanner()
+        # checks of jobs' checkpoints: one per owner at a time, each within verify_timeout_s
+        self.lane = Lane("ckpt-verify", workers=VERIFY_WORKERS,
+                         timeout_s=float(dict(comp.s).get("verify_timeout_s", VERIFY_TIMEOUT_S)))
+
+    def stats(self) -> dict[str, Any]:
+        """Counts for the status: signals, commits, misses, checks that failed or did not
+        finish, and the scan and check lanes'."""
+        return {**self.counts, "refused": dict(REFUSED), "scan": self.scan.stats(), "verify": self.lane.stats()}
+
+    def _listed(self, job: Any) -> Listing | None:
+        """``job``'s checkpoint listing: the scanner's last (run() refreshes it off the loop), or
+        scanned here for a direct round() (no event loop: tests, tools)."""
+        if self.threaded:
+            return self.scan.cached(job.id)
+        return self.scan.scan_now(job)
+
+    def verified_bytes(self, job: Any) -> int | None:
+        """The size of ``job``'s newest verified checkpoint by its manifest, as last checked
+        (whatever its listing became since), or None when none verified. O(1), no file read."""
+        hit = self._verified.get(job.id)
+        return None if hit is None or hit[3] is None else hit[3].size_bytes
+
+    def listed(self, job: Any) -> list[Path] | None:
+        """``job``'s checkpoints (the highest-numbered, oldest first) by the scanner's last
+        listing, no scan; None when it has not been listed (or its listing is unknown)."""
+        got = self.scan.cached(job.id)
+        return None if got is None else got.paths()
 
     @property
     def s(self) -> dict[str, Any]:
@@ -307,37 +432,38 @@ class CkptDriver:
         not answered by a new *verified* checkpoint within ``ckpt_wait_s`` is a miss (a
         checkpoint directory that does not verify is no answer), and the job is asked again at
         its next due time."""
-        names = jobkit.list_checkpoints(job.ckpt_dir) if job.ckpt_dir else []
-        key = _listing(names)
+        listing = self._listed(job)
+        if listing is None and self.threaded and job.ckpt_dir:
+            return  # not listed yet, or its scan did not finish: unknown this round
+        names = listing.paths() if listing is not None else []
+        key = listing.ident() if listing is not None else ()
         newest: Path | None = None
+        info: Checked | None = None
         cached = self._verified.get(job.id)
         if not names:
             pass
         elif cached is not None and cached[0] == key:
-            newest = cached[1]
+            newest, info = cached[1], cached[3]
         elif self.threaded:
             return  # run() verifies it in a thread before the next round
         else:
-            newest = jobkit.latest_checkpoint(job.ckpt_dir)
-            self._verified[job.id] = (key, newest, None)
-        if (newest is not None and (newest.name, _ident(newest)) != (t.newest, t.newest_id)
-                and self._commit(t, newest, now)):
+            newest, _, info = check_newest(names, self.s)
+            self._verified[job.id] = (key, newest, None, info)
+        if (newest is not None and info is not None and (newest.name, info.ident) != (t.newest, t.newest_id)
+                and self._commit(t, newest, info, now)):
             return
         if t.pending and t.signal_at is not None and now - t.signal_at > float(self.s["ckpt_wait_s"]):
             t.pending = False
             t.misses += 1
             self.counts["misses"] += 1
 
-    def _commit(self, t: Track, newest: Path, now: float) -> bool:
-        """Records ``newest``, a verified checkpoint not seen before; False when it is gone."""
-        try:
-            at = (newest / jobkit.MANIFEST).stat().st_mtime
-            size = ckpt_size(newest)
-        except OSError:  # removed by the job meanwhile: next round
-            return False
+    def _commit(self, t: Track, newest: Path, info: Checked, now: float) -> bool:
+        """Records ``newest``, a verified checkpoint not seen before, by what its check found
+        (``info``: its size by its manifest, its commit time; nothing of the job's is read here)."""
+        at = info.committed_at
         first = not t.newest
-        t.newest, t.newest_at, t.size_bytes = newest.name, min(at, now), float(size)
-        t.newest_id = _ident(newest)
+        t.newest, t.newest_at, t.size_bytes = newest.name, min(at, now), float(info.size_bytes)
+        t.newest_id = info.ident
         if first and t.signal_at is None:
             return True  # there before the driver looked: not a commit it saw
         t.commits += 1
@@ -398,6 +524,8 @@ class CkptDriver:
         for jid in list(self._verified):
             if jid not in jobs:
                 del self._verified[jid]
+        if self.scan is not getattr(self.comp.agent.jobs, "ckpt_scan", None):
+            self.scan.keep_only(jobs)  # (the job manager's scanner is the job manager's to prune)
         for jid, job in jobs.items():
             t = self.tracks.setdefault(jid, Track(jid, now))
             if job.ckpt_dir:
@@ -461,26 +589,36 @@ class CkptDriver:
         self.threaded = True
         while True:
             try:
-                await self.verify_new()
+                await self.verify_new(wait=False)
                 self.round()
             except Exception:
                 log.exception("migrate: checkpoint round failed")
             await asyncio.sleep(float(self.s["poll_s"]))
 
-    async def verify_new(self) -> None:
-        """For each active job whose newest listed checkpoint changed, find its newest verified
-        checkpoint in a worker thread (what the next round reads)."""
-        for job in list(self.comp.agent.jobs.active()):
-            if not job.ckpt_dir:
+    async def verify_new(self, wait: bool = True) -> None:
+        """Lists every active job's checkpoints (the scanner, off the loop) and, for each job
+        whose listing changed, starts the check that finds its newest verified checkpoint (what
+        the next round reads). The checks run side by side, one per owner (:attr:`lane`): a
+        user's checkpoint that takes an hour to check delays no other user's. ``wait``: until
+        the checks started here end (run() does not: its rounds go on meanwhile)."""
+        import asyncio
+
+        jobs = [j for j in self.comp.agent.jobs.active() if j.ckpt_dir]
+        await self.scan.refresh_all(jobs)
+        started = []
+        for job in jobs:
+            listing = self.scan.cached(job.id)
+            if listing is None or not listing.ckpts:
                 continue
-            names = jobkit.list_checkpoints(job.ckpt_dir)
-            if not names:
-                continue
-            key = _listing(names)
             cached = self._verified.get(job.id)
-            if cached is not None and cached[0] == key:
+            if cached is not None and cached[0] == listing.ident():
                 continue
-            await self.check(job)
+            flying = self._checking.get(job.id)
+            if flying is not None and flying[0] == listing.ident():
+                continue
+            started.append(asyncio.ensure_future(self.check(job)))
+        if wait and started:
+            await asyncio.gather(*started, return_exceptions=True)
 
     async def check(self, job: Any, manifest: bool | None = None) -> tuple[Path | None, Any]:
         """(``job``'s newest verified checkpoint or None, the transfer manifest its check built
@@ -493,8 +631,11 @@ class CkptDriver:
         the prestage's build each read every checkpoint whole."""
         import asyncio
 
-        key = _listing(jobkit.list_checkpoints(job.ckpt_dir) if job.ckpt_dir else [])
+        listing = await self.scan.refresh(job) if job.ckpt_dir else None
         cached = self._verified.get(job.id)
+        if listing is None:  # no directory, or its scan did not finish: what the last check found
+            return (cached[1], cached[2]) if cached is not None and job.ckpt_dir else (None, None)
+        key = listing.ident()
         if cached is not None and cached[0] == key and (cached[2] is not None or not manifest or cached[1] is None):
             return cached[1], cached[2]
         flying = self._checking.get(job.id)
@@ -503,19 +644,29 @@ class CkptDriver:
         if manifest is None:
             wants = getattr(self.comp, "_prestage_manifest", None)
             manifest = bool(wants is not None and wants(job))
-        if manifest:
-            fut = asyncio.ensure_future(asyncio.to_thread(self.comp._newest_checked, job))
-        else:
-            fut = asyncio.ensure_future(asyncio.to_thread(lambda: (jobkit.latest_checkpoint(job.ckpt_dir), None)))
+        names = listing.paths()
+        settings = self.s
+        build = (lambda p: self.comp._checked_manifest(job, p)) if manifest else None
+        fut = asyncio.ensure_future(self.lane.run(getattr(job, "owner_uid", 0), check_newest, names, settings, build,
+                                                  timeout_s=float(settings.get("verify_timeout_s", VERIFY_TIMEOUT_S)) + 5.0))
         self._checking[job.id] = (key, manifest, fut)
         try:
-            newest, built = await asyncio.shield(fut)
+            newest, built, info = await asyncio.shield(fut)
+            if newest is None:
+                self.counts["verify_failed"] += 1
+        except (TimeoutError, LaneBusy) as e:
+            # its check did not finish (storage that does not answer, a checkpoint too slow to
+            # read): the checkpoint it had, if still listed, stays its newest verified one
+            log.info("migrate: %s: checking its checkpoints: %s", job.id, e)
+            self.counts["verify_unknown"] += 1
+            keep = cached is not None and cached[1] is not None and cached[1] in names
+            newest, built, info = (cached[1], None, cached[3]) if keep and cached is not None else (None, None, None)
         finally:
             if self._checking.get(job.id, (None, None, None))[2] is fut:
                 del self._checking[job.id]
         prev = self._verified.get(job.id)
         if prev is None or prev[0] != key or prev[2] is None or built is not None:
-            self._verified[job.id] = (key, newest, built)  # (a check with the manifest that ended first is kept)
+            self._verified[job.id] = (key, newest, built, info)  # (a check with the manifest that ended first is kept)
         return newest, built
 
     def checked(self, job: Any) -> tuple[Path | None, Any] | None:
@@ -526,7 +677,8 @@ class CkptDriver:
         copies it checks what it reads (the send against the manifest, the archive's copy
         against the job's manifest)."""
         hit = self._verified.get(job.id) if job.ckpt_dir else None
-        if hit is None or _listing(jobkit.list_checkpoints(job.ckpt_dir)) != hit[0]:
+        listing = self.scan.cached(job.id) if self.threaded else self.scan.scan_now(job)
+        if hit is None or listing is None or listing.ident() != hit[0]:
             return None
         return hit[1], hit[2]
 

@@ -132,7 +132,8 @@ from pathlib import Path
 from typing import Any
 
 from laminar import jobkit
-from laminar.airlock.cgroups import CgroupError
+from laminar.airlock.cgroups import CgroupError, set_frozen_async
+from laminar.airlock.cgroups import freeze_counts as cgroup_freeze_counts
 from laminar.config import Field, _one_of, _range, register_section
 from laminar.migrate import ckpt_driver, drain
 from laminar.migrate import ckpt_schedule as cs
@@ -172,8 +173,8 @@ from laminar.migrate.hazard import (
     calibrate_from_spot_traces,
 )
 from laminar.migrate.holder import HolderCandidate, RetrySchedule, choose_holder
+from laminar.migrate.replicas import REPLICA_SCAN_TIMEOUT_S, ReplicasMixin, redact_replica
 from laminar.migrate.replicas import RESUME_KEEP_S as RESUME_KEEP_S
-from laminar.migrate.replicas import ReplicasMixin, redact_replica
 from laminar.migrate.replicas import guard_confirmation as guard_confirmation
 from laminar.migrate.replicas import guard_needed as guard_needed
 from laminar.migrate.replicas import replica_gc_plan as replica_gc_plan
@@ -200,6 +201,8 @@ from laminar.migrate.transfer import (
 from laminar.migrate.trees import _remove_tree
 from laminar.migrate.vouch import VouchMixin
 from laminar.migrate.withdraw import WithdrawMixin
+from laminar.offloop import Lane, LaneBusy
+from laminar.runtime.ckpt_scan import CkptScanner
 from laminar.zone.gate import Gate
 from laminar.zone.membership import canonical_ip, listen_check
 
@@ -215,6 +218,14 @@ TRANSFER_MIN_S = 0.25  # the shortest deadline a late transfer is given
 # little higher (the cautious side).
 EVIDENCE_SAVE_S = 60.0
 GPU_MEM_EVERY_S = 10.0  # NVML's GPU memory per process read at most this often (planning sizes)
+# The prestage rule's fit of all jobs' final checkpoints in a notice window is computed at most
+# this often (a prestage round is every poll_s; the sizes it reads change at commits only).
+PRESTAGE_FIT_S = 0.25
+# How long a move waits for its job to be frozen (or thawed), without blocking the loop.
+FREEZE_WAIT_S = 2.0
+# The look at whether a checked checkpoint's files are still those checked (a stat of each, in
+# the job's directory: in its owner's lane, never longer than this).
+SAME_FILES_S = 10.0
 # How often every held key is looked at (released, handed over, placed elsewhere, ...): the default
 # of ``[migrate] replica_gc_s``.
 REPLICA_GC_S = 30.0
@@ -296,11 +307,12 @@ register_section("migrate", CONFIG_FIELDS)
 # without one) for good before it looks at the path. It prints one JSON line: {} (verified),
 # {"denied": strerror} (the owner cannot reach or open the path itself) or {"error": jobkit's}.
 _VERIFY_AS_OWNER = """
-import importlib.util, json, os, pwd, sys
+import importlib.util, json, os, pwd, sys, time
 spec = importlib.util.spec_from_file_location("laminar_jobkit", sys.argv[1])
 jobkit = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(jobkit)
 path, uid, gid = sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
+limits = jobkit.Limits(int(sys.argv[5]), time.monotonic() + float(sys.argv[6]), refuse_sparse=True)
 try:
     os.initgroups(pwd.getpwuid(uid).pw_name, gid)
 except KeyError:
@@ -308,7 +320,7 @@ except KeyError:
 os.setgid(gid)
 os.setuid(uid)
 try:
-    jobkit.verify_checkpoint(path)
+    jobkit.verify_checkpoint(path, limits=limits)
     out = {}
 except PermissionError as e:
     out = {"denied": e.strerror or str(e)}
@@ -328,7 +340,8 @@ print(json.dumps(out))
 VERIFY_STALL_S = 120.0
 
 
-def verify_as_owner(path: str, uid: int, gid: int, stall_s: float | None = None) -> None:
+def verify_as_owner(path: str, uid: int, gid: int, stall_s: float | None = None, *,
+                    max_bytes: int = ckpt_driver.VERIFY_MAX_BYTES, timeout_s: float = ckpt_driver.VERIFY_TIMEOUT_S) -> None:
     """Verifies the checkpoint ``path`` (jobkit's check) with the permissions of ``uid``, ``gid``
     and the uid's groups, in a child process that dropped to them, never as root: what a job of
     that user could read, and no more. Blocking (callers run it in a thread), but bounded: a
@@ -339,7 +352,12 @@ def verify_as_owner(path: str, uid: int, gid: int, stall_s: float | None = None)
     holds only what that user could have learnt by looking at the path themselves (a checkpoint
     they cannot reach is refused alike whether it is valid, corrupt or absent). For uid 0 (a
     root job's checkpoint, checked in a child only for the bound) the texts are root's: jobkit's
-    error as ``checkpoint <path> is not restorable: <error>``, no owner named."""
+    error as ``checkpoint <path> is not restorable: <error>``, no owner named.
+
+    The check has jobkit's limits too (:class:`jobkit.Limits`): a manifest declaring more than
+    ``max_bytes``, or a sparse file, is refused unread, and the check stops after ``timeout_s``
+    (a child still running a few seconds past it is killed): a hand-made manifest naming a
+    10 TiB sparse file was hashed for hours, holding the caller's thread."""
     from laminar.runtime import joblimits
 
     stall_s = VERIFY_STALL_S if stall_s is None else stall_s
@@ -347,7 +365,8 @@ def verify_as_owner(path: str, uid: int, gid: int, stall_s: float | None = None)
     # the owner's limits, nice value and an oom_score_adj of its own, not the agent's (a job's
     # owner's profile: joblimits; its LimitsError is a ValueError naming the limits file)
     argv = [*joblimits.helper_argv(uid, gid), sys.executable, "-I", "-c", _VERIFY_AS_OWNER, jobkit.__file__, path,
-            str(uid), str(gid)]
+            str(uid), str(gid), str(int(max_bytes)), repr(float(timeout_s))]
+    end = time.monotonic() + float(timeout_s) + 5.0
     proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             text=True, env={}, cwd="/")
     seen, since = _progress(f"/proc/{proc.pid}"), time.monotonic()
@@ -357,14 +376,17 @@ def verify_as_owner(path: str, uid: int, gid: int, stall_s: float | None = None)
             break
         except subprocess.TimeoutExpired:
             now, progress = time.monotonic(), _progress(f"/proc/{proc.pid}")
-            if progress != seen:
+            if progress != seen and now < end:
                 seen, since = progress, now
                 continue
-            if now - since < stall_s:
+            if now - since < stall_s and now < end:
                 continue
             proc.kill()
             with contextlib.suppress(subprocess.TimeoutExpired):
                 proc.communicate(timeout=1.0)  # reaped now unless unkillable (then by subprocess, later)
+            if now >= end:
+                raise ValueError(f"checkpoint {path} could not be checked{who}: the check took more than "
+                                 f"{timeout_s:g} s and was stopped") from None
             raise ValueError(f"checkpoint {path} could not be checked{who}: the check read nothing for {stall_s:g} s "
                              "(its storage does not answer) and was stopped") from None
     try:
@@ -606,6 +628,16 @@ class ReclaimComponent(BuddiesMixin, GuardMixin, ReplicasMixin, WithdrawMixin, S
         self.ckpt_latency: dict[str, float] = {}  # job id -> seconds its last requested checkpoint took
         self._gpu_mem: dict[int, int] = {}  # pid -> GPU bytes, NVML's last read (_gpu_memory_round)
         self._gpu_mem_at = -math.inf
+        # the prestage rule's fit of every job's final checkpoint in a notice window, computed
+        # once per round for all jobs (_should_prestage): (when, job id -> fits)
+        self._fit: tuple[float, dict[str, bool]] = (-math.inf, {})
+        # a checkpoint listing and check lane for a component without the checkpoint driver
+        self._own_ckpt_tools: tuple[CkptScanner, Lane] | None = None
+        # walks of the replica root (replicas.py): one at a time, bounded; the last one's answer
+        self._replica_lane = Lane("replica-scan", workers=1, timeout_s=REPLICA_SCAN_TIMEOUT_S)
+        self._replica_scan: tuple[float, dict[str, Any]] | None = None
+        self._replica_scan_fut: asyncio.Future[dict[str, Any]] | None = None
+        self._unclaimed_task: asyncio.Task[Any] | None = None
         self._prestaging: set[str] = set()
         # job id -> the send of its prestage in flight (a move of the job cancels it: _supersede_prestage)
         self._prestage_sends: dict[str, asyncio.Task[str]] = {}
@@ -1077,11 +1109,9 @@ class ReclaimComponent(BuddiesMixin, GuardMixin, ReplicasMixin, WithdrawMixin, S
         job as 64 MiB asked for its checkpoint too late for the transfer, and the job was lost
         at the window's end. Planning too large only asks earlier; the move is ranked again
         with the checkpoint's real size."""
-        for p in reversed(jobkit.list_checkpoints(job.ckpt_dir) if job.ckpt_dir else []):
-            try:
-                return sum(f.stat().st_size for f in p.iterdir() if f.is_file()) or DEFAULT_CKPT_BYTES
-            except OSError:  # removed by the job meanwhile
-                continue
+        verified = self.ckpt.verified_bytes(job) if self.ckpt is not None and job.ckpt_dir else None
+        if verified is not None:  # by its verified manifest: never a stat of the job's files
+            return verified or DEFAULT_CKPT_BYTES
         held = 0
         cg = getattr(job, "cgroup", None)
         if cg is not None and getattr(job, "active", False):
@@ -1112,8 +1142,8 @@ class ReclaimComponent(BuddiesMixin, GuardMixin, ReplicasMixin, WithdrawMixin, S
         if jobs is None or time.monotonic() - self._gpu_mem_at < GPU_MEM_EVERY_S:
             return
         self._gpu_mem_at = time.monotonic()  # the checkpoint listings below too: not every round
-        if not any(getattr(j, "gpus", None) and not (j.ckpt_dir and jobkit.list_checkpoints(j.ckpt_dir))
-                   for j in jobs.active()):
+        listed = self.ckpt.listed if self.ckpt is not None else (lambda j: None)
+        if not any(getattr(j, "gpus", None) and not (j.ckpt_dir and listed(j)) for j in jobs.active()):
             self._gpu_mem = {}
             return
         from laminar.runtime import gpus
@@ -1134,11 +1164,17 @@ class ReclaimComponent(BuddiesMixin, GuardMixin, ReplicasMixin, WithdrawMixin, S
         # The reclaim moves every job of the node through one uplink in one window
         # (notice_schedule): a job whose final checkpoint fits the window alone may not fit
         # beside its neighbours, so fit is judged over all of them, as the evacuation plans.
-        jobs_mgr = getattr(self.agent, "jobs", None)
-        others = [j for j in (jobs_mgr.active() if jobs_mgr is not None else []) if j.id != job.id]
-        link = float(self.s["path_mbit"]) * 1e6 / 8
-        cands = [cs.CkptJob(j.id, float(self._ckpt_bytes(j))) for j in (job, *others)]
-        return not cs.notice_fit(cands, link, w, float(self.s["notice_margin"]))[job.id]
+        # Once per round for all of them (PRESTAGE_FIT_S), from the sizes known (no file read):
+        # judged per job, a round was quadratic in the jobs of the node.
+        at, fits = self._fit
+        if time.monotonic() - at > PRESTAGE_FIT_S or job.id not in fits:
+            jobs_mgr = getattr(self.agent, "jobs", None)
+            others = [j for j in (jobs_mgr.active() if jobs_mgr is not None else []) if j.id != job.id]
+            link = float(self.s["path_mbit"]) * 1e6 / 8
+            cands = [cs.CkptJob(j.id, float(self._ckpt_bytes(j))) for j in (job, *others)]
+            fits = cs.notice_fit(cands, link, w, float(self.s["notice_margin"]))
+            self._fit = (time.monotonic(), fits)
+        return not fits[job.id]
 
     # -- the reclaim --------------------------------------------------------------------------
 
@@ -1276,7 +1312,7 @@ class ReclaimComponent(BuddiesMixin, GuardMixin, ReplicasMixin, WithdrawMixin, S
         for j in active:
             if phases.get(j.id, ("", None))[0] == "frozen":  # its move froze it: it checkpoints again
                 with contextlib.suppress(Exception):
-                    j.cgroup.thaw(timeout=2.0)
+                    j.cgroup.thaw(timeout=0)  # asked; not waited for (this runs on the loop)
         for j in handed:
             self._spawn(self._stop_handed(j, phases[j.id][1]))
         placing = [jid for jid, (ph, _) in phases.items() if ph == "placing"
@@ -1409,7 +1445,7 @@ class ReclaimComponent(BuddiesMixin, GuardMixin, ReplicasMixin, WithdrawMixin, S
                 continue
             if r["thaw"]:
                 with contextlib.suppress(Exception):
-                    job.cgroup.thaw(timeout=2.0)
+                    job.cgroup.thaw(timeout=0)  # asked; not waited for (this runs on the loop)
             self._drop_move_record(jid)
             self._emit(f"{jid}: its move ({r['reason']}) was cut before its hand-over by the agent's stop; "
                        + ("thawed, it runs here" if r["thaw"] else "it runs here, left as it was before the move"),
@@ -1436,7 +1472,7 @@ class ReclaimComponent(BuddiesMixin, GuardMixin, ReplicasMixin, WithdrawMixin, S
                 mv.phase, mv.error = "failed", str(e)
                 if thaw:
                     with contextlib.suppress(Exception):
-                        job.cgroup.thaw(timeout=2.0)
+                        await set_frozen_async(job.cgroup, False, 2.0)
                 self._drop_move_record(job.id)
                 self._emit(f"{job.id}: its move to node {node} ({reason}) was cut by the agent's stop during the "
                            f"hand-over; node {node} did not start it ({e}), so it runs here"
@@ -1570,9 +1606,11 @@ class ReclaimComponent(BuddiesMixin, GuardMixin, ReplicasMixin, WithdrawMixin, S
             except TransferError as e:  # corrupt, or saved again while it was read: not this one
                 raise jobkit.CheckpointError(str(e)) from None
 
+        scan, lane = self._ckpt_tools()
         new = await ckpt_driver.wait_new_checkpoint(job.ckpt_dir, after, timeout,
                                                     lambda: bool(job.active) and (alive is None or alive()),
-                                                    check=check, found=found)
+                                                    check=check, found=found, job=job, scanner=scan, lane=lane,
+                                                    settings=self.s)
         return new, None if new is None else built.get(new)
 
     def _checked_manifest(self, job: Any, p: Path) -> Manifest:
@@ -1605,22 +1643,47 @@ class ReclaimComponent(BuddiesMixin, GuardMixin, ReplicasMixin, WithdrawMixin, S
         if self.ckpt is not None and job.ckpt_dir:
             ckpt, m = await self.ckpt.check(job, manifest=True)
             if ckpt is not None and m is not None:
-                m = await asyncio.to_thread(_same_files, m, ckpt)
+                scan, lane = self._ckpt_tools()
+                try:  # a stat of each of the job's files: the job's storage, in its owner's lane
+                    m = await lane.run(getattr(job, "owner_uid", 0), _same_files, m, ckpt, timeout_s=SAME_FILES_S)
+                except (TimeoutError, LaneBusy):
+                    return None, None
                 if m is not None:
                     return ckpt, m
-        return await asyncio.to_thread(self._newest_checked, job)
+        got, built, _ = await self._check_now(job, manifest=True)
+        return got, built
 
-    def _newest_checked(self, job: Any) -> tuple[Path | None, Manifest | None]:
-        """``job``'s newest checkpoint that passes its check (:func:`jobkit.latest_checkpoint`'s
-        choice) and that check's transfer manifest (:meth:`_checked_manifest`), or (None,
-        None). Blocking: a checkpoint of many GB takes seconds to read (callers run it in a
-        thread, never on the event loop)."""
-        for p in reversed(jobkit.list_checkpoints(job.ckpt_dir) if job.ckpt_dir else []):
-            try:
-                return p, self._checked_manifest(job, p)
-            except (TransferError, OSError):
-                continue
-        return None, None
+    def _ckpt_tools(self) -> tuple[CkptScanner, Lane]:
+        """The checkpoint driver's scanner and check lane (the job manager's scanner, which
+        Airlock reads too), or, for a component without a driver, ones of its own."""
+        if self.ckpt is not None:
+            return self.ckpt.scan, self.ckpt.lane
+        if self._own_ckpt_tools is None:
+            scan = getattr(getattr(self.agent, "jobs", None), "ckpt_scan", None) or CkptScanner()
+            self._own_ckpt_tools = (scan, Lane("ckpt-verify", workers=ckpt_driver.VERIFY_WORKERS,
+                                               timeout_s=float(self.s.get("verify_timeout_s",
+                                                                          ckpt_driver.VERIFY_TIMEOUT_S))))
+        return self._own_ckpt_tools
+
+    async def _check_now(self, job: Any, manifest: bool) -> tuple[Path | None, Manifest | None, Any]:
+        """``job``'s newest checkpoint that passes its check, the transfer manifest the check
+        built (``manifest``) and what it found (:class:`ckpt_driver.Checked`), or (None, None,
+        None): listed and checked off the loop, in the job's owner's lanes, within the settings'
+        limits (:func:`ckpt_driver.check_newest`); a listing or check that does not finish in
+        time finds none."""
+        if not job.ckpt_dir:
+            return None, None, None
+        scan, lane = self._ckpt_tools()
+        listing = await scan.refresh(job)
+        if listing is None or not listing.ckpts:
+            return None, None, None
+        build = (lambda p: self._checked_manifest(job, p)) if manifest else None
+        try:
+            return await lane.run(getattr(job, "owner_uid", 0), ckpt_driver.check_newest, listing.paths(), self.s,
+                                  build)  # type: ignore[no-any-return]
+        except (TimeoutError, LaneBusy) as e:
+            log.info("migrate: %s: checking its checkpoints: %s", job.id, e)
+            return None, None, None
 
     async def _move(self, job: Any, reason: str, deadline_mono: float | None, final: bool = True,
                     transfer_deadline: float | None = None) -> Move:
@@ -1645,14 +1708,17 @@ class ReclaimComponent(BuddiesMixin, GuardMixin, ReplicasMixin, WithdrawMixin, S
             # (nothing read here while it holds: a whole read of a checkpoint of many GB before
             # the final checkpoint is even asked for, seconds of the window; else checked now)
             before_manifest = None
+            before_size: int | None = None
             if self.ckpt is not None and job.ckpt_dir:
                 before, before_manifest = await self.ckpt.check(job, manifest=False)
+                before_size = self.ckpt.verified_bytes(job) if before is not None else None
             else:
-                before = await asyncio.to_thread(jobkit.latest_checkpoint, job.ckpt_dir) if job.ckpt_dir else None
+                before, _, info = await self._check_now(job, manifest=False)
+                before_size = info.size_bytes if info is not None else None
             ckpt = before
             held = False
 
-            def hold(_seen: Path | None = None) -> None:
+            async def hold(_seen: Path | None = None) -> None:
                 """Freezes the job (once): its steps after the checkpoint are lost anyway. Done as
                 soon as the final checkpoint is there, before it is checked: the job's cores go to
                 the check, and no more steps are thrown away meanwhile (a check reads the whole
@@ -1667,8 +1733,17 @@ class ReclaimComponent(BuddiesMixin, GuardMixin, ReplicasMixin, WithdrawMixin, S
                     already = bool(job.cgroup.frozen())
                 if deadline_mono is None:  # before the freeze: a restart thaws what a crash cut (_restore_moves)
                     self._record_move(job.id, "frozen", reason=reason, thaw=not already)
+                took = already
                 with contextlib.suppress(Exception):
-                    frozen = job.cgroup.freeze(timeout=2.0) and not already
+                    # waited for without blocking the loop: a task of the job in uninterruptible
+                    # sleep (its own hung FUSE mount) freezes only once it wakes
+                    took = await set_frozen_async(job.cgroup, True, FREEZE_WAIT_S)
+                    frozen = not already
+                if not took:
+                    self.counts["freeze_timeouts"] = self.counts.get("freeze_timeouts", 0) + 1
+                    self._emit(f"{job.id}: not frozen within {FREEZE_WAIT_S:g} s (a task of it in uninterruptible "
+                               "sleep: hung storage?); the freeze stays asked for, the move goes on", job=job.id,
+                               phase="freeze-pending")
                 if frozen and deadline_mono is not None:  # a reclaim's: a restart thaws it and moves it again
                     self._note_move(job.id, "frozen")
                 self.frozen_at[job.id] = time.time()
@@ -1703,9 +1778,13 @@ class ReclaimComponent(BuddiesMixin, GuardMixin, ReplicasMixin, WithdrawMixin, S
                 mv.manifest = before_manifest
             if ckpt is None:
                 raise MigrateError("the job has no verified checkpoint to move (does it use laminar.jobkit?)")
-            hold()
+            await hold()
             mv.ckpt = ckpt.name
-            size = sum(p.stat().st_size for p in ckpt.iterdir() if p.is_file())
+            # its size by its check (the manifest it verified): never a stat of the job's files
+            if mv.manifest is not None and mv.manifest.ckpt_id == ckpt.name:
+                size = int(mv.manifest.total_bytes)
+            else:
+                size = before_size if ckpt == before and before_size is not None else DEFAULT_CKPT_BYTES
             window = None if deadline_mono is None else max(0.0, deadline_mono - time.monotonic())
             prestaged = self.shipped.get(job.id) == ckpt.name
             ranked = self.rank_for(job, float(size), window, prestaged)
@@ -1759,7 +1838,7 @@ class ReclaimComponent(BuddiesMixin, GuardMixin, ReplicasMixin, WithdrawMixin, S
             self._emit(f"{job.id}: move failed: {e}", job=job.id, phase="failed", error=str(e))
             if frozen:
                 with contextlib.suppress(Exception):
-                    job.cgroup.thaw(timeout=2.0)
+                    await set_frozen_async(job.cgroup, False, FREEZE_WAIT_S)
             with contextlib.suppress(Exception):
                 if deadline_mono is not None:
                     self._forget_move(job.id)
@@ -1775,7 +1854,8 @@ class ReclaimComponent(BuddiesMixin, GuardMixin, ReplicasMixin, WithdrawMixin, S
                 thawed = not frozen
                 if frozen:
                     with contextlib.suppress(Exception):
-                        thawed = job.cgroup.thaw(timeout=2.0) is not False
+                        # asked, and looked at once: this task is being cancelled (no wait here)
+                        thawed = job.cgroup.thaw(timeout=0) is not False
                 if thawed and deadline_mono is None:  # else its record has a restart thaw it
                     with contextlib.suppress(Exception):
                         self._drop_move_record(job.id)
@@ -1785,7 +1865,7 @@ class ReclaimComponent(BuddiesMixin, GuardMixin, ReplicasMixin, WithdrawMixin, S
             mv.phase, mv.error = "failed", repr(e)
             if frozen:
                 with contextlib.suppress(Exception):
-                    job.cgroup.thaw(timeout=2.0)
+                    await set_frozen_async(job.cgroup, False, FREEZE_WAIT_S)
             with contextlib.suppress(Exception):
                 if deadline_mono is not None:
                     self._forget_move(job.id)
@@ -1978,7 +2058,7 @@ class ReclaimComponent(BuddiesMixin, GuardMixin, ReplicasMixin, WithdrawMixin, S
         or was archiving it, before it could stop the job (``_archive_keeps``): stopped here
         (``reclaimed``), never moved again (the archive's record is claimable: it would run twice)."""
         with contextlib.suppress(Exception):
-            job.cgroup.thaw(timeout=2.0)  # a frozen job is not killed by a signal until it thaws
+            await set_frozen_async(job.cgroup, False, 2.0)  # a frozen job is not killed by a signal until it thaws
         what = mv.ckpt or "its checkpoint"
         try:
             await self.agent.jobs.stop(job.id, f"node {self.node_id} reclaimed: {what} is in the archive, or on its "
@@ -2175,7 +2255,12 @@ class ReclaimComponent(BuddiesMixin, GuardMixin, ReplicasMixin, WithdrawMixin, S
         mv.phase, mv.dest_job = "done", dest_job
         self._emit(f"{job.id} moved to node {node} as {dest_job}, resuming from {ckpt.name}", job=job.id, node=node,
                    dest_job=dest_job, ckpt=ckpt.name, phase="done")
-        lost = max(0.0, self.frozen_at.pop(job.id, time.time()) - ckpt.stat().st_mtime)  # trained after it, then frozen
+        _, lane = self._ckpt_tools()
+        try:  # (the job's directory: in its owner's lane, never through a link)
+            made = await lane.run(getattr(job, "owner_uid", 0), lambda: os.lstat(ckpt).st_mtime, timeout_s=2.0)
+        except (OSError, TimeoutError, LaneBusy):
+            made = time.time()
+        lost = max(0.0, self.frozen_at.pop(job.id, time.time()) - made)  # trained after it, then frozen
         with contextlib.suppress(Exception):
             await self.agent.jobs.stop(job.id, f"migrated to node {node} as {dest_job} (from {ckpt.name})",
                                        grace_s=1.0, state="migrated", work_lost_s=round(lost, 3))
@@ -2203,7 +2288,14 @@ class ReclaimComponent(BuddiesMixin, GuardMixin, ReplicasMixin, WithdrawMixin, S
                            phase="transfer")
 
         rate = float(self.s["rate_mbit"]) * 1e6 or None
-        snap = await asyncio.to_thread(self._snapshot, ckpt, self.job_key(job))
+        # the job's directory is read in its owner's lane (storage the owner controls may hang;
+        # a thread of the default executor stuck there kept the agent from ever exiting)
+        _, lane = self._ckpt_tools()
+        try:
+            snap = await lane.run(getattr(job, "owner_uid", 0), self._snapshot, ckpt, self.job_key(job),
+                                  timeout_s=float(self.s.get("verify_timeout_s", ckpt_driver.VERIFY_TIMEOUT_S)))
+        except (TimeoutError, LaneBusy) as e:
+            raise MigrateError(f"{job.id}: its checkpoint {ckpt.name} could not be read in time: {e}") from None
         try:
             if self._archive_root() is not None:  # what the guard that follows is handed, signed (_presign)
                 self._sent_manifests.pop(self.job_key(job), None)
@@ -2328,6 +2420,7 @@ class ReclaimComponent(BuddiesMixin, GuardMixin, ReplicasMixin, WithdrawMixin, S
     # -- the endpoint's callbacks -------------------------------------------------------------
 
     def _on_commit(self, c: Committed) -> None:
+        self._replica_scan = None  # the replica view walks again (a commit changed the root)
         self.counts["received"] += 1
         self._emit(f"received {c.job_id}/{c.ckpt_id} from node {c.peer_node}, verified", key=c.job_id, ckpt=c.ckpt_id,
                    src_node=c.peer_node, path=str(c.path), phase="received")
@@ -2523,6 +2616,9 @@ class ReclaimComponent(BuddiesMixin, GuardMixin, ReplicasMixin, WithdrawMixin, S
                 # silent peers another member heard lately (vouch.py): not taken for gone
                 "heard_elsewhere": sorted(self._vouch_told),
                 "periodic_ckpt": None if self.ckpt is None else dict(self.ckpt.counts),
+                # jobs' checkpoint directories: checks (failed, unfinished) and their lane; freezes
+                # and thaws that did not take hold in time (a task in uninterruptible sleep)
+                "ckpt": None if self.ckpt is None else {**self.ckpt.stats(), **cgroup_freeze_counts()},
                 # what the hazard learned here (departures announced or not, node-hours watched)
                 "evidence": self._evidence_status(),
                 "archive": self._archive_status(),
@@ -2606,7 +2702,7 @@ class ReclaimComponent(BuddiesMixin, GuardMixin, ReplicasMixin, WithdrawMixin, S
             if self.root is None:
                 view: dict[str, Any] = {"now": time.time(), "replicas": [], "totals": {}}
             else:
-                view = self.replica_view(await asyncio.to_thread(self._scan_replicas))
+                view = self.replica_view(await self.replica_scan())
             rows = view["replicas"] if self._sees_all(req.peer) else \
                 [r if r.get("owner_uid") == req.peer.uid else redact_replica(r) for r in view["replicas"]]
             if totals in ("1", "true"):

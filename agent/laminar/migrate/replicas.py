@@ -94,7 +94,8 @@ from laminar.migrate.constants import (
 )
 from laminar.migrate.errors import MigrateError, ReplicaRefused
 from laminar.migrate.transfer import TransferError
-from laminar.migrate.trees import _newest_mtime, _remove_tree
+from laminar.migrate.trees import Budget, _newest_mtime, _remove_tree
+from laminar.offloop import Lane, LaneBusy
 from laminar.runtime.jobs import LOST_WITH_CGROUP
 
 if TYPE_CHECKING:
@@ -128,9 +129,20 @@ RESUME_DIR = "resume"
 RESUME_KEEP_S = 600.0
 
 
-def _tree_bytes(path: Path) -> int:
+# The replica root is walked off the event loop, one walk at a time (a lane of one thread), each
+# of at most REPLICA_WALK_MAX entries (what a tree holds past it is not counted; a key not walked
+# whole never looks old) and REPLICA_SCAN_TIMEOUT_S; GET /v1/migrate/replicas answers from a scan
+# at most REPLICA_VIEW_MAX_AGE_S old (any number of requests: one walk).
+REPLICA_WALK_MAX = 200_000
+REPLICA_SCAN_TIMEOUT_S = 30.0
+REPLICA_VIEW_MAX_AGE_S = 2.0
+REPLICA_DROP_WALK_MAX = 10_000  # a drop's count of the bytes it removes, on the loop
+
+
+def _tree_bytes(path: Path, budget: Budget | None = None) -> int:
     """The bytes of the regular files at and under ``path`` (apparent sizes), links not followed
-    (a link counts as nothing); 0 when it cannot be read."""
+    (a link counts as nothing); 0 when it cannot be read; what ``budget`` leaves (the walk stops
+    when it is spent)."""
     try:
         st = os.lstat(path)
     except OSError:
@@ -140,7 +152,9 @@ def _tree_bytes(path: Path) -> int:
     if not stat.S_ISDIR(st.st_mode):
         return 0
     total = 0
-    for top, _dirs, files in os.walk(path, followlinks=False):
+    for top, dirs, files in os.walk(path, followlinks=False):
+        if budget is not None and not budget.take(1 + len(dirs) + len(files)):
+            break
         for n in files:
             with contextlib.suppress(OSError):
                 fst = os.lstat(os.path.join(top, n))
@@ -317,6 +331,10 @@ class ReplicasMixin:
         _releases: dict[tuple[int, str], tuple[float, float]]
         _owners: dict[str, tuple[int, int]]
         _prestaging: set[str]
+        _replica_lane: Lane
+        _replica_scan: tuple[float, dict[str, Any]] | None
+        _replica_scan_fut: asyncio.Future[dict[str, Any]] | None
+        _unclaimed_task: asyncio.Task[Any] | None
         _replica_gc_next: float
         _src_heard: dict[int, float]
         _superseding: set[str]
@@ -463,6 +481,7 @@ class ReplicasMixin:
         if newest is None:
             with contextlib.suppress(OSError):
                 os.rmdir(d)
+        self._replica_scan = None  # the replica view walks again
         self.counts["replica_gc_ckpts"] = self.counts.get("replica_gc_ckpts", 0) + len(gone)
         log.info("migrate: replicas of %s removed: %s (kept: %s)", key, ", ".join(gone),
                  ", ".join(sorted(set(have) & keep)) or "none")
@@ -508,13 +527,11 @@ class ReplicasMixin:
             self._stale_guard_round(now)
         except Exception:
             log.exception("migrate: checking stale guards")
-        for key in self._unclaimed_keys(now):
+        if self._unclaimed_task is None or self._unclaimed_task.done():  # (one pass at a time)
             try:
-                if self.replica_gc(key, unclaimed=True):
-                    self._emit(f"{key}: replicas no guard named for {self.s['replica_orphan_s']:g} s removed",
-                               persist=False, key=key, phase="replica-unclaimed")
-            except Exception:
-                log.exception("migrate: replica GC of %s", key)
+                self._unclaimed_task = self._spawn(self._unclaimed_pass(now))
+            except RuntimeError:  # no running loop (a caller without one): no walk of the trees
+                pass
         try:
             self.prune_replica_rows(now)
         except Exception:
@@ -534,14 +551,13 @@ class ReplicasMixin:
                 except Exception:
                     log.exception("migrate: replica GC of %s", key)
 
-    def _unclaimed_keys(self, now: float) -> list[str]:
+    def _unclaimed_candidates(self) -> list[tuple[str, int]]:
         """Key directories under ``<root>/checkpoints/`` with no ``migrate_replicas`` row (their
         guard never came: a lost message, a source that crashed between the transfer and the
-        guard, a crash of this agent between the commit and the row) whose newest entry
-        (:func:`_newest_mtime`) is older than ``replica_orphan_s``, and no take-over uses. Links
-        and names that are not a transfer's key are left."""
+        guard, a crash of this agent between the commit and the row) and no take-over using
+        them, with their directory's mtime (ns). Links and names that are not a transfer's key
+        are left. One listing and one lstat per key (on the loop: the store is read here)."""
         assert self.root is not None
-        age = float(self.s["replica_orphan_s"])
         base = self.root / "checkpoints"
         try:
             names = sorted(os.listdir(base))
@@ -553,13 +569,53 @@ class ReplicasMixin:
             if not _SAFE_KEY.match(n) or n in self._taking:
                 continue
             with contextlib.suppress(OSError):
-                if not stat.S_ISDIR(os.lstat(base / n).st_mode):
+                st = os.lstat(base / n)
+                if not stat.S_ISDIR(st.st_mode):
                     continue
                 if db.execute("SELECT 1 FROM migrate_replicas WHERE key=?", (n,)).fetchone() is not None:
                     continue
-                if now - _newest_mtime(base / n) >= age:
-                    out.append(n)
+                out.append((n, st.st_mtime_ns))
         return out
+
+    async def _unclaimed_pass(self, now: float) -> None:
+        """The unclaimed keys (:meth:`_unclaimed_candidates`) whose newest entry
+        (:func:`_newest_mtime`) is older than ``replica_orphan_s`` go (:meth:`replica_gc`). The
+        trees are walked in the replica lane (one thread, REPLICA_WALK_MAX entries in all,
+        REPLICA_SCAN_TIMEOUT_S), never on the loop; a key whose directory changed since the walk
+        began, or that a guard named meanwhile, is left for the next round."""
+        assert self.root is not None
+        base = self.root / "checkpoints"
+        cands = self._unclaimed_candidates()
+        if not cands:
+            return
+
+        def walk(paths: list[Path]) -> list[float]:
+            budget = Budget(REPLICA_WALK_MAX)
+            return [_newest_mtime(p, budget) for p in paths]
+
+        try:
+            newest = await self._replica_lane.run("replicas", walk, [base / n for n, _ in cands])
+        except (TimeoutError, LaneBusy) as e:
+            log.info("migrate: replica GC: the walk of unclaimed keys did not finish: %s", e)
+            return
+        age = float(self.s["replica_orphan_s"])
+        db = self.agent.store.db
+        for (key, mtime_ns), m in zip(cands, newest, strict=True):
+            if now - m < age or key in self._taking:
+                continue
+            try:
+                if os.lstat(base / key).st_mtime_ns != mtime_ns:
+                    continue  # a commit since the walk began
+            except OSError:
+                continue
+            if db.execute("SELECT 1 FROM migrate_replicas WHERE key=?", (key,)).fetchone() is not None:
+                continue
+            try:
+                if self.replica_gc(key, unclaimed=True):
+                    self._emit(f"{key}: replicas no guard named for {self.s['replica_orphan_s']:g} s removed",
+                               persist=False, key=key, phase="replica-unclaimed")
+            except Exception:
+                log.exception("migrate: replica GC of %s", key)
 
     def prune_replica_rows(self, now: float | None = None) -> list[str]:
         """Deletes the rows (and retry rows) of keys done here (REPLICA_DONE_STATES) that last
@@ -932,13 +988,42 @@ class ReplicasMixin:
         """Whether the transfer endpoint receives (or commits) a checkpoint of ``key`` now."""
         return self.receiver is not None and self.receiver.receiving(key)
 
+    async def replica_scan(self, max_age_s: float = REPLICA_VIEW_MAX_AGE_S) -> dict[str, Any]:
+        """:meth:`_scan_replicas`'s answer at most ``max_age_s`` old: taken in the replica lane
+        (one thread, one walk at a time, REPLICA_SCAN_TIMEOUT_S) and shared by every caller in
+        the meantime; a walk that does not finish answers the last one (``stale``) or an empty
+        one (``error``). Each GET /v1/migrate/replicas (any local user) walked the whole replica
+        root in a thread of the default executor before, with no limit on either."""
+        got = self._replica_scan
+        if got is not None and time.monotonic() - got[0] < max_age_s:
+            return got[1]
+        if self._replica_scan_fut is None or self._replica_scan_fut.done():
+            self._replica_scan_fut = asyncio.ensure_future(self._replica_scan_once())
+        return await asyncio.shield(self._replica_scan_fut)
+
+    async def _replica_scan_once(self) -> dict[str, Any]:
+        t0 = time.monotonic()
+        try:
+            scan = await self._replica_lane.run("replicas", self._scan_replicas)
+        except (TimeoutError, LaneBusy) as e:
+            if self._replica_scan is not None:
+                return {**self._replica_scan[1], "stale": f"the last walk, {time.monotonic() - self._replica_scan[0]:.0f} s "
+                        f"old: {e}"}
+            return {"keys": {}, "incoming": {}, "free_bytes": None, "fs_bytes": None, "trash_bytes": 0,
+                    "truncated": False, "error": str(e)}
+        self._replica_scan = (t0, scan)
+        return scan
+
     def _scan_replicas(self) -> dict[str, Any]:
-        """What is under the receive root now (blocking: a worker thread runs it): per key
+        """What is under the receive root now (blocking: the replica lane runs it): per key
         directory under ``checkpoints/`` its ``ckpt-<n>`` (bytes, modification time), its other
         entries (a commit's ``.tmp-*``), all its bytes and its newest change; the partial
         transfers under ``incoming/``; the filesystem's free space; the replica trash's bytes.
-        Links are reported as links, never followed."""
+        Links are reported as links, never followed. At most REPLICA_WALK_MAX entries are looked
+        at in all (``truncated``: the sizes are then lower bounds, and the keys not walked whole
+        never look old)."""
         assert self.root is not None
+        budget = Budget(REPLICA_WALK_MAX)
         base = self.root / "checkpoints"
         keys: dict[str, dict[str, Any]] = {}
         try:
@@ -967,13 +1052,13 @@ class ReplicasMixin:
                     est = os.lstat(p / e)
                 except OSError:
                     continue
-                size = _tree_bytes(p / e)
+                size = _tree_bytes(p / e, budget)
                 total += size
                 if _CKPT_NAME.match(e) and stat.S_ISDIR(est.st_mode):
                     ckpts[e] = (size, est.st_mtime)
                 else:
                     other.append(e)
-            keys[n] = {"link": False, "ckpts": ckpts, "other": other, "bytes": total, "newest": _newest_mtime(p)}
+            keys[n] = {"link": False, "ckpts": ckpts, "other": other, "bytes": total, "newest": _newest_mtime(p, budget)}
         incoming: dict[str, list[str]] = {}
         with contextlib.suppress(OSError):
             for n in sorted(os.listdir(self.root / "incoming")):
@@ -985,7 +1070,7 @@ class ReplicasMixin:
             sv = os.statvfs(base)
             free, fs = sv.f_bavail * sv.f_frsize, sv.f_blocks * sv.f_frsize
         return {"keys": keys, "incoming": incoming, "free_bytes": free, "fs_bytes": fs,
-                "trash_bytes": _tree_bytes(self.root / REPLICA_TRASH)}
+                "trash_bytes": _tree_bytes(self.root / REPLICA_TRASH, budget), "truncated": budget.left < 0}
 
     def replica_view(self, scan: dict[str, Any], now: float | None = None) -> dict[str, Any]:
         """Every key this node holds replicas of or has a ``migrate_replicas`` row for, with what
@@ -1080,7 +1165,10 @@ class ReplicasMixin:
                   "root": str(self.root / "checkpoints"), "free_bytes": scan["free_bytes"], "fs_bytes": scan["fs_bytes"],
                   "free_for_offers": None, "trash_bytes": scan["trash_bytes"],
                   "by_state": {s: sum(1 for r in out if r["state"] == s) for s in sorted({r["state"] for r in out})},
-                  "unconfirmed": sum(1 for r in out if r["unconfirmed"])}
+                  "unconfirmed": sum(1 for r in out if r["unconfirmed"]),
+                  # the walk of the replica root: cut at REPLICA_WALK_MAX entries, an older one, or none
+                  "scan_truncated": bool(scan.get("truncated")), "scan_stale": scan.get("stale"),
+                  "scan_error": scan.get("error")}
         if self.receiver is not None:
             with contextlib.suppress(OSError):
                 totals["free_for_offers"] = self.receiver.free_for_offers()
@@ -1149,7 +1237,7 @@ class ReplicasMixin:
             if is_dir:
                 with contextlib.suppress(OSError):
                     names = sorted((n for n in os.listdir(d) if _CKPT_NAME.match(n)), key=_ckpt_step, reverse=True)
-                nbytes = _tree_bytes(d)
+                nbytes = _tree_bytes(d, Budget(REPLICA_DROP_WALK_MAX))  # on the loop: bounded (a lower bound past it)
             trash = self.root / REPLICA_TRASH
             try:
                 trash.mkdir(exist_ok=True)
@@ -1157,6 +1245,7 @@ class ReplicasMixin:
                     raise OSError(f"{trash} is not a directory")
                 moved = trash / f"{key}.drop.{time.monotonic_ns()}"
                 os.rename(d, moved)
+                self._replica_scan = None  # the replica view walks again
             except OSError as e:
                 raise MigrateError(f"{key}: cannot move {d} into {trash}: {e}; nothing was removed") from None
         with self.agent.store.tx() as db:

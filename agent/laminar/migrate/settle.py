@@ -20,6 +20,8 @@ import logging
 import time
 from typing import TYPE_CHECKING, Any
 
+from laminar.airlock.cgroups import set_frozen_async
+
 if TYPE_CHECKING:
     from laminar.migrate.reclaim import Move
 
@@ -184,7 +186,7 @@ class SettleMixin:
     async def _stop_settled(self, job: Any, node: int, how: str) -> None:
         """Stops ``job`` here (state ``migrated``) as an operator settled: ``node`` runs it."""
         with contextlib.suppress(Exception):
-            job.cgroup.thaw(timeout=2.0)  # a frozen job is not killed by a signal until it thaws
+            await set_frozen_async(job.cgroup, False, 2.0)  # a frozen job is not killed by a signal until it thaws
         try:
             await self.agent.jobs.stop(job.id, f"migrated to node {node}: an operator settled its unanswered "
                                        f"hand-over as taken there ({how})", grace_s=1.0, state="migrated")
@@ -217,7 +219,7 @@ class SettleMixin:
             else:
                 if thaw:
                     with contextlib.suppress(Exception):
-                        job.cgroup.thaw(timeout=2.0)
+                        await set_frozen_async(job.cgroup, False, 2.0)
                 self._drop_move_record(jid)
                 self.evacuating.discard(jid)  # (held by _settle_cut_move while node could not be asked)
         if key is not None and decision == "run-here":

@@ -11,9 +11,26 @@ import stat
 from pathlib import Path
 
 
-def _newest_mtime(path: Path) -> float:
+class Budget:
+    """How many more entries walks may look at (shared by the walks of one scan): a tree's file
+    count comes from jobs elsewhere (a transfer manifest lists up to ~150k files), so a scan of
+    many trees stops at a bound instead of taking minutes."""
+
+    __slots__ = ("left",)
+
+    def __init__(self, entries: int) -> None:
+        self.left = entries
+
+    def take(self, n: int = 1) -> bool:
+        """Counts ``n`` entries; False once the budget is spent."""
+        self.left -= n
+        return self.left >= 0
+
+
+def _newest_mtime(path: Path, budget: Budget | None = None) -> float:
     """The newest modification time of ``path`` and everything under it, links not followed
-    (a link's own time). +inf when it cannot be read (so it never looks old)."""
+    (a link's own time). +inf when it cannot be read, or when ``budget`` runs out before the
+    walk ends (so it never looks old)."""
     try:
         st = os.lstat(path)
     except OSError:
@@ -21,6 +38,8 @@ def _newest_mtime(path: Path) -> float:
     m = st.st_mtime
     if stat.S_ISDIR(st.st_mode):
         for top, dirs, files in os.walk(path, followlinks=False):
+            if budget is not None and not budget.take(1 + len(dirs) + len(files)):
+                return math.inf
             for n in dirs + files:
                 with contextlib.suppress(OSError):
                     m = max(m, os.lstat(os.path.join(top, n)).st_mtime)

@@ -43,6 +43,7 @@ import logging
 import time
 from typing import TYPE_CHECKING, Any
 
+from laminar.airlock.cgroups import set_frozen_async
 from laminar.migrate import drain
 from laminar.migrate.errors import MigrateError
 
@@ -111,7 +112,7 @@ class WithdrawMixin:
                 await self._stop_handed(job, node)
             elif ph == "frozen" and job.active:
                 with contextlib.suppress(Exception):
-                    job.cgroup.thaw(timeout=2.0)
+                    await set_frozen_async(job.cgroup, False, 2.0)
             elif ph == "placing" and job.state == "queued":
                 assert jobs_mgr is not None
                 unsettled.append(jid)
@@ -144,7 +145,7 @@ class WithdrawMixin:
         there now) is stopped here, never moved again. State ``reclaimed``: its guard (``node``)
         keeps it and resumes it when this node's window ends unless it already runs there."""
         with contextlib.suppress(Exception):
-            job.cgroup.thaw(timeout=2.0)  # a frozen job is not killed by a signal until it thaws
+            await set_frozen_async(job.cgroup, False, 2.0)  # a frozen job is not killed by a signal until it thaws
         try:
             await self.agent.jobs.stop(job.id, f"node {self.node_id} reclaimed: the job was handed over to node {node} "
                                        f"before the agent restarted (node {node} runs it, or guards it and resumes it "

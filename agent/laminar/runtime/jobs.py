@@ -61,7 +61,6 @@ import os
 import pwd
 import re
 import signal
-import stat
 import subprocess
 import sys
 import time
@@ -75,6 +74,7 @@ from ..airlock.cgroups import LIFECYCLE_CLASSES, CgroupError, CgroupTree, Hierar
 from ..config import Field, register_section
 from . import gpus as gpumod
 from . import joblimits
+from .ckpt_scan import CkptScanner
 
 log = logging.getLogger("laminar.jobs")
 
@@ -96,9 +96,10 @@ LEAK_SWEEP_S = 30.0
 # The longest stop reason a caller may give: it is kept with the job and in two events, and
 # the event log keeps 50,000 of them (a 1 MiB reason per stop would fill the disk).
 REASON_MAX = 1000
-# Entries of a job's checkpoint directory read to find its newest checkpoint (Airlock asks on
-# every tick; a job's owner may fill the directory with files).
-CKPT_SCAN_MAX = 1024
+# How often every active job's checkpoint directory is looked at (laminar.runtime.ckpt_scan:
+# off the loop, bounded; one fstat per job when nothing changed). Airlock's work at risk reads
+# the last look: its tick never touches a job's files.
+CKPT_SCAN_EVERY_S = 0.5
 # Ended jobs GET /v1/jobs lists (the newest; ?limit= up to LIST_ENDED_MAX): the store keeps up
 # to config jobs.keep_ended of them (prune_ended), and reading 20,000 took the event loop
 # about 3 s per request.
@@ -625,6 +626,9 @@ class Job:
     started: float | None = None  # when its process started (None while queued)
     wait: admission.Wait | None = None  # why it is queued (in memory; its reason says the same)
     limits: dict[str, Any] | None = None  # what it started with (joblimits.Profile.record; None: queued)
+    # its checkpoint directory's modification time at the scanner's last look, None while it is
+    # empty or not looked at yet (in memory: laminar.runtime.ckpt_scan sets it)
+    ckpt_seen: float | None = field(default=None, compare=False, repr=False)
 
     @property
     def active(self) -> bool:
@@ -641,34 +645,13 @@ class Job:
         return self.cgroup.pids() if self.active else []
 
     def last_checkpoint(self) -> float | None:
-        """Wall time of the newest entry in the job's checkpoint directory, or None. The job's
-        owner writes that directory, so an entry is never followed (a link into hung storage
-        would stop the agent: Airlock asks on every tick) and at most CKPT_SCAN_MAX entries are
-        read; past them the directory's own mtime (moved by every entry renamed into it, as a
-        jobkit checkpoint is) stands for the rest."""
-        if self.ckpt_dir is None:
-            return None
-        try:
-            top = os.lstat(self.ckpt_dir)
-        except OSError:
-            return None
-        if not stat.S_ISDIR(top.st_mode):
-            return None
-        newest = None
-        try:
-            with os.scandir(self.ckpt_dir) as entries:
-                for n, entry in enumerate(entries):
-                    if n >= CKPT_SCAN_MAX:
-                        newest = max(newest or 0.0, top.st_mtime)
-                        break
-                    try:
-                        m = entry.stat(follow_symlinks=False).st_mtime
-                    except OSError:
-                        continue
-                    newest = m if newest is None else max(newest, m)
-        except OSError:
-            pass
-        return newest
+        """Wall time of the last change to the job's checkpoint directory (every checkpoint
+        jobkit commits is renamed into it), or None while it is empty, as the checkpoint scanner
+        last saw it (:mod:`laminar.runtime.ckpt_scan`, every CKPT_SCAN_EVERY_S, off the loop).
+        O(1): Airlock asks on every tick, for every job, and the job's owner writes that
+        directory (a link into hung storage, a million entries: read here, on the loop, they
+        held the agent)."""
+        return self.ckpt_seen if self.ckpt_dir is not None else None
 
     def work_at_risk_s(self, now: float | None = None) -> float:
         """Seconds of work since the last checkpoint (or since the start): what a kill loses."""
@@ -758,6 +741,8 @@ class JobManager:
         self.tree: CgroupTree | None = None
         self.inventory: gpumod.GpuInventory | None = None
         self.jobs: dict[str, Job] = {}
+        # jobs' checkpoint listings (bounded, off the loop): Airlock and the migrate component read them
+        self.ckpt_scan = CkptScanner()
         self._popen: dict[str, subprocess.Popen[bytes]] = {}
         self._pidfds: dict[str, int] = {}
         self._tasks: set[asyncio.Task[Any]] = set()
@@ -850,6 +835,19 @@ class JobManager:
         self.held = self.held or held_at_start(self.store)
         self._adopt_all()
         self._spawn_task(self._leak_loop())  # now, then every leak_sweep_s: leaks of the previous agent; pruning
+        self._spawn_task(self._ckpt_scan_loop())
+
+    async def _ckpt_scan_loop(self) -> None:
+        """Every CKPT_SCAN_EVERY_S: every active job's checkpoint listing (``ckpt_scan``), off the
+        loop, one thread per owner; ended jobs' are dropped. Never raises."""
+        while True:
+            try:
+                active = self.active()
+                self.ckpt_scan.keep_only(j.id for j in active)
+                await self.ckpt_scan.refresh_all(active, max_age_s=CKPT_SCAN_EVERY_S / 2)
+            except Exception:
+                log.exception("jobs: looking at checkpoint directories")
+            await asyncio.sleep(CKPT_SCAN_EVERY_S)
 
     def _check_reachable(self) -> None:
         """Warns (a ``job`` event) when other users may not pass through the state directory or
@@ -909,6 +907,7 @@ class JobManager:
                 "root": self.cgroup_root, "gpus": self.inventory.as_dict() if self.inventory else None,
                 "jobs": counts, "grants": self.grants.as_dict() if self.grants else None,
                 "job_limits": self._limits_status(),
+                "ckpt_scan": self.ckpt_scan.stats(),
                 "leaked_cgroups": self.leaked_cgroups() if self.store is not None else []}
 
     def _limits_status(self) -> dict[str, Any] | None:
@@ -1595,7 +1594,9 @@ class JobManager:
             if grace > 0 and job.cgroup.freeze_requested():
                 # a frozen job takes no SIGTERM until thawed; with no grace it is not thawed (a
                 # fenced or superseded copy must not run another step): cgroup.kill kills it frozen
-                job.cgroup.thaw(timeout=0.5)
+                from ..airlock.cgroups import set_frozen_async
+
+                await set_frozen_async(job.cgroup, False, 0.5)  # waited for without blocking the loop
             if grace > 0:
                 job.cgroup.signal(signal.SIGTERM)
                 try:

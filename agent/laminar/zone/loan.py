@@ -596,8 +596,17 @@ class LoanManager:
     async def _wait_checkpoint(self, job: Any, after: Path | None, timeout: float) -> Path | None:
         """The job's first verified checkpoint newer than ``after`` within ``timeout``, else
         ``after``; hashed off the event loop (:func:`ckpt_driver.wait_new_checkpoint`)."""
-        new = await wait_new_checkpoint(job.ckpt_dir, after, timeout, lambda: bool(job.active), poll_s=0.1)
+        driver = self._ckpt_driver()
+        new = await wait_new_checkpoint(job.ckpt_dir, after, timeout, lambda: bool(job.active), poll_s=0.1, job=job,
+                                        scanner=driver.scan if driver is not None else None,
+                                        lane=driver.lane if driver is not None else None,
+                                        settings=driver.s if driver is not None else None)
         return new or after
+
+    def _ckpt_driver(self) -> Any:
+        """The migration layer's checkpoint driver (its scanner and check lane), or None."""
+        mig = getattr(self.zone.agent, "migrate", None) if self.zone.agent is not None else None
+        return getattr(mig, "ckpt", None)
 
     def _demand_of(self, job: Any) -> pl.Demand:
         for p in self.zone.arbiter.placed.values():
@@ -637,19 +646,17 @@ class LoanManager:
 
     async def _requeue(self, job: Any, plan: str) -> None:
         """Checkpoint, stop (state ``requeued``), place again through the zone. Never raises."""
-        from laminar import jobkit
 
         rq = self.requeues[job.id]
         try:
             # the newest verified checkpoint: the migration layer's checkpoint driver's check of
             # the job's listing while it holds (nothing read before the final checkpoint is
             # asked for: a whole read of many GB took seconds of the return), else checked now
-            mig = getattr(self.zone.agent, "migrate", None) if self.zone.agent is not None else None
-            driver = getattr(mig, "ckpt", None)
+            driver = self._ckpt_driver()
             if driver is not None and job.ckpt_dir:
                 before = (await driver.check(job, manifest=False))[0]
-            else:
-                before = await asyncio.to_thread(jobkit.latest_checkpoint, job.ckpt_dir) if job.ckpt_dir else None
+            else:  # (no migration layer: listed and checked off the loop, bounded, by a scan of its own)
+                before = await wait_new_checkpoint(job.ckpt_dir, None, 0.0, lambda: False, job=job)
             ckpt = before
             if self._jobs.request_checkpoint(job):
                 ckpt = await self._wait_checkpoint(job, before, float(self.s["ckpt_wait_s"]))
