@@ -28,7 +28,7 @@ pytestmark = pytest.mark.cluster
 # whenever one is asked for (SIGUSR1, jobkit), and runs on.
 JOB = """
 import json, os, sys, time
-sys.path.insert(0, os.environ.get("LM_T_LIB", REPO_AGENT))
+sys.path.insert(0, os.environ.get("LMT_LIB", REPO_AGENT))
 from laminar.jobkit import Checkpointer
 ck = Checkpointer()
 try:
@@ -60,7 +60,7 @@ def test_a_moved_job_of_another_user_resumes_from_its_checkpoint() -> None:
 
 def moved_and_resumed(c: Cluster, lib: Path) -> None:
     a, b = c.nodes
-    r = a.agent.ctl("-o", "json", "submit", "--name", "theirs", "--env", f"LM_T_LIB={lib}", "--", "/usr/bin/python3",
+    r = a.agent.ctl("-o", "json", "submit", "--name", "theirs", "--env", f"LMT_LIB={lib}", "--", "/usr/bin/python3",
                     "-c", JOB, user=NOBODY)
     jid = json.loads(r.stdout)["id"]
     assert job_state(a, jid)["owner_uid"] == NOBODY

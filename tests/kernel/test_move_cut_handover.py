@@ -34,6 +34,7 @@ from typing import Any
 import pytest
 from jobrig import job_manager, until
 from ports import free_port
+from standin_origin import OriginQueries
 
 from laminar.config import Config, validate
 from laminar.events import EventBus
@@ -47,7 +48,7 @@ pytestmark = pytest.mark.kernel
 
 
 
-class GatedJobs:
+class GatedJobs(OriginQueries):
     """Stand-in job table of the destination: a job 'starts' once ``gate`` is open."""
 
     def __init__(self) -> None:
