@@ -1323,7 +1323,7 @@ class JobManager:
         if not rf or uid == 0 or self.state_dir is None:
             return
         if not rf.startswith("/"):
-            raise JobError(f"resume_from {_brief(rf)}: expected an absolute path")
+            raise ResumeFromError(f"resume_from {_brief(rf)}: expected an absolute path")
         p = Path(os.path.normpath(rf))
         state = Path(os.path.normpath(self.state_dir))
         try:
