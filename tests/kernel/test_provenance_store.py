@@ -58,7 +58,11 @@ def test_submit_records_the_origin_and_the_look_ups_use_it(tmp_path: Path) -> No
             # the plans are index look-ups, not scans of the table
             for sql, args in (("SELECT id FROM jobs WHERE origin_key=? AND state != 'failed' ORDER BY num LIMIT 1",
                                ("k",)),
-                              ("SELECT id FROM jobs WHERE placement_id=? ORDER BY num LIMIT 1", (1,))):
+                              ("SELECT id FROM jobs WHERE placement_id=? ORDER BY num LIMIT 1", (1,)),
+                              ("SELECT id, resume_given, num FROM jobs WHERE resume_given IS NOT NULL AND (state IN "
+                               "(?, ?) OR (state = 'requeued' AND (ended IS NULL OR ended > ?)))", ("running", "lost", 0)),
+                              ("SELECT origin_key, id FROM jobs WHERE origin_key IS NOT NULL AND state IN (?)",
+                               ("exited",))):
                 plan = " ".join(str(r[-1]) for r in jobs.store.db.execute(f"EXPLAIN QUERY PLAN {sql}", args))
                 assert "USING INDEX" in plan, plan
             await jobs.stop(moved.id, grace_s=0)

@@ -128,7 +128,8 @@ COLUMNS = {"origin_key": "TEXT", "placement_id": "INTEGER", "gpu_share": "TEXT",
 INDEXES = (
     "CREATE INDEX IF NOT EXISTS jobs_by_origin ON jobs(origin_key) WHERE origin_key IS NOT NULL",
     "CREATE INDEX IF NOT EXISTS jobs_by_placement ON jobs(placement_id) WHERE placement_id IS NOT NULL",
-    "CREATE INDEX IF NOT EXISTS jobs_resume_given ON jobs(state) WHERE resume_given IS NOT NULL",
+    # (on the column itself: one on state was passed over for the num index and a scan of the table)
+    "CREATE INDEX IF NOT EXISTS jobs_by_resume_given ON jobs(resume_given) WHERE resume_given IS NOT NULL",
 )
 
 
