@@ -192,6 +192,7 @@ def spawn_at(pid: int, out: Path) -> subprocess.Popen[str] | None:
     return p
 
 
+@pytest.mark.serial  # it steers pids (ns_last_pid)
 def test_a_readopted_job_whose_main_process_is_gone_signals_no_process_that_took_its_pid(tmp_path: Path) -> None:
     """A user's job whose main process exits while the agent is down (here: the first job
     manager stops watching, as the agent's stop does; its main process, the agent's child, is
