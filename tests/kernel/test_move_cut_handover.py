@@ -56,11 +56,12 @@ class GatedJobs(OriginQueries):
         self.gate = asyncio.Event()
         self.asked = 0
 
-    async def submit(self, spec: JobSpec, owner_uid: int = 0, owner_gid: int = 0, **_: Any) -> Any:
+    async def submit(self, spec: JobSpec, owner_uid: int = 0, owner_gid: int = 0, *, origin: Any = None,
+                     **_: Any) -> Any:
         self.asked += 1
         await self.gate.wait()
         jid = f"d{len(self.jobs) + 1}"
-        self.jobs[jid] = SimpleNamespace(id=jid, spec=spec, state="running", active=True, gpus=[])
+        self.jobs[jid] = SimpleNamespace(id=jid, spec=spec, state="running", active=True, gpus=[], origin=origin)
         return self.jobs[jid]
 
     def active(self) -> list[Any]:

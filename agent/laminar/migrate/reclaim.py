@@ -758,10 +758,10 @@ class ReclaimComponent(BuddiesMixin, GuardMixin, ReplicasMixin, WithdrawMixin, S
         if jobs is None or not hasattr(jobs, "backfill_origin"):
             return
         db = self.agent.store.db
-        for r in db.execute("SELECT key, job_id FROM migrate_replicas WHERE state='resumed' AND job_id IS NOT NULL "
-                            "AND key NOT IN (SELECT origin_key FROM jobs WHERE origin_key IS NOT NULL)").fetchall():
+        for r in db.execute("SELECT key, job_id FROM migrate_replicas WHERE state='resumed' AND job_id IS NOT NULL"
+                            ).fetchall():
             job = jobs.get(str(r["job_id"]))
-            if job is not None and valid_key(str(r["key"])):
+            if job is not None and not getattr(job.origin, "migrated_from", None) and valid_key(str(r["key"])):
                 rf = job.spec.resume_from if isinstance(job.spec.resume_from, str) else None
                 jobs.backfill_origin(job.id, migrated_from=str(r["key"]), resume_given=rf)
         keys = {str(r[0]) for r in db.execute("SELECT key FROM migrate_replicas")}
