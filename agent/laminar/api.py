@@ -167,7 +167,7 @@ class Route:
         self._re = re.compile(f"^{pattern}$")
 
     def match(self, path: str) -> dict[str, str] | None:
-        m = self._re.match(path)
+        m = self._re.fullmatch(path)
         return m.groupdict() if m else None
 
 

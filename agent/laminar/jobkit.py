@@ -73,8 +73,8 @@ MANIFEST = "MANIFEST.json"
 # (laminar.migrate.transfer); not part of the job's checkpoint.
 SIDECARS = frozenset({"VERIFIED", "TRANSFER.json"})
 FORMAT_VERSION = 1
-_NAME = re.compile(r"^ckpt-\d+$")
-_WRITING = re.compile(r"^\.(tmp|old)-ckpt-(\d+)-(\d+)$")  # a save's temporary / replaced checkpoint, by pid
+_NAME = re.compile(r"ckpt-[0-9]{1,18}")  # ASCII digits, full match: "ckpt-5\n" and "ckpt-٥" are not ckpt-5
+_WRITING = re.compile(r"\.(tmp|old)-ckpt-([0-9]{1,18})-([0-9]{1,10})")  # a save's temporary / replaced checkpoint, by pid
 _HASH_BLOCK = 1 << 20
 _COPY_BLOCK = 4 << 20  # a resume's copy into its memfd: larger blocks, fewer hand-offs to the hash thread
 MAX_MANIFEST_BYTES = 16 << 20  # a manifest lists files: anything larger is not one
@@ -408,7 +408,7 @@ def _sweep_dead_saves(d: Path) -> None:
     that is gone: up to a whole checkpoint each). A replaced checkpoint (``.old-ckpt-...``)
     whose save died between its two renames is the only one of its step: it is put back."""
     for p in d.iterdir():
-        m = _WRITING.match(p.name)
+        m = _WRITING.fullmatch(p.name)
         if m is None or int(m.group(3)) == os.getpid() or _pid_alive(int(m.group(3))):
             continue
         if p.is_symlink() or not p.is_dir():

@@ -91,11 +91,18 @@ def register(sub: Any, common: argparse.ArgumentParser) -> None:
                    help="lifecycle class (default: standard); transient yields first under memory pressure")
     p.add_argument("--priority", type=int, default=50, help="0..100, higher survives longer (default 50)")
     p.add_argument("--ckpt-signal", default="SIGUSR1", help="signal that asks the job for a checkpoint (default SIGUSR1)")
-    p.add_argument("--env", type=_env_arg, action="append", default=[], metavar="NAME=VALUE", help="extra environment")
+    p.add_argument("--env", type=_env_arg, action="append", default=[], metavar="NAME=VALUE",
+                   help="extra environment (not LM_*, LAMINAR_* nor CUDA_VISIBLE_DEVICES/CUDA_DEVICE_ORDER: the agent "
+                        "sets those itself)")
     p.add_argument("--cwd", help="working directory (absolute, one you may enter; default: the agent's)")
     p.add_argument("--lent", action="store_true", help="the job runs on lent capacity (covered by the lent kill-switch)")
     p.add_argument("--elastic", metavar="MIN:MAX", help="elastic workers, e.g. 1:4")
     p.add_argument("--resume-from", help="checkpoint to resume from (sets LAMINAR_RESUME_FROM)")
+    p.add_argument("--remaining", type=float, metavar="SECONDS",
+                   help="an elastic job's remaining single-worker seconds, 1..1e9 (how it is given idle GPUs; "
+                        "default: [loan] elastic_remaining_s)")
+    p.add_argument("--no-periodic-checkpoints", dest="periodic_checkpoints", action="store_false",
+                   help="never ask this job for periodic checkpoints (the migration layer's checkpoint driver)")
     p.add_argument("cmd", nargs=argparse.REMAINDER, help="-- command and arguments")
     p.set_defaults(func=cmd_submit)
 
@@ -152,6 +159,13 @@ def build_spec(args: argparse.Namespace) -> dict[str, Any]:
         spec["cwd"] = args.cwd
     if args.resume_from:
         spec["resume_from"] = args.resume_from
+    if getattr(args, "remaining", None) is not None:
+        if not 1 <= args.remaining <= 1e9:  # (NaN and inf fail it too)
+            raise ValueError(f"--remaining {args.remaining:g}: expected the job's remaining single-worker seconds, "
+                             "1 to 1e9")
+        spec["remaining_s"] = args.remaining
+    if getattr(args, "periodic_checkpoints", True) is False:
+        spec["periodic_checkpoints"] = False
     if args.elastic:
         lo, sep, hi = args.elastic.partition(":")
         if not sep or not lo.isdigit() or not hi.isdigit():

@@ -37,7 +37,7 @@ from .output import emit, error, info, table
 
 # A replica key as the agent accepts it (a transfer's job id): checked here too, so a key with
 # path characters is bad input (exit 2) before anything is sent.
-KEY_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")
+KEY_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,127}")  # ASCII, full match
 
 COLUMNS = [("key", "KEY"), ("state", "STATE"), ("from", "FROM"), ("held", "CHECKPOINTS"), ("size", "BYTES"),
            ("age", "AGE"), ("used_by", "USED BY"), ("gc_plan", "GC"), ("gc_why", "WHY")]
@@ -131,7 +131,7 @@ def cmd_drop(args: argparse.Namespace) -> int:
     key = args.key
     if key is None:
         raise ValueError("replicas drop: give the KEY to drop (the KEY column of `laminarctl replicas`)")
-    if not KEY_RE.match(key):
+    if not KEY_RE.fullmatch(key):
         raise ValueError(f"replicas drop: {key!r} is not a replica key: expected letters, digits, '_', '.' or '-', "
                          "starting with a letter or digit (the KEY column of `laminarctl replicas`)")
     res = args.client.post(f"/v1/migrate/replicas/{key}/drop", {"force": bool(args.force)})

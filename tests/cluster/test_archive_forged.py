@@ -164,7 +164,7 @@ def test_what_someone_without_the_key_plants_in_the_archive_never_runs_and_a_rea
         planted = ("pwn", live_key, "n1-job-99", lone_key)
         assert not list(tmp_path.glob("pwned*"))
         assert not [j for nd in (b, x) for j in nd.json("jobs")
-                    if (j["spec"].get("env") or {}).get("LM_MIGRATED_FROM") in planted]
+                    if (j.get("origin") or {}).get("migrated_from") in planted]
         assert job_state(x, fillers[x.node_id])["state"] == "running"  # the live job the forgery named
         assert snapshot(outside) == before
         assert find_migrated(c, key) is None  # nobody has room yet: node 1's job waits in the archive
@@ -181,7 +181,7 @@ def test_what_someone_without_the_key_plants_in_the_archive_never_runs_and_a_rea
         assert job_state(x, fillers[x.node_id])["state"] == "running"
         assert snapshot(outside) == before
         assert not [j for nd in (b, x) for j in nd.json("jobs")
-                    if (j["spec"].get("env") or {}).get("LM_MIGRATED_FROM") in planted]
+                    if (j.get("origin") or {}).get("migrated_from") in planted]
     finally:
         if lone is not None:
             lone.cleanup()

@@ -52,7 +52,7 @@ def finish(c: Cluster, key: str, where: Node, start: int, reference: str) -> Non
     assert_continuous(log, start)
     assert [e for e in log if e["event"] == "done"][0]["weights_sha256"] == reference
     copies = [j for n in c.nodes if alive(n) for j in n.json("jobs")
-              if (j["spec"].get("env") or {}).get("LM_MIGRATED_FROM") == key]
+              if (j.get("origin") or {}).get("migrated_from") == key]
     assert len(copies) == 1, copies
 
 

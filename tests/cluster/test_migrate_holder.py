@@ -135,5 +135,5 @@ def test_no_room_anywhere_the_checkpoint_is_held_and_the_job_resumes_when_room_f
     assert replica(x, key)["state"] == "placed"  # type: ignore[index]
     # exactly one copy ran on the survivors
     copies = [j for n in c.nodes[1:] if alive(n) for j in n.json("jobs")
-              if (j["spec"].get("env") or {}).get("LM_MIGRATED_FROM") == key]
+              if (j.get("origin") or {}).get("migrated_from") == key]
     assert len(copies) == 1, copies

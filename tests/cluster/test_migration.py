@@ -114,7 +114,7 @@ def find_migrated(c: Cluster, key: str) -> tuple[Node, dict[str, Any]] | None:
         if not alive(nd):
             continue
         for j in nd.json("jobs"):
-            if (j["spec"].get("env") or {}).get("LM_MIGRATED_FROM") == key:
+            if (j.get("origin") or {}).get("migrated_from") == key:
                 return nd, j
     return None
 
@@ -246,6 +246,6 @@ def test_source_dies_mid_transfer_and_the_job_resumes_from_the_last_verified_che
     assert resumed and resumed[0]["key"] == key and "silent" in resumed[0]["message"], resumed
     # exactly one copy of the job runs on the survivors
     copies = [j for nd in c.nodes[1:] for j in nd.json("jobs")
-              if (j["spec"].get("env") or {}).get("LM_MIGRATED_FROM") == key]
+              if (j.get("origin") or {}).get("migrated_from") == key]
     assert len(copies) == 1, copies
     time.sleep(0)

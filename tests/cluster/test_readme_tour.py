@@ -139,7 +139,7 @@ def test_the_tour_on_one_agent(agent: AgentProc, tmp_path: Path) -> None:
     assert isinstance(st, dict) and st, st
 
     # jobs
-    sub = js(a, "submit", "--env", "LM_T_TOKEN=lm-t-secret", "--memory", "64M", "--class", "long-resident", "--priority", "80", "--name", "lm-t-tour",
+    sub = js(a, "submit", "--env", "LMT_TOKEN=lm-t-secret", "--memory", "64M", "--class", "long-resident", "--priority", "80", "--name", "lm-t-tour",
              "--", "sleep", "3600")
     jid = sub["id"]
     wait_until(lambda: js(a, "job", "show", jid)["state"] == "running", 30, "the job to run")
@@ -155,11 +155,11 @@ def test_the_tour_on_one_agent(agent: AgentProc, tmp_path: Path) -> None:
     assert r.returncode == 4, (r.returncode, r.stdout, r.stderr)
     wait_until(lambda: js(a, "job", "show", gj)["state"] not in ("running", "queued"), 30, "the GPU-less job to end")
     # env values are shown to the job's owner and root only
-    assert js(a, "job", "show", jid)["spec"]["env"]["LM_T_TOKEN"] == "lm-t-secret"
+    assert js(a, "job", "show", jid)["spec"]["env"]["LMT_TOKEN"] == "lm-t-secret"
     other = a.ctl("-o", "json", "jobs", user=NOBODY)
     assert other.returncode == 0 and "lm-t-secret" not in other.stdout, other
     seen_by_other = [j for j in json.loads(other.stdout) if j["id"] == jid]
-    assert seen_by_other[0]["env_redacted"] is True and list(seen_by_other[0]["spec"]["env"]) == ["LM_T_TOKEN"]
+    assert seen_by_other[0]["env_redacted"] is True and list(seen_by_other[0]["spec"]["env"]) == ["LMT_TOKEN"]
     assert "lm-t-secret" not in a.ctl("jobs", user=NOBODY).stdout
     table = ok(a, "jobs").stdout
     assert jid in table and "running" in table, table

@@ -61,6 +61,6 @@ def test_a_job_lost_in_a_quick_reboot_is_resumed_by_its_buddy(cluster: Cluster) 
     assert len(said) == 1 and said[0]["src_state"] == "lost", said
     time.sleep(3.0)  # nothing else resumes it meanwhile: one copy
     copies = [(n.node_id, j["id"]) for n in c.nodes for j in n.json("jobs", "--active")
-              if (j["spec"].get("env") or {}).get("LM_MIGRATED_FROM") == key]
+              if (j.get("origin") or {}).get("migrated_from") == key]
     assert copies == [(x.node_id, resumed["id"])], copies
     x.ctl("job", "stop", resumed["id"])

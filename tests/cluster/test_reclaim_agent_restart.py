@@ -6,7 +6,7 @@ is restarted at once, before the plan signals the job (as late as is safe). Befo
 agent had forgotten the reclaim: the job kept running on A (to die with the node) and A took
 placements again. Now the agent restores the reclaim from its store: A drains again, the plan is
 made over what is left of the window, and the job checkpoints, moves to B and runs there
-(``LM_MIGRATED_FROM``), leaving A as ``migrated``.
+(its origin, ``migrated_from``), leaving A as ``migrated``.
 """
 
 from __future__ import annotations

@@ -46,7 +46,7 @@ def test_a_reclaimed_nodes_queued_job_is_placed_elsewhere_and_never_starts_there
 
     moved = wait_until(on_b, 30, "the queued job to run on node B")
     shown = b.json("job", "show", moved["id"])
-    assert shown["spec"]["env"].get("LM_REQUEUED_FROM") == f"n{a.node_id}-{queued}", shown["spec"]["env"]
+    assert shown["origin"]["requeued_from"] == f"n{a.node_id}-{queued}", shown["origin"]
     left = job_state(a, queued)
     assert left["state"] == "requeued", left
     assert f"node {b.node_id}" in left["reason"], left

@@ -1,6 +1,7 @@
 """A job of a user other than root resumes from its checkpoint after it moved to another node:
 the replica it resumes from (under the destination's ``xfer/``, root's alone) is made readable to
-the job's owner, and to nobody else.
+the job's owner, and to nobody else. And another user cannot stop that resumption by naming the
+job's key in a job of their own (issue 31 item 2; audit F2).
 
 Two real agents in one zone (tests/cluster/harness.py), each in its own network namespace. The
 job is submitted by a real other uid (``agentproc.NOBODY``, through the real laminarctl), runs
@@ -15,13 +16,14 @@ from __future__ import annotations
 import json
 import os
 import stat
+import time
 from pathlib import Path
 
 import pytest
 from agentproc import NOBODY, REPO, jobkit_base
 from harness import Cluster, wait_until
-from test_migration import job_log, job_state, migrate_config
-from userrig import read_as
+from test_migration import gone, job_log, job_state, migrate_config
+from userrig import call_as, local_user, read_as
 
 pytestmark = pytest.mark.cluster
 
@@ -29,7 +31,7 @@ pytestmark = pytest.mark.cluster
 # whenever one is asked for (SIGUSR1, jobkit), and runs on.
 JOB = """
 import json, os, sys, time
-sys.path.insert(0, os.environ.get("LM_T_LIB", REPO_AGENT))
+sys.path.insert(0, os.environ.get("LMT_LIB", REPO_AGENT))
 from laminar.jobkit import Checkpointer
 ck = Checkpointer()
 try:
@@ -61,7 +63,7 @@ def test_a_moved_job_of_another_user_resumes_from_its_checkpoint() -> None:
 
 def moved_and_resumed(c: Cluster, lib: Path) -> None:
     a, b = c.nodes
-    r = a.agent.ctl("-o", "json", "submit", "--name", "theirs", "--env", f"LM_T_LIB={lib}", "--", "/usr/bin/python3",
+    r = a.agent.ctl("-o", "json", "submit", "--name", "theirs", "--env", f"LMT_LIB={lib}", "--", "/usr/bin/python3",
                     "-c", JOB, user=NOBODY)
     jid = json.loads(r.stdout)["id"]
     assert job_state(a, jid)["owner_uid"] == NOBODY
@@ -97,3 +99,42 @@ def moved_and_resumed(c: Cluster, lib: Path) -> None:
     manifest = rf / "MANIFEST.json"
     assert read_as(NOBODY, manifest) == "read"
     assert read_as(NOBODY - 1, manifest) == "Permission denied"  # another user: not even the path
+
+
+def test_another_users_job_naming_the_victims_key_does_not_stop_its_resumption() -> None:
+    """F2. Node A runs a job of one user (``NOBODY``); node B guards its replica. A second real
+    user submits, on B and through the zone from A, a job whose env carries the victim's key
+    (``LM_MIGRATED_FROM=n<A>-<job>``), which was the agent's only record of where a job came
+    from. A then leaves without notice. B must resume the victim's job: what counts is the
+    origin the agent stored with the jobs it started itself. Before, the forged job was
+    accepted (201) and ended at once, and B's take-over found it and stood down ("handed-over"
+    to the attacker's job): the victim's job ran nowhere."""
+    with jobkit_base("lm-t-forge-") as base, local_user("forge") as attacker, \
+            Cluster.create(base, zones=1, per_zone=2, gpus=0, zone_extra=migrate_config(orphan_after_s=2.0)) as c:
+        a, b = c.nodes
+        r = a.agent.ctl("-o", "json", "submit", "--name", "victim", "--env", f"LMT_LIB={base / 'lib'}", "--",
+                        "/usr/bin/python3", "-c", JOB, user=NOBODY)
+        jid = json.loads(r.stdout)["id"]
+        key = f"n{a.node_id}-{jid}"
+        wait_until(lambda: any(e["event"] == "start" for e in job_log(a, jid)), 30, "the victim's job to start on A")
+        wait_until(lambda: any(r["key"] == key and r["state"] == "guarding" for r in b.json("replicas")), 60,
+                   "B to guard the victim's replica")
+        forged = {"name": "forged", "command": ["/bin/true"], "env": {"LM_MIGRATED_FROM": key}}
+        on_b = call_as(attacker, b.agent.sock, "POST", "/v1/jobs", forged)
+        via_zone = call_as(attacker, a.agent.sock, "POST", "/v1/placements", {"spec": forged})
+        time.sleep(1.0)  # (before: the forged jobs ran and ended here)
+
+        gone(a)  # A leaves without notice: B declares it dead after orphan_after_s and takes over
+        row = wait_until(lambda: next((r for r in b.json("replicas")
+                                       if r["key"] == key and r["state"] not in ("guarding", "waiting")), None),
+                         90, "B's take-over of the victim's job")
+        assert row["state"] == "resumed", row  # before: "handed-over", its job_id the attacker's job
+        resumed = str(row["job_id"])
+        st = job_state(b, resumed)
+        assert st["owner_uid"] == NOBODY and st["origin"]["migrated_from"] == key, st
+        wait_until(lambda: job_log(b, resumed), 30, "the resumed job's log on B")
+        assert job_log(b, resumed)[0]["event"] == "start" and job_log(b, resumed)[0]["resumed"] is not None
+        # the forged jobs were refused, naming the name, and nothing of them was created
+        for status, body, raw in (on_b, via_zone):
+            assert status == 400 and "LM_MIGRATED_FROM" in body["error"], raw
+        assert not [j for j in b.json("jobs") if j["name"] == "forged"]

@@ -77,8 +77,8 @@ def test_jobs_submitted_on_one_node_run_on_others_never_over_capacity(make_clust
                30, "the freed GPU to be offered again")
     half_b = c.place(0, {"name": "half-b", "command": SLEEP}, gpus=0.5)
     assert half_b["outcome"] == "placed" and half_b["node"] == victim["node"], half_b
-    env = {j["name"]: j["spec"]["env"] for _, j in all_jobs(c) if j["name"].startswith("half-")}
-    assert env["half-a"]["LM_GPU_SHARE"].endswith(":0.5") and env["half-b"]["LM_GPU_SHARE"].endswith(":0.5")
+    share = {j["name"]: j["origin"]["gpu_share"] for _, j in all_jobs(c) if j["name"].startswith("half-")}
+    assert share["half-a"].endswith(":0.5") and share["half-b"].endswith(":0.5"), share
 
 
 def test_agent_killed_mid_placement_leaves_no_lost_or_doubled_job(make_cluster):

@@ -62,7 +62,7 @@ def test_jobs_get_staggered_checkpoint_signals_at_the_planned_interval(agent: Ag
     script.write_text(JOB)
     logs = {n: tmp_path / f"{n}.jsonl" for n in ("a", "b", "optout")}
     t0 = time.monotonic()
-    ids = {n: agent.json("submit", "--name", f"ck-{n}", *(["--env", "LM_CKPT_PERIODIC=off"] if n == "optout" else []),
+    ids = {n: agent.json("submit", "--name", f"ck-{n}", *(["--no-periodic-checkpoints"] if n == "optout" else []),
                          "--", sys.executable, str(script), str(logs[n]))["id"] for n in logs}
     plain = agent.json("submit", "--name", "plain", "--", sys.executable, "-c", "import time; time.sleep(600)")["id"]
 

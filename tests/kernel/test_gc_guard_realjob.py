@@ -29,6 +29,7 @@ from typing import Any
 import pytest
 from jobrig import job_manager, until
 from ports import free_port
+from standin_origin import OriginQueries
 
 from laminar.config import Config, validate
 from laminar.events import EventBus
@@ -65,7 +66,7 @@ class Zone:
         self.s = {"listen": f"127.0.0.{me}", "handover_timeout_s": 5.0}
 
 
-class NoJobs:
+class NoJobs(OriginQueries):
     """Stand-in job manager of node 1: it runs no job."""
 
     def active(self) -> list[Any]:

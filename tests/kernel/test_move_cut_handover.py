@@ -34,6 +34,7 @@ from typing import Any
 import pytest
 from jobrig import job_manager, until
 from ports import free_port
+from standin_origin import OriginQueries
 
 from laminar.config import Config, validate
 from laminar.events import EventBus
@@ -47,7 +48,7 @@ pytestmark = pytest.mark.kernel
 
 
 
-class GatedJobs:
+class GatedJobs(OriginQueries):
     """Stand-in job table of the destination: a job 'starts' once ``gate`` is open."""
 
     def __init__(self) -> None:
@@ -55,11 +56,12 @@ class GatedJobs:
         self.gate = asyncio.Event()
         self.asked = 0
 
-    async def submit(self, spec: JobSpec, owner_uid: int = 0, owner_gid: int = 0, **_: Any) -> Any:
+    async def submit(self, spec: JobSpec, owner_uid: int = 0, owner_gid: int = 0, *, origin: Any = None,
+                     **_: Any) -> Any:
         self.asked += 1
         await self.gate.wait()
         jid = f"d{len(self.jobs) + 1}"
-        self.jobs[jid] = SimpleNamespace(id=jid, spec=spec, state="running", active=True, gpus=[])
+        self.jobs[jid] = SimpleNamespace(id=jid, spec=spec, state="running", active=True, gpus=[], origin=origin)
         return self.jobs[jid]
 
     def active(self) -> list[Any]:

@@ -32,7 +32,7 @@ PRELOAD_C = r"""
 #include <string.h>
 #include <unistd.h>
 __attribute__((constructor)) static void lm_probe(void) {
-    const char *out = getenv("LM_PROBE_OUT");
+    const char *out = getenv("LMT_PROBE_OUT");
     if (!out) return;
     int fd = open(out, O_WRONLY | O_APPEND | O_CREAT, 0666);
     if (fd < 0) return;
@@ -94,7 +94,7 @@ def test_a_users_ld_preload_is_not_loaded_as_root(agent: AgentProc, probe_dir: P
     out.touch()
     os.chmod(out, 0o666)  # whoever loads the probe first, every later process may append
     with local_user("envpreload") as user:
-        submit_and_wait(agent, user, {"LD_PRELOAD": str(lib), "LM_PROBE_OUT": str(out)})
+        submit_and_wait(agent, user, {"LD_PRELOAD": str(lib), "LMT_PROBE_OUT": str(out)})
         # the job itself loads it, as its owner: the probe works, and the check below can fail
         wait_until(lambda: user.uid in uids_seen(out), 30, "the job (as its owner) to load the preload")
         assert 0 not in uids_seen(out), f"the user's LD_PRELOAD was loaded by a root process: {uids_seen(out)}"

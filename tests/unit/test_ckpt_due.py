@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from standin_origin import OriginQueries
 
 from laminar import jobkit
 from laminar.migrate import ckpt_driver as cd
@@ -124,6 +125,7 @@ def test_catches_signal_reads_the_real_disposition() -> None:
 class FakeSpec:
     env: dict[str, str] = field(default_factory=dict)
     checkpoint_signal: str = "SIGUSR1"
+    periodic_checkpoints: bool = True
 
 
 @dataclass
@@ -135,7 +137,7 @@ class FakeJob:
     step: int = 0
 
 
-class FakeJobs:
+class FakeJobs(OriginQueries):
     """Stand-in for JobManager: a checkpoint request commits a real jobkit checkpoint at once."""
 
     def __init__(self, jobs: list[FakeJob]) -> None:
@@ -195,7 +197,7 @@ def usr1_handler() -> Iterator[None]:
 
 def test_round_signals_due_jobs_staggered_and_measures_commits(tmp_path: Path, usr1_handler: None) -> None:
     jobs = FakeJobs([FakeJob("job-1", tmp_path / "a"), FakeJob("job-2", tmp_path / "b"),
-                     FakeJob("job-3", tmp_path / "c", spec=FakeSpec(env={cd.OPT_OUT_ENV: "off"}))])
+                     FakeJob("job-3", tmp_path / "c", spec=FakeSpec(periodic_checkpoints=False))])
     comp = FakeComp(jobs, min_interval_s=1.0, max_interval_s=3.0, ckpt_pause_s=0.1, stagger_gap_s=0.5,
                     uplink_mbit=100.0)
     d = cd.CkptDriver(comp)

@@ -20,11 +20,13 @@ from typing import Any
 
 import pytest
 from archiverig import agent_of, claimed_by, mark_done, zone_keys
+from standin_origin import OriginQueries
 from test_replica_gc import KEY, K, Source, started
 
 from laminar.config import ConfigError, validate
 from laminar.migrate.fence import FENCE_META, check_fence_settings
 from laminar.runtime.jobs import JobSpec
+from laminar.runtime.provenance import JobOrigin
 
 
 class Cgroup:  # stand-in: records what was asked of the job's cgroup
@@ -43,7 +45,7 @@ class Cgroup:  # stand-in: records what was asked of the job's cgroup
         return bool(self.calls) and self.calls[-1] == "freeze"
 
 
-class Jobs:  # stand-in job manager: these jobs run here
+class Jobs(OriginQueries):  # stand-in job manager: these jobs run here
     def __init__(self, jobs: list[Any]) -> None:
         self.jobs = jobs
 
@@ -72,9 +74,11 @@ class Jobs:  # stand-in job manager: these jobs run here
         return stopped
 
 
-def job(jid: str, env: dict[str, str] | None = None) -> SimpleNamespace:
+def job(jid: str, migrated_from: str | None = None) -> SimpleNamespace:
+    """A running job; ``migrated_from``: the key the job manager recorded it resumed (its origin)."""
     return SimpleNamespace(id=jid, active=True, state="running", cgroup=Cgroup(), started=time.time() - 60,
-                           spec=JobSpec(command=["train"], env=env or {}), ckpt_dir=None, pid=None)
+                           spec=JobSpec(command=["train"]), ckpt_dir=None, pid=None,
+                           origin=JobOrigin(migrated_from=migrated_from))
 
 
 def test_settings_that_cannot_work_are_refused_naming_the_values() -> None:
@@ -270,7 +274,8 @@ def test_the_buddy_answers_taken_only_to_the_jobs_node(tmp_path: Path) -> None:
             with agent.store.tx() as db:  # node 1 took it over (node 2 was silent) and runs it
                 db.execute("UPDATE migrate_replicas SET state='resumed' WHERE key=?", (K,))
             agent.jobs.jobs.append(SimpleNamespace(id="job-9", state="running",
-                                                   spec=JobSpec(command=["train"], env={"LM_MIGRATED_FROM": K})))
+                                                   spec=JobSpec(command=["train"]),
+                                                   origin=JobOrigin(migrated_from=K)))
             assert await src.ctl("taken") == {"key": K, "runs": "job-9", "node": 1, "state": "resumed"}
             with agent.store.tx() as db:  # no room here: it placed the job on node 3 instead
                 db.execute("UPDATE migrate_replicas SET state='placed', job_id='node 3/job-4' WHERE key=?", (K,))
@@ -485,14 +490,14 @@ def test_a_window_end_declares_nothing_until_another_member_is_heard_after_it(tm
 
 
 def test_a_fenced_copy_whose_claim_another_node_took_is_stopped(tmp_path: Path) -> None:
-    """This node resumed node 2's job (``LM_MIGRATED_FROM`` n2-job-7, its claim in the archive),
+    """This node resumed node 2's job (its origin n2-job-7, its claim in the archive),
     was cut off and fenced it; node 3 counted it gone and took the claim (``running-3.json``) and
     runs the job. The archive's claim is the lock: the fenced copy is stopped, never thawed.
     Before, it was thawed (nobody took *its own* key over) and ran beside node 3's (seed 29)."""
     async def main() -> None:
         arch = tmp_path / "arch"
         agent, c = await started(tmp_path / "agent")
-        j = job("job-4", env={"LM_MIGRATED_FROM": "n2-job-7"})
+        j = job("job-4", migrated_from="n2-job-7")
         agent.jobs = Jobs([j])
         stopped = agent.jobs.stops()
         released: list[tuple[int, str]] = []
@@ -533,7 +538,7 @@ def test_a_fenced_copy_the_claimer_placed_here_is_its_claims_own(tmp_path: Path)
     async def main() -> None:
         arch = tmp_path / "arch"
         agent, c = await started(tmp_path / "agent")
-        j = job("job-4", env={"LM_MIGRATED_FROM": "n2-job-7"})
+        j = job("job-4", migrated_from="n2-job-7")
         agent.jobs = Jobs([j])
         stopped = agent.jobs.stops()
 

@@ -31,6 +31,7 @@ from typing import Any
 import ports
 import pytest
 from jobrig import until
+from standin_origin import OriginQueries
 
 from laminar.config import Config, validate
 from laminar.events import EventBus
@@ -59,7 +60,7 @@ class Zone:
         self.s = {"listen": f"127.0.0.{me}", "handover_timeout_s": 5.0}
 
 
-class Jobs:
+class Jobs(OriginQueries):
     """Stand-in job manager: the jobs this node runs."""
 
     def __init__(self, jobs: list[Any] | None = None) -> None:

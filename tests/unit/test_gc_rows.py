@@ -20,6 +20,7 @@ from jobrig import until
 from test_replica_gc import Source, names, started
 
 from laminar.runtime.jobs import JobSpec
+from laminar.runtime.provenance import JobOrigin
 
 
 def row(agent: SimpleNamespace, key: str) -> object:
@@ -41,7 +42,7 @@ def test_done_rows_whose_directory_is_gone_are_deleted_after_the_retention(tmp_p
             p = await used.send(6)
             await used.ctl("guard", "ckpt-6")
             agent.jobs.jobs.append(SimpleNamespace(id="job-4", state="running", ended=None,
-                                                   spec=JobSpec(["train"], resume_from=str(p))))
+                                                   spec=JobSpec(["train"], resume_from=str(p)), origin=JobOrigin(resume_given=str(p))))
             comp._set_replica("n3-job-2", "handed-over", "job-4")
             live = Source(tmp_path, comp, 3, "n3-job-3")  # still guarded
             await live.send(1)

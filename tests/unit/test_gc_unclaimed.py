@@ -20,6 +20,7 @@ from jobrig import until
 from test_replica_gc import Source, names, started
 
 from laminar.runtime.jobs import JobSpec
+from laminar.runtime.provenance import JobOrigin
 
 
 def age(path: Path, secs: float) -> None:
@@ -55,7 +56,7 @@ def test_keys_no_guard_named_go_after_the_orphan_age_unless_used_guarded_or_youn
             used = Source(tmp_path, comp, 3, "n3-job-9")  # a local job was handed over resuming from it
             p = await used.send(4)
             agent.jobs.jobs.append(SimpleNamespace(id="job-2", state="running", ended=None,
-                                                   spec=JobSpec(["train"], resume_from=str(p))))
+                                                   spec=JobSpec(["train"], resume_from=str(p)), origin=JobOrigin(resume_given=str(p))))
             guarded = Source(tmp_path, comp, 2, "n2-job-1")  # a guard names it: never this rule's
             await guarded.send(5)
             await guarded.ctl("guard", "ckpt-5")

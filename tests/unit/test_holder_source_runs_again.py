@@ -26,9 +26,9 @@ from jobrig import until
 from test_replica_gc import KEY, K, Source, started
 from test_replica_guard_window import source_asked_by, state_of, stop_both
 
-from laminar.migrate.constants import MIGRATED_ENV
 from laminar.migrate.reclaim import ReclaimComponent
 from laminar.migrate.transfer import send_control
+from laminar.runtime.provenance import JobOrigin
 
 
 def test_a_waiting_holder_stands_down_when_the_source_runs_the_job_again(tmp_path: Path) -> None:
@@ -67,7 +67,8 @@ def test_a_waiting_holder_stands_down_when_the_source_runs_the_job_again(tmp_pat
             await Source(tmp_path, holder, 2, K).send(5)
             # node 2 claimed the job back from the archive and runs it as job-2
             agent_a.jobs.jobs.append(SimpleNamespace(id="job-2", state="running", ended=None,
-                                                     spec=SimpleNamespace(env={MIGRATED_ENV: K})))
+                                                     spec=SimpleNamespace(env={}),
+                                                     origin=JobOrigin(migrated_from=K)))
             await held_and_waiting("ckpt-5")
             await holder._guard_round()
             assert await until(lambda: not holder._taking)

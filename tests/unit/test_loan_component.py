@@ -16,9 +16,11 @@ from typing import Any
 
 import pytest
 from ports import free_port
+from standin_origin import OriginQueries
 
 from laminar import jobkit
 from laminar.runtime.jobs import JobSpec
+from laminar.runtime.provenance import NO_ORIGIN, JobOrigin
 from laminar.zone import placement as pl
 from laminar.zone import wire
 from laminar.zone.component import ZoneComponent, demand_to_probe
@@ -36,6 +38,7 @@ class StandInJob:
     owner_gid: int = 0
     ckpt_dir: Path | None = None
     created: float = 0.0
+    origin: JobOrigin = NO_ORIGIN  # what the job manager recorded of where it came from
 
     @property
     def active(self) -> bool:
@@ -46,7 +49,7 @@ class StandInJob:
 
 
 @dataclass
-class StandInJobs:
+class StandInJobs(OriginQueries):
     state_dir: Path
     jobs: dict[str, StandInJob] = field(default_factory=dict)
 

@@ -44,6 +44,7 @@ from archiverig import (
     zone_keys,
     zone_of,
 )
+from standin_origin import OriginQueries
 
 from laminar.jobkit import Checkpointer
 from laminar.migrate import archive_fs
@@ -56,15 +57,15 @@ from laminar.store import Store
 GOOD = "n1-job-1"
 
 
-class Submitted:
-    """Stand-in job manager: records each job the agent would start (spec, owner), starts nothing."""
+class Submitted(OriginQueries):
+    """Stand-in job manager: records each job the agent would start (spec, owner, origin), starts nothing."""
 
     def __init__(self) -> None:
         self.jobs: list[Any] = []
 
-    async def submit(self, spec: Any, owner_uid: int = 0, owner_gid: int = 0) -> Any:
+    async def submit(self, spec: Any, owner_uid: int = 0, owner_gid: int = 0, *, origin: Any = None) -> Any:
         j = SimpleNamespace(id=f"job-{70 + len(self.jobs)}", spec=spec, owner_uid=owner_uid, owner_gid=owner_gid,
-                            state="queued", active=True, started=None)
+                            state="queued", active=True, started=None, origin=origin)
         self.jobs.append(j)
         return j
 
@@ -78,7 +79,7 @@ class Submitted:
         return next((j for j in self.jobs if j.id == jid), None)
 
     def keys(self) -> list[str]:
-        return [j.spec.env["LM_MIGRATED_FROM"] for j in self.jobs]
+        return [j.origin.migrated_from for j in self.jobs]
 
 
 def ckpt_of(tmp: Path, name: str, step: int = 7, data: bytes = b"weights") -> Path:
@@ -350,7 +351,7 @@ def test_a_forged_record_is_refused_counted_untouched_and_the_good_one_is_claime
     planted, reason = forge(world)
     before = {p: snapshot(p) for p in planted}
     run_round(world.c)
-    assert [(j.spec.env["LM_MIGRATED_FROM"], j.owner_uid) for j in world.c.agent.jobs.jobs] == \
+    assert [(j.origin.migrated_from, j.owner_uid) for j in world.c.agent.jobs.jobs] == \
         [(GOOD, os.getuid())]  # the good one only
     assert {p: snapshot(p) for p in planted} == before  # byte and mode for mode
     assert sorted(n.name for n in (world.arch / GOOD).glob("*.json")) == ["running-3.json"]

@@ -16,6 +16,7 @@ from types import SimpleNamespace
 from typing import Any
 
 import pytest
+from standin_origin import OriginQueries
 
 from laminar.config import Config, validate
 from laminar.events import EventBus
@@ -25,7 +26,7 @@ from laminar.migrate.reclaim import ReclaimComponent
 from laminar.store import Store
 
 
-class NoJobs:
+class NoJobs(OriginQueries):
     def active(self) -> list[Any]:
         return []
 

@@ -44,8 +44,9 @@ class HeldZone:
         self.arbiter.inventory = pl.NodeCapacity(**{**self.arbiter.inventory.__dict__, "draining": True})
         return 0
 
-    async def place(self, spec: dict[str, Any], demand: Any, uid: int = 0, gid: int = 0) -> Any:
-        self.asked.append(spec["env"]["LM_REQUEUED_FROM"])
+    async def place(self, spec: dict[str, Any], demand: Any, uid: int = 0, gid: int = 0,
+                    origin: dict[str, Any] | None = None) -> Any:
+        self.asked.append((origin or {})["requeued_from"])
         await self.go.wait()
         return SimpleNamespace(outcome="unconfirmed", node=7, job_id=None, reason="no answer after the commit")
 

@@ -17,6 +17,7 @@ from typing import Any
 
 from archiverig import agent_of, record, zone_keys
 from jobrig import until
+from standin_origin import OriginQueries
 from test_migrate_evidence import make_agent
 
 from laminar.migrate import drain
@@ -42,7 +43,7 @@ class Cgroup:
         return True
 
 
-class RestoreJobs:
+class RestoreJobs(OriginQueries):
     """Stand-in job manager: running and queued jobs, the queue hold, stops."""
 
     def __init__(self) -> None:
@@ -94,8 +95,9 @@ class PlacingZone:
         self.notices.append(deadline_s)
         return 0
 
-    async def place(self, spec: dict[str, Any], demand: Any, uid: int = 0, gid: int = 0) -> Any:
-        self.placed.append(spec["env"]["LM_REQUEUED_FROM"])
+    async def place(self, spec: dict[str, Any], demand: Any, uid: int = 0, gid: int = 0,
+                    origin: dict[str, Any] | None = None) -> Any:
+        self.placed.append((origin or {})["requeued_from"])
         return SimpleNamespace(outcome="placed", node=7, job_id=f"job-{len(self.placed)}", reason="")
 
 

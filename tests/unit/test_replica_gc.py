@@ -17,19 +17,21 @@ from types import SimpleNamespace
 from typing import Any
 
 from jobrig import until
+from standin_origin import OriginQueries
 from test_migrate_evidence import FakeZone, make_agent
 
 from laminar.jobkit import Checkpointer
 from laminar.migrate.reclaim import ReclaimComponent
 from laminar.migrate.transfer import send_checkpoint, send_control
 from laminar.runtime.jobs import JobSpec
+from laminar.runtime.provenance import JobOrigin
 
 KEY = b"k" * 32
 K = "n2-job-1"  # node 2's job-1, guarded here (node 1)
 OTHER = "n3-job-7"
 
 
-class Jobs:
+class Jobs(OriginQueries):
     """Stand-in job manager: the jobs this node runs (``list``), none active for the watch loop."""
 
     def __init__(self) -> None:
@@ -118,7 +120,8 @@ def test_older_replicas_go_the_guarded_and_resumed_from_stay_a_released_key_goes
 
             # a job runs here resumed from ckpt-15 (a move handed it over); the source goes on
             agent.jobs.jobs.append(SimpleNamespace(id="job-4", state="running", ended=None,
-                                                   spec=JobSpec(["train"], resume_from=str(d / "ckpt-15"))))
+                                                   spec=JobSpec(["train"], resume_from=str(d / "ckpt-15")),
+                                                   origin=JobOrigin(resume_given=str(d / "ckpt-15"))))
             (d / ".tmp-ckpt-30").mkdir()  # a commit in progress (transfer.py's, not this GC's)
             (d / "ckpt-3").symlink_to(outside, target_is_directory=True)
             await src.send(20)
@@ -144,15 +147,16 @@ def test_older_replicas_go_the_guarded_and_resumed_from_stay_a_released_key_goes
 
 
 async def guarded_and_resumed_here(tmp: Path, agent: Any, comp: ReclaimComponent, state: str,
-                                   **spec: Any) -> tuple[Path, Source, SimpleNamespace]:
-    """Node 2 sends ckpt-5 of ``K`` and guards it here; a local job in ``state`` resumes from it.
+                                   migrated_from: str | None = None) -> tuple[Path, Source, SimpleNamespace]:
+    """Node 2 sends ckpt-5 of ``K`` and guards it here; a local job in ``state`` resumes from it,
+    the agent gave it that (its recorded origin; ``migrated_from``: the key it resumed, too).
     (The key's directory, the source, the job.)"""
     d = comp.root / "checkpoints" / K  # type: ignore[operator]
     src = Source(tmp, comp, 2, K)
     await src.send(5)
     await src.ctl("guard", "ckpt-5")
-    job = SimpleNamespace(id="job-4", state=state, ended=None,
-                          spec=JobSpec(["train"], resume_from=str(d / "ckpt-5"), **spec))
+    job = SimpleNamespace(id="job-4", state=state, ended=None, spec=JobSpec(["train"], resume_from=str(d / "ckpt-5")),
+                          origin=JobOrigin(migrated_from=migrated_from, resume_given=str(d / "ckpt-5")))
     agent.jobs.jobs.append(job)
     return d, src, job
 
@@ -184,7 +188,7 @@ def test_a_handed_over_key_goes_once_its_local_job_ended_and_stale_trash_goes_at
     async def main() -> None:
         agent, comp = await started(tmp_path)
         try:
-            d, src, job = await guarded_and_resumed_here(tmp_path, agent, comp, "running", env={"LM_MIGRATED_FROM": K})
+            d, src, job = await guarded_and_resumed_here(tmp_path, agent, comp, "running", migrated_from=K)
             comp._set_replica(K, "handed-over", "job-4")
             comp._replica_gc_round(force=True)
             await asyncio.sleep(0.3)

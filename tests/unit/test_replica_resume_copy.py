@@ -25,6 +25,7 @@ from test_replica_gc import KEY, K, Source, names, started
 from laminar.migrate.reclaim import RESUME_KEEP_S
 from laminar.migrate.transfer import send_control
 from laminar.runtime.jobs import JobSpec
+from laminar.runtime.provenance import JobOrigin
 
 UID = 65534
 
@@ -65,7 +66,7 @@ def test_another_users_job_resumes_from_its_own_view_which_goes_once_no_job_need
             await guard(src, "ckpt-5", UID)
 
             # a local job resumes from the view: the replica is kept for it after the release
-            job = SimpleNamespace(id="job-4", state="running", ended=None, spec=JobSpec(["train"], resume_from=str(got)))
+            job = SimpleNamespace(id="job-4", state="running", ended=None, spec=JobSpec(["train"], resume_from=str(got)), origin=JobOrigin(resume_given=str(got)))
             agent.jobs.jobs.append(job)
             await src.ctl("release")
             comp._replica_gc_round(force=True)

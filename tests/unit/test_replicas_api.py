@@ -34,6 +34,7 @@ from laminar.jobkit import Checkpointer
 from laminar.migrate.reclaim import REPLICA_LATE_S, ReclaimComponent
 from laminar.migrate.transfer import send_checkpoint, send_control
 from laminar.runtime.jobs import JobSpec
+from laminar.runtime.provenance import JobOrigin
 
 
 def disk_bytes(d: Path) -> int:
@@ -85,7 +86,7 @@ def test_the_listing_shows_each_key_its_bytes_its_user_and_the_gc_plan(tmp_path:
             p = await used.send(9)
             await used.ctl("guard", "ckpt-9")
             agent.jobs.jobs.append(SimpleNamespace(id="job-8", state="running", ended=None,
-                                                   spec=JobSpec(["train"], resume_from=str(p))))
+                                                   spec=JobSpec(["train"], resume_from=str(p)), origin=JobOrigin(resume_given=str(p))))
             comp._set_replica("n2-job-5", "handed-over", "job-8")
             mine = Source(tmp_path, comp, 2, "n2-job-6")  # a job of uid 65534's
             await mine.send(3)
@@ -191,7 +192,7 @@ def test_drop_refuses_a_guard_without_force_a_used_key_and_bad_keys_then_removes
             p = await used.send(9)
             await used.ctl("guard", "ckpt-9")
             agent.jobs.jobs.append(SimpleNamespace(id="job-8", state="failed", ended=time.time(),
-                                                   spec=JobSpec(["train"], resume_from=str(p))))
+                                                   spec=JobSpec(["train"], resume_from=str(p)), origin=JobOrigin(resume_given=str(p))))
             comp._set_replica("n2-job-5", "handed-over", "job-8")
             before = {k: names(base / k) for k in ("n2-job-1", "n3-job-2", "n2-job-5")}
 

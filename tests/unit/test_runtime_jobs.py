@@ -42,7 +42,7 @@ def test_spec_from_dict_validates_with_clear_errors() -> None:
     assert (s.memory_mb, s.job_class, s.priority, s.checkpoint_signal) == (1024, "transient", 7, "SIGUSR1")
     for bad, msg in [({"command": []}, "non-empty list"), ({"command": ["x"], "class": "batch"}, "class 'batch'"),
                      ({"command": ["x"], "priority": 101}, "priority 101"), ({"command": ["x"], "bogus": 1}, "unknown keys"),
-                     ({"command": ["x"], "env": {"LAMINAR_JOB_ID": "x"}}, "set by the agent"),
+                     ({"command": ["x"], "env": {"LAMINAR_JOB_ID": "x"}}, "LAMINAR_JOB_ID.*reserved"),
                      ({"command": ["x"], "elastic_min": 3, "elastic_max": 2}, "1 <= min <= max"),
                      ({"command": ["x"], "cwd": "rel"}, "absolute path"), ({"command": ["x"], "cpus": 0}, "cpus 0")]:
         with pytest.raises(JobError, match=msg):

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import pytest
+from standin_origin import OriginQueries
 
 from laminar.migrate.reclaim import ReclaimComponent
 
@@ -32,7 +33,7 @@ class Job:  # stand-in: what _answer_superseded reads of a job
 
 
 @dataclass
-class Jobs:  # stand-in job manager: stop records what it was asked
+class Jobs(OriginQueries):  # stand-in job manager: stop records what it was asked
     jobs: dict[str, Job]
     stopped: list[tuple[str, str, str]] = field(default_factory=list)
 

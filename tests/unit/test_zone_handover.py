@@ -20,6 +20,7 @@ from xferrig import make_ckpt
 from laminar.migrate import reclaim
 from laminar.migrate.reclaim import ReclaimComponent
 from laminar.runtime.jobs import JobSpec
+from laminar.runtime.provenance import NO_ORIGIN, JobOrigin
 from laminar.zone import placement as pl
 from laminar.zone import wire
 from laminar.zone.component import HANDOVER_NO_RESERVATION, HANDOVER_OK, demand_to_probe
@@ -37,9 +38,10 @@ class ActiveWhenSuspended(StandInJob):
 class SubmittingJobs(StandInJobs):
     """The stand-in job table with a submit that records the spec (a job 'runs' at once)."""
 
-    async def submit(self, spec: JobSpec, owner_uid: int = 0, owner_gid: int = 0) -> StandInJob:
+    async def submit(self, spec: JobSpec, owner_uid: int = 0, owner_gid: int = 0,
+                     origin: JobOrigin = NO_ORIGIN) -> StandInJob:
         jid = f"j{len(self.jobs) + 1}"
-        self.jobs[jid] = StandInJob(jid, spec, list(spec.gpus or []))
+        self.jobs[jid] = StandInJob(jid, spec, list(spec.gpus or []), origin=origin)
         return self.jobs[jid]
 
 

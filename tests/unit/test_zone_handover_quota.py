@@ -18,6 +18,7 @@ from pathlib import Path
 from test_loan_component import StandInJob, StandInJobs, make_comp, run
 
 from laminar.runtime.jobs import JobSpec, QuotaError
+from laminar.runtime.provenance import NO_ORIGIN, JobOrigin
 from laminar.zone import placement as pl
 from laminar.zone import wire
 from laminar.zone.component import HANDOVER_OK, demand_to_probe
@@ -33,11 +34,12 @@ class LimitedJobs(StandInJobs):
         if uid == AT_LIMIT:
             raise QuotaError(f"too many jobs: uid {uid} is at the limit (stand-in)")
 
-    async def submit(self, spec: JobSpec, owner_uid: int = 0, owner_gid: int = 0, *, quota: bool = False) -> StandInJob:
+    async def submit(self, spec: JobSpec, owner_uid: int = 0, owner_gid: int = 0, *, quota: bool = False,
+                     origin: JobOrigin = NO_ORIGIN) -> StandInJob:
         if quota:
             self.check_quota(owner_uid)
         jid = f"j{len(self.jobs) + 1}"
-        self.jobs[jid] = StandInJob(jid, spec, list(spec.gpus or []))
+        self.jobs[jid] = StandInJob(jid, spec, list(spec.gpus or []), origin=origin)
         return self.jobs[jid]
 
 

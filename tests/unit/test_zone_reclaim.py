@@ -64,8 +64,10 @@ def test_two_reclaims_at_once_return_two_servers_and_requeue_each_job_once(tmp_p
         for n in (1, 2):
             assert tables[n].ckpt_requests == [f"lent{n}"], tables[n].ckpt_requests
             assert tables[n].stops == [f"lent{n}"], tables[n].stops
-        copies = [j for t in tables.values() for j in t.jobs.values() if "LM_REQUEUED_FROM" in (j.spec.env or {})]
-        assert sorted(j.spec.env["LM_REQUEUED_FROM"] for j in copies) == ["n1-lent1", "n2-lent2"]
+        # each placed again as the requeue of its own key (the origin its hand-over recorded)
+        copies = [j for t in tables.values() for j in t.jobs.values() if j.origin.requeued_from]
+        assert sorted(j.origin.requeued_from for j in copies) == ["n1-lent1", "n2-lent2"]
+        assert all("LM_REQUEUED_FROM" not in j.spec.env for j in copies)  # not the user's env
 
     asyncio.run(with_zone(tmp_path, {1: "inference", 2: "inference", 3: "training", 4: "training"}, body,
                           jobs=tables.get, loan={"ckpt_wait_s": 0.5}))

@@ -136,7 +136,7 @@ from laminar.migrate.archive_auth import (
     owner_request,
 )
 from laminar.migrate.archive_view import _NODE_FILE, DONE_DIR, Refusals, Sealed, View
-from laminar.migrate.constants import _SAFE_KEY, MIGRATED_ENV, SOURCE_LIVE_STATES
+from laminar.migrate.constants import _SAFE_KEY, SOURCE_LIVE_STATES
 from laminar.migrate.errors import MigrateError
 from laminar.runtime.ckpt_scan import scan_dir
 
@@ -1080,13 +1080,15 @@ class ArchiveMixin:
             self._round_running = False
 
     def _given_resume_from(self, job: Any, root: Path) -> str | None:
-        """The job's ``resume_from`` when the agent gave it (a path in its state directory: a
-        replica, its owner's copy, a requeued job's own checkpoint, a checkpoint fetched from
-        the archive), else None. The round's look (on the lane) stats it, and copies it when the
-        job has written nothing since: a path of the job's user's own, on storage of theirs that
-        may hang, would hold the archive's one thread (and every claim and publish behind it)
-        for as long. Never touches the path."""
-        rf = getattr(job.spec, "resume_from", None)
+        """The job's ``resume_from`` when the agent gave it (recorded so by the job manager:
+        laminar.runtime.provenance; a path in its state directory: a replica, its owner's copy, a
+        requeued job's own checkpoint; or in the archive), else None. One its user set is never
+        taken for the agent's: root copied such a path (another user's checkpoint) into the
+        archive as the job's state. The round's look (on the lane) stats it, and copies it when
+        the job has written nothing since: a path of the job's user's own, on storage of theirs
+        that may hang, would hold the archive's one thread (and every claim and publish behind
+        it) for as long. Never touches the path."""
+        rf = getattr(getattr(job, "origin", None), "resume_given", None)
         if not rf:
             return None
         p = Path(os.path.normpath(str(rf)))
@@ -1582,17 +1584,13 @@ class ArchiveMixin:
         self._spawn(self._archive_gc_task(self._archive_gc_ended()))
 
     def _archive_gc_ended(self) -> dict[str, set[str]]:
-        """Archive key -> ids of this node's jobs resumed from it (``LM_MIGRATED_FROM``) that ended
-        by themselves (exited) or were stopped by their user: they need nothing from it any more.
-        A job that failed to start, was lost, moved or reclaimed is not here: its state may still
-        be needed from the archive."""
-        out: dict[str, set[str]] = {}
+        """Archive key -> ids of this node's jobs resumed from it (their origin, as the job
+        manager stored it: laminar.runtime.provenance; never a job's env, which its user writes)
+        that ended by themselves (exited) or were stopped by their user: they need nothing from
+        it any more. A job that failed to start, was lost, moved or reclaimed is not here: its
+        state may still be needed from the archive. One indexed query, no spec decoded."""
         jobs = getattr(self.agent, "jobs", None)
-        for j in jobs.list() if jobs is not None else []:
-            k = (j.spec.env or {}).get(MIGRATED_ENV)
-            if k and j.state in ("exited", "stopped"):
-                out.setdefault(str(k), set()).add(str(j.id))
-        return out
+        return jobs.ended_origins(("exited", "stopped")) if jobs is not None else {}
 
     async def _archive_gc_task(self, ended: dict[str, set[str]]) -> None:
         try:

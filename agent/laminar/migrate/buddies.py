@@ -13,8 +13,8 @@ dead: it announced a reclaim and then fell silent in the zone for ``dead_after_s
 answer when asked (``needs``: one that answers its job lives there is still evacuating it), or
 its window ended, or, with ``orphan_after_s`` set, it fell silent without a notice. Exactly one
 node guards a job at a time: a move hands the guard to the destination (``guard`` there, then
-``release`` to the old buddy), and a node never resumes a job it already runs (the job's
-environment carries ``LM_MIGRATED_FROM``). A failed prestage keeps the job's buddy (it still
+``release`` to the old buddy), and a node never resumes a job it already runs (the job manager
+stored the key as the job's origin). A failed prestage keeps the job's buddy (it still
 guards the older checkpoint) and tries another peer next (PRESTAGE_FAIL_AVOID_S; a buddy that
 said nothing, :class:`~laminar.migrate.transfer.PeerSilentError`, costs one timeout and is
 avoided by every job's prestage as long: :meth:`ReclaimComponent._silent_peers`); the old buddy

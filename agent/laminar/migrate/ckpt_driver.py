@@ -29,7 +29,8 @@ This module is the part of ``agent.migrate`` that acts on it: every ``poll_s`` i
 **Who is skipped.** A job is only signalled when its main process *catches* its checkpoint
 signal (``SigCgt`` in ``/proc/<pid>/status``): a process that does not would be killed by
 SIGUSR1, so a job without the checkpoint contract is never driven. A job opts out with
-``LM_CKPT_PERIODIC=off`` in its spec's environment; the whole driver with
+``periodic_checkpoints = false`` in its spec (``laminarctl submit --no-periodic-checkpoints``;
+once the env name ``LM_CKPT_PERIODIC=off``, which the agent no longer reads); the whole driver with
 ``migrate.periodic = false``. Jobs being moved, and every job during a reclaim of this node,
 are left to the reclaim.
 
@@ -67,7 +68,7 @@ from laminar.runtime.jobs import catches_signal
 
 log = logging.getLogger("laminar.migrate")
 
-OPT_OUT_ENV = "LM_CKPT_PERIODIC"  # "off" in a job's spec env: never signalled periodically
+OPT_OUT_FIELD = "periodic_checkpoints"  # false in a job's spec: never signalled periodically
 # Checks of jobs' checkpoints run side by side (one per owner at a time: laminar.offloop.Lane), so
 # a user whose checkpoint takes long to check (many GB, slow storage) holds one of these and
 # never delays another user's.
@@ -415,8 +416,8 @@ class CkptDriver:
         return mbit * 1e6 / 8
 
     def _skip_reason(self, job: Any) -> str:
-        if (job.spec.env or {}).get(OPT_OUT_ENV, "").lower() in ("off", "0", "no", "false"):
-            return f"opted out ({OPT_OUT_ENV}=off)"
+        if getattr(job.spec, OPT_OUT_FIELD, True) is False:
+            return f"opted out ({OPT_OUT_FIELD} = false)"
         if not job.ckpt_dir:
             return "no checkpoint directory"
         if job.id in self.comp.evacuating:

@@ -7,7 +7,10 @@ from __future__ import annotations
 import re
 
 DEFAULT_REMAINING_S = 3600.0  # a job's expected remaining run time when nobody says
-MIGRATED_ENV = "LM_MIGRATED_FROM"  # LAMINAR_* names are reserved by the job manager
+# The name the agent gives a moved or taken-over job its origin by, for the job to read (and an
+# agent of an older release, which read it back): the agent reads the jobs table's origin_key
+# (laminar.runtime.provenance), never this.
+MIGRATED_ENV = "LM_MIGRATED_FROM"
 HOLD_MIN_S = 30.0
 
 # A source's job in these states lives there (runs, or will): a guard must not revive it elsewhere,
@@ -27,5 +30,19 @@ WINDOW_ENDED = "the notice window ended"
 # guard naming it (the guard is sent after the transfer): kept this long.
 REPLICA_LATE_S = 3600.0
 
-_CKPT_NAME = re.compile(r"^ckpt-\d+$")
-_SAFE_KEY = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")  # a transfer's job id (transfer._SAFE)
+# ASCII only and anchored at the very end (\Z): ``$`` lets one trailing newline through, and
+# ``\d`` matches every Unicode digit, which int() then reads (``ckpt-5\n`` and ``ckpt-٥`` aliased
+# ckpt-5). Use valid_ckpt_name / valid_key (full matches); ``.match`` on these is safe too.
+_CKPT_NAME = re.compile(r"^ckpt-[0-9]{1,18}\Z")
+_SAFE_KEY = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}\Z")  # a transfer's job id (transfer._SAFE)
+
+
+def valid_key(value: object) -> bool:
+    """A migration key or transfer job id (``n<node>-<job id>``): ASCII letters, digits, ``_.-``
+    (not first), at most 128 characters, the whole string."""
+    return isinstance(value, str) and _SAFE_KEY.fullmatch(value) is not None
+
+
+def valid_ckpt_name(value: object) -> bool:
+    """A checkpoint's name, ``ckpt-<n>`` with ASCII digits, the whole string."""
+    return isinstance(value, str) and _CKPT_NAME.fullmatch(value) is not None

@@ -6,7 +6,8 @@ moves free, on a node about to go, and be killed at the window's end (state ``re
 stay queued on a node that is gone. So at the notice the node holds its queue
 (``JobManager.hold_queue``: no queued job starts here any more) and :func:`place_queued_elsewhere`
 places every queued job again through the zone, from its spec as submitted (GPU indices of this
-node become their count, ``LM_REQUEUED_FROM=n<node>-<job>`` added):
+node become their count; the request names the job it came from, ``requeued_from``
+``n<node>-<job>``, which the node that takes it stores: laminar.runtime.provenance):
 
 * one the zone places leaves this node's queue (state ``requeued``, the reason naming the node
   and the job it became there) and a ``migrate`` event says so;
@@ -58,7 +59,6 @@ from typing import Any
 log = logging.getLogger("laminar.migrate")
 
 RETRY_S = 1.0  # a queued job that found no place is tried again this often during the window
-SPEC_ENV_DROPPED = ("LM_PLACEMENT_ID", "LM_GPU_SHARE")  # the destination sets its own
 
 
 def hold_reason(node: int) -> str:
@@ -157,12 +157,11 @@ def held_at_start(store: Any) -> str | None:
 
 def requeue_spec(spec: dict[str, Any], key: str) -> dict[str, Any]:
     """The spec a queued job is placed again with: as submitted, without what was this node's
-    (GPU indices become their count; the placement id and GPU share its hand-over set go), ``LM_REQUEUED_FROM`` =
-    ``key``; not lent (the destination decides)."""
+    (GPU indices become their count); not lent (the destination decides). Where it came from
+    (``key``) is no part of it: the placement's request says so (:func:`requeue_origin`), and the
+    node that takes it records it (its env is its user's: laminar.runtime.provenance)."""
     out = dict(spec)
-    env = {k: v for k, v in (out.get("env") or {}).items() if k not in SPEC_ENV_DROPPED}
-    env["LM_REQUEUED_FROM"] = key
-    out.update(env=env, lent=False)
+    out.update(lent=False)
     if isinstance(out.get("gpus"), list):
         out["gpus"] = len(out["gpus"])  # indices on this node mean nothing elsewhere: their count does
     return out
@@ -191,11 +190,22 @@ async def place_queued_elsewhere(mig: Any, deadline: Callable[[], float], skip: 
         await asyncio.sleep(max(0.0, min(RETRY_S, deadline() - time.monotonic())))
 
 
+def requeue_origin(job: Any, key: str, spec: dict[str, Any]) -> dict[str, Any]:
+    """The request's origin of a requeue of ``job`` as ``key``: that key, and whether the agent
+    gave the ``resume_from`` its spec carries (it did when it gave the job its own: the job's
+    recorded origin says)."""
+    from laminar.runtime.provenance import request_origin
+
+    given = bool(spec.get("resume_from")) and bool(getattr(getattr(job, "origin", None), "resume_given", None))
+    return request_origin(requeued_from=key, resume_given=given)
+
+
 async def _place_one(mig: Any, jobs: Any, zone: Any, job: Any, done: set[str]) -> None:
     demand, _ = mig._need(job)
-    spec = requeue_spec(job.spec.as_dict(), mig.job_key(job))
+    key = mig.job_key(job)
+    spec = requeue_spec(job.spec.as_dict(), key)
     mig._note_move(job.id, "placing")  # a restart before this settles must not place it twice
-    res = await zone.place(spec, demand, job.owner_uid, job.owner_gid)
+    res = await zone.place(spec, demand, job.owner_uid, job.owner_gid, origin=requeue_origin(job, key, spec))
     if res.outcome == "queued-out":
         mig._forget_move(job.id)
         return  # no room anywhere now: tried again at the next round

@@ -30,8 +30,8 @@ Once it hears a member again it settles each fenced job before thawing it:
   ``orphan_after_s`` while this node hears others: the rule every take-over uses);
 - with an archive, a claim of the job there (``claimed-*``, ``running-*``, or the sweep's
   ``.done`` marker) keeps it fenced until the claimer tells this node that it runs it (op
-  ``superseded``: stopped) or gives the claim back; a copy this node resumed itself (its
-  ``LM_MIGRATED_FROM`` key) whose claim another node took meanwhile (a dead runner's claim: it
+  ``superseded``: stopped) or gives the claim back; a copy this node resumed itself (the key
+  the job manager stored as its origin) whose claim another node took meanwhile (a dead runner's claim: it
   counted this node gone) is stopped: the archive's claim is the lock, and it lost it (unless
   the claim's running record names this very copy: the claimer placed the job here);
 - else it is thawed (event phase ``unfenced``): the partition ended before anyone took it over.
@@ -58,7 +58,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from laminar.migrate.archive import ARCHIVE_CLAIM_STALE_S
-from laminar.migrate.constants import MIGRATED_ENV
+from laminar.migrate.constants import valid_key
 from laminar.migrate.errors import MigrateError
 from laminar.migrate.transfer import TransferError
 
@@ -268,7 +268,11 @@ class FenceMixin:
             # a copy this node resumed (of another node's job, or from the archive) whose claim
             # another node took meanwhile (it counted this node gone: a dead runner's claim): the
             # archive's claim is the lock, and this copy lost it
-            origin = str((getattr(job.spec, "env", None) or {}).get(MIGRATED_ENV) or "")
+            # (the origin the job manager stored: never the job's env, which its user writes; a
+            # key, so it names a directory under the archive root and never a path outside it)
+            origin = str(getattr(getattr(job, "origin", None), "migrated_from", None) or "")
+            if not valid_key(origin):
+                origin = ""
             runner = await self._lane.call(f"who runs {origin}", self._archive_runner, origin) if origin else None
             if runner is not None and runner != str(self.node_id) and \
                     await self._lane.call(f"where {origin} runs", self._placed_here_by_claim, origin, jid):

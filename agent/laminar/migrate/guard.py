@@ -41,6 +41,7 @@ from laminar.migrate import destination as dst
 from laminar.migrate.constants import DEFAULT_REMAINING_S, HOLD_MIN_S, MIGRATED_ENV, SOURCE_LIVE_STATES
 from laminar.migrate.errors import HandoverSettled, MigrateError
 from laminar.migrate.transfer import TransferError, latest_verified, send_checkpoint
+from laminar.runtime.provenance import request_origin
 
 if TYPE_CHECKING:
     from laminar.migrate.archive import ArchiveLane
@@ -509,20 +510,21 @@ class GuardMixin:
                 db.execute("DELETE FROM migrate_retry WHERE key=?", (key,))
 
     def _runs_here(self, key: str) -> str | None:
-        for j in self.agent.jobs.list():
-            if (getattr(j.spec, "env", None) or {}).get(MIGRATED_ENV) == key and j.state not in ("failed",):
-                return str(j.id)
-        return None
+        """The job this node started for the migration key ``key`` (a move's hand-over, a
+        take-over, an archive claim), in any state but failed: by the origin the job manager
+        stored with it (an indexed column), never by a job's env, which its user writes
+        (laminar.runtime.provenance; before, one job of any user carrying the key in its env made
+        this node skip the key's take-over and its source drop the guard)."""
+        return self.agent.jobs.find_origin(key)
 
-    async def taken_over_as(self, env: dict[str, Any] | None) -> str | None:
+    async def taken_over_as(self, key: str | None) -> str | None:
         """The id of the job a take-over on this node started, or is starting, for the migrated
-        job a spec with environment ``env`` carries (its ``LM_MIGRATED_FROM`` key); None when
-        ``env`` carries none or no such job runs or starts here. Waits while such a start is under
+        job ``key`` a hand-over's request names (its origin's ``migrated_from``); None when it
+        names none or no such job runs or starts here. Waits while such a start is under
         way (until the job manager stored the job or refused it). The zone asks this before it
         binds a hand-over of that job (:meth:`laminar.zone.component.ZoneComponent.on_handover`),
         and answers the hand-over with the job: never a second copy here, nor one elsewhere (a
         refused hand-over is placed on another node). Does not suspend when none is starting."""
-        key = (env or {}).get(MIGRATED_ENV)
         if not key or getattr(self.agent, "jobs", None) is None:
             return None
         starting = self._starting.get(str(key))
@@ -567,18 +569,16 @@ class GuardMixin:
             return ""
         return f"placement {int(pid):016x} is being handed over to this node" if zone.placement_pending(int(pid)) else ""
 
-    def _fence_placement(self, req: dict[str, Any], key: str = "") -> dict[str, str]:
+    def _fence_placement(self, req: dict[str, Any], key: str = "") -> int | None:
         """A take-over here of a job that a placement (``req["placement"]``) was to hand over to
         this node: that placement's reservation is dropped, so its hand-over, should it still
-        come, binds nothing here; the env returned (the placement id) tags the job this take-over
-        starts, so that hand-over is answered with that job (the zone's ``job_for_placement``)
-        and its placer takes the job as placed here. Never two copies here."""
-        from laminar.zone.component import PLACEMENT_ENV
-
+        come, binds nothing here; the placement id returned is stored with the job this take-over
+        starts (its origin), so that hand-over is answered with that job (the zone's
+        ``job_for_placement``) and its placer takes the job as placed here. Never two copies here."""
         pid = req.get("placement")
         zone: Any = getattr(self.agent, "zone", None)
         if pid is None or not hasattr(zone, "forgo_placement"):
-            return {}
+            return None
         zone.forgo_placement(int(pid))
         if key:  # a hand-over of it, should it still come, is answered with this guard's custody (_custody)
             self._fenced[key] = int(pid)
@@ -594,7 +594,7 @@ class GuardMixin:
                 if isinstance(stored, dict):
                     stored["fenced"] = int(pid)
                     db.execute("UPDATE migrate_replicas SET request=? WHERE key=?", (json.dumps(stored), key))
-        return {PLACEMENT_ENV: f"{int(pid):016x}"}
+        return int(pid)
 
     @staticmethod
     def _need_of(req: dict[str, Any]) -> tuple[Any, dst.Resources]:
@@ -695,10 +695,14 @@ class GuardMixin:
     async def _resume_here(self, row: Any, req: dict[str, Any], path: Path, why: str) -> str | None:
         """Starts the job here from ``path``; None when it started (or is queued by this
         node's admission), else why not (no free GPU, a command this node lacks)."""
+        from laminar.runtime import provenance as pv
         from laminar.runtime.jobs import JobError, JobSpec
 
         key = row["key"]
-        spec_d = dict(req["spec"])
+        # the spec a peer (or the archive) stored: names an agent of an older release put into its
+        # env are dropped, never trusted (provenance.from_peer); what this take-over knows is its origin
+        spec_d = dict(pv.from_peer(req["spec"], getattr(self.agent.jobs, "provenance_counts", None),
+                                   f"the guarded request of {key}", {"LM_MIGRATED_FROM": key}))
         uid, gid = req.get("owner_uid"), req.get("owner_gid")
         if (not isinstance(uid, int) or not isinstance(gid, int) or isinstance(uid, bool) or isinstance(gid, bool)
                 or not (0 <= uid < 2**32 - 1 and 0 <= gid < 2**32 - 1)):
@@ -718,10 +722,14 @@ class GuardMixin:
         starting: asyncio.Future[str | None] = asyncio.get_running_loop().create_future()
         self._starting[key] = starting
         try:
-            spec_d["env"] = {**spec_d.get("env", {}), MIGRATED_ENV: key, **self._fence_placement(req, key)}
+            origin = pv.JobOrigin(migrated_from=key, placement_id=self._fence_placement(req, key),
+                                  resume_given=str(path))
             try:
-                job = await self.agent.jobs.submit(JobSpec.from_dict(spec_d), owner_uid=uid, owner_gid=gid)
+                job = await self.agent.jobs.submit(JobSpec.from_dict(spec_d), owner_uid=uid, owner_gid=gid,
+                                                   origin=origin)
             except (JobError, Exception) as e:  # the spec was valid at the source; this node lacks room or something
+                if hasattr(self.agent.jobs, "count_refusal"):
+                    self.agent.jobs.count_refusal("takeover", e)
                 return str(e)
             starting.set_result(str(job.id))
         finally:
@@ -799,10 +807,13 @@ class GuardMixin:
             guarded = True
             spec = dict(req["spec"])
             spec["resume_from"] = res.remote_path
-            spec["env"] = {**spec.get("env", {}), MIGRATED_ENV: key}
+            # the key in the env too, for an agent of an older release (it reads it there; this
+            # release reads the request's origin and drops it: laminar.runtime.provenance)
+            spec["env"] = {**(spec.get("env") or {}), MIGRATED_ENV: key}
             # confirm: once it may have arrived, no answer is no refusal (node may start the job: a
             # placement elsewhere or a resume here would run it twice); node is asked until it says
-            hreq = {"spec": spec, "owner_uid": req.get("owner_uid", 0), "owner_gid": req.get("owner_gid", 0)}
+            hreq = {"spec": spec, "owner_uid": req.get("owner_uid", 0), "owner_gid": req.get("owner_gid", 0),
+                    "origin": request_origin(migrated_from=key, resume_given=True)}
             with self.agent.store.tx() as db:  # a stop that cuts the wait: the restart asks node first
                 db.execute("INSERT OR REPLACE INTO migrate_replica_handovers VALUES (?, ?, ?, ?, ?)",
                            (key, node, pid, json.dumps(hreq), time.time()))

@@ -122,6 +122,7 @@ import math
 import os
 import pwd
 import shutil
+import sqlite3
 import stat
 import subprocess
 import sys
@@ -154,13 +155,13 @@ from laminar.migrate.archive_auth import PRESIGNED, ArchiveAuth, manifest_digest
 from laminar.migrate.archive_view import Refusals
 from laminar.migrate.buddies import BuddiesMixin
 from laminar.migrate.constants import (
-    _CKPT_NAME,
-    _SAFE_KEY,
     DEFAULT_REMAINING_S,
     HOLD_MIN_S,
     MIGRATED_ENV,
     REPLICA_LATE_S,
     WINDOW_ENDED,
+    valid_ckpt_name,
+    valid_key,
 )
 from laminar.migrate.errors import HandoverSettled, MigrateError
 from laminar.migrate.evidence import EvidenceStore, NoticeOdds
@@ -173,7 +174,7 @@ from laminar.migrate.hazard import (
     calibrate_from_spot_traces,
 )
 from laminar.migrate.holder import HolderCandidate, RetrySchedule, choose_holder
-from laminar.migrate.replicas import REPLICA_SCAN_TIMEOUT_S, ReplicasMixin, redact_replica
+from laminar.migrate.replicas import REPLICA_SCAN_TIMEOUT_S, RESUME_DIR, ReplicasMixin, redact_replica
 from laminar.migrate.replicas import RESUME_KEEP_S as RESUME_KEEP_S
 from laminar.migrate.replicas import guard_confirmation as guard_confirmation
 from laminar.migrate.replicas import guard_needed as guard_needed
@@ -203,6 +204,7 @@ from laminar.migrate.vouch import VouchMixin
 from laminar.migrate.withdraw import WithdrawMixin
 from laminar.offloop import Lane, LaneBusy
 from laminar.runtime.ckpt_scan import CkptScanner
+from laminar.runtime.provenance import request_origin
 from laminar.zone.gate import Gate
 from laminar.zone.membership import canonical_ip, listen_check
 
@@ -735,6 +737,7 @@ class ReclaimComponent(BuddiesMixin, GuardMixin, ReplicasMixin, WithdrawMixin, S
         agent.store.ensure_schema("migrate-moves", MOVES_SCHEMA)
         for r in agent.store.db.execute("SELECT key, request FROM migrate_replicas").fetchall():
             self._note_owner(str(r["key"]), r["request"])
+        self._backfill_origins()
         self.buddy = {str(r["job_id"]): int(r["node"])
                       for r in agent.store.db.execute("SELECT job_id, node FROM migrate_buddies").fetchall()}
         self._restore_releases()
@@ -812,6 +815,40 @@ class ReclaimComponent(BuddiesMixin, GuardMixin, ReplicasMixin, WithdrawMixin, S
         self._restore_reclaim()
         self._restore_moves()
         self._restore_replica_handovers()
+
+    def _backfill_origins(self) -> None:
+        """After an upgrade: the job manager records the migration key of the jobs this node's
+        guards resumed (a ``resumed`` row names its job; what it gave the job to resume from is
+        the job's ``resume_from``) and of the live jobs a move or a guard's placement handed here
+        (placed through the zone, and resuming from a replica of a key a guard here names, or
+        its owner's copy of one: only ``check_resume`` gives such a path). Before, only their env
+        said so, which this reads nothing of (laminar.runtime.provenance). Not recoverable: the
+        key of a job handed here that ended already (its placement is forgotten), and a
+        requeue's origin (nothing read it)."""
+        jobs = getattr(self.agent, "jobs", None)
+        if jobs is None or not hasattr(jobs, "backfill_origin"):
+            return
+        db = self.agent.store.db
+        for r in db.execute("SELECT key, job_id FROM migrate_replicas WHERE state='resumed' AND job_id IS NOT NULL"
+                            ).fetchall():
+            job = jobs.get(str(r["job_id"]))
+            if job is not None and not getattr(job.origin, "migrated_from", None) and valid_key(str(r["key"])):
+                rf = job.spec.resume_from if isinstance(job.spec.resume_from, str) else None
+                jobs.backfill_origin(job.id, migrated_from=str(r["key"]), resume_given=rf)
+        keys = {str(r[0]) for r in db.execute("SELECT key FROM migrate_replicas")}
+        try:
+            placed = {str(r[0]) for r in db.execute("SELECT job_id FROM zone_placed")}
+        except sqlite3.OperationalError:  # no zone on this node
+            placed = set()
+        state = Path(self.agent.config.state_dir)
+        for job in list(getattr(jobs, "jobs", {}).values()):
+            rf = job.spec.resume_from
+            if job.id not in placed or job.origin.migrated_from or not isinstance(rf, str):
+                continue
+            p = Path(os.path.normpath(rf))
+            if p.parent.parent in (state / "xfer" / "checkpoints", state / RESUME_DIR) and p.parent.name in keys \
+                    and valid_key(p.parent.name) and valid_ckpt_name(p.name):
+                jobs.backfill_origin(job.id, migrated_from=p.parent.name, resume_given=str(p))
 
     async def _follow_zone_listen(self, host: str) -> None:
         """The zone listens on its roster address ``host`` now: transfers listen on it and
@@ -2236,12 +2273,13 @@ class ReclaimComponent(BuddiesMixin, GuardMixin, ReplicasMixin, WithdrawMixin, S
             spec = job.spec.as_dict()
             spec.pop("gpus", None)
             spec["resume_from"] = remote
-            # what this node's placement gave the job is not the destination's: its GPU share and
-            # placement id, and lent (the destination marks the job lent if it takes it on loan)
-            env = {k: v for k, v in (spec.get("env") or {}).items() if k not in ("LM_PLACEMENT_ID", "LM_GPU_SHARE")}
-            spec["env"] = {**env, MIGRATED_ENV: self.job_key(job)}
+            # lent is this node's placement's (the destination marks the job lent if it takes it on
+            # loan); the key goes in the request's origin (laminar.runtime.provenance), and in the
+            # env too for an agent of an older release, which reads it there
+            spec["env"] = {**(spec.get("env") or {}), MIGRATED_ENV: self.job_key(job)}
             spec["lent"] = False
-            req = {"spec": spec, "owner_uid": job.owner_uid, "owner_gid": job.owner_gid}
+            req = {"spec": spec, "owner_uid": job.owner_uid, "owner_gid": job.owner_gid,
+                   "origin": request_origin(migrated_from=self.job_key(job), resume_given=True)}
             if deadline_mono is not None:  # a reclaim's: once sent, a restart never moves it again
                 self._note_move(job.id, "handover", node, pid=pid, request=req)
             else:  # a loan return's, Airlock's: a restart asks node whether it took the job (_restore_moves)
@@ -2531,7 +2569,7 @@ class ReclaimComponent(BuddiesMixin, GuardMixin, ReplicasMixin, WithdrawMixin, S
         yet, with or without force) or never came. Taking it would leave this node guarding a job
         with nothing to resume it from while its source counts on it; refused (ValueError), the
         source's prestage or move fails and it tries another node (a guard it had stays)."""
-        if not _SAFE_KEY.match(key) or not _CKPT_NAME.match(ckpt):
+        if not valid_key(key) or not valid_ckpt_name(ckpt):
             raise ValueError(f"guard of {key!r}: {ckpt!r} is not a checkpoint name (ckpt-<n>) of a replica key")
         assert self.root is not None
         try:

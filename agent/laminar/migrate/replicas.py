@@ -164,7 +164,7 @@ def _tree_bytes(path: Path, budget: Budget | None = None) -> int:
 
 
 def _ckpt_step(name: str) -> int:
-    return int(name[5:]) if _CKPT_NAME.match(name) else -1
+    return int(name[5:]) if _CKPT_NAME.fullmatch(name) else -1
 
 
 def replica_victims(names: Iterable[str], *, newest: str | None, keep: Collection[str]) -> list[str]:
@@ -174,7 +174,7 @@ def replica_victims(names: Iterable[str], *, newest: str | None, keep: Collectio
     committed (or guarded) here; those older than it go. None: the key is done here; all go.
     Returned newest first."""
     floor = math.inf if newest is None else _ckpt_step(newest)
-    out = [n for n in names if _CKPT_NAME.match(n) and n not in keep and _ckpt_step(n) < floor]
+    out = [n for n in names if _CKPT_NAME.fullmatch(n) and n not in keep and _ckpt_step(n) < floor]
     return sorted(out, key=_ckpt_step, reverse=True)
 
 
@@ -200,7 +200,7 @@ def replica_gc_plan(*, state: str | None, held: dict[str, float], in_use: Collec
     was handed over with a stopped job; ``next_round``: when the next GC round runs (wall clock);
     ``next_look``: a waiting guard's next look for room. Returns ``{"removes": [names], "at": wall
     time or None, "keeps": [names], "why": text, "row_at": when the row itself goes or None}``."""
-    names = sorted((n for n in held if _CKPT_NAME.match(n)), key=_ckpt_step, reverse=True)
+    names = sorted((n for n in held if _CKPT_NAME.fullmatch(n)), key=_ckpt_step, reverse=True)
     used = [n for n in names if n in in_use]
     out: dict[str, Any] = {"removes": [], "at": None, "keeps": names, "why": "", "row_at": None}
     use_note = f"; {', '.join(used)} kept while a local job uses it" if used else ""
@@ -373,35 +373,31 @@ class ReplicasMixin:
 
     def _replica_user_jobs(self, d: Path) -> dict[str, list[str]]:
         """The checkpoints in ``d`` (a key's directory here) a local job was or will be resumed
-        from and may still need, each with those jobs' ids: its spec's ``resume_from`` is
-        ``d/<name>`` and it has not ended (queued, starting, running, suspended), it failed or was
+        from and may still need, each with those jobs' ids: the agent gave it ``d/<name>`` as its
+        ``resume_from`` and it has not ended (queued, starting, running, suspended), it failed or was
         lost (this may be the only copy of its state: an operator's call, as in the archive), or
         it was requeued less than REPLICA_REQUEUE_HOLD_S ago (placed again from that spec)."""
         out: dict[str, list[str]] = {}
         resume = self._resume_root() / d.name
-        for j in self._users_of_resume_from():
-            p = Path(os.path.normpath(str(j.spec.resume_from)))
+        for jid, rf in self._users_of_resume_from():
+            p = Path(os.path.normpath(rf))
             if p.parent == d or p.parent == resume:  # the replica, or its owner's view of it (RESUME_DIR)
-                out.setdefault(p.name, []).append(str(j.id))
+                out.setdefault(p.name, []).append(jid)
         return out
 
-    def _users_of_resume_from(self) -> list[Any]:
-        """Local jobs with a ``resume_from`` that may still need it: not ended (queued, starting,
-        running, suspended), failed or lost (it may be the only copy of their state: an
+    def _users_of_resume_from(self) -> list[tuple[str, str]]:
+        """(id, resume_from) of the local jobs the agent gave a ``resume_from`` (a move's, a
+        take-over's: the job manager's record, laminar.runtime.provenance; never one a user set,
+        which pinned any replica against its GC) that may still need it: not ended (queued,
+        starting, running, suspended), failed or lost (it may be the only copy of their state: an
         operator's call), or requeued less than REPLICA_REQUEUE_HOLD_S ago (placed again from
-        that spec)."""
+        that spec). One indexed query: no job's spec is decoded (GET /v1/migrate/replicas asks
+        once per key, and any user may ask)."""
         jobs = getattr(self.agent, "jobs", None)
-        out = []
-        now = time.time()
-        for j in jobs.list() if jobs is not None else []:
-            if not getattr(j.spec, "resume_from", None):
-                continue
-            state = str(getattr(j, "state", ""))
-            ended = getattr(j, "ended", None)
-            if state in ("queued", "starting", "running", "suspended", "failed", "lost") or (
-                    state == "requeued" and (ended is None or now - float(ended) < REPLICA_REQUEUE_HOLD_S)):
-                out.append(j)
-        return out
+        if jobs is None:
+            return []
+        return list(jobs.resume_users(("queued", "starting", "running", "suspended", "failed", "lost"),
+                                      time.time() - REPLICA_REQUEUE_HOLD_S))
 
     def replica_gc(self, key: str, newest: str | None = None, unclaimed: bool = False) -> list[str]:
         """Takes away the checkpoints of ``key`` this node no longer needs (the rule is in the
@@ -421,7 +417,7 @@ class ReplicasMixin:
         ``ckpt-<n>`` (transfer.py's ``Receiver.sweep`` owns temporaries and ``incoming/``), a key
         whose take-over (or archive claim) runs now, a key directory that is a link. Links are
         removed as links, never followed."""
-        if self.root is None or key in self._taking or not _SAFE_KEY.match(key):
+        if self.root is None or key in self._taking or not _SAFE_KEY.fullmatch(key):
             return []
         d = self.root / "checkpoints" / key
         try:
@@ -566,7 +562,7 @@ class ReplicasMixin:
         db = self.agent.store.db
         out = []
         for n in names:
-            if not _SAFE_KEY.match(n) or n in self._taking:
+            if not _SAFE_KEY.fullmatch(n) or n in self._taking:
                 continue
             with contextlib.suppress(OSError):
                 st = os.lstat(base / n)
@@ -1054,7 +1050,7 @@ class ReplicasMixin:
                     continue
                 size = _tree_bytes(p / e, budget)
                 total += size
-                if _CKPT_NAME.match(e) and stat.S_ISDIR(est.st_mode):
+                if _CKPT_NAME.fullmatch(e) and stat.S_ISDIR(est.st_mode):
                     ckpts[e] = (size, est.st_mtime)
                 else:
                     other.append(e)
@@ -1113,7 +1109,7 @@ class ReplicasMixin:
                 src_node: int | None = int(row["src_node"])
                 src_job: str | None = str(row["src_job"])
             else:  # no guard came: what the key's name says (n<node>-<job>)
-                m = re.match(r"^n(\d+)-(.+)$", key)
+                m = re.fullmatch(r"n([0-9]{1,10})-(.+)", key)
                 src_node, src_job = (int(m.group(1)), m.group(2)) if m else (None, None)
             ckpts = sc["ckpts"] if sc is not None else {}
             updated = float(row["updated"]) if row is not None else None
@@ -1209,7 +1205,7 @@ class ReplicasMixin:
         :meth:`drop_replica_and_tell` (see docs/operations.md). ``.tmp-*`` of a commit cannot be there (no transfer runs); partial
         transfers under ``incoming/`` are the endpoint's (:meth:`Receiver.sweep`) and the archive
         is never touched. Returns ``{"key", "state", "dropped": [ckpt names], "bytes", "forced"}``."""
-        if not isinstance(key, str) or not _SAFE_KEY.match(key):
+        if not isinstance(key, str) or not _SAFE_KEY.fullmatch(key):
             raise ValueError(f"{key!r} is not a replica key: expected letters, digits, '_', '.' or '-', starting "
                              "with a letter or digit, at most 128 characters (see `laminarctl replicas`)")
         if self.root is None:
@@ -1236,7 +1232,7 @@ class ReplicasMixin:
         if st is not None:
             if is_dir:
                 with contextlib.suppress(OSError):
-                    names = sorted((n for n in os.listdir(d) if _CKPT_NAME.match(n)), key=_ckpt_step, reverse=True)
+                    names = sorted((n for n in os.listdir(d) if _CKPT_NAME.fullmatch(n)), key=_ckpt_step, reverse=True)
                 nbytes = _tree_bytes(d, Budget(REPLICA_DROP_WALK_MAX))  # on the loop: bounded (a lower bound past it)
             trash = self.root / REPLICA_TRASH
             try:
@@ -1315,7 +1311,7 @@ class ReplicasMixin:
         if uid == 0:
             return path
         key, name = path.parent.name, path.name
-        if not _SAFE_KEY.match(key) or not _CKPT_NAME.match(name):
+        if not _SAFE_KEY.fullmatch(key) or not _CKPT_NAME.fullmatch(name):
             raise OSError(f"{path} is not a replica's checkpoint (<key>/ckpt-<n>)")
         base = self._resume_base()
         tmp = base / f".tmp-{key}-{name}-{time.monotonic_ns()}"
@@ -1440,8 +1436,8 @@ class ReplicasMixin:
         """key -> the names under ``RESUME_DIR/<key>/`` a local job may still resume from."""
         out: dict[str, set[str]] = {}
         base = self._resume_root()
-        for j in self._users_of_resume_from():
-            p = Path(os.path.normpath(str(j.spec.resume_from)))
+        for _jid, rf in self._users_of_resume_from():
+            p = Path(os.path.normpath(rf))
             if p.parent.parent == base:
                 out.setdefault(p.parent.name, set()).add(p.name)
         return out

@@ -168,7 +168,7 @@ HANDSHAKE_TIMEOUT_S = 10.0  # each handshake message (the sender's side): the pe
 CONNECT_TIMEOUT_S = 4.0
 IO_TIMEOUT_S = 60.0
 INCOMING_STALE_S = 24 * 3600.0  # a partial transfer untouched this long is abandoned (its sender never came back)
-_SAFE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")
+_SAFE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,127}")  # ASCII, and used with fullmatch (F10: "$" let "\n" in)
 VERIFIED = "VERIFIED"
 TRANSFER_MANIFEST = "TRANSFER.json"
 # A committed copy whose files keep the identity recorded at its commit (inode, size, mtime, ctime:
@@ -335,7 +335,7 @@ class Manifest:
         except (KeyError, TypeError, ValueError) as e:
             raise TransferError(f"transfer: malformed manifest: {e!r}") from None
         for name in (m.job_id, m.ckpt_id, *(f[0] for f in m.files)):
-            if not _SAFE.match(name) or name in (VERIFIED, TRANSFER_MANIFEST):
+            if not isinstance(name, str) or not _SAFE.fullmatch(name) or name in (VERIFIED, TRANSFER_MANIFEST):
                 raise TransferError(f"transfer: unsafe name {name!r} in manifest (letters, digits, '_', '.', '-')")
         if not 0 < m.chunk_size <= MAX_CHUNK:
             raise TransferError(f"transfer: chunk_size {m.chunk_size} out of range 1..{MAX_CHUNK}")

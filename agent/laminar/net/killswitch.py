@@ -49,8 +49,8 @@ from ..bpf.abi import LM_FLOW_ARMED, LM_FLOW_KILL, PROTOS
 MAX_ARM_S = 7 * 86400  # an arm further out than a week is a typo, not a plan
 
 # An address is a dotted quad or a bracketed IPv6 address (``[fd00::1]``), as in a URL.
-_ADDR = r"([0-9.]+|\[[0-9A-Fa-f:.]+(?:%[\w.-]+)?\])"
-_TUPLE_RE = re.compile(rf"^(tcp|udp):{_ADDR}:(\d+)->{_ADDR}:(\d+)$")
+_ADDR = r"([0-9.]+|\[[0-9A-Fa-f:.]+(?:%[A-Za-z0-9_.-]+)?\])"
+_TUPLE_RE = re.compile(rf"(tcp|udp):{_ADDR}:([0-9]{{1,5}})->{_ADDR}:([0-9]{{1,5}})")
 
 
 class KillSwitchError(ValueError):
@@ -138,7 +138,7 @@ class FlowKey:
 
 @functools.lru_cache(maxsize=1024)
 def _parse_cached(text: str) -> FlowKey:
-    m = _TUPLE_RE.match(text.strip())
+    m = _TUPLE_RE.fullmatch(text.strip())
     if not m:
         raise KillSwitchError(f"flow {text!r} not understood: expected PROTO:SADDR:SPORT->DADDR:DPORT, "
                               "e.g. tcp:10.0.0.1:40000->10.0.0.2:7000 or tcp:[fd00::1]:40000->[fd00::2]:7000 "

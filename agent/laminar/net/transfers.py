@@ -647,7 +647,7 @@ class TransferRegistry:
         if self.tree is None or self.link is None:
             raise ApiError(503, f"shaping is off on this node: {self.disabled_reason}")
         tid = transfer_id or f"t-{secrets.token_hex(4)}"
-        if not tid or len(tid) > 64 or not all(c.isalnum() or c in "-_." for c in tid):
+        if not tid or len(tid) > 64 or not all(c.isascii() and (c.isalnum() or c in "-_.") for c in tid):
             raise ApiError(400, f"transfer id {tid!r}: 1-64 letters, digits, '-', '_' or '.'")
         if tid in self.transfers:
             raise ApiError(409, f"transfer {tid!r} already registered")

@@ -73,8 +73,9 @@ from ..airlock import admission
 from ..airlock.cgroups import LIFECYCLE_CLASSES, CgroupError, CgroupTree, Hierarchy, JobCgroup, detect
 from ..config import Field, register_section
 from . import gpus as gpumod
-from . import joblimits
+from . import joblimits, provenance
 from .ckpt_scan import CkptScanner
+from .provenance import NO_ORIGIN, JobOrigin
 
 log = logging.getLogger("laminar.jobs")
 
@@ -174,6 +175,8 @@ SCHEMA.append("""CREATE TABLE IF NOT EXISTS jobs_leaked_cgroups (
 SCHEMA.append("CREATE INDEX IF NOT EXISTS jobs_by_ended ON jobs(ended)")
 # Columns added after the first release, with their types (added to an existing table at start).
 LATER_COLUMNS = {"started": "REAL", "limits": "TEXT"}
+# ... and where the job came from, written by the agent only (laminar.runtime.provenance)
+LATER_COLUMNS.update(provenance.COLUMNS)
 
 # The pre-exec step: join every cgroup (exit 127 naming the file if one refuses), set
 # oom_score_adj (best effort) and the owner's umask, then exec the rest: the owner's nice value and
@@ -409,6 +412,14 @@ class GrantError(Exception):
     and priority asked and what the caller may use."""
 
 
+class ReservedEnvError(JobError):
+    """A spec whose env sets a name the agent sets itself (laminar.runtime.provenance)."""
+
+
+class ResumeFromError(JobError):
+    """A local user's ``resume_from`` in the agent's own trees (`JobManager.check_user_resume`)."""
+
+
 class QuotaError(JobError):
     """The submitting user has as many jobs not yet ended as config ``jobs.max_per_user``
     allows (429 in the API); nothing was created."""
@@ -528,6 +539,11 @@ class JobSpec:
     elastic_min: int | None = None
     elastic_max: int | None = None
     resume_from: str | None = None
+    # the job's own hints, once env names (laminar.runtime.provenance): its expected remaining
+    # single-worker seconds (elastic GPUs), and whether the checkpoint driver may ask it for
+    # periodic checkpoints
+    remaining_s: float | None = None
+    periodic_checkpoints: bool = True
 
     def validate(self) -> JobSpec:
         """Checks every field; raises JobError naming the value and what would be right."""
@@ -556,9 +572,7 @@ class JobSpec:
             raise JobError(f"env {self.env!r}: expected a table of NAME = \"value\" strings")
         if _has_nul(*self.env, *self.env.values()):
             raise JobError(f"env {self.env!r}: a name or value holds a NUL byte, which no environment can carry")
-        bad = [k for k in self.env if k.startswith("LAMINAR_")]
-        if bad:
-            raise JobError(f"env {bad}: LAMINAR_* variables are set by the agent (the checkpoint contract)")
+        _check_env_names(self.env)
         if self.cwd is not None and (not isinstance(self.cwd, str) or not self.cwd.startswith("/") or _has_nul(self.cwd)):
             raise JobError(f"cwd {self.cwd!r}: expected an absolute path (with no NUL byte)")
         if not isinstance(self.lent, bool):
@@ -571,6 +585,15 @@ class JobSpec:
                 raise JobError(f"elastic min {self.elastic_min!r} / max {self.elastic_max!r}: expected integers with 1 <= min <= max")
         if self.resume_from is not None and (not isinstance(self.resume_from, str) or _has_nul(self.resume_from)):
             raise JobError(f"resume_from {self.resume_from!r}: expected a path (with no NUL byte)")
+        if self.remaining_s is not None:
+            lo, hi = provenance.REMAINING_S_MIN, provenance.REMAINING_S_MAX
+            if isinstance(self.remaining_s, bool) or not isinstance(self.remaining_s, int | float) \
+                    or not lo <= self.remaining_s <= hi:  # (NaN and infinity fail it)
+                raise JobError(f"remaining_s {_brief(self.remaining_s)}: expected the job's remaining single-worker "
+                               f"seconds, {lo:g} to {hi:g}")
+            self.remaining_s = float(self.remaining_s)
+        if not isinstance(self.periodic_checkpoints, bool):
+            raise JobError(f"periodic_checkpoints {_brief(self.periodic_checkpoints)}: expected true or false")
         return self
 
     @classmethod
@@ -596,9 +619,27 @@ class JobSpec:
         return cls(**d).validate()
 
     def as_dict(self) -> dict[str, Any]:
+        """The spec as JSON keys. The fields added since (`LATER_FIELDS`) are left out while they
+        hold their defaults: an agent of an older release refuses a spec with a key it does not
+        know, so a job that uses none of them still moves to it."""
         d = asdict(self)
         d["class"] = d.pop("job_class")
+        for k, default in LATER_FIELDS.items():
+            if d.get(k) == default:
+                del d[k]
         return d
+
+
+# JobSpec fields added after a release, with their defaults (JobSpec.as_dict)
+LATER_FIELDS: dict[str, Any] = {"remaining_s": None, "periodic_checkpoints": True}
+
+
+def _check_env_names(env: dict[str, str]) -> None:
+    """JobError naming the reserved names ``env`` sets (laminar.runtime.provenance) and what to
+    use instead: the agent sets them itself, and never reads a job's environment back."""
+    problem = provenance.reserved_env_error(env)
+    if problem:
+        raise ReservedEnvError(problem)
 
 
 @dataclass
@@ -629,6 +670,7 @@ class Job:
     # its checkpoint directory's modification time at the scanner's last look, None while it is
     # empty or not looked at yet (in memory: laminar.runtime.ckpt_scan sets it)
     ckpt_seen: float | None = field(default=None, compare=False, repr=False)
+    origin: JobOrigin = NO_ORIGIN  # where it came from, as the agent recorded it (never from its env)
 
     @property
     def active(self) -> bool:
@@ -676,6 +718,7 @@ class Job:
             "ckpt_dir": str(self.ckpt_dir) if self.ckpt_dir else None,
             "log": str(self.log_path) if self.log_path else None, "adopted": self.adopted,
             "started": self.started, "spec": spec, "env_redacted": not reveal, "limits": self.limits,
+            "origin": self.origin.as_dict(),
         }
         if self.state == QUEUED and self.wait is not None:
             out["queue"] = {"position": self.wait.position, "needs_mb": self.wait.need_mb,
@@ -755,6 +798,17 @@ class JobManager:
         # Why the queue is held (no queued job starts here), or None: a reclaim of this node
         # holds it for good (the node is leaving; its queued jobs are placed elsewhere).
         self.held: str | None = None
+        # what laminar.runtime.provenance refused or dropped, by path and reason (status "provenance"):
+        # "refused.<path>.reserved_env", "refused.submit.resume_from", "env_dropped.<name>"
+        self.provenance_counts: dict[str, int] = {}
+
+    def count_refusal(self, path: str, error: BaseException) -> None:
+        """Counts a refused spec by ``path`` (submit, placement, handover, takeover) and reason."""
+        reason = ("reserved_env" if isinstance(error, ReservedEnvError) else
+                  "resume_from" if isinstance(error, ResumeFromError) else None)
+        if reason is not None:
+            k = f"refused.{path}.{reason}"
+            self.provenance_counts[k] = self.provenance_counts.get(k, 0) + 1
 
     # -- component life ----------------------------------------------------------------------
     async def start(self, agent: Any) -> None:
@@ -825,6 +879,11 @@ class JobManager:
             if col not in have:
                 with self.store.tx() as db:
                     db.execute(f"ALTER TABLE jobs ADD COLUMN {col} {typ}")
+        with self.store.tx() as db:
+            for index in provenance.INDEXES:
+                db.execute(index)
+        if any(c not in have for c in provenance.COLUMNS):
+            self._clean_stored_env()
         self._init_metrics()
         self._emit("job", f"jobs: {self.hierarchy.describe()}; GPUs: {self.inventory.source} "
                    f"{self.inventory.indices} {self.inventory.note}".rstrip(),
@@ -908,6 +967,7 @@ class JobManager:
                 "jobs": counts, "grants": self.grants.as_dict() if self.grants else None,
                 "job_limits": self._limits_status(),
                 "ckpt_scan": self.ckpt_scan.stats(),
+                "provenance": dict(self.provenance_counts),
                 "leaked_cgroups": self.leaked_cgroups() if self.store is not None else []}
 
     def _limits_status(self) -> dict[str, Any] | None:
@@ -1091,6 +1151,80 @@ class JobManager:
                     ended += 1
         return sorted(out.values(), key=lambda j: j.num)
 
+    # -- where jobs came from (laminar.runtime.provenance): indexed columns, no spec decoded ------
+    def find_origin(self, key: str) -> str | None:
+        """The id of the first job (by number) that a move, a take-over or an archive claim of
+        the migration key ``key`` started here, in any state but failed; None when there is none."""
+        row = self.store.db.execute("SELECT id FROM jobs WHERE origin_key=? AND state != 'failed' ORDER BY num "
+                                    "LIMIT 1", (key,)).fetchone()
+        return None if row is None else str(row[0])
+
+    def find_placement(self, placement_id: int) -> str | None:
+        """The id of the job placement ``placement_id`` started here (in any state), or None."""
+        if isinstance(placement_id, bool) or not isinstance(placement_id, int) or not 0 < placement_id < 1 << 63:
+            return None
+        row = self.store.db.execute("SELECT id FROM jobs WHERE placement_id=? ORDER BY num LIMIT 1",
+                                    (placement_id,)).fetchone()
+        return None if row is None else str(row[0])
+
+    def ended_origins(self, states: tuple[str, ...]) -> dict[str, set[str]]:
+        """Migration key -> ids of the jobs in ``states`` that resumed it here."""
+        marks = ", ".join("?" * len(states))
+        out: dict[str, set[str]] = {}
+        for key, jid in self.store.db.execute(f"SELECT origin_key, id FROM jobs WHERE origin_key IS NOT NULL "
+                                              f"AND state IN ({marks})", states):
+            out.setdefault(str(key), set()).add(str(jid))
+        return out
+
+    def resume_users(self, states: tuple[str, ...], requeued_since: float) -> builtins.list[tuple[str, str]]:
+        """(job id, the resume_from the agent gave it) of the jobs in ``states``, and of those
+        requeued with no end recorded or ended after ``requeued_since``; never a resume_from
+        its user set (laminar.runtime.provenance)."""
+        marks = ", ".join("?" * len(states))
+        rows = self.store.db.execute(  # (no ORDER BY: sorting by num made SQLite scan the table by num)
+            f"SELECT id, resume_given, num FROM jobs WHERE resume_given IS NOT NULL AND (state IN ({marks}) OR "
+            "(state = 'requeued' AND (ended IS NULL OR ended > ?)))", (*states, requeued_since)).fetchall()
+        return [(str(r[0]), str(r[1])) for r in sorted(rows, key=lambda r: int(r[2]))]
+
+    def backfill_origin(self, job_id: str, **fields: Any) -> bool:
+        """At an upgrade: sets the origin columns named in ``fields`` (JobOrigin's) of job
+        ``job_id`` that are still empty, from a table the agent wrote (zone_placed,
+        migrate_replicas), never from the job's env; True when one was set."""
+        cur = self.get(job_id)
+        if cur is None:
+            return False
+        new = JobOrigin(**{**cur.origin.__dict__, **{k: v for k, v in fields.items()
+                                                      if getattr(cur.origin, k) in (None, ())}})
+        if new == cur.origin:
+            return False
+        try:
+            new.checked()
+        except ValueError as e:
+            log.warning("jobs: %s: not recording its origin %s: %s", job_id, fields, e)
+            return False
+        with self.store.tx() as db:
+            db.execute(f"UPDATE jobs SET {', '.join(f'{c}=?' for c in provenance.COLUMNS)} WHERE id=?",
+                       (*new.row(), job_id))
+        if job_id in self.jobs:
+            self.jobs[job_id].origin = new
+        return True
+
+    def _clean_stored_env(self) -> None:
+        """Once, when the origin columns are added (an upgrade): the stored specs of the jobs that
+        have not ended lose what their env may no longer hold (laminar.runtime.provenance
+        .from_store): they are moved, requeued and started from those specs, and a peer now
+        refuses the names. The user knobs become their spec fields."""
+        rows = self.store.db.execute("SELECT id, spec FROM jobs WHERE ended IS NULL").fetchall()
+        for jid, text in rows:
+            try:
+                spec_d = json.loads(text)
+            except ValueError:
+                continue
+            clean = provenance.from_store(spec_d, where=f"job {jid}'s stored spec")
+            if clean is not spec_d:
+                with self.store.tx() as db:
+                    db.execute("UPDATE jobs SET spec=? WHERE id=?", (json.dumps(clean), jid))
+
     def active(self) -> builtins.list[Job]:
         """Running and suspended jobs (those with processes); queued ones are not active."""
         return [j for j in self.jobs.values() if j.active]
@@ -1206,6 +1340,41 @@ class JobManager:
         if why is not None:
             raise GrantError(why)
 
+    def check_user_resume(self, spec: JobSpec, uid: int) -> None:
+        """A local user's own ``resume_from`` (``POST /v1/jobs``) is handed to the job, which
+        reads it as its owner; the agent never opens it, nor counts it as one it gave (the
+        archive and the replica GC read only those: laminar.runtime.provenance). For a user
+        other than root, JobError when it lies in the agent's own trees, where only the agent
+        gives a job a checkpoint (a replica or an archived copy, by a move or a take-over, to its
+        owner): the state directory but the user's own jobs' checkpoint directories, and the
+        archive. Decided from the path's text alone (nothing on the user's storage is read)."""
+        rf = spec.resume_from
+        if not rf or uid == 0 or self.state_dir is None:
+            return
+        if not rf.startswith("/"):
+            raise ResumeFromError(f"resume_from {_brief(rf)}: expected an absolute path")
+        p = Path(os.path.normpath(rf))
+        state = Path(os.path.normpath(self.state_dir))
+        try:
+            archive = str((self.agent.config.section("migrate") or {}).get("archive_dir") or "")
+        except (AttributeError, KeyError):
+            archive = ""
+        if archive and (p == Path(os.path.normpath(archive)) or Path(os.path.normpath(archive)) in p.parents):
+            raise ResumeFromError(f"resume_from {_brief(rf)}: lies in the archive (migrate.archive_dir), whose copies the "
+                           "agent gives to their owners itself when it resumes a job; name a checkpoint of your own")
+        if p != state and state not in p.parents:
+            return
+        rel = p.relative_to(state).parts
+        if len(rel) >= 2 and rel[0] == "ckpt" and re.fullmatch(r"job-[0-9]{1,18}", rel[1]):
+            row = self.store.db.execute("SELECT owner_uid FROM jobs WHERE id=?", (rel[1],)).fetchone()
+            if row is not None and int(row[0]) == uid:
+                return  # a checkpoint of one of the user's own jobs here
+            raise ResumeFromError(f"resume_from {_brief(rf)}: {rel[1]} is not a job of uid {uid}; a job may resume from "
+                           f"the checkpoints of its owner's own jobs ({state}/ckpt/<your job>)")
+        raise ResumeFromError(f"resume_from {_brief(rf)}: lies in the agent's state directory, where only the agent gives "
+                       "a job a checkpoint (a replica, when it moves or takes over a job); name a checkpoint of your "
+                       f"own (one of your jobs' own: {state}/ckpt/<job>/ckpt-<n>)")
+
     def live_count(self, uid: int) -> int:
         """The jobs of `uid` that have not ended here: queued, running, suspended, or being
         stopped (a stop still in its grace)."""
@@ -1225,7 +1394,8 @@ class JobManager:
                              f"running, suspended or stopping); the limit is {limit} per user (config "
                              "jobs.max_per_user); stop some (`laminarctl job stop JOB`) or wait for them to end")
 
-    async def submit(self, spec: JobSpec, owner_uid: int = 0, owner_gid: int = 0, *, quota: bool = False) -> Job:
+    async def submit(self, spec: JobSpec, owner_uid: int = 0, owner_gid: int = 0, *, quota: bool = False,
+                     origin: JobOrigin = NO_ORIGIN) -> Job:
         """Submit `spec` as a job owned by (owner_uid, owner_gid) and start it if its class has
         room (`airlock.admission`); else it is returned in state ``queued`` (no pid, no cgroup
         yet, cgroup_id 0; its reason says what it waits for) and starts by itself once room
@@ -1236,11 +1406,16 @@ class JobManager:
         (policy ``job_default_mb``) where one is set. With `quota` (a local user's submission)
         it raises QuotaError when the owner has ``jobs.max_per_user`` jobs not yet ended
         (`check_quota`), checked again with no await before the job is stored, so concurrent
-        submissions cannot pass it together."""
+        submissions cannot pass it together. `origin`: where the job came from, from the agent's
+        own code only (a hand-over, a take-over; laminar.runtime.provenance), stored with it."""
         assert self.tree is not None and self.state_dir is not None and self.inventory is not None
         if quota:
             self.check_quota(owner_uid)
         spec.validate()
+        try:
+            origin.checked()
+        except ValueError as e:
+            raise JobError(str(e)) from None
         exe = spec.command[0]
         await check_paths(spec.cwd, None if "/" in exe else exe,
                           spec.env.get("PATH", os.environ.get("PATH") or os.defpath), owner_uid, owner_gid)
@@ -1277,11 +1452,12 @@ class JobManager:
             num = max(int(db.execute("SELECT COALESCE(MAX(num), 0) FROM jobs").fetchone()[0]), floor) + 1
             job_id = f"job-{num}"
             created = time.time()
-            db.execute("INSERT INTO jobs(id, num, spec, state, owner_uid, owner_gid, gpus, created) "
-                       "VALUES(?, ?, ?, 'queued', ?, ?, '[]', ?)",
-                       (job_id, num, json.dumps(spec.as_dict()), owner_uid, owner_gid, created))
+            db.execute(f"INSERT INTO jobs(id, num, spec, state, owner_uid, owner_gid, gpus, created, "
+                       f"{', '.join(provenance.COLUMNS)}) VALUES(?, ?, ?, 'queued', ?, ?, '[]', ?"
+                       f"{', ?' * len(provenance.COLUMNS)})",
+                       (job_id, num, json.dumps(spec.as_dict()), owner_uid, owner_gid, created, *origin.row()))
         job = Job(id=job_id, num=num, spec=spec, cgroup=self.tree.job(spec.job_class, job_id), cgroup_id=0,
-                  state=QUEUED, owner_uid=owner_uid, owner_gid=owner_gid, created=created,
+                  state=QUEUED, owner_uid=owner_uid, owner_gid=owner_gid, created=created, origin=origin,
                   ckpt_dir=self.state_dir / "ckpt" / job_id, log_path=self.state_dir / "logs" / f"{job_id}.log")
         self.jobs[job_id] = job
         self.admit(submitted=job_id)  # raises what _start raised for this job (then failed, gone from memory)
@@ -1383,6 +1559,7 @@ class JobManager:
             except KeyError:
                 pass
         env.update(spec.env)
+        env.update(job.origin.env())  # for the job to read; the agent never reads a job's env back
         env.update(LAMINAR_JOB_ID=job.id, LAMINAR_JOB_NUM=str(job.num), LAMINAR_CKPT_DIR=str(job.ckpt_dir),
                    LAMINAR_CKPT_SIGNAL=spec.checkpoint_signal)
         if spec.resume_from:
@@ -1553,7 +1730,25 @@ class JobManager:
         (:func:`catches_signal`). False if it is gone or does not catch it: the default action
         of SIGUSR1 (and most signals) kills, so a job without a handler (not yet installed,
         or no checkpoint contract) is left running instead of killed."""
-        return signal_if_caught(job.pid, job.spec.checkpoint_signal)
+        return self.signal_main(job, job.spec.checkpoint_signal)
+
+    def signal_main(self, job: Job, signame: str) -> bool:
+        """Send ``signame`` to the job's main process if it catches it; True when sent. Through
+        the pidfd the agent watches it by (a pid number may be another process's by then: a
+        re-adopted job's main process is not the agent's child, so nothing holds its pid), else
+        by number only to the agent's own child not reaped yet (its pid cannot be reused before
+        the agent reaps it); never to a pid the agent holds no handle on."""
+        pid, fd = job.pid, self._pidfds.get(job.id)
+        if not pid or (fd is None and job.id not in self._popen) or not catches_signal(int(pid), signame):
+            return False
+        try:
+            if fd is not None:
+                signal.pidfd_send_signal(fd, signal.Signals[signame])
+            else:
+                os.kill(int(pid), signal.Signals[signame])
+            return True
+        except (ProcessLookupError, KeyError):
+            return False
 
     async def stop(self, job_id: str | None = None, reason: str = "stopped by request", *,
                    grace_s: float | None = None, state: str = "stopped", work_lost_s: float | None = None) -> Job | None:
@@ -1644,6 +1839,7 @@ class JobManager:
                    gpus=json.loads(row["gpus"]), created=row["created"], ended=row["ended"],
                    exit_code=row["exit_code"], reason=row["reason"] or "", work_lost_s=row["work_lost_s"],
                    started=row["started"], limits=json.loads(row["limits"]) if row["limits"] else None,
+                   origin=JobOrigin.from_row(row),
                    ckpt_dir=self.state_dir / "ckpt" / row["id"], log_path=self.state_dir / "logs" / f"{row['id']}.log")
 
     def _adopt_all(self) -> None:
@@ -1683,8 +1879,11 @@ class JobManager:
                     except Exception as e:
                         log.warning("job %s: netguard.register_job failed: %s", job.id, e)
                 if job.pid is not None and job.pid in job.cgroup.pids():
-                    self._watch(job)
+                    self._watch(job)  # its pidfd pins the process: what is signalled is the job's
                 else:
+                    # its main process is gone (init reaped it) and its pid is free for any process:
+                    # signalled by number, root's checkpoint requests would reach whatever took it
+                    job.pid = None
                     self._spawn_task(self._poll_populated(job.id))
                 self._persist(job)
                 self._emit("job", f"job {job.id} re-adopted ({job.state}, pid {job.pid})", job=job.id,
@@ -1736,12 +1935,14 @@ class JobManager:
             try:
                 spec = JobSpec.from_dict(req.body)
                 self.check_grant(spec, req.peer.uid, req.peer.gid, req.peer.pid, req.peer.groups)
+                self.check_user_resume(spec, req.peer.uid)
                 job = await self.submit(spec, owner_uid=req.peer.uid, owner_gid=req.peer.gid, quota=True)
             except GrantError as e:
                 raise ApiError(403, str(e)) from None
             except QuotaError as e:
                 raise ApiError(429, str(e)) from None
             except JobError as e:
+                self.count_refusal("submit", e)
                 raise ApiError(400, str(e)) from None
             except CgroupError as e:
                 hint = ""

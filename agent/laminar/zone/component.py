@@ -85,9 +85,12 @@ HANDOVER_OK = 0
 HANDOVER_NO_RESERVATION = 1  # the committed reservation is gone (hold expired): place elsewhere
 HANDOVER_REJECTED = 2  # the node refused the job spec itself: placing elsewhere fails the same way
 HANDOVER_ERROR = 3  # the node failed to start the job
-# Every job placed through the zone carries its placement id in this environment variable:
-# after an agent restart, a repeated hand-over finds the job by it (and never starts a second).
-PLACEMENT_ENV = "LM_PLACEMENT_ID"  # LAMINAR_* names are reserved by the job manager
+# Every job placed through the zone is stored with its placement id (the jobs table's
+# placement_id, laminar.runtime.provenance): after an agent restart, a repeated hand-over finds
+# the job by it (and never starts a second). The job reads it as LM_PLACEMENT_ID, which the agent
+# never reads back (a user could set it: a refused hand-over answered with the user's job).
+PLACEMENT_ENV = "LM_PLACEMENT_ID"
+
 DEMAND_CACHE_MAX = 256  # probe shapes whose checked Demand the arbiter keeps (bounded memory)
 ZONE_TABLES_MAX = 64  # zone draws a submitter keeps (one per demand shape between summary rounds)
 BOUND_MEMORY = 4096  # nodes a submitter remembers binding jobs to or being refused by (stale hints)
@@ -628,6 +631,7 @@ class Submitter:
         sleep: Callable[[float], Any] = asyncio.sleep,
         zone_summary: Callable[[int], pl.ZoneSummary | None] | None = None,
         packing_spread: int = PACKING_SPREAD,
+        ids: Callable[[], int] = wire.new_id,
     ) -> None:
         if not (isinstance(packing_spread, int) and packing_spread >= 1):
             raise ValueError(f"submitter: packing_spread {packing_spread!r} must be an integer >= 1")
@@ -643,7 +647,8 @@ class Submitter:
         self._unused: dict[int, dict[int, float]] = {}
         self.m = membership
         self.zone_fits = zone_fits
-        self.rng = rng or random.Random()
+        self.rng = rng or random.Random()  # choices only (zones, probe targets): never an id
+        self.ids = ids  # placement ids (wire.new_id; the simulator's draw from its seeded rng, reproducible)
         self.policy = policy or pl.RetryPolicy()
         self.lease_s = lease_s
         self.hold_s = hold_s
@@ -661,7 +666,7 @@ class Submitter:
                                        "packing_placements": 0}
 
     def new_placement_id(self) -> int:
-        return self.rng.getrandbits(63) | 1
+        return self.ids()
 
     async def place(self, demand: pl.Demand, spec: dict[str, Any], placement_id: int | None = None,
                     packing: bool = False) -> PlacementResult:
@@ -1800,6 +1805,10 @@ class ZoneComponent:
             d = pl.Demand(**json.loads(demand))
             r = pl.Reservation(pid, d, tuple((int(i), float(f)) for i, f in json.loads(alloc)), math.inf, True)
             self.arbiter.placed[pid] = Placed(r, job_id, sub, since)
+            if hasattr(self._jobs, "backfill_origin"):
+                # a job placed by an agent of an older release: its placement and GPU share were
+                # only in its env; this table is the agent's own record of them (provenance)
+                self._jobs.backfill_origin(job_id, placement_id=int(pid), gpu_share=self._share_of(r.gpu_alloc))
         self.refresh_inventory()
 
     def _store_placed(self, p: Placed) -> None:
@@ -1821,20 +1830,23 @@ class ZoneComponent:
                 db.execute("DELETE FROM zone_placed WHERE placement_id=?", (pid,))
 
     async def _taken_over_as(self, pid: int, body: wire.Handover) -> str | None:
-        """For a hand-over not bound here yet of a migrated job (its spec's env names the job's
-        migration key): the job this node's migration layer took that job over as, here, or is
-        starting it as (waited for: :meth:`laminar.migrate.reclaim.ReclaimComponent.taken_over_as`);
-        else None, without suspending (so the bind that follows is in the same step as this look)."""
+        """For a hand-over not bound here yet of a migrated job (its request's origin names the
+        job's migration key, laminar.runtime.provenance; never its spec's env, which a user
+        writes): the job this node's migration layer took that job over as, here, or is starting
+        it as (waited for: :meth:`laminar.migrate.reclaim.ReclaimComponent.taken_over_as`); else
+        None, without suspending (so the bind that follows is in the same step as this look)."""
+        from laminar.runtime.provenance import origin_of_request
+
         migrate = getattr(self.agent, "migrate", None)
         if pid in self.arbiter.placed or migrate is None or not hasattr(migrate, "taken_over_as"):
             return None
         try:
-            env = json.loads(body.spec_json)["spec"].get("env")
+            key = origin_of_request(json.loads(body.spec_json))[0]
         except (ValueError, KeyError, TypeError, AttributeError):
             return None  # refused with its reason by the hand-over's own parse
-        if not isinstance(env, dict):
+        if key is None:
             return None
-        got = await migrate.taken_over_as(env)
+        got = await migrate.taken_over_as(key)
         return None if got is None else str(got)
 
     def placement_pending(self, pid: int) -> bool:
@@ -1853,16 +1865,17 @@ class ZoneComponent:
         self.arbiter.lapsed.pop(pid, None)
 
     def job_for_placement(self, pid: int) -> str | None:
-        """The id of the job this node started for placement ``pid`` (in any state), found by
-        the placement id its environment carries; None when there is none."""
+        """The id of the job this node started for placement ``pid`` (in any state), by the
+        placement id the job manager stored with it (an indexed column; never the job's env);
+        None when there is none."""
         if self._jobs is None:
             return None
-        tag = f"{pid:016x}"
-        for j in self._jobs.list(True):
-            env = getattr(getattr(j, "spec", None), "env", None) or {}
-            if env.get(PLACEMENT_ENV) == tag:
-                return str(j.id)
-        return None
+        return self._jobs.find_placement(pid)
+
+    def _share_of(self, alloc: Iterable[tuple[int, float]]) -> tuple[tuple[int, float], ...]:
+        """The fractional GPUs of a reservation's ``gpu_alloc``, by this node's GPU index."""
+        return tuple((self.gpu_index[i], float(f)) for i, f in alloc
+                     if f < 1.0 - pl.EPS and 0 <= i < len(self.gpu_index))
 
     async def _watch_jobs(self) -> None:
         """Give capacity back when placed jobs end."""
@@ -2001,17 +2014,22 @@ class ZoneComponent:
             return wire.HandoverAck(pid, HANDOVER_NO_RESERVATION, "no live reservation for this placement (lease expired?)")
         if p.job_id:
             return wire.HandoverAck(pid, HANDOVER_OK, p.job_id)
+        from laminar.runtime import provenance as pv
+        from laminar.runtime.jobs import JobError, JobSpec
+
         try:
             req = json.loads(body.spec_json)
-            spec_d = dict(req["spec"])
+            # the peer's word on its own agent's behalf (a move, a guard's placement, a requeue);
+            # a user's placement carries none. The job's env is its user's: names an agent of an
+            # older release put there are dropped, never trusted (provenance.from_peer)
+            migrated_from, requeued_from, resume_given = pv.origin_of_request(req)
+            counts = getattr(self._jobs, "provenance_counts", None)
+            ours = pv.JobOrigin(migrated_from=migrated_from, requeued_from=requeued_from).env()
+            spec_d = dict(pv.from_peer(req["spec"], counts, f"node {sender}'s hand-over", ours))
             whole = [self.gpu_index[i] for i, f in p.reservation.gpu_alloc if f >= 1.0 - pl.EPS and i < len(self.gpu_index)]
             spec_d["gpus"] = whole
-            share = [f"{self.gpu_index[i]}:{f:g}" for i, f in p.reservation.gpu_alloc
-                     if f < 1.0 - pl.EPS and i < len(self.gpu_index)]
-            env = {**spec_d.get("env", {}), PLACEMENT_ENV: f"{pid:016x}"}
-            if share:
-                env["LM_GPU_SHARE"] = ",".join(share)
-            spec_d["env"] = env
+            origin = pv.JobOrigin(migrated_from=migrated_from, placement_id=pid,
+                                  gpu_share=self._share_of(p.reservation.gpu_alloc), requeued_from=requeued_from)
             if self.loan.is_loan(p.reservation.demand):
                 if not self.loan.loanable:  # it turned busy since its offer: the job goes elsewhere
                     self.arbiter.unbind(pid)
@@ -2019,10 +2037,10 @@ class ZoneComponent:
                                             f"node {self.node_id} serves its own pool now: no loans")
                 spec_d["lent"] = True
                 self.loan.counts["loans"] += 1
-            from laminar.runtime.jobs import JobError, JobSpec
-
             spec = JobSpec.from_dict(spec_d)
         except (ValueError, KeyError, TypeError) as e:
+            if self._jobs is not None and hasattr(self._jobs, "count_refusal"):
+                self._jobs.count_refusal("handover", e)
             self.arbiter.unbind(pid)
             return wire.HandoverAck(pid, HANDOVER_REJECTED, f"job spec refused: {e}")
         if self._jobs is None:
@@ -2057,9 +2075,11 @@ class ZoneComponent:
             except ValueError as e:
                 self.arbiter.unbind(pid)
                 return wire.HandoverAck(pid, HANDOVER_ERROR, f"job could not start on node {self.node_id}: {e}")
+            if resume_given:  # the sender's agent gave it (a move's, a guard's replica), checked here as its owner
+                origin = replace(origin, resume_given=spec.resume_from)
         try:
             job = await self._jobs.submit(spec, owner_uid=int(req.get("owner_uid", 0)), owner_gid=int(req.get("owner_gid", 0)),
-                                          **({"quota": True} if req.get("quota") is True else {}))
+                                          **({"quota": True} if req.get("quota") is True else {}), origin=origin)
         except JobError as e:
             # the spec was valid; what failed is this node's (a GPU taken by a local job meanwhile,
             # a command this node lacks): another node may start it
@@ -2211,16 +2231,21 @@ class ZoneComponent:
     # -- the submitter side --------------------------------------------------------------------------
 
     async def place(self, spec: dict[str, Any], demand: pl.Demand, owner_uid: int = 0, owner_gid: int = 0,
-                    packing: bool = False, quota: bool = False) -> PlacementResult:
+                    packing: bool = False, quota: bool = False, origin: dict[str, Any] | None = None) -> PlacementResult:
         """Place a job through the zone (what ``POST /v1/placements`` and Airlock's re-addressing
         call); ``packing``: the packing placement (:meth:`Submitter._place_packing`); ``quota``:
         a local user's new job (``POST /v1/placements``), which the node that takes it refuses
         when the owner already has ``jobs.max_per_user`` jobs not yet ended there (the
         placement then tries another node). Re-placed, requeued and moved jobs carry no quota:
-        they are not new, and refusing them everywhere would lose them."""
+        they are not new, and refusing them everywhere would lose them. ``origin``: what this
+        agent knows of the job's origin (:func:`laminar.runtime.provenance.request_origin`: a
+        requeue's key, whether it gave the job's ``resume_from``), for the node that takes it to
+        store; never from a user (``POST /v1/placements`` gives none)."""
         req: dict[str, Any] = {"spec": spec, "owner_uid": owner_uid, "owner_gid": owner_gid}
         if quota:
             req["quota"] = True
+        if origin:
+            req["origin"] = origin
         res = await self.submitter.place(demand, req, packing=packing)
         row = {**res.as_dict(), "name": spec.get("name", ""), "created": time.time()}
         self.history.append(row)
@@ -2242,7 +2267,7 @@ class ZoneComponent:
         self.arbiter.inventory = pl.NodeCapacity(**{**self.arbiter.inventory.__dict__, "draining": True})
         if self.endpoint is None:
             return 0
-        body = wire.ReclaimNotice(self.rng.getrandbits(63), int(deadline_s * 1000), reason[:200])
+        body = wire.ReclaimNotice(wire.new_id(), int(deadline_s * 1000), reason[:200])
         peers = [n for n in self.membership.zone_list(self.zone) if n != self.node_id]
         for n in peers:
             self.endpoint.send(n, body)
@@ -2319,6 +2344,8 @@ class ZoneComponent:
             except ImportError:
                 checked = None
             except JobError as e:
+                if self._jobs is not None and hasattr(self._jobs, "count_refusal"):
+                    self._jobs.count_refusal("placement", e)
                 raise ApiError(400, f"placement: {e}") from None
             if checked is not None and self._jobs is not None and hasattr(self._jobs, "check_grant"):
                 # the origin checks the caller's grant (config [grants]); the node that takes the
@@ -2343,6 +2370,8 @@ class ZoneComponent:
             packing = body.get("packing", False)
             if not isinstance(packing, bool):
                 raise ApiError(400, f"placement: packing {packing!r} must be true or false")
+            if checked is not None:  # what was checked goes on, not what was sent (it is checked again there)
+                spec = checked.as_dict()
             spec.pop("gpus", None)
             res = await self.place(spec, demand, req.peer.uid, req.peer.gid, packing=packing, quota=True)
             return res.as_dict()

@@ -64,10 +64,12 @@ from typing import TYPE_CHECKING, Any
 from laminar.migrate.ckpt_driver import wait_new_checkpoint
 from laminar.migrate.drain import requeue_spec
 from laminar.runtime.jobs import signal_if_caught
+from laminar.runtime.provenance import request_origin
 from laminar.zone import elastic as el
 from laminar.zone import loaning as ln
 from laminar.zone import placement as pl
 from laminar.zone import wire
+from laminar.zone.wire import new_id
 
 if TYPE_CHECKING:
     from laminar.zone.component import ZoneComponent
@@ -107,7 +109,7 @@ def config_fields() -> dict[str, Any]:
         "elastic_interval_s": Field((int, float), 1.0, "how often idle GPUs are given to elastic jobs (0: never)",
                                     _range(0, 3600)),
         "elastic_remaining_s": Field((int, float), 3600.0, "an elastic job's remaining single-worker seconds when it "
-                                     "does not say (LM_REMAINING_S in its env)", _range(1, 1e9)),
+                                     "does not say (its spec's remaining_s, laminarctl submit --remaining)", _range(1, 1e9)),
     }
 
 
@@ -171,9 +173,9 @@ def job_row(job: Any, now: float, restart_s: float) -> dict[str, Any]:
     """What a server reports about one lent job (one worker per GPU; a CPU-only job is one
     worker): id, workers, min workers, GPUs per worker, weight (loaning.job_weight)."""
     gpus = float(len(job.gpus or []))
-    share = (job.spec.env or {}).get("LM_GPU_SHARE", "")
-    if share:  # fractional GPUs: "index:fraction,..."
-        gpus += sum(float(x.split(":")[1]) for x in share.split(",") if ":" in x)
+    # fractional GPUs, as the hand-over that placed it recorded them (laminar.runtime.provenance;
+    # before, its env's LM_GPU_SHARE, which its user could set: "0:x" failed every loan query)
+    gpus += sum(f for _, f in getattr(getattr(job, "origin", None), "gpu_share", ()) or ())
     workers = max(1, len(job.gpus or []))
     at_risk = job.work_at_risk_s(now) if hasattr(job, "work_at_risk_s") else 0.0
     return {"id": str(job.id), "workers": workers, "min": workers, "gpw": round(gpus / workers, 2) if gpus else 0.0,
@@ -375,7 +377,7 @@ class LoanManager:
         """Send a loan request to ``node`` (this node: handled in process) and wait for the
         answer, retransmitting (same request id) within ``query_timeout_s``. Raises LoanError
         when the node does not answer or answers with an error."""
-        rid = self.zone.rng.getrandbits(63) | 1
+        rid = new_id()  # answers are matched by it: a CSPRNG's, not the zone's rng
         body = wire.LoanRequest(rid, op, _dumps(payload))
         if node == self.zone.node_id or self.zone.endpoint is None:
             ans = self.on_message(self.zone.node_id, body)
@@ -435,7 +437,7 @@ class LoanManager:
             [ln.LoanedJob(f"n{n}-{j['id']}", int(j["workers"]), int(j["workers"]), float(j["gpw"]), float(j["weight"]),
                           {str(n): int(j["workers"])}) for j in a.get("jobs", [])], [str(n)])
             for n, a in answers.items() if on_loan(a)}
-        plan_id = f"{self.zone.rng.getrandbits(32):08x}"
+        plan_id = f"{new_id() & 0xFFFFFFFF:08x}"
         told: dict[int, Any] = {}
         refused: dict[int, str] = {}
         servers: list[int] = []
@@ -560,8 +562,9 @@ class LoanManager:
             for jid, p in placing.items():
                 self.requeues[jid] = {"job": jid, "phase": "placing", "planned": "requeue", "plan": plan,
                                       "by": ret.get("by"), "since": time.time(), "restarted": True}
+                origin = p.get("origin") if isinstance(p.get("origin"), dict) else None
                 self._spawn(self._place_requeued(jid, p["spec"], pl.Demand(**p["demand"]), int(p["owner_uid"]),
-                                                 int(p["owner_gid"]), plan))
+                                                 int(p["owner_gid"]), plan, origin))
             if placing:
                 self.zone._emit(f"pool {self.pool}: node {self.zone.node_id} was returned before the agent stopped, "
                                 f"which cut the placement elsewhere of {len(placing)} requeued job(s): placed again: "
@@ -661,13 +664,18 @@ class LoanManager:
             if self._jobs.request_checkpoint(job):
                 ckpt = await self._wait_checkpoint(job, before, float(self.s["ckpt_wait_s"]))
             demand = self._demand_of(job)
-            spec = requeue_spec(job.spec.as_dict(), f"n{self.zone.node_id}-{job.id}")
+            key = f"n{self.zone.node_id}-{job.id}"
+            spec = requeue_spec(job.spec.as_dict(), key)
             # Unlike a queued job's (drain.py: its indices become their count), a started job's GPUs
             # go: the demand it is placed with again is its placement's here (a GPU share, say), and
             # the destination gives it GPUs for that demand.
             spec.pop("gpus", None)
             if ckpt is not None:
                 spec["resume_from"] = str(ckpt)
+            # the agent gave its resume_from when it is this checkpoint, or when the job's own was
+            # the agent's (laminar.runtime.provenance): the destination records it so
+            given = ckpt is not None or bool(getattr(getattr(job, "origin", None), "resume_given", None))
+            origin = request_origin(requeued_from=key, resume_given=given and bool(spec.get("resume_from")))
             rq.update(phase="stopping", checkpoint=str(ckpt) if ckpt else None)
             if job.active:
                 await self._jobs.stop(job.id, f"node {self.zone.node_id} returned to pool {self.pool} (plan {plan}): "
@@ -675,14 +683,14 @@ class LoanManager:
                                       grace_s=float(self.s["stop_grace_s"]), state="requeued")
             self.counts["requeued"] += 1
             rq["phase"] = "placing"
-            await self._place_requeued(job.id, spec, demand, job.owner_uid, job.owner_gid, plan)
+            await self._place_requeued(job.id, spec, demand, job.owner_uid, job.owner_gid, plan, origin)
         except Exception as e:
             log.exception("requeue of %s failed", job.id)
             rq.update(phase="failed", reason=str(e))
             self.zone._emit(f"requeue of job {job.id} failed: {e}", job=job.id, plan=plan)
 
     async def _place_requeued(self, job_id: str, spec: dict[str, Any], demand: pl.Demand, owner_uid: int,
-                              owner_gid: int, plan: str) -> None:
+                              owner_gid: int, plan: str, origin: dict[str, Any] | None = None) -> None:
         """Places a requeued job (stopped here) through the zone, trying again for up to
         ``requeue_for_s``. Stored while it runs (the return's ``placing``), so a restart of a
         returned server places it again (:meth:`_redo_return`): a stop or crash here would
@@ -691,13 +699,13 @@ class LoanManager:
         rq = self.requeues[job_id]
         placing = self.last_return.setdefault("placing", {})
         placing[job_id] = {"spec": spec, "demand": dataclasses.asdict(demand), "owner_uid": owner_uid,
-                           "owner_gid": owner_gid}
+                           "owner_gid": owner_gid, "origin": origin}
         try:
             self._save("return", self.last_return)
             end = time.monotonic() + float(self.s["requeue_for_s"])
             delay = 1.0
             while True:
-                res = await self.zone.place(spec, demand, owner_uid, owner_gid)
+                res = await self.zone.place(spec, demand, owner_uid, owner_gid, origin=origin)
                 rq["attempts"] = rq.get("attempts", 0) + 1
                 if res.outcome in ("placed", "unconfirmed", "rejected") or time.monotonic() + delay > end:
                     break
@@ -799,7 +807,10 @@ class LoanManager:
         self._signal(job)
 
     def _signal(self, job: Any) -> None:
-        if signal_if_caught(job.pid, "SIGUSR2"):
+        # through the job manager: by the pidfd it watches the job by, never a bare pid (an
+        # adopted job's main process is not the agent's child; its pid may be another's by now)
+        send = getattr(self._jobs, "signal_main", None)
+        if send(job, "SIGUSR2") if send is not None else signal_if_caught(job.pid, "SIGUSR2"):
             self._unsignalled.discard(job.id)
         else:
             self._unsignalled.add(job.id)
@@ -868,7 +879,7 @@ class LoanManager:
         options = []
         for j in cands:
             now_w = max(j.spec.elastic_min or 1, len(j.gpus)) + len(self.grants.get(j.id, []))
-            remaining = float((j.spec.env or {}).get("LM_REMAINING_S", self.s["elastic_remaining_s"]))
+            remaining = float(getattr(j.spec, "remaining_s", None) or self.s["elastic_remaining_s"])
             options.append(el.elastic_job(j.id, remaining, now_w, int(j.spec.elastic_max or now_w), 1))
         plan = el.allocate_elastic(options, len(idle))
         for j in cands:

@@ -262,6 +262,7 @@ class SimNet:
 
         sub = Submitter(
             self, self.membership, self.zone_fits, rng=self.rng, policy=policy,
+            ids=lambda: self.rng.getrandbits(63) | 1,  # a simulation's ids: from its seed, reproducible
             probe_timeout_s=0.05, max_rounds=1, clock=self.now, sleep=no_sleep,
             release_unused=self.release_unused, zone_summary=lambda z: self.zone_summaries.get(z),
         )

@@ -51,6 +51,7 @@ from __future__ import annotations
 
 import enum
 import hmac
+import secrets
 import struct
 from collections import Counter, deque
 from collections.abc import Callable, Mapping
@@ -75,6 +76,14 @@ SEEN_BY_TIME_MAX = 1 << 16
 SEQ_BLOCK = 1 << 20  # sequence numbers an encoder reserves at a time in its persisted floor (Encoder.reserve)
 
 FLAG_REPLY_WANTED = 0x01  # a heartbeat that asks for one back (liveness check)
+
+
+def new_id() -> int:
+    """A message id a peer must not guess (a placement's, a loan request's, a reclaim notice's):
+    63 random bits from the operating system's CSPRNG, odd (never 0). Whoever saw many ids (``GET
+    /v1/placements`` shows them to every local user) cannot predict the next, as Python's
+    ``random`` (the Mersenne Twister) can be from a few hundred outputs."""
+    return secrets.randbits(63) | 1
 
 
 class MsgType(enum.IntEnum):
