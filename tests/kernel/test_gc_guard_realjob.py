@@ -61,7 +61,8 @@ class Zone:
         self.node_id = me
         self.membership = SimpleNamespace(
             by_node={n: SimpleNamespace(zone=1, addr=f"127.0.0.{n}", owner="") for n in (1, 2)}, suspects=set(),
-            state={n: SimpleNamespace(last_seen=time.time(), last_summary=None) for n in (1, 2)})
+            state={n: SimpleNamespace(last_seen=time.time(), last_summary=None) for n in (1, 2)},
+            roster_ips=lambda: frozenset(f"127.0.0.{n}" for n in (1, 2)))
         self.keys = {1: KEY}
         self.s = {"listen": f"127.0.0.{me}", "handover_timeout_s": 5.0}
 

@@ -51,25 +51,23 @@ def test_archived_records_and_checkpoints_are_root_s_alone(tmp_path: Path) -> No
     """The archive (shared storage) holds the job's request, env values included, and its
     checkpoint: a real other user reaching the archive reads neither, even where an older version
     left the job's directory open."""
-    from types import SimpleNamespace
+    from archiverig import agent_of, record, request
 
     from laminar.jobkit import Checkpointer
-    from laminar.migrate.reclaim import LIVE_RECORD, ReclaimComponent
+    from laminar.migrate.reclaim import LIVE_RECORD
 
     arch = Path(tempfile.mkdtemp(prefix="lm-s7-arch-"))
     try:
         os.chmod(arch, 0o755)  # an NFS mount every user of the node can reach
-        (arch / "k-old").mkdir(mode=0o755)
-        os.chmod(arch / "k-old", 0o755)
-        c = ReclaimComponent()
-        c.agent = SimpleNamespace(zone=SimpleNamespace(node_id=1))
-        c.s = {"archive_dir": str(arch), "prestage_unannounced": 0.02}
+        (arch / "n1-job-2").mkdir(mode=0o755)
+        os.chmod(arch / "n1-job-2", 0o755)
+        c = agent_of(1, arch)  # node 1, holding the zone's keys: its records are signed
         job = Checkpointer(job_id="j1", ckpt_dir=tmp_path / "ck", install_signal=False, keep=3)
-        record = {"key": "k", "src_node": 1, "src_job": "job-1", "buddy": 2, "periodic": True,
-                  "request": {"spec": {"env": {"HF_TOKEN": "lm-s7-token"}}}}
         with local_user("arch") as other:
-            for key in ("k-new", "k-old"):
-                d = c.archive_live(key, job.save(b"weights", step=5), {**record, "key": key})
+            for key in ("n1-job-1", "n1-job-2"):
+                rec = {**record(key), "periodic": True}
+                rec["request"] = request(env={"HF_TOKEN": "lm-s7-token"})
+                d = c.archive_live(key, job.save(b"weights", step=5), rec)
                 assert d is not None
                 os.chmod(d / "state.bin", 0o644)  # even a copy whose files are open
                 assert read_as(other, d.parent / LIVE_RECORD) == os.strerror(13), key
