@@ -195,10 +195,17 @@ SETPRIV = next((p for p in ("/usr/bin/setpriv", "/bin/setpriv", "/usr/sbin/setpr
 # read in /proc), resets the nice value the agent runs at (the unit's Nice=-10 must not pass to
 # jobs), enters the working directory argv[2] when not empty (exit 126 naming it if the owner may
 # not), then execs the command with that environment (exit 127 if it is not found, 126 if it
-# cannot be run).
+# cannot be run). Before all that it checks that it runs as the owner ids argv[2] names
+# ("uid:gid"), real, effective and saved alike (exit 126 naming them otherwise): a drop that
+# did not happen (an id setresuid takes for "unchanged") never runs a user's command as root.
 JOB_TRAMPOLINE = (
     "import json, os, sys\n"
-    "fd, cwd, cmd = int(sys.argv[1]), sys.argv[2], sys.argv[3:]\n"
+    "fd, ids, cwd, cmd = int(sys.argv[1]), sys.argv[2], sys.argv[3], sys.argv[4:]\n"
+    "u, g = (int(x) for x in ids.split(':'))\n"
+    "if os.getresuid() != (u, u, u) or os.getresgid() != (g, g, g):\n"
+    "    sys.stderr.write(f'laminar: the job should run as uid {u} gid {g}, not as {os.getresuid()} '\n"
+    "                     f'{os.getresgid()}: not started\\n')\n"
+    "    sys.exit(126)\n"
     "with os.fdopen(fd, 'rb') as f:\n"
     "    env = json.loads(f.read())\n"
     "try:\n"
@@ -222,9 +229,20 @@ TRAMPOLINE_PYTHON = next((p for p in ("/usr/bin/python3", "/bin/python3") if os.
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([KMGT]?)(i?B?)?\s*$", re.IGNORECASE)
 
 
+def check_owner_ids(uid: Any, gid: Any) -> None:
+    """Raises JobError unless `uid` and `gid` are ids a job may run as: integers 0..2**32-2
+    (-1, that is 2**32-1, means "leave unchanged" to setresuid: a job "as uid -1" would keep the
+    agent's root)."""
+    for what, v in (("owner uid", uid), ("owner gid", gid)):
+        if isinstance(v, bool) or not isinstance(v, int) or not 0 <= v <= 2**32 - 2:
+            raise JobError(f"{what} {v!r}: expected an integer 0..{2**32 - 2} (-1 and 4294967295 mean 'unchanged' "
+                           "to setresuid, which would leave the job root)")
+
+
 def drop_privileges_argv(uid: int, gid: int) -> list[str]:
     """The argv prefix that runs what follows as `uid`/`gid` (with the user's groups when the
-    uid has a passwd entry, else none)."""
+    uid has a passwd entry, else none). Raises JobError for an id out of range (check_owner_ids)."""
+    check_owner_ids(uid, gid)
     try:
         pwd.getpwuid(uid)
         groups = "--init-groups"
@@ -1210,6 +1228,7 @@ class JobManager:
         (`check_quota`), checked again with no await before the job is stored, so concurrent
         submissions cannot pass it together."""
         assert self.tree is not None and self.state_dir is not None and self.inventory is not None
+        check_owner_ids(owner_uid, owner_gid)
         if quota:
             self.check_quota(owner_uid)
         spec.validate()
@@ -1362,7 +1381,8 @@ class JobManager:
         cwd = spec.cwd if not job.owner_uid else None
         argv = ["/bin/sh", "-c", ENTER_SH, "laminar-job", str(len(files)), *files,
                 str(oom_score_adj_for(spec)), str(limits.job_nofile_soft() or ""), *drop, TRAMPOLINE_PYTHON, "-I", "-S", "-c", JOB_TRAMPOLINE,
-                "", (spec.cwd or "") if job.owner_uid else "", *spec.command]
+                "", f"{job.owner_uid}:{job.owner_gid}" if drop else f"{os.getuid()}:{os.getgid()}", (spec.cwd or "") if job.owner_uid else "",
+                *spec.command]
         env_fd = os.memfd_create("laminar-job-env", 0)  # inherited by the trampoline (pass_fds)
         try:
             os.write(env_fd, json.dumps(env).encode())
