@@ -150,6 +150,13 @@ def owner_id(what: str, v: Any, sender: int | None = None) -> int:
     return v
 
 
+def _who_speaks(owner: int | None, holder: int) -> str:
+    """'node N' or 'node N or node H': who may speak for a key (its node, the guard's sender)."""
+    if owner is None or owner == holder:
+        return f"node {holder}"
+    return f"node {owner} or node {holder}"
+
+
 def _trusted(node: int, policy: Policy) -> bool:
     return node == policy.node or node in policy.root_from
 
@@ -279,7 +286,7 @@ def guard_refusal(asker: int, key: str, src_node: Any, take_over: bool, holder: 
                            f"nodes listed in zone.root_from may pass a root job's guard on (listed: {listed})")
         return None  # passed on, or placed by the guard that took the job over: node N may be gone
     return Refused("guard", f"guard of {key} from node {asker}: node {holder} handed this node that guard; only "
-                   f"node {owner} or node {holder} may change it")
+                   f"{_who_speaks(owner, holder)} may change it")
 
 
 def release_refusal(asker: int, key: str, holder: int | None) -> Refused | None:
@@ -290,8 +297,8 @@ def release_refusal(asker: int, key: str, holder: int | None) -> Refused | None:
     owner = key_owner(key)
     if asker == owner or asker == holder:
         return None
-    return Refused("release", f"release of {key} from node {asker}: only node {owner} (the job's node) or node "
-                   f"{holder} (which handed this node the guard) may release it")
+    return Refused("release", f"release of {key} from node {asker}: only {_who_speaks(owner, holder)} (the job's "
+                   "node, the node that handed this node the guard) may release it")
 
 
 def offer_refusal(asker: int, key: str, holder: int | None) -> Refused | None:
@@ -305,7 +312,7 @@ def offer_refusal(asker: int, key: str, holder: int | None) -> Refused | None:
     if asker == owner or asker == holder:
         return None
     return Refused("offer", f"checkpoint of {key} from node {asker}: this node guards {key} for node {holder}; "
-                   f"only node {owner if owner is not None else '?'} or node {holder} may send its checkpoints")
+                   f"only {_who_speaks(owner, holder)} may send its checkpoints")
 
 
 def checkpoint_senders(key: str, holder: int | None, src_node: int | None = None) -> frozenset[str]:
