@@ -16,8 +16,8 @@ buddy B, node 2 or 4). Node 3 then sends each forged-authority message to the re
 - a ``guard`` with ``take_over`` of a root job under a key of node 1's that C (the other node)
   does not guard, and one under a key of node 3's own (it owns that key: the take-over's uid
   policy refuses it);
-- a ``reclaim`` of node 1 (a 0.5 s notice), a loan ``return`` of node 1 (in the inference pool);
-- a hand-over under node 2's placement id (seen in node 2's probe of node 3) to node 1.
+- a hand-over under node 2's placement id (seen in node 2's probe of node 3) to node 1;
+- a ``reclaim`` of node 1 (a 0.5 s notice), a loan ``return`` of node 1 (in the inference pool).
 
 Each is refused with the reason named (and counted in ``authority`` of ``zone stats``), no job
 ran with uid or gid 0 (a marker file the jobs would write never appears), node 1's jobs and B's
@@ -150,19 +150,19 @@ def attacked(c: Cluster, markers: Path, lib: Path) -> None:
         {"do": "ctl", "to": cn.node_id, "op": "guard",
          "body": {"key": "n3-lmt-own", "src_node": 3, "src_job": "lmt-own", "ckpt": "ckpt-1",
                   "request": {"spec": evil(markers, "own-key"), "owner_uid": 0, "owner_gid": 0, "take_over": True}}},
-        {"do": "ctl", "to": 1, "op": "reclaim", "body": {"notice_s": 0.5, "reason": "rogue", "ts": time.time()}},
-        {"do": "loan", "to": 1, "op": 2},
         {"do": "hijack", "victim": 2, "to": 1, "wait_s": 60,
          "req": {"spec": evil(markers, "hijack", env={"MARK": "evil"}), "owner_uid": NOBODY, "owner_gid": NOBODY}},
+        {"do": "ctl", "to": 1, "op": "reclaim", "body": {"notice_s": 0.5, "reason": "rogue", "ts": time.time()}},
+        {"do": "loan", "to": 1, "op": 2},
     ]
     with RootLiveness(n1.agent.sock, root_job) as live:
         p = rogue(n3, plan)
         try:
-            got = lines(p, len(plan))  # ready, and every action but the hijack
+            got = lines(p, len(plan) - 2)  # ready, and every action before the hijack
             # node 2 places a job with every member probed (node 3 too): node 3 hands its own spec
             # over to node 1 under that placement's id
             placed = c.place(1, {"name": "victim", "command": ["sleep", "600"]}, gpus=1, packing=True)
-            got += lines(p, 1)
+            got += lines(p, 3)
             p.wait(30)
         finally:
             if p.poll() is None:
@@ -174,7 +174,7 @@ def attacked(c: Cluster, markers: Path, lib: Path) -> None:
     time.sleep(3.0)  # guard rounds (poll_s 0.2) for a take-over to act, were it accepted
     r = list(res.values())
     print(json.dumps({"markers": sorted(os.listdir(markers)),  # (the run before the fix: what ran as root)
-                      "jobs": {nd.node_id: [(j["name"], j["owner_uid"], j["owner_gid"], j["state"]) for j in nd.json("jobs")]
+                      "jobs": {nd.node_id: [(j["name"], j.get("owner_uid"), j["state"]) for j in nd.json("jobs")]
                                for nd in (n1, n2, n4)},
                       "replicas_at_buddy": [x for x in b.json("replicas") if x["key"] == key]}, indent=1))
 
@@ -194,17 +194,17 @@ def attacked(c: Cluster, markers: Path, lib: Path) -> None:
     assert own["src_node"] == 3
     ev = [e for e in cn.json("events", "--kind", "migrate", "--limit", "500") if e.get("key") == "n3-lmt-own" and e.get("phase") == "failed"]
     assert ev and ev[-1].get("reason") == "root" and "zone.root_from" in ev[-1]["message"], ev
-    # node operations
-    assert "error" in r[13] and "migrate.reclaim_from" in r[13]["error"], r[13]
-    assert n1.json("reclaim", "status")["reclaim"] is None
-    assert "error" in r[14] and "loan.return_from" in r[14]["error"], r[14]
-    assert n1.json("pool")["returned"] is False
     # the hijack: node 3's hand-over under node 2's placement id is refused; node 2's job is placed
-    assert r[15].get("status") == 1 and "is node 2's" in r[15]["text"], r[15]
+    assert r[13].get("status") == 1 and "is node 2's" in r[13]["text"], r[13]
     assert placed["outcome"] == "placed", placed
     dest = c.nodes[int(placed["node"]) - 1]
     job = job_state(dest, placed["job_id"])
     assert job["name"] == "victim" and "MARK" not in (job["spec"].get("env") or {}), job
+    # node operations
+    assert "error" in r[14] and "migrate.reclaim_from" in r[14]["error"], r[14]
+    assert n1.json("reclaim", "status")["reclaim"] is None
+    assert "error" in r[15] and "loan.return_from" in r[15]["error"], r[15]
+    assert n1.json("pool")["returned"] is False
 
     # nothing ran as root's uid or gid, nothing of node 3's runs anywhere
     assert sorted(os.listdir(markers)) == []
