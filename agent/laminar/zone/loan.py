@@ -16,7 +16,8 @@ probes it gets an offer, and the job it hands over runs with ``lent = true`` (ne
 the reason ``pool_busy``. Demands for the node's own pool, and demands naming no pool, are not
 loans and are decided as before.
 
-**Return.** Any node can take k servers of the pool back::
+**Return.** A member of the pool (or a node the servers' ``[loan] return_from`` lists) takes k
+servers of the pool back::
 
     laminarctl pool reclaim --pool inference --count 1     POST /v1/pool/reclaim {"pool": ..., "count": k}
 
