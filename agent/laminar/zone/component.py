@@ -2053,10 +2053,10 @@ class ZoneComponent:
         try:
             if not isinstance(req, dict):
                 raise authority.Refused("bad_id", f"the hand-over from node {sender} is not an object")
-            origin = req.get("origin", sender)
-            if isinstance(origin, bool) or not isinstance(origin, int) or origin not in self.membership.by_node:
+            origin = req.get("origin", sender)  # (a node that left the roster may still be a job's origin)
+            if isinstance(origin, bool) or not isinstance(origin, int) or not 1 <= origin <= 2**32 - 1:
                 raise authority.Refused("key", f"the hand-over from node {sender} names origin {origin!r}, not a "
-                                        "node of the zone")
+                                        "node id")
             jobs = self._jobs
             grants = getattr(jobs, "grants", None) if jobs is not None else None
             if grants is None and jobs is not None and hasattr(jobs, "check_grant"):
