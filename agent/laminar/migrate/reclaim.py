@@ -2544,6 +2544,8 @@ class ReclaimComponent(BuddiesMixin, GuardMixin, ReplicasMixin, WithdrawMixin, S
                 "fenced": dict(self.fenced_jobs),
                 # silent peers another member heard lately (vouch.py): not taken for gone
                 "heard_elsewhere": sorted(self._vouch_told),
+                # member -> how many take-over verdicts its word held back (a member holding many: vouch.py)
+                "heard_vouchers": {str(n): k for n, k in sorted(self._vouch_holds.items())},
                 "periodic_ckpt": None if self.ckpt is None else dict(self.ckpt.counts),
                 # what the hazard learned here (departures announced or not, node-hours watched)
                 "evidence": self._evidence_status(),
