@@ -8,6 +8,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -220,3 +221,26 @@ def test_the_trampoline_refuses_to_run_as_other_ids_than_its_owners() -> None:
                          pass_fds=(r,), capture_output=True, text=True, check=False)
     os.close(r)
     assert bad.returncode == 126 and bad.stdout == "" and f"should run as uid {os.getuid() + 4242}" in bad.stderr, bad
+
+
+def test_the_zone_counts_what_it_refuses_another_nodes_reservation(tmp_path: Path) -> None:
+    """Through a real zone component: node 3 commits and releases node 2's offer (ignored,
+    counted as ``placement``), then node 2 commits its own."""
+    from test_loan_component import make_comp, run
+
+    comp = make_comp(tmp_path, pool="training", gpus=2)
+
+    def check() -> None:
+        offer = comp.handle_request(2, demand_to_probe(pl.Demand(gpus=1), 0x77, 5.0))
+        assert isinstance(offer, wire.Offer)
+        ack = comp.handle_request(3, wire.Commit(0x77, 1000))
+        assert isinstance(ack, wire.CommitAck) and ack.status == int(pl.RefuseReason.UNKNOWN_PLACEMENT)
+        assert comp.handle_request(3, wire.Release(0x77)) is None and 0x77 in comp.arbiter.held
+        got = comp.stats()["authority"]
+        assert got["refused"]["placement"] == 2 and got["recent"][-1]["node"] == 3, got
+        assert "node 2 probed for it" in got["recent"][-1]["error"]
+        ack = comp.handle_request(2, wire.Commit(0x77, 1000))
+        assert isinstance(ack, wire.CommitAck) and ack.status == 0
+        assert comp.status()["authority"]["placement"] == 2
+
+    run(comp, check)

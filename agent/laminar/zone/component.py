@@ -1953,6 +1953,9 @@ class ZoneComponent:
     def handle_request(self, sender: int, body: wire.Body) -> wire.Body | None:
         """Answer probe, commit and release (and other one-way messages); the reply or None."""
         now = self.clock()
+        counts = self.arbiter.counts
+        before = counts["not_prober"] + counts["held_per_node"]
+        reply: wire.Body | None = None
         if isinstance(body, wire.Probe):
             self.counts["probes"] += 1
             loan = self.loan
@@ -1960,12 +1963,31 @@ class ZoneComponent:
                 # a loan asked of a node of the loaning pool that serves its own load
                 loan.counts["loan_refusals"] += 1
                 return wire.Refuse(body.placement_id, int(pl.RefuseReason.POOL_BUSY))
-            return self.arbiter.on_probe(body, now, sender)
-        if isinstance(body, wire.Commit):
-            return self.arbiter.on_commit(body, now, int(self.s["handover_port"]), sender)
-        if isinstance(body, wire.Release):
+            reply = self.arbiter.on_probe(body, now, sender)
+        elif isinstance(body, wire.Commit):
+            reply = self.arbiter.on_commit(body, now, int(self.s["handover_port"]), sender)
+        elif isinstance(body, wire.Release):
             self.arbiter.on_release(body, now, sender)
-            return None
+        else:
+            return self._other_request(sender, body)
+        if counts["not_prober"] + counts["held_per_node"] != before:  # (rare: two additions on the hot path)
+            self._note_reservation_refusal(sender, body)
+        return reply
+
+    def _note_reservation_refusal(self, sender: int, body: wire.Body) -> None:
+        """Counts (authority reasons ``placement``, ``held``) what the arbiter just refused ``sender``."""
+        pid = getattr(body, "placement_id", None)
+        other = self.arbiter.prober_of(pid) if isinstance(pid, int) else None
+        if other is not None and other != sender:
+            self.authority.note(authority.Refused(
+                "placement", f"{type(body).__name__.lower()} of placement {pid:016x} from node {sender}: node "
+                f"{other} probed for it; only that node may commit, release or bind it"), sender)
+        else:
+            self.authority.note(authority.Refused(
+                "held", f"probe from node {sender}: it holds zone.max_held_per_node "
+                f"({self.arbiter.max_held_per_node}) offers here already"), sender)
+
+    def _other_request(self, sender: int, body: wire.Body) -> wire.Body | None:
         if isinstance(body, wire.LoanRequest | wire.LoanAnswer):
             return self.loan.on_message(sender, body)
         return None
