@@ -218,7 +218,8 @@ def test_a_claim_whose_node_died_before_the_job_ran_is_kept_and_taken_over(
     old = time.time() - ARCHIVE_CLAIM_STALE_S - 60
     os.utime(d / "claimed-9.json", (old, old))
 
-    c = make_cluster(zones=1, per_zone=2, gpus=0, zone_extra=migrate_config(
+    # (root's job of node 9, which left the zone: the agents trust node 9 with root's jobs, zone.root_from)
+    c = make_cluster(zones=1, per_zone=2, gpus=0, root_from=[1, 2, 9], zone_extra=migrate_config(
         retry_base_s=0.5, retry_max_s=2.0, archive_dir=f'"{arch}"', archive_gc_s=SWEEP_S, prestage_unannounced=1.0))
     nd, job = wait_until(lambda: find_migrated(c, key), 60, "an agent to take the stale claim over", every=0.3)
     runs = archived(arch, key)["files"]

@@ -52,7 +52,8 @@ def test_returned_servers_job_migrates_with_its_checkpoint_to_a_loanable_server(
     # lent-x checkpoints often: node 3 is the cheaper return, and node 4 has a free GPU for it
     src = node_jobs(c, 3)["lent-x"]
     wait_until(lambda: any(Path(src["ckpt_dir"]).glob("ckpt-*")), 20, "lent-x's first checkpoint")
-    plan = c.nodes[0].json("pool", "reclaim", "--pool", "inference", "--count", "1")
+    # the inference pool takes a server back from one of its own members (node 5: loan.return_from)
+    plan = c.nodes[4].json("pool", "reclaim", "--pool", "inference", "--count", "1")
     assert plan["servers"] == [3], plan
     assert plan["actions"] == [{"node": 3, "job": x["job_id"], "action": "migrate", "workers_removed": 1}], plan
 
