@@ -13,6 +13,7 @@ from types import SimpleNamespace
 from typing import Any
 
 from laminar.migrate.reclaim import ReclaimComponent
+from laminar.zone.authority import Policy
 from laminar.zone.keys import PairKeys, ZoneKeys, parse_keys, public_key
 
 ZONE = 1
@@ -40,9 +41,11 @@ def pairs_of(node: int, privs: dict[int, bytes], mode: str = "require") -> PairK
 def zone_of(node: int, keys: ZoneKeys | None = None, pairs: PairKeys | None = None, zone: int = ZONE,
             networked: bool = False) -> Any:
     """What the migrate layer reads of a zone component: its node id, zone, keys, pair keys,
-    roster (every node of MEMBERS in ``zone``), whether it is networked (nothing here talks)."""
+    roster (every node of MEMBERS in ``zone``), its policy for peers' jobs, whether it is networked (nothing here talks)."""
+    # the rig's records are root's jobs (the test's own checkpoints): every member trusts every
+    # other with root's jobs, as a zone whose [zone] root_from lists them all
     return SimpleNamespace(node_id=node, zone=zone, keys=keys if keys is not None else zone_keys(), pairs=pairs,
-                           networked=networked,
+                           networked=networked, policy=Policy(node, root_from=frozenset(MEMBERS)),
                            membership=SimpleNamespace(by_node={n: SimpleNamespace(zone=zone) for n in MEMBERS}))
 
 

@@ -138,12 +138,15 @@ class Cluster:
                memory_mb: int = 16_000, pools: dict[int, str] | None = None, handover_timeout_s: float = 10.0,
                zone_extra: str = "", node_extra: dict[int, str] | None = None,
                probe_timeout_s: float = 0.2, ipv6: bool = False, node_keys: bool = False,
-               roster_pubkeys: bool = True) -> Iterator[Cluster]:
+               roster_pubkeys: bool = True, root_from: list[int] | None = None) -> Iterator[Cluster]:
         """``ipv6``: the nodes' roster addresses are IPv6 (a ULA /64, written ``[addr]:port``),
         and the namespaces have no IPv4 address at all (an IPv6-only fabric). ``node_keys``:
         every node has a node key file and its pubkey in the roster (pair MACs everywhere); with
         ``roster_pubkeys=False`` the key files are there (``node_key_files``, ``node_pubkeys``)
-        but the roster lists no pubkey yet (zone-key MACs, until a config lists them)."""
+        but the roster lists no pubkey yet (zone-key MACs, until a config lists them).
+        ``root_from``: ``[zone] root_from`` of every node; None (the default): every node of the
+        cluster, which is one operator's machines running the tests' jobs as root (the agent's
+        own default is none: docs/protocol.md, *Authority*)."""
         tag = secrets.token_hex(3)
         bridge = f"lmt-br-{tag}"
         subnet = f"10.{secrets.randbelow(100) + 120}.{secrets.randbelow(250) + 1}"
@@ -166,6 +169,7 @@ class Cluster:
             run("ip", "addr", "add", f"{subnet}{sep}fe/{plen}" if ipv6 else f"{subnet}.254/24", "dev", bridge, *nodad)
             run("ip", "link", "set", bridge, "up")
             n = zones * per_zone
+            trusted = list(range(1, n + 1)) if root_from is None else list(root_from)
             if node_keys:
                 c.node_key_files = {i + 1: tmp / f"node{i + 1}.key" for i in range(n)}
             c.node_pubkeys = {nid: generate_node_key(path).hex() for nid, path in c.node_key_files.items()}
@@ -198,6 +202,7 @@ class Cluster:
                     f'[gpus]\ndeclared = {gpus}\n\n[zone]\nnode_id = {i + 1}\nport = {UDP_PORT}\n'
                     f'handover_port = {TCP_PORT}\nkeys_file = "{keys_file}"\ncpus = {cpus}\nmemory_mb = {memory_mb}\n'
                     f'summary_interval_s = 0.3\nprobe_timeout_s = {probe_timeout_s}\nhandover_timeout_s = {handover_timeout_s}\n'
+                    f'root_from = {trusted}\n'
                     + (f'node_key_file = "{c.node_key_files[i + 1]}"\n' if node_keys else "")
                     + f'{zone_extra}\n'
                     f'{(node_extra or {}).get(i, "")}\n{nodes_toml}'

@@ -97,7 +97,9 @@ def test_idle_inference_nodes_take_training_on_loan_and_reclaim_returns_the_chea
     # directories runs every 0.5 s, off the loop)
     wait_until(lambda: weight(often, "lent-often") < weight(rare, "lent-rare"), 20,
                "the agents to see the often-checkpointing job's checkpoint")
-    plan = c.nodes[1].json("pool", "reclaim", "--pool", "inference", "--count", "1")
+    # the inference pool's own scheduler takes a server back: on node 5, a member of that pool (a
+    # node of another pool may only with [loan] return_from on the servers)
+    plan = c.nodes[4].json("pool", "reclaim", "--pool", "inference", "--count", "1")
     assert plan["servers"] == [often], plan
     assert set(plan["candidates"]) == {str(rare), str(often)}  # node 5 is busy, not on loan
     assert plan["candidates"][str(often)] < plan["candidates"][str(rare)]
@@ -121,5 +123,5 @@ def test_idle_inference_nodes_take_training_on_loan_and_reclaim_returns_the_chea
     # the others keep running where they were
     for name in ("train-a", "train-b", "lent-rare"):
         assert node_jobs(c, placed[name]["node"])[name]["state"] == "running", name
-    events = c.nodes[1].json("events")
+    events = c.nodes[4].json("events")
     assert any(e.get("kind") == "zone" and e.get("plan") == plan["plan"] for e in events), events[-5:]

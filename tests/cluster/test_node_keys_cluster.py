@@ -30,7 +30,8 @@ __all__ = ["make_cluster"]  # the fixture, shared with the rotation test
 
 
 def test_a_zone_with_node_keys_places_jobs_on_every_node_of_both_zones(make_cluster: Any) -> None:
-    c = make_cluster(zones=2, per_zone=2, gpus=1, node_keys=True)
+    # node 2 lets node 1 (the operator's node) reclaim it and cancel that (migrate.reclaim_from)
+    c = make_cluster(zones=2, per_zone=2, gpus=1, node_keys=True, node_extra={1: "[migrate]\nreclaim_from = [1]\n"})
     for nd in c.nodes:
         nk = api(nd, "/v1/zone/keys")["node_key"]
         assert nk["file"] == str(c.node_key_files[nd.node_id])

@@ -258,7 +258,7 @@ def test_a_guards_cut_placement_that_ends_without_a_job_there_releases_that_node
     async def main() -> None:
         async with running_rig(tmp_path) as (rig, jobs):
             mig = await rig.start_migrate(ReleasingPlacer(), node="lm-t-settle")
-            key, req, ckpt, row = rig.guarded_replica(f"lm-t-settle-rel-{end}", "lm-t-settle-rel")
+            key, req, ckpt, row = rig.guarded_replica(f"n3-lm-t-settle-rel-{end}", "lm-t-settle-rel")
             place = asyncio.ensure_future(mig._place_elsewhere(row, req, ckpt, "node 3 is dead"))
             assert await until(lambda: any(e.get("phase") == "unconfirmed" for e in rig.events), 15), rig.events
             place.cancel()  # the agent stops during the wait (a crash would not even try a release)

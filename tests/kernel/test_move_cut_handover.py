@@ -81,8 +81,9 @@ def zone_settings(tmp: Path) -> tuple[dict[str, Any], dict[str, Any]]:
     udp = [free_port(socket.SOCK_DGRAM) for _ in range(2)]
     tcp = [free_port(socket.SOCK_STREAM) for _ in range(2)]
     nodes = [{"id": i + 1, "zone": 1, "addr": f"127.0.0.1:{udp[i]}", "handover_port": tcp[i]} for i in range(2)]
+    # root's jobs move between the two nodes, and node 3's (gone) are placed: trusted with them (zone.root_from)
     common = {"nodes": nodes, "keys_file": str(keys), "listen": "127.0.0.1", "cpus": 8, "memory_mb": 8000,
-              "handover_timeout_s": 0.5, "probe_timeout_s": 0.5}
+              "handover_timeout_s": 0.5, "probe_timeout_s": 0.5, "root_from": [1, 2, 3]}
     return ({**common, "node_id": 1, "port": udp[0], "handover_port": tcp[0]},
             {**common, "node_id": 2, "port": udp[1], "handover_port": tcp[1]})
 
@@ -302,7 +303,7 @@ def test_a_guards_placement_whose_hand_over_times_out_is_asked_again_not_placed_
     async def main() -> None:
         async with running_rig(tmp_path) as (rig, jobs):
             mig = await rig.start_migrate(Placer())
-            key, req, ckpt, row = rig.guarded_replica("lm-t-mvcut-key", "lm-t-mvcut-guarded")
+            key, req, ckpt, row = rig.guarded_replica("n3-lm-t-mvcut-key", "lm-t-mvcut-guarded")
             place = asyncio.ensure_future(mig._place_elsewhere(row, req, ckpt, "node 3 is dead"))
             assert await until(lambda: rig.dst_jobs.asked > 0, 15), "the hand-over never reached node 2"
             # its answer times out (0.5 s): asked again (or, before, taken for a refusal)
@@ -419,7 +420,7 @@ def test_a_guards_placement_cut_by_the_agents_stop_is_settled_by_asking_the_dest
     async def main() -> None:
         async with running_rig(tmp_path) as (rig, jobs):
             mig = await rig.start_migrate(Placer())
-            key, req, ckpt, row = rig.guarded_replica("lm-t-mvcut-key2", "lm-t-mvcut-guarded2")
+            key, req, ckpt, row = rig.guarded_replica("n3-lm-t-mvcut-key2", "lm-t-mvcut-guarded2")
             place = asyncio.ensure_future(mig._place_elsewhere(row, req, ckpt, "node 3 is dead"))
             assert await until(lambda: any(e.get("phase") == "unconfirmed" for e in rig.events), 15), rig.events
             place.cancel()  # the agent stops during the wait
@@ -506,7 +507,7 @@ class GuardRig:
         monkeypatch.setattr(guard_mod, "send_checkpoint", to_node2)
         self.store2 = Store(tmp / "node2.db")
         self.node2: ReclaimComponent | None = None
-        self.key = f"lm-t-mvcut-{secrets.token_hex(4)}"
+        self.key = f"n3-lm-t-mvcut-{secrets.token_hex(4)}"  # node 3's job (keys are n<node>-<job>)
 
     async def start(self, hold: asyncio.Event | None = None) -> asyncio.Future[tuple[bool, str]]:
         """Both components started, the placement under way (its future)."""

@@ -39,7 +39,8 @@ def hashed(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> list[bool]:
     ck = make_ckpt(tmp_path, 300 << 10)
 
     async def body(rcv: T.Receiver, port: int) -> None:
-        await T.send_checkpoint("127.0.0.1", port, ck, REPLICA, KEY, chunk_size=64 << 10, retries=0)
+        await T.send_checkpoint("127.0.0.1", port, ck, REPLICA, KEY, chunk_size=64 << 10, retries=0,
+                                node="2")  # the key's node: a take-over reads only its guard's copies
 
     asyncio.run(with_receiver(tmp_path / "xfer", body))
     monkeypatch.setattr(T, "TRUST_UNCHANGED_S", 0.0)  # as a replica committed long ago
@@ -80,5 +81,6 @@ def test_a_reclaimed_guards_pass_checks_its_replica_off_the_event_loop(tmp_path:
 
     c.rank_holders = rank_holders  # type: ignore[method-assign]
     with pytest.raises(Stop):
-        asyncio.run(c._pass_one({"key": REPLICA, "src_node": 2}, {}, time.monotonic() + 60))
+        asyncio.run(c._pass_one({"key": REPLICA, "src_node": 2}, {"owner_uid": 65534, "owner_gid": 65534},
+                                time.monotonic() + 60))
     assert hashed and not any(hashed), f"the replica was hashed on the event loop: {hashed}"

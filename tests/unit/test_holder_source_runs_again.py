@@ -55,7 +55,8 @@ def test_a_waiting_holder_stands_down_when_the_source_runs_the_job_again(tmp_pat
             no room and waits; node 2 is heard from since."""
             await send_control("127.0.0.1", holder.port, KEY, "guard",
                                {"key": K, "src_node": 2, "src_job": "job-1", "ckpt": ckpt,
-                                "request": {"spec": {"command": ["train"]}, "gpus": 0, "take_over": True}},
+                                "request": {"spec": {"command": ["train"]}, "gpus": 0, "take_over": True,
+                                            "owner_uid": 65534, "owner_gid": 65534}},
                                zone=1, node="2")
             holder._wait_for_room(K, "node 2 stopped the job and left its checkpoint here", "no room", None)
             holder.agent.store.db.execute("UPDATE migrate_retry SET next_at=0 WHERE key=?", (K,))

@@ -148,6 +148,12 @@ def test_loan_messages_round_trip_and_repeats_are_answered_from_cache(tmp_path):
         assert st["node"] == 1 and st["pool"] == "inference" and st["loanable"] and st["jobs"] == []
         bad = comp.handle_request(2, wire.LoanRequest(78, 9, b"{}"))
         assert isinstance(bad, wire.LoanAnswer) and bad.status == 1 and b"unknown loan operation 9" in bad.payload
+        # node 2 is of the training pool: it may not return this inference server (loan.return_from)
+        refused = comp.handle_request(2, wire.LoanRequest(80, OP_RETURN, b'{"plan":"p0"}'))
+        assert isinstance(refused, wire.LoanAnswer) and refused.status == 1, refused
+        assert b"loan.return_from" in refused.payload and not comp.loan.returned
+        assert comp.authority.counts["loan_return"] == 1
+        comp.loan.s["return_from"] = [2]
         first = comp.handle_request(2, wire.LoanRequest(79, OP_RETURN, b'{"plan":"p1"}'))
         assert isinstance(first, wire.LoanAnswer) and json.loads(first.payload)["returned"] is True
         assert comp.loan.returned and not comp.loan.loanable and comp.loan.counts["returns"] == 1

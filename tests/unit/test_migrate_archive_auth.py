@@ -368,7 +368,7 @@ def test_a_missing_owner_uid_is_never_read_as_root(world: Any) -> None:
         return await world.c._resume_here({"key": "n1-job-1", "src_node": 1, "src_job": "job-1"},
                                           {"spec": {"command": ["true"]}, "gpus": 0}, world.arch, "test")
     err = asyncio.run(main())
-    assert err is not None and "owner_uid None" in err and world.c.agent.jobs.jobs == []
+    assert err is not None and "names no owner_uid" in err and world.c.agent.jobs.jobs == []
 
 
 # -- the payload: bound to the record -------------------------------------------------------

@@ -29,6 +29,7 @@ from laminar.runtime.jobs import JobError, JobSpec, ReservedEnvError
 from laminar.runtime.provenance import NO_ORIGIN, JobOrigin
 from laminar.zone import placement as pl
 from laminar.zone import wire
+from laminar.zone.authority import Policy
 from laminar.zone.component import HANDOVER_OK, HANDOVER_REJECTED, demand_to_probe
 from laminar.zone.loan import job_row
 
@@ -235,7 +236,9 @@ def handed(tmp_path: Path, req: dict[str, Any], gpus: float = 1.0) -> tuple[wire
         try:
             pid = 0x5151
             assert isinstance(comp.handle_request(2, demand_to_probe(pl.Demand(gpus=gpus), pid, 30.0)), wire.Offer)
-            return await comp.on_handover(2, wire.Handover(pid, json.dumps(req).encode())), pid
+            # a peer's job runs as its owner (nobody, an account of this host: laminar.zone.authority)
+            whole = {"owner_uid": 65534, "owner_gid": 65534, **req}
+            return await comp.on_handover(2, wire.Handover(pid, json.dumps(whole).encode())), pid
         finally:
             await comp.stop()
 
@@ -316,6 +319,8 @@ def test_a_take_over_drops_the_agents_names_refuses_the_rest_and_records_its_own
 
     async def main() -> None:
         agent, comp = await started(tmp_path)
+        # the stored requests are root's jobs of node 2, which this node trusts with them (root_from)
+        agent.zone.policy = Policy(comp.node_id, root_from=frozenset({2}))
         jobs = SubmittingGuardJobs()
         jobs.provenance_counts = {}
         agent.jobs = jobs

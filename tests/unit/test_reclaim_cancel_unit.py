@@ -159,6 +159,12 @@ def test_cancel_of_nothing_is_refused(tmp_path: Path) -> None:
                 raise AssertionError("a cancel of nothing must be refused")
             except LookupError as e:
                 assert "no reclaim" in str(e)
+            try:  # node 3 may not cancel this node's reclaim: it is not in migrate.reclaim_from
+                await comp._on_control("3", "reclaim-cancel", {"ts": time.time()})
+                raise AssertionError("a cancel from a node not in migrate.reclaim_from must be refused")
+            except ValueError as e:
+                assert "migrate.reclaim_from" in str(e), e
+            comp.s["reclaim_from"] = [3]
             answer = await comp._on_control("3", "reclaim-cancel", {"ts": time.time()})
             assert answer["not_found"] and "no reclaim" in answer["refused"], answer
         finally:
@@ -180,6 +186,7 @@ def test_cancel_of_another_nodes_reclaim_is_forwarded_and_its_peers_told(tmp_pat
     async def main() -> None:
         port = free_port()
         async with node(tmp_path, 1, [1, 2], port) as a, node(tmp_path, 2, [1, 2], port) as b:
+            b.s["reclaim_from"] = [1]  # node 1 is the operator's node: it may reclaim node 2 or cancel that
             b.start_reclaim(30.0, "lm-t owner")
             a.agent.events.emit("zone", "node 2 reclaimed", node=2, deadline_ms=30_000)  # its zone notice
             assert 2 in a.notices

@@ -51,6 +51,10 @@ def names(d: Path) -> list[str]:
     return sorted(p.name for p in d.iterdir()) if d.exists() else []
 
 
+# the owner a guard names: root's job (a take-over of it needs the source in zone.root_from)
+ROOT_IDS = {"owner_uid": 0, "owner_gid": 0}
+
+
 class Source:
     """Node ``node`` sending its job's checkpoints and control messages to the component."""
 
@@ -67,7 +71,8 @@ class Source:
     async def ctl(self, op: str, ckpt: str = "") -> Any:
         body: dict[str, Any] = {"key": self.key}
         if op == "guard":
-            body.update(src_node=self.node, src_job="job-1", ckpt=ckpt, request={"spec": {"command": ["train"]}})
+            body.update(src_node=self.node, src_job="job-1", ckpt=ckpt, request={"spec": {"command": ["train"]},
+                                                                                      **ROOT_IDS})
         return await send_control("127.0.0.1", self.comp.port, KEY, op, body, zone=1, node=str(self.node))
 
 

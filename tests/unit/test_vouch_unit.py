@@ -142,3 +142,63 @@ def test_the_node_answers_when_it_last_heard_a_member(tmp_path: Path) -> None:
             agent.store.close()
 
     asyncio.run(main())
+
+
+def test_a_lying_member_alone_holds_a_take_over_back_only_so_long_and_two_must_agree(tmp_path: Path) -> None:
+    """A compromised member answers ``heard`` with age 0 for every node: before, no silent
+    node's job was ever taken over while it answered. Now, where two members answer, the second
+    shortest age counts (node 4, honest, has not heard node 2 either: the silence counts at
+    once); a lone member's word holds a take-over back at most VOUCH_LONE_HOLDS times the
+    silence asked about, once per silence (an event says so), and each hold is counted per
+    member (status ``heard_vouchers``)."""
+    from test_migrate_evidence import FakeZone
+
+    from laminar.migrate.vouch import VOUCH_LONE_HOLDS
+
+    async def main() -> None:
+        agent, c = await started(tmp_path)  # this node is 1
+        agent.zone = FakeZone([2, 3, 4])
+        events: list[dict[str, Any]] = []
+        agent.events.subscribe(events.append)
+        try:
+            c.s.update(orphan_after_s=10.0, dead_after_s=3.0)
+            now = time.time()
+            c._started = now - 100.0
+            state = agent.zone.membership.state
+            state[2].last_seen = now - 12.0  # node 2 silent here
+            state[3].last_seen = state[4].last_seen = now - 0.5
+            c._control = peers = Peers({3: 0.0, 4: 12.0})  # node 3 lies; node 4 has not heard node 2 either
+            assert c._source_dead(2, now) is None
+            await settle(c)
+            assert sorted(n for n, _, _ in peers.asked) == [3, 4]
+            assert c._source_dead(2, now) == "node 2 silent for 12.0 s"  # the second shortest: 12 s
+            assert c.status()["heard_vouchers"] == {}
+
+            # node 3 the only one to ask (node 4 not heard lately): its word alone holds the verdict back...
+            c._vouched.clear()
+            state[4].last_seen = now - 100.0
+            peers.ages = {3: 0.0}
+            assert c._source_dead(2, now) is None
+            await settle(c)
+            assert c._source_dead(2, now) is None and c.status()["heard_vouchers"] == {"3": 1}
+            bound = VOUCH_LONE_HOLDS * 10.0
+
+            async def asked_at(t: float) -> None:  # node 3 asked again at ``t`` (its answer dated then)
+                state[3].last_seen = t - 0.5
+                c._vouched.clear()
+                assert c._source_dead(2, t) is None
+                await settle(c)
+                at, age, reached = c._vouched[2]
+                c._vouched[2] = (t, age, reached)
+
+            await asked_at(now + bound - 1.0)
+            assert c._source_dead(2, now + bound - 1.0) is None  # ... for up to the bound,
+            await asked_at(now + bound + 1.0)
+            assert c._source_dead(2, now + bound + 1.0) == f"node 2 silent for {12.0 + bound + 1.0:.1f} s"  # no more
+            ignored = [e for e in events if e.get("phase") == "heard-elsewhere-ignored"]
+            assert len(ignored) == 1 and ignored[0]["voucher"] == 3, ignored
+        finally:
+            await c.stop()
+            agent.store.close()
+
+    asyncio.run(main())

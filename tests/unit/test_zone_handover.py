@@ -26,6 +26,10 @@ from laminar.zone import wire
 from laminar.zone.component import HANDOVER_NO_RESERVATION, HANDOVER_OK, demand_to_probe
 from laminar.zone.loan import workers_file
 
+# a hand-over names its job's owner (a missing one is refused: laminar.zone.authority); nobody
+# has an account on every Debian host and needs no zone.root_from
+NOBODY_IDS = {"owner_uid": 65534, "owner_gid": 65534}
+
 
 class ActiveWhenSuspended(StandInJob):
     """A stand-in job that is active while suspended, as the real Job (runtime.jobs.ACTIVE_STATES)."""
@@ -64,7 +68,7 @@ def test_a_hand_over_that_fails_before_its_job_starts_gives_the_gpu_back(tmp_pat
         pid = 0x5151
         offer = comp.handle_request(2, demand_to_probe(pl.Demand(gpus=1), pid, 5.0))
         assert isinstance(offer, wire.Offer) and [i for i, _ in offer.gpu_alloc] == [1]
-        ack = await comp.on_handover(2, wire.Handover(pid, json.dumps({"spec": {"command": ["sleep", "1"]}}).encode()))
+        ack = await comp.on_handover(2, wire.Handover(pid, json.dumps({"spec": {"command": ["sleep", "1"]}, **NOBODY_IDS}).encode()))
         assert ack.status != HANDOVER_OK
         assert pid not in comp.arbiter.placed  # nothing runs for it here
         assert comp.arbiter.view(comp.clock()).gpu_free == (0.0, 1.0)  # GPU 1 is free again
@@ -87,6 +91,8 @@ def test_a_resumed_job_s_checkpoint_is_verified_off_the_event_loop(tmp_path: Pat
     that hangs: ``verify_as_owner``) is watched for the thread that runs it."""
     jobs = SubmittingJobs(tmp_path / "state")
     comp = make_comp(tmp_path, pool="training", jobs=jobs, gpus=1)
+    assert comp._settings is not None
+    comp._settings["root_from"] = [2]  # root's job (its checkpoint is root's): node 2 may hand those here
     ckpt = make_ckpt(tmp_path, 200_000)
     migrate = SimpleNamespace(root=None)
     migrate.check_resume = functools.partial(ReclaimComponent.check_resume, migrate)
@@ -105,7 +111,8 @@ def test_a_resumed_job_s_checkpoint_is_verified_off_the_event_loop(tmp_path: Pat
         offer = comp.handle_request(2, demand_to_probe(pl.Demand(gpus=1), pid, 5.0))
         assert isinstance(offer, wire.Offer)
         spec = {"command": ["sleep", "1"], "resume_from": str(ckpt)}
-        ack = await comp.on_handover(2, wire.Handover(pid, json.dumps({"spec": spec}).encode()))
+        ack = await comp.on_handover(2, wire.Handover(pid, json.dumps({"spec": spec, "owner_uid": 0,
+                                                                       "owner_gid": 0}).encode()))
         assert ack.status == HANDOVER_OK, ack.text
         assert jobs.jobs[ack.text].spec.resume_from == str(ckpt)
         hashed = [on_loop for p, on_loop in calls if p.is_relative_to(ckpt)]
@@ -130,7 +137,7 @@ def test_a_hand_over_onto_the_grant_of_an_elastic_job_frozen_since_the_offer_goe
         offer = comp.handle_request(2, demand_to_probe(pl.Demand(gpus=1), pid, 5.0))
         assert isinstance(offer, wire.Offer) and [i for i, _ in offer.gpu_alloc] == [1]
         jobs.jobs["e"].state = "suspended"
-        ack = await comp.on_handover(2, wire.Handover(pid, json.dumps({"spec": {"command": ["sleep", "1"]}}).encode()))
+        ack = await comp.on_handover(2, wire.Handover(pid, json.dumps({"spec": {"command": ["sleep", "1"]}, **NOBODY_IDS}).encode()))
         assert ack.status == HANDOVER_NO_RESERVATION and "frozen elastic job" in ack.text, ack
         assert set(jobs.jobs) == {"e"} and pid not in comp.arbiter.placed
         assert comp.loan.grants == {"e": [1]}
@@ -168,7 +175,7 @@ def test_a_job_that_started_is_answered_ok_even_when_its_record_cannot_be_writte
             assert isinstance(offer, wire.Offer)
             blocker.execute("BEGIN IMMEDIATE")  # the write lock, held
             try:
-                body = wire.Handover(pid, json.dumps({"spec": {"command": ["sleep", "1"]}}).encode())
+                body = wire.Handover(pid, json.dumps({"spec": {"command": ["sleep", "1"]}, **NOBODY_IDS}).encode())
                 ack = await comp.on_handover(2, body)
             finally:
                 blocker.execute("ROLLBACK")
@@ -194,7 +201,7 @@ def test_a_hand_over_or_commit_after_the_node_announced_its_reclaim_goes_elsewhe
     with the node). It must be refused so the submitter places it elsewhere."""
     jobs = SubmittingJobs(tmp_path / "state")
     comp = make_comp(tmp_path, pool="training", jobs=jobs, gpus=2)
-    spec = json.dumps({"spec": {"command": ["sleep", "1"]}}).encode()
+    spec = json.dumps({"spec": {"command": ["sleep", "1"]}, **NOBODY_IDS}).encode()
 
     async def check() -> None:
         comp.refresh_inventory()

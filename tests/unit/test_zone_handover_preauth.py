@@ -32,7 +32,8 @@ from laminar.zone import transport, wire
 from laminar.zone.component import HANDOVER_OK, ZoneComponent, demand_to_probe
 
 HOSTS = {1: "127.0.0.1", 2: "127.0.0.2", 3: "127.0.0.3"}
-SPEC = json.dumps({"spec": {"command": ["sleep", "1"], "name": "placed"}}).encode()
+# a peer's job runs as its owner (nobody, an account of this host: laminar.zone.authority)
+SPEC = json.dumps({"spec": {"command": ["sleep", "1"], "name": "placed"}, "owner_uid": 65534, "owner_gid": 65534}).encode()
 
 
 async def _hold(addr: str, port: int, src: str, n: int, first: bytes) -> list[asyncio.StreamWriter]:

@@ -47,6 +47,8 @@ def test_a_placement_of_a_user_at_the_limit_sheds_no_elastic_grant(tmp_path: Pat
     jobs = LimitedJobs(tmp_path / "state")
     jobs.jobs["e"] = StandInJob("e", JobSpec(["sleep", "1"], elastic_min=1, elastic_max=2).validate(), [0])
     comp = make_comp(tmp_path, pool="training", jobs=jobs, gpus=2)
+    assert comp._settings is not None
+    comp._settings["peer_unknown_uids"] = "allow"  # uids 4242 and 4343 have no account on this machine
 
     async def check() -> None:
         comp.refresh_inventory()

@@ -22,7 +22,7 @@ from test_zone_handover_quota import LimitedJobs
 
 from laminar.zone import placement as pl
 from laminar.zone import wire
-from laminar.zone.component import HANDOVER_OK, demand_to_probe
+from laminar.zone.component import HANDOVER_OK, HANDOVER_REJECTED, demand_to_probe
 
 
 class RecordingMigrate:
@@ -39,18 +39,23 @@ class RecordingMigrate:
 
 def test_a_handed_over_resume_from_is_checked_with_the_owners_uid_and_gid(tmp_path: Path) -> None:
     comp = make_comp(tmp_path, pool="training", jobs=LimitedJobs(tmp_path / "state"), gpus=2)
+    assert comp._settings is not None
+    comp._settings["peer_unknown_uids"] = "allow"  # uid 4242 has no account on this machine
     migrate = RecordingMigrate()
 
     async def check() -> None:
         comp.agent = SimpleNamespace(migrate=migrate)  # type: ignore[assignment]
         comp.refresh_inventory()
         for pid, req in ((0x6161, {"owner_uid": 4242, "owner_gid": 5151}),  # gid given: that one
-                         (0x6162, {"owner_uid": 4242})):  # none given: check_resume picks (passwd group)
+                         (0x6162, {"owner_uid": 4242})):  # none given: refused (never a default owner)
             offer = comp.handle_request(2, demand_to_probe(pl.Demand(gpus=1), pid, 5.0))
             assert isinstance(offer, wire.Offer), offer
             body: dict[str, Any] = {"spec": {"command": ["sleep", "1"], "resume_from": f"/ckpt/{pid}"}, **req}
             ack = await comp.on_handover(2, wire.Handover(pid, json.dumps(body).encode()))
-            assert ack.status == HANDOVER_OK, ack
-        assert migrate.calls == [("/ckpt/24929", 4242, 5151), ("/ckpt/24930", 4242, None)], migrate.calls
+            if "owner_gid" in req:
+                assert ack.status == HANDOVER_OK, ack
+            else:
+                assert ack.status == HANDOVER_REJECTED and "names no owner_gid" in ack.text, ack
+        assert migrate.calls == [("/ckpt/24929", 4242, 5151)], migrate.calls
 
     run(comp, check)

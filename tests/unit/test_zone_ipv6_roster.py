@@ -26,6 +26,10 @@ from laminar.zone import wire
 from laminar.zone.component import HANDOVER_OK, ZoneComponent, demand_to_probe
 from laminar.zone.membership import Membership, MembershipError, canonical_ip, host_port, members_from_config
 
+# a hand-over names its job's owner (a missing one is refused: laminar.zone.authority); nobody
+# has an account on every Debian host and needs no zone.root_from
+NOBODY_IDS = {"owner_uid": 65534, "owner_gid": 65534}
+
 
 @pytest.mark.parametrize(
     "addr, host, port",
@@ -113,7 +117,7 @@ def test_an_ipv6_zone_with_the_default_listen_address_talks(tmp_path: Path) -> N
     default bound an IPv4 socket, which cannot send to an IPv6 address: every datagram was a
     send error (the zone looked up and never heard a peer) and hand-overs were refused."""
     tables = {n: SubmittingJobs(tmp_path / f"state{n}") for n in (1, 2)}
-    spec = json.dumps({"spec": {"command": ["sleep", "1"], "name": "v6"}}).encode()
+    spec = json.dumps({"spec": {"command": ["sleep", "1"], "name": "v6"}, **NOBODY_IDS}).encode()
 
     async def body(comps: dict[int, ZoneComponent]) -> None:
         n1, n2 = comps[1], comps[2]
@@ -140,7 +144,7 @@ def test_a_dual_stack_listen_address_reaches_ipv4_peers(tmp_path: Path) -> None:
     send to an IPv4 address (every datagram a send error) and the '::' hand-over server took
     IPv6 connections only."""
     tables = {n: SubmittingJobs(tmp_path / f"state{n}") for n in (1, 2)}
-    spec = json.dumps({"spec": {"command": ["sleep", "1"], "name": "dual"}}).encode()
+    spec = json.dumps({"spec": {"command": ["sleep", "1"], "name": "dual"}, **NOBODY_IDS}).encode()
 
     async def body(comps: dict[int, ZoneComponent]) -> None:
         n1, n2 = comps[1], comps[2]

@@ -42,6 +42,10 @@ from laminar.zone.keys import (
 )
 from laminar.zone.membership import MembershipError, members_from_config
 
+# a hand-over names its job's owner (a missing one is refused: laminar.zone.authority); nobody
+# has an account on every Debian host and needs no zone.root_from
+NOBODY_IDS = {"owner_uid": 65534, "owner_gid": 65534}
+
 ZK, NEW = secrets.token_bytes(32), secrets.token_bytes(32)
 PRIV = {n: secrets.token_bytes(32) for n in (1, 2, 3)}
 PUB = {n: public_key(k) for n, k in PRIV.items()}
@@ -304,7 +308,7 @@ def test_a_hand_over_signed_as_node_2_by_node_3_is_refused_and_node_2s_goes_thro
     (zone key MAC): refused unanswered as bad_mac, nothing started. Node 2's own hand-over, pair
     MAC both ways (its frame, node 1's ack), starts the job."""
     tables = {n: SubmittingJobs(tmp_path / f"state{n}") for n in (1, 2, 3)}
-    spec = json.dumps({"spec": {"command": ["sleep", "1"], "name": "in-2s-name"}}).encode()
+    spec = json.dumps({"spec": {"command": ["sleep", "1"], "name": "in-2s-name"}, **NOBODY_IDS}).encode()
 
     async def body(comps: dict[int, ZoneComponent]) -> None:
         n1, n2, n3 = comps[1], comps[2], comps[3]

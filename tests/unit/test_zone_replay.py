@@ -51,7 +51,8 @@ async def with_zone(tmp: Path, pools: dict[int, str], body: Callable[[dict[int, 
                     jobs: Callable[[int], Any] | None = None, loan: dict[str, Any] | None = None) -> T:
     """Runs ``body(comps)`` with one real ZoneComponent per node of ``pools`` (node -> pool),
     all in zone 1 on 127.0.0.1, one key, each node's job table ``jobs(node)`` (none by
-    default), ``loan`` over the [loan] settings; stops them after."""
+    default), ``loan`` over the [loan] settings; stops them after. Every node trusts every other
+    with root's jobs (``zone.root_from``) and loan returns (``loan.return_from``)."""
     keys = tmp / "zone.keys"
     keys.write_text(f"1 {secrets.token_hex(32)}\n")
     os.chmod(keys, 0o600)
@@ -60,10 +61,12 @@ async def with_zone(tmp: Path, pools: dict[int, str], body: Callable[[dict[int, 
              for n, (u, t) in ports.items()]
     comps = {}
     for n, (u, t) in ports.items():
+        # one operator's test zone: every node may hand the others root's jobs and return their servers
         settings = {"node_id": n, "nodes": nodes, "keys_file": str(keys), "listen": "127.0.0.1", "port": u,
-                    "handover_port": t, "cpus": 8, "memory_mb": 8000}
+                    "handover_port": t, "cpus": 8, "memory_mb": 8000, "root_from": list(pools)}
         comps[n] = ZoneComponent(settings=settings, jobs=jobs(n) if jobs else None, gpus=2,
-                                 loan={"elastic_interval_s": 0, "query_timeout_s": 1.0, **(loan or {})})
+                                 loan={"elastic_interval_s": 0, "query_timeout_s": 1.0, "return_from": list(pools),
+                                       **(loan or {})})
     started = []
     try:
         for c in comps.values():

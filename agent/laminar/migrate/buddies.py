@@ -265,8 +265,8 @@ class BuddiesMixin:
 
     def _answer_dropped(self, node: str, key: str) -> dict[str, Any]:
         """``node``'s operator dropped the guard of ``key`` held there by force (control op
-        ``dropped``). When ``node`` is the job's buddy here (or its buddy is unknown, after a
-        restart), this node forgets it: the job's newest checkpoint is prestaged again at the next
+        ``dropped``). When ``node`` is the job's buddy here (only then: a node that is not,
+        or a job with no buddy known, changes nothing), this node forgets it: the job's newest checkpoint is prestaged again at the next
         round, to the usual buddy choice without ``node`` (REPLICA_DROP_AVOID_S; ``node`` only when
         no other peer can take it). Returns ``{"key", "forgot", "prestages", "why"}``."""
         asker, jid = self._asked_about(node, key, "dropped")
@@ -278,7 +278,10 @@ class BuddiesMixin:
             return {"key": key, "forgot": False, "prestages": False,
                     "why": f"node {self.node_id} has no record of job {jid}"}
         buddy = self.buddy.get(jid)
-        if buddy is not None and buddy != asker:
+        if buddy is None:  # (buddies survive restarts: migrate_buddies) no node's word changes the prestage
+            return {"key": key, "forgot": False, "prestages": False,
+                    "why": f"job {jid} has no buddy known here: node {asker}'s drop changes nothing"}
+        if buddy != asker:
             return {"key": key, "forgot": False, "prestages": False,
                     "why": f"node {buddy} guards job {jid} now, not node {asker}: nothing changes"}
         self._forget_buddy(jid)

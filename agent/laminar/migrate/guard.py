@@ -42,6 +42,7 @@ from laminar.migrate.constants import DEFAULT_REMAINING_S, HOLD_MIN_S, MIGRATED_
 from laminar.migrate.errors import HandoverSettled, MigrateError
 from laminar.migrate.transfer import TransferError, latest_verified, send_checkpoint
 from laminar.runtime.provenance import request_origin
+from laminar.zone import authority as au
 
 if TYPE_CHECKING:
     from laminar.migrate.archive import ArchiveLane
@@ -107,6 +108,7 @@ class GuardMixin:
         def _heard_elsewhere(self, node: int, now: float, within: float | None = None) -> bool: ...
         def _last_seen(self, node: int) -> float: ...
         def _peer(self, node: int) -> tuple[str, int, bytes, int]: ...
+        def _refusals(self) -> au.Refusals: ...
         def _placed_as(self, key: str) -> tuple[int, str] | None: ...
         async def _release(self, node: int, key: str) -> None: ...
         async def _reserve(self, node: int, demand: Any, hold_s: float) -> int: ...
@@ -502,6 +504,63 @@ class GuardMixin:
                     return
             await self._take_over_once(row, key, why)
 
+    # -- authority: who handed the guard, and what its job may run as here (laminar.zone.authority)
+
+    def _guard_sender(self, key: str, src: int) -> int:
+        """The node that handed this node the guard of ``key`` (``migrate_guard_from``; else its
+        source ``src``: an older agent's row, or a claim from the archive)."""
+        store = getattr(self.agent, "store", None)
+        got = None if store is None else store.db.execute("SELECT node FROM migrate_guard_from WHERE key=?",
+                                                          (key,)).fetchone()
+        return int(got["node"]) if got is not None else int(src)
+
+    def _chain_refusal(self, row: Any, req: dict[str, Any]) -> au.Refused | None:
+        """Why the guarded job ``row`` (its request ``req``) may run nowhere on this node's word:
+        its ids out of range, or a root job whose origin (the key's node, which must be the row's
+        source) or whose guard's sender is not trusted with root here (``zone.root_from``). Such a
+        job is neither resumed here nor placed, passed on or archived: a relay must not launder
+        it. Counted."""
+        key, src = str(row["key"]), int(row["src_node"])
+        sender = self._guard_sender(key, src)
+        owner = au.key_owner(key)
+        e: au.Refused | None
+        if owner is not None and owner != src:
+            e = au.Refused("key", f"{key} is node {owner}'s job, but its guard names node {src} its source")
+        else:
+            policy = getattr(getattr(self.agent, "zone", None), "policy", None)
+            e = au.chain_refusal(req, policy=policy if isinstance(policy, au.Policy) else au.Policy(self.node_id),
+                                 origin=src, sender=sender)
+        return None if e is None else self._refusals().note(e, sender)
+
+    def _run_as_here(self, row: Any, req: dict[str, Any]) -> au.RunAs:
+        """:func:`laminar.zone.authority.peer_run_as` for a guarded job resumed here (a take-over,
+        a claim from the archive): origin the row's source, sender the node that handed the
+        guard, this node's policy and ``[grants]``. Raises Refused (counted)."""
+        key, src = str(row["key"]), int(row["src_node"])
+        sender = self._guard_sender(key, src)
+        got = req.get("spec")
+        spec: dict[str, Any] = got if isinstance(got, dict) else {}
+        jobs = getattr(self.agent, "jobs", None)
+        grants = getattr(jobs, "grants", None)
+        if grants is None and hasattr(jobs, "check_grant"):
+            from laminar.runtime.jobs import Grants
+
+            grants = Grants.from_config(None)
+        from laminar.runtime.jobs import PRIORITY_DEFAULT
+
+        policy = getattr(getattr(self.agent, "zone", None), "policy", None)
+        prio = spec.get("priority", PRIORITY_DEFAULT)
+        try:
+            owner = au.key_owner(key)
+            if owner is not None and owner != src:
+                raise au.Refused("key", f"{key} is node {owner}'s job, but its guard names node {src} its source")
+            return au.peer_run_as(req, policy=policy if isinstance(policy, au.Policy) else au.Policy(self.node_id),
+                                  origin=src, sender=sender, grants=grants,
+                                  job_class=str(spec.get("class", spec.get("job_class", "standard"))),
+                                  priority=prio if isinstance(prio, int) else PRIORITY_DEFAULT)
+        except au.Refused as e:
+            raise self._refusals().note(e, sender) from None
+
     def _set_replica(self, key: str, state: str, job_id: str | None = None) -> None:
         with self.agent.store.tx() as db:
             db.execute("UPDATE migrate_replicas SET state=?, job_id=COALESCE(?, job_id), updated=? WHERE key=?",
@@ -624,7 +683,9 @@ class GuardMixin:
             assert self.root is not None
             # a replica received long ago is hashed whole (seconds for many GB): not on the loop,
             # and before the checks below, so nothing changes between them and the claim
-            path = await asyncio.to_thread(latest_verified, self.root, key)
+            # only a copy the key's node or the guard's sender sent (another member may push any key)
+            senders = au.checkpoint_senders(key, self._guard_sender(key, int(row["src_node"])), int(row["src_node"]))
+            path = await asyncio.to_thread(latest_verified, self.root, key, senders)
             pending = self._placement_here(request)
             if pending:  # its hand-over to this node is under way: it starts the job, not this take-over
                 log.info("migrate: %s: %s; its take-over waits for it", key, pending)
@@ -639,6 +700,12 @@ class GuardMixin:
                            key=key, phase="failed")
                 return
             req = json.loads(row["request"])
+            refused = self._chain_refusal(row, req)
+            if refused is not None:  # nowhere on this node's word: not here, not placed, not archived
+                self._set_replica(key, "failed")
+                self._emit(f"{key}: {why}, but it is not resumed: {refused}", key=key, phase="failed",
+                           reason=refused.reason)
+                return
             archived, other, claimed = (await self._lane.call(f"claim of {key}", self._claim_archived, key)
                                         if self._archive_root() is not None else (False, None, False))
             if archived:  # the archive's claim is the lock: one node runs the job
@@ -703,14 +770,14 @@ class GuardMixin:
         # env are dropped, never trusted (provenance.from_peer); what this take-over knows is its origin
         spec_d = dict(pv.from_peer(req["spec"], getattr(self.agent.jobs, "provenance_counts", None),
                                    f"the guarded request of {key}", {"LM_MIGRATED_FROM": key}))
-        uid, gid = req.get("owner_uid"), req.get("owner_gid")
-        if (not isinstance(uid, int) or not isinstance(gid, int) or isinstance(uid, bool) or isinstance(gid, bool)
-                or not (0 <= uid < 2**32 - 1 and 0 <= gid < 2**32 - 1)):
-            # never read as root: a request without its owner is refused
-            return f"the job's request names no owner (owner_uid {uid!r}, owner_gid {gid!r}: integers are needed)"
+        try:  # as whom it runs here, checked before anything is copied for that owner (authority.py)
+            run_as = self._run_as_here(row, req)
+        except au.Refused as e:
+            self._emit(f"{key}: not resumed here: {e}", key=key, phase="refused", reason=e.reason)
+            return str(e)
         try:  # a job of another user than root cannot reach xfer/: it resumes from its own view of it
             if path.parent.parent != self._resume_root():  # (one fetched from the archive is that view already)
-                path = await asyncio.to_thread(self._resume_copy, path, uid, gid)
+                path = await asyncio.to_thread(self._resume_copy, path, run_as.uid, run_as.gid)
         except OSError as e:
             return f"cannot give the job's owner its checkpoint: {e}"
         spec_d["resume_from"] = str(path)
@@ -725,8 +792,8 @@ class GuardMixin:
             origin = pv.JobOrigin(migrated_from=key, placement_id=self._fence_placement(req, key),
                                   resume_given=str(path))
             try:
-                job = await self.agent.jobs.submit(JobSpec.from_dict(spec_d), owner_uid=uid, owner_gid=gid,
-                                                   origin=origin)
+                job = await self.agent.jobs.submit(JobSpec.from_dict(spec_d), owner_uid=run_as.uid,
+                                                   owner_gid=run_as.gid, origin=origin)
             except (JobError, Exception) as e:  # the spec was valid at the source; this node lacks room or something
                 if hasattr(self.agent.jobs, "count_refusal"):
                     self.agent.jobs.count_refusal("takeover", e)
@@ -812,8 +879,11 @@ class GuardMixin:
             spec["env"] = {**(spec.get("env") or {}), MIGRATED_ENV: key}
             # confirm: once it may have arrived, no answer is no refusal (node may start the job: a
             # placement elsewhere or a resume here would run it twice); node is asked until it says
-            hreq = {"spec": spec, "owner_uid": req.get("owner_uid", 0), "owner_gid": req.get("owner_gid", 0),
-                    "origin": request_origin(migrated_from=key, resume_given=True)}
+            # the job's node is its origin: the destination asks whether it (and this node) may
+            # hand it root jobs, not this node alone (laminar.zone.authority)
+            hreq = {"spec": spec, "owner_uid": req.get("owner_uid"), "owner_gid": req.get("owner_gid"),
+                    "origin": request_origin(migrated_from=key, resume_given=True),
+                    "origin_node": int(row["src_node"])}
             with self.agent.store.tx() as db:  # a stop that cuts the wait: the restart asks node first
                 db.execute("INSERT OR REPLACE INTO migrate_replica_handovers VALUES (?, ?, ?, ?, ?)",
                            (key, node, pid, json.dumps(hreq), time.time()))

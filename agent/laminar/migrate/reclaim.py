@@ -205,6 +205,7 @@ from laminar.migrate.withdraw import WithdrawMixin
 from laminar.offloop import Lane, LaneBusy
 from laminar.runtime.ckpt_scan import CkptScanner
 from laminar.runtime.provenance import request_origin
+from laminar.zone import authority as au
 from laminar.zone.gate import Gate
 from laminar.zone.membership import canonical_ip, listen_check
 
@@ -299,6 +300,9 @@ CONFIG_FIELDS = {
                           _range(0.1, 86400)),
     "archive_gc_s": Field((int, float), ARCHIVE_GC_S, "how often this agent sweeps archive_dir for what no job "
                           "needs any more (listing shared storage is not free)", _range(0.1, 86400)),
+    "reclaim_from": Field(list, [], "nodes that may reclaim this node, or cancel its reclaim, from their own API "
+                          "(laminarctl reclaim --node N there, forwarded as control op reclaim/reclaim-cancel); "
+                          "default none: only this node's own API (docs/protocol.md, Authority)", au.check_node_list),
     **ckpt_driver.CONFIG_FIELDS,  # periodic checkpoints (laminar.migrate.ckpt_driver)
 }
 register_section("migrate", CONFIG_FIELDS)
@@ -785,7 +789,7 @@ class ReclaimComponent(BuddiesMixin, GuardMixin, ReplicasMixin, WithdrawMixin, S
         gate = Gate(lambda: zone.membership.roster_ips(), check_source=check) if networked and zone is not None else Gate()
         self.receiver = Receiver(self.root, self._key_lookup, on_commit=self._on_commit, on_progress=self._on_rx_progress,
                                  on_control=self._on_control, sources=self._roster_ip if check else None,
-                                 pair_keys=self._pair_candidates, gate=gate)
+                                 pair_keys=self._pair_candidates, gate=gate, may_offer=self._may_offer)
         metrics = getattr(agent, "metrics", None)
         if metrics is not None:
             with contextlib.suppress(ValueError):  # the counts are process-wide: registered once per registry
@@ -2168,7 +2172,11 @@ class ReclaimComponent(BuddiesMixin, GuardMixin, ReplicasMixin, WithdrawMixin, S
     async def _pass_one(self, row: Any, req: dict[str, Any], deadline_mono: float) -> None:
         key = row["key"]
         assert self.root is not None
-        path = await asyncio.to_thread(latest_verified, self.root, key)  # may hash it whole: not on the loop
+        refused = self._chain_refusal(row, req)
+        if refused is not None:  # a guard this node may not act on is not passed on either (no laundering)
+            raise MigrateError(f"not passed on: {refused}")
+        senders = au.checkpoint_senders(key, self._guard_sender(key, int(row["src_node"])), int(row["src_node"]))
+        path = await asyncio.to_thread(latest_verified, self.root, key, senders)  # may hash it whole: not on the loop
         if path is None:
             return
         size = sum(f.stat().st_size for f in path.iterdir() if f.is_file())
@@ -2457,11 +2465,63 @@ class ReclaimComponent(BuddiesMixin, GuardMixin, ReplicasMixin, WithdrawMixin, S
 
     # -- the endpoint's callbacks -------------------------------------------------------------
 
+    # -- authority: who may speak for a job key (laminar.zone.authority) ------------------------
+
+    def _refusals(self) -> au.Refusals:
+        """Where peers' refusals are counted: the zone's (``authority`` in zone stats and status)."""
+        got = getattr(self.zone, "authority", None)
+        if isinstance(got, au.Refusals):
+            return got
+        if not hasattr(self, "_own_refusals"):
+            self._own_refusals = au.Refusals()
+        return self._own_refusals
+
+    def _refuse(self, e: au.Refused, node: int | None) -> ValueError:
+        """Counts ``e`` and returns it as the ValueError a control op is refused with (its text
+        goes back to the sender)."""
+        self._refusals().note(e, node)
+        log.warning("migrate: refused %s", e)
+        return ValueError(str(e))
+
+    def _guard_holder(self, key: str) -> int | None:
+        """The node that handed this node its live guard of ``key`` (the key's node, or the node
+        that passed it on or placed the job here: ``migrate_guard_from``; else the row's source);
+        None when no live guard of it is held here (au.BINDING_STATES)."""
+        return self._guard_held(key)[0]
+
+    def _guard_held(self, key: str) -> tuple[int | None, str | None]:
+        """(:meth:`_guard_holder`, the row's state; None when there is no row)."""
+        db = self.agent.store.db
+        row = db.execute("SELECT src_node, state FROM migrate_replicas WHERE key=?", (key,)).fetchone()
+        if row is None or str(row["state"]) not in au.BINDING_STATES:
+            return None, None if row is None else str(row["state"])
+        got = db.execute("SELECT node FROM migrate_guard_from WHERE key=?", (key,)).fetchone()
+        return (int(got["node"]) if got is not None else int(row["src_node"])), str(row["state"])
+
+    def _may_offer(self, node: str, key: str) -> str | None:
+        """The transfer endpoint's question before it takes a checkpoint of ``key`` from ``node``:
+        None, or why not (counted; au.offer_refusal)."""
+        try:
+            asker = int(node)
+        except ValueError:
+            return f"node {node!r} is not a node id"
+        e = au.offer_refusal(asker, key, self._guard_holder(key))
+        if e is None:
+            return None
+        self._refusals().note(e, asker)
+        return str(e)
+
     def _on_commit(self, c: Committed) -> None:
         self._replica_scan = None  # the replica view walks again (a commit changed the root)
         self.counts["received"] += 1
         self._emit(f"received {c.job_id}/{c.ckpt_id} from node {c.peer_node}, verified", key=c.job_id, ckpt=c.ckpt_id,
                    src_node=c.peer_node, path=str(c.path), phase="received")
+        holder = self._guard_holder(c.job_id)
+        if str(c.peer_node) not in au.checkpoint_senders(c.job_id, holder) or (
+                holder is None and str(c.peer_node) != str(au.key_owner(c.job_id))):
+            # a copy from a node that does not guard the key here (a guard passed on comes before
+            # its guard message): it replaces nothing, and a take-over reads only its guard's copies
+            return
         try:
             self.replica_gc(c.job_id, newest=c.ckpt_id)  # the older replicas of the key go
         except Exception:  # the GC must never fail a commit (the sender was told it is delivered)
@@ -2478,8 +2538,23 @@ class ReclaimComponent(BuddiesMixin, GuardMixin, ReplicasMixin, WithdrawMixin, S
         self._heard_over_tcp(node)
         if not isinstance(body, dict):
             raise ValueError(f"body of {op!r} must be an object")
+        try:
+            asker = int(node)
+        except ValueError:
+            raise ValueError(f"{op}: the asking node {node!r} is not a node id") from None
         if op == "guard":
             key = str(body["key"])
+            src = body.get("src_node")
+            if isinstance(src, str) and src.isascii() and src.isdigit():
+                src = int(src)
+            got = body.get("request")
+            req_in: dict[str, Any] = got if isinstance(got, dict) else {}
+            policy = getattr(self.zone, "policy", None)
+            e = au.guard_refusal(asker, key, src, req_in.get("take_over") is True, *self._guard_held(key),
+                                 root_request=req_in.get("owner_uid", 0) == 0,
+                                 policy=policy if isinstance(policy, au.Policy) else au.Policy(self.node_id))
+            if e is not None:
+                raise self._refuse(e, asker)
             self._check_guarded_ckpt(key, str(body["ckpt"]))
             req = _in_own_clock(body)
             with self.agent.store.tx() as db:
@@ -2491,6 +2566,9 @@ class ReclaimComponent(BuddiesMixin, GuardMixin, ReplicasMixin, WithdrawMixin, S
                             str(body["ckpt"]), time.time()))
                 # the source just spoke about this guard: its earlier silence no longer counts
                 db.execute("UPDATE migrate_guard_checks SET unanswered=0 WHERE key=?", (key,))
+                # who handed it: with the key's node, the only one who may change or release it
+                db.execute("INSERT INTO migrate_guard_from VALUES (?, ?, ?) ON CONFLICT(key) DO UPDATE SET "
+                           "node=excluded.node, updated=excluded.updated", (key, asker, time.time()))
             self._note_owner(key, req)
             try:  # the guard names a newer checkpoint: the older ones go (when it is held here)
                 self.replica_gc(key, newest=str(body["ckpt"]))
@@ -2506,6 +2584,9 @@ class ReclaimComponent(BuddiesMixin, GuardMixin, ReplicasMixin, WithdrawMixin, S
             return {"free_bytes": max(0.0, free)}
         if op == "release":
             key = str(body["key"])
+            e = au.release_refusal(asker, key, self._guard_holder(key))
+            if e is not None:
+                raise self._refuse(e, asker)
             row = self.agent.store.db.execute("SELECT state, updated FROM migrate_replicas WHERE key=?", (key,)).fetchone()
             # taken over here and run here: the source still runs its copy, or it would not release
             # this guard; the answer says so (as ``superseded`` would: a release may come first)
@@ -2529,6 +2610,11 @@ class ReclaimComponent(BuddiesMixin, GuardMixin, ReplicasMixin, WithdrawMixin, S
                 return {"released": key, "superseded": {"node": node_job[0], "job": node_job[1],
                                                         "at": float(row["updated"]), "clock": time.time()}}
             return {"released": key}
+        if op in ("reclaim", "reclaim-cancel"):  # another node reclaims this one: migrate.reclaim_from only
+            e = au.node_op_refusal(op, asker, [int(n) for n in self.s.get("reclaim_from") or []],
+                                   "migrate.reclaim_from", self.node_id)
+            if e is not None:
+                raise self._refuse(e, asker)
         if op == "reclaim":
             ts = float(body.get("ts", 0))
             if abs(time.time() - ts) > 60:
@@ -2653,6 +2739,8 @@ class ReclaimComponent(BuddiesMixin, GuardMixin, ReplicasMixin, WithdrawMixin, S
                 "fenced": dict(self.fenced_jobs),
                 # silent peers another member heard lately (vouch.py): not taken for gone
                 "heard_elsewhere": sorted(self._vouch_told),
+                # member -> how many take-over verdicts its word held back (a member holding many: vouch.py)
+                "heard_vouchers": {str(n): k for n, k in sorted(self._vouch_holds.items())},
                 "periodic_ckpt": None if self.ckpt is None else dict(self.ckpt.counts),
                 # jobs' checkpoint directories: checks (failed, unfinished) and their lane; freezes
                 # and thaws that did not take hold in time (a task in uninterruptible sleep)

@@ -646,6 +646,8 @@ class ReplicasMixin:
                                "(SELECT 1 FROM migrate_replicas WHERE key=?)", (key, key))
                     tx.execute("DELETE FROM migrate_guard_checks WHERE key=? AND NOT EXISTS "
                                "(SELECT 1 FROM migrate_replicas WHERE key=?)", (key, key))
+                    tx.execute("DELETE FROM migrate_guard_from WHERE key=? AND NOT EXISTS "
+                               "(SELECT 1 FROM migrate_replicas WHERE key=?)", (key, key))
             self.counts["replica_rows_pruned"] = self.counts.get("replica_rows_pruned", 0) + len(gone)
         return gone
 
@@ -1248,6 +1250,7 @@ class ReplicasMixin:
             db.execute("DELETE FROM migrate_replicas WHERE key=?", (key,))
             db.execute("DELETE FROM migrate_retry WHERE key=?", (key,))
             db.execute("DELETE FROM migrate_guard_checks WHERE key=?", (key,))
+            db.execute("DELETE FROM migrate_guard_from WHERE key=?", (key,))
         self._guard_asked.pop(key, None)
         self.counts["replica_dropped"] = self.counts.get("replica_dropped", 0) + 1
         forced = force and state in REPLICA_GUARD_STATES

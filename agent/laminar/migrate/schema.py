@@ -45,6 +45,14 @@ REPLICAS_SCHEMA = [
         answered REAL,
         unanswered INTEGER NOT NULL,
         last_error TEXT NOT NULL)""",
+    # Who handed this node the guard of ``key`` last (``node``: the key's own node, or a node
+    # that passed the guard on or placed the taken-over job here): with the key's node, the only
+    # one that may change or release the guard, send its checkpoints or have its job run here as
+    # root (laminar.zone.authority). No row: the guard row's src_node handed it (an older agent's).
+    """CREATE TABLE IF NOT EXISTS migrate_guard_from (
+        key TEXT PRIMARY KEY,
+        node INTEGER NOT NULL,
+        updated REAL NOT NULL)""",
     # A guard's placement of the job it takes over whose hand-over to ``node`` (placement ``pid``,
     # ``request``) may have been sent and was not answered yet: a restart asks the node before
     # any other take-over of the key (:meth:`ReclaimComponent._restore_replica_handovers`).

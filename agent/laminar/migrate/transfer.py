@@ -110,7 +110,7 @@ import stat
 import struct
 import sys
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Collection
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -1986,6 +1986,7 @@ class Receiver:
         sources: Callable[[int], str | None] | None = None,
         pair_keys: Callable[[int, tuple[bytes, ...]], tuple[bytes, ...]] | None = None,
         gate: Gate | None = None,
+        may_offer: Callable[[str, str], str | None] | None = None,
     ) -> None:
         if margin_bytes is not None and (isinstance(margin_bytes, bool) or not isinstance(margin_bytes, int)
                                          or margin_bytes < 0):
@@ -1994,6 +1995,10 @@ class Receiver:
         self.records_rejected = 0
         self.refused_no_room = 0
         self.wrong_source = 0
+        # (the sender's node, the offer's job key) -> None, or why that node may not send that key's
+        # checkpoints here (laminar.zone.authority.offer_refusal): refused before a byte is taken
+        self.may_offer = may_offer
+        self.refused_authority = 0
         self.sources = sources
         # node keys (laminar.zone.keys.PairKeys): (the node a hello names, the zone's keys) -> the
         # keys its proof may verify under: its pair keys, and the zone keys too unless required
@@ -2119,6 +2124,10 @@ class Receiver:
                 raise TransferError(f"transfer: expected offer, got {hdr['t']!r}")
             # checked and its digest computed in a worker thread: ~7 MB of JSON for 100 GiB in 1 MiB chunks
             m = await asyncio.to_thread(_offered, hdr, key)
+            why = self.may_offer(node, m.job_id) if self.may_offer is not None else None
+            if why is not None:
+                self.refused_authority += 1
+                raise TransferError(f"transfer: {m.job_id}/{m.ckpt_id} refused: {why}", fatal=True)
             async with self._locks.hold((m.job_id, m.ckpt_id), IO_TIMEOUT_S):
                 await self._receive(ch, m, node, key, ns)
         except (TransferError, ValueError, KeyError, TypeError) as e:
@@ -2684,11 +2693,26 @@ def verified_checkpoint(path: str | os.PathLike[str], now: float | None = None) 
     return p
 
 
-def latest_verified(root: str | os.PathLike[str], job_id: str) -> Path | None:
-    """The newest committed, still-valid checkpoint of ``job_id`` under a receiver's root."""
+def sent_by(path: Path) -> str | None:
+    """The node a committed checkpoint came from (its TRANSFER.json ``from_node``), None when unknown."""
+    try:
+        meta = json.loads((path / TRANSFER_MANIFEST).read_text())
+    except (OSError, ValueError):
+        return None
+    got = meta.get("from_node") if isinstance(meta, dict) else None
+    return str(got) if got is not None else None
+
+
+def latest_verified(root: str | os.PathLike[str], job_id: str,
+                    senders: Collection[str] | None = None) -> Path | None:
+    """The newest committed, still-valid checkpoint of ``job_id`` under a receiver's root;
+    with ``senders``, only one those nodes sent (a copy another member pushed under the key is
+    never resumed from: laminar.zone.authority.checkpoint_senders)."""
     d = Path(root) / "checkpoints" / job_id
     cands = sorted((p for p in d.glob("ckpt-*") if p.is_dir()), key=lambda p: int(p.name[5:]) if p.name[5:].isdigit() else -1)
     for p in reversed(cands):
+        if senders is not None and sent_by(p) not in senders:
+            continue
         try:
             return verified_checkpoint(p)
         except TransferError:

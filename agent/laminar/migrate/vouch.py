@@ -29,6 +29,14 @@ member silent here for longer than :meth:`_lately_s`), this node's own silence c
 peers a verdict is asked about are asked about, at most :data:`VOUCH_MAX_ASKING` at once: the
 questions grow with the departures, not the zone.
 
+A member's word is bounded (a member that lies, answering ``age`` 0 for every node, would hold
+every take-over back for good; docs/protocol.md, *Authority*): where two or more members answer
+with an age, the second shortest counts (two must agree that they heard the peer lately), and
+the word of one member alone holds a take-over back at most :data:`VOUCH_LONE_HOLDS` times the
+silence asked about, once per silence (then an event of phase ``heard-elsewhere-ignored`` says
+so and this node's own silence counts). Each hold is counted per member (``heard_vouchers`` in
+the component's status), so an operator sees one member holding take-overs back.
+
 What it costs: a take-over by silence waits one question's round trip; a dead node behind a
 partial partition is declared gone once the members that heard it last have not heard it for
 that long either; a node cut off from everyone waits up to :meth:`_lately_s` longer before its
@@ -58,6 +66,11 @@ VOUCH_TIMEOUT_S = 2.0
 VOUCH_MAX_ASKING = 8
 """Most silent peers asked about at once (a verdict on another waits a round)."""
 
+VOUCH_LONE_HOLDS = 10.0
+"""One member's word alone holds a take-over back at most this many times the silence asked
+about (a partial partition seen by one member only lasts that long at most before the take-over
+goes on; a member that lies about every peer holds none back for longer)."""
+
 
 class VouchMixin:
     """Other members' word on a silent peer (see the module's doc)."""
@@ -83,8 +96,15 @@ class VouchMixin:
     _vouching: set[int]  # nodes asked about now
     _vouch_told: set[int]  # nodes whose take-over another member's word held back (said once a silence)
 
+    # node -> (the member whose word the verdict goes by, alone: no second member agreed)
+    _vouch_who: dict[int, tuple[int, bool]]
+    _vouch_since: dict[int, float]  # node -> when a lone member's word first held its take-over back
+    _vouch_holds: dict[int, int]  # member -> how many verdicts its word held back (status: heard_vouchers)
+    _vouch_ignored: set[int]  # nodes whose lone voucher's word no longer counts (said once a silence)
+
     def _init_vouch(self) -> None:
         self._vouched, self._vouching, self._vouch_told = {}, set(), set()
+        self._vouch_who, self._vouch_since, self._vouch_holds, self._vouch_ignored = {}, {}, {}, set()
 
     def _silent_here(self, node: int, now: float) -> float:
         return now - max(self._last_seen(node), self._started)
@@ -96,10 +116,13 @@ class VouchMixin:
 
     def _vouch_round(self, now: float) -> None:
         """Forgets what was said of peers heard here again (their silence ended)."""
-        for node in set(self._vouched) | self._vouch_told:
+        for node in set(self._vouched) | self._vouch_told | set(self._vouch_since):
             if self._silent_here(node, now) < float(self.s["dead_after_s"]):
                 self._vouched.pop(node, None)
                 self._vouch_told.discard(node)
+                self._vouch_since.pop(node, None)
+                self._vouch_who.pop(node, None)
+                self._vouch_ignored.discard(node)
 
     def _ask_about(self, node: int, now: float) -> bool:
         """Starts a question about ``node`` (unless one is out) to up to :data:`VOUCH_ASK` other
@@ -125,7 +148,8 @@ class VouchMixin:
         try:
             answers = await asyncio.gather(*(self._control(n, "heard", {"node": node}, timeout=VOUCH_TIMEOUT_S)
                                              for n in ask), return_exceptions=True)
-            ages, reached = [], False
+            ages: list[tuple[float, int]] = []
+            reached = False
             for n, a in zip(ask, answers, strict=True):
                 if isinstance(a, TransferError):  # it answered with a refusal (an older agent)
                     reached = True
@@ -137,9 +161,15 @@ class VouchMixin:
                 reached = True
                 age = a.get("age")
                 if isinstance(age, (int, float)) and not isinstance(age, bool) and math.isfinite(age) and age >= 0:
-                    ages.append(float(age))
+                    ages.append((float(age), n))
             self.counts["vouch_asks"] = self.counts.get("vouch_asks", 0) + 1
-            self._vouched[node] = (time.time(), min(ages) if ages else None, reached)
+            ages.sort()
+            # two members must agree: with two ages or more the second shortest counts (one member
+            # answering 0 for every node holds nothing back by itself)
+            got = ages[1] if len(ages) >= 2 else ages[0] if ages else None
+            if got is not None:
+                self._vouch_who[node] = (got[1], len(ages) < 2)
+            self._vouched[node] = (time.time(), None if got is None else got[0], reached)
         finally:
             self._vouching.discard(node)
 
@@ -159,6 +189,19 @@ class VouchMixin:
             at, age, reached = got
             fresh = now - at < within
             if age is not None and age + max(0.0, now - at) < within:
+                who, lone = self._vouch_who.get(node, (None, False))
+                if lone:  # one member's word alone: bounded (module docs)
+                    since = self._vouch_since.setdefault(node, now)
+                    if now - since > VOUCH_LONE_HOLDS * within:
+                        if node not in self._vouch_ignored:  # (said once per silence)
+                            self._vouch_ignored.add(node)
+                            self._emit(f"node {node}'s silence has been held back by node {who}'s word alone for "
+                                       f"{now - since:.1f} s (at most {VOUCH_LONE_HOLDS:g} x {within:g} s): its "
+                                       "silence here counts now", node=node, voucher=who,
+                                       phase="heard-elsewhere-ignored")
+                        return False
+                if who is not None and node not in self._vouch_told:
+                    self._vouch_holds[who] = self._vouch_holds.get(who, 0) + 1
                 if node not in self._vouch_told:
                     self._vouch_told.add(node)
                     self._emit(f"node {node} is silent here for {self._silent_here(node, now):.1f} s, but another "

@@ -197,12 +197,20 @@ SETPRIV = next((p for p in ("/usr/bin/setpriv", "/bin/setpriv", "/usr/sbin/setpr
 # The last step before the job's command, already as its owner (``python3 -I -S``: no
 # environment variable, site or user directory of anyone reaches it): reads the job's
 # environment from the inherited file descriptor argv[1] (JSON; not in argv, which every user can
-# read in /proc), enters the working directory argv[2] when not empty (exit 126 naming it if the
+# read in /proc), enters the working directory argv[3] when not empty (exit 126 naming it if the
 # owner may not), then execs the command with that environment (exit 127 if it is not found, 126
 # if it cannot be run). Its nice value (not the agent's Nice=-10) and limits were set as root before.
+# Before all that it checks that it runs as the owner ids argv[2] names ("uid:gid"), real,
+# effective and saved alike (exit 126 naming them otherwise): a drop that did not happen (an id
+# setresuid takes for "unchanged") never runs a user's command as root.
 JOB_TRAMPOLINE = (
     "import json, os, sys\n"
-    "fd, cwd, cmd = int(sys.argv[1]), sys.argv[2], sys.argv[3:]\n"
+    "fd, ids, cwd, cmd = int(sys.argv[1]), sys.argv[2], sys.argv[3], sys.argv[4:]\n"
+    "u, g = (int(x) for x in ids.split(':'))\n"
+    "if os.getresuid() != (u, u, u) or os.getresgid() != (g, g, g):\n"
+    "    sys.stderr.write(f'laminar: the job should run as uid {u} gid {g}, not as {os.getresuid()} '\n"
+    "                     f'{os.getresgid()}: not started\\n')\n"
+    "    sys.exit(126)\n"
     "with os.fdopen(fd, 'rb') as f:\n"
     "    env = json.loads(f.read())\n"
     "if cwd:\n"
@@ -222,9 +230,20 @@ TRAMPOLINE_PYTHON = next((p for p in ("/usr/bin/python3", "/bin/python3") if os.
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([KMGT]?)(i?B?)?\s*$", re.IGNORECASE)
 
 
+def check_owner_ids(uid: Any, gid: Any) -> None:
+    """Raises JobError unless `uid` and `gid` are ids a job may run as: integers 0..2**32-2
+    (-1, that is 2**32-1, means "leave unchanged" to setresuid: a job "as uid -1" would keep the
+    agent's root)."""
+    for what, v in (("owner uid", uid), ("owner gid", gid)):
+        if isinstance(v, bool) or not isinstance(v, int) or not 0 <= v <= 2**32 - 2:
+            raise JobError(f"{what} {v!r}: expected an integer 0..{2**32 - 2} (-1 and 4294967295 mean 'unchanged' "
+                           "to setresuid, which would leave the job root)")
+
+
 def drop_privileges_argv(uid: int, gid: int) -> list[str]:
     """The argv prefix that runs what follows as `uid`/`gid` (with the user's groups when the
-    uid has a passwd entry, else none)."""
+    uid has a passwd entry, else none). Raises JobError for an id out of range (check_owner_ids)."""
+    check_owner_ids(uid, gid)
     try:
         pwd.getpwuid(uid)
         groups = "--init-groups"
@@ -1409,6 +1428,7 @@ class JobManager:
         submissions cannot pass it together. `origin`: where the job came from, from the agent's
         own code only (a hand-over, a take-over; laminar.runtime.provenance), stored with it."""
         assert self.tree is not None and self.state_dir is not None and self.inventory is not None
+        check_owner_ids(owner_uid, owner_gid)
         if quota:
             self.check_quota(owner_uid)
         spec.validate()
@@ -1581,7 +1601,8 @@ class JobManager:
         argv = ["/bin/sh", "-c", ENTER_SH, "laminar-job", str(len(files)), *files,
                 str(oom_score_adj_for(spec)), f"{profile.umask:04o}", *joblimits.launch_argv(profile), *drop,
                 TRAMPOLINE_PYTHON, "-I", "-S", "-c", JOB_TRAMPOLINE,
-                "", (spec.cwd or "") if job.owner_uid else "", *spec.command]
+                "", f"{job.owner_uid}:{job.owner_gid}" if drop else f"{os.getuid()}:{os.getgid()}",
+                (spec.cwd or "") if job.owner_uid else "", *spec.command]
         env_fd = os.memfd_create("laminar-job-env", 0)  # inherited by the trampoline (pass_fds)
         try:
             os.write(env_fd, json.dumps(env).encode())

@@ -63,7 +63,7 @@ from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field, replace
 from typing import Any, NamedTuple
 
-from laminar.zone import mixlearn, wire
+from laminar.zone import authority, mixlearn, wire
 from laminar.zone import packing as pk
 from laminar.zone import placement as pl
 from laminar.zone.keys import DEFAULT_NODE_KEY_FILE, NODE_KEY_MODES, PairKeys
@@ -290,6 +290,7 @@ class Arbiter:
         max_tentative: int = 64,
         packing: str = "bestfit",
         mix: pk.ShapeMix | None = None,
+        max_held_per_node: int = 0,
     ) -> None:
         if packing not in PACKING_MODES:
             raise ValueError(f"arbiter: packing {packing!r}; choose one of {', '.join(PACKING_MODES)}")
@@ -308,11 +309,18 @@ class Arbiter:
         self.max_tentative = max_tentative
         self.held: dict[int, pl.Reservation] = {}
         self.placed: dict[int, Placed] = {}
+        # who probed for each offer (placement id -> node): commit, release, the releases a
+        # probe carries and the binding hand-over act only for that node (laminar.zone.authority);
+        # pruned to the held and lapsed offers when it grows. A placed job's is Placed.submitter.
+        self.prober: dict[int, int] = {}
+        # most offers (held, committed or not) one node may hold here at once (0: max_tentative)
+        self.max_held_per_node = max_held_per_node
         # offers whose lease ran out, by placement id (bounded, oldest dropped first): a
         # hand-over that comes after the lease re-arbitrates the same demand (see bind())
         self.lapsed: dict[int, pl.Reservation] = {}
         self.counts: dict[str, int] = {"offers": 0, "refusals": 0, "commits": 0, "releases": 0, "expired": 0,
-                                       "rebinds": 0, "rebind_refusals": 0, "frag_offers": 0}
+                                       "rebinds": 0, "rebind_refusals": 0, "frag_offers": 0,
+                                       "not_prober": 0, "held_per_node": 0}
         self._placed_version = 0
         self._base_key: tuple[int, int, int] | None = None
         self._base_cache: pl.NodeCapacity | None = None
@@ -356,9 +364,31 @@ class Arbiter:
         used = [p.reservation for p in self.placed.values()]
         return pl.residual(pl.residual(self.inventory, used, -math.inf), self.held.values(), now)
 
-    def on_probe(self, p: wire.Probe, now: float) -> wire.Offer | wire.Refuse:
-        """Answer a probe: an offer under lease (held here) or a refusal with its reason."""
+    def prober_of(self, placement_id: int) -> int | None:
+        """The node placement ``placement_id`` is held or placed for here (None: not known)."""
+        placed = self.placed.get(placement_id)
+        return placed.submitter if placed is not None else self.prober.get(placement_id)
+
+    def not_probers(self, placement_id: int, node: int | None) -> bool:
+        """Whether ``node`` asks about a placement another node probed for (counted): it acts
+        on no reservation of another's. ``node`` None: the caller binds no prober (a simulator)."""
+        if node is None:
+            return False
+        other = self.prober_of(placement_id)
+        if other is None or other == node:
+            return False
+        self.counts["not_prober"] += 1
+        return True
+
+    def _held_by(self, node: int) -> int:
+        return sum(1 for pid in self.held if self.prober.get(pid) == node)
+
+    def on_probe(self, p: wire.Probe, now: float, node: int | None = None) -> wire.Offer | wire.Refuse:
+        """Answer a probe: an offer under lease (held here) or a refusal with its reason.
+        ``node``: the prober (the offer is bound to it; None: not bound, as in the simulator)."""
         if p.placement_id in self.placed:  # a late duplicate of a placement that already ran here
+            return wire.Refuse(p.placement_id, pl.RefuseReason.BUSY)
+        if self.not_probers(p.placement_id, node):  # another node's placement id: not that node's offer
             return wire.Refuse(p.placement_id, pl.RefuseReason.BUSY)
         # probes come in few shapes: a checked Demand (immutable) is reused for the same shape,
         # which spares its validation on the hot path; invalid shapes are checked every time
@@ -374,11 +404,17 @@ class Arbiter:
                 self._demands.clear()
             self._demands[key] = demand
         if p.releases:  # the submitter's unused offers from this node, released by this probe
-            self.drop_unused(p.releases)
+            self.drop_unused(p.releases, node)
         self.expire(now)
         base = self._base()
         lease = min(p.lease_ms / 1000, 60.0) if p.lease_ms else self.lease_s
         repeat = p.placement_id in self.held  # a retransmission gets the same offer back
+        if (node is not None and not repeat and self.max_held_per_node
+                and len(self.held) >= self.max_held_per_node and self._held_by(node) >= self.max_held_per_node):
+            # one member holding every slot would leave no offer for the others (zone.max_held_per_node)
+            self.counts["held_per_node"] += 1
+            self.counts["refusals"] += 1
+            return wire.Refuse(p.placement_id, pl.RefuseReason.BUSY)
         a = pl.arbitrate(
             base, list(self.held.values()), demand, now,
             placement_id=p.placement_id, lease_s=max(lease, 0.001), max_tentative=self.max_tentative,
@@ -400,6 +436,11 @@ class Arbiter:
                     self._frag_of = {k: v for k, v in self._frag_of.items() if k in held}
                 self._frag_of[p.placement_id] = frag
         self.held[p.placement_id] = r
+        if node is not None:
+            if len(self.prober) >= 2 * (len(self.held) + len(self.lapsed)) + 64:
+                keep = self.held.keys() | self.lapsed.keys()
+                self.prober = {k: v for k, v in self.prober.items() if k in keep}
+            self.prober[p.placement_id] = node
         self.counts["offers"] += 1
         remaining = max(1, int((r.expires_at - now) * 1000))
         return wire.Offer(p.placement_id, remaining, tuple((i, int(round(f * 100))) for i, f in r.gpu_alloc), frag)
@@ -459,8 +500,11 @@ class Arbiter:
         delta = max(-(2**31), min(2**31 - 1, int(round(got[1] * 1000))))
         return alloc, (delta, sum(gl) - sum(m for _, m in got[0]))
 
-    def on_commit(self, c: wire.Commit, now: float, handover_port: int = 0) -> wire.CommitAck:
-        """Turn the offer committed for the hand-over window; idempotent by placement id."""
+    def on_commit(self, c: wire.Commit, now: float, handover_port: int = 0, node: int | None = None) -> wire.CommitAck:
+        """Turn the offer committed for the hand-over window; idempotent by placement id. Only
+        for the node that probed for it (``node``; None: not checked)."""
+        if self.not_probers(c.placement_id, node):
+            return wire.CommitAck(c.placement_id, int(pl.RefuseReason.UNKNOWN_PLACEMENT), handover_port)
         if c.placement_id in self.placed:
             return wire.CommitAck(c.placement_id, 0, handover_port)
         if self.inventory.draining:  # reclaimed since its offer: the job goes elsewhere
@@ -480,18 +524,21 @@ class Arbiter:
         self.counts["commits"] += 1
         return wire.CommitAck(c.placement_id, 0, handover_port)
 
-    def drop_unused(self, pids: Iterable[int]) -> None:
+    def drop_unused(self, pids: Iterable[int], node: int | None = None) -> None:
         """Drop the tentative reservations named (offers their submitter did not bind); a
-        committed one, a placed job or an unknown id is left alone."""
+        committed one, a placed job, an unknown id or another node's offer is left alone."""
         for pid in pids:
             r = self.held.get(pid)
-            if r is not None and not r.committed:
+            if r is not None and not r.committed and not self.not_probers(pid, node):
                 del self.held[pid]
                 self.lapsed.pop(pid, None)
                 self.counts["releases"] += 1
 
-    def on_release(self, r: wire.Release, now: float) -> None:
-        """Drop a reservation the submitter did not bind (a placed job is not touched)."""
+    def on_release(self, r: wire.Release, now: float, node: int | None = None) -> None:
+        """Drop a reservation the submitter did not bind (a placed job is not touched); only
+        the node that probed for it may (``node``; None: not checked)."""
+        if self.not_probers(r.placement_id, node):
+            return
         if self.held.pop(r.placement_id, None) is not None:
             self.counts["releases"] += 1
 
@@ -533,7 +580,9 @@ class Arbiter:
         """
         p = self.placed.get(placement_id)
         if p is not None:
-            return p
+            return p if p.submitter == submitter else None
+        if self.prober.get(placement_id, submitter) != submitter:
+            return None  # another node's offer (not_probers counts it at the hand-over)
         if self.inventory.draining:
             self.held.pop(placement_id, None)
             return None
@@ -1158,6 +1207,15 @@ def zone_config_fields() -> dict[str, Any]:
                               "any member can speak as any node; off only for NAT'd or multi-homed nodes whose "
                               "traffic leaves from another address (docs/protocol.md, Security)"),
         "max_tentative": Field(int, 64, "most tentative reservations a node holds at once", rng(1, 100000)),
+        "max_held_per_node": Field(int, 32, "most reservations (offers, commits) one peer may hold here at once, "
+                                   "so that one member cannot take every slot of max_tentative (0: no cap of its own)",
+                                   rng(0, 100000)),
+        "root_from": Field(list, [], "nodes trusted to hand this node jobs that run as root (uid 0): a root job "
+                           "runs here only when both its origin and the node handing it here are listed (or are "
+                           "this node); default none (docs/protocol.md, Authority)", authority.check_node_list),
+        "peer_unknown_uids": Field(str, "refuse", "a job from a peer whose uid has no account here: refuse (the "
+                                   "default) or allow (run with no supplementary group, never with gid 0)",
+                                   _one_of(*authority.UNKNOWN_UIDS)),
         "packing": Field(str, "bestfit", "which GPUs this node offers: bestfit (the tightest GPU, the hot path) or "
                          "frag (the least-fragmenting GPUs, with a score for packing placements; docs/allocation.md)",
                          _one_of(*PACKING_MODES)),
@@ -1304,7 +1362,7 @@ class ZoneComponent:
         # shared shape mixes (frag nodes): per zone peer and per other zone, (received at, mix)
         self.peer_mixes: dict[int, tuple[float, mixlearn.Shares]] = {}
         self.zone_mixes: dict[int, tuple[float, mixlearn.Shares]] = {}
-        self._inflight: dict[int, asyncio.Future[wire.HandoverAck]] = {}
+        self._inflight: dict[tuple[int, int], asyncio.Future[wire.HandoverAck]] = {}
         self._tasks: list[asyncio.Task[Any]] = []
         self.history: list[dict[str, Any]] = []
         self.rng = random.Random()
@@ -1312,6 +1370,11 @@ class ZoneComponent:
         self.gpu_index: list[int] = []
         self.counts: dict[str, int] = {"probes": 0, "handovers": 0, "summaries_sent": 0, "summaries_received": 0,
                                        "zone_summaries_received": 0, "reclaim_notices": 0, "heartbeats_sent": 0}
+        # peers' requests refused for want of authority, by reason (laminar.zone.authority); the
+        # migration and loan layers count theirs here too
+        self.authority = authority.Refusals()
+        self.policy = authority.Policy(0)
+        self.identity_warnings: list[str] = []
 
     # -- life cycle -----------------------------------------------------------------------------
 
@@ -1390,7 +1453,15 @@ class ZoneComponent:
             self._rebind_to = self.listen_host
             self.listen_host = anywhere
         self.arbiter = Arbiter(self._inventory(), lease_s=float(s["lease_s"]), hold_s=float(s["hold_s"]),
-                               max_tentative=int(s["max_tentative"]), packing=str(s["packing"]))
+                               max_tentative=int(s["max_tentative"]), packing=str(s["packing"]),
+                               max_held_per_node=int(s["max_held_per_node"]))
+        self.policy = authority.Policy(self.node_id, frozenset(int(n) for n in s["root_from"]),
+                                       str(s["peer_unknown_uids"]))
+        self.identity_warnings = authority.identity_warnings(
+            str(s["node_keys"]), bool(s["check_source"]),
+            [m.node for m in members if not m.pubkey and m.node != self.node_id], self.networked)
+        for w in self.identity_warnings:
+            log.warning("zone: member identity is weak: %s (docs/protocol.md, Authority)", w)
         self.loan = LoanManager(self, self._loan_settings if self._loan_settings is not None or agent is None
                                 else agent.config.section("loan"))
         self._open_store()
@@ -1897,6 +1968,9 @@ class ZoneComponent:
     def handle_request(self, sender: int, body: wire.Body) -> wire.Body | None:
         """Answer probe, commit and release (and other one-way messages); the reply or None."""
         now = self.clock()
+        counts = self.arbiter.counts
+        before = counts["not_prober"] + counts["held_per_node"]
+        reply: wire.Body | None = None
         if isinstance(body, wire.Probe):
             self.counts["probes"] += 1
             loan = self.loan
@@ -1904,12 +1978,31 @@ class ZoneComponent:
                 # a loan asked of a node of the loaning pool that serves its own load
                 loan.counts["loan_refusals"] += 1
                 return wire.Refuse(body.placement_id, int(pl.RefuseReason.POOL_BUSY))
-            return self.arbiter.on_probe(body, now)
-        if isinstance(body, wire.Commit):
-            return self.arbiter.on_commit(body, now, int(self.s["handover_port"]))
-        if isinstance(body, wire.Release):
-            self.arbiter.on_release(body, now)
-            return None
+            reply = self.arbiter.on_probe(body, now, sender)
+        elif isinstance(body, wire.Commit):
+            reply = self.arbiter.on_commit(body, now, int(self.s["handover_port"]), sender)
+        elif isinstance(body, wire.Release):
+            self.arbiter.on_release(body, now, sender)
+        else:
+            return self._other_request(sender, body)
+        if counts["not_prober"] + counts["held_per_node"] != before:  # (rare: two additions on the hot path)
+            self._note_reservation_refusal(sender, body)
+        return reply
+
+    def _note_reservation_refusal(self, sender: int, body: wire.Body) -> None:
+        """Counts (authority reasons ``placement``, ``held``) what the arbiter just refused ``sender``."""
+        pid = getattr(body, "placement_id", None)
+        other = self.arbiter.prober_of(pid) if isinstance(pid, int) else None
+        if other is not None and other != sender:
+            self.authority.note(authority.Refused(
+                "placement", f"{type(body).__name__.lower()} of placement {pid:016x} from node {sender}: node "
+                f"{other} probed for it; only that node may commit, release or bind it"), sender)
+        else:
+            self.authority.note(authority.Refused(
+                "held", f"probe from node {sender}: it holds zone.max_held_per_node "
+                f"({self.arbiter.max_held_per_node}) offers here already"), sender)
+
+    def _other_request(self, sender: int, body: wire.Body) -> wire.Body | None:
         if isinstance(body, wire.LoanRequest | wire.LoanAnswer):
             return self.loan.on_message(sender, body)
         return None
@@ -1966,11 +2059,11 @@ class ZoneComponent:
     async def on_handover(self, sender: int, body: wire.Handover) -> wire.HandoverAck:
         """Start the handed-over job once per placement id; a repeat gets the same answer."""
         pid = body.placement_id
-        fut = self._inflight.get(pid)
+        fut = self._inflight.get((sender, pid))  # (another node's hand-over of that id is not this one's)
         if fut is not None:
             return await asyncio.shield(fut)
         fut = asyncio.get_running_loop().create_future()
-        self._inflight[pid] = fut
+        self._inflight[(sender, pid)] = fut
         try:
             ack = await self._handover(sender, body)
         except asyncio.CancelledError:
@@ -1981,13 +2074,44 @@ class ZoneComponent:
             log.exception("placement %x: hand-over failed", pid)
             ack = wire.HandoverAck(pid, HANDOVER_ERROR, f"hand-over failed: {e}")
         finally:
-            self._inflight.pop(pid, None)
+            self._inflight.pop((sender, pid), None)
         if ack.status != HANDOVER_OK:
             # no job runs for it here (the submitter places it elsewhere): a reservation bound
             # for it must not stay taken (the job watcher only frees entries with a job)
             self._unbind_unstarted(pid)
         fut.set_result(ack)
         return ack
+
+    def _peer_run_as(self, req: Any, sender: int, spec: Any, demand: pl.Demand | None) -> authority.RunAs:
+        """:func:`laminar.zone.authority.peer_run_as` for a hand-over's request ``req`` from
+        ``sender``: its ``origin`` (a guard placing a job it took over says the job's node;
+        else the sender is the origin), this node's policy and ``[grants]``, the reservation's
+        CPUs and memory (``spec`` is clamped to them). Counted and raised as Refused."""
+        try:
+            if not isinstance(req, dict):
+                raise authority.Refused("bad_id", f"the hand-over from node {sender} is not an object")
+            origin = req.get("origin_node", sender)  # (a node that left the roster may still be a job's origin)
+            if isinstance(origin, bool) or not isinstance(origin, int) or not 1 <= origin <= 2**32 - 1:
+                raise authority.Refused("key", f"the hand-over from node {sender} names origin_node {origin!r}, "
+                                        "not a node id")
+            jobs = self._jobs
+            grants = getattr(jobs, "grants", None) if jobs is not None else None
+            if grants is None and jobs is not None and hasattr(jobs, "check_grant"):
+                from laminar.runtime.jobs import Grants
+
+                grants = Grants.from_config(None)
+            run_as = authority.peer_run_as(
+                req, policy=self.policy, origin=origin, sender=sender, grants=grants,
+                job_class=str(getattr(spec, "job_class", "standard")), priority=int(getattr(spec, "priority", 0)),
+                cpus=getattr(spec, "cpus", None), memory_mb=getattr(spec, "memory_mb", None),
+                reserved=None if demand is None else (demand.cpus, demand.memory_mb))
+        except authority.Refused as e:
+            raise self.authority.note(e, sender) from None
+        if run_as.clamped:
+            spec.cpus, spec.memory_mb = run_as.cpus, run_as.memory_mb
+            log.info("zone: the job from node %d asked for more than its reservation: %s", sender,
+                     ", ".join(run_as.clamped))
+        return run_as
 
     def _unbind_unstarted(self, pid: int) -> None:
         """Free the capacity bound for placement ``pid`` when no job was started for it."""
@@ -1998,6 +2122,15 @@ class ZoneComponent:
     async def _handover(self, sender: int, body: wire.Handover) -> wire.HandoverAck:
         pid = body.placement_id
         self.counts["handovers"] += 1
+        other = self.arbiter.prober_of(pid)
+        if other is not None and other != sender:  # another node's placement: its id is no key here
+            self.arbiter.counts["not_prober"] += 1
+            e = self.authority.note(authority.Refused(
+                "placement", f"placement {pid:016x} is node {other}'s (it probed for it), not node {sender}'s: "
+                "a hand-over binds only the reservation its own submitter probed for"), sender)
+            self._emit(f"refused a hand-over from node {sender}: {e}", placement=f"{pid:016x}", submitter=sender,
+                       reason=e.reason)
+            return wire.HandoverAck(pid, HANDOVER_NO_RESERVATION, str(e))
         runs = await self._taken_over_as(pid, body)
         if runs is not None:  # this node's own take-over of the job started it: the hand-over gets it
             self.forgo_placement(pid)
@@ -2043,6 +2176,13 @@ class ZoneComponent:
                 self._jobs.count_refusal("handover", e)
             self.arbiter.unbind(pid)
             return wire.HandoverAck(pid, HANDOVER_REJECTED, f"job spec refused: {e}")
+        try:  # the peer speaks only for what it owns: its uid, gid, class and resources (authority.py)
+            run_as = self._peer_run_as(req, sender, spec, p.reservation.demand)
+        except authority.Refused as e:
+            self.arbiter.unbind(pid)
+            self._emit(f"refused a hand-over from node {sender}: {e}", placement=f"{pid:016x}", submitter=sender,
+                       reason=e.reason)
+            return wire.HandoverAck(pid, HANDOVER_REJECTED, str(e))
         if self._jobs is None:
             self.arbiter.unbind(pid)
             return wire.HandoverAck(pid, HANDOVER_ERROR, "this node runs no job manager")
@@ -2050,7 +2190,7 @@ class ZoneComponent:
             # a user's new job whose owner is at jobs.max_per_user here is refused before anything
             # is taken for it (elastic grants shed, a checkpoint hashed); submit checks again
             try:
-                self._jobs.check_quota(int(req.get("owner_uid", 0)))
+                self._jobs.check_quota(run_as.uid)
             except JobError as e:
                 self.arbiter.unbind(pid)
                 return wire.HandoverAck(pid, HANDOVER_ERROR, f"job could not start on node {self.node_id}: {e}")
@@ -2069,16 +2209,14 @@ class ZoneComponent:
             try:  # a migrated job: its checkpoint is verified here, right before LAMINAR_RESUME_FROM
                 # (every file hashed, ~1 s per GiB: in a worker thread, never on the event loop)
                 spec.resume_from = await asyncio.to_thread(migrate.check_resume, spec.resume_from,
-                                                           int(req.get("owner_uid", 0)),
-                                                           None if req.get("owner_gid") is None
-                                                           else int(req["owner_gid"]))
+                                                           run_as.uid, run_as.gid)
             except ValueError as e:
                 self.arbiter.unbind(pid)
                 return wire.HandoverAck(pid, HANDOVER_ERROR, f"job could not start on node {self.node_id}: {e}")
             if resume_given:  # the sender's agent gave it (a move's, a guard's replica), checked here as its owner
                 origin = replace(origin, resume_given=spec.resume_from)
         try:
-            job = await self._jobs.submit(spec, owner_uid=int(req.get("owner_uid", 0)), owner_gid=int(req.get("owner_gid", 0)),
+            job = await self._jobs.submit(spec, owner_uid=run_as.uid, owner_gid=run_as.gid,
                                           **({"quota": True} if req.get("quota") is True else {}), origin=origin)
         except JobError as e:
             # the spec was valid; what failed is this node's (a GPU taken by a local job meanwhile,
@@ -2289,6 +2427,9 @@ class ZoneComponent:
             "arbiter": {**self.arbiter.counts, "held": len(self.arbiter.held), "placed": len(self.arbiter.placed)},
             "submitter": dict(self.submitter.counts),
             "counts": dict(self.counts), "late_offers": self.router.late_offers,
+            "authority": {**self.authority.as_dict(), "root_from": sorted(self.policy.root_from),
+                          "peer_unknown_uids": self.policy.unknown_uids,
+                          "identity_warnings": list(self.identity_warnings)},
             "residual": capacity_to_summary(self.arbiter.view(now)).__dict__,
             "loan": {"pool": self.loan.pool, "load": self.loan.load, "loanable": self.loan.loanable,
                      "returned": self.loan.returned, **self.loan.counts},
@@ -2302,7 +2443,9 @@ class ZoneComponent:
         return {"node": self.node_id, "zone": self.zone, "networked": self.networked,
                 "members": len(self.membership.by_node), "held": len(self.arbiter.held),
                 "placed": len(self.arbiter.placed), "drops": sum((self.decoder.drops if self.decoder else {}).values()),
-                "handover_gate": self.server.gate.stats() if self.server is not None else {}}
+                "handover_gate": self.server.gate.stats() if self.server is not None else {},
+                # peers' requests refused for want of authority, by reason; what weakens identity
+                "authority": dict(self.authority.counts), "warnings": list(self.identity_warnings)}
 
     def routes(self) -> list[Any]:
         from laminar.api import ApiError, Request, Route

@@ -16,7 +16,8 @@ probes it gets an offer, and the job it hands over runs with ``lent = true`` (ne
 the reason ``pool_busy``. Demands for the node's own pool, and demands naming no pool, are not
 loans and are decided as before.
 
-**Return.** Any node can take k servers of the pool back::
+**Return.** A member of the pool (or a node the servers' ``[loan] return_from`` lists) takes k
+servers of the pool back::
 
     laminarctl pool reclaim --pool inference --count 1     POST /v1/pool/reclaim {"pool": ..., "count": k}
 
@@ -65,6 +66,7 @@ from laminar.migrate.ckpt_driver import wait_new_checkpoint
 from laminar.migrate.drain import requeue_spec
 from laminar.runtime.jobs import signal_if_caught
 from laminar.runtime.provenance import request_origin
+from laminar.zone import authority as au
 from laminar.zone import elastic as el
 from laminar.zone import loaning as ln
 from laminar.zone import placement as pl
@@ -108,6 +110,9 @@ def config_fields() -> dict[str, Any]:
                            _range(0, 86400)),
         "elastic_interval_s": Field((int, float), 1.0, "how often idle GPUs are given to elastic jobs (0: never)",
                                     _range(0, 3600)),
+        "return_from": Field(list, [], "nodes that may return this server to its pool (LOAN_REQUEST op 2, laminarctl "
+                             "pool reclaim there) besides the members of its own pool in its zone, which always may",
+                             au.check_node_list),
         "elastic_remaining_s": Field((int, float), 3600.0, "an elastic job's remaining single-worker seconds when it "
                                      "does not say (its spec's remaining_s, laminarctl submit --remaining)", _range(1, 1e9)),
     }
@@ -223,7 +228,8 @@ class LoanManager:
         self.requeues: dict[str, dict[str, Any]] = {}  # job id -> its requeue's progress
         self.last_plan: dict[str, Any] | None = None
         self.last_return: dict[str, Any] = {}  # this server's return: plan, by, job id -> action (stored)
-        self._pending: dict[int, asyncio.Future[tuple[int, bytes]]] = {}
+        # request id -> (the node asked, its answer): an answer counts only from the node asked
+        self._pending: dict[int, tuple[int, asyncio.Future[tuple[int, bytes]]]] = {}
         self._answered: OrderedDict[tuple[int, int], wire.LoanAnswer] = OrderedDict()
         self._tasks: set[asyncio.Task[Any]] = set()
         self.counts: dict[str, int] = {"loans": 0, "loan_refusals": 0, "queries": 0, "returns": 0, "requeued": 0,
@@ -348,9 +354,9 @@ class LoanManager:
         """A LOAN_REQUEST from ``sender``: the answer (cached by request id, so a repeat is not
         acted on twice). A LOAN_ANSWER: delivered to the waiting request; None."""
         if isinstance(body, wire.LoanAnswer):
-            fut = self._pending.get(body.request_id)
-            if fut is not None and not fut.done():
-                fut.set_result((body.status, body.payload))
+            got = self._pending.get(body.request_id)
+            if got is not None and got[0] == sender and not got[1].done():
+                got[1].set_result((body.status, body.payload))
             return None
         key = (sender, body.request_id)
         ans = self._answered.get(key)
@@ -362,6 +368,9 @@ class LoanManager:
                 self.counts["queries"] += 1
                 out = fit_payload(self.state(), ANSWER_LIMIT)
             elif body.op == OP_RETURN:
+                refused = self.return_refusal(sender)
+                if refused is not None:
+                    raise LoanError(str(refused))
                 out = fit_return(self.do_return(req if isinstance(req, dict) else {}, sender), ANSWER_LIMIT)
             else:
                 raise LoanError(f"unknown loan operation {body.op} (1 query, 2 return)")
@@ -372,6 +381,25 @@ class LoanManager:
         while len(self._answered) > ANSWER_CACHE:
             self._answered.popitem(last=False)
         return ans
+
+    def return_refusal(self, sender: int) -> au.Refused | None:
+        """Why ``sender`` may not return this server (counted): only this server's own pool's
+        members in its zone (the pool's scheduler takes its servers back) and the nodes listed
+        in ``[loan] return_from`` may (laminar.zone.authority)."""
+        allowed = {int(n) for n in self.s.get("return_from") or []}
+        try:
+            allowed.update(self.zone.membership.pool_list(self.zone.zone, self.pool))
+        except (AttributeError, KeyError):
+            pass
+        e = au.node_op_refusal(f"return (pool {self.pool})", sender, allowed,
+                               f"loan.return_from (or pool {self.pool!r} of zone {getattr(self.zone, 'zone', '?')})",
+                               self.zone.node_id)
+        if e is not None:
+            refusals = getattr(self.zone, "authority", None)
+            if isinstance(refusals, au.Refusals):
+                refusals.note(e, sender)
+            self.counts["return_refusals"] = self.counts.get("return_refusals", 0) + 1
+        return e
 
     async def request(self, node: int, op: int, payload: dict[str, Any]) -> dict[str, Any]:
         """Send a loan request to ``node`` (this node: handled in process) and wait for the
@@ -385,7 +413,7 @@ class LoanManager:
             status, data = ans.status, ans.payload
         else:
             fut: asyncio.Future[tuple[int, bytes]] = asyncio.get_running_loop().create_future()
-            self._pending[rid] = fut
+            self._pending[rid] = (node, fut)
             timeout = float(self.s["query_timeout_s"])
             try:
                 for _ in range(3):
