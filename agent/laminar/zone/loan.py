@@ -55,6 +55,7 @@ import asyncio
 import dataclasses
 import json
 import logging
+import math
 import os
 import time
 from collections import OrderedDict
@@ -167,13 +168,51 @@ def fit_return(done: dict[str, Any], limit: int) -> bytes:
     return data
 
 
+# The longest LM_REMAINING_S / LM_GPU_SHARE text read (a job's env is its owner's to write).
+ENV_NUMBER_MAX = 64
+ENV_SHARE_MAX = 1024
+
+
+def env_number(env: Any, name: str, default: float, lo: float, hi: float) -> float:
+    """A number a job's env gives (LM_REMAINING_S), or `default` when it gives none or one that
+    is not a finite number lo..hi: the env is the job owner's to write, and a value float()
+    refuses made the elastic round fail every second for every job of the node."""
+    text = (env or {}).get(name) if isinstance(env, dict) else None
+    if not isinstance(text, str) or not text or len(text) > ENV_NUMBER_MAX:
+        return default
+    try:
+        v = float(text)
+    except ValueError:
+        return default
+    return v if math.isfinite(v) and lo <= v <= hi else default
+
+
+def gpu_share(env: Any) -> float:
+    """The GPU fractions LM_GPU_SHARE gives ("index:fraction,...", each fraction 0..1), 0.0 for
+    none or for text that is not that (a ValueError here failed every GET /v1/pool and every
+    loan query a peer sent this node)."""
+    text = (env or {}).get("LM_GPU_SHARE", "") if isinstance(env, dict) else ""
+    if not isinstance(text, str) or not text or len(text) > ENV_SHARE_MAX:
+        return 0.0
+    total = 0.0
+    for part in text.split(","):
+        if ":" not in part:
+            continue
+        try:
+            f = float(part.split(":")[1])
+        except ValueError:
+            return 0.0
+        if not (math.isfinite(f) and 0.0 <= f <= 1.0):
+            return 0.0
+        total += f
+    return total
+
+
 def job_row(job: Any, now: float, restart_s: float) -> dict[str, Any]:
     """What a server reports about one lent job (one worker per GPU; a CPU-only job is one
     worker): id, workers, min workers, GPUs per worker, weight (loaning.job_weight)."""
     gpus = float(len(job.gpus or []))
-    share = (job.spec.env or {}).get("LM_GPU_SHARE", "")
-    if share:  # fractional GPUs: "index:fraction,..."
-        gpus += sum(float(x.split(":")[1]) for x in share.split(",") if ":" in x)
+    gpus += gpu_share(job.spec.env)
     workers = max(1, len(job.gpus or []))
     at_risk = job.work_at_risk_s(now) if hasattr(job, "work_at_risk_s") else 0.0
     return {"id": str(job.id), "workers": workers, "min": workers, "gpw": round(gpus / workers, 2) if gpus else 0.0,
@@ -309,8 +348,13 @@ class LoanManager:
     def set_load(self, load: Any) -> dict[str, Any]:
         """Set the serving load (0..1). Below ``idle_below`` a returned node is loanable again.
         Raises LoanError for a value out of range."""
-        if isinstance(load, bool) or not isinstance(load, int | float) or not 0.0 <= float(load) <= 1.0:
-            raise LoanError(f"pool load {load!r}: expected a number in 0..1 (share of serving capacity in use)")
+        from laminar.inputs import InputError, brief, read_number
+
+        try:
+            read_number(load, "pool load", 0.0, 1.0)  # 10**400: an OverflowError in float() before
+        except InputError:
+            raise LoanError(f"pool load {brief(load)}: expected a number in 0..1 (share of serving capacity in "
+                            "use)") from None
         was = self.loanable
         self.load = float(load)
         self._save("load", self.load)
@@ -413,10 +457,12 @@ class LoanManager:
     async def reclaim(self, pool: str, count: int) -> dict[str, Any]:
         """Take ``count`` loaned servers of ``pool`` in this zone back (see the module docs).
         Returns the plan as carried out. Raises LoanError for bad input or too few answers."""
-        if not isinstance(pool, str) or not pool:
-            raise LoanError(f"pool {pool!r}: expected a pool name such as \"inference\"")
-        if isinstance(count, bool) or not isinstance(count, int) or count < 1:
-            raise LoanError(f"count {count!r}: expected a number of servers >= 1")
+        from laminar.inputs import brief
+
+        if not isinstance(pool, str) or not pool or len(pool.encode()) > 32:
+            raise LoanError(f"pool {brief(pool)}: expected a pool name such as \"inference\" (1..32 bytes)")
+        if isinstance(count, bool) or not isinstance(count, int) or not 1 <= count <= 1 << 20:
+            raise LoanError(f"count {brief(count)}: expected a number of servers, 1..{1 << 20}")
         members = self.zone.membership.pool_list(self.zone.zone, pool)
         if not members:
             pools = sorted({p for (z, p) in self.zone.membership.by_pool if z == self.zone.zone})
@@ -861,8 +907,9 @@ class LoanManager:
         options = []
         for j in cands:
             now_w = max(j.spec.elastic_min or 1, len(j.gpus)) + len(self.grants.get(j.id, []))
-            remaining = float((j.spec.env or {}).get("LM_REMAINING_S", self.s["elastic_remaining_s"]))
-            options.append(el.elastic_job(j.id, remaining, now_w, int(j.spec.elastic_max or now_w), 1))
+            remaining = env_number(j.spec.env, "LM_REMAINING_S", float(self.s["elastic_remaining_s"]), 0.0, 1e12)
+            options.append(el.elastic_job(j.id, remaining, now_w, int(j.spec.elastic_max or now_w), 1,
+                                          most=len(idle)))
         plan = el.allocate_elastic(options, len(idle))
         for j in cands:
             opt = plan.get(j.id)
