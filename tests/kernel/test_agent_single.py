@@ -17,7 +17,11 @@ pytestmark = pytest.mark.kernel
 
 def test_a_second_agent_on_a_live_socket_does_not_start(agent: AgentProc) -> None:
     job = agent.json("submit", "--", "sleep", "600")
-    before = agent.json("bpf", "maps")
+
+    def maps() -> list[dict[str, object]]:  # each map and its pin (entry counts are up to 1 s old: netguard.MAP_COUNTS_S)
+        return [{k: v for k, v in m.items() if k != "entries"} for m in agent.json("bpf", "maps")]
+
+    before = maps()
     r = subprocess.run(agent.argv(str(VENV_BIN / "laminard"), "--config", str(agent.config_path)),
                        capture_output=True, text=True, timeout=60)
     assert r.returncode == 1, (r.returncode, r.stderr[-2000:])
@@ -25,15 +29,17 @@ def test_a_second_agent_on_a_live_socket_does_not_start(agent: AgentProc) -> Non
     assert "netguard" not in r.stderr.split("another laminard")[0].lower()  # refused before any component
     # the first agent is untouched: it answers, its job runs, its maps are the same pins
     assert agent.json("job", "show", job["id"])["state"] == "running"
-    assert agent.json("bpf", "maps") == before
+    assert maps() == before
     agent.ctl("job", "stop", job["id"], "--grace", "0")
 
 
 def test_events_limit_is_bounded(agent: AgentProc) -> None:
-    for bad in ("-1", "0", "10001"):
+    """A page is at most 1000 events (10,000 decoded on the loop per request, 32 at once per user,
+    stalled it 3.8 s); more: page with --since."""
+    for bad in ("-1", "0", "1001"):
         r = agent.ctl("events", "--limit", bad, check=False)
-        assert r.returncode == 1 and f"limit {bad}: expected 1..10000" in r.stderr, (bad, r.stderr)
-    assert isinstance(agent.json("events", "--limit", "10000"), list)
+        assert r.returncode == 1 and "expected 1..1000" in r.stderr and bad in r.stderr, (bad, r.stderr)
+    assert isinstance(agent.json("events", "--limit", "1000"), list)
 
 
 def test_sighup_does_not_kill_a_one_node_agent(agent: AgentProc) -> None:
