@@ -404,16 +404,22 @@ class Agent:
         kind = req.query.get("kind") or None
         if kind is not None and len(kind) > 64:
             raise ApiError(400, f"kind {kind[:40]!r}...: an event kind is a short word (agent, job, airlock, ...)")
+        before_text = req.query.get("before")
+        if before_text is not None and not (before_text.isascii() and before_text.isdigit() and len(before_text) <= 18):
+            raise ApiError(400, f"before {before_text[:40]!r}: expected an event id (the oldest of the last page)")
+        before = None if before_text is None else int(before_text)
         if req.query.get("follow") not in ("1", "true", "yes"):
-            return await self._past_events(since, kind, limit)
+            return await self._past_events(since, kind, limit, before)
         return Stream(self._follow(kind, since, limit))
 
-    async def _past_events(self, since: int, kind: str | None, limit: int) -> list[dict[str, Any]]:
-        """The newest `limit` events after `since`, oldest first: read in one query, decoded in
-        chunks of EVENTS_CHUNK with a loop round between them."""
+    async def _past_events(self, since: int, kind: str | None, limit: int,
+                           before: int | None = None) -> list[dict[str, Any]]:
+        """The newest `limit` events after `since` (and before `before`: the page before one),
+        oldest first: read in one query, decoded in chunks of EVENTS_CHUNK with a loop round
+        between them."""
         from .store import decode_event
 
-        rows = self.store.event_rows(since, kind, limit)
+        rows = self.store.event_rows(since, kind, limit, before)
         out: list[dict[str, Any]] = []
         for i in range(0, len(rows), EVENTS_CHUNK):
             if i:

@@ -111,10 +111,15 @@ class Store:
         """The newest `limit` events after `since_id`, oldest first."""
         return [decode_event(r) for r in self.event_rows(since_id, kind, limit)]
 
-    def event_rows(self, since_id: int = 0, kind: str | None = None, limit: int = 100) -> list[sqlite3.Row]:
-        """The rows of `events` (not decoded: `decode_event`), newest `limit` after `since_id`, oldest first."""
+    def event_rows(self, since_id: int = 0, kind: str | None = None, limit: int = 100,
+                   before_id: int | None = None) -> list[sqlite3.Row]:
+        """The rows of `events` (not decoded: `decode_event`), the newest `limit` after `since_id`
+        (and before `before_id`, when given: the page before one), oldest first."""
         q = "SELECT id, ts, kind, message, fields FROM events WHERE id > ?"
         args: list[Any] = [since_id]
+        if before_id is not None:
+            q += " AND id < ?"
+            args.append(before_id)
         if kind:
             q += " AND kind = ?"
             args.append(kind)
