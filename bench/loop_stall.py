@@ -123,6 +123,7 @@ def main() -> int:
                     ("policy_nested", (*who, la.policy_nested), (str(agent.sock),)),
                     ("policy_parallel_8x16k", (*who, la.policy_parallel), (str(agent.sock), 8, 16_000)),
                     ("events_32x10000", (*who, la.get_many), (str(agent.sock), "/v1/events?limit=10000", 32)),
+                    ("events_32x1000", (*who, la.get_many), (str(agent.sock), "/v1/events?limit=1000", 32)),
                     ("status_hammer_32x5s", (*who, la.hammer), (str(agent.sock), "/v1/status", 32, 5.0 * q)),
                     ("metrics_idle_500", (user, ns, la.idle_connections), (("127.0.0.1", METRICS_PORT), 500, 5.0)),
                     ("big_env_jobs_16x1MiB", (*who, la.big_env_jobs), (str(agent.sock), 16, 1000 << 10)),

@@ -132,11 +132,11 @@ def release_freed_memory() -> int | None:
     return max(0, before - _rss_kib())
 
 
-# Events one GET /v1/events answers (more: page with since). Decoded in chunks of
+# Events one GET /v1/events answers (more: page with ?before=). Decoded and encoded in chunks of
 # EVENTS_CHUNK with a loop round between them: 10,000 took the loop 0.16 s per request (and a
 # user may have 32 requests in flight).
 MAX_EVENTS = 1000
-EVENTS_CHUNK = 200
+EVENTS_CHUNK = 50
 # Events an ``events --follow`` stream holds for a client that reads slower than they come: past
 # it the stream ends with a ``lagged`` line (the client resumes with --since), so a reader that
 # stopped holds at most this much (the API drops one that takes no line within request_timeout_s).
@@ -409,8 +409,29 @@ class Agent:
             raise ApiError(400, f"before {before_text[:40]!r}: expected an event id (the oldest of the last page)")
         before = None if before_text is None else int(before_text)
         if req.query.get("follow") not in ("1", "true", "yes"):
-            return await self._past_events(since, kind, limit, before)
+            return await self._past_events_json(since, kind, limit, before)
         return Stream(self._follow(kind, since, limit))
+
+    async def _past_events_json(self, since: int, kind: str | None, limit: int, before: int | None) -> RawJson:
+        """`_past_events` as the answer's JSON, each chunk read, decoded and encoded in its own
+        loop round (newest first, each before the last): 32 pages of 1000 read and encoded in
+        one round held root's status 0.19 s."""
+        from .store import decode_event
+
+        chunks: list[str] = []  # newest chunk first
+        left, cursor = limit, before
+        while left > 0:
+            if chunks:
+                await asyncio.sleep(0)
+            rows = self.store.event_rows(since, kind, min(EVENTS_CHUNK, left), cursor)
+            if not rows:
+                break
+            chunks.append(",".join(to_json(decode_event(r)) for r in rows))
+            left -= len(rows)
+            cursor = rows[0]["id"]
+            if len(rows) < EVENTS_CHUNK:
+                break
+        return RawJson(("[" + ",".join(reversed(chunks)) + "]").encode())
 
     async def _past_events(self, since: int, kind: str | None, limit: int,
                            before: int | None = None) -> list[dict[str, Any]]:
