@@ -117,6 +117,7 @@ CKPT_SCAN_MAX = 1024
 LIST_PAGE_DEFAULT = 200
 LIST_PAGE_MAX = 1000
 LIST_PAGE_BYTES = 1 << 20
+LIST_SLICE_BYTES = 128 << 10  # a page is encoded this much at a time, a loop round between
 # What a job's env values read as to a caller who is neither the job's owner nor root.
 REDACTED = "<redacted>"
 
@@ -1983,7 +1984,7 @@ class JobManager:
 
     # -- API -------------------------------------------------------------------------------------
     def routes(self) -> builtins.list[Any]:
-        from ..api import ApiError, Request, Route
+        from ..api import ApiError, RawJson, Request, Route, to_json
 
         def may_manage(req: Request, job: Job) -> bool:
             if req.peer.uid == 0 or req.peer.uid == job.owner_uid:
@@ -2031,7 +2032,7 @@ class JobManager:
                 out["airlock"] = {"rung": r[0], "for_s": round(time.monotonic() - r[1], 2), "hops": r[2]} if r else None
             return out
 
-        async def list_jobs(req: Request) -> builtins.list[dict[str, Any]]:
+        async def list_jobs(req: Request) -> RawJson:
             everything = req.query.get("all", "1") not in ("0", "false", "no")
             text = req.query.get("limit", str(LIST_PAGE_DEFAULT))
             if not (text.isascii() and text.isdigit() and len(text) <= 7 and 1 <= int(text) <= LIST_PAGE_MAX):
@@ -2041,7 +2042,17 @@ class JobManager:
             if before is not None and not (before.isascii() and before.isdigit() and len(before) <= 18):
                 raise ApiError(400, f"before {before[:40]!r}: expected a job number (the lowest of the last page)")
             page = self.page(None if before is None else int(before), int(text), everything)
-            return [with_rung(req, j) for j in page]
+            # encoded a slice at a time, a loop round between slices: eight users' pages of 1 MiB
+            # each encoded in one round held root's status 0.19 s
+            parts: builtins.list[str] = []
+            done = 0
+            for j in page:
+                if done >= LIST_SLICE_BYTES:
+                    await asyncio.sleep(0)
+                    done = 0
+                parts.append(to_json(with_rung(req, j)))
+                done += j.spec_bytes + 1024
+            return RawJson(("[" + ",".join(parts) + "]").encode())
 
         async def show(req: Request) -> dict[str, Any]:
             return with_rung(req, find(req))
