@@ -548,3 +548,34 @@ def test_every_attack_at_once_and_root_stays_live(veth_pair: Any, tmp_path: Path
         print(json.dumps({"root_worst_s": live.worst(), "threads": (threads0, max(peak)),
                           "refused": refused(a)}))
 
+
+
+def test_privileged_routes_answer_hostile_numbers_with_400_not_500(veth_pair: Any, tmp_path: Path) -> None:
+    """M3 for the routes only root and the control group reach: a 10**400 load, notice or count,
+    a 1 MiB pool or reason, a flow of 100,000 characters are refused naming the field (400/4xx),
+    never a 500 (float(10**400) raised OverflowError), and nothing changes (no reclaim starts)."""
+    with running(tmp_path, veth_pair, extra_toml="[shaping]\nlink_mbit = 1000\n") as a:
+        job = root_job(a)
+        adm = admin_path(a.sock)
+        bodies = [
+            ("/v1/pool/load", {"load": 10 ** 400}), ("/v1/pool/load", {"load": "0.5"}),
+            ("/v1/pool/reclaim", {"pool": "p" * 100_000, "count": 1}), ("/v1/pool/reclaim", {"pool": "x", "count": 10 ** 400}),
+            ("/v1/reclaim", {"notice_s": 10 ** 400}), ("/v1/reclaim", {"notice_s": "9" * 400}),
+            ("/v1/reclaim", {"notice_s": "1" * 100_000 + "s"}), ("/v1/reclaim", {"notice_s": 60, "node": 10 ** 400}),
+            ("/v1/reclaim", {"notice_s": 60, "reason": "r" * 100_000, "node": 10 ** 30}),
+            ("/v1/reclaim/cancel", {"node": 10 ** 400}),
+            ("/v1/killswitch", {"action": "arm", "scope": "job", "job": job, "at_s": 10 ** 400}),
+            ("/v1/killswitch", {"action": "arm", "scope": "all", "at_s": "²"}),
+            ("/v1/killswitch/flow", {"flow": "x" * 100_000, "action": "on"}),
+            ("/v1/killswitch/flow", {"flow": "tcp:10.0.0.1:1->10.0.0.2:2", "action": "arm", "at_s": 10 ** 400}),
+            ("/v1/net/transfers", {"job": job, "flow": "tcp:10.0.0.1:1->10.0.0.2:2", "total_bytes": 10 ** 400,
+                                   "deadline_s": 60}),
+            ("/v1/net/transfers", {"job": job, "flow": "tcp:10.0.0.1:1->10.0.0.2:2", "total_bytes": 1000,
+                                   "deadline_s": 10 ** 400}),
+            ("/v1/net/transfers", {"job": "j" * 100_000, "flow": "f" * 100_000, "total_bytes": 1, "deadline_s": 1}),
+        ]
+        for path, body in bodies:
+            code, raw = la.raw_request(adm, "POST", path, json.dumps(body))
+            assert 400 <= code < 500 and len(raw) < 2000, (path, code, raw[:300])
+        assert a.json("status")["api"]["internal_errors"] == 0
+        assert api_json(adm, "GET", "/v1/reclaim")[1]["reclaim"] is None, "a hostile body started a reclaim"
