@@ -1230,9 +1230,10 @@ class JobManager:
         their files (logged)."""
         if self.state_dir is None or not job_ids:
             return
-        keep = {j.spec.resume_from for j in self.jobs.values() if j.spec.resume_from}
-        ids = [i for i in job_ids if not any(r.startswith(str(self.state_dir / "ckpt" / i) + "/") or
-                                             r == str(self.state_dir / "ckpt" / i) for r in keep)]
+        root = str(self.state_dir / "ckpt") + "/"
+        keep = {os.path.normpath(r)[len(root):].split("/", 1)[0] for r in (j.spec.resume_from for j in self.jobs.values())
+                if isinstance(r, str) and os.path.normpath(r).startswith(root)}
+        ids = [i for i in job_ids if i not in keep]
         with self._removing_lock:
             room = REMOVE_QUEUE_MAX - self._removing
             if len(ids) > room:
