@@ -31,10 +31,10 @@ import time
 from typing import Any
 
 from . import __version__, limits
-from .api import ApiError, ApiServer, Authorizer, Request, Route, Stream
+from .api import ApiError, ApiServer, Authorizer, RawJson, Request, Route, Stream, to_json
 from .config import Config, ConfigError, defaults_toml, load
 from .events import EventBus
-from .metrics import CoreMetrics, make_registry, serve
+from .metrics import CoreMetrics, MetricsServer, make_registry
 from .store import Store
 
 log = logging.getLogger("laminar.agent")
@@ -132,11 +132,41 @@ def release_freed_memory() -> int | None:
     return max(0, before - _rss_kib())
 
 
-MAX_EVENTS = 10_000  # events one GET /v1/events answers (a bigger answer: page with since)
+# Events one GET /v1/events answers (more: page with ?before=). Decoded and encoded in chunks of
+# EVENTS_CHUNK with a loop round between them: 10,000 took the loop 0.16 s per request (and a
+# user may have 32 requests in flight).
+MAX_EVENTS = 1000
+EVENTS_CHUNK = 50
+# Events an ``events --follow`` stream holds for a client that reads slower than they come: past
+# it the stream ends with a ``lagged`` line (the client resumes with --since), so a reader that
+# stopped holds at most this much (the API drops one that takes no line within request_timeout_s).
+FOLLOW_QUEUE = 256
+# An unprivileged caller's GET /v1/status is answered from a copy at most this old: it reads the
+# kernel (BPF maps, tc filters, PSI) and every component's state, and root's status must stay
+# cheap while users ask in a loop.
+STATUS_CACHE_S = 1.0
 # The stop: a component whose turn comes after the shared deadline still gets this long (its
 # state is saved in its stop); systemd is told the bound plus STOP_MARGIN_S (store, metrics).
 STOP_GRACE_S = 0.5
 STOP_MARGIN_S = 5.0
+
+
+def use_pidfd_child_watcher(loop: asyncio.AbstractEventLoop) -> bool:
+    """On Python 3.11, children of ``asyncio.create_subprocess_exec`` (a submission's path probe,
+    a policy parse, a checkpoint check as its owner) are watched by a pidfd on the loop instead
+    of the default ThreadedChildWatcher's thread per child: a probe stuck on its owner's hung
+    mount held a thread for as long, one more per submission. 3.12 and later do this
+    themselves. True when installed here."""
+    if sys.version_info >= (3, 12) or not hasattr(asyncio, "PidfdChildWatcher"):
+        return False
+    try:
+        os.close(os.pidfd_open(os.getpid()))
+    except (OSError, AttributeError):  # a kernel before 5.3: the threaded watcher stays
+        return False
+    watcher = asyncio.PidfdChildWatcher()
+    watcher.attach_loop(loop)
+    asyncio.set_child_watcher(watcher)
+    return True
 
 
 def stop_bound_s(shutdown_timeout_s: float, components: int) -> float:
@@ -156,7 +186,7 @@ class Agent:
         self.store = Store(config.state_dir / "laminar.db")
         self.metrics = make_registry()
         self.core_metrics = CoreMetrics(self.metrics)
-        self.events = EventBus(self.store)
+        self.events = EventBus(self.store, int(config.agent.user_events_burst), float(config.agent.user_events_per_s))
         self.events.subscribe(lambda e: self.core_metrics.events.labels(e["kind"]).inc())
         self.api = ApiServer(config.agent.socket, Authorizer(config.agent.control_group),
                              float(config.agent.request_timeout_s))
@@ -170,6 +200,7 @@ class Agent:
         self.migrate: Any = None
         self._stopping = asyncio.Event()
         self._metrics_server: Any = None
+        self._status_cache: tuple[float, RawJson] | None = None  # (monotonic, encoded answer) for users
 
     def _on_hup(self) -> None:
         on_reload = getattr(self.zone, "on_reload_signal", None)
@@ -200,6 +231,7 @@ class Agent:
                       "another agent.socket and state_dir)", self.config.agent.socket)
             return 1
         self.loop = asyncio.get_running_loop()
+        use_pidfd_child_watcher(self.loop)
         nofile = self._raise_nofile()
         for sig in (signal.SIGTERM, signal.SIGINT):
             self.loop.add_signal_handler(sig, self._stopping.set)
@@ -229,7 +261,10 @@ class Agent:
                 log.warning("%s", note)
                 self.events.emit("agent", note, nofile_soft=nofile.soft if nofile else None)
             await self.api.start()
-            self._metrics_server = serve(self.config.metrics.listen, self.metrics)
+            if self.config.metrics.listen:
+                self._metrics_server = MetricsServer(self.config.metrics.listen, self.metrics, self.api.refusals,
+                                                     float(self.config.agent.request_timeout_s))
+                await self._metrics_server.start()
         except Exception as e:
             log.error("start-up failed: %s", e, exc_info=log.isEnabledFor(logging.DEBUG))
             self.events.emit("agent", f"start-up failed: {e}")
@@ -300,7 +335,10 @@ class Agent:
                 log.exception("stopping %s failed", type(comp).__name__)
         self.components.clear()
         if self._metrics_server is not None:
-            self._metrics_server.shutdown()
+            try:
+                await asyncio.wait_for(self._metrics_server.stop(), STOP_GRACE_S * 4)
+            except Exception:
+                log.exception("stopping the metrics endpoint failed")
         self.store.close()
 
     def request_stop(self) -> None:
@@ -315,7 +353,17 @@ class Agent:
             Route("GET", "/v1/events", self._events),
         ]
 
-    async def _status(self, req: Request) -> dict[str, Any]:
+    async def _status(self, req: Request) -> dict[str, Any] | RawJson:
+        """The agent's state. Root and the control group get it fresh; others a copy at most
+        STATUS_CACHE_S old, encoded once (see there)."""
+        if not self.api.exempt(req.peer):
+            now = time.monotonic()
+            if self._status_cache is None or now - self._status_cache[0] >= STATUS_CACHE_S:
+                self._status_cache = (now, RawJson(to_json(self._status_now()).encode()))
+            return self._status_cache[1]
+        return self._status_now()
+
+    def _status_now(self) -> dict[str, Any]:
         from . import features
 
         out: dict[str, Any] = {
@@ -325,6 +373,8 @@ class Agent:
                       "admin_socket": str(self.api.admin_path),
                       "components": self.component_names(),
                       "api_requests": self.api.requests, "api_refused": self.api.refused},
+            "api": {**self.api.stats(), "events_not_stored": self.events.budget.suppressed_total
+                    if self.events.budget is not None else 0},
             "kernel": features.detect().as_dict(),
             "pressure": features.pressure_now(),
         }
@@ -340,36 +390,87 @@ class Agent:
         return {"source": self.config.source, "config": self.config.as_dict()}
 
     async def _events(self, req: Request) -> Any:
-        try:
-            since = int(req.query.get("since", "0"))
-            limit = int(req.query.get("limit", "100"))
-        except ValueError:
-            raise ApiError(400, "since and limit must be integers") from None
+        since_text, limit_text = req.query.get("since", "0"), req.query.get("limit", "100")
+        if not (since_text.isascii() and since_text.isdigit() and len(since_text) <= 19):
+            raise ApiError(400, f"since {since_text[:40]!r}: expected an event id, 0 to {(1 << 63) - 1}")
+        if not (limit_text.isascii() and limit_text.isdigit() and len(limit_text) <= 7):
+            raise ApiError(400, f"limit {limit_text[:40]!r}: expected 1..{MAX_EVENTS} events (page with since)")
+        since, limit = int(since_text), int(limit_text)
         if not 0 <= since < 1 << 63:
             raise ApiError(400, f"since {since}: expected an event id, 0 to {(1 << 63) - 1}")
         if not 1 <= limit <= MAX_EVENTS:
-            raise ApiError(400, f"limit {limit}: expected 1..{MAX_EVENTS} events")
+            raise ApiError(400, f"limit {limit}: expected 1..{MAX_EVENTS} events (page with since: the next "
+                                "page starts after the last id of this one)", "page_too_large")
         kind = req.query.get("kind") or None
+        if kind is not None and len(kind) > 64:
+            raise ApiError(400, f"kind {kind[:40]!r}...: an event kind is a short word (agent, job, airlock, ...)")
+        before_text = req.query.get("before")
+        if before_text is not None and not (before_text.isascii() and before_text.isdigit() and len(before_text) <= 18):
+            raise ApiError(400, f"before {before_text[:40]!r}: expected an event id (the oldest of the last page)")
+        before = None if before_text is None else int(before_text)
         if req.query.get("follow") not in ("1", "true", "yes"):
-            return self.store.events(since, kind, limit)
+            return await self._past_events_json(since, kind, limit, before)
         return Stream(self._follow(kind, since, limit))
 
+    async def _past_events_json(self, since: int, kind: str | None, limit: int, before: int | None) -> RawJson:
+        """`_past_events` as the answer's JSON, each chunk read, decoded and encoded in its own
+        loop round (newest first, each before the last): 32 pages of 1000 read and encoded in
+        one round held root's status 0.19 s."""
+        from .store import decode_event
+
+        chunks: list[str] = []  # newest chunk first
+        left, cursor = limit, before
+        while left > 0:
+            if chunks:
+                await asyncio.sleep(0)
+            rows = self.store.event_rows(since, kind, min(EVENTS_CHUNK, left), cursor)
+            if not rows:
+                break
+            chunks.append(",".join(to_json(decode_event(r)) for r in rows))
+            left -= len(rows)
+            cursor = rows[0]["id"]
+            if len(rows) < EVENTS_CHUNK:
+                break
+        return RawJson(("[" + ",".join(reversed(chunks)) + "]").encode())
+
+    async def _past_events(self, since: int, kind: str | None, limit: int,
+                           before: int | None = None) -> list[dict[str, Any]]:
+        """The newest `limit` events after `since` (and before `before`: the page before one),
+        oldest first: read in one query, decoded in chunks of EVENTS_CHUNK with a loop round
+        between them."""
+        from .store import decode_event
+
+        rows = self.store.event_rows(since, kind, limit, before)
+        out: list[dict[str, Any]] = []
+        for i in range(0, len(rows), EVENTS_CHUNK):
+            if i:
+                await asyncio.sleep(0)
+            out.extend(decode_event(r) for r in rows[i:i + EVENTS_CHUNK])
+        return out
+
     async def _follow(self, kind: str | None, since: int, limit: int) -> Any:
-        queue: asyncio.Queue[dict[str, Any]] = asyncio.Queue(maxsize=10_000)
+        queue: asyncio.Queue[dict[str, Any]] = asyncio.Queue(maxsize=FOLLOW_QUEUE)
+        lagged: list[int] = []  # the id of the first event that did not fit the queue
 
         def push(event: dict[str, Any]) -> None:
-            if kind is None or event["kind"] == kind:
-                try:
-                    queue.put_nowait(event)
-                except asyncio.QueueFull:  # a stalled reader must not grow the agent without bound
-                    pass
+            if lagged or not (kind is None or event["kind"] == kind):
+                return
+            try:
+                queue.put_nowait(event)
+            except asyncio.QueueFull:  # a reader slower than the events: its stream ends (below)
+                lagged.append(int(event.get("id") or 0))
 
         unsubscribe = self.events.subscribe(push)
         try:
             if since:
-                for past in self.store.events(since, kind, limit):
+                for past in await self._past_events(since, kind, limit):
                     yield past
             while True:
+                if lagged and queue.empty():
+                    yield {"kind": "lagged", "ts": time.time(),
+                           "message": f"stream closed: the client read slower than the agent's events came "
+                                      f"({FOLLOW_QUEUE} waiting); go on with --since {max(lagged[0] - 1, 0)}"}
+                    return
                 # Not wait_for: on 3.11 it returns an item that arrives in the loop step its
                 # caller is cancelled in and swallows the cancellation (CPython gh-86296); the
                 # agent's stop cancels this stream as the "stopping" event comes in, so the

@@ -22,6 +22,12 @@ group may hold at most ``MAX_CONNS_PER_UID`` connections (``MAX_UNPRIVILEGED_CON
 such callers; ``events --follow`` streams count) -- past that a new connection is answered 503
 and closed at once. Root and the control group are never counted or refused.
 
+What a request of such a caller may hold beyond its connection is bounded too, and refused at
+once past the bound, never queued: work in a worker thread (``WORK_PER_UID``, `work_slot`, 429);
+the components bound their own (laminar.userbounds). Every refusal is counted by a short reason
+(``ApiError.reason``; `refusals`), shown as ``api.refused_by_reason`` by GET /v1/status, so a
+benchmark can count attacks by what refused them.
+
 Nor can a local user crowd root out of the kernel's queue of connections not yet accepted (the
 listen backlog): one who connects in a loop keeps it full however fast the agent answers, and a
 connect() to a full backlog fails (``EAGAIN``) or waits. So the agent listens on a second socket
@@ -45,6 +51,7 @@ that point. Route lookups are cached per path.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import errno
 import grp
 import json
@@ -63,6 +70,7 @@ from typing import Any
 from urllib.parse import parse_qsl, urlsplit
 
 from .config import admin_socket_path
+from .userbounds import Busy, Refusals, UidSlots
 
 log = logging.getLogger("laminar.api")
 
@@ -105,6 +113,12 @@ ACCEPT_BATCH = 64
 # The listen backlog of each socket (the kernel caps it at net.core.somaxconn, 4096 by default).
 LISTEN_BACKLOG = 128
 STOP_WAIT_S = 5.0  # how long the API's stop waits for cancelled connections to end
+# Work a request of a caller outside root and the control group may have running in a worker
+# thread at once (a replica scan, a checkpoint's check): per uid, and for all such callers
+# together at most half the default executor's threads (min(32, CPUs + 4)), so the agent's own
+# work there (job teardown, checkpoint checks, NVML) always finds one. Past it: 429 at once.
+WORK_PER_UID = 2
+WORK_ALL_USERS = max(1, min(32, (os.cpu_count() or 1) + 4) // 2)
 
 REASONS = {200: "OK", 201: "Created", 400: "Bad Request", 403: "Forbidden", 404: "Not Found",
            405: "Method Not Allowed", 408: "Request Timeout", 409: "Conflict", 413: "Payload Too Large",
@@ -113,12 +127,15 @@ REASONS = {200: "OK", 201: "Created", 400: "Bad Request", 403: "Forbidden", 404:
 
 
 class ApiError(Exception):
-    """A client-facing error: status code and a message that says what was wrong and what to do."""
+    """A client-facing error: status code and a message that says what was wrong and what to do.
+    `reason`: a short stable word it is counted under in ``api.refused_by_reason`` (None: the
+    route's path and the status, e.g. ``/v1/jobs 400``)."""
 
-    def __init__(self, status: int, message: str) -> None:
+    def __init__(self, status: int, message: str, reason: str | None = None) -> None:
         super().__init__(message)
         self.status = status
         self.message = message
+        self.reason = reason
 
 
 @dataclass(frozen=True)
@@ -143,6 +160,11 @@ class Request:
     body: Any
     peer: Peer
     params: dict[str, str] = field(default_factory=dict)
+
+
+class RawJson(bytes):
+    """Return this from a handler whose answer is JSON already encoded (a cached answer, sent as
+    it is: not decoded and encoded again for each caller)."""
 
 
 class Stream:
@@ -230,23 +252,45 @@ class Authorizer:
     """Decides who may call privileged routes: uid 0, or a member of the control group (by the
     primary gid or the supplementary groups the caller had at connect())."""
 
-    # The group's gid is looked up at most this often: every connection of a caller other than
-    # root is checked on the event loop, and getgrnam may go to the network (LDAP, sssd).
+    # The group's gid is looked up again when it is older than this: every connection of a caller
+    # other than root is checked on the event loop, and getgrnam may go to the network (LDAP,
+    # sssd) and wait there. So only the first look-up (at the API's start) is made where it is
+    # asked; later ones run in a thread of their own, one at a time, while the answer known so
+    # far stands (a directory service that hangs holds that thread, never the loop).
     GID_TTL_S = 30.0
 
     def __init__(self, control_group: str) -> None:
         self.control_group = control_group
         self._gid: tuple[float, int | None] | None = None  # (when looked up, gid or None)
+        self._refreshing = False
+
+    def _lookup(self) -> int | None:
+        try:
+            return grp.getgrnam(self.control_group).gr_gid
+        except KeyError:
+            return None
+
+    def _refresh(self) -> None:
+        try:
+            gid = self._lookup()
+        except Exception as e:  # NSS errors: keep the gid known so far, try again later
+            log.warning("api: looking up group %r failed: %s", self.control_group, e)
+            gid = self._gid[1] if self._gid is not None else None
+        self._gid = (time.monotonic(), gid)
+        self._refreshing = False
 
     def group_gid(self) -> int | None:
-        """The control group's gid (looked up at most every GID_TTL_S), None when it does not exist."""
+        """The control group's gid, None when it does not exist. Looked up here only the first
+        time; afterwards refreshed every GID_TTL_S in a thread of its own (the known gid
+        answers meanwhile)."""
         now = time.monotonic()
-        if self._gid is None or now - self._gid[0] >= self.GID_TTL_S:
-            try:
-                gid: int | None = grp.getgrnam(self.control_group).gr_gid
-            except KeyError:
-                gid = None
-            self._gid = (now, gid)
+        if self._gid is None:
+            self._gid = (now, self._lookup())
+        elif now - self._gid[0] >= self.GID_TTL_S and not self._refreshing:
+            self._refreshing = True
+            import threading
+
+            threading.Thread(target=self._refresh, name="lm-group-lookup", daemon=True).start()
         return self._gid[1]
 
     def allowed(self, peer: Peer) -> bool:
@@ -367,6 +411,28 @@ class ApiServer:
         self.refused = 0
         self.busy_refused = 0  # connections refused past an unprivileged caller's share
         self.timed_out = 0
+        self.internal_errors = 0
+        # every refusal by reason (``api.refused_by_reason`` in GET /v1/status), the components' too
+        self.refusals = Refusals()
+        # requests' work in worker threads, per unprivileged uid (`work_slot`)
+        self.work = UidSlots("requests doing work in a worker thread", WORK_PER_UID, WORK_ALL_USERS, "uid_threads")
+
+    def exempt(self, peer: Peer) -> bool:
+        """Whether `peer` is never counted against a per-user bound: root or the control group."""
+        return self.auth.allowed(peer)
+
+    def work_slot(self, peer: Peer) -> Any:
+        """A context manager holding one of `peer`'s worker-thread slots while a request's work
+        runs in a thread (``with api.work_slot(req.peer): await asyncio.to_thread(...)``):
+        Busy (429) at once past WORK_PER_UID for the uid or WORK_ALL_USERS for all users."""
+        return self.work.hold(peer.uid, exempt=self.exempt(peer))
+
+    def stats(self) -> dict[str, Any]:
+        """The API's counts for GET /v1/status (``api``)."""
+        return {"requests": self.requests, "refused_privileged": self.refused, "refused": self.refusals.total(),
+                "refused_by_reason": self.refusals.as_dict(), "internal_errors": self.internal_errors,
+                "unprivileged_connections": sum(self._open_by_uid.values()),
+                "threads_in_flight": self.work.in_flight()}
 
     def add(self, routes: list[Route]) -> None:
         self.routes.extend(routes)
@@ -505,6 +571,7 @@ class ApiServer:
         """Answers 503 without waiting (best effort: the answer fits an empty socket buffer) and closes."""
         self.busy_refused += 1
         mine = self._open_by_uid.get(peer.uid, 0)
+        self.refusals.count("uid_connections" if mine >= MAX_CONNS_PER_UID else "all_connections")
         body = json.dumps({"error": f"agent busy: uid {peer.uid} already has {mine} open connections to the "
                                     f"control socket (at most {MAX_CONNS_PER_UID} per user, "
                                     f"{MAX_UNPRIVILEGED_CONNS} for all users outside root and group "
@@ -527,6 +594,7 @@ class ApiServer:
             except ApiError as e:
                 if e.status == 408:
                     self.timed_out += 1
+                self.refusals.count(e.reason or f"request {e.status}")
                 await self._send(loop, conn, e.status, {"error": e.message}, self.request_timeout_s)
                 return
             if req is None:  # the client went away before sending a whole request
@@ -534,7 +602,7 @@ class ApiServer:
             self.requests += 1
             status, payload = await self._dispatch(req)
             if isinstance(payload, Stream):
-                await self._send_stream(loop, conn, payload)
+                await self._send_stream(loop, conn, payload, self.request_timeout_s)
             else:
                 await self._send(loop, conn, status, payload, self.request_timeout_s)
         except (ConnectionError, BrokenPipeError):
@@ -561,13 +629,13 @@ class ApiServer:
             if end >= 0:
                 break
             if len(buf) > MAX_HEADER:
-                raise ApiError(400, f"request header longer than {MAX_HEADER} bytes")
+                raise ApiError(400, f"request header longer than {MAX_HEADER} bytes", "header_too_large")
             chunk = await _recv(loop, conn, 65536, deadline, timeout_s)
             if not chunk:
                 return None
             buf += chunk
         if end > MAX_HEADER:
-            raise ApiError(400, f"request header longer than {MAX_HEADER} bytes")
+            raise ApiError(400, f"request header longer than {MAX_HEADER} bytes", "header_too_large")
         lines = buf[:end].decode("latin-1").split("\r\n")
         parts = lines[0].split(" ")
         if len(parts) != 3:
@@ -585,7 +653,7 @@ class ApiServer:
         if length < 0:
             raise ApiError(400, f"Content-Length {length} is negative")
         if length > MAX_BODY:
-            raise ApiError(413, f"request body of {length} bytes exceeds the {MAX_BODY} byte limit")
+            raise ApiError(413, f"request body of {length} bytes exceeds the {MAX_BODY} byte limit", "body_too_large")
         raw = buf[end + 4:]
         while len(raw) < length:
             chunk = await _recv(loop, conn, min(65536, length - len(raw)), deadline, timeout_s)
@@ -598,10 +666,10 @@ class ApiServer:
             try:
                 body = json.loads(raw)
             except ValueError as e:
-                raise ApiError(400, f"request body is not valid JSON: {e}") from None
+                raise ApiError(400, f"request body is not valid JSON: {e}", "bad_json") from None
             except RecursionError:
                 raise ApiError(400, "request body is JSON nested too deeply; no request needs more than a "
-                                    "few levels") from None
+                                    "few levels", "bad_json") from None
         url = urlsplit(target)
         return Request(method.upper(), url.path, dict(parse_qsl(url.query)), headers, body, peer)
 
@@ -623,17 +691,25 @@ class ApiServer:
                 continue
             if route.privileged and not self.auth.allowed(req.peer):
                 self.refused += 1
+                self.refusals.count("not_privileged")
                 return 403, {"error": f"permission denied: {req.method} {req.path} needs root or membership in group "
                                       f"'{self.auth.control_group}' (caller uid {req.peer.uid})"}
             req.params = dict(params)
             try:
                 result = await route.handler(req)
             except ApiError as e:
+                if e.status >= 400 and (e.reason or e.status != 404):  # a 404 of a look-up is no refusal
+                    self.refusals.count(e.reason or f"{route.path} {e.status}")
                 return e.status, {"error": e.message}
+            except Busy as e:  # the caller's share of some work is in flight (userbounds)
+                self.refusals.count(e.reason)
+                return 429, {"error": e.message}
             except Exception as e:
+                self.internal_errors += 1
                 log.exception("api: %s %s failed", req.method, req.path)
                 return 500, {"error": f"internal error: {type(e).__name__}: {e}"}
             return (201 if req.method == "POST" else 200), result
+        self.refusals.count("no_route" if not allowed_methods else "bad_method")
         if allowed_methods:
             return 405, {"error": f"{req.method} not allowed on {req.path}; use {', '.join(sorted(set(allowed_methods)))}"}
         return 404, {"error": f"no such endpoint {req.path}"}
@@ -641,7 +717,7 @@ class ApiServer:
     @staticmethod
     async def _send(loop: asyncio.AbstractEventLoop, conn: socket.socket, status: int, payload: Any,
                     timeout_s: float = REQUEST_TIMEOUT_S) -> None:
-        body = to_json(payload).encode() + b"\n"
+        body = (bytes(payload) if isinstance(payload, RawJson) else to_json(payload).encode()) + b"\n"
         head = (f"HTTP/1.1 {status} {REASONS.get(status, 'Status')}\r\nContent-Type: application/json\r\n"
                 f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n").encode()
         data = head + body
@@ -657,12 +733,24 @@ class ApiServer:
                          timeout_s)
 
     @staticmethod
-    async def _send_stream(loop: asyncio.AbstractEventLoop, conn: socket.socket, stream: Stream) -> None:
-        await loop.sock_sendall(conn, b"HTTP/1.1 200 OK\r\nContent-Type: application/x-ndjson\r\n"
-                                      b"Connection: close\r\n\r\n")
+    async def _send_stream(loop: asyncio.AbstractEventLoop, conn: socket.socket, stream: Stream,
+                           timeout_s: float = REQUEST_TIMEOUT_S) -> None:
+        """Sends each item as a line. A client that takes no line for `timeout_s` is dropped:
+        its stream ends (a last line says why, where the socket takes it) and it is closed, so a
+        reader that stopped reading holds no buffer in the agent (its queue: agent._follow)."""
+        await asyncio.wait_for(loop.sock_sendall(conn, b"HTTP/1.1 200 OK\r\nContent-Type: application/x-ndjson\r\n"
+                                                       b"Connection: close\r\n\r\n"), timeout_s)
         try:
             async for item in stream.items:
-                await loop.sock_sendall(conn, to_json(item).encode() + b"\n")
+                try:
+                    await asyncio.wait_for(loop.sock_sendall(conn, to_json(item).encode() + b"\n"), timeout_s)
+                except TimeoutError:
+                    log.info("api: a stream's client took no line within %g s; dropped", timeout_s)
+                    with contextlib.suppress(OSError):
+                        conn.send(b"\n" + to_json({"kind": "dropped", "ts": time.time(),
+                                                    "message": f"stream closed: the client took no line for "
+                                                               f"{timeout_s:g} s"}).encode() + b"\n")
+                    return
         finally:
             aclose = getattr(stream.items, "aclose", None)
             if aclose:
@@ -685,7 +773,7 @@ async def _recv(loop: asyncio.AbstractEventLoop, conn: socket.socket, n: int, de
         except TimeoutError:
             pass
     raise ApiError(408, f"the request did not arrive whole within {timeout_s:g} s; send the header "
-                        "and the Content-Length bytes of body at once")
+                        "and the Content-Length bytes of body at once", "request_timeout")
 
 
 def require(body: Any, key: str, kind: type | tuple[type, ...], what: str) -> Any:

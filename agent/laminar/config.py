@@ -190,6 +190,11 @@ SCHEMA: dict[str, dict[str, Field]] = {
         "shutdown_timeout_s": Field((int, float), 10.0, "how long the whole stop on SIGTERM may take, all components together", _range(0.1, 300)),
         "request_timeout_s": Field((int, float), 10.0, "a control API request must arrive whole within this (else 408), "
                                    "and a client take its answer", _range(0.1, 600)),
+        "user_events_burst": Field(int, 2000, "events one local user's actions (their jobs queued, started, "
+                                   "stopped...) may have stored at once; past it they reach live streams only, "
+                                   "and one event says how many were not stored (0: no limit)", _range(0, 1_000_000)),
+        "user_events_per_s": Field((int, float), 0.2, "how fast a user's event budget refills (events a second)",
+                                   _range(0.001, 1000)),
     },
     "bpf": {
         "pin_root": Field(str, "/sys/fs/bpf/laminar", "where maps are pinned (bpffs)", _abs_path),

@@ -109,17 +109,31 @@ class Store:
 
     def events(self, since_id: int = 0, kind: str | None = None, limit: int = 100) -> list[dict[str, Any]]:
         """The newest `limit` events after `since_id`, oldest first."""
+        return [decode_event(r) for r in self.event_rows(since_id, kind, limit)]
+
+    def event_rows(self, since_id: int = 0, kind: str | None = None, limit: int = 100,
+                   before_id: int | None = None) -> list[sqlite3.Row]:
+        """The rows of `events` (not decoded: `decode_event`), the newest `limit` after `since_id`
+        (and before `before_id`, when given: the page before one), oldest first."""
         q = "SELECT id, ts, kind, message, fields FROM events WHERE id > ?"
         args: list[Any] = [since_id]
+        if before_id is not None:
+            q += " AND id < ?"
+            args.append(before_id)
         if kind:
             q += " AND kind = ?"
             args.append(kind)
         q += " ORDER BY id DESC LIMIT ?"
         args.append(limit)
         rows = self.db.execute(q, args).fetchall()
-        return [{"id": r["id"], "ts": r["ts"], "kind": r["kind"], "message": r["message"], **json.loads(r["fields"])}
-                for r in reversed(rows)]
+        rows.reverse()
+        return rows
 
     def close(self) -> None:
         self._events_db.close()
         self.db.close()
+
+
+def decode_event(r: sqlite3.Row) -> dict[str, Any]:
+    """An `events` row as the API shows it."""
+    return {"id": r["id"], "ts": r["ts"], "kind": r["kind"], "message": r["message"], **json.loads(r["fields"])}

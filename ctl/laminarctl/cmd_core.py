@@ -10,6 +10,11 @@ from typing import Any
 from .client import EXIT_NO_AGENT, EXIT_USAGE, Client, CtlError
 from .output import emit, fmt, info, kv, print_json, table
 
+# Events one GET /v1/events answers (the agent's most: laminar.agent.MAX_EVENTS); `events --limit`
+# reads more in pages, up to EVENTS_MAX.
+EVENTS_PAGE = 1000
+EVENTS_MAX = 100_000
+
 
 def parse_duration(text: str) -> float:
     """'+30s', '90', '2m', '1.5h' -> seconds (float > 0). Raises ValueError naming the text."""
@@ -66,7 +71,8 @@ def register(sub: Any, common: argparse.ArgumentParser) -> None:
     ev.add_argument("--follow", "-f", action="store_true", help="stream events as they come")
     ev.add_argument("--kind", help="only this kind (pressure, airlock, killswitch, job, zone, agent, ...)")
     ev.add_argument("--since", type=int, default=0, help="only events after this id")
-    ev.add_argument("--limit", type=int, default=50, help="how many past events (default 50)")
+    ev.add_argument("--limit", type=int, default=50,
+                    help=f"how many past events (default 50, at most {EVENTS_MAX}; read in pages of {EVENTS_PAGE})")
     ev.set_defaults(func=cmd_events)
 
 
@@ -165,10 +171,28 @@ def _event_line(e: dict[str, Any]) -> str:
     return f"{stamp} {e['kind']:<10} {e.get('message', '')} {extra}".rstrip()
 
 
+def past_events(client: Any, since: int, limit: int, kind: str | None) -> list[dict[str, Any]]:
+    """The newest `limit` events after `since` (of `kind`), oldest first, read in pages of at most
+    EVENTS_PAGE (the agent's most: laminar.agent.MAX_EVENTS), each before the oldest of the last."""
+    out: list[dict[str, Any]] = []
+    before = None
+    while len(out) < limit:
+        n = min(EVENTS_PAGE, limit - len(out))
+        page = client.get(f"/v1/events?since={since}&limit={n}" + (f"&kind={kind}" if kind else "")
+                          + (f"&before={before}" if before is not None else ""))
+        out = page + out
+        if len(page) < n:
+            break
+        before = page[0]["id"]
+    return out
+
+
 def cmd_events(args: argparse.Namespace) -> int:
-    q = f"?since={args.since}&limit={args.limit}" + (f"&kind={args.kind}" if args.kind else "")
+    if not 1 <= args.limit <= EVENTS_MAX:
+        raise ValueError(f"--limit {args.limit}: expected 1 to {EVENTS_MAX} events")
+    q = f"?since={args.since}&limit={min(args.limit, EVENTS_PAGE)}" + (f"&kind={args.kind}" if args.kind else "")
     if not args.follow:
-        events = args.client.get("/v1/events" + q)
+        events = past_events(args.client, args.since, args.limit, args.kind)
         if args.output == "json":
             print_json(events)
         else:

@@ -47,9 +47,11 @@ from .output import emit, info, kv, table
 GRACE_MAX_S = 3600.0
 # The longest stop reason the agent keeps (laminar.runtime.jobs.REASON_MAX).
 REASON_MAX = 1000
-# Ended jobs `jobs` lists by default (the agent's default too: laminar.runtime.jobs.LIST_ENDED_*).
+# Ended jobs `jobs` lists by default, and at most (read in pages of the agent's GET /v1/jobs).
 LAST_DEFAULT = 200
 LAST_MAX = 100_000
+# Jobs asked per page (the agent's most: laminar.runtime.jobs.LIST_PAGE_MAX).
+PAGE = 1000
 LIVE_STATES = ("queued", "running", "suspended", "starting")
 # How long `job stop` waits for the agent beyond the grace (the kill and the cgroups' removal).
 STOP_ANSWER_S = 120.0
@@ -200,18 +202,35 @@ def cmd_submit(args: argparse.Namespace) -> int:
     return 0
 
 
+def pages(client: Any, query: str) -> Any:
+    """Every page of GET /v1/jobs?<query>, newest first: each page's jobs (oldest first within it),
+    until the agent answers an empty page (the next one starts below the lowest number seen)."""
+    before = None
+    while True:
+        page = client.get(f"/v1/jobs?{query}&limit={PAGE}" + (f"&before={before}" if before is not None else ""))
+        if not page:
+            return
+        yield page
+        before = min(int(j["num"]) for j in page)
+
+
 def cmd_jobs(args: argparse.Namespace) -> int:
     if not 0 <= args.last <= LAST_MAX:
         raise ValueError(f"--last {args.last}: expected 0 to {LAST_MAX} ended jobs")
+    live = [j for page in pages(args.client, "all=0") for j in page]
+    older = False
     if args.active:
-        jobs = args.client.get("/v1/jobs?all=0")
-    else:  # one more than asked: whether older ended jobs were left out
-        jobs = args.client.get(f"/v1/jobs?limit={min(args.last + 1, LAST_MAX)}")
-    ended = [j for j in jobs if j.get("state") not in LIVE_STATES]
-    older = len(ended) > args.last
-    if older:
-        drop = {j["id"] for j in ended[:len(ended) - args.last]}
-        jobs = [j for j in jobs if j["id"] not in drop]
+        jobs = live
+    else:  # the ended ones, newest first, until one more than asked: whether older ones were left out
+        ended: list[dict[str, Any]] = []
+        for page in pages(args.client, "all=1"):
+            ended += [j for j in reversed(page) if j.get("state") not in LIVE_STATES]
+            if len(ended) > args.last:
+                break
+        older = len(ended) > args.last
+        seen = {j["id"] for j in live}
+        jobs = live + [j for j in ended[:args.last] if j["id"] not in seen]
+    jobs.sort(key=lambda j: int(j["num"]))
 
     def human(js: list[dict[str, Any]]) -> None:
         table([_row(j) for j in js], JOB_COLUMNS)

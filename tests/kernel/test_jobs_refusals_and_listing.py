@@ -90,8 +90,10 @@ def test_a_stop_reason_too_long_to_keep_is_refused_and_the_job_runs_on(agent: Ag
 def test_the_job_list_is_bounded_to_the_newest_ended_jobs(agent: AgentProc) -> None:
     """The store keeps every job. GET /v1/jobs read and answered all of them: with 20,000 ended
     jobs about 3 s of the agent's event loop per request (any user's `laminarctl jobs` in a
-    loop held the kill-switch off). Now the live jobs and the newest 200 ended ones (?limit=
-    asks for more); the table says when older ones are left out."""
+    loop held the kill-switch off). Now one page: the newest 200 jobs (?limit= up to 1000), live
+    ones where their numbers fall; ?before= the lowest number of a page gives the next, and an
+    empty page ends. `laminarctl jobs` follows the pages: the live jobs and the newest 200 ended
+    ones; the table says when older ones are left out."""
     import sqlite3
 
     live = agent.json("submit", "--", "/bin/sleep", "1000")
@@ -106,14 +108,19 @@ def test_the_job_list_is_bounded_to_the_newest_ended_jobs(agent: AgentProc) -> N
     finally:
         db.close()
     code, jobs = api_json(agent.sock, "GET", "/v1/jobs")
-    assert code == 200
-    ended = [j["num"] for j in jobs if j["state"] == "exited"]
-    assert ended == list(range(1100, 1300)) and live["id"] in [j["id"] for j in jobs], (len(jobs), ended[:3])
+    assert code == 200 and [j["num"] for j in jobs] == list(range(1100, 1300)), (len(jobs), jobs[:1])
+    code, jobs = api_json(agent.sock, "GET", "/v1/jobs?before=1100&limit=1000")
+    assert code == 200 and [j["num"] for j in jobs] == [live["num"], *range(1000, 1100)]
+    assert next(j for j in jobs if j["id"] == live["id"])["state"] == "running"
+    assert api_json(agent.sock, "GET", f"/v1/jobs?before={live['num']}")[1] == []
     code, jobs = api_json(agent.sock, "GET", "/v1/jobs?limit=1000")
     assert code == 200 and len(jobs) == 301
-    for bad in ("abc", "-1", "100001", "00000000000000000000123456789"):
+    for bad in ("abc", "-1", "0", "1001", "100001", "00000000000000000000123456789"):
         code, out = api_json(agent.sock, "GET", f"/v1/jobs?limit={bad}")
         assert code == 400 and "limit" in out["error"], out
+    for bad in ("x", "-1", "9" * 19):
+        code, out = api_json(agent.sock, "GET", f"/v1/jobs?before={bad}")
+        assert code == 400 and "before" in out["error"], out
     r = agent.ctl("jobs")
     assert "older ended jobs not shown" in r.stdout and "job-1299" in r.stdout and "job-1099 " not in r.stdout
     assert len(json.loads(agent.ctl("-o", "json", "jobs", "--last", "1000").stdout)) == 301

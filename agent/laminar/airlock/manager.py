@@ -43,6 +43,7 @@ from pathlib import Path
 from typing import Any
 
 from ..config import Field, register_section
+from ..userbounds import UidSlots
 from . import admission, ladder
 from .cgroups import (
     CgroupError,
@@ -54,7 +55,7 @@ from .cgroups import (
     read_memory_waits,
     v2_hold_bytes,
 )
-from .policy import Policy, PolicyError, PolicyStore, parse
+from .policy import Policy, PolicyError, PolicyStore
 from .signals import PriPoller, PsiTrigger, V1Eventfd, mem_available, psi_window, read_psi
 
 log = logging.getLogger("laminar.airlock")
@@ -62,6 +63,10 @@ log = logging.getLogger("laminar.airlock")
 # A fresh tick reads usage and PSI averages between event wake-ups. 50 ms: memory grows by
 # at most a few hundred MiB in that time; the event sources (eventfd, PSI, BPF) wake us sooner.
 TICK_S = 0.05
+# Policy texts a user may have parsed at once (POST /v1/policy/validate with {"text": ...}: each
+# is a child process, policy.parse_bounded), and all users together; past it 429 at once.
+POLICY_PARSES_PER_UID = 1
+POLICY_PARSES_ALL_USERS = 4
 # The tick while no job runs: only keeps PSI triggers and caps in step (footprint of an idle node).
 IDLE_TICK_S = 1.0
 # Edge signals (a PSI trigger, a reclaim tracepoint, pressure_level medium) count as "stall
@@ -138,6 +143,8 @@ class Airlock:
         self.hold_allocator = hold_allocator
         self._initial_policy = policy
         self.migrate = migrate
+        self._parses = UidSlots("policy texts being parsed", POLICY_PARSES_PER_UID, POLICY_PARSES_ALL_USERS,
+                                "uid_policy_parses")
         self.tick_s = tick_s
         self.policy: Policy | None = None
         self.policies: PolicyStore | None = None
@@ -1050,21 +1057,26 @@ class Airlock:
             try:
                 return self.set_policy(req.body, req.peer.uid).as_dict()
             except PolicyError as e:
-                raise ApiError(422, str(e)) from None
+                raise ApiError(422, str(e), e.reason) from None
 
         async def validate_policy(req: Request) -> dict[str, Any]:
-            from .policy import validate
+            from .policy import parse_bounded, validate
 
             body = req.body
             if isinstance(body, dict) and set(body) == {"text"} and isinstance(body["text"], str):
+                # text may be TOML: parsed in a child with a time bound (policy.parse_bounded),
+                # one at a time per user (POLICY_PARSES_PER_UID), never on the loop
+                api = getattr(self.agent, "api", None)
+                exempt = api.exempt(req.peer) if api is not None else req.peer.uid == 0
                 try:
-                    body = parse(body["text"])
+                    with self._parses.hold(req.peer.uid, exempt=exempt):
+                        body = await parse_bounded(body["text"])
                 except PolicyError as e:
-                    raise ApiError(422, str(e)) from None
+                    raise ApiError(413 if e.reason == "policy_too_large" else 422, str(e), e.reason) from None
             try:
                 return {"valid": True, "policy": validate(body, self.class_budget_mb)}
             except PolicyError as e:
-                raise ApiError(422, str(e)) from None
+                raise ApiError(422, str(e), e.reason) from None
 
         async def airlock_status(req: Request) -> dict[str, Any]:
             return self.status()

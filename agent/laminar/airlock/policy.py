@@ -72,10 +72,25 @@ SCHEMA = [
 ]
 
 
-class PolicyError(ValueError):
-    """An invalid policy; `problems` lists every one, each naming the key and the value."""
+# A policy given as text (``POST /v1/policy/validate`` with {"text": ...}): real documents are
+# under 4 KiB. CPython's TOML parser is quadratic in dotted keys (3.7 s for 32 KB, an hour for
+# the API's 1 MiB body) and recursive (nested arrays: RecursionError), so text that is not JSON
+# is parsed in a child process (`parse_bounded`) killed after POLICY_PARSE_S, never on the loop.
+POLICY_TEXT_MAX = 64 << 10
+POLICY_PARSE_S = 2.0
+# An invalid policy lists at most this many problems (a document of 100,000 unknown keys was a
+# multi-megabyte answer), then how many more there were.
+PROBLEMS_SHOWN = 20
 
-    def __init__(self, problems: list[str]) -> None:
+
+class PolicyError(ValueError):
+    """An invalid policy; `problems` lists every one (the first PROBLEMS_SHOWN, then how many
+    more), each naming the key and the value."""
+
+    def __init__(self, problems: list[str], reason: str = "policy_invalid") -> None:
+        self.reason = reason  # counted in api.refused_by_reason
+        if len(problems) > PROBLEMS_SHOWN:
+            problems = [*problems[:PROBLEMS_SHOWN], f"policy: ... and {len(problems) - PROBLEMS_SHOWN} more problems"]
         super().__init__("\n".join(problems))
         self.problems = problems
 
@@ -112,14 +127,18 @@ def validate(doc: Any, config_caps_mb: dict[str, int] | None = None) -> dict[str
         raise PolicyError([f"policy: expected a JSON object / TOML table, got {type(doc).__name__}"])
     problems: list[str] = []
     unknown = sorted(set(doc) - set(DEFAULT))
-    for k in unknown:
-        problems.append(f"policy: unknown key {k!r}; allowed: {', '.join(sorted(DEFAULT))}")
+    for k in unknown[:PROBLEMS_SHOWN + 1]:
+        problems.append(f"policy: unknown key {_brief(k)}; allowed: {', '.join(sorted(DEFAULT))}")
+    problems += [""] * max(0, len(unknown) - PROBLEMS_SHOWN - 1)  # counted, not formatted
     for section in ("thresholds", "hysteresis", "rungs", "class_weights", "class_caps_mb", "job_default_mb"):
         if section in doc and not isinstance(doc[section], dict):
             problems.append(f"policy: {section} must be a table, got {doc[section]!r}")
     if problems:
         raise PolicyError(problems)
-    p = merge(DEFAULT, doc)
+    try:
+        p = merge(DEFAULT, doc)
+    except RecursionError:
+        raise PolicyError(["policy: nested too deeply (a policy is tables of one or two levels)"]) from None
 
     for key, v in p["thresholds"].items():
         if key not in DEFAULT["thresholds"]:
@@ -190,6 +209,80 @@ def validate(doc: Any, config_caps_mb: dict[str, int] | None = None) -> dict[str
     if problems:
         raise PolicyError(problems)
     return p
+
+
+def _brief(v: Any) -> str:
+    from laminar.inputs import brief
+
+    return brief(v)
+
+
+# The child that parses policy text (`parse_bounded`): JSON, else TOML, printed back as JSON;
+# its address space and CPU time are limited before it reads a byte.
+_PARSE_CHILD = """
+import json, resource, sys, tomllib
+resource.setrlimit(resource.RLIMIT_AS, (512 << 20, 512 << 20))
+resource.setrlimit(resource.RLIMIT_CPU, (5, 5))
+text = sys.stdin.buffer.read().decode("utf-8", errors="replace")
+try:
+    try:
+        doc = json.loads(text)
+    except ValueError:
+        doc = tomllib.loads(text)
+    out = {"doc": doc}
+except tomllib.TOMLDecodeError as e:
+    out = {"error": f"policy: neither valid JSON nor valid TOML: {e}"}
+except (RecursionError, MemoryError):
+    out = {"error": "policy: nested too deeply or too large (a policy is tables of one or two levels)"}
+try:
+    data = json.dumps(out)
+except (RecursionError, ValueError):
+    data = json.dumps({"error": "policy: nested too deeply (a policy is tables of one or two levels)"})
+sys.stdout.write(data)
+"""
+
+
+async def parse_bounded(text: str) -> Any:
+    """:func:`parse` for text a caller sent, bounded: at most POLICY_TEXT_MAX characters; JSON
+    is read here (linear), anything else in a child process (``python -I -S``, 512 MiB, killed
+    after POLICY_PARSE_S). Raises PolicyError naming what was wrong."""
+    import asyncio
+    import subprocess
+    import sys
+
+    if len(text) > POLICY_TEXT_MAX:
+        raise PolicyError([f"policy: {len(text)} characters of text, at most {POLICY_TEXT_MAX} (a policy is a few "
+                           "KiB: docs/policy.md)"], "policy_too_large")
+    try:
+        return json.loads(text)
+    except RecursionError:
+        raise PolicyError(["policy: nested too deeply (a policy is tables of one or two levels)"]) from None
+    except ValueError:
+        pass
+    proc = await asyncio.create_subprocess_exec(sys.executable, "-I", "-S", "-c", _PARSE_CHILD,
+                                                stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                                stderr=subprocess.DEVNULL, start_new_session=True)
+    try:
+        out, _ = await asyncio.wait_for(proc.communicate(text.encode("utf-8", "surrogatepass")), POLICY_PARSE_S)
+    except TimeoutError:
+        raise PolicyError([f"policy: the text took longer than {POLICY_PARSE_S:g} s to parse (TOML's dotted keys "
+                           "cost the parser quadratic time); send it as JSON, or shorter"], "policy_parse_timeout") from None
+    finally:
+        if proc.returncode is None:
+            try:
+                proc.kill()
+            except ProcessLookupError:
+                pass
+            await proc.wait()  # killed, never in uninterruptible sleep: it only reads a pipe
+    try:
+        res = json.loads(out) if len(out) <= 4 * POLICY_TEXT_MAX else {"error": "policy: too large once parsed"}
+    except (ValueError, RecursionError):
+        res = None
+    if not isinstance(res, dict) or ("doc" not in res and "error" not in res):
+        raise PolicyError(["policy: the text could not be parsed (the parser failed: out of memory or CPU time)"])
+    if "error" in res:
+        raise PolicyError([str(res["error"])[:2000]])
+    return res["doc"]
 
 
 def parse(text: str | bytes) -> Any:

@@ -458,21 +458,31 @@ def _snapshot_file(src: Path, dst: Path) -> None:
 
 
 def parse_duration(v: Any) -> float:
-    """60, 60.0, "60", "60s", "2m", "1h" -> seconds. Raises ValueError naming the value."""
+    """60, 60.0, "60", "60s", "2m", "1h" -> seconds. Raises ValueError naming the value (cut:
+    laminar.inputs.brief); text longer than NUMBER_TEXT_MAX and integers past a float (10**400:
+    an OverflowError, a 500 before) included."""
+    from laminar.inputs import NUMBER_TEXT_MAX, brief
+
+    bad = f"duration {brief(v)}: expected seconds or a number with s, m or h (60s, 2m)"
     if isinstance(v, bool):
-        raise ValueError(f"duration {v!r}: expected seconds or a number with s, m or h (60s, 2m)")
+        raise ValueError(bad)
     if isinstance(v, int | float):
-        secs = float(v)
+        try:
+            secs = float(v)
+        except OverflowError:
+            raise ValueError(f"duration {brief(v)}: must be > 0 and finite") from None
     else:
         t = str(v).strip().lower()
+        if len(t) > NUMBER_TEXT_MAX or not t.isascii():
+            raise ValueError(bad)
         mult = {"s": 1.0, "m": 60.0, "h": 3600.0}.get(t[-1:], None)
         num = t[:-1] if mult else t
         try:
             secs = float(num) * (mult or 1.0)
         except ValueError:
-            raise ValueError(f"duration {v!r}: expected seconds or a number with s, m or h (60s, 2m)") from None
+            raise ValueError(bad) from None
     if not math.isfinite(secs) or secs <= 0:
-        raise ValueError(f"duration {v!r}: must be > 0")
+        raise ValueError(f"duration {brief(v)}: must be > 0")
     return secs
 
 
@@ -2762,16 +2772,20 @@ class ReclaimComponent(BuddiesMixin, GuardMixin, ReplicasMixin, WithdrawMixin, S
 
     def routes(self) -> list[Any]:
         from laminar.api import ApiError, Request, Route
+        from laminar.inputs import brief
 
         async def post_reclaim(req: Request) -> dict[str, Any]:
             b = req.body if isinstance(req.body, dict) else {}
             if "notice_s" not in b:
                 raise ApiError(400, "reclaim: body must be {\"notice_s\": seconds (or \"60s\"), \"node\"?: id, \"reason\"?}")
             node = b.get("node")
-            if node is not None and (isinstance(node, bool) or not isinstance(node, int) or node <= 0):
-                raise ApiError(400, f"reclaim: node {node!r}: expected a node id (see `laminarctl zone peers`)")
+            if node is not None and (isinstance(node, bool) or not isinstance(node, int) or not 0 < node < 1 << 32):
+                raise ApiError(400, f"reclaim: node {brief(node)}: expected a node id (see `laminarctl zone peers`)")
+            reason = b.get("reason")
+            if reason is not None and (not isinstance(reason, str) or len(reason) > 200):
+                raise ApiError(400, f"reclaim: reason {brief(reason)}: expected text of at most 200 characters")
             try:
-                return await self.announce(b["notice_s"], node, str(b.get("reason") or f"announced by uid {req.peer.uid}"))
+                return await self.announce(b["notice_s"], node, reason or f"announced by uid {req.peer.uid}")
             except ValueError as e:
                 raise ApiError(400, f"reclaim: {e}") from None
             except MigrateError as e:
@@ -2780,13 +2794,13 @@ class ReclaimComponent(BuddiesMixin, GuardMixin, ReplicasMixin, WithdrawMixin, S
         async def cancel_reclaim(req: Request) -> dict[str, Any]:
             b = {} if req.body is None else req.body
             if not isinstance(b, dict) or set(b) - {"node", "reason"}:
-                raise ApiError(400, f"reclaim cancel: body {b!r}: expected {{\"node\"?: id, \"reason\"?: text}}")
+                raise ApiError(400, f"reclaim cancel: body {brief(b)}: expected {{\"node\"?: id, \"reason\"?: text}}")
             node = b.get("node")
-            if node is not None and (isinstance(node, bool) or not isinstance(node, int) or node <= 0):
-                raise ApiError(400, f"reclaim cancel: node {node!r}: expected a node id (see `laminarctl zone peers`)")
+            if node is not None and (isinstance(node, bool) or not isinstance(node, int) or not 0 < node < 1 << 32):
+                raise ApiError(400, f"reclaim cancel: node {brief(node)}: expected a node id (see `laminarctl zone peers`)")
             reason = b.get("reason")
             if reason is not None and (not isinstance(reason, str) or len(reason) > 200):
-                raise ApiError(400, f"reclaim cancel: reason {reason!r}: expected text of at most 200 characters")
+                raise ApiError(400, f"reclaim cancel: reason {brief(reason)}: expected text of at most 200 characters")
             try:
                 return await self.cancel(node, reason or f"cancelled by uid {req.peer.uid}")
             except LookupError as e:
@@ -2806,7 +2820,7 @@ class ReclaimComponent(BuddiesMixin, GuardMixin, ReplicasMixin, WithdrawMixin, S
         async def settle(req: Request) -> dict[str, Any]:
             b = req.body
             if not isinstance(b, dict) or set(b) - {"decision"} or b.get("decision") not in ("run-here", "gone"):
-                raise ApiError(400, f"settle: body {b!r}: expected {{\"decision\": \"run-here\" | \"gone\"}}")
+                raise ApiError(400, f"settle: body {brief(b)}: expected {{\"decision\": \"run-here\" | \"gone\"}}")
             try:
                 return await self.settle_handover(req.params["job"], b["decision"], by=f"uid {req.peer.uid}")
             except LookupError as e:
@@ -2828,7 +2842,10 @@ class ReclaimComponent(BuddiesMixin, GuardMixin, ReplicasMixin, WithdrawMixin, S
             if self.root is None:
                 view: dict[str, Any] = {"now": time.time(), "replicas": [], "totals": {}}
             else:
-                view = self.replica_view(await self.replica_scan())
+                api = getattr(self.agent, "api", None)  # the caller's worker-thread slot while it scans
+                with api.work_slot(req.peer) if api is not None else contextlib.nullcontext():
+                    scan = await self.replica_scan()
+                view = self.replica_view(scan)
             rows = view["replicas"] if self._sees_all(req.peer) else \
                 [r if r.get("owner_uid") == req.peer.uid else redact_replica(r) for r in view["replicas"]]
             if totals in ("1", "true"):
@@ -2838,7 +2855,7 @@ class ReclaimComponent(BuddiesMixin, GuardMixin, ReplicasMixin, WithdrawMixin, S
         async def drop_replica(req: Request) -> dict[str, Any]:
             b = {} if req.body is None else req.body
             if not isinstance(b, dict) or set(b) - {"force"} or not isinstance(b.get("force", False), bool):
-                raise ApiError(400, f"replicas drop: body {b!r}: expected {{\"force\"?: true|false}}")
+                raise ApiError(400, f"replicas drop: body {brief(b)}: expected {{\"force\"?: true|false}}")
             try:
                 return await self.drop_replica_and_tell(req.params["key"], force=bool(b.get("force", False)),
                                                         by=f"uid {req.peer.uid}")

@@ -65,6 +65,7 @@ META_KEY = "netguard.attachment"
 # Link events coalesce: after a look for tunnels, the next waits at least this long (a host
 # making hundreds of container veths raises as many events; one look covers them all).
 TUNNEL_EVENT_GAP_S = 0.2
+MAP_COUNTS_S = 1.0  # map_rows counts the hash maps' entries at most this often
 
 
 def _u64(v: int) -> bytes:
@@ -118,6 +119,7 @@ class NetGuard:
     def __init__(self) -> None:
         self.obj: BpfObject | None = None
         self.maps: dict[str, BpfMap] = {}
+        self._map_counts: tuple[float, dict[str, int]] | None = None  # (monotonic, entries by map name)
         self.ifname = ""
         self.ifindex = 0
         self.pin_root = Path("/sys/fs/bpf/laminar")
@@ -579,9 +581,17 @@ class NetGuard:
         return {names[i]: m.lookup_percpu_sum(abi.u32(i)) for i in sorted(names)}
 
     def map_rows(self) -> list[dict[str, Any]]:
+        """Each map with its entry count. A hash map is counted key by key (a syscall each: about
+        10,000 for lm_jobs, lm_job_stats, lm_flows and lm_frags), so the counts are taken at most
+        every MAP_COUNTS_S: any local user may ask GET /v1/status or /v1/bpf/maps in a loop."""
+        now = time.monotonic()
+        if self._map_counts is None or now - self._map_counts[0] >= MAP_COUNTS_S:
+            self._map_counts = (now, {name: sum(1 for _ in m.keys()) for name, m in self.maps.items()
+                                      if m.type_name not in ("array", "percpu_array")})
+        counts = self._map_counts[1]
         rows = []
         for name, m in self.maps.items():
-            entries = sum(1 for _ in m.keys()) if m.type_name not in ("array", "percpu_array") else m.max_entries
+            entries = counts.get(name, 0) if m.type_name not in ("array", "percpu_array") else m.max_entries
             rows.append({"name": name, "type": m.type_name, "key_size": m.key_size, "value_size": m.value_size,
                          "entries": entries, "max_entries": m.max_entries, "pin": str(self.pin_root / name)})
         return rows

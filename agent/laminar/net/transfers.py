@@ -78,6 +78,7 @@ from prometheus_client import Gauge
 from ..api import ApiError, Request, Route
 from ..bpf import abi
 from ..config import Field, register_section
+from ..inputs import brief
 from . import killswitch as ks
 from .htb import HtbError, HtbTree, priority_of, remove_tree
 from .shaper import (
@@ -150,6 +151,9 @@ SCHEMA = [
 ]
 
 TRANSFER_CUT = "transfer"  # a cut set through a transfer id: lingers, then expires
+# The longest flow name read (a transfer id, or a 5-tuple: IPv6 ones are under 100 characters):
+# a longer one was parsed, quoted whole in the error and kept in the parse cache.
+FLOW_TEXT_MAX = 128
 OPERATOR_CUT = "operator"  # a cut set by 5-tuple: stays until kill-flow ... off
 DEFAULT_CUT_LINGER_S = 900.0  # a TCP connection whose every packet is dropped gives up in ~15 min (tcp_retries2)
 SWEEP_S = 1.0  # how often expired cuts are looked for
@@ -758,7 +762,7 @@ class TransferRegistry:
         if t is None:
             raise ApiError(404, f"unknown transfer {tid!r}")
         if isinstance(sent_bytes, bool) or not isinstance(sent_bytes, int) or not 0 <= sent_bytes <= t.total_bytes:
-            raise ApiError(400, f"sent_bytes = {sent_bytes!r}: expected an integer in 0..{t.total_bytes}")
+            raise ApiError(400, f"sent_bytes = {brief(sent_bytes)}: expected an integer in 0..{t.total_bytes}")
         if not isinstance(acked, bool):
             raise ApiError(400, f"acked = {acked!r}: expected true or false")
         t.reported_bytes = max(t.reported_bytes, sent_bytes)
@@ -769,7 +773,11 @@ class TransferRegistry:
         return t
 
     def resolve_flow(self, name: str) -> tuple[ks.FlowKey, int]:
-        """A transfer id or a 5-tuple -> (flow key, job num). Raises ApiError."""
+        """A transfer id or a 5-tuple -> (flow key, job num). Raises ApiError (a name longer than
+        FLOW_TEXT_MAX: 400, before it is parsed or remembered by the parse cache)."""
+        if len(name) > FLOW_TEXT_MAX:
+            raise ApiError(400, f"flow {name[:60]!r}... ({len(name)} characters): a transfer id or a 5-tuple is at "
+                                f"most {FLOW_TEXT_MAX} characters")
         t = self.transfers.get(name)
         if t is not None:
             return t.flow, t.job_num
@@ -930,19 +938,26 @@ class TransferRegistry:
                 raise ApiError(400, f"missing {key!r}: expected job (id), flow (tcp:SADDR:SPORT->DADDR:DPORT), "
                                     "total_bytes (> 0), deadline_s (seconds from now)")
         total = b["total_bytes"]
-        if isinstance(total, bool) or not isinstance(total, int):
-            raise ApiError(400, f"total_bytes = {total!r}: expected an integer > 0")
+        # integers past 2**63 (10**400 was a 500: float() of it overflowed in the check below)
+        if isinstance(total, bool) or not isinstance(total, int) or not 0 < total < 1 << 63:
+            raise ApiError(400, f"total_bytes = {brief(total)}: expected an integer > 0 and below 2**63")
         max_rate = b.get("max_rate_bps")
-        if max_rate is not None and (isinstance(max_rate, bool) or not isinstance(max_rate, int)):
-            raise ApiError(400, f"max_rate_bps = {max_rate!r}: expected an integer (bit/s)")
+        if max_rate is not None and (isinstance(max_rate, bool) or not isinstance(max_rate, int)
+                                     or not 0 <= max_rate < 1 << 63):
+            raise ApiError(400, f"max_rate_bps = {brief(max_rate)}: expected an integer (bit/s) below 2**63")
         sent = b.get("sent_bytes", 0)
-        if isinstance(sent, bool) or not isinstance(sent, int):
-            raise ApiError(400, f"sent_bytes = {sent!r}: expected an integer >= 0")
+        if isinstance(sent, bool) or not isinstance(sent, int) or not 0 <= sent < 1 << 63:
+            raise ApiError(400, f"sent_bytes = {brief(sent)}: expected an integer >= 0 and below 2**63")
+        if not isinstance(b["flow"], str) or len(b["flow"]) > FLOW_TEXT_MAX:
+            raise ApiError(400, f"flow {str(b['flow'])[:60]!r}: expected a 5-tuple like tcp:10.0.0.1:40000->10.0.0.2:7000 "
+                                f"(at most {FLOW_TEXT_MAX} characters)")
+        if not isinstance(b["job"], str) or len(b["job"]) > 64:
+            raise ApiError(400, f"job {str(b['job'])[:60]!r}: expected a job id (job-3)")
         try:
-            flow = ks.FlowKey.parse(str(b["flow"]))
+            flow = ks.FlowKey.parse(b["flow"])
         except ks.KillSwitchError as e:
             raise ApiError(400, str(e)) from None
-        job, job_num = self._job(str(b["job"]))
+        job, job_num = self._job(b["job"])
         t = await self._run(self.add, job, job_num, flow, total, b["deadline_s"], transfer_id=b.get("id"),
                             sent_bytes=sent, max_rate_bps=max_rate)
         return t.as_dict(time.monotonic_ns(), self.tree.major if self.tree else 0)

@@ -48,6 +48,14 @@ owner and root: anyone else sees the names with each value replaced by `REDACTED
 ``"env_redacted": true``). The command line is shown to all, as ``ps`` shows it. A job's files
 are its owner's alone: its log (mode 0600, owned by the owner), its checkpoint directory
 (0700, owner) and the store holding its spec (``laminar.db``, 0600, root).
+
+What a user's requests cost the agent is bounded: a spec holds at most ``SPEC_BYTES_MAX`` (64
+KiB: command, env, cwd and resume_from together, with caps per item; `check_spec_size`, from
+`JobSpec.validate`, so every path that builds a spec gets it); its numbers are read in linear
+time within their ranges (`parse_memory_mb`, laminar.inputs); GET /v1/jobs answers pages
+(`LIST_PAGE_DEFAULT`); a user keeps at most ``jobs.keep_ended_per_user`` ended records, pruned
+first with their files; a user's path probes not yet reaped are bounded (`PROBES_PER_UID`); and
+the queue's wait reasons are stored in one transaction per admission pass.
 """
 
 from __future__ import annotations
@@ -61,17 +69,21 @@ import os
 import pwd
 import re
 import signal
+import stat
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from ..airlock import admission
 from ..airlock.cgroups import LIFECYCLE_CLASSES, CgroupError, CgroupTree, Hierarchy, JobCgroup, detect
 from ..config import Field, register_section
+from ..inputs import NUMBER_TEXT_MAX, brief, size_mib
+from ..userbounds import Busy, UidSlots
 from . import gpus as gpumod
 from . import joblimits, provenance
 from .ckpt_scan import CkptScanner
@@ -101,11 +113,17 @@ REASON_MAX = 1000
 # off the loop, bounded; one fstat per job when nothing changed). Airlock's work at risk reads
 # the last look: its tick never touches a job's files.
 CKPT_SCAN_EVERY_S = 0.5
-# Ended jobs GET /v1/jobs lists (the newest; ?limit= up to LIST_ENDED_MAX): the store keeps up
-# to config jobs.keep_ended of them (prune_ended), and reading 20,000 took the event loop
-# about 3 s per request.
-LIST_ENDED_DEFAULT = 200
-LIST_ENDED_MAX = 100_000
+# GET /v1/jobs answers a page: the jobs numbered below ?before= (all of them: none given), newest
+# first, at most ?limit= of them (LIST_PAGE_DEFAULT, at most LIST_PAGE_MAX) and no more than
+# LIST_PAGE_BYTES of stored spec text (at least one job), returned oldest first; the next page
+# is ?before=<the lowest number of this one>, and an empty page is the end (laminarctl jobs
+# follows them). Live jobs are listed where their numbers fall, as ended ones. Unpaged, every
+# live job plus up to 100,000 ended ones were decoded, copied and encoded on the event loop for
+# each request: 29 s for 16 jobs with 1 MiB envs, 1 s for 10,000 small ones.
+LIST_PAGE_DEFAULT = 200
+LIST_PAGE_MAX = 1000
+LIST_PAGE_BYTES = 1 << 20
+LIST_SLICE_BYTES = 128 << 10  # a page is encoded this much at a time, a loop round between
 # What a job's env values read as to a caller who is neither the job's owner nor root.
 REDACTED = "<redacted>"
 
@@ -116,6 +134,9 @@ REDACTED = "<redacted>"
 MAX_PER_USER = 256
 KEEP_ENDED_S = 7 * 86400.0
 KEEP_ENDED = 10_000
+KEEP_ENDED_PER_USER = 1000
+# Pruned jobs whose files (log, checkpoint directory) may wait for the removal thread at once.
+REMOVE_QUEUE_MAX = 100_000
 # The meta key holding the highest job number pruned: numbers (and ids, log and checkpoint
 # paths, replica keys) are never given twice, also when the newest rows are pruned.
 NUM_FLOOR_KEY = "jobs.num_floor"
@@ -132,6 +153,10 @@ CONFIG_FIELDS = {
                           lambda v: None if 0 <= v <= 10 * 365 * 86400 else "out of range 0..315360000"),
     "keep_ended": Field(int, KEEP_ENDED, "at most this many ended jobs' records are kept (the oldest ended "
                         "are pruned first)", lambda v: None if 0 <= v <= 10_000_000 else "out of range 0..10000000"),
+    "keep_ended_per_user": Field(int, KEEP_ENDED_PER_USER, "at most this many ended jobs' records of one user "
+                                 "other than root are kept, pruned first (a user's oldest first): one user's "
+                                 "jobs cannot push out everyone else's history (0: no per-user limit)",
+                                 lambda v: None if 0 <= v <= 10_000_000 else "out of range 0..10000000"),
 }
 register_section("jobs", CONFIG_FIELDS)
 
@@ -227,9 +252,6 @@ JOB_TRAMPOLINE = (
 )
 TRAMPOLINE_PYTHON = next((p for p in ("/usr/bin/python3", "/bin/python3") if os.path.exists(p)), sys.executable)
 
-_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([KMGT]?)(i?B?)?\s*$", re.IGNORECASE)
-
-
 def check_owner_ids(uid: Any, gid: Any) -> None:
     """Raises JobError unless `uid` and `gid` are ids a job may run as: integers 0..2**32-2
     (-1, that is 2**32-1, means "leave unchanged" to setresuid: a job "as uid -1" would keep the
@@ -257,6 +279,14 @@ def drop_privileges_argv(uid: int, gid: int) -> list[str]:
 # mount never answers.
 PROBE_S = 10.0
 _REAPERS: set[asyncio.Task[Any]] = set()
+# Path probes of one user (and of all users) that may exist at once, counted from the spawn
+# until the probe is reaped, not until its submission is answered: a probe stuck on its owner's
+# own hung mount (a FUSE server that read the request and never answers) is killed at PROBE_S
+# but stays in uninterruptible sleep, unreaped, for as long as the mount hangs. Past the bound
+# the submission is refused at once (429), so one user cannot leave processes (and, on Python
+# 3.11 without the pidfd watcher, threads) piling up at one per submission.
+PROBES_PER_UID = 4
+PROBES_ALL_USERS = 64
 
 # The probe, as the job's owner: $1 the command to find in $3 (a PATH) when not empty (exit 4 if no
 # directory of it holds an executable file of that name, as shutil.which), $2 the working
@@ -271,20 +301,27 @@ PROBE_SH = (
 )
 
 
-async def check_paths(cwd: str | None, exe: str | None, path_env: str, uid: int, gid: int) -> None:
+async def check_paths(cwd: str | None, exe: str | None, path_env: str, uid: int, gid: int,
+                      slots: UidSlots | None = None) -> None:
     """Raises JobError unless `exe` (when given) is an executable file in one of `path_env`'s
     directories, and `cwd` (when given) is a directory that `uid`/`gid` may enter, both asked as
     that user (root when uid is 0): asked as root, the answers told a user whether files exist
     in directories closed to them. The questions go to one child process with PROBE_S to answer,
     never to the agent's own thread: a stat on hung storage blocks until the storage answers,
     which would stop the event loop (every request, the kill-switch included) for as long. The
-    child holds the user's limits (`joblimits.helper_argv`), not the agent's."""
+    child holds the user's limits (`joblimits.helper_argv`), not the agent's. `slots` counts the
+    probe against `uid` until it is reaped (PROBES_PER_UID): QuotaError (429) past it."""
     if cwd is None and exe is None:
         return
     try:
         enter = [*joblimits.helper_argv(uid, gid), *(drop_privileges_argv(uid, gid) if uid else [])]
     except joblimits.LimitsError as e:
         raise JobError(str(e)) from None
+    if slots is not None:
+        try:
+            slots.take(uid)
+        except Busy as e:
+            raise QuotaError(e.message, reason=e.reason) from None
     argv = [*enter, "/bin/sh", "-c", PROBE_SH, "laminar-probe", exe or "", cwd or "", path_env,
             "/bin/sh", "-c", 'cd -- "$0"']
     what = " and ".join([*([f"PATH {path_env!r}"] if exe else []), *([f"cwd {cwd!r}"] if cwd else [])])
@@ -292,7 +329,13 @@ async def check_paths(cwd: str | None, exe: str | None, path_env: str, uid: int,
         proc = await asyncio.create_subprocess_exec(*argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
                                                     stderr=subprocess.DEVNULL, cwd="/", start_new_session=True)
     except OSError as e:
+        if slots is not None:
+            slots.release(uid)
         raise JobError(f"{what}: cannot check: {e}") from None
+    except BaseException:
+        if slots is not None:
+            slots.release(uid)
+        raise
     try:
         code = await asyncio.wait_for(proc.wait(), PROBE_S)
     except TimeoutError:
@@ -307,6 +350,10 @@ async def check_paths(cwd: str | None, exe: str | None, path_env: str, uid: int,
             reaper = asyncio.get_running_loop().create_task(proc.wait())
             _REAPERS.add(reaper)
             reaper.add_done_callback(_REAPERS.discard)
+            if slots is not None:  # the owner's probe counts until then
+                reaper.add_done_callback(lambda _t: slots.release(uid))
+        elif slots is not None:
+            slots.release(uid)
     if code == 4:
         raise JobError(f"command {exe!r}: not found in PATH (as uid {uid}, who runs the job)")
     if code not in (0, 2, 3):  # 2, 3: cd or [ -d ] said no; else the check itself could not run as uid
@@ -423,7 +470,12 @@ def caller_gids(gid: int, pid: int) -> set[int]:
 
 
 class JobError(ValueError):
-    """A job request that cannot be done; the message names the value and what is allowed."""
+    """A job request that cannot be done; the message names the value and what is allowed.
+    `reason`: a short stable word for the API's refusal counts (``api.refused_by_reason``)."""
+
+    def __init__(self, message: str = "", reason: str | None = None) -> None:
+        super().__init__(message)
+        self.reason = reason
 
 
 class GrantError(Exception):
@@ -449,7 +501,9 @@ class AdmissionError(JobError):
 
 
 def parse_memory_mb(value: Any) -> int | None:
-    """'512M', '2G', '1.5G', '2048' (MiB), 512 (MiB) -> MiB; None/'' -> None (no limit)."""
+    """'512M', '2G', '1.5G', '2048' (MiB), 512 (MiB) -> MiB; None/'' -> None (no limit). Read in
+    linear time (`laminar.inputs.size_mib`: at most NUMBER_TEXT_MAX characters, checked first);
+    JobError naming the value (cut) and the range otherwise, never an OverflowError."""
     if value is None or value == "":
         return None
     if isinstance(value, bool):
@@ -457,13 +511,13 @@ def parse_memory_mb(value: Any) -> int | None:
     if isinstance(value, int):
         mb = value
     else:
-        m = _SIZE.match(str(value))
-        if not m:
-            raise JobError(f"memory {value!r}: expected a size like 512M or 2G, or MiB as an integer")
-        num, unit = float(m.group(1)), m.group(2).upper()
-        mb = int(num * {"": 1, "K": 1 / 1024, "M": 1, "G": 1024, "T": 1024 * 1024}[unit])
+        mb_text = size_mib(str(value)) if isinstance(value, (str, float)) else None
+        if mb_text is None:
+            raise JobError(f"memory {brief(value)}: expected a size like 512M or 2G, or MiB as an integer "
+                           f"(at most {NUMBER_TEXT_MAX} characters)")
+        mb = mb_text
     if not 1 <= mb <= MEMORY_MB_MAX:
-        raise JobError(f"memory {value!r}: must be between 1 MiB and {MEMORY_MB_MAX} MiB")
+        raise JobError(f"memory {brief(value)}: must be between 1 MiB and {MEMORY_MB_MAX} MiB")
     return mb
 
 
@@ -477,9 +531,9 @@ def parse_signal(value: Any) -> str:
             name = str(value).upper()
             name = signal.Signals[name if name.startswith("SIG") else "SIG" + name].name
     except (KeyError, ValueError):
-        raise JobError(f"checkpoint signal {value!r}: expected a signal name like SIGUSR1 or a number") from None
+        raise JobError(f"checkpoint signal {_brief(value)}: expected a signal name like SIGUSR1 or a number") from None
     if name in ("SIGKILL", "SIGSTOP"):
-        raise JobError(f"checkpoint signal {value!r}: {name} cannot be caught, so the job could never checkpoint "
+        raise JobError(f"checkpoint signal {_brief(value)}: {name} cannot be caught, so the job could never checkpoint "
                        "on it; use a catchable signal such as SIGUSR1 (the default) or SIGUSR2")
     return name
 
@@ -491,7 +545,7 @@ def parse_grace_s(value: Any) -> float | None:
     if value is None:
         return None
     if isinstance(value, bool) or not isinstance(value, int | float) or not 0 <= value <= STOP_GRACE_MAX_S:
-        raise JobError(f"grace_s {value!r}: expected seconds from 0 to {STOP_GRACE_MAX_S:g}")
+        raise JobError(f"grace_s {_brief(value)}: expected seconds from 0 to {STOP_GRACE_MAX_S:g}")
     return float(value)
 
 
@@ -500,9 +554,9 @@ def _has_nul(*texts: Any) -> bool:
 
 
 def _brief(value: Any, limit: int = 80) -> str:
-    """repr(value), cut to `limit` characters (an error names a huge value without quoting it whole)."""
-    text = repr(value)
-    return text if len(text) <= limit else f"{text[:limit]}... ({len(value) if hasattr(value, '__len__') else '?'} items)"
+    """repr(value), cut to `limit` characters (an error names a huge value without quoting it whole;
+    `laminar.inputs.brief`: nor builds its whole repr)."""
+    return brief(value, limit)
 
 
 def parse_gpus(value: Any) -> int | list[int]:
@@ -515,18 +569,20 @@ def parse_gpus(value: Any) -> int | list[int]:
         raise JobError(f"gpus {value!r}: expected a count (2) or indices (0,1)")
     if isinstance(value, int):
         if not 0 <= value <= top:
-            raise JobError(f"gpus {value}: a count must be 0 to at most {top}")
+            raise JobError(f"gpus {_brief(value)}: a count must be 0 to at most {top}")
         return value
     if isinstance(value, str):
         s = value.strip()
-        if s.isdigit() and "," not in s:
-            return parse_gpus(int(s))
         if s.count(",") >= top:
             raise JobError(f"gpus {_brief(value)}: at most {top} indices")
-        try:
-            value = [int(x) for x in s.split(",")]
-        except ValueError:
-            raise JobError(f"gpus {_brief(value)}: expected a count (2) or indices (0,1)") from None
+        # ASCII digits only ('²'.isdigit() is true, and int() refuses it), and no more than a
+        # count or an index can have (int() of 5,000 digits raises)
+        parts = [x.strip() for x in s.split(",")]
+        if not all(x.isascii() and x.isdigit() and len(x) <= 6 for x in parts):
+            raise JobError(f"gpus {_brief(value)}: expected a count (2) or indices (0,1)")
+        if len(parts) == 1:
+            return parse_gpus(int(parts[0]))
+        value = [int(x) for x in parts]
     if isinstance(value, list) and all(isinstance(i, int) and not isinstance(i, bool) for i in value):
         if len(value) > top:
             raise JobError(f"gpus {_brief(value)}: at most {top} indices (no node has more GPUs)")
@@ -537,6 +593,76 @@ def parse_gpus(value: Any) -> int | list[int]:
             raise JobError(f"gpus {_brief(value)}: indices must be unique")
         return list(value)
     raise JobError(f"gpus {_brief(value)}: expected a count (2) or indices (0,1)")
+
+
+# What a job spec may hold (docs/operations.md, "What a job spec may hold"). A spec is kept in
+# memory while the job lives (256 per user), stored with its record, listed, sent to peers on a
+# move: the API's 1 MiB body cap alone let one user hold gigabytes (a 1 MiB env is 8.7 MB of
+# Python objects). SPEC_BYTES_MAX bounds what the user writes: command, env, cwd and resume_from
+# together, in UTF-8 bytes (an argument and an env entry count one byte more: the NUL execve
+# adds; "NAME=value" the '='). The agent's own env entries (names starting LM_: a move's origin,
+# a placement id) have SPEC_AGENT_ENV_MAX on top, so a spec at the cap can still move.
+SPEC_BYTES_MAX = 64 << 10
+SPEC_AGENT_ENV_MAX = 4 << 10
+ARGV_ITEMS_MAX = 4096  # arguments of the command
+ARG_BYTES_MAX = 32 << 10  # one argument (the kernel's own limit is 128 KiB)
+ENV_NAMES_MAX = 1024  # names in the env
+ENV_NAME_BYTES_MAX = 256  # one env name
+ENV_VALUE_BYTES_MAX = 32 << 10  # one env value
+PATH_BYTES_MAX = 4096  # cwd, resume_from (PATH_MAX)
+# Elastic workers: one GPU each, and no node has more than gpus.GPUS_MAX GPUs (the options the
+# elastic round builds per job grow with elastic_max - workers; see laminar.zone.elastic).
+ELASTIC_MAX = gpumod.GPUS_MAX
+
+
+def _utf8_len(text: str) -> int:
+    return len(text.encode("utf-8", "surrogatepass"))
+
+
+def check_spec_size(spec: JobSpec) -> None:
+    """Raises JobError when `spec` holds more than a spec may (the caps above), naming the size
+    and the cap; before anything else reads it. Fields of the wrong type are left to
+    `JobSpec.validate` (it names them)."""
+    total = agent_env = 0
+    if isinstance(spec.command, list):
+        if len(spec.command) > ARGV_ITEMS_MAX:
+            raise JobError(f"command: {len(spec.command)} arguments, at most {ARGV_ITEMS_MAX}", reason="spec_too_large")
+        for i, a in enumerate(spec.command):
+            if isinstance(a, str):
+                n = _utf8_len(a)
+                if n > ARG_BYTES_MAX:
+                    raise JobError(f"command: argument {i} is {n} bytes, at most {ARG_BYTES_MAX}",
+                                   reason="spec_too_large")
+                total += n + 1
+    if isinstance(spec.env, dict):
+        if len(spec.env) > ENV_NAMES_MAX:
+            raise JobError(f"env: {len(spec.env)} names, at most {ENV_NAMES_MAX}", reason="spec_too_large")
+        for k, v in spec.env.items():
+            if not isinstance(k, str) or not isinstance(v, str):
+                continue
+            nk, nv = _utf8_len(k), _utf8_len(v)
+            if nk > ENV_NAME_BYTES_MAX:
+                raise JobError(f"env: name {_brief(k)} is {nk} bytes, at most {ENV_NAME_BYTES_MAX}",
+                               reason="spec_too_large")
+            if nv > ENV_VALUE_BYTES_MAX:
+                raise JobError(f"env {_brief(k)}: value of {nv} bytes, at most {ENV_VALUE_BYTES_MAX}",
+                               reason="spec_too_large")
+            if k.startswith("LM_"):
+                agent_env += nk + nv + 2
+            else:
+                total += nk + nv + 2
+    for what, path in (("cwd", spec.cwd), ("resume_from", spec.resume_from)):
+        if isinstance(path, str):
+            n = _utf8_len(path)
+            if n > PATH_BYTES_MAX:
+                raise JobError(f"{what}: {n} bytes, at most {PATH_BYTES_MAX}", reason="spec_too_large")
+            total += n
+    if total > SPEC_BYTES_MAX:
+        raise JobError(f"job spec: {total} bytes, at most {SPEC_BYTES_MAX} (command, env, cwd and resume_from "
+                       "together); pass large data in a file", reason="spec_too_large")
+    if agent_env > SPEC_AGENT_ENV_MAX:
+        raise JobError(f"env: LM_* entries of {agent_env} bytes, at most {SPEC_AGENT_ENV_MAX}",
+                       reason="spec_too_large")
 
 
 @dataclass
@@ -566,44 +692,47 @@ class JobSpec:
 
     def validate(self) -> JobSpec:
         """Checks every field; raises JobError naming the value and what would be right."""
+        check_spec_size(self)
         if not isinstance(self.command, list) or not self.command or not all(isinstance(a, str) for a in self.command):
-            raise JobError(f"command {self.command!r}: expected a non-empty list of strings (argv)")
+            raise JobError(f"command {_brief(self.command)}: expected a non-empty list of strings (argv)")
         if not self.command[0]:
             raise JobError("command: argv[0] is empty")
         if _has_nul(*self.command):
-            raise JobError(f"command {self.command!r}: an argument holds a NUL byte, which no argv can carry")
+            raise JobError(f"command {_brief(self.command)}: an argument holds a NUL byte, which no argv can carry")
         if not isinstance(self.name, str) or len(self.name) > 63 or not all(c.isalnum() or c in "-_." for c in self.name):
-            raise JobError(f"name {self.name!r}: 0-63 characters of letters, digits, '-', '_' or '.'")
+            raise JobError(f"name {_brief(self.name)}: 0-63 characters of letters, digits, '-', '_' or '.'")
         self.memory_mb = parse_memory_mb(self.memory_mb)
         if self.cpus is not None:
             if isinstance(self.cpus, bool) or not isinstance(self.cpus, int | float) or not CPUS_MIN <= self.cpus <= 4096:
-                raise JobError(f"cpus {self.cpus!r}: expected a number of CPUs, at least {CPUS_MIN} (the kernel's "
+                raise JobError(f"cpus {_brief(self.cpus)}: expected a number of CPUs, at least {CPUS_MIN} (the kernel's "
                                "smallest quota) and at most 4096 (fractions allowed)")
             self.cpus = float(self.cpus)
         self.gpus = parse_gpus(self.gpus)
         if self.job_class not in LIFECYCLE_CLASSES:
-            raise JobError(f"class {self.job_class!r}: expected one of {', '.join(LIFECYCLE_CLASSES)}")
+            raise JobError(f"class {_brief(self.job_class)}: expected one of {', '.join(LIFECYCLE_CLASSES)}")
         if isinstance(self.priority, bool) or not isinstance(self.priority, int) or not PRIORITY_MIN <= self.priority <= PRIORITY_MAX:
-            raise JobError(f"priority {self.priority!r}: expected an integer {PRIORITY_MIN}..{PRIORITY_MAX} (higher survives longer)")
+            raise JobError(f"priority {_brief(self.priority)}: expected an integer {PRIORITY_MIN}..{PRIORITY_MAX} (higher survives longer)")
         self.checkpoint_signal = parse_signal(self.checkpoint_signal)
         if not isinstance(self.env, dict) or not all(isinstance(k, str) and isinstance(v, str) and k and "=" not in k
                                                      for k, v in self.env.items()):
-            raise JobError(f"env {self.env!r}: expected a table of NAME = \"value\" strings")
+            raise JobError(f"env {_brief(self.env)}: expected a table of NAME = \"value\" strings")
         if _has_nul(*self.env, *self.env.values()):
-            raise JobError(f"env {self.env!r}: a name or value holds a NUL byte, which no environment can carry")
+            raise JobError(f"env {_brief(self.env)}: a name or value holds a NUL byte, which no environment can carry")
         _check_env_names(self.env)
         if self.cwd is not None and (not isinstance(self.cwd, str) or not self.cwd.startswith("/") or _has_nul(self.cwd)):
-            raise JobError(f"cwd {self.cwd!r}: expected an absolute path (with no NUL byte)")
+            raise JobError(f"cwd {_brief(self.cwd)}: expected an absolute path (with no NUL byte)")
         if not isinstance(self.lent, bool):
-            raise JobError(f"lent {self.lent!r}: expected true or false")
+            raise JobError(f"lent {_brief(self.lent)}: expected true or false")
         if (self.elastic_min is None) != (self.elastic_max is None):
             raise JobError("elastic: give both elastic_min and elastic_max, or neither")
         if self.elastic_min is not None and self.elastic_max is not None:
             ok = all(isinstance(v, int) and not isinstance(v, bool) for v in (self.elastic_min, self.elastic_max))
-            if not ok or not 1 <= self.elastic_min <= self.elastic_max:
-                raise JobError(f"elastic min {self.elastic_min!r} / max {self.elastic_max!r}: expected integers with 1 <= min <= max")
+            if not ok or not 1 <= self.elastic_min <= self.elastic_max <= ELASTIC_MAX:
+                raise JobError(f"elastic min {_brief(self.elastic_min)} / max {_brief(self.elastic_max)}: expected "
+                               f"integers with 1 <= min <= max <= {ELASTIC_MAX} (a worker takes a GPU, and no node "
+                               "has more)")
         if self.resume_from is not None and (not isinstance(self.resume_from, str) or _has_nul(self.resume_from)):
-            raise JobError(f"resume_from {self.resume_from!r}: expected a path (with no NUL byte)")
+            raise JobError(f"resume_from {_brief(self.resume_from)}: expected a path (with no NUL byte)")
         if self.remaining_s is not None:
             lo, hi = provenance.REMAINING_S_MIN, provenance.REMAINING_S_MAX
             if isinstance(self.remaining_s, bool) or not isinstance(self.remaining_s, int | float) \
@@ -632,23 +761,31 @@ class JobSpec:
         known = set(cls.__dataclass_fields__)
         unknown = sorted(set(d) - known)
         if unknown:
-            raise JobError(f"job spec: unknown keys {unknown}; allowed: {sorted(known | {'class', 'memory'})}")
+            raise JobError(f"job spec: unknown keys {_brief(unknown)}; allowed: {sorted(known | {'class', 'memory'})}")
         if "command" not in d:
             raise JobError("job spec: missing 'command' (argv list)")
         return cls(**d).validate()
 
     def as_dict(self) -> dict[str, Any]:
-        """The spec as JSON keys. The fields added since (`LATER_FIELDS`) are left out while they
-        hold their defaults: an agent of an older release refuses a spec with a key it does not
-        know, so a job that uses none of them still moves to it."""
-        d = asdict(self)
-        d["class"] = d.pop("job_class")
+        """The spec as JSON keys (``class`` for job_class, last). Built by hand: shallow copies
+        of the command, env and GPU list (their items are strings and ints), where
+        dataclasses.asdict deep-copied everything (0.31 s for an env of 88,000 entries). The
+        fields added since (`LATER_FIELDS`) are left out while they hold their defaults: an agent
+        of an older release refuses a spec with a key it does not know, so a job that uses none of
+        them still moves to it."""
+        d = {f: getattr(self, f) for f in _SPEC_FIELDS}
+        d["command"] = list(self.command) if isinstance(self.command, list) else self.command
+        d["env"] = dict(self.env) if isinstance(self.env, dict) else self.env
+        if isinstance(self.gpus, list):
+            d["gpus"] = list(self.gpus)
+        d["class"] = self.job_class
         for k, default in LATER_FIELDS.items():
             if d.get(k) == default:
                 del d[k]
         return d
 
 
+_SPEC_FIELDS = tuple(f for f in JobSpec.__dataclass_fields__ if f != "job_class")
 # JobSpec fields added after a release, with their defaults (JobSpec.as_dict)
 LATER_FIELDS: dict[str, Any] = {"remaining_s": None, "periodic_checkpoints": True}
 
@@ -690,6 +827,7 @@ class Job:
     # empty or not looked at yet (in memory: laminar.runtime.ckpt_scan sets it)
     ckpt_seen: float | None = field(default=None, compare=False, repr=False)
     origin: JobOrigin = NO_ORIGIN  # where it came from, as the agent recorded it (never from its env)
+    spec_bytes: int = 0  # the length of its stored spec text (a page of GET /v1/jobs counts it)
 
     @property
     def active(self) -> bool:
@@ -722,12 +860,19 @@ class Job:
         base = max(self.started or self.created, self.last_checkpoint() or 0.0)
         return max(0.0, now - base)
 
+    def queue_view(self) -> dict[str, Any] | None:
+        """Where a queued job stands (position, MiB it needs, free, the cap), None otherwise."""
+        if self.state != QUEUED or self.wait is None:
+            return None
+        return {"position": self.wait.position, "needs_mb": self.wait.need_mb, "free_mb": self.wait.free_mb,
+                "cap_mb": self.wait.cap_mb, "never": self.wait.never}
+
     def as_dict(self, reveal: bool = True) -> dict[str, Any]:
         """The job's record for the API. With ``reveal`` False (a caller who is neither its
         owner nor root) every env value reads `REDACTED` and ``env_redacted`` is true."""
         spec = self.spec.as_dict()
         if not reveal:
-            spec["env"] = {k: REDACTED for k in spec["env"]}
+            spec["env"] = dict.fromkeys(spec["env"], REDACTED)
         out: dict[str, Any] = {
             "id": self.id, "num": self.num, "name": self.spec.name, "state": self.state, "pid": self.pid,
             "class": self.spec.job_class, "priority": self.spec.priority, "cgroup_id": self.cgroup_id,
@@ -739,9 +884,9 @@ class Job:
             "started": self.started, "spec": spec, "env_redacted": not reveal, "limits": self.limits,
             "origin": self.origin.as_dict(),
         }
-        if self.state == QUEUED and self.wait is not None:
-            out["queue"] = {"position": self.wait.position, "needs_mb": self.wait.need_mb,
-                            "free_mb": self.wait.free_mb, "cap_mb": self.wait.cap_mb, "never": self.wait.never}
+        queue = self.queue_view()
+        if queue is not None:
+            out["queue"] = queue
         if self.active:
             try:
                 out["pids"] = self.cgroup.pids()
@@ -762,6 +907,35 @@ def oom_score_adj_for(spec: JobSpec) -> int:
     return oom_score_adj(spec.job_class, spec.priority)
 
 
+def remove_job_files(state_dir: Path, job_id: str) -> None:
+    """Removes a pruned job's log (``logs/<id>.log``) and checkpoint directory (``ckpt/<id>``),
+    never following a link: ``logs`` and ``ckpt`` are root's (0711), so the names are the agent's;
+    what lies below is the job owner's, and shutil.rmtree (file-descriptor based on Linux) removes
+    a link in it as a link. Errors are logged, never raised (the next agent leaves the rest)."""
+    if not job_id.startswith("job-") or "/" in job_id:
+        return
+    try:
+        os.unlink(state_dir / "logs" / f"{job_id}.log")
+    except FileNotFoundError:
+        pass
+    except OSError as e:
+        log.warning("jobs: cannot remove the log of pruned %s: %s", job_id, e)
+    ckpt = state_dir / "ckpt" / job_id
+    try:
+        st = os.lstat(ckpt)
+    except OSError:
+        return
+    try:
+        if stat.S_ISDIR(st.st_mode):
+            import shutil
+
+            shutil.rmtree(ckpt)
+        else:
+            os.unlink(ckpt)
+    except OSError as e:
+        log.warning("jobs: cannot remove the checkpoint directory of pruned %s: %s", job_id, e)
+
+
 class JobManager:
     """The jobs component (``agent.jobs``). See the module docstring.
 
@@ -777,7 +951,8 @@ class JobManager:
                  gpus_declared: list[int] | None = None, stop_grace_s: float = STOP_GRACE_S,
                  grants: Grants | None = None, leak_sweep_s: float = LEAK_SWEEP_S, metrics: Any = None,
                  max_per_user: int | None = None, keep_ended_s: float | None = None,
-                 keep_ended: int | None = None, job_limits: dict[str, Any] | None = None) -> None:
+                 keep_ended: int | None = None,
+                 keep_ended_per_user: int | None = None, job_limits: dict[str, Any] | None = None) -> None:
         self.agent: Any = None
         # config [job_limits] (None: the agent's config, else the defaults): what jobs start with
         self.job_limits_cfg = job_limits
@@ -786,6 +961,10 @@ class JobManager:
         self.max_per_user = max_per_user
         self.keep_ended_s = keep_ended_s
         self.keep_ended = keep_ended
+        self.keep_ended_per_user = keep_ended_per_user
+        self._remover: Any = None  # the queue of the thread that removes pruned jobs' files (_remove_files)
+        self._removing = 0  # pruned jobs whose files wait for it
+        self._removing_lock = threading.Lock()
         # who may submit which class and priority through the API (config [grants])
         self.grants = grants
         self.leak_sweep_s = leak_sweep_s
@@ -828,6 +1007,9 @@ class JobManager:
         if reason is not None:
             k = f"refused.{path}.{reason}"
             self.provenance_counts[k] = self.provenance_counts.get(k, 0) + 1
+        # path probes in flight per owner (check_paths; counted until reaped)
+        self.probes = UidSlots("path probes (a submission's cwd and PATH, checked as its owner) not yet reaped",
+                               PROBES_PER_UID, PROBES_ALL_USERS, "uid_path_probes")
 
     # -- component life ----------------------------------------------------------------------
     async def start(self, agent: Any) -> None:
@@ -869,9 +1051,12 @@ class JobManager:
                     self.job_limits_cfg = cfg.section("job_limits")
                 except (AttributeError, KeyError):
                     pass
+            if self.keep_ended_per_user is None:
+                self.keep_ended_per_user = jobs_cfg.get("keep_ended_per_user")
         self.max_per_user = MAX_PER_USER if self.max_per_user is None else self.max_per_user
         self.keep_ended_s = KEEP_ENDED_S if self.keep_ended_s is None else self.keep_ended_s
         self.keep_ended = KEEP_ENDED if self.keep_ended is None else self.keep_ended
+        self.keep_ended_per_user = KEEP_ENDED_PER_USER if self.keep_ended_per_user is None else self.keep_ended_per_user
         if self.store is None or self.state_dir is None:
             raise RuntimeError("JobManager needs a store and a state dir (an agent, or store=/state_dir=)")
         self.cgroup_root = self.cgroup_root or "laminar"
@@ -1082,35 +1267,56 @@ class JobManager:
 
     # -- retention -----------------------------------------------------------------------------
     def prune_ended(self, now: float | None = None) -> int:
-        """Delete the records of ended jobs beyond config ``jobs.keep_ended_s`` (ended longer
-        ago) and ``jobs.keep_ended`` (the oldest ended first); returns how many. Never a job
-        that has not ended (no ``ended`` recorded: queued, running, suspended, being stopped, or
-        a stop the previous agent left unfinished), nor one another component's table still
-        names (`KEEP_REFERENCED`). At most PRUNE_BATCH per call (the rest at the next one), so a
-        lowered limit never holds the event loop. The highest number pruned is kept
-        (`NUM_FLOOR_KEY`): no job number is ever given twice. Called when a job ends, at start
-        and every ``leak_sweep_s``; a store error is logged, never raised."""
+        """Delete the records of ended jobs beyond config ``jobs.keep_ended_per_user`` (a user's
+        oldest ended first: one user's submissions in a loop must not push out everyone else's
+        history), ``jobs.keep_ended_s`` (ended longer ago) and ``jobs.keep_ended`` (the oldest
+        ended first); returns how many. Never a job that has not ended (no ``ended`` recorded:
+        queued, running, suspended, being stopped, or a stop the previous agent left
+        unfinished), nor one another component's table still names (`KEEP_REFERENCED`). At most
+        PRUNE_BATCH per call (the rest at the next one), so a lowered limit never holds the event
+        loop. The highest number pruned is kept (`NUM_FLOOR_KEY`): no job number is ever given
+        twice. A pruned job's log and checkpoint directory are removed with its record, in a
+        thread (`_remove_files`). Called when a job ends, at start and every ``leak_sweep_s``;
+        a store error is logged, never raised."""
         if self.store is None:
             return 0
         now = time.time() if now is None else now
         keep_s = KEEP_ENDED_S if self.keep_ended_s is None else float(self.keep_ended_s)
         keep_n = KEEP_ENDED if self.keep_ended is None else int(self.keep_ended)
+        keep_u = KEEP_ENDED_PER_USER if self.keep_ended_per_user is None else int(self.keep_ended_per_user)
+        picked: dict[str, int] = {}  # id -> num, in the order picked
+
+        def add(rows: Any, most: int | None = None) -> None:
+            added = 0
+            for i, n in rows:
+                if len(picked) >= PRUNE_BATCH or (most is not None and added >= most):
+                    return
+                if i not in picked:
+                    picked[i] = int(n)
+                    added += 1
+
         try:
             db = self.store.db
             tables = {r[0] for r in db.execute("SELECT name FROM sqlite_master WHERE type='table'")}
             where = "ended IS NOT NULL" + "".join(
                 f" AND id NOT IN (SELECT {col} FROM {table} WHERE {col} IS NOT NULL)"
                 for table, col in KEEP_REFERENCED if table in tables)
-            old = [tuple(r) for r in db.execute(f"SELECT id, num FROM jobs WHERE {where} AND ended < ? "
-                                                "ORDER BY ended, num LIMIT ?", (now - keep_s, PRUNE_BATCH))]
-            excess = int(db.execute(f"SELECT COUNT(*) FROM jobs WHERE {where}").fetchone()[0]) - len(old) - keep_n
-            if excess > 0 and len(old) < PRUNE_BATCH:
-                old += [tuple(r) for r in db.execute(
-                    f"SELECT id, num FROM jobs WHERE {where} AND ended >= ? ORDER BY ended, num LIMIT ?",
-                    (now - keep_s, min(excess, PRUNE_BATCH - len(old))))]
-            if not old:
+            if keep_u > 0:
+                over = db.execute(f"SELECT owner_uid, COUNT(*) FROM jobs WHERE {where} AND owner_uid != 0 "
+                                  "GROUP BY owner_uid HAVING COUNT(*) > ?", (keep_u,)).fetchall()
+                for uid, n in over:
+                    add(db.execute(f"SELECT id, num FROM jobs WHERE {where} AND owner_uid = ? ORDER BY ended, num "
+                                   "LIMIT ?", (uid, min(int(n) - keep_u, PRUNE_BATCH))).fetchall())
+            add(db.execute(f"SELECT id, num FROM jobs WHERE {where} AND ended < ? ORDER BY ended, num LIMIT ?",
+                           (now - keep_s, PRUNE_BATCH)).fetchall())
+            excess = int(db.execute(f"SELECT COUNT(*) FROM jobs WHERE {where}").fetchone()[0]) - len(picked) - keep_n
+            if excess > 0 and len(picked) < PRUNE_BATCH:
+                add(db.execute(f"SELECT id, num FROM jobs WHERE {where} ORDER BY ended, num LIMIT ?",
+                               (min(excess + len(picked), 2 * PRUNE_BATCH),)).fetchall(), most=excess)
+            if not picked:
                 return 0
-            floor = max(int(self.store.get_meta(NUM_FLOOR_KEY, 0) or 0), max(int(n) for _, n in old))
+            old = list(picked.items())
+            floor = max(int(self.store.get_meta(NUM_FLOOR_KEY, 0) or 0), max(n for _, n in old))
             with self.store.tx() as tx:
                 tx.executemany("DELETE FROM jobs WHERE id = ? AND ended IS NOT NULL", [(i,) for i, _ in old])
                 tx.execute("INSERT INTO meta(key, value) VALUES(?, ?) ON CONFLICT(key) DO UPDATE SET "
@@ -1118,9 +1324,53 @@ class JobManager:
         except Exception as e:  # sqlite3.Error, a store closing under us: the next call retries
             log.warning("jobs: pruning ended jobs' records failed: %s", e)
             return 0
-        log.info("jobs: pruned the records of %d ended job(s) (oldest %s; keep_ended %d, keep_ended_s %g)",
-                 len(old), old[0][0], keep_n, keep_s)
+        log.info("jobs: pruned the records of %d ended job(s) (oldest %s; keep_ended %d, keep_ended_s %g, "
+                 "keep_ended_per_user %d)", len(old), old[0][0], keep_n, keep_s, keep_u)
+        self._remove_files([i for i, _ in old])
         return len(old)
+
+    def _remove_files(self, job_ids: builtins.list[str]) -> None:
+        """Removes the logs and checkpoint directories of pruned jobs, in the job manager's one
+        file-removal thread (the directories are their owners': an rmtree of 100,000 files must
+        not hold the loop). A directory a job that has not ended resumes from is kept. Never
+        follows a link (`remove_job_files`); at most REMOVE_QUEUE_MAX jobs wait, the rest keep
+        their files (logged)."""
+        if self.state_dir is None or not job_ids:
+            return
+        root = str(self.state_dir / "ckpt") + "/"
+        keep = {os.path.normpath(r)[len(root):].split("/", 1)[0] for r in (j.spec.resume_from for j in self.jobs.values())
+                if isinstance(r, str) and os.path.normpath(r).startswith(root)}
+        ids = [i for i in job_ids if i not in keep]
+        with self._removing_lock:
+            room = REMOVE_QUEUE_MAX - self._removing
+            if len(ids) > room:
+                log.warning("jobs: %d pruned jobs' files left in place (%d removals already waiting)",
+                            len(ids) - max(room, 0), self._removing)
+                ids = ids[:max(room, 0)]
+            self._removing += len(ids)
+        if not ids:
+            return
+        if self._remover is None:
+            # a daemon thread of its own (not an executor's, which the interpreter joins at exit:
+            # an rmtree stuck on its owner's hung mount would hold the agent's stop)
+            import queue
+
+            self._remover = queue.SimpleQueue()
+            threading.Thread(target=self._removal_thread, args=(self._remover, self.state_dir),
+                             name="lm-jobs-remove", daemon=True).start()
+        self._remover.put(ids)
+
+    def _removal_thread(self, todo: Any, state_dir: Path) -> None:
+        while True:
+            ids = todo.get()
+            for i in ids:
+                try:
+                    remove_job_files(state_dir, i)
+                except Exception:  # never let one job's files end the thread
+                    log.exception("jobs: removing the files of pruned %s failed", i)
+                finally:
+                    with self._removing_lock:
+                        self._removing -= 1
 
     # -- queries -------------------------------------------------------------------------------
     def get(self, job_id: str) -> Job | None:
@@ -1243,6 +1493,43 @@ class JobManager:
             if clean is not spec_d:
                 with self.store.tx() as db:
                     db.execute("UPDATE jobs SET spec=? WHERE id=?", (json.dumps(clean), jid))
+    def page(self, before: int | None = None, limit: int = LIST_PAGE_DEFAULT, all_jobs: bool = True,
+             max_bytes: int = LIST_PAGE_BYTES) -> builtins.list[Job]:
+        """One page of GET /v1/jobs (see LIST_PAGE_DEFAULT): the jobs numbered below `before`
+        (any: None), newest first, at most `limit` and no more than `max_bytes` of spec text (at
+        least one), oldest first; only those that have not ended unless `all_jobs`. A job in
+        memory is listed as it is there (its state is newer than its row); only the rows of the
+        page are decoded."""
+        top = ((1 << 63) - 1) if before is None else before
+        out: builtins.list[Job] = []
+        size = 0
+        if not all_jobs:
+            import heapq
+
+            for j in heapq.nlargest(limit, (j for j in self.jobs.values() if j.num < top), key=lambda j: j.num):
+                if out and size + j.spec_bytes > max_bytes:
+                    break
+                out.append(j)
+                size += j.spec_bytes
+            return out[::-1]
+        want: builtins.list[str] = []
+        for row in self.store.db.execute("SELECT id, length(spec) AS n FROM jobs WHERE num < ? ORDER BY num DESC "
+                                         "LIMIT ?", (top, limit)):
+            if want and size + int(row["n"]) > max_bytes:
+                break
+            want.append(row["id"])
+            size += int(row["n"])
+        stored = [i for i in want if i not in self.jobs]
+        rows = {}
+        if stored:
+            marks = ",".join("?" * len(stored))
+            rows = {r["id"]: r for r in self.store.db.execute(f"SELECT * FROM jobs WHERE id IN ({marks})", stored)}
+        for i in want:
+            if i in self.jobs:
+                out.append(self.jobs[i])
+            elif i in rows:
+                out.append(self._from_row(rows[i]))
+        return sorted(out, key=lambda j: j.num)
 
     def active(self) -> builtins.list[Job]:
         """Running and suspended jobs (those with processes); queued ones are not active."""
@@ -1274,10 +1561,10 @@ class JobManager:
         if reason is None:
             self.admit()
             return
-        for j in self.queued():
-            if j.reason != reason:
-                j.reason = reason
-                self._persist(j)
+        changed = [j for j in self.queued() if j.reason != reason]
+        for j in changed:
+            j.reason = reason
+        self._persist_many(changed)
 
     def limits(self) -> admission.Limits | None:
         """The caps in force; None while an agent's Airlock has not said (queue held)."""
@@ -1332,13 +1619,18 @@ class JobManager:
                 break
             # a job that failed to start is gone and its room with it: plan again, so the jobs
             # behind it start now (each pass removes a job from the queue, so this ends)
+        changed = []
         for jid, w in waits.items():
             job = self.jobs[jid]
             reason = w.reason(job.spec.job_class)
             job.wait = w
             if reason != job.reason:
                 job.reason = reason
-                self._persist(job)
+                changed.append(job)
+        # one transaction (one fsync) for every reason that changed: a wait's reason names its
+        # queue position and the class's free MiB, which every submit, start and exit moves for
+        # every queued job behind it (255 fsyncs per submission of a user with 256 queued jobs)
+        self._persist_many(changed)
         if error is not None:
             raise error
 
@@ -1438,7 +1730,8 @@ class JobManager:
             raise JobError(str(e)) from None
         exe = spec.command[0]
         await check_paths(spec.cwd, None if "/" in exe else exe,
-                          spec.env.get("PATH", os.environ.get("PATH") or os.defpath), owner_uid, owner_gid)
+                          spec.env.get("PATH", os.environ.get("PATH") or os.defpath), owner_uid, owner_gid,
+                          self.probes)
         limits = self.limits()
         if limits is not None:
             cap = limits.cap(spec.job_class)
@@ -1466,6 +1759,7 @@ class JobManager:
 
         if quota:  # again: other submissions of the owner may have been stored while check_paths ran
             self.check_quota(owner_uid)
+        spec_text = json.dumps(spec.as_dict())
         with self.store.tx() as db:
             # past every number given: the highest row, and the highest ever pruned
             floor = int(self.store.get_meta(NUM_FLOOR_KEY, 0) or 0)
@@ -1475,9 +1769,10 @@ class JobManager:
             db.execute(f"INSERT INTO jobs(id, num, spec, state, owner_uid, owner_gid, gpus, created, "
                        f"{', '.join(provenance.COLUMNS)}) VALUES(?, ?, ?, 'queued', ?, ?, '[]', ?"
                        f"{', ?' * len(provenance.COLUMNS)})",
-                       (job_id, num, json.dumps(spec.as_dict()), owner_uid, owner_gid, created, *origin.row()))
+                       (job_id, num, spec_text, owner_uid, owner_gid, created, *origin.row()))
         job = Job(id=job_id, num=num, spec=spec, cgroup=self.tree.job(spec.job_class, job_id), cgroup_id=0,
                   state=QUEUED, owner_uid=owner_uid, owner_gid=owner_gid, created=created, origin=origin,
+                  spec_bytes=len(spec_text),
                   ckpt_dir=self.state_dir / "ckpt" / job_id, log_path=self.state_dir / "logs" / f"{job_id}.log")
         self.jobs[job_id] = job
         self.admit(submitted=job_id)  # raises what _start raised for this job (then failed, gone from memory)
@@ -1485,9 +1780,9 @@ class JobManager:
             if job.wait is None and self.held is None:  # the queue is held until Airlock says which caps hold
                 job.reason = "waiting for the agent's admission (Airlock) to start"
                 self._persist(job)
-            self._emit("job", f"job {job_id} queued: {job.reason}", job=job_id, num=num, state=QUEUED,
+            self._emit("job", f"job {job_id} queued: {job.reason}", job=job_id, num=num, state=QUEUED, by_uid=owner_uid,
                        **{"class": spec.job_class}, priority=spec.priority, memory_mb=spec.memory_mb,
-                       queue=job.as_dict().get("queue"))
+                       queue=job.queue_view())
         return job
 
     def _start(self, job: Job) -> None:
@@ -1544,7 +1839,7 @@ class JobManager:
             job.state, job.reason, job.ended, job.wait = "failed", f"start failed: {e}", time.time(), None
             self._persist(job)
             self.jobs.pop(job.id, None)
-            self._emit("job", f"job {job.id} failed: {job.reason}", job=job.id, state=job.state)
+            self._emit("job", f"job {job.id} failed: {job.reason}", job=job.id, state=job.state, by_uid=job.owner_uid)
             if isinstance(e, OSError):
                 raise JobError(f"command {spec.command[0]!r}: {e.strerror or e}") from None
             raise
@@ -1566,6 +1861,7 @@ class JobManager:
         self._watch(job)
         after = f" after {waited:.1f} s queued" if waited >= 0.5 else ""
         self._emit("job", f"job {job.id} started{after}: {' '.join(spec.command)[:200]}", job=job.id, num=job.num,
+                   by_uid=job.owner_uid,
                    pid=proc.pid, cgroup_id=job.cgroup_id, **{"class": spec.job_class}, priority=spec.priority,
                    memory_mb=spec.memory_mb, gpus=job.gpus, queued_s=round(waited, 3))
 
@@ -1686,6 +1982,7 @@ class JobManager:
         self._persist(job)
         self.jobs.pop(job_id, None)
         self._emit("job", f"job {job_id} {job.state}: {job.reason}", job=job_id, state=job.state, exit_code=code,
+                   by_uid=job.owner_uid,
                    work_lost_s=job.work_lost_s)
         ev = self._exit_waiters.pop(job_id, None)
         if ev is not None:
@@ -1790,7 +2087,8 @@ class JobManager:
             job.work_lost_s = 0.0
             self._persist(job)
             self.jobs.pop(job.id, None)
-            self._emit("job", f"job {job.id} {state} while queued: {reason}", job=job.id, state=state)
+            self._emit("job", f"job {job.id} {state} while queued: {reason}", job=job.id, state=state,
+                       by_uid=job.owner_uid)
             ev = self._exit_waiters.pop(job.id, None)
             if ev is not None:
                 ev.set()
@@ -1804,7 +2102,7 @@ class JobManager:
         job.reason = reason
         job.work_lost_s = work_lost_s if work_lost_s is not None else job.work_at_risk_s()
         self._persist(job)
-        self._emit("job", f"job {job.id} stopping: {reason}", job=job.id, grace_s=grace)
+        self._emit("job", f"job {job.id} stopping: {reason}", job=job.id, grace_s=grace, by_uid=job.owner_uid)
         ev = self._exit_waiters.setdefault(job.id, asyncio.Event())
         try:
             if grace > 0 and job.cgroup.freeze_requested():
@@ -1842,12 +2140,24 @@ class JobManager:
         await self.stop(job.id, reason, grace_s=0, state="reclaimed", work_lost_s=work_lost_s)
 
     # -- store -----------------------------------------------------------------------------------
+    _PERSIST_SQL = ("UPDATE jobs SET state=?, pid=?, cgroup_id=?, ended=?, exit_code=?, reason=?, work_lost_s=?, "
+                    "gpus=?, started=? WHERE id=?")
+
+    @staticmethod
+    def _persist_row(job: Job) -> tuple[Any, ...]:
+        return (job.state, job.pid, job.cgroup_id, job.ended, job.exit_code, job.reason, job.work_lost_s,
+                json.dumps(job.gpus), job.started, job.id)
+
     def _persist(self, job: Job) -> None:
         with self.store.tx() as db:
-            db.execute("UPDATE jobs SET state=?, pid=?, cgroup_id=?, ended=?, exit_code=?, reason=?, work_lost_s=?, "
-                       "gpus=?, started=? WHERE id=?",
-                       (job.state, job.pid, job.cgroup_id, job.ended, job.exit_code, job.reason, job.work_lost_s,
-                        json.dumps(job.gpus), job.started, job.id))
+            db.execute(self._PERSIST_SQL, self._persist_row(job))
+
+    def _persist_many(self, jobs: builtins.list[Job]) -> None:
+        """`_persist` for several jobs in one transaction (one commit, one fsync); none: nothing."""
+        if not jobs:
+            return
+        with self.store.tx() as db:
+            db.executemany(self._PERSIST_SQL, [self._persist_row(j) for j in jobs])
 
     def _from_row(self, row: Any) -> Job:
         spec_d = json.loads(row["spec"])
@@ -1860,7 +2170,7 @@ class JobManager:
                    gpus=json.loads(row["gpus"]), created=row["created"], ended=row["ended"],
                    exit_code=row["exit_code"], reason=row["reason"] or "", work_lost_s=row["work_lost_s"],
                    started=row["started"], limits=json.loads(row["limits"]) if row["limits"] else None,
-                   origin=JobOrigin.from_row(row),
+                   origin=JobOrigin.from_row(row), spec_bytes=len(row["spec"]),
                    ckpt_dir=self.state_dir / "ckpt" / row["id"], log_path=self.state_dir / "logs" / f"{row['id']}.log")
 
     def _adopt_all(self) -> None:
@@ -1926,15 +2236,20 @@ class JobManager:
                 self._persist(job)
                 self._emit("job", f"job {job.id} {job.state}: {job.reason}", job=job.id, state=job.state)
 
-    def _emit(self, kind: str, message: str, **fields: Any) -> None:
+    def _emit(self, kind: str, message: str, *, by_uid: int | None = None, **fields: Any) -> None:
+        """An event; `by_uid`: the user whose action caused it (charged to their event budget,
+        laminar.events), given only where it is a user's (root's are never limited)."""
         if self.events is not None:
-            self.events.emit(kind, message, **fields)
+            if by_uid:
+                self.events.emit(kind, message, by_uid=by_uid, **fields)
+            else:
+                self.events.emit(kind, message, **fields)
         else:
             log.info("%s: %s", kind, message)
 
     # -- API -------------------------------------------------------------------------------------
     def routes(self) -> builtins.list[Any]:
-        from ..api import ApiError, Request, Route
+        from ..api import ApiError, RawJson, Request, Route, to_json
 
         def may_manage(req: Request, job: Job) -> bool:
             if req.peer.uid == 0 or req.peer.uid == job.owner_uid:
@@ -1959,12 +2274,12 @@ class JobManager:
                 self.check_user_resume(spec, req.peer.uid)
                 job = await self.submit(spec, owner_uid=req.peer.uid, owner_gid=req.peer.gid, quota=True)
             except GrantError as e:
-                raise ApiError(403, str(e)) from None
+                raise ApiError(403, str(e), "beyond_grant") from None
             except QuotaError as e:
-                raise ApiError(429, str(e)) from None
+                raise ApiError(429, str(e), e.reason or "max_per_user") from None
             except JobError as e:
                 self.count_refusal("submit", e)
-                raise ApiError(400, str(e)) from None
+                raise ApiError(400, str(e), e.reason or "job_invalid") from None
             except CgroupError as e:
                 hint = ""
                 if "Cannot allocate memory" in str(e):  # a memcg's own kernel memory is charged to its parent
@@ -1984,12 +2299,27 @@ class JobManager:
                 out["airlock"] = {"rung": r[0], "for_s": round(time.monotonic() - r[1], 2), "hops": r[2]} if r else None
             return out
 
-        async def list_jobs(req: Request) -> builtins.list[dict[str, Any]]:
+        async def list_jobs(req: Request) -> RawJson:
             everything = req.query.get("all", "1") not in ("0", "false", "no")
-            text = req.query.get("limit", str(LIST_ENDED_DEFAULT))
-            if not (text.isascii() and text.isdigit() and len(text) <= 7 and int(text) <= LIST_ENDED_MAX):
-                raise ApiError(400, f"limit {text[:40]!r}: expected how many ended jobs to list, 0 to {LIST_ENDED_MAX}")
-            return [with_rung(req, j) for j in self.list(everything, ended_max=int(text))]
+            text = req.query.get("limit", str(LIST_PAGE_DEFAULT))
+            if not (text.isascii() and text.isdigit() and len(text) <= 7 and 1 <= int(text) <= LIST_PAGE_MAX):
+                raise ApiError(400, f"limit {text[:40]!r}: expected how many jobs a page lists, 1 to {LIST_PAGE_MAX} "
+                                    "(the next page: ?before=<the lowest job number of this one>)", "page_too_large")
+            before = req.query.get("before")
+            if before is not None and not (before.isascii() and before.isdigit() and len(before) <= 18):
+                raise ApiError(400, f"before {before[:40]!r}: expected a job number (the lowest of the last page)")
+            page = self.page(None if before is None else int(before), int(text), everything)
+            # encoded a slice at a time, a loop round between slices: eight users' pages of 1 MiB
+            # each encoded in one round held root's status 0.19 s
+            parts: builtins.list[str] = []
+            done = 0
+            for j in page:
+                if done >= LIST_SLICE_BYTES:
+                    await asyncio.sleep(0)
+                    done = 0
+                parts.append(to_json(with_rung(req, j)))
+                done += j.spec_bytes + 1024
+            return RawJson(("[" + ",".join(parts) + "]").encode())
 
         async def show(req: Request) -> dict[str, Any]:
             return with_rung(req, find(req))

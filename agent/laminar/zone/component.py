@@ -54,6 +54,7 @@ be running there, so it is *not* placed again elsewhere, which could double it),
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import math
@@ -63,6 +64,7 @@ from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field, replace
 from typing import Any, NamedTuple
 
+from laminar.userbounds import Busy
 from laminar.zone import authority, mixlearn, wire
 from laminar.zone import packing as pk
 from laminar.zone import placement as pl
@@ -177,6 +179,53 @@ def _up(x: float, unit: float) -> int:
 
 HOST_CPU_UNIT = 0.1  # a host bucket's CPUs on the wire: tenths of a core
 HOST_MEMORY_UNIT_MB = 64  # and its memory: 64 MB units
+
+
+# zone_submitted keeps a record of each placement this node submitted (POST /v1/placements, any
+# user's): the newest SUBMITTED_KEEP, none older than SUBMITTED_KEEP_S (it was never pruned).
+SUBMITTED_KEEP = 10_000
+SUBMITTED_KEEP_S = 7 * 86400.0
+
+
+def _demand_number(value: Any, what: str, lo: float, hi: float) -> float:
+    """A number of a placement's demand: JSON's, or text float() reads (laminar.inputs bounds it
+    first: ASCII, at most NUMBER_TEXT_MAX characters); PlacementError naming it otherwise."""
+    from laminar.inputs import NUMBER_TEXT_MAX, InputError, brief, read_number
+
+    if isinstance(value, str):
+        if not value.isascii() or len(value) > NUMBER_TEXT_MAX:
+            raise pl.PlacementError(f"{what} {brief(value)}: expected a number {lo:g}..{hi:g}")
+        try:
+            value = float(value)
+        except ValueError:
+            raise pl.PlacementError(f"{what} {brief(value)}: expected a number {lo:g}..{hi:g}") from None
+    try:
+        return read_number(value, what, lo, hi)
+    except InputError as e:
+        raise pl.PlacementError(str(e)) from None
+
+
+def placement_demand(body: dict[str, Any], spec: dict[str, Any], checked: Any) -> pl.Demand:
+    """The Demand of a POST /v1/placements body (its spec `checked` by JobSpec.from_dict, or
+    None). Each field is checked for its type and range before it is converted: JSON's 1e400
+    is inf, and int(inf), ``[].encode()`` or float("²") answered 500. PlacementError naming the
+    field otherwise."""
+    from laminar.inputs import InputError, brief, read_text
+
+    gpus = _demand_number(body.get("gpus", spec.get("gpus", 0)), "demand: gpus", 0, pl.MAX_GPUS_PER_NODE)
+    cpus = _demand_number(body.get("cpus", getattr(checked, "cpus", None) or 1.0), "demand: cpus", 0, 65535)
+    memory = _demand_number(body.get("memory_mb", getattr(checked, "memory_mb", None) or 256), "demand: memory_mb",
+                            0, 2 ** 32 - 1)
+    if memory != int(memory):
+        raise pl.PlacementError(f"demand: memory_mb {brief(body.get('memory_mb'))}: expected a whole number of MiB")
+    names: dict[str, str | None] = {}
+    for key in ("gpu_model", "pool"):
+        v = body.get(key)
+        try:
+            names[key] = None if v is None or v == "" else read_text(v, f"demand: {key}", 32)
+        except InputError as e:
+            raise pl.PlacementError(str(e)) from None
+    return pl.Demand(gpus=gpus, cpus=cpus, memory_mb=int(memory), gpu_model=names["gpu_model"], pool=names["pool"])
 
 
 def shares_to_wire(shares: mixlearn.Shares | None) -> tuple[tuple[wire.MixEntry, ...], int]:
@@ -1852,6 +1901,12 @@ class ZoneComponent:
         self.arbiter.inventory = pl.NodeCapacity(inv.node, me.zone, inv.gpu_free, inv.cpus, inv.memory_mb,
                                                  inv.gpu_model, me.pool or None, inv.draining)
 
+    def _work_slot(self, uid: int) -> Any:
+        """One of `uid`'s worker-thread slots (laminar.api ``work``) while the block runs; Busy
+        past its share. None held where the agent has no API (tests)."""
+        work = getattr(getattr(self.agent, "api", None), "work", None)
+        return work.hold(uid) if work is not None else contextlib.nullcontext()
+
     # -- store ----------------------------------------------------------------------------------
 
     def _open_store(self) -> None:
@@ -2207,9 +2262,18 @@ class ZoneComponent:
         migrate = getattr(self.agent, "migrate", None)
         if spec.resume_from and migrate is not None and hasattr(migrate, "check_resume"):
             try:  # a migrated job: its checkpoint is verified here, right before LAMINAR_RESUME_FROM
-                # (every file hashed, ~1 s per GiB: in a worker thread, never on the event loop)
-                spec.resume_from = await asyncio.to_thread(migrate.check_resume, spec.resume_from,
-                                                           run_as.uid, run_as.gid)
+                # (every file hashed, ~1 s per GiB: in a worker thread, never on the event loop),
+                # one of the owner's worker-thread slots held meanwhile (api.work: a user placing
+                # jobs whose checkpoints hash for hours must not take every worker thread)
+                with self._work_slot(run_as.uid):
+                    spec.resume_from = await asyncio.to_thread(migrate.check_resume, spec.resume_from,
+                                                               run_as.uid, run_as.gid)
+            except Busy as e:
+                self.arbiter.unbind(pid)
+                refusals = getattr(getattr(self.agent, "api", None), "refusals", None)
+                if refusals is not None:
+                    refusals.count(e.reason)
+                return wire.HandoverAck(pid, HANDOVER_ERROR, f"job could not start on node {self.node_id}: {e}")
             except ValueError as e:
                 self.arbiter.unbind(pid)
                 return wire.HandoverAck(pid, HANDOVER_ERROR, f"job could not start on node {self.node_id}: {e}")
@@ -2394,9 +2458,16 @@ class ZoneComponent:
                 db.execute("INSERT OR REPLACE INTO zone_submitted VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)", (
                     res.placement_id, row["name"], res.outcome, res.node, res.zone, res.job_id, res.reason,
                     json.dumps(row), row["created"]))
+                # a record per POST /v1/placements (any user's): the oldest beyond
+                # SUBMITTED_KEEP rows or SUBMITTED_KEEP_S seconds go in the same transaction
+                db.execute("DELETE FROM zone_submitted WHERE created < ? OR placement_id IN (SELECT placement_id "
+                           "FROM zone_submitted ORDER BY created DESC LIMIT -1 OFFSET ?)",
+                           (row["created"] - SUBMITTED_KEEP_S, SUBMITTED_KEEP))
+        fields = {k: row[k] for k in ("placement_id", "outcome", "node", "zone", "job_id")}
+        if quota and owner_uid:  # a local user's placement: charged to their event budget (laminar.events)
+            fields["by_uid"] = owner_uid
         self._emit(f"placement {res.outcome}: {row['name'] or 'job'} -> node {res.node} zone {res.zone}"
-                   + (f" ({res.reason})" if res.reason else ""), **{k: row[k] for k in ("placement_id", "outcome", "node",
-                                                                                        "zone", "job_id")})
+                   + (f" ({res.reason})" if res.reason else ""), **fields)
         return res
 
     def reclaim_notice(self, deadline_s: float, reason: str) -> int:
@@ -2489,7 +2560,7 @@ class ZoneComponent:
             except JobError as e:
                 if self._jobs is not None and hasattr(self._jobs, "count_refusal"):
                     self._jobs.count_refusal("placement", e)
-                raise ApiError(400, f"placement: {e}") from None
+                raise ApiError(400, f"placement: {e}", e.reason or "placement_invalid") from None
             if checked is not None and self._jobs is not None and hasattr(self._jobs, "check_grant"):
                 # the origin checks the caller's grant (config [grants]); the node that takes the
                 # job keeps the class admitted here
@@ -2500,16 +2571,10 @@ class ZoneComponent:
             if isinstance(spec.get("gpus"), list):
                 raise ApiError(400, "placement: give a GPU count (\"gpus\": 2 or 0.5), not indices: the node that "
                                     "takes the job chooses its GPUs")
-            gpus = body.get("gpus", spec.get("gpus", 0))
             try:
-                demand = pl.Demand(
-                    gpus=float(gpus),
-                    cpus=float(body.get("cpus", getattr(checked, "cpus", None) or 1.0)),
-                    memory_mb=int(body.get("memory_mb", getattr(checked, "memory_mb", None) or 256)),
-                    gpu_model=body.get("gpu_model") or None, pool=body.get("pool") or None,
-                )
+                demand = placement_demand(body, spec, checked)
             except (pl.PlacementError, TypeError, ValueError) as e:
-                raise ApiError(400, f"placement: {e}") from None
+                raise ApiError(400, f"placement: {e}", "placement_invalid") from None
             packing = body.get("packing", False)
             if not isinstance(packing, bool):
                 raise ApiError(400, f"placement: packing {packing!r} must be true or false")

@@ -86,11 +86,15 @@ def elastic_job(
     max_workers: int,
     gpus_per_worker: int,
     overhead: float = DEFAULT_OVERHEAD,
+    most: int | None = None,
 ) -> ElasticJob:
     """The options of a job now running ``workers`` workers with ``remaining_work`` left.
 
-    Options are e = 1..(max_workers - workers) extra workers; a job at or above its maximum has
-    none. ``gpus_per_worker`` must be >= 1 (a fractional-GPU worker is not scaled by GPUs).
+    Options are e = 1..(max_workers - workers) extra workers, and at most ``most`` (the GPUs
+    free to give, when known: options beyond them can never be chosen, and a job's maximum is
+    its owner's to choose, so without this a huge one built millions of options each round); a
+    job at or above its maximum has none. ``gpus_per_worker`` must be >= 1 (a fractional-GPU
+    worker is not scaled by GPUs).
     """
     if remaining_work < 0:
         raise ValueError(f"elastic: job {job_id}: remaining_work {remaining_work} must be >= 0")
@@ -101,7 +105,7 @@ def elastic_job(
     now = remaining_time(remaining_work, workers, overhead)
     opts = tuple(
         ElasticOption(e, e * gpus_per_worker, now - remaining_time(remaining_work, workers + e, overhead))
-        for e in range(1, max(0, max_workers - workers) + 1)
+        for e in range(1, max(0, min(max_workers - workers, most if most is not None else max_workers - workers)) + 1)
     )
     return ElasticJob(job_id, opts)
 

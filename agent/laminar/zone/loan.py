@@ -317,8 +317,13 @@ class LoanManager:
     def set_load(self, load: Any) -> dict[str, Any]:
         """Set the serving load (0..1). Below ``idle_below`` a returned node is loanable again.
         Raises LoanError for a value out of range."""
-        if isinstance(load, bool) or not isinstance(load, int | float) or not 0.0 <= float(load) <= 1.0:
-            raise LoanError(f"pool load {load!r}: expected a number in 0..1 (share of serving capacity in use)")
+        from laminar.inputs import InputError, brief, read_number
+
+        try:
+            read_number(load, "pool load", 0.0, 1.0)  # 10**400: an OverflowError in float() before
+        except InputError:
+            raise LoanError(f"pool load {brief(load)}: expected a number in 0..1 (share of serving capacity in "
+                            "use)") from None
         was = self.loanable
         self.load = float(load)
         self._save("load", self.load)
@@ -443,10 +448,12 @@ class LoanManager:
     async def reclaim(self, pool: str, count: int) -> dict[str, Any]:
         """Take ``count`` loaned servers of ``pool`` in this zone back (see the module docs).
         Returns the plan as carried out. Raises LoanError for bad input or too few answers."""
-        if not isinstance(pool, str) or not pool:
-            raise LoanError(f"pool {pool!r}: expected a pool name such as \"inference\"")
-        if isinstance(count, bool) or not isinstance(count, int) or count < 1:
-            raise LoanError(f"count {count!r}: expected a number of servers >= 1")
+        from laminar.inputs import brief
+
+        if not isinstance(pool, str) or not pool or len(pool.encode()) > 32:
+            raise LoanError(f"pool {brief(pool)}: expected a pool name such as \"inference\" (1..32 bytes)")
+        if isinstance(count, bool) or not isinstance(count, int) or not 1 <= count <= 1 << 20:
+            raise LoanError(f"count {brief(count)}: expected a number of servers, 1..{1 << 20}")
         members = self.zone.membership.pool_list(self.zone.zone, pool)
         if not members:
             pools = sorted({p for (z, p) in self.zone.membership.by_pool if z == self.zone.zone})
@@ -908,7 +915,8 @@ class LoanManager:
         for j in cands:
             now_w = max(j.spec.elastic_min or 1, len(j.gpus)) + len(self.grants.get(j.id, []))
             remaining = float(getattr(j.spec, "remaining_s", None) or self.s["elastic_remaining_s"])
-            options.append(el.elastic_job(j.id, remaining, now_w, int(j.spec.elastic_max or now_w), 1))
+            options.append(el.elastic_job(j.id, remaining, now_w, int(j.spec.elastic_max or now_w), 1,
+                                          most=len(idle)))
         plan = el.allocate_elastic(options, len(idle))
         for j in cands:
             opt = plan.get(j.id)
