@@ -50,7 +50,7 @@ HERE = Path(__file__).resolve().parent
 # which step it resumed)
 JOB = """
 import json, os, sys, time
-sys.path.insert(0, os.environ.get("LM_T_LIB", REPO_AGENT))
+sys.path.insert(0, os.environ.get("LMT_LIB", REPO_AGENT))
 from laminar.jobkit import Checkpointer
 ck = Checkpointer()
 ck.resume()
@@ -116,7 +116,7 @@ def attacked(c: Cluster, markers: Path, lib: Path) -> None:
     wait_until(lambda: all((p.get("summary_age_s") or 99) > 2.0 for nd in (n1, n2, n4)
                            for p in nd.json("zone", "peers") if p["node"] == 3), 30, "node 3 to go stale")
     # the victim: a job of another user on node 1, its checkpoint guarded by its buddy B
-    jid = json.loads(n1.agent.ctl("-o", "json", "submit", "--name", "theirs", "--env", f"LM_T_LIB={lib}", "--",
+    jid = json.loads(n1.agent.ctl("-o", "json", "submit", "--name", "theirs", "--env", f"LMT_LIB={lib}", "--",
                             "/usr/bin/python3", "-c", JOB, user=NOBODY).stdout)["id"]
     key = f"n1-{jid}"
     b_id = wait_until(lambda: n1.json("status")["migrate"]["buddies"].get(jid), 60, "the job's buddy")

@@ -63,8 +63,8 @@ def test_the_cuda_names_are_those_the_agent_sets_for_the_gpus() -> None:
 
 def test_many_reserved_names_are_named_within_a_bounded_message() -> None:
     with pytest.raises(JobError) as e:
-        JobSpec.from_dict({"command": ["true"], "env": {f"LM_{i:05d}": "" for i in range(5000)}})
-    assert "and 4992 more" in str(e.value) and len(str(e.value)) < 2000
+        JobSpec.from_dict({"command": ["true"], "env": {f"LM_{i:05d}": "" for i in range(1000)}})
+    assert "and 992 more" in str(e.value) and len(str(e.value)) < 2000
 
 
 @pytest.mark.parametrize("value", [0, 0.5, -1, 1e10, math.nan, math.inf, "60", True, None])

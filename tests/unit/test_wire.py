@@ -60,6 +60,32 @@ def test_handover_frame_round_trip():
         enc.encode(wire.Handover(5, spec), zone=1, now=1.0)
 
 
+def test_a_handover_of_a_spec_at_its_cap_fits_a_frame():
+    """A job spec at the agent's cap (runtime.jobs.SPEC_BYTES_MAX of user text, every byte one JSON
+    escapes to six) with the agent's own entries, in a hand-over request: more than the 16 bits of
+    the header's body length (the submitter failed with struct.error), within MAX_FRAME; the
+    length's bits 16-23 travel in the header's fifth byte and the receiver takes it whole."""
+    import json
+
+    from laminar.runtime.jobs import SPEC_BYTES_MAX, JobSpec
+
+    value = "\x01" * (SPEC_BYTES_MAX // 2 - 8)
+    spec = JobSpec.from_dict({"command": ["/bin/true"], "env": {"A": value, "B": value[:-200]}})
+    req = json.dumps({"spec": spec.as_dict(), "owner_uid": 1000, "owner_gid": 1000,
+                      "origin": {"migrated_from": "n1-job-" + "9" * 18}, "origin_node": 1}).encode()
+    assert 0xFFFF < len(req) < wire.MAX_FRAME - wire.HEADER_SIZE - wire.MAC_SIZE
+    enc = Encoder(10, KEYS, seq0=1)
+    data = enc.encode(wire.Handover(5, req), zone=1, now=1.0, max_size=wire.MAX_FRAME)
+    assert data[5] == len(req) >> 16 > 0
+    dec = Decoder(KEYS, NODES, max_size=wire.MAX_FRAME)
+    dec.precheck(data[:wire.HEADER_SIZE], len(data))  # read on: the header says this frame's size
+    assert dec.decode(data, now=1.0).body == wire.Handover(5, req)
+    tampered = data[:5] + bytes([data[5] + 1]) + data[6:]
+    with pytest.raises(Dropped) as e:
+        dec.precheck(tampered[:wire.HEADER_SIZE], len(tampered))
+    assert e.value.reason is DropReason.BAD_LENGTH
+
+
 def drop_reason(dec, data, now=5000.0):
     with pytest.raises(Dropped) as e:
         dec.decode(data, now)

@@ -394,6 +394,7 @@ class ArchiveMixin:
         _taking: set[str]
         agent: Any
         archived_live: dict[str, str]
+        archived_buddy: dict[str, int | None]
         buddy: dict[str, int]
         counts: dict[str, int]
         evacuating: set[str]
@@ -1029,6 +1030,7 @@ class ArchiveMixin:
                 if job is None or (not job.active and job.state in ("exited", "stopped", "failed", "migrated")):
                     if jid not in self._archiving:
                         self.archived_live.pop(jid, None)
+                        self.archived_buddy.pop(jid, None)
                         ended[jid] = job.state if job else "gone"
             periodic: list[tuple[str, str, str | None, tuple[Path | None] | None]] = []
             if self._archive_periodic_due() and not reclaiming:
@@ -1061,7 +1063,10 @@ class ArchiveMixin:
             for jid, ckpt in look["ckpts"].items():
                 job = self.agent.jobs.get(jid)
                 if (job is None or not job.active or jid in self.evacuating or jid in self._archiving
-                        or self.archived_live.get(jid) == ckpt.name):
+                        or (self.archived_live.get(jid) == ckpt.name
+                            and self.archived_buddy.get(jid) == self.buddy.get(jid))):
+                    # (published again when its buddy changed: a record naming no buddy, or the old
+                    # one, let a claimer resume the job while its buddy resumed it too)
                     continue
                 self._archiving.add(jid)
                 self._spawn(self._archive_periodic(job, ckpt))
@@ -1250,6 +1255,7 @@ class ArchiveMixin:
             path = await self._lane.call(f"periodic copy of {job.id}", self.archive_live, key, ckpt, record)
             if path is not None:
                 self.archived_live[job.id] = ckpt.name
+                self.archived_buddy[job.id] = buddy
                 self.counts["archived_periodic"] = self.counts.get("archived_periodic", 0) + 1
                 self._emit(f"{job.id}: periodic {ckpt.name} archived (node and buddy leaving without notice would "
                            "roll it back only to here)", persist=False, job=job.id, ckpt=ckpt.name,

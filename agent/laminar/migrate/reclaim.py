@@ -684,6 +684,7 @@ class ReclaimComponent(BuddiesMixin, GuardMixin, ReplicasMixin, WithdrawMixin, S
         self._archive_runs_told: dict[str, str] = {}
         self._claimed_from: dict[str, str] = {}  # archived key -> the record this node's claim took (_unclaim)
         self.archived_live: dict[str, str] = {}  # job id -> newest periodic checkpoint in the archive (live.json)
+        self.archived_buddy: dict[str, int | None] = {}  # job id -> the buddy its live.json names
         self._archiving: set[str] = set()
         self._late_stopping: set[str] = set()  # jobs a restart stops: their record was being archived
         # archived keys whose live record waits, not claimed, for its node's newer copy: since (monotonic)

@@ -600,10 +600,9 @@ def parse_gpus(value: Any) -> int | list[int]:
 # move: the API's 1 MiB body cap alone let one user hold gigabytes (a 1 MiB env is 8.7 MB of
 # Python objects). SPEC_BYTES_MAX bounds what the user writes: command, env, cwd and resume_from
 # together, in UTF-8 bytes (an argument and an env entry count one byte more: the NUL execve
-# adds; "NAME=value" the '='). The agent's own env entries (names starting LM_: a move's origin,
-# a placement id) have SPEC_AGENT_ENV_MAX on top, so a spec at the cap can still move.
+# adds; "NAME=value" the '='). A spec at the cap still moves: its hand-over frame (at most
+# laminar.zone.wire.MAX_FRAME) carries it whatever it escapes to in JSON.
 SPEC_BYTES_MAX = 64 << 10
-SPEC_AGENT_ENV_MAX = 4 << 10
 ARGV_ITEMS_MAX = 4096  # arguments of the command
 ARG_BYTES_MAX = 32 << 10  # one argument (the kernel's own limit is 128 KiB)
 ENV_NAMES_MAX = 1024  # names in the env
@@ -623,7 +622,7 @@ def check_spec_size(spec: JobSpec) -> None:
     """Raises JobError when `spec` holds more than a spec may (the caps above), naming the size
     and the cap; before anything else reads it. Fields of the wrong type are left to
     `JobSpec.validate` (it names them)."""
-    total = agent_env = 0
+    total = 0
     if isinstance(spec.command, list):
         if len(spec.command) > ARGV_ITEMS_MAX:
             raise JobError(f"command: {len(spec.command)} arguments, at most {ARGV_ITEMS_MAX}", reason="spec_too_large")
@@ -647,10 +646,7 @@ def check_spec_size(spec: JobSpec) -> None:
             if nv > ENV_VALUE_BYTES_MAX:
                 raise JobError(f"env {_brief(k)}: value of {nv} bytes, at most {ENV_VALUE_BYTES_MAX}",
                                reason="spec_too_large")
-            if k.startswith("LM_"):
-                agent_env += nk + nv + 2
-            else:
-                total += nk + nv + 2
+            total += nk + nv + 2
     for what, path in (("cwd", spec.cwd), ("resume_from", spec.resume_from)):
         if isinstance(path, str):
             n = _utf8_len(path)
@@ -660,9 +656,6 @@ def check_spec_size(spec: JobSpec) -> None:
     if total > SPEC_BYTES_MAX:
         raise JobError(f"job spec: {total} bytes, at most {SPEC_BYTES_MAX} (command, env, cwd and resume_from "
                        "together); pass large data in a file", reason="spec_too_large")
-    if agent_env > SPEC_AGENT_ENV_MAX:
-        raise JobError(f"env: LM_* entries of {agent_env} bytes, at most {SPEC_AGENT_ENV_MAX}",
-                       reason="spec_too_large")
 
 
 @dataclass
@@ -999,6 +992,9 @@ class JobManager:
         # what laminar.runtime.provenance refused or dropped, by path and reason (status "provenance"):
         # "refused.<path>.reserved_env", "refused.submit.resume_from", "env_dropped.<name>"
         self.provenance_counts: dict[str, int] = {}
+        # path probes in flight per owner (check_paths; counted until reaped)
+        self.probes = UidSlots("path probes (a submission's cwd and PATH, checked as its owner) not yet reaped",
+                               PROBES_PER_UID, PROBES_ALL_USERS, "uid_path_probes")
 
     def count_refusal(self, path: str, error: BaseException) -> None:
         """Counts a refused spec by ``path`` (submit, placement, handover, takeover) and reason."""
@@ -1007,9 +1003,6 @@ class JobManager:
         if reason is not None:
             k = f"refused.{path}.{reason}"
             self.provenance_counts[k] = self.provenance_counts.get(k, 0) + 1
-        # path probes in flight per owner (check_paths; counted until reaped)
-        self.probes = UidSlots("path probes (a submission's cwd and PATH, checked as its owner) not yet reaped",
-                               PROBES_PER_UID, PROBES_ALL_USERS, "uid_path_probes")
 
     # -- component life ----------------------------------------------------------------------
     async def start(self, agent: Any) -> None:

@@ -408,8 +408,8 @@ async def handover(
 
 # Before its MAC is checked a hand-over frame is read in two steps, each under a deadline: its
 # length and header (34 bytes, sent at once by a submitter) within HEADER_DEADLINE_S, then, once
-# the header names a member at this connection's address, its body (at most 64 KiB: the
-# header's body length is 16 bits) within the hand-over timeout plus the time it takes at
+# the header names a member at this connection's address, its body (at most wire.MAX_FRAME, a
+# spec at its cap with its request) within the hand-over timeout plus the time it takes at
 # BODY_MIN_RATE. A peer that drips bytes holds its slot no longer.
 HEADER_DEADLINE_S = 3.0
 BODY_MIN_RATE = 64 << 10  # bytes per second

@@ -2,8 +2,8 @@
 
 Every datagram is ``header | body | mac`` (byte layouts in ``docs/protocol.md``):
 
-- a 30-byte header in network byte order: magic ``b"LZ"``, version, message type, flags, a
-  reserved byte, the *key zone* (whose key signs it), the sender's node id, the sender's wall
+- a 30-byte header in network byte order: magic ``b"LZ"``, version, message type, flags, bits
+  16-23 of the body length (0 but in a hand-over frame of more than 64 KiB), the *key zone* (whose key signs it), the sender's node id, the sender's wall
   clock in milliseconds, the sender's sequence number and the body length;
 - a compact ``struct`` body, one layout per message type;
 - HMAC-SHA256 with the key zone's key (32 bytes) over the receiver's node id (u32, not sent)
@@ -739,10 +739,15 @@ class Encoder:
         if self.seq > self.limit and self._reserve is not None:  # once per SEQ_BLOCK messages
             self.limit = self.seq + self.block
             self._reserve(self.limit)
-        data = HEADER.pack(MAGIC, VERSION, mtype, flags, 0, zone, self.node, int(now * 1000), self.seq, len(payload)) + payload
         limit = max_size if max_size is not None else self.max_size
-        if len(data) + MAC_SIZE > limit:
-            raise ValueError(f"wire: {mtype.name} message of {len(data) + MAC_SIZE} bytes exceeds {limit}")
+        if HEADER_SIZE + len(payload) + MAC_SIZE > limit:
+            raise ValueError(f"wire: {mtype.name} message of {HEADER_SIZE + len(payload) + MAC_SIZE} bytes exceeds {limit}")
+        # the body length's bits 16-23 go in the reserved byte (0 for every body a datagram or an
+        # agent of an older release sends): a hand-over of a job spec near its cap is longer than
+        # 16 bits can say
+        blen = len(payload)
+        data = HEADER.pack(MAGIC, VERSION, mtype, flags, blen >> 16, zone, self.node, int(now * 1000), self.seq,
+                           blen & 0xFFFF) + payload
         if to and self.pairs is not None:
             key = self.pairs.signing_key(key, to)
         return data + _mac(key, data, to)
@@ -922,7 +927,8 @@ class Decoder:
                 raise self._drop(DropReason.TOO_LARGE, f"{size} bytes > {self.max_size}")
             if size < HEADER_SIZE + MAC_SIZE or len(header) < HEADER_SIZE:
                 raise self._drop(DropReason.TRUNCATED, f"{size} bytes")
-            magic, version, _mtype, _flags, _res, zone, node, _ts, _seq, blen = HEADER.unpack_from(header, 0)
+            magic, version, _mtype, _flags, high, zone, node, _ts, _seq, blen = HEADER.unpack_from(header, 0)
+            blen |= high << 16
             if magic != MAGIC:
                 raise self._drop(DropReason.BAD_MAGIC)
             if version != VERSION:
@@ -947,7 +953,8 @@ class Decoder:
             raise self._drop(DropReason.TOO_LARGE, f"{n} bytes > {self.max_size}")
         if n < HEADER_SIZE + MAC_SIZE:
             raise self._drop(DropReason.TRUNCATED, f"{n} bytes")
-        magic, version, mtype, flags, _res, zone, node, ts_ms, seq, blen = HEADER.unpack_from(data, 0)
+        magic, version, mtype, flags, high, zone, node, ts_ms, seq, blen = HEADER.unpack_from(data, 0)
+        blen |= high << 16  # (bits 16-23 of the body length: Encoder.encode)
         if magic != MAGIC:
             raise self._drop(DropReason.BAD_MAGIC)
         if version != VERSION:
