@@ -159,3 +159,19 @@ def test_the_archive_rounds_read_a_running_jobs_checkpoint_only_to_copy_it(
 
     asyncio.run(main())
     assert (tmp_path / "arch" / "n2-job-1" / ck.name).is_dir()
+
+
+def test_a_second_asker_of_a_check_in_flight_gets_the_same_answer(tmp_path: Path) -> None:
+    """A move's start asks the driver while its round's check of the same listing is in flight:
+    it awaits that check and gets (newest, manifest), as the first asker does (it got the lane's
+    three-tuple once, and the move failed: the reclaim's window ended with the job unmoved)."""
+    ck = make_ckpt(tmp_path, 300 * KB, step=40)
+    job = job_at(ck.parent)
+
+    async def body(rcv: T.Receiver, port: int) -> None:
+        c, _ = prestaging(tmp_path, port, job)
+        c.s.update(prestage="off")
+        first, second = await asyncio.gather(c.ckpt.check(job, manifest=False), c.ckpt.check(job, manifest=False))
+        assert first == second and first[0] == ck, (first, second)
+
+    asyncio.run(with_receiver(tmp_path / "rcv", body))

@@ -641,7 +641,12 @@ class CkptDriver:
             return cached[1], cached[2]
         flying = self._checking.get(job.id)
         if flying is not None and flying[0] == key and (flying[1] or not manifest):
-            return await asyncio.shield(flying[2])
+            try:  # the lane's answer is check_newest's (newest, manifest, info)
+                newest, built, _ = await asyncio.shield(flying[2])
+            except (TimeoutError, LaneBusy):  # the first asker counts it and keeps what was there
+                keep = cached is not None and cached[1] is not None and cached[1] in listing.paths()
+                return (cached[1], None) if keep and cached is not None else (None, None)
+            return newest, built
         if manifest is None:
             wants = getattr(self.comp, "_prestage_manifest", None)
             manifest = bool(wants is not None and wants(job))
