@@ -57,3 +57,34 @@ def test_problems_are_capped() -> None:
     assert len(e.value.problems) == P.PROBLEMS_SHOWN + 1
     assert e.value.problems[-1] == f"policy: ... and {100_000 - P.PROBLEMS_SHOWN} more problems"
     assert len(str(e.value)) < 20_000
+
+
+def test_the_parse_child_runs_at_the_lowest_cpu_priority() -> None:
+    """The agent runs at Nice=-10 (its unit); a user's TOML parse is not the agent's work, so its
+    child drops to nice 19: a user who keeps one parsing for its 2 s competes with the users'
+    processes, not with the event loop."""
+    import os
+    from pathlib import Path
+
+    seen: list[int] = []
+
+    async def main() -> None:
+        task = asyncio.ensure_future(parse_bounded("a" + ".a" * 30_000 + " = 1"))
+        deadline = time.monotonic() + 5
+        while not task.done() and time.monotonic() < deadline and len(seen) < 5:
+            for d in Path("/proc").iterdir():
+                if not d.name.isdigit():
+                    continue
+                try:
+                    stat = (d / "stat").read_text().rpartition(")")[2].split()
+                    cmd = (d / "cmdline").read_bytes()
+                except OSError:
+                    continue
+                if int(stat[1]) == os.getpid() and b"tomllib" in cmd:
+                    seen.append(int(stat[16]))  # field 19 of stat: the nice value
+            await asyncio.sleep(0.05)
+        with pytest.raises(PolicyError):
+            await task
+
+    run(main())
+    assert seen and seen[-1] == 19, seen  # (the first look may come before the child's first line)

@@ -220,7 +220,8 @@ def _brief(v: Any) -> str:
 # The child that parses policy text (`parse_bounded`): JSON, else TOML, printed back as JSON;
 # its address space and CPU time are limited before it reads a byte.
 _PARSE_CHILD = """
-import json, resource, sys, tomllib
+import json, os, resource, sys, tomllib
+os.setpriority(os.PRIO_PROCESS, 0, 19)  # a user's parse, not the agent's work: not at its Nice=-10
 resource.setrlimit(resource.RLIMIT_AS, (512 << 20, 512 << 20))
 resource.setrlimit(resource.RLIMIT_CPU, (5, 5))
 text = sys.stdin.buffer.read().decode("utf-8", errors="replace")
