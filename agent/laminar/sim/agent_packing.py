@@ -2,10 +2,10 @@
 
 :func:`laminar.sim.allocation.run_allocation` with ``laminar-frag-wide`` models the packing
 placement in the simulator's own node model. This module runs the *agent's* code for it
-instead: one :class:`laminar.zone.component.Arbiter` per openb node (``packing="frag"``,
+instead: one :class:`laminar.zone.arbiter.Arbiter` per openb node (``packing="frag"``,
 its real inventory: GPUs, CPUs, memory, GPU model) and one
-:class:`laminar.zone.component.Submitter` placing every pod with ``packing=True``
-(:meth:`~laminar.zone.component.Submitter._place_packing`: whole zones probed,
+:class:`laminar.zone.submitter.Submitter` placing every pod with ``packing=True``
+(:meth:`~laminar.zone.submitter.Submitter._place_packing`: whole zones probed,
 ``packing_spread`` = :data:`~laminar.sim.allocation.FRAG_SPREAD` at a time, every answer
 awaited, :func:`laminar.zone.packing.pick_frag_offer` bound), over
 :class:`laminar.zone.simnet.SimNet` (a FAKE network: instant, lossless, every message
@@ -24,7 +24,7 @@ What may differ from ``laminar-frag-wide`` (the point of running it):
   (:func:`~laminar.sim.allocation.workload_mix`, as the simulator does); ``mix="learned"``
   is the agent's default, the mix each node learns from the shapes probed at it
   (:class:`laminar.zone.mixlearn.MixLearner`;
-  :data:`laminar.zone.component.DEFAULT_FRAG_MIX` until 16 were seen) merged with the mixes
+  :data:`laminar.zone.arbiter.DEFAULT_FRAG_MIX` until 16 were seen) merged with the mixes
   its zone peers and the other zones share in their summaries (:class:`MixExchange`, a
   summary round every :data:`MIX_EVERY` pods); ``mix="pooled"`` and ``mix="local"`` are
   diagnostics (one learner shared by every node; each node its own probes only, the agent
@@ -71,17 +71,11 @@ from laminar.sim.trace import JobSpec, NodeSpec, default_data_dir, read_openb_no
 from laminar.zone import mixlearn, wire
 from laminar.zone import packing as K
 from laminar.zone import placement as pl
-from laminar.zone.component import (
-    DEFAULT_FRAG_MIX,
-    LEASE_S,
-    Arbiter,
-    PlacementResult,
-    wire_to_shares,
-    zone_summary_to_msg,
-)
+from laminar.zone.arbiter import DEFAULT_FRAG_MIX, LEASE_S, Arbiter, wire_to_shares, zone_summary_to_msg
 from laminar.zone.membership import Member, Membership
 from laminar.zone.mixlearn import mix_distance
 from laminar.zone.simnet import SIM_KEY, SimNet, _AnyNode
+from laminar.zone.submitter import PlacementResult
 
 ZONE_SIZE = 64
 """Nodes per zone, as ``run_allocation`` sets them (node ``i`` in zone ``i // 64``)."""
@@ -223,7 +217,7 @@ class MixExchange:
     """The shared shape mix of the ``frag`` agents over the fake network, by the agent's code:
     each node's summary (:meth:`Arbiter.summary`, its learned mix as the optional trailer) to
     its zone peers, each zone's merged mix in its zone summary
-    (:func:`laminar.zone.component.zone_summary_to_msg`) to the other zones, through the wire
+    (:func:`laminar.zone.arbiter.zone_summary_to_msg`) to the other zones, through the wire
     codec (one datagram each, :data:`wire.MAX_DATAGRAM` enforced) unless ``use_wire`` is False
     (then the same quantized values without the envelope); each arbiter then scores with its
     own counts plus its zone peers' and the other zones' mixes
