@@ -142,8 +142,8 @@ from laminar.runtime.ckpt_scan import scan_dir
 
 if TYPE_CHECKING:
     from laminar.migrate.ckpt_driver import CkptDriver
-    from laminar.migrate.evidence import NoticeOdds
-    from laminar.migrate.holder import RetrySchedule
+    from laminar.policy.holder import RetrySchedule
+    from laminar.policy.notice import NoticeOdds
 
 log = logging.getLogger("laminar.migrate")
 

@@ -6,9 +6,9 @@ the simulated transport (:mod:`laminar.zone.simnet`) and the simulator run the s
 
 :class:`Arbiter` is the node answering probes. It holds the reservations (tentative under a
 lease, committed for the hand-over, then *placed* while the job runs) and decides each probe
-with :func:`laminar.zone.placement.arbitrate`. Packing mode (``docs/allocation.md``): with
+with :func:`laminar.policy.placement.arbitrate`. Packing mode (``docs/allocation.md``): with
 ``[zone] packing = "frag"`` it offers the least-fragmenting GPUs
-(:func:`laminar.zone.packing.least_frag_alloc`) and scores its offers.
+(:func:`laminar.policy.packing.least_frag_alloc`) and scores its offers.
 """
 
 from __future__ import annotations
@@ -17,9 +17,10 @@ import math
 from collections.abc import Iterable
 from dataclasses import dataclass, replace
 
-from laminar.zone import mixlearn, wire
-from laminar.zone import packing as pk
-from laminar.zone import placement as pl
+from laminar.policy import mixlearn
+from laminar.policy import packing as pk
+from laminar.policy import placement as pl
+from laminar.zone import wire
 
 # Hand-over statuses (HandoverAck.status).
 HANDOVER_OK = 0
@@ -49,7 +50,7 @@ LEASE_S = 0.1
 # path) or "frag" (packing.least_frag_alloc: the least-fragmenting GPUs, and the offer carries
 # its fragmentation score for a packing placement to compare).
 PACKING_MODES = ("bestfit", "frag")
-# A "frag" arbiter with no fixed mix learns it (laminar.zone.mixlearn.MixLearner): a count of
+# A "frag" arbiter with no fixed mix learns it (laminar.policy.mixlearn.MixLearner): a count of
 # the shapes probed at it, decayed with a half-life of mixlearn.HALF_LIFE probes, each placement
 # counted once, each probe weighed by the rate the node is probed at (against the highest seen);
 # the mix is replaced only when it moved (scores are cached per mix).
@@ -121,7 +122,7 @@ HOST_MEMORY_UNIT_MB = 64  # and its memory: 64 MB units
 
 
 def shares_to_wire(shares: mixlearn.Shares | None) -> tuple[tuple[wire.MixEntry, ...], int]:
-    """A shared mix (:func:`laminar.zone.mixlearn.top_shares`) as the wire carries it: at most
+    """A shared mix (:func:`laminar.policy.mixlearn.top_shares`) as the wire carries it: at most
     :data:`wire.MAX_MIX_SHAPES` entries, shares floored to 1/65535 (so they sum to at most
     one), the weight in hundredths of a probe (at least 1, capped at the u32's top); ``((),
     0)`` for None (the field is left out)."""
@@ -180,7 +181,7 @@ def msg_to_zone_summary(m: wire.ZoneSummaryMsg, issued_at: float) -> pl.ZoneSumm
 
 
 def frag_offer(o: pl.Offer, frag: tuple[int, int] | None) -> pk.FragOffer:
-    """An offer as :func:`laminar.zone.packing.pick_frag_offer` compares it, from what it
+    """An offer as :func:`laminar.policy.packing.pick_frag_offer` compares it, from what it
     carried (``wire.Offer.frag``); without a score it ranks after every scored offer."""
     alloc = tuple((i, int(round(f * pk.MILLI))) for i, f in o.gpu_alloc)
     if frag is None:
@@ -209,12 +210,12 @@ class Arbiter:
     method takes ``now`` (wall clock, seconds) and does no I/O.
 
     ``packing`` (one of :data:`PACKING_MODES`) says which GPUs an offer takes. ``"bestfit"``
-    (the default): :func:`laminar.zone.placement.arbitrate`'s best fit. ``"frag"``: the
-    allocation adding the least fragmentation (:func:`laminar.zone.packing.least_frag_alloc`)
+    (the default): :func:`laminar.policy.placement.arbitrate`'s best fit. ``"frag"``: the
+    allocation adding the least fragmentation (:func:`laminar.policy.packing.least_frag_alloc`)
     for ``mix`` when given, else for the mix of the shapes probed here
-    (:class:`laminar.zone.mixlearn.MixLearner`: each placement counted once, each probe
+    (:class:`laminar.policy.mixlearn.MixLearner`: each placement counted once, each probe
     weighed by the rate this node is probed at, older probes decayed with a half-life of
-    :data:`laminar.zone.mixlearn.HALF_LIFE` probes; the fixed
+    :data:`laminar.policy.mixlearn.HALF_LIFE` probes; the fixed
     :data:`DEFAULT_FRAG_MIX` until :data:`MIX_MIN_SEEN` were seen), and the offer carries its
     fragmentation score (``wire.Offer.frag``). Either way the same checks decide whether the
     demand fits, counting every live reservation and placed job: only the choice of GPUs
@@ -389,7 +390,7 @@ class Arbiter:
     def _note_shape(self, demand: pl.Demand, placement_id: int | None = None, now: float | None = None) -> pk.Shape | None:
         """The packing shape of a probed demand, None when it has none; counted for the learned
         mix (once per ``placement_id``: a placement probed here again is not counted twice;
-        weighted by the rate this node is probed at ``now``: :class:`laminar.zone.mixlearn.MixLearner`)."""
+        weighted by the rate this node is probed at ``now``: :class:`laminar.policy.mixlearn.MixLearner`)."""
         try:
             shape = pk.shape_of(demand.gpus, demand.cpus)
         except pk.PackingError:
@@ -400,7 +401,7 @@ class Arbiter:
 
     def mix_share(self) -> mixlearn.Shares | None:
         """What this node shares of its learned mix in its summaries (its own counts:
-        :meth:`laminar.zone.mixlearn.MixLearner.share`); None when it learns none (a fixed
+        :meth:`laminar.policy.mixlearn.MixLearner.share`); None when it learns none (a fixed
         mix, best fit) or has seen too few probes."""
         if self.packing != "frag" or self.fixed_mix is not None:
             return None
@@ -409,7 +410,7 @@ class Arbiter:
     def set_peer_mixes(self, parts: Iterable[mixlearn.Shares]) -> None:
         """Score with this node's learned counts plus ``parts``: the fresh mixes its zone peers
         and the other zones shared (each weighted by its total,
-        :func:`laminar.zone.mixlearn.merge_shares`). Called once a summary round, never per
+        :func:`laminar.policy.mixlearn.merge_shares`). Called once a summary round, never per
         probe; a no-op for an arbiter that learns no mix."""
         self.set_peer_weights(mixlearn.merge_shares(parts))
 

@@ -5,7 +5,7 @@ transport and the simulator run the same code:
 
 - :class:`laminar.zone.arbiter.Arbiter` is the node answering probes. It holds the reservations
   (tentative under a lease, committed for the hand-over, then *placed* while the job runs) and
-  decides each probe with :func:`laminar.zone.placement.arbitrate`.
+  decides each probe with :func:`laminar.policy.placement.arbitrate`.
 - :class:`laminar.zone.submitter.Submitter` places one job: choose a zone by fit, probe ``d``
   nodes, bind the first good offer by handing the job over (the others lapse with their lease);
   bounded retries. It talks through a :class:`laminar.zone.submitter.Transport` (real UDP/TCP in
@@ -14,11 +14,11 @@ transport and the simulator run the same code:
 Their names stay importable from this module (the old path) until a later stage of issue 32.
 
 Packing mode (``docs/allocation.md``): with ``[zone] packing = "frag"`` a node's arbiter offers
-the least-fragmenting GPUs (:func:`laminar.zone.packing.least_frag_alloc`) and scores its
+the least-fragmenting GPUs (:func:`laminar.policy.packing.least_frag_alloc`) and scores its
 offers; a placement with ``packing`` (``POST /v1/placements {"packing": true}``,
 ``laminarctl zone submit --packing``) probes every member of the first ``packing_spread``
 zones that can take the job, awaits every answer and binds the least-fragmenting offer
-(:func:`laminar.zone.packing.pick_frag_offer`): the simulator's ``laminar-frag-wide``
+(:func:`laminar.policy.packing.pick_frag_offer`): the simulator's ``laminar-frag-wide``
 placement, on the same policy functions. The defaults (``bestfit``, no ``packing``) are the
 hot path, unchanged.
 
@@ -67,9 +67,10 @@ from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import replace
 from typing import Any, NamedTuple
 
+from laminar.policy import mixlearn
+from laminar.policy import placement as pl
 from laminar.userbounds import Busy
-from laminar.zone import authority, mixlearn, wire
-from laminar.zone import placement as pl
+from laminar.zone import authority, wire
 
 # The arbiter and the submitter moved to their own socket-free modules (issue 32): the star
 # imports keep their names importable from here until a later stage moves the callers.

@@ -2,7 +2,7 @@
 
 A 100,000-node zone cannot exist on a 2-core VM, so the placement benchmark runs the real
 policy and the real node and submitter code (:class:`laminar.zone.arbiter.Arbiter`,
-:class:`laminar.zone.submitter.Submitter`, :mod:`laminar.zone.placement`) over this in-process
+:class:`laminar.zone.submitter.Submitter`, :mod:`laminar.policy.placement`) over this in-process
 transport instead of sockets. Each message is still encoded, signed, checked and decoded by
 :mod:`laminar.zone.wire` (``use_wire=True``), so its CPU cost is the agent's; delivery is instant
 and lossless, and every message is counted.
@@ -30,7 +30,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from laminar.zone import placement as pl
+from laminar.policy import placement as pl
 from laminar.zone import wire
 from laminar.zone.arbiter import HANDOVER_NO_RESERVATION, HANDOVER_OK, Arbiter, zone_summary_to_msg
 from laminar.zone.keys import ZoneKeys

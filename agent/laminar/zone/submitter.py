@@ -8,7 +8,7 @@ benchmark and the simulator), so this module holds no socket.
 
 A placement with ``packing`` probes every member of the first ``packing_spread`` zones that can
 take the job, awaits every answer and binds the least-fragmenting offer
-(:func:`laminar.zone.packing.pick_frag_offer`).
+(:func:`laminar.policy.packing.pick_frag_offer`).
 
 A placement's outcome is a :class:`PlacementResult`: ``placed`` (node, zone, job id),
 ``unconfirmed`` (the hand-over reached a node that died before acknowledging it: the job may
@@ -29,8 +29,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
-from laminar.zone import packing as pk
-from laminar.zone import placement as pl
+from laminar.policy import packing as pk
+from laminar.policy import placement as pl
 from laminar.zone import wire
 from laminar.zone.arbiter import (
     BOUND_MEMORY,
@@ -290,7 +290,7 @@ class Submitter:
         (``zone_fits > 0``), lowest zone id first (an order every submitter shares), are
         taken ``packing_spread`` at a time; every member of those zones (suspects aside) is
         probed, every answer is awaited (at most ``probe_timeout_s``), and the offers bind
-        in the order of :func:`laminar.zone.packing.pick_frag_offer` (FGD's quantized score
+        in the order of :func:`laminar.policy.packing.pick_frag_offer` (FGD's quantized score
         of the fragmentation the offer adds, then the tighter fit, then the lower node id;
         an offer without a score, from a node in the ``bestfit`` mode, ranks last). No offer:
         the next ``packing_spread`` zones, for ``policy.zones`` groups; then a queue wait
@@ -360,7 +360,7 @@ class Submitter:
         return False
 
     def _pick_packed(self, offers: list[pl.Offer], scores: dict[int, tuple[int, int] | None]) -> pl.Offer | None:
-        """The live offer :func:`laminar.zone.packing.pick_frag_offer` ranks first (quantized,
+        """The live offer :func:`laminar.policy.packing.pick_frag_offer` ranks first (quantized,
         as ``laminar-frag-wide``); None when none is live."""
         now = self.clock()
         live = {o.node: o for o in offers if o.expires_at > now}
@@ -382,7 +382,7 @@ class Submitter:
                  skip: set[int]) -> list[int]:
         """``d`` nodes to probe: drawn uniformly (pool members first), except that up to
         ``d // 2`` (at least one) come from the zone summary's hints for the demand's shape
-        when it names any (:func:`laminar.zone.placement.hinted_nodes`). The uniform ones
+        when it names any (:func:`laminar.policy.placement.hinted_nodes`). The uniform ones
         are sent first, so a hinted node takes the job mostly when they cannot."""
         summary = self.zone_summary(zone) if self.zone_summary is not None and not demand.pool else None
         raw = pl.hinted_nodes(summary, demand) if summary is not None else ()
