@@ -202,6 +202,7 @@ from laminar.migrate.withdraw import WithdrawMixin
 from laminar.offloop import Lane, LaneBusy
 from laminar.policy import ckpt_schedule as cs
 from laminar.policy import destination as dst
+from laminar.policy import prestage
 from laminar.policy.holder import HolderCandidate, RetrySchedule, choose_holder
 from laminar.runtime.ckpt_scan import CkptScanner
 from laminar.runtime.provenance import request_origin
@@ -1203,16 +1204,13 @@ class ReclaimComponent(BuddiesMixin, GuardMixin, ReplicasMixin, WithdrawMixin, S
         self._gpu_mem = await asyncio.to_thread(gpus.nvml_process_memory)
 
     def _should_prestage(self, job: Any) -> bool:
-        mode = self.s["prestage"]
-        if mode == "always":
-            return True
-        if mode == "off":
-            return False
-        if self.notice_odds.unannounced_frac >= float(self.s["prestage_unannounced"]):
-            return True  # departures without notice are plausible: keep an off-node replica
         w = float(self.s["expected_notice_s"])
-        if w <= 0:
-            return True
+        return prestage.should_prestage(self.s["prestage"], lambda: self._fits_window(job, w), window_s=w,
+                                        unannounced_frac=self.notice_odds.unannounced_frac,
+                                        unannounced_threshold=float(self.s["prestage_unannounced"]))
+
+    def _fits_window(self, job: Any, w: float) -> bool:
+        """Whether ``job``'s final checkpoint fits a notice window of ``w`` (the prestage rule's fit)."""
         # The reclaim moves every job of the node through one uplink in one window
         # (notice_schedule): a job whose final checkpoint fits the window alone may not fit
         # beside its neighbours, so fit is judged over all of them, as the evacuation plans.
@@ -1226,7 +1224,7 @@ class ReclaimComponent(BuddiesMixin, GuardMixin, ReplicasMixin, WithdrawMixin, S
             cands = [cs.CkptJob(j.id, float(self._ckpt_bytes(j))) for j in (job, *others)]
             fits = cs.notice_fit(cands, link, w, float(self.s["notice_margin"]))
             self._fit = (time.monotonic(), fits)
-        return not fits[job.id]
+        return fits[job.id]
 
     # -- the reclaim --------------------------------------------------------------------------
 

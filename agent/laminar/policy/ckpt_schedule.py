@@ -39,6 +39,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
+from laminar.policy import prestage as rule
+
 
 class Hazard(Protocol):
     """What the scheduler asks of a hazard (HazardModel, HazardSum)."""
@@ -214,13 +216,13 @@ def plan(
     for _ in range(20):
         out = {}
         for j in jobs:
-            pre = prestage and not fits[j.job_id]
+            pre = rule.should_prestage("auto" if prestage else "off", fits[j.job_id])
             others = sum(b for k, b in busy.items() if k != j.job_id)
             share[j.job_id] = link_bps / (1.0 + others)
             transfer_s = j.size_bytes / share[j.job_id]
             cost = j.write_s + (transfer_s if pre else 0.0)
             tau, mtbf = hazard_interval(cost, hazard, now, min_interval_s, max_interval_s,
-                                        unannounced_frac if fits[j.job_id] else 1.0)
+                                        rule.rollback_frac(fits[j.job_id], unannounced_frac))
             if pre:
                 why = (f"final checkpoint would not fit the {notice_window_s:.0f}s window: prestaged, C includes "
                        f"transfer at {share[j.job_id] / 1e6:.1f} MB/s")

@@ -75,6 +75,7 @@ from laminar.policy import loaning as L
 from laminar.policy import placement as P
 from laminar.policy.hazard import DEFAULT_PRIOR_RATE_PER_H, DEFAULT_PRIOR_STRENGTH_H, HazardModel, HazardSum
 from laminar.policy.notice import NoticeOdds
+from laminar.policy.prestage import rollback_frac
 from laminar.sim.cluster import BestFitPlacer, ProbePlacer, SimNode, fits_fast
 from laminar.sim.trace import JobSpec, NodeSpec
 
@@ -540,7 +541,7 @@ class Simulator:
         cost = self._ckpt_cost(j)
         if self.policy.kill_loses_work or cost <= 0 or not j.workers:
             return
-        frac = self.notice_odds.unannounced_frac if cost <= self.cfg.ckpt_wait_s else 1.0
+        frac = rollback_frac(cost <= self.cfg.ckpt_wait_s, self.notice_odds.unannounced_frac)
         tau, _ = CS.hazard_interval(cost, self._job_hazard(j), self.cfg.epoch_ts + self.now + after_s, rollback_frac=frac)
         self._push(self.now + after_s + tau, CKPT, j.spec.job_id, j.ckpt_version)
 
