@@ -1204,8 +1204,11 @@ class ReclaimComponent(BuddiesMixin, GuardMixin, ReplicasMixin, WithdrawMixin, S
         self._gpu_mem = await asyncio.to_thread(gpus.nvml_process_memory)
 
     def _should_prestage(self, job: Any) -> bool:
+        mode = self.s["prestage"]
+        if mode != "auto":  # the mode decides alone: no fact is read (as before the rule moved)
+            return prestage.should_prestage(mode, False)
         w = float(self.s["expected_notice_s"])
-        return prestage.should_prestage(self.s["prestage"], lambda: self._fits_window(job, w), window_s=w,
+        return prestage.should_prestage(mode, lambda: self._fits_window(job, w), window_s=w,
                                         unannounced_frac=self.notice_odds.unannounced_frac,
                                         unannounced_threshold=float(self.s["prestage_unannounced"]))
 
