@@ -3,7 +3,7 @@ centralized best-fit scheduler that scans every node; placement latency on a rea
 
 Scale part (simulated transport, real code): the cluster is a FAKE (``laminar.zone.simnet``:
 100,000 nodes cannot exist on this machine), but every placement runs the agent's own
-``Submitter``/``Arbiter`` and ``laminar.zone.placement`` policy, and every message is encoded,
+``Submitter``/``Arbiter`` and ``laminar.policy.placement`` policy, and every message is encoded,
 HMAC-signed, checked and decoded by ``laminar.zone.wire``. Both schedulers see the same initial
 cluster (each GPU idle, half or fully used at random; 8 GPUs, 64 CPUs, 512 GB per node) and the
 same stream of jobs (0.25 to 4 GPUs); jobs finish first-in first-out once a quarter of the node
@@ -48,7 +48,7 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "agent"))
 
-from laminar.zone import placement as pl  # noqa: E402
+from laminar.policy import placement as pl  # noqa: E402
 from laminar.zone.component import LEASE_S  # noqa: E402
 from laminar.zone.simnet import SimNet, run_placements  # noqa: E402
 

@@ -38,11 +38,11 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "agent"))
 
-from laminar.migrate.ckpt_schedule import CkptJob, daly_interval, hazard_interval, notice_fit, notice_schedule  # noqa: E402
-from laminar.migrate.destination import Candidate, MoveRequest, Resources, rank  # noqa: E402
 from laminar.migrate.evidence import NoticeOdds  # noqa: E402
 from laminar.migrate.hazard import HazardModel, HazardSum, SpotTrace, load_spot_trace, spot_trace_files  # noqa: E402
-from laminar.migrate.holder import HolderCandidate, RetrySchedule, choose_holder  # noqa: E402
+from laminar.policy.ckpt_schedule import CkptJob, daly_interval, hazard_interval, notice_fit, notice_schedule  # noqa: E402
+from laminar.policy.destination import Candidate, MoveRequest, Resources, rank  # noqa: E402
+from laminar.policy.holder import HolderCandidate, RetrySchedule, choose_holder  # noqa: E402
 
 DEFAULT_TRACE = Path(__file__).resolve().parents[2] / "shared/data/spot-traces"
 SETS = ("preemption/1-node/aws-04-22-2023", "preemption/1-node/aws-04-19-2023")

@@ -42,9 +42,10 @@ from collections import deque
 from pathlib import Path
 from typing import Any
 
+from laminar.policy import admission, ladder
+
 from ..config import Field, register_section
 from ..userbounds import UidSlots
-from . import admission, ladder
 from .cgroups import (
     CgroupError,
     CgroupTree,

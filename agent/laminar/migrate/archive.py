@@ -138,12 +138,13 @@ from laminar.migrate.archive_auth import (
 from laminar.migrate.archive_view import _NODE_FILE, DONE_DIR, Refusals, Sealed, View
 from laminar.migrate.constants import _SAFE_KEY, SOURCE_LIVE_STATES
 from laminar.migrate.errors import MigrateError
+from laminar.policy.prestage import unannounced_plausible
 from laminar.runtime.ckpt_scan import scan_dir
 
 if TYPE_CHECKING:
     from laminar.migrate.ckpt_driver import CkptDriver
-    from laminar.migrate.evidence import NoticeOdds
-    from laminar.migrate.holder import RetrySchedule
+    from laminar.policy.holder import RetrySchedule
+    from laminar.policy.notice import NoticeOdds
 
 log = logging.getLogger("laminar.migrate")
 
@@ -801,7 +802,7 @@ class ArchiveMixin:
         while departures without notice are plausible (a job whose node and buddy both leave
         without notice then rolls back only to its last periodic checkpoint)."""
         return (self._archive_root() is not None
-                and self.notice_odds.unannounced_frac >= float(self.s["prestage_unannounced"]))
+                and unannounced_plausible(self.notice_odds.unannounced_frac, float(self.s["prestage_unannounced"])))
 
     def _publish_copy(self, ckpt: Path, d: int, wait: ArchiveWait | None = None, expect: str | None = None,
                       owner_uid: int | None = None) -> tuple[str, int, int]:

@@ -36,9 +36,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from laminar import jobkit
-from laminar.migrate import destination as dst
 from laminar.migrate.errors import MigrateError
 from laminar.migrate.transfer import PeerSilentError, TransferError
+from laminar.policy import destination as dst
 
 if TYPE_CHECKING:
     from laminar.migrate.ckpt_driver import CkptDriver

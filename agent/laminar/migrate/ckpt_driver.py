@@ -1,6 +1,6 @@
 """Periodic checkpoints: the agent asks each job for a checkpoint at the interval the hazard sets.
 
-:mod:`laminar.migrate.ckpt_schedule` says *how often* a job should checkpoint (Young/Daly with
+:mod:`laminar.policy.ckpt_schedule` says *how often* a job should checkpoint (Young/Daly with
 the node's time-varying hazard, the checkpoint's cost at the uplink share left when
 co-resident jobs checkpoint too) and how to *stagger* checkpoints that fall due together.
 This module is the part of ``agent.migrate`` that acts on it: every ``poll_s`` it
@@ -61,8 +61,8 @@ from typing import Any
 
 from laminar import jobkit
 from laminar.config import Field, _range
-from laminar.migrate import ckpt_schedule as cs
 from laminar.offloop import Lane, LaneBusy
+from laminar.policy import ckpt_schedule as cs
 from laminar.runtime.ckpt_scan import CkptScanner, Listing
 from laminar.runtime.jobs import catches_signal
 

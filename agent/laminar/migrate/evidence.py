@@ -1,13 +1,13 @@
 """What the agent has seen of departures, kept across restarts: hazard evidence and notice odds.
 
-The hazard model (:mod:`laminar.migrate.hazard`) starts from a prior (the configuration, or a
+The hazard model (:mod:`laminar.policy.hazard`) starts from a prior (the configuration, or a
 calibration on spot traces) and learns from the departures this agent lives through. That
 learning must survive a restart of the agent (crash, upgrade), or every restart would forget
 a week of evidence and plan checkpoints as if the provider had never taken a node back.
 
 Two pieces:
 
-* :class:`NoticeOdds` (policy, pure): how many departures came with a usable notice and how
+* :class:`NoticeOdds` (policy, pure; in :mod:`laminar.policy.notice`, re-exported here): how many departures came with a usable notice and how
   many without (a peer that fell silent with no reclaim notice, a replica's source that died
   unannounced), and the posterior mean share of *unannounced* departures under a Beta prior.
   The checkpoint scheduler uses it
@@ -35,12 +35,15 @@ Example::
 from __future__ import annotations
 
 import json
-import math
 import time
-from dataclasses import dataclass
 from typing import Any
 
-from laminar.migrate.hazard import HOURS_PER_WEEK, HazardError, HazardModel
+from laminar.policy.hazard import HOURS_PER_WEEK, HazardError, HazardModel
+from laminar.policy.notice import (  # noqa: F401  (re-exported at the old path, issue 32)
+    DEFAULT_PRIOR_ANNOUNCED,
+    DEFAULT_PRIOR_UNANNOUNCED,
+    NoticeOdds,
+)
 
 SCHEMA = [
     """CREATE TABLE IF NOT EXISTS migrate_hazard (
@@ -54,48 +57,6 @@ SCHEMA = [
         unannounced REAL NOT NULL,
         updated REAL NOT NULL)""",
 ]
-
-# Without evidence, assume departures come unannounced (share 1: the cautious side); each
-# announced departure seen then lowers the share.
-DEFAULT_PRIOR_ANNOUNCED = 0.0
-DEFAULT_PRIOR_UNANNOUNCED = 1.0
-
-
-@dataclass
-class NoticeOdds:
-    """Departures seen with and without a usable notice, and the posterior share of the
-    unannounced ones (``Beta(prior_unannounced, prior_announced)`` prior)."""
-
-    announced: float = 0.0
-    unannounced: float = 0.0
-    prior_announced: float = DEFAULT_PRIOR_ANNOUNCED
-    prior_unannounced: float = DEFAULT_PRIOR_UNANNOUNCED
-
-    def __post_init__(self) -> None:
-        for name in ("announced", "unannounced", "prior_announced", "prior_unannounced"):
-            v = getattr(self, name)
-            if not isinstance(v, (int, float)) or isinstance(v, bool) or not math.isfinite(v) or v < 0:
-                raise HazardError(f"notice odds: {name} must be a finite number >= 0, got {v!r}")
-        if self.prior_announced + self.prior_unannounced <= 0:
-            raise HazardError("notice odds: the prior needs some weight (prior_announced + prior_unannounced > 0)")
-
-    def observe(self, announced: bool, count: float = 1.0) -> None:
-        """Records ``count`` departures, with (``announced``) or without a usable notice."""
-        if count < 0:
-            raise HazardError(f"notice odds: count must be >= 0, got {count!r}")
-        if announced:
-            self.announced += count
-        else:
-            self.unannounced += count
-
-    @property
-    def unannounced_frac(self) -> float:
-        """Posterior mean share of departures that come without a usable notice, in (0, 1]
-        (never 0: the scheduler divides by it)."""
-        a = self.unannounced + self.prior_unannounced
-        b = self.announced + self.prior_announced
-        return max(1e-6, min(1.0, a / (a + b)))
-
 
 class EvidenceStore:
     """The migrate component's evidence tables in ``store`` (a :class:`laminar.store.Store`)."""

@@ -12,10 +12,10 @@ storage holder, a guard passed on).
 
 **The retrying guard.** A guard whose source is dead (or stopped the job, ``take_over``)
 resumes the job from its newest verified replica: here when this node has room, else on the
-best-ranked peer with room (:func:`laminar.migrate.destination.rank` over the peers' zone
+best-ranked peer with room (:func:`laminar.policy.destination.rank` over the peers' zone
 summaries, then the zone's probe/offer/commit, the transfer, the guard handed over, the
 hand-over with ``resume_from``: the same choice and mechanism as a move), else it looks again
-after ``retry_base_s``, doubling up to ``retry_max_s`` (:class:`laminar.migrate.holder.RetrySchedule`;
+after ``retry_base_s``, doubling up to ``retry_max_s`` (:class:`laminar.policy.holder.RetrySchedule`;
 replica state ``waiting``, the next look in the ``migrate_retry`` table, so a restarted agent
 goes on where it stopped). A ``waiting`` guard whose source was declared dead by a silence and
 is heard from again asks it first (control op ``needs``, whose answer carries the job's state
@@ -37,16 +37,16 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from laminar.migrate import destination as dst
 from laminar.migrate.constants import DEFAULT_REMAINING_S, HOLD_MIN_S, MIGRATED_ENV, SOURCE_LIVE_STATES
 from laminar.migrate.errors import HandoverSettled, MigrateError
 from laminar.migrate.transfer import TransferError, latest_verified, send_checkpoint
+from laminar.policy import destination as dst
 from laminar.runtime.provenance import request_origin
 from laminar.zone import authority as au
 
 if TYPE_CHECKING:
     from laminar.migrate.archive import ArchiveLane
-    from laminar.migrate.holder import RetrySchedule
+    from laminar.policy.holder import RetrySchedule
 
 log = logging.getLogger("laminar.migrate")
 
@@ -658,7 +658,7 @@ class GuardMixin:
     @staticmethod
     def _need_of(req: dict[str, Any]) -> tuple[Any, dst.Resources]:
         """(zone Demand, Resources) of a guarded job's request (spec, gpus)."""
-        from laminar.zone.placement import Demand
+        from laminar.policy.placement import Demand
 
         spec = req.get("spec") or {}
         gpus = int(req.get("gpus", 0) or 0)

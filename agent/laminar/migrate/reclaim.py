@@ -11,13 +11,13 @@ The reclaimed node's agent then
 1. tells the zone (the zone's reclaim notice: it stops taking placements, its peers record the
    window) and arms the kill-switch of every job on the node for the window's end
    (``netguard.arm_job``): whatever still runs then loses its network at once;
-2. plans the evacuation with :func:`laminar.migrate.ckpt_schedule.notice_schedule` (who is
+2. plans the evacuation with :func:`laminar.policy.ckpt_schedule.notice_schedule` (who is
    signalled when, as late as is safe; transfer deadlines);
 3. for each job: sends the checkpoint signal, waits for the job's new checkpoint (jobkit's
    layout in ``LAMINAR_CKPT_DIR``), freezes the job as soon as it is there (steps after the
    checkpoint would be lost anyway), checks it against its manifest while it builds the
    transfer manifest (one read), ranks the zone's nodes with
-   :func:`laminar.migrate.destination.rank` (resource fit from their summaries, whether the
+   :func:`laminar.policy.destination.rank` (resource fit from their summaries, whether the
    transfer fits what is left of the window, survival from the hazard model, zone topology),
    reserves the best through the zone (probe, offer, commit), sends the checkpoint to the
    destination's transfer endpoint (:mod:`laminar.migrate.transfer`: authenticated, chunked,
@@ -60,7 +60,7 @@ copies, never none.
 **No room anywhere: storage holders.** When no peer can run a job during the window (none has
 the GPUs, memory or CPUs free, or every reservation is refused), its final checkpoint still
 leaves the node: the agent asks the live peers for their free disk (control message ``space``,
-less their ``holder_reserve_mb``), ranks them with :func:`laminar.migrate.holder.choose_holder`
+less their ``holder_reserve_mb``), ranks them with :func:`laminar.policy.holder.choose_holder`
 (disk, transfer vs what is left of the window, survival, the job's buddy first at equal
 odds), sends the checkpoint to the best one (same transfer, shaped to the window), stops the
 job (state ``reclaimed``, ``work_lost_s`` = time trained after the checkpoint) and hands that
@@ -137,8 +137,6 @@ from laminar.airlock.cgroups import CgroupError, set_frozen_async
 from laminar.airlock.cgroups import freeze_counts as cgroup_freeze_counts
 from laminar.config import Field, _one_of, _range, register_section
 from laminar.migrate import ckpt_driver, drain
-from laminar.migrate import ckpt_schedule as cs
-from laminar.migrate import destination as dst
 from laminar.migrate.archive import ARCHIVE_CLAIM_STALE_S as ARCHIVE_CLAIM_STALE_S
 from laminar.migrate.archive import (
     ARCHIVE_GC_S,
@@ -173,7 +171,6 @@ from laminar.migrate.hazard import (
     HazardModel,
     calibrate_from_spot_traces,
 )
-from laminar.migrate.holder import HolderCandidate, RetrySchedule, choose_holder
 from laminar.migrate.replicas import REPLICA_SCAN_TIMEOUT_S, RESUME_DIR, ReplicasMixin, redact_replica
 from laminar.migrate.replicas import RESUME_KEEP_S as RESUME_KEEP_S
 from laminar.migrate.replicas import guard_confirmation as guard_confirmation
@@ -203,6 +200,10 @@ from laminar.migrate.trees import _remove_tree
 from laminar.migrate.vouch import VouchMixin
 from laminar.migrate.withdraw import WithdrawMixin
 from laminar.offloop import Lane, LaneBusy
+from laminar.policy import ckpt_schedule as cs
+from laminar.policy import destination as dst
+from laminar.policy import prestage
+from laminar.policy.holder import HolderCandidate, RetrySchedule, choose_holder
 from laminar.runtime.ckpt_scan import CkptScanner
 from laminar.runtime.provenance import request_origin
 from laminar.zone import authority as au
@@ -1092,7 +1093,7 @@ class ReclaimComponent(BuddiesMixin, GuardMixin, ReplicasMixin, WithdrawMixin, S
         """The demand a move of ``job`` places (its pool too, when the zone placed it with one:
         a lent training job asks for the training pool again, so a busy inference node refuses
         it and an idle one takes it on loan) and the resources a destination must have."""
-        from laminar.zone.placement import Demand
+        from laminar.policy.placement import Demand
 
         spec = job.spec
         gpus = len(job.gpus) if job.gpus else (spec.gpus if isinstance(spec.gpus, int) else len(spec.gpus))
@@ -1204,15 +1205,15 @@ class ReclaimComponent(BuddiesMixin, GuardMixin, ReplicasMixin, WithdrawMixin, S
 
     def _should_prestage(self, job: Any) -> bool:
         mode = self.s["prestage"]
-        if mode == "always":
-            return True
-        if mode == "off":
-            return False
-        if self.notice_odds.unannounced_frac >= float(self.s["prestage_unannounced"]):
-            return True  # departures without notice are plausible: keep an off-node replica
+        if mode != "auto":  # the mode decides alone: no fact is read (as before the rule moved)
+            return prestage.should_prestage(mode, False)
         w = float(self.s["expected_notice_s"])
-        if w <= 0:
-            return True
+        return prestage.should_prestage(mode, lambda: self._fits_window(job, w), window_s=w,
+                                        unannounced_frac=self.notice_odds.unannounced_frac,
+                                        unannounced_threshold=float(self.s["prestage_unannounced"]))
+
+    def _fits_window(self, job: Any, w: float) -> bool:
+        """Whether ``job``'s final checkpoint fits a notice window of ``w`` (the prestage rule's fit)."""
         # The reclaim moves every job of the node through one uplink in one window
         # (notice_schedule): a job whose final checkpoint fits the window alone may not fit
         # beside its neighbours, so fit is judged over all of them, as the evacuation plans.
@@ -1226,7 +1227,7 @@ class ReclaimComponent(BuddiesMixin, GuardMixin, ReplicasMixin, WithdrawMixin, S
             cands = [cs.CkptJob(j.id, float(self._ckpt_bytes(j))) for j in (job, *others)]
             fits = cs.notice_fit(cands, link, w, float(self.s["notice_margin"]))
             self._fit = (time.monotonic(), fits)
-        return not fits[job.id]
+        return fits[job.id]
 
     # -- the reclaim --------------------------------------------------------------------------
 
@@ -1945,7 +1946,7 @@ class ReclaimComponent(BuddiesMixin, GuardMixin, ReplicasMixin, WithdrawMixin, S
 
     async def rank_holders(self, key: str, size: int, window_s: float | None, prefer: int | None) -> list[Any]:
         """Live peers that could hold a checkpoint of ``size`` bytes (not suspect, not draining,
-        not under a reclaim notice), ranked by :func:`laminar.migrate.holder.choose_holder`
+        not under a reclaim notice), ranked by :func:`laminar.policy.holder.choose_holder`
         with their own answers about free disk space."""
         cands = self.candidates(dst.Resources())
         free = await self._disk_free([int(c.node) for c in cands], size)

@@ -6,7 +6,7 @@ job, its size and its deadline. The registry then
 1. creates an HTB leaf for it under the migration class (``laminar.net.htb``) and writes an
    ``lm_flows`` entry whose ``priority`` is the leaf's handle, so netguard steers the flow's
    packets into the leaf (and counts them);
-2. every tick (``shaping.tick_ms``) asks the shaper (``laminar.net.shaper``, pure policy) for
+2. every tick (``shaping.tick_ms``) asks the shaper (``laminar.policy.shaper``, pure policy) for
    each transfer's rate from the bytes left and the time left, and applies the rates to the
    leaves (only when they moved by more than 2%);
 3. reports a transfer the shaper finds infeasible at once: in the answer to the request that
@@ -75,13 +75,7 @@ from typing import Any
 
 from prometheus_client import Gauge
 
-from ..api import ApiError, Request, Route
-from ..bpf import abi
-from ..config import Field, register_section
-from ..inputs import brief
-from . import killswitch as ks
-from .htb import HtbError, HtbTree, priority_of, remove_tree
-from .shaper import (
+from laminar.policy.shaper import (
     INFEASIBLE,
     LATE,
     LinkBudget,
@@ -93,6 +87,13 @@ from .shaper import (
     fmt_rate,
     validate_request,
 )
+
+from ..api import ApiError, Request, Route
+from ..bpf import abi
+from ..config import Field, register_section
+from ..inputs import brief
+from . import killswitch as ks
+from .htb import HtbError, HtbTree, priority_of, remove_tree
 
 log = logging.getLogger("laminar.net.transfers")
 

@@ -610,7 +610,7 @@ ENV_NAME_BYTES_MAX = 256  # one env name
 ENV_VALUE_BYTES_MAX = 32 << 10  # one env value
 PATH_BYTES_MAX = 4096  # cwd, resume_from (PATH_MAX)
 # Elastic workers: one GPU each, and no node has more than gpus.GPUS_MAX GPUs (the options the
-# elastic round builds per job grow with elastic_max - workers; see laminar.zone.elastic).
+# elastic round builds per job grow with elastic_max - workers; see laminar.policy.elastic).
 ELASTIC_MAX = gpumod.GPUS_MAX
 
 

@@ -3,7 +3,7 @@
 - :mod:`laminar.sim.trace`: readers for the Alibaba GPU trace, the Pollux workloads and the
   spot traces (bad input raises :class:`~laminar.sim.trace.TraceError` naming file and line).
 - :mod:`laminar.sim.cluster`: the node model and the two placements (Laminar's probe-first
-  through :mod:`laminar.zone.placement`, and centralized best-fit).
+  through :mod:`laminar.policy.placement`, and centralized best-fit).
 - :mod:`laminar.sim.engine`: the discrete-event simulator and the policies ``laminar``,
   ``bestfit``, ``noloan``, ``requeue``.
 - :mod:`laminar.sim.allocation`: the FGD artifact's experiment (GPU allocation ratio when the

@@ -2,12 +2,12 @@
 
 :func:`laminar.sim.allocation.run_allocation` with ``laminar-frag-wide`` models the packing
 placement in the simulator's own node model. This module runs the *agent's* code for it
-instead: one :class:`laminar.zone.component.Arbiter` per openb node (``packing="frag"``,
+instead: one :class:`laminar.zone.arbiter.Arbiter` per openb node (``packing="frag"``,
 its real inventory: GPUs, CPUs, memory, GPU model) and one
-:class:`laminar.zone.component.Submitter` placing every pod with ``packing=True``
-(:meth:`~laminar.zone.component.Submitter._place_packing`: whole zones probed,
+:class:`laminar.zone.submitter.Submitter` placing every pod with ``packing=True``
+(:meth:`~laminar.zone.submitter.Submitter._place_packing`: whole zones probed,
 ``packing_spread`` = :data:`~laminar.sim.allocation.FRAG_SPREAD` at a time, every answer
-awaited, :func:`laminar.zone.packing.pick_frag_offer` bound), over
+awaited, :func:`laminar.policy.packing.pick_frag_offer` bound), over
 :class:`laminar.zone.simnet.SimNet` (a FAKE network: instant, lossless, every message
 counted, encoded and decoded by the real wire codec unless ``use_wire=False``).
 
@@ -23,15 +23,15 @@ What may differ from ``laminar-frag-wide`` (the point of running it):
 - the mix: ``mix="workload"`` gives every arbiter the workload's mix
   (:func:`~laminar.sim.allocation.workload_mix`, as the simulator does); ``mix="learned"``
   is the agent's default, the mix each node learns from the shapes probed at it
-  (:class:`laminar.zone.mixlearn.MixLearner`;
-  :data:`laminar.zone.component.DEFAULT_FRAG_MIX` until 16 were seen) merged with the mixes
+  (:class:`laminar.policy.mixlearn.MixLearner`;
+  :data:`laminar.zone.arbiter.DEFAULT_FRAG_MIX` until 16 were seen) merged with the mixes
   its zone peers and the other zones share in their summaries (:class:`MixExchange`, a
   summary round every :data:`MIX_EVERY` pods); ``mix="pooled"`` and ``mix="local"`` are
   diagnostics (one learner shared by every node; each node its own probes only, the agent
   before the shared mix: :data:`DIAGNOSTIC_MIXES`);
 - the zones: the submitter takes the zones whose summaries' ``zone_fit`` is positive, where
   the simulator counts the nodes of each zone that can host the pod. ``zone_fit`` reads the
-  summaries' host buckets (:func:`laminar.zone.placement.host_buckets`: per shape, the nodes
+  summaries' host buckets (:func:`laminar.policy.placement.host_buckets`: per shape, the nodes
   that might host a demand of its class grouped by free CPUs, with their largest free CPUs and memory), so a zone where no
   node has GPU, CPU and memory room together says 0; a group's CPUs and memory may come from
   two of its nodes, so it can still say a zone fits when none of its nodes can;
@@ -65,23 +65,18 @@ from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
+from laminar.policy import mixlearn
+from laminar.policy import packing as K
+from laminar.policy import placement as pl
+from laminar.policy.mixlearn import mix_distance
 from laminar.sim import allocation as A
 from laminar.sim.cluster import demand_of
 from laminar.sim.trace import JobSpec, NodeSpec, default_data_dir, read_openb_nodes, read_openb_pods
-from laminar.zone import mixlearn, wire
-from laminar.zone import packing as K
-from laminar.zone import placement as pl
-from laminar.zone.component import (
-    DEFAULT_FRAG_MIX,
-    LEASE_S,
-    Arbiter,
-    PlacementResult,
-    wire_to_shares,
-    zone_summary_to_msg,
-)
+from laminar.zone import wire
+from laminar.zone.arbiter import DEFAULT_FRAG_MIX, LEASE_S, Arbiter, wire_to_shares, zone_summary_to_msg
 from laminar.zone.membership import Member, Membership
-from laminar.zone.mixlearn import mix_distance
 from laminar.zone.simnet import SIM_KEY, SimNet, _AnyNode
+from laminar.zone.submitter import PlacementResult
 
 ZONE_SIZE = 64
 """Nodes per zone, as ``run_allocation`` sets them (node ``i`` in zone ``i // 64``)."""
@@ -97,7 +92,7 @@ starts, but the wait is measured in real time while the answers are read: a shor
 MIXES = ("workload", "learned")
 DIAGNOSTIC_MIXES = ("pooled", "local")
 """``pooled``: a diagnostic, not the agent: every arbiter counts its probes into one shared
-:class:`laminar.zone.mixlearn.MixLearner` (each placement once), so all score with the mix of
+:class:`laminar.policy.mixlearn.MixLearner` (each placement once), so all score with the mix of
 the whole probe stream. ``local``: the agent before the shared mix (each node its own
 probes only, no :class:`MixExchange`). ``learned`` is the agent: each node learns from its
 probes and scores with the mixes its zone peers and the other zones share in their summaries."""
@@ -187,7 +182,7 @@ def allocated_gpus(net: SimNet) -> float:
 class ExactZoneFits:
     """``zone_fits`` for the submitter from the arbiters themselves (the ``exact`` zone choice,
     a diagnostic): for each zone in id order, how many of its nodes' arbiters would accept
-    ``demand`` now (their residual, :func:`laminar.zone.placement.fits`), until ``wanted``
+    ``demand`` now (their residual, :func:`laminar.policy.placement.fits`), until ``wanted``
     zones with a host were found (the packing placement never probes more); later zones are
     left out. Cached per zone until :meth:`changed` names one of its nodes."""
 
@@ -223,11 +218,11 @@ class MixExchange:
     """The shared shape mix of the ``frag`` agents over the fake network, by the agent's code:
     each node's summary (:meth:`Arbiter.summary`, its learned mix as the optional trailer) to
     its zone peers, each zone's merged mix in its zone summary
-    (:func:`laminar.zone.component.zone_summary_to_msg`) to the other zones, through the wire
+    (:func:`laminar.zone.arbiter.zone_summary_to_msg`) to the other zones, through the wire
     codec (one datagram each, :data:`wire.MAX_DATAGRAM` enforced) unless ``use_wire`` is False
     (then the same quantized values without the envelope); each arbiter then scores with its
     own counts plus its zone peers' and the other zones' mixes
-    (:meth:`Arbiter.set_peer_weights`, the weights :func:`laminar.zone.mixlearn.merge_shares`
+    (:meth:`Arbiter.set_peer_weights`, the weights :func:`laminar.policy.mixlearn.merge_shares`
     gives for those parts). As in an agent that holds every peer's fresh summary: every node
     hears every zone peer and every zone (summaries are not counted as placement messages).
 

@@ -19,35 +19,35 @@ Placements (:data:`PLACEMENTS`):
 - ``bestfit``: our centralized best-fit, a check of this model against the published BestFit.
 - ``fgd``: our own implementation of FGD (Fragmentation Gradient Descent), centralized like
   the artifact: every node that fits is scored by how much the pod grows its fragmentation
-  for the workload's shape mix (:mod:`laminar.zone.packing`: :func:`~laminar.zone.packing.node_frag`
+  for the workload's shape mix (:mod:`laminar.policy.packing`: :func:`~laminar.policy.packing.node_frag`
   with the artifact's typical pods, the top shapes covering 95% of the pods), the score
   quantized as the artifact's Kubernetes plugin does it (``int(100 * sigmoid(-delta/1000))``),
   the highest score wins, ties to the first node in a fixed seeded node order (the artifact's
   node naming; ``fgd-random-ties`` draws among ties uniformly, the Kubernetes scheduler's
-  ``selectHost``), and the GPU inside the node is FGD's own choice too (:func:`~laminar.zone.packing.fgd_alloc`).
-- ``laminar``: probe-first placement through :mod:`laminar.zone.placement` (``d`` probes,
+  ``selectHost``), and the GPU inside the node is FGD's own choice too (:func:`~laminar.policy.packing.fgd_alloc`).
+- ``laminar``: probe-first placement through :mod:`laminar.policy.placement` (``d`` probes,
   first-come late binding of the tightest answer; see :class:`laminar.sim.cluster.ProbePlacer`).
 - ``laminar+readdress``: the same, plus one bounded re-addressing hop: when a pod fails,
   a probed node that one resident pod could leave is made to fit by moving that pod elsewhere
   through the same placement; at most one move per arriving pod.
 - ``laminar-frag``: probe-first placement with fragmentation-aware arbitration
   (:class:`FragProbePlacer`): each probed node places the pod where it adds the least
-  fragmentation for the zone's shape mix (:func:`~laminar.zone.packing.least_frag_alloc`),
+  fragmentation for the zone's shape mix (:func:`~laminar.policy.packing.least_frag_alloc`),
   the submitter waits for the ``d`` answers of a round and binds the offer adding the least
-  fragmentation (:func:`~laminar.zone.packing.pick_frag_offer`) instead of the first.
+  fragmentation (:func:`~laminar.policy.packing.pick_frag_offer`) instead of the first.
 - ``laminar-frag+readdress``: the same, plus the re-addressing hop, the evicted resident
-  chosen by the node (:func:`~laminar.zone.packing.eviction_order`) and re-placed through
+  chosen by the node (:func:`~laminar.policy.packing.eviction_order`) and re-placed through
   the same fragmentation-aware placement. FGD cannot move a placed pod.
 - ``laminar-frag+hinted``: ``laminar-frag`` plus a re-addressing hop aimed by the zone
   summaries' *move hints* (:class:`HintedFragPlacer`, :func:`_readdress_hinted`): the nodes
   where one resident's move alone would make room for a typical shape
-  (:func:`~laminar.zone.packing.move_frees`); candidates whose resident no zone summary says
+  (:func:`~laminar.policy.packing.move_frees`); candidates whose resident no zone summary says
   can be hosted are dropped. At most one move per arriving pod.
 - ``laminar-frag-wide``: ``laminar-frag`` probing :data:`FRAG_SPREAD` zones in one round
   (the first zones whose summaries say a node can host the pod), comparing all their answers:
   a wider choice for the same arbitration. ``laminar-frag-wide+hinted`` adds the hinted hop.
 
-Messages (probes, answers, binding: :func:`laminar.zone.placement.max_messages_per_attempt`):
+Messages (probes, answers, binding: :func:`laminar.policy.placement.max_messages_per_attempt`):
 the ``-frag`` placements probe whole zones, 2 x 64 + 2 = 130 messages for a pod placed in its
 first round (``-wide``: 2 x 64 x :data:`FRAG_SPREAD` + 2), where the hot-path ``laminar``
 placement costs 2d + 2 = 6. They are a packing mode (a batch or a saturated cluster), not the
@@ -66,10 +66,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from laminar.policy import packing as K
+from laminar.policy import placement as P
 from laminar.sim.cluster import EPS, BestFitPlacer, ProbePlacer, SimNode, demand_of, fits_fast
 from laminar.sim.trace import JobSpec, NodeSpec
-from laminar.zone import packing as K
-from laminar.zone import placement as P
 
 PUBLISHED_130PCT = {
     "Random": 87.47,
@@ -159,7 +159,7 @@ def inflate(pods: Sequence[JobSpec], capacity_gpus: float, ratio: float, rng: ra
 
 
 def workload_mix(pods: Sequence[JobSpec], coverage: float = MIX_COVERAGE) -> K.ShapeMix:
-    """The typical worker shapes of ``pods`` (FGD's typical pods, see :func:`laminar.zone.packing.shape_mix`)."""
+    """The typical worker shapes of ``pods`` (FGD's typical pods, see :func:`laminar.policy.packing.shape_mix`)."""
     return K.shape_mix((K.shape_of(p.worker_gpus, p.worker_cpus) for p in pods), coverage)
 
 
@@ -261,10 +261,10 @@ class FragProbePlacer(ProbePlacer):
     """Laminar's probe-first placement with fragmentation-aware arbitration.
 
     Zones, probe targets and the retry schedule are those of :class:`ProbePlacer` (the same
-    :mod:`laminar.zone.placement` calls). What differs: a probed node that fits answers with
-    its least-fragmenting allocation (:func:`laminar.zone.packing.least_frag_alloc`) and its
+    :mod:`laminar.policy.placement` calls). What differs: a probed node that fits answers with
+    its least-fragmenting allocation (:func:`laminar.policy.packing.least_frag_alloc`) and its
     fragmentation delta, and the submitter, having waited for the round's ``d`` answers,
-    binds :func:`laminar.zone.packing.pick_frag_offer`. ``exclude``: a node that must not be
+    binds :func:`laminar.policy.packing.pick_frag_offer`. ``exclude``: a node that must not be
     chosen (the node a re-addressed pod leaves).
     """
 
@@ -370,7 +370,7 @@ class FragProbePlacer(ProbePlacer):
     def _probe_round(self, targets: list[int], demand: P.Demand, shape: K.Shape,
                      exclude: SimNode | None) -> tuple[SimNode, P.GpuAlloc] | None:
         """Probes ``targets`` (all answers awaited) and binds the best offer by
-        :func:`laminar.zone.packing.pick_frag_offer`; counts the probes and messages."""
+        :func:`laminar.policy.packing.pick_frag_offer`; counts the probes and messages."""
         self.probes += len(targets)
         offers = [o for t in targets if (exclude is None or t != exclude.idx)
                   for o in (self.answer(self.nodes[t], demand, shape),) if o is not None]
@@ -434,7 +434,7 @@ class HintedFragPlacer(FragProbePlacer):
     """:class:`FragProbePlacer` whose zone summaries also carry *move hints*: for each hinted
     shape (the zone mix's typical shapes and :data:`GANG_SHAPES`), up to :data:`MOVE_HINTS`
     node ids (lowest first) where the move of one resident alone would let that shape fit
-    (:func:`laminar.zone.packing.move_frees`, computed by each node on its own residents).
+    (:func:`laminar.policy.packing.move_frees`, computed by each node on its own residents).
     :meth:`move_hints` is what the summary of zone ``z`` says; the simulator computes it on
     demand and caches it until a node of the zone changes (:meth:`touch`)."""
 
@@ -482,12 +482,12 @@ def _readdress_hinted(
 ) -> tuple[tuple[SimNode, P.GpuAlloc] | None, int]:
     """One re-addressing hop for ``p`` aimed by the zone summaries' move hints; (placement, moves).
 
-    The submitter maps ``p`` to a hinted shape (:func:`laminar.zone.packing.hint_shape`),
+    The submitter maps ``p`` to a hinted shape (:func:`laminar.policy.packing.hint_shape`),
     takes the zones whose summaries hint nodes for it, in zone order (training pool first,
     as placements do), and probes those nodes (at most :data:`MOVE_HINTS` a zone, ``zones``
     zones); each names up to two residents whose move alone makes room for ``p`` with its
-    real CPUs and memory (:func:`laminar.zone.packing.eviction_order`). Candidates are tried
-    in :func:`laminar.zone.packing.pick_evictions` order, at most ``tries`` a zone: the first
+    real CPUs and memory (:func:`laminar.policy.packing.eviction_order`). Candidates are tried
+    in :func:`laminar.policy.packing.pick_evictions` order, at most ``tries`` a zone: the first
     resident that finds a new home elsewhere through the same placement moves, and ``p``
     takes its room. At most one move. Messages: 2 per hinted probe, plus the resident's
     placement, plus 2 to bind ``p`` (counted in ``placer.hop_messages`` too)."""
@@ -562,7 +562,7 @@ def run_allocation(
     (``"first"``: the lowest-numbered zone whose summary says a node can host the worker;
     ``"fit"``: drawn in proportion to ``zone_fit``) and ``quantized`` (offers compared by
     FGD's integer score, then the tighter fit, then the node id; see
-    :func:`laminar.zone.packing.pick_frag_offer`); ``readdress_probes``: nodes probed for a
+    :func:`laminar.policy.packing.pick_frag_offer`); ``readdress_probes``: nodes probed for a
     re-addressing hop of ``laminar-frag+readdress``.
     """
     if placement not in PLACEMENTS:
@@ -632,7 +632,7 @@ def _readdress_frag(
     """One bounded re-addressing hop for ``p`` with fragmentation-aware choices; (placement, moves).
 
     ``d`` nodes are probed across the cluster; each names up to two residents whose move
-    alone would make room (:func:`laminar.zone.packing.eviction_order`). The candidates are
+    alone would make room (:func:`laminar.policy.packing.eviction_order`). The candidates are
     tried smallest GPU share first, at most :data:`READDRESS_TRIES` of them: the first that
     finds a new home elsewhere through ``placer`` moves (keeping its worker id), and ``p``
     takes the room; at most one move.

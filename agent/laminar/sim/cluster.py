@@ -1,17 +1,17 @@
 """The simulator's model of nodes and of placing one worker on them (both placement policies).
 
-A :class:`SimNode` keeps per-GPU free fractions (as ``laminar.zone.placement`` does), free
+A :class:`SimNode` keeps per-GPU free fractions (as ``laminar.policy.placement`` does), free
 cores and memory, its pool, and whether it is *serving* (an inference server doing inference,
 so not available to training). Two ways to place a worker:
 
 - :class:`ProbePlacer` (Laminar): the zone layer's pure policy from
-  :mod:`laminar.zone.placement`: zone drawn in proportion to its advertised fit
-  (:func:`~laminar.zone.placement.zone_fit`, :func:`~laminar.zone.placement.choose_zone`),
-  ``d`` probes in it (:func:`~laminar.zone.placement.probe_targets`); zones of the
+  :mod:`laminar.policy.placement`: zone drawn in proportion to its advertised fit
+  (:func:`~laminar.policy.placement.zone_fit`, :func:`~laminar.policy.placement.choose_zone`),
+  ``d`` probes in it (:func:`~laminar.policy.placement.probe_targets`); zones of the
   training pool first, loaned inference servers' zones only when those advertise no fit, local arbitration on
-  each probed node (:func:`~laminar.zone.placement.arbitrate`), late binding
-  (:func:`~laminar.zone.placement.pick_offer`) and the bounded retry schedule
-  (:func:`~laminar.zone.placement.retry_schedule`). Answers reach the submitter in
+  each probed node (:func:`~laminar.policy.placement.arbitrate`), late binding
+  (:func:`~laminar.policy.placement.pick_offer`) and the bounded retry schedule
+  (:func:`~laminar.policy.placement.retry_schedule`). Answers reach the submitter in
   *fit order*: a node that fits the demand more tightly answers first (the sim's
   ``fit_ordered_answers`` adapter; see docs/simulator.md). The simulator is sequential, so
   no reservation is ever outstanding when a probe arrives: ``held`` is empty.
@@ -27,8 +27,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from laminar.policy import placement as P
 from laminar.sim.trace import NodeSpec
-from laminar.zone import placement as P
 
 EPS = 1e-6
 _NO_ALLOC: Any = object()  # SimNode.alloc_gpus: not computed since the node last changed
@@ -80,7 +80,7 @@ class SimNode:
         return self._free
 
     def alloc_gpus(self, gpus: float) -> P.GpuAlloc | None:
-        """:func:`laminar.zone.placement.allocate_gpus` on this node's GPUs as they are now."""
+        """:func:`laminar.policy.placement.allocate_gpus` on this node's GPUs as they are now."""
         a = self._allocs.get(gpus, _NO_ALLOC)
         if a is _NO_ALLOC:
             a = self._allocs[gpus] = P.allocate_gpus(self.gpu_free, gpus)
@@ -170,7 +170,7 @@ class BestFitPlacer:
 
 
 class ProbePlacer:
-    """Laminar's probe-first placement through :mod:`laminar.zone.placement`."""
+    """Laminar's probe-first placement through :mod:`laminar.policy.placement`."""
 
     name = "probe"
 
@@ -245,7 +245,7 @@ def fit_ordered_answers(answers: Sequence[P.Offer | P.Refusal], nodes: Sequence[
     """Adapter (sim side): answers in the order a fit-delayed reply would deliver them.
 
     A node that would be left with fewer free GPUs (a tighter fit) answers first; refusals
-    last. ``laminar.zone.placement.pick_offer`` then binds the first, as it does in the agent.
+    last. ``laminar.policy.placement.pick_offer`` then binds the first, as it does in the agent.
     """
     def key(a: P.Offer | P.Refusal) -> tuple[int, float, int]:
         if isinstance(a, P.Refusal):

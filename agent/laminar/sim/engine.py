@@ -10,7 +10,7 @@ Model:
 
 - A job runs ``workers`` workers (a gang: all start together), each on one node. Its work is
   ``duration x speedup(workers)`` single-worker seconds; on w workers it progresses at
-  ``speedup(w)`` (:func:`laminar.zone.elastic.speedup`).
+  ``speedup(w)`` (:func:`laminar.policy.elastic.speedup`).
 - The queue is served first come, first served with backfilling over the first
   ``queue_window`` jobs: a job that does not fit does not block the ones behind it.
 - **Inference pool** (a fake: a model of load, not a trace): ``inference_nodes`` servers whose
@@ -18,20 +18,20 @@ Model:
   period)) / 2`` plus seeded noise, so the night is at ``low`` and midday at ``high``. A
   server is *serving* (inference uses it) or idle. With loaning, idle servers are loaned to
   training; when the curve rises, k servers are reclaimed.
-- **Reclaim** (``laminar``, ``bestfit``): :func:`laminar.zone.loaning.plan_return` picks the k
+- **Reclaim** (``laminar``, ``bestfit``): :func:`laminar.policy.loaning.plan_return` picks the k
   loaned servers of least preemption cost (job weight: GPUs x seconds since the job's last
-  checkpoint plus a restart, :func:`laminar.zone.loaning.job_weight`); jobs scale in, migrate
+  checkpoint plus a restart, :func:`laminar.policy.loaning.job_weight`); jobs scale in, migrate
   (re-placed at once, paying ``restart_s``) or checkpoint and requeue at the head of the queue
   (the reclaim notice lets them checkpoint: no work lost, ``restart_s`` paid). **Slurm
   preempt-and-requeue** (``requeue``): idle servers first, then by index; jobs on returned
   servers are killed and requeued from the start (all progress lost).
 - **Elastic scaling** (``laminar``, ``bestfit``): every ``elastic_tick_s``, after the queue's
   pass, the idle whole GPUs beyond the queued jobs' demand go to elastic jobs by
-  :func:`laminar.zone.elastic.allocate_elastic`;
+  :func:`laminar.policy.elastic.allocate_elastic`;
   the extra workers are placed by the same placement policy. Extra workers are opportunistic:
   a queued job that does not fit sheds extra workers on a node where that makes it fit.
 - **Checkpoints** (the migration layer's policy, as the agent's checkpoint driver runs it): a
-  running job checkpoints every :func:`laminar.migrate.ckpt_schedule.hazard_interval` (Daly
+  running job checkpoints every :func:`laminar.policy.ckpt_schedule.hazard_interval` (Daly
   under the time-varying hazard of the nodes it runs on), each checkpoint pausing it for its
   cost (``ckpt_pause_s`` plus its shard at ``write_gbps``). The hazard is one
   :class:`laminar.migrate.hazard.HazardModel` per pool, with the agent's default prior,
@@ -43,7 +43,7 @@ Model:
   nothing (``ckpt_pause_s`` and ``ckpt_gb_per_gpu`` 0) takes no periodic ones: a return
   checkpoints it at once for free (the model before 2026-12-01).
 - **Destination choice** (``laminar``): a returned job that migrates goes, worker by worker,
-  to the usable node :func:`laminar.migrate.destination.rank` puts first among those it fits on
+  to the usable node :func:`laminar.policy.destination.rank` puts first among those it fits on
   (survival over the job's remaining time from the node's pool hazard, the zone as topology),
   as the agent's ``move_now`` ranks its roster's members.
 
@@ -68,15 +68,16 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from laminar.migrate import ckpt_schedule as CS
-from laminar.migrate import destination as D
-from laminar.migrate.evidence import NoticeOdds
-from laminar.migrate.hazard import DEFAULT_PRIOR_RATE_PER_H, DEFAULT_PRIOR_STRENGTH_H, HazardModel, HazardSum
+from laminar.policy import ckpt_schedule as CS
+from laminar.policy import destination as D
+from laminar.policy import elastic as E
+from laminar.policy import loaning as L
+from laminar.policy import placement as P
+from laminar.policy.hazard import DEFAULT_PRIOR_RATE_PER_H, DEFAULT_PRIOR_STRENGTH_H, HazardModel, HazardSum
+from laminar.policy.notice import NoticeOdds
+from laminar.policy.prestage import rollback_frac
 from laminar.sim.cluster import BestFitPlacer, ProbePlacer, SimNode, fits_fast
 from laminar.sim.trace import JobSpec, NodeSpec
-from laminar.zone import elastic as E
-from laminar.zone import loaning as L
-from laminar.zone import placement as P
 
 
 @dataclass(frozen=True)
@@ -533,14 +534,14 @@ class Simulator:
 
     def _plan_checkpoint(self, j: _Job, after_s: float = 0.0) -> None:
         """The next periodic checkpoint of ``j``, one interval after ``after_s`` from now: the
-        agent's driver's interval (:func:`laminar.migrate.ckpt_schedule.hazard_interval`). A job
+        agent's driver's interval (:func:`laminar.policy.ckpt_schedule.hazard_interval`). A job
         whose final checkpoint makes ``ckpt_wait_s`` is rolled back only by departures without
         notice (the share the evidence gives), one whose final one does not by every one."""
         j.ckpt_version += 1
         cost = self._ckpt_cost(j)
         if self.policy.kill_loses_work or cost <= 0 or not j.workers:
             return
-        frac = self.notice_odds.unannounced_frac if cost <= self.cfg.ckpt_wait_s else 1.0
+        frac = rollback_frac(cost <= self.cfg.ckpt_wait_s, self.notice_odds.unannounced_frac)
         tau, _ = CS.hazard_interval(cost, self._job_hazard(j), self.cfg.epoch_ts + self.now + after_s, rollback_frac=frac)
         self._push(self.now + after_s + tau, CKPT, j.spec.job_id, j.ckpt_version)
 
@@ -575,7 +576,7 @@ class Simulator:
                      ) -> tuple[SimNode, P.GpuAlloc] | None:
         """Where a worker of ``j`` leaving ``src`` goes, as the agent's move chooses
         (``ReclaimComponent.candidates`` and ``rank_for``): every usable node it fits on, ranked
-        by :func:`laminar.migrate.destination.rank` (survival over the job's remaining time from
+        by :func:`laminar.policy.destination.rank` (survival over the job's remaining time from
         the node's pool hazard, the zone as topology: the sim has no racks, the checkpoint shard
         over the uplink); equal scores go to the tightest fit (rank's own tie-break, the node's
         name, would undo the packing). None when it fits nowhere."""

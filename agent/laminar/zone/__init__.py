@@ -1,6 +1,6 @@
 """Zone coordination: probe-first, execute-later placement between agents.
 
-- :mod:`laminar.zone.placement`: the pure placement policy (fit, arbitration, zone choice,
+- :mod:`laminar.policy.placement`: the pure placement policy (fit, arbitration, zone choice,
   probing, late binding, retries), shared by the agent and the simulators.
 - :mod:`laminar.zone.wire`: the authenticated UDP datagram format (``docs/protocol.md``).
 - :mod:`laminar.zone.keys`: loading the per-zone keys.

@@ -1,7 +1,7 @@
 """Capacity loaning and elastic scaling between real agents (``agent.zone.loan``).
 
-The policy lives in :mod:`laminar.zone.loaning` (which servers to return, at what cost) and
-:mod:`laminar.zone.elastic` (who gets free GPUs); this module is the mechanism that runs it in
+The policy lives in :mod:`laminar.policy.loaning` (which servers to return, at what cost) and
+:mod:`laminar.policy.elastic` (who gets free GPUs); this module is the mechanism that runs it in
 laminard. See ``docs/loaning.md`` for the whole story; in short:
 
 **Loaning.** A node whose pool is ``[loan] pool`` (default ``inference``) serves its own load,
@@ -23,9 +23,9 @@ servers of the pool back::
 
 The node asks every member of the pool in its zone for its loan state and lent jobs (a signed
 ``LOAN_REQUEST``/``LOAN_ANSWER`` exchange over the zone's UDP endpoint, see
-``docs/protocol.md``), turns the answers into :class:`laminar.zone.loaning.LoanedJob` rows
+``docs/protocol.md``), turns the answers into :class:`laminar.policy.loaning.LoanedJob` rows
 (weight: GPUs x seconds of work since the job's last checkpoint, plus a restart), chooses the
-k servers of least preemption cost with :func:`laminar.zone.loaning.plan_return` and tells each
+k servers of least preemption cost with :func:`laminar.policy.loaning.plan_return` and tells each
 to return. A returned server marks itself returned (it refuses loans until its load is set
 below the threshold again), revokes elastic grants, and does the plan's action for each lent
 job. ``migrate`` (free GPUs were reported elsewhere): the migration layer moves it with its
@@ -38,7 +38,7 @@ the API's answer and a ``zone`` event.
 
 **Elastic scaling.** Every ``elastic_interval_s`` the node gives its idle whole GPUs to its
 elastic jobs (``elastic_min``/``elastic_max`` in the job spec; one worker per GPU) with
-:func:`laminar.zone.elastic.allocate_elastic`. A job learns its worker count from the JSON file
+:func:`laminar.policy.elastic.allocate_elastic`. A job learns its worker count from the JSON file
 ``LAMINAR_WORKERS_FILE`` names (``{"workers": n, "gpus": [...]}``), rewritten atomically, and a
 ``SIGUSR2`` once the job has a handler for it (never before: its default action kills);
 :func:`laminar.jobkit.workers` reads it. A grant is on loan to the elastic job,
@@ -64,12 +64,12 @@ from typing import TYPE_CHECKING, Any
 
 from laminar.migrate.ckpt_driver import wait_new_checkpoint
 from laminar.migrate.drain import requeue_spec
+from laminar.policy import elastic as el
+from laminar.policy import loaning as ln
+from laminar.policy import placement as pl
 from laminar.runtime.jobs import signal_if_caught
 from laminar.runtime.provenance import request_origin
 from laminar.zone import authority as au
-from laminar.zone import elastic as el
-from laminar.zone import loaning as ln
-from laminar.zone import placement as pl
 from laminar.zone import wire
 from laminar.zone.wire import new_id
 
@@ -188,13 +188,13 @@ def job_row(job: Any, now: float, restart_s: float) -> dict[str, Any]:
 
 
 def on_loan(state: dict[str, Any]) -> bool:
-    """A server's answer says it is on loan (:func:`laminar.zone.loaning.on_loan`)."""
+    """A server's answer says it is on loan (:func:`laminar.policy.loaning.on_loan`)."""
     return ln.on_loan(state)
 
 
 def plan_from_answers(answers: dict[int, dict[str, Any]], k: int) -> tuple[ln.ReturnPlan, dict[str, tuple[int, str]]]:
     """The return plan for ``k`` of the servers that answered (node -> state), by the policy
-    the simulator runs too (:func:`laminar.zone.loaning.plan_from_reports`). Job ids are local
+    the simulator runs too (:func:`laminar.policy.loaning.plan_from_reports`). Job ids are local
     to a node, so each row is keyed ``n<node>-<id>``; the free GPUs the servers report decide
     migrate vs requeue. Returns the plan (server names are node ids as strings) and {plan job
     id: (node, job id on that node)}. Raises LoanError when k is out of range."""

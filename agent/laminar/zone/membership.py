@@ -150,7 +150,7 @@ class PeerState:
     misses: int = 0
     rx: int = 0
     tx: int = 0
-    last_summary: Any = None  # laminar.zone.placement.NodeCapacity (its residual)
+    last_summary: Any = None  # laminar.policy.placement.NodeCapacity (its residual)
     summary_at: float = -1.0
 
 

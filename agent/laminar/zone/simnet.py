@@ -1,8 +1,8 @@
 """SimNet: a simulated zone transport (a FAKE network) for clusters this machine cannot hold.
 
 A 100,000-node zone cannot exist on a 2-core VM, so the placement benchmark runs the real
-policy and the real node and submitter code (:class:`laminar.zone.component.Arbiter`,
-:class:`laminar.zone.component.Submitter`, :mod:`laminar.zone.placement`) over this in-process
+policy and the real node and submitter code (:class:`laminar.zone.arbiter.Arbiter`,
+:class:`laminar.zone.submitter.Submitter`, :mod:`laminar.policy.placement`) over this in-process
 transport instead of sockets. Each message is still encoded, signed, checked and decoded by
 :mod:`laminar.zone.wire` (``use_wire=True``), so its CPU cost is the agent's; delivery is instant
 and lossless, and every message is counted.
@@ -30,18 +30,12 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from laminar.zone import placement as pl
+from laminar.policy import placement as pl
 from laminar.zone import wire
-from laminar.zone.component import (
-    HANDOVER_NO_RESERVATION,
-    HANDOVER_OK,
-    Arbiter,
-    PlacementResult,
-    Submitter,
-    zone_summary_to_msg,
-)
+from laminar.zone.arbiter import HANDOVER_NO_RESERVATION, HANDOVER_OK, Arbiter, zone_summary_to_msg
 from laminar.zone.keys import ZoneKeys
 from laminar.zone.membership import Member, Membership
+from laminar.zone.submitter import PlacementResult, Submitter
 
 SIM_KEY = ZoneKeys({-1: b"simulated-zone-key-32-bytes-long"}, "simnet (fake)")
 

@@ -1,7 +1,8 @@
 """How zone messages travel: the interface the submitter uses, and the real UDP/TCP mechanism.
 
-:class:`Transport` is what :class:`laminar.zone.component.Submitter` needs: send a message to a
-node, receive the answers of one placement in arrival order, hand a job over. The agent uses
+:class:`~laminar.zone.submitter.Transport` (defined with the submitter, which holds no socket)
+is what :class:`laminar.zone.submitter.Submitter` needs: send a message to a node, receive the
+answers of one placement in arrival order, hand a job over. The agent uses
 :class:`UdpEndpoint` (one UDP socket, datagrams signed and checked by
 :mod:`laminar.zone.wire`) plus :func:`handover` / :class:`HandoverServer` (TCP, the same signed
 envelope behind a length prefix). The benchmark uses :class:`laminar.zone.simnet.SimNet`.
@@ -20,12 +21,15 @@ import os
 import socket
 import time
 from collections.abc import Awaitable, Callable
-from typing import Protocol
 
 from laminar import listen
 from laminar.zone import wire
 from laminar.zone.gate import REASONS, Gate, GatedListener, Slot
 from laminar.zone.membership import Membership, canonical_ip, host_port
+
+# The hand-over error and the Transport protocol live with the submitter, which needs them
+# without sockets (issue 32); importable from here as before.
+from laminar.zone.submitter import HandoverError, Transport  # noqa: F401  (Transport: the old path)
 
 log = logging.getLogger("laminar.zone.transport")
 
@@ -109,30 +113,6 @@ async def wait_while_tentative(host: str, wait_s: float, step_s: float = 0.1) ->
             await asyncio.sleep(step_s)
             state = address_state(host)
     return state
-
-
-class HandoverError(Exception):
-    """A hand-over got no answer. ``delivered`` is False when the job spec surely did not
-    reach the node (connection refused or reset before the frame was written), True when it
-    may have (the node then may be running the job)."""
-
-    def __init__(self, message: str, delivered: bool) -> None:
-        super().__init__(message)
-        self.delivered = delivered
-
-
-class Transport(Protocol):
-    def send(self, node: int, body: wire.Body) -> None:
-        """Send ``body`` to ``node``; fire and forget (a loss costs a timeout)."""
-
-    def expect(self, placement_id: int) -> asyncio.Queue[tuple[int, wire.Body]]:
-        """Start routing answers (offer, refuse, commit-ack) for ``placement_id`` to a queue."""
-
-    def forget(self, placement_id: int) -> None:
-        """Stop routing; later offers for it are dropped (they lapse)."""
-
-    async def handover(self, node: int, port: int, body: wire.Handover, timeout_s: float) -> wire.HandoverAck:
-        """Hand the job over; raises :class:`HandoverError` without an answer."""
 
 
 class Router:

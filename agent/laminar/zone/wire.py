@@ -163,9 +163,9 @@ class Offer:
 
     ``frag`` (optional trailing field, sent by a node in the ``frag`` packing mode) is
     ``(delta, gpu_left)``: how much the offer grows the node's fragmentation, in micro-GPUs
-    (signed; :func:`laminar.zone.packing.frag_delta` times 1000), and the free milli-GPUs the
+    (signed; :func:`laminar.policy.packing.frag_delta` times 1000), and the free milli-GPUs the
     node keeps after it. A packing placement ranks offers by it
-    (:func:`laminar.zone.packing.pick_frag_offer`); an offer without it ranks last. Decoders
+    (:func:`laminar.policy.packing.pick_frag_offer`); an offer without it ranks last. Decoders
     that predate the field drop such an offer as malformed (trailing bytes): nodes in the
     ``frag`` mode need submitters of this version.
     """
@@ -179,7 +179,7 @@ class Offer:
 @dataclass(frozen=True)
 class Refuse:
     placement_id: int
-    reason: int  # laminar.zone.placement.RefuseReason
+    reason: int  # laminar.policy.placement.RefuseReason
 
 
 @dataclass(frozen=True)
@@ -238,7 +238,7 @@ class ZoneSummaryMsg:
     with none) groups the nodes that might host a demand of shape ``k``'s class, each group as ``(nodes, cpus_deci,
     memory_64mb)``: its node count and the largest free CPUs (tenths of a core) and free memory
     (64 MB units) among its nodes, rounded up; :data:`HOST_MORE` in a unit field means "at
-    least that much" (:func:`laminar.zone.placement.host_buckets`). Decoders that predate the
+    least that much" (:func:`laminar.policy.placement.host_buckets`). Decoders that predate the
     field drop such a summary as malformed (trailing bytes), as for ``Offer.frag``.
 
     ``mix``, ``mix_weight`` (a third optional trailing field, after the host buckets, which are
@@ -361,7 +361,7 @@ _COMMIT_ACK = struct.Struct("!QBH")
 _SUMMARY = struct.Struct("!IIBB")
 _ZONE_SUMMARY = struct.Struct("!HIQQB")
 MAX_PROBE_RELEASES = 8  # unused placements a probe may release (its optional trailing field)
-MAX_SUMMARY_GPUS = 64  # GPUs a summary may list: a node's most (laminar.zone.placement.MAX_GPUS_PER_NODE)
+MAX_SUMMARY_GPUS = 64  # GPUs a summary may list: a node's most (laminar.policy.placement.MAX_GPUS_PER_NODE)
 MAX_HINT_SHAPES = 16  # zone-summary hints: shapes, and nodes named per shape, at most
 MAX_HINTS_PER_SHAPE = 32
 MAX_HOST_SHAPES = 16  # zone-summary host buckets: shapes, and buckets per shape, at most
