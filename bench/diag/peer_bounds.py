@@ -13,7 +13,7 @@ builds it: its roster 127.0.0.1 and node 2 at 127.0.0.2), the attacker in anothe
    and the answers.
 
 ``--tree PATH`` (an ``agent/`` directory of another revision) measures that revision's code:
-``python bench/peer_bounds.py --tree /tmp/old/agent`` after
+``python bench/diag/peer_bounds.py --tree /tmp/old/agent`` after
 ``git archive <rev> agent | tar -x -C /tmp/old``. Prints one JSON object (``--json PATH``: also
 written there).
 """
@@ -33,7 +33,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 ATTACK = REPO / "tests" / "cluster" / "peerattack.py"
 
 

@@ -14,7 +14,7 @@ owner may do). Measured here, on this machine, in this process:
   (``Job.last_checkpoint``: up to 1024 lstat per job per 50 ms tick; copied as ``old_last``);
   after, a tick reads one attribute per job (``airlock_tick_after_s``).
 
-    python bench/ckpt_dirs.py [--entries 200000] [--jobs 256] [--json PATH]
+    python bench/diag/ckpt_dirs.py [--entries 200000] [--jobs 256] [--json PATH]
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "agent"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "agent"))
 
 from laminar.runtime import ckpt_scan  # noqa: E402
 

@@ -8,7 +8,7 @@ slowest answer root got during the attack (the loop's longest stall, give or tak
 with root's p99, the attacker's status codes and, for the connection floods, the agent's
 thread and descriptor counts. Run it on the code before and after a fix and compare.
 
-    python bench/loop_stall.py [--json PATH] [--only NAME[,NAME...]] [--quick] [--keep-log PATH]
+    python bench/diag/loop_stall.py [--json PATH] [--only NAME[,NAME...]] [--quick] [--keep-log PATH]
 
 Needs root (namespaces, cgroups, users). The attacks are sized to stall the old code for
 seconds, not hours (the stall grows with the size: see each attack's docstring).
@@ -26,7 +26,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 sys.path[:0] = [str(REPO / "tests"), str(REPO / "agent")]
 
 METRICS_PORT = 19478
