@@ -7,7 +7,7 @@ speaks raw HTTP, as an attacker would (no laminarctl input checks in the way), a
 it saw: the status codes, the first error texts, how many connections it held.
 
 Used by tests/kernel/test_security_loop.py (which asserts the refusals and that root's
-``status`` and kill-switch stay live: tests/liveness.py) and by bench/loop_stall.py (which
+``status`` and kill-switch stay live: tests/liveness.py) and by bench/diag/loop_stall.py (which
 measures how long each attack held the agent's loop, before and after the fixes).
 
     with attacker(user, netns) as run:

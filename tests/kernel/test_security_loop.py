@@ -8,7 +8,7 @@ root asks ``status`` and flips a job's kill-switch every 100 ms on the admin soc
 told (a refusal naming the value and what is allowed), that nothing was created or kept beyond
 the bound, and that the refusal is counted by reason (``api.refused_by_reason`` in
 ``laminarctl status -o json``). Figures (seconds of stall before and after) are
-bench/loop_stall.py's.
+bench/diag/loop_stall.py's.
 """
 
 from __future__ import annotations
