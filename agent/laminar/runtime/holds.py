@@ -6,7 +6,7 @@ fences it. Each takes a *hold* with its reason; the job is frozen while any hold
 thawed when the last one is released, so no component needs to know whether another one froze
 the job too (before, each read the others' sets to decide whether its thaw was safe)::
 
-    holds = jobs.holds
+    holds = jobs.holds                         # (a job, or its id)
     holds.hold("job-3", Hold.AIRLOCK)          # frozen now (the freeze asked for; not waited for)
     await holds.hold_wait("job-3", Hold.MOVE, 2.0)   # a second hold: already frozen
     holds.release("job-3", Hold.AIRLOCK)       # False: the move still holds it, it stays frozen
@@ -64,6 +64,7 @@ class Holds:
         self.jobs = jobs
         self.store = store
         self._held: dict[str, dict[Hold, float]] = {}
+        self._given: dict[str, Any] = {}  # job id -> the job last given (see _see)
         self.counts = {"holds": 0, "releases": 0, "thaws": 0, "release_not_held": 0}
 
     # -- queries --------------------------------------------------------------------------------
@@ -90,39 +91,42 @@ class Holds:
         return {**self.counts, "held": {jid: self.reasons(jid) for jid in sorted(self._held) if self.reasons(jid)}}
 
     # -- taking and dropping ----------------------------------------------------------------------
-    def hold(self, job_id: str, reason: Hold) -> None:
-        """Holds ``job_id`` for ``reason`` and asks for the freeze (not waited for) unless one is
+    def hold(self, job: Any, reason: Hold) -> None:
+        """Holds ``job`` (a job, or its id) for ``reason`` and asks for the freeze (not waited for) unless one is
         asked for already (another hold's; asked again when something thawed the job under its
         hold). Raises what the cgroup raises (CgroupError: it is gone); the hold is taken all
         the same."""
+        job_id = self._see(job)
         cg = self._cgroup(job_id)
         self._add(job_id, reason)
         if cg is not None and not _requested(cg):
             cg.freeze(timeout=None)
 
-    async def hold_wait(self, job_id: str, reason: Hold, timeout: float) -> bool:
+    async def hold_wait(self, job: Any, reason: Hold, timeout: float) -> bool:
         """:meth:`hold`, waiting up to ``timeout`` for the kernel to say frozen, off the loop's
         time (:func:`set_frozen_async`). True when frozen, False when not yet (the freeze stays
         asked for: a task in uninterruptible sleep). Raises what the cgroup raises."""
         from ..airlock.cgroups import set_frozen_async
 
+        job_id = self._see(job)
         cg = self._cgroup(job_id)
         self._add(job_id, reason)
         if cg is None:
             return False
         return await set_frozen_async(cg, True, timeout)
 
-    def adopt(self, job_id: str, reason: Hold) -> None:
+    def adopt(self, job: Any, reason: Hold) -> None:
         """Records a hold on a job found frozen for ``reason`` (after a restart, from the
         component's own records); nothing is asked of the kernel."""
-        self._add(job_id, reason)
+        self._add(self._see(job), reason)
 
-    def release(self, job_id: str, reason: Hold, timeout: float | None = None) -> bool:
-        """Drops ``reason``'s hold on ``job_id``; the last hold gone, thaws it (``timeout``: None,
+    def release(self, job: Any, reason: Hold, timeout: float | None = None) -> bool:
+        """Drops ``reason``'s hold on ``job`` (a job, or its id); the last hold gone, thaws it (``timeout``: None,
         asked and not looked at; 0, looked at once; as ``JobCgroup.thaw``). Returns True when it
         was thawed (asked, and with a timeout seen thawed), False when another hold keeps it
         frozen or ``reason`` held it not (a no-op, counted). Raises what the cgroup raises (the
         hold is dropped all the same)."""
+        job_id = self._see(job)
         if not self._drop(job_id, reason):
             return False
         if self.held(job_id):
@@ -133,10 +137,11 @@ class Holds:
         self.counts["thaws"] += 1
         return cg.thaw(timeout=timeout) is not False
 
-    async def release_wait(self, job_id: str, reason: Hold, timeout: float) -> bool:
+    async def release_wait(self, job: Any, reason: Hold, timeout: float) -> bool:
         """:meth:`release`, waiting up to ``timeout`` for the thaw without blocking the loop."""
         from ..airlock.cgroups import set_frozen_async
 
+        job_id = self._see(job)
         if not self._drop(job_id, reason) or self.held(job_id):
             return False
         cg = self._cgroup(job_id)
@@ -145,9 +150,10 @@ class Holds:
         self.counts["thaws"] += 1
         return await set_frozen_async(cg, False, timeout)
 
-    def drop(self, job_id: str, reason: Hold) -> bool:
+    def drop(self, job: Any, reason: Hold) -> bool:
         """Forgets ``reason``'s hold without touching the kernel: the job is being stopped frozen
         (another node runs it), or it was found thawed. Returns whether it was held."""
+        job_id = self._see(job)
         if reason not in self._held.get(job_id, {}):
             return False
         self._held[job_id].pop(reason)
@@ -210,9 +216,18 @@ class Holds:
             return False
         return True
 
+    def _see(self, job: Any) -> str:
+        """The id of ``job`` (a job, or its id); a job given is remembered for a job manager
+        with no ``get`` (a unit test's stand-in)."""
+        if isinstance(job, str):
+            return job
+        self._given[job.id] = job
+        return str(job.id)
+
     def _job(self, job_id: str) -> Any:
         get = getattr(self.jobs, "get", None)
-        return get(job_id) if get is not None else None
+        job = get(job_id) if get is not None else None
+        return job if job is not None else self._given.get(job_id)
 
     def _cgroup(self, job_id: str) -> Any:
         job = self._job(job_id)
@@ -225,6 +240,7 @@ class Holds:
         job = self._job(job_id)
         if job is None or not getattr(job, "active", True):
             del self._held[job_id]
+            self._given.pop(job_id, None)
             self._save()
 
 
