@@ -266,6 +266,7 @@ class Airlock:
             if rung != ladder.SUSPEND or job is None or not job.active:
                 continue
             try:
+                self._holds().adopt(jid, Hold.AIRLOCK)  # (a suspend rung is Airlock's hold)
                 released = self._holds().release(jid, Hold.AIRLOCK)
             except CgroupError as e:
                 self._emit(f"airlock: cannot thaw {jid} for bpf unload: {e}", job=jid, error=str(e))
@@ -943,6 +944,7 @@ class Airlock:
                 # A re-addressed job was thawed for its checkpoint already; a freeze on it now is
                 # the migration layer's (a move in progress), not ours to undo.
                 if self.rungs.get(job.id, (None,))[0] != ladder.READDRESS:
+                    self._holds().adopt(job.id, Hold.AIRLOCK)  # (a suspend rung is Airlock's hold)
                     self._holds().release(job.id, Hold.AIRLOCK)  # thawed unless another holds it
                 self._drop_rung(job.id)
                 self.jobs.set_state(job, "running", f"airlock: recovered ({a.reason})")
@@ -995,6 +997,7 @@ class Airlock:
         """Ask for a checkpoint (the job is thawed so it can handle the signal), then hand it
         to the migration layer when one is present."""
         sent = self.jobs.request_checkpoint(job)
+        self._holds().adopt(job.id, Hold.AIRLOCK)  # (thawed as before, unless another component holds it)
         self._holds().release(job.id, Hold.AIRLOCK)
         self.jobs.set_state(job, "running", f"airlock: re-addressing ({a.reason})")
         fields["checkpoint_requested"] = sent
