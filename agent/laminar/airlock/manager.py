@@ -45,6 +45,7 @@ from typing import Any
 from laminar.policy import admission, ladder
 
 from ..config import Field, register_section
+from ..runtime.holds import Hold, Holds, holds_of
 from ..userbounds import UidSlots
 from .cgroups import (
     CgroupError,
@@ -236,8 +237,9 @@ class Airlock:
         """``laminarctl bpf unload``, before the agent's cgroups are removed and the agent stops:
         Airlock stops watching and acting (no source, no tick, no evaluation: the removal of a
         v1 memory cgroup signals its eventfds), lifts its memory holds (`_release_holds`) and
-        thaws each job it holds suspended, since the docs promise jobs keep running after an
-        unload and no agent will be there to recover them. A job frozen by a move is the
+        releases its hold on each job it holds suspended (thawed unless another component holds
+        it too: runtime/holds.py), since the docs promise jobs keep running after an unload and
+        no agent will be there to recover them. A job frozen by a move or a fence is the
         migration layer's and stays as it is.
 
         Returns the ids of the jobs thawed."""
@@ -264,11 +266,14 @@ class Airlock:
             if rung != ladder.SUSPEND or job is None or not job.active:
                 continue
             try:
-                job.cgroup.thaw(timeout=None)
+                self._holds().adopt(jid, Hold.AIRLOCK)  # (a suspend rung is Airlock's hold)
+                released = self._holds().release(jid, Hold.AIRLOCK)
             except CgroupError as e:
                 self._emit(f"airlock: cannot thaw {jid} for bpf unload: {e}", job=jid, error=str(e))
                 continue
             self._drop_rung(jid)
+            if not released:  # another component holds it frozen (a move, a fence): theirs
+                continue
             self.jobs.set_state(job, "running", "airlock: thawed: the data plane was unloaded")
             thawed.append(jid)
         if thawed:
@@ -303,6 +308,10 @@ class Airlock:
         self._open_sources()
         self._task = self.loop.create_task(self._ticker())
 
+    def _holds(self) -> Holds:
+        """The job manager's holds (runtime/holds.py): Airlock's suspend is its ``airlock`` hold."""
+        return holds_of(self.jobs)
+
     # -- rungs (persisted) -------------------------------------------------------------------------
     def _set_rung(self, job_id: str, rung: str, since: float, hops: int, reason: str) -> None:
         """Record a job's rung in memory and in the store (`since` is monotonic)."""
@@ -332,18 +341,19 @@ class Airlock:
         - a stored suspend/readdress rung of an active job continues with its original start
           time, so its budget is not reset by a restart;
         - a frozen job with no stored rung (the agent died between freeze and store) is
-          suspended as of now, but for one the migration layer fenced (store meta
-          ``migrate.fenced``: its node was cut off from the zone; laminar/migrate/fence.py),
-          which is the migration layer's to settle;
+          suspended as of now, but for one another component holds (a move, a fence: the holds
+          the job manager restored, runtime/holds.py), which is that component's to settle;
         - a stored suspend rung of a job that is no longer frozen is dropped;
         - a stored readdress rung of a frozen job (frozen by a migration move that died with
           the previous process) becomes a suspend rung with the same start, so it is thawed
-          once calm instead of staying frozen for good;
+          once calm instead of staying frozen for good (Airlock's hold, unless the move's hold
+          is still there: the migration layer settles that move, and thaws the job);
         - a stored reclaim rung: the kill is finished (a job still alive is killed again) and
           a job the job manager found gone while the agent was down is recorded as reclaimed
           with the stored reason and the work lost, not as lost.
         The ladder then holds off recovery for ``hold_s`` as if pressure had just been seen."""
         assert self.store is not None and self.jobs is not None
+        holds = self._holds()
         now, wall = time.monotonic(), time.time()
         rows = self.store.db.execute("SELECT job_id, rung, since, hops, reason FROM airlock_rungs").fetchall()
         stored = {r[0]: (r[1], float(r[2]), int(r[3]), r[4]) for r in rows}
@@ -380,6 +390,7 @@ class Airlock:
                 frozen = False
             if rung == ladder.SUSPEND and not frozen:
                 self._drop_rung(jid)
+                holds.drop(jid, Hold.AIRLOCK)
                 self.jobs.set_state(job, "running", "airlock: found thawed after a restart")
                 continue
             if rung == ladder.READDRESS and frozen:
@@ -388,24 +399,28 @@ class Airlock:
                 # thaw the job. It is suspended as of its rung's start: recovered once calm, else
                 # escalated like any suspended job.
                 self._set_rung(jid, ladder.SUSPEND, since, hops, "frozen by a move a restart ended")
+                if not holds.held(jid):
+                    holds.adopt(jid, Hold.AIRLOCK)
                 self.jobs.set_state(job, "suspended", "airlock: frozen by a move that a restart ended")
                 self._emit(f"airlock: {jid} was being moved (frozen) when the agent went down; suspended, "
                            "to be recovered once calm", job=jid, adopted_rung=ladder.SUSPEND, hops=hops)
                 continue
             self.rungs[jid] = (rung, since, hops)
+            if rung == ladder.SUSPEND:
+                holds.adopt(jid, Hold.AIRLOCK)
             if rung == ladder.SUSPEND and job.state != "suspended":
                 self.jobs.set_state(job, "suspended", "airlock: suspended (freeze pending) when the agent started")
             self._emit(f"airlock: {jid} taken over at rung {rung} (for {now - since:.1f} s, {hops} hops) "
                        "after a restart", job=jid, adopted_rung=rung, for_s=round(now - since, 2), hops=hops)
-        fenced = self.store.get_meta("migrate.fenced")  # (laminar.migrate.fence.FENCE_META)
         for jid, job in active.items():
-            if jid in self.rungs or (isinstance(fenced, dict) and jid in fenced):
+            if jid in self.rungs or holds.others(jid, Hold.AIRLOCK):
                 continue
             try:
                 frozen = job.cgroup.frozen() or job.cgroup.freeze_requested()
             except CgroupError:
                 continue
             if frozen:
+                holds.adopt(jid, Hold.AIRLOCK)
                 self._set_rung(jid, ladder.SUSPEND, now, 0, "frozen when the agent started")
                 self.jobs.set_state(job, "suspended", "airlock: found frozen after a restart")
                 self._emit(f"airlock: {jid} found frozen with no recorded rung; suspended as of now", job=jid,
@@ -828,8 +843,9 @@ class Airlock:
         resumes from (two copies at once), a reclaim would record it reclaimed while it resumes
         elsewhere; its memory leaves with it. A move that fails gives it back."""
         mig = getattr(self.agent, "migrate", None)
-        # and those it fenced (fence.py): a thaw would run a job the zone may resume elsewhere
-        return set(getattr(mig, "evacuating", ()) or ()) | set(getattr(mig, "fenced_jobs", ()) or ())
+        # and those a fence holds (fence.py): a reclaim would end a job the zone may resume
+        # elsewhere (Airlock's own thaw no longer could run it: the fence's hold keeps it frozen)
+        return set(getattr(mig, "evacuating", ()) or ()) | self._holds().held_by(Hold.FENCE)
 
     def _stopping(self) -> list[Any]:
         """Jobs being stopped (SIGTERM sent, in their grace; `JobManager.stopping`), but for
@@ -921,14 +937,15 @@ class Airlock:
         _, _, hops = self.rungs.get(job.id, (None, 0.0, 0))
         try:
             if a.kind == ladder.SUSPEND:
-                job.cgroup.freeze(timeout=None)  # frozen within ms; a task waiting at the limit later
+                self._holds().hold(job.id, Hold.AIRLOCK)  # frozen within ms; a task waiting at the limit later
                 self._set_rung(job.id, ladder.SUSPEND, now, hops, a.reason)
                 self.jobs.set_state(job, "suspended", f"airlock: {a.reason}")
             elif a.kind == ladder.RECOVER:
                 # A re-addressed job was thawed for its checkpoint already; a freeze on it now is
                 # the migration layer's (a move in progress), not ours to undo.
                 if self.rungs.get(job.id, (None,))[0] != ladder.READDRESS:
-                    job.cgroup.thaw(timeout=None)
+                    self._holds().adopt(job.id, Hold.AIRLOCK)  # (a suspend rung is Airlock's hold)
+                    self._holds().release(job.id, Hold.AIRLOCK)  # thawed unless another holds it
                 self._drop_rung(job.id)
                 self.jobs.set_state(job, "running", f"airlock: recovered ({a.reason})")
             elif a.kind == ladder.READDRESS:
@@ -980,7 +997,8 @@ class Airlock:
         """Ask for a checkpoint (the job is thawed so it can handle the signal), then hand it
         to the migration layer when one is present."""
         sent = self.jobs.request_checkpoint(job)
-        job.cgroup.thaw(timeout=None)
+        self._holds().adopt(job.id, Hold.AIRLOCK)  # (thawed as before, unless another component holds it)
+        self._holds().release(job.id, Hold.AIRLOCK)
         self.jobs.set_state(job, "running", f"airlock: re-addressing ({a.reason})")
         fields["checkpoint_requested"] = sent
         hook = getattr(self.migrate, "readdress", None)

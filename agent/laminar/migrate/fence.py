@@ -36,10 +36,11 @@ Once it hears a member again it settles each fenced job before thawing it:
   the claim's running record names this very copy: the claimer placed the job here);
 - else it is thawed (event phase ``unfenced``): the partition ended before anyone took it over.
 
-A job Airlock holds suspended is fenced too (Airlock must not thaw it meanwhile: it is in
-:meth:`AirlockManager.moving`, and a restarted Airlock does not adopt it) and left frozen at
-the end. The fenced jobs are kept in the store
-(meta ``migrate.fenced``): an agent restarted meanwhile settles them the same way.
+The freeze is the fence's hold (``fence``, laminar/runtime/holds.py): the job manager keeps the
+job frozen while any hold remains. A job Airlock holds suspended is fenced too (Airlock leaves
+a job the fence holds alone: :meth:`AirlockManager.moving`, and a restarted Airlock does not
+adopt it) and left frozen at the end, under Airlock's hold. The fenced jobs are kept in the
+store (meta ``migrate.fenced``): an agent restarted meanwhile settles them the same way.
 
 What it costs: a node whose peers all fail at once (not a partition) freezes its own jobs until
 one comes back; in a zone of two nodes a partition fences both sides, and neither takes the
@@ -61,6 +62,7 @@ from laminar.migrate.archive import ARCHIVE_CLAIM_STALE_S
 from laminar.migrate.constants import valid_key
 from laminar.migrate.errors import MigrateError
 from laminar.migrate.transfer import TransferError
+from laminar.runtime.holds import Hold, Holds, holds_of
 
 if TYPE_CHECKING:
     from laminar.migrate.archive import ArchiveLane
@@ -133,6 +135,15 @@ class FenceMixin:
         got = self.agent.store.get_meta(FENCE_META)
         if isinstance(got, dict):
             self.fenced_jobs = {str(k): float(v) for k, v in got.items() if isinstance(v, (int, float))}
+        holds = self._holds()
+        for jid in self.fenced_jobs:  # (the job manager kept them too; an upgrade's did not)
+            if holds is not None:
+                holds.adopt(jid, Hold.FENCE)
+
+    def _holds(self) -> Holds | None:
+        """The job manager's holds (None: no job manager)."""
+        jobs = getattr(self.agent, "jobs", None)
+        return holds_of(jobs) if jobs is not None else None
 
     def _save_fenced(self) -> None:
         with contextlib.suppress(Exception):
@@ -209,11 +220,11 @@ class FenceMixin:
         if jobs is None:
             return
         new = []
+        holds = holds_of(jobs)
         for job in list(jobs.active()):
             if job.id in self.fenced_jobs:
-                with contextlib.suppress(Exception):  # thawed meanwhile (a move that failed): frozen again
-                    if not job.cgroup.freeze_requested():
-                        job.cgroup.freeze(timeout=None)
+                with contextlib.suppress(Exception):  # thawed meanwhile (a stop cut short): frozen again
+                    holds.hold(job.id, Hold.FENCE)
                 continue
             if job.id in self.evacuating or job.id in self._superseding:
                 continue  # (a move under way freezes and settles the job itself)
@@ -222,7 +233,7 @@ class FenceMixin:
                     and not any(k == key for _, k in self._releases)):
                 continue  # nothing elsewhere would resume it (no guard, old or new, no archived copy): it runs on
             try:
-                job.cgroup.freeze(timeout=None)  # asked for now; taken once every task stops
+                holds.hold(job.id, Hold.FENCE)  # asked for now; taken once every task stops
             except Exception as e:  # its cgroup gone: it ended
                 log.warning("migrate: fencing %s: %s", job.id, e)
                 continue
@@ -249,6 +260,10 @@ class FenceMixin:
             self._unfencing.discard(jid)
 
     def _drop_fenced(self, jid: str) -> None:
+        """Forgets the fence of ``jid`` (its hold dropped without a thaw: settled, or stopped)."""
+        holds = self._holds()
+        if holds is not None:
+            holds.drop(jid, Hold.FENCE)
         if self.fenced_jobs.pop(jid, None) is not None:
             self._save_fenced()
 
@@ -318,19 +333,21 @@ class FenceMixin:
                 await self._stop_superseded(job, runner, str(runs), key)
                 self._drop_fenced(jid)
                 return
-        held = self._airlock_suspended(jid)
-        if not held:
-            try:
-                job.cgroup.thaw(timeout=None)
-            except Exception as e:
-                log.warning("migrate: thawing fenced %s: %s", jid, e)
-            else:
+        holds = holds_of(jobs)
+        holds.adopt(jid, Hold.FENCE)  # (fenced: held, whatever took the record in)
+        others = holds.others(jid, Hold.FENCE)
+        held = Hold.AIRLOCK.value in others
+        try:
+            if holds.release(jid, Hold.FENCE):  # thawed unless another holds it (Airlock's suspend)
                 self._set_job_state(jid, "running", f"unfenced: node {self.node_id} hears its zone again and nobody "
                                     "took the job over")
+        except Exception as e:
+            log.warning("migrate: thawing fenced %s: %s", jid, e)
         since = self.fenced_jobs.get(jid, time.time())
         self._drop_fenced(jid)
         self._emit(f"{jid}: node {self.node_id} hears its zone again and nobody took the job over: "
-                   + ("left frozen (Airlock holds it suspended)" if held else "thawed")
+                   + ("left frozen (Airlock holds it suspended)" if held else
+                      f"left frozen (held: {', '.join(others)})" if others else "thawed")
                    + f" after {time.time() - since:.1f} s fenced", job=jid, phase="unfenced", airlock_held=held,
                    fenced_s=round(time.time() - since, 3))
 
@@ -343,11 +360,6 @@ class FenceMixin:
             jobs.set_state(job, state, reason)
         except Exception as e:  # (the store: the state shown is wrong, the job is not)
             log.warning("migrate: recording %s %s: %s", jid, state, e)
-
-    def _airlock_suspended(self, jid: str) -> bool:
-        rungs = getattr(getattr(self.agent, "airlock", None), "rungs", None) or {}
-        rung = rungs.get(jid)
-        return rung is not None and rung[0] == "suspend"
 
     def _placed_here_by_claim(self, key: str, jid: str) -> bool:
         """Whether a claim of ``key`` in the archive runs as this node's job ``jid``: a verified

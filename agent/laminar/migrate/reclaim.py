@@ -205,6 +205,7 @@ from laminar.policy import destination as dst
 from laminar.policy import prestage
 from laminar.policy.holder import HolderCandidate, RetrySchedule, choose_holder
 from laminar.runtime.ckpt_scan import CkptScanner
+from laminar.runtime.holds import Hold, Holds, holds_of
 from laminar.runtime.provenance import request_origin
 from laminar.zone import authority as au
 from laminar.zone.gate import Gate
@@ -830,6 +831,7 @@ class ReclaimComponent(BuddiesMixin, GuardMixin, ReplicasMixin, WithdrawMixin, S
         self._restore_late_copies()  # before the reclaim's restore: by the job states the stop left
         self._restore_reclaim()
         self._restore_moves()
+        self._restore_move_holds()
         self._restore_replica_handovers()
 
     def _backfill_origins(self) -> None:
@@ -1365,7 +1367,8 @@ class ReclaimComponent(BuddiesMixin, GuardMixin, ReplicasMixin, WithdrawMixin, S
         for j in active:
             if phases.get(j.id, ("", None))[0] == "frozen":  # its move froze it: it checkpoints again
                 with contextlib.suppress(Exception):
-                    j.cgroup.thaw(timeout=0)  # asked; not waited for (this runs on the loop)
+                    self._holds().adopt(j, Hold.MOVE)
+                    self._holds().release(j, Hold.MOVE, timeout=0)  # asked; not waited for (on the loop)
         for j in handed:
             self._spawn(self._stop_handed(j, phases[j.id][1]))
         placing = [jid for jid, (ph, _) in phases.items() if ph == "placing"
@@ -1453,6 +1456,42 @@ class ReclaimComponent(BuddiesMixin, GuardMixin, ReplicasMixin, WithdrawMixin, S
                 db.execute("INSERT OR REPLACE INTO migrate_reclaim_handovers VALUES (?, ?, ?, ?, ?)",
                            (job_id, node, pid, json.dumps(request), time.time()))
 
+    def _holds(self) -> Holds:
+        """The job manager's holds (runtime/holds.py): a move's freeze is its ``move`` hold."""
+        return holds_of(self.agent.jobs)
+
+    def _unhold(self, job: Any, froze: bool, timeout: float | None = None) -> bool:
+        """Ends a move's hold on ``job`` (a job, or its id): released (thawed, unless another hold keeps it
+        frozen) when the move froze it (``froze``), else dropped as it was (a job found frozen:
+        the freeze was not the move's to undo). True when thawed."""
+        if froze:
+            return self._holds().release(job, Hold.MOVE, timeout=timeout)
+        self._holds().drop(job, Hold.MOVE)
+        return False
+
+    async def _unhold_wait(self, job: Any, froze: bool, timeout: float) -> bool:
+        """:meth:`_unhold`, the thaw waited for without blocking the loop."""
+        if froze:
+            return await self._holds().release_wait(job, Hold.MOVE, timeout)
+        self._holds().drop(job, Hold.MOVE)
+        return False
+
+    def _restore_move_holds(self) -> None:
+        """At start, after the moves' restore: a move's hold (kept by the job manager) that no
+        record of a move accounts for was cut where none was kept (the agent died between the
+        freeze and its record, or the job was frozen already): released, so the job is thawed
+        unless another hold (Airlock's) keeps it frozen; never frozen for good."""
+        if getattr(self.agent, "jobs", None) is None:
+            return
+        holds = self._holds()
+        known = set(self._move_phases()) | set(self.evacuating) | set(self._late_stopping) | set(self._archive_keeps)
+        known |= {str(r["job_id"]) for r in self.agent.store.db.execute("SELECT job_id FROM migrate_moves")}
+        for jid in sorted(holds.held_by(Hold.MOVE) - known):
+            try:
+                holds.release(jid, Hold.MOVE, timeout=0)
+            except Exception as e:
+                log.warning("migrate: releasing the move hold of %s, cut by the agent's stop: %s", jid, e)
+
     def _forget_move(self, job_id: str) -> None:
         with self.agent.store.tx() as db:
             db.execute("DELETE FROM migrate_reclaim_jobs WHERE job_id=?", (job_id,))
@@ -1493,12 +1532,14 @@ class ReclaimComponent(BuddiesMixin, GuardMixin, ReplicasMixin, WithdrawMixin, S
                 continue
             if r["phase"] == "handover" and r["node"] is not None and r["pid"] is not None:
                 self.evacuating.add(jid)  # Airlock leaves it frozen (AirlockManager.moving)
+                self._holds().adopt(job, Hold.MOVE)
                 self._spawn(self._settle_cut_move(job, int(r["node"]), int(r["pid"]), json.loads(r["request"]),
                                                   str(r["reason"]), bool(r["thaw"])))
                 continue
-            if r["thaw"]:
-                with contextlib.suppress(Exception):
-                    job.cgroup.thaw(timeout=0)  # asked; not waited for (this runs on the loop)
+            self._holds().adopt(job, Hold.MOVE)
+            with contextlib.suppress(Exception):
+                # thawed unless the job was frozen before the move (its other hold keeps it)
+                self._unhold(job, bool(r["thaw"]), timeout=0)  # asked; not waited for (on the loop)
             self._drop_move_record(jid)
             self._emit(f"{jid}: its move ({r['reason']}) was cut before its hand-over by the agent's stop; "
                        + ("thawed, it runs here" if r["thaw"] else "it runs here, left as it was before the move"),
@@ -1523,9 +1564,8 @@ class ReclaimComponent(BuddiesMixin, GuardMixin, ReplicasMixin, WithdrawMixin, S
                 dest_job = await self._handover(node, pid, req, confirm=True, sent=True, job_id=job.id)
             except MigrateError as e:
                 mv.phase, mv.error = "failed", str(e)
-                if thaw:
-                    with contextlib.suppress(Exception):
-                        await set_frozen_async(job.cgroup, False, 2.0)
+                with contextlib.suppress(Exception):
+                    await self._unhold_wait(job, thaw, 2.0)
                 self._drop_move_record(job.id)
                 self._emit(f"{job.id}: its move to node {node} ({reason}) was cut by the agent's stop during the "
                            f"hand-over; node {node} did not start it ({e}), so it runs here"
@@ -1788,9 +1828,10 @@ class ReclaimComponent(BuddiesMixin, GuardMixin, ReplicasMixin, WithdrawMixin, S
                     self._record_move(job.id, "frozen", reason=reason, thaw=not already)
                 took = already
                 with contextlib.suppress(Exception):
-                    # waited for without blocking the loop: a task of the job in uninterruptible
-                    # sleep (its own hung FUSE mount) freezes only once it wakes
-                    took = await set_frozen_async(job.cgroup, True, FREEZE_WAIT_S)
+                    # the move's hold (runtime/holds.py), waited for without blocking the loop: a
+                    # task of the job in uninterruptible sleep (its own hung FUSE mount) freezes
+                    # only once it wakes
+                    took = await self._holds().hold_wait(job, Hold.MOVE, FREEZE_WAIT_S)
                     frozen = not already
                 if not took:
                     self.counts["freeze_timeouts"] = self.counts.get("freeze_timeouts", 0) + 1
@@ -1889,9 +1930,8 @@ class ReclaimComponent(BuddiesMixin, GuardMixin, ReplicasMixin, WithdrawMixin, S
             mv.phase, mv.error = "failed", str(e)
             self.counts["failed"] += 1
             self._emit(f"{job.id}: move failed: {e}", job=job.id, phase="failed", error=str(e))
-            if frozen:
-                with contextlib.suppress(Exception):
-                    await set_frozen_async(job.cgroup, False, FREEZE_WAIT_S)
+            with contextlib.suppress(Exception):
+                await self._unhold_wait(job, frozen, FREEZE_WAIT_S)
             with contextlib.suppress(Exception):
                 if deadline_mono is not None:
                     self._forget_move(job.id)
@@ -1905,10 +1945,9 @@ class ReclaimComponent(BuddiesMixin, GuardMixin, ReplicasMixin, WithdrawMixin, S
             # claims it; the window's end, a new plan (_stop_archived) or a restart stops it
             if mv.phase not in ("handover", "done") and job.id not in self._archive_keeps:
                 thawed = not frozen
-                if frozen:
-                    with contextlib.suppress(Exception):
-                        # asked, and looked at once: this task is being cancelled (no wait here)
-                        thawed = job.cgroup.thaw(timeout=0) is not False
+                with contextlib.suppress(Exception):
+                    # asked, and looked at once: this task is being cancelled (no wait here)
+                    thawed = self._unhold(job, frozen, timeout=0) or not frozen
                 if thawed and deadline_mono is None:  # else its record has a restart thaw it
                     with contextlib.suppress(Exception):
                         self._drop_move_record(job.id)
@@ -1916,9 +1955,8 @@ class ReclaimComponent(BuddiesMixin, GuardMixin, ReplicasMixin, WithdrawMixin, S
         except Exception as e:  # a bug must not leave the job frozen
             log.exception("migrate: move of %s", job.id)
             mv.phase, mv.error = "failed", repr(e)
-            if frozen:
-                with contextlib.suppress(Exception):
-                    await set_frozen_async(job.cgroup, False, FREEZE_WAIT_S)
+            with contextlib.suppress(Exception):
+                await self._unhold_wait(job, frozen, FREEZE_WAIT_S)
             with contextlib.suppress(Exception):
                 if deadline_mono is not None:
                     self._forget_move(job.id)

@@ -41,6 +41,7 @@ class SettleMixin:
         moves: dict[str, Move]
 
         def _drop_move_record(self, job_id: str) -> None: ...
+        async def _unhold_wait(self, job: Any, froze: bool, timeout: float) -> bool: ...
         def _drop_release(self, pair: tuple[int, str]) -> None: ...
         def _drop_replica_handover(self, key: str) -> None: ...
         def _emit(self, message: str, **fields: Any) -> None: ...
@@ -217,9 +218,8 @@ class SettleMixin:
             elif decision == "gone":
                 await self._stop_settled(job, node, f"by {by or 'an operator'}")
             else:
-                if thaw:
-                    with contextlib.suppress(Exception):
-                        await set_frozen_async(job.cgroup, False, 2.0)
+                with contextlib.suppress(Exception):  # the move's hold ends (runtime/holds.py)
+                    await self._unhold_wait(job, thaw, 2.0)
                 self._drop_move_record(jid)
                 self.evacuating.discard(jid)  # (held by _settle_cut_move while node could not be asked)
         if key is not None and decision == "run-here":

@@ -46,6 +46,7 @@ from typing import TYPE_CHECKING, Any
 from laminar.airlock.cgroups import set_frozen_async
 from laminar.migrate import drain
 from laminar.migrate.errors import MigrateError
+from laminar.runtime.holds import Hold, Holds
 
 log = logging.getLogger("laminar.migrate")
 
@@ -66,6 +67,8 @@ class WithdrawMixin:
         reclaim: dict[str, Any] | None
 
         async def _control(self, node: int, op: str, body: Any, timeout: float = 5.0) -> Any: ...
+        def _holds(self) -> Holds: ...
+        async def _unhold_wait(self, job: Any, froze: bool, timeout: float) -> bool: ...
         def _emit(self, message: str, **fields: Any) -> None: ...
         def _move_phases(self) -> dict[str, tuple[str, int | None]]: ...
         def _record_move(self, job_id: str, phase: str, reason: str = "", thaw: bool | None = None,
@@ -111,8 +114,9 @@ class WithdrawMixin:
             elif ph == "handover" and job.active:
                 await self._stop_handed(job, node)
             elif ph == "frozen" and job.active:
-                with contextlib.suppress(Exception):
-                    await set_frozen_async(job.cgroup, False, 2.0)
+                with contextlib.suppress(Exception):  # its move froze it: the move's hold ends
+                    self._holds().adopt(job, Hold.MOVE)
+                    await self._unhold_wait(job, True, 2.0)
             elif ph == "placing" and job.state == "queued":
                 assert jobs_mgr is not None
                 unsettled.append(jid)

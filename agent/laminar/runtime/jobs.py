@@ -87,6 +87,7 @@ from ..userbounds import Busy, UidSlots
 from . import gpus as gpumod
 from . import joblimits, provenance
 from .ckpt_scan import CkptScanner
+from .holds import Holds
 from .provenance import NO_ORIGIN, JobOrigin
 
 log = logging.getLogger("laminar.jobs")
@@ -977,6 +978,8 @@ class JobManager:
         self.jobs: dict[str, Job] = {}
         # jobs' checkpoint listings (bounded, off the loop): Airlock and the migrate component read them
         self.ckpt_scan = CkptScanner()
+        # who holds which job frozen (Airlock, a move, a fence): frozen while any hold remains
+        self.holds = Holds(self, store)
         self._popen: dict[str, subprocess.Popen[bytes]] = {}
         self._pidfds: dict[str, int] = {}
         self._tasks: set[asyncio.Task[Any]] = set()
@@ -1090,6 +1093,8 @@ class JobManager:
 
         self.held = self.held or held_at_start(self.store)
         self._adopt_all()
+        self.holds.store = self.store
+        self.holds.load()  # after the jobs: the holds of jobs that ended meanwhile go
         self._spawn_task(self._leak_loop())  # now, then every leak_sweep_s: leaks of the previous agent; pruning
         self._spawn_task(self._ckpt_scan_loop())
 
@@ -2284,12 +2289,14 @@ class JobManager:
 
         def with_rung(req: Request, job: Job) -> dict[str, Any]:
             """The job's record as the caller may see it, plus Airlock's rung for it
-            (suspend/readdress/reclaim, for how long, hops), or None while Airlock leaves it alone."""
+            (suspend/readdress/reclaim, for how long, hops), or None while Airlock leaves it alone,
+            and its holds: the reasons it is held frozen (airlock, move, fence; runtime/holds.py)."""
             out = job.as_dict(reveal=may_read_secrets(req, job))
             rungs = getattr(getattr(self.agent, "airlock", None), "rungs", None)
             if isinstance(rungs, dict):
                 r = rungs.get(job.id)
                 out["airlock"] = {"rung": r[0], "for_s": round(time.monotonic() - r[1], 2), "hops": r[2]} if r else None
+            out["holds"] = self.holds.reasons(job.id)  # who holds it frozen (runtime/holds.py)
             return out
 
         async def list_jobs(req: Request) -> RawJson:
