@@ -23,6 +23,7 @@ from test_migrate_evidence import FakeZone, make_agent
 from laminar.jobkit import Checkpointer
 from laminar.migrate.reclaim import ReclaimComponent
 from laminar.migrate.transfer import send_checkpoint, send_control
+from laminar.policy import custody
 from laminar.runtime.jobs import JobSpec
 from laminar.runtime.provenance import JobOrigin
 
@@ -194,7 +195,7 @@ def test_a_handed_over_key_goes_once_its_local_job_ended_and_stale_trash_goes_at
         agent, comp = await started(tmp_path)
         try:
             d, src, job = await guarded_and_resumed_here(tmp_path, agent, comp, "running", migrated_from=K)
-            comp._set_replica(K, "handed-over", "job-4")
+            comp._set_replica(K, custody.Event.HAND_OVER, "job-4")
             comp._replica_gc_round(force=True)
             await asyncio.sleep(0.3)
             assert names(d) == ["ckpt-5"]  # its job runs from it

@@ -33,6 +33,7 @@ from laminar.api import ApiServer, Authorizer
 from laminar.jobkit import Checkpointer
 from laminar.migrate.reclaim import REPLICA_LATE_S, ReclaimComponent
 from laminar.migrate.transfer import send_checkpoint, send_control
+from laminar.policy import custody
 from laminar.runtime.jobs import JobSpec
 from laminar.runtime.provenance import JobOrigin
 
@@ -87,7 +88,7 @@ def test_the_listing_shows_each_key_its_bytes_its_user_and_the_gc_plan(tmp_path:
             await used.ctl("guard", "ckpt-9")
             agent.jobs.jobs.append(SimpleNamespace(id="job-8", state="running", ended=None,
                                                    spec=JobSpec(["train"], resume_from=str(p)), origin=JobOrigin(resume_given=str(p))))
-            comp._set_replica("n2-job-5", "handed-over", "job-8")
+            comp._set_replica("n2-job-5", custody.Event.HAND_OVER, "job-8")
             mine = Source(tmp_path, comp, 2, "n2-job-6")  # a job of uid 65534's
             await mine.send(3)
             await send_control("127.0.0.1", comp.port, KEY, "guard",
@@ -187,13 +188,13 @@ def test_drop_refuses_a_guard_without_force_a_used_key_and_bad_keys_then_removes
             failed = Source(tmp_path, comp, 3, "n3-job-2")
             await failed.send(1)
             await failed.ctl("guard", "ckpt-1")
-            comp._set_replica("n3-job-2", "failed")  # a take-over that found nothing to resume from (see above)
+            comp._set_replica("n3-job-2", custody.Event.FAIL)  # a take-over that found nothing to resume from (see above)
             used = Source(tmp_path, comp, 2, "n2-job-5")
             p = await used.send(9)
             await used.ctl("guard", "ckpt-9")
             agent.jobs.jobs.append(SimpleNamespace(id="job-8", state="failed", ended=time.time(),
                                                    spec=JobSpec(["train"], resume_from=str(p)), origin=JobOrigin(resume_given=str(p))))
-            comp._set_replica("n2-job-5", "handed-over", "job-8")
+            comp._set_replica("n2-job-5", custody.Event.HAND_OVER, "job-8")
             before = {k: names(base / k) for k in ("n2-job-1", "n3-job-2", "n2-job-5")}
 
             # a guard: refused without --force, saying the job may have no other copy and its source

@@ -37,9 +37,11 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from laminar.migrate import ledger
 from laminar.migrate.constants import DEFAULT_REMAINING_S, HOLD_MIN_S, MIGRATED_ENV, SOURCE_LIVE_STATES
 from laminar.migrate.errors import HandoverSettled, MigrateError
 from laminar.migrate.transfer import TransferError, latest_verified, send_checkpoint
+from laminar.policy import custody
 from laminar.policy import destination as dst
 from laminar.runtime.provenance import request_origin
 from laminar.zone import authority as au
@@ -397,9 +399,9 @@ class GuardMixin:
                     why = f"{why} (asked first, this agent may have missed its news: no answer, {e or type(e).__name__})"
             if missed and isinstance(ans, dict) and ans.get("key") == key and ans.get("needed") is False:
                 with self.agent.store.tx() as db:
-                    cur = db.execute("UPDATE migrate_replicas SET state='released', updated=? WHERE key=? AND "
-                                     "state='guarding' AND updated=?", (time.time(), key, row["updated"]))
-                if cur.rowcount == 1:
+                    ended = ledger.move(db, key, custody.Event.NOT_NEEDED, counts=self.counts,
+                                        only_from=(custody.State.GUARDING,), if_updated=row["updated"])
+                if ended is not None:
                     self.counts["replica_guards_ended"] = self.counts.get("replica_guards_ended", 0) + 1
                     self._emit(f"{key}: node {src}'s reclaim window ended while this agent may have missed its news; "
                                f"it no longer needs this guard ({ans.get('why', '')}); its replicas go", key=key,
@@ -484,12 +486,11 @@ class GuardMixin:
                 state = ans.get("state")
                 if ans.get("needed") is False or state in SOURCE_LIVE_STATES:
                     new = "released" if ans.get("needed") is False else "guarding"
-                    with self.agent.store.tx() as db:
-                        cur = db.execute("UPDATE migrate_replicas SET state=?, updated=? WHERE key=? AND "
-                                         "state='waiting' AND updated=?", (new, time.time(), key, row["updated"]))
-                        if cur.rowcount == 1:
-                            db.execute("DELETE FROM migrate_retry WHERE key=?", (key,))
-                    if cur.rowcount == 1:
+                    event = custody.Event.NOT_NEEDED if new == "released" else custody.Event.SOURCE_ALIVE
+                    with self.agent.store.tx() as db:  # (its retry row goes with it: the table's FORGET_RETRY)
+                        moved = ledger.move(db, key, event, counts=self.counts, only_from=(custody.State.WAITING,),
+                                            if_updated=row["updated"])
+                    if moved is not None:
                         self._emit(f"{key}: node {src} is back ({ans.get('why', '')}); "
                                    + ("its job lives there: guarding it again, not resumed here" if new == "guarding"
                                       else "it no longer needs this guard; its replicas go"),
@@ -561,12 +562,12 @@ class GuardMixin:
         except au.Refused as e:
             raise self._refusals().note(e, sender) from None
 
-    def _set_replica(self, key: str, state: str, job_id: str | None = None) -> None:
+    def _set_replica(self, key: str, event: custody.Event, job_id: str | None = None,
+                     insert: dict[str, Any] | None = None) -> None:
+        """A take-over's outcome for ``key`` (ledger.move: its retry row goes too; ``job_id`` None
+        keeps the stored one; ``insert``: the row made when there is none, else nothing is)."""
         with self.agent.store.tx() as db:
-            db.execute("UPDATE migrate_replicas SET state=?, job_id=COALESCE(?, job_id), updated=? WHERE key=?",
-                       (state, job_id, time.time(), key))
-            if state != "waiting":
-                db.execute("DELETE FROM migrate_retry WHERE key=?", (key,))
+            ledger.move(db, key, event, counts=self.counts, job_id=job_id, insert=insert)
 
     def _runs_here(self, key: str) -> str | None:
         """The job this node started for the migration key ``key`` (a move's hand-over, a
@@ -692,17 +693,17 @@ class GuardMixin:
                 return
             here = self._runs_here(key)
             if here is not None:
-                self._set_replica(key, "handed-over", here)
+                self._set_replica(key, custody.Event.HAND_OVER, here)
                 return
             if path is None:
-                self._set_replica(key, "failed")
+                self._set_replica(key, custody.Event.FAIL)
                 self._emit(f"{key}: {why}, but no verified checkpoint of it is held here; cannot resume it",
                            key=key, phase="failed")
                 return
             req = json.loads(row["request"])
             refused = self._chain_refusal(row, req)
             if refused is not None:  # nowhere on this node's word: not here, not placed, not archived
-                self._set_replica(key, "failed")
+                self._set_replica(key, custody.Event.FAIL)
                 self._emit(f"{key}: {why}, but it is not resumed: {refused}", key=key, phase="failed",
                            reason=refused.reason)
                 return
@@ -710,7 +711,7 @@ class GuardMixin:
                                         if self._archive_root() is not None else (False, None, False))
             if archived:  # the archive's claim is the lock: one node runs the job
                 if other is not None:
-                    self._set_replica(key, "handed-over", other)
+                    self._set_replica(key, custody.Event.HAND_OVER, other)
                     own = other == f"node {row['src_node']}"  # its own node's marker: the job ended there
                     self._emit(f"{key}: " + (f"{other} ran it to its end (the archive's marker; its release was "
                                              "missed)" if own else f"{other} runs it (claimed from the archive)")
@@ -804,12 +805,11 @@ class GuardMixin:
                 del self._starting[key]
             if not starting.done():
                 starting.set_result(None)
-        self._set_replica(key, "resumed", job.id)
-        with self.agent.store.tx() as db:  # claimed from the archive: no guard row here, one is made for it,
-            # so its source, heard from again, is told that this node runs the job now (_superseded_round)
-            db.execute("INSERT OR IGNORE INTO migrate_replicas VALUES (?, ?, ?, ?, ?, 'resumed', ?, ?)",
-                       (key, int(row["src_node"]), str(row["src_job"]), json.dumps(req), path.name, job.id,
-                        time.time()))
+        # claimed from the archive: no guard row here, one is made for it, so its source, heard
+        # from again, is told that this node runs the job now (_superseded_round)
+        self._set_replica(key, custody.Event.RESUME, job.id,
+                          insert={"src_node": int(row["src_node"]), "src_job": str(row["src_job"]),
+                                  "request": json.dumps(req), "ckpt": path.name})
         self.counts["resumed"] += 1
         self._emit(f"{key}: {why}; resumed here as {job.id} from {path.name} (the newest verified replica)",
                    key=key, job=job.id, ckpt=path.name, src_node=int(row["src_node"]), src_job=row["src_job"],
@@ -843,7 +843,7 @@ class GuardMixin:
             except (MigrateError, TransferError, OSError, TimeoutError) as e:
                 errors.append(f"node {node}: {e}")
                 continue
-            self._set_replica(key, "placed", f"node {node}/{dest_job}")
+            self._set_replica(key, custody.Event.PLACE, f"node {node}/{dest_job}")
             self._drop_replica_handover(key)
             self.counts["placed"] += 1
             self._emit(f"{key}: {why}; placed on node {node} as {dest_job}, resuming from {path.name}", key=key,
@@ -933,7 +933,7 @@ class GuardMixin:
                            f"node {node} did not start it ({e}); the guard goes on", key=key, node=node,
                            phase="placement-cut", error=str(e))
                 return
-            self._set_replica(key, "placed", f"node {node}/{dest_job}")
+            self._set_replica(key, custody.Event.PLACE, f"node {node}/{dest_job}")
             self._drop_replica_handover(key)
             held = False
             self.counts["placed"] += 1
@@ -1028,7 +1028,7 @@ class GuardMixin:
             tx.execute("INSERT INTO migrate_retry VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT(key) DO UPDATE SET "
                        "attempts=excluded.attempts, next_at=excluded.next_at, last_error=excluded.last_error, "
                        "updated=excluded.updated", (key, attempts + 1, now + delay, why, error, now))
-            tx.execute("UPDATE migrate_replicas SET state='waiting', updated=? WHERE key=?", (now, key))
+            ledger.move(tx, key, custody.Event.WAIT, counts=self.counts, updated=now)
         self.counts["retries"] += 1
         self._emit(f"{key}: no room for it yet ({error}); holding {path.name if path else 'its checkpoint'}, "
                    f"looking again in {delay:g} s", persist=attempts == 0, key=key, phase="waiting",

@@ -136,7 +136,7 @@ from laminar import jobkit
 from laminar.airlock.cgroups import CgroupError, set_frozen_async
 from laminar.airlock.cgroups import freeze_counts as cgroup_freeze_counts
 from laminar.config import Field, _one_of, _range, register_section
-from laminar.migrate import ckpt_driver, drain
+from laminar.migrate import ckpt_driver, drain, ledger
 from laminar.migrate.archive import ARCHIVE_CLAIM_STALE_S as ARCHIVE_CLAIM_STALE_S
 from laminar.migrate.archive import (
     ARCHIVE_GC_S,
@@ -201,8 +201,8 @@ from laminar.migrate.vouch import VouchMixin
 from laminar.migrate.withdraw import WithdrawMixin
 from laminar.offloop import Lane, LaneBusy
 from laminar.policy import ckpt_schedule as cs
+from laminar.policy import custody, prestage
 from laminar.policy import destination as dst
-from laminar.policy import prestage
 from laminar.policy.holder import HolderCandidate, RetrySchedule, choose_holder
 from laminar.runtime.ckpt_scan import CkptScanner
 from laminar.runtime.holds import Hold, Holds, holds_of
@@ -2247,7 +2247,7 @@ class ReclaimComponent(BuddiesMixin, GuardMixin, ReplicasMixin, WithdrawMixin, S
             except (MigrateError, TransferError, OSError, TimeoutError) as e:
                 errors.append(f"node {node}: {e}")
                 continue
-            self._set_replica(key, "passed", f"node {node}")
+            self._set_replica(key, custody.Event.PASS, f"node {node}")
             self._emit(f"{key}: this node is reclaimed; {path.name} and the job's guard passed on to node {node}",
                        key=key, node=node, ckpt=path.name, phase="passed")
             return
@@ -2263,7 +2263,7 @@ class ReclaimComponent(BuddiesMixin, GuardMixin, ReplicasMixin, WithdrawMixin, S
                 raise MigrateError("; ".join([*errors, f"{e}: its copy is published if the archive answers later "
                                               "(the job is then claimed from there); this node keeps the guard "
                                               "meanwhile"])) from None
-            self._set_replica(key, "archived")
+            self._set_replica(key, custody.Event.ARCHIVE)
             self._emit(f"{key}: this node is reclaimed and no live peer can hold it; {path.name} archived", key=key,
                        ckpt=path.name, phase="archived")
             return
@@ -2608,12 +2608,10 @@ class ReclaimComponent(BuddiesMixin, GuardMixin, ReplicasMixin, WithdrawMixin, S
             self._check_guarded_ckpt(key, str(body["ckpt"]))
             req = _in_own_clock(body)
             with self.agent.store.tx() as db:
-                db.execute("INSERT INTO migrate_replicas VALUES (?, ?, ?, ?, ?, 'guarding', NULL, ?) "
-                           "ON CONFLICT(key) DO UPDATE SET ckpt=excluded.ckpt, request=excluded.request, "
-                           "state=CASE WHEN state IN ('resumed', 'handed-over', 'placed') THEN state ELSE 'guarding' END, "
-                           "updated=excluded.updated",
-                           (key, int(body["src_node"]), str(body["src_job"]), json.dumps(req),
-                            str(body["ckpt"]), time.time()))
+                # guarding, but a copy its take-over acted on (resumed, handed-over, placed) stays so
+                ledger.move(db, key, custody.Event.GUARD, counts=self.counts, ckpt=str(body["ckpt"]), request=json.dumps(req),
+                            insert={"src_node": int(body["src_node"]), "src_job": str(body["src_job"]),
+                                    "request": json.dumps(req), "ckpt": str(body["ckpt"])})
                 # the source just spoke about this guard: its earlier silence no longer counts
                 db.execute("UPDATE migrate_guard_checks SET unanswered=0 WHERE key=?", (key,))
                 # who handed it: with the key's node, the only one who may change or release it
@@ -2647,8 +2645,7 @@ class ReclaimComponent(BuddiesMixin, GuardMixin, ReplicasMixin, WithdrawMixin, S
             # fenced copy was thawed beside the placed one (bench/chaos.py --no-archive, seed 43)
             placed = self._placed_as(key) if row is not None and row["state"] == "placed" else None
             with self.agent.store.tx() as db:
-                db.execute("UPDATE migrate_replicas SET state='released', updated=? WHERE key=? AND state IN ('guarding', 'waiting')",
-                           (time.time(), key))
+                ledger.move(db, key, custody.Event.RELEASE, counts=self.counts)  # a live guard only (the table)
             try:  # nothing here needs the key's checkpoints any more (but a local job resumed from one)
                 self.replica_gc(key)
             except Exception:

@@ -85,6 +85,7 @@ from collections.abc import Collection, Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from laminar.migrate import ledger
 from laminar.migrate.constants import (
     _CKPT_NAME,
     _SAFE_KEY,
@@ -96,6 +97,7 @@ from laminar.migrate.errors import MigrateError, ReplicaRefused
 from laminar.migrate.transfer import TransferError
 from laminar.migrate.trees import Budget, _newest_mtime, _remove_tree
 from laminar.offloop import Lane, LaneBusy
+from laminar.policy import custody
 from laminar.runtime.jobs import LOST_WITH_CGROUP
 
 if TYPE_CHECKING:
@@ -640,8 +642,7 @@ class ReplicasMixin:
         if gone:
             with self.agent.store.tx() as tx:
                 for key in gone:
-                    tx.execute("DELETE FROM migrate_replicas WHERE key=? AND updated < ? AND state IN "
-                               f"({','.join('?' * len(REPLICA_DONE_STATES))})", (key, cutoff, *REPLICA_DONE_STATES))
+                    ledger.move(tx, key, custody.Event.GC, counts=self.counts, if_older=cutoff)  # done states only
                     tx.execute("DELETE FROM migrate_retry WHERE key=? AND NOT EXISTS "
                                "(SELECT 1 FROM migrate_replicas WHERE key=?)", (key, key))
                     tx.execute("DELETE FROM migrate_guard_checks WHERE key=? AND NOT EXISTS "
@@ -779,9 +780,8 @@ class ReplicasMixin:
             if key in self._taking:
                 return False
             with self.agent.store.tx() as db:
-                cur = db.execute("UPDATE migrate_replicas SET state='released', updated=? "
-                                 "WHERE key=? AND state='guarding' AND updated=?", (asked, key, seen))
-                ended = cur.rowcount == 1
+                ended = ledger.move(db, key, custody.Event.NOT_NEEDED, counts=self.counts,
+                                    only_from=(custody.State.GUARDING,), if_updated=seen, updated=asked) is not None
             if not ended:
                 return False
             self.counts["replica_guards_ended"] = self.counts.get("replica_guards_ended", 0) + 1
@@ -1247,8 +1247,7 @@ class ReplicasMixin:
             except OSError as e:
                 raise MigrateError(f"{key}: cannot move {d} into {trash}: {e}; nothing was removed") from None
         with self.agent.store.tx() as db:
-            db.execute("DELETE FROM migrate_replicas WHERE key=?", (key,))
-            db.execute("DELETE FROM migrate_retry WHERE key=?", (key,))
+            ledger.move(db, key, custody.Event.DROP, counts=self.counts)  # its retry row goes too
             db.execute("DELETE FROM migrate_guard_checks WHERE key=?", (key,))
             db.execute("DELETE FROM migrate_guard_from WHERE key=?", (key,))
         self._guard_asked.pop(key, None)

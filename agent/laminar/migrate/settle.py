@@ -21,6 +21,7 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from laminar.airlock.cgroups import set_frozen_async
+from laminar.policy import custody
 
 if TYPE_CHECKING:
     from laminar.migrate.reclaim import Move
@@ -48,7 +49,8 @@ class SettleMixin:
         def _forget_buddy(self, job_id: str) -> int | None: ...
         def _owe_release(self, node: int, key: str, db: Any = None) -> None: ...
         async def _release(self, node: int, key: str) -> None: ...
-        def _set_replica(self, key: str, state: str, job_id: str | None = None) -> None: ...
+        def _set_replica(self, key: str, event: custody.Event, job_id: str | None = None,
+                         insert: dict[str, Any] | None = None) -> None: ...
         def _spawn(self, coro: Any) -> asyncio.Task[Any]: ...
         def job_key(self, job: Any) -> str: ...
         @property
@@ -242,7 +244,7 @@ class SettleMixin:
     async def _settle_placement(self, key: str, row: Any, decision: str, by: str) -> dict[str, Any]:
         node, pid = int(row["node"]), int(row["pid"])
         if decision == "gone":  # the decision first: a restart never asks node again
-            self._set_replica(key, "placed", f"node {node}/(unconfirmed)")
+            self._set_replica(key, custody.Event.PLACE, f"node {node}/(unconfirmed)")
         self._drop_replica_handover(key)
         rec = lambda: key not in self._asking  # noqa: E731
         if not await self._await_waiter(key, decision, rec):

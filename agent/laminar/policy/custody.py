@@ -1,0 +1,229 @@
+"""Custody: the states a node's copy of another node's checkpoint (a *replica*, one row of
+``migrate_replicas``) can be in, the events that move it, and the one table of legal moves.
+
+The invariant everything in :mod:`laminar.migrate` serves: **at most one running copy of a
+job, and at least one durable, verified checkpoint of it**. A node that holds a copy for a job
+of another node *guards* it; when the job's node is gone the guard takes the job over (resumes
+it here, places it on a peer, or waits for room); a guard whose job no longer needs it is
+released; a reclaimed node passes its guards on or to the archive.
+
+This module is the table, pure: :func:`step` says where an event takes a copy and what else
+the agent does for it (:class:`Effect`), or raises :class:`IllegalTransition`.
+:mod:`laminar.migrate.ledger` is the only writer of the store's ``state`` column and asks
+:func:`step` before every write. The table was read off the writers as they were (issue 32,
+stage 2): it contains every move they make, and nothing else. Some moves exist only because a
+message can overtake a take-over in flight (a ``release`` that comes while the take-over
+hashes its checkpoint leaves a ``released`` copy that the take-over then resumes, places or
+fails); they are kept, as the agent makes them.
+
+``python -m laminar.policy.custody --mermaid`` prints the state diagram that
+``docs/migration.md`` carries (``tests/unit/test_custody.py`` checks they are equal).
+
+>>> step(State.GUARDING, Event.RESUME)
+(<State.RESUMED: 'resumed'>, (<Effect.FORGET_RETRY: 'forget-retry'>,))
+>>> step(State.PLACED, Event.RESUME)
+Traceback (most recent call last):
+...
+laminar.policy.custody.IllegalTransition: custody: event resume is not allowed in state placed
+"""
+
+from __future__ import annotations
+
+import enum
+import sys
+from collections.abc import Iterable
+
+
+class State(enum.StrEnum):
+    """A copy's custody state: the value is what ``migrate_replicas.state`` stores."""
+
+    NEW = "new"
+    """No row: no guard named the key here, or its row was pruned or dropped (never stored)."""
+    GUARDING = "guarding"
+    """This node guards the job of another node: it holds a verified checkpoint and takes the job
+    over if that node goes (a running job's buddy, or a stopped job's ``take_over`` guard)."""
+    WAITING = "waiting"
+    """The job's node is gone and no node had room for the job yet: looked at again later."""
+    RESUMED = "resumed"
+    """Taken over: the job runs here from this copy."""
+    PLACED = "placed"
+    """Taken over: the job was handed to another node, which runs it."""
+    HANDED_OVER = "handed-over"
+    """The take-over found the job running already (here by a hand-over, or elsewhere by the
+    archive's claim): this guard stood down."""
+    PASSED = "passed"
+    """This node was reclaimed: the copy and the guard went on to another node."""
+    RELEASED = "released"
+    """The job no longer needs this guard (its holder released it, or its node said so)."""
+    FAILED = "failed"
+    """The take-over found no verified checkpoint here, or may not run the job on this node's
+    word: kept for an operator."""
+    ARCHIVED = "archived"
+    """This node was reclaimed and no peer could hold the copy: it went to the archive; kept for
+    an operator."""
+
+
+class Event(enum.StrEnum):
+    """What moves a copy, and who does it."""
+
+    GUARD = "guard"
+    """A ``guard`` message (its holder, a passing or placing guard) names this node the key's guard."""
+    RELEASE = "release"
+    """A ``release`` message from the guard's holder: only a live guard (guarding, waiting) ends."""
+    NOT_NEEDED = "not-needed"
+    """The job's node answers this guard's ``needs`` question: not needed."""
+    SOURCE_ALIVE = "source-alive"
+    """A waiting guard's node, heard again, answers that the job lives there: guarding again."""
+    WAIT = "wait"
+    """A take-over found no room here nor on a peer: it looks again later."""
+    RESUME = "resume"
+    """A take-over (or a claim of the archived copy) started the job here."""
+    PLACE = "place"
+    """A take-over handed the job to another node (also once a restart or an operator settled an
+    unanswered hand-over of it)."""
+    HAND_OVER = "hand-over"
+    """A take-over found the job already running (here, or elsewhere by the archive's claim)."""
+    FAIL = "fail"
+    """A take-over found no verified checkpoint, or the chain of authority refused the job."""
+    PASS = "pass"
+    """This node is reclaimed: the copy and the guard went on to a peer."""
+    ARCHIVE = "archive"
+    """This node is reclaimed: the copy went to the archive."""
+    GC = "gc"
+    """A done key's row, unchanged for ``replica_row_keep_s`` and with no copy left, is pruned."""
+    DROP = "drop"
+    """An operator drops the key (``laminarctl replicas drop``)."""
+
+
+class Effect(enum.StrEnum):
+    """What the agent does besides writing the state."""
+
+    UNCHANGED = "unchanged"
+    """Nothing is written: the event does not apply to a copy in this state (the writer's SQL
+    never matched such a row: an UPDATE of a row that is not there, or not in the states it
+    names). Not a refusal."""
+    FORGET_RETRY = "forget-retry"
+    """The key's retry schedule (``migrate_retry``) goes, in the same transaction."""
+    GC_OLDER = "gc-older"
+    """The key's checkpoints older than the one the guard names go."""
+    GC_REPLICAS = "gc-replicas"
+    """The key's checkpoints go (but one a local job resumes from)."""
+
+
+class IllegalTransition(ValueError):
+    """An event the table does not allow in a copy's state."""
+
+    def __init__(self, state: State, event: Event) -> None:
+        super().__init__(f"custody: event {event.value} is not allowed in state {state.value}")
+        self.state = state
+        self.event = event
+
+
+S, E, F = State, Event, Effect
+Outcome = tuple[State, tuple[Effect, ...]]
+
+# States after which this node keeps a key's checkpoints only for a local job using them; the
+# row GC prunes only these (laminar.migrate.replicas.REPLICA_DONE_STATES).
+DONE = (S.RELEASED, S.HANDED_OVER, S.PLACED, S.PASSED, S.RESUMED)
+# States an operator decides about (laminar.migrate.replicas.REPLICA_OPERATOR_STATES).
+OPERATOR = (S.FAILED, S.ARCHIVED)
+# A live guard: what a take-over starts from, and what a release ends.
+LIVE = (S.GUARDING, S.WAITING)
+# What a take-over in flight can find when it writes its outcome: the live guard it started
+# from, or a copy a ``release`` (or ``guard``) that overtook it made released (or guarding).
+IN_TAKE_OVER = (S.GUARDING, S.WAITING, S.RELEASED)
+STORED = tuple(s for s in S if s is not S.NEW)
+
+
+def _table() -> dict[tuple[State, Event], Outcome]:
+    t: dict[tuple[State, Event], Outcome] = {}
+
+    def put(states: Iterable[State], event: Event, new: State | None, *effects: Effect) -> None:
+        """``new`` None: the state stays (and nothing is written when UNCHANGED is among the effects)."""
+        for s in states:
+            assert (s, event) not in t, (s, event)
+            t[(s, event)] = (s if new is None else new, tuple(effects))
+
+    # a guard message: an UPSERT that keeps a copy the take-over already acted on (resumed,
+    # handed-over, placed) and makes any other one (or none) guarding; its older checkpoints go
+    put([S.NEW, *(s for s in STORED if s not in (S.RESUMED, S.HANDED_OVER, S.PLACED))], E.GUARD, S.GUARDING,
+        F.GC_OLDER)
+    put([S.RESUMED, S.HANDED_OVER, S.PLACED], E.GUARD, None, F.GC_OLDER)
+    # a release ends only a live guard; the key's replicas are collected whatever the state
+    put(LIVE, E.RELEASE, S.RELEASED, F.GC_REPLICAS)
+    put([s for s in S if s not in LIVE], E.RELEASE, None, F.UNCHANGED, F.GC_REPLICAS)
+    # the source's "not needed" (its writers name the state they read, and the row's version)
+    put([S.GUARDING], E.NOT_NEEDED, S.RELEASED, F.GC_REPLICAS)
+    put([S.WAITING], E.NOT_NEEDED, S.RELEASED, F.FORGET_RETRY, F.GC_REPLICAS)
+    put([s for s in S if s not in LIVE], E.NOT_NEEDED, None, F.UNCHANGED)
+    put([S.WAITING], E.SOURCE_ALIVE, S.GUARDING, F.FORGET_RETRY)
+    put([s for s in S if s is not S.WAITING], E.SOURCE_ALIVE, None, F.UNCHANGED)
+    # a take-over's outcomes (unconditional UPDATEs: of no row, nothing is written)
+    put(IN_TAKE_OVER, E.WAIT, S.WAITING)
+    put([S.NEW], E.WAIT, None, F.UNCHANGED)
+    put([*IN_TAKE_OVER, S.NEW], E.RESUME, S.RESUMED, F.FORGET_RETRY)  # from no row: the archive's claim
+    for event, new in ((E.PLACE, S.PLACED), (E.HAND_OVER, S.HANDED_OVER), (E.FAIL, S.FAILED),
+                       (E.PASS, S.PASSED), (E.ARCHIVE, S.ARCHIVED)):
+        put(IN_TAKE_OVER, event, new, F.FORGET_RETRY)
+        put([S.NEW], event, None, F.UNCHANGED, F.FORGET_RETRY)
+    # the row goes: the GC's only when done; an operator's from any state
+    put(DONE, E.GC, S.NEW)
+    put([s for s in S if s not in DONE], E.GC, None, F.UNCHANGED)
+    put(STORED, E.DROP, S.NEW, F.FORGET_RETRY)
+    put([S.NEW], E.DROP, None, F.UNCHANGED, F.FORGET_RETRY)
+    return t
+
+
+TRANSITIONS: dict[tuple[State, Event], Outcome] = _table()
+"""(state, event) -> (new state, effects): every move the agent makes, and only those."""
+
+
+def step(state: State | str | None, event: Event | str) -> Outcome:
+    """Where ``event`` takes a copy in ``state`` (None or ``"new"``: no row) and what the agent
+    does besides writing it. Raises IllegalTransition when the table does not allow it, and
+    ValueError for a state or event that is not one."""
+    s = State.NEW if state is None else State(state)
+    e = Event(event)
+    got = TRANSITIONS.get((s, e))
+    if got is None:
+        raise IllegalTransition(s, e)
+    return got
+
+
+def writes(state: State | str | None, event: Event | str) -> bool:
+    """Whether ``event`` writes the row of a copy in ``state`` (a legal move that is not UNCHANGED)."""
+    try:
+        return F.UNCHANGED not in step(state, event)[1]
+    except IllegalTransition:
+        return False
+
+
+def mermaid() -> str:
+    """The state diagram of the moves that write (``stateDiagram-v2``), one line per (from, to)
+    with the events that make it, sorted: what ``docs/migration.md`` shows."""
+    edges: dict[tuple[State, State], list[str]] = {}
+    for (s, e), (new, effects) in TRANSITIONS.items():
+        if F.UNCHANGED in effects:
+            continue
+        edges.setdefault((s, new), []).append(e.value)
+    order = {s: i for i, s in enumerate(S)}
+
+    def node(s: State) -> str:
+        return "[*]" if s is S.NEW else s.value.replace("-", "_")
+
+    lines = ["stateDiagram-v2"]
+    for (a, b) in sorted(edges, key=lambda ab: (order[ab[0]], order[ab[1]])):
+        lines.append(f"    {node(a)} --> {node(b)}: {', '.join(sorted(edges[(a, b)]))}")
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str]) -> int:
+    if argv == ["--mermaid"]:
+        sys.stdout.write(mermaid())
+        return 0
+    sys.stderr.write("usage: python -m laminar.policy.custody --mermaid\n")
+    return 2
+
+
+if __name__ == "__main__":
+    raise SystemExit(main(sys.argv[1:]))

@@ -1,0 +1,152 @@
+"""Custody (issue 32, stage 2): the pure table (laminar.policy.custody), the ledger that is the
+only writer of ``migrate_replicas.state`` (laminar.migrate.ledger), and the diagram in
+docs/migration.md drawn from the table."""
+
+from __future__ import annotations
+
+import ast
+import re
+import sqlite3
+from pathlib import Path
+
+import pytest
+
+import laminar
+from laminar.migrate import ledger
+from laminar.migrate.replicas import REPLICA_DONE_STATES, REPLICA_GUARD_STATES, REPLICA_OPERATOR_STATES
+from laminar.migrate.schema import REPLICAS_SCHEMA
+from laminar.policy import custody
+from laminar.policy.custody import Effect, Event, IllegalTransition, State, step
+from laminar.zone.authority import BINDING_STATES
+
+PKG = Path(laminar.__file__).parent
+REPO = PKG.parents[1]
+S, E = State, Event
+
+
+def test_the_states_are_the_stored_strings_and_the_old_sets_are_the_tables() -> None:
+    assert {s.value for s in S} - {"new"} == {"guarding", "waiting", "resumed", "placed", "handed-over", "passed",
+                                              "released", "failed", "archived"}
+    assert tuple(s.value for s in custody.DONE) == REPLICA_DONE_STATES
+    assert tuple(s.value for s in custody.OPERATOR) == REPLICA_OPERATOR_STATES
+    assert tuple(s.value for s in custody.LIVE) == REPLICA_GUARD_STATES
+    assert BINDING_STATES <= {s.value for s in custody.STORED}
+
+
+def test_every_event_is_defined_in_every_state_it_can_meet_and_unknown_pairs_raise() -> None:
+    # messages and the operator can come in any state: each has an outcome in every one
+    for e in (E.GUARD, E.RELEASE, E.NOT_NEEDED, E.SOURCE_ALIVE, E.GC, E.DROP):
+        for s in S:
+            step(s, e)
+    # a take-over's outcomes only from what a take-over in flight can find (and no row: nothing written)
+    for e in (E.WAIT, E.RESUME, E.PLACE, E.HAND_OVER, E.FAIL, E.PASS, E.ARCHIVE):
+        for s in S:
+            if s in custody.IN_TAKE_OVER or s is S.NEW:
+                step(s, e)
+            else:
+                with pytest.raises(IllegalTransition, match=f"event {e.value} is not allowed in state {s.value}"):
+                    step(s, e)
+    with pytest.raises(ValueError):
+        step("running", E.GUARD)
+
+
+def test_the_moves_the_writers_made() -> None:
+    # the guard UPSERT's CASE: a copy the take-over acted on keeps its state
+    for s in (S.RESUMED, S.HANDED_OVER, S.PLACED):
+        assert step(s, E.GUARD) == (s, (Effect.GC_OLDER,))
+    for s in (S.NEW, S.GUARDING, S.WAITING, S.RELEASED, S.PASSED, S.FAILED, S.ARCHIVED):
+        assert step(s, E.GUARD)[0] is S.GUARDING
+    assert step(S.WAITING, E.RELEASE) == (S.RELEASED, (Effect.GC_REPLICAS,))
+    assert step(S.RESUMED, E.RELEASE) == (S.RESUMED, (Effect.UNCHANGED, Effect.GC_REPLICAS))
+    assert step(S.WAITING, E.SOURCE_ALIVE) == (S.GUARDING, (Effect.FORGET_RETRY,))
+    assert step(S.NEW, E.RESUME) == (S.RESUMED, (Effect.FORGET_RETRY,))  # the archive's claim makes a row
+    assert step(S.NEW, E.PLACE) == (S.NEW, (Effect.UNCHANGED, Effect.FORGET_RETRY))  # an UPDATE of no row
+    assert step(S.FAILED, E.GC) == (S.FAILED, (Effect.UNCHANGED,))
+    assert step(S.PASSED, E.GC) == (S.NEW, ())
+    assert not custody.writes(S.PLACED, E.RESUME)
+
+
+def _db() -> sqlite3.Connection:
+    db = sqlite3.connect(":memory:")
+    db.row_factory = sqlite3.Row
+    for sql in REPLICAS_SCHEMA:
+        db.execute(sql)
+    return db
+
+
+INSERT = {"src_node": 2, "src_job": "job-1", "request": "{}", "ckpt": "ckpt-1"}
+
+
+def test_the_ledger_writes_what_step_says_and_refuses_the_rest(monkeypatch: pytest.MonkeyPatch) -> None:
+    db = _db()
+    assert ledger.move(db, "n2-job-1", E.GUARD, insert=INSERT, ckpt="ckpt-1", request="{}", updated=5.0) is S.GUARDING
+    db.execute("INSERT INTO migrate_retry VALUES ('n2-job-1', 1, 0, 'why', '', 0)")
+    assert ledger.move(db, "n2-job-1", E.WAIT, updated=6.0) is S.WAITING
+    # a writer's own conditions: a row of another state or version is left as it is, no refusal
+    assert ledger.move(db, "n2-job-1", E.NOT_NEEDED, only_from=(S.GUARDING,)) is None
+    assert ledger.move(db, "n2-job-1", E.NOT_NEEDED, if_updated=5.0) is None
+    assert ledger.move(db, "n2-job-1", E.RESUME, job_id="job-9") is S.RESUMED
+    row = db.execute("SELECT state, job_id FROM migrate_replicas").fetchone()
+    assert (row["state"], row["job_id"]) == ("resumed", "job-9")
+    assert db.execute("SELECT COUNT(*) FROM migrate_retry").fetchone()[0] == 0  # FORGET_RETRY
+    assert ledger.move(db, "n2-job-1", E.GUARD, insert=INSERT, ckpt="ckpt-2", request="{}") is S.RESUMED
+    assert db.execute("SELECT ckpt FROM migrate_replicas").fetchone()[0] == "ckpt-2"
+    assert ledger.move(db, "n2-job-1", E.RELEASE) is None  # not a live guard: unchanged
+    with pytest.raises(IllegalTransition):  # strict (tests/unit/conftest.py)
+        ledger.move(db, "n2-job-1", E.PLACE)
+    monkeypatch.setenv(ledger.STRICT_ENV, "0")
+    counts: dict[str, int] = {}
+    assert ledger.move(db, "n2-job-1", E.PLACE, counts=counts) is None
+    assert counts == {"custody_refused": 1}
+    assert ledger.state_of(db, "n2-job-1") is S.RESUMED  # not written
+    assert ledger.move(db, "n2-job-1", E.GC, if_older=0.0) is None  # not old enough
+    assert ledger.move(db, "n2-job-1", E.GC, if_older=1e18) is S.NEW
+    assert ledger.state_of(db, "n2-job-1") is S.NEW
+    assert ledger.move(db, "n2-job-1", E.FAIL) is None  # no row: nothing written
+
+
+# SQL that writes the state column of migrate_replicas: any INSERT into it or DELETE from it, or
+# an UPDATE whose SET (before its WHERE) names ``state``. (An UPDATE of other columns, e.g. ``request``, is not one.)
+_WRITES = (re.compile(r"\bINSERT\b[^;]*?\bINTO\s+migrate_replicas\b", re.I | re.S),
+           re.compile(r"\bDELETE\s+FROM\s+migrate_replicas\b", re.I),
+           re.compile(r"\bUPDATE\s+migrate_replicas\s+SET\b(?:(?!\bWHERE\b)[^;])*?\bstate\s*=", re.I | re.S))
+# Writers left outside the ledger, each with why: none.
+ALLOWED: dict[str, str] = {}
+
+
+def _text(node: ast.AST) -> str | None:
+    """A string literal's text, an f-string's with ``{}`` for its values, and a ``+`` of them."""
+    if isinstance(node, ast.Constant) and isinstance(node.value, str):
+        return node.value
+    if isinstance(node, ast.JoinedStr):
+        return "".join(str(v.value) if isinstance(v, ast.Constant) else "{}" for v in node.values)
+    if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Add):
+        left, right = _text(node.left), _text(node.right)
+        return None if left is None or right is None else left + right
+    return None
+
+
+def _strings(tree: ast.AST) -> list[tuple[int, str]]:
+    return [(n.lineno, t) for n in ast.walk(tree) if isinstance(n, ast.expr) and (t := _text(n)) is not None]
+
+
+def test_the_ledger_is_the_only_writer_of_a_replicas_state() -> None:
+    found = []
+    for path in sorted(PKG.rglob("*.py")):
+        rel = str(path.relative_to(PKG.parent))
+        if rel == "laminar/migrate/ledger.py":
+            continue
+        for line, text in _strings(ast.parse(path.read_text(), str(path))):
+            if any(p.search(text) for p in _WRITES) and rel not in ALLOWED:
+                found.append(f"{rel}:{line}: {text[:80]!r}")
+    assert found == [], "SQL writing migrate_replicas' state outside laminar/migrate/ledger.py:\n" + "\n".join(found)
+    # and the check sees what it looks for
+    src = ast.parse((PKG / "migrate" / "ledger.py").read_text())
+    assert len({line for line, t in _strings(src) if any(p.search(t) for p in _WRITES)}) == 3
+
+
+def test_the_diagram_in_the_docs_is_the_tables() -> None:
+    doc = (REPO / "docs" / "migration.md").read_text()
+    got = re.search(r"```mermaid\n(stateDiagram-v2\n.*?)```", doc, re.S)
+    assert got is not None, "docs/migration.md has no custody state diagram"
+    assert got.group(1) == custody.mermaid(), "regenerate it: python -m laminar.policy.custody --mermaid"
