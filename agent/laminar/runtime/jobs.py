@@ -908,6 +908,20 @@ def oom_score_adj_for(spec: JobSpec) -> int:
     return oom_score_adj(spec.job_class, spec.priority)
 
 
+def upgrade_columns(store: Any) -> set[str]:
+    """Add the LATER_COLUMNS an older agent's ``jobs`` table lacks, each in its own transaction
+    (``end_cause`` with the causes of the ended records already there: :func:`backfill_end_causes`).
+    No record is lost or changed otherwise. Returns the columns the table had before."""
+    have = {r[1] for r in store.db.execute("PRAGMA table_info(jobs)").fetchall()}
+    for col, typ in LATER_COLUMNS.items():
+        if col not in have:
+            with store.tx() as db:
+                db.execute(f"ALTER TABLE jobs ADD COLUMN {col} {typ}")
+                if col == "end_cause":
+                    backfill_end_causes(db)
+    return have
+
+
 def backfill_end_causes(db: Any) -> int:
     """Give every stored job that ended (or was being stopped) without a recorded cause the one
     :func:`laminar.policy.endcause.derive` reads from its state, reason and exit code
@@ -1096,13 +1110,7 @@ class JobManager:
         self._check_reachable()
         self.store.ensure_schema("jobs", SCHEMA)
         self._protect_files()
-        have = {r[1] for r in self.store.db.execute("PRAGMA table_info(jobs)").fetchall()}
-        for col, typ in LATER_COLUMNS.items():
-            if col not in have:
-                with self.store.tx() as db:
-                    db.execute(f"ALTER TABLE jobs ADD COLUMN {col} {typ}")
-                    if col == "end_cause":
-                        backfill_end_causes(db)
+        have = upgrade_columns(self.store)
         with self.store.tx() as db:
             for index in provenance.INDEXES:
                 db.execute(index)
