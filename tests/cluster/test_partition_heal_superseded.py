@@ -56,6 +56,7 @@ def test_after_a_partition_longer_than_orphan_after_s_the_source_stops_its_copy(
     # healed: B tells A, A stops its copy; B's runs on alone
     wait_until(lambda: job_state(a, jid)["state"] == "migrated", 30, "A to stop its copy once B told it")
     shown = job_state(a, jid)
+    assert shown["end_cause"] == "superseded", shown
     assert f"node {b.node_id}" in shown["reason"] and resumed["id"] in shown["reason"], shown
     assert job_state(b, resumed["id"])["state"] == "running"
     ev_a = [e for e in a.json("events", "--kind", "migrate") if e.get("phase") == "superseded"]

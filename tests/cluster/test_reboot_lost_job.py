@@ -51,6 +51,7 @@ def test_a_job_lost_in_a_quick_reboot_is_resumed_by_its_buddy(cluster: Cluster) 
         subprocess.run(["ip", "link", "set", a.host_if, "up"], check=True)
     a.agent.start(timeout=90)
     assert job_state(a, jid)["state"] == "lost"
+    assert job_state(a, jid)["end_cause"] == "lost_with_cgroup"
 
     nd, resumed = wait_until(lambda: find_migrated(c, key), 60, "the buddy to resume the lost job", every=0.5)
     assert nd is x and nd is not a, (nd.node_id, x.node_id)

@@ -262,6 +262,7 @@ def test_storm_from_transients_leaves_long_resident_running_and_untouched(make_a
         j = agent.json("job", "show", t["id"])
         if j["state"] == "reclaimed":
             assert j["reason"].startswith("airlock reclaimed:") and j["work_lost_s"] is not None, j
+            assert j["end_cause"] == "airlock_kill", j
 
 
 def test_spike_that_passes_is_survived_by_suspension_and_recovery(make_agent: Any, script: Path,
@@ -408,6 +409,7 @@ def test_agent_kill9_during_storm_loses_no_job(make_agent: Any, script: Path, tm
         assert j["state"] in ("running", "reclaimed"), (jid, j)
         if j["state"] == "reclaimed":
             assert j["reason"].startswith("airlock reclaimed:") and j["work_lost_s"] is not None, j
+            assert j["end_cause"] == "airlock_kill", j
     assert final[lr["id"]]["state"] == "running" and alive(lr["pid"])
     assert not final[lr["id"]]["frozen"]
     assert [a for a in airlock_actions(agent) if a["job"] == lr["id"]] == []

@@ -45,6 +45,7 @@ def test_entries_of_a_job_that_ended_while_the_agent_was_down_are_dropped(agent:
     wait_until(lambda: all(not f.read_text().strip() for f in victims), 10, "the job's processes to die")
     agent.start()
     assert agent.json("job", "show", ended["id"])["state"] == "lost"
+    assert agent.json("job", "show", ended["id"])["end_cause"] == "ended_while_down"  # its cgroup was still there
     cgs = lm_jobs_cgroups(agent)
     assert cg_ended not in cgs, f"lm_jobs still holds cgroup {cg_ended} of a lost job"
     assert cg_alive in cgs, "the job that still runs lost its entry"

@@ -72,6 +72,7 @@ def test_reclaim_restored_after_restart_in_window_and_cleared_after(agent: Agent
     # the restored window's end stops what still runs
     wait_until(lambda: _job(agent, running["id"])["state"] == "reclaimed", NOTICE_S + 30,
                "the running job to be stopped at the window's end", agent.log)
+    assert _job(agent, running["id"])["end_cause"] == "window_ended"
     assert _job(agent, queued["id"])["state"] == "queued"
 
     # started after the window ended: the node is a node again
@@ -104,3 +105,4 @@ def test_a_window_that_ended_while_the_agent_was_down_stops_what_it_cut(agent: A
     assert _reclaim(agent) is None
     wait_until(lambda: _job(agent, running["id"])["state"] == "reclaimed", 30,
                "the job the window's end cut to be stopped as reclaimed", agent.log)
+    assert _job(agent, running["id"])["end_cause"] == "window_ended"

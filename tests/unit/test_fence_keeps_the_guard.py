@@ -44,6 +44,7 @@ from test_reclaim_restore import RestoreJobs
 
 from laminar.jobkit import Checkpointer
 from laminar.migrate.reclaim import ReclaimComponent
+from laminar.policy.endcause import EndCause
 from laminar.runtime.jobs import LOST_WITH_CGROUP
 
 
@@ -54,9 +55,10 @@ class StoppingJobs(Jobs):
         super().__init__(jobs)
         self.stopped: list[tuple[str, str]] = []
 
-    async def stop(self, jid: str, reason: str, *, grace_s: float | None = None, state: str = "stopped") -> Any:
+    async def stop(self, jid: str, reason: str, *, grace_s: float | None = None, state: str = "stopped",
+                   cause: Any = None) -> Any:
         j = self.get(jid)
-        j.state = state
+        j.state, j.end_cause = state, cause
         self.stopped.append((jid, state))
         return j
 
@@ -198,6 +200,7 @@ def test_a_reclaim_moves_a_fenced_job_only_once_its_fence_is_settled(tmp_path: P
             assert await until(lambda: moved == ["job-1"], timeout=5), moved
             assert await until(lambda: "job-2" in jobs.stops, timeout=5)
             assert moved == ["job-1"] and jobs.stops["job-2"] == "reclaimed"  # stopped at the window's end
+            assert jobs.causes["job-2"] == EndCause.WINDOW_ENDED
         finally:
             await comp.stop()
             agent.store.close()
@@ -241,9 +244,11 @@ def test_a_guard_resumes_a_job_its_source_stopped_for_good_while_it_could_not_he
             # its processes ended while node 2's agent was down, its cgroup still there: it may
             # have finished by itself, and is not resumed elsewhere
             job.state, job.reason = "lost", "ended while the agent was down (exit code unknown)"
+            job.end_cause = EndCause.ENDED_WHILE_DOWN
             await silent_then_heard()
             assert not request(n1).get("take_over")
             job.reason = LOST_WITH_CGROUP  # node 2's agent found its cgroup gone: the node rebooted
+            job.end_cause = EndCause.LOST_WITH_CGROUP
             n1._guard_recheck_round(time.time())  # heard all along: not asked again
             await asyncio.sleep(0.5)
             assert not request(n1).get("take_over")

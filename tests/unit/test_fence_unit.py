@@ -65,7 +65,8 @@ class Jobs(OriginQueries):  # stand-in job manager: these jobs run here
         """Gives this stand-in a ``stop`` that ends the job and records (id, state, reason)."""
         stopped: list[tuple[str, str, str]] = []
 
-        async def stop(jid: str, reason: str, *, grace_s: float | None = None, state: str = "stopped") -> Any:
+        async def stop(jid: str, reason: str, *, grace_s: float | None = None, state: str = "stopped",
+                       cause: Any = None) -> Any:
             stopped.append((jid, state, reason))
             j = self.get(jid)
             j.active, j.state = False, state

@@ -22,6 +22,7 @@ from test_migrate_evidence import make_agent
 
 from laminar.migrate import drain
 from laminar.migrate.reclaim import MOVES_SCHEMA, RECLAIM_SCHEMA, ReclaimComponent
+from laminar.policy.endcause import EndCause
 from laminar.runtime.jobs import JobSpec
 
 
@@ -50,6 +51,7 @@ class RestoreJobs(OriginQueries):
         self.jobs: dict[str, Any] = {}
         self.held: str | None = None
         self.stops: dict[str, str] = {}
+        self.causes: dict[str, Any] = {}  # job: the end cause its stop was given
 
     def add(self, jid: str, state: str) -> Any:
         j = SimpleNamespace(id=jid, num=len(self.jobs) + 1, state=state, active=state == "running", cgroup=Cgroup(),
@@ -76,8 +78,9 @@ class RestoreJobs(OriginQueries):
     def request_checkpoint(self, job: Any) -> bool:
         return False
 
-    async def stop(self, jid: str, reason: str, grace_s: float = 0.0, state: str = "stopped", **_: Any) -> None:
+    async def stop(self, jid: str, reason: str, grace_s: float = 0.0, state: str = "stopped", **kw: Any) -> None:
         self.stops[jid] = state
+        self.causes[jid] = kw.get("cause")
         self.jobs[jid].state, self.jobs[jid].active = state, False
 
 
@@ -128,6 +131,7 @@ def test_a_restored_reclaim_does_not_move_handed_over_jobs_nor_place_unsettled_o
             assert jobs.held == drain.hold_reason(5)
             assert zone.notices and zone.notices[0] <= 10.0  # draining again, peers told of what is left
             assert await until(lambda: jobs.stops.get("job-1") == "reclaimed")  # stopped here, not moved again
+            assert jobs.causes["job-1"] == EndCause.HANDED_OVER
             assert "job-1" not in comp.moves
             assert frozen.cgroup.thawed >= 1  # its move froze it: thawed, planned to move again
             assert [st["job_id"] for st in rc["plan"]] == ["job-2"]
@@ -237,6 +241,7 @@ def test_an_agent_restarted_during_a_cancel_settles_what_the_cancel_left(tmp_pat
             assert comp.reclaim_status()["reclaim"] is None
             assert await until(lambda: jobs.held is None)
             assert jobs.stops.get("job-3") == "stopped", "the queued job whose placement may have run is not started"
+            assert jobs.causes["job-3"] == EndCause.PLACEMENT_UNSETTLED
             assert jobs.stops.get("job-1") in ("reclaimed", "migrated"), "the handed-over job runs on here"
             assert frozen.cgroup.thawed >= 1 and frozen.state == "running"
             assert other.state == "queued" and "job-4" not in jobs.stops
@@ -375,6 +380,7 @@ def test_a_restored_reclaim_stops_a_job_whose_archived_record_was_being_publishe
             assert rc is not None and rc["restored"]
             assert [st["job_id"] for st in rc["plan"]] == ["job-2"]  # job-1 is not moved again
             assert await until(lambda: jobs.stops.get("job-1") == "reclaimed")
+            assert jobs.causes["job-1"] == EndCause.ARCHIVED
             assert await until(lambda: comp.moves.get("job-1") is not None and comp.moves["job-1"].phase == "archived")
             assert (arch / "n5-job-1" / "guard.json").read_bytes() == published  # not written again
             assert archived.state == "reclaimed" and other.state == "running"

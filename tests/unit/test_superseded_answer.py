@@ -18,6 +18,7 @@ import pytest
 from standin_origin import OriginQueries
 
 from laminar.migrate.reclaim import ReclaimComponent
+from laminar.policy.endcause import EndCause
 
 
 @dataclass
@@ -36,12 +37,15 @@ class Job:  # stand-in: what _answer_superseded reads of a job
 class Jobs(OriginQueries):  # stand-in job manager: stop records what it was asked
     jobs: dict[str, Job]
     stopped: list[tuple[str, str, str]] = field(default_factory=list)
+    causes: dict[str, Any] = field(default_factory=dict)  # job: the end cause its stop was given
 
     def get(self, jid: str) -> Job | None:
         return self.jobs.get(jid)
 
-    async def stop(self, jid: str, reason: str, *, grace_s: float | None = None, state: str = "stopped") -> Job:
+    async def stop(self, jid: str, reason: str, *, grace_s: float | None = None, state: str = "stopped",
+                   cause: Any = None) -> Job:
         self.stopped.append((jid, state, reason))
+        self.causes[jid] = cause
         self.jobs[jid].state = state
         return self.jobs[jid]
 
@@ -98,6 +102,7 @@ def test_a_copy_that_ran_on_through_the_take_over_is_stopped_and_its_other_guard
         assert src._answer_superseded("1", body(now - 30, clock=now))["stopped"] == "job-1"  # asked again: once
         await asyncio.gather(*src.tasks)
         assert [(j, st) for j, st, _ in jobs.stopped] == [("job-1", "migrated")]
+        assert jobs.causes == {"job-1": EndCause.SUPERSEDED}  # another node's copy runs it
         assert "node 1 runs it as job-9" in jobs.stopped[0][2]
         assert src.releases == [(3, "n2-job-1")] and src.buddy == {}  # node 3 guarded it meanwhile
         assert [e["phase"] for e in src.events] == ["superseded"]
@@ -155,6 +160,7 @@ def test_a_node_that_does_not_guard_the_job_is_believed_only_when_the_archive_na
         src._answer_superseded("4", body(now - 30, node=4))
         await asyncio.gather(*src.tasks)
         assert [(j, st) for j, st, _ in jobs.stopped] == [("job-1", "migrated")]
+        assert jobs.causes == {"job-1": EndCause.SUPERSEDED}  # another node's copy runs it
 
     asyncio.run(main())
 
@@ -202,6 +208,7 @@ def test_a_release_answered_with_superseded_stops_the_copy_as_the_op_would() -> 
         while not all(t.done() for t in src.tasks):  # the stop, and the release of node 3 it spawns
             await asyncio.gather(*src.tasks)
         assert [(j, st) for j, st, _ in jobs.stopped] == [("job-1", "migrated")]
+        assert jobs.causes == {"job-1": EndCause.SUPERSEDED}  # another node's copy runs it
         assert src._releases == {} and [e["phase"] for e in src.events] == ["superseded"]
         assert sent == [(1, "release"), (3, "release")]  # node 3, its buddy meanwhile, no longer guards it
 
@@ -222,6 +229,7 @@ def test_the_guard_speaks_for_the_node_it_placed_the_job_on() -> None:
         assert ans["stopped"] == "job-1" and "node 1 runs it as job-9" in ans["why"], ans
         await asyncio.gather(*src.tasks)
         assert [(j, st) for j, st, _ in jobs.stopped] == [("job-1", "migrated")]
+        assert jobs.causes == {"job-1": EndCause.SUPERSEDED}  # another node's copy runs it
         assert "node 1 runs it as job-9" in jobs.stopped[0][2]
 
     asyncio.run(main())

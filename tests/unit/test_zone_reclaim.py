@@ -13,6 +13,7 @@ from test_loan_component import StandInJob
 from test_zone_handover import SubmittingJobs
 from test_zone_replay import with_zone
 
+from laminar.policy.endcause import EndCause
 from laminar.runtime.jobs import JobSpec
 from laminar.zone.component import ZoneComponent
 
@@ -33,13 +34,16 @@ class RequeueJobs(SubmittingJobs):
         super().__init__(state_dir)
         self.ckpt_requests: list[str] = []
         self.stops: list[str] = []
+        self.causes: list[Any] = []  # the end cause each stop was given
 
     def request_checkpoint(self, job: Any) -> bool:
         self.ckpt_requests.append(job.id)
         return True  # the job writes its checkpoint in a while (here: never; ckpt_wait_s runs out)
 
-    async def stop(self, job_id: str, reason: str, grace_s: float = 0.0, state: str = "stopped") -> None:
+    async def stop(self, job_id: str, reason: str, grace_s: float = 0.0, state: str = "stopped",
+                   cause: Any = None) -> None:
         self.stops.append(job_id)
+        self.causes.append(cause)
         self.jobs[job_id].state = state
 
 
@@ -64,6 +68,7 @@ def test_two_reclaims_at_once_return_two_servers_and_requeue_each_job_once(tmp_p
         for n in (1, 2):
             assert tables[n].ckpt_requests == [f"lent{n}"], tables[n].ckpt_requests
             assert tables[n].stops == [f"lent{n}"], tables[n].stops
+            assert tables[n].causes == [EndCause.REQUEUED]
         # each placed again as the requeue of its own key (the origin its hand-over recorded)
         copies = [j for t in tables.values() for j in t.jobs.values() if j.origin.requeued_from]
         assert sorted(j.origin.requeued_from for j in copies) == ["n1-lent1", "n2-lent2"]

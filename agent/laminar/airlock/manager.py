@@ -43,6 +43,7 @@ from pathlib import Path
 from typing import Any
 
 from laminar.policy import admission, ladder
+from laminar.policy.endcause import EndCause
 
 from ..config import Field, register_section
 from ..runtime.holds import Hold, Holds, holds_of
@@ -376,7 +377,7 @@ class Airlock:
                     continue
                 old = self.jobs.get(jid)
                 if old is not None and old.state == "lost":
-                    self.jobs.set_state(old, "reclaimed", f"airlock reclaimed: {reason}")
+                    self.jobs.set_state(old, "reclaimed", f"airlock reclaimed: {reason}", EndCause.AIRLOCK_KILL)
                     self._emit(f"airlock: {jid} was reclaimed as the agent went down: {reason}", job=jid,
                                adopted_rung=rung)
                 continue
@@ -988,7 +989,8 @@ class Airlock:
 
     async def _finish_reclaim(self, job_id: str, reason: str, lost: float) -> None:
         try:
-            await self.jobs.stop(job_id, f"airlock reclaimed: {reason}", grace_s=0, state="reclaimed", work_lost_s=lost)
+            await self.jobs.stop(job_id, f"airlock reclaimed: {reason}", grace_s=0, state="reclaimed", work_lost_s=lost,
+                                 cause=EndCause.AIRLOCK_KILL)
         except Exception as e:  # already gone: the watcher recorded it
             log.debug("airlock: reclaim %s: %s", job_id, e)
         self._drop_rung(job_id)

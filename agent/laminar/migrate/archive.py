@@ -138,6 +138,7 @@ from laminar.migrate.archive_auth import (
 from laminar.migrate.archive_view import _NODE_FILE, DONE_DIR, Refusals, Sealed, View
 from laminar.migrate.constants import _SAFE_KEY, SOURCE_LIVE_STATES
 from laminar.migrate.errors import MigrateError
+from laminar.policy.endcause import EndCause
 from laminar.policy.prestage import unannounced_plausible
 from laminar.runtime.ckpt_scan import scan_dir
 
@@ -737,7 +738,8 @@ class ArchiveMixin:
             try:
                 await self.agent.jobs.stop(job.id, f"node {self.node_id} reclaimed: {ckpt.name} was being published "
                                            "in the archive when the agent stopped; the first agent with room resumes "
-                                           "the job from there", grace_s=0, state="reclaimed")
+                                           "the job from there", grace_s=0, state="reclaimed",
+                                           cause=EndCause.ARCHIVED)
             except Exception as e:
                 log.warning("migrate: stopping %s, archived before the restart: %s", job.id, e)
             await self._late_copy_again(key, job.id, ckpt, record, True)

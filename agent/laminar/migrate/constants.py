@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import re
 
+from laminar.policy.endcause import WINDOW_ENDED_TEXT
+
 DEFAULT_REMAINING_S = 3600.0  # a job's expected remaining run time when nobody says
 # The name the agent gives a moved or taken-over job its origin by, for the job to read (and an
 # agent of an older release, which read it back): the agent reads the jobs table's origin_key
@@ -22,9 +24,10 @@ SOURCE_LIVE_STATES = ("queued", "starting", "running", "suspended")
 # own key, with its own buddy).
 GUARD_ENDED_STATES = ("exited", "stopped", "failed", "migrated")
 
-# The reason of a job its node's reclaim stopped at the window's end, before it moved (also when
-# the agent was down then): its guard resumes it (``needs`` answers ``stopped_for_good``).
-WINDOW_ENDED = "the notice window ended"
+# The words in the reason of a job its node's reclaim stopped at the window's end, before it
+# moved (also when the agent was down then), for people: code reads its end cause,
+# EndCause.WINDOW_ENDED (its guard resumes it: ``needs`` answers ``stopped_for_good``).
+WINDOW_ENDED = WINDOW_ENDED_TEXT
 
 # A checkpoint committed after its key's row last changed (released, say) may be followed by a
 # guard naming it (the guard is sent after the transfer): kept this long.

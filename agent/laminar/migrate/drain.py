@@ -56,6 +56,8 @@ from collections.abc import Callable, Collection
 from pathlib import Path
 from typing import Any
 
+from laminar.policy.endcause import EndCause
+
 log = logging.getLogger("laminar.migrate")
 
 RETRY_S = 1.0  # a queued job that found no place is tried again this often during the window
@@ -219,7 +221,7 @@ async def _place_one(mig: Any, jobs: Any, zone: Any, job: Any, done: set[str]) -
         return
     if job.state == "queued":
         await jobs.stop(job.id, f"node {mig.node_id} reclaimed: placed again on node {res.node} as {res.job_id}",
-                        state="requeued")
+                        state="requeued", cause=EndCause.REQUEUED)
     mig._forget_move(job.id)
     mig.counts["queued_placed"] = mig.counts.get("queued_placed", 0) + 1
     mig._emit(f"queued job {job.id} of reclaimed node {mig.node_id} placed again on node {res.node} as "

@@ -43,6 +43,7 @@ from laminar.migrate.errors import HandoverSettled, MigrateError
 from laminar.migrate.transfer import TransferError, latest_verified, send_checkpoint
 from laminar.policy import custody
 from laminar.policy import destination as dst
+from laminar.policy.endcause import EndCause
 from laminar.runtime.provenance import request_origin
 from laminar.zone import authority as au
 
@@ -196,7 +197,8 @@ class GuardMixin:
                    f"{runs}: {runs} is stopped", key=key, src_node=src, job=runs, phase="superseded-done-there")
         try:
             await self.agent.jobs.stop(runs, f"node {src} finished {key} itself (exit 0) while this node, cut off "
-                                       "from it, ran it again: a rerun of a finished job", grace_s=0, state="stopped")
+                                       "from it, ran it again: a rerun of a finished job", grace_s=0, state="stopped",
+                                       cause=EndCause.FINISHED_ELSEWHERE)
         except Exception as e:  # ended meanwhile
             log.warning("migrate: stopping %s, a rerun of %s that node %d finished: %s", runs, key, src, e)
 

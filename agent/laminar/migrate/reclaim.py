@@ -203,6 +203,7 @@ from laminar.offloop import Lane, LaneBusy
 from laminar.policy import ckpt_schedule as cs
 from laminar.policy import custody, prestage
 from laminar.policy import destination as dst
+from laminar.policy.endcause import EndCause
 from laminar.policy.holder import HolderCandidate, RetrySchedule, choose_holder
 from laminar.runtime.ckpt_scan import CkptScanner
 from laminar.runtime.holds import Hold, Holds, holds_of
@@ -1434,7 +1435,7 @@ class ReclaimComponent(BuddiesMixin, GuardMixin, ReplicasMixin, WithdrawMixin, S
         try:
             await self.agent.jobs.stop(job.id, f"node {self.node_id} reclaimed: {WINDOW_ENDED} while the agent "
                                        "was down, before the job moved (its traffic was cut then)", grace_s=0,
-                                       state="reclaimed")
+                                       state="reclaimed", cause=EndCause.WINDOW_ENDED)
         except Exception as e:
             log.warning("migrate: stopping %s, cut at the window's end while the agent was down: %s", job.id, e)
 
@@ -1576,7 +1577,7 @@ class ReclaimComponent(BuddiesMixin, GuardMixin, ReplicasMixin, WithdrawMixin, S
             with contextlib.suppress(Exception):
                 await self.agent.jobs.stop(job.id, f"migrated to node {node} as {dest_job} (its hand-over, cut by "
                                            "the agent's stop, was confirmed there after the restart)", grace_s=1.0,
-                                           state="migrated")
+                                           state="migrated", cause=EndCause.MIGRATED)
             self._drop_move_record(job.id)
             self._emit(f"{job.id}: its move to node {node} ({reason}) was cut by the agent's stop during the "
                        f"hand-over; node {node} runs it as {dest_job}, so it is stopped here", job=job.id, node=node,
@@ -1664,7 +1665,7 @@ class ReclaimComponent(BuddiesMixin, GuardMixin, ReplicasMixin, WithdrawMixin, S
                 return  # withdrawn while the window's end stopped jobs: the rest run on
             try:
                 await jobs_mgr.stop(j.id, f"node {self.node_id} reclaimed: {WINDOW_ENDED} before the job moved",
-                                    grace_s=0, state="reclaimed")
+                                    grace_s=0, state="reclaimed", cause=EndCause.WINDOW_ENDED)
             except Exception as e:
                 log.debug("migrate: stopping %s at the window's end: %s", j.id, e)
         self._emit(f"reclaim of node {self.node_id}: window ended", moved=self.counts["moved"])
@@ -2047,7 +2048,8 @@ class ReclaimComponent(BuddiesMixin, GuardMixin, ReplicasMixin, WithdrawMixin, S
             with contextlib.suppress(Exception):  # stopped before the holder may resume it
                 await self.agent.jobs.stop(job.id, f"node {self.node_id} reclaimed with no room in the zone: "
                                            f"{ckpt.name} held by node {node}, which resumes the job when room frees",
-                                           grace_s=1.0, state="reclaimed", work_lost_s=round(lost, 3))
+                                           grace_s=1.0, state="reclaimed", work_lost_s=round(lost, 3),
+                                           cause=EndCause.HELD_ELSEWHERE)
             if self._archive_root() is not None:  # the holder is one node: the archive outlives it
                 # archived before the holder is told to take over: its take-over then claims the
                 # record (the lock); told first, it could place the job from its replica while the
@@ -2115,7 +2117,8 @@ class ReclaimComponent(BuddiesMixin, GuardMixin, ReplicasMixin, WithdrawMixin, S
                     await self.agent.jobs.stop(job.id, f"node {self.node_id} reclaimed with no room, no holder and no "
                                                f"buddy in the zone: {e}; {ckpt.name} is published there if it answers "
                                                "before the node goes, and the first agent with room resumes it",
-                                               grace_s=1.0, state="reclaimed", work_lost_s=round(lost, 3))
+                                               grace_s=1.0, state="reclaimed", work_lost_s=round(lost, 3),
+                                               cause=EndCause.ARCHIVED)
                 self._archive_keeps.discard(job.id)
                 self.counts["archive_late"] = self.counts.get("archive_late", 0) + 1
                 self._emit(f"{job.id}: {'; '.join(errors)}; {e}: {ckpt.name} is still being archived (an event "
@@ -2130,7 +2133,8 @@ class ReclaimComponent(BuddiesMixin, GuardMixin, ReplicasMixin, WithdrawMixin, S
             with contextlib.suppress(Exception):
                 await self.agent.jobs.stop(job.id, f"node {self.node_id} reclaimed with no room and no holder in the "
                                            f"zone: {ckpt.name} archived in {path.parent}; the first agent with room "
-                                           "resumes it", grace_s=1.0, state="reclaimed", work_lost_s=round(lost, 3))
+                                           "resumes it", grace_s=1.0, state="reclaimed", work_lost_s=round(lost, 3),
+                                           cause=EndCause.ARCHIVED)
             self._archive_keeps.discard(job.id)
             if late_ok:  # after the stop: a restart before it finds the record published and the job here
                 self._late_row_drop(key)
@@ -2153,7 +2157,8 @@ class ReclaimComponent(BuddiesMixin, GuardMixin, ReplicasMixin, WithdrawMixin, S
         what = mv.ckpt or "its checkpoint"
         try:
             await self.agent.jobs.stop(job.id, f"node {self.node_id} reclaimed: {what} is in the archive, or on its "
-                                       "way there; the first agent with room resumes it", grace_s=0, state="reclaimed")
+                                       "way there; the first agent with room resumes it", grace_s=0, state="reclaimed",
+                                       cause=EndCause.ARCHIVED)
         except Exception as e:
             log.warning("migrate: stopping %s, archived before a new plan: %s", job.id, e)
         self._archive_keeps.discard(job.id)
@@ -2359,7 +2364,8 @@ class ReclaimComponent(BuddiesMixin, GuardMixin, ReplicasMixin, WithdrawMixin, S
         lost = max(0.0, self.frozen_at.pop(job.id, time.time()) - made)  # trained after it, then frozen
         with contextlib.suppress(Exception):
             await self.agent.jobs.stop(job.id, f"migrated to node {node} as {dest_job} (from {ckpt.name})",
-                                       grace_s=1.0, state="migrated", work_lost_s=round(lost, 3))
+                                       grace_s=1.0, state="migrated", work_lost_s=round(lost, 3),
+                                       cause=EndCause.MIGRATED)
 
     async def _send(self, job: Any, ckpt: Path, node: int, deadline_mono: float | None, mv: Move | None,
                     silent_retries: int | None = None, manifest: Manifest | None = None) -> str:

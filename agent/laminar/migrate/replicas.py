@@ -91,14 +91,13 @@ from laminar.migrate.constants import (
     _SAFE_KEY,
     GUARD_ENDED_STATES,
     REPLICA_LATE_S,
-    WINDOW_ENDED,
 )
 from laminar.migrate.errors import MigrateError, ReplicaRefused
 from laminar.migrate.transfer import TransferError
 from laminar.migrate.trees import Budget, _newest_mtime, _remove_tree
 from laminar.offloop import Lane, LaneBusy
 from laminar.policy import custody
-from laminar.runtime.jobs import LOST_WITH_CGROUP
+from laminar.policy.endcause import RESUMED_BY_ITS_GUARD, EndCause
 
 if TYPE_CHECKING:
     from laminar.migrate.archive import ArchiveLane
@@ -933,7 +932,7 @@ class ReplicasMixin:
                 self._spawn(self._release(buddy, own))
             await self.agent.jobs.stop(job.id, f"node {node} runs it as {their}: it took the job over while it heard "
                                        f"nothing from node {self.node_id} (a partition); stopped here so that it runs "
-                                       "once", grace_s=0, state="migrated")
+                                       "once", grace_s=0, state="migrated", cause=EndCause.SUPERSEDED)
         except Exception as e:  # gone meanwhile: nothing runs twice
             log.warning("migrate: stopping %s, which node %d runs as %s: %s", job.id, node, their, e)
         finally:
@@ -972,12 +971,15 @@ class ReplicasMixin:
         # withdrawal learns from a false one that the window it holds no longer ends anything);
         # ``stopped_for_good``: the job stopped here without moving and its guard is to resume it
         # (its window ended first; it was lost with its cgroup, a reboot), not one that may have
-        # ended by itself while the agent was down, nor one Airlock reclaimed), said only to the
-        # node this one knows for its buddy (two guards, an old one owed a release, never both)
-        reason = str(getattr(job, "reason", "") or "")
-        stopped = needed and self.buddy.get(str(jid)) == asker and (
-            (state == "reclaimed" and WINDOW_ENDED in reason) or (state == "lost" and reason == LOST_WITH_CGROUP))
+        # ended by itself while the agent was down, nor one Airlock killed), said only to the
+        # node this one knows for its buddy (two guards, an old one owed a release, never both).
+        # Read from the job's end cause (it was read from its reason's words before);
+        # ``end_cause`` goes with the answer, for the asker's events (it decides on
+        # ``stopped_for_good``, as before: an older agent's answer has no cause).
+        cause = getattr(job, "end_cause", None)
+        stopped = needed and self.buddy.get(str(jid)) == asker and cause in RESUMED_BY_ITS_GUARD
         return {"key": key, "needed": needed, "why": why, "state": state, "stopped_for_good": stopped,
+                "end_cause": None if cause is None else str(cause),
                 "reclaim": getattr(self, "reclaim", None) is not None}  # (getattr: a caller's stand-in may lack it)
 
     # -- replicas held here: the operator's view and drop (GET /v1/migrate/replicas) -------------

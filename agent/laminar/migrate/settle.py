@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 
 from laminar.airlock.cgroups import set_frozen_async
 from laminar.policy import custody
+from laminar.policy.endcause import EndCause
 
 if TYPE_CHECKING:
     from laminar.migrate.reclaim import Move
@@ -192,7 +193,8 @@ class SettleMixin:
             await set_frozen_async(job.cgroup, False, 2.0)  # a frozen job is not killed by a signal until it thaws
         try:
             await self.agent.jobs.stop(job.id, f"migrated to node {node}: an operator settled its unanswered "
-                                       f"hand-over as taken there ({how})", grace_s=1.0, state="migrated")
+                                       f"hand-over as taken there ({how})", grace_s=1.0, state="migrated",
+                                       cause=EndCause.MIGRATED)
         except Exception as e:
             log.warning("migrate: stopping %s, settled as run by node %d: %s", job.id, node, e)
         self._drop_move_record(job.id)

@@ -46,6 +46,7 @@ from typing import TYPE_CHECKING, Any
 from laminar.airlock.cgroups import set_frozen_async
 from laminar.migrate import drain
 from laminar.migrate.errors import MigrateError
+from laminar.policy.endcause import EndCause
 from laminar.runtime.holds import Hold, Holds
 
 log = logging.getLogger("laminar.migrate")
@@ -124,7 +125,8 @@ class WithdrawMixin:
                     await jobs_mgr.stop(jid, f"the reclaim of node {self.node_id} was cancelled (the agent restarted "
                                         "during the cancel) while the job's placement on another node was unsettled: "
                                         "it may run there (see `laminarctl placements` and the migrate events); not "
-                                        "started here so it never runs twice", state="stopped")
+                                        "started here so it never runs twice", state="stopped",
+                                        cause=EndCause.PLACEMENT_UNSETTLED)
                 except Exception as e:
                     log.warning("migrate: stopping %s, its placement unsettled at a cancel: %s", jid, e)
         with self.agent.store.tx() as db:  # these only: a reclaim announced meanwhile records its own
@@ -153,7 +155,8 @@ class WithdrawMixin:
         try:
             await self.agent.jobs.stop(job.id, f"node {self.node_id} reclaimed: the job was handed over to node {node} "
                                        f"before the agent restarted (node {node} runs it, or guards it and resumes it "
-                                       "when this node's window ends)", grace_s=0, state="reclaimed")
+                                       "when this node's window ends)", grace_s=0, state="reclaimed",
+                                       cause=EndCause.HANDED_OVER)
         except Exception as e:
             log.warning("migrate: stopping %s, handed over before the restart: %s", job.id, e)
         self._emit(f"{job.id}: handed over to node {node} before the agent restarted; stopped here, not moved again",
@@ -227,7 +230,8 @@ class WithdrawMixin:
             with contextlib.suppress(Exception):
                 await jobs_mgr.stop(jid, f"the reclaim of node {self.node_id} was cancelled while the job's placement "
                                     "on another node was unsettled: it may run there (see `laminarctl zone placements` and "
-                                    "the migrate events); not started here so it never runs twice", state="stopped")
+                                    "the migrate events); not started here so it never runs twice", state="stopped",
+                                    cause=EndCause.PLACEMENT_UNSETTLED)
         superseded = self.reclaim is not None
         released = not superseded and drain.release_hold(jobs_mgr, self.node_id)
         told, missed = ([], []) if superseded else await self._tell_withdrawn()

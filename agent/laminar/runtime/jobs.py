@@ -83,6 +83,8 @@ from ..airlock import admission
 from ..airlock.cgroups import LIFECYCLE_CLASSES, CgroupError, CgroupTree, Hierarchy, JobCgroup, detect
 from ..config import Field, register_section
 from ..inputs import NUMBER_TEXT_MAX, brief, size_mib
+from ..policy import endcause
+from ..policy.endcause import EndCause
 from ..userbounds import Busy, UidSlots
 from . import gpus as gpumod
 from . import joblimits, provenance
@@ -171,7 +173,8 @@ STATES = ("queued", "running", "suspended", "exited", "stopped", "reclaimed", "f
 # The reason of a job found ``lost`` at the agent's start whose cgroup was gone (the node rebooted,
 # or someone removed it), not merely empty (its processes ended while the agent was down: it may
 # have finished by itself). Only such a job is resumed by its guard elsewhere (migrate: ``needs``).
-LOST_WITH_CGROUP = "its cgroup was gone when the agent started (the node rebooted, or it was removed)"
+# Its end_cause is EndCause.LOST_WITH_CGROUP, which is what other code reads (the text is for people).
+LOST_WITH_CGROUP = endcause.LOST_WITH_CGROUP_TEXT
 
 SCHEMA = [
     """CREATE TABLE IF NOT EXISTS jobs (
@@ -201,6 +204,9 @@ SCHEMA.append("""CREATE TABLE IF NOT EXISTS jobs_leaked_cgroups (
 SCHEMA.append("CREATE INDEX IF NOT EXISTS jobs_by_ended ON jobs(ended)")
 # Columns added after the first release, with their types (added to an existing table at start).
 LATER_COLUMNS = {"started": "REAL", "limits": "TEXT"}
+# ... why the job ended (laminar.policy.endcause; NULL while it has not): added with the causes
+# of the ended records already there (backfill_end_causes), in the same transaction
+LATER_COLUMNS["end_cause"] = "TEXT"
 # ... and where the job came from, written by the agent only (laminar.runtime.provenance)
 LATER_COLUMNS.update(provenance.COLUMNS)
 
@@ -811,6 +817,7 @@ class Job:
     exit_code: int | None = None
     reason: str = ""
     work_lost_s: float | None = None
+    end_cause: EndCause | None = None  # why it ended (None: it has not), set with its end state
     ckpt_dir: Path | None = None
     log_path: Path | None = None
     adopted: bool = False
@@ -873,6 +880,7 @@ class Job:
             "cgroup": str(self.cgroup.unified), "memory_dir": str(self.cgroup.memory_dir),
             "owner_uid": self.owner_uid, "gpus": self.gpus, "created": self.created, "ended": self.ended,
             "exit_code": self.exit_code, "reason": self.reason, "work_lost_s": self.work_lost_s,
+            "end_cause": None if self.end_cause is None else str(self.end_cause),
             "ckpt_dir": str(self.ckpt_dir) if self.ckpt_dir else None,
             "log": str(self.log_path) if self.log_path else None, "adopted": self.adopted,
             "started": self.started, "spec": spec, "env_redacted": not reveal, "limits": self.limits,
@@ -899,6 +907,37 @@ def oom_score_adj_for(spec: JobSpec) -> int:
     except ImportError:  # ladder not present: a plain class-based order
         return {"long-resident": 0, "standard": 500, "transient": 1000}[spec.job_class]
     return oom_score_adj(spec.job_class, spec.priority)
+
+
+def upgrade_columns(store: Any) -> set[str]:
+    """Add the LATER_COLUMNS an older agent's ``jobs`` table lacks, each in its own transaction
+    (``end_cause`` with the causes of the ended records already there: :func:`backfill_end_causes`).
+    No record is lost or changed otherwise. Returns the columns the table had before."""
+    have = {r[1] for r in store.db.execute("PRAGMA table_info(jobs)").fetchall()}
+    for col, typ in LATER_COLUMNS.items():
+        if col not in have:
+            with store.tx() as db:
+                db.execute(f"ALTER TABLE jobs ADD COLUMN {col} {typ}")
+                if col == "end_cause":
+                    backfill_end_causes(db)
+    return have
+
+
+def backfill_end_causes(db: Any) -> int:
+    """Give every stored job that ended (or was being stopped) without a recorded cause the one
+    :func:`laminar.policy.endcause.derive` reads from its state, reason and exit code
+    (``unknown`` where they do not say); inside the caller's transaction, the one that adds the
+    ``end_cause`` column, so an upgrade cut short leaves no ended job without a cause. Returns
+    how many it set."""
+    rows = db.execute("SELECT id, state, reason, exit_code, owner_uid FROM jobs WHERE end_cause IS NULL AND "
+                      "state NOT IN ('queued', 'running', 'suspended', 'starting')").fetchall()
+    out = []
+    for r in rows:
+        cause = endcause.derive(str(r[1]), r[2], r[3], int(r[4]))
+        if cause is not None:
+            out.append((str(cause), r[0]))
+    db.executemany("UPDATE jobs SET end_cause=? WHERE id=?", out)
+    return len(out)
 
 
 def remove_job_files(state_dir: Path, job_id: str) -> None:
@@ -1074,11 +1113,7 @@ class JobManager:
         self._check_reachable()
         self.store.ensure_schema("jobs", SCHEMA)
         self._protect_files()
-        have = {r[1] for r in self.store.db.execute("PRAGMA table_info(jobs)").fetchall()}
-        for col, typ in LATER_COLUMNS.items():
-            if col not in have:
-                with self.store.tx() as db:
-                    db.execute(f"ALTER TABLE jobs ADD COLUMN {col} {typ}")
+        have = upgrade_columns(self.store)
         with self.store.tx() as db:
             for index in provenance.INDEXES:
                 db.execute(index)
@@ -1835,9 +1870,11 @@ class JobManager:
             except CgroupError as ce:
                 self._record_leak(job, str(ce))
             job.state, job.reason, job.ended, job.wait = "failed", f"start failed: {e}", time.time(), None
+            job.end_cause = EndCause.START_FAILED
             self._persist(job)
             self.jobs.pop(job.id, None)
-            self._emit("job", f"job {job.id} failed: {job.reason}", job=job.id, state=job.state, by_uid=job.owner_uid)
+            self._emit("job", f"job {job.id} failed: {job.reason}", job=job.id, state=job.state,
+                       end_cause=str(job.end_cause), by_uid=job.owner_uid)
             if isinstance(e, OSError):
                 raise JobError(f"command {spec.command[0]!r}: {e.strerror or e}") from None
             raise
@@ -1966,6 +2003,7 @@ class JobManager:
         code = proc.poll() if proc is not None else None
         if job.active:
             job.state = "exited"
+            job.end_cause = endcause.exited(code)
             job.reason = job.reason or (f"exit code {code}" if code is not None else "exited (adopted: exit code unknown)")
             if code == 126 and job.reason == "exit code 126":
                 # The shell could not exec the command; with an empty log that is most often
@@ -1980,7 +2018,7 @@ class JobManager:
         self._persist(job)
         self.jobs.pop(job_id, None)
         self._emit("job", f"job {job_id} {job.state}: {job.reason}", job=job_id, state=job.state, exit_code=code,
-                   by_uid=job.owner_uid,
+                   end_cause=None if job.end_cause is None else str(job.end_cause), by_uid=job.owner_uid,
                    work_lost_s=job.work_lost_s)
         ev = self._exit_waiters.pop(job_id, None)
         if ev is not None:
@@ -2032,13 +2070,16 @@ class JobManager:
         return self.get(job_id)
 
     # -- actions -------------------------------------------------------------------------------
-    def set_state(self, job: Job, state: str, reason: str = "") -> None:
-        """Record a state change decided elsewhere (Airlock: suspended, running, reclaimed)."""
+    def set_state(self, job: Job, state: str, reason: str = "", cause: EndCause | None = None) -> None:
+        """Record a state change decided elsewhere (Airlock: suspended, running, reclaimed);
+        ``cause``: why it ended, for an end state (kept as it was when None)."""
         if state not in STATES:
             raise JobError(f"state {state!r}: expected one of {', '.join(STATES)}")
         job.state = state
         if reason:
             job.reason = reason
+        if cause is not None:
+            job.end_cause = cause
         self._persist(job)
 
     def request_checkpoint(self, job: Job) -> bool:
@@ -2067,9 +2108,11 @@ class JobManager:
             return False
 
     async def stop(self, job_id: str | None = None, reason: str = "stopped by request", *,
-                   grace_s: float | None = None, state: str = "stopped", work_lost_s: float | None = None) -> Job | None:
+                   grace_s: float | None = None, state: str = "stopped", work_lost_s: float | None = None,
+                   cause: EndCause = EndCause.UNKNOWN) -> Job | None:
         """Stop a job: thaw, SIGTERM, `grace_s`, then cgroup.kill; cgroups removed; returns
-        its final record. Raises JobError for an unknown or finished job.
+        its final record. Raises JobError for an unknown or finished job. ``state`` and
+        ``cause`` (why it ended: every caller says) are recorded before the grace, with ``reason``.
 
         With no `job_id` this is the component's stop (the agent's SIGTERM): it only stops
         watching (`shutdown`), and every job keeps running."""
@@ -2082,11 +2125,12 @@ class JobManager:
         if job.state == QUEUED and job.id in self.jobs:
             # Never started: nothing to signal or remove; it leaves the queue.
             job.state, job.reason, job.ended, job.wait = state, reason, time.time(), None
+            job.end_cause = cause
             job.work_lost_s = 0.0
             self._persist(job)
             self.jobs.pop(job.id, None)
             self._emit("job", f"job {job.id} {state} while queued: {reason}", job=job.id, state=state,
-                       by_uid=job.owner_uid)
+                       end_cause=str(cause), by_uid=job.owner_uid)
             ev = self._exit_waiters.pop(job.id, None)
             if ev is not None:
                 ev.set()
@@ -2098,9 +2142,11 @@ class JobManager:
         grace = self.stop_grace_s if grace_s is None else grace_s
         job.state = state
         job.reason = reason
+        job.end_cause = cause
         job.work_lost_s = work_lost_s if work_lost_s is not None else job.work_at_risk_s()
         self._persist(job)
-        self._emit("job", f"job {job.id} stopping: {reason}", job=job.id, grace_s=grace, by_uid=job.owner_uid)
+        self._emit("job", f"job {job.id} stopping: {reason}", job=job.id, grace_s=grace, end_cause=str(cause),
+                   by_uid=job.owner_uid)
         ev = self._exit_waiters.setdefault(job.id, asyncio.Event())
         try:
             if grace > 0 and job.cgroup.freeze_requested():
@@ -2135,16 +2181,17 @@ class JobManager:
 
     async def kill(self, job: Job, reason: str, work_lost_s: float | None = None) -> None:
         """Reclaim now: cgroup.kill with no grace (Airlock's last rung); work lost recorded."""
-        await self.stop(job.id, reason, grace_s=0, state="reclaimed", work_lost_s=work_lost_s)
+        await self.stop(job.id, reason, grace_s=0, state="reclaimed", work_lost_s=work_lost_s,
+                        cause=EndCause.AIRLOCK_KILL)
 
     # -- store -----------------------------------------------------------------------------------
     _PERSIST_SQL = ("UPDATE jobs SET state=?, pid=?, cgroup_id=?, ended=?, exit_code=?, reason=?, work_lost_s=?, "
-                    "gpus=?, started=? WHERE id=?")
+                    "gpus=?, started=?, end_cause=? WHERE id=?")
 
     @staticmethod
     def _persist_row(job: Job) -> tuple[Any, ...]:
         return (job.state, job.pid, job.cgroup_id, job.ended, job.exit_code, job.reason, job.work_lost_s,
-                json.dumps(job.gpus), job.started, job.id)
+                json.dumps(job.gpus), job.started, None if job.end_cause is None else str(job.end_cause), job.id)
 
     def _persist(self, job: Job) -> None:
         with self.store.tx() as db:
@@ -2167,6 +2214,7 @@ class JobManager:
                    state=row["state"], pid=row["pid"], owner_uid=row["owner_uid"], owner_gid=row["owner_gid"],
                    gpus=json.loads(row["gpus"]), created=row["created"], ended=row["ended"],
                    exit_code=row["exit_code"], reason=row["reason"] or "", work_lost_s=row["work_lost_s"],
+                   end_cause=endcause.parse(row["end_cause"]),
                    started=row["started"], limits=json.loads(row["limits"]) if row["limits"] else None,
                    origin=JobOrigin.from_row(row), spec_bytes=len(row["spec"]),
                    ckpt_dir=self.state_dir / "ckpt" / row["id"], log_path=self.state_dir / "logs" / f"{row['id']}.log")
@@ -2221,7 +2269,9 @@ class JobManager:
                 gone = not job.cgroup.exists()
                 job.state = "lost" if job.state != "starting" else "failed"
                 job.reason = ("agent stopped while the job was starting" if job.state != "lost" else
-                              LOST_WITH_CGROUP if gone else "ended while the agent was down (exit code unknown)")
+                              LOST_WITH_CGROUP if gone else endcause.ENDED_WHILE_DOWN_TEXT)
+                job.end_cause = (EndCause.START_FAILED if job.state != "lost" else
+                                 EndCause.LOST_WITH_CGROUP if gone else EndCause.ENDED_WHILE_DOWN)
                 job.ended = time.time()
                 try:
                     if job.cgroup.exists():
@@ -2232,7 +2282,8 @@ class JobManager:
                     log.warning("job %s: cleanup: %s", job.id, e)
                     self._record_leak(job, str(e))
                 self._persist(job)
-                self._emit("job", f"job {job.id} {job.state}: {job.reason}", job=job.id, state=job.state)
+                self._emit("job", f"job {job.id} {job.state}: {job.reason}", job=job.id, state=job.state,
+                           end_cause=str(job.end_cause))
 
     def _emit(self, kind: str, message: str, *, by_uid: int | None = None, **fields: Any) -> None:
         """An event; `by_uid`: the user whose action caused it (charged to their event budget,
@@ -2340,7 +2391,8 @@ class JobManager:
             except JobError as e:
                 raise ApiError(400, str(e)) from None
             try:
-                final = await self.stop(job.id, reason, grace_s=grace)
+                final = await self.stop(job.id, reason, grace_s=grace,
+                                        cause=endcause.stopped_by(req.peer.uid, job.owner_uid))
                 return final.as_dict(reveal=may_read_secrets(req, final)) if final else {}
             except JobError as e:
                 raise ApiError(409, str(e)) from None

@@ -67,6 +67,7 @@ from laminar.migrate.drain import requeue_spec
 from laminar.policy import elastic as el
 from laminar.policy import loaning as ln
 from laminar.policy import placement as pl
+from laminar.policy.endcause import EndCause
 from laminar.runtime.jobs import signal_if_caught
 from laminar.runtime.provenance import request_origin
 from laminar.zone import authority as au
@@ -715,7 +716,8 @@ class LoanManager:
             if job.active:
                 await self._jobs.stop(job.id, f"node {self.zone.node_id} returned to pool {self.pool} (plan {plan}): "
                                       "requeued" + (f" from {ckpt.name}" if ckpt else " without a checkpoint"),
-                                      grace_s=float(self.s["stop_grace_s"]), state="requeued")
+                                      grace_s=float(self.s["stop_grace_s"]), state="requeued",
+                                      cause=EndCause.REQUEUED)
             self.counts["requeued"] += 1
             rq["phase"] = "placing"
             await self._place_requeued(job.id, spec, demand, job.owner_uid, job.owner_gid, plan, origin)
