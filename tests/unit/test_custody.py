@@ -92,7 +92,7 @@ def test_the_ledger_writes_what_step_says_and_refuses_the_rest(monkeypatch: pyte
     assert ledger.move(db, "n2-job-1", E.GUARD, insert=INSERT, ckpt="ckpt-2", request="{}") is S.RESUMED
     assert db.execute("SELECT ckpt FROM migrate_replicas").fetchone()[0] == "ckpt-2"
     assert ledger.move(db, "n2-job-1", E.RELEASE) is None  # not a live guard: unchanged
-    with pytest.raises(IllegalTransition):  # strict (tests/unit/conftest.py)
+    with pytest.raises(IllegalTransition):  # strict (tests/conftest.py: unit tests)
         ledger.move(db, "n2-job-1", E.PLACE)
     monkeypatch.setenv(ledger.STRICT_ENV, "0")
     counts: dict[str, int] = {}
