@@ -47,11 +47,7 @@ a floor above every number it used (``zone.seq_floor.<node>`` in the store's met
 write per :data:`laminar.zone.wire.SEQ_BLOCK` datagrams) and starts above it, so a restart
 right after the wall clock stepped back is not dropped by its peers as replays.
 
-A placement's outcome is a :class:`PlacementResult`: ``placed`` (node, zone, job id),
-``unconfirmed`` (the hand-over reached a node that died before acknowledging it: the job may
-be running there, so it is *not* placed again elsewhere, which could double it), ``rejected``
-(the job spec was refused by the chosen node: placing it elsewhere would fail the same way) or
-``queued-out`` (no capacity found within the retry budget).
+A placement's outcomes (:class:`PlacementResult`) are laminar.zone.submitter's to describe.
 """
 
 from __future__ import annotations
