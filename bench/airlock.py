@@ -11,7 +11,7 @@ Three defenders face the same storm, side by side, in one run:
   the kill it announces (SIGTERM, as earlyoom's first step) only when the victim is one of this
   benchmark's jobs; picks of other processes are counted (``earlyoom_foreign_picks``);
 - ``airlock``: laminar's JobManager + Airlock with the default policy (allocator held at the
-  budget, ladder: suspend, re-address, reclaim).
+  budget, ladder: suspend, re-address, kill).
 
 Storm: one long-resident job grows to LR_MB and keeps working (checkpoint every 60 s), then
 N transients grow by STEP_MB every 40 ms to T_MB each (checkpoint every 2 s); their sum exceeds
@@ -182,7 +182,7 @@ class Storm:
             if al is not None:
                 high_mb = validate({})["thresholds"]["usage.high"] * BUDGET_MB
                 crossed = next((self.t0 + t for t, m in self.samples if m >= high_mb), None)
-                first_act = next((t for t, a in self.actions if a in ("suspend", "reclaim")), None)
+                first_act = next((t for t, a in self.actions if a in ("suspend", "kill")), None)
                 inner = list(al.reactions_ms)
                 if first_act is not None and crossed is not None:
                     self.reactions = [max(0.0, (first_act - crossed) * 1000)]
@@ -296,7 +296,7 @@ def plot(results: dict[str, list[dict[str, Any]]], path: str) -> None:
             ax.plot(t, m, label="jobs' memory (MiB)")
         ax.axhline(BUDGET_MB, color="red", linestyle="--", label="budget")
         ax.axhline(BUDGET_MB * 0.85, color="orange", linestyle=":", label="usage.high")
-        colors = {"suspend": "tab:blue", "recover": "tab:green", "reclaim": "black", "readdress": "tab:purple",
+        colors = {"suspend": "tab:blue", "recover": "tab:green", "kill": "black", "readdress": "tab:purple",
                   "earlyoom kill": "black"}
         for t_, act in r["actions"]:
             ax.axvline(t_, color=colors.get(act, "gray"), alpha=0.5)

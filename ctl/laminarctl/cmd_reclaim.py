@@ -54,7 +54,7 @@ def register(sub: Any, common: argparse.ArgumentParser) -> None:
     p.add_argument("--notice", type=parse_notice, help="the notice window, e.g. 60s, 2m")
     p.add_argument("--node", type=int, help="the node to reclaim, or whose reclaim to cancel (default: this one)")
     p.add_argument("--reason", default="", help="recorded with the notice")
-    p.add_argument("--pool", help="instead: return --count loaned servers of this pool (least preemption first)")
+    p.add_argument("--pool", help="old spelling of `pool return --pool P` (goes in the next release)")
     p.add_argument("--count", type=int, default=1, help="with --pool: how many servers to return (default 1)")
     p.set_defaults(func=cmd_reclaim)
     p = sub.add_parser("migrations", parents=[common], help="moves of jobs off this node")
@@ -77,11 +77,12 @@ def cmd_reclaim(args: argparse.Namespace) -> int:
     if args.pool:
         if args.notice is not None or args.node is not None:
             raise ValueError("reclaim: --pool returns loaned servers; it does not take --notice or --node")
-        from .cmd_pool import cmd_reclaim as pool_reclaim
+        from .cmd_pool import cmd_return, old_name
 
-        return pool_reclaim(args)
+        old_name("reclaim --pool")
+        return cmd_return(args)
     if args.notice is None:
-        raise ValueError("reclaim: give the notice window, e.g. --notice 60s (or --pool POOL --count K)")
+        raise ValueError("reclaim: give the notice window, e.g. --notice 60s (loaned servers: `pool return --pool POOL --count K`)")
     body: dict[str, Any] = {"notice_s": args.notice}
     if args.node is not None:
         body["node"] = args.node

@@ -60,7 +60,7 @@ def test_returned_servers_job_migrates_with_its_checkpoint_to_a_loanable_server(
     # every 0.5 s, off the loop): lent-x's work at risk, hence its weight, below lent-y's
     wait_until(lambda: weight(3, "lent-x") < weight(4, "lent-y"), 20, "node 3 to see lent-x's checkpoint")
     # the inference pool takes a server back from one of its own members (node 5: loan.return_from)
-    plan = c.nodes[4].json("pool", "reclaim", "--pool", "inference", "--count", "1")
+    plan = c.nodes[4].json("pool", "return", "--pool", "inference", "--count", "1")
     assert plan["servers"] == [3], plan
     assert plan["actions"] == [{"node": 3, "job": x["job_id"], "action": "migrate", "workers_removed": 1}], plan
 

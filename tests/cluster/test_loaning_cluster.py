@@ -99,7 +99,7 @@ def test_idle_inference_nodes_take_training_on_loan_and_reclaim_returns_the_chea
                "the agents to see the often-checkpointing job's checkpoint")
     # the inference pool's own scheduler takes a server back: on node 5, a member of that pool (a
     # node of another pool may only with [loan] return_from on the servers)
-    plan = c.nodes[4].json("pool", "reclaim", "--pool", "inference", "--count", "1")
+    plan = c.nodes[4].json("pool", "return", "--pool", "inference", "--count", "1")
     assert plan["servers"] == [often], plan
     assert set(plan["candidates"]) == {str(rare), str(often)}  # node 5 is busy, not on loan
     assert plan["candidates"][str(often)] < plan["candidates"][str(rare)]

@@ -283,7 +283,7 @@ def test_the_tour_in_a_zone_of_two(tmp_path: Path) -> None:
         pool = b.json("pool")
         assert pool["loanable"] is True, pool
         assert "inference" in ok(b.agent, "pool").stdout
-        r = a.agent.ctl("-o", "json", "pool", "reclaim", "--pool", "inference", "--count", "2", check=False)
+        r = a.agent.ctl("-o", "json", "pool", "return", "--pool", "inference", "--count", "2", check=False)
         assert r.returncode == 1, (r.returncode, r.stdout, r.stderr)
 
         # reclaim: the zone's sleepers go, a checkpointing job on A is prestaged to B, then moved

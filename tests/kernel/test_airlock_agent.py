@@ -16,7 +16,7 @@ What they show (issue 4):
 3. an invalid policy is refused whole, naming the value, and the old version stays in force;
    a valid one is accepted as a new version;
 4. ``kill -9`` of the agent during a storm loses no job: after the restart every job is still
-   there (running, suspended, or reclaimed with a reason) and Airlock carries on.
+   there (running, suspended, or killed with a reason) and Airlock carries on.
 """
 
 from __future__ import annotations
@@ -199,7 +199,7 @@ def test_storm_from_transients_leaves_long_resident_running_and_untouched(make_a
     agent = make_agent()
     st = agent.json("status")["airlock"]
     assert st["budget_mb"] == BUDGET_MB, st
-    # Short rungs so the storm ends in seconds: suspend for 1 s at most, then reclaim.
+    # Short rungs so the storm ends in seconds: suspend for 1 s at most, then kill.
     set_policy(agent, tmp_path, {"rungs": {"suspend": {"budget_s": 1.0}}, "readdress": False})
 
     progress = tmp_path / "lr.progress"
@@ -219,8 +219,8 @@ def test_storm_from_transients_leaves_long_resident_running_and_untouched(make_a
         wait_until(lambda: all(jobs(agent)[t["id"]]["state"] == "running" for t in ts), 20, "the transients to start")
         time.sleep(0.5)  # their interpreters are up and waiting at the gate
         go.touch()
-        wait_until(lambda: all(jobs(agent)[t["id"]]["state"] in ("suspended", "reclaimed") for t in ts), 40,
-                   "every transient to be suspended or reclaimed", lambda: story(agent))
+        wait_until(lambda: all(jobs(agent)[t["id"]]["state"] in ("suspended", "killed") for t in ts), 40,
+                   "every transient to be suspended or killed", lambda: story(agent))
         time.sleep(2.0)
         before = read_progress(progress)
         wait_until(lambda: read_progress(progress) > before, 10, "the long-resident job to keep working")
@@ -257,11 +257,11 @@ def test_storm_from_transients_leaves_long_resident_running_and_untouched(make_a
     victims = [e for e in agent.json("events", "--kind", "pressure", "--limit", "5000") if e.get("type") == "oom_victim"]
     assert [v for v in victims if v.get("cgroup_id") == lr["cgroup_id"]] == [], victims
 
-    # Reclaimed transients carry the reason and the work they lost.
+    # Killed transients carry the reason and the work they lost.
     for t in ts:
         j = agent.json("job", "show", t["id"])
-        if j["state"] == "reclaimed":
-            assert j["reason"].startswith("airlock reclaimed:") and j["work_lost_s"] is not None, j
+        if j["state"] == "killed":
+            assert j["reason"].startswith("airlock killed:") and j["work_lost_s"] is not None, j
             assert j["end_cause"] == "airlock_kill", j
 
 
@@ -285,7 +285,7 @@ def test_spike_that_passes_is_survived_by_suspension_and_recovery(make_agent: An
     assert kinds[0] == ("suspend", t["id"]), kinds
     assert ("recover", t["id"]) in kinds
     assert kinds.index(("recover", t["id"])) > kinds.index(("suspend", t["id"]))
-    assert not [a for a in actions if a["action"] in ("reclaim", "readdress")], kinds
+    assert not [a for a in actions if a["action"] in ("kill", "readdress")], kinds
     assert all(a["reason"] for a in actions)
 
     shown = agent.json("job", "show", t["id"])
@@ -295,7 +295,7 @@ def test_spike_that_passes_is_survived_by_suspension_and_recovery(make_agent: An
     wait_until(lambda: read_progress(t_progress) > before, 10, "the recovered job to work again")
     assert alive(spiky["pid"]) and agent.json("job", "show", spiky["id"])["state"] == "running"
     assert not [e for e in agent.json("events", "--kind", "job", "--limit", "200")
-                if e.get("state") in ("reclaimed", "exited", "lost")]
+                if e.get("state") in ("killed", "exited", "lost")]
 
 
 def test_invalid_policy_is_refused_and_the_old_one_stays(make_agent: Any, tmp_path: Path) -> None:
@@ -355,7 +355,7 @@ def test_invalid_policy_is_refused_and_the_old_one_stays(make_agent: Any, tmp_pa
 def test_agent_kill9_during_storm_loses_no_job(make_agent: Any, script: Path, tmp_path: Path) -> None:
     agent = make_agent()
     # Suspensions last long enough to span the restart; readdress off so the ladder's next
-    # step after the budget is a plain reclaim.
+    # step after the budget is a plain kill.
     set_policy(agent, tmp_path, {"rungs": {"suspend": {"budget_s": 4.0}}, "readdress": False,
                                  "hysteresis": {"hold_s": 0.5, "step_s": 0.2}})
     progress = tmp_path / "lr.progress"
@@ -367,7 +367,7 @@ def test_agent_kill9_during_storm_loses_no_job(make_agent: Any, script: Path, tm
     wait_until(lambda: any(a["action"] == "suspend" for a in airlock_actions(agent)), 30, "a suspension",
                lambda: story(agent))
     # The ladder meets a storm one suspension per signal: the kill comes once it had up to 3 s
-    # to meet the rest (every transient suspended or reclaimed), as it did when this test polled
+    # to meet the rest (every transient suspended or killed), as it did when this test polled
     # through a laminarctl process (~0.3 s a poll). Killed right after the first suspension, the
     # long-resident job died while no agent ran (seen once; no OOM kill, likely a write failed
     # with ENOMEM at a full budget that a stale class cap let the storm fill: docs/airlock.md).
@@ -386,9 +386,9 @@ def test_agent_kill9_during_storm_loses_no_job(make_agent: Any, script: Path, tm
     after = jobs(agent)
     assert set(after) == set(before), (before.keys(), after.keys())
     for jid, j in after.items():
-        if j["state"] not in ("running", "suspended", "reclaimed"):
+        if j["state"] not in ("running", "suspended", "killed"):
             raise AssertionError(f"{jid} {j['state']}: {j['reason']}\n{story(agent)}\n{agent.log()}")
-        if j["state"] == "reclaimed":
+        if j["state"] == "killed":
             assert j["reason"], j
         if j["state"] in ("running", "suspended"):
             assert j["adopted"] is True and alive(j["pid"]), j
@@ -402,13 +402,13 @@ def test_agent_kill9_during_storm_loses_no_job(make_agent: Any, script: Path, tm
     wait_until(lambda: airlock_actions(agent, since_restart), 30, "an Airlock decision after the restart",
                lambda: story(agent))
     wait_until(lambda: all(j["state"] != "suspended" for j in jobs(agent).values()), 40,
-               "every suspended job to be recovered or reclaimed", lambda: story(agent))
+               "every suspended job to be recovered or killed", lambda: story(agent))
     final = jobs(agent)
     assert set(final) == set(before)
     for jid, j in final.items():
-        assert j["state"] in ("running", "reclaimed"), (jid, j)
-        if j["state"] == "reclaimed":
-            assert j["reason"].startswith("airlock reclaimed:") and j["work_lost_s"] is not None, j
+        assert j["state"] in ("running", "killed"), (jid, j)
+        if j["state"] == "killed":
+            assert j["reason"].startswith("airlock killed:") and j["work_lost_s"] is not None, j
             assert j["end_cause"] == "airlock_kill", j
     assert final[lr["id"]]["state"] == "running" and alive(lr["pid"])
     assert not final[lr["id"]]["frozen"]

@@ -58,7 +58,7 @@ def test_a_protected_job_is_still_never_suspended_or_reclaimed() -> None:
     assert ladder.decide(100.0, ladder.CRITICAL, [running], pol, memo, 0.99) == []
     held = ladder.JobView("p", "transient", 0, 0.0, 1 << 30, ladder.SUSPEND, 0.0, 0)
     acts = ladder.decide(100.0, ladder.CRITICAL, [held], pol, ladder.Memo(), 0.99)
-    assert all(a.kind not in (ladder.RECLAIM, ladder.READDRESS, ladder.SUSPEND) for a in acts), acts
+    assert all(a.kind not in (ladder.KILL, ladder.READDRESS, ladder.SUSPEND) for a in acts), acts
 
 
 def ladder_policy() -> dict[str, object]:

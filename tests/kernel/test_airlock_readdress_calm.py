@@ -3,7 +3,7 @@
 Airlock's re-address rung thaws a suspended job so it can take its checkpoint, then waits for
 the migration layer (or the rung's budget). When the pressure ended first, the job stayed at
 ``readdress`` for good: shown so in ``laminarctl jobs``/status and the store, never suspended
-again (only running jobs are), and at the first stall of any later episode reclaimed at once,
+again (only running jobs are), and at the first stall of any later episode killed at once,
 its budget long spent, while lower-value jobs were merely suspended; the episode never ended
 either, so no reaction time was recorded again. Real cgroups and processes; the ladder's
 decisions at explicit levels are applied through ``Airlock._apply`` (the machine is shared:
@@ -104,7 +104,7 @@ def test_a_job_under_a_move_is_left_to_the_move(tmp_path: Path) -> None:
     """A job the migration layer is moving (``agent.migrate.evacuating``) is not Airlock's: a
     suspended job whose move froze it was thawed once calm, mid-transfer (it ran here past the
     checkpoint the destination resumes from: two copies at once), and a critical stall chose it
-    for reclaim though it resumes elsewhere. The agent here is a stand-in (a namespace with the
+    for kill though it resumes elsewhere. The agent here is a stand-in (a namespace with the
     migration layer's ``evacuating`` set), named as such; the cgroups and processes are real."""
     from types import SimpleNamespace
 

@@ -167,8 +167,8 @@ def test_storm_from_transients_leaves_long_resident_untouched(tmp_path: Path) ->
             await asyncio.sleep(1.0)
             ts = [await r.jobs.submit(JobSpec(command=hog(300, step=20, delay=0.02), job_class="transient",
                                               priority=10 + i, name=f"t{i}")) for i in range(3)]
-            # The storm (150 + 3 x 300 MiB against 512 MiB) must end: transients suspended or reclaimed.
-            assert await until(lambda: all(r.jobs.get(t.id).state in ("suspended", "reclaimed") for t in ts), 20)
+            # The storm (150 + 3 x 300 MiB against 512 MiB) must end: transients suspended or killed.
+            assert await until(lambda: all(r.jobs.get(t.id).state in ("suspended", "killed") for t in ts), 20)
             await asyncio.sleep(2.0)
             lr_now = r.jobs.get(lr.id)
             assert lr_now is not None and lr_now.state == "running" and alive(lr.pid)
@@ -178,8 +178,8 @@ def test_storm_from_transients_leaves_long_resident_untouched(tmp_path: Path) ->
             assert r.actions("suspend"), "no suspension recorded"
             for a in r.actions():
                 assert a["reason"], a
-            reclaimed = [r.jobs.get(t.id) for t in ts if r.jobs.get(t.id).state == "reclaimed"]
-            for j in reclaimed:
+            killed = [r.jobs.get(t.id) for t in ts if r.jobs.get(t.id).state == "killed"]
+            for j in killed:
                 assert j.work_lost_s is not None and j.work_lost_s >= 0
 
     run(main())
@@ -196,7 +196,7 @@ def test_transient_spike_survived_by_suspension_and_recovery(tmp_path: Path) -> 
                                              priority=80, name="spiky"))
             assert await until(lambda: bool(r.actions("suspend")), 10), "the spike was not met by a suspension"
             assert await until(lambda: bool(r.actions("recover")), 15), "the suspended job was not recovered"
-            assert not r.actions("reclaim") and not r.actions("readdress")
+            assert not r.actions("kill") and not r.actions("readdress")
             tj = r.jobs.get(t.id)
             assert tj is not None and tj.state == "running" and not tj.cgroup.frozen() and alive(t.pid)
             assert alive(lr.pid)
@@ -214,14 +214,14 @@ def test_frozen_job_that_never_recovers_is_escalated_within_budget(tmp_path: Pat
             await asyncio.sleep(1.0)
             # The long-resident job grows to ~0.88 of the budget and stays there: no recovery.
             await r.jobs.submit(JobSpec(command=hog(340, step=30, delay=0.03), job_class="long-resident", name="big"))
-            assert await until(lambda: r.jobs.get(t.id).state == "reclaimed", 20), "\n".join(f"{e['ts']:.3f} {e['message']}" for e in r.seen if e["kind"] in ("airlock", "job"))
+            assert await until(lambda: r.jobs.get(t.id).state == "killed", 20), "\n".join(f"{e['ts']:.3f} {e['message']}" for e in r.seen if e["kind"] in ("airlock", "job"))
             kinds = [a["action"] for a in r.actions() if a["job"] == t.id]
-            assert kinds[0] == "suspend" and "reclaim" in kinds and "readdress" in kinds, r.actions()
+            assert kinds[0] == "suspend" and "kill" in kinds and "readdress" in kinds, r.actions()
             esc = [a for a in r.actions() if a["job"] == t.id and a["action"] != "suspend"]
             assert all("budget" in a["reason"] for a in esc), esc
             final = r.jobs.get(t.id)
             assert final is not None and final.work_lost_s is not None and final.work_lost_s > 0
-            # the stop records 'reclaimed' first, then kills and removes the cgroup
+            # the stop records 'killed' first, then kills and removes the cgroup
             assert await until(lambda: not final.cgroup.exists(), 10)
 
     run(main())
@@ -286,7 +286,7 @@ def test_memory_settings_follow_the_config_of_a_restarted_agent(tmp_path: Path) 
     """A restarted agent whose config no longer has a budget, a class budget or hold_allocator
     left the old process's limits and oom_kill_disable in the kernel: jobs were held at a
     budget the operator had removed (and, the usage read against that limit, suspended and
-    reclaimed for it)."""
+    killed for it)."""
     async def main() -> None:
         async with storm_rig(tmp_path, budget_mb=96, class_budget_mb={"long-resident": 64}, hold_allocator=True) as r:
             before = memory_settings(r)
@@ -341,7 +341,7 @@ def test_a_policy_change_lifts_the_caps_of_classes_no_longer_capped(tmp_path: Pa
     """The unprotected classes' caps follow usage every tick, but a class that a new policy
     protects (or every class, when the policy protects none) kept the cap last written, from
     the moment of the last storm: its jobs were held there for good (a protected one never
-    acted on, the rest suspended and reclaimed with the budget mostly free)."""
+    acted on, the rest suspended and killed with the budget mostly free)."""
     async def main() -> None:
         async with storm_rig(tmp_path, budget_mb=256) as r:
             assert r.jobs is not None and r.airlock is not None
@@ -354,7 +354,7 @@ def test_a_policy_change_lifts_the_caps_of_classes_no_longer_capped(tmp_path: Pa
             await r.jobs.stop(t.id, "storm over", grace_s=0)
             s = await r.jobs.submit(JobSpec(command=hog(150, step=30, delay=0.02), job_class="standard", name="s"))
             assert await until(lambda: s.cgroup.memory_usage() >= 150 << 20, 20), s.cgroup.memory_usage()
-            assert r.jobs.get(s.id).state == "running" and not r.actions("reclaim")  # type: ignore[union-attr]
+            assert r.jobs.get(s.id).state == "running" and not r.actions("kill")  # type: ignore[union-attr]
 
     run(main())
 
@@ -380,7 +380,7 @@ def test_a_policy_whose_job_default_exceeds_the_configs_class_cap_is_refused_who
 def test_a_protected_class_held_at_its_own_class_budget_costs_no_other_job(tmp_path: Path) -> None:
     """A protected class at its own class budget (config class_budget_mb, held by
     hold_allocator) read as node pressure 'critical': Airlock suspended every unprotected job
-    and reclaimed them one by one, none of which could free a byte for the held class (its
+    and killed them one by one, none of which could free a byte for the held class (its
     limit is its own, and Airlock never acts on protected jobs)."""
     async def main() -> None:
         async with storm_rig(tmp_path, budget_mb=512, class_budget_mb={"long-resident": 64}, hold_allocator=True) as r:
@@ -444,8 +444,8 @@ while True:
 def test_a_job_thrashing_at_its_own_memory_limit_costs_no_other_job(tmp_path: Path) -> None:
     """A job stalling at its own --memory (PSI of its cgroup, hence of the jobs' subtree and the
     node) read as node pressure, 'critical' by the subtree's PSI full: with the budget 94 %
-    free, Airlock suspended and reclaimed the other jobs ("reclaimed to free 0 MiB") and then
-    the thrashing job itself. Suspending or reclaiming other jobs lifts no job's own limit."""
+    free, Airlock suspended and killed the other jobs ("killed to free 0 MiB") and then
+    the thrashing job itself. Suspending or killing other jobs lifts no job's own limit."""
     async def main() -> None:
         async with storm_rig(tmp_path, budget_mb=1024) as r:
             assert r.jobs is not None and r.airlock is not None
@@ -464,7 +464,7 @@ def test_a_job_thrashing_at_its_own_memory_limit_costs_no_other_job(tmp_path: Pa
 def test_a_class_held_at_its_own_class_budget_is_relieved_by_its_own_jobs(tmp_path: Path) -> None:
     """An unprotected class at its own class budget (config class_budget_mb) made the whole
     node 'critical', and the ladder took the lowest-value jobs anywhere: the transients were
-    suspended and reclaimed first, although their memory is not under that class's limit and
+    suspended and killed first, although their memory is not under that class's limit and
     freeing it could not let the held job go on."""
     async def main() -> None:
         async with storm_rig(tmp_path, budget_mb=512, class_budget_mb={"standard": 64}, hold_allocator=True,
@@ -472,7 +472,7 @@ def test_a_class_held_at_its_own_class_budget_is_relieved_by_its_own_jobs(tmp_pa
             assert r.jobs is not None and r.airlock is not None
             t = await r.jobs.submit(JobSpec(command=hog(20, step=20, delay=0.02), job_class="transient", name="t"))
             s = await r.jobs.submit(JobSpec(command=hog(100, step=10, delay=0.02), job_class="standard", name="s"))
-            assert await until(lambda: r.jobs.get(s.id).state == "reclaimed", 20), [e["message"] for e in r.actions()]  # type: ignore[union-attr]
+            assert await until(lambda: r.jobs.get(s.id).state == "killed", 20), [e["message"] for e in r.actions()]  # type: ignore[union-attr]
             assert [a for a in r.actions() if a["job"] == t.id] == [], [e["message"] for e in r.actions()]
             tj = r.jobs.get(t.id)
             assert tj is not None and tj.state == "running" and not tj.cgroup.frozen() and alive(t.pid)
@@ -519,7 +519,7 @@ def test_clean_page_cache_is_not_memory_in_use(tmp_path: Path) -> None:
     """v1 usage_in_bytes counts the page cache: a job reading a file larger than the budget's
     free room (a data set, a checkpoint) fills the budget with clean cache, which the kernel
     frees on demand, and Airlock read that as pressure 'high': every job was suspended, then
-    re-addressed and reclaimed as its budgets ran out, with 1 MiB of memory really in use."""
+    re-addressed and killed as its budgets ran out, with 1 MiB of memory really in use."""
     async def main() -> None:
         async with storm_rig(tmp_path, budget_mb=256) as r:
             assert r.jobs is not None and r.airlock is not None
@@ -545,7 +545,7 @@ def test_clean_page_cache_is_not_memory_in_use(tmp_path: Path) -> None:
 
 def test_victims_are_ranked_by_the_memory_they_would_free_not_their_page_cache(tmp_path: Path) -> None:
     """Survival value falls with the memory a job would free, and that was its charge with the
-    page cache: a job that had read a large file ranked lowest and was suspended (and reclaimed,
+    page cache: a job that had read a large file ranked lowest and was suspended (and killed,
     'to free 300 MiB') ahead of the job actually holding the memory."""
     async def main() -> None:
         async with storm_rig(tmp_path, budget_mb=512) as r:
@@ -566,7 +566,7 @@ def test_a_protected_jobs_page_cache_leaves_the_other_classes_room(tmp_path: Pat
     """The unprotected classes' caps were computed from charges with the page cache: a
     long-resident job reading its data set fills the budget with clean cache, which left the
     other classes no room at all (their caps at their usage), so any transient that grew was
-    held at its cap, 'critical', and reclaimed, with the budget's memory in use nearly nil."""
+    held at its cap, 'critical', and killed, with the budget's memory in use nearly nil."""
     async def main() -> None:
         async with storm_rig(tmp_path, budget_mb=512) as r:
             assert r.jobs is not None and r.airlock is not None
@@ -588,7 +588,7 @@ def test_a_protected_jobs_page_cache_leaves_the_other_classes_room(tmp_path: Pat
 def test_a_job_stopping_through_a_long_grace_is_cut_short_under_pressure_before_a_running_job(tmp_path: Path) -> None:
     """A job being stopped (here: it ignores SIGTERM, its grace is 60 s) was out of Airlock's
     reach: only running and suspended jobs were ranked. Under pressure it kept its memory while
-    Airlock suspended and then reclaimed a running job that was not ending at all. Now its grace
+    Airlock suspended and then killed a running job that was not ending at all. Now its grace
     is cut short first (it ends anyway; its end stays the stop's, the reason says so) and the
     running job is left alone."""
     async def main() -> None:

@@ -559,7 +559,7 @@ def test_privileged_routes_answer_hostile_numbers_with_400_not_500(veth_pair: An
         adm = admin_path(a.sock)
         bodies = [
             ("/v1/pool/load", {"load": 10 ** 400}), ("/v1/pool/load", {"load": "0.5"}),
-            ("/v1/pool/reclaim", {"pool": "p" * 100_000, "count": 1}), ("/v1/pool/reclaim", {"pool": "x", "count": 10 ** 400}),
+            ("/v1/pool/return", {"pool": "p" * 100_000, "count": 1}), ("/v1/pool/return", {"pool": "x", "count": 10 ** 400}),
             ("/v1/reclaim", {"notice_s": 10 ** 400}), ("/v1/reclaim", {"notice_s": "9" * 400}),
             ("/v1/reclaim", {"notice_s": "1" * 100_000 + "s"}), ("/v1/reclaim", {"notice_s": 60, "node": 10 ** 400}),
             ("/v1/reclaim", {"notice_s": 60, "reason": "r" * 100_000, "node": 10 ** 30}),

@@ -59,7 +59,7 @@ def test_high_suspends_more_only_while_usage_grows() -> None:
 def test_critical_reclaims_lowest_suspended() -> None:
     jobs = [jv("t1", prio=60, rung="suspend", rung_since=9.9), jv("t2", prio=10, rung="suspend", rung_since=9.9)]
     acts = decide(10.0, CRITICAL, jobs, P, Memo(), usage=0.97)
-    assert [(a.kind, a.job_id) for a in acts] == [("reclaim", "t2")]
+    assert [(a.kind, a.job_id) for a in acts] == [("kill", "t2")]
 
 
 def test_budget_escalates_through_readdress_to_reclaim() -> None:
@@ -68,9 +68,9 @@ def test_budget_escalates_through_readdress_to_reclaim() -> None:
     assert [a.kind for a in decide(4.9, STEADY, [j], P, memo)] == []
     assert [a.kind for a in decide(5.0, STEADY, [j], P, memo)] == ["readdress"]
     j2 = jv("t", rung="readdress", rung_since=5.0, hops=1)
-    assert [a.kind for a in decide(35.0, STEADY, [j2], P, memo)] == ["reclaim"]
+    assert [a.kind for a in decide(35.0, STEADY, [j2], P, memo)] == ["kill"]
     nohops = validate({"rungs": {"readdress": {"max_hops": 0}}})
-    assert [a.kind for a in decide(5.0, STEADY, [j], nohops, Memo())] == ["reclaim"]
+    assert [a.kind for a in decide(5.0, STEADY, [j], nohops, Memo())] == ["kill"]
 
 
 def test_recovery_waits_for_calm_and_thaws_highest_value_first() -> None:
@@ -102,24 +102,24 @@ def test_oom_score_adj_mirrors_order() -> None:
 
 
 def test_budget_reclaims_are_paced_lowest_value_first_and_wait_at_none() -> None:
-    """Jobs suspended together run out of budget together; they are reclaimed one per
-    RECLAIM_SETTLE_S, lowest survival value first, and not at all once pressure is gone."""
+    """Jobs suspended together run out of budget together; they are killed one per
+    KILL_SETTLE_S, lowest survival value first, and not at all once pressure is gone."""
     nohops = validate({"rungs": {"readdress": {"max_hops": 0}}})
     jobs = [jv("hi", prio=90, rung="suspend", rung_since=0.0), jv("lo", prio=10, rung="suspend", rung_since=0.0)]
     memo = Memo()
     first = decide(10.0, STEADY, jobs, nohops, memo)
-    assert [(a.kind, a.job_id) for a in first] == [("reclaim", "lo")]
-    assert decide(10.0 + ladder.RECLAIM_SETTLE_S / 2, STEADY, jobs[:1], nohops, memo) == []
-    later = decide(10.0 + ladder.RECLAIM_SETTLE_S, STEADY, jobs[:1], nohops, memo)
-    assert [(a.kind, a.job_id) for a in later] == [("reclaim", "hi")]
-    # No pressure: nobody is reclaimed however long ago the budget ran out; the calm node thaws instead.
+    assert [(a.kind, a.job_id) for a in first] == [("kill", "lo")]
+    assert decide(10.0 + ladder.KILL_SETTLE_S / 2, STEADY, jobs[:1], nohops, memo) == []
+    later = decide(10.0 + ladder.KILL_SETTLE_S, STEADY, jobs[:1], nohops, memo)
+    assert [(a.kind, a.job_id) for a in later] == [("kill", "hi")]
+    # No pressure: nobody is killed however long ago the budget ran out; the calm node thaws instead.
     calm = decide(20.0, NONE, jobs, nohops, Memo())
     assert [(a.kind, a.job_id) for a in calm] == [("recover", "hi")]
 
 
 def test_a_readdressed_job_leaves_its_rung_once_calm_and_is_not_reclaimed_in_a_later_episode() -> None:
     """A job thawed for its checkpoint (readdress) whose pressure ended kept that rung for good:
-    never suspended again, and reclaimed at the first stall of the next episode, its budget
+    never suspended again, and killed at the first stall of the next episode, its budget
     long spent, before any lower-value job was even suspended."""
     memo = Memo()
     j = jv("t", prio=90, rung="readdress", rung_since=5.0, hops=1)
@@ -134,7 +134,7 @@ def test_a_readdressed_job_leaves_its_rung_once_calm_and_is_not_reclaimed_in_a_l
 
 def test_stalls_count_only_while_the_budget_or_the_machine_is_short() -> None:
     """A stall with the budget and the machine mostly free is a job at its own limit (or a
-    cgroup that is not a job): no other job's suspension or reclaim can lift it."""
+    cgroup that is not a job): no other job's suspension or kill can lift it."""
     for sig in (Signals(usage=0.06, stall_event=True, node_usage=0.2), Signals(usage=0.06, psi_some=0.5, psi_full=0.5),
                 Signals(usage=0.06, critical_event=True, node_usage=0.3)):
         assert ladder.pressure_level(sig, P) == NONE, sig

@@ -1,10 +1,10 @@
 """Cuts of jobs being stopped cannot hold the ladder off for good: pure decisions.
 
 A cut (a job in its stop's grace, killed under pressure) holds the ladder off for
-``RECLAIM_SETTLE_S`` so that the cut job's memory comes back before a running job is suspended.
+``KILL_SETTLE_S`` so that the cut job's memory comes back before a running job is suspended.
 Any local user can stop their own jobs, so a user stopping one job that ignores SIGTERM every
 200 ms had every decision end at the cut, and each new cut restarted the wait: under CRITICAL
-no running job was ever suspended or reclaimed, nor a spent budget escalated, however fast the
+no running job was ever suspended or killed, nor a spent budget escalated, however fast the
 memory went (the kernel's OOM killer was left to act). Now the hold comes at most once per
 ``CUT_HOLD_S``; a cut within it is taken beside what the ladder decides.
 """
@@ -39,13 +39,13 @@ def test_a_stream_of_stopping_jobs_does_not_keep_the_ladder_from_suspending_and_
             seen.append((now, a.kind, a.job_id))
             if a.kind in (ladder.SUSPEND, ladder.READDRESS):
                 rungs[a.job_id] = (a.kind, now)
-            elif a.kind == ladder.RECLAIM:
+            elif a.kind == ladder.KILL:
                 gone.add(a.job_id)
     kinds = {k for _, k, _ in seen}
     assert ladder.CUT in kinds, seen
-    assert ladder.SUSPEND in kinds and ladder.RECLAIM in kinds, seen
+    assert ladder.SUSPEND in kinds and ladder.KILL in kinds, seen
     # the hold still comes first: nothing but cuts in the first settle time
-    assert all(k == ladder.CUT for n, k, _ in seen if n < t + ladder.RECLAIM_SETTLE_S), seen
+    assert all(k == ladder.CUT for n, k, _ in seen if n < t + ladder.KILL_SETTLE_S), seen
 
 
 def test_a_single_cut_still_holds_the_ladder_off_while_its_memory_comes_back() -> None:
@@ -54,5 +54,5 @@ def test_a_single_cut_still_holds_the_ladder_off_while_its_memory_comes_back() -
     jobs = [view("run"), view("big", mem_mib=300, stopping=True)]
     assert [a.kind for a in ladder.decide(100.0, ladder.CRITICAL, jobs, policy, memo, 0.99)] == [ladder.CUT]
     assert ladder.decide(100.1, ladder.CRITICAL, jobs, policy, memo, 0.99) == []
-    acts = ladder.decide(100.0 + ladder.RECLAIM_SETTLE_S, ladder.CRITICAL, jobs, policy, memo, 0.99)
+    acts = ladder.decide(100.0 + ladder.KILL_SETTLE_S, ladder.CRITICAL, jobs, policy, memo, 0.99)
     assert [(a.kind, a.job_id) for a in acts] == [(ladder.SUSPEND, "run")], acts

@@ -1,8 +1,8 @@
 """The ladder and jobs being stopped (`JobView.stopping`): pure decisions.
 
 A job in its stop's grace is ending anyway: under HIGH or CRITICAL its grace is cut (``CUT``)
-before any running job is suspended or reclaimed, largest first, once per job, never in a
-protected class; the ladder then waits ``RECLAIM_SETTLE_S`` for its memory before it suspends
+before any running job is suspended or killed, largest first, once per job, never in a
+protected class; the ladder then waits ``KILL_SETTLE_S`` for its memory before it suspends
 anything. It is never a suspension candidate itself.
 """
 
@@ -30,7 +30,7 @@ def test_stopping_jobs_are_cut_first_largest_first_then_the_ladder_waits_for_the
     assert "300 MiB" in acts[0].reason
     # within the settle time nothing else happens; once per job
     assert ladder.decide(100.1, ladder.CRITICAL, jobs, policy(), memo, 0.99) == []
-    acts = ladder.decide(100.0 + ladder.RECLAIM_SETTLE_S, ladder.CRITICAL, jobs, policy(), memo, 0.99)
+    acts = ladder.decide(100.0 + ladder.KILL_SETTLE_S, ladder.CRITICAL, jobs, policy(), memo, 0.99)
     assert [(a.kind, a.job_id) for a in acts] == [(ladder.SUSPEND, "run")], acts
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -78,3 +79,23 @@ def test_a_job_default_above_the_configs_class_cap_is_refused_naming_both() -> N
     assert "at most 512" in str(e.value)
     assert validate({"job_default_mb": {"transient": 512}}, {"transient": 512})["job_default_mb"] == {"transient": 512}
     assert validate({"job_default_mb": {"standard": 1024}}, {"transient": 512})  # another class's cap
+
+
+def test_the_last_rungs_old_name_is_read_as_kill(tmp_path: Path) -> None:
+    """Airlock's last rung was called ``reclaim`` (a word now kept for an owner's reclaim of a
+    node): a policy file, or a document stored by an older agent, that sets it by that name
+    still sets the kill rung; one that gives both names is refused, naming them."""
+    assert validate({"rungs": {"reclaim": {"budget_s": 3.0}}})["rungs"]["kill"] == {"budget_s": 3.0}
+    assert "reclaim" not in validate({"rungs": {"reclaim": {"budget_s": 3.0}}})["rungs"]
+    with pytest.raises(PolicyError, match=r"rungs.reclaim is the old name of rungs.kill; give one of them"):
+        validate({"rungs": {"reclaim": {"budget_s": 3.0}, "kill": {"budget_s": 1.0}}})
+    store = Store(tmp_path / "laminar.db")
+    try:
+        ps = PolicyStore(store)
+        old = {**DEFAULT, "rungs": {"suspend": {"budget_s": 5.0}, "readdress": {"budget_s": 30.0, "max_hops": 2},
+                                    "reclaim": {"budget_s": 2.0}}}
+        with store.tx() as db:  # as an agent of before the rename stored its effective policy
+            db.execute("INSERT INTO airlock_policy(version, ts, uid, doc) VALUES (1, 1.0, 0, ?)", (json.dumps(old),))
+        assert ps.current().doc["rungs"]["kill"] == {"budget_s": 2.0}
+    finally:
+        store.close()

@@ -102,7 +102,11 @@ def test_an_older_database_upgrades_with_every_record_kept_and_a_cause_for_each_
         after = [dict(r) for r in store.db.execute("SELECT * FROM jobs ORDER BY num").fetchall()]
         assert len(after) == len(before) == len(OLD_ROWS)
         for old, new in zip(before, after, strict=True):
+            if old["reason"].startswith("airlock reclaimed: "):  # Airlock's kill: its own state now
+                assert new["state"] == "killed" and new["end_cause"] == "airlock_kill"
+                old = {**old, "state": "killed"}
             assert {k: new[k] for k in old} == old  # nothing else changed
+        assert sum(r["state"] == "killed" for r in after) == 1
         assert [r["end_cause"] for r in after] == [want for *_, want in OLD_ROWS]
         # run again (the next start): nothing changes, a cause set since is not derived again
         with store.tx() as db:
@@ -182,7 +186,7 @@ def needs_source(job: Any, buddy: int = 1) -> Any:
     ("reclaimed", EndCause.WINDOW_ENDED, "node 2 reclaimed: its owner's time was up", True),
     ("lost", EndCause.LOST_WITH_CGROUP, "its cgroup went away", True),
     # what it does not, whatever the words say: Airlock's kill, a job that may have finished by itself
-    ("reclaimed", EndCause.AIRLOCK_KILL, "airlock reclaimed: after the notice window ended", False),
+    ("killed", EndCause.AIRLOCK_KILL, "airlock killed: after the notice window ended", False),
     ("lost", EndCause.ENDED_WHILE_DOWN, jobsmod.LOST_WITH_CGROUP, False),
     ("reclaimed", EndCause.ARCHIVED, "node 2 reclaimed: ckpt-4 is in the archive", False),
 ])

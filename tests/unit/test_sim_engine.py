@@ -144,7 +144,7 @@ def test_reclaim_scales_in_the_elastic_job_whose_extra_worker_is_on_the_returned
     cfg = SimConfig(elastic_tick_s=10, elastic_overhead=0.0, infer_tick_s=100, infer_low=0.0, infer_high=1.0,
                     infer_noise=0.0, **FREE_CKPT)
     res = simulate(jobs, nodes, "laminar", cfg)
-    assert (res.reclaims, res.servers_returned, res.scale_ins, res.requeues) == (1, 1, 1, 0)
+    assert (res.returns, res.servers_returned, res.scale_ins, res.requeues) == (1, 1, 1, 0)
     assert res.jct == {"e": pytest.approx(910)}
 
 

@@ -58,7 +58,7 @@ def test_two_reclaims_at_once_return_two_servers_and_requeue_each_job_once(tmp_p
         tables[n].jobs[job.id] = job
 
     async def body(comps: dict[int, ZoneComponent]) -> None:
-        a, b = await asyncio.gather(comps[3].loan.reclaim("inference", 1), comps[4].loan.reclaim("inference", 1))
+        a, b = await asyncio.gather(comps[3].loan.return_servers("inference", 1), comps[4].loan.return_servers("inference", 1))
         assert comps[1].loan.returned and comps[2].loan.returned, (a["servers"], b["servers"])
         assert sorted(a["servers"] + b["servers"]) == [1, 2], (a, b)
         for n in (1, 2):
@@ -89,7 +89,7 @@ def test_the_return_of_a_server_with_many_lent_jobs_is_answered(tmp_path: Path) 
         tables[1].jobs[job.id] = job
 
     async def body(comps: dict[int, ZoneComponent]) -> None:
-        out = await comps[2].loan.reclaim("inference", 1)
+        out = await comps[2].loan.return_servers("inference", 1)
         assert out["servers"] == [1] and comps[1].loan.returned
         told = out["told"][1]
         assert told.get("returned") is True, told

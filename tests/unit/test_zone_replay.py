@@ -98,7 +98,7 @@ def test_a_return_replayed_to_another_server_does_not_return_it(tmp_path: Path) 
         coord = comps[3]
         tap = Tap(coord.endpoint.sock)
         coord.endpoint.sock = tap
-        out = await coord.loan.reclaim("inference", 1)
+        out = await coord.loan.return_servers("inference", 1)
         (chosen,) = out["servers"]
         other = 2 if chosen == 1 else 1
         assert comps[chosen].loan.returned and not comps[other].loan.returned

@@ -10,7 +10,7 @@ do and does it, lowest survival value first:
 - **recover**: ``cgroup.thaw``, highest value first, one per step, once calm (hysteresis);
 - **re-address**: send the checkpoint signal, then ``agent.migrate.readdress(job)`` when the
   migration layer is present; when it is not, an event says so and the budget runs on;
-- **reclaim**: ``cgroup.kill`` with the work lost (seconds since the last checkpoint) recorded;
+- **kill**: ``cgroup.kill`` with the work lost (seconds since the last checkpoint) recorded;
 - **cut**: a job being stopped (in its grace, e.g. ignoring SIGTERM) is killed under pressure
   before any running job is touched: it ends anyway, and its stop records its end as before.
 
@@ -72,7 +72,7 @@ POLICY_PARSES_PER_UID = 1
 POLICY_PARSES_ALL_USERS = 4
 # The tick while no job runs: only keeps PSI triggers and caps in step (footprint of an idle node).
 IDLE_TICK_S = 1.0
-# Edge signals (a PSI trigger, a reclaim tracepoint, pressure_level medium) count as "stall
+# Edge signals (a PSI trigger, a memory reclaim tracepoint, pressure_level medium) count as "stall
 # now" for this long; critical ones (oom_control, pressure_level critical) likewise.
 STALL_HOLD_S = 0.2
 # At most one evaluation per this interval (a storm raises thousands of tracepoint events).
@@ -201,6 +201,8 @@ class Airlock:
         else:
             self.policy = self.policies.current()
         self.store.ensure_schema("airlock_rungs", RUNG_SCHEMA)
+        with self.store.tx() as db:  # a store written before the last rung was called ``kill``
+            db.execute("UPDATE airlock_rungs SET rung=? WHERE rung='reclaim'", (ladder.KILL,))
         self._apply_budget()
         self._restore_rungs()
         # Admission by class capacity: the job runtime asks us for the caps in force (and starts
@@ -349,8 +351,8 @@ class Airlock:
           the previous process) becomes a suspend rung with the same start, so it is thawed
           once calm instead of staying frozen for good (Airlock's hold, unless the move's hold
           is still there: the migration layer settles that move, and thaws the job);
-        - a stored reclaim rung: the kill is finished (a job still alive is killed again) and
-          a job the job manager found gone while the agent was down is recorded as reclaimed
+        - a stored kill rung: the kill is finished (a job still alive is killed again) and
+          a job the job manager found gone while the agent was down is recorded as killed
           with the stored reason and the work lost, not as lost.
         The ladder then holds off recovery for ``hold_s`` as if pressure had just been seen."""
         assert self.store is not None and self.jobs is not None
@@ -362,23 +364,23 @@ class Airlock:
         for jid, (rung, since_wall, hops, reason) in stored.items():
             job = active.get(jid)
             since = now - max(0.0, wall - since_wall)
-            if rung == ladder.RECLAIM:
+            if rung == ladder.KILL:
                 self._drop_rung(jid)
                 if job is not None:
-                    self._set_rung(jid, ladder.RECLAIM, now, hops, reason)
+                    self._set_rung(jid, ladder.KILL, now, hops, reason)
                     lost = job.work_at_risk_s()
                     try:
                         job.cgroup.kill()
                     except CgroupError as e:
-                        log.warning("airlock: re-reclaim %s: %s", jid, e)
-                    self._spawn(self._finish_reclaim(jid, reason, lost))
-                    self._emit(f"airlock: reclaim of {jid} interrupted by a restart; finishing it: {reason}",
+                        log.warning("airlock: re-kill %s: %s", jid, e)
+                    self._spawn(self._finish_kill(jid, reason, lost))
+                    self._emit(f"airlock: kill of {jid} interrupted by a restart; finishing it: {reason}",
                                job=jid, adopted_rung=rung)
                     continue
                 old = self.jobs.get(jid)
                 if old is not None and old.state == "lost":
-                    self.jobs.set_state(old, "reclaimed", f"airlock reclaimed: {reason}", EndCause.AIRLOCK_KILL)
-                    self._emit(f"airlock: {jid} was reclaimed as the agent went down: {reason}", job=jid,
+                    self.jobs.set_state(old, "killed", f"airlock killed: {reason}", EndCause.AIRLOCK_KILL)
+                    self._emit(f"airlock: {jid} was killed as the agent went down: {reason}", job=jid,
                                adopted_rung=rung)
                 continue
             if job is None:
@@ -834,27 +836,27 @@ class Airlock:
             mb = self.class_budget_mb.get(c)
             self._emit(f"airlock: protected class {c} waits at its own memory limit (class_budget_mb "
                        f"{mb if mb else '?'} MiB): Airlock never acts on protected jobs and no other job's memory "
-                       f"counts under that limit, so nothing is suspended or reclaimed for it; raise "
+                       f"counts under that limit, so nothing is suspended or killed for it; raise "
                        f"[airlock] class_budget_mb.{c} or stop one of its jobs", held_class=c, class_budget_mb=mb)
         self._held = held
 
     def moving(self) -> set[str]:
         """Jobs the migration layer is moving now (``agent.migrate.evacuating``): the move's, not
         Airlock's. A thaw mid-move would run the job here past the checkpoint the destination
-        resumes from (two copies at once), a reclaim would record it reclaimed while it resumes
+        resumes from (two copies at once), a kill would record it killed while it resumes
         elsewhere; its memory leaves with it. A move that fails gives it back."""
         mig = getattr(self.agent, "migrate", None)
-        # and those a fence holds (fence.py): a reclaim would end a job the zone may resume
+        # and those a fence holds (fence.py): a kill would end a job the zone may resume
         # elsewhere (Airlock's own thaw no longer could run it: the fence's hold keeps it frozen)
         return set(getattr(mig, "evacuating", ()) or ()) | self._holds().held_by(Hold.FENCE)
 
     def _stopping(self) -> list[Any]:
         """Jobs being stopped (SIGTERM sent, in their grace; `JobManager.stopping`), but for
-        those Airlock reclaims itself (already killed)."""
+        those Airlock kills itself (already killed)."""
         fn = getattr(self.jobs, "stopping", None)
         if fn is None:
             return []
-        return [j for j in fn() if self.rungs.get(j.id, (None,))[0] != ladder.RECLAIM]
+        return [j for j in fn() if self.rungs.get(j.id, (None,))[0] != ladder.KILL]
 
     def views(self, now: float) -> list[ladder.JobView]:
         out = []
@@ -871,7 +873,7 @@ class Airlock:
             out.append(ladder.JobView(j.id, j.spec.job_class, j.spec.priority, 0.0, mem, stopping=True))
         for j in self.jobs.active():
             rung, since, hops = self.rungs.get(j.id, (None, None, 0))
-            if rung == ladder.RECLAIM or j.id in moving:
+            if rung == ladder.KILL or j.id in moving:
                 continue
             try:
                 mem = j.cgroup.memory_in_use()  # its clean page cache the kernel drops anyway
@@ -888,10 +890,10 @@ class Airlock:
         self._last_eval = now
         # A job that ended while at a rung (stopped by its owner while suspended, ended or moved
         # after a re-address) leaves it: in status, in the store, and in the end-of-episode test
-        # below, which a rung left behind kept from ever passing. A reclaim drops its own.
+        # below, which a rung left behind kept from ever passing. A kill drops its own.
         active = {j.id for j in self.jobs.active()}
         for jid, (rung, _, _) in list(self.rungs.items()):
-            if jid not in active and rung != ladder.RECLAIM:
+            if jid not in active and rung != ladder.KILL:
                 self._drop_rung(jid)
         sig = self.signals(now)
         level = ladder.pressure_level(sig, self.policy.doc)
@@ -928,7 +930,7 @@ class Airlock:
             self._drop_rung(a.job_id)
             return
         reaction_ms = None
-        if self.episode_start is not None and a.kind in (ladder.SUSPEND, ladder.RECLAIM):
+        if self.episode_start is not None and a.kind in (ladder.SUSPEND, ladder.KILL):
             reaction_ms = round((now - self.episode_start) * 1000, 2)
             if not any(r[0] in (ladder.SUSPEND, ladder.READDRESS) for r in self.rungs.values()):
                 self.reactions_ms.append(reaction_ms)
@@ -952,15 +954,15 @@ class Airlock:
             elif a.kind == ladder.READDRESS:
                 self._set_rung(job.id, ladder.READDRESS, now, hops + 1, a.reason)
                 self._readdress(job, a, fields)
-            elif a.kind == ladder.RECLAIM:
+            elif a.kind == ladder.KILL:
                 lost = job.work_at_risk_s()
                 fields["work_lost_s"] = round(lost, 3)
                 fields["memory_freed_bytes"] = _safe_usage(job)
                 job.cgroup.kill()  # now, synchronously; the stop task records and cleans up
                 # Stored after the kill (the hot path), before the stop task records the end:
-                # a restart in between finishes the reclaim instead of calling the job lost.
-                self._set_rung(job.id, ladder.RECLAIM, now, hops, a.reason)
-                self._spawn(self._finish_reclaim(job.id, a.reason, lost))
+                # a restart in between finishes the kill instead of calling the job lost.
+                self._set_rung(job.id, ladder.KILL, now, hops, a.reason)
+                self._spawn(self._finish_kill(job.id, a.reason, lost))
         except CgroupError as e:
             fields["error"] = str(e)
         fields["reason"] = a.reason
@@ -987,12 +989,12 @@ class Airlock:
         self.decisions.append({"ts": time.time(), **fields})
         self._emit(f"airlock: cut {job.id}'s stop short: {a.reason}", **fields)
 
-    async def _finish_reclaim(self, job_id: str, reason: str, lost: float) -> None:
+    async def _finish_kill(self, job_id: str, reason: str, lost: float) -> None:
         try:
-            await self.jobs.stop(job_id, f"airlock reclaimed: {reason}", grace_s=0, state="reclaimed", work_lost_s=lost,
+            await self.jobs.stop(job_id, f"airlock killed: {reason}", grace_s=0, state="killed", work_lost_s=lost,
                                  cause=EndCause.AIRLOCK_KILL)
         except Exception as e:  # already gone: the watcher recorded it
-            log.debug("airlock: reclaim %s: %s", job_id, e)
+            log.debug("airlock: kill %s: %s", job_id, e)
         self._drop_rung(job_id)
 
     def _readdress(self, job: Any, a: ladder.Action, fields: dict[str, Any]) -> None:
@@ -1007,7 +1009,7 @@ class Airlock:
         if hook is None:
             fields["migration"] = "absent"
             self._emit(f"airlock: re-addressing {job.id} needs the migration layer (agent.migrate.readdress), "
-                       "which is not running; checkpoint requested, the job is reclaimed when the rung's budget ends",
+                       "which is not running; checkpoint requested, the job is killed when the rung's budget ends",
                        job=job.id)
             return
         fields["migration"] = "requested"

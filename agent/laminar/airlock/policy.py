@@ -24,11 +24,11 @@ The defaults, with the reasons for their values::
       "rungs": {                 # time budget of each rung before the ladder escalates
         "suspend":   {"budget_s": 5.0},
         "readdress": {"budget_s": 30.0, "max_hops": 2},
-        "reclaim":   {"budget_s": 0.0}
+        "kill":      {"budget_s": 0.0}     # (``reclaim``, its old name, is read as ``kill``)
       },
       "class_weights": {"long-resident": 100.0, "standard": 10.0, "transient": 1.0},
       "protected": ["long-resident"],   # classes the ladder never acts on
-      "readdress": true,                # try re-addressing before reclaiming (needs a checkpoint)
+      "readdress": true,                # try re-addressing before killing (needs a checkpoint)
       "work_weight_per_hour": 1.0,      # survival value grows with work at risk ...
       "memory_weight_per_gib": 0.5,     # ... and falls with the memory a job would free
       "class_caps_mb": {},              # admission caps per class (airlock.admission), e.g.
@@ -53,7 +53,7 @@ DEFAULT: dict[str, Any] = {
     "thresholds": {"memory.some": 0.10, "memory.full": 0.05, "usage.high": 0.85, "usage.critical": 0.95},
     "hysteresis": {"recover_below": 0.75, "hold_s": 2.0, "step_s": 1.0},
     "rungs": {"suspend": {"budget_s": 5.0}, "readdress": {"budget_s": 30.0, "max_hops": 2},
-              "reclaim": {"budget_s": 0.0}},
+              "kill": {"budget_s": 0.0}},
     "class_weights": {"long-resident": 100.0, "standard": 10.0, "transient": 1.0},
     "protected": ["long-resident"],
     "readdress": True,
@@ -106,6 +106,27 @@ def _num(v: Any) -> bool:
     return isinstance(v, int | float) and not isinstance(v, bool)
 
 
+# Rungs' old names, read as the new ones for one release (a policy file or a stored document
+# written before the rename): Airlock's last rung was called ``reclaim``, a word now kept for an
+# owner taking a node back with notice.
+OLD_RUNG_NAMES = {"reclaim": "kill"}
+
+
+def _new_rung_names(doc: dict[str, Any]) -> dict[str, Any]:
+    """`doc` with its rungs' old names (OLD_RUNG_NAMES) replaced; a document that gives a rung
+    under both names is refused (PolicyError) rather than one silently winning."""
+    rungs = doc.get("rungs")
+    if not isinstance(rungs, dict) or not any(k in rungs for k in OLD_RUNG_NAMES):
+        return doc
+    new = dict(rungs)
+    for old, name in OLD_RUNG_NAMES.items():
+        if old in new:
+            if name in new:
+                raise PolicyError([f"policy: rungs.{old} is the old name of rungs.{name}; give one of them"])
+            new[name] = new.pop(old)
+    return {**doc, "rungs": new}
+
+
 def merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
     """Deep merge: tables merge key by key, everything else replaces."""
     out = copy.deepcopy(base)
@@ -135,6 +156,7 @@ def validate(doc: Any, config_caps_mb: dict[str, int] | None = None) -> dict[str
             problems.append(f"policy: {section} must be a table, got {doc[section]!r}")
     if problems:
         raise PolicyError(problems)
+    doc = _new_rung_names(doc)
     try:
         p = merge(DEFAULT, doc)
     except RecursionError:

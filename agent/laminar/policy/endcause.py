@@ -1,11 +1,11 @@
 """Why a job ended, as data (pure): :class:`EndCause`, one member for each way a job ends.
 
-A job's ``state`` says where it is (``exited``, ``stopped``, ``reclaimed``, ``migrated``, ...),
+A job's ``state`` says where it is (``exited``, ``stopped``, ``reclaimed``, ``killed``, ...),
 its ``reason`` says why in words for a person, and its ``end_cause`` says why for code: the
 protocols and policies that depend on why a job ended read the cause, never the reason's text
 (a reason may be a user's own words, and its wording changes). A state can have several causes
-(``reclaimed``: the notice window ended, Airlock's kill rung, a checkpoint left with a holder or
-the archive) and a cause belongs to exactly one state (:data:`STATE_OF`).
+(``reclaimed``: the notice window ended, a checkpoint left with a holder or the archive) and a
+cause belongs to exactly one state (:data:`STATE_OF`).
 
 The job manager records the cause with the state, at the moment the end is decided (a stop
 records it before its grace, so a stop the agent's death cut short keeps it); a live job has
@@ -65,7 +65,7 @@ STATE_OF: dict[EndCause, str] = {
     EndCause.PLACEMENT_UNSETTLED: "stopped", EndCause.FINISHED_ELSEWHERE: "stopped",
     EndCause.START_FAILED: "failed",
     EndCause.LOST_WITH_CGROUP: "lost", EndCause.ENDED_WHILE_DOWN: "lost",
-    EndCause.AIRLOCK_KILL: "reclaimed", EndCause.WINDOW_ENDED: "reclaimed", EndCause.HANDED_OVER: "reclaimed",
+    EndCause.AIRLOCK_KILL: "killed", EndCause.WINDOW_ENDED: "reclaimed", EndCause.HANDED_OVER: "reclaimed",
     EndCause.HELD_ELSEWHERE: "reclaimed", EndCause.ARCHIVED: "reclaimed",
     EndCause.MIGRATED: "migrated", EndCause.SUPERSEDED: "migrated",
     EndCause.REQUEUED: "requeued",
@@ -125,8 +125,10 @@ def derive(state: str, reason: str | None, exit_code: int | None, owner_uid: int
                 ENDED_WHILE_DOWN_TEXT: EndCause.ENDED_WHILE_DOWN}.get(text, EndCause.UNKNOWN)
     if state == "requeued":
         return EndCause.REQUEUED
+    if state == "killed":
+        return EndCause.AIRLOCK_KILL
     if state == "reclaimed":
-        if text.startswith("airlock reclaimed: "):
+        if text.startswith("airlock reclaimed: "):  # an Airlock kill of an agent older than the state ``killed``
             return EndCause.AIRLOCK_KILL
         if not text.startswith("node "):
             return EndCause.UNKNOWN

@@ -15,13 +15,13 @@ Airlock's manager (mechanism) and the simulator (``laminar.sim``) call the same 
   suspended job is escalated at once. Each rung has a time budget; a job suspended longer than
   its budget while the node has not recovered is escalated on its own: re-addressed
   (checkpoint, hand to the migration layer, at most ``max_hops``) when the policy allows, then
-  reclaimed (``cgroup.kill``, work lost recorded), one reclaim per ``RECLAIM_SETTLE_S``. Once the node has been calm for ``hold_s``
+  killed (``cgroup.kill``, work lost recorded), one kill per ``KILL_SETTLE_S``. Once the node has been calm for ``hold_s``
   and below ``recover_below``, suspended jobs are thawed one per ``step_s``, highest value
   first (in-situ recovery); a re-addressed job (already thawed) simply leaves its rung then.
 - A job being stopped (its SIGTERM sent, its grace running: `JobView.stopping`) is ending anyway
   and is no candidate for suspension; under HIGH or CRITICAL its grace is cut short first
-  (``CUT``: the mechanism kills it), before any running job is suspended or reclaimed, and the
-  ladder then waits ``RECLAIM_SETTLE_S`` for its memory to come back (that wait at most once per
+  (``CUT``: the mechanism kills it), before any running job is suspended or killed, and the
+  ladder then waits ``KILL_SETTLE_S`` for its memory to come back (that wait at most once per
   ``CUT_HOLD_S``: later cuts go beside the ladder's other decisions). Once per job; never a
   protected class's job.
 - `oom_score_adj(job_class, priority)`: the kernel's fallback order mirrors the ladder, so if
@@ -39,15 +39,15 @@ NONE, STEADY, HIGH, CRITICAL = 0, 1, 2, 3
 LEVEL_NAMES = {NONE: "none", STEADY: "steady", HIGH: "high", CRITICAL: "critical"}
 
 # Rung names; a job's `rung` is None while it runs untouched.
-SUSPEND, READDRESS, RECLAIM, RECOVER = "suspend", "readdress", "reclaim", "recover"
+SUSPEND, READDRESS, KILL, RECOVER = "suspend", "readdress", "kill", "recover"
 # The action on a job being stopped: its stop's grace is cut short (killed now; it ends as its
 # stop said, e.g. stopped by its owner).
 CUT = "cut"
 
-# After a reclaim under CRITICAL, wait this long for the killed job's memory to be freed before
-# reclaiming another (cgroup.kill is asynchronous; freeing 1 GiB takes ~100 ms).
-RECLAIM_SETTLE_S = 0.25
-# Cuts hold the ladder off (RECLAIM_SETTLE_S for the cut jobs' memory) at most once per this
+# After a kill under CRITICAL, wait this long for the killed job's memory to be freed before
+# killing another (cgroup.kill is asynchronous; freeing 1 GiB takes ~100 ms).
+KILL_SETTLE_S = 0.25
+# Cuts hold the ladder off (KILL_SETTLE_S for the cut jobs' memory) at most once per this
 # long; a cut within it is taken beside what the ladder decides (a stream of stops cannot stall it).
 CUT_HOLD_S = 1.0
 
@@ -87,14 +87,14 @@ class Signals:
     psi_full: float = 0.0
     under_oom: bool = False          # a task waits at a limit (v1 oom_control) or memory.events oom
     critical_event: bool = False     # v1 pressure_level critical, OOM victim event
-    stall_event: bool = False        # PSI trigger fired / reclaim began recently (edge signals)
+    stall_event: bool = False        # PSI trigger fired / memory reclaim began recently (edge signals)
     node_usage: float | None = None  # share of the machine's memory not available (MemAvailable)
     charged: float | None = None     # share of the budget charged, clean page cache included
 
 
 @dataclass(frozen=True)
 class Action:
-    """One decision: `kind` is SUSPEND, READDRESS, RECLAIM, RECOVER or CUT; `reason` says why."""
+    """One decision: `kind` is SUSPEND, READDRESS, KILL, RECOVER or CUT; `reason` says why."""
 
     kind: str
     job_id: str
@@ -109,7 +109,7 @@ class Memo:
 
     last_pressure: float = float("-inf")
     last_recover: float = float("-inf")
-    last_reclaim: float = float("-inf")
+    last_kill: float = float("-inf")
     last_suspend: float = float("-inf")
     usage_at_suspend: float | None = None
     acted: dict[str, float] = field(default_factory=dict)
@@ -137,10 +137,10 @@ def rank(jobs: Iterable[JobView], policy: dict[str, Any]) -> list[tuple[float, J
 def pressure_level(s: Signals, policy: dict[str, Any]) -> int:
     """NONE, STEADY, HIGH or CRITICAL for these signals under `policy`.
 
-    Stalls (PSI, reclaim and OOM events) count only while the budget or the machine is at
+    Stalls (PSI, memory reclaim and OOM events) count only while the budget or the machine is at
     least ``recover_below`` full: below that a stall comes from a limit of its own (a job at
     its ``--memory``, e.g. a data loader whose file is larger than its limit, or a cgroup that
-    is not a job), which no suspension or reclaim of other jobs can lift. A task waiting at the
+    is not a job), which no suspension or kill of other jobs can lift. A task waiting at the
     budget or a class cap (``under_oom``) and the budget's usage count at any level."""
     t = policy["thresholds"]
     usage = s.usage if s.usage is not None else 0.0
@@ -167,7 +167,7 @@ def oom_score_adj(job_class: str, priority: int) -> int:
 def _next_rung(job: JobView, policy: dict[str, Any]) -> str:
     if job.rung == SUSPEND and policy["readdress"] and job.hops < policy["rungs"]["readdress"]["max_hops"]:
         return READDRESS
-    return RECLAIM
+    return KILL
 
 
 def decide(now: float, level: int, jobs: Iterable[JobView], policy: dict[str, Any], memo: Memo,
@@ -197,9 +197,9 @@ def decide(now: float, level: int, jobs: Iterable[JobView], policy: dict[str, An
                 memo.cut[j.id] = now
                 actions.append(Action(CUT, j.id, f"pressure {LEVEL_NAMES[level]}: being stopped, ending anyway; "
                                       f"its grace is cut short to free {j.memory_bytes >> 20} MiB before any running "
-                                      "job is suspended or reclaimed"))
-        # The hold (this call ends here, then RECLAIM_SETTLE_S before a suspension or a pressure
-        # reclaim) comes at most once per CUT_HOLD_S: any user can stop their own jobs, and one
+                                      "job is suspended or killed"))
+        # The hold (this call ends here, then KILL_SETTLE_S before a suspension or a pressure
+        # kill) comes at most once per CUT_HOLD_S: any user can stop their own jobs, and one
         # new job in its grace every 200 ms otherwise held the ladder off for good.
         if actions and now - memo.last_cut >= CUT_HOLD_S:
             memo.last_cut = now
@@ -209,30 +209,30 @@ def decide(now: float, level: int, jobs: Iterable[JobView], policy: dict[str, An
 
     # 1. Budgets: a rung that ran out of time while the node has not recovered (level above
     #    NONE) escalates. At NONE the job waits for recovery, even inside the hold_s window.
-    #    Reclaims are paced like critical ones (one per RECLAIM_SETTLE_S, lowest value first):
+    #    Kills are paced like critical ones (one per KILL_SETTLE_S, lowest value first):
     #    jobs suspended together run out together, and the memory of the first kill may be
     #    all the node needed, after which the others recover instead of losing their work.
     if level > NONE:
-        reclaim_ok = now - memo.last_reclaim >= RECLAIM_SETTLE_S
+        kill_ok = now - memo.last_kill >= KILL_SETTLE_S
         for v, j in ranked:
             if j.rung in (SUSPEND, READDRESS) and j.rung_since is not None:
                 budget = policy["rungs"][j.rung]["budget_s"]
                 if now - j.rung_since >= budget:
-                    nxt = RECLAIM if j.rung == READDRESS else _next_rung(j, policy)
-                    if nxt == RECLAIM:
-                        if not reclaim_ok:
+                    nxt = KILL if j.rung == READDRESS else _next_rung(j, policy)
+                    if nxt == KILL:
+                        if not kill_ok:
                             continue
-                        reclaim_ok = False
+                        kill_ok = False
                     actions.append(Action(nxt, j.id, f"{j.rung} budget {budget:g}s ran out at pressure "
                                           f"{LEVEL_NAMES[level]} (value {v:.3g})", v))
 
     escalated = {a.job_id for a in actions}
     # 2. Pressure: suspend the lowest-value running job. Under CRITICAL the allocator is at
-    #    the limit and freezing frees nothing: also reclaim the lowest-value suspended job,
-    #    one per RECLAIM_SETTLE_S so a single kill's memory can come back first.
+    #    the limit and freezing frees nothing: also kill the lowest-value suspended job,
+    #    one per KILL_SETTLE_S so a single kill's memory can come back first.
     if level < HIGH:
         memo.usage_at_suspend = None
-    settling = now - memo.last_cut < RECLAIM_SETTLE_S  # a cut job's memory is coming back
+    settling = now - memo.last_cut < KILL_SETTLE_S  # a cut job's memory is coming back
     if level >= HIGH and not settling:
         running = [(v, j) for v, j in ranked if j.rung is None]
         growing = (memo.usage_at_suspend is None or usage is None
@@ -244,22 +244,22 @@ def decide(now: float, level: int, jobs: Iterable[JobView], policy: dict[str, An
             memo.usage_at_suspend = usage
             actions.append(Action(SUSPEND, j.id, f"pressure {LEVEL_NAMES[level]}: lowest survival value "
                                   f"{v:.3g} of {len(running)} running", v))
-        if level == CRITICAL and now - memo.last_reclaim >= RECLAIM_SETTLE_S \
-                and not any(a.kind == RECLAIM for a in actions):
+        if level == CRITICAL and now - memo.last_kill >= KILL_SETTLE_S \
+                and not any(a.kind == KILL for a in actions):
             waiting = [(v, j) for v, j in ranked if j.rung in (SUSPEND, READDRESS) and j.id not in escalated]
             if waiting:
                 v, j = waiting[0]
-                actions.append(Action(RECLAIM, j.id, f"pressure critical: suspended job of lowest survival "
-                                      f"value {v:.3g} reclaimed to free {j.memory_bytes >> 20} MiB", v))
-    if any(a.kind == RECLAIM for a in actions):
-        memo.last_reclaim = now
+                actions.append(Action(KILL, j.id, f"pressure critical: suspended job of lowest survival "
+                                      f"value {v:.3g} killed to free {j.memory_bytes >> 20} MiB", v))
+    if any(a.kind == KILL for a in actions):
+        memo.last_kill = now
 
     # 3. Recovery: calm for hold_s, below recover_below: thaw the highest-value one per step.
     #    Every suspended job, protected ones included: a job suspended before its class became
     #    protected (a policy change during an episode) would otherwise stay frozen for good.
     #    A re-addressed job (thawed for its checkpoint, waiting for the migration layer) whose
     #    pressure ended before its budget leaves its rung at once: it runs already, and a rung
-    #    kept would have it reclaimed at the first stall of a later episode (its budget long
+    #    kept would have it killed at the first stall of a later episode (its budget long
     #    spent) and never suspended again.
     if calm:
         for v, j in rank(jobs, policy):

@@ -1,7 +1,7 @@
 """Capacity loaning: which loaned inference servers to return, and what happens to their jobs.
 
 Idle inference servers are *loaned* to training. When inference traffic rises, the owner asks
-for k servers back (``laminarctl reclaim --pool inference --count k``). Returning a server stops
+for k servers back (``laminarctl pool return --pool inference --count k``). Returning a server stops
 the training jobs that have workers on it unless they can shed those workers: an elastic job
 running more than ``min_workers`` workers scales in instead of stopping. The **server preemption
 cost** of a set of returned servers R is the summed weight of the jobs that R stops::
@@ -283,7 +283,7 @@ def plan_from_reports(
 ) -> ReturnPlan:
     """The return plan for ``k`` servers from the servers' own reports (server -> report).
 
-    This is the whole decision of a reclaim, shared by the agent (reports are the
+    This is the whole decision of a return, shared by the agent (reports are the
     ``LOAN_ANSWER`` bodies) and the simulator (reports built from its state)::
 
         {"returned": bool, "loanable": bool, "free_gpus": float,

@@ -168,7 +168,8 @@ ACTIVE_STATES = ("running", "suspended")
 # (`airlock.admission`). Queued, running and suspended jobs are the ones that have not ended.
 QUEUED = "queued"
 LIVE_STATES = (QUEUED, *ACTIVE_STATES)
-STATES = ("queued", "running", "suspended", "exited", "stopped", "reclaimed", "failed", "lost", "readdressed", "requeued", "migrated")
+STATES = ("queued", "running", "suspended", "exited", "stopped", "reclaimed", "killed", "failed", "lost", "readdressed",
+          "requeued", "migrated")
 
 # The reason of a job found ``lost`` at the agent's start whose cgroup was gone (the node rebooted,
 # or someone removed it), not merely empty (its processes ended while the agent was down: it may
@@ -911,8 +912,9 @@ def oom_score_adj_for(spec: JobSpec) -> int:
 
 def upgrade_columns(store: Any) -> set[str]:
     """Add the LATER_COLUMNS an older agent's ``jobs`` table lacks, each in its own transaction
-    (``end_cause`` with the causes of the ended records already there: :func:`backfill_end_causes`).
-    No record is lost or changed otherwise. Returns the columns the table had before."""
+    (``end_cause`` with the causes of the ended records already there: :func:`backfill_end_causes`),
+    and moves Airlock's kills recorded ``reclaimed`` by an older agent to ``killed``. No record is
+    lost or changed otherwise. Returns the columns the table had before."""
     have = {r[1] for r in store.db.execute("PRAGMA table_info(jobs)").fetchall()}
     for col, typ in LATER_COLUMNS.items():
         if col not in have:
@@ -920,6 +922,8 @@ def upgrade_columns(store: Any) -> set[str]:
                 db.execute(f"ALTER TABLE jobs ADD COLUMN {col} {typ}")
                 if col == "end_cause":
                     backfill_end_causes(db)
+    with store.tx() as db:  # Airlock's kills, recorded ``reclaimed`` before the state ``killed`` was theirs
+        db.execute("UPDATE jobs SET state='killed' WHERE state='reclaimed' AND end_cause=?", (str(EndCause.AIRLOCK_KILL),))
     return have
 
 
@@ -2180,8 +2184,8 @@ class JobManager:
         return self.get(job.id) or job
 
     async def kill(self, job: Job, reason: str, work_lost_s: float | None = None) -> None:
-        """Reclaim now: cgroup.kill with no grace (Airlock's last rung); work lost recorded."""
-        await self.stop(job.id, reason, grace_s=0, state="reclaimed", work_lost_s=work_lost_s,
+        """Kill now: cgroup.kill with no grace (Airlock's last rung); work lost recorded."""
+        await self.stop(job.id, reason, grace_s=0, state="killed", work_lost_s=work_lost_s,
                         cause=EndCause.AIRLOCK_KILL)
 
     # -- store -----------------------------------------------------------------------------------

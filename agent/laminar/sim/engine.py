@@ -1,4 +1,4 @@
-"""The discrete-event simulator: jobs arrive, wait, run, scale, get reclaimed and finish.
+"""The discrete-event simulator: jobs arrive, wait, run, scale, are returned with their servers and finish.
 
 Events sit in a ``heapq`` ordered by (time, sequence number), so two runs with the same seed,
 trace and policy give the same result. Event kinds: a job arrives; a job finishes (stale
@@ -17,12 +17,12 @@ Model:
   needed count follows a diurnal curve, ``u(t) = low + (high - low) * (1 - cos(2 pi t /
   period)) / 2`` plus seeded noise, so the night is at ``low`` and midday at ``high``. A
   server is *serving* (inference uses it) or idle. With loaning, idle servers are loaned to
-  training; when the curve rises, k servers are reclaimed.
-- **Reclaim** (``laminar``, ``bestfit``): :func:`laminar.policy.loaning.plan_return` picks the k
+  training; when the curve rises, k servers are returned.
+- **Return** (``laminar``, ``bestfit``): :func:`laminar.policy.loaning.plan_return` picks the k
   loaned servers of least preemption cost (job weight: GPUs x seconds since the job's last
   checkpoint plus a restart, :func:`laminar.policy.loaning.job_weight`); jobs scale in, migrate
   (re-placed at once, paying ``restart_s``) or checkpoint and requeue at the head of the queue
-  (the reclaim notice lets them checkpoint: no work lost, ``restart_s`` paid). **Slurm
+  (the return's notice lets them checkpoint: no work lost, ``restart_s`` paid). **Slurm
   preempt-and-requeue** (``requeue``): idle servers first, then by index; jobs on returned
   servers are killed and requeued from the start (all progress lost).
 - **Elastic scaling** (``laminar``, ``bestfit``): every ``elastic_tick_s``, after the queue's
@@ -51,7 +51,7 @@ Metrics (:class:`SimResult`): per job queuing time (first start - arrival) and J
 arrival), averaged over every job and over the GPU jobs only (``*_gpu_s``: jobs asking for a
 GPU or a share of one; the CPU-only pods of a GPU trace are not what a GPU scheduler is
 judged on); cluster usage (GPU-seconds allocated to training plus GPUs serving inference, over
-total GPU-seconds, between time 0 and the last arrival); counts of reclaims, scale-ins,
+total GPU-seconds, between time 0 and the last arrival); counts of returns, scale-ins,
 migrations, requeues and work lost.
 """
 
@@ -173,7 +173,7 @@ class SimResult:
     usage: float
     training_usage: float
     makespan_s: float
-    reclaims: int = 0
+    returns: int = 0
     servers_returned: int = 0
     scale_ins: int = 0
     migrations: int = 0
@@ -714,7 +714,7 @@ class Simulator:
                 self.res.elastic_grants += added
                 self._reschedule_finish(j)
 
-    # ------------------------------------------------------------------ inference and reclaim
+    # ------------------------------------------------------------------ inference and return
 
     def _needed(self, t: float) -> int:
         c = self.cfg
@@ -747,14 +747,14 @@ class Simulator:
             for n in sorted(serving, key=lambda n: -n.idx)[: len(serving) - need]:
                 self._set_serving(n, False)
         elif need > len(serving):
-            self._reclaim(need - len(serving))
+            self._return_servers(need - len(serving))
 
-    def _reclaim(self, k: int) -> None:
+    def _return_servers(self, k: int) -> None:
         cands = [n for n in self.inference if not n.serving]
         k = min(k, len(cands))
         if k <= 0:
             return
-        self.res.reclaims += 1
+        self.res.returns += 1
         if self.policy.loaning is None:
             for n in cands[:k]:  # nothing was loaned: idle servers go straight back
                 self._set_serving(n, True)
@@ -763,7 +763,7 @@ class Simulator:
             chosen = sorted(cands, key=lambda n: (bool(n.workers), n.idx))[:k]
             self._return_requeue(chosen)
             return
-        # The servers' reports, as the agents answer a reclaim's query (LOAN_ANSWER), and the
+        # The servers' reports, as the agents answer a return's query (LOAN_ANSWER), and the
         # same pure decision the agent runs on them (loaning.plan_from_reports).
         cand_set = {n.idx for n in cands}
         reports: dict[str, dict[str, Any]] = {}

@@ -19,7 +19,9 @@ loans and are decided as before.
 **Return.** A member of the pool (or a node the servers' ``[loan] return_from`` lists) takes k
 servers of the pool back::
 
-    laminarctl pool reclaim --pool inference --count 1     POST /v1/pool/reclaim {"pool": ..., "count": k}
+    laminarctl pool return --pool inference --count 1      POST /v1/pool/return {"pool": ..., "count": k}
+
+(``pool reclaim`` and ``/v1/pool/reclaim``, the names before 2026-12-06, still work for one release.)
 
 The node asks every member of the pool in its zone for its loan state and lent jobs (a signed
 ``LOAN_REQUEST``/``LOAN_ANSWER`` exchange over the zone's UDP endpoint, see
@@ -102,7 +104,7 @@ def config_fields() -> dict[str, Any]:
                             _range(0.0, 1.0)),
         "load": Field((int, float), 0.0, "this node's serving load at start (0..1; POST /v1/pool/load changes it)",
                       _range(0.0, 1.0)),
-        "query_timeout_s": Field((int, float), 1.0, "how long a reclaim waits for each server's answer", _range(0.05, 60)),
+        "query_timeout_s": Field((int, float), 1.0, "how long a return waits for each server's answer", _range(0.05, 60)),
         "ckpt_wait_s": Field((int, float), 10.0, "how long a returned job gets to write its checkpoint", _range(0, 3600)),
         "stop_grace_s": Field((int, float), 2.0, "SIGTERM grace of a requeued job", _range(0, 600)),
         "requeue_for_s": Field((int, float), 600.0, "how long a requeued job keeps trying to be placed again",
@@ -112,7 +114,7 @@ def config_fields() -> dict[str, Any]:
         "elastic_interval_s": Field((int, float), 1.0, "how often idle GPUs are given to elastic jobs (0: never)",
                                     _range(0, 3600)),
         "return_from": Field(list, [], "nodes that may return this server to its pool (LOAN_REQUEST op 2, laminarctl "
-                             "pool reclaim there) besides the members of its own pool in its zone, which always may",
+                             "pool return there) besides the members of its own pool in its zone, which always may",
                              au.check_node_list),
         "elastic_remaining_s": Field((int, float), 3600.0, "an elastic job's remaining single-worker seconds when it "
                                      "does not say (its spec's remaining_s, laminarctl submit --remaining)", _range(1, 1e9)),
@@ -444,9 +446,9 @@ class LoanManager:
             raise LoanError(f"node {node} answered {out!r}, expected an object")
         return out
 
-    # -- reclaim (the coordinating node) ----------------------------------------------------------
+    # -- return (the coordinating node) -----------------------------------------------------------
 
-    async def reclaim(self, pool: str, count: int) -> dict[str, Any]:
+    async def return_servers(self, pool: str, count: int) -> dict[str, Any]:
         """Take ``count`` loaned servers of ``pool`` in this zone back (see the module docs).
         Returns the plan as carried out. Raises LoanError for bad input or too few answers."""
         from laminar.inputs import brief
@@ -493,7 +495,7 @@ class LoanManager:
             for n, r in zip(by_server, rets, strict=True):
                 told[n] = {"error": str(r)} if isinstance(r, BaseException) else r
                 if isinstance(r, LoanRefused):
-                    # it answered no and did nothing (returned already by another reclaim at the
+                    # it answered no and did nothing (returned already by another return at the
                     # same time, or not a lender): not a candidate any more, another server goes
                     refused[n] = str(r)
                     answers[n] = {**answers[n], "returned": True}
@@ -531,7 +533,7 @@ class LoanManager:
         requeued (in the background). Returns what will happen to each lent job."""
         if not self.lends:
             raise LoanError(f"node {self.zone.node_id} is not in the loaning pool {self.s['pool']!r}")
-        if self.returned:  # another reclaim returned it first (a repeat of the same request is answered from the cache)
+        if self.returned:  # another return took it first (a repeat of the same request is answered from the cache)
             raise LoanError(f"node {self.zone.node_id} was returned already; choose another server")
         self.counts["returns"] += 1
         self.returned = True
@@ -967,17 +969,18 @@ class LoanManager:
             except LoanError as e:
                 raise ApiError(400, str(e)) from None
 
-        async def post_reclaim(req: Request) -> dict[str, Any]:
+        async def post_return(req: Request) -> dict[str, Any]:
             b = req.body if isinstance(req.body, dict) else {}
             try:
-                return await self.reclaim(b.get("pool", self.s["pool"]), b.get("count", 1))
+                return await self.return_servers(b.get("pool", self.s["pool"]), b.get("count", 1))
             except LoanError as e:
-                raise ApiError(400, f"pool reclaim: {e}") from None
+                raise ApiError(400, f"pool return: {e}") from None
 
         return [
             Route("GET", "/v1/pool", get_pool),
             Route("POST", "/v1/pool/load", post_load, privileged=True),
-            Route("POST", "/v1/pool/reclaim", post_reclaim, privileged=True),
+            Route("POST", "/v1/pool/return", post_return, privileged=True),
+            Route("POST", "/v1/pool/reclaim", post_return, privileged=True),  # its name before 2026-12-06, for one release
         ]
 
 
