@@ -67,6 +67,7 @@ from laminar.runtime.holds import Hold, Holds, holds_of
 if TYPE_CHECKING:
     from laminar.migrate.archive import ArchiveLane
     from laminar.migrate.archive_view import Sealed, View
+    from laminar.migrate.buddies import Prestage
 
 log = logging.getLogger("laminar.migrate")
 
@@ -96,13 +97,12 @@ class FenceMixin:
 
     if TYPE_CHECKING:
         _lane: ArchiveLane
-        _releases: dict[tuple[int, str], tuple[float, float]]
         _started: float
         _superseding: set[str]
         agent: Any
         archived_live: dict[str, str]
-        buddy: dict[str, int]
         evacuating: set[str]
+        prestage: Prestage
         s: dict[str, Any]
 
         def _archive_root(self) -> Path | None: ...
@@ -229,8 +229,8 @@ class FenceMixin:
             if job.id in self.evacuating or job.id in self._superseding:
                 continue  # (a move under way freezes and settles the job itself)
             key = self.job_key(job)
-            if (job.id not in self.buddy and job.id not in self.archived_live
-                    and not any(k == key for _, k in self._releases)):
+            if (job.id not in self.prestage.buddy and job.id not in self.archived_live
+                    and not any(k == key for _, k in self.prestage.releases)):
                 continue  # nothing elsewhere would resume it (no guard, old or new, no archived copy): it runs on
             try:
                 holds.hold(job.id, Hold.FENCE)  # asked for now; taken once every task stops
@@ -305,8 +305,8 @@ class FenceMixin:
                 return
         # its buddy, and the old buddies still owed a release: a guard changed just before the
         # partition (the old one, cut off from this node earlier, still guards and may take over)
-        ask = sorted(({self.buddy[jid]} if jid in self.buddy else set())
-                     | {n for n, k in self._releases if k == key} - {self.node_id})
+        ask = sorted(({self.prestage.buddy[jid]} if jid in self.prestage.buddy else set())
+                     | {n for n, k in self.prestage.releases if k == key} - {self.node_id})
         for node in ask:  # (grows: a guard passed on is asked where it went)
             try:
                 ans = await self._control(node, "taken", {"key": key}, timeout=3.0)
