@@ -104,7 +104,7 @@ def test_a_node_that_hears_nobody_is_cut_off_and_takes_nothing_over(tmp_path: Pa
             state[2].last_seen = now - 40.0  # node 2 silent past orphan_after_s
             state[3].last_seen = now - 1.0  # node 3 heard a second ago: this node is not cut off
             assert not c._isolated(now)
-            c._vouched[2] = (now, 40.0, True)  # node 3 said it has not heard node 2 for 40 s either (vouch.py)
+            c.vouch._vouched[2] = (now, 40.0, True)  # node 3 said it has not heard node 2 for 40 s either (vouch.py)
             assert c._source_dead(2, now) == "node 2 silent for 40.0 s"
             state[3].last_seen = now - 12.0  # nobody heard for 12 s: this node is the one cut off
             assert c._isolated(now)
@@ -418,7 +418,7 @@ def test_a_silence_after_a_notice_declares_nothing_while_no_other_member_is_hear
             state[3].last_seen = now - 2.0  # heard only 2 s past node 2's last word (it may be this node that left)
             assert c._source_dead(2, now) is None
             state[3].last_seen = now - 0.5  # 3.5 s past it: node 2 is the silent one
-            c._vouched[2] = (now, 4.0, True)  # (and node 3 said it has not heard node 2 for 4 s either: vouch.py)
+            c.vouch._vouched[2] = (now, 4.0, True)  # (and node 3 said it has not heard node 2 for 4 s either: vouch.py)
             assert c._source_dead(2, now) == "node 2 went silent 4.0 s after announcing its reclaim"
             c.s["fence_after_s"] = 0.0  # off: as before
             state[3].last_seen = now - 5.0

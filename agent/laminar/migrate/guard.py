@@ -49,6 +49,7 @@ from laminar.zone import authority as au
 
 if TYPE_CHECKING:
     from laminar.migrate.archive import ArchiveLane
+    from laminar.migrate.vouch import Vouch
     from laminar.policy.holder import RetrySchedule
 
 log = logging.getLogger("laminar.migrate")
@@ -96,6 +97,7 @@ class GuardMixin:
         retry: RetrySchedule
         root: Path | None
         s: dict[str, Any]
+        vouch: Vouch
 
         def _archive_root(self) -> Path | None: ...
         def _archive_unless_archived(self, key: str, ckpt: Path, record: dict[str, Any]) -> Path | None: ...
@@ -108,7 +110,6 @@ class GuardMixin:
         def _isolated(self, now: float) -> bool: ...
         def _unheard_since(self, src: int, end: float) -> bool: ...
         def _heard_last(self, but: int | None = None) -> float | None: ...
-        def _heard_elsewhere(self, node: int, now: float, within: float | None = None) -> bool: ...
         def _last_seen(self, node: int) -> float: ...
         def _peer(self, node: int) -> tuple[str, int, bytes, int]: ...
         def _refusals(self) -> au.Refusals: ...
@@ -232,12 +233,12 @@ class GuardMixin:
         if notice is not None and silent >= dead_after and now - notice[1] >= dead_after:
             # (with fencing: only while others were heard meanwhile; a node that hears nobody
             # either may be the one cut off, and this silence is shorter than fence_after_s)
-            if self._cannot_tell(src, now, dead_after) or self._heard_elsewhere(src, now, dead_after):
+            if self._cannot_tell(src, now, dead_after) or self.vouch.heard_elsewhere(src, now, dead_after):
                 return None  # (others heard it lately, or none answered: this node may be the one cut off)
             return f"node {src} went silent {silent:.1f} s after announcing its reclaim"
         orphan = float(self.s["orphan_after_s"])
         if orphan > 0 and silent >= orphan:
-            if self._cannot_tell(src, now, orphan) or self._heard_elsewhere(src, now):
+            if self._cannot_tell(src, now, orphan) or self.vouch.heard_elsewhere(src, now):
                 return None  # (another member heard it lately: a partial partition; vouch.py)
             return f"node {src} silent for {silent:.1f} s"
         return None

@@ -197,7 +197,7 @@ from laminar.migrate.transfer import (
     verified_checkpoint,
 )
 from laminar.migrate.trees import _remove_tree
-from laminar.migrate.vouch import VouchMixin
+from laminar.migrate.vouch import Vouch
 from laminar.migrate.withdraw import WithdrawMixin
 from laminar.offloop import Lane, LaneBusy
 from laminar.policy import ckpt_schedule as cs
@@ -615,8 +615,7 @@ def _in_own_clock(body: dict[str, Any]) -> dict[str, Any]:
     return req
 
 
-class ReclaimComponent(BuddiesMixin, GuardMixin, ReplicasMixin, WithdrawMixin, SettleMixin, ArchiveMixin, FenceMixin,
-                       VouchMixin):
+class ReclaimComponent(BuddiesMixin, GuardMixin, ReplicasMixin, WithdrawMixin, SettleMixin, ArchiveMixin, FenceMixin):
     """``laminar.migrate.reclaim:ReclaimComponent`` (agent attribute ``migrate``)."""
 
     agent_attr = "migrate"
@@ -718,7 +717,7 @@ class ReclaimComponent(BuddiesMixin, GuardMixin, ReplicasMixin, WithdrawMixin, S
         self._sent_manifests: dict[str, tuple[str, str, int, int]] = {}
         self._replica_gc_next = 0.0  # when the held replicas are looked at next (monotonic)
         self._guard_asked: dict[str, float] = {}  # key -> when its source was last asked (monotonic)
-        self._init_vouch()  # other members' word on a silent peer (vouch.py)
+        self.vouch = Vouch(self, isolated=self._isolated)  # other members' word on a silent peer (vouch.py)
         self._cut_at_end: dict[int, float] = {}  # node -> the window's end this node heard nobody after (fence.py)
         self._alive_asked: dict[str, float] = {}  # key -> when a source silent in its window last said its job lives
         # key -> its row's ``updated`` when a source that may have withdrawn its reclaim (the guard
@@ -2504,7 +2503,7 @@ class ReclaimComponent(BuddiesMixin, GuardMixin, ReplicasMixin, WithdrawMixin, S
             try:
                 self._departure_round()
                 self._fence_round(time.time())
-                self._vouch_round(time.time())
+                self.vouch.tick(time.time())
                 self._release_round()
                 self._prestage_round()
                 self._archive_watch()
@@ -2689,7 +2688,7 @@ class ReclaimComponent(BuddiesMixin, GuardMixin, ReplicasMixin, WithdrawMixin, S
         if op == "taken":  # a job's node, fenced while cut off and heard again: did this node take it over?
             return self._answer_taken(node, str(body["key"]))
         if op == "heard":  # a node that hears nothing from a peer: when did this node last hear it?
-            return self._answer_heard(node, body)
+            return self.vouch.answer_heard(node, body)
         raise ValueError(f"unknown control operation {op!r} (guard, release, reclaim, reclaim-cancel, "
                          "reclaim-withdrawn, space, superseded, needs, dropped, taken, heard)")
 
@@ -2791,9 +2790,9 @@ class ReclaimComponent(BuddiesMixin, GuardMixin, ReplicasMixin, WithdrawMixin, S
                 # jobs frozen while this node heard none of its zone (fence.py): job id -> since (wall clock)
                 "fenced": dict(self.fenced_jobs),
                 # silent peers another member heard lately (vouch.py): not taken for gone
-                "heard_elsewhere": sorted(self._vouch_told),
+                "heard_elsewhere": sorted(self.vouch.held_back),
                 # member -> how many take-over verdicts its word held back (a member holding many: vouch.py)
-                "heard_vouchers": {str(n): k for n, k in sorted(self._vouch_holds.items())},
+                "heard_vouchers": {str(n): k for n, k in sorted(self.vouch.vouchers.items())},
                 "periodic_ckpt": None if self.ckpt is None else dict(self.ckpt.counts),
                 # jobs' checkpoint directories: checks (failed, unfinished) and their lane; freezes
                 # and thaws that did not take hold in time (a task in uninterruptible sleep)
