@@ -42,6 +42,7 @@ from laminar.policy import destination as dst
 
 if TYPE_CHECKING:
     from laminar.migrate.ckpt_driver import CkptDriver
+    from laminar.migrate.fence import Fence
     from laminar.migrate.reclaim import Move
     from laminar.migrate.transfer import Manifest
 
@@ -77,7 +78,6 @@ class BuddiesMixin:
         _prestage_sends: dict[str, asyncio.Task[str]]
         _prestaging: set[str]
         _superseding: set[str]
-        fenced_jobs: dict[str, float]
         _releases: dict[tuple[int, str], tuple[float, float]]
         _releasing: set[tuple[int, str]]
         _silent: dict[int, tuple[float, float]]
@@ -86,6 +86,7 @@ class BuddiesMixin:
         buddy: dict[str, int]
         counts: dict[str, int]
         evacuating: set[str]
+        fence: Fence
         notices: dict[int, tuple[float, float]]
         s: dict[str, Any]
         shipped: dict[str, str]
@@ -127,7 +128,7 @@ class BuddiesMixin:
         for job in list(self.agent.jobs.active()):
             if job.id in self.evacuating or job.id in self._prestaging or not job.ckpt_dir:
                 continue
-            if job.id in self.fenced_jobs or job.id in self._superseding:
+            if job.id in self.fence.fenced_jobs or job.id in self._superseding:
                 # fenced (frozen, unsettled) or being stopped for a take-over: a prestage now would
                 # hand the guard to a new buddy, which knows nothing of a take-over, and release
                 # the one that may have made it (the one the fence's settling asks). Found by the

@@ -163,7 +163,7 @@ from laminar.migrate.constants import (
 )
 from laminar.migrate.errors import HandoverSettled, MigrateError
 from laminar.migrate.evidence import EvidenceStore, NoticeOdds
-from laminar.migrate.fence import FenceMixin, check_fence_settings
+from laminar.migrate.fence import Fence, check_fence_settings
 from laminar.migrate.guard import GuardMixin
 from laminar.migrate.hazard import (
     DEFAULT_PRIOR_RATE_PER_H,
@@ -197,7 +197,7 @@ from laminar.migrate.transfer import (
     verified_checkpoint,
 )
 from laminar.migrate.trees import _remove_tree
-from laminar.migrate.vouch import VouchMixin
+from laminar.migrate.vouch import Vouch
 from laminar.migrate.withdraw import WithdrawMixin
 from laminar.offloop import Lane, LaneBusy
 from laminar.policy import ckpt_schedule as cs
@@ -615,8 +615,7 @@ def _in_own_clock(body: dict[str, Any]) -> dict[str, Any]:
     return req
 
 
-class ReclaimComponent(BuddiesMixin, GuardMixin, ReplicasMixin, WithdrawMixin, SettleMixin, ArchiveMixin, FenceMixin,
-                       VouchMixin):
+class ReclaimComponent(BuddiesMixin, GuardMixin, ReplicasMixin, WithdrawMixin, SettleMixin, ArchiveMixin):
     """``laminar.migrate.reclaim:ReclaimComponent`` (agent attribute ``migrate``)."""
 
     agent_attr = "migrate"
@@ -641,8 +640,7 @@ class ReclaimComponent(BuddiesMixin, GuardMixin, ReplicasMixin, WithdrawMixin, S
         self.buddy: dict[str, int] = {}  # job id -> node its checkpoints are prestaged to
         self.shipped: dict[str, str] = {}  # job id -> newest checkpoint shipped to the buddy
         self.evacuating: set[str] = set()
-        self.fenced_jobs: dict[str, float] = {}  # job id -> when this node froze it, cut off from its zone (fence.py)
-        self._unfencing: set[str] = set()
+        self.fence = Fence(self)  # the jobs this node froze while cut off from its zone (fence.py)
         self.frozen_at: dict[str, float] = {}  # job id -> when a move froze it (wall clock)
         self.ckpt_latency: dict[str, float] = {}  # job id -> seconds its last requested checkpoint took
         self._gpu_mem: dict[int, int] = {}  # pid -> GPU bytes, NVML's last read (_gpu_memory_round)
@@ -718,8 +716,8 @@ class ReclaimComponent(BuddiesMixin, GuardMixin, ReplicasMixin, WithdrawMixin, S
         self._sent_manifests: dict[str, tuple[str, str, int, int]] = {}
         self._replica_gc_next = 0.0  # when the held replicas are looked at next (monotonic)
         self._guard_asked: dict[str, float] = {}  # key -> when its source was last asked (monotonic)
-        self._init_vouch()  # other members' word on a silent peer (vouch.py)
-        self._cut_at_end: dict[int, float] = {}  # node -> the window's end this node heard nobody after (fence.py)
+        self.vouch = Vouch(self, isolated=self.fence.isolated)  # other members' word on a silent peer (vouch.py)
+        self._cut_at_end: dict[int, float] = {}  # node -> the window's end this node heard nobody after (guard.py)
         self._alive_asked: dict[str, float] = {}  # key -> when a source silent in its window last said its job lives
         # key -> its row's ``updated`` when a source that may have withdrawn its reclaim (the guard
         # may have missed its news) answered that its job lives there without saying whether it has
@@ -759,7 +757,7 @@ class ReclaimComponent(BuddiesMixin, GuardMixin, ReplicasMixin, WithdrawMixin, S
         self.buddy = {str(r["job_id"]): int(r["node"])
                       for r in agent.store.db.execute("SELECT job_id, node FROM migrate_buddies").fetchall()}
         self._restore_releases()
-        self._restore_fenced()
+        self.fence.restore()
         try:
             self.retry = RetrySchedule(float(self.s["retry_base_s"]), 2.0, float(self.s["retry_max_s"]))
             ckpt_driver.check_settings(self.s)
@@ -1458,7 +1456,8 @@ class ReclaimComponent(BuddiesMixin, GuardMixin, ReplicasMixin, WithdrawMixin, S
                            (job_id, node, pid, json.dumps(request), time.time()))
 
     def _holds(self) -> Holds:
-        """The job manager's holds (runtime/holds.py): a move's freeze is its ``move`` hold."""
+        """The job manager's holds (runtime/holds.py): a move's freeze is its ``move`` hold, the
+        fence's its ``fence`` hold (fence.py)."""
         return holds_of(self.agent.jobs)
 
     def _unhold(self, job: Any, froze: bool, timeout: float | None = None) -> bool:
@@ -1622,7 +1621,7 @@ class ReclaimComponent(BuddiesMixin, GuardMixin, ReplicasMixin, WithdrawMixin, S
                 # a loan's) runs on: never two moves of one job (two hand-overs: two copies)
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(cancel.wait(), 0.2)
-            while job.id in self.fenced_jobs and job.active and not cancel.is_set():
+            while job.id in self.fence.fenced_jobs and job.active and not cancel.is_set():
                 # fenced (this node heard none of its zone; fence.py): the zone may have taken it
                 # over, and a move now would start a second lineage of it. Its settling stops it
                 # (taken over) or thaws it (moved then); unsettled at the window's end, it is
@@ -1793,7 +1792,7 @@ class ReclaimComponent(BuddiesMixin, GuardMixin, ReplicasMixin, WithdrawMixin, S
         self.counts["moves"] += 1
         frozen = False
         try:
-            if job.id in self.fenced_jobs:
+            if job.id in self.fence.fenced_jobs:
                 raise MigrateError(f"{job.id} is fenced (node {self.node_id} heard none of its zone; "
                                    "migrate.fence_after_s): it moves once its fence is settled, if nobody took it over")
             if self.zone is None:
@@ -2503,8 +2502,8 @@ class ReclaimComponent(BuddiesMixin, GuardMixin, ReplicasMixin, WithdrawMixin, S
         while True:
             try:
                 self._departure_round()
-                self._fence_round(time.time())
-                self._vouch_round(time.time())
+                self.fence.tick(time.time())
+                self.vouch.tick(time.time())
                 self._release_round()
                 self._prestage_round()
                 self._archive_watch()
@@ -2687,9 +2686,9 @@ class ReclaimComponent(BuddiesMixin, GuardMixin, ReplicasMixin, WithdrawMixin, S
         if op == "dropped":  # an operator dropped the guard of one of this node's jobs there, by force
             return self._answer_dropped(node, str(body["key"]))
         if op == "taken":  # a job's node, fenced while cut off and heard again: did this node take it over?
-            return self._answer_taken(node, str(body["key"]))
+            return self.fence.answer_taken(node, str(body["key"]))
         if op == "heard":  # a node that hears nothing from a peer: when did this node last hear it?
-            return self._answer_heard(node, body)
+            return self.vouch.answer_heard(node, body)
         raise ValueError(f"unknown control operation {op!r} (guard, release, reclaim, reclaim-cancel, "
                          "reclaim-withdrawn, space, superseded, needs, dropped, taken, heard)")
 
@@ -2789,11 +2788,11 @@ class ReclaimComponent(BuddiesMixin, GuardMixin, ReplicasMixin, WithdrawMixin, S
                 "reclaim": None if r is None else {"deadline": r["deadline"], "done": r["task"].done()},
                 "notices": sorted(self.notices),
                 # jobs frozen while this node heard none of its zone (fence.py): job id -> since (wall clock)
-                "fenced": dict(self.fenced_jobs),
+                "fenced": dict(self.fence.fenced_jobs),
                 # silent peers another member heard lately (vouch.py): not taken for gone
-                "heard_elsewhere": sorted(self._vouch_told),
+                "heard_elsewhere": sorted(self.vouch.held_back),
                 # member -> how many take-over verdicts its word held back (a member holding many: vouch.py)
-                "heard_vouchers": {str(n): k for n, k in sorted(self._vouch_holds.items())},
+                "heard_vouchers": {str(n): k for n, k in sorted(self.vouch.vouchers.items())},
                 "periodic_ckpt": None if self.ckpt is None else dict(self.ckpt.counts),
                 # jobs' checkpoint directories: checks (failed, unfinished) and their lane; freezes
                 # and thaws that did not take hold in time (a task in uninterruptible sleep)
