@@ -16,14 +16,17 @@ left as it is, as the UPDATE left it, and that is no refusal.
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import sqlite3
 import time
-from collections.abc import Collection, Mapping
+from collections.abc import Collection, Iterable, Mapping
 from typing import Any
 
+from laminar.policy import moves
 from laminar.policy.custody import Effect, Event, IllegalTransition, State, step
+from laminar.policy.moves import Cause, IllegalMove, Phase
 
 log = logging.getLogger("laminar.migrate")
 
@@ -37,6 +40,16 @@ _INSERT = ("src_node", "src_job", "request", "ckpt")
 def strict() -> bool:
     """Whether an illegal move raises (tests) rather than being logged and counted."""
     return os.environ.get(STRICT_ENV, "") == "1"
+
+
+def _refused(err: ValueError, what: str, why: str, counts: dict[str, int] | None) -> None:
+    """A move the table does not allow (``err``): raised in strict mode, else one warning line
+    and ``counts[REFUSED_COUNT]``."""
+    if strict():
+        raise err
+    log.warning("migrate: custody refused: %s: %s (not written)", what, why)
+    if counts is not None:
+        counts[REFUSED_COUNT] = counts.get(REFUSED_COUNT, 0) + 1
 
 
 def state_of(db: sqlite3.Connection, key: str) -> State:
@@ -71,12 +84,8 @@ def move(db: sqlite3.Connection, key: str, event: Event, *, counts: dict[str, in
         return None
     try:
         new, effects = step(state, event)
-    except IllegalTransition:
-        if strict():
-            raise
-        log.warning("migrate: custody refused: %s: event %s in state %s (not written)", key, event.value, state.value)
-        if counts is not None:
-            counts[REFUSED_COUNT] = counts.get(REFUSED_COUNT, 0) + 1
+    except IllegalTransition as err:
+        _refused(err, key, f"event {event.value} in state {state.value}", counts)
         return None
     if Effect.FORGET_RETRY in effects:
         db.execute("DELETE FROM migrate_retry WHERE key=?", (key,))
@@ -101,3 +110,76 @@ def move(db: sqlite3.Connection, key: str, event: Event, *, counts: dict[str, in
         db.execute(f"UPDATE migrate_replicas SET state=?{names}, updated=? WHERE key=? AND state=?",
                    (new.value, *sets.values(), now, key, state.value))
     return new
+
+
+# -- move records (``migrate_moves``: laminar.policy.moves) -------------------------------------
+
+WINDOWLESS = tuple(c for c in Cause if c not in moves.WINDOWED)
+"""The causes of the moves without a window (settled by ReclaimComponent._restore_moves)."""
+
+def move_phase(db: sqlite3.Connection, job_id: str, only: Collection[Cause] | None = None) -> Phase:
+    """The phase of ``job_id``'s move record here (of the causes ``only``; NEW: none)."""
+    row = db.execute("SELECT phase, cause FROM migrate_moves WHERE job_id=?", (job_id,)).fetchone()
+    return Phase.NEW if row is None or (only is not None and Cause(row[1]) not in only) else Phase(row[0])
+
+
+def record_move(db: sqlite3.Connection, job_id: str, event: moves.Event, *, cause: Cause | None = None,
+                reason: str = "", thaw: bool = False, node: int | None = None, pid: int | None = None,
+                request: Mapping[str, Any] | None = None, only: Collection[Cause] | None = None,
+                counts: dict[str, int] | None = None, updated: float | None = None) -> Phase | None:
+    """Applies ``event`` to the move record of ``job_id`` in ``db`` (a connection inside the
+    caller's transaction), as :func:`laminar.policy.moves.step` says: the record is written
+    afresh with ``cause``, ``reason``, ``thaw`` and the hand-over (``node``, ``pid``,
+    ``request``, stored as JSON) (Effect.RECORD); or keeps the cause, reason and thaw of a record
+    of the same ``cause`` (Effect.KEEP); or takes ``cause``, ``reason`` and ``thaw`` and keeps
+    its hand-over (Effect.RECAUSE); or only its phase changes; or it is deleted (the phase NEW).
+    ``only``: the causes of the records the event is for (a record of another is left as it is,
+    and that is no refusal). Returns the phase written (NEW: deleted), or None when nothing was
+    written (no record for the event, or refused: see the module)."""
+    row = db.execute("SELECT phase, cause FROM migrate_moves WHERE job_id=?", (job_id,)).fetchone()
+    if row is not None and only is not None and Cause(row[1]) not in only:
+        return None
+    phase = Phase.NEW if row is None else Phase(row[0])
+    try:
+        new, effects = moves.step(phase, event)
+    except IllegalMove as err:
+        _refused(err, job_id, f"move record event {event.value} in phase {phase.value}", counts)
+        return None
+    if moves.Effect.UNCHANGED in effects:
+        return None
+    now = time.time() if updated is None else updated
+    sent = None if request is None else json.dumps(request)
+    if new is Phase.NEW:
+        db.execute("DELETE FROM migrate_moves WHERE job_id=? AND phase=?", (job_id, phase.value))
+    elif moves.Effect.RECORD in effects or (moves.Effect.KEEP in effects and (row is None or row[1] != cause)):
+        if cause is None:
+            raise TypeError(f"ledger.record_move: {event.value} records a move of {job_id}: it needs its cause")
+        db.execute("INSERT OR REPLACE INTO migrate_moves (job_id, cause, phase, reason, thaw, node, pid, request, "
+                   "updated) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                   (job_id, Cause(cause).value, new.value, reason, int(thaw), node, pid, sent, now))
+    elif moves.Effect.KEEP in effects:
+        db.execute("UPDATE migrate_moves SET phase=?, node=?, pid=?, request=?, updated=? WHERE job_id=? AND phase=?",
+                   (new.value, node, pid, sent, now, job_id, phase.value))
+    elif moves.Effect.RECAUSE in effects:
+        if cause is None:
+            raise TypeError(f"ledger.record_move: {event.value} of {job_id} needs the record's new cause")
+        db.execute("UPDATE migrate_moves SET cause=?, phase=?, reason=?, thaw=?, updated=? WHERE job_id=? AND phase=?",
+                   (Cause(cause).value, new.value, reason, int(thaw), now, job_id, phase.value))
+    else:
+        db.execute("UPDATE migrate_moves SET phase=?, updated=? WHERE job_id=? AND phase=?",
+                   (new.value, now, job_id, phase.value))
+    return new
+
+
+def drop_moves(db: sqlite3.Connection, job_ids: Iterable[str], only: Collection[Cause] | None = None,
+               counts: dict[str, int] | None = None) -> int:
+    """Event DONE for the move record of each of ``job_ids`` (of the causes ``only``). Returns
+    how many went."""
+    return sum(record_move(db, j, moves.Event.DONE, only=only, counts=counts) is Phase.NEW for j in job_ids)
+
+
+def move_records(db: sqlite3.Connection, causes: Collection[Cause] | None = None) -> list[sqlite3.Row]:
+    """The move records here (of ``causes``), by job id."""
+    rows = db.execute("SELECT * FROM migrate_moves ORDER BY job_id").fetchall()
+    return [r for r in rows if causes is None or Cause(r["cause"]) in causes]
+

@@ -177,7 +177,7 @@ from laminar.migrate.replicas import guard_confirmation as guard_confirmation
 from laminar.migrate.replicas import guard_needed as guard_needed
 from laminar.migrate.replicas import replica_gc_plan as replica_gc_plan
 from laminar.migrate.replicas import replica_victims as replica_victims
-from laminar.migrate.schema import MOVES_SCHEMA, RECLAIM_SCHEMA, REPLICAS_SCHEMA
+from laminar.migrate.schema import MOVES_SCHEMA, RECLAIM_SCHEMA, REPLICAS_SCHEMA, upgrade_moves
 from laminar.migrate.settle import SettleMixin
 from laminar.migrate.transfer import (
     DEFAULT_CHUNK,
@@ -203,6 +203,7 @@ from laminar.offloop import Lane, LaneBusy
 from laminar.policy import ckpt_schedule as cs
 from laminar.policy import custody, prestage
 from laminar.policy import destination as dst
+from laminar.policy import moves as mp
 from laminar.policy.endcause import EndCause
 from laminar.policy.holder import HolderCandidate, RetrySchedule, choose_holder
 from laminar.runtime.ckpt_scan import CkptScanner
@@ -509,9 +510,11 @@ class Move:
     ranked: list[dict[str, Any]] = field(default_factory=list)
     # the final checkpoint's transfer manifest, built as it was checked: sent as it is (not shown)
     manifest: Manifest | None = field(default=None, repr=False, compare=False)
+    # why it moves, as its record in the store says (laminar.policy.moves.Cause; not shown)
+    cause: str = field(default="move_now", repr=False, compare=False)
 
     def as_dict(self) -> dict[str, Any]:
-        return {k: getattr(self, k) for k in self.__dataclass_fields__ if k != "manifest"}
+        return {k: getattr(self, k) for k in self.__dataclass_fields__ if k not in ("manifest", "cause")}
 
 
 class _ShaperHook:
@@ -751,6 +754,10 @@ class ReclaimComponent(BuddiesMixin, GuardMixin, ReplicasMixin, WithdrawMixin, S
         agent.store.ensure_schema("migrate", REPLICAS_SCHEMA)
         agent.store.ensure_schema("migrate-reclaim", RECLAIM_SCHEMA)
         agent.store.ensure_schema("migrate-moves", MOVES_SCHEMA)
+        with agent.store.tx() as db:  # an older agent's move records: all of them into migrate_moves
+            upgraded = upgrade_moves(db)
+        if upgraded:
+            log.info("migrate: move records upgraded into migrate_moves: %s", upgraded)
         for r in agent.store.db.execute("SELECT key, request FROM migrate_replicas").fetchall():
             self._note_owner(str(r["key"]), r["request"])
         self._backfill_origins()
@@ -1274,9 +1281,9 @@ class ReclaimComponent(BuddiesMixin, GuardMixin, ReplicasMixin, WithdrawMixin, S
         elif not self._cancelling:  # a new reclaim: what an earlier one did to jobs is history
             # (not while a cancel runs: its placement in flight is this reclaim's to remember), but
             # a move still finishing (a cancelled reclaim's) keeps its record: a restart settles it
-            keep = sorted(self.evacuating)
             with self.agent.store.tx() as db:
-                db.execute(f"DELETE FROM migrate_reclaim_jobs WHERE job_id NOT IN ({','.join('?' * len(keep))})", keep)
+                ledger.drop_moves(db, [j for j in self._move_phases() if j not in self.evacuating], only=mp.WINDOWED,
+                                  counts=self.counts)
         with self.agent.store.tx() as db:
             db.execute("DELETE FROM migrate_reclaim")
             db.execute("INSERT INTO migrate_reclaim VALUES (?, ?, ?, ?, ?)", (self.node_id, notice_s, reason, now, end))
@@ -1313,7 +1320,7 @@ class ReclaimComponent(BuddiesMixin, GuardMixin, ReplicasMixin, WithdrawMixin, S
         if left <= 0:
             with self.agent.store.tx() as tx:
                 tx.execute("DELETE FROM migrate_reclaim")
-                tx.execute("DELETE FROM migrate_reclaim_jobs")
+                ledger.drop_moves(tx, self._move_phases(), only=mp.WINDOWED, counts=self.counts)
             jobs_mgr = getattr(self.agent, "jobs", None)
             if jobs_mgr is not None and getattr(jobs_mgr, "held", None) == drain.hold_reason(int(row["node"])):
                 jobs_mgr.hold_queue(None)  # the window ended between the job manager's start and this one
@@ -1438,22 +1445,18 @@ class ReclaimComponent(BuddiesMixin, GuardMixin, ReplicasMixin, WithdrawMixin, S
             log.warning("migrate: stopping %s, cut at the window's end while the agent was down: %s", job.id, e)
 
     def _move_phases(self) -> dict[str, tuple[str, int | None]]:
-        """``migrate_reclaim_jobs``: job id -> (phase, node)."""
+        """The reclaim's move records (``migrate_moves``, cause ``reclaim``): job id -> (phase, node)."""
         return {str(r["job_id"]): (str(r["phase"]), None if r["node"] is None else int(r["node"]))
-                for r in self.agent.store.db.execute("SELECT job_id, phase, node FROM migrate_reclaim_jobs")}
+                for r in ledger.move_records(self.agent.store.db, mp.WINDOWED)}
 
-    def _note_move(self, job_id: str, phase: str, node: int | None = None, pid: int | None = None,
+    def _note_move(self, job_id: str, event: mp.Event, node: int | None = None, pid: int | None = None,
                    request: dict[str, Any] | None = None) -> None:
-        """Records what the reclaim did to ``job_id`` that a restart must not do twice; with a
-        ``handover``, its placement id and request (``migrate_reclaim_handovers``)."""
+        """Records what the reclaim did to ``job_id`` that a restart must not do twice
+        (``migrate_moves``, cause ``reclaim``): ``freeze`` (its move froze it), ``hand-over``
+        (with the node, its placement id and the request), ``place``."""
         with self.agent.store.tx() as db:
-            db.execute("INSERT OR REPLACE INTO migrate_reclaim_jobs VALUES (?, ?, ?, ?)",
-                       (job_id, phase, node, time.time()))
-            if pid is not None and request is not None:
-                db.execute("DELETE FROM migrate_reclaim_handovers WHERE job_id NOT IN "
-                           "(SELECT job_id FROM migrate_reclaim_jobs)")  # what records dropped elsewhere left
-                db.execute("INSERT OR REPLACE INTO migrate_reclaim_handovers VALUES (?, ?, ?, ?, ?)",
-                           (job_id, node, pid, json.dumps(request), time.time()))
+            ledger.record_move(db, job_id, event, cause=mp.Cause.RECLAIM, thaw=event is mp.Event.FREEZE, node=node,
+                               pid=pid, request=request, counts=self.counts)
 
     def _holds(self) -> Holds:
         """The job manager's holds (runtime/holds.py): a move's freeze is its ``move`` hold, the
@@ -1485,7 +1488,7 @@ class ReclaimComponent(BuddiesMixin, GuardMixin, ReplicasMixin, WithdrawMixin, S
             return
         holds = self._holds()
         known = set(self._move_phases()) | set(self.evacuating) | set(self._late_stopping) | set(self._archive_keeps)
-        known |= {str(r["job_id"]) for r in self.agent.store.db.execute("SELECT job_id FROM migrate_moves")}
+        known |= {str(r["job_id"]) for r in ledger.move_records(self.agent.store.db)}
         for jid in sorted(holds.held_by(Hold.MOVE) - known):
             try:
                 holds.release(jid, Hold.MOVE, timeout=0)
@@ -1493,24 +1496,25 @@ class ReclaimComponent(BuddiesMixin, GuardMixin, ReplicasMixin, WithdrawMixin, S
                 log.warning("migrate: releasing the move hold of %s, cut by the agent's stop: %s", jid, e)
 
     def _forget_move(self, job_id: str) -> None:
+        """The reclaim's record of ``job_id``'s move goes."""
         with self.agent.store.tx() as db:
-            db.execute("DELETE FROM migrate_reclaim_jobs WHERE job_id=?", (job_id,))
-            db.execute("DELETE FROM migrate_reclaim_handovers WHERE job_id=?", (job_id,))
+            ledger.drop_moves(db, [job_id], only=mp.WINDOWED, counts=self.counts)
 
-    def _record_move(self, job_id: str, phase: str, reason: str = "", thaw: bool | None = None,
-                     node: int | None = None, pid: int | None = None, request: dict[str, Any] | None = None) -> None:
-        """Records where a move without a window (``migrate_moves``) is, before it gets there
-        (``frozen``: before the freeze; ``handover``: before the hand-over is sent). A later
-        phase keeps the earlier ``reason`` and ``thaw``."""
+    def _record_move(self, job_id: str, event: mp.Event, reason: str = "", thaw: bool | None = None,
+                     node: int | None = None, pid: int | None = None, request: dict[str, Any] | None = None,
+                     cause: mp.Cause = mp.Cause.MOVE_NOW) -> None:
+        """Records where a move without a window (``migrate_moves``, ``cause`` one of
+        :data:`ledger.WINDOWLESS`) is, before it gets there (``freeze``: before the freeze;
+        ``hand-over``: before the hand-over is sent). A later phase keeps the earlier
+        ``reason`` and ``thaw``."""
         with self.agent.store.tx() as db:
-            db.execute("INSERT INTO migrate_moves VALUES (?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT(job_id) DO UPDATE SET "
-                       "phase=excluded.phase, node=excluded.node, pid=excluded.pid, request=excluded.request, "
-                       "updated=excluded.updated", (job_id, phase, reason, int(bool(thaw)), node, pid,
-                                                    None if request is None else json.dumps(request), time.time()))
+            ledger.record_move(db, job_id, event, cause=cause, reason=reason, thaw=bool(thaw), node=node, pid=pid,
+                               request=request, counts=self.counts)
 
     def _drop_move_record(self, job_id: str) -> None:
+        """The record of ``job_id``'s move without a window goes."""
         with self.agent.store.tx() as db:
-            db.execute("DELETE FROM migrate_moves WHERE job_id=?", (job_id,))
+            ledger.drop_moves(db, [job_id], only=ledger.WINDOWLESS, counts=self.counts)
 
     def _restore_moves(self) -> None:
         """At start: settles the moves without a window (a loan return's, Airlock's re-address)
@@ -1520,7 +1524,7 @@ class ReclaimComponent(BuddiesMixin, GuardMixin, ReplicasMixin, WithdrawMixin, S
         (:meth:`_settle_cut_move`), the job frozen and left alone by Airlock until it answers.
         A job that ended meanwhile only loses its record."""
         jobs_mgr = getattr(self.agent, "jobs", None)
-        for r in self.agent.store.db.execute("SELECT * FROM migrate_moves").fetchall():
+        for r in ledger.move_records(self.agent.store.db, ledger.WINDOWLESS):
             jid = str(r["job_id"])
             job = jobs_mgr.get(jid) if jobs_mgr is not None else None
             if job is None or not job.active:
@@ -1673,12 +1677,12 @@ class ReclaimComponent(BuddiesMixin, GuardMixin, ReplicasMixin, WithdrawMixin, S
         """Move ``job`` elsewhere now, without a deadline: checkpoint, reserve, transfer, hand
         over, stop here (state ``migrated``). The loan return's ``migrate`` action. Never
         raises: a failed move (phase ``failed``) leaves the job running here."""
-        return await self._move(job, reason, None, final=True)
+        return await self._move(job, reason, None, final=True, cause=mp.Cause.MOVE_NOW)
 
     async def readdress(self, job: Any) -> dict[str, Any]:
         """Airlock's re-address rung: move ``job`` elsewhere now, without a deadline (Airlock has
         already sent the checkpoint signal; a new checkpoint is waited for all the same)."""
-        return (await self._move(job, "airlock re-address", None, final=True)).as_dict()
+        return (await self._move(job, "airlock re-address", None, final=True, cause=mp.Cause.READDRESS)).as_dict()
 
     # -- one move -----------------------------------------------------------------------------
 
@@ -1779,13 +1783,15 @@ class ReclaimComponent(BuddiesMixin, GuardMixin, ReplicasMixin, WithdrawMixin, S
             return None, None, None
 
     async def _move(self, job: Any, reason: str, deadline_mono: float | None, final: bool = True,
-                    transfer_deadline: float | None = None) -> Move:
+                    transfer_deadline: float | None = None, cause: mp.Cause | None = None) -> Move:
         """Checkpoint, reserve, transfer, hand over, stop here. ``deadline_mono``: the window's
         end; ``transfer_deadline``: when the plan wants the transfer done (what the shaper
-        paces to; the rest of the window is for the hand-over). Never raises: the outcome is
+        paces to; the rest of the window is for the hand-over); ``cause``: what its record says
+        (default: ``reclaim`` with a window, else ``move_now``). Never raises: the outcome is
         in the returned Move (phase done or failed) and in ``migrate`` events."""
         mv = Move(job.id, self.job_key(job), reason,
-                  deadline=None if deadline_mono is None else time.time() + deadline_mono - time.monotonic())
+                  deadline=None if deadline_mono is None else time.time() + deadline_mono - time.monotonic(),
+                  cause=cause or (mp.Cause.RECLAIM if deadline_mono is not None else mp.Cause.MOVE_NOW))
         self.moves[job.id] = mv
         self.evacuating.add(job.id)
         self._supersede_prestage(job.id)
@@ -1825,7 +1831,7 @@ class ReclaimComponent(BuddiesMixin, GuardMixin, ReplicasMixin, WithdrawMixin, S
                 with contextlib.suppress(Exception):
                     already = bool(job.cgroup.frozen())
                 if deadline_mono is None:  # before the freeze: a restart thaws what a crash cut (_restore_moves)
-                    self._record_move(job.id, "frozen", reason=reason, thaw=not already)
+                    self._record_move(job.id, mp.Event.FREEZE, reason=reason, thaw=not already, cause=mp.Cause(mv.cause))
                 took = already
                 with contextlib.suppress(Exception):
                     # the move's hold (runtime/holds.py), waited for without blocking the loop: a
@@ -1839,7 +1845,7 @@ class ReclaimComponent(BuddiesMixin, GuardMixin, ReplicasMixin, WithdrawMixin, S
                                "sleep: hung storage?); the freeze stays asked for, the move goes on", job=job.id,
                                phase="freeze-pending")
                 if frozen and deadline_mono is not None:  # a reclaim's: a restart thaws it and moves it again
-                    self._note_move(job.id, "frozen")
+                    self._note_move(job.id, mp.Event.FREEZE)
                 self.frozen_at[job.id] = time.time()
 
             if final:
@@ -2343,9 +2349,9 @@ class ReclaimComponent(BuddiesMixin, GuardMixin, ReplicasMixin, WithdrawMixin, S
             req = {"spec": spec, "owner_uid": job.owner_uid, "owner_gid": job.owner_gid,
                    "origin": request_origin(migrated_from=self.job_key(job), resume_given=True)}
             if deadline_mono is not None:  # a reclaim's: once sent, a restart never moves it again
-                self._note_move(job.id, "handover", node, pid=pid, request=req)
+                self._note_move(job.id, mp.Event.HAND_OVER, node, pid=pid, request=req)
             else:  # a loan return's, Airlock's: a restart asks node whether it took the job (_restore_moves)
-                self._record_move(job.id, "handover", node=node, pid=pid, request=req)
+                self._record_move(job.id, mp.Event.HAND_OVER, node=node, pid=pid, request=req, cause=mp.Cause(mv.cause))
             dest_job = await self._handover(node, pid, req, confirm=True, job_id=job.id)
         except BaseException:
             z.submitter.t.send(node, wire.Release(pid))
