@@ -130,7 +130,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 from laminar import jobkit
 from laminar.airlock.cgroups import CgroupError, set_frozen_async
@@ -242,6 +242,11 @@ REPLICA_GC_S = 30.0
 # busy agent, the transfer's whole ladder (6 tries: ~26 s connecting, ~63 s handshaking) would
 # eat most of a notice window. Other errors keep the ladder.
 MOVE_SILENT_RETRIES = 1
+# A reclaim's notice, cancel or withdrawal from another node dated further than this from this
+# node's clock is refused: a replayed or badly delayed message must not reclaim the node.
+CONTROL_DATED_S = 60
+# The control ops that only a node of ``migrate.reclaim_from`` may send.
+RECLAIM_FROM_OPS = ("reclaim", "reclaim-cancel")
 
 CONFIG_FIELDS = {
     "port": Field(int, DEFAULT_PORT, "TCP port of the checkpoint transfer endpoint (the same on every node)",
@@ -2592,6 +2597,10 @@ class ReclaimComponent(BuddiesMixin, GuardMixin, ReplicasMixin, WithdrawMixin, S
         pass
 
     def _on_control(self, node: str, op: str, body: Any) -> Any:
+        """A control operation from another node (``node``: its id, as the transfer endpoint's
+        hello gave it): answered by its handler in :attr:`_CONTROL_OPS`. Raises ValueError for a
+        body that is not an object, an asker that is not a node id, or an unknown op; a
+        ``reclaim`` or ``reclaim-cancel`` from a node not in ``migrate.reclaim_from`` is refused."""
         # an authenticated message from a roster member (its hello's node, checked against its
         # roster address): it is alive, as an authenticated datagram says (Membership.seen).
         # Before, only datagrams counted: a guard that had the source's message in hand could still
@@ -2603,100 +2612,134 @@ class ReclaimComponent(BuddiesMixin, GuardMixin, ReplicasMixin, WithdrawMixin, S
             asker = int(node)
         except ValueError:
             raise ValueError(f"{op}: the asking node {node!r} is not a node id") from None
-        if op == "guard":
-            key = str(body["key"])
-            src = body.get("src_node")
-            if isinstance(src, str) and src.isascii() and src.isdigit():
-                src = int(src)
-            got = body.get("request")
-            req_in: dict[str, Any] = got if isinstance(got, dict) else {}
-            policy = getattr(self.zone, "policy", None)
-            e = au.guard_refusal(asker, key, src, req_in.get("take_over") is True, *self._guard_held(key),
-                                 root_request=req_in.get("owner_uid", 0) == 0,
-                                 policy=policy if isinstance(policy, au.Policy) else au.Policy(self.node_id))
-            if e is not None:
-                raise self._refuse(e, asker)
-            self._check_guarded_ckpt(key, str(body["ckpt"]))
-            req = _in_own_clock(body)
-            with self.agent.store.tx() as db:
-                # guarding, but a copy its take-over acted on (resumed, handed-over, placed) stays so
-                ledger.move(db, key, custody.Event.GUARD, counts=self.counts, ckpt=str(body["ckpt"]), request=json.dumps(req),
-                            insert={"src_node": int(body["src_node"]), "src_job": str(body["src_job"]),
-                                    "request": json.dumps(req), "ckpt": str(body["ckpt"])})
-                # the source just spoke about this guard: its earlier silence no longer counts
-                db.execute("UPDATE migrate_guard_checks SET unanswered=0 WHERE key=?", (key,))
-                # who handed it: with the key's node, the only one who may change or release it
-                db.execute("INSERT INTO migrate_guard_from VALUES (?, ?, ?) ON CONFLICT(key) DO UPDATE SET "
-                           "node=excluded.node, updated=excluded.updated", (key, asker, time.time()))
-            self._note_owner(key, req)
-            try:  # the guard names a newer checkpoint: the older ones go (when it is held here)
-                self.replica_gc(key, newest=str(body["ckpt"]))
-            except Exception:
-                log.exception("migrate: replica GC of %s", key)
-            return {"guarding": key}
-        if op == "space":  # may this node hold a checkpoint? (storage holders, _hold)
-            assert self.root is not None
-            assert self.receiver is not None
-            # what an offer may take now (the free space less what transfers in progress still
-            # lack and the receiver's margin), less what this node keeps for itself as a holder
-            free = self.receiver.free_for_offers() - float(self.s["holder_reserve_mb"]) * (1 << 20)
-            return {"free_bytes": max(0.0, free)}
-        if op == "release":
-            key = str(body["key"])
-            e = au.release_refusal(asker, key, self._guard_holder(key))
-            if e is not None:
-                raise self._refuse(e, asker)
-            row = self.agent.store.db.execute("SELECT state, updated FROM migrate_replicas WHERE key=?", (key,)).fetchone()
-            # taken over here and run here: the source still runs its copy, or it would not release
-            # this guard; the answer says so (as ``superseded`` would: a release may come first)
-            runs = self._runs_here(key) if row is not None and row["state"] == "resumed" else None
-            # taken over and placed on another node (no room here): the same, naming that node, as
-            # ``taken`` does. Before, the answer said only "released", and a source whose buddy had
-            # changed (this guard was the old one) refused this node's ``superseded`` after it: a
-            # fenced copy was thawed beside the placed one (bench/chaos.py --no-archive, seed 43)
-            placed = self._placed_as(key) if row is not None and row["state"] == "placed" else None
-            with self.agent.store.tx() as db:
-                ledger.move(db, key, custody.Event.RELEASE, counts=self.counts)  # a live guard only (the table)
-            try:  # nothing here needs the key's checkpoints any more (but a local job resumed from one)
-                self.replica_gc(key)
-            except Exception:
-                log.exception("migrate: replica GC of %s", key)
-            if runs is not None or placed is not None:
-                assert row is not None
-                node_job = (self.node_id, runs) if runs is not None else placed
-                assert node_job is not None
-                return {"released": key, "superseded": {"node": node_job[0], "job": node_job[1],
-                                                        "at": float(row["updated"]), "clock": time.time()}}
-            return {"released": key}
-        if op in ("reclaim", "reclaim-cancel"):  # another node reclaims this one: migrate.reclaim_from only
+        handler = self._CONTROL_OPS.get(op)
+        if handler is None:
+            raise ValueError(f"unknown control operation {op!r} ({', '.join(self._CONTROL_OPS)})")
+        if op in RECLAIM_FROM_OPS:  # another node reclaims this one: migrate.reclaim_from only
             e = au.node_op_refusal(op, asker, [int(n) for n in self.s.get("reclaim_from") or []],
                                    "migrate.reclaim_from", self.node_id)
             if e is not None:
                 raise self._refuse(e, asker)
-        if op == "reclaim":
-            ts = float(body.get("ts", 0))
-            if abs(time.time() - ts) > 60:
-                raise ValueError(f"reclaim notice dated {ts} is more than 60 s from this node's clock")
-            return self.start_reclaim(parse_duration(body["notice_s"]), f"{body.get('reason', '')} (from node {node})")
-        if op in ("reclaim-cancel", "reclaim-withdrawn"):
-            ts = float(body.get("ts", 0))
-            if abs(time.time() - ts) > 60:
-                raise ValueError(f"{op} dated {ts} is more than 60 s from this node's clock")
-            if op == "reclaim-withdrawn":  # the sender's own reclaim: forget its notice
-                return {"withdrawn": int(node), "guards": self.withdrawn_notice(int(node))}
-            return self._cancel_for(node, str(body.get("reason") or ""))
-        if op == "superseded":  # a guard took one of this node's jobs over and runs it
-            return self._answer_superseded(node, body)
-        if op == "needs":  # a node holding a guard of one of this node's jobs asks whether it still must
-            return self._answer_needs(node, str(body["key"]))
-        if op == "dropped":  # an operator dropped the guard of one of this node's jobs there, by force
-            return self._answer_dropped(node, str(body["key"]))
-        if op == "taken":  # a job's node, fenced while cut off and heard again: did this node take it over?
-            return self.fence.answer_taken(node, str(body["key"]))
-        if op == "heard":  # a node that hears nothing from a peer: when did this node last hear it?
-            return self.vouch.answer_heard(node, body)
-        raise ValueError(f"unknown control operation {op!r} (guard, release, reclaim, reclaim-cancel, "
-                         "reclaim-withdrawn, space, superseded, needs, dropped, taken, heard)")
+        return handler(self, node, asker, body)
+
+    @staticmethod
+    def _check_dated(body: dict[str, Any], what: str) -> None:
+        """A reclaim's notice, cancel or withdrawal is answered only within CONTROL_DATED_S of
+        this node's clock (its ``ts``): ValueError otherwise."""
+        ts = float(body.get("ts", 0))
+        if abs(time.time() - ts) > CONTROL_DATED_S:
+            raise ValueError(f"{what} dated {ts} is more than {CONTROL_DATED_S:g} s from this node's clock")
+
+    def _op_guard(self, node: str, asker: int, body: dict[str, Any]) -> Any:
+        key = str(body["key"])
+        src = body.get("src_node")
+        if isinstance(src, str) and src.isascii() and src.isdigit():
+            src = int(src)
+        got = body.get("request")
+        req_in: dict[str, Any] = got if isinstance(got, dict) else {}
+        policy = getattr(self.zone, "policy", None)
+        e = au.guard_refusal(asker, key, src, req_in.get("take_over") is True, *self._guard_held(key),
+                             root_request=req_in.get("owner_uid", 0) == 0,
+                             policy=policy if isinstance(policy, au.Policy) else au.Policy(self.node_id))
+        if e is not None:
+            raise self._refuse(e, asker)
+        self._check_guarded_ckpt(key, str(body["ckpt"]))
+        req = _in_own_clock(body)
+        with self.agent.store.tx() as db:
+            # guarding, but a copy its take-over acted on (resumed, handed-over, placed) stays so
+            ledger.move(db, key, custody.Event.GUARD, counts=self.counts, ckpt=str(body["ckpt"]), request=json.dumps(req),
+                        insert={"src_node": int(body["src_node"]), "src_job": str(body["src_job"]),
+                                "request": json.dumps(req), "ckpt": str(body["ckpt"])})
+            # the source just spoke about this guard: its earlier silence no longer counts
+            db.execute("UPDATE migrate_guard_checks SET unanswered=0 WHERE key=?", (key,))
+            # who handed it: with the key's node, the only one who may change or release it
+            db.execute("INSERT INTO migrate_guard_from VALUES (?, ?, ?) ON CONFLICT(key) DO UPDATE SET "
+                       "node=excluded.node, updated=excluded.updated", (key, asker, time.time()))
+        self._note_owner(key, req)
+        try:  # the guard names a newer checkpoint: the older ones go (when it is held here)
+            self.replica_gc(key, newest=str(body["ckpt"]))
+        except Exception:
+            log.exception("migrate: replica GC of %s", key)
+        return {"guarding": key}
+
+    def _op_space(self, node: str, asker: int, body: dict[str, Any]) -> Any:
+        """May this node hold a checkpoint? (storage holders, _hold)"""
+        assert self.root is not None
+        assert self.receiver is not None
+        # what an offer may take now (the free space less what transfers in progress still
+        # lack and the receiver's margin), less what this node keeps for itself as a holder
+        free = self.receiver.free_for_offers() - float(self.s["holder_reserve_mb"]) * (1 << 20)
+        return {"free_bytes": max(0.0, free)}
+
+    def _op_release(self, node: str, asker: int, body: dict[str, Any]) -> Any:
+        key = str(body["key"])
+        e = au.release_refusal(asker, key, self._guard_holder(key))
+        if e is not None:
+            raise self._refuse(e, asker)
+        row = self.agent.store.db.execute("SELECT state, updated FROM migrate_replicas WHERE key=?", (key,)).fetchone()
+        # taken over here and run here: the source still runs its copy, or it would not release
+        # this guard; the answer says so (as ``superseded`` would: a release may come first)
+        runs = self._runs_here(key) if row is not None and row["state"] == "resumed" else None
+        # taken over and placed on another node (no room here): the same, naming that node, as
+        # ``taken`` does. Before, the answer said only "released", and a source whose buddy had
+        # changed (this guard was the old one) refused this node's ``superseded`` after it: a
+        # fenced copy was thawed beside the placed one (bench/chaos.py --no-archive, seed 43)
+        placed = self._placed_as(key) if row is not None and row["state"] == "placed" else None
+        with self.agent.store.tx() as db:
+            ledger.move(db, key, custody.Event.RELEASE, counts=self.counts)  # a live guard only (the table)
+        try:  # nothing here needs the key's checkpoints any more (but a local job resumed from one)
+            self.replica_gc(key)
+        except Exception:
+            log.exception("migrate: replica GC of %s", key)
+        if runs is not None or placed is not None:
+            assert row is not None
+            node_job = (self.node_id, runs) if runs is not None else placed
+            assert node_job is not None
+            return {"released": key, "superseded": {"node": node_job[0], "job": node_job[1],
+                                                    "at": float(row["updated"]), "clock": time.time()}}
+        return {"released": key}
+
+    def _op_reclaim(self, node: str, asker: int, body: dict[str, Any]) -> Any:
+        """Another node reclaims this one (``laminarctl reclaim --node``)."""
+        self._check_dated(body, "reclaim notice")
+        return self.start_reclaim(parse_duration(body["notice_s"]), f"{body.get('reason', '')} (from node {node})")
+
+    def _op_reclaim_cancel(self, node: str, asker: int, body: dict[str, Any]) -> Any:
+        self._check_dated(body, "reclaim-cancel")
+        return self._cancel_for(node, str(body.get("reason") or ""))
+
+    def _op_reclaim_withdrawn(self, node: str, asker: int, body: dict[str, Any]) -> Any:
+        """The sender's own reclaim is withdrawn: its notice is forgotten."""
+        self._check_dated(body, "reclaim-withdrawn")
+        return {"withdrawn": int(node), "guards": self.withdrawn_notice(int(node))}
+
+    def _op_superseded(self, node: str, asker: int, body: dict[str, Any]) -> Any:
+        """A guard took one of this node's jobs over and runs it."""
+        return self._answer_superseded(node, body)
+
+    def _op_needs(self, node: str, asker: int, body: dict[str, Any]) -> Any:
+        """A node holding a guard of one of this node's jobs asks whether it still must."""
+        return self._answer_needs(node, str(body["key"]))
+
+    def _op_dropped(self, node: str, asker: int, body: dict[str, Any]) -> Any:
+        """An operator dropped the guard of one of this node's jobs there, by force."""
+        return self._answer_dropped(node, str(body["key"]))
+
+    def _op_taken(self, node: str, asker: int, body: dict[str, Any]) -> Any:
+        """A job's node, fenced while cut off and heard again: did this node take it over?"""
+        return self.fence.answer_taken(node, str(body["key"]))
+
+    def _op_heard(self, node: str, asker: int, body: dict[str, Any]) -> Any:
+        """A node that hears nothing from a peer: when did this node last hear it?"""
+        return self.vouch.answer_heard(node, body)
+
+    # op -> its handler (self, the asking node as the endpoint gave it, its id, the body), in the
+    # order the answer to an unknown op lists them
+    _CONTROL_OPS: ClassVar[dict[str, Callable[[ReclaimComponent, str, int, dict[str, Any]], Any]]] = {
+        "guard": _op_guard, "release": _op_release, "reclaim": _op_reclaim, "reclaim-cancel": _op_reclaim_cancel,
+        "reclaim-withdrawn": _op_reclaim_withdrawn, "space": _op_space, "superseded": _op_superseded,
+        "needs": _op_needs, "dropped": _op_dropped, "taken": _op_taken, "heard": _op_heard,
+    }
 
     async def _cancel_for(self, node: str, reason: str) -> dict[str, Any]:
         """Control op ``reclaim-cancel``: another node cancels this node's reclaim (``laminarctl
