@@ -1,4 +1,8 @@
-"""The custody ledger: the only writer of ``migrate_replicas.state`` (issue 32, stage 2).
+"""The custody ledger: the only writer of ``migrate_replicas.state`` (issue 32, stage 2) and of
+the other custody tables: ``migrate_moves`` (:func:`record_move`, the table of
+:mod:`laminar.policy.moves`), ``migrate_releases``, ``migrate_guard_checks``,
+``migrate_guard_from`` and ``migrate_replica_handovers`` (plain writers: those rows have no
+states). ``tests/unit/test_custody.py`` fails on SQL elsewhere that writes any of them.
 
 Every change of a replica's custody state goes through :func:`move`, which reads the key's row,
 asks the pure table (:func:`laminar.policy.custody.step`) where the event takes it, and writes
@@ -6,8 +10,9 @@ that, with the table's store effects, in the caller's transaction. A move the ta
 allow is refused and nothing is written: with ``LAMINAR_STRICT_CUSTODY=1`` (the unit tests) it
 raises :class:`~laminar.policy.custody.IllegalTransition`; otherwise one warning line names the
 key, the state and the event, and ``counts["custody_refused"]`` (the migrate component's
-``counts``) counts it. ``tests/unit/test_custody.py`` fails when SQL elsewhere in the agent
-writes the column (an INSERT into, a DELETE from, or an UPDATE of ``state`` in the table).
+``counts``) counts it; a move record's refusal (:func:`record_move`) is the same. ``tests/unit/test_custody.py``
+fails when SQL elsewhere in the agent writes the column (an INSERT into, a DELETE from, or an
+UPDATE of ``state`` in the table).
 
 A writer's SQL conditions stay the writer's and are passed here: ``only_from`` (the states its
 UPDATE named) and ``if_updated`` (the row's version it read): a row that does not match is
@@ -183,3 +188,73 @@ def move_records(db: sqlite3.Connection, causes: Collection[Cause] | None = None
     rows = db.execute("SELECT * FROM migrate_moves ORDER BY job_id").fetchall()
     return [r for r in rows if causes is None or Cause(r["cause"]) in causes]
 
+
+
+# -- the guards' other records ------------------------------------------------------------------
+# These rows have no states to move between: what they hold is written here, with the SQL each
+# writer had, so that this module stays the only writer of every custody table (issue 32).
+
+def owe_release(db: sqlite3.Connection, node: int, key: str, since: float) -> None:
+    """``node`` is to be told it no longer guards ``key`` (``migrate_releases``; one owed
+    already keeps its ``since`` and last error)."""
+    db.execute("INSERT OR IGNORE INTO migrate_releases VALUES (?, ?, ?, '')", (node, key, since))
+
+
+def release_failed(db: sqlite3.Connection, node: int, key: str, error: str) -> None:
+    """The last try of the release owed ``node`` for ``key`` failed with ``error``."""
+    db.execute("UPDATE migrate_releases SET last_error=? WHERE node=? AND key=?", (error, node, key))
+
+
+def drop_release(db: sqlite3.Connection, node: int, key: str) -> None:
+    """The release owed ``node`` for ``key`` is no longer owed (answered, given up, or void)."""
+    db.execute("DELETE FROM migrate_releases WHERE node=? AND key=?", (node, key))
+
+
+def guard_heard(db: sqlite3.Connection, key: str) -> None:
+    """The guard's source spoke about ``key`` (a ``guard`` message): its earlier silence no
+    longer counts (``migrate_guard_checks``)."""
+    db.execute("UPDATE migrate_guard_checks SET unanswered=0 WHERE key=?", (key,))
+
+
+def guard_unanswered(db: sqlite3.Connection, key: str, asked: float, error: str) -> None:
+    """The ``needs`` question about ``key`` asked at ``asked`` went unanswered (``error``): one
+    more in a row."""
+    db.execute("INSERT INTO migrate_guard_checks VALUES (?, ?, NULL, 1, ?) ON CONFLICT(key) DO UPDATE SET "
+               "asked=excluded.asked, unanswered=unanswered + 1, last_error=excluded.last_error", (key, asked, error))
+
+
+def guard_answered(db: sqlite3.Connection, key: str, at: float) -> None:
+    """The ``needs`` question about ``key`` asked at ``at`` was answered: none unanswered."""
+    db.execute("INSERT INTO migrate_guard_checks VALUES (?, ?, ?, 0, '') ON CONFLICT(key) DO UPDATE SET "
+               "asked=excluded.asked, answered=excluded.answered, unanswered=0, last_error=''", (key, at, at))
+
+
+def guard_from(db: sqlite3.Connection, key: str, node: int, updated: float | None = None) -> None:
+    """``node`` handed this node the guard of ``key`` last (``migrate_guard_from``)."""
+    db.execute("INSERT INTO migrate_guard_from VALUES (?, ?, ?) ON CONFLICT(key) DO UPDATE SET "
+               "node=excluded.node, updated=excluded.updated", (key, node, time.time() if updated is None else updated))
+
+
+def forget_guard(db: sqlite3.Connection, key: str, unless_replica: bool = False) -> None:
+    """The questions about ``key``'s guard and who handed it go (``migrate_guard_checks``,
+    ``migrate_guard_from``); ``unless_replica``: only when ``key`` has no ``migrate_replicas``
+    row (the row GC's: a guard given again meanwhile keeps them)."""
+    for table in ("migrate_guard_checks", "migrate_guard_from"):
+        if unless_replica:
+            db.execute(f"DELETE FROM {table} WHERE key=? AND NOT EXISTS (SELECT 1 FROM migrate_replicas WHERE key=?)",
+                       (key, key))
+        else:
+            db.execute(f"DELETE FROM {table} WHERE key=?", (key,))
+
+
+def record_replica_handover(db: sqlite3.Connection, key: str, node: int, pid: int, request: Mapping[str, Any],
+                            updated: float | None = None) -> None:
+    """A guard's placement of the job of ``key`` it takes over is about to hand it to ``node``
+    (placement ``pid``, ``request``): a restart asks ``node`` first (``migrate_replica_handovers``)."""
+    db.execute("INSERT OR REPLACE INTO migrate_replica_handovers VALUES (?, ?, ?, ?, ?)",
+               (key, node, pid, json.dumps(request), time.time() if updated is None else updated))
+
+
+def drop_replica_handover(db: sqlite3.Connection, key: str) -> None:
+    """The guard's hand-over of ``key`` was answered (or settled): its record goes."""
+    db.execute("DELETE FROM migrate_replica_handovers WHERE key=?", (key,))

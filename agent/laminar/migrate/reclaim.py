@@ -2651,10 +2651,9 @@ class ReclaimComponent(BuddiesMixin, GuardMixin, ReplicasMixin, WithdrawMixin, S
                         insert={"src_node": int(body["src_node"]), "src_job": str(body["src_job"]),
                                 "request": json.dumps(req), "ckpt": str(body["ckpt"])})
             # the source just spoke about this guard: its earlier silence no longer counts
-            db.execute("UPDATE migrate_guard_checks SET unanswered=0 WHERE key=?", (key,))
+            ledger.guard_heard(db, key)
             # who handed it: with the key's node, the only one who may change or release it
-            db.execute("INSERT INTO migrate_guard_from VALUES (?, ?, ?) ON CONFLICT(key) DO UPDATE SET "
-                       "node=excluded.node, updated=excluded.updated", (key, asker, time.time()))
+            ledger.guard_from(db, key, asker)
         self._note_owner(key, req)
         try:  # the guard names a newer checkpoint: the older ones go (when it is held here)
             self.replica_gc(key, newest=str(body["ckpt"]))
