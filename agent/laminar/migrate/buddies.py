@@ -36,6 +36,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from laminar import jobkit
+from laminar.migrate import ledger
 from laminar.migrate.errors import MigrateError
 from laminar.migrate.transfer import PeerSilentError, TransferError
 from laminar.policy import destination as dst
@@ -308,7 +309,7 @@ class BuddiesMixin:
         with contextlib.suppress(Exception), self.agent.store.tx() as db:  # the store is the agent's
             db.execute("INSERT INTO migrate_buddies VALUES (?, ?, ?) ON CONFLICT(job_id) DO UPDATE SET "
                        "node=excluded.node, updated=excluded.updated", (job_id, node, time.time()))
-            db.execute("DELETE FROM migrate_releases WHERE node=? AND key=?", (node, f"n{self.node_id}-{job_id}"))
+            ledger.drop_release(db, node, f"n{self.node_id}-{job_id}")
 
     def _forget_buddy(self, job_id: str) -> int | None:
         """``job_id`` has no buddy any more (here and in the store); returns the one it had."""
@@ -322,17 +323,16 @@ class BuddiesMixin:
         guards ``key``, before any try: what a stop or crash cuts is sent again by the next start
         (:meth:`_restore_releases`). ``db``: a transaction to write it in (else its own). Never
         raises (the store is the agent's: a failed write leaves the release in memory only)."""
-        row = (node, key, time.time())
         if db is not None:
-            db.execute("INSERT OR IGNORE INTO migrate_releases VALUES (?, ?, ?, '')", row)
+            ledger.owe_release(db, node, key, time.time())
             return
         with contextlib.suppress(Exception), self.agent.store.tx() as tx:
-            tx.execute("INSERT OR IGNORE INTO migrate_releases VALUES (?, ?, ?, '')", row)
+            ledger.owe_release(tx, node, key, time.time())
 
     def _drop_release(self, pair: tuple[int, str]) -> None:
         self._releases.pop(pair, None)
         with contextlib.suppress(Exception), self.agent.store.tx() as db:
-            db.execute("DELETE FROM migrate_releases WHERE node=? AND key=?", pair)
+            ledger.drop_release(db, *pair)
 
     def _release_void(self, node: int, key: str) -> bool:
         """Whether ``node`` is ``key``'s job's buddy again (it guards the job: nothing to release)."""
@@ -383,7 +383,7 @@ class BuddiesMixin:
             else:
                 self._releases[pair] = (mono + RELEASE_RETRY_S, give_up)
                 with contextlib.suppress(Exception), self.agent.store.tx() as db:
-                    db.execute("UPDATE migrate_releases SET last_error=? WHERE node=? AND key=?", (str(e), node, key))
+                    ledger.release_failed(db, node, key, str(e))
                 # once per release (its tries go on every RELEASE_RETRY_S for as long as node is down)
                 log.log(logging.INFO if first else logging.DEBUG,
                         "migrate: release of %s at node %d failed: %s (sent again every %g s until it arrives)",

@@ -886,8 +886,7 @@ class GuardMixin:
                     "origin": request_origin(migrated_from=key, resume_given=True),
                     "origin_node": int(row["src_node"])}
             with self.agent.store.tx() as db:  # a stop that cuts the wait: the restart asks node first
-                db.execute("INSERT OR REPLACE INTO migrate_replica_handovers VALUES (?, ?, ?, ?, ?)",
-                           (key, node, pid, json.dumps(hreq), time.time()))
+                ledger.record_replica_handover(db, key, node, pid, hreq)
             try:
                 return await self._handover(node, pid, hreq, confirm=True, job_id=key, frozen=False)
             except Exception:  # answered (no job runs there for it), or never sent: the take-over goes on
@@ -901,7 +900,7 @@ class GuardMixin:
 
     def _drop_replica_handover(self, key: str) -> None:
         with self.agent.store.tx() as db:
-            db.execute("DELETE FROM migrate_replica_handovers WHERE key=?", (key,))
+            ledger.drop_replica_handover(db, key)
 
     def _restore_replica_handovers(self) -> None:
         """At start: a guard's placement of a job it took over whose hand-over the agent's stop
