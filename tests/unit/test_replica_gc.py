@@ -128,7 +128,7 @@ def test_older_replicas_go_the_guarded_and_resumed_from_stay_a_released_key_goes
             agent.jobs.jobs.append(SimpleNamespace(id="job-4", state="running", ended=None,
                                                    spec=JobSpec(["train"], resume_from=str(d / "ckpt-15")),
                                                    origin=JobOrigin(resume_given=str(d / "ckpt-15"))))
-            (d / ".tmp-ckpt-30").mkdir()  # a commit in progress (transfer.py's, not this GC's)
+            (d / ".tmp-ckpt-30").mkdir()  # a commit in progress (transfer/receive.py's, not this GC's)
             (d / "ckpt-3").symlink_to(outside, target_is_directory=True)
             await src.send(20)
             await src.ctl("guard", "ckpt-20")
