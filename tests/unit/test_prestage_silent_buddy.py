@@ -35,7 +35,7 @@ from laminar.jobkit import Checkpointer, latest_checkpoint
 from laminar.migrate.reclaim import MigrateError, Move
 from laminar.migrate.transfer import receive as xfer_receive
 from laminar.migrate.transfer import send as xfer_send
-from laminar.runtime.jobs import JobSpec
+from laminar.runtime.spec import JobSpec
 
 
 class Silent:

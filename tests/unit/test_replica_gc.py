@@ -24,8 +24,8 @@ from laminar.jobkit import Checkpointer
 from laminar.migrate.reclaim import ReclaimComponent
 from laminar.migrate.transfer import send_checkpoint, send_control
 from laminar.policy import custody
-from laminar.runtime.jobs import JobSpec
 from laminar.runtime.provenance import JobOrigin
+from laminar.runtime.spec import JobSpec
 
 KEY = b"k" * 32
 K = "n2-job-1"  # node 2's job-1, guarded here (node 1)
