@@ -45,7 +45,7 @@ from test_reclaim_restore import RestoreJobs
 from laminar.jobkit import Checkpointer
 from laminar.migrate.reclaim import ReclaimComponent
 from laminar.policy.endcause import EndCause
-from laminar.runtime.jobs import LOST_WITH_CGROUP
+from laminar.runtime.record import LOST_WITH_CGROUP
 
 
 class StoppingJobs(Jobs):

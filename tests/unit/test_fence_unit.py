@@ -25,8 +25,8 @@ from test_replica_gc import KEY, K, Source, started
 
 from laminar.config import ConfigError, validate
 from laminar.migrate.fence import FENCE_META, check_fence_settings
-from laminar.runtime.jobs import JobSpec
 from laminar.runtime.provenance import JobOrigin
+from laminar.runtime.spec import JobSpec
 
 
 class Cgroup:  # stand-in: records what was asked of the job's cgroup

@@ -23,7 +23,7 @@ from test_migrate_evidence import make_agent
 from laminar.migrate import drain
 from laminar.migrate.reclaim import MOVES_SCHEMA, RECLAIM_SCHEMA, ReclaimComponent
 from laminar.policy.endcause import EndCause
-from laminar.runtime.jobs import JobSpec
+from laminar.runtime.spec import JobSpec
 
 # A reclaim's record of a job's move (migrate_moves, cause reclaim): job id, phase, node, updated.
 RECLAIM_ROW = "INSERT INTO migrate_moves VALUES (?, 'reclaim', ?, '', 0, ?, NULL, NULL, ?)"

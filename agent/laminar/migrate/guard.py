@@ -545,10 +545,10 @@ class GuardMixin:
         jobs = getattr(self.agent, "jobs", None)
         grants = getattr(jobs, "grants", None)
         if grants is None and hasattr(jobs, "check_grant"):
-            from laminar.runtime.jobs import Grants
+            from laminar.runtime.grants import Grants
 
             grants = Grants.from_config(None)
-        from laminar.runtime.jobs import PRIORITY_DEFAULT
+        from laminar.runtime.spec import PRIORITY_DEFAULT
 
         policy = getattr(getattr(self.agent, "zone", None), "policy", None)
         prio = spec.get("priority", PRIORITY_DEFAULT)
@@ -765,7 +765,7 @@ class GuardMixin:
         """Starts the job here from ``path``; None when it started (or is queued by this
         node's admission), else why not (no free GPU, a command this node lacks)."""
         from laminar.runtime import provenance as pv
-        from laminar.runtime.jobs import JobError, JobSpec
+        from laminar.runtime.spec import JobError, JobSpec
 
         key = row["key"]
         # the spec a peer (or the archive) stored: names an agent of an older release put into its

@@ -189,13 +189,13 @@ from laminar.migrate.transfer import (
     Receiver,
     StatsCollector,
     TransferError,
-    _source_state,
     build_manifest,
     latest_verified,
     send_checkpoint,
     send_control,
     verified_checkpoint,
 )
+from laminar.migrate.transfer.manifest import _source_state
 from laminar.migrate.trees import _remove_tree
 from laminar.migrate.vouch import Vouch
 from laminar.migrate.withdraw import WithdrawMixin

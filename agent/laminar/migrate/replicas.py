@@ -415,7 +415,7 @@ class ReplicasMixin:
         renames into ``<root>/REPLICA_TRASH/`` are atomic with respect to a commit of the same
         key (a commit renames its ``.tmp-*`` into place); the removal of the renamed trees (many
         GB, possibly) runs in a worker thread. Never touched: ``.tmp-*`` and anything not named
-        ``ckpt-<n>`` (transfer.py's ``Receiver.sweep`` owns temporaries and ``incoming/``), a key
+        ``ckpt-<n>`` (transfer/receive.py's ``Receiver.sweep`` owns temporaries and ``incoming/``), a key
         whose take-over (or archive claim) runs now, a key directory that is a link. Links are
         removed as links, never followed."""
         if self.root is None or key in self._taking or not _SAFE_KEY.fullmatch(key):

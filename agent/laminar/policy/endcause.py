@@ -58,7 +58,7 @@ class EndCause(StrEnum):
     UNKNOWN = "unknown"
 
 
-# The one state each cause ends a job in (runtime.jobs.STATES).
+# The one state each cause ends a job in (runtime.record.STATES).
 STATE_OF: dict[EndCause, str] = {
     EndCause.EXITED_ZERO: "exited", EndCause.EXITED_NONZERO: "exited", EndCause.EXITED_CODE_UNKNOWN: "exited",
     EndCause.STOPPED_BY_USER: "stopped", EndCause.STOPPED_BY_OPERATOR: "stopped",
