@@ -50,7 +50,6 @@ import argparse
 import contextlib
 import json
 import os
-import secrets
 import shutil
 import signal
 import socket
@@ -59,7 +58,6 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -296,27 +294,6 @@ def plant_archive(arch: Path, marker: Path, outside: Path) -> dict[str, Any]:
 
 # -- the rig ------------------------------------------------------------------------------------
 
-@contextlib.contextmanager
-def off_roster_host(cluster: Any, addrs: int) -> Iterator[tuple[Any, list[str]]]:
-    from conftest import delete_netns, make_netns, run
-
-    ns = make_netns("abuse")
-    tag = secrets.token_hex(2)
-    host_if, ns_if = f"lmtab{tag}h", f"lmtab{tag}n"
-    try:
-        run("ip", "link", "add", host_if, "type", "veth", "peer", "name", ns_if, "netns", ns.name)
-        run("ip", "link", "set", host_if, "master", cluster.bridge)
-        run("ip", "link", "set", host_if, "up")
-        out = [f"{cluster.subnet}.{150 + k}" for k in range(addrs)]
-        for a in out:
-            ns.run("ip", "addr", "add", f"{a}/24", "dev", ns_if)
-        ns.run("ip", "link", "set", ns_if, "up")
-        yield ns, out
-    finally:
-        run("ip", "link", "delete", host_if, check=False)
-        delete_netns(ns)
-
-
 JUNK_UDP = """
 import os, socket, sys, time
 s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
@@ -379,7 +356,7 @@ def counters(nd: Any) -> dict[str, float]:
 
 
 def run(quick: bool) -> dict[str, Any]:
-    from harness import Cluster, ZoneAgent, cluster_ready
+    from harness import Cluster, ZoneAgent, cluster_ready, off_roster_host
     from loopattacks import start_as
     from rogue_member import __file__ as rogue_path
     from userrig import local_user
@@ -435,7 +412,7 @@ def run(quick: bool) -> dict[str, Any]:
             users = start_as(user, ns_path, user_attacks, str(n1.agent.sock), (host, int(port)), victim_ckpt,
                              attack_s)
             children.append(users)
-            with off_roster_host(c, 8) as (ns, addrs):
+            with off_roster_host(c, 8, first=150) as (ns, addrs):
                 xport = int(st["migrate"]["port"])
                 flood = ns.popen(PY, str(REPO / "tests" / "cluster" / "peerattack.py"), "flood", "--target", n1.addr,
                                  "--handover", "7441", "--transfer", str(xport), "--sources", ",".join(addrs),

@@ -55,7 +55,8 @@ from laminar.airlock.cgroups import CgroupTree, detect  # noqa: E402
 from laminar.airlock.manager import Airlock  # noqa: E402
 from laminar.airlock.policy import validate  # noqa: E402
 from laminar.events import EventBus  # noqa: E402
-from laminar.runtime.jobs import JobManager, JobSpec  # noqa: E402
+from laminar.runtime.jobs import JobManager  # noqa: E402
+from laminar.runtime.spec import JobSpec  # noqa: E402
 from laminar.store import Store  # noqa: E402
 
 BUDGET_MB = 768

@@ -52,7 +52,7 @@ def measure(size_mib: int, seconds: float) -> dict[str, Any]:
     from laminar.migrate.ckpt_driver import CkptDriver
     from laminar.migrate.reclaim import ReclaimComponent
     from laminar.migrate.schema import REPLICAS_SCHEMA
-    from laminar.runtime.jobs import JobSpec
+    from laminar.runtime.spec import JobSpec
     from laminar.store import Store
 
     tmp = Path(tempfile.mkdtemp(prefix="lm-bench-archive-"))

@@ -231,9 +231,10 @@ def main() -> int:
         else:
             _role_send(a.port, a.ckpt, key)
         return 0
-    if a.baseline_tree is not None and not (a.baseline_tree / "laminar" / "migrate" / "transfer.py").is_file():
-        raise SystemExit(f"xfer: --baseline-tree {a.baseline_tree}: no laminar/migrate/transfer.py under it "
-                         "(give an agent/ directory)")
+    base = a.baseline_tree / "laminar" / "migrate" if a.baseline_tree is not None else None
+    if base is not None and not ((base / "transfer.py").is_file() or (base / "transfer" / "__init__.py").is_file()):
+        raise SystemExit(f"xfer: --baseline-tree {a.baseline_tree}: no laminar/migrate/transfer.py (or transfer/) "
+                         "under it (give an agent/ directory)")
     size = (a.size_mib or (256 if a.quick else 1024)) << 20
     if size <= 0 or a.runs < 1:
         raise SystemExit(f"xfer: --size-mib {a.size_mib} and --runs {a.runs} must be positive")

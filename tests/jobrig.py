@@ -19,7 +19,9 @@ from pathlib import Path
 from laminar.airlock.cgroups import CgroupTree, detect
 from laminar.airlock.manager import Airlock
 from laminar.events import EventBus
-from laminar.runtime.jobs import Job, JobManager, JobSpec
+from laminar.runtime.jobs import JobManager
+from laminar.runtime.record import Job
+from laminar.runtime.spec import JobSpec
 from laminar.store import Store
 
 

@@ -126,7 +126,7 @@ def _name(v: str) -> str | None:
 
 # Airlock's lifecycle classes, most protected first (laminar.airlock.cgroups.LIFECYCLE_CLASSES).
 CLASSES = ("long-resident", "standard", "transient")
-PRIORITY_MAX = 100  # laminar.runtime.jobs.PRIORITY_MAX
+PRIORITY_MAX = 100  # laminar.runtime.spec.PRIORITY_MAX
 GRANT_KEYS = ("users", "groups", "classes", "priority_max")
 
 

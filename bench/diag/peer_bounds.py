@@ -68,6 +68,7 @@ async def _run(cmd: list[str], env: dict[str, str]) -> tuple[dict[str, Any], flo
 
 
 async def main(a: argparse.Namespace) -> dict[str, Any]:
+    import laminar
     from laminar.migrate import transfer as T
 
     key = secrets.token_bytes(32)
@@ -90,8 +91,8 @@ async def main(a: argparse.Namespace) -> dict[str, Any]:
     except (ImportError, TypeError):  # a revision before the gate
         rcv = T.Receiver(tmp / "root", lambda z: key, **kw)
     port = await rcv.start("127.0.0.1", 0)
-    env = {**os.environ, "PYTHONPATH": str(Path(T.__file__).resolve().parents[2])}
-    out: dict[str, Any] = {"tree": str(Path(T.__file__).resolve().parents[2])}
+    env = {**os.environ, "PYTHONPATH": str(Path(laminar.__file__).resolve().parents[1])}
+    out: dict[str, Any] = {"tree": str(Path(laminar.__file__).resolve().parents[1])}
     try:
         fds0 = _fds()
         res, fd_most, _, _ = await _run(

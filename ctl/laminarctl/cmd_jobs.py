@@ -43,9 +43,9 @@ from typing import Any
 
 from .output import emit, info, kv, table
 
-# The agent's limit on a stop's grace (laminar.runtime.jobs.STOP_GRACE_MAX_S).
+# The agent's limit on a stop's grace (laminar.runtime.spec.STOP_GRACE_MAX_S).
 GRACE_MAX_S = 3600.0
-# The longest stop reason the agent keeps (laminar.runtime.jobs.REASON_MAX).
+# The longest stop reason the agent keeps (laminar.runtime.jobs_api.REASON_MAX).
 REASON_MAX = 1000
 # Ended jobs `jobs` lists by default, and at most (read in pages of the agent's GET /v1/jobs).
 LAST_DEFAULT = 200

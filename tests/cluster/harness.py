@@ -284,3 +284,25 @@ class Cluster:
                 continue
             out[nd.node_id] = [j for j in nd.json("jobs") if j["state"] in ("running", "suspended")]
         return out
+
+
+@contextmanager
+def off_roster_host(cluster: Cluster, addrs: int, first: int = 100) -> Iterator[tuple[Netns, list[str]]]:
+    """A namespace of its own on ``cluster``'s bridge with ``addrs`` addresses of the cluster's
+    subnet (``.first`` on), none in the roster: what a host that is not a member can send from.
+    Its veth and namespace are removed on the way out, also when the body fails."""
+    ns = make_netns("off")
+    tag = secrets.token_hex(2)
+    host_if, ns_if = f"lmto{tag}h", f"lmto{tag}n"
+    try:
+        run("ip", "link", "add", host_if, "type", "veth", "peer", "name", ns_if, "netns", ns.name)
+        run("ip", "link", "set", host_if, "master", cluster.bridge)
+        run("ip", "link", "set", host_if, "up")
+        out = [f"{cluster.subnet}.{first + k}" for k in range(addrs)]
+        for a in out:
+            ns.run("ip", "addr", "add", f"{a}/24", "dev", ns_if)
+        ns.run("ip", "link", "set", ns_if, "up")
+        yield ns, out
+    finally:
+        run("ip", "link", "delete", host_if, check=False)
+        delete_netns(ns)

@@ -145,6 +145,8 @@ def flood(a: argparse.Namespace) -> dict[str, Any]:
 
 async def _member(a: argparse.Namespace) -> dict[str, Any]:
     from laminar.migrate import transfer as T
+    from laminar.migrate.transfer.channel import _recv
+    from laminar.migrate.transfer.send import _client_handshake, _connect
     from laminar.zone.keys import load_keys
 
     key = load_keys(a.key_file).get(a.zone)
@@ -152,13 +154,13 @@ async def _member(a: argparse.Namespace) -> dict[str, Any]:
     out: dict[str, Any] = {}
 
     async def connect() -> tuple[Any, asyncio.StreamWriter, bytes]:
-        r, w = await asyncio.wait_for(T._connect(a.target, a.port, a.local), 10)
-        ch, ns = await asyncio.wait_for(T._client_handshake(r, w, key, a.zone, str(a.node)), 20)
+        r, w = await asyncio.wait_for(_connect(a.target, a.port, a.local), 10)
+        ch, ns = await asyncio.wait_for(_client_handshake(r, w, key, a.zone, str(a.node)), 20)
         return ch, w, ns
 
     async def answer(ch: Any, timeout: float) -> str:
         try:
-            hdr, _ = await T._recv(ch, timeout)
+            hdr, _ = await _recv(ch, timeout)
             return f"answered {hdr.get('t')}"
         except T.TransferError as e:
             return str(e)

@@ -62,7 +62,7 @@ from laminar.jobkit import latest_checkpoint
 from laminar.migrate.archive import ARCHIVE_DONE
 from laminar.migrate.archive_auth import ArchiveAuth, owner_body
 from laminar.migrate.reclaim import ARCHIVE_CLAIM_STALE_S, ARCHIVE_TMP_STALE_S, ARCHIVE_TRASH, _manifest_facts
-from laminar.runtime.jobs import JobSpec
+from laminar.runtime.spec import JobSpec
 from laminar.zone.keys import parse_keys
 
 pytestmark = pytest.mark.cluster

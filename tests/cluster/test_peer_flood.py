@@ -38,8 +38,7 @@ from typing import Any
 
 import pytest
 from agentproc import VENV_BIN
-from conftest import delete_netns, make_netns, run
-from harness import Cluster, Node, wait_until
+from harness import Cluster, Node, off_roster_host, wait_until
 from liveness import RootLiveness
 from test_migration import job_state, migrate_config, submit, verified_steps
 
@@ -84,20 +83,8 @@ def stop_placed(nd: Node, placed: list[dict[str, Any]]) -> None:
 def offroster(cluster: Cluster) -> Iterator[tuple[Any, list[str]]]:
     """A namespace on the cluster's bridge with SOURCES addresses of the cluster's subnet, none
     in the roster."""
-    ns = make_netns("off")
-    host_if, ns_if = f"lmt{os.getpid() % 10000:04d}oh", f"lmt{os.getpid() % 10000:04d}on"
-    try:
-        run("ip", "link", "add", host_if, "type", "veth", "peer", "name", ns_if, "netns", ns.name)
-        run("ip", "link", "set", host_if, "master", cluster.bridge)
-        run("ip", "link", "set", host_if, "up")
-        addrs = [f"{cluster.subnet}.{100 + k}" for k in range(SOURCES)]
-        for a in addrs:
-            ns.run("ip", "addr", "add", f"{a}/24", "dev", ns_if)
-        ns.run("ip", "link", "set", ns_if, "up")
-        yield ns, addrs
-    finally:
-        run("ip", "link", "delete", host_if, check=False)
-        delete_netns(ns)
+    with off_roster_host(cluster, SOURCES) as host:
+        yield host
 
 
 def agent_pid(nd: Node) -> int:

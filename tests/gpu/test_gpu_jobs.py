@@ -25,7 +25,8 @@ from gpucheck import JOB, last_json, nvml_or_skip, runtime_or_skip, smi_gpus
 from laminar.airlock.cgroups import CgroupTree, detect
 from laminar.events import EventBus
 from laminar.runtime import gpus
-from laminar.runtime.jobs import JobError, JobManager, JobSpec
+from laminar.runtime.jobs import JobManager
+from laminar.runtime.spec import JobError, JobSpec
 from laminar.store import Store
 
 pytestmark = pytest.mark.gpu

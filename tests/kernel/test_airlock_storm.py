@@ -35,7 +35,8 @@ from laminar.airlock.manager import Airlock
 from laminar.airlock.policy import PolicyError
 from laminar.airlock.signals import read_psi
 from laminar.events import EventBus
-from laminar.runtime.jobs import JobManager, JobSpec
+from laminar.runtime.jobs import JobManager
+from laminar.runtime.spec import JobSpec
 from laminar.store import Store
 
 # serial: its memory pressure is felt machine-wide (node PSI, MemAvailable); run alone (Makefile)

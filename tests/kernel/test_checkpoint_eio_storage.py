@@ -19,7 +19,6 @@ from xferrig import KEY, make_ckpt, with_receiver
 
 from laminar import jobkit
 from laminar.migrate.transfer import (
-    TRUST_UNCHANGED_S,
     Receiver,
     SendResult,
     TransferError,
@@ -28,6 +27,7 @@ from laminar.migrate.transfer import (
     send_checkpoint,
     verified_checkpoint,
 )
+from laminar.migrate.transfer.committed import TRUST_UNCHANGED_S
 
 pytestmark = pytest.mark.kernel
 

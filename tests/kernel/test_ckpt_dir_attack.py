@@ -43,7 +43,7 @@ from test_replica_gc_move_freeze import component
 from userrig import User, call_as, local_user
 
 from laminar.jobkit import Checkpointer
-from laminar.runtime.jobs import JobSpec
+from laminar.runtime.spec import JobSpec
 
 pytestmark = pytest.mark.kernel
 

@@ -34,7 +34,7 @@ from standin_origin import OriginQueries
 from laminar.config import Config, validate
 from laminar.events import EventBus
 from laminar.migrate.reclaim import ReclaimComponent
-from laminar.runtime.jobs import JobSpec
+from laminar.runtime.spec import JobSpec
 from laminar.store import Store
 
 pytestmark = pytest.mark.kernel

@@ -227,7 +227,7 @@ def test_a_reclaim_move_left_to_finish_by_a_cancel_is_listed_and_settled(tmp_pat
                 assert await until(lambda: job.state == "migrated" and mig.moves[job.id].phase == "done", 10), \
                     (job.state, mig.moves[job.id])
                 assert released == []
-            assert await until(lambda: jobs.store.db.execute("SELECT * FROM migrate_reclaim_jobs").fetchall()
+            assert await until(lambda: jobs.store.db.execute("SELECT * FROM migrate_moves WHERE cause='reclaim'").fetchall()
                                == [], 5)
             assert await get(mig, "/v1/migrate/handovers") == []
 

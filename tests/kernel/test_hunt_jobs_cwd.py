@@ -21,7 +21,7 @@ import pytest
 from jobrig import job_manager, until
 
 from laminar.airlock import admission
-from laminar.runtime.jobs import JobError, JobSpec
+from laminar.runtime.spec import JobError, JobSpec
 
 pytestmark = pytest.mark.kernel
 

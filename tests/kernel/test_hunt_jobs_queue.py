@@ -16,7 +16,8 @@ import pytest
 from jobrig import job_manager, until
 
 from laminar.airlock import admission
-from laminar.runtime.jobs import Job, JobSpec
+from laminar.runtime.record import Job
+from laminar.runtime.spec import JobSpec
 
 pytestmark = pytest.mark.kernel
 

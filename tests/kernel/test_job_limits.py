@@ -45,7 +45,7 @@ from userrig import User, call_as, local_user
 
 from laminar.migrate import reclaim
 from laminar.runtime import joblimits as jl
-from laminar.runtime import jobs as jobsmod
+from laminar.runtime import launch
 
 pytestmark = pytest.mark.kernel
 
@@ -260,7 +260,7 @@ def test_the_path_probe_and_the_checkpoint_check_hold_the_owners_limits(tmp_path
     (backing / "home" / "ckpt-1").mkdir()
     conf = tmp_path / "limits.conf"
     jl.configure({"memlock": "2M:4M", "limits_conf": str(conf), "limits_dir": str(tmp_path / "none")})
-    monkeypatch.setattr(jobsmod, "PROBE_S", 20.0)
+    monkeypatch.setattr(launch, "PROBE_S", 20.0)
     monkeypatch.setattr(reclaim, "VERIFY_STALL_S", 20.0)
     try:
         with local_user("helper") as user, eio_mount(backing) as fs:
@@ -270,7 +270,7 @@ def test_the_path_probe_and_the_checkpoint_check_hold_the_owners_limits(tmp_path
 
             def probe() -> None:
                 try:
-                    asyncio.run(jobsmod.check_paths(str(fs.path / "home"), None, "/usr/bin", user.uid, user.gid))
+                    asyncio.run(launch.check_paths(str(fs.path / "home"), None, "/usr/bin", user.uid, user.gid))
                 except BaseException as e:  # noqa: BLE001 - reported below
                     errors.append(e)
 

@@ -27,7 +27,8 @@ from jobrig import until
 from laminar.airlock import cgroups
 from laminar.airlock.cgroups import CgroupTree, detect
 from laminar.events import EventBus
-from laminar.runtime.jobs import JobManager, JobSpec
+from laminar.runtime.jobs import JobManager
+from laminar.runtime.spec import JobSpec
 from laminar.store import Store
 
 pytestmark = pytest.mark.kernel
@@ -106,7 +107,7 @@ def test_a_cgroup_that_cannot_be_removed_is_recorded_and_removed_once_it_can(
             # the frozen child holds the cgroups: the removal failed (off the loop) and was recorded
             assert rmdir_on_loop and not any(rmdir_on_loop), "the teardown's rmdir ran on the event loop"
             assert job.cgroup.unified.is_dir()
-            leaked = jobs.leaked_cgroups()
+            leaked = jobs.leaks.rows()
             assert [r["job_id"] for r in leaked] == [job.id], leaked
             assert "busy" in leaked[0]["error"], leaked
             assert sample(jobs, "laminar_jobs_leaked_cgroups") == 1
@@ -114,9 +115,9 @@ def test_a_cgroup_that_cannot_be_removed_is_recorded_and_removed_once_it_can(
             assert events(store, f"job {job.id}: its cgroup could not be removed")
             assert jobs.status()["leaked_cgroups"][0]["job_id"] == job.id
             if how == "sweep":
-                await jobs.sweep_leaks()  # a sweep while it is still frozen keeps it
-                assert [r["job_id"] for r in jobs.leaked_cgroups()] == [job.id]
-                assert jobs.leaked_cgroups()[0]["tries"] >= 2
+                await jobs.leaks.sweep()  # a sweep while it is still frozen keeps it
+                assert [r["job_id"] for r in jobs.leaks.rows()] == [job.id]
+                assert jobs.leaks.rows()[0]["tries"] >= 2
                 (freezer / "freezer.state").write_text("THAWED")  # the held SIGKILL is delivered now
                 await removed(jobs, job.id, dirs)  # by the running manager's periodic sweep
         finally:
@@ -133,7 +134,7 @@ def test_a_cgroup_that_cannot_be_removed_is_recorded_and_removed_once_it_can(
                 await jobs.stop()
 
     async def removed(jobs: JobManager, job_id: str, dirs: list[Path]) -> None:
-        assert await until(lambda: not jobs.leaked_cgroups(), 30), jobs.leaked_cgroups()
+        assert await until(lambda: not jobs.leaks.rows(), 30), jobs.leaks.rows()
         assert [d for d in dirs if d.exists()] == [], "the leaked cgroups are still there"
         assert sample(jobs, "laminar_jobs_leaked_cgroups") == 0
         assert events(store, f"job {job_id}: leaked cgroup removed")

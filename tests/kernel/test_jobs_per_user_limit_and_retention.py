@@ -27,7 +27,8 @@ from conftest import VethPair
 from jobrig import job_manager
 from userrig import call_as, local_user
 
-from laminar.runtime.jobs import Job, JobSpec, QuotaError
+from laminar.runtime.record import Job
+from laminar.runtime.spec import JobSpec, QuotaError
 
 pytestmark = pytest.mark.kernel
 
@@ -167,22 +168,22 @@ def test_ended_jobs_older_than_keep_ended_s_are_pruned_and_no_number_is_given_tw
             await asyncio.sleep(0.2)
             young = await jobs.submit(JobSpec(["true"], name="lm-t-young").validate())
             await jobs.wait(young.id, 30)
-            assert jobs.prune_ended() == 0 and jobs.get(old.id) is not None
+            assert jobs.pruner.prune_ended() == 0 and jobs.get(old.id) is not None
             ended_old, ended_young = jobs.get(old.id).ended, jobs.get(young.id).ended  # type: ignore[union-attr]
             assert ended_old is not None and ended_young is not None and ended_young > ended_old
             # an hour after old ended, before young's hour is up: old goes, young stays
-            assert jobs.prune_ended(now=3600 + (ended_old + ended_young) / 2) == 1
+            assert jobs.pruner.prune_ended(now=3600 + (ended_old + ended_young) / 2) == 1
             assert jobs.get(old.id) is None and jobs.get(young.id) is not None
 
             jobs.keep_ended = 0
-            assert jobs.prune_ended() == 1 and jobs.get(young.id) is None
+            assert jobs.pruner.prune_ended() == 1 and jobs.get(young.id) is None
             after = await jobs.submit(JobSpec(["true"], name="lm-t-after").validate())
             assert after.num == young.num + 1, (after.num, young.num)
             await jobs.wait(after.id, 30)
             assert jobs.get(after.id) is None  # pruned as it ended
             again = await jobs.submit(JobSpec(["sleep", "600"], name="lm-t-again").validate())
             assert again.num == after.num + 1
-            assert jobs.prune_ended() == 0 and jobs.get(again.id) is not None  # running: never pruned
+            assert jobs.pruner.prune_ended() == 0 and jobs.get(again.id) is not None  # running: never pruned
 
     asyncio.run(main())
 

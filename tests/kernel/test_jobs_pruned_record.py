@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 from jobrig import job_manager
 
-from laminar.runtime.jobs import JobSpec
+from laminar.runtime.spec import JobSpec
 
 pytestmark = pytest.mark.kernel
 
@@ -33,7 +33,7 @@ def test_a_pruned_job_is_known_as_pruned_an_unknown_or_kept_one_is_not(tmp_path:
             assert not jobs.pruned("nonsense") and not jobs.pruned("job-²") and not jobs.pruned("9" * 40)
 
             jobs.keep_ended = 0
-            assert jobs.prune_ended() == 1 and jobs.get(first.id) is None
+            assert jobs.pruner.prune_ended() == 1 and jobs.get(first.id) is None
             assert jobs.pruned(first.id) and jobs.pruned(str(first.num))
 
             running = await jobs.submit(JobSpec(["sleep", "600"], name="lm-t-pr2").validate())
@@ -69,7 +69,7 @@ def test_a_buddy_asking_about_a_pruned_job_is_told_the_guard_is_not_needed(tmp_p
 
             assert ask(done.id)["state"] == "exited"  # recorded: guard_needed decides, as before
             jobs.keep_ended = 0
-            assert jobs.prune_ended() == 1 and jobs.get(done.id) is None
+            assert jobs.pruner.prune_ended() == 1 and jobs.get(done.id) is None
             out = ask(done.id)
             assert out["needed"] is False and out["state"] == "pruned" and "pruned" in str(out["why"]), out
             unknown = ask(f"job-{done.num + 5}")  # a number never given: still "cannot tell"

@@ -18,7 +18,7 @@ import pytest
 from agentproc import AgentProc, wait_until
 from userrig import call_as, local_user
 
-from laminar.runtime.jobs import REDACTED
+from laminar.runtime.record import REDACTED
 
 pytestmark = pytest.mark.kernel
 

@@ -40,7 +40,7 @@ from laminar.config import Config, validate
 from laminar.events import EventBus
 from laminar.jobkit import Checkpointer
 from laminar.migrate.reclaim import ReclaimComponent
-from laminar.runtime.jobs import JobSpec
+from laminar.runtime.spec import JobSpec
 from laminar.zone.component import ZoneComponent
 
 pytestmark = pytest.mark.kernel
@@ -347,7 +347,7 @@ async def cancel_cut_during_a_reclaim_move(rig: Rig, jobs: Any, name: str) -> An
     with jobs.store.tx() as db:
         db.execute("DELETE FROM migrate_reclaim")
     await rig.stop_migrate()
-    phase = jobs.store.db.execute("SELECT phase FROM migrate_reclaim_jobs WHERE job_id=?", (job.id,)).fetchone()
+    phase = jobs.store.db.execute("SELECT phase FROM migrate_moves WHERE job_id=? AND cause='reclaim'", (job.id,)).fetchone()
     assert job.cgroup.frozen() and job.state == "running" and phase["phase"] == "handover"
     return job
 
@@ -369,7 +369,7 @@ def test_a_reclaim_cancel_cut_by_a_restart_runs_the_job_here_when_the_destinatio
             assert rig.dst_jobs.active() == []
             assert any(e.get("phase") == "move-cut" and e.get("job") == job.id for e in rig.events), rig.events
             assert await until(lambda: rig.record(job.id) is None, 5)
-            assert jobs.store.db.execute("SELECT * FROM migrate_reclaim_jobs").fetchall() == []
+            assert jobs.store.db.execute("SELECT * FROM migrate_moves WHERE cause='reclaim'").fetchall() == []
 
     asyncio.run(main())
 
@@ -408,7 +408,7 @@ def test_a_move_finishing_after_a_reclaim_cancel_and_cut_by_a_restart_is_settled
             await rig.start_migrate()
             assert await until(lambda: not job.active or not job.cgroup.frozen(), 20), "left frozen for good"
             assert job.active and job.state == "running" and rig.dst_jobs.active() == []
-            assert jobs.store.db.execute("SELECT * FROM migrate_reclaim_jobs").fetchall() == []
+            assert jobs.store.db.execute("SELECT * FROM migrate_moves WHERE cause='reclaim'").fetchall() == []
 
     asyncio.run(main())
 

@@ -30,7 +30,7 @@ from jobrig import airlock_rig, running, until
 
 from laminar.airlock import ladder
 from laminar.airlock.cgroups import Hierarchy, read_memory_limit
-from laminar.runtime.jobs import JobSpec
+from laminar.runtime.spec import JobSpec
 
 pytestmark = pytest.mark.kernel
 

@@ -33,8 +33,9 @@ from ports import free_port
 from laminar.airlock.cgroups import CgroupTree, detect
 from laminar.events import EventBus
 from laminar.migrate.reclaim import ReclaimComponent
-from laminar.runtime.jobs import JobManager, JobSpec
+from laminar.runtime.jobs import JobManager
 from laminar.runtime.provenance import JobOrigin
+from laminar.runtime.spec import JobSpec
 from laminar.store import Store
 from laminar.zone.component import ZoneComponent
 

@@ -29,7 +29,7 @@ from laminar import jobkit
 from laminar.config import Config, validate
 from laminar.events import EventBus
 from laminar.migrate.reclaim import DEFAULT_CKPT_BYTES, ReclaimComponent
-from laminar.runtime.jobs import JobSpec
+from laminar.runtime.spec import JobSpec
 from laminar.store import Store
 
 MB = 1 << 20

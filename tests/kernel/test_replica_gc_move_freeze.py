@@ -20,7 +20,7 @@ from jobrig import job_manager, until
 
 from laminar.jobkit import Checkpointer
 from laminar.migrate.reclaim import CONFIG_FIELDS, MOVES_SCHEMA, ReclaimComponent
-from laminar.runtime.jobs import JobSpec
+from laminar.runtime.spec import JobSpec
 
 pytestmark = pytest.mark.kernel
 

@@ -123,7 +123,7 @@ def test_a_job_spec_is_capped_whole_and_per_item(veth_pair: Any, tmp_path: Path)
     held 2.2 GB of the agent, and every GET /v1/jobs encoded them all. Now command, env, cwd and
     resume_from together are at most 64 KiB (jobs.SPEC_BYTES_MAX), with caps per item; the
     refusal names the size and the cap, on every path that builds a spec (a placement too)."""
-    from laminar.runtime import jobs as J
+    from laminar.runtime import spec as J
 
     def spec(extra: int) -> dict[str, Any]:
         # command 11 + 4 bytes, two env entries of 30,003 and one filling up to the cap (+ extra)
@@ -404,7 +404,7 @@ def test_path_probes_of_one_user_on_their_hung_mount_are_bounded(veth_pair: Any,
     PROBES_PER_UID probes not yet reaped: the next submission is refused at once (429)."""
     from fuserig import eio_mount
 
-    from laminar.runtime import jobs as J
+    from laminar.runtime import launch as J
 
     backing = tmp_path / "backing"
     (backing / "work").mkdir(parents=True)

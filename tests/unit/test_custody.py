@@ -112,6 +112,18 @@ _WRITES = (re.compile(r"\bINSERT\b[^;]*?\bINTO\s+migrate_replicas\b", re.I | re.
            re.compile(r"\bUPDATE\s+migrate_replicas\s+SET\b(?:(?!\bWHERE\b)[^;])*?\bstate\s*=", re.I | re.S))
 # Writers left outside the ledger, each with why: none.
 ALLOWED: dict[str, str] = {}
+# The other custody tables, written whole by the ledger (laminar.migrate.ledger's move records,
+# releases owed, guard questions, who handed a guard, a guard's hand-overs): any INSERT into,
+# DELETE from or UPDATE of them.
+LEDGER_TABLES = ("migrate_moves", "migrate_releases", "migrate_guard_checks", "migrate_guard_from",
+                 "migrate_replica_handovers")
+_TABLES = "(?:" + "|".join(LEDGER_TABLES) + r")\b"
+_TABLE_WRITES = (re.compile(r"\bINSERT\b[^;]*?\bINTO\s+" + _TABLES, re.I | re.S),
+                 re.compile(r"\bDELETE\s+FROM\s+" + _TABLES, re.I),
+                 re.compile(r"\bUPDATE\s+" + _TABLES + r"\s+SET\b", re.I))
+# ... and where they may be written elsewhere, each with why.
+TABLE_ALLOWED = {"laminar/migrate/schema.py": "upgrade_moves copies an older agent's move records into "
+                                              "migrate_moves at start, as they were (no move of any record)"}
 
 
 def _text(node: ast.AST) -> str | None:
@@ -143,6 +155,28 @@ def test_the_ledger_is_the_only_writer_of_a_replicas_state() -> None:
     # and the check sees what it looks for
     src = ast.parse((PKG / "migrate" / "ledger.py").read_text())
     assert len({line for line, t in _strings(src) if any(p.search(t) for p in _WRITES)}) == 3
+
+
+def test_the_ledger_is_the_only_writer_of_the_other_custody_tables() -> None:
+    found = []
+    for path in sorted(PKG.rglob("*.py")):
+        rel = str(path.relative_to(PKG.parent))
+        if rel == "laminar/migrate/ledger.py" or rel in TABLE_ALLOWED:
+            continue
+        for line, text in _strings(ast.parse(path.read_text(), str(path))):
+            if any(p.search(text) for p in _TABLE_WRITES):
+                found.append(f"{rel}:{line}: {text[:80]!r}")
+    assert found == [], ("SQL writing " + ", ".join(LEDGER_TABLES) + " outside laminar/migrate/ledger.py:\n"
+                         + "\n".join(found))
+    # and the check sees what it looks for: each table's writers in the ledger, the upgrade's copy
+    src = (PKG / "migrate" / "ledger.py").read_text()
+    hits = [t for _, t in _strings(ast.parse(src)) if any(p.search(t) for p in _TABLE_WRITES)]
+    for table in LEDGER_TABLES:
+        assert any(table in t for t in hits) or f'"{table}"' in src, table
+    assert len(hits) >= 12, hits
+    schema = ast.parse((PKG / "migrate" / "schema.py").read_text())
+    assert any(p.search(t) for _, t in _strings(schema) for p in _TABLE_WRITES)
+    assert not _TABLE_WRITES[2].search("UPDATE migrate_moves_old SET x=1")  # a name that only begins so
 
 
 def test_the_diagram_in_the_docs_is_the_tables() -> None:

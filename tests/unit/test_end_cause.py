@@ -28,7 +28,7 @@ import laminar
 from laminar.migrate.reclaim import ReclaimComponent
 from laminar.policy import endcause
 from laminar.policy.endcause import STATE_OF, EndCause
-from laminar.runtime import jobs as jobsmod
+from laminar.runtime import record
 from laminar.store import Store
 
 # The jobs table as the first release made it (before started, limits, provenance, end_cause).
@@ -65,7 +65,7 @@ OLD_ROWS: list[tuple[str, str, int | None, int, str | None]] = [
      "archived"),
     ("reclaimed", "node 2 reclaimed: ckpt-4 is in the archive, or on its way there; the first agent with room "
                   "resumes it", None, 0, "archived"),
-    ("lost", jobsmod.LOST_WITH_CGROUP, None, 0, "lost_with_cgroup"),
+    ("lost", record.LOST_WITH_CGROUP, None, 0, "lost_with_cgroup"),
     ("lost", "ended while the agent was down (exit code unknown)", None, 0, "ended_while_down"),
     ("migrated", "migrated to node 3 as job-7 (from ckpt-4)", None, 0, "migrated"),
     ("migrated", "node 3 runs it as job-9: it took the job over while it heard nothing from node 2 (a partition); "
@@ -96,8 +96,8 @@ def test_an_older_database_upgrades_with_every_record_kept_and_a_cause_for_each_
     store = old_database(tmp_path / "laminar.db")
     try:
         before = [dict(r) for r in store.db.execute("SELECT * FROM jobs ORDER BY num").fetchall()]
-        store.ensure_schema("jobs", jobsmod.SCHEMA)  # what the job manager's start runs first
-        had = jobsmod.upgrade_columns(store)
+        store.ensure_schema("jobs", record.SCHEMA)  # what the job manager's start runs first
+        had = record.upgrade_columns(store)
         assert "end_cause" not in had and "started" not in had
         after = [dict(r) for r in store.db.execute("SELECT * FROM jobs ORDER BY num").fetchall()]
         assert len(after) == len(before) == len(OLD_ROWS)
@@ -111,7 +111,7 @@ def test_an_older_database_upgrades_with_every_record_kept_and_a_cause_for_each_
         # run again (the next start): nothing changes, a cause set since is not derived again
         with store.tx() as db:
             db.execute("UPDATE jobs SET end_cause='stopped_by_operator' WHERE id='job-7'")
-        assert jobsmod.upgrade_columns(store) >= {"end_cause", "started", "limits"}
+        assert record.upgrade_columns(store) >= {"end_cause", "started", "limits"}
         again = [dict(r) for r in store.db.execute("SELECT * FROM jobs ORDER BY num").fetchall()]
         assert again[6]["end_cause"] == "stopped_by_operator" and again[:6] == after[:6]
     finally:
@@ -120,7 +120,7 @@ def test_an_older_database_upgrades_with_every_record_kept_and_a_cause_for_each_
 
 def test_each_cause_belongs_to_one_end_state_and_reads_back() -> None:
     assert set(STATE_OF) == set(EndCause) - {EndCause.UNKNOWN}
-    assert set(STATE_OF.values()) <= set(jobsmod.STATES) - set(jobsmod.LIVE_STATES)
+    assert set(STATE_OF.values()) <= set(record.STATES) - set(record.LIVE_STATES)
     for c in EndCause:
         assert endcause.parse(str(c)) is c and json.dumps(c) == f'"{c.value}"'
     assert endcause.parse(None) is None and endcause.parse("") is None
@@ -141,7 +141,7 @@ def _end_calls() -> list[tuple[str, int, dict[str, Any], ast.Call]]:
             kws = {k.arg: k.value for k in node.keywords if k.arg}
             name = node.func.attr
             if name == "stop" or (name == "set_state" and isinstance(node.args[1], ast.Constant)
-                                  and node.args[1].value not in jobsmod.LIVE_STATES):
+                                  and node.args[1].value not in record.LIVE_STATES):
                 out.append((str(path.relative_to(pkg)), node.lineno, kws, node))
     return out
 
@@ -188,7 +188,7 @@ def needs_source(job: Any, buddy: int = 1) -> Any:
     ("lost", EndCause.LOST_WITH_CGROUP, "its cgroup went away", True),
     # what it does not, whatever the words say: Airlock's kill, a job that may have finished by itself
     ("killed", EndCause.AIRLOCK_KILL, "airlock killed: after the notice window ended", False),
-    ("lost", EndCause.ENDED_WHILE_DOWN, jobsmod.LOST_WITH_CGROUP, False),
+    ("lost", EndCause.ENDED_WHILE_DOWN, record.LOST_WITH_CGROUP, False),
     ("reclaimed", EndCause.ARCHIVED, "node 2 reclaimed: ckpt-4 is in the archive", False),
 ])
 def test_stopped_for_good_in_the_needs_answer_is_read_from_the_end_cause_not_the_reason(

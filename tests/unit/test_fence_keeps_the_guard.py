@@ -45,7 +45,7 @@ from test_reclaim_restore import RestoreJobs
 from laminar.jobkit import Checkpointer
 from laminar.migrate.reclaim import ReclaimComponent
 from laminar.policy.endcause import EndCause
-from laminar.runtime.jobs import LOST_WITH_CGROUP
+from laminar.runtime.record import LOST_WITH_CGROUP
 
 
 class StoppingJobs(Jobs):
@@ -97,7 +97,7 @@ def test_a_fenced_job_is_not_prestaged_so_its_guard_does_not_change(tmp_path: Pa
             assert state(n1) == "guarding"
             # cut off: the job is fenced. Its next checkpoint (written before the freeze took)
             # would go to node 3 (node 1 avoided, as after a failed prestage)
-            src.fenced_jobs["job-1"] = time.time()
+            src.fence.fenced_jobs["job-1"] = time.time()
             src.prestage.avoid("job-1", 1, 60.0)
             save(job, 10)
             await prestage_round(src)
@@ -107,7 +107,7 @@ def test_a_fenced_job_is_not_prestaged_so_its_guard_does_not_change(tmp_path: Pa
             assert state(n3) is None and held(n3) == []
             assert not any(k == K for _, k in src.prestage.releases)
             # settled (thawed: nobody took it over): prestaged again, to node 3 now
-            del src.fenced_jobs["job-1"]
+            del src.fence.fenced_jobs["job-1"]
             await prestage_round(src)
             assert await until(lambda: src.prestage.shipped.get("job-1") == "ckpt-10", timeout=20), src.prestage.shipped
             assert src.prestage.buddy["job-1"] == 3 and state(n3) == "guarding"
@@ -180,12 +180,12 @@ def test_a_reclaim_moves_a_fenced_job_only_once_its_fence_is_settled(tmp_path: P
             moved.append(job.id)
 
         async def unsettled(jid: str) -> None:  # stand-in: a settling whose guard does not answer yet
-            comp._unfencing.discard(jid)
+            comp.fence._unfencing.discard(jid)
 
-        comp._unfence = unsettled  # type: ignore[method-assign]
+        comp.fence._unfence = unsettled  # type: ignore[method-assign]
         try:
             now = time.time()
-            comp.fenced_jobs.update({"job-1": now, "job-2": now})
+            comp.fence.fenced_jobs.update({"job-1": now, "job-2": now})
             # a move of a fenced job is refused, and leaves it as it was (frozen by its fence)
             mv = await real_move(settles, "lm-t", None)
             assert mv.phase == "failed" and "job-1 is fenced" in str(mv.error), mv
@@ -196,7 +196,7 @@ def test_a_reclaim_moves_a_fenced_job_only_once_its_fence_is_settled(tmp_path: P
             comp.start_reclaim(2.0, "lm-t owner")
             await asyncio.sleep(0.8)
             assert moved == [], "a fenced job is not moved before its fence is settled"
-            del comp.fenced_jobs["job-1"]  # settled: thawed, nobody took it over
+            del comp.fence.fenced_jobs["job-1"]  # settled: thawed, nobody took it over
             assert await until(lambda: moved == ["job-1"], timeout=5), moved
             assert await until(lambda: "job-2" in jobs.stops, timeout=5)
             assert moved == ["job-1"] and jobs.stops["job-2"] == "reclaimed"  # stopped at the window's end

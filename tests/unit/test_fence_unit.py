@@ -25,8 +25,8 @@ from test_replica_gc import KEY, K, Source, started
 
 from laminar.config import ConfigError, validate
 from laminar.migrate.fence import FENCE_META, check_fence_settings
-from laminar.runtime.jobs import JobSpec
 from laminar.runtime.provenance import JobOrigin
+from laminar.runtime.spec import JobSpec
 
 
 class Cgroup:  # stand-in: records what was asked of the job's cgroup
@@ -103,18 +103,18 @@ def test_a_node_that_hears_nobody_is_cut_off_and_takes_nothing_over(tmp_path: Pa
             state = agent.zone.membership.state
             state[2].last_seen = now - 40.0  # node 2 silent past orphan_after_s
             state[3].last_seen = now - 1.0  # node 3 heard a second ago: this node is not cut off
-            assert not c._isolated(now)
-            c._vouched[2] = (now, 40.0, True)  # node 3 said it has not heard node 2 for 40 s either (vouch.py)
+            assert not c.fence.isolated(now)
+            c.vouch._vouched[2] = (now, 40.0, True)  # node 3 said it has not heard node 2 for 40 s either (vouch.py)
             assert c._source_dead(2, now) == "node 2 silent for 40.0 s"
             state[3].last_seen = now - 12.0  # nobody heard for 12 s: this node is the one cut off
-            assert c._isolated(now)
+            assert c.fence.isolated(now)
             assert c._source_dead(2, now) is None
             c.s["fence_after_s"] = 0.0  # off: as before
-            assert not c._isolated(now)
+            assert not c.fence.isolated(now)
             assert c._source_dead(2, now) == "node 2 silent for 40.0 s"
             c.s["fence_after_s"] = 10.0
             c._started = now - 5.0  # started 5 s ago: it cannot vouch for a longer silence
-            assert not c._isolated(now)
+            assert not c.fence.isolated(now)
         finally:
             await c.stop()
             agent.store.close()
@@ -151,49 +151,49 @@ def test_the_jobs_the_zone_would_resume_are_fenced_kept_across_a_restart_and_set
             c._started = now - 100.0
             for st in agent.zone.membership.state.values():
                 st.last_seen = now - 20.0
-            c._fence_round(now)
-            assert sorted(c.fenced_jobs) == ["job-1", "job-2", "job-5"]
+            c.fence.tick(now)
+            assert sorted(c.fence.fenced_jobs) == ["job-1", "job-2", "job-5"]
             assert guarded.cgroup.calls == ["freeze"] and archived.cgroup.calls == ["freeze"]
-            c._drop_fenced("job-5")  # (not settled below with the other two: not what is tested there)
+            c.fence.drop("job-5")  # (not settled below with the other two: not what is tested there)
             c.prestage.releases.clear()
             assert alone.cgroup.calls == [] and moving.cgroup.calls == []  # nothing would resume them
             assert (guarded.state, alone.state) == ("suspended", "running")
             assert guarded.reason.startswith("fenced: node 1 heard no member of its zone for 10 s")
             assert [e["jobs"] for e in events if e.get("phase") == "fenced"] == [["job-1", "job-2", "job-5"]]
-            c._fence_round(now + 1)  # still cut off: fenced once
+            c.fence.tick(now + 1)  # still cut off: fenced once
             assert guarded.cgroup.calls == ["freeze"]
             archived.cgroup.calls.append("thaw")  # thawed by something else meanwhile (a move that failed)
-            c._fence_round(now + 2)
+            c.fence.tick(now + 2)
             assert archived.cgroup.calls == ["freeze", "thaw", "freeze"]  # frozen again
             archived.cgroup.calls[:] = ["freeze"]
             assert sorted(agent.store.get_meta(FENCE_META)) == ["job-1", "job-2"]
 
-            c.fenced_jobs = {}  # a restart: what was fenced comes back from the store
-            c._restore_fenced()
-            assert sorted(c.fenced_jobs) == ["job-1", "job-2"]
+            c.fence.fenced_jobs = {}  # a restart: what was fenced comes back from the store
+            c.fence.restore()
+            assert sorted(c.fence.fenced_jobs) == ["job-1", "job-2"]
             c._started = time.time()  # restarted just now, nobody heard yet: not cut off, but nothing settles
             for st in agent.zone.membership.state.values():
                 st.last_seen = -1.0
-            c._fence_round(time.time())
+            c.fence.tick(time.time())
             await asyncio.sleep(0.1)
-            assert sorted(c.fenced_jobs) == ["job-1", "job-2"] and asked == []
+            assert sorted(c.fence.fenced_jobs) == ["job-1", "job-2"] and asked == []
 
             # heard again; job-1's buddy (node 2) does not answer and is not gone: stays frozen
             agent.zone.membership.state[3].last_seen = time.time()
             answers[2] = OSError("no route to node 2")
             agent.zone.membership.state[2].last_seen = time.time() - 5.0
-            c._fence_round(time.time())
+            c.fence.tick(time.time())
             await asyncio.sleep(0.2)
-            assert "job-1" in c.fenced_jobs and guarded.cgroup.calls == ["freeze"]
+            assert "job-1" in c.fence.fenced_jobs and guarded.cgroup.calls == ["freeze"]
             assert [(n, op) for n, op, _ in asked] == [(2, "taken")]
             assert asked[0][2] == {"key": "n1-job-1"}
-            assert "job-2" not in c.fenced_jobs and archived.cgroup.calls == ["freeze", "thaw"]  # no buddy: thawed
+            assert "job-2" not in c.fence.fenced_jobs and archived.cgroup.calls == ["freeze", "thaw"]  # no buddy: thawed
 
             # node 2 answers: it did not take job-1 over: thawed, the fence forgotten
             answers[2] = {"key": "n1-job-1", "runs": None, "state": "guarding"}
-            c._fence_round(time.time())
+            c.fence.tick(time.time())
             await asyncio.sleep(0.2)
-            assert guarded.cgroup.calls == ["freeze", "thaw"] and c.fenced_jobs == {}
+            assert guarded.cgroup.calls == ["freeze", "thaw"] and c.fence.fenced_jobs == {}
             assert guarded.state == "running" and guarded.reason.startswith("unfenced: node 1 hears its zone again")
             assert agent.store.get_meta(FENCE_META) is None
             ev = [(e["job"], e["airlock_held"]) for e in events if e.get("phase") == "unfenced"]
@@ -228,13 +228,13 @@ def settled(tmp: Path, answers: dict[int, dict[str, Any]]) -> tuple[list[int], l
         try:
             c.s.update(orphan_after_s=30.0, fence_after_s=10.0)
             c.prestage.buddy["job-1"] = 2
-            c.fenced_jobs["job-1"] = time.time() - 40.0
-            c._fence_round(time.time())  # heard from (FakeZone: everyone just now)
+            c.fence.fenced_jobs["job-1"] = time.time() - 40.0
+            c.fence.tick(time.time())  # heard from (FakeZone: everyone just now)
             for _ in range(50):
                 if stopped:
                     break
                 await asyncio.sleep(0.05)
-            assert c.fenced_jobs == {}
+            assert c.fence.fenced_jobs == {}
             return asked, stopped, j
         finally:
             await c.stop()
@@ -303,12 +303,12 @@ def test_the_fenced_set_survives_only_as_json_numbers(tmp_path: Path) -> None:
         agent, c = await started(tmp_path)
         try:
             agent.store.set_meta(FENCE_META, {"job-1": 5.0, "job-2": "x"})
-            c._restore_fenced()
-            assert c.fenced_jobs == {"job-1": 5.0}
+            c.fence.restore()
+            assert c.fence.fenced_jobs == {"job-1": 5.0}
             agent.store.set_meta(FENCE_META, ["job-1"])
-            c._restore_fenced()
-            assert c.fenced_jobs == {}
-            assert json.dumps(c.fenced_jobs) == "{}"
+            c.fence.restore()
+            assert c.fence.fenced_jobs == {}
+            assert json.dumps(c.fence.fenced_jobs) == "{}"
         finally:
             await c.stop()
             agent.store.close()
@@ -342,8 +342,8 @@ def test_an_old_buddy_still_owed_a_release_is_asked_too(tmp_path: Path) -> None:
             c.prestage.buddy["job-1"] = 3
             # owed, not due again for an hour (the watch loop's release round leaves it alone)
             c.prestage.releases[(2, "n1-job-1")] = (time.monotonic() + 3600.0, time.monotonic() + 7200.0)
-            c.fenced_jobs["job-1"] = time.time() - 40.0
-            c._fence_round(time.time())
+            c.fence.fenced_jobs["job-1"] = time.time() - 40.0
+            c.fence.tick(time.time())
             for _ in range(50):
                 if stopped:
                     break
@@ -379,19 +379,19 @@ def test_a_fenced_job_claimed_or_run_from_the_archive_stays_frozen(tmp_path: Pat
             c.prestage.buddy["job-1"] = 3
             (arch / ".done").mkdir(parents=True)
             (arch / ".done" / "n1-job-1").write_text(json.dumps({"runner": "4"}))  # unsigned: says nothing
-            assert c._archive_claimer("n1-job-1") is None
+            assert c.fence.archive_claimer("n1-job-1") is None
             mark_done(agent_of(3, arch, zone_keys(KEY.hex())), "n1-job-1", 4)
-            c.fenced_jobs["job-1"] = time.time() - 40.0
-            c._fence_round(time.time())
+            c.fence.fenced_jobs["job-1"] = time.time() - 40.0
+            c.fence.tick(time.time())
             await asyncio.sleep(0.3)
-            assert "job-1" in c.fenced_jobs and j.cgroup.calls == [] and asked == []
+            assert "job-1" in c.fence.fenced_jobs and j.cgroup.calls == [] and asked == []
             (arch / ".done" / "n1-job-1").unlink()  # (no claim: the buddy is asked, and it is thawed)
-            c._fence_round(time.time())
+            c.fence.tick(time.time())
             for _ in range(50):
-                if "job-1" not in c.fenced_jobs:
+                if "job-1" not in c.fence.fenced_jobs:
                     break
                 await asyncio.sleep(0.05)
-            assert asked == [3] and j.cgroup.calls == ["thaw"] and c.fenced_jobs == {}
+            assert asked == [3] and j.cgroup.calls == ["thaw"] and c.fence.fenced_jobs == {}
         finally:
             await c.stop()
             agent.store.close()
@@ -413,12 +413,12 @@ def test_a_silence_after_a_notice_declares_nothing_while_no_other_member_is_hear
             c.notices[2] = (now + 60.0, now - 10.0)  # node 2's window ends in a minute
             state = agent.zone.membership.state
             state[2].last_seen, state[3].last_seen = now - 4.0, now - 5.0
-            assert not c._isolated(now)
+            assert not c.fence.isolated(now)
             assert c._source_dead(2, now) is None
             state[3].last_seen = now - 2.0  # heard only 2 s past node 2's last word (it may be this node that left)
             assert c._source_dead(2, now) is None
             state[3].last_seen = now - 0.5  # 3.5 s past it: node 2 is the silent one
-            c._vouched[2] = (now, 4.0, True)  # (and node 3 said it has not heard node 2 for 4 s either: vouch.py)
+            c.vouch._vouched[2] = (now, 4.0, True)  # (and node 3 said it has not heard node 2 for 4 s either: vouch.py)
             assert c._source_dead(2, now) == "node 2 went silent 4.0 s after announcing its reclaim"
             c.s["fence_after_s"] = 0.0  # off: as before
             state[3].last_seen = now - 5.0
@@ -447,7 +447,7 @@ def test_a_window_end_declares_nothing_until_another_member_is_heard_after_it(tm
             c.notices[2] = (end, now - 20.0)
             state = agent.zone.membership.state
             state[2].last_seen, state[3].last_seen = now - 5.0, now - 5.0
-            assert not c._isolated(now)
+            assert not c.fence.isolated(now)
             assert c._source_dead(2, now) is None
             assert c._source_dead(2, now, end, now - 20.0) is None  # (the guard message's window too)
             state[3].last_seen = now - 0.5  # heard after the end: this node is not cut off
@@ -511,8 +511,8 @@ def test_a_fenced_copy_whose_claim_another_node_took_is_stopped(tmp_path: Path) 
         try:
             c.s.update(orphan_after_s=30.0, fence_after_s=10.0, archive_dir=str(arch))
             claimed_by(arch, tmp_path, "n2-job-7", 3, (3, "job-9"), zone_keys(KEY.hex()))
-            c.fenced_jobs["job-4"] = time.time() - 40.0
-            c._fence_round(time.time())
+            c.fence.fenced_jobs["job-4"] = time.time() - 40.0
+            c.fence.tick(time.time())
             for _ in range(50):
                 if stopped:
                     break
@@ -551,10 +551,10 @@ def test_a_fenced_copy_the_claimer_placed_here_is_its_claims_own(tmp_path: Path)
         try:
             c.s.update(orphan_after_s=30.0, fence_after_s=10.0, archive_dir=str(arch))
             claimed_by(arch, tmp_path, "n2-job-7", 3, (1, "job-4"), zone_keys(KEY.hex()))
-            c.fenced_jobs["job-4"] = time.time() - 40.0
-            c._fence_round(time.time())
+            c.fence.fenced_jobs["job-4"] = time.time() - 40.0
+            c.fence.tick(time.time())
             for _ in range(50):
-                if c.fenced_jobs == {}:
+                if c.fence.fenced_jobs == {}:
                     break
                 await asyncio.sleep(0.05)
             assert stopped == [] and j.cgroup.calls == ["thaw"]

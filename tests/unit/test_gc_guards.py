@@ -37,7 +37,7 @@ from laminar.config import Config, validate
 from laminar.events import EventBus
 from laminar.jobkit import Checkpointer
 from laminar.migrate.reclaim import ReclaimComponent
-from laminar.runtime.jobs import JobSpec
+from laminar.runtime.spec import JobSpec
 from laminar.store import Store
 
 KEY = secrets.token_bytes(32)

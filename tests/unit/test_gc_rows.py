@@ -20,8 +20,8 @@ from jobrig import until
 from test_replica_gc import Source, names, started
 
 from laminar.policy import custody
-from laminar.runtime.jobs import JobSpec
 from laminar.runtime.provenance import JobOrigin
+from laminar.runtime.spec import JobSpec
 
 
 def row(agent: SimpleNamespace, key: str) -> object:

@@ -19,8 +19,8 @@ from types import SimpleNamespace
 from jobrig import until
 from test_replica_gc import Source, names, started
 
-from laminar.runtime.jobs import JobSpec
 from laminar.runtime.provenance import JobOrigin
+from laminar.runtime.spec import JobSpec
 
 
 def age(path: Path, secs: float) -> None:

@@ -24,6 +24,7 @@ from xferrig import KEY, make_ckpt, with_receiver
 from laminar import jobkit
 from laminar.migrate import transfer as T
 from laminar.migrate.reclaim import ReclaimComponent
+from laminar.migrate.transfer import committed as xfer_committed
 
 REPLICA = "n2-job-1"
 
@@ -43,7 +44,7 @@ def hashed(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> list[bool]:
                                 node="2")  # the key's node: a take-over reads only its guard's copies
 
     asyncio.run(with_receiver(tmp_path / "xfer", body))
-    monkeypatch.setattr(T, "TRUST_UNCHANGED_S", 0.0)  # as a replica committed long ago
+    monkeypatch.setattr(xfer_committed, "TRUST_UNCHANGED_S", 0.0)  # as a replica committed long ago
     calls: list[bool] = []
     real = jobkit.file_sha256
 

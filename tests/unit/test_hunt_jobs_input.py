@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from laminar.runtime.jobs import STOP_GRACE_MAX_S, JobError, JobSpec, parse_grace_s
+from laminar.runtime.spec import STOP_GRACE_MAX_S, JobError, JobSpec, parse_grace_s
 from laminarctl.main import main
 
 

@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 from xferrig import KEY, make_ckpt, with_receiver
 
+from laminar import jobkit
 from laminar.migrate import transfer
 from laminar.migrate.transfer import (
     Receiver,
@@ -23,6 +24,7 @@ from laminar.migrate.transfer import (
     send_checkpoint,
     verified_checkpoint,
 )
+from laminar.migrate.transfer.committed import TRUST_UNCHANGED_S
 
 
 def test_a_committed_copy_that_no_longer_verifies_is_received_again(tmp_path: Path) -> None:
@@ -100,7 +102,7 @@ def test_a_fresh_commit_is_not_read_again_and_any_change_since_is_still_caught(
     ckpt = make_ckpt(tmp_path, 300_000)
     root = tmp_path / "dst"
     hashed: list[str] = []
-    real = transfer.jobkit.file_sha256
+    real = jobkit.file_sha256
 
     def counting(path: Path) -> str:
         hashed.append(Path(path).name)
@@ -108,11 +110,11 @@ def test_a_fresh_commit_is_not_read_again_and_any_change_since_is_still_caught(
 
     async def body(rcv: Receiver, port: int) -> None:
         dst = Path((await send_checkpoint("127.0.0.1", port, ckpt, "j1", KEY)).remote_path)
-        monkeypatch.setattr(transfer.jobkit, "file_sha256", counting)
+        monkeypatch.setattr(jobkit, "file_sha256", counting)
         assert verified_checkpoint(dst) == dst
         assert hashed == []
         committed = json.loads((dst / transfer.TRANSFER_MANIFEST).read_text())["committed"]
-        assert verified_checkpoint(dst, now=committed + transfer.TRUST_UNCHANGED_S + 1) == dst
+        assert verified_checkpoint(dst, now=committed + TRUST_UNCHANGED_S + 1) == dst
         assert sorted(hashed) == ["MANIFEST.json", "state.bin"]
         f = dst / "state.bin"
         st = f.stat()

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from laminar import config
-from laminar.runtime.jobs import Grants
+from laminar.runtime.grants import Grants
 
 ME = pwd.getpwuid(os.getuid()).pw_name
 

@@ -1,5 +1,5 @@
 """A pruned job's log and checkpoint directory go with its record (laminar.runtime.jobs
-``JobManager._remove_files``, in a thread of its own): never following a link, and never the
+``Pruner._remove_files``, in a thread of its own): never following a link, and never the
 directory a job that has not ended resumes from."""
 
 from __future__ import annotations
@@ -9,7 +9,8 @@ import time
 from pathlib import Path
 from types import SimpleNamespace
 
-from laminar.runtime.jobs import JobManager, remove_job_files
+from laminar.runtime.jobs import JobManager
+from laminar.runtime.prune import remove_job_files
 
 
 def _job_files(state: Path, job_id: str) -> None:
@@ -40,7 +41,7 @@ def test_a_live_jobs_resume_directory_is_kept(tmp_path: Path) -> None:
         _job_files(state, f"job-{i}")
     jm = JobManager(store=object(), state_dir=state)
     jm.jobs["job-7"] = SimpleNamespace(spec=SimpleNamespace(resume_from=str(state / "ckpt" / "job-2" / "ckpt-1")))
-    jm._remove_files(["job-1", "job-2", "job-3"])
+    jm.pruner._remove_files(["job-1", "job-2", "job-3"])
     deadline = time.monotonic() + 10
     while (state / "ckpt" / "job-3").exists() and time.monotonic() < deadline:
         time.sleep(0.05)

@@ -31,6 +31,7 @@ from test_hold_archive_first import hang_copies, holding_node
 from laminar.jobkit import Checkpointer
 from laminar.migrate import archive as archive_mod
 from laminar.migrate.reclaim import Move, ReclaimComponent
+from laminar.policy.endcause import EndCause
 from laminar.store import Store
 
 
@@ -103,20 +104,21 @@ def crash_during_late_copy(tmp: Path, arch: Path, dead: threading.Event, where: 
     return ckpt
 
 
-def restart(tmp: Path, arch: Path, state: str = "reclaimed",
-            left_out: list[set[str]] | None = None) -> tuple[ReclaimComponent, list[tuple[str, str]]]:
+def restart(tmp: Path, arch: Path, state: str = "reclaimed", left_out: list[set[str]] | None = None,
+            cause: EndCause | None = EndCause.ARCHIVED) -> tuple[ReclaimComponent, list[tuple[str, str]]]:
     """The agent restarted on the same state directory, job-1 ``state`` there: the migrate
     component's late-copy restore, run to its end. Its events (phase, message; a stop of the
     job is one too, "stopped"). ``left_out``: gets the jobs the restored reclaim must not move,
-    as the restore left them for it."""
+    as the restore left them for it. ``cause``: job-1's end cause (for an ended job)."""
     events: list[tuple[str, str]] = []
     store = Store(tmp / "state" / "state.db")
     c = ReclaimComponent()
-    job = SimpleNamespace(id="job-1", state=state, cgroup=SimpleNamespace(thaw=lambda timeout: True))
+    job = SimpleNamespace(id="job-1", state=state, cgroup=SimpleNamespace(thaw=lambda timeout: True),
+                          end_cause=None if state in ("running", "suspended") else cause)
 
     async def stop(jid: str, why: str, state: str = "", **kw: Any) -> None:
         events.append(("stopped", f"{jid} {state}: {why}"))
-        job.state = state
+        job.state, job.end_cause = state, kw.get("cause")
 
     c.agent = SimpleNamespace(
         zone=zone_of(1), store=store,
@@ -224,6 +226,26 @@ def test_a_job_that_is_not_reclaimed_after_the_restart_is_left_to_the_restored_r
     c, events = restart(tmp_path, arch, state="running")
     assert not (arch / "n1-job-1" / "guard.json").exists() and "job-1" not in c.moves
     assert events == [] and rows(tmp_path) == []
+
+
+@pytest.mark.parametrize("cause", [EndCause.HANDED_OVER, EndCause.HELD_ELSEWHERE, EndCause.UNKNOWN])
+def test_a_job_reclaimed_into_another_nodes_keeping_is_not_published_after_the_restart(
+        tmp_path: Path, dead: Any, cause: EndCause) -> None:
+    """A job ``reclaimed`` here whose end says another node runs it or resumes it (its hand-over
+    was sent, a holder keeps its checkpoint) or does not say: the late copy is not taken up,
+    read from the end cause, not from the state (a published copy would run the job twice)."""
+    arch = tmp_path / "arch"
+    crash_during_late_copy(tmp_path, arch, dead, "storage")
+    c, events = restart(tmp_path, arch, cause=cause)
+    assert not (arch / "n1-job-1" / "guard.json").exists() and "job-1" not in c.moves
+    assert events == [] and rows(tmp_path) == []
+
+
+def test_a_copy_cut_after_the_window_ended_is_taken_up(tmp_path: Path, dead: Any) -> None:
+    arch = tmp_path / "arch"
+    crash_during_late_copy(tmp_path, arch, dead, "storage")
+    c, events = restart(tmp_path, arch, cause=EndCause.WINDOW_ENDED)
+    assert guard_record(arch)["ckpt"] == "ckpt-7" and c.moves["job-1"].phase == "archived"
 
 
 def test_a_job_still_running_whose_record_was_published_is_stopped_not_moved_again(tmp_path: Path, dead: Any) -> None:

@@ -19,8 +19,8 @@ from ports import free_port
 from standin_origin import OriginQueries
 
 from laminar import jobkit
-from laminar.runtime.jobs import JobSpec
 from laminar.runtime.provenance import NO_ORIGIN, JobOrigin
+from laminar.runtime.spec import JobSpec
 from laminar.zone import placement as pl
 from laminar.zone import wire
 from laminar.zone.component import ZoneComponent, demand_to_probe

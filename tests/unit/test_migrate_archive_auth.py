@@ -465,7 +465,7 @@ def test_unsigned_markers_and_stray_json_do_not_stand_a_guard_down(world: Any) -
     guard = claimer(world.tmp, world.arch, 2)
     try:
         assert guard._claim_archived(key) == (False, None, False)  # the guard takes over from its replica
-        assert guard._archive_runner(key) is None and guard._archive_claimer(key) is None
+        assert guard._archive_runner(key) is None and guard.fence.archive_claimer(key) is None
         assert guard.counts["archive_unverified_no_envelope"] >= 2
     finally:
         guard._lane.close()

@@ -23,7 +23,7 @@ from laminar.jobkit import Checkpointer, verify_checkpoint
 from laminar.migrate import reclaim
 from laminar.migrate.archive import ARCHIVE_DONE, ARCHIVE_DONE_EXPIRE_EVERY_S, ARCHIVE_DONE_KEEP_S
 from laminar.migrate.reclaim import ARCHIVE_TRASH, LIVE_RECORD, ReclaimComponent
-from laminar.runtime.jobs import JobSpec
+from laminar.runtime.spec import JobSpec
 
 OLD = reclaim.ARCHIVE_TMP_STALE_S + 60  # seconds: older than the limit
 

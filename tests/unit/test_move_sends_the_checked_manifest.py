@@ -30,6 +30,7 @@ from xferrig import KEY, make_ckpt, rot, with_receiver
 from laminar import jobkit
 from laminar.migrate import transfer as T
 from laminar.migrate.reclaim import ReclaimComponent
+from laminar.migrate.transfer import manifest
 
 KB = 1 << 10
 
@@ -53,7 +54,7 @@ def read_where(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, bool]]:
     manifest's chunk pass, as (what and the checkpoint's name, whether on the event loop's
     thread)."""
     calls: list[tuple[str, bool]] = []
-    verify, chunks = jobkit.verify_checkpoint, T._hash_checkpoint
+    verify, chunks = jobkit.verify_checkpoint, manifest._hash_checkpoint
 
     def on_main() -> bool:
         return threading.current_thread() is threading.main_thread()
@@ -68,7 +69,7 @@ def read_where(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, bool]]:
         return chunks(p, *a, **kw)
 
     monkeypatch.setattr(jobkit, "verify_checkpoint", spy_verify)
-    monkeypatch.setattr(T, "_hash_checkpoint", spy_chunks)
+    monkeypatch.setattr(manifest, "_hash_checkpoint", spy_chunks)
     return calls
 
 

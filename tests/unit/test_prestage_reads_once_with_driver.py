@@ -26,7 +26,7 @@ from laminar import jobkit
 from laminar.migrate import transfer as T
 from laminar.migrate.ckpt_driver import CkptDriver
 from laminar.migrate.reclaim import ReclaimComponent
-from laminar.runtime.jobs import JobSpec
+from laminar.runtime.spec import JobSpec
 
 KB = 1 << 10
 

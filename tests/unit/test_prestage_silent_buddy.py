@@ -11,7 +11,7 @@ prestage, real transfers, real authenticated ``guard`` and ``release`` control m
 Stand-ins, named as such: node 1, the silent buddy, is a TCP listener on 127.0.0.1 that accepts
 connections and never answers (a hung agent; a host whose packets vanish is the connect-phase
 case of the same rule, measured in bench/prestage_silent_buddy.py); the handshake timeout is
-shortened for the test (``transfer.HANDSHAKE_TIMEOUT_S``); in the move tests, the zone's
+shortened for the test (``HANDSHAKE_TIMEOUT_S``, where the sender and the receiver read it); in the move tests, the zone's
 reservation and the hand-over (``_reserve``, ``_handover``) are stand-ins, the transfer and
 guard before them are real.
 """
@@ -32,9 +32,10 @@ from jobrig import until
 from test_gc_guards import Job, Jobs, K, free_port, held, job_of, node, prestage_round, run, state
 
 from laminar.jobkit import Checkpointer, latest_checkpoint
-from laminar.migrate import transfer
 from laminar.migrate.reclaim import MigrateError, Move
-from laminar.runtime.jobs import JobSpec
+from laminar.migrate.transfer import receive as xfer_receive
+from laminar.migrate.transfer import send as xfer_send
+from laminar.runtime.spec import JobSpec
 
 
 class Silent:
@@ -68,7 +69,8 @@ def save(job: Any, step: int) -> None:
 
 @pytest.fixture(autouse=True)
 def short_handshake(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(transfer, "HANDSHAKE_TIMEOUT_S", 0.5)
+    monkeypatch.setattr(xfer_send, "HANDSHAKE_TIMEOUT_S", 0.5)
+    monkeypatch.setattr(xfer_receive, "HANDSHAKE_TIMEOUT_S", 0.5)
 
 
 def test_a_silent_buddy_costs_one_timeout_and_the_checkpoint_goes_to_another_peer(tmp_path: Path) -> None:
@@ -122,7 +124,7 @@ def test_a_buddy_whose_syns_go_unanswered_costs_one_connect_timeout(tmp_path: Pa
     """The connect phase of the same rule: node 1's host vanished (its SYNs go unanswered, no
     RST). Stand-in: a listener on 127.0.0.1 with a full accept queue (backlog 0, one connection
     never accepted), so the kernel drops every further SYN to it."""
-    monkeypatch.setattr(transfer, "CONNECT_TIMEOUT_S", 0.5)
+    monkeypatch.setattr(xfer_send, "CONNECT_TIMEOUT_S", 0.5)
     port = free_port()
     job = job_of(tmp_path)
 
@@ -247,17 +249,17 @@ def test_a_move_whose_destination_is_silent_goes_on_to_the_next_candidate_after_
     after the transfer's whole retry ladder (6 tries: ~26 s connecting, ~63 s handshaking at
     the real timeouts, inside a notice window that may be 60 s). Stand-ins: the ranking (node 1,
     then node 3), the reservation and the hand-over; the transfers are real."""
-    monkeypatch.setattr(transfer, "CONNECT_TIMEOUT_S", 0.5)
+    monkeypatch.setattr(xfer_send, "CONNECT_TIMEOUT_S", 0.5)
     port = free_port()
     job = job_of(tmp_path)
     tries: list[str] = []
-    real_once = transfer._send_once
+    real_once = xfer_send._send_once
 
     async def send_once(host: str, *a: Any, **kw: Any) -> None:  # counts each connection a transfer opens
         tries.append(host)
         await real_once(host, *a, **kw)
 
-    monkeypatch.setattr(transfer, "_send_once", send_once)
+    monkeypatch.setattr(xfer_send, "_send_once", send_once)
 
     async def main() -> None:
         async with contextlib.AsyncExitStack() as stack:

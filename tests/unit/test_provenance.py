@@ -25,8 +25,8 @@ from laminar.migrate import constants
 from laminar.migrate.transfer import Manifest, TransferError
 from laminar.runtime import gpus as gpumod
 from laminar.runtime import provenance as pv
-from laminar.runtime.jobs import JobError, JobSpec, ReservedEnvError
 from laminar.runtime.provenance import NO_ORIGIN, JobOrigin
+from laminar.runtime.spec import JobError, JobSpec, ReservedEnvError
 from laminar.zone import placement as pl
 from laminar.zone import wire
 from laminar.zone.authority import Policy

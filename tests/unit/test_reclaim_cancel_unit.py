@@ -97,7 +97,7 @@ def test_cancel_inside_the_window_lets_a_begun_move_and_placement_finish_and_sto
             assert zone.asked == ["n5-job-2"], "no placement is asked for after the cancel"
             assert comp.reclaim_status()["reclaim"] is None
             assert agent.store.db.execute("SELECT COUNT(*) FROM migrate_reclaim").fetchone()[0] == 0
-            assert agent.store.db.execute("SELECT COUNT(*) FROM migrate_reclaim_jobs").fetchone()[0] == 0
+            assert agent.store.db.execute("SELECT COUNT(*) FROM migrate_moves WHERE cause='reclaim'").fetchone()[0] == 0
             while time.monotonic() < end_mono + 0.5:
                 await asyncio.sleep(0.05)
             assert moved == ["begun job-1"], "the move in flight is neither cut nor finished yet"
@@ -283,7 +283,7 @@ def test_a_new_reclaim_announced_while_a_cancel_waits_for_a_placement_keeps_its_
             assert jobs.held == drain.hold_reason(comp.node_id), "the cancel released the new reclaim's queue hold"
             assert zone.arbiter.inventory.draining
             assert agent.store.db.execute("SELECT COUNT(*) FROM migrate_reclaim").fetchone()[0] == 1
-            assert agent.store.db.execute("SELECT phase FROM migrate_reclaim_jobs WHERE job_id='job-2'").fetchone() \
+            assert agent.store.db.execute("SELECT phase FROM migrate_moves WHERE job_id='job-2' AND cause='reclaim'").fetchone() \
                 is not None, "the unsettled placement's record is kept for the new reclaim (a restart)"
             assert jobs.jobs["job-2"].state == "queued" and zone.asked == ["n5-job-2"], "never placed twice"
             assert agent.store.get_meta(drain.CANCEL_META) is None, "a restart must restore the new reclaim"

@@ -1,6 +1,6 @@
 """What a restored reclaim does not do twice: a real ReclaimComponent over a real store that holds
 a reclaim stored by an agent that restarted inside its window (``migrate_reclaim``,
-``migrate_reclaim_jobs``).
+``migrate_moves``, cause ``reclaim``).
 
 Stand-ins, named as such: the job manager (``RestoreJobs``: jobs with a cgroup that records
 thaws) and the zone (``PlacingZone``: records reclaim notices and placements; not networked, so
@@ -23,7 +23,10 @@ from test_migrate_evidence import make_agent
 from laminar.migrate import drain
 from laminar.migrate.reclaim import MOVES_SCHEMA, RECLAIM_SCHEMA, ReclaimComponent
 from laminar.policy.endcause import EndCause
-from laminar.runtime.jobs import JobSpec
+from laminar.runtime.spec import JobSpec
+
+# A reclaim's record of a job's move (migrate_moves, cause reclaim): job id, phase, node, updated.
+RECLAIM_ROW = "INSERT INTO migrate_moves VALUES (?, 'reclaim', ?, '', 0, ?, NULL, NULL, ?)"
 
 
 class Cgroup:
@@ -113,10 +116,11 @@ def test_a_restored_reclaim_does_not_move_handed_over_jobs_nor_place_unsettled_o
         jobs.add("job-3", "queued")  # its placement was asked for before the restart
         jobs.add("job-4", "queued")  # never tried
         agent.store.ensure_schema("migrate-reclaim", RECLAIM_SCHEMA)
+        agent.store.ensure_schema("migrate-moves", MOVES_SCHEMA)
         now = time.time()
         with agent.store.tx() as db:  # what the agent before the restart stored
             db.execute("INSERT INTO migrate_reclaim VALUES (5, 30, 'owner', ?, ?)", (now - 20, now + 10))
-            db.executemany("INSERT INTO migrate_reclaim_jobs VALUES (?, ?, ?, ?)",
+            db.executemany(RECLAIM_ROW,
                            [("job-1", "handover", 7, now - 5), ("job-2", "frozen", None, now - 6),
                             ("job-3", "placing", None, now - 4)])
         assert drain.held_at_start(agent.store) == drain.hold_reason(5)  # what the job manager holds at start
@@ -152,7 +156,7 @@ def test_a_restored_reclaim_does_not_move_handed_over_jobs_nor_place_unsettled_o
         try:
             assert comp.reclaim_status()["reclaim"] is None
             assert agent.store.db.execute("SELECT COUNT(*) FROM migrate_reclaim").fetchone()[0] == 0
-            assert agent.store.db.execute("SELECT COUNT(*) FROM migrate_reclaim_jobs").fetchone()[0] == 0
+            assert agent.store.db.execute("SELECT COUNT(*) FROM migrate_moves WHERE cause='reclaim'").fetchone()[0] == 0
             assert any(e.get("phase") == "reclaim-cleared" for e in seen)
             assert jobs.held is None
         finally:
@@ -226,10 +230,11 @@ def test_an_agent_restarted_during_a_cancel_settles_what_the_cancel_left(tmp_pat
         handed, frozen = jobs.add("job-1", "running"), jobs.add("job-2", "running")
         unsettled, other = jobs.add("job-3", "queued"), jobs.add("job-4", "queued")
         agent.store.ensure_schema("migrate-reclaim", RECLAIM_SCHEMA)
+        agent.store.ensure_schema("migrate-moves", MOVES_SCHEMA)
         now = time.time()
         agent.store.set_meta(drain.CANCEL_META, {"node": 5, "window_end": now + 20})  # what the cancel wrote first
         with agent.store.tx() as db:  # the cancel removed migrate_reclaim, then the agent restarted
-            db.executemany("INSERT INTO migrate_reclaim_jobs VALUES (?, ?, ?, ?)",
+            db.executemany(RECLAIM_ROW,
                            [("job-1", "handover", 7, now - 5), ("job-2", "frozen", None, now - 6),
                             ("job-3", "placing", None, now - 4)])
         held = drain.held_at_start(agent.store)
@@ -245,7 +250,7 @@ def test_an_agent_restarted_during_a_cancel_settles_what_the_cancel_left(tmp_pat
             assert jobs.stops.get("job-1") in ("reclaimed", "migrated"), "the handed-over job runs on here"
             assert frozen.cgroup.thawed >= 1 and frozen.state == "running"
             assert other.state == "queued" and "job-4" not in jobs.stops
-            assert agent.store.db.execute("SELECT COUNT(*) FROM migrate_reclaim_jobs").fetchone()[0] == 0
+            assert agent.store.db.execute("SELECT COUNT(*) FROM migrate_moves WHERE cause='reclaim'").fetchone()[0] == 0
             assert zone.placed == [] and handed.state != "running" and unsettled.state == "stopped"
             assert await until(lambda: agent.store.get_meta(drain.CANCEL_META) is None)
         finally:
@@ -268,7 +273,7 @@ def restarting_in_a_reclaim_with_a_move(tmp_path: Path, phase: str, reason: str)
     now = time.time()
     with agent.store.tx() as db:
         db.execute("INSERT INTO migrate_reclaim VALUES (5, 30, 'owner', ?, ?)", (now - 20, now + 10))
-        db.execute("INSERT INTO migrate_moves VALUES ('job-1', ?, ?, 1, 7, 3, '{}', ?)", (phase, reason, now - 2))
+        db.execute("INSERT INTO migrate_moves VALUES ('job-1', 'move_now', ?, ?, 1, 7, 3, '{}', ?)", (phase, reason, now - 2))
     return agent, jobs, one, two
 
 
@@ -366,10 +371,11 @@ def test_a_restored_reclaim_stops_a_job_whose_archived_record_was_being_publishe
         agent_of(5, arch)._archive("n5-job-1", ckpt, record("n5-job-1"))  # published before the restart
         published = (arch / "n5-job-1" / "guard.json").read_bytes()
         agent.store.ensure_schema("migrate-reclaim", RECLAIM_SCHEMA)
+        agent.store.ensure_schema("migrate-moves", MOVES_SCHEMA)
         now = time.time()
         with agent.store.tx() as db:  # what the agent before the restart stored
             db.execute("INSERT INTO migrate_reclaim VALUES (5, 30, 'owner', ?, ?)", (now - 20, now + 10))
-            db.executemany("INSERT INTO migrate_reclaim_jobs VALUES (?, ?, ?, ?)",
+            db.executemany(RECLAIM_ROW,
                            [("job-1", "frozen", None, now - 6), ("job-2", "frozen", None, now - 6)])
             db.execute("INSERT INTO migrate_late_copies VALUES ('n5-job-1', 'job-1', ?, ?, 0, 1, ?)",
                        (str(ckpt), json.dumps({"key": "n5-job-1", "src_node": 5, "src_job": "job-1"}), now - 5))

@@ -24,8 +24,8 @@ from laminar.jobkit import Checkpointer
 from laminar.migrate.reclaim import ReclaimComponent
 from laminar.migrate.transfer import send_checkpoint, send_control
 from laminar.policy import custody
-from laminar.runtime.jobs import JobSpec
 from laminar.runtime.provenance import JobOrigin
+from laminar.runtime.spec import JobSpec
 
 KEY = b"k" * 32
 K = "n2-job-1"  # node 2's job-1, guarded here (node 1)
@@ -128,7 +128,7 @@ def test_older_replicas_go_the_guarded_and_resumed_from_stay_a_released_key_goes
             agent.jobs.jobs.append(SimpleNamespace(id="job-4", state="running", ended=None,
                                                    spec=JobSpec(["train"], resume_from=str(d / "ckpt-15")),
                                                    origin=JobOrigin(resume_given=str(d / "ckpt-15"))))
-            (d / ".tmp-ckpt-30").mkdir()  # a commit in progress (transfer.py's, not this GC's)
+            (d / ".tmp-ckpt-30").mkdir()  # a commit in progress (transfer/receive.py's, not this GC's)
             (d / "ckpt-3").symlink_to(outside, target_is_directory=True)
             await src.send(20)
             await src.ctl("guard", "ckpt-20")

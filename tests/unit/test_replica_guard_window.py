@@ -409,7 +409,7 @@ def test_a_reclaimed_source_says_its_window_in_every_guard_message() -> None:
     is not taken over). So a source that is still reclaimed says it in every message: also one
     sent once the reclaim's own task ended (a prestage in flight at the window's end), which left
     it out before, and whose job, stopped at the window's end, would then never be taken over."""
-    from laminar.runtime.jobs import JobSpec
+    from laminar.runtime.spec import JobSpec
 
     async def main() -> None:
         c = ReclaimComponent()

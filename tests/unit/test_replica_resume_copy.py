@@ -24,8 +24,8 @@ from test_replica_gc import KEY, K, Source, names, started
 
 from laminar.migrate.reclaim import RESUME_KEEP_S
 from laminar.migrate.transfer import send_control
-from laminar.runtime.jobs import JobSpec
 from laminar.runtime.provenance import JobOrigin
+from laminar.runtime.spec import JobSpec
 
 UID = 65534
 

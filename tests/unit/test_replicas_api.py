@@ -34,8 +34,8 @@ from laminar.jobkit import Checkpointer
 from laminar.migrate.reclaim import REPLICA_LATE_S, ReclaimComponent
 from laminar.migrate.transfer import send_checkpoint, send_control
 from laminar.policy import custody
-from laminar.runtime.jobs import JobSpec
 from laminar.runtime.provenance import JobOrigin
+from laminar.runtime.spec import JobSpec
 
 
 def disk_bytes(d: Path) -> int:

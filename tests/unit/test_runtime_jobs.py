@@ -11,7 +11,7 @@ import pytest
 from laminar.airlock import admission, policy
 from laminar.airlock.cgroups import CgroupError, detect
 from laminar.runtime import gpus
-from laminar.runtime.jobs import JobError, JobSpec, parse_gpus, parse_memory_mb, parse_signal
+from laminar.runtime.spec import JobError, JobSpec, parse_gpus, parse_memory_mb, parse_signal
 
 
 def test_memory_sizes() -> None:

@@ -1,4 +1,4 @@
-"""What a job spec may hold (laminar.runtime.jobs.SPEC_BYTES_MAX and the per-item caps), on every
+"""What a job spec may hold (laminar.runtime.spec.SPEC_BYTES_MAX and the per-item caps), on every
 path that builds one: JobSpec.from_dict (the API, a placement, a peer's hand-over, a guard's
 take-over, an archive record) and JobSpec.validate (a spec built in code)."""
 
@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import pytest
 
-from laminar.runtime import jobs as J
-from laminar.runtime.jobs import JobError, JobSpec
+from laminar.runtime import spec as J
+from laminar.runtime.spec import JobError, JobSpec
 
 
 def test_the_whole_spec_is_capped_with_its_size_and_the_cap_named() -> None:

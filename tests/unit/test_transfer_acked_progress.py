@@ -22,6 +22,7 @@ from xferrig import KEY, make_ckpt, with_receiver
 
 from laminar.migrate import transfer as T
 from laminar.migrate.transfer import Flow, bytes_acked_of, send_checkpoint, tcp_bytes_acked, tcp_unacked_bytes
+from laminar.migrate.transfer import progress as progress_mod
 
 MB = 1 << 20
 
@@ -125,20 +126,20 @@ class RecordingHook:
 def test_a_real_transfer_reports_acknowledged_bytes_up_to_the_total(tmp_path: Path, kernel: str,
                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
     if kernel == "siocoutq":  # a kernel whose tcp_info has no tcpi_bytes_acked
-        monkeypatch.setattr(T, "tcp_bytes_acked", lambda sock: None)
-    monkeypatch.setattr(T, "ACK_POLL_S", 0.02)
+        monkeypatch.setattr(progress_mod, "tcp_bytes_acked", lambda sock: None)
+    monkeypatch.setattr(progress_mod, "ACK_POLL_S", 0.02)
     ck = make_ckpt(tmp_path, 3 * MB + 12345)
     hook = RecordingHook()
     positions: list[tuple[int, int]] = []  # (acknowledged payload, chunk payload written) at each reading
-    real_read = T._AckMeter.read
+    real_read = progress_mod._AckMeter.read
 
-    def read(self: T._AckMeter) -> int | None:
+    def read(self: progress_mod._AckMeter) -> int | None:
         n = real_read(self)
         if n is not None:
             positions.append((n, self.payload))
         return n
 
-    monkeypatch.setattr(T._AckMeter, "read", read)
+    monkeypatch.setattr(progress_mod._AckMeter, "read", read)
 
     async def body(_rcv: Any, port: int) -> T.SendResult:
         loop = asyncio.get_running_loop()

@@ -1,5 +1,5 @@
 """The transfer's fast path reads records with ``recv_into`` into one buffer
-(``transfer._RecordBuffer``), taking the connection over from asyncio's StreamReader, whose
+(``transfer.channel._RecordBuffer``), taking the connection over from asyncio's StreamReader, whose
 private state (``_buffer``, ``_eof``, ``_paused``) it reads. A Python whose StreamReader lost
 one of them falls back to the slow path (``readexactly``: three copies per record) without a
 word but this module's log. These tests fail loudly when the running Python no longer has what
@@ -17,8 +17,8 @@ from pathlib import Path
 import pytest
 from xferrig import KEY, make_ckpt, with_receiver
 
-from laminar.migrate import transfer as T
 from laminar.migrate.transfer import Receiver, send_checkpoint, verified_checkpoint
+from laminar.migrate.transfer.channel import _RecordBuffer
 
 KB = 1 << 10
 
@@ -40,7 +40,7 @@ def test_this_pythons_stream_reader_still_has_what_the_fast_path_takes_over() ->
                        for side, x in (("client", r), ("server", sr))
                        for a, t in (("_buffer", bytearray), ("_eof", bool), ("_paused", bool))
                        if not isinstance(getattr(x, a, None), t)]
-            return missing, T._RecordBuffer.usable(r, w), T._RecordBuffer.usable(sr, sw)
+            return missing, _RecordBuffer.usable(r, w), _RecordBuffer.usable(sr, sw)
         finally:
             for x in (w, sw):
                 x.close()
@@ -49,7 +49,7 @@ def test_this_pythons_stream_reader_still_has_what_the_fast_path_takes_over() ->
 
     missing, client, server = asyncio.run(run())
     assert not missing, (f"Python {sys.version.split()[0]}: asyncio.StreamReader no longer has {missing}; every "
-                         "checkpoint transfer would take the slow path (transfer._RecordBuffer): adapt it")
+                         "checkpoint transfer would take the slow path (transfer.channel._RecordBuffer): adapt it")
     assert client and server, "a plain loopback connection cannot be taken over: transfers take the slow path"
 
 
@@ -74,7 +74,7 @@ def test_without_the_private_state_both_ends_take_the_slow_path_say_so_and_still
     """What a Python without that state gets (the fast path is switched off here, as such a
     Python's would be): the same bytes delivered, and a log line that says which path."""
     ck = make_ckpt(tmp_path, 300 * KB)
-    monkeypatch.setattr(T._RecordBuffer, "usable", staticmethod(lambda r, w: False))
+    monkeypatch.setattr(_RecordBuffer, "usable", staticmethod(lambda r, w: False))
 
     async def body(rcv: Receiver, port: int) -> str:
         return (await send_checkpoint("127.0.0.1", port, ck, "j1", KEY, chunk_size=64 * KB, retries=0)).remote_path

@@ -24,6 +24,7 @@ import pytest
 from xferrig import make_ckpt
 
 from laminar.migrate import transfer as T
+from laminar.migrate.transfer.incoming import PERSIST_EVERY, _Incoming
 
 KB = 1 << 10
 CHUNK = 64 * KB
@@ -31,7 +32,7 @@ CHUNK = 64 * KB
 
 def test_the_next_batch_is_written_while_a_flush_is_held_and_counts_only_once_flushed(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    ck = make_ckpt(tmp_path, 3 * T.PERSIST_EVERY * CHUNK)
+    ck = make_ckpt(tmp_path, 3 * PERSIST_EVERY * CHUNK)
     m = T.build_manifest(ck, "j1", CHUNK)
     src = b"".join((ck / name).read_bytes() for name, _, _ in m.files)
     entered, release = threading.Event(), threading.Event()
@@ -46,17 +47,17 @@ def test_the_next_batch_is_written_while_a_flush_is_held_and_counts_only_once_fl
     d = tmp_path / "incoming"
 
     async def body() -> tuple[int, list[str], int, list[str]]:
-        inc = T._Incoming(d, m)
+        inc = _Incoming(d, m)
         try:
             def put(i: int) -> None:
                 inc.write(i, src[i * CHUNK:(i + 1) * CHUNK])
 
-            first = range(T.PERSIST_EVERY)
+            first = range(PERSIST_EVERY)
             for i in first:
                 put(i)
             inc.store()  # the first batch: its flush is held
             assert await asyncio.to_thread(entered.wait, 30), "the flush never started"
-            for i in range(T.PERSIST_EVERY, 2 * T.PERSIST_EVERY):
+            for i in range(PERSIST_EVERY, 2 * PERSIST_EVERY):
                 put(i)
             # the next batch's writes finish while the flush is held (before: queued behind it)
             await asyncio.wait_for(asyncio.gather(*(f for _, f in inc.writing)), 20)
@@ -70,10 +71,10 @@ def test_the_next_batch_is_written_while_a_flush_is_held_and_counts_only_once_fl
 
     held_then, log_then, held_now, log_now = asyncio.run(body())
     assert held_then == 0 and log_then == []  # nothing counted before its flush
-    assert held_now == T.PERSIST_EVERY * CHUNK  # the flushed batch, not the one written beside it
-    assert sorted(map(int, log_now)) == list(range(T.PERSIST_EVERY))
+    assert held_now == PERSIST_EVERY * CHUNK  # the flushed batch, not the one written beside it
+    assert sorted(map(int, log_now)) == list(range(PERSIST_EVERY))
     with open(d / "data.partial", "rb") as f:  # both batches are on disk where they belong
-        assert f.read(2 * T.PERSIST_EVERY * CHUNK) == src[:2 * T.PERSIST_EVERY * CHUNK]
+        assert f.read(2 * PERSIST_EVERY * CHUNK) == src[:2 * PERSIST_EVERY * CHUNK]
 
 
 def test_a_transfer_with_held_flushes_still_commits_the_source_bytes(tmp_path: Path,
@@ -82,7 +83,7 @@ def test_a_transfer_with_held_flushes_still_commits_the_source_bytes(tmp_path: P
     source's checkpoint (the flushes and the writes beside them do not mix up chunks)."""
     from xferrig import KEY, with_receiver
 
-    ck = make_ckpt(tmp_path, 5 * T.PERSIST_EVERY * CHUNK + 1234)
+    ck = make_ckpt(tmp_path, 5 * PERSIST_EVERY * CHUNK + 1234)
     real = os.fdatasync
 
     def slow(fd: int) -> None:

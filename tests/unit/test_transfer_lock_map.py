@@ -15,8 +15,8 @@ from typing import Any
 import pytest
 from xferrig import KEY, make_ckpt, with_receiver
 
-from laminar.migrate import transfer as T
 from laminar.migrate.transfer import Receiver, TransferError, send_checkpoint, verified_checkpoint
+from laminar.migrate.transfer.receive import _KeyLocks
 
 KB = 1 << 10
 
@@ -78,7 +78,7 @@ def test_a_waiter_keeps_the_entry_so_a_later_connection_still_waits_its_turn() -
     order: list[str] = []
 
     async def run() -> None:
-        locks = T._KeyLocks()
+        locks = _KeyLocks()
         key = ("j", "ckpt-1")
         a_in, a_go, b_in, b_go = asyncio.Event(), asyncio.Event(), asyncio.Event(), asyncio.Event()
 
@@ -122,7 +122,7 @@ def test_a_waiter_keeps_the_entry_so_a_later_connection_still_waits_its_turn() -
 
 def test_a_waiter_that_times_out_or_is_cancelled_leaves_no_entry_and_takes_no_lock() -> None:
     async def run() -> None:
-        locks = T._KeyLocks()
+        locks = _KeyLocks()
         key = ("j", "ckpt-2")
         held, go = asyncio.Event(), asyncio.Event()
 

@@ -16,10 +16,13 @@ from test_prestage_silent_buddy import Silent
 
 from laminar.jobkit import Checkpointer
 from laminar.migrate import transfer
+from laminar.migrate.transfer import receive as xfer_receive
+from laminar.migrate.transfer import send as xfer_send
 
 
 def test_a_silent_ipv6_destination_is_named_with_brackets(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(transfer, "HANDSHAKE_TIMEOUT_S", 0.3)
+    monkeypatch.setattr(xfer_send, "HANDSHAKE_TIMEOUT_S", 0.3)
+    monkeypatch.setattr(xfer_receive, "HANDSHAKE_TIMEOUT_S", 0.3)
     ckpt = Checkpointer(job_id="j", ckpt_dir=tmp_path / "ck", install_signal=False).save(b"weights", step=1)
     port = free_port(socket.SOCK_STREAM, "::1")
 

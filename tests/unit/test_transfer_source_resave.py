@@ -29,7 +29,14 @@ from xferrig import KEY, make_ckpt, rot, with_receiver
 
 from laminar import jobkit
 from laminar.migrate import transfer as T
-from laminar.migrate.transfer import Receiver, TransferError, send_checkpoint, verified_checkpoint
+from laminar.migrate.transfer import (
+    Receiver,
+    TransferError,
+    manifest,
+    send,
+    send_checkpoint,
+    verified_checkpoint,
+)
 
 KB = 1 << 10
 
@@ -45,7 +52,7 @@ def between_the_passes(monkeypatch: pytest.MonkeyPatch, ck: Path, times: int) ->
     files, ``times`` times (one per manifest built); returns the states saved, in order."""
     saved: list[bytes] = []
     chunk_pass = threading.Event()
-    real_verify, real_pread = jobkit.verify_checkpoint, T._pread_spans
+    real_verify, real_pread = jobkit.verify_checkpoint, manifest._pread_spans
 
     def pread(spans: Any, start: int, view: memoryview) -> int:
         if threading.current_thread().name.startswith("lm-xfer-manifest"):
@@ -60,7 +67,7 @@ def between_the_passes(monkeypatch: pytest.MonkeyPatch, ck: Path, times: int) ->
             resave(ck, saved[-1])
         return real_verify(path, **kw)
 
-    monkeypatch.setattr(T, "_pread_spans", pread)
+    monkeypatch.setattr(manifest, "_pread_spans", pread)
     monkeypatch.setattr(jobkit, "verify_checkpoint", verify)
     return saved
 
@@ -103,7 +110,7 @@ def test_a_resave_after_the_offer_restarts_the_transfer_and_the_destination_comm
     start; nothing of the old one is committed."""
     ck = make_ckpt(tmp_path, 600 * KB)
     new = os.urandom(600 * KB)
-    real_source = T._Source
+    real_source = send._Source
     offers: list[str] = []
 
     def source(root: Path, m: T.Manifest) -> Any:
@@ -112,7 +119,7 @@ def test_a_resave_after_the_offer_restarts_the_transfer_and_the_destination_comm
             resave(ck, new)
         return real_source(root, m)
 
-    monkeypatch.setattr(T, "_Source", source)
+    monkeypatch.setattr(send, "_Source", source)
 
     async def body(rcv: Receiver, port: int) -> tuple[T.SendResult, list[Any]]:
         res = await send_checkpoint("127.0.0.1", port, ck, "j1", KEY, chunk_size=64 * KB, retries=0)
@@ -133,11 +140,11 @@ def test_a_job_that_resaves_all_the_time_makes_the_sender_give_up_clearly_not_lo
         with pytest.raises(TransferError) as e:
             await send_checkpoint("127.0.0.1", port, ck, "j1", KEY, chunk_size=64 * KB, retries=3, retry_delay_s=0.01)
         assert e.value.fatal
-        assert f"changed under the sender {T.MAX_SOURCE_CHANGES} times" in str(e.value), str(e.value)
+        assert f"changed under the sender {send.MAX_SOURCE_CHANGES} times" in str(e.value), str(e.value)
         return list(rcv.committed)
 
     committed = asyncio.run(with_receiver(tmp_path / "rcv", body))
-    assert len(saved) == T.MAX_SOURCE_CHANGES  # one manifest per change, then it stopped
+    assert len(saved) == send.MAX_SOURCE_CHANGES  # one manifest per change, then it stopped
     assert committed == []
 
 
@@ -165,13 +172,13 @@ def test_a_hard_link_made_or_removed_is_not_a_change(tmp_path: Path, monkeypatch
     os.link(ck / "state.bin", tmp_path / "another-snapshot.bin")
     os.unlink(tmp_path / "another-snapshot.bin")
     builds: list[Path] = []
-    real = T.build_manifest
+    real = manifest.build_manifest
 
     def counted(p: Any, *a: Any) -> T.Manifest:
         builds.append(Path(p))
         return real(p, *a)
 
-    monkeypatch.setattr(T, "build_manifest", counted)
+    monkeypatch.setattr(send, "build_manifest", counted)
 
     async def body(rcv: Receiver, port: int) -> T.SendResult:
         return await send_checkpoint("127.0.0.1", port, ck, "j1", KEY, chunk_size=64 * KB, retries=0, manifest=m)

@@ -30,7 +30,8 @@ from xferrig import KEY, make_ckpt, rot, with_receiver
 
 from laminar import jobkit
 from laminar.migrate import transfer as T
-from laminar.migrate.transfer import Receiver, send_checkpoint, verified_checkpoint
+from laminar.migrate.transfer import Receiver, receive, send_checkpoint, verified_checkpoint
+from laminar.migrate.transfer.send import _Source
 
 KB = 1 << 10
 CHUNK = 64 * KB
@@ -39,7 +40,7 @@ CHUNK = 64 * KB
 def flip_once(monkeypatch: pytest.MonkeyPatch, chunk: int, at: int) -> list[int]:
     """The sender flips byte ``at`` of chunk ``chunk`` the first time it sends it, after its
     own check; returns the list of chunks flipped (one entry once it happened)."""
-    real, done = T._Source.load, []
+    real, done = _Source.load, []
 
     def load(self: Any, i: int, buf: bytearray) -> memoryview:
         view = real(self, i, buf)
@@ -48,7 +49,7 @@ def flip_once(monkeypatch: pytest.MonkeyPatch, chunk: int, at: int) -> list[int]
             done.append(i)
         return view
 
-    monkeypatch.setattr(T._Source, "load", load)
+    monkeypatch.setattr(_Source, "load", load)
     return done
 
 
@@ -75,7 +76,7 @@ def test_the_manifest_lists_the_largest_file_first(tmp_path: Path) -> None:
 def test_an_in_order_transfer_commits_without_copying_or_reading_back_its_largest_file(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     ck = make_ckpt(tmp_path, 600 * KB)
-    copied, hashed, real_copy, real_verify = [], [], T._copy_range, jobkit.verify_checkpoint
+    copied, hashed, real_copy, real_verify = [], [], receive._copy_range, jobkit.verify_checkpoint
 
     def copy_range(src: int, dst: int, n: int, src_off: int, dst_off: int) -> int:
         copied.append(n)
@@ -85,7 +86,7 @@ def test_an_in_order_transfer_commits_without_copying_or_reading_back_its_larges
         hashed.append(dict(kw.get("hashed") or {}))
         return real_verify(p, **kw)
 
-    monkeypatch.setattr(T, "_copy_range", copy_range)
+    monkeypatch.setattr(receive, "_copy_range", copy_range)
     monkeypatch.setattr(jobkit, "verify_checkpoint", verify)
     res = send(ck, tmp_path / "rcv")
     same_as_source(res, ck)

@@ -37,7 +37,7 @@ class Peers:  # stand-in for the control messages this node sends: each member's
 
 async def settle(c: Any) -> None:
     for _ in range(50):
-        if not c._vouching:
+        if not c.vouch._vouching:
             return
         await asyncio.sleep(0.01)
 
@@ -55,7 +55,7 @@ def test_a_silent_node_another_member_heard_lately_is_not_gone(tmp_path: Path) -
             state[2].last_seen, state[3].last_seen = now - 12.0, now - 0.5  # 2 silent here, 3 heard
             c._control = peers = Peers({3: 1.0})  # node 3 heard node 2 a second ago
             assert c._source_dead(2, now) is None  # the verdict asks node 3 first, and waits
-            assert 2 in c._vouching
+            assert 2 in c.vouch._vouching
             await settle(c)
             assert peers.asked == [(3, "heard", 2)]
             assert c._source_dead(2, now) is None  # heard by node 3 a second ago: a partial partition
@@ -77,8 +77,8 @@ def test_a_silent_node_another_member_heard_lately_is_not_gone(tmp_path: Path) -
 
             # node 2 heard here again: what was said of it is forgotten
             state[2].last_seen = now
-            c._vouch_round(now)
-            assert 2 not in c._vouched and c.status()["heard_elsewhere"] == []
+            c.vouch.tick(now)
+            assert 2 not in c.vouch._vouched and c.status()["heard_elsewhere"] == []
             # silent again; an older agent refuses the op: the verdict waits for the question,
             # then this node's silence counts (as before the op)
             state[2].last_seen, state[3].last_seen = now - 12.0, now - 0.5
@@ -87,22 +87,22 @@ def test_a_silent_node_another_member_heard_lately_is_not_gone(tmp_path: Path) -
             await settle(c)
             assert c._source_dead(2, now) == "node 2 silent for 12.0 s"
             # node 3 not reached (this node may be the one cut off): held back, asked again after dead_after_s
-            c._vouched.clear()
+            c.vouch._vouched.clear()
             peers.ages[3] = OSError(113, "No route to host")
             assert c._source_dead(2, now) is None
             await settle(c)
-            assert c._source_dead(2, now + 1.0) is None and 2 not in c._vouching  # (held, not asked again yet)
-            assert c._source_dead(2, now + 3.5) is None and 2 in c._vouching  # asked again
+            assert c._source_dead(2, now + 1.0) is None and 2 not in c.vouch._vouching  # (held, not asked again yet)
+            assert c._source_dead(2, now + 3.5) is None and 2 in c.vouch._vouching  # asked again
             await settle(c)
             assert len(peers.asked) == 5
             # node 3 silent here as well, for longer than 6 s (twice dead_after_s): nobody to ask,
             # this node's silence counts at once
             state[3].last_seen = now - 12.0
             assert c._source_dead(2, now + 3.5) == "node 2 silent for 15.5 s"
-            assert not c._vouching and len(peers.asked) == 5
+            assert not c.vouch._vouching and len(peers.asked) == 5
 
             # a silence after a reclaim notice (dead_after_s) is asked about the same way
-            c._vouched.clear()
+            c.vouch._vouched.clear()
             state[2].last_seen, state[3].last_seen = now - 4.0, now - 0.2
             c.notices[2] = (now + 60.0, now - 20.0)
             peers.ages[3] = 0.5  # node 3 heard node 2 half a second ago
@@ -175,7 +175,7 @@ def test_a_lying_member_alone_holds_a_take_over_back_only_so_long_and_two_must_a
             assert c.status()["heard_vouchers"] == {}
 
             # node 3 the only one to ask (node 4 not heard lately): its word alone holds the verdict back...
-            c._vouched.clear()
+            c.vouch._vouched.clear()
             state[4].last_seen = now - 100.0
             peers.ages = {3: 0.0}
             assert c._source_dead(2, now) is None
@@ -185,11 +185,11 @@ def test_a_lying_member_alone_holds_a_take_over_back_only_so_long_and_two_must_a
 
             async def asked_at(t: float) -> None:  # node 3 asked again at ``t`` (its answer dated then)
                 state[3].last_seen = t - 0.5
-                c._vouched.clear()
+                c.vouch._vouched.clear()
                 assert c._source_dead(2, t) is None
                 await settle(c)
-                at, age, reached = c._vouched[2]
-                c._vouched[2] = (t, age, reached)
+                at, age, reached = c.vouch._vouched[2]
+                c.vouch._vouched[2] = (t, age, reached)
 
             await asked_at(now + bound - 1.0)
             assert c._source_dead(2, now + bound - 1.0) is None  # ... for up to the bound,

@@ -61,13 +61,13 @@ def test_handover_frame_round_trip():
 
 
 def test_a_handover_of_a_spec_at_its_cap_fits_a_frame():
-    """A job spec at the agent's cap (runtime.jobs.SPEC_BYTES_MAX of user text, every byte one JSON
+    """A job spec at the agent's cap (runtime.spec.SPEC_BYTES_MAX of user text, every byte one JSON
     escapes to six) with the agent's own entries, in a hand-over request: more than the 16 bits of
     the header's body length (the submitter failed with struct.error), within MAX_FRAME; the
     length's bits 16-23 travel in the header's fifth byte and the receiver takes it whole."""
     import json
 
-    from laminar.runtime.jobs import SPEC_BYTES_MAX, JobSpec
+    from laminar.runtime.spec import SPEC_BYTES_MAX, JobSpec
 
     value = "\x01" * (SPEC_BYTES_MAX // 2 - 8)
     spec = JobSpec.from_dict({"command": ["/bin/true"], "env": {"A": value, "B": value[:-200]}})

@@ -41,6 +41,7 @@ from laminar.migrate.transfer import (
     send_control,
     verified_checkpoint,
 )
+from laminar.migrate.transfer.incoming import MARGIN_CAP
 
 MB = 1 << 20
 FIRST_RECORD = 2  # each side's frames: two handshake messages (hello/auth, challenge/ok), then records
@@ -334,7 +335,7 @@ def test_offer_room_policy() -> None:
     assert not offer_room(10 * MB, 0, 2 * MB, fs, 20 * MB).fits  # transfers in progress count
     assert offer_room(10 * MB, 6 * MB, 2 * MB, fs, 20 * MB).fits  # a resumed transfer needs only the rest
     assert offer_room(MB, 0, 0, 1 << 50, 3 * MB, margin_bytes=0).own == 2 * MB  # a small one: its size again
-    assert offer_room(MB, 0, 0, 1 << 50, 0).margin == transfer.MARGIN_CAP  # 5% of a huge disk is capped
+    assert offer_room(MB, 0, 0, 1 << 50, 0).margin == MARGIN_CAP  # 5% of a huge disk is capped
     with pytest.raises(ValueError, match="reserved=-1"):
         offer_room(MB, 0, -1, fs, fs)
     with pytest.raises(ValueError, match="margin_bytes"):

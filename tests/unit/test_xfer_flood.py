@@ -27,7 +27,10 @@ import psutil
 from xferrig import KEY
 
 from laminar.migrate import transfer as T
-from laminar.migrate.transfer import Manifest, Receiver, TransferError
+from laminar.migrate.transfer import Manifest, Receiver, TransferError, receive
+from laminar.migrate.transfer.channel import MAX_SEPARATORS, _canon, _recv
+from laminar.migrate.transfer.manifest import MAX_FILES
+from laminar.migrate.transfer.send import _client_handshake, _connect
 from laminar.zone import gate as G
 from laminar.zone.gate import Gate
 
@@ -54,14 +57,14 @@ async def _with(root: Path, body: Any, calls: Calls | None = None) -> Any:
 
 async def _member(port: int) -> tuple[Any, asyncio.StreamWriter, bytes]:
     """An authenticated connection of node 2, from its roster address."""
-    r, w = await T._connect("127.0.0.1", port, "127.0.0.2")
-    ch, ns = await T._client_handshake(r, w, KEY, 0, "2")
+    r, w = await _connect("127.0.0.1", port, "127.0.0.2")
+    ch, ns = await _client_handshake(r, w, KEY, 0, "2")
     return ch, w, ns
 
 
 async def _answer(ch: Any, timeout: float) -> str:
     try:
-        hdr, _ = await T._recv(ch, timeout)
+        hdr, _ = await _recv(ch, timeout)
         return f"answered {hdr}"
     except TransferError as e:
         return str(e)
@@ -127,7 +130,7 @@ def test_huge_headers_from_a_member_are_refused_before_they_are_parsed(tmp_path:
         await ch.send_encoded(b'{"t":"offer","manifest":' + big + b',"mac":"00"}')
         got = await _answer(ch, 30)
         w.close()
-        assert "refused unparsed" in got and str(T.MAX_SEPARATORS) in got, got
+        assert "refused unparsed" in got and str(MAX_SEPARATORS) in got, got
         # a chunk before any offer, announcing 64 MiB it never sends: answered at once
         ch, w, ns = await _member(port)
         await ch.send({"t": "chunk", "i": 0, "len": 64 << 20})
@@ -139,7 +142,7 @@ def test_huge_headers_from_a_member_are_refused_before_they_are_parsed(tmp_path:
         assert (st["too_large"], st["too_dense"], st["chunk_before_offer"]) == (2, 1, 1), st
         # a guard of ~900 KB (a job spec's size) is read and acted on
         spec = {"key": "n2-job-1", "request": {"spec": {"command": ["true"], "env": {"PAD": "x" * 900_000}}}}
-        got = await ctl("guard", T._canon(spec))
+        got = await ctl("guard", _canon(spec))
         assert got.startswith("answered") and [c[:2] for c in calls.seen] == [("2", "guard")], got
 
     asyncio.run(_with(tmp_path, body, calls))
@@ -167,18 +170,18 @@ def test_large_headers_are_read_a_few_at_a_time(tmp_path: Path) -> None:
         hold.set()
         await asyncio.gather(*tasks, other)
         assert order[3] == "2.2" and rcv._large == {}
-        assert T.LARGE_PER_MEMBER == 2 and T.LARGE_TOTAL >= 2 * T.LARGE_PER_MEMBER
+        assert receive.LARGE_PER_MEMBER == 2 and receive.LARGE_TOTAL >= 2 * receive.LARGE_PER_MEMBER
 
     asyncio.run(_with(tmp_path, body))
 
 
 def test_a_manifest_of_more_files_than_a_transfer_takes_is_refused() -> None:
     body = {"v": T.MANIFEST_VERSION, "job_id": "j1", "ckpt_id": "ckpt-1", "chunk_size": 1 << 20,
-            "files": [[f"f{i}", 0, "0" * 64] for i in range(T.MAX_FILES + 1)], "chunks": []}
+            "files": [[f"f{i}", 0, "0" * 64] for i in range(MAX_FILES + 1)], "chunks": []}
     try:
         Manifest.from_body(json.loads(json.dumps(body)))
     except TransferError as e:
-        assert f"more than the {T.MAX_FILES}" in str(e)
+        assert f"more than the {MAX_FILES}" in str(e)
     else:
         raise AssertionError("a manifest of too many files was taken")
 
@@ -188,7 +191,7 @@ def test_a_handshake_that_drips_is_cut_at_one_deadline(tmp_path: Path, monkeypat
     read (10 s: a length, then its message, for the hello and the auth), so a peer that sent each
     piece just in time held its connection ~40 s. Here the deadline is 1 s and the peer sends
     the hello's length after 0.7 s and the hello 0.7 s later: cut before any challenge."""
-    monkeypatch.setattr(T, "HANDSHAKE_DEADLINE_S", 1.0)
+    monkeypatch.setattr(receive, "HANDSHAKE_DEADLINE_S", 1.0)
     hello = json.dumps({"t": "hello", "v": T.PROTOCOL_VERSION, "zone": 0, "node": "2", "nonce": "ab" * 32}).encode()
 
     async def body(rcv: Receiver, port: int) -> None:

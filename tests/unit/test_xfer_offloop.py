@@ -12,8 +12,8 @@ import pytest
 from xferrig import KEY, make_ckpt, with_receiver
 
 from laminar import jobkit
-from laminar.migrate import transfer
 from laminar.migrate.transfer import Receiver, send_checkpoint, verified_checkpoint
+from laminar.migrate.transfer import committed as xfer_committed
 
 
 def test_the_commit_and_the_recheck_of_a_committed_copy_hash_off_the_event_loop(
@@ -30,7 +30,7 @@ def test_the_commit_and_the_recheck_of_a_committed_copy_hash_off_the_event_loop(
     monkeypatch.setattr(jobkit, "file_sha256", spy)
     # a copy committed seconds ago is trusted unhashed (TRUST_UNCHANGED_S): this test wants the
     # recheck to hash, to see where it does
-    monkeypatch.setattr(transfer, "TRUST_UNCHANGED_S", 0.0)
+    monkeypatch.setattr(xfer_committed, "TRUST_UNCHANGED_S", 0.0)
 
     def receivers() -> list[bool]:  # the receiver's hashing: of files under its root
         got = [on_loop for p, on_loop in calls if p.is_relative_to(dst)]

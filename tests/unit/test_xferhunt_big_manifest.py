@@ -16,12 +16,13 @@ from xferrig import KEY, make_ckpt, with_receiver
 
 from laminar.migrate import transfer as T
 from laminar.migrate.transfer import Receiver, send_checkpoint, verified_checkpoint
+from laminar.migrate.transfer.channel import RECORD_MAX
 
 
 def test_a_manifest_longer_than_a_record_is_offered_and_delivered(tmp_path: Path) -> None:
     ckpt = make_ckpt(tmp_path, 1_600_000)
     m = T.build_manifest(ckpt, "j1", 64)
-    assert len(json.dumps(m.body())) > T.RECORD_MAX
+    assert len(json.dumps(m.body())) > RECORD_MAX
 
     async def body(rcv: Receiver, port: int) -> None:
         res = await send_checkpoint("127.0.0.1", port, ckpt, "j1", KEY, chunk_size=64, retries=0, manifest=m)

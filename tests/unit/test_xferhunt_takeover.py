@@ -27,6 +27,7 @@ from xferrig import KEY, make_ckpt, with_receiver
 
 from laminar.migrate import transfer as T
 from laminar.migrate.transfer import Receiver, verified_checkpoint
+from laminar.migrate.transfer.channel import RECORD_MAX
 
 
 def _frame(h: dict[str, object]) -> bytes:
@@ -40,8 +41,8 @@ class _Sealer:
 
     def __call__(self, data: bytes) -> bytes:
         out = []
-        for off in range(0, max(1, len(data)), T.RECORD_MAX):
-            pt = data[off:off + T.RECORD_MAX]
+        for off in range(0, max(1, len(data)), RECORD_MAX):
+            pt = data[off:off + RECORD_MAX]
             ln = struct.pack(">I", len(pt) + 16)
             out.append(ln + self.a.encrypt(self.n.to_bytes(12, "big"), pt, ln))
             self.n += 1

@@ -21,12 +21,13 @@ from xferrig import KEY, make_ckpt, with_receiver
 from laminar import jobkit
 from laminar.migrate import transfer
 from laminar.migrate.transfer import Receiver, send_checkpoint, verified_checkpoint
+from laminar.migrate.transfer.send import _Source
 
 
 def test_a_chunk_that_arrives_wrong_is_caught_at_done_and_sent_again(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     ckpt = make_ckpt(tmp_path, 700_000)
-    real = transfer._Source.load
+    real = _Source.load
     spoiled: list[int] = []
 
     def load(self: Any, i: int, buf: bytearray) -> memoryview:
@@ -36,7 +37,7 @@ def test_a_chunk_that_arrives_wrong_is_caught_at_done_and_sent_again(
             view[10] ^= 0xFF
         return view
 
-    monkeypatch.setattr(transfer._Source, "load", load)
+    monkeypatch.setattr(_Source, "load", load)
 
     async def body(rcv: Receiver, port: int) -> Any:
         return await send_checkpoint("127.0.0.1", port, ckpt, "j1", KEY, chunk_size=64 << 10, retries=0)
@@ -77,13 +78,13 @@ def test_the_destination_s_error_reaches_a_sender_still_streaming(
     closing with those unread sent a reset, and the sender saw "connection reset" instead of
     the reason. It half-closes and reads on until the sender hangs up."""
     ckpt = make_ckpt(tmp_path, 12 << 20)
-    real = transfer._Source.load
+    real = _Source.load
 
     def load(self: Any, i: int, buf: bytearray) -> memoryview:
         view = real(self, i, buf)
         return view[:-1] if i == 2 else view  # a chunk one byte short: it does not fit the manifest
 
-    monkeypatch.setattr(transfer._Source, "load", load)
+    monkeypatch.setattr(_Source, "load", load)
 
     async def body(rcv: Receiver, port: int) -> None:
         with pytest.raises(transfer.TransferError, match="does not fit the manifest"):

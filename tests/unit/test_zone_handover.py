@@ -19,8 +19,8 @@ from xferrig import make_ckpt
 
 from laminar.migrate import reclaim
 from laminar.migrate.reclaim import ReclaimComponent
-from laminar.runtime.jobs import JobSpec
 from laminar.runtime.provenance import NO_ORIGIN, JobOrigin
+from laminar.runtime.spec import JobSpec
 from laminar.zone import placement as pl
 from laminar.zone import wire
 from laminar.zone.component import HANDOVER_NO_RESERVATION, HANDOVER_OK, demand_to_probe
@@ -32,7 +32,7 @@ NOBODY_IDS = {"owner_uid": 65534, "owner_gid": 65534}
 
 
 class ActiveWhenSuspended(StandInJob):
-    """A stand-in job that is active while suspended, as the real Job (runtime.jobs.ACTIVE_STATES)."""
+    """A stand-in job that is active while suspended, as the real Job (runtime.record.ACTIVE_STATES)."""
 
     @property
     def active(self) -> bool:

@@ -213,7 +213,7 @@ def test_the_transfer_command_line_takes_bracketed_ipv6_addresses() -> None:
     resolver and the command failed to bind or connect)."""
     import argparse
 
-    from laminar.migrate.transfer import _hostport
+    from laminar.migrate.transfer.cli import _hostport
 
     assert _hostport("[fd00::2]:7480") == ("fd00::2", 7480)
     assert _hostport("10.0.0.2:7480") == ("10.0.0.2", 7480)

@@ -14,7 +14,7 @@ from test_zone_handover import SubmittingJobs
 from test_zone_replay import with_zone
 
 from laminar.policy.endcause import EndCause
-from laminar.runtime.jobs import JobSpec
+from laminar.runtime.spec import JobSpec
 from laminar.zone.component import ZoneComponent
 
 

@@ -138,7 +138,7 @@ from laminar.migrate.archive_auth import (
 from laminar.migrate.archive_view import _NODE_FILE, DONE_DIR, Refusals, Sealed, View
 from laminar.migrate.constants import _SAFE_KEY, SOURCE_LIVE_STATES
 from laminar.migrate.errors import MigrateError
-from laminar.policy.endcause import EndCause
+from laminar.policy.endcause import LATE_COPY_TAKEN_UP, EndCause
 from laminar.policy.prestage import unannounced_plausible
 from laminar.runtime.ckpt_scan import scan_dir
 
@@ -690,8 +690,9 @@ class ArchiveMixin:
 
     def _restore_late_copies(self) -> None:
         """At start: a late copy the agent's stop or crash cut (``migrate_late_copies``) is taken
-        up again when its job is still ``reclaimed`` here (stopped for it; its checkpoint is only
-        in its ckpt directory): published if its record never was; a record ``publishing`` when
+        up again when its job is still ``reclaimed`` here and stopped for good by the reclaim
+        (its end cause in :data:`~laminar.policy.endcause.LATE_COPY_TAKEN_UP`; its checkpoint is
+        only in its ckpt directory): published if its record never was; a record ``publishing`` when
         the agent stopped is looked for in the archive and never written twice
         (:meth:`_late_again`). A job still running here whose record was ``publishing`` (the
         agent stopped between the publish and the job's stop) is stopped now, as it would have
@@ -706,14 +707,15 @@ class ArchiveMixin:
             job = jobs_mgr.get(job_id) if jobs_mgr is not None else None
             state = getattr(job, "state", None)
             active = state in ("running", "suspended")
+            for_copy = state == "reclaimed" and getattr(job, "end_cause", None) in LATE_COPY_TAKEN_UP
             try:
                 record = json.loads(r["record"])
             except ValueError:
                 record = None
             if (self._archive_root() is None or not isinstance(record, dict)
-                    or not ((state == "reclaimed" and (r["late"] or publishing)) or (active and publishing))):
+                    or not ((for_copy and (r["late"] or publishing)) or (active and publishing))):
                 self._late_row_drop(key)
-                if publishing and state != "reclaimed":
+                if publishing and not for_copy:
                     # its record may be in the archive, claimable, while the job is here too
                     self._emit(f"{job_id}: its copy to the archive (key {key}) was being published when the agent "
                                f"stopped, and the job is {state or 'gone'} here: if the archive holds its record, "

@@ -165,7 +165,7 @@ def check_request(req: Any) -> dict[str, Any]:
     """The request a guard or live record carries, checked: ``spec`` a valid job spec, integer
     ``owner_uid``/``owner_gid`` (never defaulted: a missing uid is not root), ``gpus`` an
     integer. Refused ``bad_schema`` naming the field."""
-    from laminar.runtime.jobs import JobError, JobSpec
+    from laminar.runtime.spec import JobError, JobSpec
 
     if not isinstance(req, dict):
         raise Refused("bad_schema", f"request {type(req).__name__}: expected an object")

@@ -46,12 +46,14 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
 from laminar import jobkit
+from laminar.migrate import ledger
 from laminar.migrate.errors import MigrateError
 from laminar.migrate.transfer import PeerSilentError, TransferError
 from laminar.policy import destination as dst
 
 if TYPE_CHECKING:
     from laminar.migrate.ckpt_driver import CkptDriver
+    from laminar.migrate.fence import Fence
     from laminar.migrate.reclaim import Move
     from laminar.migrate.transfer import Manifest
 
@@ -84,7 +86,7 @@ class PrestageHost(Protocol):
     ckpt: CkptDriver | None
     counts: dict[str, int]
     evacuating: set[str]
-    fenced_jobs: dict[str, float]
+    fence: Fence
     notices: dict[int, tuple[float, float]]
     s: dict[str, Any]
 
@@ -157,7 +159,7 @@ class Prestage:
         for job in list(self.host.agent.jobs.active()):
             if job.id in self.host.evacuating or job.id in self.prestaging or not job.ckpt_dir:
                 continue
-            if job.id in self.host.fenced_jobs or job.id in self.host._superseding:
+            if job.id in self.host.fence.fenced_jobs or job.id in self.host._superseding:
                 # fenced (frozen, unsettled) or being stopped for a take-over: a prestage now would
                 # hand the guard to a new buddy, which knows nothing of a take-over, and release
                 # the one that may have made it (the one the fence's settling asks). Found by the
@@ -337,7 +339,7 @@ class Prestage:
         with contextlib.suppress(Exception), self.host.agent.store.tx() as db:  # the store is the agent's
             db.execute("INSERT INTO migrate_buddies VALUES (?, ?, ?) ON CONFLICT(job_id) DO UPDATE SET "
                        "node=excluded.node, updated=excluded.updated", (job_id, node, time.time()))
-            db.execute("DELETE FROM migrate_releases WHERE node=? AND key=?", (node, f"n{self.host.node_id}-{job_id}"))
+            ledger.drop_release(db, node, f"n{self.host.node_id}-{job_id}")
 
     def forget_buddy(self, job_id: str) -> int | None:
         """``job_id`` has no buddy any more (here and in the store); returns the one it had."""
@@ -351,17 +353,16 @@ class Prestage:
         guards ``key``, before any try: what a stop or crash cuts is sent again by the next start
         (:meth:`restore`). ``db``: a transaction to write it in (else its own). Never
         raises (the store is the agent's: a failed write leaves the release in memory only)."""
-        row = (node, key, time.time())
         if db is not None:
-            db.execute("INSERT OR IGNORE INTO migrate_releases VALUES (?, ?, ?, '')", row)
+            ledger.owe_release(db, node, key, time.time())
             return
         with contextlib.suppress(Exception), self.host.agent.store.tx() as tx:
-            tx.execute("INSERT OR IGNORE INTO migrate_releases VALUES (?, ?, ?, '')", row)
+            ledger.owe_release(tx, node, key, time.time())
 
     def drop_release(self, pair: tuple[int, str]) -> None:
         self.releases.pop(pair, None)
         with contextlib.suppress(Exception), self.host.agent.store.tx() as db:
-            db.execute("DELETE FROM migrate_releases WHERE node=? AND key=?", pair)
+            ledger.drop_release(db, *pair)
 
     def _release_void(self, node: int, key: str) -> bool:
         """Whether ``node`` is ``key``'s job's buddy again (it guards the job: nothing to release)."""
@@ -415,7 +416,7 @@ class Prestage:
             else:
                 self.releases[pair] = (mono + RELEASE_RETRY_S, give_up)
                 with contextlib.suppress(Exception), self.host.agent.store.tx() as db:
-                    db.execute("UPDATE migrate_releases SET last_error=? WHERE node=? AND key=?", (str(e), node, key))
+                    ledger.release_failed(db, node, key, str(e))
                 # once per release (its tries go on every RELEASE_RETRY_S for as long as node is down)
                 log.log(logging.INFO if first else logging.DEBUG,
                         "migrate: release of %s at node %d failed: %s (sent again every %g s until it arrives)",

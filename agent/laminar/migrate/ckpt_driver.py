@@ -422,7 +422,8 @@ class CkptDriver:
             return "no checkpoint directory"
         if job.id in self.comp.evacuating:
             return "being moved"
-        if job.id in getattr(self.comp, "fenced_jobs", {}):
+        fence = getattr(self.comp, "fence", None)  # (a stand-in component may have none)
+        if fence is not None and job.id in fence.fenced_jobs:
             return "fenced (the node hears none of its zone: migrate.fence_after_s)"
         if job.pid is None or not catches_signal(int(job.pid), job.spec.checkpoint_signal):
             return f"does not catch {job.spec.checkpoint_signal} (no checkpoint contract)"

@@ -37,7 +37,7 @@ REPLICA_LATE_S = 3600.0
 # ``\d`` matches every Unicode digit, which int() then reads (``ckpt-5\n`` and ``ckpt-٥`` aliased
 # ckpt-5). Use valid_ckpt_name / valid_key (full matches); ``.match`` on these is safe too.
 _CKPT_NAME = re.compile(r"^ckpt-[0-9]{1,18}\Z")
-_SAFE_KEY = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}\Z")  # a transfer's job id (transfer._SAFE)
+_SAFE_KEY = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}\Z")  # a transfer's job id (transfer.manifest._SAFE)
 
 
 def valid_key(value: object) -> bool:

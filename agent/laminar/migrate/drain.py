@@ -26,7 +26,7 @@ migration status as ``queued_placed``.
 window's end in wall-clock time): the restarted job manager holds its queue from its start
 (:func:`held_at_start`, before Airlock's word would start a queued job), and the reclaim
 component places the queued jobs again. A job whose placement was asked for before the restart
-and not settled (the zone may have placed it: a ``placing`` row in ``migrate_reclaim_jobs``) is
+and not settled (the zone may have placed it: a ``placing`` record in ``migrate_moves``) is
 not placed a second time: it stays queued here, held, as an ``unconfirmed`` one does. An agent
 restarted during a cancel (store meta :data:`CANCEL_META`, kept from the cancel's first step to
 its last) holds its queue (:data:`SETTLING_HOLD`) while a queued job's placement elsewhere was
@@ -56,6 +56,7 @@ from collections.abc import Callable, Collection
 from pathlib import Path
 from typing import Any
 
+from laminar.policy import moves
 from laminar.policy.endcause import EndCause
 
 log = logging.getLogger("laminar.migrate")
@@ -147,14 +148,29 @@ def held_at_start(store: Any) -> str | None:
     ended, or the table does not exist yet (a first start)."""
     try:
         row = store.db.execute("SELECT node, notice_s, announced, deadline FROM migrate_reclaim").fetchone()
-        placing = store.db.execute("SELECT 1 FROM migrate_reclaim_jobs WHERE phase='placing' LIMIT 1").fetchone()
     except sqlite3.OperationalError:  # no such table: this agent never stored a reclaim
         return None
+    placing = _unsettled_placing(store.db)
     if row is None or store.get_meta(CANCEL_META) is not None:  # a cancel the agent's restart interrupted
         return SETTLING_HOLD if placing is not None else None
     if window_left(store, float(row[1]), float(row[2]), float(row[3])) <= 0:
         return None
     return hold_reason(int(row[0]))
+
+
+def _unsettled_placing(db: sqlite3.Connection) -> object | None:
+    """A reclaim's record of a queued job's placement elsewhere not settled (``migrate_moves``
+    phase ``placing``; in an older agent's store, which the migrate component's start has not
+    upgraded yet when the job manager starts, ``migrate_reclaim_jobs``), or None."""
+    for q in ("SELECT 1 FROM migrate_moves WHERE cause='reclaim' AND phase='placing' LIMIT 1",
+              "SELECT 1 FROM migrate_reclaim_jobs WHERE phase='placing' LIMIT 1"):
+        try:
+            got = db.execute(q).fetchone()
+        except sqlite3.OperationalError:  # no such table or column: not this store's shape
+            continue
+        if got is not None:
+            return got
+    return None
 
 
 def requeue_spec(spec: dict[str, Any], key: str) -> dict[str, Any]:
@@ -206,7 +222,7 @@ async def _place_one(mig: Any, jobs: Any, zone: Any, job: Any, done: set[str]) -
     demand, _ = mig._need(job)
     key = mig.job_key(job)
     spec = requeue_spec(job.spec.as_dict(), key)
-    mig._note_move(job.id, "placing")  # a restart before this settles must not place it twice
+    mig._note_move(job.id, moves.Event.PLACE)  # a restart before this settles must not place it twice
     res = await zone.place(spec, demand, job.owner_uid, job.owner_gid, origin=requeue_origin(job, key, spec))
     if res.outcome == "queued-out":
         mig._forget_move(job.id)

@@ -16,7 +16,7 @@ nobody, so it fences before the others' silence reaches ``orphan_after_s``; from
 on, only the resumed copy runs. The same node, while it hears nobody, takes nothing over either
 (:meth:`GuardMixin._source_dead` answers alive): it is the one cut off, not the others. Nor
 does a silence declare a source dead while this node heard no other member during it
-(:meth:`_cannot_tell`): a silence after a reclaim notice (``dead_after_s``) is shorter than
+(:meth:`Fence.cannot_tell`): a silence after a reclaim notice (``dead_after_s``) is shorter than
 ``fence_after_s``.
 
 Once it hears a member again it settles each fenced job before thawing it:
@@ -47,6 +47,14 @@ one comes back; in a zone of two nodes a partition fences both sides, and neithe
 other's jobs over until it heals (no side can tell a partition from a departure). A node that
 hears some members but not a job's buddy (a partial partition) does not fence; its buddy does
 not take the job over either, because the members it asks heard the node lately (vouch.py).
+
+:class:`Fence` is a part of :class:`laminar.migrate.reclaim.ReclaimComponent` (its ``fence``),
+built with the component (what it uses of it: :class:`FenceHost`); it holds the fenced jobs
+(:attr:`Fence.fenced_jobs`). The component's watch loop calls :meth:`Fence.tick` each round and
+its start :meth:`Fence.restore`; the guard asks :meth:`Fence.isolated`, :meth:`Fence.cannot_tell`
+and :meth:`Fence.unheard_since` before it takes a silent source for gone, and the vouching
+(vouch.py) asks :meth:`Fence.isolated`; the control op ``taken`` is answered by
+:meth:`Fence.answer_taken`.
 """
 
 from __future__ import annotations
@@ -56,7 +64,7 @@ import contextlib
 import logging
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from laminar.migrate.archive import ARCHIVE_CLAIM_STALE_S
 from laminar.migrate.constants import valid_key
@@ -92,81 +100,82 @@ def check_fence_settings(s: dict[str, Any]) -> None:
                          "must freeze its jobs before the zone resumes them elsewhere)")
 
 
-class FenceMixin:
-    """A cut-off node's freeze of the jobs the zone resumes elsewhere (see the module's doc)."""
+class FenceHost(Protocol):
+    """What :class:`Fence` uses of the component that holds it (ReclaimComponent and its parts)."""
 
-    if TYPE_CHECKING:
-        _lane: ArchiveLane
-        _started: float
-        _superseding: set[str]
-        agent: Any
-        archived_live: dict[str, str]
-        evacuating: set[str]
-        prestage: Prestage
-        s: dict[str, Any]
+    _lane: ArchiveLane
+    _started: float
+    _superseding: set[str]
+    agent: Any
+    archived_live: dict[str, str]
+    evacuating: set[str]
+    prestage: Prestage
+    s: dict[str, Any]
 
-        def _archive_root(self) -> Path | None: ...
-        def _archive_runner(self, key: str) -> str | None: ...
-        def _view_or_none(self, create: bool = False) -> View | None: ...
-        def _claim_age(self, v: View, key: str, c: Sealed) -> float: ...
-        @classmethod
-        def _runner_in(cls, v: View, key: str) -> str | None: ...
-        async def _control(self, node: int, op: str, body: Any, timeout: float = 5.0) -> Any: ...
-        def _emit(self, message: str, **fields: Any) -> None: ...
-        def _last_seen(self, node: int) -> float: ...
-        def _placed_as(self, key: str) -> tuple[int, str] | None: ...
-        def _runs_here(self, key: str) -> str | None: ...
-        def _source_dead(self, src: int, now: float, window_end: float | None = None,
-                         since: float | None = None) -> str | None: ...
-        def _spawn(self, coro: Any) -> asyncio.Task[Any]: ...
-        async def _stop_superseded(self, job: Any, node: int, their: str, key: str, vouched: bool = True) -> None: ...
-        def job_key(self, job: Any) -> str: ...
-        @property
-        def node_id(self) -> int: ...
-        @property
-        def zone(self) -> Any: ...
+    def _archive_root(self) -> Path | None: ...
+    def _archive_runner(self, key: str) -> str | None: ...
+    def _view_or_none(self, create: bool = False) -> View | None: ...
+    def _claim_age(self, v: View, key: str, c: Sealed) -> float: ...
+    def _runner_in(self, v: View, key: str) -> str | None: ...
+    async def _control(self, node: int, op: str, body: Any, timeout: float = 5.0) -> Any: ...
+    def _emit(self, message: str, **fields: Any) -> None: ...
+    def _holds(self) -> Holds: ...
+    def _last_seen(self, node: int) -> float: ...
+    def _placed_as(self, key: str) -> tuple[int, str] | None: ...
+    def _runs_here(self, key: str) -> str | None: ...
+    def _source_dead(self, src: int, now: float, window_end: float | None = None,
+                     since: float | None = None) -> str | None: ...
+    def _spawn(self, coro: Any) -> asyncio.Task[Any]: ...
+    async def _stop_superseded(self, job: Any, node: int, their: str, key: str, vouched: bool = True) -> None: ...
+    def job_key(self, job: Any) -> str: ...
+    @property
+    def node_id(self) -> int: ...
+    @property
+    def zone(self) -> Any: ...
 
-    fenced_jobs: dict[str, float]
-    _unfencing: set[str]
 
-    def _restore_fenced(self) -> None:
+class Fence:
+    """A cut-off node's freeze of the jobs the zone resumes elsewhere (see the module's doc): a
+    part of :class:`laminar.migrate.reclaim.ReclaimComponent` (its ``fence``). ``host``: the
+    component."""
+
+    def __init__(self, host: FenceHost) -> None:
+        self.host = host
+        self.fenced_jobs: dict[str, float] = {}  # job id -> when this node froze it, cut off from its zone
+        self._unfencing: set[str] = set()  # fenced jobs being settled now (_unfence)
+
+    def restore(self) -> None:
         """At start: the jobs fenced before the restart (they are still frozen)."""
         self.fenced_jobs, self._unfencing = {}, set()
-        got = self.agent.store.get_meta(FENCE_META)
+        got = self.host.agent.store.get_meta(FENCE_META)
         if isinstance(got, dict):
             self.fenced_jobs = {str(k): float(v) for k, v in got.items() if isinstance(v, (int, float))}
-        holds = self._holds()
+        holds = self.host._holds()
         for jid in self.fenced_jobs:  # (the job manager kept them too; an upgrade's did not)
-            if holds is not None:
-                holds.adopt(jid, Hold.FENCE)
-
-    def _holds(self) -> Holds | None:
-        """The job manager's holds (None: no job manager)."""
-        jobs = getattr(self.agent, "jobs", None)
-        return holds_of(jobs) if jobs is not None else None
+            holds.adopt(jid, Hold.FENCE)
 
     def _save_fenced(self) -> None:
         with contextlib.suppress(Exception):
             if self.fenced_jobs:
-                self.agent.store.set_meta(FENCE_META, dict(self.fenced_jobs))
+                self.host.agent.store.set_meta(FENCE_META, dict(self.fenced_jobs))
             else:
-                self.agent.store.del_meta(FENCE_META)
+                self.host.agent.store.del_meta(FENCE_META)
 
-    def _heard_last(self, but: int | None = None) -> float | None:
+    def heard_last(self, but: int | None = None) -> float | None:
         """When this node last heard any other member of the roster (``but`` that one too) (-1:
         none since the start), or None when it has none (a one-node zone)."""
-        z = self.zone
-        others = [n for n in z.membership.state if n not in (self.node_id, but)] if z is not None else []
-        return max(self._last_seen(n) for n in others) if others else None
+        z = self.host.zone
+        others = [n for n in z.membership.state if n not in (self.host.node_id, but)] if z is not None else []
+        return max(self.host._last_seen(n) for n in others) if others else None
 
-    def _isolated(self, now: float) -> bool:
+    def isolated(self, now: float) -> bool:
         """Fencing is on and this node has heard no other member of the roster for
         ``fence_after_s`` (nor since this agent started)."""
-        after = float(self.s.get("fence_after_s") or 0.0)
-        heard = self._heard_last() if after > 0 else None
-        return heard is not None and now - max(heard, self._started) >= after
+        after = float(self.host.s.get("fence_after_s") or 0.0)
+        heard = self.heard_last() if after > 0 else None
+        return heard is not None and now - max(heard, self.host._started) >= after
 
-    def _unheard_since(self, src: int, end: float) -> bool:
+    def unheard_since(self, src: int, end: float) -> bool:
         """Fencing is on and this node has heard no member of the roster but ``src`` since
         ``end`` (``src``'s reclaim window's end, wall clock): it may be the one cut off, and have
         missed what ``src`` said before its end (its reclaim withdrawn, its job moved to a third
@@ -176,47 +185,47 @@ class FenceMixin:
         has nobody else to hear: the end declares ``src`` gone, as without fencing. Found by the
         soak (seed 29): a node cut off 5 s before a reclaim was withdrawn resumed the job at the
         old window's end, beside the copy that ran on at its source."""
-        if float(self.s.get("fence_after_s") or 0.0) <= 0:
+        if float(self.host.s.get("fence_after_s") or 0.0) <= 0:
             return False
-        heard = self._heard_last(but=src)
+        heard = self.heard_last(but=src)
         return heard is not None and heard < end
 
-    def _cannot_tell(self, src: int, now: float, within: float) -> bool:
+    def cannot_tell(self, src: int, now: float, within: float) -> bool:
         """Fencing is on and this node has not heard other members for ``within`` (at most
         ``fence_after_s``) past ``src``'s last word: it cannot tell ``src``'s departure from its
         own isolation, so ``src``'s silence declares nothing (:meth:`GuardMixin._source_dead`). Found by the soak: a
         reclaim notice's short silence (``dead_after_s``, 3 s) let a node cut off 3 s before
         resume a job its source still ran, before the node's own fence (10 s) could hold it."""
-        after = float(self.s.get("fence_after_s") or 0.0)
-        z = self.zone
+        after = float(self.host.s.get("fence_after_s") or 0.0)
+        z = self.host.zone
         if after <= 0 or z is None:
             return False
-        others = [n for n in z.membership.state if n not in (self.node_id, src)]
+        others = [n for n in z.membership.state if n not in (self.host.node_id, src)]
         if not others:
             return True  # (a zone of two: nobody else to hear)
         # the others must have been heard that long past the source's last word: its silence is
         # then one this node could have heard end (a source that fell silent just before this node
         # was cut off is otherwise taken for gone a few seconds into the cut)
-        heard = max(self._last_seen(n) for n in others)
-        return heard - max(self._last_seen(src), self._started) < min(within, after)
+        heard = max(self.host._last_seen(n) for n in others)
+        return heard - max(self.host._last_seen(src), self.host._started) < min(within, after)
 
-    def _fence_round(self, now: float) -> None:
+    def tick(self, now: float) -> None:
         """Fences what the zone would resume elsewhere while this node is cut off; a fenced job
         is settled (:meth:`_unfence`) once a member is heard from after it was fenced (not merely
         once this node is no longer cut off: an agent restarted meanwhile has heard nobody yet)."""
-        if float(self.s.get("fence_after_s") or 0.0) <= 0 and not self.fenced_jobs:
+        if float(self.host.s.get("fence_after_s") or 0.0) <= 0 and not self.fenced_jobs:
             return
-        if self._isolated(now):
+        if self.isolated(now):
             self._fence(now)
             return
-        heard = self._heard_last()
+        heard = self.heard_last()
         for jid, since in list(self.fenced_jobs.items()):
             if (heard is None or heard > since) and jid not in self._unfencing:
                 self._unfencing.add(jid)
-                self._spawn(self._unfence(jid))
+                self.host._spawn(self._unfence(jid))
 
     def _fence(self, now: float) -> None:
-        jobs = getattr(self.agent, "jobs", None)
+        jobs = getattr(self.host.agent, "jobs", None)
         if jobs is None:
             return
         new = []
@@ -226,11 +235,11 @@ class FenceMixin:
                 with contextlib.suppress(Exception):  # thawed meanwhile (a stop cut short): frozen again
                     holds.hold(job.id, Hold.FENCE)
                 continue
-            if job.id in self.evacuating or job.id in self._superseding:
+            if job.id in self.host.evacuating or job.id in self.host._superseding:
                 continue  # (a move under way freezes and settles the job itself)
-            key = self.job_key(job)
-            if (job.id not in self.prestage.buddy and job.id not in self.archived_live
-                    and not any(k == key for _, k in self.prestage.releases)):
+            key = self.host.job_key(job)
+            if (job.id not in self.host.prestage.buddy and job.id not in self.host.archived_live
+                    and not any(k == key for _, k in self.host.prestage.releases)):
                 continue  # nothing elsewhere would resume it (no guard, old or new, no archived copy): it runs on
             try:
                 holds.hold(job.id, Hold.FENCE)  # asked for now; taken once every task stops
@@ -239,16 +248,16 @@ class FenceMixin:
                 continue
             self.fenced_jobs[job.id] = now
             new.append(job.id)
-        after = float(self.s["fence_after_s"])
+        after = float(self.host.s["fence_after_s"])
         for jid in new:  # what `laminarctl jobs` shows (and what a restart re-adopts it as: frozen)
-            self._set_job_state(jid, "suspended", f"fenced: node {self.node_id} heard no member of its zone for "
-                                f"{after:g} s (migrate.fence_after_s); thawed once it hears one and nobody took the "
-                                "job over")
+            self._set_job_state(jid, "suspended", f"fenced: node {self.host.node_id} heard no member of its zone "
+                                f"for {after:g} s (migrate.fence_after_s); thawed once it hears one and nobody took "
+                                "the job over")
         if new:
             self._save_fenced()
-            self._emit(f"node {self.node_id} heard no member of its zone for {after:g} s (fence_after_s): frozen, so "
-                       f"that a job resumed elsewhere meanwhile does not run twice: {', '.join(new)}",
-                       phase="fenced", jobs=new, fence_after_s=after)
+            self.host._emit(f"node {self.host.node_id} heard no member of its zone for {after:g} s (fence_after_s): "
+                            f"frozen, so that a job resumed elsewhere meanwhile does not run twice: {', '.join(new)}",
+                            phase="fenced", jobs=new, fence_after_s=after)
 
     async def _unfence(self, jid: str) -> None:
         """Settles a fenced job once a member is heard from again (see the module's doc). Never raises."""
@@ -259,25 +268,23 @@ class FenceMixin:
         finally:
             self._unfencing.discard(jid)
 
-    def _drop_fenced(self, jid: str) -> None:
+    def drop(self, jid: str) -> None:
         """Forgets the fence of ``jid`` (its hold dropped without a thaw: settled, or stopped)."""
-        holds = self._holds()
-        if holds is not None:
-            holds.drop(jid, Hold.FENCE)
+        self.host._holds().drop(jid, Hold.FENCE)
         if self.fenced_jobs.pop(jid, None) is not None:
             self._save_fenced()
 
     async def _unfence_one(self, jid: str) -> None:
-        jobs = getattr(self.agent, "jobs", None)
+        jobs = getattr(self.host.agent, "jobs", None)
         job = jobs.get(jid) if jobs is not None else None
         if job is None or not job.active:
-            self._drop_fenced(jid)
+            self.drop(jid)
             return
-        if jid in self._superseding:
+        if jid in self.host._superseding:
             return  # being stopped: a node runs it
-        key = self.job_key(job)
-        if self._archive_root() is not None:
-            claimer = await self._lane.call(f"claims of fenced {jid}", self._archive_claimer, key)
+        key = self.host.job_key(job)
+        if self.host._archive_root() is not None:
+            claimer = await self.host._lane.call(f"claims of fenced {jid}", self.archive_claimer, key)
             if claimer is not None:
                 return  # the claimer tells this node it runs the job (superseded), or gives the claim back
             # a copy this node resumed (of another node's job, or from the archive) whose claim
@@ -288,39 +295,40 @@ class FenceMixin:
             origin = str(getattr(getattr(job, "origin", None), "migrated_from", None) or "")
             if not valid_key(origin):
                 origin = ""
-            runner = await self._lane.call(f"who runs {origin}", self._archive_runner, origin) if origin else None
-            if runner is not None and runner != str(self.node_id) and \
-                    await self._lane.call(f"where {origin} runs", self._placed_here_by_claim, origin, jid):
+            runner = await self.host._lane.call(f"who runs {origin}", self.host._archive_runner, origin) \
+                if origin else None
+            if runner is not None and runner != str(self.host.node_id) and \
+                    await self.host._lane.call(f"where {origin} runs", self._placed_here_by_claim, origin, jid):
                 # the claimer placed the claimed job here (no room there): this copy is the claim's
                 # own. Before, it was stopped for the claim, and nobody ran the job any more
                 # (bench/chaos.py --partial-partitions, seed 34: a job lost)
                 runner = None
-            if runner is not None and runner != str(self.node_id):
-                if not runner.isdigit() or jid in self._superseding or not job.active:
+            if runner is not None and runner != str(self.host.node_id):
+                if not runner.isdigit() or jid in self.host._superseding or not job.active:
                     return  # (a marker of an older agent names no node: left frozen for the operator)
-                self._superseding.add(jid)
-                await self._stop_superseded(job, int(runner), f"its claim of {origin}", origin, vouched=False)
+                self.host._superseding.add(jid)
+                await self.host._stop_superseded(job, int(runner), f"its claim of {origin}", origin, vouched=False)
                 if not job.active:
-                    self._drop_fenced(jid)
+                    self.drop(jid)
                 return
         # its buddy, and the old buddies still owed a release: a guard changed just before the
         # partition (the old one, cut off from this node earlier, still guards and may take over)
-        ask = sorted(({self.prestage.buddy[jid]} if jid in self.prestage.buddy else set())
-                     | {n for n, k in self.prestage.releases if k == key} - {self.node_id})
+        ask = sorted(({self.host.prestage.buddy[jid]} if jid in self.host.prestage.buddy else set())
+                     | {n for n, k in self.host.prestage.releases if k == key} - {self.host.node_id})
         for node in ask:  # (grows: a guard passed on is asked where it went)
             try:
-                ans = await self._control(node, "taken", {"key": key}, timeout=3.0)
+                ans = await self.host._control(node, "taken", {"key": key}, timeout=3.0)
             except (MigrateError, TransferError, OSError, TimeoutError) as e:
-                if self._source_dead(node, time.time()) is None:
+                if self.host._source_dead(node, time.time()) is None:
                     log.info("migrate: fenced %s stays frozen until node %d, which guards it, answers: %s",
                              jid, node, e)
                     return
                 continue  # gone by the rule every take-over uses: its copy, if any, went with it
             runs = ans.get("runs") if isinstance(ans, dict) and ans.get("key") == key else None
-            if jid in self._superseding or not job.active:
+            if jid in self.host._superseding or not job.active:
                 return  # the guard's own ``superseded`` came first (its stop settles the fence)
             to = ans.get("passed_to") if isinstance(ans, dict) and ans.get("key") == key else None
-            if isinstance(to, int) and not isinstance(to, bool) and to not in ask and to != self.node_id \
+            if isinstance(to, int) and not isinstance(to, bool) and to not in ask and to != self.host.node_id \
                     and len(ask) < TAKEN_ASK_MAX:
                 # the guard, reclaimed meanwhile, passed it on (with a take-over): ask there too.
                 # Before, the fenced copy was thawed on the first guard's "not taken" while the
@@ -329,9 +337,9 @@ class FenceMixin:
             if runs:
                 runner = ans.get("node")
                 runner = int(runner) if isinstance(runner, int) and not isinstance(runner, bool) else node
-                self._superseding.add(jid)  # (on the word of its guard: it runs the job, or placed it there)
-                await self._stop_superseded(job, runner, str(runs), key)
-                self._drop_fenced(jid)
+                self.host._superseding.add(jid)  # (on the word of its guard: it runs the job, or placed it there)
+                await self.host._stop_superseded(job, runner, str(runs), key)
+                self.drop(jid)
                 return
         holds = holds_of(jobs)
         holds.adopt(jid, Hold.FENCE)  # (fenced: held, whatever took the record in)
@@ -339,20 +347,20 @@ class FenceMixin:
         held = Hold.AIRLOCK.value in others
         try:
             if holds.release(jid, Hold.FENCE):  # thawed unless another holds it (Airlock's suspend)
-                self._set_job_state(jid, "running", f"unfenced: node {self.node_id} hears its zone again and nobody "
-                                    "took the job over")
+                self._set_job_state(jid, "running", f"unfenced: node {self.host.node_id} hears its zone again and "
+                                    "nobody took the job over")
         except Exception as e:
             log.warning("migrate: thawing fenced %s: %s", jid, e)
         since = self.fenced_jobs.get(jid, time.time())
-        self._drop_fenced(jid)
-        self._emit(f"{jid}: node {self.node_id} hears its zone again and nobody took the job over: "
-                   + ("left frozen (Airlock holds it suspended)" if held else
-                      f"left frozen (held: {', '.join(others)})" if others else "thawed")
-                   + f" after {time.time() - since:.1f} s fenced", job=jid, phase="unfenced", airlock_held=held,
-                   fenced_s=round(time.time() - since, 3))
+        self.drop(jid)
+        self.host._emit(f"{jid}: node {self.host.node_id} hears its zone again and nobody took the job over: "
+                        + ("left frozen (Airlock holds it suspended)" if held else
+                           f"left frozen (held: {', '.join(others)})" if others else "thawed")
+                        + f" after {time.time() - since:.1f} s fenced", job=jid, phase="unfenced", airlock_held=held,
+                        fenced_s=round(time.time() - since, 3))
 
     def _set_job_state(self, jid: str, state: str, reason: str) -> None:
-        jobs = getattr(self.agent, "jobs", None)
+        jobs = getattr(self.host.agent, "jobs", None)
         job = jobs.get(jid) if jobs is not None else None
         if jobs is None or job is None or not job.active or not hasattr(jobs, "set_state"):
             return
@@ -364,28 +372,29 @@ class FenceMixin:
     def _placed_here_by_claim(self, key: str, jid: str) -> bool:
         """Whether a claim of ``key`` in the archive runs as this node's job ``jid``: a verified
         running record's ``resumed`` names them (the claimer placed it here). Blocking: the lane."""
-        v = self._view_or_none()
+        v = self.host._view_or_none()
         if v is None:
             return False
         with v:
-            return any((s.body.get("resumed") or {}).get("node") == self.node_id
+            return any((s.body.get("resumed") or {}).get("node") == self.host.node_id
                        and (s.body.get("resumed") or {}).get("job") == jid for s in v.runs(key))
 
-    def _archive_claimer(self, key: str) -> str | None:
+    def archive_claimer(self, key: str) -> str | None:
         """The node that claimed ``key`` in the archive (a verified claim this agent has not seen
         go stale), runs it from there, or ran it (the sweep's ``.done`` marker, once the resumed
         job's own copies made the key's directory needless), or None (blocking: the lane). A
         file that does not verify names nobody: one planted there keeps no job frozen."""
-        v = self._view_or_none()
+        v = self.host._view_or_none()
         if v is None:
             return None
         with v:
             claims = [str(c.node) for c in v.claims(key) if c.name.startswith("claimed-")
-                      and self._claim_age(v, key, c) <= ARCHIVE_CLAIM_STALE_S]
-            who = [n for n in (*claims, self._runner_in(v, key)) if n is not None and n != str(self.node_id)]
+                      and self.host._claim_age(v, key, c) <= ARCHIVE_CLAIM_STALE_S]
+            who = [n for n in (*claims, self.host._runner_in(v, key))
+                   if n is not None and n != str(self.host.node_id)]
             return who[0] if who else None
 
-    def _answer_taken(self, node: str, key: str) -> dict[str, Any]:
+    def answer_taken(self, node: str, key: str) -> dict[str, Any]:
         """Control op ``taken``: the job's node (fenced while cut off, now heard again) asks its
         buddy whether it took ``key`` over. ``{key, runs, node, state}``: ``runs`` the id of the
         job that runs it and ``node`` where (this node, or the node it placed the job on when it
@@ -397,16 +406,16 @@ class FenceMixin:
             raise ValueError(f"taken: the asking node {node!r} is not a node id") from None
         if not key.startswith(f"n{asker}-"):
             raise ValueError(f"taken: node {asker} asks about {key!r}, not one of its jobs")
-        row = self.agent.store.db.execute("SELECT state, src_node, job_id FROM migrate_replicas WHERE key=?",
+        row = self.host.agent.store.db.execute("SELECT state, src_node, job_id FROM migrate_replicas WHERE key=?",
                                           (key,)).fetchone()
         if row is None or int(row["src_node"]) != asker:
             return {"key": key, "runs": None, "state": None}
         if row["state"] == "placed":  # taken over and placed on another node (no room here)
-            placed = self._placed_as(key)
+            placed = self.host._placed_as(key)
             if placed is not None:
                 return {"key": key, "runs": placed[1], "node": placed[0], "state": "placed"}
         if row["state"] == "passed":  # this node was reclaimed and passed the guard on (``_pass_one``)
             to = str(row["job_id"] or "").removeprefix("node ")
             return {"key": key, "runs": None, "state": "passed", "passed_to": int(to) if to.isdigit() else None}
-        runs = self._runs_here(key) if row["state"] == "resumed" else None
-        return {"key": key, "runs": runs, "node": self.node_id if runs else None, "state": str(row["state"])}
+        runs = self.host._runs_here(key) if row["state"] == "resumed" else None
+        return {"key": key, "runs": runs, "node": self.host.node_id if runs else None, "state": str(row["state"])}

@@ -50,6 +50,8 @@ from laminar.zone import authority as au
 if TYPE_CHECKING:
     from laminar.migrate.archive import ArchiveLane
     from laminar.migrate.buddies import Prestage
+    from laminar.migrate.fence import Fence
+    from laminar.migrate.vouch import Vouch
     from laminar.policy.holder import RetrySchedule
 
 log = logging.getLogger("laminar.migrate")
@@ -92,12 +94,14 @@ class GuardMixin:
         _xfer_local: str | None
         agent: Any
         counts: dict[str, int]
+        fence: Fence
         notices: dict[int, tuple[float, float]]
         prestage: Prestage
         reclaim: dict[str, Any] | None
         retry: RetrySchedule
         root: Path | None
         s: dict[str, Any]
+        vouch: Vouch
 
         def _archive_root(self) -> Path | None: ...
         def _archive_unless_archived(self, key: str, ckpt: Path, record: dict[str, Any]) -> Path | None: ...
@@ -106,11 +110,6 @@ class GuardMixin:
         def _claim_done(self, key: str, who: str, runs: tuple[int, str] | None = None) -> None: ...
         async def _control(self, node: int, op: str, body: Any, timeout: float = 5.0) -> Any: ...
         def _emit(self, message: str, **fields: Any) -> None: ...
-        def _cannot_tell(self, src: int, now: float, within: float) -> bool: ...
-        def _isolated(self, now: float) -> bool: ...
-        def _unheard_since(self, src: int, end: float) -> bool: ...
-        def _heard_last(self, but: int | None = None) -> float | None: ...
-        def _heard_elsewhere(self, node: int, now: float, within: float | None = None) -> bool: ...
         def _last_seen(self, node: int) -> float: ...
         def _peer(self, node: int) -> tuple[str, int, bytes, int]: ...
         def _refusals(self) -> au.Refusals: ...
@@ -212,15 +211,15 @@ class GuardMixin:
         if end is not None and now >= end:
             # (with fencing: only once another member was heard after that end; this node may be
             # the one cut off, and have missed the reclaim's withdrawal or the job's move)
-            if self._unheard_since(src, end):
-                heard = self._heard_last(but=src)  # (not None: _unheard_since found others)
+            if self.fence.unheard_since(src, end):
+                heard = self.fence.heard_last(but=src)  # (not None: unheard_since found others)
                 if now - max(heard if heard is not None else -1.0, self._started) >= float(self.s["dead_after_s"]):
                     # cut off, not merely between two summaries: once heard again, the guard asks
                     # src first (_missed_news)
                     self._cut_at_end[src] = end
                 return None
             return f"node {src}'s reclaim window ended"
-        if self._isolated(now):
+        if self.fence.isolated(now):
             return None  # this node hears nobody: it is the one cut off (fence_after_s, fence.py)
         # Silent since it was last heard, or since this agent started when not heard since: this
         # agent cannot vouch for a silence it was not there to hear. Before, a peer not heard
@@ -233,12 +232,12 @@ class GuardMixin:
         if notice is not None and silent >= dead_after and now - notice[1] >= dead_after:
             # (with fencing: only while others were heard meanwhile; a node that hears nobody
             # either may be the one cut off, and this silence is shorter than fence_after_s)
-            if self._cannot_tell(src, now, dead_after) or self._heard_elsewhere(src, now, dead_after):
+            if self.fence.cannot_tell(src, now, dead_after) or self.vouch.heard_elsewhere(src, now, dead_after):
                 return None  # (others heard it lately, or none answered: this node may be the one cut off)
             return f"node {src} went silent {silent:.1f} s after announcing its reclaim"
         orphan = float(self.s["orphan_after_s"])
         if orphan > 0 and silent >= orphan:
-            if self._cannot_tell(src, now, orphan) or self._heard_elsewhere(src, now):
+            if self.fence.cannot_tell(src, now, orphan) or self.vouch.heard_elsewhere(src, now):
                 return None  # (another member heard it lately: a partial partition; vouch.py)
             return f"node {src} silent for {silent:.1f} s"
         return None
@@ -344,7 +343,7 @@ class GuardMixin:
         ``dead_after_s``) before the end; with fencing, unless it heard the source in the last
         ``dead_after_s`` before the end and heard others all along. A guard up the whole window
         that heard from its source takes over at once (with fencing, once it heard another member
-        after the end: :meth:`_unheard_since`)."""
+        after the end: :meth:`Fence.unheard_since`)."""
         src = int(row["src_node"])
         end = self._window_end(src, req.get("window_end"), float(row["updated"]))
         if end is None or now < end:
@@ -353,7 +352,7 @@ class GuardMixin:
             return True
         if float(self.s.get("fence_after_s") or 0.0) > 0:
             # (with fencing) this node may have been cut off before the end (it hears another
-            # member after it before taking over: :meth:`_unheard_since`), so it asks first unless
+            # member after it before taking over: :meth:`Fence.unheard_since`), so it asks first unless
             # it heard the source in the last ``dead_after_s`` before the end: it heard nobody at
             # the end (a guard round saw it), or the source's last word came earlier, or the
             # source is heard after its end (its agent is there to answer). Asking costs a round
@@ -547,10 +546,10 @@ class GuardMixin:
         jobs = getattr(self.agent, "jobs", None)
         grants = getattr(jobs, "grants", None)
         if grants is None and hasattr(jobs, "check_grant"):
-            from laminar.runtime.jobs import Grants
+            from laminar.runtime.grants import Grants
 
             grants = Grants.from_config(None)
-        from laminar.runtime.jobs import PRIORITY_DEFAULT
+        from laminar.runtime.spec import PRIORITY_DEFAULT
 
         policy = getattr(getattr(self.agent, "zone", None), "policy", None)
         prio = spec.get("priority", PRIORITY_DEFAULT)
@@ -767,7 +766,7 @@ class GuardMixin:
         """Starts the job here from ``path``; None when it started (or is queued by this
         node's admission), else why not (no free GPU, a command this node lacks)."""
         from laminar.runtime import provenance as pv
-        from laminar.runtime.jobs import JobError, JobSpec
+        from laminar.runtime.spec import JobError, JobSpec
 
         key = row["key"]
         # the spec a peer (or the archive) stored: names an agent of an older release put into its
@@ -888,8 +887,7 @@ class GuardMixin:
                     "origin": request_origin(migrated_from=key, resume_given=True),
                     "origin_node": int(row["src_node"])}
             with self.agent.store.tx() as db:  # a stop that cuts the wait: the restart asks node first
-                db.execute("INSERT OR REPLACE INTO migrate_replica_handovers VALUES (?, ?, ?, ?, ?)",
-                           (key, node, pid, json.dumps(hreq), time.time()))
+                ledger.record_replica_handover(db, key, node, pid, hreq)
             try:
                 return await self._handover(node, pid, hreq, confirm=True, job_id=key, frozen=False)
             except Exception:  # answered (no job runs there for it), or never sent: the take-over goes on
@@ -903,7 +901,7 @@ class GuardMixin:
 
     def _drop_replica_handover(self, key: str) -> None:
         with self.agent.store.tx() as db:
-            db.execute("DELETE FROM migrate_replica_handovers WHERE key=?", (key,))
+            ledger.drop_replica_handover(db, key)
 
     def _restore_replica_handovers(self) -> None:
         """At start: a guard's placement of a job it took over whose hand-over the agent's stop

@@ -1,4 +1,8 @@
-"""The custody ledger: the only writer of ``migrate_replicas.state`` (issue 32, stage 2).
+"""The custody ledger: the only writer of ``migrate_replicas.state`` (issue 32, stage 2) and of
+the other custody tables: ``migrate_moves`` (:func:`record_move`, the table of
+:mod:`laminar.policy.moves`), ``migrate_releases``, ``migrate_guard_checks``,
+``migrate_guard_from`` and ``migrate_replica_handovers`` (plain writers: those rows have no
+states). ``tests/unit/test_custody.py`` fails on SQL elsewhere that writes any of them.
 
 Every change of a replica's custody state goes through :func:`move`, which reads the key's row,
 asks the pure table (:func:`laminar.policy.custody.step`) where the event takes it, and writes
@@ -6,8 +10,9 @@ that, with the table's store effects, in the caller's transaction. A move the ta
 allow is refused and nothing is written: with ``LAMINAR_STRICT_CUSTODY=1`` (the unit tests) it
 raises :class:`~laminar.policy.custody.IllegalTransition`; otherwise one warning line names the
 key, the state and the event, and ``counts["custody_refused"]`` (the migrate component's
-``counts``) counts it. ``tests/unit/test_custody.py`` fails when SQL elsewhere in the agent
-writes the column (an INSERT into, a DELETE from, or an UPDATE of ``state`` in the table).
+``counts``) counts it; a move record's refusal (:func:`record_move`) is the same. ``tests/unit/test_custody.py``
+fails when SQL elsewhere in the agent writes the column (an INSERT into, a DELETE from, or an
+UPDATE of ``state`` in the table).
 
 A writer's SQL conditions stay the writer's and are passed here: ``only_from`` (the states its
 UPDATE named) and ``if_updated`` (the row's version it read): a row that does not match is
@@ -16,14 +21,17 @@ left as it is, as the UPDATE left it, and that is no refusal.
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import sqlite3
 import time
-from collections.abc import Collection, Mapping
+from collections.abc import Collection, Iterable, Mapping
 from typing import Any
 
+from laminar.policy import moves
 from laminar.policy.custody import Effect, Event, IllegalTransition, State, step
+from laminar.policy.moves import Cause, IllegalMove, Phase
 
 log = logging.getLogger("laminar.migrate")
 
@@ -37,6 +45,16 @@ _INSERT = ("src_node", "src_job", "request", "ckpt")
 def strict() -> bool:
     """Whether an illegal move raises (tests) rather than being logged and counted."""
     return os.environ.get(STRICT_ENV, "") == "1"
+
+
+def _refused(err: ValueError, what: str, why: str, counts: dict[str, int] | None) -> None:
+    """A move the table does not allow (``err``): raised in strict mode, else one warning line
+    and ``counts[REFUSED_COUNT]``."""
+    if strict():
+        raise err
+    log.warning("migrate: custody refused: %s: %s (not written)", what, why)
+    if counts is not None:
+        counts[REFUSED_COUNT] = counts.get(REFUSED_COUNT, 0) + 1
 
 
 def state_of(db: sqlite3.Connection, key: str) -> State:
@@ -71,12 +89,8 @@ def move(db: sqlite3.Connection, key: str, event: Event, *, counts: dict[str, in
         return None
     try:
         new, effects = step(state, event)
-    except IllegalTransition:
-        if strict():
-            raise
-        log.warning("migrate: custody refused: %s: event %s in state %s (not written)", key, event.value, state.value)
-        if counts is not None:
-            counts[REFUSED_COUNT] = counts.get(REFUSED_COUNT, 0) + 1
+    except IllegalTransition as err:
+        _refused(err, key, f"event {event.value} in state {state.value}", counts)
         return None
     if Effect.FORGET_RETRY in effects:
         db.execute("DELETE FROM migrate_retry WHERE key=?", (key,))
@@ -101,3 +115,146 @@ def move(db: sqlite3.Connection, key: str, event: Event, *, counts: dict[str, in
         db.execute(f"UPDATE migrate_replicas SET state=?{names}, updated=? WHERE key=? AND state=?",
                    (new.value, *sets.values(), now, key, state.value))
     return new
+
+
+# -- move records (``migrate_moves``: laminar.policy.moves) -------------------------------------
+
+WINDOWLESS = tuple(c for c in Cause if c not in moves.WINDOWED)
+"""The causes of the moves without a window (settled by ReclaimComponent._restore_moves)."""
+
+def move_phase(db: sqlite3.Connection, job_id: str, only: Collection[Cause] | None = None) -> Phase:
+    """The phase of ``job_id``'s move record here (of the causes ``only``; NEW: none)."""
+    row = db.execute("SELECT phase, cause FROM migrate_moves WHERE job_id=?", (job_id,)).fetchone()
+    return Phase.NEW if row is None or (only is not None and Cause(row[1]) not in only) else Phase(row[0])
+
+
+def record_move(db: sqlite3.Connection, job_id: str, event: moves.Event, *, cause: Cause | None = None,
+                reason: str = "", thaw: bool = False, node: int | None = None, pid: int | None = None,
+                request: Mapping[str, Any] | None = None, only: Collection[Cause] | None = None,
+                counts: dict[str, int] | None = None, updated: float | None = None) -> Phase | None:
+    """Applies ``event`` to the move record of ``job_id`` in ``db`` (a connection inside the
+    caller's transaction), as :func:`laminar.policy.moves.step` says: the record is written
+    afresh with ``cause``, ``reason``, ``thaw`` and the hand-over (``node``, ``pid``,
+    ``request``, stored as JSON) (Effect.RECORD); or keeps the cause, reason and thaw of a record
+    of the same ``cause`` (Effect.KEEP); or takes ``cause``, ``reason`` and ``thaw`` and keeps
+    its hand-over (Effect.RECAUSE); or only its phase changes; or it is deleted (the phase NEW).
+    ``only``: the causes of the records the event is for (a record of another is left as it is,
+    and that is no refusal). Returns the phase written (NEW: deleted), or None when nothing was
+    written (no record for the event, or refused: see the module)."""
+    row = db.execute("SELECT phase, cause FROM migrate_moves WHERE job_id=?", (job_id,)).fetchone()
+    if row is not None and only is not None and Cause(row[1]) not in only:
+        return None
+    phase = Phase.NEW if row is None else Phase(row[0])
+    try:
+        new, effects = moves.step(phase, event)
+    except IllegalMove as err:
+        _refused(err, job_id, f"move record event {event.value} in phase {phase.value}", counts)
+        return None
+    if moves.Effect.UNCHANGED in effects:
+        return None
+    now = time.time() if updated is None else updated
+    sent = None if request is None else json.dumps(request)
+    if new is Phase.NEW:
+        db.execute("DELETE FROM migrate_moves WHERE job_id=? AND phase=?", (job_id, phase.value))
+    elif moves.Effect.RECORD in effects or (moves.Effect.KEEP in effects and (row is None or row[1] != cause)):
+        if cause is None:
+            raise TypeError(f"ledger.record_move: {event.value} records a move of {job_id}: it needs its cause")
+        db.execute("INSERT OR REPLACE INTO migrate_moves (job_id, cause, phase, reason, thaw, node, pid, request, "
+                   "updated) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                   (job_id, Cause(cause).value, new.value, reason, int(thaw), node, pid, sent, now))
+    elif moves.Effect.KEEP in effects:
+        db.execute("UPDATE migrate_moves SET phase=?, node=?, pid=?, request=?, updated=? WHERE job_id=? AND phase=?",
+                   (new.value, node, pid, sent, now, job_id, phase.value))
+    elif moves.Effect.RECAUSE in effects:
+        if cause is None:
+            raise TypeError(f"ledger.record_move: {event.value} of {job_id} needs the record's new cause")
+        db.execute("UPDATE migrate_moves SET cause=?, phase=?, reason=?, thaw=?, updated=? WHERE job_id=? AND phase=?",
+                   (Cause(cause).value, new.value, reason, int(thaw), now, job_id, phase.value))
+    else:
+        db.execute("UPDATE migrate_moves SET phase=?, updated=? WHERE job_id=? AND phase=?",
+                   (new.value, now, job_id, phase.value))
+    return new
+
+
+def drop_moves(db: sqlite3.Connection, job_ids: Iterable[str], only: Collection[Cause] | None = None,
+               counts: dict[str, int] | None = None) -> int:
+    """Event DONE for the move record of each of ``job_ids`` (of the causes ``only``). Returns
+    how many went."""
+    return sum(record_move(db, j, moves.Event.DONE, only=only, counts=counts) is Phase.NEW for j in job_ids)
+
+
+def move_records(db: sqlite3.Connection, causes: Collection[Cause] | None = None) -> list[sqlite3.Row]:
+    """The move records here (of ``causes``), by job id."""
+    rows = db.execute("SELECT * FROM migrate_moves ORDER BY job_id").fetchall()
+    return [r for r in rows if causes is None or Cause(r["cause"]) in causes]
+
+
+
+# -- the guards' other records ------------------------------------------------------------------
+# These rows have no states to move between: what they hold is written here, with the SQL each
+# writer had, so that this module stays the only writer of every custody table (issue 32).
+
+def owe_release(db: sqlite3.Connection, node: int, key: str, since: float) -> None:
+    """``node`` is to be told it no longer guards ``key`` (``migrate_releases``; one owed
+    already keeps its ``since`` and last error)."""
+    db.execute("INSERT OR IGNORE INTO migrate_releases VALUES (?, ?, ?, '')", (node, key, since))
+
+
+def release_failed(db: sqlite3.Connection, node: int, key: str, error: str) -> None:
+    """The last try of the release owed ``node`` for ``key`` failed with ``error``."""
+    db.execute("UPDATE migrate_releases SET last_error=? WHERE node=? AND key=?", (error, node, key))
+
+
+def drop_release(db: sqlite3.Connection, node: int, key: str) -> None:
+    """The release owed ``node`` for ``key`` is no longer owed (answered, given up, or void)."""
+    db.execute("DELETE FROM migrate_releases WHERE node=? AND key=?", (node, key))
+
+
+def guard_heard(db: sqlite3.Connection, key: str) -> None:
+    """The guard's source spoke about ``key`` (a ``guard`` message): its earlier silence no
+    longer counts (``migrate_guard_checks``)."""
+    db.execute("UPDATE migrate_guard_checks SET unanswered=0 WHERE key=?", (key,))
+
+
+def guard_unanswered(db: sqlite3.Connection, key: str, asked: float, error: str) -> None:
+    """The ``needs`` question about ``key`` asked at ``asked`` went unanswered (``error``): one
+    more in a row."""
+    db.execute("INSERT INTO migrate_guard_checks VALUES (?, ?, NULL, 1, ?) ON CONFLICT(key) DO UPDATE SET "
+               "asked=excluded.asked, unanswered=unanswered + 1, last_error=excluded.last_error", (key, asked, error))
+
+
+def guard_answered(db: sqlite3.Connection, key: str, at: float) -> None:
+    """The ``needs`` question about ``key`` asked at ``at`` was answered: none unanswered."""
+    db.execute("INSERT INTO migrate_guard_checks VALUES (?, ?, ?, 0, '') ON CONFLICT(key) DO UPDATE SET "
+               "asked=excluded.asked, answered=excluded.answered, unanswered=0, last_error=''", (key, at, at))
+
+
+def guard_from(db: sqlite3.Connection, key: str, node: int, updated: float | None = None) -> None:
+    """``node`` handed this node the guard of ``key`` last (``migrate_guard_from``)."""
+    db.execute("INSERT INTO migrate_guard_from VALUES (?, ?, ?) ON CONFLICT(key) DO UPDATE SET "
+               "node=excluded.node, updated=excluded.updated", (key, node, time.time() if updated is None else updated))
+
+
+def forget_guard(db: sqlite3.Connection, key: str, unless_replica: bool = False) -> None:
+    """The questions about ``key``'s guard and who handed it go (``migrate_guard_checks``,
+    ``migrate_guard_from``); ``unless_replica``: only when ``key`` has no ``migrate_replicas``
+    row (the row GC's: a guard given again meanwhile keeps them)."""
+    for table in ("migrate_guard_checks", "migrate_guard_from"):
+        if unless_replica:
+            db.execute(f"DELETE FROM {table} WHERE key=? AND NOT EXISTS (SELECT 1 FROM migrate_replicas WHERE key=?)",
+                       (key, key))
+        else:
+            db.execute(f"DELETE FROM {table} WHERE key=?", (key,))
+
+
+def record_replica_handover(db: sqlite3.Connection, key: str, node: int, pid: int, request: Mapping[str, Any],
+                            updated: float | None = None) -> None:
+    """A guard's placement of the job of ``key`` it takes over is about to hand it to ``node``
+    (placement ``pid``, ``request``): a restart asks ``node`` first (``migrate_replica_handovers``)."""
+    db.execute("INSERT OR REPLACE INTO migrate_replica_handovers VALUES (?, ?, ?, ?, ?)",
+               (key, node, pid, json.dumps(request), time.time() if updated is None else updated))
+
+
+def drop_replica_handover(db: sqlite3.Connection, key: str) -> None:
+    """The guard's hand-over of ``key`` was answered (or settled): its record goes."""
+    db.execute("DELETE FROM migrate_replica_handovers WHERE key=?", (key,))

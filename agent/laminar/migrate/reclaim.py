@@ -131,7 +131,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 from laminar import jobkit
 from laminar.airlock.cgroups import CgroupError, set_frozen_async
@@ -164,7 +164,7 @@ from laminar.migrate.constants import (
 )
 from laminar.migrate.errors import HandoverSettled, MigrateError
 from laminar.migrate.evidence import EvidenceStore, NoticeOdds
-from laminar.migrate.fence import FenceMixin, check_fence_settings
+from laminar.migrate.fence import Fence, check_fence_settings
 from laminar.migrate.guard import GuardMixin
 from laminar.migrate.hazard import (
     DEFAULT_PRIOR_RATE_PER_H,
@@ -178,7 +178,7 @@ from laminar.migrate.replicas import guard_confirmation as guard_confirmation
 from laminar.migrate.replicas import guard_needed as guard_needed
 from laminar.migrate.replicas import replica_gc_plan as replica_gc_plan
 from laminar.migrate.replicas import replica_victims as replica_victims
-from laminar.migrate.schema import MOVES_SCHEMA, RECLAIM_SCHEMA, REPLICAS_SCHEMA
+from laminar.migrate.schema import MOVES_SCHEMA, RECLAIM_SCHEMA, REPLICAS_SCHEMA, upgrade_moves
 from laminar.migrate.settle import SettleMixin
 from laminar.migrate.transfer import (
     DEFAULT_CHUNK,
@@ -190,20 +190,21 @@ from laminar.migrate.transfer import (
     Receiver,
     StatsCollector,
     TransferError,
-    _source_state,
     build_manifest,
     latest_verified,
     send_checkpoint,
     send_control,
     verified_checkpoint,
 )
+from laminar.migrate.transfer.manifest import _source_state
 from laminar.migrate.trees import _remove_tree
-from laminar.migrate.vouch import VouchMixin
+from laminar.migrate.vouch import Vouch
 from laminar.migrate.withdraw import WithdrawMixin
 from laminar.offloop import Lane, LaneBusy
 from laminar.policy import ckpt_schedule as cs
 from laminar.policy import custody, prestage
 from laminar.policy import destination as dst
+from laminar.policy import moves as mp
 from laminar.policy.endcause import EndCause
 from laminar.policy.holder import HolderCandidate, RetrySchedule, choose_holder
 from laminar.runtime.ckpt_scan import CkptScanner
@@ -242,6 +243,11 @@ REPLICA_GC_S = 30.0
 # busy agent, the transfer's whole ladder (6 tries: ~26 s connecting, ~63 s handshaking) would
 # eat most of a notice window. Other errors keep the ladder.
 MOVE_SILENT_RETRIES = 1
+# A reclaim's notice, cancel or withdrawal from another node dated further than this from this
+# node's clock is refused: a replayed or badly delayed message must not reclaim the node.
+CONTROL_DATED_S = 60
+# The control ops that only a node of ``migrate.reclaim_from`` may send.
+RECLAIM_FROM_OPS = ("reclaim", "reclaim-cancel")
 
 CONFIG_FIELDS = {
     "port": Field(int, DEFAULT_PORT, "TCP port of the checkpoint transfer endpoint (the same on every node)",
@@ -510,9 +516,11 @@ class Move:
     ranked: list[dict[str, Any]] = field(default_factory=list)
     # the final checkpoint's transfer manifest, built as it was checked: sent as it is (not shown)
     manifest: Manifest | None = field(default=None, repr=False, compare=False)
+    # why it moves, as its record in the store says (laminar.policy.moves.Cause; not shown)
+    cause: str = field(default="move_now", repr=False, compare=False)
 
     def as_dict(self) -> dict[str, Any]:
-        return {k: getattr(self, k) for k in self.__dataclass_fields__ if k != "manifest"}
+        return {k: getattr(self, k) for k in self.__dataclass_fields__ if k not in ("manifest", "cause")}
 
 
 class _ShaperHook:
@@ -616,7 +624,7 @@ def _in_own_clock(body: dict[str, Any]) -> dict[str, Any]:
     return req
 
 
-class ReclaimComponent(GuardMixin, ReplicasMixin, WithdrawMixin, SettleMixin, ArchiveMixin, FenceMixin, VouchMixin):
+class ReclaimComponent(GuardMixin, ReplicasMixin, WithdrawMixin, SettleMixin, ArchiveMixin):
     """``laminar.migrate.reclaim:ReclaimComponent`` (agent attribute ``migrate``)."""
 
     agent_attr = "migrate"
@@ -641,8 +649,7 @@ class ReclaimComponent(GuardMixin, ReplicasMixin, WithdrawMixin, SettleMixin, Ar
         # each job's buddy, the checkpoint last shipped to it, the releases owed to old buddies (buddies.py)
         self.prestage = Prestage(self)
         self.evacuating: set[str] = set()
-        self.fenced_jobs: dict[str, float] = {}  # job id -> when this node froze it, cut off from its zone (fence.py)
-        self._unfencing: set[str] = set()
+        self.fence = Fence(self)  # the jobs this node froze while cut off from its zone (fence.py)
         self.frozen_at: dict[str, float] = {}  # job id -> when a move froze it (wall clock)
         self.ckpt_latency: dict[str, float] = {}  # job id -> seconds its last requested checkpoint took
         self._gpu_mem: dict[int, int] = {}  # pid -> GPU bytes, NVML's last read (_gpu_memory_round)
@@ -714,8 +721,8 @@ class ReclaimComponent(GuardMixin, ReplicasMixin, WithdrawMixin, SettleMixin, Ar
         self._sent_manifests: dict[str, tuple[str, str, int, int]] = {}
         self._replica_gc_next = 0.0  # when the held replicas are looked at next (monotonic)
         self._guard_asked: dict[str, float] = {}  # key -> when its source was last asked (monotonic)
-        self._init_vouch()  # other members' word on a silent peer (vouch.py)
-        self._cut_at_end: dict[int, float] = {}  # node -> the window's end this node heard nobody after (fence.py)
+        self.vouch = Vouch(self, isolated=self.fence.isolated)  # other members' word on a silent peer (vouch.py)
+        self._cut_at_end: dict[int, float] = {}  # node -> the window's end this node heard nobody after (guard.py)
         self._alive_asked: dict[str, float] = {}  # key -> when a source silent in its window last said its job lives
         # key -> its row's ``updated`` when a source that may have withdrawn its reclaim (the guard
         # may have missed its news) answered that its job lives there without saying whether it has
@@ -740,11 +747,15 @@ class ReclaimComponent(GuardMixin, ReplicasMixin, WithdrawMixin, SettleMixin, Ar
         agent.store.ensure_schema("migrate", REPLICAS_SCHEMA)
         agent.store.ensure_schema("migrate-reclaim", RECLAIM_SCHEMA)
         agent.store.ensure_schema("migrate-moves", MOVES_SCHEMA)
+        with agent.store.tx() as db:  # an older agent's move records: all of them into migrate_moves
+            upgraded = upgrade_moves(db)
+        if upgraded:
+            log.info("migrate: move records upgraded into migrate_moves: %s", upgraded)
         for r in agent.store.db.execute("SELECT key, request FROM migrate_replicas").fetchall():
             self._note_owner(str(r["key"]), r["request"])
         self._backfill_origins()
         self.prestage.restore()
-        self._restore_fenced()
+        self.fence.restore()
         try:
             self.retry = RetrySchedule(float(self.s["retry_base_s"]), 2.0, float(self.s["retry_max_s"]))
             ckpt_driver.check_settings(self.s)
@@ -1261,9 +1272,9 @@ class ReclaimComponent(GuardMixin, ReplicasMixin, WithdrawMixin, SettleMixin, Ar
         elif not self._cancelling:  # a new reclaim: what an earlier one did to jobs is history
             # (not while a cancel runs: its placement in flight is this reclaim's to remember), but
             # a move still finishing (a cancelled reclaim's) keeps its record: a restart settles it
-            keep = sorted(self.evacuating)
             with self.agent.store.tx() as db:
-                db.execute(f"DELETE FROM migrate_reclaim_jobs WHERE job_id NOT IN ({','.join('?' * len(keep))})", keep)
+                ledger.drop_moves(db, [j for j in self._move_phases() if j not in self.evacuating], only=mp.WINDOWED,
+                                  counts=self.counts)
         with self.agent.store.tx() as db:
             db.execute("DELETE FROM migrate_reclaim")
             db.execute("INSERT INTO migrate_reclaim VALUES (?, ?, ?, ?, ?)", (self.node_id, notice_s, reason, now, end))
@@ -1300,7 +1311,7 @@ class ReclaimComponent(GuardMixin, ReplicasMixin, WithdrawMixin, SettleMixin, Ar
         if left <= 0:
             with self.agent.store.tx() as tx:
                 tx.execute("DELETE FROM migrate_reclaim")
-                tx.execute("DELETE FROM migrate_reclaim_jobs")
+                ledger.drop_moves(tx, self._move_phases(), only=mp.WINDOWED, counts=self.counts)
             jobs_mgr = getattr(self.agent, "jobs", None)
             if jobs_mgr is not None and getattr(jobs_mgr, "held", None) == drain.hold_reason(int(row["node"])):
                 jobs_mgr.hold_queue(None)  # the window ended between the job manager's start and this one
@@ -1425,25 +1436,22 @@ class ReclaimComponent(GuardMixin, ReplicasMixin, WithdrawMixin, SettleMixin, Ar
             log.warning("migrate: stopping %s, cut at the window's end while the agent was down: %s", job.id, e)
 
     def _move_phases(self) -> dict[str, tuple[str, int | None]]:
-        """``migrate_reclaim_jobs``: job id -> (phase, node)."""
+        """The reclaim's move records (``migrate_moves``, cause ``reclaim``): job id -> (phase, node)."""
         return {str(r["job_id"]): (str(r["phase"]), None if r["node"] is None else int(r["node"]))
-                for r in self.agent.store.db.execute("SELECT job_id, phase, node FROM migrate_reclaim_jobs")}
+                for r in ledger.move_records(self.agent.store.db, mp.WINDOWED)}
 
-    def _note_move(self, job_id: str, phase: str, node: int | None = None, pid: int | None = None,
+    def _note_move(self, job_id: str, event: mp.Event, node: int | None = None, pid: int | None = None,
                    request: dict[str, Any] | None = None) -> None:
-        """Records what the reclaim did to ``job_id`` that a restart must not do twice; with a
-        ``handover``, its placement id and request (``migrate_reclaim_handovers``)."""
+        """Records what the reclaim did to ``job_id`` that a restart must not do twice
+        (``migrate_moves``, cause ``reclaim``): ``freeze`` (its move froze it), ``hand-over``
+        (with the node, its placement id and the request), ``place``."""
         with self.agent.store.tx() as db:
-            db.execute("INSERT OR REPLACE INTO migrate_reclaim_jobs VALUES (?, ?, ?, ?)",
-                       (job_id, phase, node, time.time()))
-            if pid is not None and request is not None:
-                db.execute("DELETE FROM migrate_reclaim_handovers WHERE job_id NOT IN "
-                           "(SELECT job_id FROM migrate_reclaim_jobs)")  # what records dropped elsewhere left
-                db.execute("INSERT OR REPLACE INTO migrate_reclaim_handovers VALUES (?, ?, ?, ?, ?)",
-                           (job_id, node, pid, json.dumps(request), time.time()))
+            ledger.record_move(db, job_id, event, cause=mp.Cause.RECLAIM, thaw=event is mp.Event.FREEZE, node=node,
+                               pid=pid, request=request, counts=self.counts)
 
     def _holds(self) -> Holds:
-        """The job manager's holds (runtime/holds.py): a move's freeze is its ``move`` hold."""
+        """The job manager's holds (runtime/holds.py): a move's freeze is its ``move`` hold, the
+        fence's its ``fence`` hold (fence.py)."""
         return holds_of(self.agent.jobs)
 
     def _unhold(self, job: Any, froze: bool, timeout: float | None = None) -> bool:
@@ -1471,7 +1479,7 @@ class ReclaimComponent(GuardMixin, ReplicasMixin, WithdrawMixin, SettleMixin, Ar
             return
         holds = self._holds()
         known = set(self._move_phases()) | set(self.evacuating) | set(self._late_stopping) | set(self._archive_keeps)
-        known |= {str(r["job_id"]) for r in self.agent.store.db.execute("SELECT job_id FROM migrate_moves")}
+        known |= {str(r["job_id"]) for r in ledger.move_records(self.agent.store.db)}
         for jid in sorted(holds.held_by(Hold.MOVE) - known):
             try:
                 holds.release(jid, Hold.MOVE, timeout=0)
@@ -1479,24 +1487,25 @@ class ReclaimComponent(GuardMixin, ReplicasMixin, WithdrawMixin, SettleMixin, Ar
                 log.warning("migrate: releasing the move hold of %s, cut by the agent's stop: %s", jid, e)
 
     def _forget_move(self, job_id: str) -> None:
+        """The reclaim's record of ``job_id``'s move goes."""
         with self.agent.store.tx() as db:
-            db.execute("DELETE FROM migrate_reclaim_jobs WHERE job_id=?", (job_id,))
-            db.execute("DELETE FROM migrate_reclaim_handovers WHERE job_id=?", (job_id,))
+            ledger.drop_moves(db, [job_id], only=mp.WINDOWED, counts=self.counts)
 
-    def _record_move(self, job_id: str, phase: str, reason: str = "", thaw: bool | None = None,
-                     node: int | None = None, pid: int | None = None, request: dict[str, Any] | None = None) -> None:
-        """Records where a move without a window (``migrate_moves``) is, before it gets there
-        (``frozen``: before the freeze; ``handover``: before the hand-over is sent). A later
-        phase keeps the earlier ``reason`` and ``thaw``."""
+    def _record_move(self, job_id: str, event: mp.Event, reason: str = "", thaw: bool | None = None,
+                     node: int | None = None, pid: int | None = None, request: dict[str, Any] | None = None,
+                     cause: mp.Cause = mp.Cause.MOVE_NOW) -> None:
+        """Records where a move without a window (``migrate_moves``, ``cause`` one of
+        :data:`ledger.WINDOWLESS`) is, before it gets there (``freeze``: before the freeze;
+        ``hand-over``: before the hand-over is sent). A later phase keeps the earlier
+        ``reason`` and ``thaw``."""
         with self.agent.store.tx() as db:
-            db.execute("INSERT INTO migrate_moves VALUES (?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT(job_id) DO UPDATE SET "
-                       "phase=excluded.phase, node=excluded.node, pid=excluded.pid, request=excluded.request, "
-                       "updated=excluded.updated", (job_id, phase, reason, int(bool(thaw)), node, pid,
-                                                    None if request is None else json.dumps(request), time.time()))
+            ledger.record_move(db, job_id, event, cause=cause, reason=reason, thaw=bool(thaw), node=node, pid=pid,
+                               request=request, counts=self.counts)
 
     def _drop_move_record(self, job_id: str) -> None:
+        """The record of ``job_id``'s move without a window goes."""
         with self.agent.store.tx() as db:
-            db.execute("DELETE FROM migrate_moves WHERE job_id=?", (job_id,))
+            ledger.drop_moves(db, [job_id], only=ledger.WINDOWLESS, counts=self.counts)
 
     def _restore_moves(self) -> None:
         """At start: settles the moves without a window (a loan return's, Airlock's re-address)
@@ -1506,7 +1515,7 @@ class ReclaimComponent(GuardMixin, ReplicasMixin, WithdrawMixin, SettleMixin, Ar
         (:meth:`_settle_cut_move`), the job frozen and left alone by Airlock until it answers.
         A job that ended meanwhile only loses its record."""
         jobs_mgr = getattr(self.agent, "jobs", None)
-        for r in self.agent.store.db.execute("SELECT * FROM migrate_moves").fetchall():
+        for r in ledger.move_records(self.agent.store.db, ledger.WINDOWLESS):
             jid = str(r["job_id"])
             job = jobs_mgr.get(jid) if jobs_mgr is not None else None
             if job is None or not job.active:
@@ -1607,7 +1616,7 @@ class ReclaimComponent(GuardMixin, ReplicasMixin, WithdrawMixin, SettleMixin, Ar
                 # a loan's) runs on: never two moves of one job (two hand-overs: two copies)
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(cancel.wait(), 0.2)
-            while job.id in self.fenced_jobs and job.active and not cancel.is_set():
+            while job.id in self.fence.fenced_jobs and job.active and not cancel.is_set():
                 # fenced (this node heard none of its zone; fence.py): the zone may have taken it
                 # over, and a move now would start a second lineage of it. Its settling stops it
                 # (taken over) or thaws it (moved then); unsettled at the window's end, it is
@@ -1659,12 +1668,12 @@ class ReclaimComponent(GuardMixin, ReplicasMixin, WithdrawMixin, SettleMixin, Ar
         """Move ``job`` elsewhere now, without a deadline: checkpoint, reserve, transfer, hand
         over, stop here (state ``migrated``). The loan return's ``migrate`` action. Never
         raises: a failed move (phase ``failed``) leaves the job running here."""
-        return await self._move(job, reason, None, final=True)
+        return await self._move(job, reason, None, final=True, cause=mp.Cause.MOVE_NOW)
 
     async def readdress(self, job: Any) -> dict[str, Any]:
         """Airlock's re-address rung: move ``job`` elsewhere now, without a deadline (Airlock has
         already sent the checkpoint signal; a new checkpoint is waited for all the same)."""
-        return (await self._move(job, "airlock re-address", None, final=True)).as_dict()
+        return (await self._move(job, "airlock re-address", None, final=True, cause=mp.Cause.READDRESS)).as_dict()
 
     # -- one move -----------------------------------------------------------------------------
 
@@ -1765,20 +1774,22 @@ class ReclaimComponent(GuardMixin, ReplicasMixin, WithdrawMixin, SettleMixin, Ar
             return None, None, None
 
     async def _move(self, job: Any, reason: str, deadline_mono: float | None, final: bool = True,
-                    transfer_deadline: float | None = None) -> Move:
+                    transfer_deadline: float | None = None, cause: mp.Cause | None = None) -> Move:
         """Checkpoint, reserve, transfer, hand over, stop here. ``deadline_mono``: the window's
         end; ``transfer_deadline``: when the plan wants the transfer done (what the shaper
-        paces to; the rest of the window is for the hand-over). Never raises: the outcome is
+        paces to; the rest of the window is for the hand-over); ``cause``: what its record says
+        (default: ``reclaim`` with a window, else ``move_now``). Never raises: the outcome is
         in the returned Move (phase done or failed) and in ``migrate`` events."""
         mv = Move(job.id, self.job_key(job), reason,
-                  deadline=None if deadline_mono is None else time.time() + deadline_mono - time.monotonic())
+                  deadline=None if deadline_mono is None else time.time() + deadline_mono - time.monotonic(),
+                  cause=cause or (mp.Cause.RECLAIM if deadline_mono is not None else mp.Cause.MOVE_NOW))
         self.moves[job.id] = mv
         self.evacuating.add(job.id)
         self.prestage.supersede(job.id)
         self.counts["moves"] += 1
         frozen = False
         try:
-            if job.id in self.fenced_jobs:
+            if job.id in self.fence.fenced_jobs:
                 raise MigrateError(f"{job.id} is fenced (node {self.node_id} heard none of its zone; "
                                    "migrate.fence_after_s): it moves once its fence is settled, if nobody took it over")
             if self.zone is None:
@@ -1811,7 +1822,7 @@ class ReclaimComponent(GuardMixin, ReplicasMixin, WithdrawMixin, SettleMixin, Ar
                 with contextlib.suppress(Exception):
                     already = bool(job.cgroup.frozen())
                 if deadline_mono is None:  # before the freeze: a restart thaws what a crash cut (_restore_moves)
-                    self._record_move(job.id, "frozen", reason=reason, thaw=not already)
+                    self._record_move(job.id, mp.Event.FREEZE, reason=reason, thaw=not already, cause=mp.Cause(mv.cause))
                 took = already
                 with contextlib.suppress(Exception):
                     # the move's hold (runtime/holds.py), waited for without blocking the loop: a
@@ -1825,7 +1836,7 @@ class ReclaimComponent(GuardMixin, ReplicasMixin, WithdrawMixin, SettleMixin, Ar
                                "sleep: hung storage?); the freeze stays asked for, the move goes on", job=job.id,
                                phase="freeze-pending")
                 if frozen and deadline_mono is not None:  # a reclaim's: a restart thaws it and moves it again
-                    self._note_move(job.id, "frozen")
+                    self._note_move(job.id, mp.Event.FREEZE)
                 self.frozen_at[job.id] = time.time()
 
             if final:
@@ -2329,9 +2340,9 @@ class ReclaimComponent(GuardMixin, ReplicasMixin, WithdrawMixin, SettleMixin, Ar
             req = {"spec": spec, "owner_uid": job.owner_uid, "owner_gid": job.owner_gid,
                    "origin": request_origin(migrated_from=self.job_key(job), resume_given=True)}
             if deadline_mono is not None:  # a reclaim's: once sent, a restart never moves it again
-                self._note_move(job.id, "handover", node, pid=pid, request=req)
+                self._note_move(job.id, mp.Event.HAND_OVER, node, pid=pid, request=req)
             else:  # a loan return's, Airlock's: a restart asks node whether it took the job (_restore_moves)
-                self._record_move(job.id, "handover", node=node, pid=pid, request=req)
+                self._record_move(job.id, mp.Event.HAND_OVER, node=node, pid=pid, request=req, cause=mp.Cause(mv.cause))
             dest_job = await self._handover(node, pid, req, confirm=True, job_id=job.id)
         except BaseException:
             z.submitter.t.send(node, wire.Release(pid))
@@ -2488,8 +2499,8 @@ class ReclaimComponent(GuardMixin, ReplicasMixin, WithdrawMixin, SettleMixin, Ar
         while True:
             try:
                 self._departure_round()
-                self._fence_round(time.time())
-                self._vouch_round(time.time())
+                self.fence.tick(time.time())
+                self.vouch.tick(time.time())
                 self.prestage.tick(time.time())
                 self._archive_watch()
                 self._guard_recheck_round(time.time())
@@ -2571,6 +2582,10 @@ class ReclaimComponent(GuardMixin, ReplicasMixin, WithdrawMixin, SettleMixin, Ar
         pass
 
     def _on_control(self, node: str, op: str, body: Any) -> Any:
+        """A control operation from another node (``node``: its id, as the transfer endpoint's
+        hello gave it): answered by its handler in :attr:`_CONTROL_OPS`. Raises ValueError for a
+        body that is not an object, an asker that is not a node id, or an unknown op; a
+        ``reclaim`` or ``reclaim-cancel`` from a node not in ``migrate.reclaim_from`` is refused."""
         # an authenticated message from a roster member (its hello's node, checked against its
         # roster address): it is alive, as an authenticated datagram says (Membership.seen).
         # Before, only datagrams counted: a guard that had the source's message in hand could still
@@ -2582,100 +2597,133 @@ class ReclaimComponent(GuardMixin, ReplicasMixin, WithdrawMixin, SettleMixin, Ar
             asker = int(node)
         except ValueError:
             raise ValueError(f"{op}: the asking node {node!r} is not a node id") from None
-        if op == "guard":
-            key = str(body["key"])
-            src = body.get("src_node")
-            if isinstance(src, str) and src.isascii() and src.isdigit():
-                src = int(src)
-            got = body.get("request")
-            req_in: dict[str, Any] = got if isinstance(got, dict) else {}
-            policy = getattr(self.zone, "policy", None)
-            e = au.guard_refusal(asker, key, src, req_in.get("take_over") is True, *self._guard_held(key),
-                                 root_request=req_in.get("owner_uid", 0) == 0,
-                                 policy=policy if isinstance(policy, au.Policy) else au.Policy(self.node_id))
-            if e is not None:
-                raise self._refuse(e, asker)
-            self._check_guarded_ckpt(key, str(body["ckpt"]))
-            req = _in_own_clock(body)
-            with self.agent.store.tx() as db:
-                # guarding, but a copy its take-over acted on (resumed, handed-over, placed) stays so
-                ledger.move(db, key, custody.Event.GUARD, counts=self.counts, ckpt=str(body["ckpt"]), request=json.dumps(req),
-                            insert={"src_node": int(body["src_node"]), "src_job": str(body["src_job"]),
-                                    "request": json.dumps(req), "ckpt": str(body["ckpt"])})
-                # the source just spoke about this guard: its earlier silence no longer counts
-                db.execute("UPDATE migrate_guard_checks SET unanswered=0 WHERE key=?", (key,))
-                # who handed it: with the key's node, the only one who may change or release it
-                db.execute("INSERT INTO migrate_guard_from VALUES (?, ?, ?) ON CONFLICT(key) DO UPDATE SET "
-                           "node=excluded.node, updated=excluded.updated", (key, asker, time.time()))
-            self._note_owner(key, req)
-            try:  # the guard names a newer checkpoint: the older ones go (when it is held here)
-                self.replica_gc(key, newest=str(body["ckpt"]))
-            except Exception:
-                log.exception("migrate: replica GC of %s", key)
-            return {"guarding": key}
-        if op == "space":  # may this node hold a checkpoint? (storage holders, _hold)
-            assert self.root is not None
-            assert self.receiver is not None
-            # what an offer may take now (the free space less what transfers in progress still
-            # lack and the receiver's margin), less what this node keeps for itself as a holder
-            free = self.receiver.free_for_offers() - float(self.s["holder_reserve_mb"]) * (1 << 20)
-            return {"free_bytes": max(0.0, free)}
-        if op == "release":
-            key = str(body["key"])
-            e = au.release_refusal(asker, key, self._guard_holder(key))
-            if e is not None:
-                raise self._refuse(e, asker)
-            row = self.agent.store.db.execute("SELECT state, updated FROM migrate_replicas WHERE key=?", (key,)).fetchone()
-            # taken over here and run here: the source still runs its copy, or it would not release
-            # this guard; the answer says so (as ``superseded`` would: a release may come first)
-            runs = self._runs_here(key) if row is not None and row["state"] == "resumed" else None
-            # taken over and placed on another node (no room here): the same, naming that node, as
-            # ``taken`` does. Before, the answer said only "released", and a source whose buddy had
-            # changed (this guard was the old one) refused this node's ``superseded`` after it: a
-            # fenced copy was thawed beside the placed one (bench/chaos.py --no-archive, seed 43)
-            placed = self._placed_as(key) if row is not None and row["state"] == "placed" else None
-            with self.agent.store.tx() as db:
-                ledger.move(db, key, custody.Event.RELEASE, counts=self.counts)  # a live guard only (the table)
-            try:  # nothing here needs the key's checkpoints any more (but a local job resumed from one)
-                self.replica_gc(key)
-            except Exception:
-                log.exception("migrate: replica GC of %s", key)
-            if runs is not None or placed is not None:
-                assert row is not None
-                node_job = (self.node_id, runs) if runs is not None else placed
-                assert node_job is not None
-                return {"released": key, "superseded": {"node": node_job[0], "job": node_job[1],
-                                                        "at": float(row["updated"]), "clock": time.time()}}
-            return {"released": key}
-        if op in ("reclaim", "reclaim-cancel"):  # another node reclaims this one: migrate.reclaim_from only
+        handler = self._CONTROL_OPS.get(op)
+        if handler is None:
+            raise ValueError(f"unknown control operation {op!r} ({', '.join(self._CONTROL_OPS)})")
+        if op in RECLAIM_FROM_OPS:  # another node reclaims this one: migrate.reclaim_from only
             e = au.node_op_refusal(op, asker, [int(n) for n in self.s.get("reclaim_from") or []],
                                    "migrate.reclaim_from", self.node_id)
             if e is not None:
                 raise self._refuse(e, asker)
-        if op == "reclaim":
-            ts = float(body.get("ts", 0))
-            if abs(time.time() - ts) > 60:
-                raise ValueError(f"reclaim notice dated {ts} is more than 60 s from this node's clock")
-            return self.start_reclaim(parse_duration(body["notice_s"]), f"{body.get('reason', '')} (from node {node})")
-        if op in ("reclaim-cancel", "reclaim-withdrawn"):
-            ts = float(body.get("ts", 0))
-            if abs(time.time() - ts) > 60:
-                raise ValueError(f"{op} dated {ts} is more than 60 s from this node's clock")
-            if op == "reclaim-withdrawn":  # the sender's own reclaim: forget its notice
-                return {"withdrawn": int(node), "guards": self.withdrawn_notice(int(node))}
-            return self._cancel_for(node, str(body.get("reason") or ""))
-        if op == "superseded":  # a guard took one of this node's jobs over and runs it
-            return self._answer_superseded(node, body)
-        if op == "needs":  # a node holding a guard of one of this node's jobs asks whether it still must
-            return self._answer_needs(node, str(body["key"]))
-        if op == "dropped":  # an operator dropped the guard of one of this node's jobs there, by force
-            return self.prestage.answer_dropped(node, str(body["key"]))
-        if op == "taken":  # a job's node, fenced while cut off and heard again: did this node take it over?
-            return self._answer_taken(node, str(body["key"]))
-        if op == "heard":  # a node that hears nothing from a peer: when did this node last hear it?
-            return self._answer_heard(node, body)
-        raise ValueError(f"unknown control operation {op!r} (guard, release, reclaim, reclaim-cancel, "
-                         "reclaim-withdrawn, space, superseded, needs, dropped, taken, heard)")
+        return handler(self, node, asker, body)
+
+    @staticmethod
+    def _check_dated(body: dict[str, Any], what: str) -> None:
+        """A reclaim's notice, cancel or withdrawal is answered only within CONTROL_DATED_S of
+        this node's clock (its ``ts``): ValueError otherwise."""
+        ts = float(body.get("ts", 0))
+        if abs(time.time() - ts) > CONTROL_DATED_S:
+            raise ValueError(f"{what} dated {ts} is more than {CONTROL_DATED_S:g} s from this node's clock")
+
+    def _op_guard(self, node: str, asker: int, body: dict[str, Any]) -> Any:
+        key = str(body["key"])
+        src = body.get("src_node")
+        if isinstance(src, str) and src.isascii() and src.isdigit():
+            src = int(src)
+        got = body.get("request")
+        req_in: dict[str, Any] = got if isinstance(got, dict) else {}
+        policy = getattr(self.zone, "policy", None)
+        e = au.guard_refusal(asker, key, src, req_in.get("take_over") is True, *self._guard_held(key),
+                             root_request=req_in.get("owner_uid", 0) == 0,
+                             policy=policy if isinstance(policy, au.Policy) else au.Policy(self.node_id))
+        if e is not None:
+            raise self._refuse(e, asker)
+        self._check_guarded_ckpt(key, str(body["ckpt"]))
+        req = _in_own_clock(body)
+        with self.agent.store.tx() as db:
+            # guarding, but a copy its take-over acted on (resumed, handed-over, placed) stays so
+            ledger.move(db, key, custody.Event.GUARD, counts=self.counts, ckpt=str(body["ckpt"]), request=json.dumps(req),
+                        insert={"src_node": int(body["src_node"]), "src_job": str(body["src_job"]),
+                                "request": json.dumps(req), "ckpt": str(body["ckpt"])})
+            # the source just spoke about this guard: its earlier silence no longer counts
+            ledger.guard_heard(db, key)
+            # who handed it: with the key's node, the only one who may change or release it
+            ledger.guard_from(db, key, asker)
+        self._note_owner(key, req)
+        try:  # the guard names a newer checkpoint: the older ones go (when it is held here)
+            self.replica_gc(key, newest=str(body["ckpt"]))
+        except Exception:
+            log.exception("migrate: replica GC of %s", key)
+        return {"guarding": key}
+
+    def _op_space(self, node: str, asker: int, body: dict[str, Any]) -> Any:
+        """May this node hold a checkpoint? (storage holders, _hold)"""
+        assert self.root is not None
+        assert self.receiver is not None
+        # what an offer may take now (the free space less what transfers in progress still
+        # lack and the receiver's margin), less what this node keeps for itself as a holder
+        free = self.receiver.free_for_offers() - float(self.s["holder_reserve_mb"]) * (1 << 20)
+        return {"free_bytes": max(0.0, free)}
+
+    def _op_release(self, node: str, asker: int, body: dict[str, Any]) -> Any:
+        key = str(body["key"])
+        e = au.release_refusal(asker, key, self._guard_holder(key))
+        if e is not None:
+            raise self._refuse(e, asker)
+        row = self.agent.store.db.execute("SELECT state, updated FROM migrate_replicas WHERE key=?", (key,)).fetchone()
+        # taken over here and run here: the source still runs its copy, or it would not release
+        # this guard; the answer says so (as ``superseded`` would: a release may come first)
+        runs = self._runs_here(key) if row is not None and row["state"] == "resumed" else None
+        # taken over and placed on another node (no room here): the same, naming that node, as
+        # ``taken`` does. Before, the answer said only "released", and a source whose buddy had
+        # changed (this guard was the old one) refused this node's ``superseded`` after it: a
+        # fenced copy was thawed beside the placed one (bench/chaos.py --no-archive, seed 43)
+        placed = self._placed_as(key) if row is not None and row["state"] == "placed" else None
+        with self.agent.store.tx() as db:
+            ledger.move(db, key, custody.Event.RELEASE, counts=self.counts)  # a live guard only (the table)
+        try:  # nothing here needs the key's checkpoints any more (but a local job resumed from one)
+            self.replica_gc(key)
+        except Exception:
+            log.exception("migrate: replica GC of %s", key)
+        if runs is not None or placed is not None:
+            assert row is not None
+            node_job = (self.node_id, runs) if runs is not None else placed
+            assert node_job is not None
+            return {"released": key, "superseded": {"node": node_job[0], "job": node_job[1],
+                                                    "at": float(row["updated"]), "clock": time.time()}}
+        return {"released": key}
+
+    def _op_reclaim(self, node: str, asker: int, body: dict[str, Any]) -> Any:
+        """Another node reclaims this one (``laminarctl reclaim --node``)."""
+        self._check_dated(body, "reclaim notice")
+        return self.start_reclaim(parse_duration(body["notice_s"]), f"{body.get('reason', '')} (from node {node})")
+
+    def _op_reclaim_cancel(self, node: str, asker: int, body: dict[str, Any]) -> Any:
+        self._check_dated(body, "reclaim-cancel")
+        return self._cancel_for(node, str(body.get("reason") or ""))
+
+    def _op_reclaim_withdrawn(self, node: str, asker: int, body: dict[str, Any]) -> Any:
+        """The sender's own reclaim is withdrawn: its notice is forgotten."""
+        self._check_dated(body, "reclaim-withdrawn")
+        return {"withdrawn": int(node), "guards": self.withdrawn_notice(int(node))}
+
+    def _op_superseded(self, node: str, asker: int, body: dict[str, Any]) -> Any:
+        """A guard took one of this node's jobs over and runs it."""
+        return self._answer_superseded(node, body)
+
+    def _op_needs(self, node: str, asker: int, body: dict[str, Any]) -> Any:
+        """A node holding a guard of one of this node's jobs asks whether it still must."""
+        return self._answer_needs(node, str(body["key"]))
+
+    def _op_dropped(self, node: str, asker: int, body: dict[str, Any]) -> Any:
+        """An operator dropped the guard of one of this node's jobs there, by force."""
+        return self.prestage.answer_dropped(node, str(body["key"]))
+
+    def _op_taken(self, node: str, asker: int, body: dict[str, Any]) -> Any:
+        """A job's node, fenced while cut off and heard again: did this node take it over?"""
+        return self.fence.answer_taken(node, str(body["key"]))
+
+    def _op_heard(self, node: str, asker: int, body: dict[str, Any]) -> Any:
+        """A node that hears nothing from a peer: when did this node last hear it?"""
+        return self.vouch.answer_heard(node, body)
+
+    # op -> its handler (self, the asking node as the endpoint gave it, its id, the body), in the
+    # order the answer to an unknown op lists them
+    _CONTROL_OPS: ClassVar[dict[str, Callable[[ReclaimComponent, str, int, dict[str, Any]], Any]]] = {
+        "guard": _op_guard, "release": _op_release, "reclaim": _op_reclaim, "reclaim-cancel": _op_reclaim_cancel,
+        "reclaim-withdrawn": _op_reclaim_withdrawn, "space": _op_space, "superseded": _op_superseded,
+        "needs": _op_needs, "dropped": _op_dropped, "taken": _op_taken, "heard": _op_heard,
+    }
 
     async def _cancel_for(self, node: str, reason: str) -> dict[str, Any]:
         """Control op ``reclaim-cancel``: another node cancels this node's reclaim (``laminarctl
@@ -2773,11 +2821,11 @@ class ReclaimComponent(GuardMixin, ReplicasMixin, WithdrawMixin, SettleMixin, Ar
                 "reclaim": None if r is None else {"deadline": r["deadline"], "done": r["task"].done()},
                 "notices": sorted(self.notices),
                 # jobs frozen while this node heard none of its zone (fence.py): job id -> since (wall clock)
-                "fenced": dict(self.fenced_jobs),
+                "fenced": dict(self.fence.fenced_jobs),
                 # silent peers another member heard lately (vouch.py): not taken for gone
-                "heard_elsewhere": sorted(self._vouch_told),
+                "heard_elsewhere": sorted(self.vouch.held_back),
                 # member -> how many take-over verdicts its word held back (a member holding many: vouch.py)
-                "heard_vouchers": {str(n): k for n, k in sorted(self._vouch_holds.items())},
+                "heard_vouchers": {str(n): k for n, k in sorted(self.vouch.vouchers.items())},
                 "periodic_ckpt": None if self.ckpt is None else dict(self.ckpt.counts),
                 # jobs' checkpoint directories: checks (failed, unfinished) and their lane; freezes
                 # and thaws that did not take hold in time (a task in uninterruptible sleep)

@@ -411,7 +411,7 @@ class ReplicasMixin:
         renames into ``<root>/REPLICA_TRASH/`` are atomic with respect to a commit of the same
         key (a commit renames its ``.tmp-*`` into place); the removal of the renamed trees (many
         GB, possibly) runs in a worker thread. Never touched: ``.tmp-*`` and anything not named
-        ``ckpt-<n>`` (transfer.py's ``Receiver.sweep`` owns temporaries and ``incoming/``), a key
+        ``ckpt-<n>`` (transfer/receive.py's ``Receiver.sweep`` owns temporaries and ``incoming/``), a key
         whose take-over (or archive claim) runs now, a key directory that is a link. Links are
         removed as links, never followed."""
         if self.root is None or key in self._taking or not _SAFE_KEY.fullmatch(key):
@@ -640,10 +640,7 @@ class ReplicasMixin:
                     ledger.move(tx, key, custody.Event.GC, counts=self.counts, if_older=cutoff)  # done states only
                     tx.execute("DELETE FROM migrate_retry WHERE key=? AND NOT EXISTS "
                                "(SELECT 1 FROM migrate_replicas WHERE key=?)", (key, key))
-                    tx.execute("DELETE FROM migrate_guard_checks WHERE key=? AND NOT EXISTS "
-                               "(SELECT 1 FROM migrate_replicas WHERE key=?)", (key, key))
-                    tx.execute("DELETE FROM migrate_guard_from WHERE key=? AND NOT EXISTS "
-                               "(SELECT 1 FROM migrate_replicas WHERE key=?)", (key, key))
+                    ledger.forget_guard(tx, key, unless_replica=True)
             self.counts["replica_rows_pruned"] = self.counts.get("replica_rows_pruned", 0) + len(gone)
         return gone
 
@@ -798,9 +795,7 @@ class ReplicasMixin:
         db = self.agent.store.db
         prev = db.execute("SELECT answered, unanswered FROM migrate_guard_checks WHERE key=?", (key,)).fetchone()
         with self.agent.store.tx() as tx:
-            tx.execute("INSERT INTO migrate_guard_checks VALUES (?, ?, NULL, 1, ?) ON CONFLICT(key) DO UPDATE SET "
-                       "asked=excluded.asked, unanswered=unanswered + 1, last_error=excluded.last_error",
-                       (key, asked, error))
+            ledger.guard_unanswered(tx, key, asked, error)
         if prev is not None and int(prev["unanswered"]) > 0:
             return
         row = db.execute("SELECT updated FROM migrate_replicas WHERE key=?", (key,)).fetchone()
@@ -818,8 +813,7 @@ class ReplicasMixin:
         db = self.agent.store.db
         prev = db.execute("SELECT unanswered FROM migrate_guard_checks WHERE key=?", (key,)).fetchone()
         with self.agent.store.tx() as tx:
-            tx.execute("INSERT INTO migrate_guard_checks VALUES (?, ?, ?, 0, '') ON CONFLICT(key) DO UPDATE SET "
-                       "asked=excluded.asked, answered=excluded.answered, unanswered=0, last_error=''", (key, at, at))
+            ledger.guard_answered(tx, key, at)
         if prev is not None and int(prev["unanswered"]) > 0:
             self._emit(f"{key}: node {src} answers again about this guard (after {int(prev['unanswered'])} "
                        "unanswered questions)", key=key, src_node=src, phase="guard-confirmed")
@@ -1246,8 +1240,7 @@ class ReplicasMixin:
                 raise MigrateError(f"{key}: cannot move {d} into {trash}: {e}; nothing was removed") from None
         with self.agent.store.tx() as db:
             ledger.move(db, key, custody.Event.DROP, counts=self.counts)  # its retry row goes too
-            db.execute("DELETE FROM migrate_guard_checks WHERE key=?", (key,))
-            db.execute("DELETE FROM migrate_guard_from WHERE key=?", (key,))
+            ledger.forget_guard(db, key)
         self._guard_asked.pop(key, None)
         self.counts["replica_dropped"] = self.counts.get("replica_dropped", 0) + 1
         forced = force and state in REPLICA_GUARD_STATES

@@ -3,6 +3,9 @@
 
 from __future__ import annotations
 
+import sqlite3
+from typing import Any
+
 REPLICAS_SCHEMA = [
     """CREATE TABLE IF NOT EXISTS migrate_replicas (
         key TEXT PRIMARY KEY,
@@ -73,14 +76,6 @@ RECLAIM_SCHEMA = [
         reason TEXT NOT NULL,
         announced REAL NOT NULL,
         deadline REAL NOT NULL)""",
-    # What the reclaim did to a job that must not be done twice after a restart: ``frozen`` (its
-    # move froze it), ``handover`` (its hand-over to ``node`` was sent), ``placing`` (a queued
-    # job's placement elsewhere was asked for and not settled).
-    """CREATE TABLE IF NOT EXISTS migrate_reclaim_jobs (
-        job_id TEXT PRIMARY KEY,
-        phase TEXT NOT NULL,
-        node INTEGER,
-        updated REAL NOT NULL)""",
     # A reclaimed job's copy to the archive that may go on past its window's wait (no holder, no
     # buddy: the archive is its only keeper; ArchiveMixin._archive_until with ``late_ok``), written
     # before the copy starts: ``late`` 1 once the job is stopped for it (its wait over),
@@ -95,24 +90,26 @@ RECLAIM_SCHEMA = [
         late INTEGER NOT NULL,
         publishing INTEGER NOT NULL,
         since REAL NOT NULL)""",
-    # A ``handover`` row's hand-over (its placement id ``pid`` at the node, the ``request`` sent):
-    # a restart that settles a cancelled reclaim asks the node with it (:meth:`ReclaimComponent._settle_cancelled`).
-    """CREATE TABLE IF NOT EXISTS migrate_reclaim_handovers (
-        job_id TEXT PRIMARY KEY,
-        node INTEGER NOT NULL,
-        pid INTEGER NOT NULL,
-        request TEXT NOT NULL,
-        updated REAL NOT NULL)""",
 ]
 
 MOVES_SCHEMA = [
-    # A move without a window (a loan return's, Airlock's re-address: ``move_now``/``readdress``)
-    # under way, so that a restart settles what a stop or crash cut (:meth:`ReclaimComponent._restore_moves`):
-    # ``frozen`` (written before the freeze: it thaws the job, ``thaw`` 1 when the move froze it),
-    # ``handover`` (its hand-over to ``node`` under placement ``pid`` may have been sent: ``request``
-    # is what was handed over, asked again there until the node answers whether it runs the job).
+    # A move under way that a restart must settle, one per job (laminar.policy.moves: the phases,
+    # the causes and the moves between them; laminar.migrate.ledger is its only writer), so that
+    # nothing is done twice after a stop or crash: ``frozen`` (the move froze the job: a restart
+    # thaws it, ``thaw`` 1; a reclaim's is moved again), ``handover`` (its hand-over to ``node``
+    # under placement ``pid`` may have been sent: ``request`` is what was handed over; a restart
+    # asks the node whether it runs the job, or, a reclaim's, stops the job here), ``placing`` (a
+    # reclaim's queued job whose placement elsewhere was asked for and not settled), ``gone`` (an
+    # operator settled that the node runs it: the stop here is finished by a restart). ``cause``:
+    # ``reclaim`` (inside this node's reclaim window: its restore or cancel settles the record),
+    # ``move_now`` (a loan return's), ``readdress`` (Airlock's), ``reclaim_cancelled`` (a
+    # cancelled reclaim's hand-over): the others settled by ReclaimComponent._restore_moves.
+    # ``reason``: a move without a window's (a reclaim's: '').
+    # (Until issue 32, a reclaim's records were in migrate_reclaim_jobs and migrate_reclaim_handovers:
+    # :func:`upgrade_moves` moves them here.)
     """CREATE TABLE IF NOT EXISTS migrate_moves (
         job_id TEXT PRIMARY KEY,
+        cause TEXT NOT NULL,
         phase TEXT NOT NULL,
         reason TEXT NOT NULL,
         thaw INTEGER NOT NULL,
@@ -121,3 +118,54 @@ MOVES_SCHEMA = [
         request TEXT,
         updated REAL NOT NULL)""",
 ]
+
+# The causes of the rows of an older agent's migrate_moves (no ``cause`` column), by their reason:
+# ReclaimComponent.readdress's reason, the cancelled reclaim's (withdraw.py); else a loan return's.
+_OLD_CAUSE = ("CASE WHEN reason = 'airlock re-address' THEN 'readdress' "
+              "WHEN reason LIKE 'reclaim of node %, cancelled' THEN 'reclaim_cancelled' ELSE 'move_now' END")
+
+
+def _tables(db: sqlite3.Connection) -> set[str]:
+    return {str(r[0]) for r in db.execute("SELECT name FROM sqlite_master WHERE type='table'")}
+
+
+def upgrade_moves(db: sqlite3.Connection) -> dict[str, Any]:
+    """Brings an older agent's move records into the one ``migrate_moves`` (inside the caller's
+    transaction, after MOVES_SCHEMA: an upgrade cut short leaves the old tables as they were):
+    its rows without a ``cause`` get the one their reason names, every row of
+    ``migrate_reclaim_jobs`` becomes a ``reclaim`` row with its hand-over (node, placement id,
+    request) from ``migrate_reclaim_handovers``, and the two old tables go. Returns what it did:
+    ``moves`` and ``reclaim`` (rows carried over), ``superseded`` (job ids whose reclaim row gave
+    way to their move's row: a cancelled reclaim's hand-over recorded again as a move without a
+    window, which its restart settles; the old agent's restart settled both) and ``leftover``
+    (hand-over rows of no reclaim row, which the older agent kept but never read: their record
+    had gone); empty when there was nothing to upgrade."""
+    have = _tables(db)
+    out: dict[str, Any] = {}
+    if "migrate_moves" in have and "cause" not in {r[1] for r in db.execute("PRAGMA table_info(migrate_moves)")}:
+        db.execute("ALTER TABLE migrate_moves RENAME TO migrate_moves_old")
+        db.execute(MOVES_SCHEMA[0])
+        out["moves"] = db.execute(
+            "INSERT INTO migrate_moves (job_id, cause, phase, reason, thaw, node, pid, request, updated) "
+            f"SELECT job_id, {_OLD_CAUSE}, phase, reason, thaw, node, pid, request, updated FROM migrate_moves_old"
+        ).rowcount
+        db.execute("DROP TABLE migrate_moves_old")
+    if "migrate_reclaim_jobs" in have:
+        handovers = "migrate_reclaim_handovers" in have
+        sent, join = (("h.pid, h.request", "LEFT JOIN migrate_reclaim_handovers h ON h.job_id = j.job_id")
+                      if handovers else ("NULL, NULL", ""))
+        out["superseded"] = [str(r[0]) for r in db.execute(
+            "SELECT job_id FROM migrate_reclaim_jobs WHERE job_id IN (SELECT job_id FROM migrate_moves) ORDER BY job_id")]
+        out["reclaim"] = db.execute(
+            "INSERT INTO migrate_moves (job_id, cause, phase, reason, thaw, node, pid, request, updated) "
+            f"SELECT j.job_id, 'reclaim', j.phase, '', j.phase = 'frozen', j.node, {sent}, j.updated "
+            f"FROM migrate_reclaim_jobs j {join} WHERE j.job_id NOT IN (SELECT job_id FROM migrate_moves)").rowcount
+        out["leftover"] = [] if not handovers else [str(r[0]) for r in db.execute(
+            "SELECT job_id FROM migrate_reclaim_handovers WHERE job_id NOT IN (SELECT job_id FROM migrate_reclaim_jobs) "
+            "ORDER BY job_id")]
+        db.execute("DROP TABLE migrate_reclaim_jobs")
+    if "migrate_reclaim_handovers" in have:
+        out.setdefault("leftover", [str(r[0]) for r in db.execute(
+            "SELECT job_id FROM migrate_reclaim_handovers ORDER BY job_id")])
+        db.execute("DROP TABLE migrate_reclaim_handovers")
+    return out

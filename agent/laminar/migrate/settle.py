@@ -21,7 +21,8 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from laminar.airlock.cgroups import set_frozen_async
-from laminar.policy import custody
+from laminar.migrate import ledger
+from laminar.policy import custody, moves
 from laminar.policy.endcause import EndCause
 
 if TYPE_CHECKING:
@@ -39,6 +40,7 @@ class SettleMixin:
         _asking: dict[str, dict[str, Any]]
         _taking: set[str]
         agent: Any
+        counts: dict[str, int]
         evacuating: set[str]
         moves: dict[str, Move]
         prestage: Prestage
@@ -64,7 +66,7 @@ class SettleMixin:
         the first unanswered try (wall clock), else when the hand-over was recorded."""
         db = self.agent.store.db
         rows = [("move", r) for r in db.execute("SELECT job_id AS ref, node, updated FROM migrate_moves "
-                                                "WHERE phase='handover' AND node IS NOT NULL")]
+                                                "WHERE phase='handover' AND node IS NOT NULL AND cause != 'reclaim'")]
         rows += [("placement", r) for r in db.execute("SELECT key AS ref, node, updated FROM migrate_replica_handovers")]
         seen = {str(r["ref"]) for _, r in rows}
         # a reclaim's move (its records are the reclaim's): while its wait runs
@@ -105,8 +107,8 @@ class SettleMixin:
             raise ValueError(f"decision {decision!r}: expected run-here or gone")
         db = self.agent.store.db
         for jid in dict.fromkeys([ref, f"job-{ref}" if ref.isdigit() else ref]):
-            row = db.execute("SELECT * FROM migrate_moves WHERE job_id=? AND phase='handover' AND node IS NOT NULL",
-                             (jid,)).fetchone()
+            row = db.execute("SELECT * FROM migrate_moves WHERE job_id=? AND phase='handover' AND node IS NOT NULL "
+                             "AND cause != 'reclaim'", (jid,)).fetchone()
             if row is not None:
                 return await self._settle_move(jid, row, decision, by)
         row = db.execute("SELECT * FROM migrate_replica_handovers WHERE key=?", (ref,)).fetchone()
@@ -204,14 +206,13 @@ class SettleMixin:
         job = jobs_mgr.get(jid) if jobs_mgr is not None else None
         key = self.job_key(job) if job is not None and job.active else None
         with self.agent.store.tx() as db:  # the decision first: a restart finishes it (_restore_moves)
-            db.execute("UPDATE migrate_moves SET phase=?, updated=? WHERE job_id=?",
-                       ("frozen" if decision == "run-here" else "gone", time.time(), jid))
+            ledger.record_move(db, jid, moves.Event.RUN_HERE if decision == "run-here" else moves.Event.SETTLE_GONE,
+                               only=ledger.WINDOWLESS, counts=self.counts)
             if decision == "run-here" and key is not None:
                 # node drops the guard _move_to handed it (owed before anything else: sent after a restart too)
                 self._unbuddy(jid, node, db)
                 self.prestage.owe_release(node, key, db)
-        rec = lambda: self.agent.store.db.execute("SELECT 1 FROM migrate_moves WHERE job_id=?",  # noqa: E731
-                                                  (jid,)).fetchone() is None
+        rec = lambda: ledger.move_phase(self.agent.store.db, jid, ledger.WINDOWLESS) is moves.Phase.NEW  # noqa: E731
         if not await self._await_waiter(jid, decision, rec):
             if job is None or not job.active:
                 self._drop_move_record(jid)

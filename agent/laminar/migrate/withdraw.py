@@ -44,8 +44,9 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from laminar.airlock.cgroups import set_frozen_async
-from laminar.migrate import drain
+from laminar.migrate import drain, ledger
 from laminar.migrate.errors import MigrateError
+from laminar.policy import moves
 from laminar.policy.endcause import EndCause
 from laminar.runtime.holds import Hold, Holds
 
@@ -63,6 +64,7 @@ class WithdrawMixin:
         _cancelling: bool
         _drain_task: asyncio.Task[Any] | None
         agent: Any
+        counts: dict[str, int]
         evacuating: set[str]
         notices: dict[int, tuple[float, float]]
         reclaim: dict[str, Any] | None
@@ -72,8 +74,6 @@ class WithdrawMixin:
         async def _unhold_wait(self, job: Any, froze: bool, timeout: float) -> bool: ...
         def _emit(self, message: str, **fields: Any) -> None: ...
         def _move_phases(self) -> dict[str, tuple[str, int | None]]: ...
-        def _record_move(self, job_id: str, phase: str, reason: str = "", thaw: bool | None = None,
-                         node: int | None = None, pid: int | None = None, request: dict[str, Any] | None = None) -> None: ...
         async def _settle_cut_move(self, job: Any, node: int, pid: int, req: dict[str, Any], reason: str,
                                    thaw: bool) -> None: ...
         def _spawn(self, coro: Any) -> asyncio.Task[Any]: ...
@@ -86,13 +86,13 @@ class WithdrawMixin:
                                 marker: dict[str, Any] | None) -> None:
         """At start, after a cancel the agent's restart interrupted (``marker``: store meta
         :data:`drain.CANCEL_META`, written at the cancel's first step and removed at its last; or
-        no stored reclaim but records of what one did to jobs, ``migrate_reclaim_jobs``). Settled
+        no stored reclaim but records of what one did to jobs, ``migrate_moves`` cause ``reclaim``). Settled
         as the cancel would have: a job whose hand-over was sent is settled by asking its
         destination with the same hand-over (:meth:`_settle_cut_move`, recorded in
-        ``migrate_moves`` meanwhile): stopped here (``migrated``) if it runs the job there,
+        ``migrate_moves`` meanwhile, its cause ``reclaim_cancelled``): stopped here (``migrated``) if it runs the job there,
         thawed here if it has no job for it (the reclaim is withdrawn: no guard resumes it at the
         window's end); a record of an older agent without the hand-over (no
-        ``migrate_reclaim_handovers`` row) is stopped here as before. One a move froze is thawed, a
+        placement id and request in its record) is stopped here as before. One a move froze is thawed, a
         queued job whose placement elsewhere was unsettled is stopped here (it may run there: never
         twice); the records go, the queue hold taken at start (:data:`drain.SETTLING_HOLD`) is
         released and the peers are told the reclaim is withdrawn (again until its window's end):
@@ -103,13 +103,15 @@ class WithdrawMixin:
             job = jobs_mgr.get(jid) if jobs_mgr is not None else None
             if job is None:
                 continue
-            sent = self.agent.store.db.execute("SELECT node, pid, request FROM migrate_reclaim_handovers "
-                                               "WHERE job_id=?", (jid,)).fetchone()
+            sent = self.agent.store.db.execute("SELECT node, pid, request FROM migrate_moves WHERE job_id=? AND "
+                                               "cause='reclaim' AND pid IS NOT NULL AND request IS NOT NULL",
+                                               (jid,)).fetchone()
             if ph == "handover" and job.active and sent is not None:
                 why = f"reclaim of node {self.node_id}, cancelled"
                 req = json.loads(sent["request"])
-                self._record_move(jid, "handover", reason=why, thaw=True, node=int(sent["node"]),
-                                  pid=int(sent["pid"]), request=req)  # a restart meanwhile asks again (_restore_moves)
+                with self.agent.store.tx() as db:  # a restart meanwhile asks again (_restore_moves)
+                    ledger.record_move(db, jid, moves.Event.CANCEL, cause=moves.Cause.RECLAIM_CANCELLED, reason=why,
+                                       thaw=True, only=moves.WINDOWED, counts=self.counts)
                 self.evacuating.add(jid)  # Airlock leaves it frozen (AirlockManager.moving)
                 self._spawn(self._settle_cut_move(job, int(sent["node"]), int(sent["pid"]), req, why, True))
             elif ph == "handover" and job.active:
@@ -130,8 +132,7 @@ class WithdrawMixin:
                 except Exception as e:
                     log.warning("migrate: stopping %s, its placement unsettled at a cancel: %s", jid, e)
         with self.agent.store.tx() as db:  # these only: a reclaim announced meanwhile records its own
-            db.executemany("DELETE FROM migrate_reclaim_jobs WHERE job_id=?", [(jid,) for jid in phases])
-            db.executemany("DELETE FROM migrate_reclaim_handovers WHERE job_id=?", [(jid,) for jid in phases])
+            ledger.drop_moves(db, phases, only=moves.WINDOWED, counts=self.counts)
         if jobs_mgr is not None and getattr(jobs_mgr, "held", None) == drain.SETTLING_HOLD:
             jobs_mgr.hold_queue(None)
         if marker is not None and self.reclaim is None:  # (a reclaim announced meanwhile: its notice stands)
@@ -222,9 +223,9 @@ class WithdrawMixin:
             jid for jid, (ph, _) in sorted(self._move_phases().items()) if ph == "placing"
             and jobs_mgr is not None and getattr(jobs_mgr.get(jid), "state", None) == "queued"]
         if not superseded:  # a move left to finish keeps its record: a restart that cuts it settles it
-            done = [(jid,) for jid in self._move_phases() if jid not in self.evacuating]
+            done = [jid for jid in self._move_phases() if jid not in self.evacuating]
             with self.agent.store.tx() as db:
-                db.executemany("DELETE FROM migrate_reclaim_jobs WHERE job_id=?", done)
+                ledger.drop_moves(db, done, only=moves.WINDOWED, counts=self.counts)
         for jid in unsettled:
             assert jobs_mgr is not None
             with contextlib.suppress(Exception):

@@ -58,7 +58,7 @@ class EndCause(StrEnum):
     UNKNOWN = "unknown"
 
 
-# The one state each cause ends a job in (runtime.jobs.STATES).
+# The one state each cause ends a job in (runtime.record.STATES).
 STATE_OF: dict[EndCause, str] = {
     EndCause.EXITED_ZERO: "exited", EndCause.EXITED_NONZERO: "exited", EndCause.EXITED_CODE_UNKNOWN: "exited",
     EndCause.STOPPED_BY_USER: "stopped", EndCause.STOPPED_BY_OPERATOR: "stopped",
@@ -76,6 +76,12 @@ STATE_OF: dict[EndCause, str] = {
 # Not one that may have ended by itself while the agent was down, nor one Airlock killed.
 # (migrate: the ``needs`` answer's ``stopped_for_good``.)
 RESUMED_BY_ITS_GUARD = frozenset({EndCause.WINDOW_ENDED, EndCause.LOST_WITH_CGROUP})
+
+# A job stopped here for good by its node's reclaim, its checkpoint in no other node's keeping:
+# the copy to the archive a restart cut is taken up for it (migrate: ``_restore_late_copies``).
+# Not one handed over or held elsewhere (another node runs or resumes it: a published copy would
+# run it twice).
+LATE_COPY_TAKEN_UP = frozenset({EndCause.ARCHIVED, EndCause.WINDOW_ENDED})
 
 # The words older agents wrote (and this one still writes) in the reasons of some ends: read only
 # by :func:`derive`, for records that have no cause yet.

@@ -181,7 +181,7 @@ def peer_run_as(req: dict[str, Any], *, policy: Policy, origin: int, sender: int
     """Whether, and as whom, a job a peer asks this node to run (its request ``req``:
     ``owner_uid``, ``owner_gid``) runs here; the rules are the module's (1-5). ``origin``: the
     node the job belongs to; ``sender``: the node that hands it here. ``grants``: this node's
-    :class:`laminar.runtime.jobs.Grants` (None: not checked); ``job_class``, ``priority``,
+    :class:`laminar.runtime.grants.Grants` (None: not checked); ``job_class``, ``priority``,
     ``cpus``, ``memory_mb``: the job's spec; ``reserved``: (cpus, memory_mb) of the reservation
     it binds (None: a take-over, which this node's own admission decides). Raises Refused."""
     if "owner_uid" not in req:

@@ -1110,7 +1110,7 @@ class ZoneComponent:
             jobs = self._jobs
             grants = getattr(jobs, "grants", None) if jobs is not None else None
             if grants is None and jobs is not None and hasattr(jobs, "check_grant"):
-                from laminar.runtime.jobs import Grants
+                from laminar.runtime.grants import Grants
 
                 grants = Grants.from_config(None)
             run_as = authority.peer_run_as(
@@ -1161,7 +1161,7 @@ class ZoneComponent:
         if p.job_id:
             return wire.HandoverAck(pid, HANDOVER_OK, p.job_id)
         from laminar.runtime import provenance as pv
-        from laminar.runtime.jobs import JobError, JobSpec
+        from laminar.runtime.spec import JobError, JobSpec
 
         try:
             req = json.loads(body.spec_json)
@@ -1510,7 +1510,8 @@ class ZoneComponent:
                                     "\"gpu_model\": ..., \"packing\": false}")
             spec = dict(body["spec"])
             try:
-                from laminar.runtime.jobs import GrantError, JobError, JobSpec
+                from laminar.runtime.grants import GrantError
+                from laminar.runtime.spec import JobError, JobSpec
 
                 checked = JobSpec.from_dict({**spec, "gpus": 0})  # GPUs are chosen by the node that takes it
             except ImportError:

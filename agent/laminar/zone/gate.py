@@ -62,7 +62,7 @@ ROSTER_TOTAL = 64  # every roster address's together (a large zone's burst)
 STRANGER_TOTAL = 32  # check_source = false only: addresses the roster does not list, together
 # Authenticated connections: one per transfer or control message a member runs with this node
 # at once (a reclaim of the member moves its jobs in parallel); each holds a few KiB until it
-# takes an offer (laminar.migrate.transfer._RecordBuffer grows only then).
+# takes an offer (laminar.migrate.transfer.channel._RecordBuffer grows only then).
 MEMBER_AUTHENTICATED = 32
 AUTHENTICATED_TOTAL = 256
 ACCEPT_BATCH = 64  # connections accepted per wake-up of the event loop: the rest wait their turn
