@@ -76,7 +76,6 @@ def measure(size_mib: int, seconds: float) -> dict[str, Any]:
                "archive_gc_s": 3600.0, "retry_max_s": 1.0, "poll_s": 0.5}
         c.reclaim = None
         c._emit = lambda message, **fields: None  # type: ignore[method-assign]
-        c.buddy = {}
         c.ckpt = CkptDriver(c)
         c.ckpt.threaded = True  # as its loop runs it: the rounds wait for its check
         reads = [0]

@@ -127,8 +127,8 @@ def test_the_guard_of_a_running_job_stays_and_ends_when_the_job_exits(tmp_path: 
             async with node(tmp_path, 2, port, jm) as src:
                 assert src.ckpt is not None  # (the round reads the scan of the job's checkpoint directory)
                 await src.ckpt.scan.refresh_all(jm.active())
-                src._prestage_round()
-                assert await until(lambda: src.shipped.get(job.id) == "ckpt-7", timeout=30), src.shipped
+                src.prestage.tick(time.time())
+                assert await until(lambda: src.prestage.shipped.get(job.id) == "ckpt-7", timeout=30), src.prestage.shipped
                 assert await until(lambda: guard_of(buddy, key) == ("guarding", ["ckpt-7"]))
                 await ask(buddy)  # the job runs and node 1 is its buddy: the guard stays
                 assert job.state == "running"
@@ -137,7 +137,7 @@ def test_the_guard_of_a_running_job_stays_and_ends_when_the_job_exits(tmp_path: 
             stop.touch()
             assert await until(lambda: job.state == "exited", timeout=30), job.state
             async with node(tmp_path, 2, port, jm) as src:  # back, with no buddy map
-                src._prestage_round()
+                src.prestage.tick(time.time())
                 await asyncio.sleep(0.2)
                 assert guard_of(buddy, key) == ("guarding", ["ckpt-7"])  # the leak without the question
                 await ask(buddy)

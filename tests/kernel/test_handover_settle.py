@@ -32,6 +32,7 @@ from test_move_cut_handover import Mover, Placer, Rig, free_port, running_rig, s
 from laminar.api import ApiError
 from laminar.config import Config, validate
 from laminar.events import EventBus
+from laminar.migrate.buddies import Prestage
 from laminar.migrate.reclaim import ReclaimComponent
 from laminar.store import Store
 from laminar.zone.component import ZoneComponent
@@ -63,7 +64,7 @@ def record_releases(mig: Any) -> list[tuple[int, str]]:
     async def release(node: int, key: str) -> None:  # node 2 told to drop its guard of the job
         released.append((node, key))
 
-    mig._release = release
+    mig.prestage.release = release
     return released
 
 
@@ -340,7 +341,9 @@ class Releaser(Mover):
 
     _send = ReclaimComponent._send
     _guard = ReclaimComponent._guard
-    _release = ReclaimComponent._release
+
+    async def _release(self, node: int, key: str) -> None:  # the part's own (Mover's sends them here)
+        await Prestage.release(self.prestage, node, key)
 
 
 async def start_node2_migrate(rig: Rig, port: int) -> Any:
@@ -382,7 +385,7 @@ def test_a_release_a_run_here_settle_decided_reaches_node2_after_the_agents_rest
                 key = mig.job_key(job)
                 move = asyncio.ensure_future(mig.move_now(job, "lm-t loan return"))
                 assert await until(lambda: any(e.get("phase") == "unconfirmed" for e in rig.events), 20), rig.events
-                assert replica_state(node2, key) == "guarding" and mig.buddy.get(job.id) == 2
+                assert replica_state(node2, key) == "guarding" and mig.prestage.buddy.get(job.id) == 2
                 await stop_node2_migrate(node2)  # node 2's agent is down: its endpoint refuses
                 await rig.stop_destination()
                 res = await settle(mig, job.id, "run-here")
@@ -402,7 +405,7 @@ def test_a_release_a_run_here_settle_decided_reaches_node2_after_the_agents_rest
                     f"node 2 still guards {key}, a job that runs on node 1: it would resume a second copy"
                 assert await until(lambda: mig.status()["releases_pending"] == [], 5), mig.status()
                 assert jobs.store.db.execute("SELECT * FROM migrate_releases").fetchall() == []
-                assert job.state == "running" and mig.buddy.get(job.id) is None
+                assert job.state == "running" and mig.prestage.buddy.get(job.id) is None
             finally:
                 await stop_node2_migrate(node2)
 

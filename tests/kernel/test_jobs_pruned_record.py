@@ -59,8 +59,8 @@ def test_a_buddy_asking_about_a_pruned_job_is_told_the_guard_is_not_needed(tmp_p
         async with job_manager(tmp_path) as jobs:
             done = await jobs.submit(JobSpec(["true"], name="lm-t-pr3").validate())
             await jobs.wait(done.id, 30)
-            src = types.SimpleNamespace(node_id=1, agent=types.SimpleNamespace(jobs=jobs), buddy={},
-                                        evacuating=set(), _prestaging=set())
+            src = types.SimpleNamespace(node_id=1, agent=types.SimpleNamespace(jobs=jobs), evacuating=set(),
+                                        prestage=types.SimpleNamespace(buddy={}, prestaging=set()))
             src._asked_about = types.MethodType(ReclaimComponent._asked_about, src)
             src._runs_here = types.MethodType(ReclaimComponent._runs_here, src)  # (this node runs none again)
 

@@ -89,7 +89,12 @@ def zone_settings(tmp: Path) -> tuple[dict[str, Any], dict[str, Any]]:
 
 
 class Mover(ReclaimComponent):
-    """The real component; stand-ins for the ranking, the transfer and the guard (module docs)."""
+    """The real component; stand-ins for the ranking, the transfer and the guard (module docs):
+    its part ``prestage`` sends its guard releases to :meth:`_release`."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.prestage.release = self._release  # type: ignore[method-assign]
 
     def rank_for(self, job: Any, ckpt_bytes: float, window_s: float | None, prestaged: bool) -> list[Any]:
         return [SimpleNamespace(candidate=SimpleNamespace(node="2"), feasible=True, expected_loss_s=0.0, reasons=())]

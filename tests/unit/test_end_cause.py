@@ -173,8 +173,9 @@ class Jobs:
 
 def needs_source(job: Any, buddy: int = 1) -> Any:
     """Node 2, whose job-1's guard is held by ``buddy``: ``_answer_needs`` bound to what it reads."""
-    src = types.SimpleNamespace(node_id=2, agent=types.SimpleNamespace(jobs=Jobs(job)), buddy={"job-1": buddy},
-                                evacuating=set(), _prestaging=set(), reclaim=None)
+    prestage = types.SimpleNamespace(buddy={"job-1": buddy}, prestaging=set())  # the component's part (buddies.py)
+    src = types.SimpleNamespace(node_id=2, agent=types.SimpleNamespace(jobs=Jobs(job)), prestage=prestage,
+                                evacuating=set(), reclaim=None)
     src._runs_here = lambda key: None
     for name in ("_asked_about", "_answer_needs"):
         setattr(src, name, types.MethodType(getattr(ReclaimComponent, name), src))

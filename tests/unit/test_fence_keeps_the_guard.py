@@ -77,7 +77,7 @@ def save(job: Any, step: int) -> None:
 
 async def guarded_by_node_1(src: ReclaimComponent, n1: ReclaimComponent, job: Any) -> None:
     """Node 2 (``src``) prestages its job's checkpoint 5 to node 1, which guards it then."""
-    src._set_buddy("job-1", 1)
+    src.prestage.set_buddy("job-1", 1)
     save(job, 5)
     await prestage_round(src)
     assert await until(lambda: state(n1) == "guarding", timeout=20)
@@ -90,27 +90,27 @@ def test_a_fenced_job_is_not_prestaged_so_its_guard_does_not_change(tmp_path: Pa
     async def main() -> None:
         async with node(tmp_path, 1, [1, 2, 3], port) as n1, node(tmp_path, 3, [1, 2, 3], port) as n3, \
                 node(tmp_path, 2, [1, 2, 3], port, Jobs([job])) as src:
-            src._set_buddy("job-1", 1)
+            src.prestage.set_buddy("job-1", 1)
             save(job, 5)
             await prestage_round(src)
-            assert await until(lambda: src.shipped.get("job-1") == "ckpt-5", timeout=20)
+            assert await until(lambda: src.prestage.shipped.get("job-1") == "ckpt-5", timeout=20)
             assert state(n1) == "guarding"
             # cut off: the job is fenced. Its next checkpoint (written before the freeze took)
             # would go to node 3 (node 1 avoided, as after a failed prestage)
             src.fence.fenced_jobs["job-1"] = time.time()
-            src._avoid("job-1", 1, 60.0)
+            src.prestage.avoid("job-1", 1, 60.0)
             save(job, 10)
             await prestage_round(src)
             await asyncio.sleep(1.0)
-            assert not src._prestaging and src.shipped.get("job-1") == "ckpt-5"
-            assert src.buddy["job-1"] == 1 and state(n1) == "guarding"  # node 1 still guards it: it is asked
+            assert not src.prestage.prestaging and src.prestage.shipped.get("job-1") == "ckpt-5"
+            assert src.prestage.buddy["job-1"] == 1 and state(n1) == "guarding"  # node 1 still guards it: it is asked
             assert state(n3) is None and held(n3) == []
-            assert not any(k == K for _, k in src._releases)
+            assert not any(k == K for _, k in src.prestage.releases)
             # settled (thawed: nobody took it over): prestaged again, to node 3 now
             del src.fence.fenced_jobs["job-1"]
             await prestage_round(src)
-            assert await until(lambda: src.shipped.get("job-1") == "ckpt-10", timeout=20), src.shipped
-            assert src.buddy["job-1"] == 3 and state(n3) == "guarding"
+            assert await until(lambda: src.prestage.shipped.get("job-1") == "ckpt-10", timeout=20), src.prestage.shipped
+            assert src.prestage.buddy["job-1"] == 3 and state(n3) == "guarding"
 
     run(main())
 
@@ -132,10 +132,10 @@ def test_a_guard_a_prestage_sends_after_its_job_was_superseded_is_withdrawn(tmp_
             src._guard = guard  # type: ignore[method-assign]
             save(job, 5)
             await prestage_round(src)
-            assert await until(lambda: not src._prestaging, timeout=20)
+            assert await until(lambda: not src.prestage.prestaging, timeout=20)
             assert jobs.stopped == [("job-1", "migrated")]
             assert await until(lambda: state(n1) == "released", timeout=20), state(n1)
-            assert "job-1" not in src.buddy and not src._releases
+            assert "job-1" not in src.prestage.buddy and not src.prestage.releases
 
     run(main())
 
@@ -151,14 +151,14 @@ def test_a_guard_that_placed_the_job_elsewhere_answers_the_release_with_where(tm
                 db.execute("UPDATE migrate_replicas SET state='placed', job_id='node 3/job-4', updated=? WHERE key=?",
                            (time.time() - 10, K))
             # meanwhile node 2 handed the guard to another buddy and releases node 1
-            src._set_buddy("job-1", 4)
-            await src._release(1, K)
+            src.prestage.set_buddy("job-1", 4)
+            await src.prestage.release(1, K)
             assert await until(lambda: bool(jobs.stopped), timeout=10)
             assert jobs.stopped == [("job-1", "migrated")]
             ev = [str(e["message"]) for e in src.agent.store.db.execute("SELECT message, fields FROM events").fetchall()
                   if '"superseded"' in e["fields"]]
             assert ev and "node 3 took it over as job-4" in ev[0], ev
-            assert (1, K) not in src._releases
+            assert (1, K) not in src.prestage.releases
 
     run(main())
 
@@ -269,7 +269,7 @@ def test_a_checkpoint_the_job_rotated_away_mid_prestage_is_no_fault_of_the_peer(
 
     async def main() -> None:
         async with node(tmp_path, 2, [1, 2, 3], port, jobs) as src:
-            src._set_buddy("job-1", 1)
+            src.prestage.set_buddy("job-1", 1)
             failures = [FileNotFoundError(2, "No such file or directory", str(job.ckpt_dir / "ckpt-5" / "data")),
                         ConnectionRefusedError(111, "Connect call failed")]
 
@@ -279,11 +279,11 @@ def test_a_checkpoint_the_job_rotated_away_mid_prestage_is_no_fault_of_the_peer(
             src._send = send  # type: ignore[method-assign]
             save(job, 5)
             await prestage_round(src)
-            assert await until(lambda: not src._prestaging, timeout=10)
-            assert len(failures) == 1 and 1 not in src._avoided_buddies("job-1")
+            assert await until(lambda: not src.prestage.prestaging, timeout=10)
+            assert len(failures) == 1 and 1 not in src.prestage.avoided("job-1")
             save(job, 6)
             await prestage_round(src)
-            assert await until(lambda: not failures and not src._prestaging, timeout=10)
-            assert 1 in src._avoided_buddies("job-1") and src.buddy["job-1"] == 1
+            assert await until(lambda: not failures and not src.prestage.prestaging, timeout=10)
+            assert 1 in src.prestage.avoided("job-1") and src.prestage.buddy["job-1"] == 1
 
     run(main())

@@ -143,10 +143,10 @@ def test_the_jobs_the_zone_would_resume_are_fenced_kept_across_a_restart_and_set
         c._control = control  # type: ignore[method-assign]
         try:
             c.s.update(orphan_after_s=30.0, fence_after_s=10.0)
-            c.buddy.update({"job-1": 2, "job-4": 3})
+            c.prestage.buddy.update({"job-1": 2, "job-4": 3})
             c.archived_live["job-2"] = "ckpt-5"
             c.evacuating.add("job-4")  # a move settles it itself
-            c._releases[(3, "n1-job-5")] = (time.monotonic() + 3600.0, time.monotonic() + 7200.0)
+            c.prestage.releases[(3, "n1-job-5")] = (time.monotonic() + 3600.0, time.monotonic() + 7200.0)
             now = time.time()
             c._started = now - 100.0
             for st in agent.zone.membership.state.values():
@@ -155,7 +155,7 @@ def test_the_jobs_the_zone_would_resume_are_fenced_kept_across_a_restart_and_set
             assert sorted(c.fence.fenced_jobs) == ["job-1", "job-2", "job-5"]
             assert guarded.cgroup.calls == ["freeze"] and archived.cgroup.calls == ["freeze"]
             c.fence.drop("job-5")  # (not settled below with the other two: not what is tested there)
-            c._releases.clear()
+            c.prestage.releases.clear()
             assert alone.cgroup.calls == [] and moving.cgroup.calls == []  # nothing would resume them
             assert (guarded.state, alone.state) == ("suspended", "running")
             assert guarded.reason.startswith("fenced: node 1 heard no member of its zone for 10 s")
@@ -224,10 +224,10 @@ def settled(tmp: Path, answers: dict[int, dict[str, Any]]) -> tuple[list[int], l
             pass
 
         c._control = control  # type: ignore[method-assign]
-        c._release = release  # type: ignore[method-assign]
+        c.prestage.release = release  # type: ignore[method-assign]
         try:
             c.s.update(orphan_after_s=30.0, fence_after_s=10.0)
-            c.buddy["job-1"] = 2
+            c.prestage.buddy["job-1"] = 2
             c.fence.fenced_jobs["job-1"] = time.time() - 40.0
             c.fence.tick(time.time())  # heard from (FakeZone: everyone just now)
             for _ in range(50):
@@ -336,12 +336,12 @@ def test_an_old_buddy_still_owed_a_release_is_asked_too(tmp_path: Path) -> None:
             pass
 
         c._control = control  # type: ignore[method-assign]
-        c._release = release  # type: ignore[method-assign]
+        c.prestage.release = release  # type: ignore[method-assign]
         try:
             c.s.update(orphan_after_s=30.0, fence_after_s=10.0)
-            c.buddy["job-1"] = 3
+            c.prestage.buddy["job-1"] = 3
             # owed, not due again for an hour (the watch loop's release round leaves it alone)
-            c._releases[(2, "n1-job-1")] = (time.monotonic() + 3600.0, time.monotonic() + 7200.0)
+            c.prestage.releases[(2, "n1-job-1")] = (time.monotonic() + 3600.0, time.monotonic() + 7200.0)
             c.fence.fenced_jobs["job-1"] = time.time() - 40.0
             c.fence.tick(time.time())
             for _ in range(50):
@@ -376,7 +376,7 @@ def test_a_fenced_job_claimed_or_run_from_the_archive_stays_frozen(tmp_path: Pat
         c._control = control  # type: ignore[method-assign]
         try:
             c.s.update(orphan_after_s=30.0, fence_after_s=10.0, archive_dir=str(arch))
-            c.buddy["job-1"] = 3
+            c.prestage.buddy["job-1"] = 3
             (arch / ".done").mkdir(parents=True)
             (arch / ".done" / "n1-job-1").write_text(json.dumps({"runner": "4"}))  # unsigned: says nothing
             assert c.fence.archive_claimer("n1-job-1") is None
@@ -506,8 +506,8 @@ def test_a_fenced_copy_whose_claim_another_node_took_is_stopped(tmp_path: Path) 
         async def release(node: int, key: str) -> None:
             released.append((node, key))
 
-        c._release = release  # type: ignore[method-assign]
-        c.buddy["job-4"] = 3  # node 3 guards this copy too (its own key, n1-job-4)
+        c.prestage.release = release  # type: ignore[method-assign]
+        c.prestage.buddy["job-4"] = 3  # node 3 guards this copy too (its own key, n1-job-4)
         try:
             c.s.update(orphan_after_s=30.0, fence_after_s=10.0, archive_dir=str(arch))
             claimed_by(arch, tmp_path, "n2-job-7", 3, (3, "job-9"), zone_keys(KEY.hex()))
@@ -522,7 +522,7 @@ def test_a_fenced_copy_whose_claim_another_node_took_is_stopped(tmp_path: Path) 
             # node 3 runs the lineage (n2-job-7) but also guards this copy's own key: released, else
             # it would resume the ended copy when it next takes this node for gone (seed 29)
             await asyncio.sleep(0.1)
-            assert released == [(3, "n1-job-4")] and "job-4" not in c.buddy
+            assert released == [(3, "n1-job-4")] and "job-4" not in c.prestage.buddy
         finally:
             await c.stop()
             agent.store.close()
@@ -547,7 +547,7 @@ def test_a_fenced_copy_the_claimer_placed_here_is_its_claims_own(tmp_path: Path)
             return {"key": body["key"], "runs": None, "state": "guarding"}
 
         c._control = control  # type: ignore[method-assign]
-        c.buddy["job-4"] = 2
+        c.prestage.buddy["job-4"] = 2
         try:
             c.s.update(orphan_after_s=30.0, fence_after_s=10.0, archive_dir=str(arch))
             claimed_by(arch, tmp_path, "n2-job-7", 3, (1, "job-4"), zone_keys(KEY.hex()))

@@ -4,7 +4,7 @@ it (control op ``needs``), and never otherwise (ReclaimComponent's replica GC, t
 Real pieces: three migrate components (node 1: the old buddy, node 2: the source, node 3: a new
 buddy), each with its own SQLite store and its transfer endpoint listening on its own loopback
 address (127.0.0.<node>, one port for all, as in a zone); the source's checkpoints are real
-jobkit checkpoints it prestages itself (``_prestage_round``: snapshot, transfer, ``guard``), and
+jobkit checkpoints it prestages itself (``Prestage.tick``: snapshot, transfer, ``guard``), and
 the question and answer are real authenticated control messages. Stand-ins, named as such: the
 zone (``Zone``: membership, addresses and keys, no sockets) and the source's job manager
 (``Jobs``: one job whose state the test sets, as the job's exit would).
@@ -132,7 +132,7 @@ async def prestage_round(src: ReclaimComponent) -> None:
     itself never reads a job's directory."""
     assert src.ckpt is not None
     await src.ckpt.scan.refresh_all(src.agent.jobs.active())
-    src._prestage_round()
+    src.prestage.tick(time.time())
 
 
 async def prestage(src: ReclaimComponent, job: Any, step: int) -> None:
@@ -140,7 +140,7 @@ async def prestage(src: ReclaimComponent, job: Any, step: int) -> None:
     Checkpointer(job_id=job.id, ckpt_dir=job.ckpt_dir, install_signal=False, keep=10).save(
         f"weights-{step}".encode(), step=step)
     await prestage_round(src)
-    assert await until(lambda: src.shipped.get(job.id) == f"ckpt-{step}", timeout=20), src.shipped
+    assert await until(lambda: src.prestage.shipped.get(job.id) == f"ckpt-{step}", timeout=20), src.prestage.shipped
 
 
 def check_now(comp: ReclaimComponent) -> None:
@@ -167,7 +167,7 @@ def test_a_lost_release_of_an_ended_job_ends_the_guard_and_its_replicas_go(tmp_p
         async with node(tmp_path, 1, [1, 2], port) as buddy:
             async with node(tmp_path, 2, [1, 2], port, Jobs([job])) as src:
                 await prestage(src, job, 5)
-                assert src.buddy == {"job-1": 1}
+                assert src.prestage.buddy == {"job-1": 1}
                 assert await until(lambda: state(buddy) == "guarding" and held(buddy) == ["ckpt-5"])
             # the source agent restarts (its buddy map is gone); the job exits while it is down
             job.state = "exited"
@@ -202,7 +202,7 @@ def test_a_guard_still_needed_is_not_dropped(tmp_path: Path) -> None:
             # restarted with prestage off (it ships no more checkpoints): its buddy is unknown to it
             async with node(tmp_path, 2, [1, 2], port, Jobs([job]), prestage="off") as src:
                 await asyncio.sleep(0.1)
-                assert src.buddy == {}
+                assert src.prestage.buddy == {}
                 check_now(buddy)
                 assert await until(lambda: answered(buddy), timeout=5)
                 await asyncio.sleep(0.1)
@@ -244,12 +244,12 @@ def test_a_source_that_moved_its_guard_to_another_buddy_ends_the_old_one(tmp_pat
             async with node(tmp_path, 2, [1, 2, 3], port, Jobs([job])) as src:
                 src.agent.zone.membership.state[3].last_summary = SimpleNamespace(draining=True)  # node 1 first
                 await prestage(src, job, 5)
-                assert src.buddy == {"job-1": 1}
+                assert src.prestage.buddy == {"job-1": 1}
             async with node(tmp_path, 2, [1, 2, 3], port, Jobs([job])) as src:
                 # restarted; node 1 now drains: the next checkpoint goes to node 3 (no release to node 1)
                 src.agent.zone.membership.state[1].last_summary = SimpleNamespace(draining=True)
                 await prestage(src, job, 10)
-                assert src.buddy == {"job-1": 3}
+                assert src.prestage.buddy == {"job-1": 3}
                 assert await until(lambda: state(new) == "guarding" and held(new) == ["ckpt-10"])
                 assert state(old) == "guarding" and held(old) == ["ckpt-5"]
                 await asyncio.sleep(0.05)
@@ -276,7 +276,7 @@ def test_a_guard_that_came_while_the_question_was_on_its_way_wins(tmp_path: Path
                     "SELECT updated FROM migrate_replicas WHERE key=?", (K,)).fetchone()["updated"])
                 await prestage(src, job, 10)  # a newer guard arrives after the question was sent
                 assert await until(lambda: held(buddy) == ["ckpt-10"])
-                src.buddy.clear()
+                src.prestage.buddy.clear()
                 job.state = "exited"  # the source now answers "not needed"
                 assert await buddy._check_guard(K, 2, asked) is False
                 assert state(buddy) == "guarding" and held(buddy) == ["ckpt-10"]

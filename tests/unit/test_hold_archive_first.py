@@ -154,7 +154,7 @@ def test_the_holder_guards_before_the_stop_and_takes_over_once_the_archive_holds
     assert seen == ["sent ckpt-7 to 2", "guard to 2 take_over=False archived=False", "stopped job-1",
                     "guard to 2 take_over=True archived=True"]
     assert (tmp_path / "arch" / "n1-job-1" / "guard.json").exists()
-    assert c.buddy["job-1"] == 2
+    assert c.prestage.buddy["job-1"] == 2
 
 
 def test_an_archive_that_refuses_the_copy_still_leaves_the_holder_the_guard(tmp_path: Path) -> None:
@@ -165,7 +165,7 @@ def test_an_archive_that_refuses_the_copy_still_leaves_the_holder_the_guard(tmp_
     assert mv.phase == "held" and mv.dest == 2
     assert seen == ["sent ckpt-7 to 2", "guard to 2 take_over=False archived=False", "stopped job-1",
                     "guard to 2 take_over=True archived=False"]
-    assert c.buddy["job-1"] == 2
+    assert c.prestage.buddy["job-1"] == 2
 
 
 def test_a_holder_that_does_not_take_the_guard_is_passed_over_and_the_job_is_not_stopped_for_it(
@@ -179,10 +179,10 @@ def test_a_holder_that_does_not_take_the_guard_is_passed_over_and_the_job_is_not
 
     c._guard = silent_guard  # type: ignore[method-assign]
     c.s["archive_dir"] = ""  # no archive: the move fails, and the job runs on here
-    c.buddy["job-1"] = 3  # an older buddy: kept, not released
+    c.prestage.buddy["job-1"] = 3  # an older buddy: kept, not released
     mv = hold(c, ckpt, seen=seen)
     assert seen == ["sent ckpt-7 to 2", "guard to 2 take_over=False: no answer", "raised MigrateError"]
-    assert mv.phase != "held" and c.buddy["job-1"] == 3
+    assert mv.phase != "held" and c.prestage.buddy["job-1"] == 3
 
 
 def test_no_holder_no_buddy_and_a_hung_archive_the_job_stops_and_its_copy_is_published_late(tmp_path: Path) -> None:
@@ -214,7 +214,7 @@ def test_no_holder_no_buddy_and_a_hung_archive_that_then_refuses_the_copy_the_mo
 def test_no_holder_and_a_hung_archive_a_job_with_a_buddy_thaws_and_nothing_is_published(tmp_path: Path) -> None:
     ckpt = Checkpointer(job_id="job-1", ckpt_dir=tmp_path / "ck", install_signal=False, keep=2).save(b"w", step=7)
     c, seen = holding_node(tmp_path, tmp_path / "arch", holders=False)
-    c.buddy["job-1"] = 3
+    c.prestage.buddy["job-1"] = 3
     hold(c, ckpt, window_s=1.5, storage=threading.Event(), seen=seen)
     assert seen == ["raised MigrateError"]  # the move fails: the job thaws, its buddy guards it
     assert not list((tmp_path / "arch").glob("*/*.json"))  # the given-up copy published nothing

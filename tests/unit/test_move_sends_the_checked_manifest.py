@@ -13,7 +13,7 @@ checkpoint; a byte that rots on the source after the check is never committed (t
 re-hashes each chunk it reads against the manifest); a checkpoint saved again in between is
 sent as it is now, not as the manifest described it. A prestage reads its checkpoint once too,
 off the event loop. Real jobkit checkpoints, a real Receiver over loopback, the agent's own
-``_wait_checkpoint``, ``_prestage`` and ``_send``.
+``_wait_checkpoint``, ``Prestage.ship`` and ``_send``.
 """
 
 from __future__ import annotations
@@ -153,16 +153,16 @@ def test_a_prestage_reads_the_checkpoint_once_off_the_event_loop(tmp_path: Path,
         c.agent.zone.membership = SimpleNamespace(suspects=set())
         c.agent.zone.networked = True
         job = job_at(ck.parent)
-        c.buddy[job.id] = 7  # its buddy already: no ranking
+        c.prestage.buddy[job.id] = 7  # its buddy already: no ranking
 
         async def guard(job: Any, node: int, ckpt_name: str, take_over: bool = False) -> None:
             guarded.append((node, ckpt_name))
 
         c._guard = guard  # type: ignore[method-assign]
         c._emit = lambda message, **fields: None  # type: ignore[method-assign]
-        c._set_buddy = lambda job_id, node: None  # type: ignore[method-assign]
-        await c._prestage(job)
-        assert c.shipped.get(job.id) == ck.name
+        c.prestage.set_buddy = lambda job_id, node: None  # type: ignore[method-assign]
+        await c.prestage.ship(job)
+        assert c.prestage.shipped.get(job.id) == ck.name
 
     asyncio.run(with_receiver(tmp_path / "rcv", body))
     assert guarded == [(7, ck.name)] and len(committed) == 1

@@ -8,7 +8,7 @@ answer too, reading nothing (the copy is checked as it is made, the send against
 What a user relies on and these tests hold: the buddy commits exactly the job's checkpoint; a
 checkpoint that rots in place after the driver's check is not sent as it was checked (its
 manifest is built again, and the rotten file refused). Real jobkit checkpoints, a real Receiver
-over loopback, the agent's own CkptDriver, ``_prestage`` and ``_archive_look``; stand-ins, named as
+over loopback, the agent's own CkptDriver, ``Prestage.ship`` and ``_archive_look``; stand-ins, named as
 such: the agent (a namespace with a zone and the job list) and the guard message (recorded).
 """
 
@@ -40,7 +40,7 @@ def prestaging(tmp: Path, port: int, job: Any) -> tuple[ReclaimComponent, list[t
     c.agent.zone.networked = True
     c.agent.jobs = SimpleNamespace(active=lambda: [job], get=lambda jid: job if jid == job.id else None)
     c.ckpt = CkptDriver(c)
-    c.buddy[job.id] = 7  # its buddy already: no ranking
+    c.prestage.buddy[job.id] = 7  # its buddy already: no ranking
     guarded: list[tuple[int, str]] = []
 
     async def guard(job: Any, node: int, ckpt_name: str, take_over: bool = False) -> None:
@@ -48,7 +48,7 @@ def prestaging(tmp: Path, port: int, job: Any) -> tuple[ReclaimComponent, list[t
 
     c._guard = guard  # type: ignore[method-assign]
     c._emit = lambda message, **fields: None  # type: ignore[method-assign]
-    c._set_buddy = lambda job_id, node: None  # type: ignore[method-assign]
+    c.prestage.set_buddy = lambda job_id, node: None  # type: ignore[method-assign]
     return c, guarded
 
 
@@ -69,8 +69,8 @@ def test_the_driver_check_and_the_prestage_read_a_checkpoint_once(tmp_path: Path
         c, guarded = prestaging(tmp_path, port, job)
         await c.ckpt.verify_new()  # the driver's round finds the new checkpoint first
         assert sorted(w for w, _ in read_where) == [f"chunks {ck.name}", f"verify {ck.name}"], read_where
-        await c._prestage(job)
-        assert c.shipped.get(job.id) == ck.name
+        await c.prestage.ship(job)
+        assert c.prestage.shipped.get(job.id) == ck.name
         assert len(read_where) == 2, f"the prestage read the checkpoint again: {read_where}"
         # the archive's periodic copy takes the driver's answer: nothing read
         look = c._archive_look(tmp_path / "arch", [], [(job.id, str(ck.parent), None, c._driver_checked(job))],
@@ -81,10 +81,10 @@ def test_the_driver_check_and_the_prestage_read_a_checkpoint_once(tmp_path: Path
         read_where.clear()
         ck2 = jobkit.Checkpointer(job_id="j1", ckpt_dir=ck.parent, install_signal=False).save(
             b"x" * (300 * KB), step=50)
-        await asyncio.gather(c._prestage(job), c.ckpt.verify_new())
+        await asyncio.gather(c.prestage.ship(job), c.ckpt.verify_new())
         assert sorted(w for w, _ in read_where) == [f"chunks {ck2.name}", f"verify {ck2.name}"], read_where
         assert not any(main for _, main in read_where), f"read whole on the event loop: {read_where}"
-        assert c.shipped.get(job.id) == ck2.name
+        assert c.prestage.shipped.get(job.id) == ck2.name
         return ck2, guarded
 
     ck2, guarded = asyncio.run(with_receiver(tmp_path / "rcv", body))
@@ -105,7 +105,7 @@ def test_a_checkpoint_that_rots_after_the_driver_check_is_not_sent_as_checked(tm
         assert c.ckpt.checked(job) is not None and c.ckpt.checked(job)[0] == ck  # type: ignore[index]
         big = max(ck.iterdir(), key=lambda f: f.stat().st_size)
         rot(big, 1000)  # in place, its mtime put back: the listing and the file's identity unchanged
-        await c._prestage(job)
+        await c.prestage.ship(job)
         return guarded
 
     guarded = asyncio.run(with_receiver(tmp_path / "rcv", body))
@@ -130,7 +130,7 @@ def test_the_archive_rounds_read_a_running_jobs_checkpoint_only_to_copy_it(
     c.ckpt = CkptDriver(c)
     c.ckpt.threaded = True  # (its loop's flag: the rounds wait for its check)
     c._emit = lambda message, **fields: None  # type: ignore[method-assign]
-    c.buddy = {}
+    c.prestage.buddy = {}
 
     async def main() -> None:
         try:

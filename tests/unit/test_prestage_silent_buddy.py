@@ -82,8 +82,8 @@ def test_a_silent_buddy_costs_one_timeout_and_the_checkpoint_goes_to_another_pee
     async def main() -> None:
         async with Silent().listening(port) as silent, node(tmp_path, 3, [1, 2, 3], port) as c:
             async with node(tmp_path, 2, [1, 2, 3], port, Jobs([job, job2])) as src:
-                src._set_buddy("job-1", 1)  # node 1 guarded both jobs' older checkpoints, then went silent
-                src._set_buddy("job-2", 1)
+                src.prestage.set_buddy("job-1", 1)  # node 1 guarded both jobs' older checkpoints, then went silent
+                src.prestage.set_buddy("job-2", 1)
                 sends: list[tuple[str, int]] = []
                 real_send = src._send
 
@@ -94,25 +94,25 @@ def test_a_silent_buddy_costs_one_timeout_and_the_checkpoint_goes_to_another_pee
                 src._send = send  # type: ignore[method-assign]
                 save(job, 10)
                 await prestage_round(src)
-                assert await until(lambda: not src._prestaging, timeout=30)
+                assert await until(lambda: not src.prestage.prestaging, timeout=30)
                 # one attempt at the silent buddy, not the transfer's retry ladder (6 of them)
                 assert silent.connections == 1, silent.connections
-                assert src.buddy["job-1"] == 1  # a failed prestage keeps the buddy (it guards the older one)
+                assert src.prestage.buddy["job-1"] == 1  # a failed prestage keeps the buddy (it guards the older one)
                 await prestage_round(src)  # the next round: another live peer
-                assert await until(lambda: src.shipped.get("job-1") == "ckpt-10", timeout=20), src.shipped
-                assert src.buddy["job-1"] == 3 and held(c) == ["ckpt-10"] and state(c) == "guarding"
+                assert await until(lambda: src.prestage.shipped.get("job-1") == "ckpt-10", timeout=20), src.prestage.shipped
+                assert src.prestage.buddy["job-1"] == 3 and held(c) == ["ckpt-10"] and state(c) == "guarding"
                 # done without waiting on the release of node 1's guard (its outcome not known yet):
                 # the job's next prestage is not held up by the silent old buddy either
-                assert (1, "n2-job-1") in src._releasing  # (owed from the first try on: _releases)
-                assert (1, "n2-job-1") in src._releases
+                assert (1, "n2-job-1") in src.prestage._releasing  # (owed from the first try on: _releases)
+                assert (1, "n2-job-1") in src.prestage.releases
                 # its first try failed: still owed, sent again later
-                assert await until(lambda: (1, "n2-job-1") not in src._releasing, timeout=20)
-                assert (1, "n2-job-1") in src._releases
+                assert await until(lambda: (1, "n2-job-1") not in src.prestage._releasing, timeout=20)
+                assert (1, "n2-job-1") in src.prestage.releases
                 # the other job whose buddy node 1 was does not try it again: it is suspect now
                 save(job2, 7)
                 await prestage_round(src)
-                assert await until(lambda: src.shipped.get("job-2") == "ckpt-7", timeout=20), src.shipped
-                assert src.buddy["job-2"] == 3 and held(c, "n2-job-2") == ["ckpt-7"]
+                assert await until(lambda: src.prestage.shipped.get("job-2") == "ckpt-7", timeout=20), src.prestage.shipped
+                assert src.prestage.buddy["job-2"] == 3 and held(c, "n2-job-2") == ["ckpt-7"]
                 assert sends == [("job-1", 1), ("job-1", 3), ("job-2", 3)], sends
 
     run(main())
@@ -134,14 +134,14 @@ def test_a_buddy_whose_syns_go_unanswered_costs_one_connect_timeout(tmp_path: Pa
             full.listen(0)
             with socket.create_connection(("127.0.0.1", port)):  # fills the accept queue
                 async with node(tmp_path, 3, [1, 2, 3], port) as c, node(tmp_path, 2, [1, 2, 3], port, Jobs([job])) as src:
-                    src._set_buddy("job-1", 1)
+                    src.prestage.set_buddy("job-1", 1)
                     save(job, 10)
                     await prestage_round(src)
-                    assert await until(lambda: not src._prestaging, timeout=30)
-                    assert src._silent_peers() == {1} and src.shipped.get("job-1") is None
+                    assert await until(lambda: not src.prestage.prestaging, timeout=30)
+                    assert src.prestage.silent_peers() == {1} and src.prestage.shipped.get("job-1") is None
                     await prestage_round(src)
-                    assert await until(lambda: src.shipped.get("job-1") == "ckpt-10", timeout=20), src.shipped
-                    assert src.buddy["job-1"] == 3 and held(c) == ["ckpt-10"]
+                    assert await until(lambda: src.prestage.shipped.get("job-1") == "ckpt-10", timeout=20), src.prestage.shipped
+                    assert src.prestage.buddy["job-1"] == 3 and held(c) == ["ckpt-10"]
 
     run(main())
 
@@ -153,7 +153,7 @@ def test_a_move_does_not_wait_on_the_release_of_a_silent_old_buddy(tmp_path: Pat
         async with Silent().listening(port), node(tmp_path, 3, [1, 2, 3], port) as c:
             async with node(tmp_path, 2, [1, 2, 3], port, Jobs([job])) as src:
                 src.s["prestage"] = "off"  # this test is the move's alone
-                src._set_buddy("job-1", 1)  # node 1 guarded the job's older checkpoint, then went silent
+                src.prestage.set_buddy("job-1", 1)  # node 1 guarded the job's older checkpoint, then went silent
                 save(job, 10)
                 ckpt = latest_checkpoint(job.ckpt_dir)
                 assert ckpt is not None
@@ -163,18 +163,18 @@ def test_a_move_does_not_wait_on_the_release_of_a_silent_old_buddy(tmp_path: Pat
                     return 77
 
                 async def handover(n: int, pid: int, req: dict[str, Any], **kw: Any) -> str:  # stand-in: node 3 runs it
-                    release_pending.append((1, K) not in src._releases)  # its outcome not known yet
+                    release_pending.append((1, K) not in src.prestage.releases)  # its outcome not known yet
                     return "job-9"
 
                 src._reserve = reserve  # type: ignore[method-assign]
                 src._handover = handover  # type: ignore[method-assign]
                 mv = Move(job.id, K, "test", deadline=None)
                 await src._move_to(job, mv, ckpt, 3, None)
-                assert mv.dest_job == "job-9" and src.buddy["job-1"] == 3 and state(c) == "guarding"
+                assert mv.dest_job == "job-9" and src.prestage.buddy["job-1"] == 3 and state(c) == "guarding"
                 # the hand-over went before the release to the silent node 1 had failed (not waited for)
                 assert release_pending == [True], release_pending
                 # and the release is still sent: it fails, and is queued to be sent again
-                assert await until(lambda: (1, K) in src._releases, timeout=20), src._releases
+                assert await until(lambda: (1, K) in src.prestage.releases, timeout=20), src.prestage.releases
 
     run(main())
 
@@ -192,7 +192,7 @@ def test_a_prestage_a_move_overtook_neither_takes_the_guard_back_nor_slows_the_m
     async def main() -> None:
         async with node(tmp_path, 1, [1, 2, 3], port) as b, node(tmp_path, 3, [1, 2, 3], port) as c:
             async with node(tmp_path, 2, [1, 2, 3], port, Jobs([job])) as src:
-                src._set_buddy("job-1", 1)
+                src.prestage.set_buddy("job-1", 1)
                 save(job, 10)
                 ckpt = latest_checkpoint(job.ckpt_dir)
                 assert ckpt is not None
@@ -229,10 +229,10 @@ def test_a_prestage_a_move_overtook_neither_takes_the_guard_back_nor_slows_the_m
                 slow.set()  # the link to node 1 frees up while the move runs
                 mv = await move
                 assert mv.phase == "done" and mv.dest == 3, (mv.phase, mv.error)
-                assert await until(lambda: not src._prestaging, timeout=20)
-                assert src.buddy["job-1"] == 3 and state(c) == "guarding"
+                assert await until(lambda: not src.prestage.prestaging, timeout=20)
+                assert src.prestage.buddy["job-1"] == 3 and state(c) == "guarding"
                 await asyncio.sleep(0.3)  # a release or guard the prestage might still send
-                assert src.buddy["job-1"] == 3 and state(c) == "guarding", (src.buddy, state(c))
+                assert src.prestage.buddy["job-1"] == 3 and state(c) == "guarding", (src.prestage.buddy, state(c))
                 assert state(b) in (None, "released"), state(b)  # node 1 guards nothing of the job
                 assert prestage_sends == ["started", "cancelled"]  # the move cancelled the prestage's send
 
@@ -311,7 +311,7 @@ def test_a_destination_a_move_found_silent_is_not_tried_again_by_the_next_move(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Two jobs of one reclaim moved one after the other, node 1 ranked first for both, and node 1
     silent (its agent hangs: :class:`Silent`). The first move pays its two timeouts there and goes
-    to node 3; node 1 is then marked silent (as a prestage marks a buddy: ``_silent_peers``), so
+    to node 3; node 1 is then marked silent (as a prestage marks a buddy: ``Prestage.silent_peers``), so
     the second move goes straight to node 3 (before: it connected to node 1 twice more, its job
     frozen meanwhile). Stand-ins: the ranking (node 1, then node 3), the reservation and the
     hand-over; the transfers are real."""

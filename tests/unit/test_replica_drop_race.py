@@ -31,7 +31,7 @@ def test_a_drop_during_a_prestage_to_the_same_buddy_moves_the_guard_elsewhere(tm
             async with node(tmp_path, 2, [1, 2, 3], port, Jobs([job])) as src:
                 src.agent.zone.membership.state[3].last_summary = type("S", (), {"draining": True})()  # node 1 first
                 await prestage(src, job, 5)
-                assert src.buddy == {"job-1": 1} and state(b) == "guarding"
+                assert src.prestage.buddy == {"job-1": 1} and state(b) == "guarding"
                 src.agent.zone.membership.state[3].last_summary = None
 
                 real_guard = src._guard
@@ -46,15 +46,15 @@ def test_a_drop_during_a_prestage_to_the_same_buddy_moves_the_guard_elsewhere(tm
                 Checkpointer(job_id=job.id, ckpt_dir=job.ckpt_dir, install_signal=False, keep=10).save(
                     b"weights-10", step=10)
                 await prestage_round(src)
-                assert await until(lambda: bool(dropped) and not src._prestaging, timeout=20)
+                assert await until(lambda: bool(dropped) and not src.prestage.prestaging, timeout=20)
                 assert dropped[0]["source_told"] is True and dropped[0]["dropped"] == ["ckpt-10", "ckpt-5"], dropped
                 # the guard node 1 got after its drop is withdrawn: it holds nothing and guards nothing
                 assert await until(lambda: state(b) in (None, "released") and held(b) == []), (state(b), held(b))
-                assert src.buddy.get("job-1") != 1
+                assert src.prestage.buddy.get("job-1") != 1
                 # the next round prestages to the other peer
                 await prestage_round(src)
-                assert await until(lambda: src.buddy.get("job-1") == 3 and src.shipped.get("job-1") == "ckpt-10",
-                                   timeout=20), (src.buddy, src.shipped)
+                assert await until(lambda: src.prestage.buddy.get("job-1") == 3 and src.prestage.shipped.get("job-1") == "ckpt-10",
+                                   timeout=20), (src.prestage.buddy, src.prestage.shipped)
                 assert state(c) == "guarding" and held(c) == ["ckpt-10"]
 
     run(main())

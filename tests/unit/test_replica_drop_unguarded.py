@@ -47,16 +47,16 @@ def test_a_guard_naming_a_checkpoint_dropped_before_it_came_is_refused(tmp_path:
                 Checkpointer(job_id=job.id, ckpt_dir=job.ckpt_dir, install_signal=False, keep=10).save(
                     b"weights-5", step=5)
                 await prestage_round(src)
-                assert await until(lambda: bool(dropped) and not src._prestaging, timeout=20)
+                assert await until(lambda: bool(dropped) and not src.prestage.prestaging, timeout=20)
                 assert isinstance(dropped[0], dict) and dropped[0]["dropped"] == ["ckpt-5"], dropped
                 # node 1 guards nothing it cannot resume, and the source does not count on it
                 assert state(b) is None and held(b) == [], (state(b), held(b))
-                assert src.buddy.get("job-1") != 1 and src.shipped.get("job-1") is None, (src.buddy, src.shipped)
+                assert src.prestage.buddy.get("job-1") != 1 and src.prestage.shipped.get("job-1") is None, (src.prestage.buddy, src.prestage.shipped)
                 # the next prestage goes to the other peer
                 src.agent.zone.membership.state[3].last_summary = None
                 await prestage_round(src)
-                assert await until(lambda: src.buddy.get("job-1") == 3 and src.shipped.get("job-1") == "ckpt-5",
-                                   timeout=20), (src.buddy, src.shipped)
+                assert await until(lambda: src.prestage.buddy.get("job-1") == 3 and src.prestage.shipped.get("job-1") == "ckpt-5",
+                                   timeout=20), (src.prestage.buddy, src.prestage.shipped)
                 assert state(c) == "guarding" and held(c) == ["ckpt-5"]
 
     run(main())

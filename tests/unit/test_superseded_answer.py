@@ -17,6 +17,7 @@ from typing import Any
 import pytest
 from standin_origin import OriginQueries
 
+from laminar.migrate.buddies import Prestage
 from laminar.migrate.reclaim import ReclaimComponent
 from laminar.policy.endcause import EndCause
 
@@ -58,29 +59,32 @@ class Lane:  # stand-in for the archive's lane: runs the call at once
 
 
 def source(jobs: Jobs) -> Any:
-    """Node 2 with its buddies map; the methods under test bound to it."""
+    """Node 2 with its buddies map (its real part ``prestage``, whose buddy forgets and releases
+    are recorded); the methods under test bound to it."""
     events: list[dict[str, Any]] = []
-    releases: list[tuple[int, str]] = []
+    released: list[tuple[int, str]] = []
     tasks: list[asyncio.Task[Any]] = []
     src = types.SimpleNamespace(node_id=2, agent=types.SimpleNamespace(jobs=jobs), evacuating=set(),
-                                _superseding=set(), buddy={"job-1": 3}, events=events, releases=releases,
-                                _releases={(1, "n2-job-1"): (0.0, 0.0)},  # node 1: its old buddy, owed a release
-                                _lane=Lane(), archive=None, runner=None, _moves_begun={}, _prestage_sends={})
+                                _superseding=set(), events=events, released=released,
+                                _lane=Lane(), archive=None, runner=None)
+    src.prestage = Prestage(src)
+    src.prestage.buddy = {"job-1": 3}
+    src.prestage.releases[(1, "n2-job-1")] = (0.0, 0.0)  # node 1: its old buddy, owed a release
     src._archive_root = lambda: src.archive
     src._archive_runner = lambda key: src.runner
     src._emit = lambda message, **kw: events.append({"message": message, **kw})
     src._spawn = lambda coro: tasks.append(asyncio.ensure_future(coro)) or tasks[-1]
 
     def forget(jid: str) -> int | None:
-        return src.buddy.pop(jid, None)
+        return src.prestage.buddy.pop(jid, None)
 
     async def release(node: int, key: str) -> None:
-        releases.append((node, key))
+        released.append((node, key))
 
-    src._forget_buddy = forget
-    src._release = release
+    src.prestage.forget_buddy = forget
+    src.prestage.release = release
     src.tasks = tasks
-    for name in ("_asked_about", "_answer_superseded", "_stop_superseded", "_supersede_prestage"):
+    for name in ("_asked_about", "_answer_superseded", "_stop_superseded"):
         setattr(src, name, types.MethodType(getattr(ReclaimComponent, name), src))
     return src
 
@@ -104,7 +108,7 @@ def test_a_copy_that_ran_on_through_the_take_over_is_stopped_and_its_other_guard
         assert [(j, st) for j, st, _ in jobs.stopped] == [("job-1", "migrated")]
         assert jobs.causes == {"job-1": EndCause.SUPERSEDED}  # another node's copy runs it
         assert "node 1 runs it as job-9" in jobs.stopped[0][2]
-        assert src.releases == [(3, "n2-job-1")] and src.buddy == {}  # node 3 guarded it meanwhile
+        assert src.released == [(3, "n2-job-1")] and src.prestage.buddy == {}  # node 3 guarded it meanwhile
         assert [e["phase"] for e in src.events] == ["superseded"]
         assert src._answer_superseded("1", body(now - 30))["stopped"] is None  # it no longer runs
 
@@ -188,11 +192,10 @@ def test_a_release_answered_with_superseded_stops_the_copy_as_the_op_would() -> 
         now = time.time()
         jobs = Jobs({"job-1": Job("job-1", started=now - 600)})
         src = source(jobs)
-        src.buddy = {"job-1": 3}
-        src._releasing = set()
-        src._release_void = lambda node, key: False
-        src._owe_release = lambda node, key: None
-        src._drop_release = lambda pair: src._releases.pop(pair, None)
+        src.prestage.buddy = {"job-1": 3}
+        src.prestage._release_void = lambda node, key: False
+        src.prestage.owe_release = lambda node, key: None
+        src.prestage.drop_release = lambda pair: src.prestage.releases.pop(pair, None)
 
         sent: list[tuple[int, str]] = []
 
@@ -203,13 +206,13 @@ def test_a_release_answered_with_superseded_stops_the_copy_as_the_op_would() -> 
             return {"released": body["key"], "superseded": {"node": 1, "job": "job-9", "at": now - 30, "clock": now}}
 
         src._control = control
-        src._release = types.MethodType(ReclaimComponent._release, src)
-        await src._release(1, "n2-job-1")
+        src.prestage.release = types.MethodType(Prestage.release, src.prestage)
+        await src.prestage.release(1, "n2-job-1")
         while not all(t.done() for t in src.tasks):  # the stop, and the release of node 3 it spawns
             await asyncio.gather(*src.tasks)
         assert [(j, st) for j, st, _ in jobs.stopped] == [("job-1", "migrated")]
         assert jobs.causes == {"job-1": EndCause.SUPERSEDED}  # another node's copy runs it
-        assert src._releases == {} and [e["phase"] for e in src.events] == ["superseded"]
+        assert src.prestage.releases == {} and [e["phase"] for e in src.events] == ["superseded"]
         assert sent == [(1, "release"), (3, "release")]  # node 3, its buddy meanwhile, no longer guards it
 
     asyncio.run(main())

@@ -143,6 +143,7 @@ from laminar.policy.prestage import unannounced_plausible
 from laminar.runtime.ckpt_scan import scan_dir
 
 if TYPE_CHECKING:
+    from laminar.migrate.buddies import Prestage
     from laminar.migrate.ckpt_driver import CkptDriver
     from laminar.policy.holder import RetrySchedule
     from laminar.policy.notice import NoticeOdds
@@ -397,12 +398,12 @@ class ArchiveMixin:
         agent: Any
         archived_live: dict[str, str]
         archived_buddy: dict[str, int | None]
-        buddy: dict[str, int]
         counts: dict[str, int]
         evacuating: set[str]
         moves: dict[str, Any]
         notice_odds: NoticeOdds
         notices: dict[int, tuple[float, float]]
+        prestage: Prestage
         reclaim: dict[str, Any] | None
         retry: RetrySchedule
         s: dict[str, Any]
@@ -1069,7 +1070,7 @@ class ArchiveMixin:
                 job = self.agent.jobs.get(jid)
                 if (job is None or not job.active or jid in self.evacuating or jid in self._archiving
                         or (self.archived_live.get(jid) == ckpt.name
-                            and self.archived_buddy.get(jid) == self.buddy.get(jid))):
+                            and self.archived_buddy.get(jid) == self.prestage.buddy.get(jid))):
                     # (published again when its buddy changed: a record naming no buddy, or the old
                     # one, let a claimer resume the job while its buddy resumed it too)
                     continue
@@ -1250,7 +1251,7 @@ class ArchiveMixin:
 
     async def _archive_periodic(self, job: Any, ckpt: Path) -> None:
         key = self.job_key(job)
-        buddy = self.buddy.get(job.id)
+        buddy = self.prestage.buddy.get(job.id)
         rf = getattr(job.spec, "resume_from", None)
         record = {"key": key, "src_node": self.node_id, "src_job": job.id, "buddy": buddy,
                   "request": self._request(job, False), "periodic": True,

@@ -1,6 +1,6 @@
 """Prestaging, buddies and releases: how a running job's checkpoints get off its node before they
-are needed (a part of :class:`laminar.migrate.reclaim.ReclaimComponent`, which inherits
-:class:`BuddiesMixin`; in long form: docs/migration.md, *When the source dies*).
+are needed (:class:`Prestage`, a part of :class:`laminar.migrate.reclaim.ReclaimComponent`; in
+long form: docs/migration.md, *When the source dies*).
 
 **When the source dies.** Every job has a *buddy*: the node its checkpoints are prestaged to
 (shipped as they are written, when ``ckpt_schedule.notice_fit`` says the final checkpoint would
@@ -17,13 +17,23 @@ node guards a job at a time: a move hands the guard to the destination (``guard`
 stored the key as the job's origin). A failed prestage keeps the job's buddy (it still
 guards the older checkpoint) and tries another peer next (PRESTAGE_FAIL_AVOID_S; a buddy that
 said nothing, :class:`~laminar.migrate.transfer.PeerSilentError`, costs one timeout and is
-avoided by every job's prestage as long: :meth:`ReclaimComponent._silent_peers`); the old buddy
+avoided by every job's prestage as long: :meth:`Prestage.silent_peers`); the old buddy
 of a job whose guard went elsewhere is released, and a release that does not arrive is sent again
 (RELEASE_RETRY_S) until it does, also after a restart (table ``migrate_releases``): two guards of
 one job would both resume it.
 
 What the buddy does with the guard once the source is dead is :mod:`laminar.migrate.guard`'s;
 what it keeps of the replicas, :mod:`laminar.migrate.replicas`'s.
+
+:class:`Prestage` is the component's ``prestage``, built with the component (what it uses of it:
+:class:`PrestageHost`); it holds each job's buddy (:attr:`Prestage.buddy`, kept in
+``migrate_buddies``), the checkpoint last shipped to it (:attr:`Prestage.shipped`) and the releases
+owed (:attr:`Prestage.releases`). The component's watch loop calls :meth:`Prestage.tick` each
+round and its start :meth:`Prestage.restore`; a move calls :meth:`Prestage.supersede` as it
+begins, and :meth:`Prestage.set_buddy`, :meth:`Prestage.forget_buddy` and :meth:`Prestage.release`
+when it hands the guard on; a move, a hold or a prestage that finds a peer silent calls
+:meth:`Prestage.mark_silent` (and leaves :meth:`Prestage.silent_peers` out); the control op
+``dropped`` is answered by :meth:`Prestage.answer_dropped`.
 """
 
 from __future__ import annotations
@@ -33,7 +43,7 @@ import contextlib
 import logging
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from laminar import jobkit
 from laminar.migrate import ledger
@@ -52,7 +62,7 @@ log = logging.getLogger("laminar.migrate")
 # A prestage that failed to a node does not choose it again for the job for this long (another
 # peer is tried; it is the last resort). One to which a prestage found the node silent (no
 # connection accepted, no handshake answered: transfer.PeerSilentError, after ONE timeout) is not
-# chosen for any job's prestage as long, unless the zone hears from it again (_silent_peers).
+# chosen for any job's prestage as long, unless the zone hears from it again (Prestage.silent_peers).
 PRESTAGE_FAIL_AVOID_S = 60.0
 
 # A ``release`` that did not arrive (the old buddy unreachable then) is sent again this often until
@@ -68,68 +78,88 @@ RELEASE_GIVE_UP_S = 86400.0
 REPLICA_DROP_AVOID_S = 3600.0
 
 
-class BuddiesMixin:
-    """Prestaging to a job's buddy, the buddies kept in the store, and releases owed to old buddies."""
+class PrestageHost(Protocol):
+    """What :class:`Prestage` uses of the component that holds it (ReclaimComponent and its parts)."""
 
-    if TYPE_CHECKING:
-        # what this mixin uses of ReclaimComponent (its __init__ and its other parts)
-        _avoid_until: dict[str, dict[int, float]]
-        _drops: dict[str, int]
-        _moves_begun: dict[str, int]
-        _prestage_sends: dict[str, asyncio.Task[str]]
-        _prestaging: set[str]
-        _superseding: set[str]
-        _releases: dict[tuple[int, str], tuple[float, float]]
-        _releasing: set[tuple[int, str]]
-        _silent: dict[int, tuple[float, float]]
-        agent: Any
-        ckpt: CkptDriver | None
-        buddy: dict[str, int]
-        counts: dict[str, int]
-        evacuating: set[str]
-        fence: Fence
-        notices: dict[int, tuple[float, float]]
-        s: dict[str, Any]
-        shipped: dict[str, str]
+    _superseding: set[str]
+    agent: Any
+    ckpt: CkptDriver | None
+    counts: dict[str, int]
+    evacuating: set[str]
+    fence: Fence
+    notices: dict[int, tuple[float, float]]
+    s: dict[str, Any]
 
-        def _answer_superseded(self, node: str, body: dict[str, Any]) -> dict[str, Any]: ...
-        def _asked_about(self, node: str, key: str, op: str) -> tuple[int, str | None]: ...
-        def _ckpt_bytes(self, job: Any) -> int: ...
-        async def _control(self, node: int, op: str, body: Any, timeout: float = 5.0) -> Any: ...
-        def _emit(self, message: str, **fields: Any) -> None: ...
-        async def _guard(self, job: Any, node: int, ckpt_name: str, take_over: bool = False) -> None: ...
-        def _last_seen(self, node: int) -> float: ...
-        async def _send(self, job: Any, ckpt: Path, node: int, deadline_mono: float | None, mv: Move | None,
-                        silent_retries: int | None = None, manifest: Manifest | None = None) -> str: ...
-        async def _newest_checked_once(self, job: Any) -> tuple[Path | None, Manifest | None]: ...
-        def _should_prestage(self, job: Any) -> bool: ...
-        def _spawn(self, coro: Any) -> asyncio.Task[Any]: ...
-        def job_key(self, job: Any) -> str: ...
-        @property
-        def node_id(self) -> int: ...
-        def rank_for(self, job: Any, ckpt_bytes: float, window_s: float | None, prestaged: bool) -> list[dst.Ranked]: ...
-        async def rank_holders(self, key: str, size: int, window_s: float | None, prefer: int | None) -> list[Any]: ...
-        @property
-        def zone(self) -> Any: ...
+    def _answer_superseded(self, node: str, body: dict[str, Any]) -> dict[str, Any]: ...
+    def _asked_about(self, node: str, key: str, op: str) -> tuple[int, str | None]: ...
+    def _ckpt_bytes(self, job: Any) -> int: ...
+    async def _control(self, node: int, op: str, body: Any, timeout: float = 5.0) -> Any: ...
+    def _emit(self, message: str, **fields: Any) -> None: ...
+    async def _guard(self, job: Any, node: int, ckpt_name: str, take_over: bool = False) -> None: ...
+    def _last_seen(self, node: int) -> float: ...
+    async def _send(self, job: Any, ckpt: Path, node: int, deadline_mono: float | None, mv: Move | None,
+                    silent_retries: int | None = None, manifest: Manifest | None = None) -> str: ...
+    async def _newest_checked_once(self, job: Any) -> tuple[Path | None, Manifest | None]: ...
+    def _should_prestage(self, job: Any) -> bool: ...
+    def _spawn(self, coro: Any) -> asyncio.Task[Any]: ...
+    def job_key(self, job: Any) -> str: ...
+    @property
+    def node_id(self) -> int: ...
+    def rank_for(self, job: Any, ckpt_bytes: float, window_s: float | None, prestaged: bool) -> list[dst.Ranked]: ...
+    async def rank_holders(self, key: str, size: int, window_s: float | None, prefer: int | None) -> list[Any]: ...
+    @property
+    def zone(self) -> Any: ...
+
+
+class Prestage:
+    """Prestaging to a job's buddy, the buddies kept in the store, and releases owed to old
+    buddies (see the module's doc): a part of :class:`laminar.migrate.reclaim.ReclaimComponent`
+    (its ``prestage``). ``host``: the component."""
+
+    def __init__(self, host: PrestageHost) -> None:
+        self.host = host
+        self.buddy: dict[str, int] = {}  # job id -> node its checkpoints are prestaged to (migrate_buddies)
+        self.shipped: dict[str, str] = {}  # job id -> newest checkpoint shipped to the buddy
+        self.prestaging: set[str] = set()  # jobs whose prestage runs now
+        # job id -> the send of its prestage in flight (a move of the job cancels it: supersede)
+        self._prestage_sends: dict[str, asyncio.Task[str]] = {}
+        self._moves_begun: dict[str, int] = {}  # job id -> moves of it begun (a prestage they overtook stands down)
+        # job id -> {node: until (wall)}: peers not chosen as the job's buddy before then (their
+        # operator dropped its guard, op ``dropped``; a prestage to them failed)
+        self._avoid_until: dict[str, dict[int, float]] = {}
+        # node -> (when, until) (wall): a prestage found it silent then; suspect for prestages until
+        self._silent: dict[int, tuple[float, float]] = {}
+        # (node, key) -> (next try, given up at) (monotonic): releases that did not arrive yet
+        self.releases: dict[tuple[int, str], tuple[float, float]] = {}
+        self._releasing: set[tuple[int, str]] = set()
+        self._drops: dict[str, int] = {}  # job id -> how many ``dropped`` messages came for it
+
+    def tick(self, now: float) -> None:
+        """One round of the component's watch loop: each release due is sent again
+        (:meth:`_release_round`), then each running job's newest checkpoint not yet shipped is
+        prestaged (:meth:`_prestage_round`). ``now`` (wall clock) is not read: the releases go by
+        the monotonic clock."""
+        self._release_round()
+        self._prestage_round()
 
     def _prestage_round(self) -> None:
-        if self.zone is None:
+        if self.host.zone is None:
             return
         # A job that ended here by itself (or was stopped by a person) needs no guard any more;
         # one reclaimed, lost or migrated keeps it (the buddy resumes it, or the move moved it).
         for jid, node in list(self.buddy.items()):
-            job = self.agent.jobs.get(jid)
+            job = self.host.agent.jobs.get(jid)
             if job is None or (not job.active and job.state in ("exited", "stopped", "failed")):
-                self._forget_buddy(jid)
+                self.forget_buddy(jid)
                 self.shipped.pop(jid, None)
                 self._moves_begun.pop(jid, None)
-                self._spawn(self._release(node, f"n{self.node_id}-{jid}"))
-        if self.s["prestage"] == "off":
+                self.host._spawn(self.release(node, f"n{self.host.node_id}-{jid}"))
+        if self.host.s["prestage"] == "off":
             return
-        for job in list(self.agent.jobs.active()):
-            if job.id in self.evacuating or job.id in self._prestaging or not job.ckpt_dir:
+        for job in list(self.host.agent.jobs.active()):
+            if job.id in self.host.evacuating or job.id in self.prestaging or not job.ckpt_dir:
                 continue
-            if job.id in self.fence.fenced_jobs or job.id in self._superseding:
+            if job.id in self.host.fence.fenced_jobs or job.id in self.host._superseding:
                 # fenced (frozen, unsettled) or being stopped for a take-over: a prestage now would
                 # hand the guard to a new buddy, which knows nothing of a take-over, and release
                 # the one that may have made it (the one the fence's settling asks). Found by the
@@ -139,18 +169,18 @@ class BuddiesMixin:
                 continue
             # the listing the checkpoint driver's last scan took (off the loop, bounded): none
             # yet, or unknown this round, is nothing new
-            cks = self.ckpt.listed(job) if self.ckpt is not None else None
+            cks = self.host.ckpt.listed(job) if self.host.ckpt is not None else None
             if not cks or self.shipped.get(job.id) == cks[-1].name:
                 continue
-            if not self._should_prestage(job):
+            if not self.host._should_prestage(job):
                 continue
-            self._prestaging.add(job.id)
-            self._spawn(self._prestage(job))
+            self.prestaging.add(job.id)
+            self.host._spawn(self.ship(job))
 
-    async def _prestage(self, job: Any) -> None:
+    async def ship(self, job: Any) -> None:
         """Ships the job's newest checkpoint to its buddy (a new one by the usual choice when it
-        has none, or its buddy is suspect, under a notice, or to be avoided: :meth:`_avoided_buddies`)
-        and hands it the guard; the old buddy is then released (:meth:`_release`, sent again until
+        has none, or its buddy is suspect, under a notice, or to be avoided: :meth:`avoided`)
+        and hands it the guard; the old buddy is then released (:meth:`release`, sent again until
         it arrives). A failure keeps the buddy the job had (it still guards the job's older
         checkpoint) and avoids the node that failed for PRESTAGE_FAIL_AVOID_S."""
         node: int | None = None
@@ -160,19 +190,19 @@ class BuddiesMixin:
             # the newest that passes its check, read once in a worker thread (a checkpoint of
             # many GB took seconds, on the event loop before); the send uses that read's manifest
             # the checkpoint driver's check of the listing (the same one, when both look at once)
-            ckpt, manifest = await self._newest_checked_once(job)
+            ckpt, manifest = await self.host._newest_checked_once(job)
             if ckpt is None:
                 return
             node = self.buddy.get(job.id)
-            silent = self._silent_peers()
-            avoid = self._avoided_buddies(job.id) | silent
-            if node is None or node in self.notices or node in self.zone.membership.suspects or node in avoid:
+            silent = self.silent_peers()
+            avoid = self.avoided(job.id) | silent
+            if node is None or node in self.host.notices or node in self.host.zone.membership.suspects or node in avoid:
                 ranked = [int(r.candidate.node)
-                          for r in self.rank_for(job, float(self._ckpt_bytes(job)), None, False) if r.feasible]
+                          for r in self.host.rank_for(job, float(self.host._ckpt_bytes(job)), None, False) if r.feasible]
                 choice = [n for n in ranked if n not in avoid]
                 if not choice:  # no peer has room for the job: a peer with the disk space holds its replicas
                     holders = [int(h.candidate.node) for h in
-                               await self.rank_holders(self.job_key(job), self._ckpt_bytes(job), None, None) if h.feasible]
+                               await self.host.rank_holders(self.host.job_key(job), self.host._ckpt_bytes(job), None, None) if h.feasible]
                     # a peer that dropped the job's guard is the last resort (no other can take it)
                     choice = [n for n in holders if n not in avoid] or [n for n in ranked or holders if n not in silent]
                 if not choice:
@@ -180,7 +210,7 @@ class BuddiesMixin:
                 node = choice[0]
             # one timeout at a silent buddy, then the next round sends to another peer: never the
             # transfer's whole retry ladder (a minute) with no newer checkpoint off the node
-            send = asyncio.ensure_future(self._send(job, ckpt, node, None, None, silent_retries=0, manifest=manifest))
+            send = asyncio.ensure_future(self.host._send(job, ckpt, node, None, None, silent_retries=0, manifest=manifest))
             self._prestage_sends[job.id] = send
             try:
                 await send
@@ -191,50 +221,50 @@ class BuddiesMixin:
                 return
             finally:
                 self._prestage_sends.pop(job.id, None)
-            if job.id in self.evacuating or self._moves_begun.get(job.id, 0) != moves:
+            if job.id in self.host.evacuating or self._moves_begun.get(job.id, 0) != moves:
                 return  # a move (begun since) decides who guards the job now
-            await self._guard(job, node, ckpt.name)
+            await self.host._guard(job, node, ckpt.name)
             if self._moves_begun.get(job.id, 0) != moves:
                 # a move began while the guard was on its way: the move hands the guard to its
                 # destination; the one just sent is withdrawn
-                await self._release(node, self.job_key(job))
+                await self.release(node, self.host.job_key(job))
                 return
-            if self._drops.get(job.id, 0) != drops and node in self._avoided_buddies(job.id):
+            if self._drops.get(job.id, 0) != drops and node in self.avoided(job.id):
                 # its operator dropped the job's replicas there while this prestage ran: the guard
                 # just sent may name a checkpoint it no longer holds; withdraw it, try another next
                 log.info("migrate: node %d dropped %s during its prestage: not its buddy", node, job.id)
-                await self._release(node, self.job_key(job))
+                await self.release(node, self.host.job_key(job))
                 return
             old = self.buddy.get(job.id)
-            self._set_buddy(job.id, node)
+            self.set_buddy(job.id, node)
             if old is not None and old != node:  # not awaited: an old buddy gone silent held the job's next prestage
-                self._spawn(self._release(old, self.job_key(job)))
+                self.host._spawn(self.release(old, self.host.job_key(job)))
             self.shipped[job.id] = ckpt.name
-            self.counts["prestaged"] += 1
-            self._emit(f"{job.id}: {ckpt.name} prestaged to node {node}", persist=False, job=job.id, node=node,
-                       ckpt=ckpt.name, phase="prestaged")
+            self.host.counts["prestaged"] += 1
+            self.host._emit(f"{job.id}: {ckpt.name} prestaged to node {node}", persist=False, job=job.id, node=node,
+                            ckpt=ckpt.name, phase="prestaged")
         except (TransferError, MigrateError, OSError, TimeoutError, jobkit.CheckpointError) as e:
             log.info("migrate: prestaging %s to node %s failed: %s", job.id, node, e)
             if isinstance(e, FileNotFoundError) and job.ckpt_dir and \
                     str(e.filename or "").startswith(str(job.ckpt_dir) + "/"):
                 return  # the job's own rotation removed the checkpoint under the send: no fault of the peer's
             if node is not None:  # the buddy stays the job's (it guards the older checkpoint); try another next
-                self._avoid(job.id, node, PRESTAGE_FAIL_AVOID_S)
+                self.avoid(job.id, node, PRESTAGE_FAIL_AVOID_S)
                 if isinstance(e, PeerSilentError):  # and every job's next prestage (and move) avoids it too
-                    self._mark_silent(node)
+                    self.mark_silent(node)
         finally:
-            self._prestaging.discard(job.id)
+            self.prestaging.discard(job.id)
 
-    def _supersede_prestage(self, job_id: str) -> None:
+    def supersede(self, job_id: str) -> None:
         """A move of ``job_id`` begins: a prestage of it still sending is cancelled (the move
         needs the uplink, and it decides who guards the job), and one past its send stands down
-        (:meth:`_prestage` compares ``_moves_begun``)."""
+        (:meth:`ship` compares ``_moves_begun``)."""
         self._moves_begun[job_id] = self._moves_begun.get(job_id, 0) + 1
         send = self._prestage_sends.get(job_id)
         if send is not None and not send.done():
             send.cancel()
 
-    def _avoided_buddies(self, job_id: str, now: float | None = None) -> set[int]:
+    def avoided(self, job_id: str, now: float | None = None) -> set[int]:
         """Peers not to choose as ``job_id``'s buddy now: their operator dropped its guard less
         than REPLICA_DROP_AVOID_S ago, or a prestage to them failed less than
         PRESTAGE_FAIL_AVOID_S ago."""
@@ -246,39 +276,39 @@ class BuddiesMixin:
             self._avoid_until.pop(job_id, None)
         return set(seen)
 
-    def _mark_silent(self, node: int) -> None:
+    def mark_silent(self, node: int) -> None:
         """A prestage, a move or a hold found ``node`` silent
-        (:class:`~laminar.migrate.transfer.PeerSilentError`): see :meth:`_silent_peers`."""
+        (:class:`~laminar.migrate.transfer.PeerSilentError`): see :meth:`silent_peers`."""
         now = time.time()
         self._silent[node] = (now, now + PRESTAGE_FAIL_AVOID_S)
 
-    def _silent_peers(self, now: float | None = None) -> set[int]:
+    def silent_peers(self, now: float | None = None) -> set[int]:
         """Peers a prestage, a move or a hold found silent (:class:`~laminar.migrate.transfer.PeerSilentError`)
         less than PRESTAGE_FAIL_AVOID_S ago that the zone has not heard from since: no job's
         prestage, move or hold goes to them (the zone's own suspects are not chosen either)."""
         now = time.time() if now is None else now
-        self._silent = {n: (t, u) for n, (t, u) in self._silent.items() if now < u and self._last_seen(n) <= t}
+        self._silent = {n: (t, u) for n, (t, u) in self._silent.items() if now < u and self.host._last_seen(n) <= t}
         return set(self._silent)
 
-    def _avoid(self, job_id: str, node: int, for_s: float) -> None:
+    def avoid(self, job_id: str, node: int, for_s: float) -> None:
         until = time.time() + for_s
         d = self._avoid_until.setdefault(job_id, {})
         d[node] = max(d.get(node, 0.0), until)
 
-    def _answer_dropped(self, node: str, key: str) -> dict[str, Any]:
+    def answer_dropped(self, node: str, key: str) -> dict[str, Any]:
         """``node``'s operator dropped the guard of ``key`` held there by force (control op
         ``dropped``). When ``node`` is the job's buddy here (only then: a node that is not,
         or a job with no buddy known, changes nothing), this node forgets it: the job's newest checkpoint is prestaged again at the next
         round, to the usual buddy choice without ``node`` (REPLICA_DROP_AVOID_S; ``node`` only when
         no other peer can take it). Returns ``{"key", "forgot", "prestages", "why"}``."""
-        asker, jid = self._asked_about(node, key, "dropped")
+        asker, jid = self.host._asked_about(node, key, "dropped")
         if jid is None:
-            return {"key": key, "forgot": False, "prestages": False, "why": f"{key} is not a job of node {self.node_id}"}
-        jobs = getattr(self.agent, "jobs", None)
+            return {"key": key, "forgot": False, "prestages": False, "why": f"{key} is not a job of node {self.host.node_id}"}
+        jobs = getattr(self.host.agent, "jobs", None)
         job = jobs.get(jid) if jobs is not None else None
         if job is None:
             return {"key": key, "forgot": False, "prestages": False,
-                    "why": f"node {self.node_id} has no record of job {jid}"}
+                    "why": f"node {self.host.node_id} has no record of job {jid}"}
         buddy = self.buddy.get(jid)
         if buddy is None:  # (buddies survive restarts: migrate_buddies) no node's word changes the prestage
             return {"key": key, "forgot": False, "prestages": False,
@@ -286,74 +316,77 @@ class BuddiesMixin:
         if buddy != asker:
             return {"key": key, "forgot": False, "prestages": False,
                     "why": f"node {buddy} guards job {jid} now, not node {asker}: nothing changes"}
-        self._forget_buddy(jid)
+        self.forget_buddy(jid)
         self.shipped.pop(jid, None)
-        self._avoid(jid, asker, REPLICA_DROP_AVOID_S)
+        self.avoid(jid, asker, REPLICA_DROP_AVOID_S)
         self._drops[jid] = self._drops.get(jid, 0) + 1  # a prestage to it running now must not count
-        prestages = bool(job.active) and self.s["prestage"] != "off" and job.id not in self.evacuating
+        prestages = bool(job.active) and self.host.s["prestage"] != "off" and job.id not in self.host.evacuating
         if prestages:
             why = f"job {jid} is {job.state}: its newest checkpoint goes to another buddy at the next prestage round"
         else:
             why = (f"job {jid} is {job.state} here and is not prestaged again: unless the archive holds it, no other "
                    "copy of its checkpoint is guarded")
         log.warning("migrate: node %d dropped the guard of %s (an operator's forced drop): %s", asker, key, why)
-        self._emit(f"{jid}: node {asker} dropped its guard (an operator's forced drop); {why}", job=jid, key=key,
-                   node=asker, phase="guard-dropped")
+        self.host._emit(f"{jid}: node {asker} dropped its guard (an operator's forced drop); {why}", job=jid, key=key,
+                        node=asker, phase="guard-dropped")
         return {"key": key, "forgot": True, "prestages": prestages, "why": why}
 
-    def _set_buddy(self, job_id: str, node: int) -> None:
+    def set_buddy(self, job_id: str, node: int) -> None:
         """``node`` guards ``job_id`` now (kept in the store: a restarted agent still knows it); a
         release of it still pending is void."""
         self.buddy[job_id] = node
-        self._releases.pop((node, f"n{self.node_id}-{job_id}"), None)
-        with contextlib.suppress(Exception), self.agent.store.tx() as db:  # the store is the agent's
+        self.releases.pop((node, f"n{self.host.node_id}-{job_id}"), None)
+        with contextlib.suppress(Exception), self.host.agent.store.tx() as db:  # the store is the agent's
             db.execute("INSERT INTO migrate_buddies VALUES (?, ?, ?) ON CONFLICT(job_id) DO UPDATE SET "
                        "node=excluded.node, updated=excluded.updated", (job_id, node, time.time()))
-            ledger.drop_release(db, node, f"n{self.node_id}-{job_id}")
+            ledger.drop_release(db, node, f"n{self.host.node_id}-{job_id}")
 
-    def _forget_buddy(self, job_id: str) -> int | None:
+    def forget_buddy(self, job_id: str) -> int | None:
         """``job_id`` has no buddy any more (here and in the store); returns the one it had."""
         old = self.buddy.pop(job_id, None)
-        with contextlib.suppress(Exception), self.agent.store.tx() as db:
+        with contextlib.suppress(Exception), self.host.agent.store.tx() as db:
             db.execute("DELETE FROM migrate_buddies WHERE job_id=?", (job_id,))
         return old
 
-    def _owe_release(self, node: int, key: str, db: Any = None) -> None:
+    def owe_release(self, node: int, key: str, db: Any = None) -> None:
         """Records (in the store, ``migrate_releases``) that ``node`` is to be told it no longer
         guards ``key``, before any try: what a stop or crash cuts is sent again by the next start
-        (:meth:`_restore_releases`). ``db``: a transaction to write it in (else its own). Never
+        (:meth:`restore`). ``db``: a transaction to write it in (else its own). Never
         raises (the store is the agent's: a failed write leaves the release in memory only)."""
         if db is not None:
             ledger.owe_release(db, node, key, time.time())
             return
-        with contextlib.suppress(Exception), self.agent.store.tx() as tx:
+        with contextlib.suppress(Exception), self.host.agent.store.tx() as tx:
             ledger.owe_release(tx, node, key, time.time())
 
-    def _drop_release(self, pair: tuple[int, str]) -> None:
-        self._releases.pop(pair, None)
-        with contextlib.suppress(Exception), self.agent.store.tx() as db:
+    def drop_release(self, pair: tuple[int, str]) -> None:
+        self.releases.pop(pair, None)
+        with contextlib.suppress(Exception), self.host.agent.store.tx() as db:
             ledger.drop_release(db, *pair)
 
     def _release_void(self, node: int, key: str) -> bool:
         """Whether ``node`` is ``key``'s job's buddy again (it guards the job: nothing to release)."""
-        prefix = f"n{self.node_id}-"
+        prefix = f"n{self.host.node_id}-"
         return key.startswith(prefix) and self.buddy.get(key[len(prefix):]) == node
 
-    def _restore_releases(self) -> None:
-        """At start: each release a stop or crash left unsent or unanswered (``migrate_releases``)
-        is due at once (:meth:`_release_round`), and given up RELEASE_GIVE_UP_S after it was first
-        owed; one whose node is the job's buddy again goes."""
+    def restore(self) -> None:
+        """At start: the buddies kept in the store (``migrate_buddies``); each release a stop or
+        crash left unsent or unanswered (``migrate_releases``) is due at once
+        (:meth:`_release_round`), and given up RELEASE_GIVE_UP_S after it was first owed; one
+        whose node is the job's buddy again goes."""
+        self.buddy = {str(r["job_id"]): int(r["node"])
+                      for r in self.host.agent.store.db.execute("SELECT job_id, node FROM migrate_buddies").fetchall()}
         now, mono = time.time(), time.monotonic()
-        for r in self.agent.store.db.execute("SELECT node, key, since FROM migrate_releases").fetchall():
+        for r in self.host.agent.store.db.execute("SELECT node, key, since FROM migrate_releases").fetchall():
             pair = (int(r["node"]), str(r["key"]))
             if self._release_void(*pair):
-                self._drop_release(pair)
+                self.drop_release(pair)
             else:
-                self._releases[pair] = (mono, mono + max(0.0, float(r["since"]) + RELEASE_GIVE_UP_S - now))
+                self.releases[pair] = (mono, mono + max(0.0, float(r["since"]) + RELEASE_GIVE_UP_S - now))
 
-    async def _release(self, node: int, key: str) -> None:
+    async def release(self, node: int, key: str) -> None:
         """Tells ``node`` it no longer guards ``key`` (control op ``release``). It is recorded
-        first (:meth:`_owe_release`); one that does not arrive is sent again every
+        first (:meth:`owe_release`); one that does not arrive is sent again every
         RELEASE_RETRY_S (:meth:`_release_round`), also after a restart, until ``node`` answers,
         RELEASE_GIVE_UP_S passed, or ``node`` is the job's buddy again: else the node would go on
         guarding an older checkpoint beside the job's new buddy (or beside the job itself, after a
@@ -361,28 +394,28 @@ class BuddiesMixin:
         in the zone's roster (it left it) is sent it once it is again. Never raises."""
         pair = (node, key)
         if self._release_void(node, key):
-            self._drop_release(pair)  # it guards the job again: nothing to release
+            self.drop_release(pair)  # it guards the job again: nothing to release
             return
-        self._owe_release(node, key)
-        first = pair not in self._releases
+        self.owe_release(node, key)
+        first = pair not in self.releases
         # owed from now on, also while this first try is on its way (a connect to a node cut off
         # takes seconds): the node is still the job's guard to the fence's settling (``taken``)
         # and to its ``superseded`` (the answer below may carry one)
         mono = time.monotonic()
-        self._releases.setdefault(pair, (mono + RELEASE_RETRY_S, mono + RELEASE_GIVE_UP_S))
+        self.releases.setdefault(pair, (mono + RELEASE_RETRY_S, mono + RELEASE_GIVE_UP_S))
         self._releasing.add(pair)
         try:
-            ans = await self._control(node, "release", {"key": key})
+            ans = await self.host._control(node, "release", {"key": key})
         except (MigrateError, TransferError, OSError, TimeoutError) as e:
             mono = time.monotonic()
-            _, give_up = self._releases.get(pair, (None, mono + RELEASE_GIVE_UP_S))
+            _, give_up = self.releases.get(pair, (None, mono + RELEASE_GIVE_UP_S))
             if mono >= give_up:
-                self._drop_release(pair)
+                self.drop_release(pair)
                 log.warning("migrate: release of %s at node %d failed: %s (given up: its guard is checked with "
                             "this node after replica_guard_check_s)", key, node, e)
             else:
-                self._releases[pair] = (mono + RELEASE_RETRY_S, give_up)
-                with contextlib.suppress(Exception), self.agent.store.tx() as db:
+                self.releases[pair] = (mono + RELEASE_RETRY_S, give_up)
+                with contextlib.suppress(Exception), self.host.agent.store.tx() as db:
                     ledger.release_failed(db, node, key, str(e))
                 # once per release (its tries go on every RELEASE_RETRY_S for as long as node is down)
                 log.log(logging.INFO if first else logging.DEBUG,
@@ -392,25 +425,25 @@ class BuddiesMixin:
             sup = ans.get("superseded") if isinstance(ans, dict) else None
             if isinstance(sup, dict):  # it took the job over and runs it: as control op ``superseded``
                 try:  # (before the release is dropped: an old buddy owed it is this job's guard)
-                    self._answer_superseded(str(node), {**sup, "key": key})
+                    self.host._answer_superseded(str(node), {**sup, "key": key})
                 except (ValueError, KeyError, TypeError) as e:
                     log.warning("migrate: node %d's answer to the release of %s: %s", node, key, e)
-            self._drop_release(pair)
+            self.drop_release(pair)
         finally:
             self._releasing.discard(pair)
 
     def _release_round(self) -> None:
-        """Sends again each release that did not arrive and is due (:meth:`_release`), to a node in
+        """Sends again each release that did not arrive and is due (:meth:`release`), to a node in
         the zone's roster; gives up one owed for RELEASE_GIVE_UP_S."""
         mono = time.monotonic()
-        z = self.zone
-        for pair, (at, give_up) in list(self._releases.items()):
+        z = self.host.zone
+        for pair, (at, give_up) in list(self.releases.items()):
             if pair in self._releasing:
                 continue
             if mono >= give_up:
-                self._drop_release(pair)
+                self.drop_release(pair)
                 log.warning("migrate: release of %s at node %d given up after %g s (its guard is checked with this "
                             "node after replica_guard_check_s)", pair[1], pair[0], RELEASE_GIVE_UP_S)
             elif mono >= at and z is not None and pair[0] in z.membership.by_node:
                 self._releasing.add(pair)
-                self._spawn(self._release(*pair))
+                self.host._spawn(self.release(*pair))

@@ -75,6 +75,7 @@ from laminar.runtime.holds import Hold, Holds, holds_of
 if TYPE_CHECKING:
     from laminar.migrate.archive import ArchiveLane
     from laminar.migrate.archive_view import Sealed, View
+    from laminar.migrate.buddies import Prestage
 
 log = logging.getLogger("laminar.migrate")
 
@@ -103,13 +104,12 @@ class FenceHost(Protocol):
     """What :class:`Fence` uses of the component that holds it (ReclaimComponent and its parts)."""
 
     _lane: ArchiveLane
-    _releases: dict[tuple[int, str], tuple[float, float]]
     _started: float
     _superseding: set[str]
     agent: Any
     archived_live: dict[str, str]
-    buddy: dict[str, int]
     evacuating: set[str]
+    prestage: Prestage
     s: dict[str, Any]
 
     def _archive_root(self) -> Path | None: ...
@@ -238,8 +238,8 @@ class Fence:
             if job.id in self.host.evacuating or job.id in self.host._superseding:
                 continue  # (a move under way freezes and settles the job itself)
             key = self.host.job_key(job)
-            if (job.id not in self.host.buddy and job.id not in self.host.archived_live
-                    and not any(k == key for _, k in self.host._releases)):
+            if (job.id not in self.host.prestage.buddy and job.id not in self.host.archived_live
+                    and not any(k == key for _, k in self.host.prestage.releases)):
                 continue  # nothing elsewhere would resume it (no guard, old or new, no archived copy): it runs on
             try:
                 holds.hold(job.id, Hold.FENCE)  # asked for now; taken once every task stops
@@ -313,8 +313,8 @@ class Fence:
                 return
         # its buddy, and the old buddies still owed a release: a guard changed just before the
         # partition (the old one, cut off from this node earlier, still guards and may take over)
-        ask = sorted(({self.host.buddy[jid]} if jid in self.host.buddy else set())
-                     | {n for n, k in self.host._releases if k == key} - {self.host.node_id})
+        ask = sorted(({self.host.prestage.buddy[jid]} if jid in self.host.prestage.buddy else set())
+                     | {n for n, k in self.host.prestage.releases if k == key} - {self.host.node_id})
         for node in ask:  # (grows: a guard passed on is asked where it went)
             try:
                 ans = await self.host._control(node, "taken", {"key": key}, timeout=3.0)

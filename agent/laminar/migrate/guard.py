@@ -49,6 +49,7 @@ from laminar.zone import authority as au
 
 if TYPE_CHECKING:
     from laminar.migrate.archive import ArchiveLane
+    from laminar.migrate.buddies import Prestage
     from laminar.migrate.fence import Fence
     from laminar.migrate.vouch import Vouch
     from laminar.policy.holder import RetrySchedule
@@ -95,6 +96,7 @@ class GuardMixin:
         counts: dict[str, int]
         fence: Fence
         notices: dict[int, tuple[float, float]]
+        prestage: Prestage
         reclaim: dict[str, Any] | None
         retry: RetrySchedule
         root: Path | None
@@ -112,7 +114,6 @@ class GuardMixin:
         def _peer(self, node: int) -> tuple[str, int, bytes, int]: ...
         def _refusals(self) -> au.Refusals: ...
         def _placed_as(self, key: str) -> tuple[int, str] | None: ...
-        async def _release(self, node: int, key: str) -> None: ...
         async def _reserve(self, node: int, demand: Any, hold_s: float) -> int: ...
         def _resume_copy(self, path: Path, uid: int, gid: int) -> Path: ...
         def _resume_root(self) -> Path: ...
@@ -895,7 +896,7 @@ class GuardMixin:
         except BaseException:
             z.submitter.t.send(node, wire.Release(pid))
             if guarded:
-                await self._release(node, key)
+                await self.prestage.release(node, key)
             raise
 
     def _drop_replica_handover(self, key: str) -> None:

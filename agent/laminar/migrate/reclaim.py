@@ -37,9 +37,10 @@ of what has not moved; nothing that must not run twice runs twice: :meth:`Reclai
 and one started after the window ended clears it (the owner gave the node back), with an event.
 
 The component is :class:`ReclaimComponent`, in parts: this module has the reclaim, the moves and the
-storage holders, and inherits the rest: :mod:`laminar.migrate.archive` the archive, the guard of
-last resort (``archive_dir``: stopped jobs' and periodic checkpoints, claims, the sweep, a hung
-archive); :mod:`laminar.migrate.buddies` prestaging, buddies and releases (*When the source dies*); :mod:`laminar.migrate.guard` a guard's take-over of a
+storage holders; it holds :class:`laminar.migrate.buddies.Prestage` (its ``prestage``: prestaging,
+buddies and releases, *When the source dies*), and inherits the rest: :mod:`laminar.migrate.archive`
+the archive, the guard of last resort (``archive_dir``: stopped jobs' and periodic checkpoints,
+claims, the sweep, a hung archive); :mod:`laminar.migrate.guard` a guard's take-over of a
 dead source's job (*The retrying guard*); :mod:`laminar.migrate.replicas` the replicas held here
 (what goes, the guard's check with its source, the operator's view and drop);
 :mod:`laminar.migrate.withdraw` a reclaim withdrawn (*A reclaim withdrawn*);
@@ -151,7 +152,7 @@ from laminar.migrate.archive import ARCHIVE_TRASH as ARCHIVE_TRASH
 from laminar.migrate.archive import LIVE_RECORD as LIVE_RECORD
 from laminar.migrate.archive_auth import PRESIGNED, ArchiveAuth, manifest_digest, owner_body
 from laminar.migrate.archive_view import Refusals
-from laminar.migrate.buddies import BuddiesMixin
+from laminar.migrate.buddies import Prestage
 from laminar.migrate.constants import (
     DEFAULT_REMAINING_S,
     HOLD_MIN_S,
@@ -623,7 +624,7 @@ def _in_own_clock(body: dict[str, Any]) -> dict[str, Any]:
     return req
 
 
-class ReclaimComponent(BuddiesMixin, GuardMixin, ReplicasMixin, WithdrawMixin, SettleMixin, ArchiveMixin):
+class ReclaimComponent(GuardMixin, ReplicasMixin, WithdrawMixin, SettleMixin, ArchiveMixin):
     """``laminar.migrate.reclaim:ReclaimComponent`` (agent attribute ``migrate``)."""
 
     agent_attr = "migrate"
@@ -645,8 +646,8 @@ class ReclaimComponent(BuddiesMixin, GuardMixin, ReplicasMixin, WithdrawMixin, S
         self.notices: dict[int, tuple[float, float]] = {}  # node -> (window end, wall; received, wall)
         self.reclaim: dict[str, Any] | None = None  # this node's reclaim in progress
         self.moves: dict[str, Move] = {}  # job id -> its latest move
-        self.buddy: dict[str, int] = {}  # job id -> node its checkpoints are prestaged to
-        self.shipped: dict[str, str] = {}  # job id -> newest checkpoint shipped to the buddy
+        # each job's buddy, the checkpoint last shipped to it, the releases owed to old buddies (buddies.py)
+        self.prestage = Prestage(self)
         self.evacuating: set[str] = set()
         self.fence = Fence(self)  # the jobs this node froze while cut off from its zone (fence.py)
         self.frozen_at: dict[str, float] = {}  # job id -> when a move froze it (wall clock)
@@ -663,10 +664,6 @@ class ReclaimComponent(BuddiesMixin, GuardMixin, ReplicasMixin, WithdrawMixin, S
         self._replica_scan: tuple[float, dict[str, Any]] | None = None
         self._replica_scan_fut: asyncio.Future[dict[str, Any]] | None = None
         self._unclaimed_task: asyncio.Task[Any] | None = None
-        self._prestaging: set[str] = set()
-        # job id -> the send of its prestage in flight (a move of the job cancels it: _supersede_prestage)
-        self._prestage_sends: dict[str, asyncio.Task[str]] = {}
-        self._moves_begun: dict[str, int] = {}  # job id -> moves of it begun (a prestage they overtook stands down)
         self._tasks: set[asyncio.Task[Any]] = set()
         self._loop_task: asyncio.Task[Any] | None = None
         self._unsubscribe: Any = None
@@ -734,15 +731,6 @@ class ReclaimComponent(BuddiesMixin, GuardMixin, ReplicasMixin, WithdrawMixin, S
         self._started = 0.0  # when this agent's component started (wall): a guard older than it may have missed news
         self._guard_checking: set[str] = set()  # keys whose source is being asked now
         self._src_heard: dict[int, float] = {}  # guarded sources: when last heard, as of the last recheck round
-        # job id -> {node: until (wall)}: peers not chosen as the job's buddy before then (their
-        # operator dropped its guard, op ``dropped``; a prestage to them failed)
-        self._avoid_until: dict[str, dict[int, float]] = {}
-        # node -> (when, until) (wall): a prestage found it silent then; suspect for prestages until
-        self._silent: dict[int, tuple[float, float]] = {}
-        # (node, key) -> (next try, given up at) (monotonic): releases that did not arrive yet
-        self._releases: dict[tuple[int, str], tuple[float, float]] = {}
-        self._releasing: set[tuple[int, str]] = set()
-        self._drops: dict[str, int] = {}  # job id -> how many ``dropped`` messages came for it
         self._owners: dict[str, tuple[int, int]] = {}  # key -> (uid, gid) of its job's owner (guards held here)
         # job id (a placement's: its key) -> its confirmed hand-over waiting for its node's answer:
         # node, since (wall, the first unanswered try; None before), error, wake (an operator's settle)
@@ -766,9 +754,7 @@ class ReclaimComponent(BuddiesMixin, GuardMixin, ReplicasMixin, WithdrawMixin, S
         for r in agent.store.db.execute("SELECT key, request FROM migrate_replicas").fetchall():
             self._note_owner(str(r["key"]), r["request"])
         self._backfill_origins()
-        self.buddy = {str(r["job_id"]): int(r["node"])
-                      for r in agent.store.db.execute("SELECT job_id, node FROM migrate_buddies").fetchall()}
-        self._restore_releases()
+        self.prestage.restore()
         self.fence.restore()
         try:
             self.retry = RetrySchedule(float(self.s["retry_base_s"]), 2.0, float(self.s["retry_max_s"]))
@@ -1152,7 +1138,7 @@ class ReclaimComponent(BuddiesMixin, GuardMixin, ReplicasMixin, WithdrawMixin, S
         _, need = self._need(job)
         z = self.zone
         zone = str(z.zone) if z is not None else "0"
-        buddy = self.buddy.get(job.id)
+        buddy = self.prestage.buddy.get(job.id)
         req = dst.MoveRequest(self.job_key(job), need, ckpt_bytes, DEFAULT_REMAINING_S, window_s, str(self.node_id),
                               zone, zone, frozenset({str(buddy)}) if prestaged and buddy else frozenset())
         ranked = dst.rank(req, self.candidates(need), margin=float(self.s["notice_margin"]))
@@ -1799,7 +1785,7 @@ class ReclaimComponent(BuddiesMixin, GuardMixin, ReplicasMixin, WithdrawMixin, S
                   cause=cause or (mp.Cause.RECLAIM if deadline_mono is not None else mp.Cause.MOVE_NOW))
         self.moves[job.id] = mv
         self.evacuating.add(job.id)
-        self._supersede_prestage(job.id)
+        self.prestage.supersede(job.id)
         self.counts["moves"] += 1
         frozen = False
         try:
@@ -1891,7 +1877,7 @@ class ReclaimComponent(BuddiesMixin, GuardMixin, ReplicasMixin, WithdrawMixin, S
             else:
                 size = before_size if ckpt == before and before_size is not None else DEFAULT_CKPT_BYTES
             window = None if deadline_mono is None else max(0.0, deadline_mono - time.monotonic())
-            prestaged = self.shipped.get(job.id) == ckpt.name
+            prestaged = self.prestage.shipped.get(job.id) == ckpt.name
             ranked = self.rank_for(job, float(size), window, prestaged)
             mv.ranked = [{"node": int(r.candidate.node), "feasible": r.feasible,
                           "expected_loss_s": None if math.isinf(r.expected_loss_s) else round(r.expected_loss_s, 3),
@@ -1909,7 +1895,7 @@ class ReclaimComponent(BuddiesMixin, GuardMixin, ReplicasMixin, WithdrawMixin, S
                     "no destination fits: no live peer in the zone")
             # a node a move or a prestage found silent lately is left out: another job of this
             # reclaim would pay the same timeouts there (it is back once the zone hears from it)
-            silent = self._silent_peers()
+            silent = self.prestage.silent_peers()
             errors += [f"node {r.candidate.node}: found silent lately" for r in feasible if int(r.candidate.node) in silent]
             feasible = [r for r in feasible if int(r.candidate.node) not in silent]
             for r in feasible:
@@ -1921,7 +1907,7 @@ class ReclaimComponent(BuddiesMixin, GuardMixin, ReplicasMixin, WithdrawMixin, S
                     raise  # the operator's call: the job runs here, not on another node
                 except (MigrateError, TransferError, OSError, TimeoutError) as e:
                     if isinstance(e, PeerSilentError):
-                        self._mark_silent(node)
+                        self.prestage.mark_silent(node)
                     errors.append(f"node {node}: {e}")
                     self._emit(f"{job.id}: move to node {node} failed: {e}", job=job.id, node=node)
             else:
@@ -2020,14 +2006,14 @@ class ReclaimComponent(BuddiesMixin, GuardMixin, ReplicasMixin, WithdrawMixin, S
         (:meth:`_archive_until`): one that does not answer by then publishes nothing later."""
         mv.phase = "hold"
         window = None if xfer_deadline is None else max(0.0, xfer_deadline - time.monotonic())
-        ranked = await self.rank_holders(self.job_key(job), size, window, self.buddy.get(job.id))
+        ranked = await self.rank_holders(self.job_key(job), size, window, self.prestage.buddy.get(job.id))
         mv.ranked += [{"node": int(r.candidate.node), "feasible": r.feasible, "holder": True,
                        "reasons": list(r.reasons)} for r in ranked]
         errors = [why]
         if not any(r.feasible for r in ranked):
             errors.append("no holder: " + ("; ".join(f"node {r.candidate.node}: {', '.join(r.reasons)}"
                                                       for r in ranked[:4]) or "no live peer in the zone"))
-        silent = self._silent_peers()  # a node a move or a prestage found silent lately: left out
+        silent = self.prestage.silent_peers()  # a node a move or a prestage found silent lately: left out
         for r in (r for r in ranked if r.feasible and int(r.candidate.node) not in silent):
             node = int(r.candidate.node)
             mv.dest = node
@@ -2038,22 +2024,22 @@ class ReclaimComponent(BuddiesMixin, GuardMixin, ReplicasMixin, WithdrawMixin, S
                                  manifest=mv.manifest)
             except (MigrateError, TransferError, OSError, TimeoutError) as e:
                 if isinstance(e, PeerSilentError):
-                    self._mark_silent(node)
+                    self.prestage.mark_silent(node)
                 errors.append(f"holder {node}: {e}")
                 continue
             # The holder guards the job before it stops here (as a buddy: it takes the job over
             # when this node's window ends, which the guard carries): an agent crash between the
             # stop and the take-over below leaves the job its keeper. Told to take over only
             # once the job is stopped, it never runs it beside this node.
-            old = self.buddy.get(job.id)
+            old = self.prestage.buddy.get(job.id)
             try:
                 await self._guard(job, node, ckpt.name)
             except (MigrateError, TransferError, OSError, TimeoutError) as e:
                 errors.append(f"holder {node} has {ckpt.name} but did not take the guard: {e}")
                 continue
-            self._set_buddy(job.id, node)
+            self.prestage.set_buddy(job.id, node)
             if old is not None and old != node:  # its guard of an older checkpoint is not needed (not awaited:
-                self._spawn(self._release(old, self.job_key(job)))  # a silent old buddy delays nothing)
+                self._spawn(self.prestage.release(old, self.job_key(job)))  # a silent old buddy delays nothing)
             lost = max(0.0, self.frozen_at.pop(job.id, time.time()) - ckpt.stat().st_mtime)
             with contextlib.suppress(Exception):  # stopped before the holder may resume it
                 await self.agent.jobs.stop(job.id, f"node {self.node_id} reclaimed with no room in the zone: "
@@ -2086,7 +2072,7 @@ class ReclaimComponent(BuddiesMixin, GuardMixin, ReplicasMixin, WithdrawMixin, S
             return
         if self._archive_root() is not None:
             # no live peer keeps it: the archive does, and any agent with room claims it
-            buddy = self.buddy.get(job.id)
+            buddy = self.prestage.buddy.get(job.id)
             key = self.job_key(job)
             record = {"key": key, "src_node": self.node_id, "src_job": job.id, "request": self._request(job, True)}
             late_ok = buddy is None
@@ -2148,9 +2134,9 @@ class ReclaimComponent(BuddiesMixin, GuardMixin, ReplicasMixin, WithdrawMixin, S
             self._archive_keeps.discard(job.id)
             if late_ok:  # after the stop: a restart before it finds the record published and the job here
                 self._late_row_drop(key)
-            old = self._forget_buddy(job.id)
+            old = self.prestage.forget_buddy(job.id)
             if old is not None:
-                await self._release(old, self.job_key(job))
+                await self.prestage.release(old, self.job_key(job))
             mv.phase, mv.dest = "archived", None
             self.counts["archived"] += 1
             self._emit(f"{job.id}: {'; '.join(errors)}; {ckpt.name} archived in {path.parent}", job=job.id,
@@ -2336,13 +2322,13 @@ class ReclaimComponent(BuddiesMixin, GuardMixin, ReplicasMixin, WithdrawMixin, S
             remote = await self._send(job, ckpt, node, deadline_mono, mv, silent_retries=MOVE_SILENT_RETRIES,
                                       manifest=mv.manifest)
             mv.phase = "handover"
-            old = self.buddy.get(job.id)
+            old = self.prestage.buddy.get(job.id)
             await self._guard(job, node, ckpt.name)  # the destination guards the job from now on
-            self._set_buddy(job.id, node)
+            self.prestage.set_buddy(job.id, node)
             if old is not None and old != node:
                 # beside the hand-over, not before it: the job is frozen, and an old buddy gone
                 # silent held it up to _control's timeout (a release not answered is sent again)
-                self._spawn(self._release(old, self.job_key(job)))
+                self._spawn(self.prestage.release(old, self.job_key(job)))
             spec = job.spec.as_dict()
             spec.pop("gpus", None)
             spec["resume_from"] = remote
@@ -2515,8 +2501,7 @@ class ReclaimComponent(BuddiesMixin, GuardMixin, ReplicasMixin, WithdrawMixin, S
                 self._departure_round()
                 self.fence.tick(time.time())
                 self.vouch.tick(time.time())
-                self._release_round()
-                self._prestage_round()
+                self.prestage.tick(time.time())
                 self._archive_watch()
                 self._guard_recheck_round(time.time())
                 await self._guard_round()
@@ -2722,7 +2707,7 @@ class ReclaimComponent(BuddiesMixin, GuardMixin, ReplicasMixin, WithdrawMixin, S
 
     def _op_dropped(self, node: str, asker: int, body: dict[str, Any]) -> Any:
         """An operator dropped the guard of one of this node's jobs there, by force."""
-        return self._answer_dropped(node, str(body["key"]))
+        return self.prestage.answer_dropped(node, str(body["key"]))
 
     def _op_taken(self, node: str, asker: int, body: dict[str, Any]) -> Any:
         """A job's node, fenced while cut off and heard again: did this node take it over?"""
@@ -2831,8 +2816,8 @@ class ReclaimComponent(BuddiesMixin, GuardMixin, ReplicasMixin, WithdrawMixin, S
 
     def status(self) -> dict[str, Any]:
         r = self.reclaim
-        return {"port": self.port, "counts": dict(self.counts), "buddies": {k: v for k, v in self.buddy.items()},
-                "releases_pending": [{"node": n, "key": k} for n, k in sorted(self._releases)],
+        return {"port": self.port, "counts": dict(self.counts), "buddies": {k: v for k, v in self.prestage.buddy.items()},
+                "releases_pending": [{"node": n, "key": k} for n, k in sorted(self.prestage.releases)],
                 "reclaim": None if r is None else {"deadline": r["deadline"], "done": r["task"].done()},
                 "notices": sorted(self.notices),
                 # jobs frozen while this node heard none of its zone (fence.py): job id -> since (wall clock)

@@ -101,6 +101,7 @@ from laminar.policy.endcause import RESUMED_BY_ITS_GUARD, EndCause
 
 if TYPE_CHECKING:
     from laminar.migrate.archive import ArchiveLane
+    from laminar.migrate.buddies import Prestage
     from laminar.migrate.transfer import Receiver
 
 log = logging.getLogger("laminar.migrate")
@@ -329,9 +330,7 @@ class ReplicasMixin:
         _guard_asked: dict[str, float]
         _guard_checking: set[str]
         _lane: ArchiveLane
-        _releases: dict[tuple[int, str], tuple[float, float]]
         _owners: dict[str, tuple[int, int]]
-        _prestaging: set[str]
         _replica_lane: Lane
         _replica_scan: tuple[float, dict[str, Any]] | None
         _replica_scan_fut: asyncio.Future[dict[str, Any]] | None
@@ -341,9 +340,9 @@ class ReplicasMixin:
         _superseding: set[str]
         _taking: set[str]
         agent: Any
-        buddy: dict[str, int]
         counts: dict[str, int]
         evacuating: set[str]
+        prestage: Prestage
         receiver: Receiver | None
         root: Path | None
         s: dict[str, Any]
@@ -352,14 +351,11 @@ class ReplicasMixin:
         def _emit(self, message: str, **fields: Any) -> None: ...
         def _archive_root(self) -> Path | None: ...
         def _archive_runner(self, key: str) -> str | None: ...
-        def _forget_buddy(self, job_id: str) -> int | None: ...
         def _last_seen(self, node: int) -> float: ...
-        async def _release(self, node: int, key: str) -> None: ...
         def _runs_here(self, key: str) -> str | None: ...
         def _source_dead(self, src: int, now: float, window_end: float | None = None,
                          since: float | None = None) -> str | None: ...
         def _spawn(self, coro: Any) -> asyncio.Task[Any]: ...
-        def _supersede_prestage(self, job_id: str) -> None: ...
         @property
         def node_id(self) -> int: ...
         @property
@@ -864,7 +860,7 @@ class ReplicasMixin:
             raise ValueError(f"superseded: at {at!r} is not a time")
         # a node speaks for itself, or the job's guard (its buddy, or an old buddy still owed a
         # release) for the node it placed the job on when it had no room (replica state ``placed``)
-        guard = jid is not None and (self.buddy.get(jid) == asker or (asker, key) in self._releases)
+        guard = jid is not None and (self.prestage.buddy.get(jid) == asker or (asker, key) in self.prestage.releases)
         if claimed != asker and not guard:
             raise ValueError(f"superseded: node {asker} cannot speak for node {claimed!r} (it does not guard {key})")
         at += shift
@@ -920,10 +916,10 @@ class ReplicasMixin:
             # no longer run here, and nobody would release it (its node takes the job over when
             # this node next falls silent: a second copy beside the one that superseded this;
             # bench/chaos.py --no-archive, seed 43). One past its send withdraws that guard
-            self._supersede_prestage(job.id)
-            buddy = self._forget_buddy(job.id)
+            self.prestage.supersede(job.id)
+            buddy = self.prestage.forget_buddy(job.id)
             if buddy is not None and (buddy != node or key != own):
-                self._spawn(self._release(buddy, own))
+                self._spawn(self.prestage.release(buddy, own))
             await self.agent.jobs.stop(job.id, f"node {node} runs it as {their}: it took the job over while it heard "
                                        f"nothing from node {self.node_id} (a partition); stopped here so that it runs "
                                        "once", grace_s=0, state="migrated", cause=EndCause.SUPERSEDED)
@@ -959,8 +955,8 @@ class ReplicasMixin:
             return {"key": key, "needed": False, "state": None if again_job is None else str(again_job.state),
                     "runs_as": again, "why": f"node {self.node_id} runs {key} again, as {again}",
                     "reclaim": getattr(self, "reclaim", None) is not None}
-        needed, why = guard_needed(state, self.buddy.get(jid), asker,
-                                   jid in self.evacuating or jid in self._prestaging)
+        needed, why = guard_needed(state, self.prestage.buddy.get(jid), asker,
+                                   jid in self.evacuating or jid in self.prestage.prestaging)
         # ``reclaim``: whether this node has a reclaim now (a guard that may have missed its
         # withdrawal learns from a false one that the window it holds no longer ends anything);
         # ``stopped_for_good``: the job stopped here without moving and its guard is to resume it
@@ -971,7 +967,7 @@ class ReplicasMixin:
         # ``end_cause`` goes with the answer, for the asker's events (it decides on
         # ``stopped_for_good``, as before: an older agent's answer has no cause).
         cause = getattr(job, "end_cause", None)
-        stopped = needed and self.buddy.get(str(jid)) == asker and cause in RESUMED_BY_ITS_GUARD
+        stopped = needed and self.prestage.buddy.get(str(jid)) == asker and cause in RESUMED_BY_ITS_GUARD
         return {"key": key, "needed": needed, "why": why, "state": state, "stopped_for_good": stopped,
                 "end_cause": None if cause is None else str(cause),
                 "reclaim": getattr(self, "reclaim", None) is not None}  # (getattr: a caller's stand-in may lack it)
@@ -1260,7 +1256,7 @@ class ReplicasMixin:
                                     timeout: float = 5.0) -> dict[str, Any]:
         """:meth:`drop_replica`, then, for a forced drop of a ``guarding`` or ``waiting`` key, tells
         its source (control op ``dropped``, ``{"key"}``) so that it forgets this node as the job's
-        buddy and prestages elsewhere (:meth:`_answer_dropped` there). The drop stands whatever the
+        buddy and prestages elsewhere (:meth:`Prestage.answer_dropped` there). The drop stands whatever the
         source says or whether it can be reached. Adds ``source_told`` (True: the source answered;
         False: it was not told; None: nothing to tell) and ``source_says`` (its answer's ``why``, or
         why it was not told) to :meth:`drop_replica`'s answer. Raises what drop_replica raises."""

@@ -33,7 +33,7 @@ REPLICAS_SCHEMA = [
         job_id TEXT PRIMARY KEY,
         node INTEGER NOT NULL,
         updated REAL NOT NULL)""",
-    # A ``release`` this node owes ``node`` for ``key`` (:meth:`ReclaimComponent._release`), written
+    # A ``release`` this node owes ``node`` for ``key`` (:meth:`laminar.migrate.buddies.Prestage.release`), written
     # before its first try and deleted once ``node`` answered (or it was given up, RELEASE_GIVE_UP_S
     # after ``since``, or ``node`` guards the job again): a restarted agent sends it again.
     """CREATE TABLE IF NOT EXISTS migrate_releases (

@@ -26,6 +26,7 @@ from laminar.policy import custody, moves
 from laminar.policy.endcause import EndCause
 
 if TYPE_CHECKING:
+    from laminar.migrate.buddies import Prestage
     from laminar.migrate.reclaim import Move
 
 log = logging.getLogger("laminar.migrate")
@@ -39,19 +40,15 @@ class SettleMixin:
         _asking: dict[str, dict[str, Any]]
         _taking: set[str]
         agent: Any
-        buddy: dict[str, int]
         counts: dict[str, int]
         evacuating: set[str]
         moves: dict[str, Move]
+        prestage: Prestage
 
         def _drop_move_record(self, job_id: str) -> None: ...
         async def _unhold_wait(self, job: Any, froze: bool, timeout: float) -> bool: ...
-        def _drop_release(self, pair: tuple[int, str]) -> None: ...
         def _drop_replica_handover(self, key: str) -> None: ...
         def _emit(self, message: str, **fields: Any) -> None: ...
-        def _forget_buddy(self, job_id: str) -> int | None: ...
-        def _owe_release(self, node: int, key: str, db: Any = None) -> None: ...
-        async def _release(self, node: int, key: str) -> None: ...
         def _set_replica(self, key: str, event: custody.Event, job_id: str | None = None,
                          insert: dict[str, Any] | None = None) -> None: ...
         def _spawn(self, coro: Any) -> asyncio.Task[Any]: ...
@@ -100,7 +97,7 @@ class SettleMixin:
         guard's placement. ``decision``: ``run-here`` (the node does not run it: the job is
         thawed here when its move froze it and runs on; a placement's guard goes on; the node
         is no longer the job's buddy and is told to release its guard, recorded with the
-        decision and sent until it answers, also after a restart: :meth:`_release`) or
+        decision and sent until it answers, also after a restart: :meth:`Prestage.release`) or
         ``gone`` (the node runs it: the job is stopped here, state ``migrated``; the replica is
         ``placed`` there). Written to the
         store before it is done, so a restart finishes it and never asks the node again.
@@ -156,8 +153,8 @@ class SettleMixin:
         job = jobs_mgr.get(jid) if jobs_mgr is not None else None
         if decision == "run-here" and mv.phase == "failed" and job is not None and job.active:
             self._unbuddy(jid, node)  # (_move_to made node its buddy with the guard it handed it)
-            self._owe_release(node, mv.key)  # (the placement's Release went with the move's end)
-            self._spawn(self._release(node, mv.key))
+            self.prestage.owe_release(node, mv.key)  # (the placement's Release went with the move's end)
+            self._spawn(self.prestage.release(node, mv.key))
         state = None if job is None else job.state
         self._emit(f"{jid}: its reclaim move's hand-over to node {node}, unanswered since {time.ctime(since)}, "
                    f"settled by {by or 'an operator'}: " + (f"node {node} does not run it, it runs here"
@@ -168,7 +165,7 @@ class SettleMixin:
 
     def _tell_release(self, node: int, pid: int, key: str) -> None:
         """``node`` releases the placement (best effort: its reservation also lapses by itself)
-        and the guard (:meth:`_release`: recorded here first, sent until ``node`` answers, also
+        and the guard (:meth:`Prestage.release`: recorded here first, sent until ``node`` answers, also
         after a restart, and once ``node`` is in the zone's roster again if it left it)."""
         from laminar.zone import wire
 
@@ -176,18 +173,18 @@ class SettleMixin:
         with contextlib.suppress(Exception):
             if z is not None and node in z.membership.by_node:
                 z.submitter.t.send(node, wire.Release(pid))
-        self._owe_release(node, key)  # before the task: a stop that cancels it unstarted loses nothing
-        self._spawn(self._release(node, key))
+        self.prestage.owe_release(node, key)  # before the task: a stop that cancels it unstarted loses nothing
+        self._spawn(self.prestage.release(node, key))
 
     def _unbuddy(self, job_id: str, node: int, db: Any = None) -> None:
         """``node`` is no longer ``job_id``'s buddy (an operator settled that it does not run the
         job it was handed with the guard): its guard is released, not kept as the job's."""
-        if self.buddy.get(job_id) == node:
-            self.buddy.pop(job_id, None)
+        if self.prestage.buddy.get(job_id) == node:
+            self.prestage.buddy.pop(job_id, None)
             if db is not None:
                 db.execute("DELETE FROM migrate_buddies WHERE job_id=? AND node=?", (job_id, node))
             else:
-                self._forget_buddy(job_id)
+                self.prestage.forget_buddy(job_id)
 
     async def _stop_settled(self, job: Any, node: int, how: str) -> None:
         """Stops ``job`` here (state ``migrated``) as an operator settled: ``node`` runs it."""
@@ -214,7 +211,7 @@ class SettleMixin:
             if decision == "run-here" and key is not None:
                 # node drops the guard _move_to handed it (owed before anything else: sent after a restart too)
                 self._unbuddy(jid, node, db)
-                self._owe_release(node, key, db)
+                self.prestage.owe_release(node, key, db)
         rec = lambda: ledger.move_phase(self.agent.store.db, jid, ledger.WINDOWLESS) is moves.Phase.NEW  # noqa: E731
         if not await self._await_waiter(jid, decision, rec):
             if job is None or not job.active:
@@ -231,7 +228,7 @@ class SettleMixin:
             if job is not None and job.active:  # (not when node answered: it runs it)
                 self._tell_release(node, pid, key)
             else:
-                self._drop_release((node, key))
+                self.prestage.drop_release((node, key))
         mv = self.moves.get(jid)
         if mv is not None and mv.phase == "handover" and mv.dest == node:  # (not its hand-over to another node)
             mv.phase, mv.ended = ("failed" if decision == "run-here" else "done"), time.time()
