@@ -198,7 +198,7 @@ from laminar.migrate.transfer import (
 )
 from laminar.migrate.trees import _remove_tree
 from laminar.migrate.vouch import Vouch
-from laminar.migrate.withdraw import WithdrawMixin
+from laminar.migrate.withdraw import Withdraw
 from laminar.offloop import Lane, LaneBusy
 from laminar.policy import ckpt_schedule as cs
 from laminar.policy import custody, prestage
@@ -623,7 +623,7 @@ def _in_own_clock(body: dict[str, Any]) -> dict[str, Any]:
     return req
 
 
-class ReclaimComponent(BuddiesMixin, GuardMixin, ReplicasMixin, WithdrawMixin, SettleMixin, ArchiveMixin):
+class ReclaimComponent(BuddiesMixin, GuardMixin, ReplicasMixin, SettleMixin, ArchiveMixin):
     """``laminar.migrate.reclaim:ReclaimComponent`` (agent attribute ``migrate``)."""
 
     agent_attr = "migrate"
@@ -675,7 +675,7 @@ class ReclaimComponent(BuddiesMixin, GuardMixin, ReplicasMixin, WithdrawMixin, S
                                        "received": 0, "held": 0, "placed": 0, "retries": 0, "archived": 0}
         self.retry = RetrySchedule()  # the guard's looks for room (from the config at start)
         self._drain_task: asyncio.Task[Any] | None = None  # places this node's queued jobs elsewhere during a reclaim
-        self._cancelling = False  # a cancel of this node's reclaim runs now
+        self.withdraw = Withdraw(self)  # the cancel of this node's reclaim, a peer's withdrawal (withdraw.py)
         self._taking: set[str] = set()  # keys whose take-over runs now
         # keys whose take-over is starting its job here now (past its last look for a hand-over,
         # the job manager's start under way): the job's id once stored, None when refused
@@ -1259,12 +1259,12 @@ class ReclaimComponent(BuddiesMixin, GuardMixin, ReplicasMixin, WithdrawMixin, S
         return self.start_reclaim(notice_s, reason)
 
     async def cancel(self, node: int | None = None, reason: str = "") -> dict[str, Any]:
-        """Cancels the reclaim of ``node`` (None or this node: here, :meth:`cancel_reclaim`);
+        """Cancels the reclaim of ``node`` (None or this node: here, :meth:`Withdraw.cancel_reclaim`);
         another node's cancel is forwarded to its agent (control op ``reclaim-cancel``) as the
         reclaim itself is. Raises LookupError when that node has no reclaim, MigrateError for a
         node outside the zone, one that cannot be reached, or a cancel already running."""
         if node is None or node == self.node_id:
-            return await self.cancel_reclaim(reason)
+            return await self.withdraw.cancel_reclaim(reason)
         try:
             res = await self._control(node, "reclaim-cancel", {"reason": reason, "ts": time.time()}, timeout=30.0)
         except (OSError, TimeoutError, TransferError) as e:
@@ -1283,7 +1283,7 @@ class ReclaimComponent(BuddiesMixin, GuardMixin, ReplicasMixin, WithdrawMixin, S
             if end >= self.reclaim["deadline"]:
                 return self.reclaim_status()
             self.reclaim["task"].cancel()
-        elif not self._cancelling:  # a new reclaim: what an earlier one did to jobs is history
+        elif not self.withdraw.cancelling:  # a new reclaim: what an earlier one did to jobs is history
             # (not while a cancel runs: its placement in flight is this reclaim's to remember), but
             # a move still finishing (a cancelled reclaim's) keeps its record: a restart settles it
             with self.agent.store.tx() as db:
@@ -1312,7 +1312,7 @@ class ReclaimComponent(BuddiesMixin, GuardMixin, ReplicasMixin, WithdrawMixin, S
                 tx.execute("DELETE FROM migrate_reclaim")
             phases = self._move_phases()
             if marker is not None or phases:
-                self._spawn(self._settle_cancelled(phases, marker if isinstance(marker, dict) else None))
+                self._spawn(self.withdraw.settle_cancelled(phases, marker if isinstance(marker, dict) else None))
             return
         now = time.time()
         # what is left by the boot's clock (a step of the wall clock since does not count), or
@@ -1337,7 +1337,8 @@ class ReclaimComponent(BuddiesMixin, GuardMixin, ReplicasMixin, WithdrawMixin, S
                        + (f"; stopped as reclaimed, their traffic cut at the window's end: {', '.join(j.id for j in cut)}"
                           if cut else ""), phase="reclaim-cleared", notice_s=float(row["notice_s"]), window_end=end,
                        reason=str(row["reason"]), stopped=[j.id for j in cut])
-            self._spawn(self._retell_withdrawn(None, 0.0, at_once=True, marker=False))  # the peers forget its notice
+            # the peers forget its notice
+            self._spawn(self.withdraw.retell_withdrawn(None, 0.0, at_once=True, marker=False))
             return
         self._begin_reclaim(float(row["notice_s"]), str(row["reason"]), float(row["announced"]), end, restored=True)
 
@@ -1381,7 +1382,7 @@ class ReclaimComponent(BuddiesMixin, GuardMixin, ReplicasMixin, WithdrawMixin, S
                     self._holds().adopt(j, Hold.MOVE)
                     self._holds().release(j, Hold.MOVE, timeout=0)  # asked; not waited for (on the loop)
         for j in handed:
-            self._spawn(self._stop_handed(j, phases[j.id][1]))
+            self._spawn(self.withdraw.stop_handed(j, phases[j.id][1]))
         placing = [jid for jid, (ph, _) in phases.items() if ph == "placing"
                    and jobs_mgr is not None and getattr(jobs_mgr.get(jid), "state", None) == "queued"]
         link = float(self.s["path_mbit"]) * 1e6 / 8
@@ -1612,7 +1613,7 @@ class ReclaimComponent(BuddiesMixin, GuardMixin, ReplicasMixin, WithdrawMixin, S
 
     async def _execute(self, jobs: list[Any], steps: dict[str, cs.NoticeStep]) -> None:
         """The evacuation, then, at the window's end, the stop of what still runs. Withdrawn
-        (``cancel`` set, :meth:`cancel_reclaim`): no move begins any more, a move already begun
+        (``cancel`` set, :meth:`Withdraw.cancel_reclaim`): no move begins any more, a move already begun
         finishes (never cut: its job must not stay frozen or end up nowhere) and nothing is
         stopped at the window's end."""
         assert self.reclaim is not None
@@ -2710,7 +2711,7 @@ class ReclaimComponent(BuddiesMixin, GuardMixin, ReplicasMixin, WithdrawMixin, S
     def _op_reclaim_withdrawn(self, node: str, asker: int, body: dict[str, Any]) -> Any:
         """The sender's own reclaim is withdrawn: its notice is forgotten."""
         self._check_dated(body, "reclaim-withdrawn")
-        return {"withdrawn": int(node), "guards": self.withdrawn_notice(int(node))}
+        return {"withdrawn": int(node), "guards": self.withdraw.withdrawn_notice(int(node))}
 
     def _op_superseded(self, node: str, asker: int, body: dict[str, Any]) -> Any:
         """A guard took one of this node's jobs over and runs it."""
@@ -2744,7 +2745,7 @@ class ReclaimComponent(BuddiesMixin, GuardMixin, ReplicasMixin, WithdrawMixin, S
         """Control op ``reclaim-cancel``: another node cancels this node's reclaim (``laminarctl
         reclaim cancel --node``). Nothing to cancel is answered ``{"refused": why}``."""
         try:
-            return await self.cancel_reclaim(f"{reason or 'reclaim cancelled'} (from node {node})")
+            return await self.withdraw.cancel_reclaim(f"{reason or 'reclaim cancelled'} (from node {node})")
         except (LookupError, MigrateError) as e:
             return {"refused": str(e), "not_found": isinstance(e, LookupError)}
 
