@@ -50,6 +50,7 @@ from laminar.zone import authority as au
 if TYPE_CHECKING:
     from laminar.migrate.archive import ArchiveLane
     from laminar.migrate.fence import Fence
+    from laminar.migrate.settle import Settle
     from laminar.migrate.vouch import Vouch
     from laminar.migrate.withdraw import Withdraw
     from laminar.policy.holder import RetrySchedule
@@ -100,6 +101,7 @@ class GuardMixin:
         retry: RetrySchedule
         root: Path | None
         s: dict[str, Any]
+        settle: Settle
         vouch: Vouch
         withdraw: Withdraw
 
@@ -119,7 +121,6 @@ class GuardMixin:
         def _resume_copy(self, path: Path, uid: int, gid: int) -> Path: ...
         def _resume_root(self) -> Path: ...
         def _spawn(self, coro: Any) -> asyncio.Task[Any]: ...
-        def _tell_release(self, node: int, pid: int, key: str) -> None: ...
         def _unclaim(self, key: str) -> None: ...
         def candidates(self, need: dst.Resources) -> list[dst.Candidate]: ...
         @property
@@ -929,7 +930,7 @@ class GuardMixin:
                 held = False
                 # as _place_on's refusal: node drops the placement and the take-over guard it gave
                 # it (else node resumes the job at that guard's not_before while the guard here goes on)
-                self._tell_release(node, pid, key)
+                self.settle.tell_release(node, pid, key)
                 self._emit(f"{key}: its placement on node {node} was cut by the agent's stop during the hand-over; "
                            f"node {node} did not start it ({e}); the guard goes on", key=key, node=node,
                            phase="placement-cut", error=str(e))

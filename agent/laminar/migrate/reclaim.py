@@ -178,7 +178,7 @@ from laminar.migrate.replicas import guard_needed as guard_needed
 from laminar.migrate.replicas import replica_gc_plan as replica_gc_plan
 from laminar.migrate.replicas import replica_victims as replica_victims
 from laminar.migrate.schema import MOVES_SCHEMA, RECLAIM_SCHEMA, REPLICAS_SCHEMA, upgrade_moves
-from laminar.migrate.settle import SettleMixin
+from laminar.migrate.settle import Settle
 from laminar.migrate.transfer import (
     DEFAULT_CHUNK,
     Committed,
@@ -623,7 +623,7 @@ def _in_own_clock(body: dict[str, Any]) -> dict[str, Any]:
     return req
 
 
-class ReclaimComponent(BuddiesMixin, GuardMixin, ReplicasMixin, SettleMixin, ArchiveMixin):
+class ReclaimComponent(BuddiesMixin, GuardMixin, ReplicasMixin, ArchiveMixin):
     """``laminar.migrate.reclaim:ReclaimComponent`` (agent attribute ``migrate``)."""
 
     agent_attr = "migrate"
@@ -747,6 +747,7 @@ class ReclaimComponent(BuddiesMixin, GuardMixin, ReplicasMixin, SettleMixin, Arc
         # job id (a placement's: its key) -> its confirmed hand-over waiting for its node's answer:
         # node, since (wall, the first unanswered try; None before), error, wake (an operator's settle)
         self._asking: dict[str, dict[str, Any]] = {}
+        self.settle = Settle(self)  # hand-overs not answered, an operator's settle of one (settle.py)
 
     # -- life cycle ---------------------------------------------------------------------------
 
@@ -1538,7 +1539,7 @@ class ReclaimComponent(BuddiesMixin, GuardMixin, ReplicasMixin, SettleMixin, Arc
                 continue
             if r["phase"] == "gone":  # an operator settled that its node runs it; the stop here was cut
                 self.evacuating.add(jid)  # a reclaim restored in this start does not move it meanwhile
-                self._spawn(self._stop_settled(job, int(r["node"]), "the agent's restart"))
+                self._spawn(self.settle.stop_settled(job, int(r["node"]), "the agent's restart"))
                 continue
             if r["phase"] == "handover" and r["node"] is not None and r["pid"] is not None:
                 self.evacuating.add(jid)  # Airlock leaves it frozen (AirlockManager.moving)
@@ -1565,7 +1566,7 @@ class ReclaimComponent(BuddiesMixin, GuardMixin, ReplicasMixin, SettleMixin, Arc
         stops again) leaves the record for the next start. ``node`` cannot be asked (no zone, or
         it left the roster): the job stays frozen here and in ``evacuating`` (no reclaim's move,
         no Airlock re-address of it: ``node`` may run it) until an operator settles it
-        (:meth:`settle_handover`) or a later start asks ``node``."""
+        (:meth:`Settle.settle_handover`) or a later start asks ``node``."""
         mv = Move(job.id, self.job_key(job), reason, phase="handover", dest=node)
         self.moves[job.id] = mv
         held = False
@@ -1596,7 +1597,7 @@ class ReclaimComponent(BuddiesMixin, GuardMixin, ReplicasMixin, SettleMixin, Arc
             self._emit(f"{job.id}: its move to node {node} was cut by the agent's stop during the hand-over and node "
                        f"{node} cannot be asked ({e!r}); the job stays frozen here (it may run there) until a start "
                        "that can ask it, or an operator's call", job=job.id, node=node, phase="unconfirmed")
-            held = True  # still being moved: the settle (_settle_move) takes it out of evacuating
+            held = True  # still being moved: the settle (Settle._settle_move) takes it out of evacuating
         finally:
             mv.ended = time.time()
             if not held:
@@ -2903,17 +2904,18 @@ class ReclaimComponent(BuddiesMixin, GuardMixin, ReplicasMixin, SettleMixin, Arc
             return self.reclaim_status()
 
         async def migrations(req: Request) -> list[dict[str, Any]]:
-            return [self._move_view(m) for m in self.moves.values()]
+            return [self.settle.move_view(m) for m in self.moves.values()]
 
         async def handovers(req: Request) -> list[dict[str, Any]]:
-            return self.pending_handovers()
+            return self.settle.pending_handovers()
 
         async def settle(req: Request) -> dict[str, Any]:
             b = req.body
             if not isinstance(b, dict) or set(b) - {"decision"} or b.get("decision") not in ("run-here", "gone"):
                 raise ApiError(400, f"settle: body {brief(b)}: expected {{\"decision\": \"run-here\" | \"gone\"}}")
             try:
-                return await self.settle_handover(req.params["job"], b["decision"], by=f"uid {req.peer.uid}")
+                return await self.settle.settle_handover(req.params["job"], b["decision"],
+                                                         by=f"uid {req.peer.uid}")
             except LookupError as e:
                 raise ApiError(409, f"settle: {e.args[0]}") from None
 
@@ -2924,7 +2926,7 @@ class ReclaimComponent(BuddiesMixin, GuardMixin, ReplicasMixin, SettleMixin, Arc
                 mv = self.moves.get(f"job-{jid}")
             if mv is None:
                 raise ApiError(404, f"no move of job {jid!r} on this node")
-            return self._move_view(mv)
+            return self.settle.move_view(mv)
 
         async def replicas(req: Request) -> Any:
             totals = req.query.get("totals", "0")
