@@ -208,7 +208,7 @@ def test_a_reclaim_move_left_to_finish_by_a_cancel_is_listed_and_settled(tmp_pat
             mig.start_reclaim(30.0, "lm-t owner")
             assert await until(lambda: any(e.get("phase") == "unconfirmed" and e.get("job") == job.id
                                            for e in rig.events), 20), [e["message"] for e in rig.events]
-            out = await mig.cancel_reclaim("lm-t owner changed their mind")
+            out = await mig.withdraw.cancel_reclaim("lm-t owner changed their mind")
             assert out["finishing"] == [job.id], out
             await rig.stop_destination()  # node 2 is gone for good
             pending = await get(mig, "/v1/migrate/handovers")

@@ -400,7 +400,7 @@ def test_a_move_finishing_after_a_reclaim_cancel_and_cut_by_a_restart_is_settled
     async def main() -> None:
         async with running_rig(tmp_path) as (rig, jobs):
             mig, job = await reclaim_in_handover(rig, jobs, "lm-t-mvcut-rcfin")
-            out = await mig.cancel_reclaim("lm-t owner changed their mind")
+            out = await mig.withdraw.cancel_reclaim("lm-t owner changed their mind")
             assert out["finishing"] == [job.id], out
             await rig.stop_migrate()
             assert job.cgroup.frozen() and job.state == "running"
@@ -455,7 +455,7 @@ def test_a_move_finishing_after_a_reclaim_cancel_keeps_its_record_when_a_new_rec
     async def main() -> None:
         async with running_rig(tmp_path) as (rig, jobs):
             mig, job = await reclaim_in_handover(rig, jobs, "lm-t-mvcut-rcnew")
-            out = await mig.cancel_reclaim("lm-t owner changed their mind")
+            out = await mig.withdraw.cancel_reclaim("lm-t owner changed their mind")
             assert out["finishing"] == [job.id], out
             mig.start_reclaim(30.0, "lm-t owner again")  # the move of the cancelled one still waits
             await rig.stop_migrate()

@@ -89,7 +89,7 @@ def test_a_node_with_no_reclaim_claims_a_stopped_jobs_record(archive: Path, tmp_
 
 
 def test_a_withdrawn_reclaim_claims_again(archive: Path, tmp_path: Path) -> None:
-    # cancel_reclaim sets ``reclaim`` to None (withdraw.py): the node stays, and claims again
+    # Withdraw.cancel_reclaim sets ``reclaim`` to None (withdraw.py): the node stays, and claims again
     c = component(2, archive, tmp_path / "s2")
     assert round_claims(c, "ended") == []
     c2 = component(2, archive, tmp_path / "s2")

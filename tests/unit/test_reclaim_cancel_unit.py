@@ -1,5 +1,6 @@
-"""A reclaim withdrawn (``ReclaimComponent.cancel_reclaim``): what is under way when the cancel
-comes, and the peers' side. A real ReclaimComponent over a real store and event bus.
+"""A reclaim withdrawn (``Withdraw.cancel_reclaim``, the component's part ``withdraw``): what is
+under way when the cancel comes, and the peers' side. A real ReclaimComponent over a real store
+and event bus.
 
 Stand-ins, named as such: the job manager (``RestoreJobs`` of test_reclaim_restore: jobs with a
 cgroup, the queue hold, stops), the zone (``HeldZone``: not networked, so this node tells no peer;
@@ -84,7 +85,7 @@ def test_cancel_inside_the_window_lets_a_begun_move_and_placement_finish_and_sto
             end_mono = time.monotonic() + notice
             assert jobs.held == drain.hold_reason(comp.node_id) and zone.arbiter.inventory.draining
             assert await until(lambda: moved == ["begun job-1"] and zone.asked == ["n5-job-2"])
-            cancelling = asyncio.ensure_future(comp.cancel_reclaim("lm-t changed plans"))
+            cancelling = asyncio.ensure_future(comp.withdraw.cancel_reclaim("lm-t changed plans"))
             await asyncio.sleep(0.3)
             assert not cancelling.done(), "the cancel must wait for the placement it interrupts"
             assert jobs.held is not None, "the queue is released only once no placement is in flight"
@@ -240,7 +241,7 @@ def test_a_new_reclaim_while_the_cancelled_ones_move_finishes_does_not_move_the_
         try:
             comp.start_reclaim(20.0, "lm-t owner")
             assert await until(lambda: moved == ["begun job-1"])
-            out = await comp.cancel_reclaim("lm-t changed plans")
+            out = await comp.withdraw.cancel_reclaim("lm-t changed plans")
             assert out["finishing"] == ["job-1"], out
             comp.start_reclaim(20.0, "lm-t owner again")  # the second notice, the first move in flight
             await asyncio.sleep(0.5)
@@ -272,7 +273,7 @@ def test_a_new_reclaim_announced_while_a_cancel_waits_for_a_placement_keeps_its_
         try:
             comp.start_reclaim(30.0, "lm-t owner")
             assert await until(lambda: zone.asked == ["n5-job-2"])
-            cancelling = asyncio.ensure_future(comp.cancel_reclaim("lm-t changed plans"))
+            cancelling = asyncio.ensure_future(comp.withdraw.cancel_reclaim("lm-t changed plans"))
             await asyncio.sleep(0.3)
             assert not cancelling.done()
             comp.start_reclaim(30.0, "lm-t owner again")  # the second notice
@@ -362,7 +363,7 @@ def test_a_move_cut_by_a_shorter_window_does_not_leave_its_job_frozen(tmp_path: 
             comp.start_reclaim(10.0, "lm-t owner: sooner")  # a shorter window replaces it: the move is cut
             assert await until(lambda: len(tries) == 2 and comp.moves["job-1"].phase == "failed")
             assert not job.cgroup.is_frozen, "the job is left frozen after its moves were cut and failed"
-            await comp.cancel_reclaim("lm-t changed plans")
+            await comp.withdraw.cancel_reclaim("lm-t changed plans")
             assert not job.cgroup.is_frozen and job.state == "running"
         finally:
             await comp.stop()
@@ -406,7 +407,7 @@ def test_peers_not_reached_at_a_cancel_are_told_after_an_agent_restart(tmp_path:
         zone.membership = SimpleNamespace(by_node={5: None, 7: None})  # type: ignore[attr-defined]
         try:
             comp.start_reclaim(30.0, "lm-t owner")
-            out = await comp.cancel_reclaim("lm-t changed plans")
+            out = await comp.withdraw.cancel_reclaim("lm-t changed plans")
             assert out["peers_missed"] == [7], out
         finally:
             await comp.stop()  # the agent restarts before node 7 was reached
@@ -456,7 +457,7 @@ def test_peers_not_reached_at_a_cancel_after_the_window_are_told_again(tmp_path:
         try:
             comp.start_reclaim(0.2, "lm-t owner")
             await asyncio.sleep(0.5)
-            out = await comp.cancel_reclaim("lm-t given back")
+            out = await comp.withdraw.cancel_reclaim("lm-t given back")
             assert not out["in_window"] and out["peers_told"] == [3] and out["peers_missed"] == [7], out
             assert agent.store.get_meta(drain.CANCEL_META)["missed"] == [7], "nothing says node 7 was missed"
             cut.clear()  # the partition heals

@@ -335,8 +335,8 @@ def test_a_restored_reclaim_does_not_move_a_job_whose_cut_move_cannot_be_asked(t
             assert comp.moves["job-1"].dest == 7 and comp.moves["job-1"].phase == "handover", \
                 "the restored reclaim moved a job whose cut hand-over to node 7 could not be asked"
             assert "job-1" in comp.evacuating and cut.cgroup.thawed == 0
-            assert [h["job"] for h in comp.pending_handovers()] == ["job-1"]
-            out = await comp.settle_handover("job-1", "run-here", by="lm-t operator")
+            assert [h["job"] for h in comp.settle.pending_handovers()] == ["job-1"]
+            out = await comp.settle.settle_handover("job-1", "run-here", by="lm-t operator")
             assert out["decision"] == "run-here" and cut.cgroup.thawed == 1
             assert "job-1" not in comp.evacuating  # the settle ends the hold
             assert other.state == "running"

@@ -72,7 +72,7 @@ def test_a_settle_crossed_by_the_nodes_refusal_is_not_applied_to_the_next_nodes_
             comp._record_move("job-1", moves.Event.HAND_OVER, reason="lm-t loan return", thaw=True, node=2, pid=11, request=req)
             to2 = asyncio.ensure_future(comp._handover(2, 11, req, confirm=True, job_id="job-1"))
             assert await until(lambda: t.asked[2] == 2)  # asked again, that answer held at the gate
-            settle = asyncio.ensure_future(comp.settle_handover("job-1", "run-here", by="lm-t"))
+            settle = asyncio.ensure_future(comp.settle.settle_handover("job-1", "run-here", by="lm-t"))
             assert await until(lambda: comp._asking["job-1"]["wake"].is_set())  # handed to node 2's wait ...
             t.gate.set()  # ... while node 2's answer comes: a refusal
             try:

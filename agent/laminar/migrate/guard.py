@@ -51,7 +51,9 @@ if TYPE_CHECKING:
     from laminar.migrate.archive import ArchiveLane
     from laminar.migrate.buddies import Prestage
     from laminar.migrate.fence import Fence
+    from laminar.migrate.settle import Settle
     from laminar.migrate.vouch import Vouch
+    from laminar.migrate.withdraw import Withdraw
     from laminar.policy.holder import RetrySchedule
 
 log = logging.getLogger("laminar.migrate")
@@ -101,7 +103,9 @@ class GuardMixin:
         retry: RetrySchedule
         root: Path | None
         s: dict[str, Any]
+        settle: Settle
         vouch: Vouch
+        withdraw: Withdraw
 
         def _archive_root(self) -> Path | None: ...
         def _archive_unless_archived(self, key: str, ckpt: Path, record: dict[str, Any]) -> Path | None: ...
@@ -118,13 +122,11 @@ class GuardMixin:
         def _resume_copy(self, path: Path, uid: int, gid: int) -> Path: ...
         def _resume_root(self) -> Path: ...
         def _spawn(self, coro: Any) -> asyncio.Task[Any]: ...
-        def _tell_release(self, node: int, pid: int, key: str) -> None: ...
         def _unclaim(self, key: str) -> None: ...
         def candidates(self, need: dst.Resources) -> list[dst.Candidate]: ...
         @property
         def node_id(self) -> int: ...
         def replica_gc(self, key: str, newest: str | None = None, unclaimed: bool = False) -> list[str]: ...
-        def withdrawn_notice(self, node: int) -> list[str]: ...
         @property
         def zone(self) -> Any: ...
 
@@ -384,7 +386,7 @@ class GuardMixin:
         raises. ``missed``: the window ended and this agent may have missed the source's news
         (:meth:`_missed_news`): a job that lives there on a node with no reclaim (``reclaim``
         false in the answer) means the reclaim was withdrawn: the source's window is forgotten
-        (:meth:`withdrawn_notice`) and the guard guards on; an answer without ``reclaim`` (an
+        (:meth:`Withdraw.withdrawn_notice`) and the guard guards on; an answer without ``reclaim`` (an
         older agent) keeps the guard and the window, once, and :meth:`_guard_round` asks again
         only once the zone stops hearing from the source (``dead_after_s``) or a new guard
         message came; a clear "not needed" ends the guard (as :meth:`_check_guard`: its release
@@ -417,7 +419,7 @@ class GuardMixin:
                 first = key not in self._alive_asked
                 self._alive_asked[key] = time.monotonic()
                 if withdrawn:
-                    self.withdrawn_notice(src)  # its window no longer ends anything here
+                    self.withdraw.withdrawn_notice(src)  # its window no longer ends anything here
                 if missed and "reclaim" not in ans:
                     # an older agent (its answer has no ``reclaim``): whether it withdrew the reclaim
                     # is unknown, so its window is kept, but its job lives there: not taken over,
@@ -929,7 +931,7 @@ class GuardMixin:
                 held = False
                 # as _place_on's refusal: node drops the placement and the take-over guard it gave
                 # it (else node resumes the job at that guard's not_before while the guard here goes on)
-                self._tell_release(node, pid, key)
+                self.settle.tell_release(node, pid, key)
                 self._emit(f"{key}: its placement on node {node} was cut by the agent's stop during the hand-over; "
                            f"node {node} did not start it ({e}); the guard goes on", key=key, node=node,
                            phase="placement-cut", error=str(e))

@@ -179,7 +179,7 @@ from laminar.migrate.replicas import guard_needed as guard_needed
 from laminar.migrate.replicas import replica_gc_plan as replica_gc_plan
 from laminar.migrate.replicas import replica_victims as replica_victims
 from laminar.migrate.schema import MOVES_SCHEMA, RECLAIM_SCHEMA, REPLICAS_SCHEMA, upgrade_moves
-from laminar.migrate.settle import SettleMixin
+from laminar.migrate.settle import Settle
 from laminar.migrate.transfer import (
     DEFAULT_CHUNK,
     Committed,
@@ -199,7 +199,7 @@ from laminar.migrate.transfer import (
 from laminar.migrate.transfer.manifest import _source_state
 from laminar.migrate.trees import _remove_tree
 from laminar.migrate.vouch import Vouch
-from laminar.migrate.withdraw import WithdrawMixin
+from laminar.migrate.withdraw import Withdraw
 from laminar.offloop import Lane, LaneBusy
 from laminar.policy import ckpt_schedule as cs
 from laminar.policy import custody, prestage
@@ -624,7 +624,7 @@ def _in_own_clock(body: dict[str, Any]) -> dict[str, Any]:
     return req
 
 
-class ReclaimComponent(GuardMixin, ReplicasMixin, WithdrawMixin, SettleMixin, ArchiveMixin):
+class ReclaimComponent(GuardMixin, ReplicasMixin, ArchiveMixin):
     """``laminar.migrate.reclaim:ReclaimComponent`` (agent attribute ``migrate``)."""
 
     agent_attr = "migrate"
@@ -672,7 +672,7 @@ class ReclaimComponent(GuardMixin, ReplicasMixin, WithdrawMixin, SettleMixin, Ar
                                        "received": 0, "held": 0, "placed": 0, "retries": 0, "archived": 0}
         self.retry = RetrySchedule()  # the guard's looks for room (from the config at start)
         self._drain_task: asyncio.Task[Any] | None = None  # places this node's queued jobs elsewhere during a reclaim
-        self._cancelling = False  # a cancel of this node's reclaim runs now
+        self.withdraw = Withdraw(self)  # the cancel of this node's reclaim, a peer's withdrawal (withdraw.py)
         self._taking: set[str] = set()  # keys whose take-over runs now
         # keys whose take-over is starting its job here now (past its last look for a hand-over,
         # the job manager's start under way): the job's id once stored, None when refused
@@ -735,6 +735,7 @@ class ReclaimComponent(GuardMixin, ReplicasMixin, WithdrawMixin, SettleMixin, Ar
         # job id (a placement's: its key) -> its confirmed hand-over waiting for its node's answer:
         # node, since (wall, the first unanswered try; None before), error, wake (an operator's settle)
         self._asking: dict[str, dict[str, Any]] = {}
+        self.settle = Settle(self)  # hand-overs not answered, an operator's settle of one (settle.py)
 
     # -- life cycle ---------------------------------------------------------------------------
 
@@ -1245,12 +1246,12 @@ class ReclaimComponent(GuardMixin, ReplicasMixin, WithdrawMixin, SettleMixin, Ar
         return self.start_reclaim(notice_s, reason)
 
     async def cancel(self, node: int | None = None, reason: str = "") -> dict[str, Any]:
-        """Cancels the reclaim of ``node`` (None or this node: here, :meth:`cancel_reclaim`);
+        """Cancels the reclaim of ``node`` (None or this node: here, :meth:`Withdraw.cancel_reclaim`);
         another node's cancel is forwarded to its agent (control op ``reclaim-cancel``) as the
         reclaim itself is. Raises LookupError when that node has no reclaim, MigrateError for a
         node outside the zone, one that cannot be reached, or a cancel already running."""
         if node is None or node == self.node_id:
-            return await self.cancel_reclaim(reason)
+            return await self.withdraw.cancel_reclaim(reason)
         try:
             res = await self._control(node, "reclaim-cancel", {"reason": reason, "ts": time.time()}, timeout=30.0)
         except (OSError, TimeoutError, TransferError) as e:
@@ -1269,7 +1270,7 @@ class ReclaimComponent(GuardMixin, ReplicasMixin, WithdrawMixin, SettleMixin, Ar
             if end >= self.reclaim["deadline"]:
                 return self.reclaim_status()
             self.reclaim["task"].cancel()
-        elif not self._cancelling:  # a new reclaim: what an earlier one did to jobs is history
+        elif not self.withdraw.cancelling:  # a new reclaim: what an earlier one did to jobs is history
             # (not while a cancel runs: its placement in flight is this reclaim's to remember), but
             # a move still finishing (a cancelled reclaim's) keeps its record: a restart settles it
             with self.agent.store.tx() as db:
@@ -1298,7 +1299,7 @@ class ReclaimComponent(GuardMixin, ReplicasMixin, WithdrawMixin, SettleMixin, Ar
                 tx.execute("DELETE FROM migrate_reclaim")
             phases = self._move_phases()
             if marker is not None or phases:
-                self._spawn(self._settle_cancelled(phases, marker if isinstance(marker, dict) else None))
+                self._spawn(self.withdraw.settle_cancelled(phases, marker if isinstance(marker, dict) else None))
             return
         now = time.time()
         # what is left by the boot's clock (a step of the wall clock since does not count), or
@@ -1323,7 +1324,8 @@ class ReclaimComponent(GuardMixin, ReplicasMixin, WithdrawMixin, SettleMixin, Ar
                        + (f"; stopped as reclaimed, their traffic cut at the window's end: {', '.join(j.id for j in cut)}"
                           if cut else ""), phase="reclaim-cleared", notice_s=float(row["notice_s"]), window_end=end,
                        reason=str(row["reason"]), stopped=[j.id for j in cut])
-            self._spawn(self._retell_withdrawn(None, 0.0, at_once=True, marker=False))  # the peers forget its notice
+            # the peers forget its notice
+            self._spawn(self.withdraw.retell_withdrawn(None, 0.0, at_once=True, marker=False))
             return
         self._begin_reclaim(float(row["notice_s"]), str(row["reason"]), float(row["announced"]), end, restored=True)
 
@@ -1367,7 +1369,7 @@ class ReclaimComponent(GuardMixin, ReplicasMixin, WithdrawMixin, SettleMixin, Ar
                     self._holds().adopt(j, Hold.MOVE)
                     self._holds().release(j, Hold.MOVE, timeout=0)  # asked; not waited for (on the loop)
         for j in handed:
-            self._spawn(self._stop_handed(j, phases[j.id][1]))
+            self._spawn(self.withdraw.stop_handed(j, phases[j.id][1]))
         placing = [jid for jid, (ph, _) in phases.items() if ph == "placing"
                    and jobs_mgr is not None and getattr(jobs_mgr.get(jid), "state", None) == "queued"]
         link = float(self.s["path_mbit"]) * 1e6 / 8
@@ -1523,7 +1525,7 @@ class ReclaimComponent(GuardMixin, ReplicasMixin, WithdrawMixin, SettleMixin, Ar
                 continue
             if r["phase"] == "gone":  # an operator settled that its node runs it; the stop here was cut
                 self.evacuating.add(jid)  # a reclaim restored in this start does not move it meanwhile
-                self._spawn(self._stop_settled(job, int(r["node"]), "the agent's restart"))
+                self._spawn(self.settle.stop_settled(job, int(r["node"]), "the agent's restart"))
                 continue
             if r["phase"] == "handover" and r["node"] is not None and r["pid"] is not None:
                 self.evacuating.add(jid)  # Airlock leaves it frozen (AirlockManager.moving)
@@ -1550,7 +1552,7 @@ class ReclaimComponent(GuardMixin, ReplicasMixin, WithdrawMixin, SettleMixin, Ar
         stops again) leaves the record for the next start. ``node`` cannot be asked (no zone, or
         it left the roster): the job stays frozen here and in ``evacuating`` (no reclaim's move,
         no Airlock re-address of it: ``node`` may run it) until an operator settles it
-        (:meth:`settle_handover`) or a later start asks ``node``."""
+        (:meth:`Settle.settle_handover`) or a later start asks ``node``."""
         mv = Move(job.id, self.job_key(job), reason, phase="handover", dest=node)
         self.moves[job.id] = mv
         held = False
@@ -1581,7 +1583,7 @@ class ReclaimComponent(GuardMixin, ReplicasMixin, WithdrawMixin, SettleMixin, Ar
             self._emit(f"{job.id}: its move to node {node} was cut by the agent's stop during the hand-over and node "
                        f"{node} cannot be asked ({e!r}); the job stays frozen here (it may run there) until a start "
                        "that can ask it, or an operator's call", job=job.id, node=node, phase="unconfirmed")
-            held = True  # still being moved: the settle (_settle_move) takes it out of evacuating
+            held = True  # still being moved: the settle (Settle._settle_move) takes it out of evacuating
         finally:
             mv.ended = time.time()
             if not held:
@@ -1598,7 +1600,7 @@ class ReclaimComponent(GuardMixin, ReplicasMixin, WithdrawMixin, SettleMixin, Ar
 
     async def _execute(self, jobs: list[Any], steps: dict[str, cs.NoticeStep]) -> None:
         """The evacuation, then, at the window's end, the stop of what still runs. Withdrawn
-        (``cancel`` set, :meth:`cancel_reclaim`): no move begins any more, a move already begun
+        (``cancel`` set, :meth:`Withdraw.cancel_reclaim`): no move begins any more, a move already begun
         finishes (never cut: its job must not stay frozen or end up nowhere) and nothing is
         stopped at the window's end."""
         assert self.reclaim is not None
@@ -2695,7 +2697,7 @@ class ReclaimComponent(GuardMixin, ReplicasMixin, WithdrawMixin, SettleMixin, Ar
     def _op_reclaim_withdrawn(self, node: str, asker: int, body: dict[str, Any]) -> Any:
         """The sender's own reclaim is withdrawn: its notice is forgotten."""
         self._check_dated(body, "reclaim-withdrawn")
-        return {"withdrawn": int(node), "guards": self.withdrawn_notice(int(node))}
+        return {"withdrawn": int(node), "guards": self.withdraw.withdrawn_notice(int(node))}
 
     def _op_superseded(self, node: str, asker: int, body: dict[str, Any]) -> Any:
         """A guard took one of this node's jobs over and runs it."""
@@ -2729,7 +2731,7 @@ class ReclaimComponent(GuardMixin, ReplicasMixin, WithdrawMixin, SettleMixin, Ar
         """Control op ``reclaim-cancel``: another node cancels this node's reclaim (``laminarctl
         reclaim cancel --node``). Nothing to cancel is answered ``{"refused": why}``."""
         try:
-            return await self.cancel_reclaim(f"{reason or 'reclaim cancelled'} (from node {node})")
+            return await self.withdraw.cancel_reclaim(f"{reason or 'reclaim cancelled'} (from node {node})")
         except (LookupError, MigrateError) as e:
             return {"refused": str(e), "not_found": isinstance(e, LookupError)}
 
@@ -2887,17 +2889,18 @@ class ReclaimComponent(GuardMixin, ReplicasMixin, WithdrawMixin, SettleMixin, Ar
             return self.reclaim_status()
 
         async def migrations(req: Request) -> list[dict[str, Any]]:
-            return [self._move_view(m) for m in self.moves.values()]
+            return [self.settle.move_view(m) for m in self.moves.values()]
 
         async def handovers(req: Request) -> list[dict[str, Any]]:
-            return self.pending_handovers()
+            return self.settle.pending_handovers()
 
         async def settle(req: Request) -> dict[str, Any]:
             b = req.body
             if not isinstance(b, dict) or set(b) - {"decision"} or b.get("decision") not in ("run-here", "gone"):
                 raise ApiError(400, f"settle: body {brief(b)}: expected {{\"decision\": \"run-here\" | \"gone\"}}")
             try:
-                return await self.settle_handover(req.params["job"], b["decision"], by=f"uid {req.peer.uid}")
+                return await self.settle.settle_handover(req.params["job"], b["decision"],
+                                                         by=f"uid {req.peer.uid}")
             except LookupError as e:
                 raise ApiError(409, f"settle: {e.args[0]}") from None
 
@@ -2908,7 +2911,7 @@ class ReclaimComponent(GuardMixin, ReplicasMixin, WithdrawMixin, SettleMixin, Ar
                 mv = self.moves.get(f"job-{jid}")
             if mv is None:
                 raise ApiError(404, f"no move of job {jid!r} on this node")
-            return self._move_view(mv)
+            return self.settle.move_view(mv)
 
         async def replicas(req: Request) -> Any:
             totals = req.query.get("totals", "0")

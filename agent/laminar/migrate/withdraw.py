@@ -1,6 +1,6 @@
 """A reclaim withdrawn: the cancel of this node's reclaim, what a restart settles of a cancel it
-cut, and a peer's withdrawal heard here (a part of :class:`laminar.migrate.reclaim.ReclaimComponent`,
-which inherits :class:`WithdrawMixin`).
+cut, and a peer's withdrawal heard here (:class:`Withdraw`, a part of
+:class:`laminar.migrate.reclaim.ReclaimComponent`: its ``withdraw``).
 
 **A reclaim withdrawn.** An owner may withdraw the notice (a spot rebalance recommendation that
 passed, changed plans) or give the node back after the window::
@@ -8,7 +8,7 @@ passed, changed plans) or give the node back after the window::
     laminarctl reclaim cancel [--node 4]
     POST /v1/reclaim/cancel {"node"?: 4, "reason"?: "..."}          (privileged; 404: no reclaim)
 
-:meth:`ReclaimComponent.cancel_reclaim` removes the stored reclaim first (a restart restores
+:meth:`Withdraw.cancel_reclaim` removes the stored reclaim first (a restart restores
 nothing), then stops what has not happened: no move begins any more and nothing is stopped at
 the window's end; the kill-switch deadlines the reclaim armed are cleared (a cut the job has for
 another reason stays); the node takes placements again; the placement of queued jobs elsewhere
@@ -32,6 +32,16 @@ is asked again only once it falls silent in the zone (or after a new guard messa
 A new notice that comes while a cancel runs is a new reclaim: the cancel undoes none of it
 (its queue hold, its placements of queued jobs, its notice to the peers; ``superseded`` in the
 answer), and its evacuation begins no second move of a job whose move is under way.
+
+:class:`Withdraw` is built with the component (what it uses of it: :class:`WithdrawHost`) and
+holds whether a cancel runs now (:attr:`Withdraw.cancelling`, which the component's start of a
+new reclaim reads). It has no round of its own. The component's start calls
+:meth:`Withdraw.settle_cancelled` (a cancel the restart cut) and :meth:`Withdraw.retell_withdrawn`
+(a reclaim cleared: its window ended while no agent ran), and a reclaim restored inside its window
+:meth:`Withdraw.stop_handed` (a job whose hand-over was sent before the restart);
+``POST /v1/reclaim/cancel`` and the control op ``reclaim-cancel`` reach
+:meth:`Withdraw.cancel_reclaim` through :meth:`ReclaimComponent.cancel`; the control op
+``reclaim-withdrawn`` and the guard call :meth:`Withdraw.withdrawn_notice`.
 """
 
 from __future__ import annotations
@@ -41,7 +51,7 @@ import contextlib
 import json
 import logging
 import time
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from laminar.airlock.cgroups import set_frozen_async
 from laminar.migrate import drain, ledger
@@ -56,39 +66,46 @@ WITHDRAWN_RETRY_S = 2.0  # a peer not reached when a reclaim was cancelled is to
 CLEARED_TELL_TRIES = 30  # after the window (a cancel then, or a reclaim cleared at start): tries at most
 
 
-class WithdrawMixin:
-    """The cancel of this node's reclaim (and its settling after a restart), and peers told of it."""
+class WithdrawHost(Protocol):
+    """What :class:`Withdraw` uses of the component that holds it (ReclaimComponent and its parts)."""
 
-    if TYPE_CHECKING:
-        # what this mixin uses of ReclaimComponent (its __init__ and its other parts)
-        _cancelling: bool
-        _drain_task: asyncio.Task[Any] | None
-        agent: Any
-        counts: dict[str, int]
-        evacuating: set[str]
-        notices: dict[int, tuple[float, float]]
-        reclaim: dict[str, Any] | None
+    _drain_task: asyncio.Task[Any] | None
+    agent: Any
+    counts: dict[str, int]
+    evacuating: set[str]
+    notices: dict[int, tuple[float, float]]
+    reclaim: dict[str, Any] | None
 
-        async def _control(self, node: int, op: str, body: Any, timeout: float = 5.0) -> Any: ...
-        def _holds(self) -> Holds: ...
-        async def _unhold_wait(self, job: Any, froze: bool, timeout: float) -> bool: ...
-        def _emit(self, message: str, **fields: Any) -> None: ...
-        def _move_phases(self) -> dict[str, tuple[str, int | None]]: ...
-        async def _settle_cut_move(self, job: Any, node: int, pid: int, req: dict[str, Any], reason: str,
-                                   thaw: bool) -> None: ...
-        def _spawn(self, coro: Any) -> asyncio.Task[Any]: ...
-        @property
-        def node_id(self) -> int: ...
-        @property
-        def zone(self) -> Any: ...
+    async def _control(self, node: int, op: str, body: Any, timeout: float = 5.0) -> Any: ...
+    def _holds(self) -> Holds: ...
+    async def _unhold_wait(self, job: Any, froze: bool, timeout: float) -> bool: ...
+    def _emit(self, message: str, **fields: Any) -> None: ...
+    def _move_phases(self) -> dict[str, tuple[str, int | None]]: ...
+    async def _settle_cut_move(self, job: Any, node: int, pid: int, req: dict[str, Any], reason: str,
+                               thaw: bool) -> None: ...
+    def _spawn(self, coro: Any) -> asyncio.Task[Any]: ...
+    @property
+    def node_id(self) -> int: ...
+    @property
+    def zone(self) -> Any: ...
 
-    async def _settle_cancelled(self, phases: dict[str, tuple[str, int | None]],
-                                marker: dict[str, Any] | None) -> None:
+
+class Withdraw:
+    """The cancel of this node's reclaim (and its settling after a restart), and peers told of it
+    (see the module's doc): a part of :class:`laminar.migrate.reclaim.ReclaimComponent` (its
+    ``withdraw``). ``host``: the component."""
+
+    def __init__(self, host: WithdrawHost) -> None:
+        self.host = host
+        self.cancelling = False  # a cancel of this node's reclaim runs now
+
+    async def settle_cancelled(self, phases: dict[str, tuple[str, int | None]],
+                               marker: dict[str, Any] | None) -> None:
         """At start, after a cancel the agent's restart interrupted (``marker``: store meta
         :data:`drain.CANCEL_META`, written at the cancel's first step and removed at its last; or
         no stored reclaim but records of what one did to jobs, ``migrate_moves`` cause ``reclaim``). Settled
         as the cancel would have: a job whose hand-over was sent is settled by asking its
-        destination with the same hand-over (:meth:`_settle_cut_move`, recorded in
+        destination with the same hand-over (:meth:`ReclaimComponent._settle_cut_move`, recorded in
         ``migrate_moves`` meanwhile, its cause ``reclaim_cancelled``): stopped here (``migrated``) if it runs the job there,
         thawed here if it has no job for it (the reclaim is withdrawn: no guard resumes it at the
         window's end); a record of an older agent without the hand-over (no
@@ -97,71 +114,76 @@ class WithdrawMixin:
         twice); the records go, the queue hold taken at start (:data:`drain.SETTLING_HOLD`) is
         released and the peers are told the reclaim is withdrawn (again until its window's end):
         else their guards of the jobs that run on here would resume them at the window's end."""
-        jobs_mgr = getattr(self.agent, "jobs", None)
+        jobs_mgr = getattr(self.host.agent, "jobs", None)
         unsettled = []
         for jid, (ph, node) in sorted(phases.items()):
             job = jobs_mgr.get(jid) if jobs_mgr is not None else None
             if job is None:
                 continue
-            sent = self.agent.store.db.execute("SELECT node, pid, request FROM migrate_moves WHERE job_id=? AND "
-                                               "cause='reclaim' AND pid IS NOT NULL AND request IS NOT NULL",
-                                               (jid,)).fetchone()
+            sent = self.host.agent.store.db.execute("SELECT node, pid, request FROM migrate_moves WHERE job_id=? AND "
+                                                    "cause='reclaim' AND pid IS NOT NULL AND request IS NOT NULL",
+                                                    (jid,)).fetchone()
             if ph == "handover" and job.active and sent is not None:
-                why = f"reclaim of node {self.node_id}, cancelled"
+                why = f"reclaim of node {self.host.node_id}, cancelled"
                 req = json.loads(sent["request"])
-                with self.agent.store.tx() as db:  # a restart meanwhile asks again (_restore_moves)
+                with self.host.agent.store.tx() as db:  # a restart meanwhile asks again (_restore_moves)
                     ledger.record_move(db, jid, moves.Event.CANCEL, cause=moves.Cause.RECLAIM_CANCELLED, reason=why,
-                                       thaw=True, only=moves.WINDOWED, counts=self.counts)
-                self.evacuating.add(jid)  # Airlock leaves it frozen (AirlockManager.moving)
-                self._spawn(self._settle_cut_move(job, int(sent["node"]), int(sent["pid"]), req, why, True))
+                                       thaw=True, only=moves.WINDOWED, counts=self.host.counts)
+                self.host.evacuating.add(jid)  # Airlock leaves it frozen (AirlockManager.moving)
+                self.host._spawn(self.host._settle_cut_move(job, int(sent["node"]), int(sent["pid"]), req, why, True))
             elif ph == "handover" and job.active:
-                await self._stop_handed(job, node)
+                await self.stop_handed(job, node)
             elif ph == "frozen" and job.active:
                 with contextlib.suppress(Exception):  # its move froze it: the move's hold ends
-                    self._holds().adopt(job, Hold.MOVE)
-                    await self._unhold_wait(job, True, 2.0)
+                    self.host._holds().adopt(job, Hold.MOVE)
+                    await self.host._unhold_wait(job, True, 2.0)
             elif ph == "placing" and job.state == "queued":
                 assert jobs_mgr is not None
                 unsettled.append(jid)
                 try:
-                    await jobs_mgr.stop(jid, f"the reclaim of node {self.node_id} was cancelled (the agent restarted "
+                    await jobs_mgr.stop(jid, f"the reclaim of node {self.host.node_id} was cancelled "
+                                        "(the agent restarted "
                                         "during the cancel) while the job's placement on another node was unsettled: "
                                         "it may run there (see `laminarctl placements` and the migrate events); not "
                                         "started here so it never runs twice", state="stopped",
                                         cause=EndCause.PLACEMENT_UNSETTLED)
                 except Exception as e:
                     log.warning("migrate: stopping %s, its placement unsettled at a cancel: %s", jid, e)
-        with self.agent.store.tx() as db:  # these only: a reclaim announced meanwhile records its own
-            ledger.drop_moves(db, phases, only=moves.WINDOWED, counts=self.counts)
+        with self.host.agent.store.tx() as db:  # these only: a reclaim announced meanwhile records its own
+            ledger.drop_moves(db, phases, only=moves.WINDOWED, counts=self.host.counts)
         if jobs_mgr is not None and getattr(jobs_mgr, "held", None) == drain.SETTLING_HOLD:
             jobs_mgr.hold_queue(None)
-        if marker is not None and self.reclaim is None:  # (a reclaim announced meanwhile: its notice stands)
+        if marker is not None and self.host.reclaim is None:  # (a reclaim announced meanwhile: its notice stands)
             _, missed = await self._tell_withdrawn()
             end = float(marker.get("window_end") or 0.0)
             if missed:
-                self._spawn(self._retell_withdrawn(missed, end))  # the marker goes when they are told
+                self.host._spawn(self.retell_withdrawn(missed, end))  # the marker goes when they are told
             else:
-                self.agent.store.del_meta(drain.CANCEL_META)
-        self._emit(f"reclaim of node {self.node_id}: what its cancel left when the agent restarted is settled"
-                   + (f"; queued jobs stopped here (placement elsewhere unsettled): {', '.join(unsettled)}"
-                      if unsettled else ""), phase="reclaim-cancel-settled", unsettled=unsettled,
-                   jobs=sorted(phases))
+                self.host.agent.store.del_meta(drain.CANCEL_META)
+        self.host._emit(f"reclaim of node {self.host.node_id}: "
+                        "what its cancel left when the agent restarted is settled"
+                        + (f"; queued jobs stopped here (placement elsewhere unsettled): {', '.join(unsettled)}"
+                           if unsettled else ""), phase="reclaim-cancel-settled", unsettled=unsettled,
+                        jobs=sorted(phases))
 
-    async def _stop_handed(self, job: Any, node: int | None) -> None:
+    async def stop_handed(self, job: Any, node: int | None) -> None:
         """A job whose hand-over to ``node`` was sent before the agent restarted (it may run
         there now) is stopped here, never moved again. State ``reclaimed``: its guard (``node``)
         keeps it and resumes it when this node's window ends unless it already runs there."""
         with contextlib.suppress(Exception):
             await set_frozen_async(job.cgroup, False, 2.0)  # a frozen job is not killed by a signal until it thaws
         try:
-            await self.agent.jobs.stop(job.id, f"node {self.node_id} reclaimed: the job was handed over to node {node} "
-                                       f"before the agent restarted (node {node} runs it, or guards it and resumes it "
-                                       "when this node's window ends)", grace_s=0, state="reclaimed",
-                                       cause=EndCause.HANDED_OVER)
+            await self.host.agent.jobs.stop(job.id, f"node {self.host.node_id} reclaimed: "
+                                            f"the job was handed over to node {node} "
+                                            f"before the agent restarted (node {node} runs it, "
+                                            "or guards it and resumes it "
+                                            "when this node's window ends)", grace_s=0, state="reclaimed",
+                                            cause=EndCause.HANDED_OVER)
         except Exception as e:
             log.warning("migrate: stopping %s, handed over before the restart: %s", job.id, e)
-        self._emit(f"{job.id}: handed over to node {node} before the agent restarted; stopped here, not moved again",
-                   job=job.id, node=node, phase="handed-over")
+        self.host._emit(f"{job.id}: handed over to node {node} before the agent restarted; "
+                        "stopped here, not moved again",
+                        job=job.id, node=node, phase="handed-over")
 
     async def cancel_reclaim(self, reason: str = "") -> dict[str, Any]:
         """Withdraws this node's reclaim, inside its window or after it (see the module's doc:
@@ -170,34 +192,34 @@ class WithdrawMixin:
         (moves begun before, left to finish), ``unsettled`` (queued jobs stopped here: their
         placement elsewhere may have run), ``peers_told``/``peers_missed``. Raises LookupError
         when this node has no reclaim; MigrateError while one cancel is running."""
-        db = self.agent.store.db
-        r = self.reclaim
+        db = self.host.agent.store.db
+        r = self.host.reclaim
         row = db.execute("SELECT * FROM migrate_reclaim").fetchone()
         if r is None and row is None:
-            raise LookupError(f"node {self.node_id} has no reclaim to cancel (see `laminarctl reclaim status`)")
-        if self._cancelling:
-            raise MigrateError(f"the reclaim of node {self.node_id} is being cancelled already")
-        self._cancelling = True
+            raise LookupError(f"node {self.host.node_id} has no reclaim to cancel (see `laminarctl reclaim status`)")
+        if self.cancelling:
+            raise MigrateError(f"the reclaim of node {self.host.node_id} is being cancelled already")
+        self.cancelling = True
         try:
             return await self._cancel(r, row, reason or "reclaim cancelled")
         finally:
-            self._cancelling = False
+            self.cancelling = False
 
     async def _cancel(self, r: dict[str, Any] | None, row: Any, reason: str) -> dict[str, Any]:
         now = time.time()
         end = float(r["deadline"] if r is not None else row["deadline"])
         in_window = now < end
-        # a restart from here on settles what this cancel leaves (_settle_cancelled), restores nothing
-        self.agent.store.set_meta(drain.CANCEL_META, {"node": self.node_id, "window_end": end})
-        with self.agent.store.tx() as db:  # first: a restart from here on restores nothing
+        # a restart from here on settles what this cancel leaves (settle_cancelled), restores nothing
+        self.host.agent.store.set_meta(drain.CANCEL_META, {"node": self.host.node_id, "window_end": end})
+        with self.host.agent.store.tx() as db:  # first: a restart from here on restores nothing
             db.execute("DELETE FROM migrate_reclaim")
-        self.reclaim = None  # status shows none; the drain's placement loop ends after its current one
+        self.host.reclaim = None  # status shows none; the drain's placement loop ends after its current one
         if r is not None:
             r["cancel"].set()  # no move begins any more, nothing is stopped at the window's end
-        finishing = sorted(self.evacuating)
-        jobs_mgr = getattr(self.agent, "jobs", None)
+        finishing = sorted(self.host.evacuating)
+        jobs_mgr = getattr(self.host.agent, "jobs", None)
         disarmed: list[str] = []
-        ng = getattr(self.agent, "netguard", None)
+        ng = getattr(self.host.agent, "netguard", None)
         armed = set(r["armed"]) if r is not None else set()
         for j in list(jobs_mgr.active()) if jobs_mgr is not None else []:
             if ng is None or j.id not in armed:
@@ -207,47 +229,49 @@ class WithdrawMixin:
                     disarmed.append(j.id)
             except Exception as e:
                 log.warning("migrate: clearing the armed deadline of %s failed: %s", j.id, e)
-        z = getattr(self.agent, "zone", None)
+        z = getattr(self.host.agent, "zone", None)
         undrained = drain.undrain(z) if z is not None else False
-        drain_task = self._drain_task
-        while drain_task is not None and not drain_task.done() and self.reclaim is None:
+        drain_task = self.host._drain_task
+        while drain_task is not None and not drain_task.done() and self.host.reclaim is None:
             # it ends after the placement it asks for (never cut); a reclaim announced meanwhile
             # takes it over (it follows that reclaim's window): not waited for then
             await asyncio.wait({drain_task}, timeout=0.2)
         # A new reclaim announced while this cancel waited is that reclaim's now: its queue hold,
         # its records and its notice to the peers are not undone here.
-        superseded = self.reclaim is not None
+        superseded = self.host.reclaim is not None
         # the drain stopped: a ``placing`` row left is an unsettled placement (unconfirmed, or
         # asked for before a restart); the rows go only now
         unsettled = [] if superseded else [
-            jid for jid, (ph, _) in sorted(self._move_phases().items()) if ph == "placing"
+            jid for jid, (ph, _) in sorted(self.host._move_phases().items()) if ph == "placing"
             and jobs_mgr is not None and getattr(jobs_mgr.get(jid), "state", None) == "queued"]
         if not superseded:  # a move left to finish keeps its record: a restart that cuts it settles it
-            done = [jid for jid in self._move_phases() if jid not in self.evacuating]
-            with self.agent.store.tx() as db:
-                ledger.drop_moves(db, done, only=moves.WINDOWED, counts=self.counts)
+            done = [jid for jid in self.host._move_phases() if jid not in self.host.evacuating]
+            with self.host.agent.store.tx() as db:
+                ledger.drop_moves(db, done, only=moves.WINDOWED, counts=self.host.counts)
         for jid in unsettled:
             assert jobs_mgr is not None
             with contextlib.suppress(Exception):
-                await jobs_mgr.stop(jid, f"the reclaim of node {self.node_id} was cancelled while the job's placement "
+                await jobs_mgr.stop(jid, f"the reclaim of node {self.host.node_id} "
+                                    "was cancelled while the job's placement "
                                     "on another node was unsettled: it may run there (see `laminarctl zone placements` and "
                                     "the migrate events); not started here so it never runs twice", state="stopped",
                                     cause=EndCause.PLACEMENT_UNSETTLED)
-        superseded = self.reclaim is not None
-        released = not superseded and drain.release_hold(jobs_mgr, self.node_id)
+        superseded = self.host.reclaim is not None
+        released = not superseded and drain.release_hold(jobs_mgr, self.host.node_id)
         told, missed = ([], []) if superseded else await self._tell_withdrawn()
-        if self.reclaim is not None and not superseded:  # announced while the peers were told: tell its notice again
+        if self.host.reclaim is not None and not superseded:  # announced while the peers were told: tell its notice again
             superseded = True
             with contextlib.suppress(Exception):
-                z.reclaim_notice(max(0.0, self.reclaim["deadline"] - time.time()), self.reclaim["reason"])
+                z.reclaim_notice(max(0.0, self.host.reclaim["deadline"] - time.time()), self.host.reclaim["reason"])
         if missed and not superseded:  # a peer not told may resume this node's jobs twice (before its window's
             # end, and after it while it counts this node gone by its ended notice: bench/chaos.py)
             # the marker stays until they are told (or the tries run out): a restart tells them again
-            self.agent.store.set_meta(drain.CANCEL_META, {"node": self.node_id, "window_end": end, "missed": missed})
-            self._spawn(self._retell_withdrawn(missed, end))
+            self.host.agent.store.set_meta(drain.CANCEL_META, {"node": self.host.node_id, "window_end": end,
+                                                               "missed": missed})
+            self.host._spawn(self.retell_withdrawn(missed, end))
         else:
-            self.agent.store.del_meta(drain.CANCEL_META)  # done: nothing is left for a restart to settle
-        out = {"node": self.node_id, "cancelled": True, "in_window": in_window, "window_end": end,
+            self.host.agent.store.del_meta(drain.CANCEL_META)  # done: nothing is left for a restart to settle
+        out = {"node": self.host.node_id, "cancelled": True, "in_window": in_window, "window_end": end,
                "disarmed": disarmed, "undrained": undrained, "released": released, "finishing": finishing,
                "unsettled": unsettled, "peers_told": told, "peers_missed": missed, "superseded": superseded}
         what = (f"{len(disarmed)} kill-switch deadlines cleared, "
@@ -257,13 +281,14 @@ class WithdrawMixin:
                 "the node takes jobs and placements again")
         if superseded:
             what = "a new reclaim announced meanwhile holds the queue and drains the node"
-        self._emit(f"reclaim of node {self.node_id} cancelled {'inside its window' if in_window else 'after its window'} "
-                   f"({reason}): {what}; {len(told)} peers told" + (f", {len(missed)} not reached" if missed else ""),
-                   phase="reclaim-cancelled", **{k: v for k, v in out.items() if k not in ("node", "cancelled")})
+        self.host._emit(f"reclaim of node {self.host.node_id} cancelled "
+                        f"{'inside its window' if in_window else 'after its window'} "
+                        f"({reason}): {what}; {len(told)} peers told" + (f", {len(missed)} not reached" if missed else ""),
+                        phase="reclaim-cancelled", **{k: v for k, v in out.items() if k not in ("node", "cancelled")})
         return out
 
-    async def _retell_withdrawn(self, peers: list[int] | None, end: float, *, at_once: bool = False,
-                                marker: bool = True) -> None:
+    async def retell_withdrawn(self, peers: list[int] | None, end: float, *, at_once: bool = False,
+                               marker: bool = True) -> None:
         """Tells ``peers`` (None: every other member of the zone) that this node's reclaim is
         withdrawn, again every WITHDRAWN_RETRY_S until each was told: without end inside the
         window (wall clock ``end``), CLEARED_TELL_TRIES times more after it. ``at_once``: the
@@ -286,31 +311,31 @@ class WithdrawMixin:
                 after += 1
                 if after > CLEARED_TELL_TRIES:
                     log.warning("migrate: nodes %s never heard that the reclaim of node %d was withdrawn",
-                                "all" if left is None else left, self.node_id)
+                                "all" if left is None else left, self.host.node_id)
                     break
             if wait:
                 await asyncio.sleep(WITHDRAWN_RETRY_S)
             wait = True
-            if self.reclaim is not None:
+            if self.host.reclaim is not None:
                 return  # a new reclaim: its notice is what the peers must hear now
-            if self.zone is None:  # a one-node zone: nobody to tell
+            if self.host.zone is None:  # a one-node zone: nobody to tell
                 break
             _, left = await self._tell_withdrawn(left)
         if marker:
-            self.agent.store.del_meta(drain.CANCEL_META)
+            self.host.agent.store.del_meta(drain.CANCEL_META)
 
     async def _tell_withdrawn(self, peers: list[int] | None = None) -> tuple[list[int], list[int]]:
         """Tells ``peers`` (None: every other member of the zone) that this node's reclaim is
         withdrawn (op ``reclaim-withdrawn``). Returns (told, not reached)."""
-        z = self.zone
+        z = self.host.zone
         if z is None:
             return [], []
         if peers is None:
-            peers = sorted(n for n in z.membership.by_node if n != self.node_id)
+            peers = sorted(n for n in z.membership.by_node if n != self.host.node_id)
 
         async def one(n: int) -> bool:
             try:
-                await self._control(n, "reclaim-withdrawn", {"ts": time.time()}, timeout=3.0)
+                await self.host._control(n, "reclaim-withdrawn", {"ts": time.time()}, timeout=3.0)
                 return True
             except Exception as e:
                 log.warning("migrate: telling node %d that the reclaim is withdrawn failed: %s", n, e)
@@ -323,9 +348,9 @@ class WithdrawMixin:
         """A peer's reclaim was withdrawn: its notice is forgotten (it is a candidate for moves
         again) and so is the window's end carried by the guards held here of its jobs (they no
         longer declare it dead then). Returns the keys of those guards."""
-        self.notices.pop(node, None)
+        self.host.notices.pop(node, None)
         keys = []
-        with self.agent.store.tx() as db:
+        with self.host.agent.store.tx() as db:
             for row in db.execute("SELECT key, request FROM migrate_replicas WHERE src_node=? "
                                   "AND state IN ('guarding', 'waiting')", (node,)).fetchall():
                 try:
@@ -336,7 +361,7 @@ class WithdrawMixin:
                     req.pop("window_end")
                     db.execute("UPDATE migrate_replicas SET request=? WHERE key=?", (json.dumps(req), row["key"]))
                     keys.append(str(row["key"]))
-        self._emit(f"node {node} withdrew its reclaim: it is a candidate for moves again"
-                   + (f"; {len(keys)} guards here no longer end with its window" if keys else ""),
-                   node=node, phase="reclaim-withdrawn", guards=keys)
+        self.host._emit(f"node {node} withdrew its reclaim: it is a candidate for moves again"
+                        + (f"; {len(keys)} guards here no longer end with its window" if keys else ""),
+                        node=node, phase="reclaim-withdrawn", guards=keys)
         return keys
