@@ -39,7 +39,7 @@ def test_a_drop_during_a_prestage_to_the_same_buddy_moves_the_guard_elsewhere(tm
 
                 async def guard_after_a_drop(j: Any, n: int, ckpt: str, take_over: bool = False) -> None:
                     if n == 1 and not dropped:  # node 1's operator drops the key right now
-                        dropped.append(await b.drop_replica_and_tell(K, force=True, by="uid 0"))
+                        dropped.append(await b.replicas.drop_and_tell(K, force=True, by="uid 0"))
                     await real_guard(j, n, ckpt, take_over)
 
                 src._guard = guard_after_a_drop  # type: ignore[method-assign]

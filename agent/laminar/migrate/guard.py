@@ -50,6 +50,7 @@ from laminar.zone import authority as au
 if TYPE_CHECKING:
     from laminar.migrate.archive import ArchiveLane
     from laminar.migrate.fence import Fence
+    from laminar.migrate.replicas import Replicas
     from laminar.migrate.vouch import Vouch
     from laminar.policy.holder import RetrySchedule
 
@@ -96,6 +97,7 @@ class GuardMixin:
         fence: Fence
         notices: dict[int, tuple[float, float]]
         reclaim: dict[str, Any] | None
+        replicas: Replicas
         retry: RetrySchedule
         root: Path | None
         s: dict[str, Any]
@@ -114,15 +116,12 @@ class GuardMixin:
         def _placed_as(self, key: str) -> tuple[int, str] | None: ...
         async def _release(self, node: int, key: str) -> None: ...
         async def _reserve(self, node: int, demand: Any, hold_s: float) -> int: ...
-        def _resume_copy(self, path: Path, uid: int, gid: int) -> Path: ...
-        def _resume_root(self) -> Path: ...
         def _spawn(self, coro: Any) -> asyncio.Task[Any]: ...
         def _tell_release(self, node: int, pid: int, key: str) -> None: ...
         def _unclaim(self, key: str) -> None: ...
         def candidates(self, need: dst.Resources) -> list[dst.Candidate]: ...
         @property
         def node_id(self) -> int: ...
-        def replica_gc(self, key: str, newest: str | None = None, unclaimed: bool = False) -> list[str]: ...
         def withdrawn_notice(self, node: int) -> list[str]: ...
         @property
         def zone(self) -> Any: ...
@@ -161,7 +160,7 @@ class GuardMixin:
         """Tells ``src`` that this node took its job ``key`` over at ``at`` (this node's wall
         clock) and that ``runner`` (this node, or the node it placed the job on) runs it as
         ``runs`` (control op ``superseded``); the source stops its copy if one runs there that
-        started before (:meth:`ReplicasMixin._answer_superseded`). Told once when answered; else
+        started before (:meth:`Replicas.answer_superseded`). Told once when answered; else
         again after SUPERSEDED_RETRY_S. Never raises."""
         tries = self._superseded_next.get(key, (math.inf, 1))[1]
         runner = self.node_id if runner is None else runner
@@ -386,7 +385,7 @@ class GuardMixin:
         (:meth:`withdrawn_notice`) and the guard guards on; an answer without ``reclaim`` (an
         older agent) keeps the guard and the window, once, and :meth:`_guard_round` asks again
         only once the zone stops hearing from the source (``dead_after_s``) or a new guard
-        message came; a clear "not needed" ends the guard (as :meth:`_check_guard`: its release
+        message came; a clear "not needed" ends the guard (as :meth:`Replicas.check_guard`: its release
         may have been missed too)."""
         key, src = str(row["key"]), int(row["src_node"])
         with self._taking_over(key):
@@ -409,7 +408,7 @@ class GuardMixin:
                                src_node=src, phase="guard-ended", src_state=ans.get("state"))
                     self._taking.discard(key)  # the GC leaves a key whose take-over runs
                     with contextlib.suppress(Exception):
-                        self.replica_gc(key)
+                        self.replicas.gc(key)
                 return
             if isinstance(ans, dict) and ans.get("key") == key and ans.get("state") in SOURCE_LIVE_STATES:
                 withdrawn = missed and ans.get("reclaim") is False
@@ -468,7 +467,7 @@ class GuardMixin:
         taken for a death, a partition that healed) asks it (control op ``needs``) before the
         take-over's next look: a job that lives there (SOURCE_LIVE_STATES) makes the guard
         ``guarding`` again (reviving it here or elsewhere would run it twice); a clear "not needed"
-        releases it (as :meth:`_check_guard`); anything else (no answer, an older agent that sends
+        releases it (as :meth:`Replicas.check_guard`); anything else (no answer, an older agent that sends
         no state, a job lost or reclaimed there) goes on with the take-over. A ``take_over`` guard
         (its source stopped the job) is released only when the source runs the job again itself
         (``runs_as`` in the answer); any other answer goes on with the take-over. Never raises."""
@@ -500,7 +499,7 @@ class GuardMixin:
                         if new == "released":
                             self._taking.discard(key)  # the GC leaves a key whose take-over runs
                             try:
-                                self.replica_gc(key)
+                                self.replicas.gc(key)
                             except Exception:
                                 log.exception("migrate: replica GC of %s", key)
                     return
@@ -778,8 +777,8 @@ class GuardMixin:
             self._emit(f"{key}: not resumed here: {e}", key=key, phase="refused", reason=e.reason)
             return str(e)
         try:  # a job of another user than root cannot reach xfer/: it resumes from its own view of it
-            if path.parent.parent != self._resume_root():  # (one fetched from the archive is that view already)
-                path = await asyncio.to_thread(self._resume_copy, path, run_as.uid, run_as.gid)
+            if path.parent.parent != self.replicas.resume_root():  # (one fetched from the archive is that view already)
+                path = await asyncio.to_thread(self.replicas.resume_copy, path, run_as.uid, run_as.gid)
         except OSError as e:
             return f"cannot give the job's owner its checkpoint: {e}"
         spec_d["resume_from"] = str(path)
