@@ -171,12 +171,13 @@ from laminar.migrate.hazard import (
     HazardModel,
     calibrate_from_spot_traces,
 )
-from laminar.migrate.replicas import RESUME_DIR, Replicas, redact_replica
+from laminar.migrate.replica_policy import guard_confirmation as guard_confirmation
+from laminar.migrate.replica_policy import guard_needed as guard_needed
+from laminar.migrate.replica_policy import redact_replica
+from laminar.migrate.replica_policy import replica_gc_plan as replica_gc_plan
+from laminar.migrate.replica_policy import replica_victims as replica_victims
+from laminar.migrate.replicas import RESUME_DIR, Replicas
 from laminar.migrate.replicas import RESUME_KEEP_S as RESUME_KEEP_S
-from laminar.migrate.replicas import guard_confirmation as guard_confirmation
-from laminar.migrate.replicas import guard_needed as guard_needed
-from laminar.migrate.replicas import replica_gc_plan as replica_gc_plan
-from laminar.migrate.replicas import replica_victims as replica_victims
 from laminar.migrate.schema import MOVES_SCHEMA, RECLAIM_SCHEMA, REPLICAS_SCHEMA, upgrade_moves
 from laminar.migrate.settle import SettleMixin
 from laminar.migrate.transfer import (
