@@ -59,7 +59,7 @@ class Lane:  # stand-in for the archive's lane: runs the call at once
 
 
 def source(jobs: Jobs) -> Any:
-    """Node 2 with its buddies map; the methods under test bound to it."""
+    """Node 2 with its buddies map; its replicas part (the methods under test) on it."""
     events: list[dict[str, Any]] = []
     releases: list[tuple[int, str]] = []
     tasks: list[asyncio.Task[Any]] = []
