@@ -108,10 +108,10 @@ def guard_of(comp: ReclaimComponent, key: str) -> tuple[str | None, list[str]]:
 async def ask(buddy: ReclaimComponent) -> None:
     """Node 1's GC round with guards unchanged for 10 ms worth a question; waits for the answer."""
     buddy.s["replica_guard_check_s"] = 0.01
-    buddy._guard_asked.clear()
+    buddy.replicas._guard_asked.clear()
     await asyncio.sleep(0.05)
-    buddy._replica_gc_round(force=True)
-    assert await until(lambda: bool(buddy._guard_asked) and not buddy._guard_checking, timeout=10)
+    buddy.replicas.tick(time.time(), force=True)
+    assert await until(lambda: bool(buddy.replicas._guard_asked) and not buddy.replicas._guard_checking, timeout=10)
 
 
 def test_the_guard_of_a_running_job_stays_and_ends_when_the_job_exits(tmp_path: Path) -> None:

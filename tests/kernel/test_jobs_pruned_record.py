@@ -46,7 +46,7 @@ def test_a_pruned_job_is_known_as_pruned_an_unknown_or_kept_one_is_not(tmp_path:
 
 
 def test_a_buddy_asking_about_a_pruned_job_is_told_the_guard_is_not_needed(tmp_path: Path) -> None:
-    """The source's answer to a buddy's ``needs`` question (``ReclaimComponent._answer_needs``,
+    """The source's answer to a buddy's ``needs`` question (``Replicas.answer_needs``,
     run over a real job manager; the component's other state is a stand-in with no buddy and
     nothing moving): a job whose record was pruned ended, so its guard is not needed. Before, no
     record read as "cannot tell": needed, and the buddy kept the replica for good and resumed the
@@ -54,6 +54,7 @@ def test_a_buddy_asking_about_a_pruned_job_is_told_the_guard_is_not_needed(tmp_p
     import types
 
     from laminar.migrate.reclaim import ReclaimComponent
+    from laminar.migrate.replicas import Replicas
 
     async def main() -> None:
         async with job_manager(tmp_path) as jobs:
@@ -61,11 +62,10 @@ def test_a_buddy_asking_about_a_pruned_job_is_told_the_guard_is_not_needed(tmp_p
             await jobs.wait(done.id, 30)
             src = types.SimpleNamespace(node_id=1, agent=types.SimpleNamespace(jobs=jobs), evacuating=set(),
                                         prestage=types.SimpleNamespace(buddy={}, prestaging=set()))
-            src._asked_about = types.MethodType(ReclaimComponent._asked_about, src)
             src._runs_here = types.MethodType(ReclaimComponent._runs_here, src)  # (this node runs none again)
 
             def ask(jid: str) -> dict[str, object]:
-                return ReclaimComponent._answer_needs(src, "2", f"n1-{jid}")  # type: ignore[arg-type]
+                return Replicas(src).answer_needs("2", f"n1-{jid}")  # type: ignore[arg-type]
 
             assert ask(done.id)["state"] == "exited"  # recorded: guard_needed decides, as before
             jobs.keep_ended = 0

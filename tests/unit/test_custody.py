@@ -13,7 +13,7 @@ import pytest
 
 import laminar
 from laminar.migrate import ledger
-from laminar.migrate.replicas import REPLICA_DONE_STATES, REPLICA_GUARD_STATES, REPLICA_OPERATOR_STATES
+from laminar.migrate.replica_policy import REPLICA_DONE_STATES, REPLICA_GUARD_STATES, REPLICA_OPERATOR_STATES
 from laminar.migrate.schema import REPLICAS_SCHEMA
 from laminar.policy import custody
 from laminar.policy.custody import Effect, Event, IllegalTransition, State, step

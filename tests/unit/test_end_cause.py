@@ -9,7 +9,7 @@
 - The ``needs`` answer's ``stopped_for_good`` (the job's guard resumes it elsewhere) follows the
   job's end cause: it used to match the words of its reason (a window that ended, a cgroup gone).
 
-Real pieces: a SQLite store; the migrate component's ``_answer_needs`` bound to a stand-in
+Real pieces: a SQLite store; the replicas part's ``answer_needs`` on a stand-in component
 (``needs_source``) holding only what it reads; the job manager stand-in (``Jobs``) only answers
 ``get``. The end paths on a real agent: tests/kernel/test_job_end_cause.py.
 """
@@ -25,7 +25,7 @@ from typing import Any
 import pytest
 
 import laminar
-from laminar.migrate.reclaim import ReclaimComponent
+from laminar.migrate.replicas import Replicas
 from laminar.policy import endcause
 from laminar.policy.endcause import STATE_OF, EndCause
 from laminar.runtime import record
@@ -171,15 +171,14 @@ class Jobs:
         return self.job if jid == self.job.id else None
 
 
-def needs_source(job: Any, buddy: int = 1) -> Any:
-    """Node 2, whose job-1's guard is held by ``buddy``: ``_answer_needs`` bound to what it reads."""
+def needs_source(job: Any, buddy: int = 1) -> Replicas:
+    """Node 2, whose job-1's guard is held by ``buddy``: its replicas part (``answer_needs``) on a
+    stand-in component holding what it reads."""
     prestage = types.SimpleNamespace(buddy={"job-1": buddy}, prestaging=set())  # the component's part (buddies.py)
     src = types.SimpleNamespace(node_id=2, agent=types.SimpleNamespace(jobs=Jobs(job)), prestage=prestage,
                                 evacuating=set(), reclaim=None)
     src._runs_here = lambda key: None
-    for name in ("_asked_about", "_answer_needs"):
-        setattr(src, name, types.MethodType(getattr(ReclaimComponent, name), src))
-    return src
+    return Replicas(src)
 
 
 @pytest.mark.parametrize(("state", "cause", "reason", "for_good"), [
@@ -194,9 +193,9 @@ def needs_source(job: Any, buddy: int = 1) -> Any:
 def test_stopped_for_good_in_the_needs_answer_is_read_from_the_end_cause_not_the_reason(
         state: str, cause: EndCause, reason: str, for_good: bool) -> None:
     job = types.SimpleNamespace(id="job-1", state=state, reason=reason, end_cause=cause)
-    ans = needs_source(job)._answer_needs("1", "n2-job-1")
+    ans = needs_source(job).answer_needs("1", "n2-job-1")
     assert ans["needed"] is True and ans["state"] == state
     assert ans["stopped_for_good"] is for_good, ans
     assert ans["end_cause"] == cause.value  # carried beside the old fields, for the asker's events
     # said only to the node this one knows for the job's guard
-    assert needs_source(job, buddy=3)._answer_needs("1", "n2-job-1")["stopped_for_good"] is False
+    assert needs_source(job, buddy=3).answer_needs("1", "n2-job-1")["stopped_for_good"] is False

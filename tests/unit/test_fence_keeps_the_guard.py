@@ -126,7 +126,7 @@ def test_a_guard_a_prestage_sends_after_its_job_was_superseded_is_withdrawn(tmp_
                 # node 3, which took the job over while node 2 was silent, says so while the
                 # prestage's checkpoint is at node 1 and its guard not yet sent
                 src._superseding.add(j.id)
-                await src._stop_superseded(j, 3, "job-4", K)
+                await src.replicas.stop_superseded(j, 3, "job-4", K)
                 await real_guard(j, n, ckpt_name, take_over)
 
             src._guard = guard  # type: ignore[method-assign]
@@ -226,20 +226,20 @@ def test_a_guard_resumes_a_job_its_source_stopped_for_good_while_it_could_not_he
             await guarded_by_node_1(src, n1, job)
             events: list[dict[str, Any]] = []
             n1.agent.events.subscribe(events.append)
-            n1._guard_recheck_round(time.time())  # first heard since its start: asked; the job runs
-            assert await until(lambda: K not in n1._guard_checking and K in n1._guard_asked, timeout=10)
+            n1.replicas.recheck_guards(time.time())  # first heard since its start: asked; the job runs
+            assert await until(lambda: K not in n1.replicas._guard_checking and K in n1.replicas._guard_asked, timeout=10)
             assert not request(n1).get("take_over") and state(n1) == "guarding"
             heard = n1.zone.membership.state[2]
 
             async def silent_then_heard() -> None:
                 heard.last_seen = time.time() - 20.0  # silent for 20 s (less than orphan_after_s) ...
-                n1._guard_recheck_round(time.time())
+                n1.replicas.recheck_guards(time.time())
                 await asyncio.sleep(0.3)
                 assert not request(n1).get("take_over")
                 heard.last_seen = time.time()  # ... and heard again: asked
-                n1._guard_recheck_round(time.time())
-                assert K in n1._guard_checking  # (its question spawned; answered below)
-                assert await until(lambda: K not in n1._guard_checking, timeout=10)
+                n1.replicas.recheck_guards(time.time())
+                assert K in n1.replicas._guard_checking  # (its question spawned; answered below)
+                assert await until(lambda: K not in n1.replicas._guard_checking, timeout=10)
 
             # its processes ended while node 2's agent was down, its cgroup still there: it may
             # have finished by itself, and is not resumed elsewhere
@@ -249,7 +249,7 @@ def test_a_guard_resumes_a_job_its_source_stopped_for_good_while_it_could_not_he
             assert not request(n1).get("take_over")
             job.reason = LOST_WITH_CGROUP  # node 2's agent found its cgroup gone: the node rebooted
             job.end_cause = EndCause.LOST_WITH_CGROUP
-            n1._guard_recheck_round(time.time())  # heard all along: not asked again
+            n1.replicas.recheck_guards(time.time())  # heard all along: not asked again
             await asyncio.sleep(0.5)
             assert not request(n1).get("take_over")
             await silent_then_heard()

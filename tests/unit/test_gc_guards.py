@@ -146,13 +146,13 @@ async def prestage(src: ReclaimComponent, job: Any, step: int) -> None:
 def check_now(comp: ReclaimComponent) -> None:
     """The old buddy's GC round, with guards unchanged for 10 ms counted as worth a question."""
     comp.s["replica_guard_check_s"] = 0.01
-    getattr(comp, "_guard_asked", {}).clear()
-    comp._replica_gc_round(force=True)
+    comp.replicas._guard_asked.clear()
+    comp.replicas.tick(time.time(), force=True)
 
 
 def answered(comp: ReclaimComponent) -> bool:
     """The old buddy asked its question and has its answer (or gave up on it)."""
-    return bool(getattr(comp, "_guard_asked", None)) and not comp._guard_checking
+    return bool(comp.replicas._guard_asked) and not comp.replicas._guard_checking
 
 
 def run(coro: Any) -> Any:
@@ -222,14 +222,14 @@ def test_a_guard_still_needed_is_not_dropped(tmp_path: Path) -> None:
             # job's only way back) and a dead one (its reclaim window ended: the take-over's) are never asked
             buddy.s["replica_guard_check_s"] = 0.01
             buddy.agent.zone.membership.suspects.add(2)
-            buddy._guard_asked.clear()
-            buddy._stale_guard_round(time.time())
-            assert not buddy._guard_checking and not buddy._guard_asked
+            buddy.replicas._guard_asked.clear()
+            buddy.replicas.tick(time.time(), force=True)
+            assert not buddy.replicas._guard_checking and not buddy.replicas._guard_asked
             buddy.agent.zone.membership.suspects.clear()
             came = buddy.agent.store.db.execute("SELECT updated FROM migrate_replicas").fetchone()["updated"]
             buddy.notices[2] = (came + 0.01, came - 60.0)  # its window ended after the guard came
-            buddy._stale_guard_round(time.time())
-            assert not buddy._guard_checking and not buddy._guard_asked
+            buddy.replicas.tick(time.time(), force=True)
+            assert not buddy.replicas._guard_checking and not buddy.replicas._guard_asked
             assert state(buddy) == "guarding"
 
     run(main())
@@ -278,7 +278,7 @@ def test_a_guard_that_came_while_the_question_was_on_its_way_wins(tmp_path: Path
                 assert await until(lambda: held(buddy) == ["ckpt-10"])
                 src.prestage.buddy.clear()
                 job.state = "exited"  # the source now answers "not needed"
-                assert await buddy._check_guard(K, 2, asked) is False
+                assert await buddy.replicas.check_guard(K, 2, asked) is False
                 assert state(buddy) == "guarding" and held(buddy) == ["ckpt-10"]
 
     run(main())

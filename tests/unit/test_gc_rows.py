@@ -55,9 +55,9 @@ def test_done_rows_whose_directory_is_gone_are_deleted_after_the_retention(tmp_p
             with agent.store.tx() as db:  # the release came while it waited for room: its retry row too
                 db.execute("INSERT INTO migrate_retry VALUES ('n2-job-1', 1, 0, 'w', 'e', 0)")
 
-            comp._replica_gc_round(force=True)  # within the retention: the row stays
+            comp.replicas.tick(time.time(), force=True)  # within the retention: the row stays
             assert row(agent, "n2-job-1") is not None
-            comp._replica_gc_round(force=True, now=time.time() + keep + 60)
+            comp.replicas.tick(time.time() + keep + 60, force=True)
             assert row(agent, "n2-job-1") is None
             assert agent.store.db.execute("SELECT 1 FROM migrate_retry WHERE key='n2-job-1'").fetchone() is None
             assert row(agent, "n3-job-2")["state"] == "handed-over"  # type: ignore[index]
@@ -66,9 +66,9 @@ def test_done_rows_whose_directory_is_gone_are_deleted_after_the_retention(tmp_p
             assert comp.counts["replica_rows_pruned"] == 1
             # once its job ended, the handed-over key's replica goes, then (after the retention) its row
             agent.jobs.jobs[0].state = "exited"
-            comp._replica_gc_round(force=True)
+            comp.replicas.tick(time.time(), force=True)
             assert await until(lambda: not (base / "n3-job-2").exists())
-            comp._replica_gc_round(force=True, now=time.time() + keep + 60)
+            comp.replicas.tick(time.time() + keep + 60, force=True)
             assert row(agent, "n3-job-2") is None
             n = agent.store.db.execute("SELECT count(*) AS n FROM migrate_replicas").fetchone()["n"]
             assert n == 1  # only the live guard is left

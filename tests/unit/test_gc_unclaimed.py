@@ -68,7 +68,7 @@ def test_keys_no_guard_named_go_after_the_orphan_age_unless_used_guarded_or_youn
                 age(base / k, orphan + 60)
             age(outside, orphan + 60)
 
-            comp._replica_gc_round(force=True)
+            comp.replicas.tick(time.time(), force=True)
             assert await until(lambda: not (base / "n3-job-7").exists()), names(base / "n3-job-7")
             assert await until(lambda: names(base / "n3-job-10") == [".tmp-ckpt-2"]), names(base / "n3-job-10")
             assert names(base / "n3-job-8") == ["ckpt-1"]
@@ -82,7 +82,7 @@ def test_keys_no_guard_named_go_after_the_orphan_age_unless_used_guarded_or_youn
             agent.jobs.jobs[0].state = "exited"
             age(base / "n3-job-8", orphan + 60)
             age(base / "n3-job-9", orphan + 60)
-            comp._replica_gc_round(force=True)
+            comp.replicas.tick(time.time(), force=True)
             assert await until(lambda: not (base / "n3-job-8").exists() and not (base / "n3-job-9").exists())
             # a guard coming now for a removed key is a new guard of a new checkpoint: nothing breaks
             await lost.send(3)

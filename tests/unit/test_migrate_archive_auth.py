@@ -488,7 +488,7 @@ def test_a_filename_alone_never_vouches_a_supersede(world: Any) -> None:
     n1.agent.jobs.stop = stop
 
     async def main() -> None:
-        await n1._stop_superseded(job, 2, "job-9", key, vouched=False)
+        await n1.replicas.stop_superseded(job, 2, "job-9", key, vouched=False)
 
     try:
         asyncio.run(main())

@@ -156,7 +156,7 @@ def test_a_gpu_share_round_trips() -> None:
 @pytest.mark.parametrize("name", ["ckpt-5\n", "ckpt-5\r", "ckpt-٥", "ckpt-", "ckpt-5 ", "ckpt-" + "9" * 19])
 def test_checkpoint_names_are_full_ascii_matches(name: str) -> None:
     from laminar import jobkit
-    from laminar.migrate.replicas import _ckpt_step
+    from laminar.migrate.replica_policy import _ckpt_step
 
     assert not constants.valid_ckpt_name(name) and not constants._CKPT_NAME.match(name)
     assert not jobkit._NAME.fullmatch(name) and _ckpt_step(name) == -1

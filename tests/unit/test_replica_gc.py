@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import time
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -180,7 +181,7 @@ def test_a_released_key_keeps_what_a_live_job_resumed_from_and_a_commit_in_progr
             assert await until(lambda: names(d) == [".tmp-ckpt-15", "ckpt-5"]), names(d)
             # the periodic sweep goes on removing what a released key no longer needs once the job ended
             job.state = "exited"
-            comp._replica_gc_round(force=True)
+            comp.replicas.tick(time.time(), force=True)
             assert await until(lambda: names(d) == [".tmp-ckpt-15"]), names(d)
             assert names(comp.root / "incoming") in ([], [K])  # type: ignore[operator]
         finally:
@@ -196,11 +197,11 @@ def test_a_handed_over_key_goes_once_its_local_job_ended_and_stale_trash_goes_at
         try:
             d, src, job = await guarded_and_resumed_here(tmp_path, agent, comp, "running", migrated_from=K)
             comp._set_replica(K, custody.Event.HAND_OVER, "job-4")
-            comp._replica_gc_round(force=True)
+            comp.replicas.tick(time.time(), force=True)
             await asyncio.sleep(0.3)
             assert names(d) == ["ckpt-5"]  # its job runs from it
             job.state = "stopped"
-            comp._replica_gc_round(force=True)
+            comp.replicas.tick(time.time(), force=True)
             assert await until(lambda: not d.exists()), names(d)
         finally:
             await comp.stop()

@@ -26,6 +26,7 @@ from test_migrate_evidence import FakeZone, make_agent
 from test_replica_gc import KEY, Jobs, K, Source, started
 
 from laminar.migrate.reclaim import ReclaimComponent
+from laminar.migrate.replicas import Replicas
 from laminar.migrate.transfer import send_control
 
 
@@ -199,14 +200,23 @@ def test_after_the_window_only_a_buddy_that_may_have_missed_news_asks_first(tmp_
     asyncio.run(main())
 
 
-class OlderSource(ReclaimComponent):
-    """Stand-in for a source running an older agent: the real component, whose answer to
-    ``needs`` lacks the ``reclaim`` field (as agents before that field answered)."""
+class OlderReplicas(Replicas):
+    """The replicas part of :class:`OlderSource`: its answer to ``needs`` lacks the ``reclaim``
+    field (as agents before that field answered)."""
 
-    def _answer_needs(self, node: str, key: str) -> dict[str, Any]:
-        ans = super()._answer_needs(node, key)
+    def answer_needs(self, node: str, key: str) -> dict[str, Any]:
+        ans = super().answer_needs(node, key)
         ans.pop("reclaim", None)
         return ans
+
+
+class OlderSource(ReclaimComponent):
+    """Stand-in for a source running an older agent: the real component, whose answer to
+    ``needs`` lacks the ``reclaim`` field (:class:`OlderReplicas`)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.replicas = OlderReplicas(self)
 
 
 def test_an_older_source_that_says_its_job_lives_is_not_asked_every_dead_after_s(tmp_path: Path) -> None:

@@ -239,8 +239,8 @@ def test_drop_refuses_a_guard_without_force_a_used_key_and_bad_keys_then_removes
             assert [r["key"] for r in json.loads(out)] == ["n2-job-5"]
 
             # the GC does not trip over what was dropped, now or a day later
-            comp._replica_gc_round(force=True)
-            comp._replica_gc_round(force=True, now=time.time() + comp.s["replica_row_keep_s"] + 60)
+            comp.replicas.tick(time.time(), force=True)
+            comp.replicas.tick(time.time() + comp.s["replica_row_keep_s"] + 60, force=True)
             assert sorted(os.listdir(base)) == ["n2-job-5"] and names(base / "n2-job-5") == ["ckpt-9"]
             # a source that prestages again: a new guard of a new checkpoint, as for any new key
             await guarded.send(5)
@@ -273,9 +273,9 @@ def test_drop_is_refused_while_a_checkpoint_of_the_key_is_being_received(tmp_pat
             send = asyncio.get_running_loop().create_task(
                 send_checkpoint("127.0.0.1", comp.port, c, "n3-job-4", KEY, zone=1, node="3", retries=1,
                                 chunk_size=256 << 10, rate_bps=16e6))  # about 3 s: paced in user space
-            assert await until(lambda: comp._receiving("n3-job-4"))
+            assert await until(lambda: comp.replicas.receiving("n3-job-4"))
             rc, out, err = await ctl(sock, "replicas", "drop", "n3-job-4", "--force")
-            receiving = comp._receiving("n3-job-4")
+            receiving = comp.replicas.receiving("n3-job-4")
             assert rc == 1 and "transfer into it is in progress" in err, (rc, err, receiving)
             assert names(base / "n3-job-4")[:1] == ["ckpt-1"]
             await send

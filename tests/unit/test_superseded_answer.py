@@ -1,4 +1,4 @@
-"""The source's side of ``superseded`` (``ReclaimComponent._answer_superseded``): a guard that
+"""The source's side of ``superseded`` (``Replicas.answer_superseded``): a guard that
 took a job over after a silence says it runs it now. The source stops only a copy that still
 runs and started before the take-over, only on the word of the node that runs it, and reads
 the take-over's instant in its own clock. Real component methods over stand-ins of the job
@@ -18,12 +18,12 @@ import pytest
 from standin_origin import OriginQueries
 
 from laminar.migrate.buddies import Prestage
-from laminar.migrate.reclaim import ReclaimComponent
+from laminar.migrate.replicas import Replicas
 from laminar.policy.endcause import EndCause
 
 
 @dataclass
-class Job:  # stand-in: what _answer_superseded reads of a job
+class Job:  # stand-in: what answer_superseded reads of a job
     id: str
     started: float | None
     state: str = "running"
@@ -60,7 +60,7 @@ class Lane:  # stand-in for the archive's lane: runs the call at once
 
 def source(jobs: Jobs) -> Any:
     """Node 2 with its buddies map (its real part ``prestage``, whose buddy forgets and releases
-    are recorded); the methods under test bound to it."""
+    are recorded); its replicas part (the methods under test) on it."""
     events: list[dict[str, Any]] = []
     released: list[tuple[int, str]] = []
     tasks: list[asyncio.Task[Any]] = []
@@ -84,8 +84,7 @@ def source(jobs: Jobs) -> Any:
     src.prestage.forget_buddy = forget
     src.prestage.release = release
     src.tasks = tasks
-    for name in ("_asked_about", "_answer_superseded", "_stop_superseded"):
-        setattr(src, name, types.MethodType(getattr(ReclaimComponent, name), src))
+    src.replicas = Replicas(src)  # the part under test, on the stand-in component
     return src
 
 
@@ -101,16 +100,16 @@ def test_a_copy_that_ran_on_through_the_take_over_is_stopped_and_its_other_guard
         now = time.time()
         jobs = Jobs({"job-1": Job("job-1", started=now - 600)})
         src = source(jobs)
-        ans = src._answer_superseded("1", body(now - 30, clock=now))
+        ans = src.replicas.answer_superseded("1", body(now - 30, clock=now))
         assert ans["stopped"] == "job-1", ans
-        assert src._answer_superseded("1", body(now - 30, clock=now))["stopped"] == "job-1"  # asked again: once
+        assert src.replicas.answer_superseded("1", body(now - 30, clock=now))["stopped"] == "job-1"  # asked again: once
         await asyncio.gather(*src.tasks)
         assert [(j, st) for j, st, _ in jobs.stopped] == [("job-1", "migrated")]
         assert jobs.causes == {"job-1": EndCause.SUPERSEDED}  # another node's copy runs it
         assert "node 1 runs it as job-9" in jobs.stopped[0][2]
         assert src.released == [(3, "n2-job-1")] and src.prestage.buddy == {}  # node 3 guarded it meanwhile
         assert [e["phase"] for e in src.events] == ["superseded"]
-        assert src._answer_superseded("1", body(now - 30))["stopped"] is None  # it no longer runs
+        assert src.replicas.answer_superseded("1", body(now - 30))["stopped"] is None  # it no longer runs
 
     asyncio.run(main())
 
@@ -120,7 +119,7 @@ def test_a_job_started_after_the_take_over_is_another_job_and_is_left_alone() ->
     now = time.time()
     jobs = Jobs({"job-1": Job("job-1", started=now - 10)})
     src = source(jobs)
-    ans = src._answer_superseded("1", body(now - 30))
+    ans = src.replicas.answer_superseded("1", body(now - 30))
     assert ans["stopped"] is None and "started after" in ans["why"], ans
     assert not src.tasks and jobs.stopped == []
 
@@ -134,13 +133,13 @@ def test_the_take_over_instant_is_read_in_the_sources_clock() -> None:
         jobs = Jobs({"job-1": Job("job-1", started=now - 90)})
         src = source(jobs)
         guard_now = now - 120
-        assert src._answer_superseded("1", body(guard_now - 60, clock=guard_now))["stopped"] == "job-1"
+        assert src.replicas.answer_superseded("1", body(guard_now - 60, clock=guard_now))["stopped"] == "job-1"
         await asyncio.gather(*src.tasks)
         jobs2 = Jobs({"job-1": Job("job-1", started=now - 90)})
         src2 = source(jobs2)
         guard_ahead = now + 120  # its clock runs ahead: its take-over 100 s ago was 100 s ago here too,
         # after the job's start (90 s ago): another job; read raw (20 s in the future) it would be stopped
-        assert src2._answer_superseded("1", body(guard_ahead - 100, clock=guard_ahead))["stopped"] is None
+        assert src2.replicas.answer_superseded("1", body(guard_ahead - 100, clock=guard_ahead))["stopped"] is None
 
     asyncio.run(main())
 
@@ -152,16 +151,16 @@ def test_a_node_that_does_not_guard_the_job_is_believed_only_when_the_archive_na
         now = time.time()
         jobs = Jobs({"job-1": Job("job-1", started=now - 600)})
         src = source(jobs)
-        ans = src._answer_superseded("4", body(now - 30, node=4))
+        ans = src.replicas.answer_superseded("4", body(now - 30, node=4))
         assert ans["stopped"] is None and "neither guards" in ans["why"] and not src.tasks, ans
         src.archive = "/archive"
         src.runner = "5"  # the archive says node 5 claimed it
-        ans = src._answer_superseded("4", body(now - 30, node=4))
+        ans = src.replicas.answer_superseded("4", body(now - 30, node=4))
         assert ans["stopped"] is None and ans["checks"] == "job-1", ans
         await asyncio.gather(*src.tasks)
         assert jobs.stopped == [] and jobs.jobs["job-1"].state == "running" and src.events == []
         src.runner = "4"
-        src._answer_superseded("4", body(now - 30, node=4))
+        src.replicas.answer_superseded("4", body(now - 30, node=4))
         await asyncio.gather(*src.tasks)
         assert [(j, st) for j, st, _ in jobs.stopped] == [("job-1", "migrated")]
         assert jobs.causes == {"job-1": EndCause.SUPERSEDED}  # another node's copy runs it
@@ -174,12 +173,12 @@ def test_only_the_node_that_runs_the_job_may_say_so_and_a_bad_body_is_refused() 
     jobs = Jobs({"job-1": Job("job-1", started=now - 600)})
     src = source(jobs)
     with pytest.raises(ValueError, match="node 4 cannot speak for node 1"):  # node 4 does not guard it
-        src._answer_superseded("4", body(now))
+        src.replicas.answer_superseded("4", body(now))
     for bad in ({"key": "n2-job-1", "node": 1, "job": "job-9"}, {"key": "n2-job-1", "node": 1, "job": "job-9", "at": "x"},
                 {"key": "n2-job-1", "node": 1, "job": "job-9", "at": float("nan")}):
         with pytest.raises(ValueError):
-            src._answer_superseded("1", bad)
-    assert src._answer_superseded("1", {**body(now), "key": "n5-job-1"})["stopped"] is None  # not a job of node 2
+            src.replicas.answer_superseded("1", bad)
+    assert src.replicas.answer_superseded("1", {**body(now), "key": "n5-job-1"})["stopped"] is None  # not a job of node 2
     assert not src.tasks and jobs.stopped == [] and jobs.jobs["job-1"].state == "running"
 
 
@@ -228,7 +227,7 @@ def test_the_guard_speaks_for_the_node_it_placed_the_job_on() -> None:
         now = time.time()
         jobs = Jobs({"job-1": Job("job-1", started=now - 600)})
         src = source(jobs)
-        ans = src._answer_superseded("3", body(now - 30, node=1, clock=now))
+        ans = src.replicas.answer_superseded("3", body(now - 30, node=1, clock=now))
         assert ans["stopped"] == "job-1" and "node 1 runs it as job-9" in ans["why"], ans
         await asyncio.gather(*src.tasks)
         assert [(j, st) for j, st, _ in jobs.stopped] == [("job-1", "migrated")]

@@ -145,6 +145,7 @@ from laminar.runtime.ckpt_scan import scan_dir
 if TYPE_CHECKING:
     from laminar.migrate.buddies import Prestage
     from laminar.migrate.ckpt_driver import CkptDriver
+    from laminar.migrate.replicas import Replicas
     from laminar.policy.holder import RetrySchedule
     from laminar.policy.notice import NoticeOdds
 
@@ -405,6 +406,7 @@ class ArchiveMixin:
         notices: dict[int, tuple[float, float]]
         prestage: Prestage
         reclaim: dict[str, Any] | None
+        replicas: Replicas
         retry: RetrySchedule
         s: dict[str, Any]
 
@@ -414,9 +416,6 @@ class ArchiveMixin:
         def _last_seen(self, node: int) -> float: ...
         def _late_copy_settled(self, mv: Any, error: BaseException | None) -> None: ...
         def _request(self, job: Any, take_over: bool) -> dict[str, Any]: ...
-        def _resume_root(self) -> Path: ...
-        def _resume_base(self) -> Path: ...
-        def _resume_install(self, tmp: Path, key: str, name: str, uid: int, gid: int) -> Path: ...
         async def _resume_here(self, row: Any, req: dict[str, Any], path: Path, why: str) -> str | None: ...
         def _runs_here(self, key: str) -> str | None: ...
         def _source_dead(self, src: int, now: float, window_end: float | None = None,
@@ -1805,14 +1804,14 @@ class ArchiveMixin:
     def _fetch(self, v: View, key: str, b: dict[str, Any]) -> Path:
         """The checkpoint the verified record body ``b`` names, copied out of the archive into
         this node's state directory (``<state>/resume/<key>/<ckpt>/``, the owner's view of a
-        checkpoint: :meth:`_resume_install`) and checked against what the record signed as it is
+        checkpoint: :meth:`Replicas.resume_install`) and checked against what the record signed as it is
         copied (:meth:`_check_payload`): every job resumed from the archive, root's included,
         reads this local copy, never the shared storage (which anyone who can write it could
         change between the check and the job's read). Raises :class:`Refused` (``bad_ckpt``,
         ``manifest_mismatch``, ``too_big_ckpt``: it does not fit, leaving ARCHIVE_FETCH_RESERVE
         free) or OSError."""
         req = b["request"]
-        base = self._resume_base()
+        base = self.replicas.resume_base()
         st = os.statvfs(base)
         free = st.f_bavail * st.f_frsize
         if free < int(b["bytes"]) + ARCHIVE_FETCH_RESERVE:
@@ -1825,7 +1824,7 @@ class ArchiveMixin:
                 self._check_payload(v, key, b, tfd)
             finally:
                 os.close(tfd)
-            return self._resume_install(tmp, key, str(b["ckpt"]), int(req["owner_uid"]), int(req["owner_gid"]))
+            return self.replicas.resume_install(tmp, key, str(b["ckpt"]), int(req["owner_uid"]), int(req["owner_gid"]))
         except BaseException:
             shutil.rmtree(tmp, ignore_errors=True)
             raise

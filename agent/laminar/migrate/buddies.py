@@ -55,6 +55,7 @@ if TYPE_CHECKING:
     from laminar.migrate.ckpt_driver import CkptDriver
     from laminar.migrate.fence import Fence
     from laminar.migrate.reclaim import Move
+    from laminar.migrate.replicas import Replicas
     from laminar.migrate.transfer import Manifest
 
 log = logging.getLogger("laminar.migrate")
@@ -88,10 +89,9 @@ class PrestageHost(Protocol):
     evacuating: set[str]
     fence: Fence
     notices: dict[int, tuple[float, float]]
+    replicas: Replicas
     s: dict[str, Any]
 
-    def _answer_superseded(self, node: str, body: dict[str, Any]) -> dict[str, Any]: ...
-    def _asked_about(self, node: str, key: str, op: str) -> tuple[int, str | None]: ...
     def _ckpt_bytes(self, job: Any) -> int: ...
     async def _control(self, node: int, op: str, body: Any, timeout: float = 5.0) -> Any: ...
     def _emit(self, message: str, **fields: Any) -> None: ...
@@ -301,7 +301,7 @@ class Prestage:
         or a job with no buddy known, changes nothing), this node forgets it: the job's newest checkpoint is prestaged again at the next
         round, to the usual buddy choice without ``node`` (REPLICA_DROP_AVOID_S; ``node`` only when
         no other peer can take it). Returns ``{"key", "forgot", "prestages", "why"}``."""
-        asker, jid = self.host._asked_about(node, key, "dropped")
+        asker, jid = self.host.replicas.asked_about(node, key, "dropped")
         if jid is None:
             return {"key": key, "forgot": False, "prestages": False, "why": f"{key} is not a job of node {self.host.node_id}"}
         jobs = getattr(self.host.agent, "jobs", None)
@@ -425,7 +425,7 @@ class Prestage:
             sup = ans.get("superseded") if isinstance(ans, dict) else None
             if isinstance(sup, dict):  # it took the job over and runs it: as control op ``superseded``
                 try:  # (before the release is dropped: an old buddy owed it is this job's guard)
-                    self.host._answer_superseded(str(node), {**sup, "key": key})
+                    self.host.replicas.answer_superseded(str(node), {**sup, "key": key})
                 except (ValueError, KeyError, TypeError) as e:
                     log.warning("migrate: node %d's answer to the release of %s: %s", node, key, e)
             self.drop_release(pair)

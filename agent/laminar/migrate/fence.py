@@ -76,6 +76,7 @@ if TYPE_CHECKING:
     from laminar.migrate.archive import ArchiveLane
     from laminar.migrate.archive_view import Sealed, View
     from laminar.migrate.buddies import Prestage
+    from laminar.migrate.replicas import Replicas
 
 log = logging.getLogger("laminar.migrate")
 
@@ -110,6 +111,7 @@ class FenceHost(Protocol):
     archived_live: dict[str, str]
     evacuating: set[str]
     prestage: Prestage
+    replicas: Replicas
     s: dict[str, Any]
 
     def _archive_root(self) -> Path | None: ...
@@ -126,7 +128,6 @@ class FenceHost(Protocol):
     def _source_dead(self, src: int, now: float, window_end: float | None = None,
                      since: float | None = None) -> str | None: ...
     def _spawn(self, coro: Any) -> asyncio.Task[Any]: ...
-    async def _stop_superseded(self, job: Any, node: int, their: str, key: str, vouched: bool = True) -> None: ...
     def job_key(self, job: Any) -> str: ...
     @property
     def node_id(self) -> int: ...
@@ -307,7 +308,7 @@ class Fence:
                 if not runner.isdigit() or jid in self.host._superseding or not job.active:
                     return  # (a marker of an older agent names no node: left frozen for the operator)
                 self.host._superseding.add(jid)
-                await self.host._stop_superseded(job, int(runner), f"its claim of {origin}", origin, vouched=False)
+                await self.host.replicas.stop_superseded(job, int(runner), f"its claim of {origin}", origin, vouched=False)
                 if not job.active:
                     self.drop(jid)
                 return
@@ -338,7 +339,7 @@ class Fence:
                 runner = ans.get("node")
                 runner = int(runner) if isinstance(runner, int) and not isinstance(runner, bool) else node
                 self.host._superseding.add(jid)  # (on the word of its guard: it runs the job, or placed it there)
-                await self.host._stop_superseded(job, runner, str(runs), key)
+                await self.host.replicas.stop_superseded(job, runner, str(runs), key)
                 self.drop(jid)
                 return
         holds = holds_of(jobs)

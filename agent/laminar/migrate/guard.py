@@ -51,6 +51,7 @@ if TYPE_CHECKING:
     from laminar.migrate.archive import ArchiveLane
     from laminar.migrate.buddies import Prestage
     from laminar.migrate.fence import Fence
+    from laminar.migrate.replicas import Replicas
     from laminar.migrate.settle import Settle
     from laminar.migrate.vouch import Vouch
     from laminar.migrate.withdraw import Withdraw
@@ -100,6 +101,7 @@ class GuardMixin:
         notices: dict[int, tuple[float, float]]
         prestage: Prestage
         reclaim: dict[str, Any] | None
+        replicas: Replicas
         retry: RetrySchedule
         root: Path | None
         s: dict[str, Any]
@@ -119,14 +121,11 @@ class GuardMixin:
         def _refusals(self) -> au.Refusals: ...
         def _placed_as(self, key: str) -> tuple[int, str] | None: ...
         async def _reserve(self, node: int, demand: Any, hold_s: float) -> int: ...
-        def _resume_copy(self, path: Path, uid: int, gid: int) -> Path: ...
-        def _resume_root(self) -> Path: ...
         def _spawn(self, coro: Any) -> asyncio.Task[Any]: ...
         def _unclaim(self, key: str) -> None: ...
         def candidates(self, need: dst.Resources) -> list[dst.Candidate]: ...
         @property
         def node_id(self) -> int: ...
-        def replica_gc(self, key: str, newest: str | None = None, unclaimed: bool = False) -> list[str]: ...
         @property
         def zone(self) -> Any: ...
 
@@ -164,7 +163,7 @@ class GuardMixin:
         """Tells ``src`` that this node took its job ``key`` over at ``at`` (this node's wall
         clock) and that ``runner`` (this node, or the node it placed the job on) runs it as
         ``runs`` (control op ``superseded``); the source stops its copy if one runs there that
-        started before (:meth:`ReplicasMixin._answer_superseded`). Told once when answered; else
+        started before (:meth:`Replicas.answer_superseded`). Told once when answered; else
         again after SUPERSEDED_RETRY_S. Never raises."""
         tries = self._superseded_next.get(key, (math.inf, 1))[1]
         runner = self.node_id if runner is None else runner
@@ -389,7 +388,7 @@ class GuardMixin:
         (:meth:`Withdraw.withdrawn_notice`) and the guard guards on; an answer without ``reclaim`` (an
         older agent) keeps the guard and the window, once, and :meth:`_guard_round` asks again
         only once the zone stops hearing from the source (``dead_after_s``) or a new guard
-        message came; a clear "not needed" ends the guard (as :meth:`_check_guard`: its release
+        message came; a clear "not needed" ends the guard (as :meth:`Replicas.check_guard`: its release
         may have been missed too)."""
         key, src = str(row["key"]), int(row["src_node"])
         with self._taking_over(key):
@@ -412,7 +411,7 @@ class GuardMixin:
                                src_node=src, phase="guard-ended", src_state=ans.get("state"))
                     self._taking.discard(key)  # the GC leaves a key whose take-over runs
                     with contextlib.suppress(Exception):
-                        self.replica_gc(key)
+                        self.replicas.gc(key)
                 return
             if isinstance(ans, dict) and ans.get("key") == key and ans.get("state") in SOURCE_LIVE_STATES:
                 withdrawn = missed and ans.get("reclaim") is False
@@ -471,7 +470,7 @@ class GuardMixin:
         taken for a death, a partition that healed) asks it (control op ``needs``) before the
         take-over's next look: a job that lives there (SOURCE_LIVE_STATES) makes the guard
         ``guarding`` again (reviving it here or elsewhere would run it twice); a clear "not needed"
-        releases it (as :meth:`_check_guard`); anything else (no answer, an older agent that sends
+        releases it (as :meth:`Replicas.check_guard`); anything else (no answer, an older agent that sends
         no state, a job lost or reclaimed there) goes on with the take-over. A ``take_over`` guard
         (its source stopped the job) is released only when the source runs the job again itself
         (``runs_as`` in the answer); any other answer goes on with the take-over. Never raises."""
@@ -503,7 +502,7 @@ class GuardMixin:
                         if new == "released":
                             self._taking.discard(key)  # the GC leaves a key whose take-over runs
                             try:
-                                self.replica_gc(key)
+                                self.replicas.gc(key)
                             except Exception:
                                 log.exception("migrate: replica GC of %s", key)
                     return
@@ -781,8 +780,8 @@ class GuardMixin:
             self._emit(f"{key}: not resumed here: {e}", key=key, phase="refused", reason=e.reason)
             return str(e)
         try:  # a job of another user than root cannot reach xfer/: it resumes from its own view of it
-            if path.parent.parent != self._resume_root():  # (one fetched from the archive is that view already)
-                path = await asyncio.to_thread(self._resume_copy, path, run_as.uid, run_as.gid)
+            if path.parent.parent != self.replicas.resume_root():  # (one fetched from the archive is that view already)
+                path = await asyncio.to_thread(self.replicas.resume_copy, path, run_as.uid, run_as.gid)
         except OSError as e:
             return f"cannot give the job's owner its checkpoint: {e}"
         spec_d["resume_from"] = str(path)

@@ -172,12 +172,13 @@ from laminar.migrate.hazard import (
     HazardModel,
     calibrate_from_spot_traces,
 )
-from laminar.migrate.replicas import REPLICA_SCAN_TIMEOUT_S, RESUME_DIR, ReplicasMixin, redact_replica
+from laminar.migrate.replica_policy import guard_confirmation as guard_confirmation
+from laminar.migrate.replica_policy import guard_needed as guard_needed
+from laminar.migrate.replica_policy import redact_replica
+from laminar.migrate.replica_policy import replica_gc_plan as replica_gc_plan
+from laminar.migrate.replica_policy import replica_victims as replica_victims
+from laminar.migrate.replicas import RESUME_DIR, Replicas
 from laminar.migrate.replicas import RESUME_KEEP_S as RESUME_KEEP_S
-from laminar.migrate.replicas import guard_confirmation as guard_confirmation
-from laminar.migrate.replicas import guard_needed as guard_needed
-from laminar.migrate.replicas import replica_gc_plan as replica_gc_plan
-from laminar.migrate.replicas import replica_victims as replica_victims
 from laminar.migrate.schema import MOVES_SCHEMA, RECLAIM_SCHEMA, REPLICAS_SCHEMA, upgrade_moves
 from laminar.migrate.settle import Settle
 from laminar.migrate.transfer import (
@@ -624,7 +625,7 @@ def _in_own_clock(body: dict[str, Any]) -> dict[str, Any]:
     return req
 
 
-class ReclaimComponent(GuardMixin, ReplicasMixin, ArchiveMixin):
+class ReclaimComponent(GuardMixin, ArchiveMixin):
     """``laminar.migrate.reclaim:ReclaimComponent`` (agent attribute ``migrate``)."""
 
     agent_attr = "migrate"
@@ -659,11 +660,7 @@ class ReclaimComponent(GuardMixin, ReplicasMixin, ArchiveMixin):
         self._fit: tuple[float, dict[str, bool]] = (-math.inf, {})
         # a checkpoint listing and check lane for a component without the checkpoint driver
         self._own_ckpt_tools: tuple[CkptScanner, Lane] | None = None
-        # walks of the replica root (replicas.py): one at a time, bounded; the last one's answer
-        self._replica_lane = Lane("replica-scan", workers=1, timeout_s=REPLICA_SCAN_TIMEOUT_S)
-        self._replica_scan: tuple[float, dict[str, Any]] | None = None
-        self._replica_scan_fut: asyncio.Future[dict[str, Any]] | None = None
-        self._unclaimed_task: asyncio.Task[Any] | None = None
+        self.replicas = Replicas(self)  # the replicas held here for other nodes' jobs (replicas.py)
         self._tasks: set[asyncio.Task[Any]] = set()
         self._loop_task: asyncio.Task[Any] | None = None
         self._unsubscribe: Any = None
@@ -683,7 +680,7 @@ class ReclaimComponent(GuardMixin, ReplicasMixin, ArchiveMixin):
         # keys taken over here whose source was (being) told that this node runs them (_superseded_round):
         # (when to tell it again, monotonic; tries)
         self._superseded_next: dict[str, tuple[float, int]] = {}
-        self._superseding: set[str] = set()  # this node's jobs being stopped: a guard runs them (_answer_superseded)
+        self._superseding: set[str] = set()  # this node's jobs being stopped: a guard runs them (Replicas.answer_superseded)
         self._archive_next: dict[str, float] = {}  # archived key -> when this node tries it again (monotonic)
         self._archive_tries: dict[str, int] = {}
         # archived key -> the job a node dead by its window answered runs there (said once: _still_runs)
@@ -719,8 +716,6 @@ class ReclaimComponent(GuardMixin, ReplicasMixin, ArchiveMixin):
         # key -> (checkpoint name, manifest SHA-256, bytes, files) last sent to a peer: what the
         # guard that follows it is handed, signed, to publish in the archive (_presign)
         self._sent_manifests: dict[str, tuple[str, str, int, int]] = {}
-        self._replica_gc_next = 0.0  # when the held replicas are looked at next (monotonic)
-        self._guard_asked: dict[str, float] = {}  # key -> when its source was last asked (monotonic)
         self.vouch = Vouch(self, isolated=self.fence.isolated)  # other members' word on a silent peer (vouch.py)
         self._cut_at_end: dict[int, float] = {}  # node -> the window's end this node heard nobody after (guard.py)
         self._alive_asked: dict[str, float] = {}  # key -> when a source silent in its window last said its job lives
@@ -729,9 +724,6 @@ class ReclaimComponent(GuardMixin, ReplicasMixin, ArchiveMixin):
         # a reclaim (an older agent): not asked again while the zone hears from it (_guard_round)
         self._reclaim_unknown: dict[str, float] = {}
         self._started = 0.0  # when this agent's component started (wall): a guard older than it may have missed news
-        self._guard_checking: set[str] = set()  # keys whose source is being asked now
-        self._src_heard: dict[int, float] = {}  # guarded sources: when last heard, as of the last recheck round
-        self._owners: dict[str, tuple[int, int]] = {}  # key -> (uid, gid) of its job's owner (guards held here)
         # job id (a placement's: its key) -> its confirmed hand-over waiting for its node's answer:
         # node, since (wall, the first unanswered try; None before), error, wake (an operator's settle)
         self._asking: dict[str, dict[str, Any]] = {}
@@ -753,7 +745,7 @@ class ReclaimComponent(GuardMixin, ReplicasMixin, ArchiveMixin):
         if upgraded:
             log.info("migrate: move records upgraded into migrate_moves: %s", upgraded)
         for r in agent.store.db.execute("SELECT key, request FROM migrate_replicas").fetchall():
-            self._note_owner(str(r["key"]), r["request"])
+            self.replicas.note_owner(str(r["key"]), r["request"])
         self._backfill_origins()
         self.prestage.restore()
         self.fence.restore()
@@ -821,7 +813,7 @@ class ReclaimComponent(GuardMixin, ReplicasMixin, ArchiveMixin):
         # Nothing is being sent yet: every snapshot under outgoing/ is a crashed send's, and what
         # is in the replica trash was being removed when the agent stopped.
         await asyncio.to_thread(self._sweep_outgoing)
-        await asyncio.to_thread(self._empty_replica_trash)
+        await asyncio.to_thread(self.replicas.empty_trash)
         self._unsubscribe = agent.events.subscribe(self._on_event)
         self._loop_task = asyncio.get_running_loop().create_task(self._watch())
         self.ckpt = ckpt_driver.CkptDriver(self)
@@ -1051,7 +1043,7 @@ class ReclaimComponent(GuardMixin, ReplicasMixin, ArchiveMixin):
         if op in ("guard", "superseded") and isinstance(body, dict):
             # this node's wall clock as it sends: the guard reads the instants in the request
             # (window_end, not_before) in its own clock, whatever the skew (_on_control); the
-            # source, a take-over's instant (``superseded``: _answer_superseded)
+            # source, a take-over's instant (``superseded``: Replicas.answer_superseded)
             body = {**body, "clock": time.time()}
         addr, port, key, zone = self._peer(node)
         return await send_control(addr, port, key, op, body, zone=zone, node=str(self.node_id), timeout=timeout,
@@ -2505,9 +2497,9 @@ class ReclaimComponent(GuardMixin, ReplicasMixin, ArchiveMixin):
                 self.vouch.tick(time.time())
                 self.prestage.tick(time.time())
                 self._archive_watch()
-                self._guard_recheck_round(time.time())
+                self.replicas.recheck_guards(time.time())
                 await self._guard_round()
-                self._replica_gc_round()
+                self.replicas.tick(time.time())
             except Exception:
                 log.exception("migrate: watch round failed")
             try:
@@ -2565,7 +2557,7 @@ class ReclaimComponent(GuardMixin, ReplicasMixin, ArchiveMixin):
         return str(e)
 
     def _on_commit(self, c: Committed) -> None:
-        self._replica_scan = None  # the replica view walks again (a commit changed the root)
+        self.replicas.forget_scan()  # the replica view walks again (a commit changed the root)
         self.counts["received"] += 1
         self._emit(f"received {c.job_id}/{c.ckpt_id} from node {c.peer_node}, verified", key=c.job_id, ckpt=c.ckpt_id,
                    src_node=c.peer_node, path=str(c.path), phase="received")
@@ -2576,7 +2568,7 @@ class ReclaimComponent(GuardMixin, ReplicasMixin, ArchiveMixin):
             # its guard message): it replaces nothing, and a take-over reads only its guard's copies
             return
         try:
-            self.replica_gc(c.job_id, newest=c.ckpt_id)  # the older replicas of the key go
+            self.replicas.gc(c.job_id, newest=c.ckpt_id)  # the older replicas of the key go
         except Exception:  # the GC must never fail a commit (the sender was told it is delivered)
             log.exception("migrate: replica GC of %s", c.job_id)
 
@@ -2641,9 +2633,9 @@ class ReclaimComponent(GuardMixin, ReplicasMixin, ArchiveMixin):
             ledger.guard_heard(db, key)
             # who handed it: with the key's node, the only one who may change or release it
             ledger.guard_from(db, key, asker)
-        self._note_owner(key, req)
+        self.replicas.note_owner(key, req)
         try:  # the guard names a newer checkpoint: the older ones go (when it is held here)
-            self.replica_gc(key, newest=str(body["ckpt"]))
+            self.replicas.gc(key, newest=str(body["ckpt"]))
         except Exception:
             log.exception("migrate: replica GC of %s", key)
         return {"guarding": key}
@@ -2674,7 +2666,7 @@ class ReclaimComponent(GuardMixin, ReplicasMixin, ArchiveMixin):
         with self.agent.store.tx() as db:
             ledger.move(db, key, custody.Event.RELEASE, counts=self.counts)  # a live guard only (the table)
         try:  # nothing here needs the key's checkpoints any more (but a local job resumed from one)
-            self.replica_gc(key)
+            self.replicas.gc(key)
         except Exception:
             log.exception("migrate: replica GC of %s", key)
         if runs is not None or placed is not None:
@@ -2701,11 +2693,11 @@ class ReclaimComponent(GuardMixin, ReplicasMixin, ArchiveMixin):
 
     def _op_superseded(self, node: str, asker: int, body: dict[str, Any]) -> Any:
         """A guard took one of this node's jobs over and runs it."""
-        return self._answer_superseded(node, body)
+        return self.replicas.answer_superseded(node, body)
 
     def _op_needs(self, node: str, asker: int, body: dict[str, Any]) -> Any:
         """A node holding a guard of one of this node's jobs asks whether it still must."""
-        return self._answer_needs(node, str(body["key"]))
+        return self.replicas.answer_needs(node, str(body["key"]))
 
     def _op_dropped(self, node: str, asker: int, body: dict[str, Any]) -> Any:
         """An operator dropped the guard of one of this node's jobs there, by force."""
@@ -2769,7 +2761,7 @@ class ReclaimComponent(GuardMixin, ReplicasMixin, ArchiveMixin):
         be a committed, still-valid checkpoint (verified_checkpoint), any other must pass jobkit's
         own check. A replica (``<root>/checkpoints/<key>/ckpt-<n>``) whose guard named its job's
         owner is only for a job of that owner (or root's), and that owner gets its own copy of it
-        (:meth:`_resume_copy`: ``xfer/`` is root's alone). A job of a user other than root is
+        (:meth:`Replicas.resume_copy`: ``xfer/`` is root's alone). A job of a user other than root is
         refused any other path under the transfer root: a replica no guard here named the owner of
         (every source guards before it hands over; a hand-over without one would start the job
         with a ``LAMINAR_RESUME_FROM`` it cannot read, and a copy made on the hand-over's word
@@ -2782,7 +2774,7 @@ class ReclaimComponent(GuardMixin, ReplicasMixin, ArchiveMixin):
         p = Path(os.path.normpath(path))
         under_root = self.root is not None and self.root in p.parents
         replica = self.root is not None and p.parent.parent == self.root / "checkpoints"
-        recorded = self._owners.get(p.parent.name) if replica else None
+        recorded = self.replicas.owners.get(p.parent.name) if replica else None
         if recorded is not None and owner_uid not in (0, recorded[0]):
             raise ValueError(f"checkpoint {path} is a replica of a job of uid {recorded[0]}: a job of uid "
                              f"{owner_uid} cannot resume from it")
@@ -2808,7 +2800,7 @@ class ReclaimComponent(GuardMixin, ReplicasMixin, ArchiveMixin):
             raise ValueError(f"checkpoint {path} is not restorable: {e}") from None
         if recorded is not None:  # a replica, and the guard said whose: the job must be able to read it
             try:
-                p = self._resume_copy(p, *recorded)
+                p = self.replicas.resume_copy(p, *recorded)
             except OSError as e:
                 raise ValueError(f"checkpoint {path}: cannot give the job's owner (uid {recorded[0]}) its copy: "
                                  f"{e}") from None
@@ -2922,8 +2914,8 @@ class ReclaimComponent(GuardMixin, ReplicasMixin, ArchiveMixin):
             else:
                 api = getattr(self.agent, "api", None)  # the caller's worker-thread slot while it scans
                 with api.work_slot(req.peer) if api is not None else contextlib.nullcontext():
-                    scan = await self.replica_scan()
-                view = self.replica_view(scan)
+                    scan = await self.replicas.scan()
+                view = self.replicas.view(scan)
             rows = view["replicas"] if self._sees_all(req.peer) else \
                 [r if r.get("owner_uid") == req.peer.uid else redact_replica(r) for r in view["replicas"]]
             if totals in ("1", "true"):
@@ -2935,7 +2927,7 @@ class ReclaimComponent(GuardMixin, ReplicasMixin, ArchiveMixin):
             if not isinstance(b, dict) or set(b) - {"force"} or not isinstance(b.get("force", False), bool):
                 raise ApiError(400, f"replicas drop: body {brief(b)}: expected {{\"force\"?: true|false}}")
             try:
-                return await self.drop_replica_and_tell(req.params["key"], force=bool(b.get("force", False)),
+                return await self.replicas.drop_and_tell(req.params["key"], force=bool(b.get("force", False)),
                                                         by=f"uid {req.peer.uid}")
             except ValueError as e:
                 raise ApiError(400, f"replicas drop: {e}") from None

@@ -1,7 +1,8 @@
 """Replicas held here: what goes, a guard's check with its source, the operator's view and drop,
-and a job's owner's view of a replica it resumes from (a part of
-:class:`laminar.migrate.reclaim.ReclaimComponent`, which inherits :class:`ReplicasMixin`; the
-pure rules are the module-level functions here, tested without an agent).
+and a job's owner's view of a replica it resumes from: :class:`Replicas`, a part of
+:class:`laminar.migrate.reclaim.ReclaimComponent` (its ``replicas``), built with the component
+(what it uses of it: :class:`ReplicasHost`); the pure rules are in
+:mod:`laminar.migrate.replica_policy`, tested without an agent.
 
 **Replicas held here, and what goes.** Every checkpoint this node receives for another node's job
 is committed as ``<root>/checkpoints/<key>/ckpt-<n>/`` (:class:`laminar.migrate.transfer.Receiver`).
@@ -20,8 +21,8 @@ later; links are removed as links, never followed; ``.tmp-*`` and ``incoming/`` 
 ``Receiver.sweep``) and the archive (:meth:`ReclaimComponent.archive_gc`) are never touched.
 Counted in the status as ``counts.replica_gc_ckpts``. A job of a user other than root resumes from
 its owner's view of a replica (``<state_dir>/RESUME_DIR/<key>/ckpt-<n>/``, hard links;
-:meth:`ReclaimComponent._resume_copy`), which counts as using the replica and goes once no local
-job may need it and it is RESUME_KEEP_S old (:meth:`ReclaimComponent._resume_gc`).
+:meth:`Replicas.resume_copy`), which counts as using the replica and goes once no local
+job may need it and it is RESUME_KEEP_S old (:meth:`Replicas.resume_gc`).
 
 A guard whose ``release`` was lost (a source that crashed or restarted and forgot its buddy, a
 partition) is checked with its source once its row has not changed for ``replica_guard_check_s``
@@ -49,12 +50,12 @@ and when, or why it keeps it (:func:`replica_gc_plan`, the same rule as above); 
 wraps the list as ``{"now", "replicas", "totals"}`` (keys, bytes held, the receive root's free
 space). Every local user may list: a caller that is neither root, the control group nor the
 job's owner sees states, sizes and the GC's plan but not which job it is
-(:func:`redact_replica`). ``POST /v1/migrate/replicas/{key}/drop`` ``{"force"?: bool}``
+(:func:`~laminar.migrate.replica_policy.redact_replica`). ``POST /v1/migrate/replicas/{key}/drop`` ``{"force"?: bool}``
 (privileged; ``laminarctl replicas drop KEY [--force]``) removes a key's replicas and rows
-through the GC's safe path (:meth:`ReclaimComponent.drop_replica`): refused while a transfer
+through the GC's safe path (:meth:`Replicas.drop`): refused while a transfer
 into the key or its take-over runs, or a local job uses it, and for a ``guarding`` or
 ``waiting`` key without ``force``. A forced drop of such a key tells its source (control op
-``dropped``, :meth:`ReclaimComponent.drop_replica_and_tell`): the source forgets this node as the
+``dropped``, :meth:`Replicas.drop_and_tell`): the source forgets this node as the
 job's buddy and prestages a running job's newest checkpoint to another peer at its next round
 (the usual buddy choice without this node for ``REPLICA_DROP_AVOID_S``, unless no other peer can
 take it; event phase ``guard-dropped`` there). A source that cannot be reached is not told (the
@@ -67,6 +68,17 @@ drop without ``force`` removes it: the guard that then comes names a checkpoint 
 not hold, and is refused (:meth:`ReclaimComponent._check_guarded_ckpt`; every guard follows the
 transfer of what it names): the source's prestage (or move) fails and it goes to another peer,
 instead of counting on a buddy with nothing to resume the job from.
+
+**The part.** :class:`Replicas` holds its own state: the replica lane and the last walk of the
+replica root, the GC's schedule, the guards being asked (``needs``), the sources heard, and whose
+job each guarded key is (:attr:`Replicas.owners`). The component's watch loop calls
+:meth:`Replicas.recheck_guards` before its guard round and :meth:`Replicas.tick` (the GC round)
+after it; its endpoint callbacks call :meth:`Replicas.gc` (a commit, a guard, a release) and
+:meth:`Replicas.forget_scan`, its control ops :meth:`Replicas.answer_needs` and
+:meth:`Replicas.answer_superseded`, its API routes :meth:`Replicas.scan`, :meth:`Replicas.view`
+and :meth:`Replicas.drop_and_tell`. The guard and the archive resume through
+:meth:`Replicas.resume_copy` and :meth:`Replicas.resume_install`; the fence stops a superseded copy
+through :meth:`Replicas.stop_superseded`.
 """
 
 from __future__ import annotations
@@ -81,18 +93,25 @@ import re
 import shutil
 import stat
 import time
-from collections.abc import Collection, Iterable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from laminar.migrate import ledger
 from laminar.migrate.constants import (
     _CKPT_NAME,
     _SAFE_KEY,
-    GUARD_ENDED_STATES,
     REPLICA_LATE_S,
 )
 from laminar.migrate.errors import MigrateError, ReplicaRefused
+from laminar.migrate.replica_policy import (
+    REPLICA_DONE_STATES,
+    REPLICA_GUARD_STATES,
+    _ckpt_step,
+    guard_confirmation,
+    guard_needed,
+    replica_gc_plan,
+    replica_victims,
+)
 from laminar.migrate.transfer import TransferError
 from laminar.migrate.trees import Budget, _newest_mtime, _remove_tree
 from laminar.offloop import Lane, LaneBusy
@@ -110,11 +129,8 @@ log = logging.getLogger("laminar.migrate")
 # needed are renamed into ``<root>/REPLICA_TRASH/`` on the event loop, then removed in a thread.
 REPLICA_TRASH = "replica-gc"
 
-# Replica states after which this node keeps a key's checkpoints only for a local job using them.
-REPLICA_DONE_STATES = ("released", "handed-over", "placed", "passed", "resumed")
-
 # A source heard again after a silence this long (or first heard since this agent started) is asked
-# at once about the guards held here for it (:meth:`ReplicasMixin._guard_recheck_round`).
+# at once about the guards held here for it (:meth:`Replicas.recheck_guards`).
 GUARD_RECHECK_GAP_S = 5.0
 
 # A requeued job is placed again from its spec (resume_from included) for a while (zone/loan.py's
@@ -165,201 +181,57 @@ def _tree_bytes(path: Path, budget: Budget | None = None) -> int:
     return total
 
 
-def _ckpt_step(name: str) -> int:
-    return int(name[5:]) if _CKPT_NAME.fullmatch(name) else -1
+class ReplicasHost(Protocol):
+    """What :class:`Replicas` uses of the component that holds it (ReclaimComponent and its parts)."""
+
+    _lane: ArchiveLane
+    _superseding: set[str]
+    _taking: set[str]
+    agent: Any
+    counts: dict[str, int]
+    evacuating: set[str]
+    prestage: Prestage
+    reclaim: dict[str, Any] | None
+    receiver: Receiver | None
+    root: Path | None
+    s: dict[str, Any]
+
+    async def _control(self, node: int, op: str, body: Any, timeout: float = 5.0) -> Any: ...
+    def _emit(self, message: str, **fields: Any) -> None: ...
+    def _archive_root(self) -> Path | None: ...
+    def _archive_runner(self, key: str) -> str | None: ...
+    def _last_seen(self, node: int) -> float: ...
+    def _runs_here(self, key: str) -> str | None: ...
+    def _source_dead(self, src: int, now: float, window_end: float | None = None,
+                     since: float | None = None) -> str | None: ...
+    def _spawn(self, coro: Any) -> asyncio.Task[Any]: ...
+    @property
+    def node_id(self) -> int: ...
+    @property
+    def zone(self) -> Any: ...
 
 
-def replica_victims(names: Iterable[str], *, newest: str | None, keep: Collection[str]) -> list[str]:
-    """Which of a key's held checkpoints go (policy; the rule is in the module docs, *Replicas held
-    here*). Only ``ckpt-<n>`` names are ever chosen (``.tmp-*`` commits in progress and anything
-    else are not this rule's), never one in ``keep``. ``newest``: a checkpoint of the key just
-    committed (or guarded) here; those older than it go. None: the key is done here; all go.
-    Returned newest first."""
-    floor = math.inf if newest is None else _ckpt_step(newest)
-    out = [n for n in names if _CKPT_NAME.fullmatch(n) and n not in keep and _ckpt_step(n) < floor]
-    return sorted(out, key=_ckpt_step, reverse=True)
-
-
-# Replica states an operator decides about: the GC never removes these keys' checkpoints.
-REPLICA_OPERATOR_STATES = ("failed", "archived")
-# States whose key a drop refuses without ``force``: the job may have no other way back.
-REPLICA_GUARD_STATES = ("guarding", "waiting")
-
-
-def replica_gc_plan(*, state: str | None, held: dict[str, float], in_use: Collection[str], now: float,
-                    updated: float | None = None, newest_mtime: float | None = None, taking: bool = False,
-                    take_over: bool = False, src_node: int | None = None, next_round: float | None = None,
-                    next_look: float | None = None, orphan_s: float = 21600.0, guard_check_s: float = 600.0,
-                    row_keep_s: float = 86400.0) -> dict[str, Any]:
-    """What the replica GC will do with one key held here, and when (policy: the same rule
-    :meth:`ReclaimComponent.replica_gc` and its round apply, module docs *Replicas held here*),
-    for operators to read (``laminarctl replicas``).
-
-    ``state``: the key's ``migrate_replicas`` state (None: no row, no guard named it); ``held``:
-    its ``ckpt-<n>`` checkpoints here, name -> modification time; ``in_use``: those a local job
-    uses; ``updated``: when the row last changed; ``newest_mtime``: the newest change in the key's
-    directory; ``taking``: a take-over (or archive claim) of it runs now; ``take_over``: the guard
-    was handed over with a stopped job; ``next_round``: when the next GC round runs (wall clock);
-    ``next_look``: a waiting guard's next look for room. Returns ``{"removes": [names], "at": wall
-    time or None, "keeps": [names], "why": text, "row_at": when the row itself goes or None}``."""
-    names = sorted((n for n in held if _CKPT_NAME.fullmatch(n)), key=_ckpt_step, reverse=True)
-    used = [n for n in names if n in in_use]
-    out: dict[str, Any] = {"removes": [], "at": None, "keeps": names, "why": "", "row_at": None}
-    use_note = f"; {', '.join(used)} kept while a local job uses it" if used else ""
-    src = f"node {src_node}" if src_node is not None else "its source"
-    if taking:
-        out["why"] = "a take-over (or archive claim) of it runs now"
-        return out
-    if state is None:
-        victims = [n for n in names if n not in in_use]
-        if not victims:
-            out["why"] = "no guard named it; a local job uses it" if used else "no guard named it; nothing to remove"
-            return out
-        at = (now if newest_mtime is None or math.isinf(newest_mtime) else newest_mtime) + orphan_s
-        out.update(removes=victims, at=at, keeps=used,
-                   why=f"no guard named it: goes once nothing in it changed for replica_orphan_s ({orphan_s:g} s)"
-                       + use_note)
-        return out
-    if state == "guarding":
-        if take_over:
-            out["why"] = f"guarding: {src} stopped the job and left it here; the take-over places it"
-        elif guard_check_s > 0 and updated is not None:
-            out["why"] = (f"guarding the job of {src}: kept while the job may need it; asked whether it still "
-                          f"does from {time.strftime('%Y-%m-%d %H:%M:%S', time.gmtime(updated + guard_check_s))} UTC")
-        else:
-            out["why"] = f"guarding the job of {src}: kept while the job may need it"
-        return out
-    if state == "waiting":
-        when = "" if next_look is None else \
-            f" (next look {time.strftime('%Y-%m-%d %H:%M:%S', time.gmtime(next_look))} UTC)"
-        out["why"] = f"waiting for room to resume the job of {src} (its source is gone){when}: kept"
-        return out
-    if state == "failed":
-        out["why"] = "the take-over found no verified checkpoint here: kept for an operator (laminarctl replicas drop)"
-        return out
-    if state == "archived":
-        out["why"] = "passed to the archive when this node was reclaimed: kept for an operator (laminarctl replicas drop)"
-        return out
-    if state not in REPLICA_DONE_STATES:
-        out["why"] = f"state {state!r}: not the GC's"
-        return out
-    late = {n for n in names if updated is not None and held[n] > updated and now - held[n] < REPLICA_LATE_S}
-    victims = [n for n in names if n not in in_use and n not in late]
-    keeps = [n for n in names if n in in_use or n in late]
-    why = f"{state}: the job no longer needs it here"
-    if victims:
-        out.update(removes=victims, at=now if next_round is None else max(now, next_round))
-    elif late:  # nothing goes now: the late ones go once REPLICA_LATE_S passed (the last of them then)
-        gone_later = [n for n in names if n in late and n not in in_use]
-        if gone_later:
-            out.update(removes=gone_later, at=max(held[n] for n in gone_later) + REPLICA_LATE_S)
-            keeps = [n for n in names if n in in_use]
-    if late:
-        why += (f"; {', '.join(sorted(late, key=_ckpt_step, reverse=True))} came after the row changed (a guard naming"
-                f" it may follow): kept until {REPLICA_LATE_S:g} s after it came")
-    why += use_note
-    if not names and updated is not None:
-        out["row_at"] = updated + row_keep_s
-        why += "; nothing held: the row goes after replica_row_keep_s"
-    out.update(keeps=keeps, why=why)
-    return out
-
-
-# What a caller that is neither root, the control group nor the job's owner does not see of a
-# replica (GET /v1/migrate/replicas): which job it is, whose, and what it runs as here.
-REPLICA_PRIVATE_FIELDS = ("key", "src_job", "owner_uid", "job_id", "used_by", "last_error", "needs_error")
-
-
-def redact_replica(item: dict[str, Any]) -> dict[str, Any]:
-    """A replica's view for a caller that may not see whose job it is: the fields in
-    REPLICA_PRIVATE_FIELDS are None, ``redacted`` is True; state, sizes, ages and the GC's plan
-    stay (every local user may see where the node's disk goes)."""
-    out = {**item, **{f: None for f in REPLICA_PRIVATE_FIELDS}, "redacted": True}
-    if item.get("droppable"):
-        out["droppable"] = "refused (details for root or the control group)"
-    return out
-
-
-def guard_needed(state: str | None, buddy: int | None, asker: int, busy: bool) -> tuple[bool, str]:
-    """The source's answer to ``asker`` (a node holding a guard of one of its jobs, control op
-    ``needs``): (still needed, why). Policy; the rule is in the module docs, *Replicas held here*.
-    ``state``: the job's state here (None: no record of it); ``buddy``: the node this agent
-    handed the job's guard to last (None: unknown, e.g. after a restart); ``busy``: a prestage or
-    move of the job runs now (it may be handing the guard to ``asker`` right now). Not needed
-    only when the job ended or moved, or another node holds its guard; anything unknown keeps it."""
-    if state is None:
-        return True, "this node has no record of the job"
-    if busy:
-        return True, "a prestage or move of the job is in progress"
-    if state in GUARD_ENDED_STATES:
-        return False, f"the job {state} on its source"
-    if buddy is not None and buddy != asker:
-        return False, f"node {buddy} guards the job now"
-    if buddy is None:
-        return True, f"the job is {state} and its source does not know its buddy (it may be this guard)"
-    return True, f"the job is {state} and this node is its buddy"
-
-
-def guard_confirmation(*, state: str | None, take_over: bool, updated: float | None, answered: float | None,
-                       unanswered: int, now: float) -> dict[str, Any]:
-    """Whether a guard held here is *unconfirmed*: its source, alive in the zone, did not answer
-    the last ``needs`` question about it (a one-way partition, an endpoint that does not answer,
-    an older agent that does not know the op). Policy; the module docs, *Replicas held here*.
-    Only a ``guarding`` guard that is not a take-over is ever asked, so only it can be
-    unconfirmed; nothing is removed for it (it may be the job's only copy).
-
-    ``updated``: when its row last changed (for a ``guarding`` row: the source's last ``guard``
-    message); ``answered``: when the source last answered ``needs`` (None: never);
-    ``unanswered``: the questions in a row it did not answer (an answer, or a new ``guard``
-    message, sets it back to 0). Returns ``{"unconfirmed": bool, "heard_at": when the source last
-    spoke about the guard (its guard message or an answer) or None, "silent_s": seconds since
-    then or None}``; both None for a guard that is never asked."""
-    if state != "guarding" or take_over:
-        return {"unconfirmed": False, "heard_at": None, "silent_s": None}
-    heard = max((t for t in (updated, answered) if t is not None), default=None)
-    return {"unconfirmed": unanswered > 0, "heard_at": heard,
-            "silent_s": None if heard is None else max(0.0, now - heard)}
-
-
-class ReplicasMixin:
+class Replicas:
     """The replicas held here: their GC, the guards' checks with their sources, the operator's view and
-    drop, and the resume copies of a job's owner."""
+    drop, and the resume copies of a job's owner (see the module's doc): a part of
+    :class:`laminar.migrate.reclaim.ReclaimComponent` (its ``replicas``). ``host``: the component."""
 
-    if TYPE_CHECKING:
-        # what this mixin uses of ReclaimComponent (its __init__ and its other parts)
-        _guard_asked: dict[str, float]
-        _guard_checking: set[str]
-        _lane: ArchiveLane
-        _owners: dict[str, tuple[int, int]]
-        _replica_lane: Lane
-        _replica_scan: tuple[float, dict[str, Any]] | None
-        _replica_scan_fut: asyncio.Future[dict[str, Any]] | None
-        _unclaimed_task: asyncio.Task[Any] | None
-        _replica_gc_next: float
-        _src_heard: dict[int, float]
-        _superseding: set[str]
-        _taking: set[str]
-        agent: Any
-        counts: dict[str, int]
-        evacuating: set[str]
-        prestage: Prestage
-        receiver: Receiver | None
-        root: Path | None
-        s: dict[str, Any]
+    def __init__(self, host: ReplicasHost) -> None:
+        self.host = host
+        # walks of the replica root: one at a time, bounded; the last one's answer
+        self._replica_lane = Lane("replica-scan", workers=1, timeout_s=REPLICA_SCAN_TIMEOUT_S)
+        self._replica_scan: tuple[float, dict[str, Any]] | None = None
+        self._replica_scan_fut: asyncio.Future[dict[str, Any]] | None = None
+        self._unclaimed_task: asyncio.Task[Any] | None = None
+        self._replica_gc_next = 0.0  # when the held replicas are looked at next (monotonic)
+        self._guard_asked: dict[str, float] = {}  # key -> when its source was last asked (monotonic)
+        self._guard_checking: set[str] = set()  # keys whose source is being asked now
+        self._src_heard: dict[int, float] = {}  # guarded sources: when last heard, as of the last recheck round
+        self.owners: dict[str, tuple[int, int]] = {}  # key -> (uid, gid) of its job's owner (guards held here)
 
-        async def _control(self, node: int, op: str, body: Any, timeout: float = 5.0) -> Any: ...
-        def _emit(self, message: str, **fields: Any) -> None: ...
-        def _archive_root(self) -> Path | None: ...
-        def _archive_runner(self, key: str) -> str | None: ...
-        def _last_seen(self, node: int) -> float: ...
-        def _runs_here(self, key: str) -> str | None: ...
-        def _source_dead(self, src: int, now: float, window_end: float | None = None,
-                         since: float | None = None) -> str | None: ...
-        def _spawn(self, coro: Any) -> asyncio.Task[Any]: ...
-        @property
-        def node_id(self) -> int: ...
-        @property
-        def zone(self) -> Any: ...
+    def forget_scan(self) -> None:
+        """The replica root changed (a commit here): the next view walks it again."""
+        self._replica_scan = None
 
     # -- replicas held here: what goes (the module docs, *Replicas held here*) -------------------
 
@@ -375,7 +247,7 @@ class ReplicasMixin:
         lost (this may be the only copy of its state: an operator's call, as in the archive), or
         it was requeued less than REPLICA_REQUEUE_HOLD_S ago (placed again from that spec)."""
         out: dict[str, list[str]] = {}
-        resume = self._resume_root() / d.name
+        resume = self.resume_root() / d.name
         for jid, rf in self._users_of_resume_from():
             p = Path(os.path.normpath(rf))
             if p.parent == d or p.parent == resume:  # the replica, or its owner's view of it (RESUME_DIR)
@@ -390,13 +262,13 @@ class ReplicasMixin:
         operator's call), or requeued less than REPLICA_REQUEUE_HOLD_S ago (placed again from
         that spec). One indexed query: no job's spec is decoded (GET /v1/migrate/replicas asks
         once per key, and any user may ask)."""
-        jobs = getattr(self.agent, "jobs", None)
+        jobs = getattr(self.host.agent, "jobs", None)
         if jobs is None:
             return []
         return list(jobs.resume_users(("queued", "starting", "running", "suspended", "failed", "lost"),
                                       time.time() - REPLICA_REQUEUE_HOLD_S))
 
-    def replica_gc(self, key: str, newest: str | None = None, unclaimed: bool = False) -> list[str]:
+    def gc(self, key: str, newest: str | None = None, unclaimed: bool = False) -> list[str]:
         """Takes away the checkpoints of ``key`` this node no longer needs (the rule is in the
         module docs, *Replicas held here*) and returns their names. ``newest``: a checkpoint of the
         key just committed (or named by a new guard) here; the older ones go, except the one the
@@ -414,16 +286,16 @@ class ReplicasMixin:
         ``ckpt-<n>`` (transfer/receive.py's ``Receiver.sweep`` owns temporaries and ``incoming/``), a key
         whose take-over (or archive claim) runs now, a key directory that is a link. Links are
         removed as links, never followed."""
-        if self.root is None or key in self._taking or not _SAFE_KEY.fullmatch(key):
+        if self.host.root is None or key in self.host._taking or not _SAFE_KEY.fullmatch(key):
             return []
-        d = self.root / "checkpoints" / key
+        d = self.host.root / "checkpoints" / key
         try:
             if not stat.S_ISDIR(os.lstat(d).st_mode):
                 return []
             have = os.listdir(d)
         except OSError:
             return []
-        row = self.agent.store.db.execute("SELECT ckpt, state, updated FROM migrate_replicas WHERE key=?",
+        row = self.host.agent.store.db.execute("SELECT ckpt, state, updated FROM migrate_replicas WHERE key=?",
                                           (key,)).fetchone()
         keep = self._replica_users(d)
         if newest is not None:
@@ -453,7 +325,7 @@ class ReplicasMixin:
                 with contextlib.suppress(OSError):
                     os.rmdir(d)  # only when empty (a commit in progress keeps its .tmp-* in it)
             return []
-        trash = self.root / REPLICA_TRASH
+        trash = self.host.root / REPLICA_TRASH
         try:
             trash.mkdir(exist_ok=True)
             if not stat.S_ISDIR(os.lstat(trash).st_mode):
@@ -475,7 +347,7 @@ class ReplicasMixin:
             with contextlib.suppress(OSError):
                 os.rmdir(d)
         self._replica_scan = None  # the replica view walks again
-        self.counts["replica_gc_ckpts"] = self.counts.get("replica_gc_ckpts", 0) + len(gone)
+        self.host.counts["replica_gc_ckpts"] = self.host.counts.get("replica_gc_ckpts", 0) + len(gone)
         log.info("migrate: replicas of %s removed: %s (kept: %s)", key, ", ".join(gone),
                  ", ".join(sorted(set(have) & keep)) or "none")
         self._remove_later(moved)
@@ -495,52 +367,51 @@ class ReplicasMixin:
         except RuntimeError:
             remove()
             return
-        self._spawn(asyncio.to_thread(remove))
+        self.host._spawn(asyncio.to_thread(remove))
 
-    def _empty_replica_trash(self) -> None:
+    def empty_trash(self) -> None:
         """Removes what a stopped agent left in the replica trash (blocking: called in a thread)."""
-        assert self.root is not None
+        assert self.host.root is not None
         with contextlib.suppress(OSError):
-            for n in os.listdir(self.root / REPLICA_TRASH):
-                _remove_tree(self.root / REPLICA_TRASH / n)
+            for n in os.listdir(self.host.root / REPLICA_TRASH):
+                _remove_tree(self.host.root / REPLICA_TRASH / n)
 
-    def _replica_gc_round(self, force: bool = False, now: float | None = None) -> None:
-        """Every ``replica_gc_s`` (``force``: now): each held key whose row says it is done here
+    def tick(self, now: float, force: bool = False) -> None:
+        """The GC round, every ``replica_gc_s`` (``force``: now): each held key whose row says it is done here
         (released, handed over, placed or passed elsewhere, resumed here) loses what no local
-        job uses (:meth:`replica_gc`); guards unchanged for ``replica_guard_check_s`` are checked
+        job uses (:meth:`gc`); guards unchanged for ``replica_guard_check_s`` are checked
         with their source (:meth:`_stale_guard_round`); key directories no row names, unchanged
-        for ``replica_orphan_s``, go (:meth:`_unclaimed_keys`); done rows whose directory is gone
-        are deleted after ``replica_row_keep_s`` (:meth:`prune_replica_rows`). ``now``: the wall
-        clock the ages are measured against (tests)."""
-        if self.root is None or (not force and time.monotonic() < self._replica_gc_next):
+        for ``replica_orphan_s``, go (:meth:`_unclaimed_pass`); done rows whose directory is gone
+        are deleted after ``replica_row_keep_s`` (:meth:`prune_rows`); old resume copies go
+        (:meth:`resume_gc`). ``now``: the wall clock the ages are measured against."""
+        if self.host.root is None or (not force and time.monotonic() < self._replica_gc_next):
             return
-        self._replica_gc_next = time.monotonic() + float(self.s["replica_gc_s"])
-        now = time.time() if now is None else now
+        self._replica_gc_next = time.monotonic() + float(self.host.s["replica_gc_s"])
         try:
             self._stale_guard_round(now)
         except Exception:
             log.exception("migrate: checking stale guards")
         if self._unclaimed_task is None or self._unclaimed_task.done():  # (one pass at a time)
             try:
-                self._unclaimed_task = self._spawn(self._unclaimed_pass(now))
+                self._unclaimed_task = self.host._spawn(self._unclaimed_pass(now))
             except RuntimeError:  # no running loop (a caller without one): no walk of the trees
                 pass
         try:
-            self.prune_replica_rows(now)
+            self.prune_rows(now)
         except Exception:
             log.exception("migrate: pruning replica rows")
         try:
-            self._resume_gc(now)
+            self.resume_gc(now)
         except Exception:
             log.exception("migrate: removing resume copies")
-        rows = self.agent.store.db.execute(
+        rows = self.host.agent.store.db.execute(
             f"SELECT key FROM migrate_replicas WHERE state IN ({','.join('?' * len(REPLICA_DONE_STATES))})",
             REPLICA_DONE_STATES).fetchall()
         for r in rows:
             key = str(r["key"])
-            if (self.root / "checkpoints" / key).is_dir():
+            if (self.host.root / "checkpoints" / key).is_dir():
                 try:
-                    self.replica_gc(key)
+                    self.gc(key)
                 except Exception:
                     log.exception("migrate: replica GC of %s", key)
 
@@ -550,16 +421,16 @@ class ReplicasMixin:
         guard, a crash of this agent between the commit and the row) and no take-over using
         them, with their directory's mtime (ns). Links and names that are not a transfer's key
         are left. One listing and one lstat per key (on the loop: the store is read here)."""
-        assert self.root is not None
-        base = self.root / "checkpoints"
+        assert self.host.root is not None
+        base = self.host.root / "checkpoints"
         try:
             names = sorted(os.listdir(base))
         except OSError:
             return []
-        db = self.agent.store.db
+        db = self.host.agent.store.db
         out = []
         for n in names:
-            if not _SAFE_KEY.fullmatch(n) or n in self._taking:
+            if not _SAFE_KEY.fullmatch(n) or n in self.host._taking:
                 continue
             with contextlib.suppress(OSError):
                 st = os.lstat(base / n)
@@ -572,12 +443,12 @@ class ReplicasMixin:
 
     async def _unclaimed_pass(self, now: float) -> None:
         """The unclaimed keys (:meth:`_unclaimed_candidates`) whose newest entry
-        (:func:`_newest_mtime`) is older than ``replica_orphan_s`` go (:meth:`replica_gc`). The
+        (:func:`_newest_mtime`) is older than ``replica_orphan_s`` go (:meth:`gc`). The
         trees are walked in the replica lane (one thread, REPLICA_WALK_MAX entries in all,
         REPLICA_SCAN_TIMEOUT_S), never on the loop; a key whose directory changed since the walk
         began, or that a guard named meanwhile, is left for the next round."""
-        assert self.root is not None
-        base = self.root / "checkpoints"
+        assert self.host.root is not None
+        base = self.host.root / "checkpoints"
         cands = self._unclaimed_candidates()
         if not cands:
             return
@@ -591,10 +462,10 @@ class ReplicasMixin:
         except (TimeoutError, LaneBusy) as e:
             log.info("migrate: replica GC: the walk of unclaimed keys did not finish: %s", e)
             return
-        age = float(self.s["replica_orphan_s"])
-        db = self.agent.store.db
+        age = float(self.host.s["replica_orphan_s"])
+        db = self.host.agent.store.db
         for (key, mtime_ns), m in zip(cands, newest, strict=True):
-            if now - m < age or key in self._taking:
+            if now - m < age or key in self.host._taking:
                 continue
             try:
                 if os.lstat(base / key).st_mtime_ns != mtime_ns:
@@ -604,30 +475,30 @@ class ReplicasMixin:
             if db.execute("SELECT 1 FROM migrate_replicas WHERE key=?", (key,)).fetchone() is not None:
                 continue
             try:
-                if self.replica_gc(key, unclaimed=True):
-                    self._emit(f"{key}: replicas no guard named for {self.s['replica_orphan_s']:g} s removed",
+                if self.gc(key, unclaimed=True):
+                    self.host._emit(f"{key}: replicas no guard named for {self.host.s['replica_orphan_s']:g} s removed",
                                persist=False, key=key, phase="replica-unclaimed")
             except Exception:
                 log.exception("migrate: replica GC of %s", key)
 
-    def prune_replica_rows(self, now: float | None = None) -> list[str]:
+    def prune_rows(self, now: float | None = None) -> list[str]:
         """Deletes the rows (and retry rows) of keys done here (REPLICA_DONE_STATES) that last
         changed more than ``replica_row_keep_s`` before ``now`` and whose directory is gone, so
         the table holds the live replicas and recent history only. Returns the keys deleted."""
-        if self.root is None:
+        if self.host.root is None:
             return []
         now = time.time() if now is None else now
-        cutoff = now - float(self.s["replica_row_keep_s"])
-        db = self.agent.store.db
+        cutoff = now - float(self.host.s["replica_row_keep_s"])
+        db = self.host.agent.store.db
         rows = db.execute(f"SELECT key FROM migrate_replicas WHERE updated < ? AND state IN "
                           f"({','.join('?' * len(REPLICA_DONE_STATES))})", (cutoff, *REPLICA_DONE_STATES)).fetchall()
         gone = []
         for r in rows:
             key = str(r["key"])
-            if key in self._taking:
+            if key in self.host._taking:
                 continue
             try:
-                os.lstat(self.root / "checkpoints" / key)
+                os.lstat(self.host.root / "checkpoints" / key)
                 continue  # still held (a local job uses it, or it is being removed)
             except FileNotFoundError:
                 pass
@@ -635,69 +506,69 @@ class ReplicasMixin:
                 continue
             gone.append(key)
         if gone:
-            with self.agent.store.tx() as tx:
+            with self.host.agent.store.tx() as tx:
                 for key in gone:
-                    ledger.move(tx, key, custody.Event.GC, counts=self.counts, if_older=cutoff)  # done states only
+                    ledger.move(tx, key, custody.Event.GC, counts=self.host.counts, if_older=cutoff)  # done states only
                     tx.execute("DELETE FROM migrate_retry WHERE key=? AND NOT EXISTS "
                                "(SELECT 1 FROM migrate_replicas WHERE key=?)", (key, key))
                     ledger.forget_guard(tx, key, unless_replica=True)
-            self.counts["replica_rows_pruned"] = self.counts.get("replica_rows_pruned", 0) + len(gone)
+            self.host.counts["replica_rows_pruned"] = self.host.counts.get("replica_rows_pruned", 0) + len(gone)
         return gone
 
     def _stale_guard_round(self, now: float) -> None:
         """Each guard held here (state ``guarding``, not a take-over) unchanged for
         ``replica_guard_check_s`` whose source is a live zone member not declared dead is checked
         with the source (control op ``needs``, at most once per that interval per key;
-        :meth:`_check_guard`). A guard of a dead source is the take-over's; one whose source is
+        :meth:`check_guard`). A guard of a dead source is the take-over's; one whose source is
         silent or unreachable stays (it may be the job's only way back); one whose live source
         does not answer is unconfirmed (:meth:`_guard_unanswered`) and stays too."""
-        check = float(self.s["replica_guard_check_s"])
-        z = self.zone
+        check = float(self.host.s["replica_guard_check_s"])
+        z = self.host.zone
         if check <= 0 or z is None:
             return
-        rows = self.agent.store.db.execute(
+        rows = self.host.agent.store.db.execute(
             "SELECT key, src_node, request, updated FROM migrate_replicas WHERE state='guarding' AND updated < ?",
             (now - check,)).fetchall()
         mono = time.monotonic()
         self._guard_asked = {k: t for k, t in self._guard_asked.items() if mono < t + check}  # the rest may ask again
         for row in rows:
             key = str(row["key"])
-            if key in self._taking or key in self._guard_checking or mono < self._guard_asked.get(key, -math.inf) + check:
+            if key in self.host._taking or key in self._guard_checking or mono < self._guard_asked.get(key, -math.inf) + check:
                 continue
             try:
                 req = json.loads(row["request"])
             except ValueError:
                 continue
             src = int(row["src_node"])
-            if not isinstance(req, dict) or req.get("take_over") or src == self.node_id:
+            if not isinstance(req, dict) or req.get("take_over") or src == self.host.node_id:
                 continue
             if src not in z.membership.by_node or src in z.membership.suspects:
                 continue
-            if self._source_dead(src, time.time(), req.get("window_end"), float(row["updated"])) is not None:
+            if self.host._source_dead(src, time.time(), req.get("window_end"), float(row["updated"])) is not None:
                 continue
             self._guard_asked[key] = mono
             self._guard_checking.add(key)
-            self._spawn(self._check_guard(key, src, float(row["updated"])))
+            self.host._spawn(self.check_guard(key, src, float(row["updated"])))
 
-    def _guard_recheck_round(self, now: float) -> None:
+    def recheck_guards(self, now: float) -> None:
         """A source heard again after a silence of GUARD_RECHECK_GAP_S or more, or heard for the
         first time since this agent started, may have stopped a job this node guards while this
         node could not hear it: its reclaim window ended while this agent was down (so it never
         learned the window), or it rebooted faster than ``orphan_after_s`` and found the job
         gone (``lost``). Each guard held here for it (``guarding``, not a take-over) is checked
-        at once (:meth:`_check_guard`), which takes the job over when the source says it was
+        at once (:meth:`check_guard`), which takes the job over when the source says it was
         stopped for good (``stopped_for_good`` in its answer). Before, such a guard waited for the source's
         next silence (bench/chaos.py --no-archive, seed 44: 76 s, from an older replica) or,
         the source staying up, for ever."""
-        z = self.zone
+        z = self.host.zone
         if z is None:
             return
-        rows = self.agent.store.db.execute(
+        rows = self.host.agent.store.db.execute(
             "SELECT key, src_node, request, updated FROM migrate_replicas WHERE state='guarding'").fetchall()
         srcs = {int(r["src_node"]) for r in rows}
         back = set()
         for src in srcs:
-            seen, prev = self._last_seen(src), self._src_heard.get(src)
+            seen, prev = self.host._last_seen(src), self._src_heard.get(src)
             self._src_heard[src] = seen
             if seen >= 0 and (prev is None or prev < 0 or seen - prev >= GUARD_RECHECK_GAP_S):
                 back.add(src)
@@ -706,7 +577,7 @@ class ReplicasMixin:
         mono = time.monotonic()
         for row in rows:
             key, src = str(row["key"]), int(row["src_node"])
-            if src not in back or key in self._taking or key in self._guard_checking or src == self.node_id:
+            if src not in back or key in self.host._taking or key in self._guard_checking or src == self.host.node_id:
                 continue
             if src not in z.membership.by_node or src in z.membership.suspects:
                 continue
@@ -718,14 +589,14 @@ class ReplicasMixin:
                 continue
             self._guard_asked[key] = mono
             self._guard_checking.add(key)
-            self._spawn(self._check_guard(key, src, float(row["updated"])))
+            self.host._spawn(self.check_guard(key, src, float(row["updated"])))
 
     def _stopped_there(self, key: str, src: int, seen: float, state: str) -> bool:
         """``src`` says its job ``key`` was stopped for good there (``state``; ``stopped_for_good``)
         and still needs this guard: the guard becomes a take-over (as a holder's: its request's
         ``take_over``), which the next guard round resumes, if the row did not change since
         ``seen``. Returns whether it did."""
-        db = self.agent.store.db
+        db = self.host.agent.store.db
         row = db.execute("SELECT request FROM migrate_replicas WHERE key=? AND state='guarding' AND updated=?",
                          (key, seen)).fetchone()
         try:
@@ -736,27 +607,27 @@ class ReplicasMixin:
             return False
         req["take_over"] = True
         req["stopped_there"] = state
-        with self.agent.store.tx() as tx:
+        with self.host.agent.store.tx() as tx:
             cur = tx.execute("UPDATE migrate_replicas SET request=?, updated=? WHERE key=? AND state='guarding' "
                              "AND updated=?", (json.dumps(req), time.time(), key, seen))
         if cur.rowcount != 1:
             return False
-        self._emit(f"{key}: node {src} says the job was {state} there without moving, and this node guards it: "
+        self.host._emit(f"{key}: node {src} says the job was {state} there without moving, and this node guards it: "
                    "resuming it", key=key, src_node=src, src_state=state, phase="stopped-there")
         return True
 
-    async def _check_guard(self, key: str, src: int, seen: float) -> bool:
+    async def check_guard(self, key: str, src: int, seen: float) -> bool:
         """Asks ``src`` whether the guard of ``key`` held here is still needed
         (:func:`guard_needed` there). Only a clear "no" from the source ends it: the row becomes
         ``released`` (as if the source's ``release`` had come, dated when the question was sent,
         so what the source shipped after it stays for REPLICA_LATE_S), and only if it did not
         change since ``seen`` (a new guard of the key meanwhile wins); then the released key's
-        replicas go (:meth:`replica_gc`). No answer, an error, an older agent that does not know
+        replicas go (:meth:`gc`). No answer, an error, an older agent that does not know
         the op: the guard stays. Returns whether it ended."""
         try:
             asked = time.time()
             try:
-                ans = await self._control(src, "needs", {"key": key})
+                ans = await self.host._control(src, "needs", {"key": key})
             except (MigrateError, TransferError, OSError, TimeoutError) as e:
                 log.info("migrate: asking node %d whether the guard of %s is needed: %s (kept)", src, key, e)
                 self._guard_unanswered(key, src, asked, str(e) or type(e).__name__)
@@ -766,21 +637,21 @@ class ReplicasMixin:
                 return False
             self._guard_answered(key, src, asked)
             if ans["needed"]:
-                if ans.get("stopped_for_good") is True and key not in self._taking:
+                if ans.get("stopped_for_good") is True and key not in self.host._taking:
                     self._stopped_there(key, src, seen, str(ans.get("state")))
                 return False
-            if key in self._taking:
+            if key in self.host._taking:
                 return False
-            with self.agent.store.tx() as db:
-                ended = ledger.move(db, key, custody.Event.NOT_NEEDED, counts=self.counts,
+            with self.host.agent.store.tx() as db:
+                ended = ledger.move(db, key, custody.Event.NOT_NEEDED, counts=self.host.counts,
                                     only_from=(custody.State.GUARDING,), if_updated=seen, updated=asked) is not None
             if not ended:
                 return False
-            self.counts["replica_guards_ended"] = self.counts.get("replica_guards_ended", 0) + 1
-            self._emit(f"{key}: node {src} no longer needs this guard ({ans.get('why', '')}); its replicas go",
+            self.host.counts["replica_guards_ended"] = self.host.counts.get("replica_guards_ended", 0) + 1
+            self.host._emit(f"{key}: node {src} no longer needs this guard ({ans.get('why', '')}); its replicas go",
                        key=key, src_node=src, phase="guard-ended")
             try:
-                self.replica_gc(key)
+                self.gc(key)
             except Exception:
                 log.exception("migrate: replica GC of %s", key)
             return True
@@ -792,9 +663,9 @@ class ReplicasMixin:
         more unanswered question (migrate_guard_checks). The first of a row makes the guard
         unconfirmed (:func:`guard_confirmation`): recorded once as a ``migrate`` event, phase
         ``guard-unconfirmed``. The guard and its replicas stay."""
-        db = self.agent.store.db
+        db = self.host.agent.store.db
         prev = db.execute("SELECT answered, unanswered FROM migrate_guard_checks WHERE key=?", (key,)).fetchone()
-        with self.agent.store.tx() as tx:
+        with self.host.agent.store.tx() as tx:
             ledger.guard_unanswered(tx, key, asked, error)
         if prev is not None and int(prev["unanswered"]) > 0:
             return
@@ -802,33 +673,33 @@ class ReplicasMixin:
         heard = max((float(t) for t in (None if row is None else row["updated"],
                                         None if prev is None else prev["answered"]) if t is not None), default=None)
         since = "" if heard is None else f"; last heard from it {max(0.0, time.time() - heard):.0f} s ago"
-        self.counts["replica_guards_unconfirmed"] = self.counts.get("replica_guards_unconfirmed", 0) + 1
-        self._emit(f"{key}: node {src} did not answer whether it still needs this guard ({error}){since}; kept, "
+        self.host.counts["replica_guards_unconfirmed"] = self.host.counts.get("replica_guards_unconfirmed", 0) + 1
+        self.host._emit(f"{key}: node {src} did not answer whether it still needs this guard ({error}){since}; kept, "
                    "shown as unconfirmed by `laminarctl replicas` until it answers", key=key, src_node=src,
                    phase="guard-unconfirmed", error=error, heard_at=heard)
 
     def _guard_answered(self, key: str, src: int, at: float) -> None:
         """``src`` answered the ``needs`` question about ``key`` asked at ``at``: the guard is
         confirmed again (a ``guard-confirmed`` event when it was unconfirmed)."""
-        db = self.agent.store.db
+        db = self.host.agent.store.db
         prev = db.execute("SELECT unanswered FROM migrate_guard_checks WHERE key=?", (key,)).fetchone()
-        with self.agent.store.tx() as tx:
+        with self.host.agent.store.tx() as tx:
             ledger.guard_answered(tx, key, at)
         if prev is not None and int(prev["unanswered"]) > 0:
-            self._emit(f"{key}: node {src} answers again about this guard (after {int(prev['unanswered'])} "
+            self.host._emit(f"{key}: node {src} answers again about this guard (after {int(prev['unanswered'])} "
                        "unanswered questions)", key=key, src_node=src, phase="guard-confirmed")
 
-    def _asked_about(self, node: str, key: str, op: str) -> tuple[int, str | None]:
+    def asked_about(self, node: str, key: str, op: str) -> tuple[int, str | None]:
         """(the asking node's id, the id of this node's job ``key`` names, or None when ``key`` is
         not a job of this node) for control op ``op``. Raises ValueError for a node that is not an id."""
         try:
             asker = int(node)
         except ValueError:
             raise ValueError(f"{op}: the asking node {node!r} is not a node id") from None
-        prefix = f"n{self.node_id}-"
+        prefix = f"n{self.host.node_id}-"
         return asker, key[len(prefix):] if key.startswith(prefix) else None
 
-    def _answer_superseded(self, node: str, body: dict[str, Any]) -> dict[str, Any]:
+    def answer_superseded(self, node: str, body: dict[str, Any]) -> dict[str, Any]:
         """Control op ``superseded``: ``node`` took this node's job ``key`` over (it took this node
         for gone: a silence of ``orphan_after_s``, or a reclaim window that ended while it was cut
         off) and runs it as ``job`` since ``at`` (its wall clock, moved into this one's by the
@@ -837,7 +708,7 @@ class ReplicasMixin:
 
         When this node's copy still runs and started before ``at`` (a partition, not a
         departure), it is stopped here, state ``migrated``, so the job runs once
-        (:meth:`_stop_superseded`); its other guard, if any, is released. The asker's word is
+        (:meth:`stop_superseded`); its other guard, if any, is released. The asker's word is
         taken only from the job's guard (its buddy, or an old buddy still owed a release); from
         another node the job stops only once the archive names it the runner of its claim of
         ``key`` (read on the archive's lane; answered ``checks``), and never without an archive.
@@ -849,7 +720,7 @@ class ReplicasMixin:
         guard's copy a rerun: the guard stops it). Raises ValueError for a malformed body or a
         sender that speaks for another node."""
         key = str(body["key"])
-        asker, jid = self._asked_about(node, key, "superseded")
+        asker, jid = self.asked_about(node, key, "superseded")
         try:
             claimed, their, at = int(body["node"]), str(body["job"]), float(body["at"])
             shift = 0.0 if body.get("clock") is None else time.time() - float(body["clock"])
@@ -860,92 +731,92 @@ class ReplicasMixin:
             raise ValueError(f"superseded: at {at!r} is not a time")
         # a node speaks for itself, or the job's guard (its buddy, or an old buddy still owed a
         # release) for the node it placed the job on when it had no room (replica state ``placed``)
-        guard = jid is not None and (self.prestage.buddy.get(jid) == asker or (asker, key) in self.prestage.releases)
+        guard = jid is not None and (self.host.prestage.buddy.get(jid) == asker or (asker, key) in self.host.prestage.releases)
         if claimed != asker and not guard:
             raise ValueError(f"superseded: node {asker} cannot speak for node {claimed!r} (it does not guard {key})")
         at += shift
-        jobs = getattr(self.agent, "jobs", None)
+        jobs = getattr(self.host.agent, "jobs", None)
         job = jobs.get(jid) if jobs is not None and jid is not None else None
         if job is None or not job.active:
             # ``state``/``exit_code``: a copy that finished here by itself (exit 0) makes the guard's a rerun
-            return {"key": key, "stopped": None, "why": f"no copy of {key} runs on node {self.node_id}",
+            return {"key": key, "stopped": None, "why": f"no copy of {key} runs on node {self.host.node_id}",
                     "state": None if job is None else str(job.state),
                     "exit_code": None if job is None else job.exit_code}
-        if job.id in self._superseding:
+        if job.id in self.host._superseding:
             return {"key": key, "stopped": job.id, "why": f"{job.id} is being stopped"}
         if job.started is None or float(job.started) >= at:
             return {"key": key, "stopped": None, "why": f"{job.id} started after node {asker} took {key} over: "
                     "another job under the same key"}
-        if job.id in self.evacuating:
+        if job.id in self.host.evacuating:
             return {"key": key, "stopped": None, "why": f"{job.id} is being moved"}
         # the asker's word alone stops nothing: it guards the job here (its buddy, or the old buddy
         # still owed a release), or the archive names it the runner of its claim (read on the lane)
         vouched = guard
-        if not vouched and self._archive_root() is None:
+        if not vouched and self.host._archive_root() is None:
             return {"key": key, "stopped": None, "why": f"node {asker} neither guards {key} nor claimed it from "
                     "an archive: nothing here says it runs it"}
-        self._superseding.add(job.id)
-        self._spawn(self._stop_superseded(job, claimed, their, key, vouched))
+        self.host._superseding.add(job.id)
+        self.host._spawn(self.stop_superseded(job, claimed, their, key, vouched))
         if not vouched:
             return {"key": key, "stopped": None, "checks": job.id,
                     "why": f"{job.id} is stopped once the archive names node {asker} its runner"}
         return {"key": key, "stopped": job.id, "why": f"{job.id} stopped: node {claimed} runs it as {their}"}
 
-    async def _stop_superseded(self, job: Any, node: int, their: str, key: str, vouched: bool = True) -> None:
+    async def stop_superseded(self, job: Any, node: int, their: str, key: str, vouched: bool = True) -> None:
         """Stops ``job`` here (state ``migrated``: it runs on ``node`` as ``their``), with an event
         (phase ``superseded``); its buddy, when another node, is released. Not ``vouched`` (the
         asker is not its guard): only when the archive names ``node`` the runner of its claim of
         ``key``. Never raises."""
         try:
             if not vouched:
-                runner = await self._lane.call(f"who runs {key}", self._archive_runner, key)
+                runner = await self.host._lane.call(f"who runs {key}", self.host._archive_runner, key)
                 if runner != str(node):
                     log.warning("migrate: node %d says it runs %s as %s, but it does not guard it and the archive "
                                 "names %s its runner: %s runs on", node, key, their, runner, job.id)
                     return
             if not job.active:
                 return
-            self._emit(f"{job.id}: node {node} took it over as {their} while it heard nothing from this node "
+            self.host._emit(f"{job.id}: node {node} took it over as {their} while it heard nothing from this node "
                        "(a partition taken for a departure); both copies ran since: stopped here so that it runs once",
                        job=job.id, node=node, their_job=their, key=key, phase="superseded")
             # its buddy no longer guards it: released, unless that buddy took this very key over (its
             # guard row is its copy's now). ``key`` may be another's: a fenced copy this node resumed
             # stops for the claim of the key it came from (fence.py); its buddy guards its own key
-            own = f"n{self.node_id}-{job.id}"
+            own = f"n{self.host.node_id}-{job.id}"
             # a prestage of it in flight stands down: a guard it sends after this would name a job
             # no longer run here, and nobody would release it (its node takes the job over when
             # this node next falls silent: a second copy beside the one that superseded this;
             # bench/chaos.py --no-archive, seed 43). One past its send withdraws that guard
-            self.prestage.supersede(job.id)
-            buddy = self.prestage.forget_buddy(job.id)
+            self.host.prestage.supersede(job.id)
+            buddy = self.host.prestage.forget_buddy(job.id)
             if buddy is not None and (buddy != node or key != own):
-                self._spawn(self.prestage.release(buddy, own))
-            await self.agent.jobs.stop(job.id, f"node {node} runs it as {their}: it took the job over while it heard "
-                                       f"nothing from node {self.node_id} (a partition); stopped here so that it runs "
+                self.host._spawn(self.host.prestage.release(buddy, own))
+            await self.host.agent.jobs.stop(job.id, f"node {node} runs it as {their}: it took the job over while it heard "
+                                       f"nothing from node {self.host.node_id} (a partition); stopped here so that it runs "
                                        "once", grace_s=0, state="migrated", cause=EndCause.SUPERSEDED)
         except Exception as e:  # gone meanwhile: nothing runs twice
             log.warning("migrate: stopping %s, which node %d runs as %s: %s", job.id, node, their, e)
         finally:
-            self._superseding.discard(job.id)
+            self.host._superseding.discard(job.id)
 
-    def _answer_needs(self, node: str, key: str) -> dict[str, Any]:
+    def answer_needs(self, node: str, key: str) -> dict[str, Any]:
         """This node's answer to ``node`` holding a guard of ``key`` (control op ``needs``):
         ``{"key", "needed", "why", "state", "reclaim"}`` by :func:`guard_needed` (``state``: the job's, None: no record;
         ``reclaim``: this node has a reclaim now). A key of another node, or a job
         this node has no record of, is needed (this node cannot tell)."""
-        asker, jid = self._asked_about(node, key, "needs")
+        asker, jid = self.asked_about(node, key, "needs")
         if jid is None:
-            return {"key": key, "needed": True, "why": f"{key} is not a job of node {self.node_id}"}
-        jobs = getattr(self.agent, "jobs", None)
+            return {"key": key, "needed": True, "why": f"{key} is not a job of node {self.host.node_id}"}
+        jobs = getattr(self.host.agent, "jobs", None)
         job = jobs.get(jid) if jobs is not None else None
         if job is None and jobs is not None and hasattr(jobs, "pruned") and jobs.pruned(jid):
             # ended long ago: its record was pruned (jobs.keep_ended_s / keep_ended); "no
             # record" alone would say needed, and the buddy would keep the replica for good and
             # resume a finished job when this node leaves
             return {"key": key, "needed": False, "state": "pruned",
-                    "why": f"job {jid} ended on node {self.node_id} (its record was pruned)"}
+                    "why": f"job {jid} ended on node {self.host.node_id} (its record was pruned)"}
         state = None if job is None else str(job.state)
-        again = self._runs_here(key)
+        again = self.host._runs_here(key)
         if again is not None:
             # This node runs the job again itself (a job of its that it resumed from the archive
             # or a replica once it was given back): the job has a new key and its own guards now,
@@ -953,10 +824,10 @@ class ReplicasMixin:
             # that found room resumed a job its source had claimed back from the archive).
             again_job = jobs.get(again) if jobs is not None else None
             return {"key": key, "needed": False, "state": None if again_job is None else str(again_job.state),
-                    "runs_as": again, "why": f"node {self.node_id} runs {key} again, as {again}",
-                    "reclaim": getattr(self, "reclaim", None) is not None}
-        needed, why = guard_needed(state, self.prestage.buddy.get(jid), asker,
-                                   jid in self.evacuating or jid in self.prestage.prestaging)
+                    "runs_as": again, "why": f"node {self.host.node_id} runs {key} again, as {again}",
+                    "reclaim": getattr(self.host, "reclaim", None) is not None}
+        needed, why = guard_needed(state, self.host.prestage.buddy.get(jid), asker,
+                                   jid in self.host.evacuating or jid in self.host.prestage.prestaging)
         # ``reclaim``: whether this node has a reclaim now (a guard that may have missed its
         # withdrawal learns from a false one that the window it holds no longer ends anything);
         # ``stopped_for_good``: the job stopped here without moving and its guard is to resume it
@@ -967,18 +838,18 @@ class ReplicasMixin:
         # ``end_cause`` goes with the answer, for the asker's events (it decides on
         # ``stopped_for_good``, as before: an older agent's answer has no cause).
         cause = getattr(job, "end_cause", None)
-        stopped = needed and self.prestage.buddy.get(str(jid)) == asker and cause in RESUMED_BY_ITS_GUARD
+        stopped = needed and self.host.prestage.buddy.get(str(jid)) == asker and cause in RESUMED_BY_ITS_GUARD
         return {"key": key, "needed": needed, "why": why, "state": state, "stopped_for_good": stopped,
                 "end_cause": None if cause is None else str(cause),
-                "reclaim": getattr(self, "reclaim", None) is not None}  # (getattr: a caller's stand-in may lack it)
+                "reclaim": getattr(self.host, "reclaim", None) is not None}  # (getattr: a caller's stand-in may lack it)
 
     # -- replicas held here: the operator's view and drop (GET /v1/migrate/replicas) -------------
 
-    def _receiving(self, key: str) -> bool:
+    def receiving(self, key: str) -> bool:
         """Whether the transfer endpoint receives (or commits) a checkpoint of ``key`` now."""
-        return self.receiver is not None and self.receiver.receiving(key)
+        return self.host.receiver is not None and self.host.receiver.receiving(key)
 
-    async def replica_scan(self, max_age_s: float = REPLICA_VIEW_MAX_AGE_S) -> dict[str, Any]:
+    async def scan(self, max_age_s: float = REPLICA_VIEW_MAX_AGE_S) -> dict[str, Any]:
         """:meth:`_scan_replicas`'s answer at most ``max_age_s`` old: taken in the replica lane
         (one thread, one walk at a time, REPLICA_SCAN_TIMEOUT_S) and shared by every caller in
         the meantime; a walk that does not finish answers the last one (``stale``) or an empty
@@ -1012,9 +883,9 @@ class ReplicasMixin:
         Links are reported as links, never followed. At most REPLICA_WALK_MAX entries are looked
         at in all (``truncated``: the sizes are then lower bounds, and the keys not walked whole
         never look old)."""
-        assert self.root is not None
+        assert self.host.root is not None
         budget = Budget(REPLICA_WALK_MAX)
-        base = self.root / "checkpoints"
+        base = self.host.root / "checkpoints"
         keys: dict[str, dict[str, Any]] = {}
         try:
             names = sorted(os.listdir(base))
@@ -1051,18 +922,18 @@ class ReplicasMixin:
             keys[n] = {"link": False, "ckpts": ckpts, "other": other, "bytes": total, "newest": _newest_mtime(p, budget)}
         incoming: dict[str, list[str]] = {}
         with contextlib.suppress(OSError):
-            for n in sorted(os.listdir(self.root / "incoming")):
+            for n in sorted(os.listdir(self.host.root / "incoming")):
                 with contextlib.suppress(OSError):
-                    if stat.S_ISDIR(os.lstat(self.root / "incoming" / n).st_mode):
-                        incoming[n] = sorted(os.listdir(self.root / "incoming" / n))
+                    if stat.S_ISDIR(os.lstat(self.host.root / "incoming" / n).st_mode):
+                        incoming[n] = sorted(os.listdir(self.host.root / "incoming" / n))
         free = fs = None
         with contextlib.suppress(OSError):
             sv = os.statvfs(base)
             free, fs = sv.f_bavail * sv.f_frsize, sv.f_blocks * sv.f_frsize
         return {"keys": keys, "incoming": incoming, "free_bytes": free, "fs_bytes": fs,
-                "trash_bytes": _tree_bytes(self.root / REPLICA_TRASH, budget), "truncated": budget.left < 0}
+                "trash_bytes": _tree_bytes(self.host.root / REPLICA_TRASH, budget), "truncated": budget.left < 0}
 
-    def replica_view(self, scan: dict[str, Any], now: float | None = None) -> dict[str, Any]:
+    def view(self, scan: dict[str, Any], now: float | None = None) -> dict[str, Any]:
         """Every key this node holds replicas of or has a ``migrate_replicas`` row for, with what
         the GC will do with it (:func:`replica_gc_plan`), and the totals; ``scan`` is
         :meth:`_scan_replicas`'s (taken in a thread). Runs on the event loop (the store, the jobs).
@@ -1080,9 +951,9 @@ class ReplicasMixin:
         source last spoke about a ``guarding`` guard: its guard message or an answer),
         ``needs_unanswered`` (questions in a row without an answer) and ``needs_error`` (the
         last one's, while unconfirmed)."""
-        assert self.root is not None
+        assert self.host.root is not None
         now = time.time() if now is None else now
-        db = self.agent.store.db
+        db = self.host.agent.store.db
         rows = {str(r["key"]): r for r in db.execute(
             "SELECT r.key, r.src_node, r.src_job, r.request, r.ckpt, r.state, r.job_id, r.updated, t.attempts, "
             "t.next_at, t.last_error, g.answered, g.unanswered, g.last_error AS needs_error FROM migrate_replicas r "
@@ -1092,7 +963,7 @@ class ReplicasMixin:
         out = []
         for key in sorted(set(rows) | set(held)):
             row, sc = rows.get(key), held.get(key)
-            d = self.root / "checkpoints" / key
+            d = self.host.root / "checkpoints" / key
             users = self._replica_user_jobs(d) if sc is not None and not sc["link"] else {}
             try:
                 req = json.loads(row["request"]) if row is not None else {}
@@ -1111,11 +982,11 @@ class ReplicasMixin:
             state = str(row["state"]) if row is not None else None
             plan = replica_gc_plan(
                 state=state, held={n: t for n, (_, t) in ckpts.items()}, in_use=set(users), now=now, updated=updated,
-                newest_mtime=newest, taking=key in self._taking, take_over=bool(req.get("take_over")),
+                newest_mtime=newest, taking=key in self.host._taking, take_over=bool(req.get("take_over")),
                 src_node=src_node, next_round=next_round,
                 next_look=float(row["next_at"]) if row is not None and row["next_at"] is not None else None,
-                orphan_s=float(self.s["replica_orphan_s"]), guard_check_s=float(self.s["replica_guard_check_s"]),
-                row_keep_s=float(self.s["replica_row_keep_s"]))
+                orphan_s=float(self.host.s["replica_orphan_s"]), guard_check_s=float(self.host.s["replica_guard_check_s"]),
+                row_keep_s=float(self.host.s["replica_row_keep_s"]))
             conf = guard_confirmation(
                 state=state, take_over=bool(req.get("take_over")), updated=updated,
                 answered=None if row is None or row["answered"] is None else float(row["answered"]),
@@ -1140,7 +1011,7 @@ class ReplicasMixin:
                 "temporaries": sc["other"] if sc is not None else [], "incoming": scan["incoming"].get(key, []),
                 "link": bool(sc and sc["link"]), "held": sc is not None,
                 "age_s": None if math.isinf(changed) else max(0.0, now - changed),
-                "used_by": sorted({j for js in users.values() for j in js}), "receiving": self._receiving(key),
+                "used_by": sorted({j for js in users.values() for j in js}), "receiving": self.receiving(key),
                 "gc": "removes" if plan["removes"] else "keeps", "gc_at": plan["at"], "gc_removes": plan["removes"],
                 "gc_why": why, "row_gc_at": plan["row_at"], "unconfirmed": conf["unconfirmed"],
                 "source_heard_at": conf["heard_at"], "source_silent_s": conf["silent_s"],
@@ -1152,24 +1023,24 @@ class ReplicasMixin:
         out.sort(key=lambda r: (r["updated"] if r["updated"] is not None else math.inf, r["key"]))
         totals = {"keys": len(out), "bytes_held": sum(int(r["bytes"]) for r in out),
                   "checkpoints": sum(len(r["checkpoints"]) for r in out),
-                  "root": str(self.root / "checkpoints"), "free_bytes": scan["free_bytes"], "fs_bytes": scan["fs_bytes"],
+                  "root": str(self.host.root / "checkpoints"), "free_bytes": scan["free_bytes"], "fs_bytes": scan["fs_bytes"],
                   "free_for_offers": None, "trash_bytes": scan["trash_bytes"],
                   "by_state": {s: sum(1 for r in out if r["state"] == s) for s in sorted({r["state"] for r in out})},
                   "unconfirmed": sum(1 for r in out if r["unconfirmed"]),
                   # the walk of the replica root: cut at REPLICA_WALK_MAX entries, an older one, or none
                   "scan_truncated": bool(scan.get("truncated")), "scan_stale": scan.get("stale"),
                   "scan_error": scan.get("error")}
-        if self.receiver is not None:
+        if self.host.receiver is not None:
             with contextlib.suppress(OSError):
-                totals["free_for_offers"] = self.receiver.free_for_offers()
+                totals["free_for_offers"] = self.host.receiver.free_for_offers()
         return {"now": now, "replicas": out, "totals": totals}
 
     def _drop_refusal(self, key: str, state: str | None, src_node: int | None, src_job: str | None,
                       users: dict[str, list[str]], force: bool) -> str | None:
-        """Why :meth:`drop_replica` refuses ``key`` now (None: it would drop it)."""
-        if key in self._taking:
+        """Why :meth:`drop` refuses ``key`` now (None: it would drop it)."""
+        if key in self.host._taking:
             return f"{key}: a take-over (or archive claim) of it runs now; try again once it ended"
-        if self._receiving(key):
+        if self.receiving(key):
             return f"{key}: a checkpoint transfer into it is in progress; try again once it ended"
         if users:
             jobs = sorted({j for js in users.values() for j in js})
@@ -1185,7 +1056,7 @@ class ReplicasMixin:
                     "a stopped job held here, or a gone source's job, is then lost unless the archive holds it)")
         return None
 
-    def drop_replica(self, key: str, force: bool = False, by: str = "") -> dict[str, Any]:
+    def drop(self, key: str, force: bool = False, by: str = "") -> dict[str, Any]:
         """Removes the replicas of ``key`` held here and its ``migrate_replicas`` (and retry) row,
         as an operator asks (``POST /v1/migrate/replicas/{key}/drop``, ``laminarctl replicas drop``).
 
@@ -1196,17 +1067,17 @@ class ReplicasMixin:
         has a row for (LookupError), and (ReplicaRefused) one whose take-over runs, one a transfer
         is being received into, one a local job resumes from (``force`` or not), a ``guarding`` or
         ``waiting`` key without ``force``. This tells the source nothing: the API's drop is
-        :meth:`drop_replica_and_tell` (see docs/operations.md). ``.tmp-*`` of a commit cannot be there (no transfer runs); partial
+        :meth:`drop_and_tell` (see docs/operations.md). ``.tmp-*`` of a commit cannot be there (no transfer runs); partial
         transfers under ``incoming/`` are the endpoint's (:meth:`Receiver.sweep`) and the archive
         is never touched. Returns ``{"key", "state", "dropped": [ckpt names], "bytes", "forced"}``."""
         if not isinstance(key, str) or not _SAFE_KEY.fullmatch(key):
             raise ValueError(f"{key!r} is not a replica key: expected letters, digits, '_', '.' or '-', starting "
                              "with a letter or digit, at most 128 characters (see `laminarctl replicas`)")
-        if self.root is None:
+        if self.host.root is None:
             raise LookupError(f"no replicas of {key!r} on this node: it has no transfer endpoint")
-        row = self.agent.store.db.execute("SELECT src_node, src_job, state FROM migrate_replicas WHERE key=?",
+        row = self.host.agent.store.db.execute("SELECT src_node, src_job, state FROM migrate_replicas WHERE key=?",
                                           (key,)).fetchone()
-        d = self.root / "checkpoints" / key
+        d = self.host.root / "checkpoints" / key
         try:
             st: os.stat_result | None = os.lstat(d)
         except FileNotFoundError:
@@ -1228,7 +1099,7 @@ class ReplicasMixin:
                 with contextlib.suppress(OSError):
                     names = sorted((n for n in os.listdir(d) if _CKPT_NAME.fullmatch(n)), key=_ckpt_step, reverse=True)
                 nbytes = _tree_bytes(d, Budget(REPLICA_DROP_WALK_MAX))  # on the loop: bounded (a lower bound past it)
-            trash = self.root / REPLICA_TRASH
+            trash = self.host.root / REPLICA_TRASH
             try:
                 trash.mkdir(exist_ok=True)
                 if not stat.S_ISDIR(os.lstat(trash).st_mode):
@@ -1238,13 +1109,13 @@ class ReplicasMixin:
                 self._replica_scan = None  # the replica view walks again
             except OSError as e:
                 raise MigrateError(f"{key}: cannot move {d} into {trash}: {e}; nothing was removed") from None
-        with self.agent.store.tx() as db:
-            ledger.move(db, key, custody.Event.DROP, counts=self.counts)  # its retry row goes too
+        with self.host.agent.store.tx() as db:
+            ledger.move(db, key, custody.Event.DROP, counts=self.host.counts)  # its retry row goes too
             ledger.forget_guard(db, key)
         self._guard_asked.pop(key, None)
-        self.counts["replica_dropped"] = self.counts.get("replica_dropped", 0) + 1
+        self.host.counts["replica_dropped"] = self.host.counts.get("replica_dropped", 0) + 1
         forced = force and state in REPLICA_GUARD_STATES
-        self._emit(f"{key}: replicas dropped by {by or 'an operator'} (state {state or 'unclaimed'}"
+        self.host._emit(f"{key}: replicas dropped by {by or 'an operator'} (state {state or 'unclaimed'}"
                    f"{', forced' if forced else ''}): {', '.join(names) or 'no checkpoint'}, {nbytes} bytes",
                    key=key, phase="replica-dropped", state=state or "unclaimed", forced=forced, by=by)
         if moved is not None:
@@ -1252,28 +1123,28 @@ class ReplicasMixin:
         return {"key": key, "state": state or "unclaimed", "dropped": names, "bytes": nbytes, "forced": forced,
                 "src_node": None if row is None else int(row["src_node"])}
 
-    async def drop_replica_and_tell(self, key: str, force: bool = False, by: str = "",
+    async def drop_and_tell(self, key: str, force: bool = False, by: str = "",
                                     timeout: float = 5.0) -> dict[str, Any]:
-        """:meth:`drop_replica`, then, for a forced drop of a ``guarding`` or ``waiting`` key, tells
+        """:meth:`drop`, then, for a forced drop of a ``guarding`` or ``waiting`` key, tells
         its source (control op ``dropped``, ``{"key"}``) so that it forgets this node as the job's
         buddy and prestages elsewhere (:meth:`Prestage.answer_dropped` there). The drop stands whatever the
         source says or whether it can be reached. Adds ``source_told`` (True: the source answered;
         False: it was not told; None: nothing to tell) and ``source_says`` (its answer's ``why``, or
-        why it was not told) to :meth:`drop_replica`'s answer. Raises what drop_replica raises."""
-        res = self.drop_replica(key, force=force, by=by)
+        why it was not told) to :meth:`drop`'s answer. Raises what drop raises."""
+        res = self.drop(key, force=force, by=by)
         res["source_told"], res["source_says"] = None, ""
         src = res.get("src_node")
         if not res["forced"] or src is None:
             return res
         try:
-            if src == self.node_id:
+            if src == self.host.node_id:
                 raise MigrateError(f"node {src} is this node")
-            ans = await self._control(int(src), "dropped", {"key": key}, timeout=timeout)
+            ans = await self.host._control(int(src), "dropped", {"key": key}, timeout=timeout)
             if not isinstance(ans, dict) or ans.get("key") != key:
                 raise MigrateError(f"node {src} answered {ans!r}")
         except (MigrateError, TransferError, OSError, TimeoutError) as e:
             res["source_told"], res["source_says"] = False, f"node {src} was not told: {e}"
-            self._emit(f"{key}: the forced drop was not told to node {src} ({e}): it may still count on this node "
+            self.host._emit(f"{key}: the forced drop was not told to node {src} ({e}): it may still count on this node "
                        "as the job's buddy", key=key, src_node=src, phase="replica-drop-untold")
             return res
         res["source_told"], res["source_says"] = True, str(ans.get("why", ""))
@@ -1281,18 +1152,18 @@ class ReplicasMixin:
 
     # -- a job's owner's view of a replica it resumes from (ReclaimComponent.check_resume) --------
 
-    def _note_owner(self, key: str, request: Any) -> None:
+    def note_owner(self, key: str, request: Any) -> None:
         """Records whose job ``key`` is from its guard's request (a dict, or its JSON)."""
         try:
             req = json.loads(request) if isinstance(request, str) else request
-            self._owners[key] = (int(req.get("owner_uid", 0) or 0), int(req.get("owner_gid", 0) or 0))
+            self.owners[key] = (int(req.get("owner_uid", 0) or 0), int(req.get("owner_gid", 0) or 0))
         except (ValueError, TypeError, AttributeError):
             pass
 
-    def _resume_root(self) -> Path:
-        return Path(self.agent.config.state_dir) / RESUME_DIR
+    def resume_root(self) -> Path:
+        return Path(self.host.agent.config.state_dir) / RESUME_DIR
 
-    def _resume_copy(self, path: Path, uid: int, gid: int) -> Path:
+    def resume_copy(self, path: Path, uid: int, gid: int) -> Path:
         """The checkpoint a job of ``uid`` resumes from when ``path`` is a replica under
         ``xfer/`` (root's alone): ``<state_dir>/RESUME_DIR/<key>/<ckpt>/`` (RESUME_DIR's layout),
         made anew in a directory only root can reach, then renamed into place (hard links where
@@ -1306,7 +1177,7 @@ class ReplicasMixin:
         key, name = path.parent.name, path.name
         if not _SAFE_KEY.fullmatch(key) or not _CKPT_NAME.fullmatch(name):
             raise OSError(f"{path} is not a replica's checkpoint (<key>/ckpt-<n>)")
-        base = self._resume_base()
+        base = self.resume_base()
         tmp = base / f".tmp-{key}-{name}-{time.monotonic_ns()}"
         os.mkdir(tmp, 0o700)
         try:
@@ -1333,11 +1204,11 @@ class ReplicasMixin:
         except BaseException:
             _remove_tree(tmp)
             raise
-        return self._resume_install(tmp, key, name, uid, gid)
+        return self.resume_install(tmp, key, name, uid, gid)
 
-    def _resume_base(self) -> Path:
+    def resume_base(self) -> Path:
         """RESUME_DIR, made when missing: a directory of root's (0711). Raises OSError."""
-        base = self._resume_root()
+        base = self.resume_root()
         base.mkdir(exist_ok=True)
         st = os.lstat(base)
         if not stat.S_ISDIR(st.st_mode) or st.st_uid != 0:
@@ -1345,14 +1216,14 @@ class ReplicasMixin:
         os.chmod(base, 0o711)
         return base
 
-    def _resume_install(self, tmp: Path, key: str, name: str, uid: int, gid: int) -> Path:
+    def resume_install(self, tmp: Path, key: str, name: str, uid: int, gid: int) -> Path:
         """Puts the checkpoint made in ``tmp`` (a directory only root can reach, in RESUME_DIR, of
         files mode 0644) in place as ``RESUME_DIR/<key>/<name>`` for the job of ``uid``/``gid``
         (``<key>/`` theirs, 0500: they cannot swap it for a link); an older one of the name is
         replaced. ``tmp`` is removed on a failure. Raises OSError."""
         try:
             os.chmod(tmp, 0o755)
-            kd = self._resume_root() / key
+            kd = self.resume_root() / key
             with contextlib.suppress(FileExistsError):
                 os.mkdir(kd, 0o500)
             kst = os.lstat(kd)
@@ -1373,22 +1244,22 @@ class ReplicasMixin:
             raise
         return kd / name
 
-    def _resume_gc(self, now: float | None = None) -> list[Path]:
+    def resume_gc(self, now: float | None = None) -> list[Path]:
         """Removes the resume copies (RESUME_DIR) no local job names any more (the rule of
         :meth:`_replica_user_jobs`) once older than RESUME_KEEP_S, a crashed copy's ``.tmp-*`` as
         old, and emptied ``<key>/`` directories. Renamed into the replica trash, removed in a
         thread. Returns what went."""
-        if self.root is None:
+        if self.host.root is None:
             return []
         now = time.time() if now is None else now
-        base = self._resume_root()
+        base = self.resume_root()
         try:
             keys = os.listdir(base)
         except OSError:
             return []
         used = {(k, n) for k, names in self._resume_users().items() for n in names}
         gone: list[Path] = []
-        trash = self.root / REPLICA_TRASH
+        trash = self.host.root / REPLICA_TRASH
         trash.mkdir(exist_ok=True)
 
         def old(p: Path) -> bool:
@@ -1428,7 +1299,7 @@ class ReplicasMixin:
     def _resume_users(self) -> dict[str, set[str]]:
         """key -> the names under ``RESUME_DIR/<key>/`` a local job may still resume from."""
         out: dict[str, set[str]] = {}
-        base = self._resume_root()
+        base = self.resume_root()
         for _jid, rf in self._users_of_resume_from():
             p = Path(os.path.normpath(rf))
             if p.parent.parent == base:

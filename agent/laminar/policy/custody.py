@@ -123,9 +123,9 @@ S, E, F = State, Event, Effect
 Outcome = tuple[State, tuple[Effect, ...]]
 
 # States after which this node keeps a key's checkpoints only for a local job using them; the
-# row GC prunes only these (laminar.migrate.replicas.REPLICA_DONE_STATES).
+# row GC prunes only these (laminar.migrate.replica_policy.REPLICA_DONE_STATES).
 DONE = (S.RELEASED, S.HANDED_OVER, S.PLACED, S.PASSED, S.RESUMED)
-# States an operator decides about (laminar.migrate.replicas.REPLICA_OPERATOR_STATES).
+# States an operator decides about (laminar.migrate.replica_policy.REPLICA_OPERATOR_STATES).
 OPERATOR = (S.FAILED, S.ARCHIVED)
 # A live guard: what a take-over starts from, and what a release ends.
 LIVE = (S.GUARDING, S.WAITING)
