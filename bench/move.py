@@ -18,7 +18,11 @@ loaded. The benchmark reclaims node A with a notice window of NOTICE_S plus 10 s
 - ``move_s``: that checkpoint saved to the job's process started on B (the agent's check,
   transfer, commit, guard and hand-over);
 - ``start_s``: the process started to its state loaded (``import torch``, as a training
-  job's, where it is installed, and jobkit's check of what it loads included);
+  job's, where it is installed, and jobkit's check of what it loads included); split into
+  ``start_cpu_s``, the job's main thread on a CPU, and ``start_runq_s``, the same thread
+  runnable but waiting for a CPU (Linux schedstat; what is left of ``start_s`` it was blocked),
+  beside ``start_agents_cpu_s``, the CPU both agents used meanwhile (sampled every 50 ms): on
+  this 2-core machine ``start_runq_s`` is other processes' load, and it swings by seconds;
 - the rest is the first step.
 
 Compared in the same run, interleaved, with ``--baseline-tree PATH`` (an ``agent/`` directory
@@ -30,7 +34,8 @@ of another revision: the agents import it first, through PYTHONPATH): the same k
 
 ``--quick``: 64 and 256 MiB, one run each; else 64, 256 and 1024 MiB, 3 runs each (medians).
 Needs root (namespaces, cgroups). Keys per size S: ``downtime_s_<S>``, ``ckpt_s_<S>``,
-``move_s_<S>``, ``start_s_<S>``, ``lost_steps_<S>``; and ``downtime_s`` (the largest size).
+``move_s_<S>``, ``start_s_<S>`` (and its ``start_cpu_s_<S>``, ``start_runq_s_<S>``,
+``start_agents_cpu_s_<S>``), ``lost_steps_<S>``; and ``downtime_s`` (the largest size).
 """
 
 from __future__ import annotations
@@ -39,6 +44,20 @@ import time
 
 T_EXEC = time.time()  # the job's process started (--role job): before its imports
 
+
+def _sched() -> tuple[float, float] | None:
+    """This thread's seconds on a CPU and runnable waiting for one, since it started (Linux
+    ``/proc/thread-self/schedstat``); None where the kernel does not keep them."""
+    try:
+        with open("/proc/thread-self/schedstat") as f:
+            on_cpu, runq = f.read().split()[:2]
+        return int(on_cpu) / 1e9, int(runq) / 1e9
+    except (OSError, ValueError):
+        return None
+
+
+SCHED_EXEC = _sched()
+
 import argparse  # noqa: E402
 import json  # noqa: E402
 import os  # noqa: E402
@@ -46,6 +65,7 @@ import signal  # noqa: E402
 import statistics  # noqa: E402
 import sys  # noqa: E402
 import tempfile  # noqa: E402
+import threading  # noqa: E402
 from pathlib import Path  # noqa: E402
 from typing import Any  # noqa: E402
 
@@ -69,10 +89,12 @@ def _role_job(mib: int) -> int:
     ck = jobkit.Checkpointer()
     state = ck.resume()
     loaded = time.time()
+    sched = _sched()
+    cpu_s, runq_s = ((sched[0] - SCHED_EXEC[0], sched[1] - SCHED_EXEC[1]) if sched and SCHED_EXEC else (None, None))
     resumed = state is not None
     if state is None:
         state = os.urandom(mib << 20)
-    say(event="start", resumed=resumed, t_exec=T_EXEC, t_loaded=loaded, bytes=len(state))
+    say(event="start", resumed=resumed, t_exec=T_EXEC, t_loaded=loaded, bytes=len(state), cpu_s=cpu_s, runq_s=runq_s)
     step = 0
     while True:
         time.sleep(STEP_S)
@@ -84,6 +106,44 @@ def _role_job(mib: int) -> int:
 
 
 # --------------------------------------------------------------------------- the driver
+
+
+def _proc_cpu(pid: int) -> float:
+    """A process's own CPU seconds, all its threads (``/proc/PID/stat``: not its reaped children's,
+    where a job the agent ended would land); 0 once it is gone."""
+    try:
+        f = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    return (int(f[11]) + int(f[12])) / os.sysconf("SC_CLK_TCK")
+
+
+class _AgentsCpu:
+    """The CPU both agents have used, sampled every 50 ms in a thread (two reads of ``/proc``:
+    next to nothing on the machine it measures)."""
+
+    def __init__(self, pids: list[int]) -> None:
+        self.pids = pids
+        self.samples = [(time.time(), sum(_proc_cpu(p) for p in pids))]
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            self.samples.append((time.time(), sum(_proc_cpu(p) for p in self.pids)))
+            self._stop.wait(0.05)
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def between(self, t0: float, t1: float) -> float:
+        """CPU seconds used from about ``t0`` to about ``t1`` (the samples nearest them)."""
+        def at(t: float) -> float:
+            return min(self.samples, key=lambda s: abs(s[0] - t))[1]
+
+        return at(t1) - at(t0)
 
 
 def _one(tmp: Path, mib: int, tree: Path | None) -> dict[str, float]:
@@ -100,6 +160,8 @@ def _one(tmp: Path, mib: int, tree: Path | None) -> dict[str, float]:
         extra = '\n[migrate]\nprestage = "off"\npoll_s = 0.2\n'
         with Cluster.create(tmp, zones=1, per_zone=2, gpus=0, cpus=4, memory_mb=8000, zone_extra=extra) as c:
             a, b = c.nodes
+            assert a.agent.proc is not None and b.agent.proc is not None
+            agents = _AgentsCpu([a.agent.proc.pid, b.agent.proc.pid])
             job = json.loads(a.ctl("-o", "json", "submit", "--name", "mover", "--", sys.executable,
                                    str(Path(__file__).resolve()), "--role", "job", "--mib", str(mib)).stdout)
             jid = job["id"]
@@ -119,6 +181,7 @@ def _one(tmp: Path, mib: int, tree: Path | None) -> dict[str, float]:
             log_b = b.agent.state_dir / "logs" / f"{move['dest_job']}.log"
             wait_until(lambda: any(e["event"] == "step" for e in _events(log_b)), 120, "the job to step on node B")
             on_a, on_b = _events(log_a), _events(log_b)
+            agents.stop()
     finally:
         if old is None:
             os.environ.pop("PYTHONPATH", None)
@@ -132,6 +195,9 @@ def _one(tmp: Path, mib: int, tree: Path | None) -> dict[str, float]:
     ck = saved[-1]
     return {"downtime_s": first_b - ck["t"], "ckpt_s": ck["t"] - t_req, "move_s": start_b["t_exec"] - ck["t"],
             "start_s": start_b["t_loaded"] - start_b["t_exec"],
+            **({"start_cpu_s": start_b["cpu_s"], "start_runq_s": start_b["runq_s"]}
+               if start_b.get("cpu_s") is not None else {}),
+            "start_agents_cpu_s": agents.between(start_b["t_exec"], start_b["t_loaded"]),
             "lost_steps": sum(e["event"] == "step" and e["step"] > ck["step"] for e in on_a)}
 
 
@@ -177,7 +243,8 @@ def main() -> int:
                            "load_1m": round(os.getloadavg()[0], 2)}
     for (prefix, mib), rs in rows.items():
         for k in rs[0]:
-            res[f"{prefix}{k}_{mib}"] = round(statistics.median(r[k] for r in rs), 3)
+            if all(k in r for r in rs):
+                res[f"{prefix}{k}_{mib}"] = round(statistics.median(r[k] for r in rs), 3)
     for prefix, _ in trees:
         res[f"{prefix}downtime_s"] = res[f"{prefix}downtime_s_{sizes[-1]}"]
     if a.baseline_tree:
