@@ -44,6 +44,7 @@ def measure(size_mib: int, seconds: float) -> dict[str, Any]:
     """One measurement in this process (``--role measure``): the tree on ``sys.path`` first."""
     import asyncio
     import resource
+    import secrets
     import shutil
     import time
     from types import SimpleNamespace
@@ -54,6 +55,7 @@ def measure(size_mib: int, seconds: float) -> dict[str, Any]:
     from laminar.migrate.schema import REPLICAS_SCHEMA
     from laminar.runtime.spec import JobSpec
     from laminar.store import Store
+    from laminar.zone.keys import parse_keys
 
     tmp = Path(tempfile.mkdtemp(prefix="lm-bench-archive-"))
     try:
@@ -67,8 +69,10 @@ def measure(size_mib: int, seconds: float) -> dict[str, Any]:
             for stmt in REPLICAS_SCHEMA:
                 db.execute(stmt)
         c = ReclaimComponent()
+        # the zone's key signs the archive's records (archive_auth): a key of this run's own
+        keys = parse_keys(f"1 {secrets.token_hex(32)}\n", "bench keys")
         c.agent = SimpleNamespace(  # stand-in for the agent
-            zone=SimpleNamespace(node_id=2, networked=False), store=store,
+            zone=SimpleNamespace(node_id=2, zone=1, keys=keys, pairs=None, networked=False), store=store,
             jobs=SimpleNamespace(active=lambda: [job], get=lambda jid: job if jid == job.id else None,
                                  list=lambda: [job]),
             config=SimpleNamespace(state_dir=str(tmp / "state")))
