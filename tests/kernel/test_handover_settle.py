@@ -260,7 +260,7 @@ def test_a_guards_cut_placement_that_ends_without_a_job_there_releases_that_node
         async with running_rig(tmp_path) as (rig, jobs):
             mig = await rig.start_migrate(ReleasingPlacer(), node="lm-t-settle")
             key, req, ckpt, row = rig.guarded_replica(f"n3-lm-t-settle-rel-{end}", "lm-t-settle-rel")
-            place = asyncio.ensure_future(mig._place_elsewhere(row, req, ckpt, "node 3 is dead"))
+            place = asyncio.ensure_future(mig.guarding.place_elsewhere(row, req, ckpt, "node 3 is dead"))
             assert await until(lambda: any(e.get("phase") == "unconfirmed" for e in rig.events), 15), rig.events
             place.cancel()  # the agent stops during the wait (a crash would not even try a release)
             await asyncio.gather(place, return_exceptions=True)
@@ -281,7 +281,7 @@ def test_a_guards_cut_placement_that_ends_without_a_job_there_releases_that_node
                 assert res["kind"] == "placement" and res["decision"] == "run-here"
             assert await until(lambda: (2, key) in ReleasingPlacer.released, 5), \
                 f"node 2 keeps the take-over guard of {key} while the guard here goes on: two copies"
-            assert key not in mig._taking
+            assert key not in mig.guarding.taking
             assert jobs.store.db.execute("SELECT * FROM migrate_replica_handovers").fetchall() == []
             assert rig.dst_jobs.active() == []
 
@@ -298,7 +298,7 @@ def test_a_guards_cut_placement_whose_node_left_is_settled_as_placed(tmp_path: P
             req = {"spec": {"command": ["sleep", "600"]}, "owner_uid": 0, "owner_gid": 0}
             await rig.start_migrate()  # creates the tables
             await rig.stop_migrate()
-            with jobs.store.tx() as db:  # what _place_on leaves when a stop cuts its hand-over
+            with jobs.store.tx() as db:  # what Guard.place_on leaves when a stop cuts its hand-over
                 db.execute("INSERT INTO migrate_replicas VALUES (?, 3, 'j9', ?, 'ckpt-5', 'guarding', NULL, ?)",
                            (key, json.dumps(req), time.time()))
                 db.execute("INSERT INTO migrate_replica_handovers VALUES (?, 2, 77, ?, ?)",
@@ -306,12 +306,12 @@ def test_a_guards_cut_placement_whose_node_left_is_settled_as_placed(tmp_path: P
             mig = await restart_without_node2(rig)
             assert await until(lambda: any(e.get("phase") == "unconfirmed" and e.get("key") == key
                                            for e in rig.events), 10)
-            assert key in mig._taking
+            assert key in mig.guarding.taking
             pending = await get(mig, "/v1/migrate/handovers")
             assert [(h["job"], h["kind"], h["state"]) for h in pending] == [(key, "placement", "unasked")]
             res = await settle(mig, key, "gone")
             assert res["kind"] == "placement" and res["state"] == "placed"
-            assert key not in mig._taking and await get(mig, "/v1/migrate/handovers") == []
+            assert key not in mig.guarding.taking and await get(mig, "/v1/migrate/handovers") == []
             with pytest.raises(ApiError) as e:
                 await settle(mig, key, "run-here")
             assert e.value.status == 409 and key in str(e.value)

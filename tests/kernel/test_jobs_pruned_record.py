@@ -53,7 +53,7 @@ def test_a_buddy_asking_about_a_pruned_job_is_told_the_guard_is_not_needed(tmp_p
     finished job when this node left."""
     import types
 
-    from laminar.migrate.reclaim import ReclaimComponent
+    from laminar.migrate.guard import Guard
     from laminar.migrate.replicas import Replicas
 
     async def main() -> None:
@@ -62,7 +62,7 @@ def test_a_buddy_asking_about_a_pruned_job_is_told_the_guard_is_not_needed(tmp_p
             await jobs.wait(done.id, 30)
             src = types.SimpleNamespace(node_id=1, agent=types.SimpleNamespace(jobs=jobs), evacuating=set(),
                                         prestage=types.SimpleNamespace(buddy={}, prestaging=set()))
-            src._runs_here = types.MethodType(ReclaimComponent._runs_here, src)  # (this node runs none again)
+            src.guarding = Guard(src)  # type: ignore[arg-type]  # (its runs_here: this node runs none again)
 
             def ask(jid: str) -> dict[str, object]:
                 return Replicas(src).answer_needs("2", f"n1-{jid}")  # type: ignore[arg-type]

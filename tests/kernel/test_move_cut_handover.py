@@ -206,7 +206,7 @@ async def running_rig(tmp: Path) -> AsyncIterator[tuple[Rig, Any]]:
 
 
 def transfer_in_place(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Stand-in for the checkpoint transfer of a guard's placement (``GuardMixin._place_on``, in
+    """Stand-in for the checkpoint transfer of a guard's placement (``Guard.place_on``, in
     laminar.migrate.guard): node 2 reads the replica's directory here (both on this machine)."""
     import laminar.migrate.guard as guard_mod
 
@@ -309,7 +309,7 @@ def test_a_guards_placement_whose_hand_over_times_out_is_asked_again_not_placed_
         async with running_rig(tmp_path) as (rig, jobs):
             mig = await rig.start_migrate(Placer())
             key, req, ckpt, row = rig.guarded_replica("n3-lm-t-mvcut-key", "lm-t-mvcut-guarded")
-            place = asyncio.ensure_future(mig._place_elsewhere(row, req, ckpt, "node 3 is dead"))
+            place = asyncio.ensure_future(mig.guarding.place_elsewhere(row, req, ckpt, "node 3 is dead"))
             assert await until(lambda: rig.dst_jobs.asked > 0, 15), "the hand-over never reached node 2"
             # its answer times out (0.5 s): asked again (or, before, taken for a refusal)
             await until(lambda: place.done() or any(e.get("phase") == "unconfirmed" for e in rig.events), 10)
@@ -426,7 +426,7 @@ def test_a_guards_placement_cut_by_the_agents_stop_is_settled_by_asking_the_dest
         async with running_rig(tmp_path) as (rig, jobs):
             mig = await rig.start_migrate(Placer())
             key, req, ckpt, row = rig.guarded_replica("n3-lm-t-mvcut-key2", "lm-t-mvcut-guarded2")
-            place = asyncio.ensure_future(mig._place_elsewhere(row, req, ckpt, "node 3 is dead"))
+            place = asyncio.ensure_future(mig.guarding.place_elsewhere(row, req, ckpt, "node 3 is dead"))
             assert await until(lambda: any(e.get("phase") == "unconfirmed" for e in rig.events), 15), rig.events
             place.cancel()  # the agent stops during the wait
             await asyncio.gather(place, return_exceptions=True)
@@ -440,7 +440,7 @@ def test_a_guards_placement_cut_by_the_agents_stop_is_settled_by_asking_the_dest
                 f"node 2 runs the job, yet the guard here is {state()!r}: it would take it over again"
             assert len(rig.dst_jobs.active()) == 1 and rig.dst_jobs.asked == 1
             assert jobs.store.db.execute("SELECT * FROM migrate_replica_handovers").fetchall() == []
-            assert key not in mig._taking
+            assert key not in mig.guarding.taking
 
     asyncio.run(main())
 
@@ -486,10 +486,15 @@ class ToNode2(ReclaimComponent):
         addr, _, key, zone = self._peer(node)
         return await send_control(addr, self.port2, key, op, body, zone=zone, node=str(self.node_id), timeout=timeout)
 
-    async def _handover(self, node: int, pid: int, req: dict[str, Any], *a: Any, **kw: Any) -> str:
-        if self.hold is not None:
-            await self.hold.wait()
-        return await super()._handover(node, pid, req, *a, **kw)
+    def __init__(self) -> None:
+        super().__init__()
+        real = self.guarding.handover
+
+        async def handover(node: int, pid: int, req: dict[str, Any], *a: Any, **kw: Any) -> str:
+            if self.hold is not None:
+                await self.hold.wait()
+            return await real(node, pid, req, *a, **kw)
+        self.guarding.handover = handover  # type: ignore[method-assign]
 
 
 class GuardRig:
@@ -499,7 +504,7 @@ class GuardRig:
     which node 2's zone asks as an agent's does (the checkpoint's check, a take-over's job)."""
 
     def __init__(self, tmp: Path, jobs: Any, rig: Rig, monkeypatch: pytest.MonkeyPatch) -> None:
-        import laminar.migrate.guard as guard_mod  # the placement's transfer (GuardMixin._place_on)
+        import laminar.migrate.guard as guard_mod  # the placement's transfer (Guard.place_on)
         from laminar.store import Store
 
         self.tmp, self.jobs, self.rig = tmp, jobs, rig
@@ -529,7 +534,7 @@ class GuardRig:
         assert rig.dst_zone is not None
         rig.dst_zone.agent = SimpleNamespace(migrate=self.node2)  # as the agent's: node 2's zone asks its migrate
         _, req, ckpt, row = rig.guarded_replica(self.key, "lm-t-mvcut-guarded3")
-        return asyncio.ensure_future(mig._place_elsewhere(row, req, ckpt, "node 3 is dead"))
+        return asyncio.ensure_future(mig.guarding.place_elsewhere(row, req, ckpt, "node 3 is dead"))
 
     async def restart_node2(self, before_start: Callable[[ReclaimComponent], None] = lambda c: None) -> None:
         """Node 2's migrate component stops (its take-over in flight cancelled) and a fresh one
@@ -555,7 +560,7 @@ class GuardRig:
         guard = self.guard2()
         assert guard is not None and guard["state"] == "guarding"
         await asyncio.sleep(max(0.0, float(json.loads(guard["request"])["not_before"]) - time.time()) + 0.2)
-        await self.node2._guard_round()
+        await self.node2.guarding.tick(time.time())
 
     async def stop(self) -> None:
         try:
@@ -582,13 +587,13 @@ def test_the_guard_a_placement_gives_its_node_waits_for_the_hand_over_in_flight_
                 assert await until(lambda: rig.dst_jobs.asked > 0, 15), [e["message"] for e in rig.events]
                 await g.guard_round_after_not_before()
                 assert g.node2 is not None
-                assert await until(lambda: rig.dst_jobs.asked > 1 or g.key not in g.node2._taking, 10)
+                assert await until(lambda: rig.dst_jobs.asked > 1 or g.key not in g.node2.guarding.taking, 10)
                 assert rig.dst_jobs.asked == 1, "node 2's guard resumed the job beside the hand-over in flight there"
                 rig.dst_jobs.gate.set()  # node 2 starts the handed-over job now
                 placed, why = await asyncio.wait_for(place, 30)
                 assert placed, why
-                await g.node2._guard_round()  # the job runs there: its guard there stands down
-                assert await until(lambda: g.key not in g.node2._taking, 10)
+                await g.node2.guarding.tick(time.time())  # the job runs there: its guard there stands down
+                assert await until(lambda: g.key not in g.node2.guarding.taking, 10)
                 assert len(rig.dst_jobs.active()) == 1 and rig.dst_jobs.asked == 1
                 assert g.guard2()["state"] == "handed-over"
             finally:
@@ -680,7 +685,7 @@ def test_a_hand_over_to_a_node_whose_guard_took_the_job_over_but_could_not_start
                 place = await g.start(hold)
                 assert g.node2 is not None and rig.dst_zone is not None
                 node2 = g.node2
-                real_elsewhere = node2._place_elsewhere
+                real_elsewhere = node2.guarding.place_elsewhere
 
                 async def refused(*a: Any, **kw: Any) -> Any:  # node 2 has no room for it now
                     rig.dst_jobs.asked += 1
@@ -692,7 +697,7 @@ def test_a_hand_over_to_a_node_whose_guard_took_the_job_over_but_could_not_start
                     return await real_elsewhere(*a, **kw)
 
                 rig.dst_jobs.submit = refused  # type: ignore[method-assign]
-                node2._place_elsewhere = held_elsewhere  # type: ignore[method-assign]
+                node2.guarding.place_elsewhere = held_elsewhere  # type: ignore[method-assign]
                 assert await until(lambda: g.guard2() is not None, 15), [e["message"] for e in rig.events]
                 await g.guard_round_after_not_before()
                 assert await until(lambda: rig.dst_jobs.asked == 1, 10), g.guard2()["state"]  # held at the gate
@@ -701,7 +706,7 @@ def test_a_hand_over_to_a_node_whose_guard_took_the_job_over_but_could_not_start
                 rig.dst_jobs.gate.set()  # node 2's start fails: its take-over goes on, held before placing
                 placed, why = await asyncio.wait_for(place, 30)
                 onward.set()
-                assert await until(lambda: g.key not in node2._taking, 30)
+                assert await until(lambda: g.key not in node2.guarding.taking, 30)
                 state2 = g.guard2()["state"]
                 row1 = jobs.store.db.execute("SELECT state, job_id FROM migrate_replicas WHERE key=?",
                                              (g.key,)).fetchone()
@@ -745,20 +750,20 @@ def test_a_hand_over_after_a_restart_of_the_node_whose_guard_fenced_it_is_still_
                     raise RuntimeError("lm-t: held")
 
                 rig.dst_jobs.submit = refused  # type: ignore[method-assign]
-                node2._place_elsewhere = held_elsewhere  # type: ignore[method-assign]
+                node2.guarding.place_elsewhere = held_elsewhere  # type: ignore[method-assign]
                 assert await until(lambda: g.guard2() is not None, 15), [e["message"] for e in rig.events]
                 await g.guard_round_after_not_before()
                 assert await until(lambda: rig.dst_jobs.asked == 1, 10), g.guard2()["state"]  # the start failed
-                assert await until(lambda: g.key in node2._fenced, 10)
+                assert await until(lambda: g.key in node2.guarding._fenced, 10)
                 first_round = asyncio.Event()
 
                 def slow_first_round(c: ReclaimComponent) -> None:
-                    real = c._guard_round
+                    real = c.guarding.tick
 
-                    async def held() -> None:  # the restarted agent's first guard round comes late
+                    async def held(now: float) -> None:  # the restarted agent's first guard round comes late
                         await first_round.wait()
-                        await real()
-                    c._guard_round = held  # type: ignore[method-assign]
+                        await real(now)
+                    c.guarding.tick = held  # type: ignore[method-assign]
 
                 await g.restart_node2(slow_first_round)  # before the hand-over comes
                 hold.set()

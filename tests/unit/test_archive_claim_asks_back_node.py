@@ -11,7 +11,7 @@ answer, or whose job there is not alive, is claimed from as before.
 Two real components on loopback (node 1, which has room and looks at the archive; node 2, back
 from its reclaim: each a real store, transfer endpoint and authenticated control messages), a
 real archive directory with real jobkit checkpoints and records; stand-ins, named as such: the
-zones (``FakeZone``), the job managers (``Jobs``), and the job's start on node 1 (``_resume_here``
+zones (``FakeZone``), the job managers (``Jobs``), and the job's start on node 1 (``Guard.resume_here``
 recorded, not run).
 """
 
@@ -50,7 +50,7 @@ def test_a_node_back_from_its_reclaim_is_asked_before_what_it_runs_is_claimed_fr
             resumed.append((str(row["key"]), path.name))  # (the job's start: not what is tested)
             return None
 
-        b._resume_here = resume_here  # type: ignore[method-assign]
+        b.guarding.resume_here = resume_here  # type: ignore[method-assign]
         try:
             # node 2 claimed node 3's archived job and runs it as job-2; its own job-3's periodic
             # copy is in the archive too (no buddy)
@@ -65,10 +65,10 @@ def test_a_node_back_from_its_reclaim_is_asked_before_what_it_runs_is_claimed_fr
                 wall = time.time()
                 look = b._archive_look(arch, [], [], True, frozenset({1}), frozenset(), wall)
                 b._archive_claims(look, wall)
-                assert await until(lambda: not b._taking, timeout=30)
+                assert await until(lambda: not b.guarding.taking, timeout=30)
                 return look
 
-            assert b._source_dead(2, time.time()) == "node 2's reclaim window ended"
+            assert b.guarding.source_dead(2, time.time()) == "node 2's reclaim window ended"
             look = await round_()
             assert resumed == [], "a job node 2 runs was resumed here too"
             assert sorted(asked) == ["needs n2-job-2", "needs n2-job-3"], asked
@@ -143,6 +143,6 @@ def test_a_dead_runner_is_not_asked_unless_its_window_ended_or_it_placed_the_job
     reseal(agent_of(2, arch), run, resumed={"node": 4, "job": "job-9"})
     assert files(arch / "n3-job-1") == ["ckpt-7", "running-2.json"]
     spawned.clear()
-    c._taking.clear()
+    c.guarding.taking.clear()
     c._archive_claims(c._archive_look(arch, [], [], True, frozenset({1}), frozenset(), time.time()), time.time())
     assert spawned == [("n3-job-1", {"dead_runner": 2, "ask": (4, "n4-job-9")})]

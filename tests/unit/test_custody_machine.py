@@ -13,7 +13,7 @@ What the model abstracts (and so does not check):
   and cannot run an unfenced copy: S's node crashed (its job gone with it), came back without
   the job, stopped the job for good (a ``take_over`` guard), or is cut off from every member, in
   which case S has already frozen its job (``fence_after_s`` < ``orphan_after_s``, which
-  ``check_fence_settings`` enforces; GuardMixin._source_dead and Fence.cannot_tell, vouch.py). A
+  ``check_fence_settings`` enforces; Guard.source_dead and Fence.cannot_tell, vouch.py). A
   partial partition, an agent outage longer than ``orphan_after_s`` with its jobs running (the
   two-copy window fence.py documents, closed by ``superseded``), and guard changes that leave
   two live guards at once are not modelled.

@@ -177,7 +177,7 @@ def needs_source(job: Any, buddy: int = 1) -> Replicas:
     prestage = types.SimpleNamespace(buddy={"job-1": buddy}, prestaging=set())  # the component's part (buddies.py)
     src = types.SimpleNamespace(node_id=2, agent=types.SimpleNamespace(jobs=Jobs(job)), prestage=prestage,
                                 evacuating=set(), reclaim=None)
-    src._runs_here = lambda key: None
+    src.guarding = types.SimpleNamespace(runs_here=lambda key: None)  # (the guard part: this node runs none again)
     return Replicas(src)
 
 

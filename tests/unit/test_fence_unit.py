@@ -105,13 +105,13 @@ def test_a_node_that_hears_nobody_is_cut_off_and_takes_nothing_over(tmp_path: Pa
             state[3].last_seen = now - 1.0  # node 3 heard a second ago: this node is not cut off
             assert not c.fence.isolated(now)
             c.vouch._vouched[2] = (now, 40.0, True)  # node 3 said it has not heard node 2 for 40 s either (vouch.py)
-            assert c._source_dead(2, now) == "node 2 silent for 40.0 s"
+            assert c.guarding.source_dead(2, now) == "node 2 silent for 40.0 s"
             state[3].last_seen = now - 12.0  # nobody heard for 12 s: this node is the one cut off
             assert c.fence.isolated(now)
-            assert c._source_dead(2, now) is None
+            assert c.guarding.source_dead(2, now) is None
             c.s["fence_after_s"] = 0.0  # off: as before
             assert not c.fence.isolated(now)
-            assert c._source_dead(2, now) == "node 2 silent for 40.0 s"
+            assert c.guarding.source_dead(2, now) == "node 2 silent for 40.0 s"
             c.s["fence_after_s"] = 10.0
             c._started = now - 5.0  # started 5 s ago: it cannot vouch for a longer silence
             assert not c.fence.isolated(now)
@@ -414,15 +414,15 @@ def test_a_silence_after_a_notice_declares_nothing_while_no_other_member_is_hear
             state = agent.zone.membership.state
             state[2].last_seen, state[3].last_seen = now - 4.0, now - 5.0
             assert not c.fence.isolated(now)
-            assert c._source_dead(2, now) is None
+            assert c.guarding.source_dead(2, now) is None
             state[3].last_seen = now - 2.0  # heard only 2 s past node 2's last word (it may be this node that left)
-            assert c._source_dead(2, now) is None
+            assert c.guarding.source_dead(2, now) is None
             state[3].last_seen = now - 0.5  # 3.5 s past it: node 2 is the silent one
             c.vouch._vouched[2] = (now, 4.0, True)  # (and node 3 said it has not heard node 2 for 4 s either: vouch.py)
-            assert c._source_dead(2, now) == "node 2 went silent 4.0 s after announcing its reclaim"
+            assert c.guarding.source_dead(2, now) == "node 2 went silent 4.0 s after announcing its reclaim"
             c.s["fence_after_s"] = 0.0  # off: as before
             state[3].last_seen = now - 5.0
-            assert c._source_dead(2, now) == "node 2 went silent 4.0 s after announcing its reclaim"
+            assert c.guarding.source_dead(2, now) == "node 2 went silent 4.0 s after announcing its reclaim"
         finally:
             await c.stop()
             agent.store.close()
@@ -448,20 +448,20 @@ def test_a_window_end_declares_nothing_until_another_member_is_heard_after_it(tm
             state = agent.zone.membership.state
             state[2].last_seen, state[3].last_seen = now - 5.0, now - 5.0
             assert not c.fence.isolated(now)
-            assert c._source_dead(2, now) is None
-            assert c._source_dead(2, now, end, now - 20.0) is None  # (the guard message's window too)
+            assert c.guarding.source_dead(2, now) is None
+            assert c.guarding.source_dead(2, now, end, now - 20.0) is None  # (the guard message's window too)
             state[3].last_seen = now - 0.5  # heard after the end: this node is not cut off
-            assert c._source_dead(2, now) == "node 2's reclaim window ended"
+            assert c.guarding.source_dead(2, now) == "node 2's reclaim window ended"
             row = {"key": "n2-job-1", "src_node": 2, "updated": now - 20.0}
             req = {"window_end": end}
-            assert c._missed_news(row, req, now)  # a guard round saw it cut off at the end: asks first
-            c._cut_at_end.clear()  # (as for a node that heard others all along)
+            assert c.guarding.missed_news(row, req, now)  # a guard round saw it cut off at the end: asks first
+            c.guarding._cut_at_end.clear()  # (as for a node that heard others all along)
             state[2].last_seen = end - 1.0  # node 2 heard a second before its end
-            assert not c._missed_news(row, req, now)  # takes over at once
+            assert not c.guarding.missed_news(row, req, now)  # takes over at once
             state[2].last_seen = end - 4.0  # its last word 4 s before the end (past dead_after_s)
-            assert c._missed_news(row, req, now)
+            assert c.guarding.missed_news(row, req, now)
             state[2].last_seen = now - 1.0  # heard after its end: its agent is there to answer
-            assert c._missed_news(row, req, now)
+            assert c.guarding.missed_news(row, req, now)
 
             # a window that ended 0.1 s ago, between two summaries (both heard 0.6 s ago): held back
             # until another member is heard after it, but no cut-off is noted, so the guard then
@@ -469,20 +469,20 @@ def test_a_window_end_declares_nothing_until_another_member_is_heard_after_it(tm
             end2 = now - 0.1
             c.notices[2] = (end2, now - 20.0)
             state[2].last_seen, state[3].last_seen = now - 0.6, now - 0.6
-            assert c._source_dead(2, now) is None and c._cut_at_end == {}
+            assert c.guarding.source_dead(2, now) is None and c.guarding._cut_at_end == {}
             state[3].last_seen = now - 0.05
-            assert c._source_dead(2, now) == "node 2's reclaim window ended"
-            assert not c._missed_news(row, {"window_end": end2}, now)
+            assert c.guarding.source_dead(2, now) == "node 2's reclaim window ended"
+            assert not c.guarding.missed_news(row, {"window_end": end2}, now)
 
             c.s["fence_after_s"] = 0.0  # off: as before
             state[2].last_seen, state[3].last_seen = now - 5.0, now - 5.0
-            assert c._source_dead(2, now) == "node 2's reclaim window ended"
+            assert c.guarding.source_dead(2, now) == "node 2's reclaim window ended"
             state[2].last_seen = now - 1.0
-            assert not c._missed_news(row, req, now)
+            assert not c.guarding.missed_news(row, req, now)
 
             c.s["fence_after_s"] = 10.0
             del state[3]  # a zone of two: nobody else to hear, the end declares node 2 gone
-            assert c._source_dead(2, now) == "node 2's reclaim window ended"
+            assert c.guarding.source_dead(2, now) == "node 2's reclaim window ended"
         finally:
             await c.stop()
             agent.store.close()

@@ -44,7 +44,7 @@ def test_done_rows_whose_directory_is_gone_are_deleted_after_the_retention(tmp_p
             await used.ctl("guard", "ckpt-6")
             agent.jobs.jobs.append(SimpleNamespace(id="job-4", state="running", ended=None,
                                                    spec=JobSpec(["train"], resume_from=str(p)), origin=JobOrigin(resume_given=str(p))))
-            comp._set_replica("n3-job-2", custody.Event.HAND_OVER, "job-4")
+            comp.guarding.set_replica("n3-job-2", custody.Event.HAND_OVER, "job-4")
             live = Source(tmp_path, comp, 3, "n3-job-3")  # still guarded
             await live.send(1)
             await live.ctl("guard", "ckpt-1")

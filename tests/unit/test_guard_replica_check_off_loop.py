@@ -64,11 +64,11 @@ def component(root: Path) -> ReclaimComponent:
 
 def test_a_take_over_checks_its_replica_off_the_event_loop(tmp_path: Path, hashed: list[bool]) -> None:
     c = component(tmp_path / "xfer")
-    c._placement_here = lambda request: ""  # type: ignore[method-assign]
-    c._runs_here = lambda key: None  # type: ignore[method-assign]
+    c.guarding.placement_here = lambda request: ""  # type: ignore[method-assign]
+    c.guarding.runs_here = lambda key: None  # type: ignore[method-assign]
     row = {"key": REPLICA, "src_node": 2, "request": json.dumps({"spec": {"argv": ["true"]}})}
     try:  # what comes after the check fails on this bare component (no agent): not under test
-        asyncio.run(c._take_over_once(row, REPLICA, "lm-t: source dead"))
+        asyncio.run(c.guarding.take_over_once(row, REPLICA, "lm-t: source dead"))
     except Exception:  # noqa: BLE001
         pass
     assert hashed and not any(hashed), f"the replica was hashed on the event loop: {hashed}"

@@ -11,7 +11,7 @@ is released. Any other answer (the job stopped there) goes on with the take-over
 Two real components on loopback (the holder, node 1, and the source, node 2: each a real store,
 transfer endpoint and authenticated control messages; the checkpoint is a real jobkit one sent
 with the real transfer); stand-ins, named as such: the zones (``FakeZone``) and the job
-managers (``Jobs``); the job's start on the holder is recorded, not run (``_resume_here``).
+managers (``Jobs``); the job's start on the holder is recorded, not run (``Guard.resume_here``).
 """
 
 from __future__ import annotations
@@ -48,7 +48,7 @@ def test_a_waiting_holder_stands_down_when_the_source_runs_the_job_again(tmp_pat
             resumed.append(f"{row['key']} {path.name}")  # (the job's start: not what is tested)
             return None
 
-        holder._resume_here = resume_here  # type: ignore[method-assign]
+        holder.guarding.resume_here = resume_here  # type: ignore[method-assign]
 
         async def held_and_waiting(ckpt: str) -> None:
             """Node 2 stopped job-1 and handed its checkpoint and guard to the holder, which found
@@ -58,7 +58,7 @@ def test_a_waiting_holder_stands_down_when_the_source_runs_the_job_again(tmp_pat
                                 "request": {"spec": {"command": ["train"]}, "gpus": 0, "take_over": True,
                                             "owner_uid": 65534, "owner_gid": 65534}},
                                zone=1, node="2")
-            holder._wait_for_room(K, "node 2 stopped the job and left its checkpoint here", "no room", None)
+            holder.guarding.wait_for_room(K, "node 2 stopped the job and left its checkpoint here", "no room", None)
             holder.agent.store.db.execute("UPDATE migrate_retry SET next_at=0 WHERE key=?", (K,))
             holder.agent.store.db.commit()
             assert state_of(holder, K) == "waiting"
@@ -71,8 +71,8 @@ def test_a_waiting_holder_stands_down_when_the_source_runs_the_job_again(tmp_pat
                                                      spec=SimpleNamespace(env={}),
                                                      origin=JobOrigin(migrated_from=K)))
             await held_and_waiting("ckpt-5")
-            await holder._guard_round()
-            assert await until(lambda: not holder._taking)
+            await holder.guarding.tick(time.time())
+            assert await until(lambda: not holder.guarding.taking)
             assert resumed == [], "the job its source runs again was resumed here too"
             assert state_of(holder, K) == "released"
             assert asked == [f"needs {K}"], asked
@@ -83,8 +83,8 @@ def test_a_waiting_holder_stands_down_when_the_source_runs_the_job_again(tmp_pat
             agent_a.jobs.jobs.remove(agent_a.jobs.get("job-2"))
             await Source(tmp_path / "again", holder, 2, K).send(6)
             await held_and_waiting("ckpt-6")
-            await holder._guard_round()
-            assert await until(lambda: not holder._taking)
+            await holder.guarding.tick(time.time())
+            assert await until(lambda: not holder.guarding.taking)
             assert resumed == [f"{K} ckpt-6"], resumed
             assert asked[-1] == f"needs {K}"
         finally:

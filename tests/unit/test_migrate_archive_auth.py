@@ -11,7 +11,7 @@ the jobs the agent would start and starts nothing).
 
 Each forgery is planted beside a good record (node 1's stopped job ``n1-job-1``) and one real
 archive round of node 3 runs (:meth:`ArchiveMixin._archive_round`: the look, the claims, the
-start through the real ``_resume_here``, the sweep). Each asserts: refused and counted by reason
+start through the real ``Guard.resume_here``, the sweep). Each asserts: refused and counted by reason
 (``counts["archive_unverified_<reason>"]``), the planted files byte- and mode-identical, no job
 submitted for it, and the good record claimed and started in that same round.
 """
@@ -365,7 +365,7 @@ def test_a_forged_record_is_refused_counted_untouched_and_the_good_one_is_claime
 def test_a_missing_owner_uid_is_never_read_as_root(world: Any) -> None:
     """A job's request without its owner, even from the job's guard row (the wire), is refused."""
     async def main() -> str | None:
-        return await world.c._resume_here({"key": "n1-job-1", "src_node": 1, "src_job": "job-1"},
+        return await world.c.guarding.resume_here({"key": "n1-job-1", "src_node": 1, "src_job": "job-1"},
                                           {"spec": {"command": ["true"]}, "gpus": 0}, world.arch, "test")
     err = asyncio.run(main())
     assert err is not None and "names no owner_uid" in err and world.c.agent.jobs.jobs == []
@@ -565,7 +565,7 @@ def test_a_round_reads_a_bounded_number_of_entries_and_starts_a_bounded_number_o
         c._archive_claims(look, time.time())
         assert len(spawned) - before <= ARCHIVE_CLAIMS_MAX
         seen |= set(look["guards"])
-        c._taking.clear()
+        c.guarding.taking.clear()
     assert seen == {GOOD} | {f"n1-job-{100 + i}" for i in range(10)}  # the passes went on: all found
     assert c.counts["archive_unverified_no_envelope"] == 600  # each counted once
 

@@ -138,7 +138,7 @@ def test_a_claim_whose_claimant_died_is_kept_and_recoverable(arch: Path, tmp_pat
     assert [k for k, _ in look["stale"]] == [key]
     c._archive_claims(look, time.time())
     assert spawned == [key]  # and tries it
-    c._taking.clear()
+    c.guarding.taking.clear()
     assert b._stale_claims(arch, time.time()) == []  # its own claim is no other node's stale one
     assert c._claim(key)  # and takes it over (the stale-claim rule)
     c._claim_done(key, "node 3", (3, "job-8"))

@@ -192,7 +192,7 @@ def test_a_live_record_waits_for_the_newer_copy_its_node_still_makes_and_no_long
         def round_() -> None:
             c._archive_claims(c._archive_look(arch, [], [], True, frozenset({3}), frozenset(), time.time()), time.time())
 
-        assert c._source_dead(1, time.time()) == "node 1's reclaim window ended"
+        assert c.guarding.source_dead(1, time.time()) == "node 1's reclaim window ended"
         round_()
         assert claimed == [] and [e["phase"] for e in events] == ["archive-live-wait"]
         assert "ckpt-10" in events[0]["message"] and events[0]["ckpt"] == "ckpt-5"
@@ -205,7 +205,7 @@ def test_a_live_record_waits_for_the_newer_copy_its_node_still_makes_and_no_long
         assert c._live_waits == {}
 
         claimed.clear()
-        c._taking.clear()  # (that take-over found no room and gave the record back)
+        c.guarding.taking.clear()  # (that take-over found no room and gave the record back)
         heard[1] = time.time() - 11.0  # node 1 silent past dead_after_s: not waited for
         round_()
         assert claimed == [(K, True)]

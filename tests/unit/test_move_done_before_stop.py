@@ -84,7 +84,7 @@ def moving(tmp: Path, stop_blocks: bool) -> tuple[ReclaimComponent, Any, list[st
     c._reserve = reserve  # type: ignore[method-assign]
     c._send = send  # type: ignore[method-assign]
     c._guard = guard  # type: ignore[method-assign]
-    c._handover = handover  # type: ignore[method-assign]
+    c.guarding.handover = handover  # type: ignore[method-assign]
     return c, job, seen, stopped
 
 

@@ -167,7 +167,7 @@ def test_a_move_does_not_wait_on_the_release_of_a_silent_old_buddy(tmp_path: Pat
                     return "job-9"
 
                 src._reserve = reserve  # type: ignore[method-assign]
-                src._handover = handover  # type: ignore[method-assign]
+                src.guarding.handover = handover  # type: ignore[method-assign]
                 mv = Move(job.id, K, "test", deadline=None)
                 await src._move_to(job, mv, ckpt, 3, None)
                 assert mv.dest_job == "job-9" and src.prestage.buddy["job-1"] == 3 and state(c) == "guarding"
@@ -221,7 +221,7 @@ def test_a_prestage_a_move_overtook_neither_takes_the_guard_back_nor_slows_the_m
 
                 src._send = send  # type: ignore[method-assign]
                 src._reserve = reserve  # type: ignore[method-assign]
-                src._handover = handover  # type: ignore[method-assign]
+                src.guarding.handover = handover  # type: ignore[method-assign]
                 await prestage_round(src)
                 assert await until(lambda: prestage_sends == ["started"], timeout=20)
                 move = asyncio.ensure_future(src._move(job, "test", None, final=False))
@@ -303,7 +303,7 @@ def destinations_1_then_3(src: Any) -> list[tuple[int, int]]:
     src.zone.submitter = SimpleNamespace(t=SimpleNamespace(send=lambda n, m: released.append((n, m.placement_id))))
     src.rank_for = rank_for
     src._reserve = reserve
-    src._handover = handover
+    src.guarding.handover = handover
     return released
 
 

@@ -328,18 +328,18 @@ def test_a_take_over_drops_the_agents_names_refuses_the_rest_and_records_its_own
             path = await Source(tmp_path, comp, 2, K).send(5)
             row = {"key": K, "src_node": 2, "src_job": "job-1"}
             bad = {"spec": {"command": ["train"], "env": {"CUDA_VISIBLE_DEVICES": "0"}}, "owner_uid": 0, "owner_gid": 0}
-            err = await comp._resume_here(row, bad, path, "test")
+            err = await comp.guarding.resume_here(row, bad, path, "test")
             assert err is not None and "CUDA_VISIBLE_DEVICES" in err and jobs.jobs == []
             assert jobs.provenance_counts == {"refused.takeover.reserved_env": 1}
             forged = {"spec": {"command": ["train"], "env": {"A": "1", "LM_MIGRATED_FROM": "n9-job-9",
                                                              "LM_PLACEMENT_ID": f"{0x42:016x}"}},
                       "owner_uid": 0, "owner_gid": 0}
-            assert await comp._resume_here(row, forged, path, "test") is None
+            assert await comp.guarding.resume_here(row, forged, path, "test") is None
             (job,) = jobs.jobs
             assert job.spec.env == {"A": "1"}
             assert job.origin == JobOrigin(migrated_from=K, resume_given=str(path)), job.origin
             assert jobs.provenance_counts["env_dropped.LM_MIGRATED_FROM"] == 1
-            assert comp._runs_here(K) == job.id and comp._runs_here("n9-job-9") is None
+            assert comp.guarding.runs_here(K) == job.id and comp.guarding.runs_here("n9-job-9") is None
         finally:
             await comp.stop()
             agent.store.db.close()

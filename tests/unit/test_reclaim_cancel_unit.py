@@ -129,13 +129,13 @@ def test_a_peer_forgets_a_withdrawn_notice_and_its_guards_window(tmp_path: Path)
             with agent.store.tx() as db:  # a guard node 7 handed over during its window
                 db.execute("INSERT INTO migrate_replicas VALUES ('n7-job-1', 7, 'job-1', ?, 'ckpt-1', 'guarding', "
                            "NULL, ?)", (json.dumps(req), now))
-            assert comp._source_dead(7, now + 3, req["window_end"]) is not None  # what would resume it twice
+            assert comp.guarding.source_dead(7, now + 3, req["window_end"]) is not None  # what would resume it twice
             res = comp._on_control("7", "reclaim-withdrawn", {"ts": now})
             assert res == {"withdrawn": 7, "guards": ["n7-job-1"]}
             assert 7 not in comp.notices
             kept = json.loads(agent.store.db.execute("SELECT request FROM migrate_replicas").fetchone()[0])
             assert "window_end" not in kept and kept["spec"] == req["spec"]
-            assert comp._source_dead(7, now + 3, kept.get("window_end")) is None, \
+            assert comp.guarding.source_dead(7, now + 3, kept.get("window_end")) is None, \
                 "a withdrawn reclaim's end must not declare its node dead"
             try:
                 comp._on_control("7", "reclaim-withdrawn", {"ts": now - 3600})

@@ -196,7 +196,7 @@ def test_a_handed_over_key_goes_once_its_local_job_ended_and_stale_trash_goes_at
         agent, comp = await started(tmp_path)
         try:
             d, src, job = await guarded_and_resumed_here(tmp_path, agent, comp, "running", migrated_from=K)
-            comp._set_replica(K, custody.Event.HAND_OVER, "job-4")
+            comp.guarding.set_replica(K, custody.Event.HAND_OVER, "job-4")
             comp.replicas.tick(time.time(), force=True)
             await asyncio.sleep(0.3)
             assert names(d) == ["ckpt-5"]  # its job runs from it

@@ -74,15 +74,15 @@ def test_a_source_silent_in_its_window_that_answers_keeps_its_job(tmp_path: Path
             # (nor from node 3: nobody else to ask when it last heard node 2, vouch.py)
             agent_b.zone.membership.state[3].last_seen = now - 10
             buddy._started = now - 60  # (up a minute: it was there to hear that silence)
-            await buddy._guard_round()
-            assert await until(lambda: not buddy._taking)
+            await buddy.guarding.tick(time.time())
+            assert await until(lambda: not buddy.guarding.taking)
             assert state_of(buddy, K) == "guarding"  # asked, answered "running there": not taken over
             assert any("answers: its job lives there" in m for m in seen), seen
 
             await source.stop()  # the source is gone for good: no answer now
-            buddy._alive_asked[K] = -math.inf
-            await buddy._guard_round()
-            assert await until(lambda: not buddy._taking, timeout=30)
+            buddy.guarding._alive_asked[K] = -math.inf
+            await buddy.guarding.tick(time.time())
+            assert await until(lambda: not buddy.guarding.taking, timeout=30)
             assert state_of(buddy, K) != "guarding"  # taken over (resumed, or waiting for room)
         finally:
             await buddy.stop()
@@ -155,8 +155,8 @@ def test_after_the_window_only_a_buddy_that_may_have_missed_news_asks_first(tmp_
 
             # up since the guard came, heard from the source just now: taken over at once
             await guarded("n2-job-1")
-            await buddy._guard_round()
-            assert await until(lambda: not buddy._taking, timeout=30)
+            await buddy.guarding.tick(time.time())
+            assert await until(lambda: not buddy.guarding.taking, timeout=30)
             assert state_of(buddy, "n2-job-1") != "guarding" and asked == [], asked
 
             # restarted before the reclaim (an older guard without the window's end), the window
@@ -168,8 +168,8 @@ def test_after_the_window_only_a_buddy_that_may_have_missed_news_asks_first(tmp_
                 db.execute("UPDATE migrate_replicas SET updated=? WHERE key='n2-job-4'", (ended - 20.0,))
             buddy._started = time.time()
             buddy.notices[2] = (ended, ended - 10.0)
-            await buddy._guard_round()
-            assert await until(lambda: not buddy._taking, timeout=30)
+            await buddy.guarding.tick(time.time())
+            assert await until(lambda: not buddy.guarding.taking, timeout=30)
             assert state_of(buddy, "n2-job-4") != "guarding" and asked == [], asked
             buddy.notices.pop(2)
             buddy._started = 0.0
@@ -177,13 +177,13 @@ def test_after_the_window_only_a_buddy_that_may_have_missed_news_asks_first(tmp_
             # the agent started after the guard came: it asks, the source runs the job with no reclaim
             await guarded("n2-job-2")
             buddy._started = time.time()
-            await buddy._guard_round()
-            assert await until(lambda: not buddy._taking, timeout=30)
+            await buddy.guarding.tick(time.time())
+            assert await until(lambda: not buddy.guarding.taking, timeout=30)
             assert asked == ["needs n2-job-2"] and state_of(buddy, "n2-job-2") == "guarding", asked
             row = agent_b.store.db.execute("SELECT request FROM migrate_replicas WHERE key='n2-job-2'").fetchone()
             assert "window_end" not in json.loads(row["request"])  # the withdrawn window ends nothing
-            await buddy._guard_round()
-            assert await until(lambda: not buddy._taking, timeout=30)
+            await buddy.guarding.tick(time.time())
+            assert await until(lambda: not buddy.guarding.taking, timeout=30)
             assert asked == ["needs n2-job-2"] and state_of(buddy, "n2-job-2") == "guarding"
 
             # up the whole window but nothing heard for peer_timeout_s before its end, the source gone
@@ -191,8 +191,8 @@ def test_after_the_window_only_a_buddy_that_may_have_missed_news_asks_first(tmp_
             await guarded("n2-job-3")
             agent_b.zone.membership.state[2].last_seen = ended - 20.0
             await source.stop()
-            await buddy._guard_round()
-            assert await until(lambda: not buddy._taking, timeout=30)
+            await buddy.guarding.tick(time.time())
+            assert await until(lambda: not buddy.guarding.taking, timeout=30)
             assert asked == ["needs n2-job-2", "needs n2-job-3"] and state_of(buddy, "n2-job-3") != "guarding", asked
         finally:
             await stop_both(buddy, source, agent_b, agent_a)
@@ -250,8 +250,8 @@ def test_an_older_source_that_says_its_job_lives_is_not_asked_every_dead_after_s
             async def round_after_dead_after_s() -> None:
                 await asyncio.sleep(0.3)  # past dead_after_s since the last question
                 heard.last_seen = time.time()  # the zone hears from node 2 meanwhile
-                await buddy._guard_round()
-                assert await until(lambda: not buddy._taking, timeout=30)
+                await buddy.guarding.tick(time.time())
+                assert await until(lambda: not buddy.guarding.taking, timeout=30)
 
             await round_after_dead_after_s()
             assert asked == [f"needs {K}"] and state_of(buddy, K) == "guarding", asked
@@ -265,15 +265,15 @@ def test_an_older_source_that_says_its_job_lives_is_not_asked_every_dead_after_s
             assert state_of(buddy, K) == "guarding"
 
             heard.last_seen = time.time() - 10.0  # node 2 falls silent in the zone: asked again
-            await buddy._guard_round()
-            assert await until(lambda: not buddy._taking, timeout=30)
+            await buddy.guarding.tick(time.time())
+            assert await until(lambda: not buddy.guarding.taking, timeout=30)
             assert asked == [f"needs {K}"] * 2 and state_of(buddy, K) == "guarding", asked
             assert len([e for e in events if e.get("phase") == "source-alive"]) == 1, events
 
             await source.stop()  # gone: no answer, taken over
             await asyncio.sleep(0.3)
-            await buddy._guard_round()
-            assert await until(lambda: not buddy._taking, timeout=30)
+            await buddy.guarding.tick(time.time())
+            assert await until(lambda: not buddy.guarding.taking, timeout=30)
             assert asked == [f"needs {K}"] * 3 and state_of(buddy, K) != "guarding", asked
         finally:
             await stop_both(buddy, source, agent_b, agent_a)
@@ -305,9 +305,9 @@ def test_a_guard_reads_the_sources_window_in_its_own_clock(tmp_path: Path) -> No
             assert now + 29 < req["window_end"] <= now + 31  # 30 s from now, in the buddy's clock
             assert now + 19 < req["not_before"] <= now + 21
             agent_b.zone.membership.state[2].last_seen = now
-            assert buddy._source_dead(2, now, req["window_end"]) is None
-            await buddy._guard_round()
-            assert await until(lambda: not buddy._taking)
+            assert buddy.guarding.source_dead(2, now, req["window_end"]) is None
+            await buddy.guarding.tick(time.time())
+            assert await until(lambda: not buddy.guarding.taking)
             assert state_of(buddy, K) == "guarding"  # not taken over: the window is open
 
             bad = {**body, "clock": "soon", "request": {**body["request"], "window_end": 1.0}}
@@ -392,20 +392,20 @@ def test_a_job_a_source_guards_after_coming_back_from_its_reclaim_is_not_taken_o
             await new.send(5)
             await new.ctl("guard", "ckpt-5")
             for _ in range(3):
-                await buddy._guard_round()
-                assert await until(lambda: not buddy._taking, timeout=30)
+                await buddy.guarding.tick(time.time())
+                assert await until(lambda: not buddy.guarding.taking, timeout=30)
             assert state_of(buddy, "n2-job-5") != "guarding"  # its source's window ended: taken over
             assert state_of(buddy, "n2-job-6") == "guarding", "the job of a node back from its reclaim was taken over"
-            assert buddy._source_dead(2, time.time()) is not None  # node 2 counts as dead for anything else
-            assert buddy._source_dead(2, time.time(), None, time.time() - 1.0) is None
+            assert buddy.guarding.source_dead(2, time.time()) is not None  # node 2 counts as dead for anything else
+            assert buddy.guarding.source_dead(2, time.time(), None, time.time() - 1.0) is None
             assert asked == [], asked
 
             # reclaimed again, after that guard came: that window's end declares it dead for the job
             await asyncio.sleep(0.2)
             now = time.time()
             buddy.notices[2] = (now - 0.05, now - 5.0)
-            await buddy._guard_round()
-            assert await until(lambda: not buddy._taking, timeout=30)
+            await buddy.guarding.tick(time.time())
+            assert await until(lambda: not buddy.guarding.taking, timeout=30)
             assert state_of(buddy, "n2-job-6") != "guarding"
         finally:
             await stop_both(buddy, source, agent_b, agent_a)

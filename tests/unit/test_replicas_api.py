@@ -8,8 +8,8 @@ ApiServer on a Unix socket; the real ``laminarctl`` run as a process (as root) a
 that dropped to uid 65534 (``agentproc.ctl_as``). Stand-ins, named as such: the zone
 (``FakeZone``: membership and keys only) and the job manager (``Jobs``: the local jobs the view
 and the drop ask about). One state no real path can reach here without a dead zone peer, a
-take-over that found no verified checkpoint (``failed``), is set with the component's own
-``_set_replica``.
+take-over that found no verified checkpoint (``failed``), is set with the guard part's
+``Guard.set_replica``.
 """
 
 from __future__ import annotations
@@ -88,7 +88,7 @@ def test_the_listing_shows_each_key_its_bytes_its_user_and_the_gc_plan(tmp_path:
             await used.ctl("guard", "ckpt-9")
             agent.jobs.jobs.append(SimpleNamespace(id="job-8", state="running", ended=None,
                                                    spec=JobSpec(["train"], resume_from=str(p)), origin=JobOrigin(resume_given=str(p))))
-            comp._set_replica("n2-job-5", custody.Event.HAND_OVER, "job-8")
+            comp.guarding.set_replica("n2-job-5", custody.Event.HAND_OVER, "job-8")
             mine = Source(tmp_path, comp, 2, "n2-job-6")  # a job of uid 65534's
             await mine.send(3)
             await send_control("127.0.0.1", comp.port, KEY, "guard",
@@ -99,7 +99,7 @@ def test_the_listing_shows_each_key_its_bytes_its_user_and_the_gc_plan(tmp_path:
             waiting = Source(tmp_path, comp, 3, "n3-job-7")  # its source died; no room to resume it yet
             await waiting.send(2)
             await waiting.ctl("guard", "ckpt-2")
-            comp._wait_for_room("n3-job-7", "node 3 is dead", "here: no free GPU", None)
+            comp.guarding.wait_for_room("n3-job-7", "node 3 is dead", "here: no free GPU", None)
 
             rc, out, err = await ctl(sock, "-o", "json", "replicas")
             assert rc == 0, err
@@ -188,13 +188,13 @@ def test_drop_refuses_a_guard_without_force_a_used_key_and_bad_keys_then_removes
             failed = Source(tmp_path, comp, 3, "n3-job-2")
             await failed.send(1)
             await failed.ctl("guard", "ckpt-1")
-            comp._set_replica("n3-job-2", custody.Event.FAIL)  # a take-over that found nothing to resume from (see above)
+            comp.guarding.set_replica("n3-job-2", custody.Event.FAIL)  # a take-over that found nothing to resume from (see above)
             used = Source(tmp_path, comp, 2, "n2-job-5")
             p = await used.send(9)
             await used.ctl("guard", "ckpt-9")
             agent.jobs.jobs.append(SimpleNamespace(id="job-8", state="failed", ended=time.time(),
                                                    spec=JobSpec(["train"], resume_from=str(p)), origin=JobOrigin(resume_given=str(p))))
-            comp._set_replica("n2-job-5", custody.Event.HAND_OVER, "job-8")
+            comp.guarding.set_replica("n2-job-5", custody.Event.HAND_OVER, "job-8")
             before = {k: names(base / k) for k in ("n2-job-1", "n3-job-2", "n2-job-5")}
 
             # a guard: refused without --force, saying the job may have no other copy and its source

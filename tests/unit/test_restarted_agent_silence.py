@@ -1,6 +1,6 @@
 """A peer this agent has not heard from since it started is silent since that start, not forever.
 
-Before, ``_source_dead`` took a peer never heard from (zone membership's ``last_seen`` -1, which
+Before, ``Guard.source_dead`` took a peer never heard from (zone membership's ``last_seen`` -1, which
 every peer has when an agent starts) for silent forever. With ``orphan_after_s`` set (the spot
 deployment), an agent's first guard and archive rounds after a restart, before any summary had
 come, took every peer for gone: they claimed live records of jobs that still ran on their nodes
@@ -11,7 +11,7 @@ gone").
 A real component started on a real store (its transfer endpoint on loopback) and a real archive
 directory with a real jobkit checkpoint and live record; stand-ins, named as such: the zone
 (``FakeZone``: membership only, set as a zone that just started: no peer heard yet) and the job
-manager; the job's start is recorded, not run (``_resume_here``).
+manager; the job's start is recorded, not run (``Guard.resume_here``).
 """
 
 from __future__ import annotations
@@ -38,13 +38,13 @@ def test_a_peer_not_heard_since_the_start_counts_as_silent_only_since_then(tmp_p
                 st.last_seen = -1.0  # as a zone that just started: nobody heard yet
             now = time.time()
             c._started = now - 5.0  # up 5 s
-            assert c._source_dead(2, now) is None
+            assert c.guarding.source_dead(2, now) is None
             c._started = now - 31.0  # up 31 s, and still nothing from node 2
-            assert c._source_dead(2, now) == "node 2 silent for 31.0 s"
+            assert c.guarding.source_dead(2, now) == "node 2 silent for 31.0 s"
             agent.zone.membership.state[2].last_seen = now - 12.0  # heard 12 s ago: silent since then
-            assert c._source_dead(2, now) is None
+            assert c.guarding.source_dead(2, now) is None
             agent.zone.membership.state[2].last_seen = now - 40.0  # (before a restart 31 s ago: cannot be)
-            assert c._source_dead(2, now) == "node 2 silent for 31.0 s"
+            assert c.guarding.source_dead(2, now) == "node 2 silent for 31.0 s"
         finally:
             await c.stop()
             agent.store.close()
@@ -63,7 +63,7 @@ def test_an_agent_that_just_started_does_not_claim_a_live_record_of_a_peer_it_ha
             resumed.append(f"{row['key']} {path.name}: {why}")  # (the job's start: not what is tested)
             return None
 
-        c._resume_here = resume_here  # type: ignore[method-assign]
+        c.guarding.resume_here = resume_here  # type: ignore[method-assign]
         try:
             c.s.update(archive_dir=str(arch), orphan_after_s=30.0, dead_after_s=10.0)
             # node 2's running job has its periodic copy in the archive, node 3 its buddy

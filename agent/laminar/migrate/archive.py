@@ -145,8 +145,8 @@ from laminar.runtime.ckpt_scan import scan_dir
 if TYPE_CHECKING:
     from laminar.migrate.buddies import Prestage
     from laminar.migrate.ckpt_driver import CkptDriver
+    from laminar.migrate.guard import Guard
     from laminar.migrate.replicas import Replicas
-    from laminar.policy.holder import RetrySchedule
     from laminar.policy.notice import NoticeOdds
 
 log = logging.getLogger("laminar.migrate")
@@ -395,19 +395,18 @@ class ArchiveMixin:
         _late_stopping: set[str]
         _live_waits: dict[str, float]
         _round_running: bool
-        _taking: set[str]
         agent: Any
         archived_live: dict[str, str]
         archived_buddy: dict[str, int | None]
         counts: dict[str, int]
         evacuating: set[str]
+        guarding: Guard
         moves: dict[str, Any]
         notice_odds: NoticeOdds
         notices: dict[int, tuple[float, float]]
         prestage: Prestage
         reclaim: dict[str, Any] | None
         replicas: Replicas
-        retry: RetrySchedule
         s: dict[str, Any]
 
         async def _control(self, node: int, op: str, body: Any, timeout: float = 5.0) -> Any: ...
@@ -416,10 +415,6 @@ class ArchiveMixin:
         def _last_seen(self, node: int) -> float: ...
         def _late_copy_settled(self, mv: Any, error: BaseException | None) -> None: ...
         def _request(self, job: Any, take_over: bool) -> dict[str, Any]: ...
-        async def _resume_here(self, row: Any, req: dict[str, Any], path: Path, why: str) -> str | None: ...
-        def _runs_here(self, key: str) -> str | None: ...
-        def _source_dead(self, src: int, now: float, window_end: float | None = None,
-                         since: float | None = None) -> str | None: ...
         def _spawn(self, coro: Any) -> asyncio.Task[Any]: ...
         def job_key(self, job: Any) -> str: ...
         @property
@@ -1054,8 +1049,8 @@ class ArchiveMixin:
             wall, mono = time.time(), time.monotonic()
             z = self.zone
             alive = {self.node_id} | {n for n in (list(z.membership.by_node) if z is not None else [])
-                                      if self._source_dead(int(n), wall) is None}
-            skip = set(self._taking) | {k for k, t in self._archive_next.items() if mono < t}
+                                      if self.guarding.source_dead(int(n), wall) is None}
+            skip = set(self.guarding.taking) | {k for k, t in self._archive_next.items() if mono < t}
             look = await self._lane.call("archive round", self._archive_look, root, list(ended), periodic,
                                          not reclaiming, frozenset(alive), frozenset(skip), wall)
             self._archive_rounds += 1
@@ -1399,12 +1394,12 @@ class ArchiveMixin:
         started = 0
 
         def free(key: str) -> bool:
-            return started < ARCHIVE_CLAIMS_MAX and key not in self._taking and now >= self._archive_next.get(key, 0.0)
+            return started < ARCHIVE_CLAIMS_MAX and key not in self.guarding.taking and now >= self._archive_next.get(key, 0.0)
 
         for key in look["guards"]:
             if not free(key) or self._guarded_here(key):
                 continue  # this node guards it: its own take-over goes through the claim
-            self._taking.add(key)
+            self.guarding.taking.add(key)
             started += 1
             self._spawn(self._from_archive(key))
         waited = {}
@@ -1416,7 +1411,7 @@ class ArchiveMixin:
             if newer is not None and self._await_newer_copy(key, src, newer, wall, now):
                 waited[key] = self._live_waits[key]
                 continue
-            self._taking.add(key)
+            self.guarding.taking.add(key)
             started += 1
             self._spawn(self._from_archive(key, live=True, ask=(src, key) if self._window_ended(src, wall) else None))
         self._live_waits = waited  # a wait ends with its record (claimed, replaced by the newer one, gone)
@@ -1429,13 +1424,13 @@ class ArchiveMixin:
                     continue
             if self._guarded_here(key):
                 continue  # this node guards it: its own take-over goes through the claim
-            self._taking.add(key)
+            self.guarding.taking.add(key)
             started += 1
             self._spawn(self._from_archive(key))
         for key, node, (runs_on, job) in look["runs"]:
-            if not free(key) or self._source_dead(node, wall) is None or self._guarded_here(key):
+            if not free(key) or self.guarding.source_dead(node, wall) is None or self._guarded_here(key):
                 continue
-            self._taking.add(key)
+            self.guarding.taking.add(key)
             started += 1
             # the node it placed the job on (another, alive or not: that one is asked) or itself
             # (asked when its window ended: it may be back), whether the job runs there
@@ -1485,24 +1480,24 @@ class ArchiveMixin:
     def _run_elsewhere(self, src: int, buddy: Any, wall: float) -> bool:
         """A running job's archived record is not this node's to claim: this node runs it, its
         node ``src`` is alive, or its ``buddy`` (another node) is and resumes it from its replica."""
-        if src == self.node_id or self._source_dead(src, wall) is None:
+        if src == self.node_id or self.guarding.source_dead(src, wall) is None:
             return True
-        return buddy is not None and int(buddy) != self.node_id and self._source_dead(int(buddy), wall) is None
+        return buddy is not None and int(buddy) != self.node_id and self.guarding.source_dead(int(buddy), wall) is None
 
     def _dead_runs(self, root: Path, now: float) -> list[tuple[str, int]]:
         """(key, node) of each job claimed from the archive whose runner ``node`` (another node)
-        is dead (:meth:`_source_dead`) before anything newer of the job reached the archive: its
+        is dead (:meth:`Guard.source_dead`) before anything newer of the job reached the archive: its
         successor ``n<node>-<job>`` (the record's ``resumed``) holds no verified record. The
         claimed checkpoint is then the job's newest safe state, and any agent may claim it
         again. With a successor record, the job is recovered through it (its live record), never
         twice; a record without ``resumed`` names no successor and is left. Blocking file I/O
         (the first ARCHIVE_SCAN_MAX entries of the root); the round reads the files on the lane
-        (:meth:`_running_records`) and asks :meth:`_source_dead` on the loop."""
+        (:meth:`_running_records`) and asks :meth:`Guard.source_dead` on the loop."""
         out = []
         with self._archive_view(root, create=False) as v:
             for key in archive_fs.names(v.rootfd, ARCHIVE_SCAN_MAX)[0]:
                 if not key.startswith("."):
-                    out += [(k, n) for k, n, _ in self._running_records(v, key, lambda n: self._source_dead(n, now) is None)]
+                    out += [(k, n) for k, n, _ in self._running_records(v, key, lambda n: self.guarding.source_dead(n, now) is None)]
         return out
 
     def _running_records(self, v: View, key: str, alive: Callable[[int], bool]
@@ -1949,7 +1944,7 @@ class ArchiveMixin:
         root = self._archive_root()
         assert root is not None
         try:
-            if self._runs_here(key) is not None:
+            if self.guarding.runs_here(key) is not None:
                 return
             if ask is not None and ask[0] != self.node_id and await self._still_runs(key, *ask):
                 return
@@ -1966,15 +1961,15 @@ class ArchiveMixin:
                     why = f"node {dead_runner}, which ran it from the archive, is gone; claimed again from the archive"
                 # (what its node signed of the request, nothing else: a placement named there would
                 # drop this node's reservation of it, an LM_PLACEMENT_ID answer a hand-over with it)
-                err = await self._resume_here(row, owner_request(rec["request"]), path, why)
+                err = await self.guarding.resume_here(row, owner_request(rec["request"]), path, why)
                 if err is None:
                     self._lane.submit(f"claim of {key} done", self._claim_done, key, f"node {self.node_id}",
-                                      (self.node_id, self._runs_here(key) or ""))
+                                      (self.node_id, self.guarding.runs_here(key) or ""))
                     done = True
                 else:
                     n = self._archive_tries.get(key, 0)
                     self._archive_tries[key] = n + 1
-                    self._archive_next[key] = time.monotonic() + self.retry.delay(n)
+                    self._archive_next[key] = time.monotonic() + self.guarding.retry.delay(n)
             finally:
                 if not done:  # given back in order on the lane (a hung archive waits for it; nothing waits here)
                     self._lane.submit(f"claim of {key} given back", self._unclaim, key)
@@ -1982,7 +1977,7 @@ class ArchiveMixin:
             log.warning("migrate: archived job %s cannot be resumed here: %s", key, e)
             self._archive_next[key] = time.monotonic() + float(self.s["retry_max_s"])
         finally:
-            self._taking.discard(key)
+            self.guarding.taking.discard(key)
 
     async def _still_runs(self, key: str, node: int, job_key: str) -> bool:
         """Whether ``node`` answers (control op ``needs``) that its job ``job_key`` lives there

@@ -14,7 +14,7 @@ with a buddy (or an old buddy still owed a release), or with a periodic copy in 
 Event phase ``fenced``; the job's state shows ``suspended`` (reason ``fenced: ...``). A cut-off node hears
 nobody, so it fences before the others' silence reaches ``orphan_after_s``; from the take-over
 on, only the resumed copy runs. The same node, while it hears nobody, takes nothing over either
-(:meth:`GuardMixin._source_dead` answers alive): it is the one cut off, not the others. Nor
+(:meth:`Guard.source_dead` answers alive): it is the one cut off, not the others. Nor
 does a silence declare a source dead while this node heard no other member during it
 (:meth:`Fence.cannot_tell`): a silence after a reclaim notice (``dead_after_s``) is shorter than
 ``fence_after_s``.
@@ -76,6 +76,7 @@ if TYPE_CHECKING:
     from laminar.migrate.archive import ArchiveLane
     from laminar.migrate.archive_view import Sealed, View
     from laminar.migrate.buddies import Prestage
+    from laminar.migrate.guard import Guard
     from laminar.migrate.replicas import Replicas
 
 log = logging.getLogger("laminar.migrate")
@@ -110,6 +111,7 @@ class FenceHost(Protocol):
     agent: Any
     archived_live: dict[str, str]
     evacuating: set[str]
+    guarding: Guard
     prestage: Prestage
     replicas: Replicas
     s: dict[str, Any]
@@ -124,9 +126,6 @@ class FenceHost(Protocol):
     def _holds(self) -> Holds: ...
     def _last_seen(self, node: int) -> float: ...
     def _placed_as(self, key: str) -> tuple[int, str] | None: ...
-    def _runs_here(self, key: str) -> str | None: ...
-    def _source_dead(self, src: int, now: float, window_end: float | None = None,
-                     since: float | None = None) -> str | None: ...
     def _spawn(self, coro: Any) -> asyncio.Task[Any]: ...
     def job_key(self, job: Any) -> str: ...
     @property
@@ -181,8 +180,8 @@ class Fence:
         ``end`` (``src``'s reclaim window's end, wall clock): it may be the one cut off, and have
         missed what ``src`` said before its end (its reclaim withdrawn, its job moved to a third
         node and this guard released), so that end declares nothing yet
-        (:meth:`GuardMixin._source_dead`); once another member is heard after it, the guard asks
-        ``src`` first when ``src`` is heard too (:meth:`GuardMixin._missed_news`). A zone of two
+        (:meth:`Guard.source_dead`); once another member is heard after it, the guard asks
+        ``src`` first when ``src`` is heard too (:meth:`Guard.missed_news`). A zone of two
         has nobody else to hear: the end declares ``src`` gone, as without fencing. Found by the
         soak (seed 29): a node cut off 5 s before a reclaim was withdrawn resumed the job at the
         old window's end, beside the copy that ran on at its source."""
@@ -194,7 +193,7 @@ class Fence:
     def cannot_tell(self, src: int, now: float, within: float) -> bool:
         """Fencing is on and this node has not heard other members for ``within`` (at most
         ``fence_after_s``) past ``src``'s last word: it cannot tell ``src``'s departure from its
-        own isolation, so ``src``'s silence declares nothing (:meth:`GuardMixin._source_dead`). Found by the soak: a
+        own isolation, so ``src``'s silence declares nothing (:meth:`Guard.source_dead`). Found by the soak: a
         reclaim notice's short silence (``dead_after_s``, 3 s) let a node cut off 3 s before
         resume a job its source still ran, before the node's own fence (10 s) could hold it."""
         after = float(self.host.s.get("fence_after_s") or 0.0)
@@ -320,7 +319,7 @@ class Fence:
             try:
                 ans = await self.host._control(node, "taken", {"key": key}, timeout=3.0)
             except (MigrateError, TransferError, OSError, TimeoutError) as e:
-                if self.host._source_dead(node, time.time()) is None:
+                if self.host.guarding.source_dead(node, time.time()) is None:
                     log.info("migrate: fenced %s stays frozen until node %d, which guards it, answers: %s",
                              jid, node, e)
                     return
@@ -418,5 +417,5 @@ class Fence:
         if row["state"] == "passed":  # this node was reclaimed and passed the guard on (``_pass_one``)
             to = str(row["job_id"] or "").removeprefix("node ")
             return {"key": key, "runs": None, "state": "passed", "passed_to": int(to) if to.isdigit() else None}
-        runs = self.host._runs_here(key) if row["state"] == "resumed" else None
+        runs = self.host.guarding.runs_here(key) if row["state"] == "resumed" else None
         return {"key": key, "runs": runs, "node": self.host.node_id if runs else None, "state": str(row["state"])}

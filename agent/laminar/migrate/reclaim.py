@@ -49,7 +49,7 @@ than one part of the component uses are in :mod:`laminar.migrate.constants`, its
 :mod:`laminar.migrate.errors`. The component's tables are in :mod:`laminar.migrate.schema`.
 
 **A move cut during its hand-over.** Once a hand-over's frame may have reached the destination, no
-answer is never taken for a refusal (:meth:`ReclaimComponent._handover` with ``confirm``): the
+answer is never taken for a refusal (:meth:`Guard.handover` with ``confirm``): the
 same hand-over (idempotent by placement id there) is sent again until the destination says
 whether it runs the job, which stays frozen here meanwhile; then it is stopped here (it runs
 there) or thawed (it does not). A move without a window (a loan return's :meth:`ReclaimComponent.move_now`,
@@ -165,7 +165,7 @@ from laminar.migrate.constants import (
 from laminar.migrate.errors import HandoverSettled, MigrateError
 from laminar.migrate.evidence import EvidenceStore, NoticeOdds
 from laminar.migrate.fence import Fence, check_fence_settings
-from laminar.migrate.guard import GuardMixin
+from laminar.migrate.guard import Guard
 from laminar.migrate.hazard import (
     DEFAULT_PRIOR_RATE_PER_H,
     HazardError,
@@ -625,7 +625,7 @@ def _in_own_clock(body: dict[str, Any]) -> dict[str, Any]:
     return req
 
 
-class ReclaimComponent(GuardMixin, ArchiveMixin):
+class ReclaimComponent(ArchiveMixin):
     """``laminar.migrate.reclaim:ReclaimComponent`` (agent attribute ``migrate``)."""
 
     agent_attr = "migrate"
@@ -667,19 +667,8 @@ class ReclaimComponent(GuardMixin, ArchiveMixin):
         self.ckpt: ckpt_driver.CkptDriver | None = None  # periodic checkpoints
         self.counts: dict[str, int] = {"moves": 0, "moved": 0, "failed": 0, "prestaged": 0, "resumed": 0,
                                        "received": 0, "held": 0, "placed": 0, "retries": 0, "archived": 0}
-        self.retry = RetrySchedule()  # the guard's looks for room (from the config at start)
         self._drain_task: asyncio.Task[Any] | None = None  # places this node's queued jobs elsewhere during a reclaim
         self.withdraw = Withdraw(self)  # the cancel of this node's reclaim, a peer's withdrawal (withdraw.py)
-        self._taking: set[str] = set()  # keys whose take-over runs now
-        # keys whose take-over is starting its job here now (past its last look for a hand-over,
-        # the job manager's start under way): the job's id once stored, None when refused
-        self._starting: dict[str, asyncio.Future[str | None]] = {}
-        # keys whose take-over here dropped the reservation of the placement that handed their
-        # guard here (_fence_placement): this node's guard has the job, that hand-over is answered so
-        self._fenced: dict[str, int] = {}
-        # keys taken over here whose source was (being) told that this node runs them (_superseded_round):
-        # (when to tell it again, monotonic; tries)
-        self._superseded_next: dict[str, tuple[float, int]] = {}
         self._superseding: set[str] = set()  # this node's jobs being stopped: a guard runs them (Replicas.answer_superseded)
         self._archive_next: dict[str, float] = {}  # archived key -> when this node tries it again (monotonic)
         self._archive_tries: dict[str, int] = {}
@@ -717,16 +706,9 @@ class ReclaimComponent(GuardMixin, ArchiveMixin):
         # guard that follows it is handed, signed, to publish in the archive (_presign)
         self._sent_manifests: dict[str, tuple[str, str, int, int]] = {}
         self.vouch = Vouch(self, isolated=self.fence.isolated)  # other members' word on a silent peer (vouch.py)
-        self._cut_at_end: dict[int, float] = {}  # node -> the window's end this node heard nobody after (guard.py)
-        self._alive_asked: dict[str, float] = {}  # key -> when a source silent in its window last said its job lives
-        # key -> its row's ``updated`` when a source that may have withdrawn its reclaim (the guard
-        # may have missed its news) answered that its job lives there without saying whether it has
-        # a reclaim (an older agent): not asked again while the zone hears from it (_guard_round)
-        self._reclaim_unknown: dict[str, float] = {}
         self._started = 0.0  # when this agent's component started (wall): a guard older than it may have missed news
-        # job id (a placement's: its key) -> its confirmed hand-over waiting for its node's answer:
-        # node, since (wall, the first unanswered try; None before), error, wake (an operator's settle)
-        self._asking: dict[str, dict[str, Any]] = {}
+        # a guard's watch of its sources, its take-over of a dead source's job, hand-overs (guard.py)
+        self.guarding = Guard(self)
         self.settle = Settle(self)  # hand-overs not answered, an operator's settle of one (settle.py)
 
     # -- life cycle ---------------------------------------------------------------------------
@@ -750,7 +732,7 @@ class ReclaimComponent(GuardMixin, ArchiveMixin):
         self.prestage.restore()
         self.fence.restore()
         try:
-            self.retry = RetrySchedule(float(self.s["retry_base_s"]), 2.0, float(self.s["retry_max_s"]))
+            self.guarding.retry = RetrySchedule(float(self.s["retry_base_s"]), 2.0, float(self.s["retry_max_s"]))
             ckpt_driver.check_settings(self.s)
             check_fence_settings(self.s)
         except ValueError as e:
@@ -822,7 +804,7 @@ class ReclaimComponent(GuardMixin, ArchiveMixin):
         self._restore_reclaim()
         self._restore_moves()
         self._restore_move_holds()
-        self._restore_replica_handovers()
+        self.guarding.restore_replica_handovers()
 
     def _backfill_origins(self) -> None:
         """After an upgrade: the job manager records the migration key of the jobs this node's
@@ -1538,7 +1520,7 @@ class ReclaimComponent(GuardMixin, ArchiveMixin):
                                thaw: bool) -> None:
         """A move whose hand-over to ``node`` (placement ``pid``, request ``req``) may have been
         sent before the agent stopped: ``node`` is asked, with the same hand-over, until it
-        answers (:meth:`_handover`). It runs the job: the copy here is stopped (state
+        answers (:meth:`Guard.handover`). It runs the job: the copy here is stopped (state
         ``migrated``). It does not: the job is thawed here (when the move froze it) and runs
         on. Either way a ``migrate`` event says so and the record goes; a cancel (the agent
         stops again) leaves the record for the next start. ``node`` cannot be asked (no zone, or
@@ -1550,7 +1532,7 @@ class ReclaimComponent(GuardMixin, ArchiveMixin):
         held = False
         try:
             try:
-                dest_job = await self._handover(node, pid, req, confirm=True, sent=True, job_id=job.id)
+                dest_job = await self.guarding.handover(node, pid, req, confirm=True, sent=True, job_id=job.id)
             except MigrateError as e:
                 mv.phase, mv.error = "failed", str(e)
                 with contextlib.suppress(Exception):
@@ -2193,9 +2175,9 @@ class ReclaimComponent(GuardMixin, ArchiveMixin):
             # a take-over in flight ends first (it may place the job); one that still waits (on a hung
             # archive: its claim) when the window is nearly over keeps the guard here, and the next go on
             until = deadline_mono - ARCHIVE_WAIT_MARGIN_S
-            while key in self._taking and time.monotonic() < until and not (withdrawn and withdrawn.is_set()):
+            while key in self.guarding.taking and time.monotonic() < until and not (withdrawn and withdrawn.is_set()):
                 await asyncio.sleep(0.05)
-            if key in self._taking:
+            if key in self.guarding.taking:
                 if not (withdrawn and withdrawn.is_set()):
                     busy = self._lane.busy
                     self._emit(f"{key}: could not pass its guard on before this node left: its take-over in flight "
@@ -2205,22 +2187,22 @@ class ReclaimComponent(GuardMixin, ArchiveMixin):
             row = db.execute("SELECT * FROM migrate_replicas WHERE key=?", (key,)).fetchone()
             if row is None or row["state"] not in ("guarding", "waiting"):
                 continue
-            self._taking.add(key)
+            self.guarding.taking.add(key)
             try:
                 await self._pass_one(row, req, deadline_mono)
             except Exception as e:  # the next guard is tried; this one is lost with the node
                 log.warning("migrate: passing the guard of %s on failed: %s", key, e)
                 self._emit(f"{key}: could not pass its guard on before this node left: {e}", key=key, phase="failed")
             finally:
-                self._taking.discard(key)
+                self.guarding.taking.discard(key)
 
     async def _pass_one(self, row: Any, req: dict[str, Any], deadline_mono: float) -> None:
         key = row["key"]
         assert self.root is not None
-        refused = self._chain_refusal(row, req)
+        refused = self.guarding.chain_refusal(row, req)
         if refused is not None:  # a guard this node may not act on is not passed on either (no laundering)
             raise MigrateError(f"not passed on: {refused}")
-        senders = au.checkpoint_senders(key, self._guard_sender(key, int(row["src_node"])), int(row["src_node"]))
+        senders = au.checkpoint_senders(key, self.guarding.guard_sender(key, int(row["src_node"])), int(row["src_node"]))
         path = await asyncio.to_thread(latest_verified, self.root, key, senders)  # may hash it whole: not on the loop
         if path is None:
             return
@@ -2242,7 +2224,7 @@ class ReclaimComponent(GuardMixin, ArchiveMixin):
             except (MigrateError, TransferError, OSError, TimeoutError) as e:
                 errors.append(f"node {node}: {e}")
                 continue
-            self._set_replica(key, custody.Event.PASS, f"node {node}")
+            self.guarding.set_replica(key, custody.Event.PASS, f"node {node}")
             self._emit(f"{key}: this node is reclaimed; {path.name} and the job's guard passed on to node {node}",
                        key=key, node=node, ckpt=path.name, phase="passed")
             return
@@ -2258,7 +2240,7 @@ class ReclaimComponent(GuardMixin, ArchiveMixin):
                 raise MigrateError("; ".join([*errors, f"{e}: its copy is published if the archive answers later "
                                               "(the job is then claimed from there); this node keeps the guard "
                                               "meanwhile"])) from None
-            self._set_replica(key, custody.Event.ARCHIVE)
+            self.guarding.set_replica(key, custody.Event.ARCHIVE)
             self._emit(f"{key}: this node is reclaimed and no live peer can hold it; {path.name} archived", key=key,
                        ckpt=path.name, phase="archived")
             return
@@ -2337,7 +2319,7 @@ class ReclaimComponent(GuardMixin, ArchiveMixin):
                 self._note_move(job.id, mp.Event.HAND_OVER, node, pid=pid, request=req)
             else:  # a loan return's, Airlock's: a restart asks node whether it took the job (_restore_moves)
                 self._record_move(job.id, mp.Event.HAND_OVER, node=node, pid=pid, request=req, cause=mp.Cause(mv.cause))
-            dest_job = await self._handover(node, pid, req, confirm=True, job_id=job.id)
+            dest_job = await self.guarding.handover(node, pid, req, confirm=True, job_id=job.id)
         except BaseException:
             z.submitter.t.send(node, wire.Release(pid))
             raise
@@ -2454,7 +2436,7 @@ class ReclaimComponent(GuardMixin, ArchiveMixin):
         window's end: it declares this node dead then, even after a restart that lost the zone's
         notice, and a guard message without it tells the guard that this node has no reclaim
         (one that came after the notice's window ended is of a node back from its reclaim:
-        :meth:`GuardMixin._notice`). Before, a message sent after the reclaim's own task ended (a
+        :meth:`Guard.notice`). Before, a message sent after the reclaim's own task ended (a
         prestage in flight at the window's end) left it out."""
         spec = job.spec.as_dict()
         spec.pop("gpus", None)
@@ -2498,7 +2480,7 @@ class ReclaimComponent(GuardMixin, ArchiveMixin):
                 self.prestage.tick(time.time())
                 self._archive_watch()
                 self.replicas.recheck_guards(time.time())
-                await self._guard_round()
+                await self.guarding.tick(time.time())
                 self.replicas.tick(time.time())
             except Exception:
                 log.exception("migrate: watch round failed")
@@ -2657,7 +2639,7 @@ class ReclaimComponent(GuardMixin, ArchiveMixin):
         row = self.agent.store.db.execute("SELECT state, updated FROM migrate_replicas WHERE key=?", (key,)).fetchone()
         # taken over here and run here: the source still runs its copy, or it would not release
         # this guard; the answer says so (as ``superseded`` would: a release may come first)
-        runs = self._runs_here(key) if row is not None and row["state"] == "resumed" else None
+        runs = self.guarding.runs_here(key) if row is not None and row["state"] == "resumed" else None
         # taken over and placed on another node (no room here): the same, naming that node, as
         # ``taken`` does. Before, the answer said only "released", and a source whose buddy had
         # changed (this guard was the old one) refused this node's ``superseded`` after it: a

@@ -121,6 +121,7 @@ from laminar.policy.endcause import RESUMED_BY_ITS_GUARD, EndCause
 if TYPE_CHECKING:
     from laminar.migrate.archive import ArchiveLane
     from laminar.migrate.buddies import Prestage
+    from laminar.migrate.guard import Guard
     from laminar.migrate.transfer import Receiver
 
 log = logging.getLogger("laminar.migrate")
@@ -186,10 +187,10 @@ class ReplicasHost(Protocol):
 
     _lane: ArchiveLane
     _superseding: set[str]
-    _taking: set[str]
     agent: Any
     counts: dict[str, int]
     evacuating: set[str]
+    guarding: Guard
     prestage: Prestage
     reclaim: dict[str, Any] | None
     receiver: Receiver | None
@@ -201,9 +202,6 @@ class ReplicasHost(Protocol):
     def _archive_root(self) -> Path | None: ...
     def _archive_runner(self, key: str) -> str | None: ...
     def _last_seen(self, node: int) -> float: ...
-    def _runs_here(self, key: str) -> str | None: ...
-    def _source_dead(self, src: int, now: float, window_end: float | None = None,
-                     since: float | None = None) -> str | None: ...
     def _spawn(self, coro: Any) -> asyncio.Task[Any]: ...
     @property
     def node_id(self) -> int: ...
@@ -286,7 +284,7 @@ class Replicas:
         ``ckpt-<n>`` (transfer/receive.py's ``Receiver.sweep`` owns temporaries and ``incoming/``), a key
         whose take-over (or archive claim) runs now, a key directory that is a link. Links are
         removed as links, never followed."""
-        if self.host.root is None or key in self.host._taking or not _SAFE_KEY.fullmatch(key):
+        if self.host.root is None or key in self.host.guarding.taking or not _SAFE_KEY.fullmatch(key):
             return []
         d = self.host.root / "checkpoints" / key
         try:
@@ -430,7 +428,7 @@ class Replicas:
         db = self.host.agent.store.db
         out = []
         for n in names:
-            if not _SAFE_KEY.fullmatch(n) or n in self.host._taking:
+            if not _SAFE_KEY.fullmatch(n) or n in self.host.guarding.taking:
                 continue
             with contextlib.suppress(OSError):
                 st = os.lstat(base / n)
@@ -465,7 +463,7 @@ class Replicas:
         age = float(self.host.s["replica_orphan_s"])
         db = self.host.agent.store.db
         for (key, mtime_ns), m in zip(cands, newest, strict=True):
-            if now - m < age or key in self.host._taking:
+            if now - m < age or key in self.host.guarding.taking:
                 continue
             try:
                 if os.lstat(base / key).st_mtime_ns != mtime_ns:
@@ -495,7 +493,7 @@ class Replicas:
         gone = []
         for r in rows:
             key = str(r["key"])
-            if key in self.host._taking:
+            if key in self.host.guarding.taking:
                 continue
             try:
                 os.lstat(self.host.root / "checkpoints" / key)
@@ -533,7 +531,7 @@ class Replicas:
         self._guard_asked = {k: t for k, t in self._guard_asked.items() if mono < t + check}  # the rest may ask again
         for row in rows:
             key = str(row["key"])
-            if key in self.host._taking or key in self._guard_checking or mono < self._guard_asked.get(key, -math.inf) + check:
+            if key in self.host.guarding.taking or key in self._guard_checking or mono < self._guard_asked.get(key, -math.inf) + check:
                 continue
             try:
                 req = json.loads(row["request"])
@@ -544,7 +542,7 @@ class Replicas:
                 continue
             if src not in z.membership.by_node or src in z.membership.suspects:
                 continue
-            if self.host._source_dead(src, time.time(), req.get("window_end"), float(row["updated"])) is not None:
+            if self.host.guarding.source_dead(src, time.time(), req.get("window_end"), float(row["updated"])) is not None:
                 continue
             self._guard_asked[key] = mono
             self._guard_checking.add(key)
@@ -577,7 +575,7 @@ class Replicas:
         mono = time.monotonic()
         for row in rows:
             key, src = str(row["key"]), int(row["src_node"])
-            if src not in back or key in self.host._taking or key in self._guard_checking or src == self.host.node_id:
+            if src not in back or key in self.host.guarding.taking or key in self._guard_checking or src == self.host.node_id:
                 continue
             if src not in z.membership.by_node or src in z.membership.suspects:
                 continue
@@ -637,10 +635,10 @@ class Replicas:
                 return False
             self._guard_answered(key, src, asked)
             if ans["needed"]:
-                if ans.get("stopped_for_good") is True and key not in self.host._taking:
+                if ans.get("stopped_for_good") is True and key not in self.host.guarding.taking:
                     self._stopped_there(key, src, seen, str(ans.get("state")))
                 return False
-            if key in self.host._taking:
+            if key in self.host.guarding.taking:
                 return False
             with self.host.agent.store.tx() as db:
                 ended = ledger.move(db, key, custody.Event.NOT_NEEDED, counts=self.host.counts,
@@ -704,7 +702,7 @@ class Replicas:
         for gone: a silence of ``orphan_after_s``, or a reclaim window that ended while it was cut
         off) and runs it as ``job`` since ``at`` (its wall clock, moved into this one's by the
         message's ``clock``). Sent once this node is heard from again
-        (:meth:`GuardMixin._superseded_round`), or carried by the answer to a ``release``.
+        (:meth:`Guard.tick`), or carried by the answer to a ``release``.
 
         When this node's copy still runs and started before ``at`` (a partition, not a
         departure), it is stopped here, state ``migrated``, so the job runs once
@@ -816,7 +814,7 @@ class Replicas:
             return {"key": key, "needed": False, "state": "pruned",
                     "why": f"job {jid} ended on node {self.host.node_id} (its record was pruned)"}
         state = None if job is None else str(job.state)
-        again = self.host._runs_here(key)
+        again = self.host.guarding.runs_here(key)
         if again is not None:
             # This node runs the job again itself (a job of its that it resumed from the archive
             # or a replica once it was given back): the job has a new key and its own guards now,
@@ -982,7 +980,7 @@ class Replicas:
             state = str(row["state"]) if row is not None else None
             plan = replica_gc_plan(
                 state=state, held={n: t for n, (_, t) in ckpts.items()}, in_use=set(users), now=now, updated=updated,
-                newest_mtime=newest, taking=key in self.host._taking, take_over=bool(req.get("take_over")),
+                newest_mtime=newest, taking=key in self.host.guarding.taking, take_over=bool(req.get("take_over")),
                 src_node=src_node, next_round=next_round,
                 next_look=float(row["next_at"]) if row is not None and row["next_at"] is not None else None,
                 orphan_s=float(self.host.s["replica_orphan_s"]), guard_check_s=float(self.host.s["replica_guard_check_s"]),
@@ -1038,7 +1036,7 @@ class Replicas:
     def _drop_refusal(self, key: str, state: str | None, src_node: int | None, src_job: str | None,
                       users: dict[str, list[str]], force: bool) -> str | None:
         """Why :meth:`drop` refuses ``key`` now (None: it would drop it)."""
-        if key in self.host._taking:
+        if key in self.host.guarding.taking:
             return f"{key}: a take-over (or archive claim) of it runs now; try again once it ended"
         if self.receiving(key):
             return f"{key}: a checkpoint transfer into it is in progress; try again once it ended"

@@ -58,7 +58,7 @@ REPLICAS_SCHEMA = [
         updated REAL NOT NULL)""",
     # A guard's placement of the job it takes over whose hand-over to ``node`` (placement ``pid``,
     # ``request``) may have been sent and was not answered yet: a restart asks the node before
-    # any other take-over of the key (:meth:`ReclaimComponent._restore_replica_handovers`).
+    # any other take-over of the key (:meth:`Guard.restore_replica_handovers`).
     """CREATE TABLE IF NOT EXISTS migrate_replica_handovers (
         key TEXT PRIMARY KEY,
         node INTEGER NOT NULL,

@@ -3,7 +3,7 @@
 docs/migration.md, *Settling a hand-over whose destination is gone for good*).
 
 No timeout ends the wait for a hand-over's answer (a thaw on a timeout could run the job twice
-during a partition: :meth:`ReclaimComponent._handover` with ``confirm``), so a destination that
+during a partition: :meth:`Guard.handover` with ``confirm``), so a destination that
 received the frame and then left for good would keep the job frozen here, or a guard's key held,
 forever. The operator who knows that node is gone decides: ``laminarctl migrations --pending``
 (``GET /v1/migrate/handovers``: :meth:`Settle.pending_handovers`) lists the hand-overs not
@@ -12,8 +12,8 @@ answered, and ``laminarctl job settle ID --run-here`` or ``--gone``
 node runs the job.
 
 :class:`Settle` is built with the component (what it uses of it: :class:`SettleHost`). It holds
-no state of its own: the waits for an answer it settles (``ReclaimComponent._asking``) are the
-guard's hand-over's (:meth:`ReclaimComponent._handover`), the records are the store's. It has no
+no state of its own: the waits for an answer it settles (:attr:`Guard.asking`) are the
+guard's hand-over's (:meth:`Guard.handover`), the records are the store's. It has no
 round either. Besides the two routes above, ``GET /v1/migrations`` shows each move through
 :meth:`Settle.move_view`; the component's start calls :meth:`Settle.stop_settled` (a settle's
 stop the restart cut) and the guard :meth:`Settle.tell_release` (a placement its node refused).
@@ -34,6 +34,7 @@ from laminar.policy.endcause import EndCause
 
 if TYPE_CHECKING:
     from laminar.migrate.buddies import Prestage
+    from laminar.migrate.guard import Guard
     from laminar.migrate.reclaim import Move
 
 log = logging.getLogger("laminar.migrate")
@@ -42,20 +43,16 @@ log = logging.getLogger("laminar.migrate")
 class SettleHost(Protocol):
     """What :class:`Settle` uses of the component that holds it (ReclaimComponent and its parts)."""
 
-    _asking: dict[str, dict[str, Any]]
-    _taking: set[str]
     agent: Any
     counts: dict[str, int]
     evacuating: set[str]
+    guarding: Guard
     moves: dict[str, Move]
     prestage: Prestage
 
     def _drop_move_record(self, job_id: str) -> None: ...
     async def _unhold_wait(self, job: Any, froze: bool, timeout: float) -> bool: ...
-    def _drop_replica_handover(self, key: str) -> None: ...
     def _emit(self, message: str, **fields: Any) -> None: ...
-    def _set_replica(self, key: str, event: custody.Event, job_id: str | None = None,
-                     insert: dict[str, Any] | None = None) -> None: ...
     def _spawn(self, coro: Any) -> asyncio.Task[Any]: ...
     def job_key(self, job: Any) -> str: ...
     @property
@@ -85,10 +82,10 @@ class Settle:
         seen = {str(r["ref"]) for _, r in rows}
         # a reclaim's move (its records are the reclaim's): while its wait runs
         rows += [("move", {"ref": jid, "node": a["node"], "updated": a["since"] or time.time()})
-                 for jid, a in self.host._asking.items() if jid not in seen]
+                 for jid, a in self.host.guarding.asking.items() if jid not in seen]
         out = []
         for kind, r in rows:
-            a = self.host._asking.get(str(r["ref"]))
+            a = self.host.guarding.asking.get(str(r["ref"]))
             state = "unasked" if a is None else "unconfirmed" if a["since"] else "handing-over"
             out.append({"job": str(r["ref"]), "kind": kind, "node": int(r["node"]), "state": state,
                         "since": (a["since"] if a is not None else None) or float(r["updated"]),
@@ -99,14 +96,14 @@ class Settle:
         """A move as GET /v1/migrations shows it: phase ``unconfirmed`` (with ``unconfirmed_since``,
         wall clock) while its hand-over goes unanswered."""
         d = mv.as_dict()
-        a = self.host._asking.get(mv.job) if mv.phase == "handover" else None
+        a = self.host.guarding.asking.get(mv.job) if mv.phase == "handover" else None
         if a is not None and a["since"]:
             d["phase"], d["unconfirmed_since"] = "unconfirmed", a["since"]
         return d
 
     async def settle_handover(self, ref: str, decision: str, by: str = "") -> dict[str, Any]:
         """An operator's call on a hand-over its node never answered (the node left for good):
-        the wait (:meth:`ReclaimComponent._handover`) or the record a restart would ask with ends by decision.
+        the wait (:meth:`Guard.handover`) or the record a restart would ask with ends by decision.
         ``ref``: a job id (``N`` for ``job-N``) with a move's pending hand-over, or the key of a
         guard's placement. ``decision``: ``run-here`` (the node does not run it: the job is
         thawed here when its move froze it and runs on; a placement's guard goes on; the node
@@ -129,7 +126,7 @@ class Settle:
         if row is not None:
             return await self._settle_placement(ref, row, decision, by)
         mv = self.host.moves.get(ref) or (self.host.moves.get(f"job-{ref}") if ref.isdigit() else None)
-        if mv is not None and mv.phase == "handover" and mv.job in self.host._asking:
+        if mv is not None and mv.phase == "handover" and mv.job in self.host.guarding.asking:
             # a reclaim's move waiting on its answer (no migrate_moves row: the reclaim records
             # it); once its reclaim is cancelled, no window's end bounds that wait
             return await self._settle_reclaim_move(mv, decision, by)
@@ -140,29 +137,29 @@ class Settle:
                           "whose hand-over went unanswered is settled (see `laminarctl migrations --pending`)")
 
     async def _await_waiter(self, ref: str, decision: str, gone: Any) -> bool:
-        """Hands ``decision`` to the wait for ``ref``'s answer (:meth:`ReclaimComponent._handover`),
+        """Hands ``decision`` to the wait for ``ref``'s answer (:meth:`Guard.handover`),
         if one runs: True once ``gone()`` (what that wait leaves when it ends), False with no wait."""
-        a = self.host._asking.get(ref)
+        a = self.host.guarding.asking.get(ref)
         if a is None:
             return False
         a["settled"] = decision  # this wait's, this node's: never a later wait's (the node refused meanwhile)
         a["wake"].set()
         end = time.monotonic() + float(self.host.zone.s["handover_timeout_s"] if self.host.zone else 0.0) + 15.0
-        while not gone() and self.host._asking.get(ref) in (None, a) and time.monotonic() < end:
+        while not gone() and self.host.guarding.asking.get(ref) in (None, a) and time.monotonic() < end:
             await asyncio.sleep(0.05)  # (another wait for ref: the node answered, the move tries another)
         a.pop("settled", None)  # answered meanwhile: the answer decided
         return True
 
     async def _settle_reclaim_move(self, mv: Move, decision: str, by: str) -> dict[str, Any]:
         """An operator's call on a reclaim's move waiting for its hand-over's answer: the
-        decision goes to the wait (:meth:`ReclaimComponent._handover`), the move ends as for any
+        decision goes to the wait (:meth:`Guard.handover`), the move ends as for any
         answer (:meth:`ReclaimComponent._move`: ``run-here`` thaws the job here, ``gone`` stops it
         here as ``migrated``; the reclaim's record of it goes). Not stored first: an agent stop in
         that moment leaves the reclaim's record, and the restart asks the node again."""
         jid = mv.job
-        a = self.host._asking[jid]
+        a = self.host.guarding.asking[jid]
         node, since = int(a["node"]), a["since"] or time.time()
-        await self._await_waiter(jid, decision, lambda: jid not in self.host._asking)
+        await self._await_waiter(jid, decision, lambda: jid not in self.host.guarding.asking)
         jobs_mgr = getattr(self.host.agent, "jobs", None)
         job = jobs_mgr.get(jid) if jobs_mgr is not None else None
         if decision == "run-here" and mv.phase == "failed" and job is not None and job.active:
@@ -216,7 +213,7 @@ class Settle:
 
     async def _settle_move(self, jid: str, row: Any, decision: str, by: str) -> dict[str, Any]:
         node, pid, thaw = int(row["node"]), int(row["pid"]), bool(row["thaw"])
-        since = (self.host._asking.get(jid) or {}).get("since") or float(row["updated"])
+        since = (self.host.guarding.asking.get(jid) or {}).get("since") or float(row["updated"])
         jobs_mgr = getattr(self.host.agent, "jobs", None)
         job = jobs_mgr.get(jid) if jobs_mgr is not None else None
         key = self.host.job_key(job) if job is not None and job.active else None
@@ -259,11 +256,11 @@ class Settle:
     async def _settle_placement(self, key: str, row: Any, decision: str, by: str) -> dict[str, Any]:
         node, pid = int(row["node"]), int(row["pid"])
         if decision == "gone":  # the decision first: a restart never asks node again
-            self.host._set_replica(key, custody.Event.PLACE, f"node {node}/(unconfirmed)")
-        self.host._drop_replica_handover(key)
-        rec = lambda: key not in self.host._asking  # noqa: E731
+            self.host.guarding.set_replica(key, custody.Event.PLACE, f"node {node}/(unconfirmed)")
+        self.host.guarding.drop_replica_handover(key)
+        rec = lambda: key not in self.host.guarding.asking  # noqa: E731
         if not await self._await_waiter(key, decision, rec):
-            self.host._taking.discard(key)  # held since the restart (_restore_replica_handovers)
+            self.host.guarding.taking.discard(key)  # held since the restart (Guard.restore_replica_handovers)
             if decision == "run-here":
                 self.tell_release(node, pid, key)
         r = self.host.agent.store.db.execute("SELECT state FROM migrate_replicas WHERE key=?", (key,)).fetchone()

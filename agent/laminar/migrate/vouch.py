@@ -13,7 +13,7 @@ off 4 s, back for a tenth of a second (it heard one other member, not the reclai
 cut off again resumed the peer's job in its window (bench/chaos.py --partial-partitions, seed 32).
 
 So when a peer's silence here reaches that length and a verdict is asked for
-(:meth:`GuardMixin._source_dead`: a buddy's take-over, a claim from the archive, the fence's
+(:meth:`Guard.source_dead`: a buddy's take-over, a claim from the archive, the fence's
 settling), this node asks up to :data:`VOUCH_ASK` other members it heard lately
 (:meth:`_lately_s`) how long ago they heard the peer (``{node, age}``; ``age`` None: not since
 that agent started), and the verdict waits for the answers (milliseconds;

@@ -24,7 +24,7 @@ not reached is told again every WITHDRAWN_RETRY_S: until its window's end withou
 CLEARED_TELL_TRIES times (also after a cancel after the window); a restart meanwhile goes on. A guard
 that may have missed that (its agent started after the guard message that told it the window's
 end, or it heard nothing from this node for the zone's ``peer_timeout_s`` before the window's
-end: :meth:`ReclaimComponent._missed_news`)
+end: :meth:`Guard.missed_news`)
 asks this node (control op ``needs``) before it takes over at the window's end: a job that runs
 here with no reclaim (``reclaim`` false in the answer) keeps it guarding and the window is forgotten;
 an older agent's answer without ``reclaim`` keeps it guarding and the window kept, and this node

@@ -917,12 +917,12 @@ class ZoneComponent:
         """For a hand-over not bound here yet of a migrated job (its request's origin names the
         job's migration key, laminar.runtime.provenance; never its spec's env, which a user
         writes): the job this node's migration layer took that job over as, here, or is starting
-        it as (waited for: :meth:`laminar.migrate.reclaim.ReclaimComponent.taken_over_as`); else
+        it as (waited for: :meth:`laminar.migrate.guard.Guard.taken_over_as`); else
         None, without suspending (so the bind that follows is in the same step as this look)."""
         from laminar.runtime.provenance import origin_of_request
 
-        migrate = getattr(self.agent, "migrate", None)
-        if pid in self.arbiter.placed or migrate is None or not hasattr(migrate, "taken_over_as"):
+        guarding = getattr(getattr(self.agent, "migrate", None), "guarding", None)
+        if pid in self.arbiter.placed or guarding is None:
             return None
         try:
             key = origin_of_request(json.loads(body.spec_json))[0]
@@ -930,7 +930,7 @@ class ZoneComponent:
             return None  # refused with its reason by the hand-over's own parse
         if key is None:
             return None
-        got = await migrate.taken_over_as(key)
+        got = await guarding.taken_over_as(key)
         return None if got is None else str(got)
 
     def placement_pending(self, pid: int) -> bool:
