@@ -253,7 +253,7 @@ class Agent:
             if self.jobs is not None and self.airlock is None:
                 # an agent built without Airlock has no class caps: the queue held for Airlock's
                 # word (runtime.jobs.limits) would otherwise never start a job
-                from .airlock.admission import NO_LIMITS
+                from .policy.admission import NO_LIMITS
 
                 self.jobs.set_admission(lambda: NO_LIMITS)
             note = limits.nofile_note(nofile, int(getattr(self.jobs, "max_per_user", 0) or 0)) if nofile else None

@@ -38,7 +38,7 @@ from typing import Any
 
 from laminar.jobkit import Checkpointer
 from laminar.migrate.transfer import send_checkpoint, send_control
-from laminar.zone import placement as pl
+from laminar.policy import placement as pl
 from laminar.zone import wire
 from laminar.zone.component import ZoneComponent, demand_to_probe
 from laminar.zone.loan import LoanError

@@ -170,7 +170,7 @@ def test_job_without_gpus_sees_none(rig: Rig) -> None:
 
 def test_zone_advertises_the_nvml_model(rig: Rig) -> None:
     smi = smi_gpus()
-    from laminar.zone import placement as pl
+    from laminar.policy import placement as pl
     from laminar.zone.component import ZoneComponent
 
     async def go() -> None:

@@ -20,10 +20,10 @@ from pathlib import Path
 import pytest
 from jobrig import airlock_rig, running
 
-from laminar.airlock import ladder
 from laminar.airlock.cgroups import CgroupTree, detect
 from laminar.airlock.manager import Airlock
 from laminar.events import EventBus
+from laminar.policy import ladder
 from laminar.runtime.jobs import JobManager
 from laminar.store import Store
 

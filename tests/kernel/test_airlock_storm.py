@@ -21,7 +21,6 @@ from typing import Any
 import pytest
 from jobrig import until
 
-from laminar.airlock import ladder
 from laminar.airlock.cgroups import (
     CgroupError,
     CgroupTree,
@@ -35,6 +34,7 @@ from laminar.airlock.manager import Airlock
 from laminar.airlock.policy import PolicyError
 from laminar.airlock.signals import read_psi
 from laminar.events import EventBus
+from laminar.policy import ladder
 from laminar.runtime.jobs import JobManager
 from laminar.runtime.spec import JobSpec
 from laminar.store import Store

@@ -21,7 +21,7 @@ import pytest
 from jobrig import airlock_rig, until
 from test_replica_gc_move_freeze import component, sleeper_with_checkpoint
 
-from laminar.airlock import ladder
+from laminar.policy import ladder
 from laminar.runtime.holds import Hold
 
 pytestmark = pytest.mark.kernel

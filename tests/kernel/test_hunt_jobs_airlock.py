@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 from jobrig import airlock_rig, running, until
 
-from laminar.airlock import ladder
+from laminar.policy import ladder
 
 # serial: its memory pressure is felt machine-wide (node PSI, MemAvailable); run alone (Makefile)
 pytestmark = [pytest.mark.kernel, pytest.mark.serial]

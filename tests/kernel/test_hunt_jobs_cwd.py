@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 from jobrig import job_manager, until
 
-from laminar.airlock import admission
+from laminar.policy import admission
 from laminar.runtime.spec import JobError, JobSpec
 
 pytestmark = pytest.mark.kernel

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 from jobrig import job_manager, until
 
-from laminar.airlock import admission
+from laminar.policy import admission
 from laminar.runtime.record import Job
 from laminar.runtime.spec import JobSpec
 

@@ -26,7 +26,7 @@ from jobrig import job_manager, until
 from ports import free_port
 
 from laminar.events import EventBus
-from laminar.zone import placement as pl
+from laminar.policy import placement as pl
 from laminar.zone.component import ZoneComponent
 
 pytestmark = pytest.mark.kernel

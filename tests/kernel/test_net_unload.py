@@ -28,8 +28,8 @@ import pytest
 from agentproc import AgentProc, wait_until
 from jobrig import airlock_rig, running, until
 
-from laminar.airlock import ladder
 from laminar.airlock.cgroups import Hierarchy, read_memory_limit
+from laminar.policy import ladder
 from laminar.runtime.spec import JobSpec
 
 pytestmark = pytest.mark.kernel

@@ -5,9 +5,9 @@ from __future__ import annotations
 from hypothesis import given
 from hypothesis import strategies as st
 
-from laminar.airlock import ladder
-from laminar.airlock.ladder import CRITICAL, HIGH, NONE, STEADY, JobView, Memo, Signals, decide
 from laminar.airlock.policy import validate
+from laminar.policy import ladder
+from laminar.policy.ladder import CRITICAL, HIGH, NONE, STEADY, JobView, Memo, Signals, decide
 
 P = validate({})
 

@@ -11,8 +11,8 @@ memory went (the kernel's OOM killer was left to act). Now the hold comes at mos
 
 from __future__ import annotations
 
-from laminar.airlock import ladder
 from laminar.airlock.policy import validate
+from laminar.policy import ladder
 
 
 def view(jid: str, mem_mib: int = 100, stopping: bool = False, rung: str | None = None,

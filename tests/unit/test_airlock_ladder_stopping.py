@@ -10,8 +10,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from laminar.airlock import ladder
 from laminar.airlock.policy import validate
+from laminar.policy import ladder
 
 
 def policy(**over: Any) -> dict[str, Any]:

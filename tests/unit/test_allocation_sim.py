@@ -6,11 +6,11 @@ import random
 
 import pytest
 
+from laminar.policy import packing as K
+from laminar.policy import placement as P
 from laminar.sim import allocation as A
 from laminar.sim.cluster import BestFitPlacer, SimNode
 from laminar.sim.trace import JobSpec, NodeSpec
-from laminar.zone import packing as K
-from laminar.zone import placement as P
 
 
 def pod(i: int, gpus: float, cpus: float = 1.0) -> JobSpec:

@@ -23,10 +23,10 @@ from standin_origin import OriginQueries
 
 from laminar import jobkit
 from laminar.migrate import ckpt_driver as cd
-from laminar.migrate import ckpt_schedule as cs
 from laminar.migrate.evidence import NoticeOdds
 from laminar.migrate.hazard import HazardModel
 from laminar.migrate.reclaim import CONFIG_FIELDS
+from laminar.policy import ckpt_schedule as cs
 
 
 def plan(jid: str, interval: float, cost: float = 0.1) -> cs.CkptPlan:

@@ -9,7 +9,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from laminar.migrate.ckpt_schedule import (
+from laminar.migrate.hazard import HazardModel
+from laminar.policy.ckpt_schedule import (
     CkptJob,
     ScheduleError,
     daly_interval,
@@ -20,7 +21,6 @@ from laminar.migrate.ckpt_schedule import (
     stagger,
     young_interval,
 )
-from laminar.migrate.hazard import HazardModel
 
 MONDAY = datetime(2023, 4, 24, tzinfo=UTC).timestamp()
 GB = 1e9

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from laminar.migrate.destination import Candidate, DestinationError, MoveRequest, Resources, rank
 from laminar.migrate.hazard import HazardModel
+from laminar.policy.destination import Candidate, DestinationError, MoveRequest, Resources, rank
 
 GiB = 2**30
 FREE = Resources(gpus=4, mem_bytes=64 * GiB, cpus=32)

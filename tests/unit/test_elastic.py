@@ -1,4 +1,4 @@
-"""Elastic scaling knapsack (laminar.zone.elastic) against brute force on small instances."""
+"""Elastic scaling knapsack (laminar.policy.elastic) against brute force on small instances."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from laminar.zone.elastic import (
+from laminar.policy.elastic import (
     ElasticJob,
     ElasticOption,
     allocate_elastic,

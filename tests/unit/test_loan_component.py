@@ -19,9 +19,9 @@ from ports import free_port
 from standin_origin import OriginQueries
 
 from laminar import jobkit
+from laminar.policy import placement as pl
 from laminar.runtime.provenance import NO_ORIGIN, JobOrigin
 from laminar.runtime.spec import JobSpec
-from laminar.zone import placement as pl
 from laminar.zone import wire
 from laminar.zone.component import ZoneComponent, demand_to_probe
 from laminar.zone.loan import OP_QUERY, OP_RETURN, LoanError, fit_payload, plan_from_answers, workers_file

@@ -1,4 +1,4 @@
-"""Loaned-server return choice (laminar.zone.loaning) against brute force on small instances."""
+"""Loaned-server return choice (laminar.policy.loaning) against brute force on small instances."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from laminar.zone import loaning as L
-from laminar.zone.loaning import (
+from laminar.policy import loaning as L
+from laminar.policy.loaning import (
     LoanedJob,
     choose_servers_to_return,
     plan_return,

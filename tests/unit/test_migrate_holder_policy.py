@@ -1,4 +1,4 @@
-"""Storage holders and the guard's retry schedule (laminar.migrate.holder): pure policy."""
+"""Storage holders and the guard's retry schedule (laminar.policy.holder): pure policy."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from laminar.migrate.holder import HolderCandidate, HolderError, RetrySchedule, choose_holder
+from laminar.policy.holder import HolderCandidate, HolderError, RetrySchedule, choose_holder
 
 GB = 1e9
 LINK = 1.25e9  # 10 Gbit/s

@@ -1,4 +1,4 @@
-"""The shape mix a "frag" arbiter learns from its probes (laminar.zone.mixlearn, Arbiter).
+"""The shape mix a "frag" arbiter learns from its probes (laminar.policy.mixlearn, Arbiter).
 
 The learner must give the arrivals' mix from a node's filtered probe stream: retries of one
 placement counted once, what the node saw while it was probed for every arrival weighing
@@ -13,9 +13,9 @@ import random
 
 import pytest
 
-from laminar.zone import mixlearn as ml
-from laminar.zone import packing as pk
-from laminar.zone import placement as pl
+from laminar.policy import mixlearn as ml
+from laminar.policy import packing as pk
+from laminar.policy import placement as pl
 from laminar.zone import wire
 from laminar.zone.component import DEFAULT_FRAG_MIX, MIX_MIN_SEEN, SHAPES_SEEN_MAX, Arbiter
 

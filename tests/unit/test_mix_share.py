@@ -1,6 +1,6 @@
 """The shape mix shared between ``frag`` agents through their summaries: the optional wire
 trailer of ``summary`` and ``zone-summary`` (round trip, older bodies, malformed trailers
-dropped and counted), the merge rule (laminar.zone.mixlearn), the arbiter's side and the
+dropped and counted), the merge rule (laminar.policy.mixlearn), the arbiter's side and the
 zone component's receive/merge/send path (laminar.zone.component)."""
 
 from __future__ import annotations
@@ -17,8 +17,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from ports import free_port
 
-from laminar.zone import mixlearn, wire
-from laminar.zone import placement as pl
+from laminar.policy import mixlearn
+from laminar.policy import placement as pl
+from laminar.policy.packing import Shape
+from laminar.zone import wire
 from laminar.zone.component import (
     Arbiter,
     ZoneComponent,
@@ -27,7 +29,6 @@ from laminar.zone.component import (
     zone_summary_to_msg,
 )
 from laminar.zone.keys import ZoneKeys
-from laminar.zone.packing import Shape
 from laminar.zone.wire import Decoder, Dropped, DropReason, Encoder
 
 KEYS = ZoneKeys({1: bytes(range(32))}, "mix-share test")

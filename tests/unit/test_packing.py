@@ -1,11 +1,11 @@
-"""Fragmentation-aware packing policy (laminar.zone.packing), checked by hand on tiny nodes."""
+"""Fragmentation-aware packing policy (laminar.policy.packing), checked by hand on tiny nodes."""
 
 from __future__ import annotations
 
 import pytest
 
-from laminar.zone import packing as K
-from laminar.zone.packing import FragOffer, PackingError, Resident, Shape
+from laminar.policy import packing as K
+from laminar.policy.packing import FragOffer, PackingError, Resident, Shape
 
 HALF = Shape(4000, 500, 1)
 WHOLE = Shape(8000, 1000, 1)

@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 
 from laminar import config
-from laminar.zone import packing as pk
-from laminar.zone import placement as pl
+from laminar.policy import packing as pk
+from laminar.policy import placement as pl
 from laminar.zone import wire
 from laminar.zone.component import DEFAULT_FRAG_MIX, MIX_MIN_SEEN, Arbiter, ZoneComponent, frag_offer
 from laminar.zone.simnet import SimNet

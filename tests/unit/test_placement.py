@@ -1,4 +1,4 @@
-"""The placement policy (laminar.zone.placement): pure functions, no privileges."""
+"""The placement policy (laminar.policy.placement): pure functions, no privileges."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from laminar.zone import placement as pl
-from laminar.zone.placement import (
+from laminar.policy import placement as pl
+from laminar.policy.placement import (
     Demand,
     NodeCapacity,
     Offer,

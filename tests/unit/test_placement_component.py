@@ -9,7 +9,7 @@ import secrets
 
 import pytest
 
-from laminar.zone import placement as pl
+from laminar.policy import placement as pl
 from laminar.zone import wire
 from laminar.zone.component import ZoneComponent
 from laminar.zone.keys import KeyFileError

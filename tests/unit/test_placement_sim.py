@@ -8,7 +8,7 @@ import asyncio
 import random
 from dataclasses import replace
 
-from laminar.zone import placement as pl
+from laminar.policy import placement as pl
 from laminar.zone import wire
 from laminar.zone.component import Arbiter, demand_to_probe
 from laminar.zone.simnet import SimNet, run_placements

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import math
 
-from laminar.migrate import ckpt_schedule as cs
 from laminar.migrate.hazard import HazardModel
+from laminar.policy import ckpt_schedule as cs
 
 
 def test_oversubscribed_uplink_gives_each_job_at_least_a_fair_share() -> None:

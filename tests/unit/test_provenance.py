@@ -23,11 +23,11 @@ from test_zone_handover import SubmittingJobs
 
 from laminar.migrate import constants
 from laminar.migrate.transfer import Manifest, TransferError
+from laminar.policy import placement as pl
 from laminar.runtime import gpus as gpumod
 from laminar.runtime import provenance as pv
 from laminar.runtime.provenance import NO_ORIGIN, JobOrigin
 from laminar.runtime.spec import JobError, JobSpec, ReservedEnvError
-from laminar.zone import placement as pl
 from laminar.zone import wire
 from laminar.zone.authority import Policy
 from laminar.zone.component import HANDOVER_OK, HANDOVER_REJECTED, demand_to_probe

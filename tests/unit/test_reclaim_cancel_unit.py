@@ -25,7 +25,7 @@ from test_reclaim_restore import RestoreJobs
 
 from laminar.migrate import drain
 from laminar.migrate.reclaim import ReclaimComponent
-from laminar.zone import placement as pl
+from laminar.policy import placement as pl
 
 
 class HeldZone:

@@ -8,8 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from laminar.airlock import admission, policy
+from laminar.airlock import policy
 from laminar.airlock.cgroups import CgroupError, detect
+from laminar.policy import admission
 from laminar.runtime import gpus
 from laminar.runtime.spec import JobError, JobSpec, parse_gpus, parse_memory_mb, parse_signal
 

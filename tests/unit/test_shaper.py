@@ -1,4 +1,4 @@
-"""The deadline shaper's policy (laminar.net.shaper): pure, no privileges."""
+"""The deadline shaper's policy (laminar.policy.shaper): pure, no privileges."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from laminar.net.shaper import (
+from laminar.policy.shaper import (
     DONE,
     INFEASIBLE,
     LATE,

@@ -1,5 +1,5 @@
 """The simulator's checkpoint contract and destination choice run the migration layer's policy
-code (laminar.migrate.ckpt_schedule, .hazard, .destination), worked out by hand on tiny
+code (laminar.policy.ckpt_schedule, .hazard, .destination), worked out by hand on tiny
 clusters (FAKE nodes, as every simulated cluster).
 
 The hazard in these runs is the prior alone (no inference pool, or a prior so strong that the
@@ -13,7 +13,7 @@ import math
 
 import pytest
 
-from laminar.migrate.ckpt_schedule import daly_interval
+from laminar.policy.ckpt_schedule import daly_interval
 from laminar.sim.cluster import fits_fast
 from laminar.sim.engine import SimConfig, Simulator, simulate
 from laminar.sim.trace import JobSpec, NodeSpec

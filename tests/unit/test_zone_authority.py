@@ -12,11 +12,11 @@ from pathlib import Path
 
 import pytest
 
+from laminar.policy import placement as pl
 from laminar.runtime.grants import Grants
 from laminar.runtime.launch import JOB_TRAMPOLINE, check_owner_ids, drop_privileges_argv
 from laminar.runtime.spec import JobError
 from laminar.zone import authority as au
-from laminar.zone import placement as pl
 from laminar.zone import wire
 from laminar.zone.component import Arbiter, demand_to_probe
 

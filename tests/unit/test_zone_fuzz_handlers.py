@@ -20,7 +20,7 @@ from hypothesis import strategies as st
 from ports import free_port
 from test_fuzz_wire import bodies
 
-from laminar.zone import placement as pl
+from laminar.policy import placement as pl
 from laminar.zone import wire
 from laminar.zone.component import ZoneComponent, zone_summary_to_msg
 

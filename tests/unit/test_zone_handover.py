@@ -19,9 +19,9 @@ from xferrig import make_ckpt
 
 from laminar.migrate import reclaim
 from laminar.migrate.reclaim import ReclaimComponent
+from laminar.policy import placement as pl
 from laminar.runtime.provenance import NO_ORIGIN, JobOrigin
 from laminar.runtime.spec import JobSpec
-from laminar.zone import placement as pl
 from laminar.zone import wire
 from laminar.zone.component import HANDOVER_NO_RESERVATION, HANDOVER_OK, demand_to_probe
 from laminar.zone.loan import workers_file

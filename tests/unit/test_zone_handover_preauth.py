@@ -26,8 +26,8 @@ from pathlib import Path
 from test_zone_handover import SubmittingJobs
 from test_zone_wrong_source import forged, with_nodes
 
+from laminar.policy import placement as pl
 from laminar.zone import gate as G
-from laminar.zone import placement as pl
 from laminar.zone import transport, wire
 from laminar.zone.component import HANDOVER_OK, ZoneComponent, demand_to_probe
 

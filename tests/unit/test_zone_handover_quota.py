@@ -17,9 +17,9 @@ from pathlib import Path
 
 from test_loan_component import StandInJob, StandInJobs, make_comp, run
 
+from laminar.policy import placement as pl
 from laminar.runtime.provenance import NO_ORIGIN, JobOrigin
 from laminar.runtime.spec import JobSpec, QuotaError
-from laminar.zone import placement as pl
 from laminar.zone import wire
 from laminar.zone.component import HANDOVER_OK, demand_to_probe
 

@@ -20,7 +20,7 @@ from typing import Any
 from test_loan_component import make_comp, run
 from test_zone_handover_quota import LimitedJobs
 
-from laminar.zone import placement as pl
+from laminar.policy import placement as pl
 from laminar.zone import wire
 from laminar.zone.component import HANDOVER_OK, HANDOVER_REJECTED, demand_to_probe
 

@@ -23,7 +23,7 @@ import pytest
 from test_zone_handover import SubmittingJobs
 from test_zone_replay import with_zone
 
-from laminar.zone import placement as pl
+from laminar.policy import placement as pl
 from laminar.zone import transport, wire
 from laminar.zone.component import HANDOVER_OK, NetTransport, ZoneComponent, demand_to_probe
 

@@ -14,11 +14,11 @@ import struct
 
 import pytest
 
-from laminar.zone import placement as pl
+from laminar.policy import placement as pl
+from laminar.policy.placement import Demand, NodeCapacity
 from laminar.zone import wire
 from laminar.zone.component import msg_to_zone_summary, zone_summary_to_msg
 from laminar.zone.keys import ZoneKeys
-from laminar.zone.placement import Demand, NodeCapacity
 from laminar.zone.wire import Decoder, Dropped, DropReason, Encoder
 
 KEYS = ZoneKeys({1: bytes(range(32))}, "hostcount-test")

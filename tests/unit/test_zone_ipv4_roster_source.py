@@ -22,7 +22,7 @@ from test_zone_handover import SubmittingJobs
 from test_zone_ipv6_roster import SUMMARY, _port, _with_nodes
 from test_zone_replay import until
 
-from laminar.zone import placement as pl
+from laminar.policy import placement as pl
 from laminar.zone import wire
 from laminar.zone.component import HANDOVER_OK, ZoneComponent, demand_to_probe
 

@@ -28,7 +28,7 @@ from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey, X
 from test_zone_handover import SubmittingJobs
 from test_zone_wrong_source import SUMMARY, _delivered, _port, forged, with_nodes
 
-from laminar.zone import placement as pl
+from laminar.policy import placement as pl
 from laminar.zone import wire
 from laminar.zone.component import HANDOVER_OK, ZoneComponent, demand_to_probe
 from laminar.zone.keys import (

@@ -10,7 +10,7 @@ from pathlib import Path
 
 from test_zone_replay import until, with_zone
 
-from laminar.zone import placement as pl
+from laminar.policy import placement as pl
 from laminar.zone import wire
 from laminar.zone.component import ZoneComponent, zone_summary_to_msg
 

@@ -21,7 +21,7 @@ import pytest
 from ports import free_port
 from test_zone_handover import SubmittingJobs
 
-from laminar.zone import placement as pl
+from laminar.policy import placement as pl
 from laminar.zone import wire
 from laminar.zone.component import ZoneComponent
 

@@ -23,7 +23,7 @@ from ports import free_port
 from test_zone_handover import SubmittingJobs
 from test_zone_replay import until
 
-from laminar.zone import placement as pl
+from laminar.policy import placement as pl
 from laminar.zone import wire
 from laminar.zone.component import HANDOVER_OK, ZoneComponent, demand_to_probe
 from laminar.zone.keys import generate_node_key

@@ -19,8 +19,4 @@ simulator's import closure reaches a module that does.
 - :mod:`.destination`: where a job moves; :mod:`.holder`: which peer holds a job's copy.
 - :mod:`.ladder`: Airlock's survival ladder; :mod:`.admission`: admission by class capacity.
 - :mod:`.shaper`: the rates of migration traffic at the node's edge.
-
-Stage 1 of issue 32 moved these here; their old paths (``laminar.zone.placement``,
-``laminar.migrate.ckpt_schedule``, ``laminar.airlock.ladder``, ``laminar.net.shaper``, ...) are
-aliases of these modules until a later stage removes them.
 """

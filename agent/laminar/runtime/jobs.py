@@ -80,10 +80,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from ..airlock import admission
 from ..airlock.cgroups import CgroupError, CgroupTree, Hierarchy, detect
 from ..config import Field, register_section
-from ..policy import endcause
+from ..policy import admission, endcause
 from ..policy.endcause import EndCause
 from ..userbounds import UidSlots
 from . import gpus as gpumod

@@ -187,7 +187,7 @@ async def check_paths(cwd: str | None, exe: str | None, path_env: str, uid: int,
 def oom_score_adj_for(spec: JobSpec) -> int:
     """The kernel's fallback order mirrors Airlock's (see airlock.ladder.oom_score_adj)."""
     try:
-        from ..airlock.ladder import oom_score_adj
+        from ..policy.ladder import oom_score_adj
     except ImportError:  # ladder not present: a plain class-based order
         return {"long-resident": 0, "standard": 500, "transient": 1000}[spec.job_class]
     return oom_score_adj(spec.job_class, spec.priority)

@@ -9,9 +9,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..airlock import admission
 from ..airlock.cgroups import CgroupError, JobCgroup
-from ..policy import endcause
+from ..policy import admission, endcause
 from ..policy.endcause import EndCause
 from . import provenance
 from .provenance import NO_ORIGIN, JobOrigin

@@ -13,7 +13,7 @@ tests and ``bench/placement.py``'s netns part measure on real sockets.
 Example::
 
     >>> import asyncio, random
-    >>> from laminar.zone import placement as pl
+    >>> from laminar.policy import placement as pl
     >>> net = SimNet.build(nodes=50, zone_size=25, gpus_per_node=8, rng=random.Random(1))
     >>> res = asyncio.run(net.place(pl.Demand(gpus=1, cpus=4, memory_mb=8000)))
     >>> res.outcome, net.messages <= 2 * 2 + 2
