@@ -276,14 +276,20 @@ def test_a_hung_fuse_mount_under_a_jobs_checkpoint_directory_stops_neither_the_a
         agent_pid = agent.json("status")["agent"]["pid"]
         root_job = agent.json("submit", "--name", "lm-t-root", "--", "sleep", "600")["id"]
         job = run_as(agent, user, "lm-t-hungdir", "import os, sys, time\nsys.path.insert(0, sys.argv[1])\n"
-                     "from laminar import jobkit\njobkit.Checkpointer(install_signal=False).save(b'x', step=3)\n"
-                     "os.mkdir(os.environ['LAMINAR_CKPT_DIR'] + '/ckpt-7')\nprint('ready', flush=True)\n"
-                     "time.sleep(600)\n", lib)
+                     "from laminar import jobkit\nck = jobkit.Checkpointer(install_signal=False)\n"
+                     "ck.save(b'x', step=3)\nd = os.environ['LAMINAR_CKPT_DIR']\n"
+                     "os.mkdir(d + '/ckpt-7')\nprint('ready', flush=True)\n"
+                     "while not os.path.exists(d + '/go'):\n    time.sleep(0.05)\n"
+                     "ck.save(b'y', step=4)\ntime.sleep(600)\n", lib)
         wait_until(lambda: ready(job), 60, "the job to make its checkpoint directory", agent.log)
         target = Path(job["ckpt_dir"]) / "ckpt-7"
         bind(fs.path, target)
         try:
             fs.hang()
+            # a new checkpoint after the mount: the agent's next check of the job's listing
+            # starts from its newest name, ckpt-7 (a check before the mount may already have
+            # refused the empty directory, and the mount alone changes nothing it lists)
+            (Path(job["ckpt_dir"]) / "go").touch()
             with RootLiveness(agent.sock, root_job) as live:
                 # the agent reached the mount (its check of ckpt-7 waits there, in a thread of its own)
                 wait_until(lambda: fuse_waits(agent_pid), 60, "the agent to reach the hung mount", agent.log)
