@@ -263,8 +263,8 @@ class Replicas:
         jobs = getattr(self.host.agent, "jobs", None)
         if jobs is None:
             return []
-        return list(jobs.resume_users(("queued", "starting", "running", "suspended", "failed", "lost"),
-                                      time.time() - REPLICA_REQUEUE_HOLD_S))
+        return list(jobs.table.resume_users(("queued", "starting", "running", "suspended", "failed", "lost"),
+                                            time.time() - REPLICA_REQUEUE_HOLD_S))
 
     def gc(self, key: str, newest: str | None = None, unclaimed: bool = False) -> list[str]:
         """Takes away the checkpoints of ``key`` this node no longer needs (the rule is in the
@@ -804,7 +804,7 @@ class Replicas:
             return {"key": key, "needed": True, "why": f"{key} is not a job of node {self.host.node_id}"}
         jobs = getattr(self.host.agent, "jobs", None)
         job = jobs.get(jid) if jobs is not None else None
-        if job is None and jobs is not None and hasattr(jobs, "pruned") and jobs.pruned(jid):
+        if job is None and jobs is not None and hasattr(getattr(jobs, "table", None), "pruned") and jobs.table.pruned(jid):
             # ended long ago: its record was pruned (jobs.keep_ended_s / keep_ended); "no
             # record" alone would say needed, and the buddy would keep the replica for good and
             # resume a finished job when this node leaves
