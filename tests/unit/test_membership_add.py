@@ -100,7 +100,7 @@ def test_a_reload_that_moves_a_node_and_adds_one_at_its_old_address_applies_both
         await comp.start(None)
         try:
             hp = comp.membership.by_node[2].handover_port
-            comp._roster_changes([Member(3, 1, "127.0.0.1", old2, hp)], [Member(2, 1, "127.0.0.1", new2, hp)])
+            comp.keyring.roster_changes([Member(3, 1, "127.0.0.1", old2, hp)], [Member(2, 1, "127.0.0.1", new2, hp)])
             m = comp.membership
             assert m.by_addr[("127.0.0.1", new2)] == 2 and m.by_addr[("127.0.0.1", old2)] == 3
             assert comp.decoder is not None and comp.decoder.sources is not None

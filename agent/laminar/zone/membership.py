@@ -15,7 +15,8 @@ Liveness is learnt from traffic. Any authenticated datagram from a node marks it
 probe or commit it fails to answer counts a miss. A node with :data:`MAX_MISSES` misses and no
 traffic since is *suspect* and is not probed until it is heard from again (summaries keep
 zone peers heard; the agent asks a few suspects for a heartbeat each summary round,
-``ZoneComponent._ask_suspects``, so one that is back is heard from whatever its zone). Nodes never heard from are probed optimistically: at start
+``laminar.zone.liveness.Liveness.ask_suspects``, so one that is back is heard from whatever
+its zone). Nodes never heard from are probed optimistically: at start
 the whole zone is unknown, and a probe is how one finds out.
 
 Example::
