@@ -95,7 +95,7 @@ class Node:
         self.addr = self.sock.getsockname()
 
     def use(self, keys: ZoneKeys) -> None:
-        """What a reload does (ZoneComponent.reload_keys)."""
+        """What a reload does (Keyring.reload_keys)."""
         self.enc.keys = keys
         self.dec.keys = keys
 

@@ -1,5 +1,5 @@
-"""Hand-overs on the node side (ZoneComponent.on_handover) with a real component on loopback
-sockets and real files: a hand-over that fails gives its GPU back, and a resumed job's
+"""Hand-overs on the node side (laminar.zone.handovers.Handovers.on_handover) with a real
+component on loopback sockets and real files: a hand-over that fails gives its GPU back, and a resumed job's
 checkpoint is verified off the event loop. Jobs come from the stand-in job table of
 test_loan_component (the real JobManager needs root and cgroups)."""
 

@@ -1,5 +1,5 @@
 """A user's placement refused for ``jobs.max_per_user`` takes nothing from anyone first: the node
-side of a hand-over (ZoneComponent.on_handover) with a real component on loopback sockets and
+side of a hand-over (Handovers.on_handover, laminar.zone.handovers) with a real component on loopback sockets and
 real files, jobs from the stand-in job table of test_loan_component (the real JobManager needs
 root and cgroups; its quota check is the stand-in's here, the real one is tested in
 tests/kernel/test_jobs_per_user_limit_and_retention.py).

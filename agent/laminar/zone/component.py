@@ -70,6 +70,7 @@ from laminar.zone.keys import PairKeys, ZoneKeys
 from laminar.zone.liveness import Liveness
 from laminar.zone.loan import LoanManager
 from laminar.zone.membership import WILDCARDS, Membership, bind_host, canonical_ip, host_port
+from laminar.zone.routes import zone_routes
 from laminar.zone.submitter import *  # noqa: F403
 from laminar.zone.submitter import PlacementResult, Submitter
 from laminar.zone.summaries import Summaries
@@ -91,47 +92,6 @@ REBIND_INTERVAL_S = 2.0  # then, listening on ::, how often the zone looks wheth
 # user's): the newest SUBMITTED_KEEP, none older than SUBMITTED_KEEP_S (it was never pruned).
 SUBMITTED_KEEP = 10_000
 SUBMITTED_KEEP_S = 7 * 86400.0
-
-
-def _demand_number(value: Any, what: str, lo: float, hi: float) -> float:
-    """A number of a placement's demand: JSON's, or text float() reads (laminar.inputs bounds it
-    first: ASCII, at most NUMBER_TEXT_MAX characters); PlacementError naming it otherwise."""
-    from laminar.inputs import NUMBER_TEXT_MAX, InputError, brief, read_number
-
-    if isinstance(value, str):
-        if not value.isascii() or len(value) > NUMBER_TEXT_MAX:
-            raise pl.PlacementError(f"{what} {brief(value)}: expected a number {lo:g}..{hi:g}")
-        try:
-            value = float(value)
-        except ValueError:
-            raise pl.PlacementError(f"{what} {brief(value)}: expected a number {lo:g}..{hi:g}") from None
-    try:
-        return read_number(value, what, lo, hi)
-    except InputError as e:
-        raise pl.PlacementError(str(e)) from None
-
-
-def placement_demand(body: dict[str, Any], spec: dict[str, Any], checked: Any) -> pl.Demand:
-    """The Demand of a POST /v1/placements body (its spec `checked` by JobSpec.from_dict, or
-    None). Each field is checked for its type and range before it is converted: JSON's 1e400
-    is inf, and int(inf), ``[].encode()`` or float("²") answered 500. PlacementError naming the
-    field otherwise."""
-    from laminar.inputs import InputError, brief, read_text
-
-    gpus = _demand_number(body.get("gpus", spec.get("gpus", 0)), "demand: gpus", 0, pl.MAX_GPUS_PER_NODE)
-    cpus = _demand_number(body.get("cpus", getattr(checked, "cpus", None) or 1.0), "demand: cpus", 0, 65535)
-    memory = _demand_number(body.get("memory_mb", getattr(checked, "memory_mb", None) or 256), "demand: memory_mb",
-                            0, 2 ** 32 - 1)
-    if memory != int(memory):
-        raise pl.PlacementError(f"demand: memory_mb {brief(body.get('memory_mb'))}: expected a whole number of MiB")
-    names: dict[str, str | None] = {}
-    for key in ("gpu_model", "pool"):
-        v = body.get(key)
-        try:
-            names[key] = None if v is None or v == "" else read_text(v, f"demand: {key}", 32)
-        except InputError as e:
-            raise pl.PlacementError(str(e)) from None
-    return pl.Demand(gpus=gpus, cpus=cpus, memory_mb=int(memory), gpu_model=names["gpu_model"], pool=names["pool"])
 
 
 # --------------------------------------------------------------------------- the agent component
@@ -728,81 +688,4 @@ class ZoneComponent:
                 "authority": dict(self.authority.counts), "warnings": list(self.identity_warnings)}
 
     def routes(self) -> list[Any]:
-        from laminar.api import ApiError, Request, Route
-
-        async def peers(req: Request) -> list[dict[str, Any]]:
-            rows = self.membership.peers(self.clock())
-            for r in rows:
-                st = self.membership.state[r["node"]]
-                r["summary_age_s"] = round(self.clock() - st.summary_at, 2) if st.summary_at >= 0 else None
-            return rows
-
-        async def stats(req: Request) -> dict[str, Any]:
-            return self.stats()
-
-        async def keys(req: Request) -> dict[str, Any]:
-            return {"source": self.keys.source if hasattr(self, "keys") else None, "networked": self.networked,
-                    "keys": self.keyring.key_stats() if self.networked else [], "node_key": self.keyring.node_key_info()}
-
-        async def keys_reload(req: Request) -> dict[str, Any]:
-            from laminar.zone.keys import KeyFileError
-
-            try:
-                return self.keyring.reload_keys()
-            except (KeyFileError, OSError) as e:
-                raise ApiError(400, f"{e} (the keys in use stay)") from None
-            except RuntimeError as e:
-                raise ApiError(409, str(e)) from None
-
-        async def submit(req: Request) -> dict[str, Any]:
-            body = req.body
-            if not isinstance(body, dict) or not isinstance(body.get("spec"), dict):
-                raise ApiError(400, "placement: body must be {\"spec\": {job spec}, \"gpus\": n, \"pool\": ..., "
-                                    "\"gpu_model\": ..., \"packing\": false}")
-            spec = dict(body["spec"])
-            try:
-                from laminar.runtime.grants import GrantError
-                from laminar.runtime.spec import JobError, JobSpec
-
-                checked = JobSpec.from_dict({**spec, "gpus": 0})  # GPUs are chosen by the node that takes it
-            except ImportError:
-                checked = None
-            except JobError as e:
-                if self._jobs is not None and hasattr(self._jobs, "count_refusal"):
-                    self._jobs.count_refusal("placement", e)
-                raise ApiError(400, f"placement: {e}", e.reason or "placement_invalid") from None
-            if checked is not None and self._jobs is not None and hasattr(self._jobs, "check_grant"):
-                # the origin checks the caller's grant (config [grants]); the node that takes the
-                # job keeps the class admitted here
-                try:
-                    self._jobs.check_grant(checked, req.peer.uid, req.peer.gid, req.peer.pid, req.peer.groups)
-                except GrantError as e:
-                    raise ApiError(403, f"placement: {e}") from None
-            if isinstance(spec.get("gpus"), list):
-                raise ApiError(400, "placement: give a GPU count (\"gpus\": 2 or 0.5), not indices: the node that "
-                                    "takes the job chooses its GPUs")
-            try:
-                demand = placement_demand(body, spec, checked)
-            except (pl.PlacementError, TypeError, ValueError) as e:
-                raise ApiError(400, f"placement: {e}", "placement_invalid") from None
-            packing = body.get("packing", False)
-            if not isinstance(packing, bool):
-                raise ApiError(400, f"placement: packing {packing!r} must be true or false")
-            if checked is not None:  # what was checked goes on, not what was sent (it is checked again there)
-                spec = checked.as_dict()
-            spec.pop("gpus", None)
-            res = await self.place(spec, demand, req.peer.uid, req.peer.gid, packing=packing, quota=True)
-            return res.as_dict()
-
-        async def history(req: Request) -> list[dict[str, Any]]:
-            return list(reversed(self.history))
-
-        return [
-            *self.loan.routes(),
-            Route("GET", "/v1/zone/peers", peers),
-            Route("GET", "/v1/zone/stats", stats),
-            Route("GET", "/v1/zone/keys", keys),
-            Route("POST", "/v1/zone/keys/reload", keys_reload, privileged=True),
-            Route("GET", "/v1/placements", history),
-            Route("POST", "/v1/placements", submit, privileged=False),
-        ]
+        return [*self.loan.routes(), *zone_routes(self)]

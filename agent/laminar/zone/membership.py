@@ -191,7 +191,7 @@ class Membership:
 
     def add(self, members: Iterable[Member]) -> list[int]:
         """Adds ``members``, nodes the roster lists now and did not before (a reload:
-        ``ZoneComponent.reload_keys``); their liveness starts unknown, as every node's at start
+        ``Keyring.reload_keys``); their liveness starts unknown, as every node's at start
         (probed optimistically). The indexes are updated in place (``zone_list`` and
         ``pool_list`` hand out the same lists). Raises :class:`MembershipError` (nothing added)
         for a node id listed already or twice, or an address and port another node has. The
