@@ -26,7 +26,8 @@ hot path, unchanged.
 the message dispatch, this node's inventory, placements it submits (:meth:`ZoneComponent.place`),
 its reclaim notice (:meth:`ZoneComponent.reclaim_notice`), and the API routes
 ``GET /v1/zone/peers``, ``GET /v1/zone/stats``, ``GET /v1/zone/keys``,
-``POST /v1/zone/keys/reload`` (privileged) and ``POST /v1/placements``. The rest is in its
+``POST /v1/zone/keys/reload`` (privileged) and ``POST /v1/placements``
+(:mod:`laminar.zone.routes`). The rest is in its
 parts, each built here and given the component (what each uses of it: a ``Protocol`` in its
 module), each holding its own state:
 
@@ -38,6 +39,8 @@ module), each holding its own state:
   capacity summaries, the ones heard, the fits and shared mixes; ``tick``/``speak`` each round;
 - ``liveness`` (:class:`laminar.zone.liveness.Liveness`): heartbeats asked of suspects and
   answered (who is live is :class:`laminar.zone.membership.Membership`'s);
+- ``rebind`` (:class:`laminar.zone.rebind.Rebind`): the address the zone listens on, waited
+  for while tentative and followed once usable (``on_rebind``: the migration layer's listener);
 - ``loan`` (:class:`laminar.zone.loan.LoanManager`): capacity loaning and elastic scaling.
 
 The ``[zone]`` settings are :mod:`laminar.zone.config`'s (registered when this module is
@@ -53,7 +56,7 @@ import json
 import logging
 import random
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from typing import Any
 
 from laminar.policy import placement as pl
@@ -69,7 +72,8 @@ from laminar.zone.keyring import Keyring
 from laminar.zone.keys import PairKeys, ZoneKeys
 from laminar.zone.liveness import Liveness
 from laminar.zone.loan import LoanManager
-from laminar.zone.membership import WILDCARDS, Membership, bind_host, canonical_ip, host_port
+from laminar.zone.membership import WILDCARDS, Membership, canonical_ip, host_port
+from laminar.zone.rebind import Rebind
 from laminar.zone.routes import zone_routes
 from laminar.zone.submitter import *  # noqa: F403
 from laminar.zone.submitter import PlacementResult, Submitter
@@ -77,16 +81,10 @@ from laminar.zone.summaries import Summaries
 from laminar.zone.transport import (
     Router,
     Transport,
-    address_is_local,
     error_text,
-    wait_while_tentative,
 )
 
 log = logging.getLogger("laminar.zone")
-
-ROSTER_WAIT_S = 5.0  # an IPv6 roster address still tentative at start (DAD) is waited for this long
-REBIND_INTERVAL_S = 2.0  # then, listening on ::, how often the zone looks whether it is usable
-
 
 # zone_submitted keeps a record of each placement this node submitted (POST /v1/placements, any
 # user's): the newest SUBMITTED_KEEP, none older than SUBMITTED_KEEP_S (it was never pruned).
@@ -197,15 +195,9 @@ class ZoneComponent:
         self.pairs: PairKeys | None = None  # this node's pair keys (node keys), set by start
         self.endpoint: Any = None
         self.server: Any = None
-        self.listen_host = "0.0.0.0"  # zone.listen as bound (membership.bind_host), set by start
-        # An IPv6 roster address still tentative at start (DAD, at boot) is waited for this long,
-        # then the zone listens on :: and looks every rebind_interval_s until it is usable, listens
-        # on it and calls each of on_rebind with it (the migration layer's transfer listener).
-        self.roster_wait_s = ROSTER_WAIT_S
-        self.rebind_interval_s = REBIND_INTERVAL_S
-        self.on_rebind: list[Callable[[str], Awaitable[None]]] = []
-        self._rebind_to = ""
-        self._rebind_what = "roster address"  # or "zone.listen address": which one is waited for
+        # zone.listen as bound (membership.bind_host), set by start; until the address it should
+        # bind is usable, :: or 0.0.0.0 (Rebind)
+        self.listen_host = "0.0.0.0"
         self.router = Router()
         self._tasks: list[asyncio.Task[Any]] = []
         self.history: list[dict[str, Any]] = []
@@ -225,6 +217,7 @@ class ZoneComponent:
         self.handovers = Handovers(self)
         self.summaries = Summaries(self)
         self.liveness = Liveness(self)
+        self.rebind = Rebind(self)
 
     # -- life cycle -----------------------------------------------------------------------------
 
@@ -269,39 +262,7 @@ class ZoneComponent:
             path = str(s["node_key_file"])
             self.pairs = PairKeys(self.node_id, load_node_key(path), self.membership.pubkeys(), path,
                                   mode=str(s["node_keys"]))
-        listen = str(s["listen"])
-        explicit = listen not in WILDCARDS  # zone.listen names one address, not the roster's by default
-        self.listen_host = bind_host(listen, me.addr)
-        state = "usable"
-        if self.networked and self.listen_host not in WILDCARDS:
-            state = await wait_while_tentative(self.listen_host, self.roster_wait_s)
-        if state != "usable":
-            if explicit and state == "absent":
-                raise RuntimeError(
-                    f"zone: zone.listen {listen} is not an address of this host (no interface holds it, nor is it "
-                    f"tentative): set zone.listen to an address this host holds, or leave it unset (this node's "
-                    f"roster address {me.addr} when the host holds it, else {'::' if ':' in me.addr else '0.0.0.0'})")
-            if explicit and state == "duplicate":
-                raise RuntimeError(
-                    f"zone: zone.listen {listen}: duplicate address detection failed (dadfailed: another host on the "
-                    "link holds it), so it cannot be bound until the address is added again; give this host an "
-                    "address of its own (ip addr del, then add) or set zone.listen to one it holds")
-            anywhere = "::" if ":" in self.listen_host else "0.0.0.0"
-            self._rebind_what = "zone.listen address" if explicit else "roster address"
-            what = f"{self._rebind_what} {self.listen_host}"
-            why = {"tentative": f"is still tentative after {self.roster_wait_s:.0f} s (duplicate address detection "
-                                "runs)",
-                   "duplicate": "is a duplicate (DAD failed: another host on the link holds it)"}.get(
-                       state, "is not on this host")
-            message = (f"this node's {what} {why}: listening on {anywhere} until it is usable (checked "
-                       f"every {self.rebind_interval_s:.0f} s), so meanwhile its traffic leaves from whatever address "
-                       "the kernel picks and peers drop it as wrong_source"
-                       + (" (unless a NAT gives it that address); set zone.listen where it never will be"
-                          if state == "absent" else ""))
-            log.warning("zone: %s", message)
-            self._emit(message, addr=self.listen_host, state=state)
-            self._rebind_to = self.listen_host
-            self.listen_host = anywhere
+        await self.rebind.choose(str(s["listen"]), me.addr)
         self.arbiter = Arbiter(self._inventory(), lease_s=float(s["lease_s"]), hold_s=float(s["hold_s"]),
                                max_tentative=int(s["max_tentative"]), packing=str(s["packing"]),
                                max_held_per_node=int(s["max_held_per_node"]))
@@ -368,8 +329,8 @@ class ZoneComponent:
                 raise RuntimeError(f"zone: cannot listen on {host_port(self.listen_host, int(s['handover_port']))} "
                                    f"(TCP hand-overs, zone.listen and zone.handover_port): {error_text(e)}") from None
             self._tasks.append(asyncio.create_task(self._summary_loop()))
-            if self._rebind_to:
-                self._tasks.append(asyncio.create_task(self._listen_once_usable(self._rebind_to)))
+            if self.rebind.waiting_for:
+                self._tasks.append(asyncio.create_task(self.rebind.follow(self.rebind.waiting_for)))
         self._tasks.append(asyncio.create_task(self._watch_jobs()))
         self._emit(f"zone ready: node {self.node_id} in zone {self.zone}, {len(members)} members, "
                    f"{'networked' if self.networked else 'one-node zone'}"
@@ -392,35 +353,6 @@ class ZoneComponent:
             await self.server.stop()
         if self.endpoint is not None:
             self.endpoint.close()
-
-    async def _listen_once_usable(self, host: str) -> None:
-        """While the zone listens on :: (0.0.0.0: an IPv4 address) because the address it should
-        bind, ``host`` (its roster address, or zone.listen's), was not usable at start, look every
-        ``rebind_interval_s``; once it is, listen on it (datagrams and hand-overs: traffic leaves
-        from it again, and peers stop dropping it as wrong_source) and call each of ``on_rebind``
-        with it."""
-        what = self._rebind_what
-        while True:
-            await asyncio.sleep(self.rebind_interval_s)
-            if not address_is_local(host):
-                continue
-            try:
-                sock = self.endpoint.sock  # None: a rebind found the port taken (tried again here)
-                if sock is None or sock.getsockname()[0] != canonical_ip(host):
-                    self.endpoint.rebind(host)
-                await self.server.relisten(host)
-            except OSError as e:
-                log.warning("zone: cannot listen on the %s %s yet (%s): still on %s", what, host, e, self.listen_host)
-                continue
-            self.listen_host = host
-            self._rebind_to = ""
-            self._emit(f"this node's {what} {host} is usable now: listening on it", addr=host)
-            for fn in list(self.on_rebind):
-                try:
-                    await fn(host)
-                except Exception:
-                    log.exception("zone: a listener on the %s %s failed to follow it", what, host)
-            return
 
     def _emit(self, message: str, **fields: Any) -> None:
         ev = getattr(self.agent, "events", None)
