@@ -203,7 +203,7 @@ class Agent:
         self._status_cache: tuple[float, RawJson] | None = None  # (monotonic, encoded answer) for users
 
     def _on_hup(self) -> None:
-        on_reload = getattr(self.zone, "on_reload_signal", None)
+        on_reload = getattr(getattr(self.zone, "keyring", None), "on_reload_signal", None)
         if on_reload is None or not getattr(self.zone, "networked", False):
             log.info("SIGHUP: nothing to reload here (zone keys are re-read by a networked zone)")
             return

@@ -1,6 +1,6 @@
 """Moving a listening TCP server to another address at the same port: the zone's hand-over
 server and the checkpoint receiver follow the node's roster address once it is usable
-(``ZoneComponent._listen_once_usable``). The old socket must be closed before the new address
+(``laminar.zone.rebind.Rebind.follow``). The old socket must be closed before the new address
 is bound (a specific address cannot be bound beside a wildcard listener on the same port
 without SO_REUSEPORT, which would let any other root socket share the port), so for a moment
 nothing listens, and another socket may take the port then."""

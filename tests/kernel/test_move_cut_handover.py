@@ -653,7 +653,7 @@ def test_a_hand_over_that_comes_while_its_nodes_guard_is_starting_the_job_is_ans
                 assert rig.dst_zone is not None
                 hold.set()  # the hand-over comes now, while node 2's guard is starting the job
                 assert await until(lambda: rig.dst_zone.counts["handovers"] >= 1 and
-                                   (place.done() or bool(rig.dst_zone._inflight)), 10)
+                                   (place.done() or bool(rig.dst_zone.handovers.inflight)), 10)
                 await asyncio.sleep(0.3)  # a refusal, were there one, reaches node 1 meanwhile
                 rig.dst_jobs.gate.set()  # node 2's guard's start ends: the job is stored
                 placed, why = await asyncio.wait_for(place, 30)

@@ -1,7 +1,7 @@
 """An IPv6 roster address still tentative when laminard starts (duplicate address detection runs
 for a second or more after an address is added: a node's boot, when systemd starts the agent).
-The zone waits a little for it (``ZoneComponent.roster_wait_s``), then listens on ``::`` and
-looks every ``rebind_interval_s`` until the address is usable; then the zone's datagrams, its
+The zone waits a little for it (``roster_wait_s`` of laminar.zone.rebind.Rebind), then listens
+on ``::`` and looks every ``interval_s`` until the address is usable; then the zone's datagrams, its
 hand-overs and the checkpoint-transfer listener all move onto it (peers check the source:
 zone.check_source). Before, the agent stayed on ``::`` until restarted, and the kernel picked
 the source of everything it sent (on a host with several addresses, often not the roster's).
@@ -106,7 +106,7 @@ nodes = [{"id": 1, "zone": 1, "addr": sys.argv[1]}, {"id": 2, "zone": 1, "addr":
 async def main():
     comp = ZoneComponent(settings={"node_id": 1, "nodes": nodes, "keys_file": sys.argv[2], "summary_interval_s": 600},
                          gpus=0, loan={"elastic_interval_s": 0})
-    comp.rebind_interval_s = 3600  # only the wait at start can bind it
+    comp.rebind.interval_s = 3600  # only the wait at start can bind it
     await comp.start(None)
     try:
         print(json.dumps([comp.listen_host, comp.endpoint.sock.getsockname()[0],

@@ -95,7 +95,7 @@ class Node:
         self.addr = self.sock.getsockname()
 
     def use(self, keys: ZoneKeys) -> None:
-        """What a reload does (ZoneComponent.reload_keys)."""
+        """What a reload does (Keyring.reload_keys)."""
         self.enc.keys = keys
         self.dec.keys = keys
 
@@ -233,7 +233,7 @@ def test_reload_takes_a_good_file_and_refuses_a_bad_one_whole(tmp_path: Path) ->
         try:
             assert comp.encoder is not None and comp.decoder is not None and comp.tcp_decoder is not None
             keyfile(tmp_path, STEP1)
-            res = comp.reload_keys()
+            res = comp.keyring.reload_keys()
             assert [(k["role"], k["fingerprint"]) for k in res["keys"]] == [("current", fingerprint(OLD)),
                                                                             ("next", fingerprint(NEW))]
             assert comp.decoder.keys is comp.tcp_decoder.keys is comp.encoder.keys is comp.keys
@@ -243,16 +243,16 @@ def test_reload_takes_a_good_file_and_refuses_a_bad_one_whole(tmp_path: Path) ->
             comp.decoder.decode(peer.encode(wire.Heartbeat(1), zone=1, now=time.time(), to=1), time.time())
             keyfile(tmp_path, f"1 {NEW.hex()}\n1 {OLD.hex()} previus\n")
             with pytest.raises(KeyFileError, match=r"zone.keys:2: expected a role"):
-                comp.reload_keys()
+                comp.keyring.reload_keys()
             assert comp.keys.accepted(1) == (("current", OLD), ("next", NEW))  # unchanged
             keyfile(tmp_path, f"2 {NEW.hex()}\n")  # no key for this node's zone
             with pytest.raises(KeyFileError, match="no key for zone 1"):
-                comp.reload_keys()
+                comp.keyring.reload_keys()
             os.chmod(keys, 0o644)
             with pytest.raises(KeyFileError, match="mode 0644"):
-                comp.reload_keys()
+                comp.keyring.reload_keys()
             assert comp.keys.get(1) == OLD
-            rows = {r["role"]: r["verified"] for r in comp.key_stats()}
+            rows = {r["role"]: r["verified"] for r in comp.keyring.key_stats()}
             assert rows == {"current": 0, "next": 1}
         finally:
             await comp.stop()

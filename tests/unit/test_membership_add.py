@@ -1,4 +1,4 @@
-"""Nodes added to a running roster (a reload: ZoneComponent.reload_keys): every index a reader
+"""Nodes added to a running roster (a reload: Keyring.reload_keys): every index a reader
 holds is updated in place, the new nodes start unknown (probed optimistically, as at start),
 and a node id or address already listed is refused with nothing added."""
 
@@ -81,7 +81,7 @@ def test_a_readdress_that_is_not_only_an_address_or_takes_another_nodes_is_refus
 
 
 def test_a_reload_that_moves_a_node_and_adds_one_at_its_old_address_applies_both(tmp_path: Path) -> None:
-    """A real ZoneComponent on loopback takes a reload's roster changes (``_roster_changes``): node
+    """A real ZoneComponent on loopback takes a reload's roster changes (``Keyring.roster_changes``): node
     2 moved to another port and node 3 added at node 2's old address. The move is applied
     first: added first, node 3 would clash with node 2 still there and the reload would fail
     half applied (its keys already switched)."""
@@ -100,7 +100,7 @@ def test_a_reload_that_moves_a_node_and_adds_one_at_its_old_address_applies_both
         await comp.start(None)
         try:
             hp = comp.membership.by_node[2].handover_port
-            comp._roster_changes([Member(3, 1, "127.0.0.1", old2, hp)], [Member(2, 1, "127.0.0.1", new2, hp)])
+            comp.keyring.roster_changes([Member(3, 1, "127.0.0.1", old2, hp)], [Member(2, 1, "127.0.0.1", new2, hp)])
             m = comp.membership
             assert m.by_addr[("127.0.0.1", new2)] == 2 and m.by_addr[("127.0.0.1", old2)] == 3
             assert comp.decoder is not None and comp.decoder.sources is not None

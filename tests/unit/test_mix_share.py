@@ -245,19 +245,19 @@ def test_zone_component_merges_fresh_shared_mixes_and_sends_its_zones(tmp_path):
     zone2 = zone_summary_to_msg(pl.summarize_zone(2, [inventory(3, 2)], t), (1500.0, ((WHOLE, 1.0),)))
     assert zone2.mix and zone2.mix_weight == 150000
     comp._on_message(msg(3, zone2), ("127.0.0.1", 3))
-    assert set(comp.peer_mixes) == {2} and set(comp.zone_mixes) == {2}
-    comp.refresh_peer_mixes(t)
+    assert set(comp.summaries.peer_mixes) == {2} and set(comp.summaries.zone_mixes) == {2}
+    comp.summaries.refresh_peer_mixes(t)
     assert dict(comp.arbiter.shape_mix()) == pytest.approx({WHOLE: 0.75, SMALL: 0.25}, abs=1e-3)
-    own = comp.own_zone_mix(t)  # this node learned nothing: the zone's mix is its peer's
+    own = comp.summaries.own_zone_mix(t)  # this node learned nothing: the zone's mix is its peer's
     assert own is not None and own[0] == pytest.approx(500.0) and own[1][0][0] == SMALL
-    sent = zone_summary_to_msg(comp.own_zone_summary(t), own)
+    sent = zone_summary_to_msg(comp.summaries.own_zone_summary(t), own)
     assert sent.mix and len(wire.encode_body(sent)) + wire.HEADER_SIZE + wire.MAC_SIZE <= wire.MAX_DATAGRAM
     # stale ones are forgotten: after peer_timeout_s the peer's, after 3 x that the zone's
-    comp.refresh_peer_mixes(t + 11)
-    assert comp.peer_mixes == {} and set(comp.zone_mixes) == {2}
+    comp.summaries.refresh_peer_mixes(t + 11)
+    assert comp.summaries.peer_mixes == {} and set(comp.summaries.zone_mixes) == {2}
     assert dict(comp.arbiter.shape_mix()) == pytest.approx({WHOLE: 1.0})
-    comp.refresh_peer_mixes(t + 31)
-    assert comp.zone_mixes == {}
+    comp.summaries.refresh_peer_mixes(t + 31)
+    assert comp.summaries.zone_mixes == {}
 
 
 def test_a_zone_summary_too_large_for_a_datagram_leaves_the_mix_out_first():

@@ -64,7 +64,7 @@ def test_one_node_zone_needs_no_key_and_arbitrates_locally():
     assert comp.handle_request(1, wire.Probe(6, 200, 1000, 100, 2000)) == wire.Refuse(6, pl.RefuseReason.NO_GPU)
     comp.handle_request(1, wire.Release(5))
     assert isinstance(comp.handle_request(1, wire.Probe(6, 200, 1000, 100, 2000)), wire.Offer)
-    fits = comp.zone_fits(pl.Demand(gpus=1))
+    fits = comp.summaries.zone_fits(pl.Demand(gpus=1))
     assert set(fits) == {0}
 
 

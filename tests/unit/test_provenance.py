@@ -238,7 +238,7 @@ def handed(tmp_path: Path, req: dict[str, Any], gpus: float = 1.0) -> tuple[wire
             assert isinstance(comp.handle_request(2, demand_to_probe(pl.Demand(gpus=gpus), pid, 30.0)), wire.Offer)
             # a peer's job runs as its owner (nobody, an account of this host: laminar.zone.authority)
             whole = {"owner_uid": 65534, "owner_gid": 65534, **req}
-            return await comp.on_handover(2, wire.Handover(pid, json.dumps(whole).encode())), pid
+            return await comp.handovers.on_handover(2, wire.Handover(pid, json.dumps(whole).encode())), pid
         finally:
             await comp.stop()
 
@@ -288,8 +288,8 @@ def test_a_forged_placement_env_does_not_answer_a_late_handover(tmp_path: Path) 
     jobs.jobs["job-3"] = StandInJob("job-3", JobSpec(["true"]).validate(), [], origin=JobOrigin(placement_id=0x7778))
     comp = make_comp(tmp_path, jobs=jobs)
     comp._jobs = jobs
-    assert comp.job_for_placement(0x7777) is None
-    assert comp.job_for_placement(0x7778) == "job-3"
+    assert comp.handovers.job_for_placement(0x7777) is None
+    assert comp.handovers.job_for_placement(0x7778) == "job-3"
 
 
 def test_a_stand_in_without_origin_is_no_origin() -> None:

@@ -226,7 +226,7 @@ def test_the_transfer_receiver_whose_port_is_taken_mid_move_says_so_and_listens_
 def test_transfers_follow_the_zone_onto_its_address_once_the_port_taken_mid_move_is_free_again(
         tmp_path: Path) -> None:
     """The zone moved onto its roster address; the checkpoint receiver's move there finds its port
-    taken in the moment between: it is tried again every ``rebind_interval_s`` until it binds
+    taken in the moment between: it is tried again every ``rebind.interval_s`` until it binds
     (before, the receiver stayed closed for good: no checkpoint could reach this node)."""
     async def run() -> None:
         rcv = Receiver(tmp_path, KEY)
@@ -234,7 +234,8 @@ def test_transfers_follow_the_zone_onto_its_address_once_the_port_taken_mid_move
         squatter = squat_after(rcv, "_close", socket.SOCK_STREAM, port)
         c = ReclaimComponent()
         c.receiver = rcv
-        c.agent = SimpleNamespace(zone=SimpleNamespace(networked=True, listen_host="127.0.0.1", rebind_interval_s=0.05))
+        c.agent = SimpleNamespace(zone=SimpleNamespace(networked=True, listen_host="127.0.0.1",
+                                                       rebind=SimpleNamespace(interval_s=0.05)))
         try:
             await c._follow_zone_listen("127.0.0.1")
             assert rcv.server is None and c._tasks  # not listening; tried again

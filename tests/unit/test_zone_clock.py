@@ -65,10 +65,10 @@ def test_a_peer_summary_ages_in_real_time_across_a_wall_clock_step(tmp_path: Pat
                            wire.Summary((100, 100, 100, 100), 8000, 8000, False))
         comp._on_message(msg, ("127.0.0.1", 1))
         comp.membership.seen(2, wall(), comp.clock())  # what the endpoint records for a datagram
-        assert comp.own_zone_summary(comp.clock()).nodes == 2  # the peer counts
+        assert comp.summaries.own_zone_summary(comp.clock()).nodes == 2  # the peer counts
         wall.step = -3600.0
         await asyncio.sleep(0.7)  # longer than peer_timeout_s: the peer's summary is stale now
-        assert comp.own_zone_summary(comp.clock()).nodes == 1
+        assert comp.summaries.own_zone_summary(comp.clock()).nodes == 1
         (row,) = [r for r in comp.membership.peers(comp.clock()) if r["node"] == 2]
         assert row["last_seen_s"] >= 0.7  # heard 0.7 s ago, not an hour in the future
 

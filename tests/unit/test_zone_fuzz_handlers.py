@@ -76,13 +76,13 @@ def test_any_decoded_body_is_handled_and_the_node_keeps_working(comp: ZoneCompon
         return
     comp._on_message(msg, ("127.0.0.1", 9))  # raises nothing (the endpoint would log a bug)
     now = comp.clock()
-    comp._summaries_changed()
-    comp.refresh_peer_mixes(now)
-    own = comp.own_zone_summary(now)
-    zone_summary_to_msg(own, comp.own_zone_mix(now))
+    comp.summaries.changed()
+    comp.summaries.refresh_peer_mixes(now)
+    own = comp.summaries.own_zone_summary(now)
+    zone_summary_to_msg(own, comp.summaries.own_zone_mix(now))
     for d in (pl.Demand(gpus=1), pl.Demand(gpus=0.5), pl.Demand(gpus=8), pl.Demand(cpus=2.0)):
-        comp.zone_fits(d)
-        comp.zone_summary(2)
+        comp.summaries.zone_fits(d)
+        comp.summaries.zone_summary(2)
     comp.arbiter.summary(now)
     comp.stats()
 

@@ -1,5 +1,5 @@
-"""Hand-overs on the node side (ZoneComponent.on_handover) with a real component on loopback
-sockets and real files: a hand-over that fails gives its GPU back, and a resumed job's
+"""Hand-overs on the node side (laminar.zone.handovers.Handovers.on_handover) with a real
+component on loopback sockets and real files: a hand-over that fails gives its GPU back, and a resumed job's
 checkpoint is verified off the event loop. Jobs come from the stand-in job table of
 test_loan_component (the real JobManager needs root and cgroups)."""
 
@@ -68,7 +68,7 @@ def test_a_hand_over_that_fails_before_its_job_starts_gives_the_gpu_back(tmp_pat
         pid = 0x5151
         offer = comp.handle_request(2, demand_to_probe(pl.Demand(gpus=1), pid, 5.0))
         assert isinstance(offer, wire.Offer) and [i for i, _ in offer.gpu_alloc] == [1]
-        ack = await comp.on_handover(2, wire.Handover(pid, json.dumps({"spec": {"command": ["sleep", "1"]}, **NOBODY_IDS}).encode()))
+        ack = await comp.handovers.on_handover(2, wire.Handover(pid, json.dumps({"spec": {"command": ["sleep", "1"]}, **NOBODY_IDS}).encode()))
         assert ack.status != HANDOVER_OK
         assert pid not in comp.arbiter.placed  # nothing runs for it here
         assert comp.arbiter.view(comp.clock()).gpu_free == (0.0, 1.0)  # GPU 1 is free again
@@ -111,7 +111,7 @@ def test_a_resumed_job_s_checkpoint_is_verified_off_the_event_loop(tmp_path: Pat
         offer = comp.handle_request(2, demand_to_probe(pl.Demand(gpus=1), pid, 5.0))
         assert isinstance(offer, wire.Offer)
         spec = {"command": ["sleep", "1"], "resume_from": str(ckpt)}
-        ack = await comp.on_handover(2, wire.Handover(pid, json.dumps({"spec": spec, "owner_uid": 0,
+        ack = await comp.handovers.on_handover(2, wire.Handover(pid, json.dumps({"spec": spec, "owner_uid": 0,
                                                                        "owner_gid": 0}).encode()))
         assert ack.status == HANDOVER_OK, ack.text
         assert jobs.jobs[ack.text].spec.resume_from == str(ckpt)
@@ -137,7 +137,7 @@ def test_a_hand_over_onto_the_grant_of_an_elastic_job_frozen_since_the_offer_goe
         offer = comp.handle_request(2, demand_to_probe(pl.Demand(gpus=1), pid, 5.0))
         assert isinstance(offer, wire.Offer) and [i for i, _ in offer.gpu_alloc] == [1]
         jobs.jobs["e"].state = "suspended"
-        ack = await comp.on_handover(2, wire.Handover(pid, json.dumps({"spec": {"command": ["sleep", "1"]}, **NOBODY_IDS}).encode()))
+        ack = await comp.handovers.on_handover(2, wire.Handover(pid, json.dumps({"spec": {"command": ["sleep", "1"]}, **NOBODY_IDS}).encode()))
         assert ack.status == HANDOVER_NO_RESERVATION and "frozen elastic job" in ack.text, ack
         assert set(jobs.jobs) == {"e"} and pid not in comp.arbiter.placed
         assert comp.loan.grants == {"e": [1]}
@@ -176,7 +176,7 @@ def test_a_job_that_started_is_answered_ok_even_when_its_record_cannot_be_writte
             blocker.execute("BEGIN IMMEDIATE")  # the write lock, held
             try:
                 body = wire.Handover(pid, json.dumps({"spec": {"command": ["sleep", "1"]}, **NOBODY_IDS}).encode())
-                ack = await comp.on_handover(2, body)
+                ack = await comp.handovers.on_handover(2, body)
             finally:
                 blocker.execute("ROLLBACK")
             assert list(jobs.jobs) == ["j1"]  # the job started
@@ -210,7 +210,7 @@ def test_a_hand_over_or_commit_after_the_node_announced_its_reclaim_goes_elsewhe
             offer = comp.handle_request(2, demand_to_probe(pl.Demand(gpus=1), p, 5.0))
             assert isinstance(offer, wire.Offer)
         comp.reclaim_notice(60.0, "owner takes it back")
-        ack = await comp.on_handover(2, wire.Handover(pid, spec))
+        ack = await comp.handovers.on_handover(2, wire.Handover(pid, spec))
         assert ack.status == HANDOVER_NO_RESERVATION, ack
         assert pid not in comp.arbiter.placed and not jobs.jobs  # no job started here
         cack = comp.handle_request(2, wire.Commit(pid2, 30_000))

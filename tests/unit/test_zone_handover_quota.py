@@ -1,5 +1,5 @@
 """A user's placement refused for ``jobs.max_per_user`` takes nothing from anyone first: the node
-side of a hand-over (ZoneComponent.on_handover) with a real component on loopback sockets and
+side of a hand-over (Handovers.on_handover, laminar.zone.handovers) with a real component on loopback sockets and
 real files, jobs from the stand-in job table of test_loan_component (the real JobManager needs
 root and cgroups; its quota check is the stand-in's here, the real one is tested in
 tests/kernel/test_jobs_per_user_limit_and_retention.py).
@@ -63,7 +63,7 @@ def test_a_placement_of_a_user_at_the_limit_sheds_no_elastic_grant(tmp_path: Pat
         offer = comp.handle_request(2, demand_to_probe(pl.Demand(gpus=1), pid, 5.0))
         assert isinstance(offer, wire.Offer) and [i for i, _ in offer.gpu_alloc] == [1]
         req = {"spec": {"command": ["sleep", "1"]}, "owner_uid": AT_LIMIT, "owner_gid": AT_LIMIT, "quota": True}
-        ack = await comp.on_handover(2, wire.Handover(pid, json.dumps(req).encode()))
+        ack = await comp.handovers.on_handover(2, wire.Handover(pid, json.dumps(req).encode()))
         assert ack.status != HANDOVER_OK and "too many jobs" in ack.text, ack
         assert pid not in comp.arbiter.placed
         assert comp.arbiter.view(comp.clock()).gpu_free == (0.0, 1.0)  # GPU 1 free again
@@ -75,7 +75,7 @@ def test_a_placement_of_a_user_at_the_limit_sheds_no_elastic_grant(tmp_path: Pat
         offer = comp.handle_request(2, demand_to_probe(pl.Demand(gpus=1), pid2, 5.0))
         assert isinstance(offer, wire.Offer)
         req["owner_uid"] = req["owner_gid"] = 4343
-        ack = await comp.on_handover(2, wire.Handover(pid2, json.dumps(req).encode()))
+        ack = await comp.handovers.on_handover(2, wire.Handover(pid2, json.dumps(req).encode()))
         assert ack.status == HANDOVER_OK, ack
         assert comp.loan.grants == {} and comp.loan.counts["sheds"] == 1
 

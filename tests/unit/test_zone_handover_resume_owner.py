@@ -51,7 +51,7 @@ def test_a_handed_over_resume_from_is_checked_with_the_owners_uid_and_gid(tmp_pa
             offer = comp.handle_request(2, demand_to_probe(pl.Demand(gpus=1), pid, 5.0))
             assert isinstance(offer, wire.Offer), offer
             body: dict[str, Any] = {"spec": {"command": ["sleep", "1"], "resume_from": f"/ckpt/{pid}"}, **req}
-            ack = await comp.on_handover(2, wire.Handover(pid, json.dumps(body).encode()))
+            ack = await comp.handovers.on_handover(2, wire.Handover(pid, json.dumps(body).encode()))
             if "owner_gid" in req:
                 assert ack.status == HANDOVER_OK, ack
             else:

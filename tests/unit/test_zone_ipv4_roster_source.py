@@ -3,7 +3,7 @@ several addresses on its uplink: a secondary IP, a service address, keepalived's
 zone.listen unset the agent binds the roster address when this host holds it, as on an IPv6
 roster, so its datagrams and hand-overs leave from it and peers checking the source
 (zone.check_source) hear them; where the host does not hold it (NAT) it listens on 0.0.0.0
-and looks again every ``rebind_interval_s``.
+and looks again every ``rebind.interval_s``.
 
 Loopback holds all of 127.0.0.0/8 and the kernel sends from 127.0.0.1 to 127.0.0.1: node 1
 listed as 127.0.0.2 is a node listed by its secondary address. The same on a real veth with a
@@ -76,7 +76,7 @@ def test_an_ipv4_roster_address_not_on_this_host_listens_on_any_address(tmp_path
             assert comp.endpoint.sock.getsockname()[:2] == ("0.0.0.0", u)
             assert comp.server.server is not None
             assert [s.getsockname()[:2] for s in comp.server.server.sockets] == [("0.0.0.0", t)]
-            assert comp._rebind_to == "192.0.2.77"  # the look for it runs
+            assert comp.rebind.waiting_for == "192.0.2.77"  # the look for it runs
         finally:
             await comp.stop()
 

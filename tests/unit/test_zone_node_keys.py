@@ -297,7 +297,7 @@ def test_a_member_signing_as_another_is_believed_only_without_node_keys(tmp_path
         await _delivered(n1, before)
         kept = n1.membership.state[2].last_summary
         assert kept is not None and kept.memory_mb == 77_777 and n1.decoder.drops["bad_mac"] == 2
-        assert n1.node_key_info() == {"file": str(tmp_path / "node1.key"), "pubkey": n1.pairs.public.hex(),  # type: ignore[union-attr]
+        assert n1.keyring.node_key_info() == {"file": str(tmp_path / "node1.key"), "pubkey": n1.pairs.public.hex(),  # type: ignore[union-attr]
                                       "mode": "require", "pair_peers": [2, 3]}
 
     asyncio.run(with_nodes(tmp_path, HOSTS, body, node_keys=HOSTS if node_keys else (), check_source=False))
@@ -369,7 +369,7 @@ def test_real_components_in_accept_mode_take_a_zone_key_mac_from_a_peer_with_a_p
 
     async def body(comps: dict[int, ZoneComponent]) -> None:
         n1, n2 = comps[1], comps[2]
-        assert n1.node_key_info()["mode"] == "accept"  # type: ignore[index]
+        assert n1.keyring.node_key_info()["mode"] == "accept"  # type: ignore[index]
         dst1 = (n1.membership.by_node[1].addr, n1.membership.by_node[1].port)
         before = n1.endpoint.received
         n2.endpoint.sock.sendto(forged(n2, 2, 1, SUMMARY), dst1)

@@ -52,7 +52,7 @@ def test_a_node_speaks_for_its_own_zone_only(tmp_path: Path) -> None:
         fake = pl.ZoneSummary(9, 50, (40,) * len(pl.SHAPES), 400.0, 1 << 20, (), comps[1].clock())
         send_as(comps, 1, 2, [zone_summary_to_msg(fake)])  # node 1 (zone 1) speaks for zone 9
         assert await until(lambda: comps[2].counts["zone_summaries_received"] >= n0 + 1, 5)
-        assert 9 not in comps[2].zone_summaries
-        assert 9 not in comps[2].zone_fits(pl.Demand(gpus=1))
+        assert 9 not in comps[2].summaries.zone_summaries
+        assert 9 not in comps[2].summaries.zone_fits(pl.Demand(gpus=1))
 
     asyncio.run(with_zone(tmp_path, {1: "a", 2: "a"}, body))

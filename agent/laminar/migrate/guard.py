@@ -614,7 +614,7 @@ class Guard:
         job ``key`` a hand-over's request names (its origin's ``migrated_from``); None when it
         names none or no such job runs or starts here. Waits while such a start is under
         way (until the job manager stored the job or refused it). The zone asks this before it
-        binds a hand-over of that job (:meth:`laminar.zone.component.ZoneComponent.on_handover`),
+        binds a hand-over of that job (:meth:`laminar.zone.handovers.Handovers.on_handover`),
         and answers the hand-over with the job: never a second copy here, nor one elsewhere (a
         refused hand-over is placed on another node). Does not suspend when none is starting."""
         if not key or getattr(self.host.agent, "jobs", None) is None:
@@ -656,22 +656,23 @@ class Guard:
             pid = json.loads(request).get("placement") if isinstance(request, str) else None
         except (ValueError, AttributeError):
             return ""
-        zone: Any = getattr(self.host.agent, "zone", None)
-        if pid is None or not hasattr(zone, "placement_pending"):
+        handovers: Any = getattr(getattr(self.host.agent, "zone", None), "handovers", None)
+        if pid is None or not hasattr(handovers, "placement_pending"):
             return ""
-        return f"placement {int(pid):016x} is being handed over to this node" if zone.placement_pending(int(pid)) else ""
+        return (f"placement {int(pid):016x} is being handed over to this node" if handovers.placement_pending(int(pid))
+                else "")
 
     def fence_placement(self, req: dict[str, Any], key: str = "") -> int | None:
         """A take-over here of a job that a placement (``req["placement"]``) was to hand over to
         this node: that placement's reservation is dropped, so its hand-over, should it still
         come, binds nothing here; the placement id returned is stored with the job this take-over
         starts (its origin), so that hand-over is answered with that job (the zone's
-        ``job_for_placement``) and its placer takes the job as placed here. Never two copies here."""
+        ``handovers.job_for_placement``) and its placer takes the job as placed here. Never two copies here."""
         pid = req.get("placement")
-        zone: Any = getattr(self.host.agent, "zone", None)
-        if pid is None or not hasattr(zone, "forgo_placement"):
+        handovers: Any = getattr(getattr(self.host.agent, "zone", None), "handovers", None)
+        if pid is None or not hasattr(handovers, "forgo_placement"):
             return None
-        zone.forgo_placement(int(pid))
+        handovers.forgo_placement(int(pid))
         if key:  # a hand-over of it, should it still come, is answered with this guard's custody (_custody)
             self._fenced[key] = int(pid)
             # kept in the guard's request too: a restart of this agent before that hand-over

@@ -786,10 +786,11 @@ class ReclaimComponent(ArchiveMixin):
 
             raise RuntimeError(f"migrate: cannot listen on {host_port(str(host), int(self.s['port']))} for checkpoint transfers: "
                                f"{e.strerror or e}; set migrate.port to a free port") from None
-        if zone is not None and networked and not self.s["listen"] and hasattr(zone, "on_rebind"):
+        rebind: Any = getattr(zone, "rebind", None)
+        if zone is not None and networked and not self.s["listen"] and hasattr(rebind, "on_rebind"):
             # the zone listens on :: while its roster address is not usable (tentative at boot),
             # then on the address: so do transfers, and they connect from it again
-            zone.on_rebind.append(self._follow_zone_listen)
+            rebind.on_rebind.append(self._follow_zone_listen)
             if zone.listen_host != host:
                 await self._follow_zone_listen(zone.listen_host)
         # Nothing is being sent yet: every snapshot under outgoing/ is a crashed send's, and what
@@ -844,7 +845,7 @@ class ReclaimComponent(ArchiveMixin):
         """The zone listens on its roster address ``host`` now: transfers listen on it and
         leave from it (zone.check_source at the peers). When the port cannot be bound there
         (taken in the moment the old socket was closed), it is tried again every
-        ``rebind_interval_s`` until it is, as long as the zone stays on ``host``: meanwhile the
+        ``interval_s`` of the zone's ``rebind`` until it is, as long as the zone stays on ``host``: meanwhile the
         old address listens, or, when it could not be bound again either, nothing does."""
         if self.receiver is None or self.receiver.port is None:
             return
@@ -861,7 +862,7 @@ class ReclaimComponent(ArchiveMixin):
         log.info("migrate: listening for checkpoint transfers on %s (the zone's roster address) now", host)
 
     async def _relisten_xfer_until(self, host: str) -> None:
-        every = float(getattr(self.zone, "rebind_interval_s", 0) or 2.0)
+        every = float(getattr(getattr(self.zone, "rebind", None), "interval_s", 0) or 2.0)
         while True:
             await asyncio.sleep(every)
             z = self.zone

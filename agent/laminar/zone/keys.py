@@ -30,7 +30,7 @@ The operator's procedure, node by node at each step (``docs/operations.md``, "Ro
 key"): add the new key as ``next`` everywhere, then make it ``current`` (the old one
 ``previous``) everywhere, then remove the old one. A zone named on its own lines takes none of
 the ``*`` keys. An agent re-reads the file on SIGHUP or ``laminarctl zone keys reload``
-(:meth:`laminar.zone.component.ZoneComponent.reload_keys`); a bad file is refused whole and the
+(:meth:`laminar.zone.keyring.Keyring.reload_keys`); a bad file is refused whole and the
 keys in use stay. Agents from before roles refuse a file with a third field: upgrade first.
 
 The one-node default needs no file: :func:`ephemeral_keys` makes a random in-memory key.

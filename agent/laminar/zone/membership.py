@@ -15,7 +15,8 @@ Liveness is learnt from traffic. Any authenticated datagram from a node marks it
 probe or commit it fails to answer counts a miss. A node with :data:`MAX_MISSES` misses and no
 traffic since is *suspect* and is not probed until it is heard from again (summaries keep
 zone peers heard; the agent asks a few suspects for a heartbeat each summary round,
-``ZoneComponent._ask_suspects``, so one that is back is heard from whatever its zone). Nodes never heard from are probed optimistically: at start
+``laminar.zone.liveness.Liveness.ask_suspects``, so one that is back is heard from whatever
+its zone). Nodes never heard from are probed optimistically: at start
 the whole zone is unknown, and a probe is how one finds out.
 
 Example::
@@ -190,7 +191,7 @@ class Membership:
 
     def add(self, members: Iterable[Member]) -> list[int]:
         """Adds ``members``, nodes the roster lists now and did not before (a reload:
-        ``ZoneComponent.reload_keys``); their liveness starts unknown, as every node's at start
+        ``Keyring.reload_keys``); their liveness starts unknown, as every node's at start
         (probed optimistically). The indexes are updated in place (``zone_list`` and
         ``pool_list`` hand out the same lists). Raises :class:`MembershipError` (nothing added)
         for a node id listed already or twice, or an address and port another node has. The

@@ -245,7 +245,7 @@ class Receiver:
 
     async def relisten(self, host: str) -> None:
         """Listen on ``host`` at the same port instead (the zone's roster address once usable:
-        ZoneComponent.on_rebind); transfers being received go on. When ``host`` cannot be bound
+        the zone's ``rebind.on_rebind``); transfers being received go on. When ``host`` cannot be bound
         the old address is listened on again and the OSError raised; when neither can be,
         nothing listens until the next call (:func:`laminar.listen.relisten`)."""
         await listen.relisten(self.server, self.port, host, self._bind, self._close)
