@@ -1,5 +1,5 @@
 """The archive, the guard of last resort (``migrate.archive_dir``; a part of
-:class:`laminar.migrate.reclaim.ReclaimComponent`, which inherits :class:`ArchiveMixin`; in long
+:class:`laminar.migrate.reclaim.ReclaimComponent`: :class:`Archive`, its ``archive``; in long
 form: docs/migration.md, *The archive, the guard of last resort* and *What the archive keeps, and
 what goes*): stopped jobs' checkpoints no live peer can keep, running jobs' periodic checkpoints,
 claims, the sweep, and the one thread that touches the archive (:class:`ArchiveLane`).
@@ -20,7 +20,7 @@ node never ran the job is taken over (by the job's guard, or by any agent with r
 in the archive). So is the running record of a node that ran the job and is dead
 (``orphan_after_s`` or its reclaim window, as for any take-over) before anything newer of the
 job reached the archive (its new key holds no record): the checkpoint the job resumed from is
-then its newest safe state (:meth:`ArchiveMixin._dead_runs`).
+then its newest safe state (:meth:`Archive.dead_runs`).
 
 **Who may write the archive** (:mod:`laminar.migrate.archive_auth`, :mod:`laminar.migrate.archive_fs`,
 :mod:`laminar.migrate.archive_view`). Shared storage is not trusted. Every record is signed
@@ -40,7 +40,7 @@ else the archive is not used (``archive.error``). A claimed checkpoint is copied
 node's state directory and checked against the manifest its record signed as it is copied:
 the job, root's included, resumes from that copy, never from the shared storage.
 
-**What the archive keeps, and what goes** (:meth:`ArchiveMixin.archive_gc`, every
+**What the archive keeps, and what goes** (:meth:`Archive.sweep`, every
 ``archive_gc_s``, 10 s, by each agent). A claim that started its job leaves ``<archive>/<key>/`` behind
 with ``running-<node>.json`` (the record, now naming where the job was resumed: its node and job
 id) and the checkpoint it resumed from. That directory is removed once the job no longer needs
@@ -65,7 +65,7 @@ nothing outside ``archive_dir`` is touched. The counts are in the component's st
 **Periodic checkpoints in the archive.** While departures without notice are plausible (the
 learned unannounced share is at least ``prestage_unannounced``, the rule that prestages), each
 running job's newest committed checkpoint (before it wrote one: the verified checkpoint it was
-restarted from, when the agent gave it: :meth:`ArchiveMixin._given_resume_from`) is copied to ``<archive>/<key>/ckpt-N/`` the same way (temporary name, verified
+restarted from, when the agent gave it: :meth:`Archive.given_resume_from`) is copied to ``<archive>/<key>/ckpt-N/`` the same way (temporary name, verified
 against its manifest, fsync'd, renamed) and the job's *live record* ``live.json`` (its node, its
 buddy, its request) is pointed at it; older archived checkpoints of the job are then removed
 (the newest complete one is kept), and when the job ends here (exited, stopped, failed, or moved
@@ -79,7 +79,7 @@ node that finds its job's live record claimed does not publish another. A node w
 counts as dead while its agent may still be copying the job's final checkpoint (late, the
 archive hung): while it is heard from and its newer copy's temporary is in the key's directory,
 the live record waits, unclaimed, at most as long as the progress that copy holds
-(:meth:`ArchiveMixin._await_newer_copy`).
+(:meth:`Archive._await_newer_copy`).
 
 **When the archive hangs.** ``archive_dir`` is shared storage, and its server can stop
 answering (an NFS or FUSE server gone: every stat, listing and open on the mount then waits,
@@ -93,12 +93,12 @@ progress (no byte read, no CPU time) for ``ARCHIVE_STALL_SWEEPS`` x ``archive_gc
 default), the status says so (``migrate.archive.stalled_s``, ``busy``: what waits) and a log
 line and an event (``archive-stalled``) say it once; ``archive-answers`` when it answers again.
 A reclaim waits for the archive only until ``ARCHIVE_WAIT_MARGIN_S`` before its window ends
-(:meth:`ArchiveMixin._archive_until`): its move then fails as with no archive (the job's buddy
+(:meth:`Archive.publish_until`): its move then fails as with no archive (the job's buddy
 still guards it) and the copy it waited for is given up (:class:`ArchiveWait`): when the storage
 answers, it publishes nothing; a reclaimed guard's copy of a job it passes on is the exception,
 published late (it is the job's only way back, and every taker claims it through the archive).
 So is the copy of a job with no holder and no buddy, and it survives an agent stop or crash
-(``migrate_late_copies``; :meth:`ArchiveMixin._restore_late_copies`): its "about to publish" is
+(``migrate_late_copies``; :meth:`Archive.restore_late_copies`): its "about to publish" is
 committed before its record's rename, so a restart publishes it at most once.
 """
 
@@ -121,7 +121,7 @@ import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from laminar import jobkit
 from laminar.airlock.cgroups import set_frozen_async
@@ -298,7 +298,7 @@ class ArchiveGivenUp(Exception):
 
 class ArchiveWait:
     """One publish in the archive that the loop waits for only until a deadline
-    (:meth:`ArchiveMixin._archive_until`), shared with the lane's work on it. The loop gives it
+    (:meth:`Archive.publish_until`), shared with the lane's work on it. The loop gives it
     up when the deadline passes (:meth:`give_up`); the lane asks before each step that publishes
     (the copy's rename into place: :attr:`given_up`; the record's: :meth:`publish`). Whichever
     comes first wins, under a lock: a publish given up is never made (a hung archive that
@@ -367,99 +367,111 @@ def _newer_copy(dirfd: int, names: list[str], src: int, rec: dict[str, Any],
     return best
 
 
-class ArchiveMixin:
-    """The archive: stopped jobs' checkpoints and guard records, running jobs' periodic ones,
-    claims, the sweep, the archive's health and status."""
+class ArchiveHost(Protocol):
+    """What :class:`Archive` uses of the component that holds it (ReclaimComponent and its parts)."""
 
-    if TYPE_CHECKING:
-        # what this mixin uses of ReclaimComponent (its __init__ and its other parts)
-        _archive_error: str | None
-        _archive_refusals: Refusals
-        _archive_root_error: str | None
-        _archive_scan: tuple[str, int, Any] | None
-        _gc_scan: tuple[str, int, Any] | None
-        _claims_seen: collections.OrderedDict[tuple[Any, ...], float]
-        _done_expired: float | None
-        _archive_next: dict[str, float]
-        _archive_rounds: int
-        _archive_runs_told: dict[str, str]
-        _archive_stalled: float | None
-        _archive_tries: dict[str, int]
-        _claimed_from: dict[str, str]
-        _archiving: set[str]
-        _gc_next: float
-        _gc_running: bool
-        _gc_unverified: set[tuple[str, str]]
-        _lane: ArchiveLane
-        ckpt: CkptDriver | None
-        _late_stopping: set[str]
-        _live_waits: dict[str, float]
-        _round_running: bool
-        agent: Any
-        archived_live: dict[str, str]
-        archived_buddy: dict[str, int | None]
-        counts: dict[str, int]
-        evacuating: set[str]
-        guarding: Guard
-        moves: dict[str, Any]
-        notice_odds: NoticeOdds
-        notices: dict[int, tuple[float, float]]
-        prestage: Prestage
-        reclaim: dict[str, Any] | None
-        replicas: Replicas
-        s: dict[str, Any]
+    agent: Any
+    ckpt: CkptDriver | None
+    counts: dict[str, int]
+    evacuating: set[str]
+    guarding: Guard
+    moves: dict[str, Any]
+    notice_odds: NoticeOdds
+    notices: dict[int, tuple[float, float]]
+    prestage: Prestage
+    reclaim: dict[str, Any] | None
+    replicas: Replicas
+    s: dict[str, Any]
 
-        async def _control(self, node: int, op: str, body: Any, timeout: float = 5.0) -> Any: ...
-        def _driver_checked(self, job: Any) -> tuple[Path | None] | None: ...
-        def _emit(self, message: str, **fields: Any) -> None: ...
-        def _last_seen(self, node: int) -> float: ...
-        def _late_copy_settled(self, mv: Any, error: BaseException | None) -> None: ...
-        def _request(self, job: Any, take_over: bool) -> dict[str, Any]: ...
-        def _spawn(self, coro: Any) -> asyncio.Task[Any]: ...
-        def job_key(self, job: Any) -> str: ...
-        @property
-        def node_id(self) -> int: ...
-        @property
-        def zone(self) -> Any: ...
+    async def _control(self, node: int, op: str, body: Any, timeout: float = 5.0) -> Any: ...
+    def _driver_checked(self, job: Any) -> tuple[Path | None] | None: ...
+    def _emit(self, message: str, **fields: Any) -> None: ...
+    def _last_seen(self, node: int) -> float: ...
+    def _late_copy_settled(self, mv: Any, error: BaseException | None) -> None: ...
+    def _request(self, job: Any, take_over: bool) -> dict[str, Any]: ...
+    def _spawn(self, coro: Any) -> asyncio.Task[Any]: ...
+    def job_key(self, job: Any) -> str: ...
+    @property
+    def node_id(self) -> int: ...
+    @property
+    def zone(self) -> Any: ...
 
-    def _archive_root(self) -> Path | None:
-        a = str(self.s.get("archive_dir") or "")
+
+class Archive:
+    """The archive (see the module's doc): stopped jobs' checkpoints and guard records, running
+    jobs' periodic ones, claims, the sweep, the archive's health and status. A part of
+    :class:`laminar.migrate.reclaim.ReclaimComponent` (its ``archive``). ``host``: the component."""
+
+    def __init__(self, host: ArchiveHost) -> None:
+        self.host = host
+        self.next_try: dict[str, float] = {}  # archived key -> when this node tries it again (monotonic)
+        self._tries: dict[str, int] = {}
+        # archived key -> the job a node dead by its window answered runs there (said once: still_runs)
+        self.runs_told: dict[str, str] = {}
+        self._claimed_from: dict[str, str] = {}  # archived key -> the record this node's claim took (unclaim)
+        self.live: dict[str, str] = {}  # job id -> newest periodic checkpoint in the archive (live.json)
+        self.live_buddy: dict[str, int | None] = {}  # job id -> the buddy its live.json names
+        self._archiving: set[str] = set()
+        self.late_stopping: set[str] = set()  # jobs a restart stops: their record was being archived
+        # archived keys whose live record waits, not claimed, for its node's newer copy: since (monotonic)
+        self.live_waits: dict[str, float] = {}
+        self._gc_next = 0.0  # when this agent sweeps the archive next (monotonic)
+        self._gc_running = False
+        self._done_expired: float | None = None  # when the sweep last expired <archive>/.done markers (wall)
+        self.lane = ArchiveLane()  # every touch of archive_dir, off the loop, one at a time
+        self.round_running = False  # an archive round is in flight (one at a time)
+        self.rounds = 0  # archive rounds done
+        self._stalled: float | None = None  # when the archive was found stalled (monotonic)
+        self._error: str | None = None  # the last round's storage error, said once
+        self.gc_unverified: set[tuple[str, str]] = set()  # (key, ckpt) that failed verification: not re-hashed
+        # files of the archive refused (counted once each by reason, the latest for the status)
+        self.refusals = Refusals(host.counts)
+        self._root_error: str | None = None  # why archive_dir is not used (its owner, its mode)
+        # (key, claim file, inode, ctime) -> when this agent first saw that claim (monotonic): its staleness
+        self.claims_seen: collections.OrderedDict[tuple[Any, ...], float] = collections.OrderedDict()
+        # the root listings a round, a sweep and a .done expiry go on through (_scan_page)
+        self._archive_scan: tuple[str, int, Any] | None = None
+        self._gc_scan: tuple[str, int, Any] | None = None
+        self._done_scan: tuple[str, int, Any] | None = None
+
+    def root(self) -> Path | None:
+        a = str(self.host.s.get("archive_dir") or "")
         return Path(a) if a else None
 
-    def _archive_view(self, root: Path | None = None, create: bool = True) -> View:
+    def view(self, root: Path | None = None, create: bool = True) -> View:
         """A look at the archive (:class:`laminar.migrate.archive_view.View`; blocking: on the
         lane). ``create``: the archive's root is made when missing (else FileNotFoundError).
         Raises :class:`laminar.migrate.archive_fs.RootError` (an OSError, said in the status)
         when ``archive_dir`` may not be used, MigrateError when this node holds no zone key."""
-        root = root if root is not None else self._archive_root()
+        root = root if root is not None else self.root()
         assert root is not None
-        auth = ArchiveAuth.of(getattr(self.agent, "zone", None))
+        auth = ArchiveAuth.of(getattr(self.host.agent, "zone", None))
         if auth is None:
             raise MigrateError("archive records are signed with the zone's keys, and this node holds none")
         try:
-            v = View(root, int(self.s.get("archive_uid", 0) or 0), auth, self._archive_refusals, time.time(), create)
+            v = View(root, int(self.host.s.get("archive_uid", 0) or 0), auth, self.refusals, time.time(), create)
         except archive_fs.RootError as e:
-            self._archive_root_error = str(e)
+            self._root_error = str(e)
             raise
-        self._archive_root_error = None
+        self._root_error = None
         return v
 
-    def _view_or_none(self, create: bool = False) -> View | None:
-        """:meth:`_archive_view` of the configured archive, or None when there is none (not
+    def view_or_none(self, create: bool = False) -> View | None:
+        """:meth:`view` of the configured archive, or None when there is none (not
         configured, or its root does not exist yet)."""
-        root = self._archive_root()
+        root = self.root()
         if root is None:
             return None
         try:
-            return self._archive_view(root, create)
+            return self.view(root, create)
         except FileNotFoundError:
             return None
 
-    def _archived(self, key: str) -> bool:
+    def archived(self, key: str) -> bool:
         """The archive holds a verified record of ``key`` (claimable, claimed or run), or the
         verified marker of its claimed job that ended or was superseded (:data:`ARCHIVE_DONE`).
         A file that does not verify says nothing (a stray ``x.json`` once stood a guard down)."""
-        v = self._view_or_none()
+        v = self.view_or_none()
         if v is None:
             return False
         with v:
@@ -470,11 +482,11 @@ class ArchiveMixin:
         return (bool(v.claims(key)) or v.done(key) is not None
                 or any(v.claimable(key, n) is not None for n in ("guard.json", LIVE_RECORD)))
 
-    def _archive_done(self, root: Path, key: str) -> str | None:
+    def done(self, root: Path, key: str) -> str | None:
         """Who ran ``key``'s claimed job, by its verified marker in ``<archive>/.done`` (written
         by the sweep that removed the key's directory), or None when there is none."""
         try:
-            with self._archive_view(root, create=False) as v:
+            with self.view(root, create=False) as v:
                 return self._done_runner(v, key)
         except FileNotFoundError:
             return None
@@ -486,21 +498,21 @@ class ArchiveMixin:
             return None
         return f"node {d.body['runner']}" if d.body["why"] == "ended there" else str(d.body["runner"])
 
-    def _archive_runner(self, key: str) -> str | None:
+    def runner(self, key: str) -> str | None:
         """Who runs an archived job (it claimed it and started it: its verified running record,
         never a file's name alone), or ran it (its marker), or None."""
-        v = self._view_or_none()
+        v = self.view_or_none()
         if v is None:
             return None
         with v:
-            return self._runner_in(v, key)
+            return self.runner_in(v, key)
 
     @classmethod
-    def _runner_in(cls, v: View, key: str) -> str | None:
+    def runner_in(cls, v: View, key: str) -> str | None:
         runs = sorted(int(s.body["writer"]) for s in v.runs(key))
         return str(runs[0]) if runs else cls._done_runner(v, key)
 
-    def _archive(self, key: str, ckpt: Path, record: dict[str, Any], wait: ArchiveWait | None = None,
+    def publish(self, key: str, ckpt: Path, record: dict[str, Any], wait: ArchiveWait | None = None,
                  mark: Callable[[], None] | None = None) -> Path:
         """Copies the verified checkpoint ``ckpt`` of ``key`` into the archive and (unless a node
         claimed or runs it) writes its guard record ``guard.json``, both atomically (a temporary
@@ -511,21 +523,21 @@ class ArchiveMixin:
         waiter's deadline (:class:`ArchiveWait`); once given up, nothing more is published (its
         temporaries are removed) and ArchiveGivenUp is raised. ``mark``: called (here, on the
         lane) right before the record is put in place, once it will be: a late copy's durable
-        "about to publish" (:meth:`_late_mark`)."""
-        root = self._archive_root()
+        "about to publish" (:meth:`late_mark`)."""
+        root = self.root()
         assert root is not None
-        with self._archive_view(root) as v:
+        with self.view(root) as v:
             d = self._key_dir_made(v, key)
             signed = self._presigned(v, key, record)
             if signed is not None and signed["body"]["ckpt"] != ckpt.name:
                 raise OSError(f"{key}: the record node {record['src_node']} signed names {signed['body']['ckpt']}, "
                               f"this guard holds {ckpt.name}: not archived")
-            digest, nbytes, files = self._publish_copy(ckpt, d, wait, None if signed is None else
+            digest, nbytes, files = self.publish_copy(ckpt, d, wait, None if signed is None else
                                                        str(signed["body"]["manifest_sha256"]),
                                                        int(record["request"]["owner_uid"]))
             v.forget(key)
             taken = bool(v.claims(key))
-            tmpj = f".guard-{self.node_id}-{time.monotonic_ns()}.tmp"
+            tmpj = f".guard-{self.host.node_id}-{time.monotonic_ns()}.tmp"
             if not taken:
                 data = canonical(signed) if signed is not None else v.auth.seal(
                     owner_body("guard", record, ckpt.name, digest, nbytes, files, time.time()))
@@ -540,7 +552,7 @@ class ArchiveMixin:
                 raise ArchiveGivenUp(f"archive of {key} given up by its waiter")
             if not taken and mark is not None:
                 mark()
-            old_live = f".live-{self.node_id}-{time.monotonic_ns()}.old"
+            old_live = f".live-{self.host.node_id}-{time.monotonic_ns()}.old"
             if not taken and LIVE_RECORD in v.names(key):
                 # the job's periodic record becomes its guard record: taken by rename (atomic), so a
                 # node that claimed it meanwhile keeps it and no second claimable record appears
@@ -576,7 +588,7 @@ class ArchiveMixin:
         request), once it verifies here; None for this node's own job (it signs it itself).
         OSError when there is none or it does not verify: only a job's node speaks for its job."""
         src = int(record["src_node"])
-        if src == self.node_id:
+        if src == self.host.node_id:
             return None
         env = (record.get("request") or {}).get(PRESIGNED)
         if not isinstance(env, dict):
@@ -589,13 +601,13 @@ class ArchiveMixin:
                 from None
         return env
 
-    async def _archive_until(self, what: str, key: str, ckpt: Path, record: dict[str, Any], until: float,
+    async def publish_until(self, what: str, key: str, ckpt: Path, record: dict[str, Any], until: float,
                              late_ok: bool = False,
                              settled: Callable[[BaseException | None], None] | None = None,
                              mark: Callable[[], None] | None = None, wait: ArchiveWait | None = None) -> Path:
-        """:meth:`_archive` on the lane, waited for until ``until`` (monotonic) and no longer: a
+        """:meth:`publish` on the lane, waited for until ``until`` (monotonic) and no longer: a
         reclaim's copy, which must be made within its window while the archive may hang. The
-        archived path; OSError/CheckpointError as :meth:`_archive`. Raises MigrateError naming
+        archived path; OSError/CheckpointError as :meth:`publish`. Raises MigrateError naming
         the archive and the time waited when it has not answered by then (or the wait's task is
         cancelled: the window's end). The work may still be in hand on the lane then, waiting on
         the storage, or queued behind what is: it is given up (:class:`ArchiveWait`; dropped
@@ -604,40 +616,40 @@ class ArchiveMixin:
         job claims it there first), when it goes on and says so once it is done (and calls
         ``settled`` on the event loop: with None once the copy is there, with the error when the
         storage refused it). A copy whose record the lane was putting in place when the time ran
-        out counts as archived. ``mark``: as :meth:`_archive`'s. ``wait``: with ``late_ok``, the
+        out counts as archived. ``mark``: as :meth:`publish`'s. ``wait``: with ``late_ok``, the
         caller's :class:`ArchiveWait`, given up only if this wait is cancelled (the caller's job
         is thawed and runs on: a copy published later would be a second one); its state says
         whether it was."""
-        root = self._archive_root()
+        root = self.root()
         assert root is not None
         if not late_ok:
             wait = ArchiveWait()
         t0 = time.monotonic()
-        fut = self._lane.call(what, self._archive, key, ckpt, record, wait, mark)
+        fut = self.lane.call(what, self.publish, key, ckpt, record, wait, mark)
         try:
             done, _ = await asyncio.wait({fut}, timeout=max(0.0, until - t0))
         except asyncio.CancelledError:
             if wait is not None and wait.give_up():
                 fut.cancel()  # dropped while queued; in hand, it publishes nothing
-            fut.add_done_callback(self._archive_late(what, late_ok, settled))
+            fut.add_done_callback(self._late(what, late_ok, settled))
             raise
         if done:
             return Path(fut.result())
         waited = time.monotonic() - t0
         if late_ok:  # it goes on
-            fut.add_done_callback(self._archive_late(what, late_ok, settled))
+            fut.add_done_callback(self._late(what, late_ok, settled))
         elif wait is not None and not wait.give_up():
             log.info("migrate: %s: the record was being put in place in archive %s when %.1f s were up: counted as "
                      "archived", what, root, waited)
-            fut.add_done_callback(self._archive_late(what, late_ok, settled))
+            fut.add_done_callback(self._late(what, late_ok, settled))
             return root / key / ckpt.name
         else:
             fut.cancel()
         raise MigrateError(f"archive {root} did not answer in {waited:.1f} s ({what})")
 
-    def _archive_late(self, what: str, late_ok: bool, settled: Callable[[BaseException | None], None] | None = None
+    def _late(self, what: str, late_ok: bool, settled: Callable[[BaseException | None], None] | None = None
                       ) -> Callable[[asyncio.Future[Any]], None]:
-        """The end of a publish :meth:`_archive_until` stopped waiting for: said (with ``late_ok``,
+        """The end of a publish :meth:`publish_until` stopped waiting for: said (with ``late_ok``,
         its late copy, with an event, after ``settled(None)``; its failure after
         ``settled(error)``), its error taken."""
         def done(fut: asyncio.Future[Any]) -> None:
@@ -647,42 +659,42 @@ class ArchiveMixin:
             if late_ok and settled is not None and not isinstance(e, ArchiveGivenUp):
                 settled(e)
             if e is None and late_ok:
-                self._emit(f"{what}: the archive answered late; the copy is there now", phase="archived-late")
+                self.host._emit(f"{what}: the archive answered late; the copy is there now", phase="archived-late")
             elif e is not None and not isinstance(e, ArchiveGivenUp):
                 log.info("migrate: %s, after its wait ended: %s", what, e)
         return done
 
     # -- a late copy, across a restart (migrate_late_copies) ---------------------------------------
 
-    def _late_row_add(self, key: str, job_id: str, ckpt: Path, record: dict[str, Any]) -> None:
+    def late_row_add(self, key: str, job_id: str, ckpt: Path, record: dict[str, Any]) -> None:
         """Before a copy that may go on past its window's wait starts: what a restart needs to
-        take it up (:meth:`_restore_late_copies`)."""
-        with self.agent.store.tx() as db:
+        take it up (:meth:`restore_late_copies`)."""
+        with self.host.agent.store.tx() as db:
             db.execute("INSERT OR REPLACE INTO migrate_late_copies VALUES (?, ?, ?, ?, 0, 0, ?)",
                        (key, job_id, str(ckpt), json.dumps(record), time.time()))
 
-    def _late_row_late(self, key: str) -> None:
+    def late_row_late(self, key: str) -> None:
         """The copy goes on past its window's wait, and its job is stopped for it."""
-        with self.agent.store.tx() as db:
+        with self.host.agent.store.tx() as db:
             db.execute("UPDATE migrate_late_copies SET late=1 WHERE key=?", (key,))
 
-    def _late_row_drop(self, key: str) -> None:
-        with self.agent.store.tx() as db:
+    def late_row_drop(self, key: str) -> None:
+        with self.host.agent.store.tx() as db:
             db.execute("DELETE FROM migrate_late_copies WHERE key=?", (key,))
 
-    def _late_mark(self, key: str) -> None:
+    def late_mark(self, key: str) -> None:
         """On the lane, right before the copy's record is put in place: ``publishing``, committed
         (synchronous=FULL) before the rename, so a restart that reads 0 knows the record never
         was (at most once: it may publish it). Through a connection of its own, not the loop's:
         its transaction is this one write's alone."""
-        db = sqlite3.connect(str(self.agent.store.path), isolation_level=None, timeout=30.0)
+        db = sqlite3.connect(str(self.host.agent.store.path), isolation_level=None, timeout=30.0)
         try:
             db.execute("PRAGMA synchronous=FULL")
             db.execute("UPDATE migrate_late_copies SET publishing=1 WHERE key=?", (key,))
         finally:
             db.close()
 
-    def _restore_late_copies(self) -> None:
+    def restore_late_copies(self) -> None:
         """At start: a late copy the agent's stop or crash cut (``migrate_late_copies``) is taken
         up again when its job is still ``reclaimed`` here and stopped for good by the reclaim
         (its end cause in :data:`~laminar.policy.endcause.LATE_COPY_TAKEN_UP`; its checkpoint is
@@ -694,8 +706,8 @@ class ArchiveMixin:
         its way back, so it runs once. Any other row (a job the agent stopped before it stopped:
         the restored reclaim moves it again) is dropped, with an event when its record may be in
         the archive (another agent may resume the job too)."""
-        jobs_mgr = getattr(self.agent, "jobs", None)
-        rows = self.agent.store.db.execute("SELECT * FROM migrate_late_copies").fetchall()
+        jobs_mgr = getattr(self.host.agent, "jobs", None)
+        rows = self.host.agent.store.db.execute("SELECT * FROM migrate_late_copies").fetchall()
         for r in rows:
             key, job_id, publishing = str(r["key"]), str(r["job_id"]), bool(r["publishing"])
             job = jobs_mgr.get(job_id) if jobs_mgr is not None else None
@@ -706,12 +718,12 @@ class ArchiveMixin:
                 record = json.loads(r["record"])
             except ValueError:
                 record = None
-            if (self._archive_root() is None or not isinstance(record, dict)
+            if (self.root() is None or not isinstance(record, dict)
                     or not ((for_copy and (r["late"] or publishing)) or (active and publishing))):
-                self._late_row_drop(key)
+                self.late_row_drop(key)
                 if publishing and not for_copy:
                     # its record may be in the archive, claimable, while the job is here too
-                    self._emit(f"{job_id}: its copy to the archive (key {key}) was being published when the agent "
+                    self.host._emit(f"{job_id}: its copy to the archive (key {key}) was being published when the agent "
                                f"stopped, and the job is {state or 'gone'} here: if the archive holds its record, "
                                "another agent may resume it as well; check `laminarctl migrations`", job=job_id,
                                key=key, phase="archive-uncertain")
@@ -721,10 +733,10 @@ class ArchiveMixin:
                              "" if isinstance(record, dict) else " (its stored record is not a JSON object)")
                 continue
             if active:
-                self._late_stopping.add(job_id)
-                self._spawn(self._late_stop_then_copy(job, key, Path(r["ckpt"]), record))
+                self.late_stopping.add(job_id)
+                self.host._spawn(self._late_stop_then_copy(job, key, Path(r["ckpt"]), record))
             else:
-                self._spawn(self._late_copy_again(key, job_id, Path(r["ckpt"]), record, publishing))
+                self.host._spawn(self._late_copy_again(key, job_id, Path(r["ckpt"]), record, publishing))
 
     async def _late_stop_then_copy(self, job: Any, key: str, ckpt: Path, record: dict[str, Any]) -> None:
         """A job whose archived record was being published when the agent stopped, before the
@@ -733,7 +745,7 @@ class ArchiveMixin:
             with contextlib.suppress(Exception):
                 await set_frozen_async(job.cgroup, False, 2.0)  # a frozen job is not killed by a signal until it thaws
             try:
-                await self.agent.jobs.stop(job.id, f"node {self.node_id} reclaimed: {ckpt.name} was being published "
+                await self.host.agent.jobs.stop(job.id, f"node {self.host.node_id} reclaimed: {ckpt.name} was being published "
                                            "in the archive when the agent stopped; the first agent with room resumes "
                                            "the job from there", grace_s=0, state="reclaimed",
                                            cause=EndCause.ARCHIVED)
@@ -741,7 +753,7 @@ class ArchiveMixin:
                 log.warning("migrate: stopping %s, archived before the restart: %s", job.id, e)
             await self._late_copy_again(key, job.id, ckpt, record, True)
         finally:
-            self._late_stopping.discard(job.id)
+            self.late_stopping.discard(job.id)
 
     async def _late_copy_again(self, key: str, job_id: str, ckpt: Path, record: dict[str, Any],
                                publishing: bool) -> None:
@@ -752,25 +764,25 @@ class ArchiveMixin:
 
         mv = Move(job_id, key, "a late archive copy taken up after the agent's restart", phase="archiving",
                   ckpt=ckpt.name, ended=time.time())
-        self.moves[job_id] = mv
-        self.counts["archive_late_resumed"] = self.counts.get("archive_late_resumed", 0) + 1
-        self._emit(f"{job_id}: its copy of {ckpt.name} to the archive was cut by the agent's stop; taken up again",
+        self.host.moves[job_id] = mv
+        self.host.counts["archive_late_resumed"] = self.host.counts.get("archive_late_resumed", 0) + 1
+        self.host._emit(f"{job_id}: its copy of {ckpt.name} to the archive was cut by the agent's stop; taken up again",
                    job=job_id, ckpt=ckpt.name, phase="archiving")
         try:
-            res = await self._lane.call(f"archiving {job_id} again", self._late_again, key, ckpt, record, publishing)
+            res = await self.lane.call(f"archiving {job_id} again", self._late_again, key, ckpt, record, publishing)
         except (OSError, jobkit.CheckpointError, MigrateError) as e:
-            self._late_row_drop(key)
-            self._late_copy_settled(mv, e)
+            self.late_row_drop(key)
+            self.host._late_copy_settled(mv, e)
             return
-        self._late_row_drop(key)
-        self._late_copy_settled(mv, None)
+        self.late_row_drop(key)
+        self.host._late_copy_settled(mv, None)
         if res == "gone":
-            self._emit(f"{job_id}: its record was being put in the archive when the agent stopped, and nothing "
+            self.host._emit(f"{job_id}: its record was being put in the archive when the agent stopped, and nothing "
                        f"of it is there now (claimed and run to its end elsewhere, or removed): not published "
                        f"again (the job would run twice); {ckpt.name} stays in its ckpt directory here",
                        job=job_id, key=key, phase="archived")
         else:
-            self._emit(f"{job_id}: {ckpt.name} is in the archive ({res} after the agent's restart); the first "
+            self.host._emit(f"{job_id}: {ckpt.name} is in the archive ({res} after the agent's restart); the first "
                        "agent with room resumes it", job=job_id, ckpt=ckpt.name, phase="archived-late")
 
     def _late_again(self, key: str, ckpt: Path, record: dict[str, Any], publishing: bool) -> str:
@@ -781,29 +793,29 @@ class ArchiveMixin:
         published and has since gone (claimed, run to its end elsewhere and removed, or the
         temporary removed as stale): "gone", nothing published. Otherwise the copy is made
         ("published now"). Raises OSError/CheckpointError/MigrateError."""
-        root = self._archive_root()
+        root = self.root()
         if root is None:
             raise MigrateError("migrate.archive_dir is not set any more")
         if publishing:
-            with self._archive_view(root) as v:
+            with self.view(root) as v:
                 if v.read(key, "guard.json") is not None or v.claims(key):
                     return "published"
-                if not any(n.startswith(f".guard-{self.node_id}-") and n.endswith(".tmp") for n in v.names(key)):
+                if not any(n.startswith(f".guard-{self.host.node_id}-") and n.endswith(".tmp") for n in v.names(key)):
                     return "gone"
         jobkit.verify_checkpoint(ckpt)
-        self._archive(key, ckpt, record, None, mark=lambda: self._late_mark(key))
+        self.publish(key, ckpt, record, None, mark=lambda: self.late_mark(key))
         return "published now"
 
     # -- periodic checkpoints in the archive (live.json) -----------------------------------------
 
-    def _archive_periodic_due(self) -> bool:
+    def periodic_due(self) -> bool:
         """The prestaging rule's unannounced branch: periodic checkpoints go to the archive too
         while departures without notice are plausible (a job whose node and buddy both leave
         without notice then rolls back only to its last periodic checkpoint)."""
-        return (self._archive_root() is not None
-                and unannounced_plausible(self.notice_odds.unannounced_frac, float(self.s["prestage_unannounced"])))
+        return (self.root() is not None
+                and unannounced_plausible(self.host.notice_odds.unannounced_frac, float(self.host.s["prestage_unannounced"])))
 
-    def _publish_copy(self, ckpt: Path, d: int, wait: ArchiveWait | None = None, expect: str | None = None,
+    def publish_copy(self, ckpt: Path, d: int, wait: ArchiveWait | None = None, expect: str | None = None,
                       owner_uid: int | None = None) -> tuple[str, int, int]:
         """Copies the checkpoint ``ckpt`` (a local directory) into the key directory ``d`` as
         ``ckpt.name``: (its manifest's SHA-256, bytes, files). Only the files its manifest lists
@@ -848,7 +860,7 @@ class ArchiveMixin:
                     os.close(have)
                 if same:
                     return facts
-            tmp = f".tmp-{ckpt.name}-{self.node_id}-{time.monotonic_ns()}"
+            tmp = f".tmp-{ckpt.name}-{self.host.node_id}-{time.monotonic_ns()}"
             os.mkdir(tmp, 0o700, dir_fd=d)
             try:
                 tfd = archive_fs.open_dir(d, tmp)
@@ -871,20 +883,20 @@ class ArchiveMixin:
             os.close(src)
 
     def _in_state_dir(self, p: Path) -> bool:
-        state = getattr(getattr(self.agent, "config", None), "state_dir", None)
+        state = getattr(getattr(self.host.agent, "config", None), "state_dir", None)
         return state is not None and Path(os.path.normpath(str(state))) in Path(os.path.normpath(str(p))).parents
 
-    def archive_live(self, key: str, ckpt: Path, record: dict[str, Any]) -> Path | None:
+    def publish_live(self, key: str, ckpt: Path, record: dict[str, Any]) -> Path | None:
         """Copies the committed periodic checkpoint ``ckpt`` of the running job ``key`` into the
-        archive (the same layout and checks as :meth:`_archive`), then points the job's live
+        archive (the same layout and checks as :meth:`publish`), then points the job's live
         record (``live.json``, signed by this node: who runs it, its buddy, its request) at it and
         removes the older archived checkpoints: the newest complete one is kept. A stopped job's
         record (``guard.json``, a claim, a running record, a ``.done`` marker: verified ones) is
         never touched: then nothing is written and None is returned. Blocking file I/O (the
         lane). Raises OSError/CheckpointError (a corrupt copy is removed, never published)."""
-        root = self._archive_root()
+        root = self.root()
         assert root is not None
-        with self._archive_view(root) as v:
+        with self.view(root) as v:
             d = self._key_dir_made(v, key)
 
             def stopped() -> bool:
@@ -896,8 +908,8 @@ class ArchiveMixin:
 
             if stopped():
                 return None
-            digest, nbytes, files = self._publish_copy(ckpt, d, None, None, int(record["request"]["owner_uid"]))
-            tmpj = f".live-{self.node_id}-{time.monotonic_ns()}.tmp"
+            digest, nbytes, files = self.publish_copy(ckpt, d, None, None, int(record["request"]["owner_uid"]))
+            tmpj = f".live-{self.host.node_id}-{time.monotonic_ns()}.tmp"
             archive_fs.replace(d, LIVE_RECORD, v.auth.seal(
                 owner_body("live", record, ckpt.name, digest, nbytes, files, time.time())), tmpj)
             if stopped():
@@ -916,8 +928,8 @@ class ArchiveMixin:
         (at start: at most 16 x ARCHIVE_SCAN_MAX entries of the root are looked at; blocking:
         the lane)."""
         out: dict[str, str] = {}
-        prefix = f"n{self.node_id}-"
-        with contextlib.suppress(OSError, MigrateError), self._archive_view(root, create=False) as v:
+        prefix = f"n{self.host.node_id}-"
+        with contextlib.suppress(OSError, MigrateError), self.view(root, create=False) as v:
             for key in archive_fs.names(v.rootfd, 16 * ARCHIVE_SCAN_MAX)[0]:
                 if key.startswith(prefix) and (s := v.read(key, LIVE_RECORD)) is not None:
                     out[key[len(prefix):]] = str(s.body["ckpt"])
@@ -937,7 +949,7 @@ class ArchiveMixin:
         and archived periodic checkpoints go. The record (this node's own, verified) is taken by
         rename first, so a node that claimed it meanwhile keeps it (and its checkpoint). True
         when removed."""
-        v = self._view_or_none()
+        v = self.view_or_none()
         if v is None:
             return False
         with v:
@@ -947,7 +959,7 @@ class ArchiveMixin:
         d = v.dir(key)
         if d is None or v.read(key, LIVE_RECORD) is None:
             return False
-        old = f".live-{self.node_id}-{time.monotonic_ns()}.old"
+        old = f".live-{self.host.node_id}-{time.monotonic_ns()}.old"
         try:
             os.rename(LIVE_RECORD, old, src_dir_fd=d, dst_dir_fd=d)
         except OSError:
@@ -959,132 +971,133 @@ class ArchiveMixin:
             return False
         return self._tombstone_in(v, None, key)
 
-    def _archive_watch(self) -> None:
-        """Each poll of the watch loop: the archive's health (:meth:`_archive_health`), then its
-        next round (:meth:`_archive_round`) unless one is still in flight: one at a time, so on
+    def tick(self, now: float) -> None:
+        """Each poll of the watch loop (``now``: wall clock, unused: the health check reads the
+        monotonic clock): the archive's health (:meth:`_health`), then its
+        next round (:meth:`run_round`) unless one is still in flight: one at a time, so on
         a hung archive one round waits on the lane and none piles up behind it."""
-        if self._archive_root() is None:
+        if self.root() is None:
             return
-        self._archive_health()
-        if not self._round_running:
-            self._round_running = True
-            self._spawn(self._archive_round())
+        self._health()
+        if not self.round_running:
+            self.round_running = True
+            self.host._spawn(self.run_round())
 
-    def _archive_stall(self, now: float) -> tuple[float | None, str | None]:
+    def _stall(self, now: float) -> tuple[float | None, str | None]:
         """(seconds without progress, what waits) of the archive work in hand when that is at
         least ARCHIVE_STALL_SWEEPS x ``archive_gc_s`` (the archive is stalled), else (None, what
         runs now or None)."""
-        quiet = self._lane.quiet_s(now)
-        busy = self._lane.busy
+        quiet = self.lane.quiet_s(now)
+        busy = self.lane.busy
         what = busy[0] if busy is not None else None
-        if quiet is not None and quiet >= ARCHIVE_STALL_SWEEPS * float(self.s["archive_gc_s"]):
+        if quiet is not None and quiet >= ARCHIVE_STALL_SWEEPS * float(self.host.s["archive_gc_s"]):
             return quiet, what
         return None, what
 
-    def _archive_health(self) -> None:
+    def _health(self) -> None:
         """Says once (a log line and an event, ``archive-stalled``) when the archive stopped
-        answering (:meth:`_archive_stall`), and once (``archive-answers``) when it answers again."""
+        answering (:meth:`_stall`), and once (``archive-answers``) when it answers again."""
         now = time.monotonic()
-        quiet, what = self._archive_stall(now)
-        if quiet is not None and self._archive_stalled is None:
-            self._archive_stalled = now - quiet
-            msg = (f"archive: {self._archive_root()} does not answer: {what} has made no progress for {quiet:.1f} s "
+        quiet, what = self._stall(now)
+        if quiet is not None and self._stalled is None:
+            self._stalled = now - quiet
+            msg = (f"archive: {self.root()} does not answer: {what} has made no progress for {quiet:.1f} s "
                    "(its storage hangs?); archive work (claims, publishes, sweeps) waits for it, the rest of the "
                    "agent goes on")
             log.warning("migrate: %s", msg)
-            self._emit(msg, phase="archive-stalled", waiting=what, stalled_s=round(quiet, 1))
-        elif quiet is None and self._archive_stalled is not None:
-            msg = f"archive: {self._archive_root()} answers again after {now - self._archive_stalled:.1f} s"
-            self._archive_stalled = None
+            self.host._emit(msg, phase="archive-stalled", waiting=what, stalled_s=round(quiet, 1))
+        elif quiet is None and self._stalled is not None:
+            msg = f"archive: {self.root()} answers again after {now - self._stalled:.1f} s"
+            self._stalled = None
             log.info("migrate: %s", msg)
-            self._emit(msg, phase="archive-answers")
+            self.host._emit(msg, phase="archive-answers")
 
-    async def _archive_round(self) -> None:
-        """One round of the archive's work: the look at it (:meth:`_archive_look`, on the lane),
+    async def run_round(self) -> None:
+        """One round of the archive's work: the look at it (:meth:`look`, on the lane),
         then, here on the loop, what it found: ended jobs' live records gone, running jobs'
         newer periodic checkpoints copied (the prestaging rule's unannounced branch,
-        :meth:`_archive_periodic_due`), and any archived job no node runs tried here
-        (:meth:`_from_archive`): unclaimed guard records, live records of jobs whose node and
-        buddy are gone, stale claims, claims whose runner died (:meth:`_dead_runs`); then the
-        sweep (:meth:`_archive_gc_round`). Claims and the sweep wait while this node is being
+        :meth:`periodic_due`), and any archived job no node runs tried here
+        (:meth:`claim_and_resume`): unclaimed guard records, live records of jobs whose node and
+        buddy are gone, stale claims, claims whose runner died (:meth:`dead_runs`); then the
+        sweep (:meth:`start_sweep`). Claims and the sweep wait while this node is being
         reclaimed, and stay off once it is (its window ended and the reclaim was not withdrawn): a
         job it claimed would sit queued on a node its owner took back, while its claim told every
         other node (the job's buddy's guard too) that a node runs it."""
         try:
-            root = self._archive_root()
+            root = self.root()
             if root is None:
                 return
-            reclaiming = self.reclaim is not None  # under reclaim, or reclaimed (withdrawn: None again)
-            if not self._archive_rounds:
+            reclaiming = self.host.reclaim is not None  # under reclaim, or reclaimed (withdrawn: None again)
+            if not self.rounds:
                 # the first round since the start: this node's live records in the archive (what it
                 # archived before a restart; archived_live is kept in memory only). Before, a job
                 # that ended after a restart left its live record, and a node that took this one
                 # for gone later resumed the ended lineage from it (bench/chaos.py
                 # --fence-after-s, seed 29)
-                mine = await self._lane.call("own live records", self._own_live_records, root)
+                mine = await self.lane.call("own live records", self._own_live_records, root)
                 for jid, ck in mine.items():
-                    self.archived_live.setdefault(jid, ck)
+                    self.live.setdefault(jid, ck)
             ended: dict[str, str] = {}
-            for jid in list(self.archived_live):
-                job = self.agent.jobs.get(jid)
+            for jid in list(self.live):
+                job = self.host.agent.jobs.get(jid)
                 if job is None or (not job.active and job.state in ("exited", "stopped", "failed", "migrated")):
                     if jid not in self._archiving:
-                        self.archived_live.pop(jid, None)
-                        self.archived_buddy.pop(jid, None)
+                        self.live.pop(jid, None)
+                        self.live_buddy.pop(jid, None)
                         ended[jid] = job.state if job else "gone"
             periodic: list[tuple[str, str, str | None, tuple[Path | None] | None]] = []
-            if self._archive_periodic_due() and not reclaiming:
+            if self.periodic_due() and not reclaiming:
                 # each job's newest verified checkpoint as the checkpoint driver's check of its
                 # listing found it: nothing is read for it here. Before, the look hashed every
                 # running job's newest checkpoint whole at every round (poll_s), copied or not.
                 # A listing the running driver has not checked yet waits for its check.
-                driving = self.ckpt is not None and self.ckpt.threaded
-                for j in list(self.agent.jobs.active()):
-                    if j.id in self.evacuating or j.id in self._archiving or not j.ckpt_dir:
+                driving = self.host.ckpt is not None and self.host.ckpt.threaded
+                for j in list(self.host.agent.jobs.active()):
+                    if j.id in self.host.evacuating or j.id in self._archiving or not j.ckpt_dir:
                         continue
-                    known = self._driver_checked(j)
+                    known = self.host._driver_checked(j)
                     if known is None and driving:
                         continue
-                    periodic.append((j.id, str(j.ckpt_dir), self._given_resume_from(j, root), known))
+                    periodic.append((j.id, str(j.ckpt_dir), self.given_resume_from(j, root), known))
             wall, mono = time.time(), time.monotonic()
-            z = self.zone
-            alive = {self.node_id} | {n for n in (list(z.membership.by_node) if z is not None else [])
-                                      if self.guarding.source_dead(int(n), wall) is None}
-            skip = set(self.guarding.taking) | {k for k, t in self._archive_next.items() if mono < t}
-            look = await self._lane.call("archive round", self._archive_look, root, list(ended), periodic,
+            z = self.host.zone
+            alive = {self.host.node_id} | {n for n in (list(z.membership.by_node) if z is not None else [])
+                                      if self.host.guarding.source_dead(int(n), wall) is None}
+            skip = set(self.host.guarding.taking) | {k for k, t in self.next_try.items() if mono < t}
+            look = await self.lane.call("archive round", self.look, root, list(ended), periodic,
                                          not reclaiming, frozenset(alive), frozenset(skip), wall)
-            self._archive_rounds += 1
-            self._archive_error = None
+            self.rounds += 1
+            self._error = None
             for jid in look["dropped"]:
-                self._emit(f"{jid}: ended ({ended[jid]}); its archived periodic checkpoints removed", persist=False,
+                self.host._emit(f"{jid}: ended ({ended[jid]}); its archived periodic checkpoints removed", persist=False,
                            job=jid, phase="archive-dropped")
             for jid in look.get("drop_again", []):  # (looked at again next round, as long as it is held)
-                self.archived_live.setdefault(jid, "")
+                self.live.setdefault(jid, "")
             for jid, ckpt in look["ckpts"].items():
-                job = self.agent.jobs.get(jid)
-                if (job is None or not job.active or jid in self.evacuating or jid in self._archiving
-                        or (self.archived_live.get(jid) == ckpt.name
-                            and self.archived_buddy.get(jid) == self.prestage.buddy.get(jid))):
+                job = self.host.agent.jobs.get(jid)
+                if (job is None or not job.active or jid in self.host.evacuating or jid in self._archiving
+                        or (self.live.get(jid) == ckpt.name
+                            and self.live_buddy.get(jid) == self.host.prestage.buddy.get(jid))):
                     # (published again when its buddy changed: a record naming no buddy, or the old
                     # one, let a claimer resume the job while its buddy resumed it too)
                     continue
                 self._archiving.add(jid)
-                self._spawn(self._archive_periodic(job, ckpt))
-            if not look["claims"] or self.reclaim is not None:
+                self.host._spawn(self.copy_periodic(job, ckpt))
+            if not look["claims"] or self.host.reclaim is not None:
                 return
-            self._archive_claims(look, time.time())
-            self._archive_gc_round()
+            self.start_claims(look, time.time())
+            self.start_sweep()
         except (OSError, ValueError, MigrateError) as e:  # the storage (gone, refusing; the root's owner or mode;
             # no zone keys): the next round looks again
-            if str(e) != self._archive_error:  # said once while it lasts, not every poll_s
+            if str(e) != self._error:  # said once while it lasts, not every poll_s
                 log.warning("migrate: archive round: %s", e)
-            self._archive_error = str(e)
+            self._error = str(e)
         except Exception:
             log.exception("migrate: archive round failed")
         finally:
-            self._round_running = False
+            self.round_running = False
 
-    def _given_resume_from(self, job: Any, root: Path) -> str | None:
+    def given_resume_from(self, job: Any, root: Path) -> str | None:
         """The job's ``resume_from`` when the agent gave it (recorded so by the job manager:
         laminar.runtime.provenance; a path in its state directory: a replica, its owner's copy, a
         requeued job's own checkpoint; or in the archive), else None. One its user set is never
@@ -1097,10 +1110,10 @@ class ArchiveMixin:
         if not rf:
             return None
         p = Path(os.path.normpath(str(rf)))
-        state = Path(os.path.normpath(str(self.agent.config.state_dir)))
+        state = Path(os.path.normpath(str(self.host.agent.config.state_dir)))
         return str(rf) if state in p.parents else None
 
-    def _archive_look(self, root: Path, ended: list[str],
+    def look(self, root: Path, ended: list[str],
                       periodic: list[tuple[str, str, str | None, tuple[Path | None] | None]], claims: bool,
                       alive: frozenset[int], skip: frozenset[str], wall: float) -> dict[str, Any]:
         """The archive round's file work (on the lane; never on the loop): drops the live records
@@ -1119,12 +1132,12 @@ class ArchiveMixin:
         out: dict[str, Any] = {"dropped": [], "ckpts": {}, "claims": False, "guards": [], "lives": [], "stale": [],
                                "runs": [], "drop_again": []}
         try:  # (only what needs the archive's records opens it: a round with neither reads nothing of it)
-            v: View | None = self._archive_view(root, create=False) if ended or claims else None
+            v: View | None = self.view(root, create=False) if ended or claims else None
         except FileNotFoundError:
             v = None
         try:
             for jid in ended:
-                key = f"n{self.node_id}-{jid}"
+                key = f"n{self.host.node_id}-{jid}"
                 if v is None:
                     break
                 if self._drop_live_in(v, key):
@@ -1134,7 +1147,7 @@ class ArchiveMixin:
                     # (_claim_archived). Before, the buddy took the ended job over after
                     # orphan_after_s and ran its last steps, and its end, a second time
                     # (bench/chaos.py --fence-after-s, seed 31)
-                    self._mark_done_in(v, key, self.node_id, "ended there", wall)
+                    self.mark_done_in(v, key, self.host.node_id, "ended there", wall)
                 elif self._live_held(v, key):
                     # claimed by a node that has not run it (yet): it gives the record back if it finds
                     # no room, and then the ended job's record would be claimable again (a lineage that
@@ -1146,7 +1159,7 @@ class ArchiveMixin:
                     ckpt = known[0]
                 else:
                     listing = scan_dir(ckpt_dir)
-                    ckpt = ckpt_driver.check_newest(listing.paths() if listing else [], self.s)[0]
+                    ckpt = ckpt_driver.check_newest(listing.paths() if listing else [], self.host.s)[0]
                 if ckpt is None and rf:
                     # restarted from a checkpoint (a move, a guard, the archive) and none written
                     # since: the one it resumed from is its newest, archived at once under its new key
@@ -1156,7 +1169,7 @@ class ArchiveMixin:
             if not claims or v is None:
                 return out
             out["claims"] = True
-            orphan_s = float(self.s.get("orphan_after_s") or 0)
+            orphan_s = float(self.host.s.get("orphan_after_s") or 0)
             for key in self._scan_keys(v):
                 if key in skip:
                     continue
@@ -1243,21 +1256,21 @@ class ArchiveMixin:
             with contextlib.suppress(OSError):
                 os.close(scan[1])
 
-    async def _archive_periodic(self, job: Any, ckpt: Path) -> None:
-        key = self.job_key(job)
-        buddy = self.prestage.buddy.get(job.id)
+    async def copy_periodic(self, job: Any, ckpt: Path) -> None:
+        key = self.host.job_key(job)
+        buddy = self.host.prestage.buddy.get(job.id)
         rf = getattr(job.spec, "resume_from", None)
-        record = {"key": key, "src_node": self.node_id, "src_job": job.id, "buddy": buddy,
-                  "request": self._request(job, False), "periodic": True,
+        record = {"key": key, "src_node": self.host.node_id, "src_job": job.id, "buddy": buddy,
+                  "request": self.host._request(job, False), "periodic": True,
                   # the checkpoint it resumed from, not one it wrote: what it resumed from stays (archive_gc)
                   "resumed_copy": bool(rf) and Path(str(rf)) == ckpt}
         try:
-            path = await self._lane.call(f"periodic copy of {job.id}", self.archive_live, key, ckpt, record)
+            path = await self.lane.call(f"periodic copy of {job.id}", self.publish_live, key, ckpt, record)
             if path is not None:
-                self.archived_live[job.id] = ckpt.name
-                self.archived_buddy[job.id] = buddy
-                self.counts["archived_periodic"] = self.counts.get("archived_periodic", 0) + 1
-                self._emit(f"{job.id}: periodic {ckpt.name} archived (node and buddy leaving without notice would "
+                self.live[job.id] = ckpt.name
+                self.live_buddy[job.id] = buddy
+                self.host.counts["archived_periodic"] = self.host.counts.get("archived_periodic", 0) + 1
+                self.host._emit(f"{job.id}: periodic {ckpt.name} archived (node and buddy leaving without notice would "
                            "roll it back only to here)", persist=False, job=job.id, ckpt=ckpt.name,
                            phase="archived-periodic")
         except (OSError, jobkit.CheckpointError) as e:  # removed by the job's keep meanwhile, a full archive
@@ -1265,16 +1278,16 @@ class ArchiveMixin:
         finally:
             self._archiving.discard(job.id)
 
-    def _claim(self, key: str, live: bool = False, dead_runner: int | None = None) -> bool:
+    def claim(self, key: str, live: bool = False, dead_runner: int | None = None) -> bool:
         """Takes the archive's claim on ``key`` (rename guard.json -> claimed-<node>.json: one
         node wins). Only a record that verifies is taken (:meth:`_claim_in`). A claim this agent
         has seen unchanged for ARCHIVE_CLAIM_STALE_S whose node never ran the job (it died
         trying) is taken over the same way. ``live``: a running job's periodic record
         (``live.json``) may be claimed too (its node is dead, and its buddy is this node or dead
         as well). ``dead_runner``: the running record of that node, which ran the job from here
-        and died before anything newer of it was archived (:meth:`_dead_runs`). False when
+        and died before anything newer of it was archived (:meth:`dead_runs`). False when
         another node holds it or there is none."""
-        v = self._view_or_none()
+        v = self.view_or_none()
         if v is None:
             return False
         with v:
@@ -1284,9 +1297,9 @@ class ArchiveMixin:
         d = v.dir(key)
         if d is None:
             return False
-        mine = f"claimed-{self.node_id}.json"
+        mine = f"claimed-{self.host.node_id}.json"
         srcs = [n for n in ["guard.json"] + ([LIVE_RECORD] if live else []) if v.claimable(key, n) is not None]
-        if dead_runner is not None and dead_runner != self.node_id:
+        if dead_runner is not None and dead_runner != self.host.node_id:
             n = f"running-{dead_runner}.json"
             if n in v.names(key) and v.read(key, n) is not None:
                 srcs.append(n)
@@ -1294,7 +1307,7 @@ class ArchiveMixin:
             srcs.append(stale[2])
         for src in srcs:
             s = v.read(key, src)
-            if s is None or self._archive_refusals.known(("payload", key, s.owner["nonce"])):
+            if s is None or self.refusals.known(("payload", key, s.owner["nonce"])):
                 continue  # (its checkpoint did not match what it signed: not claimed again)
             try:
                 os.rename(src, mine, src_dir_fd=d, dst_dir_fd=d)
@@ -1317,21 +1330,21 @@ class ArchiveMixin:
             with contextlib.suppress(OSError):
                 archive_fs.replace(d, mine, v.auth.seal({"kind": "claim", "key": key, "taken": taken, "from": frm,
                                                          "ts": time.time()}),
-                                   f".claim-{self.node_id}-{time.monotonic_ns()}.tmp")
+                                   f".claim-{self.host.node_id}-{time.monotonic_ns()}.tmp")
                 v.forget(key)
             return True
         return False
 
-    def _unclaim(self, key: str) -> None:
+    def unclaim(self, key: str) -> None:
         """Gives this node's claim on ``key`` back (it found no room, or the record's checkpoint
-        did not verify) as the record it took (:meth:`_claim` notes which): a dead runner's
+        did not verify) as the record it took (:meth:`claim` notes which): a dead runner's
         ``running-<node>.json``, a running job's live record (claimable again only while its node
         and buddy are gone), a stopped job's ``guard.json``. As a guard record, a live one would be
         claimed by any agent with room at once, and a node thought dead that was only slow would
         then run the job twice. A stale claim taken over goes back as its signed record says
         (its kind; a claim that does not verify is left as it is). Blocking file I/O (on the lane)."""
         took = self._claimed_from.pop(key, None)
-        v = self._view_or_none()
+        v = self.view_or_none()
         if v is None:
             return
         with v:
@@ -1339,14 +1352,14 @@ class ArchiveMixin:
 
     def _unclaim_in(self, v: View, key: str, took: str | None) -> None:
         d = v.dir(key)
-        mine = f"claimed-{self.node_id}.json"
+        mine = f"claimed-{self.host.node_id}.json"
         if d is None:
             return
         s = v.read(key, mine)
         if s is not None and s.body["kind"] == "claim":  # noted: what it took goes back, as it was, where it was
             taken, frm = s.taken
             with contextlib.suppress(OSError):
-                archive_fs.replace(d, frm, canonical(taken), f".unclaim-{self.node_id}-{time.monotonic_ns()}.tmp")
+                archive_fs.replace(d, frm, canonical(taken), f".unclaim-{self.host.node_id}-{time.monotonic_ns()}.tmp")
                 os.unlink(mine, dir_fd=d)
             v.forget(key)
             return
@@ -1358,19 +1371,19 @@ class ArchiveMixin:
             os.rename(mine, took, src_dir_fd=d, dst_dir_fd=d)
         v.forget(key)
 
-    def _claim_done(self, key: str, who: str, runs: tuple[int, str] | None = None) -> None:
+    def claim_done(self, key: str, who: str, runs: tuple[int, str] | None = None) -> None:
         """The claimed job runs (here or where this node placed it): this node's claim becomes
         ``running-<node>.json``, a run record it signs holding the record it claimed (no node
         claims it again) and ``resumed``: (node, job id) of the job resumed from it, so any agent
         can tell when the job's newer state is in the archive and this directory may go
-        (:meth:`archive_gc`)."""
+        (:meth:`sweep`)."""
         self._claimed_from.pop(key, None)
-        v = self._view_or_none()
+        v = self.view_or_none()
         if v is None:
             return
         with v:
             d = v.dir(key)
-            mine = f"claimed-{self.node_id}.json"
+            mine = f"claimed-{self.host.node_id}.json"
             s = v.read(key, mine) if d is not None else None
             if d is None or s is None:
                 log.warning("migrate: archive: %s/%s is gone or does not verify: no running record written", key, mine)
@@ -1378,43 +1391,43 @@ class ArchiveMixin:
             body = {"kind": "run", "key": key, "record": s.owner_env, "ts": time.time(),
                     "resumed": {"node": int(runs[0]), "job": str(runs[1])} if runs is not None and runs[1] else None}
             try:
-                archive_fs.replace(d, f"running-{self.node_id}.json", v.auth.seal(body),
-                                   f".running-{self.node_id}-{time.monotonic_ns()}.tmp")
+                archive_fs.replace(d, f"running-{self.host.node_id}.json", v.auth.seal(body),
+                                   f".running-{self.host.node_id}-{time.monotonic_ns()}.tmp")
             except OSError as e:  # the claim stays as it was: kept, never removed
                 log.info("migrate: noting where archived %s runs failed: %s", key, e)
                 return
             with contextlib.suppress(OSError):
                 os.unlink(mine, dir_fd=d)
 
-    def _archive_claims(self, look: dict[str, Any], wall: float) -> None:
+    def start_claims(self, look: dict[str, Any], wall: float) -> None:
         """Any agent with room resumes an archived job no node runs: the claimable records the
-        round's look found (:meth:`_archive_look`) are tried here (``_from_archive``), at most
+        round's look found (:meth:`look`) are tried here (``_from_archive``), at most
         ARCHIVE_CLAIMS_MAX a round (the rest the next round)."""
         now = time.monotonic()
         started = 0
 
         def free(key: str) -> bool:
-            return started < ARCHIVE_CLAIMS_MAX and key not in self.guarding.taking and now >= self._archive_next.get(key, 0.0)
+            return started < ARCHIVE_CLAIMS_MAX and key not in self.host.guarding.taking and now >= self.next_try.get(key, 0.0)
 
         for key in look["guards"]:
-            if not free(key) or self._guarded_here(key):
+            if not free(key) or self.guarded_here(key):
                 continue  # this node guards it: its own take-over goes through the claim
-            self.guarding.taking.add(key)
+            self.host.guarding.taking.add(key)
             started += 1
-            self._spawn(self._from_archive(key))
+            self.host._spawn(self.claim_and_resume(key))
         waited = {}
         for key, src, buddy, newer in look["lives"]:
             if not free(key) or self._run_elsewhere(src, buddy, wall):
                 continue  # its node runs it, or its buddy lives and resumes it from its replica
-            if self._guarded_here(key):
+            if self.guarded_here(key):
                 continue  # this node guards it: its own take-over goes through the claim
             if newer is not None and self._await_newer_copy(key, src, newer, wall, now):
-                waited[key] = self._live_waits[key]
+                waited[key] = self.live_waits[key]
                 continue
-            self.guarding.taking.add(key)
+            self.host.guarding.taking.add(key)
             started += 1
-            self._spawn(self._from_archive(key, live=True, ask=(src, key) if self._window_ended(src, wall) else None))
-        self._live_waits = waited  # a wait ends with its record (claimed, replaced by the newer one, gone)
+            self.host._spawn(self.claim_and_resume(key, live=True, ask=(src, key) if self._window_ended(src, wall) else None))
+        self.live_waits = waited  # a wait ends with its record (claimed, replaced by the newer one, gone)
         for key, rec in look["stale"][:ARCHIVE_SCAN_MAX]:
             # its node claimed it and died before the job ran: claimable again (_claim takes it over)
             if not free(key):
@@ -1422,28 +1435,28 @@ class ArchiveMixin:
             if rec["kind"] == "live":  # claimed from a live record: only while its node and buddy are still gone
                 if self._run_elsewhere(int(rec["src_node"]), rec.get("buddy"), wall):
                     continue
-            if self._guarded_here(key):
+            if self.guarded_here(key):
                 continue  # this node guards it: its own take-over goes through the claim
-            self.guarding.taking.add(key)
+            self.host.guarding.taking.add(key)
             started += 1
-            self._spawn(self._from_archive(key))
+            self.host._spawn(self.claim_and_resume(key))
         for key, node, (runs_on, job) in look["runs"]:
-            if not free(key) or self.guarding.source_dead(node, wall) is None or self._guarded_here(key):
+            if not free(key) or self.host.guarding.source_dead(node, wall) is None or self.guarded_here(key):
                 continue
-            self.guarding.taking.add(key)
+            self.host.guarding.taking.add(key)
             started += 1
             # the node it placed the job on (another, alive or not: that one is asked) or itself
             # (asked when its window ended: it may be back), whether the job runs there
             ask = (runs_on, f"n{runs_on}-{job}") if runs_on != node or self._window_ended(node, wall) else None
-            self._spawn(self._from_archive(key, dead_runner=node, ask=ask))
+            self.host._spawn(self.claim_and_resume(key, dead_runner=node, ask=ask))
 
     def _window_ended(self, node: int, wall: float) -> bool:
         """Whether ``node``'s reclaim window (the zone's notice) has ended. Such a node counts as
         dead, yet its agent may have come back after the window (restarted, its reclaim cleared:
         the owner gave the node back) and run what it claimed or started since: its archived
-        records are asked about first (:meth:`_from_archive`'s ``ask``). A claim of a node
+        records are asked about first (:meth:`claim_and_resume`'s ``ask``). A claim of a node
         that is only silent is not (it does not answer)."""
-        notice = self.notices.get(node)
+        notice = self.host.notices.get(node)
         return notice is not None and wall >= notice[0]
 
     def _await_newer_copy(self, key: str, src: int, newer: tuple[str, str, float], wall: float, now: float) -> bool:
@@ -1457,34 +1470,34 @@ class ArchiveMixin:
         (within ``dead_after_s``), the claim waits, at most as long as the progress it would save
         (the rent-or-buy break-even: the wait never costs more than that progress); a silent
         ``src`` is not waited for."""
-        seen = self._last_seen(src)
-        if seen < 0 or wall - seen >= float(self.s["dead_after_s"]):
+        seen = self.host._last_seen(src)
+        if seen < 0 or wall - seen >= float(self.host.s["dead_after_s"]):
             return False
-        first = self._live_waits.setdefault(key, now)
+        first = self.live_waits.setdefault(key, now)
         if now - first >= newer[2]:
-            self._emit(f"{key}: waited {now - first:.1f} s for node {src}'s copy of {newer[1]} into the archive "
+            self.host._emit(f"{key}: waited {now - first:.1f} s for node {src}'s copy of {newer[1]} into the archive "
                        f"(the progress it holds over {newer[0]}); resumed from {newer[0]}", persist=False,
                        key=key, ckpt=newer[0], phase="archive-live-waited")
             return False
         if now == first:
-            self._emit(f"{key}: its archived {newer[0]} is not claimed yet: node {src}, heard from past its "
+            self.host._emit(f"{key}: its archived {newer[0]} is not claimed yet: node {src}, heard from past its "
                        f"reclaim window, is copying {newer[1]} into the archive (waits up to {newer[2]:.1f} s, "
                        "the progress it holds)", persist=False, key=key, ckpt=newer[0], phase="archive-live-wait")
         return True
 
-    def _guarded_here(self, key: str) -> bool:
+    def guarded_here(self, key: str) -> bool:
         """This node guards (or waits to resume) the job ``key``."""
-        row = self.agent.store.db.execute("SELECT state FROM migrate_replicas WHERE key=?", (key,)).fetchone()
+        row = self.host.agent.store.db.execute("SELECT state FROM migrate_replicas WHERE key=?", (key,)).fetchone()
         return row is not None and row["state"] in ("guarding", "waiting")
 
     def _run_elsewhere(self, src: int, buddy: Any, wall: float) -> bool:
         """A running job's archived record is not this node's to claim: this node runs it, its
         node ``src`` is alive, or its ``buddy`` (another node) is and resumes it from its replica."""
-        if src == self.node_id or self.guarding.source_dead(src, wall) is None:
+        if src == self.host.node_id or self.host.guarding.source_dead(src, wall) is None:
             return True
-        return buddy is not None and int(buddy) != self.node_id and self.guarding.source_dead(int(buddy), wall) is None
+        return buddy is not None and int(buddy) != self.host.node_id and self.host.guarding.source_dead(int(buddy), wall) is None
 
-    def _dead_runs(self, root: Path, now: float) -> list[tuple[str, int]]:
+    def dead_runs(self, root: Path, now: float) -> list[tuple[str, int]]:
         """(key, node) of each job claimed from the archive whose runner ``node`` (another node)
         is dead (:meth:`Guard.source_dead`) before anything newer of the job reached the archive: its
         successor ``n<node>-<job>`` (the record's ``resumed``) holds no verified record. The
@@ -1494,21 +1507,21 @@ class ArchiveMixin:
         (the first ARCHIVE_SCAN_MAX entries of the root); the round reads the files on the lane
         (:meth:`_running_records`) and asks :meth:`Guard.source_dead` on the loop."""
         out = []
-        with self._archive_view(root, create=False) as v:
+        with self.view(root, create=False) as v:
             for key in archive_fs.names(v.rootfd, ARCHIVE_SCAN_MAX)[0]:
                 if not key.startswith("."):
-                    out += [(k, n) for k, n, _ in self._running_records(v, key, lambda n: self.guarding.source_dead(n, now) is None)]
+                    out += [(k, n) for k, n, _ in self._running_records(v, key, lambda n: self.host.guarding.source_dead(n, now) is None)]
         return out
 
     def _running_records(self, v: View, key: str, alive: Callable[[int], bool]
                          ) -> list[tuple[str, int, tuple[int, str]]]:
         """(key, node, (node, job) of the job resumed from it: its successor) of each verified
         running record in the key's directory of another node, not ``alive``, whose successor
-        holds no verified record (the file part of :meth:`_dead_runs`)."""
+        holds no verified record (the file part of :meth:`dead_runs`)."""
         out = []
         for s in v.runs(key):
             node, res = int(s.body["writer"]), s.body.get("resumed")
-            if node == self.node_id or alive(node) or res is None:
+            if node == self.host.node_id or alive(node) or res is None:
                 continue
             succ = f"n{res['node']}-{res['job']}"
             if succ != key and any((n in ("guard.json", LIVE_RECORD) or _NODE_FILE.fullmatch(n))
@@ -1517,13 +1530,13 @@ class ArchiveMixin:
             out.append((key, node, (int(res["node"]), str(res["job"]))))
         return out
 
-    def _stale_claims(self, root: Path, now: float) -> list[tuple[str, dict[str, Any]]]:
+    def stale_claims(self, root: Path, now: float) -> list[tuple[str, dict[str, Any]]]:
         """(key, claimed record's body) of each claim in the archive (among the first
         ARCHIVE_SCAN_MAX entries of its root) that this agent has seen unchanged for
         ARCHIVE_CLAIM_STALE_S and whose job no node runs (another node's: this node's own
         claims are its take-overs in flight)."""
         out = []
-        with self._archive_view(root, create=False) as v:
+        with self.view(root, create=False) as v:
             for key in archive_fs.names(v.rootfd, ARCHIVE_SCAN_MAX)[0]:
                 st = self._stale_claim(v, key) if not key.startswith(".") else None
                 if st is not None:
@@ -1533,18 +1546,18 @@ class ArchiveMixin:
     def _stale_claim(self, v: View, key: str) -> tuple[str, dict[str, Any], str] | None:
         """(key, the claimed record's body, the claim's file name) of a verified claim of another
         node in the key's directory that no node runs and that is older than
-        ARCHIVE_CLAIM_STALE_S (:meth:`_claim_age`), or None."""
+        ARCHIVE_CLAIM_STALE_S (:meth:`claim_age`), or None."""
         claims = v.claims(key)
         if any(c.name.startswith("running-") for c in claims):
             return None
         for c in claims:
-            if c.node == self.node_id or not c.name.startswith("claimed-"):
+            if c.node == self.host.node_id or not c.name.startswith("claimed-"):
                 continue
-            if self._claim_age(v, key, c) > ARCHIVE_CLAIM_STALE_S:
+            if self.claim_age(v, key, c) > ARCHIVE_CLAIM_STALE_S:
                 return key, c.owner, c.name
         return None
 
-    def _claim_age(self, v: View, key: str, c: Sealed) -> float:
+    def claim_age(self, v: View, key: str, c: Sealed) -> float:
         """How old the claim ``c`` is: by its signed note (``ts``), or, a claim its node never
         noted (it crashed right after the rename), by how long this agent has seen it as it is
         now (:meth:`_claim_seen_for`); so is another node's note under this claim's name (a
@@ -1563,52 +1576,52 @@ class ArchiveMixin:
             return 0.0
         ident = (key, c.name, st.st_ino, st.st_ctime_ns)
         now = time.monotonic()
-        first = self._claims_seen.setdefault(ident, now)
-        self._claims_seen.move_to_end(ident)
-        while len(self._claims_seen) > CLAIMS_SEEN_KEEP:
-            self._claims_seen.popitem(last=False)
+        first = self.claims_seen.setdefault(ident, now)
+        self.claims_seen.move_to_end(ident)
+        while len(self.claims_seen) > CLAIMS_SEEN_KEEP:
+            self.claims_seen.popitem(last=False)
         return now - first
 
     # -- removing what the archive no longer needs (archive_gc) -----------------------------------
 
-    def _placed_as(self, key: str) -> tuple[int, str] | None:
+    def placed_as(self, key: str) -> tuple[int, str] | None:
         """(node, job id) where this node placed the guarded job ``key`` (the replica's job_id,
         ``node N/job-M``), or None."""
-        row = self.agent.store.db.execute("SELECT job_id FROM migrate_replicas WHERE key=?", (key,)).fetchone()
+        row = self.host.agent.store.db.execute("SELECT job_id FROM migrate_replicas WHERE key=?", (key,)).fetchone()
         try:
             node, job = str(row["job_id"]).removeprefix("node ").split("/", 1)
             return int(node), job
         except (TypeError, ValueError, IndexError):
             return None
 
-    def _archive_gc_round(self) -> None:
-        """Every ``archive_gc_s``: the archive sweep (:meth:`archive_gc`) in a thread, one at a time."""
+    def start_sweep(self) -> None:
+        """Every ``archive_gc_s``: the archive sweep (:meth:`sweep`) in a thread, one at a time."""
         if self._gc_running or time.monotonic() < self._gc_next:
             return
-        self._gc_next = time.monotonic() + float(self.s["archive_gc_s"])
+        self._gc_next = time.monotonic() + float(self.host.s["archive_gc_s"])
         self._gc_running = True
-        self._spawn(self._archive_gc_task(self._archive_gc_ended()))
+        self.host._spawn(self._gc_task(self._gc_ended()))
 
-    def _archive_gc_ended(self) -> dict[str, set[str]]:
+    def _gc_ended(self) -> dict[str, set[str]]:
         """Archive key -> ids of this node's jobs resumed from it (their origin, as the job
         manager stored it: laminar.runtime.provenance; never a job's env, which its user writes)
         that ended by themselves (exited) or were stopped by their user: they need nothing from
         it any more. A job that failed to start, was lost, moved or reclaimed is not here: its
         state may still be needed from the archive. One indexed query, no spec decoded."""
-        jobs = getattr(self.agent, "jobs", None)
+        jobs = getattr(self.host.agent, "jobs", None)
         return jobs.ended_origins(("exited", "stopped")) if jobs is not None else {}
 
-    async def _archive_gc_task(self, ended: dict[str, set[str]]) -> None:
+    async def _gc_task(self, ended: dict[str, set[str]]) -> None:
         try:
-            res = await self._lane.call("archive sweep", self.archive_gc, ended)
+            res = await self.lane.call("archive sweep", self.sweep, ended)
             for key, why in res["removed"].items():
-                self._emit(f"archive: {key} removed ({why})", persist=False, key=key, phase="archive-removed", why=why)
+                self.host._emit(f"archive: {key} removed ({why})", persist=False, key=key, phase="archive-removed", why=why)
         except Exception:  # a bug or the storage: the next sweep tries again
             log.exception("migrate: archive sweep")
         finally:
             self._gc_running = False
 
-    def archive_gc(self, ended: dict[str, set[str]] | None = None, now: float | None = None,
+    def sweep(self, ended: dict[str, set[str]] | None = None, now: float | None = None,
                    tmp_stale_s: float = ARCHIVE_TMP_STALE_S) -> dict[str, Any]:
         """One sweep of the archive (the rule is in the module's docs, *What the archive keeps, and
         what goes*) over the next ARCHIVE_SCAN_MAX entries of its root (:meth:`_scan_keys`: a
@@ -1634,7 +1647,7 @@ class ArchiveMixin:
         out: dict[str, Any] = {"removed": {}, "temporaries": 0, "tombstones": 0}
         now = time.time() if now is None else now
         try:
-            v = self._view_or_none()
+            v = self.view_or_none()
         except (OSError, MigrateError):
             return out
         if v is None:
@@ -1651,7 +1664,7 @@ class ArchiveMixin:
                         out["temporaries"] += 1
                 why, runner = self._gc_verdict_in(v, key, names, (ended or {}).get(key, set()), now, tmp_stale_s)
                 if why in ("ended", "superseded") and runner is not None:
-                    self._mark_done_in(v, key, runner, why, now)  # before the directory goes
+                    self.mark_done_in(v, key, runner, why, now)  # before the directory goes
                 if why is not None and self._tombstone_in(v, None, key):
                     out["removed"][key] = why
             if self._done_expired is None or now - self._done_expired >= ARCHIVE_DONE_EXPIRE_EVERY_S:
@@ -1668,10 +1681,10 @@ class ArchiveMixin:
                         if now - born > tmp_stale_s:
                             archive_fs.remove_tree(trash, t)
                             out["tombstones"] += 1
-        self.counts["archive_gc_dirs"] = self.counts.get("archive_gc_dirs", 0) + len(out["removed"])
+        self.host.counts["archive_gc_dirs"] = self.host.counts.get("archive_gc_dirs", 0) + len(out["removed"])
         for why in out["removed"].values():  # archive_gc_ended, archive_gc_superseded, archive_gc_empty
-            self.counts[f"archive_gc_{why}"] = self.counts.get(f"archive_gc_{why}", 0) + 1
-        self.counts["archive_gc_temporaries"] = (self.counts.get("archive_gc_temporaries", 0) + out["temporaries"]
+            self.host.counts[f"archive_gc_{why}"] = self.host.counts.get(f"archive_gc_{why}", 0) + 1
+        self.host.counts["archive_gc_temporaries"] = (self.host.counts.get("archive_gc_temporaries", 0) + out["temporaries"]
                                                  + out["tombstones"])
         return out
 
@@ -1695,7 +1708,7 @@ class ArchiveMixin:
                     with contextlib.suppress(OSError):
                         os.unlink(t, dir_fd=d)
 
-    def _mark_done_in(self, v: View, key: str, runner: int, why: str, now: float) -> None:
+    def mark_done_in(self, v: View, key: str, runner: int, why: str, now: float) -> None:
         """``<archive>/.done/<key>``, signed by this node: the claimed job of ``key`` ran on node
         ``runner`` and ended (``why``: "ended there" on its own node, "ended", "superseded").
         Written whole under a temporary name of this write's own, then renamed (two sweepers
@@ -1731,13 +1744,13 @@ class ArchiveMixin:
         runner, res = int(runs[0].body["writer"]), runs[0].body.get("resumed")
         if res is not None:
             node, job = int(res["node"]), str(res["job"])
-            if node == self.node_id and job in ended:
+            if node == self.host.node_id and job in ended:
                 return "ended", runner
             succ = f"n{node}-{job}"
             if succ != key and not job.startswith(".") and self._holds_safe_copy_in(v, succ):
                 return "superseded", runner
             return None, None
-        if runner == self.node_id and ended:
+        if runner == self.host.node_id and ended:
             return "ended", runner  # a record without ``resumed``: this node claimed it and ran it here
         return None, None
 
@@ -1755,13 +1768,13 @@ class ArchiveMixin:
             if s is None or s.owner.get("resumed_copy"):
                 continue
             b = s.owner
-            if (key, str(b["ckpt"])) in self._gc_unverified:
+            if (key, str(b["ckpt"])) in self.gc_unverified:
                 continue
             try:
                 self._check_payload(v, key, b)
             except (OSError, Refused) as e:
                 log.info("migrate: archived %s/%s is no safe copy: %s", key, b["ckpt"], e)
-                self._gc_unverified.add((key, str(b["ckpt"])))
+                self.gc_unverified.add((key, str(b["ckpt"])))
                 continue
             return True
         return False
@@ -1796,7 +1809,7 @@ class ArchiveMixin:
         finally:
             os.close(ck)
 
-    def _fetch(self, v: View, key: str, b: dict[str, Any]) -> Path:
+    def fetch(self, v: View, key: str, b: dict[str, Any]) -> Path:
         """The checkpoint the verified record body ``b`` names, copied out of the archive into
         this node's state directory (``<state>/resume/<key>/<ckpt>/``, the owner's view of a
         checkpoint: :meth:`Replicas.resume_install`) and checked against what the record signed as it is
@@ -1806,7 +1819,7 @@ class ArchiveMixin:
         ``manifest_mismatch``, ``too_big_ckpt``: it does not fit, leaving ARCHIVE_FETCH_RESERVE
         free) or OSError."""
         req = b["request"]
-        base = self.replicas.resume_base()
+        base = self.host.replicas.resume_base()
         st = os.statvfs(base)
         free = st.f_bavail * st.f_frsize
         if free < int(b["bytes"]) + ARCHIVE_FETCH_RESERVE:
@@ -1819,17 +1832,17 @@ class ArchiveMixin:
                 self._check_payload(v, key, b, tfd)
             finally:
                 os.close(tfd)
-            return self.replicas.resume_install(tmp, key, str(b["ckpt"]), int(req["owner_uid"]), int(req["owner_gid"]))
+            return self.host.replicas.resume_install(tmp, key, str(b["ckpt"]), int(req["owner_uid"]), int(req["owner_gid"]))
         except BaseException:
             shutil.rmtree(tmp, ignore_errors=True)
             raise
 
-    def _tombstone(self, root: Path, path: Path) -> bool:
+    def tombstone(self, root: Path, path: Path) -> bool:
         """Removes ``path`` (an entry of the archive ``root`` or of one of its job directories)
         (:meth:`_tombstone_in`). Raises ValueError for a path outside the archive."""
         if path.parent != root and path.parent.parent != root:
             raise ValueError(f"{path} is not an entry of the archive {root} or of one of its job directories")
-        with self._archive_view(root, create=False) as v:
+        with self.view(root, create=False) as v:
             return self._tombstone_in(v, None if path.parent == root else path.parent.name, path.name)
 
     def _tombstone_in(self, v: View, key: str | None, name: str) -> bool:
@@ -1845,7 +1858,7 @@ class ArchiveMixin:
         src = v.rootfd if key is None else v.dir(key)
         if trash is None or src is None:
             return False
-        t = f"{name}.{self.node_id}.{time.time_ns()}"
+        t = f"{name}.{self.host.node_id}.{time.time_ns()}"
         try:
             os.rename(name, t, src_dir_fd=src, dst_dir_fd=trash)
         except OSError:
@@ -1854,28 +1867,28 @@ class ArchiveMixin:
         archive_fs.remove_tree(trash, t)
         return True
 
-    def _archived_newer(self, key: str, path: Path) -> Path | None:
+    def archived_newer(self, key: str, path: Path) -> Path | None:
         """The checkpoint this node's claim on ``key`` names in the archive when its step is above
         ``path``'s and it is what the claimed record signed: copied out into this node's state
-        directory for the job's owner (:meth:`_fetch`), else None. A guard's replica may be older
+        directory for the job's owner (:meth:`fetch`), else None. A guard's replica may be older
         than what reached the archive since (the job's final checkpoint, sent to a holder that
         archived it and died): a take-over from the replica would lose the work in between.
         Blocking (copies and hashes)."""
         try:
-            v = self._view_or_none()
+            v = self.view_or_none()
         except (OSError, MigrateError):
             return None
         if v is None:
             return None
         with v:
-            s = v.read(key, f"claimed-{self.node_id}.json")
+            s = v.read(key, f"claimed-{self.host.node_id}.json")
             if s is None:
                 return None
             b = s.owner
             try:
                 if int(str(b["ckpt"]).removeprefix("ckpt-")) <= int(path.name.removeprefix("ckpt-")):
                     return None
-                return self._fetch(v, key, b)
+                return self.fetch(v, key, b)
             except Refused as e:
                 self._payload_refused(key, b, e)
             except (OSError, ValueError) as e:
@@ -1886,27 +1899,27 @@ class ArchiveMixin:
         """Counts a checkpoint that does not match its verified record; one that is not what its
         record signed is not claimed again (until its record changes)."""
         known = e.reason in ("bad_ckpt", "manifest_mismatch")
-        self._archive_refusals.note(f"{key}/{b['ckpt']}", e, ("payload", key, b["nonce"]) if known else None)
+        self.refusals.note(f"{key}/{b['ckpt']}", e, ("payload", key, b["nonce"]) if known else None)
 
     def _claim_and_read(self, key: str, live: bool, dead_runner: int | None) -> tuple[dict[str, Any], Path] | None:
         """Takes the archive's claim on ``key`` (:meth:`_claim_in`), reads the claimed record
-        (verified) and fetches its checkpoint for the job's owner (:meth:`_fetch`): (the job's
+        (verified) and fetches its checkpoint for the job's owner (:meth:`fetch`): (the job's
         record body, the local checkpoint), or None when another node holds the claim. Raises
         OSError (the claim given back): the checkpoint is not what the record signed (counted),
         does not fit, or the storage failed. Blocking file I/O (on the lane)."""
-        v = self._view_or_none()
+        v = self.view_or_none()
         if v is None:
             return None
         with v:
             if not self._claim_in(v, key, live=live, dead_runner=dead_runner):
                 return None
             try:
-                s = v.read(key, f"claimed-{self.node_id}.json")
+                s = v.read(key, f"claimed-{self.host.node_id}.json")
                 if s is None:
                     raise OSError(f"archive: {key}: the claimed record is gone or does not verify")
                 b = s.owner
                 try:
-                    path = self._fetch(v, key, b)
+                    path = self.fetch(v, key, b)
                 except Refused as e:
                     self._payload_refused(key, b, e)
                     raise OSError(f"archive: {key}: {e}") from None
@@ -1915,40 +1928,40 @@ class ArchiveMixin:
                 raise
             return dict(b), path
 
-    def _claim_archived(self, key: str) -> tuple[bool, str | None, bool]:
+    def claim_archived(self, key: str) -> tuple[bool, str | None, bool]:
         """A guard's take-over of ``key`` meets the archive (blocking, on the lane): (whether it
         is archived, who runs it when a node claimed and started it, whether this node took the
-        claim, live records included: :meth:`_claim`). Only verified records count: a file
+        claim, live records included: :meth:`claim`). Only verified records count: a file
         planted there stands no guard down."""
-        v = self._view_or_none()
+        v = self.view_or_none()
         if v is None:
             return False, None, False
         with v:
             if not self._archived_in(v, key):
                 return False, None, False
-            other = self._runner_in(v, key)
+            other = self.runner_in(v, key)
             if other is not None:
                 return True, other, False
             return True, None, self._claim_in(v, key, live=True)
 
-    def _archive_unless_archived(self, key: str, ckpt: Path, record: dict[str, Any]) -> Path | None:
-        """:meth:`_archive` unless the archive holds a record of ``key`` already (blocking)."""
-        return None if self._archived(key) else self._archive(key, ckpt, record)
+    def publish_unless_archived(self, key: str, ckpt: Path, record: dict[str, Any]) -> Path | None:
+        """:meth:`publish` unless the archive holds a record of ``key`` already (blocking)."""
+        return None if self.archived(key) else self.publish(key, ckpt, record)
 
-    async def _from_archive(self, key: str, live: bool = False, dead_runner: int | None = None,
+    async def claim_and_resume(self, key: str, live: bool = False, dead_runner: int | None = None,
                             ask: tuple[int, str] | None = None) -> None:
         """Claims the archived job ``key`` (its guard record; ``live``: its live record too;
         ``dead_runner``: that node's running record) and resumes it here from the local copy of
         its checkpoint (:meth:`_claim_and_read`); given back when it cannot start here. ``ask``:
-        (node, key) of the job that may still run there, asked first (:meth:`_still_runs`)."""
-        root = self._archive_root()
+        (node, key) of the job that may still run there, asked first (:meth:`still_runs`)."""
+        root = self.root()
         assert root is not None
         try:
-            if self.guarding.runs_here(key) is not None:
+            if self.host.guarding.runs_here(key) is not None:
                 return
-            if ask is not None and ask[0] != self.node_id and await self._still_runs(key, *ask):
+            if ask is not None and ask[0] != self.host.node_id and await self.still_runs(key, *ask):
                 return
-            got = await self._lane.call(f"claim of {key}", self._claim_and_read, key, live, dead_runner)
+            got = await self.lane.call(f"claim of {key}", self._claim_and_read, key, live, dead_runner)
             if got is None:
                 return
             rec, path = got
@@ -1961,25 +1974,25 @@ class ArchiveMixin:
                     why = f"node {dead_runner}, which ran it from the archive, is gone; claimed again from the archive"
                 # (what its node signed of the request, nothing else: a placement named there would
                 # drop this node's reservation of it, an LM_PLACEMENT_ID answer a hand-over with it)
-                err = await self.guarding.resume_here(row, owner_request(rec["request"]), path, why)
+                err = await self.host.guarding.resume_here(row, owner_request(rec["request"]), path, why)
                 if err is None:
-                    self._lane.submit(f"claim of {key} done", self._claim_done, key, f"node {self.node_id}",
-                                      (self.node_id, self.guarding.runs_here(key) or ""))
+                    self.lane.submit(f"claim of {key} done", self.claim_done, key, f"node {self.host.node_id}",
+                                      (self.host.node_id, self.host.guarding.runs_here(key) or ""))
                     done = True
                 else:
-                    n = self._archive_tries.get(key, 0)
-                    self._archive_tries[key] = n + 1
-                    self._archive_next[key] = time.monotonic() + self.guarding.retry.delay(n)
+                    n = self._tries.get(key, 0)
+                    self._tries[key] = n + 1
+                    self.next_try[key] = time.monotonic() + self.host.guarding.retry.delay(n)
             finally:
                 if not done:  # given back in order on the lane (a hung archive waits for it; nothing waits here)
-                    self._lane.submit(f"claim of {key} given back", self._unclaim, key)
+                    self.lane.submit(f"claim of {key} given back", self.unclaim, key)
         except (OSError, ValueError, KeyError, TypeError, MigrateError, jobkit.CheckpointError) as e:
             log.warning("migrate: archived job %s cannot be resumed here: %s", key, e)
-            self._archive_next[key] = time.monotonic() + float(self.s["retry_max_s"])
+            self.next_try[key] = time.monotonic() + float(self.host.s["retry_max_s"])
         finally:
-            self.guarding.taking.discard(key)
+            self.host.guarding.taking.discard(key)
 
-    async def _still_runs(self, key: str, node: int, job_key: str) -> bool:
+    async def still_runs(self, key: str, node: int, job_key: str) -> bool:
         """Whether ``node`` answers (control op ``needs``) that its job ``job_key`` lives there
         (SOURCE_LIVE_STATES) or ended there (ARCHIVE_ENDED_THERE: exited, stopped by its user,
         moved elsewhere): the archived job ``key`` is not claimed here then, and is looked at
@@ -1991,27 +2004,27 @@ class ArchiveMixin:
         stopped by the window's end (``reclaimed``) or one that failed there goes on with the
         claim."""
         try:
-            ans = await self._control(node, "needs", {"key": job_key}, timeout=float(self.s["dead_after_s"]) + 2.0)
+            ans = await self.host._control(node, "needs", {"key": job_key}, timeout=float(self.host.s["dead_after_s"]) + 2.0)
         except Exception as e:  # gone: no answer (a refused connection, a timeout, an error)
             log.info("migrate: node %d did not answer whether %s lives there (before claiming %s): %s",
                      node, job_key, key, e)
-            self._archive_runs_told.pop(key, None)
+            self.runs_told.pop(key, None)
             return False
         state = ans.get("state") if isinstance(ans, dict) and ans.get("key") == job_key else None
         if state not in SOURCE_LIVE_STATES and state not in ARCHIVE_ENDED_THERE:
-            self._archive_runs_told.pop(key, None)
+            self.runs_told.pop(key, None)
             return False
-        again = float(self.s["dead_after_s"]) if state in SOURCE_LIVE_STATES else ARCHIVE_CLAIM_STALE_S
-        self._archive_next[key] = time.monotonic() + again
-        if self._archive_runs_told.get(key) != job_key:
-            self._archive_runs_told[key] = job_key
+        again = float(self.host.s["dead_after_s"]) if state in SOURCE_LIVE_STATES else ARCHIVE_CLAIM_STALE_S
+        self.next_try[key] = time.monotonic() + again
+        if self.runs_told.get(key) != job_key:
+            self.runs_told[key] = job_key
             what = f"runs there ({state})" if state in SOURCE_LIVE_STATES else f"ended there ({state})"
-            self._emit(f"{key}: node {node} counts as dead (its reclaim window ended, or it placed the job elsewhere) "
+            self.host._emit(f"{key}: node {node} counts as dead (its reclaim window ended, or it placed the job elsewhere) "
                        f"but answers that {job_key} {what}: not claimed from the archive here", persist=False,
                        key=key, node=node, job_key=job_key, state=state, phase="archive-runs-there")
         return True
 
-    def _archive_status(self) -> dict[str, Any] | None:
+    def status(self) -> dict[str, Any] | None:
         """The archive's part of the status (None without ``archive_dir``): ``stalled_s``, the
         seconds its work in hand has made no progress once that is ARCHIVE_STALL_SWEEPS x
         ``archive_gc_s`` or more (its storage does not answer; else None), ``busy`` (that work),
@@ -2019,12 +2032,12 @@ class ArchiveMixin:
         are signed with: ``node`` with a node key, else ``zone``; None without zone keys),
         ``error`` (why ``archive_dir`` is not used: its owner or mode) and ``refused`` (the
         latest files refused, with why: counted in ``counts.archive_unverified_<reason>``)."""
-        root = self._archive_root()
+        root = self.root()
         if root is None:
             return None
-        quiet, what = self._archive_stall(time.monotonic())
-        auth = ArchiveAuth.of(getattr(self.agent, "zone", None))
+        quiet, what = self._stall(time.monotonic())
+        auth = ArchiveAuth.of(getattr(self.host.agent, "zone", None))
         return {"dir": str(root), "stalled_s": None if quiet is None else round(quiet, 1), "busy": what,
-                "queued": self._lane.queued, "rounds": self._archive_rounds,
-                "auth": None if auth is None else auth.mode, "error": self._archive_root_error,
-                "refused": list(self._archive_refusals.samples)}
+                "queued": self.lane.queued, "rounds": self.rounds,
+                "auth": None if auth is None else auth.mode, "error": self._root_error,
+                "refused": list(self.refusals.samples)}
