@@ -98,7 +98,7 @@ def measure(size_mib: int, seconds: float) -> dict[str, Any]:
 
         async def main() -> dict[str, Any]:
             await c.ckpt.verify_new()  # the driver's check (the old tree's: jobkit's)
-            while c.archive.live.get(job.id) != ck.name:  # the first copy: not counted
+            while c.archive.periodic.live.get(job.id) != ck.name:  # the first copy: not counted
                 c.archive.round_running = True
                 await c.archive.run_round()
                 await asyncio.sleep(0.05)

@@ -101,7 +101,7 @@ def mark_done(agent: ReclaimComponent, key: str, runner: int, why: str = "supers
     import time
 
     with agent.archive.view() as v:
-        agent.archive.mark_done_in(v, key, runner, why, time.time() if at is None else at)
+        agent.archive.gc.mark_done_in(v, key, runner, why, time.time() if at is None else at)
 
 
 def presigned(src: ReclaimComponent, key: str, ckpt: Path) -> dict[str, Any]:
@@ -130,10 +130,10 @@ def claimed_by(arch: Path, tmp: Path, key: str, runner: int, resumed: tuple[int,
 
     src = int(key[1:].split("-", 1)[0])
     ckpt = Checkpointer(job_id=key, ckpt_dir=tmp / f"ck-{key}", install_signal=False).save(b"w", step=7)
-    agent_of(src, arch, keys).archive.publish(key, ckpt, record(key))
+    agent_of(src, arch, keys).archive.stopped.publish(key, ckpt, record(key))
     r = agent_of(runner, arch, keys)
-    assert r.archive.claim(key)
-    r.archive.claim_done(key, f"node {runner}", resumed)
+    assert r.archive.claims.claim(key)
+    r.archive.claims.claim_done(key, f"node {runner}", resumed)
     return arch / key
 
 

@@ -1,4 +1,4 @@
-"""A reclaim's wait for the archive (``Archive.publish_until``) on archive storage that
+"""A reclaim's wait for the archive (``StoppedCopies.publish_until``) on archive storage that
 hangs in the middle of the copy: the wait ends at its deadline with an error naming the archive
 and the time waited, while the copy still waits on the storage in the archive's thread. When the
 storage answers, a copy given up (a reclaim's own, :class:`ArchiveWait`) runs to its end and
@@ -56,7 +56,7 @@ def test_a_wait_for_a_hung_archive_ends_and_its_late_copy_publishes_only_where_w
         async def run() -> str:
             fs.hang_at(".tmp-")
             with pytest.raises(MigrateError) as err:
-                await c.archive.publish_until(f"archiving {key}", key, ckpt, record(key), time.monotonic() + 0.5,
+                await c.archive.stopped.publish_until(f"archiving {key}", key, ckpt, record(key), time.monotonic() + 0.5,
                                        late_ok=late_ok)
             assert fs.hung_at  # the copy began and waits on the storage, in the archive's thread
             assert c.archive.lane.busy is not None and c.archive.lane.busy[0] == f"archiving {key}"

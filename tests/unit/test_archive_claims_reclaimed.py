@@ -4,7 +4,7 @@ on a node its owner has taken back, while the claim told every other node (the j
 guard included) that a node runs it. A withdrawn reclaim (``reclaim`` None again) claims as before.
 
 A real component, not started, and a real archive in a temporary directory; the claim's own work
-(:meth:`Archive.claim_and_resume`, which resumes the job) is replaced by a recorder: what is asserted is
+(:meth:`Claims.claim_and_resume`, which resumes the job) is replaced by a recorder: what is asserted is
 which records the round hands to it.
 """
 
@@ -43,8 +43,8 @@ def round_claims(c: ReclaimComponent, reclaim: str | None) -> list[tuple[str, bo
     async def recorder(key: str, live: bool = False, dead_runner: int | None = None) -> None:
         tried.append((key, live))
 
-    c.archive.claim_and_resume = recorder  # type: ignore[method-assign]
-    c.archive.start_sweep = lambda: None  # type: ignore[method-assign]
+    c.archive.claims.claim_and_resume = recorder  # type: ignore[method-assign]
+    c.archive.gc.start_sweep = lambda: None  # type: ignore[method-assign]
 
     async def main() -> None:
         if reclaim is not None:
@@ -69,7 +69,7 @@ def archive(tmp_path: Path) -> Path:
     root = tmp_path / "arch"
     job = Checkpointer(job_id="job-1", ckpt_dir=tmp_path / "ck", install_signal=False, keep=2)
     src = component(1, root, tmp_path / "s1")
-    src.archive.publish("n1-job-1", job.save(b"w", step=3), record("n1-job-1", None))
+    src.archive.stopped.publish("n1-job-1", job.save(b"w", step=3), record("n1-job-1", None))
     src.archive.lane.close()
     src.agent.store.close()
     assert (root / "n1-job-1" / "guard.json").exists()

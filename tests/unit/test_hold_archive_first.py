@@ -94,11 +94,11 @@ def holding_node(tmp: Path, archive: Path, holders: bool = True) -> tuple[Reclai
 
 def hang_copies(c: ReclaimComponent, storage: threading.Event, copying: threading.Event | None = None,
                 answer: Callable[[], None] | None = None) -> None:
-    """A stand-in for hung storage under the archive: ``c``'s copies into it (``Archive.publish_copy``,
+    """A stand-in for hung storage under the archive: ``c``'s copies into it (``StoppedCopies.publish_copy``,
     on its archive thread) wait until ``storage`` is set (``copying`` is set as one begins); then
     ``answer`` runs (it may raise: the storage's error, or the agent's crash) and the real copy
     is made."""
-    real = c.archive.publish_copy
+    real = c.archive.stopped.publish_copy
 
     def hung(*a: Any) -> Path:
         if copying is not None:
@@ -108,7 +108,7 @@ def hang_copies(c: ReclaimComponent, storage: threading.Event, copying: threadin
             answer()
         return real(*a)
 
-    c.archive.publish_copy = hung  # type: ignore[method-assign]
+    c.archive.stopped.publish_copy = hung  # type: ignore[method-assign]
 
 
 def refuse() -> None:

@@ -152,7 +152,7 @@ def test_the_archive_rounds_read_a_running_jobs_checkpoint_only_to_copy_it(
 
     async def until_copied(comp: ReclaimComponent) -> bool:
         for _ in range(200):
-            if comp.archive.live.get(job.id) == ck.name:
+            if comp.archive.periodic.live.get(job.id) == ck.name:
                 return True
             await asyncio.sleep(0.02)
         return False

@@ -65,7 +65,7 @@ import logging
 import time
 from typing import TYPE_CHECKING, Any, Protocol
 
-from laminar.migrate.archive import ARCHIVE_CLAIM_STALE_S
+from laminar.migrate.archive_claims import ARCHIVE_CLAIM_STALE_S
 from laminar.migrate.constants import valid_key
 from laminar.migrate.errors import MigrateError
 from laminar.migrate.transfer import TransferError
@@ -229,7 +229,7 @@ class Fence:
             if job.id in self.host.evacuating or job.id in self.host._superseding:
                 continue  # (a move under way freezes and settles the job itself)
             key = self.host.job_key(job)
-            if (job.id not in self.host.prestage.buddy and job.id not in self.host.archive.live
+            if (job.id not in self.host.prestage.buddy and job.id not in self.host.archive.periodic.live
                     and not any(k == key for _, k in self.host.prestage.releases)):
                 continue  # nothing elsewhere would resume it (no guard, old or new, no archived copy): it runs on
             try:
@@ -380,7 +380,7 @@ class Fence:
             return None
         with v:
             claims = [str(c.node) for c in v.claims(key) if c.name.startswith("claimed-")
-                      and self.host.archive.claim_age(v, key, c) <= ARCHIVE_CLAIM_STALE_S]
+                      and self.host.archive.claims.claim_age(v, key, c) <= ARCHIVE_CLAIM_STALE_S]
             who = [n for n in (*claims, self.host.archive.runner_in(v, key))
                    if n is not None and n != str(self.host.node_id)]
             return who[0] if who else None

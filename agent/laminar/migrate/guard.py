@@ -732,7 +732,7 @@ class Guard:
                 self.host._emit(f"{key}: {why}, but it is not resumed: {refused}", key=key, phase="failed",
                            reason=refused.reason)
                 return
-            archived, other, claimed = (await self.host.archive.lane.call(f"claim of {key}", self.host.archive.claim_archived, key)
+            archived, other, claimed = (await self.host.archive.lane.call(f"claim of {key}", self.host.archive.claims.claim_archived, key)
                                         if self.host.archive.root() is not None else (False, None, False))
             if archived:  # the archive's claim is the lock: one node runs the job
                 if other is not None:
@@ -745,7 +745,7 @@ class Guard:
                 if not claimed:
                     self.wait_for_room(key, why, "another node is trying the archived copy", path)
                     return
-                newer = await self.host.archive.lane.call(f"checking {key}'s archived checkpoint", self.host.archive.archived_newer, key, path)
+                newer = await self.host.archive.lane.call(f"checking {key}'s archived checkpoint", self.host.archive.claims.archived_newer, key, path)
                 if newer is not None:  # the archive has the job's later state (a holder's final checkpoint)
                     self.host._emit(f"{key}: the archive holds {newer.name}, newer than this guard's {path.name}: resumed "
                                "from it", key=key, phase="take-over", ckpt=newer.name)
@@ -760,23 +760,23 @@ class Guard:
                     return  # a hand-over of it to this node came meanwhile: it starts the job, none elsewhere
                 if local_err is None:
                     if claimed:
-                        self.host.archive.lane.submit(f"claim of {key} done", self.host.archive.claim_done, key, f"node {self.host.node_id}",
+                        self.host.archive.lane.submit(f"claim of {key} done", self.host.archive.claims.claim_done, key, f"node {self.host.node_id}",
                                           (self.host.node_id, self.runs_here(key) or ""))
                         claimed = False
                     return
                 placed, remote_err = await self.place_elsewhere(row, req, path, why)
                 if placed:
                     if claimed:
-                        self.host.archive.lane.submit(f"claim of {key} done", self.host.archive.claim_done, key,
+                        self.host.archive.lane.submit(f"claim of {key} done", self.host.archive.claims.claim_done, key,
                                           f"placed by node {self.host.node_id}", self.host.archive.placed_as(key))
                         claimed = False
                     return
             finally:
                 if claimed:
-                    self.host.archive.lane.submit(f"claim of {key} given back", self.host.archive.unclaim, key)
+                    self.host.archive.lane.submit(f"claim of {key} given back", self.host.archive.claims.unclaim, key)
             if self.host.archive.root() is not None:
                 with contextlib.suppress(Exception):  # a copy that outlives this node (and the zone)
-                    await self.host.archive.lane.call(f"archiving {key}", self.host.archive.publish_unless_archived, key, path, {
+                    await self.host.archive.lane.call(f"archiving {key}", self.host.archive.stopped.publish_unless_archived, key, path, {
                         "key": key, "src_node": int(row["src_node"]), "src_job": row["src_job"],
                         "request": {**req, "take_over": True}})
             self.wait_for_room(key, why, f"here: {local_err}; elsewhere: {remote_err}", path)

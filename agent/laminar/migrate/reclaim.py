@@ -137,18 +137,11 @@ from laminar.airlock.cgroups import CgroupError, set_frozen_async
 from laminar.airlock.cgroups import freeze_counts as cgroup_freeze_counts
 from laminar.config import Field, _one_of, _range, register_section
 from laminar.migrate import ckpt_driver, drain, ledger
-from laminar.migrate.archive import ARCHIVE_CLAIM_STALE_S as ARCHIVE_CLAIM_STALE_S
-from laminar.migrate.archive import (
-    ARCHIVE_GC_S,
-    ARCHIVE_WAIT_MARGIN_S,
-    Archive,
-    ArchiveWait,
-    _progress,
-)
-from laminar.migrate.archive import ARCHIVE_TMP_STALE_S as ARCHIVE_TMP_STALE_S
-from laminar.migrate.archive import ARCHIVE_TRASH as ARCHIVE_TRASH
-from laminar.migrate.archive import LIVE_RECORD as LIVE_RECORD
+from laminar.migrate.archive import Archive
 from laminar.migrate.archive_auth import PRESIGNED, ArchiveAuth, manifest_digest, owner_body
+from laminar.migrate.archive_gc import ARCHIVE_GC_S
+from laminar.migrate.archive_lane import ArchiveWait, _progress
+from laminar.migrate.archive_stopped import ARCHIVE_WAIT_MARGIN_S
 from laminar.migrate.buddies import Prestage
 from laminar.migrate.constants import (
     DEFAULT_REMAINING_S,
@@ -770,7 +763,7 @@ class ReclaimComponent:
         self._loop_task = asyncio.get_running_loop().create_task(self._watch())
         self.ckpt = ckpt_driver.CkptDriver(self)
         self._spawn(self.ckpt.run())
-        self.archive.restore_late_copies()  # before the reclaim's restore: by the job states the stop left
+        self.archive.stopped.restore_late_copies()  # before the reclaim's restore: by the job states the stop left
         self._restore_reclaim()
         self._restore_moves()
         self._restore_move_holds()
@@ -1305,8 +1298,8 @@ class ReclaimComponent:
         phases = self._move_phases() if restored else {}
         handed = [j for j in active if phases.get(j.id, ("", None))[0] == "handover"]
         # a job whose archived record was being published when the agent stopped is stopped, not
-        # moved again (_restore_late_copies): the archive resumes it
-        active = [j for j in active if j not in handed and j.id not in self.archive.late_stopping]
+        # moved again (StoppedCopies.restore_late_copies): the archive resumes it
+        active = [j for j in active if j not in handed and j.id not in self.archive.stopped.late_stopping]
         for j in active:
             if phases.get(j.id, ("", None))[0] == "frozen":  # its move froze it: it checkpoints again
                 with contextlib.suppress(Exception):
@@ -1424,7 +1417,7 @@ class ReclaimComponent:
         if getattr(self.agent, "jobs", None) is None:
             return
         holds = self._holds()
-        known = set(self._move_phases()) | set(self.evacuating) | set(self.archive.late_stopping) | set(self._archive_keeps)
+        known = set(self._move_phases()) | set(self.evacuating) | set(self.archive.stopped.late_stopping) | set(self._archive_keeps)
         known |= {str(r["job_id"]) for r in ledger.move_records(self.agent.store.db)}
         for jid in sorted(holds.held_by(Hold.MOVE) - known):
             try:
@@ -1949,7 +1942,7 @@ class ReclaimComponent:
         The archive (a copy beside the holder, or the job's only one when no holder takes it) is
         waited for until ARCHIVE_WAIT_MARGIN_S before ``window_end`` (the reclaim's window, not
         the transfer's plan: the copy comes after the transfer), never longer
-        (:meth:`Archive.publish_until`): one that does not answer by then publishes nothing later."""
+        (:meth:`StoppedCopies.publish_until`): one that does not answer by then publishes nothing later."""
         mv.phase = "hold"
         window = None if xfer_deadline is None else max(0.0, xfer_deadline - time.monotonic())
         ranked = await self.rank_holders(self.job_key(job), size, window, self.prestage.buddy.get(job.id))
@@ -1998,7 +1991,7 @@ class ReclaimComponent:
                 # archive held nothing, and the record published after would be claimed by any
                 # agent with room (the job twice)
                 try:
-                    await self.archive.publish_until(f"archiving {job.id}", self.job_key(job), ckpt, {
+                    await self.archive.stopped.publish_until(f"archiving {job.id}", self.job_key(job), ckpt, {
                         "key": self.job_key(job), "src_node": self.node_id, "src_job": job.id,
                         "request": self._request(job, True)}, window_end - ARCHIVE_WAIT_MARGIN_S)
                 except (OSError, jobkit.CheckpointError, MigrateError) as e:
@@ -2025,22 +2018,22 @@ class ReclaimComponent:
             # given up only if this wait is cut (a shorter window, the agent's stop): the job is
             # then thawed and moved again, and a copy published later would be a second one
             aw = ArchiveWait() if late_ok else None
-            if late_ok:  # a restart takes the copy up again, never publishing it twice (_restore_late_copies)
-                self.archive.late_row_add(key, job.id, ckpt, record)
+            if late_ok:  # a restart takes the copy up again, never publishing it twice (StoppedCopies.restore_late_copies)
+                self.archive.stopped.late_row_add(key, job.id, ckpt, record)
 
             def settled(e: BaseException | None) -> None:
-                self.archive.late_row_drop(key)
+                self.archive.stopped.late_row_drop(key)
                 self._late_copy_settled(mv, e)
             try:
                 # with no buddy, a late copy is still wanted: it is the job's only one once this
                 # node is gone (published if the storage answers before then)
-                path = await self.archive.publish_until(f"archiving {job.id}", key, ckpt, record,
+                path = await self.archive.stopped.publish_until(f"archiving {job.id}", key, ckpt, record,
                                                  window_end - ARCHIVE_WAIT_MARGIN_S, late_ok=late_ok,
                                                  settled=settled if late_ok else None,
-                                                 mark=(lambda: self.archive.late_mark(key)) if late_ok else None, wait=aw)
+                                                 mark=(lambda: self.archive.stopped.late_mark(key)) if late_ok else None, wait=aw)
             except asyncio.CancelledError:
                 if aw is not None and aw.given_up:
-                    self.archive.late_row_drop(key)  # nothing is published: the job is thawed (_move)
+                    self.archive.stopped.late_row_drop(key)  # nothing is published: the job is thawed (_move)
                 elif aw is not None:  # its record was being put in place: the job stays frozen, stopped
                     self._archive_keeps.add(job.id)  # by the window's end, a new plan or a restart
                 raise
@@ -2048,7 +2041,7 @@ class ReclaimComponent:
                 if not late_ok:  # a hung archive: as with none, the move fails (its job thawed)
                     errors.append(f"{e}: nothing archived; its buddy, node {buddy}, still guards it")
                     raise MigrateError("; ".join(errors)) from None
-                self.archive.late_row_late(key)  # before the stop: a restart that finds the job reclaimed takes it up
+                self.archive.stopped.late_row_late(key)  # before the stop: a restart that finds the job reclaimed takes it up
                 self._archive_keeps.add(job.id)
                 mv.phase, mv.dest = "archiving", None  # before the stop: the copy may land meanwhile
                 # Its copy goes on past the window, and the job stops now: thawed, it would run on
@@ -2068,7 +2061,7 @@ class ReclaimComponent:
                 return
             except BaseException:
                 if late_ok:
-                    self.archive.late_row_drop(key)
+                    self.archive.stopped.late_row_drop(key)
                 raise
             self._archive_keeps.add(job.id)  # cut in the stop, the job is not thawed (_move): the archive resumes it
             lost = max(0.0, self.frozen_at.pop(job.id, time.time()) - ckpt.stat().st_mtime)
@@ -2079,7 +2072,7 @@ class ReclaimComponent:
                                            cause=EndCause.ARCHIVED)
             self._archive_keeps.discard(job.id)
             if late_ok:  # after the stop: a restart before it finds the record published and the job here
-                self.archive.late_row_drop(key)
+                self.archive.stopped.late_row_drop(key)
             old = self.prestage.forget_buddy(job.id)
             if old is not None:
                 await self.prestage.release(old, self.job_key(job))
@@ -2203,7 +2196,7 @@ class ReclaimComponent:
                 # a late copy is still wanted (it is the job's only one once this node is gone) and
                 # consistent: this guard stays, and its own take-over goes through the archive's
                 # claim, queued on the lane behind that copy, as does any other node's
-                await self.archive.publish_until(f"archiving {key}", key, path, {
+                await self.archive.stopped.publish_until(f"archiving {key}", key, path, {
                     "key": key, "src_node": int(row["src_node"]), "src_job": row["src_job"],
                     "request": {**req, "take_over": True}}, deadline_mono - ARCHIVE_WAIT_MARGIN_S, late_ok=True)
             except MigrateError as e:
@@ -2426,7 +2419,7 @@ class ReclaimComponent:
     def _presign(self, job: Any, request: dict[str, Any], ckpt_name: str) -> dict[str, Any] | None:
         """The guard record of ``job`` this node signs for its guard (with ``archive_dir``): the
         record the guard publishes in the archive when it finds no room (as this node would;
-        :meth:`Archive._presigned`), naming ``ckpt_name`` as last sent (its manifest's
+        :meth:`StoppedCopies._presigned`), naming ``ckpt_name`` as last sent (its manifest's
         SHA-256, bytes and files, noted by :meth:`_send`). Only a job's node signs its records,
         so no other node can publish one for it. None when nothing of it was sent lately or this
         node holds no zone key (the guard then keeps the job without archiving it)."""

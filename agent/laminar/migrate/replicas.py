@@ -18,7 +18,7 @@ empty. The choice and a rename into ``<root>/replica-gc/`` run on the event loop
 endpoint's commits do (so no commit of the same key interleaves), the removal in a worker thread
 (what a stopped agent left there goes at the next start); a key whose take-over runs is left for
 later; links are removed as links, never followed; ``.tmp-*`` and ``incoming/`` (the endpoint's:
-``Receiver.sweep``) and the archive (:meth:`Archive.sweep`) are never touched.
+``Receiver.sweep``) and the archive (:meth:`Sweep.sweep`) are never touched.
 Counted in the status as ``counts.replica_gc_ckpts``. A job of a user other than root resumes from
 its owner's view of a replica (``<state_dir>/RESUME_DIR/<key>/ckpt-<n>/``, hard links;
 :meth:`Replicas.resume_copy`), which counts as using the replica and goes once no local
@@ -1166,7 +1166,7 @@ class Replicas:
         the files are root's and readable, copies otherwise and across filesystems); links and
         anything but regular files in ``path`` are refused. ``path`` itself for root's jobs (a
         checkpoint claimed from the archive is already fetched into RESUME_DIR for its owner:
-        :meth:`Archive.fetch`).
+        :meth:`Claims.fetch`).
         Blocking (callers run it in a thread). Raises OSError."""
         if uid == 0:
             return path
