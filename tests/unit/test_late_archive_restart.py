@@ -29,7 +29,7 @@ from archiverig import zone_of
 from test_hold_archive_first import hang_copies, holding_node
 
 from laminar.jobkit import Checkpointer
-from laminar.migrate import archive as archive_mod
+from laminar.migrate import archive_stopped as archive_mod
 from laminar.migrate.reclaim import Move, ReclaimComponent
 from laminar.policy.endcause import EndCause
 from laminar.store import Store

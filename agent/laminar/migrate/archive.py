@@ -65,15 +65,13 @@ import asyncio
 import contextlib
 import logging
 import os
-import re
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
-from laminar import jobkit
-from laminar.migrate import archive_fs, ckpt_driver
+from laminar.migrate import archive_fs
 from laminar.migrate.archive_auth import ArchiveAuth
-from laminar.migrate.archive_claims import Claims, _newer_copy
+from laminar.migrate.archive_claims import Claims
 from laminar.migrate.archive_gc import Sweep
 from laminar.migrate.archive_lane import ArchiveLane
 from laminar.migrate.archive_periodic import PeriodicCopies
@@ -81,7 +79,6 @@ from laminar.migrate.archive_stopped import StoppedCopies
 from laminar.migrate.archive_view import ARCHIVE_SCAN_MAX, LIVE_RECORD, Refusals, View
 from laminar.migrate.constants import _SAFE_KEY
 from laminar.migrate.errors import MigrateError
-from laminar.runtime.ckpt_scan import scan_dir
 
 if TYPE_CHECKING:
     from laminar.migrate.buddies import Prestage
@@ -97,7 +94,6 @@ log = logging.getLogger("laminar.migrate")
 # default): a round on healthy shared storage takes well under one; an NFS server's failover
 # takes up to a minute or two, and it is only reported, never acted on.
 ARCHIVE_STALL_SWEEPS = 3
-_KEY_NODE = re.compile(r"n(\d{1,10})-.+")
 
 
 class ArchiveHost(Protocol):
@@ -290,37 +286,7 @@ class Archive:
             if root is None:
                 return
             reclaiming = self.host.reclaim is not None  # under reclaim, or reclaimed (withdrawn: None again)
-            if not self.rounds:
-                # the first round since the start: this node's live records in the archive (what it
-                # archived before a restart; PeriodicCopies.live is kept in memory only). Before, a job
-                # that ended after a restart left its live record, and a node that took this one
-                # for gone later resumed the ended lineage from it (bench/chaos.py
-                # --fence-after-s, seed 29)
-                mine = await self.lane.call("own live records", self.periodic.own_live_records, root)
-                for jid, ck in mine.items():
-                    self.periodic.live.setdefault(jid, ck)
-            ended: dict[str, str] = {}
-            for jid in list(self.periodic.live):
-                job = self.host.agent.jobs.get(jid)
-                if job is None or (not job.active and job.state in ("exited", "stopped", "failed", "migrated")):
-                    if jid not in self.periodic.archiving:
-                        self.periodic.live.pop(jid, None)
-                        self.periodic.live_buddy.pop(jid, None)
-                        ended[jid] = job.state if job else "gone"
-            periodic: list[tuple[str, str, str | None, tuple[Path | None] | None]] = []
-            if self.periodic.periodic_due() and not reclaiming:
-                # each job's newest verified checkpoint as the checkpoint driver's check of its
-                # listing found it: nothing is read for it here. Before, the look hashed every
-                # running job's newest checkpoint whole at every round (poll_s), copied or not.
-                # A listing the running driver has not checked yet waits for its check.
-                driving = self.host.ckpt is not None and self.host.ckpt.threaded
-                for j in list(self.host.agent.jobs.active()):
-                    if j.id in self.host.evacuating or j.id in self.periodic.archiving or not j.ckpt_dir:
-                        continue
-                    known = self.host._driver_checked(j)
-                    if known is None and driving:
-                        continue
-                    periodic.append((j.id, str(j.ckpt_dir), self.periodic.given_resume_from(j, root), known))
+            ended, periodic = await self.periodic.round_jobs(root, reclaiming)
             wall, mono = time.time(), time.monotonic()
             z = self.host.zone
             alive = {self.host.node_id} | {n for n in (list(z.membership.by_node) if z is not None else [])
@@ -330,21 +296,7 @@ class Archive:
                                         not reclaiming, frozenset(alive), frozenset(skip), wall)
             self.rounds += 1
             self._error = None
-            for jid in look["dropped"]:
-                self.host._emit(f"{jid}: ended ({ended[jid]}); its archived periodic checkpoints removed", persist=False,
-                                job=jid, phase="archive-dropped")
-            for jid in look.get("drop_again", []):  # (looked at again next round, as long as it is held)
-                self.periodic.live.setdefault(jid, "")
-            for jid, ckpt in look["ckpts"].items():
-                job = self.host.agent.jobs.get(jid)
-                if (job is None or not job.active or jid in self.host.evacuating or jid in self.periodic.archiving
-                        or (self.periodic.live.get(jid) == ckpt.name
-                            and self.periodic.live_buddy.get(jid) == self.host.prestage.buddy.get(jid))):
-                    # (published again when its buddy changed: a record naming no buddy, or the old
-                    # one, let a claimer resume the job while its buddy resumed it too)
-                    continue
-                self.periodic.archiving.add(jid)
-                self.host._spawn(self.periodic.copy_periodic(job, ckpt))
+            self.periodic.found(look, ended)
             if not look["claims"] or self.host.reclaim is not None:
                 return
             self.claims.start_claims(look, time.time())
@@ -360,21 +312,18 @@ class Archive:
             self.round_running = False
 
     def look(self, root: Path, ended: list[str],
-                      periodic: list[tuple[str, str, str | None, tuple[Path | None] | None]], claims: bool,
-                      alive: frozenset[int], skip: frozenset[str], wall: float) -> dict[str, Any]:
-        """The archive round's file work (on the lane; never on the loop): drops the live records
-        of the ``ended`` jobs (:meth:`PeriodicCopies.drop_live`), finds the newest checkpoint of each running job
-        in ``periodic`` ((job id, its checkpoint directory, its ``resume_from``, (the newest
-        verified one) while the checkpoint driver's check of the job's listing holds, else None):
-        the newest it committed, or before it wrote one, the verified checkpoint it was restarted
-        from; with the driver's answer nothing is read here: the copy is checked as it is made),
-        and, with ``claims`` and the archive a directory, lists what may be claimed among the
-        next ARCHIVE_SCAN_MAX entries of its root (:meth:`scan_keys`; verified records only:
-        :class:`laminar.migrate.archive_view.View`): guard records, live records of nodes not in
-        ``alive`` ((key, src, buddy, newer): ``newer`` from :func:`_newer_copy`), stale claims
-        (:meth:`Claims.stale_claim`) and claims whose runner is not in ``alive`` and may be dead
-        (:meth:`Claims.running_records`). Keys in ``skip`` (taken or waiting) are not read. Returns
-        ``{"dropped", "ckpts", "claims", "guards", "lives", "stale", "runs"}``."""
+             periodic: list[tuple[str, str, str | None, tuple[Path | None] | None]], claims: bool,
+             alive: frozenset[int], skip: frozenset[str], wall: float) -> dict[str, Any]:
+        """The archive round's file work (on the lane; never on the loop): the periodic copies'
+        share (:meth:`PeriodicCopies.look_in`: the live records of the ``ended`` jobs dropped, the
+        newest checkpoint of each running job in ``periodic`` found: (job id, its checkpoint
+        directory, its ``resume_from``, (the newest verified one) while the checkpoint driver's
+        check of the job's listing holds, else None); with the driver's answer nothing is read
+        here: the copy is checked as it is made), and, with ``claims`` and the archive a
+        directory, the claims' (:meth:`Claims.look_in`: what may be claimed among the next
+        ARCHIVE_SCAN_MAX entries of its root, by nodes not in ``alive``; keys in ``skip``, taken
+        or waiting, are not read). Returns ``{"dropped", "drop_again", "ckpts", "claims",
+        "guards", "lives", "stale", "runs"}``."""
         out: dict[str, Any] = {"dropped": [], "ckpts": {}, "claims": False, "guards": [], "lives": [], "stale": [],
                                "runs": [], "drop_again": []}
         try:  # (only what needs the archive's records opens it: a round with neither reads nothing of it)
@@ -382,69 +331,11 @@ class Archive:
         except FileNotFoundError:
             v = None
         try:
-            for jid in ended:
-                key = f"n{self.host.node_id}-{jid}"
-                if v is None:
-                    break
-                if self.periodic.drop_live_in(v, key):
-                    out["dropped"].append(jid)
-                    # the lineage ended here: a guard of this key that missed the release (this node
-                    # was cut off from it when the job ended) finds the marker and stands down
-                    # (Claims.claim_archived). Before, the buddy took the ended job over after
-                    # orphan_after_s and ran its last steps, and its end, a second time
-                    # (bench/chaos.py --fence-after-s, seed 31)
-                    self.gc.mark_done_in(v, key, self.host.node_id, "ended there", wall)
-                elif self.periodic.live_held(v, key):
-                    # claimed by a node that has not run it (yet): it gives the record back if it finds
-                    # no room, and then the ended job's record would be claimable again (a lineage that
-                    # ended, resumed: bench/chaos.py --fence-after-s, seed 29). Dropped again next round.
-                    out["drop_again"].append(jid)
-            for jid, ckpt_dir, rf, known in periodic:
-                # no driver has checked it: the agent's own bounded check (its tries, bytes and time)
-                if known is not None:
-                    ckpt = known[0]
-                else:
-                    listing = scan_dir(ckpt_dir)
-                    ckpt = ckpt_driver.check_newest(listing.paths() if listing else [], self.host.s)[0]
-                if ckpt is None and rf:
-                    # restarted from a checkpoint (a move, a guard, the archive) and none written
-                    # since: the one it resumed from is its newest, archived at once under its new key
-                    ckpt = Path(rf) if (Path(rf) / jobkit.MANIFEST).exists() else None
-                if ckpt is not None:
-                    out["ckpts"][jid] = ckpt
+            self.periodic.look_in(v, ended, periodic, wall, out)
             if not claims or v is None:
                 return out
             out["claims"] = True
-            orphan_s = float(self.host.s.get("orphan_after_s") or 0)
-            for key in self.scan_keys(v):
-                if key in skip:
-                    continue
-                names = v.names(key)
-                if "guard.json" in names and v.claimable(key, "guard.json") is not None:
-                    out["guards"].append(key)
-                    continue
-                m = _KEY_NODE.fullmatch(key)
-                if LIVE_RECORD in names and m is not None and int(m[1]) not in alive:
-                    # (its node runs it: not claimable, nor its directory looked into for a newer copy)
-                    s = v.claimable(key, LIVE_RECORD)
-                    if s is not None:
-                        b = s.body
-                        # only silent, and written lately (its signed time, not the file's): its node is
-                        # alive whatever the zone hears of it (a partition: it still reaches the
-                        # archive). bench/chaos.py --long-partitions: a partitioned node's new live
-                        # record was claimed a second after it was written. (A node dead by its
-                        # window's end is asked first: Claims.claim_and_resume's ``ask``.)
-                        if self.claims.window_ended(int(b["src_node"]), wall) or wall - float(b["ts"]) >= orphan_s:
-                            d = v.dir(key)
-                            out["lives"].append((key, int(b["src_node"]), b.get("buddy"),
-                                                 _newer_copy(d, names, int(b["src_node"]), b, wall)
-                                                 if d is not None else None))
-                if any(n.startswith("claimed-") for n in names):
-                    stale = self.claims.stale_claim(v, key)
-                    if stale is not None:
-                        out["stale"].append(stale[:2])
-                if any(n.startswith("running-") for n in names):
-                    out["runs"] += self.claims.running_records(v, key, lambda n: n in alive)
+            self.claims.look_in(v, alive, skip, wall, out)
             return out
         finally:
             if v is not None:

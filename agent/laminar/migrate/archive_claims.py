@@ -12,6 +12,7 @@ import collections
 import contextlib
 import logging
 import os
+import re
 import shutil
 import stat
 import time
@@ -54,6 +55,8 @@ ARCHIVE_FETCH_RESERVE = 256 << 20
 # A claim no node runs yet is stale once this agent has seen it, unchanged, this long (its own
 # clock: a file's mtime is anyone's to set).
 CLAIMS_SEEN_KEEP = 4096
+# an archived key: its node
+_KEY_NODE = re.compile(r"n(\d{1,10})-.+")
 
 
 def _newer_copy(dirfd: int, names: list[str], src: int, rec: dict[str, Any],
@@ -102,6 +105,45 @@ class Claims:
         self.live_waits: dict[str, float] = {}
         # (key, claim file, inode, ctime) -> when this agent first saw that claim (monotonic): its staleness
         self.claims_seen: collections.OrderedDict[tuple[Any, ...], float] = collections.OrderedDict()
+
+    def look_in(self, v: View, alive: frozenset[int], skip: frozenset[str], wall: float,
+                out: dict[str, Any]) -> None:
+        """The archive round's look (on the lane), its share: what may be claimed among the next
+        ARCHIVE_SCAN_MAX entries of the archive's root (:meth:`Archive.scan_keys`; verified records
+        only) into ``out``: guard records (``guards``), live records of nodes not in ``alive``
+        (``lives``: (key, src, buddy, newer), ``newer`` from :func:`_newer_copy`), stale claims
+        (``stale``: :meth:`stale_claim`) and claims whose runner is not in ``alive`` and may be
+        dead (``runs``: :meth:`running_records`). Keys in ``skip`` (taken or waiting) are not read."""
+        orphan_s = float(self.host.s.get("orphan_after_s") or 0)
+        for key in self.archive.scan_keys(v):
+            if key in skip:
+                continue
+            names = v.names(key)
+            if "guard.json" in names and v.claimable(key, "guard.json") is not None:
+                out["guards"].append(key)
+                continue
+            m = _KEY_NODE.fullmatch(key)
+            if LIVE_RECORD in names and m is not None and int(m[1]) not in alive:
+                # (its node runs it: not claimable, nor its directory looked into for a newer copy)
+                s = v.claimable(key, LIVE_RECORD)
+                if s is not None:
+                    b = s.body
+                    # only silent, and written lately (its signed time, not the file's): its node is
+                    # alive whatever the zone hears of it (a partition: it still reaches the
+                    # archive). bench/chaos.py --long-partitions: a partitioned node's new live
+                    # record was claimed a second after it was written. (A node dead by its
+                    # window's end is asked first: claim_and_resume's ``ask``.)
+                    if self.window_ended(int(b["src_node"]), wall) or wall - float(b["ts"]) >= orphan_s:
+                        d = v.dir(key)
+                        out["lives"].append((key, int(b["src_node"]), b.get("buddy"),
+                                             _newer_copy(d, names, int(b["src_node"]), b, wall)
+                                             if d is not None else None))
+            if any(n.startswith("claimed-") for n in names):
+                stale = self.stale_claim(v, key)
+                if stale is not None:
+                    out["stale"].append(stale[:2])
+            if any(n.startswith("running-") for n in names):
+                out["runs"] += self.running_records(v, key, lambda n: n in alive)
 
     def claim(self, key: str, live: bool = False, dead_runner: int | None = None) -> bool:
         """Takes the archive's claim on ``key`` (rename guard.json -> claimed-<node>.json: one

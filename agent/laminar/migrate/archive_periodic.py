@@ -31,11 +31,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from laminar import jobkit
-from laminar.migrate import archive_fs
+from laminar.migrate import archive_fs, ckpt_driver
 from laminar.migrate.archive_auth import owner_body
 from laminar.migrate.archive_view import _CKPT_STEP, ARCHIVE_SCAN_MAX, LIVE_RECORD, View
 from laminar.migrate.errors import MigrateError
 from laminar.policy.prestage import unannounced_plausible
+from laminar.runtime.ckpt_scan import scan_dir
 
 if TYPE_CHECKING:
     from laminar.migrate.archive import Archive
@@ -53,6 +54,103 @@ class PeriodicCopies:
         self.live: dict[str, str] = {}  # job id -> newest periodic checkpoint in the archive (live.json)
         self.live_buddy: dict[str, int | None] = {}  # job id -> the buddy its live.json names
         self.archiving: set[str] = set()
+
+    async def round_jobs(self, root: Path, reclaiming: bool
+                         ) -> tuple[dict[str, str], list[tuple[str, str, str | None, tuple[Path | None] | None]]]:
+        """The archive round's share on the loop before its look (:meth:`Archive.run_round`): the
+        jobs whose live records go (ended here: job id -> its state) and the running jobs whose
+        newest checkpoint the look finds ((job id, its checkpoint directory, its ``resume_from``,
+        the checkpoint driver's answer): :meth:`look_in`), none while ``reclaiming``. At the
+        first round since the start, this node's live records in the archive are read back."""
+        if not self.archive.rounds:
+            # the first round since the start: this node's live records in the archive (what it
+            # archived before a restart; live is kept in memory only). Before, a job
+            # that ended after a restart left its live record, and a node that took this one
+            # for gone later resumed the ended lineage from it (bench/chaos.py
+            # --fence-after-s, seed 29)
+            mine = await self.archive.lane.call("own live records", self.own_live_records, root)
+            for jid, ck in mine.items():
+                self.live.setdefault(jid, ck)
+        ended: dict[str, str] = {}
+        for jid in list(self.live):
+            job = self.host.agent.jobs.get(jid)
+            if job is None or (not job.active and job.state in ("exited", "stopped", "failed", "migrated")):
+                if jid not in self.archiving:
+                    self.live.pop(jid, None)
+                    self.live_buddy.pop(jid, None)
+                    ended[jid] = job.state if job else "gone"
+        periodic: list[tuple[str, str, str | None, tuple[Path | None] | None]] = []
+        if self.periodic_due() and not reclaiming:
+            # each job's newest verified checkpoint as the checkpoint driver's check of its
+            # listing found it: nothing is read for it here. Before, the look hashed every
+            # running job's newest checkpoint whole at every round (poll_s), copied or not.
+            # A listing the running driver has not checked yet waits for its check.
+            driving = self.host.ckpt is not None and self.host.ckpt.threaded
+            for j in list(self.host.agent.jobs.active()):
+                if j.id in self.host.evacuating or j.id in self.archiving or not j.ckpt_dir:
+                    continue
+                known = self.host._driver_checked(j)
+                if known is None and driving:
+                    continue
+                periodic.append((j.id, str(j.ckpt_dir), self.given_resume_from(j, root), known))
+        return ended, periodic
+
+    def look_in(self, v: View | None, ended: list[str],
+                periodic: list[tuple[str, str, str | None, tuple[Path | None] | None]], wall: float,
+                out: dict[str, Any]) -> None:
+        """The archive round's look (on the lane), its share: drops the live records of the
+        ``ended`` jobs (:meth:`drop_live_in`; ``v``: the archive, None when it has none) into
+        ``out["dropped"]`` (``out["drop_again"]``: held by a claim, dropped again next round) and
+        finds each ``periodic`` job's newest checkpoint into ``out["ckpts"]``."""
+        for jid in ended:
+            key = f"n{self.host.node_id}-{jid}"
+            if v is None:
+                break
+            if self.drop_live_in(v, key):
+                out["dropped"].append(jid)
+                # the lineage ended here: a guard of this key that missed the release (this node
+                # was cut off from it when the job ended) finds the marker and stands down
+                # (Claims.claim_archived). Before, the buddy took the ended job over after
+                # orphan_after_s and ran its last steps, and its end, a second time
+                # (bench/chaos.py --fence-after-s, seed 31)
+                self.archive.gc.mark_done_in(v, key, self.host.node_id, "ended there", wall)
+            elif self.live_held(v, key):
+                # claimed by a node that has not run it (yet): it gives the record back if it finds
+                # no room, and then the ended job's record would be claimable again (a lineage that
+                # ended, resumed: bench/chaos.py --fence-after-s, seed 29). Dropped again next round.
+                out["drop_again"].append(jid)
+        for jid, ckpt_dir, rf, known in periodic:
+            # no driver has checked it: the agent's own bounded check (its tries, bytes and time)
+            if known is not None:
+                ckpt = known[0]
+            else:
+                listing = scan_dir(ckpt_dir)
+                ckpt = ckpt_driver.check_newest(listing.paths() if listing else [], self.host.s)[0]
+            if ckpt is None and rf:
+                # restarted from a checkpoint (a move, a guard, the archive) and none written
+                # since: the one it resumed from is its newest, archived at once under its new key
+                ckpt = Path(rf) if (Path(rf) / jobkit.MANIFEST).exists() else None
+            if ckpt is not None:
+                out["ckpts"][jid] = ckpt
+
+    def found(self, look: dict[str, Any], ended: dict[str, str]) -> None:
+        """The archive round's share on the loop after its look: says which ended jobs' records
+        went, and copies each running job's newer checkpoint (:meth:`copy_periodic`)."""
+        for jid in look["dropped"]:
+            self.host._emit(f"{jid}: ended ({ended[jid]}); its archived periodic checkpoints removed", persist=False,
+                            job=jid, phase="archive-dropped")
+        for jid in look.get("drop_again", []):  # (looked at again next round, as long as it is held)
+            self.live.setdefault(jid, "")
+        for jid, ckpt in look["ckpts"].items():
+            job = self.host.agent.jobs.get(jid)
+            if (job is None or not job.active or jid in self.host.evacuating or jid in self.archiving
+                    or (self.live.get(jid) == ckpt.name
+                        and self.live_buddy.get(jid) == self.host.prestage.buddy.get(jid))):
+                # (published again when its buddy changed: a record naming no buddy, or the old
+                # one, let a claimer resume the job while its buddy resumed it too)
+                continue
+            self.archiving.add(jid)
+            self.host._spawn(self.copy_periodic(job, ckpt))
 
     def periodic_due(self) -> bool:
         """The prestaging rule's unannounced branch: periodic checkpoints go to the archive too
