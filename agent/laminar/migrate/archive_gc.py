@@ -1,6 +1,7 @@
-"""**What the archive keeps, and what goes** (:class:`Sweep`, the ``gc`` of
-:class:`laminar.migrate.archive.Archive`; :meth:`Sweep.sweep`, every
-``archive_gc_s``, 10 s, by each agent). A claim that started its job leaves ``<archive>/<key>/`` behind
+"""The archive's sweep (:class:`Sweep`, the ``gc`` of :class:`laminar.migrate.archive.Archive`).
+
+**What the archive keeps, and what goes** (:meth:`Sweep.sweep`, every ``archive_gc_s``, 10 s,
+by each agent). A claim that started its job leaves ``<archive>/<key>/`` behind
 with ``running-<node>.json`` (the record, now naming where the job was resumed: its node and job
 id) and the checkpoint it resumed from. That directory is removed once the job no longer needs
 it: when the job it resumed **ended** where it runs (exited, or stopped by its user; the agent

@@ -1,5 +1,6 @@
 """The one thread that touches the archive (:class:`ArchiveLane`), and a publish the loop waits for
-only until a deadline (:class:`ArchiveWait`); parts of :class:`laminar.migrate.archive.Archive`.
+only until a deadline (:class:`ArchiveWait`), both held or used by the part
+:class:`laminar.migrate.archive.Archive`.
 
 **When the archive hangs.** ``archive_dir`` is shared storage, and its server can stop
 answering (an NFS or FUSE server gone: every stat, listing and open on the mount then waits,
@@ -9,7 +10,7 @@ for its owner) runs on one dedicated thread (:class:`ArchiveLane`), one piece at
 a round is started only when the one before has ended. A hung archive so holds one thread;
 the control socket, the kill switch, the zone, placements and Airlock go on, and what needs
 the archive waits in order (nothing is lost or done twice). When the work in hand has made no
-progress (no byte read, no CPU time) for ``ARCHIVE_STALL_SWEEPS`` x ``archive_gc_s`` (30 s by
+progress (no byte read, no CPU time) for ``archive.ARCHIVE_STALL_SWEEPS`` x ``archive_gc_s`` (30 s by
 default), the status says so (``migrate.archive.stalled_s``, ``busy``: what waits) and a log
 line and an event (``archive-stalled``) say it once; ``archive-answers`` when it answers again.
 """
@@ -23,10 +24,7 @@ import queue
 import threading
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
-
-if TYPE_CHECKING:
-    pass
+from typing import Any
 
 
 def _progress(task: str) -> tuple[int, int] | None:

@@ -1,5 +1,7 @@
 """Running jobs' periodic checkpoints in the archive (:class:`PeriodicCopies`, the ``periodic`` of
-:class:`laminar.migrate.archive.Archive`; the archive's round finds what to copy and calls it).
+:class:`laminar.migrate.archive.Archive`), and its share of the archive's round: the jobs to look
+at (:meth:`PeriodicCopies.round_jobs`), the look at their checkpoints and at the live records of
+the jobs that ended (:meth:`PeriodicCopies.look_in`, on the lane), the copies (:meth:`PeriodicCopies.found`).
 
 **Periodic checkpoints in the archive.** While departures without notice are plausible (the
 learned unannounced share is at least ``prestage_unannounced``, the rule that prestages), each

@@ -1,11 +1,11 @@
-"""The copy of a stopped job's checkpoint and its guard record in the archive (:class:`StoppedCopies`,
-the ``stopped`` of :class:`laminar.migrate.archive.Archive`; the records and their claim: that module's doc):
-written when no live peer can hold the job (a reclaim with no holder, a reclaimed guard with no peer to
-pass to) and by a guard as soon as it finds no room.
+"""The copy of a stopped job's checkpoint and its guard record in the archive
+(:class:`StoppedCopies`, the ``stopped`` of :class:`laminar.migrate.archive.Archive`; the records
+and their claim: that module's doc): written when no live peer can hold the job (a reclaim with
+no holder, a reclaimed guard with no peer to pass to) and by a guard as soon as it finds no room.
 
 A reclaim waits for the archive only until ``ARCHIVE_WAIT_MARGIN_S`` before its window ends
 (:meth:`StoppedCopies.publish_until`): its move then fails as with no archive (the job's buddy
-still guards it) and the copy it waited for is given up (:class:`ArchiveWait`): when the storage
+still guards it) and the copy it waited for is given up (:class:`laminar.migrate.archive_lane.ArchiveWait`): when the storage
 answers, it publishes nothing; a reclaimed guard's copy of a job it passes on is the exception,
 published late (it is the job's only way back, and every taker claims it through the archive).
 So is the copy of a job with no holder and no buddy, and it survives an agent stop or crash
