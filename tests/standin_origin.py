@@ -1,5 +1,5 @@
 """For stand-in job managers in unit tests: the real job manager's look-ups by a job's recorded
-origin (``JobManager.find_origin``, ``find_placement``, ``ended_origins``, ``resume_users``:
+origin (``JobManager.table``: ``find_origin``, ``find_placement``, ``ended_origins``, ``resume_users``:
 laminar.runtime.provenance), over the stand-in's own ``list()``. The real ones ask the store by
 an indexed column; these read each stand-in job's ``origin`` (a ``JobOrigin``; none: no origin),
 never its env, as the real ones do not."""
@@ -17,7 +17,12 @@ def origin_of(job: Any) -> JobOrigin:
 
 
 class OriginQueries:
-    """Mix into a stand-in job manager that has ``list()``."""
+    """Mix into a stand-in job manager that has ``list()``. The real manager answers these
+    through its table (``jobs.table``: laminar.runtime.jobtable); the stand-in is its own table."""
+
+    @property
+    def table(self) -> OriginQueries:
+        return self
 
     def list(self, *a: Any, **kw: Any) -> list[Any]:  # the stand-in's own
         raise NotImplementedError

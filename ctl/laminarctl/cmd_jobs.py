@@ -50,7 +50,7 @@ REASON_MAX = 1000
 # Ended jobs `jobs` lists by default, and at most (read in pages of the agent's GET /v1/jobs).
 LAST_DEFAULT = 200
 LAST_MAX = 100_000
-# Jobs asked per page (the agent's most: laminar.runtime.jobs.LIST_PAGE_MAX).
+# Jobs asked per page (the agent's most: laminar.runtime.jobtable.LIST_PAGE_MAX).
 PAGE = 1000
 LIVE_STATES = ("queued", "running", "suspended", "starting")
 # How long `job stop` waits for the agent beyond the grace (the kill and the cgroups' removal).

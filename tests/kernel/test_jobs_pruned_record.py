@@ -28,19 +28,19 @@ def test_a_pruned_job_is_known_as_pruned_an_unknown_or_kept_one_is_not(tmp_path:
             first = await jobs.submit(JobSpec(["true"], name="lm-t-pr1").validate())
             await jobs.wait(first.id, 30)
             # an ended job still recorded is not pruned; nor is a number never given
-            assert jobs.get(first.id) is not None and not jobs.pruned(first.id)
-            assert not jobs.pruned(f"job-{first.num + 1}") and not jobs.pruned("job-0")
-            assert not jobs.pruned("nonsense") and not jobs.pruned("job-²") and not jobs.pruned("9" * 40)
+            assert jobs.get(first.id) is not None and not jobs.table.pruned(first.id)
+            assert not jobs.table.pruned(f"job-{first.num + 1}") and not jobs.table.pruned("job-0")
+            assert not jobs.table.pruned("nonsense") and not jobs.table.pruned("job-²") and not jobs.table.pruned("9" * 40)
 
             jobs.keep_ended = 0
             assert jobs.pruner.prune_ended() == 1 and jobs.get(first.id) is None
-            assert jobs.pruned(first.id) and jobs.pruned(str(first.num))
+            assert jobs.table.pruned(first.id) and jobs.table.pruned(str(first.num))
 
             running = await jobs.submit(JobSpec(["sleep", "600"], name="lm-t-pr2").validate())
-            assert not jobs.pruned(running.id)  # has a record (never pruned while it runs)
+            assert not jobs.table.pruned(running.id)  # has a record (never pruned while it runs)
             await jobs.stop(running.id, "test", grace_s=0)
-            assert jobs.get(running.id) is None and jobs.pruned(running.id)  # pruned as it ended
-            assert not jobs.pruned(f"job-{running.num + 1}")
+            assert jobs.get(running.id) is None and jobs.table.pruned(running.id)  # pruned as it ended
+            assert not jobs.table.pruned(f"job-{running.num + 1}")
 
     asyncio.run(main())
 

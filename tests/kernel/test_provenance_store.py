@@ -49,9 +49,9 @@ def test_submit_records_the_origin_and_the_look_ups_use_it(tmp_path: Path) -> No
             moved = await jobs.submit(JobSpec(["/bin/sleep", "60"], resume_from="/x/ckpt-3").validate(),
                                       origin=JobOrigin(migrated_from="n2-job-7", placement_id=0x1234,
                                                        gpu_share=((0, 0.5),), resume_given="/x/ckpt-3"))
-            assert jobs.find_origin("n2-job-7") == moved.id and jobs.find_placement(0x1234) == moved.id
-            assert jobs.find_origin("n2-job-8") is None and jobs.find_placement(0x1235) is None
-            assert jobs.resume_users(("running",), 0.0) == [(moved.id, "/x/ckpt-3")]
+            assert jobs.table.find_origin("n2-job-7") == moved.id and jobs.table.find_placement(0x1234) == moved.id
+            assert jobs.table.find_origin("n2-job-8") is None and jobs.table.find_placement(0x1235) is None
+            assert jobs.table.resume_users(("running",), 0.0) == [(moved.id, "/x/ckpt-3")]
             row = jobs.store.db.execute("SELECT origin_key, placement_id, gpu_share, resume_given FROM jobs "
                                         "WHERE id=?", (moved.id,)).fetchone()
             assert tuple(row) == ("n2-job-7", 0x1234, "0:0.5", "/x/ckpt-3")
@@ -67,8 +67,8 @@ def test_submit_records_the_origin_and_the_look_ups_use_it(tmp_path: Path) -> No
                 plan = " ".join(str(r[-1]) for r in jobs.store.db.execute(f"EXPLAIN QUERY PLAN {sql}", args))
                 assert "USING INDEX" in plan, plan
             await jobs.stop(moved.id, grace_s=0)
-            assert jobs.ended_origins(("stopped",)) == {"n2-job-7": {moved.id}}
-            assert jobs.find_origin("n2-job-7") == moved.id  # it ran here: a guard never resumes it again
+            assert jobs.table.ended_origins(("stopped",)) == {"n2-job-7": {moved.id}}
+            assert jobs.table.find_origin("n2-job-7") == moved.id  # it ran here: a guard never resumes it again
 
     asyncio.run(main())
 
@@ -134,7 +134,7 @@ def test_an_upgrade_fills_the_origin_from_the_agents_tables_never_from_env(tmp_p
             one = jobs.get(forger)
             assert one.origin == JobOrigin() and one.spec.env == {"A": "1"}, (one.origin, one.spec.env)
             assert one.spec.remaining_s == 120.0 and one.spec.periodic_checkpoints is False
-            assert jobs.find_origin("n2-job-9") is None and jobs.find_placement(0x77) is None
+            assert jobs.table.find_origin("n2-job-9") is None and jobs.table.find_placement(0x77) is None
             # the zone's own record of what it placed here (its start restores zone_placed)
             comp = zone_of(tmp_path, jobs)
             await comp.start(SimpleNamespace(store=store))
@@ -149,7 +149,7 @@ def test_an_upgrade_fills_the_origin_from_the_agents_tables_never_from_env(tmp_p
                 agent=SimpleNamespace(jobs=jobs, store=store, config=SimpleNamespace(state_dir=tmp_path))))
             two = jobs.get(resumed)
             assert two.origin.migrated_from == "n2-job-5" and two.origin.resume_given == two.spec.resume_from
-            assert jobs.ended_origins(("exited",)) == {"n2-job-5": {resumed}}
+            assert jobs.table.ended_origins(("exited",)) == {"n2-job-5": {resumed}}
         finally:
             await jobs.stop()
             CgroupTree(detect(), root).purge()

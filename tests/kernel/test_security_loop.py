@@ -239,7 +239,7 @@ def test_the_job_list_is_paged_and_a_user_cannot_make_it_costly(veth_pair: Any, 
     ended ones on the loop for every request: with 16 jobs of one user holding 1 MiB envs, 8
     requests stalled the loop 29 s. Now such a spec is refused, and a page holds at most 1000
     jobs and 1 MiB of specs; following the pages lists every job exactly once."""
-    from laminar.runtime import jobs as J
+    from laminar.runtime import jobtable as J
 
     with running(tmp_path, veth_pair) as a, local_user("loop-list") as user:
         job = root_job(a)

@@ -5,6 +5,7 @@ docs/migration.md drawn from the table."""
 from __future__ import annotations
 
 import ast
+import json
 import re
 import sqlite3
 from pathlib import Path
@@ -105,11 +106,37 @@ def test_the_ledger_writes_what_step_says_and_refuses_the_rest(monkeypatch: pyte
     assert ledger.move(db, "n2-job-1", E.FAIL) is None  # no row: nothing written
 
 
-# SQL that writes the state column of migrate_replicas: any INSERT into it or DELETE from it, or
-# an UPDATE whose SET (before its WHERE) names ``state``. (An UPDATE of other columns, e.g. ``request``, is not one.)
+def test_the_ledger_writes_a_guards_request_with_a_new_version_and_forgets_a_retry() -> None:
+    """What ReclaimComponent's replicas part wrote itself before: a guard that becomes a
+    take-over (``_stopped_there``: its request, a new version) and the row GC's forgetting of
+    a retry schedule (``prune_rows``)."""
+    db = _db()
+    assert ledger.move(db, "n2-job-1", E.GUARD, insert=INSERT, ckpt="ckpt-1", request="{}", updated=5.0) is S.GUARDING
+    req = {"take_over": True, "stopped_there": "stopped"}
+    # the writer's conditions: another version, or another state, is left as it is
+    assert not ledger.set_request(db, "n2-job-1", req, only_from=(S.GUARDING,), if_updated=4.0)
+    assert not ledger.set_request(db, "n2-job-1", req, only_from=(S.WAITING,), if_updated=5.0)
+    assert db.execute("SELECT request, updated FROM migrate_replicas").fetchone()[:] == ("{}", 5.0)
+    assert ledger.set_request(db, "n2-job-1", req, only_from=(S.GUARDING,), if_updated=5.0, updated=7.0)
+    row = db.execute("SELECT state, request, updated FROM migrate_replicas").fetchone()
+    assert (row["state"], json.loads(row["request"]), row["updated"]) == ("guarding", req, 7.0)
+    assert not ledger.set_request(db, "n2-job-1", req, only_from=(S.GUARDING,), if_updated=5.0)  # read before
+    db.execute("INSERT INTO migrate_retry VALUES ('n2-job-1', 1, 0, 'why', '', 0)")
+    db.execute("INSERT INTO migrate_retry VALUES ('n2-job-2', 1, 0, 'why', '', 0)")
+    ledger.forget_retry(db, "n2-job-1", unless_replica=True)  # its row is there: kept
+    ledger.forget_retry(db, "n2-job-2", unless_replica=True)
+    assert [r[0] for r in db.execute("SELECT key FROM migrate_retry")] == ["n2-job-1"]
+    ledger.forget_retry(db, "n2-job-1")
+    assert db.execute("SELECT COUNT(*) FROM migrate_retry").fetchone()[0] == 0
+
+
+# SQL that writes the state column of migrate_replicas or the row's version (``updated``, what
+# the ledger's ``if_updated`` compares): any INSERT into it or DELETE from it, or an UPDATE whose
+# SET (before its WHERE) names ``state`` or ``updated``. (An UPDATE of other columns only, e.g.
+# ``request``, is not one.)
 _WRITES = (re.compile(r"\bINSERT\b[^;]*?\bINTO\s+migrate_replicas\b", re.I | re.S),
            re.compile(r"\bDELETE\s+FROM\s+migrate_replicas\b", re.I),
-           re.compile(r"\bUPDATE\s+migrate_replicas\s+SET\b(?:(?!\bWHERE\b)[^;])*?\bstate\s*=", re.I | re.S))
+           re.compile(r"\bUPDATE\s+migrate_replicas\s+SET\b(?:(?!\bWHERE\b)[^;])*?\b(?:state|updated)\s*=", re.I | re.S))
 # Writers left outside the ledger, each with why: none.
 ALLOWED: dict[str, str] = {}
 # The other custody tables, written whole by the ledger (laminar.migrate.ledger's move records,
@@ -120,7 +147,10 @@ LEDGER_TABLES = ("migrate_moves", "migrate_releases", "migrate_guard_checks", "m
 _TABLES = "(?:" + "|".join(LEDGER_TABLES) + r")\b"
 _TABLE_WRITES = (re.compile(r"\bINSERT\b[^;]*?\bINTO\s+" + _TABLES, re.I | re.S),
                  re.compile(r"\bDELETE\s+FROM\s+" + _TABLES, re.I),
-                 re.compile(r"\bUPDATE\s+" + _TABLES + r"\s+SET\b", re.I))
+                 re.compile(r"\bUPDATE\s+" + _TABLES + r"\s+SET\b", re.I),
+                 # a take-over's retry schedule is forgotten by the ledger only (Effect.FORGET_RETRY,
+                 # ledger.forget_retry); the take-over schedules it (guard.py's INSERT)
+                 re.compile(r"\bDELETE\s+FROM\s+migrate_retry\b", re.I))
 # ... and where they may be written elsewhere, each with why.
 TABLE_ALLOWED = {"laminar/migrate/schema.py": "upgrade_moves copies an older agent's move records into "
                                               "migrate_moves at start, as they were (no move of any record)"}
@@ -154,7 +184,9 @@ def test_the_ledger_is_the_only_writer_of_a_replicas_state() -> None:
     assert found == [], "SQL writing migrate_replicas' state outside laminar/migrate/ledger.py:\n" + "\n".join(found)
     # and the check sees what it looks for
     src = ast.parse((PKG / "migrate" / "ledger.py").read_text())
-    assert len({line for line, t in _strings(src) if any(p.search(t) for p in _WRITES)}) == 3
+    assert len({line for line, t in _strings(src) if any(p.search(t) for p in _WRITES)}) == 4
+    assert _WRITES[2].search("UPDATE migrate_replicas SET request=?, updated=? WHERE key=?")  # a new version
+    assert not _WRITES[2].search("UPDATE migrate_replicas SET request=? WHERE key=? AND updated=?")  # only read
 
 
 def test_the_ledger_is_the_only_writer_of_the_other_custody_tables() -> None:
@@ -171,7 +203,7 @@ def test_the_ledger_is_the_only_writer_of_the_other_custody_tables() -> None:
     # and the check sees what it looks for: each table's writers in the ledger, the upgrade's copy
     src = (PKG / "migrate" / "ledger.py").read_text()
     hits = [t for _, t in _strings(ast.parse(src)) if any(p.search(t) for p in _TABLE_WRITES)]
-    for table in LEDGER_TABLES:
+    for table in (*LEDGER_TABLES, "migrate_retry"):
         assert any(table in t for t in hits) or f'"{table}"' in src, table
     assert len(hits) >= 12, hits
     schema = ast.parse((PKG / "migrate" / "schema.py").read_text())

@@ -26,18 +26,24 @@ from laminar.zone.component import HANDOVER_OK, demand_to_probe
 AT_LIMIT = 4242  # the uid whose jobs are at jobs.max_per_user on this node
 
 
-class LimitedJobs(StandInJobs):
-    """Stand-in jobs whose owner AT_LIMIT is at the per-user limit (JobManager.check_quota's
-    contract: QuotaError for a user at the limit, nothing for anyone else)."""
+class LimitedChecks:
+    """Stand-in submission checks whose owner AT_LIMIT is at the per-user limit
+    (SubmitChecks.quota's contract: QuotaError for a user at the limit, nothing for anyone else)."""
 
-    def check_quota(self, uid: int) -> None:
+    def quota(self, uid: int) -> None:
         if uid == AT_LIMIT:
             raise QuotaError(f"too many jobs: uid {uid} is at the limit (stand-in)")
+
+
+class LimitedJobs(StandInJobs):
+    """Stand-in jobs with those checks (``jobs.checks``)."""
+
+    checks = LimitedChecks()
 
     async def submit(self, spec: JobSpec, owner_uid: int = 0, owner_gid: int = 0, *, quota: bool = False,
                      origin: JobOrigin = NO_ORIGIN) -> StandInJob:
         if quota:
-            self.check_quota(owner_uid)
+            self.checks.quota(owner_uid)
         jid = f"j{len(self.jobs) + 1}"
         self.jobs[jid] = StandInJob(jid, spec, list(spec.gpus or []), origin=origin)
         return self.jobs[jid]

@@ -218,16 +218,24 @@ class Airlock:
                    policy_version=self.policy.version, budget_mb=self.budget_mb, sources=self.sources)
 
     async def stop(self) -> None:
-        if self._task:
-            self._task.cancel()
-        if self._timer is not None:
-            self._timer.cancel()
+        """Stops watching and acting: the ticker, a pending evaluation, the event subscription and
+        every pressure source (closed). Idempotent: each thing is let go of once, so a second
+        call does nothing, and so does a call after a start that failed part-way (or never ran)
+        for what that start had not taken yet."""
+        task, self._task = self._task, None
+        if task is not None:
+            task.cancel()
+        timer, self._timer = self._timer, None
+        if timer is not None:
+            timer.cancel()
         self.loop = None
-        if self._unsub:
-            self._unsub()
-        if self._poller is not None:
-            asyncio.get_running_loop().remove_reader(self._poller.fileno())
-            self._poller.close()
+        unsub, self._unsub = self._unsub, None
+        if unsub is not None:
+            unsub()
+        poller, self._poller = self._poller, None
+        if poller is not None:
+            asyncio.get_running_loop().remove_reader(poller.fileno())
+            poller.close()
         for c in self._closers + list(self._job_triggers.values()):
             try:
                 c.close()

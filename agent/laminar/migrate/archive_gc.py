@@ -92,7 +92,7 @@ class Sweep:
         it any more. A job that failed to start, was lost, moved or reclaimed is not here: its
         state may still be needed from the archive. One indexed query, no spec decoded."""
         jobs = getattr(self.host.agent, "jobs", None)
-        return jobs.ended_origins(("exited", "stopped")) if jobs is not None else {}
+        return jobs.table.ended_origins(("exited", "stopped")) if jobs is not None else {}
 
     async def _gc_task(self, ended: dict[str, set[str]]) -> None:
         try:

@@ -568,7 +568,7 @@ class Guard:
         spec: dict[str, Any] = got if isinstance(got, dict) else {}
         jobs = getattr(self.host.agent, "jobs", None)
         grants = getattr(jobs, "grants", None)
-        if grants is None and hasattr(jobs, "check_grant"):
+        if grants is None and hasattr(jobs, "checks"):
             from laminar.runtime.grants import Grants
 
             grants = Grants.from_config(None)
@@ -600,7 +600,7 @@ class Guard:
         stored with it (an indexed column), never by a job's env, which its user writes
         (laminar.runtime.provenance; before, one job of any user carrying the key in its env made
         this node skip the key's take-over and its source drop the guard)."""
-        return self.host.agent.jobs.find_origin(key)
+        return self.host.agent.jobs.table.find_origin(key)
 
     async def taken_over_as(self, key: str | None) -> str | None:
         """The id of the job a take-over on this node started, or is starting, for the migrated

@@ -1,8 +1,10 @@
 """The custody ledger: the only writer of ``migrate_replicas.state`` (issue 32, stage 2) and of
+the row's version ``updated`` (:func:`set_request`: a request written with a new version), of
 the other custody tables: ``migrate_moves`` (:func:`record_move`, the table of
 :mod:`laminar.policy.moves`), ``migrate_releases``, ``migrate_guard_checks``,
 ``migrate_guard_from`` and ``migrate_replica_handovers`` (plain writers: those rows have no
-states). ``tests/unit/test_custody.py`` fails on SQL elsewhere that writes any of them.
+states), and the only one that forgets a take-over's retry schedule (``migrate_retry``:
+:func:`forget_retry`). ``tests/unit/test_custody.py`` fails on SQL elsewhere that writes any of them.
 
 Every change of a replica's custody state goes through :func:`move`, which reads the key's row,
 asks the pure table (:func:`laminar.policy.custody.step`) where the event takes it, and writes
@@ -93,7 +95,7 @@ def move(db: sqlite3.Connection, key: str, event: Event, *, counts: dict[str, in
         _refused(err, key, f"event {event.value} in state {state.value}", counts)
         return None
     if Effect.FORGET_RETRY in effects:
-        db.execute("DELETE FROM migrate_retry WHERE key=?", (key,))
+        forget_retry(db, key)
     if Effect.UNCHANGED in effects:
         return None
     bad = set(columns) - _COLUMNS
@@ -115,6 +117,29 @@ def move(db: sqlite3.Connection, key: str, event: Event, *, counts: dict[str, in
         db.execute(f"UPDATE migrate_replicas SET state=?{names}, updated=? WHERE key=? AND state=?",
                    (new.value, *sets.values(), now, key, state.value))
     return new
+
+
+def set_request(db: sqlite3.Connection, key: str, request: Mapping[str, Any], *, only_from: Collection[State],
+                if_updated: float, updated: float | None = None) -> bool:
+    """Writes ``request`` (stored as JSON) into the row of ``key`` with a new version ``updated``
+    (default: now), its state unchanged: only when the row is in ``only_from`` and unchanged since
+    ``if_updated`` (the version its writer read), as with :func:`move`. No transition (a guard
+    that becomes a take-over: its request's ``take_over``). Returns whether the row was written."""
+    now = time.time() if updated is None else updated
+    states = [State(s).value for s in only_from]
+    cur = db.execute(f"UPDATE migrate_replicas SET request=?, updated=? WHERE key=? AND updated=? AND state IN "
+                     f"({','.join('?' * len(states))})", (json.dumps(request), now, key, if_updated, *states))
+    return cur.rowcount == 1
+
+
+def forget_retry(db: sqlite3.Connection, key: str, unless_replica: bool = False) -> None:
+    """The retry schedule of ``key``'s take-over goes (``migrate_retry``; Effect.FORGET_RETRY);
+    ``unless_replica``: only when ``key`` has no ``migrate_replicas`` row (the row GC's)."""
+    if unless_replica:
+        db.execute("DELETE FROM migrate_retry WHERE key=? AND NOT EXISTS (SELECT 1 FROM migrate_replicas WHERE key=?)",
+                   (key, key))
+    else:
+        db.execute("DELETE FROM migrate_retry WHERE key=?", (key,))
 
 
 # -- move records (``migrate_moves``: laminar.policy.moves) -------------------------------------

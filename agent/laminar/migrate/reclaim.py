@@ -779,7 +779,7 @@ class ReclaimComponent:
         key of a job handed here that ended already (its placement is forgotten), and a
         requeue's origin (nothing read it)."""
         jobs = getattr(self.agent, "jobs", None)
-        if jobs is None or not hasattr(jobs, "backfill_origin"):
+        if jobs is None or not hasattr(getattr(jobs, "table", None), "backfill_origin"):
             return
         db = self.agent.store.db
         for r in db.execute("SELECT key, job_id FROM migrate_replicas WHERE state='resumed' AND job_id IS NOT NULL"
@@ -787,7 +787,7 @@ class ReclaimComponent:
             job = jobs.get(str(r["job_id"]))
             if job is not None and not getattr(job.origin, "migrated_from", None) and valid_key(str(r["key"])):
                 rf = job.spec.resume_from if isinstance(job.spec.resume_from, str) else None
-                jobs.backfill_origin(job.id, migrated_from=str(r["key"]), resume_given=rf)
+                jobs.table.backfill_origin(job.id, migrated_from=str(r["key"]), resume_given=rf)
         keys = {str(r[0]) for r in db.execute("SELECT key FROM migrate_replicas")}
         try:
             placed = {str(r[0]) for r in db.execute("SELECT job_id FROM zone_placed")}
@@ -801,7 +801,7 @@ class ReclaimComponent:
             p = Path(os.path.normpath(rf))
             if p.parent.parent in (state / "xfer" / "checkpoints", state / RESUME_DIR) and p.parent.name in keys \
                     and valid_key(p.parent.name) and valid_ckpt_name(p.name):
-                jobs.backfill_origin(job.id, migrated_from=p.parent.name, resume_given=str(p))
+                jobs.table.backfill_origin(job.id, migrated_from=p.parent.name, resume_given=str(p))
 
     async def _follow_zone_listen(self, host: str) -> None:
         """The zone listens on its roster address ``host`` now: transfers listen on it and

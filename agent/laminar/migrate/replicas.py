@@ -261,8 +261,8 @@ class Replicas:
         jobs = getattr(self.host.agent, "jobs", None)
         if jobs is None:
             return []
-        return list(jobs.resume_users(("queued", "starting", "running", "suspended", "failed", "lost"),
-                                      time.time() - REPLICA_REQUEUE_HOLD_S))
+        return list(jobs.table.resume_users(("queued", "starting", "running", "suspended", "failed", "lost"),
+                                            time.time() - REPLICA_REQUEUE_HOLD_S))
 
     def gc(self, key: str, newest: str | None = None, unclaimed: bool = False) -> list[str]:
         """Takes away the checkpoints of ``key`` this node no longer needs (the rule is in the
@@ -505,8 +505,7 @@ class Replicas:
             with self.host.agent.store.tx() as tx:
                 for key in gone:
                     ledger.move(tx, key, custody.Event.GC, counts=self.host.counts, if_older=cutoff)  # done states only
-                    tx.execute("DELETE FROM migrate_retry WHERE key=? AND NOT EXISTS "
-                               "(SELECT 1 FROM migrate_replicas WHERE key=?)", (key, key))
+                    ledger.forget_retry(tx, key, unless_replica=True)
                     ledger.forget_guard(tx, key, unless_replica=True)
             self.host.counts["replica_rows_pruned"] = self.host.counts.get("replica_rows_pruned", 0) + len(gone)
         return gone
@@ -604,10 +603,8 @@ class Replicas:
         req["take_over"] = True
         req["stopped_there"] = state
         with self.host.agent.store.tx() as tx:
-            cur = tx.execute("UPDATE migrate_replicas SET request=?, updated=? WHERE key=? AND state='guarding' "
-                             "AND updated=?", (json.dumps(req), time.time(), key, seen))
-        if cur.rowcount != 1:
-            return False
+            if not ledger.set_request(tx, key, req, only_from=(custody.State.GUARDING,), if_updated=seen):
+                return False
         self.host._emit(f"{key}: node {src} says the job was {state} there without moving, and this node guards it: "
                    "resuming it", key=key, src_node=src, src_state=state, phase="stopped-there")
         return True
@@ -805,7 +802,7 @@ class Replicas:
             return {"key": key, "needed": True, "why": f"{key} is not a job of node {self.host.node_id}"}
         jobs = getattr(self.host.agent, "jobs", None)
         job = jobs.get(jid) if jobs is not None else None
-        if job is None and jobs is not None and hasattr(jobs, "pruned") and jobs.pruned(jid):
+        if job is None and jobs is not None and hasattr(getattr(jobs, "table", None), "pruned") and jobs.table.pruned(jid):
             # ended long ago: its record was pruned (jobs.keep_ended_s / keep_ended); "no
             # record" alone would say needed, and the buddy would keep the replica for good and
             # resume a finished job when this node leaves

@@ -31,7 +31,8 @@ from __future__ import annotations
 
 import enum
 import sys
-from collections.abc import Iterable
+
+from laminar.policy import machine
 
 
 class State(enum.StrEnum):
@@ -110,13 +111,11 @@ class Effect(enum.StrEnum):
     """The key's checkpoints go (but one a local job resumes from)."""
 
 
-class IllegalTransition(ValueError):
+class IllegalTransition(machine.Refused):
     """An event the table does not allow in a copy's state."""
 
-    def __init__(self, state: State, event: Event) -> None:
-        super().__init__(f"custody: event {event.value} is not allowed in state {state.value}")
-        self.state = state
-        self.event = event
+    record = "custody"
+    noun = "state"
 
 
 S, E, F = State, Event, Effect
@@ -135,14 +134,11 @@ IN_TAKE_OVER = (S.GUARDING, S.WAITING, S.RELEASED)
 STORED = tuple(s for s in S if s is not S.NEW)
 
 
-def _table() -> dict[tuple[State, Event], Outcome]:
-    t: dict[tuple[State, Event], Outcome] = {}
-
-    def put(states: Iterable[State], event: Event, new: State | None, *effects: Effect) -> None:
-        """``new`` None: the state stays (and nothing is written when UNCHANGED is among the effects)."""
-        for s in states:
-            assert (s, event) not in t, (s, event)
-            t[(s, event)] = (s if new is None else new, tuple(effects))
+def _table() -> machine.Table[State, Event, Effect]:
+    """``put(states, event, new, *effects)``, ``new`` None: the state stays (and nothing is
+    written when UNCHANGED is among the effects)."""
+    b: machine.Builder[State, Event, Effect] = machine.Builder()
+    put = b.put
 
     # a guard message: an UPSERT that keeps a copy the take-over already acted on (resumed,
     # handed-over, placed) and makes any other one (or none) guarding; its older checkpoints go
@@ -171,10 +167,10 @@ def _table() -> dict[tuple[State, Event], Outcome]:
     put([s for s in S if s not in DONE], E.GC, None, F.UNCHANGED)
     put(STORED, E.DROP, S.NEW, F.FORGET_RETRY)
     put([S.NEW], E.DROP, None, F.UNCHANGED, F.FORGET_RETRY)
-    return t
+    return b.table
 
 
-TRANSITIONS: dict[tuple[State, Event], Outcome] = _table()
+TRANSITIONS: machine.Table[State, Event, Effect] = _table()
 """(state, event) -> (new state, effects): every move the agent makes, and only those."""
 
 
@@ -182,12 +178,7 @@ def step(state: State | str | None, event: Event | str) -> Outcome:
     """Where ``event`` takes a copy in ``state`` (None or ``"new"``: no row) and what the agent
     does besides writing it. Raises IllegalTransition when the table does not allow it, and
     ValueError for a state or event that is not one."""
-    s = State.NEW if state is None else State(state)
-    e = Event(event)
-    got = TRANSITIONS.get((s, e))
-    if got is None:
-        raise IllegalTransition(s, e)
-    return got
+    return machine.step(TRANSITIONS, State.NEW if state is None else State(state), Event(event), IllegalTransition)
 
 
 def writes(state: State | str | None, event: Event | str) -> bool:
@@ -201,29 +192,8 @@ def writes(state: State | str | None, event: Event | str) -> bool:
 def mermaid() -> str:
     """The state diagram of the moves that write (``stateDiagram-v2``), one line per (from, to)
     with the events that make it, sorted: what ``docs/migration.md`` shows."""
-    edges: dict[tuple[State, State], list[str]] = {}
-    for (s, e), (new, effects) in TRANSITIONS.items():
-        if F.UNCHANGED in effects:
-            continue
-        edges.setdefault((s, new), []).append(e.value)
-    order = {s: i for i, s in enumerate(S)}
-
-    def node(s: State) -> str:
-        return "[*]" if s is S.NEW else s.value.replace("-", "_")
-
-    lines = ["stateDiagram-v2"]
-    for (a, b) in sorted(edges, key=lambda ab: (order[ab[0]], order[ab[1]])):
-        lines.append(f"    {node(a)} --> {node(b)}: {', '.join(sorted(edges[(a, b)]))}")
-    return "\n".join(lines) + "\n"
-
-
-def main(argv: list[str]) -> int:
-    if argv == ["--mermaid"]:
-        sys.stdout.write(mermaid())
-        return 0
-    sys.stderr.write("usage: python -m laminar.policy.custody --mermaid\n")
-    return 2
+    return machine.mermaid(TRANSITIONS, State, State.NEW, Effect.UNCHANGED)
 
 
 if __name__ == "__main__":
-    raise SystemExit(main(sys.argv[1:]))
+    raise SystemExit(machine.main(sys.argv[1:], "laminar.policy.custody", mermaid))

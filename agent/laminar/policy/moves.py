@@ -18,7 +18,7 @@ the writers as they were: it contains every move they make, and nothing else.
 carries (``tests/unit/test_moves.py`` checks they are equal).
 
 >>> step(Phase.FROZEN, Event.HAND_OVER)
-(<Phase.HANDOVER: 'handover'>, ())
+(<Phase.HANDOVER: 'handover'>, (<Effect.KEEP: 'keep'>,))
 >>> step(Phase.GONE, Event.FREEZE)
 Traceback (most recent call last):
 ...
@@ -29,7 +29,8 @@ from __future__ import annotations
 
 import enum
 import sys
-from collections.abc import Iterable
+
+from laminar.policy import machine
 
 
 class Cause(enum.StrEnum):
@@ -103,13 +104,11 @@ class Effect(enum.StrEnum):
     """The record's cause, reason and thaw are the event's; its hand-over stays."""
 
 
-class IllegalMove(ValueError):
+class IllegalMove(machine.Refused):
     """An event the table does not allow in a record's phase."""
 
-    def __init__(self, phase: Phase, event: Event) -> None:
-        super().__init__(f"move record: event {event.value} is not allowed in phase {phase.value}")
-        self.phase = phase
-        self.event = event
+    record = "move record"
+    noun = "phase"
 
 
 P, E, F = Phase, Event, Effect
@@ -117,13 +116,9 @@ Outcome = tuple[Phase, tuple[Effect, ...]]
 STORED = tuple(p for p in P if p is not P.NEW)
 
 
-def _table() -> dict[tuple[Phase, Event], Outcome]:
-    t: dict[tuple[Phase, Event], Outcome] = {}
-
-    def put(phases: Iterable[Phase], event: Event, new: Phase | None, *effects: Effect) -> None:
-        for p in phases:
-            assert (p, event) not in t, (p, event)
-            t[(p, event)] = (p if new is None else new, tuple(effects))
+def _table() -> machine.Table[Phase, Event, Effect]:
+    b: machine.Builder[Phase, Event, Effect] = machine.Builder()
+    put = b.put
 
     # a freeze records the move afresh; a reclaim's move of a job again (a shorter window cut the
     # last one, maybe during its hand-over) finds its record, and so may a move of a job that a
@@ -138,10 +133,10 @@ def _table() -> dict[tuple[Phase, Event], Outcome]:
     put([P.HANDOVER], E.SETTLE_GONE, P.GONE)
     put(STORED, E.DONE, P.NEW)
     put([P.NEW], E.DONE, None, F.UNCHANGED)
-    return t
+    return b.table
 
 
-TRANSITIONS: dict[tuple[Phase, Event], Outcome] = _table()
+TRANSITIONS: machine.Table[Phase, Event, Effect] = _table()
 """(phase, event) -> (new phase, effects): every move the agent makes, and only those."""
 
 
@@ -149,40 +144,14 @@ def step(phase: Phase | str | None, event: Event | str) -> Outcome:
     """Where ``event`` takes a record in ``phase`` (None or ``"new"``: no record) and what the
     ledger does besides writing it. Raises IllegalMove when the table does not allow it, and
     ValueError for a phase or event that is not one."""
-    p = Phase.NEW if phase is None else Phase(phase)
-    e = Event(event)
-    got = TRANSITIONS.get((p, e))
-    if got is None:
-        raise IllegalMove(p, e)
-    return got
+    return machine.step(TRANSITIONS, Phase.NEW if phase is None else Phase(phase), Event(event), IllegalMove)
 
 
 def mermaid() -> str:
     """The diagram of the moves that write (``stateDiagram-v2``), one line per (from, to) with
     the events that make it, sorted: what ``docs/migration.md`` shows."""
-    edges: dict[tuple[Phase, Phase], list[str]] = {}
-    for (p, e), (new, effects) in TRANSITIONS.items():
-        if F.UNCHANGED in effects:
-            continue
-        edges.setdefault((p, new), []).append(e.value)
-    order = {p: i for i, p in enumerate(P)}
-
-    def node(p: Phase) -> str:
-        return "[*]" if p is P.NEW else p.value
-
-    lines = ["stateDiagram-v2"]
-    for (a, b) in sorted(edges, key=lambda ab: (order[ab[0]], order[ab[1]])):
-        lines.append(f"    {node(a)} --> {node(b)}: {', '.join(sorted(edges[(a, b)]))}")
-    return "\n".join(lines) + "\n"
-
-
-def main(argv: list[str]) -> int:
-    if argv == ["--mermaid"]:
-        sys.stdout.write(mermaid())
-        return 0
-    sys.stderr.write("usage: python -m laminar.policy.moves --mermaid\n")
-    return 2
+    return machine.mermaid(TRANSITIONS, Phase, Phase.NEW, Effect.UNCHANGED)
 
 
 if __name__ == "__main__":
-    raise SystemExit(main(sys.argv[1:]))
+    raise SystemExit(machine.main(sys.argv[1:], "laminar.policy.moves", mermaid))

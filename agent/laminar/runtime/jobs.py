@@ -59,10 +59,12 @@ the queue's wait reasons are stored in one transaction per admission pass.
 
 The component's parts, each in its own module: `laminar.runtime.spec` (the spec, its checks,
 the errors a request is refused with), `laminar.runtime.record` (the states, `Job`, the jobs
-table), `laminar.runtime.grants` (who may submit what), `laminar.runtime.launch` (the path
+table), `laminar.runtime.grants` (who may submit what), `laminar.runtime.checks` (a local
+user's submission checked: grant, resume_from, quota; ``jobs.checks``), `laminar.runtime.launch` (the path
 probe and the start of a job's process), `laminar.runtime.prune` (ended jobs' records and
-files), `laminar.runtime.leaks` (cgroups not removed yet) and `laminar.runtime.jobs_api` (the
-API's routes); the `JobManager` here holds the jobs and acts.
+files), `laminar.runtime.leaks` (cgroups not removed yet), `laminar.runtime.jobtable` (the jobs
+table: rows written and read back, a page of the list, the look-ups by origin; ``jobs.table``)
+and `laminar.runtime.jobs_api` (the API's routes); the `JobManager` here holds the jobs and acts.
 """
 
 from __future__ import annotations
@@ -72,7 +74,6 @@ import builtins
 import json
 import logging
 import os
-import re
 import signal
 import subprocess
 import time
@@ -87,9 +88,11 @@ from ..policy.endcause import EndCause
 from ..userbounds import UidSlots
 from . import gpus as gpumod
 from . import joblimits, provenance
+from .checks import MAX_PER_USER, SubmitChecks
 from .ckpt_scan import CkptScanner
-from .grants import GrantError, Grants, caller_gids
+from .grants import Grants
 from .holds import Holds
+from .jobtable import JobTable
 from .launch import PROBES_ALL_USERS, PROBES_PER_UID, check_owner_ids, check_paths, spawn
 from .leaks import LeakedCgroups
 from .provenance import NO_ORIGIN, JobOrigin
@@ -99,10 +102,8 @@ from .spec import (
     AdmissionError,
     JobError,
     JobSpec,
-    QuotaError,
     ReservedEnvError,
     ResumeFromError,
-    _brief,
 )
 
 log = logging.getLogger("laminar.jobs")
@@ -119,22 +120,10 @@ LEAK_SWEEP_S = 30.0
 # off the loop, bounded; one fstat per job when nothing changed). Airlock's work at risk reads
 # the last look: its tick never touches a job's files.
 CKPT_SCAN_EVERY_S = 0.5
-# GET /v1/jobs answers a page: the jobs numbered below ?before= (all of them: none given), newest
-# first, at most ?limit= of them (LIST_PAGE_DEFAULT, at most LIST_PAGE_MAX) and no more than
-# LIST_PAGE_BYTES of stored spec text (at least one job), returned oldest first; the next page
-# is ?before=<the lowest number of this one>, and an empty page is the end (laminarctl jobs
-# follows them). Live jobs are listed where their numbers fall, as ended ones. Unpaged, every
-# live job plus up to 100,000 ended ones were decoded, copied and encoded on the event loop for
-# each request: 29 s for 16 jobs with 1 MiB envs, 1 s for 10,000 small ones.
-LIST_PAGE_DEFAULT = 200
-LIST_PAGE_MAX = 1000
-LIST_PAGE_BYTES = 1 << 20
-
 # Config [jobs]: how many jobs one user may have that have not ended (queued, running,
 # suspended or being stopped) on this node, and how long and how many ended jobs' records the
 # store keeps (docs/operations.md, "How many jobs a user may have, and how long ended jobs are
 # kept").
-MAX_PER_USER = 256
 CONFIG_FIELDS = {
     "max_per_user": Field(int, MAX_PER_USER, "how many jobs not yet ended (queued, running, suspended, "
                           "stopping) one local user may have on this node; root is not limited (0: no limit)",
@@ -206,6 +195,8 @@ class JobManager:
         self.pruner = Pruner(self)  # the records and files of ended jobs (laminar.runtime.prune)
         # who may submit which class and priority through the API (config [grants])
         self.grants = grants
+        # whether a local user may submit a spec here: grant, resume_from, quota (laminar.runtime.checks)
+        self.checks = SubmitChecks(self)
         self.leak_sweep_s = leak_sweep_s
         self.metrics = metrics  # a prometheus CollectorRegistry (the agent's, else one of its own)
         self.leaks = LeakedCgroups(self)  # cgroups of ended jobs not removed yet (laminar.runtime.leaks)
@@ -220,6 +211,8 @@ class JobManager:
         self.tree: CgroupTree | None = None
         self.inventory: gpumod.GpuInventory | None = None
         self.jobs: dict[str, Job] = {}
+        # the jobs table: rows written and read back, the look-ups by page and origin (laminar.runtime.jobtable)
+        self.table = JobTable(self)
         # jobs' checkpoint listings (bounded, off the loop): Airlock and the migrate component read them
         self.ckpt_scan = CkptScanner()
         # who holds which job frozen (Airlock, a move, a fence): frozen while any hold remains
@@ -323,7 +316,7 @@ class JobManager:
             for index in provenance.INDEXES:
                 db.execute(index)
         if any(c not in have for c in provenance.COLUMNS):
-            self._clean_stored_env()
+            self.table.clean_stored_env()
         self.leaks.init_metrics()
         self._emit("job", f"jobs: {self.hierarchy.describe()}; GPUs: {self.inventory.source} "
                    f"{self.inventory.indices} {self.inventory.note}".rstrip(),
@@ -446,23 +439,7 @@ class JobManager:
                 if j.num == num:
                     return j
         row = self.store.db.execute("SELECT * FROM jobs WHERE id=? OR num=?", (job_id, num)).fetchone()
-        return self._from_row(row) if row else None
-
-    def pruned(self, job_id: str) -> bool:
-        """Whether `job_id` ("job-3" or "3") names a job this node gave and whose record was
-        pruned (`prune_ended`): it has no record and its number is at or below the highest one
-        pruned (numbers are given in order, never twice, and only ended jobs are pruned), so the
-        job ended. False for a job with a record and for a number this node never gave. For
-        whoever must tell "ended long ago" from "never heard of" once `get` says None: a buddy
-        asking whether the guard of a job that ended is still needed (control op ``needs``)."""
-        text = job_id[4:] if job_id.startswith("job-") else job_id
-        if not (text.isascii() and text.isdigit() and len(text) <= 18) or int(text) < 1:
-            return False
-        try:
-            floor = int(self.store.get_meta(NUM_FLOOR_KEY, 0) or 0)
-        except Exception:  # a store closing under us: cannot tell
-            return False
-        return int(text) <= floor and self.get(job_id) is None
+        return self.table.from_row(row) if row else None
 
     def list(self, all_jobs: bool = True, ended_max: int | None = None) -> list[Job]:
         """Active jobs in memory plus finished ones from the store (all of them, or the newest
@@ -477,120 +454,11 @@ class JobManager:
             ended = 0
             for row in rows:
                 if row["id"] not in out and (ended_max is None or ended < ended_max):
-                    out[row["id"]] = self._from_row(row)
+                    out[row["id"]] = self.table.from_row(row)
                     ended += 1
         return sorted(out.values(), key=lambda j: j.num)
 
     # -- where jobs came from (laminar.runtime.provenance): indexed columns, no spec decoded ------
-    def find_origin(self, key: str) -> str | None:
-        """The id of the first job (by number) that a move, a take-over or an archive claim of
-        the migration key ``key`` started here, in any state but failed; None when there is none."""
-        row = self.store.db.execute("SELECT id FROM jobs WHERE origin_key=? AND state != 'failed' ORDER BY num "
-                                    "LIMIT 1", (key,)).fetchone()
-        return None if row is None else str(row[0])
-
-    def find_placement(self, placement_id: int) -> str | None:
-        """The id of the job placement ``placement_id`` started here (in any state), or None."""
-        if isinstance(placement_id, bool) or not isinstance(placement_id, int) or not 0 < placement_id < 1 << 63:
-            return None
-        row = self.store.db.execute("SELECT id FROM jobs WHERE placement_id=? ORDER BY num LIMIT 1",
-                                    (placement_id,)).fetchone()
-        return None if row is None else str(row[0])
-
-    def ended_origins(self, states: tuple[str, ...]) -> dict[str, set[str]]:
-        """Migration key -> ids of the jobs in ``states`` that resumed it here."""
-        marks = ", ".join("?" * len(states))
-        out: dict[str, set[str]] = {}
-        for key, jid in self.store.db.execute(f"SELECT origin_key, id FROM jobs WHERE origin_key IS NOT NULL "
-                                              f"AND state IN ({marks})", states):
-            out.setdefault(str(key), set()).add(str(jid))
-        return out
-
-    def resume_users(self, states: tuple[str, ...], requeued_since: float) -> builtins.list[tuple[str, str]]:
-        """(job id, the resume_from the agent gave it) of the jobs in ``states``, and of those
-        requeued with no end recorded or ended after ``requeued_since``; never a resume_from
-        its user set (laminar.runtime.provenance)."""
-        marks = ", ".join("?" * len(states))
-        rows = self.store.db.execute(  # (no ORDER BY: sorting by num made SQLite scan the table by num)
-            f"SELECT id, resume_given, num FROM jobs WHERE resume_given IS NOT NULL AND (state IN ({marks}) OR "
-            "(state = 'requeued' AND (ended IS NULL OR ended > ?)))", (*states, requeued_since)).fetchall()
-        return [(str(r[0]), str(r[1])) for r in sorted(rows, key=lambda r: int(r[2]))]
-
-    def backfill_origin(self, job_id: str, **fields: Any) -> bool:
-        """At an upgrade: sets the origin columns named in ``fields`` (JobOrigin's) of job
-        ``job_id`` that are still empty, from a table the agent wrote (zone_placed,
-        migrate_replicas), never from the job's env; True when one was set."""
-        cur = self.get(job_id)
-        if cur is None:
-            return False
-        new = JobOrigin(**{**cur.origin.__dict__, **{k: v for k, v in fields.items()
-                                                      if getattr(cur.origin, k) in (None, ())}})
-        if new == cur.origin:
-            return False
-        try:
-            new.checked()
-        except ValueError as e:
-            log.warning("jobs: %s: not recording its origin %s: %s", job_id, fields, e)
-            return False
-        with self.store.tx() as db:
-            db.execute(f"UPDATE jobs SET {', '.join(f'{c}=?' for c in provenance.COLUMNS)} WHERE id=?",
-                       (*new.row(), job_id))
-        if job_id in self.jobs:
-            self.jobs[job_id].origin = new
-        return True
-
-    def _clean_stored_env(self) -> None:
-        """Once, when the origin columns are added (an upgrade): the stored specs of the jobs that
-        have not ended lose what their env may no longer hold (laminar.runtime.provenance
-        .from_store): they are moved, requeued and started from those specs, and a peer now
-        refuses the names. The user knobs become their spec fields."""
-        rows = self.store.db.execute("SELECT id, spec FROM jobs WHERE ended IS NULL").fetchall()
-        for jid, text in rows:
-            try:
-                spec_d = json.loads(text)
-            except ValueError:
-                continue
-            clean = provenance.from_store(spec_d, where=f"job {jid}'s stored spec")
-            if clean is not spec_d:
-                with self.store.tx() as db:
-                    db.execute("UPDATE jobs SET spec=? WHERE id=?", (json.dumps(clean), jid))
-    def page(self, before: int | None = None, limit: int = LIST_PAGE_DEFAULT, all_jobs: bool = True,
-             max_bytes: int = LIST_PAGE_BYTES) -> builtins.list[Job]:
-        """One page of GET /v1/jobs (see LIST_PAGE_DEFAULT): the jobs numbered below `before`
-        (any: None), newest first, at most `limit` and no more than `max_bytes` of spec text (at
-        least one), oldest first; only those that have not ended unless `all_jobs`. A job in
-        memory is listed as it is there (its state is newer than its row); only the rows of the
-        page are decoded."""
-        top = ((1 << 63) - 1) if before is None else before
-        out: builtins.list[Job] = []
-        size = 0
-        if not all_jobs:
-            import heapq
-
-            for j in heapq.nlargest(limit, (j for j in self.jobs.values() if j.num < top), key=lambda j: j.num):
-                if out and size + j.spec_bytes > max_bytes:
-                    break
-                out.append(j)
-                size += j.spec_bytes
-            return out[::-1]
-        want: builtins.list[str] = []
-        for row in self.store.db.execute("SELECT id, length(spec) AS n FROM jobs WHERE num < ? ORDER BY num DESC "
-                                         "LIMIT ?", (top, limit)):
-            if want and size + int(row["n"]) > max_bytes:
-                break
-            want.append(row["id"])
-            size += int(row["n"])
-        stored = [i for i in want if i not in self.jobs]
-        rows = {}
-        if stored:
-            marks = ",".join("?" * len(stored))
-            rows = {r["id"]: r for r in self.store.db.execute(f"SELECT * FROM jobs WHERE id IN ({marks})", stored)}
-        for i in want:
-            if i in self.jobs:
-                out.append(self.jobs[i])
-            elif i in rows:
-                out.append(self._from_row(rows[i]))
-        return sorted(out, key=lambda j: j.num)
 
     def active(self) -> builtins.list[Job]:
         """Running and suspended jobs (those with processes); queued ones are not active."""
@@ -625,7 +493,7 @@ class JobManager:
         changed = [j for j in self.queued() if j.reason != reason]
         for j in changed:
             j.reason = reason
-        self._persist_many(changed)
+        self.table.persist_many(changed)
 
     def limits(self) -> admission.Limits | None:
         """The caps in force; None while an agent's Airlock has not said (queue held)."""
@@ -691,80 +559,11 @@ class JobManager:
         # one transaction (one fsync) for every reason that changed: a wait's reason names its
         # queue position and the class's free MiB, which every submit, start and exit moves for
         # every queued job behind it (255 fsyncs per submission of a user with 256 queued jobs)
-        self._persist_many(changed)
+        self.table.persist_many(changed)
         if error is not None:
             raise error
 
     # -- submit --------------------------------------------------------------------------------
-    def check_grant(self, spec: JobSpec, uid: int, gid: int, pid: int,
-                    groups: frozenset[int] | None = None) -> None:
-        """Raise GrantError (403 in the API) when the caller (its SO_PEERCRED uid, gid and pid,
-        and the supplementary ``groups`` it had at connect(), SO_PEERGROUPS: ``req.peer.groups``)
-        may not submit `spec`'s Airlock class at its priority (config ``[grants]``). For every
-        path by which a local user asks for a job (``POST /v1/jobs``, the zone's
-        ``POST /v1/placements`` at the origin); not for a job arriving from another agent,
-        which keeps the class its origin admitted. Without ``groups`` they are read from
-        ``/proc/<pid>/status`` (a pid reused since connect() would lend its groups: callers
-        with a socket pass them)."""
-        grants = self.grants or Grants.from_config(None)
-        gids = ({gid} | set(groups)) if groups is not None else caller_gids(gid, pid)
-        why = grants.refusal(uid, gids if uid else {gid}, spec.job_class, spec.priority)
-        if why is not None:
-            raise GrantError(why)
-
-    def check_user_resume(self, spec: JobSpec, uid: int) -> None:
-        """A local user's own ``resume_from`` (``POST /v1/jobs``) is handed to the job, which
-        reads it as its owner; the agent never opens it, nor counts it as one it gave (the
-        archive and the replica GC read only those: laminar.runtime.provenance). For a user
-        other than root, JobError when it lies in the agent's own trees, where only the agent
-        gives a job a checkpoint (a replica or an archived copy, by a move or a take-over, to its
-        owner): the state directory but the user's own jobs' checkpoint directories, and the
-        archive. Decided from the path's text alone (nothing on the user's storage is read)."""
-        rf = spec.resume_from
-        if not rf or uid == 0 or self.state_dir is None:
-            return
-        if not rf.startswith("/"):
-            raise ResumeFromError(f"resume_from {_brief(rf)}: expected an absolute path")
-        p = Path(os.path.normpath(rf))
-        state = Path(os.path.normpath(self.state_dir))
-        try:
-            archive = str((self.agent.config.section("migrate") or {}).get("archive_dir") or "")
-        except (AttributeError, KeyError):
-            archive = ""
-        if archive and (p == Path(os.path.normpath(archive)) or Path(os.path.normpath(archive)) in p.parents):
-            raise ResumeFromError(f"resume_from {_brief(rf)}: lies in the archive (migrate.archive_dir), whose copies the "
-                           "agent gives to their owners itself when it resumes a job; name a checkpoint of your own")
-        if p != state and state not in p.parents:
-            return
-        rel = p.relative_to(state).parts
-        if len(rel) >= 2 and rel[0] == "ckpt" and re.fullmatch(r"job-[0-9]{1,18}", rel[1]):
-            row = self.store.db.execute("SELECT owner_uid FROM jobs WHERE id=?", (rel[1],)).fetchone()
-            if row is not None and int(row[0]) == uid:
-                return  # a checkpoint of one of the user's own jobs here
-            raise ResumeFromError(f"resume_from {_brief(rf)}: {rel[1]} is not a job of uid {uid}; a job may resume from "
-                           f"the checkpoints of its owner's own jobs ({state}/ckpt/<your job>)")
-        raise ResumeFromError(f"resume_from {_brief(rf)}: lies in the agent's state directory, where only the agent gives "
-                       "a job a checkpoint (a replica, when it moves or takes over a job); name a checkpoint of your "
-                       f"own (one of your jobs' own: {state}/ckpt/<job>/ckpt-<n>)")
-
-    def live_count(self, uid: int) -> int:
-        """The jobs of `uid` that have not ended here: queued, running, suspended, or being
-        stopped (a stop still in its grace)."""
-        return sum(1 for j in self.jobs.values() if j.owner_uid == uid)
-
-    def check_quota(self, uid: int) -> None:
-        """Raise QuotaError (429 in the API) when `uid` (not root) already has config
-        ``jobs.max_per_user`` jobs that have not ended on this node (`live_count`). For every
-        path by which a local user asks for a job here (``POST /v1/jobs``); not for a job
-        arriving from another agent (a hand-over or a move adds no job to the user's total)."""
-        limit = MAX_PER_USER if self.max_per_user is None else self.max_per_user
-        if uid == 0 or limit <= 0:
-            return
-        have = self.live_count(uid)
-        if have >= limit:
-            raise QuotaError(f"too many jobs: uid {uid} has {have} jobs that have not ended on this node (queued, "
-                             f"running, suspended or stopping); the limit is {limit} per user (config "
-                             "jobs.max_per_user); stop some (`laminarctl job stop JOB`) or wait for them to end")
 
     async def submit(self, spec: JobSpec, owner_uid: int = 0, owner_gid: int = 0, *, quota: bool = False,
                      origin: JobOrigin = NO_ORIGIN) -> Job:
@@ -777,13 +576,13 @@ class JobManager:
         is left behind on failure. A job given no memory limit gets its class's default
         (policy ``job_default_mb``) where one is set. With `quota` (a local user's submission)
         it raises QuotaError when the owner has ``jobs.max_per_user`` jobs not yet ended
-        (`check_quota`), checked again with no await before the job is stored, so concurrent
+        (`checks.quota`), checked again with no await before the job is stored, so concurrent
         submissions cannot pass it together. `origin`: where the job came from, from the agent's
         own code only (a hand-over, a take-over; laminar.runtime.provenance), stored with it."""
         assert self.tree is not None and self.state_dir is not None and self.inventory is not None
         check_owner_ids(owner_uid, owner_gid)
         if quota:
-            self.check_quota(owner_uid)
+            self.checks.quota(owner_uid)
         spec.validate()
         try:
             origin.checked()
@@ -819,7 +618,7 @@ class JobManager:
             raise JobError(str(e) + (f" (counting the GPUs of queued job(s) {', '.join(queued)})" if queued else "")) from None
 
         if quota:  # again: other submissions of the owner may have been stored while check_paths ran
-            self.check_quota(owner_uid)
+            self.checks.quota(owner_uid)
         spec_text = json.dumps(spec.as_dict())
         with self.store.tx() as db:
             # past every number given: the highest row, and the highest ever pruned
@@ -840,7 +639,7 @@ class JobManager:
         if job.state == QUEUED:
             if job.wait is None and self.held is None:  # the queue is held until Airlock says which caps hold
                 job.reason = "waiting for the agent's admission (Airlock) to start"
-                self._persist(job)
+                self.table.persist(job)
             self._emit("job", f"job {job_id} queued: {job.reason}", job=job_id, num=num, state=QUEUED, by_uid=owner_uid,
                        **{"class": spec.job_class}, priority=spec.priority, memory_mb=spec.memory_mb,
                        queue=job.queue_view())
@@ -862,7 +661,7 @@ class JobManager:
             # 'starting' in the store: an agent that dies from here until 'running' is recorded
             # finds the job failed on restart, with whatever it had made removed.
             job.state = "starting"
-            self._persist(job)
+            self.table.persist(job)
             assert self.limiter is not None
             try:  # the owner's profile on this node, wherever the job came from
                 profile = self.limiter.profile(job.owner_uid, job.owner_gid)
@@ -900,7 +699,7 @@ class JobManager:
                 self.leaks.record(job, str(ce))
             job.state, job.reason, job.ended, job.wait = "failed", f"start failed: {e}", time.time(), None
             job.end_cause = EndCause.START_FAILED
-            self._persist(job)
+            self.table.persist(job)
             self.jobs.pop(job.id, None)
             self._emit("job", f"job {job.id} failed: {job.reason}", job=job.id, state=job.state,
                        end_cause=str(job.end_cause), by_uid=job.owner_uid)
@@ -916,7 +715,7 @@ class JobManager:
         self._popen[job.id] = proc
         with self.store.tx() as db:
             db.execute("UPDATE jobs SET limits=? WHERE id=?", (json.dumps(job.limits), job.id))
-        self._persist(job)
+        self.table.persist(job)
         if self.netguard is not None:
             try:
                 self.netguard.register_job(job.cgroup_id, job.num, spec.lent)
@@ -994,7 +793,7 @@ class JobManager:
         job.exit_code = code
         job.ended = time.time()
         await self._teardown(job)
-        self._persist(job)
+        self.table.persist(job)
         self.jobs.pop(job_id, None)
         self._emit("job", f"job {job_id} {job.state}: {job.reason}", job=job_id, state=job.state, exit_code=code,
                    end_cause=None if job.end_cause is None else str(job.end_cause), by_uid=job.owner_uid,
@@ -1059,7 +858,7 @@ class JobManager:
             job.reason = reason
         if cause is not None:
             job.end_cause = cause
-        self._persist(job)
+        self.table.persist(job)
 
     def request_checkpoint(self, job: Job) -> bool:
         """Send the job its checkpoint signal (main process) if that process catches it
@@ -1106,7 +905,7 @@ class JobManager:
             job.state, job.reason, job.ended, job.wait = state, reason, time.time(), None
             job.end_cause = cause
             job.work_lost_s = 0.0
-            self._persist(job)
+            self.table.persist(job)
             self.jobs.pop(job.id, None)
             self._emit("job", f"job {job.id} {state} while queued: {reason}", job=job.id, state=state,
                        end_cause=str(cause), by_uid=job.owner_uid)
@@ -1123,7 +922,7 @@ class JobManager:
         job.reason = reason
         job.end_cause = cause
         job.work_lost_s = work_lost_s if work_lost_s is not None else job.work_at_risk_s()
-        self._persist(job)
+        self.table.persist(job)
         self._emit("job", f"job {job.id} stopping: {reason}", job=job.id, grace_s=grace, end_cause=str(cause),
                    by_uid=job.owner_uid)
         ev = self._exit_waiters.setdefault(job.id, asyncio.Event())
@@ -1164,39 +963,6 @@ class JobManager:
                         cause=EndCause.AIRLOCK_KILL)
 
     # -- store -----------------------------------------------------------------------------------
-    _PERSIST_SQL = ("UPDATE jobs SET state=?, pid=?, cgroup_id=?, ended=?, exit_code=?, reason=?, work_lost_s=?, "
-                    "gpus=?, started=?, end_cause=? WHERE id=?")
-
-    @staticmethod
-    def _persist_row(job: Job) -> tuple[Any, ...]:
-        return (job.state, job.pid, job.cgroup_id, job.ended, job.exit_code, job.reason, job.work_lost_s,
-                json.dumps(job.gpus), job.started, None if job.end_cause is None else str(job.end_cause), job.id)
-
-    def _persist(self, job: Job) -> None:
-        with self.store.tx() as db:
-            db.execute(self._PERSIST_SQL, self._persist_row(job))
-
-    def _persist_many(self, jobs: builtins.list[Job]) -> None:
-        """`_persist` for several jobs in one transaction (one commit, one fsync); none: nothing."""
-        if not jobs:
-            return
-        with self.store.tx() as db:
-            db.executemany(self._PERSIST_SQL, [self._persist_row(j) for j in jobs])
-
-    def _from_row(self, row: Any) -> Job:
-        spec_d = json.loads(row["spec"])
-        spec_d["job_class"] = spec_d.pop("class")
-        spec = JobSpec(**spec_d)
-        assert self.tree is not None and self.state_dir is not None
-        cg = self.tree.job(spec.job_class, row["id"])
-        return Job(id=row["id"], num=row["num"], spec=spec, cgroup=cg, cgroup_id=row["cgroup_id"] or 0,
-                   state=row["state"], pid=row["pid"], owner_uid=row["owner_uid"], owner_gid=row["owner_gid"],
-                   gpus=json.loads(row["gpus"]), created=row["created"], ended=row["ended"],
-                   exit_code=row["exit_code"], reason=row["reason"] or "", work_lost_s=row["work_lost_s"],
-                   end_cause=endcause.parse(row["end_cause"]),
-                   started=row["started"], limits=json.loads(row["limits"]) if row["limits"] else None,
-                   origin=JobOrigin.from_row(row), spec_bytes=len(row["spec"]),
-                   ckpt_dir=self.state_dir / "ckpt" / row["id"], log_path=self.state_dir / "logs" / f"{row['id']}.log")
 
     def _adopt_all(self) -> None:
         """Re-adopt stored active jobs whose cgroups still hold processes; mark the rest lost.
@@ -1207,7 +973,7 @@ class JobManager:
         rows = self.store.db.execute("SELECT * FROM jobs WHERE state IN ('queued', 'running', 'suspended', 'starting') "
                                      "OR ended IS NULL ORDER BY num").fetchall()
         for row in rows:
-            job = self._from_row(row)
+            job = self.table.from_row(row)
             if job.state not in (*LIVE_STATES, "starting"):
                 # a stop in progress when the previous process died: finish it (_on_exit keeps
                 # the state and reason the stop recorded, kills what is left, removes the cgroups)
@@ -1241,7 +1007,7 @@ class JobManager:
                     # signalled by number, root's checkpoint requests would reach whatever took it
                     job.pid = None
                     self._spawn_task(self._poll_populated(job.id))
-                self._persist(job)
+                self.table.persist(job)
                 self._emit("job", f"job {job.id} re-adopted ({job.state}, pid {job.pid})", job=job.id,
                            pid=job.pid, cgroup_id=job.cgroup_id)
             else:
@@ -1260,7 +1026,7 @@ class JobManager:
                 except CgroupError as e:
                     log.warning("job %s: cleanup: %s", job.id, e)
                     self.leaks.record(job, str(e))
-                self._persist(job)
+                self.table.persist(job)
                 self._emit("job", f"job {job.id} {job.state}: {job.reason}", job=job.id, state=job.state,
                            end_cause=str(job.end_cause))
 

@@ -12,7 +12,8 @@ from typing import Any
 from ..airlock.cgroups import CgroupError
 from ..policy import endcause
 from .grants import GrantError
-from .jobs import LIST_PAGE_DEFAULT, LIST_PAGE_MAX, JobManager
+from .jobs import JobManager
+from .jobtable import LIST_PAGE_DEFAULT, LIST_PAGE_MAX
 from .record import Job
 from .spec import JobError, JobSpec, QuotaError, _brief, parse_grace_s
 
@@ -45,8 +46,8 @@ def routes(jm: JobManager) -> list[Any]:
     async def submit(req: Request) -> dict[str, Any]:
         try:
             spec = JobSpec.from_dict(req.body)
-            jm.check_grant(spec, req.peer.uid, req.peer.gid, req.peer.pid, req.peer.groups)
-            jm.check_user_resume(spec, req.peer.uid)
+            jm.checks.grant(spec, req.peer.uid, req.peer.gid, req.peer.pid, req.peer.groups)
+            jm.checks.resume_from(spec, req.peer.uid)
             job = await jm.submit(spec, owner_uid=req.peer.uid, owner_gid=req.peer.gid, quota=True)
         except GrantError as e:
             raise ApiError(403, str(e), "beyond_grant") from None
@@ -85,7 +86,7 @@ def routes(jm: JobManager) -> list[Any]:
         before = req.query.get("before")
         if before is not None and not (before.isascii() and before.isdigit() and len(before) <= 18):
             raise ApiError(400, f"before {before[:40]!r}: expected a job number (the lowest of the last page)")
-        page = jm.page(None if before is None else int(before), int(text), everything)
+        page = jm.table.page(None if before is None else int(before), int(text), everything)
         # encoded a slice at a time, a loop round between slices: eight users' pages of 1 MiB
         # each encoded in one round held root's status 0.19 s
         parts: list[str] = []

@@ -24,7 +24,7 @@ Now:
 * **A job's origin** (:class:`JobOrigin`) is an argument of ``JobManager.submit`` from the
   agent's own code (a hand-over, a take-over, a move, a requeue) and five columns of the
   ``jobs`` table (:data:`COLUMNS`) that only the agent writes. Every reader asks the store by an
-  indexed column (``JobManager.find_origin``, ``find_placement``, ``resume_users``,
+  indexed column (``JobManager.table``: ``find_origin``, ``find_placement``, ``resume_users``,
   ``ended_origins``), never ``jobs.list()`` with every spec decoded on the event loop. The agent
   still *sets* ``LM_MIGRATED_FROM``, ``LM_PLACEMENT_ID``, ``LM_GPU_SHARE`` and
   ``LM_REQUEUED_FROM`` in the job's environment from those columns (:meth:`JobOrigin.env`), for

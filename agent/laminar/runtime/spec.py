@@ -37,7 +37,7 @@ class ReservedEnvError(JobError):
 
 
 class ResumeFromError(JobError):
-    """A local user's ``resume_from`` in the agent's own trees (`JobManager.check_user_resume`)."""
+    """A local user's ``resume_from`` in the agent's own trees (`laminar.runtime.checks.SubmitChecks.resume_from`)."""
 
 
 class QuotaError(JobError):

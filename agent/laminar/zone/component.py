@@ -889,10 +889,10 @@ class ZoneComponent:
             d = pl.Demand(**json.loads(demand))
             r = pl.Reservation(pid, d, tuple((int(i), float(f)) for i, f in json.loads(alloc)), math.inf, True)
             self.arbiter.placed[pid] = Placed(r, job_id, sub, since)
-            if hasattr(self._jobs, "backfill_origin"):
+            if hasattr(getattr(self._jobs, "table", None), "backfill_origin"):
                 # a job placed by an agent of an older release: its placement and GPU share were
                 # only in its env; this table is the agent's own record of them (provenance)
-                self._jobs.backfill_origin(job_id, placement_id=int(pid), gpu_share=self._share_of(r.gpu_alloc))
+                self._jobs.table.backfill_origin(job_id, placement_id=int(pid), gpu_share=self._share_of(r.gpu_alloc))
         self.refresh_inventory()
 
     def _store_placed(self, p: Placed) -> None:
@@ -954,7 +954,7 @@ class ZoneComponent:
         None when there is none."""
         if self._jobs is None:
             return None
-        return self._jobs.find_placement(pid)
+        return self._jobs.table.find_placement(pid)
 
     def _share_of(self, alloc: Iterable[tuple[int, float]]) -> tuple[tuple[int, float], ...]:
         """The fractional GPUs of a reservation's ``gpu_alloc``, by this node's GPU index."""
@@ -1109,7 +1109,7 @@ class ZoneComponent:
                                         "not a node id")
             jobs = self._jobs
             grants = getattr(jobs, "grants", None) if jobs is not None else None
-            if grants is None and jobs is not None and hasattr(jobs, "check_grant"):
+            if grants is None and jobs is not None and hasattr(jobs, "checks"):
                 from laminar.runtime.grants import Grants
 
                 grants = Grants.from_config(None)
@@ -1203,7 +1203,7 @@ class ZoneComponent:
             # a user's new job whose owner is at jobs.max_per_user here is refused before anything
             # is taken for it (elastic grants shed, a checkpoint hashed); submit checks again
             try:
-                self._jobs.check_quota(run_as.uid)
+                self._jobs.checks.quota(run_as.uid)
             except JobError as e:
                 self.arbiter.unbind(pid)
                 return wire.HandoverAck(pid, HANDOVER_ERROR, f"job could not start on node {self.node_id}: {e}")
@@ -1520,11 +1520,11 @@ class ZoneComponent:
                 if self._jobs is not None and hasattr(self._jobs, "count_refusal"):
                     self._jobs.count_refusal("placement", e)
                 raise ApiError(400, f"placement: {e}", e.reason or "placement_invalid") from None
-            if checked is not None and self._jobs is not None and hasattr(self._jobs, "check_grant"):
+            if checked is not None and self._jobs is not None and hasattr(self._jobs, "checks"):
                 # the origin checks the caller's grant (config [grants]); the node that takes the
                 # job keeps the class admitted here
                 try:
-                    self._jobs.check_grant(checked, req.peer.uid, req.peer.gid, req.peer.pid, req.peer.groups)
+                    self._jobs.checks.grant(checked, req.peer.uid, req.peer.gid, req.peer.pid, req.peer.groups)
                 except GrantError as e:
                     raise ApiError(403, f"placement: {e}") from None
             if isinstance(spec.get("gpus"), list):
