@@ -98,14 +98,14 @@ def measure(size_mib: int, seconds: float) -> dict[str, Any]:
 
         async def main() -> dict[str, Any]:
             await c.ckpt.verify_new()  # the driver's check (the old tree's: jobkit's)
-            while c.archived_live.get(job.id) != ck.name:  # the first copy: not counted
-                c._round_running = True
-                await c._archive_round()
+            while c.archive.periodic.live.get(job.id) != ck.name:  # the first copy: not counted
+                c.archive.round_running = True
+                await c.archive.run_round()
                 await asyncio.sleep(0.05)
             t0, w0, rounds, reads[0] = cpu(), time.monotonic(), 0, 0
             while time.monotonic() - w0 < seconds:
-                c._round_running = True
-                await c._archive_round()
+                c.archive.round_running = True
+                await c.archive.run_round()
                 rounds += 1
                 await asyncio.sleep(float(c.s["poll_s"]))
             wall = time.monotonic() - w0
@@ -114,7 +114,7 @@ def measure(size_mib: int, seconds: float) -> dict[str, Any]:
         try:
             return asyncio.run(main())
         finally:
-            c._lane.close()
+            c.archive.lane.close()
             store.close()
     finally:
         shutil.rmtree(tmp, ignore_errors=True)

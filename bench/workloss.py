@@ -288,7 +288,7 @@ def simulate(policy: str, pool: list[Node], start: float, end: float, p: Params,
     guard_lost_at: list[float] = []  # when keep_guard last found a guard gone (for the archive's claim)
 
     def arch_rule() -> bool:
-        """The agent's rule (ReclaimComponent._archive_periodic_due): with the archive, each
+        """The agent's rule (PeriodicCopies.periodic_due): with the archive, each
         periodic checkpoint (and the one a job restarted from) also goes there while
         departures without notice are plausible, the prestaging rule's unannounced branch."""
         return p.archive and odds.unannounced_frac >= p.prestage_unannounced

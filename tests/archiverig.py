@@ -91,7 +91,7 @@ def reseal(agent: ReclaimComponent, path: Path, **changes: Any) -> dict[str, Any
     import json
 
     body = {**json.loads(path.read_bytes())["body"], **changes}
-    with agent._archive_view() as v:
+    with agent.archive.view() as v:
         path.write_bytes(v.auth.seal(body))
     return body
 
@@ -100,8 +100,8 @@ def mark_done(agent: ReclaimComponent, key: str, runner: int, why: str = "supers
     """``<archive>/.done/<key>``, signed by ``agent``, as its sweep writes it."""
     import time
 
-    with agent._archive_view() as v:
-        agent._mark_done_in(v, key, runner, why, time.time() if at is None else at)
+    with agent.archive.view() as v:
+        agent.archive.gc.mark_done_in(v, key, runner, why, time.time() if at is None else at)
 
 
 def presigned(src: ReclaimComponent, key: str, ckpt: Path) -> dict[str, Any]:
@@ -115,7 +115,7 @@ def presigned(src: ReclaimComponent, key: str, ckpt: Path) -> dict[str, Any]:
     from laminar.migrate.reclaim import _manifest_facts
 
     rec = record(key)
-    with src._archive_view() as v:
+    with src.archive.view() as v:
         env = json.loads(v.auth.seal(owner_body("guard", rec, ckpt.name, *_manifest_facts(ckpt), time.time())))
     rec["request"][PRESIGNED] = env
     return rec
@@ -130,10 +130,10 @@ def claimed_by(arch: Path, tmp: Path, key: str, runner: int, resumed: tuple[int,
 
     src = int(key[1:].split("-", 1)[0])
     ckpt = Checkpointer(job_id=key, ckpt_dir=tmp / f"ck-{key}", install_signal=False).save(b"w", step=7)
-    agent_of(src, arch, keys)._archive(key, ckpt, record(key))
+    agent_of(src, arch, keys).archive.stopped.publish(key, ckpt, record(key))
     r = agent_of(runner, arch, keys)
-    assert r._claim(key)
-    r._claim_done(key, f"node {runner}", resumed)
+    assert r.archive.claims.claim(key)
+    r.archive.claims.claim_done(key, f"node {runner}", resumed)
     return arch / key
 
 

@@ -90,5 +90,5 @@ def test_a_waiting_holder_archives_and_its_death_loses_nothing(make_cluster, ref
     x = next(nd for nd in peers if nd is not h)
     x.ctl("job", "stop", fillers[x.node_id])
     finish(c, key, x, held, reference_sha)
-    # the job ended where it was resumed: the claimed directory goes (archive_gc)
+    # the job ended where it was resumed: the claimed directory goes (Sweep.sweep)
     wait_until(lambda: not (arch / key).exists(), 60, "the claimed directory to go", every=0.3)

@@ -139,7 +139,7 @@ def test_node_and_buddy_gone_without_notice_the_job_resumes_from_its_archived_pe
     wait_until(lambda: live(arch, own) is not None, 60, "the resumed job's own archived copy", every=0.2)
     go.touch()
     finish(c, key, x, held, reference_sha)  # resumed at C from exactly the archived step, same final weights
-    wait_until(lambda: not (arch / key).exists(), 60, "the claimed directory to go (archive_gc)", every=0.3)
+    wait_until(lambda: not (arch / key).exists(), 60, "the claimed directory to go (Sweep.sweep)", every=0.3)
     step, sha = snap_weights()
     assert step == held and held < STEPS
     assert sha == reference_then()  # the archived weights are an uninterrupted run's at that step

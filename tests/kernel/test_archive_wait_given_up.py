@@ -1,4 +1,4 @@
-"""A reclaim's wait for the archive (``ArchiveMixin._archive_until``) on archive storage that
+"""A reclaim's wait for the archive (``StoppedCopies.publish_until``) on archive storage that
 hangs in the middle of the copy: the wait ends at its deadline with an error naming the archive
 and the time waited, while the copy still waits on the storage in the archive's thread. When the
 storage answers, a copy given up (a reclaim's own, :class:`ArchiveWait`) runs to its end and
@@ -56,12 +56,12 @@ def test_a_wait_for_a_hung_archive_ends_and_its_late_copy_publishes_only_where_w
         async def run() -> str:
             fs.hang_at(".tmp-")
             with pytest.raises(MigrateError) as err:
-                await c._archive_until(f"archiving {key}", key, ckpt, record(key), time.monotonic() + 0.5,
+                await c.archive.stopped.publish_until(f"archiving {key}", key, ckpt, record(key), time.monotonic() + 0.5,
                                        late_ok=late_ok)
             assert fs.hung_at  # the copy began and waits on the storage, in the archive's thread
-            assert c._lane.busy is not None and c._lane.busy[0] == f"archiving {key}"
+            assert c.archive.lane.busy is not None and c.archive.lane.busy[0] == f"archiving {key}"
             fs.heal()
-            await until(lambda: c._lane.busy is None and c._lane.queued == 0, "the copy in hand to end")
+            await until(lambda: c.archive.lane.busy is None and c.archive.lane.queued == 0, "the copy in hand to end")
             if late_ok:
                 await until(lambda: events, "the late copy's event")
             return str(err.value)
@@ -70,7 +70,7 @@ def test_a_wait_for_a_hung_archive_ends_and_its_late_copy_publishes_only_where_w
             msg = asyncio.run(run())
         finally:
             fs.heal()
-            c._lane.close()
+            c.archive.lane.close()
     assert msg.startswith(f"archive {fs.path} did not answer in ") and f"(archiving {key})" in msg, msg
     left = sorted(p.name for p in (backing / key).iterdir())
     if late_ok:

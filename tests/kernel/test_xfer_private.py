@@ -54,7 +54,7 @@ def test_archived_records_and_checkpoints_are_root_s_alone(tmp_path: Path) -> No
     from archiverig import agent_of, record, request
 
     from laminar.jobkit import Checkpointer
-    from laminar.migrate.reclaim import LIVE_RECORD
+    from laminar.migrate.archive_view import LIVE_RECORD
 
     arch = Path(tempfile.mkdtemp(prefix="lm-s7-arch-"))
     try:
@@ -67,7 +67,7 @@ def test_archived_records_and_checkpoints_are_root_s_alone(tmp_path: Path) -> No
             for key in ("n1-job-1", "n1-job-2"):
                 rec = {**record(key), "periodic": True}
                 rec["request"] = request(env={"HF_TOKEN": "lm-s7-token"})
-                d = c.archive_live(key, job.save(b"weights", step=5), rec)
+                d = c.archive.periodic.publish_live(key, job.save(b"weights", step=5), rec)
                 assert d is not None
                 os.chmod(d / "state.bin", 0o644)  # even a copy whose files are open
                 assert read_as(other, d.parent / LIVE_RECORD) == os.strerror(13), key

@@ -30,7 +30,8 @@ from test_migrate_archive_live import files
 from test_replica_gc import KEY, started
 from test_replica_guard_window import source_asked_by, stop_both
 
-from laminar.migrate.reclaim import LIVE_RECORD, ReclaimComponent
+from laminar.migrate.archive_view import LIVE_RECORD
+from laminar.migrate.reclaim import ReclaimComponent
 
 
 def test_a_node_back_from_its_reclaim_is_asked_before_what_it_runs_is_claimed_from_the_archive(tmp_path: Path) -> None:
@@ -56,15 +57,15 @@ def test_a_node_back_from_its_reclaim_is_asked_before_what_it_runs_is_claimed_fr
             # copy is in the archive too (no buddy)
             keys = zone_keys(KEY.hex())  # the zone's key, as the components here hold it
             claimed_and_running(arch, tmp_path, "n3-job-1", agent_of(2, arch, keys), "job-2")
-            agent_of(2, arch, keys).archive_live("n2-job-3", ckpt_of(tmp_path, "j3", 4), record("n2-job-3", None))
+            agent_of(2, arch, keys).archive.periodic.publish_live("n2-job-3", ckpt_of(tmp_path, "j3", 4), record("n2-job-3", None))
             now = time.time()
             b.notices[2] = (now - 20.0, now - 80.0)  # node 2's 60 s window ended 20 s ago
             agent_b.zone.membership.state[2].last_seen = now  # and it is heard from: back
 
             async def round_() -> dict[str, Any]:
                 wall = time.time()
-                look = b._archive_look(arch, [], [], True, frozenset({1}), frozenset(), wall)
-                b._archive_claims(look, wall)
+                look = b.archive.look(arch, [], [], True, frozenset({1}), frozenset(), wall)
+                b.archive.claims.start_claims(look, wall)
                 assert await until(lambda: not b.guarding.taking, timeout=30)
                 return look
 
@@ -82,34 +83,34 @@ def test_a_node_back_from_its_reclaim_is_asked_before_what_it_runs_is_claimed_fr
             # looked at again only after dead_after_s, and not told again
             await round_()
             assert len(asked) == 2 and resumed == []
-            b._archive_next.clear()
+            b.archive.claims.next_try.clear()
             await round_()
             assert len(asked) == 4 and resumed == [] and len([e for e in events
                                                               if e.get("phase") == "archive-runs-there"]) == 2
 
             # job-3 ended there (reclaimed at the window's end, say): its record is claimed now
             agent_a.jobs.get("job-3").state = "reclaimed"
-            b._archive_next.clear()
+            b.archive.claims.next_try.clear()
             await round_()
             assert resumed == [("n2-job-3", "ckpt-4")], resumed
 
             # job-2 ended there by itself: the job is not resumed again from the archive either
             agent_a.jobs.get("job-2").state = "exited"
-            b._archive_next.clear()
-            b._archive_runs_told.clear()
+            b.archive.claims.next_try.clear()
+            b.archive.claims.runs_told.clear()
             await round_()
             assert resumed == [("n2-job-3", "ckpt-4")], resumed
             assert [e["state"] for e in events if e.get("phase") == "archive-runs-there"][-1] == "exited"
-            assert b._archive_next["n3-job-1"] - time.monotonic() > 500  # asked again only after minutes
+            assert b.archive.claims.next_try["n3-job-1"] - time.monotonic() > 500  # asked again only after minutes
             # one that failed there is resumed from the archive (its state may still be needed there)
             agent_a.jobs.get("job-2").state = "failed"
-            assert not await b._still_runs("n3-job-1", 2, "n2-job-2")
+            assert not await b.archive.claims.still_runs("n3-job-1", 2, "n2-job-2")
 
             # (say it had not: running there) node 2 gone for good: no answer, and the job it ran is
             # claimed again from the archive
             agent_a.jobs.get("job-2").state = "running"
             await a.stop()
-            b._archive_next.clear()
+            b.archive.claims.next_try.clear()
             await round_()
             assert resumed == [("n2-job-3", "ckpt-4"), ("n3-job-1", "ckpt-7")], resumed
             assert asked[-1] == "needs n2-job-2"
@@ -132,10 +133,10 @@ def test_a_dead_runner_is_not_asked_unless_its_window_ended_or_it_placed_the_job
     c.notices = {}
     claimed_and_running(arch, tmp_path, "n3-job-1", agent_of(2, arch), "job-2")
     spawned: list[tuple[str, Any]] = []
-    c._from_archive = lambda key, **kw: (key, kw)  # type: ignore[method-assign,assignment]
+    c.archive.claims.claim_and_resume = lambda key, **kw: (key, kw)  # type: ignore[method-assign,assignment]
     c._spawn = spawned.append  # type: ignore[method-assign,assignment]
-    c._guarded_here = lambda key: False  # type: ignore[method-assign]
-    c._archive_claims(c._archive_look(arch, [], [], True, frozenset({1}), frozenset(), time.time()), time.time())
+    c.archive.claims.guarded_here = lambda key: False  # type: ignore[method-assign]
+    c.archive.claims.start_claims(c.archive.look(arch, [], [], True, frozenset({1}), frozenset(), time.time()), time.time())
     assert spawned == [("n3-job-1", {"dead_runner": 2, "ask": None})]
 
     # the running record says node 2 placed the job on node 4: node 4 is asked about its job
@@ -144,5 +145,5 @@ def test_a_dead_runner_is_not_asked_unless_its_window_ended_or_it_placed_the_job
     assert files(arch / "n3-job-1") == ["ckpt-7", "running-2.json"]
     spawned.clear()
     c.guarding.taking.clear()
-    c._archive_claims(c._archive_look(arch, [], [], True, frozenset({1}), frozenset(), time.time()), time.time())
+    c.archive.claims.start_claims(c.archive.look(arch, [], [], True, frozenset({1}), frozenset(), time.time()), time.time())
     assert spawned == [("n3-job-1", {"dead_runner": 2, "ask": (4, "n4-job-9")})]

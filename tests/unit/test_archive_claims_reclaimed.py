@@ -1,10 +1,10 @@
 """A node under reclaim, or reclaimed (its window ended, the reclaim not withdrawn), claims
-nothing from the archive (ArchiveMixin._archive_round): the job it would claim would sit queued
+nothing from the archive (Archive.run_round): the job it would claim would sit queued
 on a node its owner has taken back, while the claim told every other node (the job's buddy's
 guard included) that a node runs it. A withdrawn reclaim (``reclaim`` None again) claims as before.
 
 A real component, not started, and a real archive in a temporary directory; the claim's own work
-(:meth:`_from_archive`, which resumes the job) is replaced by a recorder: what is asserted is
+(:meth:`Claims.claim_and_resume`, which resumes the job) is replaced by a recorder: what is asserted is
 which records the round hands to it.
 """
 
@@ -43,8 +43,8 @@ def round_claims(c: ReclaimComponent, reclaim: str | None) -> list[tuple[str, bo
     async def recorder(key: str, live: bool = False, dead_runner: int | None = None) -> None:
         tried.append((key, live))
 
-    c._from_archive = recorder  # type: ignore[method-assign]
-    c._archive_gc_round = lambda: None  # type: ignore[method-assign]
+    c.archive.claims.claim_and_resume = recorder  # type: ignore[method-assign]
+    c.archive.gc.start_sweep = lambda: None  # type: ignore[method-assign]
 
     async def main() -> None:
         if reclaim is not None:
@@ -53,10 +53,10 @@ def round_claims(c: ReclaimComponent, reclaim: str | None) -> list[tuple[str, bo
                 task.set_result(None)
             c.reclaim = {"task": task, "deadline": 0.0, "cancel": asyncio.Event()}
         try:
-            await c._archive_round()
+            await c.archive.run_round()
             await asyncio.sleep(0)  # the claims it spawned run
         finally:
-            c._lane.close()
+            c.archive.lane.close()
             c.agent.store.close()
 
     asyncio.run(main())
@@ -69,8 +69,8 @@ def archive(tmp_path: Path) -> Path:
     root = tmp_path / "arch"
     job = Checkpointer(job_id="job-1", ckpt_dir=tmp_path / "ck", install_signal=False, keep=2)
     src = component(1, root, tmp_path / "s1")
-    src._archive("n1-job-1", job.save(b"w", step=3), record("n1-job-1", None))
-    src._lane.close()
+    src.archive.stopped.publish("n1-job-1", job.save(b"w", step=3), record("n1-job-1", None))
+    src.archive.lane.close()
     src.agent.store.close()
     assert (root / "n1-job-1" / "guard.json").exists()
     return root

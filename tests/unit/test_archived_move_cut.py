@@ -84,9 +84,9 @@ def test_a_move_cut_while_its_copy_waits_on_a_hung_archive_gives_the_copy_up_and
             await asyncio.gather(task, return_exceptions=True)
             assert task.cancelled()
             storage.set()  # the storage answers
-            await c._lane.call("the test's end", lambda: None)  # behind the copy
+            await c.archive.lane.call("the test's end", lambda: None)  # behind the copy
         finally:
-            c._lane.close()
+            c.archive.lane.close()
 
     asyncio.run(main())
     assert seen == []  # never stopped here
@@ -109,7 +109,7 @@ def test_a_move_cut_after_the_archive_has_the_job_leaves_it_frozen_and_a_new_pla
             assert job.cgroup.calls == ["freeze"]  # not thawed: the archive's record is claimable
             await new_plan(c, job)  # its evacuation: the job is stopped here, not moved again
         finally:
-            c._lane.close()
+            c.archive.lane.close()
 
     asyncio.run(main())
     assert seen == ["stop job-1 state=reclaimed move=hold", "stop job-1 state=reclaimed move=hold"]
@@ -134,10 +134,10 @@ def test_a_move_cut_while_it_stops_a_job_whose_late_copy_goes_on_leaves_it_froze
             assert job.cgroup.calls == ["freeze"]  # not thawed: its copy will be claimable
             await new_plan(c, job)
             storage.set()  # the storage answers: the copy lands
-            await c._lane.call("the test's end", lambda: None)
+            await c.archive.lane.call("the test's end", lambda: None)
             await asyncio.sleep(0)
         finally:
-            c._lane.close()
+            c.archive.lane.close()
 
     asyncio.run(main())
     assert seen == ["stop job-1 state=reclaimed move=archiving", "stop job-1 state=reclaimed move=archiving"]
@@ -165,7 +165,7 @@ def test_a_plan_cut_while_its_moves_unwind_leaves_no_unread_error(tmp_path: Path
                 await asyncio.sleep(0)
             gc.collect()
         finally:
-            c._lane.close()
+            c.archive.lane.close()
 
     asyncio.run(main())
     assert unread == []

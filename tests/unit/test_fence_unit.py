@@ -144,7 +144,7 @@ def test_the_jobs_the_zone_would_resume_are_fenced_kept_across_a_restart_and_set
         try:
             c.s.update(orphan_after_s=30.0, fence_after_s=10.0)
             c.prestage.buddy.update({"job-1": 2, "job-4": 3})
-            c.archived_live["job-2"] = "ckpt-5"
+            c.archive.periodic.live["job-2"] = "ckpt-5"
             c.evacuating.add("job-4")  # a move settles it itself
             c.prestage.releases[(3, "n1-job-5")] = (time.monotonic() + 3600.0, time.monotonic() + 7200.0)
             now = time.time()

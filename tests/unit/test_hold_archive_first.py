@@ -94,11 +94,11 @@ def holding_node(tmp: Path, archive: Path, holders: bool = True) -> tuple[Reclai
 
 def hang_copies(c: ReclaimComponent, storage: threading.Event, copying: threading.Event | None = None,
                 answer: Callable[[], None] | None = None) -> None:
-    """A stand-in for hung storage under the archive: ``c``'s copies into it (``_publish_copy``,
+    """A stand-in for hung storage under the archive: ``c``'s copies into it (``StoppedCopies.publish_copy``,
     on its archive thread) wait until ``storage`` is set (``copying`` is set as one begins); then
     ``answer`` runs (it may raise: the storage's error, or the agent's crash) and the real copy
     is made."""
-    real = c._publish_copy
+    real = c.archive.stopped.publish_copy
 
     def hung(*a: Any) -> Path:
         if copying is not None:
@@ -108,7 +108,7 @@ def hang_copies(c: ReclaimComponent, storage: threading.Event, copying: threadin
             answer()
         return real(*a)
 
-    c._publish_copy = hung  # type: ignore[method-assign]
+    c.archive.stopped.publish_copy = hung  # type: ignore[method-assign]
 
 
 def refuse() -> None:
@@ -134,10 +134,10 @@ def hold(c: ReclaimComponent, ckpt: Path, window_s: float = 30.0, storage: threa
                 (seen if seen is not None else []).append(f"raised {type(e).__name__}")
             if storage is not None:
                 storage.set()
-                await c._lane.call("the test's end", lambda: None)  # behind the late copy
+                await c.archive.lane.call("the test's end", lambda: None)  # behind the late copy
                 await asyncio.sleep(0)  # its done callback
         finally:
-            c._lane.close()
+            c.archive.lane.close()
             c.agent.store.close()
 
     asyncio.run(main())

@@ -3,7 +3,7 @@ window's wait (ReclaimComponent._hold, phase ``archiving``) has its checkpoint o
 directory on this node until the copy lands. An agent stop or crash while the copy waits used
 to end it for good. Now the copy is recorded (``migrate_late_copies``) before it starts, and
 its "about to publish" mark is committed right before its record is renamed into place, so the
-restarted agent takes it up (:meth:`ArchiveMixin._restore_late_copies`): published when its
+restarted agent takes it up (:meth:`StoppedCopies.restore_late_copies`): published when its
 record never was, never published twice when it was (a published record may have been claimed,
 run to its end and removed elsewhere: publishing it again would run the job twice).
 
@@ -29,7 +29,7 @@ from archiverig import zone_of
 from test_hold_archive_first import hang_copies, holding_node
 
 from laminar.jobkit import Checkpointer
-from laminar.migrate import archive as archive_mod
+from laminar.migrate import archive_stopped as archive_mod
 from laminar.migrate.reclaim import Move, ReclaimComponent
 from laminar.policy.endcause import EndCause
 from laminar.store import Store
@@ -128,13 +128,13 @@ def restart(tmp: Path, arch: Path, state: str = "reclaimed", left_out: list[set[
 
     async def main() -> None:
         try:
-            c._restore_late_copies()
+            c.archive.stopped.restore_late_copies()
             if left_out is not None:
-                left_out.append(set(c._late_stopping))
+                left_out.append(set(c.archive.stopped.late_stopping))
             while c._tasks:
                 await asyncio.gather(*list(c._tasks))
         finally:
-            c._lane.close()
+            c.archive.lane.close()
             store.close()
 
     asyncio.run(main())
@@ -155,7 +155,7 @@ def hold_in_time(tmp: Path, arch: Path, stop: Any) -> Move:
             await c._hold(SimpleNamespace(id="job-1"), mv, ckpt, 1 << 20, None, "no room",
                           asyncio.get_running_loop().time() + 30)
         finally:
-            c._lane.close()
+            c.archive.lane.close()
             c.agent.store.close()
 
     asyncio.run(main())
@@ -257,7 +257,7 @@ def test_a_job_still_running_whose_record_was_published_is_stopped_not_moved_aga
     before = guard_record(arch)
     left_out: list[set[str]] = []
     c, events = restart(tmp_path, arch, state="running", left_out=left_out)
-    assert left_out == [{"job-1"}] and c._late_stopping == set()
+    assert left_out == [{"job-1"}] and c.archive.stopped.late_stopping == set()
     assert [p for p, _ in events] == ["stopped", "archiving", "archived-late"], events
     assert events[0][1].startswith("job-1 reclaimed:")
     assert guard_record(arch) == before and c.moves["job-1"].phase == "archived"

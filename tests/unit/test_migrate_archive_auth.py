@@ -10,7 +10,7 @@ attacker it is said. One stand-in, named: the job manager (:class:`Submitted`, w
 the jobs the agent would start and starts nothing).
 
 Each forgery is planted beside a good record (node 1's stopped job ``n1-job-1``) and one real
-archive round of node 3 runs (:meth:`ArchiveMixin._archive_round`: the look, the claims, the
+archive round of node 3 runs (:meth:`Archive.run_round`: the look, the claims, the
 start through the real ``Guard.resume_here``, the sweep). Each asserts: refused and counted by reason
 (``counts["archive_unverified_<reason>"]``), the planted files byte- and mode-identical, no job
 submitted for it, and the good record claimed and started in that same round.
@@ -48,8 +48,9 @@ from standin_origin import OriginQueries
 
 from laminar.jobkit import Checkpointer
 from laminar.migrate import archive_fs
-from laminar.migrate.archive import ARCHIVE_CLAIM_STALE_S, ARCHIVE_CLAIMS_MAX, ARCHIVE_SCAN_MAX, LIVE_RECORD
 from laminar.migrate.archive_auth import ArchiveAuth, Refused, owner_body
+from laminar.migrate.archive_claims import ARCHIVE_CLAIM_STALE_S, ARCHIVE_CLAIMS_MAX
+from laminar.migrate.archive_view import ARCHIVE_SCAN_MAX, LIVE_RECORD
 from laminar.migrate.reclaim import ReclaimComponent, _manifest_facts
 from laminar.migrate.schema import REPLICAS_SCHEMA
 from laminar.store import Store
@@ -110,10 +111,10 @@ def run_round(c: ReclaimComponent, limit_s: float = 20.0) -> None:
     err: list[BaseException] = []
 
     async def main() -> None:
-        await c._archive_round()
+        await c.archive.run_round()
         while c._tasks:
             await asyncio.gather(*list(c._tasks))
-        await c._lane.call("flush", lambda: None)  # what the round handed the lane (a claim's end) is done
+        await c.archive.lane.call("flush", lambda: None)  # what the round handed the lane (a claim's end) is done
 
     def go() -> None:
         try:
@@ -135,11 +136,11 @@ def world(tmp_path: Path) -> Any:
     writer) and node 3 (the claimer); the claimer's lane and store are closed at the end."""
     arch = tmp_path / "arch"
     writer = agent_of(1, arch)
-    writer._archive(GOOD, ckpt_of(tmp_path, GOOD), record(GOOD))
+    writer.archive.stopped.publish(GOOD, ckpt_of(tmp_path, GOOD), record(GOOD))
     c = claimer(tmp_path, arch)
     w = SimpleNamespace(arch=arch, tmp=tmp_path, writer=writer, c=c)
     yield w
-    c._lane.close()
+    c.archive.lane.close()
     c.agent.store.close()
 
 
@@ -188,7 +189,7 @@ def altered(field: str, value: Any) -> Callable[[Any], tuple[list[Path], str]]:
     """A1/A2: a genuine record (node 1's) with one field changed after it was signed."""
     def plant(w: Any) -> tuple[list[Path], str]:
         key = "n1-job-3"
-        w.writer._archive(key, ckpt_of(w.tmp, key), record(key))
+        w.writer.archive.stopped.publish(key, ckpt_of(w.tmp, key), record(key))
         p = w.arch / key / "guard.json"
         env = json.loads(p.read_bytes())
         b = env["body"]
@@ -325,7 +326,7 @@ def replayed(w: Any) -> tuple[list[Path], str]:
 def replayed_done(w: Any) -> tuple[list[Path], str]:
     """A4: a genuine record of a key whose claimed job ended (its .done marker) planted again."""
     key = "n1-job-18"
-    w.writer._archive(key, ckpt_of(w.tmp, key), record(key))
+    w.writer.archive.stopped.publish(key, ckpt_of(w.tmp, key), record(key))
     mark_done(agent_of(2, w.arch), key, 2, "ended")
     return [w.arch / key, w.arch / ".done" / key], "replayed"
 
@@ -333,7 +334,7 @@ def replayed_done(w: Any) -> tuple[list[Path], str]:
 def expired(w: Any) -> tuple[list[Path], str]:
     """A4: a genuine record older than any marker that refuses its replay."""
     key = "n1-job-19"
-    w.writer._archive(key, ckpt_of(w.tmp, key), record(key))
+    w.writer.archive.stopped.publish(key, ckpt_of(w.tmp, key), record(key))
     reseal(w.writer, w.arch / key / "guard.json", ts=time.time() - 40 * 86400)
     return [w.arch / key], "expired"
 
@@ -356,7 +357,7 @@ def test_a_forged_record_is_refused_counted_untouched_and_the_good_one_is_claime
     assert {p: snapshot(p) for p in planted} == before  # byte and mode for mode
     assert sorted(n.name for n in (world.arch / GOOD).glob("*.json")) == ["running-3.json"]
     assert world.c.counts.get(f"archive_unverified_{reason}", 0) >= 1, world.c.counts
-    assert any(s["reason"] == reason for s in world.c._archive_status()["refused"])  # shown in the status
+    assert any(s["reason"] == reason for s in world.c.archive.status()["refused"])  # shown in the status
     assert not (world.tmp / "pwned").exists()
     run_round(world.c)  # and again: counted once per file, nothing started
     assert world.c.agent.jobs.keys() == [GOOD]
@@ -377,7 +378,7 @@ def test_a_checkpoint_that_is_a_link_out_is_refused_and_nothing_is_copied(world:
     """A2: a genuine record whose checkpoint directory was swapped for a link to another
     checkpoint (another user's, root-only): refused, nothing copied, the record given back."""
     key = "n1-job-20"
-    world.writer._archive(key, ckpt_of(world.tmp, key), record(key))
+    world.writer.archive.stopped.publish(key, ckpt_of(world.tmp, key), record(key))
     theirs = world.tmp / "theirs"
     shutil.copytree(world.arch / key / "ckpt-7", theirs)
     shutil.rmtree(world.arch / key / "ckpt-7")
@@ -394,7 +395,7 @@ def test_a_payload_changed_with_a_consistent_manifest_is_refused_and_not_tried_a
     """A5: the checkpoint's files rewritten with a manifest of their own that matches them
     (what passed every check before): its manifest is not the one the record signed."""
     key = "n1-job-21"
-    world.writer._archive(key, ckpt_of(world.tmp, key), record(key))
+    world.writer.archive.stopped.publish(key, ckpt_of(world.tmp, key), record(key))
     mine = ckpt_of(world.tmp, "mine", 7, b"the attacker's weights")
     for f in mine.iterdir():
         shutil.copy(f, world.arch / key / "ckpt-7" / f.name)
@@ -402,7 +403,7 @@ def test_a_payload_changed_with_a_consistent_manifest_is_refused_and_not_tried_a
     run_round(world.c)
     assert world.c.counts["archive_unverified_manifest_mismatch"] == 1
     assert snapshot(world.arch / key) == before and world.c.agent.jobs.keys() == [GOOD]
-    world.c._archive_next.clear()
+    world.c.archive.claims.next_try.clear()
     run_round(world.c)  # not claimed, copied or counted again while the record is the same
     assert world.c.counts["archive_unverified_manifest_mismatch"] == 1 and world.c.agent.jobs.keys() == [GOOD]
 
@@ -416,10 +417,10 @@ def test_a_forged_successor_never_gets_a_claimed_directory_removed(world: Any) -
     (succ / LIVE_RECORD).write_text(json.dumps({"key": "n2-job-5", "src_node": 2, "ckpt": "ckpt-9"}))
     before = snapshot(d), snapshot(succ)
     sweeper = agent_of(4, world.arch)
-    assert sweeper.archive_gc()["removed"] == {}
+    assert sweeper.archive.gc.sweep()["removed"] == {}
     assert (snapshot(d), snapshot(succ)) == before
     assert sweeper.counts["archive_unverified_no_envelope"] >= 1
-    assert sweeper._archive_done(world.arch, "n1-job-22") is None
+    assert sweeper.archive.done(world.arch, "n1-job-22") is None
 
 
 # -- links: root never leaves the archive ---------------------------------------------------
@@ -440,12 +441,12 @@ def test_links_in_the_archive_never_lead_root_outside(world: Any) -> None:
     before = snapshot(outside), snapshot(outside2)
     ck = ckpt_of(world.tmp, "n1-job-30", 5)
     with pytest.raises(OSError, match="symbolic link"):
-        world.writer.archive_live("n1-job-30", ck, record("n1-job-30"))
+        world.writer.archive.periodic.publish_live("n1-job-30", ck, record("n1-job-30"))
     with pytest.raises(OSError, match="symbolic link"):
-        world.writer._archive("n1-job-30", ck, record("n1-job-30"))
-    assert not world.writer._claim("n1-job-30")
+        world.writer.archive.stopped.publish("n1-job-30", ck, record("n1-job-30"))
+    assert not world.writer.archive.claims.claim("n1-job-30")
     d = claimed_by(world.arch, world.tmp, "n1-job-31", 3, (3, "job-5"))
-    res = world.c.archive_gc({"n1-job-31": {"job-5"}})  # ended: its marker goes to .done (a link)
+    res = world.c.archive.gc.sweep({"n1-job-31": {"job-5"}})  # ended: its marker goes to .done (a link)
     assert res["removed"] == {"n1-job-31": "ended"} and not d.exists()
     assert (snapshot(outside), snapshot(outside2)) == before
     assert world.writer.counts["archive_unverified_link"] >= 1 and world.c.counts["archive_unverified_link"] >= 1
@@ -464,11 +465,11 @@ def test_unsigned_markers_and_stray_json_do_not_stand_a_guard_down(world: Any) -
     (d / "running-2.json").write_text(json.dumps({"key": key, "resumed": {"node": 2, "job": "job-1"}}))
     guard = claimer(world.tmp, world.arch, 2)
     try:
-        assert guard._claim_archived(key) == (False, None, False)  # the guard takes over from its replica
-        assert guard._archive_runner(key) is None and guard.fence.archive_claimer(key) is None
+        assert guard.archive.claims.claim_archived(key) == (False, None, False)  # the guard takes over from its replica
+        assert guard.archive.runner(key) is None and guard.fence.archive_claimer(key) is None
         assert guard.counts["archive_unverified_no_envelope"] >= 2
     finally:
-        guard._lane.close()
+        guard.archive.lane.close()
         guard.agent.store.close()
 
 
@@ -494,7 +495,7 @@ def test_a_filename_alone_never_vouches_a_supersede(world: Any) -> None:
         asyncio.run(main())
         assert stopped == [] and job.active
     finally:
-        n1._lane.close()
+        n1.archive.lane.close()
         n1.agent.store.close()
 
 
@@ -503,25 +504,25 @@ def test_a_backdated_claim_is_not_stale(world: Any) -> None:
     over at once and the job ran twice. A claim's age is its node's signed note; a claim with no
     note (its node crashed right after the rename) ages by the looking agent's own clock."""
     key = "n1-job-42"
-    world.writer._archive(key, ckpt_of(world.tmp, key), record(key))
+    world.writer.archive.stopped.publish(key, ckpt_of(world.tmp, key), record(key))
     two = agent_of(2, world.arch)
-    assert two._claim(key)
+    assert two.archive.claims.claim(key)
     claim = world.arch / key / "claimed-2.json"
     os.utime(claim, (1e9, 1e9))
-    assert not world.c._claim(key) and world.c._stale_claims(world.arch, time.time()) == []
+    assert not world.c.archive.claims.claim(key) and world.c.archive.claims.stale_claims(world.arch, time.time()) == []
     reseal(two, claim, ts=time.time() - ARCHIVE_CLAIM_STALE_S - 1)  # node 2 noted it that long ago
-    assert world.c._claim(key)
-    world.c._unclaim(key)  # (given back: what it took, where it was)
+    assert world.c.archive.claims.claim(key)
+    world.c.archive.claims.unclaim(key)  # (given back: what it took, where it was)
     assert sorted(p.name for p in (world.arch / key).glob("*.json")) == ["guard.json"]
     # a claim never noted: this agent's own wait
-    assert two._claim(key)
+    assert two.archive.claims.claim(key)
     taken = json.loads(claim.read_bytes())["body"]["taken"]
     claim.write_bytes(json.dumps(taken).encode())  # the bare record, as the rename left it
     os.utime(claim, (1e9, 1e9))
-    assert not world.c._claim(key)
-    for ident in world.c._claims_seen:
-        world.c._claims_seen[ident] -= ARCHIVE_CLAIM_STALE_S + 1
-    assert world.c._claim(key)
+    assert not world.c.archive.claims.claim(key)
+    for ident in world.c.archive.claims.claims_seen:
+        world.c.archive.claims.claims_seen[ident] -= ARCHIVE_CLAIM_STALE_S + 1
+    assert world.c.archive.claims.claim(key)
 
 
 # -- bounded work ---------------------------------------------------------------------------------
@@ -538,7 +539,7 @@ def test_a_round_reads_a_bounded_number_of_entries_and_starts_a_bounded_number_o
             (d / "guard.json").write_text("{}")
     ck = ckpt_of(world.tmp, "many")
     for i in range(10):
-        world.writer._archive(f"n1-job-{100 + i}", ck, record(f"n1-job-{100 + i}"))
+        world.writer.archive.stopped.publish(f"n1-job-{100 + i}", ck, record(f"n1-job-{100 + i}"))
     opened, read = [0], [0]
     real_open, real_read = archive_fs.open_dir, archive_fs.read_small
 
@@ -554,15 +555,15 @@ def test_a_round_reads_a_bounded_number_of_entries_and_starts_a_bounded_number_o
     monkeypatch.setattr(archive_fs, "read_small", count_read)
     spawned: list[str] = []
     c = world.c
-    c._from_archive = lambda key, **kw: key  # type: ignore[method-assign,assignment]
+    c.archive.claims.claim_and_resume = lambda key, **kw: key  # type: ignore[method-assign,assignment]
     c._spawn = spawned.append  # type: ignore[method-assign,assignment]
     seen: set[str] = set()
     for _ in range(3):
         opened[0] = read[0] = 0
-        look = c._archive_look(world.arch, [], [], True, frozenset({3}), frozenset(), time.time())
+        look = c.archive.look(world.arch, [], [], True, frozenset({3}), frozenset(), time.time())
         assert opened[0] <= ARCHIVE_SCAN_MAX + 16 and read[0] <= ARCHIVE_SCAN_MAX + 16, (opened, read)
         before = len(spawned)
-        c._archive_claims(look, time.time())
+        c.archive.claims.start_claims(look, time.time())
         assert len(spawned) - before <= ARCHIVE_CLAIMS_MAX
         seen |= set(look["guards"])
         c.guarding.taking.clear()
@@ -597,7 +598,7 @@ def test_an_archive_root_others_may_write_is_not_used(world: Any, how: str) -> N
         os.rename(world.arch, world.tmp / "real")
         os.symlink(world.tmp / "real", world.arch)
     run_round(world.c)
-    err = world.c._archive_status()["error"]
+    err = world.c.archive.status()["error"]
     assert world.c.agent.jobs.jobs == [] and err is not None, err
     assert {"world-writable": "chmod go-w", "another-owner": "chown 0", "a-link": "not a directory"}[how] in err
 
@@ -613,7 +614,7 @@ def test_with_node_keys_a_member_cannot_write_as_another(tmp_path: Path) -> None
     n1 = agent_of(1, arch, pairs=pairs_of(1, privs))
     key = "n1-job-1"
     ck = ckpt_of(tmp_path, key)
-    n1._archive(key, ck, record(key))
+    n1.archive.stopped.publish(key, ck, record(key))
     c = claimer(tmp_path, arch, 3, pairs=pairs_of(3, privs))
     forged = plant_dir(SimpleNamespace(arch=arch), "n1-job-2", ck)
     two = ArchiveAuth(1, 1, zone_keys(), pairs_of(2, privs))  # node 2's pair keys, writing as node 1
@@ -624,17 +625,17 @@ def test_with_node_keys_a_member_cannot_write_as_another(tmp_path: Path) -> None
         run_round(c)
         assert c.agent.jobs.keys() == [key]
         assert c.counts["archive_unverified_bad_nmac"] == 1 and c.counts["archive_unverified_not_for_me"] == 1
-        assert c._archive_status()["auth"] == "node"
+        assert c.archive.status()["auth"] == "node"
         # a node the writer's roster did not list when it wrote cannot verify it (until rewritten)
         five = node_keys([5])
         late = claimer(tmp_path, arch, 5, pairs=pairs_of(5, {**privs, **five}))
         try:
-            assert late._archive_runner(key) is None and late.counts["archive_unverified_not_for_me"] >= 1
+            assert late.archive.runner(key) is None and late.counts["archive_unverified_not_for_me"] >= 1
         finally:
-            late._lane.close()
+            late.archive.lane.close()
             late.agent.store.close()
     finally:
-        c._lane.close()
+        c.archive.lane.close()
         c.agent.store.close()
     # without node keys, the zone key is the word: node 2 can write as node 1
     arch2 = tmp_path / "arch2"
@@ -642,19 +643,19 @@ def test_with_node_keys_a_member_cannot_write_as_another(tmp_path: Path) -> None
     (arch2 / "n1-job-2").mkdir()
     shutil.copytree(ck, arch2 / "n1-job-2" / ck.name)
     (arch2 / "n1-job-2" / "guard.json").write_bytes(ArchiveAuth(1, 1, zone_keys()).seal(a_body("n1-job-2", ck)))
-    assert agent_of(3, arch2)._claim("n1-job-2")
+    assert agent_of(3, arch2).archive.claims.claim("n1-job-2")
 
 
 def test_a_rotated_key_keeps_records_readable_while_it_is_previous(tmp_path: Path) -> None:
     arch = tmp_path / "arch"
     key = "n1-job-1"
     old, new = ZONE_KEY, "33" * 32
-    agent_of(1, arch, zone_keys(old))._archive(key, ckpt_of(tmp_path, key), record(key))
-    assert agent_of(3, arch, zone_keys(new, previous=old))._archive_runner(key) is None  # read, verified
-    assert agent_of(3, arch, zone_keys(new, previous=old))._claim(key)
-    agent_of(3, arch, zone_keys(new, previous=old))._unclaim(key)
+    agent_of(1, arch, zone_keys(old)).archive.stopped.publish(key, ckpt_of(tmp_path, key), record(key))
+    assert agent_of(3, arch, zone_keys(new, previous=old)).archive.runner(key) is None  # read, verified
+    assert agent_of(3, arch, zone_keys(new, previous=old)).archive.claims.claim(key)
+    agent_of(3, arch, zone_keys(new, previous=old)).archive.claims.unclaim(key)
     gone = agent_of(3, arch, zone_keys(new))  # the old key removed: its records are refused
-    assert not gone._claim(key) and gone.counts["archive_unverified_bad_mac"] == 1
+    assert not gone.archive.claims.claim(key) and gone.counts["archive_unverified_bad_mac"] == 1
 
 
 def test_refusals_name_what_was_found() -> None:

@@ -100,7 +100,7 @@ def test_the_move_is_done_before_the_job_is_stopped_here(tmp_path: Path) -> None
         try:
             return await c._move(job, "a test", None, final=False)
         finally:
-            c._lane.close()
+            c.archive.lane.close()
 
     mv = asyncio.run(main())
     assert seen == ["guard to 2", "handover to 2", "stop job-1 state=migrated move=done"]
@@ -121,7 +121,7 @@ def test_a_move_cut_while_its_job_is_being_stopped_leaves_it_frozen_for_a_restar
             await asyncio.gather(task, return_exceptions=True)
             assert task.cancelled()
         finally:
-            c._lane.close()
+            c.archive.lane.close()
 
     asyncio.run(main())
     assert seen[-1] == "stop job-1 state=migrated move=done"

@@ -64,7 +64,7 @@ def test_scheduler_plans_unchanged() -> None:
 
 
 def test_archive_rule_unchanged() -> None:
-    # migrate/archive.py _archive_periodic_due: ``unannounced_frac >= prestage_unannounced``
+    # migrate/archive.py PeriodicCopies.periodic_due: ``unannounced_frac >= prestage_unannounced``
     for frac, thr in itertools.product(FRACS, THRESHOLDS):
         assert unannounced_plausible(frac, thr) == (frac >= thr)
 

@@ -8,7 +8,7 @@ answer too, reading nothing (the copy is checked as it is made, the send against
 What a user relies on and these tests hold: the buddy commits exactly the job's checkpoint; a
 checkpoint that rots in place after the driver's check is not sent as it was checked (its
 manifest is built again, and the rotten file refused). Real jobkit checkpoints, a real Receiver
-over loopback, the agent's own CkptDriver, ``Prestage.ship`` and ``_archive_look``; stand-ins, named as
+over loopback, the agent's own CkptDriver, ``Prestage.ship`` and ``Archive.look``; stand-ins, named as
 such: the agent (a namespace with a zone and the job list) and the guard message (recorded).
 """
 
@@ -73,7 +73,7 @@ def test_the_driver_check_and_the_prestage_read_a_checkpoint_once(tmp_path: Path
         assert c.prestage.shipped.get(job.id) == ck.name
         assert len(read_where) == 2, f"the prestage read the checkpoint again: {read_where}"
         # the archive's periodic copy takes the driver's answer: nothing read
-        look = c._archive_look(tmp_path / "arch", [], [(job.id, str(ck.parent), None, c._driver_checked(job))],
+        look = c.archive.look(tmp_path / "arch", [], [(job.id, str(ck.parent), None, c._driver_checked(job))],
                                False, frozenset(), frozenset(), 0.0)
         assert look["ckpts"] == {job.id: ck} and len(read_where) == 2, read_where
 
@@ -134,25 +134,25 @@ def test_the_archive_rounds_read_a_running_jobs_checkpoint_only_to_copy_it(
 
     async def main() -> None:
         try:
-            await c._archive_round()  # not checked yet: waits for the driver, reads nothing
+            await c.archive.run_round()  # not checked yet: waits for the driver, reads nothing
             assert read_where == [] and not (tmp_path / "arch" / "n2-job-1").exists()
             await c.ckpt.verify_new()  # the driver's check: one read (jobkit's: no prestage here)
             assert [w for w, _ in read_where] == [f"verify {ck.name}"], read_where
-            await c._archive_round()  # copied: the copy checked as it is made
+            await c.archive.run_round()  # copied: the copy checked as it is made
             assert await until_copied(c)
             assert [w for w, _ in read_where if w == f"verify {ck.name}"] == [f"verify {ck.name}"], read_where
             copied = len(read_where)  # the driver's check, and the copy's
             for _ in range(5):
-                await c._archive_round()
+                await c.archive.run_round()
                 await asyncio.sleep(0)
             assert len(read_where) == copied, f"the rounds read the checkpoint again: {read_where[copied:]}"
         finally:
-            c._lane.close()
+            c.archive.lane.close()
             c.agent.store.close()
 
     async def until_copied(comp: ReclaimComponent) -> bool:
         for _ in range(200):
-            if comp.archived_live.get(job.id) == ck.name:
+            if comp.archive.periodic.live.get(job.id) == ck.name:
                 return True
             await asyncio.sleep(0.02)
         return False

@@ -351,12 +351,12 @@ def test_the_archive_copies_only_a_resume_from_the_agent_gave(tmp_path: Path) ->
     """F4: the archive's periodic round copied (as root) a running job's resume_from when it lay
     in the state directory, whoever set it: a user naming another user's checkpoint there had it
     archived as their own job's state. Now only what the agent recorded it gave counts."""
-    from laminar.migrate.archive import ArchiveMixin
+    from laminar.migrate.archive_periodic import PeriodicCopies
 
-    me = SimpleNamespace(agent=SimpleNamespace(config=SimpleNamespace(state_dir=tmp_path)))
+    me = SimpleNamespace(host=SimpleNamespace(agent=SimpleNamespace(config=SimpleNamespace(state_dir=tmp_path))))
     theirs = str(tmp_path / "ckpt" / "job-5" / "ckpt-100")
     users = SimpleNamespace(spec=JobSpec(["x"], resume_from=theirs), origin=NO_ORIGIN)
-    assert ArchiveMixin._given_resume_from(me, users, tmp_path / "arch") is None  # type: ignore[arg-type]
+    assert PeriodicCopies.given_resume_from(me, users, tmp_path / "arch") is None  # type: ignore[arg-type]
     given = str(tmp_path / "resume" / "n2-job-1" / "ckpt-3")
     agents = SimpleNamespace(spec=JobSpec(["x"], resume_from=given), origin=JobOrigin(resume_given=given))
-    assert ArchiveMixin._given_resume_from(me, agents, tmp_path / "arch") == given  # type: ignore[arg-type]
+    assert PeriodicCopies.given_resume_from(me, agents, tmp_path / "arch") == given  # type: ignore[arg-type]

@@ -368,7 +368,7 @@ def test_a_restored_reclaim_stops_a_job_whose_archived_record_was_being_publishe
         agent.zone.zone, agent.zone.keys = 1, zone_keys()  # the zone's key: what signs its archive records
         archived, other = jobs.add("job-1", "running"), jobs.add("job-2", "running")
         ckpt = Checkpointer(job_id="job-1", ckpt_dir=tmp_path / "ck", install_signal=False, keep=2).save(b"w", step=3)
-        agent_of(5, arch)._archive("n5-job-1", ckpt, record("n5-job-1"))  # published before the restart
+        agent_of(5, arch).archive.stopped.publish("n5-job-1", ckpt, record("n5-job-1"))  # published before the restart
         published = (arch / "n5-job-1" / "guard.json").read_bytes()
         agent.store.ensure_schema("migrate-reclaim", RECLAIM_SCHEMA)
         agent.store.ensure_schema("migrate-moves", MOVES_SCHEMA)

@@ -26,7 +26,7 @@ from archiverig import agent_of, record, reseal, zone_keys
 from test_migrate_archive_gc import ckpt_of
 from test_replica_gc import KEY, started
 
-from laminar.migrate.reclaim import LIVE_RECORD
+from laminar.migrate.archive_view import LIVE_RECORD
 
 
 def test_a_peer_not_heard_since_the_start_counts_as_silent_only_since_then(tmp_path: Path) -> None:
@@ -67,12 +67,12 @@ def test_an_agent_that_just_started_does_not_claim_a_live_record_of_a_peer_it_ha
         try:
             c.s.update(archive_dir=str(arch), orphan_after_s=30.0, dead_after_s=10.0)
             # node 2's running job has its periodic copy in the archive, node 3 its buddy
-            agent_of(2, arch, zone_keys(KEY.hex())).archive_live("n2-job-1", ckpt_of(tmp_path, "j1", 40),
+            agent_of(2, arch, zone_keys(KEY.hex())).archive.periodic.publish_live("n2-job-1", ckpt_of(tmp_path, "j1", 40),
                                                                  record("n2-job-1", buddy=3))
             for st in agent.zone.membership.state.values():
                 st.last_seen = -1.0  # this agent just (re)started: no peer heard from yet
             c._started = time.time()
-            await c._archive_round()
+            await c.archive.run_round()
             await asyncio.sleep(0.2)
             assert resumed == [], "a job that runs on node 2 was resumed here as well"
             assert (arch / "n2-job-1" / LIVE_RECORD).exists()
@@ -81,7 +81,7 @@ def test_an_agent_that_just_started_does_not_claim_a_live_record_of_a_peer_it_ha
             c._started -= 31.0
             then = time.time() - 31.0  # its live record was written as long ago (a fresh one says its node is alive)
             reseal(agent_of(2, arch, zone_keys(KEY.hex())), arch / "n2-job-1" / LIVE_RECORD, ts=then)
-            await c._archive_round()
+            await c.archive.run_round()
             for _ in range(100):
                 if resumed:
                     break
@@ -104,15 +104,15 @@ def test_a_restarted_agent_drops_the_live_record_of_a_job_that_ended_after_the_r
     async def main() -> None:
         arch = tmp_path / "arch"
         keys = zone_keys(KEY.hex())
-        agent_of(1, arch, keys).archive_live("n1-job-3", ckpt_of(tmp_path, "j3", 40), record("n1-job-3", buddy=2))
-        agent_of(2, arch, keys).archive_live("n2-job-1", ckpt_of(tmp_path, "j1", 40), record("n2-job-1", buddy=3))
-        agent, c = await started(tmp_path / "agent")  # node 1, just (re)started: nothing in archived_live
+        agent_of(1, arch, keys).archive.periodic.publish_live("n1-job-3", ckpt_of(tmp_path, "j3", 40), record("n1-job-3", buddy=2))
+        agent_of(2, arch, keys).archive.periodic.publish_live("n2-job-1", ckpt_of(tmp_path, "j1", 40), record("n2-job-1", buddy=3))
+        agent, c = await started(tmp_path / "agent")  # node 1, just (re)started: nothing in archive.live
         ended = SimpleNamespace(id="job-3", state="migrated", active=False)
         agent.jobs.jobs.append(ended)
         try:
             c.s.update(archive_dir=str(arch), orphan_after_s=30.0)
-            assert c.archived_live == {}
-            await c._archive_round()
+            assert c.archive.periodic.live == {}
+            await c.archive.run_round()
             assert not (arch / "n1-job-3" / LIVE_RECORD).exists()
             assert (arch / "n2-job-1" / LIVE_RECORD).exists()  # another node's: not this one's to drop
         finally:

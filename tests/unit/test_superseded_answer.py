@@ -66,12 +66,11 @@ def source(jobs: Jobs) -> Any:
     tasks: list[asyncio.Task[Any]] = []
     src = types.SimpleNamespace(node_id=2, agent=types.SimpleNamespace(jobs=jobs), evacuating=set(),
                                 _superseding=set(), events=events, released=released,
-                                _lane=Lane(), archive=None, runner=None)
+                                archive_dir=None, runner=None)
     src.prestage = Prestage(src)
     src.prestage.buddy = {"job-1": 3}
     src.prestage.releases[(1, "n2-job-1")] = (0.0, 0.0)  # node 1: its old buddy, owed a release
-    src._archive_root = lambda: src.archive
-    src._archive_runner = lambda key: src.runner
+    src.archive = types.SimpleNamespace(lane=Lane(), root=lambda: src.archive_dir, runner=lambda key: src.runner)
     src._emit = lambda message, **kw: events.append({"message": message, **kw})
     src._spawn = lambda coro: tasks.append(asyncio.ensure_future(coro)) or tasks[-1]
 
@@ -153,7 +152,7 @@ def test_a_node_that_does_not_guard_the_job_is_believed_only_when_the_archive_na
         src = source(jobs)
         ans = src.replicas.answer_superseded("4", body(now - 30, node=4))
         assert ans["stopped"] is None and "neither guards" in ans["why"] and not src.tasks, ans
-        src.archive = "/archive"
+        src.archive_dir = "/archive"
         src.runner = "5"  # the archive says node 5 claimed it
         ans = src.replicas.answer_superseded("4", body(now - 30, node=4))
         assert ans["stopped"] is None and ans["checks"] == "job-1", ans

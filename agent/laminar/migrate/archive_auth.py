@@ -77,7 +77,7 @@ UID_MAX = 2**32 - 2  # (uid_t; -1 is "no change" to the kernel)
 GPUS_MAX = 4096
 NODE_MAX = 2**32 - 1
 # The guard's request carries its job node's presigned guard record under this name
-# (:meth:`ArchiveMixin._presign`): the record the guard publishes when it finds no room.
+# (:meth:`ReclaimComponent._presign`): the record the guard publishes when it finds no room.
 PRESIGNED = "archive_record"
 
 KINDS = ("guard", "live", "run", "claim", "done")

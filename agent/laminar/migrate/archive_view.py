@@ -32,6 +32,16 @@ REFUSED_KEEP = 4096  # files already counted as refused (by identity): not count
 REFUSED_SAMPLES = 10  # the latest refusals the status shows
 DONE_DIR = ".done"
 _NODE_FILE = re.compile(r"(claimed|running)-(\d{1,10})\.json")
+# A running job's periodic checkpoint in the archive: its record (who runs it, its buddy).
+LIVE_RECORD = "live.json"
+# A round (and a sweep) reads at most this many entries of the archive's root; the next one goes
+# on from there (a pass over a larger archive takes several): a million planted directories cost
+# each round this many, not a million.
+ARCHIVE_SCAN_MAX = 2048
+
+
+_TMP_COPY = re.compile(r"\.tmp-(.+)-(\d+)-(\d+)")
+_CKPT_STEP = re.compile(r"ckpt-(\d+)")
 
 
 class Refusals:

@@ -63,18 +63,16 @@ import asyncio
 import contextlib
 import logging
 import time
-from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
-from laminar.migrate.archive import ARCHIVE_CLAIM_STALE_S
+from laminar.migrate.archive_claims import ARCHIVE_CLAIM_STALE_S
 from laminar.migrate.constants import valid_key
 from laminar.migrate.errors import MigrateError
 from laminar.migrate.transfer import TransferError
 from laminar.runtime.holds import Hold, Holds, holds_of
 
 if TYPE_CHECKING:
-    from laminar.migrate.archive import ArchiveLane
-    from laminar.migrate.archive_view import Sealed, View
+    from laminar.migrate.archive import Archive
     from laminar.migrate.buddies import Prestage
     from laminar.migrate.guard import Guard
     from laminar.migrate.replicas import Replicas
@@ -105,27 +103,20 @@ def check_fence_settings(s: dict[str, Any]) -> None:
 class FenceHost(Protocol):
     """What :class:`Fence` uses of the component that holds it (ReclaimComponent and its parts)."""
 
-    _lane: ArchiveLane
     _started: float
     _superseding: set[str]
     agent: Any
-    archived_live: dict[str, str]
+    archive: Archive
     evacuating: set[str]
     guarding: Guard
     prestage: Prestage
     replicas: Replicas
     s: dict[str, Any]
 
-    def _archive_root(self) -> Path | None: ...
-    def _archive_runner(self, key: str) -> str | None: ...
-    def _view_or_none(self, create: bool = False) -> View | None: ...
-    def _claim_age(self, v: View, key: str, c: Sealed) -> float: ...
-    def _runner_in(self, v: View, key: str) -> str | None: ...
     async def _control(self, node: int, op: str, body: Any, timeout: float = 5.0) -> Any: ...
     def _emit(self, message: str, **fields: Any) -> None: ...
     def _holds(self) -> Holds: ...
     def _last_seen(self, node: int) -> float: ...
-    def _placed_as(self, key: str) -> tuple[int, str] | None: ...
     def _spawn(self, coro: Any) -> asyncio.Task[Any]: ...
     def job_key(self, job: Any) -> str: ...
     @property
@@ -238,7 +229,7 @@ class Fence:
             if job.id in self.host.evacuating or job.id in self.host._superseding:
                 continue  # (a move under way freezes and settles the job itself)
             key = self.host.job_key(job)
-            if (job.id not in self.host.prestage.buddy and job.id not in self.host.archived_live
+            if (job.id not in self.host.prestage.buddy and job.id not in self.host.archive.periodic.live
                     and not any(k == key for _, k in self.host.prestage.releases)):
                 continue  # nothing elsewhere would resume it (no guard, old or new, no archived copy): it runs on
             try:
@@ -283,8 +274,8 @@ class Fence:
         if jid in self.host._superseding:
             return  # being stopped: a node runs it
         key = self.host.job_key(job)
-        if self.host._archive_root() is not None:
-            claimer = await self.host._lane.call(f"claims of fenced {jid}", self.archive_claimer, key)
+        if self.host.archive.root() is not None:
+            claimer = await self.host.archive.lane.call(f"claims of fenced {jid}", self.archive_claimer, key)
             if claimer is not None:
                 return  # the claimer tells this node it runs the job (superseded), or gives the claim back
             # a copy this node resumed (of another node's job, or from the archive) whose claim
@@ -295,10 +286,10 @@ class Fence:
             origin = str(getattr(getattr(job, "origin", None), "migrated_from", None) or "")
             if not valid_key(origin):
                 origin = ""
-            runner = await self.host._lane.call(f"who runs {origin}", self.host._archive_runner, origin) \
+            runner = await self.host.archive.lane.call(f"who runs {origin}", self.host.archive.runner, origin) \
                 if origin else None
             if runner is not None and runner != str(self.host.node_id) and \
-                    await self.host._lane.call(f"where {origin} runs", self._placed_here_by_claim, origin, jid):
+                    await self.host.archive.lane.call(f"where {origin} runs", self._placed_here_by_claim, origin, jid):
                 # the claimer placed the claimed job here (no room there): this copy is the claim's
                 # own. Before, it was stopped for the claim, and nobody ran the job any more
                 # (bench/chaos.py --partial-partitions, seed 34: a job lost)
@@ -372,7 +363,7 @@ class Fence:
     def _placed_here_by_claim(self, key: str, jid: str) -> bool:
         """Whether a claim of ``key`` in the archive runs as this node's job ``jid``: a verified
         running record's ``resumed`` names them (the claimer placed it here). Blocking: the lane."""
-        v = self.host._view_or_none()
+        v = self.host.archive.view_or_none()
         if v is None:
             return False
         with v:
@@ -384,13 +375,13 @@ class Fence:
         go stale), runs it from there, or ran it (the sweep's ``.done`` marker, once the resumed
         job's own copies made the key's directory needless), or None (blocking: the lane). A
         file that does not verify names nobody: one planted there keeps no job frozen."""
-        v = self.host._view_or_none()
+        v = self.host.archive.view_or_none()
         if v is None:
             return None
         with v:
             claims = [str(c.node) for c in v.claims(key) if c.name.startswith("claimed-")
-                      and self.host._claim_age(v, key, c) <= ARCHIVE_CLAIM_STALE_S]
-            who = [n for n in (*claims, self.host._runner_in(v, key))
+                      and self.host.archive.claims.claim_age(v, key, c) <= ARCHIVE_CLAIM_STALE_S]
+            who = [n for n in (*claims, self.host.archive.runner_in(v, key))
                    if n is not None and n != str(self.host.node_id)]
             return who[0] if who else None
 
@@ -411,7 +402,7 @@ class Fence:
         if row is None or int(row["src_node"]) != asker:
             return {"key": key, "runs": None, "state": None}
         if row["state"] == "placed":  # taken over and placed on another node (no room here)
-            placed = self.host._placed_as(key)
+            placed = self.host.archive.placed_as(key)
             if placed is not None:
                 return {"key": key, "runs": placed[1], "node": placed[0], "state": "placed"}
         if row["state"] == "passed":  # this node was reclaimed and passed the guard on (``_pass_one``)

@@ -61,7 +61,7 @@ from laminar.runtime.provenance import request_origin
 from laminar.zone import authority as au
 
 if TYPE_CHECKING:
-    from laminar.migrate.archive import ArchiveLane
+    from laminar.migrate.archive import Archive
     from laminar.migrate.buddies import Prestage
     from laminar.migrate.fence import Fence
     from laminar.migrate.replicas import Replicas
@@ -94,10 +94,10 @@ def _stored_request(row: Any) -> dict[str, Any] | None:
 class GuardHost(Protocol):
     """What :class:`Guard` uses of the component that holds it (ReclaimComponent and its parts)."""
 
-    _lane: ArchiveLane
     _started: float
     _xfer_local: str | None
     agent: Any
+    archive: Archive
     counts: dict[str, int]
     fence: Fence
     notices: dict[int, tuple[float, float]]
@@ -110,20 +110,13 @@ class GuardHost(Protocol):
     vouch: Vouch
     withdraw: Withdraw
 
-    def _archive_root(self) -> Path | None: ...
-    def _archive_unless_archived(self, key: str, ckpt: Path, record: dict[str, Any]) -> Path | None: ...
-    def _archived_newer(self, key: str, path: Path) -> Path | None: ...
-    def _claim_archived(self, key: str) -> tuple[bool, str | None, bool]: ...
-    def _claim_done(self, key: str, who: str, runs: tuple[int, str] | None = None) -> None: ...
     async def _control(self, node: int, op: str, body: Any, timeout: float = 5.0) -> Any: ...
     def _emit(self, message: str, **fields: Any) -> None: ...
     def _last_seen(self, node: int) -> float: ...
     def _peer(self, node: int) -> tuple[str, int, bytes, int]: ...
-    def _placed_as(self, key: str) -> tuple[int, str] | None: ...
     def _refusals(self) -> au.Refusals: ...
     async def _reserve(self, node: int, demand: Any, hold_s: float) -> int: ...
     def _spawn(self, coro: Any) -> asyncio.Task[Any]: ...
-    def _unclaim(self, key: str) -> None: ...
     def candidates(self, need: dst.Resources) -> list[dst.Candidate]: ...
     @property
     def node_id(self) -> int: ...
@@ -180,7 +173,7 @@ class Guard:
                 continue  # not heard from since the take-over: still gone, or still cut off
             runs: str | None
             if row["state"] == "placed":  # taken over and placed on another node (no room here)
-                placed = self.host._placed_as(key)
+                placed = self.host.archive.placed_as(key)
                 runner, runs = placed if placed is not None else (self.host.node_id, None)
             else:
                 runner, runs = self.host.node_id, self.runs_here(key)
@@ -740,8 +733,8 @@ class Guard:
                 self.host._emit(f"{key}: {why}, but it is not resumed: {refused}", key=key, phase="failed",
                            reason=refused.reason)
                 return
-            archived, other, claimed = (await self.host._lane.call(f"claim of {key}", self.host._claim_archived, key)
-                                        if self.host._archive_root() is not None else (False, None, False))
+            archived, other, claimed = (await self.host.archive.lane.call(f"claim of {key}", self.host.archive.claims.claim_archived, key)
+                                        if self.host.archive.root() is not None else (False, None, False))
             if archived:  # the archive's claim is the lock: one node runs the job
                 if other is not None:
                     self.set_replica(key, custody.Event.HAND_OVER, other)
@@ -753,7 +746,7 @@ class Guard:
                 if not claimed:
                     self.wait_for_room(key, why, "another node is trying the archived copy", path)
                     return
-                newer = await self.host._lane.call(f"checking {key}'s archived checkpoint", self.host._archived_newer, key, path)
+                newer = await self.host.archive.lane.call(f"checking {key}'s archived checkpoint", self.host.archive.claims.archived_newer, key, path)
                 if newer is not None:  # the archive has the job's later state (a holder's final checkpoint)
                     self.host._emit(f"{key}: the archive holds {newer.name}, newer than this guard's {path.name}: resumed "
                                "from it", key=key, phase="take-over", ckpt=newer.name)
@@ -768,23 +761,23 @@ class Guard:
                     return  # a hand-over of it to this node came meanwhile: it starts the job, none elsewhere
                 if local_err is None:
                     if claimed:
-                        self.host._lane.submit(f"claim of {key} done", self.host._claim_done, key, f"node {self.host.node_id}",
+                        self.host.archive.lane.submit(f"claim of {key} done", self.host.archive.claims.claim_done, key, f"node {self.host.node_id}",
                                           (self.host.node_id, self.runs_here(key) or ""))
                         claimed = False
                     return
                 placed, remote_err = await self.place_elsewhere(row, req, path, why)
                 if placed:
                     if claimed:
-                        self.host._lane.submit(f"claim of {key} done", self.host._claim_done, key,
-                                          f"placed by node {self.host.node_id}", self.host._placed_as(key))
+                        self.host.archive.lane.submit(f"claim of {key} done", self.host.archive.claims.claim_done, key,
+                                          f"placed by node {self.host.node_id}", self.host.archive.placed_as(key))
                         claimed = False
                     return
             finally:
                 if claimed:
-                    self.host._lane.submit(f"claim of {key} given back", self.host._unclaim, key)
-            if self.host._archive_root() is not None:
+                    self.host.archive.lane.submit(f"claim of {key} given back", self.host.archive.claims.unclaim, key)
+            if self.host.archive.root() is not None:
                 with contextlib.suppress(Exception):  # a copy that outlives this node (and the zone)
-                    await self.host._lane.call(f"archiving {key}", self.host._archive_unless_archived, key, path, {
+                    await self.host.archive.lane.call(f"archiving {key}", self.host.archive.stopped.publish_unless_archived, key, path, {
                         "key": key, "src_node": int(row["src_node"]), "src_job": row["src_job"],
                         "request": {**req, "take_over": True}})
             self.wait_for_room(key, why, f"here: {local_err}; elsewhere: {remote_err}", path)

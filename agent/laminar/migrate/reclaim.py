@@ -38,7 +38,7 @@ and one started after the window ended clears it (the owner gave the node back),
 
 The component is :class:`ReclaimComponent`, in parts: this module has the reclaim, the moves and the
 storage holders; it holds :class:`laminar.migrate.buddies.Prestage` (its ``prestage``: prestaging,
-buddies and releases, *When the source dies*), and inherits the rest: :mod:`laminar.migrate.archive`
+buddies and releases, *When the source dies*), and its other parts: :mod:`laminar.migrate.archive`
 the archive, the guard of last resort (``archive_dir``: stopped jobs' and periodic checkpoints,
 claims, the sweep, a hung archive); :mod:`laminar.migrate.guard` a guard's take-over of a
 dead source's job (*The retrying guard*); :mod:`laminar.migrate.replicas` the replicas held here
@@ -115,7 +115,6 @@ The readdress hook Airlock calls for its re-address rung is :meth:`ReclaimCompon
 from __future__ import annotations
 
 import asyncio
-import collections
 import contextlib
 import json
 import logging
@@ -138,20 +137,11 @@ from laminar.airlock.cgroups import CgroupError, set_frozen_async
 from laminar.airlock.cgroups import freeze_counts as cgroup_freeze_counts
 from laminar.config import Field, _one_of, _range, register_section
 from laminar.migrate import ckpt_driver, drain, ledger
-from laminar.migrate.archive import ARCHIVE_CLAIM_STALE_S as ARCHIVE_CLAIM_STALE_S
-from laminar.migrate.archive import (
-    ARCHIVE_GC_S,
-    ARCHIVE_WAIT_MARGIN_S,
-    ArchiveLane,
-    ArchiveMixin,
-    ArchiveWait,
-    _progress,
-)
-from laminar.migrate.archive import ARCHIVE_TMP_STALE_S as ARCHIVE_TMP_STALE_S
-from laminar.migrate.archive import ARCHIVE_TRASH as ARCHIVE_TRASH
-from laminar.migrate.archive import LIVE_RECORD as LIVE_RECORD
+from laminar.migrate.archive import Archive
 from laminar.migrate.archive_auth import PRESIGNED, ArchiveAuth, manifest_digest, owner_body
-from laminar.migrate.archive_view import Refusals
+from laminar.migrate.archive_gc import ARCHIVE_GC_S
+from laminar.migrate.archive_lane import ArchiveWait, _progress
+from laminar.migrate.archive_stopped import ARCHIVE_WAIT_MARGIN_S
 from laminar.migrate.buddies import Prestage
 from laminar.migrate.constants import (
     DEFAULT_REMAINING_S,
@@ -625,7 +615,7 @@ def _in_own_clock(body: dict[str, Any]) -> dict[str, Any]:
     return req
 
 
-class ReclaimComponent(ArchiveMixin):
+class ReclaimComponent:
     """``laminar.migrate.reclaim:ReclaimComponent`` (agent attribute ``migrate``)."""
 
     agent_attr = "migrate"
@@ -670,38 +660,11 @@ class ReclaimComponent(ArchiveMixin):
         self._drain_task: asyncio.Task[Any] | None = None  # places this node's queued jobs elsewhere during a reclaim
         self.withdraw = Withdraw(self)  # the cancel of this node's reclaim, a peer's withdrawal (withdraw.py)
         self._superseding: set[str] = set()  # this node's jobs being stopped: a guard runs them (Replicas.answer_superseded)
-        self._archive_next: dict[str, float] = {}  # archived key -> when this node tries it again (monotonic)
-        self._archive_tries: dict[str, int] = {}
-        # archived key -> the job a node dead by its window answered runs there (said once: _still_runs)
-        self._archive_runs_told: dict[str, str] = {}
-        self._claimed_from: dict[str, str] = {}  # archived key -> the record this node's claim took (_unclaim)
-        self.archived_live: dict[str, str] = {}  # job id -> newest periodic checkpoint in the archive (live.json)
-        self.archived_buddy: dict[str, int | None] = {}  # job id -> the buddy its live.json names
-        self._archiving: set[str] = set()
-        self._late_stopping: set[str] = set()  # jobs a restart stops: their record was being archived
-        # archived keys whose live record waits, not claimed, for its node's newer copy: since (monotonic)
-        self._live_waits: dict[str, float] = {}
+        # the archive, the guard of last resort: its copies, claims, sweep and lane (archive.py)
+        self.archive = Archive(self)
         # jobs whose final checkpoint is in the archive (or on its way there, late) while their
         # stop here is under way: never thawed nor moved again (any agent with room claims it)
         self._archive_keeps: set[str] = set()
-        self._gc_next = 0.0  # when this agent sweeps the archive next (monotonic)
-        self._gc_running = False
-        self._done_expired: float | None = None  # when the sweep last expired <archive>/.done markers (wall)
-        self._lane = ArchiveLane()  # every touch of archive_dir, off the loop, one at a time
-        self._round_running = False  # an archive round is in flight (one at a time)
-        self._archive_rounds = 0  # archive rounds done
-        self._archive_stalled: float | None = None  # when the archive was found stalled (monotonic)
-        self._archive_error: str | None = None  # the last round's storage error, said once
-        self._gc_unverified: set[tuple[str, str]] = set()  # (key, ckpt) that failed verification: not re-hashed
-        # files of the archive refused (counted once each by reason, the latest for the status)
-        self._archive_refusals = Refusals(self.counts)
-        self._archive_root_error: str | None = None  # why archive_dir is not used (its owner, its mode)
-        # (key, claim file, inode, ctime) -> when this agent first saw that claim (monotonic): its staleness
-        self._claims_seen: collections.OrderedDict[tuple[Any, ...], float] = collections.OrderedDict()
-        # the root listings a round, a sweep and a .done expiry go on through (archive._scan_page)
-        self._archive_scan: tuple[str, int, Any] | None = None
-        self._gc_scan: tuple[str, int, Any] | None = None
-        self._done_scan: tuple[str, int, Any] | None = None
         # key -> (checkpoint name, manifest SHA-256, bytes, files) last sent to a peer: what the
         # guard that follows it is handed, signed, to publish in the archive (_presign)
         self._sent_manifests: dict[str, tuple[str, str, int, int]] = {}
@@ -801,7 +764,7 @@ class ReclaimComponent(ArchiveMixin):
         self._loop_task = asyncio.get_running_loop().create_task(self._watch())
         self.ckpt = ckpt_driver.CkptDriver(self)
         self._spawn(self.ckpt.run())
-        self._restore_late_copies()  # before the reclaim's restore: by the job states the stop left
+        self.archive.stopped.restore_late_copies()  # before the reclaim's restore: by the job states the stop left
         self._restore_reclaim()
         self._restore_moves()
         self._restore_move_holds()
@@ -901,7 +864,7 @@ class ReclaimComponent(ArchiveMixin):
         # their ends (cancelled, or an error) are theirs; a cancel of this stop (the agent's stop
         # deadline) is not swallowed with them
         await asyncio.gather(*tasks, return_exceptions=True)
-        self._lane.close()
+        self.archive.lane.close()
         if self.receiver is not None:
             await self.receiver.stop()
 
@@ -1336,8 +1299,8 @@ class ReclaimComponent(ArchiveMixin):
         phases = self._move_phases() if restored else {}
         handed = [j for j in active if phases.get(j.id, ("", None))[0] == "handover"]
         # a job whose archived record was being published when the agent stopped is stopped, not
-        # moved again (_restore_late_copies): the archive resumes it
-        active = [j for j in active if j not in handed and j.id not in self._late_stopping]
+        # moved again (StoppedCopies.restore_late_copies): the archive resumes it
+        active = [j for j in active if j not in handed and j.id not in self.archive.stopped.late_stopping]
         for j in active:
             if phases.get(j.id, ("", None))[0] == "frozen":  # its move froze it: it checkpoints again
                 with contextlib.suppress(Exception):
@@ -1455,7 +1418,7 @@ class ReclaimComponent(ArchiveMixin):
         if getattr(self.agent, "jobs", None) is None:
             return
         holds = self._holds()
-        known = set(self._move_phases()) | set(self.evacuating) | set(self._late_stopping) | set(self._archive_keeps)
+        known = set(self._move_phases()) | set(self.evacuating) | set(self.archive.stopped.late_stopping) | set(self._archive_keeps)
         known |= {str(r["job_id"]) for r in ledger.move_records(self.agent.store.db)}
         for jid in sorted(holds.held_by(Hold.MOVE) - known):
             try:
@@ -1980,7 +1943,7 @@ class ReclaimComponent(ArchiveMixin):
         The archive (a copy beside the holder, or the job's only one when no holder takes it) is
         waited for until ARCHIVE_WAIT_MARGIN_S before ``window_end`` (the reclaim's window, not
         the transfer's plan: the copy comes after the transfer), never longer
-        (:meth:`_archive_until`): one that does not answer by then publishes nothing later."""
+        (:meth:`StoppedCopies.publish_until`): one that does not answer by then publishes nothing later."""
         mv.phase = "hold"
         window = None if xfer_deadline is None else max(0.0, xfer_deadline - time.monotonic())
         ranked = await self.rank_holders(self.job_key(job), size, window, self.prestage.buddy.get(job.id))
@@ -2023,13 +1986,13 @@ class ReclaimComponent(ArchiveMixin):
                                            f"{ckpt.name} held by node {node}, which resumes the job when room frees",
                                            grace_s=1.0, state="reclaimed", work_lost_s=round(lost, 3),
                                            cause=EndCause.HELD_ELSEWHERE)
-            if self._archive_root() is not None:  # the holder is one node: the archive outlives it
+            if self.archive.root() is not None:  # the holder is one node: the archive outlives it
                 # archived before the holder is told to take over: its take-over then claims the
                 # record (the lock); told first, it could place the job from its replica while the
                 # archive held nothing, and the record published after would be claimed by any
                 # agent with room (the job twice)
                 try:
-                    await self._archive_until(f"archiving {job.id}", self.job_key(job), ckpt, {
+                    await self.archive.stopped.publish_until(f"archiving {job.id}", self.job_key(job), ckpt, {
                         "key": self.job_key(job), "src_node": self.node_id, "src_job": job.id,
                         "request": self._request(job, True)}, window_end - ARCHIVE_WAIT_MARGIN_S)
                 except (OSError, jobkit.CheckpointError, MigrateError) as e:
@@ -2047,7 +2010,7 @@ class ReclaimComponent(ArchiveMixin):
             self._emit(f"{job.id}: {ckpt.name} held by node {node}; it resumes the job when room frees",
                        job=job.id, node=node, ckpt=ckpt.name, phase="held")
             return
-        if self._archive_root() is not None:
+        if self.archive.root() is not None:
             # no live peer keeps it: the archive does, and any agent with room claims it
             buddy = self.prestage.buddy.get(job.id)
             key = self.job_key(job)
@@ -2056,22 +2019,22 @@ class ReclaimComponent(ArchiveMixin):
             # given up only if this wait is cut (a shorter window, the agent's stop): the job is
             # then thawed and moved again, and a copy published later would be a second one
             aw = ArchiveWait() if late_ok else None
-            if late_ok:  # a restart takes the copy up again, never publishing it twice (_restore_late_copies)
-                self._late_row_add(key, job.id, ckpt, record)
+            if late_ok:  # a restart takes the copy up again, never publishing it twice (StoppedCopies.restore_late_copies)
+                self.archive.stopped.late_row_add(key, job.id, ckpt, record)
 
             def settled(e: BaseException | None) -> None:
-                self._late_row_drop(key)
+                self.archive.stopped.late_row_drop(key)
                 self._late_copy_settled(mv, e)
             try:
                 # with no buddy, a late copy is still wanted: it is the job's only one once this
                 # node is gone (published if the storage answers before then)
-                path = await self._archive_until(f"archiving {job.id}", key, ckpt, record,
+                path = await self.archive.stopped.publish_until(f"archiving {job.id}", key, ckpt, record,
                                                  window_end - ARCHIVE_WAIT_MARGIN_S, late_ok=late_ok,
                                                  settled=settled if late_ok else None,
-                                                 mark=(lambda: self._late_mark(key)) if late_ok else None, wait=aw)
+                                                 mark=(lambda: self.archive.stopped.late_mark(key)) if late_ok else None, wait=aw)
             except asyncio.CancelledError:
                 if aw is not None and aw.given_up:
-                    self._late_row_drop(key)  # nothing is published: the job is thawed (_move)
+                    self.archive.stopped.late_row_drop(key)  # nothing is published: the job is thawed (_move)
                 elif aw is not None:  # its record was being put in place: the job stays frozen, stopped
                     self._archive_keeps.add(job.id)  # by the window's end, a new plan or a restart
                 raise
@@ -2079,7 +2042,7 @@ class ReclaimComponent(ArchiveMixin):
                 if not late_ok:  # a hung archive: as with none, the move fails (its job thawed)
                     errors.append(f"{e}: nothing archived; its buddy, node {buddy}, still guards it")
                     raise MigrateError("; ".join(errors)) from None
-                self._late_row_late(key)  # before the stop: a restart that finds the job reclaimed takes it up
+                self.archive.stopped.late_row_late(key)  # before the stop: a restart that finds the job reclaimed takes it up
                 self._archive_keeps.add(job.id)
                 mv.phase, mv.dest = "archiving", None  # before the stop: the copy may land meanwhile
                 # Its copy goes on past the window, and the job stops now: thawed, it would run on
@@ -2099,7 +2062,7 @@ class ReclaimComponent(ArchiveMixin):
                 return
             except BaseException:
                 if late_ok:
-                    self._late_row_drop(key)
+                    self.archive.stopped.late_row_drop(key)
                 raise
             self._archive_keeps.add(job.id)  # cut in the stop, the job is not thawed (_move): the archive resumes it
             lost = max(0.0, self.frozen_at.pop(job.id, time.time()) - ckpt.stat().st_mtime)
@@ -2110,7 +2073,7 @@ class ReclaimComponent(ArchiveMixin):
                                            cause=EndCause.ARCHIVED)
             self._archive_keeps.discard(job.id)
             if late_ok:  # after the stop: a restart before it finds the record published and the job here
-                self._late_row_drop(key)
+                self.archive.stopped.late_row_drop(key)
             old = self.prestage.forget_buddy(job.id)
             if old is not None:
                 await self.prestage.release(old, self.job_key(job))
@@ -2180,7 +2143,7 @@ class ReclaimComponent(ArchiveMixin):
                 await asyncio.sleep(0.05)
             if key in self.guarding.taking:
                 if not (withdrawn and withdrawn.is_set()):
-                    busy = self._lane.busy
+                    busy = self.archive.lane.busy
                     self._emit(f"{key}: could not pass its guard on before this node left: its take-over in flight "
                                "did not end within the window" + (f" (the archive's lane waits on: {busy[0]})"
                                                                   if busy else ""), key=key, phase="failed")
@@ -2229,12 +2192,12 @@ class ReclaimComponent(ArchiveMixin):
             self._emit(f"{key}: this node is reclaimed; {path.name} and the job's guard passed on to node {node}",
                        key=key, node=node, ckpt=path.name, phase="passed")
             return
-        if self._archive_root() is not None:
+        if self.archive.root() is not None:
             try:
                 # a late copy is still wanted (it is the job's only one once this node is gone) and
                 # consistent: this guard stays, and its own take-over goes through the archive's
                 # claim, queued on the lane behind that copy, as does any other node's
-                await self._archive_until(f"archiving {key}", key, path, {
+                await self.archive.stopped.publish_until(f"archiving {key}", key, path, {
                     "key": key, "src_node": int(row["src_node"]), "src_job": row["src_job"],
                     "request": {**req, "take_over": True}}, deadline_mono - ARCHIVE_WAIT_MARGIN_S, late_ok=True)
             except MigrateError as e:
@@ -2372,7 +2335,7 @@ class ReclaimComponent(ArchiveMixin):
         except (TimeoutError, LaneBusy) as e:
             raise MigrateError(f"{job.id}: its checkpoint {ckpt.name} could not be read in time: {e}") from None
         try:
-            if self._archive_root() is not None:  # what the guard that follows is handed, signed (_presign)
+            if self.archive.root() is not None:  # what the guard that follows is handed, signed (_presign)
                 self._sent_manifests.pop(self.job_key(job), None)
                 with contextlib.suppress(OSError, ValueError, jobkit.CheckpointError):
                     self._sent_manifests[self.job_key(job)] = (ckpt.name, *await asyncio.to_thread(_manifest_facts, snap))
@@ -2457,14 +2420,14 @@ class ReclaimComponent(ArchiveMixin):
     def _presign(self, job: Any, request: dict[str, Any], ckpt_name: str) -> dict[str, Any] | None:
         """The guard record of ``job`` this node signs for its guard (with ``archive_dir``): the
         record the guard publishes in the archive when it finds no room (as this node would;
-        :meth:`ArchiveMixin._presigned`), naming ``ckpt_name`` as last sent (its manifest's
+        :meth:`StoppedCopies._presigned`), naming ``ckpt_name`` as last sent (its manifest's
         SHA-256, bytes and files, noted by :meth:`_send`). Only a job's node signs its records,
         so no other node can publish one for it. None when nothing of it was sent lately or this
         node holds no zone key (the guard then keeps the job without archiving it)."""
         key = self.job_key(job)
         sent = self._sent_manifests.get(key)
         auth = ArchiveAuth.of(getattr(self.agent, "zone", None))
-        if self._archive_root() is None or sent is None or sent[0] != ckpt_name or auth is None:
+        if self.archive.root() is None or sent is None or sent[0] != ckpt_name or auth is None:
             return None
         body = owner_body("guard", {"key": key, "src_node": self.node_id, "src_job": job.id, "request": request},
                           ckpt_name, sent[1], sent[2], sent[3], time.time())
@@ -2479,7 +2442,7 @@ class ReclaimComponent(ArchiveMixin):
                 self.fence.tick(time.time())
                 self.vouch.tick(time.time())
                 self.prestage.tick(time.time())
-                self._archive_watch()
+                self.archive.tick(time.time())
                 self.replicas.recheck_guards(time.time())
                 await self.guarding.tick(time.time())
                 self.replicas.tick(time.time())
@@ -2645,7 +2608,7 @@ class ReclaimComponent(ArchiveMixin):
         # ``taken`` does. Before, the answer said only "released", and a source whose buddy had
         # changed (this guard was the old one) refused this node's ``superseded`` after it: a
         # fenced copy was thawed beside the placed one (bench/chaos.py --no-archive, seed 43)
-        placed = self._placed_as(key) if row is not None and row["state"] == "placed" else None
+        placed = self.archive.placed_as(key) if row is not None and row["state"] == "placed" else None
         with self.agent.store.tx() as db:
             ledger.move(db, key, custody.Event.RELEASE, counts=self.counts)  # a live guard only (the table)
         try:  # nothing here needs the key's checkpoints any more (but a local job resumed from one)
@@ -2809,7 +2772,7 @@ class ReclaimComponent(ArchiveMixin):
                 "ckpt": None if self.ckpt is None else {**self.ckpt.stats(), **cgroup_freeze_counts()},
                 # what the hazard learned here (departures announced or not, node-hours watched)
                 "evidence": self._evidence_status(),
-                "archive": self._archive_status(),
+                "archive": self.archive.status(),
                 # transfer connections refused: not from the roster address of the node they named
                 "transfer_wrong_source": 0 if self.receiver is None else self.receiver.wrong_source,
                 # transfer connections refused or cut by reason (off_roster, source_busy, slow, ...)

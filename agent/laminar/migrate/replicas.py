@@ -18,7 +18,7 @@ empty. The choice and a rename into ``<root>/replica-gc/`` run on the event loop
 endpoint's commits do (so no commit of the same key interleaves), the removal in a worker thread
 (what a stopped agent left there goes at the next start); a key whose take-over runs is left for
 later; links are removed as links, never followed; ``.tmp-*`` and ``incoming/`` (the endpoint's:
-``Receiver.sweep``) and the archive (:meth:`ReclaimComponent.archive_gc`) are never touched.
+``Receiver.sweep``) and the archive (:meth:`Sweep.sweep`) are never touched.
 Counted in the status as ``counts.replica_gc_ckpts``. A job of a user other than root resumes from
 its owner's view of a replica (``<state_dir>/RESUME_DIR/<key>/ckpt-<n>/``, hard links;
 :meth:`Replicas.resume_copy`), which counts as using the replica and goes once no local
@@ -119,7 +119,7 @@ from laminar.policy import custody
 from laminar.policy.endcause import RESUMED_BY_ITS_GUARD, EndCause
 
 if TYPE_CHECKING:
-    from laminar.migrate.archive import ArchiveLane
+    from laminar.migrate.archive import Archive
     from laminar.migrate.buddies import Prestage
     from laminar.migrate.guard import Guard
     from laminar.migrate.transfer import Receiver
@@ -185,9 +185,9 @@ def _tree_bytes(path: Path, budget: Budget | None = None) -> int:
 class ReplicasHost(Protocol):
     """What :class:`Replicas` uses of the component that holds it (ReclaimComponent and its parts)."""
 
-    _lane: ArchiveLane
     _superseding: set[str]
     agent: Any
+    archive: Archive
     counts: dict[str, int]
     evacuating: set[str]
     guarding: Guard
@@ -199,8 +199,6 @@ class ReplicasHost(Protocol):
 
     async def _control(self, node: int, op: str, body: Any, timeout: float = 5.0) -> Any: ...
     def _emit(self, message: str, **fields: Any) -> None: ...
-    def _archive_root(self) -> Path | None: ...
-    def _archive_runner(self, key: str) -> str | None: ...
     def _last_seen(self, node: int) -> float: ...
     def _spawn(self, coro: Any) -> asyncio.Task[Any]: ...
     @property
@@ -747,7 +745,7 @@ class Replicas:
         # the asker's word alone stops nothing: it guards the job here (its buddy, or the old buddy
         # still owed a release), or the archive names it the runner of its claim (read on the lane)
         vouched = guard
-        if not vouched and self.host._archive_root() is None:
+        if not vouched and self.host.archive.root() is None:
             return {"key": key, "stopped": None, "why": f"node {asker} neither guards {key} nor claimed it from "
                     "an archive: nothing here says it runs it"}
         self.host._superseding.add(job.id)
@@ -764,7 +762,7 @@ class Replicas:
         ``key``. Never raises."""
         try:
             if not vouched:
-                runner = await self.host._lane.call(f"who runs {key}", self.host._archive_runner, key)
+                runner = await self.host.archive.lane.call(f"who runs {key}", self.host.archive.runner, key)
                 if runner != str(node):
                     log.warning("migrate: node %d says it runs %s as %s, but it does not guard it and the archive "
                                 "names %s its runner: %s runs on", node, key, their, runner, job.id)
@@ -1165,7 +1163,7 @@ class Replicas:
         the files are root's and readable, copies otherwise and across filesystems); links and
         anything but regular files in ``path`` are refused. ``path`` itself for root's jobs (a
         checkpoint claimed from the archive is already fetched into RESUME_DIR for its owner:
-        :meth:`ArchiveMixin._fetch`).
+        :meth:`Claims.fetch`).
         Blocking (callers run it in a thread). Raises OSError."""
         if uid == 0:
             return path

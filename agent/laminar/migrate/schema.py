@@ -77,11 +77,11 @@ RECLAIM_SCHEMA = [
         announced REAL NOT NULL,
         deadline REAL NOT NULL)""",
     # A reclaimed job's copy to the archive that may go on past its window's wait (no holder, no
-    # buddy: the archive is its only keeper; ArchiveMixin._archive_until with ``late_ok``), written
+    # buddy: the archive is its only keeper; StoppedCopies.publish_until with ``late_ok``), written
     # before the copy starts: ``late`` 1 once the job is stopped for it (its wait over),
     # ``publishing`` 1 (written on the archive's thread, committed) right before its record is
     # renamed into place. A restart takes up a late copy of a job still ``reclaimed`` whose record
-    # was never put in place, and never publishes one twice (ArchiveMixin._restore_late_copies).
+    # was never put in place, and never publishes one twice (StoppedCopies.restore_late_copies).
     """CREATE TABLE IF NOT EXISTS migrate_late_copies (
         key TEXT PRIMARY KEY,
         job_id TEXT NOT NULL,

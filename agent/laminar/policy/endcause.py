@@ -78,7 +78,7 @@ STATE_OF: dict[EndCause, str] = {
 RESUMED_BY_ITS_GUARD = frozenset({EndCause.WINDOW_ENDED, EndCause.LOST_WITH_CGROUP})
 
 # A job stopped here for good by its node's reclaim, its checkpoint in no other node's keeping:
-# the copy to the archive a restart cut is taken up for it (migrate: ``_restore_late_copies``).
+# the copy to the archive a restart cut is taken up for it (migrate: ``StoppedCopies.restore_late_copies``).
 # Not one handed over or held elsewhere (another node runs or resumes it: a published copy would
 # run it twice).
 LATE_COPY_TAKEN_UP = frozenset({EndCause.ARCHIVED, EndCause.WINDOW_ENDED})
