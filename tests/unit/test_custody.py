@@ -130,13 +130,25 @@ def test_the_ledger_writes_a_guards_request_with_a_new_version_and_forgets_a_ret
     assert db.execute("SELECT COUNT(*) FROM migrate_retry").fetchone()[0] == 0
 
 
-# SQL that writes the state column of migrate_replicas or the row's version (``updated``, what
-# the ledger's ``if_updated`` compares): any INSERT into it or DELETE from it, or an UPDATE whose
-# SET (before its WHERE) names ``state`` or ``updated``. (An UPDATE of other columns only, e.g.
-# ``request``, is not one.)
+def test_the_ledger_notes_in_a_request_and_schedules_a_retry() -> None:
+    """A take-over's note of the placement it fenced, a withdrawn window's end dropped
+    (``note_request``: state and version as they were), and its retry schedule."""
+    db = _db()
+    assert ledger.move(db, "n2-job-1", E.GUARD, insert=INSERT, ckpt="ckpt-1", request="{}", updated=5.0) is S.GUARDING
+    ledger.note_request(db, "n2-job-1", {"fenced": 41})
+    row = db.execute("SELECT state, request, updated FROM migrate_replicas").fetchone()
+    assert (row["state"], json.loads(row["request"]), row["updated"]) == ("guarding", {"fenced": 41}, 5.0)
+    ledger.schedule_retry(db, "n2-job-1", 1, 30.0, "no room", "zone full", 6.0)
+    ledger.schedule_retry(db, "n2-job-1", 2, 90.0, "no room", "still full", 7.0)
+    assert db.execute("SELECT key, attempts, next_at, last_error, updated FROM migrate_retry").fetchall()[0][:] == (
+        "n2-job-1", 2, 90.0, "still full", 7.0)
+
+
+# SQL that writes migrate_replicas: any INSERT into it, DELETE from it or UPDATE of it (its state,
+# its version ``updated`` that the ledger's ``if_updated`` compares, or only its request).
 _WRITES = (re.compile(r"\bINSERT\b[^;]*?\bINTO\s+migrate_replicas\b", re.I | re.S),
            re.compile(r"\bDELETE\s+FROM\s+migrate_replicas\b", re.I),
-           re.compile(r"\bUPDATE\s+migrate_replicas\s+SET\b(?:(?!\bWHERE\b)[^;])*?\b(?:state|updated)\s*=", re.I | re.S))
+           re.compile(r"\bUPDATE\s+migrate_replicas\s+SET\b", re.I))
 # Writers left outside the ledger, each with why: none.
 ALLOWED: dict[str, str] = {}
 # The other custody tables, written whole by the ledger (laminar.migrate.ledger's move records,
@@ -148,9 +160,10 @@ _TABLES = "(?:" + "|".join(LEDGER_TABLES) + r")\b"
 _TABLE_WRITES = (re.compile(r"\bINSERT\b[^;]*?\bINTO\s+" + _TABLES, re.I | re.S),
                  re.compile(r"\bDELETE\s+FROM\s+" + _TABLES, re.I),
                  re.compile(r"\bUPDATE\s+" + _TABLES + r"\s+SET\b", re.I),
-                 # a take-over's retry schedule is forgotten by the ledger only (Effect.FORGET_RETRY,
-                 # ledger.forget_retry); the take-over schedules it (guard.py's INSERT)
-                 re.compile(r"\bDELETE\s+FROM\s+migrate_retry\b", re.I))
+                 # a take-over's retry schedule: scheduled (ledger.schedule_retry) and forgotten
+                 # (Effect.FORGET_RETRY, ledger.forget_retry) by the ledger only
+                 re.compile(r"\bDELETE\s+FROM\s+migrate_retry\b", re.I),
+                 re.compile(r"\bINSERT\b[^;]*?\bINTO\s+migrate_retry\b", re.I | re.S))
 # ... and where they may be written elsewhere, each with why.
 TABLE_ALLOWED = {"laminar/migrate/schema.py": "upgrade_moves copies an older agent's move records into "
                                               "migrate_moves at start, as they were (no move of any record)"}
@@ -184,9 +197,10 @@ def test_the_ledger_is_the_only_writer_of_a_replicas_state() -> None:
     assert found == [], "SQL writing migrate_replicas' state outside laminar/migrate/ledger.py:\n" + "\n".join(found)
     # and the check sees what it looks for
     src = ast.parse((PKG / "migrate" / "ledger.py").read_text())
-    assert len({line for line, t in _strings(src) if any(p.search(t) for p in _WRITES)}) == 4
+    assert len({line for line, t in _strings(src) if any(p.search(t) for p in _WRITES)}) == 5
     assert _WRITES[2].search("UPDATE migrate_replicas SET request=?, updated=? WHERE key=?")  # a new version
-    assert not _WRITES[2].search("UPDATE migrate_replicas SET request=? WHERE key=? AND updated=?")  # only read
+    assert _WRITES[2].search("UPDATE migrate_replicas SET request=? WHERE key=?")  # a note only
+    assert not _WRITES[2].search("UPDATE migrate_replicas_old SET request=?")  # a name that only begins so
 
 
 def test_the_ledger_is_the_only_writer_of_the_other_custody_tables() -> None:

@@ -679,7 +679,7 @@ class Guard:
                     stored = None
                 if isinstance(stored, dict):
                     stored["fenced"] = int(pid)
-                    db.execute("UPDATE migrate_replicas SET request=? WHERE key=?", (json.dumps(stored), key))
+                    ledger.note_request(db, key, stored)
         return int(pid)
 
     @staticmethod
@@ -1050,9 +1050,7 @@ class Guard:
         delay = self.retry.delay(attempts)
         now = time.time()
         with self.host.agent.store.tx() as tx:
-            tx.execute("INSERT INTO migrate_retry VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT(key) DO UPDATE SET "
-                       "attempts=excluded.attempts, next_at=excluded.next_at, last_error=excluded.last_error, "
-                       "updated=excluded.updated", (key, attempts + 1, now + delay, why, error, now))
+            ledger.schedule_retry(tx, key, attempts + 1, now + delay, why, error, now)
             ledger.move(tx, key, custody.Event.WAIT, counts=self.host.counts, updated=now)
         self.host.counts["retries"] += 1
         self.host._emit(f"{key}: no room for it yet ({error}); holding {path.name if path else 'its checkpoint'}, "

@@ -132,6 +132,22 @@ def set_request(db: sqlite3.Connection, key: str, request: Mapping[str, Any], *,
     return cur.rowcount == 1
 
 
+def note_request(db: sqlite3.Connection, key: str, request: Mapping[str, Any]) -> None:
+    """Writes ``request`` (stored as JSON) into the row of ``key``, its state and version
+    unchanged: a note a later reader of the row needs (the placement a take-over fenced, a
+    withdrawn reclaim's window gone), not a custody move."""
+    db.execute("UPDATE migrate_replicas SET request=? WHERE key=?", (json.dumps(request), key))
+
+
+def schedule_retry(db: sqlite3.Connection, key: str, attempts: int, next_at: float, why: str, error: str,
+                   updated: float) -> None:
+    """The retry schedule of ``key``'s take-over (``migrate_retry``): ``attempts`` so far, the
+    next look at ``next_at``."""
+    db.execute("INSERT INTO migrate_retry VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT(key) DO UPDATE SET "
+               "attempts=excluded.attempts, next_at=excluded.next_at, last_error=excluded.last_error, "
+               "updated=excluded.updated", (key, attempts, next_at, why, error, updated))
+
+
 def forget_retry(db: sqlite3.Connection, key: str, unless_replica: bool = False) -> None:
     """The retry schedule of ``key``'s take-over goes (``migrate_retry``; Effect.FORGET_RETRY);
     ``unless_replica``: only when ``key`` has no ``migrate_replicas`` row (the row GC's)."""

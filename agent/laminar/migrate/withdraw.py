@@ -359,7 +359,7 @@ class Withdraw:
                     continue
                 if isinstance(req, dict) and "window_end" in req:
                     req.pop("window_end")
-                    db.execute("UPDATE migrate_replicas SET request=? WHERE key=?", (json.dumps(req), row["key"]))
+                    ledger.note_request(db, str(row["key"]), req)
                     keys.append(str(row["key"]))
         self.host._emit(f"node {node} withdrew its reclaim: it is a candidate for moves again"
                         + (f"; {len(keys)} guards here no longer end with its window" if keys else ""),
