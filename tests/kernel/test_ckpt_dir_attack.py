@@ -347,7 +347,7 @@ def test_freezing_a_job_with_a_task_in_d_state_for_a_move_does_not_block_the_loo
                 stop = asyncio.Event()
                 tick = asyncio.ensure_future(ticker(stop))
                 t0 = time.monotonic()
-                mv = await asyncio.wait_for(c.move_now(job, "test: freeze a job in D state"), 120)
+                mv = await asyncio.wait_for(c.mover.move_now(job, "test: freeze a job in D state"), 120)
                 took = time.monotonic() - t0
                 stop.set()
                 await tick

@@ -60,7 +60,7 @@ def test_the_job_is_frozen_while_its_final_checkpoint_is_checked(tmp_path: Path,
             monkeypatch.setattr(R, "build_manifest", checked)
             asks = saves_when_asked(jobs, job, b"weights at step 9", 9)
             c = component(jobs)
-            mv = await asyncio.wait_for(c.move_now(job, "test: freeze before the check"), 120)
+            mv = await asyncio.wait_for(c.mover.move_now(job, "test: freeze before the check"), 120)
             assert mv.phase == "failed" and "no destination fits" in mv.error, mv
             assert asks == [job.id]  # one final checkpoint asked for, once
             assert mv.ckpt == "ckpt-9"  # the final checkpoint was the one chosen
@@ -88,14 +88,14 @@ def test_a_final_checkpoint_that_fails_its_check_ends_the_wait_and_the_last_one_
             c.s["ckpt_wait_s"] = 3600.0  # a frozen job saves no other: this is never waited out
             c._emit = lambda msg, **kw: events.append(msg)  # type: ignore[method-assign]
             frozen_during: list[bool] = []
-            real_rank = c.rank_for
+            real_rank = c.mover.rank_for
 
             def rank(*a: Any, **kw: Any) -> Any:
                 frozen_during.append(bool(job.cgroup.frozen()))
                 return real_rank(*a, **kw)
 
-            c.rank_for = rank  # type: ignore[method-assign]
-            mv = await asyncio.wait_for(c.move_now(job, "test: a bad final checkpoint"), 120)
+            c.mover.rank_for = rank  # type: ignore[method-assign]
+            mv = await asyncio.wait_for(c.mover.move_now(job, "test: a bad final checkpoint"), 120)
             assert mv.phase == "failed" and "no destination fits" in mv.error, mv
             assert mv.ckpt == "ckpt-5", mv  # the last verified one, not the corrupt final one
             assert frozen_during == [True]

@@ -202,10 +202,10 @@ def test_prestage_is_judged_over_the_jobs_that_share_the_window(tmp_path: Path) 
             await comp.ckpt.verify_new()
             alone = SimpleNamespace(active=lambda: jobs[1:])
             agent.jobs = alone
-            assert not comp._should_prestage(jobs[1])  # alone on the node it fits the window
+            assert not comp.checkpoints.should_prestage(jobs[1])  # alone on the node it fits the window
             agent.jobs = SimpleNamespace(active=lambda: jobs)
-            assert not comp._should_prestage(jobs[0])  # the smaller leaves first: fits
-            assert comp._should_prestage(jobs[1])  # behind it, the larger does not: prestaged
+            assert not comp.checkpoints.should_prestage(jobs[0])  # the smaller leaves first: fits
+            assert comp.checkpoints.should_prestage(jobs[1])  # behind it, the larger does not: prestaged
         finally:
             await comp.stop()
             agent.store.db.close()

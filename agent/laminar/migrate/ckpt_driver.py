@@ -629,7 +629,7 @@ class CkptDriver:
         listing awaiting the first one's. ``manifest``: the check is the transfer manifest's
         build (jobkit's check of each file beside the chunks' hashes, in the same read; the
         reclaim component's ``_newest_checked``) so that the prestage sends with it; None: when
-        the component prestages the job (``_prestage_manifest``). Before, the driver's check and
+        the component prestages the job (``Checkpoints.prestage_manifest``). Before, the driver's check and
         the prestage's build each read every checkpoint whole."""
         import asyncio
 
@@ -649,11 +649,11 @@ class CkptDriver:
                 return (cached[1], None) if keep and cached is not None else (None, None)
             return newest, built
         if manifest is None:
-            wants = getattr(self.comp, "_prestage_manifest", None)
+            wants = getattr(getattr(self.comp, "checkpoints", None), "prestage_manifest", None)
             manifest = bool(wants is not None and wants(job))
         names = listing.paths()
         settings = self.s
-        build = (lambda p: self.comp._checked_manifest(job, p)) if manifest else None
+        build = (lambda p: self.comp.checkpoints.checked_manifest(job, p)) if manifest else None
         fut = asyncio.ensure_future(self.lane.run(getattr(job, "owner_uid", 0), check_newest, names, settings, build,
                                                   timeout_s=float(settings.get("verify_timeout_s", VERIFY_TIMEOUT_S)) + 5.0))
         self._checking[job.id] = (key, manifest, fut)
