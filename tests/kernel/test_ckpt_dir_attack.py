@@ -236,7 +236,7 @@ def test_a_resume_froms_sparse_manifest_is_refused_unread_by_the_owners_check(tm
     hashed whole, minutes to hours of a worker thread (stopped only when the read made no
     progress at all). Refused unread now."""
     from laminar import jobkit
-    from laminar.migrate.reclaim import verify_as_owner
+    from laminar.migrate.owner_check import verify_as_owner
 
     p = jobkit.Checkpointer("j", tmp_path / "ck", install_signal=False).save(b"x", step=1)
     size = 512 << 30

@@ -339,8 +339,9 @@ class Releaser(Mover):
     """:class:`Mover` whose checkpoint transfer, guard messages and guard releases are the real
     ones (to node 2's real transfer endpoint, :func:`start_node2_migrate`)."""
 
-    _send = Mover.send
-    _guard = Mover.send_guard
+    def __init__(self) -> None:
+        super().__init__()
+        del self.mover.send, self.mover.send_guard  # the part's own again
 
     async def _release(self, node: int, key: str) -> None:  # the part's own (Mover's sends them here)
         await Prestage.release(self.prestage, node, key)

@@ -89,12 +89,15 @@ def zone_settings(tmp: Path) -> tuple[dict[str, Any], dict[str, Any]]:
 
 
 class Mover(ReclaimComponent):
-    """The real component; stand-ins for the ranking, the transfer and the guard (module docs):
-    its part ``prestage`` sends its guard releases to :meth:`_release`."""
+    """The real component; stand-ins for the ranking, the transfer and the guard (module docs) in
+    its part ``mover``; its part ``prestage`` sends its guard releases to :meth:`_release`."""
 
     def __init__(self) -> None:
         super().__init__()
         self.prestage.release = self._release  # type: ignore[method-assign]
+        self.mover.rank_for = self.rank_for  # type: ignore[method-assign]
+        self.mover.send = self._send  # type: ignore[method-assign]
+        self.mover.send_guard = self._guard  # type: ignore[method-assign]
 
     def rank_for(self, job: Any, ckpt_bytes: float, window_s: float | None, prestaged: bool) -> list[Any]:
         return [SimpleNamespace(candidate=SimpleNamespace(node="2"), feasible=True, expected_loss_s=0.0, reasons=())]

@@ -17,6 +17,7 @@ import asyncio
 import contextlib
 import math
 import sys
+import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 from types import SimpleNamespace
@@ -130,18 +131,18 @@ def test_a_gpu_job_without_a_checkpoint_is_planned_with_the_gpu_memory_its_proce
 
             monkeypatch.setattr(gpus, "nvml_process_memory", fake_nvml)
             comp.checkpoints._gpu_mem_at = -math.inf  # (the watch's round at start looked: no GPU job then)
-            await comp.checkpoints.tick()  # the watch's round: NVML read in a worker thread
+            await comp.checkpoints.tick(time.time())  # the watch's round: NVML read in a worker thread
             assert len(nvml_calls) == 1
             size = comp.checkpoints.ckpt_bytes(gpu)
             assert 3 << 30 <= size < (3 << 30) + 64 * MB, size  # its GPU memory, not another pid's
             assert comp.checkpoints.ckpt_bytes(cpu) == DEFAULT_CKPT_BYTES  # no GPU
             assert len(nvml_calls) == 1  # the plan reads the last round's figures, never NVML itself
 
-            await comp.checkpoints.tick()
+            await comp.checkpoints.tick(time.time())
             assert len(nvml_calls) == 1  # not read again within GPU_MEM_EVERY_S
             comp.checkpoints._gpu_mem_at = -math.inf
             monkeypatch.setattr(gpus, "nvml_process_memory", lambda: {})  # NVML unreadable
-            await comp.checkpoints.tick()
+            await comp.checkpoints.tick(time.time())
             assert comp.checkpoints.ckpt_bytes(gpu) == DEFAULT_CKPT_BYTES  # the cgroup's alone, as before
 
             assert gpu.ckpt_dir is not None  # once it has checkpointed, NVML is not read at all
@@ -150,7 +151,7 @@ def test_a_gpu_job_without_a_checkpoint_is_planned_with_the_gpu_memory_its_proce
             await comp.ckpt.verify_new()  # the driver's round: the checkpoint listed and checked
             comp.checkpoints._gpu_mem_at = -math.inf
             monkeypatch.setattr(gpus, "nvml_process_memory", fake_nvml)
-            await comp.checkpoints.tick()
+            await comp.checkpoints.tick(time.time())
             assert len(nvml_calls) == 1 and MB <= comp.checkpoints.ckpt_bytes(gpu) < 2 * MB
 
     asyncio.run(main())

@@ -84,11 +84,11 @@ if TYPE_CHECKING:
     from laminar.migrate.buddies import Prestage
     from laminar.migrate.checkpoints import Checkpoints
     from laminar.migrate.ckpt_driver import CkptDriver
+    from laminar.migrate.evidence import Evidence
     from laminar.migrate.guard import Guard
     from laminar.migrate.holders import Holders
     from laminar.migrate.mover import Mover
     from laminar.migrate.replicas import Replicas
-    from laminar.policy.notice import NoticeOdds
 
 log = logging.getLogger("laminar.migrate")
 
@@ -111,7 +111,7 @@ class ArchiveHost(Protocol):
     holders: Holders
     moves: dict[str, Any]
     mover: Mover
-    notice_odds: NoticeOdds
+    evidence: Evidence
     notices: dict[int, tuple[float, float]]
     prestage: Prestage
     reclaim: dict[str, Any] | None

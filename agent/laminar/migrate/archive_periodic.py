@@ -159,7 +159,7 @@ class PeriodicCopies:
         while departures without notice are plausible (a job whose node and buddy both leave
         without notice then rolls back only to its last periodic checkpoint)."""
         return (self.archive.root() is not None
-                and unannounced_plausible(self.host.notice_odds.unannounced_frac, float(self.host.s["prestage_unannounced"])))
+                and unannounced_plausible(self.host.evidence.notice_odds.unannounced_frac, float(self.host.s["prestage_unannounced"])))
 
     def publish_live(self, key: str, ckpt: Path, record: dict[str, Any]) -> Path | None:
         """Copies the committed periodic checkpoint ``ckpt`` of the running job ``key`` into the

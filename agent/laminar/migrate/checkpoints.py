@@ -1,4 +1,18 @@
-"""PART checkpoints DOC"""
+"""The jobs' checkpoints as a move sees them (:class:`Checkpoints`, a part of
+:class:`laminar.migrate.reclaim.ReclaimComponent`: its ``checkpoints``).
+
+A move and a prestage need a job's newest verified checkpoint and its transfer manifest, built
+in one read beside the check of the job's own manifest (:meth:`Checkpoints.checked_manifest`):
+by way of the checkpoint driver's check of the job's listing when there is one
+(:meth:`Checkpoints.newest_checked_once`, :meth:`Checkpoints.driver_checked`), else listed and
+checked here, off the loop, in the job's owner's lane (:meth:`Checkpoints.check_now`,
+:meth:`Checkpoints.tools`); a move waits for the new checkpoint it asked for
+(:meth:`Checkpoints.wait_new`). The plan's size of a job that has not checkpointed yet is the
+memory it holds, GPU memory included (:meth:`Checkpoints.ckpt_bytes`; NVML read in
+:meth:`Checkpoints.tick`, at most every GPU_MEM_EVERY_S). Whether a job prestages is the pure
+rule :func:`laminar.policy.prestage.should_prestage`, given its facts here
+(:meth:`Checkpoints.should_prestage`).
+"""
 
 from __future__ import annotations
 
@@ -14,14 +28,8 @@ from laminar import jobkit
 from laminar.airlock.cgroups import CgroupError
 from laminar.migrate import ckpt_driver
 from laminar.migrate.constants import DEFAULT_CKPT_BYTES
-from laminar.migrate.evidence import NoticeOdds
 from laminar.migrate.mover import _same_files
-from laminar.migrate.transfer import (
-    DEFAULT_CHUNK,
-    Manifest,
-    TransferError,
-    build_manifest,
-)
+from laminar.migrate.transfer import DEFAULT_CHUNK, Manifest, TransferError, build_manifest
 from laminar.offloop import Lane, LaneBusy
 from laminar.policy import prestage
 from laminar.runtime.ckpt_scan import CkptScanner
@@ -29,6 +37,7 @@ from laminar.runtime.ckpt_scan import CkptScanner
 if TYPE_CHECKING:
     from laminar.migrate.ckpt_driver import CkptDriver
     from laminar.migrate.evacuation import Evacuation
+    from laminar.migrate.evidence import Evidence
 
 log = logging.getLogger("laminar.migrate")
 
@@ -43,10 +52,10 @@ class CheckpointsHost(Protocol):
     """What :class:`Checkpoints` uses of the component that holds it (ReclaimComponent and its parts)."""
 
     agent: Any
+    evidence: Evidence
     ckpt: CkptDriver | None
     evacuating: set[str]
     evacuation: Evacuation
-    notice_odds: NoticeOdds
     s: dict[str, Any]
 
     def job_key(self, job: Any) -> str: ...
@@ -55,7 +64,8 @@ class CheckpointsHost(Protocol):
 
 
 class Checkpoints:
-    """PART CLASS DOC. ``host``: the component."""
+    """A move's view of the jobs' checkpoints, and their planning sizes (see the module's doc): a part of
+    :class:`laminar.migrate.reclaim.ReclaimComponent` (its ``checkpoints``). ``host``: the component."""
 
     def __init__(self, host: CheckpointsHost) -> None:
         self.host = host
@@ -89,7 +99,7 @@ class Checkpoints:
 
     def _gpu_memory(self, cg: Any) -> int:
         """GPU memory (bytes) NVML attributed to the processes in the cgroup ``cg`` at its last
-        read (:meth:`_gpu_memory_round`; never NVML itself here: this runs on the event loop, and
+        read (:meth:`tick`; never NVML itself here: this runs on the event loop, and
         an NVML init can take a driver's start-up); 0 where NVML or the cgroup cannot tell (the
         plan then goes by the cgroup's memory alone)."""
         try:
@@ -98,10 +108,11 @@ class Checkpoints:
             return 0
         return sum(v for pid, v in self._gpu_mem.items() if pid in pids)
 
-    async def tick(self) -> None:
+    async def tick(self, now: float) -> None:
         """Reads NVML's GPU memory per process, in a worker thread, at most every
-        GPU_MEM_EVERY_S, and only while a job with GPUs has no checkpoint yet (the one case
-        :meth:`_ckpt_bytes` needs it)."""
+        GPU_MEM_EVERY_S (by the monotonic clock; ``now``, the watch's wall clock, is not read), and
+        only while a job with GPUs has no checkpoint yet (the one case
+        :meth:`ckpt_bytes` needs it)."""
         jobs = getattr(self.host.agent, "jobs", None)
         if jobs is None or time.monotonic() - self._gpu_mem_at < GPU_MEM_EVERY_S:
             return
@@ -120,7 +131,7 @@ class Checkpoints:
             return prestage.should_prestage(mode, False)
         w = float(self.host.s["expected_notice_s"])
         return prestage.should_prestage(mode, lambda: self.host.evacuation.fits_window(job, w), window_s=w,
-                                        unannounced_frac=self.host.notice_odds.unannounced_frac,
+                                        unannounced_frac=self.host.evidence.notice_odds.unannounced_frac,
                                         unannounced_threshold=float(self.host.s["prestage_unannounced"]))
 
     async def wait_new(self, job: Any, after: Path | None, timeout: float,

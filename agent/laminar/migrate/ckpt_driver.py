@@ -489,8 +489,8 @@ class CkptDriver:
         window = 0.0 if s["prestage"] == "always" else float(s["expected_notice_s"])
         lo = float(s["min_interval_s"])
         hi = max(lo, float(s["max_interval_s"]))
-        plans = cs.plan(jobs, self.comp.hazards["default"], now, self.link_bps, window, lo, hi,
-                        unannounced_frac=self.comp.notice_odds.unannounced_frac,
+        plans = cs.plan(jobs, self.comp.evidence.hazards["default"], now, self.link_bps, window, lo, hi,
+                        unannounced_frac=self.comp.evidence.notice_odds.unannounced_frac,
                         margin=float(s["notice_margin"]), prestage=s["prestage"] != "off")
         for t in tracks:
             t.plan = plans.get(t.job_id)
@@ -557,11 +557,11 @@ class CkptDriver:
         """Records ``t0 .. t1`` as exposure of the nodes whose departures are counted here: this
         node stops counting once its reclaim is announced (its departure was counted then, and
         a node that has departed cannot depart again), its live peers go on."""
-        nodes = float(self.comp.exposed_nodes())
+        nodes = float(self.comp.evidence.exposed_nodes())
         if self.comp.reclaim is not None:
             nodes = max(0.0, nodes - 1.0)
         if nodes > 0:
-            self.comp.observe_exposure(t0, t1, nodes)
+            self.comp.evidence.observe_exposure(t0, t1, nodes)
 
     def _signal(self, job: Any, t: Track, now: float) -> bool:
         p = t.plan

@@ -1,4 +1,18 @@
-"""PART control DOC"""
+"""The control ops other nodes send this one (:class:`Control`, a part of
+:class:`laminar.migrate.reclaim.ReclaimComponent`: its ``control``), and who may send them.
+
+The transfer endpoint hands each authenticated control message to :meth:`Control.answer`: the
+body must be an object and the asker a node id; the op is looked up in one table
+(:attr:`Control.OPS`: op to handler, in the order an unknown op's answer lists them); a
+``reclaim`` or ``reclaim-cancel`` comes only from a node in ``migrate.reclaim_from``
+(:func:`laminar.zone.authority.node_op_refusal`), and a reclaim's notice, cancel or withdrawal
+only when dated within CONTROL_DATED_S of this node's clock (:meth:`Control.check_dated`).
+The handlers ask :mod:`laminar.zone.authority` who may speak for a job key (a guard, a
+release, an offer of a checkpoint: :meth:`Control.may_offer`), count the refusals
+(:meth:`Control.refusals`: the zone's, else its own) and answer with the other parts' answers
+(``superseded``, ``needs``, ``dropped``, ``taken``, ``heard``). A guard message's instants are
+read in this node's clock (:func:`_in_own_clock`).
+"""
 
 from __future__ import annotations
 
@@ -13,21 +27,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
 from laminar.migrate import ledger
-from laminar.migrate.buddies import Prestage
-from laminar.migrate.constants import (
-    valid_ckpt_name,
-    valid_key,
-)
+from laminar.migrate.constants import valid_ckpt_name, valid_key
 from laminar.migrate.errors import MigrateError
 from laminar.migrate.evacuation import parse_duration
-from laminar.migrate.fence import Fence
-from laminar.migrate.guard import Guard
-from laminar.migrate.replicas import Replicas
-from laminar.migrate.transfer import (
-    Receiver,
-)
-from laminar.migrate.vouch import Vouch
-from laminar.migrate.withdraw import Withdraw
 from laminar.policy import custody
 from laminar.zone import authority as au
 
@@ -38,6 +40,7 @@ if TYPE_CHECKING:
     from laminar.migrate.fence import Fence
     from laminar.migrate.guard import Guard
     from laminar.migrate.replicas import Replicas
+    from laminar.migrate.transfer import Receiver
     from laminar.migrate.vouch import Vouch
     from laminar.migrate.withdraw import Withdraw
 
@@ -51,6 +54,7 @@ CONTROL_DATED_S = 60
 RECLAIM_FROM_OPS = ("reclaim", "reclaim-cancel")
 
 GUARD_INSTANTS = ("window_end", "not_before")  # wall-clock instants a guard message's request carries
+
 
 def _in_own_clock(body: dict[str, Any]) -> dict[str, Any]:
     """A guard message's request with its instants (GUARD_INSTANTS: the end of the source's
@@ -105,7 +109,8 @@ class ControlHost(Protocol):
 
 
 class Control:
-    """PART CLASS DOC. ``host``: the component."""
+    """The control ops table and its handlers, and who may speak for a job key (see the module's doc): a
+    part of :class:`laminar.migrate.reclaim.ReclaimComponent` (its ``control``). ``host``: the component."""
 
     def __init__(self, host: ControlHost) -> None:
         self.host = host
@@ -134,7 +139,7 @@ class Control:
         return self.guard_held(key)[0]
 
     def guard_held(self, key: str) -> tuple[int | None, str | None]:
-        """(:meth:`_guard_holder`, the row's state; None when there is no row)."""
+        """(:meth:`guard_holder`, the row's state; None when there is no row)."""
         db = self.host.agent.store.db
         row = db.execute("SELECT src_node, state FROM migrate_replicas WHERE key=?", (key,)).fetchone()
         if row is None or str(row["state"]) not in au.BINDING_STATES:
@@ -157,7 +162,7 @@ class Control:
 
     def answer(self, node: str, op: str, body: Any) -> Any:
         """A control operation from another node (``node``: its id, as the transfer endpoint's
-        hello gave it): answered by its handler in :attr:`_CONTROL_OPS`. Raises ValueError for a
+        hello gave it): answered by its handler in :attr:`OPS`. Raises ValueError for a
         body that is not an object, an asker that is not a node id, or an unknown op; a
         ``reclaim`` or ``reclaim-cancel`` from a node not in ``migrate.reclaim_from`` is refused."""
         # an authenticated message from a roster member (its hello's node, checked against its
@@ -221,7 +226,7 @@ class Control:
         return {"guarding": key}
 
     def _op_space(self, node: str, asker: int, body: dict[str, Any]) -> Any:
-        """May this node hold a checkpoint? (storage holders, _hold)"""
+        """May this node hold a checkpoint? (storage holders: Holders.hold)"""
         assert self.host.root is not None
         assert self.host.receiver is not None
         # what an offer may take now (the free space less what transfers in progress still

@@ -189,7 +189,7 @@ async def place_queued_elsewhere(mig: Any, deadline: Callable[[], float], skip: 
     """Until ``deadline()`` (monotonic; read each round: a shorter window replaces it): place each job queued on this node through the zone
     and take it out of this node's queue once placed (see the module's doc). ``mig`` is the
     migration component (``agent``, ``node_id``, ``job_key``, ``_need``, ``_emit``, ``counts``,
-    ``_note_move``, ``_forget_move``). ``skip``: jobs never placed (their placement before a
+    ``evacuation.note_move``, ``evacuation.forget_move``). ``skip``: jobs never placed (their placement before a
     restart was not settled). Never raises."""
     jobs = getattr(mig.agent, "jobs", None)
     zone = getattr(mig.agent, "zone", None)

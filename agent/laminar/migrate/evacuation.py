@@ -1,4 +1,29 @@
-"""PART evacuation DOC"""
+"""This node's reclaim: the evacuation within a notice window (:class:`Evacuation`, a part of
+:class:`laminar.migrate.reclaim.ReclaimComponent`: its ``evacuation``).
+
+:meth:`Evacuation.announce` takes an owner's notice (``laminarctl reclaim``, ``POST /v1/reclaim``),
+or forwards it to another node's agent; :meth:`Evacuation.start` stores the window and begins it:
+the queue held, the node drained in the zone, the kill-switch armed for the window's end, the
+plan of :func:`laminar.policy.ckpt_schedule.notice_schedule` run one move per job
+(:meth:`laminar.migrate.mover.Mover.move`), the guards this node holds passed on
+(:meth:`laminar.migrate.holders.Holders.pass_guards`), and at the window's end whatever still
+runs stopped (state ``reclaimed``). :meth:`Evacuation.cancel` withdraws it
+(:meth:`laminar.migrate.withdraw.Withdraw.cancel_reclaim`). The reclaim's own move records
+(``migrate_moves``, cause ``reclaim``: :meth:`Evacuation.note_move`, :meth:`Evacuation.forget_move`,
+:meth:`Evacuation.move_phases`) say what a restart must not do twice.
+
+The reclaim is stored with its window's end in wall-clock time (table ``migrate_reclaim``) and by
+the boot's clock (:func:`drain.window_left`: a step of the wall clock does not move it): an
+agent restarted inside the window restores it (queue hold, draining, kill-switch, the evacuation
+of what has not moved; nothing that must not run twice runs twice: :meth:`Evacuation._begin`),
+and one started after the window ended clears it (the owner gave the node back), with an event.
+
+
+The state it shares with the other parts stays on the component: ``reclaim`` (this node's
+reclaim in progress), ``notices`` (the peers'), ``evacuating`` and ``moves``. It keeps the
+prestage rule's fit of every job's final checkpoint in a notice window
+(:meth:`Evacuation.fits_window`, by :func:`laminar.policy.ckpt_schedule.notice_fit`).
+"""
 
 from __future__ import annotations
 
@@ -10,15 +35,9 @@ import time
 from typing import TYPE_CHECKING, Any, Protocol
 
 from laminar.migrate import drain, ledger
-from laminar.migrate.constants import (
-    WINDOW_ENDED,
-)
+from laminar.migrate.constants import WINDOW_ENDED
 from laminar.migrate.errors import MigrateError
-from laminar.migrate.fence import Fence
-from laminar.migrate.transfer import (
-    TransferError,
-)
-from laminar.migrate.withdraw import Withdraw
+from laminar.migrate.transfer import TransferError
 from laminar.policy import ckpt_schedule as cs
 from laminar.policy import moves as mp
 from laminar.policy.endcause import EndCause
@@ -27,6 +46,7 @@ from laminar.runtime.holds import Hold, Holds
 if TYPE_CHECKING:
     from laminar.migrate.archive import Archive
     from laminar.migrate.checkpoints import Checkpoints
+    from laminar.migrate.evidence import Evidence
     from laminar.migrate.fence import Fence
     from laminar.migrate.holders import Holders
     from laminar.migrate.mover import Move, Mover
@@ -40,6 +60,7 @@ DEFAULT_CKPT_PAUSE_S = 2.0
 # The prestage rule's fit of all jobs' final checkpoints in a notice window is computed at most
 # this often (a prestage round is every poll_s; the sizes it reads change at commits only).
 PRESTAGE_FIT_S = 0.25
+
 
 def parse_duration(v: Any) -> float:
     """60, 60.0, "60", "60s", "2m", "1h" -> seconds. Raises ValueError naming the value (cut:
@@ -77,6 +98,7 @@ class EvacuationHost(Protocol):
     _drain_task: asyncio.Task[Any] | None
     agent: Any
     archive: Archive
+    evidence: Evidence
     checkpoints: Checkpoints
     ckpt_latency: dict[str, float]
     counts: dict[str, int]
@@ -96,11 +118,11 @@ class EvacuationHost(Protocol):
     def _spawn(self, coro: Any) -> asyncio.Task[Any]: ...
     @property
     def node_id(self) -> int: ...
-    def observe_departure(self, ts: float, announced: bool) -> None: ...
 
 
 class Evacuation:
-    """PART CLASS DOC. ``host``: the component."""
+    """This node's reclaim, its window and its plan (see the module's doc): a part of
+    :class:`laminar.migrate.reclaim.ReclaimComponent` (its ``evacuation``). ``host``: the component."""
 
     def __init__(self, host: EvacuationHost) -> None:
         self.host = host
@@ -157,7 +179,7 @@ class Evacuation:
     def start(self, notice_s: float, reason: str) -> dict[str, Any]:
         """Plans and starts the evacuation of this node (idempotent while one runs: the earlier
         window stays, a shorter one replaces it). Stored (``migrate_reclaim``) so that an agent
-        restarted inside the window restores it (:meth:`_restore_reclaim`)."""
+        restarted inside the window restores it (:meth:`restore`)."""
         now = time.time()
         end = now + notice_s
         if self.host.reclaim is not None and not self.host.reclaim["task"].done():
@@ -175,14 +197,14 @@ class Evacuation:
             db.execute("INSERT INTO migrate_reclaim VALUES (?, ?, ?, ?, ?)", (self.host.node_id, notice_s, reason, now, end))
         drain.note_window(self.host.agent.store, now, notice_s)  # the end by the boot's clock: a wall-clock step moves it not
         self.host.agent.store.del_meta(drain.CANCEL_META)  # a cancel under way is superseded: a restart restores this one
-        self.host.observe_departure(now, announced=True)
+        self.host.evidence.observe_departure(now, announced=True)
         self._begin(notice_s, reason, now, end, restored=False)
         return self.status()
 
     def restore(self) -> None:
         """At start: a stored reclaim whose window is still open is restored (the queue hold,
         draining in the zone, the kill-switch armed for the window's end, the evacuation of what
-        has not moved; :meth:`_begin_reclaim`); one whose window ended is cleared (the owner took
+        has not moved; :meth:`_begin`); one whose window ended is cleared (the owner took
         the node and gave it back: it is a node again), with a ``migrate`` event saying so."""
         db = self.host.agent.store.db
         row = db.execute("SELECT * FROM migrate_reclaim").fetchone()

@@ -34,7 +34,7 @@ component's watch loop calls :meth:`Guard.tick` each round (after
 :meth:`laminar.migrate.replicas.Replicas.tick`). The other parts and the component ask it
 :meth:`Guard.source_dead`, :meth:`Guard.missed_news`, :meth:`Guard.runs_here`, and hand jobs over
 through :meth:`Guard.handover`; the zone asks :meth:`Guard.taken_over_as`. It is named
-``guarding`` because the component's ``_guard`` sends a guard to a buddy (the other side).
+``guarding`` because the mover's ``send_guard`` sends a guard to a buddy (the other side).
 """
 
 from __future__ import annotations
@@ -979,7 +979,7 @@ class Guard:
         Raises MigrateError when it does not start the job.
 
         ``confirm`` (a move's: its job is frozen here): once the frame may have reached ``node``
-        (``sent``: it may have before this call, as for a restart's :meth:`_settle_cut_move`),
+        (``sent``: it may have before this call, as for a restart's :meth:`Mover.settle_cut`),
         no answer is never taken for a refusal (the node may run the job: a thaw here or a
         hand-over elsewhere would run it twice). The same hand-over is sent again, at most
         HANDOVER_ASK_MAX_S apart, until ``node`` answers: it is idempotent by placement id there,

@@ -1,4 +1,21 @@
-"""PART holders DOC"""
+"""Storage holders and guards passed on (:class:`Holders`, a part of
+:class:`laminar.migrate.reclaim.ReclaimComponent`: its ``holders``).
+
+**No room anywhere: storage holders.** When no peer can run a job during the window (none has
+the GPUs, memory or CPUs free, or every reservation is refused), its final checkpoint still
+leaves the node: the agent asks the live peers for their free disk (control message ``space``,
+less their ``holder_reserve_mb``), ranks them with :func:`laminar.policy.holder.choose_holder`
+(disk, transfer vs what is left of the window, survival, the job's buddy first at equal
+odds), sends the checkpoint to the best one (same transfer, shaped to the window), stops the
+job (state ``reclaimed``, ``work_lost_s`` = time trained after the checkpoint) and hands that
+peer the guard with ``take_over``. The move's phase is ``held``. Prestaging uses a holder too
+when no peer has room (the buddy then only stores the replicas).
+
+**A guard reclaimed.** A guard that is itself reclaimed passes every job it holds for a
+stopped source (``waiting``, or ``take_over``) on to the best holder among its live peers
+(state ``passed``: :meth:`Holders.pass_guards`). With ``archive_dir`` the archive keeps what no live peer can
+(:mod:`laminar.migrate.archive`). The part holds no state of its own.
+"""
 
 from __future__ import annotations
 
@@ -14,16 +31,9 @@ from laminar import jobkit
 from laminar.airlock.cgroups import set_frozen_async
 from laminar.migrate.archive_lane import ArchiveWait
 from laminar.migrate.archive_stopped import ARCHIVE_WAIT_MARGIN_S
-from laminar.migrate.buddies import Prestage
 from laminar.migrate.errors import MigrateError
-from laminar.migrate.guard import Guard
 from laminar.migrate.mover import MOVE_SILENT_RETRIES
-from laminar.migrate.transfer import (
-    PeerSilentError,
-    TransferError,
-    latest_verified,
-    send_checkpoint,
-)
+from laminar.migrate.transfer import PeerSilentError, TransferError, latest_verified, send_checkpoint
 from laminar.policy import custody
 from laminar.policy import destination as dst
 from laminar.policy.endcause import EndCause
@@ -37,8 +47,6 @@ if TYPE_CHECKING:
     from laminar.migrate.mover import Move, Mover
 
 log = logging.getLogger("laminar.migrate")
-
-
 
 
 class HoldersHost(Protocol):
@@ -67,7 +75,9 @@ class HoldersHost(Protocol):
 
 
 class Holders:
-    """PART CLASS DOC. ``host``: the component."""
+    """No room anywhere: storage holders, and the guards this node passes on when it is reclaimed
+    (see the module's doc): a part of :class:`laminar.migrate.reclaim.ReclaimComponent` (its ``holders``).
+    ``host``: the component."""
 
     def __init__(self, host: HoldersHost) -> None:
         self.host = host
@@ -200,7 +210,7 @@ class Holders:
                                                  mark=(lambda: self.host.archive.stopped.late_mark(key)) if late_ok else None, wait=aw)
             except asyncio.CancelledError:
                 if aw is not None and aw.given_up:
-                    self.host.archive.stopped.late_row_drop(key)  # nothing is published: the job is thawed (_move)
+                    self.host.archive.stopped.late_row_drop(key)  # nothing is published: the job is thawed (Mover.move)
                 elif aw is not None:  # its record was being put in place: the job stays frozen, stopped
                     self.host._archive_keeps.add(job.id)  # by the window's end, a new plan or a restart
                 raise
@@ -230,7 +240,7 @@ class Holders:
                 if late_ok:
                     self.host.archive.stopped.late_row_drop(key)
                 raise
-            self.host._archive_keeps.add(job.id)  # cut in the stop, the job is not thawed (_move): the archive resumes it
+            self.host._archive_keeps.add(job.id)  # cut in the stop, the job is not thawed (Mover.move): the archive resumes it
             lost = max(0.0, self.host.mover.frozen_at.pop(job.id, time.time()) - ckpt.stat().st_mtime)
             with contextlib.suppress(Exception):
                 await self.host.agent.jobs.stop(job.id, f"node {self.host.node_id} reclaimed with no room and no holder in the "

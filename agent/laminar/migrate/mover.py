@@ -1,4 +1,26 @@
-"""PART mover DOC"""
+"""One move of one job (:class:`Mover`, a part of :class:`laminar.migrate.reclaim.ReclaimComponent`:
+its ``mover``): checkpoint, freeze, rank the destinations, reserve one through the zone, send
+the checkpoint, hand the guard and then the job over, stop it here (:meth:`Mover.move`). A
+reclaim's moves have its window (:mod:`laminar.migrate.evacuation`); a loan return's
+(:meth:`Mover.move_now`) and Airlock's re-address (:meth:`Mover.readdress`) have none. When no
+peer can run the job during a window, :meth:`laminar.migrate.holders.Holders.hold` keeps its
+checkpoint off the node.
+
+**A move cut during its hand-over.** Once a hand-over's frame may have reached the destination, no
+answer is never taken for a refusal (:meth:`Guard.handover` with ``confirm``): the
+same hand-over (idempotent by placement id there) is sent again until the destination says
+whether it runs the job, which stays frozen here meanwhile; then it is stopped here (it runs
+there) or thawed (it does not). A move without a window (a loan return's :meth:`Mover.move_now`,
+Airlock's :meth:`Mover.readdress`) is recorded before its freeze and before its
+hand-over (table ``migrate_moves``), so a restart settles one the agent's stop or crash cut
+the same way (:meth:`Mover.restore`): never frozen for good, never two
+copies, never none.
+
+The job ids being moved (``evacuating``) and each job's latest move (``moves``, a
+:class:`Move`) are the component's, which the other parts read; the mover keeps when it froze
+each job (``frozen_at``) and the manifests it last sent (``_sent_manifests``, for
+:meth:`Mover.send_guard`'s presigned record).
+"""
 
 from __future__ import annotations
 
@@ -18,20 +40,8 @@ from typing import TYPE_CHECKING, Any, Protocol
 from laminar import jobkit
 from laminar.migrate import ckpt_driver, ledger
 from laminar.migrate.archive_auth import PRESIGNED, ArchiveAuth, manifest_digest, owner_body
-from laminar.migrate.buddies import Prestage
-from laminar.migrate.constants import (
-    DEFAULT_CKPT_BYTES,
-    DEFAULT_REMAINING_S,
-    HOLD_MIN_S,
-    MIGRATED_ENV,
-)
+from laminar.migrate.constants import DEFAULT_CKPT_BYTES, DEFAULT_REMAINING_S, HOLD_MIN_S, MIGRATED_ENV
 from laminar.migrate.errors import HandoverSettled, MigrateError
-from laminar.migrate.fence import Fence
-from laminar.migrate.guard import Guard
-from laminar.migrate.hazard import (
-    HazardModel,
-)
-from laminar.migrate.settle import Settle
 from laminar.migrate.transfer import (
     Flow,
     Manifest,
@@ -54,6 +64,7 @@ if TYPE_CHECKING:
     from laminar.migrate.checkpoints import Checkpoints
     from laminar.migrate.ckpt_driver import CkptDriver
     from laminar.migrate.evacuation import Evacuation
+    from laminar.migrate.evidence import Evidence
     from laminar.migrate.fence import Fence
     from laminar.migrate.guard import Guard
     from laminar.migrate.holders import Holders
@@ -73,7 +84,8 @@ FREEZE_WAIT_S = 2.0
 # eat most of a notice window. Other errors keep the ladder.
 MOVE_SILENT_RETRIES = 1
 
-SENT_MANIFESTS_KEEP = 4096  # checkpoints last sent, per job key, remembered for the guard that follows (_presign)
+SENT_MANIFESTS_KEEP = 4096  # checkpoints last sent, per job key, remembered for the guard that follows (send_guard's _presign)
+
 
 def _same_files(m: Manifest, snap: Path) -> Manifest | None:
     """``m`` (built from the job's checkpoint directory) for its snapshot ``snap``, when ``snap``
@@ -87,6 +99,7 @@ def _same_files(m: Manifest, snap: Path) -> Manifest | None:
     except (OSError, TransferError):
         return None
     return replace(m, source=(now[0], m.source[1])) if now[1] == m.source[1] else None
+
 
 def _snapshot_file(src: Path, dst: Path) -> None:
     """Puts the regular file ``src`` at ``dst``: a hard link to it (never to what a link points
@@ -121,6 +134,7 @@ def _snapshot_file(src: Path, dst: Path) -> None:
     finally:
         os.close(fd)
 
+
 @dataclass
 class Move:
     """One job's move (shown by GET /v1/migrations/{job})."""
@@ -146,6 +160,7 @@ class Move:
 
     def as_dict(self) -> dict[str, Any]:
         return {k: getattr(self, k) for k in self.__dataclass_fields__ if k not in ("manifest", "cause")}
+
 
 class _ShaperHook:
     """Adapts the shaper's transfer registry (``agent.transfers``: add/report/remove, netlink
@@ -205,6 +220,7 @@ class _ShaperHook:
             with contextlib.suppress(Exception):
                 await self.reg._run(self.reg.remove, handle)
 
+
 def _manifest_facts(ckpt: Path) -> tuple[str, int, int]:
     """(SHA-256 of its MANIFEST.json, bytes, files) of the checkpoint ``ckpt`` (a snapshot of
     root's): what an archived record of it signs. Raises OSError/ValueError/CheckpointError."""
@@ -220,6 +236,7 @@ class MoverHost(Protocol):
     _xfer_local: str | None
     agent: Any
     archive: Archive
+    evidence: Evidence
     checkpoints: Checkpoints
     ckpt: CkptDriver | None
     ckpt_latency: dict[str, float]
@@ -228,7 +245,6 @@ class MoverHost(Protocol):
     evacuation: Evacuation
     fence: Fence
     guarding: Guard
-    hazards: dict[str, HazardModel]
     holders: Holders
     moves: dict[str, Move]
     notices: dict[int, tuple[float, float]]
@@ -252,13 +268,14 @@ class MoverHost(Protocol):
 
 
 class Mover:
-    """PART CLASS DOC. ``host``: the component."""
+    """One move of one job, and the records of a move without a window (see the module's doc): a part
+    of :class:`laminar.migrate.reclaim.ReclaimComponent` (its ``mover``). ``host``: the component."""
 
     def __init__(self, host: MoverHost) -> None:
         self.host = host
         self.frozen_at: dict[str, float] = {}  # job id -> when a move froze it (wall clock)
         # key -> (checkpoint name, manifest SHA-256, bytes, files) last sent to a peer: what the
-        # guard that follows it is handed, signed, to publish in the archive (_presign)
+        # guard that follows it is handed, signed, to publish in the archive (send_guard's _presign)
         self._sent_manifests: dict[str, tuple[str, str, int, int]] = {}
 
     def candidates(self, need: dst.Resources) -> list[dst.Candidate]:
@@ -283,7 +300,7 @@ class Mover:
             free = need if cap is None else dst.Resources(sum(1 for f in cap.gpu_free if f >= 0.999),
                                                           int(cap.memory_mb) << 20, float(cap.cpus))
             provider = m.owner or "default"
-            hz = self.host.hazards.get(provider) or self.host.hazards["default"]
+            hz = self.host.evidence.hazards.get(provider) or self.host.evidence.hazards["default"]
             surv = hz.survival(now, DEFAULT_REMAINING_S)
             # Racks are not configured: topology is the zone (rack = zone).
             out.append(dst.Candidate(str(n), str(m.zone), str(m.zone), free, path_bps, survival=surv, provider=provider))
@@ -317,7 +334,7 @@ class Mover:
         return False
 
     async def unhold_wait(self, job: Any, froze: bool, timeout: float) -> bool:
-        """:meth:`_unhold`, the thaw waited for without blocking the loop."""
+        """:meth:`unhold`, the thaw waited for without blocking the loop."""
         if froze:
             return await self.host._holds().release_wait(job, Hold.MOVE, timeout)
         self.host._holds().drop(job, Hold.MOVE)
@@ -360,7 +377,7 @@ class Mover:
         that the agent's stop or crash cut (``migrate_moves``). One cut before its hand-over was
         sent: the job is thawed (when the move froze it) and runs here, with a ``migrate`` event
         (phase ``move-cut``). One whose hand-over may have been sent: the destination is asked
-        (:meth:`_settle_cut_move`), the job frozen and left alone by Airlock until it answers.
+        (:meth:`settle_cut`), the job frozen and left alone by Airlock until it answers.
         A job that ended meanwhile only loses its record."""
         jobs_mgr = getattr(self.host.agent, "jobs", None)
         for r in ledger.move_records(self.host.agent.store.db, ledger.WINDOWLESS):
@@ -494,7 +511,7 @@ class Mover:
                 already = False
                 with contextlib.suppress(Exception):
                     already = bool(job.cgroup.frozen())
-                if deadline_mono is None:  # before the freeze: a restart thaws what a crash cut (_restore_moves)
+                if deadline_mono is None:  # before the freeze: a restart thaws what a crash cut (restore)
                     self.record(job.id, mp.Event.FREEZE, reason=reason, thaw=not already, cause=mp.Cause(mv.cause))
                 took = already
                 with contextlib.suppress(Exception):
@@ -612,7 +629,7 @@ class Mover:
             # what this move froze is thawed unless its hand-over was sent (the destination may
             # run it; done: it does): a later move of the job, which finds it frozen already, would never thaw it
             # _archive_keeps: its checkpoint is (or goes) in the archive, where any agent with room
-            # claims it; the window's end, a new plan (_stop_archived) or a restart stops it
+            # claims it; the window's end, a new plan (Holders.stop_archived) or a restart stops it
             if mv.phase not in ("handover", "done") and job.id not in self.host._archive_keeps:
                 thawed = not frozen
                 with contextlib.suppress(Exception):
@@ -708,7 +725,7 @@ class Mover:
                    "origin": request_origin(migrated_from=self.host.job_key(job), resume_given=True)}
             if deadline_mono is not None:  # a reclaim's: once sent, a restart never moves it again
                 self.host.evacuation.note_move(job.id, mp.Event.HAND_OVER, node, pid=pid, request=req)
-            else:  # a loan return's, Airlock's: a restart asks node whether it took the job (_restore_moves)
+            else:  # a loan return's, Airlock's: a restart asks node whether it took the job (restore)
                 self.record(job.id, mp.Event.HAND_OVER, node=node, pid=pid, request=req, cause=mp.Cause(mv.cause))
             dest_job = await self.host.guarding.handover(node, pid, req, confirm=True, job_id=job.id)
         except BaseException:
@@ -762,7 +779,7 @@ class Mover:
         except (TimeoutError, LaneBusy) as e:
             raise MigrateError(f"{job.id}: its checkpoint {ckpt.name} could not be read in time: {e}") from None
         try:
-            if self.host.archive.root() is not None:  # what the guard that follows is handed, signed (_presign)
+            if self.host.archive.root() is not None:  # what the guard that follows is handed, signed (send_guard's _presign)
                 self._sent_manifests.pop(self.host.job_key(job), None)
                 with contextlib.suppress(OSError, ValueError, jobkit.CheckpointError):
                     self._sent_manifests[self.host.job_key(job)] = (ckpt.name, *await asyncio.to_thread(_manifest_facts, snap))
@@ -848,7 +865,7 @@ class Mover:
         """The guard record of ``job`` this node signs for its guard (with ``archive_dir``): the
         record the guard publishes in the archive when it finds no room (as this node would;
         :meth:`StoppedCopies._presigned`), naming ``ckpt_name`` as last sent (its manifest's
-        SHA-256, bytes and files, noted by :meth:`_send`). Only a job's node signs its records,
+        SHA-256, bytes and files, noted by :meth:`send`). Only a job's node signs its records,
         so no other node can publish one for it. None when nothing of it was sent lately or this
         node holds no zone key (the guard then keeps the job without archiving it)."""
         key = self.host.job_key(job)

@@ -30,47 +30,21 @@ The reclaimed node's agent then
    checkpoint again before the job starts there with ``LAMINAR_RESUME_FROM``;
 4. at the window's end, stops whatever is still running (state ``reclaimed``).
 
-The reclaim is stored with its window's end in wall-clock time (table ``migrate_reclaim``) and by
-the boot's clock (:func:`drain.window_left`: a step of the wall clock does not move it): an
-agent restarted inside the window restores it (queue hold, draining, kill-switch, the evacuation
-of what has not moved; nothing that must not run twice runs twice: :meth:`ReclaimComponent._begin_reclaim`),
-and one started after the window ended clears it (the owner gave the node back), with an event.
-
-The component is :class:`ReclaimComponent`, in parts: this module has the reclaim, the moves and the
-storage holders; it holds :class:`laminar.migrate.buddies.Prestage` (its ``prestage``: prestaging,
-buddies and releases, *When the source dies*), and inherits the rest: :mod:`laminar.migrate.archive`
-the archive, the guard of last resort (``archive_dir``: stopped jobs' and periodic checkpoints,
-claims, the sweep, a hung archive); :mod:`laminar.migrate.guard` a guard's take-over of a
-dead source's job (*The retrying guard*); :mod:`laminar.migrate.replicas` the replicas held here
-(what goes, the guard's check with its source, the operator's view and drop);
-:mod:`laminar.migrate.withdraw` a reclaim withdrawn (*A reclaim withdrawn*);
-:mod:`laminar.migrate.settle` an operator's settle of an unanswered hand-over. The tunables more
+The component is :class:`ReclaimComponent`: it starts and stops, owns the transfer endpoint and
+the watch loop, answers the API and builds its parts (docs/migration.md, *The parts*), each
+given the component through its constructor: :mod:`laminar.migrate.control` the control ops
+other nodes send (``control``); :mod:`laminar.migrate.evacuation` this node's reclaim
+(``evacuation``: its window, its plan, the stop at its end); :mod:`laminar.migrate.mover` one
+move of one job (``mover``); :mod:`laminar.migrate.holders` the storage holders and the guards
+passed on (``holders``); :mod:`laminar.migrate.checkpoints` the jobs' checkpoints as a move
+sees them (``checkpoints``); :mod:`laminar.migrate.buddies` prestaging, buddies and releases
+(``prestage``, *When the source dies*); :mod:`laminar.migrate.fence`, :mod:`laminar.migrate.vouch`,
+:mod:`laminar.migrate.replicas`, :mod:`laminar.migrate.withdraw`, :mod:`laminar.migrate.settle`
+and :mod:`laminar.migrate.guard` (``guarding``: a guard's take-over of a dead source's job). It
+builds :mod:`laminar.migrate.archive` the archive, the guard of last resort (``archive``:
+stopped jobs' and periodic checkpoints, claims, the sweep, a hung archive). The tunables more
 than one part of the component uses are in :mod:`laminar.migrate.constants`, its errors in
 :mod:`laminar.migrate.errors`. The component's tables are in :mod:`laminar.migrate.schema`.
-
-**A move cut during its hand-over.** Once a hand-over's frame may have reached the destination, no
-answer is never taken for a refusal (:meth:`Guard.handover` with ``confirm``): the
-same hand-over (idempotent by placement id there) is sent again until the destination says
-whether it runs the job, which stays frozen here meanwhile; then it is stopped here (it runs
-there) or thawed (it does not). A move without a window (a loan return's :meth:`ReclaimComponent.move_now`,
-Airlock's :meth:`ReclaimComponent.readdress`) is recorded before its freeze and before its
-hand-over (table ``migrate_moves``), so a restart settles one the agent's stop or crash cut
-the same way (:meth:`ReclaimComponent._restore_moves`): never frozen for good, never two
-copies, never none.
-
-**No room anywhere: storage holders.** When no peer can run a job during the window (none has
-the GPUs, memory or CPUs free, or every reservation is refused), its final checkpoint still
-leaves the node: the agent asks the live peers for their free disk (control message ``space``,
-less their ``holder_reserve_mb``), ranks them with :func:`laminar.policy.holder.choose_holder`
-(disk, transfer vs what is left of the window, survival, the job's buddy first at equal
-odds), sends the checkpoint to the best one (same transfer, shaped to the window), stops the
-job (state ``reclaimed``, ``work_lost_s`` = time trained after the checkpoint) and hands that
-peer the guard with ``take_over``. The move's phase is ``held``. Prestaging uses a holder too
-when no peer has room (the buddy then only stores the replicas).
-
-**A guard reclaimed.** A guard that is itself reclaimed passes every job it holds for a
-stopped source (``waiting``, or ``take_over``) on to the best holder among its live peers
-(state ``passed``).
 
 A root job's ``resume_from`` outside ``xfer/`` is checked in a child process like another
 user's (:func:`verify_as_owner`), bounded by ``VERIFY_STALL_S``.
@@ -108,7 +82,7 @@ Between reclaims the component also asks each job for periodic checkpoints at th
 hazard sets (:mod:`laminar.migrate.ckpt_driver`, its keys in the same section; the plan is
 ``GET /v1/checkpoints``, ``laminarctl checkpoints``).
 
-The readdress hook Airlock calls for its re-address rung is :meth:`ReclaimComponent.readdress`
+The readdress hook Airlock calls for its re-address rung is :meth:`Mover.readdress`
 (a move without a deadline).
 """
 
@@ -116,13 +90,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
 import os
 import pwd
 import sqlite3
-import subprocess
-import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -133,18 +104,13 @@ from laminar.config import Field, _one_of, _range, register_section
 from laminar.migrate import ckpt_driver
 from laminar.migrate.archive import Archive
 from laminar.migrate.archive_gc import ARCHIVE_GC_S
-from laminar.migrate.archive_lane import _progress
 from laminar.migrate.buddies import Prestage
 from laminar.migrate.checkpoints import Checkpoints
-from laminar.migrate.constants import (
-    REPLICA_LATE_S,
-    valid_ckpt_name,
-    valid_key,
-)
+from laminar.migrate.constants import REPLICA_LATE_S, valid_ckpt_name, valid_key
 from laminar.migrate.control import Control
 from laminar.migrate.errors import MigrateError
 from laminar.migrate.evacuation import Evacuation
-from laminar.migrate.evidence import EvidenceStore, NoticeOdds
+from laminar.migrate.evidence import Evidence
 from laminar.migrate.fence import Fence, check_fence_settings
 from laminar.migrate.guard import Guard
 from laminar.migrate.hazard import (
@@ -155,6 +121,7 @@ from laminar.migrate.hazard import (
 )
 from laminar.migrate.holders import Holders
 from laminar.migrate.mover import Move, Mover
+from laminar.migrate.owner_check import verify_as_owner
 from laminar.migrate.replica_policy import guard_confirmation as guard_confirmation
 from laminar.migrate.replica_policy import guard_needed as guard_needed
 from laminar.migrate.replica_policy import redact_replica
@@ -187,10 +154,6 @@ from laminar.zone.membership import canonical_ip, listen_check
 log = logging.getLogger("laminar.migrate")
 
 DEFAULT_PORT = 7442
-# Exposure accrues every poll; the store is written at most this often for it (a departure is
-# written at once). A crash loses at most this much exposure, which only makes the rate a
-# little higher (the cautious side).
-EVIDENCE_SAVE_S = 60.0
 # How often every held key is looked at (released, handed over, placed elsewhere, ...): the default
 # of ``[migrate] replica_gc_s``.
 REPLICA_GC_S = 30.0
@@ -263,126 +226,6 @@ CONFIG_FIELDS = {
 }
 register_section("migrate", CONFIG_FIELDS)
 
-# The check of a checkpoint as a job's owner (argv: jobkit's file, the path, uid, gid): jobkit is
-# loaded while still root (the owner may not reach the agent's code), then the process takes
-# the owner's uid, gid and groups (its passwd entry's, as the job's setpriv --init-groups; none
-# without one) for good before it looks at the path. It prints one JSON line: {} (verified),
-# {"denied": strerror} (the owner cannot reach or open the path itself) or {"error": jobkit's}.
-_VERIFY_AS_OWNER = """
-import importlib.util, json, os, pwd, sys, time
-spec = importlib.util.spec_from_file_location("laminar_jobkit", sys.argv[1])
-jobkit = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(jobkit)
-path, uid, gid = sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
-limits = jobkit.Limits(int(sys.argv[5]), time.monotonic() + float(sys.argv[6]), refuse_sparse=True)
-try:
-    os.initgroups(pwd.getpwuid(uid).pw_name, gid)
-except KeyError:
-    os.setgroups([])
-os.setgid(gid)
-os.setuid(uid)
-try:
-    jobkit.verify_checkpoint(path, limits=limits)
-    out = {}
-except PermissionError as e:
-    out = {"denied": e.strerror or str(e)}
-except jobkit.CheckpointError as e:
-    out = {"error": str(e)}
-except OSError as e:
-    out = {"error": f"checkpoint {path}: {e}"}
-print(json.dumps(out))
-"""
-
-
-# The owner's check of a checkpoint (:func:`verify_as_owner`) that makes no progress for this long
-# (no byte read, no CPU time: storage that does not answer, an NFS or FUSE mount whose server is
-# gone) is killed and the checkpoint refused. A slow check that keeps reading is waited for
-# (hashing takes ~1 s per GiB); this is only for one that reads nothing at all: an NFS server's
-# failover takes up to a minute or two.
-VERIFY_STALL_S = 120.0
-
-
-def verify_as_owner(path: str, uid: int, gid: int, stall_s: float | None = None, *,
-                    max_bytes: int = ckpt_driver.VERIFY_MAX_BYTES, timeout_s: float = ckpt_driver.VERIFY_TIMEOUT_S) -> None:
-    """Verifies the checkpoint ``path`` (jobkit's check) with the permissions of ``uid``, ``gid``
-    and the uid's groups, in a child process that dropped to them, never as root: what a job of
-    that user could read, and no more. Blocking (callers run it in a thread), but bounded: a
-    child that makes no progress for ``stall_s`` (default :data:`VERIFY_STALL_S`; no byte read,
-    no CPU time: storage that hangs) is killed and never waited for beyond a second more (a read
-    of a dead NFS or FUSE server can hold it unkillable, in D state; it is reaped once it ends).
-    Raises ValueError naming the path and the uid (and, for a hang, the time waited); its text
-    holds only what that user could have learnt by looking at the path themselves (a checkpoint
-    they cannot reach is refused alike whether it is valid, corrupt or absent). For uid 0 (a
-    root job's checkpoint, checked in a child only for the bound) the texts are root's: jobkit's
-    error as ``checkpoint <path> is not restorable: <error>``, no owner named.
-
-    The check has jobkit's limits too (:class:`jobkit.Limits`): a manifest declaring more than
-    ``max_bytes``, or a sparse file, is refused unread, and the check stops after ``timeout_s``
-    (a child still running a few seconds past it is killed): a hand-made manifest naming a
-    10 TiB sparse file was hashed for hours, holding the caller's thread."""
-    from laminar.runtime import joblimits
-
-    stall_s = VERIFY_STALL_S if stall_s is None else stall_s
-    who = "" if uid == 0 else f" as uid {uid} (the job's owner)"
-    # the owner's limits, nice value and an oom_score_adj of its own, not the agent's (a job's
-    # owner's profile: joblimits; its LimitsError is a ValueError naming the limits file)
-    argv = [*joblimits.helper_argv(uid, gid), sys.executable, "-I", "-c", _VERIFY_AS_OWNER, jobkit.__file__, path,
-            str(uid), str(gid), str(int(max_bytes)), repr(float(timeout_s))]
-    end = time.monotonic() + float(timeout_s) + 5.0
-    proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True, env={}, cwd="/")
-    seen, since = _progress(f"/proc/{proc.pid}"), time.monotonic()
-    while True:
-        try:
-            stdout, stderr = proc.communicate(timeout=min(1.0, stall_s))
-            break
-        except subprocess.TimeoutExpired:
-            now, progress = time.monotonic(), _progress(f"/proc/{proc.pid}")
-            if progress != seen and now < end:
-                seen, since = progress, now
-                continue
-            if now - since < stall_s and now < end:
-                continue
-            proc.kill()
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                proc.communicate(timeout=1.0)  # reaped now unless unkillable (then by subprocess, later)
-            if now >= end:
-                raise ValueError(f"checkpoint {path} could not be checked{who}: the check took more than "
-                                 f"{timeout_s:g} s and was stopped") from None
-            raise ValueError(f"checkpoint {path} could not be checked{who}: the check read nothing for {stall_s:g} s "
-                             "(its storage does not answer) and was stopped") from None
-    try:
-        out = json.loads(stdout)
-    except ValueError:
-        tail = (stderr.strip().splitlines() or ["no output"])[-1]
-        raise ValueError(f"checkpoint {path} could not be checked{who}: exit {proc.returncode}: {tail}") from None
-    if uid == 0 and ("denied" in out or "error" in out):
-        raise ValueError(f"checkpoint {path} is not restorable: {out.get('error') or out['denied']}")
-    if "denied" in out:
-        raise ValueError(f"checkpoint {path}: uid {uid} (the job's owner) cannot read it: {out['denied']}")
-    if "error" in out:
-        raise ValueError(f"checkpoint {path} is not restorable: {out['error']} (checked as uid {uid}, the job's "
-                         "owner)")
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
 class ReclaimComponent:
     """``laminar.migrate.reclaim:ReclaimComponent`` (agent attribute ``migrate``)."""
 
@@ -396,12 +239,7 @@ class ReclaimComponent:
         self._xfer_local: str | None = None  # the address transfer connections leave from (start)
         self.port = 0
         self.root: Path | None = None
-        self.hazards: dict[str, HazardModel] = {}  # what the agent plans with: prior (+ traces) + seen
-        self.seen: dict[str, HazardModel] = {}  # only what this agent observed (persisted)
-        self.notice_odds = NoticeOdds()  # departures with and without notice (persisted)
-        self.evidence: EvidenceStore | None = None
-        self._evidence_saved = 0.0
-        self._suspected: set[int] = set()  # peers already counted as departed without notice
+        self.evidence = Evidence(self)  # hazard and notice odds: what the agent plans with, what it saw (evidence.py)
         self.notices: dict[int, tuple[float, float]] = {}  # node -> (window end, wall; received, wall)
         self.reclaim: dict[str, Any] | None = None  # this node's reclaim in progress
         self.moves: dict[str, Move] = {}  # job id -> its latest move
@@ -470,12 +308,7 @@ class ReclaimComponent:
             except (HazardError, OSError) as e:
                 raise RuntimeError(f"migrate: spot_traces {self.s['spot_traces']!r}: {e}") from None
         # What this agent saw before a restart is evidence too: reload it on top of the prior.
-        self.evidence = EvidenceStore(agent.store)
-        seen, odds = self.evidence.load()
-        self.seen = {"default": seen.get("default") or HazardModel("default")}
-        self.notice_odds = odds.get("default") or NoticeOdds()
-        self.hazards["default"] = base.merged(self.seen["default"])
-        self._evidence_saved = time.monotonic()
+        self.evidence.load(agent.store, base)
         self.root = agent.config.state_dir / "xfer"
         # Root's alone: replicas, holders' copies and outgoing snapshots are other users' jobs'
         # checkpoints (the state directory is 0711 so a job can reach its own ckpt/<job>; a
@@ -619,7 +452,7 @@ class ReclaimComponent:
         if self._unsubscribe is not None:
             self._unsubscribe()
         with contextlib.suppress(Exception):
-            self.save_evidence()
+            self.evidence.save()
         tasks = [t for t in (self._loop_task, *self._tasks) if t is not None]
         for t in tasks:
             t.cancel()
@@ -638,74 +471,6 @@ class ReclaimComponent:
 
     def _emit(self, message: str, **fields: Any) -> None:
         self.agent.events.emit("migrate", message, **fields)
-
-    # -- evidence (hazard and notice odds, persisted in the store) -----------------------------
-
-    def observe_exposure(self, t0: float, t1: float, nodes: float = 1.0) -> None:
-        """``nodes`` nodes were up from ``t0`` to ``t1``: exposure for the hazard. Written to the
-        store at most every EVIDENCE_SAVE_S."""
-        for m in (self.hazards["default"], self.seen.setdefault("default", HazardModel("default"))):
-            m.observe_exposure(t0, t1, nodes)
-        if time.monotonic() - self._evidence_saved >= EVIDENCE_SAVE_S:
-            self.save_evidence()
-
-    def observe_departure(self, ts: float, announced: bool) -> None:
-        """A node of the zone departed at ``ts`` (this one or a peer), with or without a usable
-        notice: hazard evidence and notice odds, written to the store at once."""
-        for m in (self.hazards["default"], self.seen.setdefault("default", HazardModel("default"))):
-            m.observe_reclaim(ts)
-        self.notice_odds.observe(announced)
-        self.save_evidence()
-
-    def _evidence_status(self) -> dict[str, Any]:
-        """The evidence this agent gathered (its store's, not the configured prior): departures
-        with and without notice, exposure, and the ``default`` hazard's rate now."""
-        seen = self.seen.get("default") or HazardModel("default")
-        return {"announced": self.notice_odds.announced, "unannounced": self.notice_odds.unannounced,
-                "departures": seen.total_events, "exposure_node_h": round(seen.total_exposure_h, 3),
-                "rate_per_h_now": round(self.hazards["default"].rate_per_h(time.time()), 6),
-                "unannounced_frac": round(self.notice_odds.unannounced_frac, 4)}
-
-    def save_evidence(self) -> None:
-        if self.evidence is None:
-            return
-        try:
-            self.evidence.save("default", self.seen.setdefault("default", HazardModel("default")), self.notice_odds)
-            self._evidence_saved = time.monotonic()
-        except Exception as e:  # the store is the agent's; a failed write must not stop the watch
-            log.warning("migrate: saving hazard evidence failed: %s", e)
-
-    def exposed_nodes(self) -> float:
-        """Nodes whose departures this agent counts: itself and its live zone peers (their
-        reclaim notices and silences are observed here too)."""
-        z = self.zone
-        if z is None:
-            return 1.0
-        now = time.time()
-        return float(1 + sum(1 for n in z.membership.by_node if n != self.node_id and n not in z.membership.suspects
-                             and not self._announced(n, now)))
-
-    def _announced(self, node: int, now: float) -> bool:
-        """Whether ``node``'s departure was counted from its reclaim notice: the notice came and
-        its window is open or ended less than an hour ago (a notice window may be hours long)."""
-        notice = self.notices.get(node)
-        return notice is not None and now < max(notice) + 3600
-
-    def _departure_round(self) -> None:
-        """A peer that turned suspect (silent) with no reclaim notice departed without notice;
-        counted once per silence (it counts again only after it was heard from)."""
-        z = self.zone
-        if z is None:
-            return
-        now = time.time()
-        sus = set(z.membership.suspects)
-        self._suspected &= sus
-        for n in sorted(sus - self._suspected):
-            self._suspected.add(n)
-            if self._announced(n, now):
-                continue  # announced: counted when its notice came
-            self.observe_departure(now, announced=False)
-            log.info("migrate: node %d fell silent without a reclaim notice (unannounced departure)", n)
 
     # -- zone helpers -------------------------------------------------------------------------
 
@@ -750,7 +515,7 @@ class ReclaimComponent:
     async def _control(self, node: int, op: str, body: Any, timeout: float = 5.0) -> Any:
         if op in ("guard", "superseded") and isinstance(body, dict):
             # this node's wall clock as it sends: the guard reads the instants in the request
-            # (window_end, not_before) in its own clock, whatever the skew (_on_control); the
+            # (window_end, not_before) in its own clock, whatever the skew (Control.answer); the
             # source, a take-over's instant (``superseded``: Replicas.answer_superseded)
             body = {**body, "clock": time.time()}
         addr, port, key, zone = self._peer(node)
@@ -783,7 +548,7 @@ class ReclaimComponent:
             return -1.0
         return float(z.membership.state[node].last_seen)
 
-    # -- planning -----------------------------------------------------------------------------
+    # -- jobs ---------------------------------------------------------------------------------
 
     def job_key(self, job: Any) -> str:
         """The job's name across nodes (job ids are per node): ``n<node>-<job id>``."""
@@ -807,73 +572,17 @@ class ReclaimComponent:
                 break
         return Demand(gpus=float(gpus), cpus=cpus, memory_mb=mem, pool=pool), dst.Resources(gpus, mem << 20, cpus)
 
-
-
-
-
-
-
-
-    # -- the reclaim --------------------------------------------------------------------------
-
-
-
-
-
-
-
-
-
-
     def _holds(self) -> Holds:
         """The job manager's holds (runtime/holds.py): a move's freeze is its ``move`` hold, the
         fence's its ``fence`` hold (fence.py)."""
         return holds_of(self.agent.jobs)
 
-
-
-
-
-
-
-
-
-
-
-
-
-    # -- one move -----------------------------------------------------------------------------
-
-
-
-
-
-
-
-
-
-    # -- storage holders ----------------------------------------------------------------------
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-    # -- prestaging and guarding --------------------------------------------------------------
+    # -- the watch loop: each part's round ----------------------------------------------------
 
     async def _watch(self) -> None:
         while True:
             try:
-                self._departure_round()
+                self.evidence.tick(time.time())
                 self.fence.tick(time.time())
                 self.vouch.tick(time.time())
                 self.prestage.tick(time.time())
@@ -884,19 +593,12 @@ class ReclaimComponent:
             except Exception:
                 log.exception("migrate: watch round failed")
             try:
-                await self.checkpoints.tick()
+                await self.checkpoints.tick(time.time())
             except Exception:
                 log.exception("migrate: reading GPU memory per process failed")
             await asyncio.sleep(float(self.s["poll_s"]))
 
-    # -- the endpoint's callbacks -------------------------------------------------------------
-
-    # -- authority: who may speak for a job key (laminar.zone.authority) ------------------------
-
-
-
-
-
+    # -- the endpoint's and the events' callbacks ---------------------------------------------
 
     def _on_commit(self, c: Committed) -> None:
         self.replicas.forget_scan()  # the replica view walks again (a commit changed the root)
@@ -917,22 +619,6 @@ class ReclaimComponent:
     def _on_rx_progress(self, p: Progress) -> None:
         pass
 
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
     def _on_event(self, e: dict[str, Any]) -> None:
         """Records the zone's reclaim notices of other nodes (zone events with deadline_ms)."""
         if e.get("kind") == "zone" and "deadline_ms" in e and "node" in e:
@@ -941,7 +627,7 @@ class ReclaimComponent:
             fresh = node not in self.notices or self.notices[node][1] < now - 3600
             self.notices[node] = (now + int(e["deadline_ms"]) / 1000, now)
             if fresh:  # a repeated notice of the same reclaim is one departure
-                self.observe_departure(now, announced=True)
+                self.evidence.observe_departure(now, announced=True)
 
     def check_resume(self, path: str, owner_uid: int = 0, owner_gid: int | None = None) -> str:
         """What the zone's hand-over calls before a job of ``owner_uid`` starts with
@@ -1013,7 +699,7 @@ class ReclaimComponent:
                 # and thaws that did not take hold in time (a task in uninterruptible sleep)
                 "ckpt": None if self.ckpt is None else {**self.ckpt.stats(), **cgroup_freeze_counts()},
                 # what the hazard learned here (departures announced or not, node-hours watched)
-                "evidence": self._evidence_status(),
+                "evidence": self.evidence.status(),
                 "archive": self.archive.status(),
                 # transfer connections refused: not from the roster address of the node they named
                 "transfer_wrong_source": 0 if self.receiver is None else self.receiver.wrong_source,
@@ -1126,7 +812,7 @@ class ReclaimComponent:
 
         async def checkpoints(req: Request) -> dict[str, Any]:
             d = self.ckpt
-            hz = self.hazards["default"]
+            hz = self.evidence.hazards["default"]
             now = time.time()
             return {"periodic": bool(self.s["periodic"]), "uplink_mbit": None if d is None else d.link_bps * 8 / 1e6,
                     "hazard_per_h": hz.rate_per_h(now), "mtbf_s": hz.mtbf_s(now), "now": now,

@@ -162,7 +162,7 @@ class Settle:
         jobs_mgr = getattr(self.host.agent, "jobs", None)
         job = jobs_mgr.get(jid) if jobs_mgr is not None else None
         if decision == "run-here" and mv.phase == "failed" and job is not None and job.active:
-            self._unbuddy(jid, node)  # (_move_to made node its buddy with the guard it handed it)
+            self._unbuddy(jid, node)  # (Mover._move_to made node its buddy with the guard it handed it)
             self.host.prestage.owe_release(node, mv.key)  # (the placement's Release went with the move's end)
             self.host._spawn(self.host.prestage.release(node, mv.key))
         state = None if job is None else job.state
@@ -208,7 +208,7 @@ class Settle:
         except Exception as e:
             log.warning("migrate: stopping %s, settled as run by node %d: %s", job.id, node, e)
         self.host.mover.drop_record(job.id)
-        self.host.evacuating.discard(job.id)  # (held by _restore_moves: no reclaim's move of it meanwhile)
+        self.host.evacuating.discard(job.id)  # (held by Mover.restore: no reclaim's move of it meanwhile)
 
     async def _settle_move(self, jid: str, row: Any, decision: str, by: str) -> dict[str, Any]:
         node, pid, thaw = int(row["node"]), int(row["pid"]), bool(row["thaw"])
@@ -216,25 +216,25 @@ class Settle:
         jobs_mgr = getattr(self.host.agent, "jobs", None)
         job = jobs_mgr.get(jid) if jobs_mgr is not None else None
         key = self.host.job_key(job) if job is not None and job.active else None
-        with self.host.agent.store.tx() as db:  # the decision first: a restart finishes it (_restore_moves)
+        with self.host.agent.store.tx() as db:  # the decision first: a restart finishes it (Mover.restore)
             ledger.record_move(db, jid, moves.Event.RUN_HERE if decision == "run-here" else moves.Event.SETTLE_GONE,
                                only=ledger.WINDOWLESS, counts=self.host.counts)
             if decision == "run-here" and key is not None:
-                # node drops the guard _move_to handed it (owed before anything else: sent after a restart too)
+                # node drops the guard Mover._move_to handed it (owed before anything else: sent after a restart too)
                 self._unbuddy(jid, node, db)
                 self.host.prestage.owe_release(node, key, db)
         rec = lambda: ledger.move_phase(self.host.agent.store.db, jid, ledger.WINDOWLESS) is moves.Phase.NEW  # noqa: E731
         if not await self._await_waiter(jid, decision, rec):
             if job is None or not job.active:
                 self.host.mover.drop_record(jid)
-                self.host.evacuating.discard(jid)  # (held by _settle_cut_move while node could not be asked)
+                self.host.evacuating.discard(jid)  # (held by Mover.settle_cut while node could not be asked)
             elif decision == "gone":
                 await self.stop_settled(job, node, f"by {by or 'an operator'}")
             else:
                 with contextlib.suppress(Exception):  # the move's hold ends (runtime/holds.py)
                     await self.host.mover.unhold_wait(job, thaw, 2.0)
                 self.host.mover.drop_record(jid)
-                self.host.evacuating.discard(jid)  # (held by _settle_cut_move while node could not be asked)
+                self.host.evacuating.discard(jid)  # (held by Mover.settle_cut while node could not be asked)
         if key is not None and decision == "run-here":
             if job is not None and job.active:  # (not when node answered: it runs it)
                 self.tell_release(node, pid, key)

@@ -128,7 +128,7 @@ class Withdraw:
             if ph == "handover" and job.active and sent is not None:
                 why = f"reclaim of node {self.host.node_id}, cancelled"
                 req = json.loads(sent["request"])
-                with self.host.agent.store.tx() as db:  # a restart meanwhile asks again (_restore_moves)
+                with self.host.agent.store.tx() as db:  # a restart meanwhile asks again (Mover.restore)
                     ledger.record_move(db, jid, moves.Event.CANCEL, cause=moves.Cause.RECLAIM_CANCELLED, reason=why,
                                        thaw=True, only=moves.WINDOWED, counts=self.host.counts)
                 self.host.evacuating.add(jid)  # Airlock leaves it frozen (AirlockManager.moving)

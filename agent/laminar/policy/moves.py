@@ -49,7 +49,7 @@ class Cause(enum.StrEnum):
 
 
 WINDOWED = (Cause.RECLAIM,)
-"""The causes whose records the reclaim settles (the rest: ``_restore_moves``)."""
+"""The causes whose records the reclaim settles (the rest: ``Mover.restore``)."""
 
 
 class Phase(enum.StrEnum):

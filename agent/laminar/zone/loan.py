@@ -543,7 +543,7 @@ class LoanManager:
         # servers back (docs/loaning.md).
         mig = getattr(self.zone.agent, "migrate", None) if self.zone.agent is not None else None
         if mig is not None and hasattr(mig, "observe_departure"):
-            mig.observe_departure(time.time(), announced=True)
+            mig.evidence.observe_departure(time.time(), announced=True)
         self.revoke_grants("the node was returned to its pool")
         asked = req.get("actions", {}) if isinstance(req.get("actions"), dict) else {}
         done: dict[str, str] = {}
