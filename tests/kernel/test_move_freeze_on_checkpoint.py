@@ -26,7 +26,7 @@ from jobrig import job_manager, until
 from test_replica_gc_move_freeze import component, sleeper_with_checkpoint
 
 from laminar.jobkit import Checkpointer
-from laminar.migrate import reclaim as R
+from laminar.migrate import checkpoints as C
 
 pytestmark = pytest.mark.kernel
 
@@ -47,7 +47,7 @@ def saves_when_asked(jobs: Any, job: Any, data: bytes, step: int) -> list[str]:
 
 def test_the_job_is_frozen_while_its_final_checkpoint_is_checked(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     seen: list[tuple[str, bool]] = []
-    real = R.build_manifest
+    real = C.build_manifest
 
     async def main() -> None:
         async with job_manager(tmp_path) as jobs:
@@ -57,7 +57,7 @@ def test_the_job_is_frozen_while_its_final_checkpoint_is_checked(tmp_path: Path,
                 seen.append((p.name, bool(job.cgroup.frozen())))
                 return real(p, *a, **kw)
 
-            monkeypatch.setattr(R, "build_manifest", checked)
+            monkeypatch.setattr(C, "build_manifest", checked)
             asks = saves_when_asked(jobs, job, b"weights at step 9", 9)
             c = component(jobs)
             mv = await asyncio.wait_for(c.mover.move_now(job, "test: freeze before the check"), 120)
