@@ -272,14 +272,14 @@ def simulate(policy: str, pool: list[Node], start: float, end: float, p: Params,
     def under_notice(n: Node, t: float) -> bool:
         """Up at ``t`` and already announced as reclaimed (its departure, with notice, lies
         within ``notice_s`` of ``t``). The agent leaves such a node out of every choice: move
-        destinations, storage holders, guards and buddies (ReclaimComponent.candidates, which
+        destinations, storage holders, guards and buddies (Mover.candidates, which
         rank_for and rank_holders both use; a draining node binds no offer or hand-over)."""
         up = n.up_at(t)
         return up is not None and up[1] <= t + p.notice_s and not abrupt(n, up[1])
 
     def live_peer(n: Node, t: float, until: float) -> bool:
         """Up from ``t`` to ``until`` and not under a reclaim notice at ``t`` (the agent leaves
-        out peers that announced their reclaim: ReclaimComponent.candidates)."""
+        out peers that announced their reclaim: Mover.candidates)."""
         up = n.up_at(t)
         if up is None or up[1] < until:
             return False
@@ -296,7 +296,7 @@ def simulate(policy: str, pool: list[Node], start: float, end: float, p: Params,
     def keep_guard(guard: Node, t_at: float, until: float) -> bool:
         """Whether the job's guard (holder or buddy: node-local copies) still holds its
         checkpoint at ``until``. A guard reclaimed with notice passes the checkpoint and the
-        guard on to the live peer with the best odds (ReclaimComponent._pass_guards), or with
+        guard on to the live peer with the best odds (Holders.pass_guards), or with
         the archive and no live peer, archives it; one that leaves without notice, or finds no
         live peer and no archive, loses them."""
         assert hz is not None
@@ -403,7 +403,7 @@ def simulate(policy: str, pool: list[Node], start: float, end: float, p: Params,
             assert hz is not None
             models = hz.at(t)
             jh = HazardSum([models[n.zone] for n in nodes])
-            # the agent's rule (ReclaimComponent._should_prestage): ship each checkpoint to a
+            # the agent's rule (Checkpoints.should_prestage): ship each checkpoint to a
             # buddy when the final one would not fit, or departures without notice are plausible
             prestaged = not fits or odds.unannounced_frac >= p.prestage_unannounced
             cost = write_s if fits else write_s + size / link
@@ -602,7 +602,7 @@ def simulate(policy: str, pool: list[Node], start: float, end: float, p: Params,
                 continue
             if dest is None and not is_abrupt and step.final and p.holder and not move_failed:
                 # nowhere to run it: the final checkpoint goes to the live peer with the best
-                # survival odds (ReclaimComponent._hold; disk space assumed on every peer) and
+                # survival odds (Holders.hold; disk space assumed on every peer) and
                 # the job stops there; the holder places it when room frees
                 models = hz.at(notice_at)
                 t_h = notice_at + write_s + size / link

@@ -112,7 +112,7 @@ def presigned(src: ReclaimComponent, key: str, ckpt: Path) -> dict[str, Any]:
     import time
 
     from laminar.migrate.archive_auth import PRESIGNED, owner_body
-    from laminar.migrate.reclaim import _manifest_facts
+    from laminar.migrate.mover import _manifest_facts
 
     rec = record(key)
     with src.archive.view() as v:

@@ -62,7 +62,7 @@ from laminar.jobkit import latest_checkpoint
 from laminar.migrate.archive_auth import ArchiveAuth, owner_body
 from laminar.migrate.archive_claims import ARCHIVE_CLAIM_STALE_S
 from laminar.migrate.archive_gc import ARCHIVE_DONE, ARCHIVE_TMP_STALE_S, ARCHIVE_TRASH
-from laminar.migrate.reclaim import _manifest_facts
+from laminar.migrate.mover import _manifest_facts
 from laminar.runtime.spec import JobSpec
 from laminar.zone.keys import parse_keys
 

@@ -236,7 +236,7 @@ def test_a_resume_froms_sparse_manifest_is_refused_unread_by_the_owners_check(tm
     hashed whole, minutes to hours of a worker thread (stopped only when the read made no
     progress at all). Refused unread now."""
     from laminar import jobkit
-    from laminar.migrate.reclaim import verify_as_owner
+    from laminar.migrate.owner_check import verify_as_owner
 
     p = jobkit.Checkpointer("j", tmp_path / "ck", install_signal=False).save(b"x", step=1)
     size = 512 << 30
@@ -347,7 +347,7 @@ def test_freezing_a_job_with_a_task_in_d_state_for_a_move_does_not_block_the_loo
                 stop = asyncio.Event()
                 tick = asyncio.ensure_future(ticker(stop))
                 t0 = time.monotonic()
-                mv = await asyncio.wait_for(c.move_now(job, "test: freeze a job in D state"), 120)
+                mv = await asyncio.wait_for(c.mover.move_now(job, "test: freeze a job in D state"), 120)
                 took = time.monotonic() - t0
                 stop.set()
                 await tick

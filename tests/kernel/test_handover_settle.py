@@ -74,7 +74,7 @@ async def cut_move_with_node2_gone(rig: Rig, jobs: Any, name: str) -> tuple[Any,
     cannot ask node 2 (the hand-over shown unconfirmed). Returns (mig, job)."""
     mig = await rig.start_migrate()
     job = await sleeper(jobs, name)
-    await rig.cut_during_handover(mig.readdress(job))
+    await rig.cut_during_handover(mig.mover.readdress(job))
     await rig.stop_destination()
     mig = await restart_without_node2(rig)
     assert await until(lambda: any(e.get("phase") == "unconfirmed" and e.get("job") == job.id
@@ -105,7 +105,7 @@ def test_an_unanswered_move_is_shown_unconfirmed_and_settled_to_run_here(tmp_pat
             with pytest.raises(ApiError) as e:  # nothing pending yet: refused, naming the job
                 await settle(mig, job.id, "run-here")
             assert e.value.status == 409 and job.id in str(e.value) and "no pending hand-over" in str(e.value)
-            move = asyncio.ensure_future(mig.move_now(job, "lm-t loan return"))
+            move = asyncio.ensure_future(mig.mover.move_now(job, "lm-t loan return"))
             assert await until(lambda: any(e.get("phase") == "unconfirmed" for e in rig.events), 15)
             pending = await get(mig, "/v1/migrate/handovers")
             assert [(h["job"], h["kind"], h["node"], h["state"]) for h in pending] == \
@@ -205,7 +205,7 @@ def test_a_reclaim_move_left_to_finish_by_a_cancel_is_listed_and_settled(tmp_pat
             mig = await rig.start_migrate()
             job = await sleeper(jobs, "lm-t-settle-rc")
             mig.s["notice_margin"] = 0.1  # the plan signals the job at 10 % of the window (3 s)
-            mig.start_reclaim(30.0, "lm-t owner")
+            mig.evacuation.start(30.0, "lm-t owner")
             assert await until(lambda: any(e.get("phase") == "unconfirmed" and e.get("job") == job.id
                                            for e in rig.events), 20), [e["message"] for e in rig.events]
             out = await mig.withdraw.cancel_reclaim("lm-t owner changed their mind")
@@ -339,8 +339,9 @@ class Releaser(Mover):
     """:class:`Mover` whose checkpoint transfer, guard messages and guard releases are the real
     ones (to node 2's real transfer endpoint, :func:`start_node2_migrate`)."""
 
-    _send = ReclaimComponent._send
-    _guard = ReclaimComponent._guard
+    def __init__(self) -> None:
+        super().__init__()
+        del self.mover.send, self.mover.send_guard  # the part's own again
 
     async def _release(self, node: int, key: str) -> None:  # the part's own (Mover's sends them here)
         await Prestage.release(self.prestage, node, key)
@@ -383,7 +384,7 @@ def test_a_release_a_run_here_settle_decided_reaches_node2_after_the_agents_rest
                 mig.s["port"] = port2  # the transfer port is the same on every node: node 2's, on this host
                 job = await sleeper(jobs, "lm-t-settle-rel2")
                 key = mig.job_key(job)
-                move = asyncio.ensure_future(mig.move_now(job, "lm-t loan return"))
+                move = asyncio.ensure_future(mig.mover.move_now(job, "lm-t loan return"))
                 assert await until(lambda: any(e.get("phase") == "unconfirmed" for e in rig.events), 20), rig.events
                 assert replica_state(node2, key) == "guarding" and mig.prestage.buddy.get(job.id) == 2
                 await stop_node2_migrate(node2)  # node 2's agent is down: its endpoint refuses

@@ -77,14 +77,14 @@ def test_a_failed_move_of_a_job_airlock_suspended_leaves_it_to_airlocks_hold(tmp
             assert await until(job.cgroup.frozen, 10)
             mig = component(jobs)
             seen: list[list[str]] = []
-            real = mig.rank_for
+            real = mig.mover.rank_for
 
             def rank_for(*a: Any, **kw: Any) -> Any:  # (after the move's freeze: who holds it then)
                 seen.append(jobs.holds.reasons(job.id))
                 return real(*a, **kw)
 
-            mig.rank_for = rank_for  # type: ignore[method-assign]
-            mv = await mig.move_now(job, "test: move with nowhere to go")
+            mig.mover.rank_for = rank_for  # type: ignore[method-assign]
+            mv = await mig.mover.move_now(job, "test: move with nowhere to go")
             assert mv.phase == "failed" and "no destination fits" in mv.error, mv
             assert seen == [["airlock", "move"]], seen
             assert job.cgroup.frozen(), "the failed move thawed a job Airlock holds"

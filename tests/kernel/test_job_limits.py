@@ -43,7 +43,7 @@ from fuserig import eio_mount
 from liveness import RootLiveness
 from userrig import User, call_as, local_user
 
-from laminar.migrate import reclaim
+from laminar.migrate import owner_check
 from laminar.runtime import joblimits as jl
 from laminar.runtime import launch
 
@@ -261,7 +261,7 @@ def test_the_path_probe_and_the_checkpoint_check_hold_the_owners_limits(tmp_path
     conf = tmp_path / "limits.conf"
     jl.configure({"memlock": "2M:4M", "limits_conf": str(conf), "limits_dir": str(tmp_path / "none")})
     monkeypatch.setattr(launch, "PROBE_S", 20.0)
-    monkeypatch.setattr(reclaim, "VERIFY_STALL_S", 20.0)
+    monkeypatch.setattr(owner_check, "VERIFY_STALL_S", 20.0)
     try:
         with local_user("helper") as user, eio_mount(backing) as fs:
             conf.write_text(f"{user.name} hard nproc 321\n")
@@ -276,7 +276,7 @@ def test_the_path_probe_and_the_checkpoint_check_hold_the_owners_limits(tmp_path
 
             def verify() -> None:
                 try:
-                    reclaim.verify_as_owner(str(fs.path / "home" / "ckpt-1"), user.uid, user.gid)
+                    owner_check.verify_as_owner(str(fs.path / "home" / "ckpt-1"), user.uid, user.gid)
                 except BaseException as e:  # noqa: BLE001 - reported below
                     errors.append(e)
 

@@ -89,12 +89,15 @@ def zone_settings(tmp: Path) -> tuple[dict[str, Any], dict[str, Any]]:
 
 
 class Mover(ReclaimComponent):
-    """The real component; stand-ins for the ranking, the transfer and the guard (module docs):
-    its part ``prestage`` sends its guard releases to :meth:`_release`."""
+    """The real component; stand-ins for the ranking, the transfer and the guard (module docs) in
+    its part ``mover``; its part ``prestage`` sends its guard releases to :meth:`_release`."""
 
     def __init__(self) -> None:
         super().__init__()
         self.prestage.release = self._release  # type: ignore[method-assign]
+        self.mover.rank_for = self.rank_for  # type: ignore[method-assign]
+        self.mover.send = self._send  # type: ignore[method-assign]
+        self.mover.send_guard = self._guard  # type: ignore[method-assign]
 
     def rank_for(self, job: Any, ckpt_bytes: float, window_s: float | None, prestaged: bool) -> list[Any]:
         return [SimpleNamespace(candidate=SimpleNamespace(node="2"), feasible=True, expected_loss_s=0.0, reasons=())]
@@ -230,7 +233,7 @@ def test_a_hand_over_that_times_out_is_asked_again_not_thawed_into_two_copies(tm
         async with running_rig(tmp_path) as (rig, jobs):
             mig = await rig.start_migrate()
             job = await sleeper(jobs, "lm-t-mvcut-slow")
-            move = asyncio.ensure_future(mig.readdress(job))  # Airlock's re-address rung
+            move = asyncio.ensure_future(mig.mover.readdress(job))  # Airlock's re-address rung
             assert await until(lambda: rig.dst_jobs.asked > 0, 15), "the hand-over never reached node 2"
             # its answer times out (0.5 s): the move is asked again (or, before, gave up)
             await until(lambda: move.done() or any(e.get("phase") == "unconfirmed" for e in rig.events), 10)
@@ -254,7 +257,7 @@ def test_a_loan_return_move_cut_by_both_agents_stopping_runs_the_job_here_after_
         async with running_rig(tmp_path) as (rig, jobs):
             mig = await rig.start_migrate()
             job = await sleeper(jobs, "lm-t-mvcut-none")
-            await rig.cut_during_handover(mig.move_now(job, "lm-t loan return"))
+            await rig.cut_during_handover(mig.mover.move_now(job, "lm-t loan return"))
             assert job.cgroup.frozen() and job.state == "running"
             await rig.restart_destination()  # node 2's agent stops before the job started: none runs there
             rig.events.clear()
@@ -276,7 +279,7 @@ def test_an_airlock_move_cut_by_the_agent_stopping_is_stopped_here_once_the_dest
         async with running_rig(tmp_path) as (rig, jobs):
             mig = await rig.start_migrate()
             job = await sleeper(jobs, "lm-t-mvcut-there")
-            await rig.cut_during_handover(mig.readdress(job))
+            await rig.cut_during_handover(mig.mover.readdress(job))
             rig.dst_jobs.gate.set()  # node 2 starts it while the source is down
             assert await until(lambda: len(rig.dst_jobs.active()) == 1, 10)
             t0 = time.monotonic()
@@ -329,7 +332,7 @@ async def reclaim_in_handover(rig: Rig, jobs: Any, name: str) -> tuple[Any, Any]
     mig = await rig.start_migrate()
     job = await sleeper(jobs, name)
     mig.s["notice_margin"] = 0.1  # the plan signals the job at 10 % of the window (3 s), not near its end
-    mig.start_reclaim(30.0, "lm-t owner")
+    mig.evacuation.start(30.0, "lm-t owner")
     assert await until(lambda: rig.dst_jobs.asked > 0, 20), [e["message"] for e in rig.events]
     return mig, job
 
@@ -457,7 +460,7 @@ def test_a_move_finishing_after_a_reclaim_cancel_keeps_its_record_when_a_new_rec
             mig, job = await reclaim_in_handover(rig, jobs, "lm-t-mvcut-rcnew")
             out = await mig.withdraw.cancel_reclaim("lm-t owner changed their mind")
             assert out["finishing"] == [job.id], out
-            mig.start_reclaim(30.0, "lm-t owner again")  # the move of the cancelled one still waits
+            mig.evacuation.start(30.0, "lm-t owner again")  # the move of the cancelled one still waits
             await rig.stop_migrate()
             assert job.cgroup.frozen() and job.state == "running"
             # restores the new reclaim (a move again would signal the job at once, wait 0.5 s)

@@ -26,7 +26,7 @@ from jobrig import job_manager, until
 from test_replica_gc_move_freeze import component, sleeper_with_checkpoint
 
 from laminar.jobkit import Checkpointer
-from laminar.migrate import reclaim as R
+from laminar.migrate import checkpoints as C
 
 pytestmark = pytest.mark.kernel
 
@@ -47,7 +47,7 @@ def saves_when_asked(jobs: Any, job: Any, data: bytes, step: int) -> list[str]:
 
 def test_the_job_is_frozen_while_its_final_checkpoint_is_checked(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     seen: list[tuple[str, bool]] = []
-    real = R.build_manifest
+    real = C.build_manifest
 
     async def main() -> None:
         async with job_manager(tmp_path) as jobs:
@@ -57,10 +57,10 @@ def test_the_job_is_frozen_while_its_final_checkpoint_is_checked(tmp_path: Path,
                 seen.append((p.name, bool(job.cgroup.frozen())))
                 return real(p, *a, **kw)
 
-            monkeypatch.setattr(R, "build_manifest", checked)
+            monkeypatch.setattr(C, "build_manifest", checked)
             asks = saves_when_asked(jobs, job, b"weights at step 9", 9)
             c = component(jobs)
-            mv = await asyncio.wait_for(c.move_now(job, "test: freeze before the check"), 120)
+            mv = await asyncio.wait_for(c.mover.move_now(job, "test: freeze before the check"), 120)
             assert mv.phase == "failed" and "no destination fits" in mv.error, mv
             assert asks == [job.id]  # one final checkpoint asked for, once
             assert mv.ckpt == "ckpt-9"  # the final checkpoint was the one chosen
@@ -88,14 +88,14 @@ def test_a_final_checkpoint_that_fails_its_check_ends_the_wait_and_the_last_one_
             c.s["ckpt_wait_s"] = 3600.0  # a frozen job saves no other: this is never waited out
             c._emit = lambda msg, **kw: events.append(msg)  # type: ignore[method-assign]
             frozen_during: list[bool] = []
-            real_rank = c.rank_for
+            real_rank = c.mover.rank_for
 
             def rank(*a: Any, **kw: Any) -> Any:
                 frozen_during.append(bool(job.cgroup.frozen()))
                 return real_rank(*a, **kw)
 
-            c.rank_for = rank  # type: ignore[method-assign]
-            mv = await asyncio.wait_for(c.move_now(job, "test: a bad final checkpoint"), 120)
+            c.mover.rank_for = rank  # type: ignore[method-assign]
+            mv = await asyncio.wait_for(c.mover.move_now(job, "test: a bad final checkpoint"), 120)
             assert mv.phase == "failed" and "no destination fits" in mv.error, mv
             assert mv.ckpt == "ckpt-5", mv  # the last verified one, not the corrupt final one
             assert frozen_during == [True]

@@ -17,6 +17,7 @@ import asyncio
 import contextlib
 import math
 import sys
+import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 from types import SimpleNamespace
@@ -28,7 +29,8 @@ from jobrig import job_manager, until
 from laminar import jobkit
 from laminar.config import Config, validate
 from laminar.events import EventBus
-from laminar.migrate.reclaim import DEFAULT_CKPT_BYTES, ReclaimComponent
+from laminar.migrate.constants import DEFAULT_CKPT_BYTES
+from laminar.migrate.reclaim import ReclaimComponent
 from laminar.runtime.spec import JobSpec
 from laminar.store import Store
 
@@ -83,15 +85,15 @@ def test_a_job_without_a_checkpoint_is_planned_at_the_memory_it_holds(tmp_path: 
     async def main() -> None:
         async with planner(tmp_path) as (jobs, comp):
             big, small = await holding(jobs, tmp_path, 300, 1)
-            assert comp._ckpt_bytes(big) >= 300 * MB  # what it holds, not 64 MiB
-            assert comp._ckpt_bytes(small) == DEFAULT_CKPT_BYTES  # at least the default
+            assert comp.checkpoints.ckpt_bytes(big) >= 300 * MB  # what it holds, not 64 MiB
+            assert comp.checkpoints.ckpt_bytes(small) == DEFAULT_CKPT_BYTES  # at least the default
 
             assert big.ckpt_dir is not None
             jobkit.Checkpointer(job_id=big.id, ckpt_dir=big.ckpt_dir, install_signal=False).save(
                 b"x" * (3 * MB), step=1)
             assert comp.ckpt is not None
             await comp.ckpt.verify_new()  # the driver's round (every poll_s): its size is its verified manifest's
-            size = comp._ckpt_bytes(big)
+            size = comp.checkpoints.ckpt_bytes(big)
             assert 3 * MB <= size < 4 * MB  # its checkpoint's size, once it has one
 
             await jobs.stop(big.id, "test")
@@ -101,7 +103,7 @@ def test_a_job_without_a_checkpoint_is_planned_at_the_memory_it_holds(tmp_path: 
                     f.unlink()
                 p.rmdir()
             comp.ckpt.round()  # the driver's next round forgets the ended job
-            assert comp._ckpt_bytes(big) == DEFAULT_CKPT_BYTES  # ended: no memory to go by
+            assert comp.checkpoints.ckpt_bytes(big) == DEFAULT_CKPT_BYTES  # ended: no memory to go by
 
     asyncio.run(main())
 
@@ -128,28 +130,28 @@ def test_a_gpu_job_without_a_checkpoint_is_planned_with_the_gpu_memory_its_proce
                 return {gpu.pid: 3 << 30, 999_999: 5 << 30}
 
             monkeypatch.setattr(gpus, "nvml_process_memory", fake_nvml)
-            comp._gpu_mem_at = -math.inf  # (the watch's round at start looked: no GPU job then)
-            await comp._gpu_memory_round()  # the watch's round: NVML read in a worker thread
+            comp.checkpoints._gpu_mem_at = -math.inf  # (the watch's round at start looked: no GPU job then)
+            await comp.checkpoints.tick(time.time())  # the watch's round: NVML read in a worker thread
             assert len(nvml_calls) == 1
-            size = comp._ckpt_bytes(gpu)
+            size = comp.checkpoints.ckpt_bytes(gpu)
             assert 3 << 30 <= size < (3 << 30) + 64 * MB, size  # its GPU memory, not another pid's
-            assert comp._ckpt_bytes(cpu) == DEFAULT_CKPT_BYTES  # no GPU
+            assert comp.checkpoints.ckpt_bytes(cpu) == DEFAULT_CKPT_BYTES  # no GPU
             assert len(nvml_calls) == 1  # the plan reads the last round's figures, never NVML itself
 
-            await comp._gpu_memory_round()
+            await comp.checkpoints.tick(time.time())
             assert len(nvml_calls) == 1  # not read again within GPU_MEM_EVERY_S
-            comp._gpu_mem_at = -math.inf
+            comp.checkpoints._gpu_mem_at = -math.inf
             monkeypatch.setattr(gpus, "nvml_process_memory", lambda: {})  # NVML unreadable
-            await comp._gpu_memory_round()
-            assert comp._ckpt_bytes(gpu) == DEFAULT_CKPT_BYTES  # the cgroup's alone, as before
+            await comp.checkpoints.tick(time.time())
+            assert comp.checkpoints.ckpt_bytes(gpu) == DEFAULT_CKPT_BYTES  # the cgroup's alone, as before
 
             assert gpu.ckpt_dir is not None  # once it has checkpointed, NVML is not read at all
             jobkit.Checkpointer(job_id=gpu.id, ckpt_dir=gpu.ckpt_dir, install_signal=False).save(b"w" * MB, step=1)
             assert comp.ckpt is not None
             await comp.ckpt.verify_new()  # the driver's round: the checkpoint listed and checked
-            comp._gpu_mem_at = -math.inf
+            comp.checkpoints._gpu_mem_at = -math.inf
             monkeypatch.setattr(gpus, "nvml_process_memory", fake_nvml)
-            await comp._gpu_memory_round()
-            assert len(nvml_calls) == 1 and MB <= comp._ckpt_bytes(gpu) < 2 * MB
+            await comp.checkpoints.tick(time.time())
+            assert len(nvml_calls) == 1 and MB <= comp.checkpoints.ckpt_bytes(gpu) < 2 * MB
 
     asyncio.run(main())

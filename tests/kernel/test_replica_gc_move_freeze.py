@@ -1,6 +1,6 @@
 """A failed move thaws only what the move itself froze: real processes in real cgroups.
 
-A move (``ReclaimComponent._move``: the reclaim's, the loan return's, Airlock's re-address) freezes
+A move (``Mover.move``: the reclaim's, the loan return's, Airlock's re-address) freezes
 the job after its checkpoint and thaws it again when the move fails. A job Airlock had already
 suspended (frozen under memory pressure) must stay frozen: the move did not freeze it, so a failed
 move does not undo Airlock's decision. The job manager, the cgroups and the job's process are real;
@@ -61,7 +61,7 @@ def test_a_failed_move_leaves_a_job_airlock_suspended_frozen(tmp_path: Path) -> 
         async with job_manager(tmp_path) as jobs:
             job = await sleeper_with_checkpoint(jobs, "lm-t-rgc-susp")
             assert job.cgroup.freeze(timeout=5.0)  # what Airlock's suspend does under memory pressure
-            mv = await component(jobs).move_now(job, "test: airlock re-address")
+            mv = await component(jobs).mover.move_now(job, "test: airlock re-address")
             assert mv.phase == "failed" and "no destination fits" in mv.error, mv
             assert job.cgroup.frozen(), "the failed move thawed a job it had not frozen"
 
@@ -73,7 +73,7 @@ def test_a_failed_move_thaws_the_job_it_froze(tmp_path: Path) -> None:
         async with job_manager(tmp_path) as jobs:
             job = await sleeper_with_checkpoint(jobs, "lm-t-rgc-run")
             assert not job.cgroup.frozen()
-            mv = await component(jobs).move_now(job, "test: move with nowhere to go")
+            mv = await component(jobs).mover.move_now(job, "test: move with nowhere to go")
             assert mv.phase == "failed" and "no destination fits" in mv.error, mv
             assert await until(lambda: not job.cgroup.frozen(), 10), "the failed move left the job frozen"
             assert job.state == "running"

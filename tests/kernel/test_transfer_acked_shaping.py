@@ -4,7 +4,7 @@ acknowledged, not the leaf's estimate.
 Node a runs netguard (the stand-in of test_killswitch_dataplane) and the HTB tree; the transfer
 registry (real code) ticks the shaper on its own thread. The receiver is a real endpoint in
 namespace b (``python -m laminar.migrate.transfer serve``). The sender is the real
-``send_checkpoint`` with the agent's real flow hook adapter (``reclaim._ShaperHook``), run on an
+``send_checkpoint`` with the agent's real flow hook adapter (``mover._ShaperHook``), run on an
 event loop in a thread of this process that entered namespace a (setns), so its socket is node
 a's and its packets go through the transfer's leaf. While it runs, the registry's progress is
 sampled and compared with ``bytes_received`` of the receiver's socket (``ss -ti`` in namespace b):
@@ -30,7 +30,7 @@ from test_killswitch_dataplane import start_dataplane, stop_dataplane
 from test_transfer import keyfile, port, procs, serve  # noqa: F401  (procs: the fixture)
 from xferrig import make_ckpt
 
-from laminar.migrate.reclaim import _ShaperHook
+from laminar.migrate.mover import _ShaperHook
 from laminar.migrate.transfer import send_checkpoint
 from laminar.net.htb import HtbTree
 from laminar.net.transfers import TransferRegistry

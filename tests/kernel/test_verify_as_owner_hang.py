@@ -25,7 +25,7 @@ import pytest
 from fuserig import READ, eio_mount
 
 from laminar.jobkit import Checkpointer
-from laminar.migrate import reclaim
+from laminar.migrate import owner_check
 from laminar.migrate.reclaim import ReclaimComponent
 
 pytestmark = pytest.mark.kernel
@@ -75,7 +75,7 @@ def test_a_check_on_storage_that_stops_answering_is_stopped_naming_path_uid_and_
         Checkpointer(job_id=f"lm-t-verify-{sub}", ckpt_dir=backing / sub, install_signal=False).save(
             b"weights" * 4096, step=5)
     monkeypatch.setattr(fuserig, "_Server", HangingServer)  # the forked server is this one
-    monkeypatch.setattr(reclaim, "VERIFY_STALL_S", 1.0)  # the bound on a check without progress
+    monkeypatch.setattr(owner_check, "VERIFY_STALL_S", 1.0)  # the bound on a check without progress
     check_resume = ReclaimComponent().check_resume  # the zone's hand-over's call (no transfer root here)
     pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="lm-t-verify")
     hung_pids: list[int] = []

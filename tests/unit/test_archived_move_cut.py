@@ -56,9 +56,9 @@ def homeless(tmp: Path, stop_blocks: bool) -> tuple[ReclaimComponent, Any, list[
     async def rank_holders(key: str, size: int, window: Any, prefer: Any) -> list[Any]:
         return []
 
-    c.rank_for = lambda job, size, window, prestaged: []  # type: ignore[method-assign]
-    c.rank_holders = rank_holders  # type: ignore[method-assign]
-    c._request = lambda job, take_over: {**request(), "take_over": take_over}  # type: ignore[method-assign]
+    c.mover.rank_for = lambda job, size, window, prestaged: []  # type: ignore[method-assign]
+    c.holders.rank = rank_holders  # type: ignore[method-assign]
+    c.mover.request = lambda job, take_over: {**request(), "take_over": take_over}  # type: ignore[method-assign]
     return c, job, seen, stopping
 
 
@@ -67,7 +67,7 @@ async def new_plan(c: ReclaimComponent, job: Any, window_s: float = 0.5) -> None
     c.reclaim = {"planned_mono": time.monotonic(), "deadline_mono": time.monotonic() + window_s,
                  "cancel": asyncio.Event()}
     c.agent.jobs.active = lambda: []
-    await c._execute([job], {})
+    await c.evacuation._execute([job], {})
 
 
 def test_a_move_cut_while_its_copy_waits_on_a_hung_archive_gives_the_copy_up_and_thaws_the_job(
@@ -77,7 +77,7 @@ def test_a_move_cut_while_its_copy_waits_on_a_hung_archive_gives_the_copy_up_and
     hang_copies(c, storage, copying)
 
     async def main() -> None:
-        task = asyncio.ensure_future(c._move(job, "a test", time.monotonic() + 30, final=False))
+        task = asyncio.ensure_future(c.mover.move(job, "a test", time.monotonic() + 30, final=False))
         try:
             assert await asyncio.to_thread(copying.wait, 10)
             task.cancel()  # a shorter window replaces the plan (or the agent stops)
@@ -100,7 +100,7 @@ def test_a_move_cut_after_the_archive_has_the_job_leaves_it_frozen_and_a_new_pla
     c, job, seen, stopping = homeless(tmp_path, stop_blocks=True)
 
     async def main() -> None:
-        task = asyncio.ensure_future(c._move(job, "a test", time.monotonic() + 30, final=False))
+        task = asyncio.ensure_future(c.mover.move(job, "a test", time.monotonic() + 30, final=False))
         try:
             await asyncio.wait_for(stopping.wait(), 10)
             task.cancel()  # a shorter window replaces the plan while the job is being stopped
@@ -125,7 +125,7 @@ def test_a_move_cut_while_it_stops_a_job_whose_late_copy_goes_on_leaves_it_froze
     hang_copies(c, storage)
 
     async def main() -> None:
-        task = asyncio.ensure_future(c._move(job, "a test", time.monotonic() + 1.5, final=False))
+        task = asyncio.ensure_future(c.mover.move(job, "a test", time.monotonic() + 1.5, final=False))
         try:
             await asyncio.wait_for(stopping.wait(), 10)  # past the window's wait: the job stops, its copy goes on
             assert c.moves["job-1"].phase == "archiving"

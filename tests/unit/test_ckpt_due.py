@@ -162,21 +162,13 @@ class FakeEvents:
         self.events.append({"kind": kind, "message": message, **f})
 
 
-class FakeComp:
-    """The parts of ReclaimComponent the driver reads."""
+class FakeEvidence:
+    """The parts of the component's evidence (laminar.migrate.evidence.Evidence) the driver reads."""
 
-    def __init__(self, jobs: FakeJobs, **cfg: Any) -> None:
-        self.s = {k: f.default for k, f in CONFIG_FIELDS.items()} | cfg
+    def __init__(self) -> None:
         self.hazards = {"default": HazardModel("default", prior_rate_per_h=100.0)}
         self.notice_odds = NoticeOdds()  # no evidence: every departure unannounced, rollback share 1
         self.exposure: list[tuple[float, float, float]] = []
-        self.evacuating: set[str] = set()
-        self.reclaim: dict[str, Any] | None = None
-        self.events = FakeEvents()
-        self.agent = type("A", (), {"jobs": jobs, "config": None})()
-
-    def _emit(self, message: str, **f: Any) -> None:
-        self.events.emit("migrate", message, **f)
 
     def observe_exposure(self, t0: float, t1: float, nodes: float = 1.0) -> None:
         self.exposure.append((t0, t1, nodes))
@@ -184,6 +176,21 @@ class FakeComp:
 
     def exposed_nodes(self) -> float:
         return 1.0
+
+
+class FakeComp:
+    """The parts of ReclaimComponent the driver reads."""
+
+    def __init__(self, jobs: FakeJobs, **cfg: Any) -> None:
+        self.s = {k: f.default for k, f in CONFIG_FIELDS.items()} | cfg
+        self.evidence = FakeEvidence()
+        self.evacuating: set[str] = set()
+        self.reclaim: dict[str, Any] | None = None
+        self.events = FakeEvents()
+        self.agent = type("A", (), {"jobs": jobs, "config": None})()
+
+    def _emit(self, message: str, **f: Any) -> None:
+        self.events.emit("migrate", message, **f)
 
 
 @pytest.fixture
@@ -347,8 +354,8 @@ def test_a_wall_clock_step_is_not_counted_as_exposure(tmp_path: Path, monkeypatc
     wall[0] -= 3600.0  # and one back
     mono[0] += 1.0
     d.round()
-    assert sum(t1 - t0 for t0, t1, _ in comp.exposure) == pytest.approx(2.0)
-    assert len(comp.exposure) == 2  # the round after the backward step counts nothing
+    assert sum(t1 - t0 for t0, t1, _ in comp.evidence.exposure) == pytest.approx(2.0)
+    assert len(comp.evidence.exposure) == 2  # the round after the backward step counts nothing
 
 
 class CorruptFirstJobs(FakeJobs):
@@ -446,13 +453,13 @@ def test_the_plan_uses_the_configured_notice_margin(tmp_path: Path, usr1_handler
     jobs = FakeJobs([FakeJob("job-1", tmp_path / "a")])
     base = dict(uplink_mbit=16.0, expected_notice_s=60.0, min_interval_s=1.0, max_interval_s=21600.0)
     comp = FakeComp(jobs, **base)
-    comp.notice_odds = NoticeOdds(announced=99.0)  # departures come with notice: fitting jobs rarely roll back
+    comp.evidence.notice_odds = NoticeOdds(announced=99.0)  # departures come with notice: fitting jobs rarely roll back
     d = cd.CkptDriver(comp)
     d.round(1_700_000_000.0)
     fit = d.view()[0]
     assert fit["prestage"] is False
     comp2 = FakeComp(jobs, notice_margin=0.3, **base)
-    comp2.notice_odds = NoticeOdds(announced=99.0)
+    comp2.evidence.notice_odds = NoticeOdds(announced=99.0)
     d2 = cd.CkptDriver(comp2)
     d2.round(1_700_000_000.0)
     tight = d2.view()[0]
@@ -503,9 +510,9 @@ def test_a_reclaimed_node_is_no_longer_exposure(tmp_path: Path) -> None:
     comp.reclaim = {"task": task}
     for i in range(10, 40):
         d.round(t + i * 0.1)
-    exposed = sum((t1 - t0) * n for t0, t1, n in comp.exposure)
+    exposed = sum((t1 - t0) * n for t0, t1, n in comp.evidence.exposure)
     assert exposed == pytest.approx(0.9)
-    assert comp.hazards["default"].total_exposure_h == pytest.approx(0.9 / 3600)
+    assert comp.evidence.hazards["default"].total_exposure_h == pytest.approx(0.9 / 3600)
 
 
 def test_a_checkpoint_saved_again_at_the_same_step_is_new(tmp_path: Path, usr1_handler: None) -> None:
@@ -554,7 +561,7 @@ def test_the_notice_fit_is_judged_at_the_path_rate_the_reclaim_moves_at(tmp_path
     jobs = FakeJobs([FakeJob("job-1", tmp_path / "a")])
     comp = FakeComp(jobs, uplink_mbit=25000.0, path_mbit=10.0, expected_notice_s=60.0, min_interval_s=1.0,
                     max_interval_s=21600.0)
-    comp.notice_odds = NoticeOdds(announced=99.0)
+    comp.evidence.notice_odds = NoticeOdds(announced=99.0)
     d = cd.CkptDriver(comp)
     d.round(1_700_000_000.0)
     row = d.view()[0]

@@ -1,5 +1,5 @@
 """The migrate component's control ops (issue 32): one table, op -> handler
-(``ReclaimComponent._CONTROL_OPS``), with the checks that come before any handler: the body is an
+(``Control.OPS``), with the checks that come before any handler: the body is an
 object, the asker a node id, the op a known one (the answer lists them from the table), a
 ``reclaim`` or ``reclaim-cancel`` only from ``migrate.reclaim_from``, and a reclaim's notice,
 cancel or withdrawal dated within 60 s of this node's clock."""
@@ -27,31 +27,31 @@ def test_the_ops_are_a_table_and_the_checks_come_first(tmp_path: Path) -> None:
         comp = ReclaimComponent()
         await comp.start(agent)
         try:
-            assert list(comp._CONTROL_OPS) == ["guard", "release", "reclaim", "reclaim-cancel", "reclaim-withdrawn",
+            assert list(comp.control.OPS) == ["guard", "release", "reclaim", "reclaim-cancel", "reclaim-withdrawn",
                                                "space", "superseded", "needs", "dropped", "taken", "heard"]
             with pytest.raises(ValueError) as e:
-                comp._on_control("2", "gossip", {})
+                comp.control.answer("2", "gossip", {})
             assert str(e.value) == ("unknown control operation 'gossip' (guard, release, reclaim, reclaim-cancel, "
                                     "reclaim-withdrawn, space, superseded, needs, dropped, taken, heard)")
             with pytest.raises(ValueError, match="body of 'needs' must be an object"):
-                comp._on_control("2", "needs", [])
+                comp.control.answer("2", "needs", [])
             with pytest.raises(ValueError, match="needs: the asking node 'n2' is not a node id"):
-                comp._on_control("n2", "needs", {})
+                comp.control.answer("n2", "needs", {})
             # reclaim and reclaim-cancel: migrate.reclaim_from only (empty here), before the clock
             for op in ("reclaim", "reclaim-cancel"):
                 with pytest.raises(ValueError, match=f"{op} of node {comp.node_id} from node 2: not allowed; "
                                                      "only the nodes in migrate.reclaim_from may"):
-                    comp._on_control("2", op, {"ts": 0})
+                    comp.control.answer("2", op, {"ts": 0})
             comp.s["reclaim_from"] = [2]
             with pytest.raises(ValueError, match=r"^reclaim notice dated 0.0 is more than 60 s from this node's clock$"):
-                comp._on_control("2", "reclaim", {"ts": 0, "notice_s": 30})
+                comp.control.answer("2", "reclaim", {"ts": 0, "notice_s": 30})
             with pytest.raises(ValueError, match=r"^reclaim-cancel dated 5.0 is more than 60 s"):
-                comp._on_control("2", "reclaim-cancel", {"ts": 5})
+                comp.control.answer("2", "reclaim-cancel", {"ts": 5})
             # reclaim-withdrawn: from any node (its own reclaim), dated all the same
             with pytest.raises(ValueError, match=r"^reclaim-withdrawn dated 0.0 is more than 60 s"):
-                comp._on_control("3", "reclaim-withdrawn", {})
-            assert comp._on_control("3", "reclaim-withdrawn", {"ts": time.time()}) == {"withdrawn": 3, "guards": []}
-            got = comp._on_control("2", "reclaim-cancel", {"ts": time.time(), "reason": "test"})
+                comp.control.answer("3", "reclaim-withdrawn", {})
+            assert comp.control.answer("3", "reclaim-withdrawn", {"ts": time.time()}) == {"withdrawn": 3, "guards": []}
+            got = comp.control.answer("2", "reclaim-cancel", {"ts": time.time(), "reason": "test"})
             assert asyncio.iscoroutine(got)  # answered by the endpoint once awaited
             assert (await got)["refused"].startswith(f"node {comp.node_id} has no reclaim to cancel")
         finally:

@@ -120,7 +120,7 @@ def test_a_guard_a_prestage_sends_after_its_job_was_superseded_is_withdrawn(tmp_
 
     async def main() -> None:
         async with node(tmp_path, 1, [1, 2, 3], port) as n1, node(tmp_path, 2, [1, 2, 3], port, jobs) as src:
-            real_guard = src._guard
+            real_guard = src.mover.send_guard
 
             async def guard(j: Any, n: int, ckpt_name: str, take_over: bool = False) -> None:
                 # node 3, which took the job over while node 2 was silent, says so while the
@@ -129,7 +129,7 @@ def test_a_guard_a_prestage_sends_after_its_job_was_superseded_is_withdrawn(tmp_
                 await src.replicas.stop_superseded(j, 3, "job-4", K)
                 await real_guard(j, n, ckpt_name, take_over)
 
-            src._guard = guard  # type: ignore[method-assign]
+            src.mover.send_guard = guard  # type: ignore[method-assign]
             save(job, 5)
             await prestage_round(src)
             assert await until(lambda: not src.prestage.prestaging, timeout=20)
@@ -173,7 +173,7 @@ def test_a_reclaim_moves_a_fenced_job_only_once_its_fence_is_settled(tmp_path: P
         comp = ReclaimComponent()
         await comp.start(agent)
         moved: list[str] = []
-        real_move = comp._move
+        real_move = comp.mover.move
 
         async def move(job: Any, reason: str, deadline_mono: float | None, final: bool = True,
                        transfer_deadline: float | None = None) -> Any:
@@ -191,9 +191,9 @@ def test_a_reclaim_moves_a_fenced_job_only_once_its_fence_is_settled(tmp_path: P
             assert mv.phase == "failed" and "job-1 is fenced" in str(mv.error), mv
             assert settles.cgroup.thawed == 0 and settles.active
             assert "job-1" not in comp.evacuating
-            comp._move = move  # type: ignore[method-assign]
+            comp.mover.move = move  # type: ignore[method-assign]
             comp.ckpt_latency.update({"job-1": 60.0, "job-2": 60.0})  # signalled at once
-            comp.start_reclaim(2.0, "lm-t owner")
+            comp.evacuation.start(2.0, "lm-t owner")
             await asyncio.sleep(0.8)
             assert moved == [], "a fenced job is not moved before its fence is settled"
             del comp.fence.fenced_jobs["job-1"]  # settled: thawed, nobody took it over
@@ -276,7 +276,7 @@ def test_a_checkpoint_the_job_rotated_away_mid_prestage_is_no_fault_of_the_peer(
             async def send(*a: Any, **kw: Any) -> str:
                 raise failures.pop(0)
 
-            src._send = send  # type: ignore[method-assign]
+            src.mover.send = send  # type: ignore[method-assign]
             save(job, 5)
             await prestage_round(src)
             assert await until(lambda: not src.prestage.prestaging, timeout=10)

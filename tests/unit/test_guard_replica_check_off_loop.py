@@ -80,8 +80,8 @@ def test_a_reclaimed_guards_pass_checks_its_replica_off_the_event_loop(tmp_path:
     async def rank_holders(*a: Any, **kw: Any) -> list[Any]:
         raise Stop
 
-    c.rank_holders = rank_holders  # type: ignore[method-assign]
+    c.holders.rank = rank_holders  # type: ignore[method-assign]
     with pytest.raises(Stop):
-        asyncio.run(c._pass_one({"key": REPLICA, "src_node": 2}, {"owner_uid": 65534, "owner_gid": 65534},
+        asyncio.run(c.holders._pass_one({"key": REPLICA, "src_node": 2}, {"owner_uid": 65534, "owner_gid": 65534},
                                 time.monotonic() + 60))
     assert hashed and not any(hashed), f"the replica was hashed on the event loop: {hashed}"

@@ -1,5 +1,5 @@
 """A reclaim with no room anywhere sends the job's final checkpoint to a holder and, with
-``archive_dir``, archives it beside the holder (ReclaimComponent._hold). The holder is handed the
+``archive_dir``, archives it beside the holder (Holders.hold). The holder is handed the
 guard with ``take_over`` only once the archive holds the job's record: its take-over then finds the
 record and claims it (the archive's claim is the lock: one node runs the job). Handed first, the
 holder's take-over could place the job from its replica while the archive held nothing of it, and
@@ -32,7 +32,8 @@ from typing import Any
 from archiverig import request, zone_of
 
 from laminar.jobkit import Checkpointer
-from laminar.migrate.reclaim import Move, ReclaimComponent
+from laminar.migrate.mover import Move
+from laminar.migrate.reclaim import ReclaimComponent
 from laminar.migrate.schema import MOVES_SCHEMA, RECLAIM_SCHEMA, REPLICAS_SCHEMA
 from laminar.store import Store
 
@@ -85,10 +86,10 @@ def holding_node(tmp: Path, archive: Path, holders: bool = True) -> tuple[Reclai
         rec = archive / f"n1-{job.id}" / "guard.json"
         seen.append(f"guard to {node} take_over={take_over} archived={rec.exists()}")
 
-    c.rank_holders = rank_holders  # type: ignore[method-assign]
-    c._send = send  # type: ignore[method-assign]
-    c._guard = guard  # type: ignore[method-assign]
-    c._request = lambda job, take_over: {**request(), "take_over": take_over}  # type: ignore[method-assign]
+    c.holders.rank = rank_holders  # type: ignore[method-assign]
+    c.mover.send = send  # type: ignore[method-assign]
+    c.mover.send_guard = guard  # type: ignore[method-assign]
+    c.mover.request = lambda job, take_over: {**request(), "take_over": take_over}  # type: ignore[method-assign]
     return c, seen
 
 
@@ -129,7 +130,7 @@ def hold(c: ReclaimComponent, ckpt: Path, window_s: float = 30.0, storage: threa
     async def main() -> None:
         try:
             try:
-                await c._hold(job, mv, ckpt, 1 << 20, None, "no room", time.monotonic() + window_s)
+                await c.holders.hold(job, mv, ckpt, 1 << 20, None, "no room", time.monotonic() + window_s)
             except Exception as e:
                 (seen if seen is not None else []).append(f"raised {type(e).__name__}")
             if storage is not None:
@@ -177,7 +178,7 @@ def test_a_holder_that_does_not_take_the_guard_is_passed_over_and_the_job_is_not
         seen.append(f"guard to {node} take_over={take_over}: no answer")
         raise TimeoutError("node 2 did not answer")
 
-    c._guard = silent_guard  # type: ignore[method-assign]
+    c.mover.send_guard = silent_guard  # type: ignore[method-assign]
     c.s["archive_dir"] = ""  # no archive: the move fails, and the job runs on here
     c.prestage.buddy["job-1"] = 3  # an older buddy: kept, not released
     mv = hold(c, ckpt, seen=seen)

@@ -1,5 +1,5 @@
 """A reclaimed job with no holder and no buddy whose copy to a hung archive goes on past its
-window's wait (ReclaimComponent._hold, phase ``archiving``) has its checkpoint only in its ckpt
+window's wait (Holders.hold, phase ``archiving``) has its checkpoint only in its ckpt
 directory on this node until the copy lands. An agent stop or crash while the copy waits used
 to end it for good. Now the copy is recorded (``migrate_late_copies``) before it starts, and
 its "about to publish" mark is committed right before its record is renamed into place, so the
@@ -30,7 +30,8 @@ from test_hold_archive_first import hang_copies, holding_node
 
 from laminar.jobkit import Checkpointer
 from laminar.migrate import archive_stopped as archive_mod
-from laminar.migrate.reclaim import Move, ReclaimComponent
+from laminar.migrate.mover import Move
+from laminar.migrate.reclaim import ReclaimComponent
 from laminar.policy.endcause import EndCause
 from laminar.store import Store
 
@@ -90,7 +91,7 @@ def crash_during_late_copy(tmp: Path, arch: Path, dead: threading.Event, where: 
         job = SimpleNamespace(id="job-1")
         mv = Move(job="job-1", key="n1-job-1", reason="owner", ckpt=ckpt.name)
         c.moves["job-1"] = mv
-        await c._hold(job, mv, ckpt, 1 << 20, None, "no room", asyncio.get_running_loop().time() + 1.5)
+        await c.holders.hold(job, mv, ckpt, 1 << 20, None, "no room", asyncio.get_running_loop().time() + 1.5)
         assert mv.phase == "archiving" and seen[:2] == ["stopped job-1", "(move archiving)"], (mv, seen)
         storage.set()
         if where != "storage":
@@ -152,7 +153,7 @@ def hold_in_time(tmp: Path, arch: Path, stop: Any) -> Move:
 
     async def main() -> None:
         try:
-            await c._hold(SimpleNamespace(id="job-1"), mv, ckpt, 1 << 20, None, "no room",
+            await c.holders.hold(SimpleNamespace(id="job-1"), mv, ckpt, 1 << 20, None, "no room",
                           asyncio.get_running_loop().time() + 30)
         finally:
             c.archive.lane.close()

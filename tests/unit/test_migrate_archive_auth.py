@@ -51,7 +51,8 @@ from laminar.migrate import archive_fs
 from laminar.migrate.archive_auth import ArchiveAuth, Refused, owner_body
 from laminar.migrate.archive_claims import ARCHIVE_CLAIM_STALE_S, ARCHIVE_CLAIMS_MAX
 from laminar.migrate.archive_view import ARCHIVE_SCAN_MAX, LIVE_RECORD
-from laminar.migrate.reclaim import ReclaimComponent, _manifest_facts
+from laminar.migrate.mover import _manifest_facts
+from laminar.migrate.reclaim import ReclaimComponent
 from laminar.migrate.schema import REPLICAS_SCHEMA
 from laminar.store import Store
 

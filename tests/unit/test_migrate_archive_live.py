@@ -141,10 +141,10 @@ def test_the_rule_follows_the_learned_unannounced_share(tmp_path: Path) -> None:
     a = agent_of(1, tmp_path / "arch")
     assert a.archive.periodic.periodic_due()  # the prior: every departure may come without notice
     for _ in range(200):
-        a.notice_odds.observe(announced=True)
-    assert a.notice_odds.unannounced_frac < 0.02 and not a.archive.periodic.periodic_due()
+        a.evidence.notice_odds.observe(announced=True)
+    assert a.evidence.notice_odds.unannounced_frac < 0.02 and not a.archive.periodic.periodic_due()
     a.s["archive_dir"] = ""
-    a.notice_odds = type(a.notice_odds)()
+    a.evidence.notice_odds = type(a.evidence.notice_odds)()
     assert not a.archive.periodic.periodic_due()  # no archive configured
 
 

@@ -70,19 +70,19 @@ def test_learned_hazard_and_notice_odds_survive_a_restart(tmp_path: Path) -> Non
         comp = ReclaimComponent()
         await comp.start(agent)
         try:
-            prior = comp.hazards["default"].weekly_rate_per_h()
+            prior = comp.evidence.hazards["default"].weekly_rate_per_h()
             now = time.time()
-            comp.observe_exposure(now - 10 * 3600, now, nodes=3.0)  # 30 node-hours watched
+            comp.evidence.observe_exposure(now - 10 * 3600, now, nodes=3.0)  # 30 node-hours watched
             for node in (2, 3):  # two peers announce reclaims through the zone
                 agent.events.emit("zone", f"node {node} reclaimed", node=node, deadline_ms=60_000)
             agent.events.emit("zone", "node 2 again", node=2, deadline_ms=30_000)  # the same reclaim
             agent.zone = FakeZone([2, 3, 4])
             agent.zone.membership.suspects.add(4)  # silent without a notice
-            comp._departure_round()
-            comp._departure_round()  # still silent: counted once
-            learned = comp.hazards["default"].weekly_rate_per_h()
-            assert comp.notice_odds.announced == 2 and comp.notice_odds.unannounced == 1
-            return prior, learned, comp.notice_odds.unannounced_frac
+            comp.evidence.tick(time.time())
+            comp.evidence.tick(time.time())  # still silent: counted once
+            learned = comp.evidence.hazards["default"].weekly_rate_per_h()
+            assert comp.evidence.notice_odds.announced == 2 and comp.evidence.notice_odds.unannounced == 1
+            return prior, learned, comp.evidence.notice_odds.unannounced_frac
         finally:
             await comp.stop()
             agent.store.db.close()
@@ -99,12 +99,12 @@ def test_learned_hazard_and_notice_odds_survive_a_restart(tmp_path: Path) -> Non
         return comp
 
     comp = run(second())
-    hz = comp.hazards["default"]
+    hz = comp.evidence.hazards["default"]
     assert hz.total_events == pytest.approx(3.0)
     assert hz.total_exposure_h == pytest.approx(30.0, rel=1e-6)
     assert hz.weekly_rate_per_h() == pytest.approx(learned)
-    assert comp.notice_odds.announced == 2 and comp.notice_odds.unannounced == 1
-    assert comp.notice_odds.unannounced_frac == pytest.approx(frac)
+    assert comp.evidence.notice_odds.announced == 2 and comp.evidence.notice_odds.unannounced == 1
+    assert comp.evidence.notice_odds.unannounced_frac == pytest.approx(frac)
     # the prior still comes from the configuration, not from the store
     assert hz.prior_rate_per_h == pytest.approx(1 / 24)
 
@@ -159,14 +159,14 @@ def test_a_peer_leaving_at_the_end_of_a_long_notice_window_is_one_announced_depa
         try:
             agent.zone = FakeZone([2, 3])
             agent.events.emit("zone", "node 2 reclaimed", node=2, deadline_ms=2 * 3600 * 1000)
-            assert comp.notice_odds.announced == 1
-            assert comp.exposed_nodes() == 2.0  # itself and node 3: node 2's departure is counted
+            assert comp.evidence.notice_odds.announced == 1
+            assert comp.evidence.exposed_nodes() == 2.0  # itself and node 3: node 2's departure is counted
             now = time.time()
             comp.notices[2] = (now - 5, now - 2 * 3600 - 5)  # two hours later: its window just ended
             agent.zone.membership.suspects.add(2)
-            comp._departure_round()
-            assert comp.notice_odds.announced == 1 and comp.notice_odds.unannounced == 0
-            assert comp.hazards["default"].total_events == 1.0
+            comp.evidence.tick(time.time())
+            assert comp.evidence.notice_odds.announced == 1 and comp.evidence.notice_odds.unannounced == 0
+            assert comp.evidence.hazards["default"].total_events == 1.0
         finally:
             await comp.stop()
             agent.store.db.close()
@@ -190,7 +190,7 @@ def test_prestage_is_judged_over_the_jobs_that_share_the_window(tmp_path: Path) 
         try:
             comp.s.update(prestage="auto", expected_notice_s=10.0, path_mbit=8.0, notice_margin=1.0,
                           prestage_unannounced=0.5)
-            comp.notice_odds.observe(True, 100.0)  # departures come with their notice here
+            comp.evidence.notice_odds.observe(True, 100.0)  # departures come with their notice here
             jobs = []
             for i, size in enumerate((6 << 20, 7 << 20)):  # 6.3 s and 7.3 s at 1 MB/s: each fits 10 s alone
                 d = tmp_path / f"job{i}"
@@ -202,10 +202,10 @@ def test_prestage_is_judged_over_the_jobs_that_share_the_window(tmp_path: Path) 
             await comp.ckpt.verify_new()
             alone = SimpleNamespace(active=lambda: jobs[1:])
             agent.jobs = alone
-            assert not comp._should_prestage(jobs[1])  # alone on the node it fits the window
+            assert not comp.checkpoints.should_prestage(jobs[1])  # alone on the node it fits the window
             agent.jobs = SimpleNamespace(active=lambda: jobs)
-            assert not comp._should_prestage(jobs[0])  # the smaller leaves first: fits
-            assert comp._should_prestage(jobs[1])  # behind it, the larger does not: prestaged
+            assert not comp.checkpoints.should_prestage(jobs[0])  # the smaller leaves first: fits
+            assert comp.checkpoints.should_prestage(jobs[1])  # behind it, the larger does not: prestaged
         finally:
             await comp.stop()
             agent.store.db.close()

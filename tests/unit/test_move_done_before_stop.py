@@ -79,11 +79,11 @@ def moving(tmp: Path, stop_blocks: bool) -> tuple[ReclaimComponent, Any, list[st
         return "job-9"
 
     ranked = SimpleNamespace(feasible=True, candidate=SimpleNamespace(node=2), expected_loss_s=1.0, reasons=[])
-    c.rank_for = lambda job, size, window, prestaged: [ranked]  # type: ignore[method-assign]
+    c.mover.rank_for = lambda job, size, window, prestaged: [ranked]  # type: ignore[method-assign]
     c._need = lambda job: (None, None)  # type: ignore[method-assign]
-    c._reserve = reserve  # type: ignore[method-assign]
-    c._send = send  # type: ignore[method-assign]
-    c._guard = guard  # type: ignore[method-assign]
+    c.mover.reserve = reserve  # type: ignore[method-assign]
+    c.mover.send = send  # type: ignore[method-assign]
+    c.mover.send_guard = guard  # type: ignore[method-assign]
     c.guarding.handover = handover  # type: ignore[method-assign]
     return c, job, seen, stopped
 
@@ -98,7 +98,7 @@ def test_the_move_is_done_before_the_job_is_stopped_here(tmp_path: Path) -> None
 
     async def main() -> Any:
         try:
-            return await c._move(job, "a test", None, final=False)
+            return await c.mover.move(job, "a test", None, final=False)
         finally:
             c.archive.lane.close()
 
@@ -114,7 +114,7 @@ def test_a_move_cut_while_its_job_is_being_stopped_leaves_it_frozen_for_a_restar
     c, job, seen, stopped = moving(tmp_path, stop_blocks=True)
 
     async def main() -> None:
-        task = asyncio.ensure_future(c._move(job, "a test", None, final=False))
+        task = asyncio.ensure_future(c.mover.move(job, "a test", None, final=False))
         try:
             await asyncio.wait_for(stopped.wait(), 10)
             task.cancel()  # the agent stops while the job is being stopped here

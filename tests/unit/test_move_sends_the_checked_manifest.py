@@ -82,12 +82,12 @@ def move(tmp: Path, ck: Path, between: Any = None) -> tuple[T.SendResult | BaseE
         rcv.on_commit = committed.append
         c = component(tmp / "xfer", port)
         job = job_at(ck.parent)
-        found, m = await c._wait_checkpoint(job, None, 5.0)
+        found, m = await c.checkpoints.wait_new(job, None, 5.0)
         assert found == ck and m is not None and m.ckpt_id == ck.name and not m.unchecked
         if between is not None:
             between()
         try:
-            return await c._send(job, found, 7, None, None, manifest=m), committed, m.ckpt_id
+            return await c.mover.send(job, found, 7, None, None, manifest=m), committed, m.ckpt_id
         except T.TransferError as e:
             return e, committed, m.ckpt_id
 
@@ -158,7 +158,7 @@ def test_a_prestage_reads_the_checkpoint_once_off_the_event_loop(tmp_path: Path,
         async def guard(job: Any, node: int, ckpt_name: str, take_over: bool = False) -> None:
             guarded.append((node, ckpt_name))
 
-        c._guard = guard  # type: ignore[method-assign]
+        c.mover.send_guard = guard  # type: ignore[method-assign]
         c._emit = lambda message, **fields: None  # type: ignore[method-assign]
         c.prestage.set_buddy = lambda job_id, node: None  # type: ignore[method-assign]
         await c.prestage.ship(job)

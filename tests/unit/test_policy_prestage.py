@@ -19,7 +19,7 @@ WINDOWS = (-1.0, 0.0, 0.5, 60.0)
 
 
 def old_reclaim(mode: str, frac: float, threshold: float, w: float, fits: bool) -> bool:
-    # migrate/reclaim.py ReclaimComponent._should_prestage
+    # migrate/reclaim.py Checkpoints.should_prestage
     if mode == "always":
         return True
     if mode == "off":

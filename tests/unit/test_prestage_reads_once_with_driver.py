@@ -46,7 +46,7 @@ def prestaging(tmp: Path, port: int, job: Any) -> tuple[ReclaimComponent, list[t
     async def guard(job: Any, node: int, ckpt_name: str, take_over: bool = False) -> None:
         guarded.append((node, ckpt_name))
 
-    c._guard = guard  # type: ignore[method-assign]
+    c.mover.send_guard = guard  # type: ignore[method-assign]
     c._emit = lambda message, **fields: None  # type: ignore[method-assign]
     c.prestage.set_buddy = lambda job_id, node: None  # type: ignore[method-assign]
     return c, guarded
@@ -73,7 +73,7 @@ def test_the_driver_check_and_the_prestage_read_a_checkpoint_once(tmp_path: Path
         assert c.prestage.shipped.get(job.id) == ck.name
         assert len(read_where) == 2, f"the prestage read the checkpoint again: {read_where}"
         # the archive's periodic copy takes the driver's answer: nothing read
-        look = c.archive.look(tmp_path / "arch", [], [(job.id, str(ck.parent), None, c._driver_checked(job))],
+        look = c.archive.look(tmp_path / "arch", [], [(job.id, str(ck.parent), None, c.checkpoints.driver_checked(job))],
                                False, frozenset(), frozenset(), 0.0)
         assert look["ckpts"] == {job.id: ck} and len(read_where) == 2, read_where
 

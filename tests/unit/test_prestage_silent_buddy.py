@@ -32,7 +32,8 @@ from jobrig import until
 from test_gc_guards import Job, Jobs, K, free_port, held, job_of, node, prestage_round, run, state
 
 from laminar.jobkit import Checkpointer, latest_checkpoint
-from laminar.migrate.reclaim import MigrateError, Move
+from laminar.migrate.errors import MigrateError
+from laminar.migrate.mover import Move
 from laminar.migrate.transfer import receive as xfer_receive
 from laminar.migrate.transfer import send as xfer_send
 from laminar.runtime.spec import JobSpec
@@ -85,13 +86,13 @@ def test_a_silent_buddy_costs_one_timeout_and_the_checkpoint_goes_to_another_pee
                 src.prestage.set_buddy("job-1", 1)  # node 1 guarded both jobs' older checkpoints, then went silent
                 src.prestage.set_buddy("job-2", 1)
                 sends: list[tuple[str, int]] = []
-                real_send = src._send
+                real_send = src.mover.send
 
                 async def send(j: Any, ck: Path, n: int, *a: Any, **kw: Any) -> str:
                     sends.append((j.id, n))
                     return await real_send(j, ck, n, *a, **kw)
 
-                src._send = send  # type: ignore[method-assign]
+                src.mover.send = send  # type: ignore[method-assign]
                 save(job, 10)
                 await prestage_round(src)
                 assert await until(lambda: not src.prestage.prestaging, timeout=30)
@@ -166,10 +167,10 @@ def test_a_move_does_not_wait_on_the_release_of_a_silent_old_buddy(tmp_path: Pat
                     release_pending.append((1, K) not in src.prestage.releases)  # its outcome not known yet
                     return "job-9"
 
-                src._reserve = reserve  # type: ignore[method-assign]
+                src.mover.reserve = reserve  # type: ignore[method-assign]
                 src.guarding.handover = handover  # type: ignore[method-assign]
                 mv = Move(job.id, K, "test", deadline=None)
-                await src._move_to(job, mv, ckpt, 3, None)
+                await src.mover._move_to(job, mv, ckpt, 3, None)
                 assert mv.dest_job == "job-9" and src.prestage.buddy["job-1"] == 3 and state(c) == "guarding"
                 # the hand-over went before the release to the silent node 1 had failed (not waited for)
                 assert release_pending == [True], release_pending
@@ -196,7 +197,7 @@ def test_a_prestage_a_move_overtook_neither_takes_the_guard_back_nor_slows_the_m
                 save(job, 10)
                 ckpt = latest_checkpoint(job.ckpt_dir)
                 assert ckpt is not None
-                real_send = src._send
+                real_send = src.mover.send
                 slow = asyncio.Event()
                 prestage_sends: list[str] = []
 
@@ -219,12 +220,12 @@ def test_a_prestage_a_move_overtook_neither_takes_the_guard_back_nor_slows_the_m
                 async def handover(n: int, pid: int, req: dict[str, Any], **kw: Any) -> str:  # stand-in
                     return "job-9"
 
-                src._send = send  # type: ignore[method-assign]
-                src._reserve = reserve  # type: ignore[method-assign]
+                src.mover.send = send  # type: ignore[method-assign]
+                src.mover.reserve = reserve  # type: ignore[method-assign]
                 src.guarding.handover = handover  # type: ignore[method-assign]
                 await prestage_round(src)
                 assert await until(lambda: prestage_sends == ["started"], timeout=20)
-                move = asyncio.ensure_future(src._move(job, "test", None, final=False))
+                move = asyncio.ensure_future(src.mover.move(job, "test", None, final=False))
                 await asyncio.sleep(0.2)
                 slow.set()  # the link to node 1 frees up while the move runs
                 mv = await move
@@ -276,7 +277,7 @@ def test_a_move_whose_destination_is_silent_goes_on_to_the_next_candidate_after_
             save(job, 10)
 
             released = destinations_1_then_3(src)
-            mv = await src._move(job, "test", None, final=False)
+            mv = await src.mover.move(job, "test", None, final=False)
             assert mv.phase == "done" and mv.dest == 3 and mv.dest_job == "job-93", (mv.phase, mv.error)
             assert tries.count("127.0.0.1") == 2, tries  # node 1 twice, not the ladder's 6
             assert released == [(1, 71)]  # node 1's reservation released
@@ -301,8 +302,8 @@ def destinations_1_then_3(src: Any) -> list[tuple[int, int]]:
 
     released: list[tuple[int, int]] = []
     src.zone.submitter = SimpleNamespace(t=SimpleNamespace(send=lambda n, m: released.append((n, m.placement_id))))
-    src.rank_for = rank_for
-    src._reserve = reserve
+    src.mover.rank_for = rank_for
+    src.mover.reserve = reserve
     src.guarding.handover = handover
     return released
 
@@ -330,10 +331,10 @@ def test_a_destination_a_move_found_silent_is_not_tried_again_by_the_next_move(
             save(job2, 20)
 
             destinations_1_then_3(src)
-            mv = await src._move(job, "test", None, final=False)
+            mv = await src.mover.move(job, "test", None, final=False)
             assert mv.phase == "done" and mv.dest == 3, (mv.phase, mv.error)
             assert silent.connections == 2, silent.connections  # the first move: two tries at node 1
-            mv2 = await src._move(job2, "test", None, final=False)
+            mv2 = await src.mover.move(job2, "test", None, final=False)
             assert mv2.phase == "done" and mv2.dest == 3, (mv2.phase, mv2.error)
             assert silent.connections == 2, silent.connections  # the second move: none at node 1
 

@@ -77,11 +77,11 @@ def test_cancel_inside_the_window_lets_a_begun_move_and_placement_finish_and_sto
             finally:
                 comp.evacuating.discard(job.id)
 
-        comp._move = slow_move  # type: ignore[method-assign]
+        comp.mover.move = slow_move  # type: ignore[method-assign]
         comp.ckpt_latency["job-1"] = 60.0  # a checkpoint slower than the window: signalled at once
         try:
             notice = 1.5
-            comp.start_reclaim(notice, "lm-t owner")
+            comp.evacuation.start(notice, "lm-t owner")
             end_mono = time.monotonic() + notice
             assert jobs.held == drain.hold_reason(comp.node_id) and zone.arbiter.inventory.draining
             assert await until(lambda: moved == ["begun job-1"] and zone.asked == ["n5-job-2"])
@@ -96,7 +96,7 @@ def test_cancel_inside_the_window_lets_a_begun_move_and_placement_finish_and_sto
             assert jobs.held is None
             assert jobs.stops == {"job-2": "stopped"}, "only the job that may run elsewhere is stopped"
             assert zone.asked == ["n5-job-2"], "no placement is asked for after the cancel"
-            assert comp.reclaim_status()["reclaim"] is None
+            assert comp.evacuation.status()["reclaim"] is None
             assert agent.store.db.execute("SELECT COUNT(*) FROM migrate_reclaim").fetchone()[0] == 0
             assert agent.store.db.execute("SELECT COUNT(*) FROM migrate_moves WHERE cause='reclaim'").fetchone()[0] == 0
             while time.monotonic() < end_mono + 0.5:
@@ -130,7 +130,7 @@ def test_a_peer_forgets_a_withdrawn_notice_and_its_guards_window(tmp_path: Path)
                 db.execute("INSERT INTO migrate_replicas VALUES ('n7-job-1', 7, 'job-1', ?, 'ckpt-1', 'guarding', "
                            "NULL, ?)", (json.dumps(req), now))
             assert comp.guarding.source_dead(7, now + 3, req["window_end"]) is not None  # what would resume it twice
-            res = comp._on_control("7", "reclaim-withdrawn", {"ts": now})
+            res = comp.control.answer("7", "reclaim-withdrawn", {"ts": now})
             assert res == {"withdrawn": 7, "guards": ["n7-job-1"]}
             assert 7 not in comp.notices
             kept = json.loads(agent.store.db.execute("SELECT request FROM migrate_replicas").fetchone()[0])
@@ -138,7 +138,7 @@ def test_a_peer_forgets_a_withdrawn_notice_and_its_guards_window(tmp_path: Path)
             assert comp.guarding.source_dead(7, now + 3, kept.get("window_end")) is None, \
                 "a withdrawn reclaim's end must not declare its node dead"
             try:
-                comp._on_control("7", "reclaim-withdrawn", {"ts": now - 3600})
+                comp.control.answer("7", "reclaim-withdrawn", {"ts": now - 3600})
                 raise AssertionError("a stale withdrawal must be refused")
             except ValueError as e:
                 assert "more than 60 s" in str(e)
@@ -156,17 +156,17 @@ def test_cancel_of_nothing_is_refused(tmp_path: Path) -> None:
         await comp.start(agent)
         try:
             try:
-                await comp.cancel(None, "lm-t")
+                await comp.evacuation.cancel(None, "lm-t")
                 raise AssertionError("a cancel of nothing must be refused")
             except LookupError as e:
                 assert "no reclaim" in str(e)
             try:  # node 3 may not cancel this node's reclaim: it is not in migrate.reclaim_from
-                await comp._on_control("3", "reclaim-cancel", {"ts": time.time()})
+                await comp.control.answer("3", "reclaim-cancel", {"ts": time.time()})
                 raise AssertionError("a cancel from a node not in migrate.reclaim_from must be refused")
             except ValueError as e:
                 assert "migrate.reclaim_from" in str(e), e
             comp.s["reclaim_from"] = [3]
-            answer = await comp._on_control("3", "reclaim-cancel", {"ts": time.time()})
+            answer = await comp.control.answer("3", "reclaim-cancel", {"ts": time.time()})
             assert answer["not_found"] and "no reclaim" in answer["refused"], answer
         finally:
             await comp.stop()
@@ -188,21 +188,21 @@ def test_cancel_of_another_nodes_reclaim_is_forwarded_and_its_peers_told(tmp_pat
         port = free_port()
         async with node(tmp_path, 1, [1, 2], port) as a, node(tmp_path, 2, [1, 2], port) as b:
             b.s["reclaim_from"] = [1]  # node 1 is the operator's node: it may reclaim node 2 or cancel that
-            b.start_reclaim(30.0, "lm-t owner")
+            b.evacuation.start(30.0, "lm-t owner")
             a.agent.events.emit("zone", "node 2 reclaimed", node=2, deadline_ms=30_000)  # its zone notice
             assert 2 in a.notices
-            res = await a.cancel(2, "lm-t changed plans")
+            res = await a.evacuation.cancel(2, "lm-t changed plans")
             assert res["forwarded_to"] == 2 and res["in_window"] and res["peers_told"] == [1], res
-            assert b.reclaim_status()["reclaim"] is None
+            assert b.evacuation.status()["reclaim"] is None
             assert b.agent.store.db.execute("SELECT COUNT(*) FROM migrate_reclaim").fetchone()[0] == 0
             assert 2 not in a.notices, "node 1 must forget the withdrawn notice"
             try:
-                await a.cancel(2, "again")
+                await a.evacuation.cancel(2, "again")
                 raise AssertionError("a second cancel must be refused")
             except LookupError as e:
                 assert "node 2 has no reclaim" in str(e)
             try:
-                await a.cancel(9, "no such node")
+                await a.evacuation.cancel(9, "no such node")
                 raise AssertionError("a node outside the zone must be refused")
             except MigrateError as e:
                 assert "node 9 is not a member" in str(e)
@@ -236,14 +236,14 @@ def test_a_new_reclaim_while_the_cancelled_ones_move_finishes_does_not_move_the_
             finally:
                 comp.evacuating.discard(job.id)
 
-        comp._move = slow_move  # type: ignore[method-assign]
+        comp.mover.move = slow_move  # type: ignore[method-assign]
         comp.ckpt_latency["job-1"] = 60.0  # a checkpoint slower than the window: signalled at once
         try:
-            comp.start_reclaim(20.0, "lm-t owner")
+            comp.evacuation.start(20.0, "lm-t owner")
             assert await until(lambda: moved == ["begun job-1"])
             out = await comp.withdraw.cancel_reclaim("lm-t changed plans")
             assert out["finishing"] == ["job-1"], out
-            comp.start_reclaim(20.0, "lm-t owner again")  # the second notice, the first move in flight
+            comp.evacuation.start(20.0, "lm-t owner again")  # the second notice, the first move in flight
             await asyncio.sleep(0.5)
             assert moved == ["begun job-1"], f"a second move of a job already moving began: {moved}"
             move_go.set()
@@ -271,16 +271,16 @@ def test_a_new_reclaim_announced_while_a_cancel_waits_for_a_placement_keeps_its_
         comp = ReclaimComponent()
         await comp.start(agent)
         try:
-            comp.start_reclaim(30.0, "lm-t owner")
+            comp.evacuation.start(30.0, "lm-t owner")
             assert await until(lambda: zone.asked == ["n5-job-2"])
             cancelling = asyncio.ensure_future(comp.withdraw.cancel_reclaim("lm-t changed plans"))
             await asyncio.sleep(0.3)
             assert not cancelling.done()
-            comp.start_reclaim(30.0, "lm-t owner again")  # the second notice
+            comp.evacuation.start(30.0, "lm-t owner again")  # the second notice
             zone.go.set()
             done, _ = await asyncio.wait({cancelling}, timeout=5.0)
             assert done, "the cancel waited for the new reclaim's window to end"
-            assert comp.reclaim_status()["reclaim"] is not None
+            assert comp.evacuation.status()["reclaim"] is not None
             assert jobs.held == drain.hold_reason(comp.node_id), "the cancel released the new reclaim's queue hold"
             assert zone.arbiter.inventory.draining
             assert agent.store.db.execute("SELECT COUNT(*) FROM migrate_reclaim").fetchone()[0] == 1
@@ -344,7 +344,7 @@ def test_a_move_cut_by_a_shorter_window_does_not_leave_its_job_frozen(tmp_path: 
         await comp.start(agent)
         zone.networked = True  # type: ignore[misc]  # the move needs a zone to move to (set after the start: no sockets)
         zone.membership = SimpleNamespace(by_node={5: None})  # type: ignore[attr-defined]  # no peer to tell
-        comp.rank_for = lambda *a, **k: [SimpleNamespace(  # type: ignore[method-assign]
+        comp.mover.rank_for = lambda *a, **k: [SimpleNamespace(  # type: ignore[method-assign]
             candidate=SimpleNamespace(node=7), feasible=True, expected_loss_s=1.0, reasons=[])]
         tries: list[str] = []
 
@@ -355,12 +355,12 @@ def test_a_move_cut_by_a_shorter_window_does_not_leave_its_job_frozen(tmp_path: 
                 await asyncio.Event().wait()  # the transfer in flight when the window is replaced
             raise MigrateError(f"node {node} refused the reservation")
 
-        comp._move_to = move_to  # type: ignore[method-assign]
+        comp.mover._move_to = move_to  # type: ignore[method-assign]
         comp.ckpt_latency["job-1"] = 60.0  # signalled at once
         try:
-            comp.start_reclaim(30.0, "lm-t owner")
+            comp.evacuation.start(30.0, "lm-t owner")
             assert await until(lambda: tries == ["frozen=True"])
-            comp.start_reclaim(10.0, "lm-t owner: sooner")  # a shorter window replaces it: the move is cut
+            comp.evacuation.start(10.0, "lm-t owner: sooner")  # a shorter window replaces it: the move is cut
             assert await until(lambda: len(tries) == 2 and comp.moves["job-1"].phase == "failed")
             assert not job.cgroup.is_frozen, "the job is left frozen after its moves were cut and failed"
             await comp.withdraw.cancel_reclaim("lm-t changed plans")
@@ -406,7 +406,7 @@ def test_peers_not_reached_at_a_cancel_are_told_after_an_agent_restart(tmp_path:
         zone.networked = True  # type: ignore[misc]  # peers to tell (set after the start: no sockets)
         zone.membership = SimpleNamespace(by_node={5: None, 7: None})  # type: ignore[attr-defined]
         try:
-            comp.start_reclaim(30.0, "lm-t owner")
+            comp.evacuation.start(30.0, "lm-t owner")
             out = await comp.withdraw.cancel_reclaim("lm-t changed plans")
             assert out["peers_missed"] == [7], out
         finally:
@@ -417,7 +417,7 @@ def test_peers_not_reached_at_a_cancel_are_told_after_an_agent_restart(tmp_path:
         zone.networked = True  # type: ignore[misc]
         try:
             assert await until(lambda: (7, "reclaim-withdrawn") in told), "node 7 is never told after the restart"
-            assert comp.reclaim_status()["reclaim"] is None
+            assert comp.evacuation.status()["reclaim"] is None
         finally:
             await comp.stop()
             agent.store.db.close()
@@ -455,7 +455,7 @@ def test_peers_not_reached_at_a_cancel_after_the_window_are_told_again(tmp_path:
         zone.networked = True  # type: ignore[misc]
         zone.membership = SimpleNamespace(by_node={3: None, 5: None, 7: None})  # type: ignore[attr-defined]
         try:
-            comp.start_reclaim(0.2, "lm-t owner")
+            comp.evacuation.start(0.2, "lm-t owner")
             await asyncio.sleep(0.5)
             out = await comp.withdraw.cancel_reclaim("lm-t given back")
             assert not out["in_window"] and out["peers_told"] == [3] and out["peers_missed"] == [7], out

@@ -129,7 +129,7 @@ def test_a_restored_reclaim_does_not_move_handed_over_jobs_nor_place_unsettled_o
         comp = ReclaimComponent()
         await comp.start(agent)
         try:
-            rc = comp.reclaim_status()["reclaim"]
+            rc = comp.evacuation.status()["reclaim"]
             assert rc is not None and rc["restored"] and rc["handed_over"] == ["job-1"]
             assert abs(rc["deadline"] - (now + 10)) < 1e-6
             assert jobs.held == drain.hold_reason(5)
@@ -154,7 +154,7 @@ def test_a_restored_reclaim_does_not_move_handed_over_jobs_nor_place_unsettled_o
         comp = ReclaimComponent()
         await comp.start(agent)
         try:
-            assert comp.reclaim_status()["reclaim"] is None
+            assert comp.evacuation.status()["reclaim"] is None
             assert agent.store.db.execute("SELECT COUNT(*) FROM migrate_reclaim").fetchone()[0] == 0
             assert agent.store.db.execute("SELECT COUNT(*) FROM migrate_moves WHERE cause='reclaim'").fetchone()[0] == 0
             assert any(e.get("phase") == "reclaim-cleared" for e in seen)
@@ -194,7 +194,7 @@ def test_a_restored_window_is_measured_by_the_boot_clock_not_a_stepped_wall_cloc
         comp = ReclaimComponent()
         await comp.start(agent)
         try:
-            comp.start_reclaim(30.0, "lm-t owner")
+            comp.evacuation.start(30.0, "lm-t owner")
         finally:
             await comp.stop()
         for step in (3600.0, -3600.0):
@@ -204,7 +204,7 @@ def test_a_restored_window_is_measured_by_the_boot_clock_not_a_stepped_wall_cloc
             comp = ReclaimComponent()
             await comp.start(agent)
             try:
-                rc = comp.reclaim_status()["reclaim"]
+                rc = comp.evacuation.status()["reclaim"]
                 assert rc is not None, f"clock stepped {step:+g} s: the reclaim under way was cleared"
                 assert 20.0 < rc["left_s"] <= 30.0, f"clock stepped {step:+g} s: {rc['left_s']} s left restored"
                 assert jobs.held == drain.hold_reason(5)
@@ -243,7 +243,7 @@ def test_an_agent_restarted_during_a_cancel_settles_what_the_cancel_left(tmp_pat
         comp = ReclaimComponent()
         await comp.start(agent)
         try:
-            assert comp.reclaim_status()["reclaim"] is None
+            assert comp.evacuation.status()["reclaim"] is None
             assert await until(lambda: jobs.held is None)
             assert jobs.stops.get("job-3") == "stopped", "the queued job whose placement may have run is not started"
             assert jobs.causes["job-3"] == EndCause.PLACEMENT_UNSETTLED
@@ -297,13 +297,13 @@ def test_a_restored_reclaim_does_not_move_a_job_whose_settled_stop_the_restart_f
         comp = ReclaimComponent()
         await comp.start(agent)
         try:
-            rc = comp.reclaim_status()["reclaim"]
+            rc = comp.evacuation.status()["reclaim"]
             assert rc is not None and rc["restored"]
             assert await until(lambda: comp.moves.get("job-2") is not None and comp.moves["job-2"].ended)
             assert "job-1" not in comp.moves, "the restored reclaim moved a job whose settled stop was running"
             release.set()
             assert await until(lambda: settled.state == "migrated")
-            assert await until(lambda: comp.reclaim_status()["reclaim"] is not None and "job-1" not in comp.evacuating)
+            assert await until(lambda: comp.evacuation.status()["reclaim"] is not None and "job-1" not in comp.evacuating)
             assert "job-1" not in comp.moves and other.state == "running"
         finally:
             release.set()
@@ -326,7 +326,7 @@ def test_a_restored_reclaim_does_not_move_a_job_whose_cut_move_cannot_be_asked(t
         comp = ReclaimComponent()
         await comp.start(agent)
         try:
-            rc = comp.reclaim_status()["reclaim"]
+            rc = comp.evacuation.status()["reclaim"]
             assert rc is not None and rc["restored"]
             assert await until(lambda: comp.moves.get("job-1") is not None and comp.moves["job-1"].ended)
             assert "cannot ask node 7" in comp.moves["job-1"].error
@@ -382,7 +382,7 @@ def test_a_restored_reclaim_stops_a_job_whose_archived_record_was_being_publishe
         comp = ReclaimComponent()
         await comp.start(agent)
         try:
-            rc = comp.reclaim_status()["reclaim"]
+            rc = comp.evacuation.status()["reclaim"]
             assert rc is not None and rc["restored"]
             assert [st["job_id"] for st in rc["plan"]] == ["job-2"]  # job-1 is not moved again
             assert await until(lambda: jobs.stops.get("job-1") == "reclaimed")

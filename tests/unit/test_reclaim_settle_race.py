@@ -19,7 +19,9 @@ from typing import Any
 from jobrig import until
 from test_migrate_evidence import make_agent
 
-from laminar.migrate.reclaim import MigrateError, Move, ReclaimComponent
+from laminar.migrate.errors import MigrateError
+from laminar.migrate.mover import Move
+from laminar.migrate.reclaim import ReclaimComponent
 from laminar.policy import moves
 from laminar.zone import wire
 from laminar.zone.transport import HandoverError
@@ -69,7 +71,7 @@ def test_a_settle_crossed_by_the_nodes_refusal_is_not_applied_to_the_next_nodes_
         t = zone.submitter.t
         req = {"spec": {"argv": ["sleep", "1"]}, "owner_uid": 0, "owner_gid": 0}
         try:
-            comp._record_move("job-1", moves.Event.HAND_OVER, reason="lm-t loan return", thaw=True, node=2, pid=11, request=req)
+            comp.mover.record("job-1", moves.Event.HAND_OVER, reason="lm-t loan return", thaw=True, node=2, pid=11, request=req)
             to2 = asyncio.ensure_future(comp.guarding.handover(2, 11, req, confirm=True, job_id="job-1"))
             assert await until(lambda: t.asked[2] == 2)  # asked again, that answer held at the gate
             settle = asyncio.ensure_future(comp.settle.settle_handover("job-1", "run-here", by="lm-t"))
@@ -81,7 +83,7 @@ def test_a_settle_crossed_by_the_nodes_refusal_is_not_applied_to_the_next_nodes_
             except MigrateError as e:
                 assert "did not start" in str(e) or "operator" in str(e), e
             # the move tries its next node (_move_to: recorded, then handed over)
-            comp._record_move("job-1", moves.Event.HAND_OVER, node=3, pid=12, request=req)
+            comp.mover.record("job-1", moves.Event.HAND_OVER, node=3, pid=12, request=req)
             comp.moves["job-1"] = mv = Move("job-1", "n1-job-1", "lm-t loan return", phase="handover", dest=3)
             to3 = asyncio.ensure_future(comp.guarding.handover(3, 12, req, confirm=True, job_id="job-1"))
             assert await until(lambda: t.asked[3] >= 2 or to3.done())

@@ -34,7 +34,7 @@ def test_a_drop_during_a_prestage_to_the_same_buddy_moves_the_guard_elsewhere(tm
                 assert src.prestage.buddy == {"job-1": 1} and state(b) == "guarding"
                 src.agent.zone.membership.state[3].last_summary = None
 
-                real_guard = src._guard
+                real_guard = src.mover.send_guard
                 dropped: list[Any] = []
 
                 async def guard_after_a_drop(j: Any, n: int, ckpt: str, take_over: bool = False) -> None:
@@ -42,7 +42,7 @@ def test_a_drop_during_a_prestage_to_the_same_buddy_moves_the_guard_elsewhere(tm
                         dropped.append(await b.replicas.drop_and_tell(K, force=True, by="uid 0"))
                     await real_guard(j, n, ckpt, take_over)
 
-                src._guard = guard_after_a_drop  # type: ignore[method-assign]
+                src.mover.send_guard = guard_after_a_drop  # type: ignore[method-assign]
                 Checkpointer(job_id=job.id, ckpt_dir=job.ckpt_dir, install_signal=False, keep=10).save(
                     b"weights-10", step=10)
                 await prestage_round(src)

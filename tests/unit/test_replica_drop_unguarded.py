@@ -34,7 +34,7 @@ def test_a_guard_naming_a_checkpoint_dropped_before_it_came_is_refused(tmp_path:
         async with node(tmp_path, 1, [1, 2, 3], port) as b, node(tmp_path, 3, [1, 2, 3], port) as c:
             async with node(tmp_path, 2, [1, 2, 3], port, Jobs([job])) as src:
                 src.agent.zone.membership.state[3].last_summary = type("S", (), {"draining": True})()  # node 1 first
-                real_guard = src._guard
+                real_guard = src.mover.send_guard
                 dropped: list[Any] = []
 
                 async def guard_after_a_drop(j: Any, n: int, ckpt: str, take_over: bool = False) -> None:
@@ -43,7 +43,7 @@ def test_a_guard_naming_a_checkpoint_dropped_before_it_came_is_refused(tmp_path:
                         dropped.append(await b.replicas.drop_and_tell(K, force=force, by="uid 0"))
                     await real_guard(j, n, ckpt, take_over)
 
-                src._guard = guard_after_a_drop  # type: ignore[method-assign]
+                src.mover.send_guard = guard_after_a_drop  # type: ignore[method-assign]
                 Checkpointer(job_id=job.id, ckpt_dir=job.ckpt_dir, install_signal=False, keep=10).save(
                     b"weights-5", step=5)
                 await prestage_round(src)

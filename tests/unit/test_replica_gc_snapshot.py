@@ -1,4 +1,4 @@
-"""The snapshot a move or prestage sends (``ReclaimComponent._snapshot``) never follows the job's
+"""The snapshot a move or prestage sends (``Mover._snapshot``) never follows the job's
 links, and what a crash mid-send left under ``<root>/outgoing/`` is removed at start.
 
 The agent is root; the job's checkpoint directory belongs to the job's user, who can swap a file
@@ -72,7 +72,7 @@ def in_thread(fn: object, timeout: float) -> tuple[bool, BaseException | None, o
 def test_a_regular_checkpoint_is_copied_where_hard_links_fail(tmp_path: Path, shm: Path) -> None:
     c = component(tmp_path / "xfer")
     ck = ckpt_in(shm)
-    snap = c._snapshot(ck, "n1-job-1")
+    snap = c.mover._snapshot(ck, "n1-job-1")
     assert snap == tmp_path / "xfer" / "outgoing" / "n1-job-1" / "ckpt-5"
     verify_checkpoint(snap)
     assert all(os.lstat(f).st_ino != os.lstat(ck / f.name).st_ino for f in snap.iterdir())  # copies, not links
@@ -86,7 +86,7 @@ def test_a_fifo_swapped_in_behind_a_link_is_refused_not_opened(tmp_path: Path, s
     state = next(f for f in ck.iterdir() if f.name != "MANIFEST.json")
     state.unlink()
     state.symlink_to(fifo)  # the job's user, after the checkpoint was verified
-    done, err, _ = in_thread(lambda: c._snapshot(ck, "n1-job-1"), 20.0)
+    done, err, _ = in_thread(lambda: c.mover._snapshot(ck, "n1-job-1"), 20.0)
     try:
         assert done, "the snapshot opened the FIFO behind the link and blocks on it"
         assert isinstance(err, (CheckpointError, OSError)), err
@@ -111,7 +111,7 @@ def test_a_link_to_a_file_with_the_same_bytes_is_refused_where_hard_links_work(t
     ck = ckpt_in(tmp_path)
     link_swapped_in(ck, tmp_path / "not-the-jobs")
     with pytest.raises((CheckpointError, OSError)):
-        c._snapshot(ck, "n1-job-1")
+        c.mover._snapshot(ck, "n1-job-1")
     assert left_in(tmp_path / "xfer") in ([], ["n1-job-1"])
     assert (tmp_path / "not-the-jobs").read_bytes() == b"weights-5"  # untouched
 
@@ -121,7 +121,7 @@ def test_a_link_swapped_in_on_the_copy_path_is_refused(tmp_path: Path, shm: Path
     ck = ckpt_in(shm)
     link_swapped_in(ck, shm / "not-the-jobs")
     with pytest.raises((CheckpointError, OSError)):
-        c._snapshot(ck, "n1-job-1")
+        c.mover._snapshot(ck, "n1-job-1")
     assert left_in(tmp_path / "xfer") in ([], ["n1-job-1"])
     assert (shm / "not-the-jobs").read_bytes() == b"weights-5"  # untouched
 

@@ -339,13 +339,13 @@ def test_a_sources_guard_message_carries_its_clock(tmp_path: Path) -> None:
             source.s["port"] = buddy.port  # node 1's transfer endpoint is the buddy's
             await Source(tmp_path, buddy, 2, K).send(5)
             bodies: list[Any] = []
-            real = buddy._on_control
+            real = buddy.control.answer
 
             def on_control(node: str, op: str, body: Any) -> Any:
                 bodies.append(body)
                 return real(node, op, body)
 
-            buddy._on_control = on_control  # type: ignore[method-assign]
+            buddy.control.answer = on_control  # type: ignore[method-assign]
             assert buddy.receiver is not None
             buddy.receiver.on_control = on_control
             t0 = time.time()
@@ -432,14 +432,14 @@ def test_a_reclaimed_source_says_its_window_in_every_guard_message() -> None:
         c._control = control  # type: ignore[method-assign]
         c._need = lambda job: (None, SimpleNamespace(gpus=0))  # type: ignore[method-assign]
         job = SimpleNamespace(id="job-1", spec=JobSpec(["train"]), owner_uid=0, owner_gid=0)
-        await c._guard(job, 1, "ckpt-5")  # no reclaim
+        await c.mover.send_guard(job, 1, "ckpt-5")  # no reclaim
         loop = asyncio.get_running_loop()
         running, done = loop.create_future(), loop.create_future()
         done.set_result(None)
         c.reclaim = {"deadline": 1000.0, "task": running}  # in its window
-        await c._guard(job, 1, "ckpt-6")
+        await c.mover.send_guard(job, 1, "ckpt-6")
         c.reclaim = {"deadline": 1000.0, "task": done}  # reclaimed: the window ended, the reclaim's task too
-        await c._guard(job, 1, "ckpt-7")
+        await c.mover.send_guard(job, 1, "ckpt-7")
         running.cancel()
         assert ["window_end" in r for r in sent] == [False, True, True], sent
         assert sent[2]["window_end"] == 1000.0

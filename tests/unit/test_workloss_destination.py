@@ -1,5 +1,5 @@
 """bench/workloss.py's Laminar model chooses a move's destination as the agent does
-(ReclaimComponent.candidates): a node already under a reclaim notice is never a destination.
+(Mover.candidates): a node already under a reclaim notice is never a destination.
 
 Hand-made node timelines (workloss.Node, seconds), run through the bench's own simulate with
 no departures without notice (``abrupt_frac`` 0), so every departure below is announced."""

@@ -8,7 +8,7 @@ do and does it, lowest survival value first:
 
 - **suspend**: ``cgroup.freeze`` (stops growth; frees nothing);
 - **recover**: ``cgroup.thaw``, highest value first, one per step, once calm (hysteresis);
-- **re-address**: send the checkpoint signal, then ``agent.migrate.readdress(job)`` when the
+- **re-address**: send the checkpoint signal, then ``agent.migrate.mover.readdress(job)`` when the
   migration layer is present; when it is not, an event says so and the budget runs on;
 - **kill**: ``cgroup.kill`` with the work lost (seconds since the last checkpoint) recorded;
 - **cut**: a job being stopped (in its grace, e.g. ignoring SIGTERM) is killed under pressure
@@ -1013,10 +1013,10 @@ class Airlock:
         self._holds().release(job.id, Hold.AIRLOCK)
         self.jobs.set_state(job, "running", f"airlock: re-addressing ({a.reason})")
         fields["checkpoint_requested"] = sent
-        hook = getattr(self.migrate, "readdress", None)
+        hook = getattr(getattr(self.migrate, "mover", None), "readdress", None)
         if hook is None:
             fields["migration"] = "absent"
-            self._emit(f"airlock: re-addressing {job.id} needs the migration layer (agent.migrate.readdress), "
+            self._emit(f"airlock: re-addressing {job.id} needs the migration layer (agent.migrate.mover.readdress), "
                        "which is not running; checkpoint requested, the job is killed when the rung's budget ends",
                        job=job.id)
             return
@@ -1180,4 +1180,4 @@ async def _await_quietly(aw: Any, job_id: str) -> None:
     try:
         await aw
     except Exception as e:
-        log.warning("airlock: migrate.readdress(%s) failed: %s", job_id, e)
+        log.warning("airlock: migrate.mover.readdress(%s) failed: %s", job_id, e)

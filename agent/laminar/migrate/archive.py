@@ -82,10 +82,13 @@ from laminar.migrate.errors import MigrateError
 
 if TYPE_CHECKING:
     from laminar.migrate.buddies import Prestage
+    from laminar.migrate.checkpoints import Checkpoints
     from laminar.migrate.ckpt_driver import CkptDriver
+    from laminar.migrate.evidence import Evidence
     from laminar.migrate.guard import Guard
+    from laminar.migrate.holders import Holders
+    from laminar.migrate.mover import Mover
     from laminar.migrate.replicas import Replicas
-    from laminar.policy.notice import NoticeOdds
 
 log = logging.getLogger("laminar.migrate")
 
@@ -100,12 +103,15 @@ class ArchiveHost(Protocol):
     """What :class:`Archive` uses of the component that holds it (ReclaimComponent and its parts)."""
 
     agent: Any
+    checkpoints: Checkpoints
     ckpt: CkptDriver | None
     counts: dict[str, int]
     evacuating: set[str]
     guarding: Guard
+    holders: Holders
     moves: dict[str, Any]
-    notice_odds: NoticeOdds
+    mover: Mover
+    evidence: Evidence
     notices: dict[int, tuple[float, float]]
     prestage: Prestage
     reclaim: dict[str, Any] | None
@@ -113,11 +119,8 @@ class ArchiveHost(Protocol):
     s: dict[str, Any]
 
     async def _control(self, node: int, op: str, body: Any, timeout: float = 5.0) -> Any: ...
-    def _driver_checked(self, job: Any) -> tuple[Path | None] | None: ...
     def _emit(self, message: str, **fields: Any) -> None: ...
     def _last_seen(self, node: int) -> float: ...
-    def _late_copy_settled(self, mv: Any, error: BaseException | None) -> None: ...
-    def _request(self, job: Any, take_over: bool) -> dict[str, Any]: ...
     def _spawn(self, coro: Any) -> asyncio.Task[Any]: ...
     def job_key(self, job: Any) -> str: ...
     @property

@@ -91,7 +91,7 @@ class PeriodicCopies:
             for j in list(self.host.agent.jobs.active()):
                 if j.id in self.host.evacuating or j.id in self.archiving or not j.ckpt_dir:
                     continue
-                known = self.host._driver_checked(j)
+                known = self.host.checkpoints.driver_checked(j)
                 if known is None and driving:
                     continue
                 periodic.append((j.id, str(j.ckpt_dir), self.given_resume_from(j, root), known))
@@ -159,7 +159,7 @@ class PeriodicCopies:
         while departures without notice are plausible (a job whose node and buddy both leave
         without notice then rolls back only to its last periodic checkpoint)."""
         return (self.archive.root() is not None
-                and unannounced_plausible(self.host.notice_odds.unannounced_frac, float(self.host.s["prestage_unannounced"])))
+                and unannounced_plausible(self.host.evidence.notice_odds.unannounced_frac, float(self.host.s["prestage_unannounced"])))
 
     def publish_live(self, key: str, ckpt: Path, record: dict[str, Any]) -> Path | None:
         """Copies the committed periodic checkpoint ``ckpt`` of the running job ``key`` into the
@@ -267,7 +267,7 @@ class PeriodicCopies:
         buddy = self.host.prestage.buddy.get(job.id)
         rf = getattr(job.spec, "resume_from", None)
         record = {"key": key, "src_node": self.host.node_id, "src_job": job.id, "buddy": buddy,
-                  "request": self.host._request(job, False), "periodic": True,
+                  "request": self.host.mover.request(job, False), "periodic": True,
                   # the checkpoint it resumed from, not one it wrote: what it resumed from stays (Sweep.sweep)
                   "resumed_copy": bool(rf) and Path(str(rf)) == ckpt}
         try:

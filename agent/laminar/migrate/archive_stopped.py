@@ -315,10 +315,10 @@ class StoppedCopies:
             res = await self.archive.lane.call(f"archiving {job_id} again", self._late_again, key, ckpt, record, publishing)
         except (OSError, jobkit.CheckpointError, MigrateError) as e:
             self.late_row_drop(key)
-            self.host._late_copy_settled(mv, e)
+            self.host.holders.late_copy_settled(mv, e)
             return
         self.late_row_drop(key)
-        self.host._late_copy_settled(mv, None)
+        self.host.holders.late_copy_settled(mv, None)
         if res == "gone":
             self.host._emit(f"{job_id}: its record was being put in the archive when the agent stopped, and nothing "
                             f"of it is there now (claimed and run to its end elsewhere, or removed): not published "

@@ -42,21 +42,20 @@ import asyncio
 import contextlib
 import logging
 import time
-from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
 from laminar import jobkit
 from laminar.migrate import ledger
 from laminar.migrate.errors import MigrateError
 from laminar.migrate.transfer import PeerSilentError, TransferError
-from laminar.policy import destination as dst
 
 if TYPE_CHECKING:
+    from laminar.migrate.checkpoints import Checkpoints
     from laminar.migrate.ckpt_driver import CkptDriver
     from laminar.migrate.fence import Fence
-    from laminar.migrate.reclaim import Move
+    from laminar.migrate.holders import Holders
+    from laminar.migrate.mover import Mover
     from laminar.migrate.replicas import Replicas
-    from laminar.migrate.transfer import Manifest
 
 log = logging.getLogger("laminar.migrate")
 
@@ -84,6 +83,9 @@ class PrestageHost(Protocol):
 
     _superseding: set[str]
     agent: Any
+    checkpoints: Checkpoints
+    holders: Holders
+    mover: Mover
     ckpt: CkptDriver | None
     counts: dict[str, int]
     evacuating: set[str]
@@ -92,21 +94,13 @@ class PrestageHost(Protocol):
     replicas: Replicas
     s: dict[str, Any]
 
-    def _ckpt_bytes(self, job: Any) -> int: ...
     async def _control(self, node: int, op: str, body: Any, timeout: float = 5.0) -> Any: ...
     def _emit(self, message: str, **fields: Any) -> None: ...
-    async def _guard(self, job: Any, node: int, ckpt_name: str, take_over: bool = False) -> None: ...
     def _last_seen(self, node: int) -> float: ...
-    async def _send(self, job: Any, ckpt: Path, node: int, deadline_mono: float | None, mv: Move | None,
-                    silent_retries: int | None = None, manifest: Manifest | None = None) -> str: ...
-    async def _newest_checked_once(self, job: Any) -> tuple[Path | None, Manifest | None]: ...
-    def _should_prestage(self, job: Any) -> bool: ...
     def _spawn(self, coro: Any) -> asyncio.Task[Any]: ...
     def job_key(self, job: Any) -> str: ...
     @property
     def node_id(self) -> int: ...
-    def rank_for(self, job: Any, ckpt_bytes: float, window_s: float | None, prestaged: bool) -> list[dst.Ranked]: ...
-    async def rank_holders(self, key: str, size: int, window_s: float | None, prefer: int | None) -> list[Any]: ...
     @property
     def zone(self) -> Any: ...
 
@@ -172,7 +166,7 @@ class Prestage:
             cks = self.host.ckpt.listed(job) if self.host.ckpt is not None else None
             if not cks or self.shipped.get(job.id) == cks[-1].name:
                 continue
-            if not self.host._should_prestage(job):
+            if not self.host.checkpoints.should_prestage(job):
                 continue
             self.prestaging.add(job.id)
             self.host._spawn(self.ship(job))
@@ -190,7 +184,7 @@ class Prestage:
             # the newest that passes its check, read once in a worker thread (a checkpoint of
             # many GB took seconds, on the event loop before); the send uses that read's manifest
             # the checkpoint driver's check of the listing (the same one, when both look at once)
-            ckpt, manifest = await self.host._newest_checked_once(job)
+            ckpt, manifest = await self.host.checkpoints.newest_checked_once(job)
             if ckpt is None:
                 return
             node = self.buddy.get(job.id)
@@ -198,11 +192,11 @@ class Prestage:
             avoid = self.avoided(job.id) | silent
             if node is None or node in self.host.notices or node in self.host.zone.membership.suspects or node in avoid:
                 ranked = [int(r.candidate.node)
-                          for r in self.host.rank_for(job, float(self.host._ckpt_bytes(job)), None, False) if r.feasible]
+                          for r in self.host.mover.rank_for(job, float(self.host.checkpoints.ckpt_bytes(job)), None, False) if r.feasible]
                 choice = [n for n in ranked if n not in avoid]
                 if not choice:  # no peer has room for the job: a peer with the disk space holds its replicas
                     holders = [int(h.candidate.node) for h in
-                               await self.host.rank_holders(self.host.job_key(job), self.host._ckpt_bytes(job), None, None) if h.feasible]
+                               await self.host.holders.rank(self.host.job_key(job), self.host.checkpoints.ckpt_bytes(job), None, None) if h.feasible]
                     # a peer that dropped the job's guard is the last resort (no other can take it)
                     choice = [n for n in holders if n not in avoid] or [n for n in ranked or holders if n not in silent]
                 if not choice:
@@ -210,7 +204,7 @@ class Prestage:
                 node = choice[0]
             # one timeout at a silent buddy, then the next round sends to another peer: never the
             # transfer's whole retry ladder (a minute) with no newer checkpoint off the node
-            send = asyncio.ensure_future(self.host._send(job, ckpt, node, None, None, silent_retries=0, manifest=manifest))
+            send = asyncio.ensure_future(self.host.mover.send(job, ckpt, node, None, None, silent_retries=0, manifest=manifest))
             self._prestage_sends[job.id] = send
             try:
                 await send
@@ -223,7 +217,7 @@ class Prestage:
                 self._prestage_sends.pop(job.id, None)
             if job.id in self.host.evacuating or self._moves_begun.get(job.id, 0) != moves:
                 return  # a move (begun since) decides who guards the job now
-            await self.host._guard(job, node, ckpt.name)
+            await self.host.mover.send_guard(job, node, ckpt.name)
             if self._moves_begun.get(job.id, 0) != moves:
                 # a move began while the guard was on its way: the move hands the guard to its
                 # destination; the one just sent is withdrawn

@@ -489,8 +489,8 @@ class CkptDriver:
         window = 0.0 if s["prestage"] == "always" else float(s["expected_notice_s"])
         lo = float(s["min_interval_s"])
         hi = max(lo, float(s["max_interval_s"]))
-        plans = cs.plan(jobs, self.comp.hazards["default"], now, self.link_bps, window, lo, hi,
-                        unannounced_frac=self.comp.notice_odds.unannounced_frac,
+        plans = cs.plan(jobs, self.comp.evidence.hazards["default"], now, self.link_bps, window, lo, hi,
+                        unannounced_frac=self.comp.evidence.notice_odds.unannounced_frac,
                         margin=float(s["notice_margin"]), prestage=s["prestage"] != "off")
         for t in tracks:
             t.plan = plans.get(t.job_id)
@@ -557,11 +557,11 @@ class CkptDriver:
         """Records ``t0 .. t1`` as exposure of the nodes whose departures are counted here: this
         node stops counting once its reclaim is announced (its departure was counted then, and
         a node that has departed cannot depart again), its live peers go on."""
-        nodes = float(self.comp.exposed_nodes())
+        nodes = float(self.comp.evidence.exposed_nodes())
         if self.comp.reclaim is not None:
             nodes = max(0.0, nodes - 1.0)
         if nodes > 0:
-            self.comp.observe_exposure(t0, t1, nodes)
+            self.comp.evidence.observe_exposure(t0, t1, nodes)
 
     def _signal(self, job: Any, t: Track, now: float) -> bool:
         p = t.plan
@@ -629,7 +629,7 @@ class CkptDriver:
         listing awaiting the first one's. ``manifest``: the check is the transfer manifest's
         build (jobkit's check of each file beside the chunks' hashes, in the same read; the
         reclaim component's ``_newest_checked``) so that the prestage sends with it; None: when
-        the component prestages the job (``_prestage_manifest``). Before, the driver's check and
+        the component prestages the job (``Checkpoints.prestage_manifest``). Before, the driver's check and
         the prestage's build each read every checkpoint whole."""
         import asyncio
 
@@ -649,11 +649,11 @@ class CkptDriver:
                 return (cached[1], None) if keep and cached is not None else (None, None)
             return newest, built
         if manifest is None:
-            wants = getattr(self.comp, "_prestage_manifest", None)
+            wants = getattr(getattr(self.comp, "checkpoints", None), "prestage_manifest", None)
             manifest = bool(wants is not None and wants(job))
         names = listing.paths()
         settings = self.s
-        build = (lambda p: self.comp._checked_manifest(job, p)) if manifest else None
+        build = (lambda p: self.comp.checkpoints.checked_manifest(job, p)) if manifest else None
         fut = asyncio.ensure_future(self.lane.run(getattr(job, "owner_uid", 0), check_newest, names, settings, build,
                                                   timeout_s=float(settings.get("verify_timeout_s", VERIFY_TIMEOUT_S)) + 5.0))
         self._checking[job.id] = (key, manifest, fut)

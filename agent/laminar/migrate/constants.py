@@ -49,3 +49,5 @@ def valid_key(value: object) -> bool:
 def valid_ckpt_name(value: object) -> bool:
     """A checkpoint's name, ``ckpt-<n>`` with ASCII digits, the whole string."""
     return isinstance(value, str) and _CKPT_NAME.fullmatch(value) is not None
+
+DEFAULT_CKPT_BYTES = 64 << 20  # planning size of a job that has not checkpointed yet

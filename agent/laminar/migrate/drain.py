@@ -189,7 +189,7 @@ async def place_queued_elsewhere(mig: Any, deadline: Callable[[], float], skip: 
     """Until ``deadline()`` (monotonic; read each round: a shorter window replaces it): place each job queued on this node through the zone
     and take it out of this node's queue once placed (see the module's doc). ``mig`` is the
     migration component (``agent``, ``node_id``, ``job_key``, ``_need``, ``_emit``, ``counts``,
-    ``_note_move``, ``_forget_move``). ``skip``: jobs never placed (their placement before a
+    ``evacuation.note_move``, ``evacuation.forget_move``). ``skip``: jobs never placed (their placement before a
     restart was not settled). Never raises."""
     jobs = getattr(mig.agent, "jobs", None)
     zone = getattr(mig.agent, "zone", None)
@@ -222,15 +222,15 @@ async def _place_one(mig: Any, jobs: Any, zone: Any, job: Any, done: set[str]) -
     demand, _ = mig._need(job)
     key = mig.job_key(job)
     spec = requeue_spec(job.spec.as_dict(), key)
-    mig._note_move(job.id, moves.Event.PLACE)  # a restart before this settles must not place it twice
+    mig.evacuation.note_move(job.id, moves.Event.PLACE)  # a restart before this settles must not place it twice
     res = await zone.place(spec, demand, job.owner_uid, job.owner_gid, origin=requeue_origin(job, key, spec))
     if res.outcome == "queued-out":
-        mig._forget_move(job.id)
+        mig.evacuation.forget_move(job.id)
         return  # no room anywhere now: tried again at the next round
     done.add(job.id)
     if res.outcome != "placed":
         if res.outcome != "unconfirmed":  # unconfirmed: it may run there; never placed again
-            mig._forget_move(job.id)
+            mig.evacuation.forget_move(job.id)
         mig._emit(f"queued job {job.id} stays queued on reclaimed node {mig.node_id}, held: its placement "
                   f"elsewhere was {res.outcome} ({res.reason or 'no reason given'})", job=job.id,
                   outcome=res.outcome, reason=res.reason)
@@ -238,7 +238,7 @@ async def _place_one(mig: Any, jobs: Any, zone: Any, job: Any, done: set[str]) -
     if job.state == "queued":
         await jobs.stop(job.id, f"node {mig.node_id} reclaimed: placed again on node {res.node} as {res.job_id}",
                         state="requeued", cause=EndCause.REQUEUED)
-    mig._forget_move(job.id)
+    mig.evacuation.forget_move(job.id)
     mig.counts["queued_placed"] = mig.counts.get("queued_placed", 0) + 1
     mig._emit(f"queued job {job.id} of reclaimed node {mig.node_id} placed again on node {res.node} as "
               f"{res.job_id}", job=job.id, outcome="placed", node=res.node, new_job=res.job_id)

@@ -405,7 +405,7 @@ class Fence:
             placed = self.host.archive.placed_as(key)
             if placed is not None:
                 return {"key": key, "runs": placed[1], "node": placed[0], "state": "placed"}
-        if row["state"] == "passed":  # this node was reclaimed and passed the guard on (``_pass_one``)
+        if row["state"] == "passed":  # this node was reclaimed and passed the guard on (``Holders._pass_one``)
             to = str(row["job_id"] or "").removeprefix("node ")
             return {"key": key, "runs": None, "state": "passed", "passed_to": int(to) if to.isdigit() else None}
         runs = self.host.guarding.runs_here(key) if row["state"] == "resumed" else None

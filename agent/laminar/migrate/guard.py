@@ -22,7 +22,7 @@ is heard from again asks it first (control op ``needs``, whose answer carries th
 there): a job that lives there makes it ``guarding`` again (event phase ``guarding-again``),
 never a second copy. A guard that is itself reclaimed passes every job it holds for a
 stopped source (``waiting``, or ``take_over``) on to the best holder among its live peers
-(state ``passed``; :meth:`ReclaimComponent._pass_guards`, in reclaim.py).
+(state ``passed``; :meth:`Holders.pass_guards`, in reclaim.py).
 
 **The part.** :class:`Guard` is built with the component (what it uses of it: :class:`GuardHost`)
 and holds the guard's state: the keys whose take-over runs now (:attr:`Guard.taking`, which the
@@ -34,7 +34,7 @@ component's watch loop calls :meth:`Guard.tick` each round (after
 :meth:`laminar.migrate.replicas.Replicas.tick`). The other parts and the component ask it
 :meth:`Guard.source_dead`, :meth:`Guard.missed_news`, :meth:`Guard.runs_here`, and hand jobs over
 through :meth:`Guard.handover`; the zone asks :meth:`Guard.taken_over_as`. It is named
-``guarding`` because the component's ``_guard`` sends a guard to a buddy (the other side).
+``guarding`` because the mover's ``send_guard`` sends a guard to a buddy (the other side).
 """
 
 from __future__ import annotations
@@ -63,7 +63,9 @@ from laminar.zone import authority as au
 if TYPE_CHECKING:
     from laminar.migrate.archive import Archive
     from laminar.migrate.buddies import Prestage
+    from laminar.migrate.control import Control
     from laminar.migrate.fence import Fence
+    from laminar.migrate.mover import Mover
     from laminar.migrate.replicas import Replicas
     from laminar.migrate.settle import Settle
     from laminar.migrate.vouch import Vouch
@@ -98,6 +100,8 @@ class GuardHost(Protocol):
     _xfer_local: str | None
     agent: Any
     archive: Archive
+    control: Control
+    mover: Mover
     counts: dict[str, int]
     fence: Fence
     notices: dict[int, tuple[float, float]]
@@ -114,10 +118,7 @@ class GuardHost(Protocol):
     def _emit(self, message: str, **fields: Any) -> None: ...
     def _last_seen(self, node: int) -> float: ...
     def _peer(self, node: int) -> tuple[str, int, bytes, int]: ...
-    def _refusals(self) -> au.Refusals: ...
-    async def _reserve(self, node: int, demand: Any, hold_s: float) -> int: ...
     def _spawn(self, coro: Any) -> asyncio.Task[Any]: ...
-    def candidates(self, need: dst.Resources) -> list[dst.Candidate]: ...
     @property
     def node_id(self) -> int: ...
     @property
@@ -556,7 +557,7 @@ class Guard:
             policy = getattr(getattr(self.host.agent, "zone", None), "policy", None)
             e = au.chain_refusal(req, policy=policy if isinstance(policy, au.Policy) else au.Policy(self.host.node_id),
                                  origin=src, sender=sender)
-        return None if e is None else self.host._refusals().note(e, sender)
+        return None if e is None else self.host.control.refusals().note(e, sender)
 
     def _run_as_here(self, row: Any, req: dict[str, Any]) -> au.RunAs:
         """:func:`laminar.zone.authority.peer_run_as` for a guarded job resumed here (a take-over,
@@ -585,7 +586,7 @@ class Guard:
                                   job_class=str(spec.get("class", spec.get("job_class", "standard"))),
                                   priority=prio if isinstance(prio, int) else PRIORITY_DEFAULT)
         except au.Refused as e:
-            raise self.host._refusals().note(e, sender) from None
+            raise self.host.control.refusals().note(e, sender) from None
 
     def set_replica(self, key: str, event: custody.Event, job_id: str | None = None,
                      insert: dict[str, Any] | None = None) -> None:
@@ -855,7 +856,7 @@ class Guard:
         size = sum(f.stat().st_size for f in path.iterdir() if f.is_file())
         mreq = dst.MoveRequest(key, need, float(size), DEFAULT_REMAINING_S, None, str(self.host.node_id), str(z.zone),
                                str(z.zone))
-        ranked = dst.rank(mreq, [c for c in self.host.candidates(need) if int(c.node) != int(row["src_node"])],
+        ranked = dst.rank(mreq, [c for c in self.host.mover.candidates(need) if int(c.node) != int(row["src_node"])],
                           margin=float(self.host.s["notice_margin"]))
         feasible = [r for r in ranked if r.feasible]
         if not feasible:
@@ -885,7 +886,7 @@ class Guard:
 
         key = row["key"]
         z = self.host.zone
-        pid = await self.host._reserve(node, demand, HOLD_MIN_S)
+        pid = await self.host.mover.reserve(node, demand, HOLD_MIN_S)
         guarded = False
         try:
             addr, port, zkey, zone = self.host._peer(node)
@@ -978,7 +979,7 @@ class Guard:
         Raises MigrateError when it does not start the job.
 
         ``confirm`` (a move's: its job is frozen here): once the frame may have reached ``node``
-        (``sent``: it may have before this call, as for a restart's :meth:`_settle_cut_move`),
+        (``sent``: it may have before this call, as for a restart's :meth:`Mover.settle_cut`),
         no answer is never taken for a refusal (the node may run the job: a thaw here or a
         hand-over elsewhere would run it twice). The same hand-over is sent again, at most
         HANDOVER_ASK_MAX_S apart, until ``node`` answers: it is idempotent by placement id there,

@@ -161,7 +161,7 @@ def forget_retry(db: sqlite3.Connection, key: str, unless_replica: bool = False)
 # -- move records (``migrate_moves``: laminar.policy.moves) -------------------------------------
 
 WINDOWLESS = tuple(c for c in Cause if c not in moves.WINDOWED)
-"""The causes of the moves without a window (settled by ReclaimComponent._restore_moves)."""
+"""The causes of the moves without a window (settled by Mover.restore)."""
 
 def move_phase(db: sqlite3.Connection, job_id: str, only: Collection[Cause] | None = None) -> Phase:
     """The phase of ``job_id``'s move record here (of the causes ``only``; NEW: none)."""

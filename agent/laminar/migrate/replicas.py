@@ -65,7 +65,7 @@ Counted as ``counts.replica_dropped``,
 recorded as a ``migrate`` event (phase ``replica-dropped``, ``by`` the caller's uid).
 A key whose checkpoint was committed and whose guard has not come yet is ``unclaimed``, so a
 drop without ``force`` removes it: the guard that then comes names a checkpoint this node does
-not hold, and is refused (:meth:`ReclaimComponent._check_guarded_ckpt`; every guard follows the
+not hold, and is refused (:meth:`Control._check_guarded_ckpt`; every guard follows the
 transfer of what it names): the source's prestage (or move) fails and it goes to another peer,
 instead of counting on a buddy with nothing to resume the job from.
 

@@ -103,7 +103,7 @@ MOVES_SCHEMA = [
     # operator settled that the node runs it: the stop here is finished by a restart). ``cause``:
     # ``reclaim`` (inside this node's reclaim window: its restore or cancel settles the record),
     # ``move_now`` (a loan return's), ``readdress`` (Airlock's), ``reclaim_cancelled`` (a
-    # cancelled reclaim's hand-over): the others settled by ReclaimComponent._restore_moves.
+    # cancelled reclaim's hand-over): the others settled by Mover.restore.
     # ``reason``: a move without a window's (a reclaim's: '').
     # (Until issue 32, a reclaim's records were in migrate_reclaim_jobs and migrate_reclaim_handovers:
     # :func:`upgrade_moves` moves them here.)
@@ -120,7 +120,7 @@ MOVES_SCHEMA = [
 ]
 
 # The causes of the rows of an older agent's migrate_moves (no ``cause`` column), by their reason:
-# ReclaimComponent.readdress's reason, the cancelled reclaim's (withdraw.py); else a loan return's.
+# Mover.readdress's reason, the cancelled reclaim's (withdraw.py); else a loan return's.
 _OLD_CAUSE = ("CASE WHEN reason = 'airlock re-address' THEN 'readdress' "
               "WHEN reason LIKE 'reclaim of node %, cancelled' THEN 'reclaim_cancelled' ELSE 'move_now' END")
 

@@ -35,7 +35,7 @@ from laminar.policy.endcause import EndCause
 if TYPE_CHECKING:
     from laminar.migrate.buddies import Prestage
     from laminar.migrate.guard import Guard
-    from laminar.migrate.reclaim import Move
+    from laminar.migrate.mover import Move, Mover
 
 log = logging.getLogger("laminar.migrate")
 
@@ -44,14 +44,13 @@ class SettleHost(Protocol):
     """What :class:`Settle` uses of the component that holds it (ReclaimComponent and its parts)."""
 
     agent: Any
+    mover: Mover
     counts: dict[str, int]
     evacuating: set[str]
     guarding: Guard
     moves: dict[str, Move]
     prestage: Prestage
 
-    def _drop_move_record(self, job_id: str) -> None: ...
-    async def _unhold_wait(self, job: Any, froze: bool, timeout: float) -> bool: ...
     def _emit(self, message: str, **fields: Any) -> None: ...
     def _spawn(self, coro: Any) -> asyncio.Task[Any]: ...
     def job_key(self, job: Any) -> str: ...
@@ -153,7 +152,7 @@ class Settle:
     async def _settle_reclaim_move(self, mv: Move, decision: str, by: str) -> dict[str, Any]:
         """An operator's call on a reclaim's move waiting for its hand-over's answer: the
         decision goes to the wait (:meth:`Guard.handover`), the move ends as for any
-        answer (:meth:`ReclaimComponent._move`: ``run-here`` thaws the job here, ``gone`` stops it
+        answer (:meth:`Mover.move`: ``run-here`` thaws the job here, ``gone`` stops it
         here as ``migrated``; the reclaim's record of it goes). Not stored first: an agent stop in
         that moment leaves the reclaim's record, and the restart asks the node again."""
         jid = mv.job
@@ -163,7 +162,7 @@ class Settle:
         jobs_mgr = getattr(self.host.agent, "jobs", None)
         job = jobs_mgr.get(jid) if jobs_mgr is not None else None
         if decision == "run-here" and mv.phase == "failed" and job is not None and job.active:
-            self._unbuddy(jid, node)  # (_move_to made node its buddy with the guard it handed it)
+            self._unbuddy(jid, node)  # (Mover._move_to made node its buddy with the guard it handed it)
             self.host.prestage.owe_release(node, mv.key)  # (the placement's Release went with the move's end)
             self.host._spawn(self.host.prestage.release(node, mv.key))
         state = None if job is None else job.state
@@ -208,8 +207,8 @@ class Settle:
                                             cause=EndCause.MIGRATED)
         except Exception as e:
             log.warning("migrate: stopping %s, settled as run by node %d: %s", job.id, node, e)
-        self.host._drop_move_record(job.id)
-        self.host.evacuating.discard(job.id)  # (held by _restore_moves: no reclaim's move of it meanwhile)
+        self.host.mover.drop_record(job.id)
+        self.host.evacuating.discard(job.id)  # (held by Mover.restore: no reclaim's move of it meanwhile)
 
     async def _settle_move(self, jid: str, row: Any, decision: str, by: str) -> dict[str, Any]:
         node, pid, thaw = int(row["node"]), int(row["pid"]), bool(row["thaw"])
@@ -217,25 +216,25 @@ class Settle:
         jobs_mgr = getattr(self.host.agent, "jobs", None)
         job = jobs_mgr.get(jid) if jobs_mgr is not None else None
         key = self.host.job_key(job) if job is not None and job.active else None
-        with self.host.agent.store.tx() as db:  # the decision first: a restart finishes it (_restore_moves)
+        with self.host.agent.store.tx() as db:  # the decision first: a restart finishes it (Mover.restore)
             ledger.record_move(db, jid, moves.Event.RUN_HERE if decision == "run-here" else moves.Event.SETTLE_GONE,
                                only=ledger.WINDOWLESS, counts=self.host.counts)
             if decision == "run-here" and key is not None:
-                # node drops the guard _move_to handed it (owed before anything else: sent after a restart too)
+                # node drops the guard Mover._move_to handed it (owed before anything else: sent after a restart too)
                 self._unbuddy(jid, node, db)
                 self.host.prestage.owe_release(node, key, db)
         rec = lambda: ledger.move_phase(self.host.agent.store.db, jid, ledger.WINDOWLESS) is moves.Phase.NEW  # noqa: E731
         if not await self._await_waiter(jid, decision, rec):
             if job is None or not job.active:
-                self.host._drop_move_record(jid)
-                self.host.evacuating.discard(jid)  # (held by _settle_cut_move while node could not be asked)
+                self.host.mover.drop_record(jid)
+                self.host.evacuating.discard(jid)  # (held by Mover.settle_cut while node could not be asked)
             elif decision == "gone":
                 await self.stop_settled(job, node, f"by {by or 'an operator'}")
             else:
                 with contextlib.suppress(Exception):  # the move's hold ends (runtime/holds.py)
-                    await self.host._unhold_wait(job, thaw, 2.0)
-                self.host._drop_move_record(jid)
-                self.host.evacuating.discard(jid)  # (held by _settle_cut_move while node could not be asked)
+                    await self.host.mover.unhold_wait(job, thaw, 2.0)
+                self.host.mover.drop_record(jid)
+                self.host.evacuating.discard(jid)  # (held by Mover.settle_cut while node could not be asked)
         if key is not None and decision == "run-here":
             if job is not None and job.active:  # (not when node answered: it runs it)
                 self.tell_release(node, pid, key)

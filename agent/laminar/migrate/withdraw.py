@@ -40,7 +40,7 @@ new reclaim reads). It has no round of its own. The component's start calls
 (a reclaim cleared: its window ended while no agent ran), and a reclaim restored inside its window
 :meth:`Withdraw.stop_handed` (a job whose hand-over was sent before the restart);
 ``POST /v1/reclaim/cancel`` and the control op ``reclaim-cancel`` reach
-:meth:`Withdraw.cancel_reclaim` through :meth:`ReclaimComponent.cancel`; the control op
+:meth:`Withdraw.cancel_reclaim` through :meth:`Evacuation.cancel`; the control op
 ``reclaim-withdrawn`` and the guard call :meth:`Withdraw.withdrawn_notice`.
 """
 
@@ -51,7 +51,7 @@ import contextlib
 import json
 import logging
 import time
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from laminar.airlock.cgroups import set_frozen_async
 from laminar.migrate import drain, ledger
@@ -59,6 +59,10 @@ from laminar.migrate.errors import MigrateError
 from laminar.policy import moves
 from laminar.policy.endcause import EndCause
 from laminar.runtime.holds import Hold, Holds
+
+if TYPE_CHECKING:
+    from laminar.migrate.evacuation import Evacuation
+    from laminar.migrate.mover import Mover
 
 log = logging.getLogger("laminar.migrate")
 
@@ -71,6 +75,8 @@ class WithdrawHost(Protocol):
 
     _drain_task: asyncio.Task[Any] | None
     agent: Any
+    evacuation: Evacuation
+    mover: Mover
     counts: dict[str, int]
     evacuating: set[str]
     notices: dict[int, tuple[float, float]]
@@ -78,11 +84,7 @@ class WithdrawHost(Protocol):
 
     async def _control(self, node: int, op: str, body: Any, timeout: float = 5.0) -> Any: ...
     def _holds(self) -> Holds: ...
-    async def _unhold_wait(self, job: Any, froze: bool, timeout: float) -> bool: ...
     def _emit(self, message: str, **fields: Any) -> None: ...
-    def _move_phases(self) -> dict[str, tuple[str, int | None]]: ...
-    async def _settle_cut_move(self, job: Any, node: int, pid: int, req: dict[str, Any], reason: str,
-                               thaw: bool) -> None: ...
     def _spawn(self, coro: Any) -> asyncio.Task[Any]: ...
     @property
     def node_id(self) -> int: ...
@@ -105,7 +107,7 @@ class Withdraw:
         :data:`drain.CANCEL_META`, written at the cancel's first step and removed at its last; or
         no stored reclaim but records of what one did to jobs, ``migrate_moves`` cause ``reclaim``). Settled
         as the cancel would have: a job whose hand-over was sent is settled by asking its
-        destination with the same hand-over (:meth:`ReclaimComponent._settle_cut_move`, recorded in
+        destination with the same hand-over (:meth:`Mover.settle_cut`, recorded in
         ``migrate_moves`` meanwhile, its cause ``reclaim_cancelled``): stopped here (``migrated``) if it runs the job there,
         thawed here if it has no job for it (the reclaim is withdrawn: no guard resumes it at the
         window's end); a record of an older agent without the hand-over (no
@@ -126,17 +128,17 @@ class Withdraw:
             if ph == "handover" and job.active and sent is not None:
                 why = f"reclaim of node {self.host.node_id}, cancelled"
                 req = json.loads(sent["request"])
-                with self.host.agent.store.tx() as db:  # a restart meanwhile asks again (_restore_moves)
+                with self.host.agent.store.tx() as db:  # a restart meanwhile asks again (Mover.restore)
                     ledger.record_move(db, jid, moves.Event.CANCEL, cause=moves.Cause.RECLAIM_CANCELLED, reason=why,
                                        thaw=True, only=moves.WINDOWED, counts=self.host.counts)
                 self.host.evacuating.add(jid)  # Airlock leaves it frozen (AirlockManager.moving)
-                self.host._spawn(self.host._settle_cut_move(job, int(sent["node"]), int(sent["pid"]), req, why, True))
+                self.host._spawn(self.host.mover.settle_cut(job, int(sent["node"]), int(sent["pid"]), req, why, True))
             elif ph == "handover" and job.active:
                 await self.stop_handed(job, node)
             elif ph == "frozen" and job.active:
                 with contextlib.suppress(Exception):  # its move froze it: the move's hold ends
                     self.host._holds().adopt(job, Hold.MOVE)
-                    await self.host._unhold_wait(job, True, 2.0)
+                    await self.host.mover.unhold_wait(job, True, 2.0)
             elif ph == "placing" and job.state == "queued":
                 assert jobs_mgr is not None
                 unsettled.append(jid)
@@ -242,10 +244,10 @@ class Withdraw:
         # the drain stopped: a ``placing`` row left is an unsettled placement (unconfirmed, or
         # asked for before a restart); the rows go only now
         unsettled = [] if superseded else [
-            jid for jid, (ph, _) in sorted(self.host._move_phases().items()) if ph == "placing"
+            jid for jid, (ph, _) in sorted(self.host.evacuation.move_phases().items()) if ph == "placing"
             and jobs_mgr is not None and getattr(jobs_mgr.get(jid), "state", None) == "queued"]
         if not superseded:  # a move left to finish keeps its record: a restart that cuts it settles it
-            done = [jid for jid in self.host._move_phases() if jid not in self.host.evacuating]
+            done = [jid for jid in self.host.evacuation.move_phases() if jid not in self.host.evacuating]
             with self.host.agent.store.tx() as db:
                 ledger.drop_moves(db, done, only=moves.WINDOWED, counts=self.host.counts)
         for jid in unsettled:

@@ -7,7 +7,7 @@ job its move froze, asks the destination of a hand-over that may have been sent 
 the job, and never places twice a queued job whose placement elsewhere was asked for. Which
 restart settles a record depends on its :class:`Cause`: a reclaim's (inside this node's
 reclaim window) is settled by the reclaim's restore or its cancel, the others (no window) by
-the restore of the moves (``ReclaimComponent._restore_moves``).
+the restore of the moves (``Mover.restore``).
 
 This module is the table, pure: :func:`step` says which phase an event takes a record to, or
 raises :class:`IllegalMove`. :mod:`laminar.migrate.ledger` is the only writer of
@@ -37,19 +37,19 @@ class Cause(enum.StrEnum):
     """Why the job moves: the value is what ``migrate_moves.cause`` stores."""
 
     RECLAIM = "reclaim"
-    """This node's reclaim, inside its window (``ReclaimComponent._execute``, the drain of the
+    """This node's reclaim, inside its window (``Evacuation._execute``, the drain of the
     queue): settled by the reclaim's restore or cancel."""
     MOVE_NOW = "move_now"
-    """A loan return's move (``ReclaimComponent.move_now``): no window."""
+    """A loan return's move (``Mover.move_now``): no window."""
     READDRESS = "readdress"
-    """Airlock's re-address rung (``ReclaimComponent.readdress``): no window."""
+    """Airlock's re-address rung (``Mover.readdress``): no window."""
     RECLAIM_CANCELLED = "reclaim_cancelled"
     """A reclaim's hand-over whose reclaim was cancelled while the agent was down: settled as a
     move without a window (no window's end bounds the wait for its destination's answer)."""
 
 
 WINDOWED = (Cause.RECLAIM,)
-"""The causes whose records the reclaim settles (the rest: ``_restore_moves``)."""
+"""The causes whose records the reclaim settles (the rest: ``Mover.restore``)."""
 
 
 class Phase(enum.StrEnum):

@@ -575,7 +575,7 @@ class Simulator:
     def _destination(self, j: _Job, src: SimNode, fits: list[tuple[SimNode, P.GpuAlloc]]
                      ) -> tuple[SimNode, P.GpuAlloc] | None:
         """Where a worker of ``j`` leaving ``src`` goes, as the agent's move chooses
-        (``ReclaimComponent.candidates`` and ``rank_for``): every usable node it fits on, ranked
+        (``Mover.candidates`` and ``rank_for``): every usable node it fits on, ranked
         by :func:`laminar.policy.destination.rank` (survival over the job's remaining time from
         the node's pool hazard, the zone as topology: the sim has no racks, the checkpoint shard
         over the uplink); equal scores go to the tightest fit (rank's own tie-break, the node's

@@ -31,7 +31,7 @@ k servers of least preemption cost with :func:`laminar.policy.loaning.plan_retur
 to return. A returned server marks itself returned (it refuses loans until its load is set
 below the threshold again), revokes elastic grants, and does the plan's action for each lent
 job. ``migrate`` (free GPUs were reported elsewhere): the migration layer moves it with its
-checkpoint (``ReclaimComponent.move_now``: checkpoint, reserve, transfer, verify, resume there
+checkpoint (``Mover.move_now``: checkpoint, reserve, transfer, verify, resume there
 from the copy; state ``migrated`` here). ``requeue`` (and a failed move): checkpoint signal,
 wait for the checkpoint (``ckpt_wait_s``), stop with state ``requeued``, and place the job
 again through the zone with ``LAMINAR_RESUME_FROM`` naming the checkpoint (the path must be
@@ -543,7 +543,7 @@ class LoanManager:
         # servers back (docs/loaning.md).
         mig = getattr(self.zone.agent, "migrate", None) if self.zone.agent is not None else None
         if mig is not None and hasattr(mig, "observe_departure"):
-            mig.observe_departure(time.time(), announced=True)
+            mig.evidence.observe_departure(time.time(), announced=True)
         self.revoke_grants("the node was returned to its pool")
         asked = req.get("actions", {}) if isinstance(req.get("actions"), dict) else {}
         done: dict[str, str] = {}
@@ -664,7 +664,7 @@ class LoanManager:
         if mig is not None and hasattr(mig, "move_now"):
             rq["phase"] = "migrating"
             try:
-                mv = await mig.move_now(job, f"node {self.zone.node_id} returned to pool {self.pool} (plan {plan})")
+                mv = await mig.mover.move_now(job, f"node {self.zone.node_id} returned to pool {self.pool} (plan {plan})")
             except Exception as e:  # move_now never raises; a bug must not strand the job
                 log.exception("loan: migration of %s", job.id)
                 mv = None
