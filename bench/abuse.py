@@ -18,7 +18,7 @@ with node 2. Around it:
   symbolic link for a key directory;
 - a **compromised member**: node 3's real keys, from node 3's namespace (its agent stopped),
   sends forged authority to node 1 (tests/cluster/rogue_member.py): hand-overs as root and as uid
-  -1, a reclaim and a reclaim-cancel of node 1, a take-over guard of node 2's job as root, a
+  -1, a reclaim and a reclaim-cancel of node 1, a take-over keeper of node 2's job as root, a
   release of node 2's key.
 
 Meanwhile root asks node 1, on its admin socket, for ``GET /v1/status`` and flips the
@@ -428,7 +428,7 @@ def run(quick: bool) -> dict[str, Any]:
                                                             "owner_uid": -1, "owner_gid": -1}},
                         {"do": "ctl", "to": 1, "op": "reclaim", "body": {"notice_s": 0.5, "ts": time.time()}},
                         {"do": "ctl", "to": 1, "op": "reclaim-cancel", "body": {"ts": time.time()}},
-                        {"do": "ctl", "to": 1, "op": "guard",
+                        {"do": "ctl", "to": 1, "op": "keeper",
                          "body": {"key": "n2-job-1", "src_node": 2, "src_job": "job-1", "ckpt": "ckpt-1",
                                   "request": {"spec": {"command": ["/bin/sh", "-c", f"touch {marker}"]},
                                               "owner_uid": 0, "owner_gid": 0, "take_over": True}}},
@@ -487,9 +487,9 @@ def run(quick: bool) -> dict[str, Any]:
             obeyed = 0
             for step, line in zip(plan, rogue_lines, strict=False):
                 if step.get("op") == "release":
-                    # node 1 holds no guard of node 2's key here: the release is answered (a release
+                    # node 1 holds no keeper of node 2's key here: the release is answered (a release
                     # is idempotent) and changes nothing; it counts if node 1's replicas changed
-                    # (tests/cluster/test_member_authority.py forges one of a guard held)
+                    # (tests/cluster/test_member_authority.py forges one of a keeper held)
                     obeyed += int(held_before != {r.get("key") for r in n1.json("replicas")})
                 else:  # a hand-over acknowledged (status 0), any other control op answered ok
                     obeyed += int(line.get("status") == 0 or "ok" in line)

@@ -3,7 +3,7 @@ right result, and how much work is redone?
 
 Real laminard agents, one zone, each in its own network namespace (``tests/cluster/harness.py``),
 sharing an archive directory (``migrate.archive_dir``; none with ``--no-archive``: the jobs then
-live on their buddies' replicas alone) with prestaging on. The jobs are this
+live on their keepers' replicas alone) with prestaging on. The jobs are this
 script's ``--role job``: a hash chain of ``--steps`` steps (``h = sha256(h || step)``), saved
 through jobkit every second and when the agent asks, resumed from ``LAMINAR_RESUME_FROM``; every
 step, start and end is appended to a ledger file shared by all nodes (one ``write`` per line,
@@ -20,7 +20,7 @@ nodes, one at a time (``--concurrent N``: up to N at once, each on its own node)
 - ``long-partition`` (with ``--long-partitions``): the link down for ``orphan_after_s`` + 3 to
   + 15 s: the zone takes the node for gone and resumes its jobs elsewhere while they run on
   there. Two copies of a job may run from the take-over until LONG_CUT_GRACE_S after the link
-  is back (the guard then tells the node, which stops its copy: control op ``superseded``);
+  is back (the keeper then tells the node, which stops its copy: control op ``superseded``);
 - ``partial-partition`` (with ``--partial-partitions``): only the link between the node and one
   other node down (blackhole routes, both ways) for ``orphan_after_s`` + 3 to + 15 s; both still
   hear the rest of the zone, so neither is gone (the silent one is vouched for by the others,
@@ -31,7 +31,7 @@ nodes, one at a time (``--concurrent N``: up to N at once, each on its own node)
   from their replicas or the archive); then it comes back, its state directory and pins kept
   as on a disk, and its agent starts (a reboot);
 - ``reboot`` (with ``--reboots``): the same for 3 s to ``orphan_after_s`` / 2, so nobody took its
-  jobs over: they are ``lost`` there, and their buddies must resume them.
+  jobs over: they are ``lost`` there, and their keepers must resume them.
 
 Checked, from the ledger (the run exits 1 when any fails; these are the contract, not timings):
 
@@ -72,7 +72,7 @@ from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
 STEP_S = 0.05
-# After a long partition's link is back, two copies of a job may run this long more: the guard
+# After a long partition's link is back, two copies of a job may run this long more: the keeper
 # hears the node (summaries), tells it (``superseded``) and it stops its copy.
 LONG_CUT_GRACE_S = 20.0
 
@@ -400,12 +400,12 @@ def main() -> int:
     ap.add_argument("--reboots", action="store_true",
                     help="also reboot a node faster than orphan_after_s: agent and jobs killed, cgroups gone, link "
                          "down for 3 s to orphan_after_s / 2, then its agent starts (nobody took its jobs over: "
-                         "their buddies must resume them, found lost there)")
+                         "their keepers must resume them, found lost there)")
     ap.add_argument("--concurrent", type=int, default=1,
                     help="events under way at once, each on its own node (1: one after another)")
     ap.add_argument("--no-archive", action="store_true",
-                    help="no migrate.archive_dir: jobs survive on their buddies' replicas alone (a crash while "
-                         "a job's node and its buddy are both down loses it: use --concurrent 1)")
+                    help="no migrate.archive_dir: jobs survive on their keepers' replicas alone (a crash while "
+                         "a job's node and its keeper are both down loses it: use --concurrent 1)")
     ap.add_argument("--keep-logs", help="copy the ledger, the agents' and the jobs' logs here")
     ap.add_argument("--role", choices=["job"], help=argparse.SUPPRESS)
     ap.add_argument("--name", help=argparse.SUPPRESS)

@@ -16,7 +16,7 @@ loaded. The benchmark reclaims node A with a notice window of NOTICE_S plus 10 s
 - ``ckpt_s``: the reclaim's request to the final checkpoint saved on A (signal, save, fsync;
   not downtime: the job trains on meanwhile);
 - ``move_s``: that checkpoint saved to the job's process started on B (the agent's check,
-  transfer, commit, guard and hand-over);
+  transfer, commit, keeper and hand-over);
 - ``start_s``: the process started to its state loaded (``import torch``, as a training
   job's, where it is installed, and jobkit's check of what it loads included); split into
   ``start_cpu_s``, the job's main thread on a CPU, and ``start_runq_s``, the same thread

@@ -42,7 +42,7 @@ from laminar.migrate.evidence import NoticeOdds  # noqa: E402
 from laminar.migrate.hazard import HazardModel, HazardSum, SpotTrace, load_spot_trace, spot_trace_files  # noqa: E402
 from laminar.policy.ckpt_schedule import CkptJob, daly_interval, hazard_interval, notice_fit, notice_schedule  # noqa: E402
 from laminar.policy.destination import Candidate, MoveRequest, Resources, rank  # noqa: E402
-from laminar.policy.holder import HolderCandidate, RetrySchedule, choose_holder  # noqa: E402
+from laminar.policy.keeper import KeeperCandidate, RetrySchedule, choose_keeper  # noqa: E402
 
 DEFAULT_TRACE = Path(__file__).resolve().parents[2] / "shared/data/spot-traces"
 SETS = ("preemption/1-node/aws-04-22-2023", "preemption/1-node/aws-04-19-2023")
@@ -60,13 +60,13 @@ class Params:
     reconfig_s: float = 30.0  # redundancy: failover / re-plan of the pipeline
     redundancy_overhead: float = 0.10  # redundancy: extra time per iteration (assumption: see baselines.md)
     abrupt_frac: float = 0.10  # departures whose notice never arrives (same for all policies)
-    orphan_after_s: float = 10.0  # Laminar: silence before a buddy resumes a job whose node left unannounced
+    orphan_after_s: float = 10.0  # Laminar: silence before a keeper resumes a job whose node left unannounced
     prestage_unannounced: float = 0.02  # Laminar: migrate.prestage_unannounced (agent default)
     remaining_s: float = 3600.0  # Laminar: the survival horizon the agent ranks destinations with
     rotations: int = 8  # nodes per zone: the zone's trace shifted by 1 h steps
-    holder: bool = True  # Laminar: migrate.holder (a storage holder takes the final checkpoint when no node is free)
-    retry_base_s: float = 2.0  # Laminar: migrate.retry_base_s (the guard's first wait for room)
-    retry_max_s: float = 30.0  # Laminar: migrate.retry_max_s (the guard's longest wait)
+    keeper: bool = True  # Laminar: migrate.keeper (a storage keeper takes the final checkpoint when no node is free)
+    retry_base_s: float = 2.0  # Laminar: migrate.retry_base_s (the keeper's first wait for room)
+    retry_max_s: float = 30.0  # Laminar: migrate.retry_max_s (the keeper's longest wait)
     archive: bool = False  # Laminar: migrate.archive_dir set (storage outside the pool, as the baselines' shared storage)
     poll_s: float = 0.5  # Laminar: migrate.poll_s (how often an agent with room looks at the archive)
     shrink: bool = False  # NOT BUILT (sensitivity only): the job restarts on the nodes it has (one fewer) rather than wait
@@ -109,13 +109,13 @@ class Result:
     useful_node_s: float = 0.0
     migrations: int = 0
     fallbacks: int = 0
-    held: int = 0  # Laminar: final checkpoints sent to a storage holder
-    holder_lost: int = 0  # Laminar: held checkpoints lost before the job was placed (it starts over)
-    buddy_lost: int = 0  # Laminar: buddies' replicas lost before the job was placed (it starts over)
-    guard_lost_abrupt: int = 0  # ... because the guard left without notice
-    guard_lost_no_peer: int = 0  # ... because no live peer could take the guard on
-    passes: int = 0  # Laminar: held checkpoints passed on by a holder that was reclaimed itself
-    archive_claims: int = 0  # Laminar (archive): node and buddy gone, the job claimed from its archived periodic checkpoint
+    held: int = 0  # Laminar: final checkpoints sent to a storage keeper
+    stopped_keeper_lost: int = 0  # Laminar: held checkpoints lost before the job was placed (it starts over)
+    prestage_keeper_lost: int = 0  # Laminar: keepers' replicas lost before the job was placed (it starts over)
+    keeper_lost_abrupt: int = 0  # ... because the keeper left without notice
+    keeper_lost_no_peer: int = 0  # ... because no live peer could take the keeper on
+    passes: int = 0  # Laminar: held checkpoints passed on by a keeper that was reclaimed itself
+    archive_claims: int = 0  # Laminar (archive): node and keeper gone, the job claimed from its archived periodic checkpoint
     moves_failed: int = 0  # Laminar: moves whose destination left before the checkpoint arrived (the job falls back)
     moves_lost: int = 0  # Laminar: moves whose destination left while restarting the job (after the hand-over)
     dest_lost: int = 0  # ... of which the job had no archived copy either (it starts over)
@@ -212,9 +212,9 @@ def acquire(pool: list[Node], t: float, k: int, busy: set[str], order: list[Node
     return math.inf, []
 
 
-def guard_look(pool: list[Node], order: list[Node], sched: RetrySchedule, t_first: float,
+def keeper_look(pool: list[Node], order: list[Node], sched: RetrySchedule, t_first: float,
                busy: set[str]) -> tuple[float, float, float]:
-    """A guard that looks for a free node at ``t_first`` and then on ``sched`` (the agent's
+    """A keeper that looks for a free node at ``t_first`` and then on ``sched`` (the agent's
     RetrySchedule): (the look that finds one, the wait for capacity, the lag between room
     freeing and that look). (inf, ., .) when no node ever frees."""
     t = t_first
@@ -234,16 +234,16 @@ def simulate(policy: str, pool: list[Node], start: float, end: float, p: Params,
 
     Laminar does what its agent does (laminar.migrate.reclaim): periodic checkpoints at the
     hazard's interval with the learned share of unannounced departures; each checkpoint shipped
-    to a buddy while departures without notice are plausible (``prestage_unannounced``) or the
+    to a keeper while departures without notice are plausible (``prestage_unannounced``) or the
     final one would not fit the window; at a notice, the jobs keep training until the
     timetable's signal, then write the final checkpoint, freeze, move it to the best-ranked
     free node not under a notice (ranked with what the agent knows then: no look-ahead) and
     restart there. A destination that leaves before the checkpoint arrives fails the move (the
     job falls back as below); one that leaves after the hand-over, while restarting the job,
     loses it (claimed from the archive, or started over). No free node: the move fails, the
-    job trains on to the window's end and resumes from its buddy's replica when capacity
+    job trains on to the window's end and resumes from its keeper's replica when capacity
     returns. Unannounced: the
-    buddy resumes the job from its newest replica after ``orphan_after_s`` of silence."""
+    keeper resumes the job from its newest replica after ``orphan_after_s`` of silence."""
     order = pool[:]
     random.Random(seed + 1).shuffle(order)
     res = Result()
@@ -259,21 +259,21 @@ def simulate(policy: str, pool: list[Node], start: float, end: float, p: Params,
     tau_static = max(daly_interval(c_sync, job_mtbf), 30.0)
     abrupt_draws: dict[tuple[str, float], bool] = {}
     odds = NoticeOdds()  # what Laminar's agent learns: departures with and without notice
-    sched = RetrySchedule(p.retry_base_s, 2.0, p.retry_max_s)  # the guard's looks for room
+    sched = RetrySchedule(p.retry_base_s, 2.0, p.retry_max_s)  # the keeper's looks for room
 
     def abrupt(node: Node, d: float) -> bool:
         k = (node.zone, round(d))
         if k not in abrupt_draws:
             # a draw per (scenario, zone, time), whatever the order of the questions: the same
-            # departures are abrupt for every policy (Laminar also asks about its guards' departures)
+            # departures are abrupt for every policy (Laminar also asks about its keepers' departures)
             abrupt_draws[k] = random.Random(f"{seed}:{k[0]}:{k[1]}").random() < p.abrupt_frac
         return abrupt_draws[k]
 
     def under_notice(n: Node, t: float) -> bool:
         """Up at ``t`` and already announced as reclaimed (its departure, with notice, lies
         within ``notice_s`` of ``t``). The agent leaves such a node out of every choice: move
-        destinations, storage holders, guards and buddies (Mover.candidates, which
-        rank_for and rank_holders both use; a draining node binds no offer or hand-over)."""
+        destinations, storage keepers, keepers and keepers (Mover.candidates, which
+        rank_for and rank_keepers both use; a draining node binds no offer or hand-over)."""
         up = n.up_at(t)
         return up is not None and up[1] <= t + p.notice_s and not abrupt(n, up[1])
 
@@ -285,7 +285,7 @@ def simulate(policy: str, pool: list[Node], start: float, end: float, p: Params,
             return False
         return not under_notice(n, t)
 
-    guard_lost_at: list[float] = []  # when keep_guard last found a guard gone (for the archive's claim)
+    keeper_lost_at: list[float] = []  # when keep_keeper last found a keeper gone (for the archive's claim)
 
     def arch_rule() -> bool:
         """The agent's rule (PeriodicCopies.periodic_due): with the archive, each
@@ -293,50 +293,50 @@ def simulate(policy: str, pool: list[Node], start: float, end: float, p: Params,
         departures without notice are plausible, the prestaging rule's unannounced branch."""
         return p.archive and odds.unannounced_frac >= p.prestage_unannounced
 
-    def keep_guard(guard: Node, t_at: float, until: float) -> bool:
-        """Whether the job's guard (holder or buddy: node-local copies) still holds its
-        checkpoint at ``until``. A guard reclaimed with notice passes the checkpoint and the
-        guard on to the live peer with the best odds (Holders.pass_guards), or with
+    def keep_keeper(keeper: Node, t_at: float, until: float) -> bool:
+        """Whether the job's keeper (keeper or keeper: node-local copies) still holds its
+        checkpoint at ``until``. A keeper reclaimed with notice passes the checkpoint and the
+        keeper on to the live peer with the best odds (Keepers.pass_keepers), or with
         the archive and no live peer, archives it; one that leaves without notice, or finds no
         live peer and no archive, loses them."""
         assert hz is not None
         by = {n.name: n for n in pool}
         while True:
-            up = guard.up_at(t_at)
+            up = keeper.up_at(t_at)
             g_end = up[1] if up else t_at
             if g_end >= until:
                 return True
-            if abrupt(guard, g_end):
-                res.guard_lost_abrupt += 1
-                guard_lost_at.append(g_end)
+            if abrupt(keeper, g_end):
+                res.keeper_lost_abrupt += 1
+                keeper_lost_at.append(g_end)
                 return False
             t_pass = max(t_at, g_end - p.notice_s)
             models = hz.at(t_pass)
-            peers = [n for n in pool if n is not guard and live_peer(n, t_pass, t_pass + size / link)]
-            hc = [HolderCandidate(n.name, n.zone, math.inf, link, models[n.zone].survival(t_pass, p.remaining_s))
+            peers = [n for n in pool if n is not keeper and live_peer(n, t_pass, t_pass + size / link)]
+            hc = [KeeperCandidate(n.name, n.zone, math.inf, link, models[n.zone].survival(t_pass, p.remaining_s))
                   for n in peers]
-            nxt = [r for r in choose_holder(hc, size, g_end - t_pass) if r.feasible]
+            nxt = [r for r in choose_keeper(hc, size, g_end - t_pass) if r.feasible]
             if not nxt:
                 if p.archive and g_end - t_pass >= size / link:
-                    return True  # no live peer: the reclaimed guard archives it (_pass_one)
-                res.guard_lost_no_peer += 1
-                guard_lost_at.append(g_end)
+                    return True  # no live peer: the reclaimed keeper archives it (_pass_one)
+                res.keeper_lost_no_peer += 1
+                keeper_lost_at.append(g_end)
                 return False
-            guard, t_at = by[nxt[0].candidate.node], t_pass + size / link
+            keeper, t_at = by[nxt[0].candidate.node], t_pass + size / link
             res.passes += 1
 
-    def guard_wait(guard: Node | None, t_first: float, busy: set[str]) -> tuple[float, float, float, bool]:
+    def keeper_wait(keeper: Node | None, t_first: float, busy: set[str]) -> tuple[float, float, float, bool]:
         """A stopped job's wait for room: (the look that places it, wait for capacity, lag,
-        whether its checkpoint was still there). The guard looks on its retry schedule; with
-        the archive (``p.archive``) a guard whose first look fails archives the checkpoint
-        (``size / link`` later it no longer depends on the guard; ``guard`` None: the source
+        whether its checkpoint was still there). The keeper looks on its retry schedule; with
+        the archive (``p.archive``) a keeper whose first look fails archives the checkpoint
+        (``size / link`` later it no longer depends on the keeper; ``keeper`` None: the source
         archived it itself), and any agent with room claims it within ``poll_s``."""
-        t_look, wait, lag = guard_look(pool, order, sched, t_first, busy)
+        t_look, wait, lag = keeper_look(pool, order, sched, t_first, busy)
         if not math.isfinite(t_look):
             return t_look, wait, lag, False
         if p.archive and t_look > t_first:
             t_arch = t_first + size / link
-            kept = guard is None or keep_guard(guard, t_first, t_arch)
+            kept = keeper is None or keep_keeper(keeper, t_first, t_arch)
             t_free = t_look - lag
             t_claim = max(t_free, t_arch) + p.poll_s
             if kept and t_claim < t_look:
@@ -344,11 +344,11 @@ def simulate(policy: str, pool: list[Node], start: float, end: float, p: Params,
                 if up and t_up == t_claim:
                     return t_claim, wait, t_claim - t_free, True
             return t_look, wait, lag, kept
-        return t_look, wait, lag, guard is None or keep_guard(guard, t_first, t_look + size / link)
+        return t_look, wait, lag, keeper is None or keep_keeper(keeper, t_first, t_look + size / link)
 
     def resume_at_look(t_look: float, wait: float, lag: float, kept: bool, rest: list[Node],
                        busy: set[str]) -> tuple[list[Node], float]:
-        """The guard's look at ``t_look`` found a free node: the job restarts there, from the
+        """The keeper's look at ``t_look`` found a free node: the job restarts there, from the
         kept checkpoint after its transfer, or (``kept`` False: the copy is gone) from the
         start, its progress so far rolled back. Returns (the job's nodes, when it runs again)."""
         _, extra = acquire(pool, t_look, 1, busy, order)
@@ -388,8 +388,8 @@ def simulate(policy: str, pool: list[Node], start: float, end: float, p: Params,
         d_i = min(range(len(nodes)), key=lambda i: departs[i])
         d = min(departs[d_i], end)
         grow_at = math.inf
-        if policy == "laminar" and degraded:  # NOT BUILT (--shrink): grow back when the guard finds a free node
-            grow_at, _, _ = guard_look(pool, order, sched, t, {n.name for n in nodes})
+        if policy == "laminar" and degraded:  # NOT BUILT (--shrink): grow back when the keeper finds a free node
+            grow_at, _, _ = keeper_look(pool, order, sched, t, {n.name for n in nodes})
             d = min(d, grow_at)
         if policy == "redundancy" and degraded:
             # a degraded pipeline takes a free node as soon as one is up (Bamboo and Oobleck
@@ -404,11 +404,11 @@ def simulate(policy: str, pool: list[Node], start: float, end: float, p: Params,
             models = hz.at(t)
             jh = HazardSum([models[n.zone] for n in nodes])
             # the agent's rule (Checkpoints.should_prestage): ship each checkpoint to a
-            # buddy when the final one would not fit, or departures without notice are plausible
+            # keeper when the final one would not fit, or departures without notice are plausible
             prestaged = not fits or odds.unannounced_frac >= p.prestage_unannounced
             cost = write_s if fits else write_s + size / link
             tau, _ = hazard_interval(cost, jh, t, rollback_frac=1.0 if not fits else odds.unannounced_frac)
-            pause, lag = cost, (size / link if fits else 0.0)  # async copy to the buddy after the local write
+            pause, lag = cost, (size / link if fits else 0.0)  # async copy to the keeper after the local write
         else:
             tau, pause, lag = tau_static, c_sync, 0.0
         span = max(0.0, d - t)
@@ -421,7 +421,7 @@ def simulate(policy: str, pool: list[Node], start: float, end: float, p: Params,
             last_ck_end = t + k * (tau + pause)
             last_durable = max(last_durable, last_ck_end + lag if last_ck_end + lag <= d else last_ck_end - (tau + pause) + lag)
         if policy == "laminar" and k > 0 and arch_rule():
-            # each checkpoint is archived after it is committed (after the buddy's copy, over the
+            # each checkpoint is archived after it is committed (after the keeper's copy, over the
             # same uplink, as fast as it: an assumption); a copy not done when the node leaves
             # does not count (the archive publishes only complete ones)
             last_ck_end = t + k * (tau + pause)
@@ -501,7 +501,7 @@ def simulate(policy: str, pool: list[Node], start: float, end: float, p: Params,
             if not is_abrupt and step.final:
                 # rank the free nodes up and not under a notice when the move is planned (the
                 # agent's candidates: what it knows then, no look-ahead). The move: write, send
-                # (the hand-over at t_sent: the source stops the job, the destination guards it
+                # (the hand-over at t_sent: the source stops the job, the destination keeps it
                 # and restarts it), restart; the job runs there from t_go
                 models = hz.at(notice_at)
                 t_sent = notice_at + write_s + size / link
@@ -517,14 +517,14 @@ def simulate(policy: str, pool: list[Node], start: float, end: float, p: Params,
                     # the destination left (without notice, or with one that came after the move
                     # was planned) before the checkpoint arrived: the send stalls until the plan's
                     # transfer deadline (t_sent) and fails; the agent's other candidates and a
-                    # holder get that same, passed deadline (_move: one deadline for every try),
+                    # keeper get that same, passed deadline (_move: one deadline for every try),
                     # so the move fails: the job is thawed, trains on to the window's end and its
-                    # buddy resumes it from its replica (the fallback below)
+                    # keeper resumes it from its replica (the fallback below)
                     res.moves_failed += 1
                     move_failed = True
                 elif cand is not None and c_end < t_go:
                     # handed over, then the destination left while restarting the job: it was
-                    # the job's only guard (the old buddy was released at the hand-over, the
+                    # the job's only keeper (the old keeper was released at the hand-over, the
                     # source stopped the job), so the final checkpoint is gone with it
                     dest_lost = cand
                 elif cand is not None:
@@ -539,7 +539,7 @@ def simulate(policy: str, pool: list[Node], start: float, end: float, p: Params,
                     arch_durable = t if arch_rule() else None
             if dest_lost is not None:
                 # the move was made (write, send, hand-over) and the job was restarting on
-                # dest_lost when it left; nothing guards the job now
+                # dest_lost when it left; nothing keeps the job now
                 res.migrations += 1
                 res.moves_lost += 1
                 res.reclaims += 1  # the destination's departure is one of the job's too
@@ -569,7 +569,7 @@ def simulate(policy: str, pool: list[Node], start: float, end: float, p: Params,
                     # no copy of the job is left: it starts over (as any job whose every copy is
                     # gone, above), placed when a node is free
                     res.dest_lost += 1
-                    t_look, wait, lag = guard_look(pool, order, sched, t1, busy)
+                    t_look, wait, lag = keeper_look(pool, order, sched, t1, busy)
                     if not math.isfinite(t_look):
                         break
                     nodes, t = resume_at_look(t_look, wait, lag, False, rest, busy)
@@ -581,7 +581,7 @@ def simulate(policy: str, pool: list[Node], start: float, end: float, p: Params,
             held_by: Node | None = None
             if dest is None and p.shrink and degraded == 0 and S > 1:
                 # NOT BUILT (--shrink): the job restarts on the nodes it has, from the final
-                # checkpoint (or, without notice, the buddy's replica), and runs with one fewer
+                # checkpoint (or, without notice, the keeper's replica), and runs with one fewer
                 res.fallbacks += 1
                 if not is_abrupt and step.final:
                     res.add_down("final_ckpt_write", write_s)
@@ -600,17 +600,17 @@ def simulate(policy: str, pool: list[Node], start: float, end: float, p: Params,
                 arch_durable = t if arch_rule() else None
                 odds.observe(announced=not is_abrupt)
                 continue
-            if dest is None and not is_abrupt and step.final and p.holder and not move_failed:
+            if dest is None and not is_abrupt and step.final and p.keeper and not move_failed:
                 # nowhere to run it: the final checkpoint goes to the live peer with the best
-                # survival odds (Holders.hold; disk space assumed on every peer) and
-                # the job stops there; the holder places it when room frees
+                # survival odds (Keepers.hold; disk space assumed on every peer) and
+                # the job stops there; the keeper places it when room frees
                 models = hz.at(notice_at)
                 t_h = notice_at + write_s + size / link
                 live = [n for n in rest if live_peer(n, notice_at, t_h)] + [
                     n for n in pool if n.name not in busy and live_peer(n, notice_at, t_h)]
-                hc = [HolderCandidate(n.name, n.zone, math.inf, link, models[n.zone].survival(notice_at, p.remaining_s))
+                hc = [KeeperCandidate(n.name, n.zone, math.inf, link, models[n.zone].survival(notice_at, p.remaining_s))
                       for n in live]
-                ranked_h = [r for r in choose_holder(hc, size, p.notice_s, src_zone=gone.zone) if r.feasible]
+                ranked_h = [r for r in choose_keeper(hc, size, p.notice_s, src_zone=gone.zone) if r.feasible]
                 archived = not ranked_h and p.archive  # no live peer: the source archives it (_hold)
                 if ranked_h or archived:
                     held_by = by_name[ranked_h[0].candidate.node] if ranked_h else gone
@@ -619,18 +619,18 @@ def simulate(policy: str, pool: list[Node], start: float, end: float, p: Params,
                     res.add_down("final_transfer", size / link)
                     res.useful_node_s -= max(0.0, d - notice_at) * S  # paused from the signal on
                     # with the archive the source also archives it (_hold): it never hangs on one node
-                    t_look, wait, lag, kept = guard_wait(None if p.archive else held_by, t_h,
+                    t_look, wait, lag, kept = keeper_wait(None if p.archive else held_by, t_h,
                                                          {n.name for n in rest} | {gone.name})
                     if not math.isfinite(t_look):
                         break
                     nodes, t = resume_at_look(t_look, wait, lag, kept, rest, {n.name for n in rest} | {gone.name})
-                    # not kept: its copy and the job's guard are gone (the buddy was released)
-                    res.holder_lost += not kept
+                    # not kept: its copy and the job's keeper are gone (the keeper was released)
+                    res.stopped_keeper_lost += not kept
                     last_durable = t
                     arch_durable = t if arch_rule() else None
             if dest is None and held_by is None:
-                # no usable notice, or nowhere to go and no holder: the job's replica on its buddy
-                # is what is left (work since it rolls back); the buddy, its guard, looks for room
+                # no usable notice, or nowhere to go and no keeper: the job's replica on its keeper
+                # is what is left (work since it rolls back); the keeper, its keeper, looks for room
                 # from the silence (no notice) or the window's end on, on its retry schedule, and
                 # sends the replica to the free node it finds
                 res.fallbacks += 1
@@ -643,28 +643,28 @@ def simulate(policy: str, pool: list[Node], start: float, end: float, p: Params,
                 res.rollback_node_s += max(0.0, d - last_durable) * S
                 t1 = d + (p.orphan_after_s if is_abrupt else 0.0)
                 res.add_down("detect", t1 - d)
-                # the buddy: the live peer with the best odds when the node left (the agent ranks
-                # its buddy the same way; none: the replica was never off the node)
+                # the keeper: the live peer with the best odds when the node left (the agent ranks
+                # its keeper the same way; none: the replica was never off the node)
                 models = hz.at(d)
                 live = [n for n in pool if n is not gone and live_peer(n, d, d)]
-                hb = [r for r in choose_holder([HolderCandidate(n.name, n.zone, math.inf, link,
+                hb = [r for r in choose_keeper([KeeperCandidate(n.name, n.zone, math.inf, link,
                                                                 models[n.zone].survival(d, p.remaining_s))
                                                 for n in live], size, None) if r.feasible]
-                buddy = by_name[hb[0].candidate.node] if hb else None
-                guard_lost_at.clear()
-                if buddy is None:
-                    t_look, wait, lag = guard_look(pool, order, sched, t1, busy)
+                keeper = by_name[hb[0].candidate.node] if hb else None
+                keeper_lost_at.clear()
+                if keeper is None:
+                    t_look, wait, lag = keeper_look(pool, order, sched, t1, busy)
                     kept = False
                 else:
                     # it takes over from t1 on; before that it must not leave
-                    t_look, wait, lag, kept = guard_wait(buddy, t1, busy)
-                    kept = kept and keep_guard(buddy, d, t1)
+                    t_look, wait, lag, kept = keeper_wait(keeper, t1, busy)
+                    kept = kept and keep_keeper(keeper, d, t1)
                 if not kept and arch_durable is not None:
-                    # the node and its buddy are both gone, the job's live record is in the
+                    # the node and its keeper are both gone, the job's live record is in the
                     # archive: any agent with room claims it once both are silent for
                     # orphan_after_s (its next archive round, poll_s), and resumes the job from
-                    # the archived periodic checkpoint (the buddy's newer replica is lost)
-                    t_c = max([t1] + [g + p.orphan_after_s for g in guard_lost_at]) + p.poll_s
+                    # the archived periodic checkpoint (the keeper's newer replica is lost)
+                    t_c = max([t1] + [g + p.orphan_after_s for g in keeper_lost_at]) + p.poll_s
                     t_up, up = acquire(pool, t_c, 1, busy, order)
                     if not up:
                         break
@@ -679,7 +679,7 @@ def simulate(policy: str, pool: list[Node], start: float, end: float, p: Params,
                     if not math.isfinite(t_look):
                         break
                     nodes, t = resume_at_look(t_look, wait, lag, kept, rest, busy)
-                    res.buddy_lost += not kept  # the replica and the guard are gone, nothing archived
+                    res.prestage_keeper_lost += not kept  # the replica and the keeper are gone, nothing archived
                 last_durable = t
                 arch_durable = t if arch_rule() else None
             odds.observe(announced=not is_abrupt)  # what the agent learns from this departure
@@ -763,15 +763,15 @@ def run(trace_root: Path, sets: list[str], scenarios: int, p: Params) -> dict[st
     out["laminar_migrations"] = sum(r.migrations for r in per["laminar"])
     out["laminar_fallbacks"] = sum(r.fallbacks for r in per["laminar"])
     out["laminar_held"] = sum(r.held for r in per["laminar"])
-    out["laminar_holder_lost"] = sum(r.holder_lost for r in per["laminar"])
-    out["laminar_guard_passes"] = sum(r.passes for r in per["laminar"])
-    out["laminar_buddy_lost"] = sum(r.buddy_lost for r in per["laminar"])
-    out["laminar_guard_lost_abrupt"] = sum(r.guard_lost_abrupt for r in per["laminar"])
-    out["laminar_guard_lost_no_peer"] = sum(r.guard_lost_no_peer for r in per["laminar"])
+    out["laminar_stopped_keeper_lost"] = sum(r.stopped_keeper_lost for r in per["laminar"])
+    out["laminar_keeper_passes"] = sum(r.passes for r in per["laminar"])
+    out["laminar_prestage_keeper_lost"] = sum(r.prestage_keeper_lost for r in per["laminar"])
+    out["laminar_keeper_lost_abrupt"] = sum(r.keeper_lost_abrupt for r in per["laminar"])
+    out["laminar_keeper_lost_no_peer"] = sum(r.keeper_lost_no_peer for r in per["laminar"])
     out["laminar_archive_claims"] = sum(r.archive_claims for r in per["laminar"])
     out["laminar_moves_failed"] = sum(r.moves_failed for r in per["laminar"])
     out["laminar_moves_lost"] = sum(r.moves_lost for r in per["laminar"])
-    out["laminar_jobs_lost"] = sum(r.holder_lost + r.buddy_lost + r.dest_lost for r in per["laminar"])
+    out["laminar_jobs_lost"] = sum(r.stopped_keeper_lost + r.prestage_keeper_lost + r.dest_lost for r in per["laminar"])
 
     out.update(reductions(tot))
     out["scenarios"] = len(per["laminar"])
@@ -856,15 +856,15 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--abrupt-frac", type=float, default=Params.abrupt_frac)
     ap.add_argument("--redundancy-overhead", type=float, default=Params.redundancy_overhead)
     ap.add_argument("--ckpt-gb", type=float, default=Params.ckpt_gb_per_node)
-    ap.add_argument("--no-holder", action="store_true", help="Laminar without storage holders (migrate.holder = false)")
+    ap.add_argument("--no-keeper", action="store_true", help="Laminar without storage keepers (migrate.keeper = false)")
     ap.add_argument("--shrink", action="store_true",
                     help="NOT BUILT, a sensitivity: a job with no free node restarts on the nodes it has (one fewer)")
-    ap.add_argument("--retry-max", type=float, default=Params.retry_max_s, help="the guard's longest wait (s)")
+    ap.add_argument("--retry-max", type=float, default=Params.retry_max_s, help="the keeper's longest wait (s)")
     a = ap.parse_args(argv)
     if not a.trace.is_dir():
         ap.error(f"--trace {a.trace}: not a directory (expected ../shared/data/spot-traces)")
     p = Params(notice_s=a.notice, abrupt_frac=a.abrupt_frac, redundancy_overhead=a.redundancy_overhead,
-               ckpt_gb_per_node=a.ckpt_gb, holder=not a.no_holder, retry_max_s=a.retry_max,
+               ckpt_gb_per_node=a.ckpt_gb, keeper=not a.no_keeper, retry_max_s=a.retry_max,
                archive=True, shrink=a.shrink)
     sets = [SETS[0]] if a.quick else list(SETS)
     scen = 4 if a.quick else a.scenarios

@@ -65,10 +65,10 @@ def request(uid: int | None = None, command: list[str] | None = None, **spec: An
             "owner_gid": os.getgid(), "gpus": 0}
 
 
-def record(key: str, buddy: int | None = 2, **extra: Any) -> dict[str, Any]:
+def record(key: str, keeper: int | None = 2, **extra: Any) -> dict[str, Any]:
     """What the migrate layer hands the archive for ``key`` (``n<node>-<job>``)."""
     node, job = key[1:].split("-", 1)
-    return {"key": key, "src_node": int(node), "src_job": job, "buddy": buddy, "request": request(), **extra}
+    return {"key": key, "src_node": int(node), "src_job": job, "buddy": keeper, "request": request(), **extra}
 
 
 def snapshot(d: Path) -> dict[str, tuple[int, int, bytes | None]]:
@@ -105,8 +105,8 @@ def mark_done(agent: ReclaimComponent, key: str, runner: int, why: str = "supers
 
 
 def presigned(src: ReclaimComponent, key: str, ckpt: Path) -> dict[str, Any]:
-    """``record(key)`` as a guard of the job holds it: its request carries the guard record the
-    job's node ``src`` signed for ``ckpt`` when it handed the guard over (what the guard
+    """``record(key)`` as a keeper of the job holds it: its request carries the keeper record the
+    job's node ``src`` signed for ``ckpt`` when it handed the keeper over (what the keeper
     publishes when it finds no room)."""
     import json
     import time
@@ -138,7 +138,7 @@ def claimed_by(arch: Path, tmp: Path, key: str, runner: int, resumed: tuple[int,
 
 
 def held_record(path: Path) -> dict[str, Any] | None:
-    """The body of the job's own record (its guard or live record, as its node signed it) that
+    """The body of the job's own record (its keeper or live record, as its node signed it) that
     the archive file ``path`` holds: itself, what a claim took, what a run record claimed. Read
     as a test reads its own archive (not verified); None when there is none or it is no envelope."""
     import json

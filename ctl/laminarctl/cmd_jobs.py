@@ -31,7 +31,7 @@ show it ``unconfirmed``, with the node and since when; the job stays frozen here
 two copies must never run). Only an operator who knows that node is gone for good decides:
 ``--run-here`` (it does not run the job: the job is thawed and runs here; the node is told to
 release the placement if it comes back) or ``--gone`` (it runs the job: the job is stopped
-here, state ``migrated``). The key of a guard's placement (``migrations --pending``, kind
+here, state ``migrated``). The key of a keeper's placement (``migrations --pending``, kind
 placement) is settled the same way. The decision is stored: a restart never asks that node
 again. Refused (exit 1) for a job with no pending hand-over (docs/migration.md).
 """
@@ -132,7 +132,7 @@ def register(sub: Any, common: argparse.ArgumentParser) -> None:
     p.set_defaults(func=cmd_job_stop)
     p = jsub.add_parser("settle", parents=[common],
                         help="end a move's wait for a destination that never answered its hand-over (root)")
-    p.add_argument("id", help="job id (job-3) or number (3), or a guard placement's key (migrations --pending)")
+    p.add_argument("id", help="job id (job-3) or number (3), or a keeper placement's key (migrations --pending)")
     how = p.add_mutually_exclusive_group(required=True)
     how.add_argument("--run-here", dest="decision", action="store_const", const="run-here",
                      help="the destination does not run the job (gone, known not to): thaw and run it here")
@@ -356,7 +356,7 @@ def cmd_job_settle(args: argparse.Namespace) -> int:
     emit(res, args.output, lambda r: info(
         f"{r['job']}: hand-over to node {r['node']} settled: "
         + ("the job runs here" if r["decision"] == "run-here" and r["kind"] == "move" else
-           "the guard goes on" if r["decision"] == "run-here" else f"node {r['node']} runs it")
+           "the keeper goes on" if r["decision"] == "run-here" else f"node {r['node']} runs it")
         + (f" (state {r['state']})" if r.get("state") else "")))
     return 0
 

@@ -4,22 +4,22 @@
     laminarctl replicas -o json              # the same, one object per key (a list)
     laminarctl replicas --totals -o json     # {"replicas": [...], "totals": {...}}: bytes held, free space
     laminarctl replicas drop KEY             # remove a key's replicas and row (root or the control group)
-    laminarctl replicas drop KEY --force     # ... even one this node guards (the job may have no other copy)
+    laminarctl replicas drop KEY --force     # ... even one this node keeps (the job may have no other copy)
 
-A node keeps under ``<state_dir>/xfer/checkpoints/<key>/`` the checkpoints a buddy prestaged
-and the copies it holds as a storage holder, with a row per key (state ``guarding``,
+A node keeps under ``<state_dir>/xfer/checkpoints/<key>/`` the checkpoints a keeper prestaged
+and the copies it holds as a storage keeper, with a row per key (state ``keeping``,
 ``waiting``, ``released``, ``handed-over``, ``placed``, ``passed``, ``resumed``, ``failed``,
-``archived``; ``unclaimed``: a directory no guard named). The GC removes what the job no longer
-needs; ``GC`` says what it will remove and when, or why it keeps the key. ``guarding
+``archived``; ``unclaimed``: a directory no keeper named). The GC removes what the job no longer
+needs; ``GC`` says what it will remove and when, or why it keeps the key. ``keeping
 (unconfirmed)``: the job's source, alive in the zone, did not answer when last asked whether it
-still needs the guard (``WHY`` says since when it was last heard from); kept, never removed for it. ``failed`` and
+still needs the keeper (``WHY`` says since when it was last heard from); kept, never removed for it. ``failed`` and
 ``archived`` keys are left to an operator: drop them once nobody needs them.
 
 A drop goes through the GC's safe path (the key's directory is renamed into the replica trash,
 then removed in the background) and is refused while a checkpoint of the key is being received,
 while a take-over of it runs, or while a local job resumes from it (``--force`` or not); a
-``guarding`` or ``waiting`` key needs ``--force``; the job's source is then told (control
-message ``dropped``): a live source forgets this node as the job's buddy and prestages the job's
+``keeping`` or ``waiting`` key needs ``--force``; the job's source is then told (control
+message ``dropped``): a live source forgets this node as the job's keeper and prestages the job's
 newest checkpoint to another peer at once. A source that cannot be reached is not told (the drop
 stands; the answer says so): a stopped job held here, or a gone source's job, is lost unless the
 archive holds it. Callers other than root, the control group and the job's owner see sizes and states
@@ -75,7 +75,7 @@ def register(sub: Any, common: argparse.ArgumentParser) -> None:
     p.formatter_class = argparse.RawDescriptionHelpFormatter
     p.add_argument("action", nargs="?", choices=["drop"], help="drop: remove KEY's replicas and row")
     p.add_argument("key", nargs="?", help="with drop: the replica key (the KEY column)")
-    p.add_argument("--force", action="store_true", help="with drop: also a key this node guards or waits to resume")
+    p.add_argument("--force", action="store_true", help="with drop: also a key this node keeps or waits to resume")
     p.add_argument("--totals", action="store_true", help="with -o json: an object with the totals, not a list")
     p.set_defaults(func=cmd_replicas)
 
@@ -94,7 +94,7 @@ def _row(r: dict[str, Any], now: float) -> dict[str, Any]:
     else:
         plan = "keeps"
     why = r.get("gc_why") or ""
-    if r.get("attempts"):  # a waiting guard: how often it looked, and why it found no room
+    if r.get("attempts"):  # a waiting keeper: how often it looked, and why it found no room
         n = int(r["attempts"])
         why += f"; looked {n} time{'' if n == 1 else 's'}" + (f", last: {r['last_error']}" if r.get("last_error") else "")
     state = str(r.get("state")) + (" (unconfirmed)" if r.get("unconfirmed") else "")
@@ -144,7 +144,7 @@ def cmd_drop(args: argparse.Namespace) -> int:
                  f"{r.get('source_says') or 'no reason given'}")
         elif r.get("forced"):
             error(f"warning: {r['key']} was {r['state']}; its source node was not told "
-                  f"({r.get('source_says') or 'no source to tell'}) and this node no longer guards the job")
+                  f"({r.get('source_says') or 'no source to tell'}) and this node no longer keeps the job")
 
     emit(res, args.output, human)
     return 0

@@ -14,7 +14,7 @@ and ``held_max``.
 ``member``: a compromised zone member (``--key-file`` with the zone's key, ``--node`` its id,
 run from its roster address). Against the target's transfer port it (1) opens ``--idle``
 authenticated connections and leaves them idle (each answered at once with an error is
-``refused``, the rest ``held``), then closes them, (2) sends control headers of ``--big`` bytes (a guard op and
+``refused``, the rest ``held``), then closes them, (2) sends control headers of ``--big`` bytes (a keeper op and
 other ops, the body a list of numbers, MAC'd correctly), (3) an offer header of ``--big`` bytes
 of numbers, (4) a chunk before any offer; it reports each answer's text and how long it took.
 
@@ -214,7 +214,7 @@ async def _member(a: argparse.Namespace) -> dict[str, Any]:
         sent.append({"what": what, "bytes": len(raw), "answer": got[:300], "s": round(time.monotonic() - t0, 3)})
         w.close()
 
-    await asyncio.gather(*(send(f"ctl {op}", ctl(op)) for op in ("guard", "space", "release", "needs")))
+    await asyncio.gather(*(send(f"ctl {op}", ctl(op)) for op in ("keeper", "space", "release", "needs")))
     await send("offer", lambda ns: b'{"t":"offer","manifest":' + numbers + b',"mac":"00"}')
     # a chunk before any offer, announcing 64 MiB: refused before its payload is read
     await send("chunk", lambda ns: json.dumps({"t": "chunk", "i": 0, "len": 64 << 20}).encode())

@@ -18,7 +18,7 @@ one per action, in order:
   ``victim``, then hand ``req`` over to ``to`` under that placement id (another submitter's).
 - ``{"do": "ckpt", "to": 2, "key": "n1-job-1", "step": 999999}``: write a jobkit checkpoint of
   its own (step ``step``) and send it under ``key``. Out: ``{"ok": remote path}`` or ``{"error"}``.
-- ``{"do": "ctl", "to": 2, "op": "guard", "body": {...}}``: one control message. Out:
+- ``{"do": "ctl", "to": 2, "op": "keeper", "body": {...}}``: one control message. Out:
   ``{"ok": result}`` or ``{"error"}``.
 - ``{"do": "loan", "to": 1, "op": 2}``: a loan request (op 2: return). Out: ``{"ok"}`` / ``{"error"}``.
 - ``{"do": "sleep", "s": 1.0}``.

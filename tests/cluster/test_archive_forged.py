@@ -115,7 +115,7 @@ def test_what_someone_without_the_key_plants_in_the_archive_never_runs_and_a_rea
     lone: ZoneAgent | None = None
     try:
         c = make_cluster(zones=1, per_zone=3, gpus=1, zone_extra=migrate_config(
-            retry_base_s=0.5, retry_max_s=2.0, holder_reserve_mb=1 << 29, archive_dir=f'"{arch}"',
+            retry_base_s=0.5, retry_max_s=2.0, keeper_reserve_mb=1 << 29, archive_dir=f'"{arch}"',
             archive_gc_s=1.0, prestage_unannounced=0.0))
         a, b, x = c.nodes
         fillers = fill(c, [b, x])

@@ -1,11 +1,11 @@
 """A reclaim whose archive hangs (``migrate.archive_dir`` on shared storage that stops answering
 in the middle of the copy of the reclaimed job's final checkpoint) does not wait for it past its
-window: A's job has no room and no holder in the zone, so its checkpoint goes to the archive,
+window: A's job has no room and no keeper in the zone, so its checkpoint goes to the archive,
 whose server stops answering while the copy is made. The move fails before the window ends,
-saying that the archive did not answer (its path, the time waited) and that the job's buddy
-still guards it; the window's end stops the job (``reclaimed``), and the buddy, B, keeps its
-guard. When the storage answers again, the copy still in hand on A's archive lane runs to its
-end and publishes nothing (a record there would be claimable beside the buddy's take-over: two
+saying that the archive did not answer (its path, the time waited) and that the job's keeper
+still keeps it; the window's end stops the job (``reclaimed``), and the keeper, B, keeps its
+keeper. When the storage answers again, the copy still in hand on A's archive lane runs to its
+end and publishes nothing (a record there would be claimable beside the keeper's take-over: two
 copies of the job); B resumes the job once room frees there, and it ends with the weights of an
 uninterrupted run, once.
 
@@ -45,8 +45,8 @@ def archive_rounds(nd: Node) -> int:
 
 
 def records(arch: Path, key: str) -> dict[str, dict[str, Any]]:
-    """The job records the archive's files of ``key`` hold (guard, claimed, running: every
-    ``*.json``; each its node's signed guard or live record) by name."""
+    """The job records the archive's files of ``key`` hold (keeper, claimed, running: every
+    ``*.json``; each its node's signed keeper or live record) by name."""
     d = arch / key
     return {p.name: held_record(p) or {} for p in d.glob("*.json")} if d.is_dir() else {}
 
@@ -58,15 +58,15 @@ def test_a_reclaim_does_not_wait_for_a_hung_archive_past_its_window_and_its_late
     with eio_mount(backing, writable=True) as fs:
         try:
             c = make_cluster(zones=1, per_zone=2, gpus=1, zone_extra=migrate_config(
-                retry_base_s=0.5, retry_max_s=2.0, holder_reserve_mb=1 << 29, archive_dir=f'"{fs.path}"',
+                retry_base_s=0.5, retry_max_s=2.0, keeper_reserve_mb=1 << 29, archive_dir=f'"{fs.path}"',
                 archive_gc_s=1.0))
             a, b = c.nodes
             jid = submit(a, "--name", "train", "--", *train_cmd(0.2, after_resume=0))
             key = f"n{a.node_id}-{jid}"
-            # its checkpoints are prestaged to its buddy, B (which had room for it), which guards the job
-            wait_until(lambda: any(r["key"] == key and r["state"] == "guarding" for r in b.json("replicas")), 60,
-                       "B guarding a prestaged replica")
-            fillers = fill(c, [b])  # now no room on B, and no disk offered (holder_reserve_mb): no holder
+            # its checkpoints are prestaged to its keeper, B (which had room for it), which keeps the job
+            wait_until(lambda: any(r["key"] == key and r["state"] == "keeping" for r in b.json("replicas")), 60,
+                       "B keeping a prestaged replica")
+            fillers = fill(c, [b])  # now no room on B, and no disk offered (keeper_reserve_mb): no keeper
 
             a.ctl("reclaim", "--notice", "8s")  # (no periodic copy of the job begins while A is reclaimed)
             fs.hang_at(".tmp-ckpt-")  # the archive's copy of the final checkpoint begins, and hangs there
@@ -82,9 +82,9 @@ def test_a_reclaim_does_not_wait_for_a_hung_archive_past_its_window_and_its_late
             assert [e["waiting"] for e in stalls] in ([f"archiving {jid}"], [f"periodic copy of {jid}"]), stalls
             assert move["phase"] == "failed", move
             assert f"archive {fs.path} did not answer in" in move["error"], move
-            assert f"its buddy, node {b.node_id}, still guards it" in move["error"], move
+            assert f"its keeper, node {b.node_id}, still keeps it" in move["error"], move
             wait_until(lambda: job_state(a, jid)["state"] == "reclaimed", 60, "the window's end to stop the job")
-            assert any(r["key"] == key and r["state"] in ("guarding", "waiting") for r in b.json("replicas"))
+            assert any(r["key"] == key and r["state"] in ("keeping", "waiting") for r in b.json("replicas"))
             rounds = archive_rounds(a)
             # room frees on B while the archive still hangs: B's take-over waits for the archive's claim
             b.ctl("job", "stop", fillers[b.node_id])

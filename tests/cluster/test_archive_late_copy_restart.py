@@ -1,4 +1,4 @@
-"""A reclaimed job with no room, no holder and no buddy in the zone has one keeper left, the
+"""A reclaimed job with no room, no keeper and no keeper in the zone has one keeper left, the
 archive (``migrate.archive_dir``); when the archive hangs past the window's wait, the job stops
 and its copy goes on (the move reads ``archiving``). Here A's agent is killed (SIGKILL) while
 that copy waits on the hung storage, and started again while the storage still hangs: it takes
@@ -43,21 +43,21 @@ from test_migration import (  # noqa: F401  (fixtures: make_cluster, reference_s
 pytestmark = pytest.mark.cluster
 
 
-def job_beside_a_full_node(make_cluster: Any, fs: Any, holder_reserve_mb: int) -> tuple[  # noqa: F811
+def job_beside_a_full_node(make_cluster: Any, fs: Any, keeper_reserve_mb: int) -> tuple[  # noqa: F811
         Any, Any, Any, dict[int, str], str, str]:
     """Two agents A and B sharing the archive ``fs`` (a writable FUSE mount), B's only GPU taken
-    (no room for A's job in the zone), prestage off (no buddy): A's training job has written its
-    first checkpoint. ``holder_reserve_mb``: 0, B offers its disk (a holder); large, none.
+    (no room for A's job in the zone), prestage off (no keeper): A's training job has written its
+    first checkpoint. ``keeper_reserve_mb``: 0, B offers its disk (a keeper); large, none.
     (cluster, A, B, B's filler job by node, the job's id on A, its key)."""
     c = make_cluster(zones=1, per_zone=2, gpus=1, zone_extra=migrate_config(
-        prestage='"off"', retry_base_s=0.5, retry_max_s=2.0, holder_reserve_mb=holder_reserve_mb,
+        prestage='"off"', retry_base_s=0.5, retry_max_s=2.0, keeper_reserve_mb=keeper_reserve_mb,
         archive_dir=f'"{fs.path}"', archive_gc_s=1.0))
     a, b = c.nodes
     fillers = fill(c, [b])
     jid = submit(a, "--name", "train", "--", *train_cmd(0.2, after_resume=0))
     key = f"n{a.node_id}-{jid}"
     wait_until(lambda: any(e["event"] == "checkpoint" for e in job_log(a, jid)), 60, "the job's first checkpoint")
-    assert not [r for r in b.json("replicas") if r["key"] == key], "B guards the job (prestage is off)"
+    assert not [r for r in b.json("replicas") if r["key"] == key], "B keeps the job (prestage is off)"
     return c, a, b, fillers, jid, key
 
 
@@ -67,8 +67,8 @@ def test_a_late_archive_copy_cut_by_an_agent_kill_is_taken_up_after_its_restart_
     backing.mkdir()
     with eio_mount(backing, writable=True) as fs:
         try:
-            # no room on B, and no disk offered (holder_reserve_mb): no holder
-            c, a, b, fillers, jid, key = job_beside_a_full_node(make_cluster, fs, holder_reserve_mb=1 << 29)
+            # no room on B, and no disk offered (keeper_reserve_mb): no keeper
+            c, a, b, fillers, jid, key = job_beside_a_full_node(make_cluster, fs, keeper_reserve_mb=1 << 29)
 
             a.ctl("reclaim", "--notice", "6s")
             fs.hang_at(".tmp-ckpt-")  # the archive's copy of the final checkpoint begins, and hangs there

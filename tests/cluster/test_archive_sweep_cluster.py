@@ -2,7 +2,7 @@
 of the test that every agent's namespace sees, as an NFS mount would be seen).
 
 1. Periodic checkpoints on (``prestage_unannounced = 0``): A is reclaimed with no room and no
-   holder, its job is archived, B claims it when room frees and resumes it. Once the resumed job
+   keeper, its job is archived, B claims it when room frees and resumes it. Once the resumed job
    wrote a checkpoint of its own and it is archived under the job's new key, the claimed
    directory goes (``superseded``) while the job still runs; the job finishes with the weights
    of an uninterrupted run, its own archived copies go at its end, and nothing is left in the
@@ -24,7 +24,7 @@ of the test that every agent's namespace sees, as an NFS mount would be seen).
 Tests 1, 2 and 4 start the same way (:func:`archived_and_claimed`), which is also the archive's
 own end-to-end case (it was ``test_migrate_archive.py``'s first test, merged here to spare a
 cluster): no peer can run or hold the job (every peer's only GPU taken, none offering disk), so
-at A's reclaim the final checkpoint goes to the archive with the job's guard record (replacing
+at A's reclaim the final checkpoint goes to the archive with the job's keeper record (replacing
 its live record where periodic copies were archived), nobody runs it while there is no room,
 and the first peer with room claims it and resumes it from the archived checkpoint.
 """
@@ -116,7 +116,7 @@ def archived_and_claimed(make_cluster: Any, arch: Path, step_sleep: float, go: P
     runs slowly while the test watches, and trains the rest at full speed once the test saw what
     it waited for (it would only wait out the sleeps)."""
     c = make_cluster(zones=1, per_zone=3, gpus=1, zone_extra=migrate_config(
-        retry_base_s=0.5, retry_max_s=2.0, holder_reserve_mb=1 << 29, archive_dir=f'"{arch}"',
+        retry_base_s=0.5, retry_max_s=2.0, keeper_reserve_mb=1 << 29, archive_dir=f'"{arch}"',
         archive_gc_s=SWEEP_S, **extra))
     a, peers = c.nodes[0], c.nodes[1:]
     fillers = fill(c, peers)
@@ -128,11 +128,11 @@ def archived_and_claimed(make_cluster: Any, arch: Path, step_sleep: float, go: P
                "the final checkpoint to leave A")
     move = a.json("migrations")[0]
     assert move["phase"] == "archived", move
-    assert any(r.get("holder") and not r["feasible"] for r in move["ranked"]), move["ranked"]  # no peer had disk
+    assert any(r.get("keeper") and not r["feasible"] for r in move["ranked"]), move["ranked"]  # no peer had disk
     held = int(move["ckpt"].removeprefix("ckpt-"))
-    # the guard record and the final checkpoint (a node with no room may hold a claim of it for a
+    # the keeper record and the final checkpoint (a node with no room may hold a claim of it for a
     # moment, renamed back once it found none: claimed-<node>.json, then guard.json again)
-    wait_until(lambda: archived(arch, key)["files"] == ["guard.json"], 30, "the archive's guard record")
+    wait_until(lambda: archived(arch, key)["files"] == ["guard.json"], 30, "the archive's keeper record")
     st = archived(arch, key)
     assert st["files"] == ["guard.json"] and held in st["ckpts"], st
     assert job_state(a, jid)["state"] == "reclaimed"

@@ -2,9 +2,9 @@
 zone would resume elsewhere, before the zone does, so a job never runs twice at once.
 
 Without it (tests/cluster/test_partition_heal_superseded.py) the job's node runs its copy on
-through the partition, beside the copy its buddy resumed, until the heal. With it, the cut-off
+through the partition, beside the copy its keeper resumed, until the heal. With it, the cut-off
 node hears no member for ``fence_after_s`` (less than ``orphan_after_s``) and freezes the job;
-the buddy resumes it; once healed, the node asks the buddy (control op ``taken``) and stops its
+the keeper resumes it; once healed, the node asks the keeper (control op ``taken``) and stops its
 frozen copy without running another step. A partition that ends before ``orphan_after_s``
 thaws the job: nobody took it over.
 
@@ -32,7 +32,7 @@ from test_migration import (  # noqa: F401  (fixture)
     submit,
     verified_steps,
 )
-from test_replica_buddy_change import replica
+from test_replica_keeper_change import replica
 
 pytestmark = pytest.mark.cluster
 
@@ -71,36 +71,36 @@ def heal(a: Node, others: list[Node]) -> None:
         o.netns.run("ip", "route", "del", "blackhole", f"{a.addr}/32", check=False)
 
 
-def guarded(make: Any, path: Path, orphan_after_s: float) -> tuple[Any, Node, list[Node], str, str, Node, str]:
-    """Three agents with fencing; node A's job stepping, its checkpoint guarded by a peer.
-    Returns (cluster, A, the other two, job id, key, buddy, the job's pid)."""
+def kept(make: Any, path: Path, orphan_after_s: float) -> tuple[Any, Node, list[Node], str, str, Node, str]:
+    """Three agents with fencing; node A's job stepping, its checkpoint kept by a peer.
+    Returns (cluster, A, the other two, job id, key, keeper, the job's pid)."""
     c = make(zones=1, per_zone=3, gpus=1, zone_extra=migrate_config(
         orphan_after_s=orphan_after_s, fence_after_s=1.5, retry_base_s=0.3, retry_max_s=0.6))
     a, *others = c.nodes
     jid = submit(a, "--name", "fenced", "--", str(VENV_BIN / "python"), "-c", STEPS, str(path))
     key = f"n{a.node_id}-{jid}"
-    buddy = wait_until(lambda: next((nd for nd in c.nodes if nd is not a and (r := replica(nd, key)) is not None
-                                     and r["state"] == "guarding" and 7 in verified_steps(nd, key)), None),
-                       60, "a peer to hold and guard the job's checkpoint")
+    keeper = wait_until(lambda: next((nd for nd in c.nodes if nd is not a and (r := replica(nd, key)) is not None
+                                     and r["state"] == "keeping" and 7 in verified_steps(nd, key)), None),
+                       60, "a peer to hold and keeper the job's checkpoint")
     wait_until(lambda: steps_by(path), 30, "the job to step")
-    return c, a, others, jid, key, buddy, str(job_state(a, jid)["pid"])
+    return c, a, others, jid, key, keeper, str(job_state(a, jid)["pid"])
 
 
 def test_a_node_cut_off_freezes_its_job_before_the_zone_resumes_it_and_stops_it_when_healed(
         make_cluster, tmp_path: Path) -> None:  # noqa: F811
     steps = tmp_path / "steps"
-    c, a, others, jid, key, buddy, pid_a = guarded(make_cluster, steps, orphan_after_s=4)
+    c, a, others, jid, key, keeper, pid_a = kept(make_cluster, steps, orphan_after_s=4)
 
     cut(a, others)
     try:
         wait_until(lambda: phases(a, "fenced"), 30, "A to fence its job")
         assert [e["jobs"] for e in phases(a, "fenced")] == [[jid]]
         assert list(a.json("status")["migrate"]["fenced"]) == [jid]
-        _, resumed = wait_until(lambda: find_migrated(c, key), 30, "the buddy to resume the job")
-        assert find_migrated(c, key)[0] is buddy  # type: ignore[index]
-        wait_until(lambda: job_state(buddy, resumed["id"])["state"] == "running", 30, "the resumed copy to run")
+        _, resumed = wait_until(lambda: find_migrated(c, key), 30, "the keeper to resume the job")
+        assert find_migrated(c, key)[0] is keeper  # type: ignore[index]
+        wait_until(lambda: job_state(keeper, resumed["id"])["state"] == "running", 30, "the resumed copy to run")
         frozen_at = steps_by(steps).get(pid_a, 0)
-        wait_until(lambda: steps_by(steps).get(str(job_state(buddy, resumed["id"])["pid"]), 0) >= 20, 30,
+        wait_until(lambda: steps_by(steps).get(str(job_state(keeper, resumed["id"])["pid"]), 0) >= 20, 30,
                    "the resumed copy to step")
         # A's copy took no step while the resumed one ran: one copy at a time
         assert steps_by(steps).get(pid_a, 0) == frozen_at
@@ -110,9 +110,9 @@ def test_a_node_cut_off_freezes_its_job_before_the_zone_resumes_it_and_stops_it_
         heal(a, others)
 
     wait_until(lambda: job_state(a, jid)["state"] == "migrated", 30, "A to stop its fenced copy once healed")
-    assert f"node {buddy.node_id}" in job_state(a, jid)["reason"]
+    assert f"node {keeper.node_id}" in job_state(a, jid)["reason"]
     assert steps_by(steps).get(pid_a, 0) == frozen_at, "A's copy stepped again after the heal"
-    assert job_state(buddy, resumed["id"])["state"] == "running"
+    assert job_state(keeper, resumed["id"])["state"] == "running"
     assert phases(a, "unfenced") == []
     wait_until(lambda: a.json("status")["migrate"]["fenced"] == {}, 10, "A's status to show nothing fenced")
     assert [e["job"] for e in phases(a, "superseded")] == [jid]
@@ -120,7 +120,7 @@ def test_a_node_cut_off_freezes_its_job_before_the_zone_resumes_it_and_stops_it_
 
 def test_a_partition_shorter_than_orphan_after_s_thaws_the_fenced_job(make_cluster, tmp_path: Path) -> None:  # noqa: F811
     steps = tmp_path / "steps"
-    c, a, others, jid, key, buddy, pid_a = guarded(make_cluster, steps, orphan_after_s=30)
+    c, a, others, jid, key, keeper, pid_a = kept(make_cluster, steps, orphan_after_s=30)
 
     cut(a, others)
     try:
@@ -136,7 +136,7 @@ def test_a_partition_shorter_than_orphan_after_s_thaws_the_fenced_job(make_clust
     assert job_state(a, jid)["state"] == "running"
     assert job_state(a, jid)["reason"].startswith("unfenced: ")
     assert find_migrated(c, key) is None  # nobody took it over
-    assert replica(buddy, key)["state"] == "guarding"  # type: ignore[index]
+    assert replica(keeper, key)["state"] == "keeping"  # type: ignore[index]
     ev = phases(a, "unfenced")
     assert [(e["job"], e["airlock_held"]) for e in ev] == [(jid, False)], ev
 
@@ -148,7 +148,7 @@ def test_an_agent_restarted_while_fenced_keeps_the_job_frozen_and_settles_it_onc
     has heard nobody yet, so it settles nothing), and once healed it is settled as before:
     nobody took it over, so it is thawed."""
     steps = tmp_path / "steps"
-    c, a, others, jid, key, buddy, pid_a = guarded(make_cluster, steps, orphan_after_s=30)
+    c, a, others, jid, key, keeper, pid_a = kept(make_cluster, steps, orphan_after_s=30)
     cut(a, others)
     try:
         wait_until(lambda: phases(a, "fenced"), 30, "A to fence its job")
@@ -171,40 +171,40 @@ def test_an_agent_restarted_while_fenced_keeps_the_job_frozen_and_settles_it_onc
     assert a.json("status")["migrate"]["fenced"] == {}
 
 
-def test_a_guard_cut_off_when_the_reclaim_is_withdrawn_does_not_resume_the_job_at_the_old_windows_end(
+def test_a_keeper_cut_off_when_the_reclaim_is_withdrawn_does_not_resume_the_job_at_the_old_windows_end(
         make_cluster, tmp_path: Path) -> None:  # noqa: F811
-    """A's reclaim is announced, and its buddy B hears the notice; B is then cut off, and the
+    """A's reclaim is announced, and its keeper B hears the notice; B is then cut off, and the
     owner withdraws the reclaim, which B misses. At the old window's end B has room (its own
-    job stopped meanwhile) and a guard whose source's window ended. Before, B resumed the job
+    job stopped meanwhile) and a keeper whose source's window ended. Before, B resumed the job
     there and then, beside the copy that ran on at A (the soak, seed 29). Now the end declares
     nothing while B hears no other member after it; healed, B learns of the withdrawal (asks A,
-    or hears it told again) and guards on: the job ran once, on A, all along."""
+    or hears it told again) and keeps on: the job ran once, on A, all along."""
     steps = tmp_path / "steps"
-    c, a, others, jid, key, buddy, pid_a = guarded(make_cluster, steps, orphan_after_s=30)
-    third = next(nd for nd in others if nd is not buddy)
-    fillers = fill(c, [buddy, third])  # no room for a move: the job stays on A through the window
+    c, a, others, jid, key, keeper, pid_a = kept(make_cluster, steps, orphan_after_s=30)
+    third = next(nd for nd in others if nd is not keeper)
+    fillers = fill(c, [keeper, third])  # no room for a move: the job stays on A through the window
     a.json("reclaim", "--notice", "8s", "--reason", "lm-t owner")
-    notices = wait_until(lambda: buddy.json("reclaim", "status")["notices"].get(str(a.node_id)), 10,
+    notices = wait_until(lambda: keeper.json("reclaim", "status")["notices"].get(str(a.node_id)), 10,
                          "B to hear A's notice")
     end = float(notices["window_end"])
 
-    cut(buddy, [a, third])
+    cut(keeper, [a, third])
     try:
         out = a.json("reclaim", "cancel", "--reason", "lm-t plans changed")
-        assert out["in_window"] and buddy.node_id in out["peers_missed"], out
-        buddy.ctl("job", "stop", fillers[buddy.node_id])  # room on B for a take-over at the old end
-        wait_until(lambda: job_state(buddy, fillers[buddy.node_id])["state"] not in ("running", "suspended"), 30,
+        assert out["in_window"] and keeper.node_id in out["peers_missed"], out
+        keeper.ctl("job", "stop", fillers[keeper.node_id])  # room on B for a take-over at the old end
+        wait_until(lambda: job_state(keeper, fillers[keeper.node_id])["state"] not in ("running", "suspended"), 30,
                    "B's own job to stop")
         while time.time() < end + 4.0:  # past the old window's end, B still cut off
             time.sleep(0.2)
         assert find_migrated(c, key) is None, "B resumed the job while cut off, beside A's copy"
         assert set(steps_by(steps)) == {pid_a}
     finally:
-        heal(buddy, [a, third])
+        heal(keeper, [a, third])
 
-    wait_until(lambda: str(a.node_id) not in buddy.json("reclaim", "status")["notices"], 30,
+    wait_until(lambda: str(a.node_id) not in keeper.json("reclaim", "status")["notices"], 30,
                "B to learn, once healed, that A's reclaim was withdrawn")
-    time.sleep(2.0)  # ten guard rounds (poll_s 0.2): the forgotten window brings no take-over
+    time.sleep(2.0)  # ten keeper rounds (poll_s 0.2): the forgotten window brings no take-over
     assert find_migrated(c, key) is None
     assert job_state(a, jid)["state"] == "running"
     assert set(steps_by(steps)) == {pid_a}, "another copy of the job stepped"

@@ -7,14 +7,14 @@ takes its place in its namespace with its real zone key, node key, address and p
 agents' own wire, transport and transfer code: it speaks as node 3, as root on node 3 can.
 
 Node 1 runs a job of another user (``agentproc.NOBODY``: jobkit checkpoints, prestaged to its
-buddy B, node 2 or 4). Node 3 then sends each forged-authority message to the real agents:
+keeper B, node 2 or 4). Node 3 then sends each forged-authority message to the real agents:
 
 - hand-overs to node 1 with ``owner_uid`` absent, 0, -1 and 4294967295, as uid 65534 with gid 0,
   and as uid 65534 at a class and priority node 1's ``[grants]`` do not give it;
-- a checkpoint under node 1's job key to B, a ``guard`` overwriting B's guard of it (naming that
+- a checkpoint under node 1's job key to B, a ``keeper`` overwriting B's keeper of it (naming that
   checkpoint), a ``release`` of it;
-- a ``guard`` with ``take_over`` of a root job under a key of node 1's that C (the other node)
-  does not guard, and one under a key of node 3's own (it owns that key: the take-over's uid
+- a ``keeper`` with ``take_over`` of a root job under a key of node 1's that C (the other node)
+  does not keeper, and one under a key of node 3's own (it owns that key: the take-over's uid
   policy refuses it);
 - a hand-over under node 2's placement id (seen in node 2's probe of node 3) to node 1;
 - a ``reclaim`` of node 1 (a 0.5 s notice), a loan ``return`` of node 1 (in the inference pool).
@@ -115,19 +115,19 @@ def attacked(c: Cluster, markers: Path, lib: Path) -> None:
     n3.agent.stop()  # node 3's ports are the rogue's now
     wait_until(lambda: all((p.get("summary_age_s") or 99) > 2.0 for nd in (n1, n2, n4)
                            for p in nd.json("zone", "peers") if p["node"] == 3), 30, "node 3 to go stale")
-    # the victim: a job of another user on node 1, its checkpoint guarded by its buddy B
+    # the victim: a job of another user on node 1, its checkpoint kept by its keeper B
     jid = json.loads(n1.agent.ctl("-o", "json", "submit", "--name", "theirs", "--env", f"LMT_LIB={lib}", "--",
                             "/usr/bin/python3", "-c", JOB, user=NOBODY).stdout)["id"]
     key = f"n1-{jid}"
-    b_id = wait_until(lambda: n1.json("status")["migrate"]["buddies"].get(jid), 60, "the job's buddy")
+    b_id = wait_until(lambda: n1.json("status")["migrate"]["keepers"].get(jid), 60, "the job's keeper")
     b = c.nodes[int(b_id) - 1]
     cn = n4 if b is n2 else n2  # the other legitimate node
-    guarded = wait_until(lambda: next((r for r in b.json("replicas") if r["key"] == key and r["state"] == "guarding"),
-                                      None), 60, "the buddy to guard the job's checkpoint")
+    kept = wait_until(lambda: next((r for r in b.json("replicas") if r["key"] == key and r["state"] == "keeping"),
+                                      None), 60, "the keeper to keep the job's checkpoint")
     root_job = json.loads(n1.ctl("-o", "json", "submit", "--name", "roots", "--", "sleep", "600").stdout)["id"]
     n1_jobs = {j["id"] for j in n1.json("jobs")}
 
-    req = {"spec": {"command": ["true"]}}  # a guard's request naming node 1's job
+    req = {"spec": {"command": ["true"]}}  # a keeper's request naming node 1's job
     plan: list[dict[str, Any]] = [
         {"do": "handover", "to": 1, "req": {"spec": evil(markers, "no-owner")}},
         {"do": "handover", "to": 1, "req": {"spec": evil(markers, "uid-0"), "owner_uid": 0, "owner_gid": 0}},
@@ -138,16 +138,16 @@ def attacked(c: Cluster, markers: Path, lib: Path) -> None:
         {"do": "handover", "to": 1, "req": {"spec": evil(markers, "grants", **{"class": "long-resident"}, priority=90),
                                             "owner_uid": NOBODY, "owner_gid": NOBODY}},
         {"do": "ckpt", "to": b.node_id, "key": key, "step": 999999},
-        {"do": "ctl", "to": b.node_id, "op": "guard",
-         "body": {"key": key, "src_node": 1, "src_job": jid, "ckpt": guarded["ckpt"],
+        {"do": "ctl", "to": b.node_id, "op": "keeper",
+         "body": {"key": key, "src_node": 1, "src_job": jid, "ckpt": kept["ckpt"],
                   "request": {**req, "owner_uid": 0, "owner_gid": 0, "spec": evil(markers, "overwrite")}}},
         {"do": "ctl", "to": b.node_id, "op": "release", "body": {"key": key}},
         {"do": "ckpt", "to": cn.node_id, "key": "n1-lmt-evil", "step": 1},
-        {"do": "ctl", "to": cn.node_id, "op": "guard",
+        {"do": "ctl", "to": cn.node_id, "op": "keeper",
          "body": {"key": "n1-lmt-evil", "src_node": 1, "src_job": "lmt-evil", "ckpt": "ckpt-1",
                   "request": {"spec": evil(markers, "take-over"), "owner_uid": 0, "owner_gid": 0, "take_over": True}}},
         {"do": "ckpt", "to": cn.node_id, "key": "n3-lmt-own", "step": 1},
-        {"do": "ctl", "to": cn.node_id, "op": "guard",
+        {"do": "ctl", "to": cn.node_id, "op": "keeper",
          "body": {"key": "n3-lmt-own", "src_node": 3, "src_job": "lmt-own", "ckpt": "ckpt-1",
                   "request": {"spec": evil(markers, "own-key"), "owner_uid": 0, "owner_gid": 0, "take_over": True}}},
         {"do": "hijack", "victim": 2, "to": 1, "wait_s": 60,
@@ -171,24 +171,24 @@ def attacked(c: Cluster, markers: Path, lib: Path) -> None:
     live.check(bound_s=2.0)
     res = {f"{i}:{a['do']}:{a.get('op', '')}": r for i, (a, r) in enumerate(zip(plan, got[1:], strict=True))}
     print(json.dumps(res, indent=1))  # what each attack got (the notes cite the run before the fix)
-    time.sleep(3.0)  # guard rounds (poll_s 0.2) for a take-over to act, were it accepted
+    time.sleep(3.0)  # keeper rounds (poll_s 0.2) for a take-over to act, were it accepted
     r = list(res.values())
     print(json.dumps({"markers": sorted(os.listdir(markers)),  # (the run before the fix: what ran as root)
                       "jobs": {nd.node_id: [(j["name"], j.get("owner_uid"), j["state"]) for j in nd.json("jobs")]
                                for nd in (n1, n2, n4)},
-                      "replicas_at_buddy": [x for x in b.json("replicas") if x["key"] == key]}, indent=1))
+                      "replicas_at_keeper": [x for x in b.json("replicas") if x["key"] == key]}, indent=1))
 
     # hand-overs: refused, naming the rule
     for i, why in enumerate(("names no owner_uid", "zone.root_from", "is not a user or group id",
                              "is not a user or group id", "is not a group of uid 65534", "[grants]")):
         assert r[i].get("status") == 2 and why in r[i]["text"], (i, r[i])
-    # node 1's job key at its buddy: no checkpoint, no guard overwrite, no release from node 3
-    assert "error" in r[6] and f"guards {key} for node 1; only node 1 may send" in r[6]["error"], r[6]
-    assert "error" in r[7] and "handed this node that guard" in r[7]["error"], r[7]
+    # node 1's job key at its keeper: no checkpoint, no keeper overwrite, no release from node 3
+    assert "error" in r[6] and f"keeps {key} for node 1; only node 1 may send" in r[6]["error"], r[6]
+    assert "error" in r[7] and "handed this node that keeper" in r[7]["error"], r[7]
     assert "error" in r[8] and "only node 1" in r[8]["error"], r[8]
-    # a root job's guard on a key of node 1's: refused at once; on its own key: taken, never run
+    # a root job's keeper on a key of node 1's: refused at once; on its own key: taken, never run
     assert "ok" in r[9] and "error" in r[10] and "zone.root_from" in r[10]["error"], (r[9], r[10])
-    assert "ok" in r[11] and r[12].get("ok") == {"guarding": "n3-lmt-own"}, (r[11], r[12])
+    assert "ok" in r[11] and r[12].get("ok") == {"keeping": "n3-lmt-own"}, (r[11], r[12])
     own = wait_until(lambda: next((x for x in cn.json("replicas") if x["key"] == "n3-lmt-own"
                                    and x["state"] == "failed"), None), 30, "node 3's own-key take-over to be refused")
     assert own["src_node"] == 3
@@ -215,13 +215,13 @@ def attacked(c: Cluster, markers: Path, lib: Path) -> None:
     assert {j["id"] for j in n1.json("jobs")} - n1_jobs <= {placed["job_id"]}
     assert job_state(n1, jid)["state"] == "running"
     row = next(x for x in b.json("replicas") if x["key"] == key)
-    assert (row["state"], row["src_node"], row["ckpt"], row["owner_uid"]) == ("guarding", 1, guarded["ckpt"], NOBODY), row
+    assert (row["state"], row["src_node"], row["ckpt"], row["owner_uid"]) == ("keeping", 1, kept["ckpt"], NOBODY), row
     assert not (b.agent.state_dir / "xfer" / "checkpoints" / key / "ckpt-999999").exists()
     # every refusal counted by its reason where it was refused
     s1, sb, sc = stats(n1), stats(b), stats(cn)
     assert s1["bad_id"] >= 3 and s1["root"] >= 1 and s1["gid"] >= 1 and s1["grants"] >= 1, s1
     assert s1["reclaim"] >= 1 and s1["loan_return"] >= 1 and s1["placement"] >= 1, s1
-    assert sb["offer"] >= 1 and sb["guard"] >= 1 and sb["release"] >= 1, sb
+    assert sb["offer"] >= 1 and sb["keeper"] >= 1 and sb["release"] >= 1, sb
     assert sc["root"] >= 2, sc
 
     # a legitimate reclaim, forwarded from node 1 (migrate.reclaim_from = [1]), moves C's root job;
@@ -246,14 +246,14 @@ def attacked(c: Cluster, markers: Path, lib: Path) -> None:
     assert job_state(c.nodes[int(move["dest"]) - 1], move["dest_job"])["state"] == "running"
     assert stats(cn)["reclaim"] >= 1
 
-    # node 1 leaves without notice: its buddy takes its job over from the real checkpoint, as its owner
-    buddy = c.nodes[int(n1.json("status")["migrate"]["buddies"][jid]) - 1]
+    # node 1 leaves without notice: its keeper takes its job over from the real checkpoint, as its owner
+    keeper = c.nodes[int(n1.json("status")["migrate"]["keepers"][jid]) - 1]
     gone(n1)
-    ev = wait_until(lambda: next((e for e in buddy.json("events", "--kind", "migrate", "--limit", "500")
+    ev = wait_until(lambda: next((e for e in keeper.json("events", "--kind", "migrate", "--limit", "500")
                                   if e.get("key") == key and e.get("phase") == "resumed"), None), 90,
-                    "the buddy to take node 1's job over")
-    st = job_state(buddy, ev["job"])
+                    "the keeper to take node 1's job over")
+    st = job_state(keeper, ev["job"])
     assert st["owner_uid"] == NOBODY and st["state"] == "running", st
-    start = wait_until(lambda: next((e for e in job_log(buddy, ev["job"]) if e.get("event") == "start"), None), 30,
+    start = wait_until(lambda: next((e for e in job_log(keeper, ev["job"]) if e.get("event") == "start"), None), 30,
                        "the resumed job to start")
     assert start == {"event": "start", "resumed": 7, "uid": NOBODY}, start

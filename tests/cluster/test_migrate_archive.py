@@ -1,15 +1,15 @@
-"""The archive, the guard of last resort (``migrate.archive_dir``: storage outside the pool,
+"""The archive, the keeper of last resort (``migrate.archive_dir``: storage outside the pool,
 shared by the zone's agents; here a directory of the test on the host's disk, which every
 agent's namespace sees, as an NFS mount would be seen).
 
 1. No live peer can run or hold A's job (every peer's only GPU is taken, and none offers disk:
-   ``holder_reserve_mb`` larger than its disk): at A's reclaim the final checkpoint goes to
-   the archive with the job's guard record; when room frees on a peer, that peer claims the
+   ``keeper_reserve_mb`` larger than its disk): at A's reclaim the final checkpoint goes to
+   the archive with the job's keeper record; when room frees on a peer, that peer claims the
    record and resumes the job from the archived checkpoint. This case is the common start of
    the archive sweep's tests (``test_archive_sweep_cluster.archived_and_claimed``, asserted
    there once per test, with periodic archive copies on and off): one cluster less here.
-2. A job whose final checkpoint went to a holder is archived as well (by its source beside
-   the holder, and by any guard that finds no room); the holder, waiting for room, dies
+2. A job whose final checkpoint went to a keeper is archived as well (by its source beside
+   the keeper, and by any keeper that finds no room); the keeper, waiting for room, dies
    without notice (agent SIGKILLed, namespace deleted): the job is not lost, another node
    claims it from the archive when room frees there.
 
@@ -62,10 +62,10 @@ def archived(arch: Path, key: str) -> dict[str, Any]:
             "ckpts": sorted(int(p.name[5:]) for p in d.glob("ckpt-*")) if d.is_dir() else []}
 
 
-def test_a_waiting_holder_archives_and_its_death_loses_nothing(make_cluster, reference_sha, tmp_path):  # noqa: F811
+def test_a_waiting_keeper_archives_and_its_death_loses_nothing(make_cluster, reference_sha, tmp_path):  # noqa: F811
     arch = tmp_path / "archive"
     c = make_cluster(zones=1, per_zone=4, gpus=1, zone_extra=migrate_config(
-        retry_base_s=0.5, retry_max_s=2.0, holder_reserve_mb=0, archive_dir=f'"{arch}"',
+        retry_base_s=0.5, retry_max_s=2.0, keeper_reserve_mb=0, archive_dir=f'"{arch}"',
         archive_gc_s=1.0))  # the archive sweep every second (default 10 s): what the job's end frees goes soon
     a, peers = c.nodes[0], c.nodes[1:]
     fillers = fill(c, peers)
@@ -80,13 +80,13 @@ def test_a_waiting_holder_archives_and_its_death_loses_nothing(make_cluster, ref
     assert move["phase"] == "held", move
     held = int(move["ckpt"].removeprefix("ckpt-"))
     h = c.nodes[move["dest"] - 1]
-    # the archive keeps a copy that outlives the holder, whose guard waits for room
+    # the archive keeps a copy that outlives the keeper, whose keeper waits for room
     wait_until(lambda: (r := next((r for r in h.json("replicas") if r["key"] == key), None)) is not None
-               and r["state"] == "waiting", 30, "the holder to wait for room")
+               and r["state"] == "waiting", 30, "the keeper to wait for room")
     wait_until(lambda: archived(arch, key)["files"] == ["guard.json"] and held in archived(arch, key)["ckpts"], 30,
                "the job to be archived")
     gone(a)
-    gone(h)  # the holder leaves without notice
+    gone(h)  # the keeper leaves without notice
     x = next(nd for nd in peers if nd is not h)
     x.ctl("job", "stop", fillers[x.node_id])
     finish(c, key, x, held, reference_sha)

@@ -2,10 +2,10 @@
 every agent's namespace sees, as an NFS mount would be seen).
 
 Three agents. The real PyTorch job (examples/train_mnistlike.py on CPU) trains on A; its
-checkpoints are prestaged to a buddy B and, while departures without notice are plausible (the
+checkpoints are prestaged to a keeper B and, while departures without notice are plausible (the
 prior: no departure seen yet), archived with a live record naming A and B. A and B then leave
 without notice at once (agents SIGKILLed, their jobs' cgroups killed, namespaces deleted): the
-buddy's replica goes with B. The third agent C sees both silent for ``orphan_after_s``, claims
+keeper's replica goes with B. The third agent C sees both silent for ``orphan_after_s``, claims
 the live record and resumes the job from the archived periodic checkpoint, whose weights equal
 an uninterrupted run's at that step; the job trains every later step once and ends with the
 weights of an uninterrupted run; exactly one copy ran; the job's own archived copies at C are
@@ -93,7 +93,7 @@ def archived_weights(ckpt: Path, tmp: Path) -> Callable[[], tuple[int, str]]:
     return result
 
 
-def test_node_and_buddy_gone_without_notice_the_job_resumes_from_its_archived_periodic_checkpoint(
+def test_node_and_keeper_gone_without_notice_the_job_resumes_from_its_archived_periodic_checkpoint(
         make_cluster, reference_sha, tmp_path):  # noqa: F811
     arch = tmp_path / "archive"
     c = make_cluster(zones=1, per_zone=3, gpus=0, zone_extra=migrate_config(
@@ -104,14 +104,14 @@ def test_node_and_buddy_gone_without_notice_the_job_resumes_from_its_archived_pe
     jid = submit(a, "--name", "train", "--", *train_cmd(0.15, sleep_until=go), gpus=0)
     key = f"n{a.node_id}-{jid}"
 
-    def ready() -> bool:  # a periodic checkpoint past the first, archived, naming the buddy that guards it
+    def ready() -> bool:  # a periodic checkpoint past the first, archived, naming the keeper that keeps it
         r = live(arch, key)
         if r is None or r.get("buddy") is None or int(r["ckpt"].removeprefix("ckpt-")) < 30:
             return False
         b = c.nodes[int(r["buddy"]) - 1]
-        return any(x["key"] == key and x["state"] == "guarding" for x in b.json("replicas"))
+        return any(x["key"] == key and x["state"] == "keeping" for x in b.json("replicas"))
 
-    wait_until(ready, 90, "a periodic checkpoint archived and prestaged to the buddy", every=0.2)
+    wait_until(ready, 90, "a periodic checkpoint archived and prestaged to the keeper", every=0.2)
     b = c.nodes[int(live(arch, key)["buddy"]) - 1]  # type: ignore[index]
     x = next(nd for nd in c.nodes if nd is not a and nd is not b)
     a.agent.kill9()  # both leave without notice, at once: nothing more is archived or taken over

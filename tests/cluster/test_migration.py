@@ -140,8 +140,8 @@ def test_reclaimed_job_moves_to_another_node_and_finishes_with_the_same_weights(
     a = c.nodes[0]
     job = json.loads(a.ctl("-o", "json", "submit", "--name", "train", "--", *train_cmd(0.1, after_resume=0)).stdout)
     jid, key = job["id"], f"n{a.node_id}-{job['id']}"
-    # its checkpoints are prestaged to a buddy, which guards the job from then on
-    wait_until(lambda: any(r["key"] == key and r["state"] == "guarding"
+    # its checkpoints are prestaged to a keeper, which keeps the job from then on
+    wait_until(lambda: any(r["key"] == key and r["state"] == "keeping"
                            for nd in c.nodes[1:] for r in nd.json("replicas")), 60, "a prestaged replica")
     follow: dict[str, Any] = {}
 
@@ -195,14 +195,14 @@ def test_reclaimed_job_moves_to_another_node_and_finishes_with_the_same_weights(
 
 def test_source_dies_mid_transfer_and_the_job_resumes_from_the_last_verified_checkpoint(make_cluster, reference_sha):
     # slow transfers (user-space pacing, small chunks) so the source can die in the middle of one;
-    # the buddy declares the silent source dead after dead_after_s and then asks it once more
+    # the keeper declares the silent source dead after dead_after_s and then asks it once more
     # (timeout dead_after_s + 2 s) before it takes over: 1 s, the summaries come every 0.3 s
     c = make_cluster(zones=1, per_zone=3, gpus=0,
                      zone_extra=migrate_config(rate_mbit=0.4, path_mbit=0.4, chunk_kb=8, dead_after_s=1.0))
     a = c.nodes[0]
     job = json.loads(a.ctl("-o", "json", "submit", "--name", "train", "--", *train_cmd(0.15, after_resume=0)).stdout)
     jid, key = job["id"], f"n{a.node_id}-{job['id']}"
-    wait_until(lambda: any(verified_steps(nd, key) for nd in c.nodes[1:]), 60, "a verified replica on a buddy")
+    wait_until(lambda: any(verified_steps(nd, key) for nd in c.nodes[1:]), 60, "a verified replica on a keeper")
     a.ctl("reclaim", "--notice", "10s")
 
     def final_step() -> int | None:
@@ -232,7 +232,7 @@ def test_source_dies_mid_transfer_and_the_job_resumes_from_the_last_verified_che
     delete_netns(a.netns)
     assert not any(s in verified_steps(nd, key) for nd in c.nodes[1:])  # the final one never arrived whole
 
-    found = wait_until(lambda: find_migrated(c, key), 60, "a buddy to resume the job", every=0.3)
+    found = wait_until(lambda: find_migrated(c, key), 60, "a keeper to resume the job", every=0.3)
     b, bjob = found
     wait_until(lambda: job_state(b, bjob["id"])["state"] == "exited", 120, "the resumed job to finish")
     on_b = job_log(b, bjob["id"])

@@ -1,9 +1,9 @@
 """A partition longer than ``orphan_after_s`` ends with the job running once.
 
-With ``orphan_after_s`` set, a buddy that hears nothing from a job's source for that long takes
+With ``orphan_after_s`` set, a keeper that hears nothing from a job's source for that long takes
 it for gone and resumes the job from its replica. When the silence was a partition, the source
 never stopped its copy: from the take-over on, two copies of the job run. Before, nothing
-reconciled them once the partition healed, and both ran to their ends. Now the guard, hearing
+reconciled them once the partition healed, and both ran to their ends. Now the keeper, hearing
 the source again, tells it (control op ``superseded``); the source stops its copy (state
 ``migrated``; event phase ``superseded``) and the resumed copy runs on alone.
 
@@ -28,7 +28,7 @@ from test_migration import (  # noqa: F401  (fixture)
     submit,
     verified_steps,
 )
-from test_replica_buddy_change import JOB, replica
+from test_replica_keeper_change import JOB, replica
 
 pytestmark = pytest.mark.cluster
 
@@ -39,8 +39,8 @@ def test_after_a_partition_longer_than_orphan_after_s_the_source_stops_its_copy(
     a, b = c.nodes
     jid = submit(a, "--name", "split", "--", str(VENV_BIN / "python"), "-c", JOB)
     key = f"n{a.node_id}-{jid}"
-    wait_until(lambda: (r := replica(b, key)) is not None and r["state"] == "guarding" and 7 in verified_steps(b, key),
-               60, "B to hold and guard the job's checkpoint")
+    wait_until(lambda: (r := replica(b, key)) is not None and r["state"] == "keeping" and 7 in verified_steps(b, key),
+               60, "B to hold and keeper the job's checkpoint")
 
     # A falls silent for B: B takes it for gone and resumes the job; A's copy runs on
     a.netns.run("ip", "route", "add", "blackhole", f"{b.addr}/32")
@@ -70,10 +70,10 @@ def test_after_a_partition_longer_than_orphan_after_s_the_source_stops_its_copy(
 
 def test_after_a_partition_the_node_that_claimed_the_job_from_the_archive_tells_its_source(
         make_cluster, tmp_path):  # noqa: F811
-    """Node X is cut off from A (the job's node) and B (its buddy) both: to X both are gone, so X
+    """Node X is cut off from A (the job's node) and B (its keeper) both: to X both are gone, so X
     claims the job's live record from the archive and resumes it, while A's copy runs on (B
     still hears A: it takes nothing over). Healed, X tells A, which stops its copy. Before, X
-    kept no guard row of a job it claimed from the archive, so nothing told A."""
+    kept no keeper row of a job it claimed from the archive, so nothing told A."""
     arch = tmp_path / "archive"
     c = make_cluster(zones=1, per_zone=3, gpus=1, zone_extra=migrate_config(
         orphan_after_s=2, retry_base_s=0.3, retry_max_s=0.6, archive_dir=f'"{arch}"', archive_gc_s=1.0))
@@ -81,15 +81,15 @@ def test_after_a_partition_the_node_that_claimed_the_job_from_the_archive_tells_
     jid = submit(a, "--name", "split-archive", "--", str(VENV_BIN / "python"), "-c", JOB)
     key = f"n{a.node_id}-{jid}"
 
-    def ready() -> bool:  # the checkpoint archived (live.json) and guarded by A's buddy
+    def ready() -> bool:  # the checkpoint archived (live.json) and kept by A's keeper
         r = live(arch, key)
-        buddy = None if r is None else r.get("buddy")
-        return buddy is not None and any(nd.node_id == buddy and (g := replica(nd, key)) is not None
-                                         and g["state"] == "guarding" for nd in (b, x))
+        keeper = None if r is None else r.get("buddy")
+        return keeper is not None and any(nd.node_id == keeper and (g := replica(nd, key)) is not None
+                                         and g["state"] == "keeping" for nd in (b, x))
 
-    wait_until(ready, 60, "the job's checkpoint archived and guarded by its buddy", every=0.2)
-    buddy = int(live(arch, key)["buddy"])  # type: ignore[index]
-    if buddy == x.node_id:  # the cut-off node must be neither the job's node nor its buddy
+    wait_until(ready, 60, "the job's checkpoint archived and kept by its keeper", every=0.2)
+    keeper = int(live(arch, key)["buddy"])  # type: ignore[index]
+    if keeper == x.node_id:  # the cut-off node must be neither the job's node nor its keeper
         b, x = x, b
     cut = [(a, x), (b, x), (x, a), (x, b)]  # (in whose namespace, route to whom): both ways
     for nd, to in cut:
@@ -123,16 +123,16 @@ while not (os.path.exists(sys.argv[1]) and "LM_MIGRATED_FROM" not in os.environ)
 
 def test_a_job_its_source_finished_during_the_partition_is_stopped_where_it_was_taken_over(
         make_cluster, tmp_path):  # noqa: F811
-    """The source's copy finishes (exit 0) while cut off; the buddy took the job over meanwhile
-    and runs it again. Healed, the buddy learns the job was finished and stops its rerun."""
+    """The source's copy finishes (exit 0) while cut off; the keeper took the job over meanwhile
+    and runs it again. Healed, the keeper learns the job was finished and stops its rerun."""
     c = make_cluster(zones=1, per_zone=2, gpus=1, zone_extra=migrate_config(
         orphan_after_s=2, retry_base_s=0.3, retry_max_s=0.6))
     a, b = c.nodes
     go = tmp_path / "finish"
     jid = submit(a, "--name", "finishes", "--", str(VENV_BIN / "python"), "-c", FINISH, str(go))
     key = f"n{a.node_id}-{jid}"
-    wait_until(lambda: (r := replica(b, key)) is not None and r["state"] == "guarding" and 7 in verified_steps(b, key),
-               60, "B to hold and guard the job's checkpoint")
+    wait_until(lambda: (r := replica(b, key)) is not None and r["state"] == "keeping" and 7 in verified_steps(b, key),
+               60, "B to hold and keeper the job's checkpoint")
     a.netns.run("ip", "route", "add", "blackhole", f"{b.addr}/32")
     try:
         _, resumed = wait_until(lambda: find_migrated(c, key), 30, "B to resume the job")
@@ -149,36 +149,36 @@ def test_a_job_its_source_finished_during_the_partition_is_stopped_where_it_was_
     assert job_state(a, jid)["state"] == "exited"
 
 
-def test_a_guard_that_placed_the_job_on_another_node_tells_the_source_for_that_node(make_cluster):  # noqa: F811
-    """The buddy has no room when A falls silent (its only GPU taken meanwhile): it takes the job
+def test_a_keeper_that_placed_the_job_on_another_node_tells_the_source_for_that_node(make_cluster):  # noqa: F811
+    """The keeper has no room when A falls silent (its only GPU taken meanwhile): it takes the job
     over by placing it on the third node (replica state ``placed``). That node runs the job from a
-    hand-over and keeps no guard row, so before, nobody told A, and A's copy ran on beside it to
-    its end (bench/chaos.py --fence-after-s, seed 27). Now the buddy tells A for it."""
+    hand-over and keeps no keeper row, so before, nobody told A, and A's copy ran on beside it to
+    its end (bench/chaos.py --fence-after-s, seed 27). Now the keeper tells A for it."""
     c = make_cluster(zones=1, per_zone=3, gpus=1, zone_extra=migrate_config(
         orphan_after_s=2, retry_base_s=0.3, retry_max_s=0.6))
     a = c.nodes[0]
     jid = submit(a, "--name", "split-placed", "--", str(VENV_BIN / "python"), "-c", JOB)
     key = f"n{a.node_id}-{jid}"
-    buddy = wait_until(lambda: next((nd for nd in c.nodes[1:] if (r := replica(nd, key)) is not None
-                                     and r["state"] == "guarding" and 7 in verified_steps(nd, key)), None),
-                       60, "a peer to hold and guard the job's checkpoint")
-    other = next(nd for nd in c.nodes[1:] if nd is not buddy)
-    fill(c, [buddy])  # no room on the buddy any more
-    cut = [(a, buddy), (a, other), (buddy, a), (other, a)]
+    keeper = wait_until(lambda: next((nd for nd in c.nodes[1:] if (r := replica(nd, key)) is not None
+                                     and r["state"] == "keeping" and 7 in verified_steps(nd, key)), None),
+                       60, "a peer to hold and keeper the job's checkpoint")
+    other = next(nd for nd in c.nodes[1:] if nd is not keeper)
+    fill(c, [keeper])  # no room on the keeper any more
+    cut = [(a, keeper), (a, other), (keeper, a), (other, a)]
     for nd, to in cut:
         nd.netns.run("ip", "route", "add", "blackhole", f"{to.addr}/32")
     try:
-        found = wait_until(lambda: find_migrated(c, key), 60, "the buddy to place the job elsewhere")
+        found = wait_until(lambda: find_migrated(c, key), 60, "the keeper to place the job elsewhere")
         nd, placed = found
         assert nd is other, f"the job resumed on node {nd.node_id}, not placed on node {other.node_id}"
-        assert replica(buddy, key)["state"] == "placed"  # type: ignore[index]
+        assert replica(keeper, key)["state"] == "placed"  # type: ignore[index]
         wait_until(lambda: job_state(other, placed["id"])["state"] == "running", 30, "the placed copy to run")
         assert job_state(a, jid)["state"] == "running"  # two copies: the partition's cost (no fencing)
     finally:
         for nd, to in cut:
             nd.netns.run("ip", "route", "del", "blackhole", f"{to.addr}/32", check=False)
 
-    wait_until(lambda: job_state(a, jid)["state"] == "migrated", 30, "A to stop its copy once the buddy told it")
+    wait_until(lambda: job_state(a, jid)["state"] == "migrated", 30, "A to stop its copy once the keeper told it")
     assert f"node {other.node_id} runs it as {placed['id']}" in job_state(a, jid)["reason"]
     assert job_state(other, placed["id"])["state"] == "running"
     ev = [e for e in a.json("events", "--kind", "migrate") if e.get("phase") == "superseded"]

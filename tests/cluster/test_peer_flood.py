@@ -19,7 +19,7 @@ memory stay bounded, and root's ``status`` and kill-switch keep answering
   15 MiB control message was parsed and serialized again on the event loop (about 1 s each: four
   at once stalled root's status for seconds). Now a member holds at most its share of
   authenticated connections (the rest are refused, "try again later"), a buffer grows only for
-  an accepted offer, control headers are at most 64 KiB (a guard's ~1 MiB), JSON over 64 KiB is
+  an accepted offer, control headers are at most 64 KiB (a keeper's ~1 MiB), JSON over 64 KiB is
   parsed only under a separator bound, and a chunk before an offer is refused unread.
 
 Figures go to the notes and bench/abuse.py, not here: the bounds below are liveness bounds.
@@ -51,7 +51,7 @@ PLACEMENTS = 4
 FD_SLACK = 100  # descriptors node 1 may gain during the flood (its own work: jobs, transfers, threads)
 RSS_SLACK_MB = 100
 
-# A job that writes a 16 MiB checkpoint (step 7) at start and runs on: prestaged to its buddy
+# A job that writes a 16 MiB checkpoint (step 7) at start and runs on: prestaged to its keeper
 JOB = """
 import os, time
 from laminar.jobkit import Checkpointer
@@ -197,8 +197,8 @@ def test_a_member_holding_authenticated_connections_and_sending_huge_headers_is_
     assert any("try again later" in x for x in idle["refusals"]), figures
     assert gate.get("member_busy", 0) >= 64 - 32, figures
     big = {b["what"]: b["answer"] for b in seen["big"]}
-    for op in ("ctl guard", "ctl space", "ctl release", "ctl needs"):
-        assert "exceeds" in big[op], figures  # 15 MiB: past a guard's 1 MiB and everything else's 64 KiB
+    for op in ("ctl keeper", "ctl space", "ctl release", "ctl needs"):
+        assert "exceeds" in big[op], figures  # 15 MiB: past a keeper's 1 MiB and everything else's 64 KiB
     assert "refused unparsed" in big["offer"], figures
     assert "chunk before an offer" in big["chunk"], figures
     assert (gate.get("too_large"), gate.get("too_dense"), gate.get("chunk_before_offer")) == (4, 1, 1), figures

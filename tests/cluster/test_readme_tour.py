@@ -292,13 +292,13 @@ def test_the_tour_in_a_zone_of_two(tmp_path: Path) -> None:
                 ok(nd.agent, "job", "stop", j["id"], "--grace", "0")
         job = a.json("submit", "--name", "lm-t-train", "--", *train_cmd(0.1))
         jid, key = job["id"], f"n{a.node_id}-{job['id']}"
-        wait_until(lambda: any(r["key"] == key and r["state"] == "guarding" for r in b.json("replicas")), 60,
+        wait_until(lambda: any(r["key"] == key and r["state"] == "keeping" for r in b.json("replicas")), 60,
                    "B to hold A's job's checkpoint")
         assert key in ok(b.agent, "replicas").stdout
         # not in the tour (reported): each job's periodic checkpoint plan
         assert jid in json.dumps(a.json("checkpoints"))
         ok(a.agent, "checkpoints")
-        r = b.agent.ctl("replicas", "drop", key, check=False)  # a guard needs --force
+        r = b.agent.ctl("replicas", "drop", key, check=False)  # a keeper needs --force
         assert r.returncode == 1 and "--force" in r.stderr, (r.returncode, r.stderr)
         res = a.json("reclaim", "--notice", "8s", "--reason", "lm-t tour")
         assert res["reclaim"]["armed"] == [jid], res  # the kill-switch is armed for the window's end

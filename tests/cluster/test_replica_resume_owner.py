@@ -71,7 +71,7 @@ def moved_and_resumed(c: Cluster, lib: Path) -> None:
 
     a.ctl("reclaim", "--notice", "8s", "--reason", "owner needs it")
     wait_until(lambda: job_state(a, jid)["state"] in ("migrated", "reclaimed"), 60, "the job to leave A")
-    # a move to a holder (held) ends after its job was stopped here (reclaimed)
+    # a move to a keeper (held) ends after its job was stopped here (reclaimed)
     move = wait_until(lambda: (m := a.json("migrations")[0])["phase"] in ("done", "held", "failed") and m, 30,
                       "the move to end")
     assert move["phase"] == "done" and move["dest"] == b.node_id, move
@@ -102,7 +102,7 @@ def moved_and_resumed(c: Cluster, lib: Path) -> None:
 
 
 def test_another_users_job_naming_the_victims_key_does_not_stop_its_resumption() -> None:
-    """F2. Node A runs a job of one user (``NOBODY``); node B guards its replica. A second real
+    """F2. Node A runs a job of one user (``NOBODY``); node B keeps its replica. A second real
     user submits, on B and through the zone from A, a job whose env carries the victim's key
     (``LM_MIGRATED_FROM=n<A>-<job>``), which was the agent's only record of where a job came
     from. A then leaves without notice. B must resume the victim's job: what counts is the
@@ -117,8 +117,8 @@ def test_another_users_job_naming_the_victims_key_does_not_stop_its_resumption()
         jid = json.loads(r.stdout)["id"]
         key = f"n{a.node_id}-{jid}"
         wait_until(lambda: any(e["event"] == "start" for e in job_log(a, jid)), 30, "the victim's job to start on A")
-        wait_until(lambda: any(r["key"] == key and r["state"] == "guarding" for r in b.json("replicas")), 60,
-                   "B to guard the victim's replica")
+        wait_until(lambda: any(r["key"] == key and r["state"] == "keeping" for r in b.json("replicas")), 60,
+                   "B to keep the victim's replica")
         forged = {"name": "forged", "command": ["/bin/true"], "env": {"LM_MIGRATED_FROM": key}}
         on_b = call_as(attacker, b.agent.sock, "POST", "/v1/jobs", forged)
         via_zone = call_as(attacker, a.agent.sock, "POST", "/v1/placements", {"spec": forged})
@@ -126,7 +126,7 @@ def test_another_users_job_naming_the_victims_key_does_not_stop_its_resumption()
 
         gone(a)  # A leaves without notice: B declares it dead after orphan_after_s and takes over
         row = wait_until(lambda: next((r for r in b.json("replicas")
-                                       if r["key"] == key and r["state"] not in ("guarding", "waiting")), None),
+                                       if r["key"] == key and r["state"] not in ("keeping", "waiting")), None),
                          90, "B's take-over of the victim's job")
         assert row["state"] == "resumed", row  # before: "handed-over", its job_id the attacker's job
         resumed = str(row["job_id"])

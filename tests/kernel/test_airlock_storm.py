@@ -553,7 +553,7 @@ def test_victims_are_ranked_by_the_memory_they_would_free_not_their_page_cache(t
             assert r.jobs is not None and r.airlock is not None and r.airlock.policy is not None
             reader, done = cache_reader(tmp_path, 300)
             a = await r.jobs.submit(JobSpec(command=reader, job_class="transient", name="reader"))
-            b = await r.jobs.submit(JobSpec(command=hog(60, step=20, delay=0.02), job_class="transient", name="holder"))
+            b = await r.jobs.submit(JobSpec(command=hog(60, step=20, delay=0.02), job_class="transient", name="keeper"))
             assert await until(lambda: done.exists() and b.cgroup.memory_usage() >= 60 << 20, 60)
             assert a.cgroup.memory_usage() > 2 * b.cgroup.memory_usage()  # the reader's charge: its cache
             now = time.monotonic()

@@ -1,5 +1,5 @@
 """A real agent whose archive holds files planted to stop it (issue 31, item 5; the audit's A6):
-a FIFO where a guard record is read, JSON nested past the parser's limit, a 50 MB record, and a
+a FIFO where a keeper record is read, JSON nested past the parser's limit, a 50 MB record, and a
 key directory that is a link into a FUSE mount whose server is stopped (every open, stat or
 listing through it waits in the kernel, unkillably). The agent's archive rounds go on (each
 file refused and counted by reason; the link never followed, so no thread of the agent waits on

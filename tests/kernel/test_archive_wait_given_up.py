@@ -2,7 +2,7 @@
 hangs in the middle of the copy: the wait ends at its deadline with an error naming the archive
 and the time waited, while the copy still waits on the storage in the archive's thread. When the
 storage answers, a copy given up (a reclaim's own, :class:`ArchiveWait`) runs to its end and
-publishes nothing, not even its temporaries; a reclaimed guard's copy (``late_ok``) is published
+publishes nothing, not even its temporaries; a reclaimed keeper's copy (``late_ok``) is published
 late, and said with an event (``archived-late``).
 
 The hung storage is real: a writable FUSE mount (tests/fuserig.py) whose server stops itself at

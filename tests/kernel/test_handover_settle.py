@@ -32,7 +32,7 @@ from test_move_cut_handover import Mover, Placer, Rig, free_port, running_rig, s
 from laminar.api import ApiError
 from laminar.config import Config, validate
 from laminar.events import EventBus
-from laminar.migrate.buddies import Prestage
+from laminar.migrate.prestage import Prestage
 from laminar.migrate.reclaim import ReclaimComponent
 from laminar.store import Store
 from laminar.zone.component import ZoneComponent
@@ -58,10 +58,10 @@ async def get(mig: Any, path: str, **params: str) -> Any:
 
 
 def record_releases(mig: Any) -> list[tuple[int, str]]:
-    """The guard releases ``mig`` sends from now on (node, key), recorded instead of sent."""
+    """The keeper releases ``mig`` sends from now on (node, key), recorded instead of sent."""
     released: list[tuple[int, str]] = []
 
-    async def release(node: int, key: str) -> None:  # node 2 told to drop its guard of the job
+    async def release(node: int, key: str) -> None:  # node 2 told to drop its keeper of the job
         released.append((node, key))
 
     mig.prestage.release = release
@@ -235,7 +235,7 @@ def test_a_reclaim_move_left_to_finish_by_a_cancel_is_listed_and_settled(tmp_pat
 
 
 class ReleasingPlacer(Placer):
-    """:class:`Placer` recording the guard releases it sends (node, key)."""
+    """:class:`Placer` recording the keeper releases it sends (node, key)."""
 
     released: list[tuple[int, str]] = []
 
@@ -244,23 +244,23 @@ class ReleasingPlacer(Placer):
 
 
 @pytest.mark.parametrize("end", ["refused", "settled"])
-def test_a_guards_cut_placement_that_ends_without_a_job_there_releases_that_nodes_guard(
+def test_a_keepers_cut_placement_that_ends_without_a_job_there_releases_that_nodes_keeper(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch, end: str) -> None:
-    """A guard's placement on node 2 is cut by the agent's stop during its hand-over (node 2's
+    """A keeper's placement on node 2 is cut by the agent's stop during its hand-over (node 2's
     start of the job held on the gate). The restarted agent asks node 2 again and the placement
     ends with no job there: node 2 restarted and answers that it has no reservation for it
     (``refused``), or it stays silent and the operator settles ``--run-here`` (``settled``). The
-    guard goes on here, so node 2 is told to drop the take-over guard the placement gave it, as
-    a placement refused before the stop does: else node 2 resumes the job at that guard's
-    ``not_before`` (or whenever it comes back) while the guard here takes it over too: two
+    keeper goes on here, so node 2 is told to drop the take-over keeper the placement gave it, as
+    a placement refused before the stop does: else node 2 resumes the job at that keeper's
+    ``not_before`` (or whenever it comes back) while the keeper here takes it over too: two
     copies. Before: no release was sent on this path."""
     transfer_in_place(monkeypatch)
 
     async def main() -> None:
         async with running_rig(tmp_path) as (rig, jobs):
             mig = await rig.start_migrate(ReleasingPlacer(), node="lm-t-settle")
-            key, req, ckpt, row = rig.guarded_replica(f"n3-lm-t-settle-rel-{end}", "lm-t-settle-rel")
-            place = asyncio.ensure_future(mig.guarding.place_elsewhere(row, req, ckpt, "node 3 is dead"))
+            key, req, ckpt, row = rig.kept_replica(f"n3-lm-t-settle-rel-{end}", "lm-t-settle-rel")
+            place = asyncio.ensure_future(mig.takeover.place_elsewhere(row, req, ckpt, "node 3 is dead"))
             assert await until(lambda: any(e.get("phase") == "unconfirmed" for e in rig.events), 15), rig.events
             place.cancel()  # the agent stops during the wait (a crash would not even try a release)
             await asyncio.gather(place, return_exceptions=True)
@@ -280,16 +280,16 @@ def test_a_guards_cut_placement_that_ends_without_a_job_there_releases_that_node
                 res = await settle(mig, key, "run-here")
                 assert res["kind"] == "placement" and res["decision"] == "run-here"
             assert await until(lambda: (2, key) in ReleasingPlacer.released, 5), \
-                f"node 2 keeps the take-over guard of {key} while the guard here goes on: two copies"
-            assert key not in mig.guarding.taking
+                f"node 2 keeps the take-over keeper of {key} while the keeper here goes on: two copies"
+            assert key not in mig.takeover.taking
             assert jobs.store.db.execute("SELECT * FROM migrate_replica_handovers").fetchall() == []
             assert rig.dst_jobs.active() == []
 
     asyncio.run(main())
 
 
-def test_a_guards_cut_placement_whose_node_left_is_settled_as_placed(tmp_path: Path) -> None:
-    """A guard's placement recorded as handed over to node 2 (cut by a stop), node 2 gone from
+def test_a_keepers_cut_placement_whose_node_left_is_settled_as_placed(tmp_path: Path) -> None:
+    """A keeper's placement recorded as handed over to node 2 (cut by a stop), node 2 gone from
     the roster: the key is held (no other take-over) until ``--gone`` marks it placed there,
     and ``--run-here`` on nothing pending is refused."""
     async def main() -> None:
@@ -298,20 +298,20 @@ def test_a_guards_cut_placement_whose_node_left_is_settled_as_placed(tmp_path: P
             req = {"spec": {"command": ["sleep", "600"]}, "owner_uid": 0, "owner_gid": 0}
             await rig.start_migrate()  # creates the tables
             await rig.stop_migrate()
-            with jobs.store.tx() as db:  # what Guard.place_on leaves when a stop cuts its hand-over
-                db.execute("INSERT INTO migrate_replicas VALUES (?, 3, 'j9', ?, 'ckpt-5', 'guarding', NULL, ?)",
+            with jobs.store.tx() as db:  # what Takeover.place_on leaves when a stop cuts its hand-over
+                db.execute("INSERT INTO migrate_replicas VALUES (?, 3, 'j9', ?, 'ckpt-5', 'keeping', NULL, ?)",
                            (key, json.dumps(req), time.time()))
                 db.execute("INSERT INTO migrate_replica_handovers VALUES (?, 2, 77, ?, ?)",
                            (key, json.dumps(req), time.time()))
             mig = await restart_without_node2(rig)
             assert await until(lambda: any(e.get("phase") == "unconfirmed" and e.get("key") == key
                                            for e in rig.events), 10)
-            assert key in mig.guarding.taking
+            assert key in mig.takeover.taking
             pending = await get(mig, "/v1/migrate/handovers")
             assert [(h["job"], h["kind"], h["state"]) for h in pending] == [(key, "placement", "unasked")]
             res = await settle(mig, key, "gone")
             assert res["kind"] == "placement" and res["state"] == "placed"
-            assert key not in mig.guarding.taking and await get(mig, "/v1/migrate/handovers") == []
+            assert key not in mig.takeover.taking and await get(mig, "/v1/migrate/handovers") == []
             with pytest.raises(ApiError) as e:
                 await settle(mig, key, "run-here")
             assert e.value.status == 409 and key in str(e.value)
@@ -336,12 +336,12 @@ def test_the_cli_refuses_a_job_with_nothing_pending_and_a_caller_without_privile
 
 
 class Releaser(Mover):
-    """:class:`Mover` whose checkpoint transfer, guard messages and guard releases are the real
+    """:class:`Mover` whose checkpoint transfer, keeper messages and keeper releases are the real
     ones (to node 2's real transfer endpoint, :func:`start_node2_migrate`)."""
 
     def __init__(self) -> None:
         super().__init__()
-        del self.mover.send, self.mover.send_guard  # the part's own again
+        del self.mover.send, self.mover.send_keeper  # the part's own again
 
     async def _release(self, node: int, key: str) -> None:  # the part's own (Mover's sends them here)
         await Prestage.release(self.prestage, node, key)
@@ -367,14 +367,14 @@ async def stop_node2_migrate(mig: Any) -> None:
 
 
 def test_a_release_a_run_here_settle_decided_reaches_node2_after_the_agents_restart(tmp_path: Path) -> None:
-    """A loan return's move hands node 2 the job's checkpoint and guard (node 2 is its buddy now),
+    """A loan return's move hands node 2 the job's checkpoint and keeper (node 2 is its keeper now),
     then its hand-over goes unanswered. Node 2's agent stops; the operator settles ``--run-here``:
-    the job runs on here, so node 2 must drop its guard of it (else, back, it guards an older
+    the job runs on here, so node 2 must drop its keeper of it (else, back, it keeps an older
     checkpoint of a job it does not run and resumes it when this node is declared dead: two
     copies). The release cannot arrive while node 2 is down, and this agent restarts before it
     is back. Once node 2's agent is back, the restarted agent sends the release again and node 2's
-    guard ends (``released``). Before: the release was not even sent (node 2 was still the job's
-    buddy, so the release counted as void) and nothing of it outlived the restart."""
+    keeper ends (``released``). Before: the release was not even sent (node 2 was still the job's
+    keeper, so the release counted as void) and nothing of it outlived the restart."""
     async def main() -> None:
         async with running_rig(tmp_path) as (rig, jobs):
             port2 = free_port(socket.SOCK_STREAM)
@@ -386,7 +386,7 @@ def test_a_release_a_run_here_settle_decided_reaches_node2_after_the_agents_rest
                 key = mig.job_key(job)
                 move = asyncio.ensure_future(mig.mover.move_now(job, "lm-t loan return"))
                 assert await until(lambda: any(e.get("phase") == "unconfirmed" for e in rig.events), 20), rig.events
-                assert replica_state(node2, key) == "guarding" and mig.prestage.buddy.get(job.id) == 2
+                assert replica_state(node2, key) == "keeping" and mig.prestage.keeper.get(job.id) == 2
                 await stop_node2_migrate(node2)  # node 2's agent is down: its endpoint refuses
                 await rig.stop_destination()
                 res = await settle(mig, job.id, "run-here")
@@ -401,12 +401,12 @@ def test_a_release_a_run_here_settle_decided_reaches_node2_after_the_agents_rest
                 assert {"node": 2, "key": key} in mig.status()["releases_pending"], mig.status()
                 await rig.start_destination()
                 node2 = await start_node2_migrate(rig, port2)  # node 2's agent is back
-                assert replica_state(node2, key) == "guarding"
+                assert replica_state(node2, key) == "keeping"
                 assert await until(lambda: replica_state(node2, key) == "released", 15), \
-                    f"node 2 still guards {key}, a job that runs on node 1: it would resume a second copy"
+                    f"node 2 still keeps {key}, a job that runs on node 1: it would resume a second copy"
                 assert await until(lambda: mig.status()["releases_pending"] == [], 5), mig.status()
                 assert jobs.store.db.execute("SELECT * FROM migrate_releases").fetchall() == []
-                assert job.state == "running" and mig.prestage.buddy.get(job.id) is None
+                assert job.state == "running" and mig.prestage.keeper.get(job.id) is None
             finally:
                 await stop_node2_migrate(node2)
 

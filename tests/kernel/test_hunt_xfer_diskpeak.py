@@ -1,9 +1,9 @@
 """A destination with room for a checkpoint once must be able to commit it (hunt bug).
 
 The commit copied the verified partial file into the checkpoint's files before removing it,
-so it needed twice the checkpoint's size on disk. A storage holder is chosen for free disk of
-one checkpoint plus its reserve (``holder.choose_holder``, the ``space`` control message), so
-a holder with less than twice the size received every byte and then failed the commit with
+so it needed twice the checkpoint's size on disk. A storage keeper is chosen for free disk of
+one checkpoint plus its reserve (``keeper.choose_keeper``, the ``space`` control message), so
+a keeper with less than twice the size received every byte and then failed the commit with
 ENOSPC, on every attempt. Real: the destination's root is a size-limited tmpfs mounted for the
 test, a real Receiver and sender over loopback.
 """

@@ -8,7 +8,7 @@ forever. Now config ``[jobs] max_per_user`` limits the jobs a user has that have
 limit and the count, and nothing is created; root is not limited. ``keep_ended`` and
 ``keep_ended_s`` bound the ended jobs' records the agent keeps (the oldest ended go first); a
 job that has not ended is never pruned, a job number is never given twice, and a record another
-component still holds (a buddy guarding the job's replica) is kept.
+component still holds (a keeper keeping the job's replica) is kept.
 """
 
 from __future__ import annotations
@@ -124,11 +124,11 @@ def test_ended_jobs_beyond_keep_ended_are_pruned_oldest_first_never_a_live_or_re
     agent = limited_agent
     long = submit_root(agent, ["sleep", "600"], wait_end=False)
     held = submit_root(agent, ["true"])
-    # a buddy guards held's replica (the migration layer's record): held is kept whatever its age
+    # a keeper keeps held's replica (the migration layer's record): held is kept whatever its age
     db = sqlite3.connect(agent.state_dir / "laminar.db", timeout=30)
     try:
         with db:
-            db.execute("INSERT INTO migrate_buddies VALUES (?, 7, strftime('%s','now'))", (held,))
+            db.execute("INSERT INTO migrate_keepers VALUES (?, 7, strftime('%s','now'))", (held,))
     finally:
         db.close()
     quick = [submit_root(agent, ["true"]) for _ in range(5)]
@@ -149,7 +149,7 @@ def test_ended_jobs_beyond_keep_ended_are_pruned_oldest_first_never_a_live_or_re
     db = sqlite3.connect(agent.state_dir / "laminar.db", timeout=30)
     try:
         with db:
-            db.execute("DELETE FROM migrate_buddies WHERE job_id = ?", (held,))
+            db.execute("DELETE FROM migrate_keepers WHERE job_id = ?", (held,))
     finally:
         db.close()
     last = submit_root(agent, ["true"])

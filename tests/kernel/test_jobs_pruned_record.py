@@ -3,8 +3,8 @@ real store.
 
 Once an ended job's record is pruned (``[jobs] keep_ended``, ``keep_ended_s``), ``get`` says
 None for it exactly as for an id this node never gave. Whoever answers for an ended job long
-after (a buddy still guarding the replica of a job whose release never reached it asks its
-source whether the guard is needed: with no record the source answers "needed", and the buddy
+after (a keeper still keeping the replica of a job whose release never reached it asks its
+source whether the keeper is needed: with no record the source answers "needed", and the keeper
 keeps it and resumes the finished job when the source leaves) needs to know that it ended:
 ``pruned`` says so from the job number floor the store keeps.
 """
@@ -45,29 +45,29 @@ def test_a_pruned_job_is_known_as_pruned_an_unknown_or_kept_one_is_not(tmp_path:
     asyncio.run(main())
 
 
-def test_a_buddy_asking_about_a_pruned_job_is_told_the_guard_is_not_needed(tmp_path: Path) -> None:
-    """The source's answer to a buddy's ``needs`` question (``Replicas.answer_needs``,
-    run over a real job manager; the component's other state is a stand-in with no buddy and
-    nothing moving): a job whose record was pruned ended, so its guard is not needed. Before, no
-    record read as "cannot tell": needed, and the buddy kept the replica for good and resumed the
+def test_a_keeper_asking_about_a_pruned_job_is_told_the_keeper_is_not_needed(tmp_path: Path) -> None:
+    """The source's answer to a keeper's ``needs`` question (``Replicas.answer_needs``,
+    run over a real job manager; the component's other state is a stand-in with no keeper and
+    nothing moving): a job whose record was pruned ended, so its keeper is not needed. Before, no
+    record read as "cannot tell": needed, and the keeper kept the replica for good and resumed the
     finished job when this node left."""
     import types
 
-    from laminar.migrate.guard import Guard
     from laminar.migrate.replicas import Replicas
+    from laminar.migrate.takeover import Takeover
 
     async def main() -> None:
         async with job_manager(tmp_path) as jobs:
             done = await jobs.submit(JobSpec(["true"], name="lm-t-pr3").validate())
             await jobs.wait(done.id, 30)
             src = types.SimpleNamespace(node_id=1, agent=types.SimpleNamespace(jobs=jobs), evacuating=set(),
-                                        prestage=types.SimpleNamespace(buddy={}, prestaging=set()))
-            src.guarding = Guard(src)  # type: ignore[arg-type]  # (its runs_here: this node runs none again)
+                                        prestage=types.SimpleNamespace(keeper={}, prestaging=set()))
+            src.takeover = Takeover(src)  # type: ignore[arg-type]  # (its runs_here: this node runs none again)
 
             def ask(jid: str) -> dict[str, object]:
                 return Replicas(src).answer_needs("2", f"n1-{jid}")  # type: ignore[arg-type]
 
-            assert ask(done.id)["state"] == "exited"  # recorded: guard_needed decides, as before
+            assert ask(done.id)["state"] == "exited"  # recorded: keeper_needed decides, as before
             jobs.keep_ended = 0
             assert jobs.pruner.prune_ended() == 1 and jobs.get(done.id) is None
             out = ask(done.id)

@@ -1,7 +1,7 @@
 """A move without a window (a loan return's ``move_now``, Airlock's ``readdress``) cut during its
 hand-over leaves its job in a defined state: running here if the destination did not take it,
 stopped here (``migrated``) if it did; never frozen for good, never two copies, never none. So
-does a reclaim's move whose cancel a restart cut; and a guard's placement of a job it takes
+does a reclaim's move whose cancel a restart cut; and a keeper's placement of a job it takes
 over confirms a hand-over whose answer timed out, also across the agent's restart.
 
 Real pieces: the job (``sleep``, its checkpoint written by jobkit) in real cgroups under the real
@@ -14,7 +14,7 @@ second cgroup tree and adds nothing to the hand-over's answer) holds the job's s
 so the source's hand-over times out after the frame arrived; its ZoneComponent is stopped and a
 fresh one started on the same ports for its restart. Stand-ins on the source side, named:
 the destination's ranking (``rank_for``: node 2), the checkpoint transfer (``_send``: the
-destination reads the source's copy, both on this machine) and the guard messages.
+destination reads the source's copy, both on this machine) and the keeper messages.
 """
 
 from __future__ import annotations
@@ -89,15 +89,15 @@ def zone_settings(tmp: Path) -> tuple[dict[str, Any], dict[str, Any]]:
 
 
 class Mover(ReclaimComponent):
-    """The real component; stand-ins for the ranking, the transfer and the guard (module docs) in
-    its part ``mover``; its part ``prestage`` sends its guard releases to :meth:`_release`."""
+    """The real component; stand-ins for the ranking, the transfer and the keeper (module docs) in
+    its part ``mover``; its part ``prestage`` sends its keeper releases to :meth:`_release`."""
 
     def __init__(self) -> None:
         super().__init__()
         self.prestage.release = self._release  # type: ignore[method-assign]
         self.mover.rank_for = self.rank_for  # type: ignore[method-assign]
         self.mover.send = self._send  # type: ignore[method-assign]
-        self.mover.send_guard = self._guard  # type: ignore[method-assign]
+        self.mover.send_keeper = self._make_keeper  # type: ignore[method-assign]
 
     def rank_for(self, job: Any, ckpt_bytes: float, window_s: float | None, prestaged: bool) -> list[Any]:
         return [SimpleNamespace(candidate=SimpleNamespace(node="2"), feasible=True, expected_loss_s=0.0, reasons=())]
@@ -106,7 +106,7 @@ class Mover(ReclaimComponent):
                     *_: Any, **__: Any) -> str:
         return str(ckpt)
 
-    async def _guard(self, job: Any, node: int, ckpt_name: str, take_over: bool = False) -> None:
+    async def _make_keeper(self, job: Any, node: int, ckpt_name: str, take_over: bool = False) -> None:
         return None
 
     async def _release(self, node: int, key: str) -> None:
@@ -139,7 +139,7 @@ class Rig:
 
     async def start_migrate(self, mig: ReclaimComponent | None = None, node: str = "lm-t-mvcut",
                             **migrate: Any) -> Any:
-        """Node 1's component (``mig``: a :class:`Mover` when None; a :class:`Placer` for a guard's
+        """Node 1's component (``mig``: a :class:`Mover` when None; a :class:`Placer` for a keeper's
         placement) started on the rig's store, as the agent's (its start or restart)."""
         cfg = Config(validate({"agent": {"state_dir": str(self.tmp / "agent"), "node": node},
                                "migrate": {"poll_s": 60.0, "periodic": False, "port": self.mport, **migrate}}))
@@ -174,14 +174,14 @@ class Rig:
         await self.stop_destination()
         await self.start_destination()
 
-    def guarded_replica(self, key: str, name: str) -> tuple[str, dict[str, Any], Path, Any]:
-        """The guard held here of node 3's job (node 3 is gone): its replica's checkpoint, its
-        request and its ``migrate_replicas`` row ('guarding'). Returns (key, req, ckpt, row)."""
-        ckpt = Checkpointer(job_id="lm-t-guarded", ckpt_dir=self.tmp / "replica",
+    def kept_replica(self, key: str, name: str) -> tuple[str, dict[str, Any], Path, Any]:
+        """The keeper held here of node 3's job (node 3 is gone): its replica's checkpoint, its
+        request and its ``migrate_replicas`` row ('keeping'). Returns (key, req, ckpt, row)."""
+        ckpt = Checkpointer(job_id="lm-t-kept", ckpt_dir=self.tmp / "replica",
                             install_signal=False).save(b"weights", step=5)
         req = {"spec": JobSpec(["sleep", "600"], name=name).validate().as_dict(), "owner_uid": 0, "owner_gid": 0}
         with self.jobs.store.tx() as db:
-            db.execute("INSERT INTO migrate_replicas VALUES (?, 3, 'j9', ?, ?, 'guarding', NULL, ?)",
+            db.execute("INSERT INTO migrate_replicas VALUES (?, 3, 'j9', ?, ?, 'keeping', NULL, ?)",
                        (key, json.dumps(req), ckpt.name, time.time()))
         row = self.jobs.store.db.execute("SELECT * FROM migrate_replicas WHERE key=?", (key,)).fetchone()
         return key, req, ckpt, row
@@ -209,14 +209,14 @@ async def running_rig(tmp: Path) -> AsyncIterator[tuple[Rig, Any]]:
 
 
 def transfer_in_place(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Stand-in for the checkpoint transfer of a guard's placement (``Guard.place_on``, in
-    laminar.migrate.guard): node 2 reads the replica's directory here (both on this machine)."""
-    import laminar.migrate.guard as guard_mod
+    """Stand-in for the checkpoint transfer of a keeper's placement (``Takeover.place_on``, in
+    laminar.migrate.takeover): node 2 reads the replica's directory here (both on this machine)."""
+    import laminar.migrate.takeover as takeover_mod
 
     async def sent(addr: str, port: int, path: Path, key: str, *_: Any, **__: Any) -> Any:
         return SimpleNamespace(remote_path=str(path))
 
-    monkeypatch.setattr(guard_mod, "send_checkpoint", sent)
+    monkeypatch.setattr(takeover_mod, "send_checkpoint", sent)
 
 
 async def sleeper(jobs: Any, name: str) -> Any:
@@ -292,27 +292,27 @@ def test_an_airlock_move_cut_by_the_agent_stopping_is_stopped_here_once_the_dest
 
 
 class Placer(Mover):
-    """The real component placing a guarded job's replica (a take-over); stand-ins for the
-    guard message to node 2 (``_control``) and, in the test, the checkpoint transfer
+    """The real component placing a kept job's replica (a take-over); stand-ins for the
+    keeper message to node 2 (``_control``) and, in the test, the checkpoint transfer
     (``send_checkpoint``: node 2 reads the replica's directory here)."""
 
     async def _control(self, node: int, op: str, body: Any, timeout: float = 5.0) -> Any:
         return {}
 
 
-def test_a_guards_placement_whose_hand_over_times_out_is_asked_again_not_placed_twice(
+def test_a_keepers_placement_whose_hand_over_times_out_is_asked_again_not_placed_twice(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """A guard takes over a dead source's job and places it on node 2, which got the hand-over
+    """A keeper takes over a dead source's job and places it on node 2, which got the hand-over
     and is slow to start the job (the answer times out). Before: the placement was taken for
-    refused (the reservation and node 2's guard released, the replica 'waiting' for another
+    refused (the reservation and node 2's keeper released, the replica 'waiting' for another
     try here or elsewhere) while node 2 started the job: a later try ran it twice."""
     transfer_in_place(monkeypatch)
 
     async def main() -> None:
         async with running_rig(tmp_path) as (rig, jobs):
             mig = await rig.start_migrate(Placer())
-            key, req, ckpt, row = rig.guarded_replica("n3-lm-t-mvcut-key", "lm-t-mvcut-guarded")
-            place = asyncio.ensure_future(mig.guarding.place_elsewhere(row, req, ckpt, "node 3 is dead"))
+            key, req, ckpt, row = rig.kept_replica("n3-lm-t-mvcut-key", "lm-t-mvcut-kept")
+            place = asyncio.ensure_future(mig.takeover.place_elsewhere(row, req, ckpt, "node 3 is dead"))
             assert await until(lambda: rig.dst_jobs.asked > 0, 15), "the hand-over never reached node 2"
             # its answer times out (0.5 s): asked again (or, before, taken for a refusal)
             await until(lambda: place.done() or any(e.get("phase") == "unconfirmed" for e in rig.events), 10)
@@ -360,7 +360,7 @@ def test_a_reclaim_cancel_cut_by_a_restart_runs_the_job_here_when_the_destinatio
     """The restarted agent settles the cancel: node 2 (restarted too, before it started the job)
     has no job for the placement, so the job thaws and runs here. Before: the job was stopped
     here as handed over (state ``reclaimed``) without asking node 2: it ran nowhere, and the
-    guard held there never resumed it (the reclaim was withdrawn, its source alive)."""
+    keeper held there never resumed it (the reclaim was withdrawn, its source alive)."""
     async def main() -> None:
         async with running_rig(tmp_path) as (rig, jobs):
             job = await cancel_cut_during_a_reclaim_move(rig, jobs, "lm-t-mvcut-rcnone")
@@ -416,20 +416,20 @@ def test_a_move_finishing_after_a_reclaim_cancel_and_cut_by_a_restart_is_settled
     asyncio.run(main())
 
 
-def test_a_guards_placement_cut_by_the_agents_stop_is_settled_by_asking_the_destination_at_the_next_start(
+def test_a_keepers_placement_cut_by_the_agents_stop_is_settled_by_asking_the_destination_at_the_next_start(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """A guard's placement on node 2 waits for node 2's answer (its job start held on the gate)
+    """A keeper's placement on node 2 waits for node 2's answer (its job start held on the gate)
     when the agent stops; node 2 starts the job meanwhile. The restarted agent asks node 2 (the
     same hand-over), learns it runs the job and marks the replica placed. Before: nothing
-    recorded the hand-over, the guard stayed 'guarding' and took the job over again (here or
+    recorded the hand-over, the keeper stayed 'keeping' and took the job over again (here or
     elsewhere) while node 2 ran it: two copies."""
     transfer_in_place(monkeypatch)
 
     async def main() -> None:
         async with running_rig(tmp_path) as (rig, jobs):
             mig = await rig.start_migrate(Placer())
-            key, req, ckpt, row = rig.guarded_replica("n3-lm-t-mvcut-key2", "lm-t-mvcut-guarded2")
-            place = asyncio.ensure_future(mig.guarding.place_elsewhere(row, req, ckpt, "node 3 is dead"))
+            key, req, ckpt, row = rig.kept_replica("n3-lm-t-mvcut-key2", "lm-t-mvcut-kept2")
+            place = asyncio.ensure_future(mig.takeover.place_elsewhere(row, req, ckpt, "node 3 is dead"))
             assert await until(lambda: any(e.get("phase") == "unconfirmed" for e in rig.events), 15), rig.events
             place.cancel()  # the agent stops during the wait
             await asyncio.gather(place, return_exceptions=True)
@@ -440,10 +440,10 @@ def test_a_guards_placement_cut_by_the_agents_stop_is_settled_by_asking_the_dest
             state = lambda: jobs.store.db.execute(  # noqa: E731
                 "SELECT state FROM migrate_replicas WHERE key=?", (key,)).fetchone()["state"]
             assert await until(lambda: state() == "placed", 20), \
-                f"node 2 runs the job, yet the guard here is {state()!r}: it would take it over again"
+                f"node 2 runs the job, yet the keeper here is {state()!r}: it would take it over again"
             assert len(rig.dst_jobs.active()) == 1 and rig.dst_jobs.asked == 1
             assert jobs.store.db.execute("SELECT * FROM migrate_replica_handovers").fetchall() == []
-            assert key not in mig.guarding.taking
+            assert key not in mig.takeover.taking
 
     asyncio.run(main())
 
@@ -491,33 +491,33 @@ class ToNode2(ReclaimComponent):
 
     def __init__(self) -> None:
         super().__init__()
-        real = self.guarding.handover
+        real = self.takeover.handover
 
         async def handover(node: int, pid: int, req: dict[str, Any], *a: Any, **kw: Any) -> str:
             if self.hold is not None:
                 await self.hold.wait()
             return await real(node, pid, req, *a, **kw)
-        self.guarding.handover = handover  # type: ignore[method-assign]
+        self.takeover.handover = handover  # type: ignore[method-assign]
 
 
-class GuardRig:
-    """Node 1 (``ToNode2``) places a guarded job of node 3 (gone) on node 2, which gets the
-    replica by a real transfer and the guard by a real control message; node 2 runs its own
+class KeeperRig:
+    """Node 1 (``ToNode2``) places a kept job of node 3 (gone) on node 2, which gets the
+    replica by a real transfer and the keeper by a real control message; node 2 runs its own
     real ReclaimComponent (``node2``: its store and state directory) over the gated job table,
     which node 2's zone asks as an agent's does (the checkpoint's check, a take-over's job)."""
 
     def __init__(self, tmp: Path, jobs: Any, rig: Rig, monkeypatch: pytest.MonkeyPatch) -> None:
-        import laminar.migrate.guard as guard_mod  # the placement's transfer (Guard.place_on)
+        import laminar.migrate.takeover as takeover_mod  # the placement's transfer (Takeover.place_on)
         from laminar.store import Store
 
         self.tmp, self.jobs, self.rig = tmp, jobs, rig
         self.port2 = free_port(socket.SOCK_STREAM)
-        real_send = guard_mod.send_checkpoint
+        real_send = takeover_mod.send_checkpoint
 
         async def to_node2(addr: str, port: int, *a: Any, **kw: Any) -> Any:
             return await real_send(addr, self.port2, *a, **kw)
 
-        monkeypatch.setattr(guard_mod, "send_checkpoint", to_node2)
+        monkeypatch.setattr(takeover_mod, "send_checkpoint", to_node2)
         self.store2 = Store(tmp / "node2.db")
         self.node2: ReclaimComponent | None = None
         self.key = f"n3-lm-t-mvcut-{secrets.token_hex(4)}"  # node 3's job (keys are n<node>-<job>)
@@ -536,8 +536,8 @@ class GuardRig:
                                                jobs=rig.dst_jobs, zone=rig.dst_zone))
         assert rig.dst_zone is not None
         rig.dst_zone.agent = SimpleNamespace(migrate=self.node2)  # as the agent's: node 2's zone asks its migrate
-        _, req, ckpt, row = rig.guarded_replica(self.key, "lm-t-mvcut-guarded3")
-        return asyncio.ensure_future(mig.guarding.place_elsewhere(row, req, ckpt, "node 3 is dead"))
+        _, req, ckpt, row = rig.kept_replica(self.key, "lm-t-mvcut-kept3")
+        return asyncio.ensure_future(mig.takeover.place_elsewhere(row, req, ckpt, "node 3 is dead"))
 
     async def restart_node2(self, before_start: Callable[[ReclaimComponent], None] = lambda c: None) -> None:
         """Node 2's migrate component stops (its take-over in flight cancelled) and a fresh one
@@ -553,17 +553,17 @@ class GuardRig:
                                                jobs=self.rig.dst_jobs, zone=self.rig.dst_zone))
         self.rig.dst_zone.agent = SimpleNamespace(migrate=self.node2)
 
-    def guard2(self) -> Any:
+    def keeper2(self) -> Any:
         return self.store2.db.execute("SELECT request, state FROM migrate_replicas WHERE key=?",
                                       (self.key,)).fetchone()
 
-    async def guard_round_after_not_before(self) -> None:
-        """Node 2's guard round once its guard's not_before passed (node 2 slower than that)."""
+    async def keeper_round_after_not_before(self) -> None:
+        """Node 2's keeper round once its keeper's not_before passed (node 2 slower than that)."""
         assert self.node2 is not None
-        guard = self.guard2()
-        assert guard is not None and guard["state"] == "guarding"
-        await asyncio.sleep(max(0.0, float(json.loads(guard["request"])["not_before"]) - time.time()) + 0.2)
-        await self.node2.guarding.tick(time.time())
+        keeper = self.keeper2()
+        assert keeper is not None and keeper["state"] == "keeping"
+        await asyncio.sleep(max(0.0, float(json.loads(keeper["request"])["not_before"]) - time.time()) + 0.2)
+        await self.node2.takeover.tick(time.time())
 
     async def stop(self) -> None:
         try:
@@ -574,55 +574,55 @@ class GuardRig:
             self.store2.close()
 
 
-def test_the_guard_a_placement_gives_its_node_waits_for_the_hand_over_in_flight_there(
+def test_the_keeper_a_placement_gives_its_node_waits_for_the_hand_over_in_flight_there(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """A guard on node 1 takes over a dead source's job and places it on node 2, giving node 2
-    its own guard (take_over, not before the hand-over's timeout + 5 s). Node 2 takes longer
-    than that to start the job (its start held on the gate). Node 2's guard round then must not
+    """A keeper on node 1 takes over a dead source's job and places it on node 2, giving node 2
+    its own keeper (take_over, not before the hand-over's timeout + 5 s). Node 2 takes longer
+    than that to start the job (its start held on the gate). Node 2's keeper round then must not
     resume the job beside the hand-over. Before: it did (a second start asked of node 2's job
     table): two copies on node 2."""
     async def main() -> None:
         async with job_manager(tmp_path) as jobs:
             rig = Rig(tmp_path, jobs)
-            g = GuardRig(tmp_path, jobs, rig, monkeypatch)
+            g = KeeperRig(tmp_path, jobs, rig, monkeypatch)
             try:
                 place = await g.start()
                 assert await until(lambda: rig.dst_jobs.asked > 0, 15), [e["message"] for e in rig.events]
-                await g.guard_round_after_not_before()
+                await g.keeper_round_after_not_before()
                 assert g.node2 is not None
-                assert await until(lambda: rig.dst_jobs.asked > 1 or g.key not in g.node2.guarding.taking, 10)
-                assert rig.dst_jobs.asked == 1, "node 2's guard resumed the job beside the hand-over in flight there"
+                assert await until(lambda: rig.dst_jobs.asked > 1 or g.key not in g.node2.takeover.taking, 10)
+                assert rig.dst_jobs.asked == 1, "node 2's keeper resumed the job beside the hand-over in flight there"
                 rig.dst_jobs.gate.set()  # node 2 starts the handed-over job now
                 placed, why = await asyncio.wait_for(place, 30)
                 assert placed, why
-                await g.node2.guarding.tick(time.time())  # the job runs there: its guard there stands down
-                assert await until(lambda: g.key not in g.node2.guarding.taking, 10)
+                await g.node2.takeover.tick(time.time())  # the job runs there: its keeper there stands down
+                assert await until(lambda: g.key not in g.node2.takeover.taking, 10)
                 assert len(rig.dst_jobs.active()) == 1 and rig.dst_jobs.asked == 1
-                assert g.guard2()["state"] == "handed-over"
+                assert g.keeper2()["state"] == "handed-over"
             finally:
                 await g.stop()
 
     asyncio.run(main())
 
 
-def test_a_hand_over_that_comes_after_its_nodes_guard_took_the_job_over_is_answered_with_that_job(
+def test_a_hand_over_that_comes_after_its_nodes_keeper_took_the_job_over_is_answered_with_that_job(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """As above, but the hand-over reaches node 2 only after node 2's guard resumed the job
-    (node 1's hand-over held before it is sent). Node 2 answers it with the job its guard
+    """As above, but the hand-over reaches node 2 only after node 2's keeper resumed the job
+    (node 1's hand-over held before it is sent). Node 2 answers it with the job its keeper
     started (the placement's reservation dropped, the job tagged with its placement id), and node
     1 takes the job as placed there. Before: the late hand-over bound its reservation and node 2
     started the job a second time."""
     async def main() -> None:
         async with job_manager(tmp_path) as jobs:
             rig = Rig(tmp_path, jobs)
-            g = GuardRig(tmp_path, jobs, rig, monkeypatch)
+            g = KeeperRig(tmp_path, jobs, rig, monkeypatch)
             hold = asyncio.Event()
             try:
                 rig.dst_jobs.gate.set()  # node 2 starts jobs at once
                 place = await g.start(hold)
-                assert await until(lambda: g.guard2() is not None, 15), [e["message"] for e in rig.events]
-                await g.guard_round_after_not_before()
-                assert await until(lambda: g.guard2()["state"] == "resumed", 10), g.guard2()["state"]
+                assert await until(lambda: g.keeper2() is not None, 15), [e["message"] for e in rig.events]
+                await g.keeper_round_after_not_before()
+                assert await until(lambda: g.keeper2()["state"] == "resumed", 10), g.keeper2()["state"]
                 assert len(rig.dst_jobs.active()) == 1
                 hold.set()  # the hand-over comes now
                 placed, why = await asyncio.wait_for(place, 30)
@@ -635,60 +635,60 @@ def test_a_hand_over_that_comes_after_its_nodes_guard_took_the_job_over_is_answe
     asyncio.run(main())
 
 
-def test_a_hand_over_that_comes_while_its_nodes_guard_is_starting_the_job_is_answered_with_that_job(
+def test_a_hand_over_that_comes_while_its_nodes_keeper_is_starting_the_job_is_answered_with_that_job(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """As above, but the hand-over reaches node 2 while node 2's guard is starting the job: past
+    """As above, but the hand-over reaches node 2 while node 2's keeper is starting the job: past
     its last look for the placement (whose reservation it dropped), its start held in node 2's
     job table (the gate) before the job is stored. Node 2 answers the hand-over with the job its
-    guard starts once that start ends, and node 1 takes the job as placed there. Before: the
+    keeper starts once that start ends, and node 1 takes the job as placed there. Before: the
     hand-over found no reservation and no job and was refused, so node 1 went on to place the
     job elsewhere (a second copy where another node had room) while node 2 ran it."""
     async def main() -> None:
         async with job_manager(tmp_path) as jobs:
             rig = Rig(tmp_path, jobs)
-            g = GuardRig(tmp_path, jobs, rig, monkeypatch)
+            g = KeeperRig(tmp_path, jobs, rig, monkeypatch)
             hold = asyncio.Event()
             try:
                 place = await g.start(hold)
-                assert await until(lambda: g.guard2() is not None, 15), [e["message"] for e in rig.events]
-                await g.guard_round_after_not_before()
-                assert await until(lambda: rig.dst_jobs.asked == 1, 10), g.guard2()["state"]  # held at the gate
+                assert await until(lambda: g.keeper2() is not None, 15), [e["message"] for e in rig.events]
+                await g.keeper_round_after_not_before()
+                assert await until(lambda: rig.dst_jobs.asked == 1, 10), g.keeper2()["state"]  # held at the gate
                 assert rig.dst_zone is not None
-                hold.set()  # the hand-over comes now, while node 2's guard is starting the job
+                hold.set()  # the hand-over comes now, while node 2's keeper is starting the job
                 assert await until(lambda: rig.dst_zone.counts["handovers"] >= 1 and
                                    (place.done() or bool(rig.dst_zone.handovers.inflight)), 10)
                 await asyncio.sleep(0.3)  # a refusal, were there one, reaches node 1 meanwhile
-                rig.dst_jobs.gate.set()  # node 2's guard's start ends: the job is stored
+                rig.dst_jobs.gate.set()  # node 2's keeper's start ends: the job is stored
                 placed, why = await asyncio.wait_for(place, 30)
                 assert rig.dst_jobs.asked == 1, "node 2 was asked to start the job a second time"
                 assert placed, why
                 assert len(rig.dst_jobs.active()) == 1
-                assert await until(lambda: g.guard2()["state"] == "resumed", 10), g.guard2()["state"]
+                assert await until(lambda: g.keeper2()["state"] == "resumed", 10), g.keeper2()["state"]
             finally:
                 await g.stop()
 
     asyncio.run(main())
 
 
-def test_a_hand_over_to_a_node_whose_guard_took_the_job_over_but_could_not_start_it_is_not_refused(
+def test_a_hand_over_to_a_node_whose_keeper_took_the_job_over_but_could_not_start_it_is_not_refused(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """As above, but node 2's guard's start of the job fails (node 2's job table refuses it, a
+    """As above, but node 2's keeper's start of the job fails (node 2's job table refuses it, a
     stand-in for a node without room now): its take-over, which dropped the placement's
     reservation, goes on to look for room (held here while the hand-over comes). Node 1's
-    hand-over must be answered with node 2's guard's custody, node 1 taking the job as placed
-    there, so only node 2's guard goes on. Before: it was refused ('no live reservation'), node
-    1's guard went on with the job (not placed) and node 2's guard too (its take-over's state
+    hand-over must be answered with node 2's keeper's custody, node 1 taking the job as placed
+    there, so only node 2's keeper goes on. Before: it was refused ('no live reservation'), node
+    1's keeper went on with the job (not placed) and node 2's keeper too (its take-over's state
     written over the release node 1 sent): both would resume it, two copies."""
     async def main() -> None:
         async with job_manager(tmp_path) as jobs:
             rig = Rig(tmp_path, jobs)
-            g = GuardRig(tmp_path, jobs, rig, monkeypatch)
+            g = KeeperRig(tmp_path, jobs, rig, monkeypatch)
             hold, onward = asyncio.Event(), asyncio.Event()
             try:
                 place = await g.start(hold)
                 assert g.node2 is not None and rig.dst_zone is not None
                 node2 = g.node2
-                real_elsewhere = node2.guarding.place_elsewhere
+                real_elsewhere = node2.takeover.place_elsewhere
 
                 async def refused(*a: Any, **kw: Any) -> Any:  # node 2 has no room for it now
                     rig.dst_jobs.asked += 1
@@ -700,24 +700,24 @@ def test_a_hand_over_to_a_node_whose_guard_took_the_job_over_but_could_not_start
                     return await real_elsewhere(*a, **kw)
 
                 rig.dst_jobs.submit = refused  # type: ignore[method-assign]
-                node2.guarding.place_elsewhere = held_elsewhere  # type: ignore[method-assign]
-                assert await until(lambda: g.guard2() is not None, 15), [e["message"] for e in rig.events]
-                await g.guard_round_after_not_before()
-                assert await until(lambda: rig.dst_jobs.asked == 1, 10), g.guard2()["state"]  # held at the gate
-                hold.set()  # the hand-over comes while node 2's guard is starting the job
+                node2.takeover.place_elsewhere = held_elsewhere  # type: ignore[method-assign]
+                assert await until(lambda: g.keeper2() is not None, 15), [e["message"] for e in rig.events]
+                await g.keeper_round_after_not_before()
+                assert await until(lambda: rig.dst_jobs.asked == 1, 10), g.keeper2()["state"]  # held at the gate
+                hold.set()  # the hand-over comes while node 2's keeper is starting the job
                 assert await until(lambda: rig.dst_zone.counts["handovers"] >= 1, 10)
                 rig.dst_jobs.gate.set()  # node 2's start fails: its take-over goes on, held before placing
                 placed, why = await asyncio.wait_for(place, 30)
                 onward.set()
-                assert await until(lambda: g.key not in node2.guarding.taking, 30)
-                state2 = g.guard2()["state"]
+                assert await until(lambda: g.key not in node2.takeover.taking, 30)
+                state2 = g.keeper2()["state"]
                 row1 = jobs.store.db.execute("SELECT state, job_id FROM migrate_replicas WHERE key=?",
                                              (g.key,)).fetchone()
-                both = not placed and state2 in ("guarding", "waiting", "placed", "resumed")
-                assert not both, (f"node 1's guard goes on (state {row1['state']}: {why}) and node 2's too "
+                both = not placed and state2 in ("keeping", "waiting", "placed", "resumed")
+                assert not both, (f"node 1's keeper goes on (state {row1['state']}: {why}) and node 2's too "
                                   f"(state {state2}): two copies")
                 assert placed and row1["state"] == "placed" and "taken over by node 2" in row1["job_id"], (why, dict(row1))
-                assert state2 in ("waiting", "placed"), state2  # node 2's guard has the job
+                assert state2 in ("waiting", "placed"), state2  # node 2's keeper has the job
                 assert not rig.dst_jobs.active()
             finally:
                 onward.set()
@@ -726,18 +726,18 @@ def test_a_hand_over_to_a_node_whose_guard_took_the_job_over_but_could_not_start
     asyncio.run(main())
 
 
-def test_a_hand_over_after_a_restart_of_the_node_whose_guard_fenced_it_is_still_answered_with_its_custody(
+def test_a_hand_over_after_a_restart_of_the_node_whose_keeper_fenced_it_is_still_answered_with_its_custody(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """As above, but node 2's agent restarts after its guard's take-over dropped the placement's
-    reservation, and the hand-over comes before the restarted agent's first guard round (which
+    """As above, but node 2's agent restarts after its keeper's take-over dropped the placement's
+    reservation, and the hand-over comes before the restarted agent's first keeper round (which
     would take the job over, and fence the placement, again). The restarted node 2 must still
-    answer it with its guard's custody. Before: the mark that the take-over fenced the placement
+    answer it with its keeper's custody. Before: the mark that the take-over fenced the placement
     was in memory only; the restarted node refused the hand-over ('no live reservation'), node
-    1's guard went on with the job (not placed) beside node 2's: two copies."""
+    1's keeper went on with the job (not placed) beside node 2's: two copies."""
     async def main() -> None:
         async with job_manager(tmp_path) as jobs:
             rig = Rig(tmp_path, jobs)
-            g = GuardRig(tmp_path, jobs, rig, monkeypatch)
+            g = KeeperRig(tmp_path, jobs, rig, monkeypatch)
             hold, onward = asyncio.Event(), asyncio.Event()
             try:
                 place = await g.start(hold)
@@ -753,30 +753,30 @@ def test_a_hand_over_after_a_restart_of_the_node_whose_guard_fenced_it_is_still_
                     raise RuntimeError("lm-t: held")
 
                 rig.dst_jobs.submit = refused  # type: ignore[method-assign]
-                node2.guarding.place_elsewhere = held_elsewhere  # type: ignore[method-assign]
-                assert await until(lambda: g.guard2() is not None, 15), [e["message"] for e in rig.events]
-                await g.guard_round_after_not_before()
-                assert await until(lambda: rig.dst_jobs.asked == 1, 10), g.guard2()["state"]  # the start failed
-                assert await until(lambda: g.key in node2.guarding._fenced, 10)
+                node2.takeover.place_elsewhere = held_elsewhere  # type: ignore[method-assign]
+                assert await until(lambda: g.keeper2() is not None, 15), [e["message"] for e in rig.events]
+                await g.keeper_round_after_not_before()
+                assert await until(lambda: rig.dst_jobs.asked == 1, 10), g.keeper2()["state"]  # the start failed
+                assert await until(lambda: g.key in node2.takeover._fenced, 10)
                 first_round = asyncio.Event()
 
                 def slow_first_round(c: ReclaimComponent) -> None:
-                    real = c.guarding.tick
+                    real = c.takeover.tick
 
-                    async def held(now: float) -> None:  # the restarted agent's first guard round comes late
+                    async def held(now: float) -> None:  # the restarted agent's first keeper round comes late
                         await first_round.wait()
                         await real(now)
-                    c.guarding.tick = held  # type: ignore[method-assign]
+                    c.takeover.tick = held  # type: ignore[method-assign]
 
                 await g.restart_node2(slow_first_round)  # before the hand-over comes
                 hold.set()
                 placed, why = await asyncio.wait_for(place, 30)
                 first_round.set()
-                state2 = g.guard2()["state"]
+                state2 = g.keeper2()["state"]
                 row1 = jobs.store.db.execute("SELECT state, job_id FROM migrate_replicas WHERE key=?",
                                              (g.key,)).fetchone()
-                assert not (not placed and state2 in ("guarding", "waiting", "placed", "resumed")), (
-                    f"node 1's guard goes on (state {row1['state']}: {why}) and node 2's too (state {state2}): two copies")
+                assert not (not placed and state2 in ("keeping", "waiting", "placed", "resumed")), (
+                    f"node 1's keeper goes on (state {row1['state']}: {why}) and node 2's too (state {state2}): two copies")
                 assert placed and row1["state"] == "placed" and "taken over by node 2" in row1["job_id"], (why, dict(row1))
                 assert not rig.dst_jobs.active()
             finally:

@@ -68,7 +68,7 @@ def test_submit_records_the_origin_and_the_look_ups_use_it(tmp_path: Path) -> No
                 assert "USING INDEX" in plan, plan
             await jobs.stop(moved.id, grace_s=0)
             assert jobs.table.ended_origins(("stopped",)) == {"n2-job-7": {moved.id}}
-            assert jobs.table.find_origin("n2-job-7") == moved.id  # it ran here: a guard never resumes it again
+            assert jobs.table.find_origin("n2-job-7") == moved.id  # it ran here: a keeper never resumes it again
 
     asyncio.run(main())
 
@@ -105,10 +105,10 @@ def old_row(db: sqlite3.Connection, num: int, env: dict[str, str], state: str = 
 
 def test_an_upgrade_fills_the_origin_from_the_agents_tables_never_from_env(tmp_path: Path) -> None:
     """A store of the previous release: job-1 a user's queued job forging another job's key and a
-    placement in its env, with the two old hints; job-2 ended, resumed here by a guard (its
+    placement in its env, with the two old hints; job-2 ended, resumed here by a keeper (its
     migrate_replicas row); job-3 queued, placed here by the zone (its zone_placed row, a GPU
     share). After the upgrade: job-1 has no origin and a clean env, its hints as fields; job-2
-    the key its guard row names; job-3 its placement and share."""
+    the key its keeper row names; job-3 its placement and share."""
     db = sqlite3.connect(tmp_path / "laminar.db")
     db.execute(OLD_SCHEMA)
     forger = old_row(db, 1, {"A": "1", "LM_MIGRATED_FROM": "n2-job-9", "LM_PLACEMENT_ID": f"{0x77:016x}",
@@ -140,7 +140,7 @@ def test_an_upgrade_fills_the_origin_from_the_agents_tables_never_from_env(tmp_p
             await comp.start(SimpleNamespace(store=store))
             await comp.stop()
             assert jobs.get(placed).origin == JobOrigin(placement_id=0x99, gpu_share=((0, 0.5),))
-            # the migration layer's own record of what its guards resumed here
+            # the migration layer's own record of what its keepers resumed here
             store.ensure_schema("migrate", __import__("laminar.migrate.schema", fromlist=["x"]).REPLICAS_SCHEMA)
             with store.tx() as tx:
                 tx.execute("INSERT INTO migrate_replicas VALUES ('n2-job-5', 2, 'job-5', '{}', 'ckpt-4', 'resumed', ?, ?)",

@@ -7,7 +7,7 @@ the window starts), the node takes placements again (the zone's residual is not 
 old window restores nothing (the stored reclaim went). After the window (the node is back: its
 running job was stopped as ``reclaimed``) the cancel clears the draining state and the held
 queue. The cancel of nothing is refused naming it. A one-node zone: the running job has nowhere
-to move, so nothing moves before the cancel. (The peers' side, a notice and a guard's window
+to move, so nothing moves before the cancel. (The peers' side, a notice and a keeper's window
 forgotten, is tests/unit/test_reclaim_cancel_unit.py.)
 """
 

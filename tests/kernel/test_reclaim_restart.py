@@ -89,7 +89,7 @@ def test_a_window_that_ended_while_the_agent_was_down_stops_what_it_cut(agent: A
     """The agent is down when the window ends (a crash, an upgrade): nobody stopped the running
     job, but the data plane cut its traffic at the armed deadline (the pinned maps outlive the
     agent). The agent started after the window must do what the window's end does: stop the job
-    (state ``reclaimed``; a guard elsewhere resumes it), not adopt it as a running job whose
+    (state ``reclaimed``; a keeper elsewhere resumes it), not adopt it as a running job whose
     traffic stays cut for good while the node is said to take jobs again."""
     notice = 6.0
     running = agent.json("submit", "--name", "lm-t-rr-down", "--", "sh", "-c", LOOP)

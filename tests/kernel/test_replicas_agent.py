@@ -5,10 +5,10 @@ they are.
 The agent (``agentproc.AgentProc``, in its own network namespace) is given two replicas before
 it starts: real jobkit checkpoints sent with the real ``send_checkpoint`` into a real Receiver
 on the agent's own receive root (``<state_dir>/xfer``, the directory its migrate component
-serves). One of them gets a ``guarding`` row written into the agent's store with the
-component's own schema: a stand-in, named as such, for the authenticated ``guard`` message a
+serves). One of them gets a ``keeping`` row written into the agent's store with the
+component's own schema: a stand-in, named as such, for the authenticated ``keeper`` message a
 source sends (which needs a zone and its key; tests/unit/test_replicas_api.py sends the real
-one). The other has no row: its guard never came (``unclaimed``).
+one). The other has no row: its keeper never came (``unclaimed``).
 """
 
 from __future__ import annotations
@@ -36,7 +36,7 @@ def disk_bytes(d: Path) -> int:
     return sum(os.lstat(os.path.join(t, n)).st_size for t, _, fs in os.walk(d) for n in fs)
 
 
-def test_a_real_agent_lists_its_replicas_refuses_a_guard_without_force_and_drops(veth_pair: Any, tmp_path: Path) -> None:
+def test_a_real_agent_lists_its_replicas_refuses_a_keeper_without_force_and_drops(veth_pair: Any, tmp_path: Path) -> None:
     a = AgentProc(tmp_path, veth_pair.ifname_a, veth_pair.a)
     try:
         root = a.state_dir / "xfer"
@@ -50,8 +50,8 @@ def test_a_real_agent_lists_its_replicas_refuses_a_guard_without_force_and_drops
         asyncio.run(with_receiver(root, fill))
         store = Store(a.state_dir / "laminar.db")
         store.ensure_schema("migrate", REPLICAS_SCHEMA)
-        with store.tx() as db:  # the stand-in for node 2's guard message (see the module docs)
-            db.execute("INSERT INTO migrate_replicas VALUES ('n2-job-1', 2, 'job-1', ?, 'ckpt-4', 'guarding', NULL, ?)",
+        with store.tx() as db:  # the stand-in for node 2's keeper message (see the module docs)
+            db.execute("INSERT INTO migrate_replicas VALUES ('n2-job-1', 2, 'job-1', ?, 'ckpt-4', 'keeping', NULL, ?)",
                        (json.dumps({"spec": {"command": ["train"]}, "owner_uid": 1000}), time.time()))
         store.db.close()
         base = root / "checkpoints"
@@ -60,13 +60,13 @@ def test_a_real_agent_lists_its_replicas_refuses_a_guard_without_force_and_drops
 
         rows = {r["key"]: r for r in a.json("replicas")}
         assert {k: (r["state"], [c["name"] for c in r["checkpoints"]], r["bytes"]) for k, r in rows.items()} == {
-            "n2-job-1": ("guarding", ["ckpt-4"], sizes["n2-job-1"]),
+            "n2-job-1": ("keeping", ["ckpt-4"], sizes["n2-job-1"]),
             "n3-job-2": ("unclaimed", ["ckpt-1"], sizes["n3-job-2"])}
         assert rows["n2-job-1"]["owner_uid"] == 1000 and rows["n3-job-2"]["gc"] == "removes"
         totals = a.json("replicas", "--totals")["totals"]
         assert totals["bytes_held"] == sum(sizes.values()) and totals["free_bytes"] > 0
         table = a.ctl("replicas").stdout
-        assert "n2-job-1" in table and "guarding" in table and "2 keys" in table
+        assert "n2-job-1" in table and "keeping" in table and "2 keys" in table
 
         # a user who is not the owner: sizes and states, not whose; and no drop
         r = a.ctl("-o", "json", "replicas", user=NOBODY)
@@ -76,7 +76,7 @@ def test_a_real_agent_lists_its_replicas_refuses_a_guard_without_force_and_drops
         r = a.ctl("replicas", "drop", "n3-job-2", user=NOBODY, check=False)
         assert r.returncode == 4 and (base / "n3-job-2" / "ckpt-1").is_dir()
 
-        # the guard: refused without --force, naming the source; an unknown key: refused
+        # the keeper: refused without --force, naming the source; an unknown key: refused
         r = a.ctl("replicas", "drop", "n2-job-1", check=False)
         err = " ".join(r.stderr.split())
         assert r.returncode == 1 and "node 2" in err and "--force" in err and "only way back" in err

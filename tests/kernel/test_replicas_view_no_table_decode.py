@@ -31,7 +31,7 @@ KEYS = 50
 
 def seed(agent: AgentProc) -> None:
     """Ended jobs' records (numbers past the agent's own) and replica keys on disk, as a long
-    history and a busy buddy leave them."""
+    history and a busy keeper leave them."""
     env = {f"LMT_VAR_{i}": "x" * 40 for i in range(40)}  # a spec of a few KiB: what decoding costs
     spec = json.dumps({"command": ["/bin/true"], "name": "", "memory_mb": None, "cpus": None, "gpus": 0,
                        "priority": 50, "checkpoint_signal": "SIGUSR1", "env": env, "cwd": None, "lent": False,

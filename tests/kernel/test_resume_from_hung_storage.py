@@ -10,7 +10,7 @@ Every place the agent touches a job's ``resume_from`` at submit, start or claim:
   in a worker thread, in a child process killed after ``VERIFY_STALL_S`` without progress (for a
   root job too, 50fc924), which then refuses it naming the path (that bound and its text:
   tests/kernel/test_verify_as_owner_hang.py);
-- a claim from the archive (``Guard.resume_here``): its copy for the job's owner runs on the archive's
+- a claim from the archive (``Takeover.resume_here``): its copy for the job's owner runs on the archive's
   lane (tests/kernel/test_archive_hung_storage.py, tests/cluster/test_archive_hung_reclaim.py).
 
 Here, for real: a checkpoint on a FUSE mount (tests/fuserig.py) whose server is stopped; a local

@@ -2,7 +2,7 @@
 
 The agent's state directory is 0711 (a job running as its user must reach its own
 ``ckpt/<job>``), so every directory below it decides for itself who may look. ``xfer/`` holds
-other users' checkpoints (buddies' replicas, holders' copies, outgoing snapshots): a real other
+other users' checkpoints (keepers' replicas, keepers' copies, outgoing snapshots): a real other
 user must not read them, also when an older version left the directory open.
 """
 

@@ -61,7 +61,7 @@ def test_an_answer_sent_before_the_request_was_read_is_reported(answers_without_
 
 
 def test_a_refused_stream_is_an_error_not_success(answers_without_reading: Path) -> None:
-    """(A guard: here the short GET usually goes out before the close, as it did before the fix.)"""
+    """(A keeper: here the short GET usually goes out before the close, as it did before the fix.)"""
     with pytest.raises(CtlError) as err:
         list(Client(str(answers_without_reading), timeout=10).stream("/v1/events?follow=1"))
     assert REASON in err.value.message and err.value.code == EXIT_FAILED

@@ -11,7 +11,7 @@ answer, or whose job there is not alive, is claimed from as before.
 Two real components on loopback (node 1, which has room and looks at the archive; node 2, back
 from its reclaim: each a real store, transfer endpoint and authenticated control messages), a
 real archive directory with real jobkit checkpoints and records; stand-ins, named as such: the
-zones (``FakeZone``), the job managers (``Jobs``), and the job's start on node 1 (``Guard.resume_here``
+zones (``FakeZone``), the job managers (``Jobs``), and the job's start on node 1 (``Takeover.resume_here``
 recorded, not run).
 """
 
@@ -28,7 +28,7 @@ from jobrig import until
 from test_migrate_archive_gc import ckpt_of, claimed_and_running
 from test_migrate_archive_live import files
 from test_replica_gc import KEY, started
-from test_replica_guard_window import source_asked_by, stop_both
+from test_replica_keeper_window import source_asked_by, stop_both
 
 from laminar.migrate.archive_view import LIVE_RECORD
 from laminar.migrate.reclaim import ReclaimComponent
@@ -51,10 +51,10 @@ def test_a_node_back_from_its_reclaim_is_asked_before_what_it_runs_is_claimed_fr
             resumed.append((str(row["key"]), path.name))  # (the job's start: not what is tested)
             return None
 
-        b.guarding.resume_here = resume_here  # type: ignore[method-assign]
+        b.takeover.resume_here = resume_here  # type: ignore[method-assign]
         try:
             # node 2 claimed node 3's archived job and runs it as job-2; its own job-3's periodic
-            # copy is in the archive too (no buddy)
+            # copy is in the archive too (no keeper)
             keys = zone_keys(KEY.hex())  # the zone's key, as the components here hold it
             claimed_and_running(arch, tmp_path, "n3-job-1", agent_of(2, arch, keys), "job-2")
             agent_of(2, arch, keys).archive.periodic.publish_live("n2-job-3", ckpt_of(tmp_path, "j3", 4), record("n2-job-3", None))
@@ -66,10 +66,10 @@ def test_a_node_back_from_its_reclaim_is_asked_before_what_it_runs_is_claimed_fr
                 wall = time.time()
                 look = b.archive.look(arch, [], [], True, frozenset({1}), frozenset(), wall)
                 b.archive.claims.start_claims(look, wall)
-                assert await until(lambda: not b.guarding.taking, timeout=30)
+                assert await until(lambda: not b.takeover.taking, timeout=30)
                 return look
 
-            assert b.guarding.source_dead(2, time.time()) == "node 2's reclaim window ended"
+            assert b.takeover.source_dead(2, time.time()) == "node 2's reclaim window ended"
             look = await round_()
             assert resumed == [], "a job node 2 runs was resumed here too"
             assert sorted(asked) == ["needs n2-job-2", "needs n2-job-3"], asked
@@ -135,7 +135,7 @@ def test_a_dead_runner_is_not_asked_unless_its_window_ended_or_it_placed_the_job
     spawned: list[tuple[str, Any]] = []
     c.archive.claims.claim_and_resume = lambda key, **kw: (key, kw)  # type: ignore[method-assign,assignment]
     c._spawn = spawned.append  # type: ignore[method-assign,assignment]
-    c.archive.claims.guarded_here = lambda key: False  # type: ignore[method-assign]
+    c.archive.claims.kept_here = lambda key: False  # type: ignore[method-assign]
     c.archive.claims.start_claims(c.archive.look(arch, [], [], True, frozenset({1}), frozenset(), time.time()), time.time())
     assert spawned == [("n3-job-1", {"dead_runner": 2, "ask": None})]
 
@@ -144,6 +144,6 @@ def test_a_dead_runner_is_not_asked_unless_its_window_ended_or_it_placed_the_job
     reseal(agent_of(2, arch), run, resumed={"node": 4, "job": "job-9"})
     assert files(arch / "n3-job-1") == ["ckpt-7", "running-2.json"]
     spawned.clear()
-    c.guarding.taking.clear()
+    c.takeover.taking.clear()
     c.archive.claims.start_claims(c.archive.look(arch, [], [], True, frozenset({1}), frozenset(), time.time()), time.time())
     assert spawned == [("n3-job-1", {"dead_runner": 2, "ask": (4, "n4-job-9")})]

@@ -1,7 +1,7 @@
 """A node under reclaim, or reclaimed (its window ended, the reclaim not withdrawn), claims
 nothing from the archive (Archive.run_round): the job it would claim would sit queued
-on a node its owner has taken back, while the claim told every other node (the job's buddy's
-guard included) that a node runs it. A withdrawn reclaim (``reclaim`` None again) claims as before.
+on a node its owner has taken back, while the claim told every other node (the job's keeper's
+keeper included) that a node runs it. A withdrawn reclaim (``reclaim`` None again) claims as before.
 
 A real component, not started, and a real archive in a temporary directory; the claim's own work
 (:meth:`Claims.claim_and_resume`, which resumes the job) is replaced by a recorder: what is asserted is
@@ -65,7 +65,7 @@ def round_claims(c: ReclaimComponent, reclaim: str | None) -> list[tuple[str, bo
 
 @pytest.fixture
 def archive(tmp_path: Path) -> Path:
-    """An archive holding one stopped job's guard record (node 1's, as its reclaim archived it)."""
+    """An archive holding one stopped job's keeper record (node 1's, as its reclaim archived it)."""
     root = tmp_path / "arch"
     job = Checkpointer(job_id="job-1", ckpt_dir=tmp_path / "ck", install_signal=False, keep=2)
     src = component(1, root, tmp_path / "s1")

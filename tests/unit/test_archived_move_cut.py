@@ -1,4 +1,4 @@
-"""A reclaim's move with no destination and no holder puts the job's final checkpoint in the
+"""A reclaim's move with no destination and no keeper puts the job's final checkpoint in the
 archive (``_hold``), where any agent with room claims it. Cut (a shorter window replacing the
 reclaim's plan, the agent stopping) it must not leave two copies of the job:
 
@@ -9,7 +9,7 @@ reclaim's plan, the agent stopping) it must not leave two copies of the job:
   so for a job whose late copy goes on (``archiving``).
 
 A real component, not started, with a real store, a real archive in a temporary directory and
-a real jobkit checkpoint; the ranking, the holders' answers and the job manager's stop are
+a real jobkit checkpoint; the ranking, the keepers' answers and the job manager's stop are
 stand-ins that record what they were given; the job's cgroup too (a recorder of freeze and
 thaw); the hung storage is a copy that waits on an event before it touches the archive.
 """
@@ -33,7 +33,7 @@ from laminar.migrate.reclaim import ReclaimComponent
 
 
 def homeless(tmp: Path, stop_blocks: bool) -> tuple[ReclaimComponent, Any, list[str], asyncio.Event]:
-    """Node 1, reclaimed, with job-1 and no destination, no holder and no buddy for it."""
+    """Node 1, reclaimed, with job-1 and no destination, no keeper and no keeper for it."""
     seen: list[str] = []
     stopping = asyncio.Event()
     c = ReclaimComponent()
@@ -47,17 +47,17 @@ def homeless(tmp: Path, stop_blocks: bool) -> tuple[ReclaimComponent, Any, list[
 
     c.agent = SimpleNamespace(zone=zone_of(1, networked=True), store=store,
                               jobs=SimpleNamespace(stop=stop), events=SimpleNamespace(emit=lambda kind, message, **f: None))
-    c.s = {"ckpt_wait_s": 0.0, "holder": True, "archive_dir": str(tmp / "arch")}
+    c.s = {"ckpt_wait_s": 0.0, "keeper": True, "archive_dir": str(tmp / "arch")}
     ckpt_dir = tmp / "ck"
     Checkpointer(job_id="job-1", ckpt_dir=ckpt_dir, install_signal=False, keep=2).save(b"w", step=7)
     job = SimpleNamespace(id="job-1", ckpt_dir=ckpt_dir, active=True, cgroup=Cgroup(), owner_uid=0, owner_gid=0,
                           spec=SimpleNamespace(as_dict=lambda: {"command": ["true"], "env": {}}))
 
-    async def rank_holders(key: str, size: int, window: Any, prefer: Any) -> list[Any]:
+    async def rank_keepers(key: str, size: int, window: Any, prefer: Any) -> list[Any]:
         return []
 
     c.mover.rank_for = lambda job, size, window, prestaged: []  # type: ignore[method-assign]
-    c.holders.rank = rank_holders  # type: ignore[method-assign]
+    c.keepers.rank = rank_keepers  # type: ignore[method-assign]
     c.mover.request = lambda job, take_over: {**request(), "take_over": take_over}  # type: ignore[method-assign]
     return c, job, seen, stopping
 

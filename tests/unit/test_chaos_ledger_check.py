@@ -57,7 +57,7 @@ def timed(rows: list[dict[str, Any]], t0: float, dt: float = 1.0) -> list[dict[s
 
 
 def test_two_copies_inside_a_long_partitions_window_are_split_runs_and_outside_it_double_runs(tmp_path: Path) -> None:
-    """A long partition (``--long-partitions``): the node's copy (pid 1) runs on while the guard's
+    """A long partition (``--long-partitions``): the node's copy (pid 1) runs on while the keeper's
     (pid 2) resumes; pid 1 stops after the heal. Inside the window that is a split run, not a
     failure; the same overlap outside it, or a copy that steps on after it, is a double run."""
     a1, a2 = run("a", 1, 0, 2, done=False), run("a", 2, 0, STEPS)

@@ -27,11 +27,11 @@ def test_the_ops_are_a_table_and_the_checks_come_first(tmp_path: Path) -> None:
         comp = ReclaimComponent()
         await comp.start(agent)
         try:
-            assert list(comp.control.OPS) == ["guard", "release", "reclaim", "reclaim-cancel", "reclaim-withdrawn",
+            assert list(comp.control.OPS) == ["keeper", "release", "reclaim", "reclaim-cancel", "reclaim-withdrawn",
                                                "space", "superseded", "needs", "dropped", "taken", "heard"]
             with pytest.raises(ValueError) as e:
                 comp.control.answer("2", "gossip", {})
-            assert str(e.value) == ("unknown control operation 'gossip' (guard, release, reclaim, reclaim-cancel, "
+            assert str(e.value) == ("unknown control operation 'gossip' (keeper, release, reclaim, reclaim-cancel, "
                                     "reclaim-withdrawn, space, superseded, needs, dropped, taken, heard)")
             with pytest.raises(ValueError, match="body of 'needs' must be an object"):
                 comp.control.answer("2", "needs", [])
@@ -50,7 +50,7 @@ def test_the_ops_are_a_table_and_the_checks_come_first(tmp_path: Path) -> None:
             # reclaim-withdrawn: from any node (its own reclaim), dated all the same
             with pytest.raises(ValueError, match=r"^reclaim-withdrawn dated 0.0 is more than 60 s"):
                 comp.control.answer("3", "reclaim-withdrawn", {})
-            assert comp.control.answer("3", "reclaim-withdrawn", {"ts": time.time()}) == {"withdrawn": 3, "guards": []}
+            assert comp.control.answer("3", "reclaim-withdrawn", {"ts": time.time()}) == {"withdrawn": 3, "keepers": []}
             got = comp.control.answer("2", "reclaim-cancel", {"ts": time.time(), "reason": "test"})
             assert asyncio.iscoroutine(got)  # answered by the endpoint once awaited
             assert (await got)["refused"].startswith(f"node {comp.node_id} has no reclaim to cancel")

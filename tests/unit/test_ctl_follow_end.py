@@ -1,6 +1,6 @@
 """``laminarctl job show ID --follow`` ends once the job has ended and its move is over, whatever
 phase the move ended in: ``done`` (the job runs elsewhere), ``failed``, but also ``held`` (a
-holder keeps its checkpoint until room frees), ``archived`` and ``archiving`` (its copy goes on
+keeper keeps its checkpoint until room frees), ``archived`` and ``archiving`` (its copy goes on
 past the window). A move is over when the agent says it ended (``ended``, wall clock); before
 that the follow goes on, also while the job already reads ``migrated`` and its move is still at
 ``handover`` (the agent stops the job a moment before the move's record ends).

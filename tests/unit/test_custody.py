@@ -14,7 +14,7 @@ import pytest
 
 import laminar
 from laminar.migrate import ledger
-from laminar.migrate.replica_policy import REPLICA_DONE_STATES, REPLICA_GUARD_STATES, REPLICA_OPERATOR_STATES
+from laminar.migrate.replica_policy import REPLICA_DONE_STATES, REPLICA_KEEPER_STATES, REPLICA_OPERATOR_STATES
 from laminar.migrate.schema import REPLICAS_SCHEMA
 from laminar.policy import custody
 from laminar.policy.custody import Effect, Event, IllegalTransition, State, step
@@ -26,17 +26,17 @@ S, E = State, Event
 
 
 def test_the_states_are_the_stored_strings_and_the_old_sets_are_the_tables() -> None:
-    assert {s.value for s in S} - {"new"} == {"guarding", "waiting", "resumed", "placed", "handed-over", "passed",
+    assert {s.value for s in S} - {"new"} == {"keeping", "waiting", "resumed", "placed", "handed-over", "passed",
                                               "released", "failed", "archived"}
     assert tuple(s.value for s in custody.DONE) == REPLICA_DONE_STATES
     assert tuple(s.value for s in custody.OPERATOR) == REPLICA_OPERATOR_STATES
-    assert tuple(s.value for s in custody.LIVE) == REPLICA_GUARD_STATES
+    assert tuple(s.value for s in custody.LIVE) == REPLICA_KEEPER_STATES
     assert BINDING_STATES <= {s.value for s in custody.STORED}
 
 
 def test_every_event_is_defined_in_every_state_it_can_meet_and_unknown_pairs_raise() -> None:
     # messages and the operator can come in any state: each has an outcome in every one
-    for e in (E.GUARD, E.RELEASE, E.NOT_NEEDED, E.SOURCE_ALIVE, E.GC, E.DROP):
+    for e in (E.KEEPER, E.RELEASE, E.NOT_NEEDED, E.SOURCE_ALIVE, E.GC, E.DROP):
         for s in S:
             step(s, e)
     # a take-over's outcomes only from what a take-over in flight can find (and no row: nothing written)
@@ -48,18 +48,18 @@ def test_every_event_is_defined_in_every_state_it_can_meet_and_unknown_pairs_rai
                 with pytest.raises(IllegalTransition, match=f"event {e.value} is not allowed in state {s.value}"):
                     step(s, e)
     with pytest.raises(ValueError):
-        step("running", E.GUARD)
+        step("running", E.KEEPER)
 
 
 def test_the_moves_the_writers_made() -> None:
-    # the guard UPSERT's CASE: a copy the take-over acted on keeps its state
+    # the keeper UPSERT's CASE: a copy the take-over acted on keeps its state
     for s in (S.RESUMED, S.HANDED_OVER, S.PLACED):
-        assert step(s, E.GUARD) == (s, (Effect.GC_OLDER,))
-    for s in (S.NEW, S.GUARDING, S.WAITING, S.RELEASED, S.PASSED, S.FAILED, S.ARCHIVED):
-        assert step(s, E.GUARD)[0] is S.GUARDING
+        assert step(s, E.KEEPER) == (s, (Effect.GC_OLDER,))
+    for s in (S.NEW, S.KEEPING, S.WAITING, S.RELEASED, S.PASSED, S.FAILED, S.ARCHIVED):
+        assert step(s, E.KEEPER)[0] is S.KEEPING
     assert step(S.WAITING, E.RELEASE) == (S.RELEASED, (Effect.GC_REPLICAS,))
     assert step(S.RESUMED, E.RELEASE) == (S.RESUMED, (Effect.UNCHANGED, Effect.GC_REPLICAS))
-    assert step(S.WAITING, E.SOURCE_ALIVE) == (S.GUARDING, (Effect.FORGET_RETRY,))
+    assert step(S.WAITING, E.SOURCE_ALIVE) == (S.KEEPING, (Effect.FORGET_RETRY,))
     assert step(S.NEW, E.RESUME) == (S.RESUMED, (Effect.FORGET_RETRY,))  # the archive's claim makes a row
     assert step(S.NEW, E.PLACE) == (S.NEW, (Effect.UNCHANGED, Effect.FORGET_RETRY))  # an UPDATE of no row
     assert step(S.FAILED, E.GC) == (S.FAILED, (Effect.UNCHANGED,))
@@ -80,19 +80,19 @@ INSERT = {"src_node": 2, "src_job": "job-1", "request": "{}", "ckpt": "ckpt-1"}
 
 def test_the_ledger_writes_what_step_says_and_refuses_the_rest(monkeypatch: pytest.MonkeyPatch) -> None:
     db = _db()
-    assert ledger.move(db, "n2-job-1", E.GUARD, insert=INSERT, ckpt="ckpt-1", request="{}", updated=5.0) is S.GUARDING
+    assert ledger.move(db, "n2-job-1", E.KEEPER, insert=INSERT, ckpt="ckpt-1", request="{}", updated=5.0) is S.KEEPING
     db.execute("INSERT INTO migrate_retry VALUES ('n2-job-1', 1, 0, 'why', '', 0)")
     assert ledger.move(db, "n2-job-1", E.WAIT, updated=6.0) is S.WAITING
     # a writer's own conditions: a row of another state or version is left as it is, no refusal
-    assert ledger.move(db, "n2-job-1", E.NOT_NEEDED, only_from=(S.GUARDING,)) is None
+    assert ledger.move(db, "n2-job-1", E.NOT_NEEDED, only_from=(S.KEEPING,)) is None
     assert ledger.move(db, "n2-job-1", E.NOT_NEEDED, if_updated=5.0) is None
     assert ledger.move(db, "n2-job-1", E.RESUME, job_id="job-9") is S.RESUMED
     row = db.execute("SELECT state, job_id FROM migrate_replicas").fetchone()
     assert (row["state"], row["job_id"]) == ("resumed", "job-9")
     assert db.execute("SELECT COUNT(*) FROM migrate_retry").fetchone()[0] == 0  # FORGET_RETRY
-    assert ledger.move(db, "n2-job-1", E.GUARD, insert=INSERT, ckpt="ckpt-2", request="{}") is S.RESUMED
+    assert ledger.move(db, "n2-job-1", E.KEEPER, insert=INSERT, ckpt="ckpt-2", request="{}") is S.RESUMED
     assert db.execute("SELECT ckpt FROM migrate_replicas").fetchone()[0] == "ckpt-2"
-    assert ledger.move(db, "n2-job-1", E.RELEASE) is None  # not a live guard: unchanged
+    assert ledger.move(db, "n2-job-1", E.RELEASE) is None  # not a live keeper: unchanged
     with pytest.raises(IllegalTransition):  # strict (tests/conftest.py: unit tests)
         ledger.move(db, "n2-job-1", E.PLACE)
     monkeypatch.setenv(ledger.STRICT_ENV, "0")
@@ -106,21 +106,21 @@ def test_the_ledger_writes_what_step_says_and_refuses_the_rest(monkeypatch: pyte
     assert ledger.move(db, "n2-job-1", E.FAIL) is None  # no row: nothing written
 
 
-def test_the_ledger_writes_a_guards_request_with_a_new_version_and_forgets_a_retry() -> None:
-    """What ReclaimComponent's replicas part wrote itself before: a guard that becomes a
+def test_the_ledger_writes_a_keepers_request_with_a_new_version_and_forgets_a_retry() -> None:
+    """What ReclaimComponent's replicas part wrote itself before: a keeper that becomes a
     take-over (``_stopped_there``: its request, a new version) and the row GC's forgetting of
     a retry schedule (``prune_rows``)."""
     db = _db()
-    assert ledger.move(db, "n2-job-1", E.GUARD, insert=INSERT, ckpt="ckpt-1", request="{}", updated=5.0) is S.GUARDING
+    assert ledger.move(db, "n2-job-1", E.KEEPER, insert=INSERT, ckpt="ckpt-1", request="{}", updated=5.0) is S.KEEPING
     req = {"take_over": True, "stopped_there": "stopped"}
     # the writer's conditions: another version, or another state, is left as it is
-    assert not ledger.set_request(db, "n2-job-1", req, only_from=(S.GUARDING,), if_updated=4.0)
+    assert not ledger.set_request(db, "n2-job-1", req, only_from=(S.KEEPING,), if_updated=4.0)
     assert not ledger.set_request(db, "n2-job-1", req, only_from=(S.WAITING,), if_updated=5.0)
     assert db.execute("SELECT request, updated FROM migrate_replicas").fetchone()[:] == ("{}", 5.0)
-    assert ledger.set_request(db, "n2-job-1", req, only_from=(S.GUARDING,), if_updated=5.0, updated=7.0)
+    assert ledger.set_request(db, "n2-job-1", req, only_from=(S.KEEPING,), if_updated=5.0, updated=7.0)
     row = db.execute("SELECT state, request, updated FROM migrate_replicas").fetchone()
-    assert (row["state"], json.loads(row["request"]), row["updated"]) == ("guarding", req, 7.0)
-    assert not ledger.set_request(db, "n2-job-1", req, only_from=(S.GUARDING,), if_updated=5.0)  # read before
+    assert (row["state"], json.loads(row["request"]), row["updated"]) == ("keeping", req, 7.0)
+    assert not ledger.set_request(db, "n2-job-1", req, only_from=(S.KEEPING,), if_updated=5.0)  # read before
     db.execute("INSERT INTO migrate_retry VALUES ('n2-job-1', 1, 0, 'why', '', 0)")
     db.execute("INSERT INTO migrate_retry VALUES ('n2-job-2', 1, 0, 'why', '', 0)")
     ledger.forget_retry(db, "n2-job-1", unless_replica=True)  # its row is there: kept
@@ -134,10 +134,10 @@ def test_the_ledger_notes_in_a_request_and_schedules_a_retry() -> None:
     """A take-over's note of the placement it fenced, a withdrawn window's end dropped
     (``note_request``: state and version as they were), and its retry schedule."""
     db = _db()
-    assert ledger.move(db, "n2-job-1", E.GUARD, insert=INSERT, ckpt="ckpt-1", request="{}", updated=5.0) is S.GUARDING
+    assert ledger.move(db, "n2-job-1", E.KEEPER, insert=INSERT, ckpt="ckpt-1", request="{}", updated=5.0) is S.KEEPING
     ledger.note_request(db, "n2-job-1", {"fenced": 41})
     row = db.execute("SELECT state, request, updated FROM migrate_replicas").fetchone()
-    assert (row["state"], json.loads(row["request"]), row["updated"]) == ("guarding", {"fenced": 41}, 5.0)
+    assert (row["state"], json.loads(row["request"]), row["updated"]) == ("keeping", {"fenced": 41}, 5.0)
     ledger.schedule_retry(db, "n2-job-1", 1, 30.0, "no room", "zone full", 6.0)
     ledger.schedule_retry(db, "n2-job-1", 2, 90.0, "no room", "still full", 7.0)
     assert db.execute("SELECT key, attempts, next_at, last_error, updated FROM migrate_retry").fetchall()[0][:] == (
@@ -152,9 +152,9 @@ _WRITES = (re.compile(r"\bINSERT\b[^;]*?\bINTO\s+migrate_replicas\b", re.I | re.
 # Writers left outside the ledger, each with why: none.
 ALLOWED: dict[str, str] = {}
 # The other custody tables, written whole by the ledger (laminar.migrate.ledger's move records,
-# releases owed, guard questions, who handed a guard, a guard's hand-overs): any INSERT into,
+# releases owed, keeper questions, who handed a keeper, a keeper's hand-overs): any INSERT into,
 # DELETE from or UPDATE of them.
-LEDGER_TABLES = ("migrate_moves", "migrate_releases", "migrate_guard_checks", "migrate_guard_from",
+LEDGER_TABLES = ("migrate_moves", "migrate_releases", "migrate_keeper_checks", "migrate_keeper_from",
                  "migrate_replica_handovers")
 _TABLES = "(?:" + "|".join(LEDGER_TABLES) + r")\b"
 _TABLE_WRITES = (re.compile(r"\bINSERT\b[^;]*?\bINTO\s+" + _TABLES, re.I | re.S),

@@ -9,21 +9,21 @@ What the model abstracts (and so does not check):
 
 - Every copy's state changes only through ``step`` (the ledger's rule: a refused move writes
   nothing). The model's protocol decides which events happen; the table decides what they do.
-- Liveness is a verdict, not a clock: a guard may begin a take-over only when S is silent to it
+- Liveness is a verdict, not a clock: a keeper may begin a take-over only when S is silent to it
   and cannot run an unfenced copy: S's node crashed (its job gone with it), came back without
-  the job, stopped the job for good (a ``take_over`` guard), or is cut off from every member, in
+  the job, stopped the job for good (a ``take_over`` keeper), or is cut off from every member, in
   which case S has already frozen its job (``fence_after_s`` < ``orphan_after_s``, which
-  ``check_fence_settings`` enforces; Guard.source_dead and Fence.cannot_tell, vouch.py). A
+  ``check_fence_settings`` enforces; Takeover.source_dead and Fence.cannot_tell, vouch.py). A
   partial partition, an agent outage longer than ``orphan_after_s`` with its jobs running (the
-  two-copy window fence.py documents, closed by ``superseded``), and guard changes that leave
-  two live guards at once are not modelled.
+  two-copy window fence.py documents, closed by ``superseded``), and keeper changes that leave
+  two live keepers at once are not modelled.
 - A fenced S, heard again, thaws only when no take-over of its job is in flight and no copy runs
   elsewhere; else it stops its copy (``taken``/``superseded``) or stays frozen until it can tell.
 - A take-over is two steps (begin, outcome), so messages overtake it; its outcome is whatever
   ``step`` makes of the copy's state then. A placement starts the job on the other node.
-- A reclaimed guard passes its copy on (the checkpoint first, then a ``guard`` message) and
-  leaves; the running job of an S that hears its notice gets another buddy the same way. Messages (``guard``, ``release``) may be delivered late, twice, in any order, or never.
-- An operator drops only a copy that is not a live guard (the API refuses those without
+- A reclaimed keeper passes its copy on (the checkpoint first, then a ``keeper`` message) and
+  leaves; the running job of an S that hears its notice gets another keeper the same way. Messages (``keeper``, ``release``) may be delivered late, twice, in any order, or never.
+- An operator drops only a copy that is not a live keeper (the API refuses those without
   ``--force``); the GC removes the checkpoints of a released copy and the rows of done ones.
 """
 
@@ -38,18 +38,18 @@ from laminar.policy import custody
 from laminar.policy.custody import Effect, Event, State, step
 
 E, S = Event, State
-GUARDS = (1, 2)
+KEEPERS = (1, 2)
 
 
 class Custody(RuleBasedStateMachine):
     def __init__(self) -> None:
         super().__init__()
-        # S: running, frozen (fenced), stopped (for good, its guard takes over), down (crashed:
+        # S: running, frozen (fenced), stopped (for good, its keeper takes over), down (crashed:
         # its job gone), back (restarted without the job), superseded, ended
         self.src = "running"
         self.cut = False
-        self.buddy = 1
-        self.state = {1: S.GUARDING, 2: S.NEW}  # the job's first checkpoint went to its buddy
+        self.keeper = 1
+        self.state = {1: S.KEEPING, 2: S.NEW}  # the job's first checkpoint went to its keeper
         self.ckpt = {1: True, 2: False}  # a verified copy held there
         self.runs = {1: False, 2: False}
         self.gone = {1: False, 2: False}  # reclaimed and left
@@ -72,20 +72,20 @@ class Custody(RuleBasedStateMachine):
 
     # -- S
 
-    @precondition(lambda self: self.src == "running" and not self.cut and not self.gone[self.buddy])
+    @precondition(lambda self: self.src == "running" and not self.cut and not self.gone[self.keeper])
     @rule()
-    def checkpoint_to_buddy(self) -> None:
-        self.ckpt[self.buddy] = True  # sent and verified first, then the guard message
-        self.msgs.append((self.buddy, E.GUARD))
+    def checkpoint_to_keeper(self) -> None:
+        self.ckpt[self.keeper] = True  # sent and verified first, then the keeper message
+        self.msgs.append((self.keeper, E.KEEPER))
 
     @precondition(lambda self: self.src == "running" and not self.cut)
     @rule()
     def job_ends(self) -> None:
         self.src = "ended"
-        self.msgs.extend((n, E.RELEASE) for n in GUARDS)
+        self.msgs.extend((n, E.RELEASE) for n in KEEPERS)
 
     @precondition(lambda self: self.src == "running" and not self.cut
-                  and self.state[self.buddy] is S.GUARDING and self.ckpt[self.buddy])
+                  and self.state[self.keeper] is S.KEEPING and self.ckpt[self.keeper])
     @rule()
     def window_ends_job_stopped_for_good(self) -> None:
         self.src = "stopped"
@@ -131,10 +131,10 @@ class Custody(RuleBasedStateMachine):
     def duplicate(self, i: int) -> None:
         self.msgs.append(self.msgs[i % len(self.msgs)])
 
-    # -- answers of S to a guard's question (a withdrawn reclaim, a job that lives there, one that ended)
+    # -- answers of S to a keeper's question (a withdrawn reclaim, a job that lives there, one that ended)
 
     def _asked(self) -> list[int]:
-        return [n for n in GUARDS if not self.gone[n] and not self.taking[n] and self.state[n] in custody.LIVE]
+        return [n for n in KEEPERS if not self.gone[n] and not self.taking[n] and self.state[n] in custody.LIVE]
 
     @precondition(lambda self: self.src == "running" and not self.cut and self._asked())
     @rule(data=st.data())
@@ -146,7 +146,7 @@ class Custody(RuleBasedStateMachine):
     def source_answers_not_needed(self, data: st.DataObject) -> None:
         self._apply(data.draw(st.sampled_from(self._asked())), E.NOT_NEEDED)
 
-    # -- a guard's take-over, in two steps
+    # -- a keeper's take-over, in two steps
 
     @precondition(lambda self: self._silent_and_not_running() and self._asked())
     @rule(data=st.data())
@@ -156,7 +156,7 @@ class Custody(RuleBasedStateMachine):
     @precondition(lambda self: any(self.taking.values()))
     @rule(data=st.data(), outcome=st.sampled_from(["resume", "place", "wait"]))
     def take_over_outcome(self, data: st.DataObject, outcome: str) -> None:
-        n = data.draw(st.sampled_from([g for g in GUARDS if self.taking[g]]))
+        n = data.draw(st.sampled_from([g for g in KEEPERS if self.taking[g]]))
         self.taking[n] = False
         other = 2 if n == 1 else 1
         if self.runs[n]:
@@ -175,33 +175,33 @@ class Custody(RuleBasedStateMachine):
         elif event is E.PLACE:
             self.ckpt[other] = True
             self.runs[other] = True
-            self._apply(other, E.GUARD)
+            self._apply(other, E.KEEPER)
             self._apply(other, E.HAND_OVER)
 
-    # -- a guard's node reclaimed: its live guard of a stopped job passes on, and it leaves
+    # -- a keeper's node reclaimed: its live keeper of a stopped job passes on, and it leaves
 
     @precondition(lambda self: not any(self.gone.values()) and not any(self.taking.values()))
-    @rule(n=st.sampled_from(GUARDS))
-    def guard_reclaimed(self, n: int) -> None:
+    @rule(n=st.sampled_from(KEEPERS))
+    def keeper_reclaimed(self, n: int) -> None:
         other = 2 if n == 1 else 1
         if self.runs[n]:
             return
-        if self.src == "running" and not self.cut:  # S heard its notice: a checkpoint and the guard to another buddy
+        if self.src == "running" and not self.cut:  # S heard its notice: a checkpoint and the keeper to another keeper
             self.ckpt[other] = True
-            self.msgs.append((other, E.GUARD))
-        elif self.state[n] in custody.LIVE and self.ckpt[n]:  # a stopped (or silent) job's guard passes on
+            self.msgs.append((other, E.KEEPER))
+        elif self.state[n] in custody.LIVE and self.ckpt[n]:  # a stopped (or silent) job's keeper passes on
             self.ckpt[other] = True
-            self.msgs.append((other, E.GUARD))
+            self.msgs.append((other, E.KEEPER))
             self._apply(n, E.PASS)
         self.gone[n] = True
         self.ckpt[n] = False
-        if self.buddy == n:
-            self.buddy = other
+        if self.keeper == n:
+            self.keeper = other
 
     # -- the operator and the GC
 
     def _done(self) -> list[int]:
-        return [n for n in GUARDS if not self.gone[n] and not self.taking[n]
+        return [n for n in KEEPERS if not self.gone[n] and not self.taking[n]
                 and self.state[n] not in custody.LIVE and self.state[n] is not S.NEW]
 
     @precondition(lambda self: self._done())
@@ -221,7 +221,7 @@ class Custody(RuleBasedStateMachine):
         if self.src in ("ended", "superseded"):
             return
         held = self.src in ("running", "frozen") or any(
-            self.ckpt[n] and not self.gone[n] for n in GUARDS)
+            self.ckpt[n] and not self.gone[n] for n in KEEPERS)
         assert held, (self.src, self.state, self.ckpt, self.gone)
 
 
@@ -229,29 +229,29 @@ Custody.TestCase.settings = settings(max_examples=100, stateful_step_count=25, d
 TestCustody = Custody.TestCase
 
 
-def test_the_invariant_catches_a_guard_that_revives_a_placed_copy(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The machine can fail: with the table broken so that a late ``guard`` makes a placed copy
-    guarding again (the guard UPSERT without its CASE), a second take-over runs the job twice.
+def test_the_invariant_catches_a_keeper_that_revives_a_placed_copy(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The machine can fail: with the table broken so that a late ``keeper`` makes a placed copy
+    keeping again (the keeper UPSERT without its CASE), a second take-over runs the job twice.
     (Hypothesis's search at this test's budget does not reach this 8-step run on its own: the
     run is scripted.)"""
     broken = dict(custody.TRANSITIONS)
-    broken[(S.PLACED, E.GUARD)] = (S.GUARDING, (Effect.GC_OLDER,))
+    broken[(S.PLACED, E.KEEPER)] = (S.KEEPING, (Effect.GC_OLDER,))
     with monkeypatch.context() as mp:
         mp.setattr(custody, "TRANSITIONS", broken)
         m = Custody()
-        m.checkpoint_to_buddy()  # its guard message is late
+        m.checkpoint_to_keeper()  # its keeper message is late
         m.partition()  # S fences its copy
         m.taking[1] = True
         m.take_over_outcome(_Draw(1), "place")  # node 1 places the job on node 2
         m.never_two_running_copies()
-        m.deliver(0)  # the late guard message
-        assert m.state[1] is S.GUARDING
+        m.deliver(0)  # the late keeper message
+        assert m.state[1] is S.KEEPING
         m.taking[1] = True
         m.take_over_outcome(_Draw(1), "resume")
         with pytest.raises(AssertionError):
             m.never_two_running_copies()
-    m = Custody()  # the table as it is: the late guard leaves the placed copy placed
-    m.checkpoint_to_buddy()
+    m = Custody()  # the table as it is: the late keeper leaves the placed copy placed
+    m.checkpoint_to_keeper()
     m.partition()
     m.taking[1] = True
     m.take_over_outcome(_Draw(1), "place")

@@ -6,7 +6,7 @@
   agent's own words where they say (``unknown`` where not: a stopper's own reason).
 - Every place in the agent that ends a job says why (a source scan: a ``stop`` without a cause,
   or with a cause of another state than the one it sets, fails here).
-- The ``needs`` answer's ``stopped_for_good`` (the job's guard resumes it elsewhere) follows the
+- The ``needs`` answer's ``stopped_for_good`` (the job's keeper resumes it elsewhere) follows the
   job's end cause: it used to match the words of its reason (a window that ended, a cgroup gone).
 
 Real pieces: a SQLite store; the replicas part's ``answer_needs`` on a stand-in component
@@ -57,10 +57,10 @@ OLD_ROWS: list[tuple[str, str, int | None, int, str | None]] = [
     ("reclaimed", "node 2 reclaimed with no room in the zone: ckpt-4 held by node 3, which resumes the job when "
                   "room frees", None, 0, "held_elsewhere"),
     ("reclaimed", "node 2 reclaimed: the job was handed over to node 3 before the agent restarted (node 3 runs it, "
-                  "or guards it and resumes it when this node's window ends)", None, 0, "handed_over"),
-    ("reclaimed", "node 2 reclaimed with no room and no holder in the zone: ckpt-4 archived in /a/n2-job-1; the "
+                  "or keeps it and resumes it when this node's window ends)", None, 0, "handed_over"),
+    ("reclaimed", "node 2 reclaimed with no room and no keeper in the zone: ckpt-4 archived in /a/n2-job-1; the "
                   "first agent with room resumes it", None, 0, "archived"),
-    ("reclaimed", "node 2 reclaimed with no room, no holder and no buddy in the zone: hung; ckpt-4 is published "
+    ("reclaimed", "node 2 reclaimed with no room, no keeper and no keeper in the zone: hung; ckpt-4 is published "
                   "there if it answers before the node goes, and the first agent with room resumes it", None, 0,
      "archived"),
     ("reclaimed", "node 2 reclaimed: ckpt-4 is in the archive, or on its way there; the first agent with room "
@@ -171,18 +171,18 @@ class Jobs:
         return self.job if jid == self.job.id else None
 
 
-def needs_source(job: Any, buddy: int = 1) -> Replicas:
-    """Node 2, whose job-1's guard is held by ``buddy``: its replicas part (``answer_needs``) on a
+def needs_source(job: Any, keeper: int = 1) -> Replicas:
+    """Node 2, whose job-1's keeper is held by ``keeper``: its replicas part (``answer_needs``) on a
     stand-in component holding what it reads."""
-    prestage = types.SimpleNamespace(buddy={"job-1": buddy}, prestaging=set())  # the component's part (buddies.py)
+    prestage = types.SimpleNamespace(keeper={"job-1": keeper}, prestaging=set())  # the component's part (prestage.py)
     src = types.SimpleNamespace(node_id=2, agent=types.SimpleNamespace(jobs=Jobs(job)), prestage=prestage,
                                 evacuating=set(), reclaim=None)
-    src.guarding = types.SimpleNamespace(runs_here=lambda key: None)  # (the guard part: this node runs none again)
+    src.takeover = types.SimpleNamespace(runs_here=lambda key: None)  # (the keeper part: this node runs none again)
     return Replicas(src)
 
 
 @pytest.mark.parametrize(("state", "cause", "reason", "for_good"), [
-    # what the guard resumes: the window ended first, or the cgroup was gone (a reboot), whatever the words
+    # what the keeper resumes: the window ended first, or the cgroup was gone (a reboot), whatever the words
     ("reclaimed", EndCause.WINDOW_ENDED, "node 2 reclaimed: its owner's time was up", True),
     ("lost", EndCause.LOST_WITH_CGROUP, "its cgroup went away", True),
     # what it does not, whatever the words say: Airlock's kill, a job that may have finished by itself
@@ -197,5 +197,5 @@ def test_stopped_for_good_in_the_needs_answer_is_read_from_the_end_cause_not_the
     assert ans["needed"] is True and ans["state"] == state
     assert ans["stopped_for_good"] is for_good, ans
     assert ans["end_cause"] == cause.value  # carried beside the old fields, for the asker's events
-    # said only to the node this one knows for the job's guard
-    assert needs_source(job, buddy=3).answer_needs("1", "n2-job-1")["stopped_for_good"] is False
+    # said only to the node this one knows for the job's keeper
+    assert needs_source(job, keeper=3).answer_needs("1", "n2-job-1")["stopped_for_good"] is False

@@ -1,6 +1,6 @@
 """Self-fencing's parts (laminar/migrate/fence.py): the settings it refuses, when a node counts as
 cut off, that a cut-off node takes nothing over, which jobs it fences (kept across a restart),
-how it settles them once heard again, and the buddy's answer to ``taken``.
+how it settles them once heard again, and the keeper's answer to ``taken``.
 
 A real component started on a real SQLite store with its real transfer endpoint on loopback
 (the ``taken`` question is a real authenticated control message from node 2). Stand-ins, named
@@ -105,13 +105,13 @@ def test_a_node_that_hears_nobody_is_cut_off_and_takes_nothing_over(tmp_path: Pa
             state[3].last_seen = now - 1.0  # node 3 heard a second ago: this node is not cut off
             assert not c.fence.isolated(now)
             c.vouch._vouched[2] = (now, 40.0, True)  # node 3 said it has not heard node 2 for 40 s either (vouch.py)
-            assert c.guarding.source_dead(2, now) == "node 2 silent for 40.0 s"
+            assert c.takeover.source_dead(2, now) == "node 2 silent for 40.0 s"
             state[3].last_seen = now - 12.0  # nobody heard for 12 s: this node is the one cut off
             assert c.fence.isolated(now)
-            assert c.guarding.source_dead(2, now) is None
+            assert c.takeover.source_dead(2, now) is None
             c.s["fence_after_s"] = 0.0  # off: as before
             assert not c.fence.isolated(now)
-            assert c.guarding.source_dead(2, now) == "node 2 silent for 40.0 s"
+            assert c.takeover.source_dead(2, now) == "node 2 silent for 40.0 s"
             c.s["fence_after_s"] = 10.0
             c._started = now - 5.0  # started 5 s ago: it cannot vouch for a longer silence
             assert not c.fence.isolated(now)
@@ -125,15 +125,15 @@ def test_a_node_that_hears_nobody_is_cut_off_and_takes_nothing_over(tmp_path: Pa
 def test_the_jobs_the_zone_would_resume_are_fenced_kept_across_a_restart_and_settled(tmp_path: Path) -> None:
     async def main() -> None:
         agent, c = await started(tmp_path)
-        guarded, archived, alone, moving = job("job-1"), job("job-2"), job("job-3"), job("job-4")
-        owed = job("job-5")  # its old buddy (owed a release) still guards it
-        agent.jobs = Jobs([guarded, archived, alone, moving, owed])
+        kept, archived, alone, moving = job("job-1"), job("job-2"), job("job-3"), job("job-4")
+        owed = job("job-5")  # its old keeper (owed a release) still keeps it
+        agent.jobs = Jobs([kept, archived, alone, moving, owed])
         events: list[dict[str, Any]] = []
         agent.events.subscribe(events.append)
         asked: list[tuple[int, str, Any]] = []
         answers: dict[int, Any] = {}
 
-        async def control(node: int, op: str, body: Any, timeout: float = 5.0) -> Any:  # stand-in: the buddy
+        async def control(node: int, op: str, body: Any, timeout: float = 5.0) -> Any:  # stand-in: the keeper
             asked.append((node, op, body))
             ans = answers.get(node)
             if isinstance(ans, Exception):
@@ -143,7 +143,7 @@ def test_the_jobs_the_zone_would_resume_are_fenced_kept_across_a_restart_and_set
         c._control = control  # type: ignore[method-assign]
         try:
             c.s.update(orphan_after_s=30.0, fence_after_s=10.0)
-            c.prestage.buddy.update({"job-1": 2, "job-4": 3})
+            c.prestage.keeper.update({"job-1": 2, "job-4": 3})
             c.archive.periodic.live["job-2"] = "ckpt-5"
             c.evacuating.add("job-4")  # a move settles it itself
             c.prestage.releases[(3, "n1-job-5")] = (time.monotonic() + 3600.0, time.monotonic() + 7200.0)
@@ -153,15 +153,15 @@ def test_the_jobs_the_zone_would_resume_are_fenced_kept_across_a_restart_and_set
                 st.last_seen = now - 20.0
             c.fence.tick(now)
             assert sorted(c.fence.fenced_jobs) == ["job-1", "job-2", "job-5"]
-            assert guarded.cgroup.calls == ["freeze"] and archived.cgroup.calls == ["freeze"]
+            assert kept.cgroup.calls == ["freeze"] and archived.cgroup.calls == ["freeze"]
             c.fence.drop("job-5")  # (not settled below with the other two: not what is tested there)
             c.prestage.releases.clear()
             assert alone.cgroup.calls == [] and moving.cgroup.calls == []  # nothing would resume them
-            assert (guarded.state, alone.state) == ("suspended", "running")
-            assert guarded.reason.startswith("fenced: node 1 heard no member of its zone for 10 s")
+            assert (kept.state, alone.state) == ("suspended", "running")
+            assert kept.reason.startswith("fenced: node 1 heard no member of its zone for 10 s")
             assert [e["jobs"] for e in events if e.get("phase") == "fenced"] == [["job-1", "job-2", "job-5"]]
             c.fence.tick(now + 1)  # still cut off: fenced once
-            assert guarded.cgroup.calls == ["freeze"]
+            assert kept.cgroup.calls == ["freeze"]
             archived.cgroup.calls.append("thaw")  # thawed by something else meanwhile (a move that failed)
             c.fence.tick(now + 2)
             assert archived.cgroup.calls == ["freeze", "thaw", "freeze"]  # frozen again
@@ -178,23 +178,23 @@ def test_the_jobs_the_zone_would_resume_are_fenced_kept_across_a_restart_and_set
             await asyncio.sleep(0.1)
             assert sorted(c.fence.fenced_jobs) == ["job-1", "job-2"] and asked == []
 
-            # heard again; job-1's buddy (node 2) does not answer and is not gone: stays frozen
+            # heard again; job-1's keeper (node 2) does not answer and is not gone: stays frozen
             agent.zone.membership.state[3].last_seen = time.time()
             answers[2] = OSError("no route to node 2")
             agent.zone.membership.state[2].last_seen = time.time() - 5.0
             c.fence.tick(time.time())
             await asyncio.sleep(0.2)
-            assert "job-1" in c.fence.fenced_jobs and guarded.cgroup.calls == ["freeze"]
+            assert "job-1" in c.fence.fenced_jobs and kept.cgroup.calls == ["freeze"]
             assert [(n, op) for n, op, _ in asked] == [(2, "taken")]
             assert asked[0][2] == {"key": "n1-job-1"}
-            assert "job-2" not in c.fence.fenced_jobs and archived.cgroup.calls == ["freeze", "thaw"]  # no buddy: thawed
+            assert "job-2" not in c.fence.fenced_jobs and archived.cgroup.calls == ["freeze", "thaw"]  # no keeper: thawed
 
             # node 2 answers: it did not take job-1 over: thawed, the fence forgotten
-            answers[2] = {"key": "n1-job-1", "runs": None, "state": "guarding"}
+            answers[2] = {"key": "n1-job-1", "runs": None, "state": "keeping"}
             c.fence.tick(time.time())
             await asyncio.sleep(0.2)
-            assert guarded.cgroup.calls == ["freeze", "thaw"] and c.fence.fenced_jobs == {}
-            assert guarded.state == "running" and guarded.reason.startswith("unfenced: node 1 hears its zone again")
+            assert kept.cgroup.calls == ["freeze", "thaw"] and c.fence.fenced_jobs == {}
+            assert kept.state == "running" and kept.reason.startswith("unfenced: node 1 hears its zone again")
             assert agent.store.get_meta(FENCE_META) is None
             ev = [(e["job"], e["airlock_held"]) for e in events if e.get("phase") == "unfenced"]
             assert sorted(ev) == [("job-1", False), ("job-2", False)], ev
@@ -206,8 +206,8 @@ def test_the_jobs_the_zone_would_resume_are_fenced_kept_across_a_restart_and_set
 
 
 def settled(tmp: Path, answers: dict[int, dict[str, Any]]) -> tuple[list[int], list[tuple[str, str, str]], Any]:
-    """Job-1 (buddy: node 2) fenced 40 s ago, this node heard again: the nodes its settling asked
-    (``taken``, answered from ``answers``, a stand-in for the guards), what it stopped, and the
+    """Job-1 (keeper: node 2) fenced 40 s ago, this node heard again: the nodes its settling asked
+    (``taken``, answered from ``answers``, a stand-in for the keepers), what it stopped, and the
     job (whose cgroup stand-in records any thaw)."""
     async def main() -> tuple[list[int], list[tuple[str, str, str]], Any]:
         agent, c = await started(tmp)
@@ -216,7 +216,7 @@ def settled(tmp: Path, answers: dict[int, dict[str, Any]]) -> tuple[list[int], l
         stopped = agent.jobs.stops()
         asked: list[int] = []
 
-        async def control(node: int, op: str, body: Any, timeout: float = 5.0) -> Any:  # stand-in: the guards
+        async def control(node: int, op: str, body: Any, timeout: float = 5.0) -> Any:  # stand-in: the keepers
             asked.append(node)
             return {"key": body["key"], **answers[node]}
 
@@ -227,7 +227,7 @@ def settled(tmp: Path, answers: dict[int, dict[str, Any]]) -> tuple[list[int], l
         c.prestage.release = release  # type: ignore[method-assign]
         try:
             c.s.update(orphan_after_s=30.0, fence_after_s=10.0)
-            c.prestage.buddy["job-1"] = 2
+            c.prestage.keeper["job-1"] = 2
             c.fence.fenced_jobs["job-1"] = time.time() - 40.0
             c.fence.tick(time.time())  # heard from (FakeZone: everyone just now)
             for _ in range(50):
@@ -243,16 +243,16 @@ def settled(tmp: Path, answers: dict[int, dict[str, Any]]) -> tuple[list[int], l
     return asyncio.run(main())
 
 
-def test_a_fenced_job_its_buddy_took_over_and_placed_elsewhere_is_stopped_not_thawed(tmp_path: Path) -> None:
-    # the buddy had no room and placed the job on node 4
+def test_a_fenced_job_its_keeper_took_over_and_placed_elsewhere_is_stopped_not_thawed(tmp_path: Path) -> None:
+    # the keeper had no room and placed the job on node 4
     _, stopped, j = settled(tmp_path, {2: {"runs": "job-9", "node": 4, "state": "placed"}})
     assert [(jid, st) for jid, st, _ in stopped] == [("job-1", "migrated")]
     assert "node 4 runs it as job-9" in stopped[0][2]
     assert j.cgroup.calls == []  # never thawed: it takes no step before it dies
 
 
-def test_a_fenced_job_whose_guard_was_passed_on_asks_where_it_went(tmp_path: Path) -> None:
-    """Job-1's buddy (node 2), reclaimed while this node was cut off, passed the guard on to
+def test_a_fenced_job_whose_keeper_was_passed_on_asks_where_it_went(tmp_path: Path) -> None:
+    """Job-1's keeper (node 2), reclaimed while this node was cut off, passed the keeper on to
     node 3 with a take-over. Node 2 answers ``taken`` with ``passed_to`` 3; node 3 runs the job:
     the fenced copy is stopped, not thawed. Before, node 2's "not taken" thawed it beside node
     3's copy (bench/chaos.py --partial-partitions, seed 32)."""
@@ -264,14 +264,14 @@ def test_a_fenced_job_whose_guard_was_passed_on_asks_where_it_went(tmp_path: Pat
     assert j.cgroup.calls == []  # never thawed
 
 
-def test_the_buddy_answers_taken_only_to_the_jobs_node(tmp_path: Path) -> None:
+def test_the_keeper_answers_taken_only_to_the_jobs_node(tmp_path: Path) -> None:
     async def main() -> None:
-        agent, c = await started(tmp_path)  # node 1, the buddy of node 2's job K (n2-job-1)
+        agent, c = await started(tmp_path)  # node 1, the keeper of node 2's job K (n2-job-1)
         try:
             src = Source(tmp_path, c, 2, K)
             await src.send(5)
-            await src.ctl("guard", "ckpt-5")
-            assert await src.ctl("taken") == {"key": K, "runs": None, "node": None, "state": "guarding"}
+            await src.ctl("keeper", "ckpt-5")
+            assert await src.ctl("taken") == {"key": K, "runs": None, "node": None, "state": "keeping"}
             with agent.store.tx() as db:  # node 1 took it over (node 2 was silent) and runs it
                 db.execute("UPDATE migrate_replicas SET state='resumed' WHERE key=?", (K,))
             agent.jobs.jobs.append(SimpleNamespace(id="job-9", state="running",
@@ -282,7 +282,7 @@ def test_the_buddy_answers_taken_only_to_the_jobs_node(tmp_path: Path) -> None:
                 db.execute("UPDATE migrate_replicas SET state='placed', job_id='node 3/job-4' WHERE key=?", (K,))
             agent.jobs.jobs.clear()
             assert await src.ctl("taken") == {"key": K, "runs": "job-4", "node": 3, "state": "placed"}
-            with agent.store.tx() as db:  # reclaimed meanwhile, it passed the guard on to node 3
+            with agent.store.tx() as db:  # reclaimed meanwhile, it passed the keeper on to node 3
                 db.execute("UPDATE migrate_replicas SET state='passed', job_id='node 3' WHERE key=?", (K,))
             assert await src.ctl("taken") == {"key": K, "runs": None, "state": "passed", "passed_to": 3}
             other = Source(tmp_path, c, 3, K)  # node 3 asking about node 2's job: refused
@@ -316,10 +316,10 @@ def test_the_fenced_set_survives_only_as_json_numbers(tmp_path: Path) -> None:
     asyncio.run(main())
 
 
-def test_an_old_buddy_still_owed_a_release_is_asked_too(tmp_path: Path) -> None:
-    """The buddy changed just before the partition (node 2 -> node 3): node 2, cut off from this
-    node first, still guards the job and took it over. Node 3 says it runs nothing; node 2's
-    answer stops the fenced copy. Before, only the current buddy was asked and the fenced copy
+def test_an_old_keeper_still_owed_a_release_is_asked_too(tmp_path: Path) -> None:
+    """The keeper changed just before the partition (node 2 -> node 3): node 2, cut off from this
+    node first, still keeps the job and took it over. Node 3 says it runs nothing; node 2's
+    answer stops the fenced copy. Before, only the current keeper was asked and the fenced copy
     was thawed beside node 2's (bench/chaos.py --fence-after-s, seed 26)."""
     async def main() -> None:
         agent, c = await started(tmp_path)
@@ -328,9 +328,9 @@ def test_an_old_buddy_still_owed_a_release_is_asked_too(tmp_path: Path) -> None:
         stopped = agent.jobs.stops()
         asked: list[int] = []
 
-        async def control(node: int, op: str, body: Any, timeout: float = 5.0) -> Any:  # stand-in: the guards
+        async def control(node: int, op: str, body: Any, timeout: float = 5.0) -> Any:  # stand-in: the keepers
             asked.append(node)
-            return {"key": body["key"], "runs": "job-9" if node == 2 else None, "state": "guarding"}
+            return {"key": body["key"], "runs": "job-9" if node == 2 else None, "state": "keeping"}
 
         async def release(node: int, key: str) -> None:
             pass
@@ -339,7 +339,7 @@ def test_an_old_buddy_still_owed_a_release_is_asked_too(tmp_path: Path) -> None:
         c.prestage.release = release  # type: ignore[method-assign]
         try:
             c.s.update(orphan_after_s=30.0, fence_after_s=10.0)
-            c.prestage.buddy["job-1"] = 3
+            c.prestage.keeper["job-1"] = 3
             # owed, not due again for an hour (the watch loop's release round leaves it alone)
             c.prestage.releases[(2, "n1-job-1")] = (time.monotonic() + 3600.0, time.monotonic() + 7200.0)
             c.fence.fenced_jobs["job-1"] = time.time() - 40.0
@@ -361,7 +361,7 @@ def test_an_old_buddy_still_owed_a_release_is_asked_too(tmp_path: Path) -> None:
 def test_a_fenced_job_claimed_or_run_from_the_archive_stays_frozen(tmp_path: Path) -> None:
     """A node claimed the job's periodic copy and ran it; the sweep then removed the key's
     directory and left its ``.done`` marker. The fenced copy stays frozen (the runner tells this
-    node, op ``superseded``): no buddy is asked, nothing is thawed."""
+    node, op ``superseded``): no keeper is asked, nothing is thawed."""
     async def main() -> None:
         arch = tmp_path / "arch"
         agent, c = await started(tmp_path / "agent")
@@ -371,12 +371,12 @@ def test_a_fenced_job_claimed_or_run_from_the_archive_stays_frozen(tmp_path: Pat
 
         async def control(node: int, op: str, body: Any, timeout: float = 5.0) -> Any:
             asked.append(node)
-            return {"key": body["key"], "runs": None, "state": "guarding"}
+            return {"key": body["key"], "runs": None, "state": "keeping"}
 
         c._control = control  # type: ignore[method-assign]
         try:
             c.s.update(orphan_after_s=30.0, fence_after_s=10.0, archive_dir=str(arch))
-            c.prestage.buddy["job-1"] = 3
+            c.prestage.keeper["job-1"] = 3
             (arch / ".done").mkdir(parents=True)
             (arch / ".done" / "n1-job-1").write_text(json.dumps({"runner": "4"}))  # unsigned: says nothing
             assert c.fence.archive_claimer("n1-job-1") is None
@@ -385,7 +385,7 @@ def test_a_fenced_job_claimed_or_run_from_the_archive_stays_frozen(tmp_path: Pat
             c.fence.tick(time.time())
             await asyncio.sleep(0.3)
             assert "job-1" in c.fence.fenced_jobs and j.cgroup.calls == [] and asked == []
-            (arch / ".done" / "n1-job-1").unlink()  # (no claim: the buddy is asked, and it is thawed)
+            (arch / ".done" / "n1-job-1").unlink()  # (no claim: the keeper is asked, and it is thawed)
             c.fence.tick(time.time())
             for _ in range(50):
                 if "job-1" not in c.fence.fenced_jobs:
@@ -414,15 +414,15 @@ def test_a_silence_after_a_notice_declares_nothing_while_no_other_member_is_hear
             state = agent.zone.membership.state
             state[2].last_seen, state[3].last_seen = now - 4.0, now - 5.0
             assert not c.fence.isolated(now)
-            assert c.guarding.source_dead(2, now) is None
+            assert c.takeover.source_dead(2, now) is None
             state[3].last_seen = now - 2.0  # heard only 2 s past node 2's last word (it may be this node that left)
-            assert c.guarding.source_dead(2, now) is None
+            assert c.takeover.source_dead(2, now) is None
             state[3].last_seen = now - 0.5  # 3.5 s past it: node 2 is the silent one
             c.vouch._vouched[2] = (now, 4.0, True)  # (and node 3 said it has not heard node 2 for 4 s either: vouch.py)
-            assert c.guarding.source_dead(2, now) == "node 2 went silent 4.0 s after announcing its reclaim"
+            assert c.takeover.source_dead(2, now) == "node 2 went silent 4.0 s after announcing its reclaim"
             c.s["fence_after_s"] = 0.0  # off: as before
             state[3].last_seen = now - 5.0
-            assert c.guarding.source_dead(2, now) == "node 2 went silent 4.0 s after announcing its reclaim"
+            assert c.takeover.source_dead(2, now) == "node 2 went silent 4.0 s after announcing its reclaim"
         finally:
             await c.stop()
             agent.store.close()
@@ -434,7 +434,7 @@ def test_a_window_end_declares_nothing_until_another_member_is_heard_after_it(tm
     """Node 2's reclaim window ended 2 s ago. This node heard node 3 last 5 s ago, before that
     end: it may be the one cut off, and have missed the reclaim's withdrawal (or the job's move),
     so node 2 does not count as gone yet. Once node 3 is heard after the end, it does; and since
-    node 2 is heard after its end too (its agent is there to answer), the guard asks it first.
+    node 2 is heard after its end too (its agent is there to answer), the keeper asks it first.
     Found by the soak (seed 29: a node cut off 5 s before the withdrawal resumed the job at the
     old window's end, beside the copy that ran on at its source)."""
     async def main() -> None:
@@ -448,41 +448,41 @@ def test_a_window_end_declares_nothing_until_another_member_is_heard_after_it(tm
             state = agent.zone.membership.state
             state[2].last_seen, state[3].last_seen = now - 5.0, now - 5.0
             assert not c.fence.isolated(now)
-            assert c.guarding.source_dead(2, now) is None
-            assert c.guarding.source_dead(2, now, end, now - 20.0) is None  # (the guard message's window too)
+            assert c.takeover.source_dead(2, now) is None
+            assert c.takeover.source_dead(2, now, end, now - 20.0) is None  # (the keeper message's window too)
             state[3].last_seen = now - 0.5  # heard after the end: this node is not cut off
-            assert c.guarding.source_dead(2, now) == "node 2's reclaim window ended"
+            assert c.takeover.source_dead(2, now) == "node 2's reclaim window ended"
             row = {"key": "n2-job-1", "src_node": 2, "updated": now - 20.0}
             req = {"window_end": end}
-            assert c.guarding.missed_news(row, req, now)  # a guard round saw it cut off at the end: asks first
-            c.guarding._cut_at_end.clear()  # (as for a node that heard others all along)
+            assert c.takeover.missed_news(row, req, now)  # a keeper round saw it cut off at the end: asks first
+            c.takeover._cut_at_end.clear()  # (as for a node that heard others all along)
             state[2].last_seen = end - 1.0  # node 2 heard a second before its end
-            assert not c.guarding.missed_news(row, req, now)  # takes over at once
+            assert not c.takeover.missed_news(row, req, now)  # takes over at once
             state[2].last_seen = end - 4.0  # its last word 4 s before the end (past dead_after_s)
-            assert c.guarding.missed_news(row, req, now)
+            assert c.takeover.missed_news(row, req, now)
             state[2].last_seen = now - 1.0  # heard after its end: its agent is there to answer
-            assert c.guarding.missed_news(row, req, now)
+            assert c.takeover.missed_news(row, req, now)
 
             # a window that ended 0.1 s ago, between two summaries (both heard 0.6 s ago): held back
-            # until another member is heard after it, but no cut-off is noted, so the guard then
+            # until another member is heard after it, but no cut-off is noted, so the keeper then
             # takes over at once (it heard the source just before the end)
             end2 = now - 0.1
             c.notices[2] = (end2, now - 20.0)
             state[2].last_seen, state[3].last_seen = now - 0.6, now - 0.6
-            assert c.guarding.source_dead(2, now) is None and c.guarding._cut_at_end == {}
+            assert c.takeover.source_dead(2, now) is None and c.takeover._cut_at_end == {}
             state[3].last_seen = now - 0.05
-            assert c.guarding.source_dead(2, now) == "node 2's reclaim window ended"
-            assert not c.guarding.missed_news(row, {"window_end": end2}, now)
+            assert c.takeover.source_dead(2, now) == "node 2's reclaim window ended"
+            assert not c.takeover.missed_news(row, {"window_end": end2}, now)
 
             c.s["fence_after_s"] = 0.0  # off: as before
             state[2].last_seen, state[3].last_seen = now - 5.0, now - 5.0
-            assert c.guarding.source_dead(2, now) == "node 2's reclaim window ended"
+            assert c.takeover.source_dead(2, now) == "node 2's reclaim window ended"
             state[2].last_seen = now - 1.0
-            assert not c.guarding.missed_news(row, req, now)
+            assert not c.takeover.missed_news(row, req, now)
 
             c.s["fence_after_s"] = 10.0
             del state[3]  # a zone of two: nobody else to hear, the end declares node 2 gone
-            assert c.guarding.source_dead(2, now) == "node 2's reclaim window ended"
+            assert c.takeover.source_dead(2, now) == "node 2's reclaim window ended"
         finally:
             await c.stop()
             agent.store.close()
@@ -507,7 +507,7 @@ def test_a_fenced_copy_whose_claim_another_node_took_is_stopped(tmp_path: Path) 
             released.append((node, key))
 
         c.prestage.release = release  # type: ignore[method-assign]
-        c.prestage.buddy["job-4"] = 3  # node 3 guards this copy too (its own key, n1-job-4)
+        c.prestage.keeper["job-4"] = 3  # node 3 keeps this copy too (its own key, n1-job-4)
         try:
             c.s.update(orphan_after_s=30.0, fence_after_s=10.0, archive_dir=str(arch))
             claimed_by(arch, tmp_path, "n2-job-7", 3, (3, "job-9"), zone_keys(KEY.hex()))
@@ -519,10 +519,10 @@ def test_a_fenced_copy_whose_claim_another_node_took_is_stopped(tmp_path: Path) 
                 await asyncio.sleep(0.05)
             assert [(jid, st) for jid, st, _ in stopped] == [("job-4", "migrated")]
             assert "node 3 runs it" in stopped[0][2] and j.cgroup.calls == []
-            # node 3 runs the lineage (n2-job-7) but also guards this copy's own key: released, else
+            # node 3 runs the lineage (n2-job-7) but also keeps this copy's own key: released, else
             # it would resume the ended copy when it next takes this node for gone (seed 29)
             await asyncio.sleep(0.1)
-            assert released == [(3, "n1-job-4")] and "job-4" not in c.prestage.buddy
+            assert released == [(3, "n1-job-4")] and "job-4" not in c.prestage.keeper
         finally:
             await c.stop()
             agent.store.close()
@@ -533,7 +533,7 @@ def test_a_fenced_copy_whose_claim_another_node_took_is_stopped(tmp_path: Path) 
 def test_a_fenced_copy_the_claimer_placed_here_is_its_claims_own(tmp_path: Path) -> None:
     """Node 3 claimed node 2's job (n2-job-7) from the archive, had no room and placed it here as
     job-4 (its running record's ``resumed`` names node 1 and job-4). This node, cut off, fenced
-    it. Healed, the claim is no reason to stop it: it is the claim's copy; its buddy did not take
+    it. Healed, the claim is no reason to stop it: it is the claim's copy; its keeper did not take
     it over, so it is thawed. Before, it was stopped for node 3's claim and the job ran nowhere
     any more (bench/chaos.py --partial-partitions, seed 34: a job never finished)."""
     async def main() -> None:
@@ -543,11 +543,11 @@ def test_a_fenced_copy_the_claimer_placed_here_is_its_claims_own(tmp_path: Path)
         agent.jobs = Jobs([j])
         stopped = agent.jobs.stops()
 
-        async def control(node: int, op: str, body: Any, timeout: float = 5.0) -> Any:  # stand-in: the buddy
-            return {"key": body["key"], "runs": None, "state": "guarding"}
+        async def control(node: int, op: str, body: Any, timeout: float = 5.0) -> Any:  # stand-in: the keeper
+            return {"key": body["key"], "runs": None, "state": "keeping"}
 
         c._control = control  # type: ignore[method-assign]
-        c.prestage.buddy["job-4"] = 2
+        c.prestage.keeper["job-4"] = 2
         try:
             c.s.update(orphan_after_s=30.0, fence_after_s=10.0, archive_dir=str(arch))
             claimed_by(arch, tmp_path, "n2-job-7", 3, (1, "job-4"), zone_keys(KEY.hex()))
@@ -568,7 +568,7 @@ def test_a_fenced_copy_the_claimer_placed_here_is_its_claims_own(tmp_path: Path)
 
 def test_a_control_message_from_a_member_counts_as_hearing_it(tmp_path: Path) -> None:
     """An authenticated control message (its hello's node, checked against the roster) says its
-    node is alive as a datagram does: the zone's membership notes it. Before, a guard that had
+    node is alive as a datagram does: the zone's membership notes it. Before, a keeper that had
     just been sent the source's message could still take the source for silent (its datagrams
     not heard yet after a partition) and take its job over. A real membership (the zone's own
     class) in the zone stand-in."""

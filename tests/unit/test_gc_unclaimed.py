@@ -1,8 +1,8 @@
-"""Replica keys no guard ever named go after ``replica_orphan_s`` (ReclaimComponent's replica GC
-round), unless a local job uses them, a guard names them, or they are younger.
+"""Replica keys no keeper ever named go after ``replica_orphan_s`` (ReclaimComponent's replica GC
+round), unless a local job uses them, a keeper names them, or they are younger.
 
 Real pieces: the component on a real SQLite store, its real Receiver on loopback, real jobkit
-checkpoints sent with the real ``send_checkpoint`` and real ``guard``/``release`` control
+checkpoints sent with the real ``send_checkpoint`` and real ``keeper``/``release`` control
 messages (``Source`` from test_replica_gc). Stand-ins, named as such: the zone (``FakeZone``) and
 the job manager (``Jobs``: the local jobs the GC asks about). A key's age is made the way time
 makes it: its files' modification times are set back (``os.utime``, links not followed).
@@ -36,30 +36,30 @@ def row(agent: SimpleNamespace, key: str) -> object:
     return agent.store.db.execute("SELECT state FROM migrate_replicas WHERE key=?", (key,)).fetchone()
 
 
-def test_keys_no_guard_named_go_after_the_orphan_age_unless_used_guarded_or_young(tmp_path: Path) -> None:
+def test_keys_no_keeper_named_go_after_the_orphan_age_unless_used_kept_or_young(tmp_path: Path) -> None:
     outside = tmp_path / "outside"
     outside.mkdir()
     (outside / "data").write_bytes(b"not the agent's")
 
     async def main() -> None:
         agent, comp = await started(tmp_path)
-        comp.s["replica_guard_check_s"] = 0  # the stale-guard question is another test's
+        comp.s["replica_keeper_check_s"] = 0  # the stale-keeper question is another test's
         try:
             base = comp.root / "checkpoints"  # type: ignore[operator]
             orphan = float(comp.s["replica_orphan_s"])
             assert orphan == 21600.0  # the documented default
-            lost = Source(tmp_path, comp, 3, "n3-job-7")  # its guard never came
+            lost = Source(tmp_path, comp, 3, "n3-job-7")  # its keeper never came
             for step in (1, 2):
                 await lost.send(step)
-            young = Source(tmp_path, comp, 3, "n3-job-8")  # sent just now, its guard may still come
+            young = Source(tmp_path, comp, 3, "n3-job-8")  # sent just now, its keeper may still come
             await young.send(1)
             used = Source(tmp_path, comp, 3, "n3-job-9")  # a local job was handed over resuming from it
             p = await used.send(4)
             agent.jobs.jobs.append(SimpleNamespace(id="job-2", state="running", ended=None,
                                                    spec=JobSpec(["train"], resume_from=str(p)), origin=JobOrigin(resume_given=str(p))))
-            guarded = Source(tmp_path, comp, 2, "n2-job-1")  # a guard names it: never this rule's
-            await guarded.send(5)
-            await guarded.ctl("guard", "ckpt-5")
+            kept = Source(tmp_path, comp, 2, "n2-job-1")  # a keeper names it: never this rule's
+            await kept.send(5)
+            await kept.ctl("keeper", "ckpt-5")
             partial = Source(tmp_path, comp, 3, "n3-job-10")  # an old commit temporary is the endpoint's
             await partial.send(1)
             (base / "n3-job-10" / ".tmp-ckpt-2").mkdir()
@@ -84,9 +84,9 @@ def test_keys_no_guard_named_go_after_the_orphan_age_unless_used_guarded_or_youn
             age(base / "n3-job-9", orphan + 60)
             comp.replicas.tick(time.time(), force=True)
             assert await until(lambda: not (base / "n3-job-8").exists() and not (base / "n3-job-9").exists())
-            # a guard coming now for a removed key is a new guard of a new checkpoint: nothing breaks
+            # a keeper coming now for a removed key is a new keeper of a new checkpoint: nothing breaks
             await lost.send(3)
-            await lost.ctl("guard", "ckpt-3")
+            await lost.ctl("keeper", "ckpt-3")
             assert names(base / "n3-job-7") == ["ckpt-3"] and row(agent, "n3-job-7") is not None
         finally:
             await comp.stop()

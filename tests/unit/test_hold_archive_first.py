@@ -1,18 +1,18 @@
-"""A reclaim with no room anywhere sends the job's final checkpoint to a holder and, with
-``archive_dir``, archives it beside the holder (Holders.hold). The holder is handed the
-guard with ``take_over`` only once the archive holds the job's record: its take-over then finds the
+"""A reclaim with no room anywhere sends the job's final checkpoint to a keeper and, with
+``archive_dir``, archives it beside the keeper (Keepers.hold). The keeper is handed the
+keeper with ``take_over`` only once the archive holds the job's record: its take-over then finds the
 record and claims it (the archive's claim is the lock: one node runs the job). Handed first, the
-holder's take-over could place the job from its replica while the archive held nothing of it, and
+keeper's take-over could place the job from its replica while the archive held nothing of it, and
 the record published after would be claimed by any agent with room: the job twice. When the
-archive cannot take the copy, the holder still gets the guard (it alone keeps the job).
+archive cannot take the copy, the keeper still gets the keeper (it alone keeps the job).
 
-With no holder either, the archive is the job's only keeper. When it does not answer within the
-window: a job with a buddy thaws (its buddy guards it; the given-up copy publishes nothing later);
-a job with no buddy stops at once, and its copy goes on, published when the storage answers (any
+With no keeper either, the archive is the job's only keeper. When it does not answer within the
+window: a job with a keeper thaws (its keeper keeps it; the given-up copy publishes nothing later);
+a job with no keeper stops at once, and its copy goes on, published when the storage answers (any
 agent with room claims it then): thawed, it would run on beside that copy.
 
 A real component, not started, with a real store, a real archive in a temporary directory and a
-real jobkit checkpoint; what crosses the network (the holder's ranking, the transfer, the guard
+real jobkit checkpoint; what crosses the network (the keeper's ranking, the transfer, the keeper
 message) and the job manager's stop are stand-ins that record what they were given. The hung
 archive is a stand-in too (the real one, a stopped FUSE mount, is tests/kernel/
 test_archive_wait_given_up.py): its copy waits on an event before it touches the storage.
@@ -57,7 +57,7 @@ def late_copies(tmp: Path) -> int:
         db.close()
 
 
-def holding_node(tmp: Path, archive: Path, holders: bool = True) -> tuple[ReclaimComponent, list[str]]:
+def holding_node(tmp: Path, archive: Path, keepers: bool = True) -> tuple[ReclaimComponent, list[str]]:
     seen: list[str] = []  # what happened, in order
     c = ReclaimComponent()
     store = migrate_store(tmp)
@@ -76,19 +76,19 @@ def holding_node(tmp: Path, archive: Path, holders: bool = True) -> tuple[Reclai
                               jobs=SimpleNamespace(stop=stop), events=SimpleNamespace(emit=emit))
     c.s = {"archive_dir": str(archive)}
 
-    async def rank_holders(key: str, size: int, window: Any, prefer: Any) -> list[Any]:
-        return [SimpleNamespace(feasible=holders, candidate=SimpleNamespace(node=2), reasons=["full"])]
+    async def rank_keepers(key: str, size: int, window: Any, prefer: Any) -> list[Any]:
+        return [SimpleNamespace(feasible=keepers, candidate=SimpleNamespace(node=2), reasons=["full"])]
 
     async def send(job: Any, ckpt: Path, node: int, deadline: Any, mv: Any, **kw: Any) -> None:
         seen.append(f"sent {ckpt.name} to {node}")
 
-    async def guard(job: Any, node: int, ckpt: str, take_over: bool = False) -> None:
+    async def keeper(job: Any, node: int, ckpt: str, take_over: bool = False) -> None:
         rec = archive / f"n1-{job.id}" / "guard.json"
-        seen.append(f"guard to {node} take_over={take_over} archived={rec.exists()}")
+        seen.append(f"keeper to {node} take_over={take_over} archived={rec.exists()}")
 
-    c.holders.rank = rank_holders  # type: ignore[method-assign]
+    c.keepers.rank = rank_keepers  # type: ignore[method-assign]
     c.mover.send = send  # type: ignore[method-assign]
-    c.mover.send_guard = guard  # type: ignore[method-assign]
+    c.mover.send_keeper = keeper  # type: ignore[method-assign]
     c.mover.request = lambda job, take_over: {**request(), "take_over": take_over}  # type: ignore[method-assign]
     return c, seen
 
@@ -130,7 +130,7 @@ def hold(c: ReclaimComponent, ckpt: Path, window_s: float = 30.0, storage: threa
     async def main() -> None:
         try:
             try:
-                await c.holders.hold(job, mv, ckpt, 1 << 20, None, "no room", time.monotonic() + window_s)
+                await c.keepers.hold(job, mv, ckpt, 1 << 20, None, "no room", time.monotonic() + window_s)
             except Exception as e:
                 (seen if seen is not None else []).append(f"raised {type(e).__name__}")
             if storage is not None:
@@ -145,50 +145,50 @@ def hold(c: ReclaimComponent, ckpt: Path, window_s: float = 30.0, storage: threa
     return mv
 
 
-def test_the_holder_guards_before_the_stop_and_takes_over_once_the_archive_holds_the_record(tmp_path: Path) -> None:
+def test_the_keeper_keeps_before_the_stop_and_takes_over_once_the_archive_holds_the_record(tmp_path: Path) -> None:
     ckpt = Checkpointer(job_id="job-1", ckpt_dir=tmp_path / "ck", install_signal=False, keep=2).save(b"w", step=7)
     c, seen = holding_node(tmp_path, tmp_path / "arch")
     mv = hold(c, ckpt)
     assert mv.phase == "held" and mv.dest == 2
-    # guarded (as a buddy: it takes over at the window's end) before the job stops: an agent
+    # kept (as a keeper: it takes over at the window's end) before the job stops: an agent
     # crash after the stop leaves the job its keeper; told to take over once archived
-    assert seen == ["sent ckpt-7 to 2", "guard to 2 take_over=False archived=False", "stopped job-1",
-                    "guard to 2 take_over=True archived=True"]
+    assert seen == ["sent ckpt-7 to 2", "keeper to 2 take_over=False archived=False", "stopped job-1",
+                    "keeper to 2 take_over=True archived=True"]
     assert (tmp_path / "arch" / "n1-job-1" / "guard.json").exists()
-    assert c.prestage.buddy["job-1"] == 2
+    assert c.prestage.keeper["job-1"] == 2
 
 
-def test_an_archive_that_refuses_the_copy_still_leaves_the_holder_the_guard(tmp_path: Path) -> None:
+def test_an_archive_that_refuses_the_copy_still_leaves_the_keeper_the_keeper(tmp_path: Path) -> None:
     ckpt = Checkpointer(job_id="job-1", ckpt_dir=tmp_path / "ck", install_signal=False, keep=2).save(b"w", step=7)
     (tmp_path / "not-a-dir").write_text("")  # the archive's path is a file: every copy fails
     c, seen = holding_node(tmp_path, tmp_path / "not-a-dir" / "arch")
     mv = hold(c, ckpt)
     assert mv.phase == "held" and mv.dest == 2
-    assert seen == ["sent ckpt-7 to 2", "guard to 2 take_over=False archived=False", "stopped job-1",
-                    "guard to 2 take_over=True archived=False"]
-    assert c.prestage.buddy["job-1"] == 2
+    assert seen == ["sent ckpt-7 to 2", "keeper to 2 take_over=False archived=False", "stopped job-1",
+                    "keeper to 2 take_over=True archived=False"]
+    assert c.prestage.keeper["job-1"] == 2
 
 
-def test_a_holder_that_does_not_take_the_guard_is_passed_over_and_the_job_is_not_stopped_for_it(
+def test_a_keeper_that_does_not_take_the_keeper_is_passed_over_and_the_job_is_not_stopped_for_it(
         tmp_path: Path) -> None:
     ckpt = Checkpointer(job_id="job-1", ckpt_dir=tmp_path / "ck", install_signal=False, keep=2).save(b"w", step=7)
     c, seen = holding_node(tmp_path, tmp_path / "arch")
 
-    async def silent_guard(job: Any, node: int, ckpt: str, take_over: bool = False) -> None:
-        seen.append(f"guard to {node} take_over={take_over}: no answer")
+    async def silent_keeper(job: Any, node: int, ckpt: str, take_over: bool = False) -> None:
+        seen.append(f"keeper to {node} take_over={take_over}: no answer")
         raise TimeoutError("node 2 did not answer")
 
-    c.mover.send_guard = silent_guard  # type: ignore[method-assign]
+    c.mover.send_keeper = silent_keeper  # type: ignore[method-assign]
     c.s["archive_dir"] = ""  # no archive: the move fails, and the job runs on here
-    c.prestage.buddy["job-1"] = 3  # an older buddy: kept, not released
+    c.prestage.keeper["job-1"] = 3  # an older keeper: kept, not released
     mv = hold(c, ckpt, seen=seen)
-    assert seen == ["sent ckpt-7 to 2", "guard to 2 take_over=False: no answer", "raised MigrateError"]
-    assert mv.phase != "held" and c.prestage.buddy["job-1"] == 3
+    assert seen == ["sent ckpt-7 to 2", "keeper to 2 take_over=False: no answer", "raised MigrateError"]
+    assert mv.phase != "held" and c.prestage.keeper["job-1"] == 3
 
 
-def test_no_holder_no_buddy_and_a_hung_archive_the_job_stops_and_its_copy_is_published_late(tmp_path: Path) -> None:
+def test_no_keeper_no_keeper_and_a_hung_archive_the_job_stops_and_its_copy_is_published_late(tmp_path: Path) -> None:
     ckpt = Checkpointer(job_id="job-1", ckpt_dir=tmp_path / "ck", install_signal=False, keep=2).save(b"w", step=7)
-    c, seen = holding_node(tmp_path, tmp_path / "arch", holders=False)
+    c, seen = holding_node(tmp_path, tmp_path / "arch", keepers=False)
     mv = hold(c, ckpt, window_s=1.5, storage=threading.Event(), seen=seen)
     assert seen == ["stopped job-1", "(move archiving)", "event archiving", "event archived-late"]
     # the move read archiving until the copy landed, archived since
@@ -199,10 +199,10 @@ def test_no_holder_no_buddy_and_a_hung_archive_the_job_stops_and_its_copy_is_pub
     assert late_copies(tmp_path) == 0  # landed: a restart does not take it up (test_late_archive_restart.py)
 
 
-def test_no_holder_no_buddy_and_a_hung_archive_that_then_refuses_the_copy_the_move_fails_and_says_so(
+def test_no_keeper_no_keeper_and_a_hung_archive_that_then_refuses_the_copy_the_move_fails_and_says_so(
         tmp_path: Path) -> None:
     ckpt = Checkpointer(job_id="job-1", ckpt_dir=tmp_path / "ck", install_signal=False, keep=2).save(b"w", step=7)
-    c, seen = holding_node(tmp_path, tmp_path / "arch", holders=False)
+    c, seen = holding_node(tmp_path, tmp_path / "arch", keepers=False)
     mv = hold(c, ckpt, window_s=1.5, storage=threading.Event(), seen=seen, refuses=True)
     assert seen == ["stopped job-1", "(move archiving)", "event archiving", "event failed"]
     assert mv.phase == "failed" and "No space left on device" in mv.error and "ckpt-7" in mv.error, mv
@@ -212,11 +212,11 @@ def test_no_holder_no_buddy_and_a_hung_archive_that_then_refuses_the_copy_the_mo
     assert late_copies(tmp_path) == 0
 
 
-def test_no_holder_and_a_hung_archive_a_job_with_a_buddy_thaws_and_nothing_is_published(tmp_path: Path) -> None:
+def test_no_keeper_and_a_hung_archive_a_job_with_a_keeper_thaws_and_nothing_is_published(tmp_path: Path) -> None:
     ckpt = Checkpointer(job_id="job-1", ckpt_dir=tmp_path / "ck", install_signal=False, keep=2).save(b"w", step=7)
-    c, seen = holding_node(tmp_path, tmp_path / "arch", holders=False)
-    c.prestage.buddy["job-1"] = 3
+    c, seen = holding_node(tmp_path, tmp_path / "arch", keepers=False)
+    c.prestage.keeper["job-1"] = 3
     hold(c, ckpt, window_s=1.5, storage=threading.Event(), seen=seen)
-    assert seen == ["raised MigrateError"]  # the move fails: the job thaws, its buddy guards it
+    assert seen == ["raised MigrateError"]  # the move fails: the job thaws, its keeper keeps it
     assert not list((tmp_path / "arch").glob("*/*.json"))  # the given-up copy published nothing
-    assert late_copies(tmp_path) == 0  # its buddy guards it: nothing for a restart to take up
+    assert late_copies(tmp_path) == 0  # its keeper keeps it: nothing for a restart to take up

@@ -2,7 +2,7 @@
 with a real man-in-the-middle TCP proxy between a real sender and a real Receiver on loopback.
 
 - A control message's MAC covered its body and the connection's nonce but not its ``op``: a
-  proxy turned a ``guard`` (hand this node a job's guard) into a ``release`` of the same job,
+  proxy turned a ``keeper`` (hand this node a job's keeper) into a ``release`` of the same job,
   which the destination carried out as authenticated.
 - The destination's ``committed`` answer carried no MAC: a proxy answered an offer with
   ``committed`` itself and the sender returned success although nothing was sent.
@@ -90,7 +90,7 @@ def test_a_control_messages_op_cannot_be_changed_on_the_path(tmp_path: Path) -> 
         return {op: body.get("key")}
 
     def swap(index: int, h: bytes) -> bytes:
-        if index == FIRST_RECORD:  # the ctl: flip a bit where "guard" may be
+        if index == FIRST_RECORD:  # the ctl: flip a bit where "keeper" may be
             h = h[:20] + bytes([h[20] ^ 1]) + h[21:]
         return h
 
@@ -101,11 +101,11 @@ def test_a_control_messages_op_cannot_be_changed_on_the_path(tmp_path: Path) -> 
         try:
             body = {"key": "n1-j7", "src_node": 1, "src_job": "j7", "request": {}, "ckpt": "ckpt-3"}
             with pytest.raises(TransferError, match="failed authentication"):
-                await send_control("127.0.0.1", pport, KEY, "guard", body)
+                await send_control("127.0.0.1", pport, KEY, "keeper", body)
             assert seen == [], f"the destination carried out a changed control message: {seen}"
             # straight to the endpoint it is carried out as sent
-            assert await send_control("127.0.0.1", port, KEY, "guard", body) == {"guard": "n1-j7"}
-            assert seen == [("guard", body)]
+            assert await send_control("127.0.0.1", port, KEY, "keeper", body) == {"keeper": "n1-j7"}
+            assert seen == [("keeper", body)]
         finally:
             srv.close()
             await rcv.stop()

@@ -1,5 +1,5 @@
-"""A reclaimed job with no holder and no buddy whose copy to a hung archive goes on past its
-window's wait (Holders.hold, phase ``archiving``) has its checkpoint only in its ckpt
+"""A reclaimed job with no keeper and no keeper whose copy to a hung archive goes on past its
+window's wait (Keepers.hold, phase ``archiving``) has its checkpoint only in its ckpt
 directory on this node until the copy lands. An agent stop or crash while the copy waits used
 to end it for good. Now the copy is recorded (``migrate_late_copies``) before it starts, and
 its "about to publish" mark is committed right before its record is renamed into place, so the
@@ -8,7 +8,7 @@ record never was, never published twice when it was (a published record may have
 run to its end and removed elsewhere: publishing it again would run the job twice).
 
 A real component and a real store (the restart opens the same database file anew), a real
-archive in a temporary directory and a real jobkit checkpoint; the holder ranking, the job
+archive in a temporary directory and a real jobkit checkpoint; the keeper ranking, the job
 manager and the hung storage are stand-ins (as in test_hold_archive_first.py). The crashed
 agent is one whose archive thread never comes back: it blocks in the storage (or right before
 or after the record's rename) until the test ends; nothing of it runs after the "crash".
@@ -57,13 +57,13 @@ def rows(tmp: Path) -> list[dict[str, Any]]:
 
 
 def crash_during_late_copy(tmp: Path, arch: Path, dead: threading.Event, where: str) -> Path:
-    """Node 1 reclaimed with no holder and no buddy, its archive hung past the window's wait:
+    """Node 1 reclaimed with no keeper and no keeper, its archive hung past the window's wait:
     job-1 stops (``reclaimed``) and its copy goes on, until the agent "crashes" with the copy
     ``where``: "storage" (waiting on the storage before any byte), "before-rename" (its mark
     committed, the record not renamed) or "after-rename" (the record in place, the loop never
     told). The job's checkpoint."""
     ckpt = Checkpointer(job_id="job-1", ckpt_dir=tmp / "ck", install_signal=False, keep=2).save(b"w", step=7)
-    c, seen = holding_node(tmp, arch, holders=False)
+    c, seen = holding_node(tmp, arch, keepers=False)
     storage = threading.Event()
     real_rename = archive_mod.os.rename
 
@@ -91,7 +91,7 @@ def crash_during_late_copy(tmp: Path, arch: Path, dead: threading.Event, where: 
         job = SimpleNamespace(id="job-1")
         mv = Move(job="job-1", key="n1-job-1", reason="owner", ckpt=ckpt.name)
         c.moves["job-1"] = mv
-        await c.holders.hold(job, mv, ckpt, 1 << 20, None, "no room", asyncio.get_running_loop().time() + 1.5)
+        await c.keepers.hold(job, mv, ckpt, 1 << 20, None, "no room", asyncio.get_running_loop().time() + 1.5)
         assert mv.phase == "archiving" and seen[:2] == ["stopped job-1", "(move archiving)"], (mv, seen)
         storage.set()
         if where != "storage":
@@ -143,17 +143,17 @@ def restart(tmp: Path, arch: Path, state: str = "reclaimed", left_out: list[set[
 
 
 def hold_in_time(tmp: Path, arch: Path, stop: Any) -> Move:
-    """Node 1's _hold of job-1 (no holder, no buddy) whose archive answers in time; ``stop``:
+    """Node 1's _hold of job-1 (no keeper, no keeper) whose archive answers in time; ``stop``:
     the job manager's stop. The move."""
     ckpt = Checkpointer(job_id="job-1", ckpt_dir=tmp / "ck", install_signal=False, keep=2).save(b"w", step=7)
-    c, _ = holding_node(tmp, arch, holders=False)
+    c, _ = holding_node(tmp, arch, keepers=False)
     c.agent.jobs.stop = stop
     mv = Move(job="job-1", key="n1-job-1", reason="owner", ckpt=ckpt.name)
     c.moves["job-1"] = mv
 
     async def main() -> None:
         try:
-            await c.holders.hold(SimpleNamespace(id="job-1"), mv, ckpt, 1 << 20, None, "no room",
+            await c.keepers.hold(SimpleNamespace(id="job-1"), mv, ckpt, 1 << 20, None, "no room",
                           asyncio.get_running_loop().time() + 30)
         finally:
             c.archive.lane.close()
@@ -163,7 +163,7 @@ def hold_in_time(tmp: Path, arch: Path, stop: Any) -> Move:
     return mv
 
 
-def guard_record(arch: Path) -> dict[str, Any]:
+def keeper_record(arch: Path) -> dict[str, Any]:
     return dict(json.loads((arch / "n1-job-1" / "guard.json").read_text())["body"])
 
 
@@ -173,7 +173,7 @@ def test_a_restart_while_the_storage_hangs_takes_the_copy_up_and_publishes_it(tm
     assert rows(tmp_path) == [{"key": "n1-job-1", "job_id": "job-1", "late": 1, "publishing": 0}]
     assert not (arch / "n1-job-1" / "guard.json").exists()
     c, events = restart(tmp_path, arch)
-    assert guard_record(arch)["ckpt"] == "ckpt-7"  # claimable by any agent with room
+    assert keeper_record(arch)["ckpt"] == "ckpt-7"  # claimable by any agent with room
     assert (arch / "n1-job-1" / "ckpt-7").is_dir()
     assert c.moves["job-1"].phase == "archived" and c.counts["archived"] == 1
     assert [p for p, _ in events] == ["archiving", "archived-late"]
@@ -188,7 +188,7 @@ def test_a_crash_between_the_mark_and_the_rename_publishes_the_record_after_the_
     assert not (arch / "n1-job-1" / "guard.json").exists()
     assert list((arch / "n1-job-1").glob(".guard-1-*.tmp"))  # the record that was never renamed
     c, events = restart(tmp_path, arch)
-    assert guard_record(arch)["ckpt"] == "ckpt-7"
+    assert keeper_record(arch)["ckpt"] == "ckpt-7"
     assert c.moves["job-1"].phase == "archived"
     assert rows(tmp_path) == []
 
@@ -196,9 +196,9 @@ def test_a_crash_between_the_mark_and_the_rename_publishes_the_record_after_the_
 def test_a_record_published_before_the_crash_is_not_published_again(tmp_path: Path, dead: Any) -> None:
     arch = tmp_path / "arch"
     crash_during_late_copy(tmp_path, arch, dead, "after-rename")
-    before = guard_record(arch)
+    before = keeper_record(arch)
     c, events = restart(tmp_path, arch)
-    assert guard_record(arch) == before  # the same record, not written again
+    assert keeper_record(arch) == before  # the same record, not written again
     assert c.moves["job-1"].phase == "archived"
     assert rows(tmp_path) == []
 
@@ -233,7 +233,7 @@ def test_a_job_that_is_not_reclaimed_after_the_restart_is_left_to_the_restored_r
 def test_a_job_reclaimed_into_another_nodes_keeping_is_not_published_after_the_restart(
         tmp_path: Path, dead: Any, cause: EndCause) -> None:
     """A job ``reclaimed`` here whose end says another node runs it or resumes it (its hand-over
-    was sent, a holder keeps its checkpoint) or does not say: the late copy is not taken up,
+    was sent, a keeper keeps its checkpoint) or does not say: the late copy is not taken up,
     read from the end cause, not from the state (a published copy would run the job twice)."""
     arch = tmp_path / "arch"
     crash_during_late_copy(tmp_path, arch, dead, "storage")
@@ -246,7 +246,7 @@ def test_a_copy_cut_after_the_window_ended_is_taken_up(tmp_path: Path, dead: Any
     arch = tmp_path / "arch"
     crash_during_late_copy(tmp_path, arch, dead, "storage")
     c, events = restart(tmp_path, arch, cause=EndCause.WINDOW_ENDED)
-    assert guard_record(arch)["ckpt"] == "ckpt-7" and c.moves["job-1"].phase == "archived"
+    assert keeper_record(arch)["ckpt"] == "ckpt-7" and c.moves["job-1"].phase == "archived"
 
 
 def test_a_job_still_running_whose_record_was_published_is_stopped_not_moved_again(tmp_path: Path, dead: Any) -> None:
@@ -255,13 +255,13 @@ def test_a_job_still_running_whose_record_was_published_is_stopped_not_moved_aga
     is stopped here and left out of the restored reclaim's moves."""
     arch = tmp_path / "arch"
     crash_during_late_copy(tmp_path, arch, dead, "after-rename")
-    before = guard_record(arch)
+    before = keeper_record(arch)
     left_out: list[set[str]] = []
     c, events = restart(tmp_path, arch, state="running", left_out=left_out)
     assert left_out == [{"job-1"}] and c.archive.stopped.late_stopping == set()
     assert [p for p, _ in events] == ["stopped", "archiving", "archived-late"], events
     assert events[0][1].startswith("job-1 reclaimed:")
-    assert guard_record(arch) == before and c.moves["job-1"].phase == "archived"
+    assert keeper_record(arch) == before and c.moves["job-1"].phase == "archived"
     assert rows(tmp_path) == []
 
 
@@ -300,7 +300,7 @@ def test_a_copy_in_time_is_recorded_as_publishing_until_its_job_is_stopped(tmp_p
     assert hold_in_time(tmp_path, arch, stop).phase == "archived"
     assert at_stop == [[{"key": "n1-job-1", "job_id": "job-1", "late": 0, "publishing": 1}]]
     assert late_copies(tmp_path) == 0
-    assert guard_record(arch)["ckpt"] == "ckpt-7"
+    assert keeper_record(arch)["ckpt"] == "ckpt-7"
 
 
 def test_a_crash_right_after_a_copy_in_time_stopped_its_job_publishes_nothing_again(tmp_path: Path) -> None:
@@ -311,7 +311,7 @@ def test_a_crash_right_after_a_copy_in_time_stopped_its_job_publishes_nothing_ag
 
     with pytest.raises(Crash):
         hold_in_time(tmp_path, arch, stop)
-    before = guard_record(arch)
+    before = keeper_record(arch)
     c2, events = restart(tmp_path, arch)
-    assert guard_record(arch) == before and c2.moves["job-1"].phase == "archived"
+    assert keeper_record(arch) == before and c2.moves["job-1"].phase == "archived"
     assert rows(tmp_path) == []

@@ -11,7 +11,7 @@ the jobs the agent would start and starts nothing).
 
 Each forgery is planted beside a good record (node 1's stopped job ``n1-job-1``) and one real
 archive round of node 3 runs (:meth:`Archive.run_round`: the look, the claims, the
-start through the real ``Guard.resume_here``, the sweep). Each asserts: refused and counted by reason
+start through the real ``Takeover.resume_here``, the sweep). Each asserts: refused and counted by reason
 (``counts["archive_unverified_<reason>"]``), the planted files byte- and mode-identical, no job
 submitted for it, and the good record claimed and started in that same round.
 """
@@ -285,8 +285,8 @@ def deep(w: Any) -> tuple[list[Path], str]:
     return [d], "bad_json"
 
 
-def bad_buddy(w: Any) -> tuple[list[Path], str]:
-    """A6 (a zone member): a signed live record whose buddy is not a node (before: a ValueError
+def bad_keeper(w: Any) -> tuple[list[Path], str]:
+    """A6 (a zone member): a signed live record whose keeper is not a node (before: a ValueError
     on the event loop aborted every round)."""
     ck = ckpt_of(w.tmp, "n2-job-14")
     d = plant_dir(w, "n2-job-14", ck)
@@ -344,7 +344,7 @@ FORGERIES = [no_envelope, wrong_key, altered("owner_uid", 4321), altered("comman
              altered("env", {"LD_PRELOAD": "/tmp/x.so"}), altered("cwd", "/root"), altered("ckpt", "ckpt-8"),
              altered("src_node", 2), altered("gpus", 8), moved, not_owner, no_uid, ckpt_path("/abs/ckpt-1"),
              ckpt_path("../outside/n2-job-7/ckpt-7"), ckpt_path("ckpt-1/../../y"), other_zone, fifo, dev_zero, huge,
-             deep, bad_buddy, key_dir_link, foreign_dir, replayed, replayed_done, expired]
+             deep, bad_keeper, key_dir_link, foreign_dir, replayed, replayed_done, expired]
 
 
 @pytest.mark.parametrize("forge", FORGERIES, ids=[f.__name__ for f in FORGERIES])
@@ -365,9 +365,9 @@ def test_a_forged_record_is_refused_counted_untouched_and_the_good_one_is_claime
 
 
 def test_a_missing_owner_uid_is_never_read_as_root(world: Any) -> None:
-    """A job's request without its owner, even from the job's guard row (the wire), is refused."""
+    """A job's request without its owner, even from the job's keeper row (the wire), is refused."""
     async def main() -> str | None:
-        return await world.c.guarding.resume_here({"key": "n1-job-1", "src_node": 1, "src_job": "job-1"},
+        return await world.c.takeover.resume_here({"key": "n1-job-1", "src_node": 1, "src_job": "job-1"},
                                           {"spec": {"command": ["true"]}, "gpus": 0}, world.arch, "test")
     err = asyncio.run(main())
     assert err is not None and "names no owner_uid" in err and world.c.agent.jobs.jobs == []
@@ -455,8 +455,8 @@ def test_links_in_the_archive_never_lead_root_outside(world: Any) -> None:
 
 # -- presence is no evidence ------------------------------------------------------------------
 
-def test_unsigned_markers_and_stray_json_do_not_stand_a_guard_down(world: Any) -> None:
-    """A4: before, any ``*.json`` in the key's directory or any ``.done/<key>`` made the guard
+def test_unsigned_markers_and_stray_json_do_not_stand_a_keeper_down(world: Any) -> None:
+    """A4: before, any ``*.json`` in the key's directory or any ``.done/<key>`` made the keeper
     stand down (``handed-over``) or wait for ever: the job lost."""
     key = "n1-job-40"
     d = plant_dir(world, key)
@@ -464,18 +464,18 @@ def test_unsigned_markers_and_stray_json_do_not_stand_a_guard_down(world: Any) -
     (world.arch / ".done").mkdir()
     (world.arch / ".done" / key).write_text(json.dumps({"key": key, "runner": "node 2"}))
     (d / "running-2.json").write_text(json.dumps({"key": key, "resumed": {"node": 2, "job": "job-1"}}))
-    guard = claimer(world.tmp, world.arch, 2)
+    keeper = claimer(world.tmp, world.arch, 2)
     try:
-        assert guard.archive.claims.claim_archived(key) == (False, None, False)  # the guard takes over from its replica
-        assert guard.archive.runner(key) is None and guard.fence.archive_claimer(key) is None
-        assert guard.counts["archive_unverified_no_envelope"] >= 2
+        assert keeper.archive.claims.claim_archived(key) == (False, None, False)  # the keeper takes over from its replica
+        assert keeper.archive.runner(key) is None and keeper.fence.archive_claimer(key) is None
+        assert keeper.counts["archive_unverified_no_envelope"] >= 2
     finally:
-        guard.archive.lane.close()
-        guard.agent.store.close()
+        keeper.archive.lane.close()
+        keeper.agent.store.close()
 
 
 def test_a_filename_alone_never_vouches_a_supersede(world: Any) -> None:
-    """A4: node 2 says it runs node 1's job (``superseded``, not the job's guard); before, an
+    """A4: node 2 says it runs node 1's job (``superseded``, not the job's keeper); before, an
     unsigned ``running-2.json`` in the key's directory made node 1 stop its real job."""
     key = "n1-job-41"
     d = plant_dir(world, key)
@@ -566,8 +566,8 @@ def test_a_round_reads_a_bounded_number_of_entries_and_starts_a_bounded_number_o
         before = len(spawned)
         c.archive.claims.start_claims(look, time.time())
         assert len(spawned) - before <= ARCHIVE_CLAIMS_MAX
-        seen |= set(look["guards"])
-        c.guarding.taking.clear()
+        seen |= set(look["keepers"])
+        c.takeover.taking.clear()
     assert seen == {GOOD} | {f"n1-job-{100 + i}" for i in range(10)}  # the passes went on: all found
     assert c.counts["archive_unverified_no_envelope"] == 600  # each counted once
 

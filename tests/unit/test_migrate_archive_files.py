@@ -56,7 +56,7 @@ def test_one_node_wins_the_claim_and_a_running_job_is_never_claimed_again(tmp_pa
     a.archive.claims.claim_done(K, "node 1")
     assert a.archive.runner(K) == "1"
     assert not b.archive.claims.claim(K) and not a.archive.claims.claim(K)
-    # a guard archiving the same job again does not re-arm a record someone runs
+    # a keeper archiving the same job again does not re-arm a record someone runs
     a.archive.stopped.publish(K, ckpt, record(K))
     assert sorted(p.name for p in (tmp_path / "arch" / K).glob("*.json")) == ["running-1.json"]
 

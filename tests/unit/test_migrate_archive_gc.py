@@ -48,15 +48,15 @@ def age(path: Path, seconds: float) -> None:
     os.utime(path, (t, t), follow_symlinks=False)
 
 
-def guard_rec(key: str) -> dict[str, Any]:
+def keeper_rec(key: str) -> dict[str, Any]:
     return record(key)
 
 
 def claimed_and_running(arch: Path, tmp: Path, key: str, runner: ReclaimComponent, job: str) -> Path:
-    """The job's node (``key``'s) archives it (a stopped job's guard record); ``runner`` claims
+    """The job's node (``key``'s) archives it (a stopped job's keeper record); ``runner`` claims
     it and resumes it as ``job`` (what Claims.claim_and_resume does): the directory a claim leaves behind."""
     agent_of(int(key[1:].split("-")[0]), arch, keys=runner.agent.zone.keys).archive.stopped.publish(key, ckpt_of(tmp, key, 7),
-                                                                                   guard_rec(key))
+                                                                                   keeper_rec(key))
     assert runner.archive.claims.claim(key)
     runner.archive.claims.claim_done(key, f"node {runner.node_id}", (runner.node_id, job))
     return arch / key
@@ -115,7 +115,7 @@ def test_the_claimed_dir_goes_when_the_resumed_job_ends_where_it_runs(arch: Path
 def test_a_running_record_from_before_the_resumed_note_goes_only_at_its_runners_end(arch: Path, tmp_path: Path) -> None:
     a, b = agent_of(1, arch), agent_of(2, arch)
     k = "n1-job-1"
-    a.archive.stopped.publish(k, ckpt_of(tmp_path, k, 7), guard_rec(k))
+    a.archive.stopped.publish(k, ckpt_of(tmp_path, k, 7), keeper_rec(k))
     assert b.archive.claims.claim(k)
     b.archive.claims.claim_done(k, "node 2")  # no (node, job): where it runs is unknown to other agents
     assert a.archive.gc.sweep({k: {"job-5"}})["removed"] == {}
@@ -126,7 +126,7 @@ def test_a_running_record_from_before_the_resumed_note_goes_only_at_its_runners_
 def test_a_claim_whose_claimant_died_is_kept_and_recoverable(arch: Path, tmp_path: Path) -> None:
     a, b, c = (agent_of(n, arch) for n in (1, 2, 3))
     key = "n1-job-1"
-    a.archive.stopped.publish(key, ckpt_of(tmp_path, key, 7), guard_rec(key))
+    a.archive.stopped.publish(key, ckpt_of(tmp_path, key, 7), keeper_rec(key))
     assert b.archive.claims.claim(key)  # node 2 claims it and dies before the job ran anywhere
     d = arch / key
     age(d / "claimed-2.json", ARCHIVE_CLAIM_STALE_S + 5)  # (its mtime says nothing)
@@ -140,12 +140,12 @@ def test_a_claim_whose_claimant_died_is_kept_and_recoverable(arch: Path, tmp_pat
     spawned: list[Any] = []
     c.archive.claims.claim_and_resume = lambda key, **kw: key  # type: ignore[method-assign,assignment]
     c._spawn = spawned.append  # type: ignore[method-assign,assignment]
-    c.archive.claims.guarded_here = lambda key: False  # type: ignore[method-assign]
+    c.archive.claims.kept_here = lambda key: False  # type: ignore[method-assign]
     look = c.archive.look(arch, [], [], True, frozenset({3}), frozenset(), time.time())
     assert [k for k, _ in look["stale"]] == [key]
     c.archive.claims.start_claims(look, time.time())
     assert spawned == [key]  # and tries it
-    c.guarding.taking.clear()
+    c.takeover.taking.clear()
     assert b.archive.claims.stale_claims(arch, time.time()) == []  # its own claim is no other node's stale one
     assert c.archive.claims.claim(key)  # and takes it over (the stale-claim rule)
     c.archive.claims.claim_done(key, "node 3", (3, "job-8"))
@@ -165,9 +165,9 @@ def test_a_successor_without_a_verified_checkpoint_of_its_own_keeps_the_claimed_
 def test_stale_temporaries_go_young_ones_and_published_ones_stay(arch: Path, tmp_path: Path) -> None:
     a, b = agent_of(1, arch), agent_of(2, arch)
     key = "n1-job-1"
-    a.archive.stopped.publish(key, ckpt_of(tmp_path, key, 7), guard_rec(key))
+    a.archive.stopped.publish(key, ckpt_of(tmp_path, key, 7), keeper_rec(key))
     d = arch / key
-    # crashed writers: a partial copy, a partial guard record, a renamed-away live record
+    # crashed writers: a partial copy, a partial keeper record, a renamed-away live record
     (d / ".tmp-ckpt-9-3-1").mkdir()
     (d / ".tmp-ckpt-9-3-1" / "state.bin").write_bytes(b"half a checkpoint")
     (d / ".guard-3-1.tmp").write_text('{"key": ')
@@ -260,12 +260,12 @@ def test_two_agents_sweeping_at_once_remove_each_directory_once(arch: Path, tmp_
     keys = [f"n1-job-{i}" for i in range(24)]
     ck = ckpt_of(tmp_path, "shared", 7)
     for i, k in enumerate(keys):
-        owner.archive.stopped.publish(k, ck, guard_rec(k))
+        owner.archive.stopped.publish(k, ck, keeper_rec(k))
         assert b.archive.claims.claim(k)
         b.archive.claims.claim_done(k, "node 2", (2, f"job-{100 + i}"))
         b.archive.periodic.publish_live(f"n2-job-{100 + i}", ckpt_of(tmp_path, f"own-{i}", 9), record(f"n2-job-{100 + i}"))
     kept = "n1-job-99"
-    owner.archive.stopped.publish(kept, ck, guard_rec(kept))  # unclaimed: stays whatever happens
+    owner.archive.stopped.publish(kept, ck, keeper_rec(kept))  # unclaimed: stays whatever happens
     sweepers = [agent_of(3, arch), agent_of(4, arch)]
     results: list[dict[str, Any]] = []
     go = threading.Barrier(len(sweepers))
@@ -341,14 +341,14 @@ def test_a_job_whose_runner_died_before_anything_newer_was_archived_is_claimed_a
     assert a.archive.claims.dead_runs(arch, time.time()) == []  # node 3 runs it now and is heard from
 
 
-def test_a_guard_that_missed_a_claim_the_sweep_removed_stands_down_and_publishes_nothing(arch: Path,
+def test_a_keeper_that_missed_a_claim_the_sweep_removed_stands_down_and_publishes_nothing(arch: Path,
                                                                                       tmp_path: Path) -> None:
-    """A guard of ``n1-job-1`` (its node reclaimed the job with no room; the guard waits for room)
+    """A keeper of ``n1-job-1`` (its node reclaimed the job with no room; the keeper waits for room)
     missed the claim: node 2 resumed the job from the archive as its job-5, whose own newer
-    checkpoint is archived, and the sweep removed ``n1-job-1``'s directory. Before, the guard
+    checkpoint is archived, and the sweep removed ``n1-job-1``'s directory. Before, the keeper
     found nothing archived at its next look, published its older checkpoint again (a copy that
     outlives it) and another agent resumed the job a second time (bench/chaos.py, a full zone).
-    The sweep's marker (``.done/n1-job-1``) says it is archived and who ran it: the guard
+    The sweep's marker (``.done/n1-job-1``) says it is archived and who ran it: the keeper
     stands down, and nothing of the key is published again."""
     key = "n1-job-1"
     b = agent_of(2, arch)
@@ -356,17 +356,17 @@ def test_a_guard_that_missed_a_claim_the_sweep_removed_stands_down_and_publishes
     b.archive.periodic.publish_live("n2-job-5", ckpt_of(tmp_path, "own", 9), record("n2-job-5"))  # its own newer state is safe
     assert agent_of(3, arch).archive.gc.sweep()["removed"] == {key: "superseded"}
     assert not (arch / key).exists()
-    guard = agent_of(4, arch)
-    assert guard.archive.claims.claim_archived(key) == (True, "2", False)  # "node 2 runs it": the guard stands down
-    assert guard.archive.stopped.publish_unless_archived(key, ckpt_of(tmp_path, "held", 7), guard_rec(key)) is None
+    keeper = agent_of(4, arch)
+    assert keeper.archive.claims.claim_archived(key) == (True, "2", False)  # "node 2 runs it": the keeper stands down
+    assert keeper.archive.stopped.publish_unless_archived(key, ckpt_of(tmp_path, "held", 7), keeper_rec(key)) is None
     assert not (arch / key).exists()  # nothing published again: nothing to claim a second time
-    # a key never claimed is archived as before, with the record its node signed for its guard
+    # a key never claimed is archived as before, with the record its node signed for its keeper
     other = ckpt_of(tmp_path, "other", 3)
-    assert guard.archive.stopped.publish_unless_archived("n1-job-2", other, presigned(agent_of(1, arch), "n1-job-2", other))
-    assert guard.archive.claims.claim_archived("n1-job-2") == (True, None, True)
+    assert keeper.archive.stopped.publish_unless_archived("n1-job-2", other, presigned(agent_of(1, arch), "n1-job-2", other))
+    assert keeper.archive.claims.claim_archived("n1-job-2") == (True, None, True)
     # and never without one: only the job's node speaks for its job
     with pytest.raises(OSError, match="no signed record"):
-        guard.archive.stopped.publish_unless_archived("n1-job-3", other, guard_rec("n1-job-3"))
+        keeper.archive.stopped.publish_unless_archived("n1-job-3", other, keeper_rec("n1-job-3"))
     assert not (arch / "n1-job-3" / "guard.json").exists()
 
 

@@ -27,8 +27,8 @@ def job(tmp_path: Path) -> Checkpointer:
     return Checkpointer(job_id="j1", ckpt_dir=tmp_path / "ck", install_signal=False, keep=3)
 
 
-def rec(buddy: int | None = 2) -> dict[str, object]:
-    return record(K, buddy, periodic=True)
+def rec(keeper: int | None = 2) -> dict[str, object]:
+    return record(K, keeper, periodic=True)
 
 
 def files(d: Path) -> list[str]:
@@ -80,8 +80,8 @@ def test_only_a_claim_for_a_dead_job_takes_a_live_record_and_it_is_the_lock(tmp_
     a, b, c = (agent_of(n, tmp_path / "arch") for n in (1, 2, 3))
     d = tmp_path / "arch" / K
     a.archive.periodic.publish_live(K, job.save(b"w5", step=5), rec())
-    assert not c.archive.claims.claim(K)  # a live record is no stopped job's guard record
-    assert c.archive.claims.claim(K, live=True)  # node 3 decided node 1 and its buddy are gone
+    assert not c.archive.claims.claim(K)  # a live record is no stopped job's keeper record
+    assert c.archive.claims.claim(K, live=True)  # node 3 decided node 1 and its keeper are gone
     assert not b.archive.claims.claim(K, live=True)  # one winner
     # node 1 was not dead after all (slow): its next archive does not publish a second record
     assert a.archive.periodic.publish_live(K, job.save(b"w10", step=10), rec()) is None
@@ -91,13 +91,13 @@ def test_only_a_claim_for_a_dead_job_takes_a_live_record_and_it_is_the_lock(tmp_
     assert "ckpt-5" in files(d)
     c.archive.claims.unclaim(K)  # node 3 found no room: given back as it was, a running job's live record
     assert sorted(p.name for p in d.glob("*.json")) == [LIVE_RECORD]
-    # not a stopped job's guard record, which any agent with room claims at once: node 1 (slow,
-    # not dead) still runs the job, and only its and its buddy's death make it claimable
+    # not a stopped job's keeper record, which any agent with room claims at once: node 1 (slow,
+    # not dead) still runs the job, and only its and its keeper's death make it claimable
     assert not b.archive.claims.claim(K)
     assert b.archive.claims.claim(K, live=True)
     b.archive.claims.unclaim(K)
     assert sorted(p.name for p in d.glob("*.json")) == [LIVE_RECORD]
-    # node 1 goes on publishing its periodic checkpoints (a guard record would have stopped that)
+    # node 1 goes on publishing its periodic checkpoints (a keeper record would have stopped that)
     assert a.archive.periodic.publish_live(K, job.save(b"w15", step=15), rec()) is not None
 
 
@@ -108,13 +108,13 @@ def test_a_dead_runners_record_is_given_back_as_it_was(tmp_path: Path, job: Chec
     assert a.archive.claims.claim(K, live=True)
     a.archive.claims.claim_done(K, "node 1", (1, "job-9"))  # node 1 resumed it from the archive, then died
     assert c.archive.claims.claim(K, dead_runner=1)
-    c.archive.claims.unclaim(K)  # no room at node 3: the dead runner's record again, not a guard record
+    c.archive.claims.unclaim(K)  # no room at node 3: the dead runner's record again, not a keeper record
     assert sorted(p.name for p in d.glob("*.json")) == ["running-1.json"]
     assert not c.archive.claims.claim(K) and not c.archive.claims.claim(K, live=True)
     assert c.archive.claims.claim(K, dead_runner=1)
 
 
-def test_a_stopped_jobs_guard_record_given_back_is_a_guard_record(tmp_path: Path, job: Checkpointer) -> None:
+def test_a_stopped_jobs_keeper_record_given_back_is_a_keeper_record(tmp_path: Path, job: Checkpointer) -> None:
     a, c = (agent_of(n, tmp_path / "arch") for n in (1, 3))
     d = tmp_path / "arch" / K
     a.archive.stopped.publish(K, job.save(b"w5", step=5), rec() | {"periodic": False})
@@ -123,7 +123,7 @@ def test_a_stopped_jobs_guard_record_given_back_is_a_guard_record(tmp_path: Path
     assert sorted(p.name for p in d.glob("*.json")) == ["guard.json"]
 
 
-def test_a_stopped_jobs_guard_record_replaces_its_live_record(tmp_path: Path, job: Checkpointer) -> None:
+def test_a_stopped_jobs_keeper_record_replaces_its_live_record(tmp_path: Path, job: Checkpointer) -> None:
     a = agent_of(1, tmp_path / "arch")
     d = tmp_path / "arch" / K
     a.archive.periodic.publish_live(K, job.save(b"w5", step=5), rec())
@@ -157,7 +157,7 @@ def test_a_live_record_waits_for_the_newer_copy_its_node_still_makes_and_no_long
     arch = tmp_path / "arch"
     a, c = agent_of(1, arch), agent_of(3, arch)
     d = arch / K
-    a.archive.periodic.publish_live(K, job.save(b"w5", step=5), rec(buddy=None))
+    a.archive.periodic.publish_live(K, job.save(b"w5", step=5), rec(keeper=None))
     live = json.loads((d / LIVE_RECORD).read_text())["body"]
     reseal(a, d / LIVE_RECORD, ts=live["ts"] - 30.0)  # the periodic copy was 30 s before the final checkpoint's
     final = job.save(b"w10", step=10)
@@ -182,7 +182,7 @@ def test_a_live_record_waits_for_the_newer_copy_its_node_still_makes_and_no_long
         c.notices = {1: (wall - 1.0, wall - 7.0)}  # node 1's window ended a second ago
         heard = {1: wall}
         c._last_seen = lambda n: heard.get(n, -1.0)  # type: ignore[method-assign]
-        c.archive.claims.guarded_here = lambda key: False  # type: ignore[method-assign]
+        c.archive.claims.kept_here = lambda key: False  # type: ignore[method-assign]
         events: list[dict[str, Any]] = []
         c._emit = lambda msg, **f: events.append({"message": msg, **f})  # type: ignore[method-assign]
         claimed: list[tuple[str, bool]] = []
@@ -192,7 +192,7 @@ def test_a_live_record_waits_for_the_newer_copy_its_node_still_makes_and_no_long
         def round_() -> None:
             c.archive.claims.start_claims(c.archive.look(arch, [], [], True, frozenset({3}), frozenset(), time.time()), time.time())
 
-        assert c.guarding.source_dead(1, time.time()) == "node 1's reclaim window ended"
+        assert c.takeover.source_dead(1, time.time()) == "node 1's reclaim window ended"
         round_()
         assert claimed == [] and [e["phase"] for e in events] == ["archive-live-wait"]
         assert "ckpt-10" in events[0]["message"] and events[0]["ckpt"] == "ckpt-5"
@@ -205,18 +205,18 @@ def test_a_live_record_waits_for_the_newer_copy_its_node_still_makes_and_no_long
         assert c.archive.claims.live_waits == {}
 
         claimed.clear()
-        c.guarding.taking.clear()  # (that take-over found no room and gave the record back)
+        c.takeover.taking.clear()  # (that take-over found no room and gave the record back)
         heard[1] = time.time() - 11.0  # node 1 silent past dead_after_s: not waited for
         round_()
         assert claimed == [(K, True)]
     finally:
         go.set()
         t.join(30)
-    # the newer copy landed (nothing claimed it in this test): its guard record replaced the live one
+    # the newer copy landed (nothing claimed it in this test): its keeper record replaced the live one
     assert sorted(p.name for p in d.glob("*.json")) == ["guard.json"]
     claimed.clear()
     look = c.archive.look(arch, [], [], True, frozenset({3}), frozenset(), time.time())
-    assert look["lives"] == [] and look["guards"] == [K]
+    assert look["lives"] == [] and look["keepers"] == [K]
 
 
 def test_a_live_record_with_no_newer_copy_or_only_a_stale_one_is_claimed_at_once(
@@ -224,7 +224,7 @@ def test_a_live_record_with_no_newer_copy_or_only_a_stale_one_is_claimed_at_once
     arch = tmp_path / "arch"
     a = agent_of(1, arch)
     d = arch / K
-    a.archive.periodic.publish_live(K, job.save(b"w5", step=5), rec(buddy=None))
+    a.archive.periodic.publish_live(K, job.save(b"w5", step=5), rec(keeper=None))
     look = lambda: agent_of(3, arch).archive.look(arch, [], [], True, frozenset({3}), frozenset(), time.time())  # noqa: E731
     assert look()["lives"] == [(K, 1, None, None)]
     (d / ".tmp-ckpt-3-1-5").mkdir()  # an older checkpoint's copy: not newer
@@ -248,7 +248,7 @@ def test_a_live_record_written_lately_by_a_node_only_silent_is_not_claimed(tmp_p
     second after it was written, and the job ran twice). A node whose reclaim window ended is
     asked before the claim instead (``Claims.claim_and_resume``'s ``ask``), and an older record is claimable."""
     arch = tmp_path / "arch"
-    agent_of(1, arch).archive.periodic.publish_live(K, job.save(b"w5", step=5), rec(buddy=None))
+    agent_of(1, arch).archive.periodic.publish_live(K, job.save(b"w5", step=5), rec(keeper=None))
     c = agent_of(3, arch)
     c.s["orphan_after_s"] = 30.0
     look = lambda: c.archive.look(arch, [], [], True, frozenset({3}), frozenset(), time.time())  # noqa: E731
@@ -270,7 +270,7 @@ def test_a_copy_still_running_after_its_key_was_claimed_and_swept_publishes_no_l
     record there, which a third node would claim and run again (bench/chaos.py)."""
     arch = tmp_path / "arch"
     mark_done(agent_of(3, arch), K, 1)
-    assert agent_of(2, arch).archive.periodic.publish_live(K, job.save(b"w5", step=5), rec(buddy=None)) is None
+    assert agent_of(2, arch).archive.periodic.publish_live(K, job.save(b"w5", step=5), rec(keeper=None)) is None
     assert not (arch / K / LIVE_RECORD).exists()
 
 
@@ -305,12 +305,12 @@ def test_an_ended_jobs_live_record_claimed_meanwhile_is_dropped_once_given_back(
     assert third["dropped"] == [] and third["drop_again"] == []
 
 
-def test_a_job_that_ended_leaves_a_marker_that_stands_its_guard_down(tmp_path: Path, job: Checkpointer) -> None:
-    """Node 1's job ends (exit 0) while node 1 is cut off from its buddy, node 2, which misses
-    the release. Before, the buddy took the ended job over once node 1 had been silent for
+def test_a_job_that_ended_leaves_a_marker_that_stands_its_keeper_down(tmp_path: Path, job: Checkpointer) -> None:
+    """Node 1's job ends (exit 0) while node 1 is cut off from its keeper, node 2, which misses
+    the release. Before, the keeper took the ended job over once node 1 had been silent for
     orphan_after_s and ran its last steps, and its end, a second time (bench/chaos.py
     --fence-after-s, seed 31). Now the round that drops the ended job's live record leaves the
-    archive's done marker naming node 1, and the buddy's take-over meets it: it stands down."""
+    archive's done marker naming node 1, and the keeper's take-over meets it: it stands down."""
     arch = tmp_path / "arch"
     a, b = agent_of(1, arch), agent_of(2, arch)
     key = "n1-job-1"

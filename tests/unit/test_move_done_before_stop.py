@@ -6,7 +6,7 @@ copy here would run beside it. The record a restart reads stays ``handover`` (it
 destination, which says it runs the job, and stops the copy here).
 
 A real component, not started, with a real store and a real jobkit checkpoint; what crosses the
-network (the ranking, the reservation, the transfer, the guard, the hand-over) and the job
+network (the ranking, the reservation, the transfer, the keeper, the hand-over) and the job
 manager's stop are stand-ins that record what they were given; the job's cgroup too (a recorder
 of freeze and thaw)."""
 
@@ -59,7 +59,7 @@ def moving(tmp: Path, stop_blocks: bool) -> tuple[ReclaimComponent, Any, list[st
     zone = SimpleNamespace(node_id=1, networked=True, submitter=SimpleNamespace(t=t))
     c.agent = SimpleNamespace(zone=zone, store=store, jobs=SimpleNamespace(stop=stop),
                               events=SimpleNamespace(emit=lambda kind, message, **f: None))
-    c.s = {"ckpt_wait_s": 0.0, "holder": True}
+    c.s = {"ckpt_wait_s": 0.0, "keeper": True}
     ckpt_dir = tmp / "ck"
     Checkpointer(job_id="job-1", ckpt_dir=ckpt_dir, install_signal=False, keep=2).save(b"w", step=7)
     job = SimpleNamespace(id="job-1", ckpt_dir=ckpt_dir, active=True, cgroup=Cgroup(), owner_uid=0, owner_gid=0,
@@ -71,8 +71,8 @@ def moving(tmp: Path, stop_blocks: bool) -> tuple[ReclaimComponent, Any, list[st
     async def send(job: Any, ckpt: Path, node: int, deadline: Any, mv: Any, **kw: Any) -> str:
         return f"/remote/{ckpt.name}"
 
-    async def guard(job: Any, node: int, ckpt: str, take_over: bool = False) -> None:
-        seen.append(f"guard to {node}")
+    async def keeper(job: Any, node: int, ckpt: str, take_over: bool = False) -> None:
+        seen.append(f"keeper to {node}")
 
     async def handover(node: int, pid: int, req: Any, **kw: Any) -> str:
         seen.append(f"handover to {node}")
@@ -83,8 +83,8 @@ def moving(tmp: Path, stop_blocks: bool) -> tuple[ReclaimComponent, Any, list[st
     c._need = lambda job: (None, None)  # type: ignore[method-assign]
     c.mover.reserve = reserve  # type: ignore[method-assign]
     c.mover.send = send  # type: ignore[method-assign]
-    c.mover.send_guard = guard  # type: ignore[method-assign]
-    c.guarding.handover = handover  # type: ignore[method-assign]
+    c.mover.send_keeper = keeper  # type: ignore[method-assign]
+    c.takeover.handover = handover  # type: ignore[method-assign]
     return c, job, seen, stopped
 
 
@@ -103,7 +103,7 @@ def test_the_move_is_done_before_the_job_is_stopped_here(tmp_path: Path) -> None
             c.archive.lane.close()
 
     mv = asyncio.run(main())
-    assert seen == ["guard to 2", "handover to 2", "stop job-1 state=migrated move=done"]
+    assert seen == ["keeper to 2", "handover to 2", "stop job-1 state=migrated move=done"]
     assert mv.phase == "done" and mv.dest == 2 and mv.dest_job == "job-9" and mv.ended is not None
     assert job.cgroup.calls == ["freeze"]
     assert move_phase_record(c) is None  # nothing left for a restart to settle

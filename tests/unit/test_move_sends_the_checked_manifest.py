@@ -137,7 +137,7 @@ def test_a_checkpoint_saved_again_after_the_check_is_sent_as_it_is_now(tmp_path:
 
 def test_a_prestage_reads_the_checkpoint_once_off_the_event_loop(tmp_path: Path,
                                                                   read_where: list[tuple[str, bool]]) -> None:
-    """A prestage (the newest checkpoint to the job's buddy, while the job trains) chose its
+    """A prestage (the newest checkpoint to the job's keeper, while the job trains) chose its
     checkpoint with ``jobkit.latest_checkpoint`` on the event loop: a whole read of a checkpoint
     of many GB held the agent's loop (probes, the API, kill-switch requests) for seconds; then the
     send read it twice more. Now the choice is the manifest's build in a worker thread, and the
@@ -145,7 +145,7 @@ def test_a_prestage_reads_the_checkpoint_once_off_the_event_loop(tmp_path: Path,
     ck = make_ckpt(tmp_path, 700 * KB)
     reads = read_where
     committed: list[Any] = []
-    guarded: list[tuple[int, str]] = []
+    kept: list[tuple[int, str]] = []
 
     async def body(rcv: T.Receiver, port: int) -> None:
         rcv.on_commit = committed.append
@@ -153,19 +153,19 @@ def test_a_prestage_reads_the_checkpoint_once_off_the_event_loop(tmp_path: Path,
         c.agent.zone.membership = SimpleNamespace(suspects=set())
         c.agent.zone.networked = True
         job = job_at(ck.parent)
-        c.prestage.buddy[job.id] = 7  # its buddy already: no ranking
+        c.prestage.keeper[job.id] = 7  # its keeper already: no ranking
 
-        async def guard(job: Any, node: int, ckpt_name: str, take_over: bool = False) -> None:
-            guarded.append((node, ckpt_name))
+        async def keeper(job: Any, node: int, ckpt_name: str, take_over: bool = False) -> None:
+            kept.append((node, ckpt_name))
 
-        c.mover.send_guard = guard  # type: ignore[method-assign]
+        c.mover.send_keeper = keeper  # type: ignore[method-assign]
         c._emit = lambda message, **fields: None  # type: ignore[method-assign]
-        c.prestage.set_buddy = lambda job_id, node: None  # type: ignore[method-assign]
+        c.prestage.set_keeper = lambda job_id, node: None  # type: ignore[method-assign]
         await c.prestage.ship(job)
         assert c.prestage.shipped.get(job.id) == ck.name
 
     asyncio.run(with_receiver(tmp_path / "rcv", body))
-    assert guarded == [(7, ck.name)] and len(committed) == 1
+    assert kept == [(7, ck.name)] and len(committed) == 1
     got = T.verified_checkpoint(committed[0].path)
     for f in ck.iterdir():
         assert (got / f.name).read_bytes() == f.read_bytes(), f.name

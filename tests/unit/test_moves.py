@@ -183,7 +183,7 @@ def test_the_diagram_in_the_docs_is_the_table() -> None:
     assert moves.mermaid() in got, "regenerate it: python -m laminar.policy.moves --mermaid"
 
 
-def test_the_ledgers_writers_of_the_guards_other_records() -> None:
+def test_the_ledgers_writers_of_the_keepers_other_records() -> None:
     from laminar.migrate.schema import REPLICAS_SCHEMA
 
     db = sqlite3.connect(":memory:")
@@ -196,22 +196,22 @@ def test_the_ledgers_writers_of_the_guards_other_records() -> None:
     assert [tuple(r) for r in db.execute("SELECT * FROM migrate_releases")] == [(3, "n1-job-1", 10.0, "refused")]
     ledger.drop_release(db, 3, "n1-job-1")
     assert db.execute("SELECT COUNT(*) FROM migrate_releases").fetchone()[0] == 0
-    ledger.guard_unanswered(db, "n2-job-1", 5.0, "timeout")
-    ledger.guard_unanswered(db, "n2-job-1", 6.0, "refused")
-    assert tuple(db.execute("SELECT * FROM migrate_guard_checks").fetchone()) == ("n2-job-1", 6.0, None, 2, "refused")
-    ledger.guard_heard(db, "n2-job-1")
-    assert db.execute("SELECT unanswered FROM migrate_guard_checks").fetchone()[0] == 0
-    ledger.guard_answered(db, "n2-job-1", 7.0)
-    assert tuple(db.execute("SELECT * FROM migrate_guard_checks").fetchone()) == ("n2-job-1", 7.0, 7.0, 0, "")
-    ledger.guard_from(db, "n2-job-1", 4, updated=8.0)
-    ledger.guard_from(db, "n2-job-1", 5, updated=9.0)
-    assert tuple(db.execute("SELECT * FROM migrate_guard_from").fetchone()) == ("n2-job-1", 5, 9.0)
-    db.execute("INSERT INTO migrate_replicas VALUES ('n2-job-1', 2, 'job-1', '{}', 'c', 'guarding', NULL, 1.0)")
-    ledger.forget_guard(db, "n2-job-1", unless_replica=True)  # its guard is there: kept
-    assert db.execute("SELECT COUNT(*) FROM migrate_guard_from").fetchone()[0] == 1
-    ledger.forget_guard(db, "n2-job-1")
-    assert db.execute("SELECT COUNT(*) FROM migrate_guard_from").fetchone()[0] == 0
-    assert db.execute("SELECT COUNT(*) FROM migrate_guard_checks").fetchone()[0] == 0
+    ledger.keeper_unanswered(db, "n2-job-1", 5.0, "timeout")
+    ledger.keeper_unanswered(db, "n2-job-1", 6.0, "refused")
+    assert tuple(db.execute("SELECT * FROM migrate_keeper_checks").fetchone()) == ("n2-job-1", 6.0, None, 2, "refused")
+    ledger.keeper_heard(db, "n2-job-1")
+    assert db.execute("SELECT unanswered FROM migrate_keeper_checks").fetchone()[0] == 0
+    ledger.keeper_answered(db, "n2-job-1", 7.0)
+    assert tuple(db.execute("SELECT * FROM migrate_keeper_checks").fetchone()) == ("n2-job-1", 7.0, 7.0, 0, "")
+    ledger.keeper_from(db, "n2-job-1", 4, updated=8.0)
+    ledger.keeper_from(db, "n2-job-1", 5, updated=9.0)
+    assert tuple(db.execute("SELECT * FROM migrate_keeper_from").fetchone()) == ("n2-job-1", 5, 9.0)
+    db.execute("INSERT INTO migrate_replicas VALUES ('n2-job-1', 2, 'job-1', '{}', 'c', 'keeping', NULL, 1.0)")
+    ledger.forget_keeper(db, "n2-job-1", unless_replica=True)  # its keeper is there: kept
+    assert db.execute("SELECT COUNT(*) FROM migrate_keeper_from").fetchone()[0] == 1
+    ledger.forget_keeper(db, "n2-job-1")
+    assert db.execute("SELECT COUNT(*) FROM migrate_keeper_from").fetchone()[0] == 0
+    assert db.execute("SELECT COUNT(*) FROM migrate_keeper_checks").fetchone()[0] == 0
     ledger.record_replica_handover(db, "n2-job-1", 6, 41, {"spec": {}}, updated=3.0)
     assert tuple(db.execute("SELECT * FROM migrate_replica_handovers").fetchone()) == ("n2-job-1", 6, 41,
                                                                                       '{"spec": {}}', 3.0)

@@ -5,11 +5,11 @@ manifest's build, and the prestage sends with it; when both look at a new checkp
 the second awaits the first's. The archive's periodic copy and a move's start take the driver's
 answer too, reading nothing (the copy is checked as it is made, the send against the manifest).
 
-What a user relies on and these tests hold: the buddy commits exactly the job's checkpoint; a
+What a user relies on and these tests hold: the keeper commits exactly the job's checkpoint; a
 checkpoint that rots in place after the driver's check is not sent as it was checked (its
 manifest is built again, and the rotten file refused). Real jobkit checkpoints, a real Receiver
 over loopback, the agent's own CkptDriver, ``Prestage.ship`` and ``Archive.look``; stand-ins, named as
-such: the agent (a namespace with a zone and the job list) and the guard message (recorded).
+such: the agent (a namespace with a zone and the job list) and the keeper message (recorded).
 """
 
 from __future__ import annotations
@@ -32,24 +32,24 @@ KB = 1 << 10
 
 
 def prestaging(tmp: Path, port: int, job: Any) -> tuple[ReclaimComponent, list[tuple[int, str]]]:
-    """A component that prestages ``job`` (``prestage = "always"``) to its buddy, node 7 (the
-    Receiver on ``port``), with its checkpoint driver: (it, the guard messages it sent)."""
+    """A component that prestages ``job`` (``prestage = "always"``) to its keeper, node 7 (the
+    Receiver on ``port``), with its checkpoint driver: (it, the keeper messages it sent)."""
     c = component(tmp / "xfer", port)
     c.s.update(prestage="always")
     c.agent.zone.membership = SimpleNamespace(suspects=set())
     c.agent.zone.networked = True
     c.agent.jobs = SimpleNamespace(active=lambda: [job], get=lambda jid: job if jid == job.id else None)
     c.ckpt = CkptDriver(c)
-    c.prestage.buddy[job.id] = 7  # its buddy already: no ranking
-    guarded: list[tuple[int, str]] = []
+    c.prestage.keeper[job.id] = 7  # its keeper already: no ranking
+    kept: list[tuple[int, str]] = []
 
-    async def guard(job: Any, node: int, ckpt_name: str, take_over: bool = False) -> None:
-        guarded.append((node, ckpt_name))
+    async def keeper(job: Any, node: int, ckpt_name: str, take_over: bool = False) -> None:
+        kept.append((node, ckpt_name))
 
-    c.mover.send_guard = guard  # type: ignore[method-assign]
+    c.mover.send_keeper = keeper  # type: ignore[method-assign]
     c._emit = lambda message, **fields: None  # type: ignore[method-assign]
-    c.prestage.set_buddy = lambda job_id, node: None  # type: ignore[method-assign]
-    return c, guarded
+    c.prestage.set_keeper = lambda job_id, node: None  # type: ignore[method-assign]
+    return c, kept
 
 
 def same_bytes(committed: Any, ck: Path) -> None:
@@ -66,7 +66,7 @@ def test_the_driver_check_and_the_prestage_read_a_checkpoint_once(tmp_path: Path
 
     async def body(rcv: T.Receiver, port: int) -> tuple[Path, list[tuple[int, str]]]:
         rcv.on_commit = committed.append
-        c, guarded = prestaging(tmp_path, port, job)
+        c, kept = prestaging(tmp_path, port, job)
         await c.ckpt.verify_new()  # the driver's round finds the new checkpoint first
         assert sorted(w for w, _ in read_where) == [f"chunks {ck.name}", f"verify {ck.name}"], read_where
         await c.prestage.ship(job)
@@ -85,10 +85,10 @@ def test_the_driver_check_and_the_prestage_read_a_checkpoint_once(tmp_path: Path
         assert sorted(w for w, _ in read_where) == [f"chunks {ck2.name}", f"verify {ck2.name}"], read_where
         assert not any(main for _, main in read_where), f"read whole on the event loop: {read_where}"
         assert c.prestage.shipped.get(job.id) == ck2.name
-        return ck2, guarded
+        return ck2, kept
 
-    ck2, guarded = asyncio.run(with_receiver(tmp_path / "rcv", body))
-    assert guarded == [(7, ck.name), (7, ck2.name)] and len(committed) == 2
+    ck2, kept = asyncio.run(with_receiver(tmp_path / "rcv", body))
+    assert kept == [(7, ck.name), (7, ck2.name)] and len(committed) == 2
     same_bytes(committed[0], ck)
     same_bytes(committed[1], ck2)
 
@@ -100,16 +100,16 @@ def test_a_checkpoint_that_rots_after_the_driver_check_is_not_sent_as_checked(tm
 
     async def body(rcv: T.Receiver, port: int) -> list[tuple[int, str]]:
         rcv.on_commit = committed.append
-        c, guarded = prestaging(tmp_path, port, job)
+        c, kept = prestaging(tmp_path, port, job)
         await c.ckpt.verify_new()
         assert c.ckpt.checked(job) is not None and c.ckpt.checked(job)[0] == ck  # type: ignore[index]
         big = max(ck.iterdir(), key=lambda f: f.stat().st_size)
         rot(big, 1000)  # in place, its mtime put back: the listing and the file's identity unchanged
         await c.prestage.ship(job)
-        return guarded
+        return kept
 
-    guarded = asyncio.run(with_receiver(tmp_path / "rcv", body))
-    assert committed == [] and guarded == [], "a rotten checkpoint was sent"
+    kept = asyncio.run(with_receiver(tmp_path / "rcv", body))
+    assert committed == [] and kept == [], "a rotten checkpoint was sent"
 
 
 def test_the_archive_rounds_read_a_running_jobs_checkpoint_only_to_copy_it(
@@ -130,7 +130,7 @@ def test_the_archive_rounds_read_a_running_jobs_checkpoint_only_to_copy_it(
     c.ckpt = CkptDriver(c)
     c.ckpt.threaded = True  # (its loop's flag: the rounds wait for its check)
     c._emit = lambda message, **fields: None  # type: ignore[method-assign]
-    c.prestage.buddy = {}
+    c.prestage.keeper = {}
 
     async def main() -> None:
         try:

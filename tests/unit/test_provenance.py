@@ -297,13 +297,13 @@ def test_a_stand_in_without_origin_is_no_origin() -> None:
 
 
 def test_a_take_over_drops_the_agents_names_refuses_the_rest_and_records_its_own_key(tmp_path: Path) -> None:
-    """A guard's stored request (from a source of an older release, or from the archive) whose
+    """A keeper's stored request (from a source of an older release, or from the archive) whose
     spec env claims another job's key and placement: the job this take-over starts has its own
     key as origin, and what the agent gave it to resume from; a spec with another reserved name is
     refused by the take-over (counted), nothing started."""
     from test_replica_gc import Jobs, K, Source, started
 
-    class SubmittingGuardJobs(Jobs):
+    class SubmittingKeeperJobs(Jobs):
         provenance_counts: dict[str, int] = {}
 
         async def submit(self, spec: JobSpec, owner_uid: int = 0, owner_gid: int = 0, *,
@@ -321,25 +321,25 @@ def test_a_take_over_drops_the_agents_names_refuses_the_rest_and_records_its_own
         agent, comp = await started(tmp_path)
         # the stored requests are root's jobs of node 2, which this node trusts with them (root_from)
         agent.zone.policy = Policy(comp.node_id, root_from=frozenset({2}))
-        jobs = SubmittingGuardJobs()
+        jobs = SubmittingKeeperJobs()
         jobs.provenance_counts = {}
         agent.jobs = jobs
         try:
             path = await Source(tmp_path, comp, 2, K).send(5)
             row = {"key": K, "src_node": 2, "src_job": "job-1"}
             bad = {"spec": {"command": ["train"], "env": {"CUDA_VISIBLE_DEVICES": "0"}}, "owner_uid": 0, "owner_gid": 0}
-            err = await comp.guarding.resume_here(row, bad, path, "test")
+            err = await comp.takeover.resume_here(row, bad, path, "test")
             assert err is not None and "CUDA_VISIBLE_DEVICES" in err and jobs.jobs == []
             assert jobs.provenance_counts == {"refused.takeover.reserved_env": 1}
             forged = {"spec": {"command": ["train"], "env": {"A": "1", "LM_MIGRATED_FROM": "n9-job-9",
                                                              "LM_PLACEMENT_ID": f"{0x42:016x}"}},
                       "owner_uid": 0, "owner_gid": 0}
-            assert await comp.guarding.resume_here(row, forged, path, "test") is None
+            assert await comp.takeover.resume_here(row, forged, path, "test") is None
             (job,) = jobs.jobs
             assert job.spec.env == {"A": "1"}
             assert job.origin == JobOrigin(migrated_from=K, resume_given=str(path)), job.origin
             assert jobs.provenance_counts["env_dropped.LM_MIGRATED_FROM"] == 1
-            assert comp.guarding.runs_here(K) == job.id and comp.guarding.runs_here("n9-job-9") is None
+            assert comp.takeover.runs_here(K) == job.id and comp.takeover.runs_here("n9-job-9") is None
         finally:
             await comp.stop()
             agent.store.db.close()

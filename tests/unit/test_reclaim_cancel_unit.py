@@ -116,7 +116,7 @@ def test_cancel_inside_the_window_lets_a_begun_move_and_placement_finish_and_sto
     asyncio.run(main())
 
 
-def test_a_peer_forgets_a_withdrawn_notice_and_its_guards_window(tmp_path: Path) -> None:
+def test_a_peer_forgets_a_withdrawn_notice_and_its_keepers_window(tmp_path: Path) -> None:
     async def main() -> None:
         agent = make_agent(tmp_path)
         comp = ReclaimComponent()
@@ -126,16 +126,16 @@ def test_a_peer_forgets_a_withdrawn_notice_and_its_guards_window(tmp_path: Path)
             agent.events.emit("zone", "node 7 reclaimed", node=7, deadline_ms=2_000)  # the zone's notice
             assert 7 in comp.notices
             req = {"spec": {"argv": ["sleep", "1"]}, "owner_uid": 0, "owner_gid": 0, "gpus": 0, "window_end": now + 2}
-            with agent.store.tx() as db:  # a guard node 7 handed over during its window
-                db.execute("INSERT INTO migrate_replicas VALUES ('n7-job-1', 7, 'job-1', ?, 'ckpt-1', 'guarding', "
+            with agent.store.tx() as db:  # a keeper node 7 handed over during its window
+                db.execute("INSERT INTO migrate_replicas VALUES ('n7-job-1', 7, 'job-1', ?, 'ckpt-1', 'keeping', "
                            "NULL, ?)", (json.dumps(req), now))
-            assert comp.guarding.source_dead(7, now + 3, req["window_end"]) is not None  # what would resume it twice
+            assert comp.takeover.source_dead(7, now + 3, req["window_end"]) is not None  # what would resume it twice
             res = comp.control.answer("7", "reclaim-withdrawn", {"ts": now})
-            assert res == {"withdrawn": 7, "guards": ["n7-job-1"]}
+            assert res == {"withdrawn": 7, "keepers": ["n7-job-1"]}
             assert 7 not in comp.notices
             kept = json.loads(agent.store.db.execute("SELECT request FROM migrate_replicas").fetchone()[0])
             assert "window_end" not in kept and kept["spec"] == req["spec"]
-            assert comp.guarding.source_dead(7, now + 3, kept.get("window_end")) is None, \
+            assert comp.takeover.source_dead(7, now + 3, kept.get("window_end")) is None, \
                 "a withdrawn reclaim's end must not declare its node dead"
             try:
                 comp.control.answer("7", "reclaim-withdrawn", {"ts": now - 3600})
@@ -177,10 +177,10 @@ def test_cancel_of_nothing_is_refused(tmp_path: Path) -> None:
 
 def test_cancel_of_another_nodes_reclaim_is_forwarded_and_its_peers_told(tmp_path: Path) -> None:
     """``reclaim cancel --node 2`` on node 1: real authenticated control messages between two
-    migrate components on their own loopback addresses (test_gc_guards' ``node``: stand-in zone
+    migrate components on their own loopback addresses (test_gc_keepers' ``node``: stand-in zone
     membership, no sockets of its own). Node 2 cancels its reclaim and tells node 1, which forgets
     node 2's notice; node 2's cancel of nothing, asked again, is refused as not found."""
-    from test_gc_guards import free_port, node
+    from test_gc_keepers import free_port, node
 
     from laminar.migrate.reclaim import MigrateError
 
@@ -337,7 +337,7 @@ def test_a_move_cut_by_a_shorter_window_does_not_leave_its_job_frozen(tmp_path: 
         job.ckpt_dir = make_ckpt(tmp_path, 4096).parent
         comp = ReclaimComponent()
 
-        async def no_watch() -> None:  # no prestage or guard rounds over the stand-in zone
+        async def no_watch() -> None:  # no prestage or keeper rounds over the stand-in zone
             await asyncio.Event().wait()
 
         comp._watch = no_watch  # type: ignore[method-assign]
@@ -376,7 +376,7 @@ def test_peers_not_reached_at_a_cancel_are_told_after_an_agent_restart(tmp_path:
     """A peer is not reached when the reclaim is cancelled (told again every 2 s until the
     window ends) and the agent restarts before it was: the restarted agent must go on telling
     it. Before, the retries died with the agent and nothing was left to say a peer was missed:
-    at the old window's end that peer's guards declared this node dead and resumed second
+    at the old window's end that peer's keepers declared this node dead and resumed second
     copies of the jobs that run on here. Peer messages are a stand-in (``_control`` replaced: a
     real one is test_cancel_of_another_nodes_reclaim_is_forwarded_and_its_peers_told)."""
     async def main() -> None:
@@ -427,7 +427,7 @@ def test_peers_not_reached_at_a_cancel_are_told_after_an_agent_restart(tmp_path:
 
 def test_peers_not_reached_at_a_cancel_after_the_window_are_told_again(tmp_path: Path) -> None:
     """The owner gives the node back after the window (``reclaim cancel`` then) while node 7 is
-    cut off. Node 7 kept the ended notice and counted this node gone: a guard of it there could
+    cut off. Node 7 kept the ended notice and counted this node gone: a keeper of it there could
     claim a job that runs on here (bench/chaos.py found the same with a reclaim cleared at
     start). Before, the retries stopped at the window's end, so a cancel after it told node 7
     never; now it is told again once reachable, and the cancel's marker goes then. Peer messages

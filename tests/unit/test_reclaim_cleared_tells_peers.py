@@ -18,7 +18,7 @@ from typing import Any
 
 from jobrig import until
 from test_replica_gc import started
-from test_replica_guard_window import source_node, stop_both
+from test_replica_keeper_window import source_node, stop_both
 
 from laminar.migrate.schema import RECLAIM_SCHEMA
 
@@ -30,7 +30,7 @@ def test_a_reclaim_cleared_at_the_start_is_withdrawn_at_the_peers(tmp_path: Path
         agent_b, peer = await started(tmp_path / "b")  # node 1
         now = time.time()
         peer.notices[2] = (now - 10.0, now - 70.0)  # node 2's 60 s window ended 10 s ago
-        assert peer.guarding.source_dead(2, now) == "node 2's reclaim window ended"
+        assert peer.takeover.source_dead(2, now) == "node 2's reclaim window ended"
 
         events: list[dict[str, Any]] = []
 
@@ -45,7 +45,7 @@ def test_a_reclaim_cleared_at_the_start_is_withdrawn_at_the_peers(tmp_path: Path
         try:
             assert [e["phase"] for e in events if e.get("phase") == "reclaim-cleared"] == ["reclaim-cleared"]
             assert await until(lambda: 2 not in peer.notices, timeout=20), "node 1 still holds node 2's notice"
-            assert peer.guarding.source_dead(2, time.time()) is None
+            assert peer.takeover.source_dead(2, time.time()) is None
         finally:
             await stop_both(peer, source, agent_b, agent_a)
 

@@ -349,8 +349,8 @@ def test_a_restored_reclaim_does_not_move_a_job_whose_cut_move_cannot_be_asked(t
 
 def test_a_restored_reclaim_stops_a_job_whose_archived_record_was_being_published_and_never_moves_it(
         tmp_path: Path) -> None:
-    """The agent stopped between the publish of a job's record in the archive (no holder, no
-    buddy: the archive was its only keeper) and the job's stop, the job frozen by its move. Its
+    """The agent stopped between the publish of a job's record in the archive (no keeper, no
+    keeper: the archive was its only keeper) and the job's stop, the job frozen by its move. Its
     restart stops the job (the archive resumes it: it runs once) and leaves it out of the
     restored reclaim's plan; the record is not written again (migrate_late_copies)."""
     import json

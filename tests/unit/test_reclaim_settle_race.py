@@ -72,10 +72,10 @@ def test_a_settle_crossed_by_the_nodes_refusal_is_not_applied_to_the_next_nodes_
         req = {"spec": {"argv": ["sleep", "1"]}, "owner_uid": 0, "owner_gid": 0}
         try:
             comp.mover.record("job-1", moves.Event.HAND_OVER, reason="lm-t loan return", thaw=True, node=2, pid=11, request=req)
-            to2 = asyncio.ensure_future(comp.guarding.handover(2, 11, req, confirm=True, job_id="job-1"))
+            to2 = asyncio.ensure_future(comp.takeover.handover(2, 11, req, confirm=True, job_id="job-1"))
             assert await until(lambda: t.asked[2] == 2)  # asked again, that answer held at the gate
             settle = asyncio.ensure_future(comp.settle.settle_handover("job-1", "run-here", by="lm-t"))
-            assert await until(lambda: comp.guarding.asking["job-1"]["wake"].is_set())  # handed to node 2's wait ...
+            assert await until(lambda: comp.takeover.asking["job-1"]["wake"].is_set())  # handed to node 2's wait ...
             t.gate.set()  # ... while node 2's answer comes: a refusal
             try:
                 await to2
@@ -85,7 +85,7 @@ def test_a_settle_crossed_by_the_nodes_refusal_is_not_applied_to_the_next_nodes_
             # the move tries its next node (_move_to: recorded, then handed over)
             comp.mover.record("job-1", moves.Event.HAND_OVER, node=3, pid=12, request=req)
             comp.moves["job-1"] = mv = Move("job-1", "n1-job-1", "lm-t loan return", phase="handover", dest=3)
-            to3 = asyncio.ensure_future(comp.guarding.handover(3, 12, req, confirm=True, job_id="job-1"))
+            to3 = asyncio.ensure_future(comp.takeover.handover(3, 12, req, confirm=True, job_id="job-1"))
             assert await until(lambda: t.asked[3] >= 2 or to3.done())
             assert not to3.done(), f"node 3's hand-over ended on node 2's settle: {to3.exception() or to3.result()}"
             assert await until(settle.done, 10)  # the settle does not hang on node 3's wait

@@ -2,7 +2,7 @@
 replica GC): ``<root>/checkpoints/<key>/ckpt-<n>`` committed by the real transfer endpoint.
 
 A real component is started on a real SQLite store; its real Receiver listens on loopback; the
-checkpoints are real jobkit checkpoints sent with the real ``send_checkpoint`` and the guard and
+checkpoints are real jobkit checkpoints sent with the real ``send_checkpoint`` and the keeper and
 release are real authenticated control messages. Stand-ins, named as such: the zone (``FakeZone``
 from the evidence test: membership and keys only, no sockets) and the job manager (``Jobs``: the
 jobs the GC asks about, each with a spec whose ``resume_from`` may point at a replica).
@@ -29,7 +29,7 @@ from laminar.runtime.provenance import JobOrigin
 from laminar.runtime.spec import JobSpec
 
 KEY = b"k" * 32
-K = "n2-job-1"  # node 2's job-1, guarded here (node 1)
+K = "n2-job-1"  # node 2's job-1, kept here (node 1)
 OTHER = "n3-job-7"
 
 
@@ -53,7 +53,7 @@ def names(d: Path) -> list[str]:
     return sorted(p.name for p in d.iterdir()) if d.exists() else []
 
 
-# the owner a guard names: root's job (a take-over of it needs the source in zone.root_from)
+# the owner a keeper names: root's job (a take-over of it needs the source in zone.root_from)
 ROOT_IDS = {"owner_uid": 0, "owner_gid": 0}
 
 
@@ -72,7 +72,7 @@ class Source:
 
     async def ctl(self, op: str, ckpt: str = "") -> Any:
         body: dict[str, Any] = {"key": self.key}
-        if op == "guard":
+        if op == "keeper":
             body.update(src_node=self.node, src_job="job-1", ckpt=ckpt, request={"spec": {"command": ["train"]},
                                                                                       **ROOT_IDS})
         return await send_control("127.0.0.1", self.comp.port, KEY, op, body, zone=1, node=str(self.node))
@@ -94,7 +94,7 @@ async def started(tmp: Path) -> tuple[SimpleNamespace, ReclaimComponent]:
     return agent, comp
 
 
-def test_older_replicas_go_the_guarded_and_resumed_from_stay_a_released_key_goes(tmp_path: Path) -> None:
+def test_older_replicas_go_the_kept_and_resumed_from_stay_a_released_key_goes(tmp_path: Path) -> None:
     outside = tmp_path / "outside"
     outside.mkdir()
     (outside / "data").write_bytes(b"not the agent's")
@@ -106,9 +106,9 @@ def test_older_replicas_go_the_guarded_and_resumed_from_stay_a_released_key_goes
             src, other = Source(tmp_path, comp, 2, K), Source(tmp_path, comp, 3, OTHER)
             # another key, a partial transfer in incoming/ and a commit's temporary are not this GC's
             await other.send(1)
-            await other.ctl("guard", "ckpt-1")
+            await other.ctl("keeper", "ckpt-1")
             await other.send(2)
-            await other.ctl("guard", "ckpt-2")
+            await other.ctl("keeper", "ckpt-2")
             od = comp.root / "checkpoints" / OTHER  # type: ignore[operator]
             assert await until(lambda: names(od) == ["ckpt-2"])  # its own older one went
             partial = comp.root / "incoming" / K / "ckpt-99"  # type: ignore[operator]
@@ -116,13 +116,13 @@ def test_older_replicas_go_the_guarded_and_resumed_from_stay_a_released_key_goes
             (partial / "data.partial").write_bytes(b"half")
 
             await src.send(5)
-            await src.ctl("guard", "ckpt-5")
-            await src.send(10)  # the guard still names ckpt-5 (it follows the transfer)
+            await src.ctl("keeper", "ckpt-5")
+            await src.send(10)  # the keeper still names ckpt-5 (it follows the transfer)
             assert await until(lambda: names(d) == ["ckpt-10", "ckpt-5"]), names(d)
-            await src.ctl("guard", "ckpt-10")
+            await src.ctl("keeper", "ckpt-10")
             await src.send(15)
             assert await until(lambda: names(d) == ["ckpt-10", "ckpt-15"]), names(d)  # ckpt-5 went
-            await src.ctl("guard", "ckpt-15")  # the guard names the newest: the older one goes too
+            await src.ctl("keeper", "ckpt-15")  # the keeper names the newest: the older one goes too
             assert await until(lambda: names(d) == ["ckpt-15"]), names(d)
 
             # a job runs here resumed from ckpt-15 (a move handed it over); the source goes on
@@ -132,12 +132,12 @@ def test_older_replicas_go_the_guarded_and_resumed_from_stay_a_released_key_goes
             (d / ".tmp-ckpt-30").mkdir()  # a commit in progress (transfer/receive.py's, not this GC's)
             (d / "ckpt-3").symlink_to(outside, target_is_directory=True)
             await src.send(20)
-            await src.ctl("guard", "ckpt-20")
+            await src.ctl("keeper", "ckpt-20")
             await src.send(25)
             assert await until(lambda: names(d) == [".tmp-ckpt-30", "ckpt-15", "ckpt-20", "ckpt-25"]), names(d)
             assert names(outside) == ["data"]  # the link went as a link, its target stayed
 
-            # the job ended; the source released the guard: the key's checkpoints go
+            # the job ended; the source released the keeper: the key's checkpoints go
             agent.jobs.jobs[0].state = "exited"
             (d / ".tmp-ckpt-30").rmdir()
             assert await src.ctl("release") == {"released": K}
@@ -153,15 +153,15 @@ def test_older_replicas_go_the_guarded_and_resumed_from_stay_a_released_key_goes
     asyncio.new_event_loop().run_until_complete(main())
 
 
-async def guarded_and_resumed_here(tmp: Path, agent: Any, comp: ReclaimComponent, state: str,
+async def kept_and_resumed_here(tmp: Path, agent: Any, comp: ReclaimComponent, state: str,
                                    migrated_from: str | None = None) -> tuple[Path, Source, SimpleNamespace]:
-    """Node 2 sends ckpt-5 of ``K`` and guards it here; a local job in ``state`` resumes from it,
+    """Node 2 sends ckpt-5 of ``K`` and keeps it here; a local job in ``state`` resumes from it,
     the agent gave it that (its recorded origin; ``migrated_from``: the key it resumed, too).
     (The key's directory, the source, the job.)"""
     d = comp.root / "checkpoints" / K  # type: ignore[operator]
     src = Source(tmp, comp, 2, K)
     await src.send(5)
-    await src.ctl("guard", "ckpt-5")
+    await src.ctl("keeper", "ckpt-5")
     job = SimpleNamespace(id="job-4", state=state, ended=None, spec=JobSpec(["train"], resume_from=str(d / "ckpt-5")),
                           origin=JobOrigin(migrated_from=migrated_from, resume_given=str(d / "ckpt-5")))
     agent.jobs.jobs.append(job)
@@ -172,9 +172,9 @@ def test_a_released_key_keeps_what_a_live_job_resumed_from_and_a_commit_in_progr
     async def main() -> None:
         agent, comp = await started(tmp_path)
         try:
-            d, src, job = await guarded_and_resumed_here(tmp_path, agent, comp, "queued")  # to resume from ckpt-5
+            d, src, job = await kept_and_resumed_here(tmp_path, agent, comp, "queued")  # to resume from ckpt-5
             await src.send(10)
-            await src.ctl("guard", "ckpt-10")
+            await src.ctl("keeper", "ckpt-10")
             assert await until(lambda: names(d) == ["ckpt-10", "ckpt-5"]), names(d)
             (d / ".tmp-ckpt-15").mkdir()
             await src.ctl("release")
@@ -195,8 +195,8 @@ def test_a_handed_over_key_goes_once_its_local_job_ended_and_stale_trash_goes_at
     async def main() -> None:
         agent, comp = await started(tmp_path)
         try:
-            d, src, job = await guarded_and_resumed_here(tmp_path, agent, comp, "running", migrated_from=K)
-            comp.guarding.set_replica(K, custody.Event.HAND_OVER, "job-4")
+            d, src, job = await kept_and_resumed_here(tmp_path, agent, comp, "running", migrated_from=K)
+            comp.takeover.set_replica(K, custody.Event.HAND_OVER, "job-4")
             comp.replicas.tick(time.time(), force=True)
             await asyncio.sleep(0.3)
             assert names(d) == ["ckpt-5"]  # its job runs from it

@@ -1,10 +1,10 @@
 """A job of a user other than root resumes from a replica through its own view of it
 (``<state_dir>/resume/<key>/ckpt-<n>/``), since ``xfer/`` is root's alone: what the hand-over's
-``check_resume`` and a guard's take-over here give the job, what the replica GC keeps for it,
+``check_resume`` and a keeper's take-over here give the job, what the replica GC keeps for it,
 and when the view itself goes.
 
 Real pieces: the migrate component on a real SQLite store, its real Receiver on loopback, real
-jobkit checkpoints sent with the real ``send_checkpoint``, real authenticated ``guard`` and
+jobkit checkpoints sent with the real ``send_checkpoint``, real authenticated ``keeper`` and
 ``release`` control messages. Stand-ins (from test_replica_gc): the zone and the job manager.
 tests/cluster/test_replica_resume_owner.py runs the whole path between two real agents, with a
 job of a real other uid.
@@ -30,10 +30,10 @@ from laminar.runtime.spec import JobSpec
 UID = 65534
 
 
-async def guard(src: Source, ckpt: str, owner: int) -> None:
+async def keeper(src: Source, ckpt: str, owner: int) -> None:
     body = {"key": K, "src_node": 2, "src_job": "job-1", "ckpt": ckpt,
             "request": {"spec": {"command": ["train"]}, "owner_uid": owner, "owner_gid": owner}}
-    await send_control("127.0.0.1", src.comp.port, KEY, "guard", body, zone=1, node="2")
+    await send_control("127.0.0.1", src.comp.port, KEY, "keeper", body, zone=1, node="2")
 
 
 def test_another_users_job_resumes_from_its_own_view_which_goes_once_no_job_needs_it(tmp_path: Path) -> None:
@@ -43,7 +43,7 @@ def test_another_users_job_resumes_from_its_own_view_which_goes_once_no_job_need
             d = comp.root / "checkpoints" / K  # type: ignore[operator]
             src = Source(tmp_path, comp, 2, K)
             await src.send(5)
-            await guard(src, "ckpt-5", UID)
+            await keeper(src, "ckpt-5", UID)
             # one file of the replica only root may read: copied for the owner, never made readable
             secret = next(p for p in (d / "ckpt-5").iterdir() if p.name != "MANIFEST.json" and p.is_file())
             os.chmod(secret, 0o600)
@@ -61,9 +61,9 @@ def test_another_users_job_resumes_from_its_own_view_which_goes_once_no_job_need
                 assert (st.st_ino == orig.st_ino) == (f.name != secret.name), f  # linked, but the secret copied
             assert stat.S_IMODE(os.lstat(secret).st_mode) == 0o600
             # root's own job: the replica itself
-            await guard(src, "ckpt-5", 0)
+            await keeper(src, "ckpt-5", 0)
             assert await asyncio.to_thread(comp.check_resume, str(d / "ckpt-5")) == str(d / "ckpt-5")
-            await guard(src, "ckpt-5", UID)
+            await keeper(src, "ckpt-5", UID)
 
             # a local job resumes from the view: the replica is kept for it after the release
             job = SimpleNamespace(id="job-4", state="running", ended=None, spec=JobSpec(["train"], resume_from=str(got)), origin=JobOrigin(resume_given=str(got)))
@@ -135,7 +135,7 @@ def test_a_replica_is_only_for_a_job_of_its_owner(tmp_path: Path) -> None:
             d = comp.root / "checkpoints" / K  # type: ignore[operator]
             src = Source(tmp_path, comp, 2, K)
             await src.send(5)
-            await guard(src, "ckpt-5", UID)
+            await keeper(src, "ckpt-5", UID)
             with pytest.raises(ValueError, match=f"replica of a job of uid {UID}: a job of uid 1234"):
                 await asyncio.to_thread(comp.check_resume, str(d / "ckpt-5"), 1234)
             assert not (tmp_path / "resume" / K).exists()  # nothing copied for the refused placement

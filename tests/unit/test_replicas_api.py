@@ -2,14 +2,14 @@
 ``POST /v1/migrate/replicas/{key}/drop`` and ``laminarctl replicas [drop KEY [--force]]``.
 
 Real pieces: the migrate component on a real SQLite store, its real Receiver on loopback, real
-jobkit checkpoints sent with the real ``send_checkpoint``, real authenticated ``guard``/``release``
+jobkit checkpoints sent with the real ``send_checkpoint``, real authenticated ``keeper``/``release``
 control messages (``Source`` from test_replica_gc); the component's routes served by a real
 ApiServer on a Unix socket; the real ``laminarctl`` run as a process (as root) and in a child
 that dropped to uid 65534 (``agentproc.ctl_as``). Stand-ins, named as such: the zone
 (``FakeZone``: membership and keys only) and the job manager (``Jobs``: the local jobs the view
 and the drop ask about). One state no real path can reach here without a dead zone peer, a
-take-over that found no verified checkpoint (``failed``), is set with the guard part's
-``Guard.set_replica``.
+take-over that found no verified checkpoint (``failed``), is set with the keeper part's
+``Takeover.set_replica``.
 """
 
 from __future__ import annotations
@@ -72,34 +72,34 @@ def test_the_listing_shows_each_key_its_bytes_its_user_and_the_gc_plan(tmp_path:
         server, sock = await serve(agent, comp)
         try:
             base = comp.root / "checkpoints"  # type: ignore[operator]
-            guarded = Source(tmp_path, comp, 2, "n2-job-1")
-            await guarded.send(4)
-            await guarded.ctl("guard", "ckpt-4")
+            kept = Source(tmp_path, comp, 2, "n2-job-1")
+            await kept.send(4)
+            await kept.ctl("keeper", "ckpt-4")
             released = Source(tmp_path, comp, 3, "n3-job-2")
             await released.send(1)
-            await released.ctl("guard", "ckpt-1")
+            await released.ctl("keeper", "ckpt-1")
             await released.ctl("release")
             assert await until(lambda: not (base / "n3-job-2").exists())
             await released.send(2)  # came after the release: kept for REPLICA_LATE_S
-            lost = Source(tmp_path, comp, 3, "n3-job-3")  # its guard never came
+            lost = Source(tmp_path, comp, 3, "n3-job-3")  # its keeper never came
             await lost.send(7)
             used = Source(tmp_path, comp, 2, "n2-job-5")
             p = await used.send(9)
-            await used.ctl("guard", "ckpt-9")
+            await used.ctl("keeper", "ckpt-9")
             agent.jobs.jobs.append(SimpleNamespace(id="job-8", state="running", ended=None,
                                                    spec=JobSpec(["train"], resume_from=str(p)), origin=JobOrigin(resume_given=str(p))))
-            comp.guarding.set_replica("n2-job-5", custody.Event.HAND_OVER, "job-8")
+            comp.takeover.set_replica("n2-job-5", custody.Event.HAND_OVER, "job-8")
             mine = Source(tmp_path, comp, 2, "n2-job-6")  # a job of uid 65534's
             await mine.send(3)
-            await send_control("127.0.0.1", comp.port, KEY, "guard",
+            await send_control("127.0.0.1", comp.port, KEY, "keeper",
                                {"key": "n2-job-6", "src_node": 2, "src_job": "job-6", "ckpt": "ckpt-3",
                                 "request": {"spec": {"command": ["train"]}, "owner_uid": NOBODY}},
                                zone=1, node="2")
 
             waiting = Source(tmp_path, comp, 3, "n3-job-7")  # its source died; no room to resume it yet
             await waiting.send(2)
-            await waiting.ctl("guard", "ckpt-2")
-            comp.guarding.wait_for_room("n3-job-7", "node 3 is dead", "here: no free GPU", None)
+            await waiting.ctl("keeper", "ckpt-2")
+            comp.takeover.wait_for_room("n3-job-7", "node 3 is dead", "here: no free GPU", None)
 
             rc, out, err = await ctl(sock, "-o", "json", "replicas")
             assert rc == 0, err
@@ -110,13 +110,13 @@ def test_the_listing_shows_each_key_its_bytes_its_user_and_the_gc_plan(tmp_path:
                 assert sum(c["bytes"] for c in r["checkpoints"]) == r["bytes"]
                 assert r["age_s"] is not None and r["age_s"] >= 0
             g = rows["n2-job-1"]
-            assert (g["state"], g["src_node"], g["src_job"], g["ckpt"]) == ("guarding", 2, "job-1", "ckpt-4")
+            assert (g["state"], g["src_node"], g["src_job"], g["ckpt"]) == ("keeping", 2, "job-1", "ckpt-4")
             assert [c["name"] for c in g["checkpoints"]] == ["ckpt-4"]
             assert g["gc"] == "keeps" and "node 2" in g["gc_why"] and g["used_by"] == []
             assert "--force" in g["droppable"] and "only way back" in g["droppable"]
             r2 = rows["n3-job-2"]
             assert r2["state"] == "released" and r2["gc"] == "removes" and "came after" in r2["gc_why"]
-            late = os.lstat(base / "n3-job-2" / "ckpt-2").st_mtime  # kept for a guard that may follow, then goes
+            late = os.lstat(base / "n3-job-2" / "ckpt-2").st_mtime  # kept for a keeper that may follow, then goes
             assert r2["gc_removes"] == ["ckpt-2"] and abs(r2["gc_at"] - (late + REPLICA_LATE_S)) < 1
             o = rows["n3-job-3"]
             assert o["state"] == "unclaimed" and o["src_node"] == 3 and o["gc"] == "removes"
@@ -139,7 +139,7 @@ def test_the_listing_shows_each_key_its_bytes_its_user_and_the_gc_plan(tmp_path:
             assert t["keys"] == 6 and t["bytes_held"] == sum(disk_bytes(base / k) for k in rows)
             st = os.statvfs(base)
             assert 0 < t["free_bytes"] <= st.f_blocks * st.f_frsize and t["root"] == str(base)
-            assert t["by_state"] == {"guarding": 2, "handed-over": 1, "released": 1, "unclaimed": 1, "waiting": 1}
+            assert t["by_state"] == {"keeping": 2, "handed-over": 1, "released": 1, "unclaimed": 1, "waiting": 1}
 
             rc, out, err = await ctl(sock, "replicas")  # the table
             assert rc == 0, err
@@ -175,31 +175,31 @@ def test_the_listing_shows_each_key_its_bytes_its_user_and_the_gc_plan(tmp_path:
     asyncio.new_event_loop().run_until_complete(main())
 
 
-def test_drop_refuses_a_guard_without_force_a_used_key_and_bad_keys_then_removes_safely(tmp_path: Path) -> None:
+def test_drop_refuses_a_keeper_without_force_a_used_key_and_bad_keys_then_removes_safely(tmp_path: Path) -> None:
     async def main() -> None:
         agent, comp = await started(tmp_path)
         server, sock = await serve(agent, comp)
         try:
             base = comp.root / "checkpoints"  # type: ignore[operator]
             trash = comp.root / "replica-gc"  # type: ignore[operator]
-            guarded = Source(tmp_path, comp, 2, "n2-job-1")
-            await guarded.send(4)
-            await guarded.ctl("guard", "ckpt-4")
+            kept = Source(tmp_path, comp, 2, "n2-job-1")
+            await kept.send(4)
+            await kept.ctl("keeper", "ckpt-4")
             failed = Source(tmp_path, comp, 3, "n3-job-2")
             await failed.send(1)
-            await failed.ctl("guard", "ckpt-1")
-            comp.guarding.set_replica("n3-job-2", custody.Event.FAIL)  # a take-over that found nothing to resume from (see above)
+            await failed.ctl("keeper", "ckpt-1")
+            comp.takeover.set_replica("n3-job-2", custody.Event.FAIL)  # a take-over that found nothing to resume from (see above)
             used = Source(tmp_path, comp, 2, "n2-job-5")
             p = await used.send(9)
-            await used.ctl("guard", "ckpt-9")
+            await used.ctl("keeper", "ckpt-9")
             agent.jobs.jobs.append(SimpleNamespace(id="job-8", state="failed", ended=time.time(),
                                                    spec=JobSpec(["train"], resume_from=str(p)), origin=JobOrigin(resume_given=str(p))))
-            comp.guarding.set_replica("n2-job-5", custody.Event.HAND_OVER, "job-8")
+            comp.takeover.set_replica("n2-job-5", custody.Event.HAND_OVER, "job-8")
             before = {k: names(base / k) for k in ("n2-job-1", "n3-job-2", "n2-job-5")}
 
-            # a guard: refused without --force, saying the job may have no other copy and its source
+            # a keeper: refused without --force, saying the job may have no other copy and its source
             rc, out, err = await ctl(sock, "replicas", "drop", "n2-job-1")
-            assert rc == 1 and "guarding" in err and "node 2" in err and "--force" in err and "only way back" in err
+            assert rc == 1 and "keeping" in err and "node 2" in err and "--force" in err and "only way back" in err
             # a key a local job resumed from: refused, --force or not
             rc, out, err = await ctl(sock, "replicas", "drop", "n2-job-5", "--force")
             assert rc == 1 and "job-8" in err
@@ -227,9 +227,9 @@ def test_drop_refuses_a_guard_without_force_a_used_key_and_bad_keys_then_removes
             assert res["dropped"] == ["ckpt-1"] and res["state"] == "failed" and not res["forced"] and res["bytes"] > 0
             assert not (base / "n3-job-2").exists() and row(agent, "n3-job-2") is None
             assert await until(lambda: names(trash) == [])
-            # the guard, forced: dropped, with a warning that the source was not told
+            # the keeper, forced: dropped, with a warning that the source was not told
             rc, out, err = await ctl(sock, "replicas", "drop", "n2-job-1", "--force")
-            assert rc == 0 and "dropped n2-job-1 (guarding): ckpt-4" in out and "was not told" in err
+            assert rc == 0 and "dropped n2-job-1 (keeping): ckpt-4" in out and "was not told" in err
             assert not (base / "n2-job-1").exists() and row(agent, "n2-job-1") is None
             assert await until(lambda: names(trash) == [])
             ev = [(e["key"], e["forced"], e["by"]) for e in got if e.get("phase") == "replica-dropped"]
@@ -242,10 +242,10 @@ def test_drop_refuses_a_guard_without_force_a_used_key_and_bad_keys_then_removes
             comp.replicas.tick(time.time(), force=True)
             comp.replicas.tick(time.time() + comp.s["replica_row_keep_s"] + 60, force=True)
             assert sorted(os.listdir(base)) == ["n2-job-5"] and names(base / "n2-job-5") == ["ckpt-9"]
-            # a source that prestages again: a new guard of a new checkpoint, as for any new key
-            await guarded.send(5)
-            await guarded.ctl("guard", "ckpt-5")
-            assert names(base / "n2-job-1") == ["ckpt-5"] and row(agent, "n2-job-1")["state"] == "guarding"
+            # a source that prestages again: a new keeper of a new checkpoint, as for any new key
+            await kept.send(5)
+            await kept.ctl("keeper", "ckpt-5")
+            assert names(base / "n2-job-1") == ["ckpt-5"] and row(agent, "n2-job-1")["state"] == "keeping"
             # the failed local job was removed by its operator: its replica may go now
             agent.jobs.jobs.clear()
             rc, out, err = await ctl(sock, "replicas", "drop", "n2-job-5")
@@ -267,7 +267,7 @@ def test_drop_is_refused_while_a_checkpoint_of_the_key_is_being_received(tmp_pat
         try:
             base = comp.root / "checkpoints"  # type: ignore[operator]
             src = Source(tmp_path, comp, 3, "n3-job-4")
-            await src.send(1)  # held, no guard: droppable but for the transfer below
+            await src.send(1)  # held, no keeper: droppable but for the transfer below
             ck = Checkpointer(job_id="n3-job-4", ckpt_dir=tmp_path / "big", install_signal=False)
             c = ck.save(os.urandom(6 << 20), step=2)
             send = asyncio.get_running_loop().create_task(

@@ -1,6 +1,6 @@
 """`laminarctl sim` gives the same figures for the same seed in two processes
 with different hash seeds (set and dict order of strings, hash randomisation), for every
-policy. A guard: the hunt found no such dependence; this keeps it so.
+policy. A keeper: the hunt found no such dependence; this keeps it so.
 
 The trace is written to tmp_path (whole, fractional, multi-GPU and CPU-only pods over two
 days, so the inference pool's diurnal reclaims, loaning, elastic growth and requeues run)."""

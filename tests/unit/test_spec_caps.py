@@ -1,5 +1,5 @@
 """What a job spec may hold (laminar.runtime.spec.SPEC_BYTES_MAX and the per-item caps), on every
-path that builds one: JobSpec.from_dict (the API, a placement, a peer's hand-over, a guard's
+path that builds one: JobSpec.from_dict (the API, a placement, a peer's hand-over, a keeper's
 take-over, an archive record) and JobSpec.validate (a spec built in code)."""
 
 from __future__ import annotations

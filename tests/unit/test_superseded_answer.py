@@ -1,4 +1,4 @@
-"""The source's side of ``superseded`` (``Replicas.answer_superseded``): a guard that
+"""The source's side of ``superseded`` (``Replicas.answer_superseded``): a keeper that
 took a job over after a silence says it runs it now. The source stops only a copy that still
 runs and started before the take-over, only on the word of the node that runs it, and reads
 the take-over's instant in its own clock. Real component methods over stand-ins of the job
@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 from standin_origin import OriginQueries
 
-from laminar.migrate.buddies import Prestage
+from laminar.migrate.prestage import Prestage
 from laminar.migrate.replicas import Replicas
 from laminar.policy.endcause import EndCause
 
@@ -59,7 +59,7 @@ class Lane:  # stand-in for the archive's lane: runs the call at once
 
 
 def source(jobs: Jobs) -> Any:
-    """Node 2 with its buddies map (its real part ``prestage``, whose buddy forgets and releases
+    """Node 2 with its keepers map (its real part ``prestage``, whose keeper forgets and releases
     are recorded); its replicas part (the methods under test) on it."""
     events: list[dict[str, Any]] = []
     released: list[tuple[int, str]] = []
@@ -68,19 +68,19 @@ def source(jobs: Jobs) -> Any:
                                 _superseding=set(), events=events, released=released,
                                 archive_dir=None, runner=None)
     src.prestage = Prestage(src)
-    src.prestage.buddy = {"job-1": 3}
-    src.prestage.releases[(1, "n2-job-1")] = (0.0, 0.0)  # node 1: its old buddy, owed a release
+    src.prestage.keeper = {"job-1": 3}
+    src.prestage.releases[(1, "n2-job-1")] = (0.0, 0.0)  # node 1: its old keeper, owed a release
     src.archive = types.SimpleNamespace(lane=Lane(), root=lambda: src.archive_dir, runner=lambda key: src.runner)
     src._emit = lambda message, **kw: events.append({"message": message, **kw})
     src._spawn = lambda coro: tasks.append(asyncio.ensure_future(coro)) or tasks[-1]
 
     def forget(jid: str) -> int | None:
-        return src.prestage.buddy.pop(jid, None)
+        return src.prestage.keeper.pop(jid, None)
 
     async def release(node: int, key: str) -> None:
         released.append((node, key))
 
-    src.prestage.forget_buddy = forget
+    src.prestage.forget_keeper = forget
     src.prestage.release = release
     src.tasks = tasks
     src.replicas = Replicas(src)  # the part under test, on the stand-in component
@@ -94,7 +94,7 @@ def body(at: float, node: int = 1, clock: float | None = None) -> dict[str, Any]
     return b
 
 
-def test_a_copy_that_ran_on_through_the_take_over_is_stopped_and_its_other_guard_released() -> None:
+def test_a_copy_that_ran_on_through_the_take_over_is_stopped_and_its_other_keeper_released() -> None:
     async def main() -> None:
         now = time.time()
         jobs = Jobs({"job-1": Job("job-1", started=now - 600)})
@@ -106,7 +106,7 @@ def test_a_copy_that_ran_on_through_the_take_over_is_stopped_and_its_other_guard
         assert [(j, st) for j, st, _ in jobs.stopped] == [("job-1", "migrated")]
         assert jobs.causes == {"job-1": EndCause.SUPERSEDED}  # another node's copy runs it
         assert "node 1 runs it as job-9" in jobs.stopped[0][2]
-        assert src.released == [(3, "n2-job-1")] and src.prestage.buddy == {}  # node 3 guarded it meanwhile
+        assert src.released == [(3, "n2-job-1")] and src.prestage.keeper == {}  # node 3 kept it meanwhile
         assert [e["phase"] for e in src.events] == ["superseded"]
         assert src.replicas.answer_superseded("1", body(now - 30))["stopped"] is None  # it no longer runs
 
@@ -124,34 +124,34 @@ def test_a_job_started_after_the_take_over_is_another_job_and_is_left_alone() ->
 
 
 def test_the_take_over_instant_is_read_in_the_sources_clock() -> None:
-    """The guard's clock runs 120 s behind: its take-over 60 s ago reads 180 s ago raw. A job
+    """The keeper's clock runs 120 s behind: its take-over 60 s ago reads 180 s ago raw. A job
     started 90 s ago started before the take-over (stopped); read raw, it would have seemed to
-    start after it. And the other way round with a guard's clock ahead."""
+    start after it. And the other way round with a keeper's clock ahead."""
     async def main() -> None:
         now = time.time()
         jobs = Jobs({"job-1": Job("job-1", started=now - 90)})
         src = source(jobs)
-        guard_now = now - 120
-        assert src.replicas.answer_superseded("1", body(guard_now - 60, clock=guard_now))["stopped"] == "job-1"
+        keeper_now = now - 120
+        assert src.replicas.answer_superseded("1", body(keeper_now - 60, clock=keeper_now))["stopped"] == "job-1"
         await asyncio.gather(*src.tasks)
         jobs2 = Jobs({"job-1": Job("job-1", started=now - 90)})
         src2 = source(jobs2)
-        guard_ahead = now + 120  # its clock runs ahead: its take-over 100 s ago was 100 s ago here too,
+        keeper_ahead = now + 120  # its clock runs ahead: its take-over 100 s ago was 100 s ago here too,
         # after the job's start (90 s ago): another job; read raw (20 s in the future) it would be stopped
-        assert src2.replicas.answer_superseded("1", body(guard_ahead - 100, clock=guard_ahead))["stopped"] is None
+        assert src2.replicas.answer_superseded("1", body(keeper_ahead - 100, clock=keeper_ahead))["stopped"] is None
 
     asyncio.run(main())
 
 
-def test_a_node_that_does_not_guard_the_job_is_believed_only_when_the_archive_names_it() -> None:
-    """Node 4 never guarded ``n2-job-1``: without an archive its word stops nothing; with one,
+def test_a_node_that_does_not_keep_the_job_is_believed_only_when_the_archive_names_it() -> None:
+    """Node 4 never kept ``n2-job-1``: without an archive its word stops nothing; with one,
     the job stops only when the archive names node 4 the runner of its claim."""
     async def main() -> None:
         now = time.time()
         jobs = Jobs({"job-1": Job("job-1", started=now - 600)})
         src = source(jobs)
         ans = src.replicas.answer_superseded("4", body(now - 30, node=4))
-        assert ans["stopped"] is None and "neither guards" in ans["why"] and not src.tasks, ans
+        assert ans["stopped"] is None and "neither keeps" in ans["why"] and not src.tasks, ans
         src.archive_dir = "/archive"
         src.runner = "5"  # the archive says node 5 claimed it
         ans = src.replicas.answer_superseded("4", body(now - 30, node=4))
@@ -171,7 +171,7 @@ def test_only_the_node_that_runs_the_job_may_say_so_and_a_bad_body_is_refused() 
     now = time.time()
     jobs = Jobs({"job-1": Job("job-1", started=now - 600)})
     src = source(jobs)
-    with pytest.raises(ValueError, match="node 4 cannot speak for node 1"):  # node 4 does not guard it
+    with pytest.raises(ValueError, match="node 4 cannot speak for node 1"):  # node 4 does not keep it
         src.replicas.answer_superseded("4", body(now))
     for bad in ({"key": "n2-job-1", "node": 1, "job": "job-9"}, {"key": "n2-job-1", "node": 1, "job": "job-9", "at": "x"},
                 {"key": "n2-job-1", "node": 1, "job": "job-9", "at": float("nan")}):
@@ -182,15 +182,15 @@ def test_only_the_node_that_runs_the_job_may_say_so_and_a_bad_body_is_refused() 
 
 
 def test_a_release_answered_with_superseded_stops_the_copy_as_the_op_would() -> None:
-    """After the heal the source's release of its old buddy (node 1, not reached during the
+    """After the heal the source's release of its old keeper (node 1, not reached during the
     partition) may arrive before node 1's ``superseded``: node 1's answer to it says it runs the
-    job, and the source stops its copy on it, while node 1 still counts as the guard owed the
+    job, and the source stops its copy on it, while node 1 still counts as the keeper owed the
     release. Before the release is dropped, not after: else nothing would vouch for node 1."""
     async def main() -> None:
         now = time.time()
         jobs = Jobs({"job-1": Job("job-1", started=now - 600)})
         src = source(jobs)
-        src.prestage.buddy = {"job-1": 3}
+        src.prestage.keeper = {"job-1": 3}
         src.prestage._release_void = lambda node, key: False
         src.prestage.owe_release = lambda node, key: None
         src.prestage.drop_release = lambda pair: src.prestage.releases.pop(pair, None)
@@ -211,16 +211,16 @@ def test_a_release_answered_with_superseded_stops_the_copy_as_the_op_would() -> 
         assert [(j, st) for j, st, _ in jobs.stopped] == [("job-1", "migrated")]
         assert jobs.causes == {"job-1": EndCause.SUPERSEDED}  # another node's copy runs it
         assert src.prestage.releases == {} and [e["phase"] for e in src.events] == ["superseded"]
-        assert sent == [(1, "release"), (3, "release")]  # node 3, its buddy meanwhile, no longer guards it
+        assert sent == [(1, "release"), (3, "release")]  # node 3, its keeper meanwhile, no longer keeps it
 
     asyncio.run(main())
 
 
-def test_the_guard_speaks_for_the_node_it_placed_the_job_on() -> None:
-    """Node 3, the job's buddy, took it over with no room of its own and placed it on node 1
+def test_the_keeper_speaks_for_the_node_it_placed_the_job_on() -> None:
+    """Node 3, the job's keeper, took it over with no room of its own and placed it on node 1
     (its replica state ``placed``): it tells the source that node 1 runs it. Before, only the node
     running the job could say so, and it never did (its job came by a hand-over: it keeps no
-    guard row), so the source's copy ran on beside it to its end (bench/chaos.py
+    keeper row), so the source's copy ran on beside it to its end (bench/chaos.py
     --fence-after-s, seed 27)."""
     async def main() -> None:
         now = time.time()

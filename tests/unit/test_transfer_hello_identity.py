@@ -4,7 +4,7 @@ and the connection comes from that node's roster address (transfer protocol v3).
 The ``hello`` names the sender's node (and zone); control messages are answered as asked by that
 node (``reclaim-withdrawn`` forgets its reclaim notice, ``needs`` and ``dropped`` answer about
 its jobs). Before, no MAC covered the hello, so a relay without the key could change the node
-id, and any holder of the zone key could name any node from anywhere. Shown over real loopback
+id, and any keeper of the zone key could name any node from anywhere. Shown over real loopback
 TCP, each node on its own address (127.0.0.<node>):
 
 - a relay without the key that changes the hello's node on the way: refused at the sender
@@ -13,7 +13,7 @@ TCP, each node on its own address (127.0.0.<node>):
 - a key holder claiming node 2 from node 3's address: refused (``wrong_source``), counted in
   ``Receiver.wrong_source``, ``STATS.wrong_source`` and the metric; its control message is not
   carried out; the real node 2, from its address, is;
-- the same through a real migrate component (test_gc_guards' ``node``: stand-in zone
+- the same through a real migrate component (test_gc_keepers' ``node``: stand-in zone
   membership, real transfer endpoint): an impostor's ``reclaim-withdrawn`` leaves node 2's
   reclaim notice in place and is counted in the migrate status; node 2's own forgets it;
 - a peer of the previous protocol version (the real v2 module, from git) gets an error naming
@@ -198,8 +198,8 @@ def test_an_impostors_reclaim_withdrawn_changes_nothing_at_a_migrate_component(t
     """Node 1's real migrate component (zone roster: nodes 1, 2, 3 at 127.0.0.<node>) holds node
     2's reclaim notice. Node 3, a member with the zone key, says node 2 withdrew it: refused,
     counted in the migrate status, the notice stays. Node 2 says it: the notice goes."""
-    from test_gc_guards import KEY as ZONE_KEY
-    from test_gc_guards import free_port, node
+    from test_gc_keepers import KEY as ZONE_KEY
+    from test_gc_keepers import free_port, node
 
     async def main() -> None:
         port = free_port()

@@ -126,12 +126,12 @@ def test_a_waiter_that_times_out_or_is_cancelled_leaves_no_entry_and_takes_no_lo
         key = ("j", "ckpt-2")
         held, go = asyncio.Event(), asyncio.Event()
 
-        async def holder() -> None:
+        async def keeper() -> None:
             async with locks.hold(key, 5):
                 held.set()
                 await go.wait()
 
-        th = asyncio.create_task(holder())
+        th = asyncio.create_task(keeper())
         await held.wait()
         with pytest.raises(TransferError, match="j/ckpt-2 is busy with another connection"):
             async with locks.hold(key, 0.05):
@@ -147,7 +147,7 @@ def test_a_waiter_that_times_out_or_is_cancelled_leaves_no_entry_and_takes_no_lo
         tw.cancel()
         with pytest.raises(asyncio.CancelledError):
             await tw
-        assert len(locks) == 1  # the holder's
+        assert len(locks) == 1  # the keeper's
         go.set()
         await th
         assert len(locks) == 0

@@ -1,7 +1,7 @@
 """A transfer to a silent IPv6 destination says where it went in the form a config takes:
 ``[fd00::1]:7443``. It printed ``::1:7443`` (``host:port`` run together), which a reader cannot
 split and a config does not take. Stand-in, named: the destination is a TCP listener on ::1
-that accepts and never answers (test_prestage_silent_buddy.Silent); the handshake timeout is
+that accepts and never answers (test_prestage_silent_keeper.Silent); the handshake timeout is
 shortened for the test."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 from ports import free_port
-from test_prestage_silent_buddy import Silent
+from test_prestage_silent_keeper import Silent
 
 from laminar.jobkit import Checkpointer
 from laminar.migrate import transfer

@@ -82,7 +82,7 @@ def test_a_destination_that_leaves_before_the_checkpoint_arrives_fails_the_move(
     """Was: the model looked ahead and skipped a-x because it would be gone when the job
     restarted, which the agent cannot know (a-x left without notice). The agent sends to a-x,
     the send fails at the plan's transfer deadline, and every other try gets that passed
-    deadline: the move fails, the job trains on to the window's end and its buddy (b-y)
+    deadline: the move fails, the job trains on to the window's end and its keeper (b-y)
     resumes it from its replica."""
     write_s = 8.0 / 2.0
     r, p = _moving(write_s + 3.0, archive=False)  # mid-transfer (the send takes 6.4 s)
@@ -90,12 +90,12 @@ def test_a_destination_that_leaves_before_the_checkpoint_arrives_fails_the_move(
     assert r.migrations == 0 and r.held == 0 and r.fallbacks == 1
     xfer = p.ckpt_gb_per_node / p.link_gbps
     assert abs(r.down["final_transfer"] - xfer) < 1e-6  # frozen while the send stalled
-    assert r.down["resume_transfer"] > 0  # from the buddy's replica
+    assert r.down["resume_transfer"] > 0  # from the keeper's replica
 
 
 def test_a_destination_that_leaves_while_restarting_the_job_loses_it() -> None:
     """Was: skipped by look-ahead as above. After the hand-over the destination is the job's
-    only guard (the source stopped it, the old buddy was released): when it leaves without
+    only keeper (the source stopped it, the old keeper was released): when it leaves without
     notice mid-restart the final checkpoint is gone; without the archive the job starts over,
     with it an agent with room claims it from its newest archived periodic checkpoint."""
     xfer_done = 8.0 / 2.0 + 8.0 / 1.25

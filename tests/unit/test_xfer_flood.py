@@ -11,7 +11,7 @@ Before:
 - a chunk's payload (up to 64 MiB) was read before the endpoint knew of any offer.
 Now a member holds at most ``gate.MEMBER_AUTHENTICATED`` authenticated connections, each with
 a small buffer that grows only for an accepted offer; control headers are at most 64 KiB (a
-guard's ~1 MiB: it carries a job spec), an offer's 16 MiB; JSON over 64 KiB is parsed only
+keeper's ~1 MiB: it carries a job spec), an offer's 16 MiB; JSON over 64 KiB is parsed only
 under ``MAX_SEPARATORS``, two of a member's at a time; a chunk before an offer is refused unread.
 """
 
@@ -122,9 +122,9 @@ def test_huge_headers_from_a_member_are_refused_before_they_are_parsed(tmp_path:
             finally:
                 w.close()
 
-        for op in ("space", "guard"):
+        for op in ("space", "keeper"):
             got = await ctl(op, big)
-            assert "exceeds 65536" in got and '{"t":"ctl","op":"guard",...: 1114112' in got, got
+            assert "exceeds 65536" in got and '{"t":"ctl","op":"keeper",...: 1114112' in got, got
         # an offer of 15 MiB of numbers: read, counted, refused unparsed
         ch, w, ns = await _member(port)
         await ch.send_encoded(b'{"t":"offer","manifest":' + big + b',"mac":"00"}')
@@ -140,10 +140,10 @@ def test_huge_headers_from_a_member_are_refused_before_they_are_parsed(tmp_path:
         assert calls.seen == []
         st = rcv.stats()  # counted by reason: `laminarctl status -o json`, migrate.transfer_gate
         assert (st["too_large"], st["too_dense"], st["chunk_before_offer"]) == (2, 1, 1), st
-        # a guard of ~900 KB (a job spec's size) is read and acted on
+        # a keeper of ~900 KB (a job spec's size) is read and acted on
         spec = {"key": "n2-job-1", "request": {"spec": {"command": ["true"], "env": {"PAD": "x" * 900_000}}}}
-        got = await ctl("guard", _canon(spec))
-        assert got.startswith("answered") and [c[:2] for c in calls.seen] == [("2", "guard")], got
+        got = await ctl("keeper", _canon(spec))
+        assert got.startswith("answered") and [c[:2] for c in calls.seen] == [("2", "keeper")], got
 
     asyncio.run(_with(tmp_path, body, calls))
 

@@ -1,7 +1,7 @@
 """Node keys on the checkpoint transfer and its control messages (laminar.migrate.transfer, the
 Receiver's ``pair_keys``; ReclaimComponent._peer and _pair_candidates): between two nodes with
 node keys a connection authenticates under their pair key, as the zone's datagrams do, so a zone
-member holding the zone key cannot open a transfer or send a control message (a guard, a reclaim
+member holding the zone key cannot open a transfer or send a control message (a keeper, a reclaim
 notice, a release) in another node's name. Before, transfers and control messages authenticated
 with the zone key alone, and only the source-address check bound the node id.
 

@@ -54,7 +54,7 @@ def test_root_needs_both_origin_and_sender_in_root_from() -> None:
     assert run_as({"owner_uid": 0, "owner_gid": 0}).uid == 0  # node 2 is listed
     refused({"owner_uid": 0, "owner_gid": 0}, "root", r"from node 3 \(the job.s origin\).*zone.root_from may hand root jobs here \(listed: 2\)",
             origin=3, sender=3)
-    # relayed by a listed node, the origin still counts (a guard placing node 3's job)
+    # relayed by a listed node, the origin still counts (a keeper placing node 3's job)
     refused({"owner_uid": 0, "owner_gid": 0}, "root", "node 3 .the job's origin.", origin=3, sender=2)
     # and a listed origin does not launder an unlisted sender
     refused({"owner_uid": 0, "owner_gid": 0}, "root", "node 3 .which hands it here.", origin=2, sender=3)
@@ -108,16 +108,16 @@ def test_a_job_key_belongs_to_its_node() -> None:
         assert au.key_owner(bad) is None, bad  # type: ignore[arg-type]
 
 
-def test_who_may_hand_a_guard() -> None:
-    g = au.guard_refusal
+def test_who_may_hand_a_keeper() -> None:
+    g = au.keeper_refusal
     assert g(1, "n1-job-1", 1, False, None) is None  # its own node
-    assert g(1, "n1-job-1", 1, False, 1, "guarding") is None  # again
-    assert g(2, "n1-job-1", 1, True, None) is None  # passed on with a stopped job, no guard here
-    assert g(2, "n1-job-1", 1, False, 2, "guarding") is None  # by the node that handed it
+    assert g(1, "n1-job-1", 1, False, 1, "keeping") is None  # again
+    assert g(2, "n1-job-1", 1, True, None) is None  # passed on with a stopped job, no keeper here
+    assert g(2, "n1-job-1", 1, False, 2, "keeping") is None  # by the node that handed it
     e = g(3, "n1-job-1", 1, False, None)
-    assert e is not None and e.reason == "guard" and "take_over" in str(e)
-    e = g(3, "n1-job-1", 1, True, 1, "guarding")  # overwrite node 1's guard: refused
-    assert e is not None and e.reason == "guard" and "node 1 handed this node that guard" in str(e)
+    assert e is not None and e.reason == "keeper" and "take_over" in str(e)
+    e = g(3, "n1-job-1", 1, True, 1, "keeping")  # overwrite node 1's keeper: refused
+    assert e is not None and e.reason == "keeper" and "node 1 handed this node that keeper" in str(e)
     e = g(3, "n1-job-1", 3, True, None)  # src_node must be the key's node
     assert e is not None and e.reason == "key"
     e = g(3, "job-1", 3, True, None)
@@ -128,15 +128,15 @@ def test_who_may_hand_a_guard() -> None:
     assert g(2, "n1-job-1", 1, True, None, root_request=True, policy=POLICY) is None
     # the key's own node hands its job where another node's take-over of it runs: elsewhere
     e = g(1, "n1-job-1", 1, False, 3, "resumed")
-    assert e is not None and e.reason == "guard" and "take-over of it handed here by node 3" in str(e)
+    assert e is not None and e.reason == "keeper" and "take-over of it handed here by node 3" in str(e)
 
 
-def test_who_may_release_a_guard_or_send_its_checkpoints() -> None:
-    assert au.release_refusal(3, "n1-job-1", None) is None  # nothing guarded here: nothing to refuse
+def test_who_may_release_a_keeper_or_send_its_checkpoints() -> None:
+    assert au.release_refusal(3, "n1-job-1", None) is None  # nothing kept here: nothing to refuse
     assert au.release_refusal(1, "n1-job-1", 2) is None and au.release_refusal(2, "n1-job-1", 2) is None
     e = au.release_refusal(3, "n1-job-1", 1)
     assert e is not None and e.reason == "release" and "only node 1" in str(e)
-    assert au.offer_refusal(3, "n1-job-1", None) is None  # a pass-on's checkpoint comes before its guard
+    assert au.offer_refusal(3, "n1-job-1", None) is None  # a pass-on's checkpoint comes before its keeper
     assert au.offer_refusal(1, "n1-job-1", 2) is None and au.offer_refusal(2, "n1-job-1", 2) is None
     e = au.offer_refusal(3, "n1-job-1", 1)
     assert e is not None and e.reason == "offer"

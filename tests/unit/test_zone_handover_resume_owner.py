@@ -1,7 +1,7 @@
 """The node side of a hand-over checks a migrated job's ``resume_from`` as the job's owner: the
 zone passes the placing user's uid AND gid to the migrate component's ``check_resume`` (the
 check itself, run as that uid/gid/groups on real files, is tested in
-tests/unit/test_replica_resume_unguarded.py). Before, only the uid went, so the check took the
+tests/unit/test_replica_resume_unkept.py). Before, only the uid went, so the check took the
 uid's passwd group instead of the gid the job runs with: a checkpoint readable only through the
 job's gid was refused, and one readable through the passwd group but not the job's gid was
 accepted and then failed to load in the job.

@@ -1,6 +1,6 @@
-"""The archive, the guard of last resort (``migrate.archive_dir``; a part of
+"""The archive, the keeper of last resort (``migrate.archive_dir``; a part of
 :class:`laminar.migrate.reclaim.ReclaimComponent`: :class:`Archive`, its ``archive``; in long
-form: docs/migration.md, *The archive, the guard of last resort* and *What the archive keeps, and
+form: docs/migration.md, *The archive, the keeper of last resort* and *What the archive keeps, and
 what goes*): stopped jobs' checkpoints no live peer can keep, running jobs' periodic checkpoints,
 claims, the sweep, and the one thread that touches the archive.
 
@@ -10,7 +10,7 @@ it every piece shares (its root, a verified view, who runs a key); the rest is i
 responsibility, each an object the part holds:
 
 - :mod:`laminar.migrate.archive_stopped` (``stopped``, :class:`StoppedCopies`): the copy of a
-  stopped job's checkpoint and its guard record, the copies a reclaim waits for and those
+  stopped job's checkpoint and its keeper record, the copies a reclaim waits for and those
   published late (after a restart too);
 - :mod:`laminar.migrate.archive_periodic` (``periodic``, :class:`PeriodicCopies`): running jobs'
   periodic checkpoints and their live records;
@@ -22,19 +22,19 @@ responsibility, each an object the part holds:
 - :mod:`laminar.migrate.archive_view`, :mod:`laminar.migrate.archive_auth`,
   :mod:`laminar.migrate.archive_fs`: a verified look at the archive, its signatures, its file work.
 
-**The archive, the guard of last resort** (``archive_dir``: storage outside the pool that all
+**The archive, the keeper of last resort** (``archive_dir``: storage outside the pool that all
 the zone's agents mount, as the shared storage Slurm jobs checkpoint to). Every other copy of a
-job (its buddy's replicas, a holder's) is on a node of the zone; when the whole pool is gone
-they all are. With ``archive_dir`` set, a stopped job's checkpoint and guard record
+job (its keeper's replicas, a keeper's) is on a node of the zone; when the whole pool is gone
+they all are. With ``archive_dir`` set, a stopped job's checkpoint and keeper record
 (``<archive>/<key>/ckpt-N/``, ``guard.json``) are written there, atomically, when no live peer
-can hold them (a reclaim with no holder; a reclaimed guard with no peer to pass to) and by a
-guard as soon as it finds no room. The record's claim is the lock: a node renames ``guard.json``
+can hold them (a reclaim with no keeper; a reclaimed keeper with no peer to pass to) and by a
+keeper as soon as it finds no room. The record's claim is the lock: a node renames ``guard.json``
 to ``claimed-<node>.json`` before it starts or places the job (one node wins; then it notes the
 claim there, signed), writes its ``running-<node>.json`` once the job started, or puts what it
 took back when it found no room. Every agent with room tries the
-unclaimed records (any agent, not only the guard: the guard may be gone); a guard whose job
+unclaimed records (any agent, not only the keeper: the keeper may be gone); a keeper whose job
 another node claimed and runs stands down. A claim older than ``ARCHIVE_CLAIM_STALE_S`` whose
-node never ran the job is taken over (by the job's guard, or by any agent with room that sees it
+node never ran the job is taken over (by the job's keeper, or by any agent with room that sees it
 in the archive). So is the running record of a node that ran the job and is dead
 (``orphan_after_s`` or its reclaim window, as for any take-over) before anything newer of the
 job reached the archive (its new key holds no record): the checkpoint the job resumed from is
@@ -44,8 +44,8 @@ then its newest safe state (:meth:`Claims.dead_runs`).
 :mod:`laminar.migrate.archive_view`). Shared storage is not trusted. Every record is signed
 (a zone MAC under a key derived from the zone key; with node keys, a node MAC for each roster
 node), every field an agent acts on is in what is signed, and a job's records are its own
-node's (a guard publishes the guard record the job's node signed for it when it handed the
-guard over). A claim is noted, signed, with what it took and when (its staleness); a running
+node's (a keeper publishes the keeper record the job's node signed for it when it handed the
+keeper over). A claim is noted, signed, with what it took and when (its staleness); a running
 record is a run record its node signs; ``.done`` markers are signed. What does not verify is
 never claimed, renamed, removed or taken as evidence: it is counted by reason
 (``counts.archive_unverified_<reason>``, the latest in ``archive.refused``) and left for the
@@ -81,14 +81,14 @@ from laminar.migrate.constants import _SAFE_KEY
 from laminar.migrate.errors import MigrateError
 
 if TYPE_CHECKING:
-    from laminar.migrate.buddies import Prestage
     from laminar.migrate.checkpoints import Checkpoints
     from laminar.migrate.ckpt_driver import CkptDriver
     from laminar.migrate.evidence import Evidence
-    from laminar.migrate.guard import Guard
-    from laminar.migrate.holders import Holders
+    from laminar.migrate.keepers import Keepers
     from laminar.migrate.mover import Mover
+    from laminar.migrate.prestage import Prestage
     from laminar.migrate.replicas import Replicas
+    from laminar.migrate.takeover import Takeover
 
 log = logging.getLogger("laminar.migrate")
 
@@ -107,8 +107,8 @@ class ArchiveHost(Protocol):
     ckpt: CkptDriver | None
     counts: dict[str, int]
     evacuating: set[str]
-    guarding: Guard
-    holders: Holders
+    takeover: Takeover
+    keepers: Keepers
     moves: dict[str, Any]
     mover: Mover
     evidence: Evidence
@@ -130,7 +130,7 @@ class ArchiveHost(Protocol):
 
 
 class Archive:
-    """The archive (see the module's doc): stopped jobs' checkpoints and guard records, running
+    """The archive (see the module's doc): stopped jobs' checkpoints and keeper records, running
     jobs' periodic ones, claims, the sweep, the archive's health and status. A part of
     :class:`laminar.migrate.reclaim.ReclaimComponent` (its ``archive``). ``host``: the component."""
 
@@ -190,7 +190,7 @@ class Archive:
     def archived(self, key: str) -> bool:
         """The archive holds a verified record of ``key`` (claimable, claimed or run), or the
         verified marker of its claimed job that ended or was superseded (:data:`laminar.migrate.archive_gc.ARCHIVE_DONE`).
-        A file that does not verify says nothing (a stray ``x.json`` once stood a guard down)."""
+        A file that does not verify says nothing (a stray ``x.json`` once stood a keeper down)."""
         v = self.view_or_none()
         if v is None:
             return False
@@ -278,12 +278,12 @@ class Archive:
         then, here on the loop, what it found: ended jobs' live records gone, running jobs'
         newer periodic checkpoints copied (the prestaging rule's unannounced branch,
         :meth:`PeriodicCopies.periodic_due`), and any archived job no node runs tried here
-        (:meth:`Claims.claim_and_resume`): unclaimed guard records, live records of jobs whose node and
-        buddy are gone, stale claims, claims whose runner died (:meth:`Claims.dead_runs`); then the
+        (:meth:`Claims.claim_and_resume`): unclaimed keeper records, live records of jobs whose node and
+        keeper are gone, stale claims, claims whose runner died (:meth:`Claims.dead_runs`); then the
         sweep (:meth:`Sweep.start_sweep`). Claims and the sweep wait while this node is being
         reclaimed, and stay off once it is (its window ended and the reclaim was not withdrawn): a
         job it claimed would sit queued on a node its owner took back, while its claim told every
-        other node (the job's buddy's guard too) that a node runs it."""
+        other node (the job's keeper's keeper too) that a node runs it."""
         try:
             root = self.root()
             if root is None:
@@ -293,8 +293,8 @@ class Archive:
             wall, mono = time.time(), time.monotonic()
             z = self.host.zone
             alive = {self.host.node_id} | {n for n in (list(z.membership.by_node) if z is not None else [])
-                                           if self.host.guarding.source_dead(int(n), wall) is None}
-            skip = set(self.host.guarding.taking) | {k for k, t in self.claims.next_try.items() if mono < t}
+                                           if self.host.takeover.source_dead(int(n), wall) is None}
+            skip = set(self.host.takeover.taking) | {k for k, t in self.claims.next_try.items() if mono < t}
             look = await self.lane.call("archive round", self.look, root, list(ended), periodic,
                                         not reclaiming, frozenset(alive), frozenset(skip), wall)
             self.rounds += 1
@@ -326,8 +326,8 @@ class Archive:
         directory, the claims' (:meth:`Claims.look_in`: what may be claimed among the next
         ARCHIVE_SCAN_MAX entries of its root, by nodes not in ``alive``; keys in ``skip``, taken
         or waiting, are not read). Returns ``{"dropped", "drop_again", "ckpts", "claims",
-        "guards", "lives", "stale", "runs"}``."""
-        out: dict[str, Any] = {"dropped": [], "ckpts": {}, "claims": False, "guards": [], "lives": [], "stale": [],
+        "keepers", "lives", "stale", "runs"}``."""
+        out: dict[str, Any] = {"dropped": [], "ckpts": {}, "claims": False, "keepers": [], "lives": [], "stale": [],
                                "runs": [], "drop_again": []}
         try:  # (only what needs the archive's records opens it: a round with neither reads nothing of it)
             v: View | None = self.view(root, create=False) if ended or claims else None
@@ -397,7 +397,7 @@ class Archive:
                 os.close(scan[1])
 
     def placed_as(self, key: str) -> tuple[int, str] | None:
-        """(node, job id) where this node placed the guarded job ``key`` (the replica's job_id,
+        """(node, job id) where this node placed the kept job ``key`` (the replica's job_id,
         ``node N/job-M``), or None."""
         row = self.host.agent.store.db.execute("SELECT job_id FROM migrate_replicas WHERE key=?", (key,)).fetchone()
         try:

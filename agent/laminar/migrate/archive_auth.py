@@ -27,15 +27,15 @@ A reader acts on ``body`` alone, and only once the envelope verifies:
 **What a body says, and who may say it** (:func:`check_body`): every field a reader acts on is
 in the body, and checked before anything is done with it.
 
-* ``guard`` and ``live`` (a stopped job's claimable record; a running job's periodic one): the
+* ``keeper`` and ``live`` (a stopped job's claimable record; a running job's periodic one): the
   job's ``key``, which must be ``n<src_node>-<src_job>`` and the name of its directory; the
   ``request`` (spec, ``owner_uid``/``owner_gid`` as integers: a missing uid is refused, never
   read as root; ``gpus``); ``ckpt`` (``ckpt-<n>``: a name in the key's directory, never a path);
   ``manifest_sha256``, ``bytes`` and ``files`` of that checkpoint (its payload is checked against
   the manifest whose digest this is, never against the manifest beside it alone); ``nonce``;
-  ``ts``. Its writer must be ``src_node``: a job's node signs its records, also the one its guard
-  publishes when it finds no room (the node presigns it when it hands the guard over:
-  :data:`PRESIGNED`, carried in the guard's request).
+  ``ts``. Its writer must be ``src_node``: a job's node signs its records, also the one its keeper
+  publishes when it finds no room (the node presigns it when it hands the keeper over:
+  :data:`PRESIGNED`, carried in the keeper's request).
 * ``claim`` (``claimed-<node>.json``: a node's claim, taken by renaming the record, then noted):
   the record it took (verified as the file it was), the name it took it from, when (``ts``: a
   claim older than ARCHIVE_CLAIM_STALE_S whose node never ran the job is taken over; a file's
@@ -76,8 +76,8 @@ CKPT_MAX_FILES = 4096  # a checkpoint's files (a signed manifest listing more is
 UID_MAX = 2**32 - 2  # (uid_t; -1 is "no change" to the kernel)
 GPUS_MAX = 4096
 NODE_MAX = 2**32 - 1
-# The guard's request carries its job node's presigned guard record under this name
-# (:meth:`ReclaimComponent._presign`): the record the guard publishes when it finds no room.
+# The keeper's request carries its job node's presigned keeper record under this name
+# (:meth:`ReclaimComponent._presign`): the record the keeper publishes when it finds no room.
 PRESIGNED = "archive_record"
 
 KINDS = ("guard", "live", "run", "claim", "done")
@@ -162,7 +162,7 @@ def _hex(v: Any, n: int) -> bool:
 
 
 def check_request(req: Any) -> dict[str, Any]:
-    """The request a guard or live record carries, checked: ``spec`` a valid job spec, integer
+    """The request a keeper or live record carries, checked: ``spec`` a valid job spec, integer
     ``owner_uid``/``owner_gid`` (never defaulted: a missing uid is not root), ``gpus`` an
     integer. Refused ``bad_schema`` naming the field."""
     from laminar.runtime.spec import JobError, JobSpec
@@ -185,8 +185,8 @@ def check_request(req: Any) -> dict[str, Any]:
 
 
 def owner_request(req: Mapping[str, Any]) -> dict[str, Any]:
-    """What of a guard's request an archived record carries (and its node signs): the spec,
-    its owner and GPUs; not a guard's own notes (take_over, window_end, placement, ...)."""
+    """What of a keeper's request an archived record carries (and its node signs): the spec,
+    its owner and GPUs; not a keeper's own notes (take_over, window_end, placement, ...)."""
     return {"spec": req["spec"], "owner_uid": req["owner_uid"], "owner_gid": req["owner_gid"], "gpus": req["gpus"]}
 
 
@@ -402,14 +402,14 @@ class ArchiveAuth:
 
 def owner_body(kind: str, record: Mapping[str, Any], ckpt: str, manifest_sha256: str, nbytes: int, files: int,
                now: float) -> dict[str, Any]:
-    """The body of a guard or live record of ``record`` (the callers' ``{key, src_node,
-    src_job, request, buddy?, resumed_copy?}``) naming the archived checkpoint ``ckpt``."""
+    """The body of a keeper or live record of ``record`` (the callers' ``{key, src_node,
+    src_job, request, keeper?, resumed_copy?}``) naming the archived checkpoint ``ckpt``."""
     body: dict[str, Any] = {"kind": kind, "key": str(record["key"]), "src_node": int(record["src_node"]),
                             "src_job": str(record["src_job"]), "request": owner_request(record["request"]),
                             "ckpt": ckpt, "manifest_sha256": manifest_sha256, "bytes": int(nbytes),
                             "files": int(files), "nonce": new_nonce(), "ts": now}
     if kind == "live":
-        buddy = record.get("buddy")
-        body["buddy"] = None if buddy is None else int(buddy)
+        keeper = record.get("buddy")
+        body["buddy"] = None if keeper is None else int(keeper)
         body["resumed_copy"] = bool(record.get("resumed_copy"))
     return body

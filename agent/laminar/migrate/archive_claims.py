@@ -1,6 +1,6 @@
 """Claims of archived jobs (:class:`Claims`, the ``claims`` of :class:`laminar.migrate.archive.Archive`;
-the records and the rules: that module's doc, *The archive, the guard of last resort*): a guard record
-no node took, the live record of a job whose node and buddy are gone, a claim gone stale, the running
+the records and the rules: that module's doc, *The archive, the keeper of last resort*): a keeper record
+no node took, the live record of a job whose node and keeper are gone, a claim gone stale, the running
 record of a node that died; the claim itself (a rename, then a signed note), the checkpoint fetched
 into this node's state directory and checked against its manifest, the resume, the claim given back
 or noted done, and the question to a node that may still run the job (:meth:`Claims.still_runs`).
@@ -110,8 +110,8 @@ class Claims:
                 out: dict[str, Any]) -> None:
         """The archive round's look (on the lane), its share: what may be claimed among the next
         ARCHIVE_SCAN_MAX entries of the archive's root (:meth:`Archive.scan_keys`; verified records
-        only) into ``out``: guard records (``guards``), live records of nodes not in ``alive``
-        (``lives``: (key, src, buddy, newer), ``newer`` from :func:`_newer_copy`), stale claims
+        only) into ``out``: keeper records (``keeps``), live records of nodes not in ``alive``
+        (``lives``: (key, src, keeper, newer), ``newer`` from :func:`_newer_copy`), stale claims
         (``stale``: :meth:`stale_claim`) and claims whose runner is not in ``alive`` and may be
         dead (``runs``: :meth:`running_records`). Keys in ``skip`` (taken or waiting) are not read."""
         orphan_s = float(self.host.s.get("orphan_after_s") or 0)
@@ -120,7 +120,7 @@ class Claims:
                 continue
             names = v.names(key)
             if "guard.json" in names and v.claimable(key, "guard.json") is not None:
-                out["guards"].append(key)
+                out["keepers"].append(key)
                 continue
             m = _KEY_NODE.fullmatch(key)
             if LIVE_RECORD in names and m is not None and int(m[1]) not in alive:
@@ -150,7 +150,7 @@ class Claims:
         node wins). Only a record that verifies is taken (:meth:`_claim_in`). A claim this agent
         has seen unchanged for ARCHIVE_CLAIM_STALE_S whose node never ran the job (it died
         trying) is taken over the same way. ``live``: a running job's periodic record
-        (``live.json``) may be claimed too (its node is dead, and its buddy is this node or dead
+        (``live.json``) may be claimed too (its node is dead, and its keeper is this node or dead
         as well). ``dead_runner``: the running record of that node, which ran the job from here
         and died before anything newer of it was archived (:meth:`dead_runs`). False when
         another node holds it or there is none."""
@@ -206,7 +206,7 @@ class Claims:
         """Gives this node's claim on ``key`` back (it found no room, or the record's checkpoint
         did not verify) as the record it took (:meth:`claim` notes which): a dead runner's
         ``running-<node>.json``, a running job's live record (claimable again only while its node
-        and buddy are gone), a stopped job's ``guard.json``. As a guard record, a live one would be
+        and keeper are gone), a stopped job's ``guard.json``. As a keeper record, a live one would be
         claimed by any agent with room at once, and a node thought dead that was only slow would
         then run the job twice. A stale claim taken over goes back as its signed record says
         (its kind; a claim that does not verify is left as it is). Blocking file I/O (on the lane)."""
@@ -274,24 +274,24 @@ class Claims:
         started = 0
 
         def free(key: str) -> bool:
-            return started < ARCHIVE_CLAIMS_MAX and key not in self.host.guarding.taking and now >= self.next_try.get(key, 0.0)
+            return started < ARCHIVE_CLAIMS_MAX and key not in self.host.takeover.taking and now >= self.next_try.get(key, 0.0)
 
-        for key in look["guards"]:
-            if not free(key) or self.guarded_here(key):
-                continue  # this node guards it: its own take-over goes through the claim
-            self.host.guarding.taking.add(key)
+        for key in look["keepers"]:
+            if not free(key) or self.kept_here(key):
+                continue  # this node keeps it: its own take-over goes through the claim
+            self.host.takeover.taking.add(key)
             started += 1
             self.host._spawn(self.claim_and_resume(key))
         waited = {}
-        for key, src, buddy, newer in look["lives"]:
-            if not free(key) or self._run_elsewhere(src, buddy, wall):
-                continue  # its node runs it, or its buddy lives and resumes it from its replica
-            if self.guarded_here(key):
-                continue  # this node guards it: its own take-over goes through the claim
+        for key, src, keeper, newer in look["lives"]:
+            if not free(key) or self._run_elsewhere(src, keeper, wall):
+                continue  # its node runs it, or its keeper lives and resumes it from its replica
+            if self.kept_here(key):
+                continue  # this node keeps it: its own take-over goes through the claim
             if newer is not None and self._await_newer_copy(key, src, newer, wall, now):
                 waited[key] = self.live_waits[key]
                 continue
-            self.host.guarding.taking.add(key)
+            self.host.takeover.taking.add(key)
             started += 1
             self.host._spawn(self.claim_and_resume(key, live=True, ask=(src, key) if self.window_ended(src, wall) else None))
         self.live_waits = waited  # a wait ends with its record (claimed, replaced by the newer one, gone)
@@ -299,18 +299,18 @@ class Claims:
             # its node claimed it and died before the job ran: claimable again (claim takes it over)
             if not free(key):
                 continue
-            if rec["kind"] == "live":  # claimed from a live record: only while its node and buddy are still gone
+            if rec["kind"] == "live":  # claimed from a live record: only while its node and keeper are still gone
                 if self._run_elsewhere(int(rec["src_node"]), rec.get("buddy"), wall):
                     continue
-            if self.guarded_here(key):
-                continue  # this node guards it: its own take-over goes through the claim
-            self.host.guarding.taking.add(key)
+            if self.kept_here(key):
+                continue  # this node keeps it: its own take-over goes through the claim
+            self.host.takeover.taking.add(key)
             started += 1
             self.host._spawn(self.claim_and_resume(key))
         for key, node, (runs_on, job) in look["runs"]:
-            if not free(key) or self.host.guarding.source_dead(node, wall) is None or self.guarded_here(key):
+            if not free(key) or self.host.takeover.source_dead(node, wall) is None or self.kept_here(key):
                 continue
-            self.host.guarding.taking.add(key)
+            self.host.takeover.taking.add(key)
             started += 1
             # the node it placed the job on (another, alive or not: that one is asked) or itself
             # (asked when its window ended: it may be back), whether the job runs there
@@ -352,32 +352,32 @@ class Claims:
                             "the progress it holds)", persist=False, key=key, ckpt=newer[0], phase="archive-live-wait")
         return True
 
-    def guarded_here(self, key: str) -> bool:
-        """This node guards (or waits to resume) the job ``key``."""
+    def kept_here(self, key: str) -> bool:
+        """This node keeps (or waits to resume) the job ``key``."""
         row = self.host.agent.store.db.execute("SELECT state FROM migrate_replicas WHERE key=?", (key,)).fetchone()
-        return row is not None and row["state"] in ("guarding", "waiting")
+        return row is not None and row["state"] in ("keeping", "waiting")
 
-    def _run_elsewhere(self, src: int, buddy: Any, wall: float) -> bool:
+    def _run_elsewhere(self, src: int, keeper: Any, wall: float) -> bool:
         """A running job's archived record is not this node's to claim: this node runs it, its
-        node ``src`` is alive, or its ``buddy`` (another node) is and resumes it from its replica."""
-        if src == self.host.node_id or self.host.guarding.source_dead(src, wall) is None:
+        node ``src`` is alive, or its ``keeper`` (another node) is and resumes it from its replica."""
+        if src == self.host.node_id or self.host.takeover.source_dead(src, wall) is None:
             return True
-        return buddy is not None and int(buddy) != self.host.node_id and self.host.guarding.source_dead(int(buddy), wall) is None
+        return keeper is not None and int(keeper) != self.host.node_id and self.host.takeover.source_dead(int(keeper), wall) is None
 
     def dead_runs(self, root: Path, now: float) -> list[tuple[str, int]]:
         """(key, node) of each job claimed from the archive whose runner ``node`` (another node)
-        is dead (:meth:`Guard.source_dead`) before anything newer of the job reached the archive: its
+        is dead (:meth:`Takeover.source_dead`) before anything newer of the job reached the archive: its
         successor ``n<node>-<job>`` (the record's ``resumed``) holds no verified record. The
         claimed checkpoint is then the job's newest safe state, and any agent may claim it
         again. With a successor record, the job is recovered through it (its live record), never
         twice; a record without ``resumed`` names no successor and is left. Blocking file I/O
         (the first ARCHIVE_SCAN_MAX entries of the root); the round reads the files on the lane
-        (:meth:`running_records`) and asks :meth:`Guard.source_dead` on the loop."""
+        (:meth:`running_records`) and asks :meth:`Takeover.source_dead` on the loop."""
         out = []
         with self.archive.view(root, create=False) as v:
             for key in archive_fs.names(v.rootfd, ARCHIVE_SCAN_MAX)[0]:
                 if not key.startswith("."):
-                    out += [(k, n) for k, n, _ in self.running_records(v, key, lambda n: self.host.guarding.source_dead(n, now) is None)]
+                    out += [(k, n) for k, n, _ in self.running_records(v, key, lambda n: self.host.takeover.source_dead(n, now) is None)]
         return out
 
     def running_records(self, v: View, key: str, alive: Callable[[int], bool]
@@ -510,8 +510,8 @@ class Claims:
     def archived_newer(self, key: str, path: Path) -> Path | None:
         """The checkpoint this node's claim on ``key`` names in the archive when its step is above
         ``path``'s and it is what the claimed record signed: copied out into this node's state
-        directory for the job's owner (:meth:`fetch`), else None. A guard's replica may be older
-        than what reached the archive since (the job's final checkpoint, sent to a holder that
+        directory for the job's owner (:meth:`fetch`), else None. A keeper's replica may be older
+        than what reached the archive since (the job's final checkpoint, sent to a keeper that
         archived it and died): a take-over from the replica would lose the work in between.
         Blocking (copies and hashes)."""
         try:
@@ -569,10 +569,10 @@ class Claims:
             return dict(b), path
 
     def claim_archived(self, key: str) -> tuple[bool, str | None, bool]:
-        """A guard's take-over of ``key`` meets the archive (blocking, on the lane): (whether it
+        """A keeper's take-over of ``key`` meets the archive (blocking, on the lane): (whether it
         is archived, who runs it when a node claimed and started it, whether this node took the
         claim, live records included: :meth:`claim`). Only verified records count: a file
-        planted there stands no guard down."""
+        planted there stands no keeper down."""
         v = self.archive.view_or_none()
         if v is None:
             return False, None, False
@@ -586,14 +586,14 @@ class Claims:
 
     async def claim_and_resume(self, key: str, live: bool = False, dead_runner: int | None = None,
                             ask: tuple[int, str] | None = None) -> None:
-        """Claims the archived job ``key`` (its guard record; ``live``: its live record too;
+        """Claims the archived job ``key`` (its keeper record; ``live``: its live record too;
         ``dead_runner``: that node's running record) and resumes it here from the local copy of
         its checkpoint (:meth:`_claim_and_read`); given back when it cannot start here. ``ask``:
         (node, key) of the job that may still run there, asked first (:meth:`still_runs`)."""
         root = self.archive.root()
         assert root is not None
         try:
-            if self.host.guarding.runs_here(key) is not None:
+            if self.host.takeover.runs_here(key) is not None:
                 return
             if ask is not None and ask[0] != self.host.node_id and await self.still_runs(key, *ask):
                 return
@@ -604,21 +604,21 @@ class Claims:
             done = False
             try:
                 row = {"key": key, "src_node": int(rec["src_node"]), "src_job": str(rec["src_job"])}
-                why = (f"node {rec['src_node']} and its buddy are gone; claimed its periodic checkpoint from the "
+                why = (f"node {rec['src_node']} and its keeper are gone; claimed its periodic checkpoint from the "
                        "archive" if rec["kind"] == "live" else "claimed from the archive")
                 if dead_runner is not None:
                     why = f"node {dead_runner}, which ran it from the archive, is gone; claimed again from the archive"
                 # (what its node signed of the request, nothing else: a placement named there would
                 # drop this node's reservation of it, an LM_PLACEMENT_ID answer a hand-over with it)
-                err = await self.host.guarding.resume_here(row, owner_request(rec["request"]), path, why)
+                err = await self.host.takeover.resume_here(row, owner_request(rec["request"]), path, why)
                 if err is None:
                     self.archive.lane.submit(f"claim of {key} done", self.claim_done, key, f"node {self.host.node_id}",
-                                             (self.host.node_id, self.host.guarding.runs_here(key) or ""))
+                                             (self.host.node_id, self.host.takeover.runs_here(key) or ""))
                     done = True
                 else:
                     n = self._tries.get(key, 0)
                     self._tries[key] = n + 1
-                    self.next_try[key] = time.monotonic() + self.host.guarding.retry.delay(n)
+                    self.next_try[key] = time.monotonic() + self.host.takeover.retry.delay(n)
             finally:
                 if not done:  # given back in order on the lane (a hung archive waits for it; nothing waits here)
                     self.archive.lane.submit(f"claim of {key} given back", self.unclaim, key)
@@ -626,7 +626,7 @@ class Claims:
             log.warning("migrate: archived job %s cannot be resumed here: %s", key, e)
             self.next_try[key] = time.monotonic() + float(self.host.s["retry_max_s"])
         finally:
-            self.host.guarding.taking.discard(key)
+            self.host.takeover.taking.discard(key)
 
     async def still_runs(self, key: str, node: int, job_key: str) -> bool:
         """Whether ``node`` answers (control op ``needs``) that its job ``job_key`` lives there

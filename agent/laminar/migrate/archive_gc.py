@@ -54,7 +54,7 @@ ARCHIVE_GC_S = 10.0
 # Removals are renamed here first (one agent wins the rename), then removed.
 ARCHIVE_TRASH = ".gc"
 # A key whose claimed job ended or was superseded (the sweep removed its directory) leaves a marker
-# here, ``<archive>/.done/<key>``, naming who ran it (signed): without it a guard of that key
+# here, ``<archive>/.done/<key>``, naming who ran it (signed): without it a keeper of that key
 # that missed the claim (down, cut off) found nothing archived, published its older checkpoint
 # again and another agent resumed the job a second time (bench/chaos.py). Kept
 # ARCHIVE_DONE_KEEP_S by the time it signed.
@@ -238,7 +238,7 @@ class Sweep:
         return None, None
 
     def _holds_safe_copy_in(self, v: View, key: str) -> bool:
-        """``<archive>/<key>/`` has a verified record (live, guard, claimed or running) naming a
+        """``<archive>/<key>/`` has a verified record (live, keeper, claimed or running) naming a
         checkpoint the job wrote itself (not the copy of what it resumed from,
         ``resumed_copy``) whose manifest is the one the record signed and whose files match it
         (hashed in place). A checkpoint that failed is not hashed again."""

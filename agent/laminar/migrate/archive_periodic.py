@@ -8,13 +8,13 @@ learned unannounced share is at least ``prestage_unannounced``, the rule that pr
 running job's newest committed checkpoint (before it wrote one: the verified checkpoint it was
 restarted from, when the agent gave it: :meth:`PeriodicCopies.given_resume_from`) is copied to ``<archive>/<key>/ckpt-N/`` the same way (temporary name, verified
 against its manifest, fsync'd, renamed) and the job's *live record* ``live.json`` (its node, its
-buddy, its request) is pointed at it; older archived checkpoints of the job are then removed
+keeper, its request) is pointed at it; older archived checkpoints of the job are then removed
 (the newest complete one is kept), and when the job ends here (exited, stopped, failed, or moved
-by a reclaim) the record and its checkpoints go. A live record is claimed like a guard record
-(rename to ``claimed-<node>.json``), but only by the job's guard once its source is dead, or by
-an agent with room that sees the job's node *and* its buddy dead (silent for
-``orphan_after_s``, or their reclaim windows ended): a job whose node and buddy both leave
-without notice rolls back only to its last archived periodic checkpoint. A stopped job's guard
+by a reclaim) the record and its checkpoints go. A live record is claimed like a keeper record
+(rename to ``claimed-<node>.json``), but only by the job's keeper once its source is dead, or by
+an agent with room that sees the job's node *and* its keeper dead (silent for
+``orphan_after_s``, or their reclaim windows ended): a job whose node and keeper both leave
+without notice rolls back only to its last archived periodic checkpoint. A stopped job's keeper
 record replaces its live record (taken by rename, so only one record is ever claimable), and a
 node that finds its job's live record claimed does not publish another. A node whose window ended
 counts as dead while its agent may still be copying the job's final checkpoint (late, the
@@ -54,7 +54,7 @@ class PeriodicCopies:
         self.archive = archive
         self.host = archive.host
         self.live: dict[str, str] = {}  # job id -> newest periodic checkpoint in the archive (live.json)
-        self.live_buddy: dict[str, int | None] = {}  # job id -> the buddy its live.json names
+        self.live_keeper: dict[str, int | None] = {}  # job id -> the keeper its live.json names
         self.archiving: set[str] = set()
 
     async def round_jobs(self, root: Path, reclaiming: bool
@@ -79,7 +79,7 @@ class PeriodicCopies:
             if job is None or (not job.active and job.state in ("exited", "stopped", "failed", "migrated")):
                 if jid not in self.archiving:
                     self.live.pop(jid, None)
-                    self.live_buddy.pop(jid, None)
+                    self.live_keeper.pop(jid, None)
                     ended[jid] = job.state if job else "gone"
         periodic: list[tuple[str, str, str | None, tuple[Path | None] | None]] = []
         if self.periodic_due() and not reclaiming:
@@ -110,9 +110,9 @@ class PeriodicCopies:
                 break
             if self.drop_live_in(v, key):
                 out["dropped"].append(jid)
-                # the lineage ended here: a guard of this key that missed the release (this node
+                # the lineage ended here: a keeper of this key that missed the release (this node
                 # was cut off from it when the job ended) finds the marker and stands down
-                # (Claims.claim_archived). Before, the buddy took the ended job over after
+                # (Claims.claim_archived). Before, the keeper took the ended job over after
                 # orphan_after_s and ran its last steps, and its end, a second time
                 # (bench/chaos.py --fence-after-s, seed 31)
                 self.archive.gc.mark_done_in(v, key, self.host.node_id, "ended there", wall)
@@ -129,7 +129,7 @@ class PeriodicCopies:
                 listing = scan_dir(ckpt_dir)
                 ckpt = ckpt_driver.check_newest(listing.paths() if listing else [], self.host.s)[0]
             if ckpt is None and rf:
-                # restarted from a checkpoint (a move, a guard, the archive) and none written
+                # restarted from a checkpoint (a move, a keeper, the archive) and none written
                 # since: the one it resumed from is its newest, archived at once under its new key
                 ckpt = Path(rf) if (Path(rf) / jobkit.MANIFEST).exists() else None
             if ckpt is not None:
@@ -147,16 +147,16 @@ class PeriodicCopies:
             job = self.host.agent.jobs.get(jid)
             if (job is None or not job.active or jid in self.host.evacuating or jid in self.archiving
                     or (self.live.get(jid) == ckpt.name
-                        and self.live_buddy.get(jid) == self.host.prestage.buddy.get(jid))):
-                # (published again when its buddy changed: a record naming no buddy, or the old
-                # one, let a claimer resume the job while its buddy resumed it too)
+                        and self.live_keeper.get(jid) == self.host.prestage.keeper.get(jid))):
+                # (published again when its keeper changed: a record naming no keeper, or the old
+                # one, let a claimer resume the job while its keeper resumed it too)
                 continue
             self.archiving.add(jid)
             self.host._spawn(self.copy_periodic(job, ckpt))
 
     def periodic_due(self) -> bool:
         """The prestaging rule's unannounced branch: periodic checkpoints go to the archive too
-        while departures without notice are plausible (a job whose node and buddy both leave
+        while departures without notice are plausible (a job whose node and keeper both leave
         without notice then rolls back only to its last periodic checkpoint)."""
         return (self.archive.root() is not None
                 and unannounced_plausible(self.host.evidence.notice_odds.unannounced_frac, float(self.host.s["prestage_unannounced"])))
@@ -164,7 +164,7 @@ class PeriodicCopies:
     def publish_live(self, key: str, ckpt: Path, record: dict[str, Any]) -> Path | None:
         """Copies the committed periodic checkpoint ``ckpt`` of the running job ``key`` into the
         archive (the same layout and checks as :meth:`StoppedCopies.publish`), then points the job's live
-        record (``live.json``, signed by this node: who runs it, its buddy, its request) at it and
+        record (``live.json``, signed by this node: who runs it, its keeper, its request) at it and
         removes the older archived checkpoints: the newest complete one is kept. A stopped job's
         record (``guard.json``, a claim, a running record, a ``.done`` marker: verified ones) is
         never touched: then nothing is written and None is returned. Blocking file I/O (the
@@ -264,9 +264,9 @@ class PeriodicCopies:
 
     async def copy_periodic(self, job: Any, ckpt: Path) -> None:
         key = self.host.job_key(job)
-        buddy = self.host.prestage.buddy.get(job.id)
+        keeper = self.host.prestage.keeper.get(job.id)
         rf = getattr(job.spec, "resume_from", None)
-        record = {"key": key, "src_node": self.host.node_id, "src_job": job.id, "buddy": buddy,
+        record = {"key": key, "src_node": self.host.node_id, "src_job": job.id, "buddy": keeper,
                   "request": self.host.mover.request(job, False), "periodic": True,
                   # the checkpoint it resumed from, not one it wrote: what it resumed from stays (Sweep.sweep)
                   "resumed_copy": bool(rf) and Path(str(rf)) == ckpt}
@@ -274,9 +274,9 @@ class PeriodicCopies:
             path = await self.archive.lane.call(f"periodic copy of {job.id}", self.publish_live, key, ckpt, record)
             if path is not None:
                 self.live[job.id] = ckpt.name
-                self.live_buddy[job.id] = buddy
+                self.live_keeper[job.id] = keeper
                 self.host.counts["archived_periodic"] = self.host.counts.get("archived_periodic", 0) + 1
-                self.host._emit(f"{job.id}: periodic {ckpt.name} archived (node and buddy leaving without notice would "
+                self.host._emit(f"{job.id}: periodic {ckpt.name} archived (node and keeper leaving without notice would "
                                 "roll it back only to here)", persist=False, job=job.id, ckpt=ckpt.name,
                                 phase="archived-periodic")
         except (OSError, jobkit.CheckpointError) as e:  # removed by the job's keep meanwhile, a full archive

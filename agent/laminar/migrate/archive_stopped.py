@@ -1,14 +1,14 @@
-"""The copy of a stopped job's checkpoint and its guard record in the archive
+"""The copy of a stopped job's checkpoint and its keeper record in the archive
 (:class:`StoppedCopies`, the ``stopped`` of :class:`laminar.migrate.archive.Archive`; the records
 and their claim: that module's doc): written when no live peer can hold the job (a reclaim with
-no holder, a reclaimed guard with no peer to pass to) and by a guard as soon as it finds no room.
+no keeper, a reclaimed keeper with no peer to pass to) and by a keeper as soon as it finds no room.
 
 A reclaim waits for the archive only until ``ARCHIVE_WAIT_MARGIN_S`` before its window ends
-(:meth:`StoppedCopies.publish_until`): its move then fails as with no archive (the job's buddy
-still guards it) and the copy it waited for is given up (:class:`laminar.migrate.archive_lane.ArchiveWait`): when the storage
-answers, it publishes nothing; a reclaimed guard's copy of a job it passes on is the exception,
+(:meth:`StoppedCopies.publish_until`): its move then fails as with no archive (the job's keeper
+still keeps it) and the copy it waited for is given up (:class:`laminar.migrate.archive_lane.ArchiveWait`): when the storage
+answers, it publishes nothing; a reclaimed keeper's copy of a job it passes on is the exception,
 published late (it is the job's only way back, and every taker claims it through the archive).
-So is the copy of a job with no holder and no buddy, and it survives an agent stop or crash
+So is the copy of a job with no keeper and no keeper, and it survives an agent stop or crash
 (``migrate_late_copies``; :meth:`StoppedCopies.restore_late_copies`): its "about to publish" is
 committed before its record's rename, so a restart publishes it at most once.
 """
@@ -41,9 +41,9 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("laminar.migrate")
 
-# A reclaim waits for the archive's answer (the copy of a job no live peer can keep, a guard passed
+# A reclaim waits for the archive's answer (the copy of a job no live peer can keep, a keeper passed
 # on) until this long before its window ends, and no longer: a hung archive then fails the move
-# (its job thawed, its buddy still guarding it) and says so before the window's end stops what
+# (its job thawed, its keeper still keeping it) and says so before the window's end stops what
 # still runs, rather than the move being cut there in the middle, with nothing said.
 ARCHIVE_WAIT_MARGIN_S = 1.0
 
@@ -60,10 +60,10 @@ class StoppedCopies:
     def publish(self, key: str, ckpt: Path, record: dict[str, Any], wait: ArchiveWait | None = None,
                  mark: Callable[[], None] | None = None) -> Path:
         """Copies the verified checkpoint ``ckpt`` of ``key`` into the archive and (unless a node
-        claimed or runs it) writes its guard record ``guard.json``, both atomically (a temporary
+        claimed or runs it) writes its keeper record ``guard.json``, both atomically (a temporary
         name, fsync, rename): the archived checkpoint's path. The record is signed by this node
-        for its own job; for another node's (a guard's publish) it is the one that node signed
-        and handed the guard with (``record["request"][PRESIGNED]``), for this very checkpoint,
+        for its own job; for another node's (a keeper's publish) it is the one that node signed
+        and handed the keeper with (``record["request"][PRESIGNED]``), for this very checkpoint,
         or nothing is published (OSError). Raises OSError/CheckpointError. ``wait``: its
         waiter's deadline (:class:`ArchiveWait`); once given up, nothing more is published (its
         temporaries are removed) and ArchiveGivenUp is raised. ``mark``: called (here, on the
@@ -76,7 +76,7 @@ class StoppedCopies:
             signed = self._presigned(v, key, record)
             if signed is not None and signed["body"]["ckpt"] != ckpt.name:
                 raise OSError(f"{key}: the record node {record['src_node']} signed names {signed['body']['ckpt']}, "
-                              f"this guard holds {ckpt.name}: not archived")
+                              f"this keeper holds {ckpt.name}: not archived")
             digest, nbytes, files = self.publish_copy(ckpt, d, wait, None if signed is None else
                                                       str(signed["body"]["manifest_sha256"]),
                                                       int(record["request"]["owner_uid"]))
@@ -99,7 +99,7 @@ class StoppedCopies:
                 mark()
             old_live = f".live-{self.host.node_id}-{time.monotonic_ns()}.old"
             if not taken and LIVE_RECORD in v.names(key):
-                # the job's periodic record becomes its guard record: taken by rename (atomic), so a
+                # the job's periodic record becomes its keeper record: taken by rename (atomic), so a
                 # node that claimed it meanwhile keeps it and no second claimable record appears
                 try:
                     os.rename(LIVE_RECORD, old_live, src_dir_fd=d, dst_dir_fd=d)
@@ -128,8 +128,8 @@ class StoppedCopies:
         return d
 
     def _presigned(self, v: View, key: str, record: dict[str, Any]) -> dict[str, Any] | None:
-        """The envelope this node publishes for another node's job (as its guard): the guard
-        record that job's node signed and handed the guard with (:data:`PRESIGNED` in the
+        """The envelope this node publishes for another node's job (as its keeper): the keeper
+        record that job's node signed and handed the keeper with (:data:`PRESIGNED` in the
         request), once it verifies here; None for this node's own job (it signs it itself).
         OSError when there is none or it does not verify: only a job's node speaks for its job."""
         src = int(record["src_node"])
@@ -137,12 +137,12 @@ class StoppedCopies:
             return None
         env = (record.get("request") or {}).get(PRESIGNED)
         if not isinstance(env, dict):
-            raise OSError(f"{key}: node {src} handed its guard no signed record to publish (an agent from before "
-                          "archive authentication): not archived; this guard keeps the job")
+            raise OSError(f"{key}: node {src} handed its keeper no signed record to publish (an agent from before "
+                          "archive authentication): not archived; this keeper keeps the job")
         try:
             v.auth.open_obj(env, name="guard.json", dir_key=key)
         except Refused as e:
-            raise OSError(f"{key}: the record node {src} signed for its guard is refused here ({e}): not archived") \
+            raise OSError(f"{key}: the record node {src} signed for its keeper is refused here ({e}): not archived") \
                 from None
         return env
 
@@ -315,10 +315,10 @@ class StoppedCopies:
             res = await self.archive.lane.call(f"archiving {job_id} again", self._late_again, key, ckpt, record, publishing)
         except (OSError, jobkit.CheckpointError, MigrateError) as e:
             self.late_row_drop(key)
-            self.host.holders.late_copy_settled(mv, e)
+            self.host.keepers.late_copy_settled(mv, e)
             return
         self.late_row_drop(key)
-        self.host.holders.late_copy_settled(mv, None)
+        self.host.keepers.late_copy_settled(mv, None)
         if res == "gone":
             self.host._emit(f"{job_id}: its record was being put in the archive when the agent stopped, and nothing "
                             f"of it is there now (claimed and run to its end elsewhere, or removed): not published "

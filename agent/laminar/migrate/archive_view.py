@@ -32,7 +32,7 @@ REFUSED_KEEP = 4096  # files already counted as refused (by identity): not count
 REFUSED_SAMPLES = 10  # the latest refusals the status shows
 DONE_DIR = ".done"
 _NODE_FILE = re.compile(r"(claimed|running)-(\d{1,10})\.json")
-# A running job's periodic checkpoint in the archive: its record (who runs it, its buddy).
+# A running job's periodic checkpoint in the archive: its record (who runs it, its keeper).
 LIVE_RECORD = "live.json"
 # A round (and a sweep) reads at most this many entries of the archive's root; the next one goes
 # on from there (a pass over a larger archive takes several): a million planted directories cost
@@ -85,7 +85,7 @@ class Sealed:
 
     @property
     def owner(self) -> dict[str, Any]:
-        """The body of the job's own record (guard or live): this one, or the one a claim or a
+        """The body of the job's own record (keeper or live): this one, or the one a claim or a
         run record holds."""
         return dict(self.owner_env["body"])
 

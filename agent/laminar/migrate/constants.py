@@ -15,22 +15,22 @@ DEFAULT_REMAINING_S = 3600.0  # a job's expected remaining run time when nobody 
 MIGRATED_ENV = "LM_MIGRATED_FROM"
 HOLD_MIN_S = 30.0
 
-# A source's job in these states lives there (runs, or will): a guard must not revive it elsewhere,
+# A source's job in these states lives there (runs, or will): a keeper must not revive it elsewhere,
 # nor a node claim it from the archive.
 SOURCE_LIVE_STATES = ("queued", "starting", "running", "suspended")
 
-# A source's job in these states needs no guard anywhere: it ended here (by itself, by its user, or
-# failed: the source releases its buddy then too) or it moved (the destination runs it, under its
-# own key, with its own buddy).
-GUARD_ENDED_STATES = ("exited", "stopped", "failed", "migrated")
+# A source's job in these states needs no keeper anywhere: it ended here (by itself, by its user, or
+# failed: the source releases its keeper then too) or it moved (the destination runs it, under its
+# own key, with its own keeper).
+KEEPER_ENDED_STATES = ("exited", "stopped", "failed", "migrated")
 
 # The words in the reason of a job its node's reclaim stopped at the window's end, before it
 # moved (also when the agent was down then), for people: code reads its end cause,
-# EndCause.WINDOW_ENDED (its guard resumes it: ``needs`` answers ``stopped_for_good``).
+# EndCause.WINDOW_ENDED (its keeper resumes it: ``needs`` answers ``stopped_for_good``).
 WINDOW_ENDED = WINDOW_ENDED_TEXT
 
 # A checkpoint committed after its key's row last changed (released, say) may be followed by a
-# guard naming it (the guard is sent after the transfer): kept this long.
+# keeper naming it (the keeper is sent after the transfer): kept this long.
 REPLICA_LATE_S = 3600.0
 
 # ASCII only and anchored at the very end (\Z): ``$`` lets one trailing newline through, and

@@ -7,10 +7,10 @@ body must be an object and the asker a node id; the op is looked up in one table
 ``reclaim`` or ``reclaim-cancel`` comes only from a node in ``migrate.reclaim_from``
 (:func:`laminar.zone.authority.node_op_refusal`), and a reclaim's notice, cancel or withdrawal
 only when dated within CONTROL_DATED_S of this node's clock (:meth:`Control.check_dated`).
-The handlers ask :mod:`laminar.zone.authority` who may speak for a job key (a guard, a
+The handlers ask :mod:`laminar.zone.authority` who may speak for a job key (a keeper, a
 release, an offer of a checkpoint: :meth:`Control.may_offer`), count the refusals
 (:meth:`Control.refusals`: the zone's, else its own) and answer with the other parts' answers
-(``superseded``, ``needs``, ``dropped``, ``taken``, ``heard``). A guard message's instants are
+(``superseded``, ``needs``, ``dropped``, ``taken``, ``heard``). A keeper message's instants are
 read in this node's clock (:func:`_in_own_clock`).
 """
 
@@ -35,11 +35,11 @@ from laminar.zone import authority as au
 
 if TYPE_CHECKING:
     from laminar.migrate.archive import Archive
-    from laminar.migrate.buddies import Prestage
     from laminar.migrate.evacuation import Evacuation
     from laminar.migrate.fence import Fence
-    from laminar.migrate.guard import Guard
+    from laminar.migrate.prestage import Prestage
     from laminar.migrate.replicas import Replicas
+    from laminar.migrate.takeover import Takeover
     from laminar.migrate.transfer import Receiver
     from laminar.migrate.vouch import Vouch
     from laminar.migrate.withdraw import Withdraw
@@ -53,16 +53,16 @@ CONTROL_DATED_S = 60
 # The control ops that only a node of ``migrate.reclaim_from`` may send.
 RECLAIM_FROM_OPS = ("reclaim", "reclaim-cancel")
 
-GUARD_INSTANTS = ("window_end", "not_before")  # wall-clock instants a guard message's request carries
+KEEPER_INSTANTS = ("window_end", "not_before")  # wall-clock instants a keeper message's request carries
 
 
 def _in_own_clock(body: dict[str, Any]) -> dict[str, Any]:
-    """A guard message's request with its instants (GUARD_INSTANTS: the end of the source's
-    reclaim window, the moment before which the guard must not act) moved from the sender's
+    """A keeper message's request with its instants (KEEPER_INSTANTS: the end of the source's
+    reclaim window, the moment before which the keeper must not act) moved from the sender's
     wall clock to this node's: shifted by this node's time less the sender's ``clock`` when it
     sent the message. The shift holds the skew between the two clocks and the message's
     transit, so an instant lands at most a transit later than it was meant, never earlier: a
-    guard whose clock runs ahead no longer takes over before the window ends. A message
+    keeper whose clock runs ahead no longer takes over before the window ends. A message
     without ``clock`` (an agent of before 2026-11-24) is taken as it is. Raises ValueError for
     a ``clock`` or an instant that is not a finite number."""
     def instant(name: str, v: Any) -> float:
@@ -71,14 +71,14 @@ def _in_own_clock(body: dict[str, Any]) -> dict[str, Any]:
         except (TypeError, ValueError):
             t = math.nan
         if isinstance(v, bool) or not math.isfinite(t):
-            raise ValueError(f"guard: {name} {v!r} is not a finite number (seconds since the epoch)")
+            raise ValueError(f"keeper: {name} {v!r} is not a finite number (seconds since the epoch)")
         return t
 
     req = dict(body["request"])
     if body.get("clock") is None:
         return req
     shift = time.time() - instant("clock", body["clock"])
-    for f in GUARD_INSTANTS:
+    for f in KEEPER_INSTANTS:
         if req.get(f) is not None:
             req[f] = instant(f, req[f]) + shift
     return req
@@ -92,7 +92,7 @@ class ControlHost(Protocol):
     counts: dict[str, int]
     evacuation: Evacuation
     fence: Fence
-    guarding: Guard
+    takeover: Takeover
     prestage: Prestage
     receiver: Receiver | None
     replicas: Replicas
@@ -132,19 +132,19 @@ class Control:
         log.warning("migrate: refused %s", e)
         return ValueError(str(e))
 
-    def guard_holder(self, key: str) -> int | None:
-        """The node that handed this node its live guard of ``key`` (the key's node, or the node
-        that passed it on or placed the job here: ``migrate_guard_from``; else the row's source);
-        None when no live guard of it is held here (au.BINDING_STATES)."""
-        return self.guard_held(key)[0]
+    def keeper_keeper(self, key: str) -> int | None:
+        """The node that handed this node its live keeper of ``key`` (the key's node, or the node
+        that passed it on or placed the job here: ``migrate_keeper_from``; else the row's source);
+        None when no live keeper of it is held here (au.BINDING_STATES)."""
+        return self.keeper_held(key)[0]
 
-    def guard_held(self, key: str) -> tuple[int | None, str | None]:
-        """(:meth:`guard_holder`, the row's state; None when there is no row)."""
+    def keeper_held(self, key: str) -> tuple[int | None, str | None]:
+        """(:meth:`keeper_keeper`, the row's state; None when there is no row)."""
         db = self.host.agent.store.db
         row = db.execute("SELECT src_node, state FROM migrate_replicas WHERE key=?", (key,)).fetchone()
         if row is None or str(row["state"]) not in au.BINDING_STATES:
             return None, None if row is None else str(row["state"])
-        got = db.execute("SELECT node FROM migrate_guard_from WHERE key=?", (key,)).fetchone()
+        got = db.execute("SELECT node FROM migrate_keeper_from WHERE key=?", (key,)).fetchone()
         return (int(got["node"]) if got is not None else int(row["src_node"])), str(row["state"])
 
     def may_offer(self, node: str, key: str) -> str | None:
@@ -154,7 +154,7 @@ class Control:
             asker = int(node)
         except ValueError:
             return f"node {node!r} is not a node id"
-        e = au.offer_refusal(asker, key, self.guard_holder(key))
+        e = au.offer_refusal(asker, key, self.keeper_keeper(key))
         if e is None:
             return None
         self.refusals().note(e, asker)
@@ -167,7 +167,7 @@ class Control:
         ``reclaim`` or ``reclaim-cancel`` from a node not in ``migrate.reclaim_from`` is refused."""
         # an authenticated message from a roster member (its hello's node, checked against its
         # roster address): it is alive, as an authenticated datagram says (Membership.seen).
-        # Before, only datagrams counted: a guard that had the source's message in hand could still
+        # Before, only datagrams counted: a keeper that had the source's message in hand could still
         # take it for silent (its datagrams not yet heard after a partition) and take its job over
         self.host._heard_over_tcp(node)
         if not isinstance(body, dict):
@@ -194,7 +194,7 @@ class Control:
         if abs(time.time() - ts) > CONTROL_DATED_S:
             raise ValueError(f"{what} dated {ts} is more than {CONTROL_DATED_S:g} s from this node's clock")
 
-    def _op_guard(self, node: str, asker: int, body: dict[str, Any]) -> Any:
+    def _op_keeper(self, node: str, asker: int, body: dict[str, Any]) -> Any:
         key = str(body["key"])
         src = body.get("src_node")
         if isinstance(src, str) and src.isascii() and src.isdigit():
@@ -202,54 +202,54 @@ class Control:
         got = body.get("request")
         req_in: dict[str, Any] = got if isinstance(got, dict) else {}
         policy = getattr(self.host.zone, "policy", None)
-        e = au.guard_refusal(asker, key, src, req_in.get("take_over") is True, *self.guard_held(key),
+        e = au.keeper_refusal(asker, key, src, req_in.get("take_over") is True, *self.keeper_held(key),
                              root_request=req_in.get("owner_uid", 0) == 0,
                              policy=policy if isinstance(policy, au.Policy) else au.Policy(self.host.node_id))
         if e is not None:
             raise self.refuse(e, asker)
-        self._check_guarded_ckpt(key, str(body["ckpt"]))
+        self._check_kept_ckpt(key, str(body["ckpt"]))
         req = _in_own_clock(body)
         with self.host.agent.store.tx() as db:
-            # guarding, but a copy its take-over acted on (resumed, handed-over, placed) stays so
-            ledger.move(db, key, custody.Event.GUARD, counts=self.host.counts, ckpt=str(body["ckpt"]), request=json.dumps(req),
+            # keeping, but a copy its take-over acted on (resumed, handed-over, placed) stays so
+            ledger.move(db, key, custody.Event.KEEPER, counts=self.host.counts, ckpt=str(body["ckpt"]), request=json.dumps(req),
                         insert={"src_node": int(body["src_node"]), "src_job": str(body["src_job"]),
                                 "request": json.dumps(req), "ckpt": str(body["ckpt"])})
-            # the source just spoke about this guard: its earlier silence no longer counts
-            ledger.guard_heard(db, key)
+            # the source just spoke about this keeper: its earlier silence no longer counts
+            ledger.keeper_heard(db, key)
             # who handed it: with the key's node, the only one who may change or release it
-            ledger.guard_from(db, key, asker)
+            ledger.keeper_from(db, key, asker)
         self.host.replicas.note_owner(key, req)
-        try:  # the guard names a newer checkpoint: the older ones go (when it is held here)
+        try:  # the keeper names a newer checkpoint: the older ones go (when it is held here)
             self.host.replicas.gc(key, newest=str(body["ckpt"]))
         except Exception:
             log.exception("migrate: replica GC of %s", key)
-        return {"guarding": key}
+        return {"keeping": key}
 
     def _op_space(self, node: str, asker: int, body: dict[str, Any]) -> Any:
-        """May this node hold a checkpoint? (storage holders: Holders.hold)"""
+        """May this node hold a checkpoint? (storage keepers: Keepers.hold)"""
         assert self.host.root is not None
         assert self.host.receiver is not None
         # what an offer may take now (the free space less what transfers in progress still
-        # lack and the receiver's margin), less what this node keeps for itself as a holder
-        free = self.host.receiver.free_for_offers() - float(self.host.s["holder_reserve_mb"]) * (1 << 20)
+        # lack and the receiver's margin), less what this node keeps for itself as a keeper
+        free = self.host.receiver.free_for_offers() - float(self.host.s["keeper_reserve_mb"]) * (1 << 20)
         return {"free_bytes": max(0.0, free)}
 
     def _op_release(self, node: str, asker: int, body: dict[str, Any]) -> Any:
         key = str(body["key"])
-        e = au.release_refusal(asker, key, self.guard_holder(key))
+        e = au.release_refusal(asker, key, self.keeper_keeper(key))
         if e is not None:
             raise self.refuse(e, asker)
         row = self.host.agent.store.db.execute("SELECT state, updated FROM migrate_replicas WHERE key=?", (key,)).fetchone()
         # taken over here and run here: the source still runs its copy, or it would not release
-        # this guard; the answer says so (as ``superseded`` would: a release may come first)
-        runs = self.host.guarding.runs_here(key) if row is not None and row["state"] == "resumed" else None
+        # this keeper; the answer says so (as ``superseded`` would: a release may come first)
+        runs = self.host.takeover.runs_here(key) if row is not None and row["state"] == "resumed" else None
         # taken over and placed on another node (no room here): the same, naming that node, as
-        # ``taken`` does. Before, the answer said only "released", and a source whose buddy had
-        # changed (this guard was the old one) refused this node's ``superseded`` after it: a
+        # ``taken`` does. Before, the answer said only "released", and a source whose keeper had
+        # changed (this keeper was the old one) refused this node's ``superseded`` after it: a
         # fenced copy was thawed beside the placed one (bench/chaos.py --no-archive, seed 43)
         placed = self.host.archive.placed_as(key) if row is not None and row["state"] == "placed" else None
         with self.host.agent.store.tx() as db:
-            ledger.move(db, key, custody.Event.RELEASE, counts=self.host.counts)  # a live guard only (the table)
+            ledger.move(db, key, custody.Event.RELEASE, counts=self.host.counts)  # a live keeper only (the table)
         try:  # nothing here needs the key's checkpoints any more (but a local job resumed from one)
             self.host.replicas.gc(key)
         except Exception:
@@ -274,18 +274,18 @@ class Control:
     def _op_reclaim_withdrawn(self, node: str, asker: int, body: dict[str, Any]) -> Any:
         """The sender's own reclaim is withdrawn: its notice is forgotten."""
         self.check_dated(body, "reclaim-withdrawn")
-        return {"withdrawn": int(node), "guards": self.host.withdraw.withdrawn_notice(int(node))}
+        return {"withdrawn": int(node), "keepers": self.host.withdraw.withdrawn_notice(int(node))}
 
     def _op_superseded(self, node: str, asker: int, body: dict[str, Any]) -> Any:
-        """A guard took one of this node's jobs over and runs it."""
+        """A keeper took one of this node's jobs over and runs it."""
         return self.host.replicas.answer_superseded(node, body)
 
     def _op_needs(self, node: str, asker: int, body: dict[str, Any]) -> Any:
-        """A node holding a guard of one of this node's jobs asks whether it still must."""
+        """A node holding a keeper of one of this node's jobs asks whether it still must."""
         return self.host.replicas.answer_needs(node, str(body["key"]))
 
     def _op_dropped(self, node: str, asker: int, body: dict[str, Any]) -> Any:
-        """An operator dropped the guard of one of this node's jobs there, by force."""
+        """An operator dropped the keeper of one of this node's jobs there, by force."""
         return self.host.prestage.answer_dropped(node, str(body["key"]))
 
     def _op_taken(self, node: str, asker: int, body: dict[str, Any]) -> Any:
@@ -299,7 +299,7 @@ class Control:
     # op -> its handler (self, the asking node as the endpoint gave it, its id, the body), in the
     # order the answer to an unknown op lists them
     OPS: ClassVar[dict[str, Callable[[Control, str, int, dict[str, Any]], Any]]] = {
-        "guard": _op_guard, "release": _op_release, "reclaim": _op_reclaim, "reclaim-cancel": _op_reclaim_cancel,
+        "keeper": _op_keeper, "release": _op_release, "reclaim": _op_reclaim, "reclaim-cancel": _op_reclaim_cancel,
         "reclaim-withdrawn": _op_reclaim_withdrawn, "space": _op_space, "superseded": _op_superseded,
         "needs": _op_needs, "dropped": _op_dropped, "taken": _op_taken, "heard": _op_heard,
     }
@@ -312,20 +312,20 @@ class Control:
         except (LookupError, MigrateError) as e:
             return {"refused": str(e), "not_found": isinstance(e, LookupError)}
 
-    def _check_guarded_ckpt(self, key: str, ckpt: str) -> None:
-        """A guard is taken only for a checkpoint held here (``<root>/checkpoints/<key>/<ckpt>/``,
-        a directory, not a link): every guard follows the transfer of the checkpoint it names, and
-        one that is not here was dropped in between (an operator's drop of a key no guard had named
-        yet, with or without force) or never came. Taking it would leave this node guarding a job
+    def _check_kept_ckpt(self, key: str, ckpt: str) -> None:
+        """A keeper is taken only for a checkpoint held here (``<root>/checkpoints/<key>/<ckpt>/``,
+        a directory, not a link): every keeper follows the transfer of the checkpoint it names, and
+        one that is not here was dropped in between (an operator's drop of a key no keeper had named
+        yet, with or without force) or never came. Taking it would leave this node keeping a job
         with nothing to resume it from while its source counts on it; refused (ValueError), the
-        source's prestage or move fails and it tries another node (a guard it had stays)."""
+        source's prestage or move fails and it tries another node (a keeper it had stays)."""
         if not valid_key(key) or not valid_ckpt_name(ckpt):
-            raise ValueError(f"guard of {key!r}: {ckpt!r} is not a checkpoint name (ckpt-<n>) of a replica key")
+            raise ValueError(f"keeper of {key!r}: {ckpt!r} is not a checkpoint name (ckpt-<n>) of a replica key")
         assert self.host.root is not None
         try:
             held = stat.S_ISDIR(os.lstat(self.host.root / "checkpoints" / key / ckpt).st_mode)
         except OSError:
             held = False
         if not held:
-            raise ValueError(f"guard of {key}: {ckpt} is not held on node {self.host.node_id} (dropped by its operator, "
-                             "or never received): not guarding it")
+            raise ValueError(f"keeper of {key}: {ckpt} is not held on node {self.host.node_id} (dropped by its operator, "
+                             "or never received): not keeping it")

@@ -77,7 +77,7 @@ CANCEL_META = "migrate.reclaim_cancelling"  # store meta: a cancel under way ({"
 
 
 def release_hold(jobs: Any, node: int) -> bool:
-    """Releases the job manager's queue hold when it is ``node``'s reclaim's (another holder's
+    """Releases the job manager's queue hold when it is ``node``'s reclaim's (another keeper's
     hold stays); queued jobs that fit start. Returns whether it was released."""
     if jobs is None or getattr(jobs, "held", None) != hold_reason(node):
         return False

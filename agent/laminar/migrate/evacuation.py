@@ -5,8 +5,8 @@
 or forwards it to another node's agent; :meth:`Evacuation.start` stores the window and begins it:
 the queue held, the node drained in the zone, the kill-switch armed for the window's end, the
 plan of :func:`laminar.policy.ckpt_schedule.notice_schedule` run one move per job
-(:meth:`laminar.migrate.mover.Mover.move`), the guards this node holds passed on
-(:meth:`laminar.migrate.holders.Holders.pass_guards`), and at the window's end whatever still
+(:meth:`laminar.migrate.mover.Mover.move`), the keepers this node holds passed on
+(:meth:`laminar.migrate.keepers.Keepers.pass_keepers`), and at the window's end whatever still
 runs stopped (state ``reclaimed``). :meth:`Evacuation.cancel` withdraws it
 (:meth:`laminar.migrate.withdraw.Withdraw.cancel_reclaim`). The reclaim's own move records
 (``migrate_moves``, cause ``reclaim``: :meth:`Evacuation.note_move`, :meth:`Evacuation.forget_move`,
@@ -48,7 +48,7 @@ if TYPE_CHECKING:
     from laminar.migrate.checkpoints import Checkpoints
     from laminar.migrate.evidence import Evidence
     from laminar.migrate.fence import Fence
-    from laminar.migrate.holders import Holders
+    from laminar.migrate.keepers import Keepers
     from laminar.migrate.mover import Move, Mover
     from laminar.migrate.withdraw import Withdraw
 
@@ -104,7 +104,7 @@ class EvacuationHost(Protocol):
     counts: dict[str, int]
     evacuating: set[str]
     fence: Fence
-    holders: Holders
+    keepers: Keepers
     mover: Mover
     moves: dict[str, Move]
     notices: dict[int, tuple[float, float]]
@@ -224,7 +224,7 @@ class Evacuation:
                                  float(row["deadline"]))
         end = now + left
         if abs(end - float(row["deadline"])) < 1.0:
-            end = float(row["deadline"])  # the clocks agree: the end as stored (and as the guards were told)
+            end = float(row["deadline"])  # the clocks agree: the end as stored (and as the keepers were told)
         if left <= 0:
             with self.host.agent.store.tx() as tx:
                 tx.execute("DELETE FROM migrate_reclaim")
@@ -233,7 +233,7 @@ class Evacuation:
             if jobs_mgr is not None and getattr(jobs_mgr, "held", None) == drain.hold_reason(int(row["node"])):
                 jobs_mgr.hold_queue(None)  # the window ended between the job manager's start and this one
             cut = self._cut_at_window_end(float(row["announced"]))
-            for j in cut:  # what the window's end does: the agent was down then (its guard resumes it)
+            for j in cut:  # what the window's end does: the agent was down then (its keeper resumes it)
                 self.host._spawn(self._stop_cut(j))
             self.host._emit(f"reclaim of node {row['node']} cleared: its window ended {-left:.1f} s before this "
                        "agent started (the owner gave the node back); it takes jobs again"
@@ -405,7 +405,7 @@ class Evacuation:
                 # fenced (this node heard none of its zone; fence.py): the zone may have taken it
                 # over, and a move now would start a second lineage of it. Its settling stops it
                 # (taken over) or thaws it (moved then); unsettled at the window's end, it is
-                # stopped there as the rest (its guard resumes it)
+                # stopped there as the rest (its keeper resumes it)
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(cancel.wait(), 0.2)
             if cancel.is_set():
@@ -414,12 +414,12 @@ class Evacuation:
                 return  # the earlier move took it away (or it ended, or its fence settled it as taken)
             prev = self.host.moves.get(job.id)
             if prev is not None and job.id in self.host._archive_keeps:
-                await self.host.holders.stop_archived(job, prev)  # an earlier plan's move, cut while it stopped the job
+                await self.host.keepers.stop_archived(job, prev)  # an earlier plan's move, cut while it stopped the job
                 return
             await self.host.mover.move(job, f"reclaim of node {self.host.node_id}", deadline, final=st is None or st.final,
                              transfer_deadline=None if st is None else t0 + st.deadline_s)
 
-        work = asyncio.ensure_future(asyncio.gather(*(one(j) for j in jobs), self.host.holders.pass_guards(deadline, cancel),
+        work = asyncio.ensure_future(asyncio.gather(*(one(j) for j in jobs), self.host.keepers.pass_keepers(deadline, cancel),
                                                     return_exceptions=True))
         # cut with its moves still unwinding, a gather ends with a CancelledError that the cut
         # (which re-raises its own) never reads: read here, or asyncio logs it as never retrieved

@@ -1,7 +1,7 @@
 """Self-fencing: a node cut off from its whole zone stops running the jobs the zone will resume
 elsewhere, before the zone does (``migrate.fence_after_s``; 0, the default: off).
 
-With ``orphan_after_s`` set, a job's buddy (or, with ``archive_dir``, any node) that hears nothing
+With ``orphan_after_s`` set, a job's keeper (or, with ``archive_dir``, any node) that hears nothing
 from the job's node for that long takes the node for gone and resumes the job. When the silence
 is a partition, the node's own copy runs on: two copies run from the take-over until the
 partition heals and the resuming node tells the source (control op ``superseded``), which then
@@ -10,22 +10,22 @@ logs to an experiment tracker, calls a service) does them twice meanwhile.
 
 With ``fence_after_s`` (less than ``orphan_after_s``), a node that has heard no other member of
 the roster for that long freezes (cgroup freezer) every job the zone would resume elsewhere: one
-with a buddy (or an old buddy still owed a release), or with a periodic copy in the archive.
+with a keeper (or an old keeper still owed a release), or with a periodic copy in the archive.
 Event phase ``fenced``; the job's state shows ``suspended`` (reason ``fenced: ...``). A cut-off node hears
 nobody, so it fences before the others' silence reaches ``orphan_after_s``; from the take-over
 on, only the resumed copy runs. The same node, while it hears nobody, takes nothing over either
-(:meth:`Guard.source_dead` answers alive): it is the one cut off, not the others. Nor
+(:meth:`Takeover.source_dead` answers alive): it is the one cut off, not the others. Nor
 does a silence declare a source dead while this node heard no other member during it
 (:meth:`Fence.cannot_tell`): a silence after a reclaim notice (``dead_after_s``) is shorter than
 ``fence_after_s``.
 
 Once it hears a member again it settles each fenced job before thawing it:
 
-- it asks the job's buddy, and any old buddy still owed a release (a guard changed just before
-  the partition still guards), (control op ``taken``, ``{key}``; answered ``{key, runs, state}``)
-  whether it took the job over (a guard that passed the job on when it was reclaimed says to
+- it asks the job's keeper, and any old keeper still owed a release (a keeper changed just before
+  the partition still keeps), (control op ``taken``, ``{key}``; answered ``{key, runs, state}``)
+  whether it took the job over (a keeper that passed the job on when it was reclaimed says to
   whom, ``passed_to``, and that node is asked too): ``runs`` (the id of its copy) stops the fenced copy here (state
-  ``migrated``, event phase ``superseded``, as the op ``superseded``); a buddy that does not
+  ``migrated``, event phase ``superseded``, as the op ``superseded``); a keeper that does not
   answer keeps the job fenced until it does, or until it counts as gone itself (silent for
   ``orphan_after_s`` while this node hears others: the rule every take-over uses);
 - with an archive, a claim of the job there (``claimed-*``, ``running-*``, or the sweep's
@@ -45,13 +45,13 @@ store (meta ``migrate.fenced``): an agent restarted meanwhile settles them the s
 What it costs: a node whose peers all fail at once (not a partition) freezes its own jobs until
 one comes back; in a zone of two nodes a partition fences both sides, and neither takes the
 other's jobs over until it heals (no side can tell a partition from a departure). A node that
-hears some members but not a job's buddy (a partial partition) does not fence; its buddy does
+hears some members but not a job's keeper (a partial partition) does not fence; its keeper does
 not take the job over either, because the members it asks heard the node lately (vouch.py).
 
 :class:`Fence` is a part of :class:`laminar.migrate.reclaim.ReclaimComponent` (its ``fence``),
 built with the component (what it uses of it: :class:`FenceHost`); it holds the fenced jobs
 (:attr:`Fence.fenced_jobs`). The component's watch loop calls :meth:`Fence.tick` each round and
-its start :meth:`Fence.restore`; the guard asks :meth:`Fence.isolated`, :meth:`Fence.cannot_tell`
+its start :meth:`Fence.restore`; the keeper asks :meth:`Fence.isolated`, :meth:`Fence.cannot_tell`
 and :meth:`Fence.unheard_since` before it takes a silent source for gone, and the vouching
 (vouch.py) asks :meth:`Fence.isolated`; the control op ``taken`` is answered by
 :meth:`Fence.answer_taken`.
@@ -73,14 +73,14 @@ from laminar.runtime.holds import Hold, Holds, holds_of
 
 if TYPE_CHECKING:
     from laminar.migrate.archive import Archive
-    from laminar.migrate.buddies import Prestage
-    from laminar.migrate.guard import Guard
+    from laminar.migrate.prestage import Prestage
     from laminar.migrate.replicas import Replicas
+    from laminar.migrate.takeover import Takeover
 
 log = logging.getLogger("laminar.migrate")
 
 TAKEN_ASK_MAX = 8
-"""Most guards a fenced job's node asks (``taken``), following guards passed on."""
+"""Most keepers a fenced job's node asks (``taken``), following keepers passed on."""
 
 FENCE_META = "migrate.fenced"
 """Store meta: {job id: when it was fenced (wall clock)}."""
@@ -108,7 +108,7 @@ class FenceHost(Protocol):
     agent: Any
     archive: Archive
     evacuating: set[str]
-    guarding: Guard
+    takeover: Takeover
     prestage: Prestage
     replicas: Replicas
     s: dict[str, Any]
@@ -170,9 +170,9 @@ class Fence:
         """Fencing is on and this node has heard no member of the roster but ``src`` since
         ``end`` (``src``'s reclaim window's end, wall clock): it may be the one cut off, and have
         missed what ``src`` said before its end (its reclaim withdrawn, its job moved to a third
-        node and this guard released), so that end declares nothing yet
-        (:meth:`Guard.source_dead`); once another member is heard after it, the guard asks
-        ``src`` first when ``src`` is heard too (:meth:`Guard.missed_news`). A zone of two
+        node and this keeper released), so that end declares nothing yet
+        (:meth:`Takeover.source_dead`); once another member is heard after it, the keeper asks
+        ``src`` first when ``src`` is heard too (:meth:`Takeover.missed_news`). A zone of two
         has nobody else to hear: the end declares ``src`` gone, as without fencing. Found by the
         soak (seed 29): a node cut off 5 s before a reclaim was withdrawn resumed the job at the
         old window's end, beside the copy that ran on at its source."""
@@ -184,7 +184,7 @@ class Fence:
     def cannot_tell(self, src: int, now: float, within: float) -> bool:
         """Fencing is on and this node has not heard other members for ``within`` (at most
         ``fence_after_s``) past ``src``'s last word: it cannot tell ``src``'s departure from its
-        own isolation, so ``src``'s silence declares nothing (:meth:`Guard.source_dead`). Found by the soak: a
+        own isolation, so ``src``'s silence declares nothing (:meth:`Takeover.source_dead`). Found by the soak: a
         reclaim notice's short silence (``dead_after_s``, 3 s) let a node cut off 3 s before
         resume a job its source still ran, before the node's own fence (10 s) could hold it."""
         after = float(self.host.s.get("fence_after_s") or 0.0)
@@ -229,9 +229,9 @@ class Fence:
             if job.id in self.host.evacuating or job.id in self.host._superseding:
                 continue  # (a move under way freezes and settles the job itself)
             key = self.host.job_key(job)
-            if (job.id not in self.host.prestage.buddy and job.id not in self.host.archive.periodic.live
+            if (job.id not in self.host.prestage.keeper and job.id not in self.host.archive.periodic.live
                     and not any(k == key for _, k in self.host.prestage.releases)):
-                continue  # nothing elsewhere would resume it (no guard, old or new, no archived copy): it runs on
+                continue  # nothing elsewhere would resume it (no keeper, old or new, no archived copy): it runs on
             try:
                 holds.hold(job.id, Hold.FENCE)  # asked for now; taken once every task stops
             except Exception as e:  # its cgroup gone: it ended
@@ -302,33 +302,33 @@ class Fence:
                 if not job.active:
                     self.drop(jid)
                 return
-        # its buddy, and the old buddies still owed a release: a guard changed just before the
-        # partition (the old one, cut off from this node earlier, still guards and may take over)
-        ask = sorted(({self.host.prestage.buddy[jid]} if jid in self.host.prestage.buddy else set())
+        # its keeper, and the old keepers still owed a release: a keeper changed just before the
+        # partition (the old one, cut off from this node earlier, still keeps and may take over)
+        ask = sorted(({self.host.prestage.keeper[jid]} if jid in self.host.prestage.keeper else set())
                      | {n for n, k in self.host.prestage.releases if k == key} - {self.host.node_id})
-        for node in ask:  # (grows: a guard passed on is asked where it went)
+        for node in ask:  # (grows: a keeper passed on is asked where it went)
             try:
                 ans = await self.host._control(node, "taken", {"key": key}, timeout=3.0)
             except (MigrateError, TransferError, OSError, TimeoutError) as e:
-                if self.host.guarding.source_dead(node, time.time()) is None:
-                    log.info("migrate: fenced %s stays frozen until node %d, which guards it, answers: %s",
+                if self.host.takeover.source_dead(node, time.time()) is None:
+                    log.info("migrate: fenced %s stays frozen until node %d, which keeps it, answers: %s",
                              jid, node, e)
                     return
                 continue  # gone by the rule every take-over uses: its copy, if any, went with it
             runs = ans.get("runs") if isinstance(ans, dict) and ans.get("key") == key else None
             if jid in self.host._superseding or not job.active:
-                return  # the guard's own ``superseded`` came first (its stop settles the fence)
+                return  # the keeper's own ``superseded`` came first (its stop settles the fence)
             to = ans.get("passed_to") if isinstance(ans, dict) and ans.get("key") == key else None
             if isinstance(to, int) and not isinstance(to, bool) and to not in ask and to != self.host.node_id \
                     and len(ask) < TAKEN_ASK_MAX:
-                # the guard, reclaimed meanwhile, passed it on (with a take-over): ask there too.
-                # Before, the fenced copy was thawed on the first guard's "not taken" while the
+                # the keeper, reclaimed meanwhile, passed it on (with a take-over): ask there too.
+                # Before, the fenced copy was thawed on the first keeper's "not taken" while the
                 # second resumed the job (bench/chaos.py --partial-partitions, seed 32)
                 ask.append(to)
             if runs:
                 runner = ans.get("node")
                 runner = int(runner) if isinstance(runner, int) and not isinstance(runner, bool) else node
-                self.host._superseding.add(jid)  # (on the word of its guard: it runs the job, or placed it there)
+                self.host._superseding.add(jid)  # (on the word of its keeper: it runs the job, or placed it there)
                 await self.host.replicas.stop_superseded(job, runner, str(runs), key)
                 self.drop(jid)
                 return
@@ -387,9 +387,9 @@ class Fence:
 
     def answer_taken(self, node: str, key: str) -> dict[str, Any]:
         """Control op ``taken``: the job's node (fenced while cut off, now heard again) asks its
-        buddy whether it took ``key`` over. ``{key, runs, node, state}``: ``runs`` the id of the
+        keeper whether it took ``key`` over. ``{key, runs, node, state}``: ``runs`` the id of the
         job that runs it and ``node`` where (this node, or the node it placed the job on when it
-        had no room: state ``placed``), None when none; ``state`` this node's guard of it (None:
+        had no room: state ``placed``), None when none; ``state`` this node's keeper of it (None:
         none). Only the job's own node is answered about it. Raises ValueError for another asker."""
         try:
             asker = int(node)
@@ -405,8 +405,8 @@ class Fence:
             placed = self.host.archive.placed_as(key)
             if placed is not None:
                 return {"key": key, "runs": placed[1], "node": placed[0], "state": "placed"}
-        if row["state"] == "passed":  # this node was reclaimed and passed the guard on (``Holders._pass_one``)
+        if row["state"] == "passed":  # this node was reclaimed and passed the keeper on (``Keepers._pass_one``)
             to = str(row["job_id"] or "").removeprefix("node ")
             return {"key": key, "runs": None, "state": "passed", "passed_to": int(to) if to.isdigit() else None}
-        runs = self.host.guarding.runs_here(key) if row["state"] == "resumed" else None
+        runs = self.host.takeover.runs_here(key) if row["state"] == "resumed" else None
         return {"key": key, "runs": runs, "node": self.host.node_id if runs else None, "state": str(row["state"])}

@@ -1,8 +1,8 @@
 """The custody ledger: the only writer of ``migrate_replicas.state`` (issue 32, stage 2) and of
 the row's version ``updated`` (:func:`set_request`: a request written with a new version), of
 the other custody tables: ``migrate_moves`` (:func:`record_move`, the table of
-:mod:`laminar.policy.moves`), ``migrate_releases``, ``migrate_guard_checks``,
-``migrate_guard_from`` and ``migrate_replica_handovers`` (plain writers: those rows have no
+:mod:`laminar.policy.moves`), ``migrate_releases``, ``migrate_keeper_checks``,
+``migrate_keeper_from`` and ``migrate_replica_handovers`` (plain writers: those rows have no
 states), and the only one that forgets a take-over's retry schedule (``migrate_retry``:
 :func:`forget_retry`). ``tests/unit/test_custody.py`` fails on SQL elsewhere that writes any of them.
 
@@ -123,7 +123,7 @@ def set_request(db: sqlite3.Connection, key: str, request: Mapping[str, Any], *,
                 if_updated: float, updated: float | None = None) -> bool:
     """Writes ``request`` (stored as JSON) into the row of ``key`` with a new version ``updated``
     (default: now), its state unchanged: only when the row is in ``only_from`` and unchanged since
-    ``if_updated`` (the version its writer read), as with :func:`move`. No transition (a guard
+    ``if_updated`` (the version its writer read), as with :func:`move`. No transition (a keeper
     that becomes a take-over: its request's ``take_over``). Returns whether the row was written."""
     now = time.time() if updated is None else updated
     states = [State(s).value for s in only_from]
@@ -231,12 +231,12 @@ def move_records(db: sqlite3.Connection, causes: Collection[Cause] | None = None
 
 
 
-# -- the guards' other records ------------------------------------------------------------------
+# -- the keepers' other records ------------------------------------------------------------------
 # These rows have no states to move between: what they hold is written here, with the SQL each
 # writer had, so that this module stays the only writer of every custody table (issue 32).
 
 def owe_release(db: sqlite3.Connection, node: int, key: str, since: float) -> None:
-    """``node`` is to be told it no longer guards ``key`` (``migrate_releases``; one owed
+    """``node`` is to be told it no longer keeps ``key`` (``migrate_releases``; one owed
     already keeps its ``since`` and last error)."""
     db.execute("INSERT OR IGNORE INTO migrate_releases VALUES (?, ?, ?, '')", (node, key, since))
 
@@ -251,36 +251,36 @@ def drop_release(db: sqlite3.Connection, node: int, key: str) -> None:
     db.execute("DELETE FROM migrate_releases WHERE node=? AND key=?", (node, key))
 
 
-def guard_heard(db: sqlite3.Connection, key: str) -> None:
-    """The guard's source spoke about ``key`` (a ``guard`` message): its earlier silence no
-    longer counts (``migrate_guard_checks``)."""
-    db.execute("UPDATE migrate_guard_checks SET unanswered=0 WHERE key=?", (key,))
+def keeper_heard(db: sqlite3.Connection, key: str) -> None:
+    """The keeper's source spoke about ``key`` (a ``keeper`` message): its earlier silence no
+    longer counts (``migrate_keeper_checks``)."""
+    db.execute("UPDATE migrate_keeper_checks SET unanswered=0 WHERE key=?", (key,))
 
 
-def guard_unanswered(db: sqlite3.Connection, key: str, asked: float, error: str) -> None:
+def keeper_unanswered(db: sqlite3.Connection, key: str, asked: float, error: str) -> None:
     """The ``needs`` question about ``key`` asked at ``asked`` went unanswered (``error``): one
     more in a row."""
-    db.execute("INSERT INTO migrate_guard_checks VALUES (?, ?, NULL, 1, ?) ON CONFLICT(key) DO UPDATE SET "
+    db.execute("INSERT INTO migrate_keeper_checks VALUES (?, ?, NULL, 1, ?) ON CONFLICT(key) DO UPDATE SET "
                "asked=excluded.asked, unanswered=unanswered + 1, last_error=excluded.last_error", (key, asked, error))
 
 
-def guard_answered(db: sqlite3.Connection, key: str, at: float) -> None:
+def keeper_answered(db: sqlite3.Connection, key: str, at: float) -> None:
     """The ``needs`` question about ``key`` asked at ``at`` was answered: none unanswered."""
-    db.execute("INSERT INTO migrate_guard_checks VALUES (?, ?, ?, 0, '') ON CONFLICT(key) DO UPDATE SET "
+    db.execute("INSERT INTO migrate_keeper_checks VALUES (?, ?, ?, 0, '') ON CONFLICT(key) DO UPDATE SET "
                "asked=excluded.asked, answered=excluded.answered, unanswered=0, last_error=''", (key, at, at))
 
 
-def guard_from(db: sqlite3.Connection, key: str, node: int, updated: float | None = None) -> None:
-    """``node`` handed this node the guard of ``key`` last (``migrate_guard_from``)."""
-    db.execute("INSERT INTO migrate_guard_from VALUES (?, ?, ?) ON CONFLICT(key) DO UPDATE SET "
+def keeper_from(db: sqlite3.Connection, key: str, node: int, updated: float | None = None) -> None:
+    """``node`` handed this node the keeper of ``key`` last (``migrate_keeper_from``)."""
+    db.execute("INSERT INTO migrate_keeper_from VALUES (?, ?, ?) ON CONFLICT(key) DO UPDATE SET "
                "node=excluded.node, updated=excluded.updated", (key, node, time.time() if updated is None else updated))
 
 
-def forget_guard(db: sqlite3.Connection, key: str, unless_replica: bool = False) -> None:
-    """The questions about ``key``'s guard and who handed it go (``migrate_guard_checks``,
-    ``migrate_guard_from``); ``unless_replica``: only when ``key`` has no ``migrate_replicas``
-    row (the row GC's: a guard given again meanwhile keeps them)."""
-    for table in ("migrate_guard_checks", "migrate_guard_from"):
+def forget_keeper(db: sqlite3.Connection, key: str, unless_replica: bool = False) -> None:
+    """The questions about ``key``'s keeper and who handed it go (``migrate_keeper_checks``,
+    ``migrate_keeper_from``); ``unless_replica``: only when ``key`` has no ``migrate_replicas``
+    row (the row GC's: a keeper given again meanwhile keeps them)."""
+    for table in ("migrate_keeper_checks", "migrate_keeper_from"):
         if unless_replica:
             db.execute(f"DELETE FROM {table} WHERE key=? AND NOT EXISTS (SELECT 1 FROM migrate_replicas WHERE key=?)",
                        (key, key))
@@ -290,12 +290,12 @@ def forget_guard(db: sqlite3.Connection, key: str, unless_replica: bool = False)
 
 def record_replica_handover(db: sqlite3.Connection, key: str, node: int, pid: int, request: Mapping[str, Any],
                             updated: float | None = None) -> None:
-    """A guard's placement of the job of ``key`` it takes over is about to hand it to ``node``
+    """A keeper's placement of the job of ``key`` it takes over is about to hand it to ``node``
     (placement ``pid``, ``request``): a restart asks ``node`` first (``migrate_replica_handovers``)."""
     db.execute("INSERT OR REPLACE INTO migrate_replica_handovers VALUES (?, ?, ?, ?, ?)",
                (key, node, pid, json.dumps(request), time.time() if updated is None else updated))
 
 
 def drop_replica_handover(db: sqlite3.Connection, key: str) -> None:
-    """The guard's hand-over of ``key`` was answered (or settled): its record goes."""
+    """The keeper's hand-over of ``key`` was answered (or settled): its record goes."""
     db.execute("DELETE FROM migrate_replica_handovers WHERE key=?", (key,))

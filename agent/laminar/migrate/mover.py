@@ -1,13 +1,13 @@
 """One move of one job (:class:`Mover`, a part of :class:`laminar.migrate.reclaim.ReclaimComponent`:
 its ``mover``): checkpoint, freeze, rank the destinations, reserve one through the zone, send
-the checkpoint, hand the guard and then the job over, stop it here (:meth:`Mover.move`). A
+the checkpoint, hand the keeper and then the job over, stop it here (:meth:`Mover.move`). A
 reclaim's moves have its window (:mod:`laminar.migrate.evacuation`); a loan return's
 (:meth:`Mover.move_now`) and Airlock's re-address (:meth:`Mover.readdress`) have none. When no
-peer can run the job during a window, :meth:`laminar.migrate.holders.Holders.hold` keeps its
+peer can run the job during a window, :meth:`laminar.migrate.keepers.Keepers.hold` keeps its
 checkpoint off the node.
 
 **A move cut during its hand-over.** Once a hand-over's frame may have reached the destination, no
-answer is never taken for a refusal (:meth:`Guard.handover` with ``confirm``): the
+answer is never taken for a refusal (:meth:`Takeover.handover` with ``confirm``): the
 same hand-over (idempotent by placement id there) is sent again until the destination says
 whether it runs the job, which stays frozen here meanwhile; then it is stopped here (it runs
 there) or thawed (it does not). A move without a window (a loan return's :meth:`Mover.move_now`,
@@ -19,7 +19,7 @@ copies, never none.
 The job ids being moved (``evacuating``) and each job's latest move (``moves``, a
 :class:`Move`) are the component's, which the other parts read; the mover keeps when it froze
 each job (``frozen_at``) and the manifests it last sent (``_sent_manifests``, for
-:meth:`Mover.send_guard`'s presigned record).
+:meth:`Mover.send_keeper`'s presigned record).
 """
 
 from __future__ import annotations
@@ -60,15 +60,15 @@ from laminar.runtime.provenance import request_origin
 
 if TYPE_CHECKING:
     from laminar.migrate.archive import Archive
-    from laminar.migrate.buddies import Prestage
     from laminar.migrate.checkpoints import Checkpoints
     from laminar.migrate.ckpt_driver import CkptDriver
     from laminar.migrate.evacuation import Evacuation
     from laminar.migrate.evidence import Evidence
     from laminar.migrate.fence import Fence
-    from laminar.migrate.guard import Guard
-    from laminar.migrate.holders import Holders
+    from laminar.migrate.keepers import Keepers
+    from laminar.migrate.prestage import Prestage
     from laminar.migrate.settle import Settle
+    from laminar.migrate.takeover import Takeover
 
 log = logging.getLogger("laminar.migrate")
 
@@ -84,7 +84,7 @@ FREEZE_WAIT_S = 2.0
 # eat most of a notice window. Other errors keep the ladder.
 MOVE_SILENT_RETRIES = 1
 
-SENT_MANIFESTS_KEEP = 4096  # checkpoints last sent, per job key, remembered for the guard that follows (send_guard's _presign)
+SENT_MANIFESTS_KEEP = 4096  # checkpoints last sent, per job key, remembered for the keeper that follows (send_keeper's _presign)
 
 
 def _same_files(m: Manifest, snap: Path) -> Manifest | None:
@@ -244,8 +244,8 @@ class MoverHost(Protocol):
     evacuating: set[str]
     evacuation: Evacuation
     fence: Fence
-    guarding: Guard
-    holders: Holders
+    takeover: Takeover
+    keepers: Keepers
     moves: dict[str, Move]
     notices: dict[int, tuple[float, float]]
     prestage: Prestage
@@ -275,7 +275,7 @@ class Mover:
         self.host = host
         self.frozen_at: dict[str, float] = {}  # job id -> when a move froze it (wall clock)
         # key -> (checkpoint name, manifest SHA-256, bytes, files) last sent to a peer: what the
-        # guard that follows it is handed, signed, to publish in the archive (send_guard's _presign)
+        # keeper that follows it is handed, signed, to publish in the archive (send_keeper's _presign)
         self._sent_manifests: dict[str, tuple[str, str, int, int]] = {}
 
     def candidates(self, need: dst.Resources) -> list[dst.Candidate]:
@@ -310,16 +310,16 @@ class Mover:
         _, need = self.host._need(job)
         z = self.host.zone
         zone = str(z.zone) if z is not None else "0"
-        buddy = self.host.prestage.buddy.get(job.id)
+        keeper = self.host.prestage.keeper.get(job.id)
         req = dst.MoveRequest(self.host.job_key(job), need, ckpt_bytes, DEFAULT_REMAINING_S, window_s, str(self.host.node_id),
-                              zone, zone, frozenset({str(buddy)}) if prestaged and buddy else frozenset())
+                              zone, zone, frozenset({str(keeper)}) if prestaged and keeper else frozenset())
         ranked = dst.rank(req, self.candidates(need), margin=float(self.host.s["notice_margin"]))
         feasible = [r for r in ranked if r.feasible]
-        # The buddy holds the job's fallback checkpoint: prefer it at (nearly) equal cost, so one
-        # node guards the job before and after the move.
-        if buddy is not None and feasible and feasible[0].candidate.node != str(buddy):
+        # The keeper holds the job's fallback checkpoint: prefer it at (nearly) equal cost, so one
+        # node keeps the job before and after the move.
+        if keeper is not None and feasible and feasible[0].candidate.node != str(keeper):
             for i, r in enumerate(feasible):
-                if r.candidate.node == str(buddy) and r.expected_loss_s <= feasible[0].expected_loss_s + 1.0:
+                if r.candidate.node == str(keeper) and r.expected_loss_s <= feasible[0].expected_loss_s + 1.0:
                     feasible.insert(0, feasible.pop(i))
                     break
         return feasible + [r for r in ranked if not r.feasible]
@@ -409,7 +409,7 @@ class Mover:
                                thaw: bool) -> None:
         """A move whose hand-over to ``node`` (placement ``pid``, request ``req``) may have been
         sent before the agent stopped: ``node`` is asked, with the same hand-over, until it
-        answers (:meth:`Guard.handover`). It runs the job: the copy here is stopped (state
+        answers (:meth:`Takeover.handover`). It runs the job: the copy here is stopped (state
         ``migrated``). It does not: the job is thawed here (when the move froze it) and runs
         on. Either way a ``migrate`` event says so and the record goes; a cancel (the agent
         stops again) leaves the record for the next start. ``node`` cannot be asked (no zone, or
@@ -421,7 +421,7 @@ class Mover:
         held = False
         try:
             try:
-                dest_job = await self.host.guarding.handover(node, pid, req, confirm=True, sent=True, job_id=job.id)
+                dest_job = await self.host.takeover.handover(node, pid, req, confirm=True, sent=True, job_id=job.id)
             except MigrateError as e:
                 mv.phase, mv.error = "failed", str(e)
                 with contextlib.suppress(Exception):
@@ -601,10 +601,10 @@ class Mover:
                     errors.append(f"node {node}: {e}")
                     self.host._emit(f"{job.id}: move to node {node} failed: {e}", job=job.id, node=node)
             else:
-                if deadline_mono is None or not self.host.s["holder"]:
+                if deadline_mono is None or not self.host.s["keeper"]:
                     raise MigrateError("; ".join(errors))
                 # Nowhere to run it during the window: the final checkpoint still leaves the node.
-                await self.host.holders.hold(job, mv, ckpt, size, xfer, "; ".join(errors), deadline_mono)
+                await self.host.keepers.hold(job, mv, ckpt, size, xfer, "; ".join(errors), deadline_mono)
                 return mv
             mv.phase = "done"
             self.host.counts["moved"] += 1
@@ -629,7 +629,7 @@ class Mover:
             # what this move froze is thawed unless its hand-over was sent (the destination may
             # run it; done: it does): a later move of the job, which finds it frozen already, would never thaw it
             # _archive_keeps: its checkpoint is (or goes) in the archive, where any agent with room
-            # claims it; the window's end, a new plan (Holders.stop_archived) or a restart stops it
+            # claims it; the window's end, a new plan (Keepers.stop_archived) or a restart stops it
             if mv.phase not in ("handover", "done") and job.id not in self.host._archive_keeps:
                 thawed = not frozen
                 with contextlib.suppress(Exception):
@@ -706,11 +706,11 @@ class Mover:
             remote = await self.send(job, ckpt, node, deadline_mono, mv, silent_retries=MOVE_SILENT_RETRIES,
                                       manifest=mv.manifest)
             mv.phase = "handover"
-            old = self.host.prestage.buddy.get(job.id)
-            await self.send_guard(job, node, ckpt.name)  # the destination guards the job from now on
-            self.host.prestage.set_buddy(job.id, node)
+            old = self.host.prestage.keeper.get(job.id)
+            await self.send_keeper(job, node, ckpt.name)  # the destination keeps the job from now on
+            self.host.prestage.set_keeper(job.id, node)
             if old is not None and old != node:
-                # beside the hand-over, not before it: the job is frozen, and an old buddy gone
+                # beside the hand-over, not before it: the job is frozen, and an old keeper gone
                 # silent held it up to _control's timeout (a release not answered is sent again)
                 self.host._spawn(self.host.prestage.release(old, self.host.job_key(job)))
             spec = job.spec.as_dict()
@@ -727,7 +727,7 @@ class Mover:
                 self.host.evacuation.note_move(job.id, mp.Event.HAND_OVER, node, pid=pid, request=req)
             else:  # a loan return's, Airlock's: a restart asks node whether it took the job (restore)
                 self.record(job.id, mp.Event.HAND_OVER, node=node, pid=pid, request=req, cause=mp.Cause(mv.cause))
-            dest_job = await self.host.guarding.handover(node, pid, req, confirm=True, job_id=job.id)
+            dest_job = await self.host.takeover.handover(node, pid, req, confirm=True, job_id=job.id)
         except BaseException:
             z.submitter.t.send(node, wire.Release(pid))
             raise
@@ -779,7 +779,7 @@ class Mover:
         except (TimeoutError, LaneBusy) as e:
             raise MigrateError(f"{job.id}: its checkpoint {ckpt.name} could not be read in time: {e}") from None
         try:
-            if self.host.archive.root() is not None:  # what the guard that follows is handed, signed (send_guard's _presign)
+            if self.host.archive.root() is not None:  # what the keeper that follows is handed, signed (send_keeper's _presign)
                 self._sent_manifests.pop(self.host.job_key(job), None)
                 with contextlib.suppress(OSError, ValueError, jobkit.CheckpointError):
                     self._sent_manifests[self.host.job_key(job)] = (ckpt.name, *await asyncio.to_thread(_manifest_facts, snap))
@@ -827,7 +827,7 @@ class Mover:
         return out
 
     def request(self, job: Any, take_over: bool) -> dict[str, Any]:
-        """What a guard needs to resume ``job``: its spec (GPUs as a count), owner, GPUs."""
+        """What a keeper needs to resume ``job``: its spec (GPUs as a count), owner, GPUs."""
         spec = job.spec.as_dict()
         spec.pop("gpus", None)
         req: dict[str, Any] = {"spec": spec, "owner_uid": job.owner_uid, "owner_gid": job.owner_gid,
@@ -836,15 +836,15 @@ class Mover:
             req["take_over"] = True
         return req
 
-    async def send_guard(self, job: Any, node: int, ckpt_name: str, take_over: bool = False) -> None:
-        """Hands ``node`` the guard of ``job`` (its spec and owner). ``take_over``: the job is
-        stopped here, so the guard places it at once (not when this node is declared dead).
+    async def send_keeper(self, job: Any, node: int, ckpt_name: str, take_over: bool = False) -> None:
+        """Hands ``node`` the keeper of ``job`` (its spec and owner). ``take_over``: the job is
+        stopped here, so the keeper places it at once (not when this node is declared dead).
         While this node has a reclaim (in its window, or reclaimed: the window ended and the
-        reclaim was neither withdrawn nor cleared by a restart) the guard also learns the
+        reclaim was neither withdrawn nor cleared by a restart) the keeper also learns the
         window's end: it declares this node dead then, even after a restart that lost the zone's
-        notice, and a guard message without it tells the guard that this node has no reclaim
+        notice, and a keeper message without it tells the keeper that this node has no reclaim
         (one that came after the notice's window ended is of a node back from its reclaim:
-        :meth:`Guard.notice`). Before, a message sent after the reclaim's own task ended (a
+        :meth:`Takeover.notice`). Before, a message sent after the reclaim's own task ended (a
         prestage in flight at the window's end) left it out."""
         spec = job.spec.as_dict()
         spec.pop("gpus", None)
@@ -857,17 +857,17 @@ class Mover:
         signed = self._presign(job, request, ckpt_name)
         if signed is not None:
             request[PRESIGNED] = signed
-        await self.host._control(node, "guard", {
+        await self.host._control(node, "keeper", {
             "key": self.host.job_key(job), "src_node": self.host.node_id, "src_job": job.id, "ckpt": ckpt_name,
             "request": request})
 
     def _presign(self, job: Any, request: dict[str, Any], ckpt_name: str) -> dict[str, Any] | None:
-        """The guard record of ``job`` this node signs for its guard (with ``archive_dir``): the
-        record the guard publishes in the archive when it finds no room (as this node would;
+        """The keeper record of ``job`` this node signs for its keeper (with ``archive_dir``): the
+        record the keeper publishes in the archive when it finds no room (as this node would;
         :meth:`StoppedCopies._presigned`), naming ``ckpt_name`` as last sent (its manifest's
         SHA-256, bytes and files, noted by :meth:`send`). Only a job's node signs its records,
         so no other node can publish one for it. None when nothing of it was sent lately or this
-        node holds no zone key (the guard then keeps the job without archiving it)."""
+        node holds no zone key (the keeper then keeps the job without archiving it)."""
         key = self.host.job_key(job)
         sent = self._sent_manifests.get(key)
         auth = ArchiveAuth.of(getattr(self.host.agent, "zone", None))

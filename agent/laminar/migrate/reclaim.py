@@ -35,13 +35,13 @@ the watch loop, answers the API and builds its parts (docs/migration.md, *The pa
 given the component through its constructor: :mod:`laminar.migrate.control` the control ops
 other nodes send (``control``); :mod:`laminar.migrate.evacuation` this node's reclaim
 (``evacuation``: its window, its plan, the stop at its end); :mod:`laminar.migrate.mover` one
-move of one job (``mover``); :mod:`laminar.migrate.holders` the storage holders and the guards
-passed on (``holders``); :mod:`laminar.migrate.checkpoints` the jobs' checkpoints as a move
-sees them (``checkpoints``); :mod:`laminar.migrate.buddies` prestaging, buddies and releases
+move of one job (``mover``); :mod:`laminar.migrate.keepers` the storage keepers and the keepers
+passed on (``keepers``); :mod:`laminar.migrate.checkpoints` the jobs' checkpoints as a move
+sees them (``checkpoints``); :mod:`laminar.migrate.prestage` prestaging, keepers and releases
 (``prestage``, *When the source dies*); :mod:`laminar.migrate.fence`, :mod:`laminar.migrate.vouch`,
 :mod:`laminar.migrate.replicas`, :mod:`laminar.migrate.withdraw`, :mod:`laminar.migrate.settle`
-and :mod:`laminar.migrate.guard` (``guarding``: a guard's take-over of a dead source's job). It
-builds :mod:`laminar.migrate.archive` the archive, the guard of last resort (``archive``:
+and :mod:`laminar.migrate.takeover` (``keeping``: a keeper's take-over of a dead source's job). It
+builds :mod:`laminar.migrate.archive` the archive, the keeper of last resort (``archive``:
 stopped jobs' and periodic checkpoints, claims, the sweep, a hung archive). The tunables more
 than one part of the component uses are in :mod:`laminar.migrate.constants`, its errors in
 :mod:`laminar.migrate.errors`. The component's tables are in :mod:`laminar.migrate.schema`.
@@ -67,13 +67,13 @@ Config (``[migrate]``)::
     dead_after_s = 3         # silence after a notice that declares the source dead
     orphan_after_s = 0       # silence without a notice that does (0: never; a partition doubles jobs until it heals)
     fence_after_s = 0        # hearing no member this long freezes the jobs the zone would resume (0: off; < orphan_after_s)
-    holder = true            # no room for a job during a reclaim: its final checkpoint goes to a storage holder
-    holder_reserve_mb = 1024 # disk this node keeps free when it offers to hold checkpoints
-    retry_base_s = 2         # a guard that finds no room looks again after this, doubling each time
+    keeper = true            # no room for a job during a reclaim: its final checkpoint goes to a storage keeper
+    keeper_reserve_mb = 1024 # disk this node keeps free when it offers to hold checkpoints
+    retry_base_s = 2         # a keeper that finds no room looks again after this, doubling each time
     retry_max_s = 30         # ... up to this
     archive_dir = ""         # storage outside the pool for stopped jobs no live peer can keep (empty: off)
-    replica_guard_check_s = 600  # a guard unchanged this long is checked with its source (0: never)
-    replica_orphan_s = 21600 # replicas of a key no guard named go after this (>= 3600)
+    replica_keeper_check_s = 600  # a keeper unchanged this long is checked with its source (0: never)
+    replica_orphan_s = 21600 # replicas of a key no keeper named go after this (>= 3600)
     replica_row_keep_s = 86400   # done replica rows whose directory is gone are deleted after this (>= 3600)
     replica_gc_s = 30        # how often every held replica is looked at
     archive_gc_s = 10        # how often this agent sweeps archive_dir
@@ -104,7 +104,6 @@ from laminar.config import Field, _one_of, _range, register_section
 from laminar.migrate import ckpt_driver
 from laminar.migrate.archive import Archive
 from laminar.migrate.archive_gc import ARCHIVE_GC_S
-from laminar.migrate.buddies import Prestage
 from laminar.migrate.checkpoints import Checkpoints
 from laminar.migrate.constants import REPLICA_LATE_S, valid_ckpt_name, valid_key
 from laminar.migrate.control import Control
@@ -112,18 +111,18 @@ from laminar.migrate.errors import MigrateError
 from laminar.migrate.evacuation import Evacuation
 from laminar.migrate.evidence import Evidence
 from laminar.migrate.fence import Fence, check_fence_settings
-from laminar.migrate.guard import Guard
 from laminar.migrate.hazard import (
     DEFAULT_PRIOR_RATE_PER_H,
     HazardError,
     HazardModel,
     calibrate_from_spot_traces,
 )
-from laminar.migrate.holders import Holders
+from laminar.migrate.keepers import Keepers
 from laminar.migrate.mover import Move, Mover
 from laminar.migrate.owner_check import verify_as_owner
-from laminar.migrate.replica_policy import guard_confirmation as guard_confirmation
-from laminar.migrate.replica_policy import guard_needed as guard_needed
+from laminar.migrate.prestage import Prestage
+from laminar.migrate.replica_policy import keeper_confirmation as keeper_confirmation
+from laminar.migrate.replica_policy import keeper_needed as keeper_needed
 from laminar.migrate.replica_policy import redact_replica
 from laminar.migrate.replica_policy import replica_gc_plan as replica_gc_plan
 from laminar.migrate.replica_policy import replica_victims as replica_victims
@@ -131,6 +130,7 @@ from laminar.migrate.replicas import RESUME_DIR, Replicas
 from laminar.migrate.replicas import RESUME_KEEP_S as RESUME_KEEP_S
 from laminar.migrate.schema import MOVES_SCHEMA, RECLAIM_SCHEMA, REPLICAS_SCHEMA, upgrade_moves
 from laminar.migrate.settle import Settle
+from laminar.migrate.takeover import Takeover
 from laminar.migrate.transfer import (
     Committed,
     Progress,
@@ -145,7 +145,7 @@ from laminar.migrate.vouch import Vouch
 from laminar.migrate.withdraw import Withdraw
 from laminar.policy import ckpt_schedule as cs
 from laminar.policy import destination as dst
-from laminar.policy.holder import RetrySchedule
+from laminar.policy.keeper import RetrySchedule
 from laminar.runtime.holds import Holds, holds_of
 from laminar.zone import authority as au
 from laminar.zone.gate import Gate
@@ -174,7 +174,7 @@ CONFIG_FIELDS = {
     "rate_mbit": Field((int, float), 0.0, "pace checkpoint transfers in user space (Mbit/s; 0: the shaper only)",
                        _range(0, 10_000_000)),
     "chunk_kb": Field(int, 1024, "checkpoint transfer chunk size (KiB)", _range(1, 65536)),
-    "prestage": Field(str, "auto", "ship checkpoints to the job's buddy as they are written: auto (when the final "
+    "prestage": Field(str, "auto", "ship checkpoints to the job's keeper as they are written: auto (when the final "
                       "one would not fit expected_notice_s), always, off", _one_of("auto", "always", "off")),
     "expected_notice_s": Field((int, float), 60.0, "the notice window prestage = auto plans for", _range(0, 86400)),
     "poll_s": Field((int, float), 0.5, "how often checkpoints, replicas and peers are looked at", _range(0.05, 60)),
@@ -183,39 +183,39 @@ CONFIG_FIELDS = {
     "orphan_after_s": Field((int, float), 0.0, "zone silence without a notice that declares the source dead "
                             "(0: never)", _range(0, 86400)),
     "fence_after_s": Field((int, float), 0.0, "a node that hears no other member of the roster for this long "
-                           "freezes the jobs the zone would resume elsewhere (a buddy or an archived copy) until it "
+                           "freezes the jobs the zone would resume elsewhere (a keeper or an archived copy) until it "
                            "hears one again and finds them not taken over (self-fencing; must be less than "
                            "orphan_after_s; 0: off)", _range(0, 86400)),
     "ckpt_wait_s": Field((int, float), 30.0, "how long a job gets to write its checkpoint after the signal",
                          _range(0.1, 3600)),
     "prestage_unannounced": Field((int, float), 0.02, "prestage = auto also keeps an off-node replica while the "
                                   "learned share of departures without notice is at least this", _range(0.0, 1.0)),
-    "holder": Field(bool, True, "when no peer has room for a job during a reclaim, send its final checkpoint to a live "
-                    "peer with the disk space (a storage holder), which resumes the job when room frees"),
-    "holder_reserve_mb": Field((int, float), 1024.0, "disk space this node keeps free when it offers to hold "
+    "keeper": Field(bool, True, "when no peer has room for a job during a reclaim, send its final checkpoint to a live "
+                    "peer with the disk space (a storage keeper), which resumes the job when room frees"),
+    "keeper_reserve_mb": Field((int, float), 1024.0, "disk space this node keeps free when it offers to hold "
                                "checkpoints (MiB)", _range(0, 1 << 30)),
     "archive_dir": Field(str, "", "storage outside the pool, shared by the zone's agents (an NFS mount): a stopped "
-                         "job's checkpoint and guard go there when no live peer can keep them, and any agent with room "
+                         "job's checkpoint and keeper go there when no live peer can keep them, and any agent with room "
                          "claims it; running jobs' periodic checkpoints go there too while departures without notice "
                          "are plausible (prestage_unannounced) (empty: off)"),
     "archive_uid": Field(int, 0, "the uid that owns archive_dir and what the agents write there: root (0) unless the "
                          "export squashes root (root_squash or all_squash: then the uid it maps the agents' root to, "
                          "e.g. 65534). The agent uses the archive only while archive_dir is a real directory of this "
                          "uid that neither group nor others may write", _range(0, 2**32 - 2)),
-    "retry_base_s": Field((int, float), 2.0, "a guard that finds no room looks again after this, doubling each time",
+    "retry_base_s": Field((int, float), 2.0, "a keeper that finds no room looks again after this, doubling each time",
                           _range(0.05, 3600)),
-    "retry_max_s": Field((int, float), 30.0, "the longest wait between a guard's looks for room", _range(0.05, 86400)),
-    "replica_guard_check_s": Field((int, float), 600.0, "a guard held here that has not changed for this long is "
+    "retry_max_s": Field((int, float), 30.0, "the longest wait between a keeper's looks for room", _range(0.05, 86400)),
+    "replica_keeper_check_s": Field((int, float), 600.0, "a keeper held here that has not changed for this long is "
                                    "checked with its live source (control op needs): it ends when the source says the "
-                                   "job ended, moved, or has another buddy (0: never)", _range(0, 86400 * 30)),
-    "replica_orphan_s": Field((int, float), 21600.0, "a key's directory of replicas with no guard row here (its guard "
+                                   "job ended, moved, or has another keeper (0: never)", _range(0, 86400 * 30)),
+    "replica_orphan_s": Field((int, float), 21600.0, "a key's directory of replicas with no keeper row here (its keeper "
                               "never came) that no local job uses goes when nothing in it changed for this long",
                               _range(REPLICA_LATE_S, 86400 * 365)),
     "replica_row_keep_s": Field((int, float), 86400.0, "a done replica row (released, handed over, placed, passed, "
-                                "resumed) whose directory is gone is deleted after this (a late guard of it is then "
-                                "a new guard)", _range(REPLICA_LATE_S, 86400 * 365)),
+                                "resumed) whose directory is gone is deleted after this (a late keeper of it is then "
+                                "a new keeper)", _range(REPLICA_LATE_S, 86400 * 365)),
     "replica_gc_s": Field((int, float), REPLICA_GC_S, "how often every replica held here is looked at (released, "
-                          "handed over, placed elsewhere: its checkpoints go; guards due a check with their source)",
+                          "handed over, placed elsewhere: its checkpoints go; keepers due a check with their source)",
                           _range(0.1, 86400)),
     "archive_gc_s": Field((int, float), ARCHIVE_GC_S, "how often this agent sweeps archive_dir for what no job "
                           "needs any more (listing shared storage is not free)", _range(0.1, 86400)),
@@ -243,7 +243,7 @@ class ReclaimComponent:
         self.notices: dict[int, tuple[float, float]] = {}  # node -> (window end, wall; received, wall)
         self.reclaim: dict[str, Any] | None = None  # this node's reclaim in progress
         self.moves: dict[str, Move] = {}  # job id -> its latest move
-        # each job's buddy, the checkpoint last shipped to it, the releases owed to old buddies (buddies.py)
+        # each job's keeper, the checkpoint last shipped to it, the releases owed to old keepers (prestage.py)
         self.prestage = Prestage(self)
         self.evacuating: set[str] = set()
         self.fence = Fence(self)  # the jobs this node froze while cut off from its zone (fence.py)
@@ -257,22 +257,22 @@ class ReclaimComponent:
                                        "received": 0, "held": 0, "placed": 0, "retries": 0, "archived": 0}
         self._drain_task: asyncio.Task[Any] | None = None  # places this node's queued jobs elsewhere during a reclaim
         self.withdraw = Withdraw(self)  # the cancel of this node's reclaim, a peer's withdrawal (withdraw.py)
-        self._superseding: set[str] = set()  # this node's jobs being stopped: a guard runs them (Replicas.answer_superseded)
-        # the archive, the guard of last resort: its copies, claims, sweep and lane (archive.py)
+        self._superseding: set[str] = set()  # this node's jobs being stopped: a keeper runs them (Replicas.answer_superseded)
+        # the archive, the keeper of last resort: its copies, claims, sweep and lane (archive.py)
         self.archive = Archive(self)
         # jobs whose final checkpoint is in the archive (or on its way there, late) while their
         # stop here is under way: never thawed nor moved again (any agent with room claims it)
         self._archive_keeps: set[str] = set()
         self.vouch = Vouch(self, isolated=self.fence.isolated)  # other members' word on a silent peer (vouch.py)
-        self._started = 0.0  # when this agent's component started (wall): a guard older than it may have missed news
-        # a guard's watch of its sources, its take-over of a dead source's job, hand-overs (guard.py)
-        self.guarding = Guard(self)
+        self._started = 0.0  # when this agent's component started (wall): a keeper older than it may have missed news
+        # a keeper's watch of its sources, its take-over of a dead source's job, hand-overs (takeover.py)
+        self.takeover = Takeover(self)
         self.settle = Settle(self)  # hand-overs not answered, an operator's settle of one (settle.py)
         self.control = Control(self)  # the control ops other nodes send, who may send them (control.py)
         self.checkpoints = Checkpoints(self)  # the jobs' checkpoints as a move sees them, planning sizes (checkpoints.py)
         self.evacuation = Evacuation(self)  # this node's reclaim: its window, its plan, its records (evacuation.py)
         self.mover = Mover(self)  # one move of one job, the records of a move without a window (mover.py)
-        self.holders = Holders(self)  # no room anywhere: storage holders, guards passed on (holders.py)
+        self.keepers = Keepers(self)  # no room anywhere: storage keepers, keepers passed on (keepers.py)
 
     # -- life cycle ---------------------------------------------------------------------------
 
@@ -295,7 +295,7 @@ class ReclaimComponent:
         self.prestage.restore()
         self.fence.restore()
         try:
-            self.guarding.retry = RetrySchedule(float(self.s["retry_base_s"]), 2.0, float(self.s["retry_max_s"]))
+            self.takeover.retry = RetrySchedule(float(self.s["retry_base_s"]), 2.0, float(self.s["retry_max_s"]))
             ckpt_driver.check_settings(self.s)
             check_fence_settings(self.s)
         except ValueError as e:
@@ -310,7 +310,7 @@ class ReclaimComponent:
         # What this agent saw before a restart is evidence too: reload it on top of the prior.
         self.evidence.load(agent.store, base)
         self.root = agent.config.state_dir / "xfer"
-        # Root's alone: replicas, holders' copies and outgoing snapshots are other users' jobs'
+        # Root's alone: replicas, keepers' copies and outgoing snapshots are other users' jobs'
         # checkpoints (the state directory is 0711 so a job can reach its own ckpt/<job>; a
         # version before this one left this directory 0755 and its files 0644).
         self.root.mkdir(parents=True, exist_ok=True)
@@ -363,13 +363,13 @@ class ReclaimComponent:
         self.evacuation.restore()
         self.mover.restore()
         self.mover.restore_holds()
-        self.guarding.restore_replica_handovers()
+        self.takeover.restore_replica_handovers()
 
     def _backfill_origins(self) -> None:
         """After an upgrade: the job manager records the migration key of the jobs this node's
-        guards resumed (a ``resumed`` row names its job; what it gave the job to resume from is
-        the job's ``resume_from``) and of the live jobs a move or a guard's placement handed here
-        (placed through the zone, and resuming from a replica of a key a guard here names, or
+        keepers resumed (a ``resumed`` row names its job; what it gave the job to resume from is
+        the job's ``resume_from``) and of the live jobs a move or a keeper's placement handed here
+        (placed through the zone, and resuming from a replica of a key a keeper here names, or
         its owner's copy of one: only ``check_resume`` gives such a path). Before, only their env
         said so, which this reads nothing of (laminar.runtime.provenance). Not recoverable: the
         key of a job handed here that ended already (its placement is forgotten), and a
@@ -513,8 +513,8 @@ class ReclaimComponent:
         return keys if pairs is None else pairs.accepted(keys, node)
 
     async def _control(self, node: int, op: str, body: Any, timeout: float = 5.0) -> Any:
-        if op in ("guard", "superseded") and isinstance(body, dict):
-            # this node's wall clock as it sends: the guard reads the instants in the request
+        if op in ("keeper", "superseded") and isinstance(body, dict):
+            # this node's wall clock as it sends: the keeper reads the instants in the request
             # (window_end, not_before) in its own clock, whatever the skew (Control.answer); the
             # source, a take-over's instant (``superseded``: Replicas.answer_superseded)
             body = {**body, "clock": time.time()}
@@ -587,8 +587,8 @@ class ReclaimComponent:
                 self.vouch.tick(time.time())
                 self.prestage.tick(time.time())
                 self.archive.tick(time.time())
-                self.replicas.recheck_guards(time.time())
-                await self.guarding.tick(time.time())
+                self.replicas.recheck_keepers(time.time())
+                await self.takeover.tick(time.time())
                 self.replicas.tick(time.time())
             except Exception:
                 log.exception("migrate: watch round failed")
@@ -605,11 +605,11 @@ class ReclaimComponent:
         self.counts["received"] += 1
         self._emit(f"received {c.job_id}/{c.ckpt_id} from node {c.peer_node}, verified", key=c.job_id, ckpt=c.ckpt_id,
                    src_node=c.peer_node, path=str(c.path), phase="received")
-        holder = self.control.guard_holder(c.job_id)
-        if str(c.peer_node) not in au.checkpoint_senders(c.job_id, holder) or (
-                holder is None and str(c.peer_node) != str(au.key_owner(c.job_id))):
-            # a copy from a node that does not guard the key here (a guard passed on comes before
-            # its guard message): it replaces nothing, and a take-over reads only its guard's copies
+        keeper = self.control.keeper_keeper(c.job_id)
+        if str(c.peer_node) not in au.checkpoint_senders(c.job_id, keeper) or (
+                keeper is None and str(c.peer_node) != str(au.key_owner(c.job_id))):
+            # a copy from a node that does not keep the key here (a keeper passed on comes before
+            # its keeper message): it replaces nothing, and a take-over reads only its keeper's copies
             return
         try:
             self.replicas.gc(c.job_id, newest=c.ckpt_id)  # the older replicas of the key go
@@ -633,11 +633,11 @@ class ReclaimComponent:
         """What the zone's hand-over calls before a job of ``owner_uid`` starts with
         ``resume_from``; the path the job is given. A path under this node's transfer root must
         be a committed, still-valid checkpoint (verified_checkpoint), any other must pass jobkit's
-        own check. A replica (``<root>/checkpoints/<key>/ckpt-<n>``) whose guard named its job's
+        own check. A replica (``<root>/checkpoints/<key>/ckpt-<n>``) whose keeper named its job's
         owner is only for a job of that owner (or root's), and that owner gets its own copy of it
         (:meth:`Replicas.resume_copy`: ``xfer/`` is root's alone). A job of a user other than root is
-        refused any other path under the transfer root: a replica no guard here named the owner of
-        (every source guards before it hands over; a hand-over without one would start the job
+        refused any other path under the transfer root: a replica no keeper here named the owner of
+        (every source keeps before it hands over; a hand-over without one would start the job
         with a ``LAMINAR_RESUME_FROM`` it cannot read, and a copy made on the hand-over's word
         would give whoever places a job naming a replica another user's checkpoint). Any other
         path of a non-root job is verified with the owner's own permissions (uid, ``owner_gid``,
@@ -653,8 +653,8 @@ class ReclaimComponent:
             raise ValueError(f"checkpoint {path} is a replica of a job of uid {recorded[0]}: a job of uid "
                              f"{owner_uid} cannot resume from it")
         if under_root and recorded is None and owner_uid != 0:
-            what = f"no guard of {p.parent.name} held here named its job's owner" if replica else \
-                "it is not a replica a guard named"
+            what = f"no keeper of {p.parent.name} held here named its job's owner" if replica else \
+                "it is not a replica a keeper named"
             raise ValueError(f"checkpoint {path} lies in node {self.node_id}'s transfer directory, which only root "
                              f"may read, and {what}: a job of uid {owner_uid} is not given it")
         if not under_root and owner_uid != 0:
@@ -672,7 +672,7 @@ class ReclaimComponent:
             verified_checkpoint(p)
         except (TransferError, jobkit.CheckpointError) as e:
             raise ValueError(f"checkpoint {path} is not restorable: {e}") from None
-        if recorded is not None:  # a replica, and the guard said whose: the job must be able to read it
+        if recorded is not None:  # a replica, and the keeper said whose: the job must be able to read it
             try:
                 p = self.replicas.resume_copy(p, *recorded)
             except OSError as e:
@@ -684,7 +684,7 @@ class ReclaimComponent:
 
     def status(self) -> dict[str, Any]:
         r = self.reclaim
-        return {"port": self.port, "counts": dict(self.counts), "buddies": {k: v for k, v in self.prestage.buddy.items()},
+        return {"port": self.port, "counts": dict(self.counts), "keepers": {k: v for k, v in self.prestage.keeper.items()},
                 "releases_pending": [{"node": n, "key": k} for n, k in sorted(self.prestage.releases)],
                 "reclaim": None if r is None else {"deadline": r["deadline"], "done": r["task"].done()},
                 "notices": sorted(self.notices),

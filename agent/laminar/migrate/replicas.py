@@ -1,4 +1,4 @@
-"""Replicas held here: what goes, a guard's check with its source, the operator's view and drop,
+"""Replicas held here: what goes, a keeper's check with its source, the operator's view and drop,
 and a job's owner's view of a replica it resumes from: :class:`Replicas`, a part of
 :class:`laminar.migrate.reclaim.ReclaimComponent` (its ``replicas``), built with the component
 (what it uses of it: :class:`ReplicasHost`); the pure rules are in
@@ -6,14 +6,14 @@ and a job's owner's view of a replica it resumes from: :class:`Replicas`, a part
 
 **Replicas held here, and what goes.** Every checkpoint this node receives for another node's job
 is committed as ``<root>/checkpoints/<key>/ckpt-<n>/`` (:class:`laminar.migrate.transfer.Receiver`).
-When a checkpoint of a key commits here (verified), or a guard names one held here, the key's
-older ``ckpt-*`` go, except the one the key's ``migrate_replicas`` row names (the guarded one)
+When a checkpoint of a key commits here (verified), or a keeper names one held here, the key's
+older ``ckpt-*`` go, except the one the key's ``migrate_replicas`` row names (the kept one)
 and any a local job was or will be resumed from (its spec's ``resume_from`` points at it and it
 has not ended, failed or was lost, or was requeued less than ``REPLICA_REQUEUE_HOLD_S`` ago).
 When the key is released (control op ``release``), and every ``replica_gc_s`` (30 s) for each key whose row says the job
 is done here (``released``, ``handed-over``, ``placed``, ``passed``, ``resumed``), every ``ckpt-*``
 of the key goes but those a local job uses and those committed after the row last changed (for
-``REPLICA_LATE_S``: a guard naming them may still come), then the key's directory when it is
+``REPLICA_LATE_S``: a keeper naming them may still come), then the key's directory when it is
 empty. The choice and a rename into ``<root>/replica-gc/`` run on the event loop, as the
 endpoint's commits do (so no commit of the same key interleaves), the removal in a worker thread
 (what a stopped agent left there goes at the next start); a key whose take-over runs is left for
@@ -24,26 +24,26 @@ its owner's view of a replica (``<state_dir>/RESUME_DIR/<key>/ckpt-<n>/``, hard 
 :meth:`Replicas.resume_copy`), which counts as using the replica and goes once no local
 job may need it and it is RESUME_KEEP_S old (:meth:`Replicas.resume_gc`).
 
-A guard whose ``release`` was lost (a source that crashed or restarted and forgot its buddy, a
-partition) is checked with its source once its row has not changed for ``replica_guard_check_s``
-(control op ``needs``; :func:`guard_needed` answers there): it ends (``released``, then as
+A keeper whose ``release`` was lost (a source that crashed or restarted and forgot its keeper, a
+partition) is checked with its source once its row has not changed for ``replica_keeper_check_s``
+(control op ``needs``; :func:`keeper_needed` answers there): it ends (``released``, then as
 above) only when the source says the job ended (exited, stopped, failed), moved (migrated), or
-another node holds its guard, and only if the row did not change while the question was on its
-way. Everything else keeps it: the job runs and the asker is or may be its buddy, a prestage or
+another node holds its keeper, and only if the row did not change while the question was on its
+way. Everything else keeps it: the job runs and the asker is or may be its keeper, a prestage or
 move is in flight, the source has no record of the job, no answer, a source that is silent or
-dead (the take-over's), a ``waiting`` or take-over guard (``counts.replica_guards_ended``).
-A guard whose live source did not answer the last question (a one-way partition, an endpoint
-that does not answer, an older agent) is *unconfirmed* (:func:`guard_confirmation`; the
-``migrate_guard_checks`` table): kept, never removed for it, shown so by the operator's view
-with how long since its source last spoke (its guard message or an answer), and recorded once
-as a ``guard-unconfirmed`` event (``guard-confirmed`` when it answers again; a new guard
+dead (the take-over's), a ``waiting`` or take-over keeper (``counts.replica_keepers_ended``).
+A keeper whose live source did not answer the last question (a one-way partition, an endpoint
+that does not answer, an older agent) is *unconfirmed* (:func:`keeper_confirmation`; the
+``migrate_keeper_checks`` table): kept, never removed for it, shown so by the operator's view
+with how long since its source last spoke (its keeper message or an answer), and recorded once
+as a ``keeper-unconfirmed`` event (``keeper-confirmed`` when it answers again; a new keeper
 message confirms it too). A
-key directory no row names (its guard never came) goes once nothing in it changed for
+key directory no row names (its keeper never came) goes once nothing in it changed for
 ``replica_orphan_s`` and no local job uses it. A done row whose directory is gone is deleted after
 ``replica_row_keep_s`` (``counts.replica_rows_pruned``).
 
 **The operator's view, and drop.** ``GET /v1/migrate/replicas`` (``laminarctl replicas``) lists
-every key held here or named by a row (``unclaimed``: a directory no guard named): its state,
+every key held here or named by a row (``unclaimed``: a directory no keeper named): its state,
 source node and job, owner, the checkpoints held (names, bytes), age since the last change,
 the local jobs resumed from it, whether a transfer into it runs, and what the GC will do with it
 and when, or why it keeps it (:func:`replica_gc_plan`, the same rule as above); ``?totals=1``
@@ -53,30 +53,30 @@ job's owner sees states, sizes and the GC's plan but not which job it is
 (:func:`~laminar.migrate.replica_policy.redact_replica`). ``POST /v1/migrate/replicas/{key}/drop`` ``{"force"?: bool}``
 (privileged; ``laminarctl replicas drop KEY [--force]``) removes a key's replicas and rows
 through the GC's safe path (:meth:`Replicas.drop`): refused while a transfer
-into the key or its take-over runs, or a local job uses it, and for a ``guarding`` or
+into the key or its take-over runs, or a local job uses it, and for a ``keeping`` or
 ``waiting`` key without ``force``. A forced drop of such a key tells its source (control op
 ``dropped``, :meth:`Replicas.drop_and_tell`): the source forgets this node as the
-job's buddy and prestages a running job's newest checkpoint to another peer at its next round
-(the usual buddy choice without this node for ``REPLICA_DROP_AVOID_S``, unless no other peer can
-take it; event phase ``guard-dropped`` there). A source that cannot be reached is not told (the
+job's keeper and prestages a running job's newest checkpoint to another peer at its next round
+(the usual keeper choice without this node for ``REPLICA_DROP_AVOID_S``, unless no other peer can
+take it; event phase ``keeper-dropped`` there). A source that cannot be reached is not told (the
 drop stands; the answer's ``source_told`` is false, event phase ``replica-drop-untold``); a
 stopped job held here, or a gone source's job, is then lost unless the archive holds it.
 Counted as ``counts.replica_dropped``,
 recorded as a ``migrate`` event (phase ``replica-dropped``, ``by`` the caller's uid).
-A key whose checkpoint was committed and whose guard has not come yet is ``unclaimed``, so a
-drop without ``force`` removes it: the guard that then comes names a checkpoint this node does
-not hold, and is refused (:meth:`Control._check_guarded_ckpt`; every guard follows the
+A key whose checkpoint was committed and whose keeper has not come yet is ``unclaimed``, so a
+drop without ``force`` removes it: the keeper that then comes names a checkpoint this node does
+not hold, and is refused (:meth:`Control._check_kept_ckpt`; every keeper follows the
 transfer of what it names): the source's prestage (or move) fails and it goes to another peer,
-instead of counting on a buddy with nothing to resume the job from.
+instead of counting on a keeper with nothing to resume the job from.
 
 **The part.** :class:`Replicas` holds its own state: the replica lane and the last walk of the
-replica root, the GC's schedule, the guards being asked (``needs``), the sources heard, and whose
-job each guarded key is (:attr:`Replicas.owners`). The component's watch loop calls
-:meth:`Replicas.recheck_guards` before its guard round and :meth:`Replicas.tick` (the GC round)
-after it; its endpoint callbacks call :meth:`Replicas.gc` (a commit, a guard, a release) and
+replica root, the GC's schedule, the keepers being asked (``needs``), the sources heard, and whose
+job each kept key is (:attr:`Replicas.owners`). The component's watch loop calls
+:meth:`Replicas.recheck_keepers` before its keeper round and :meth:`Replicas.tick` (the GC round)
+after it; its endpoint callbacks call :meth:`Replicas.gc` (a commit, a keeper, a release) and
 :meth:`Replicas.forget_scan`, its control ops :meth:`Replicas.answer_needs` and
 :meth:`Replicas.answer_superseded`, its API routes :meth:`Replicas.scan`, :meth:`Replicas.view`
-and :meth:`Replicas.drop_and_tell`. The guard and the archive resume through
+and :meth:`Replicas.drop_and_tell`. The keeper and the archive resume through
 :meth:`Replicas.resume_copy` and :meth:`Replicas.resume_install`; the fence stops a superseded copy
 through :meth:`Replicas.stop_superseded`.
 """
@@ -105,10 +105,10 @@ from laminar.migrate.constants import (
 from laminar.migrate.errors import MigrateError, ReplicaRefused
 from laminar.migrate.replica_policy import (
     REPLICA_DONE_STATES,
-    REPLICA_GUARD_STATES,
+    REPLICA_KEEPER_STATES,
     _ckpt_step,
-    guard_confirmation,
-    guard_needed,
+    keeper_confirmation,
+    keeper_needed,
     replica_gc_plan,
     replica_victims,
 )
@@ -116,12 +116,12 @@ from laminar.migrate.transfer import TransferError
 from laminar.migrate.trees import Budget, _newest_mtime, _remove_tree
 from laminar.offloop import Lane, LaneBusy
 from laminar.policy import custody
-from laminar.policy.endcause import RESUMED_BY_ITS_GUARD, EndCause
+from laminar.policy.endcause import RESUMED_BY_ITS_KEEPER, EndCause
 
 if TYPE_CHECKING:
     from laminar.migrate.archive import Archive
-    from laminar.migrate.buddies import Prestage
-    from laminar.migrate.guard import Guard
+    from laminar.migrate.prestage import Prestage
+    from laminar.migrate.takeover import Takeover
     from laminar.migrate.transfer import Receiver
 
 log = logging.getLogger("laminar.migrate")
@@ -131,8 +131,8 @@ log = logging.getLogger("laminar.migrate")
 REPLICA_TRASH = "replica-gc"
 
 # A source heard again after a silence this long (or first heard since this agent started) is asked
-# at once about the guards held here for it (:meth:`Replicas.recheck_guards`).
-GUARD_RECHECK_GAP_S = 5.0
+# at once about the keepers held here for it (:meth:`Replicas.recheck_keepers`).
+KEEPER_RECHECK_GAP_S = 5.0
 
 # A requeued job is placed again from its spec (resume_from included) for a while (zone/loan.py's
 # requeue_for_s); a replica it names is kept as long after it was requeued.
@@ -190,7 +190,7 @@ class ReplicasHost(Protocol):
     archive: Archive
     counts: dict[str, int]
     evacuating: set[str]
-    guarding: Guard
+    takeover: Takeover
     prestage: Prestage
     reclaim: dict[str, Any] | None
     receiver: Receiver | None
@@ -208,7 +208,7 @@ class ReplicasHost(Protocol):
 
 
 class Replicas:
-    """The replicas held here: their GC, the guards' checks with their sources, the operator's view and
+    """The replicas held here: their GC, the keepers' checks with their sources, the operator's view and
     drop, and the resume copies of a job's owner (see the module's doc): a part of
     :class:`laminar.migrate.reclaim.ReclaimComponent` (its ``replicas``). ``host``: the component."""
 
@@ -220,10 +220,10 @@ class Replicas:
         self._replica_scan_fut: asyncio.Future[dict[str, Any]] | None = None
         self._unclaimed_task: asyncio.Task[Any] | None = None
         self._replica_gc_next = 0.0  # when the held replicas are looked at next (monotonic)
-        self._guard_asked: dict[str, float] = {}  # key -> when its source was last asked (monotonic)
-        self._guard_checking: set[str] = set()  # keys whose source is being asked now
-        self._src_heard: dict[int, float] = {}  # guarded sources: when last heard, as of the last recheck round
-        self.owners: dict[str, tuple[int, int]] = {}  # key -> (uid, gid) of its job's owner (guards held here)
+        self._keeper_asked: dict[str, float] = {}  # key -> when its source was last asked (monotonic)
+        self._keeper_checking: set[str] = set()  # keys whose source is being asked now
+        self._src_heard: dict[int, float] = {}  # kept sources: when last heard, as of the last recheck round
+        self.owners: dict[str, tuple[int, int]] = {}  # key -> (uid, gid) of its job's owner (keepers held here)
 
     def forget_scan(self) -> None:
         """The replica root changed (a commit here): the next view walks it again."""
@@ -267,11 +267,11 @@ class Replicas:
     def gc(self, key: str, newest: str | None = None, unclaimed: bool = False) -> list[str]:
         """Takes away the checkpoints of ``key`` this node no longer needs (the rule is in the
         module docs, *Replicas held here*) and returns their names. ``newest``: a checkpoint of the
-        key just committed (or named by a new guard) here; the older ones go, except the one the
+        key just committed (or named by a new keeper) here; the older ones go, except the one the
         key's ``migrate_replicas`` row names and any a local job uses. None: only when the row
         says the key is done here (REPLICA_DONE_STATES), everything but what a local job uses and
         what was committed after the row last changed (REPLICA_LATE_S) goes, then the directory
-        if it is empty. ``unclaimed``: the key has no row (no guard names it) and the caller
+        if it is empty. ``unclaimed``: the key has no row (no keeper names it) and the caller
         found nothing in it changed for ``replica_orphan_s``; everything but what a local job
         uses goes (a key that has a row by now is left as the row says).
 
@@ -282,7 +282,7 @@ class Replicas:
         ``ckpt-<n>`` (transfer/receive.py's ``Receiver.sweep`` owns temporaries and ``incoming/``), a key
         whose take-over (or archive claim) runs now, a key directory that is a link. Links are
         removed as links, never followed."""
-        if self.host.root is None or key in self.host.guarding.taking or not _SAFE_KEY.fullmatch(key):
+        if self.host.root is None or key in self.host.takeover.taking or not _SAFE_KEY.fullmatch(key):
             return []
         d = self.host.root / "checkpoints" / key
         try:
@@ -314,7 +314,7 @@ class Replicas:
                 with contextlib.suppress(OSError):
                     m = os.lstat(d / n).st_mtime
                     if m > float(row["updated"]) and now - m < REPLICA_LATE_S:
-                        keep.add(n)  # committed after the release: a guard naming it may follow
+                        keep.add(n)  # committed after the release: a keeper naming it may follow
         victims = replica_victims(have, newest=newest, keep=keep)
         if not victims:
             if newest is None:
@@ -375,8 +375,8 @@ class Replicas:
     def tick(self, now: float, force: bool = False) -> None:
         """The GC round, every ``replica_gc_s`` (``force``: now): each held key whose row says it is done here
         (released, handed over, placed or passed elsewhere, resumed here) loses what no local
-        job uses (:meth:`gc`); guards unchanged for ``replica_guard_check_s`` are checked
-        with their source (:meth:`_stale_guard_round`); key directories no row names, unchanged
+        job uses (:meth:`gc`); keepers unchanged for ``replica_keeper_check_s`` are checked
+        with their source (:meth:`_stale_keeper_round`); key directories no row names, unchanged
         for ``replica_orphan_s``, go (:meth:`_unclaimed_pass`); done rows whose directory is gone
         are deleted after ``replica_row_keep_s`` (:meth:`prune_rows`); old resume copies go
         (:meth:`resume_gc`). ``now``: the wall clock the ages are measured against."""
@@ -384,9 +384,9 @@ class Replicas:
             return
         self._replica_gc_next = time.monotonic() + float(self.host.s["replica_gc_s"])
         try:
-            self._stale_guard_round(now)
+            self._stale_keeper_round(now)
         except Exception:
-            log.exception("migrate: checking stale guards")
+            log.exception("migrate: checking stale keepers")
         if self._unclaimed_task is None or self._unclaimed_task.done():  # (one pass at a time)
             try:
                 self._unclaimed_task = self.host._spawn(self._unclaimed_pass(now))
@@ -413,8 +413,8 @@ class Replicas:
 
     def _unclaimed_candidates(self) -> list[tuple[str, int]]:
         """Key directories under ``<root>/checkpoints/`` with no ``migrate_replicas`` row (their
-        guard never came: a lost message, a source that crashed between the transfer and the
-        guard, a crash of this agent between the commit and the row) and no take-over using
+        keeper never came: a lost message, a source that crashed between the transfer and the
+        keeper, a crash of this agent between the commit and the row) and no take-over using
         them, with their directory's mtime (ns). Links and names that are not a transfer's key
         are left. One listing and one lstat per key (on the loop: the store is read here)."""
         assert self.host.root is not None
@@ -426,7 +426,7 @@ class Replicas:
         db = self.host.agent.store.db
         out = []
         for n in names:
-            if not _SAFE_KEY.fullmatch(n) or n in self.host.guarding.taking:
+            if not _SAFE_KEY.fullmatch(n) or n in self.host.takeover.taking:
                 continue
             with contextlib.suppress(OSError):
                 st = os.lstat(base / n)
@@ -442,7 +442,7 @@ class Replicas:
         (:func:`_newest_mtime`) is older than ``replica_orphan_s`` go (:meth:`gc`). The
         trees are walked in the replica lane (one thread, REPLICA_WALK_MAX entries in all,
         REPLICA_SCAN_TIMEOUT_S), never on the loop; a key whose directory changed since the walk
-        began, or that a guard named meanwhile, is left for the next round."""
+        began, or that a keeper named meanwhile, is left for the next round."""
         assert self.host.root is not None
         base = self.host.root / "checkpoints"
         cands = self._unclaimed_candidates()
@@ -461,7 +461,7 @@ class Replicas:
         age = float(self.host.s["replica_orphan_s"])
         db = self.host.agent.store.db
         for (key, mtime_ns), m in zip(cands, newest, strict=True):
-            if now - m < age or key in self.host.guarding.taking:
+            if now - m < age or key in self.host.takeover.taking:
                 continue
             try:
                 if os.lstat(base / key).st_mtime_ns != mtime_ns:
@@ -472,7 +472,7 @@ class Replicas:
                 continue
             try:
                 if self.gc(key, unclaimed=True):
-                    self.host._emit(f"{key}: replicas no guard named for {self.host.s['replica_orphan_s']:g} s removed",
+                    self.host._emit(f"{key}: replicas no keeper named for {self.host.s['replica_orphan_s']:g} s removed",
                                persist=False, key=key, phase="replica-unclaimed")
             except Exception:
                 log.exception("migrate: replica GC of %s", key)
@@ -491,7 +491,7 @@ class Replicas:
         gone = []
         for r in rows:
             key = str(r["key"])
-            if key in self.host.guarding.taking:
+            if key in self.host.takeover.taking:
                 continue
             try:
                 os.lstat(self.host.root / "checkpoints" / key)
@@ -506,29 +506,29 @@ class Replicas:
                 for key in gone:
                     ledger.move(tx, key, custody.Event.GC, counts=self.host.counts, if_older=cutoff)  # done states only
                     ledger.forget_retry(tx, key, unless_replica=True)
-                    ledger.forget_guard(tx, key, unless_replica=True)
+                    ledger.forget_keeper(tx, key, unless_replica=True)
             self.host.counts["replica_rows_pruned"] = self.host.counts.get("replica_rows_pruned", 0) + len(gone)
         return gone
 
-    def _stale_guard_round(self, now: float) -> None:
-        """Each guard held here (state ``guarding``, not a take-over) unchanged for
-        ``replica_guard_check_s`` whose source is a live zone member not declared dead is checked
+    def _stale_keeper_round(self, now: float) -> None:
+        """Each keeper held here (state ``keeping``, not a take-over) unchanged for
+        ``replica_keeper_check_s`` whose source is a live zone member not declared dead is checked
         with the source (control op ``needs``, at most once per that interval per key;
-        :meth:`check_guard`). A guard of a dead source is the take-over's; one whose source is
+        :meth:`check_keeper`). A keeper of a dead source is the take-over's; one whose source is
         silent or unreachable stays (it may be the job's only way back); one whose live source
-        does not answer is unconfirmed (:meth:`_guard_unanswered`) and stays too."""
-        check = float(self.host.s["replica_guard_check_s"])
+        does not answer is unconfirmed (:meth:`_keeper_unanswered`) and stays too."""
+        check = float(self.host.s["replica_keeper_check_s"])
         z = self.host.zone
         if check <= 0 or z is None:
             return
         rows = self.host.agent.store.db.execute(
-            "SELECT key, src_node, request, updated FROM migrate_replicas WHERE state='guarding' AND updated < ?",
+            "SELECT key, src_node, request, updated FROM migrate_replicas WHERE state='keeping' AND updated < ?",
             (now - check,)).fetchall()
         mono = time.monotonic()
-        self._guard_asked = {k: t for k, t in self._guard_asked.items() if mono < t + check}  # the rest may ask again
+        self._keeper_asked = {k: t for k, t in self._keeper_asked.items() if mono < t + check}  # the rest may ask again
         for row in rows:
             key = str(row["key"])
-            if key in self.host.guarding.taking or key in self._guard_checking or mono < self._guard_asked.get(key, -math.inf) + check:
+            if key in self.host.takeover.taking or key in self._keeper_checking or mono < self._keeper_asked.get(key, -math.inf) + check:
                 continue
             try:
                 req = json.loads(row["request"])
@@ -539,40 +539,40 @@ class Replicas:
                 continue
             if src not in z.membership.by_node or src in z.membership.suspects:
                 continue
-            if self.host.guarding.source_dead(src, time.time(), req.get("window_end"), float(row["updated"])) is not None:
+            if self.host.takeover.source_dead(src, time.time(), req.get("window_end"), float(row["updated"])) is not None:
                 continue
-            self._guard_asked[key] = mono
-            self._guard_checking.add(key)
-            self.host._spawn(self.check_guard(key, src, float(row["updated"])))
+            self._keeper_asked[key] = mono
+            self._keeper_checking.add(key)
+            self.host._spawn(self.check_keeper(key, src, float(row["updated"])))
 
-    def recheck_guards(self, now: float) -> None:
-        """A source heard again after a silence of GUARD_RECHECK_GAP_S or more, or heard for the
-        first time since this agent started, may have stopped a job this node guards while this
+    def recheck_keepers(self, now: float) -> None:
+        """A source heard again after a silence of KEEPER_RECHECK_GAP_S or more, or heard for the
+        first time since this agent started, may have stopped a job this node keeps while this
         node could not hear it: its reclaim window ended while this agent was down (so it never
         learned the window), or it rebooted faster than ``orphan_after_s`` and found the job
-        gone (``lost``). Each guard held here for it (``guarding``, not a take-over) is checked
-        at once (:meth:`check_guard`), which takes the job over when the source says it was
-        stopped for good (``stopped_for_good`` in its answer). Before, such a guard waited for the source's
+        gone (``lost``). Each keeper held here for it (``keeping``, not a take-over) is checked
+        at once (:meth:`check_keeper`), which takes the job over when the source says it was
+        stopped for good (``stopped_for_good`` in its answer). Before, such a keeper waited for the source's
         next silence (bench/chaos.py --no-archive, seed 44: 76 s, from an older replica) or,
         the source staying up, for ever."""
         z = self.host.zone
         if z is None:
             return
         rows = self.host.agent.store.db.execute(
-            "SELECT key, src_node, request, updated FROM migrate_replicas WHERE state='guarding'").fetchall()
+            "SELECT key, src_node, request, updated FROM migrate_replicas WHERE state='keeping'").fetchall()
         srcs = {int(r["src_node"]) for r in rows}
         back = set()
         for src in srcs:
             seen, prev = self.host._last_seen(src), self._src_heard.get(src)
             self._src_heard[src] = seen
-            if seen >= 0 and (prev is None or prev < 0 or seen - prev >= GUARD_RECHECK_GAP_S):
+            if seen >= 0 and (prev is None or prev < 0 or seen - prev >= KEEPER_RECHECK_GAP_S):
                 back.add(src)
         for src in set(self._src_heard) - srcs:
             del self._src_heard[src]
         mono = time.monotonic()
         for row in rows:
             key, src = str(row["key"]), int(row["src_node"])
-            if src not in back or key in self.host.guarding.taking or key in self._guard_checking or src == self.host.node_id:
+            if src not in back or key in self.host.takeover.taking or key in self._keeper_checking or src == self.host.node_id:
                 continue
             if src not in z.membership.by_node or src in z.membership.suspects:
                 continue
@@ -582,17 +582,17 @@ class Replicas:
                 continue
             if not isinstance(req, dict) or req.get("take_over"):
                 continue
-            self._guard_asked[key] = mono
-            self._guard_checking.add(key)
-            self.host._spawn(self.check_guard(key, src, float(row["updated"])))
+            self._keeper_asked[key] = mono
+            self._keeper_checking.add(key)
+            self.host._spawn(self.check_keeper(key, src, float(row["updated"])))
 
     def _stopped_there(self, key: str, src: int, seen: float, state: str) -> bool:
         """``src`` says its job ``key`` was stopped for good there (``state``; ``stopped_for_good``)
-        and still needs this guard: the guard becomes a take-over (as a holder's: its request's
-        ``take_over``), which the next guard round resumes, if the row did not change since
+        and still needs this keeper: the keeper becomes a take-over (as a keeper's: its request's
+        ``take_over``), which the next keeper round resumes, if the row did not change since
         ``seen``. Returns whether it did."""
         db = self.host.agent.store.db
-        row = db.execute("SELECT request FROM migrate_replicas WHERE key=? AND state='guarding' AND updated=?",
+        row = db.execute("SELECT request FROM migrate_replicas WHERE key=? AND state='keeping' AND updated=?",
                          (key, seen)).fetchone()
         try:
             req = json.loads(row["request"]) if row is not None else None
@@ -603,84 +603,84 @@ class Replicas:
         req["take_over"] = True
         req["stopped_there"] = state
         with self.host.agent.store.tx() as tx:
-            if not ledger.set_request(tx, key, req, only_from=(custody.State.GUARDING,), if_updated=seen):
+            if not ledger.set_request(tx, key, req, only_from=(custody.State.KEEPING,), if_updated=seen):
                 return False
-        self.host._emit(f"{key}: node {src} says the job was {state} there without moving, and this node guards it: "
+        self.host._emit(f"{key}: node {src} says the job was {state} there without moving, and this node keeps it: "
                    "resuming it", key=key, src_node=src, src_state=state, phase="stopped-there")
         return True
 
-    async def check_guard(self, key: str, src: int, seen: float) -> bool:
-        """Asks ``src`` whether the guard of ``key`` held here is still needed
-        (:func:`guard_needed` there). Only a clear "no" from the source ends it: the row becomes
+    async def check_keeper(self, key: str, src: int, seen: float) -> bool:
+        """Asks ``src`` whether the keeper of ``key`` held here is still needed
+        (:func:`keeper_needed` there). Only a clear "no" from the source ends it: the row becomes
         ``released`` (as if the source's ``release`` had come, dated when the question was sent,
         so what the source shipped after it stays for REPLICA_LATE_S), and only if it did not
-        change since ``seen`` (a new guard of the key meanwhile wins); then the released key's
+        change since ``seen`` (a new keeper of the key meanwhile wins); then the released key's
         replicas go (:meth:`gc`). No answer, an error, an older agent that does not know
-        the op: the guard stays. Returns whether it ended."""
+        the op: the keeper stays. Returns whether it ended."""
         try:
             asked = time.time()
             try:
                 ans = await self.host._control(src, "needs", {"key": key})
             except (MigrateError, TransferError, OSError, TimeoutError) as e:
-                log.info("migrate: asking node %d whether the guard of %s is needed: %s (kept)", src, key, e)
-                self._guard_unanswered(key, src, asked, str(e) or type(e).__name__)
+                log.info("migrate: asking node %d whether the keeper of %s is needed: %s (kept)", src, key, e)
+                self._keeper_unanswered(key, src, asked, str(e) or type(e).__name__)
                 return False
             if not isinstance(ans, dict) or ans.get("key") != key or not isinstance(ans.get("needed"), bool):
-                self._guard_unanswered(key, src, asked, f"an answer that is not one: {str(ans)[:200]}")
+                self._keeper_unanswered(key, src, asked, f"an answer that is not one: {str(ans)[:200]}")
                 return False
-            self._guard_answered(key, src, asked)
+            self._keeper_answered(key, src, asked)
             if ans["needed"]:
-                if ans.get("stopped_for_good") is True and key not in self.host.guarding.taking:
+                if ans.get("stopped_for_good") is True and key not in self.host.takeover.taking:
                     self._stopped_there(key, src, seen, str(ans.get("state")))
                 return False
-            if key in self.host.guarding.taking:
+            if key in self.host.takeover.taking:
                 return False
             with self.host.agent.store.tx() as db:
                 ended = ledger.move(db, key, custody.Event.NOT_NEEDED, counts=self.host.counts,
-                                    only_from=(custody.State.GUARDING,), if_updated=seen, updated=asked) is not None
+                                    only_from=(custody.State.KEEPING,), if_updated=seen, updated=asked) is not None
             if not ended:
                 return False
-            self.host.counts["replica_guards_ended"] = self.host.counts.get("replica_guards_ended", 0) + 1
-            self.host._emit(f"{key}: node {src} no longer needs this guard ({ans.get('why', '')}); its replicas go",
-                       key=key, src_node=src, phase="guard-ended")
+            self.host.counts["replica_keepers_ended"] = self.host.counts.get("replica_keepers_ended", 0) + 1
+            self.host._emit(f"{key}: node {src} no longer needs this keeper ({ans.get('why', '')}); its replicas go",
+                       key=key, src_node=src, phase="keeper-ended")
             try:
                 self.gc(key)
             except Exception:
                 log.exception("migrate: replica GC of %s", key)
             return True
         finally:
-            self._guard_checking.discard(key)
+            self._keeper_checking.discard(key)
 
-    def _guard_unanswered(self, key: str, src: int, asked: float, error: str) -> None:
+    def _keeper_unanswered(self, key: str, src: int, asked: float, error: str) -> None:
         """The ``needs`` question about ``key`` asked at ``asked`` got no answer from ``src``: one
-        more unanswered question (migrate_guard_checks). The first of a row makes the guard
-        unconfirmed (:func:`guard_confirmation`): recorded once as a ``migrate`` event, phase
-        ``guard-unconfirmed``. The guard and its replicas stay."""
+        more unanswered question (migrate_keeper_checks). The first of a row makes the keeper
+        unconfirmed (:func:`keeper_confirmation`): recorded once as a ``migrate`` event, phase
+        ``keeper-unconfirmed``. The keeper and its replicas stay."""
         db = self.host.agent.store.db
-        prev = db.execute("SELECT answered, unanswered FROM migrate_guard_checks WHERE key=?", (key,)).fetchone()
+        prev = db.execute("SELECT answered, unanswered FROM migrate_keeper_checks WHERE key=?", (key,)).fetchone()
         with self.host.agent.store.tx() as tx:
-            ledger.guard_unanswered(tx, key, asked, error)
+            ledger.keeper_unanswered(tx, key, asked, error)
         if prev is not None and int(prev["unanswered"]) > 0:
             return
         row = db.execute("SELECT updated FROM migrate_replicas WHERE key=?", (key,)).fetchone()
         heard = max((float(t) for t in (None if row is None else row["updated"],
                                         None if prev is None else prev["answered"]) if t is not None), default=None)
         since = "" if heard is None else f"; last heard from it {max(0.0, time.time() - heard):.0f} s ago"
-        self.host.counts["replica_guards_unconfirmed"] = self.host.counts.get("replica_guards_unconfirmed", 0) + 1
-        self.host._emit(f"{key}: node {src} did not answer whether it still needs this guard ({error}){since}; kept, "
+        self.host.counts["replica_keepers_unconfirmed"] = self.host.counts.get("replica_keepers_unconfirmed", 0) + 1
+        self.host._emit(f"{key}: node {src} did not answer whether it still needs this keeper ({error}){since}; kept, "
                    "shown as unconfirmed by `laminarctl replicas` until it answers", key=key, src_node=src,
-                   phase="guard-unconfirmed", error=error, heard_at=heard)
+                   phase="keeper-unconfirmed", error=error, heard_at=heard)
 
-    def _guard_answered(self, key: str, src: int, at: float) -> None:
-        """``src`` answered the ``needs`` question about ``key`` asked at ``at``: the guard is
-        confirmed again (a ``guard-confirmed`` event when it was unconfirmed)."""
+    def _keeper_answered(self, key: str, src: int, at: float) -> None:
+        """``src`` answered the ``needs`` question about ``key`` asked at ``at``: the keeper is
+        confirmed again (a ``keeper-confirmed`` event when it was unconfirmed)."""
         db = self.host.agent.store.db
-        prev = db.execute("SELECT unanswered FROM migrate_guard_checks WHERE key=?", (key,)).fetchone()
+        prev = db.execute("SELECT unanswered FROM migrate_keeper_checks WHERE key=?", (key,)).fetchone()
         with self.host.agent.store.tx() as tx:
-            ledger.guard_answered(tx, key, at)
+            ledger.keeper_answered(tx, key, at)
         if prev is not None and int(prev["unanswered"]) > 0:
-            self.host._emit(f"{key}: node {src} answers again about this guard (after {int(prev['unanswered'])} "
-                       "unanswered questions)", key=key, src_node=src, phase="guard-confirmed")
+            self.host._emit(f"{key}: node {src} answers again about this keeper (after {int(prev['unanswered'])} "
+                       "unanswered questions)", key=key, src_node=src, phase="keeper-confirmed")
 
     def asked_about(self, node: str, key: str, op: str) -> tuple[int, str | None]:
         """(the asking node's id, the id of this node's job ``key`` names, or None when ``key`` is
@@ -697,12 +697,12 @@ class Replicas:
         for gone: a silence of ``orphan_after_s``, or a reclaim window that ended while it was cut
         off) and runs it as ``job`` since ``at`` (its wall clock, moved into this one's by the
         message's ``clock``). Sent once this node is heard from again
-        (:meth:`Guard.tick`), or carried by the answer to a ``release``.
+        (:meth:`Takeover.tick`), or carried by the answer to a ``release``.
 
         When this node's copy still runs and started before ``at`` (a partition, not a
         departure), it is stopped here, state ``migrated``, so the job runs once
-        (:meth:`stop_superseded`); its other guard, if any, is released. The asker's word is
-        taken only from the job's guard (its buddy, or an old buddy still owed a release); from
+        (:meth:`stop_superseded`); its other keeper, if any, is released. The asker's word is
+        taken only from the job's keeper (its keeper, or an old keeper still owed a release); from
         another node the job stops only once the archive names it the runner of its claim of
         ``key`` (read on the archive's lane; answered ``checks``), and never without an archive.
         A job that started after ``at`` is another job under the same key (a node whose state was
@@ -710,7 +710,7 @@ class Replicas:
 
         Answers ``{"key", "stopped": job id or None, "why"}``; for a copy that no longer runs
         here, also its ``state`` and ``exit_code`` (one that finished by itself makes the
-        guard's copy a rerun: the guard stops it). Raises ValueError for a malformed body or a
+        keeper's copy a rerun: the keeper stops it). Raises ValueError for a malformed body or a
         sender that speaks for another node."""
         key = str(body["key"])
         asker, jid = self.asked_about(node, key, "superseded")
@@ -722,16 +722,16 @@ class Replicas:
                              f"is needed, not {body!r}") from None
         if not math.isfinite(at + shift):
             raise ValueError(f"superseded: at {at!r} is not a time")
-        # a node speaks for itself, or the job's guard (its buddy, or an old buddy still owed a
+        # a node speaks for itself, or the job's keeper (its keeper, or an old keeper still owed a
         # release) for the node it placed the job on when it had no room (replica state ``placed``)
-        guard = jid is not None and (self.host.prestage.buddy.get(jid) == asker or (asker, key) in self.host.prestage.releases)
-        if claimed != asker and not guard:
-            raise ValueError(f"superseded: node {asker} cannot speak for node {claimed!r} (it does not guard {key})")
+        keeper = jid is not None and (self.host.prestage.keeper.get(jid) == asker or (asker, key) in self.host.prestage.releases)
+        if claimed != asker and not keeper:
+            raise ValueError(f"superseded: node {asker} cannot speak for node {claimed!r} (it does not keep {key})")
         at += shift
         jobs = getattr(self.host.agent, "jobs", None)
         job = jobs.get(jid) if jobs is not None and jid is not None else None
         if job is None or not job.active:
-            # ``state``/``exit_code``: a copy that finished here by itself (exit 0) makes the guard's a rerun
+            # ``state``/``exit_code``: a copy that finished here by itself (exit 0) makes the keeper's a rerun
             return {"key": key, "stopped": None, "why": f"no copy of {key} runs on node {self.host.node_id}",
                     "state": None if job is None else str(job.state),
                     "exit_code": None if job is None else job.exit_code}
@@ -742,11 +742,11 @@ class Replicas:
                     "another job under the same key"}
         if job.id in self.host.evacuating:
             return {"key": key, "stopped": None, "why": f"{job.id} is being moved"}
-        # the asker's word alone stops nothing: it guards the job here (its buddy, or the old buddy
+        # the asker's word alone stops nothing: it keeps the job here (its keeper, or the old keeper
         # still owed a release), or the archive names it the runner of its claim (read on the lane)
-        vouched = guard
+        vouched = keeper
         if not vouched and self.host.archive.root() is None:
-            return {"key": key, "stopped": None, "why": f"node {asker} neither guards {key} nor claimed it from "
+            return {"key": key, "stopped": None, "why": f"node {asker} neither keeps {key} nor claimed it from "
                     "an archive: nothing here says it runs it"}
         self.host._superseding.add(job.id)
         self.host._spawn(self.stop_superseded(job, claimed, their, key, vouched))
@@ -757,14 +757,14 @@ class Replicas:
 
     async def stop_superseded(self, job: Any, node: int, their: str, key: str, vouched: bool = True) -> None:
         """Stops ``job`` here (state ``migrated``: it runs on ``node`` as ``their``), with an event
-        (phase ``superseded``); its buddy, when another node, is released. Not ``vouched`` (the
-        asker is not its guard): only when the archive names ``node`` the runner of its claim of
+        (phase ``superseded``); its keeper, when another node, is released. Not ``vouched`` (the
+        asker is not its keeper): only when the archive names ``node`` the runner of its claim of
         ``key``. Never raises."""
         try:
             if not vouched:
                 runner = await self.host.archive.lane.call(f"who runs {key}", self.host.archive.runner, key)
                 if runner != str(node):
-                    log.warning("migrate: node %d says it runs %s as %s, but it does not guard it and the archive "
+                    log.warning("migrate: node %d says it runs %s as %s, but it does not keep it and the archive "
                                 "names %s its runner: %s runs on", node, key, their, runner, job.id)
                     return
             if not job.active:
@@ -772,18 +772,18 @@ class Replicas:
             self.host._emit(f"{job.id}: node {node} took it over as {their} while it heard nothing from this node "
                        "(a partition taken for a departure); both copies ran since: stopped here so that it runs once",
                        job=job.id, node=node, their_job=their, key=key, phase="superseded")
-            # its buddy no longer guards it: released, unless that buddy took this very key over (its
-            # guard row is its copy's now). ``key`` may be another's: a fenced copy this node resumed
-            # stops for the claim of the key it came from (fence.py); its buddy guards its own key
+            # its keeper no longer keeps it: released, unless that keeper took this very key over (its
+            # keeper row is its copy's now). ``key`` may be another's: a fenced copy this node resumed
+            # stops for the claim of the key it came from (fence.py); its keeper keeps its own key
             own = f"n{self.host.node_id}-{job.id}"
-            # a prestage of it in flight stands down: a guard it sends after this would name a job
+            # a prestage of it in flight stands down: a keeper it sends after this would name a job
             # no longer run here, and nobody would release it (its node takes the job over when
             # this node next falls silent: a second copy beside the one that superseded this;
-            # bench/chaos.py --no-archive, seed 43). One past its send withdraws that guard
+            # bench/chaos.py --no-archive, seed 43). One past its send withdraws that keeper
             self.host.prestage.supersede(job.id)
-            buddy = self.host.prestage.forget_buddy(job.id)
-            if buddy is not None and (buddy != node or key != own):
-                self.host._spawn(self.host.prestage.release(buddy, own))
+            keeper = self.host.prestage.forget_keeper(job.id)
+            if keeper is not None and (keeper != node or key != own):
+                self.host._spawn(self.host.prestage.release(keeper, own))
             await self.host.agent.jobs.stop(job.id, f"node {node} runs it as {their}: it took the job over while it heard "
                                        f"nothing from node {self.host.node_id} (a partition); stopped here so that it runs "
                                        "once", grace_s=0, state="migrated", cause=EndCause.SUPERSEDED)
@@ -793,8 +793,8 @@ class Replicas:
             self.host._superseding.discard(job.id)
 
     def answer_needs(self, node: str, key: str) -> dict[str, Any]:
-        """This node's answer to ``node`` holding a guard of ``key`` (control op ``needs``):
-        ``{"key", "needed", "why", "state", "reclaim"}`` by :func:`guard_needed` (``state``: the job's, None: no record;
+        """This node's answer to ``node`` holding a keeper of ``key`` (control op ``needs``):
+        ``{"key", "needed", "why", "state", "reclaim"}`` by :func:`keeper_needed` (``state``: the job's, None: no record;
         ``reclaim``: this node has a reclaim now). A key of another node, or a job
         this node has no record of, is needed (this node cannot tell)."""
         asker, jid = self.asked_about(node, key, "needs")
@@ -804,34 +804,34 @@ class Replicas:
         job = jobs.get(jid) if jobs is not None else None
         if job is None and jobs is not None and hasattr(getattr(jobs, "table", None), "pruned") and jobs.table.pruned(jid):
             # ended long ago: its record was pruned (jobs.keep_ended_s / keep_ended); "no
-            # record" alone would say needed, and the buddy would keep the replica for good and
+            # record" alone would say needed, and the keeper would keep the replica for good and
             # resume a finished job when this node leaves
             return {"key": key, "needed": False, "state": "pruned",
                     "why": f"job {jid} ended on node {self.host.node_id} (its record was pruned)"}
         state = None if job is None else str(job.state)
-        again = self.host.guarding.runs_here(key)
+        again = self.host.takeover.runs_here(key)
         if again is not None:
             # This node runs the job again itself (a job of its that it resumed from the archive
-            # or a replica once it was given back): the job has a new key and its own guards now,
-            # and a guard of the old key resuming it would run it twice (bench/chaos.py: a holder
+            # or a replica once it was given back): the job has a new key and its own keepers now,
+            # and a keeper of the old key resuming it would run it twice (bench/chaos.py: a keeper
             # that found room resumed a job its source had claimed back from the archive).
             again_job = jobs.get(again) if jobs is not None else None
             return {"key": key, "needed": False, "state": None if again_job is None else str(again_job.state),
                     "runs_as": again, "why": f"node {self.host.node_id} runs {key} again, as {again}",
                     "reclaim": getattr(self.host, "reclaim", None) is not None}
-        needed, why = guard_needed(state, self.host.prestage.buddy.get(jid), asker,
+        needed, why = keeper_needed(state, self.host.prestage.keeper.get(jid), asker,
                                    jid in self.host.evacuating or jid in self.host.prestage.prestaging)
-        # ``reclaim``: whether this node has a reclaim now (a guard that may have missed its
+        # ``reclaim``: whether this node has a reclaim now (a keeper that may have missed its
         # withdrawal learns from a false one that the window it holds no longer ends anything);
-        # ``stopped_for_good``: the job stopped here without moving and its guard is to resume it
+        # ``stopped_for_good``: the job stopped here without moving and its keeper is to resume it
         # (its window ended first; it was lost with its cgroup, a reboot), not one that may have
         # ended by itself while the agent was down, nor one Airlock killed), said only to the
-        # node this one knows for its buddy (two guards, an old one owed a release, never both).
+        # node this one knows for its keeper (two keepers, an old one owed a release, never both).
         # Read from the job's end cause (it was read from its reason's words before);
         # ``end_cause`` goes with the answer, for the asker's events (it decides on
         # ``stopped_for_good``, as before: an older agent's answer has no cause).
         cause = getattr(job, "end_cause", None)
-        stopped = needed and self.host.prestage.buddy.get(str(jid)) == asker and cause in RESUMED_BY_ITS_GUARD
+        stopped = needed and self.host.prestage.keeper.get(str(jid)) == asker and cause in RESUMED_BY_ITS_KEEPER
         return {"key": key, "needed": needed, "why": why, "state": state, "stopped_for_good": stopped,
                 "end_cause": None if cause is None else str(cause),
                 "reclaim": getattr(self.host, "reclaim", None) is not None}  # (getattr: a caller's stand-in may lack it)
@@ -932,16 +932,16 @@ class Replicas:
         :meth:`_scan_replicas`'s (taken in a thread). Runs on the event loop (the store, the jobs).
 
         Per key: ``key``, ``state`` (the row's, ``unclaimed`` without a row), ``src_node``,
-        ``src_job``, ``owner_uid``, ``ckpt`` (the guarded checkpoint), ``job_id`` (what it was
+        ``src_job``, ``owner_uid``, ``ckpt`` (the kept checkpoint), ``job_id`` (what it was
         resumed or placed as), ``updated``, ``attempts``/``next_at``/``last_error`` (a waiting
-        guard's), ``checkpoints`` ([{name, bytes, mtime}], newest first), ``bytes``,
+        keeper's), ``checkpoints`` ([{name, bytes, mtime}], newest first), ``bytes``,
         ``temporaries``, ``incoming`` (partial transfers), ``link``, ``age_s`` (since the last
         change of the row or the directory), ``used_by`` (local jobs resumed from it),
         ``receiving``, ``gc`` (``removes``/``keeps``), ``gc_at``, ``gc_removes``, ``gc_why``,
         ``row_gc_at``, ``droppable`` (what ``drop`` without ``force`` would say: None when it
-        would drop), ``unconfirmed`` (a guard whose live source did not answer the last ``needs``
-        question: :func:`guard_confirmation`), ``source_heard_at``/``source_silent_s`` (when the
-        source last spoke about a ``guarding`` guard: its guard message or an answer),
+        would drop), ``unconfirmed`` (a keeper whose live source did not answer the last ``needs``
+        question: :func:`keeper_confirmation`), ``source_heard_at``/``source_silent_s`` (when the
+        source last spoke about a ``keeping`` keeper: its keeper message or an answer),
         ``needs_unanswered`` (questions in a row without an answer) and ``needs_error`` (the
         last one's, while unconfirmed)."""
         assert self.host.root is not None
@@ -950,7 +950,7 @@ class Replicas:
         rows = {str(r["key"]): r for r in db.execute(
             "SELECT r.key, r.src_node, r.src_job, r.request, r.ckpt, r.state, r.job_id, r.updated, t.attempts, "
             "t.next_at, t.last_error, g.answered, g.unanswered, g.last_error AS needs_error FROM migrate_replicas r "
-            "LEFT JOIN migrate_retry t ON t.key = r.key LEFT JOIN migrate_guard_checks g ON g.key = r.key").fetchall()}
+            "LEFT JOIN migrate_retry t ON t.key = r.key LEFT JOIN migrate_keeper_checks g ON g.key = r.key").fetchall()}
         held: dict[str, dict[str, Any]] = scan["keys"]
         next_round = now + max(0.0, self._replica_gc_next - time.monotonic())
         out = []
@@ -966,7 +966,7 @@ class Replicas:
             if row is not None:
                 src_node: int | None = int(row["src_node"])
                 src_job: str | None = str(row["src_job"])
-            else:  # no guard came: what the key's name says (n<node>-<job>)
+            else:  # no keeper came: what the key's name says (n<node>-<job>)
                 m = re.fullmatch(r"n([0-9]{1,10})-(.+)", key)
                 src_node, src_job = (int(m.group(1)), m.group(2)) if m else (None, None)
             ckpts = sc["ckpts"] if sc is not None else {}
@@ -975,19 +975,19 @@ class Replicas:
             state = str(row["state"]) if row is not None else None
             plan = replica_gc_plan(
                 state=state, held={n: t for n, (_, t) in ckpts.items()}, in_use=set(users), now=now, updated=updated,
-                newest_mtime=newest, taking=key in self.host.guarding.taking, take_over=bool(req.get("take_over")),
+                newest_mtime=newest, taking=key in self.host.takeover.taking, take_over=bool(req.get("take_over")),
                 src_node=src_node, next_round=next_round,
                 next_look=float(row["next_at"]) if row is not None and row["next_at"] is not None else None,
-                orphan_s=float(self.host.s["replica_orphan_s"]), guard_check_s=float(self.host.s["replica_guard_check_s"]),
+                orphan_s=float(self.host.s["replica_orphan_s"]), keeper_check_s=float(self.host.s["replica_keeper_check_s"]),
                 row_keep_s=float(self.host.s["replica_row_keep_s"]))
-            conf = guard_confirmation(
+            conf = keeper_confirmation(
                 state=state, take_over=bool(req.get("take_over")), updated=updated,
                 answered=None if row is None or row["answered"] is None else float(row["answered"]),
                 unanswered=0 if row is None or row["unanswered"] is None else int(row["unanswered"]), now=now)
             why = plan["why"]
             if conf["unconfirmed"] and row is not None:
                 n = int(row["unanswered"])
-                why = (f"UNCONFIRMED: node {src_node} has not answered whether the job still needs this guard "
+                why = (f"UNCONFIRMED: node {src_node} has not answered whether the job still needs this keeper "
                        f"({n} question{'' if n == 1 else 's'} in a row; last: {row['needs_error']}); last heard from it "
                        f"{conf['silent_s']:.0f} s ago; kept (it may be the job's only copy). " + why)
             changed = max(t for t in (updated, newest, -math.inf) if t is not None)
@@ -1031,7 +1031,7 @@ class Replicas:
     def _drop_refusal(self, key: str, state: str | None, src_node: int | None, src_job: str | None,
                       users: dict[str, list[str]], force: bool) -> str | None:
         """Why :meth:`drop` refuses ``key`` now (None: it would drop it)."""
-        if key in self.host.guarding.taking:
+        if key in self.host.takeover.taking:
             return f"{key}: a take-over (or archive claim) of it runs now; try again once it ended"
         if self.receiving(key):
             return f"{key}: a checkpoint transfer into it is in progress; try again once it ended"
@@ -1040,12 +1040,12 @@ class Replicas:
             return (f"{key}: local job{'s' if len(jobs) > 1 else ''} {', '.join(jobs)} resume{'' if len(jobs) > 1 else 's'}"
                     f" from {', '.join(sorted(users))}; never dropped while a local job uses it, --force or not "
                     "(a job that failed or was lost may need it to be restarted: that is an operator's call)")
-        if state in REPLICA_GUARD_STATES and not force:
+        if state in REPLICA_KEEPER_STATES and not force:
             src = f"node {src_node}" if src_node is not None else "its source node"
-            what = (f"this node holds the guard of job {src_job or '?'} of {src}" if state == "guarding" else
+            what = (f"this node holds the keeper of job {src_job or '?'} of {src}" if state == "keeping" else
                     f"its source {src} is gone and this node waits for room to resume job {src_job or '?'}")
             return (f"{key} is {state}: {what}; these replicas may be the job's only way back. Drop it anyway with "
-                    f"--force ({src} is told, if it can be reached, and prestages a running job to another buddy; "
+                    f"--force ({src} is told, if it can be reached, and prestages a running job to another keeper; "
                     "a stopped job held here, or a gone source's job, is then lost unless the archive holds it)")
         return None
 
@@ -1058,7 +1058,7 @@ class Replicas:
         never followed) and removed in a worker thread; then the rows go. Refused, with nothing
         changed: a key that is not a transfer key (ValueError), one this node neither holds nor
         has a row for (LookupError), and (ReplicaRefused) one whose take-over runs, one a transfer
-        is being received into, one a local job resumes from (``force`` or not), a ``guarding`` or
+        is being received into, one a local job resumes from (``force`` or not), a ``keeping`` or
         ``waiting`` key without ``force``. This tells the source nothing: the API's drop is
         :meth:`drop_and_tell` (see docs/operations.md). ``.tmp-*`` of a commit cannot be there (no transfer runs); partial
         transfers under ``incoming/`` are the endpoint's (:meth:`Receiver.sweep`) and the archive
@@ -1104,10 +1104,10 @@ class Replicas:
                 raise MigrateError(f"{key}: cannot move {d} into {trash}: {e}; nothing was removed") from None
         with self.host.agent.store.tx() as db:
             ledger.move(db, key, custody.Event.DROP, counts=self.host.counts)  # its retry row goes too
-            ledger.forget_guard(db, key)
-        self._guard_asked.pop(key, None)
+            ledger.forget_keeper(db, key)
+        self._keeper_asked.pop(key, None)
         self.host.counts["replica_dropped"] = self.host.counts.get("replica_dropped", 0) + 1
-        forced = force and state in REPLICA_GUARD_STATES
+        forced = force and state in REPLICA_KEEPER_STATES
         self.host._emit(f"{key}: replicas dropped by {by or 'an operator'} (state {state or 'unclaimed'}"
                    f"{', forced' if forced else ''}): {', '.join(names) or 'no checkpoint'}, {nbytes} bytes",
                    key=key, phase="replica-dropped", state=state or "unclaimed", forced=forced, by=by)
@@ -1118,9 +1118,9 @@ class Replicas:
 
     async def drop_and_tell(self, key: str, force: bool = False, by: str = "",
                                     timeout: float = 5.0) -> dict[str, Any]:
-        """:meth:`drop`, then, for a forced drop of a ``guarding`` or ``waiting`` key, tells
+        """:meth:`drop`, then, for a forced drop of a ``keeping`` or ``waiting`` key, tells
         its source (control op ``dropped``, ``{"key"}``) so that it forgets this node as the job's
-        buddy and prestages elsewhere (:meth:`Prestage.answer_dropped` there). The drop stands whatever the
+        keeper and prestages elsewhere (:meth:`Prestage.answer_dropped` there). The drop stands whatever the
         source says or whether it can be reached. Adds ``source_told`` (True: the source answered;
         False: it was not told; None: nothing to tell) and ``source_says`` (its answer's ``why``, or
         why it was not told) to :meth:`drop`'s answer. Raises what drop raises."""
@@ -1138,7 +1138,7 @@ class Replicas:
         except (MigrateError, TransferError, OSError, TimeoutError) as e:
             res["source_told"], res["source_says"] = False, f"node {src} was not told: {e}"
             self.host._emit(f"{key}: the forced drop was not told to node {src} ({e}): it may still count on this node "
-                       "as the job's buddy", key=key, src_node=src, phase="replica-drop-untold")
+                       "as the job's keeper", key=key, src_node=src, phase="replica-drop-untold")
             return res
         res["source_told"], res["source_says"] = True, str(ans.get("why", ""))
         return res
@@ -1146,7 +1146,7 @@ class Replicas:
     # -- a job's owner's view of a replica it resumes from (ReclaimComponent.check_resume) --------
 
     def note_owner(self, key: str, request: Any) -> None:
-        """Records whose job ``key`` is from its guard's request (a dict, or its JSON)."""
+        """Records whose job ``key`` is from its keeper's request (a dict, or its JSON)."""
         try:
             req = json.loads(request) if isinstance(request, str) else request
             self.owners[key] = (int(req.get("owner_uid", 0) or 0), int(req.get("owner_gid", 0) or 0))

@@ -16,8 +16,8 @@ REPLICAS_SCHEMA = [
         state TEXT NOT NULL,
         job_id TEXT,
         updated REAL NOT NULL)""",
-    # A guard whose source is dead but that found no room yet: when it looks again (survives a
-    # restart of the guard's agent).
+    # A keeper whose source is dead but that found no room yet: when it looks again (survives a
+    # restart of the keeper's agent).
     """CREATE TABLE IF NOT EXISTS migrate_retry (
         key TEXT PRIMARY KEY,
         attempts INTEGER NOT NULL,
@@ -25,40 +25,40 @@ REPLICAS_SCHEMA = [
         why TEXT NOT NULL,
         last_error TEXT NOT NULL,
         updated REAL NOT NULL)""",
-    # A guard's questions to its source (control op ``needs``): when it was last asked, when it
+    # A keeper's questions to its source (control op ``needs``): when it was last asked, when it
     # last answered (wall clock), how many questions in a row went unanswered and the last error.
-    # Each of this node's jobs' buddy (the node its guard was handed to last), so that a restarted
-    # agent still releases it when the job ends or its guard goes elsewhere.
-    """CREATE TABLE IF NOT EXISTS migrate_buddies (
+    # Each of this node's jobs' keeper (the node its keeper was handed to last), so that a restarted
+    # agent still releases it when the job ends or its keeper goes elsewhere.
+    """CREATE TABLE IF NOT EXISTS migrate_keepers (
         job_id TEXT PRIMARY KEY,
         node INTEGER NOT NULL,
         updated REAL NOT NULL)""",
-    # A ``release`` this node owes ``node`` for ``key`` (:meth:`laminar.migrate.buddies.Prestage.release`), written
+    # A ``release`` this node owes ``node`` for ``key`` (:meth:`laminar.migrate.prestage.Prestage.release`), written
     # before its first try and deleted once ``node`` answered (or it was given up, RELEASE_GIVE_UP_S
-    # after ``since``, or ``node`` guards the job again): a restarted agent sends it again.
+    # after ``since``, or ``node`` keeps the job again): a restarted agent sends it again.
     """CREATE TABLE IF NOT EXISTS migrate_releases (
         node INTEGER NOT NULL,
         key TEXT NOT NULL,
         since REAL NOT NULL,
         last_error TEXT NOT NULL,
         PRIMARY KEY (node, key))""",
-    """CREATE TABLE IF NOT EXISTS migrate_guard_checks (
+    """CREATE TABLE IF NOT EXISTS migrate_keeper_checks (
         key TEXT PRIMARY KEY,
         asked REAL NOT NULL,
         answered REAL,
         unanswered INTEGER NOT NULL,
         last_error TEXT NOT NULL)""",
-    # Who handed this node the guard of ``key`` last (``node``: the key's own node, or a node
-    # that passed the guard on or placed the taken-over job here): with the key's node, the only
-    # one that may change or release the guard, send its checkpoints or have its job run here as
-    # root (laminar.zone.authority). No row: the guard row's src_node handed it (an older agent's).
-    """CREATE TABLE IF NOT EXISTS migrate_guard_from (
+    # Who handed this node the keeper of ``key`` last (``node``: the key's own node, or a node
+    # that passed the keeper on or placed the taken-over job here): with the key's node, the only
+    # one that may change or release the keeper, send its checkpoints or have its job run here as
+    # root (laminar.zone.authority). No row: the keeper row's src_node handed it (an older agent's).
+    """CREATE TABLE IF NOT EXISTS migrate_keeper_from (
         key TEXT PRIMARY KEY,
         node INTEGER NOT NULL,
         updated REAL NOT NULL)""",
-    # A guard's placement of the job it takes over whose hand-over to ``node`` (placement ``pid``,
+    # A keeper's placement of the job it takes over whose hand-over to ``node`` (placement ``pid``,
     # ``request``) may have been sent and was not answered yet: a restart asks the node before
-    # any other take-over of the key (:meth:`Guard.restore_replica_handovers`).
+    # any other take-over of the key (:meth:`Takeover.restore_replica_handovers`).
     """CREATE TABLE IF NOT EXISTS migrate_replica_handovers (
         key TEXT PRIMARY KEY,
         node INTEGER NOT NULL,
@@ -76,8 +76,8 @@ RECLAIM_SCHEMA = [
         reason TEXT NOT NULL,
         announced REAL NOT NULL,
         deadline REAL NOT NULL)""",
-    # A reclaimed job's copy to the archive that may go on past its window's wait (no holder, no
-    # buddy: the archive is its only keeper; StoppedCopies.publish_until with ``late_ok``), written
+    # A reclaimed job's copy to the archive that may go on past its window's wait (no keeper, no
+    # keeper: the archive is its only keeper; StoppedCopies.publish_until with ``late_ok``), written
     # before the copy starts: ``late`` 1 once the job is stopped for it (its wait over),
     # ``publishing`` 1 (written on the archive's thread, committed) right before its record is
     # renamed into place. A restart takes up a late copy of a job still ``reclaimed`` whose record

@@ -3,8 +3,8 @@
 docs/migration.md, *Settling a hand-over whose destination is gone for good*).
 
 No timeout ends the wait for a hand-over's answer (a thaw on a timeout could run the job twice
-during a partition: :meth:`Guard.handover` with ``confirm``), so a destination that
-received the frame and then left for good would keep the job frozen here, or a guard's key held,
+during a partition: :meth:`Takeover.handover` with ``confirm``), so a destination that
+received the frame and then left for good would keep the job frozen here, or a keeper's key held,
 forever. The operator who knows that node is gone decides: ``laminarctl migrations --pending``
 (``GET /v1/migrate/handovers``: :meth:`Settle.pending_handovers`) lists the hand-overs not
 answered, and ``laminarctl job settle ID --run-here`` or ``--gone``
@@ -12,11 +12,11 @@ answered, and ``laminarctl job settle ID --run-here`` or ``--gone``
 node runs the job.
 
 :class:`Settle` is built with the component (what it uses of it: :class:`SettleHost`). It holds
-no state of its own: the waits for an answer it settles (:attr:`Guard.asking`) are the
-guard's hand-over's (:meth:`Guard.handover`), the records are the store's. It has no
+no state of its own: the waits for an answer it settles (:attr:`Takeover.asking`) are the
+keeper's hand-over's (:meth:`Takeover.handover`), the records are the store's. It has no
 round either. Besides the two routes above, ``GET /v1/migrations`` shows each move through
 :meth:`Settle.move_view`; the component's start calls :meth:`Settle.stop_settled` (a settle's
-stop the restart cut) and the guard :meth:`Settle.tell_release` (a placement its node refused).
+stop the restart cut) and the keeper :meth:`Settle.tell_release` (a placement its node refused).
 """
 
 from __future__ import annotations
@@ -33,9 +33,9 @@ from laminar.policy import custody, moves
 from laminar.policy.endcause import EndCause
 
 if TYPE_CHECKING:
-    from laminar.migrate.buddies import Prestage
-    from laminar.migrate.guard import Guard
     from laminar.migrate.mover import Move, Mover
+    from laminar.migrate.prestage import Prestage
+    from laminar.migrate.takeover import Takeover
 
 log = logging.getLogger("laminar.migrate")
 
@@ -47,7 +47,7 @@ class SettleHost(Protocol):
     mover: Mover
     counts: dict[str, int]
     evacuating: set[str]
-    guarding: Guard
+    takeover: Takeover
     moves: dict[str, Move]
     prestage: Prestage
 
@@ -68,7 +68,7 @@ class Settle:
 
     def pending_handovers(self) -> list[dict[str, Any]]:
         """Hand-overs sent (or maybe sent) and not answered yet, that an operator may settle
-        (:meth:`settle_handover`): a move's (``kind`` move, ``job`` its id) and a guard's
+        (:meth:`settle_handover`): a move's (``kind`` move, ``job`` its id) and a keeper's
         placement's (``kind`` placement, ``job`` the replica's key). ``state``: ``handing-over``
         (its first try is under way), ``unconfirmed`` (a try went unanswered: asked again
         until the node answers), ``unasked`` (the node cannot be asked: no zone, or it left the
@@ -81,10 +81,10 @@ class Settle:
         seen = {str(r["ref"]) for _, r in rows}
         # a reclaim's move (its records are the reclaim's): while its wait runs
         rows += [("move", {"ref": jid, "node": a["node"], "updated": a["since"] or time.time()})
-                 for jid, a in self.host.guarding.asking.items() if jid not in seen]
+                 for jid, a in self.host.takeover.asking.items() if jid not in seen]
         out = []
         for kind, r in rows:
-            a = self.host.guarding.asking.get(str(r["ref"]))
+            a = self.host.takeover.asking.get(str(r["ref"]))
             state = "unasked" if a is None else "unconfirmed" if a["since"] else "handing-over"
             out.append({"job": str(r["ref"]), "kind": kind, "node": int(r["node"]), "state": state,
                         "since": (a["since"] if a is not None else None) or float(r["updated"]),
@@ -95,18 +95,18 @@ class Settle:
         """A move as GET /v1/migrations shows it: phase ``unconfirmed`` (with ``unconfirmed_since``,
         wall clock) while its hand-over goes unanswered."""
         d = mv.as_dict()
-        a = self.host.guarding.asking.get(mv.job) if mv.phase == "handover" else None
+        a = self.host.takeover.asking.get(mv.job) if mv.phase == "handover" else None
         if a is not None and a["since"]:
             d["phase"], d["unconfirmed_since"] = "unconfirmed", a["since"]
         return d
 
     async def settle_handover(self, ref: str, decision: str, by: str = "") -> dict[str, Any]:
         """An operator's call on a hand-over its node never answered (the node left for good):
-        the wait (:meth:`Guard.handover`) or the record a restart would ask with ends by decision.
+        the wait (:meth:`Takeover.handover`) or the record a restart would ask with ends by decision.
         ``ref``: a job id (``N`` for ``job-N``) with a move's pending hand-over, or the key of a
-        guard's placement. ``decision``: ``run-here`` (the node does not run it: the job is
-        thawed here when its move froze it and runs on; a placement's guard goes on; the node
-        is no longer the job's buddy and is told to release its guard, recorded with the
+        keeper's placement. ``decision``: ``run-here`` (the node does not run it: the job is
+        thawed here when its move froze it and runs on; a placement's keeper goes on; the node
+        is no longer the job's keeper and is told to release its keeper, recorded with the
         decision and sent until it answers, also after a restart: :meth:`Prestage.release`) or
         ``gone`` (the node runs it: the job is stopped here, state ``migrated``; the replica is
         ``placed`` there). Written to the
@@ -125,44 +125,44 @@ class Settle:
         if row is not None:
             return await self._settle_placement(ref, row, decision, by)
         mv = self.host.moves.get(ref) or (self.host.moves.get(f"job-{ref}") if ref.isdigit() else None)
-        if mv is not None and mv.phase == "handover" and mv.job in self.host.guarding.asking:
+        if mv is not None and mv.phase == "handover" and mv.job in self.host.takeover.asking:
             # a reclaim's move waiting on its answer (no migrate_moves row: the reclaim records
             # it); once its reclaim is cancelled, no window's end bounds that wait
             return await self._settle_reclaim_move(mv, decision, by)
         what = (f" (its move is in phase {mv.phase}: "
                 + ("its hand-over is not sent yet)" if mv.phase == "handover"
                    else "nothing to settle)") if mv is not None else "")
-        raise LookupError(f"{ref!r} has no pending hand-over on this node{what}; only a move or a guard's placement "
+        raise LookupError(f"{ref!r} has no pending hand-over on this node{what}; only a move or a keeper's placement "
                           "whose hand-over went unanswered is settled (see `laminarctl migrations --pending`)")
 
     async def _await_waiter(self, ref: str, decision: str, gone: Any) -> bool:
-        """Hands ``decision`` to the wait for ``ref``'s answer (:meth:`Guard.handover`),
+        """Hands ``decision`` to the wait for ``ref``'s answer (:meth:`Takeover.handover`),
         if one runs: True once ``gone()`` (what that wait leaves when it ends), False with no wait."""
-        a = self.host.guarding.asking.get(ref)
+        a = self.host.takeover.asking.get(ref)
         if a is None:
             return False
         a["settled"] = decision  # this wait's, this node's: never a later wait's (the node refused meanwhile)
         a["wake"].set()
         end = time.monotonic() + float(self.host.zone.s["handover_timeout_s"] if self.host.zone else 0.0) + 15.0
-        while not gone() and self.host.guarding.asking.get(ref) in (None, a) and time.monotonic() < end:
+        while not gone() and self.host.takeover.asking.get(ref) in (None, a) and time.monotonic() < end:
             await asyncio.sleep(0.05)  # (another wait for ref: the node answered, the move tries another)
         a.pop("settled", None)  # answered meanwhile: the answer decided
         return True
 
     async def _settle_reclaim_move(self, mv: Move, decision: str, by: str) -> dict[str, Any]:
         """An operator's call on a reclaim's move waiting for its hand-over's answer: the
-        decision goes to the wait (:meth:`Guard.handover`), the move ends as for any
+        decision goes to the wait (:meth:`Takeover.handover`), the move ends as for any
         answer (:meth:`Mover.move`: ``run-here`` thaws the job here, ``gone`` stops it
         here as ``migrated``; the reclaim's record of it goes). Not stored first: an agent stop in
         that moment leaves the reclaim's record, and the restart asks the node again."""
         jid = mv.job
-        a = self.host.guarding.asking[jid]
+        a = self.host.takeover.asking[jid]
         node, since = int(a["node"]), a["since"] or time.time()
-        await self._await_waiter(jid, decision, lambda: jid not in self.host.guarding.asking)
+        await self._await_waiter(jid, decision, lambda: jid not in self.host.takeover.asking)
         jobs_mgr = getattr(self.host.agent, "jobs", None)
         job = jobs_mgr.get(jid) if jobs_mgr is not None else None
         if decision == "run-here" and mv.phase == "failed" and job is not None and job.active:
-            self._unbuddy(jid, node)  # (Mover._move_to made node its buddy with the guard it handed it)
+            self._drop_keeper(jid, node)  # (Mover._move_to made node its keeper with the keeper it handed it)
             self.host.prestage.owe_release(node, mv.key)  # (the placement's Release went with the move's end)
             self.host._spawn(self.host.prestage.release(node, mv.key))
         state = None if job is None else job.state
@@ -176,7 +176,7 @@ class Settle:
 
     def tell_release(self, node: int, pid: int, key: str) -> None:
         """``node`` releases the placement (best effort: its reservation also lapses by itself)
-        and the guard (:meth:`Prestage.release`: recorded here first, sent until ``node`` answers, also
+        and the keeper (:meth:`Prestage.release`: recorded here first, sent until ``node`` answers, also
         after a restart, and once ``node`` is in the zone's roster again if it left it)."""
         from laminar.zone import wire
 
@@ -187,15 +187,15 @@ class Settle:
         self.host.prestage.owe_release(node, key)  # before the task: a stop that cancels it unstarted loses nothing
         self.host._spawn(self.host.prestage.release(node, key))
 
-    def _unbuddy(self, job_id: str, node: int, db: Any = None) -> None:
-        """``node`` is no longer ``job_id``'s buddy (an operator settled that it does not run the
-        job it was handed with the guard): its guard is released, not kept as the job's."""
-        if self.host.prestage.buddy.get(job_id) == node:
-            self.host.prestage.buddy.pop(job_id, None)
+    def _drop_keeper(self, job_id: str, node: int, db: Any = None) -> None:
+        """``node`` is no longer ``job_id``'s keeper (an operator settled that it does not run the
+        job it was handed with the keeper): its keeper is released, not kept as the job's."""
+        if self.host.prestage.keeper.get(job_id) == node:
+            self.host.prestage.keeper.pop(job_id, None)
             if db is not None:
-                db.execute("DELETE FROM migrate_buddies WHERE job_id=? AND node=?", (job_id, node))
+                db.execute("DELETE FROM migrate_keepers WHERE job_id=? AND node=?", (job_id, node))
             else:
-                self.host.prestage.forget_buddy(job_id)
+                self.host.prestage.forget_keeper(job_id)
 
     async def stop_settled(self, job: Any, node: int, how: str) -> None:
         """Stops ``job`` here (state ``migrated``) as an operator settled: ``node`` runs it."""
@@ -212,7 +212,7 @@ class Settle:
 
     async def _settle_move(self, jid: str, row: Any, decision: str, by: str) -> dict[str, Any]:
         node, pid, thaw = int(row["node"]), int(row["pid"]), bool(row["thaw"])
-        since = (self.host.guarding.asking.get(jid) or {}).get("since") or float(row["updated"])
+        since = (self.host.takeover.asking.get(jid) or {}).get("since") or float(row["updated"])
         jobs_mgr = getattr(self.host.agent, "jobs", None)
         job = jobs_mgr.get(jid) if jobs_mgr is not None else None
         key = self.host.job_key(job) if job is not None and job.active else None
@@ -220,8 +220,8 @@ class Settle:
             ledger.record_move(db, jid, moves.Event.RUN_HERE if decision == "run-here" else moves.Event.SETTLE_GONE,
                                only=ledger.WINDOWLESS, counts=self.host.counts)
             if decision == "run-here" and key is not None:
-                # node drops the guard Mover._move_to handed it (owed before anything else: sent after a restart too)
-                self._unbuddy(jid, node, db)
+                # node drops the keeper Mover._move_to handed it (owed before anything else: sent after a restart too)
+                self._drop_keeper(jid, node, db)
                 self.host.prestage.owe_release(node, key, db)
         rec = lambda: ledger.move_phase(self.host.agent.store.db, jid, ledger.WINDOWLESS) is moves.Phase.NEW  # noqa: E731
         if not await self._await_waiter(jid, decision, rec):
@@ -255,17 +255,17 @@ class Settle:
     async def _settle_placement(self, key: str, row: Any, decision: str, by: str) -> dict[str, Any]:
         node, pid = int(row["node"]), int(row["pid"])
         if decision == "gone":  # the decision first: a restart never asks node again
-            self.host.guarding.set_replica(key, custody.Event.PLACE, f"node {node}/(unconfirmed)")
-        self.host.guarding.drop_replica_handover(key)
-        rec = lambda: key not in self.host.guarding.asking  # noqa: E731
+            self.host.takeover.set_replica(key, custody.Event.PLACE, f"node {node}/(unconfirmed)")
+        self.host.takeover.drop_replica_handover(key)
+        rec = lambda: key not in self.host.takeover.asking  # noqa: E731
         if not await self._await_waiter(key, decision, rec):
-            self.host.guarding.taking.discard(key)  # held since the restart (Guard.restore_replica_handovers)
+            self.host.takeover.taking.discard(key)  # held since the restart (Takeover.restore_replica_handovers)
             if decision == "run-here":
                 self.tell_release(node, pid, key)
         r = self.host.agent.store.db.execute("SELECT state FROM migrate_replicas WHERE key=?", (key,)).fetchone()
         state = None if r is None else str(r["state"])
         self.host._emit(f"{key}: its placement's hand-over to node {node} settled by {by or 'an operator'}: "
-                        + (f"node {node} does not run it, the guard goes on" if decision == "run-here"
+                        + (f"node {node} does not run it, the keeper goes on" if decision == "run-here"
                            else f"node {node} runs it (placed)"), key=key, node=node, decision=decision,
                         phase="settled", by=by)
         return {"job": key, "kind": "placement", "node": node, "decision": decision, "state": state}

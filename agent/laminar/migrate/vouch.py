@@ -1,10 +1,10 @@
 """A silence is a departure only if the zone agrees: before a node takes a peer for gone after a
 silence (``orphan_after_s``, or ``dead_after_s`` after the peer's reclaim notice) and resumes its
-jobs (a buddy's take-over, a claim in the archive), it asks a few other members when they last
+jobs (a keeper's take-over, a claim in the archive), it asks a few other members when they last
 heard that peer (control op ``heard``).
 
-A partial partition (the link between a job's node and its buddy down, both still hearing the
-rest of the zone) looks, from the buddy, like the node's departure: before, the buddy resumed
+A partial partition (the link between a job's node and its keeper down, both still hearing the
+rest of the zone) looks, from the keeper, like the node's departure: before, the keeper resumed
 the job after ``orphan_after_s`` while the node ran its copy on, and both ran until the link came
 back. Self-fencing does not help there (fence.py): the node hears the others, so it never takes
 itself for cut off. Nor did fencing's own rule (:meth:`laminar.migrate.fence.Fence.cannot_tell`:
@@ -13,7 +13,7 @@ off 4 s, back for a tenth of a second (it heard one other member, not the reclai
 cut off again resumed the peer's job in its window (bench/chaos.py --partial-partitions, seed 32).
 
 So when a peer's silence here reaches that length and a verdict is asked for
-(:meth:`Guard.source_dead`: a buddy's take-over, a claim from the archive, the fence's
+(:meth:`Takeover.source_dead`: a keeper's take-over, a claim from the archive, the fence's
 settling), this node asks up to :data:`VOUCH_ASK` other members it heard lately
 (:meth:`_lately_s`) how long ago they heard the peer (``{node, age}``; ``age`` None: not since
 that agent started), and the verdict waits for the answers (milliseconds;
@@ -45,7 +45,7 @@ authenticated as every control message; it only ever holds a take-over back.
 
 :class:`Vouch` is a part of :class:`laminar.migrate.reclaim.ReclaimComponent` (its ``vouch``),
 built with the component (what it uses of it: :class:`VouchHost`) and the fence's
-:meth:`~laminar.migrate.fence.Fence.isolated`. The guard asks :meth:`Vouch.heard_elsewhere`; the
+:meth:`~laminar.migrate.fence.Fence.isolated`. The keeper asks :meth:`Vouch.heard_elsewhere`; the
 control op ``heard`` is answered by :meth:`Vouch.answer_heard`; the component's watch loop calls
 :meth:`Vouch.tick` each round.
 """

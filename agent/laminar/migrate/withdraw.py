@@ -18,17 +18,17 @@ elsewhere stays there. A move already begun (its checkpoint signal sent) is neve
 finishes (the job runs on its destination) or fails (the job is thawed and runs on here), so a
 job is never left frozen or nowhere. A queued job whose placement elsewhere is unsettled is
 stopped here so it never runs twice. Peers are told (control op ``reclaim-withdrawn``): they
-forget the notice and the window's end their guards of this node's jobs carry (else they would
+forget the notice and the window's end their keepers of this node's jobs carry (else they would
 declare this node dead at that end and resume, a second time, jobs that run on here). A peer
 not reached is told again every WITHDRAWN_RETRY_S: until its window's end without limit, then
-CLEARED_TELL_TRIES times (also after a cancel after the window); a restart meanwhile goes on. A guard
-that may have missed that (its agent started after the guard message that told it the window's
+CLEARED_TELL_TRIES times (also after a cancel after the window); a restart meanwhile goes on. A keeper
+that may have missed that (its agent started after the keeper message that told it the window's
 end, or it heard nothing from this node for the zone's ``peer_timeout_s`` before the window's
-end: :meth:`Guard.missed_news`)
+end: :meth:`Takeover.missed_news`)
 asks this node (control op ``needs``) before it takes over at the window's end: a job that runs
-here with no reclaim (``reclaim`` false in the answer) keeps it guarding and the window is forgotten;
-an older agent's answer without ``reclaim`` keeps it guarding and the window kept, and this node
-is asked again only once it falls silent in the zone (or after a new guard message).
+here with no reclaim (``reclaim`` false in the answer) keeps it keeping and the window is forgotten;
+an older agent's answer without ``reclaim`` keeps it keeping and the window kept, and this node
+is asked again only once it falls silent in the zone (or after a new keeper message).
 A new notice that comes while a cancel runs is a new reclaim: the cancel undoes none of it
 (its queue hold, its placements of queued jobs, its notice to the peers; ``superseded`` in the
 answer), and its evacuation begins no second move of a job whose move is under way.
@@ -41,7 +41,7 @@ new reclaim reads). It has no round of its own. The component's start calls
 :meth:`Withdraw.stop_handed` (a job whose hand-over was sent before the restart);
 ``POST /v1/reclaim/cancel`` and the control op ``reclaim-cancel`` reach
 :meth:`Withdraw.cancel_reclaim` through :meth:`Evacuation.cancel`; the control op
-``reclaim-withdrawn`` and the guard call :meth:`Withdraw.withdrawn_notice`.
+``reclaim-withdrawn`` and the keeper call :meth:`Withdraw.withdrawn_notice`.
 """
 
 from __future__ import annotations
@@ -109,13 +109,13 @@ class Withdraw:
         as the cancel would have: a job whose hand-over was sent is settled by asking its
         destination with the same hand-over (:meth:`Mover.settle_cut`, recorded in
         ``migrate_moves`` meanwhile, its cause ``reclaim_cancelled``): stopped here (``migrated``) if it runs the job there,
-        thawed here if it has no job for it (the reclaim is withdrawn: no guard resumes it at the
+        thawed here if it has no job for it (the reclaim is withdrawn: no keeper resumes it at the
         window's end); a record of an older agent without the hand-over (no
         placement id and request in its record) is stopped here as before. One a move froze is thawed, a
         queued job whose placement elsewhere was unsettled is stopped here (it may run there: never
         twice); the records go, the queue hold taken at start (:data:`drain.SETTLING_HOLD`) is
         released and the peers are told the reclaim is withdrawn (again until its window's end):
-        else their guards of the jobs that run on here would resume them at the window's end."""
+        else their keepers of the jobs that run on here would resume them at the window's end."""
         jobs_mgr = getattr(self.host.agent, "jobs", None)
         unsettled = []
         for jid, (ph, node) in sorted(phases.items()):
@@ -170,7 +170,7 @@ class Withdraw:
 
     async def stop_handed(self, job: Any, node: int | None) -> None:
         """A job whose hand-over to ``node`` was sent before the agent restarted (it may run
-        there now) is stopped here, never moved again. State ``reclaimed``: its guard (``node``)
+        there now) is stopped here, never moved again. State ``reclaimed``: its keeper (``node``)
         keeps it and resumes it when this node's window ends unless it already runs there."""
         with contextlib.suppress(Exception):
             await set_frozen_async(job.cgroup, False, 2.0)  # a frozen job is not killed by a signal until it thaws
@@ -178,7 +178,7 @@ class Withdraw:
             await self.host.agent.jobs.stop(job.id, f"node {self.host.node_id} reclaimed: "
                                             f"the job was handed over to node {node} "
                                             f"before the agent restarted (node {node} runs it, "
-                                            "or guards it and resumes it "
+                                            "or keeps it and resumes it "
                                             "when this node's window ends)", grace_s=0, state="reclaimed",
                                             cause=EndCause.HANDED_OVER)
         except Exception as e:
@@ -348,13 +348,13 @@ class Withdraw:
 
     def withdrawn_notice(self, node: int) -> list[str]:
         """A peer's reclaim was withdrawn: its notice is forgotten (it is a candidate for moves
-        again) and so is the window's end carried by the guards held here of its jobs (they no
-        longer declare it dead then). Returns the keys of those guards."""
+        again) and so is the window's end carried by the keepers held here of its jobs (they no
+        longer declare it dead then). Returns the keys of those keepers."""
         self.host.notices.pop(node, None)
         keys = []
         with self.host.agent.store.tx() as db:
             for row in db.execute("SELECT key, request FROM migrate_replicas WHERE src_node=? "
-                                  "AND state IN ('guarding', 'waiting')", (node,)).fetchall():
+                                  "AND state IN ('keeping', 'waiting')", (node,)).fetchall():
                 try:
                     req = json.loads(row["request"])
                 except ValueError:
@@ -364,6 +364,6 @@ class Withdraw:
                     ledger.note_request(db, str(row["key"]), req)
                     keys.append(str(row["key"]))
         self.host._emit(f"node {node} withdrew its reclaim: it is a candidate for moves again"
-                        + (f"; {len(keys)} guards here no longer end with its window" if keys else ""),
-                        node=node, phase="reclaim-withdrawn", guards=keys)
+                        + (f"; {len(keys)} keeps here no longer end with its window" if keys else ""),
+                        node=node, phase="reclaim-withdrawn", keepers=keys)
         return keys

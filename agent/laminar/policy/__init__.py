@@ -16,7 +16,7 @@ simulator's import closure reaches a module that does.
   comes without notice.
 - :mod:`.ckpt_schedule`: checkpoint intervals under the hazard and the shared uplink.
 - :mod:`.prestage`: whether a job's checkpoints are shipped off its node as they are written.
-- :mod:`.destination`: where a job moves; :mod:`.holder`: which peer holds a job's copy.
+- :mod:`.destination`: where a job moves; :mod:`.keeper`: which peer holds a job's copy.
 - :mod:`.ladder`: Airlock's survival ladder; :mod:`.admission`: admission by class capacity.
 - :mod:`.shaper`: the rates of migration traffic at the node's edge.
 """

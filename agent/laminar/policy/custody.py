@@ -3,9 +3,9 @@
 
 The invariant everything in :mod:`laminar.migrate` serves: **at most one running copy of a
 job, and at least one durable, verified checkpoint of it**. A node that holds a copy for a job
-of another node *guards* it; when the job's node is gone the guard takes the job over (resumes
-it here, places it on a peer, or waits for room); a guard whose job no longer needs it is
-released; a reclaimed node passes its guards on or to the archive.
+of another node *keeps* it; when the job's node is gone the keeper takes the job over (resumes
+it here, places it on a peer, or waits for room); a keeper whose job no longer needs it is
+released; a reclaimed node passes its keepers on or to the archive.
 
 This module is the table, pure: :func:`step` says where an event takes a copy and what else
 the agent does for it (:class:`Effect`), or raises :class:`IllegalTransition`.
@@ -19,7 +19,7 @@ fails); they are kept, as the agent makes them.
 ``python -m laminar.policy.custody --mermaid`` prints the state diagram that
 ``docs/migration.md`` carries (``tests/unit/test_custody.py`` checks they are equal).
 
->>> step(State.GUARDING, Event.RESUME)
+>>> step(State.KEEPING, Event.RESUME)
 (<State.RESUMED: 'resumed'>, (<Effect.FORGET_RETRY: 'forget-retry'>,))
 >>> step(State.PLACED, Event.RESUME)
 Traceback (most recent call last):
@@ -39,10 +39,10 @@ class State(enum.StrEnum):
     """A copy's custody state: the value is what ``migrate_replicas.state`` stores."""
 
     NEW = "new"
-    """No row: no guard named the key here, or its row was pruned or dropped (never stored)."""
-    GUARDING = "guarding"
-    """This node guards the job of another node: it holds a verified checkpoint and takes the job
-    over if that node goes (a running job's buddy, or a stopped job's ``take_over`` guard)."""
+    """No row: no keeper named the key here, or its row was pruned or dropped (never stored)."""
+    KEEPING = "keeping"
+    """This node keeps the job of another node: it holds a verified checkpoint and takes the job
+    over if that node goes (a running job's keeper, or a stopped job's ``take_over`` keeper)."""
     WAITING = "waiting"
     """The job's node is gone and no node had room for the job yet: looked at again later."""
     RESUMED = "resumed"
@@ -51,11 +51,11 @@ class State(enum.StrEnum):
     """Taken over: the job was handed to another node, which runs it."""
     HANDED_OVER = "handed-over"
     """The take-over found the job running already (here by a hand-over, or elsewhere by the
-    archive's claim): this guard stood down."""
+    archive's claim): this keeper stood down."""
     PASSED = "passed"
-    """This node was reclaimed: the copy and the guard went on to another node."""
+    """This node was reclaimed: the copy and the keeper went on to another node."""
     RELEASED = "released"
-    """The job no longer needs this guard (its holder released it, or its node said so)."""
+    """The job no longer needs this keeper (its keeper released it, or its node said so)."""
     FAILED = "failed"
     """The take-over found no verified checkpoint here, or may not run the job on this node's
     word: kept for an operator."""
@@ -67,14 +67,14 @@ class State(enum.StrEnum):
 class Event(enum.StrEnum):
     """What moves a copy, and who does it."""
 
-    GUARD = "guard"
-    """A ``guard`` message (its holder, a passing or placing guard) names this node the key's guard."""
+    KEEPER = "keeper"
+    """A ``keeper`` message (its keeper, a passing or placing keeper) names this node the key's keeper."""
     RELEASE = "release"
-    """A ``release`` message from the guard's holder: only a live guard (guarding, waiting) ends."""
+    """A ``release`` message from the keeper's keeper: only a live keeper (keeping, waiting) ends."""
     NOT_NEEDED = "not-needed"
-    """The job's node answers this guard's ``needs`` question: not needed."""
+    """The job's node answers this keeper's ``needs`` question: not needed."""
     SOURCE_ALIVE = "source-alive"
-    """A waiting guard's node, heard again, answers that the job lives there: guarding again."""
+    """A waiting keeper's node, heard again, answers that the job lives there: keeping again."""
     WAIT = "wait"
     """A take-over found no room here nor on a peer: it looks again later."""
     RESUME = "resume"
@@ -87,7 +87,7 @@ class Event(enum.StrEnum):
     FAIL = "fail"
     """A take-over found no verified checkpoint, or the chain of authority refused the job."""
     PASS = "pass"
-    """This node is reclaimed: the copy and the guard went on to a peer."""
+    """This node is reclaimed: the copy and the keeper went on to a peer."""
     ARCHIVE = "archive"
     """This node is reclaimed: the copy went to the archive."""
     GC = "gc"
@@ -106,7 +106,7 @@ class Effect(enum.StrEnum):
     FORGET_RETRY = "forget-retry"
     """The key's retry schedule (``migrate_retry``) goes, in the same transaction."""
     GC_OLDER = "gc-older"
-    """The key's checkpoints older than the one the guard names go."""
+    """The key's checkpoints older than the one the keeper names go."""
     GC_REPLICAS = "gc-replicas"
     """The key's checkpoints go (but one a local job resumes from)."""
 
@@ -126,11 +126,11 @@ Outcome = tuple[State, tuple[Effect, ...]]
 DONE = (S.RELEASED, S.HANDED_OVER, S.PLACED, S.PASSED, S.RESUMED)
 # States an operator decides about (laminar.migrate.replica_policy.REPLICA_OPERATOR_STATES).
 OPERATOR = (S.FAILED, S.ARCHIVED)
-# A live guard: what a take-over starts from, and what a release ends.
-LIVE = (S.GUARDING, S.WAITING)
-# What a take-over in flight can find when it writes its outcome: the live guard it started
-# from, or a copy a ``release`` (or ``guard``) that overtook it made released (or guarding).
-IN_TAKE_OVER = (S.GUARDING, S.WAITING, S.RELEASED)
+# A live keeper: what a take-over starts from, and what a release ends.
+LIVE = (S.KEEPING, S.WAITING)
+# What a take-over in flight can find when it writes its outcome: the live keeper it started
+# from, or a copy a ``release`` (or ``keeper``) that overtook it made released (or keeping).
+IN_TAKE_OVER = (S.KEEPING, S.WAITING, S.RELEASED)
 STORED = tuple(s for s in S if s is not S.NEW)
 
 
@@ -140,19 +140,19 @@ def _table() -> machine.Table[State, Event, Effect]:
     b: machine.Builder[State, Event, Effect] = machine.Builder()
     put = b.put
 
-    # a guard message: an UPSERT that keeps a copy the take-over already acted on (resumed,
-    # handed-over, placed) and makes any other one (or none) guarding; its older checkpoints go
-    put([S.NEW, *(s for s in STORED if s not in (S.RESUMED, S.HANDED_OVER, S.PLACED))], E.GUARD, S.GUARDING,
+    # a keeper message: an UPSERT that keeps a copy the take-over already acted on (resumed,
+    # handed-over, placed) and makes any other one (or none) keeping; its older checkpoints go
+    put([S.NEW, *(s for s in STORED if s not in (S.RESUMED, S.HANDED_OVER, S.PLACED))], E.KEEPER, S.KEEPING,
         F.GC_OLDER)
-    put([S.RESUMED, S.HANDED_OVER, S.PLACED], E.GUARD, None, F.GC_OLDER)
-    # a release ends only a live guard; the key's replicas are collected whatever the state
+    put([S.RESUMED, S.HANDED_OVER, S.PLACED], E.KEEPER, None, F.GC_OLDER)
+    # a release ends only a live keeper; the key's replicas are collected whatever the state
     put(LIVE, E.RELEASE, S.RELEASED, F.GC_REPLICAS)
     put([s for s in S if s not in LIVE], E.RELEASE, None, F.UNCHANGED, F.GC_REPLICAS)
     # the source's "not needed" (its writers name the state they read, and the row's version)
-    put([S.GUARDING], E.NOT_NEEDED, S.RELEASED, F.GC_REPLICAS)
+    put([S.KEEPING], E.NOT_NEEDED, S.RELEASED, F.GC_REPLICAS)
     put([S.WAITING], E.NOT_NEEDED, S.RELEASED, F.FORGET_RETRY, F.GC_REPLICAS)
     put([s for s in S if s not in LIVE], E.NOT_NEEDED, None, F.UNCHANGED)
-    put([S.WAITING], E.SOURCE_ALIVE, S.GUARDING, F.FORGET_RETRY)
+    put([S.WAITING], E.SOURCE_ALIVE, S.KEEPING, F.FORGET_RETRY)
     put([s for s in S if s is not S.WAITING], E.SOURCE_ALIVE, None, F.UNCHANGED)
     # a take-over's outcomes (unconditional UPDATEs: of no row, nothing is written)
     put(IN_TAKE_OVER, E.WAIT, S.WAITING)

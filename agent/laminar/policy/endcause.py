@@ -4,7 +4,7 @@ A job's ``state`` says where it is (``exited``, ``stopped``, ``reclaimed``, ``ki
 its ``reason`` says why in words for a person, and its ``end_cause`` says why for code: the
 protocols and policies that depend on why a job ended read the cause, never the reason's text
 (a reason may be a user's own words, and its wording changes). A state can have several causes
-(``reclaimed``: the notice window ended, a checkpoint left with a holder or the archive) and a
+(``reclaimed``: the notice window ended, a checkpoint left with a keeper or the archive) and a
 cause belongs to exactly one state (:data:`STATE_OF`).
 
 The job manager records the cause with the state, at the moment the end is decided (a stop
@@ -13,10 +13,10 @@ none (``None``). The records of jobs that ended before the column existed are gi
 :func:`derive` from their state and the words the agent wrote then, or :attr:`EndCause.UNKNOWN`
 where those do not say.
 
-    >>> from laminar.policy.endcause import RESUMED_BY_ITS_GUARD, EndCause, exited
+    >>> from laminar.policy.endcause import RESUMED_BY_ITS_KEEPER, EndCause, exited
     >>> [str(exited(c)) for c in (0, 3, None)]
     ['exited_zero', 'exited_nonzero', 'exited_code_unknown']
-    >>> EndCause.WINDOW_ENDED in RESUMED_BY_ITS_GUARD, EndCause.AIRLOCK_KILL in RESUMED_BY_ITS_GUARD
+    >>> EndCause.WINDOW_ENDED in RESUMED_BY_ITS_KEEPER, EndCause.AIRLOCK_KILL in RESUMED_BY_ITS_KEEPER
     (True, False)
 """
 
@@ -44,8 +44,8 @@ class EndCause(StrEnum):
     AIRLOCK_KILL = "airlock_kill"
     # the owner's reclaim of the node (migrate)
     WINDOW_ENDED = "window_ended"  # killed at the notice window's end, before it moved
-    HANDED_OVER = "handed_over"  # its hand-over was sent before a restart: that node runs or guards it
-    HELD_ELSEWHERE = "held_elsewhere"  # no room in the zone: a holder keeps its checkpoint and resumes it
+    HANDED_OVER = "handed_over"  # its hand-over was sent before a restart: that node runs or keeps it
+    HELD_ELSEWHERE = "held_elsewhere"  # no room in the zone: a keeper keeps its checkpoint and resumes it
     ARCHIVED = "archived"  # its checkpoint is in the archive (or on its way): the first agent with room resumes it
     MIGRATED = "migrated"  # moved: another node runs it from its checkpoint
     PLACEMENT_UNSETTLED = "placement_unsettled"  # queued; a cancelled reclaim's placement elsewhere may run it
@@ -71,11 +71,11 @@ STATE_OF: dict[EndCause, str] = {
     EndCause.REQUEUED: "requeued",
 }
 
-# A job stopped here for good without moving, whose guard (the node holding its checkpoint for
+# A job stopped here for good without moving, whose keeper (the node holding its checkpoint for
 # this one) is to resume it: its window ended first, or it was lost with its cgroup (a reboot).
 # Not one that may have ended by itself while the agent was down, nor one Airlock killed.
 # (migrate: the ``needs`` answer's ``stopped_for_good``.)
-RESUMED_BY_ITS_GUARD = frozenset({EndCause.WINDOW_ENDED, EndCause.LOST_WITH_CGROUP})
+RESUMED_BY_ITS_KEEPER = frozenset({EndCause.WINDOW_ENDED, EndCause.LOST_WITH_CGROUP})
 
 # A job stopped here for good by its node's reclaim, its checkpoint in no other node's keeping:
 # the copy to the archive a restart cut is taken up for it (migrate: ``StoppedCopies.restore_late_copies``).
@@ -142,7 +142,7 @@ def derive(state: str, reason: str | None, exit_code: int | None, owner_uid: int
             return EndCause.WINDOW_ENDED
         if " reclaimed with no room in the zone: " in text:
             return EndCause.HELD_ELSEWHERE
-        if " reclaimed with no room, no holder " in text:
+        if " reclaimed with no room, no keeper " in text:
             return EndCause.ARCHIVED
         if " handed over to node " in text:
             return EndCause.HANDED_OVER

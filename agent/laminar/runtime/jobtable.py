@@ -82,8 +82,8 @@ class JobTable:
         pruned (`prune_ended`): it has no record and its number is at or below the highest one
         pruned (numbers are given in order, never twice, and only ended jobs are pruned), so the
         job ended. False for a job with a record and for a number this node never gave. For
-        whoever must tell "ended long ago" from "never heard of" once `get` says None: a buddy
-        asking whether the guard of a job that ended is still needed (control op ``needs``)."""
+        whoever must tell "ended long ago" from "never heard of" once `get` says None: a keeper
+        asking whether the keeper of a job that ended is still needed (control op ``needs``)."""
         text = job_id[4:] if job_id.startswith("job-") else job_id
         if not (text.isascii() and text.isdigit() and len(text) <= 18) or int(text) < 1:
             return False

@@ -4,7 +4,7 @@ The agent trusts only what it wrote. A job's environment (``spec.env``) is its s
 local user writes it at ``POST /v1/jobs``, a zone user at ``POST /v1/placements``, so nothing
 the agent decides may be read back from it. Before, four of the agent's own records lived only
 there (docs/migration.md, *Security*): the migration key a job resumed (``LM_MIGRATED_FROM``:
-whether a guard still resumes a job, whether a replica or an archived copy is still needed),
+whether a keeper still resumes a job, whether a replica or an archived copy is still needed),
 the placement that started it (``LM_PLACEMENT_ID``: which job answers a repeated hand-over), its
 fractional GPU share (``LM_GPU_SHARE``: what a loan query reports), and whether its
 ``resume_from`` was the agent's (what the archive copies as root). A user who set them
@@ -17,7 +17,7 @@ Now:
   ``LAMINAR_*`` or a name the agent sets for the GPUs (``CUDA_VISIBLE_DEVICES``,
   ``CUDA_DEVICE_ORDER``: :func:`laminar.runtime.gpus.cuda_env`) is refused naming it and what to
   use instead; ``JobSpec.validate`` calls it, so every path that builds a spec refuses it (the
-  API, a placement's origin, a peer's hand-over, a guard's take-over, an archived record).
+  API, a placement's origin, a peer's hand-over, a keeper's take-over, an archived record).
   ``PATH``, ``LANG``, ``HOME``, ``USER`` and ``LOGNAME`` are defaults the agent gives a job and
   the job's owner may override: the agent reads none of them back (``check_paths`` looks the
   command up in the job's ``PATH`` as the owner, on purpose).
@@ -206,7 +206,7 @@ class JobOrigin:
 
 NO_ORIGIN = JobOrigin()
 
-# The request field a sender of a job (a move, a guard's placement, a requeue) names the job's
+# The request field a sender of a job (a move, a keeper's placement, a requeue) names the job's
 # origin in: {"migrated_from": key, "requeued_from": key, "resume_given": true}. A peer's word on
 # its own agent's behalf: a user's placement carries none (POST /v1/placements builds the request).
 REQUEST_FIELD = "origin"
@@ -244,7 +244,7 @@ def origin_of_request(req: dict[str, Any]) -> tuple[str | None, str | None, bool
 
 def from_peer(spec: Any, counts: dict[str, int] | None = None, where: str = "a peer",
               ours: dict[str, str] | None = None) -> Any:
-    """A spec (a dict) that a peer, a guard's stored request or an archived record carries, as
+    """A spec (a dict) that a peer, a keeper's stored request or an archived record carries, as
     this agent takes it: the agent's own names (:data:`AGENT_ENV`) an older agent put into its
     env dropped, and the user knobs that were env names (:data:`LEGACY_KNOBS`) made their spec
     fields when the field is not given (dropped when they do not parse). Anything else reserved is

@@ -35,8 +35,8 @@ REMOVE_QUEUE_MAX = 100_000
 # paths, replica keys) are never given twice, also when the newest rows are pruned.
 NUM_FLOOR_KEY = "jobs.num_floor"
 # Tables of other components whose rows name a job (column): a job they name is not pruned
-# (a buddy guarding its replica asks about it, a replica resumed here finds it by its key).
-KEEP_REFERENCED = (("migrate_buddies", "job_id"), ("migrate_replicas", "job_id"), ("net_transfers", "job"),
+# (a keeper keeping its replica asks about it, a replica resumed here finds it by its key).
+KEEP_REFERENCED = (("migrate_keepers", "job_id"), ("migrate_replicas", "job_id"), ("net_transfers", "job"),
                    ("zone_placed", "job_id"), ("jobs_leaked_cgroups", "job_id"))
 
 

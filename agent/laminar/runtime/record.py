@@ -26,7 +26,7 @@ STATES = ("queued", "running", "suspended", "exited", "stopped", "reclaimed", "k
 
 # The reason of a job found ``lost`` at the agent's start whose cgroup was gone (the node rebooted,
 # or someone removed it), not merely empty (its processes ended while the agent was down: it may
-# have finished by itself). Only such a job is resumed by its guard elsewhere (migrate: ``needs``).
+# have finished by itself). Only such a job is resumed by its keeper elsewhere (migrate: ``needs``).
 # Its end_cause is EndCause.LOST_WITH_CGROUP, which is what other code reads (the text is for people).
 LOST_WITH_CGROUP = endcause.LOST_WITH_CGROUP_TEXT
 

@@ -8,15 +8,15 @@ on the answer and count each refusal by its reason (:class:`Refusals`: ``authori
 ``laminarctl zone stats`` and in ``laminarctl -o json status``).
 
 **Running a peer's job** (:func:`peer_run_as`; the one chokepoint before ``jobs.submit`` for a
-job that came from another node: a hand-over, a guard's take-over, a claim from the archive):
+job that came from another node: a hand-over, a keeper's take-over, a claim from the archive):
 
 1. ``owner_uid`` and ``owner_gid`` are integers in ``0..2**32-2`` (:data:`MAX_ID`), and both
    are given: ``-1`` and ``4294967295`` mean "unchanged" to ``setresuid``, so ``setpriv`` would
    leave the job root; a missing uid is never taken for 0.
 2. uid 0 runs only when both the node the job belongs to (its *origin*: the submitter of a
    placement, the ``n<N>-`` of a migrated job's key) and the node that hands it here (the
-   *sender*: the hand-over's peer, the node that handed the guard over) are this node itself or
-   listed in ``[zone] root_from`` (default: none). A relay cannot launder a root job: a guard
+   *sender*: the hand-over's peer, the node that handed the keeper over) are this node itself or
+   listed in ``[zone] root_from`` (default: none). A relay cannot launder a root job: a keeper
    that resumes a job of node N elsewhere carries N as the origin, and the destination asks
    about both.
 3. Another uid must have an account here (``[zone] peer_unknown_uids = "refuse"``, the
@@ -27,13 +27,13 @@ job that came from another node: a hand-over, a guard's take-over, a claim from 
 5. A hand-over's ``cpus`` and ``memory_mb`` are clamped to what the reservation it binds holds
    (a job reserved as 1 CPU does not run with 64).
 
-**Job keys.** A migration key ``n<N>-<job>`` belongs to node N (:func:`key_owner`). A ``guard``
-of it is taken from N, or from the node that handed the guard here last (``guard_from``), or,
-when this node holds no live guard of the key, from any member with ``take_over`` (a guard
-passed on by a reclaimed holder, or a guard's placement of the job it took over: neither is N,
-and N may be gone); its ``src_node`` must be N (:func:`guard_refusal`). ``release`` of a guard
-held here comes only from N or ``guard_from`` (:func:`release_refusal`). A checkpoint offer under
-a key guarded here comes only from N or ``guard_from`` (:func:`offer_refusal`), and a take-over
+**Job keys.** A migration key ``n<N>-<job>`` belongs to node N (:func:`key_owner`). A ``keeper``
+of it is taken from N, or from the node that handed the keeper here last (``keeper_from``), or,
+when this node holds no live keeper of the key, from any member with ``take_over`` (a keeper
+passed on by a reclaimed keeper_from, or a keeper's placement of the job it took over: neither is N,
+and N may be gone); its ``src_node`` must be N (:func:`keeper_refusal`). ``release`` of a keeper
+held here comes only from N or ``keeper_from`` (:func:`release_refusal`). A checkpoint offer under
+a key kept here comes only from N or ``keeper_from`` (:func:`offer_refusal`), and a take-over
 resumes only from checkpoints those nodes sent (:func:`checkpoint_senders`).
 
 **Node operations.** A ``reclaim`` or ``reclaim-cancel`` of this node from another node is
@@ -67,11 +67,11 @@ from typing import Any
 # setresuid/setresgid (and setpriv), so a job "as 4294967295" would keep the agent's root.
 MAX_ID = 2**32 - 2
 UNKNOWN_UIDS = ("refuse", "allow")
-# States of a guard row (migrate_replicas.state) whose key this node still guards or ran for
-# its source: while one is there, only the key's node or the node that handed the guard here
-# speaks for the key. ("released" and "failed" are history: a new guard may come from anyone
+# States of a keeper row (migrate_replicas.state) whose key this node still keeps or ran for
+# its source: while one is there, only the key's node or the node that handed the keeper here
+# speaks for the key. ("released" and "failed" are history: a new keeper may come from anyone
 # that passes a stopped job on.)
-BINDING_STATES = frozenset({"guarding", "waiting", "resumed", "placed", "handed-over", "passed", "archived"})
+BINDING_STATES = frozenset({"keeping", "waiting", "resumed", "placed", "handed-over", "passed", "archived"})
 RECENT_MAX = 32  # refusals kept with their text for operators (bounded)
 _KEY = re.compile(r"n([0-9]{1,10})-[A-Za-z0-9_.-]+")
 
@@ -86,7 +86,7 @@ class Refused(ValueError):
 
 
 # Every reason a refusal is counted under (Refusals.counts), one word each.
-REASONS = ("bad_id", "root", "unknown_uid", "gid", "grants", "key", "guard", "release", "offer",
+REASONS = ("bad_id", "root", "unknown_uid", "gid", "grants", "key", "keeper", "release", "offer",
            "reclaim", "loan_return", "placement", "held")
 
 
@@ -150,11 +150,11 @@ def owner_id(what: str, v: Any, sender: int | None = None) -> int:
     return v
 
 
-def _who_speaks(owner: int | None, holder: int) -> str:
-    """'node N' or 'node N or node H': who may speak for a key (its node, the guard's sender)."""
-    if owner is None or owner == holder:
-        return f"node {holder}"
-    return f"node {owner} or node {holder}"
+def _who_speaks(owner: int | None, keeper_from: int) -> str:
+    """'node N' or 'node N or node H': who may speak for a key (its node, the keeper's sender)."""
+    if owner is None or owner == keeper_from:
+        return f"node {keeper_from}"
+    return f"node {owner} or node {keeper_from}"
 
 
 def _trusted(node: int, policy: Policy) -> bool:
@@ -230,7 +230,7 @@ def peer_run_as(req: dict[str, Any], *, policy: Policy, origin: int, sender: int
 
 def chain_refusal(req: dict[str, Any], *, policy: Policy, origin: int, sender: int) -> Refused | None:
     """The part of :func:`peer_run_as` that no other node can decide differently: the ids'
-    range, and a root job's origin and sender (``root_from``). A guard that this refuses for
+    range, and a root job's origin and sender (``root_from``). A keeper that this refuses for
     neither runs the job here nor places it elsewhere (a relay must not launder it)."""
     try:
         uid = owner_id("owner_uid", req["owner_uid"], sender) if "owner_uid" in req else None
@@ -251,74 +251,74 @@ def key_owner(key: str) -> int | None:
     return int(m.group(1)) if m else None
 
 
-def guard_refusal(asker: int, key: str, src_node: Any, take_over: bool, holder: int | None,
+def keeper_refusal(asker: int, key: str, src_node: Any, take_over: bool, keeper_from: int | None,
                   state: str | None = None, root_request: bool = False,
                   policy: Policy | None = None) -> Refused | None:
-    """Why ``asker`` may not hand this node the guard of ``key`` naming ``src_node`` (None: it
-    may). ``holder``: the node that handed the live guard held here (``guard_from``; None: no
-    live guard, BINDING_STATES) and ``state`` its row's state. A guard from another node than
-    the key's (a pass-on, a placement by the guard that took the job over) of a root job
+    """Why ``asker`` may not hand this node the keeper of ``key`` naming ``src_node`` (None: it
+    may). ``keeper_from``: the node that handed the live keeper held here (``keeper_from``; None: no
+    live keeper, BINDING_STATES) and ``state`` its row's state. A keeper from another node than
+    the key's (a pass-on, a placement by the keeper that took the job over) of a root job
     (``root_request``) comes only from a node ``policy`` trusts with root (``root_from``): else
     an untrusted member's word would reach a trusted relay."""
     owner = key_owner(key)
     if owner is None:
-        return Refused("key", f"guard of {key!r} from node {asker}: not a job key (n<node>-<job>)")
+        return Refused("key", f"keeper of {key!r} from node {asker}: not a job key (n<node>-<job>)")
     if isinstance(src_node, bool) or not isinstance(src_node, int) or src_node != owner:
-        return Refused("key", f"guard of {key} from node {asker}: src_node {src_node!r} is not the key's node "
+        return Refused("key", f"keeper of {key} from node {asker}: src_node {src_node!r} is not the key's node "
                        f"{owner} (a key n<N>-... belongs to node N)")
     if asker == owner:
-        if holder is not None and holder != owner and state in ("resumed", "placed"):
+        if keeper_from is not None and keeper_from != owner and state in ("resumed", "placed"):
             # a take-over of the key ran here on another node's word: the key's node, alive, hands
             # its job (a move, a prestage) to a node where that copy would answer for it: elsewhere
-            return Refused("guard", f"guard of {key} from node {asker}: a take-over of it handed here by node {holder} "
+            return Refused("keeper", f"keeper of {key} from node {asker}: a take-over of it handed here by node {keeper_from} "
                            f"is {state} on this node; node {asker}'s job goes to another node")
         return None
-    if asker == holder:
+    if asker == keeper_from:
         return None
-    if holder is None:
+    if keeper_from is None:
         if not take_over:
-            return Refused("guard", f"guard of {key} from node {asker}: only node {owner} (the job's own node) hands "
-                           "a job's guard to a node that holds none (another node only with a stopped job: "
+            return Refused("keeper", f"keeper of {key} from node {asker}: only node {owner} (the job's own node) hands "
+                           "a job's keeper to a node that holds none (another node only with a stopped job: "
                            "take_over)")
         if root_request and policy is not None and asker != policy.node and asker not in policy.root_from:
             listed = ", ".join(map(str, sorted(policy.root_from))) or "none"
-            return Refused("root", f"guard of {key} (a job as root) from node {asker}, which is not node {owner}: only "
-                           f"nodes listed in zone.root_from may pass a root job's guard on (listed: {listed})")
-        return None  # passed on, or placed by the guard that took the job over: node N may be gone
-    return Refused("guard", f"guard of {key} from node {asker}: node {holder} handed this node that guard; only "
-                   f"{_who_speaks(owner, holder)} may change it")
+            return Refused("root", f"keeper of {key} (a job as root) from node {asker}, which is not node {owner}: only "
+                           f"nodes listed in zone.root_from may pass a root job's keeper on (listed: {listed})")
+        return None  # passed on, or placed by the keeper that took the job over: node N may be gone
+    return Refused("keeper", f"keeper of {key} from node {asker}: node {keeper_from} handed this node that keeper; only "
+                   f"{_who_speaks(owner, keeper_from)} may change it")
 
 
-def release_refusal(asker: int, key: str, holder: int | None) -> Refused | None:
-    """Why ``asker`` may not release this node's live guard of ``key`` (``holder``: the node
-    that handed it here; None: no live guard, nothing to refuse)."""
-    if holder is None:
+def release_refusal(asker: int, key: str, keeper_from: int | None) -> Refused | None:
+    """Why ``asker`` may not release this node's live keeper of ``key`` (``keeper_from``: the node
+    that handed it here; None: no live keeper, nothing to refuse)."""
+    if keeper_from is None:
         return None
     owner = key_owner(key)
-    if asker == owner or asker == holder:
+    if asker == owner or asker == keeper_from:
         return None
-    return Refused("release", f"release of {key} from node {asker}: only {_who_speaks(owner, holder)} (the job's "
-                   "node, the node that handed this node the guard) may release it")
+    return Refused("release", f"release of {key} from node {asker}: only {_who_speaks(owner, keeper_from)} (the job's "
+                   "node, the node that handed this node the keeper) may release it")
 
 
-def offer_refusal(asker: int, key: str, holder: int | None) -> Refused | None:
-    """Why ``asker`` may not send a checkpoint under ``key`` here: a key this node guards for
-    ``holder`` (None: it guards none) takes checkpoints from the key's node and ``holder``
-    only. A key guarded nowhere here takes any member's (a guard passed on is sent before its
-    guard message); its take-over reads only :func:`checkpoint_senders`' copies."""
-    if holder is None:
+def offer_refusal(asker: int, key: str, keeper_from: int | None) -> Refused | None:
+    """Why ``asker`` may not send a checkpoint under ``key`` here: a key this node keeps for
+    ``keeper_from`` (None: it keeps none) takes checkpoints from the key's node and ``keeper_from``
+    only. A key kept nowhere here takes any member's (a keeper passed on is sent before its
+    keeper message); its take-over reads only :func:`checkpoint_senders`' copies."""
+    if keeper_from is None:
         return None
     owner = key_owner(key)
-    if asker == owner or asker == holder:
+    if asker == owner or asker == keeper_from:
         return None
-    return Refused("offer", f"checkpoint of {key} from node {asker}: this node guards {key} for node {holder}; "
-                   f"only {_who_speaks(owner, holder)} may send its checkpoints")
+    return Refused("offer", f"checkpoint of {key} from node {asker}: this node keeps {key} for node {keeper_from}; "
+                   f"only {_who_speaks(owner, keeper_from)} may send its checkpoints")
 
 
-def checkpoint_senders(key: str, holder: int | None, src_node: int | None = None) -> frozenset[str]:
+def checkpoint_senders(key: str, keeper_from: int | None, src_node: int | None = None) -> frozenset[str]:
     """The nodes (as a transfer's ``from_node`` says them) whose copies of ``key`` a take-over may
-    resume from: the key's node, the node that handed the guard over, and the row's source."""
-    out = {str(n) for n in (key_owner(key), holder, src_node) if n is not None}
+    resume from: the key's node, the node that handed the keeper over, and the row's source."""
+    out = {str(n) for n in (key_owner(key), keeper_from, src_node) if n is not None}
     return frozenset(out)
 
 

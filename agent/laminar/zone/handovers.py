@@ -12,7 +12,7 @@ for a placement is recorded in the store (``zone_placed``) so that a restart re-
 
 The migration layer asks about placements bound here through :meth:`placement_pending`,
 :meth:`forgo_placement` and :meth:`job_for_placement`, and its take-over of a migrated job is
-answered here (:meth:`laminar.migrate.guard.Guard.taken_over_as`).
+answered here (:meth:`laminar.migrate.takeover.Takeover.taken_over_as`).
 
 State: the hand-overs being answered (:attr:`Handovers.inflight`); the reservations are the
 arbiter's.
@@ -124,12 +124,12 @@ class Handovers:
         """For a hand-over not bound here yet of a migrated job (its request's origin names the
         job's migration key, laminar.runtime.provenance; never its spec's env, which a user
         writes): the job this node's migration layer took that job over as, here, or is starting
-        it as (waited for: :meth:`laminar.migrate.guard.Guard.taken_over_as`); else
+        it as (waited for: :meth:`laminar.migrate.takeover.Takeover.taken_over_as`); else
         None, without suspending (so the bind that follows is in the same step as this look)."""
         from laminar.runtime.provenance import origin_of_request
 
-        guarding = getattr(getattr(self.host.agent, "migrate", None), "guarding", None)
-        if pid in self.host.arbiter.placed or guarding is None:
+        takeover = getattr(getattr(self.host.agent, "migrate", None), "takeover", None)
+        if pid in self.host.arbiter.placed or takeover is None:
             return None
         try:
             key = origin_of_request(json.loads(body.spec_json))[0]
@@ -137,7 +137,7 @@ class Handovers:
             return None  # refused with its reason by the hand-over's own parse
         if key is None:
             return None
-        got = await guarding.taken_over_as(key)
+        got = await takeover.taken_over_as(key)
         return None if got is None else str(got)
 
     def placement_pending(self, pid: int) -> bool:
@@ -212,7 +212,7 @@ class Handovers:
 
     def _peer_run_as(self, req: Any, sender: int, spec: Any, demand: pl.Demand | None) -> authority.RunAs:
         """:func:`laminar.zone.authority.peer_run_as` for a hand-over's request ``req`` from
-        ``sender``: its ``origin`` (a guard placing a job it took over says the job's node;
+        ``sender``: its ``origin`` (a keeper placing a job it took over says the job's node;
         else the sender is the origin), this node's policy and ``[grants]``, the reservation's
         CPUs and memory (``spec`` is clamped to them). Counted and raised as Refused."""
         try:
@@ -280,7 +280,7 @@ class Handovers:
 
         try:
             req = json.loads(body.spec_json)
-            # the peer's word on its own agent's behalf (a move, a guard's placement, a requeue);
+            # the peer's word on its own agent's behalf (a move, a keeper's placement, a requeue);
             # a user's placement carries none. The job's env is its user's: names an agent of an
             # older release put there are dropped, never trusted (provenance.from_peer)
             migrated_from, requeued_from, resume_given = pv.origin_of_request(req)
@@ -350,7 +350,7 @@ class Handovers:
             except ValueError as e:
                 self.host.arbiter.unbind(pid)
                 return wire.HandoverAck(pid, HANDOVER_ERROR, f"job could not start on node {self.host.node_id}: {e}")
-            if resume_given:  # the sender's agent gave it (a move's, a guard's replica), checked here as its owner
+            if resume_given:  # the sender's agent gave it (a move's, a keeper's replica), checked here as its owner
                 origin = replace(origin, resume_given=spec.resume_from)
         try:
             job = await self.host._jobs.submit(spec, owner_uid=run_as.uid, owner_gid=run_as.gid,

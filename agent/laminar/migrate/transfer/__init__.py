@@ -58,11 +58,11 @@ Before the peer has authenticated, the endpoint reads at most MAX_HANDSHAKE byte
 the whole handshake within HANDSHAKE_DEADLINE_S, and a :class:`laminar.zone.gate.Gate` decides who
 may connect at all and how many connections each address and member holds (the agent's: only
 roster addresses with ``zone.check_source``). After it, headers are small (CTL_MAX) but for an
-offer's and a guard's, a chunk's payload is read only once an offer was accepted and only up to
+offer's and a keeper's, a chunk's payload is read only once an offer was accepted and only up to
 its chunk size, and large JSON is parsed only under MAX_SEPARATORS (see :func:`_recv`). Partial
 transfers no connection has touched for INCOMING_STALE_S, and a commit's temporary left by a
 crash, are removed (:meth:`Receiver.sweep`, at start and after each commit). The reclaim component uses
-it to forward a reclaim notice and to hand a job's guard (its spec) to the node holding its
+it to forward a reclaim notice and to hand a job's keeper (its spec) to the node holding its
 replicas (:mod:`laminar.migrate.reclaim`).
 
 The sender re-hashes every chunk it reads (in a thread, ahead of the socket) and checks the

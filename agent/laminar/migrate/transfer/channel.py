@@ -33,12 +33,12 @@ RECORD_TAG = 16
 MAX_HEADER = 16 << 20  # a manifest of 10 GB in 1 MiB chunks is ~700 KB of JSON
 MAX_HANDSHAKE = 4096  # hello/challenge/auth: what a peer that has not authenticated may make us read
 # After the handshake a Receiver reads headers of at most CTL_MAX bytes, but for the two that
-# carry much: an offer (its manifest, up to MAX_HEADER) and a guard control message (a job's
+# carry much: an offer (its manifest, up to MAX_HEADER) and a keeper control message (a job's
 # spec, which fits a hand-over frame: laminar.zone.wire.MAX_FRAME). Which one a header is shows
 # in its first bytes (the sender's JSON names "t" first: LARGE_HEADERS), read before the rest.
 CTL_MAX = 64 << 10
-GUARD_MAX = (1 << 20) + CTL_MAX
-LARGE_HEADERS = {b'{"t":"offer",': MAX_HEADER, b'{"t":"ctl","op":"guard",': GUARD_MAX}
+KEEPER_MAX = (1 << 20) + CTL_MAX
+LARGE_HEADERS = {b'{"t":"offer",': MAX_HEADER, b'{"t":"ctl","op":"keeper",': KEEPER_MAX}
 # JSON over CTL_MAX bytes is parsed only when it has at most MAX_SEPARATORS ',' and ':' (a
 # manifest of 10,000 files and 250,000 chunks has ~280,000), in a worker thread. json.loads
 # holds the GIL all along, so the thread does not free the event loop: the bound does. Parsing

@@ -22,7 +22,7 @@ from laminar.migrate.transfer.manifest import TRANSFER_MANIFEST, VERIFIED, Manif
 # A committed copy whose files keep the identity recorded at its commit (inode, size, mtime, ctime:
 # any write, truncation, replacement or link moves one) is not hashed again this long after it:
 # the move's hand-over checks it seconds after the commit hashed it, and a second full read
-# there is downtime (1.1 s per GiB here). Older copies (a guard's replica, kept for days) are
+# there is downtime (1.1 s per GiB here). Older copies (a keeper's replica, kept for days) are
 # hashed again: the disk may have rotted them. jobkit hashes once more in the job at resume.
 TRUST_UNCHANGED_S = 600.0
 

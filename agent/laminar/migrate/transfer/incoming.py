@@ -20,7 +20,7 @@ from typing import Any
 from laminar.migrate.transfer.manifest import Manifest
 
 MARGIN_FRACTION = 0.05  # the receiver keeps this much of its filesystem free beyond what it accepts...
-MARGIN_CAP = 1 << 30  # ...but never more than 1 GiB (the holder ranking's holder_reserve_mb default)
+MARGIN_CAP = 1 << 30  # ...but never more than 1 GiB (the keeper ranking's keeper_reserve_mb default)
 _COPY_BLOCK = 4 << 20  # what a commit reads at a time from the partial file
 PERSIST_EVERY = 8  # chunks between fdatasync + have.log appends
 

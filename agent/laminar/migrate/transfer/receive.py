@@ -170,8 +170,8 @@ class Receiver:
     one deadline (HANDSHAKE_DEADLINE_S), and the node a hello names is checked against the
     connection's address before any MAC is computed. Once authenticated, the connection takes
     one of its member's slots (``gate.authenticate``; refused past it, non-fatal: try again
-    later). Its first message is a control message (at most CTL_MAX bytes, a ``guard`` at most
-    GUARD_MAX) or an offer (at most MAX_HEADER); a chunk before an offer is refused unread, and
+    later). Its first message is a control message (at most CTL_MAX bytes, a ``keeper`` at most
+    KEEPER_MAX) or an offer (at most MAX_HEADER); a chunk before an offer is refused unread, and
     a chunk's payload is read only up to the manifest's chunk size.
 
     Counters: ``records_rejected`` (records that failed authentication, each ended its
@@ -387,7 +387,7 @@ class Receiver:
         op = hdr.get("op")
         if not isinstance(op, str):
             raise TransferError(f"transfer: control message without an op (a string): {op!r}", fatal=True)
-        # The MAC covers the op too: otherwise a "guard" could be turned into a "release" on the way.
+        # The MAC covers the op too: otherwise a "keeper" could be turned into a "release" on the way.
         if not hmac.compare_digest(str(hdr.get("mac", "")), mac(key, b"laminar-ctl", ns, op.encode(), _canon(body))):
             raise TransferError("transfer: control message rejected: its MAC does not match", fatal=True)
         if self.on_control is None:
@@ -637,7 +637,7 @@ class Receiver:
 
         The files are written from the last to the first, each from its end backwards in
         blocks, and the partial file is cut behind every block: the commit needs one block of
-        disk beyond the checkpoint, not a second copy of it (a storage holder is chosen for
+        disk beyond the checkpoint, not a second copy of it (a storage keeper is chosen for
         room for one). The first file (the largest: :func:`build_manifest` puts it first) is
         not copied when its bytes were hashed as they were written, in order, on this
         connection (:meth:`_Incoming.streamed_sha256`) and match: once the others are cut off,

@@ -1,14 +1,14 @@
 """A job of a user other than root handed over with ``resume_from`` naming a replica this node
 received is started only from its owner's copy (``<state_dir>/resume/<key>/ckpt-<n>/``), never
 from ``xfer/`` (root's alone: the job could not read it), and never from a checkpoint that does
-not verify. The owner is the one the replica's guard named: every source guards before it hands
-over. A hand-over that names a replica no guard here named the owner of (the guard never came,
+not verify. The owner is the one the replica's keeper named: every source keeps before it hands
+over. A hand-over that names a replica no keeper here named the owner of (the keeper never came,
 or a placement naming another job's replica) is refused for a job of a user other than root:
 given ``xfer/`` the job could not resume, and a copy made on the hand-over's word would give
 whoever places a job naming the replica another user's checkpoint.
 
 Real pieces: the migrate component on a real SQLite store, its real Receiver on loopback, real
-jobkit checkpoints sent with the real ``send_checkpoint``, real authenticated ``guard`` control
+jobkit checkpoints sent with the real ``send_checkpoint``, real authenticated ``keeper`` control
 messages, a real other user (tests/userrig.py) whose job, the real jobkit ``Checkpointer.resume()``
 in the system's python, runs as that user with ``LAMINAR_RESUME_FROM`` set to what
 ``check_resume`` (the zone hand-over's call) gave. Stand-ins (from test_replica_gc): the zone
@@ -42,7 +42,7 @@ JOB = ("import json, sys; sys.path.insert(0, sys.argv[1]); from laminar.jobkit i
 @pytest.fixture
 def base() -> Iterator[Path]:
     """A state directory the job's user can traverse, with jobkit under ``lib/`` (agentproc.jobkit_base)."""
-    with jobkit_base("lm-t-unguarded-") as d:
+    with jobkit_base("lm-t-unkept-") as d:
         yield d
 
 
@@ -56,13 +56,13 @@ def resume_as(user: User, resume_from: str, ckpt_dir: Path) -> dict[str, object]
     return json.loads(r.stdout) if r.returncode == 0 else (r.stderr.strip().splitlines() or ["?"])[-1]
 
 
-async def guard(src: Source, ckpt: str, user: User) -> None:
+async def keeper(src: Source, ckpt: str, user: User) -> None:
     body = {"key": K, "src_node": 2, "src_job": "job-1", "ckpt": ckpt,
             "request": {"spec": {"command": ["train"]}, "owner_uid": user.uid, "owner_gid": user.gid}}
-    await send_control("127.0.0.1", src.comp.port, KEY, "guard", body, zone=1, node="2")
+    await send_control("127.0.0.1", src.comp.port, KEY, "keeper", body, zone=1, node="2")
 
 
-def test_a_hand_over_without_its_guard_is_refused_for_another_users_job_and_resumes_once_guarded(
+def test_a_hand_over_without_its_keeper_is_refused_for_another_users_job_and_resumes_once_kept(
         base: Path) -> None:
     with local_user("ungd") as user:
         async def main() -> None:
@@ -79,8 +79,8 @@ def test_a_hand_over_without_its_guard_is_refused_for_another_users_job_and_resu
                 assert read_as(user, replica / "MANIFEST.json") == "Permission denied"
                 assert "Permission denied" in str(resume_as(user, str(replica), mine))
 
-                # no guard came: refused for the user's job (and nothing copied for it)
-                with pytest.raises(ValueError, match=f"no guard of {K} held here named its job's owner: "
+                # no keeper came: refused for the user's job (and nothing copied for it)
+                with pytest.raises(ValueError, match=f"no keeper of {K} held here named its job's owner: "
                                                      f"a job of uid {user.uid} is not given it"):
                     await asyncio.to_thread(comp.check_resume, str(replica), user.uid)
                 # the same, reached through a path that is not the replica's own spelling
@@ -90,8 +90,8 @@ def test_a_hand_over_without_its_guard_is_refused_for_another_users_job_and_resu
                 # root's job reads xfer/: the replica itself
                 assert await asyncio.to_thread(comp.check_resume, str(replica), 0) == str(replica)
 
-                # the guard names the user: the hand-over gives the job its copy, and it resumes
-                await guard(src, "ckpt-5", user)
+                # the keeper names the user: the hand-over gives the job its copy, and it resumes
+                await keeper(src, "ckpt-5", user)
                 got = await asyncio.to_thread(comp.check_resume, str(replica), user.uid)
                 assert got == str(base / "resume" / K / "ckpt-5"), got
                 kd = os.lstat(base / "resume" / K)
@@ -104,7 +104,7 @@ def test_a_hand_over_without_its_guard_is_refused_for_another_users_job_and_resu
         asyncio.run(main())
 
 
-def test_a_guarded_replica_that_no_longer_verifies_is_refused_and_nothing_is_copied(base: Path) -> None:
+def test_a_kept_replica_that_no_longer_verifies_is_refused_and_nothing_is_copied(base: Path) -> None:
     with local_user("ungc") as user:
         async def main() -> None:
             agent, comp = await started(base)
@@ -112,7 +112,7 @@ def test_a_guarded_replica_that_no_longer_verifies_is_refused_and_nothing_is_cop
                 d = comp.root / "checkpoints" / K  # type: ignore[operator]
                 src = Source(base, comp, 2, K)
                 await src.send(6)
-                await guard(src, "ckpt-6", user)
+                await keeper(src, "ckpt-6", user)
                 f = next(p for p in (d / "ckpt-6").iterdir() if p.name.startswith("state"))
                 os.chmod(f, 0o600)
                 f.write_bytes(b"tampered-")  # after its commit: it no longer matches what was verified

@@ -1,17 +1,17 @@
-"""A guard whose source's ``release`` was lost ends when its source says the job no longer needs
-it (control op ``needs``), and never otherwise (ReclaimComponent's replica GC, the stale guard).
+"""A keeper whose source's ``release`` was lost ends when its source says the job no longer needs
+it (control op ``needs``), and never otherwise (ReclaimComponent's replica GC, the stale keeper).
 
-Real pieces: three migrate components (node 1: the old buddy, node 2: the source, node 3: a new
-buddy), each with its own SQLite store and its transfer endpoint listening on its own loopback
+Real pieces: three migrate components (node 1: the old keeper, node 2: the source, node 3: a new
+keeper), each with its own SQLite store and its transfer endpoint listening on its own loopback
 address (127.0.0.<node>, one port for all, as in a zone); the source's checkpoints are real
-jobkit checkpoints it prestages itself (``Prestage.tick``: snapshot, transfer, ``guard``), and
+jobkit checkpoints it prestages itself (``Prestage.tick``: snapshot, transfer, ``keeper``), and
 the question and answer are real authenticated control messages. Stand-ins, named as such: the
 zone (``Zone``: membership, addresses and keys, no sockets) and the source's job manager
 (``Jobs``: one job whose state the test sets, as the job's exit would).
 
-The lost release is made the way it happens: the source agent restarts without its buddy map
+The lost release is made the way it happens: the source agent restarts without its keeper map
 and the job ends while it is down, so it never sends ``release`` to node 1. (An agent keeps the
-map in its store since 2026-11-22, tests/cluster/test_replica_buddy_change.py; one that lost it,
+map in its store since 2026-11-22, tests/cluster/test_replica_keeper_change.py; one that lost it,
 an older agent or a lost store, is made here by deleting those rows at each start.)
 """
 
@@ -103,8 +103,8 @@ async def node(tmp: Path, me: int, nodes: list[int], port: int, jobs: Jobs | Non
     cfg = Config(validate({"agent": {"state_dir": str(d), "node": f"lm-t-gc{me}"},
                            "migrate": {"poll_s": 60.0, "periodic": False, "port": port, "prestage": prestage}}))
     store = Store(d / "state.db")
-    with contextlib.suppress(sqlite3.OperationalError), store.tx() as db:  # a source that lost its buddy map
-        db.execute("DELETE FROM migrate_buddies")
+    with contextlib.suppress(sqlite3.OperationalError), store.tx() as db:  # a source that lost its keeper map
+        db.execute("DELETE FROM migrate_keepers")
     agent = SimpleNamespace(config=cfg, store=store, events=EventBus(store), jobs=jobs or Jobs(),
                             zone=Zone(me, nodes))
     comp = ReclaimComponent()
@@ -136,7 +136,7 @@ async def prestage_round(src: ReclaimComponent) -> None:
 
 
 async def prestage(src: ReclaimComponent, job: Any, step: int) -> None:
-    """The job writes checkpoint ``step``; the source's own prestage ships it and sends the guard."""
+    """The job writes checkpoint ``step``; the source's own prestage ships it and sends the keeper."""
     Checkpointer(job_id=job.id, ckpt_dir=job.ckpt_dir, install_signal=False, keep=10).save(
         f"weights-{step}".encode(), step=step)
     await prestage_round(src)
@@ -144,98 +144,98 @@ async def prestage(src: ReclaimComponent, job: Any, step: int) -> None:
 
 
 def check_now(comp: ReclaimComponent) -> None:
-    """The old buddy's GC round, with guards unchanged for 10 ms counted as worth a question."""
-    comp.s["replica_guard_check_s"] = 0.01
-    comp.replicas._guard_asked.clear()
+    """The old keeper's GC round, with keepers unchanged for 10 ms counted as worth a question."""
+    comp.s["replica_keeper_check_s"] = 0.01
+    comp.replicas._keeper_asked.clear()
     comp.replicas.tick(time.time(), force=True)
 
 
 def answered(comp: ReclaimComponent) -> bool:
-    """The old buddy asked its question and has its answer (or gave up on it)."""
-    return bool(comp.replicas._guard_asked) and not comp.replicas._guard_checking
+    """The old keeper asked its question and has its answer (or gave up on it)."""
+    return bool(comp.replicas._keeper_asked) and not comp.replicas._keeper_checking
 
 
 def run(coro: Any) -> Any:
     return asyncio.new_event_loop().run_until_complete(coro)
 
 
-def test_a_lost_release_of_an_ended_job_ends_the_guard_and_its_replicas_go(tmp_path: Path) -> None:
+def test_a_lost_release_of_an_ended_job_ends_the_keeper_and_its_replicas_go(tmp_path: Path) -> None:
     port = free_port()
     job = job_of(tmp_path)
 
     async def main() -> None:
-        async with node(tmp_path, 1, [1, 2], port) as buddy:
+        async with node(tmp_path, 1, [1, 2], port) as keeper:
             async with node(tmp_path, 2, [1, 2], port, Jobs([job])) as src:
                 await prestage(src, job, 5)
-                assert src.prestage.buddy == {"job-1": 1}
-                assert await until(lambda: state(buddy) == "guarding" and held(buddy) == ["ckpt-5"])
-            # the source agent restarts (its buddy map is gone); the job exits while it is down
+                assert src.prestage.keeper == {"job-1": 1}
+                assert await until(lambda: state(keeper) == "keeping" and held(keeper) == ["ckpt-5"])
+            # the source agent restarts (its keeper map is gone); the job exits while it is down
             job.state = "exited"
             async with node(tmp_path, 2, [1, 2], port, Jobs([job])) as src:
-                await prestage_round(src)  # knows no buddy: sends no release
+                await prestage_round(src)  # knows no keeper: sends no release
                 await asyncio.sleep(0.3)
-                assert state(buddy) == "guarding" and held(buddy) == ["ckpt-5"]  # the leak before the rule
+                assert state(keeper) == "keeping" and held(keeper) == ["ckpt-5"]  # the leak before the rule
                 await asyncio.sleep(0.05)
-                check_now(buddy)
-                assert await until(lambda: state(buddy) == "released"), state(buddy)
-                assert await until(lambda: not (buddy.root / "checkpoints" / K).exists()), held(buddy)  # type: ignore[operator]
-                assert buddy.counts["replica_guards_ended"] == 1
+                check_now(keeper)
+                assert await until(lambda: state(keeper) == "released"), state(keeper)
+                assert await until(lambda: not (keeper.root / "checkpoints" / K).exists()), held(keeper)  # type: ignore[operator]
+                assert keeper.counts["replica_keepers_ended"] == 1
 
     run(main())
 
 
-def test_a_guard_still_needed_is_not_dropped(tmp_path: Path) -> None:
-    """Safety: the source's job runs and node 1 is (or may be) its buddy; the source is
-    unreachable; the source knows no record of the job: each time the guard and its replica stay."""
+def test_a_keeper_still_needed_is_not_dropped(tmp_path: Path) -> None:
+    """Safety: the source's job runs and node 1 is (or may be) its keeper; the source is
+    unreachable; the source knows no record of the job: each time the keeper and its replica stay."""
     port = free_port()
     job = job_of(tmp_path)
 
     async def main() -> None:
-        async with node(tmp_path, 1, [1, 2], port) as buddy:
+        async with node(tmp_path, 1, [1, 2], port) as keeper:
             async with node(tmp_path, 2, [1, 2], port, Jobs([job])) as src:
                 await prestage(src, job, 5)
-                assert await until(lambda: state(buddy) == "guarding")
+                assert await until(lambda: state(keeper) == "keeping")
                 await asyncio.sleep(0.05)
-                check_now(buddy)  # running, node 1 is its buddy
-                await until(lambda: answered(buddy), timeout=5)
-                assert state(buddy) == "guarding" and held(buddy) == ["ckpt-5"]
-            # restarted with prestage off (it ships no more checkpoints): its buddy is unknown to it
+                check_now(keeper)  # running, node 1 is its keeper
+                await until(lambda: answered(keeper), timeout=5)
+                assert state(keeper) == "keeping" and held(keeper) == ["ckpt-5"]
+            # restarted with prestage off (it ships no more checkpoints): its keeper is unknown to it
             async with node(tmp_path, 2, [1, 2], port, Jobs([job]), prestage="off") as src:
                 await asyncio.sleep(0.1)
-                assert src.prestage.buddy == {}
-                check_now(buddy)
-                assert await until(lambda: answered(buddy), timeout=5)
+                assert src.prestage.keeper == {}
+                check_now(keeper)
+                assert await until(lambda: answered(keeper), timeout=5)
                 await asyncio.sleep(0.1)
-                assert state(buddy) == "guarding" and held(buddy) == ["ckpt-5"]
+                assert state(keeper) == "keeping" and held(keeper) == ["ckpt-5"]
             # the source agent is down (unreachable), its job's state unknown: kept
             job.state = "exited"
-            check_now(buddy)
-            assert await until(lambda: answered(buddy), timeout=10)
+            check_now(keeper)
+            assert await until(lambda: answered(keeper), timeout=10)
             await asyncio.sleep(0.1)
-            assert state(buddy) == "guarding" and held(buddy) == ["ckpt-5"]
+            assert state(keeper) == "keeping" and held(keeper) == ["ckpt-5"]
             async with node(tmp_path, 2, [1, 2], port, Jobs([])) as src:  # no record of the job
-                check_now(buddy)
-                assert await until(lambda: answered(buddy), timeout=5)
+                check_now(keeper)
+                assert await until(lambda: answered(keeper), timeout=5)
                 await asyncio.sleep(0.1)
-                assert state(buddy) == "guarding" and held(buddy) == ["ckpt-5"]
-            # a silent source (a suspect: it may have left without notice, the guard may be the
+                assert state(keeper) == "keeping" and held(keeper) == ["ckpt-5"]
+            # a silent source (a suspect: it may have left without notice, the keeper may be the
             # job's only way back) and a dead one (its reclaim window ended: the take-over's) are never asked
-            buddy.s["replica_guard_check_s"] = 0.01
-            buddy.agent.zone.membership.suspects.add(2)
-            buddy.replicas._guard_asked.clear()
-            buddy.replicas.tick(time.time(), force=True)
-            assert not buddy.replicas._guard_checking and not buddy.replicas._guard_asked
-            buddy.agent.zone.membership.suspects.clear()
-            came = buddy.agent.store.db.execute("SELECT updated FROM migrate_replicas").fetchone()["updated"]
-            buddy.notices[2] = (came + 0.01, came - 60.0)  # its window ended after the guard came
-            buddy.replicas.tick(time.time(), force=True)
-            assert not buddy.replicas._guard_checking and not buddy.replicas._guard_asked
-            assert state(buddy) == "guarding"
+            keeper.s["replica_keeper_check_s"] = 0.01
+            keeper.agent.zone.membership.suspects.add(2)
+            keeper.replicas._keeper_asked.clear()
+            keeper.replicas.tick(time.time(), force=True)
+            assert not keeper.replicas._keeper_checking and not keeper.replicas._keeper_asked
+            keeper.agent.zone.membership.suspects.clear()
+            came = keeper.agent.store.db.execute("SELECT updated FROM migrate_replicas").fetchone()["updated"]
+            keeper.notices[2] = (came + 0.01, came - 60.0)  # its window ended after the keeper came
+            keeper.replicas.tick(time.time(), force=True)
+            assert not keeper.replicas._keeper_checking and not keeper.replicas._keeper_asked
+            assert state(keeper) == "keeping"
 
     run(main())
 
 
-def test_a_source_that_moved_its_guard_to_another_buddy_ends_the_old_one(tmp_path: Path) -> None:
+def test_a_source_that_moved_its_keeper_to_another_keeper_ends_the_old_one(tmp_path: Path) -> None:
     port = free_port()
     job = job_of(tmp_path)
 
@@ -244,54 +244,54 @@ def test_a_source_that_moved_its_guard_to_another_buddy_ends_the_old_one(tmp_pat
             async with node(tmp_path, 2, [1, 2, 3], port, Jobs([job])) as src:
                 src.agent.zone.membership.state[3].last_summary = SimpleNamespace(draining=True)  # node 1 first
                 await prestage(src, job, 5)
-                assert src.prestage.buddy == {"job-1": 1}
+                assert src.prestage.keeper == {"job-1": 1}
             async with node(tmp_path, 2, [1, 2, 3], port, Jobs([job])) as src:
                 # restarted; node 1 now drains: the next checkpoint goes to node 3 (no release to node 1)
                 src.agent.zone.membership.state[1].last_summary = SimpleNamespace(draining=True)
                 await prestage(src, job, 10)
-                assert src.prestage.buddy == {"job-1": 3}
-                assert await until(lambda: state(new) == "guarding" and held(new) == ["ckpt-10"])
-                assert state(old) == "guarding" and held(old) == ["ckpt-5"]
+                assert src.prestage.keeper == {"job-1": 3}
+                assert await until(lambda: state(new) == "keeping" and held(new) == ["ckpt-10"])
+                assert state(old) == "keeping" and held(old) == ["ckpt-5"]
                 await asyncio.sleep(0.05)
                 check_now(old)
                 check_now(new)
                 assert await until(lambda: state(old) == "released" and held(old) == []), (state(old), held(old))
                 assert await until(lambda: answered(new), timeout=5)
                 await asyncio.sleep(0.1)
-                assert state(new) == "guarding" and held(new) == ["ckpt-10"]  # the new buddy's guard stays
+                assert state(new) == "keeping" and held(new) == ["ckpt-10"]  # the new keeper's keeper stays
 
     run(main())
 
 
-def test_a_guard_that_came_while_the_question_was_on_its_way_wins(tmp_path: Path) -> None:
+def test_a_keeper_that_came_while_the_question_was_on_its_way_wins(tmp_path: Path) -> None:
     port = free_port()
     job = job_of(tmp_path)
 
     async def main() -> None:
-        async with node(tmp_path, 1, [1, 2], port) as buddy:
+        async with node(tmp_path, 1, [1, 2], port) as keeper:
             async with node(tmp_path, 2, [1, 2], port, Jobs([job])) as src:
                 await prestage(src, job, 5)
-                assert await until(lambda: state(buddy) == "guarding")
-                asked = float(buddy.agent.store.db.execute(
+                assert await until(lambda: state(keeper) == "keeping")
+                asked = float(keeper.agent.store.db.execute(
                     "SELECT updated FROM migrate_replicas WHERE key=?", (K,)).fetchone()["updated"])
-                await prestage(src, job, 10)  # a newer guard arrives after the question was sent
-                assert await until(lambda: held(buddy) == ["ckpt-10"])
-                src.prestage.buddy.clear()
+                await prestage(src, job, 10)  # a newer keeper arrives after the question was sent
+                assert await until(lambda: held(keeper) == ["ckpt-10"])
+                src.prestage.keeper.clear()
                 job.state = "exited"  # the source now answers "not needed"
-                assert await buddy.replicas.check_guard(K, 2, asked) is False
-                assert state(buddy) == "guarding" and held(buddy) == ["ckpt-10"]
+                assert await keeper.replicas.check_keeper(K, 2, asked) is False
+                assert state(keeper) == "keeping" and held(keeper) == ["ckpt-10"]
 
     run(main())
 
 
-@pytest.mark.parametrize(("st", "buddy", "busy", "needed"), [
+@pytest.mark.parametrize(("st", "keeper", "busy", "needed"), [
     (None, None, False, True), ("running", 1, False, True), ("running", None, False, True),
     ("running", 3, False, False), ("running", 3, True, True), ("exited", 1, False, False),
     ("stopped", None, False, False), ("failed", 1, False, False), ("migrated", 1, False, False),
     ("reclaimed", 1, False, True), ("reclaimed", None, False, True), ("lost", None, False, True),
     ("requeued", 1, False, True), ("queued", None, False, True), ("exited", 1, True, True)])
-def test_the_source_answer_policy(st: str | None, buddy: int | None, busy: bool, needed: bool) -> None:
-    from laminar.migrate.reclaim import guard_needed
+def test_the_source_answer_policy(st: str | None, keeper: int | None, busy: bool, needed: bool) -> None:
+    from laminar.migrate.reclaim import keeper_needed
 
-    got, why = guard_needed(st, buddy, 1, busy)
+    got, why = keeper_needed(st, keeper, 1, busy)
     assert got is needed and why

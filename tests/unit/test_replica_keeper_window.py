@@ -1,10 +1,10 @@
-"""A buddy does not take over a job whose source is silent in the zone during its reclaim window
+"""A keeper does not take over a job whose source is silent in the zone during its reclaim window
 but still answers: that source is evacuating the job (a move to another node is under way), and
 a take-over here would run it twice. A source that does not answer is taken over as before.
-After the window's end, only a buddy that may have missed the source's news (restarted since the
-guard came, or silent) asks first; one that was up and heard from the source takes over at once.
+After the window's end, only a keeper that may have missed the source's news (restarted since the
+keeper came, or silent) asks first; one that was up and heard from the source takes over at once.
 
-Two real components on loopback (the buddy, node 1, and the source, node 2: each a real store,
+Two real components on loopback (the keeper, node 1, and the source, node 2: each a real store,
 real transfer endpoint, real authenticated control messages); stand-ins, named as such: the
 zones (``FakeZone``: membership and keys, no sockets) and the job managers (``Jobs``).
 """
@@ -57,56 +57,56 @@ def test_a_source_silent_in_its_window_that_answers_keeps_its_job(tmp_path: Path
     async def main() -> None:
         (tmp_path / "b").mkdir()
         (tmp_path / "a").mkdir()
-        agent_b, buddy = await started(tmp_path / "b")
+        agent_b, keeper = await started(tmp_path / "b")
         agent_a, source, zone_a = await source_node(tmp_path / "a")
         agent_a.jobs.jobs.append(SimpleNamespace(id="job-1", state="running", ended=None, spec=None))
         try:
-            buddy.s["port"] = source.port  # the buddy's control messages to node 2 reach the source
+            keeper.s["port"] = source.port  # the keeper's control messages to node 2 reach the source
             seen: list[str] = []
             agent_b.events.subscribe(lambda e: seen.append(str(e.get("message", ""))))
-            src = Source(tmp_path, buddy, 2, K)
+            src = Source(tmp_path, keeper, 2, K)
             await src.send(5)
-            await src.ctl("guard", "ckpt-5")
-            assert state_of(buddy, K) == "guarding"
+            await src.ctl("keeper", "ckpt-5")
+            assert state_of(keeper, K) == "keeping"
             now = time.time()
-            buddy.notices[2] = (now + 60, now - 10)  # its reclaim was announced 10 s ago, 60 s left
+            keeper.notices[2] = (now + 60, now - 10)  # its reclaim was announced 10 s ago, 60 s left
             agent_b.zone.membership.state[2].last_seen = now - 10  # and nothing heard since
             # (nor from node 3: nobody else to ask when it last heard node 2, vouch.py)
             agent_b.zone.membership.state[3].last_seen = now - 10
-            buddy._started = now - 60  # (up a minute: it was there to hear that silence)
-            await buddy.guarding.tick(time.time())
-            assert await until(lambda: not buddy.guarding.taking)
-            assert state_of(buddy, K) == "guarding"  # asked, answered "running there": not taken over
+            keeper._started = now - 60  # (up a minute: it was there to hear that silence)
+            await keeper.takeover.tick(time.time())
+            assert await until(lambda: not keeper.takeover.taking)
+            assert state_of(keeper, K) == "keeping"  # asked, answered "running there": not taken over
             assert any("answers: its job lives there" in m for m in seen), seen
 
             await source.stop()  # the source is gone for good: no answer now
-            buddy.guarding._alive_asked[K] = -math.inf
-            await buddy.guarding.tick(time.time())
-            assert await until(lambda: not buddy.guarding.taking, timeout=30)
-            assert state_of(buddy, K) != "guarding"  # taken over (resumed, or waiting for room)
+            keeper.takeover._alive_asked[K] = -math.inf
+            await keeper.takeover.tick(time.time())
+            assert await until(lambda: not keeper.takeover.taking, timeout=30)
+            assert state_of(keeper, K) != "keeping"  # taken over (resumed, or waiting for room)
         finally:
-            await buddy.stop()
+            await keeper.stop()
             agent_b.store.db.close()
             agent_a.store.db.close()
 
     asyncio.run(main())
 
 
-async def stop_both(buddy: ReclaimComponent, source: ReclaimComponent, *agents: Any) -> None:
+async def stop_both(keeper: ReclaimComponent, source: ReclaimComponent, *agents: Any) -> None:
     """A test's teardown: both components stopped (the source may be already), the agents'
     stores closed."""
-    await buddy.stop()
+    await keeper.stop()
     with contextlib.suppress(Exception):
         await source.stop()
     for agent in agents:
         agent.store.db.close()
 
 
-async def source_asked_by(d: Path, buddy: ReclaimComponent, source: ReclaimComponent,
+async def source_asked_by(d: Path, keeper: ReclaimComponent, source: ReclaimComponent,
                           job_ids: tuple[str, ...]) -> tuple[Any, ReclaimComponent, list[str]]:
     """Node 2, the source: ``source`` started on an agent in ``d`` whose jobs ``job_ids`` run,
-    in a zone that knows node 1 (the buddy). Returns (its agent, the source, the list of
-    control messages the buddy sends from now on, ``"<op> <key>"`` each, which still go out)."""
+    in a zone that knows node 1 (the keeper). Returns (its agent, the source, the list of
+    control messages the keeper sends from now on, ``"<op> <key>"`` each, which still go out)."""
     agent_a = make_agent(d)
     agent_a.jobs = Jobs()
     for jid in job_ids:
@@ -117,85 +117,85 @@ async def source_asked_by(d: Path, buddy: ReclaimComponent, source: ReclaimCompo
     zone_a.keys = {1: KEY}
     agent_a.zone = zone_a
     asked: list[str] = []
-    control = buddy._control
+    control = keeper._control
 
     async def spy(node: int, op: str, body: dict[str, Any], **kw: Any) -> Any:  # records, then sends
         asked.append(f"{op} {body.get('key')}")
         return await control(node, op, body, **kw)
 
-    buddy._control = spy  # type: ignore[method-assign]
+    keeper._control = spy  # type: ignore[method-assign]
     return agent_a, source, asked
 
 
-def test_after_the_window_only_a_buddy_that_may_have_missed_news_asks_first(tmp_path: Path) -> None:
-    """The window's end as the guard message carried it has passed. A buddy up since that
+def test_after_the_window_only_a_keeper_that_may_have_missed_news_asks_first(tmp_path: Path) -> None:
+    """The window's end as the keeper message carried it has passed. A keeper up since that
     message that heard from the source takes over at once (no question: a real reclaim is not
     delayed); so does one restarted before the reclaim that knows the window from the zone's
     notice it heard since. One started after that message (a restart: it may have missed the withdrawal)
-    asks: a source that runs the job and has no reclaim keeps the guard guarding and its window
+    asks: a source that runs the job and has no reclaim keeps the keeper keeping and its window
     is forgotten. One silent for peer_timeout_s before the end asks too; no answer (the source
     gone) goes on with the take-over."""
     async def main() -> None:
         (tmp_path / "b").mkdir()
         (tmp_path / "a").mkdir()
-        agent_b, buddy = await started(tmp_path / "b")
+        agent_b, keeper = await started(tmp_path / "b")
         agent_b.zone.s["peer_timeout_s"] = 10.0
-        agent_a, source, asked = await source_asked_by(tmp_path / "a", buddy, ReclaimComponent(),
+        agent_a, source, asked = await source_asked_by(tmp_path / "a", keeper, ReclaimComponent(),
                                                       ("job-1", "job-2", "job-3", "job-4"))
         try:
-            buddy.s["port"] = source.port
-            ended = time.time() - 1.0  # the window's end the guard messages carry: passed
+            keeper.s["port"] = source.port
+            ended = time.time() - 1.0  # the window's end the keeper messages carry: passed
 
-            async def guarded(key: str) -> None:
-                src = Source(tmp_path, buddy, 2, key)
+            async def kept(key: str) -> None:
+                src = Source(tmp_path, keeper, 2, key)
                 await src.send(5)
-                await send_control("127.0.0.1", buddy.port, KEY, "guard", {
+                await send_control("127.0.0.1", keeper.port, KEY, "keeper", {
                     "key": key, "src_node": 2, "src_job": key[3:], "ckpt": "ckpt-5",
                     "request": {"spec": {"command": ["train"]}, "window_end": ended}}, zone=1, node="2")
 
-            # up since the guard came, heard from the source just now: taken over at once
-            await guarded("n2-job-1")
-            await buddy.guarding.tick(time.time())
-            assert await until(lambda: not buddy.guarding.taking, timeout=30)
-            assert state_of(buddy, "n2-job-1") != "guarding" and asked == [], asked
+            # up since the keeper came, heard from the source just now: taken over at once
+            await kept("n2-job-1")
+            await keeper.takeover.tick(time.time())
+            assert await until(lambda: not keeper.takeover.taking, timeout=30)
+            assert state_of(keeper, "n2-job-1") != "keeping" and asked == [], asked
 
-            # restarted before the reclaim (an older guard without the window's end), the window
+            # restarted before the reclaim (an older keeper without the window's end), the window
             # known from the zone's notice heard since: up the whole window, taken over at once
-            src4 = Source(tmp_path, buddy, 2, "n2-job-4")
+            src4 = Source(tmp_path, keeper, 2, "n2-job-4")
             await src4.send(5)
-            await src4.ctl("guard", "ckpt-5")
-            with agent_b.store.tx() as db:  # the guard came before the window's end (the notice's)
+            await src4.ctl("keeper", "ckpt-5")
+            with agent_b.store.tx() as db:  # the keeper came before the window's end (the notice's)
                 db.execute("UPDATE migrate_replicas SET updated=? WHERE key='n2-job-4'", (ended - 20.0,))
-            buddy._started = time.time()
-            buddy.notices[2] = (ended, ended - 10.0)
-            await buddy.guarding.tick(time.time())
-            assert await until(lambda: not buddy.guarding.taking, timeout=30)
-            assert state_of(buddy, "n2-job-4") != "guarding" and asked == [], asked
-            buddy.notices.pop(2)
-            buddy._started = 0.0
+            keeper._started = time.time()
+            keeper.notices[2] = (ended, ended - 10.0)
+            await keeper.takeover.tick(time.time())
+            assert await until(lambda: not keeper.takeover.taking, timeout=30)
+            assert state_of(keeper, "n2-job-4") != "keeping" and asked == [], asked
+            keeper.notices.pop(2)
+            keeper._started = 0.0
 
-            # the agent started after the guard came: it asks, the source runs the job with no reclaim
-            await guarded("n2-job-2")
-            buddy._started = time.time()
-            await buddy.guarding.tick(time.time())
-            assert await until(lambda: not buddy.guarding.taking, timeout=30)
-            assert asked == ["needs n2-job-2"] and state_of(buddy, "n2-job-2") == "guarding", asked
+            # the agent started after the keeper came: it asks, the source runs the job with no reclaim
+            await kept("n2-job-2")
+            keeper._started = time.time()
+            await keeper.takeover.tick(time.time())
+            assert await until(lambda: not keeper.takeover.taking, timeout=30)
+            assert asked == ["needs n2-job-2"] and state_of(keeper, "n2-job-2") == "keeping", asked
             row = agent_b.store.db.execute("SELECT request FROM migrate_replicas WHERE key='n2-job-2'").fetchone()
             assert "window_end" not in json.loads(row["request"])  # the withdrawn window ends nothing
-            await buddy.guarding.tick(time.time())
-            assert await until(lambda: not buddy.guarding.taking, timeout=30)
-            assert asked == ["needs n2-job-2"] and state_of(buddy, "n2-job-2") == "guarding"
+            await keeper.takeover.tick(time.time())
+            assert await until(lambda: not keeper.takeover.taking, timeout=30)
+            assert asked == ["needs n2-job-2"] and state_of(keeper, "n2-job-2") == "keeping"
 
             # up the whole window but nothing heard for peer_timeout_s before its end, the source gone
-            buddy._started = 0.0
-            await guarded("n2-job-3")
+            keeper._started = 0.0
+            await kept("n2-job-3")
             agent_b.zone.membership.state[2].last_seen = ended - 20.0
             await source.stop()
-            await buddy.guarding.tick(time.time())
-            assert await until(lambda: not buddy.guarding.taking, timeout=30)
-            assert asked == ["needs n2-job-2", "needs n2-job-3"] and state_of(buddy, "n2-job-3") != "guarding", asked
+            await keeper.takeover.tick(time.time())
+            assert await until(lambda: not keeper.takeover.taking, timeout=30)
+            assert asked == ["needs n2-job-2", "needs n2-job-3"] and state_of(keeper, "n2-job-3") != "keeping", asked
         finally:
-            await stop_both(buddy, source, agent_b, agent_a)
+            await stop_both(keeper, source, agent_b, agent_a)
 
     asyncio.run(main())
 
@@ -220,7 +220,7 @@ class OlderSource(ReclaimComponent):
 
 
 def test_an_older_source_that_says_its_job_lives_is_not_asked_every_dead_after_s(tmp_path: Path) -> None:
-    """A buddy that may have missed its source's news (started after the guard came) asks the
+    """A keeper that may have missed its source's news (started after the keeper came) asks the
     source after the window's end; the source is an older agent whose answer says the job runs
     there but not whether it still has a reclaim. The job is not taken over and the window is
     kept (a withdrawal is not known), once, with one ``source-alive`` event (``withdrawn``
@@ -231,30 +231,30 @@ def test_an_older_source_that_says_its_job_lives_is_not_asked_every_dead_after_s
     async def main() -> None:
         (tmp_path / "b").mkdir()
         (tmp_path / "a").mkdir()
-        agent_b, buddy = await started(tmp_path / "b")
-        buddy.s["dead_after_s"] = 0.2
-        agent_a, source, asked = await source_asked_by(tmp_path / "a", buddy, OlderSource(), ("job-1",))
+        agent_b, keeper = await started(tmp_path / "b")
+        keeper.s["dead_after_s"] = 0.2
+        agent_a, source, asked = await source_asked_by(tmp_path / "a", keeper, OlderSource(), ("job-1",))
         events: list[dict[str, Any]] = []
         agent_b.events.subscribe(events.append)
         heard = agent_b.zone.membership.state[2]
         try:
-            buddy.s["port"] = source.port
+            keeper.s["port"] = source.port
             ended = time.time() - 1.0
-            src = Source(tmp_path, buddy, 2, K)
+            src = Source(tmp_path, keeper, 2, K)
             await src.send(5)
-            await send_control("127.0.0.1", buddy.port, KEY, "guard", {
+            await send_control("127.0.0.1", keeper.port, KEY, "keeper", {
                 "key": K, "src_node": 2, "src_job": "job-1", "ckpt": "ckpt-5",
                 "request": {"spec": {"command": ["train"]}, "window_end": ended}}, zone=1, node="2")
-            buddy._started = time.time()  # this agent started after the guard came: it may have missed news
+            keeper._started = time.time()  # this agent started after the keeper came: it may have missed news
 
             async def round_after_dead_after_s() -> None:
                 await asyncio.sleep(0.3)  # past dead_after_s since the last question
                 heard.last_seen = time.time()  # the zone hears from node 2 meanwhile
-                await buddy.guarding.tick(time.time())
-                assert await until(lambda: not buddy.guarding.taking, timeout=30)
+                await keeper.takeover.tick(time.time())
+                assert await until(lambda: not keeper.takeover.taking, timeout=30)
 
             await round_after_dead_after_s()
-            assert asked == [f"needs {K}"] and state_of(buddy, K) == "guarding", asked
+            assert asked == [f"needs {K}"] and state_of(keeper, K) == "keeping", asked
             alive = [e for e in events if e.get("phase") == "source-alive"]
             assert [(e["key"], e["src_state"], e["withdrawn"]) for e in alive] == [(K, "running", None)], alive
             row = agent_b.store.db.execute("SELECT request FROM migrate_replicas WHERE key=?", (K,)).fetchone()
@@ -262,159 +262,159 @@ def test_an_older_source_that_says_its_job_lives_is_not_asked_every_dead_after_s
             for _ in range(4):
                 await round_after_dead_after_s()
             assert asked == [f"needs {K}"], f"asked again while node 2 is heard from: {asked}"
-            assert state_of(buddy, K) == "guarding"
+            assert state_of(keeper, K) == "keeping"
 
             heard.last_seen = time.time() - 10.0  # node 2 falls silent in the zone: asked again
-            await buddy.guarding.tick(time.time())
-            assert await until(lambda: not buddy.guarding.taking, timeout=30)
-            assert asked == [f"needs {K}"] * 2 and state_of(buddy, K) == "guarding", asked
+            await keeper.takeover.tick(time.time())
+            assert await until(lambda: not keeper.takeover.taking, timeout=30)
+            assert asked == [f"needs {K}"] * 2 and state_of(keeper, K) == "keeping", asked
             assert len([e for e in events if e.get("phase") == "source-alive"]) == 1, events
 
             await source.stop()  # gone: no answer, taken over
             await asyncio.sleep(0.3)
-            await buddy.guarding.tick(time.time())
-            assert await until(lambda: not buddy.guarding.taking, timeout=30)
-            assert asked == [f"needs {K}"] * 3 and state_of(buddy, K) != "guarding", asked
+            await keeper.takeover.tick(time.time())
+            assert await until(lambda: not keeper.takeover.taking, timeout=30)
+            assert asked == [f"needs {K}"] * 3 and state_of(keeper, K) != "keeping", asked
         finally:
-            await stop_both(buddy, source, agent_b, agent_a)
+            await stop_both(keeper, source, agent_b, agent_a)
 
     asyncio.run(main())
 
 
-def test_a_guard_reads_the_sources_window_in_its_own_clock(tmp_path: Path) -> None:
-    """The source's clock runs 300 s behind the buddy's. Its guard message says its window ends
-    30 s from now by its clock: the buddy keeps guarding (before, it read that instant in its
+def test_a_keeper_reads_the_sources_window_in_its_own_clock(tmp_path: Path) -> None:
+    """The source's clock runs 300 s behind the keeper's. Its keeper message says its window ends
+    30 s from now by its clock: the keeper keeps keeping (before, it read that instant in its
     own clock, 270 s in the past, and took the job over at once while the source was still
-    moving it: the job ran twice). A guard's ``not_before`` is moved the same way; a message
+    moving it: the job ran twice). A keeper's ``not_before`` is moved the same way; a message
     with an unreadable clock is refused whole."""
     async def main() -> None:
         (tmp_path / "b").mkdir()
-        agent_b, buddy = await started(tmp_path / "b")
+        agent_b, keeper = await started(tmp_path / "b")
         try:
-            src = Source(tmp_path, buddy, 2, K)
+            src = Source(tmp_path, keeper, 2, K)
             await src.send(5)
             skew = -300.0
             theirs = time.time() + skew
             body = {"key": K, "src_node": 2, "src_job": "job-1", "ckpt": "ckpt-5", "clock": theirs,
                     "request": {"spec": {"command": ["train"]}, "window_end": theirs + 30,
                                 "not_before": theirs + 20}}
-            await send_control("127.0.0.1", buddy.port, KEY, "guard", body, zone=1, node="2")
-            row = buddy.agent.store.db.execute("SELECT request FROM migrate_replicas WHERE key=?", (K,)).fetchone()
+            await send_control("127.0.0.1", keeper.port, KEY, "keeper", body, zone=1, node="2")
+            row = keeper.agent.store.db.execute("SELECT request FROM migrate_replicas WHERE key=?", (K,)).fetchone()
             req = json.loads(row["request"])
             now = time.time()
-            assert now + 29 < req["window_end"] <= now + 31  # 30 s from now, in the buddy's clock
+            assert now + 29 < req["window_end"] <= now + 31  # 30 s from now, in the keeper's clock
             assert now + 19 < req["not_before"] <= now + 21
             agent_b.zone.membership.state[2].last_seen = now
-            assert buddy.guarding.source_dead(2, now, req["window_end"]) is None
-            await buddy.guarding.tick(time.time())
-            assert await until(lambda: not buddy.guarding.taking)
-            assert state_of(buddy, K) == "guarding"  # not taken over: the window is open
+            assert keeper.takeover.source_dead(2, now, req["window_end"]) is None
+            await keeper.takeover.tick(time.time())
+            assert await until(lambda: not keeper.takeover.taking)
+            assert state_of(keeper, K) == "keeping"  # not taken over: the window is open
 
             bad = {**body, "clock": "soon", "request": {**body["request"], "window_end": 1.0}}
             try:
-                await send_control("127.0.0.1", buddy.port, KEY, "guard", bad, zone=1, node="2")
+                await send_control("127.0.0.1", keeper.port, KEY, "keeper", bad, zone=1, node="2")
             except Exception as e:
                 assert "clock" in str(e), e
             else:
-                raise AssertionError("a guard with an unreadable clock was taken")
-            row = buddy.agent.store.db.execute("SELECT request FROM migrate_replicas WHERE key=?", (K,)).fetchone()
+                raise AssertionError("a keeper with an unreadable clock was taken")
+            row = keeper.agent.store.db.execute("SELECT request FROM migrate_replicas WHERE key=?", (K,)).fetchone()
             assert json.loads(row["request"])["window_end"] == req["window_end"]  # unchanged
         finally:
-            await buddy.stop()
+            await keeper.stop()
             agent_b.store.db.close()
 
     asyncio.run(main())
 
 
-def test_a_sources_guard_message_carries_its_clock(tmp_path: Path) -> None:
-    """What the source's component sends (``_control``): the guard's request with the sender's
-    wall clock beside it, so the guard can move the instants into its own."""
+def test_a_sources_keeper_message_carries_its_clock(tmp_path: Path) -> None:
+    """What the source's component sends (``_control``): the keeper's request with the sender's
+    wall clock beside it, so the keeper can move the instants into its own."""
     async def main() -> None:
         (tmp_path / "b").mkdir()
-        agent_b, buddy = await started(tmp_path / "b")
+        agent_b, keeper = await started(tmp_path / "b")
         (tmp_path / "a").mkdir()
         agent_a, source, zone_a = await source_node(tmp_path / "a")
         try:
             zone_a.membership.by_node[1].handover_port = 0
-            source.s["port"] = buddy.port  # node 1's transfer endpoint is the buddy's
-            await Source(tmp_path, buddy, 2, K).send(5)
+            source.s["port"] = keeper.port  # node 1's transfer endpoint is the keeper's
+            await Source(tmp_path, keeper, 2, K).send(5)
             bodies: list[Any] = []
-            real = buddy.control.answer
+            real = keeper.control.answer
 
             def on_control(node: str, op: str, body: Any) -> Any:
                 bodies.append(body)
                 return real(node, op, body)
 
-            buddy.control.answer = on_control  # type: ignore[method-assign]
-            assert buddy.receiver is not None
-            buddy.receiver.on_control = on_control
+            keeper.control.answer = on_control  # type: ignore[method-assign]
+            assert keeper.receiver is not None
+            keeper.receiver.on_control = on_control
             t0 = time.time()
-            await source._control(1, "guard", {"key": K, "src_node": 2, "src_job": "job-1", "ckpt": "ckpt-5",
+            await source._control(1, "keeper", {"key": K, "src_node": 2, "src_job": "job-1", "ckpt": "ckpt-5",
                                                "request": {"spec": {"command": ["train"]}, "window_end": t0 + 40}})
-            row = buddy.agent.store.db.execute("SELECT request FROM migrate_replicas WHERE key=?", (K,)).fetchone()
+            row = keeper.agent.store.db.execute("SELECT request FROM migrate_replicas WHERE key=?", (K,)).fetchone()
             end = json.loads(row["request"])["window_end"]
             assert t0 + 40 <= end <= time.time() + 40  # moved by the transit only (same clock here)
             assert [t0 <= b["clock"] <= time.time() for b in bodies] == [True]  # the sender's clock, as it sent
         finally:
             await source.stop()
-            await buddy.stop()
+            await keeper.stop()
             agent_b.store.db.close()
             agent_a.store.db.close()
 
     asyncio.run(main())
 
 
-def test_a_job_a_source_guards_after_coming_back_from_its_reclaim_is_not_taken_over(tmp_path: Path) -> None:
+def test_a_job_a_source_keeps_after_coming_back_from_its_reclaim_is_not_taken_over(tmp_path: Path) -> None:
     """Node 2's reclaim window ended (the zone's notice) and its agent came back: restarted after
     the window's end, it cleared the reclaim (the owner gave the node back) and takes jobs again.
-    A job it runs since, and guards here (a guard message without a window, after the window's
+    A job it runs since, and keeps here (a keeper message without a window, after the window's
     end), is not taken over: it runs there (before, it was taken over at once, the notice's old
-    window declaring its source dead, and ran twice). A guard that came before the window's end
+    window declaring its source dead, and ran twice). A keeper that came before the window's end
     is taken over at once, as before; and so is the new job once node 2 is reclaimed again and
     that window ends."""
     async def main() -> None:
         (tmp_path / "b").mkdir()
         (tmp_path / "a").mkdir()
-        agent_b, buddy = await started(tmp_path / "b")
-        agent_a, source, asked = await source_asked_by(tmp_path / "a", buddy, ReclaimComponent(), ("job-5", "job-6"))
+        agent_b, keeper = await started(tmp_path / "b")
+        agent_a, source, asked = await source_asked_by(tmp_path / "a", keeper, ReclaimComponent(), ("job-5", "job-6"))
         try:
-            buddy.s["port"] = source.port
+            keeper.s["port"] = source.port
             now = time.time()
-            buddy.notices[2] = (now - 30.0, now - 90.0)  # its 60 s window ended 30 s ago
+            keeper.notices[2] = (now - 30.0, now - 90.0)  # its 60 s window ended 30 s ago
             agent_b.zone.membership.state[2].last_seen = time.time()  # heard from since
 
-            old = Source(tmp_path, buddy, 2, "n2-job-5")  # guarded before the window's end
+            old = Source(tmp_path, keeper, 2, "n2-job-5")  # kept before the window's end
             await old.send(5)
-            await old.ctl("guard", "ckpt-5")
+            await old.ctl("keeper", "ckpt-5")
             with agent_b.store.tx() as db:
                 db.execute("UPDATE migrate_replicas SET updated=? WHERE key='n2-job-5'", (now - 100.0,))
-            new = Source(tmp_path, buddy, 2, "n2-job-6")  # guarded now, back from the reclaim
+            new = Source(tmp_path, keeper, 2, "n2-job-6")  # kept now, back from the reclaim
             await new.send(5)
-            await new.ctl("guard", "ckpt-5")
+            await new.ctl("keeper", "ckpt-5")
             for _ in range(3):
-                await buddy.guarding.tick(time.time())
-                assert await until(lambda: not buddy.guarding.taking, timeout=30)
-            assert state_of(buddy, "n2-job-5") != "guarding"  # its source's window ended: taken over
-            assert state_of(buddy, "n2-job-6") == "guarding", "the job of a node back from its reclaim was taken over"
-            assert buddy.guarding.source_dead(2, time.time()) is not None  # node 2 counts as dead for anything else
-            assert buddy.guarding.source_dead(2, time.time(), None, time.time() - 1.0) is None
+                await keeper.takeover.tick(time.time())
+                assert await until(lambda: not keeper.takeover.taking, timeout=30)
+            assert state_of(keeper, "n2-job-5") != "keeping"  # its source's window ended: taken over
+            assert state_of(keeper, "n2-job-6") == "keeping", "the job of a node back from its reclaim was taken over"
+            assert keeper.takeover.source_dead(2, time.time()) is not None  # node 2 counts as dead for anything else
+            assert keeper.takeover.source_dead(2, time.time(), None, time.time() - 1.0) is None
             assert asked == [], asked
 
-            # reclaimed again, after that guard came: that window's end declares it dead for the job
+            # reclaimed again, after that keeper came: that window's end declares it dead for the job
             await asyncio.sleep(0.2)
             now = time.time()
-            buddy.notices[2] = (now - 0.05, now - 5.0)
-            await buddy.guarding.tick(time.time())
-            assert await until(lambda: not buddy.guarding.taking, timeout=30)
-            assert state_of(buddy, "n2-job-6") != "guarding"
+            keeper.notices[2] = (now - 0.05, now - 5.0)
+            await keeper.takeover.tick(time.time())
+            assert await until(lambda: not keeper.takeover.taking, timeout=30)
+            assert state_of(keeper, "n2-job-6") != "keeping"
         finally:
-            await stop_both(buddy, source, agent_b, agent_a)
+            await stop_both(keeper, source, agent_b, agent_a)
 
     asyncio.run(main())
 
 
-def test_a_reclaimed_source_says_its_window_in_every_guard_message() -> None:
-    """A guard message without the window's end tells the guard that its source has no reclaim
+def test_a_reclaimed_source_says_its_window_in_every_keeper_message() -> None:
+    """A keeper message without the window's end tells the keeper that its source has no reclaim
     (one that came after the notice's window ended is of a node back from its reclaim, whose job
     is not taken over). So a source that is still reclaimed says it in every message: also one
     sent once the reclaim's own task ended (a prestage in flight at the window's end), which left
@@ -432,14 +432,14 @@ def test_a_reclaimed_source_says_its_window_in_every_guard_message() -> None:
         c._control = control  # type: ignore[method-assign]
         c._need = lambda job: (None, SimpleNamespace(gpus=0))  # type: ignore[method-assign]
         job = SimpleNamespace(id="job-1", spec=JobSpec(["train"]), owner_uid=0, owner_gid=0)
-        await c.mover.send_guard(job, 1, "ckpt-5")  # no reclaim
+        await c.mover.send_keeper(job, 1, "ckpt-5")  # no reclaim
         loop = asyncio.get_running_loop()
         running, done = loop.create_future(), loop.create_future()
         done.set_result(None)
         c.reclaim = {"deadline": 1000.0, "task": running}  # in its window
-        await c.mover.send_guard(job, 1, "ckpt-6")
+        await c.mover.send_keeper(job, 1, "ckpt-6")
         c.reclaim = {"deadline": 1000.0, "task": done}  # reclaimed: the window ended, the reclaim's task too
-        await c.mover.send_guard(job, 1, "ckpt-7")
+        await c.mover.send_keeper(job, 1, "ckpt-7")
         running.cancel()
         assert ["window_end" in r for r in sent] == [False, True, True], sent
         assert sent[2]["window_end"] == 1000.0

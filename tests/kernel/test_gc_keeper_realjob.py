@@ -1,13 +1,13 @@
-"""A guard whose release was lost stays while its job runs at the source and ends once the job
+"""A keeper whose release was lost stays while its job runs at the source and ends once the job
 exited there: the source answers the ``needs`` question from its real job manager.
 
 Real pieces: the source's JobManager over real cgroups (``jobrig.job_manager``) running a real
-process that writes a real jobkit checkpoint; two migrate components (node 1, the buddy; node
+process that writes a real jobkit checkpoint; two migrate components (node 1, the keeper; node
 2, the source) on their own SQLite stores, their transfer endpoints on 127.0.0.1 and 127.0.0.2
-(one port, as in a zone); the source's own prestage (snapshot, transfer, ``guard``); the
+(one port, as in a zone); the source's own prestage (snapshot, transfer, ``keeper``); the
 question and answer are authenticated control messages. The zone is a stand-in (``Zone``:
 membership, addresses and keys, no sockets). The release is lost the way it happens: the source
-agent restarts while its job runs without its buddy map (an older agent kept it in memory only;
+agent restarts while its job runs without its keeper map (an older agent kept it in memory only;
 a current one keeps it in its store, so the stand-in deletes those rows at each start), so when
 the job exits nobody tells node 1.
 """
@@ -87,8 +87,8 @@ async def node(tmp: Path, me: int, port: int, jobs: Any = None) -> AsyncIterator
     cfg = Config(validate({"agent": {"state_dir": str(d), "node": f"lm-t-gck{me}"},
                            "migrate": {"poll_s": 60.0, "periodic": False, "port": port, "prestage": "always"}}))
     store = Store(d / "migrate.db")
-    with contextlib.suppress(sqlite3.OperationalError), store.tx() as db:  # a source that lost its buddy map
-        db.execute("DELETE FROM migrate_buddies")
+    with contextlib.suppress(sqlite3.OperationalError), store.tx() as db:  # a source that lost its keeper map
+        db.execute("DELETE FROM migrate_keepers")
     agent = SimpleNamespace(config=cfg, store=store, events=EventBus(store), jobs=jobs, zone=Zone(me))
     comp = ReclaimComponent()
     try:
@@ -99,27 +99,27 @@ async def node(tmp: Path, me: int, port: int, jobs: Any = None) -> AsyncIterator
         store.close()
 
 
-def guard_of(comp: ReclaimComponent, key: str) -> tuple[str | None, list[str]]:
+def keeper_of(comp: ReclaimComponent, key: str) -> tuple[str | None, list[str]]:
     row = comp.agent.store.db.execute("SELECT state FROM migrate_replicas WHERE key=?", (key,)).fetchone()
     d = comp.root / "checkpoints" / key  # type: ignore[operator]
     return (None if row is None else str(row["state"]), sorted(p.name for p in d.iterdir()) if d.exists() else [])
 
 
-async def ask(buddy: ReclaimComponent) -> None:
-    """Node 1's GC round with guards unchanged for 10 ms worth a question; waits for the answer."""
-    buddy.s["replica_guard_check_s"] = 0.01
-    buddy.replicas._guard_asked.clear()
+async def ask(keeper: ReclaimComponent) -> None:
+    """Node 1's GC round with keepers unchanged for 10 ms worth a question; waits for the answer."""
+    keeper.s["replica_keeper_check_s"] = 0.01
+    keeper.replicas._keeper_asked.clear()
     await asyncio.sleep(0.05)
-    buddy.replicas.tick(time.time(), force=True)
-    assert await until(lambda: bool(buddy.replicas._guard_asked) and not buddy.replicas._guard_checking, timeout=10)
+    keeper.replicas.tick(time.time(), force=True)
+    assert await until(lambda: bool(keeper.replicas._keeper_asked) and not keeper.replicas._keeper_checking, timeout=10)
 
 
-def test_the_guard_of_a_running_job_stays_and_ends_when_the_job_exits(tmp_path: Path) -> None:
+def test_the_keeper_of_a_running_job_stays_and_ends_when_the_job_exits(tmp_path: Path) -> None:
     port = free_port(socket.SOCK_STREAM, "127.0.0.2")
     stop = tmp_path / "stop"
 
     async def main() -> None:
-        async with job_manager(tmp_path / "jm") as jm, node(tmp_path, 1, port, NoJobs()) as buddy:
+        async with job_manager(tmp_path / "jm") as jm, node(tmp_path, 1, port, NoJobs()) as keeper:
             job = await jm.submit(JobSpec([sys.executable, "-c", JOB, str(stop)], name="lm-t-gc"))
             key = f"n2-{job.id}"
             assert job.ckpt_dir is not None
@@ -129,18 +129,18 @@ def test_the_guard_of_a_running_job_stays_and_ends_when_the_job_exits(tmp_path: 
                 await src.ckpt.scan.refresh_all(jm.active())
                 src.prestage.tick(time.time())
                 assert await until(lambda: src.prestage.shipped.get(job.id) == "ckpt-7", timeout=30), src.prestage.shipped
-                assert await until(lambda: guard_of(buddy, key) == ("guarding", ["ckpt-7"]))
-                await ask(buddy)  # the job runs and node 1 is its buddy: the guard stays
+                assert await until(lambda: keeper_of(keeper, key) == ("keeping", ["ckpt-7"]))
+                await ask(keeper)  # the job runs and node 1 is its keeper: the keeper stays
                 assert job.state == "running"
-                assert guard_of(buddy, key) == ("guarding", ["ckpt-7"])
+                assert keeper_of(keeper, key) == ("keeping", ["ckpt-7"])
             # the source agent is down when its job exits by itself: nobody sends node 1 a release
             stop.touch()
             assert await until(lambda: job.state == "exited", timeout=30), job.state
-            async with node(tmp_path, 2, port, jm) as src:  # back, with no buddy map
+            async with node(tmp_path, 2, port, jm) as src:  # back, with no keeper map
                 src.prestage.tick(time.time())
                 await asyncio.sleep(0.2)
-                assert guard_of(buddy, key) == ("guarding", ["ckpt-7"])  # the leak without the question
-                await ask(buddy)
-                assert await until(lambda: guard_of(buddy, key) == ("released", [])), guard_of(buddy, key)
+                assert keeper_of(keeper, key) == ("keeping", ["ckpt-7"])  # the leak without the question
+                await ask(keeper)
+                assert await until(lambda: keeper_of(keeper, key) == ("released", [])), keeper_of(keeper, key)
 
     asyncio.new_event_loop().run_until_complete(main())

@@ -1,19 +1,19 @@
-"""A job's buddy that went silent (its host gone, its agent hung: nothing answers) costs the
-job's next prestage one timeout, not the transfer's whole retry ladder: the buddy is then
-suspect for prestages (every job's: another job of this node whose buddy it was does not try
+"""A job's keeper that went silent (its host gone, its agent hung: nothing answers) costs the
+job's next prestage one timeout, not the transfer's whole retry ladder: the keeper is then
+suspect for prestages (every job's: another job of this node whose keeper it was does not try
 it again) and the checkpoint goes to another live peer at the next round. A move (a reclaim's,
-a loan return's, Airlock's) never waits on that silent buddy: its ``release`` is sent beside
+a loan return's, Airlock's) never waits on that silent keeper: its ``release`` is sent beside
 the hand-over, not before it (the job is frozen then).
 
-Real pieces (the rig of test_gc_guards): migrate components of node 2 (the source) and node 3
+Real pieces (the rig of test_gc_keepers): migrate components of node 2 (the source) and node 3
 (a live peer) on their own SQLite stores, endpoints on 127.0.0.<node>; the source's own
-prestage, real transfers, real authenticated ``guard`` and ``release`` control messages.
-Stand-ins, named as such: node 1, the silent buddy, is a TCP listener on 127.0.0.1 that accepts
+prestage, real transfers, real authenticated ``keeper`` and ``release`` control messages.
+Stand-ins, named as such: node 1, the silent keeper, is a TCP listener on 127.0.0.1 that accepts
 connections and never answers (a hung agent; a host whose packets vanish is the connect-phase
-case of the same rule, measured in bench/prestage_silent_buddy.py); the handshake timeout is
+case of the same rule, measured in bench/prestage_silent_keeper.py); the handshake timeout is
 shortened for the test (``HANDSHAKE_TIMEOUT_S``, where the sender and the receiver read it); in the move tests, the zone's
 reservation and the hand-over (``_reserve``, ``_handover``) are stand-ins, the transfer and
-guard before them are real.
+keeper before them are real.
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ from typing import Any
 
 import pytest
 from jobrig import until
-from test_gc_guards import Job, Jobs, K, free_port, held, job_of, node, prestage_round, run, state
+from test_gc_keepers import Job, Jobs, K, free_port, held, job_of, node, prestage_round, run, state
 
 from laminar.jobkit import Checkpointer, latest_checkpoint
 from laminar.migrate.errors import MigrateError
@@ -40,7 +40,7 @@ from laminar.runtime.spec import JobSpec
 
 
 class Silent:
-    """Stand-in for a buddy that went silent: accepts connections, never says a word."""
+    """Stand-in for a keeper that went silent: accepts connections, never says a word."""
 
     def __init__(self) -> None:
         self.connections = 0
@@ -74,7 +74,7 @@ def short_handshake(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(xfer_receive, "HANDSHAKE_TIMEOUT_S", 0.5)
 
 
-def test_a_silent_buddy_costs_one_timeout_and_the_checkpoint_goes_to_another_peer(tmp_path: Path) -> None:
+def test_a_silent_keeper_costs_one_timeout_and_the_checkpoint_goes_to_another_peer(tmp_path: Path) -> None:
     port = free_port()
     job = job_of(tmp_path)
     job2 = Job(id="job-2", num=2, state="running", gpus=[], owner_uid=0, owner_gid=0, ended=None, pid=None,
@@ -83,8 +83,8 @@ def test_a_silent_buddy_costs_one_timeout_and_the_checkpoint_goes_to_another_pee
     async def main() -> None:
         async with Silent().listening(port) as silent, node(tmp_path, 3, [1, 2, 3], port) as c:
             async with node(tmp_path, 2, [1, 2, 3], port, Jobs([job, job2])) as src:
-                src.prestage.set_buddy("job-1", 1)  # node 1 guarded both jobs' older checkpoints, then went silent
-                src.prestage.set_buddy("job-2", 1)
+                src.prestage.set_keeper("job-1", 1)  # node 1 kept both jobs' older checkpoints, then went silent
+                src.prestage.set_keeper("job-2", 1)
                 sends: list[tuple[str, int]] = []
                 real_send = src.mover.send
 
@@ -96,31 +96,31 @@ def test_a_silent_buddy_costs_one_timeout_and_the_checkpoint_goes_to_another_pee
                 save(job, 10)
                 await prestage_round(src)
                 assert await until(lambda: not src.prestage.prestaging, timeout=30)
-                # one attempt at the silent buddy, not the transfer's retry ladder (6 of them)
+                # one attempt at the silent keeper, not the transfer's retry ladder (6 of them)
                 assert silent.connections == 1, silent.connections
-                assert src.prestage.buddy["job-1"] == 1  # a failed prestage keeps the buddy (it guards the older one)
+                assert src.prestage.keeper["job-1"] == 1  # a failed prestage keeps the keeper (it keeps the older one)
                 await prestage_round(src)  # the next round: another live peer
                 assert await until(lambda: src.prestage.shipped.get("job-1") == "ckpt-10", timeout=20), src.prestage.shipped
-                assert src.prestage.buddy["job-1"] == 3 and held(c) == ["ckpt-10"] and state(c) == "guarding"
-                # done without waiting on the release of node 1's guard (its outcome not known yet):
-                # the job's next prestage is not held up by the silent old buddy either
+                assert src.prestage.keeper["job-1"] == 3 and held(c) == ["ckpt-10"] and state(c) == "keeping"
+                # done without waiting on the release of node 1's keeper (its outcome not known yet):
+                # the job's next prestage is not held up by the silent old keeper either
                 assert (1, "n2-job-1") in src.prestage._releasing  # (owed from the first try on: _releases)
                 assert (1, "n2-job-1") in src.prestage.releases
                 # its first try failed: still owed, sent again later
                 assert await until(lambda: (1, "n2-job-1") not in src.prestage._releasing, timeout=20)
                 assert (1, "n2-job-1") in src.prestage.releases
-                # the other job whose buddy node 1 was does not try it again: it is suspect now
+                # the other job whose keeper node 1 was does not try it again: it is suspect now
                 save(job2, 7)
                 await prestage_round(src)
                 assert await until(lambda: src.prestage.shipped.get("job-2") == "ckpt-7", timeout=20), src.prestage.shipped
-                assert src.prestage.buddy["job-2"] == 3 and held(c, "n2-job-2") == ["ckpt-7"]
+                assert src.prestage.keeper["job-2"] == 3 and held(c, "n2-job-2") == ["ckpt-7"]
                 assert sends == [("job-1", 1), ("job-1", 3), ("job-2", 3)], sends
 
     run(main())
 
 
 
-def test_a_buddy_whose_syns_go_unanswered_costs_one_connect_timeout(tmp_path: Path,
+def test_a_keeper_whose_syns_go_unanswered_costs_one_connect_timeout(tmp_path: Path,
                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
     """The connect phase of the same rule: node 1's host vanished (its SYNs go unanswered, no
     RST). Stand-in: a listener on 127.0.0.1 with a full accept queue (backlog 0, one connection
@@ -135,18 +135,18 @@ def test_a_buddy_whose_syns_go_unanswered_costs_one_connect_timeout(tmp_path: Pa
             full.listen(0)
             with socket.create_connection(("127.0.0.1", port)):  # fills the accept queue
                 async with node(tmp_path, 3, [1, 2, 3], port) as c, node(tmp_path, 2, [1, 2, 3], port, Jobs([job])) as src:
-                    src.prestage.set_buddy("job-1", 1)
+                    src.prestage.set_keeper("job-1", 1)
                     save(job, 10)
                     await prestage_round(src)
                     assert await until(lambda: not src.prestage.prestaging, timeout=30)
                     assert src.prestage.silent_peers() == {1} and src.prestage.shipped.get("job-1") is None
                     await prestage_round(src)
                     assert await until(lambda: src.prestage.shipped.get("job-1") == "ckpt-10", timeout=20), src.prestage.shipped
-                    assert src.prestage.buddy["job-1"] == 3 and held(c) == ["ckpt-10"]
+                    assert src.prestage.keeper["job-1"] == 3 and held(c) == ["ckpt-10"]
 
     run(main())
 
-def test_a_move_does_not_wait_on_the_release_of_a_silent_old_buddy(tmp_path: Path) -> None:
+def test_a_move_does_not_wait_on_the_release_of_a_silent_old_keeper(tmp_path: Path) -> None:
     port = free_port()
     job = job_of(tmp_path)
 
@@ -154,7 +154,7 @@ def test_a_move_does_not_wait_on_the_release_of_a_silent_old_buddy(tmp_path: Pat
         async with Silent().listening(port), node(tmp_path, 3, [1, 2, 3], port) as c:
             async with node(tmp_path, 2, [1, 2, 3], port, Jobs([job])) as src:
                 src.s["prestage"] = "off"  # this test is the move's alone
-                src.prestage.set_buddy("job-1", 1)  # node 1 guarded the job's older checkpoint, then went silent
+                src.prestage.set_keeper("job-1", 1)  # node 1 kept the job's older checkpoint, then went silent
                 save(job, 10)
                 ckpt = latest_checkpoint(job.ckpt_dir)
                 assert ckpt is not None
@@ -168,10 +168,10 @@ def test_a_move_does_not_wait_on_the_release_of_a_silent_old_buddy(tmp_path: Pat
                     return "job-9"
 
                 src.mover.reserve = reserve  # type: ignore[method-assign]
-                src.guarding.handover = handover  # type: ignore[method-assign]
+                src.takeover.handover = handover  # type: ignore[method-assign]
                 mv = Move(job.id, K, "test", deadline=None)
                 await src.mover._move_to(job, mv, ckpt, 3, None)
-                assert mv.dest_job == "job-9" and src.prestage.buddy["job-1"] == 3 and state(c) == "guarding"
+                assert mv.dest_job == "job-9" and src.prestage.keeper["job-1"] == 3 and state(c) == "keeping"
                 # the hand-over went before the release to the silent node 1 had failed (not waited for)
                 assert release_pending == [True], release_pending
                 # and the release is still sent: it fails, and is queued to be sent again
@@ -180,11 +180,11 @@ def test_a_move_does_not_wait_on_the_release_of_a_silent_old_buddy(tmp_path: Pat
     run(main())
 
 
-def test_a_prestage_a_move_overtook_neither_takes_the_guard_back_nor_slows_the_move(tmp_path: Path) -> None:
-    """A prestage still sending when a move of the job begins (a reclaim's: the buddy is slow, or
+def test_a_prestage_a_move_overtook_neither_takes_the_keeper_back_nor_slows_the_move(tmp_path: Path) -> None:
+    """A prestage still sending when a move of the job begins (a reclaim's: the keeper is slow, or
     silent) is superseded: its send is cancelled (the move has the uplink to itself), and one that
-    got past its send anyway does not hand the job's guard to its node after the move gave it to
-    the destination (before: it did, and released the destination's guard; the old buddy would
+    got past its send anyway does not hand the job's keeper to its node after the move gave it to
+    the destination (before: it did, and released the destination's keeper; the old keeper would
     have resumed the job from an older checkpoint once this node was gone, beside the running
     move)."""
     port = free_port()
@@ -193,7 +193,7 @@ def test_a_prestage_a_move_overtook_neither_takes_the_guard_back_nor_slows_the_m
     async def main() -> None:
         async with node(tmp_path, 1, [1, 2, 3], port) as b, node(tmp_path, 3, [1, 2, 3], port) as c:
             async with node(tmp_path, 2, [1, 2, 3], port, Jobs([job])) as src:
-                src.prestage.set_buddy("job-1", 1)
+                src.prestage.set_keeper("job-1", 1)
                 save(job, 10)
                 ckpt = latest_checkpoint(job.ckpt_dir)
                 assert ckpt is not None
@@ -202,7 +202,7 @@ def test_a_prestage_a_move_overtook_neither_takes_the_guard_back_nor_slows_the_m
                 prestage_sends: list[str] = []
 
                 async def send(j: Any, ck: Path, n: int, *a: Any, **kw: Any) -> str:
-                    if n == 1:  # stand-in for a slow link to the buddy: the prestage's transfer takes a while
+                    if n == 1:  # stand-in for a slow link to the keeper: the prestage's transfer takes a while
                         prestage_sends.append("started")
                         try:
                             await slow.wait()
@@ -222,7 +222,7 @@ def test_a_prestage_a_move_overtook_neither_takes_the_guard_back_nor_slows_the_m
 
                 src.mover.send = send  # type: ignore[method-assign]
                 src.mover.reserve = reserve  # type: ignore[method-assign]
-                src.guarding.handover = handover  # type: ignore[method-assign]
+                src.takeover.handover = handover  # type: ignore[method-assign]
                 await prestage_round(src)
                 assert await until(lambda: prestage_sends == ["started"], timeout=20)
                 move = asyncio.ensure_future(src.mover.move(job, "test", None, final=False))
@@ -231,10 +231,10 @@ def test_a_prestage_a_move_overtook_neither_takes_the_guard_back_nor_slows_the_m
                 mv = await move
                 assert mv.phase == "done" and mv.dest == 3, (mv.phase, mv.error)
                 assert await until(lambda: not src.prestage.prestaging, timeout=20)
-                assert src.prestage.buddy["job-1"] == 3 and state(c) == "guarding"
-                await asyncio.sleep(0.3)  # a release or guard the prestage might still send
-                assert src.prestage.buddy["job-1"] == 3 and state(c) == "guarding", (src.prestage.buddy, state(c))
-                assert state(b) in (None, "released"), state(b)  # node 1 guards nothing of the job
+                assert src.prestage.keeper["job-1"] == 3 and state(c) == "keeping"
+                await asyncio.sleep(0.3)  # a release or keeper the prestage might still send
+                assert src.prestage.keeper["job-1"] == 3 and state(c) == "keeping", (src.prestage.keeper, state(c))
+                assert state(b) in (None, "released"), state(b)  # node 1 keeps nothing of the job
                 assert prestage_sends == ["started", "cancelled"]  # the move cancelled the prestage's send
 
     run(main())
@@ -304,7 +304,7 @@ def destinations_1_then_3(src: Any) -> list[tuple[int, int]]:
     src.zone.submitter = SimpleNamespace(t=SimpleNamespace(send=lambda n, m: released.append((n, m.placement_id))))
     src.mover.rank_for = rank_for
     src.mover.reserve = reserve
-    src.guarding.handover = handover
+    src.takeover.handover = handover
     return released
 
 
@@ -312,7 +312,7 @@ def test_a_destination_a_move_found_silent_is_not_tried_again_by_the_next_move(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Two jobs of one reclaim moved one after the other, node 1 ranked first for both, and node 1
     silent (its agent hangs: :class:`Silent`). The first move pays its two timeouts there and goes
-    to node 3; node 1 is then marked silent (as a prestage marks a buddy: ``Prestage.silent_peers``), so
+    to node 3; node 1 is then marked silent (as a prestage marks a keeper: ``Prestage.silent_peers``), so
     the second move goes straight to node 3 (before: it connected to node 1 twice more, its job
     frozen meanwhile). Stand-ins: the ranking (node 1, then node 3), the reservation and the
     hand-over; the transfers are real."""

@@ -1,10 +1,10 @@
-"""Prestage to a silent buddy: how long a job has no new replica off its node once its buddy
-went silent, i.e. the time from a new checkpoint (its buddy silent already) to that checkpoint
-committed and guarded on another peer.
+"""Prestage to a silent keeper: how long a job has no new replica off its node once its keeper
+went silent, i.e. the time from a new checkpoint (its keeper silent already) to that checkpoint
+committed and kept on another peer.
 
-Real pieces (the rig of tests/unit/test_gc_guards.py): migrate components of node 2 (the source)
-and node 3 (a live peer), real jobkit checkpoints, real transfers and ``guard`` messages; the
-source's prestage rounds are run every 0.5 s (``poll_s``'s default). Node 1, the job's buddy, is
+Real pieces (the rig of tests/unit/test_gc_keepers.py): migrate components of node 2 (the source)
+and node 3 (a live peer), real jobkit checkpoints, real transfers and ``keeper`` messages; the
+source's prestage rounds are run every 0.5 s (``poll_s``'s default). Node 1, the job's keeper, is
 silent in one of two ways:
 
 - ``blackhole``: as if its host vanished: its SYNs go unanswered, no RST comes (the connect
@@ -13,13 +13,13 @@ silent in one of two ways:
 - ``hung``: its agent hangs: a listener on 127.0.0.1 accepts connections and never answers (the
   handshake times out).
 
-    python bench/prestage_silent_buddy.py [--baseline-tree PATH] [--json PATH]
+    python bench/prestage_silent_keeper.py [--baseline-tree PATH] [--json PATH]
 
 ``--baseline-tree``: an ``agent/`` directory of another revision, run the same way for the
 before figures (e.g. ``git archive 3a2072c agent | tar -x -C /tmp/base``). Keys per case:
-``s_to_replica`` (seconds from the new checkpoint to its replica committed and guarded on node
+``s_to_replica`` (seconds from the new checkpoint to its replica committed and kept on node
 3) and ``silent_connections`` (hung only: connections made to node 1 meanwhile, the prestage's
-attempts and the release of its guard once the job has a new buddy). Takes about 20 s, 2
+attempts and the release of its keeper once the job has a new keeper). Takes about 20 s, 2
 minutes with a baseline of before 2026-11-23.
 """
 
@@ -43,7 +43,7 @@ REPO = Path(__file__).resolve().parent.parent
 async def _case(tmp: Path, how: str) -> dict[str, Any]:
     """One measurement inside the benchmark's namespace (``how``: blackhole or hung)."""
     sys.path[:0] = [str(REPO / "tests" / "unit"), str(REPO / "tests")]
-    from test_gc_guards import Jobs, free_port, held, job_of, node, state  # the tests' rig
+    from test_gc_keepers import Jobs, free_port, held, job_of, node, state  # the tests' rig
 
     from laminar.jobkit import Checkpointer
 
@@ -67,14 +67,14 @@ async def _case(tmp: Path, how: str) -> dict[str, Any]:
     try:
         async with node(tmp, 3, [1, 2, 3], port) as c, node(tmp, 2, [1, 2, 3], port, Jobs([job])) as src:
             if hasattr(src, "prestage"):  # the component's part (issue 32)
-                set_buddy, prestage_round = src.prestage.set_buddy, lambda: src.prestage.tick(time.time())
+                set_keeper, prestage_round = src.prestage.set_keeper, lambda: src.prestage.tick(time.time())
             else:  # a baseline tree from before it: the component's own methods
-                set_buddy, prestage_round = src._set_buddy, src._prestage_round
-            set_buddy("job-1", 1)  # node 1 guards the job's older checkpoint, and is silent now
+                set_keeper, prestage_round = src._set_keeper, src._prestage_round
+            set_keeper("job-1", 1)  # node 1 keeps the job's older checkpoint, and is silent now
             Checkpointer(job_id=job.id, ckpt_dir=job.ckpt_dir, install_signal=False).save(os.urandom(1 << 20), step=10)
             t0 = time.monotonic()
             nxt = t0
-            while not (state(c) == "guarding" and held(c) == ["ckpt-10"]):  # committed there, and guarded
+            while not (state(c) == "keeping" and held(c) == ["ckpt-10"]):  # committed there, and kept
                 if time.monotonic() >= nxt:
                     prestage_round()
                     nxt += 0.5
@@ -122,7 +122,7 @@ def main() -> int:
         for how in ("blackhole", "hung"):
             r = _measure(tree.resolve(), how)
             res[f"{prefix}{how}"] = r
-            conns = "" if how == "blackhole" else f", {r['silent_connections']} connections to the silent buddy"
+            conns = "" if how == "blackhole" else f", {r['silent_connections']} connections to the silent keeper"
             print(f"{prefix or 'this '}{how}: replica on another node {r['s_to_replica']} s after the new checkpoint"
                   f"{conns}", flush=True)
     if a.json:

@@ -1,8 +1,8 @@
-"""A guard's take-over of a dead source's job, and a reclaimed guard's pass of what it holds,
+"""A keeper's take-over of a dead source's job, and a reclaimed keeper's pass of what it holds,
 check the replica they resume or pass (``latest_verified``) in a worker thread.
 
 ``latest_verified`` trusts a committed replica whose files kept their identity for
-TRUST_UNCHANGED_S (600 s) after its commit; an older one is hashed whole. A guard takes a job
+TRUST_UNCHANGED_S (600 s) after its commit; an older one is hashed whole. A keeper takes a job
 over when its source dies, often long after the replica came: the hash of a checkpoint of many
 GB then ran on the agent's event loop (probes, the API, kill-switch requests waiting for
 seconds), exactly when a node had just died. Real replicas: committed by a real Receiver over
@@ -41,7 +41,7 @@ def hashed(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> list[bool]:
 
     async def body(rcv: T.Receiver, port: int) -> None:
         await T.send_checkpoint("127.0.0.1", port, ck, REPLICA, KEY, chunk_size=64 << 10, retries=0,
-                                node="2")  # the key's node: a take-over reads only its guard's copies
+                                node="2")  # the key's node: a take-over reads only its keeper's copies
 
     asyncio.run(with_receiver(tmp_path / "xfer", body))
     monkeypatch.setattr(xfer_committed, "TRUST_UNCHANGED_S", 0.0)  # as a replica committed long ago
@@ -64,24 +64,24 @@ def component(root: Path) -> ReclaimComponent:
 
 def test_a_take_over_checks_its_replica_off_the_event_loop(tmp_path: Path, hashed: list[bool]) -> None:
     c = component(tmp_path / "xfer")
-    c.guarding.placement_here = lambda request: ""  # type: ignore[method-assign]
-    c.guarding.runs_here = lambda key: None  # type: ignore[method-assign]
+    c.takeover.placement_here = lambda request: ""  # type: ignore[method-assign]
+    c.takeover.runs_here = lambda key: None  # type: ignore[method-assign]
     row = {"key": REPLICA, "src_node": 2, "request": json.dumps({"spec": {"argv": ["true"]}})}
     try:  # what comes after the check fails on this bare component (no agent): not under test
-        asyncio.run(c.guarding.take_over_once(row, REPLICA, "lm-t: source dead"))
+        asyncio.run(c.takeover.take_over_once(row, REPLICA, "lm-t: source dead"))
     except Exception:  # noqa: BLE001
         pass
     assert hashed and not any(hashed), f"the replica was hashed on the event loop: {hashed}"
 
 
-def test_a_reclaimed_guards_pass_checks_its_replica_off_the_event_loop(tmp_path: Path, hashed: list[bool]) -> None:
+def test_a_reclaimed_keepers_pass_checks_its_replica_off_the_event_loop(tmp_path: Path, hashed: list[bool]) -> None:
     c = component(tmp_path / "xfer")
 
-    async def rank_holders(*a: Any, **kw: Any) -> list[Any]:
+    async def rank_keepers(*a: Any, **kw: Any) -> list[Any]:
         raise Stop
 
-    c.holders.rank = rank_holders  # type: ignore[method-assign]
+    c.keepers.rank = rank_keepers  # type: ignore[method-assign]
     with pytest.raises(Stop):
-        asyncio.run(c.holders._pass_one({"key": REPLICA, "src_node": 2}, {"owner_uid": 65534, "owner_gid": 65534},
+        asyncio.run(c.keepers._pass_one({"key": REPLICA, "src_node": 2}, {"owner_uid": 65534, "owner_gid": 65534},
                                 time.monotonic() + 60))
     assert hashed and not any(hashed), f"the replica was hashed on the event loop: {hashed}"

@@ -1,40 +1,40 @@
-"""A guard of another node's job: its source's death, the take-over, the placement elsewhere and
-the hand-over (:class:`Guard`, a part of :class:`laminar.migrate.reclaim.ReclaimComponent`: its
-``guarding``; in long form: docs/migration.md, *When the source dies* and *No room anywhere:
-storage holders and the retrying guard*).
+"""A keeper of another node's job: its source's death, the take-over, the placement elsewhere and
+the hand-over (:class:`Takeover`, a part of :class:`laminar.migrate.reclaim.ReclaimComponent`: its
+``keeping``; in long form: docs/migration.md, *When the source dies* and *No room anywhere:
+storage keepers and the retrying keeper*).
 
-A node guards a job of another node once the job's source handed it the guard (control op
-``guard``, after the transfer of the checkpoint it names: :mod:`laminar.migrate.buddies` on the
+A node keeps a job of another node once the job's source handed it the keeper (control op
+``keeper``, after the transfer of the checkpoint it names: :mod:`laminar.migrate.prestage` on the
 source). It resumes the job when the source is dead (its reclaim window ended, or it fell silent
 after a notice for ``dead_after_s`` and does not answer ``needs``, or, with ``orphan_after_s``
 set, it fell silent without one) or stopped the job and handed it over with ``take_over`` (a
-storage holder, a guard passed on).
+storage keeper, a keeper passed on).
 
-**The retrying guard.** A guard whose source is dead (or stopped the job, ``take_over``)
+**The retrying keeper.** A keeper whose source is dead (or stopped the job, ``take_over``)
 resumes the job from its newest verified replica: here when this node has room, else on the
 best-ranked peer with room (:func:`laminar.policy.destination.rank` over the peers' zone
-summaries, then the zone's probe/offer/commit, the transfer, the guard handed over, the
+summaries, then the zone's probe/offer/commit, the transfer, the keeper handed over, the
 hand-over with ``resume_from``: the same choice and mechanism as a move), else it looks again
-after ``retry_base_s``, doubling up to ``retry_max_s`` (:class:`laminar.policy.holder.RetrySchedule`;
+after ``retry_base_s``, doubling up to ``retry_max_s`` (:class:`laminar.policy.keeper.RetrySchedule`;
 replica state ``waiting``, the next look in the ``migrate_retry`` table, so a restarted agent
-goes on where it stopped). A ``waiting`` guard whose source was declared dead by a silence and
+goes on where it stopped). A ``waiting`` keeper whose source was declared dead by a silence and
 is heard from again asks it first (control op ``needs``, whose answer carries the job's state
-there): a job that lives there makes it ``guarding`` again (event phase ``guarding-again``),
-never a second copy. A guard that is itself reclaimed passes every job it holds for a
-stopped source (``waiting``, or ``take_over``) on to the best holder among its live peers
-(state ``passed``; :meth:`Holders.pass_guards`, in reclaim.py).
+there): a job that lives there makes it ``keeping`` again (event phase ``keeping-again``),
+never a second copy. A keeper that is itself reclaimed passes every job it holds for a
+stopped source (``waiting``, or ``take_over``) on to the best keeper among its live peers
+(state ``passed``; :meth:`Keepers.pass_keepers`, in reclaim.py).
 
-**The part.** :class:`Guard` is built with the component (what it uses of it: :class:`GuardHost`)
-and holds the guard's state: the keys whose take-over runs now (:attr:`Guard.taking`, which the
-component's pass of its guards, the archive, the replicas and the settle read too), the
-hand-overs waiting for an answer (:attr:`Guard.asking`, which :class:`laminar.migrate.settle.Settle`
-settles), the looks for room (:attr:`Guard.retry`), and the take-overs' own bookkeeping. The
-component's watch loop calls :meth:`Guard.tick` each round (after
-:meth:`laminar.migrate.replicas.Replicas.recheck_guards`, before
+**The part.** :class:`Takeover` is built with the component (what it uses of it: :class:`TakeoverHost`)
+and holds the keeper's state: the keys whose take-over runs now (:attr:`Takeover.taking`, which the
+component's pass of its keepers, the archive, the replicas and the settle read too), the
+hand-overs waiting for an answer (:attr:`Takeover.asking`, which :class:`laminar.migrate.settle.Settle`
+settles), the looks for room (:attr:`Takeover.retry`), and the take-overs' own bookkeeping. The
+component's watch loop calls :meth:`Takeover.tick` each round (after
+:meth:`laminar.migrate.replicas.Replicas.recheck_keepers`, before
 :meth:`laminar.migrate.replicas.Replicas.tick`). The other parts and the component ask it
-:meth:`Guard.source_dead`, :meth:`Guard.missed_news`, :meth:`Guard.runs_here`, and hand jobs over
-through :meth:`Guard.handover`; the zone asks :meth:`Guard.taken_over_as`. It is named
-``guarding`` because the mover's ``send_guard`` sends a guard to a buddy (the other side).
+:meth:`Takeover.source_dead`, :meth:`Takeover.missed_news`, :meth:`Takeover.runs_here`, and hand jobs over
+through :meth:`Takeover.handover`; the zone asks :meth:`Takeover.taken_over_as`. It is named
+``keeping`` because the mover's ``send_keeper`` sends a keeper to a keeper (the other side).
 """
 
 from __future__ import annotations
@@ -56,16 +56,16 @@ from laminar.migrate.transfer import TransferError, latest_verified, send_checkp
 from laminar.policy import custody
 from laminar.policy import destination as dst
 from laminar.policy.endcause import EndCause
-from laminar.policy.holder import RetrySchedule
+from laminar.policy.keeper import RetrySchedule
 from laminar.runtime.provenance import request_origin
 from laminar.zone import authority as au
 
 if TYPE_CHECKING:
     from laminar.migrate.archive import Archive
-    from laminar.migrate.buddies import Prestage
     from laminar.migrate.control import Control
     from laminar.migrate.fence import Fence
     from laminar.migrate.mover import Mover
+    from laminar.migrate.prestage import Prestage
     from laminar.migrate.replicas import Replicas
     from laminar.migrate.settle import Settle
     from laminar.migrate.vouch import Vouch
@@ -76,7 +76,7 @@ log = logging.getLogger("laminar.migrate")
 # A hand-over sent and not answered is asked again at most this far apart (it doubles from 0.2 s).
 HANDOVER_ASK_MAX_S = 5.0
 
-# A guard that took over a job (``resumed``) tells its source, once heard from after the take-over,
+# A keeper that took over a job (``resumed``) tells its source, once heard from after the take-over,
 # that it runs the job now (control op ``superseded``): for this long after the take-over, again
 # every SUPERSEDED_RETRY_S while the source does not answer, SUPERSEDED_TRIES times at most.
 SUPERSEDED_TELL_S = 86400.0
@@ -85,7 +85,7 @@ SUPERSEDED_TRIES = 30
 
 
 def _stored_request(row: Any) -> dict[str, Any] | None:
-    """A guard row's stored request (``migrate_replicas.request``), None when it is not a JSON object."""
+    """A keeper row's stored request (``migrate_replicas.request``), None when it is not a JSON object."""
     try:
         req = json.loads(row["request"])
     except (ValueError, TypeError, KeyError, IndexError):
@@ -93,8 +93,8 @@ def _stored_request(row: Any) -> dict[str, Any] | None:
     return req if isinstance(req, dict) else None
 
 
-class GuardHost(Protocol):
-    """What :class:`Guard` uses of the component that holds it (ReclaimComponent and its parts)."""
+class TakeoverHost(Protocol):
+    """What :class:`Takeover` uses of the component that holds it (ReclaimComponent and its parts)."""
 
     _started: float
     _xfer_local: str | None
@@ -125,27 +125,27 @@ class GuardHost(Protocol):
     def zone(self) -> Any: ...
 
 
-class Guard:
-    """A guard's watch of its sources, its take-over of a dead source's job, and hand-overs (see
+class Takeover:
+    """A keeper's watch of its sources, its take-over of a dead source's job, and hand-overs (see
     the module's doc): a part of :class:`laminar.migrate.reclaim.ReclaimComponent` (its
-    ``guarding``). ``host``: the component."""
+    ``keeping``). ``host``: the component."""
 
-    def __init__(self, host: GuardHost) -> None:
+    def __init__(self, host: TakeoverHost) -> None:
         self.host = host
-        self.taking: set[str] = set()  # keys whose take-over runs now (the component passing a guard on too)
+        self.taking: set[str] = set()  # keys whose take-over runs now (the component passing a keeper on too)
         self.retry = RetrySchedule()  # the looks for room (from the config at the component's start)
         # keys whose take-over is starting its job here now (past its last look for a hand-over,
         # the job manager's start under way): the job's id once stored, None when refused
         self._starting: dict[str, asyncio.Future[str | None]] = {}
         # keys whose take-over here dropped the reservation of the placement that handed their
-        # guard here (fence_placement): this node's guard has the job, that hand-over is answered so
+        # keeper here (fence_placement): this node's keeper has the job, that hand-over is answered so
         self._fenced: dict[str, int] = {}
         # keys taken over here whose source was (being) told that this node runs them (_superseded_round):
         # (when to tell it again, monotonic; tries)
         self._superseded_next: dict[str, tuple[float, int]] = {}
         self._cut_at_end: dict[int, float] = {}  # node -> the window's end this node heard nobody after
         self._alive_asked: dict[str, float] = {}  # key -> when a source silent in its window last said its job lives
-        # key -> its row's ``updated`` when a source that may have withdrawn its reclaim (the guard
+        # key -> its row's ``updated`` when a source that may have withdrawn its reclaim (the keeper
         # may have missed its news) answered that its job lives there without saying whether it has
         # a reclaim (an older agent): not asked again while the zone hears from it (tick)
         self._reclaim_unknown: dict[str, float] = {}
@@ -154,7 +154,7 @@ class Guard:
         self.asking: dict[str, dict[str, Any]] = {}
 
     def _superseded_round(self, now: float) -> None:
-        """A guard that took a job over (state ``resumed``, within SUPERSEDED_TELL_S) and runs it
+        """A keeper that took a job over (state ``resumed``, within SUPERSEDED_TELL_S) and runs it
         here (:meth:`runs_here`) tells its source once the source is heard from after the
         take-over (:meth:`_tell_superseded`). The source was taken for gone after a silence
         (``orphan_after_s``; or a reclaim window that ended while it was cut off): when the
@@ -213,7 +213,7 @@ class Guard:
     async def _stop_rerun(self, key: str, src: int, runs: str) -> None:
         """The source finished ``key`` itself (exit 0): this node took it over while it could not
         hear the source (which finished it during the partition, or had finished it and could not
-        release this guard), so ``runs`` here is a rerun of a finished job. Stopped (state
+        release this keeper), so ``runs`` here is a rerun of a finished job. Stopped (state
         ``stopped``, event phase ``superseded-done-there``). Never raises."""
         job = self.host.agent.jobs.get(runs)
         if job is None or not job.active:
@@ -230,7 +230,7 @@ class Guard:
     def source_dead(self, src: int, now: float, window_end: float | None = None,
                      since: float | None = None) -> str | None:
         """Why the source of a replica counts as dead, or None while it may be alive.
-        ``window_end``: the end of the source's reclaim window as its guard message said;
+        ``window_end``: the end of the source's reclaim window as its keeper message said;
         ``since``: when that message came (this node's clock; :meth:`notice`)."""
         end = self._window_end(src, window_end, since)
         if end is not None and now >= end:
@@ -239,7 +239,7 @@ class Guard:
             if self.host.fence.unheard_since(src, end):
                 heard = self.host.fence.heard_last(but=src)  # (not None: unheard_since found others)
                 if now - max(heard if heard is not None else -1.0, self.host._started) >= float(self.host.s["dead_after_s"]):
-                    # cut off, not merely between two summaries: once heard again, the guard asks
+                    # cut off, not merely between two summaries: once heard again, the keeper asks
                     # src first (missed_news)
                     self._cut_at_end[src] = end
                 return None
@@ -249,7 +249,7 @@ class Guard:
         # Silent since it was last heard, or since this agent started when not heard since: this
         # agent cannot vouch for a silence it was not there to hear. Before, a peer not heard
         # yet counted as silent forever, so a restarted agent took every peer for gone until its
-        # first datagram came, and with ``orphan_after_s`` set its first guard and archive rounds
+        # first datagram came, and with ``orphan_after_s`` set its first keeper and archive rounds
         # resumed jobs that still ran there (found by bench/chaos.py).
         silent = now - max(self.host._last_seen(src), self.host._started)
         notice = self.notice(src, window_end, since)
@@ -268,12 +268,12 @@ class Guard:
         return None
 
     async def tick(self, now: float) -> None:
-        """Starts the take-over of each guarded job that is due: its source is dead (or stopped
+        """Starts the take-over of each kept job that is due: its source is dead (or stopped
         the job and asked for it, ``take_over``), or it waits for room and its next look is due
         (``migrate_retry``, kept across restarts). Then tells the sources heard from again after
         a take-over that their job runs here now (:meth:`_superseded_round`)."""
         db = self.host.agent.store.db
-        rows = db.execute("SELECT * FROM migrate_replicas WHERE state IN ('guarding', 'waiting')").fetchall()
+        rows = db.execute("SELECT * FROM migrate_replicas WHERE state IN ('keeping', 'waiting')").fetchall()
         try:
             self._superseded_round(now)
         except Exception:  # a bug here must not stop the take-overs below
@@ -297,8 +297,8 @@ class Guard:
                 except ValueError:
                     req = {}
                 if now < float(req.get("not_before") or 0.0):
-                    continue  # a guard handed over with a job being handed over: not before that ends
-                came = float(row["updated"])  # the guard message's arrival (or this guard's last change)
+                    continue  # a keeper handed over with a job being handed over: not before that ends
+                came = float(row["updated"])  # the keeper message's arrival (or this keeper's last change)
                 why_d = self.source_dead(int(row["src_node"]), now, req.get("window_end"), came)
                 if why_d is None and req.get("take_over"):
                     why_d = (f"node {row['src_node']} says the job was {req['stopped_there']} there without moving"
@@ -332,13 +332,13 @@ class Guard:
     def notice(self, src: int, window_end: float | None = None,
                 since: float | None = None) -> tuple[float, float] | None:
         """``src``'s reclaim notice (window end, received; this node's wall clock) as it bears on
-        a guard whose message came at ``since`` (this node's clock) carrying ``window_end``: None
+        a keeper whose message came at ``since`` (this node's clock) carrying ``window_end``: None
         when there is none, or when its window had ended before that message came and the message
         carried no window of its own. The source had no reclaim when it sent it: it came back
         after that window (its agent restarted after the window's end and cleared the reclaim:
-        the owner gave the node back), and a job it guards since is not dead with the old window
-        (before, its buddy took such a job over at once and it ran twice). A source that is
-        still reclaimed says its window in every guard message it sends."""
+        the owner gave the node back), and a job it keeps since is not dead with the old window
+        (before, its keeper took such a job over at once and it ran twice). A source that is
+        still reclaimed says its window in every keeper message it sends."""
         notice = self.host.notices.get(src)
         if notice is None or since is None or window_end is not None or notice[0] > since:
             return notice
@@ -346,26 +346,26 @@ class Guard:
 
     def _window_end(self, src: int, window_end: float | None, since: float | None = None) -> float | None:
         """The end (wall clock) of ``src``'s reclaim window: the earlier of ``window_end`` (what
-        its guard message said) and its zone notice's (:meth:`notice`, with ``since``); None
+        its keeper message said) and its zone notice's (:meth:`notice`, with ``since``); None
         when neither is known."""
         notice = self.notice(src, window_end, since)
         ends = [float(e) for e in (window_end, notice[0] if notice is not None else None) if e is not None]
         return min(ends) if ends else None
 
     def _window_open(self, src: int, now: float, window_end: float | None, since: float | None = None) -> bool:
-        """Whether ``src``'s reclaim window (its guard message's or its notice's) has not ended."""
+        """Whether ``src``'s reclaim window (its keeper message's or its notice's) has not ended."""
         end = self._window_end(src, window_end, since)
         return end is not None and now < end
 
     def missed_news(self, row: Any, req: dict[str, Any], now: float) -> bool:
-        """Whether the guard ``row`` (its ``request`` ``req``), whose source's reclaim window
+        """Whether the keeper ``row`` (its ``request`` ``req``), whose source's reclaim window
         ended, may have missed the source's news before that end (its withdrawal, control op
         ``reclaim-withdrawn``, sent again only until the window's end): this agent started after
-        the guard message that told it the window's end (it was down for part of the window; a
+        the keeper message that told it the window's end (it was down for part of the window; a
         window known only from the zone's notice was heard by this agent since it started), or it
         heard nothing from the source (zone membership) in the zone's ``peer_timeout_s`` (at least
         ``dead_after_s``) before the end; with fencing, unless it heard the source in the last
-        ``dead_after_s`` before the end and heard others all along. A guard up the whole window
+        ``dead_after_s`` before the end and heard others all along. A keeper up the whole window
         that heard from its source takes over at once (with fencing, once it heard another member
         after the end: :meth:`Fence.unheard_since`)."""
         src = int(row["src_node"])
@@ -378,7 +378,7 @@ class Guard:
             # (with fencing) this node may have been cut off before the end (it hears another
             # member after it before taking over: :meth:`Fence.unheard_since`), so it asks first unless
             # it heard the source in the last ``dead_after_s`` before the end: it heard nobody at
-            # the end (a guard round saw it), or the source's last word came earlier, or the
+            # the end (a keeper round saw it), or the source's last word came earlier, or the
             # source is heard after its end (its agent is there to answer). Asking costs a round
             # trip (or the question's timeout), a missed withdrawal or move a second copy
             # (bench/chaos.py, seed 29; the first heal heard another member before the source)
@@ -408,10 +408,10 @@ class Guard:
         raises. ``missed``: the window ended and this agent may have missed the source's news
         (:meth:`missed_news`): a job that lives there on a node with no reclaim (``reclaim``
         false in the answer) means the reclaim was withdrawn: the source's window is forgotten
-        (:meth:`Withdraw.withdrawn_notice`) and the guard guards on; an answer without ``reclaim`` (an
-        older agent) keeps the guard and the window, once, and :meth:`tick` asks again
-        only once the zone stops hearing from the source (``dead_after_s``) or a new guard
-        message came; a clear "not needed" ends the guard (as :meth:`Replicas.check_guard`: its release
+        (:meth:`Withdraw.withdrawn_notice`) and the keeper keeps on; an answer without ``reclaim`` (an
+        older agent) keeps the keeper and the window, once, and :meth:`tick` asks again
+        only once the zone stops hearing from the source (``dead_after_s``) or a new keeper
+        message came; a clear "not needed" ends the keeper (as :meth:`Replicas.check_keeper`: its release
         may have been missed too)."""
         key, src = str(row["key"]), int(row["src_node"])
         with self.taking_over(key):
@@ -426,12 +426,12 @@ class Guard:
             if missed and isinstance(ans, dict) and ans.get("key") == key and ans.get("needed") is False:
                 with self.host.agent.store.tx() as db:
                     ended = ledger.move(db, key, custody.Event.NOT_NEEDED, counts=self.host.counts,
-                                        only_from=(custody.State.GUARDING,), if_updated=row["updated"])
+                                        only_from=(custody.State.KEEPING,), if_updated=row["updated"])
                 if ended is not None:
-                    self.host.counts["replica_guards_ended"] = self.host.counts.get("replica_guards_ended", 0) + 1
+                    self.host.counts["replica_keepers_ended"] = self.host.counts.get("replica_keepers_ended", 0) + 1
                     self.host._emit(f"{key}: node {src}'s reclaim window ended while this agent may have missed its news; "
-                               f"it no longer needs this guard ({ans.get('why', '')}); its replicas go", key=key,
-                               src_node=src, phase="guard-ended", src_state=ans.get("state"))
+                               f"it no longer needs this keeper ({ans.get('why', '')}); its replicas go", key=key,
+                               src_node=src, phase="keeper-ended", src_state=ans.get("state"))
                     self.taking.discard(key)  # the GC leaves a key whose take-over runs
                     with contextlib.suppress(Exception):
                         self.host.replicas.gc(key)
@@ -447,20 +447,20 @@ class Guard:
                     # is unknown, so its window is kept, but its job lives there: not taken over,
                     # and not asked again every dead_after_s while the zone hears from it (else
                     # forever: a question, a log line and an event each time); asked again once
-                    # it falls silent (gone: no answer, the take-over) or sends a new guard
+                    # it falls silent (gone: no answer, the take-over) or sends a new keeper
                     told = self._reclaim_unknown.get(key) == float(row["updated"])
                     self._reclaim_unknown[key] = float(row["updated"])
                     if not told:
                         self.host._emit(f"{key}: node {src} answers after its reclaim window ended (this agent may have "
                                    "missed its news) that its job runs there, without saying whether it still has "
-                                   "a reclaim (an older agent); guarding on, not taken over here, and not asked "
+                                   "a reclaim (an older agent); keeping on, not taken over here, and not asked "
                                    f"again while the zone hears from node {src}", key=key, src_node=src,
                                    phase="source-alive", src_state=ans.get("state"), withdrawn=None)
                     return
                 if first or withdrawn:
                     self.host._emit(f"{key}: node {src} " + (
                         "answers after its reclaim window ended (this agent may have missed its news): its job runs "
-                        "there and it has no reclaim (withdrawn); guarding on, not taken over here" if withdrawn else
+                        "there and it has no reclaim (withdrawn); keeping on, not taken over here" if withdrawn else
                         "is silent in the zone during its reclaim window but answers: its job lives there (being "
                         "moved); not taken over here"), key=key, src_node=src, phase="source-alive",
                         src_state=ans.get("state"), withdrawn=withdrawn)
@@ -468,11 +468,11 @@ class Guard:
             await self.take_over_once(row, key, why)
 
     def _source_back(self, row: Any, now: float) -> bool:
-        """Whether the source of a ``waiting`` guard that was declared dead is heard from again: a
+        """Whether the source of a ``waiting`` keeper that was declared dead is heard from again: a
         zone member, not a suspect, heard from at least once by this agent, no longer dead by
         :meth:`source_dead` (a silence that ended; a reclaim window that ended stays dead). A
-        guard handed over with a stopped job (``take_over``) asks whenever its source is heard
-        from after the guard came: the job ran nowhere then, but its node, given back, may have
+        keeper handed over with a stopped job (``take_over``) asks whenever its source is heard
+        from after the keeper came: the job ran nowhere then, but its node, given back, may have
         resumed it itself since (from the archive), and only the source can say so (the archive's
         running record of it is gone once the resumed job's own copy is archived)."""
         req = _stored_request(row)
@@ -489,12 +489,12 @@ class Guard:
         return self.source_dead(src, now, req.get("window_end")) is None
 
     async def take_over_unless_back(self, row: Any, why: str) -> None:
-        """A ``waiting`` guard whose source is heard from again (:meth:`_source_back`; a silence
+        """A ``waiting`` keeper whose source is heard from again (:meth:`_source_back`; a silence
         taken for a death, a partition that healed) asks it (control op ``needs``) before the
-        take-over's next look: a job that lives there (SOURCE_LIVE_STATES) makes the guard
-        ``guarding`` again (reviving it here or elsewhere would run it twice); a clear "not needed"
-        releases it (as :meth:`Replicas.check_guard`); anything else (no answer, an older agent that sends
-        no state, a job lost or reclaimed there) goes on with the take-over. A ``take_over`` guard
+        take-over's next look: a job that lives there (SOURCE_LIVE_STATES) makes the keeper
+        ``keeping`` again (reviving it here or elsewhere would run it twice); a clear "not needed"
+        releases it (as :meth:`Replicas.check_keeper`); anything else (no answer, an older agent that sends
+        no state, a job lost or reclaimed there) goes on with the take-over. A ``take_over`` keeper
         (its source stopped the job) is released only when the source runs the job again itself
         (``runs_as`` in the answer); any other answer goes on with the take-over. Never raises."""
         key = str(row["key"])
@@ -507,20 +507,20 @@ class Guard:
                 ans = None
             take_over = bool((_stored_request(row) or {}).get("take_over"))
             if take_over and not (isinstance(ans, dict) and ans.get("runs_as")):
-                ans = None  # the job stopped there: only its source running it again ends this guard
+                ans = None  # the job stopped there: only its source running it again ends this keeper
             if isinstance(ans, dict) and ans.get("key") == key:
                 state = ans.get("state")
                 if ans.get("needed") is False or state in SOURCE_LIVE_STATES:
-                    new = "released" if ans.get("needed") is False else "guarding"
+                    new = "released" if ans.get("needed") is False else "keeping"
                     event = custody.Event.NOT_NEEDED if new == "released" else custody.Event.SOURCE_ALIVE
                     with self.host.agent.store.tx() as db:  # (its retry row goes with it: the table's FORGET_RETRY)
                         moved = ledger.move(db, key, event, counts=self.host.counts, only_from=(custody.State.WAITING,),
                                             if_updated=row["updated"])
                     if moved is not None:
                         self.host._emit(f"{key}: node {src} is back ({ans.get('why', '')}); "
-                                   + ("its job lives there: guarding it again, not resumed here" if new == "guarding"
-                                      else "it no longer needs this guard; its replicas go"),
-                                   key=key, src_node=src, phase="guarding-again" if new == "guarding" else "guard-ended",
+                                   + ("its job lives there: keeping it again, not resumed here" if new == "keeping"
+                                      else "it no longer needs this keeper; its replicas go"),
+                                   key=key, src_node=src, phase="keeping-again" if new == "keeping" else "keeper-ended",
                                    src_state=state)
                         if new == "released":
                             self.taking.discard(key)  # the GC leaves a key whose take-over runs
@@ -531,28 +531,28 @@ class Guard:
                     return
             await self.take_over_once(row, key, why)
 
-    # -- authority: who handed the guard, and what its job may run as here (laminar.zone.authority)
+    # -- authority: who handed the keeper, and what its job may run as here (laminar.zone.authority)
 
-    def guard_sender(self, key: str, src: int) -> int:
-        """The node that handed this node the guard of ``key`` (``migrate_guard_from``; else its
+    def keeper_sender(self, key: str, src: int) -> int:
+        """The node that handed this node the keeper of ``key`` (``migrate_keeper_from``; else its
         source ``src``: an older agent's row, or a claim from the archive)."""
         store = getattr(self.host.agent, "store", None)
-        got = None if store is None else store.db.execute("SELECT node FROM migrate_guard_from WHERE key=?",
+        got = None if store is None else store.db.execute("SELECT node FROM migrate_keeper_from WHERE key=?",
                                                           (key,)).fetchone()
         return int(got["node"]) if got is not None else int(src)
 
     def chain_refusal(self, row: Any, req: dict[str, Any]) -> au.Refused | None:
-        """Why the guarded job ``row`` (its request ``req``) may run nowhere on this node's word:
+        """Why the kept job ``row`` (its request ``req``) may run nowhere on this node's word:
         its ids out of range, or a root job whose origin (the key's node, which must be the row's
-        source) or whose guard's sender is not trusted with root here (``zone.root_from``). Such a
+        source) or whose keeper's sender is not trusted with root here (``zone.root_from``). Such a
         job is neither resumed here nor placed, passed on or archived: a relay must not launder
         it. Counted."""
         key, src = str(row["key"]), int(row["src_node"])
-        sender = self.guard_sender(key, src)
+        sender = self.keeper_sender(key, src)
         owner = au.key_owner(key)
         e: au.Refused | None
         if owner is not None and owner != src:
-            e = au.Refused("key", f"{key} is node {owner}'s job, but its guard names node {src} its source")
+            e = au.Refused("key", f"{key} is node {owner}'s job, but its keeper names node {src} its source")
         else:
             policy = getattr(getattr(self.host.agent, "zone", None), "policy", None)
             e = au.chain_refusal(req, policy=policy if isinstance(policy, au.Policy) else au.Policy(self.host.node_id),
@@ -560,11 +560,11 @@ class Guard:
         return None if e is None else self.host.control.refusals().note(e, sender)
 
     def _run_as_here(self, row: Any, req: dict[str, Any]) -> au.RunAs:
-        """:func:`laminar.zone.authority.peer_run_as` for a guarded job resumed here (a take-over,
+        """:func:`laminar.zone.authority.peer_run_as` for a kept job resumed here (a take-over,
         a claim from the archive): origin the row's source, sender the node that handed the
-        guard, this node's policy and ``[grants]``. Raises Refused (counted)."""
+        keeper, this node's policy and ``[grants]``. Raises Refused (counted)."""
         key, src = str(row["key"]), int(row["src_node"])
-        sender = self.guard_sender(key, src)
+        sender = self.keeper_sender(key, src)
         got = req.get("spec")
         spec: dict[str, Any] = got if isinstance(got, dict) else {}
         jobs = getattr(self.host.agent, "jobs", None)
@@ -580,7 +580,7 @@ class Guard:
         try:
             owner = au.key_owner(key)
             if owner is not None and owner != src:
-                raise au.Refused("key", f"{key} is node {owner}'s job, but its guard names node {src} its source")
+                raise au.Refused("key", f"{key} is node {owner}'s job, but its keeper names node {src} its source")
             return au.peer_run_as(req, policy=policy if isinstance(policy, au.Policy) else au.Policy(self.host.node_id),
                                   origin=src, sender=sender, grants=grants,
                                   job_class=str(spec.get("class", spec.get("job_class", "standard"))),
@@ -600,7 +600,7 @@ class Guard:
         take-over, an archive claim), in any state but failed: by the origin the job manager
         stored with it (an indexed column), never by a job's env, which its user writes
         (laminar.runtime.provenance; before, one job of any user carrying the key in its env made
-        this node skip the key's take-over and its source drop the guard)."""
+        this node skip the key's take-over and its source drop the keeper)."""
         return self.host.agent.jobs.table.find_origin(key)
 
     async def taken_over_as(self, key: str | None) -> str | None:
@@ -619,29 +619,29 @@ class Guard:
         return self.runs_here(str(key)) or self._custody(str(key))
 
     def _custody(self, key: str) -> str | None:
-        """What this node's guard of ``key`` did with the job when its take-over dropped the
+        """What this node's keeper of ``key`` did with the job when its take-over dropped the
         reservation of the placement handing the job here (:meth:`fence_placement`) and did not
         resume it here (the start failed: it looks for room here or elsewhere, or placed it on
         another node): the hand-over of that placement is answered with it, so its placer takes
-        the job as placed and its guard stands down. A refusal would let both guards go on (the
+        the job as placed and its keeper stands down. A refusal would let both keepers go on (the
         placer's placing or resuming it, this one's too): two copies. None when no take-over
-        here fenced it, or this guard ended (released, failed)."""
+        here fenced it, or this keeper ended (released, failed)."""
         row = self.host.agent.store.db.execute("SELECT state, job_id, request FROM migrate_replicas WHERE key=?",
                                           (key,)).fetchone()
-        if row is None or str(row["state"]) not in ("guarding", "waiting", "placed", "resumed"):
+        if row is None or str(row["state"]) not in ("keeping", "waiting", "placed", "resumed"):
             return None
         if key not in self._fenced:
-            try:  # fenced before this agent's restart: the mark is in the guard's request
+            try:  # fenced before this agent's restart: the mark is in the keeper's request
                 fenced = json.loads(row["request"]).get("fenced") is not None
             except (ValueError, TypeError, AttributeError):
                 fenced = False
             if not fenced:
                 return None
         where = f" as {row['job_id']}" if row["state"] in ("placed", "resumed") and row["job_id"] else ""
-        return f"(taken over by node {self.host.node_id}'s guard: {row['state']}{where})"
+        return f"(taken over by node {self.host.node_id}'s keeper: {row['state']}{where})"
 
     def placement_here(self, request: Any) -> str:
-        """Why a guard handed here by a placement (its request's ``placement``: the placement id
+        """Why a keeper handed here by a placement (its request's ``placement``: the placement id
         whose hand-over brings the job to this node, :meth:`place_on`) must not take the job over
         now: that hand-over is bound here and not answered yet (the job's checkpoint verified, its
         start under way). '' when none is (none came, or it ended: a job it started is found by
@@ -667,11 +667,11 @@ class Guard:
         if pid is None or not hasattr(handovers, "forgo_placement"):
             return None
         handovers.forgo_placement(int(pid))
-        if key:  # a hand-over of it, should it still come, is answered with this guard's custody (_custody)
+        if key:  # a hand-over of it, should it still come, is answered with this keeper's custody (_custody)
             self._fenced[key] = int(pid)
-            # kept in the guard's request too: a restart of this agent before that hand-over
+            # kept in the keeper's request too: a restart of this agent before that hand-over
             # comes must still answer it with the custody (else it is refused, and its placer
-            # goes on with the job beside this guard: two copies)
+            # goes on with the job beside this keeper: two copies)
             with self.host.agent.store.tx() as db:
                 row = db.execute("SELECT request FROM migrate_replicas WHERE key=?", (key,)).fetchone()
                 try:
@@ -685,7 +685,7 @@ class Guard:
 
     @staticmethod
     def _need_of(req: dict[str, Any]) -> tuple[Any, dst.Resources]:
-        """(zone Demand, Resources) of a guarded job's request (spec, gpus)."""
+        """(zone Demand, Resources) of a kept job's request (spec, gpus)."""
         from laminar.policy.placement import Demand
 
         spec = req.get("spec") or {}
@@ -695,8 +695,8 @@ class Guard:
         return Demand(gpus=float(gpus), cpus=cpus, memory_mb=mem), dst.Resources(gpus, mem << 20, cpus)
 
     async def _take_over(self, row: Any, why: str) -> None:
-        """Resume a guarded job from its newest verified replica: here when this node has room,
-        else on the best-ranked peer with room (reserve, send, guard, hand over: the same choice
+        """Resume a kept job from its newest verified replica: here when this node has room,
+        else on the best-ranked peer with room (reserve, send, keeper, hand over: the same choice
         and mechanism as a move), else look again later (:class:`RetrySchedule`; state
         ``waiting``). Never raises."""
         key = row["key"]
@@ -711,8 +711,8 @@ class Guard:
             assert self.host.root is not None
             # a replica received long ago is hashed whole (seconds for many GB): not on the loop,
             # and before the checks below, so nothing changes between them and the claim
-            # only a copy the key's node or the guard's sender sent (another member may push any key)
-            senders = au.checkpoint_senders(key, self.guard_sender(key, int(row["src_node"])), int(row["src_node"]))
+            # only a copy the key's node or the keeper's sender sent (another member may push any key)
+            senders = au.checkpoint_senders(key, self.keeper_sender(key, int(row["src_node"])), int(row["src_node"]))
             path = await asyncio.to_thread(latest_verified, self.host.root, key, senders)
             pending = self.placement_here(request)
             if pending:  # its hand-over to this node is under way: it starts the job, not this take-over
@@ -742,14 +742,14 @@ class Guard:
                     own = other == f"node {row['src_node']}"  # its own node's marker: the job ended there
                     self.host._emit(f"{key}: " + (f"{other} ran it to its end (the archive's marker; its release was "
                                              "missed)" if own else f"{other} runs it (claimed from the archive)")
-                               + "; this guard stands down", key=key, phase="handed-over")
+                               + "; this keeper stands down", key=key, phase="handed-over")
                     return
                 if not claimed:
                     self.wait_for_room(key, why, "another node is trying the archived copy", path)
                     return
                 newer = await self.host.archive.lane.call(f"checking {key}'s archived checkpoint", self.host.archive.claims.archived_newer, key, path)
-                if newer is not None:  # the archive has the job's later state (a holder's final checkpoint)
-                    self.host._emit(f"{key}: the archive holds {newer.name}, newer than this guard's {path.name}: resumed "
+                if newer is not None:  # the archive has the job's later state (a keeper's final checkpoint)
+                    self.host._emit(f"{key}: the archive holds {newer.name}, newer than this keeper's {path.name}: resumed "
                                "from it", key=key, phase="take-over", ckpt=newer.name)
                     path = newer
             try:
@@ -797,7 +797,7 @@ class Guard:
         # the spec a peer (or the archive) stored: names an agent of an older release put into its
         # env are dropped, never trusted (provenance.from_peer); what this take-over knows is its origin
         spec_d = dict(pv.from_peer(req["spec"], getattr(self.host.agent.jobs, "provenance_counts", None),
-                                   f"the guarded request of {key}", {"LM_MIGRATED_FROM": key}))
+                                   f"the kept request of {key}", {"LM_MIGRATED_FROM": key}))
         try:  # as whom it runs here, checked before anything is copied for that owner (authority.py)
             run_as = self._run_as_here(row, req)
         except au.Refused as e:
@@ -832,7 +832,7 @@ class Guard:
                 del self._starting[key]
             if not starting.done():
                 starting.set_result(None)
-        # claimed from the archive: no guard row here, one is made for it, so its source, heard
+        # claimed from the archive: no keeper row here, one is made for it, so its source, heard
         # from again, is told that this node runs the job now (_superseded_round)
         self.set_replica(key, custody.Event.RESUME, job.id,
                           insert={"src_node": int(row["src_node"]), "src_job": str(row["src_job"]),
@@ -844,8 +844,8 @@ class Guard:
         return None
 
     async def place_elsewhere(self, row: Any, req: dict[str, Any], path: Path, why: str) -> tuple[bool, str]:
-        """Places the guarded job on the best-ranked peer with room: reserve it through the
-        zone, send the checkpoint, hand that peer the guard (not before the hand-over's
+        """Places the kept job on the best-ranked peer with room: reserve it through the
+        zone, send the checkpoint, hand that peer the keeper (not before the hand-over's
         timeout, so it does not start a second copy), hand the job over with ``resume_from``.
         Returns (placed, why not)."""
         key = row["key"]
@@ -880,25 +880,25 @@ class Guard:
         return False, "; ".join(errors)
 
     async def place_on(self, row: Any, req: dict[str, Any], path: Path, node: int, demand: Any) -> str:
-        """Reserve ``node``, send ``path``, give it the guard, hand the job over: its job id there.
+        """Reserve ``node``, send ``path``, give it the keeper, hand the job over: its job id there.
         Raises MigrateError/TransferError/OSError/TimeoutError (the reservation released)."""
         from laminar.zone import wire
 
         key = row["key"]
         z = self.host.zone
         pid = await self.host.mover.reserve(node, demand, HOLD_MIN_S)
-        guarded = False
+        kept = False
         try:
             addr, port, zkey, zone = self.host._peer(node)
             res = await send_checkpoint(addr, port, path, key, zkey, zone=zone, node=str(self.host.node_id),
                                         chunk_size=int(self.host.s["chunk_kb"]) << 10, local_host=self.host._xfer_local,
                                         rate_bps=float(self.host.s["rate_mbit"]) * 1e6 or None)
             grace = float(z.s["handover_timeout_s"]) + 5.0
-            await self.host._control(node, "guard", {"key": key, "src_node": int(row["src_node"]), "src_job": row["src_job"],
+            await self.host._control(node, "keeper", {"key": key, "src_node": int(row["src_node"]), "src_job": row["src_job"],
                                                 "ckpt": path.name,
                                                 "request": {**req, "take_over": True, "not_before": time.time() + grace,
                                                             "placement": pid}})
-            guarded = True
+            kept = True
             spec = dict(req["spec"])
             spec["resume_from"] = res.remote_path
             # the key in the env too, for an agent of an older release (it reads it there; this
@@ -920,7 +920,7 @@ class Guard:
                 raise
         except BaseException:
             z.submitter.t.send(node, wire.Release(pid))
-            if guarded:
+            if kept:
                 await self.host.prestage.release(node, key)
             raise
 
@@ -929,10 +929,10 @@ class Guard:
             ledger.drop_replica_handover(db, key)
 
     def restore_replica_handovers(self) -> None:
-        """At start: a guard's placement of a job it took over whose hand-over the agent's stop
+        """At start: a keeper's placement of a job it took over whose hand-over the agent's stop
         or crash cut (``migrate_replica_handovers``) is settled before any other take-over of
         its key (the key is held as taken meanwhile): the node is asked with the same hand-over
-        (:meth:`_settle_replica_handover`). Before, the guard took the job over again (here or
+        (:meth:`_settle_replica_handover`). Before, the keeper took the job over again (here or
         on another node) while that node may have started it: two copies."""
         for r in self.host.agent.store.db.execute("SELECT * FROM migrate_replica_handovers").fetchall():
             key = str(r["key"])
@@ -941,7 +941,7 @@ class Guard:
 
     async def _settle_replica_handover(self, key: str, node: int, pid: int, req: dict[str, Any]) -> None:
         """Asks ``node`` (:meth:`handover`, confirmed) whether it runs the job a cut placement
-        handed it. It does: the replica is ``placed`` there. It does not: the guard goes on as
+        handed it. It does: the replica is ``placed`` there. It does not: the keeper goes on as
         it was (its next take-over looks for room again). Either way a ``migrate`` event says
         so and the record goes. A node that cannot be asked (no zone, gone from the roster)
         keeps the key held here until a start that can ask it."""
@@ -952,11 +952,11 @@ class Guard:
             except MigrateError as e:
                 self.drop_replica_handover(key)
                 held = False
-                # as place_on's refusal: node drops the placement and the take-over guard it gave
-                # it (else node resumes the job at that guard's not_before while the guard here goes on)
+                # as place_on's refusal: node drops the placement and the take-over keeper it gave
+                # it (else node resumes the job at that keeper's not_before while the keeper here goes on)
                 self.host.settle.tell_release(node, pid, key)
                 self.host._emit(f"{key}: its placement on node {node} was cut by the agent's stop during the hand-over; "
-                           f"node {node} did not start it ({e}); the guard goes on", key=key, node=node,
+                           f"node {node} did not start it ({e}); the keeper goes on", key=key, node=node,
                            phase="placement-cut", error=str(e))
                 return
             self.set_replica(key, custody.Event.PLACE, f"node {node}/{dest_job}")
@@ -985,7 +985,7 @@ class Guard:
         HANDOVER_ASK_MAX_S apart, until ``node`` answers: it is idempotent by placement id there,
         also across that agent's restart (the answer names the job it started for it, or says
         none runs for it). The job stays frozen meanwhile, with a ``migrate`` event (phase
-        ``unconfirmed``) naming the node; the wait ends with the answer or a cancel. A guard's
+        ``unconfirmed``) naming the node; the wait ends with the answer or a cancel. A keeper's
         placement of a replica (:meth:`place_on`, ``job_id`` its key, ``frozen`` False: no copy
         runs here) confirms too: meanwhile it is resumed nowhere else."""
         from laminar.zone import wire

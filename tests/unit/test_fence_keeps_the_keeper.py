@@ -1,26 +1,26 @@
-"""While a job's lineage is unsettled, who guards it does not change, a guard that took it over
-is heard, and a guard resumes a job stopped for good. Five holes the soak found
+"""While a job's lineage is unsettled, who keeps it does not change, a keeper that took it over
+is heard, and a keeper resumes a job stopped for good. Five holes the soak found
 (bench/chaos.py --no-archive --concurrent 2, seed 43: a job ran twice for 3,595 steps, and a
 fenced copy was thawed beside a take-over; seed 44: a job resumed 76 s late):
 
-- a fenced job is not prestaged: a new buddy would know nothing of a take-over and the old one
+- a fenced job is not prestaged: a new keeper would know nothing of a take-over and the old one
   (the one that may have made it, and the one the fence's settling asks) would be released;
 - a prestage in flight when its job is stopped for a take-over (``superseded``) withdraws the
-  guard it sends after: else that node guards a job no longer run here, and takes it over the
+  keeper it sends after: else that node keeps a job no longer run here, and takes it over the
   next time this node falls silent, beside the copy that superseded it;
-- a guard that took the job over and placed it on another node answers a ``release`` with
+- a keeper that took the job over and placed it on another node answers a ``release`` with
   ``superseded`` naming that node (as ``taken`` does), and the source believes it while the
   release is on its way;
 - a reclaim moves a fenced job only once its fence is settled (a move is refused meanwhile);
-- a guard whose source stopped the job for good while the guard could not hear it (the source
-  rebooted: ``lost``; its window ended while the guard's agent was down: ``reclaimed``) resumes
+- a keeper whose source stopped the job for good while the keeper could not hear it (the source
+  rebooted: ``lost``; its window ended while the keeper's agent was down: ``reclaimed``) resumes
   it once it hears the source again, instead of waiting for the source's next silence;
 - (and one the same logs showed) a prestage whose checkpoint the job's own rotation removed
   under it does not make the peer avoided.
 
-Real pieces (the rig of test_gc_guards): migrate components of node 1, node 2 (the source) and
+Real pieces (the rig of test_gc_keepers): migrate components of node 1, node 2 (the source) and
 node 3, each on its own SQLite store with its endpoint on 127.0.0.<node>; the source's own
-prestage, real transfers and real authenticated ``guard``, ``release`` and ``superseded``
+prestage, real transfers and real authenticated ``keeper``, ``release`` and ``superseded``
 answers. Stand-ins, named as such: the zone (``Zone``), the job managers (``Jobs`` with a
 ``stop`` that records); in the reclaim test, the zone (``HeldZone``) and the job manager
 (``RestoreJobs``) of test_reclaim_cancel_unit, and the move (recorded, not run) where the test is
@@ -37,7 +37,7 @@ from pathlib import Path
 from typing import Any
 
 from jobrig import until
-from test_gc_guards import Jobs, K, free_port, held, job_of, node, prestage_round, run, state
+from test_gc_keepers import Jobs, K, free_port, held, job_of, node, prestage_round, run, state
 from test_migrate_evidence import make_agent
 from test_reclaim_cancel_unit import HeldZone
 from test_reclaim_restore import RestoreJobs
@@ -75,26 +75,26 @@ def save(job: Any, step: int) -> None:
         f"weights-{step}".encode(), step=step)
 
 
-async def guarded_by_node_1(src: ReclaimComponent, n1: ReclaimComponent, job: Any) -> None:
-    """Node 2 (``src``) prestages its job's checkpoint 5 to node 1, which guards it then."""
-    src.prestage.set_buddy("job-1", 1)
+async def kept_by_node_1(src: ReclaimComponent, n1: ReclaimComponent, job: Any) -> None:
+    """Node 2 (``src``) prestages its job's checkpoint 5 to node 1, which keeps it then."""
+    src.prestage.set_keeper("job-1", 1)
     save(job, 5)
     await prestage_round(src)
-    assert await until(lambda: state(n1) == "guarding", timeout=20)
+    assert await until(lambda: state(n1) == "keeping", timeout=20)
 
 
-def test_a_fenced_job_is_not_prestaged_so_its_guard_does_not_change(tmp_path: Path) -> None:
+def test_a_fenced_job_is_not_prestaged_so_its_keeper_does_not_change(tmp_path: Path) -> None:
     port = free_port()
     job = job_of(tmp_path)
 
     async def main() -> None:
         async with node(tmp_path, 1, [1, 2, 3], port) as n1, node(tmp_path, 3, [1, 2, 3], port) as n3, \
                 node(tmp_path, 2, [1, 2, 3], port, Jobs([job])) as src:
-            src.prestage.set_buddy("job-1", 1)
+            src.prestage.set_keeper("job-1", 1)
             save(job, 5)
             await prestage_round(src)
             assert await until(lambda: src.prestage.shipped.get("job-1") == "ckpt-5", timeout=20)
-            assert state(n1) == "guarding"
+            assert state(n1) == "keeping"
             # cut off: the job is fenced. Its next checkpoint (written before the freeze took)
             # would go to node 3 (node 1 avoided, as after a failed prestage)
             src.fence.fenced_jobs["job-1"] = time.time()
@@ -103,55 +103,55 @@ def test_a_fenced_job_is_not_prestaged_so_its_guard_does_not_change(tmp_path: Pa
             await prestage_round(src)
             await asyncio.sleep(1.0)
             assert not src.prestage.prestaging and src.prestage.shipped.get("job-1") == "ckpt-5"
-            assert src.prestage.buddy["job-1"] == 1 and state(n1) == "guarding"  # node 1 still guards it: it is asked
+            assert src.prestage.keeper["job-1"] == 1 and state(n1) == "keeping"  # node 1 still keeps it: it is asked
             assert state(n3) is None and held(n3) == []
             assert not any(k == K for _, k in src.prestage.releases)
             # settled (thawed: nobody took it over): prestaged again, to node 3 now
             del src.fence.fenced_jobs["job-1"]
             await prestage_round(src)
             assert await until(lambda: src.prestage.shipped.get("job-1") == "ckpt-10", timeout=20), src.prestage.shipped
-            assert src.prestage.buddy["job-1"] == 3 and state(n3) == "guarding"
+            assert src.prestage.keeper["job-1"] == 3 and state(n3) == "keeping"
 
     run(main())
 
 
-def test_a_guard_a_prestage_sends_after_its_job_was_superseded_is_withdrawn(tmp_path: Path) -> None:
+def test_a_keeper_a_prestage_sends_after_its_job_was_superseded_is_withdrawn(tmp_path: Path) -> None:
     port, job, jobs = running(tmp_path)
 
     async def main() -> None:
         async with node(tmp_path, 1, [1, 2, 3], port) as n1, node(tmp_path, 2, [1, 2, 3], port, jobs) as src:
-            real_guard = src.mover.send_guard
+            real_keeper = src.mover.send_keeper
 
-            async def guard(j: Any, n: int, ckpt_name: str, take_over: bool = False) -> None:
+            async def keeper(j: Any, n: int, ckpt_name: str, take_over: bool = False) -> None:
                 # node 3, which took the job over while node 2 was silent, says so while the
-                # prestage's checkpoint is at node 1 and its guard not yet sent
+                # prestage's checkpoint is at node 1 and its keeper not yet sent
                 src._superseding.add(j.id)
                 await src.replicas.stop_superseded(j, 3, "job-4", K)
-                await real_guard(j, n, ckpt_name, take_over)
+                await real_keeper(j, n, ckpt_name, take_over)
 
-            src.mover.send_guard = guard  # type: ignore[method-assign]
+            src.mover.send_keeper = keeper  # type: ignore[method-assign]
             save(job, 5)
             await prestage_round(src)
             assert await until(lambda: not src.prestage.prestaging, timeout=20)
             assert jobs.stopped == [("job-1", "migrated")]
             assert await until(lambda: state(n1) == "released", timeout=20), state(n1)
-            assert "job-1" not in src.prestage.buddy and not src.prestage.releases
+            assert "job-1" not in src.prestage.keeper and not src.prestage.releases
 
     run(main())
 
 
-def test_a_guard_that_placed_the_job_elsewhere_answers_the_release_with_where(tmp_path: Path) -> None:
+def test_a_keeper_that_placed_the_job_elsewhere_answers_the_release_with_where(tmp_path: Path) -> None:
     port, job, jobs = running(tmp_path)
 
     async def main() -> None:
         async with node(tmp_path, 1, [1, 2, 3], port) as n1, node(tmp_path, 2, [1, 2, 3], port, jobs) as src:
-            await guarded_by_node_1(src, n1, job)
+            await kept_by_node_1(src, n1, job)
             # node 2 was silent: node 1 took the job over and, with no room, placed it on node 3
             with n1.agent.store.tx() as db:
                 db.execute("UPDATE migrate_replicas SET state='placed', job_id='node 3/job-4', updated=? WHERE key=?",
                            (time.time() - 10, K))
-            # meanwhile node 2 handed the guard to another buddy and releases node 1
-            src.prestage.set_buddy("job-1", 4)
+            # meanwhile node 2 handed the keeper to another keeper and releases node 1
+            src.prestage.set_keeper("job-1", 4)
             await src.prestage.release(1, K)
             assert await until(lambda: bool(jobs.stopped), timeout=10)
             assert jobs.stopped == [("job-1", "migrated")]
@@ -179,7 +179,7 @@ def test_a_reclaim_moves_a_fenced_job_only_once_its_fence_is_settled(tmp_path: P
                        transfer_deadline: float | None = None) -> Any:
             moved.append(job.id)
 
-        async def unsettled(jid: str) -> None:  # stand-in: a settling whose guard does not answer yet
+        async def unsettled(jid: str) -> None:  # stand-in: a settling whose keeper does not answer yet
             comp.fence._unfencing.discard(jid)
 
         comp.fence._unfence = unsettled  # type: ignore[method-assign]
@@ -208,12 +208,12 @@ def test_a_reclaim_moves_a_fenced_job_only_once_its_fence_is_settled(tmp_path: P
     asyncio.run(main())
 
 
-def test_a_guard_resumes_a_job_its_source_stopped_for_good_while_it_could_not_hear(tmp_path: Path) -> None:
+def test_a_keeper_resumes_a_job_its_source_stopped_for_good_while_it_could_not_hear(tmp_path: Path) -> None:
     """Node 2 rebooted faster than ``orphan_after_s`` (or its reclaim window ended while its
-    buddy's agent was down): its job is ``lost`` there and nobody took it over. Once node 1, the
-    buddy, hears node 2 again after the silence (or first hears it after its own start), it asks
-    (``needs``) and, told the job was stopped for good there, makes its guard a take-over. Before,
-    it guarded on until node 2's next silence (bench/chaos.py --no-archive, seed 44: 76 s and an
+    keeper's agent was down): its job is ``lost`` there and nobody took it over. Once node 1, the
+    keeper, hears node 2 again after the silence (or first hears it after its own start), it asks
+    (``needs``) and, told the job was stopped for good there, makes its keeper a take-over. Before,
+    it kept on until node 2's next silence (bench/chaos.py --no-archive, seed 44: 76 s and an
     older replica), or for ever."""
     port, job, jobs = running(tmp_path)
 
@@ -223,23 +223,23 @@ def test_a_guard_resumes_a_job_its_source_stopped_for_good_while_it_could_not_he
 
     async def main() -> None:
         async with node(tmp_path, 1, [1, 2, 3], port) as n1, node(tmp_path, 2, [1, 2, 3], port, jobs) as src:
-            await guarded_by_node_1(src, n1, job)
+            await kept_by_node_1(src, n1, job)
             events: list[dict[str, Any]] = []
             n1.agent.events.subscribe(events.append)
-            n1.replicas.recheck_guards(time.time())  # first heard since its start: asked; the job runs
-            assert await until(lambda: K not in n1.replicas._guard_checking and K in n1.replicas._guard_asked, timeout=10)
-            assert not request(n1).get("take_over") and state(n1) == "guarding"
+            n1.replicas.recheck_keepers(time.time())  # first heard since its start: asked; the job runs
+            assert await until(lambda: K not in n1.replicas._keeper_checking and K in n1.replicas._keeper_asked, timeout=10)
+            assert not request(n1).get("take_over") and state(n1) == "keeping"
             heard = n1.zone.membership.state[2]
 
             async def silent_then_heard() -> None:
                 heard.last_seen = time.time() - 20.0  # silent for 20 s (less than orphan_after_s) ...
-                n1.replicas.recheck_guards(time.time())
+                n1.replicas.recheck_keepers(time.time())
                 await asyncio.sleep(0.3)
                 assert not request(n1).get("take_over")
                 heard.last_seen = time.time()  # ... and heard again: asked
-                n1.replicas.recheck_guards(time.time())
-                assert K in n1.replicas._guard_checking  # (its question spawned; answered below)
-                assert await until(lambda: K not in n1.replicas._guard_checking, timeout=10)
+                n1.replicas.recheck_keepers(time.time())
+                assert K in n1.replicas._keeper_checking  # (its question spawned; answered below)
+                assert await until(lambda: K not in n1.replicas._keeper_checking, timeout=10)
 
             # its processes ended while node 2's agent was down, its cgroup still there: it may
             # have finished by itself, and is not resumed elsewhere
@@ -249,12 +249,12 @@ def test_a_guard_resumes_a_job_its_source_stopped_for_good_while_it_could_not_he
             assert not request(n1).get("take_over")
             job.reason = LOST_WITH_CGROUP  # node 2's agent found its cgroup gone: the node rebooted
             job.end_cause = EndCause.LOST_WITH_CGROUP
-            n1.replicas.recheck_guards(time.time())  # heard all along: not asked again
+            n1.replicas.recheck_keepers(time.time())  # heard all along: not asked again
             await asyncio.sleep(0.5)
             assert not request(n1).get("take_over")
             await silent_then_heard()
             assert await until(lambda: bool(request(n1).get("take_over")), timeout=10), request(n1)
-            assert request(n1)["stopped_there"] == "lost" and state(n1) == "guarding"
+            assert request(n1)["stopped_there"] == "lost" and state(n1) == "keeping"
             ev = [e for e in events if e.get("phase") == "stopped-there"]
             assert len(ev) == 1 and "node 2 says the job was lost there" in ev[0]["message"], ev
 
@@ -269,7 +269,7 @@ def test_a_checkpoint_the_job_rotated_away_mid_prestage_is_no_fault_of_the_peer(
 
     async def main() -> None:
         async with node(tmp_path, 2, [1, 2, 3], port, jobs) as src:
-            src.prestage.set_buddy("job-1", 1)
+            src.prestage.set_keeper("job-1", 1)
             failures = [FileNotFoundError(2, "No such file or directory", str(job.ckpt_dir / "ckpt-5" / "data")),
                         ConnectionRefusedError(111, "Connect call failed")]
 
@@ -284,6 +284,6 @@ def test_a_checkpoint_the_job_rotated_away_mid_prestage_is_no_fault_of_the_peer(
             save(job, 6)
             await prestage_round(src)
             assert await until(lambda: not failures and not src.prestage.prestaging, timeout=10)
-            assert 1 in src.prestage.avoided("job-1") and src.prestage.buddy["job-1"] == 1
+            assert 1 in src.prestage.avoided("job-1") and src.prestage.keeper["job-1"] == 1
 
     run(main())

@@ -1,10 +1,10 @@
-"""A reclaimed job with no room in the zone goes to a storage holder: its final checkpoint is sent
-there, the job stops, the copy beside the holder is archived, and the holder is told to take the
+"""A reclaimed job with no room in the zone goes to a storage keeper: its final checkpoint is sent
+there, the job stops, the copy beside the keeper is archived, and the keeper is told to take the
 job over. Here A's agent dies (SIGKILL) after the stop and before that take-over, while the
-archive's copy hangs, and never comes back (its node was taken). Before, the holder had the
-checkpoint but no guard of the job (the guard came with the take-over): nothing resumed the job,
-or only from an older periodic copy in the archive. Now the holder guards the job before it is
-stopped (as a buddy would, with the window's end), takes it over when A's window ends, and,
+archive's copy hangs, and never comes back (its node was taken). Before, the keeper had the
+checkpoint but no keeper of the job (the keeper came with the take-over): nothing resumed the job,
+or only from an older periodic copy in the archive. Now the keeper keeps the job before it is
+stopped (as a keeper would, with the window's end), takes it over when A's window ends, and,
 once room frees on it, resumes the job from its final checkpoint, once, with the weights of an
 uninterrupted run.
 
@@ -24,7 +24,7 @@ from fuserig import eio_mount
 from harness import wait_until
 from test_archive_late_copy_restart import job_beside_a_full_node
 from test_migrate_archive import finish
-from test_migrate_holder import replica
+from test_migrate_keeper import replica
 from test_migration import (  # noqa: F401  (fixtures: make_cluster, reference_sha)
     find_migrated,
     job_log,
@@ -36,24 +36,24 @@ from test_migration import (  # noqa: F401  (fixtures: make_cluster, reference_s
 pytestmark = pytest.mark.cluster
 
 
-def test_the_holder_guards_the_job_before_it_stops_so_an_agent_crash_before_the_take_over_loses_nothing(
+def test_the_keeper_keeps_the_job_before_it_stops_so_an_agent_crash_before_the_take_over_loses_nothing(
         make_cluster, reference_sha, tmp_path):  # noqa: F811
     backing = tmp_path / "archive"
     backing.mkdir()
     with eio_mount(backing, writable=True) as fs:
         try:
-            # no room on B; it offers its disk (holder_reserve_mb 0): B holds
-            c, a, b, fillers, jid, key = job_beside_a_full_node(make_cluster, fs, holder_reserve_mb=0)
+            # no room on B; it offers its disk (keeper_reserve_mb 0): B holds
+            c, a, b, fillers, jid, key = job_beside_a_full_node(make_cluster, fs, keeper_reserve_mb=0)
 
             a.ctl("reclaim", "--notice", "8s")
-            fs.hang_at(".tmp-ckpt-")  # the archive's copy beside the holder begins, and hangs there
+            fs.hang_at(".tmp-ckpt-")  # the archive's copy beside the keeper begins, and hangs there
             wait_until(lambda: fs.hung_at and job_state(a, jid)["state"] == "reclaimed", 60,
                        "A to send the checkpoint to B, stop the job and archive the copy beside it")
             move = a.json("migrations")[0]
             assert move["phase"] == "hold" and move["dest"] == b.node_id, move  # not told to take over yet
             ckpt = move["ckpt"]
-            guard = replica(b, key)
-            assert guard is not None and guard["state"] == "guarding" and guard["ckpt"] == ckpt, guard
+            keeper = replica(b, key)
+            assert keeper is not None and keeper["state"] == "keeping" and keeper["ckpt"] == ckpt, keeper
 
             # A's agent dies here (its node is taken: it never comes back). The FUSE request its
             # archive thread waits on holds the killed process until the storage answers it.
@@ -61,7 +61,7 @@ def test_the_holder_guards_the_job_before_it_stops_so_an_agent_crash_before_the_
             time.sleep(0.5)
             fs.heal()
             a.agent.proc.wait(30)
-            assert not (backing / key / "guard.json").exists(), "the copy beside the holder was published"
+            assert not (backing / key / "guard.json").exists(), "the copy beside the keeper was published"
 
             # B takes the job over once A's window ends, finds no room, and waits for it
             wait_until(lambda: (replica(b, key) or {}).get("state") == "waiting", 60, "B to take the job over")
