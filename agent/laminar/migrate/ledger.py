@@ -66,6 +66,15 @@ def state_of(db: sqlite3.Connection, key: str) -> State:
     return State.NEW if row is None else State(row[0])
 
 
+def rename_state(db: sqlite3.Connection, old: str, new: State) -> int:
+    """The store's upgrade (:func:`laminar.migrate.schema.upgrade_keepers`): rows whose state an
+    older agent stored as ``old`` (a spelling before a rename, not a state) get ``new``, as they
+    were: no move of custody. Returns how many."""
+    if old in {s.value for s in State}:
+        raise ValueError(f"rename_state: {old!r} is a state, not an old spelling of one")
+    return db.execute("UPDATE migrate_replicas SET state=? WHERE state=?", (new.value, old)).rowcount
+
+
 def move(db: sqlite3.Connection, key: str, event: Event, *, counts: dict[str, int] | None = None,
          only_from: Collection[State] | None = None, if_updated: float | None = None,
          if_older: float | None = None, updated: float | None = None,

@@ -128,7 +128,13 @@ from laminar.migrate.replica_policy import replica_gc_plan as replica_gc_plan
 from laminar.migrate.replica_policy import replica_victims as replica_victims
 from laminar.migrate.replicas import RESUME_DIR, Replicas
 from laminar.migrate.replicas import RESUME_KEEP_S as RESUME_KEEP_S
-from laminar.migrate.schema import MOVES_SCHEMA, RECLAIM_SCHEMA, REPLICAS_SCHEMA, upgrade_moves
+from laminar.migrate.schema import (
+    MOVES_SCHEMA,
+    RECLAIM_SCHEMA,
+    REPLICAS_SCHEMA,
+    upgrade_keepers,
+    upgrade_moves,
+)
 from laminar.migrate.settle import Settle
 from laminar.migrate.takeover import Takeover
 from laminar.migrate.transfer import (
@@ -287,8 +293,11 @@ class ReclaimComponent:
         agent.store.ensure_schema("migrate-moves", MOVES_SCHEMA)
         with agent.store.tx() as db:  # an older agent's move records: all of them into migrate_moves
             upgraded = upgrade_moves(db)
+            kept = upgrade_keepers(db)  # and its keeper tables by their old names (same transaction)
         if upgraded:
             log.info("migrate: move records upgraded into migrate_moves: %s", upgraded)
+        if kept:
+            log.info("migrate: keeper tables and states renamed (rows carried): %s", kept)
         for r in agent.store.db.execute("SELECT key, request FROM migrate_replicas").fetchall():
             self.replicas.note_owner(str(r["key"]), r["request"])
         self._backfill_origins()

@@ -6,6 +6,9 @@ from __future__ import annotations
 import sqlite3
 from typing import Any
 
+from laminar.migrate import ledger  # the only writer of a replica's state (upgrade_keepers)
+from laminar.policy.custody import State
+
 REPLICAS_SCHEMA = [
     """CREATE TABLE IF NOT EXISTS migrate_replicas (
         key TEXT PRIMARY KEY,
@@ -127,6 +130,39 @@ _OLD_CAUSE = ("CASE WHEN reason = 'airlock re-address' THEN 'readdress' "
 
 def _tables(db: sqlite3.Connection) -> set[str]:
     return {str(r[0]) for r in db.execute("SELECT name FROM sqlite_master WHERE type='table'")}
+
+
+# The tables and the replica state named for a keeper's old names until 2026-12-06 (issue 32:
+# one word for one thing; a keeper was a buddy, a guard or a holder), old spelling -> new.
+OLD_TABLES = {"migrate_buddies": "migrate_keepers",  # old spelling
+              "migrate_guard_checks": "migrate_keeper_checks",  # old spelling
+              "migrate_guard_from": "migrate_keeper_from"}  # old spelling
+OLD_REPLICA_STATES = {"guarding": State.KEEPING}  # migrate_replicas.state, old spelling
+
+
+def upgrade_keepers(db: sqlite3.Connection) -> dict[str, int]:
+    """Renames an older agent's keeper tables and replica state (:data:`OLD_TABLES`,
+    :data:`OLD_REPLICA_STATES`) inside the caller's transaction, after REPLICAS_SCHEMA (which
+    made the new tables, empty): each old table's rows go into the new one (a key or job already
+    there keeps the new row) and the old table goes. Returns the rows carried per new table and
+    ``keeping`` (replica rows whose state was renamed); empty when there was nothing to upgrade."""
+    have = _tables(db)
+    out: dict[str, int] = {}
+    for old, new in OLD_TABLES.items():
+        if old not in have:
+            continue
+        if new in have:
+            out[new] = db.execute(f"INSERT OR IGNORE INTO {new} SELECT * FROM {old}").rowcount
+            db.execute(f"DROP TABLE {old}")
+        else:
+            db.execute(f"ALTER TABLE {old} RENAME TO {new}")
+            out[new] = int(db.execute(f"SELECT COUNT(*) FROM {new}").fetchone()[0])
+    if "migrate_replicas" in have:
+        for old, state in OLD_REPLICA_STATES.items():
+            n = ledger.rename_state(db, old, state)
+            if n:
+                out[state.value] = n
+    return out
 
 
 def upgrade_moves(db: sqlite3.Connection) -> dict[str, Any]:

@@ -37,7 +37,8 @@ NUM_FLOOR_KEY = "jobs.num_floor"
 # Tables of other components whose rows name a job (column): a job they name is not pruned
 # (a keeper keeping its replica asks about it, a replica resumed here finds it by its key).
 KEEP_REFERENCED = (("migrate_keepers", "job_id"), ("migrate_replicas", "job_id"), ("net_transfers", "job"),
-                   ("zone_placed", "job_id"), ("jobs_leaked_cgroups", "job_id"))
+                   ("zone_placed", "job_id"), ("jobs_leaked_cgroups", "job_id"),
+                   ("migrate_buddies", "job_id"))  # old spelling: an older agent's, until migrate starts and renames it
 
 
 def remove_job_files(state_dir: Path, job_id: str) -> None:
