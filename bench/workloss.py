@@ -272,7 +272,7 @@ def simulate(policy: str, pool: list[Node], start: float, end: float, p: Params,
     def under_notice(n: Node, t: float) -> bool:
         """Up at ``t`` and already announced as reclaimed (its departure, with notice, lies
         within ``notice_s`` of ``t``). The agent leaves such a node out of every choice: move
-        destinations, storage keepers, keepers and keepers (Mover.candidates, which
+        destinations and keepers of either kind (Mover.candidates, which
         rank_for and rank_keepers both use; a draining node binds no offer or hand-over)."""
         up = n.up_at(t)
         return up is not None and up[1] <= t + p.notice_s and not abrupt(n, up[1])
@@ -294,7 +294,7 @@ def simulate(policy: str, pool: list[Node], start: float, end: float, p: Params,
         return p.archive and odds.unannounced_frac >= p.prestage_unannounced
 
     def keep_keeper(keeper: Node, t_at: float, until: float) -> bool:
-        """Whether the job's keeper (keeper or keeper: node-local copies) still holds its
+        """Whether the job's keeper (storage or prestaged: node-local copies) still holds its
         checkpoint at ``until``. A keeper reclaimed with notice passes the checkpoint and the
         keeper on to the live peer with the best odds (Keepers.pass_keepers), or with
         the archive and no live peer, archives it; one that leaves without notice, or finds no

@@ -5,7 +5,7 @@ keeps the job afterwards:
   told to the job's source, which forgets that keeper and prestages the job to another peer at
   once; a source that cannot be reached is not told, the drop stands and the answer says so.
   Before, the source went on believing the dropped keeper kept the job: no node held a copy.
-- when the checkpoints go to a new keeper, the old keeper's keeper is released also when it cannot
+- when the checkpoints go to a new keeper, the old keeper is released also when it cannot
   be reached at that moment (the release is sent again until it arrives) and also when the
   source restarted in between (the keeper is kept in the source's store). Before, the release
   was sent once, and the keeper map was in memory only (after a restart the source prestaged to

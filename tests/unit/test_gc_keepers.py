@@ -258,7 +258,7 @@ def test_a_source_that_moved_its_keeper_to_another_keeper_ends_the_old_one(tmp_p
                 assert await until(lambda: state(old) == "released" and held(old) == []), (state(old), held(old))
                 assert await until(lambda: answered(new), timeout=5)
                 await asyncio.sleep(0.1)
-                assert state(new) == "keeping" and held(new) == ["ckpt-10"]  # the new keeper's keeper stays
+                assert state(new) == "keeping" and held(new) == ["ckpt-10"]  # the new keeper stays
 
     run(main())
 

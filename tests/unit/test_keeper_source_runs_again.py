@@ -1,4 +1,4 @@
-"""A keeper's keeper of a stopped job (``take_over``) stands down when the job's own node runs it
+"""A storage keeper of a stopped job (``take_over``) stands down when the job's own node runs it
 again. The node, reclaimed with no room in the zone, stopped the job and left its final
 checkpoint with a keeper (waiting for room) and in the archive; given back, it claimed the job
 from the archive and resumed it itself. Before, the keeper learned that only from the archive's

@@ -70,7 +70,7 @@ class Event(enum.StrEnum):
     KEEPER = "keeper"
     """A ``keeper`` message (its keeper, a passing or placing keeper) names this node the key's keeper."""
     RELEASE = "release"
-    """A ``release`` message from the keeper's keeper: only a live keeper (keeping, waiting) ends."""
+    """A ``release`` message from the node that handed the keeper here: only a live keeper (keeping, waiting) ends."""
     NOT_NEEDED = "not-needed"
     """The job's node answers this keeper's ``needs`` question: not needed."""
     SOURCE_ALIVE = "source-alive"
