@@ -857,10 +857,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--redundancy-overhead", type=float, default=Params.redundancy_overhead)
     ap.add_argument("--ckpt-gb", type=float, default=Params.ckpt_gb_per_node)
     ap.add_argument("--no-keeper", action="store_true", help="Laminar without storage keepers (migrate.keeper = false)")
+    ap.add_argument("--no-holder", action="store_true", help=argparse.SUPPRESS)  # old spelling of --no-keeper
     ap.add_argument("--shrink", action="store_true",
                     help="NOT BUILT, a sensitivity: a job with no free node restarts on the nodes it has (one fewer)")
     ap.add_argument("--retry-max", type=float, default=Params.retry_max_s, help="the keeper's longest wait (s)")
     a = ap.parse_args(argv)
+    if a.no_holder:  # old spelling, read for one release
+        print("workloss: `--no-holder` is now `--no-keeper`; the old name goes in the next release", file=sys.stderr)  # old spelling
+        a.no_keeper = True
     if not a.trace.is_dir():
         ap.error(f"--trace {a.trace}: not a directory (expected ../shared/data/spot-traces)")
     p = Params(notice_s=a.notice, abrupt_frac=a.abrupt_frac, redundancy_overhead=a.redundancy_overhead,

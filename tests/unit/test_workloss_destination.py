@@ -9,6 +9,8 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
+import pytest
+
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "bench"))
 
@@ -107,3 +109,18 @@ def test_a_destination_that_leaves_while_restarting_the_job_loses_it() -> None:
     ra, _ = _moving(xfer_done + 20.0, archive=True)
     assert ra.moves_lost == 1 and ra.dest_lost == 0 and ra.archive_claims == 1
     assert ra.rollback_node_s < r.rollback_node_s  # back to the archived copy, not to the start
+
+
+def test_the_old_flag_for_no_keeper_still_works_and_says_so(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                             capsys: pytest.CaptureFixture[str]) -> None:
+    """``--no-keeper`` was ``--no-holder`` until 2026-12-06 (old spelling): read for one release."""
+    seen: list[workloss.Params] = []
+    monkeypatch.setattr(workloss, "run", lambda trace, sets, scen, p: seen.append(p) or {})
+    monkeypatch.setattr(workloss, "both_configs", lambda *a: {})
+    assert workloss.main(["--quick", "--trace", str(tmp_path), "--no-holder"]) in (0, None)  # old spelling
+    assert [p.keeper for p in seen] == [False, False]
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "is now `--no-keeper`" in err, err
+    seen.clear()
+    assert workloss.main(["--quick", "--trace", str(tmp_path), "--no-keeper"]) in (0, None)
+    assert [p.keeper for p in seen] == [False, False] and capsys.readouterr().err == ""
