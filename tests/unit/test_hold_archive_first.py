@@ -158,7 +158,7 @@ def test_the_keeper_keeps_before_the_stop_and_takes_over_once_the_archive_holds_
     assert c.prestage.keeper["job-1"] == 2
 
 
-def test_an_archive_that_refuses_the_copy_still_leaves_the_keeper_the_keeper(tmp_path: Path) -> None:
+def test_an_archive_that_refuses_the_copy_still_makes_the_storage_keeper_the_jobs_keeper(tmp_path: Path) -> None:
     ckpt = Checkpointer(job_id="job-1", ckpt_dir=tmp_path / "ck", install_signal=False, keep=2).save(b"w", step=7)
     (tmp_path / "not-a-dir").write_text("")  # the archive's path is a file: every copy fails
     c, seen = holding_node(tmp_path, tmp_path / "not-a-dir" / "arch")
@@ -169,7 +169,7 @@ def test_an_archive_that_refuses_the_copy_still_leaves_the_keeper_the_keeper(tmp
     assert c.prestage.keeper["job-1"] == 2
 
 
-def test_a_keeper_that_does_not_take_the_keeper_is_passed_over_and_the_job_is_not_stopped_for_it(
+def test_a_storage_keeper_that_does_not_take_the_job_is_passed_over_and_the_job_is_not_stopped_for_it(
         tmp_path: Path) -> None:
     ckpt = Checkpointer(job_id="job-1", ckpt_dir=tmp_path / "ck", install_signal=False, keep=2).save(b"w", step=7)
     c, seen = holding_node(tmp_path, tmp_path / "arch")
@@ -186,7 +186,7 @@ def test_a_keeper_that_does_not_take_the_keeper_is_passed_over_and_the_job_is_no
     assert mv.phase != "held" and c.prestage.keeper["job-1"] == 3
 
 
-def test_no_keeper_no_keeper_and_a_hung_archive_the_job_stops_and_its_copy_is_published_late(tmp_path: Path) -> None:
+def test_no_storage_keeper_no_prestaged_keeper_and_a_hung_archive_the_job_stops_and_its_copy_is_published_late(tmp_path: Path) -> None:
     ckpt = Checkpointer(job_id="job-1", ckpt_dir=tmp_path / "ck", install_signal=False, keep=2).save(b"w", step=7)
     c, seen = holding_node(tmp_path, tmp_path / "arch", keepers=False)
     mv = hold(c, ckpt, window_s=1.5, storage=threading.Event(), seen=seen)
@@ -199,7 +199,7 @@ def test_no_keeper_no_keeper_and_a_hung_archive_the_job_stops_and_its_copy_is_pu
     assert late_copies(tmp_path) == 0  # landed: a restart does not take it up (test_late_archive_restart.py)
 
 
-def test_no_keeper_no_keeper_and_a_hung_archive_that_then_refuses_the_copy_the_move_fails_and_says_so(
+def test_no_storage_keeper_no_prestaged_keeper_and_a_hung_archive_that_then_refuses_the_copy_the_move_fails_and_says_so(
         tmp_path: Path) -> None:
     ckpt = Checkpointer(job_id="job-1", ckpt_dir=tmp_path / "ck", install_signal=False, keep=2).save(b"w", step=7)
     c, seen = holding_node(tmp_path, tmp_path / "arch", keepers=False)
@@ -212,7 +212,7 @@ def test_no_keeper_no_keeper_and_a_hung_archive_that_then_refuses_the_copy_the_m
     assert late_copies(tmp_path) == 0
 
 
-def test_no_keeper_and_a_hung_archive_a_job_with_a_keeper_thaws_and_nothing_is_published(tmp_path: Path) -> None:
+def test_no_storage_keeper_and_a_hung_archive_a_job_with_a_prestaged_keeper_thaws_and_nothing_is_published(tmp_path: Path) -> None:
     ckpt = Checkpointer(job_id="job-1", ckpt_dir=tmp_path / "ck", install_signal=False, keep=2).save(b"w", step=7)
     c, seen = holding_node(tmp_path, tmp_path / "arch", keepers=False)
     c.prestage.keeper["job-1"] = 3
