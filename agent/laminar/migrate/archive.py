@@ -283,7 +283,7 @@ class Archive:
         sweep (:meth:`Sweep.start_sweep`). Claims and the sweep wait while this node is being
         reclaimed, and stay off once it is (its window ended and the reclaim was not withdrawn): a
         job it claimed would sit queued on a node its owner took back, while its claim told every
-        other node (the job's keeper's keeper too) that a node runs it."""
+        other node (the job's keeper too) that a node runs it."""
         try:
             root = self.root()
             if root is None:
