@@ -36,6 +36,7 @@ with the value, like every other bad value (docs/operations.md, "Who may submit 
 from __future__ import annotations
 
 import grp
+import logging
 import pwd
 import socket
 import tomllib
@@ -44,6 +45,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
+
+log = logging.getLogger("laminar.config")
 
 
 class ConfigError(ValueError):
@@ -244,6 +247,37 @@ def register_section(name: str, fields: dict[str, Field]) -> None:
     SCHEMA[name] = fields
 
 
+# Keys renamed, by section: old name -> new name. A configuration that gives the old name is read
+# as the new one for one release, with a logged note; one that gives both is refused.
+OLD_KEYS: dict[str, dict[str, str]] = {}
+
+
+def register_old_keys(section: str, names: dict[str, str]) -> None:
+    """Declares ``section``'s keys renamed (old name -> new name), read for one release."""
+    OLD_KEYS.setdefault(section, {}).update(names)
+
+
+def _new_key_names(section: str, body: dict[str, Any], source: str, problems: list[str]) -> dict[str, Any]:
+    """``body`` with the section's old key names (OLD_KEYS) replaced by the new ones, each noted
+    in the log; a key given under both names is a problem (neither silently wins)."""
+    old = OLD_KEYS.get(section, {})
+    if not any(k in old for k in body):
+        return body
+    out: dict[str, Any] = {}
+    for key, value in body.items():
+        new = old.get(key)
+        if new is None:
+            out[key] = value
+        elif new in body:
+            problems.append(f"{source}: {section}.{key} and {section}.{new} both given: {key} is the old name "
+                            f"of {new}; keep {new}")
+        else:
+            log.warning("config: %s: %s.%s is now %s.%s (the old name is read for one release)",
+                        source, section, key, section, new)
+            out[new] = value
+    return out
+
+
 def validate(data: dict[str, Any], source: str = "config") -> dict[str, dict[str, Any]]:
     """Returns the effective configuration (defaults filled in) or raises ConfigError listing
     every problem found, each with the key, the value and what is allowed."""
@@ -257,6 +291,7 @@ def validate(data: dict[str, Any], source: str = "config") -> dict[str, dict[str
             problems.append(f"{source}: [{section}] must be a table, got {body!r}")
             continue
         fields = SCHEMA[section]
+        body = _new_key_names(section, body, source, problems)
         for key, value in body.items():
             f = fields.get(key)
             if f is None:

@@ -144,6 +144,9 @@ def test_huge_headers_from_a_member_are_refused_before_they_are_parsed(tmp_path:
         spec = {"key": "n2-job-1", "request": {"spec": {"command": ["true"], "env": {"PAD": "x" * 900_000}}}}
         got = await ctl("keeper", _canon(spec))
         assert got.startswith("answered") and [c[:2] for c in calls.seen] == [("2", "keeper")], got
+        # ... and so is one under the op's old spelling, from an older peer (one release)
+        got = await ctl("guard", _canon(spec))  # old spelling
+        assert got.startswith("answered") and [c[:2] for c in calls.seen][1:] == [("2", "guard")], got  # old spelling
 
     asyncio.run(_with(tmp_path, body, calls))
 

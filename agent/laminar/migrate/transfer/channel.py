@@ -38,7 +38,8 @@ MAX_HANDSHAKE = 4096  # hello/challenge/auth: what a peer that has not authentic
 # in its first bytes (the sender's JSON names "t" first: LARGE_HEADERS), read before the rest.
 CTL_MAX = 64 << 10
 KEEPER_MAX = (1 << 20) + CTL_MAX
-LARGE_HEADERS = {b'{"t":"offer",': MAX_HEADER, b'{"t":"ctl","op":"keeper",': KEEPER_MAX}
+LARGE_HEADERS = {b'{"t":"offer",': MAX_HEADER, b'{"t":"ctl","op":"keeper",': KEEPER_MAX,
+                 b'{"t":"ctl","op":"guard",': KEEPER_MAX}  # old spelling of the op, from an older peer (one release)
 # JSON over CTL_MAX bytes is parsed only when it has at most MAX_SEPARATORS ',' and ':' (a
 # manifest of 10,000 files and 250,000 chunks has ~280,000), in a worker thread. json.loads
 # holds the GIL all along, so the thread does not free the event loop: the bound does. Parsing
