@@ -84,6 +84,10 @@ def _in_own_clock(body: dict[str, Any]) -> dict[str, Any]:
     return req
 
 
+# Control ops' names before 2026-12-06, answered for one release as the new ones (an older peer
+# sends them); this agent sends only the new names.
+OLD_CONTROL_OPS = {"guard": "keeper"}  # old spelling
+
 class ControlHost(Protocol):
     """What :class:`Control` uses of the component that holds it (ReclaimComponent and its parts)."""
 
@@ -176,6 +180,8 @@ class Control:
             asker = int(node)
         except ValueError:
             raise ValueError(f"{op}: the asking node {node!r} is not a node id") from None
+        if op in OLD_CONTROL_OPS:  # an older peer's name for it (sent: the new one)
+            op = OLD_CONTROL_OPS[op]
         handler = self.OPS.get(op)
         if handler is None:
             raise ValueError(f"unknown control operation {op!r} ({', '.join(self.OPS)})")

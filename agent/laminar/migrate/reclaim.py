@@ -100,7 +100,7 @@ from typing import Any
 
 from laminar import jobkit
 from laminar.airlock.cgroups import freeze_counts as cgroup_freeze_counts
-from laminar.config import Field, _one_of, _range, register_section
+from laminar.config import Field, _one_of, _range, register_old_keys, register_section
 from laminar.migrate import ckpt_driver
 from laminar.migrate.archive import Archive
 from laminar.migrate.archive_gc import ARCHIVE_GC_S
@@ -231,6 +231,11 @@ CONFIG_FIELDS = {
     **ckpt_driver.CONFIG_FIELDS,  # periodic checkpoints (laminar.migrate.ckpt_driver)
 }
 register_section("migrate", CONFIG_FIELDS)
+# The keys' names before 2026-12-06 (issue 32, one word for a keeper), still read for one release
+# with a logged note (laminar.config.register_old_keys).
+register_old_keys("migrate", {"holder": "keeper",  # old spelling
+                              "holder_reserve_mb": "keeper_reserve_mb",  # old spelling
+                              "replica_guard_check_s": "replica_keeper_check_s"})  # old spelling
 
 class ReclaimComponent:
     """``laminar.migrate.reclaim:ReclaimComponent`` (agent attribute ``migrate``)."""
@@ -694,6 +699,7 @@ class ReclaimComponent:
     def status(self) -> dict[str, Any]:
         r = self.reclaim
         return {"port": self.port, "counts": dict(self.counts), "keepers": {k: v for k, v in self.prestage.keeper.items()},
+                "buddies": {k: v for k, v in self.prestage.keeper.items()},  # old spelling of keepers, one release
                 "releases_pending": [{"node": n, "key": k} for n, k in sorted(self.prestage.releases)],
                 "reclaim": None if r is None else {"deadline": r["deadline"], "done": r["task"].done()},
                 "notices": sorted(self.notices),
