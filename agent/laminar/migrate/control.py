@@ -136,14 +136,14 @@ class Control:
         log.warning("migrate: refused %s", e)
         return ValueError(str(e))
 
-    def keeper_keeper(self, key: str) -> int | None:
-        """The node that handed this node its live keeper of ``key`` (the key's node, or the node
+    def keeping_from(self, key: str) -> int | None:
+        """The node that made this node the live keeper of ``key`` (the key's node, or the node
         that passed it on or placed the job here: ``migrate_keeper_from``; else the row's source);
-        None when no live keeper of it is held here (au.BINDING_STATES)."""
+        None when this node is no live keeper of it (au.BINDING_STATES)."""
         return self.keeper_held(key)[0]
 
     def keeper_held(self, key: str) -> tuple[int | None, str | None]:
-        """(:meth:`keeper_keeper`, the row's state; None when there is no row)."""
+        """(:meth:`keeping_from`, the row's state; None when there is no row)."""
         db = self.host.agent.store.db
         row = db.execute("SELECT src_node, state FROM migrate_replicas WHERE key=?", (key,)).fetchone()
         if row is None or str(row["state"]) not in au.BINDING_STATES:
@@ -158,7 +158,7 @@ class Control:
             asker = int(node)
         except ValueError:
             return f"node {node!r} is not a node id"
-        e = au.offer_refusal(asker, key, self.keeper_keeper(key))
+        e = au.offer_refusal(asker, key, self.keeping_from(key))
         if e is None:
             return None
         self.refusals().note(e, asker)
@@ -242,7 +242,7 @@ class Control:
 
     def _op_release(self, node: str, asker: int, body: dict[str, Any]) -> Any:
         key = str(body["key"])
-        e = au.release_refusal(asker, key, self.keeper_keeper(key))
+        e = au.release_refusal(asker, key, self.keeping_from(key))
         if e is not None:
             raise self.refuse(e, asker)
         row = self.host.agent.store.db.execute("SELECT state, updated FROM migrate_replicas WHERE key=?", (key,)).fetchone()

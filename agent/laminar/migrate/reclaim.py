@@ -283,7 +283,7 @@ class ReclaimComponent:
         self.checkpoints = Checkpoints(self)  # the jobs' checkpoints as a move sees them, planning sizes (checkpoints.py)
         self.evacuation = Evacuation(self)  # this node's reclaim: its window, its plan, its records (evacuation.py)
         self.mover = Mover(self)  # one move of one job, the records of a move without a window (mover.py)
-        self.keepers = Keepers(self)  # no room anywhere: storage keepers, keepers passed on (keepers.py)
+        self.keepers = Keepers(self)  # no room anywhere: storage keepers; a reclaimed keeper passing its jobs on (keepers.py)
 
     # -- life cycle ---------------------------------------------------------------------------
 
@@ -619,7 +619,7 @@ class ReclaimComponent:
         self.counts["received"] += 1
         self._emit(f"received {c.job_id}/{c.ckpt_id} from node {c.peer_node}, verified", key=c.job_id, ckpt=c.ckpt_id,
                    src_node=c.peer_node, path=str(c.path), phase="received")
-        keeper = self.control.keeper_keeper(c.job_id)
+        keeper = self.control.keeping_from(c.job_id)
         if str(c.peer_node) not in au.checkpoint_senders(c.job_id, keeper) or (
                 keeper is None and str(c.peer_node) != str(au.key_owner(c.job_id))):
             # a copy from a node that does not keep the key here (a keeper passed on comes before

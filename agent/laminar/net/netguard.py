@@ -414,7 +414,7 @@ class NetGuard:
 
     async def _scan_tunnels(self, every_s: float) -> None:
         """Looks for tunnels again whenever an interface is added or changes (a netlink link
-        event: a tunnel made after the start is kept at once, not up to ``every_s`` later),
+        event: a tunnel made after the start is guarded at once, not up to ``every_s`` later),
         and every ``every_s`` in any case (a missed or overflowed event). Events coalesce: at
         most one look per TUNNEL_EVENT_GAP_S. ``every_s`` 0: on link events only."""
         loop = asyncio.get_running_loop()

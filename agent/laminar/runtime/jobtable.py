@@ -83,7 +83,7 @@ class JobTable:
         pruned (numbers are given in order, never twice, and only ended jobs are pruned), so the
         job ended. False for a job with a record and for a number this node never gave. For
         whoever must tell "ended long ago" from "never heard of" once `get` says None: a keeper
-        asking whether the keeper of a job that ended is still needed (control op ``needs``)."""
+        asking whether its copy of a job that ended is still needed (control op ``needs``)."""
         text = job_id[4:] if job_id.startswith("job-") else job_id
         if not (text.isascii() and text.isdigit() and len(text) <= 18) or int(text) < 1:
             return False

@@ -30,7 +30,7 @@ job that came from another node: a hand-over, a keeper's take-over, a claim from
 **Job keys.** A migration key ``n<N>-<job>`` belongs to node N (:func:`key_owner`). A ``keeper``
 of it is taken from N, or from the node that handed the keeper here last (``keeper_from``), or,
 when this node holds no live keeper of the key, from any member with ``take_over`` (a keeper
-passed on by a reclaimed keeper_from, or a keeper's placement of the job it took over: neither is N,
+passed on by a reclaimed keeper, or a keeper's placement of the job it took over: neither is N,
 and N may be gone); its ``src_node`` must be N (:func:`keeper_refusal`). ``release`` of a keeper
 held here comes only from N or ``keeper_from`` (:func:`release_refusal`). A checkpoint offer under
 a key kept here comes only from N or ``keeper_from`` (:func:`offer_refusal`), and a take-over
