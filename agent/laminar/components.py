@@ -1,7 +1,7 @@
 """What each component may reach of the agent and of the other components.
 
 A component is given the agent in ``start(agent)``. It sees the agent through the interface
-declared for it here, never through ``getattr(agent, "...", None)``: each ``*Agent`` Protocol
+declared for it here, never by a ``getattr`` on the agent: each ``*Agent`` Protocol
 names the agent's attributes that one component reads, and the Protocols beside them name what
 it calls on another component (``MigrateForZone``: what the zone and its loan layer call on the
 migration layer). Everything is a read-only property, so the agent (:class:`laminar.agent.Agent`,

@@ -131,8 +131,7 @@ class Handovers:
         from laminar.runtime.provenance import origin_of_request
 
         migrate = self.host.agent.migrate if self.host.agent is not None else None
-        guarding = migrate.guarding if migrate is not None else None
-        if pid in self.host.arbiter.placed or guarding is None:
+        if pid in self.host.arbiter.placed or migrate is None:
             return None
         try:
             key = origin_of_request(json.loads(body.spec_json))[0]
@@ -140,7 +139,7 @@ class Handovers:
             return None  # refused with its reason by the hand-over's own parse
         if key is None:
             return None
-        got = await guarding.taken_over_as(key)
+        got = await migrate.guarding.taken_over_as(key)
         return None if got is None else str(got)
 
     def placement_pending(self, pid: int) -> bool:
