@@ -34,3 +34,31 @@ def standin_agent(interface: type, **given: Any) -> SimpleNamespace:
         out["components_started"] = started
     out.update(given)
     return SimpleNamespace(**out)
+
+
+class NoTakeOvers:
+    """The take-over part of a stand-in migration layer: it took no job over."""
+
+    async def taken_over_as(self, key: str | None) -> str | None:
+        return None
+
+
+class StandInMigrate:
+    """A stand-in migration layer as the zone sees it (``laminar.components.MigrateForZone``):
+    the checkpoint driver it is given (``ckpt``), no take-overs, the departures it is told of
+    (``departures``: (ts, announced)); it checks no checkpoint (``check_resume`` answers the
+    path) and moves no job (``move_now`` raises: a test that needs a move uses the real one)."""
+
+    def __init__(self, ckpt: Any = None) -> None:
+        self.ckpt = ckpt
+        self.guarding = NoTakeOvers()
+        self.departures: list[tuple[float, bool]] = []
+
+    def check_resume(self, path: str, owner_uid: int = 0, owner_gid: int | None = None) -> str:
+        return path
+
+    def observe_departure(self, ts: float, announced: bool) -> None:
+        self.departures.append((ts, announced))
+
+    async def move_now(self, job: Any, reason: str) -> Any:
+        raise NotImplementedError("a stand-in migration layer moves no job")

@@ -24,7 +24,7 @@ from typing import Any
 import pytest
 from jobrig import job_manager, until
 from ports import free_port
-from standin_agent import standin_agent
+from standin_agent import StandInMigrate, standin_agent
 
 from laminar.components import ZoneAgent
 from laminar.events import EventBus
@@ -164,7 +164,7 @@ def test_a_returns_requeue_takes_the_checkpoint_drivers_answer_and_reads_nothing
     async def main() -> None:
         async with job_manager(tmp_path) as jobs:
             agent = standin_agent(ZoneAgent, store=jobs.store, events=EventBus(jobs.store), jobs=jobs)
-            agent.migrate = SimpleNamespace(ckpt=CkptDriver(SimpleNamespace(agent=agent, s={})))
+            agent.migrate = StandInMigrate(ckpt=CkptDriver(SimpleNamespace(agent=agent, s={})))
             zone = ZoneComponent(settings=settings(tmp_path), gpus=0,
                                  loan={"elastic_interval_s": 0, "ckpt_wait_s": 0.5, "requeue_for_s": 600.0})
             await zone.start(agent)

@@ -16,7 +16,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from standin_agent import standin_agent
+from standin_agent import NoTakeOvers, standin_agent
 from test_loan_component import make_comp, run
 from test_zone_handover_quota import LimitedJobs
 
@@ -24,13 +24,6 @@ from laminar.components import ZoneAgent
 from laminar.policy import placement as pl
 from laminar.zone import wire
 from laminar.zone.component import HANDOVER_OK, HANDOVER_REJECTED, demand_to_probe
-
-
-class NoTakeOvers:
-    """Stand-in for the migrate component's take-over part: it took no job over."""
-
-    async def taken_over_as(self, key: str | None) -> str | None:
-        return None
 
 
 class RecordingMigrate:
