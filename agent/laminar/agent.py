@@ -28,7 +28,7 @@ import signal
 import socket
 import sys
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from . import __version__, limits
 from .api import ApiError, ApiServer, Authorizer, RawJson, Request, Route, Stream, to_json
@@ -36,6 +36,16 @@ from .config import Config, ConfigError, defaults_toml, load
 from .events import EventBus
 from .metrics import CoreMetrics, MetricsServer, make_registry
 from .store import Store
+
+if TYPE_CHECKING:
+    from .airlock.manager import Airlock
+    from .components import AirlockAgent, JobsAgent, NetGuardAgent, PressureAgent, TransfersAgent, ZoneAgent
+    from .migrate.reclaim import ReclaimComponent
+    from .net.netguard import NetGuard
+    from .net.transfers import TransferRegistry
+    from .pressurewatch import PressureWatch
+    from .runtime.jobs import JobManager
+    from .zone.component import ZoneComponent
 
 log = logging.getLogger("laminar.agent")
 
@@ -176,7 +186,11 @@ def stop_bound_s(shutdown_timeout_s: float, components: int) -> float:
 
 
 class Agent:
-    """The node agent: owns the loop, the store, the event bus and the components."""
+    """The node agent: owns the loop, the store, the event bus and the components.
+
+    Each component sees it through the interface ``laminar.components`` declares for it (what
+    that component may reach of the agent and of the others); the attributes below carry their
+    concrete types, and mypy checks them against every interface (:func:`_agent_conforms`)."""
 
     def __init__(self, config: Config) -> None:
         self.config = config
@@ -191,23 +205,25 @@ class Agent:
         self.api = ApiServer(config.agent.socket, Authorizer(config.agent.control_group),
                              float(config.agent.request_timeout_s))
         self.components: list[Any] = []
-        self.netguard: Any = None
-        self.pressure: Any = None
-        self.jobs: Any = None
-        self.airlock: Any = None
-        self.transfers: Any = None
-        self.zone: Any = None
-        self.migrate: Any = None
+        # the components, each set once its start returned (None before, or where not started)
+        self.netguard: NetGuard | None = None
+        self.pressure: PressureWatch | None = None
+        self.jobs: JobManager | None = None
+        self.airlock: Airlock | None = None
+        self.transfers: TransferRegistry | None = None
+        self.zone: ZoneComponent | None = None
+        self.migrate: ReclaimComponent | None = None
+        # set once every component has started: one started early may wait for a later one
+        self.components_started = asyncio.Event()
         self._stopping = asyncio.Event()
         self._metrics_server: Any = None
         self._status_cache: tuple[float, RawJson] | None = None  # (monotonic, encoded answer) for users
 
     def _on_hup(self) -> None:
-        on_reload = getattr(getattr(self.zone, "keyring", None), "on_reload_signal", None)
-        if on_reload is None or not getattr(self.zone, "networked", False):
+        if self.zone is None or not self.zone.networked:
             log.info("SIGHUP: nothing to reload here (zone keys are re-read by a networked zone)")
             return
-        on_reload()
+        self.zone.keyring.on_reload_signal()
 
     def component_names(self) -> list[str]:
         return [type(c).__name__ for c in self.components]
@@ -250,6 +266,7 @@ class Agent:
             for _spec, cls in import_components():
                 comp = cls()
                 await self._start_component(comp, getattr(comp, "agent_attr", None))
+            self.components_started.set()
             if self.jobs is not None and self.airlock is None:
                 # an agent built without Airlock has no class caps: the queue held for Airlock's
                 # word (runtime.jobs.limits) would otherwise never start a job
@@ -489,6 +506,14 @@ class Agent:
                     yield {"kind": "keepalive", "ts": time.time()}
         finally:
             unsubscribe()
+
+
+def _agent_conforms(agent: Agent) -> tuple[JobsAgent, AirlockAgent, NetGuardAgent, TransfersAgent, PressureAgent,
+                                             ZoneAgent]:
+    """Never called: mypy checks here that the agent offers every component what its interface
+    in ``laminar.components`` names (and so that each component offers the others what theirs
+    name: the migration layer what the zone calls on it, Airlock what netguard does, ...)."""
+    return agent, agent, agent, agent, agent, agent
 
 
 def main(argv: list[str] | None = None) -> int:

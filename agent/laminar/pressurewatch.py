@@ -16,10 +16,13 @@ from __future__ import annotations
 import logging
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .bpf import abi
 from .bpf.libbpf import BpfObject, RingBuffer, object_path
+
+if TYPE_CHECKING:
+    from .components import PressureAgent
 
 log = logging.getLogger("laminar.pressure")
 
@@ -33,13 +36,13 @@ class PressureWatch:
         self.obj: BpfObject | None = None
         self.links: list[Any] = []
         self.ring: RingBuffer | None = None
-        self.agent: Any = None
+        self.agent: PressureAgent | None = None  # what the watch reads of it: laminar.components
         self.counts: dict[str, int] = {}
         self._last_persist: dict[tuple[str, int], float] = {}
         self.last_event_ts: float | None = None
         self.attached: list[str] = []
 
-    async def start(self, agent: Any) -> None:
+    async def start(self, agent: PressureAgent) -> None:
         self.agent = agent
         cfg = agent.config
         path = Path(cfg.bpf.object_dir, "pressure.bpf.o") if cfg.bpf.object_dir else object_path("pressure")
@@ -49,6 +52,7 @@ class PressureWatch:
             self.links.append(prog.attach())
         self.attached = sorted(self.obj.programs())
         self.ring = RingBuffer(self.obj.map("lm_events"), self._on_record)
+        assert agent.loop is not None  # the agent's loop runs before any component starts
         agent.loop.add_reader(self.ring.epoll_fd(), self._drain)
 
     def _drain(self) -> None:
@@ -61,7 +65,9 @@ class PressureWatch:
         self.counts[kind] = self.counts.get(kind, 0) + 1
         self.last_event_ts = time.time()
         cgroup_id = int(fields["cgroup_id"])
-        jobs = getattr(self.agent, "jobs", None)
+        agent = self.agent
+        assert agent is not None  # records come from the ring start opened
+        jobs = agent.jobs
         job = next((j for j in jobs.jobs.values() if j.cgroup_id == cgroup_id), None) if jobs is not None else None
         if job is not None:
             fields["job"] = job.id
@@ -73,7 +79,7 @@ class PressureWatch:
             if len(self._last_persist) > 4096:
                 self._last_persist.clear()
         who = f"job {job.id}" if job is not None else f"cgroup {cgroup_id}"
-        self.agent.events.emit("pressure", f"{kind} in {who} (pid {fields['pid']} {fields['comm']})", persist=persist, **fields)
+        agent.events.emit("pressure", f"{kind} in {who} (pid {fields['pid']} {fields['comm']})", persist=persist, **fields)
 
     async def stop(self) -> None:
         if self.ring is not None:

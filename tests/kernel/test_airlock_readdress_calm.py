@@ -19,9 +19,11 @@ from pathlib import Path
 
 import pytest
 from jobrig import airlock_rig, running
+from standin_agent import standin_agent
 
 from laminar.airlock.cgroups import CgroupTree, detect
 from laminar.airlock.manager import Airlock
+from laminar.components import AirlockAgent
 from laminar.events import EventBus
 from laminar.policy import ladder
 from laminar.runtime.jobs import JobManager
@@ -117,7 +119,7 @@ def test_a_job_under_a_move_is_left_to_the_move(tmp_path: Path) -> None:
             sig = al.signals(t0)
             al._apply(ladder.Action(ladder.SUSPEND, job.id, "test: high"), t0, ladder.HIGH, sig)
             assert job.cgroup.frozen() or job.cgroup.freeze_requested()
-            al.agent = SimpleNamespace(migrate=SimpleNamespace(evacuating={job.id}))  # stand-in agent
+            al.agent = standin_agent(AirlockAgent, migrate=SimpleNamespace(evacuating={job.id}))  # stand-in agent
             al.memo.last_pressure = t0
             now = t0 + al.policy["hysteresis"]["hold_s"] + 0.1
             acts = ladder.decide(now, ladder.NONE, al.views(now), al.policy.doc, al.memo, 0.1)
@@ -125,7 +127,7 @@ def test_a_job_under_a_move_is_left_to_the_move(tmp_path: Path) -> None:
             later = t0 + 3600
             acts = ladder.decide(later, ladder.CRITICAL, al.views(later), al.policy.doc, al.memo, 1.0)
             assert acts and all(a.job_id == other.id for a in acts), acts
-            al.agent = SimpleNamespace(migrate=SimpleNamespace(evacuating=set()))  # the move failed
+            al.agent = standin_agent(AirlockAgent, migrate=SimpleNamespace(evacuating=set()))  # the move failed
             assert job.id in {v.id for v in al.views(later)}
 
     asyncio.run(main())

@@ -24,7 +24,9 @@ from typing import Any
 import pytest
 from jobrig import job_manager, until
 from ports import free_port
+from standin_agent import StandInMigrate, standin_agent
 
+from laminar.components import ZoneAgent
 from laminar.events import EventBus
 from laminar.policy import placement as pl
 from laminar.zone.component import ZoneComponent
@@ -57,7 +59,7 @@ def test_a_return_cut_by_the_agents_stop_requeues_the_lent_job_at_the_next_start
             events: list[dict[str, Any]] = []
             bus = EventBus(jobs.store)
             bus.subscribe(events.append)
-            agent = SimpleNamespace(store=jobs.store, events=bus, jobs=jobs)
+            agent = standin_agent(ZoneAgent, store=jobs.store, events=bus, jobs=jobs)
             s = settings(tmp_path)
             zone = ZoneComponent(settings=s, gpus=0, loan={"elastic_interval_s": 0, "ckpt_wait_s": 60.0})
             await zone.start(agent)
@@ -104,7 +106,7 @@ def test_a_requeue_cut_while_it_looks_for_room_is_placed_again_at_the_next_start
             events: list[dict[str, Any]] = []
             bus = EventBus(jobs.store)
             bus.subscribe(events.append)
-            agent = SimpleNamespace(store=jobs.store, events=bus, jobs=jobs)
+            agent = standin_agent(ZoneAgent, store=jobs.store, events=bus, jobs=jobs)
             s = settings(tmp_path)
             zone = ZoneComponent(settings=s, gpus=0, loan={"elastic_interval_s": 0, "ckpt_wait_s": 0.5,
                                                            "requeue_for_s": 600.0})
@@ -161,8 +163,8 @@ def test_a_returns_requeue_takes_the_checkpoint_drivers_answer_and_reads_nothing
 
     async def main() -> None:
         async with job_manager(tmp_path) as jobs:
-            agent = SimpleNamespace(store=jobs.store, events=EventBus(jobs.store), jobs=jobs)
-            agent.migrate = SimpleNamespace(ckpt=CkptDriver(SimpleNamespace(agent=agent, s={})))
+            agent = standin_agent(ZoneAgent, store=jobs.store, events=EventBus(jobs.store), jobs=jobs)
+            agent.migrate = StandInMigrate(ckpt=CkptDriver(SimpleNamespace(agent=agent, s={})))
             zone = ZoneComponent(settings=settings(tmp_path), gpus=0,
                                  loan={"elastic_interval_s": 0, "ckpt_wait_s": 0.5, "requeue_for_s": 600.0})
             await zone.start(agent)
@@ -181,6 +183,9 @@ def test_a_returns_requeue_takes_the_checkpoint_drivers_answer_and_reads_nothing
                 latest = jobkit.latest_checkpoint
                 monkeypatch.setattr(jobkit, "latest_checkpoint", lambda d: reads.append(str(d)) or latest(d))
                 zone.loan.do_return({"plan": "lm-t-p3", "actions": {job.id: "requeue"}}, 2)
+                # the return is a departure of this node with notice, told to the migration layer's
+                # evidence (what times lent jobs' checkpoints)
+                assert [announced for _, announced in agent.migrate.departures] == [True]
                 assert await until(lambda: zone.loan.requeues[job.id].get("attempts", 0) >= 1, 30), \
                     zone.loan.requeues[job.id]
                 rq = zone.loan.requeues[job.id]

@@ -34,8 +34,10 @@ from typing import Any
 import pytest
 from jobrig import job_manager, until
 from ports import free_port
+from standin_agent import standin_agent
 from standin_origin import OriginQueries
 
+from laminar.components import ZoneAgent
 from laminar.config import Config, validate
 from laminar.events import EventBus
 from laminar.jobkit import Checkpointer
@@ -535,7 +537,7 @@ class KeeperRig:
         await self.node2.start(SimpleNamespace(config=cfg2, store=self.store2, events=EventBus(self.store2),
                                                jobs=rig.dst_jobs, zone=rig.dst_zone))
         assert rig.dst_zone is not None
-        rig.dst_zone.agent = SimpleNamespace(migrate=self.node2)  # as the agent's: node 2's zone asks its migrate
+        rig.dst_zone.agent = standin_agent(ZoneAgent, migrate=self.node2)  # as the agent's: node 2's zone asks its migrate
         _, req, ckpt, row = rig.kept_replica(self.key, "lm-t-mvcut-kept3")
         return asyncio.ensure_future(mig.takeover.place_elsewhere(row, req, ckpt, "node 3 is dead"))
 
@@ -551,7 +553,7 @@ class KeeperRig:
         before_start(self.node2)
         await self.node2.start(SimpleNamespace(config=cfg2, store=self.store2, events=EventBus(self.store2),
                                                jobs=self.rig.dst_jobs, zone=self.rig.dst_zone))
-        self.rig.dst_zone.agent = SimpleNamespace(migrate=self.node2)
+        self.rig.dst_zone.agent = standin_agent(ZoneAgent, migrate=self.node2)
 
     def keeper2(self) -> Any:
         return self.store2.db.execute("SELECT request, state FROM migrate_replicas WHERE key=?",

@@ -15,11 +15,12 @@ import secrets
 import socket
 import time
 from pathlib import Path
-from types import SimpleNamespace
 from typing import Any
 
+from standin_agent import standin_agent
 from test_loan_component import free_port
 
+from laminar.components import ZoneAgent
 from laminar.store import Store
 from laminar.zone import wire
 from laminar.zone.component import ZoneComponent
@@ -57,7 +58,7 @@ def test_a_restart_after_the_wall_clock_stepped_back_is_not_dropped_as_replays(t
     os.chmod(keys, 0o600)
     nodes = [{"id": n, "zone": 1, "addr": f"127.0.0.1:{free_port(socket.SOCK_DGRAM)}"} for n in (1, 2)]
     store = Store(tmp_path / "state" / "laminar.db")
-    agent1 = SimpleNamespace(store=store)  # a stand-in agent: only the store (a real one) is used here
+    agent1 = standin_agent(ZoneAgent, store=store)  # a stand-in agent: only the store (a real one) is used here
     s1 = settings(tmp_path, 1, nodes, free_port(socket.SOCK_STREAM))
     peer = ZoneComponent(settings=settings(tmp_path, 2, nodes, free_port(socket.SOCK_STREAM)), gpus=1,
                          loan={"elastic_interval_s": 0})

@@ -14,9 +14,11 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
+from standin_agent import standin_agent
 from test_loan_component import StandInJob, StandInJobs, make_comp, run
 from xferrig import make_ckpt
 
+from laminar.components import ZoneAgent
 from laminar.migrate import reclaim
 from laminar.migrate.reclaim import ReclaimComponent
 from laminar.policy import placement as pl
@@ -106,7 +108,7 @@ def test_a_resumed_job_s_checkpoint_is_verified_off_the_event_loop(tmp_path: Pat
     monkeypatch.setattr(reclaim, "verify_as_owner", spy)
 
     async def check() -> None:
-        comp.agent = SimpleNamespace(migrate=migrate)
+        comp.agent = standin_agent(ZoneAgent, migrate=migrate)
         pid = 0x6161
         offer = comp.handle_request(2, demand_to_probe(pl.Demand(gpus=1), pid, 5.0))
         assert isinstance(offer, wire.Offer)
@@ -168,7 +170,7 @@ def test_a_job_that_started_is_answered_ok_even_when_its_record_cannot_be_writte
     blocker = sqlite3.connect(str(tmp_path / "laminar.db"), isolation_level=None)
 
     async def go() -> None:
-        await comp.start(SimpleNamespace(store=store))
+        await comp.start(standin_agent(ZoneAgent, store=store))
         try:
             pid = 0x8181
             offer = comp.handle_request(2, demand_to_probe(pl.Demand(gpus=1), pid, 30.0))

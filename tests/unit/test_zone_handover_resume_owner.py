@@ -14,12 +14,13 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from types import SimpleNamespace
 from typing import Any
 
+from standin_agent import NoTakeOvers, standin_agent
 from test_loan_component import make_comp, run
 from test_zone_handover_quota import LimitedJobs
 
+from laminar.components import ZoneAgent
 from laminar.policy import placement as pl
 from laminar.zone import wire
 from laminar.zone.component import HANDOVER_OK, HANDOVER_REJECTED, demand_to_probe
@@ -27,10 +28,11 @@ from laminar.zone.component import HANDOVER_OK, HANDOVER_REJECTED, demand_to_pro
 
 class RecordingMigrate:
     """Stand-in for the migrate component: check_resume's contract (the path to resume from, or
-    ValueError), recording each call's (path, uid, gid)."""
+    ValueError), recording each call's (path, uid, gid); no take-overs."""
 
     def __init__(self) -> None:
         self.calls: list[tuple[str, int, int | None]] = []
+        self.takeover = NoTakeOvers()
 
     def check_resume(self, path: str, owner_uid: int = 0, owner_gid: int | None = None) -> str:
         self.calls.append((path, owner_uid, owner_gid))
@@ -44,7 +46,7 @@ def test_a_handed_over_resume_from_is_checked_with_the_owners_uid_and_gid(tmp_pa
     migrate = RecordingMigrate()
 
     async def check() -> None:
-        comp.agent = SimpleNamespace(migrate=migrate)  # type: ignore[assignment]
+        comp.agent = standin_agent(ZoneAgent, migrate=migrate)
         comp.refresh_inventory()
         for pid, req in ((0x6161, {"owner_uid": 4242, "owner_gid": 5151}),  # gid given: that one
                          (0x6162, {"owner_uid": 4242})):  # none given: refused (never a default owner)

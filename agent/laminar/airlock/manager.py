@@ -40,7 +40,7 @@ import select
 import time
 from collections import deque
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from laminar.policy import admission, ladder
 from laminar.policy.endcause import EndCause
@@ -60,6 +60,9 @@ from .cgroups import (
 )
 from .policy import Policy, PolicyError, PolicyStore
 from .signals import PriPoller, PsiTrigger, V1Eventfd, mem_available, psi_window, read_psi
+
+if TYPE_CHECKING:
+    from ..components import AirlockAgent
 
 log = logging.getLogger("laminar.airlock")
 
@@ -137,7 +140,7 @@ class Airlock:
     def __init__(self, *, jobs: Any = None, store: Any = None, events: Any = None, budget_mb: int | None = None,
                  class_budget_mb: dict[str, int] | None = None, hold_allocator: bool = True,
                  policy: dict[str, Any] | None = None, migrate: Any = None, tick_s: float = TICK_S) -> None:
-        self.agent: Any = None
+        self.agent: AirlockAgent | None = None  # what Airlock reads of it: laminar.components
         self.jobs = jobs
         self.store = store
         self.events = events
@@ -179,14 +182,14 @@ class Airlock:
         self._v2_counts: dict[int, dict[str, int]] = {}  # memory.events fd -> its counters last read
 
     # -- component life ------------------------------------------------------------------------
-    async def start(self, agent: Any) -> None:
+    async def start(self, agent: AirlockAgent | None) -> None:
         self.agent = agent
         self.loop = asyncio.get_running_loop()
         if agent is not None:
             self.jobs = self.jobs or agent.jobs
             self.store = self.store or agent.store
             self.events = self.events or agent.events
-            self.migrate = self.migrate or getattr(agent, "migrate", None)
+            self.migrate = self.migrate or agent.migrate
             cfg = agent.config.section("airlock")
             if cfg:
                 self.budget_mb = cfg.get("budget_mb") or None
@@ -853,10 +856,10 @@ class Airlock:
         Airlock's. A thaw mid-move would run the job here past the checkpoint the destination
         resumes from (two copies at once), a kill would record it killed while it resumes
         elsewhere; its memory leaves with it. A move that fails gives it back."""
-        mig = getattr(self.agent, "migrate", None)
+        mig = self.agent.migrate if self.agent is not None else None
         # and those a fence holds (fence.py): a kill would end a job the zone may resume
         # elsewhere (Airlock's own thaw no longer could run it: the fence's hold keeps it frozen)
-        return set(getattr(mig, "evacuating", ()) or ()) | self._holds().held_by(Hold.FENCE)
+        return (set(mig.evacuating) if mig is not None else set()) | self._holds().held_by(Hold.FENCE)
 
     def _stopping(self) -> list[Any]:
         """Jobs being stopped (SIGTERM sent, in their grace; `JobManager.stopping`), but for
@@ -1097,7 +1100,7 @@ class Airlock:
             if isinstance(body, dict) and set(body) == {"text"} and isinstance(body["text"], str):
                 # text may be TOML: parsed in a child with a time bound (policy.parse_bounded),
                 # one at a time per user (POLICY_PARSES_PER_UID), never on the loop
-                api = getattr(self.agent, "api", None)
+                api = self.agent.api if self.agent is not None else None
                 exempt = api.exempt(req.peer) if api is not None else req.peer.uid == 0
                 try:
                     with self._parses.hold(req.peer.uid, exempt=exempt):

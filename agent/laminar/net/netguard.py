@@ -46,7 +46,7 @@ import sqlite3
 import threading
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..api import ApiError, Request, Route, require
 from ..bpf import abi
@@ -54,6 +54,9 @@ from ..bpf.libbpf import BpfMap, BpfObject, object_path
 from ..features import ensure_bpffs
 from . import htb, rtnl, tc
 from .killswitch import cut_by_deadline
+
+if TYPE_CHECKING:
+    from ..components import NetGuardAgent
 
 log = logging.getLogger("laminar.netguard")
 
@@ -124,7 +127,7 @@ class NetGuard:
         self.ifindex = 0
         self.pin_root = Path("/sys/fs/bpf/laminar")
         self.adopted = False
-        self.agent: Any = None
+        self.agent: NetGuardAgent | None = None  # what netguard reads of it: laminar.components
         self.tunnels: dict[int, str] = {}  # tunnel devices lm_ingress is attached to, by ifindex
         self._tunnel_task: asyncio.Task[None] | None = None
         # Every read-modify-write of an lm_jobs or lm_global entry (and every delete of one) holds
@@ -133,9 +136,16 @@ class NetGuard:
         # Reentrant: the API's 'all' actions call the per-job writers in a loop.
         self.lock = threading.RLock()
 
+    @property
+    def _agent(self) -> NetGuardAgent:
+        """The agent netguard was started with (every caller runs after ``start``)."""
+        if self.agent is None:
+            raise RuntimeError("netguard: not started")
+        return self.agent
+
     # --- lifecycle --------------------------------------------------------------------------
 
-    async def start(self, agent: Any) -> None:
+    async def start(self, agent: NetGuardAgent) -> None:
         self.agent = agent
         cfg = agent.config
         self.pin_root = Path(cfg.bpf.pin_root)
@@ -227,7 +237,7 @@ class NetGuard:
             old_root.rmdir()
         except OSError:
             pass  # not empty: something not ours is pinned there
-        self.agent.events.emit("agent", f"netguard: bpf.pin_root changed from {old_root} to {self.pin_root}: "
+        self._agent.events.emit("agent", f"netguard: bpf.pin_root changed from {old_root} to {self.pin_root}: "
                                         f"{len(moved)} pinned maps moved ({', '.join(moved) or 'none'})",
                                old_pin_root=str(old_root), pin_root=str(self.pin_root), moved=moved)
 
@@ -341,7 +351,7 @@ class NetGuard:
                 dropped = sum(1 for _ in old.keys()) if not old.percpu else 0
             old.close()
             report.append(f"{name} ({copied} entries carried over{f', {dropped} dropped' if dropped else ''})")
-        self.agent.events.emit("agent", "netguard: pinned maps of another build replaced: " + ", ".join(report)
+        self._agent.events.emit("agent", "netguard: pinned maps of another build replaced: " + ", ".join(report)
                                + ("" if abi_ok else f"; not carried over: the old maps' ABI version is not "
                                                     f"{abi.LM_ABI_VERSION}")
                                + (f"; converted from map ABI version {version} to {abi.LM_ABI_VERSION}"
@@ -364,7 +374,7 @@ class NetGuard:
                         old, e)
             return False
         log.info("netguard: left the old uplink %s: %s", old, done)
-        self.agent.events.emit("agent", f"netguard: net.uplink changed from {old} to {self.ifname}: {old} restored "
+        self._agent.events.emit("agent", f"netguard: net.uplink changed from {old} to {self.ifname}: {old} restored "
                                         f"({done['filters_removed']} filters, clsact "
                                         f"{'removed' if done['clsact_removed'] else 'kept'}, shaping tree "
                                         f"{'removed' if done['htb_removed'] else 'none'})", ifname=old, **done)
@@ -379,7 +389,7 @@ class NetGuard:
             return
         if wanted is None:
             wanted = tunnels_over(self.ifindex)
-        record = self.agent.store.get_meta(META_KEY) or {}
+        record = self._agent.store.get_meta(META_KEY) or {}
         recorded = {int(t["ifindex"]): t for t in record.get("tunnels") or []}
         changed = False
         for idx, name in wanted.items():
@@ -395,7 +405,7 @@ class NetGuard:
                              "clsact_created": created or bool(prev and prev.get("clsact_created"))}
             self.tunnels[idx] = name
             changed = True
-            self.agent.events.emit("agent", f"netguard: attached to tunnel {name} (ingress): what the uplink "
+            self._agent.events.emit("agent", f"netguard: attached to tunnel {name} (ingress): what the uplink "
                                             "receives for a job through it is cut with the job", ifname=name)
         for idx in [i for i in recorded if i not in wanted]:
             t = recorded.pop(idx)
@@ -410,11 +420,11 @@ class NetGuard:
             self.tunnels.pop(idx)
         if changed:
             record["tunnels"] = list(recorded.values())
-            self.agent.store.set_meta(META_KEY, record)
+            self._agent.store.set_meta(META_KEY, record)
 
     async def _scan_tunnels(self, every_s: float) -> None:
         """Looks for tunnels again whenever an interface is added or changes (a netlink link
-        event: a tunnel made after the start is guarded at once, not up to ``every_s`` later),
+        event: a tunnel made after the start is kept at once, not up to ``every_s`` later),
         and every ``every_s`` in any case (a missed or overflowed event). Events coalesce: at
         most one look per TUNNEL_EVENT_GAP_S. ``every_s`` 0: on link events only."""
         loop = asyncio.get_running_loop()
@@ -641,12 +651,12 @@ class NetGuard:
         return {"name": name, "pin": str(self.pin_root / name), "entries": entries}
 
     async def _api_unload(self, req: Request) -> dict[str, Any]:
-        airlock = getattr(self.agent, "airlock", None)
+        airlock = self.agent.airlock if self.agent is not None else None
         # Before the cgroups go: on v1 their removal signals Airlock's eventfds, and a job it
         # holds suspended would stay frozen with no agent left to recover it.
         thawed = airlock.release_for_unload() if airlock is not None else []
         try:
-            res = unload(self.agent.store, self.ifindex, self.pin_root, self.agent.config.cgroups.root)
+            res = unload(self._agent.store, self.ifindex, self.pin_root, self._agent.config.cgroups.root)
         except Exception:
             if airlock is not None:  # the agent goes on running: not without Airlock
                 airlock.resume_after_failed_unload()
@@ -660,14 +670,16 @@ class NetGuard:
             self.obj.close()
             self.obj = None
         res["jobs_thawed"] = thawed
-        self.agent.events.emit("agent", f"data plane unloaded from {self.ifname} by uid {req.peer.uid}; agent stops",
+        self._agent.events.emit("agent", f"data plane unloaded from {self.ifname} by uid {req.peer.uid}; agent stops",
                                **res)
         # Without its data plane the agent has nothing to enforce: stop after answering.
-        self.agent.loop.call_later(0.05, self.agent.request_stop)
+        agent = self._agent
+        assert agent.loop is not None  # the agent's loop runs before any component starts
+        agent.loop.call_later(0.05, agent.request_stop)
         return res
 
     def _job_cgroup(self, job_id: str) -> tuple[Any, int]:
-        jobs = getattr(self.agent, "jobs", None)
+        jobs = self.agent.jobs if self.agent is not None else None
         job = jobs.get(job_id) if jobs is not None else None
         if job is None:
             raise ApiError(404, f"unknown job {job_id!r}; `laminarctl jobs` lists the jobs on this node")
@@ -679,7 +691,7 @@ class NetGuard:
         now = time.monotonic_ns()
         g = self._global()
         by_cgroup = {}
-        jobs = getattr(self.agent, "jobs", None)
+        jobs = self.agent.jobs if self.agent is not None else None
         if jobs is not None:
             by_cgroup = {int(j.cgroup_id): j.id for j in jobs.list(all_jobs=False)}  # the live ones: not the history
         rows = []
@@ -697,7 +709,7 @@ class NetGuard:
         """Job ids of these cgroups (``cgroup N`` for one the job manager does not know)."""
         if not cgroup_ids:
             return []
-        jobs = getattr(self.agent, "jobs", None)
+        jobs = self.agent.jobs if self.agent is not None else None
         by_cgroup = {int(j.cgroup_id): j.id for j in jobs.list(all_jobs=False)} if jobs is not None else {}
         return [by_cgroup.get(cg, f"cgroup {cg}") for cg in cgroup_ids]
 
@@ -786,7 +798,9 @@ class NetGuard:
         if kept:
             msg += (f"; {', '.join(kept)} cut by the armed deadline already: stays cut (off restores)")
         # Recorded in the next loop round, after the answer: the switch is already enforcing.
-        self.agent.loop.call_soon(lambda: self.agent.events.emit(
+        agent = self._agent
+        assert agent.loop is not None  # the agent's loop runs before any component starts
+        agent.loop.call_soon(lambda: agent.events.emit(
             "killswitch", msg, action=action, scope=scope, job=body.get("job"), uid=req.peer.uid, deadline_ns=deadline,
             disarmed=disarmed_jobs, stays_cut=kept))
         return {"message": msg, "action": action, "scope": scope, "job": body.get("job"), "deadline_ns": deadline,

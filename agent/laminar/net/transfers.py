@@ -71,7 +71,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from prometheus_client import Gauge
 
@@ -94,6 +94,9 @@ from ..config import Field, register_section
 from ..inputs import brief
 from . import killswitch as ks
 from .htb import HtbError, HtbTree, priority_of, remove_tree
+
+if TYPE_CHECKING:
+    from ..components import TransfersAgent
 
 log = logging.getLogger("laminar.net.transfers")
 
@@ -275,7 +278,7 @@ class TransferRegistry:
         # tree/flows_map may be given for tests and benchmarks that drive the registry directly.
         self.tree = tree
         self.flows = flows_map
-        self.agent: Any = None
+        self.agent: TransfersAgent | None = None  # what the registry reads of it: laminar.components
         self.transfers: dict[str, Transfer] = {}
         self.link: LinkBudget | None = None
         self.params = ShaperParams()
@@ -303,13 +306,14 @@ class TransferRegistry:
 
     def _emit(self, kind: str, message: str, **fields: Any) -> None:
         """Emits an event on the agent's loop (the event bus is not thread-safe; ticks run on a thread)."""
-        if self.agent is None:
+        agent = self.agent
+        if agent is None:
             return
-        loop = getattr(self.agent, "loop", None)
+        loop = agent.loop
         if loop is not None and loop.is_running():
-            loop.call_soon_threadsafe(lambda: self.agent.events.emit(kind, message, **fields))
+            loop.call_soon_threadsafe(lambda: agent.events.emit(kind, message, **fields))
         else:
-            self.agent.events.emit(kind, message, **fields)
+            agent.events.emit(kind, message, **fields)
 
     async def _run(self, fn: Any, *args: Any, **kw: Any) -> Any:
         if self._pool is None:
@@ -323,7 +327,14 @@ class TransferRegistry:
         self.params = ShaperParams(margin=margin)
         self.tick_s = tick_s
 
-    async def start(self, agent: Any) -> None:
+    @property
+    def _agent(self) -> TransfersAgent:
+        """The agent the registry was started with (every caller runs after ``start``)."""
+        if self.agent is None:
+            raise RuntimeError("transfers: not started")
+        return self.agent
+
+    async def start(self, agent: TransfersAgent) -> None:
         self.agent = agent
         try:
             cfg = agent.config.section("shaping")
@@ -393,7 +404,7 @@ class TransferRegistry:
         stay for good with nobody to change it: the stored transfers (their flow entries let go:
         deleted, or a switch on them kept without a class), any other entry steering into a class,
         and the HTB tree on the uplink (only ours, ``htb.remove_tree``)."""
-        rows = self.agent.store.db.execute("SELECT id, flow FROM net_transfers").fetchall()
+        rows = self._agent.store.db.execute("SELECT id, flow FROM net_transfers").fetchall()
         for r in rows:
             try:
                 self._release_flow(ks.FlowKey.parse(r["flow"]), r["id"])
@@ -410,7 +421,7 @@ class TransferRegistry:
                     else:
                         self.flows.delete(key.pack())
         if rows:
-            with self.agent.store.tx() as db:
+            with self._agent.store.tx() as db:
                 db.execute("DELETE FROM net_transfers")
         removed = remove_tree(ifindex) if ifindex else False
         if rows or removed:
@@ -425,7 +436,7 @@ class TransferRegistry:
         """Mirrors one record in net_flow_cuts (None: deleted)."""
         if self.agent is None:
             return
-        with self.agent.store.tx() as db:
+        with self._agent.store.tx() as db:
             if cut is None:
                 db.execute("DELETE FROM net_flow_cuts WHERE flow=?", (flow,))
             else:
@@ -456,7 +467,7 @@ class TransferRegistry:
         switch any more (the pins were rebuilt, or the entry was restored outside this agent), then
         expires what expired while no agent ran."""
         assert self.flows is not None
-        rows = self.agent.store.db.execute("SELECT * FROM net_flow_cuts").fetchall()
+        rows = self._agent.store.db.execute("SELECT * FROM net_flow_cuts").fetchall()
         with self.flows_lock:
             for r in rows:
                 try:
@@ -570,7 +581,7 @@ class TransferRegistry:
         flow entry and row: nobody is left to remove it (the agent's own sender died with it),
         and kept it would be 'late' for good."""
         assert self.tree is not None
-        rows = self.agent.store.db.execute("SELECT * FROM net_transfers").fetchall()
+        rows = self._agent.store.db.execute("SELECT * FROM net_transfers").fetchall()
         kernel_leaves = self.tree.leaves()
         now_mono, now_wall = time.monotonic_ns(), time.time()
         for r in rows:
@@ -580,7 +591,7 @@ class TransferRegistry:
                 self._release_flow(flow, r["id"])
                 if r["minor"] in kernel_leaves:
                     self.tree.remove_leaf(r["minor"])
-                with self.agent.store.tx() as db:
+                with self._agent.store.tx() as db:
                     db.execute("DELETE FROM net_transfers WHERE id=?", (r["id"],))
                 self._emit("transfer", f"transfer {r['id']} of job {r['job']} dropped at start: its deadline passed "
                                        f"{now_wall - r['deadline_wall']:.1f} s ago while no agent ran",
@@ -637,7 +648,7 @@ class TransferRegistry:
     # --- operations -------------------------------------------------------------------------
 
     def _job(self, job_id: str) -> tuple[str, int]:
-        jobs = getattr(self.agent, "jobs", None) if self.agent is not None else None
+        jobs = self.agent.jobs if self.agent is not None else None
         if jobs is None:
             raise ApiError(503, "no job manager on this agent, so the transfer's job cannot be checked")
         job = jobs.get(job_id)
@@ -677,7 +688,7 @@ class TransferRegistry:
         try:
             self._write_flow(t)
             if self.agent is not None:
-                with self.agent.store.tx() as db:
+                with self._agent.store.tx() as db:
                     db.execute("INSERT INTO net_transfers VALUES (?,?,?,?,?,?,?,?,?,?,?)",
                                (t.id, t.job, t.job_num, str(t.flow), t.total_bytes, t.reported_bytes,
                                 t.deadline_mono_ns, t.deadline_wall, t.max_rate_bps, t.minor, t.created))
@@ -749,7 +760,7 @@ class TransferRegistry:
         if self.tree is not None:
             self.tree.remove_leaf(t.minor)
         if self.agent is not None:
-            with self.agent.store.tx() as db:
+            with self._agent.store.tx() as db:
                 db.execute("DELETE FROM net_transfers WHERE id=?", (tid,))
         del self.transfers[tid]
         self._forget_metrics(tid)
@@ -769,7 +780,7 @@ class TransferRegistry:
         t.reported_bytes = max(t.reported_bytes, sent_bytes)
         t.acked = t.acked or acked
         if self.agent is not None:
-            with self.agent.store.tx() as db:
+            with self._agent.store.tx() as db:
                 db.execute("UPDATE net_transfers SET reported_bytes=? WHERE id=?", (t.reported_bytes, tid))
         return t
 
@@ -835,7 +846,7 @@ class TransferRegistry:
                 self.flows.delete(key.pack())
                 removed = True
         # The record goes to the store after the answer (an fsync): the switch is enforced already.
-        loop = getattr(self.agent, "loop", None) if self.agent is not None else None
+        loop = self.agent.loop if self.agent is not None else None
         if loop is not None and loop.is_running():
             loop.call_soon(self._flush_cuts)
         else:
@@ -971,7 +982,7 @@ class TransferRegistry:
     async def _api_remove(self, req: Request) -> dict[str, Any]:
         t = await self._run(self.remove, req.params["id"])
         if self.agent is not None:
-            self.agent.events.emit("transfer", f"transfer {t.id} removed", transfer=t.id, job=t.job)
+            self._agent.events.emit("transfer", f"transfer {t.id} removed", transfer=t.id, job=t.job)
         return {"removed": t.id, "class_removed": f"{self.tree.major:x}:{t.minor:x}" if self.tree else None}
 
     async def _api_flows(self, req: Request) -> list[dict[str, Any]]:
@@ -1002,7 +1013,7 @@ class TransferRegistry:
             emit = functools.partial(self.agent.events.emit, "killswitch", res["message"], scope="flow",
                                      flow=res["flow"], action=res["action"], uid=req.peer.uid,
                                      deadline_ns=res["deadline_ns"])
-            loop = getattr(self.agent, "loop", None)
+            loop = self.agent.loop
             if loop is not None and loop.is_running():
                 loop.call_soon(emit)
             else:

@@ -60,9 +60,10 @@ class SubmitChecks:
             raise ResumeFromError(f"resume_from {_brief(rf)}: expected an absolute path")
         p = Path(os.path.normpath(rf))
         state = Path(os.path.normpath(self.jm.state_dir))
+        agent = self.jm.agent
         try:
-            archive = str((self.jm.agent.config.section("migrate") or {}).get("archive_dir") or "")
-        except (AttributeError, KeyError):
+            archive = str((agent.config.section("migrate") or {}).get("archive_dir") or "") if agent is not None else ""
+        except (AttributeError, KeyError):  # a config without the section (a test's)
             archive = ""
         if archive and (p == Path(os.path.normpath(archive)) or Path(os.path.normpath(archive)) in p.parents):
             raise ResumeFromError(f"resume_from {_brief(rf)}: lies in the archive (migrate.archive_dir), whose copies the "

@@ -79,7 +79,7 @@ import subprocess
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..airlock.cgroups import CgroupError, CgroupTree, Hierarchy, detect
 from ..config import Field, register_section
@@ -105,6 +105,9 @@ from .spec import (
     ReservedEnvError,
     ResumeFromError,
 )
+
+if TYPE_CHECKING:
+    from ..components import JobsAgent
 
 log = logging.getLogger("laminar.jobs")
 
@@ -183,7 +186,7 @@ class JobManager:
                  max_per_user: int | None = None, keep_ended_s: float | None = None,
                  keep_ended: int | None = None,
                  keep_ended_per_user: int | None = None, job_limits: dict[str, Any] | None = None) -> None:
-        self.agent: Any = None
+        self.agent: JobsAgent | None = None  # what the job manager reads of it: laminar.components
         # config [job_limits] (None: the agent's config, else the defaults): what jobs start with
         self.job_limits_cfg = job_limits
         self.limiter: joblimits.Limiter | None = None
@@ -245,7 +248,7 @@ class JobManager:
             self.provenance_counts[k] = self.provenance_counts.get(k, 0) + 1
 
     # -- component life ----------------------------------------------------------------------
-    async def start(self, agent: Any) -> None:
+    async def start(self, agent: JobsAgent | None) -> None:
         """Detect cgroups, create the per-class parents, open the table, re-adopt jobs."""
         self.agent = agent
         self.loop = asyncio.get_running_loop()
@@ -261,8 +264,8 @@ class JobManager:
             if self.gpus_declared is None:
                 self.gpus_declared = getattr(cfg, "gpus_declared", None)
             self.events = self.events or agent.events
-            self.netguard = self.netguard or getattr(agent, "netguard", None)
-            self.metrics = self.metrics or getattr(agent, "metrics", None)
+            self.netguard = self.netguard or agent.netguard
+            self.metrics = self.metrics or agent.metrics
             if self.grants is None:
                 try:
                     section = cfg.section("grants")

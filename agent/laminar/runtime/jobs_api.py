@@ -30,7 +30,8 @@ def routes(jm: JobManager) -> list[Any]:
     def may_manage(req: Request, job: Job) -> bool:
         if req.peer.uid == 0 or req.peer.uid == job.owner_uid:
             return True
-        auth = getattr(getattr(jm.agent, "api", None), "auth", None)
+        api = jm.agent.api if jm.agent is not None else None
+        auth = api.auth if api is not None else None
         return bool(auth and auth.allowed(req.peer))
 
     def may_read_secrets(req: Request, job: Job) -> bool:
@@ -70,8 +71,9 @@ def routes(jm: JobManager) -> list[Any]:
         (suspend/readdress/reclaim, for how long, hops), or None while Airlock leaves it alone,
         and its holds: the reasons it is held frozen (airlock, move, fence; runtime/holds.py)."""
         out = job.as_dict(reveal=may_read_secrets(req, job))
-        rungs = getattr(getattr(jm.agent, "airlock", None), "rungs", None)
-        if isinstance(rungs, dict):
+        airlock = jm.agent.airlock if jm.agent is not None else None
+        rungs = airlock.rungs if airlock is not None else None
+        if rungs is not None:
             r = rungs.get(job.id)
             out["airlock"] = {"rung": r[0], "for_s": round(time.monotonic() - r[1], 2), "hops": r[2]} if r else None
         out["holds"] = jm.holds.reasons(job.id)  # who holds it frozen (runtime/holds.py)

@@ -57,7 +57,7 @@ import logging
 import random
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from laminar.policy import placement as pl
 from laminar.zone import authority, wire
@@ -83,6 +83,9 @@ from laminar.zone.transport import (
     Transport,
     error_text,
 )
+
+if TYPE_CHECKING:
+    from laminar.components import ZoneAgent
 
 log = logging.getLogger("laminar.zone")
 
@@ -183,7 +186,7 @@ class ZoneComponent:
         self.wall = clock
         wall0, mono0 = clock(), time.monotonic()
         self.clock: Callable[[], float] = lambda: wall0 + (time.monotonic() - mono0)
-        self.agent: Any = None
+        self.agent: ZoneAgent | None = None  # what the zone reads of it: laminar.components
         self.node_id = 0
         self.networked = False
         self.membership: Membership
@@ -221,17 +224,22 @@ class ZoneComponent:
 
     # -- life cycle -----------------------------------------------------------------------------
 
-    async def start(self, agent: Any) -> None:
+    async def start(self, agent: ZoneAgent | None) -> None:
         """Read the config, load keys (a clear error when missing or unsafe), open the sockets."""
         from laminar.zone.keys import ephemeral_keys, load_keys, load_node_key
         from laminar.zone.membership import Member, members_from_config
 
         self.agent = agent
-        s = self._settings if self._settings is not None else agent.config.section("zone")
+        if self._settings is not None:
+            s = self._settings
+        elif agent is not None:
+            s = agent.config.section("zone")
+        else:
+            raise RuntimeError("zone: started with neither an agent nor settings")
         s = {**{k: f.default for k, f in zone_config_fields().items()}, **s}
         self.s = s
         if self._jobs is None and agent is not None:
-            self._jobs = getattr(agent, "jobs", None)
+            self._jobs = agent.jobs
         members = members_from_config(s["nodes"], s["port"], s["handover_port"])
         if members and not s["node_id"]:
             raise RuntimeError(f"zone: zone.nodes lists {len(members)} nodes but zone.node_id is not set; "
@@ -355,7 +363,7 @@ class ZoneComponent:
             self.endpoint.close()
 
     def _emit(self, message: str, **fields: Any) -> None:
-        ev = getattr(self.agent, "events", None)
+        ev = self.agent.events if self.agent is not None else None
         if ev is not None:
             ev.emit("zone", message, **fields)
         else:
@@ -422,7 +430,7 @@ class ZoneComponent:
     # -- store ----------------------------------------------------------------------------------
 
     def _open_store(self) -> None:
-        store = getattr(self.agent, "store", None)
+        store = self.agent.store if self.agent is not None else None
         if store is None:
             return
         store.ensure_schema("zone", [
@@ -553,7 +561,7 @@ class ZoneComponent:
         row = {**res.as_dict(), "name": spec.get("name", ""), "created": time.time()}
         self.history.append(row)
         del self.history[:-200]
-        store = getattr(self.agent, "store", None)
+        store = self.agent.store if self.agent is not None else None
         if store is not None:
             with store.tx() as db:
                 db.execute("INSERT OR REPLACE INTO zone_submitted VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)", (

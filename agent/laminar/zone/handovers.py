@@ -43,6 +43,7 @@ from laminar.zone.arbiter import (
 from laminar.zone.authority import Policy, Refusals
 
 if TYPE_CHECKING:
+    from laminar.components import ZoneAgent
     from laminar.zone.loan import LoanManager
 
 log = logging.getLogger("laminar.zone")
@@ -52,7 +53,7 @@ class HandoversHost(Protocol):
     """What :class:`Handovers` uses of the component that holds it (ZoneComponent)."""
 
     _jobs: Any
-    agent: Any
+    agent: ZoneAgent | None
     arbiter: Arbiter
     authority: Refusals
     clock: Callable[[], float]
@@ -98,12 +99,13 @@ class Handovers:
     def _work_slot(self, uid: int) -> Any:
         """One of `uid`'s worker-thread slots (laminar.api ``work``) while the block runs; Busy
         past its share. None held where the agent has no API (tests)."""
-        work = getattr(getattr(self.host.agent, "api", None), "work", None)
+        api = self.host.agent.api if self.host.agent is not None else None
+        work = api.work if api is not None else None
         return work.hold(uid) if work is not None else contextlib.nullcontext()
 
 
     def _store_placed(self, p: Placed) -> None:
-        store = getattr(self.host.agent, "store", None)
+        store = self.host.agent.store if self.host.agent is not None else None
         if store is None:
             return
         d = p.reservation.demand
@@ -115,7 +117,7 @@ class Handovers:
                 json.dumps(p.reservation.gpu_alloc), p.submitter, p.since))
 
     def _unstore_placed(self, pid: int) -> None:
-        store = getattr(self.host.agent, "store", None)
+        store = self.host.agent.store if self.host.agent is not None else None
         if store is not None:
             with store.tx() as db:
                 db.execute("DELETE FROM zone_placed WHERE placement_id=?", (pid,))
@@ -128,8 +130,8 @@ class Handovers:
         None, without suspending (so the bind that follows is in the same step as this look)."""
         from laminar.runtime.provenance import origin_of_request
 
-        takeover = getattr(getattr(self.host.agent, "migrate", None), "takeover", None)
-        if pid in self.host.arbiter.placed or takeover is None:
+        migrate = self.host.agent.migrate if self.host.agent is not None else None
+        if pid in self.host.arbiter.placed or migrate is None:
             return None
         try:
             key = origin_of_request(json.loads(body.spec_json))[0]
@@ -137,7 +139,7 @@ class Handovers:
             return None  # refused with its reason by the hand-over's own parse
         if key is None:
             return None
-        got = await takeover.taken_over_as(key)
+        got = await migrate.takeover.taken_over_as(key)
         return None if got is None else str(got)
 
     def placement_pending(self, pid: int) -> bool:
@@ -332,8 +334,8 @@ class Handovers:
             return wire.HandoverAck(pid, HANDOVER_NO_RESERVATION, f"GPU(s) {frozen} on node {self.host.node_id} are granted "
                                     "to a frozen elastic job that cannot scale in until it thaws")
         self.host.loan.shed(mine, f"placement {pid:016x} from node {sender} takes the GPU")
-        migrate = getattr(self.host.agent, "migrate", None)
-        if spec.resume_from and migrate is not None and hasattr(migrate, "check_resume"):
+        migrate = self.host.agent.migrate if self.host.agent is not None else None
+        if spec.resume_from and migrate is not None:
             try:  # a migrated job: its checkpoint is verified here, right before LAMINAR_RESUME_FROM
                 # (every file hashed, ~1 s per GiB: in a worker thread, never on the event loop),
                 # one of the owner's worker-thread slots held meanwhile (api.work: a user placing
@@ -343,9 +345,9 @@ class Handovers:
                                                                run_as.uid, run_as.gid)
             except Busy as e:
                 self.host.arbiter.unbind(pid)
-                refusals = getattr(getattr(self.host.agent, "api", None), "refusals", None)
-                if refusals is not None:
-                    refusals.count(e.reason)
+                api = self.host.agent.api if self.host.agent is not None else None
+                if api is not None:
+                    api.refusals.count(e.reason)
                 return wire.HandoverAck(pid, HANDOVER_ERROR, f"job could not start on node {self.host.node_id}: {e}")
             except ValueError as e:
                 self.host.arbiter.unbind(pid)

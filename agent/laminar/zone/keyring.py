@@ -29,12 +29,16 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 from dataclasses import replace
-from typing import Any, NamedTuple, Protocol
+from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
 
 from laminar.zone import wire
 from laminar.zone.config import zone_config_fields
 from laminar.zone.keys import PairKeys, ZoneKeys
 from laminar.zone.membership import Membership, canonical_ip, host_port
+
+if TYPE_CHECKING:
+    from laminar.components import ZoneAgent
+    from laminar.store import Store
 
 log = logging.getLogger("laminar.zone")
 
@@ -54,7 +58,7 @@ class KeyringHost(Protocol):
     """What :class:`Keyring` uses of the component that holds it (ZoneComponent)."""
 
     _settings: dict[str, Any] | None
-    agent: Any
+    agent: ZoneAgent | None
     decoder: wire.Decoder | None
     encoder: wire.Encoder | None
     keys: ZoneKeys
@@ -119,7 +123,7 @@ class Keyring:
                         + (f"; nodes readdressed: {', '.join(f'{m.node} ({host_port(m.addr, m.port)})' for m in moved)}"
                            if moved else "")
                         + (f"; {changed}" if changed else "")
-                        + (f"; {', '.join(restart)} changed in {self.host.agent.config.source}: only a restart applies "
+                        + (f"; {', '.join(restart)} changed in {self.config_source()}: only a restart applies "
                            + ("it" if len(restart) == 1 else "them") if restart else ""),
                         keys=desc, node_key=self.node_key_info(), restart_needed=restart, added_nodes=ids,
                         readdressed_nodes=[m.node for m in moved])
@@ -161,7 +165,7 @@ class Keyring:
         from laminar.zone.keys import KeyFileError, load_node_key
         from laminar.zone.membership import MembershipError, members_from_config
 
-        source = getattr(getattr(self.host.agent, "config", None), "source", None)
+        source = self.config_source()
         if self.host._settings is not None or not source or source == "<defaults>":
             return None
         try:
@@ -269,8 +273,12 @@ class Keyring:
         return {"file": self.host.pairs.source, "pubkey": self.host.pairs.public.hex(), "mode": self.host.pairs.mode,
                 "pair_peers": sorted(n for n in self.host.pairs.shared if n != self.host.node_id)}
 
-    def seq_store(self) -> Any:
-        return getattr(self.host.agent, "store", None)
+    def config_source(self) -> str | None:
+        """The agent's config file (``<defaults>`` without one); None without an agent (tests)."""
+        return self.host.agent.config.source if self.host.agent is not None else None
+
+    def seq_store(self) -> Store | None:
+        return self.host.agent.store if self.host.agent is not None else None
 
     def seq_start(self) -> int:
         """This run's first sequence number: the wall clock in µs, or above the persisted
@@ -285,6 +293,8 @@ class Keyring:
 
     def seq_reserve(self, limit: int) -> None:
         store = self.seq_store()
+        if store is None:  # not reached: the zone gives the encoder this only with a store
+            return
         try:
             store.set_meta(f"zone.seq_floor.{self.host.node_id}", int(limit))
         except Exception as e:  # never fail a send; the next block tries again

@@ -278,7 +278,7 @@ class LoanManager:
 
     @property
     def _store(self) -> Any:
-        return getattr(self.zone.agent, "store", None)
+        return self.zone.agent.store if self.zone.agent is not None else None
 
     @property
     def _jobs(self) -> Any:
@@ -541,8 +541,8 @@ class LoanManager:
         # A lent server taken back is a departure with notice of this node: the hazard the
         # checkpoint driver times lent jobs' checkpoints by learns the hours its pool takes
         # servers back (docs/loaning.md).
-        mig = getattr(self.zone.agent, "migrate", None) if self.zone.agent is not None else None
-        if mig is not None and hasattr(mig, "observe_departure"):
+        mig = self.zone.agent.migrate if self.zone.agent is not None else None
+        if mig is not None:
             mig.evidence.observe_departure(time.time(), announced=True)
         self.revoke_grants("the node was returned to its pool")
         asked = req.get("actions", {}) if isinstance(req.get("actions"), dict) else {}
@@ -583,11 +583,11 @@ class LoanManager:
         hand it over twice. Never raises."""
         try:
             agent = self.zone.agent
-            if agent is not None and hasattr(agent, "migrate"):  # the agent starts migrate after the zone
+            if agent is not None:  # the agent starts migrate after the zone
                 end = time.monotonic() + REDO_WAIT_S
-                while getattr(agent, "migrate", None) is None and time.monotonic() < end:
+                while agent.migrate is None and not agent.components_started.is_set() and time.monotonic() < end:
                     await asyncio.sleep(0.1)
-            mig = getattr(agent, "migrate", None) if agent is not None else None
+            mig = agent.migrate if agent is not None else None
             plan = str(ret.get("plan", ""))
             asked = ret.get("jobs") if isinstance(ret.get("jobs"), dict) else {}
             assert isinstance(asked, dict)
@@ -646,8 +646,8 @@ class LoanManager:
 
     def _ckpt_driver(self) -> Any:
         """The migration layer's checkpoint driver (its scanner and check lane), or None."""
-        mig = getattr(self.zone.agent, "migrate", None) if self.zone.agent is not None else None
-        return getattr(mig, "ckpt", None)
+        mig = self.zone.agent.migrate if self.zone.agent is not None else None
+        return mig.ckpt if mig is not None else None
 
     def _demand_of(self, job: Any) -> pl.Demand:
         for p in self.zone.arbiter.placed.values():
@@ -660,8 +660,8 @@ class LoanManager:
         node, send the checkpoint, hand over with ``resume_from`` on the destination, stop
         here); requeue it when that fails. Never raises."""
         rq = self.requeues[job.id]
-        mig = getattr(self.zone.agent, "migrate", None) if self.zone.agent is not None else None
-        if mig is not None and hasattr(mig, "move_now"):
+        mig = self.zone.agent.migrate if self.zone.agent is not None else None
+        if mig is not None:
             rq["phase"] = "migrating"
             try:
                 mv = await mig.mover.move_now(job, f"node {self.zone.node_id} returned to pool {self.pool} (plan {plan})")

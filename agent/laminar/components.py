@@ -1,0 +1,235 @@
+"""What each component may reach of the agent and of the other components.
+
+A component is given the agent in ``start(agent)``. It sees the agent through the interface
+declared for it here, never by a ``getattr`` on the agent: each ``*Agent`` Protocol
+names the agent's attributes that one component reads, and the Protocols beside them name what
+it calls on another component (``MigrateForZone``: what the zone and its loan layer call on the
+migration layer). Everything is a read-only property, so the agent (:class:`laminar.agent.Agent`,
+whose attributes carry their concrete types) conforms to all of them, and mypy checks that it
+does (``_agent_conforms`` in ``laminar/agent.py``) and checks every cross-component call against
+the Protocol the calling component holds.
+
+The rule: a component reaches the agent only through its interface here, by plain attribute
+access. An optional component (one an agent or a test can run without: the migration layer,
+Airlock, netguard, the API, the job manager; Airlock refuses to start without the last) is
+typed ``X | None`` and looked at as such; a core piece the agent always has (config, store, events) is not optional.
+A test that builds a component with a fake agent gives the fake every attribute the interface
+names (``None`` for an optional one it does not have).
+
+The migration layer (``laminar/migrate/``) still reaches the agent with ``getattr``; it is
+converted next, with the same pattern.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import TYPE_CHECKING, Any, Protocol
+
+if TYPE_CHECKING:
+    from prometheus_client import CollectorRegistry
+
+    from laminar.api import ApiServer
+    from laminar.config import Config
+    from laminar.events import EventBus
+    from laminar.migrate.ckpt_driver import CkptDriver
+    from laminar.net.netguard import NetGuard
+    from laminar.runtime.jobs import JobManager
+    from laminar.runtime.record import Job
+    from laminar.store import Store
+
+
+# -- what one component calls on another ------------------------------------------------------
+
+
+class JobIndex(Protocol):
+    """The job manager as netguard and the transfer registry look jobs up in it."""
+
+    def get(self, job_id: str) -> Job | None: ...
+
+    def list(self, all_jobs: bool = True, ended_max: int | None = None) -> list[Job]: ...
+
+
+class JobsById(Protocol):
+    """The job manager as the pressure watch reads it: its jobs by id."""
+
+    @property
+    def jobs(self) -> dict[str, Job]: ...
+
+
+class AirlockForNetGuard(Protocol):
+    """What netguard's unload asks of Airlock: thaw what it holds, and take it back on failure."""
+
+    def release_for_unload(self) -> list[str]: ...
+
+    def resume_after_failed_unload(self) -> None: ...
+
+
+class AirlockRungs(Protocol):
+    """What a job's API answer shows of Airlock: each job's rung (rung, since, hops)."""
+
+    @property
+    def rungs(self) -> dict[str, tuple[str, float, int]]: ...
+
+
+class MigrateForAirlock(Protocol):
+    """What Airlock reads of the migration layer: the jobs it is moving now."""
+
+    @property
+    def evacuating(self) -> set[str]: ...
+
+
+class TakeOvers(Protocol):
+    """The migration layer's take-over part (``migrate.takeover``) as the zone's hand-overs ask it."""
+
+    async def taken_over_as(self, key: str | None) -> str | None: ...
+
+
+class Departures(Protocol):
+    """The migration layer's evidence part (``migrate.evidence``) as the loan layer tells it of a
+    return to the pool (an announced departure)."""
+
+    def observe_departure(self, ts: float, announced: bool) -> None: ...
+
+
+class MovesNow(Protocol):
+    """The migration layer's mover (``migrate.mover``) as the loan layer asks it to move a lent job
+    off a returned server."""
+
+    async def move_now(self, job: Any, reason: str) -> Any: ...
+
+
+class MigrateForZone(Protocol):
+    """What the zone (its hand-overs and its loan layer) calls on the migration layer."""
+
+    @property
+    def takeover(self) -> TakeOvers: ...
+
+    @property
+    def evidence(self) -> Departures: ...
+
+    @property
+    def mover(self) -> MovesNow: ...
+
+    @property
+    def ckpt(self) -> CkptDriver | None: ...
+
+    def check_resume(self, path: str, owner_uid: int = 0, owner_gid: int | None = None) -> str: ...
+
+
+# -- what each component reads of the agent ---------------------------------------------------
+
+
+class JobsAgent(Protocol):
+    """What the job manager (``runtime/jobs.py``, ``runtime/jobs_api.py``) reads of the agent."""
+
+    @property
+    def config(self) -> Config: ...
+    @property
+    def store(self) -> Store: ...
+    @property
+    def events(self) -> EventBus: ...
+    @property
+    def netguard(self) -> NetGuard | None: ...
+    @property
+    def metrics(self) -> CollectorRegistry | None: ...
+    @property
+    def api(self) -> ApiServer | None: ...
+    @property
+    def airlock(self) -> AirlockRungs | None: ...
+
+
+class AirlockAgent(Protocol):
+    """What Airlock (``airlock/manager.py``) reads of the agent."""
+
+    @property
+    def config(self) -> Config: ...
+    @property
+    def store(self) -> Store: ...
+    @property
+    def events(self) -> EventBus: ...
+    @property
+    def jobs(self) -> JobManager | None: ...
+    @property
+    def migrate(self) -> MigrateForAirlock | None: ...
+    @property
+    def api(self) -> ApiServer | None: ...
+
+
+class NetGuardAgent(Protocol):
+    """What netguard (``net/netguard.py``) reads of the agent."""
+
+    @property
+    def config(self) -> Config: ...
+    @property
+    def store(self) -> Store: ...
+    @property
+    def events(self) -> EventBus: ...
+    @property
+    def loop(self) -> asyncio.AbstractEventLoop | None: ...
+    @property
+    def airlock(self) -> AirlockForNetGuard | None: ...
+    @property
+    def jobs(self) -> JobIndex | None: ...
+
+    def request_stop(self) -> None: ...
+
+
+class TransfersAgent(Protocol):
+    """What the transfer registry (``net/transfers.py``) reads of the agent."""
+
+    @property
+    def config(self) -> Config: ...
+    @property
+    def store(self) -> Store: ...
+    @property
+    def events(self) -> EventBus: ...
+    @property
+    def metrics(self) -> CollectorRegistry | None: ...
+    @property
+    def loop(self) -> asyncio.AbstractEventLoop | None: ...
+    @property
+    def netguard(self) -> NetGuard | None: ...
+    @property
+    def jobs(self) -> JobIndex | None: ...
+
+
+class PressureAgent(Protocol):
+    """What the pressure watch (``pressurewatch.py``) reads of the agent."""
+
+    @property
+    def config(self) -> Config: ...
+    @property
+    def events(self) -> EventBus: ...
+    @property
+    def loop(self) -> asyncio.AbstractEventLoop | None: ...
+    @property
+    def jobs(self) -> JobsById | None: ...
+
+
+class ZoneAgent(Protocol):
+    """What the zone (``zone/component.py`` and its parts: hand-overs, keyring, loan) reads of
+    the agent. The store and the events are optional here: the zone's unit tests run it
+    without them."""
+
+    @property
+    def config(self) -> Config: ...
+    @property
+    def store(self) -> Store | None: ...
+    @property
+    def events(self) -> EventBus | None: ...
+    @property
+    def api(self) -> ApiServer | None: ...
+    @property
+    def jobs(self) -> JobManager | None: ...
+    @property
+    def migrate(self) -> MigrateForZone | None: ...
+    @property
+    def components_started(self) -> asyncio.Event:
+        """Set once the agent has started every component: the migration layer starts after
+        the zone, and a loan return the zone redoes at its start waits for it until then."""
+        ...
+
+
+__all__ = ["AirlockAgent", "AirlockForNetGuard", "AirlockRungs", "JobIndex", "JobsAgent", "JobsById",
+           "Departures", "MigrateForAirlock", "MigrateForZone", "MovesNow", "NetGuardAgent", "PressureAgent", "TakeOvers",
+           "TransfersAgent", "ZoneAgent"]

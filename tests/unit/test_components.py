@@ -1,0 +1,39 @@
+"""Components reach each other through the typed interfaces of ``laminar.components``, never
+``getattr(agent, "...", None)`` (issue 32). The migration layer (``migrate/``) is converted
+next; until then it is the one package allowed the old lookups."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+from standin_agent import interface_names, standin_agent
+
+import laminar
+from laminar.components import AirlockAgent, NetGuardAgent, ZoneAgent
+
+PKG = Path(laminar.__file__).parent
+# getattr(agent, "x", ...), getattr(self.agent, ...), getattr(self.host.agent, ...), ...
+LOOKUP = re.compile(r'getattr\([a-z_.]*agent, "')
+NOT_YET = PKG / "migrate"
+
+
+def test_no_component_outside_migrate_looks_the_agent_up_by_name() -> None:
+    found = [f"{p.relative_to(PKG)}:{n}: {line.strip()}"
+             for p in sorted(PKG.rglob("*.py")) if not p.is_relative_to(NOT_YET)
+             for n, line in enumerate(p.read_text().splitlines(), 1) if LOOKUP.search(line)]
+    assert not found, "use the component's interface in laminar/components.py:\n" + "\n".join(found)
+
+
+def test_a_stand_in_agent_gives_every_name_of_its_interface() -> None:
+    agent = standin_agent(ZoneAgent, store="the store")
+    assert interface_names(ZoneAgent) == ["api", "components_started", "config", "events", "jobs", "migrate", "store"]
+    assert agent.store == "the store" and agent.migrate is None and agent.jobs is None
+    assert agent.components_started.is_set()  # nothing of the stand-in is still to start
+    assert "request_stop" in interface_names(NetGuardAgent)  # a method is a name too
+
+
+def test_a_stand_in_agent_refuses_a_name_its_interface_does_not_have() -> None:
+    with pytest.raises(TypeError, match="AirlockAgent names no zone"):
+        standin_agent(AirlockAgent, zone=object())
