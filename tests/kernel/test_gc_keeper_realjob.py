@@ -108,10 +108,10 @@ def keeper_of(comp: ReclaimComponent, key: str) -> tuple[str | None, list[str]]:
 async def ask(keeper: ReclaimComponent) -> None:
     """Node 1's GC round with keepers unchanged for 10 ms worth a question; waits for the answer."""
     keeper.s["replica_keeper_check_s"] = 0.01
-    keeper.replicas._keeper_asked.clear()
+    keeper.replicas.keeper_asked.clear()
     await asyncio.sleep(0.05)
     keeper.replicas.tick(time.time(), force=True)
-    assert await until(lambda: bool(keeper.replicas._keeper_asked) and not keeper.replicas._keeper_checking, timeout=10)
+    assert await until(lambda: bool(keeper.replicas.keeper_asked) and not keeper.replicas._keeper_checking, timeout=10)
 
 
 def test_the_keeper_of_a_running_job_stays_and_ends_when_the_job_exits(tmp_path: Path) -> None:

@@ -227,7 +227,7 @@ def test_a_keeper_resumes_a_job_its_source_stopped_for_good_while_it_could_not_h
             events: list[dict[str, Any]] = []
             n1.agent.events.subscribe(events.append)
             n1.replicas.recheck_keepers(time.time())  # first heard since its start: asked; the job runs
-            assert await until(lambda: K not in n1.replicas._keeper_checking and K in n1.replicas._keeper_asked, timeout=10)
+            assert await until(lambda: K not in n1.replicas._keeper_checking and K in n1.replicas.keeper_asked, timeout=10)
             assert not request(n1).get("take_over") and state(n1) == "keeping"
             heard = n1.zone.membership.state[2]
 

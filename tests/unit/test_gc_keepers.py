@@ -146,13 +146,13 @@ async def prestage(src: ReclaimComponent, job: Any, step: int) -> None:
 def check_now(comp: ReclaimComponent) -> None:
     """The old keeper's GC round, with keepers unchanged for 10 ms counted as worth a question."""
     comp.s["replica_keeper_check_s"] = 0.01
-    comp.replicas._keeper_asked.clear()
+    comp.replicas.keeper_asked.clear()
     comp.replicas.tick(time.time(), force=True)
 
 
 def answered(comp: ReclaimComponent) -> bool:
     """The old keeper asked its question and has its answer (or gave up on it)."""
-    return bool(comp.replicas._keeper_asked) and not comp.replicas._keeper_checking
+    return bool(comp.replicas.keeper_asked) and not comp.replicas._keeper_checking
 
 
 def run(coro: Any) -> Any:
@@ -222,14 +222,14 @@ def test_a_keeper_still_needed_is_not_dropped(tmp_path: Path) -> None:
             # job's only way back) and a dead one (its reclaim window ended: the take-over's) are never asked
             keeper.s["replica_keeper_check_s"] = 0.01
             keeper.agent.zone.membership.suspects.add(2)
-            keeper.replicas._keeper_asked.clear()
+            keeper.replicas.keeper_asked.clear()
             keeper.replicas.tick(time.time(), force=True)
-            assert not keeper.replicas._keeper_checking and not keeper.replicas._keeper_asked
+            assert not keeper.replicas._keeper_checking and not keeper.replicas.keeper_asked
             keeper.agent.zone.membership.suspects.clear()
             came = keeper.agent.store.db.execute("SELECT updated FROM migrate_replicas").fetchone()["updated"]
             keeper.notices[2] = (came + 0.01, came - 60.0)  # its window ended after the keeper came
             keeper.replicas.tick(time.time(), force=True)
-            assert not keeper.replicas._keeper_checking and not keeper.replicas._keeper_asked
+            assert not keeper.replicas._keeper_checking and not keeper.replicas.keeper_asked
             assert state(keeper) == "keeping"
 
     run(main())

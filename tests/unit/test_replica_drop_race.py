@@ -6,7 +6,7 @@ prestage goes to another peer.
 Real pieces (the rig of test_gc_keepers): three migrate components (node 1: the keeper whose
 operator drops, node 2: the source, node 3: another peer) on their own SQLite stores, endpoints
 on 127.0.0.<node>; the source's own prestage, real transfers, real authenticated ``keeper``,
-``dropped`` and ``release`` control messages, node 1's real ``Replicas.drop_and_tell``. The
+``dropped`` and ``release`` control messages, node 1's real ``ReplicaOperator.drop_and_tell``. The
 interleaving is made deterministic by running node 1's drop from inside the source's ``_make_keeper``
 (a wrapper around the real one), right before the keeper is sent.
 """
@@ -39,7 +39,7 @@ def test_a_drop_during_a_prestage_to_the_same_keeper_moves_the_keeper_elsewhere(
 
                 async def keeper_after_a_drop(j: Any, n: int, ckpt: str, take_over: bool = False) -> None:
                     if n == 1 and not dropped:  # node 1's operator drops the key right now
-                        dropped.append(await b.replicas.drop_and_tell(K, force=True, by="uid 0"))
+                        dropped.append(await b.replicas.operator.drop_and_tell(K, force=True, by="uid 0"))
                     await real_keeper(j, n, ckpt, take_over)
 
                 src.mover.send_keeper = keeper_after_a_drop  # type: ignore[method-assign]

@@ -40,7 +40,7 @@ def test_a_keeper_naming_a_checkpoint_dropped_before_it_came_is_refused(tmp_path
                 async def keeper_after_a_drop(j: Any, n: int, ckpt: str, take_over: bool = False) -> None:
                     if n == 1 and not dropped:  # the checkpoint is on node 1, its keeper not yet
                         assert state(b) is None and held(b) == ["ckpt-5"]
-                        dropped.append(await b.replicas.drop_and_tell(K, force=force, by="uid 0"))
+                        dropped.append(await b.replicas.operator.drop_and_tell(K, force=force, by="uid 0"))
                     await real_keeper(j, n, ckpt, take_over)
 
                 src.mover.send_keeper = keeper_after_a_drop  # type: ignore[method-assign]

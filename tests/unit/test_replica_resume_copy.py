@@ -22,7 +22,7 @@ from types import SimpleNamespace
 from jobrig import until
 from test_replica_gc import KEY, K, Source, names, started
 
-from laminar.migrate.reclaim import RESUME_KEEP_S
+from laminar.migrate.constants import RESUME_KEEP_S
 from laminar.migrate.transfer import send_control
 from laminar.runtime.provenance import JobOrigin
 from laminar.runtime.spec import JobSpec
@@ -73,15 +73,15 @@ def test_another_users_job_resumes_from_its_own_view_which_goes_once_no_job_need
             await asyncio.sleep(0.3)
             assert names(d) == ["ckpt-5"]
             later = time.time() + RESUME_KEEP_S + 1
-            assert comp.replicas.resume_gc(later) == [] and got.is_dir()  # used: kept however old
+            assert comp.replicas.resumes.gc(later) == [] and got.is_dir()  # used: kept however old
 
             # the job ended: the replica goes at the next round, the view once RESUME_KEEP_S passed
             job.state = "exited"
             comp.replicas.tick(time.time(), force=True)
             assert await until(lambda: not d.exists()), names(d)
-            assert comp.replicas.resume_gc(time.time()) == [] and got.is_dir()  # too new (a hand-over may be starting it)
-            assert len(comp.replicas.resume_gc(later)) == 1 and not got.exists()
-            assert comp.replicas.resume_gc(later) == [] and not got.parent.exists()  # the emptied <key>/ goes too
+            assert comp.replicas.resumes.gc(time.time()) == [] and got.is_dir()  # too new (a hand-over may be starting it)
+            assert len(comp.replicas.resumes.gc(later)) == 1 and not got.exists()
+            assert comp.replicas.resumes.gc(later) == [] and not got.parent.exists()  # the emptied <key>/ goes too
             assert await until(lambda: names(comp.root / "replica-gc") == [])  # type: ignore[operator]
         finally:
             await comp.stop()
@@ -106,7 +106,7 @@ def test_a_checkpoint_on_another_filesystem_is_copied_for_its_owner(tmp_path: Pa
         async def main() -> None:
             agent, comp = await started(tmp_path)
             try:
-                got = await asyncio.to_thread(comp.replicas.resume_copy, ck, UID, UID)
+                got = await asyncio.to_thread(comp.replicas.resumes.copy, ck, UID, UID)
                 assert got == tmp_path / "resume" / K / "ckpt-9"
                 verify_checkpoint(got)
                 for f in got.iterdir():

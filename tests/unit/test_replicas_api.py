@@ -273,9 +273,9 @@ def test_drop_is_refused_while_a_checkpoint_of_the_key_is_being_received(tmp_pat
             send = asyncio.get_running_loop().create_task(
                 send_checkpoint("127.0.0.1", comp.port, c, "n3-job-4", KEY, zone=1, node="3", retries=1,
                                 chunk_size=256 << 10, rate_bps=16e6))  # about 3 s: paced in user space
-            assert await until(lambda: comp.replicas.receiving("n3-job-4"))
+            assert await until(lambda: comp.replicas.operator.receiving("n3-job-4"))
             rc, out, err = await ctl(sock, "replicas", "drop", "n3-job-4", "--force")
-            receiving = comp.replicas.receiving("n3-job-4")
+            receiving = comp.replicas.operator.receiving("n3-job-4")
             assert rc == 1 and "transfer into it is in progress" in err, (rc, err, receiving)
             assert names(base / "n3-job-4")[:1] == ["ckpt-1"]
             await send

@@ -489,7 +489,7 @@ class Claims:
         ``manifest_mismatch``, ``too_big_ckpt``: it does not fit, leaving ARCHIVE_FETCH_RESERVE
         free) or OSError."""
         req = b["request"]
-        base = self.host.replicas.resume_base()
+        base = self.host.replicas.resumes.base()
         st = os.statvfs(base)
         free = st.f_bavail * st.f_frsize
         if free < int(b["bytes"]) + ARCHIVE_FETCH_RESERVE:
@@ -502,7 +502,7 @@ class Claims:
                 self.check_payload(v, key, b, tfd)
             finally:
                 os.close(tfd)
-            return self.host.replicas.resume_install(tmp, key, str(b["ckpt"]), int(req["owner_uid"]), int(req["owner_gid"]))
+            return self.host.replicas.resumes.install(tmp, key, str(b["ckpt"]), int(req["owner_uid"]), int(req["owner_gid"]))
         except BaseException:
             shutil.rmtree(tmp, ignore_errors=True)
             raise

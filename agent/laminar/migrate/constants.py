@@ -51,3 +51,27 @@ def valid_ckpt_name(value: object) -> bool:
     return isinstance(value, str) and _CKPT_NAME.fullmatch(value) is not None
 
 DEFAULT_CKPT_BYTES = 64 << 20  # planning size of a job that has not checkpointed yet
+
+# Replicas this node holds for other nodes' jobs (``<root>/checkpoints/<key>/``) that are no longer
+# needed are renamed into ``<root>/REPLICA_TRASH/`` on the event loop, then removed in a thread.
+REPLICA_TRASH = "replica-gc"
+
+
+# A job of a user other than root resumes from a replica here through ``<state_dir>/RESUME_DIR/<key>/
+# ckpt-<n>/``: ``<key>/`` its owner's (0500; the state directory and RESUME_DIR are 0711), the
+# checkpoint directory root's (0755) with hard links to the replica's files (root's, 0644), or
+# copies of those only root may read. ``xfer/`` itself stays root's alone (0700).
+RESUME_DIR = "resume"
+# A resume copy no local job names goes once this old (the hand-over that made it may still be
+# starting its job).
+RESUME_KEEP_S = 600.0
+
+
+# The replica root is walked off the event loop, one walk at a time (a lane of one thread), each
+# of at most REPLICA_WALK_MAX entries (what a tree holds past it is not counted; a key not walked
+# whole never looks old) and REPLICA_SCAN_TIMEOUT_S; GET /v1/migrate/replicas answers from a scan
+# at most REPLICA_VIEW_MAX_AGE_S old (any number of requests: one walk).
+REPLICA_WALK_MAX = 200_000
+REPLICA_SCAN_TIMEOUT_S = 30.0
+REPLICA_VIEW_MAX_AGE_S = 2.0
+REPLICA_DROP_WALK_MAX = 10_000  # a drop's count of the bytes it removes, on the loop

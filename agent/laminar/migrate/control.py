@@ -224,7 +224,7 @@ class Control:
             ledger.keeper_heard(db, key)
             # who handed it: with the key's node, the only one who may change or release it
             ledger.keeper_from(db, key, asker)
-        self.host.replicas.note_owner(key, req)
+        self.host.replicas.resumes.note_owner(key, req)
         try:  # the keeper names a newer checkpoint: the older ones go (when it is held here)
             self.host.replicas.gc(key, newest=str(body["ckpt"]))
         except Exception:

@@ -105,7 +105,7 @@ from laminar.migrate import ckpt_driver
 from laminar.migrate.archive import Archive
 from laminar.migrate.archive_gc import ARCHIVE_GC_S
 from laminar.migrate.checkpoints import Checkpoints
-from laminar.migrate.constants import REPLICA_LATE_S, valid_ckpt_name, valid_key
+from laminar.migrate.constants import REPLICA_LATE_S, RESUME_DIR, valid_ckpt_name, valid_key
 from laminar.migrate.control import Control
 from laminar.migrate.errors import MigrateError
 from laminar.migrate.evacuation import Evacuation
@@ -126,8 +126,7 @@ from laminar.migrate.replica_policy import keeper_needed as keeper_needed
 from laminar.migrate.replica_policy import redact_replica
 from laminar.migrate.replica_policy import replica_gc_plan as replica_gc_plan
 from laminar.migrate.replica_policy import replica_victims as replica_victims
-from laminar.migrate.replicas import RESUME_DIR, Replicas
-from laminar.migrate.replicas import RESUME_KEEP_S as RESUME_KEEP_S
+from laminar.migrate.replicas import Replicas
 from laminar.migrate.schema import (
     MOVES_SCHEMA,
     RECLAIM_SCHEMA,
@@ -304,7 +303,7 @@ class ReclaimComponent:
         if kept:
             log.info("migrate: keeper tables and states renamed (rows carried): %s", kept)
         for r in agent.store.db.execute("SELECT key, request FROM migrate_replicas").fetchall():
-            self.replicas.note_owner(str(r["key"]), r["request"])
+            self.replicas.resumes.note_owner(str(r["key"]), r["request"])
         self._backfill_origins()
         self.prestage.restore()
         self.fence.restore()
@@ -615,7 +614,7 @@ class ReclaimComponent:
     # -- the endpoint's and the events' callbacks ---------------------------------------------
 
     def _on_commit(self, c: Committed) -> None:
-        self.replicas.forget_scan()  # the replica view walks again (a commit changed the root)
+        self.replicas.operator.forget_scan()  # the replica view walks again (a commit changed the root)
         self.counts["received"] += 1
         self._emit(f"received {c.job_id}/{c.ckpt_id} from node {c.peer_node}, verified", key=c.job_id, ckpt=c.ckpt_id,
                    src_node=c.peer_node, path=str(c.path), phase="received")
@@ -649,7 +648,7 @@ class ReclaimComponent:
         be a committed, still-valid checkpoint (verified_checkpoint), any other must pass jobkit's
         own check. A replica (``<root>/checkpoints/<key>/ckpt-<n>``) whose keeper named its job's
         owner is only for a job of that owner (or root's), and that owner gets its own copy of it
-        (:meth:`Replicas.resume_copy`: ``xfer/`` is root's alone). A job of a user other than root is
+        (:meth:`ResumeCopies.copy`: ``xfer/`` is root's alone). A job of a user other than root is
         refused any other path under the transfer root: a replica no keeper here named the owner of
         (every source keeps before it hands over; a hand-over without one would start the job
         with a ``LAMINAR_RESUME_FROM`` it cannot read, and a copy made on the hand-over's word
@@ -662,7 +661,7 @@ class ReclaimComponent:
         p = Path(os.path.normpath(path))
         under_root = self.root is not None and self.root in p.parents
         replica = self.root is not None and p.parent.parent == self.root / "checkpoints"
-        recorded = self.replicas.owners.get(p.parent.name) if replica else None
+        recorded = self.replicas.resumes.owners.get(p.parent.name) if replica else None
         if recorded is not None and owner_uid not in (0, recorded[0]):
             raise ValueError(f"checkpoint {path} is a replica of a job of uid {recorded[0]}: a job of uid "
                              f"{owner_uid} cannot resume from it")
@@ -688,7 +687,7 @@ class ReclaimComponent:
             raise ValueError(f"checkpoint {path} is not restorable: {e}") from None
         if recorded is not None:  # a replica, and the keeper said whose: the job must be able to read it
             try:
-                p = self.replicas.resume_copy(p, *recorded)
+                p = self.replicas.resumes.copy(p, *recorded)
             except OSError as e:
                 raise ValueError(f"checkpoint {path}: cannot give the job's owner (uid {recorded[0]}) its copy: "
                                  f"{e}") from None
@@ -803,8 +802,8 @@ class ReclaimComponent:
             else:
                 api = getattr(self.agent, "api", None)  # the caller's worker-thread slot while it scans
                 with api.work_slot(req.peer) if api is not None else contextlib.nullcontext():
-                    scan = await self.replicas.scan()
-                view = self.replicas.view(scan)
+                    scan = await self.replicas.operator.scan()
+                view = self.replicas.operator.view(scan)
             rows = view["replicas"] if self._sees_all(req.peer) else \
                 [r if r.get("owner_uid") == req.peer.uid else redact_replica(r) for r in view["replicas"]]
             if totals in ("1", "true"):
@@ -816,7 +815,7 @@ class ReclaimComponent:
             if not isinstance(b, dict) or set(b) - {"force"} or not isinstance(b.get("force", False), bool):
                 raise ApiError(400, f"replicas drop: body {brief(b)}: expected {{\"force\"?: true|false}}")
             try:
-                return await self.replicas.drop_and_tell(req.params["key"], force=bool(b.get("force", False)),
+                return await self.replicas.operator.drop_and_tell(req.params["key"], force=bool(b.get("force", False)),
                                                         by=f"uid {req.peer.uid}")
             except ValueError as e:
                 raise ApiError(400, f"replicas drop: {e}") from None

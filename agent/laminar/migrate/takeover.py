@@ -804,8 +804,8 @@ class Takeover:
             self.host._emit(f"{key}: not resumed here: {e}", key=key, phase="refused", reason=e.reason)
             return str(e)
         try:  # a job of another user than root cannot reach xfer/: it resumes from its own view of it
-            if path.parent.parent != self.host.replicas.resume_root():  # (one fetched from the archive is that view already)
-                path = await asyncio.to_thread(self.host.replicas.resume_copy, path, run_as.uid, run_as.gid)
+            if path.parent.parent != self.host.replicas.resumes.root():  # (one fetched from the archive is that view already)
+                path = await asyncio.to_thread(self.host.replicas.resumes.copy, path, run_as.uid, run_as.gid)
         except OSError as e:
             return f"cannot give the job's owner its checkpoint: {e}"
         spec_d["resume_from"] = str(path)

@@ -57,3 +57,27 @@ def _remove_tree(path: Path) -> None:
             os.unlink(path)
     except OSError:
         pass
+
+
+def tree_bytes(path: Path, budget: Budget | None = None) -> int:
+    """The bytes of the regular files at and under ``path`` (apparent sizes), links not followed
+    (a link counts as nothing); 0 when it cannot be read; what ``budget`` leaves (the walk stops
+    when it is spent)."""
+    try:
+        st = os.lstat(path)
+    except OSError:
+        return 0
+    if stat.S_ISREG(st.st_mode):
+        return st.st_size
+    if not stat.S_ISDIR(st.st_mode):
+        return 0
+    total = 0
+    for top, dirs, files in os.walk(path, followlinks=False):
+        if budget is not None and not budget.take(1 + len(dirs) + len(files)):
+            break
+        for n in files:
+            with contextlib.suppress(OSError):
+                fst = os.lstat(os.path.join(top, n))
+                if stat.S_ISREG(fst.st_mode):
+                    total += fst.st_size
+    return total
