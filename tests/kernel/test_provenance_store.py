@@ -32,7 +32,7 @@ from ports import free_port
 from standin_agent import standin_agent
 
 from laminar.airlock.cgroups import CgroupTree, detect
-from laminar.components import MigrateAgent
+from laminar.components import MigrateAgent, ZoneAgent
 from laminar.events import EventBus
 from laminar.migrate.reclaim import ReclaimComponent
 from laminar.runtime.jobs import JobManager
@@ -139,7 +139,7 @@ def test_an_upgrade_fills_the_origin_from_the_agents_tables_never_from_env(tmp_p
             assert jobs.table.find_origin("n2-job-9") is None and jobs.table.find_placement(0x77) is None
             # the zone's own record of what it placed here (its start restores zone_placed)
             comp = zone_of(tmp_path, jobs)
-            await comp.start(SimpleNamespace(store=store))
+            await comp.start(standin_agent(ZoneAgent, store=store))
             await comp.stop()
             assert jobs.get(placed).origin == JobOrigin(placement_id=0x99, gpu_share=((0, 0.5),))
             # the migration layer's own record of what its keepers resumed here
