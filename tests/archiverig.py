@@ -12,6 +12,9 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
+from standin_agent import standin_agent
+
+from laminar.components import MigrateAgent
 from laminar.migrate.reclaim import ReclaimComponent
 from laminar.zone.authority import Policy
 from laminar.zone.keys import PairKeys, ZoneKeys, parse_keys, public_key
@@ -53,7 +56,7 @@ def agent_of(node: int, archive: Path, keys: ZoneKeys | None = None, pairs: Pair
              **settings: Any) -> ReclaimComponent:
     """A component of node ``node`` whose ``archive_dir`` is ``archive``."""
     c = ReclaimComponent()
-    c.agent = SimpleNamespace(zone=zone_of(node, keys, pairs))
+    c.agent = standin_agent(MigrateAgent, zone=zone_of(node, keys, pairs))
     c.s = {"archive_dir": str(archive), "prestage_unannounced": 0.02, **settings}
     return c
 

@@ -39,7 +39,15 @@ from .store import Store
 
 if TYPE_CHECKING:
     from .airlock.manager import Airlock
-    from .components import AirlockAgent, JobsAgent, NetGuardAgent, PressureAgent, TransfersAgent, ZoneAgent
+    from .components import (
+        AirlockAgent,
+        JobsAgent,
+        MigrateAgent,
+        NetGuardAgent,
+        PressureAgent,
+        TransfersAgent,
+        ZoneAgent,
+    )
     from .migrate.reclaim import ReclaimComponent
     from .net.netguard import NetGuard
     from .net.transfers import TransferRegistry
@@ -509,11 +517,11 @@ class Agent:
 
 
 def _agent_conforms(agent: Agent) -> tuple[JobsAgent, AirlockAgent, NetGuardAgent, TransfersAgent, PressureAgent,
-                                             ZoneAgent]:
+                                             ZoneAgent, MigrateAgent]:
     """Never called: mypy checks here that the agent offers every component what its interface
     in ``laminar.components`` names (and so that each component offers the others what theirs
     name: the migration layer what the zone calls on it, Airlock what netguard does, ...)."""
-    return agent, agent, agent, agent, agent, agent
+    return agent, agent, agent, agent, agent, agent, agent
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -16,8 +16,9 @@ typed ``X | None`` and looked at as such; a core piece the agent always has (con
 A test that builds a component with a fake agent gives the fake every attribute the interface
 names (``None`` for an optional one it does not have).
 
-The migration layer (``laminar/migrate/``) still reaches the agent with ``getattr``; it is
-converted next, with the same pattern.
+The migration layer (``laminar/migrate/``) reaches the agent the same way, through
+``MigrateAgent``: its component (``ReclaimComponent``) holds the agent, and each of its parts
+reads it as ``host.agent``, typed ``MigrateAgent`` in the part's own host Protocol.
 """
 
 from __future__ import annotations
@@ -33,9 +34,11 @@ if TYPE_CHECKING:
     from laminar.events import EventBus
     from laminar.migrate.ckpt_driver import CkptDriver
     from laminar.net.netguard import NetGuard
+    from laminar.net.transfers import TransferRegistry
     from laminar.runtime.jobs import JobManager
     from laminar.runtime.record import Job
     from laminar.store import Store
+    from laminar.zone.component import ZoneComponent
 
 
 # -- what one component calls on another ------------------------------------------------------
@@ -230,6 +233,39 @@ class ZoneAgent(Protocol):
         ...
 
 
+class MigrateAgent(Protocol):
+    """What the migration layer (``migrate/reclaim.py`` and its parts: control, evacuation,
+    mover, keepers, checkpoints, evidence, the archive, take-over, ...) reads of the agent. The
+    zone is optional: a one-node agent, or a test, runs the migration layer without one."""
+
+    @property
+    def config(self) -> Config: ...
+    @property
+    def store(self) -> Store: ...
+    @property
+    def events(self) -> EventBus: ...
+    @property
+    def metrics(self) -> CollectorRegistry | None: ...
+    @property
+    def api(self) -> ApiServer | None: ...
+    @property
+    def jobs(self) -> JobManager | None: ...
+    @property
+    def zone(self) -> ZoneComponent | None: ...
+    @property
+    def netguard(self) -> NetGuard | None: ...
+    @property
+    def transfers(self) -> TransferRegistry | None: ...
+
+
+def jobs_of(agent: MigrateAgent) -> JobManager:
+    """The agent's job manager, where the migration layer acts on a job it knows runs here (stops
+    a moved job, submits a taken-over one). Raises RuntimeError when the agent has none."""
+    if agent.jobs is None:
+        raise RuntimeError("migrate: the agent has no job manager")
+    return agent.jobs
+
+
 __all__ = ["AirlockAgent", "AirlockForNetGuard", "AirlockRungs", "JobIndex", "JobsAgent", "JobsById",
-           "Departures", "MigrateForAirlock", "MigrateForZone", "MovesNow", "NetGuardAgent", "PressureAgent", "TakeOvers",
-           "TransfersAgent", "ZoneAgent"]
+           "Departures", "MigrateAgent", "MigrateForAirlock", "MigrateForZone", "MovesNow", "NetGuardAgent", "PressureAgent", "TakeOvers",
+           "TransfersAgent", "ZoneAgent", "jobs_of"]

@@ -14,13 +14,14 @@ from __future__ import annotations
 import asyncio
 import time
 from pathlib import Path
-from types import SimpleNamespace
 from typing import Any
 
 import pytest
 from archiverig import record, zone_of
 from fuserig import eio_mount
+from standin_agent import standin_agent
 
+from laminar.components import MigrateAgent
 from laminar.jobkit import Checkpointer
 from laminar.migrate.errors import MigrateError
 from laminar.migrate.reclaim import ReclaimComponent
@@ -49,7 +50,7 @@ def test_a_wait_for_a_hung_archive_ends_and_its_late_copy_publishes_only_where_w
     key = "n1-lm-t-job"
     with eio_mount(backing, writable=True) as fs:
         c = ReclaimComponent()  # node 1's archive work, no agent around it
-        c.agent = SimpleNamespace(zone=zone_of(1))  # (it holds the zone's key: its records are signed)
+        c.agent = standin_agent(MigrateAgent, zone=zone_of(1))  # (it holds the zone's key: its records are signed)
         c.s = {"archive_dir": str(fs.path)}
         c._emit = lambda message, **fields: events.append((message, fields))  # type: ignore[method-assign]
 

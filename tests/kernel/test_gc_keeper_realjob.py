@@ -29,8 +29,10 @@ from typing import Any
 import pytest
 from jobrig import job_manager, until
 from ports import free_port
+from standin_agent import standin_agent
 from standin_origin import OriginQueries
 
+from laminar.components import MigrateAgent
 from laminar.config import Config, validate
 from laminar.events import EventBus
 from laminar.migrate.reclaim import ReclaimComponent
@@ -89,7 +91,7 @@ async def node(tmp: Path, me: int, port: int, jobs: Any = None) -> AsyncIterator
     store = Store(d / "migrate.db")
     with contextlib.suppress(sqlite3.OperationalError), store.tx() as db:  # a source that lost its keeper map
         db.execute("DELETE FROM migrate_keepers")
-    agent = SimpleNamespace(config=cfg, store=store, events=EventBus(store), jobs=jobs, zone=Zone(me))
+    agent = standin_agent(MigrateAgent, config=cfg, store=store, events=EventBus(store), jobs=jobs, zone=Zone(me))
     comp = ReclaimComponent()
     try:
         await comp.start(agent)

@@ -27,9 +27,11 @@ from typing import Any
 import pytest
 from agentproc import AgentProc
 from jobrig import until
+from standin_agent import standin_agent
 from test_move_cut_handover import Mover, Placer, Rig, free_port, running_rig, sleeper, transfer_in_place
 
 from laminar.api import ApiError
+from laminar.components import MigrateAgent
 from laminar.config import Config, validate
 from laminar.events import EventBus
 from laminar.migrate.prestage import Prestage
@@ -355,7 +357,7 @@ async def start_node2_migrate(rig: Rig, port: int) -> Any:
     cfg = Config(validate({"agent": {"state_dir": str(rig.tmp / "node2"), "node": "lm-t-settle-n2"},
                            "migrate": {"poll_s": 60.0, "periodic": False, "port": port}}))
     mig = ReclaimComponent()
-    await mig.start(SimpleNamespace(config=cfg, store=store, events=EventBus(store), jobs=rig.dst_jobs,
+    await mig.start(standin_agent(MigrateAgent, config=cfg, store=store, events=EventBus(store), jobs=rig.dst_jobs,
                                     zone=rig.dst_zone))
     return mig
 

@@ -16,7 +16,9 @@ from pathlib import Path
 
 import pytest
 from jobrig import job_manager
+from standin_agent import standin_agent
 
+from laminar.components import MigrateAgent
 from laminar.runtime.spec import JobSpec
 
 pytestmark = pytest.mark.kernel
@@ -60,7 +62,7 @@ def test_a_keeper_asking_about_a_pruned_job_is_told_the_keeper_is_not_needed(tmp
         async with job_manager(tmp_path) as jobs:
             done = await jobs.submit(JobSpec(["true"], name="lm-t-pr3").validate())
             await jobs.wait(done.id, 30)
-            src = types.SimpleNamespace(node_id=1, agent=types.SimpleNamespace(jobs=jobs), evacuating=set(),
+            src = types.SimpleNamespace(node_id=1, agent=standin_agent(MigrateAgent, jobs=jobs), evacuating=set(),
                                         prestage=types.SimpleNamespace(keeper={}, prestaging=set()))
             src.takeover = Takeover(src)  # type: ignore[arg-type]  # (its runs_here: this node runs none again)
 

@@ -37,7 +37,7 @@ from ports import free_port
 from standin_agent import standin_agent
 from standin_origin import OriginQueries
 
-from laminar.components import ZoneAgent
+from laminar.components import MigrateAgent, ZoneAgent
 from laminar.config import Config, validate
 from laminar.events import EventBus
 from laminar.jobkit import Checkpointer
@@ -145,7 +145,7 @@ class Rig:
         placement) started on the rig's store, as the agent's (its start or restart)."""
         cfg = Config(validate({"agent": {"state_dir": str(self.tmp / "agent"), "node": node},
                                "migrate": {"poll_s": 60.0, "periodic": False, "port": self.mport, **migrate}}))
-        agent = SimpleNamespace(config=cfg, store=self.jobs.store, events=self.bus, jobs=self.jobs,
+        agent = standin_agent(MigrateAgent, config=cfg, store=self.jobs.store, events=self.bus, jobs=self.jobs,
                                 zone=self.src_zone)
         self.mig = mig = Mover() if mig is None else mig
         await mig.start(agent)
@@ -534,7 +534,7 @@ class KeeperRig:
         cfg2 = Config(validate({"agent": {"state_dir": str(self.tmp / "agent2"), "node": "lm-t-mvcut2"},
                                 "migrate": {"poll_s": 60.0, "periodic": False, "port": self.port2}}))
         self.node2 = ReclaimComponent()
-        await self.node2.start(SimpleNamespace(config=cfg2, store=self.store2, events=EventBus(self.store2),
+        await self.node2.start(standin_agent(MigrateAgent, config=cfg2, store=self.store2, events=EventBus(self.store2),
                                                jobs=rig.dst_jobs, zone=rig.dst_zone))
         assert rig.dst_zone is not None
         rig.dst_zone.agent = standin_agent(ZoneAgent, migrate=self.node2)  # as the agent's: node 2's zone asks its migrate
@@ -551,7 +551,7 @@ class KeeperRig:
                                 "migrate": {"poll_s": 60.0, "periodic": False, "port": self.port2}}))
         self.node2 = ReclaimComponent()
         before_start(self.node2)
-        await self.node2.start(SimpleNamespace(config=cfg2, store=self.store2, events=EventBus(self.store2),
+        await self.node2.start(standin_agent(MigrateAgent, config=cfg2, store=self.store2, events=EventBus(self.store2),
                                                jobs=self.rig.dst_jobs, zone=self.rig.dst_zone))
         self.rig.dst_zone.agent = standin_agent(ZoneAgent, migrate=self.node2)
 

@@ -29,8 +29,10 @@ import pytest
 from agentproc import NOBODY
 from jobrig import job_manager, until
 from ports import free_port
+from standin_agent import standin_agent
 
 from laminar.airlock.cgroups import CgroupTree, detect
+from laminar.components import MigrateAgent, ZoneAgent
 from laminar.events import EventBus
 from laminar.migrate.reclaim import ReclaimComponent
 from laminar.runtime.jobs import JobManager
@@ -137,7 +139,7 @@ def test_an_upgrade_fills_the_origin_from_the_agents_tables_never_from_env(tmp_p
             assert jobs.table.find_origin("n2-job-9") is None and jobs.table.find_placement(0x77) is None
             # the zone's own record of what it placed here (its start restores zone_placed)
             comp = zone_of(tmp_path, jobs)
-            await comp.start(SimpleNamespace(store=store))
+            await comp.start(standin_agent(ZoneAgent, store=store))
             await comp.stop()
             assert jobs.get(placed).origin == JobOrigin(placement_id=0x99, gpu_share=((0, 0.5),))
             # the migration layer's own record of what its keepers resumed here
@@ -146,7 +148,7 @@ def test_an_upgrade_fills_the_origin_from_the_agents_tables_never_from_env(tmp_p
                 tx.execute("INSERT INTO migrate_replicas VALUES ('n2-job-5', 2, 'job-5', '{}', 'ckpt-4', 'resumed', ?, ?)",
                            (resumed, time.time()))
             ReclaimComponent._backfill_origins(SimpleNamespace(  # type: ignore[arg-type]
-                agent=SimpleNamespace(jobs=jobs, store=store, config=SimpleNamespace(state_dir=tmp_path))))
+                agent=standin_agent(MigrateAgent, jobs=jobs, store=store, config=SimpleNamespace(state_dir=tmp_path))))
             two = jobs.get(resumed)
             assert two.origin.migrated_from == "n2-job-5" and two.origin.resume_given == two.spec.resume_from
             assert jobs.table.ended_origins(("exited",)) == {"n2-job-5": {resumed}}

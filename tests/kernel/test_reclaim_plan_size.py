@@ -25,8 +25,10 @@ from typing import Any
 
 import pytest
 from jobrig import job_manager, until
+from standin_agent import standin_agent
 
 from laminar import jobkit
+from laminar.components import MigrateAgent
 from laminar.config import Config, validate
 from laminar.events import EventBus
 from laminar.migrate.constants import DEFAULT_CKPT_BYTES
@@ -42,7 +44,7 @@ def make_agent(tmp: Path) -> SimpleNamespace:
     cfg = Config(validate({"agent": {"state_dir": str(tmp), "node": "lm-t-plan"},
                            "migrate": {"poll_s": 60.0, "periodic": False}}))
     store = Store(tmp / "state.db")
-    return SimpleNamespace(config=cfg, store=store, events=EventBus(store), jobs=None, zone=None)
+    return standin_agent(MigrateAgent, config=cfg, store=store, events=EventBus(store), jobs=None, zone=None)
 
 HOLD = """
 import os, sys, time

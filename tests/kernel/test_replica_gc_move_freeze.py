@@ -17,7 +17,9 @@ from types import SimpleNamespace
 
 import pytest
 from jobrig import job_manager, until
+from standin_agent import standin_agent
 
+from laminar.components import MigrateAgent
 from laminar.jobkit import Checkpointer
 from laminar.migrate.reclaim import CONFIG_FIELDS, MOVES_SCHEMA, ReclaimComponent
 from laminar.runtime.spec import JobSpec
@@ -44,7 +46,7 @@ def component(jobs: object) -> ReclaimComponent:
     c = ReclaimComponent()
     store = jobs.store  # type: ignore[attr-defined]
     store.ensure_schema("migrate-moves", MOVES_SCHEMA)  # a move records itself before its freeze
-    c.agent = SimpleNamespace(jobs=jobs, zone=LoneZone(), store=store, events=SimpleNamespace(emit=lambda *a, **kw: None))
+    c.agent = standin_agent(MigrateAgent, jobs=jobs, zone=LoneZone(), store=store, events=SimpleNamespace(emit=lambda *a, **kw: None))
     c.s = {k: f.default for k, f in CONFIG_FIELDS.items()}
     return c
 

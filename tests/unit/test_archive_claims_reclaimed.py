@@ -16,7 +16,9 @@ from types import SimpleNamespace
 
 import pytest
 from archiverig import record, zone_of
+from standin_agent import standin_agent
 
+from laminar.components import MigrateAgent
 from laminar.jobkit import Checkpointer
 from laminar.migrate.reclaim import ReclaimComponent
 from laminar.migrate.schema import REPLICAS_SCHEMA
@@ -31,7 +33,7 @@ def component(node: int, archive: Path, state: Path) -> ReclaimComponent:
         for stmt in REPLICAS_SCHEMA:
             db.execute(stmt)
     jobs = SimpleNamespace(get=lambda jid: None, active=lambda: [], list=lambda: [])
-    c.agent = SimpleNamespace(zone=zone_of(node), jobs=jobs, store=store, config=SimpleNamespace(state_dir=str(state)))
+    c.agent = standin_agent(MigrateAgent, zone=zone_of(node), jobs=jobs, store=store, config=SimpleNamespace(state_dir=str(state)))
     c.s = {"archive_dir": str(archive), "prestage_unannounced": 1.0, "archive_gc_s": 3600.0,
            "retry_max_s": 1.0}
     return c

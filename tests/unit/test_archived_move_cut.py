@@ -25,9 +25,11 @@ from types import SimpleNamespace
 from typing import Any
 
 from archiverig import request, zone_of
+from standin_agent import standin_agent
 from test_hold_archive_first import hang_copies, late_copies, migrate_store
 from test_move_done_before_stop import Cgroup
 
+from laminar.components import MigrateAgent
 from laminar.jobkit import Checkpointer
 from laminar.migrate.reclaim import ReclaimComponent
 
@@ -45,7 +47,7 @@ def homeless(tmp: Path, stop_blocks: bool) -> tuple[ReclaimComponent, Any, list[
         if stop_blocks and len(seen) == 1:
             await asyncio.Event().wait()  # cut while stopping
 
-    c.agent = SimpleNamespace(zone=zone_of(1, networked=True), store=store,
+    c.agent = standin_agent(MigrateAgent, zone=zone_of(1, networked=True), store=store,
                               jobs=SimpleNamespace(stop=stop), events=SimpleNamespace(emit=lambda kind, message, **f: None))
     c.s = {"ckpt_wait_s": 0.0, "keeper": True, "archive_dir": str(tmp / "arch")}
     ckpt_dir = tmp / "ck"

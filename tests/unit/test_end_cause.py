@@ -23,8 +23,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from standin_agent import standin_agent
 
 import laminar
+from laminar.components import MigrateAgent
 from laminar.migrate.replicas import Replicas
 from laminar.policy import endcause
 from laminar.policy.endcause import STATE_OF, EndCause
@@ -175,7 +177,7 @@ def needs_source(job: Any, keeper: int = 1) -> Replicas:
     """Node 2, whose job-1's keeper is held by ``keeper``: its replicas part (``answer_needs``) on a
     stand-in component holding what it reads."""
     prestage = types.SimpleNamespace(keeper={"job-1": keeper}, prestaging=set())  # the component's part (prestage.py)
-    src = types.SimpleNamespace(node_id=2, agent=types.SimpleNamespace(jobs=Jobs(job)), prestage=prestage,
+    src = types.SimpleNamespace(node_id=2, agent=standin_agent(MigrateAgent, jobs=Jobs(job)), prestage=prestage,
                                 evacuating=set(), reclaim=None)
     src.takeover = types.SimpleNamespace(runs_here=lambda key: None)  # (the keeper part: this node runs none again)
     return Replicas(src)

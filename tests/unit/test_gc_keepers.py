@@ -31,8 +31,10 @@ from typing import Any
 import ports
 import pytest
 from jobrig import until
+from standin_agent import standin_agent
 from standin_origin import OriginQueries
 
+from laminar.components import MigrateAgent
 from laminar.config import Config, validate
 from laminar.events import EventBus
 from laminar.jobkit import Checkpointer
@@ -105,7 +107,7 @@ async def node(tmp: Path, me: int, nodes: list[int], port: int, jobs: Jobs | Non
     store = Store(d / "state.db")
     with contextlib.suppress(sqlite3.OperationalError), store.tx() as db:  # a source that lost its keeper map
         db.execute("DELETE FROM migrate_keepers")
-    agent = SimpleNamespace(config=cfg, store=store, events=EventBus(store), jobs=jobs or Jobs(),
+    agent = standin_agent(MigrateAgent, config=cfg, store=store, events=EventBus(store), jobs=jobs or Jobs(),
                             zone=Zone(me, nodes))
     comp = ReclaimComponent()
     try:

@@ -30,7 +30,9 @@ from types import SimpleNamespace
 from typing import Any
 
 from archiverig import request, zone_of
+from standin_agent import standin_agent
 
+from laminar.components import MigrateAgent
 from laminar.jobkit import Checkpointer
 from laminar.migrate.mover import Move
 from laminar.migrate.reclaim import ReclaimComponent
@@ -72,7 +74,7 @@ def holding_node(tmp: Path, archive: Path, keepers: bool = True) -> tuple[Reclai
         if fields.get("phase") in ("archiving", "archived-late", "failed"):
             seen.append(f"event {fields['phase']}")
 
-    c.agent = SimpleNamespace(zone=zone_of(1, networked=False), store=store,
+    c.agent = standin_agent(MigrateAgent, zone=zone_of(1, networked=False), store=store,
                               jobs=SimpleNamespace(stop=stop), events=SimpleNamespace(emit=emit))
     c.s = {"archive_dir": str(archive)}
 

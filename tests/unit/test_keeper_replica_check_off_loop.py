@@ -19,9 +19,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from standin_agent import standin_agent
 from xferrig import KEY, make_ckpt, with_receiver
 
 from laminar import jobkit
+from laminar.components import MigrateAgent
 from laminar.migrate import transfer as T
 from laminar.migrate.reclaim import ReclaimComponent
 from laminar.migrate.transfer import committed as xfer_committed
@@ -58,6 +60,7 @@ def hashed(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> list[bool]:
 
 def component(root: Path) -> ReclaimComponent:
     c = ReclaimComponent()
+    c.agent = standin_agent(MigrateAgent)  # an agent with nothing: no store, no jobs, no zone
     c.root = root
     return c
 
@@ -67,7 +70,7 @@ def test_a_take_over_checks_its_replica_off_the_event_loop(tmp_path: Path, hashe
     c.takeover.placement_here = lambda request: ""  # type: ignore[method-assign]
     c.takeover.runs_here = lambda key: None  # type: ignore[method-assign]
     row = {"key": REPLICA, "src_node": 2, "request": json.dumps({"spec": {"argv": ["true"]}})}
-    try:  # what comes after the check fails on this bare component (no agent): not under test
+    try:  # what comes after the check fails on this bare component (an agent with nothing): not under test
         asyncio.run(c.takeover.take_over_once(row, REPLICA, "lm-t: source dead"))
     except Exception:  # noqa: BLE001
         pass

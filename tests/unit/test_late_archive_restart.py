@@ -26,8 +26,10 @@ from typing import Any
 
 import pytest
 from archiverig import zone_of
+from standin_agent import standin_agent
 from test_hold_archive_first import hang_copies, holding_node
 
+from laminar.components import MigrateAgent
 from laminar.jobkit import Checkpointer
 from laminar.migrate import archive_stopped as archive_mod
 from laminar.migrate.mover import Move
@@ -121,7 +123,7 @@ def restart(tmp: Path, arch: Path, state: str = "reclaimed", left_out: list[set[
         events.append(("stopped", f"{jid} {state}: {why}"))
         job.state, job.end_cause = state, kw.get("cause")
 
-    c.agent = SimpleNamespace(
+    c.agent = standin_agent(MigrateAgent,
         zone=zone_of(1), store=store,
         jobs=SimpleNamespace(get=lambda jid: job if jid == "job-1" else None, stop=stop),
         events=SimpleNamespace(emit=lambda kind, message, **f: events.append((str(f.get("phase")), message))))

@@ -44,8 +44,10 @@ from archiverig import (
     zone_keys,
     zone_of,
 )
+from standin_agent import standin_agent
 from standin_origin import OriginQueries
 
+from laminar.components import MigrateAgent
 from laminar.jobkit import Checkpointer
 from laminar.migrate import archive_fs
 from laminar.migrate.archive_auth import ArchiveAuth, Refused, owner_body
@@ -98,7 +100,7 @@ def claimer(tmp: Path, arch: Path, node: int = 3, keys: Any = None, pairs: Any =
         for stmt in REPLICAS_SCHEMA:
             db.execute(stmt)
     c = ReclaimComponent()
-    c.agent = SimpleNamespace(zone=zone_of(node, keys, pairs), jobs=Submitted(), store=store,
+    c.agent = standin_agent(MigrateAgent, zone=zone_of(node, keys, pairs), jobs=Submitted(), store=store,
                               config=SimpleNamespace(state_dir=str(state)),
                               events=SimpleNamespace(emit=lambda *a, **kw: None))
     c.s = {"archive_dir": str(arch), "prestage_unannounced": 1.0, "archive_gc_s": 3600.0, "retry_max_s": 30.0,

@@ -16,8 +16,10 @@ from types import SimpleNamespace
 from typing import Any
 
 import pytest
+from standin_agent import standin_agent
 from standin_origin import OriginQueries
 
+from laminar.components import MigrateAgent
 from laminar.config import Config, validate
 from laminar.events import EventBus
 from laminar.migrate.evidence import EvidenceStore, NoticeOdds
@@ -57,7 +59,7 @@ def make_agent(tmp: Path) -> SimpleNamespace:
     cfg = Config(validate({"agent": {"state_dir": str(tmp), "node": "lm-t-ev"},
                            "migrate": {"poll_s": 60.0, "periodic": False}}))
     store = Store(tmp / "state.db")
-    return SimpleNamespace(config=cfg, store=store, events=EventBus(store), jobs=NoJobs(), zone=None)
+    return standin_agent(MigrateAgent, config=cfg, store=store, events=EventBus(store), jobs=NoJobs(), zone=None)
 
 
 def run(coro: Any) -> Any:

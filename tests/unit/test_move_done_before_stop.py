@@ -17,8 +17,10 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
+from standin_agent import standin_agent
 from test_hold_archive_first import migrate_store
 
+from laminar.components import MigrateAgent
 from laminar.jobkit import Checkpointer
 from laminar.migrate.reclaim import ReclaimComponent
 
@@ -57,7 +59,7 @@ def moving(tmp: Path, stop_blocks: bool) -> tuple[ReclaimComponent, Any, list[st
 
     t = SimpleNamespace(send=lambda node, body: seen.append(f"datagram {type(body).__name__}"))
     zone = SimpleNamespace(node_id=1, networked=True, submitter=SimpleNamespace(t=t))
-    c.agent = SimpleNamespace(zone=zone, store=store, jobs=SimpleNamespace(stop=stop),
+    c.agent = standin_agent(MigrateAgent, zone=zone, store=store, jobs=SimpleNamespace(stop=stop),
                               events=SimpleNamespace(emit=lambda kind, message, **f: None))
     c.s = {"ckpt_wait_s": 0.0, "keeper": True}
     ckpt_dir = tmp / "ck"

@@ -25,9 +25,11 @@ from types import SimpleNamespace
 from typing import Any
 
 import pytest
+from standin_agent import standin_agent
 from xferrig import KEY, make_ckpt, rot, with_receiver
 
 from laminar import jobkit
+from laminar.components import MigrateAgent
 from laminar.migrate import transfer as T
 from laminar.migrate.reclaim import ReclaimComponent
 from laminar.migrate.transfer import manifest
@@ -37,7 +39,7 @@ KB = 1 << 10
 
 def component(root: Path, port: int) -> ReclaimComponent:
     c = ReclaimComponent()
-    c.agent = SimpleNamespace(zone=SimpleNamespace(node_id=1))
+    c.agent = standin_agent(MigrateAgent, zone=SimpleNamespace(node_id=1))
     c.root = root
     c.s = {"rate_mbit": 0, "chunk_kb": 64}
     c._peer = lambda node: ("127.0.0.1", port, KEY, 0)  # type: ignore[method-assign]

@@ -18,9 +18,11 @@ from types import SimpleNamespace
 from typing import Any
 
 import pytest
+from standin_agent import standin_agent
 from test_loan_component import StandInJob, make_comp
 from test_zone_handover import SubmittingJobs
 
+from laminar.components import MigrateAgent
 from laminar.migrate import constants
 from laminar.migrate.transfer import Manifest, TransferError
 from laminar.policy import placement as pl
@@ -353,7 +355,7 @@ def test_the_archive_copies_only_a_resume_from_the_agent_gave(tmp_path: Path) ->
     archived as their own job's state. Now only what the agent recorded it gave counts."""
     from laminar.migrate.archive_periodic import PeriodicCopies
 
-    me = SimpleNamespace(host=SimpleNamespace(agent=SimpleNamespace(config=SimpleNamespace(state_dir=tmp_path))))
+    me = SimpleNamespace(host=SimpleNamespace(agent=standin_agent(MigrateAgent, config=SimpleNamespace(state_dir=tmp_path))))
     theirs = str(tmp_path / "ckpt" / "job-5" / "ckpt-100")
     users = SimpleNamespace(spec=JobSpec(["x"], resume_from=theirs), origin=NO_ORIGIN)
     assert PeriodicCopies.given_resume_from(me, users, tmp_path / "arch") is None  # type: ignore[arg-type]

@@ -20,15 +20,17 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
+from standin_agent import standin_agent
 from test_migrate_evidence import make_agent
 
+from laminar.components import MigrateAgent
 from laminar.jobkit import Checkpointer, CheckpointError, verify_checkpoint
 from laminar.migrate.reclaim import ReclaimComponent
 
 
 def component(root: Path) -> ReclaimComponent:
     c = ReclaimComponent()
-    c.agent = SimpleNamespace(zone=SimpleNamespace(node_id=1))
+    c.agent = standin_agent(MigrateAgent, zone=SimpleNamespace(node_id=1))
     c.root = root
     return c
 

@@ -22,9 +22,11 @@ from types import SimpleNamespace
 from typing import Any
 
 from jobrig import until
+from standin_agent import standin_agent
 from test_migrate_evidence import FakeZone, make_agent
 from test_replica_gc import KEY, Jobs, K, Source, started
 
+from laminar.components import MigrateAgent
 from laminar.migrate.reclaim import ReclaimComponent
 from laminar.migrate.replicas import Replicas
 from laminar.migrate.transfer import send_control
@@ -423,7 +425,7 @@ def test_a_reclaimed_source_says_its_window_in_every_keeper_message() -> None:
 
     async def main() -> None:
         c = ReclaimComponent()
-        c.agent = SimpleNamespace(zone=SimpleNamespace(node_id=2))
+        c.agent = standin_agent(MigrateAgent, zone=SimpleNamespace(node_id=2))
         sent: list[dict[str, Any]] = []
 
         async def control(node: int, op: str, body: Any, timeout: float = 5.0) -> Any:  # recorded, not sent

@@ -14,8 +14,10 @@ from typing import Any
 
 import pytest
 from ports import free_port
+from standin_agent import standin_agent
 from xferrig import KEY
 
+from laminar.components import MigrateAgent
 from laminar.migrate.reclaim import ReclaimComponent
 from laminar.migrate.transfer import Receiver
 from laminar.zone.membership import Membership
@@ -234,7 +236,7 @@ def test_transfers_follow_the_zone_onto_its_address_once_the_port_taken_mid_move
         squatter = squat_after(rcv, "_close", socket.SOCK_STREAM, port)
         c = ReclaimComponent()
         c.receiver = rcv
-        c.agent = SimpleNamespace(zone=SimpleNamespace(networked=True, listen_host="127.0.0.1",
+        c.agent = standin_agent(MigrateAgent, zone=SimpleNamespace(networked=True, listen_host="127.0.0.1",
                                                        rebind=SimpleNamespace(interval_s=0.05)))
         try:
             await c._follow_zone_listen("127.0.0.1")

@@ -15,8 +15,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import pytest
+from standin_agent import standin_agent
 from standin_origin import OriginQueries
 
+from laminar.components import MigrateAgent
 from laminar.migrate.prestage import Prestage
 from laminar.migrate.replicas import Replicas
 from laminar.policy.endcause import EndCause
@@ -64,7 +66,7 @@ def source(jobs: Jobs) -> Any:
     events: list[dict[str, Any]] = []
     released: list[tuple[int, str]] = []
     tasks: list[asyncio.Task[Any]] = []
-    src = types.SimpleNamespace(node_id=2, agent=types.SimpleNamespace(jobs=jobs), evacuating=set(),
+    src = types.SimpleNamespace(node_id=2, agent=standin_agent(MigrateAgent, jobs=jobs), evacuating=set(),
                                 _superseding=set(), events=events, released=released,
                                 archive_dir=None, runner=None)
     src.prestage = Prestage(src)

@@ -20,7 +20,9 @@ from types import SimpleNamespace
 from typing import Any
 
 import pytest
+from standin_agent import standin_agent
 
+from laminar.components import MigrateAgent
 from laminar.migrate.reclaim import ReclaimComponent
 from laminar.migrate.transfer import Receiver, TransferError, send_control
 from laminar.zone.keys import PairKeys, public_key
@@ -34,7 +36,7 @@ def component(node: int, mode: str = "require") -> ReclaimComponent:
     c = ReclaimComponent()
     pairs = PairKeys(node, PRIV[node], PUB, mode=mode) if node in PRIV else None
     members = {n: SimpleNamespace(addr="127.0.0.1", zone=1) for n in (1, 2, 3, 4)}
-    c.agent = SimpleNamespace(zone=SimpleNamespace(networked=True, node_id=node, pairs=pairs, keys={1: ZK},
+    c.agent = standin_agent(MigrateAgent, zone=SimpleNamespace(networked=True, node_id=node, pairs=pairs, keys={1: ZK},
                                                    membership=SimpleNamespace(by_node=members)))
     c.s = {"port": 0}
     return c

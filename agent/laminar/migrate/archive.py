@@ -81,6 +81,7 @@ from laminar.migrate.constants import _SAFE_KEY
 from laminar.migrate.errors import MigrateError
 
 if TYPE_CHECKING:
+    from laminar.components import MigrateAgent
     from laminar.migrate.checkpoints import Checkpoints
     from laminar.migrate.ckpt_driver import CkptDriver
     from laminar.migrate.evidence import Evidence
@@ -102,7 +103,7 @@ ARCHIVE_STALL_SWEEPS = 3
 class ArchiveHost(Protocol):
     """What :class:`Archive` uses of the component that holds it (ReclaimComponent and its parts)."""
 
-    agent: Any
+    agent: MigrateAgent
     checkpoints: Checkpoints
     ckpt: CkptDriver | None
     counts: dict[str, int]
@@ -165,7 +166,7 @@ class Archive:
         when ``archive_dir`` may not be used, MigrateError when this node holds no zone key."""
         root = root if root is not None else self.root()
         assert root is not None
-        auth = ArchiveAuth.of(getattr(self.host.agent, "zone", None))
+        auth = ArchiveAuth.of(self.host.agent.zone)
         if auth is None:
             raise MigrateError("archive records are signed with the zone's keys, and this node holds none")
         try:
@@ -418,7 +419,7 @@ class Archive:
         if root is None:
             return None
         quiet, what = self._stall(time.monotonic())
-        auth = ArchiveAuth.of(getattr(self.host.agent, "zone", None))
+        auth = ArchiveAuth.of(self.host.agent.zone)
         return {"dir": str(root), "stalled_s": None if quiet is None else round(quiet, 1), "busy": what,
                 "queued": self.lane.queued, "rounds": self.rounds,
                 "auth": None if auth is None else auth.mode, "error": self._root_error,

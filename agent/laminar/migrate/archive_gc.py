@@ -91,7 +91,7 @@ class Sweep:
         that ended by themselves (exited) or were stopped by their user: they need nothing from
         it any more. A job that failed to start, was lost, moved or reclaimed is not here: its
         state may still be needed from the archive. One indexed query, no spec decoded."""
-        jobs = getattr(self.host.agent, "jobs", None)
+        jobs = self.host.agent.jobs
         return jobs.table.ended_origins(("exited", "stopped")) if jobs is not None else {}
 
     async def _gc_task(self, ended: dict[str, set[str]]) -> None:

@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from laminar import jobkit
+from laminar.components import jobs_of
 from laminar.migrate import archive_fs, ckpt_driver
 from laminar.migrate.archive_auth import owner_body
 from laminar.migrate.archive_view import _CKPT_STEP, ARCHIVE_SCAN_MAX, LIVE_RECORD, View
@@ -75,7 +76,7 @@ class PeriodicCopies:
                 self.live.setdefault(jid, ck)
         ended: dict[str, str] = {}
         for jid in list(self.live):
-            job = self.host.agent.jobs.get(jid)
+            job = jobs_of(self.host.agent).get(jid)
             if job is None or (not job.active and job.state in ("exited", "stopped", "failed", "migrated")):
                 if jid not in self.archiving:
                     self.live.pop(jid, None)
@@ -88,7 +89,7 @@ class PeriodicCopies:
             # running job's newest checkpoint whole at every round (poll_s), copied or not.
             # A listing the running driver has not checked yet waits for its check.
             driving = self.host.ckpt is not None and self.host.ckpt.threaded
-            for j in list(self.host.agent.jobs.active()):
+            for j in list(jobs_of(self.host.agent).active()):
                 if j.id in self.host.evacuating or j.id in self.archiving or not j.ckpt_dir:
                     continue
                 known = self.host.checkpoints.driver_checked(j)
@@ -144,7 +145,7 @@ class PeriodicCopies:
         for jid in look.get("drop_again", []):  # (looked at again next round, as long as it is held)
             self.live.setdefault(jid, "")
         for jid, ckpt in look["ckpts"].items():
-            job = self.host.agent.jobs.get(jid)
+            job = jobs_of(self.host.agent).get(jid)
             if (job is None or not job.active or jid in self.host.evacuating or jid in self.archiving
                     or (self.live.get(jid) == ckpt.name
                         and self.live_keeper.get(jid) == self.host.prestage.keeper.get(jid))):

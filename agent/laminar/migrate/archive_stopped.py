@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING, Any
 
 from laminar import jobkit
 from laminar.airlock.cgroups import set_frozen_async
+from laminar.components import jobs_of
 from laminar.migrate import archive_fs
 from laminar.migrate.archive_auth import PRESIGNED, Refused, canonical, manifest_digest, owner_body
 from laminar.migrate.archive_lane import ArchiveGivenUp, ArchiveWait
@@ -249,7 +250,7 @@ class StoppedCopies:
         its way back, so it runs once. Any other row (a job the agent stopped before it stopped:
         the restored reclaim moves it again) is dropped, with an event when its record may be in
         the archive (another agent may resume the job too)."""
-        jobs_mgr = getattr(self.host.agent, "jobs", None)
+        jobs_mgr = self.host.agent.jobs
         rows = self.host.agent.store.db.execute("SELECT * FROM migrate_late_copies").fetchall()
         for r in rows:
             key, job_id, publishing = str(r["key"]), str(r["job_id"]), bool(r["publishing"])
@@ -288,7 +289,7 @@ class StoppedCopies:
             with contextlib.suppress(Exception):
                 await set_frozen_async(job.cgroup, False, 2.0)  # a frozen job is not killed by a signal until it thaws
             try:
-                await self.host.agent.jobs.stop(job.id, f"node {self.host.node_id} reclaimed: {ckpt.name} was being published "
+                await jobs_of(self.host.agent).stop(job.id, f"node {self.host.node_id} reclaimed: {ckpt.name} was being published "
                                                 "in the archive when the agent stopped; the first agent with room resumes "
                                                 "the job from there", grace_s=0, state="reclaimed",
                                                 cause=EndCause.ARCHIVED)
@@ -417,7 +418,7 @@ class StoppedCopies:
             os.close(src)
 
     def _in_state_dir(self, p: Path) -> bool:
-        state = getattr(getattr(self.host.agent, "config", None), "state_dir", None)
+        state = self.host.agent.config.state_dir
         return state is not None and Path(os.path.normpath(str(state))) in Path(os.path.normpath(str(p))).parents
 
     def publish_unless_archived(self, key: str, ckpt: Path, record: dict[str, Any]) -> Path | None:

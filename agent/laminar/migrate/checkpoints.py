@@ -35,6 +35,7 @@ from laminar.policy import prestage
 from laminar.runtime.ckpt_scan import CkptScanner
 
 if TYPE_CHECKING:
+    from laminar.components import MigrateAgent
     from laminar.migrate.ckpt_driver import CkptDriver
     from laminar.migrate.evacuation import Evacuation
     from laminar.migrate.evidence import Evidence
@@ -51,7 +52,7 @@ SAME_FILES_S = 10.0
 class CheckpointsHost(Protocol):
     """What :class:`Checkpoints` uses of the component that holds it (ReclaimComponent and its parts)."""
 
-    agent: Any
+    agent: MigrateAgent
     evidence: Evidence
     ckpt: CkptDriver | None
     evacuating: set[str]
@@ -113,7 +114,7 @@ class Checkpoints:
         GPU_MEM_EVERY_S (by the monotonic clock; ``now``, the watch's wall clock, is not read), and
         only while a job with GPUs has no checkpoint yet (the one case
         :meth:`ckpt_bytes` needs it)."""
-        jobs = getattr(self.host.agent, "jobs", None)
+        jobs = self.host.agent.jobs
         if jobs is None or time.monotonic() - self._gpu_mem_at < GPU_MEM_EVERY_S:
             return
         self._gpu_mem_at = time.monotonic()  # the checkpoint listings below too: not every round
@@ -204,7 +205,7 @@ class Checkpoints:
         if self.host.ckpt is not None:
             return self.host.ckpt.scan, self.host.ckpt.lane
         if self._own_ckpt_tools is None:
-            scan = getattr(getattr(self.host.agent, "jobs", None), "ckpt_scan", None) or CkptScanner()
+            scan = getattr(self.host.agent.jobs, "ckpt_scan", None) or CkptScanner()
             self._own_ckpt_tools = (scan, Lane("ckpt-verify", workers=ckpt_driver.VERIFY_WORKERS,
                                                timeout_s=float(self.host.s.get("verify_timeout_s",
                                                                           ckpt_driver.VERIFY_TIMEOUT_S))))

@@ -370,7 +370,7 @@ class CkptDriver:
         self._checking: dict[str, tuple[Any, bool, Any]] = {}
         # jobs' checkpoint listings: the job manager's scanner (Airlock reads the same), else one
         # of the driver's own (a stand-in job manager)
-        self.scan: CkptScanner = getattr(getattr(comp.agent, "jobs", None), "ckpt_scan", None) or CkptScanner()
+        self.scan: CkptScanner = getattr(comp.agent.jobs, "ckpt_scan", None) or CkptScanner()
         # checks of jobs' checkpoints: one per owner at a time, each within verify_timeout_s
         self.lane = Lane("ckpt-verify", workers=VERIFY_WORKERS,
                          timeout_s=float(dict(comp.s).get("verify_timeout_s", VERIFY_TIMEOUT_S)))

@@ -34,6 +34,7 @@ from laminar.policy import custody
 from laminar.zone import authority as au
 
 if TYPE_CHECKING:
+    from laminar.components import MigrateAgent
     from laminar.migrate.archive import Archive
     from laminar.migrate.evacuation import Evacuation
     from laminar.migrate.fence import Fence
@@ -91,7 +92,7 @@ OLD_CONTROL_OPS = {"guard": "keeper"}  # old spelling
 class ControlHost(Protocol):
     """What :class:`Control` uses of the component that holds it (ReclaimComponent and its parts)."""
 
-    agent: Any
+    agent: MigrateAgent
     archive: Archive
     counts: dict[str, int]
     evacuation: Evacuation

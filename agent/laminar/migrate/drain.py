@@ -191,8 +191,8 @@ async def place_queued_elsewhere(mig: Any, deadline: Callable[[], float], skip: 
     migration component (``agent``, ``node_id``, ``job_key``, ``_need``, ``_emit``, ``counts``,
     ``evacuation.note_move``, ``evacuation.forget_move``). ``skip``: jobs never placed (their placement before a
     restart was not settled). Never raises."""
-    jobs = getattr(mig.agent, "jobs", None)
-    zone = getattr(mig.agent, "zone", None)
+    jobs = mig.agent.jobs
+    zone = mig.agent.zone
     if jobs is None or zone is None or not hasattr(zone, "place"):
         return
     done: set[str] = set(skip)  # placed, or not to be tried again

@@ -34,6 +34,7 @@ import math
 import time
 from typing import TYPE_CHECKING, Any, Protocol
 
+from laminar.components import jobs_of
 from laminar.migrate import drain, ledger
 from laminar.migrate.constants import WINDOW_ENDED
 from laminar.migrate.errors import MigrateError
@@ -44,6 +45,7 @@ from laminar.policy.endcause import EndCause
 from laminar.runtime.holds import Hold, Holds
 
 if TYPE_CHECKING:
+    from laminar.components import MigrateAgent
     from laminar.migrate.archive import Archive
     from laminar.migrate.checkpoints import Checkpoints
     from laminar.migrate.evidence import Evidence
@@ -96,7 +98,7 @@ class EvacuationHost(Protocol):
 
     _archive_keeps: set[str]
     _drain_task: asyncio.Task[Any] | None
-    agent: Any
+    agent: MigrateAgent
     archive: Archive
     evidence: Evidence
     checkpoints: Checkpoints
@@ -139,7 +141,7 @@ class Evacuation:
         # judged per job, a round was quadratic in the jobs of the node.
         at, fits = self._fit
         if time.monotonic() - at > PRESTAGE_FIT_S or job.id not in fits:
-            jobs_mgr = getattr(self.host.agent, "jobs", None)
+            jobs_mgr = self.host.agent.jobs
             others = [j for j in (jobs_mgr.active() if jobs_mgr is not None else []) if j.id != job.id]
             link = float(self.host.s["path_mbit"]) * 1e6 / 8
             cands = [cs.CkptJob(j.id, float(self.host.checkpoints.ckpt_bytes(j))) for j in (job, *others)]
@@ -229,7 +231,7 @@ class Evacuation:
             with self.host.agent.store.tx() as tx:
                 tx.execute("DELETE FROM migrate_reclaim")
                 ledger.drop_moves(tx, self.move_phases(), only=mp.WINDOWED, counts=self.host.counts)
-            jobs_mgr = getattr(self.host.agent, "jobs", None)
+            jobs_mgr = self.host.agent.jobs
             if jobs_mgr is not None and getattr(jobs_mgr, "held", None) == drain.hold_reason(int(row["node"])):
                 jobs_mgr.hold_queue(None)  # the window ended between the job manager's start and this one
             cut = self._cut_at_window_end(float(row["announced"]))
@@ -254,19 +256,19 @@ class Evacuation:
         job whose hand-over was sent is stopped here, not moved again; one its move froze is
         thawed and moved again; a queued job whose placement was not settled stays queued)."""
         left = max(0.0, end - time.time())
-        jobs_mgr = getattr(self.host.agent, "jobs", None)
+        jobs_mgr = self.host.agent.jobs
         active = list(jobs_mgr.active()) if jobs_mgr is not None else []
         if jobs_mgr is not None and hasattr(jobs_mgr, "hold_queue"):
             # the room the moves free must not start queued jobs on a node about to go (drain.py)
             jobs_mgr.hold_queue(drain.hold_reason(self.host.node_id))
-        z = getattr(self.host.agent, "zone", None)
+        z = self.host.agent.zone
         told = 0
         if z is not None:
             with contextlib.suppress(Exception):
                 told = z.reclaim_notice(left, reason)
         deadline_ns = time.monotonic_ns() + int(left * 1e9)
         armed = []
-        ng = getattr(self.host.agent, "netguard", None)
+        ng = self.host.agent.netguard
         for j in active:
             if ng is not None:
                 try:
@@ -329,8 +331,8 @@ class Evacuation:
         from laminar.bpf import abi
         from laminar.net.killswitch import cut_by_deadline
 
-        jobs_mgr = getattr(self.host.agent, "jobs", None)
-        ng = getattr(self.host.agent, "netguard", None)
+        jobs_mgr = self.host.agent.jobs
+        ng = self.host.agent.netguard
         if jobs_mgr is None or ng is None:
             return []
         out = []
@@ -347,7 +349,7 @@ class Evacuation:
 
     async def _stop_cut(self, job: Any) -> None:
         try:
-            await self.host.agent.jobs.stop(job.id, f"node {self.host.node_id} reclaimed: {WINDOW_ENDED} while the agent "
+            await jobs_of(self.host.agent).stop(job.id, f"node {self.host.node_id} reclaimed: {WINDOW_ENDED} while the agent "
                                        "was down, before the job moved (its traffic was cut then)", grace_s=0,
                                        state="reclaimed", cause=EndCause.WINDOW_ENDED)
         except Exception as e:
@@ -438,7 +440,7 @@ class Evacuation:
         except asyncio.CancelledError:  # a shorter window replaced this one, or the agent stops
             work.cancel()
             raise
-        jobs_mgr = self.host.agent.jobs
+        jobs_mgr = jobs_of(self.host.agent)
         for j in list(jobs_mgr.active()):
             if cancel.is_set():
                 return  # withdrawn while the window's end stopped jobs: the rest run on

@@ -72,6 +72,7 @@ from laminar.migrate.transfer import TransferError
 from laminar.runtime.holds import Hold, Holds, holds_of
 
 if TYPE_CHECKING:
+    from laminar.components import MigrateAgent
     from laminar.migrate.archive import Archive
     from laminar.migrate.prestage import Prestage
     from laminar.migrate.replicas import Replicas
@@ -105,7 +106,7 @@ class FenceHost(Protocol):
 
     _started: float
     _superseding: set[str]
-    agent: Any
+    agent: MigrateAgent
     archive: Archive
     evacuating: set[str]
     takeover: Takeover
@@ -216,7 +217,7 @@ class Fence:
                 self.host._spawn(self._unfence(jid))
 
     def _fence(self, now: float) -> None:
-        jobs = getattr(self.host.agent, "jobs", None)
+        jobs = self.host.agent.jobs
         if jobs is None:
             return
         new = []
@@ -266,7 +267,7 @@ class Fence:
             self._save_fenced()
 
     async def _unfence_one(self, jid: str) -> None:
-        jobs = getattr(self.host.agent, "jobs", None)
+        jobs = self.host.agent.jobs
         job = jobs.get(jid) if jobs is not None else None
         if job is None or not job.active:
             self.drop(jid)
@@ -351,7 +352,7 @@ class Fence:
                         fenced_s=round(time.time() - since, 3))
 
     def _set_job_state(self, jid: str, state: str, reason: str) -> None:
-        jobs = getattr(self.host.agent, "jobs", None)
+        jobs = self.host.agent.jobs
         job = jobs.get(jid) if jobs is not None else None
         if jobs is None or job is None or not job.active or not hasattr(jobs, "set_state"):
             return

@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from laminar import jobkit
 from laminar.airlock.cgroups import set_frozen_async
+from laminar.components import jobs_of
 from laminar.migrate.archive_lane import ArchiveWait
 from laminar.migrate.archive_stopped import ARCHIVE_WAIT_MARGIN_S
 from laminar.migrate.errors import MigrateError
@@ -41,6 +42,7 @@ from laminar.policy.keeper import KeeperCandidate, choose_keeper
 from laminar.zone import authority as au
 
 if TYPE_CHECKING:
+    from laminar.components import MigrateAgent
     from laminar.migrate.archive import Archive
     from laminar.migrate.mover import Move, Mover
     from laminar.migrate.prestage import Prestage
@@ -54,7 +56,7 @@ class KeepersHost(Protocol):
 
     _archive_keeps: set[str]
     _xfer_local: str | None
-    agent: Any
+    agent: MigrateAgent
     archive: Archive
     counts: dict[str, int]
     takeover: Takeover
@@ -158,7 +160,7 @@ class Keepers:
                 self.host._spawn(self.host.prestage.release(old, self.host.job_key(job)))  # a silent old keeper delays nothing)
             lost = max(0.0, self.host.mover.frozen_at.pop(job.id, time.time()) - ckpt.stat().st_mtime)
             with contextlib.suppress(Exception):  # stopped before the keeper may resume it
-                await self.host.agent.jobs.stop(job.id, f"node {self.host.node_id} reclaimed with no room in the zone: "
+                await jobs_of(self.host.agent).stop(job.id, f"node {self.host.node_id} reclaimed with no room in the zone: "
                                            f"{ckpt.name} held by node {node}, which resumes the job when room frees",
                                            grace_s=1.0, state="reclaimed", work_lost_s=round(lost, 3),
                                            cause=EndCause.HELD_ELSEWHERE)
@@ -226,7 +228,7 @@ class Keepers:
                 # twice), and its steps from here are lost at the window's end anyway.
                 lost = max(0.0, self.host.mover.frozen_at.pop(job.id, time.time()) - ckpt.stat().st_mtime)
                 with contextlib.suppress(Exception):
-                    await self.host.agent.jobs.stop(job.id, f"node {self.host.node_id} reclaimed with no room, no keeper and no "
+                    await jobs_of(self.host.agent).stop(job.id, f"node {self.host.node_id} reclaimed with no room, no keeper and no "
                                                f"keeper in the zone: {e}; {ckpt.name} is published there if it answers "
                                                "before the node goes, and the first agent with room resumes it",
                                                grace_s=1.0, state="reclaimed", work_lost_s=round(lost, 3),
@@ -243,7 +245,7 @@ class Keepers:
             self.host._archive_keeps.add(job.id)  # cut in the stop, the job is not thawed (Mover.move): the archive resumes it
             lost = max(0.0, self.host.mover.frozen_at.pop(job.id, time.time()) - ckpt.stat().st_mtime)
             with contextlib.suppress(Exception):
-                await self.host.agent.jobs.stop(job.id, f"node {self.host.node_id} reclaimed with no room and no keeper in the "
+                await jobs_of(self.host.agent).stop(job.id, f"node {self.host.node_id} reclaimed with no room and no keeper in the "
                                            f"zone: {ckpt.name} archived in {path.parent}; the first agent with room "
                                            "resumes it", grace_s=1.0, state="reclaimed", work_lost_s=round(lost, 3),
                                            cause=EndCause.ARCHIVED)
@@ -268,7 +270,7 @@ class Keepers:
             await set_frozen_async(job.cgroup, False, 2.0)  # a frozen job is not killed by a signal until it thaws
         what = mv.ckpt or "its checkpoint"
         try:
-            await self.host.agent.jobs.stop(job.id, f"node {self.host.node_id} reclaimed: {what} is in the archive, or on its "
+            await jobs_of(self.host.agent).stop(job.id, f"node {self.host.node_id} reclaimed: {what} is in the archive, or on its "
                                        "way there; the first agent with room resumes it", grace_s=0, state="reclaimed",
                                        cause=EndCause.ARCHIVED)
         except Exception as e:

@@ -38,6 +38,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
 from laminar import jobkit
+from laminar.components import jobs_of
 from laminar.migrate import ckpt_driver, ledger
 from laminar.migrate.archive_auth import PRESIGNED, ArchiveAuth, manifest_digest, owner_body
 from laminar.migrate.constants import DEFAULT_CKPT_BYTES, DEFAULT_REMAINING_S, HOLD_MIN_S, MIGRATED_ENV
@@ -59,6 +60,7 @@ from laminar.runtime.holds import Hold, Holds
 from laminar.runtime.provenance import request_origin
 
 if TYPE_CHECKING:
+    from laminar.components import MigrateAgent
     from laminar.migrate.archive import Archive
     from laminar.migrate.checkpoints import Checkpoints
     from laminar.migrate.ckpt_driver import CkptDriver
@@ -234,7 +236,7 @@ class MoverHost(Protocol):
 
     _archive_keeps: set[str]
     _xfer_local: str | None
-    agent: Any
+    agent: MigrateAgent
     archive: Archive
     evidence: Evidence
     checkpoints: Checkpoints
@@ -345,7 +347,7 @@ class Mover:
         record of a move accounts for was cut where none was kept (the agent died between the
         freeze and its record, or the job was frozen already): released, so the job is thawed
         unless another hold (Airlock's) keeps it frozen; never frozen for good."""
-        if getattr(self.host.agent, "jobs", None) is None:
+        if self.host.agent.jobs is None:
             return
         holds = self.host._holds()
         known = set(self.host.evacuation.move_phases()) | set(self.host.evacuating) | set(self.host.archive.stopped.late_stopping) | set(self.host._archive_keeps)
@@ -379,7 +381,7 @@ class Mover:
         (phase ``move-cut``). One whose hand-over may have been sent: the destination is asked
         (:meth:`settle_cut`), the job frozen and left alone by Airlock until it answers.
         A job that ended meanwhile only loses its record."""
-        jobs_mgr = getattr(self.host.agent, "jobs", None)
+        jobs_mgr = self.host.agent.jobs
         for r in ledger.move_records(self.host.agent.store.db, ledger.WINDOWLESS):
             jid = str(r["job_id"])
             job = jobs_mgr.get(jid) if jobs_mgr is not None else None
@@ -434,7 +436,7 @@ class Mover:
             mv.phase, mv.dest_job = "done", dest_job
             self.host.counts["moved"] += 1
             with contextlib.suppress(Exception):
-                await self.host.agent.jobs.stop(job.id, f"migrated to node {node} as {dest_job} (its hand-over, cut by "
+                await jobs_of(self.host.agent).stop(job.id, f"migrated to node {node} as {dest_job} (its hand-over, cut by "
                                            "the agent's stop, was confirmed there after the restart)", grace_s=1.0,
                                            state="migrated", cause=EndCause.MIGRATED)
             self.drop_record(job.id)
@@ -531,7 +533,7 @@ class Mover:
 
             if final:
                 mv.phase = "checkpoint"
-                asked_ok = self.host.agent.jobs.request_checkpoint(job)
+                asked_ok = jobs_of(self.host.agent).request_checkpoint(job)
                 if asked_ok:
                     self.host._emit(f"{job.id}: checkpoint requested ({reason})", job=job.id, phase=mv.phase)
                 else:
@@ -743,7 +745,7 @@ class Mover:
             made = time.time()
         lost = max(0.0, self.frozen_at.pop(job.id, time.time()) - made)  # trained after it, then frozen
         with contextlib.suppress(Exception):
-            await self.host.agent.jobs.stop(job.id, f"migrated to node {node} as {dest_job} (from {ckpt.name})",
+            await jobs_of(self.host.agent).stop(job.id, f"migrated to node {node} as {dest_job} (from {ckpt.name})",
                                        grace_s=1.0, state="migrated", work_lost_s=round(lost, 3),
                                        cause=EndCause.MIGRATED)
 
@@ -755,7 +757,7 @@ class Mover:
         was found; sent as it is when the snapshot holds the very files it describes (hard
         links: same inode, size and mtime), else built again from the snapshot."""
         addr, port, key, zone = self.host._peer(node)
-        hook = _ShaperHook(self.host.agent.transfers, job) if getattr(self.host.agent, "transfers", None) is not None else None
+        hook = _ShaperHook(self.host.agent.transfers, job) if self.host.agent.transfers is not None else None
         last = [0.0]
 
         def progress(p: Progress) -> None:
@@ -870,7 +872,7 @@ class Mover:
         node holds no zone key (the keeper then keeps the job without archiving it)."""
         key = self.host.job_key(job)
         sent = self._sent_manifests.get(key)
-        auth = ArchiveAuth.of(getattr(self.host.agent, "zone", None))
+        auth = ArchiveAuth.of(self.host.agent.zone)
         if self.host.archive.root() is None or sent is None or sent[0] != ckpt_name or auth is None:
             return None
         body = owner_body("guard", {"key": key, "src_node": self.host.node_id, "src_job": job.id, "request": request},

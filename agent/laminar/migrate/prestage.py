@@ -45,11 +45,13 @@ import time
 from typing import TYPE_CHECKING, Any, Protocol
 
 from laminar import jobkit
+from laminar.components import jobs_of
 from laminar.migrate import ledger
 from laminar.migrate.errors import MigrateError
 from laminar.migrate.transfer import PeerSilentError, TransferError
 
 if TYPE_CHECKING:
+    from laminar.components import MigrateAgent
     from laminar.migrate.checkpoints import Checkpoints
     from laminar.migrate.ckpt_driver import CkptDriver
     from laminar.migrate.fence import Fence
@@ -82,7 +84,7 @@ class PrestageHost(Protocol):
     """What :class:`Prestage` uses of the component that holds it (ReclaimComponent and its parts)."""
 
     _superseding: set[str]
-    agent: Any
+    agent: MigrateAgent
     checkpoints: Checkpoints
     keepers: Keepers
     mover: Mover
@@ -142,7 +144,7 @@ class Prestage:
         # A job that ended here by itself (or was stopped by a person) needs no keeper any more;
         # one reclaimed, lost or migrated keeps it (the keeper resumes it, or the move moved it).
         for jid, node in list(self.keeper.items()):
-            job = self.host.agent.jobs.get(jid)
+            job = jobs_of(self.host.agent).get(jid)
             if job is None or (not job.active and job.state in ("exited", "stopped", "failed")):
                 self.forget_keeper(jid)
                 self.shipped.pop(jid, None)
@@ -150,7 +152,7 @@ class Prestage:
                 self.host._spawn(self.release(node, f"n{self.host.node_id}-{jid}"))
         if self.host.s["prestage"] == "off":
             return
-        for job in list(self.host.agent.jobs.active()):
+        for job in list(jobs_of(self.host.agent).active()):
             if job.id in self.host.evacuating or job.id in self.prestaging or not job.ckpt_dir:
                 continue
             if job.id in self.host.fence.fenced_jobs or job.id in self.host._superseding:
@@ -298,7 +300,7 @@ class Prestage:
         asker, jid = self.host.replicas.asked_about(node, key, "dropped")
         if jid is None:
             return {"key": key, "forgot": False, "prestages": False, "why": f"{key} is not a job of node {self.host.node_id}"}
-        jobs = getattr(self.host.agent, "jobs", None)
+        jobs = self.host.agent.jobs
         job = jobs.get(jid) if jobs is not None else None
         if job is None:
             return {"key": key, "forgot": False, "prestages": False,

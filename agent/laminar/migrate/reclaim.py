@@ -100,6 +100,7 @@ from typing import Any
 
 from laminar import jobkit
 from laminar.airlock.cgroups import freeze_counts as cgroup_freeze_counts
+from laminar.components import MigrateAgent
 from laminar.config import Field, _one_of, _range, register_old_keys, register_section
 from laminar.migrate import ckpt_driver
 from laminar.migrate.archive import Archive
@@ -243,7 +244,7 @@ class ReclaimComponent:
     status_key = "migrate"
 
     def __init__(self) -> None:
-        self.agent: Any = None
+        self._agent: MigrateAgent | None = None  # set by start (:attr:`agent`)
         self.s: dict[str, Any] = {}
         self.receiver: Receiver | None = None
         self._xfer_local: str | None = None  # the address transfer connections leave from (start)
@@ -284,9 +285,21 @@ class ReclaimComponent:
         self.mover = Mover(self)  # one move of one job, the records of a move without a window (mover.py)
         self.keepers = Keepers(self)  # no room anywhere: storage keepers; a reclaimed keeper passing its jobs on (keepers.py)
 
+    @property
+    def agent(self) -> MigrateAgent:
+        """The agent, as the migration layer reads it (``laminar.components.MigrateAgent``).
+        Raises RuntimeError before :meth:`start`."""
+        if self._agent is None:
+            raise RuntimeError("migrate: not started (no agent yet)")
+        return self._agent
+
+    @agent.setter
+    def agent(self, agent: MigrateAgent) -> None:
+        self._agent = agent
+
     # -- life cycle ---------------------------------------------------------------------------
 
-    async def start(self, agent: Any) -> None:
+    async def start(self, agent: MigrateAgent) -> None:
         """Opens the replicas table, loads the hazard model, starts the transfer endpoint and
         the watch loop. Raises RuntimeError when the endpoint's port cannot be bound."""
         self.agent = agent
@@ -328,7 +341,7 @@ class ReclaimComponent:
         # version before this one left this directory 0755 and its files 0644).
         self.root.mkdir(parents=True, exist_ok=True)
         os.chmod(self.root, 0o700)
-        zone = getattr(agent, "zone", None)
+        zone = agent.zone
         networked = bool(zone is not None and zone.networked)
         # zone.listen as the zone bound it (0.0.0.0 is the roster address when this host holds it,
         # IPv4 or IPv6, else 0.0.0.0 or ::: membership.bind_host, ZoneComponent.start)
@@ -346,7 +359,7 @@ class ReclaimComponent:
         self.receiver = Receiver(self.root, self._key_lookup, on_commit=self._on_commit, on_progress=self._on_rx_progress,
                                  on_control=self.control.answer, sources=self._roster_ip if check else None,
                                  pair_keys=self._pair_candidates, gate=gate, may_offer=self.control.may_offer)
-        metrics = getattr(agent, "metrics", None)
+        metrics = agent.metrics
         if metrics is not None:
             with contextlib.suppress(ValueError):  # the counts are process-wide: registered once per registry
                 metrics.register(StatsCollector())
@@ -387,7 +400,7 @@ class ReclaimComponent:
         said so, which this reads nothing of (laminar.runtime.provenance). Not recoverable: the
         key of a job handed here that ended already (its placement is forgotten), and a
         requeue's origin (nothing read it)."""
-        jobs = getattr(self.agent, "jobs", None)
+        jobs = self.agent.jobs
         if jobs is None or not hasattr(getattr(jobs, "table", None), "backfill_origin"):
             return
         db = self.agent.store.db
@@ -489,16 +502,16 @@ class ReclaimComponent:
 
     @property
     def zone(self) -> Any:
-        z = getattr(self.agent, "zone", None)
+        z = self._agent.zone if self._agent is not None else None
         return z if z is not None and z.networked else None
 
     def _key_lookup(self, zone: int) -> bytes | None:
-        z = getattr(self.agent, "zone", None)
+        z = self._agent.zone if self._agent is not None else None
         return z.keys.get(zone) if z is not None else None
 
     @property
     def node_id(self) -> int:
-        z = getattr(self.agent, "zone", None)
+        z = self._agent.zone if self._agent is not None else None
         return int(z.node_id) if z is not None else 0
 
     def _member(self, node: int) -> Any:
@@ -578,7 +591,7 @@ class ReclaimComponent:
         cpus = float(spec.cpus or 1.0)
         mem = int(spec.memory_mb or 256)
         pool = None
-        arb = getattr(getattr(self.agent, "zone", None), "arbiter", None)
+        arb = getattr(self.agent.zone, "arbiter", None)
         for p in getattr(arb, "placed", {}).values():
             if p.job_id == job.id:
                 pool = p.reservation.demand.pool
@@ -724,7 +737,7 @@ class ReclaimComponent:
         """Whether ``peer`` sees every replica's job and owner: root or the control group."""
         if peer.uid == 0:
             return True
-        auth = getattr(getattr(self.agent, "api", None), "auth", None)
+        auth = getattr(self.agent.api, "auth", None)
         return bool(auth is not None and auth.allowed(peer))
 
     def routes(self) -> list[Any]:
@@ -800,7 +813,7 @@ class ReclaimComponent:
             if self.root is None:
                 view: dict[str, Any] = {"now": time.time(), "replicas": [], "totals": {}}
             else:
-                api = getattr(self.agent, "api", None)  # the caller's worker-thread slot while it scans
+                api = self.agent.api  # the caller's worker-thread slot while it scans
                 with api.work_slot(req.peer) if api is not None else contextlib.nullcontext():
                     scan = await self.replicas.operator.scan()
                 view = self.replicas.operator.view(scan)

@@ -94,6 +94,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
+from laminar.components import jobs_of
 from laminar.migrate import ledger
 from laminar.migrate.constants import (
     _SAFE_KEY,
@@ -117,6 +118,7 @@ from laminar.policy import custody
 from laminar.policy.endcause import RESUMED_BY_ITS_KEEPER, EndCause
 
 if TYPE_CHECKING:
+    from laminar.components import MigrateAgent
     from laminar.migrate.archive import Archive
     from laminar.migrate.prestage import Prestage
     from laminar.migrate.takeover import Takeover
@@ -137,7 +139,7 @@ class ReplicasHost(Protocol):
     """What :class:`Replicas` uses of the component that holds it (ReclaimComponent and its parts)."""
 
     _superseding: set[str]
-    agent: Any
+    agent: MigrateAgent
     archive: Archive
     counts: dict[str, int]
     evacuating: set[str]
@@ -205,7 +207,7 @@ class Replicas:
         operator's call), or requeued less than REPLICA_REQUEUE_HOLD_S ago (placed again from
         that spec). One indexed query: no job's spec is decoded (GET /v1/migrate/replicas asks
         once per key, and any user may ask)."""
-        jobs = getattr(self.host.agent, "jobs", None)
+        jobs = self.host.agent.jobs
         if jobs is None:
             return []
         return list(jobs.table.resume_users(("queued", "starting", "running", "suspended", "failed", "lost"),
@@ -675,7 +677,7 @@ class Replicas:
         if claimed != asker and not keeper:
             raise ValueError(f"superseded: node {asker} cannot speak for node {claimed!r} (it does not keep {key})")
         at += shift
-        jobs = getattr(self.host.agent, "jobs", None)
+        jobs = self.host.agent.jobs
         job = jobs.get(jid) if jobs is not None and jid is not None else None
         if job is None or not job.active:
             # ``state``/``exit_code``: a copy that finished here by itself (exit 0) makes the keeper's a rerun
@@ -731,7 +733,7 @@ class Replicas:
             keeper = self.host.prestage.forget_keeper(job.id)
             if keeper is not None and (keeper != node or key != own):
                 self.host._spawn(self.host.prestage.release(keeper, own))
-            await self.host.agent.jobs.stop(job.id, f"node {node} runs it as {their}: it took the job over while it heard "
+            await jobs_of(self.host.agent).stop(job.id, f"node {node} runs it as {their}: it took the job over while it heard "
                                        f"nothing from node {self.host.node_id} (a partition); stopped here so that it runs "
                                        "once", grace_s=0, state="migrated", cause=EndCause.SUPERSEDED)
         except Exception as e:  # gone meanwhile: nothing runs twice
@@ -747,7 +749,7 @@ class Replicas:
         asker, jid = self.asked_about(node, key, "needs")
         if jid is None:
             return {"key": key, "needed": True, "why": f"{key} is not a job of node {self.host.node_id}"}
-        jobs = getattr(self.host.agent, "jobs", None)
+        jobs = self.host.agent.jobs
         job = jobs.get(jid) if jobs is not None else None
         if job is None and jobs is not None and hasattr(getattr(jobs, "table", None), "pruned") and jobs.table.pruned(jid):
             # ended long ago: its record was pruned (jobs.keep_ended_s / keep_ended); "no

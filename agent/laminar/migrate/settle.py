@@ -28,11 +28,13 @@ import time
 from typing import TYPE_CHECKING, Any, Protocol
 
 from laminar.airlock.cgroups import set_frozen_async
+from laminar.components import jobs_of
 from laminar.migrate import ledger
 from laminar.policy import custody, moves
 from laminar.policy.endcause import EndCause
 
 if TYPE_CHECKING:
+    from laminar.components import MigrateAgent
     from laminar.migrate.mover import Move, Mover
     from laminar.migrate.prestage import Prestage
     from laminar.migrate.takeover import Takeover
@@ -43,7 +45,7 @@ log = logging.getLogger("laminar.migrate")
 class SettleHost(Protocol):
     """What :class:`Settle` uses of the component that holds it (ReclaimComponent and its parts)."""
 
-    agent: Any
+    agent: MigrateAgent
     mover: Mover
     counts: dict[str, int]
     evacuating: set[str]
@@ -159,7 +161,7 @@ class Settle:
         a = self.host.takeover.asking[jid]
         node, since = int(a["node"]), a["since"] or time.time()
         await self._await_waiter(jid, decision, lambda: jid not in self.host.takeover.asking)
-        jobs_mgr = getattr(self.host.agent, "jobs", None)
+        jobs_mgr = self.host.agent.jobs
         job = jobs_mgr.get(jid) if jobs_mgr is not None else None
         if decision == "run-here" and mv.phase == "failed" and job is not None and job.active:
             self._drop_keeper(jid, node)  # (Mover._move_to made node its keeper with the keeper it handed it)
@@ -202,7 +204,7 @@ class Settle:
         with contextlib.suppress(Exception):
             await set_frozen_async(job.cgroup, False, 2.0)  # a frozen job is not killed by a signal until it thaws
         try:
-            await self.host.agent.jobs.stop(job.id, f"migrated to node {node}: an operator settled its unanswered "
+            await jobs_of(self.host.agent).stop(job.id, f"migrated to node {node}: an operator settled its unanswered "
                                             f"hand-over as taken there ({how})", grace_s=1.0, state="migrated",
                                             cause=EndCause.MIGRATED)
         except Exception as e:
@@ -213,7 +215,7 @@ class Settle:
     async def _settle_move(self, jid: str, row: Any, decision: str, by: str) -> dict[str, Any]:
         node, pid, thaw = int(row["node"]), int(row["pid"]), bool(row["thaw"])
         since = (self.host.takeover.asking.get(jid) or {}).get("since") or float(row["updated"])
-        jobs_mgr = getattr(self.host.agent, "jobs", None)
+        jobs_mgr = self.host.agent.jobs
         job = jobs_mgr.get(jid) if jobs_mgr is not None else None
         key = self.host.job_key(job) if job is not None and job.active else None
         with self.host.agent.store.tx() as db:  # the decision first: a restart finishes it (Mover.restore)

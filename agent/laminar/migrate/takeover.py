@@ -49,6 +49,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
+from laminar.components import jobs_of
 from laminar.migrate import ledger
 from laminar.migrate.constants import DEFAULT_REMAINING_S, HOLD_MIN_S, MIGRATED_ENV, SOURCE_LIVE_STATES
 from laminar.migrate.errors import HandoverSettled, MigrateError
@@ -61,6 +62,7 @@ from laminar.runtime.provenance import request_origin
 from laminar.zone import authority as au
 
 if TYPE_CHECKING:
+    from laminar.components import MigrateAgent
     from laminar.migrate.archive import Archive
     from laminar.migrate.control import Control
     from laminar.migrate.fence import Fence
@@ -98,7 +100,7 @@ class TakeoverHost(Protocol):
 
     _started: float
     _xfer_local: str | None
-    agent: Any
+    agent: MigrateAgent
     archive: Archive
     control: Control
     mover: Mover
@@ -215,13 +217,13 @@ class Takeover:
         hear the source (which finished it during the partition, or had finished it and could not
         release this keeper), so ``runs`` here is a rerun of a finished job. Stopped (state
         ``stopped``, event phase ``superseded-done-there``). Never raises."""
-        job = self.host.agent.jobs.get(runs)
+        job = jobs_of(self.host.agent).get(runs)
         if job is None or not job.active:
             return
         self.host._emit(f"{key}: node {src} finished it itself (exit 0) while this node, cut off from it, ran it again as "
                    f"{runs}: {runs} is stopped", key=key, src_node=src, job=runs, phase="superseded-done-there")
         try:
-            await self.host.agent.jobs.stop(runs, f"node {src} finished {key} itself (exit 0) while this node, cut off "
+            await jobs_of(self.host.agent).stop(runs, f"node {src} finished {key} itself (exit 0) while this node, cut off "
                                        "from it, ran it again: a rerun of a finished job", grace_s=0, state="stopped",
                                        cause=EndCause.FINISHED_ELSEWHERE)
         except Exception as e:  # ended meanwhile
@@ -536,7 +538,7 @@ class Takeover:
     def keeper_sender(self, key: str, src: int) -> int:
         """The node that handed this node the keeper of ``key`` (``migrate_keeper_from``; else its
         source ``src``: an older agent's row, or a claim from the archive)."""
-        store = getattr(self.host.agent, "store", None)
+        store = self.host.agent.store
         got = None if store is None else store.db.execute("SELECT node FROM migrate_keeper_from WHERE key=?",
                                                           (key,)).fetchone()
         return int(got["node"]) if got is not None else int(src)
@@ -554,7 +556,7 @@ class Takeover:
         if owner is not None and owner != src:
             e = au.Refused("key", f"{key} is node {owner}'s job, but its keeper names node {src} its source")
         else:
-            policy = getattr(getattr(self.host.agent, "zone", None), "policy", None)
+            policy = getattr(self.host.agent.zone, "policy", None)
             e = au.chain_refusal(req, policy=policy if isinstance(policy, au.Policy) else au.Policy(self.host.node_id),
                                  origin=src, sender=sender)
         return None if e is None else self.host.control.refusals().note(e, sender)
@@ -567,7 +569,7 @@ class Takeover:
         sender = self.keeper_sender(key, src)
         got = req.get("spec")
         spec: dict[str, Any] = got if isinstance(got, dict) else {}
-        jobs = getattr(self.host.agent, "jobs", None)
+        jobs = self.host.agent.jobs
         grants = getattr(jobs, "grants", None)
         if grants is None and hasattr(jobs, "checks"):
             from laminar.runtime.grants import Grants
@@ -575,7 +577,7 @@ class Takeover:
             grants = Grants.from_config(None)
         from laminar.runtime.spec import PRIORITY_DEFAULT
 
-        policy = getattr(getattr(self.host.agent, "zone", None), "policy", None)
+        policy = getattr(self.host.agent.zone, "policy", None)
         prio = spec.get("priority", PRIORITY_DEFAULT)
         try:
             owner = au.key_owner(key)
@@ -601,7 +603,7 @@ class Takeover:
         stored with it (an indexed column), never by a job's env, which its user writes
         (laminar.runtime.provenance; before, one job of any user carrying the key in its env made
         this node skip the key's take-over and its source drop the keeper)."""
-        return self.host.agent.jobs.table.find_origin(key)
+        return jobs_of(self.host.agent).table.find_origin(key)
 
     async def taken_over_as(self, key: str | None) -> str | None:
         """The id of the job a take-over on this node started, or is starting, for the migrated
@@ -611,7 +613,7 @@ class Takeover:
         binds a hand-over of that job (:meth:`laminar.zone.handovers.Handovers.on_handover`),
         and answers the hand-over with the job: never a second copy here, nor one elsewhere (a
         refused hand-over is placed on another node). Does not suspend when none is starting."""
-        if not key or getattr(self.host.agent, "jobs", None) is None:
+        if not key or self.host.agent.jobs is None:
             return None
         starting = self._starting.get(str(key))
         if starting is not None:
@@ -650,7 +652,7 @@ class Takeover:
             pid = json.loads(request).get("placement") if isinstance(request, str) else None
         except (ValueError, AttributeError):
             return ""
-        handovers: Any = getattr(getattr(self.host.agent, "zone", None), "handovers", None)
+        handovers: Any = getattr(self.host.agent.zone, "handovers", None)
         if pid is None or not hasattr(handovers, "placement_pending"):
             return ""
         return (f"placement {int(pid):016x} is being handed over to this node" if handovers.placement_pending(int(pid))
@@ -663,7 +665,7 @@ class Takeover:
         starts (its origin), so that hand-over is answered with that job (the zone's
         ``handovers.job_for_placement``) and its placer takes the job as placed here. Never two copies here."""
         pid = req.get("placement")
-        handovers: Any = getattr(getattr(self.host.agent, "zone", None), "handovers", None)
+        handovers: Any = getattr(self.host.agent.zone, "handovers", None)
         if pid is None or not hasattr(handovers, "forgo_placement"):
             return None
         handovers.forgo_placement(int(pid))
@@ -820,11 +822,11 @@ class Takeover:
             origin = pv.JobOrigin(migrated_from=key, placement_id=self.fence_placement(req, key),
                                   resume_given=str(path))
             try:
-                job = await self.host.agent.jobs.submit(JobSpec.from_dict(spec_d), owner_uid=run_as.uid,
+                job = await jobs_of(self.host.agent).submit(JobSpec.from_dict(spec_d), owner_uid=run_as.uid,
                                                    owner_gid=run_as.gid, origin=origin)
             except (JobError, Exception) as e:  # the spec was valid at the source; this node lacks room or something
                 if hasattr(self.host.agent.jobs, "count_refusal"):
-                    self.host.agent.jobs.count_refusal("takeover", e)
+                    jobs_of(self.host.agent).count_refusal("takeover", e)
                 return str(e)
             starting.set_result(str(job.id))
         finally:

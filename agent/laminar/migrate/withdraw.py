@@ -54,6 +54,7 @@ import time
 from typing import TYPE_CHECKING, Any, Protocol
 
 from laminar.airlock.cgroups import set_frozen_async
+from laminar.components import jobs_of
 from laminar.migrate import drain, ledger
 from laminar.migrate.errors import MigrateError
 from laminar.policy import moves
@@ -61,6 +62,7 @@ from laminar.policy.endcause import EndCause
 from laminar.runtime.holds import Hold, Holds
 
 if TYPE_CHECKING:
+    from laminar.components import MigrateAgent
     from laminar.migrate.evacuation import Evacuation
     from laminar.migrate.mover import Mover
 
@@ -74,7 +76,7 @@ class WithdrawHost(Protocol):
     """What :class:`Withdraw` uses of the component that holds it (ReclaimComponent and its parts)."""
 
     _drain_task: asyncio.Task[Any] | None
-    agent: Any
+    agent: MigrateAgent
     evacuation: Evacuation
     mover: Mover
     counts: dict[str, int]
@@ -116,7 +118,7 @@ class Withdraw:
         twice); the records go, the queue hold taken at start (:data:`drain.SETTLING_HOLD`) is
         released and the peers are told the reclaim is withdrawn (again until its window's end):
         else their keepers of the jobs that run on here would resume them at the window's end."""
-        jobs_mgr = getattr(self.host.agent, "jobs", None)
+        jobs_mgr = self.host.agent.jobs
         unsettled = []
         for jid, (ph, node) in sorted(phases.items()):
             job = jobs_mgr.get(jid) if jobs_mgr is not None else None
@@ -175,7 +177,7 @@ class Withdraw:
         with contextlib.suppress(Exception):
             await set_frozen_async(job.cgroup, False, 2.0)  # a frozen job is not killed by a signal until it thaws
         try:
-            await self.host.agent.jobs.stop(job.id, f"node {self.host.node_id} reclaimed: "
+            await jobs_of(self.host.agent).stop(job.id, f"node {self.host.node_id} reclaimed: "
                                             f"the job was handed over to node {node} "
                                             f"before the agent restarted (node {node} runs it, "
                                             "or keeps it and resumes it "
@@ -219,9 +221,9 @@ class Withdraw:
         if r is not None:
             r["cancel"].set()  # no move begins any more, nothing is stopped at the window's end
         finishing = sorted(self.host.evacuating)
-        jobs_mgr = getattr(self.host.agent, "jobs", None)
+        jobs_mgr = self.host.agent.jobs
         disarmed: list[str] = []
-        ng = getattr(self.host.agent, "netguard", None)
+        ng = self.host.agent.netguard
         armed = set(r["armed"]) if r is not None else set()
         for j in list(jobs_mgr.active()) if jobs_mgr is not None else []:
             if ng is None or j.id not in armed:
@@ -231,7 +233,7 @@ class Withdraw:
                     disarmed.append(j.id)
             except Exception as e:
                 log.warning("migrate: clearing the armed deadline of %s failed: %s", j.id, e)
-        z = getattr(self.host.agent, "zone", None)
+        z = self.host.agent.zone
         undrained = drain.undrain(z) if z is not None else False
         drain_task = self.host._drain_task
         while drain_task is not None and not drain_task.done() and self.host.reclaim is None:

@@ -9,9 +9,12 @@ import asyncio
 import collections
 import struct
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from laminar.migrate.transfer.channel import RECORD_MAX, RECORD_TAG, _Channel
+
+if TYPE_CHECKING:
+    from laminar.components import MigrateAgent
 
 
 @dataclass(frozen=True)
@@ -186,12 +189,12 @@ class _AckMeter:
         return self.done
 
 
-def default_flow_hook(agent: Any) -> FlowHook | None:
+def default_flow_hook(agent: MigrateAgent) -> FlowHook | None:
     """The agent's transfer registry (``agent.transfers``, laminar.net.transfers) when it has
     one with register/progress/unregister, else None (the transfer then runs unshaped)."""
-    reg = getattr(agent, "transfers", None)
+    reg = agent.transfers
     if reg is not None and all(hasattr(reg, a) for a in ("register", "progress", "unregister")):
-        return reg  # type: ignore[no-any-return]
+        return reg  # type: ignore[return-value]  # (the registry has the three, checked above)
     return None
 
 
