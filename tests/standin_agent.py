@@ -15,8 +15,8 @@ from typing import Any
 
 def interface_names(interface: type) -> list[str]:
     """The attributes and methods an interface Protocol of laminar.components names."""
-    return sorted(n for n, v in vars(interface).items()
-                  if not n.startswith("_") and (isinstance(v, property) or callable(v)))
+    return sorted({n for cls in interface.__mro__ if cls is not object for n, v in vars(cls).items()
+                   if not n.startswith("_") and (isinstance(v, property) or callable(v))})
 
 
 def standin_agent(interface: type, **given: Any) -> SimpleNamespace:

@@ -122,8 +122,9 @@ class MigrateForZone(Protocol):
 # -- what each component reads of the agent ---------------------------------------------------
 
 
-class JobsAgent(Protocol):
-    """What the job manager (``runtime/jobs.py``, ``runtime/jobs_api.py``) reads of the agent."""
+class AgentCore(Protocol):
+    """What every component but the zone and the pressure watch reads of the agent: its
+    configuration, its store and its event bus."""
 
     @property
     def config(self) -> Config: ...
@@ -131,6 +132,11 @@ class JobsAgent(Protocol):
     def store(self) -> Store: ...
     @property
     def events(self) -> EventBus: ...
+
+
+class JobsAgent(AgentCore, Protocol):
+    """What the job manager (``runtime/jobs.py``, ``runtime/jobs_api.py``) reads of the agent."""
+
     @property
     def netguard(self) -> NetGuard | None: ...
     @property
@@ -141,15 +147,9 @@ class JobsAgent(Protocol):
     def airlock(self) -> AirlockRungs | None: ...
 
 
-class AirlockAgent(Protocol):
+class AirlockAgent(AgentCore, Protocol):
     """What Airlock (``airlock/manager.py``) reads of the agent."""
 
-    @property
-    def config(self) -> Config: ...
-    @property
-    def store(self) -> Store: ...
-    @property
-    def events(self) -> EventBus: ...
     @property
     def jobs(self) -> JobManager | None: ...
     @property
@@ -158,15 +158,9 @@ class AirlockAgent(Protocol):
     def api(self) -> ApiServer | None: ...
 
 
-class NetGuardAgent(Protocol):
+class NetGuardAgent(AgentCore, Protocol):
     """What netguard (``net/netguard.py``) reads of the agent."""
 
-    @property
-    def config(self) -> Config: ...
-    @property
-    def store(self) -> Store: ...
-    @property
-    def events(self) -> EventBus: ...
     @property
     def loop(self) -> asyncio.AbstractEventLoop | None: ...
     @property
@@ -177,15 +171,9 @@ class NetGuardAgent(Protocol):
     def request_stop(self) -> None: ...
 
 
-class TransfersAgent(Protocol):
+class TransfersAgent(AgentCore, Protocol):
     """What the transfer registry (``net/transfers.py``) reads of the agent."""
 
-    @property
-    def config(self) -> Config: ...
-    @property
-    def store(self) -> Store: ...
-    @property
-    def events(self) -> EventBus: ...
     @property
     def metrics(self) -> CollectorRegistry | None: ...
     @property
@@ -233,17 +221,11 @@ class ZoneAgent(Protocol):
         ...
 
 
-class MigrateAgent(Protocol):
+class MigrateAgent(AgentCore, Protocol):
     """What the migration layer (``migrate/reclaim.py`` and its parts: control, evacuation,
     mover, keepers, checkpoints, evidence, the archive, take-over, ...) reads of the agent. The
     zone is optional: a one-node agent, or a test, runs the migration layer without one."""
 
-    @property
-    def config(self) -> Config: ...
-    @property
-    def store(self) -> Store: ...
-    @property
-    def events(self) -> EventBus: ...
     @property
     def metrics(self) -> CollectorRegistry | None: ...
     @property
@@ -266,6 +248,6 @@ def jobs_of(agent: MigrateAgent) -> JobManager:
     return agent.jobs
 
 
-__all__ = ["AirlockAgent", "AirlockForNetGuard", "AirlockRungs", "JobIndex", "JobsAgent", "JobsById",
+__all__ = ["AgentCore", "AirlockAgent", "AirlockForNetGuard", "AirlockRungs", "JobIndex", "JobsAgent", "JobsById",
            "Departures", "MigrateAgent", "MigrateForAirlock", "MigrateForZone", "MovesNow", "NetGuardAgent", "PressureAgent", "TakeOvers",
            "TransfersAgent", "ZoneAgent", "jobs_of"]

@@ -619,13 +619,7 @@ class Mover:
             mv.phase, mv.error = "failed", str(e)
             self.host.counts["failed"] += 1
             self.host._emit(f"{job.id}: move failed: {e}", job=job.id, phase="failed", error=str(e))
-            with contextlib.suppress(Exception):
-                await self.unhold_wait(job, frozen, FREEZE_WAIT_S)
-            with contextlib.suppress(Exception):
-                if deadline_mono is not None:
-                    self.host.evacuation.forget_move(job.id)
-                else:
-                    self.drop_record(job.id)
+            await self._undo(job, frozen, windowed=deadline_mono is not None)
             return mv
         except asyncio.CancelledError:  # cut: the window's end, a shorter window, the agent stopping
             # what this move froze is thawed unless its hand-over was sent (the destination may
@@ -644,17 +638,23 @@ class Mover:
         except Exception as e:  # a bug must not leave the job frozen
             log.exception("migrate: move of %s", job.id)
             mv.phase, mv.error = "failed", repr(e)
-            with contextlib.suppress(Exception):
-                await self.unhold_wait(job, frozen, FREEZE_WAIT_S)
-            with contextlib.suppress(Exception):
-                if deadline_mono is not None:
-                    self.host.evacuation.forget_move(job.id)
-                else:
-                    self.drop_record(job.id)
+            await self._undo(job, frozen, windowed=deadline_mono is not None)
             return mv
         finally:
             mv.ended = time.time()
             self.host.evacuating.discard(job.id)
+
+    async def _undo(self, job: Any, frozen: bool, windowed: bool) -> None:
+        """A failed move's undoing: the job thawed if this move froze it, and its move record gone
+        (the reclaim's, ``windowed``, or one without a window). Never raises: the move's failure
+        is what it answers."""
+        with contextlib.suppress(Exception):
+            await self.unhold_wait(job, frozen, FREEZE_WAIT_S)
+        with contextlib.suppress(Exception):
+            if windowed:
+                self.host.evacuation.forget_move(job.id)
+            else:
+                self.drop_record(job.id)
 
     async def reserve(self, node: int, demand: Any, hold_s: float) -> int:
         """Probe ``node`` and commit its offer through the zone: the placement id holding the
