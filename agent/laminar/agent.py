@@ -42,12 +42,14 @@ if TYPE_CHECKING:
     from .components import (
         AirlockAgent,
         JobsAgent,
+        MembersAgent,
         MigrateAgent,
         NetGuardAgent,
         PressureAgent,
         TransfersAgent,
         ZoneAgent,
     )
+    from .members.component import MembersComponent
     from .migrate.reclaim import ReclaimComponent
     from .net.netguard import NetGuard
     from .net.transfers import TransferRegistry
@@ -64,6 +66,7 @@ COMPONENTS = [
     "laminar.airlock.manager:Airlock",
     "laminar.net.transfers:TransferRegistry",
     "laminar.zone.component:ZoneComponent",
+    "laminar.members.component:MembersComponent",
     "laminar.migrate.reclaim:ReclaimComponent",
 ]
 
@@ -220,6 +223,7 @@ class Agent:
         self.airlock: Airlock | None = None
         self.transfers: TransferRegistry | None = None
         self.zone: ZoneComponent | None = None
+        self.members: MembersComponent | None = None
         self.migrate: ReclaimComponent | None = None
         # set once every component has started: one started early may wait for a later one
         self.components_started = asyncio.Event()
@@ -517,11 +521,11 @@ class Agent:
 
 
 def _agent_conforms(agent: Agent) -> tuple[JobsAgent, AirlockAgent, NetGuardAgent, TransfersAgent, PressureAgent,
-                                             ZoneAgent, MigrateAgent]:
+                                             ZoneAgent, MigrateAgent, MembersAgent]:
     """Never called: mypy checks here that the agent offers every component what its interface
     in ``laminar.components`` names (and so that each component offers the others what theirs
     name: the migration layer what the zone calls on it, Airlock what netguard does, ...)."""
-    return agent, agent, agent, agent, agent, agent, agent
+    return agent, agent, agent, agent, agent, agent, agent, agent
 
 
 def main(argv: list[str] | None = None) -> int:

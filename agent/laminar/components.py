@@ -37,7 +37,9 @@ if TYPE_CHECKING:
     from laminar.net.transfers import TransferRegistry
     from laminar.runtime.jobs import JobManager
     from laminar.runtime.record import Job
+    from laminar.runtime.spec import JobSpec
     from laminar.store import Store
+    from laminar.zone import wire
     from laminar.zone.component import ZoneComponent
 
 
@@ -117,6 +119,15 @@ class MigrateForZone(Protocol):
     def ckpt(self) -> CkptDriver | None: ...
 
     def check_resume(self, path: str, owner_uid: int = 0, owner_gid: int | None = None) -> str: ...
+
+
+class MembersForZone(Protocol):
+    """What the zone (its message routing and its hand-overs) calls on the members component
+    (``laminar.members.component``): a member message, and a hand-over's member block."""
+
+    def on_message(self, sender: int, body: wire.MemberRequest | wire.MemberAnswer) -> wire.MemberAnswer | None: ...
+
+    async def start_member(self, block: Any, spec: JobSpec, owner_uid: int, owner_gid: int) -> str: ...
 
 
 # -- what each component reads of the agent ---------------------------------------------------
@@ -215,6 +226,8 @@ class ZoneAgent(Protocol):
     @property
     def migrate(self) -> MigrateForZone | None: ...
     @property
+    def members(self) -> MembersForZone | None: ...
+    @property
     def components_started(self) -> asyncio.Event:
         """Set once the agent has started every component: the migration layer starts after
         the zone, and a loan return the zone redoes at its start waits for it until then."""
@@ -240,6 +253,19 @@ class MigrateAgent(AgentCore, Protocol):
     def transfers(self) -> TransferRegistry | None: ...
 
 
+class MembersAgent(AgentCore, Protocol):
+    """What the members component (``members/component.py``: multi-node jobs) reads of the
+    agent: the job manager (its members' local jobs), the zone (messages, liveness, the gang
+    placement) and netguard (a member's kill-switch); each optional."""
+
+    @property
+    def jobs(self) -> JobManager | None: ...
+    @property
+    def zone(self) -> ZoneComponent | None: ...
+    @property
+    def netguard(self) -> NetGuard | None: ...
+
+
 def jobs_of(agent: MigrateAgent) -> JobManager:
     """The agent's job manager, where the migration layer acts on a job it knows runs here (stops
     a moved job, submits a taken-over one). Raises RuntimeError when the agent has none."""
@@ -249,5 +275,5 @@ def jobs_of(agent: MigrateAgent) -> JobManager:
 
 
 __all__ = ["AgentCore", "AirlockAgent", "AirlockForNetGuard", "AirlockRungs", "JobIndex", "JobsAgent", "JobsById",
-           "Departures", "MigrateAgent", "MigrateForAirlock", "MigrateForZone", "MovesNow", "NetGuardAgent", "PressureAgent", "TakeOvers",
+           "Departures", "MembersAgent", "MembersForZone", "MigrateAgent", "MigrateForAirlock", "MigrateForZone", "MovesNow", "NetGuardAgent", "PressureAgent", "TakeOvers",
            "TransfersAgent", "ZoneAgent", "jobs_of"]

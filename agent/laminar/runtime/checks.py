@@ -71,7 +71,7 @@ class SubmitChecks:
         if p != state and state not in p.parents:
             return
         rel = p.relative_to(state).parts
-        if len(rel) >= 2 and rel[0] == "ckpt" and re.fullmatch(r"job-[0-9]{1,18}", rel[1]):
+        if len(rel) >= 2 and rel[0] == "ckpt" and re.fullmatch(r"job-[0-9]{1,18}(-n[0-9]{1,10})?", rel[1]):
             row = self.jm.store.db.execute("SELECT owner_uid FROM jobs WHERE id=?", (rel[1],)).fetchone()
             if row is not None and int(row[0]) == uid:
                 return  # a checkpoint of one of the user's own jobs here

@@ -97,7 +97,7 @@ from .launch import PROBES_ALL_USERS, PROBES_PER_UID, check_owner_ids, check_pat
 from .leaks import LeakedCgroups
 from .provenance import NO_ORIGIN, JobOrigin
 from .prune import KEEP_ENDED, KEEP_ENDED_PER_USER, KEEP_ENDED_S, NUM_FLOOR_KEY, Pruner
-from .record import LIVE_STATES, LOST_WITH_CGROUP, QUEUED, SCHEMA, STATES, Job, upgrade_columns
+from .record import LIVE_STATES, LOST_WITH_CGROUP, MULTI_ID_RE, QUEUED, SCHEMA, STATES, Job, upgrade_columns
 from .spec import (
     AdmissionError,
     JobError,
@@ -568,8 +568,19 @@ class JobManager:
 
     # -- submit --------------------------------------------------------------------------------
 
+    def reserve_num(self) -> int:
+        """Takes the next job number without a job (a multi-node job's id, ``job-<num>-n<node>``,
+        laminar.members): no later job of this node gets it (the number floor moves past it)."""
+        with self.store.tx() as db:
+            floor = int(self.store.get_meta(NUM_FLOOR_KEY, 0) or 0)
+            num = max(int(db.execute("SELECT COALESCE(MAX(num), 0) FROM jobs").fetchone()[0]), floor) + 1
+            db.execute("INSERT INTO meta(key, value) VALUES(?, ?) ON CONFLICT(key) DO UPDATE SET "
+                       "value=excluded.value", (NUM_FLOOR_KEY, json.dumps(num)))
+        return num
+
     async def submit(self, spec: JobSpec, owner_uid: int = 0, owner_gid: int = 0, *, quota: bool = False,
-                     origin: JobOrigin = NO_ORIGIN) -> Job:
+                     origin: JobOrigin = NO_ORIGIN, job_id: str | None = None,
+                     agent_env: dict[str, str] | None = None) -> Job:
         """Submit `spec` as a job owned by (owner_uid, owner_gid) and start it if its class has
         room (`airlock.admission`); else it is returned in state ``queued`` (no pid, no cgroup
         yet, cgroup_id 0; its reason says what it waits for) and starts by itself once room
@@ -581,7 +592,19 @@ class JobManager:
         it raises QuotaError when the owner has ``jobs.max_per_user`` jobs not yet ended
         (`checks.quota`), checked again with no await before the job is stored, so concurrent
         submissions cannot pass it together. `origin`: where the job came from, from the agent's
-        own code only (a hand-over, a take-over; laminar.runtime.provenance), stored with it."""
+        own code only (a hand-over, a take-over; laminar.runtime.provenance), stored with it.
+        `job_id`: agent code only (a multi-node job's member, laminar.members): the job's id
+        instead of ``job-<num>``, a multi-node id (`MULTI_ID_RE`); JobError when a live job has
+        it; an ended job of that id (the member's earlier generation) is replaced. `agent_env`:
+        agent code only (a member's rendezvous and ``LAMINAR_*`` names, laminar.members.launch):
+        set in the job's environment over its spec's and the agent's own contract, never checked
+        against the reserved names (the agent writes them) and kept in memory only."""
+        if job_id is not None:
+            if not MULTI_ID_RE.fullmatch(job_id):
+                raise JobError(f"job id {job_id[:40]!r}: a multi-node job's id is job-<num>-n<node>")
+            old = self.get(job_id)
+            if job_id in self.jobs or (old is not None and old.live):
+                raise JobError(f"job {job_id} exists here already and has not ended")
         assert self.tree is not None and self.state_dir is not None and self.inventory is not None
         check_owner_ids(owner_uid, owner_gid)
         if quota:
@@ -627,7 +650,12 @@ class JobManager:
             # past every number given: the highest row, and the highest ever pruned
             floor = int(self.store.get_meta(NUM_FLOOR_KEY, 0) or 0)
             num = max(int(db.execute("SELECT COALESCE(MAX(num), 0) FROM jobs").fetchone()[0]), floor) + 1
-            job_id = f"job-{num}"
+            if job_id is None:
+                job_id = f"job-{num}"
+            elif job_id in self.jobs:  # (again, after the awaits above: no await from here to the insert)
+                raise JobError(f"job {job_id} exists here already and has not ended")
+            else:  # a member's earlier generation, ended: its record gives way to this one
+                db.execute("DELETE FROM jobs WHERE id=?", (job_id,))
             created = time.time()
             db.execute(f"INSERT INTO jobs(id, num, spec, state, owner_uid, owner_gid, gpus, created, "
                        f"{', '.join(provenance.COLUMNS)}) VALUES(?, ?, ?, 'queued', ?, ?, '[]', ?"
@@ -635,7 +663,7 @@ class JobManager:
                        (job_id, num, spec_text, owner_uid, owner_gid, created, *origin.row()))
         job = Job(id=job_id, num=num, spec=spec, cgroup=self.tree.job(spec.job_class, job_id), cgroup_id=0,
                   state=QUEUED, owner_uid=owner_uid, owner_gid=owner_gid, created=created, origin=origin,
-                  spec_bytes=len(spec_text),
+                  spec_bytes=len(spec_text), agent_env=dict(agent_env or {}),
                   ckpt_dir=self.state_dir / "ckpt" / job_id, log_path=self.state_dir / "logs" / f"{job_id}.log")
         self.jobs[job_id] = job
         self.admit(submitted=job_id)  # raises what _start raised for this job (then failed, gone from memory)

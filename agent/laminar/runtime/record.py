@@ -4,6 +4,7 @@ columns added since, :func:`upgrade_columns`)."""
 
 from __future__ import annotations
 
+import re
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -16,6 +17,8 @@ from . import provenance
 from .provenance import NO_ORIGIN, JobOrigin
 from .spec import JobSpec
 
+# A multi-node job's id (laminar.members): job-<num>-n<origin node>, the same on every member's node.
+MULTI_ID_RE = re.compile(r"job-[0-9]{1,18}-n[0-9]{1,10}")
 ACTIVE_STATES = ("running", "suspended")
 # A queued job has no cgroup and no process yet: it waits for room under its class's cap
 # (`airlock.admission`). Queued, running and suspended jobs are the ones that have not ended.
@@ -101,6 +104,9 @@ class Job:
     ckpt_seen: float | None = field(default=None, compare=False, repr=False)
     origin: JobOrigin = NO_ORIGIN  # where it came from, as the agent recorded it (never from its env)
     spec_bytes: int = 0  # the length of its stored spec text (a page of GET /v1/jobs counts it)
+    # set by the agent's own code over the spec's env at the spawn (a multi-node member's
+    # rendezvous, laminar.members); in memory only: a re-adopted job runs already
+    agent_env: dict[str, str] = field(default_factory=dict, compare=False, repr=False)
 
     @property
     def active(self) -> bool:
