@@ -454,7 +454,7 @@ class MembersComponent:
             self._spawn(self._restart(rec))
         else:
             self._acting.add(rec.job)
-            self._spawn(self._end(rec, "ok" if d.action is Action.END_OK else d.reason))
+            self._spawn(self._end(rec, d.reason))
 
     def _endpoint(self, rec: MultiRecord, gen: int) -> str:
         host = rec.members[0].addr if rec.members else ""
@@ -540,7 +540,11 @@ class MembersComponent:
             rec.endpoint = self._endpoint(rec, rec.generation)
             return [self._handover_json(rec, spec, index)]
 
-        res = await self.placer.place(self._demand(spec), 1, build, undo=self._undo(rec))
+        try:
+            res = await self.placer.place(self._demand(spec), 1, build, undo=self._undo(rec), exclude=frozenset(taken))
+        except (MemberError, JobError, ValueError) as e:
+            log.warning("members: job %s: member %d not re-placed: %s", rec.job, index, e)
+            return False
         return getattr(res, "outcome", "") == "placed"
 
     # -- the member's side of messages -------------------------------------------------------------
