@@ -542,3 +542,18 @@ def test_table_keeps_at_most_max_jobs_dropping_the_oldest_ended(tmp_path) -> Non
     assert sorted(got) == ["job-2-n1", "job-3-n1"]
     assert got["job-2-n1"].members[1].state is MemberState.FAILED and got["job-2-n1"].members[1].code == 3
     store.close()
+
+
+def test_the_origins_own_member_failing_restarts_the_job(tmp_path) -> None:
+    async def go() -> None:
+        c = Cluster(tmp_path)
+        await c.start_all()
+        job = (await c.comps[1].submit(spec3(), 0, 0))["id"]
+        await c.tick()
+        c.jobs[1].jobs[job].state, c.jobs[1].jobs[job].exit_code = "killed", None
+        await c.tick()
+        v = c.comps[1].view(job)
+        assert v["generation"] == 1 and v["restarts"] == 1 and v["state"] == "starting", v
+        assert all(c.jobs[n].jobs[job].live for n in c.nodes)
+        await c.stop()
+    run(go())

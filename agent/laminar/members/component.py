@@ -207,7 +207,7 @@ class MembersComponent:
         self.table.max_jobs = int(self.s["max_jobs"])
         for rec in self.table.load():
             idx = rec.index_of(self.node)
-            if idx is not None and rec.state is not MultiState.ENDED:
+            if idx is not None and rec.state is not MultiState.ENDED and rec.origin != self.node:
                 self._unreported.add(rec.job)  # told again: the origin ignores a repeat
             if rec.origin == self.node and rec.state is MultiState.RESTARTING:
                 self._spawn(self._relaunch(rec))  # the restart in flight when the agent stopped goes on
@@ -299,7 +299,10 @@ class MembersComponent:
             return
         state, code = got
         if self.table.set_member(rec, idx, state, code):
-            self._unreported.add(rec.job)
+            if rec.origin == self.node:  # the origin's own member: one record, decided here
+                self._decide(rec, idx, state)
+            else:
+                self._unreported.add(rec.job)
 
     def _look_at_nodes(self, rec: MultiRecord, now: float) -> None:
         zone = self.agent.zone if self.agent is not None else None
