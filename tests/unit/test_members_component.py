@@ -557,3 +557,50 @@ def test_the_origins_own_member_failing_restarts_the_job(tmp_path) -> None:
         assert all(c.jobs[n].jobs[job].live for n in c.nodes)
         await c.stop()
     run(go())
+
+
+def test_member_zeros_node_reports_the_newest_verified_checkpoint_and_a_restart_resumes_from_it(tmp_path) -> None:
+    """Rank 0 commits into <ckpt_root>/<job> (a real jobkit checkpoint here); member 0's node
+    (not the origin) finds it verified, reports it; a corrupt newer one is not taken; the
+    restart after a member fails relaunches every member from it."""
+    import os
+
+    from laminar import jobkit
+
+    async def go() -> None:
+        root = tmp_path / "shared"
+        c = Cluster(tmp_path, n=4, ckpt_root=str(root))
+        await c.start_all()
+        c.busy = {1}
+        job = (await c.comps[1].submit(spec3(), 0, 0))["id"]
+        c.busy = set()
+        assert [m["node"] for m in c.comps[1].view(job)["members"]] == [2, 3, 4]
+        ck = jobkit.Checkpointer(job_id=job, ckpt_dir=root / job, install_signal=False)
+        good = ck.save(os.urandom(4096), step=10)
+        bad = ck.save(os.urandom(4096), step=20)
+        victim = next(p for p in bad.iterdir() if p.name != "manifest.json")
+        victim.write_bytes(b"rotten")
+        await c.tick()
+        await c.tick()
+        v = c.comps[1].view(job)
+        assert v["last_ckpt"] == str(good) and v["last_ckpt_at"] is not None
+        c.jobs[3].jobs[job].state, c.jobs[3].jobs[job].exit_code = "failed", 1
+        await c.tick()
+        assert c.comps[1].view(job)["generation"] == 1
+        assert all(c.jobs[n].jobs[job].spec.resume_from == str(good) for n in (2, 3, 4))
+        await c.stop()
+    run(go())
+
+
+def test_a_checkpoint_outside_the_jobs_shared_directory_is_refused(tmp_path) -> None:
+    async def go() -> None:
+        c = Cluster(tmp_path, ckpt_root=str(tmp_path / "shared"))
+        await c.start_all()
+        job = (await c.comps[1].submit(spec3(), 0, 0))["id"]
+        c.comps[1]._answered.clear()
+        rep = wire.MemberRequest(5, OP_REPORT, json.dumps({"job": job, "index": 0, "generation": 0, "state": "running",
+                                                           "ckpt": "/etc/shadow"}).encode())
+        ans = c.comps[1].on_message(1, rep)
+        assert ans is not None and ans.status == 1 and b"not under the job's shared directory" in ans.payload
+        await c.stop()
+    run(go())

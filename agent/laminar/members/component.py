@@ -64,7 +64,9 @@ ENDPOINT_PORT0 = 29400  # the rendezvous port: ENDPOINT_PORT0 + hash(job id, gen
 ENDPOINT_PORTS = 600
 REPORTS_IN_FLIGHT = 16  # reports awaiting the origin at once (the rest wait for the next tick)
 RESIZE_SETTLE_S = 10.0  # an elastic job resizing whose live members all run this long is running again
-PATH_MAX = 1024  # a checkpoint path in a report, at most
+PATH_MAX = 512  # a checkpoint path in a report or an order, at most
+CKPT_LOOK_S = 10.0  # member 0's node looks for a newer verified checkpoint of its job this often
+CKPT_VERIFY_S = 5.0  # one look's verification, at most (off the loop; the newest two are tried)
 
 
 def config_fields() -> dict[str, Any]:
@@ -186,6 +188,8 @@ class MembersComponent:
         self._reporting: set[str] = set()
         self._acting: set[str] = set()  # origin: jobs whose restart or end is under way
         self._relaunching: set[str] = set()  # member: jobs whose relaunch here is under way
+        self._ckpt_looked: dict[str, float] = {}  # member 0: job -> when its shared directory was last looked at
+        self._ckpt_looking: set[str] = set()
         self._tasks: set[asyncio.Task[Any]] = set()
         self._loop_task: asyncio.Task[Any] | None = None
         self.counts: dict[str, int] = {"reports_sent": 0, "reports_taken": 0, "orders_sent": 0, "orders_taken": 0,
@@ -266,6 +270,8 @@ class MembersComponent:
             idx = rec.index_of(self.node)
             if idx is not None and rec.state is not MultiState.ENDED:
                 self._look_at_local(rec, idx)
+                if idx == 0:
+                    self._look_for_ckpt(rec, now)
             if rec.origin == self.node and rec.state not in (MultiState.ENDED, MultiState.PLACING):
                 self._look_at_nodes(rec, now)
         for job in sorted(self._unreported - self._reporting):
@@ -303,6 +309,34 @@ class MembersComponent:
                 self._decide(rec, idx, state)
             else:
                 self._unreported.add(rec.job)
+
+    def _ckpt_dir(self, job: str) -> str | None:
+        root = str(self.s["ckpt_root"] or "")
+        return f"{root.rstrip('/')}/{job}" if root else None
+
+    def _look_for_ckpt(self, rec: MultiRecord, now: float) -> None:
+        """Member 0's node: every CKPT_LOOK_S, the newest verified checkpoint in the job's shared
+        directory (rank 0 commits there), off the loop and bounded; a newer one than the record's
+        is stored and reported to the origin (which relaunches from it)."""
+        d = self._ckpt_dir(rec.job)
+        if d is None or rec.job in self._ckpt_looking or now - self._ckpt_looked.get(rec.job, -1e18) < CKPT_LOOK_S:
+            return
+        self._ckpt_looked[rec.job] = now
+        self._ckpt_looking.add(rec.job)
+        self._spawn(self._find_ckpt(rec, d))
+
+    async def _find_ckpt(self, rec: MultiRecord, d: str) -> None:
+        from laminar import jobkit
+
+        try:
+            limits = jobkit.Limits(deadline=time.monotonic() + CKPT_VERIFY_S, refuse_sparse=True)
+            path = await asyncio.to_thread(jobkit.latest_checkpoint, d, tries=2, limits=limits)
+            if path is not None and str(path) != rec.last_ckpt and len(str(path)) <= PATH_MAX:
+                self.table.set_job(rec, last_ckpt=str(path), last_ckpt_at=time.time())
+                if rec.origin != self.node:
+                    self._unreported.add(rec.job)
+        finally:
+            self._ckpt_looking.discard(rec.job)
 
     def _look_at_nodes(self, rec: MultiRecord, now: float) -> None:
         zone = self.agent.zone if self.agent is not None else None
@@ -423,6 +457,9 @@ class MembersComponent:
         if ckpt is not None and index == 0:
             if not isinstance(ckpt, str) or not ckpt.startswith("/") or len(ckpt) > PATH_MAX:
                 raise MemberError(f"ckpt {str(ckpt)[:40]!r}: expected an absolute path")
+            mine = self._ckpt_dir(job)
+            if mine is None or not ckpt.startswith(mine + "/"):
+                raise MemberError(f"ckpt {ckpt[:80]!r}: not under the job's shared directory (members.ckpt_root)")
             if ckpt != rec.last_ckpt:
                 self.table.set_job(rec, last_ckpt=ckpt, last_ckpt_at=time.time())
         self.counts["reports_taken"] += 1
@@ -501,11 +538,14 @@ class MembersComponent:
         self._acting.add(rec.job)
         try:
             zone = self.agent.zone if self.agent is not None else None
+            moved: list[list[Any]] = []  # [index, node, address] of the members re-placed
             for m in rec.members:
                 gone = m.state is MemberState.LOST or (
                     zone is not None and m.node != self.node and not zone.membership.alive(m.node, zone.clock()))
                 if gone:
-                    if not await self._replace(rec, m.index):
+                    if await self._replace(rec, m.index):
+                        moved.append([m.index, rec.members[m.index].node, rec.members[m.index].addr])
+                    else:
                         await self._end(rec, f"failed: member {m.index}'s node {m.node} is gone and no node took "
                                         "its place")
                         return
@@ -513,9 +553,10 @@ class MembersComponent:
             self.table.set_job(rec, endpoint=rec.endpoint)
             for m in rec.members:
                 self.table.set_member(rec, m.index, MemberState.STARTING, None)
+            # the members know the job's nodes: only those re-placed are named (a datagram holds
+            # a few, not 64)
             answers = await self._order_all(rec, "relaunch", only_live=False, resume_from=rec.last_ckpt,
-                                            endpoint=rec.endpoint,
-                                            nodes=[[m.node, m.addr] for m in rec.members])
+                                            endpoint=rec.endpoint, moved=moved)
             failed = {i: a for i, a in answers.items() if a.startswith("error")}
             if failed:
                 await self._end(rec, f"failed: relaunch refused by member(s) {sorted(failed)}: "
@@ -601,7 +642,14 @@ class MembersComponent:
         return {"done": do}
 
     def _order_relaunch(self, rec: MultiRecord, idx: int, gen: int, req: dict[str, Any]) -> dict[str, Any]:
-        nodes = req.get("nodes")
+        nodes = [[m.node, m.addr] for m in rec.members]
+        moved = req.get("moved") or []
+        if not isinstance(moved, list) or len(moved) > rec.workers:
+            raise MemberError("moved: expected [index, node, address] triples")
+        for mv in moved:
+            if not (isinstance(mv, list) and len(mv) == 3):
+                raise MemberError("moved: expected [index, node, address] triples")
+            nodes[_int(mv[0], "moved: index", 0, rec.workers - 1)] = [mv[1], mv[2]]
         endpoint = req.get("endpoint")
         resume = req.get("resume_from")
         if resume is not None and (not isinstance(resume, str) or not resume.startswith("/") or len(resume) > PATH_MAX):
@@ -620,8 +668,10 @@ class MembersComponent:
                              "launcher": rec.spec.get("launcher"), "generation": gen})
         if [int(n) for n, _ in block["nodes"]][idx] != self.node:
             raise MemberError(f"job {rec.job}: the relaunch names node {block['nodes'][idx][0]} for member {idx}")
-        if gen == rec.generation and rec.job in self._relaunching:
+        if rec.job in self._relaunching:
             return {"done": "relaunching"}
+        for i, (n, a) in enumerate(block["nodes"]):  # the job's nodes as they are now, stored
+            self.table.set_member(rec, i, rec.members[i].state, rec.members[i].code, node=int(n), addr=str(a))
         self._relaunching.add(rec.job)
         self._spawn(self._relaunch_here(rec, block, resume))
         return {"done": "relaunching"}
@@ -713,9 +763,12 @@ class MembersComponent:
                 self._unreported.discard(job)
                 return
             m = rec.members[idx]
+            told = (m.state, m.code, rec.last_ckpt, rec.generation)
             payload: dict[str, Any] = {"job": job, "index": idx, "generation": rec.generation, "state": str(m.state)}
             if m.code is not None:
                 payload["code"] = m.code
+            if idx == 0 and rec.last_ckpt:
+                payload["ckpt"] = rec.last_ckpt
             self.counts["reports_sent"] += 1
             try:
                 got = await self.request(rec.origin, OP_REPORT, payload)
@@ -724,7 +777,7 @@ class MembersComponent:
                     return  # retried on the next tick
                 log.warning("members: the report of job %s was refused by its origin: %s", job, e)
                 got = {}
-            if (rec.members[idx].state, rec.members[idx].code) == (m.state, m.code):
+            if (m.state, m.code, rec.last_ckpt, rec.generation) == told:  # (else: told again next tick)
                 self._unreported.discard(job)
             if got.get("state") == str(MultiState.ENDED) and rec.origin != self.node and rec.state is not MultiState.ENDED:
                 self.table.move(rec, pm.Event.END, "ended at its origin")
