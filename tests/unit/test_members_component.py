@@ -116,21 +116,30 @@ class StandInPlacer:
         self.origin = origin
         self.calls: list[int] = []
 
-    async def place(self, demand: Any, k: int, build: Any, undo: Any = None, exclude: Any = (),
-                    **_: Any) -> PlacerResult:
+    async def place(self, demand: Any, k: int, build: Any, undo: Any = None, **_: Any) -> PlacerResult:
+        """As GangPlacer: a node whose hand-over fails is not chosen again for this placement."""
         self.calls.append(k)
-        free = [n for n in self.cluster.nodes if n not in self.cluster.membership.dead and n not in self.cluster.busy
-                and n not in exclude]
-        if len(free) < k:
-            return PlacerResult("queued-out", f"{len(free)} nodes free for {k}")
-        chosen = free[:k]
-        for data in build([(n, f"10.9.0.{n}") for n in chosen]):
-            req = json.loads(data)
-            block = req["spec"].pop("member")
-            node = block["nodes"][block["index"]][0]
-            await self.cluster.comps[node].start_member(block, JobSpec.from_dict(req["spec"]), req["owner_uid"],
-                                                        req["owner_gid"])
-        return PlacerResult("placed")
+        failed: set[int] = set()
+        while True:
+            free = [n for n in self.cluster.nodes if n not in self.cluster.membership.dead
+                    and n not in self.cluster.busy and n not in failed]
+            if len(free) < k:
+                return PlacerResult("queued-out", f"{len(free)} nodes free for {k}")
+            chosen = free[:k]
+            try:
+                for data in build([(n, f"10.9.0.{n}") for n in chosen]):
+                    req = json.loads(data)
+                    block = req["spec"].pop("member")
+                    node = block["nodes"][block["index"]][0]
+                    try:
+                        await self.cluster.comps[node].start_member(block, JobSpec.from_dict(req["spec"]),
+                                                                    req["owner_uid"], req["owner_gid"])
+                    except JobError:
+                        failed.add(node)
+                        raise
+            except JobError:
+                continue
+            return PlacerResult("placed")
 
 
 def plain_launch(block: dict[str, Any], spec: JobSpec) -> tuple[list[str], dict[str, str]]:

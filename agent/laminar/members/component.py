@@ -222,11 +222,35 @@ class MembersComponent:
 
     @staticmethod
     def _make_placer(zone: Any) -> Any:
+        """The gang placer over the zone's own transport, membership and summaries, with the
+        zone's placement settings (``[zone]``); the zone's late offers reach it too."""
         try:
             from laminar.zone import gangplace  # type: ignore[attr-defined]
         except ImportError:  # (the gang placement lands beside this component)
             return None
-        return gangplace.GangPlacer.for_zone(zone)
+        s = zone.s
+        placer = gangplace.GangPlacer(
+            zone.submitter.t, zone.membership, zone.summaries.zone_fits, rng=zone.rng, lease_s=float(s["lease_s"]),
+            hold_s=float(s["hold_s"]), probe_timeout_s=float(s["probe_timeout_s"]),
+            handover_timeout_s=float(s["handover_timeout_s"]), max_rounds=int(s["queue_rounds"]), clock=zone.clock,
+            unconfirmed_wait_s=float(s["unconfirmed_wait_s"]), zone_summary=zone.summaries.zone_summary)
+        single = zone.router.on_late_offer
+
+        def late(node: int, offer: Any) -> None:
+            if single is not None:
+                single(node, offer)
+            placer.note_late_offer(node, offer)
+        zone.router.on_late_offer = late
+        return placer
+
+    def _addr_of(self, node: Any) -> tuple[int, str]:
+        """A placed member's (node, address): the placer names nodes (ids, or (id, address)
+        pairs); the address is the zone membership's."""
+        if isinstance(node, list | tuple):
+            return int(node[0]), str(node[1])
+        zone = self.agent.zone if self.agent is not None else None
+        m = zone.membership.by_node.get(int(node)) if zone is not None else None
+        return int(node), (m.addr if m is not None else "")
 
     async def _shutdown(self) -> None:
         tasks = [t for t in (self._loop_task, *self._tasks) if t is not None]
@@ -574,18 +598,17 @@ class MembersComponent:
         if self.placer is None:
             return False
         spec = JobSpec.from_dict(rec.spec)
-        taken = {m.node for m in rec.members if m.index != index}
 
-        def build(nodes: list[tuple[int, str]]) -> list[bytes]:
-            node, addr = nodes[0]
-            if node in taken:
-                raise MemberError(f"node {node} hosts a member of {rec.job} already")
+        def build(nodes: list[Any]) -> list[bytes]:
+            # a node that hosts another member of the job refuses the hand-over (start_member):
+            # the placer goes on without it
+            node, addr = self._addr_of(nodes[0])
             self.table.set_member(rec, index, MemberState.STARTING, None, node=int(node), addr=str(addr))
             rec.endpoint = self._endpoint(rec, rec.generation)
             return [self._handover_json(rec, spec, index)]
 
         try:
-            res = await self.placer.place(self._demand(spec), 1, build, undo=self._undo(rec), exclude=frozenset(taken))
+            res = await self.placer.place(self._demand(spec), 1, build, undo=self._undo(rec))
         except (MemberError, JobError, ValueError) as e:
             log.warning("members: job %s: member %d not re-placed: %s", rec.job, index, e)
             return False
@@ -726,6 +749,9 @@ class MembersComponent:
             raise JobError("this node runs no job manager")
         job_id = str(b["job"])
         old = self.table.get(job_id)
+        local = jobs.get(job_id)
+        if local is not None and local.live:
+            raise JobError(f"job {job_id}: a member of it runs on this node already (one member per node)")
         if old is not None and old.generation > int(b["generation"]):
             raise JobError(f"job {job_id}: generation {b['generation']} is over (this node knows {old.generation})")
         argv, env = self.launch_plan(b, spec)
@@ -835,10 +861,10 @@ class MembersComponent:
             raise JobError(str(e)) from None
         self._acting.add(job_id)
 
-        def build(nodes: list[tuple[int, str]]) -> list[bytes]:
+        def build(nodes: list[Any]) -> list[bytes]:
             if len(nodes) != workers:
                 raise MemberError(f"the placement gave {len(nodes)} nodes for {workers} members")
-            for i, (node, addr) in enumerate(nodes):
+            for i, (node, addr) in enumerate(map(self._addr_of, nodes)):
                 self.table.set_member(rec, i, MemberState.STARTING, None, node=int(node), addr=str(addr))
             self.table.set_job(rec, endpoint=self._endpoint(rec, rec.generation))
             return [self._handover_json(rec, spec, i) for i in range(workers)]
