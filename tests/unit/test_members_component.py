@@ -613,3 +613,41 @@ def test_a_checkpoint_outside_the_jobs_shared_directory_is_refused(tmp_path) -> 
         assert ans is not None and ans.status == 1 and b"not under the job's shared directory" in ans.payload
         await c.stop()
     run(go())
+
+
+def test_member_nodes_follow_the_origins_word_on_the_jobs_state(tmp_path) -> None:
+    async def go() -> None:
+        c = Cluster(tmp_path)
+        await c.start_all()
+        job = (await c.comps[1].submit(spec3(), 0, 0))["id"]
+        await c.tick()
+        await c.tick()  # the second report round hears "running"
+        for n in (2, 3):
+            c.jobs[n].jobs[job].state = "suspended"  # (still running as a member: no report)
+        assert c.comps[1].view(job)["state"] == "running"
+        assert c.comps[2].view(job)["state"] in ("starting", "running")
+        await c.comps[1].stop(job, 0)
+        await settle(c.comps.values())
+        await c.tick()
+        v = c.comps[2].view(job)
+        assert v["state"] == "ended" and v["end_reason"] == "stopped by uid 0"
+        await c.stop()
+    run(go())
+
+
+def test_reports_that_come_while_placing_are_decided_once_placed(tmp_path) -> None:
+    async def go() -> None:
+        c = Cluster(tmp_path)
+        await c.start_all()
+        placer = c.comps[1].placer
+        inner = placer.place
+
+        async def place_then_report(*a: Any, **kw: Any) -> Any:
+            res = await inner(*a, **kw)
+            await c.tick()  # every member reports running before the placement returns
+            return res
+        placer.place = place_then_report
+        view = await c.comps[1].submit(spec3(), 0, 0)
+        assert view["state"] == "running", view
+        await c.stop()
+    run(go())

@@ -489,7 +489,17 @@ class MembersComponent:
         self.counts["reports_taken"] += 1
         if rec.state is not MultiState.ENDED and self.table.set_member(rec, index, state, code):
             self._decide(rec, index, state)
-        return {"state": str(rec.state), "generation": rec.generation}
+        return {"state": str(rec.state), "generation": rec.generation, "end_reason": rec.end_reason}
+
+    def _recheck(self, rec: MultiRecord) -> None:
+        """The members' states as they stand, decided again (reports that came while the gang
+        was being placed were stored, not decided)."""
+        for m in rec.members:
+            if m.state in pm.ENDED:
+                self._decide(rec, m.index, m.state)
+                return
+        if rec.members:
+            self._decide(rec, 0, rec.members[0].state)
 
     def _decide(self, rec: MultiRecord, index: int, state: MemberState) -> None:
         """Member ``index`` of ``rec`` is in ``state`` now (stored): what the job does."""
@@ -805,8 +815,9 @@ class MembersComponent:
                 got = {}
             if (m.state, m.code, rec.last_ckpt, rec.generation) == told:  # (else: told again next tick)
                 self._unreported.discard(job)
-            if got.get("state") == str(MultiState.ENDED) and rec.origin != self.node and rec.state is not MultiState.ENDED:
-                self.table.move(rec, pm.Event.END, "ended at its origin")
+            said = got.get("state")
+            if rec.origin != self.node and said in set(MultiState) and got.get("generation") == rec.generation:
+                self.table.follow(rec, MultiState(said), str(got.get("end_reason") or "ended at its origin"))
         finally:
             self._reporting.discard(job)
 
@@ -883,6 +894,7 @@ class MembersComponent:
             self.table.move(rec, pm.Event.PLACED)
             self._emit(f"job {job_id} placed on nodes {[m.node for m in rec.members]}", job=job_id,
                        nodes=[m.node for m in rec.members], by_uid=owner_uid)
+            self._recheck(rec)
         else:
             await self._end(rec, f"not placed: {getattr(res, 'reason', '') or getattr(res, 'outcome', '?')}")
         return self._view(rec)

@@ -199,6 +199,17 @@ class MemberTable:
         self._store_job(rec)
         return effects
 
+    def follow(self, rec: MultiRecord, state: MultiState, end_reason: str = "") -> None:
+        """A member node's record follows its origin's word on the job's state (an answer to
+        its report): the origin's table made the move; here it is only told. The origin's own
+        record moves only through :meth:`move`."""
+        if rec.state is state or rec.state is MultiState.ENDED:
+            return
+        rec.state = state
+        if state is MultiState.ENDED:
+            rec.end_reason = end_reason[:400]
+        self._store_job(rec)
+
     def set_job(self, rec: MultiRecord, **values: Any) -> None:
         """Stores the job's other columns (generation, endpoint, restarts, last_ckpt,
         last_ckpt_at, origin-side edits); the state moves only through :meth:`move`."""
