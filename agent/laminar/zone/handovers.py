@@ -310,6 +310,9 @@ class Handovers:
             spec_d = dict(pv.from_peer(req["spec"], counts, f"node {sender}'s hand-over", ours))
             whole = [self.host.gpu_index[i] for i, f in p.reservation.gpu_alloc if f >= 1.0 - pl.EPS and i < len(self.host.gpu_index)]
             spec_d["gpus"] = whole
+            if member is not None:  # the member's own job runs on this node alone (laminar.members)
+                for key in ("workers", "workers_min", "workers_max", "launcher"):
+                    spec_d.pop(key, None)
             origin = pv.JobOrigin(migrated_from=migrated_from, placement_id=pid,
                                   gpu_share=self._share_of(p.reservation.gpu_alloc), requeued_from=requeued_from)
             if self.host.loan.is_loan(p.reservation.demand):
