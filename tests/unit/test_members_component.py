@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -19,7 +20,7 @@ from standin_agent import standin_agent
 from laminar.components import MembersAgent
 from laminar.config import load
 from laminar.events import EventBus
-from laminar.members.component import OP_ORDER, OP_REPORT, MembersComponent, endpoint_port
+from laminar.members.component import OP_ORDER, OP_REPORT, VIEW_EVERY_S, MembersComponent, endpoint_port
 from laminar.members.table import MemberTable
 from laminar.policy.members import MemberState, MultiState
 from laminar.runtime.spec import JobError, JobSpec
@@ -76,14 +77,18 @@ class StandInJobs:
 
 
 class StandInMembership:
+    """The zone's liveness as the component reads it: a node is dead once set so, or after
+    three requests it left unanswered (laminar.zone.membership.MAX_MISSES)."""
+
     def __init__(self) -> None:
         self.dead: set[int] = set()
+        self.misses: dict[int, int] = {}
 
     def alive(self, node: int, now: float) -> bool:
-        return node not in self.dead
+        return node not in self.dead and self.misses.get(node, 0) < 3
 
     def missed(self, node: int, now: float) -> None:
-        pass
+        self.misses[node] = self.misses.get(node, 0) + 1
 
 
 class StandInZone:
@@ -162,6 +167,7 @@ class Cluster:
         self.jobs: dict[int, StandInJobs] = {n: StandInJobs() for n in self.nodes}
         self.stores: dict[int, Store] = {}
         self.ckpt_root = ckpt_root
+        self.now = time.time()
 
     def agent(self, node: int) -> Any:
         store = self.stores.setdefault(node, Store(self.tmp / f"n{node}" / "laminar.db"))
@@ -194,9 +200,11 @@ class Cluster:
         return send
 
     async def tick(self, rounds: int = 1) -> None:
+        """Each component's round, ``rounds`` times, each VIEW_EVERY_S later than the last."""
         for _ in range(rounds):
+            self.now += VIEW_EVERY_S
             for c in list(self.comps.values()):
-                c.tick(0.0)
+                c.tick(self.now)
             for _ in range(20):
                 await asyncio.sleep(0)
             await settle(self.comps.values())
@@ -649,5 +657,26 @@ def test_reports_that_come_while_placing_are_decided_once_placed(tmp_path) -> No
         placer.place = place_then_report
         view = await c.comps[1].submit(spec3(), 0, 0)
         assert view["state"] == "running", view
+        await c.stop()
+    run(go())
+
+
+def test_a_silent_members_node_is_found_dead_by_the_origins_views_and_replaced(tmp_path) -> None:
+    """Nothing else goes to a member's node: the origin's periodic view, unanswered three
+    times, makes the zone's liveness call it dead; the member is lost and re-placed."""
+    async def go() -> None:
+        c = Cluster(tmp_path, n=4)
+        await c.start_all()
+        c.busy = {4}
+        job = (await c.comps[1].submit(spec3(), 0, 0))["id"]
+        await c.tick()
+        c.busy = set()
+        c.deaf = {3}  # node 3 is gone: nothing it sends or is sent arrives
+        await c.tick(3)
+        assert c.membership.misses.get(3, 0) >= 3
+        await c.tick()
+        v = c.comps[1].view(job)
+        assert v["generation"] == 1 and [m["node"] for m in v["members"]] == [1, 2, 4], v
+        assert c.comps[1].counts["lost"] == 1
         await c.stop()
     run(go())

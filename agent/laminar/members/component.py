@@ -65,6 +65,7 @@ ENDPOINT_PORTS = 600
 REPORTS_IN_FLIGHT = 16  # reports awaiting the origin at once (the rest wait for the next tick)
 RESIZE_SETTLE_S = 10.0  # an elastic job resizing whose live members all run this long is running again
 PATH_MAX = 512  # a checkpoint path in a report or an order, at most
+VIEW_EVERY_S = 10.0  # the origin sends each member's node the job's view this often (unanswered: a miss)
 CKPT_LOOK_S = 10.0  # member 0's node looks for a newer verified checkpoint of its job this often
 CKPT_VERIFY_S = 5.0  # one look's verification, at most (off the loop; the newest two are tried)
 
@@ -190,6 +191,7 @@ class MembersComponent:
         self._relaunching: set[str] = set()  # member: jobs whose relaunch here is under way
         self._ckpt_looked: dict[str, float] = {}  # member 0: job -> when its shared directory was last looked at
         self._ckpt_looking: set[str] = set()
+        self._viewed: dict[str, float] = {}  # origin: job -> when its members' nodes were last sent its view
         self._tasks: set[asyncio.Task[Any]] = set()
         self._loop_task: asyncio.Task[Any] | None = None
         self.counts: dict[str, int] = {"reports_sent": 0, "reports_taken": 0, "orders_sent": 0, "orders_taken": 0,
@@ -375,9 +377,26 @@ class MembersComponent:
                 self._decide(rec, m.index, MemberState.LOST)
                 if rec.job in self._acting:
                     return
+        if now - self._viewed.get(rec.job, -1e18) >= VIEW_EVERY_S:
+            # the job's view to each member's node: it carries the last verified checkpoint, and
+            # an unanswered one counts as a miss (zone liveness), so a node that left without
+            # notice is found dead though nothing else is sent to it
+            self._viewed[rec.job] = now
+            for m in rec.members:
+                if m.state in pm.LIVE and m.node != self.node:
+                    self._spawn(self._send_view(rec, m.node))
         if (rec.state is MultiState.RESIZING and now - rec.updated >= RESIZE_SETTLE_S
                 and all(m.state is MemberState.RUNNING for m in rec.members if m.state in pm.LIVE)):
             self.table.move(rec, pm.Event.ALL_RUNNING)
+
+    async def _send_view(self, rec: MultiRecord, node: int) -> None:
+        payload: dict[str, Any] = {"job": rec.job, "generation": rec.generation}
+        if rec.last_ckpt:
+            payload["last_ckpt"] = rec.last_ckpt
+        try:
+            await self.request(node, OP_VIEW, payload)
+        except MemberError as e:
+            log.info("members: job %s: the view to node %d: %s", rec.job, node, e)
 
     # -- messages ------------------------------------------------------------------------------------
 
@@ -736,8 +755,11 @@ class MembersComponent:
             raise MemberError(f"job {job}: unknown here")
         if sender != rec.origin:
             raise MemberError(f"job {job}: only its origin, node {rec.origin}, sends its view (not node {sender})")
-        if isinstance(req.get("last_ckpt"), str) and len(req["last_ckpt"]) <= PATH_MAX:
-            self.table.set_job(rec, last_ckpt=req["last_ckpt"], last_ckpt_at=time.time())
+        ckpt = req.get("last_ckpt")
+        mine = self._ckpt_dir(job)
+        if (isinstance(ckpt, str) and len(ckpt) <= PATH_MAX and mine is not None and ckpt.startswith(mine + "/")
+                and ckpt != rec.last_ckpt):
+            self.table.set_job(rec, last_ckpt=ckpt, last_ckpt_at=time.time())
         return {"job": job, "generation": rec.generation}
 
     # -- the member side: starting a member -----------------------------------------------------------
