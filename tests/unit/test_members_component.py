@@ -70,7 +70,7 @@ class StandInJobs:
         self.submits.append(job_id)
         return self.jobs[job_id]
 
-    async def stop(self, job_id: str, reason: str = "") -> StandInJob:
+    async def stop(self, job_id: str, reason: str = "", **_: Any) -> StandInJob:
         job = self.jobs[job_id]
         job.state = "stopped"
         return job

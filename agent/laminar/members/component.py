@@ -40,6 +40,7 @@ from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
 from laminar.policy import members as pm
+from laminar.policy.endcause import EndCause
 from laminar.policy.members import Action, MemberState, MultiState
 from laminar.runtime.record import MULTI_ID_RE
 from laminar.runtime.spec import JobError, JobSpec
@@ -670,7 +671,7 @@ class MembersComponent:
             return {"done": "not running"}
         if do == "stop":
             assert jobs is not None
-            self._spawn(jobs.stop(job, f"stopped by its origin, node {rec.origin}"))
+            self._spawn(jobs.stop(job, f"stopped by its origin, node {rec.origin}", cause=EndCause.STOPPED_BY_ORIGIN))
             return {"done": "stopping"}
         if do in ("freeze", "thaw"):
             from laminar.runtime.holds import Hold, holds_of
@@ -734,7 +735,8 @@ class MembersComponent:
             local = jobs.get(rec.job) if jobs is not None else None
             if jobs is not None and local is not None and local.live and rec.generation < block["generation"]:
                 try:
-                    await jobs.stop(rec.job, f"relaunched by its origin (generation {block['generation']})")
+                    await jobs.stop(rec.job, f"relaunched by its origin (generation {block['generation']})",
+                                    cause=EndCause.STOPPED_BY_ORIGIN)
                 except JobError:
                     pass
             local = jobs.get(rec.job) if jobs is not None else None
