@@ -680,3 +680,20 @@ def test_a_silent_members_node_is_found_dead_by_the_origins_views_and_replaced(t
         assert c.comps[1].counts["lost"] == 1
         await c.stop()
     run(go())
+
+
+def test_member_zero_refuses_a_rendezvous_port_a_process_holds() -> None:
+    """The endpoint's port bound on this node's address by another process: member 0 refuses
+    (the origin tries another node or port); free, or an address not this node's: no refusal."""
+    import socket
+
+    from laminar.members.component import _port_taken
+
+    with socket.socket() as held:
+        held.bind(("127.0.0.1", 0))
+        held.listen()
+        port = held.getsockname()[1]
+        assert _port_taken("127.0.0.1", f"127.0.0.1:{port}") == "Address already in use"
+    assert _port_taken("127.0.0.1", f"127.0.0.1:{port}") is None
+    assert _port_taken("10.255.255.254", "10.255.255.254:29500") is None  # not an address of this host
+    assert _port_taken("127.0.0.1", "no port") is None

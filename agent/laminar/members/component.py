@@ -34,6 +34,7 @@ import asyncio
 import hashlib
 import json
 import logging
+import os
 import time
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable
@@ -156,6 +157,25 @@ def check_block(block: Any) -> dict[str, Any]:
     b.setdefault("max", count)
     b.setdefault("generation", 0)
     return b
+
+
+def _port_taken(addr: str, endpoint: str) -> str | None:
+    """Why member 0's rendezvous endpoint (``host:port``) cannot be served here (a process of
+    this node holds the port), or None: bound for a moment on ``addr``, the node's own address.
+    An address this node does not hold (a test's) or an endpoint that is not one: None."""
+    import errno
+    import socket
+
+    _, _, port = endpoint.rpartition(":")
+    if not port.isdigit() or not addr:
+        return None
+    family = socket.AF_INET6 if ":" in addr else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as sk:
+        try:
+            sk.bind((addr, int(port)))
+        except OSError as e:
+            return os.strerror(e.errno or 0) if e.errno == errno.EADDRINUSE else None
+    return None
 
 
 LaunchPlan = Callable[[dict[str, Any], JobSpec], tuple[list[str], dict[str, str]]]
@@ -788,6 +808,11 @@ class MembersComponent:
             raise JobError(f"job {job_id}: a member of it runs on this node already (one member per node)")
         if old is not None and old.generation > int(b["generation"]):
             raise JobError(f"job {job_id}: generation {b['generation']} is over (this node knows {old.generation})")
+        if idx == 0:
+            taken = _port_taken(str(b["nodes"][0][1]), str(b.get("endpoint", "")))
+            if taken:
+                raise JobError(f"job {job_id}: the rendezvous endpoint {b['endpoint']} is taken on this node ({taken}); "
+                               "the origin tries another port or node")
         argv, env = self.launch_plan(b, spec)
         root = str(self.s["ckpt_root"] or "")
         if root:
