@@ -25,7 +25,6 @@ from jobrig import airlock_rig, running, until
 from standin_agent import StandInMember, StandInMembers
 
 from laminar.policy import ladder
-from laminar.runtime.holds import Hold
 
 pytestmark = pytest.mark.kernel
 
