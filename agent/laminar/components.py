@@ -11,7 +11,8 @@ the Protocol the calling component holds.
 
 The rule: a component reaches the agent only through its interface here, by plain attribute
 access. An optional component (one an agent or a test can run without: the migration layer,
-Airlock, netguard, the API, the job manager; Airlock refuses to start without the last) is
+Airlock, netguard, the API, the job manager, the members of multi-node jobs; Airlock refuses
+to start without the job manager) is
 typed ``X | None`` and looked at as such; a core piece the agent always has (config, store, events) is not optional.
 A test that builds a component with a fake agent gives the fake every attribute the interface
 names (``None`` for an optional one it does not have).
