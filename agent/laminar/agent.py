@@ -42,8 +42,10 @@ if TYPE_CHECKING:
     from .components import (
         AirlockAgent,
         JobsAgent,
+        MembersForAgent,
         MigrateAgent,
         NetGuardAgent,
+        NetGuardSwitch,
         PressureAgent,
         TransfersAgent,
         ZoneAgent,
@@ -221,6 +223,8 @@ class Agent:
         self.transfers: TransferRegistry | None = None
         self.zone: ZoneComponent | None = None
         self.migrate: ReclaimComponent | None = None
+        # the members of multi-node jobs hosted or originated here (issue 33; None: none)
+        self.members: MembersForAgent | None = None
         # set once every component has started: one started early may wait for a later one
         self.components_started = asyncio.Event()
         self._stopping = asyncio.Event()
@@ -522,6 +526,12 @@ def _agent_conforms(agent: Agent) -> tuple[JobsAgent, AirlockAgent, NetGuardAgen
     in ``laminar.components`` names (and so that each component offers the others what theirs
     name: the migration layer what the zone calls on it, Airlock what netguard does, ...)."""
     return agent, agent, agent, agent, agent, agent, agent
+
+
+def _netguard_switches(netguard: NetGuard) -> NetGuardSwitch:
+    """Never called: mypy checks here that netguard offers the members component its per-job
+    switch (an origin's ORDER killswitch_on/off)."""
+    return netguard
 
 
 def main(argv: list[str] | None = None) -> int:

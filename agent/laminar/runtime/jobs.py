@@ -91,7 +91,7 @@ from . import joblimits, provenance
 from .checks import MAX_PER_USER, SubmitChecks
 from .ckpt_scan import CkptScanner
 from .grants import Grants
-from .holds import Holds
+from .holds import Hold, Holds
 from .jobtable import JobTable
 from .launch import PROBES_ALL_USERS, PROBES_PER_UID, check_owner_ids, check_paths, spawn
 from .leaks import LeakedCgroups
@@ -107,7 +107,7 @@ from .spec import (
 )
 
 if TYPE_CHECKING:
-    from ..components import JobsAgent
+    from ..components import JobsAgent, MemberInfo, MembersForJobs
 
 log = logging.getLogger("laminar.jobs")
 
@@ -185,8 +185,12 @@ class JobManager:
                  grants: Grants | None = None, leak_sweep_s: float = LEAK_SWEEP_S, metrics: Any = None,
                  max_per_user: int | None = None, keep_ended_s: float | None = None,
                  keep_ended: int | None = None,
-                 keep_ended_per_user: int | None = None, job_limits: dict[str, Any] | None = None) -> None:
+                 keep_ended_per_user: int | None = None, job_limits: dict[str, Any] | None = None,
+                 members: MembersForJobs | None = None) -> None:
         self.agent: JobsAgent | None = None  # what the job manager reads of it: laminar.components
+        # which local jobs are members of multi-node jobs (None: the agent's ``members``, read
+        # when asked: that component starts after this one)
+        self._members = members
         # config [job_limits] (None: the agent's config, else the defaults): what jobs start with
         self.job_limits_cfg = job_limits
         self.limiter: joblimits.Limiter | None = None
@@ -863,12 +867,107 @@ class JobManager:
             job.end_cause = cause
         self.table.persist(job)
 
+    def member_of(self, job: Job | str) -> MemberInfo | None:
+        """The member of a multi-node job that this local job is (``agent.members``), or None: a
+        job of this node alone, or no members component."""
+        members = self._members if self._members is not None else (
+            self.agent.members if self.agent is not None else None)
+        if members is None:
+            return None
+        return members.member_of(job if isinstance(job, str) else job.id)
+
     def request_checkpoint(self, job: Job) -> bool:
         """Send the job its checkpoint signal (main process) if that process catches it
         (:func:`catches_signal`). False if it is gone or does not catch it: the default action
         of SIGUSR1 (and most signals) kills, so a job without a handler (not yet installed,
-        or no checkpoint contract) is left running instead of killed."""
+        or no checkpoint contract) is left running instead of killed.
+
+        A member of a multi-node job (:meth:`member_of`) is signalled in every process of its
+        cgroup that catches it (:meth:`signal_catchers`): its main process is a launcher
+        (torchrun) that does not catch it and would die of it, its workers do. True when at
+        least one process was sent it."""
+        if self.member_of(job) is not None:
+            return bool(self.signal_catchers(job, job.spec.checkpoint_signal))
         return self.signal_main(job, job.spec.checkpoint_signal)
+
+    def catches_checkpoint(self, job: Job) -> bool:
+        """Whether the job keeps the checkpoint contract now: its main process catches its
+        checkpoint signal, or, for a member of a multi-node job, some process of its cgroup does
+        (what :meth:`request_checkpoint` would signal)."""
+        sig = job.spec.checkpoint_signal
+        if self.member_of(job) is not None:
+            try:
+                pids = job.cgroup.pids()
+            except (CgroupError, OSError):
+                return False
+            return any(catches_signal(pid, sig) for pid in pids)
+        return job.pid is not None and catches_signal(int(job.pid), sig)
+
+    def signal_catchers(self, job: Job, signame: str) -> builtins.list[int]:
+        """Send ``signame`` to every process of the job's cgroup (sub-cgroups included) that
+        catches it; returns the pids sent it. Each process is opened as a pidfd first and
+        only then looked at (in the job's cgroup still, a handler for the signal): the signal
+        goes through that pidfd, so a pid that ended and was reused meanwhile is never
+        signalled (the pidfd names the ended process: ESRCH). A process that does not catch
+        it (torchrun's launcher, a shell) is left alone: the default action kills."""
+        try:
+            num = signal.Signals[signame]
+            pids = job.cgroup.pids()
+        except (KeyError, CgroupError, OSError):
+            return []
+        sent: list[int] = []
+        for pid in pids:
+            try:
+                fd = os.pidfd_open(pid)
+            except OSError:  # gone
+                continue
+            try:
+                # looked at after the open: the pidfd holds the process that had the pid then
+                if pid not in job.cgroup.pids() or not catches_signal(pid, signame):
+                    continue
+                signal.pidfd_send_signal(fd, num)
+                sent.append(pid)
+            except (ProcessLookupError, CgroupError, OSError):
+                continue
+            finally:
+                os.close(fd)
+        return sent
+
+    def freeze_member(self, job_id: str) -> bool:
+        """The origin of a multi-node job orders its member here frozen (another member's node
+        suspended its own): the job's ``members`` hold (runtime/holds.py), which this node's
+        Airlock never releases (its recovery of the job releases its own hold only). The freeze is
+        asked, not waited for. False for a job not running here."""
+        job = self.get(job_id)
+        if job is None or not job.active or job.id not in self.jobs:
+            return False
+        try:
+            self.holds.hold(job, Hold.MEMBERS)
+        except CgroupError as e:
+            log.warning("job %s: freeze for its multi-node job: %s", job_id, e)
+            return False
+        if job.state != "suspended":
+            self.set_state(job, "suspended", "frozen with its multi-node job (another member is suspended)")
+        self._emit("job", f"job {job_id} frozen with its multi-node job", job=job_id, hold=Hold.MEMBERS.value)
+        return True
+
+    def thaw_member(self, job_id: str) -> bool:
+        """Releases the ``members`` hold :meth:`freeze_member` took; thawed unless another hold
+        (Airlock's, a move's, a fence's) keeps it frozen. True when thawed."""
+        job = self.get(job_id)
+        if job is None or not job.active or job.id not in self.jobs:
+            return False
+        try:
+            thawed = self.holds.release(job, Hold.MEMBERS)
+        except CgroupError as e:
+            log.warning("job %s: thaw for its multi-node job: %s", job_id, e)
+            return False
+        if thawed:
+            self.set_state(job, "running", "thawed with its multi-node job")
+        self._emit("job", f"job {job_id} " + ("thawed with its multi-node job" if thawed else
+                   f"released by its multi-node job, still held: {', '.join(self.holds.reasons(job_id))}"),
+                   job=job_id, hold=Hold.MEMBERS.value, thawed=thawed)
+        return thawed
 
     def signal_main(self, job: Job, signame: str) -> bool:
         """Send ``signame`` to the job's main process if it catches it; True when sent. Through
