@@ -42,6 +42,7 @@ if TYPE_CHECKING:
     from .components import (
         AirlockAgent,
         JobsAgent,
+        MembersForApi,
         MigrateAgent,
         NetGuardAgent,
         PressureAgent,
@@ -221,6 +222,9 @@ class Agent:
         self.transfers: TransferRegistry | None = None
         self.zone: ZoneComponent | None = None
         self.migrate: ReclaimComponent | None = None
+        # multi-node jobs (laminar/members/component.py); typed by what the API calls on it
+        # until the component lands
+        self.members: MembersForApi | None = None
         # set once every component has started: one started early may wait for a later one
         self.components_started = asyncio.Event()
         self._stopping = asyncio.Event()

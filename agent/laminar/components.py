@@ -119,6 +119,23 @@ class MigrateForZone(Protocol):
     def check_resume(self, path: str, owner_uid: int = 0, owner_gid: int | None = None) -> str: ...
 
 
+class MembersForApi(Protocol):
+    """The members component (the agent's ``members``, ``laminar/members/component.py``) as the
+    API routes of the zone, the job manager and netguard call it (``laminar/members/routes.py``):
+    a multi-node job's placement, its views, its stop and its kill-switch."""
+
+    async def submit(self, spec: Any, owner_uid: int, owner_gid: int, *,
+                     spread_zones: bool = False) -> dict[str, Any]: ...
+
+    def views(self) -> list[dict[str, Any]]: ...
+
+    def view(self, job_id: str) -> dict[str, Any] | None: ...
+
+    async def stop(self, job_id: str, by_uid: int) -> dict[str, Any]: ...
+
+    async def killswitch(self, job_id: str, on: bool, by_uid: int) -> dict[str, Any]: ...
+
+
 # -- what each component reads of the agent ---------------------------------------------------
 
 
@@ -145,6 +162,8 @@ class JobsAgent(AgentCore, Protocol):
     def api(self) -> ApiServer | None: ...
     @property
     def airlock(self) -> AirlockRungs | None: ...
+    @property
+    def members(self) -> MembersForApi | None: ...
 
 
 class AirlockAgent(AgentCore, Protocol):
@@ -167,6 +186,8 @@ class NetGuardAgent(AgentCore, Protocol):
     def airlock(self) -> AirlockForNetGuard | None: ...
     @property
     def jobs(self) -> JobIndex | None: ...
+    @property
+    def members(self) -> MembersForApi | None: ...
 
     def request_stop(self) -> None: ...
 
@@ -215,6 +236,8 @@ class ZoneAgent(Protocol):
     @property
     def migrate(self) -> MigrateForZone | None: ...
     @property
+    def members(self) -> MembersForApi | None: ...
+    @property
     def components_started(self) -> asyncio.Event:
         """Set once the agent has started every component: the migration layer starts after
         the zone, and a loan return the zone redoes at its start waits for it until then."""
@@ -249,5 +272,6 @@ def jobs_of(agent: MigrateAgent) -> JobManager:
 
 
 __all__ = ["AgentCore", "AirlockAgent", "AirlockForNetGuard", "AirlockRungs", "JobIndex", "JobsAgent", "JobsById",
-           "Departures", "MigrateAgent", "MigrateForAirlock", "MigrateForZone", "MovesNow", "NetGuardAgent", "PressureAgent", "TakeOvers",
+           "Departures", "MembersForApi", "MigrateAgent", "MigrateForAirlock", "MigrateForZone", "MovesNow",
+           "NetGuardAgent", "PressureAgent", "TakeOvers",
            "TransfersAgent", "ZoneAgent", "jobs_of"]

@@ -735,6 +735,16 @@ class NetGuard:
         lent_off = False  # an 'off --all' that also cleared the lent cut or the lent deadline
         if scope == "job":
             job_id = require(body, "job", str, "a job id")
+            members = self.agent.members if self.agent is not None else None
+            if members is not None and members.view(job_id) is not None:
+                # a multi-node job: every member's traffic, on every member's node (its origin
+                # orders each member's agent: docs/jobs.md)
+                from ..members import routes as mroutes
+
+                try:
+                    return await mroutes.killswitch(members, job_id, action, req.peer.uid)
+                except mroutes.MembersRefused as e:
+                    raise ApiError(e.status, e.message, e.reason) from None
             job, cg = self._job_cgroup(job_id)
             if action == "arm":
                 assert deadline is not None
