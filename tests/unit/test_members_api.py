@@ -169,6 +169,10 @@ def test_jobs_list_show_and_stop_multinode_jobs(tmp_path: Path) -> None:
             m = StandinMembers(origin=1)
             jm.agent = standin_agent(JobsAgent, members=m, config=cfg.load(None), store=jm.store)
             r = jobs_routes(jm)
+            with pytest.raises(ApiError) as e:  # one node's POST /v1/jobs takes no gang
+                await r[("POST", "/v1/jobs")](req("POST", "/v1/jobs", body={"command": ["x"], "workers": 3}))
+            assert e.value.status == 400 and "workers 3" in e.value.message and "--workers 3" in e.value.message
+            assert jm.list() == [] and m.calls == []
             a = await jm.submit(JobSpec(command=["sleep", "30"]))  # job-1
             mine = jm.reserve_multinode_id(1)  # job-2-n1: originated here, no member here
             m.jobs[mine] = view(mine, 1, [(2, "10.9.0.2"), (3, "10.9.0.3")], owner_uid=1000)

@@ -63,6 +63,10 @@ def routes(jm: JobManager) -> list[Any]:
     async def submit(req: Request) -> dict[str, Any]:
         try:
             spec = JobSpec.from_dict(req.body)
+            if spec.is_multinode():  # members on several nodes: the zone places them (docs/jobs.md)
+                raise JobError(f"workers {spec.workers}: a multi-node job is placed through the zone "
+                               f"(POST /v1/placements; laminarctl zone submit --workers {spec.workers}), not "
+                               "submitted to one node", reason="workers_invalid")
             jm.checks.grant(spec, req.peer.uid, req.peer.gid, req.peer.pid, req.peer.groups)
             jm.checks.resume_from(spec, req.peer.uid)
             job = await jm.submit(spec, owner_uid=req.peer.uid, owner_gid=req.peer.gid, quota=True)
