@@ -2,7 +2,7 @@
 each path (one route per path): the zone's ``POST /v1/placements`` hands a spec with
 ``workers`` to :func:`submit`, the jobs API's ``GET /v1/jobs``, ``GET /v1/jobs/{id}`` and
 ``POST /v1/jobs/{id}/stop`` add the multi-node jobs' views (:func:`list_views`,
-:func:`local_job_extra`) and stop one (:func:`stop`), netguard's ``POST /v1/killswitch``
+:func:`local_job_extra`) and stop one (:func:`stop_members`), netguard's ``POST /v1/killswitch``
 cuts every member's traffic (:func:`killswitch`). The members component (the agent's
 ``members``, ``laminar/members/component.py``) does the work; this module checks the request
 first, so that bad input is refused with the value and what is allowed before anything
@@ -191,7 +191,7 @@ def may_manage(view: dict[str, Any], uid: int, in_control_group: bool) -> bool:
     return uid == 0 or uid == view.get("owner_uid") or in_control_group
 
 
-async def stop(members: MembersForApi, job_id: str, uid: int, in_control_group: bool) -> dict[str, Any]:
+async def stop_members(members: MembersForApi, job_id: str, uid: int, in_control_group: bool) -> dict[str, Any]:
     """Stops every member of ``job_id`` (a view this node holds: the caller checked). Refused
     (403) unless the caller may manage it; a JobError of the component is a 409."""
     v = members.view(job_id)
@@ -201,7 +201,7 @@ async def stop(members: MembersForApi, job_id: str, uid: int, in_control_group: 
         raise MembersRefused(403, f"permission denied: job {job_id} belongs to uid {v.get('owner_uid')}; stopping "
                                   f"another user's job needs root or the control group (caller uid {uid})")
     try:
-        return await members.stop(job_id, uid)
+        return await members.stop(job_id, by_uid=uid)
     except JobError as e:
         raise MembersRefused(409, str(e), e.reason) from None
 

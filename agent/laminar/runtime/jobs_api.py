@@ -147,7 +147,7 @@ def routes(jm: JobManager) -> list[Any]:
         m = members()
         if m is not None and m.view(jid) is not None:  # every member, through the origin
             try:
-                return await mroutes.stop(m, jid, req.peer.uid, in_control_group(req))
+                return await mroutes.stop_members(m, jid, req.peer.uid, in_control_group(req))
             except mroutes.MembersRefused as e:
                 raise ApiError(e.status, e.message, e.reason) from None
         job = find(req)
