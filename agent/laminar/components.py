@@ -182,16 +182,37 @@ class MembersForNet(MembersForJobs, Protocol):
         ...
 
 
-class MembersForAgent(MembersForAirlock, MembersForNet, Protocol):
-    """All of the above: the type of ``Agent.members`` until the members component
-    (``laminar.members.component.MembersComponent``) types it concretely."""
-
-
 class NetGuardSwitch(Protocol):
     """What the members component calls on netguard when the origin orders a member's
     traffic cut or restored (ORDER killswitch_on/off)."""
 
     def set_job_switch(self, job_id: str, on: bool) -> bool: ...
+
+
+class MembersForApi(Protocol):
+    """The members component (the agent's ``members``, ``laminar/members/component.py``) as the
+    API routes of the zone, the job manager and netguard call it (``laminar/members/routes.py``):
+    a multi-node job's placement, its views, its stop and its kill-switch."""
+
+    async def submit(self, spec: Any, owner_uid: int, owner_gid: int, *,
+                     spread_zones: bool = False) -> dict[str, Any]: ...
+
+    def views(self) -> list[dict[str, Any]]: ...
+
+    def view(self, job_id: str) -> dict[str, Any] | None: ...
+
+    async def stop(self, job_id: str, by_uid: int) -> dict[str, Any]: ...
+
+    async def killswitch(self, job_id: str, on: bool, by_uid: int) -> dict[str, Any]: ...
+
+
+class MembersForJobsApi(MembersForJobs, MembersForApi, Protocol):
+    """The members component as the job manager and its routes use it."""
+
+
+class MembersForAgent(MembersForAirlock, MembersForNet, MembersForApi, Protocol):
+    """All of the above: the type of ``Agent.members`` until the members component
+    (``laminar.members.component.MembersComponent``) types it concretely."""
 
 
 # -- what each component reads of the agent ---------------------------------------------------
@@ -221,7 +242,7 @@ class JobsAgent(AgentCore, Protocol):
     @property
     def airlock(self) -> AirlockRungs | None: ...
     @property
-    def members(self) -> MembersForJobs | None: ...
+    def members(self) -> MembersForJobsApi | None: ...
 
 
 class AirlockAgent(AgentCore, Protocol):
@@ -296,6 +317,8 @@ class ZoneAgent(Protocol):
     @property
     def migrate(self) -> MigrateForZone | None: ...
     @property
+    def members(self) -> MembersForApi | None: ...
+    @property
     def components_started(self) -> asyncio.Event:
         """Set once the agent has started every component: the migration layer starts after
         the zone, and a loan return the zone redoes at its start waits for it until then."""
@@ -330,6 +353,6 @@ def jobs_of(agent: MigrateAgent) -> JobManager:
 
 
 __all__ = ["AgentCore", "AirlockAgent", "AirlockForNetGuard", "AirlockRungs", "JobIndex", "JobsAgent", "JobsById",
-           "Departures", "MemberInfo", "MembersForAgent", "MembersForAirlock", "MembersForJobs", "MembersForNet",
-           "MigrateAgent", "MigrateForAirlock", "MigrateForZone", "MovesNow", "NetGuardAgent", "NetGuardSwitch",
-           "PressureAgent", "TakeOvers", "TransfersAgent", "ZoneAgent", "jobs_of"]
+           "Departures", "MemberInfo", "MembersForAgent", "MembersForAirlock", "MembersForApi", "MembersForJobs",
+           "MembersForJobsApi", "MembersForNet", "MigrateAgent", "MigrateForAirlock", "MigrateForZone", "MovesNow",
+           "NetGuardAgent", "NetGuardSwitch", "PressureAgent", "TakeOvers", "TransfersAgent", "ZoneAgent", "jobs_of"]

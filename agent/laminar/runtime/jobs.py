@@ -96,7 +96,7 @@ from .jobtable import JobTable
 from .launch import PROBES_ALL_USERS, PROBES_PER_UID, check_owner_ids, check_paths, spawn
 from .leaks import LeakedCgroups
 from .provenance import NO_ORIGIN, JobOrigin
-from .prune import KEEP_ENDED, KEEP_ENDED_PER_USER, KEEP_ENDED_S, NUM_FLOOR_KEY, Pruner
+from .prune import KEEP_ENDED, KEEP_ENDED_PER_USER, KEEP_ENDED_S, NUM_FLOOR_KEY, NUM_RESERVED_KEY, Pruner
 from .record import LIVE_STATES, LOST_WITH_CGROUP, QUEUED, SCHEMA, STATES, Job, upgrade_columns
 from .spec import (
     AdmissionError,
@@ -104,6 +104,8 @@ from .spec import (
     JobSpec,
     ReservedEnvError,
     ResumeFromError,
+    _brief,
+    is_multinode_id,
 )
 
 if TYPE_CHECKING:
@@ -573,7 +575,7 @@ class JobManager:
     # -- submit --------------------------------------------------------------------------------
 
     async def submit(self, spec: JobSpec, owner_uid: int = 0, owner_gid: int = 0, *, quota: bool = False,
-                     origin: JobOrigin = NO_ORIGIN) -> Job:
+                     origin: JobOrigin = NO_ORIGIN, job_id: str | None = None) -> Job:
         """Submit `spec` as a job owned by (owner_uid, owner_gid) and start it if its class has
         room (`airlock.admission`); else it is returned in state ``queued`` (no pid, no cgroup
         yet, cgroup_id 0; its reason says what it waits for) and starts by itself once room
@@ -585,9 +587,15 @@ class JobManager:
         it raises QuotaError when the owner has ``jobs.max_per_user`` jobs not yet ended
         (`checks.quota`), checked again with no await before the job is stored, so concurrent
         submissions cannot pass it together. `origin`: where the job came from, from the agent's
-        own code only (a hand-over, a take-over; laminar.runtime.provenance), stored with it."""
+        own code only (a hand-over, a take-over; laminar.runtime.provenance), stored with it.
+        `job_id`: from the agent's own code only (the members component: a member's local job
+        has its multi-node job's id, ``job-7-n3``); JobError unless it is a multi-node id
+        (`spec.MULTINODE_ID_RE`) that no job here has (a row of any state, an ended one too).
+        The job still takes this node's next number (`num`), as every job does."""
         assert self.tree is not None and self.state_dir is not None and self.inventory is not None
         check_owner_ids(owner_uid, owner_gid)
+        if job_id is not None:
+            self._check_given_id(job_id)
         if quota:
             self.checks.quota(owner_uid)
         spec.validate()
@@ -628,10 +636,12 @@ class JobManager:
             self.checks.quota(owner_uid)
         spec_text = json.dumps(spec.as_dict())
         with self.store.tx() as db:
-            # past every number given: the highest row, and the highest ever pruned
-            floor = int(self.store.get_meta(NUM_FLOOR_KEY, 0) or 0)
-            num = max(int(db.execute("SELECT COALESCE(MAX(num), 0) FROM jobs").fetchone()[0]), floor) + 1
-            job_id = f"job-{num}"
+            num = self._next_num(db)  # past every number given (pruned and reserved ones too)
+            if job_id is None:
+                job_id = f"job-{num}"
+            elif db.execute("SELECT 1 FROM jobs WHERE id=?", (job_id,)).fetchone() is not None or job_id in self.jobs:
+                raise JobError(f"job id {job_id!r}: a job here has it already (ids are never given twice)",
+                               reason="job_id_taken")
             created = time.time()
             db.execute(f"INSERT INTO jobs(id, num, spec, state, owner_uid, owner_gid, gpus, created, "
                        f"{', '.join(provenance.COLUMNS)}) VALUES(?, ?, ?, 'queued', ?, ?, '[]', ?"
@@ -651,6 +661,36 @@ class JobManager:
                        **{"class": spec.job_class}, priority=spec.priority, memory_mb=spec.memory_mb,
                        queue=job.queue_view())
         return job
+
+    def _next_num(self, db: Any) -> int:
+        """The next job number (in a transaction of the store): past every number given, the
+        highest row, the highest ever pruned and the highest reserved for a multi-node id."""
+        floor = int(self.store.get_meta(NUM_FLOOR_KEY, 0) or 0)
+        reserved = int(self.store.get_meta(NUM_RESERVED_KEY, 0) or 0)
+        return max(int(db.execute("SELECT COALESCE(MAX(num), 0) FROM jobs").fetchone()[0]), floor, reserved) + 1
+
+    def reserve_multinode_id(self, node: int) -> str:
+        """A new multi-node job's id on its origin, ``job-<num>-n<node>`` (docs/jobs.md): ``num``
+        is taken from this node's job numbers (kept in the store as ``jobs.num_reserved``), so it
+        never collides with a ``job-N`` of this node, nor with another reserved id, also after a
+        restart. ``node``: this node's zone node id. No job row is made (the members component
+        keeps the job's record)."""
+        if isinstance(node, bool) or not isinstance(node, int) or not 0 <= node < 10 ** 10:
+            raise JobError(f"node {node!r}: expected this node's zone node id, 0 to {10 ** 10 - 1}")
+        with self.store.tx() as db:
+            num = self._next_num(db)
+            db.execute("INSERT INTO meta(key, value) VALUES(?, ?) ON CONFLICT(key) DO UPDATE SET value=excluded.value",
+                       (NUM_RESERVED_KEY, json.dumps(num)))
+        return f"job-{num}-n{node}"
+
+    def _check_given_id(self, job_id: str) -> None:
+        """JobError unless `job_id` is a multi-node id no job here has (`submit`'s `job_id`)."""
+        if not is_multinode_id(job_id):
+            raise JobError(f"job id {_brief(job_id)}: expected a multi-node job's id, job-<num>-n<node> "
+                           "(e.g. job-7-n3)", reason="job_id_invalid")
+        if job_id in self.jobs or self.store.db.execute("SELECT 1 FROM jobs WHERE id=?", (job_id,)).fetchone():
+            raise JobError(f"job id {job_id!r}: a job here has it already (ids are never given twice)",
+                           reason="job_id_taken")
 
     def _start(self, job: Job) -> None:
         """Start a queued job now: GPUs, cgroups, the process, netguard, the watch. On failure
