@@ -103,7 +103,12 @@ Undo = Callable[[list[int]], Awaitable[None]]
 
 
 class _Retry(Exception):
-    """This step failed after binding: release, go on with the next step."""
+    """This step failed after binding: release, go on with the next step (``nodes``: the
+    nodes that failed it, not probed again for this placement)."""
+
+    def __init__(self, nodes: list[int]) -> None:
+        super().__init__(f"nodes {nodes}")
+        self.nodes = nodes
 
 
 class GangPlacer:
@@ -197,7 +202,10 @@ class GangPlacer:
                      answers: asyncio.Queue[tuple[int, wire.Body]], held: dict[int, pl.Offer], res: GangResult,
                      t0: float) -> None:
         probe = demand_to_probe(demand, pid, self.lease_s)
-        probed: set[int] = set()  # every node probed for this placement (never probed twice)
+        # nodes not probed again for this placement: those that refused, stayed silent or failed
+        # a commit. A node whose offer was released (it was not needed, or another member's
+        # commit failed) is probed again in a later step: it may still have the room.
+        avoid: set[int] = set()
         for rnd in range(self.max_rounds):
             res.rounds = rnd + 1
             schedule = gang.steps(self.policy, rnd)
@@ -217,18 +225,17 @@ class GangPlacer:
                         break
                     tried.extend(z for z, _ in plan)
                 targets: list[int] = []
-                skip = probed | self.m.suspects if self.m.suspects else probed
+                skip = avoid | self.m.suspects if self.m.suspects else avoid
                 for zone, count in plan:
                     members = self.m.zone_list(zone)
                     n = gang.probe_count(step.d, count, len(members))
                     targets += pl.probe_targets(members, n, self.rng, exclude=skip.union(targets))
                 if len(targets) < k:
                     continue  # the zone(s) have fewer fresh nodes than workers: a wider plan next
-                probed.update(targets)
                 res.probed.extend(targets)
                 for n in targets:
                     self._send(n, probe, res)
-                offers = await self._collect(answers, set(targets), k, held, res)
+                offers = await self._collect(answers, set(targets), k, held, avoid, res)
                 chosen = gang.pick_gang(offers, k, self.clock())
                 if chosen is None:
                     self._release(pid, list(held), res)
@@ -252,7 +259,8 @@ class GangPlacer:
                         res.members = [(n, self.m.by_node[n].addr) for n in nodes]
                         held.clear()  # bound: each node's reservation is its member now
                     return  # placed, or rejected/unconfirmed (final: _handover_all let go of the rest)
-                except _Retry:
+                except _Retry as e:
+                    avoid.update(e.nodes)
                     self._release(pid, list(held), res)
                     held.clear()
                     continue
@@ -263,9 +271,10 @@ class GangPlacer:
         res.reason = res.reason or f"no {k} nodes offered capacity together within the retry budget"
 
     async def _collect(self, answers: asyncio.Queue[tuple[int, wire.Body]], waiting: set[int], k: int,
-                       held: dict[int, pl.Offer], res: GangResult) -> list[pl.Offer]:
+                       held: dict[int, pl.Offer], avoid: set[int], res: GangResult) -> list[pl.Offer]:
         """Gather answers until ``k`` offers are in hand, every target answered, or the probe
-        timeout passed (the silent ones get a miss each). Returns the offers in arrival order."""
+        timeout passed (the silent ones get a miss each). Returns the offers in arrival order;
+        the nodes that refused, or stayed silent past the timeout, go to ``avoid``."""
         offers: list[pl.Offer] = []
         deadline = time.monotonic() + self.probe_timeout_s
         while waiting and len(offers) < k:
@@ -277,14 +286,19 @@ class GangPlacer:
             except TimeoutError:
                 break
             res.received += 1
+            if isinstance(body, wire.CommitAck):
+                continue  # a straggler of an earlier step's commit (that step released it)
             o = self._note(node, body, res, held)
             if o is not None and node in waiting:
                 offers.append(o)
+            elif isinstance(body, wire.Refuse):
+                avoid.add(node)
             waiting.discard(node)
         if waiting and len(offers) < k:
             now = self.clock()
             for n in waiting:
                 self.m.missed(n, now)
+            avoid.update(waiting)
         return offers
 
     def _note(self, node: int, body: wire.Body, res: GangResult, held: dict[int, pl.Offer]) -> pl.Offer | None:
@@ -309,12 +323,16 @@ class GangPlacer:
     async def _commit(self, pid: int, nodes: list[int], answers: asyncio.Queue[tuple[int, wire.Body]],
                       held: dict[int, pl.Offer], res: GangResult) -> dict[int, int]:
         """Commit every node of ``nodes``; returns node -> hand-over port when all acknowledged.
-        Raises :class:`_Retry` when one refused or stayed silent through every try (the
-        caller releases what is held: the committed ones and a silent one that may have
-        committed)."""
+
+        A refusal: everything held (the committed ones and those not answered yet) is released
+        at once, then the acknowledgements still on their way are awaited within the same
+        try's timeout and dropped (so none is taken for a later step's), and :class:`_Retry`
+        is raised. A node silent through every try: the same, its release included (it may
+        have committed)."""
         body = wire.Commit(pid, int(self.hold_s * 1000))
         ports: dict[int, int] = {}
         pending = set(nodes)
+        refused: list[int] = []
         for _ in range(self.commit_tries):
             for n in sorted(pending):
                 self._send(n, body, res)
@@ -330,8 +348,11 @@ class GangPlacer:
                 res.received += 1
                 if isinstance(b, wire.CommitAck) and n in pending:
                     pending.discard(n)
+                    if refused:
+                        continue  # released already
                     if b.status != 0:
                         held.pop(n, None)  # it holds nothing for us
+                        refused.append(n)
                         res.commit_failures += 1
                         self.counts["commit_failures"] += 1
                         try:
@@ -339,12 +360,16 @@ class GangPlacer:
                         except ValueError:
                             why = f"reason_{b.status}"
                         res.refusals[f"commit_{why}"] = res.refusals.get(f"commit_{why}", 0) + 1
-                        raise _Retry
+                        self._release(pid, list(held), res)  # at once: a competing gang may need them
+                        held.clear()
+                        continue
                     ports[n] = b.port or self.m.by_node[n].handover_port
                 elif isinstance(b, wire.Offer) and n not in nodes:
                     self._send(n, wire.Release(pid), res)  # a late offer: not needed
                 elif not isinstance(b, wire.CommitAck):
                     self._note(n, b, res, {})
+            if refused:
+                raise _Retry(refused)
             if not pending:
                 return ports
         now = self.clock()
@@ -353,7 +378,7 @@ class GangPlacer:
         res.commit_failures += 1
         self.counts["commit_failures"] += 1
         res.refusals["commit_silent"] = res.refusals.get("commit_silent", 0) + len(pending)
-        raise _Retry
+        raise _Retry(sorted(pending))
 
     async def _handover_all(self, pid: int, nodes: list[int], ports: dict[int, int], build: Build,
                             undo: Undo | None, held: dict[int, pl.Offer], res: GangResult) -> bool:
@@ -391,7 +416,9 @@ class GangPlacer:
         if "unknown" in outcomes:
             res.outcome = "unconfirmed"
             return False
-        raise _Retry
+        # the nodes that failed, and those whose member was started and stopped: the agent finds a
+        # repeated hand-over's job by its placement id, so one of them is not chosen again
+        raise _Retry([n for n, o in zip(nodes, outcomes, strict=True) if o is not None])
 
     async def _handover(self, pid: int, node: int, port: int, spec: bytes, res: GangResult) -> str | None:
         """One member's hand-over: ``"ok"``, ``"rejected"``, ``"failed"`` (it surely did not

@@ -33,9 +33,9 @@ from typing import Any
 from laminar.policy import placement as pl
 from laminar.zone import wire
 from laminar.zone.arbiter import HANDOVER_NO_RESERVATION, HANDOVER_OK, Arbiter, zone_summary_to_msg
+from laminar.zone.gangplace import GangPlacer, GangResult
 from laminar.zone.keys import ZoneKeys
 from laminar.zone.membership import Member, Membership
-from laminar.zone.gangplace import GangPlacer, GangResult
 from laminar.zone.submitter import HandoverError, PlacementResult, Submitter
 
 SIM_KEY = ZoneKeys({-1: b"simulated-zone-key-32-bytes-long"}, "simnet (fake)")
@@ -73,10 +73,12 @@ class SimNet:
     # (still no time passes on the fake clock). ``silent``: nodes that drop every message (a
     # dead node; a hand-over to one is refused before it is written). ``lose_before_commit``:
     # nodes whose offer is gone when a commit comes (as if its lease ran out and another
-    # placement took the capacity): the real Arbiter then refuses the commit.
+    # placement took the capacity): the real Arbiter then refuses the commit. ``drop_commits``:
+    # nodes that answer probes but drop commits (died after their offer).
     async_delivery: bool = False
     silent: set[int] = field(default_factory=set)
     lose_before_commit: set[int] = field(default_factory=set)
+    drop_commits: set[int] = field(default_factory=set)  # nodes that answer probes, never commits
 
     @classmethod
     def build(
@@ -144,7 +146,7 @@ class SimNet:
     def _deliver(self, node: int, body: wire.Body) -> None:
         a = self.arbiters[node]
         got = self._carry(self.submitter_node, node, body)
-        if node in self.silent:
+        if node in self.silent or (node in self.drop_commits and isinstance(got, wire.Commit)):
             return  # counted as sent; a dead node answers nothing
         self.touch(node)
         reply: wire.Body | None = None
