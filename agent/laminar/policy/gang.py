@@ -101,6 +101,20 @@ def probe_count(d: int, workers: int, zone_size: int) -> int:
     return min(d * workers, zone_size)
 
 
+def hinted_targets(summary: pl.ZoneSummary, demand: pl.Demand, n: int, rng: random.Random,
+                   exclude: Iterable[int] = ()) -> list[int]:
+    """Up to ``n // 2`` distinct nodes, drawn uniformly among those ``summary`` names as having
+    had room for ``demand``'s GPU shape (:func:`laminar.policy.placement.hinted_nodes`; a
+    zone names them only for the shapes not every node can take), skipping ``exclude``. The
+    gang's other probes are drawn uniformly, so a stale hint costs one refusal, not a round."""
+    raw = pl.hinted_nodes(summary, demand)
+    if not raw or n < 2:
+        return []
+    skip = set(exclude)
+    pool = [x for x in raw if x not in skip]
+    return rng.sample(pool, min(n // 2, len(pool)))
+
+
 def steps(policy: pl.RetryPolicy, round: int = 0) -> list[pl.Probe | pl.Queue]:
     """One round of a gang's steps: exactly :func:`laminar.policy.placement.retry_schedule`
     (``Probe(zone_rank, d)``: probe ``d`` nodes a worker in the ``zone_rank``-th zone plan;

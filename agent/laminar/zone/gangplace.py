@@ -139,8 +139,10 @@ class GangPlacer:
         clock: Callable[[], float] = time.time,
         sleep: Callable[[float], Any] = asyncio.sleep,
         ids: Callable[[], int] = wire.new_id,
+        zone_summary: Callable[[int], pl.ZoneSummary | None] | None = None,
     ) -> None:
         self.t = transport
+        self.zone_summary = zone_summary
         self.m = membership
         self.zone_fits = zone_fits
         self.rng = rng or random.Random()
@@ -229,7 +231,7 @@ class GangPlacer:
                 for zone, count in plan:
                     members = self.m.zone_list(zone)
                     n = gang.probe_count(step.d, count, len(members))
-                    targets += pl.probe_targets(members, n, self.rng, exclude=skip.union(targets))
+                    targets += self._targets(zone, demand, members, n, skip.union(targets))
                 if len(targets) < k:
                     continue  # the zone(s) have fewer fresh nodes than workers: a wider plan next
                 res.probed.extend(targets)
@@ -269,6 +271,16 @@ class GangPlacer:
                 assert isinstance(queue, pl.Queue)
                 await self.sleep(queue.delay_s)
         res.reason = res.reason or f"no {k} nodes offered capacity together within the retry budget"
+
+    def _targets(self, zone: int, demand: pl.Demand, members: list[int], n: int, skip: set[int]) -> list[int]:
+        """``n`` distinct nodes of ``zone`` to probe: up to half of them among the nodes the
+        zone's summary names as having had room for the demand's shape
+        (:func:`laminar.policy.gang.hinted_targets`), the rest drawn uniformly."""
+        summary = self.zone_summary(zone) if self.zone_summary is not None else None
+        hinted = gang.hinted_targets(summary, demand, n, self.rng, skip) if summary is not None else []
+        if not hinted:
+            return pl.probe_targets(members, n, self.rng, exclude=skip)
+        return pl.probe_targets(members, n - len(hinted), self.rng, exclude=skip.union(hinted)) + hinted
 
     async def _collect(self, answers: asyncio.Queue[tuple[int, wire.Body]], waiting: set[int], k: int,
                        held: dict[int, pl.Offer], avoid: set[int], res: GangResult) -> list[pl.Offer]:

@@ -312,6 +312,7 @@ class SimNet:
             self, self.membership, self.zone_fits, rng=self.rng, policy=policy,
             ids=lambda: self.rng.getrandbits(63) | 1, probe_timeout_s=probe_timeout_s,
             commit_timeout_s=probe_timeout_s, max_rounds=max_rounds, clock=self.now, sleep=no_sleep,
+            zone_summary=(lambda z: self.zone_summaries.get(z)) if self.hints else None,
         )
         self._late_offer = gp.note_late_offer
         return gp
