@@ -6,6 +6,8 @@ from __future__ import annotations
 import asyncio
 import random
 
+import pytest
+
 from laminar.policy import placement as pl
 from laminar.zone.gangplace import GangResult
 from laminar.zone.simnet import SimNet
@@ -165,3 +167,34 @@ def test_failed_handover_undoes_started_members_and_retries() -> None:
     assert placer.counts["undone"] == 1
     assert sum(len(a.placed) for a in net.arbiters.values()) == 3  # the undone members are gone
     assert _nothing_held(net) == []
+
+
+def test_arbiters_hold_one_placement_id_each() -> None:
+    """One placement id probed at many nodes: each node's Arbiter holds its own offer, only
+    the origin that probed may commit or release it, a committed one is released by the origin
+    (a failed gang), and the rest bind by hand-over."""
+    from laminar.zone import wire
+    from laminar.zone.arbiter import Arbiter, demand_to_probe
+
+    arbs = {n: Arbiter(pl.NodeCapacity(n, 1, (1.0,) * 8, 64.0, 512_000, "H100")) for n in (1, 2, 3)}
+    probe = demand_to_probe(WHOLE_NODE, 77, lease_s=0.85)
+    now, origin = 100.0, 9
+    for a in arbs.values():
+        assert isinstance(a.on_probe(probe, now, node=origin), wire.Offer)
+        assert a.prober_of(77) == origin
+    # another node speaks for the origin's placement: refused, nothing changes
+    assert arbs[1].on_commit(wire.Commit(77, 30_000), now, node=5).status == pl.RefuseReason.UNKNOWN_PLACEMENT
+    for a in arbs.values():
+        assert a.on_commit(wire.Commit(77, 30_000), now + 0.5, node=origin).status == 0
+        assert a.held[77].committed and a.held[77].expires_at == pytest.approx(now + 30.5)
+    arbs[3].on_release(wire.Release(77), now + 1, node=5)  # not the prober: ignored
+    assert 77 in arbs[3].held
+    arbs[3].on_release(wire.Release(77), now + 1, node=origin)  # the origin lets a committed one go
+    assert 77 not in arbs[3].held and arbs[3].view(now + 1).gpu_free == (1.0,) * 8
+    for n in (1, 2):
+        assert arbs[n].bind(77, now + 2, submitter=origin) is not None
+        assert arbs[n].view(now + 2).gpu_free == (0.0,) * 8
+    # the hold bounds a committed reservation whatever the origin does
+    assert arbs[3].on_probe(probe, now + 3, node=origin)
+    arbs[3].on_commit(wire.Commit(77, 1_000), now + 3, node=origin)
+    assert arbs[3].view(now + 4.5).gpu_free == (1.0,) * 8
