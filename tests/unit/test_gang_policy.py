@@ -75,3 +75,12 @@ def test_message_bounds() -> None:
     assert gang.sent_bound_per_worker(2) == 5
     with pytest.raises(pl.PlacementError):
         gang.messages_bound_per_worker(0)
+
+
+def test_zone_table_of_whole_fits_draws_as_choose_zones() -> None:
+    # the placer's cached draw (a ZoneTable of the zones whose fit holds k) picks the zone
+    # choose_zones picks for the same rng state
+    fits = {z: float((z * 37) % 11) for z in range(1, 40)}
+    tab = pl.ZoneTable.of(gang.whole_fits(fits, 4))
+    for s in range(300):
+        assert gang.choose_zones(fits, 4, random.Random(s)) == ((tab.choose(random.Random(s)), 4),)

@@ -111,8 +111,9 @@ def test_concurrent_gangs_all_place_when_there_is_room() -> None:
 
 def test_refused_commit_releases_and_retries_wider() -> None:
     net = _idle_net(12, 12)
-    # every node loses its offer before the commit once: the first commit round fails at any
-    # choice; the placer releases what it holds and tries again without the refusing node
+    # one node loses its offer before the commit (the real Arbiter then refuses it): a gang of
+    # 11 of the 12 nodes almost surely chose it; the placer releases what it holds and tries
+    # again, wider, without the refusing node
     first = random.Random(5).sample(sorted(net.arbiters), 1)[0]
     net.lose_before_commit = {first}
     placer = net.gang_placer()

@@ -68,7 +68,7 @@ def choose_zones(fits: Mapping[int, float], k: int, rng: random.Random, *, sprea
     check_k(k)
     skip = set(exclude)
     cands = sorted((z, f) for z, f in fits.items() if z not in skip and f > 0 and math.isfinite(f))
-    whole = [(z, f) for z, f in cands if f >= k]
+    whole = sorted((z, f) for z, f in whole_fits(fits, k).items() if z not in skip)
     if whole:
         total = sum(f for _, f in whole)
         x = rng.random() * total
@@ -90,6 +90,12 @@ def choose_zones(fits: Mapping[int, float], k: int, rng: random.Random, *, sprea
         if left == 0:
             return tuple(plan)
     return None
+
+
+def whole_fits(fits: Mapping[int, float], k: int) -> dict[int, float]:
+    """The zones of ``fits`` whose fit holds ``k`` workers alone (finite), with their fits: the
+    zones :func:`choose_zones` draws a one-zone plan from, in the same proportion."""
+    return {z: f for z, f in fits.items() if f >= k and math.isfinite(f)}
 
 
 def probe_count(d: int, workers: int, zone_size: int) -> int:
