@@ -7,6 +7,11 @@ transport instead of sockets. Each message is still encoded, signed, checked and
 :mod:`laminar.zone.wire` (``use_wire=True``), so its CPU cost is the agent's; delivery is instant
 and lossless, and every message is counted.
 
+Gang placements (:meth:`SimNet.place_gang`) run the real
+:class:`laminar.zone.gangplace.GangPlacer` the same way; with ``async_delivery`` each message is
+delivered on a later turn of the event loop, so that many concurrent gangs interleave message by
+message, and ``silent``, ``drop_commits`` and ``lose_before_commit`` make nodes fail.
+
 Only the network is fake. What it cannot show (latency, loss, a dead peer) the netns cluster
 tests and ``bench/placement.py``'s netns part measure on real sockets.
 
