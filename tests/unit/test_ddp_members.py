@@ -8,12 +8,14 @@ from __future__ import annotations
 
 import json
 import os
+import secrets
 import signal
 import socket
 import subprocess
 import sys
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import psutil
@@ -30,6 +32,21 @@ ARGS = ["--steps", "40", "--samples", "256", "--global-batch", "30"]  # 30: unev
 RDZV = {"join_timeout": 60, "last_call_timeout": 1, "keep_alive_interval": 1, "keep_alive_max_attempt": 2}
 
 torch = pytest.importorskip("torch")
+
+
+@pytest.fixture(scope="module")
+def reaped() -> Iterator[dict[str, str]]:
+    """The environment of this module's processes, marked: every process still carrying the
+    mark at the end is killed (torchrun starts each worker in a session of its own, so a worker
+    outlives a torchrun killed or timed out)."""
+    mark = secrets.token_hex(8)
+    yield {**os.environ, "LM_DDP_TEST": mark}
+    for q in psutil.process_iter():
+        try:
+            if q.pid != os.getpid() and q.environ().get("LM_DDP_TEST") == mark:
+                q.send_signal(signal.SIGKILL)
+        except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+            pass
 
 
 def _free_port() -> int:
@@ -79,13 +96,13 @@ class Member:
         self.log.close()
 
 
-def _members(tmp: Path, lo: int, hi: int, extra: list[str], out: Path) -> list[Member]:
+def _members(base: dict[str, str], tmp: Path, lo: int, hi: int, extra: list[str], out: Path) -> list[Member]:
     port = _free_port()
     ms = []
     for i in range(3):
         b = _block(i, lo, hi, port)
         ln = launch(b, [sys.executable, EX, *ARGS, *extra, "--out", str(out)], ifname="lo", rdzv_conf=RDZV)
-        env = {**os.environ, **ln.env, "LAMINAR_CKPT_DIR": str(tmp / "ckpt"), "PYTHONUNBUFFERED": "1"}
+        env = {**base, **ln.env, "LAMINAR_CKPT_DIR": str(tmp / "ckpt"), "PYTHONUNBUFFERED": "1", "LOGLEVEL": "INFO"}
         ms.append(Member(ln.argv, env, tmp / f"member{i}.log"))
     return ms
 
@@ -101,12 +118,13 @@ def _close(ws: dict[str, object], ref: dict[str, object]) -> None:
 
 
 @pytest.fixture(scope="module")
-def by_hand(tmp_path_factory: pytest.TempPathFactory) -> Path:
+def by_hand(tmp_path_factory: pytest.TempPathFactory, reaped: dict[str, str]) -> Path:
     """The job run by torchrun by hand, three workers on one node."""
     d = tmp_path_factory.mktemp("byhand")
     out = d / "w.pt"
     subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "3",
-                    EX, *ARGS, "--out", str(out)], check=True, capture_output=True, timeout=120, cwd=d)
+                    EX, *ARGS, "--out", str(out)], check=True, capture_output=True, timeout=120, cwd=d,
+                   env=reaped)
     return out
 
 
@@ -117,9 +135,10 @@ def _wait(ms: list[Member], timeout: float) -> None:
         m.t.join(timeout=5)
 
 
-def test_three_members_launched_as_laminar_does_end_as_torchrun_by_hand(tmp_path: Path, by_hand: Path) -> None:
+def test_three_members_launched_as_laminar_does_end_as_torchrun_by_hand(tmp_path: Path, by_hand: Path,
+                                                                      reaped: dict[str, str]) -> None:
     out = tmp_path / "w.pt"
-    ms = _members(tmp_path, 3, 3, [], out)
+    ms = _members(reaped, tmp_path, 3, 3, [], out)
     try:
         _wait(ms, 120)
     finally:
@@ -131,9 +150,10 @@ def test_three_members_launched_as_laminar_does_end_as_torchrun_by_hand(tmp_path
     _close(_weights(out), _weights(by_hand))
 
 
-def test_an_elastic_job_that_loses_a_member_goes_on_with_two_and_ends_as_unresized(tmp_path: Path, by_hand: Path) -> None:
+def test_an_elastic_job_that_loses_a_member_goes_on_with_two_and_ends_as_unresized(tmp_path: Path, by_hand: Path,
+                                                                                  reaped: dict[str, str]) -> None:
     out = tmp_path / "w.pt"
-    ms = _members(tmp_path, 2, 3, ["--ckpt-every", "10", "--step-sleep", "0.1"], out)
+    ms = _members(reaped, tmp_path, 2, 3, ["--ckpt-every", "10", "--step-sleep", "0.1"], out)
     try:
         # wait for the first checkpoint (rank 0's line, on whichever member holds rank 0)
         end = time.monotonic() + 90

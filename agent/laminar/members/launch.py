@@ -34,6 +34,13 @@ nodes in network namespaces share one host name, so gloo must not resolve it). t
   fewer than ``max`` members by 30 s. A member later than that joins through a membership
   change (TorchElastic restarts the workers; no ``--max-restarts`` is spent on it).
 
+The torchrun launcher's env also sets ``TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1``
+(:data:`TORCHRUN_ENV`): by default (torch 2.5 on) torchrun's workers share the rendezvous
+host's store, whose keys outlive a restart of the workers; after a member failed, a restarted
+worker read the gloo address its dead predecessor had published and failed to connect, again
+and again until ``--max-restarts`` ran out (seen here with torch 2.13; pytorch/pytorch#135712).
+With it, each round's rank-0 worker hosts a new store on its node's ``--local-addr``.
+
 Everything here is pure except :func:`interface_of`, which reads the node's interfaces.
 """
 
@@ -59,6 +66,7 @@ MAX_RESTARTS = 3  # torchrun's --max-restarts: worker-group restarts on a member
 PORT_BASE = 29400  # endpoint ports: PORT_BASE .. PORT_BASE + PORT_SPAN - 1 (TorchElastic's usual 29400 up)
 PORT_SPAN = 600
 LAST_CALL_S = 5  # rendezvous last call (see the module's docstring)
+TORCHRUN_ENV = {"TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"}  # see the module's docstring
 _ADDR_CHARS_MAX = 64  # an IPv6 address's text is at most 45 characters
 _ENDPOINT_CHARS_MAX = 80
 _JOB_CHARS_MAX = 32  # "job-" 18 digits "-n" 10 digits
@@ -252,13 +260,15 @@ def torchrun_argv(block: MemberBlock, command: Sequence[str], rdzv_conf: Mapping
 
 
 def member_env(block: MemberBlock, ifname: str | None) -> dict[str, str]:
-    """The variables the agent sets for member ``block.index`` (over the spec's env), whatever
-    its launcher. ``ifname``: the interface holding the member's own address
+    """The variables the agent sets for member ``block.index`` (over the spec's env): the same
+    for both launchers, and :data:`TORCHRUN_ENV` with torchrun's. ``ifname``: the interface holding the member's own address
     (:func:`interface_of`); None leaves ``GLOO_SOCKET_IFNAME``/``NCCL_SOCKET_IFNAME`` out."""
     host, port = split_endpoint(block.endpoint)
     env = {"MASTER_ADDR": host, "MASTER_PORT": str(port), "WORLD_SIZE": str(block.count), "RANK": str(block.index),
            "LOCAL_RANK": "0", "LAMINAR_MEMBERS": ",".join(block.addresses), "LAMINAR_MEMBER": str(block.index),
            "LAMINAR_JOB_ID": block.job}
+    if block.launcher == "torchrun":
+        env.update(TORCHRUN_ENV)
     if ifname:
         env["GLOO_SOCKET_IFNAME"] = ifname
         env["NCCL_SOCKET_IFNAME"] = ifname
