@@ -763,14 +763,14 @@ class Checkpointer:
         # every rank loads what rank 0 chose: ranks that listed the directory a moment apart
         # (a save committing meanwhile) would resume from different steps
         chosen: list[Any] = [None]
-        err: CheckpointError | None = None
+        err: Exception | None = None
         state = None
         if dist.get_rank() == 0:
             try:
                 src = self._resume_source()
                 state = self._resume_here(src, weights_only, chosen)
-            except CheckpointError as e:
-                err, chosen[0] = e, ("error", str(e))
+            except Exception as e:  # told to the others, or they wait in the broadcast for ever
+                err, chosen[0] = e, ("error", f"{type(e).__name__}: {e}")
         dist.broadcast_object_list(chosen, src=0)
         if err is not None:
             raise err
