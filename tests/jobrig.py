@@ -15,6 +15,7 @@ import secrets
 import time
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
+from typing import Any
 
 from laminar.airlock.cgroups import CgroupTree, detect
 from laminar.airlock.manager import Airlock
@@ -37,10 +38,11 @@ async def until(cond: Callable[[], object], timeout: float = 30.0, step: float =
 
 
 @contextlib.asynccontextmanager
-async def job_manager(tmp: Path) -> AsyncIterator[JobManager]:
+async def job_manager(tmp: Path, members: Any = None) -> AsyncIterator[JobManager]:
     root = f"laminar-t-{secrets.token_hex(3)}"
     store = Store(tmp / "laminar.db")
-    jobs = JobManager(store=store, state_dir=tmp, cgroup_root=root, events=EventBus(store), gpus_declared=[])
+    jobs = JobManager(store=store, state_dir=tmp, cgroup_root=root, events=EventBus(store), gpus_declared=[],
+                      members=members)
     try:
         await jobs.start(None)
         yield jobs
@@ -51,12 +53,13 @@ async def job_manager(tmp: Path) -> AsyncIterator[JobManager]:
 
 
 @contextlib.asynccontextmanager
-async def airlock_rig(tmp: Path) -> AsyncIterator[tuple[JobManager, Airlock, Store]]:
+async def airlock_rig(tmp: Path, members: Any = None) -> AsyncIterator[tuple[JobManager, Airlock, Store]]:
+    """``members``: the members component both see (a stand-in: standin_agent.StandInMembers)."""
     root = f"laminar-t-{secrets.token_hex(3)}"
     store = Store(tmp / "laminar.db")
     bus = EventBus(store)
-    jobs = JobManager(store=store, state_dir=tmp, cgroup_root=root, events=bus, gpus_declared=[])
-    al = Airlock(jobs=jobs, store=store, events=bus)
+    jobs = JobManager(store=store, state_dir=tmp, cgroup_root=root, events=bus, gpus_declared=[], members=members)
+    al = Airlock(jobs=jobs, store=store, events=bus, members=members)
     try:
         await jobs.start(None)
         await al.start(None)

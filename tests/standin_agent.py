@@ -9,6 +9,7 @@ component of the stand-in has started: nothing is waited for)."""
 from __future__ import annotations
 
 import asyncio
+from dataclasses import dataclass
 from types import SimpleNamespace
 from typing import Any
 
@@ -79,3 +80,51 @@ class StandInMigrate:
 
     def check_resume(self, path: str, owner_uid: int = 0, owner_gid: int | None = None) -> str:
         return path
+
+
+@dataclass(frozen=True)
+class StandInMember:
+    """One member of a multi-node job as a stand-in members component hosts it
+    (``laminar.components.MemberInfo``)."""
+
+    job: str
+    index: int
+    count: int
+    origin: int = 1
+    rigid: bool = True
+
+
+class StandInMembers:
+    """A stand-in members component (``agent.members``; ``laminar.components.MembersForAgent``),
+    for the node-local halves of issue 33 built before the real one (``laminar/members/``): the
+    members it is told this node hosts (``hosted``: job id -> StandInMember), the multi-node
+    jobs it knows without a member here (``originated``: job ids), what Airlock told it
+    (``airlock``: (job, action, work lost)) and the kill-switch fan-outs asked of it
+    (``switched``: (job, on, by_uid)). A fan-out calls ``set_job_switch(job, on)`` on each of
+    ``peers`` (the netguards of the other members' nodes, as their agents would on the origin's
+    ORDER) and answers what they said; ``refuse`` makes it raise that instead."""
+
+    def __init__(self, *hosted: StandInMember, originated: tuple[str, ...] = (), peers: tuple[Any, ...] = ()) -> None:
+        self.hosted = {m.job: m for m in hosted}
+        self.originated = set(originated)
+        self.peers = list(peers)
+        self.airlock: list[tuple[str, str, float | None]] = []
+        self.switched: list[tuple[str, bool, int]] = []
+        self.refuse: Exception | None = None
+
+    def member_of(self, job_id: str) -> StandInMember | None:
+        return self.hosted.get(job_id)
+
+    def on_airlock(self, job_id: str, action: str, work_lost_s: float | None) -> None:
+        self.airlock.append((job_id, action, work_lost_s))
+
+    def view(self, job_id: str) -> dict[str, Any] | None:
+        if job_id not in self.hosted and job_id not in self.originated:
+            return None
+        return {"id": job_id, "state": "running"}
+
+    async def killswitch(self, job_id: str, on: bool, by_uid: int) -> dict[str, Any]:
+        self.switched.append((job_id, on, by_uid))
+        if self.refuse is not None:
+            raise self.refuse
+        return {"job": job_id, "on": on, "members": [p.set_job_switch(job_id, on) for p in self.peers]}

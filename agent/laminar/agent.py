@@ -45,6 +45,7 @@ if TYPE_CHECKING:
         MembersAgent,
         MigrateAgent,
         NetGuardAgent,
+        NetGuardSwitch,
         PressureAgent,
         TransfersAgent,
         ZoneAgent,
@@ -223,6 +224,7 @@ class Agent:
         self.airlock: Airlock | None = None
         self.transfers: TransferRegistry | None = None
         self.zone: ZoneComponent | None = None
+        # the members of multi-node jobs hosted or originated here (issue 33; None: none)
         self.members: MembersComponent | None = None
         self.migrate: ReclaimComponent | None = None
         # set once every component has started: one started early may wait for a later one
@@ -526,6 +528,12 @@ def _agent_conforms(agent: Agent) -> tuple[JobsAgent, AirlockAgent, NetGuardAgen
     in ``laminar.components`` names (and so that each component offers the others what theirs
     name: the migration layer what the zone calls on it, Airlock what netguard does, ...)."""
     return agent, agent, agent, agent, agent, agent, agent, agent
+
+
+def _netguard_switches(netguard: NetGuard) -> NetGuardSwitch:
+    """Never called: mypy checks here that netguard offers the members component its per-job
+    switch (an origin's ORDER killswitch_on/off)."""
+    return netguard
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -11,7 +11,8 @@ the Protocol the calling component holds.
 
 The rule: a component reaches the agent only through its interface here, by plain attribute
 access. An optional component (one an agent or a test can run without: the migration layer,
-Airlock, netguard, the API, the job manager; Airlock refuses to start without the last) is
+Airlock, netguard, the API, the job manager, the members of multi-node jobs; Airlock refuses
+to start without the job manager) is
 typed ``X | None`` and looked at as such; a core piece the agent always has (config, store, events) is not optional.
 A test that builds a component with a fake agent gives the fake every attribute the interface
 names (``None`` for an optional one it does not have).
@@ -121,9 +122,105 @@ class MigrateForZone(Protocol):
     def check_resume(self, path: str, owner_uid: int = 0, owner_gid: int | None = None) -> str: ...
 
 
-class MembersForZone(Protocol):
-    """What the zone (its message routing and its hand-overs) calls on the members component
-    (``laminar.members.component``): a member message, and a hand-over's member block."""
+class MemberInfo(Protocol):
+    """What a node's job manager, Airlock and netguard read of one member of a multi-node job
+    hosted here (issue 33: the job's worker on this node, whose local job has the job's id)."""
+
+    @property
+    def job(self) -> str: ...
+    @property
+    def index(self) -> int: ...
+    @property
+    def count(self) -> int:
+        """How many members the job has now (its workers)."""
+        ...
+    @property
+    def origin(self) -> int:
+        """The node id where the job was submitted (it keeps the record and decides)."""
+        ...
+    @property
+    def rigid(self) -> bool:
+        """True when the job has no elastic bounds (a member's end ends the job)."""
+        ...
+
+
+class MembersForJobs(Protocol):
+    """The members component (``agent.members``, ``laminar/members/component.py``) as the job
+    manager asks it whether a local job is a member of a multi-node job (its checkpoint signal
+    then goes to every process of its cgroup that catches it, not to the main process)."""
+
+    def member_of(self, job_id: str) -> MemberInfo | None:
+        """The member of a multi-node job that the local job ``job_id`` is; None for a job of
+        this node alone (or one the component does not know). Cheap: called on Airlock's tick."""
+        ...
+
+
+class MembersForAirlock(MembersForJobs, Protocol):
+    """The members component as Airlock tells it what it did to a member (the component reaches
+    the other members through the job's origin)."""
+
+    def on_airlock(self, job_id: str, action: str, work_lost_s: float | None) -> None:
+        """Airlock acted on the local member ``job_id``: ``action`` is ``"suspend"`` (frozen here:
+        freeze every other member), ``"recover"`` (thawed here: thaw the others once no member
+        is suspended) or ``"kill"`` (killed here with ``work_lost_s`` lost: a rigid job ends,
+        an elastic one loses this member). Never blocks and never raises (called on Airlock's
+        hot path: messages go out from a task of its own)."""
+        ...
+
+
+class MembersForNet(MembersForJobs, Protocol):
+    """The members component as netguard's kill-switch reaches a multi-node job's other members."""
+
+    def view(self, job_id: str) -> dict[str, Any] | None:
+        """The job's view (design-33: id, state, members, ...), where this node originates the
+        job or hosts a member of it; None otherwise."""
+        ...
+
+    async def killswitch(self, job_id: str, on: bool, by_uid: int) -> dict[str, Any]:
+        """Cuts (``on``) or restores every member's traffic: ORDER killswitch_on/off to each
+        member's agent (from the origin; a member node asks the origin), each of which calls
+        ``netguard.set_job_switch``. Raises JobError when ``by_uid`` may not (not root, not the
+        owner) or the job is unknown."""
+        ...
+
+
+class NetGuardSwitch(Protocol):
+    """What the members component calls on netguard when the origin orders a member's
+    traffic cut or restored (ORDER killswitch_on/off)."""
+
+    def set_job_switch(self, job_id: str, on: bool) -> bool: ...
+
+
+class MembersForApi(Protocol):
+    """The members component (the agent's ``members``, ``laminar/members/component.py``) as the
+    API routes of the zone, the job manager and netguard call it (``laminar/members/routes.py``):
+    a multi-node job's placement, its views, its stop and its kill-switch."""
+
+    async def submit(self, spec: Any, owner_uid: int, owner_gid: int, *,
+                     spread_zones: bool = False) -> dict[str, Any]: ...
+
+    def views(self) -> list[dict[str, Any]]: ...
+
+    def view(self, job_id: str) -> dict[str, Any] | None: ...
+
+    async def stop(self, job_id: str, by_uid: int) -> dict[str, Any]: ...
+
+    async def killswitch(self, job_id: str, on: bool, by_uid: int) -> dict[str, Any]: ...
+
+
+class MembersForJobsApi(MembersForJobs, MembersForApi, Protocol):
+    """The members component as the job manager and its routes use it."""
+
+
+class MembersForAgent(MembersForAirlock, MembersForNet, MembersForApi, Protocol):
+    """All of the above: what the members component (``laminar.members.component.MembersComponent``,
+    ``Agent.members``) offers the other components (mypy checks it through their interfaces)."""
+
+
+class MembersForZone(MembersForApi, Protocol):
+    """What the zone calls on the members component: what its placement route does
+    (:class:`MembersForApi`), and what its message routing and its hand-overs do: a member
+    message, and a hand-over's member block."""
 
     def on_message(self, sender: int, body: wire.MemberRequest | wire.MemberAnswer) -> wire.MemberAnswer | None: ...
 
@@ -156,6 +253,8 @@ class JobsAgent(AgentCore, Protocol):
     def api(self) -> ApiServer | None: ...
     @property
     def airlock(self) -> AirlockRungs | None: ...
+    @property
+    def members(self) -> MembersForJobsApi | None: ...
 
 
 class AirlockAgent(AgentCore, Protocol):
@@ -167,6 +266,8 @@ class AirlockAgent(AgentCore, Protocol):
     def migrate(self) -> MigrateForAirlock | None: ...
     @property
     def api(self) -> ApiServer | None: ...
+    @property
+    def members(self) -> MembersForAirlock | None: ...
 
 
 class NetGuardAgent(AgentCore, Protocol):
@@ -178,6 +279,8 @@ class NetGuardAgent(AgentCore, Protocol):
     def airlock(self) -> AirlockForNetGuard | None: ...
     @property
     def jobs(self) -> JobIndex | None: ...
+    @property
+    def members(self) -> MembersForNet | None: ...
 
     def request_stop(self) -> None: ...
 
@@ -275,5 +378,7 @@ def jobs_of(agent: MigrateAgent) -> JobManager:
 
 
 __all__ = ["AgentCore", "AirlockAgent", "AirlockForNetGuard", "AirlockRungs", "JobIndex", "JobsAgent", "JobsById",
-           "Departures", "MembersAgent", "MembersForZone", "MigrateAgent", "MigrateForAirlock", "MigrateForZone", "MovesNow", "NetGuardAgent", "PressureAgent", "TakeOvers",
-           "TransfersAgent", "ZoneAgent", "jobs_of"]
+           "Departures", "MemberInfo", "MembersAgent", "MembersForAgent", "MembersForAirlock", "MembersForApi",
+           "MembersForJobs", "MembersForJobsApi", "MembersForNet", "MembersForZone", "MigrateAgent", "MigrateForAirlock",
+           "MigrateForZone", "MovesNow", "NetGuardAgent", "NetGuardSwitch", "PressureAgent", "TakeOvers", "TransfersAgent",
+           "ZoneAgent", "jobs_of"]

@@ -39,6 +39,30 @@ state, as when torch read the file itself; ``bytes`` state is read into the ``by
 the state until ``resume()`` returns). Where there is no memfd, torch state is loaded as
 pickle's is.
 
+**A job of several processes** (DDP under ``torchrun``, a multi-node job's members): every
+rank makes a :class:`Checkpointer`; only rank 0 writes (``rank=``, by default
+``torch.distributed``'s rank once it is initialized, else ``$RANK``, else 0). The agent sends
+the signal to every process, which do not all see it at the same step, so the loop asks
+:meth:`Checkpointer.requested_all` (one tiny all_reduce, every step, on every rank: every rank
+agrees on the step to checkpoint) and every rank calls ``save(state, step=...)`` (rank 0 commits,
+the others only clear their flag). :meth:`Checkpointer.resume`, called on every rank after
+``init_process_group``, loads on every rank the checkpoint rank 0 chose (one broadcast): the
+same path on every member, the checkpoint directory being storage they all reach. After
+TorchElastic restarted the workers (``TORCHELASTIC_RESTART_COUNT`` > 0: a member failed, or
+the membership changed) it resumes from the newest checkpoint in ``LAMINAR_CKPT_DIR``, newer
+than the ``LAMINAR_RESUME_FROM`` the job was started with. :func:`global_batch` keeps the
+global batch and the data order whatever the world size::
+
+    ckpt = jobkit.Checkpointer()
+    dist.init_process_group("gloo")
+    state = ckpt.resume()
+    for step in range(start, steps):
+        s = jobkit.global_batch(step, dist.get_rank(), dist.get_world_size(), 64, len(data), seed)
+        loss = loss_fn(model(x[s.indices]), y[s.indices], reduction="sum") * s.loss_scale
+        ...
+        if ckpt.requested_all():
+            ckpt.save({...}, step=step + 1)
+
 State may be ``bytes`` (stored as is, returned as ``bytes``) or anything ``torch.save``
 accepts (a state dict; loaded back with ``torch.load(weights_only=True)``); without torch,
 other objects are pickled. This module uses only the standard library (torch when given torch
@@ -63,7 +87,7 @@ import threading
 import time
 from collections.abc import Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 if TYPE_CHECKING:
     from concurrent.futures import Future
@@ -474,6 +498,95 @@ def newest_verified(ckpt_dir: str | os.PathLike[str], *, tries: int | None = Non
     return None, None
 
 
+def _dist() -> Any | None:
+    """``torch.distributed`` when this process is in an initialized group of more than one,
+    else None. torch is never imported here: a job that has not imported it is in no group."""
+    if "torch" not in sys.modules:
+        return None
+    try:
+        import torch.distributed as dist
+    except ImportError:
+        return None
+    if not dist.is_available() or not dist.is_initialized() or dist.get_world_size() < 2:
+        return None
+    return dist
+
+
+class BatchSlice(NamedTuple):
+    """One rank's part of one step's global batch (:func:`global_batch`)."""
+
+    indices: list[int]  # sample indices, in the global batch's order
+    start: int  # where they start in the global batch
+    loss_scale: float  # multiply the *sum* of this rank's per-sample losses by it
+
+
+GLOBAL_BATCH_MAX = 1 << 24
+N_SAMPLES_MAX = 1 << 62
+_FEISTEL_ROUNDS = 4
+
+
+def _shuffled(position: int, n: int, key: bytes) -> int:
+    """The sample at ``position`` (0..n-1) of a pseudo-random permutation of range(n) keyed by
+    ``key``: a Feistel network over the smallest even number of bits that holds n, walked
+    until it lands below n (expected fewer than 4 walks). O(1) memory and work per position,
+    the same on every machine and Python (BLAKE2b): no list of n indices is ever built."""
+    bits = max(2, (n - 1).bit_length())
+    bits += bits & 1
+    half = bits // 2
+    mask = (1 << half) - 1
+    x = position
+    while True:
+        left, right = x >> half, x & mask
+        for r in range(_FEISTEL_ROUNDS):
+            f = int.from_bytes(hashlib.blake2b(right.to_bytes(8, "little"), digest_size=8, key=key,
+                                               salt=r.to_bytes(16, "little")).digest(), "little")
+            left, right = right, left ^ (f & mask)
+        x = (left << half) | right
+        if x < n:
+            return x
+
+
+def global_batch(step: int, rank: int, world: int, global_batch: int, n_samples: int, seed: int) -> BatchSlice:
+    """Rank ``rank``'s slice of step ``step``'s global batch, the same global batch whatever
+    the world size, so a job resized from 3 workers to 2 computes what an unresized one would.
+
+    The data order: positions ``step * global_batch`` to ``(step + 1) * global_batch - 1`` of
+    an endless sequence of epochs, epoch ``e`` a permutation of ``range(n_samples)`` drawn from
+    ``(seed, e)``. The slice: the global batch cut into ``world`` contiguous parts whose sizes
+    differ by at most one (the first ``global_batch % world`` ranks hold one more; a rank may
+    hold none when the batch is smaller than the world).
+
+    The loss scale ``world / global_batch``: DDP averages the ranks' gradients (divides their
+    sum by ``world``), so each rank's loss is the *sum* of its samples' losses times
+    ``loss_scale``, and the average is the gradient of the mean loss over the global batch,
+    uneven slices included::
+
+        s = global_batch(step, rank, world, 64, len(data), seed)
+        loss = loss_fn(model(x[s.indices]), y[s.indices], reduction="sum") * s.loss_scale
+
+    Work: O(global_batch / world) hashes. ValueError naming the value that is out of range."""
+    for name, v, lo, hi in (("step", step, 0, 1 << 62), ("world", world, 1, 1 << 20),
+                            ("global_batch", global_batch, 1, GLOBAL_BATCH_MAX),
+                            ("n_samples", n_samples, 1, N_SAMPLES_MAX), ("seed", seed, 0, (1 << 64) - 1)):
+        if not isinstance(v, int) or isinstance(v, bool) or not lo <= v <= hi:
+            raise ValueError(f"jobkit.global_batch: {name} {v!r} is not an integer in {lo}..{hi}")
+    if not isinstance(rank, int) or isinstance(rank, bool) or not 0 <= rank < world:
+        raise ValueError(f"jobkit.global_batch: rank {rank!r} is not in 0..{world - 1} (world {world})")
+    base, extra = divmod(global_batch, world)
+    start = rank * base + min(rank, extra)
+    size = base + (1 if rank < extra else 0)
+    out: list[int] = []
+    key = b""
+    epoch = -1
+    for pos in range(step * global_batch + start, step * global_batch + start + size):
+        e, within = divmod(pos, n_samples)
+        if e != epoch:
+            epoch = e
+            key = hashlib.blake2b(f"{seed}/{e}".encode(), digest_size=32).digest()
+        out.append(_shuffled(within, n_samples, key))
+    return BatchSlice(indices=out, start=start, loss_scale=world / global_batch)
+
+
 class Checkpointer:
     """The job's handle on the contract. Arguments default to the ``LAMINAR_*`` environment.
 
@@ -490,8 +603,12 @@ class Checkpointer:
         signum: int | None = None,
         keep: int = 2,
         install_signal: bool = True,
+        rank: int | None = None,
     ) -> None:
         env = os.environ
+        if rank is not None and (not isinstance(rank, int) or isinstance(rank, bool) or rank < 0):
+            raise CheckpointError(f"jobkit: rank must be an integer >= 0, got {rank!r}")
+        self._rank = rank
         self.job_id = job_id or env.get("LAMINAR_JOB_ID", "local")
         cd = ckpt_dir or env.get("LAMINAR_CKPT_DIR")
         if not cd:
@@ -515,6 +632,20 @@ class Checkpointer:
         if install_signal:
             signal.signal(signum, self._on_signal)
 
+    @property
+    def rank(self) -> int:
+        """This process's rank: the ``rank`` given, else ``torch.distributed``'s once initialized,
+        else ``$RANK`` (torchrun's, a multi-node job's), else 0. Only rank 0 writes."""
+        if self._rank is not None:
+            return self._rank
+        dist = _dist()
+        if dist is not None:
+            return int(dist.get_rank())
+        try:
+            return max(0, int(os.environ.get("RANK", "0")))
+        except ValueError:
+            return 0
+
     def _on_signal(self, signum: int, frame: Any) -> None:
         self._flag.set()
 
@@ -526,11 +657,37 @@ class Checkpointer:
         """True when a checkpoint has been asked for and not yet saved."""
         return self._flag.is_set()
 
+    def requested_all(self) -> bool:
+        """:meth:`requested` agreed by every rank of an initialized ``torch.distributed`` group
+        of more than one (one all_reduce of one integer, MAX): True on every rank when any rank
+        was asked, so all checkpoint at the same step. A collective: call it on every rank at
+        the same point of every step. Without such a group, :meth:`requested`."""
+        dist = _dist()
+        if dist is None:
+            return self.requested()
+        import torch
+
+        device = torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl" else None
+        flag = torch.tensor([1 if self._flag.is_set() else 0], dtype=torch.int32, device=device)
+        dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+        return bool(flag.item())
+
     def save(self, state: Any, step: int | None = None, meta: dict[str, Any] | None = None) -> Path:
         """Commits ``state`` atomically as ``ckpt_dir/ckpt-<step>`` (step defaults to a
         nanosecond timestamp) and clears the request. Returns the checkpoint's directory.
         Saving the same step twice replaces the earlier checkpoint, atomically too. What saves
-        killed half-way left here (their temporaries) is removed first."""
+        killed half-way left here (their temporaries) is removed first.
+
+        On a rank other than 0 (:attr:`rank`) nothing is written: the request is cleared and the
+        directory rank 0 commits is returned; ``step`` is then required (every rank names the
+        same checkpoint)."""
+        if self.rank != 0:
+            if step is None:
+                raise CheckpointError(f"jobkit: rank {self.rank}: save needs step= (rank 0 names the checkpoint by it)")
+            if int(step) < 0:
+                raise CheckpointError(f"jobkit: step must be >= 0, got {step}")
+            self._flag.clear()
+            return self.ckpt_dir / f"ckpt-{int(step)}"
         n = time.time_ns() if step is None else int(step)
         if n < 0:
             raise CheckpointError(f"jobkit: step must be >= 0, got {step}")
@@ -592,10 +749,54 @@ class Checkpointer:
         read; the first that verifies is loaded, and the newer ones that did not are named on
         stderr. (The newest was verified by one read and loaded by a second before: a second
         read that disagreed, storage failing or the file replaced in between, failed the
-        resume although an older checkpoint was whole.)"""
-        if self.resume_from is None:
+        resume although an older checkpoint was whole.)
+
+        In an initialized ``torch.distributed`` group of more than one, call it on every rank
+        (a collective): rank 0 chooses and loads, then every other rank loads the very checkpoint
+        rank 0 loaded (verifying it as it reads it); a checkpoint rank 0 could not resume fails
+        every rank. After a TorchElastic restart of the workers the source is the job's own
+        checkpoint directory when it holds one (``LAMINAR_RESUME_FROM`` names what the job was
+        started from, older than what it saved since)."""
+        dist = _dist()
+        if dist is None:
+            return self._resume_here(self._resume_source(), weights_only)
+        # every rank loads what rank 0 chose: ranks that listed the directory a moment apart
+        # (a save committing meanwhile) would resume from different steps
+        chosen: list[Any] = [None]
+        err: Exception | None = None
+        state = None
+        if dist.get_rank() == 0:
+            try:
+                src = self._resume_source()
+                state = self._resume_here(src, weights_only, chosen)
+            except Exception as e:  # told to the others, or they wait in the broadcast for ever
+                err, chosen[0] = e, ("error", f"{type(e).__name__}: {e}")
+        dist.broadcast_object_list(chosen, src=0)
+        if err is not None:
+            raise err
+        if dist.get_rank() == 0:
+            return state
+        if isinstance(chosen[0], tuple):
+            raise CheckpointError(f"jobkit: rank 0 could not resume: {chosen[0][1]}")
+        return self._resume_here(None if chosen[0] is None else Path(chosen[0]), weights_only)
+
+    def _resume_source(self) -> Path | None:
+        """Where to resume from: after a TorchElastic restart of the workers, the job's own
+        checkpoint directory when it holds a checkpoint (newer than what the job started from);
+        else ``resume_from``."""
+        try:
+            restarts = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
+        except ValueError:
+            restarts = 0
+        if restarts > 0 and list_checkpoints(self.ckpt_dir):
+            return self.ckpt_dir
+        return self.resume_from
+
+    def _resume_here(self, src: Path | None, weights_only: bool, chosen: list[Any] | None = None) -> Any | None:
+        """:meth:`resume` from ``src`` in this process alone; ``chosen[0]`` is set to the
+        checkpoint loaded (a directory of checkpoints resolved to one)."""
+        if src is None:
             return None
-        src = self.resume_from
         # the state file is read once, into memory, and verified there: what is loaded is what
         # was verified, whatever a second read of the storage would answer
         if (src / MANIFEST).exists():
@@ -617,6 +818,8 @@ class Checkpointer:
                 print(f"jobkit: resuming from {src.name}, the newest checkpoint that verifies; newer ones did not: "
                       f"{'; '.join(skipped)}", file=sys.stderr, flush=True)
         self.resumed_step = int(m.get("step", 0))
+        if chosen is not None:
+            chosen[0] = str(src)
         return _deserialize(src / m["files"][0]["name"], b"" if data is None else data, m.get("format", "bytes"),
                             weights_only)
 

@@ -6,11 +6,17 @@
     laminarctl job show job-3       # or: laminarctl job show 3
     laminarctl job show 3 --follow  # until it ends; a move off this node as a progress bar
     laminarctl job stop job-3 [--grace 10] [--reason "..."]
+    laminarctl job show job-7-n3    # a multi-node job (laminarctl zone submit --workers 3): its members
     laminarctl job settle job-3 --run-here   # its node never answered the hand-over and is gone
     laminarctl job settle job-3 --gone       # ... and runs the job: stop it here (migrated)
 
 Any local user may submit (the job runs with the caller's uid and gid) and stop their own
 jobs; stopping another user's job needs root or the agent's control group.
+
+A multi-node job (``job-<num>-n<node>``, docs/jobs.md) is listed by ``jobs`` on the node it was
+submitted on, and ``job show`` there gives its members: index, node, address, state; on a
+member's node the local job shows which member it is (``member``). ``job stop`` stops every
+member. ``-o json`` gives everything the agent answered.
 
 ``job show`` says what the job started with (``limits``: its owner's profile on this node, not
 the agent's; docs/operations.md, "What a job gets: the site's limits"): every rlimit as
@@ -41,6 +47,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
+from .cmd_zone import members_table
 from .output import emit, info, kv, table
 
 # The agent's limit on a stop's grace (laminar.runtime.spec.STOP_GRACE_MAX_S).
@@ -176,6 +183,15 @@ def build_spec(args: argparse.Namespace) -> dict[str, Any]:
     return spec
 
 
+def multinode_view(j: dict[str, Any]) -> dict[str, Any] | None:
+    """The multi-node job's view in a GET /v1/jobs entry: the entry itself (a job originated
+    on this node with no member here) or a member's ``multinode``; None for a one-node job."""
+    if j.get("kind") == "multinode":
+        return j
+    v = j.get("multinode")
+    return v if isinstance(v, dict) else None
+
+
 def _rung(j: dict[str, Any]) -> str | None:
     """'suspend 3.2s' while Airlock holds the job at a rung, else None."""
     r = j.get("airlock")
@@ -185,6 +201,12 @@ def _rung(j: dict[str, Any]) -> str | None:
 def _row(j: dict[str, Any]) -> dict[str, Any]:
     spec = j.get("spec") or {}
     used = j.get("memory_bytes")
+    v = multinode_view(j)
+    if v is not None and j.get("kind") == "multinode":  # the job, on its origin
+        j = {**j, "reason": j.get("end_reason") or f"{len(v.get('members') or [])} members"}
+    elif v is not None:  # a member's local job
+        mb = j.get("member") or {}
+        j = {**j, "reason": j.get("reason") or f"member {mb.get('index')} of {mb.get('job')}"}
     return {**j, "memory_mb": spec.get("memory_mb"), "used_mb": used >> 20 if isinstance(used, int) else None,
             "rung": _rung(j)}
 
@@ -234,6 +256,10 @@ def cmd_jobs(args: argparse.Namespace) -> int:
 
     def human(js: list[dict[str, Any]]) -> None:
         table([_row(j) for j in js], JOB_COLUMNS)
+        for j in js:
+            v = multinode_view(j)
+            if v is not None:
+                members_table(v)
         if older:
             info(f"(older ended jobs not shown: laminarctl jobs --last N, up to {LAST_MAX})")
 
@@ -266,6 +292,8 @@ def _follow(args: argparse.Namespace) -> int:
         job = args.client.get(f"/v1/jobs/{args.id}")
         mv = _move(args)
         moving = mv is not None and mv.get("ended") is None and mv.get("phase") not in ("done", "failed")
+        if job.get("kind") == "multinode":  # its states: placing .. ended (docs/jobs.md)
+            return job, mv, job.get("state") != "ended"
         return job, mv, job.get("state") in ("queued", "running", "suspended") or moving
 
     if args.output == "json":
@@ -345,9 +373,14 @@ def cmd_job_show(args: argparse.Namespace) -> int:
     if mv is not None and mv.get("phase") == "unconfirmed":  # the operator's cue for `job settle`
         job = {**job, "migration": {"phase": "unconfirmed", "dest": mv.get("dest"),
                                     "unconfirmed_since": mv.get("unconfirmed_since"), "error": mv.get("error")}}
-    emit(job, args.output, lambda j: kv({k: v for k, v in j.items() if k not in ("spec", "limits", "pids_limit")}
-                                        | {"command": (j.get("spec") or {}).get("command")} | limits_pairs(j),
-                                        title=f"job {j['id']}"))
+    def human(j: dict[str, Any]) -> None:
+        kv({k: v for k, v in j.items() if k not in ("spec", "limits", "pids_limit", "members", "multinode")}
+           | {"command": (j.get("spec") or {}).get("command")} | limits_pairs(j), title=f"job {j['id']}")
+        v = multinode_view(j)
+        if v is not None:
+            members_table(v)
+
+    emit(job, args.output, human)
     return 0
 
 
@@ -373,5 +406,5 @@ def cmd_job_stop(args: argparse.Namespace) -> int:
             raise ValueError(f"--reason of {len(args.reason)} characters: at most {REASON_MAX}")
         body["reason"] = args.reason
     job = args.client.post(f"/v1/jobs/{args.id}/stop", body, timeout=STOP_ANSWER_S + grace)
-    emit(job, args.output, lambda j: info(f"{j['id']} {j['state']}: {j['reason']}"))
+    emit(job, args.output, lambda j: info(f"{j['id']} {j['state']}: {j.get('reason') or j.get('end_reason')}"))
     return 0

@@ -3,6 +3,7 @@
     laminarctl zone peers                     # members, liveness, last seen, summary age
     laminarctl zone stats                     # drops by reason, arbiter and submitter counters
     laminarctl zone submit --gpus 0.5 --memory 4G --name train -- python train.py
+    laminarctl zone submit --workers 3 --gpus 1 [--elastic 2:4] -- python train.py   # a multi-node job
     laminarctl zone placements                # where this node's placements went, and why
     laminarctl zone keys                      # each zone key: role, fingerprint, datagrams it verified
     laminarctl zone keys reload               # re-read the key file and node keys now (root; same as SIGHUP)
@@ -11,6 +12,15 @@
 ``zone submit`` places the job on whichever node of the cluster offers first (probe-first,
 late binding; see docs/protocol.md): it may run here or on another node. Exit code 0 when the
 job was placed, 1 otherwise (the reason is printed).
+
+``zone submit --workers N`` places a multi-node job (docs/jobs.md): N members, one per node,
+each with the ``--gpus``, ``--cpus`` and ``--memory`` given (per worker), all or none, in one
+zone unless ``--spread-zones``; run through ``torchrun`` when the command is a Python script
+(``--launcher`` says which: ``torchrun`` or ``plain``). With ``--workers``, ``--elastic A:B``
+gives the member bounds (the job goes on with at least A members, up to B); without it,
+``--elastic`` keeps its meaning of ``submit``: GPU workers on one node. It prints the job's id
+and members; exit 1, with the agent's message, when refused (0 workers, min > max, more
+workers than the zone has nodes, per-worker GPUs no node has).
 
 ``zone submit --packing`` is the packing placement (docs/allocation.md): every node of the
 first few zones that can take the job is probed, every answer awaited, and the offer adding
@@ -75,6 +85,16 @@ def register(sub: Any, common: argparse.ArgumentParser) -> None:
     p.add_argument("--priority", type=int, default=50, help="0..100, higher survives longer (default 50)")
     p.add_argument("--packing", action="store_true",
                    help="packing placement: probe whole zones, bind the least-fragmenting offer (many more messages)")
+    p.add_argument("--workers", type=int, metavar="N",
+                   help="a multi-node job: N members, one per node (2 to 64); --gpus, --cpus, --memory are per worker")
+    p.add_argument("--elastic", metavar="MIN:MAX",
+                   help="with --workers: the members' bounds (goes on with MIN, grows to MAX); without: elastic "
+                        "GPU workers on one node, as for submit")
+    p.add_argument("--launcher", choices=["torchrun", "plain"],
+                   help="with --workers: torchrun (the default for python X.py or python -m M) or plain (the "
+                        "environment only: MASTER_ADDR, MASTER_PORT, WORLD_SIZE, RANK, ...)")
+    p.add_argument("--spread-zones", action="store_true",
+                   help="with --workers: the members may span zones when no one zone holds them all")
     p.add_argument("cmd", nargs=argparse.REMAINDER, help="-- command and arguments")
     p.set_defaults(func=cmd_submit)
 
@@ -197,7 +217,29 @@ def build_placement(args: argparse.Namespace) -> dict[str, Any]:
         spec["memory"] = args.memory
     if args.cpus is not None:
         spec["cpus"] = args.cpus
+    workers = getattr(args, "workers", None)
+    elastic = getattr(args, "elastic", None)
+    if elastic:
+        lo, sep, hi = elastic.partition(":")
+        if not sep or not lo.isdigit() or not hi.isdigit():
+            raise ValueError(f"--elastic {elastic!r}: expected MIN:MAX, e.g. 2:4")
+        if int(lo) > int(hi):
+            raise ValueError(f"--elastic {elastic}: MIN {lo} is more than MAX {hi}")
+        keys = ("workers_min", "workers_max") if workers is not None else ("elastic_min", "elastic_max")
+        spec[keys[0]], spec[keys[1]] = int(lo), int(hi)
+    if workers is not None:
+        if workers < 1:
+            raise ValueError(f"--workers {workers}: expected a number of nodes, 1 to 64 (one member per node)")
+        spec["workers"] = workers
+    for opt, value in (("--launcher", getattr(args, "launcher", None)),
+                       ("--spread-zones", getattr(args, "spread_zones", False))):
+        if value and workers is None:
+            raise ValueError(f"{opt}: only with --workers N (a multi-node job)")
+    if getattr(args, "launcher", None):
+        spec["launcher"] = args.launcher
     body: dict[str, Any] = {"spec": spec, "gpus": args.gpus}
+    if getattr(args, "spread_zones", False):
+        body["spread_zones"] = True
     if getattr(args, "packing", False):
         body["packing"] = True
     if args.pool:
@@ -207,8 +249,27 @@ def build_placement(args: argparse.Namespace) -> dict[str, Any]:
     return body
 
 
+MEMBER_COLUMNS = [("index", "MEMBER"), ("node", "NODE"), ("addr", "ADDRESS"), ("state", "STATE"), ("code", "EXIT")]
+
+
+def members_table(v: dict[str, Any]) -> None:
+    """A multi-node job's members (index, node, address, state, exit code) as a table."""
+    table(v.get("members") or [], MEMBER_COLUMNS, title=f"members of {v.get('id')}")
+
+
 def cmd_submit(args: argparse.Namespace) -> int:
     res = args.client.post("/v1/placements", build_placement(args), timeout=120.0)
+    if "members" in res and "outcome" not in res:  # a multi-node job's view
+        def gang(v: dict[str, Any]) -> None:
+            if v.get("state") == "ended":
+                info(f"{v['id']} not placed: {v.get('end_reason') or 'ended'}")
+                return
+            nodes = ", ".join(str(m.get("node")) for m in v.get("members") or [])
+            info(f"{v['id']} {v.get('state')}: {len(v.get('members') or [])} members on nodes {nodes}")
+            members_table(v)
+
+        emit(res, args.output, gang)
+        return 1 if res.get("state") == "ended" else 0
 
     def human(r: dict[str, Any]) -> None:
         if r["outcome"] == "placed":

@@ -44,10 +44,11 @@ class StandInZone:
         return 0.0
 
 
-def plain_launch(block: dict[str, Any], spec: JobSpec) -> tuple[list[str], dict[str, str]]:
-    """A stand-in for laminar.members.launch (its own branch): the plain launcher's env."""
-    return list(spec.command), {"RANK": str(block["index"]), "WORLD_SIZE": str(block["count"]),
-                                "LAMINAR_MEMBER": str(block["index"]), "LAMINAR_MEMBERS": "10.9.0.1,10.9.0.2"}
+class NoPlacer:
+    """A stand-in gang placer: this test places nothing."""
+
+    async def place(self, *args: Any, **kw: Any) -> Any:
+        raise AssertionError("nothing is placed here")
 
 
 def test_a_member_runs_as_a_real_local_job_with_the_jobs_id_and_env(tmp_path: Path) -> None:
@@ -57,11 +58,12 @@ def test_a_member_runs_as_a_real_local_job_with_the_jobs_id_and_env(tmp_path: Pa
             conf.write_text(f"[members]\ntick_s = 60\nckpt_root = {json.dumps(str(tmp_path / 'shared'))}\n")
             agent = standin_agent(MembersAgent, config=load(conf), store=jobs.store, events=EventBus(jobs.store),
                                   jobs=jobs, zone=StandInZone())
-            comp = MembersComponent(launch_plan=plain_launch)
+            comp = MembersComponent()
+            comp.placer = NoPlacer()  # (this node only starts a member: it places nothing)
             await comp.start(agent)
             try:
-                num = jobs.reserve_num()
-                job_id = f"job-{num}-n1"
+                job_id = jobs.reserve_multinode_id(1)
+                num = int(job_id.split("-")[1])
                 # the origin's record (this node is origin and member 0)
                 comp.table.add(MultiRecord(job_id, 1, {"command": ["true"]}, 0, 0, MultiState.STARTING, 2, 2,
                                            [MemberRow(0, 1, "10.9.0.1"), MemberRow(1, 2, "10.9.0.2")]))
@@ -69,9 +71,9 @@ def test_a_member_runs_as_a_real_local_job_with_the_jobs_id_and_env(tmp_path: Pa
                 spec = JobSpec(command=["sh", "-c", f'echo "$LAMINAR_JOB_ID $RANK $WORLD_SIZE $LAMINAR_MEMBERS '
                                                     f'$LAMINAR_CKPT_DIR" > {out}'])
                 block = {"job": job_id, "origin": 1, "index": 0, "count": 2, "nodes": [[1, "10.9.0.1"], [2, "10.9.0.2"]],
-                         "endpoint": "10.9.0.1:29500", "generation": 0}
+                         "endpoint": "10.9.0.1:29500", "launcher": "plain", "generation": 0}
                 assert await comp.start_member(block, spec, 0, 0) == job_id
-                with pytest.raises(JobError, match="exists here already"):
+                with pytest.raises(JobError, match="has it already"):
                     await jobs.submit(JobSpec(command=["true"]), job_id=job_id)
                 assert await until(lambda: (j := jobs.get(job_id)) is not None and not j.live, 20)
                 assert out.read_text().split() == [job_id, "0", "2", "10.9.0.1,10.9.0.2",
@@ -90,7 +92,7 @@ def test_a_member_runs_as_a_real_local_job_with_the_jobs_id_and_env(tmp_path: Pa
                 await comp.start_member({**block, "generation": 1}, spec, 0, 0)
                 assert await until(lambda: (j := jobs.get(job_id)) is not None and not j.live, 20)
                 assert comp.table.get(job_id).members[0].state == "starting"
-                with pytest.raises(JobError, match="multi-node job's id"):
+                with pytest.raises(JobError, match="expected a multi-node job's id"):
                     await jobs.submit(JobSpec(command=["true"]), job_id="job-1; rm")
             finally:
                 await comp.stop()

@@ -27,6 +27,7 @@ from laminar.migrate.evidence import NoticeOdds
 from laminar.migrate.hazard import HazardModel
 from laminar.migrate.reclaim import CONFIG_FIELDS
 from laminar.policy import ckpt_schedule as cs
+from laminar.runtime.jobs import catches_signal
 
 
 def plan(jid: str, interval: float, cost: float = 0.1) -> cs.CkptPlan:
@@ -108,14 +109,14 @@ def test_catches_signal_reads_the_real_disposition() -> None:
         assert catching.stdout is not None and plain.stdout is not None
         catching.stdout.readline()
         plain.stdout.readline()
-        assert cd.catches_signal(catching.pid, "SIGUSR1")
-        assert not cd.catches_signal(plain.pid, "SIGUSR1")
-        assert not cd.catches_signal(catching.pid, "SIGNOPE")
+        assert catches_signal(catching.pid, "SIGUSR1")
+        assert not catches_signal(plain.pid, "SIGUSR1")
+        assert not catches_signal(catching.pid, "SIGNOPE")
     finally:
         for p in (catching, plain):
             p.kill()
             p.wait(10)
-    assert not cd.catches_signal(catching.pid, "SIGUSR1")  # gone
+    assert not catches_signal(catching.pid, "SIGUSR1")  # gone
 
 
 # -- one driver round over stand-in jobs ------------------------------------------------------
@@ -146,6 +147,9 @@ class FakeJobs(OriginQueries):
 
     def active(self) -> list[FakeJob]:
         return list(self.jobs)
+
+    def catches_checkpoint(self, job: FakeJob) -> bool:  # as JobManager's for a job of this node alone
+        return catches_signal(job.pid, job.spec.checkpoint_signal)
 
     def request_checkpoint(self, job: FakeJob) -> bool:
         self.requests.append(job.id)

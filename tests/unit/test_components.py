@@ -30,7 +30,7 @@ def test_no_component_looks_the_agent_up_by_name() -> None:
 def test_a_stand_in_agent_gives_every_name_of_its_interface() -> None:
     agent = standin_agent(ZoneAgent, store="the store")
     assert interface_names(ZoneAgent) == ["api", "components_started", "config", "events", "jobs", "members", "migrate",
-                                          "store"]
+                                         "store"]
     assert agent.store == "the store" and agent.migrate is None and agent.jobs is None
     assert agent.components_started.is_set()  # nothing of the stand-in is still to start
     assert "request_stop" in interface_names(NetGuardAgent)  # a method is a name too

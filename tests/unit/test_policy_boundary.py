@@ -59,6 +59,7 @@ SIM_ALLOWED = {
     "laminar.zone": "the zone package (a docstring)",
     "laminar.zone.arbiter": "the node side of placement, socket-free",
     "laminar.zone.submitter": "the submitter side of placement, socket-free",
+    "laminar.zone.gangplace": "the submitter side of gang placement, socket-free (issue 33)",
     "laminar.zone.simnet": "the simulated zone transport",
     "laminar.zone.wire": "the datagram format the simulated transport encodes and checks",
     "laminar.zone.keys": "the zone keys the wire signs with (wire imports it)",

@@ -110,3 +110,11 @@ def test_mermaid_draws_every_writing_move() -> None:
     text = pm.mermaid()
     assert text.startswith("stateDiagram-v2\n")
     assert "[*] --> starting: placed" in text and "restarting --> starting: relaunched" in text
+
+
+def test_airlock_kill_ends_a_rigid_job_and_costs_an_elastic_one_a_member() -> None:
+    d = on_member_end(rigid(R, R, R), 1, FL, airlock_kill=True)
+    assert d.action is Action.END_FAILED and "killed by Airlock" in d.reason
+    d = on_member_end(elastic(2, 3, R, R, R), 1, FL, airlock_kill=True)
+    assert d.action is Action.CONTINUE and d.shrink and "killed by Airlock" in d.reason
+    assert on_member_end(elastic(3, 4, R, R, R), 1, FL, airlock_kill=True).action is Action.RESTART

@@ -62,7 +62,7 @@ from .policy import Policy, PolicyError, PolicyStore
 from .signals import PriPoller, PsiTrigger, V1Eventfd, mem_available, psi_window, read_psi
 
 if TYPE_CHECKING:
-    from ..components import AirlockAgent
+    from ..components import AirlockAgent, MemberInfo, MembersForAirlock
 
 log = logging.getLogger("laminar.airlock")
 
@@ -139,7 +139,8 @@ class Airlock:
 
     def __init__(self, *, jobs: Any = None, store: Any = None, events: Any = None, budget_mb: int | None = None,
                  class_budget_mb: dict[str, int] | None = None, hold_allocator: bool = True,
-                 policy: dict[str, Any] | None = None, migrate: Any = None, tick_s: float = TICK_S) -> None:
+                 policy: dict[str, Any] | None = None, migrate: Any = None, tick_s: float = TICK_S,
+                 members: MembersForAirlock | None = None) -> None:
         self.agent: AirlockAgent | None = None  # what Airlock reads of it: laminar.components
         self.jobs = jobs
         self.store = store
@@ -149,6 +150,9 @@ class Airlock:
         self.hold_allocator = hold_allocator
         self._initial_policy = policy
         self.migrate = migrate
+        # the members of multi-node jobs (None: the agent's ``members``, read when needed: that
+        # component may start after this one; neither: every job is a job of this node alone)
+        self._members = members
         self._parses = UidSlots("policy texts being parsed", POLICY_PARSES_PER_UID, POLICY_PARSES_ALL_USERS,
                                 "uid_policy_parses")
         self.tick_s = tick_s
@@ -321,6 +325,27 @@ class Airlock:
             self._apply_budget()
         self._open_sources()
         self._task = self.loop.create_task(self._ticker())
+
+    def members(self) -> MembersForAirlock | None:
+        """The members component (``agent.members``), or None where there is none."""
+        if self._members is not None:
+            return self._members
+        return self.agent.members if self.agent is not None else None
+
+    def _member(self, job_id: str) -> MemberInfo | None:
+        members = self.members()
+        return members.member_of(job_id) if members is not None else None
+
+    def _tell_members(self, job_id: str, action: str, work_lost_s: float | None = None) -> None:
+        """A member of a multi-node job was suspended, recovered or killed here: its job's other
+        members follow through its origin (the members component decides). Never raises."""
+        members = self.members()
+        if members is None or members.member_of(job_id) is None:
+            return
+        try:
+            members.on_airlock(job_id, action, work_lost_s)
+        except Exception:
+            log.exception("airlock: telling the members component of %s %s failed", action, job_id)
 
     def _holds(self) -> Holds:
         """The job manager's holds (runtime/holds.py): Airlock's suspend is its ``airlock`` hold."""
@@ -882,16 +907,21 @@ class Airlock:
             except CgroupError:
                 continue
             out.append(ladder.JobView(j.id, j.spec.job_class, j.spec.priority, 0.0, mem, stopping=True))
+        # A member frozen with its multi-node job (the origin's order: runtime/holds.py MEMBERS)
+        # is no candidate while Airlock holds no rung of it: suspending it again frees nothing.
+        # One Airlock suspended too stays in view, so that it is recovered (or escalated) here.
+        with_job = self._holds().held_by(Hold.MEMBERS) if self.members() is not None else set()
         for j in self.jobs.active():
             rung, since, hops = self.rungs.get(j.id, (None, None, 0))
-            if rung == ladder.KILL or j.id in moving:
+            if rung == ladder.KILL or j.id in moving or (rung is None and j.id in with_job):
                 continue
             try:
                 mem = j.cgroup.memory_in_use()  # its clean page cache the kernel drops anyway
             except CgroupError:
                 continue
+            member = self._member(j.id)
             out.append(ladder.JobView(j.id, j.spec.job_class, j.spec.priority, j.work_at_risk_s(wall), mem,
-                                      rung, since, hops))
+                                      rung, since, hops, members=member.count if member is not None else 1))
         return out
 
     def evaluate(self) -> list[ladder.Action]:
@@ -954,6 +984,7 @@ class Airlock:
                 self._holds().hold(job.id, Hold.AIRLOCK)  # frozen within ms; a task waiting at the limit later
                 self._set_rung(job.id, ladder.SUSPEND, now, hops, a.reason)
                 self.jobs.set_state(job, "suspended", f"airlock: {a.reason}")
+                self._tell_members(job.id, "suspend")
             elif a.kind == ladder.RECOVER:
                 # A re-addressed job was thawed for its checkpoint already; a freeze on it now is
                 # the migration layer's (a move in progress), not ours to undo.
@@ -961,7 +992,12 @@ class Airlock:
                     self._holds().adopt(job.id, Hold.AIRLOCK)  # (a suspend rung is Airlock's hold)
                     self._holds().release(job.id, Hold.AIRLOCK)  # thawed unless another holds it
                 self._drop_rung(job.id)
-                self.jobs.set_state(job, "running", f"airlock: recovered ({a.reason})")
+                if self._holds().held(job.id, Hold.MEMBERS):  # frozen with its job still: not ours to thaw
+                    self.jobs.set_state(job, "suspended", f"airlock: recovered ({a.reason}); still frozen with "
+                                                          "its multi-node job")
+                else:
+                    self.jobs.set_state(job, "running", f"airlock: recovered ({a.reason})")
+                self._tell_members(job.id, "recover")
             elif a.kind == ladder.READDRESS:
                 self._set_rung(job.id, ladder.READDRESS, now, hops + 1, a.reason)
                 self._readdress(job, a, fields)
@@ -974,6 +1010,7 @@ class Airlock:
                 # a restart in between finishes the kill instead of calling the job lost.
                 self._set_rung(job.id, ladder.KILL, now, hops, a.reason)
                 self._spawn(self._finish_kill(job.id, a.reason, lost))
+                self._tell_members(job.id, "kill", lost)
         except CgroupError as e:
             fields["error"] = str(e)
         fields["reason"] = a.reason

@@ -31,20 +31,19 @@ either side) changes nothing the second time.
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import json
 import logging
 import os
 import time
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from laminar.policy import members as pm
 from laminar.policy.endcause import EndCause
 from laminar.policy.members import Action, MemberState, MultiState
-from laminar.runtime.record import MULTI_ID_RE
-from laminar.runtime.spec import JobError, JobSpec
+from laminar.runtime.spec import JobError, JobSpec, is_multinode_id
 from laminar.zone import wire
 
 from .table import MemberRow, MemberTable, MultiRecord, TableFull
@@ -62,11 +61,10 @@ STATUS_ERROR = 1
 ORDERS = ("stop", "freeze", "thaw", "checkpoint", "killswitch_on", "killswitch_off", "relaunch")
 ANSWER_CACHE = 512  # answers kept for retransmitted requests, by (sender, request id)
 PAYLOAD_MAX = wire.MAX_DATAGRAM - wire.HEADER_SIZE - wire.MAC_SIZE - 9  # a member message's JSON, at most
-ENDPOINT_PORT0 = 29400  # the rendezvous port: ENDPOINT_PORT0 + hash(job id, generation) % ENDPOINT_PORTS
-ENDPOINT_PORTS = 600
 REPORTS_IN_FLIGHT = 16  # reports awaiting the origin at once (the rest wait for the next tick)
 RESIZE_SETTLE_S = 10.0  # an elastic job resizing whose live members all run this long is running again
 PATH_MAX = 512  # a checkpoint path in a report or an order, at most
+STOP_WAIT_S = 60.0  # a relaunch waits this long, at most, for the member's earlier job to be gone
 VIEW_EVERY_S = 10.0  # the origin sends each member's node the job's view this often (unanswered: a miss)
 CKPT_LOOK_S = 10.0  # member 0's node looks for a newer verified checkpoint of its job this often
 CKPT_VERIFY_S = 5.0  # one look's verification, at most (off the loop; the newest two are tried)
@@ -105,9 +103,11 @@ class MemberError(ValueError):
 
 
 def endpoint_port(job: str, generation: int) -> int:
-    """The rendezvous port member 0's node serves for ``job``'s ``generation``."""
-    h = hashlib.sha256(f"{job}/{generation}".encode()).digest()
-    return ENDPOINT_PORT0 + int.from_bytes(h[:4], "big") % ENDPOINT_PORTS
+    """The rendezvous port member 0's node serves for ``job``'s ``generation``
+    (laminar.members.launch's)."""
+    from laminar.members import launch
+
+    return launch.endpoint_port(job, generation)
 
 
 def _dumps(obj: Any) -> bytes:
@@ -121,7 +121,7 @@ def _int(v: Any, what: str, lo: int, hi: int) -> int:
 
 
 def _job_id(v: Any) -> str:
-    if not isinstance(v, str) or not MULTI_ID_RE.fullmatch(v):
+    if not isinstance(v, str) or not is_multinode_id(v):
         raise MemberError(f"job {str(v)[:40]!r}: expected a multi-node job id (job-<num>-n<node>)")
     return v
 
@@ -178,15 +178,29 @@ def _port_taken(addr: str, endpoint: str) -> str | None:
     return None
 
 
+@dataclass(frozen=True)
+class Member:
+    """A member of a multi-node job hosted here, as the job manager, Airlock and netguard read it
+    (laminar.components.MemberInfo)."""
+
+    job: str
+    index: int
+    count: int
+    origin: int
+    rigid: bool
+
+
 LaunchPlan = Callable[[dict[str, Any], JobSpec], tuple[list[str], dict[str, str]]]
 
 
 def default_launch(block: dict[str, Any], spec: JobSpec) -> tuple[list[str], dict[str, str]]:
-    """The member's argv and env (laminar.members.launch, built by its own module)."""
-    from laminar.members import launch  # type: ignore[attr-defined]
+    """The member's argv and env (laminar.members.launch): its block checked in full, the
+    interface that holds its own address read here. LaunchError (a ValueError) when refused."""
+    from laminar.members import launch
 
-    plan = launch.member_launch(block, spec)
-    return list(plan[0]), dict(plan[1])
+    b = launch.MemberBlock.from_dict(block)
+    plan = launch.launch(b, spec.command, launch.interface_of(b.own_addr))
+    return list(plan.argv), dict(plan.env)
 
 
 class MembersComponent:
@@ -210,8 +224,11 @@ class MembersComponent:
         self._reporting: set[str] = set()
         self._acting: set[str] = set()  # origin: jobs whose restart or end is under way
         self._relaunching: set[str] = set()  # member: jobs whose relaunch here is under way
+        self._started_gen: dict[str, int] = {}  # member: the generation this node last started of a job
         self._ckpt_looked: dict[str, float] = {}  # member 0: job -> when its shared directory was last looked at
         self._ckpt_looking: set[str] = set()
+        self._suspended: dict[str, set[int]] = {}  # origin: job -> members whose node's Airlock suspended them
+        self._airlock_killed: dict[str, int] = {}  # member: job -> the generation Airlock killed here
         self._viewed: dict[str, float] = {}  # origin: job -> when its members' nodes were last sent its view
         self._tasks: set[asyncio.Task[Any]] = set()
         self._loop_task: asyncio.Task[Any] | None = None
@@ -248,8 +265,8 @@ class MembersComponent:
         """The gang placer over the zone's own transport, membership and summaries, with the
         zone's placement settings (``[zone]``); the zone's late offers reach it too."""
         try:
-            from laminar.zone import gangplace  # type: ignore[attr-defined]
-        except ImportError:  # (the gang placement lands beside this component)
+            from laminar.zone import gangplace
+        except ImportError:  # pragma: no cover - an installation without the gang placement
             return None
         s = zone.s
         placer = gangplace.GangPlacer(
@@ -315,8 +332,8 @@ class MembersComponent:
         zone's liveness declares dead are lost; a job resizing settles."""
         for rec in list(self.table.jobs.values()):
             idx = rec.index_of(self.node)
-            if idx is not None and rec.state is not MultiState.ENDED:
-                self._look_at_local(rec, idx)
+            if idx is not None and rec.state is not MultiState.ENDED and rec.job not in self._relaunching:
+                self._look_at_local(rec, idx)  # (a relaunch's stop is not the member's end)
                 if idx == 0:
                     self._look_for_ckpt(rec, now)
             if rec.origin == self.node and rec.state not in (MultiState.ENDED, MultiState.PLACING):
@@ -527,7 +544,17 @@ class MembersComponent:
             if ckpt != rec.last_ckpt:
                 self.table.set_job(rec, last_ckpt=ckpt, last_ckpt_at=time.time())
         self.counts["reports_taken"] += 1
-        if rec.state is not MultiState.ENDED and self.table.set_member(rec, index, state, code):
+        airlock = req.get("airlock")
+        if airlock is not None and airlock not in ("suspend", "recover", "kill"):
+            raise MemberError(f"airlock {str(airlock)[:20]!r}: expected suspend, recover or kill")
+        lost = req.get("work_lost_s")
+        work_lost = float(lost) if isinstance(lost, int | float) and not isinstance(lost, bool) and 0 <= lost < 1e9 else None
+        if airlock == "kill":
+            state = MemberState.FAILED
+        changed = rec.state is not MultiState.ENDED and self.table.set_member(rec, index, state, code)
+        if airlock is not None:
+            self._on_airlock(rec, index, str(airlock), work_lost)
+        elif changed:
             self._decide(rec, index, state)
         return {"state": str(rec.state), "generation": rec.generation, "end_reason": rec.end_reason}
 
@@ -541,7 +568,7 @@ class MembersComponent:
         if rec.members:
             self._decide(rec, 0, rec.members[0].state)
 
-    def _decide(self, rec: MultiRecord, index: int, state: MemberState) -> None:
+    def _decide(self, rec: MultiRecord, index: int, state: MemberState, airlock_kill: bool = False) -> None:
         """Member ``index`` of ``rec`` is in ``state`` now (stored): what the job does."""
         if rec.state in (MultiState.ENDED, MultiState.RESTARTING, MultiState.PLACING) or rec.job in self._acting:
             return  # (the ends a restart, a stop or an unplaced gang make are its own)
@@ -550,7 +577,7 @@ class MembersComponent:
                     and rec.state is MultiState.STARTING:
                 self.table.move(rec, pm.Event.ALL_RUNNING)
             return
-        d = pm.on_member_end(rec.policy_view(int(self.s["max_restarts"])), index, state)
+        d = pm.on_member_end(rec.policy_view(int(self.s["max_restarts"])), index, state, airlock_kill)
         self._emit(f"job {rec.job}: member {index} {state.value}: {d.action.value} ({d.reason})", job=rec.job,
                    member=index, state=str(state), action=str(d.action), reason=d.reason)
         if d.action is Action.CONTINUE:
@@ -574,10 +601,11 @@ class MembersComponent:
         host = rec.members[0].addr if rec.members else ""
         return f"{host}:{endpoint_port(rec.job, gen)}"
 
-    async def _order_all(self, rec: MultiRecord, do: str, only_live: bool = True, **extra: Any) -> dict[int, str]:
-        """ORDER ``do`` to every member (only the live ones by default); what each answered
-        (its error, when one)."""
-        targets = [m for m in rec.members if not only_live or m.state in pm.LIVE]
+    async def _order_all(self, rec: MultiRecord, do: str, only_live: bool = True, skip: int | None = None,
+                         **extra: Any) -> dict[int, str]:
+        """ORDER ``do`` to every member (only the live ones by default; not member ``skip``);
+        what each answered (its error, when one)."""
+        targets = [m for m in rec.members if (not only_live or m.state in pm.LIVE) and m.index != skip]
 
         async def one(m: MemberRow) -> tuple[int, str]:
             try:
@@ -693,26 +721,17 @@ class MembersComponent:
             assert jobs is not None
             self._spawn(jobs.stop(job, f"stopped by its origin, node {rec.origin}", cause=EndCause.STOPPED_BY_ORIGIN))
             return {"done": "stopping"}
-        if do in ("freeze", "thaw"):
-            from laminar.runtime.holds import Hold, holds_of
-
-            holds = holds_of(jobs)
-            if do == "freeze":
-                holds.hold(local, Hold.AIRLOCK)
-            else:
-                holds.release(local, Hold.AIRLOCK)
-            return {"done": do}
-        if do == "checkpoint":
-            from laminar.runtime.jobs import signal_if_caught
-
-            sent = sum(1 for pid in local.pids if signal_if_caught(pid, local.spec.checkpoint_signal))
-            return {"done": "signalled", "processes": sent}
+        assert jobs is not None
+        if do == "freeze":  # the job's ``members`` hold, which this node's Airlock never releases
+            return {"done": "frozen" if jobs.freeze_member(job) else "not frozen"}
+        if do == "thaw":
+            return {"done": "thawed" if jobs.thaw_member(job) else "still held"}
+        if do == "checkpoint":  # every process of the member's cgroup that catches the signal
+            return {"done": "signalled", "processes": len(jobs.signal_catchers(local, local.spec.checkpoint_signal))}
         netguard = self.agent.netguard if self.agent is not None else None
         if netguard is None:
             raise MemberError(f"node {self.node} runs no netguard: no kill-switch")
-        with netguard.lock:
-            netguard.set_job_kill(local.cgroup_id, do == "killswitch_on")
-        return {"done": do}
+        return {"done": do if netguard.set_job_switch(job, do == "killswitch_on") else "not registered"}
 
     def _order_relaunch(self, rec: MultiRecord, idx: int, gen: int, req: dict[str, Any]) -> dict[str, Any]:
         nodes = [[m.node, m.addr] for m in rec.members]
@@ -738,7 +757,7 @@ class MembersComponent:
                 raise MemberError(f"resume_from {resume[:80]!r}: not a checkpoint of {rec.job} under members.ckpt_root")
         block = check_block({"job": rec.job, "origin": rec.origin, "index": idx, "count": rec.workers,
                              "min": rec.workers_min, "max": rec.workers_max, "nodes": nodes, "endpoint": endpoint,
-                             "launcher": rec.spec.get("launcher"), "generation": gen})
+                             "launcher": self._launcher(rec), "generation": gen})
         if [int(n) for n, _ in block["nodes"]][idx] != self.node:
             raise MemberError(f"job {rec.job}: the relaunch names node {block['nodes'][idx][0]} for member {idx}")
         if rec.job in self._relaunching:
@@ -750,18 +769,30 @@ class MembersComponent:
         return {"done": "relaunching"}
 
     async def _relaunch_here(self, rec: MultiRecord, block: dict[str, Any], resume: str | None) -> None:
+        """The member here stopped (if it still runs) and started with the block's generation;
+        nothing when that generation was started here already (a repeated relaunch)."""
         try:
             jobs = self.agent.jobs if self.agent is not None else None
-            local = jobs.get(rec.job) if jobs is not None else None
-            if jobs is not None and local is not None and local.live and rec.generation < block["generation"]:
+            if jobs is None:
+                raise JobError("this node runs no job manager")
+            gen = int(block["generation"])
+            # the generation last started here: on a member node its record's, on the origin
+            # (whose record moved to the next generation first) what this process started
+            started = self._started_gen.get(rec.job, rec.generation if rec.origin != self.node else -1)
+            local = jobs.get(rec.job)
+            if local is not None and local.live and started >= gen:
+                return
+            if local is not None and local.live:
                 try:
-                    await jobs.stop(rec.job, f"relaunched by its origin (generation {block['generation']})",
+                    await jobs.stop(rec.job, f"relaunched by its origin (generation {gen})",
                                     cause=EndCause.STOPPED_BY_ORIGIN)
                 except JobError:
                     pass
-            local = jobs.get(rec.job) if jobs is not None else None
-            if local is not None and local.live:
-                return  # this generation runs already (a repeated relaunch)
+            # an earlier stop (the origin's ORDER stop) may still be in its grace: the job
+            # manager lets the id go once the job is gone
+            deadline = time.monotonic() + STOP_WAIT_S
+            while rec.job in jobs.jobs and time.monotonic() < deadline:
+                await asyncio.sleep(0.1)
             spec = JobSpec.from_dict({**rec.spec, "resume_from": resume})
             await self.start_member(block, spec, rec.owner_uid, rec.owner_gid)
         except (JobError, MemberError) as e:
@@ -813,11 +844,16 @@ class MembersComponent:
             if taken:
                 raise JobError(f"job {job_id}: the rendezvous endpoint {b['endpoint']} is taken on this node ({taken}); "
                                "the origin tries another port or node")
-        argv, env = self.launch_plan(b, spec)
+        try:
+            argv, env = self.launch_plan(b, spec)
+        except ValueError as e:  # (launch.LaunchError)
+            raise JobError(f"member {idx} of {job_id}: {e}") from None
         root = str(self.s["ckpt_root"] or "")
         if root:
             env["LAMINAR_CKPT_DIR"] = f"{root.rstrip('/')}/{job_id}"
-        run = JobSpec.from_dict({**spec.as_dict(), "command": argv})
+        # the member's own job is a one-node job (the members are this component's)
+        run = JobSpec.from_dict({**spec.as_dict(), "command": argv, "workers": None, "workers_min": None,
+                                 "workers_max": None, "launcher": None})
         rec = MultiRecord(job=job_id, origin=int(b["origin"]), spec=spec.as_dict(), owner_uid=owner_uid,
                           owner_gid=owner_gid, state=MultiState.STARTING if old is None else old.state,
                           workers_min=int(b["min"]), workers_max=int(b["max"]),
@@ -835,7 +871,8 @@ class MembersComponent:
                 self.table.add(rec)
             except TableFull as e:
                 raise JobError(str(e)) from None
-        job = await jobs.submit(run, owner_uid, owner_gid, job_id=job_id, agent_env=env)
+        job = await jobs.submit(run, owner_uid, owner_gid, job_id=job_id, relaunch=old is not None, agent_env=env)
+        self._started_gen[job_id] = int(b["generation"])
         self._emit(f"member {idx} of job {job_id} started (generation {b['generation']}, origin node {b['origin']})",
                    job=job_id, member=idx, generation=int(b["generation"]), origin=int(b["origin"]))
         return job.id
@@ -878,10 +915,16 @@ class MembersComponent:
         gpus = spec.gpus if isinstance(spec.gpus, int) else len(spec.gpus)
         return pl.Demand(gpus=float(gpus), cpus=float(spec.cpus or 1.0), memory_mb=int(spec.memory_mb or 256))
 
+    @staticmethod
+    def _launcher(rec: MultiRecord) -> str:
+        from laminar.members import launch
+
+        return str(rec.spec.get("launcher") or launch.launcher_for(rec.spec.get("command") or []))
+
     def _handover_json(self, rec: MultiRecord, spec: JobSpec, index: int) -> bytes:
         block = {"job": rec.job, "origin": rec.origin, "index": index, "count": rec.workers, "min": rec.workers_min,
                  "max": rec.workers_max, "nodes": [[m.node, m.addr] for m in rec.members], "endpoint": rec.endpoint,
-                 "launcher": rec.spec.get("launcher"), "generation": rec.generation}
+                 "launcher": self._launcher(rec), "generation": rec.generation}
         spec_d = {**spec.as_dict(), "member": block}
         return _dumps({"spec": spec_d, "owner_uid": rec.owner_uid, "owner_gid": rec.owner_gid})
 
@@ -896,8 +939,7 @@ class MembersComponent:
         """Submits a multi-node job (``spec.workers`` members, elastic bounds when given) from this
         node, its origin: records it, places the gang through the zone and answers its view.
         JobError when refused (bad bounds, no room for the record, no zone)."""
-        workers = getattr(spec, "workers", None)
-        lo, hi = getattr(spec, "workers_min", None), getattr(spec, "workers_max", None)
+        workers, lo, hi = spec.workers, spec.workers_min, spec.workers_max
         if not isinstance(workers, int) or isinstance(workers, bool) or not 2 <= workers <= pm.WORKERS_MAX:
             raise JobError(f"workers {workers!r}: a multi-node job has 2..{pm.WORKERS_MAX} workers")
         lo, hi = (workers, workers) if lo is None and hi is None else (lo, hi)
@@ -910,7 +952,7 @@ class MembersComponent:
         jobs = self.agent.jobs if self.agent is not None else None
         if jobs is None:
             raise JobError("this node runs no job manager")
-        job_id = f"job-{jobs.reserve_num()}-n{self.node}"
+        job_id = jobs.reserve_multinode_id(self.node)
         spec_d = spec.as_dict()
         rec = MultiRecord(job=job_id, origin=self.node, spec=spec_d, owner_uid=owner_uid, owner_gid=owner_gid,
                           state=MultiState.PLACING, workers_min=lo, workers_max=hi,
@@ -948,24 +990,27 @@ class MembersComponent:
             await self._end(rec, f"not placed: {getattr(res, 'reason', '') or getattr(res, 'outcome', '?')}")
         return self._view(rec)
 
-    def _owned(self, job_id: str, by_uid: int) -> MultiRecord:
+    def _owned(self, job_id: str, by_uid: int | None) -> MultiRecord:
+        """The record of ``job_id``, which this node originates; ``by_uid`` (None: the caller
+        authorized already) must be its owner or root."""
         rec = self.table.get(job_id)
         if rec is None:
             raise JobError(f"no multi-node job {job_id!r} here")
         if rec.origin != self.node:
             raise JobError(f"job {job_id}: its origin is node {rec.origin}; ask there")
-        if by_uid not in (0, rec.owner_uid):
+        if by_uid is not None and by_uid not in (0, rec.owner_uid):
             raise JobError(f"job {job_id} is uid {rec.owner_uid}'s: only its owner or root may do that")
         return rec
 
     async def stop(self, job_id: str | None = None, by_uid: int = 0) -> dict[str, Any]:
-        """Stops every member of ``job_id`` (this node its origin; its owner or root); the job's
-        view. With no ``job_id`` this is the component's stop (the agent's): its rounds end, the
-        members run on (as JobManager.stop); answers {}."""
+        """Stops every member of ``job_id`` (this node its origin); the job's view. The caller
+        authorized ``by_uid`` (the API route: the owner, root or the control group, as for a
+        one-node job). With no ``job_id`` this is the component's stop (the agent's): its
+        rounds end, the members run on (as JobManager.stop); answers {}."""
         if job_id is None:
             await self._shutdown()
             return {}
-        rec = self._owned(job_id, by_uid)
+        rec = self._owned(job_id, None)
         if rec.state is not MultiState.ENDED:
             await self._end(rec, f"stopped by uid {by_uid}")
         else:
@@ -978,12 +1023,76 @@ class MembersComponent:
         answers = await self._order_all(rec, "killswitch_on" if on else "killswitch_off")
         return {**self._view(rec), "killswitch": {str(i): a for i, a in sorted(answers.items())}}
 
+    # -- what Airlock, netguard and the job manager ask ----------------------------------------------
+
+    def member_of(self, job_id: str) -> Member | None:
+        """The member of a multi-node job that the local job ``job_id`` is, or None (a job of this
+        node alone, or one whose record is gone or ended). O(members)."""
+        rec = self.table.get(job_id)
+        if rec is None or rec.state is MultiState.ENDED:
+            return None
+        idx = rec.index_of(self.node)
+        if idx is None:
+            return None
+        return Member(rec.job, idx, rec.workers, rec.origin, rec.workers_min == rec.workers_max)
+
+    def on_airlock(self, job_id: str, action: str, work_lost_s: float | None) -> None:
+        """Airlock acted on the local member ``job_id`` (``suspend``, ``recover``, ``kill``): its
+        origin is told in a REPORT (``airlock``), from a task (never blocks, never raises); the
+        origin freezes or thaws the other members, or decides the kill (policy.members)."""
+        rec = self.table.get(job_id)
+        idx = rec.index_of(self.node) if rec is not None else None
+        if rec is None or idx is None or action not in ("suspend", "recover", "kill"):
+            return
+        if action == "kill":
+            self._airlock_killed[job_id] = rec.generation
+            self.table.set_member(rec, idx, MemberState.FAILED, None)
+        payload: dict[str, Any] = {"job": job_id, "index": idx, "generation": rec.generation,
+                                   "state": str(rec.members[idx].state), "airlock": action}
+        if work_lost_s is not None:
+            payload["work_lost_s"] = round(float(work_lost_s), 1)
+        self._spawn(self._tell_origin(rec, payload))
+
+    async def _tell_origin(self, rec: MultiRecord, payload: dict[str, Any]) -> None:
+        try:
+            await self.request(rec.origin, OP_REPORT, payload)
+        except MemberError as e:
+            log.warning("members: job %s: telling its origin of %s failed: %s", rec.job, payload.get("airlock"), e)
+            self._unreported.add(rec.job)  # (the member's state, at least, is reported again)
+
+    def _on_airlock(self, rec: MultiRecord, index: int, action: str, work_lost: float | None) -> None:
+        """The origin: member ``index``'s node's Airlock suspended, recovered or killed it."""
+        suspended = self._suspended.setdefault(rec.job, set())
+        self._emit(f"job {rec.job}: member {index}'s node {action}ed it (Airlock)"
+                   + (f", {work_lost:g} s of work lost" if work_lost is not None else ""),
+                   job=rec.job, member=index, airlock=action, work_lost_s=work_lost)
+        if action == "suspend":
+            suspended.add(index)
+            self._spawn(self._order_others(rec, index, "freeze"))
+        elif action == "recover":
+            suspended.discard(index)
+            if not suspended:
+                self._spawn(self._order_others(rec, index, "thaw"))
+        else:  # kill: decided as the member's end (its state, failed, came with it)
+            suspended.discard(index)
+            if work_lost is not None:
+                rec.extra["work_lost_s"] = rec.extra.get("work_lost_s", 0.0) + work_lost
+            if rec.state is not MultiState.ENDED and rec.job not in self._acting:
+                self._decide(rec, index, MemberState.FAILED, airlock_kill=True)
+            if not suspended:
+                self._spawn(self._order_others(rec, index, "thaw"))
+
+    async def _order_others(self, rec: MultiRecord, but: int, do: str) -> None:
+        for i, answer in (await self._order_all(rec, do, skip=but)).items():
+            if answer.startswith("error"):
+                log.warning("members: job %s: %s of member %d: %s", rec.job, do, i, answer)
+
     # -- views ---------------------------------------------------------------------------------------
 
     def _view(self, rec: MultiRecord) -> dict[str, Any]:
         return {"id": rec.job, "state": str(rec.state), "end_reason": rec.end_reason, "origin": rec.origin,
                 "workers": rec.workers, "workers_min": rec.workers_min, "workers_max": rec.workers_max,
-                "launcher": rec.spec.get("launcher"), "generation": rec.generation, "restarts": rec.restarts,
+                "launcher": self._launcher(rec), "generation": rec.generation, "restarts": rec.restarts,
                 "last_ckpt": rec.last_ckpt, "last_ckpt_at": rec.last_ckpt_at, "owner_uid": rec.owner_uid,
                 "members": [m.view() for m in rec.members], "placement": rec.extra.get("placement", {})}
 

@@ -64,7 +64,6 @@ from laminar.config import Field, _range
 from laminar.offloop import Lane, LaneBusy
 from laminar.policy import ckpt_schedule as cs
 from laminar.runtime.ckpt_scan import CkptScanner, Listing
-from laminar.runtime.jobs import catches_signal
 
 log = logging.getLogger("laminar.migrate")
 
@@ -425,7 +424,9 @@ class CkptDriver:
         fence = getattr(self.comp, "fence", None)  # (a stand-in component may have none)
         if fence is not None and job.id in fence.fenced_jobs:
             return "fenced (the node hears none of its zone: migrate.fence_after_s)"
-        if job.pid is None or not catches_signal(int(job.pid), job.spec.checkpoint_signal):
+        # (its main process; a member of a multi-node job: any process of its cgroup, torchrun's
+        # workers, as request_checkpoint signals them)
+        if not self.comp.agent.jobs.catches_checkpoint(job):
             return f"does not catch {job.spec.checkpoint_signal} (no checkpoint contract)"
         return ""
 

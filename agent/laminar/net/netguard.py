@@ -550,6 +550,26 @@ class NetGuard:
         else:
             self._update_job(cgroup_id, clear_flags=abi.LM_JOB_KILL | abi.LM_JOB_ARMED, kill_at_ns=0)
 
+    def set_job_switch(self, job_id: str, on: bool) -> bool:
+        """The kill-switch of the local job ``job_id``: on cuts its traffic from the next packet,
+        off restores it (and clears an armed deadline), as ``killswitch on|off --job`` here. What
+        the members component calls when a multi-node job's origin orders every member's traffic
+        cut or restored (ORDER killswitch_on/off); it reaches no other node. False when no job of
+        that id runs here or it is not registered with netguard."""
+        jobs = self.agent.jobs if self.agent is not None else None
+        job = jobs.get(job_id) if jobs is not None else None
+        if job is None or "lm_jobs" not in self.maps:
+            return False
+        try:
+            self.set_job_kill(int(job.cgroup_id), on)
+        except KeyError:
+            return False
+        if self.agent is not None:
+            self.agent.events.emit("killswitch", f"kill-switch: traffic of job {job_id} "
+                                   f"{'cut' if on else 'restored'} with its multi-node job",
+                                   action="on" if on else "off", scope="job", job=job_id, members=True)
+        return True
+
     def disarm_job(self, cgroup_id: int) -> None:
         """Clears the job's armed deadline only (``LM_JOB_ARMED``, ``kill_at_ns``): a cut the job
         has (``LM_JOB_KILL``: an operator's ``killswitch job on``) stays; a deadline that had
@@ -733,8 +753,22 @@ class NetGuard:
         stayed_cut: list[int] = []  # cgroup ids an 'arm' found cut by their passed deadline (kept cut)
         lent_stays_cut = False
         lent_off = False  # an 'off --all' that also cleared the lent cut or the lent deadline
+        members = self.agent.members if self.agent is not None else None
+        multi: str | None = None  # a multi-node job's id: its other members are reached too
         if scope == "job":
             job_id = require(body, "job", str, "a job id")
+            jobs = self.agent.jobs if self.agent is not None else None
+            here = jobs is not None and jobs.get(job_id) is not None
+            if members is not None and (members.member_of(job_id) is not None
+                                        or (not here and members.view(job_id) is not None)):
+                multi = job_id
+        if scope == "job" and multi is not None and not here:
+            # the origin of a multi-node job with no member here: the members are reached below
+            if action == "arm":
+                raise ApiError(409, f"job {job_id!r} has no member on this node, and arm reaches a member on its "
+                                    "own node only: arm it on a member's node, or use on/off for every member")
+            who = f"multi-node job {job_id}"
+        elif scope == "job":
             job, cg = self._job_cgroup(job_id)
             if action == "arm":
                 assert deadline is not None
@@ -787,8 +821,19 @@ class NetGuard:
             else:
                 self.set_global(clear_flags=abi.LM_GLOBAL_KILL_LENT | abi.LM_GLOBAL_ARMED, kill_at_ns=0)
             who = "lent jobs"
+        fanned: dict[str, Any] | None = None
+        fan_error: str | None = None
+        if multi is not None and members is not None and action in ("on", "off"):
+            try:
+                fanned = await members.killswitch(multi, action == "on", req.peer.uid)
+            except Exception as e:  # what is cut here stays cut; the answer says who was not reached
+                fan_error = str(e) or type(e).__name__
         verb = {"on": "cut", "off": "restored", "arm": f"armed to cut in {body.get('at_s')} s"}[action]
         msg = f"kill-switch: traffic of {who} {verb}"
+        if multi is not None:
+            msg += ("; its other members: " + (f"not reached: {fan_error}" if fan_error is not None else
+                                               "asked through its origin" if action != "arm" else
+                                               "not armed (arm reaches this member only)"))
         disarmed_jobs = self._job_names(disarmed)
         if disarmed_jobs:
             msg += f"; armed deadline cleared for {', '.join(disarmed_jobs)}"
@@ -803,8 +848,13 @@ class NetGuard:
         agent.loop.call_soon(lambda: agent.events.emit(
             "killswitch", msg, action=action, scope=scope, job=body.get("job"), uid=req.peer.uid, deadline_ns=deadline,
             disarmed=disarmed_jobs, stays_cut=kept))
-        return {"message": msg, "action": action, "scope": scope, "job": body.get("job"), "deadline_ns": deadline,
-                "disarmed": disarmed_jobs, "stays_cut": kept}
+        out: dict[str, Any] = {"message": msg, "action": action, "scope": scope, "job": body.get("job"),
+                               "deadline_ns": deadline, "disarmed": disarmed_jobs, "stays_cut": kept}
+        if multi is not None:
+            out["members"] = fanned
+            if fan_error is not None:
+                out["members_error"] = fan_error
+        return out
 
 
 def restore_interface(ifindex: int, clsact_created: bool) -> dict[str, Any]:

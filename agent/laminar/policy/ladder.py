@@ -5,7 +5,11 @@ Airlock's manager (mechanism) and the simulator (``laminar.sim``) call the same 
 - `survival_value(job, policy)`: how much keeping a job alive is worth. It grows with the
   job's lifecycle class weight, its priority and the work at risk since its last checkpoint,
   and falls with the memory it would free (its memory in use: clean page cache, which the
-  kernel drops anyway, is not counted). The lowest value yields first.
+  kernel drops anyway, is not counted). The lowest value yields first. A member of a
+  multi-node job (`JobView.members` > 1) is valued for the whole job: its work at risk counts
+  once per member (every member rolls back to the job's last checkpoint when one is killed, and
+  a suspension stalls them all), its memory only as what this node would get back. A member is
+  never re-addressed (its node is part of the job's rendezvous): its suspension escalates to a kill.
 - `pressure_level(signals, policy)`: NONE (recoverable), STEADY (the hysteresis band), HIGH or
   CRITICAL, from the budget's usage, PSI and discrete kernel signals (stalls only while the
   budget or the machine is at least ``recover_below`` full: below, they are a job's own limit).
@@ -74,6 +78,7 @@ class JobView:
     rung_since: float | None = None
     hops: int = 0                 # re-addressing attempts so far
     stopping: bool = False        # being stopped (SIGTERM sent, in its grace): ending anyway
+    members: int = 1              # a multi-node job's member: how many members the job has
 
 
 @dataclass(frozen=True)
@@ -118,11 +123,13 @@ class Memo:
 
 
 def survival_value(job: JobView, policy: dict[str, Any]) -> float:
-    """Higher is more worth keeping. Monotone: increasing in class weight, priority and work
-    at risk; decreasing in memory freed."""
+    """Higher is more worth keeping. Monotone: increasing in class weight, priority, work at
+    risk and (for a member of a multi-node job) the job's member count; decreasing in memory
+    freed. The work at risk of a member counts for every member of its job."""
     weight = float(policy["class_weights"].get(job.job_class, 1.0))
     prio = 1.0 + max(0, job.priority) / 100.0
-    work = 1.0 + float(policy["work_weight_per_hour"]) * max(0.0, job.work_at_risk_s) / 3600.0
+    at_risk = max(0.0, job.work_at_risk_s) * max(1, job.members)
+    work = 1.0 + float(policy["work_weight_per_hour"]) * at_risk / 3600.0
     mem = 1.0 + float(policy["memory_weight_per_gib"]) * max(0, job.memory_bytes) / float(1 << 30)
     return weight * prio * work / mem
 
@@ -165,6 +172,8 @@ def oom_score_adj(job_class: str, priority: int) -> int:
 
 
 def _next_rung(job: JobView, policy: dict[str, Any]) -> str:
+    if job.members > 1:
+        return KILL  # a member runs on its node or nowhere: its job's members and rendezvous are placed
     if job.rung == SUSPEND and policy["readdress"] and job.hops < policy["rungs"]["readdress"]["max_hops"]:
         return READDRESS
     return KILL

@@ -196,11 +196,13 @@ class Decision:
     """CONTINUE because a member failed or was lost (the job is resizing), not because one exited."""
 
 
-def on_member_end(view: JobView, index: int, state: MemberState | str) -> Decision:
+def on_member_end(view: JobView, index: int, state: MemberState | str, airlock_kill: bool = False) -> Decision:
     """What the origin does when member ``index`` of the job ``view`` reports ``state`` (the
     view's own entry for it is replaced first). A state that is not an end (starting,
-    running) answers CONTINUE. Raises ValueError for an index out of range or a state that is
-    not one."""
+    running) answers CONTINUE. ``airlock_kill``: the member was killed by its node's Airlock
+    (memory pressure): a rigid job ends (restarting it would put the same pressure back on
+    that node), an elastic one loses that member as for any failure. Raises ValueError for
+    an index out of range or a state that is not one."""
     state = MemberState(state)
     if not 0 <= index < len(view.members):
         raise ValueError(f"member {index}: the job has members 0..{len(view.members) - 1}")
@@ -221,6 +223,10 @@ def on_member_end(view: JobView, index: int, state: MemberState | str) -> Decisi
         return _restart_or_end(v, f"member {index} exited 0 after the others failed")
     # failed or lost
     why = f"member {index} {state.value}"
+    if airlock_kill and not v.elastic:
+        return Decision(Action.END_FAILED, f"failed: member {index} killed by Airlock on its node (memory pressure)")
+    if airlock_kill:
+        why = f"member {index} killed by Airlock"
     if index == 0:
         return _restart_or_end(v, f"{why} (the rendezvous host)")
     if v.elastic and v.live >= v.workers_min:

@@ -8,12 +8,11 @@ job arriving from another agent."""
 from __future__ import annotations
 
 import os
-import re
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from .grants import GrantError, Grants, caller_gids
-from .spec import JobSpec, QuotaError, ResumeFromError, _brief
+from .spec import JOB_ID_RE, JobSpec, QuotaError, ResumeFromError, _brief
 
 if TYPE_CHECKING:
     from .jobs import JobManager
@@ -71,7 +70,7 @@ class SubmitChecks:
         if p != state and state not in p.parents:
             return
         rel = p.relative_to(state).parts
-        if len(rel) >= 2 and rel[0] == "ckpt" and re.fullmatch(r"job-[0-9]{1,18}(-n[0-9]{1,10})?", rel[1]):
+        if len(rel) >= 2 and rel[0] == "ckpt" and JOB_ID_RE.fullmatch(rel[1]):
             row = self.jm.store.db.execute("SELECT owner_uid FROM jobs WHERE id=?", (rel[1],)).fetchone()
             if row is not None and int(row[0]) == uid:
                 return  # a checkpoint of one of the user's own jobs here

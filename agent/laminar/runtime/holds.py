@@ -2,7 +2,8 @@
 
 Several components freeze a job for reasons of their own: Airlock suspends it under memory
 pressure, a move freezes it once its final checkpoint is there, a node cut off from its zone
-fences it. Each takes a *hold* with its reason; the job is frozen while any hold remains and
+fences it, the origin of a multi-node job freezes every member while one member's node has it
+suspended. Each takes a *hold* with its reason; the job is frozen while any hold remains and
 thawed when the last one is released, so no component needs to know whether another one froze
 the job too (before, each read the others' sets to decide whether its thaw was safe)::
 
@@ -54,6 +55,10 @@ class Hold(enum.StrEnum):
     FENCE = "fence"
     """A node cut off from its zone (``migrate.fence_after_s``): until it hears a member again and
     nobody took the job over."""
+    MEMBERS = "members"
+    """A member of a multi-node job frozen because its job is (the origin's ORDER freeze: another
+    member's node suspended its own, issue 33): taken and released only through
+    ``JobManager.freeze_member``/``thaw_member``, never by this node's Airlock recovering."""
 
 
 class Holds:

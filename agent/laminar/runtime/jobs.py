@@ -91,23 +91,25 @@ from . import joblimits, provenance
 from .checks import MAX_PER_USER, SubmitChecks
 from .ckpt_scan import CkptScanner
 from .grants import Grants
-from .holds import Holds
+from .holds import Hold, Holds
 from .jobtable import JobTable
 from .launch import PROBES_ALL_USERS, PROBES_PER_UID, check_owner_ids, check_paths, spawn
 from .leaks import LeakedCgroups
 from .provenance import NO_ORIGIN, JobOrigin
-from .prune import KEEP_ENDED, KEEP_ENDED_PER_USER, KEEP_ENDED_S, NUM_FLOOR_KEY, Pruner
-from .record import LIVE_STATES, LOST_WITH_CGROUP, MULTI_ID_RE, QUEUED, SCHEMA, STATES, Job, upgrade_columns
+from .prune import KEEP_ENDED, KEEP_ENDED_PER_USER, KEEP_ENDED_S, NUM_FLOOR_KEY, NUM_RESERVED_KEY, Pruner
+from .record import LIVE_STATES, LOST_WITH_CGROUP, QUEUED, SCHEMA, STATES, Job, upgrade_columns
 from .spec import (
     AdmissionError,
     JobError,
     JobSpec,
     ReservedEnvError,
     ResumeFromError,
+    _brief,
+    is_multinode_id,
 )
 
 if TYPE_CHECKING:
-    from ..components import JobsAgent
+    from ..components import JobsAgent, MemberInfo, MembersForJobs
 
 log = logging.getLogger("laminar.jobs")
 
@@ -185,8 +187,12 @@ class JobManager:
                  grants: Grants | None = None, leak_sweep_s: float = LEAK_SWEEP_S, metrics: Any = None,
                  max_per_user: int | None = None, keep_ended_s: float | None = None,
                  keep_ended: int | None = None,
-                 keep_ended_per_user: int | None = None, job_limits: dict[str, Any] | None = None) -> None:
+                 keep_ended_per_user: int | None = None, job_limits: dict[str, Any] | None = None,
+                 members: MembersForJobs | None = None) -> None:
         self.agent: JobsAgent | None = None  # what the job manager reads of it: laminar.components
+        # which local jobs are members of multi-node jobs (None: the agent's ``members``, read
+        # when asked: that component starts after this one)
+        self._members = members
         # config [job_limits] (None: the agent's config, else the defaults): what jobs start with
         self.job_limits_cfg = job_limits
         self.limiter: joblimits.Limiter | None = None
@@ -568,18 +574,8 @@ class JobManager:
 
     # -- submit --------------------------------------------------------------------------------
 
-    def reserve_num(self) -> int:
-        """Takes the next job number without a job (a multi-node job's id, ``job-<num>-n<node>``,
-        laminar.members): no later job of this node gets it (the number floor moves past it)."""
-        with self.store.tx() as db:
-            floor = int(self.store.get_meta(NUM_FLOOR_KEY, 0) or 0)
-            num = max(int(db.execute("SELECT COALESCE(MAX(num), 0) FROM jobs").fetchone()[0]), floor) + 1
-            db.execute("INSERT INTO meta(key, value) VALUES(?, ?) ON CONFLICT(key) DO UPDATE SET "
-                       "value=excluded.value", (NUM_FLOOR_KEY, json.dumps(num)))
-        return num
-
     async def submit(self, spec: JobSpec, owner_uid: int = 0, owner_gid: int = 0, *, quota: bool = False,
-                     origin: JobOrigin = NO_ORIGIN, job_id: str | None = None,
+                     origin: JobOrigin = NO_ORIGIN, job_id: str | None = None, relaunch: bool = False,
                      agent_env: dict[str, str] | None = None) -> Job:
         """Submit `spec` as a job owned by (owner_uid, owner_gid) and start it if its class has
         room (`airlock.admission`); else it is returned in state ``queued`` (no pid, no cgroup
@@ -593,20 +589,19 @@ class JobManager:
         (`checks.quota`), checked again with no await before the job is stored, so concurrent
         submissions cannot pass it together. `origin`: where the job came from, from the agent's
         own code only (a hand-over, a take-over; laminar.runtime.provenance), stored with it.
-        `job_id`: agent code only (a multi-node job's member, laminar.members): the job's id
-        instead of ``job-<num>``, a multi-node id (`MULTI_ID_RE`); JobError when a live job has
-        it; an ended job of that id (the member's earlier generation) is replaced. `agent_env`:
-        agent code only (a member's rendezvous and ``LAMINAR_*`` names, laminar.members.launch):
-        set in the job's environment over its spec's and the agent's own contract, never checked
-        against the reserved names (the agent writes them) and kept in memory only."""
-        if job_id is not None:
-            if not MULTI_ID_RE.fullmatch(job_id):
-                raise JobError(f"job id {job_id[:40]!r}: a multi-node job's id is job-<num>-n<node>")
-            old = self.get(job_id)
-            if job_id in self.jobs or (old is not None and old.live):
-                raise JobError(f"job {job_id} exists here already and has not ended")
+        `job_id`: from the agent's own code only (the members component: a member's local job
+        has its multi-node job's id, ``job-7-n3``); JobError unless it is a multi-node id
+        (`spec.MULTINODE_ID_RE`) that no job here has (a row of any state, an ended one too),
+        but with `relaunch` (the member's next generation, laminar.members): then an ended job
+        of that id is replaced (its row gives way), a live one still refused. The job still
+        takes this node's next number (`num`), as every job does. `agent_env`: agent code only
+        (a member's rendezvous and ``LAMINAR_*`` names, laminar.members.launch): set in the
+        job's environment over its spec's and the agent's own contract, never checked against
+        the reserved names (the agent writes them) and kept in memory only."""
         assert self.tree is not None and self.state_dir is not None and self.inventory is not None
         check_owner_ids(owner_uid, owner_gid)
+        if job_id is not None:
+            self._check_given_id(job_id, relaunch)
         if quota:
             self.checks.quota(owner_uid)
         spec.validate()
@@ -647,14 +642,14 @@ class JobManager:
             self.checks.quota(owner_uid)
         spec_text = json.dumps(spec.as_dict())
         with self.store.tx() as db:
-            # past every number given: the highest row, and the highest ever pruned
-            floor = int(self.store.get_meta(NUM_FLOOR_KEY, 0) or 0)
-            num = max(int(db.execute("SELECT COALESCE(MAX(num), 0) FROM jobs").fetchone()[0]), floor) + 1
+            num = self._next_num(db)  # past every number given (pruned and reserved ones too)
             if job_id is None:
                 job_id = f"job-{num}"
-            elif job_id in self.jobs:  # (again, after the awaits above: no await from here to the insert)
-                raise JobError(f"job {job_id} exists here already and has not ended")
-            else:  # a member's earlier generation, ended: its record gives way to this one
+            elif job_id in self.jobs or (not relaunch and db.execute("SELECT 1 FROM jobs WHERE id=?",
+                                                                       (job_id,)).fetchone() is not None):
+                raise JobError(f"job id {job_id!r}: a job here has it already (ids are never given twice)",
+                               reason="job_id_taken")
+            elif relaunch:  # a member's earlier generation, ended: its record gives way to this one
                 db.execute("DELETE FROM jobs WHERE id=?", (job_id,))
             created = time.time()
             db.execute(f"INSERT INTO jobs(id, num, spec, state, owner_uid, owner_gid, gpus, created, "
@@ -675,6 +670,38 @@ class JobManager:
                        **{"class": spec.job_class}, priority=spec.priority, memory_mb=spec.memory_mb,
                        queue=job.queue_view())
         return job
+
+    def _next_num(self, db: Any) -> int:
+        """The next job number (in a transaction of the store): past every number given, the
+        highest row, the highest ever pruned and the highest reserved for a multi-node id."""
+        floor = int(self.store.get_meta(NUM_FLOOR_KEY, 0) or 0)
+        reserved = int(self.store.get_meta(NUM_RESERVED_KEY, 0) or 0)
+        return max(int(db.execute("SELECT COALESCE(MAX(num), 0) FROM jobs").fetchone()[0]), floor, reserved) + 1
+
+    def reserve_multinode_id(self, node: int) -> str:
+        """A new multi-node job's id on its origin, ``job-<num>-n<node>`` (docs/jobs.md): ``num``
+        is taken from this node's job numbers (kept in the store as ``jobs.num_reserved``), so it
+        never collides with a ``job-N`` of this node, nor with another reserved id, also after a
+        restart. ``node``: this node's zone node id. No job row is made (the members component
+        keeps the job's record)."""
+        if isinstance(node, bool) or not isinstance(node, int) or not 0 <= node < 10 ** 10:
+            raise JobError(f"node {node!r}: expected this node's zone node id, 0 to {10 ** 10 - 1}")
+        with self.store.tx() as db:
+            num = self._next_num(db)
+            db.execute("INSERT INTO meta(key, value) VALUES(?, ?) ON CONFLICT(key) DO UPDATE SET value=excluded.value",
+                       (NUM_RESERVED_KEY, json.dumps(num)))
+        return f"job-{num}-n{node}"
+
+    def _check_given_id(self, job_id: str, relaunch: bool = False) -> None:
+        """JobError unless `job_id` is a multi-node id no job here has (`submit`'s `job_id`);
+        with `relaunch`, no job here has that has not ended."""
+        if not is_multinode_id(job_id):
+            raise JobError(f"job id {_brief(job_id)}: expected a multi-node job's id, job-<num>-n<node> "
+                           "(e.g. job-7-n3)", reason="job_id_invalid")
+        if job_id in self.jobs or (not relaunch and self.store.db.execute(
+                "SELECT 1 FROM jobs WHERE id=?", (job_id,)).fetchone()):
+            raise JobError(f"job id {job_id!r}: a job here has it already (ids are never given twice)",
+                           reason="job_id_taken")
 
     def _start(self, job: Job) -> None:
         """Start a queued job now: GPUs, cgroups, the process, netguard, the watch. On failure
@@ -891,12 +918,107 @@ class JobManager:
             job.end_cause = cause
         self.table.persist(job)
 
+    def member_of(self, job: Job | str) -> MemberInfo | None:
+        """The member of a multi-node job that this local job is (``agent.members``), or None: a
+        job of this node alone, or no members component."""
+        members = self._members if self._members is not None else (
+            self.agent.members if self.agent is not None else None)
+        if members is None:
+            return None
+        return members.member_of(job if isinstance(job, str) else job.id)
+
     def request_checkpoint(self, job: Job) -> bool:
         """Send the job its checkpoint signal (main process) if that process catches it
         (:func:`catches_signal`). False if it is gone or does not catch it: the default action
         of SIGUSR1 (and most signals) kills, so a job without a handler (not yet installed,
-        or no checkpoint contract) is left running instead of killed."""
+        or no checkpoint contract) is left running instead of killed.
+
+        A member of a multi-node job (:meth:`member_of`) is signalled in every process of its
+        cgroup that catches it (:meth:`signal_catchers`): its main process is a launcher
+        (torchrun) that does not catch it and would die of it, its workers do. True when at
+        least one process was sent it."""
+        if self.member_of(job) is not None:
+            return bool(self.signal_catchers(job, job.spec.checkpoint_signal))
         return self.signal_main(job, job.spec.checkpoint_signal)
+
+    def catches_checkpoint(self, job: Job) -> bool:
+        """Whether the job keeps the checkpoint contract now: its main process catches its
+        checkpoint signal, or, for a member of a multi-node job, some process of its cgroup does
+        (what :meth:`request_checkpoint` would signal)."""
+        sig = job.spec.checkpoint_signal
+        if self.member_of(job) is not None:
+            try:
+                pids = job.cgroup.pids()
+            except (CgroupError, OSError):
+                return False
+            return any(catches_signal(pid, sig) for pid in pids)
+        return job.pid is not None and catches_signal(int(job.pid), sig)
+
+    def signal_catchers(self, job: Job, signame: str) -> builtins.list[int]:
+        """Send ``signame`` to every process of the job's cgroup (sub-cgroups included) that
+        catches it; returns the pids sent it. Each process is opened as a pidfd first and
+        only then looked at (in the job's cgroup still, a handler for the signal): the signal
+        goes through that pidfd, so a pid that ended and was reused meanwhile is never
+        signalled (the pidfd names the ended process: ESRCH). A process that does not catch
+        it (torchrun's launcher, a shell) is left alone: the default action kills."""
+        try:
+            num = signal.Signals[signame]
+            pids = job.cgroup.pids()
+        except (KeyError, CgroupError, OSError):
+            return []
+        sent: list[int] = []
+        for pid in pids:
+            try:
+                fd = os.pidfd_open(pid)
+            except OSError:  # gone
+                continue
+            try:
+                # looked at after the open: the pidfd holds the process that had the pid then
+                if pid not in job.cgroup.pids() or not catches_signal(pid, signame):
+                    continue
+                signal.pidfd_send_signal(fd, num)
+                sent.append(pid)
+            except (ProcessLookupError, CgroupError, OSError):
+                continue
+            finally:
+                os.close(fd)
+        return sent
+
+    def freeze_member(self, job_id: str) -> bool:
+        """The origin of a multi-node job orders its member here frozen (another member's node
+        suspended its own): the job's ``members`` hold (runtime/holds.py), which this node's
+        Airlock never releases (its recovery of the job releases its own hold only). The freeze is
+        asked, not waited for. False for a job not running here."""
+        job = self.get(job_id)
+        if job is None or not job.active or job.id not in self.jobs:
+            return False
+        try:
+            self.holds.hold(job, Hold.MEMBERS)
+        except CgroupError as e:
+            log.warning("job %s: freeze for its multi-node job: %s", job_id, e)
+            return False
+        if job.state != "suspended":
+            self.set_state(job, "suspended", "frozen with its multi-node job (another member is suspended)")
+        self._emit("job", f"job {job_id} frozen with its multi-node job", job=job_id, hold=Hold.MEMBERS.value)
+        return True
+
+    def thaw_member(self, job_id: str) -> bool:
+        """Releases the ``members`` hold :meth:`freeze_member` took; thawed unless another hold
+        (Airlock's, a move's, a fence's) keeps it frozen. True when thawed."""
+        job = self.get(job_id)
+        if job is None or not job.active or job.id not in self.jobs:
+            return False
+        try:
+            thawed = self.holds.release(job, Hold.MEMBERS)
+        except CgroupError as e:
+            log.warning("job %s: thaw for its multi-node job: %s", job_id, e)
+            return False
+        if thawed:
+            self.set_state(job, "running", "thawed with its multi-node job")
+        self._emit("job", f"job {job_id} " + ("thawed with its multi-node job" if thawed else
+                   f"released by its multi-node job, still held: {', '.join(self.holds.reasons(job_id))}"),
+                   job=job_id, hold=Hold.MEMBERS.value, thawed=thawed)
+        return thawed
 
     def signal_main(self, job: Job, signame: str) -> bool:
         """Send ``signame`` to the job's main process if it catches it; True when sent. Through

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..airlock.cgroups import CgroupError
 from ..policy import endcause
@@ -17,6 +17,9 @@ from .jobtable import LIST_PAGE_DEFAULT, LIST_PAGE_MAX
 from .record import Job
 from .spec import JobError, JobSpec, QuotaError, _brief, parse_grace_s
 
+if TYPE_CHECKING:
+    from ..components import MembersForApi
+
 # The longest stop reason a caller may give: it is kept with the job and in two events, and
 # the event log keeps 50,000 of them (a 1 MiB reason per stop would fill the disk).
 REASON_MAX = 1000
@@ -24,15 +27,28 @@ LIST_SLICE_BYTES = 128 << 10  # a page is encoded this much at a time, a loop ro
 
 
 def routes(jm: JobManager) -> list[Any]:
-    """The routes of the jobs API, served by ``jm``."""
+    """The routes of the jobs API, served by ``jm``. A multi-node job (docs/jobs.md) is served
+    through the agent's members component where it has one (``laminar.members.routes``): its
+    view listed and shown with its members, a member's local job with its ``member`` block, its
+    stop sent to every member."""
     from ..api import ApiError, RawJson, Request, Route, to_json
+    from ..members import routes as mroutes
+
+    def members() -> MembersForApi | None:
+        return jm.agent.members if jm.agent is not None else None
+
+    def here() -> int:
+        return mroutes.own_node(jm.agent.config) if jm.agent is not None else 1
+
+    def in_control_group(req: Request) -> bool:
+        api = jm.agent.api if jm.agent is not None else None
+        auth = api.auth if api is not None else None
+        return bool(auth and auth.allowed(req.peer))
 
     def may_manage(req: Request, job: Job) -> bool:
         if req.peer.uid == 0 or req.peer.uid == job.owner_uid:
             return True
-        api = jm.agent.api if jm.agent is not None else None
-        auth = api.auth if api is not None else None
-        return bool(auth and auth.allowed(req.peer))
+        return in_control_group(req)
 
     def may_read_secrets(req: Request, job: Job) -> bool:
         """A job's env values: its owner and root only (not the control group)."""
@@ -47,6 +63,10 @@ def routes(jm: JobManager) -> list[Any]:
     async def submit(req: Request) -> dict[str, Any]:
         try:
             spec = JobSpec.from_dict(req.body)
+            if spec.is_multinode():  # members on several nodes: the zone places them (docs/jobs.md)
+                raise JobError(f"workers {spec.workers}: a multi-node job is placed through the zone "
+                               f"(POST /v1/placements; laminarctl zone submit --workers {spec.workers}), not "
+                               "submitted to one node", reason="workers_invalid")
             jm.checks.grant(spec, req.peer.uid, req.peer.gid, req.peer.pid, req.peer.groups)
             jm.checks.resume_from(spec, req.peer.uid)
             job = await jm.submit(spec, owner_uid=req.peer.uid, owner_gid=req.peer.gid, quota=True)
@@ -77,6 +97,7 @@ def routes(jm: JobManager) -> list[Any]:
             r = rungs.get(job.id)
             out["airlock"] = {"rung": r[0], "for_s": round(time.monotonic() - r[1], 2), "hops": r[2]} if r else None
         out["holds"] = jm.holds.reasons(job.id)  # who holds it frozen (runtime/holds.py)
+        out.update(mroutes.local_job_extra(members(), job.id, here()))  # a member of a multi-node job
         return out
 
     async def list_jobs(req: Request) -> RawJson:
@@ -88,7 +109,15 @@ def routes(jm: JobManager) -> list[Any]:
         before = req.query.get("before")
         if before is not None and not (before.isascii() and before.isdigit() and len(before) <= 18):
             raise ApiError(400, f"before {before[:40]!r}: expected a job number (the lowest of the last page)")
-        page = jm.table.page(None if before is None else int(before), int(text), everything)
+        limit = int(text)
+        page = jm.table.page(None if before is None else int(before), limit, everything)
+        # the multi-node jobs this node originates (and hosts no member of) go into the page by
+        # the number reserved for each here: within the page's numbers, or below them on the
+        # last page (one not full)
+        top = (1 << 63) if before is None else int(before)
+        low = page[0].num if page and len(page) >= limit else 0
+        views = [v for v in mroutes.origin_views(members(), here(), (j.id for j in page))
+                 if low <= v["num"] < top and (everything or v.get("state") != "ended")]
         # encoded a slice at a time, a loop round between slices: eight users' pages of 1 MiB
         # each encoded in one round held root's status 0.19 s
         parts: list[str] = []
@@ -99,12 +128,28 @@ def routes(jm: JobManager) -> list[Any]:
                 done = 0
             parts.append(to_json(with_rung(req, j)))
             done += j.spec_bytes + 1024
+        if views:  # in number order among the local jobs'
+            keyed = [(j.num, p) for j, p in zip(page, parts, strict=True)] + [(v["num"], to_json(v)) for v in views]
+            parts = [p for _, p in sorted(keyed, key=lambda x: x[0])]
         return RawJson(("[" + ",".join(parts) + "]").encode())
 
     async def show(req: Request) -> dict[str, Any]:
+        jid = req.params["id"]
+        m = members()
+        if m is not None and jm.get(jid) is None:
+            v = m.view(jid)
+            if v is not None:  # a multi-node job this node originates or knows, with no member here
+                return {**v, "kind": "multinode"}
         return with_rung(req, find(req))
 
     async def stop(req: Request) -> dict[str, Any]:
+        jid = req.params["id"]
+        m = members()
+        if m is not None and m.view(jid) is not None:  # every member, through the origin
+            try:
+                return await mroutes.stop_members(m, jid, req.peer.uid, in_control_group(req))
+            except mroutes.MembersRefused as e:
+                raise ApiError(e.status, e.message, e.reason) from None
         job = find(req)
         if not may_manage(req, job):
             raise ApiError(403, f"permission denied: job {job.id} belongs to uid {job.owner_uid}; stopping "

@@ -34,6 +34,9 @@ REMOVE_QUEUE_MAX = 100_000
 # The meta key holding the highest job number pruned: numbers (and ids, log and checkpoint
 # paths, replica keys) are never given twice, also when the newest rows are pruned.
 NUM_FLOOR_KEY = "jobs.num_floor"
+# The meta key holding the highest job number reserved for a multi-node job's id on its origin
+# (JobManager.reserve_multinode_id): no job-N of this node takes it.
+NUM_RESERVED_KEY = "jobs.num_reserved"
 # Tables of other components whose rows name a job (column): a job they name is not pruned
 # (a keeper keeping its replica asks about it, a replica resumed here finds it by its key).
 KEEP_REFERENCED = (("migrate_keepers", "job_id"), ("migrate_replicas", "job_id"), ("net_transfers", "job"),

@@ -4,7 +4,6 @@ columns added since, :func:`upgrade_columns`)."""
 
 from __future__ import annotations
 
-import re
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -17,8 +16,6 @@ from . import provenance
 from .provenance import NO_ORIGIN, JobOrigin
 from .spec import JobSpec
 
-# A multi-node job's id (laminar.members): job-<num>-n<origin node>, the same on every member's node.
-MULTI_ID_RE = re.compile(r"job-[0-9]{1,18}-n[0-9]{1,10}")
 ACTIVE_STATES = ("running", "suspended")
 # A queued job has no cgroup and no process yet: it waits for room under its class's cap
 # (`airlock.admission`). Queued, running and suspended jobs are the ones that have not ended.

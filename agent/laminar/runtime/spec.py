@@ -8,6 +8,7 @@ and what would be right."""
 
 from __future__ import annotations
 
+import re
 import signal
 from dataclasses import dataclass, field
 from typing import Any
@@ -161,6 +162,19 @@ PATH_BYTES_MAX = 4096  # cwd, resume_from (PATH_MAX)
 # Elastic workers: one GPU each, and no node has more than gpus.GPUS_MAX GPUs (the options the
 # elastic round builds per job grow with elastic_max - workers; see laminar.policy.elastic).
 ELASTIC_MAX = gpumod.GPUS_MAX
+# Members of a multi-node job (docs/jobs.md): one node each. 64 keeps a gang's placement (d x k
+# probes), its hand-overs and every member's view (O(members) per message) small.
+WORKERS_MAX = 64
+LAUNCHERS = ("torchrun", "plain")
+# A multi-node job's id: job-<the origin's job number>-n<the origin's node id> (docs/jobs.md)
+MULTINODE_ID_RE = re.compile(r"job-[0-9]{1,18}-n[0-9]{1,10}")
+# Any job id a job may have: a local job-N, or a multi-node job's id (a member's local job has it)
+JOB_ID_RE = re.compile(r"job-[0-9]{1,18}(?:-n[0-9]{1,10})?")
+
+
+def is_multinode_id(job_id: str) -> bool:
+    """Whether ``job_id`` is a multi-node job's id (``job-7-n3``), not a local ``job-N``."""
+    return isinstance(job_id, str) and MULTINODE_ID_RE.fullmatch(job_id) is not None
 
 
 def _utf8_len(text: str) -> int:
@@ -231,6 +245,14 @@ class JobSpec:
     # periodic checkpoints
     remaining_s: float | None = None
     periodic_checkpoints: bool = True
+    # a multi-node job (docs/jobs.md): members on `workers` nodes (None or 1: one node), elastic
+    # between workers_min and workers_max (both or neither), started by `launcher` (torchrun or
+    # plain; None: chosen from the command, laminar.members.launch). gpus, cpus and memory_mb
+    # are per worker.
+    workers: int | None = None
+    workers_min: int | None = None
+    workers_max: int | None = None
+    launcher: str | None = None
 
     def validate(self) -> JobSpec:
         """Checks every field; raises JobError naming the value and what would be right."""
@@ -284,7 +306,59 @@ class JobSpec:
             self.remaining_s = float(self.remaining_s)
         if not isinstance(self.periodic_checkpoints, bool):
             raise JobError(f"periodic_checkpoints {_brief(self.periodic_checkpoints)}: expected true or false")
+        self._check_members()
         return self
+
+    def _check_members(self) -> None:
+        """The multi-node fields: JobError naming the value and what is allowed."""
+        def whole(v: Any) -> bool:
+            return isinstance(v, int) and not isinstance(v, bool)
+
+        for what, v in (("workers", self.workers), ("workers_min", self.workers_min),
+                        ("workers_max", self.workers_max)):
+            if v is not None and (not whole(v) or not 1 <= v <= WORKERS_MAX):
+                raise JobError(f"{what} {_brief(v)}: expected a number of nodes, 1 to {WORKERS_MAX} (one member "
+                               "per node)", reason="workers_invalid")
+        if (self.workers_min is None) != (self.workers_max is None):
+            raise JobError(f"workers_min {_brief(self.workers_min)} / workers_max {_brief(self.workers_max)}: give "
+                           "both elastic bounds, or neither (a rigid job)", reason="workers_invalid")
+        lo, hi = self.workers_min, self.workers_max
+        if lo is not None and hi is not None:
+            if lo > hi:
+                raise JobError(f"elastic workers {lo}:{hi}: min {lo} is more than max {hi}; expected "
+                               f"1 <= min <= max <= {WORKERS_MAX}", reason="workers_invalid")
+            if self.workers is None:
+                self.workers = hi  # placed at its most; TorchElastic goes on down to min
+            elif not lo <= self.workers <= hi:
+                raise JobError(f"workers {self.workers}: outside the elastic bounds {lo}:{hi}; expected "
+                               f"{lo} <= workers <= {hi}", reason="workers_invalid")
+            if hi < 2:
+                raise JobError(f"elastic workers {lo}:{hi}: a multi-node job's max is 2 nodes at least "
+                               f"(1:1 is a one-node job: leave the bounds out)", reason="workers_invalid")
+        if self.workers == 1 and lo is None:
+            self.workers = None  # one node: the spec an older agent takes
+        if self.launcher is not None and self.launcher not in LAUNCHERS:
+            raise JobError(f"launcher {_brief(self.launcher)}: expected one of {', '.join(LAUNCHERS)}",
+                           reason="workers_invalid")
+        if not self.is_multinode():
+            if self.launcher is not None:
+                raise JobError(f"launcher {_brief(self.launcher)}: only for a multi-node job (workers 2 to "
+                               f"{WORKERS_MAX}); a one-node job runs its command as it is", reason="workers_invalid")
+            return
+        if self.elastic_min is not None or self.elastic_max is not None:
+            raise JobError(f"elastic_min {_brief(self.elastic_min)} / elastic_max {_brief(self.elastic_max)} with "
+                           f"workers {self.workers}: a job is either multi-node (workers, workers_min, workers_max: "
+                           "nodes) or GPU-elastic on one node (elastic_min, elastic_max: GPUs), not both",
+                           reason="workers_invalid")
+        if isinstance(self.gpus, list):
+            raise JobError(f"gpus {_brief(self.gpus)}: a multi-node job gives a count of GPUs per worker (each "
+                           "member's node chooses its own), not indices", reason="workers_invalid")
+
+    def is_multinode(self) -> bool:
+        """Whether this spec asks for members on several nodes (workers 2 or more, or elastic
+        bounds whose max is): the members component runs it, not one job manager."""
+        top = self.workers_max if self.workers_max is not None else self.workers
+        return isinstance(top, int) and not isinstance(top, bool) and top >= 2
 
     @classmethod
     def from_dict(cls, d: Any) -> JobSpec:
@@ -329,7 +403,8 @@ class JobSpec:
 
 _SPEC_FIELDS = tuple(f for f in JobSpec.__dataclass_fields__ if f != "job_class")
 # JobSpec fields added after a release, with their defaults (JobSpec.as_dict)
-LATER_FIELDS: dict[str, Any] = {"remaining_s": None, "periodic_checkpoints": True}
+LATER_FIELDS: dict[str, Any] = {"remaining_s": None, "periodic_checkpoints": True, "workers": None,
+                                "workers_min": None, "workers_max": None, "launcher": None}
 
 
 def _check_env_names(env: dict[str, str]) -> None:

@@ -596,6 +596,12 @@ class ZoneComponent:
 
     # -- status and API --------------------------------------------------------------------------------
 
+    def own_gpus(self) -> int | None:
+        """How many GPUs this node has for placed jobs (its arbiter's inventory); None before
+        the zone has started."""
+        arb: Arbiter | None = getattr(self, "arbiter", None)
+        return len(arb.inventory.gpu_free) if arb is not None else None
+
     def stats(self) -> dict[str, Any]:
         now = self.clock()
         return {

@@ -6,7 +6,9 @@
   reload (:class:`laminar.zone.keyring.Keyring`);
 - ``GET /v1/placements``: the placements this node submitted lately;
 - ``POST /v1/placements`` (any user): a placement of a job through the zone, its spec checked
-  here (``JobSpec``, the caller's grant) and its demand read by :func:`placement_demand`.
+  here (``JobSpec``, the caller's grant) and its demand read by :func:`placement_demand`; a
+  spec (or body) with ``workers`` is a multi-node job, placed as a gang by the agent's members
+  component (``laminar.members.routes.submit``; docs/jobs.md).
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from laminar.policy import placement as pl
 from laminar.zone.membership import Membership
 
 if TYPE_CHECKING:
+    from laminar.components import ZoneAgent
     from laminar.zone.keyring import Keyring
     from laminar.zone.keys import ZoneKeys
     from laminar.zone.submitter import PlacementResult
@@ -68,6 +71,7 @@ class RoutesHost(Protocol):
     """What the routes use of the component (ZoneComponent)."""
 
     _jobs: Any
+    agent: ZoneAgent | None
     clock: Callable[[], float]
     history: list[dict[str, Any]]
     keyring: Keyring
@@ -79,6 +83,25 @@ class RoutesHost(Protocol):
                     packing: bool = False, quota: bool = False,
                     origin: dict[str, Any] | None = None) -> PlacementResult: ...
     def stats(self) -> dict[str, Any]: ...
+    def own_gpus(self) -> int | None: ...
+
+
+def cluster_room(host: RoutesHost) -> Any:
+    """What a gang may be placed on as this node knows it (laminar.members.routes.ClusterRoom):
+    the roster's nodes by zone, and the GPUs of each node whose summary it holds (this node's
+    own from its arbiter's inventory) ."""
+    from laminar.members.routes import ClusterRoom
+
+    ms = host.membership
+    gpus: dict[int, int | None] = {}
+    for n in ms.by_node:
+        st = ms.state.get(n)
+        cap = st.last_summary if st is not None else None
+        gpus[n] = len(cap.gpu_free) if cap is not None else None
+    own = host.own_gpus()
+    if own is not None:
+        gpus[ms.self_node] = own
+    return ClusterRoom(zones={z: list(nodes) for z, nodes in ms.by_zone.items()}, own_zone=ms.zone, gpus_of=gpus)
 
 
 def zone_routes(host: RoutesHost) -> list[Any]:
@@ -114,7 +137,12 @@ def zone_routes(host: RoutesHost) -> list[Any]:
         if not isinstance(body, dict) or not isinstance(body.get("spec"), dict):
             raise ApiError(400, "placement: body must be {\"spec\": {job spec}, \"gpus\": n, \"pool\": ..., "
                                 "\"gpu_model\": ..., \"packing\": false}")
-        spec = dict(body["spec"])
+        from laminar.members import routes as mroutes
+
+        try:
+            spec = mroutes.multinode_spec(body, dict(body["spec"]))
+        except mroutes.MembersRefused as e:
+            raise ApiError(e.status, e.message, e.reason) from None
         try:
             from laminar.runtime.grants import GrantError
             from laminar.runtime.spec import JobError, JobSpec
@@ -133,6 +161,13 @@ def zone_routes(host: RoutesHost) -> list[Any]:
                 host._jobs.checks.grant(checked, req.peer.uid, req.peer.gid, req.peer.pid, req.peer.groups)
             except GrantError as e:
                 raise ApiError(403, f"placement: {e}") from None
+        if checked is not None and checked.is_multinode():  # a gang, placed by the members component
+            try:
+                checked.gpus = mroutes.per_worker_gpus(body.get("gpus", spec.get("gpus", 0)) or 0)
+                members = host.agent.members if host.agent is not None else None
+                return await mroutes.submit(members, checked, body, req.peer.uid, req.peer.gid, cluster_room(host))
+            except mroutes.MembersRefused as e:
+                raise ApiError(e.status, e.message, e.reason) from None
         if isinstance(spec.get("gpus"), list):
             raise ApiError(400, "placement: give a GPU count (\"gpus\": 2 or 0.5), not indices: the node that "
                                 "takes the job chooses its GPUs")

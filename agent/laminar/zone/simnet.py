@@ -7,6 +7,11 @@ transport instead of sockets. Each message is still encoded, signed, checked and
 :mod:`laminar.zone.wire` (``use_wire=True``), so its CPU cost is the agent's; delivery is instant
 and lossless, and every message is counted.
 
+Gang placements (:meth:`SimNet.place_gang`) run the real
+:class:`laminar.zone.gangplace.GangPlacer` the same way; with ``async_delivery`` each message is
+delivered on a later turn of the event loop, so that many concurrent gangs interleave message by
+message, and ``silent``, ``drop_commits`` and ``lose_before_commit`` make nodes fail.
+
 Only the network is fake. What it cannot show (latency, loss, a dead peer) the netns cluster
 tests and ``bench/placement.py``'s netns part measure on real sockets.
 
@@ -33,9 +38,10 @@ from typing import Any
 from laminar.policy import placement as pl
 from laminar.zone import wire
 from laminar.zone.arbiter import HANDOVER_NO_RESERVATION, HANDOVER_OK, Arbiter, zone_summary_to_msg
+from laminar.zone.gangplace import GangPlacer, GangResult
 from laminar.zone.keys import ZoneKeys
 from laminar.zone.membership import Member, Membership
-from laminar.zone.submitter import PlacementResult, Submitter
+from laminar.zone.submitter import HandoverError, PlacementResult, Submitter
 
 SIM_KEY = ZoneKeys({-1: b"simulated-zone-key-32-bytes-long"}, "simnet (fake)")
 
@@ -66,6 +72,18 @@ class SimNet:
     _views: dict[int, pl.NodeCapacity] = field(default_factory=dict)  # node -> residual at the last summary
     _slots: dict[int, tuple[int, ...]] = field(default_factory=dict)  # id(view) -> its shape slots
     _holding: dict[int, float] = field(default_factory=dict)  # node -> when its first held offer lapses
+    # Gang placement (laminar.zone.gangplace) and its failure cases. ``async_delivery``: each
+    # message is delivered on a later turn of the event loop (loop.call_soon), not inside
+    # send(), so that concurrent placements interleave message by message as on a network
+    # (still no time passes on the fake clock). ``silent``: nodes that drop every message (a
+    # dead node; a hand-over to one is refused before it is written). ``lose_before_commit``:
+    # nodes whose offer is gone when a commit comes (as if its lease ran out and another
+    # placement took the capacity): the real Arbiter then refuses the commit. ``drop_commits``:
+    # nodes that answer probes but drop commits (died after their offer).
+    async_delivery: bool = False
+    silent: set[int] = field(default_factory=set)
+    lose_before_commit: set[int] = field(default_factory=set)
+    drop_commits: set[int] = field(default_factory=set)  # nodes that answer probes, never commits
 
     @classmethod
     def build(
@@ -125,12 +143,24 @@ class SimNet:
         a = self.arbiters.get(node)
         if a is None:
             return
+        if self.async_delivery:
+            asyncio.get_running_loop().call_soon(self._deliver, node, body)
+        else:
+            self._deliver(node, body)
+
+    def _deliver(self, node: int, body: wire.Body) -> None:
+        a = self.arbiters[node]
         got = self._carry(self.submitter_node, node, body)
+        if node in self.silent or (node in self.drop_commits and isinstance(got, wire.Commit)):
+            return  # counted as sent; a dead node answers nothing
         self.touch(node)
         reply: wire.Body | None = None
         if isinstance(got, wire.Probe):
             reply = a.on_probe(got, self.clock_s)
         elif isinstance(got, wire.Commit):
+            if node in self.lose_before_commit and got.placement_id in a.held:
+                a.held.pop(got.placement_id)  # its lease ran out and the capacity went to another
+                a.lapsed.pop(got.placement_id, None)
             reply = a.on_commit(got, self.clock_s, 7441)
         elif isinstance(got, wire.Release):
             a.on_release(got, self.clock_s)
@@ -138,8 +168,14 @@ class SimNet:
             back = self._carry(node, self.submitter_node, reply)
             self.membership.seen(node, self.clock_s)
             assert isinstance(back, wire.Offer | wire.Refuse | wire.CommitAck)
-            if not self._router_route(node, back) and isinstance(back, wire.Offer) and self._late_offer is not None:
-                self._late_offer(node, back)  # a late offer: released or remembered by the submitter
+            if self.async_delivery:
+                asyncio.get_running_loop().call_soon(self._answer, node, back)
+            else:
+                self._answer(node, back)
+
+    def _answer(self, node: int, back: wire.Offer | wire.Refuse | wire.CommitAck) -> None:
+        if not self._router_route(node, back) and isinstance(back, wire.Offer) and self._late_offer is not None:
+            self._late_offer(node, back)  # a late offer: released or remembered by the submitter
 
     def _router_route(self, node: int, body: wire.Offer | wire.Refuse | wire.CommitAck) -> bool:
         q = self._waiting.get(body.placement_id)
@@ -157,6 +193,10 @@ class SimNet:
         self._waiting.pop(placement_id, None)
 
     async def handover(self, node: int, port: int, body: wire.Handover, timeout_s: float) -> wire.HandoverAck:
+        if node in self.silent:
+            raise HandoverError(f"node {node}: connection refused (simulated dead node)", delivered=False)
+        if self.async_delivery:
+            await asyncio.sleep(0)  # the connect: other placements run meanwhile
         got = self._carry(self.submitter_node, node, body)
         self.touch(node)
         assert isinstance(got, wire.Handover)
@@ -168,6 +208,8 @@ class SimNet:
             ack = wire.HandoverAck(got.placement_id, HANDOVER_OK, p.job_id)
         back = self._carry(node, self.submitter_node, ack)
         assert isinstance(back, wire.HandoverAck)
+        if self.async_delivery:
+            await asyncio.sleep(0)
         return back
 
     # -- zone summaries ------------------------------------------------------------------------
@@ -262,6 +304,44 @@ class SimNet:
         )
         self._late_offer = sub.note_late_offer
         return sub
+
+    def gang_placer(self, policy: pl.RetryPolicy | None = None, max_rounds: int = 1,
+                    probe_timeout_s: float = 0.05) -> GangPlacer:
+        """A gang placer on node 1 over this fake network (see :meth:`submitter`); offers that
+        come after their placement ended are released by it. ``probe_timeout_s`` is real
+        time (only a silent node makes the placer wait for it)."""
+        async def no_sleep(s: float) -> None:
+            self.clock_s += s
+
+        gp = GangPlacer(
+            self, self.membership, self.zone_fits, rng=self.rng, policy=policy,
+            ids=lambda: self.rng.getrandbits(63) | 1, probe_timeout_s=probe_timeout_s,
+            commit_timeout_s=probe_timeout_s, max_rounds=max_rounds, clock=self.now, sleep=no_sleep,
+            zone_summary=(lambda z: self.zone_summaries.get(z)) if self.hints else None,
+        )
+        self._late_offer = gp.note_late_offer
+        return gp
+
+    async def place_gang(self, demand: pl.Demand, k: int, placer: GangPlacer | None = None,
+                         spread_zones: bool = False) -> GangResult:
+        """Place a gang of ``k`` workers from node 1 (each member's spec a tiny JSON naming its
+        index); a failed hand-over's started members are stopped (their jobs finished)."""
+        gp = placer or self.gang_placer()
+
+        def build(nodes: list[int]) -> list[bytes]:
+            return [b'{"name":"sim","member":{"index":%d,"count":%d}}' % (i, len(nodes)) for i in range(len(nodes))]
+
+        async def undo(nodes: list[int]) -> None:
+            for n in nodes:
+                self.finish(n, pid_of[0])
+
+        pid_of = [gp.ids()]
+        return await gp.place(demand, k, build, spread_zones=spread_zones, placement_id=pid_of[0], undo=undo)
+
+    def finish(self, node: int, placement_id: int) -> None:
+        """The job of ``placement_id`` on ``node`` ended: its capacity is free again."""
+        self.arbiters[node].finish(placement_id)
+        self.touch(node)
 
     async def place(self, demand: pl.Demand, spec: dict[str, Any] | None = None,
                     submitter: Submitter | None = None, packing: bool = False) -> PlacementResult:
