@@ -170,3 +170,38 @@ def test_an_elastic_job_goes_on_with_fewer_members_and_a_gone_node_is_lost(make_
     v = mview(c, 0, job)
     assert v["restarts"] == 1 and nodes[i] not in [m["node"] for m in v["members"]], v
     assert len({m["node"] for m in v["members"]}) == 3
+
+
+def test_a_real_ddp_job_across_three_agents_ends_with_the_weights_of_torchrun_by_hand(make_cluster, tmp_path) -> None:
+    """examples/ddp_train.py (PyTorch DDP, gloo, CPU) submitted as a 3-worker job: each agent
+    runs its member through torchrun (c10d rendezvous on member 0's node, across the network
+    namespaces); the job ends ok at its origin, and rank 0's final weights equal those of the
+    same job run by `torchrun --standalone` by hand (within float tolerance)."""
+    import subprocess
+    import sys
+
+    torch = pytest.importorskip("torch")
+    repo = Path(__file__).resolve().parents[2]
+    ex = str(repo / "examples/ddp_train.py")
+    args = ["--steps", "40", "--samples", "256", "--global-batch", "30"]
+    hand = tmp_path / "hand.pt"
+    subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "3", ex, *args,
+                    "--out", str(hand)], check=True, capture_output=True, timeout=180, cwd=tmp_path)
+    c = make_cluster(zones=1, per_zone=3, gpus=0)
+    out = tmp_path / "laminar.pt"
+    view = c.place(0, {"name": "ddp", "command": [sys.executable, ex, *args, "--out", str(out)], "workers": 3,
+                       "cwd": str(tmp_path)})
+    job = view["id"]
+    assert view["launcher"] == "torchrun", view
+    try:
+        v = wait_until(lambda: (lambda x: x if x.get("state") == "ended" else None)(mview(c, 0, job)), 180,
+                       "the job's end")
+    except AssertionError:
+        logs = {nd.node_id: (nd.agent.state_dir / "logs" / f"{job}.log").read_text()[-3000:] for nd in c.nodes
+                if (nd.agent.state_dir / "logs" / f"{job}.log").exists()}
+        raise AssertionError(f"{mview(c, 0, job)}\n{logs}") from None
+    assert v["end_reason"] == "ok", v
+    got, ref = torch.load(out, weights_only=True), torch.load(hand, weights_only=True)
+    assert got.keys() == ref.keys()
+    for k in got:
+        torch.testing.assert_close(got[k], ref[k], rtol=1e-5, atol=1e-6)
