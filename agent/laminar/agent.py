@@ -42,7 +42,7 @@ if TYPE_CHECKING:
     from .components import (
         AirlockAgent,
         JobsAgent,
-        MembersForAgent,
+        MembersAgent,
         MigrateAgent,
         NetGuardAgent,
         NetGuardSwitch,
@@ -50,6 +50,7 @@ if TYPE_CHECKING:
         TransfersAgent,
         ZoneAgent,
     )
+    from .members.component import MembersComponent
     from .migrate.reclaim import ReclaimComponent
     from .net.netguard import NetGuard
     from .net.transfers import TransferRegistry
@@ -66,6 +67,7 @@ COMPONENTS = [
     "laminar.airlock.manager:Airlock",
     "laminar.net.transfers:TransferRegistry",
     "laminar.zone.component:ZoneComponent",
+    "laminar.members.component:MembersComponent",
     "laminar.migrate.reclaim:ReclaimComponent",
 ]
 
@@ -222,9 +224,9 @@ class Agent:
         self.airlock: Airlock | None = None
         self.transfers: TransferRegistry | None = None
         self.zone: ZoneComponent | None = None
-        self.migrate: ReclaimComponent | None = None
         # the members of multi-node jobs hosted or originated here (issue 33; None: none)
-        self.members: MembersForAgent | None = None
+        self.members: MembersComponent | None = None
+        self.migrate: ReclaimComponent | None = None
         # set once every component has started: one started early may wait for a later one
         self.components_started = asyncio.Event()
         self._stopping = asyncio.Event()
@@ -521,11 +523,11 @@ class Agent:
 
 
 def _agent_conforms(agent: Agent) -> tuple[JobsAgent, AirlockAgent, NetGuardAgent, TransfersAgent, PressureAgent,
-                                             ZoneAgent, MigrateAgent]:
+                                             ZoneAgent, MigrateAgent, MembersAgent]:
     """Never called: mypy checks here that the agent offers every component what its interface
     in ``laminar.components`` names (and so that each component offers the others what theirs
     name: the migration layer what the zone calls on it, Airlock what netguard does, ...)."""
-    return agent, agent, agent, agent, agent, agent, agent
+    return agent, agent, agent, agent, agent, agent, agent, agent
 
 
 def _netguard_switches(netguard: NetGuard) -> NetGuardSwitch:

@@ -38,7 +38,9 @@ if TYPE_CHECKING:
     from laminar.net.transfers import TransferRegistry
     from laminar.runtime.jobs import JobManager
     from laminar.runtime.record import Job
+    from laminar.runtime.spec import JobSpec
     from laminar.store import Store
+    from laminar.zone import wire
     from laminar.zone.component import ZoneComponent
 
 
@@ -211,8 +213,18 @@ class MembersForJobsApi(MembersForJobs, MembersForApi, Protocol):
 
 
 class MembersForAgent(MembersForAirlock, MembersForNet, MembersForApi, Protocol):
-    """All of the above: the type of ``Agent.members`` until the members component
-    (``laminar.members.component.MembersComponent``) types it concretely."""
+    """All of the above: what the members component (``laminar.members.component.MembersComponent``,
+    ``Agent.members``) offers the other components (mypy checks it through their interfaces)."""
+
+
+class MembersForZone(MembersForApi, Protocol):
+    """What the zone calls on the members component: what its placement route does
+    (:class:`MembersForApi`), and what its message routing and its hand-overs do: a member
+    message, and a hand-over's member block."""
+
+    def on_message(self, sender: int, body: wire.MemberRequest | wire.MemberAnswer) -> wire.MemberAnswer | None: ...
+
+    async def start_member(self, block: Any, spec: JobSpec, owner_uid: int, owner_gid: int) -> str: ...
 
 
 # -- what each component reads of the agent ---------------------------------------------------
@@ -317,7 +329,7 @@ class ZoneAgent(Protocol):
     @property
     def migrate(self) -> MigrateForZone | None: ...
     @property
-    def members(self) -> MembersForApi | None: ...
+    def members(self) -> MembersForZone | None: ...
     @property
     def components_started(self) -> asyncio.Event:
         """Set once the agent has started every component: the migration layer starts after
@@ -344,6 +356,19 @@ class MigrateAgent(AgentCore, Protocol):
     def transfers(self) -> TransferRegistry | None: ...
 
 
+class MembersAgent(AgentCore, Protocol):
+    """What the members component (``members/component.py``: multi-node jobs) reads of the
+    agent: the job manager (its members' local jobs), the zone (messages, liveness, the gang
+    placement) and netguard (a member's kill-switch); each optional."""
+
+    @property
+    def jobs(self) -> JobManager | None: ...
+    @property
+    def zone(self) -> ZoneComponent | None: ...
+    @property
+    def netguard(self) -> NetGuard | None: ...
+
+
 def jobs_of(agent: MigrateAgent) -> JobManager:
     """The agent's job manager, where the migration layer acts on a job it knows runs here (stops
     a moved job, submits a taken-over one). Raises RuntimeError when the agent has none."""
@@ -353,6 +378,7 @@ def jobs_of(agent: MigrateAgent) -> JobManager:
 
 
 __all__ = ["AgentCore", "AirlockAgent", "AirlockForNetGuard", "AirlockRungs", "JobIndex", "JobsAgent", "JobsById",
-           "Departures", "MemberInfo", "MembersForAgent", "MembersForAirlock", "MembersForApi", "MembersForJobs",
-           "MembersForJobsApi", "MembersForNet", "MigrateAgent", "MigrateForAirlock", "MigrateForZone", "MovesNow",
-           "NetGuardAgent", "NetGuardSwitch", "PressureAgent", "TakeOvers", "TransfersAgent", "ZoneAgent", "jobs_of"]
+           "Departures", "MemberInfo", "MembersAgent", "MembersForAgent", "MembersForAirlock", "MembersForApi",
+           "MembersForJobs", "MembersForJobsApi", "MembersForNet", "MembersForZone", "MigrateAgent", "MigrateForAirlock",
+           "MigrateForZone", "MovesNow", "NetGuardAgent", "NetGuardSwitch", "PressureAgent", "TakeOvers", "TransfersAgent",
+           "ZoneAgent", "jobs_of"]

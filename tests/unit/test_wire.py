@@ -33,6 +33,10 @@ BODIES = [
     wire.ReclaimNotice(99, 30_000, "owner returns"),
     wire.Heartbeat(12),
     wire.HandoverAck(7, 0, "job-abc"),
+    wire.MemberRequest(2**64 - 1, 1, b'{"job":"job-7-n3","index":1,"generation":0,"state":"running"}'),
+    wire.MemberRequest(9, 2),
+    wire.MemberAnswer(9, 0, b'{"ok":true}'),
+    wire.MemberAnswer(9, 1, b'{"error":"unknown job job-7-n3"}'),
 ]
 
 
@@ -300,3 +304,15 @@ def test_offer_fragmentation_score_is_optional_and_exact():
     assert wire.decode_body(wire.MsgType.OFFER, scored).frag == (-1, 500)
     with pytest.raises(Dropped):
         wire.decode_body(wire.MsgType.OFFER, scored[:-3])
+
+
+def test_member_messages_take_their_types_and_a_payload_at_the_datagram_limit():
+    """MEMBER_REQUEST (15) and MEMBER_ANSWER (16), the loan messages' layout: a payload filling
+    the datagram fits, one byte more is refused by the encoder."""
+    assert (wire.MsgType.MEMBER_REQUEST, wire.MsgType.MEMBER_ANSWER) == (15, 16)
+    room = wire.MAX_DATAGRAM - wire.HEADER_SIZE - wire.MAC_SIZE - 9
+    enc = Encoder(10, KEYS, seq0=100)
+    body = wire.MemberRequest(3, 2, b"x" * room)
+    assert Decoder(KEYS, NODES).decode(enc.encode(body, zone=1, now=5000.0), now=5000.0).body == body
+    with pytest.raises(ValueError):
+        enc.encode(wire.MemberAnswer(3, 0, b"x" * (room + 1)), zone=1, now=5000.0)

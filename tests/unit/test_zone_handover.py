@@ -220,3 +220,77 @@ def test_a_hand_over_or_commit_after_the_node_announced_its_reclaim_goes_elsewhe
         assert not any(r.committed for r in comp.arbiter.held.values())
 
     run(comp, check)
+
+
+class StandInMembers:
+    """The members component as the zone's hand-over reaches it: it records each member block
+    it is given and starts the member's job in the stand-in job table under the job's id."""
+
+    def __init__(self, jobs: SubmittingJobs) -> None:
+        self.jobs = jobs
+        self.started: list[dict[str, object]] = []
+
+    def on_message(self, sender: int, body: object) -> None:
+        return None
+
+    async def start_member(self, block: dict[str, object], spec: JobSpec, owner_uid: int, owner_gid: int) -> str:
+        self.started.append(block)
+        jid = str(block["job"])
+        self.jobs.jobs[jid] = StandInJob(jid, spec, [])
+        return jid
+
+
+def test_a_member_block_starts_a_member_only_from_its_origin_and_for_this_node(tmp_path: Path) -> None:
+    """A hand-over's spec carries a multi-node member block (key ``member``): popped before the
+    spec is read, refused unless the sender is the block's origin and this node is its
+    ``nodes[index]``, then given to the members component (laminar.members), whose job id the
+    ack answers."""
+    jobs = SubmittingJobs(tmp_path / "state")
+    comp = make_comp(tmp_path, jobs=jobs, gpus=2)
+    members = StandInMembers(jobs)
+
+    def block(origin: int, index: int) -> dict[str, object]:
+        return {"job": "job-7-n2", "origin": origin, "index": index, "count": 2,
+                "nodes": [[2, "127.0.0.2"], [1, "127.0.0.1"]], "endpoint": "127.0.0.2:29517", "generation": 0}
+
+    async def check() -> None:
+        comp.agent = standin_agent(ZoneAgent, members=members)
+        for pid, (b, says) in enumerate([(block(3, 1), "origin 3, but node 2 sent it"),
+                                         (block(2, 0), "member 0 of the block is not node 1")], 0x7171):
+            offer = comp.handle_request(2, demand_to_probe(pl.Demand(gpus=1), pid, 5.0))
+            assert isinstance(offer, wire.Offer)
+            spec = {"command": ["sleep", "1"], "member": b}
+            ack = await comp.handovers.on_handover(2, wire.Handover(pid, json.dumps({"spec": spec, **NOBODY_IDS}).encode()))
+            assert ack.status != HANDOVER_OK and says in ack.text, ack
+            assert pid not in comp.arbiter.placed
+        pid = 0x7173
+        offer = comp.handle_request(2, demand_to_probe(pl.Demand(gpus=1), pid, 5.0))
+        assert isinstance(offer, wire.Offer)
+        spec = {"command": ["sleep", "1"], "member": block(2, 1)}
+        ack = await comp.handovers.on_handover(2, wire.Handover(pid, json.dumps({"spec": spec, **NOBODY_IDS}).encode()))
+        assert ack.status == HANDOVER_OK and ack.text == "job-7-n2", ack
+        assert members.started == [block(2, 1)] and comp.arbiter.placed[pid].job_id == "job-7-n2"
+        assert "member" not in jobs.jobs["job-7-n2"].spec.as_dict()
+
+    run(comp, check)
+
+
+def test_member_messages_are_routed_to_the_members_component(tmp_path: Path) -> None:
+    """MEMBER_REQUEST / MEMBER_ANSWER go to ``agent.members.on_message`` (none: dropped)."""
+    comp = make_comp(tmp_path)
+    got: list[tuple[int, object]] = []
+
+    class Members(StandInMembers):
+        def on_message(self, sender: int, body: object) -> wire.MemberAnswer | None:
+            got.append((sender, body))
+            return wire.MemberAnswer(5, 0, b"{}") if isinstance(body, wire.MemberRequest) else None
+
+    def check() -> None:
+        req, ans = wire.MemberRequest(5, 1, b"{}"), wire.MemberAnswer(6, 0, b"{}")
+        assert comp.handle_request(2, req) is None  # no members component: nothing answers
+        comp.agent = standin_agent(ZoneAgent, members=Members(SubmittingJobs(tmp_path / "state")))
+        assert comp.handle_request(2, req) == wire.MemberAnswer(5, 0, b"{}")
+        assert comp.handle_request(2, ans) is None
+        assert got == [(2, req), (2, ans)]
+
+    run(comp, check)

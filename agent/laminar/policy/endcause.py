@@ -54,6 +54,9 @@ class EndCause(StrEnum):
     FINISHED_ELSEWHERE = "finished_elsewhere"  # its source finished it: this copy was a rerun
     # placed again elsewhere (a reclaim's drain of the queue; a loaned node returned to its pool)
     REQUEUED = "requeued"
+    # a multi-node job's member stopped by the job's origin (laminar.members: the job's stop,
+    # its end, or its restart, which starts the member again with the next generation)
+    STOPPED_BY_ORIGIN = "stopped_by_origin"
     # a record from before the cause was kept, whose words do not say
     UNKNOWN = "unknown"
 
@@ -63,6 +66,7 @@ STATE_OF: dict[EndCause, str] = {
     EndCause.EXITED_ZERO: "exited", EndCause.EXITED_NONZERO: "exited", EndCause.EXITED_CODE_UNKNOWN: "exited",
     EndCause.STOPPED_BY_USER: "stopped", EndCause.STOPPED_BY_OPERATOR: "stopped",
     EndCause.PLACEMENT_UNSETTLED: "stopped", EndCause.FINISHED_ELSEWHERE: "stopped",
+    EndCause.STOPPED_BY_ORIGIN: "stopped",
     EndCause.START_FAILED: "failed",
     EndCause.LOST_WITH_CGROUP: "lost", EndCause.ENDED_WHILE_DOWN: "lost",
     EndCause.AIRLOCK_KILL: "killed", EndCause.WINDOW_ENDED: "reclaimed", EndCause.HANDED_OVER: "reclaimed",

@@ -575,7 +575,8 @@ class JobManager:
     # -- submit --------------------------------------------------------------------------------
 
     async def submit(self, spec: JobSpec, owner_uid: int = 0, owner_gid: int = 0, *, quota: bool = False,
-                     origin: JobOrigin = NO_ORIGIN, job_id: str | None = None) -> Job:
+                     origin: JobOrigin = NO_ORIGIN, job_id: str | None = None, relaunch: bool = False,
+                     agent_env: dict[str, str] | None = None) -> Job:
         """Submit `spec` as a job owned by (owner_uid, owner_gid) and start it if its class has
         room (`airlock.admission`); else it is returned in state ``queued`` (no pid, no cgroup
         yet, cgroup_id 0; its reason says what it waits for) and starts by itself once room
@@ -590,12 +591,17 @@ class JobManager:
         own code only (a hand-over, a take-over; laminar.runtime.provenance), stored with it.
         `job_id`: from the agent's own code only (the members component: a member's local job
         has its multi-node job's id, ``job-7-n3``); JobError unless it is a multi-node id
-        (`spec.MULTINODE_ID_RE`) that no job here has (a row of any state, an ended one too).
-        The job still takes this node's next number (`num`), as every job does."""
+        (`spec.MULTINODE_ID_RE`) that no job here has (a row of any state, an ended one too),
+        but with `relaunch` (the member's next generation, laminar.members): then an ended job
+        of that id is replaced (its row gives way), a live one still refused. The job still
+        takes this node's next number (`num`), as every job does. `agent_env`: agent code only
+        (a member's rendezvous and ``LAMINAR_*`` names, laminar.members.launch): set in the
+        job's environment over its spec's and the agent's own contract, never checked against
+        the reserved names (the agent writes them) and kept in memory only."""
         assert self.tree is not None and self.state_dir is not None and self.inventory is not None
         check_owner_ids(owner_uid, owner_gid)
         if job_id is not None:
-            self._check_given_id(job_id)
+            self._check_given_id(job_id, relaunch)
         if quota:
             self.checks.quota(owner_uid)
         spec.validate()
@@ -639,9 +645,12 @@ class JobManager:
             num = self._next_num(db)  # past every number given (pruned and reserved ones too)
             if job_id is None:
                 job_id = f"job-{num}"
-            elif db.execute("SELECT 1 FROM jobs WHERE id=?", (job_id,)).fetchone() is not None or job_id in self.jobs:
+            elif job_id in self.jobs or (not relaunch and db.execute("SELECT 1 FROM jobs WHERE id=?",
+                                                                       (job_id,)).fetchone() is not None):
                 raise JobError(f"job id {job_id!r}: a job here has it already (ids are never given twice)",
                                reason="job_id_taken")
+            elif relaunch:  # a member's earlier generation, ended: its record gives way to this one
+                db.execute("DELETE FROM jobs WHERE id=?", (job_id,))
             created = time.time()
             db.execute(f"INSERT INTO jobs(id, num, spec, state, owner_uid, owner_gid, gpus, created, "
                        f"{', '.join(provenance.COLUMNS)}) VALUES(?, ?, ?, 'queued', ?, ?, '[]', ?"
@@ -649,7 +658,7 @@ class JobManager:
                        (job_id, num, spec_text, owner_uid, owner_gid, created, *origin.row()))
         job = Job(id=job_id, num=num, spec=spec, cgroup=self.tree.job(spec.job_class, job_id), cgroup_id=0,
                   state=QUEUED, owner_uid=owner_uid, owner_gid=owner_gid, created=created, origin=origin,
-                  spec_bytes=len(spec_text),
+                  spec_bytes=len(spec_text), agent_env=dict(agent_env or {}),
                   ckpt_dir=self.state_dir / "ckpt" / job_id, log_path=self.state_dir / "logs" / f"{job_id}.log")
         self.jobs[job_id] = job
         self.admit(submitted=job_id)  # raises what _start raised for this job (then failed, gone from memory)
@@ -683,12 +692,14 @@ class JobManager:
                        (NUM_RESERVED_KEY, json.dumps(num)))
         return f"job-{num}-n{node}"
 
-    def _check_given_id(self, job_id: str) -> None:
-        """JobError unless `job_id` is a multi-node id no job here has (`submit`'s `job_id`)."""
+    def _check_given_id(self, job_id: str, relaunch: bool = False) -> None:
+        """JobError unless `job_id` is a multi-node id no job here has (`submit`'s `job_id`);
+        with `relaunch`, no job here has that has not ended."""
         if not is_multinode_id(job_id):
             raise JobError(f"job id {_brief(job_id)}: expected a multi-node job's id, job-<num>-n<node> "
                            "(e.g. job-7-n3)", reason="job_id_invalid")
-        if job_id in self.jobs or self.store.db.execute("SELECT 1 FROM jobs WHERE id=?", (job_id,)).fetchone():
+        if job_id in self.jobs or (not relaunch and self.store.db.execute(
+                "SELECT 1 FROM jobs WHERE id=?", (job_id,)).fetchone()):
             raise JobError(f"job id {job_id!r}: a job here has it already (ids are never given twice)",
                            reason="job_id_taken")
 

@@ -213,6 +213,7 @@ def spawn(job: Job, profile: joblimits.Profile, inventory: gpumod.GpuInventory |
                LAMINAR_CKPT_SIGNAL=spec.checkpoint_signal)
     if spec.resume_from:
         env["LAMINAR_RESUME_FROM"] = spec.resume_from
+    env.update(job.agent_env)  # the agent's own (a multi-node member's rendezvous): over the spec's
     if spec.elastic_min is not None and workers_file is not None:  # zone.loan writes it on a scale
         env["LAMINAR_WORKERS_FILE"] = str(workers_file)
     if inventory is not None:

@@ -101,6 +101,9 @@ class Job:
     ckpt_seen: float | None = field(default=None, compare=False, repr=False)
     origin: JobOrigin = NO_ORIGIN  # where it came from, as the agent recorded it (never from its env)
     spec_bytes: int = 0  # the length of its stored spec text (a page of GET /v1/jobs counts it)
+    # set by the agent's own code over the spec's env at the spawn (a multi-node member's
+    # rendezvous, laminar.members); in memory only: a re-adopted job runs already
+    agent_env: dict[str, str] = field(default_factory=dict, compare=False, repr=False)
 
     @property
     def active(self) -> bool:

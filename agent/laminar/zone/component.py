@@ -490,6 +490,9 @@ class ZoneComponent:
     def _other_request(self, sender: int, body: wire.Body) -> wire.Body | None:
         if isinstance(body, wire.LoanRequest | wire.LoanAnswer):
             return self.loan.on_message(sender, body)
+        if isinstance(body, wire.MemberRequest | wire.MemberAnswer):
+            members = self.agent.members if self.agent is not None else None
+            return members.on_message(sender, body) if members is not None else None
         return None
 
     def _on_message(self, msg: wire.Message, addr: tuple[str, int]) -> None:

@@ -243,6 +243,20 @@ class Handovers:
                      ", ".join(run_as.clamped))
         return run_as
 
+    def _member_refusal(self, sender: int, member: Any) -> None:
+        """ValueError unless a hand-over's member block comes from the job's origin (a node
+        hands members over only for jobs it originates) and names this node for its index."""
+        if not isinstance(member, dict):
+            raise ValueError("member: expected an object (the member block)")
+        origin, index, nodes = member.get("origin"), member.get("index"), member.get("nodes")
+        if origin != sender:
+            raise ValueError(f"member: the block names origin {str(origin)[:20]}, but node {sender} sent it: a node "
+                             "hands over members only of jobs it originates")
+        if (isinstance(index, bool) or not isinstance(index, int) or not isinstance(nodes, list)
+                or not 0 <= index < len(nodes) or not isinstance(nodes[index], list | tuple) or not nodes[index]
+                or nodes[index][0] != self.host.node_id):
+            raise ValueError(f"member: member {str(index)[:20]} of the block is not node {self.host.node_id}")
+
     def _unbind_unstarted(self, pid: int) -> None:
         """Free the capacity bound for placement ``pid`` when no job was started for it."""
         p = self.host.arbiter.placed.get(pid)
@@ -286,11 +300,19 @@ class Handovers:
             # a user's placement carries none. The job's env is its user's: names an agent of an
             # older release put there are dropped, never trusted (provenance.from_peer)
             migrated_from, requeued_from, resume_given = pv.origin_of_request(req)
+            # a multi-node job's member: the block the origin put beside the spec's keys
+            # (laminar.members), popped before the spec is read
+            member = req["spec"].pop("member", None) if isinstance(req.get("spec"), dict) else None
+            if member is not None:
+                self._member_refusal(sender, member)
             counts = getattr(self.host._jobs, "provenance_counts", None)
             ours = pv.JobOrigin(migrated_from=migrated_from, requeued_from=requeued_from).env()
             spec_d = dict(pv.from_peer(req["spec"], counts, f"node {sender}'s hand-over", ours))
             whole = [self.host.gpu_index[i] for i, f in p.reservation.gpu_alloc if f >= 1.0 - pl.EPS and i < len(self.host.gpu_index)]
             spec_d["gpus"] = whole
+            if member is not None:  # the member's own job runs on this node alone (laminar.members)
+                for key in ("workers", "workers_min", "workers_max", "launcher"):
+                    spec_d.pop(key, None)
             origin = pv.JobOrigin(migrated_from=migrated_from, placement_id=pid,
                                   gpu_share=self._share_of(p.reservation.gpu_alloc), requeued_from=requeued_from)
             if self.host.loan.is_loan(p.reservation.demand):
@@ -354,9 +376,18 @@ class Handovers:
                 return wire.HandoverAck(pid, HANDOVER_ERROR, f"job could not start on node {self.host.node_id}: {e}")
             if resume_given:  # the sender's agent gave it (a move's, a keeper's replica), checked here as its owner
                 origin = replace(origin, resume_given=spec.resume_from)
+        members = self.host.agent.members if self.host.agent is not None else None
         try:
-            job = await self.host._jobs.submit(spec, owner_uid=run_as.uid, owner_gid=run_as.gid,
-                                          **({"quota": True} if req.get("quota") is True else {}), origin=origin)
+            if member is not None:
+                if members is None:
+                    raise JobError("this node runs no members component (multi-node jobs)")
+                started = await members.start_member(member, spec, run_as.uid, run_as.gid)
+                job = self.host._jobs.get(started)
+                if job is None:
+                    raise JobError(f"member job {started} did not start")
+            else:
+                job = await self.host._jobs.submit(spec, owner_uid=run_as.uid, owner_gid=run_as.gid,
+                                              **({"quota": True} if req.get("quota") is True else {}), origin=origin)
         except JobError as e:
             # the spec was valid; what failed is this node's (a GPU taken by a local job meanwhile,
             # a command this node lacks): another node may start it

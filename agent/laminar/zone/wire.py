@@ -103,6 +103,8 @@ class MsgType(enum.IntEnum):
     HANDOVER_ACK = 12
     LOAN_REQUEST = 13
     LOAN_ANSWER = 14
+    MEMBER_REQUEST = 15
+    MEMBER_ANSWER = 16
 
 
 _MSG_TYPES: dict[int, MsgType] = {int(t): t for t in MsgType}
@@ -310,9 +312,30 @@ class LoanAnswer:
     payload: bytes = b""
 
 
+@dataclass(frozen=True)
+class MemberRequest:
+    """Multi-node jobs (``laminar.members``): ``op`` 1 REPORT (a member to its job's origin), 2
+    ORDER (the origin to a member), 3 VIEW (the origin to a member); ``payload``: JSON. A
+    repeat (same ``request_id``) gets the same answer and is not acted on twice."""
+
+    request_id: int
+    op: int
+    payload: bytes = b""
+
+
+@dataclass(frozen=True)
+class MemberAnswer:
+    """The answer to a :class:`MemberRequest`: ``status`` 0 and a JSON ``payload``, or non-zero
+    and an error message (JSON ``{"error": ...}``)."""
+
+    request_id: int
+    status: int
+    payload: bytes = b""
+
+
 Body = (
     Probe | Offer | Refuse | Commit | CommitAck | Release | Summary | ZoneSummaryMsg | ReclaimNotice | Heartbeat | Handover
-    | HandoverAck | LoanRequest | LoanAnswer
+    | HandoverAck | LoanRequest | LoanAnswer | MemberRequest | MemberAnswer
 )
 
 TYPE_OF: dict[type, MsgType] = {
@@ -330,6 +353,8 @@ TYPE_OF: dict[type, MsgType] = {
     HandoverAck: MsgType.HANDOVER_ACK,
     LoanRequest: MsgType.LOAN_REQUEST,
     LoanAnswer: MsgType.LOAN_ANSWER,
+    MemberRequest: MsgType.MEMBER_REQUEST,
+    MemberAnswer: MsgType.MEMBER_ANSWER,
 }
 
 
@@ -519,6 +544,10 @@ def encode_body(body: Body) -> bytes:
         return _LOAN.pack(body.request_id, body.op) + body.payload
     if isinstance(body, LoanAnswer):
         return _LOAN.pack(body.request_id, body.status) + body.payload
+    if isinstance(body, MemberRequest):
+        return _LOAN.pack(body.request_id, body.op) + body.payload
+    if isinstance(body, MemberAnswer):
+        return _LOAN.pack(body.request_id, body.status) + body.payload
     raise TypeError(f"wire: not a message body: {body!r}")
 
 
@@ -669,6 +698,12 @@ def decode_body(mtype: MsgType, buf: bytes) -> Body:
     elif mtype is MsgType.LOAN_ANSWER:
         rid, st = r.take(_LOAN)
         body = LoanAnswer(rid, st, r.raw(len(buf) - r.pos))
+    elif mtype is MsgType.MEMBER_REQUEST:
+        rid, op = r.take(_LOAN)
+        body = MemberRequest(rid, op, r.raw(len(buf) - r.pos))
+    elif mtype is MsgType.MEMBER_ANSWER:
+        rid, st = r.take(_LOAN)
+        body = MemberAnswer(rid, st, r.raw(len(buf) - r.pos))
     else:  # pragma: no cover - every MsgType is handled above
         raise Dropped(DropReason.BAD_TYPE, str(mtype))
     r.done()
