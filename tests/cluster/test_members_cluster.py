@@ -253,3 +253,60 @@ def test_a_real_elastic_ddp_job_that_loses_a_member_ends_with_two_and_the_weight
     got, ref = torch.load(out, weights_only=True), torch.load(hand, weights_only=True)
     for k in ref:
         torch.testing.assert_close(got[k], ref[k], rtol=1e-5, atol=1e-6)
+
+
+def test_a_real_rigid_ddp_job_whose_member_is_killed_restarts_from_its_checkpoint_with_the_same_weights(
+        make_cluster, tmp_path) -> None:
+    """The DDP job, rigid (3 workers), its checkpoints in a directory every member shares
+    (``[members] ckpt_root``). Once the origin knows a verified checkpoint (member 0's agent
+    found it and reported it), every process of member 1 is killed. The origin restarts the
+    job: the other members are stopped and every member is relaunched with the next generation
+    and ``LAMINAR_RESUME_FROM`` = that checkpoint; every rank resumes past step 0, the job ends
+    ok, and the final weights equal those of torchrun by hand (within float tolerance)."""
+    import json
+    import signal
+    import subprocess
+    import sys
+
+    torch = pytest.importorskip("torch")
+    repo = Path(__file__).resolve().parents[2]
+    ex = str(repo / "examples/ddp_train.py")
+    args = ["--steps", "40", "--samples", "256", "--global-batch", "30"]
+    hand = tmp_path / "hand.pt"
+    subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "3", ex, *args,
+                    "--out", str(hand)], check=True, capture_output=True, timeout=180, cwd=tmp_path)
+    shared = tmp_path / "shared-ckpt"
+    shared.mkdir()
+    c = make_cluster(zones=1, per_zone=3, gpus=0, zone_extra=f'\n[members]\nckpt_root = "{shared}"\n')
+    out = tmp_path / "laminar.pt"
+    view = c.place(0, {"name": "ddp", "command": [sys.executable, ex, *args, "--ckpt-every", "10", "--step-sleep",
+                                                  "0.15", "--out", str(out)],
+                       "workers": 3, "cwd": str(tmp_path)})
+    job = view["id"]
+    nodes = {m["index"]: m["node"] for m in view["members"]}
+
+    def logs() -> dict[int, str]:
+        return {nd.node_id: (nd.agent.state_dir / "logs" / f"{job}.log").read_text()
+                for nd in c.nodes if (nd.agent.state_dir / "logs" / f"{job}.log").exists()}
+    ckpt = wait_until(lambda: mview(c, 0, job).get("last_ckpt"), 150, "the origin to know a verified checkpoint")
+    assert str(ckpt).startswith(f"{shared}/{job}/"), ckpt
+    victim = member_jobs(c, job)[nodes[1]]
+    for pid in (Path(victim["cgroup"]) / "cgroup.procs").read_text().split():
+        try:
+            os.kill(int(pid), signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    try:
+        v = wait_until(lambda: (lambda x: x if x.get("state") == "ended" else None)(mview(c, 0, job)), 240,
+                       "the job's end")
+    except AssertionError:
+        raise AssertionError(f"{mview(c, 0, job)}\n{ {n: t[-3000:] for n, t in logs().items()} }") from None
+    assert v["end_reason"] == "ok" and v["generation"] >= 1 and v["restarts"] >= 1, v
+    # every rank of the relaunched generation started from a checkpoint, not from step 0
+    starts = [e for t in logs().values() for e in map(json.loads, (ln for ln in t.splitlines() if ln.startswith("{")))
+              if e.get("event") == "start"]
+    resumed = [e for e in starts if e.get("resumed")]
+    assert len(resumed) >= 3 and all(e["step"] > 0 for e in resumed), starts
+    got, ref = torch.load(out, weights_only=True), torch.load(hand, weights_only=True)
+    for k in ref:
+        torch.testing.assert_close(got[k], ref[k], rtol=1e-5, atol=1e-6)
