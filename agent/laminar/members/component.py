@@ -242,7 +242,7 @@ class MembersComponent:
         if job_id is None:
             await self._shutdown()
             return {}
-        return await self.origin.stop(job_id, by_uid)
+        return await self.origin.stop(job_id, by_uid=by_uid)  # (not a local job's stop: tests/unit/test_end_cause.py)
 
     async def killswitch(self, job_id: str, on: bool, by_uid: int) -> dict[str, Any]:
         """Cuts (``on``) or restores every member's traffic on its node (:meth:`OriginSide.killswitch`)."""
