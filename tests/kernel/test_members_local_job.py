@@ -83,7 +83,7 @@ def test_a_member_runs_as_a_real_local_job_with_the_jobs_id_and_env(tmp_path: Pa
                 assert later.id == f"job-{num + 1}" or int(later.id.split("-")[1]) > num
                 comp.tick(0.0)
                 for _ in range(100):
-                    if not comp._tasks and not comp._unreported:
+                    if not comp._tasks and not comp.member.unreported:
                         break
                     await asyncio.sleep(0.02)
                 rec = comp.table.get(job_id)

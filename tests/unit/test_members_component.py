@@ -21,7 +21,9 @@ from standin_agent import standin_agent
 from laminar.components import MembersAgent
 from laminar.config import load
 from laminar.events import EventBus
-from laminar.members.component import OP_ORDER, OP_REPORT, VIEW_EVERY_S, MembersComponent, endpoint_port
+from laminar.members.component import MembersComponent
+from laminar.members.messages import OP_ORDER, OP_REPORT
+from laminar.members.origin import VIEW_EVERY_S, endpoint_port
 from laminar.members.table import MemberTable
 from laminar.policy.members import MemberState, MultiState
 from laminar.runtime.spec import JobError, JobSpec
@@ -280,7 +282,7 @@ def test_submit_places_three_members_with_their_env_and_records_everywhere(tmp_p
         await c.tick()  # every member reports running: the job runs
         assert c.comps[1].view(job)["state"] == "running"
         assert [m["state"] for m in c.comps[1].view(job)["members"]] == ["running"] * 3
-        assert c.comps[2].counts["reports_sent"] == 1 and not c.comps[2]._unreported
+        assert c.comps[2].counts["reports_sent"] == 1 and not c.comps[2].member.unreported
         await c.stop()
     run(go())
 
@@ -316,11 +318,11 @@ def test_a_report_the_origin_never_got_is_retried_on_the_next_tick(tmp_path) -> 
         job = (await c.comps[1].submit(spec3(), 0, 0))["id"]
         c.deaf = {1}
         await c.tick()
-        assert job in c.comps[2]._unreported  # unanswered: kept
+        assert job in c.comps[2].member.unreported  # unanswered: kept
         assert c.comps[1].view(job)["members"][2]["state"] == "starting"
         c.deaf = set()
         await c.tick()
-        assert not c.comps[2]._unreported and c.comps[1].view(job)["state"] == "running"
+        assert not c.comps[2].member.unreported and c.comps[1].view(job)["state"] == "running"
         await c.stop()
     run(go())
 
@@ -368,7 +370,7 @@ def test_orders_from_a_non_origin_and_reports_from_a_non_member_are_refused(tmp_
                               ({"job": job, "generation": 0, "do": "explode"}, b"expected one of stop")):
             ans = c.comps[2].on_message(1, wire.MemberRequest(20, OP_ORDER, json.dumps(payload).encode()))
             assert ans is not None and ans.status == 1 and says in ans.payload
-            c.comps[2]._answered.clear()
+            c.comps[2].messages._answered.clear()
         # an order of an older generation is ignored
         c.comps[2].table.set_job(c.comps[2].table.get(job), generation=2)
         ans = c.comps[2].on_message(1, wire.MemberRequest(21, OP_ORDER, json.dumps(
@@ -522,9 +524,9 @@ def test_readopt_after_a_restart_of_the_origin_and_of_a_member(tmp_path) -> None
             await c.start(n)
         assert c.comps[1].view(job)["state"] == "running"
         assert [m["state"] for m in c.comps[1].view(job)["members"]] == ["running"] * 3
-        assert job in c.comps[2]._unreported  # told again after its restart: the origin ignores the repeat
+        assert job in c.comps[2].member.unreported  # told again after its restart: the origin ignores the repeat
         await c.tick()
-        assert not c.comps[2]._unreported and c.comps[1].view(job)["state"] == "running"
+        assert not c.comps[2].member.unreported and c.comps[1].view(job)["state"] == "running"
         assert c.jobs[2].submits == [job]  # no second copy
         c.jobs[2].all[job].state, c.jobs[2].all[job].exit_code = "failed", 1
         await c.tick()
@@ -636,7 +638,7 @@ def test_a_checkpoint_outside_the_jobs_shared_directory_is_refused(tmp_path) -> 
         c = Cluster(tmp_path, ckpt_root=str(tmp_path / "shared"))
         await c.start_all()
         job = (await c.comps[1].submit(spec3(), 0, 0))["id"]
-        c.comps[1]._answered.clear()
+        c.comps[1].messages._answered.clear()
         rep = wire.MemberRequest(5, OP_REPORT, json.dumps({"job": job, "index": 0, "generation": 0, "state": "running",
                                                            "ckpt": "/etc/shadow"}).encode())
         ans = c.comps[1].on_message(1, rep)
@@ -709,7 +711,7 @@ def test_member_zero_refuses_a_rendezvous_port_a_process_holds() -> None:
     (the origin tries another node or port); free, or an address not this node's: no refusal."""
     import socket
 
-    from laminar.members.component import _port_taken
+    from laminar.members.member import _port_taken
 
     with socket.socket() as held:
         held.bind(("127.0.0.1", 0))
