@@ -774,3 +774,39 @@ def test_killswitch_orders_every_members_switch(tmp_path) -> None:
         assert not any(c.netguards[n].cut[job] for n in c.nodes)
         await c.stop()
     run(go())
+
+
+def test_the_origins_view_tells_every_member_node_the_jobs_state_and_the_other_members(tmp_path) -> None:
+    """Node 2 hosts member 1: once member 2 failed (elastic: the job resizes, then settles),
+    the origin's periodic view tells node 2 the job's state and that member 2 failed; a view with letters
+    that are not states, or of the wrong length, changes nothing."""
+    from laminar.policy import members as pm
+
+    async def go() -> None:
+        c = Cluster(tmp_path)
+        await c.start_all()
+        job = (await c.comps[1].submit(spec3(workers_min=2, workers_max=3), 0, 0))["id"]
+        await c.tick()
+        c.jobs[3].all[job].state, c.jobs[3].all[job].exit_code = "failed", 1
+        await c.tick()
+        assert c.comps[1].view(job)["state"] == "resizing"
+        await c.tick()  # (the view of this round may have been sent before the report came)
+        v1, v2 = c.comps[1].view(job), c.comps[2].view(job)
+        assert v2 is not None and v2["state"] == v1["state"] and v1["state"] in ("resizing", "running")
+        assert [m["state"] for m in v2["members"]] == ["running", "running", "failed"]
+        rec = c.comps[2].table.get(job)
+        assert rec is not None
+        for bad in ("rrz", "rr", 7):
+            c.comps[2].member.on_view(1, {"job": job, "generation": 0, "members": bad})
+            assert [m.state for m in rec.members] == [pm.MemberState.RUNNING, pm.MemberState.RUNNING,
+                                                      pm.MemberState.FAILED]
+        await c.stop()
+    run(go())
+
+
+def test_member_states_round_trip_as_letters() -> None:
+    from laminar.policy import members as pm
+
+    states = tuple(pm.MemberState)
+    assert pm.states_of(pm.states_text(states), len(states)) == states
+    assert pm.states_of("rq", 2) is None and pm.states_of("r", 2) is None and pm.states_of(None, 0) is None

@@ -327,6 +327,18 @@ class MemberSide:
         if (isinstance(ckpt, str) and len(ckpt) <= PATH_MAX and mine is not None and ckpt.startswith(mine + "/")
                 and ckpt != rec.last_ckpt):
             self.host.table.set_job(rec, last_ckpt=ckpt, last_ckpt_at=time.time())
+        if _int(req.get("generation"), "generation", 0, 1 << 31) == rec.generation:
+            # the origin's word on the job's state and on the other members' (this node's own
+            # member is what its local job says, reported by this node)
+            said = req.get("state")
+            if isinstance(said, str) and said in MultiState.__members__.values():
+                why = req.get("end_reason")
+                self.host.table.follow(rec, MultiState(said), why[:200] if isinstance(why, str) else "ended at its origin")
+            states = pm.states_of(req.get("members"), len(rec.members))
+            own = rec.index_of(self.host.node)
+            for i, st in enumerate(states or ()):
+                if i != own:
+                    self.host.table.set_member(rec, i, st, rec.members[i].code)
         return {"job": job, "generation": rec.generation}
 
     async def start_member(self, block: Any, spec: JobSpec, owner_uid: int, owner_gid: int) -> str:

@@ -138,7 +138,11 @@ class OriginSide:
             self.host.table.move(rec, pm.Event.ALL_RUNNING)
 
     async def _send_view(self, rec: MultiRecord, node: int) -> None:
-        payload: dict[str, Any] = {"job": rec.job, "generation": rec.generation}
+        # the job's state and every member's, so each member's node knows them too
+        payload: dict[str, Any] = {"job": rec.job, "generation": rec.generation, "state": str(rec.state),
+                                   "members": pm.states_text([m.state for m in rec.members])}
+        if rec.state is MultiState.ENDED and rec.end_reason:
+            payload["end_reason"] = rec.end_reason[:200]
         if rec.last_ckpt:
             payload["last_ckpt"] = rec.last_ckpt
         try:

@@ -58,6 +58,26 @@ class MemberState(enum.StrEnum):
 
 
 LIVE = frozenset({MemberState.STARTING, MemberState.RUNNING})
+
+# A member's state in one letter: the origin's periodic view tells every member's node the
+# states of all members in one string (64 members fit a datagram with room to spare).
+STATE_LETTERS: dict[MemberState, str] = {MemberState.STARTING: "s", MemberState.RUNNING: "r",
+                                         MemberState.EXITED: "e", MemberState.FAILED: "f",
+                                         MemberState.LOST: "l", MemberState.STOPPED: "x"}
+_LETTER_STATES = {v: k for k, v in STATE_LETTERS.items()}
+
+
+def states_text(states: tuple[MemberState, ...] | list[MemberState]) -> str:
+    """``states`` as one letter each (:data:`STATE_LETTERS`)."""
+    return "".join(STATE_LETTERS[MemberState(s)] for s in states)
+
+
+def states_of(text: object, count: int) -> tuple[MemberState, ...] | None:
+    """The member states a view's letters say, or None unless ``text`` is exactly ``count``
+    known letters (a peer's word: checked before anything reads it)."""
+    if not isinstance(text, str) or len(text) != count or any(c not in _LETTER_STATES for c in text):
+        return None
+    return tuple(_LETTER_STATES[c] for c in text)
 ENDED = frozenset(set(MemberState) - LIVE)
 
 
