@@ -40,6 +40,34 @@ def mview(c: Cluster, index: int, job: str) -> dict[str, Any]:
     return dict(got.get("multinode") or got)
 
 
+def ddp_by_hand(tmp_path: Path, ex: str, args: list[str]) -> Path:
+    """The reference: the same DDP job run by `torchrun --standalone` by hand with 3 workers;
+    the path of its final weights."""
+    import subprocess
+    import sys
+
+    hand = tmp_path / "hand.pt"
+    subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "3", ex, *args,
+                    "--out", str(hand)], check=True, capture_output=True, timeout=180, cwd=tmp_path)
+    return hand
+
+
+def job_logs(c: Cluster, job: str) -> dict[int, str]:
+    """node id -> the log of ``job``'s member there (every generation's)."""
+    return {nd.node_id: (nd.agent.state_dir / "logs" / f"{job}.log").read_text()
+            for nd in c.nodes if (nd.agent.state_dir / "logs" / f"{job}.log").exists()}
+
+
+def wait_ended(c: Cluster, job: str, timeout: float) -> dict[str, Any]:
+    """The job's view at its origin (node 0) once ended; on a timeout, the error carries the
+    view and the tail of every member's log."""
+    try:
+        return dict(wait_until(lambda: (lambda x: x if x.get("state") == "ended" else None)(mview(c, 0, job)),
+                               timeout, "the job's end"))
+    except AssertionError:
+        raise AssertionError(f"{mview(c, 0, job)}\n{ {n: t[-3000:] for n, t in job_logs(c, job).items()} }") from None
+
+
 def member_jobs(c: Cluster, job: str) -> dict[int, dict[str, Any]]:
     """node id -> that node's local job of the multi-node ``job`` (every state)."""
     out = {}
@@ -173,39 +201,51 @@ def test_an_elastic_job_goes_on_with_fewer_members_and_a_gone_node_is_lost(make_
     assert len({m["node"] for m in v["members"]}) == 3
 
 
+DDP_ARGS = ["--steps", "40", "--samples", "256", "--global-batch", "30"]
+
+
+def ddp_example() -> str:
+    return str(Path(__file__).resolve().parents[2] / "examples/ddp_train.py")
+
+
+def assert_same_weights(torch: Any, got_path: Path, ref_path: Path) -> None:
+    got, ref = torch.load(got_path, weights_only=True), torch.load(ref_path, weights_only=True)
+    assert got.keys() == ref.keys()
+    for k in ref:
+        torch.testing.assert_close(got[k], ref[k], rtol=1e-5, atol=1e-6)
+
+
+def kill_member(c: Cluster, job: str, node: int) -> None:
+    """SIGKILL to every process of ``job``'s member on ``node`` (its cgroup's)."""
+    import signal
+
+    victim = member_jobs(c, job)[node]
+    for pid in (Path(victim["cgroup"]) / "cgroup.procs").read_text().split():
+        try:
+            os.kill(int(pid), signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+
 def test_a_real_ddp_job_across_three_agents_ends_with_the_weights_of_torchrun_by_hand(make_cluster, tmp_path) -> None:
     """examples/ddp_train.py (PyTorch DDP, gloo, CPU) submitted as a 3-worker job: each agent
     runs its member through torchrun (c10d rendezvous on member 0's node, across the network
     namespaces); the job ends ok at its origin, and rank 0's final weights equal those of the
     same job run by `torchrun --standalone` by hand (within float tolerance)."""
-    import subprocess
     import sys
 
     torch = pytest.importorskip("torch")
-    repo = Path(__file__).resolve().parents[2]
-    ex = str(repo / "examples/ddp_train.py")
-    args = ["--steps", "40", "--samples", "256", "--global-batch", "30"]
-    hand = tmp_path / "hand.pt"
-    subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "3", ex, *args,
-                    "--out", str(hand)], check=True, capture_output=True, timeout=180, cwd=tmp_path)
+    ex = ddp_example()
+    hand = ddp_by_hand(tmp_path, ex, DDP_ARGS)
     c = make_cluster(zones=1, per_zone=3, gpus=0)
     out = tmp_path / "laminar.pt"
-    view = c.place(0, {"name": "ddp", "command": [sys.executable, ex, *args, "--out", str(out)], "workers": 3,
+    view = c.place(0, {"name": "ddp", "command": [sys.executable, ex, *DDP_ARGS, "--out", str(out)], "workers": 3,
                        "cwd": str(tmp_path)})
     job = view["id"]
     assert view["launcher"] == "torchrun", view
-    try:
-        v = wait_until(lambda: (lambda x: x if x.get("state") == "ended" else None)(mview(c, 0, job)), 180,
-                       "the job's end")
-    except AssertionError:
-        logs = {nd.node_id: (nd.agent.state_dir / "logs" / f"{job}.log").read_text()[-3000:] for nd in c.nodes
-                if (nd.agent.state_dir / "logs" / f"{job}.log").exists()}
-        raise AssertionError(f"{mview(c, 0, job)}\n{logs}") from None
+    v = wait_ended(c, job, 180)
     assert v["end_reason"] == "ok", v
-    got, ref = torch.load(out, weights_only=True), torch.load(hand, weights_only=True)
-    assert got.keys() == ref.keys()
-    for k in got:
-        torch.testing.assert_close(got[k], ref[k], rtol=1e-5, atol=1e-6)
+    assert_same_weights(torch, out, hand)
 
 
 def test_a_real_elastic_ddp_job_that_loses_a_member_ends_with_two_and_the_weights_of_an_unresized_run(
@@ -214,45 +254,23 @@ def test_a_real_elastic_ddp_job_that_loses_a_member_ends_with_two_and_the_weight
     killed (its node's cgroup). The origin lets the job go on with two (resizing); TorchElastic
     re-forms the group on the survivors, which end it; the job ends ok with 2 of 3 members and
     the final weights equal those of torchrun by hand with 3 workers."""
-    import signal
-    import subprocess
     import sys
 
     torch = pytest.importorskip("torch")
-    repo = Path(__file__).resolve().parents[2]
-    ex = str(repo / "examples/ddp_train.py")
-    args = ["--steps", "40", "--samples", "256", "--global-batch", "30"]
-    hand = tmp_path / "hand.pt"
-    subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "3", ex, *args,
-                    "--out", str(hand)], check=True, capture_output=True, timeout=180, cwd=tmp_path)
+    ex = ddp_example()
+    hand = ddp_by_hand(tmp_path, ex, DDP_ARGS)
     c = make_cluster(zones=1, per_zone=3, gpus=0)
     out = tmp_path / "laminar.pt"
-    view = c.place(0, {"name": "ddp", "command": [sys.executable, ex, *args, "--ckpt-every", "10", "--step-sleep",
+    view = c.place(0, {"name": "ddp", "command": [sys.executable, ex, *DDP_ARGS, "--ckpt-every", "10", "--step-sleep",
                                                   "0.1", "--out", str(out)],
                        "workers": 3, "workers_min": 2, "workers_max": 3, "cwd": str(tmp_path)})
     job = view["id"]
     nodes = {m["index"]: m["node"] for m in view["members"]}
-
-    def logs() -> dict[int, str]:
-        return {nd.node_id: (nd.agent.state_dir / "logs" / f"{job}.log").read_text()
-                for nd in c.nodes if (nd.agent.state_dir / "logs" / f"{job}.log").exists()}
-    wait_until(lambda: any('"checkpoint"' in t for t in logs().values()), 120, "rank 0's first checkpoint")
-    victim = member_jobs(c, job)[nodes[2]]
-    procs = Path(victim["cgroup"]) / "cgroup.procs"
-    for pid in procs.read_text().split():
-        try:
-            os.kill(int(pid), signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-    try:
-        v = wait_until(lambda: (lambda x: x if x.get("state") == "ended" else None)(mview(c, 0, job)), 240,
-                       "the job's end")
-    except AssertionError:
-        raise AssertionError(f"{mview(c, 0, job)}\n{ {n: t[-3000:] for n, t in logs().items()} }") from None
+    wait_until(lambda: any('"checkpoint"' in t for t in job_logs(c, job).values()), 120, "rank 0's first checkpoint")
+    kill_member(c, job, nodes[2])
+    v = wait_ended(c, job, 240)
     assert v["end_reason"] == "ok with 2 of 3 members" and v["generation"] == 0, v
-    got, ref = torch.load(out, weights_only=True), torch.load(hand, weights_only=True)
-    for k in ref:
-        torch.testing.assert_close(got[k], ref[k], rtol=1e-5, atol=1e-6)
+    assert_same_weights(torch, out, hand)
 
 
 def test_a_real_rigid_ddp_job_whose_member_is_killed_restarts_from_its_checkpoint_with_the_same_weights(
@@ -264,49 +282,28 @@ def test_a_real_rigid_ddp_job_whose_member_is_killed_restarts_from_its_checkpoin
     and ``LAMINAR_RESUME_FROM`` = that checkpoint; every rank resumes past step 0, the job ends
     ok, and the final weights equal those of torchrun by hand (within float tolerance)."""
     import json
-    import signal
-    import subprocess
     import sys
 
     torch = pytest.importorskip("torch")
-    repo = Path(__file__).resolve().parents[2]
-    ex = str(repo / "examples/ddp_train.py")
-    args = ["--steps", "40", "--samples", "256", "--global-batch", "30"]
-    hand = tmp_path / "hand.pt"
-    subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "3", ex, *args,
-                    "--out", str(hand)], check=True, capture_output=True, timeout=180, cwd=tmp_path)
+    ex = ddp_example()
+    hand = ddp_by_hand(tmp_path, ex, DDP_ARGS)
     shared = tmp_path / "shared-ckpt"
     shared.mkdir()
     c = make_cluster(zones=1, per_zone=3, gpus=0, zone_extra=f'\n[members]\nckpt_root = "{shared}"\n')
     out = tmp_path / "laminar.pt"
-    view = c.place(0, {"name": "ddp", "command": [sys.executable, ex, *args, "--ckpt-every", "10", "--step-sleep",
+    view = c.place(0, {"name": "ddp", "command": [sys.executable, ex, *DDP_ARGS, "--ckpt-every", "10", "--step-sleep",
                                                   "0.15", "--out", str(out)],
                        "workers": 3, "cwd": str(tmp_path)})
     job = view["id"]
     nodes = {m["index"]: m["node"] for m in view["members"]}
-
-    def logs() -> dict[int, str]:
-        return {nd.node_id: (nd.agent.state_dir / "logs" / f"{job}.log").read_text()
-                for nd in c.nodes if (nd.agent.state_dir / "logs" / f"{job}.log").exists()}
     ckpt = wait_until(lambda: mview(c, 0, job).get("last_ckpt"), 150, "the origin to know a verified checkpoint")
     assert str(ckpt).startswith(f"{shared}/{job}/"), ckpt
-    victim = member_jobs(c, job)[nodes[1]]
-    for pid in (Path(victim["cgroup"]) / "cgroup.procs").read_text().split():
-        try:
-            os.kill(int(pid), signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-    try:
-        v = wait_until(lambda: (lambda x: x if x.get("state") == "ended" else None)(mview(c, 0, job)), 240,
-                       "the job's end")
-    except AssertionError:
-        raise AssertionError(f"{mview(c, 0, job)}\n{ {n: t[-3000:] for n, t in logs().items()} }") from None
+    kill_member(c, job, nodes[1])
+    v = wait_ended(c, job, 240)
     assert v["end_reason"] == "ok" and v["generation"] >= 1 and v["restarts"] >= 1, v
     # every rank of the relaunched generation started from a checkpoint, not from step 0
-    starts = [e for t in logs().values() for e in map(json.loads, (ln for ln in t.splitlines() if ln.startswith("{")))
-              if e.get("event") == "start"]
+    starts = [e for t in job_logs(c, job).values()
+              for e in map(json.loads, (ln for ln in t.splitlines() if ln.startswith("{"))) if e.get("event") == "start"]
     resumed = [e for e in starts if e.get("resumed")]
     assert len(resumed) >= 3 and all(e["step"] > 0 for e in resumed), starts
-    got, ref = torch.load(out, weights_only=True), torch.load(hand, weights_only=True)
-    for k in ref:
-        torch.testing.assert_close(got[k], ref[k], rtol=1e-5, atol=1e-6)
+    assert_same_weights(torch, out, hand)
