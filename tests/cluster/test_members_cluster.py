@@ -291,13 +291,16 @@ def test_a_real_rigid_ddp_job_whose_member_is_killed_restarts_from_its_checkpoin
     shared.mkdir()
     c = make_cluster(zones=1, per_zone=3, gpus=0, zone_extra=f'\n[members]\nckpt_root = "{shared}"\n')
     out = tmp_path / "laminar.pt"
+    # 0.6 s a step: member 0's agent looks for a new checkpoint every 10 s (CKPT_LOOK_S), so the
+    # job must still run when the origin hears of one (a job that ended first has nothing to kill)
     view = c.place(0, {"name": "ddp", "command": [sys.executable, ex, *DDP_ARGS, "--ckpt-every", "10", "--step-sleep",
-                                                  "0.15", "--out", str(out)],
+                                                  "0.6", "--out", str(out)],
                        "workers": 3, "cwd": str(tmp_path)})
     job = view["id"]
     nodes = {m["index"]: m["node"] for m in view["members"]}
     ckpt = wait_until(lambda: mview(c, 0, job).get("last_ckpt"), 150, "the origin to know a verified checkpoint")
     assert str(ckpt).startswith(f"{shared}/{job}/"), ckpt
+    assert mview(c, 0, job)["state"] == "running", "the job ended before the kill: make its steps slower"
     kill_member(c, job, nodes[1])
     v = wait_ended(c, job, 240)
     assert v["end_reason"] == "ok" and v["generation"] >= 1 and v["restarts"] >= 1, v
