@@ -207,12 +207,14 @@ class GangPlacer:
                      answers: asyncio.Queue[tuple[int, wire.Body]], held: dict[int, pl.Offer], res: GangResult,
                      t0: float) -> None:
         probe = demand_to_probe(demand, pid, self.lease_s)
-        # nodes not probed again for this placement: those that refused, stayed silent or failed
-        # a commit. A node whose offer was released (it was not needed, or another member's
-        # commit failed) is probed again in a later step: it may still have the room.
-        avoid: set[int] = set()
         for rnd in range(self.max_rounds):
             res.rounds = rnd + 1
+            # nodes not probed again in this round: those that refused, stayed silent or failed
+            # a commit. A node whose offer was released (it was not needed, or another member's
+            # commit failed) is probed again in a later step: it may still have the room. After
+            # the queue wait every node may be probed again: a refusal is often another gang's
+            # lease, let go of since (silent nodes the membership suspects stay skipped).
+            avoid: set[int] = set()
             schedule = gang.steps(self.policy, rnd)
             tried: list[int] = []
             plan: gang.ZonePlan | None = None
