@@ -60,20 +60,20 @@ lint: venv
 # Three runs, each always run; the suite fails if any did (5, nothing collected under a -k, is not
 # a failure):
 # 1. unit and cluster tests, two files at a time (TEST_WORKERS; each cluster test tags its bridge,
-#    namespaces, pins and cgroup root with a name of its own);
+#    namespaces, pins and cgroup root with a name of its own), but for those marked `serial`;
 # 2. kernel tests, two files at a time, but for those marked `serial`: they too build namespaces,
 #    veths, pins, cgroups and users of their own;
-# 3. the `serial` kernel tests and the GPU tests, one at a time: memory storms whose pressure the
-#    whole machine feels (the agents of other tests would see it), the kernel's next pid steered,
+# 3. the `serial` kernel and cluster tests and the GPU tests, one at a time: memory storms whose
+#    pressure the whole machine feels (the agents of other tests would see it), the kernel's next pid steered,
 #    systemd booted in a container, a connection flood.
 TEST_WORKERS ?= 2
 test: setup lint
 	@rc=0; \
-	$(BIN)/pytest -ra --durations=30 -n $(TEST_WORKERS) --dist loadfile $(PYTEST_ARGS) tests/unit tests/cluster \
+	$(BIN)/pytest -ra --durations=30 -n $(TEST_WORKERS) --dist loadfile -m "not serial" $(PYTEST_ARGS) tests/unit tests/cluster \
 	  || { r=$$?; [ $$r -eq 5 ] || rc=$$r; }; \
 	$(BIN)/pytest -ra --durations=30 -n $(TEST_WORKERS) --dist loadfile -m "not serial and not gpu" $(PYTEST_ARGS) \
 	  tests/kernel tests/gpu || { r=$$?; [ $$r -eq 5 ] || rc=$$r; }; \
-	$(BIN)/pytest -ra --durations=30 -m "serial or gpu" $(PYTEST_ARGS) tests/kernel tests/gpu \
+	$(BIN)/pytest -ra --durations=30 -m "serial or gpu" $(PYTEST_ARGS) tests/kernel tests/cluster tests/gpu \
 	  || { r=$$?; [ $$r -eq 5 ] || rc=$$r; }; \
 	exit $$rc
 

@@ -138,7 +138,8 @@ class Cluster:
                memory_mb: int = 16_000, pools: dict[int, str] | None = None, handover_timeout_s: float = 10.0,
                zone_extra: str = "", node_extra: dict[int, str] | None = None,
                probe_timeout_s: float = 0.2, ipv6: bool = False, node_keys: bool = False,
-               roster_pubkeys: bool = True, root_from: list[int] | None = None) -> Iterator[Cluster]:
+               roster_pubkeys: bool = True, root_from: list[int] | None = None,
+               airlock: tuple[int, ...] = ()) -> Iterator[Cluster]:
         """``ipv6``: the nodes' roster addresses are IPv6 (a ULA /64, written ``[addr]:port``),
         and the namespaces have no IPv4 address at all (an IPv6-only fabric). ``node_keys``:
         every node has a node key file and its pubkey in the roster (pair MACs everywhere); with
@@ -146,7 +147,9 @@ class Cluster:
         but the roster lists no pubkey yet (zone-key MACs, until a config lists them).
         ``root_from``: ``[zone] root_from`` of every node; None (the default): every node of the
         cluster, which is one operator's machines running the tests' jobs as root (the agent's
-        own default is none: docs/protocol.md, *Authority*)."""
+        own default is none: docs/protocol.md, *Authority*). ``airlock``: the nodes (0-based
+        indexes) whose agent runs Airlock (``ZoneAgent.airlock``; give them an ``[airlock]``
+        budget of the test's own through ``node_extra``)."""
         tag = secrets.token_hex(3)
         bridge = f"lmt-br-{tag}"
         subnet = f"10.{secrets.randbelow(100) + 120}.{secrets.randbelow(250) + 1}"
@@ -208,6 +211,8 @@ class Cluster:
                     f'{(node_extra or {}).get(i, "")}\n{nodes_toml}'
                 )
                 agent = ZoneAgent(tmp, ns_if, ns, extra_toml=zone_toml, node=f"z{1 + i // per_zone}n{i + 1}")
+                if i in airlock:
+                    agent.airlock = True
                 c.nodes.append(Node(i, i + 1, 1 + i // per_zone, str(ipaddress.ip_address(addr)), ns, host_if, agent, mac))
             for nd in c.nodes:
                 nd.agent.start(wait=False)

@@ -199,3 +199,17 @@ def test_arbiters_hold_one_placement_id_each() -> None:
     assert arbs[3].on_probe(probe, now + 3, node=origin)
     arbs[3].on_commit(wire.Commit(77, 1_000), now + 3, node=origin)
     assert arbs[3].view(now + 4.5).gpu_free == (1.0,) * 8
+
+
+def test_gangs_that_lost_a_round_to_each_other_are_placed_in_a_later_one() -> None:
+    # 4 gangs of 3 race for one zone of 6 whole nodes (room for 2): in the first round they split
+    # the nodes between them, and a node that refused a gang then (held for another) is free again
+    # after the queue wait; so the room for a second gang is used in a later round
+    for seed in (1, 2, 3):
+        net = _idle_net(6, 6, seed=seed, async_delivery=True)
+        results = _race(net, 4, 3, max_rounds=3)
+        placed = [r for r in results if r.outcome == "placed"]
+        assert len(placed) == 2, [r.as_dict() for r in results]
+        used = [n for r in placed for n in r.nodes]
+        assert len(used) == len(set(used)) == 6
+        assert _nothing_held(net) == []

@@ -207,12 +207,18 @@ class GangPlacer:
                      answers: asyncio.Queue[tuple[int, wire.Body]], held: dict[int, pl.Offer], res: GangResult,
                      t0: float) -> None:
         probe = demand_to_probe(demand, pid, self.lease_s)
-        # nodes not probed again for this placement: those that refused, stayed silent or failed
-        # a commit. A node whose offer was released (it was not needed, or another member's
-        # commit failed) is probed again in a later step: it may still have the room.
-        avoid: set[int] = set()
+        # nodes never probed again for this placement: those that failed a commit or a
+        # hand-over (a repeated hand-over with the same placement id would find a stopped
+        # member's job there)
+        barred: set[int] = set()
         for rnd in range(self.max_rounds):
             res.rounds = rnd + 1
+            # nodes not probed again in this round: those barred, and those that refused or
+            # stayed silent. A node whose offer was released (it was not needed, or another
+            # member's commit failed) is probed again in a later step: it may still have the
+            # room. After the queue wait a node that refused is probed again: a refusal is often
+            # another gang's lease, let go of since (nodes the membership suspects stay skipped).
+            avoid = set(barred)
             schedule = gang.steps(self.policy, rnd)
             tried: list[int] = []
             plan: gang.ZonePlan | None = None
@@ -266,6 +272,7 @@ class GangPlacer:
                     return  # placed, or rejected/unconfirmed (final: _handover_all let go of the rest)
                 except _Retry as e:
                     avoid.update(e.nodes)
+                    barred.update(e.nodes)
                     self._release(pid, list(held), res)
                     held.clear()
                     continue
