@@ -400,6 +400,10 @@ def run_netns(c: Any, quick: bool) -> dict[str, Any]:
       agent measures it, ``GangResult.bind_ms`` (the view's ``placement``): from the placer's
       start to all 3 commits acknowledged (zone choice, ``d*k`` probes and the wait for 3
       offers, the releases of the rest, the commits and their acks);
+    - ``gang_netns_offers_*`` and ``gang_netns_commit_*``: the decision's two parts, start to
+      the 3 offers in hand (``GangResult.offers_ms``: zone choice, probes and their answers),
+      and from there to the commits acknowledged (``bind_ms - offers_ms``); ``retried``:
+      gangs that needed more than one probe step;
     - ``gang_netns_handover_p50_ms`` / ``_p99_ms``: ``GangResult.elapsed_ms``, the same start
       to every member's hand-over acknowledged (member 0 first, then the other two at once;
       each member node starts its member's local job, cgroups included, before it acks);
@@ -419,6 +423,8 @@ def run_netns(c: Any, quick: bool) -> dict[str, Any]:
     outcomes: Counter[str] = Counter()
     ends: Counter[str] = Counter()
     messages: list[int] = []
+    offers: list[float] = []
+    retried = 0
     for i in range(n + warm):
         at = i % len(c.nodes)
         spec = {"name": f"gang-{i}", "command": ["sleep", "0.05"], "workers": 3, "launcher": "plain",
@@ -444,6 +450,8 @@ def run_netns(c: Any, quick: bool) -> dict[str, Any]:
         hand.append(float(p["elapsed_ms"]))
         api.append(api_ms)
         messages.append(int(p.get("messages", 0)))
+        offers.append(float(p.get("offers_ms", 0.0)))
+        retried += int(p.get("steps", 1)) > 1
         if all(starts):
             e2e.append((max(float(s) for s in starts) - t0) * 1000)
     if not bind:
@@ -463,7 +471,13 @@ def run_netns(c: Any, quick: bool) -> dict[str, Any]:
         "gang_netns_e2e_p99_ms": round(_pct(e2e, 0.99), 3) if e2e else -1,
         "gang_netns_api_p50_ms": round(_pct(api, 0.5), 3),
         "gang_netns_msgs_median": statistics.median(messages),
-        "_netns_bind": bind, "_netns_handover": hand, "_netns_e2e": e2e,
+        # where the decision's time goes: the probes answered (k offers in hand), then the commits
+        "gang_netns_offers_p50_ms": round(_pct(offers, 0.5), 3),
+        "gang_netns_offers_p99_ms": round(_pct(offers, 0.99), 3),
+        "gang_netns_commit_p50_ms": round(_pct([b - o for b, o in zip(bind, offers, strict=True)], 0.5), 3),
+        "gang_netns_commit_p99_ms": round(_pct([b - o for b, o in zip(bind, offers, strict=True)], 0.99), 3),
+        "gang_netns_retried": retried,
+        "_netns_bind": bind, "_netns_offers": offers, "_netns_handover": hand, "_netns_e2e": e2e,
     }
 
 
