@@ -8,6 +8,7 @@ member.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Iterator
 from contextlib import ExitStack
 from pathlib import Path
@@ -204,4 +205,51 @@ def test_a_real_ddp_job_across_three_agents_ends_with_the_weights_of_torchrun_by
     got, ref = torch.load(out, weights_only=True), torch.load(hand, weights_only=True)
     assert got.keys() == ref.keys()
     for k in got:
+        torch.testing.assert_close(got[k], ref[k], rtol=1e-5, atol=1e-6)
+
+
+def test_a_real_elastic_ddp_job_that_loses_a_member_ends_with_two_and_the_weights_of_an_unresized_run(
+        make_cluster, tmp_path) -> None:
+    """The same DDP job, elastic 2:3: once rank 0 checkpointed, every process of member 2 is
+    killed (its node's cgroup). The origin lets the job go on with two (resizing); TorchElastic
+    re-forms the group on the survivors, which end it; the job ends ok with 2 of 3 members and
+    the final weights equal those of torchrun by hand with 3 workers."""
+    import signal
+    import subprocess
+    import sys
+
+    torch = pytest.importorskip("torch")
+    repo = Path(__file__).resolve().parents[2]
+    ex = str(repo / "examples/ddp_train.py")
+    args = ["--steps", "40", "--samples", "256", "--global-batch", "30"]
+    hand = tmp_path / "hand.pt"
+    subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "3", ex, *args,
+                    "--out", str(hand)], check=True, capture_output=True, timeout=180, cwd=tmp_path)
+    c = make_cluster(zones=1, per_zone=3, gpus=0)
+    out = tmp_path / "laminar.pt"
+    view = c.place(0, {"name": "ddp", "command": [sys.executable, ex, *args, "--ckpt-every", "10", "--step-sleep",
+                                                  "0.1", "--out", str(out)],
+                       "workers": 3, "workers_min": 2, "workers_max": 3, "cwd": str(tmp_path)})
+    job = view["id"]
+    nodes = {m["index"]: m["node"] for m in view["members"]}
+
+    def logs() -> dict[int, str]:
+        return {nd.node_id: (nd.agent.state_dir / "logs" / f"{job}.log").read_text()
+                for nd in c.nodes if (nd.agent.state_dir / "logs" / f"{job}.log").exists()}
+    wait_until(lambda: any('"checkpoint"' in t for t in logs().values()), 120, "rank 0's first checkpoint")
+    victim = member_jobs(c, job)[nodes[2]]
+    procs = Path(victim["cgroup"]) / "cgroup.procs"
+    for pid in procs.read_text().split():
+        try:
+            os.kill(int(pid), signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    try:
+        v = wait_until(lambda: (lambda x: x if x.get("state") == "ended" else None)(mview(c, 0, job)), 240,
+                       "the job's end")
+    except AssertionError:
+        raise AssertionError(f"{mview(c, 0, job)}\n{ {n: t[-3000:] for n, t in logs().items()} }") from None
+    assert v["end_reason"] == "ok with 2 of 3 members" and v["generation"] == 0, v
+    got, ref = torch.load(out, weights_only=True), torch.load(hand, weights_only=True)
+    for k in ref:
         torch.testing.assert_close(got[k], ref[k], rtol=1e-5, atol=1e-6)

@@ -2,9 +2,10 @@
 process, messages delivered in process through each component's ``send``): the member side
 (start, reports retried until answered, orders from the origin only), the origin side (submit,
 reports from members only, restart / continue / end, stop, a lost node), and readopt from the
-store after a restart. The local jobs are a stand-in job manager (``StandInJobs``: it starts no
-process); the real job manager's part (``job_id=``, ``agent_env=``) is tested at the end on the
-store alone, and the cluster tests run real agents."""
+store after a restart, Airlock's word, the kill-switch. The local jobs are a stand-in job
+manager (``StandInJobs``: it starts no process); a member as a real local job is
+tests/kernel/test_members_local_job.py, and tests/cluster/test_members_cluster.py runs real
+agents (and a real DDP job)."""
 
 from __future__ import annotations
 
@@ -140,8 +141,8 @@ class PlacerResult:
 
 
 class StandInPlacer:
-    """A stand-in gang placer (laminar.zone.gangplace lands in its own branch): it takes the
-    first k free nodes in order and hands each member over to that node's component."""
+    """A stand-in gang placer (the real one, laminar.zone.gangplace, runs in the cluster tests):
+    it takes the first k free nodes in order and hands each member over to that node's component."""
 
     def __init__(self, cluster: Cluster, origin: int) -> None:
         self.cluster = cluster
