@@ -551,6 +551,20 @@ def _ddp_by_hand(c: Any, nodes: list[int], ddp_args: list[str], cwd: Path, run: 
     return done
 
 
+def _agents_cpu_s(c: Any) -> float:
+    """CPU seconds (user + system) the cluster's agent processes have used so far (the agents
+    alone, not their jobs)."""
+    import psutil
+
+    total = 0.0
+    for nd in c.nodes:
+        if nd.agent.proc is not None and nd.agent.proc.poll() is None:
+            with contextlib.suppress(psutil.Error):
+                t = psutil.Process(nd.agent.proc.pid).cpu_times()
+                total += t.user + t.system
+    return total
+
+
 def run_ddp(c: Any, quick: bool, tmp: Path) -> dict[str, Any]:
     """A real 3-worker DDP job (examples/ddp_train.py: PyTorch DDP, gloo, CPU, a small MLP,
     the same seed, data and steps every run) under Laminar (submitted on node 1's API with
@@ -563,18 +577,27 @@ def run_ddp(c: Any, quick: bool, tmp: Path) -> dict[str, Any]:
     ``ddp_hand_step_ms`` are the medians over the runs of each, ``ddp_overhead_pct`` =
     (Laminar - by hand) / by hand * 100 of those. ``ddp_pair_overhead_pct_median``: the
     median of the pairs' own overheads. The final weights of every run are compared too
-    (``ddp_same_weights``: every run's SHA-256 the same)."""
+    (``ddp_same_weights``: every run's SHA-256 the same). ``ddp_agents_cpu_pct_laminar`` /
+    ``_hand``: the CPU the 9 agents used during a run of each, in % of one core over the run's
+    wall time (median): what the agents take from the workers' 2 cores while they look after
+    the job, against what they take idle."""
     pairs = 2 if quick else 5
     steps = 300 if quick else 1000
     ddp_args = ["--steps", str(steps), "--samples", "256", "--global-batch", "30"]
     procs: list[subprocess.Popen[bytes]] = []
     lam: list[dict[str, Any]] = []
     hand: list[dict[str, Any]] = []
+    cpu_lam: list[float] = []
+    cpu_hand: list[float] = []
     try:
         for r in range(pairs):
+            a0, w0 = _agents_cpu_s(c), time.monotonic()
             done, nodes = _ddp_laminar(c, 0, ddp_args, tmp)
+            cpu_lam.append(100 * (_agents_cpu_s(c) - a0) / (time.monotonic() - w0))
             lam.append(done)
+            a0, w0 = _agents_cpu_s(c), time.monotonic()
             hand.append(_ddp_by_hand(c, nodes, ddp_args, tmp, r, procs))
+            cpu_hand.append(100 * (_agents_cpu_s(c) - a0) / (time.monotonic() - w0))
             print(f"  pair {r + 1}/{pairs}: Laminar {lam[-1]['step_ms_median']:.3f} ms/step (nodes {nodes}), "
                   f"by hand {hand[-1]['step_ms_median']:.3f} ms/step", flush=True)
     except (RuntimeError, subprocess.TimeoutExpired) as e:
@@ -600,6 +623,8 @@ def run_ddp(c: Any, quick: bool, tmp: Path) -> dict[str, Any]:
         "ddp_hand_step_ms_mean": round(statistics.median(float(d["step_ms_mean"]) for d in hand), 4),
         "ddp_laminar_runs_ms": "/".join(f"{x:.3f}" for x in ls),
         "ddp_hand_runs_ms": "/".join(f"{x:.3f}" for x in hs),
+        "ddp_agents_cpu_pct_laminar": round(statistics.median(cpu_lam), 1),
+        "ddp_agents_cpu_pct_hand": round(statistics.median(cpu_hand), 1),
         "ddp_same_weights": int(len({d["weights_sha256"] for d in lam + hand}) == 1),
         "_ddp_lam": ls, "_ddp_hand": hs,
     }
