@@ -38,23 +38,43 @@ the default ``d = 2``). The issue's goal of ``d + 2`` counts less than this benc
 (about the probes, the commit and the hand-over a worker's submitter sends, without answers,
 acknowledgements or releases); ``sent_bound_per_worker`` (``2d + 1``) is the submitter's share.
 
-Not built here yet (hooks for the lead): the netns part (``gang_netns_p99_ms``: 3-worker
-placements on real agents in network namespaces, :func:`run_netns`) and the DDP part
-(``ddp_overhead_pct``: a real 3-worker DDP job's step time under Laminar against ``torchrun``
-by hand, :func:`run_ddp`).
+Real parts, on one cluster of 9 real agents in network namespaces (3 zones of 3 nodes, on a
+bridge, real UDP and TCP; tests/cluster/harness.py), built once for both:
 
-    python bench/gang.py [--quick] [--json PATH] [--plot PATH]
+- netns (:func:`run_netns`): 3-worker gangs of a short plain program submitted on the agents'
+  APIs in turn; ``gang_netns_p50_ms``/``gang_netns_p99_ms`` are the placement decision as the
+  submitting agent measures it (``GangResult.bind_ms``, start to every commit acknowledged),
+  beside the hand-overs (``GangResult.elapsed_ms``) and the time from the ``POST`` to every
+  member's process started (``gang_netns_e2e_*``). Goal: p99 < 10 ms.
+- DDP (:func:`run_ddp`): examples/ddp_train.py as a 3-worker job under Laminar (torchrun, as
+  the agents launch it) against the same ``torchrun`` by hand (``ip netns exec``) in the same
+  three namespaces, runs interleaved; ``ddp_overhead_pct`` from the step times the example
+  reports. Goal < 2 %. The step of this small model is a few ms of gloo round trips, so the
+  figure is as noisy as the machine is busy: read it with ``ddp_*_runs_ms`` and the load.
+
+``--quick`` does not keep the whole run under 60 s: on this 2-core machine under a load of
+about 4 it took 180 s (the scale and contention parts about 65 s, the cluster's start about
+15 s, the netns part 33 s, the DDP part 63 s: four torchrun jobs of 3 workers, each starting
+torch 6 times, and that part cannot be shorter and still time real steps); ``--no-ddp`` leaves it
+out. SIGTERM and SIGHUP end the run as Ctrl-C does: agents, jobs, by-hand torchruns,
+namespaces and the bridge are removed.
+
+    python bench/gang.py [--quick] [--json PATH] [--plot PATH] [--no-netns] [--no-ddp]
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import gc
 import heapq
 import json
+import os
 import random
+import signal
 import statistics
+import subprocess
 import sys
 import time
 from collections import Counter
@@ -310,17 +330,338 @@ def run_contention(quick: bool, seed: int = 5) -> dict[str, Any]:
             "contention_partial_members": partial, "contention_reservations_left": left}
 
 
-def run_netns(quick: bool) -> dict[str, Any]:
-    """Hook, not built yet: 3-worker gang placements on real agents in network namespaces
-    (``gang_netns_p99_ms``, the time to every member's hand-over acknowledged), to be filled
-    in once the agent places gangs (the lead's part of issue 33)."""
-    return {"gang_netns_status": "not built yet (hook: bench/gang.py run_netns)"}
+def _pct(xs: list[float], q: float) -> float:
+    xs = sorted(xs)
+    return xs[min(len(xs) - 1, int(round(q * (len(xs) - 1))))]
 
 
-def run_ddp(quick: bool) -> dict[str, Any]:
-    """Hook, not built yet: a real 3-worker DDP job's step time under Laminar against the same
-    ``torchrun`` by hand (``ddp_overhead_pct``)."""
-    return {"ddp_status": "not built yet (hook: bench/gang.py run_ddp)"}
+def _api(c: Any, index: int) -> Any:
+    """A control-API client of node ``index`` (0-based) of the cluster ``c``."""
+    from laminarctl.client import Client
+
+    return Client(str(c.nodes[index].agent.sock), timeout=180)
+
+
+def _wait(fn: Any, timeout: float, every: float = 0.02) -> Any:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        v = fn()
+        if v:
+            return v
+        time.sleep(every)
+    return None
+
+
+def _local_job(c: Any, node_id: int, job: str) -> dict[str, Any]:
+    """Node ``node_id``'s local job of the multi-node ``job`` (its member), {} when it has none."""
+    from laminarctl.client import CtlError
+
+    i = next(nd.index for nd in c.nodes if nd.node_id == node_id)
+    try:
+        got = _api(c, i).get(f"/v1/jobs/{job}")
+    except CtlError:
+        return {}
+    return dict(got) if isinstance(got, dict) else {}
+
+
+def _ended_at_origin(c: Any, origin: int, job: str) -> dict[str, Any] | None:
+    got = _local_job(c, origin, job)
+    view = got.get("multinode") or got
+    return view if view.get("state") == "ended" else None
+
+
+@contextlib.contextmanager
+def _cluster(tmp: Path) -> Any:
+    """9 real agents in 3 zones of 3 (tests/cluster/harness.py), or None with the reason when
+    a cluster cannot run here."""
+    sys.path[:0] = [str(REPO / "tests"), str(REPO / "tests" / "cluster")]
+    try:
+        from harness import Cluster, cluster_ready  # type: ignore[import-not-found]
+    except ImportError as e:
+        yield None, f"cluster harness not importable ({e})"
+        return
+    why = cluster_ready()
+    if why:
+        yield None, why
+        return
+    with Cluster.create(tmp, zones=3, per_zone=3, gpus=8, cpus=64, memory_mb=64_000) as c:
+        yield c, ""
+
+
+def run_netns(c: Any, quick: bool) -> dict[str, Any]:
+    """3-worker gang placements on 9 real agents in network namespaces (3 zones of 3 nodes,
+    real UDP and TCP between them, tests/cluster/harness.py). Each gang is a plain program that
+    ends at once (``sleep 0.05``, launcher plain, 0 GPUs, 0.1 CPU and 64 MB per worker),
+    submitted as ``laminarctl zone submit --workers 3`` does (``POST /v1/placements`` with
+    ``workers`` 3) on the agents' control APIs in turn (node 1, 2, ..., 9, 1, ...); the next one
+    goes once the last has ended at its origin (so no gang's teardown sits in another's
+    placement). What is timed:
+
+    - ``gang_netns_p50_ms`` / ``gang_netns_p99_ms``: the placement decision as the submitting
+      agent measures it, ``GangResult.bind_ms`` (the view's ``placement``): from the placer's
+      start to all 3 commits acknowledged (zone choice, ``d*k`` probes and the wait for 3
+      offers, the releases of the rest, the commits and their acks);
+    - ``gang_netns_offers_*`` and ``gang_netns_commit_*``: the decision's two parts, start to
+      the 3 offers in hand (``GangResult.offers_ms``: zone choice, probes and their answers),
+      and from there to the commits acknowledged (``bind_ms - offers_ms``); ``retried``:
+      gangs that needed more than one probe step;
+    - ``gang_netns_handover_p50_ms`` / ``_p99_ms``: ``GangResult.elapsed_ms``, the same start
+      to every member's hand-over acknowledged (member 0 first, then the other two at once;
+      each member node starts its member's local job, cgroups included, before it acks);
+    - ``gang_netns_e2e_p50_ms`` / ``_p99_ms``: from just before the benchmark's ``POST`` (its
+      wall clock) to the last member's process started (the member jobs' ``started``, the
+      wall clock of the agent that spawned it: one machine, one clock); the API's round trip
+      and the origin's checks and record are in it;
+    - ``gang_netns_api_p50_ms``: the ``POST``'s round trip as the client sees it.
+
+    The first 3 placements warm up connections and caches and are left out."""
+    n = 30 if quick else 200
+    warm = 3
+    bind: list[float] = []
+    hand: list[float] = []
+    e2e: list[float] = []
+    api: list[float] = []
+    outcomes: Counter[str] = Counter()
+    ends: Counter[str] = Counter()
+    messages: list[int] = []
+    offers: list[float] = []
+    retried = 0
+    for i in range(n + warm):
+        at = i % len(c.nodes)
+        spec = {"name": f"gang-{i}", "command": ["sleep", "0.05"], "workers": 3, "launcher": "plain",
+                "cpus": 0.1, "memory_mb": 64}
+        t0 = time.time()
+        view = c.place(at, spec)
+        api_ms = (time.time() - t0) * 1000
+        p = view.get("placement") or {}
+        if i < warm:
+            pass
+        else:
+            outcomes[str(p.get("outcome", view.get("state")))] += 1
+        job = view.get("id")
+        if p.get("outcome") != "placed" or not job:
+            continue
+        nodes = [int(m["node"]) for m in view["members"]]
+        starts = [_wait(lambda nd=nd, job=job: _local_job(c, nd, job).get("started"), 20) for nd in nodes]
+        end = _wait(lambda at=at, job=job: _ended_at_origin(c, c.nodes[at].node_id, job), 30)
+        if i < warm:
+            continue
+        ends[str((end or {}).get("end_reason", "not ended"))] += 1
+        bind.append(float(p["bind_ms"]))
+        hand.append(float(p["elapsed_ms"]))
+        api.append(api_ms)
+        messages.append(int(p.get("messages", 0)))
+        offers.append(float(p.get("offers_ms", 0.0)))
+        retried += int(p.get("steps", 1)) > 1
+        if all(starts):
+            e2e.append((max(float(s) for s in starts) - t0) * 1000)
+    if not bind:
+        return {"gang_netns_status": f"failed: no placement succeeded ({dict(outcomes)})"}
+    print(f"  {len(bind)} gangs placed of {n} ({dict(outcomes)}), ended: {dict(ends)}", flush=True)
+    return {
+        "gang_netns_status": "ok",
+        "gang_netns_placements": len(bind),
+        "gang_netns_not_placed": n - len(bind),
+        "gang_netns_ended_ok": ends.get("ok", 0),
+        "gang_netns_p50_ms": round(_pct(bind, 0.5), 3),
+        "gang_netns_p99_ms": round(_pct(bind, 0.99), 3),
+        "gang_netns_max_ms": round(max(bind), 3),
+        "gang_netns_handover_p50_ms": round(_pct(hand, 0.5), 3),
+        "gang_netns_handover_p99_ms": round(_pct(hand, 0.99), 3),
+        "gang_netns_e2e_p50_ms": round(_pct(e2e, 0.5), 3) if e2e else -1,
+        "gang_netns_e2e_p99_ms": round(_pct(e2e, 0.99), 3) if e2e else -1,
+        "gang_netns_api_p50_ms": round(_pct(api, 0.5), 3),
+        "gang_netns_msgs_median": statistics.median(messages),
+        # where the decision's time goes: the probes answered (k offers in hand), then the commits
+        "gang_netns_offers_p50_ms": round(_pct(offers, 0.5), 3),
+        "gang_netns_offers_p99_ms": round(_pct(offers, 0.99), 3),
+        "gang_netns_commit_p50_ms": round(_pct([b - o for b, o in zip(bind, offers, strict=True)], 0.5), 3),
+        "gang_netns_commit_p99_ms": round(_pct([b - o for b, o in zip(bind, offers, strict=True)], 0.99), 3),
+        "gang_netns_retried": retried,
+        "_netns_bind": bind, "_netns_offers": offers, "_netns_handover": hand, "_netns_e2e": e2e,
+    }
+
+
+def _done_event(text: str) -> dict[str, Any] | None:
+    for line in text.splitlines():
+        if line.startswith("{") and '"done"' in line:
+            try:
+                ev = json.loads(line)
+            except ValueError:
+                continue
+            if ev.get("event") == "done":
+                return dict(ev)
+    return None
+
+
+def _ddp_laminar(c: Any, at: int, ddp_args: list[str], cwd: Path) -> tuple[dict[str, Any], list[int]]:
+    """One run under Laminar: the DDP example submitted on node ``at`` as a 3-worker job (the
+    torchrun launcher); returns rank 0's done event and the members' node ids in member order."""
+    ex = str(REPO / "examples/ddp_train.py")
+    view = c.place(at, {"name": "ddp-bench", "command": [sys.executable, ex, *ddp_args], "workers": 3,
+                        "cwd": str(cwd)})
+    job = view.get("id")
+    if (view.get("placement") or {}).get("outcome") != "placed" or not job:
+        raise RuntimeError(f"the DDP job was not placed: {view.get('end_reason') or view}")
+    nodes = [int(m["node"]) for m in view["members"]]
+    end = _wait(lambda: _ended_at_origin(c, c.nodes[at].node_id, job), 300, every=0.2)
+    logs = ""
+    for nid in nodes:
+        nd = next(x for x in c.nodes if x.node_id == nid)
+        path = nd.agent.state_dir / "logs" / f"{job}.log"
+        logs += path.read_text() if path.exists() else ""
+    done = _done_event(logs)
+    if end is None or end.get("end_reason") != "ok" or done is None:
+        raise RuntimeError(f"the DDP job {job} did not end ok: {end}; log tail: {logs[-1500:]}")
+    return done, nodes
+
+
+def _ddp_by_hand(c: Any, nodes: list[int], ddp_args: list[str], cwd: Path, run: int,
+                 procs: list[subprocess.Popen[bytes]]) -> dict[str, Any]:
+    """One run by hand: the same ``torchrun`` started with ``ip netns exec`` in the namespaces
+    of ``nodes`` (member order: the first hosts the c10d store), the flags a person writes for
+    a 3-node c10d job in network namespaces (``--nnodes=3 --nproc-per-node=1
+    --rdzv-backend=c10d --rdzv-endpoint --rdzv-id --local-addr --rdzv-conf=is_host``, and
+    ``GLOO_SOCKET_IFNAME``), without what Laminar adds (``--max-restarts``,
+    ``last_call_timeout``, ``TORCH_DISABLE_SHARE_RDZV_TCP_STORE``, the ``LAMINAR_*`` and rank
+    variables). Returns rank 0's done event."""
+    ex = str(REPO / "examples/ddp_train.py")
+    nds = [next(x for x in c.nodes if x.node_id == nid) for nid in nodes]
+    endpoint = f"{nds[0].addr}:{29300 + run % 90}"  # below the agents' 29400.. endpoint ports
+    outs: list[Path] = []
+    mine: list[subprocess.Popen[bytes]] = []
+    for i, nd in enumerate(nds):
+        argv = ["ip", "netns", "exec", nd.netns.name, sys.executable, "-m", "torch.distributed.run", "--nnodes=3",
+                "--nproc-per-node=1", "--rdzv-backend=c10d", f"--rdzv-endpoint={endpoint}", f"--rdzv-id=hand-{run}",
+                f"--local-addr={nd.addr}", f"--rdzv-conf=is_host={int(i == 0)}", ex, *ddp_args]
+        out = cwd / f"hand-{run}-{i}.log"
+        outs.append(out)
+        with open(out, "wb") as f:
+            p = subprocess.Popen(argv, stdout=f, stderr=subprocess.STDOUT, cwd=cwd, start_new_session=True,
+                                 env={**os.environ, "GLOO_SOCKET_IFNAME": nd.host_if[:-1] + "n"})
+        procs.append(p)
+        mine.append(p)
+    deadline = time.monotonic() + 300
+    for p in mine:
+        p.wait(max(1.0, deadline - time.monotonic()))
+    text = "".join(o.read_text() for o in outs)
+    done = _done_event(text)
+    if any(p.returncode != 0 for p in mine) or done is None:
+        raise RuntimeError(f"torchrun by hand failed ({[p.returncode for p in mine]}): {text[-1500:]}")
+    return done
+
+
+def _agents_cpu_s(c: Any) -> float:
+    """CPU seconds (user + system) the cluster's agent processes have used so far (the agents
+    alone, not their jobs)."""
+    import psutil
+
+    total = 0.0
+    for nd in c.nodes:
+        if nd.agent.proc is not None and nd.agent.proc.poll() is None:
+            with contextlib.suppress(psutil.Error):
+                t = psutil.Process(nd.agent.proc.pid).cpu_times()
+                total += t.user + t.system
+    return total
+
+
+def run_ddp(c: Any, quick: bool, tmp: Path) -> dict[str, Any]:
+    """A real 3-worker DDP job (examples/ddp_train.py: PyTorch DDP, gloo, CPU, a small MLP,
+    the same seed, data and steps every run) under Laminar (submitted on node 1's API with
+    ``workers`` 3: the gang placer chooses a zone, each member's agent runs it through
+    torchrun in the member's cgroups) against the same ``torchrun`` by hand in the same three
+    network namespaces (:func:`_ddp_by_hand`). Runs alternate, Laminar then by hand on the
+    nodes Laminar's run had, ``pairs`` times (A/B/A/B...). The step time is rank 0's median
+    step of a run, as the example reports it (its ``done`` event: each step from its batch to
+    its checkpoint agreement, the first 5 steps left out); ``ddp_laminar_step_ms`` and
+    ``ddp_hand_step_ms`` are the medians over the runs of each, ``ddp_overhead_pct`` =
+    (Laminar - by hand) / by hand * 100 of those. ``ddp_pair_overhead_pct_median``: the
+    median of the pairs' own overheads. The final weights of every run are compared too
+    (``ddp_same_weights``: every run's SHA-256 the same). ``ddp_agents_cpu_pct_laminar`` /
+    ``_hand``: the CPU the 9 agents used during a run of each, in % of one core over the run's
+    wall time (median): what the agents take from the workers' 2 cores while they look after
+    the job, against what they take idle."""
+    pairs = 2 if quick else 5
+    steps = 300 if quick else 1000
+    ddp_args = ["--steps", str(steps), "--samples", "256", "--global-batch", "30"]
+    procs: list[subprocess.Popen[bytes]] = []
+    lam: list[dict[str, Any]] = []
+    hand: list[dict[str, Any]] = []
+    cpu_lam: list[float] = []
+    cpu_hand: list[float] = []
+    try:
+        for r in range(pairs):
+            a0, w0 = _agents_cpu_s(c), time.monotonic()
+            done, nodes = _ddp_laminar(c, 0, ddp_args, tmp)
+            cpu_lam.append(100 * (_agents_cpu_s(c) - a0) / (time.monotonic() - w0))
+            lam.append(done)
+            a0, w0 = _agents_cpu_s(c), time.monotonic()
+            hand.append(_ddp_by_hand(c, nodes, ddp_args, tmp, r, procs))
+            cpu_hand.append(100 * (_agents_cpu_s(c) - a0) / (time.monotonic() - w0))
+            print(f"  pair {r + 1}/{pairs}: Laminar {lam[-1]['step_ms_median']:.3f} ms/step (nodes {nodes}), "
+                  f"by hand {hand[-1]['step_ms_median']:.3f} ms/step", flush=True)
+    except (RuntimeError, subprocess.TimeoutExpired) as e:
+        return {"ddp_status": f"failed: {str(e)[:300]}"}
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(p.pid, signal.SIGKILL)
+                p.wait()
+    ls = [float(d["step_ms_median"]) for d in lam]
+    hs = [float(d["step_ms_median"]) for d in hand]
+    lm, hm = statistics.median(ls), statistics.median(hs)
+    return {
+        "ddp_status": "ok",
+        "ddp_pairs": pairs,
+        "ddp_steps": steps,
+        "ddp_laminar_step_ms": round(lm, 4),
+        "ddp_hand_step_ms": round(hm, 4),
+        "ddp_overhead_pct": round(100 * (lm - hm) / hm, 2),
+        "ddp_pair_overhead_pct_median": round(statistics.median(100 * (a - b) / b for a, b in zip(ls, hs, strict=True)), 2),
+        "ddp_laminar_step_ms_mean": round(statistics.median(float(d["step_ms_mean"]) for d in lam), 4),
+        "ddp_hand_step_ms_mean": round(statistics.median(float(d["step_ms_mean"]) for d in hand), 4),
+        "ddp_laminar_runs_ms": "/".join(f"{x:.3f}" for x in ls),
+        "ddp_hand_runs_ms": "/".join(f"{x:.3f}" for x in hs),
+        "ddp_agents_cpu_pct_laminar": round(statistics.median(cpu_lam), 1),
+        "ddp_agents_cpu_pct_hand": round(statistics.median(cpu_hand), 1),
+        "ddp_same_weights": int(len({d["weights_sha256"] for d in lam + hand}) == 1),
+        "_ddp_lam": ls, "_ddp_hand": hs,
+    }
+
+
+def run_real(quick: bool, netns: bool, ddp: bool) -> dict[str, Any]:
+    """The netns and DDP parts on one cluster of 9 real agents (built once: it takes a while)."""
+    import tempfile
+
+    out: dict[str, Any] = {}
+    if not (netns or ddp):
+        return {"gang_netns_status": "skipped", "ddp_status": "skipped"}
+    with tempfile.TemporaryDirectory(prefix="lm-bench-gang-") as tmp, _cluster(Path(tmp)) as (c, why):
+        if c is None:
+            return {"gang_netns_status": f"skipped: {why}", "ddp_status": f"skipped: {why}"}
+        os.chmod(tmp, 0o755)
+        if netns:
+            print("netns cluster (9 agents, 3 zones, real UDP/TCP): 3-worker gangs of a plain program:", flush=True)
+            t0 = time.time()
+            out.update(run_netns(c, quick))
+            out["gang_netns_wall_s"] = round(time.time() - t0, 1)
+            print(f"  {out.get('gang_netns_status')}: decision p50 {out.get('gang_netns_p50_ms')} ms, p99 "
+                  f"{out.get('gang_netns_p99_ms')} ms; hand-overs p99 {out.get('gang_netns_handover_p99_ms')} ms; "
+                  f"every member running p50 {out.get('gang_netns_e2e_p50_ms')} ms, p99 "
+                  f"{out.get('gang_netns_e2e_p99_ms')} ms", flush=True)
+        else:
+            out["gang_netns_status"] = "skipped"
+        if ddp:
+            print("DDP (examples/ddp_train.py, 3 workers, gloo, CPU): Laminar vs torchrun by hand:", flush=True)
+            t0 = time.time()
+            out.update(run_ddp(c, quick, Path(tmp)))
+            out["ddp_wall_s"] = round(time.time() - t0, 1)
+            print(f"  {out.get('ddp_status')}: Laminar {out.get('ddp_laminar_step_ms')} ms/step, by hand "
+                  f"{out.get('ddp_hand_step_ms')} ms/step, overhead {out.get('ddp_overhead_pct')} %", flush=True)
+        else:
+            out["ddp_status"] = "skipped"
+    return out
 
 
 def plot(res: dict[str, Any], path: str) -> None:
@@ -330,7 +671,7 @@ def plot(res: dict[str, Any], path: str) -> None:
     import matplotlib.pyplot as plt
 
     rows = res["_rows"]
-    fig, (a, b) = plt.subplots(1, 2, figsize=(11, 4.2))
+    fig, ((a, b), (cc, dd)) = plt.subplots(2, 2, figsize=(11, 8.4))
     for k in KS:
         rs = [r for r in rows if r["k"] == k]
         xs = [r["nodes"] for r in rs]
@@ -352,9 +693,44 @@ def plot(res: dict[str, Any], path: str) -> None:
     b.set_ylabel("CPU µs per placed gang")
     b.set_title("CPU per gang: probes vs a central scan")
     b.legend(fontsize=6, ncol=2)
-    fig.suptitle("Gang placement (simulated transport for scale, real policy and wire code)", fontsize=10)
+    if res.get("_netns_bind"):
+        for key, label in (("_netns_bind", "decision (3 commits acked)"), ("_netns_handover", "3 hand-overs acked"),
+                           ("_netns_e2e", "POST to every member running")):
+            xs = sorted(res.get(key) or [])
+            if xs:
+                cc.plot(xs, [(i + 1) / len(xs) for i in range(len(xs))], drawstyle="steps-post", label=label)
+        cc.axvline(10, ls=":", c="tab:red", label="goal: decision p99 < 10 ms")
+        cc.set_xscale("log")
+        cc.set_xlabel("ms")
+        cc.set_ylabel("fraction of gangs")
+        cc.set_title(f"3-worker gangs on 9 netns agents: decision p50 {res['gang_netns_p50_ms']} ms, "
+                     f"p99 {res['gang_netns_p99_ms']} ms", fontsize=9)
+        cc.legend(fontsize=7)
+    else:
+        cc.text(0.5, 0.5, f"netns part: {res.get('gang_netns_status', '-')}", ha="center", va="center", wrap=True)
+        cc.set_axis_off()
+    if res.get("_ddp_lam"):
+        lam, hand = res["_ddp_lam"], res["_ddp_hand"]
+        pair = list(range(1, len(lam) + 1))
+        dd.plot(pair, lam, "o-", label=f"Laminar (median {res['ddp_laminar_step_ms']} ms)")
+        dd.plot(pair, hand, "s--", label=f"torchrun by hand (median {res['ddp_hand_step_ms']} ms)")
+        dd.set_xticks(pair)
+        dd.set_ylim(0, max(lam + hand) * 1.25)
+        dd.set_xlabel("pair (Laminar run, then by hand on the same 3 namespaces)")
+        dd.set_ylabel("rank 0's median step, ms")
+        dd.set_title(f"3-worker DDP (gloo, CPU): overhead {res['ddp_overhead_pct']} % (goal < 2 %)", fontsize=9)
+        dd.legend(fontsize=7)
+    else:
+        dd.text(0.5, 0.5, f"DDP part: {res.get('ddp_status', '-')}", ha="center", va="center", wrap=True)
+        dd.set_axis_off()
+    fig.suptitle("Gang placement (top: simulated transport for scale, real policy and wire code; "
+                 f"bottom: real agents in netns; load {res.get('loadavg_1m_after', '-')})", fontsize=10)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
+
+
+def _interrupt(signum: int, frame: Any) -> None:
+    raise KeyboardInterrupt(f"signal {signum}")
 
 
 def main() -> int:
@@ -362,7 +738,12 @@ def main() -> int:
     ap.add_argument("--quick", action="store_true", help="fewer gangs per size (under 60 s)")
     ap.add_argument("--json", help="write the flat result object here")
     ap.add_argument("--plot", help="write a PNG here")
+    ap.add_argument("--no-netns", action="store_true", help="skip the real netns cluster part")
+    ap.add_argument("--no-ddp", action="store_true", help="skip the real DDP part")
     args = ap.parse_args()
+    # SIGTERM (and SIGHUP) end the run as Ctrl-C does: the cluster's and the runs' cleanup runs
+    for sig in (signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, _interrupt)
     t0 = time.time()
     print("scale (simulated transport, real policy and wire code):", flush=True)
     res = run_scale(args.quick)
@@ -371,8 +752,7 @@ def main() -> int:
     print(f"  placed {res['contention_gangs_placed_median']} of 20 (room for 10), over-committed nodes "
           f"{res['contention_overcommitted_nodes']}, partial members {res['contention_partial_members']}, "
           f"reservations left {res['contention_reservations_left']}", flush=True)
-    res.update(run_netns(args.quick))
-    res.update(run_ddp(args.quick))
+    res.update(run_real(args.quick, not args.no_netns, not args.no_ddp))
     res["wall_s"] = round(time.time() - t0, 1)
     res["loadavg_1m_after"] = round(__import__("os").getloadavg()[0], 2)  # a shared machine: how busy it was
     if args.plot:

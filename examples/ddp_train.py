@@ -19,8 +19,11 @@ It runs under torchrun unchanged, and under Laminar's plain launcher (``MASTER_A
 It resumes from ``LAMINAR_RESUME_FROM`` (and, after TorchElastic restarted its workers, from
 the newest checkpoint in ``LAMINAR_CKPT_DIR``). Prints one JSON line per event: ``start``
 (rank, world size, the step it resumed from, TorchElastic's restart count), ``checkpoint``
-(rank 0), ``done`` (rank 0: the sum and SHA-256 of the final weights). With ``--out`` rank 0
-writes the final weights there (``torch.save`` of the state dict).
+(rank 0), ``done`` (rank 0: the sum and SHA-256 of the final weights, and rank 0's step times:
+``step_ms_median``, ``step_ms_mean``, ``step_ms_p90`` over ``steps_timed`` steps, each step from
+its batch to its checkpoint agreement inclusive, checkpoint writes and ``--step-sleep`` excluded,
+the first ``--warmup-steps`` of this run left out; ``loop_s``, the whole loop's wall time). With
+``--out`` rank 0 writes the final weights there (``torch.save`` of the state dict).
 """
 
 from __future__ import annotations
@@ -30,6 +33,7 @@ import datetime
 import hashlib
 import json
 import os
+import statistics
 import sys
 import tempfile
 import time
@@ -71,6 +75,15 @@ def weights_digest(model: nn.Module) -> tuple[float, str]:
     return total, h.hexdigest()
 
 
+def step_summary(step_s: list[float]) -> dict[str, float | int]:
+    """Median, mean and 90th percentile of the step times (ms), and how many there were."""
+    if not step_s:
+        return {"steps_timed": 0}
+    ms = sorted(t * 1000 for t in step_s)
+    return {"steps_timed": len(ms), "step_ms_median": round(statistics.median(ms), 4),
+            "step_ms_mean": round(statistics.fmean(ms), 4), "step_ms_p90": round(ms[min(len(ms) - 1, int(0.9 * len(ms)))], 4)}
+
+
 def say(**event: object) -> None:
     print(json.dumps(event), flush=True)
 
@@ -84,6 +97,7 @@ def main(argv: list[str] | None = None) -> NoReturn:
     ap.add_argument("--lr", type=float, default=0.1)
     ap.add_argument("--ckpt-every", type=int, default=0, help="also checkpoint every N steps (0: only on request)")
     ap.add_argument("--step-sleep", type=float, default=0.0, help="seconds to sleep per step (to watch it)")
+    ap.add_argument("--warmup-steps", type=int, default=5, help="steps left out of the step-time summary")
     ap.add_argument("--timeout", type=float, default=60.0, help="seconds a collective waits for a peer")
     ap.add_argument("--out", type=Path, default=None, help="rank 0 writes the final weights here")
     a = ap.parse_args(argv)
@@ -106,7 +120,10 @@ def main(argv: list[str] | None = None) -> NoReturn:
     ddp = DistributedDataParallel(model)  # broadcasts rank 0's parameters
     say(event="start", rank=rank, world=world, step=start, resumed=state is not None,
         restarts=int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")), pid=os.getpid())
+    step_s: list[float] = []
+    loop0 = time.perf_counter()
     for step in range(start, a.steps):
+        t0 = time.perf_counter()
         s = jobkit.global_batch(step, rank, world, a.global_batch, a.samples, a.seed)
         idx = torch.tensor(s.indices, dtype=torch.long)
         loss = ((ddp(x[idx]) - y[idx]) ** 2).sum() * s.loss_scale
@@ -114,17 +131,21 @@ def main(argv: list[str] | None = None) -> NoReturn:
         loss.backward()
         opt.step()
         asked = ckpt.requested_all()  # every rank, every step: they agree on the step
+        if step - start >= a.warmup_steps:
+            step_s.append(time.perf_counter() - t0)
         if asked or (a.ckpt_every and (step + 1) % a.ckpt_every == 0):
             path = ckpt.save({"model": model.state_dict(), "opt": opt.state_dict(), "step": step + 1}, step=step + 1)
             if rank == 0:
                 say(event="checkpoint", step=step + 1, path=str(path), requested=asked, world=world)
         if a.step_sleep:
             time.sleep(a.step_sleep)
+    loop_s = time.perf_counter() - loop0
     total, sha = weights_digest(model)
     if rank == 0:
         if a.out is not None:
             torch.save(model.state_dict(), a.out)
-        say(event="done", rank=rank, world=world, steps=a.steps, weights_sum=total, weights_sha256=sha)
+        say(event="done", rank=rank, world=world, steps=a.steps, weights_sum=total, weights_sha256=sha,
+            **step_summary(step_s), loop_s=round(loop_s, 4))
     dist.barrier()
     # Ends here, without the interpreter's teardown: freeing DDP's reducer joins gloo's thread
     # while holding the GIL that thread waits for (torch 2.13, gloo): one run in a few hung at

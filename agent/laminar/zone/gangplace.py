@@ -82,6 +82,7 @@ class GangResult:
     reason: str = ""
     elapsed_ms: float = 0.0  # start to every member handed over, in ms
     bind_ms: float = 0.0  # start to every commit acknowledged (the gang decided), in ms
+    offers_ms: float = 0.0  # start to the k offers in hand (the last step's probes answered), in ms
 
     @property
     def messages(self) -> int:
@@ -95,6 +96,7 @@ class GangResult:
             "received": self.received, "messages": self.messages, "refusals": self.refusals,
             "commit_failures": self.commit_failures, "reason": self.reason,
             "elapsed_ms": round(self.elapsed_ms, 3), "bind_ms": round(self.bind_ms, 3),
+            "offers_ms": round(self.offers_ms, 3),
         }
 
 
@@ -248,6 +250,7 @@ class GangPlacer:
                     self._send(n, probe, res)
                 offers = await self._collect(answers, set(targets), k, held, avoid, res)
                 chosen = gang.pick_gang(offers, k, self.clock())
+                res.offers_ms = (time.perf_counter() - t0) * 1000
                 if chosen is None:
                     self._release(pid, list(held), res)
                     held.clear()
