@@ -123,6 +123,7 @@ def test_a_gang_goes_to_the_members_component() -> None:
     ({"spec": {"command": ["x"], "workers": 2}, "packing": True}, 400, ["packing True", "not for a multi-node"]),
     ({"spec": {"command": ["x"], "workers": 2}, "pool": "a"}, 400, ["pool 'a'"]),
     ({"spec": {"command": ["x"], "workers": 2}, "workers": 3}, 400, ["workers 3 in the body and 2 in the spec"]),
+    ({"spec": {"command": ["x"], "workers": 2, "gpus": 1}, "gpus": 0}, 400, ["gpus 0 beside the spec and 1 in it"]),
     ({"spec": {"command": ["x"], "workers": 2}, "spread_zones": "yes"}, 400, ["spread_zones 'yes'"]),
     ({"spec": {"command": ["x"], "workers": 2, "launcher": "mpi"}}, 400, ["launcher 'mpi'"]),
 ])

@@ -94,6 +94,15 @@ def multinode_spec(body: dict[str, Any], spec: dict[str, Any]) -> dict[str, Any]
     return out
 
 
+def one_value(body: dict[str, Any], spec: dict[str, Any], key: str, default: Any) -> Any:
+    """``key`` as the body or the spec gives it; MembersRefused (400) when both give it with
+    different values (a gang's per-worker demand must not be half one and half the other)."""
+    if key in body and key in spec and body[key] != spec[key]:
+        raise MembersRefused(400, f"placement: {key} {_brief(body[key])} beside the spec and {_brief(spec[key])} in "
+                                  "it; give one of them", "placement_invalid")
+    return body.get(key, spec.get(key, default))
+
+
 def per_worker_gpus(value: Any) -> int:
     """A multi-node placement's ``gpus`` (per worker): a whole count; MembersRefused otherwise."""
     if isinstance(value, bool) or not isinstance(value, int | float) or value != value or value < 0 \

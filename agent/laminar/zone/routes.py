@@ -163,7 +163,7 @@ def zone_routes(host: RoutesHost) -> list[Any]:
                 raise ApiError(403, f"placement: {e}") from None
         if checked is not None and checked.is_multinode():  # a gang, placed by the members component
             try:
-                checked.gpus = mroutes.per_worker_gpus(body.get("gpus", spec.get("gpus", 0)) or 0)
+                checked.gpus = mroutes.per_worker_gpus(mroutes.one_value(body, spec, "gpus", 0) or 0)
                 members = host.agent.members if host.agent is not None else None
                 return await mroutes.submit(members, checked, body, req.peer.uid, req.peer.gid, cluster_room(host))
             except mroutes.MembersRefused as e:
