@@ -281,6 +281,14 @@ class Cluster:
         out: dict[str, Any] = Client(str(self.nodes[index].agent.sock), timeout=180).post("/v1/placements", body)
         return out
 
+    def multinode_view(self, index: int, job: str) -> dict[str, Any]:
+        """The multi-node job's view as node ``index`` (0-based) shows it (GET /v1/jobs/{id}: on
+        a node that hosts a member, the member's local job with the view under ``multinode``)."""
+        from laminarctl.client import Client
+
+        got = Client(str(self.nodes[index].agent.sock), timeout=60).get(f"/v1/jobs/{job}")
+        return dict(got.get("multinode") or got)
+
     def jobs(self) -> dict[int, list[dict[str, Any]]]:
         """Active jobs per node id (agents that are down are skipped)."""
         out: dict[int, list[dict[str, Any]]] = {}

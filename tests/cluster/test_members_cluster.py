@@ -33,11 +33,6 @@ def api(c: Cluster, index: int, method: str, path: str, body: Any = None) -> Any
     return client.get(path) if method == "GET" else client.post(path, body or {})
 
 
-def mview(c: Cluster, index: int, job: str) -> dict[str, Any]:
-    """The multi-node job's view as node ``index`` shows it (GET /v1/jobs/{id}: on a node that
-    hosts a member, the member's local job with the view under ``multinode``)."""
-    got = api(c, index, "GET", f"/v1/jobs/{job}")
-    return dict(got.get("multinode") or got)
 
 
 def ddp_by_hand(tmp_path: Path, ex: str, args: list[str]) -> Path:
@@ -62,10 +57,10 @@ def wait_ended(c: Cluster, job: str, timeout: float) -> dict[str, Any]:
     """The job's view at its origin (node 0) once ended; on a timeout, the error carries the
     view and the tail of every member's log."""
     try:
-        return dict(wait_until(lambda: (lambda x: x if x.get("state") == "ended" else None)(mview(c, 0, job)),
+        return dict(wait_until(lambda: (lambda x: x if x.get("state") == "ended" else None)(c.multinode_view(0, job)),
                                timeout, "the job's end"))
     except AssertionError:
-        raise AssertionError(f"{mview(c, 0, job)}\n{ {n: t[-3000:] for n, t in job_logs(c, job).items()} }") from None
+        raise AssertionError(f"{c.multinode_view(0, job)}\n{ {n: t[-3000:] for n, t in job_logs(c, job).items()} }") from None
 
 
 def member_jobs(c: Cluster, job: str) -> dict[int, dict[str, Any]]:
@@ -103,11 +98,11 @@ def test_a_three_worker_job_runs_one_member_per_agent_with_its_env_and_stop_stop
         assert line.startswith(f"member {i} of 3 at {master}:"), line
         assert line.endswith(f"members {addrs}"), line
     # the origin's view shows every member running
-    wait_until(lambda: mview(c, 0, job).get("state") == "running", 20, "the job running at its origin")
+    wait_until(lambda: c.multinode_view(0, job).get("state") == "running", 20, "the job running at its origin")
     c.nodes[0].ctl("job", "stop", job)
     wait_until(lambda: all(j["state"] not in ("running", "suspended", "queued")
                            for j in member_jobs(c, job).values()), 30, "every member stopped")
-    v = mview(c, 0, job)
+    v = c.multinode_view(0, job)
     assert v["state"] == "ended" and v["end_reason"].startswith("stopped by uid 0"), v
     assert len(member_jobs(c, job)) == 3
 
@@ -125,19 +120,19 @@ def test_a_members_process_killed_restarts_every_member_with_the_next_generation
             "launcher": "plain"}
     view = c.place(0, spec)
     job = view["id"]
-    wait_until(lambda: mview(c, 0, job).get("state") == "running", 30, "the job running")
+    wait_until(lambda: c.multinode_view(0, job).get("state") == "running", 30, "the job running")
     victim_node = next(m["node"] for m in view["members"] if m["index"] == 2)
     victim = next(nd for nd in c.nodes if nd.node_id == victim_node)
     pid = member_jobs(c, job)[victim_node]["pid"]
     assert pid
     os.kill(pid, signal.SIGKILL)
     try:
-        wait_until(lambda: mview(c, 0, job).get("generation") == 1, 30, "generation 1")
+        wait_until(lambda: c.multinode_view(0, job).get("generation") == 1, 30, "generation 1")
     except AssertionError:
         logs = "\n".join(line for nd in c.nodes for line in nd.agent.log().splitlines() if "members" in line)
-        raise AssertionError(f"{mview(c, 0, job)}\n{member_jobs(c, job)}\n{logs}") from None
-    wait_until(lambda: mview(c, 0, job).get("state") == "running", 30, "the job running again")
-    v = mview(c, 0, job)
+        raise AssertionError(f"{c.multinode_view(0, job)}\n{member_jobs(c, job)}\n{logs}") from None
+    wait_until(lambda: c.multinode_view(0, job).get("state") == "running", 30, "the job running again")
+    v = c.multinode_view(0, job)
     assert v["restarts"] == 1 and [m["state"] for m in v["members"]] == ["running"] * 3, v
     running = member_jobs(c, job)
     assert sorted(running) == sorted(nd.node_id for nd in c.nodes)
@@ -146,7 +141,7 @@ def test_a_members_process_killed_restarts_every_member_with_the_next_generation
     # kill -9 of the origin's agent: nothing lost, nothing doubled
     c.nodes[0].agent.kill9()
     c.nodes[0].agent.start()
-    v2 = wait_until(lambda: mview(c, 0, job), 30, "the origin back")
+    v2 = wait_until(lambda: c.multinode_view(0, job), 30, "the origin back")
     assert v2["generation"] == 1 and v2["restarts"] == 1 and v2["state"] == "running", v2
     assert [j["state"] for j in member_jobs(c, job).values()] == ["running"] * 3
     # each member ran twice: generation 0, then 1 (its log appended)
@@ -160,7 +155,7 @@ def test_a_members_process_killed_restarts_every_member_with_the_next_generation
     wait_until(lambda: member_jobs(c, job).get(c.nodes[1].node_id, {}).get("state") == "running", 30,
                "the member re-adopted")
     assert {n: j["pid"] for n, j in member_jobs(c, job).items()} == pids
-    v3 = mview(c, 0, job)
+    v3 = c.multinode_view(0, job)
     assert v3["generation"] == 1 and v3["state"] == "running", v3
 
 
@@ -178,14 +173,14 @@ def test_an_elastic_job_goes_on_with_fewer_members_and_a_gone_node_is_lost(make_
             "workers_max": 3, "launcher": "plain"}
     view = c.place(0, spec)
     job = view["id"]
-    wait_until(lambda: mview(c, 0, job).get("state") == "running", 30, "the job running")
-    nodes = {m["index"]: m["node"] for m in mview(c, 0, job)["members"]}
+    wait_until(lambda: c.multinode_view(0, job).get("state") == "running", 30, "the job running")
+    nodes = {m["index"]: m["node"] for m in c.multinode_view(0, job)["members"]}
     pids = {n: j["pid"] for n, j in member_jobs(c, job).items() if j["state"] == "running"}
     os.kill(pids[nodes[2]], signal.SIGKILL)
-    wait_until(lambda: mview(c, 0, job).get("state") == "resizing", 20, "the job resizing")
-    v = mview(c, 0, job)
+    wait_until(lambda: c.multinode_view(0, job).get("state") == "resizing", 20, "the job resizing")
+    v = c.multinode_view(0, job)
     assert v["generation"] == 0 and v["members"][2]["state"] == "failed", v
-    wait_until(lambda: mview(c, 0, job).get("state") == "running", 30, "the job running with two")
+    wait_until(lambda: c.multinode_view(0, job).get("state") == "running", 30, "the job running with two")
     alive = {n: j["pid"] for n, j in member_jobs(c, job).items() if j["state"] == "running"}
     assert alive == {nodes[0]: pids[nodes[0]], nodes[1]: pids[nodes[1]]}
     # a live member's node other than the origin's goes without notice (member 1's, or member
@@ -194,9 +189,9 @@ def test_an_elastic_job_goes_on_with_fewer_members_and_a_gone_node_is_lost(make_
     gone = next(nd for nd in c.nodes if nd.node_id == nodes[i])
     gone.agent.kill9()
     os.kill(pids[nodes[i]], signal.SIGKILL)
-    wait_until(lambda: mview(c, 0, job).get("generation") == 1, 90, "the lost member's restart")
-    wait_until(lambda: mview(c, 0, job).get("state") == "running", 60, "the job running again")
-    v = mview(c, 0, job)
+    wait_until(lambda: c.multinode_view(0, job).get("generation") == 1, 90, "the lost member's restart")
+    wait_until(lambda: c.multinode_view(0, job).get("state") == "running", 60, "the job running again")
+    v = c.multinode_view(0, job)
     assert v["restarts"] == 1 and nodes[i] not in [m["node"] for m in v["members"]], v
     assert len({m["node"] for m in v["members"]}) == 3
 
@@ -298,9 +293,9 @@ def test_a_real_rigid_ddp_job_whose_member_is_killed_restarts_from_its_checkpoin
                        "workers": 3, "cwd": str(tmp_path)})
     job = view["id"]
     nodes = {m["index"]: m["node"] for m in view["members"]}
-    ckpt = wait_until(lambda: mview(c, 0, job).get("last_ckpt"), 150, "the origin to know a verified checkpoint")
+    ckpt = wait_until(lambda: c.multinode_view(0, job).get("last_ckpt"), 150, "the origin to know a verified checkpoint")
     assert str(ckpt).startswith(f"{shared}/{job}/"), ckpt
-    assert mview(c, 0, job)["state"] == "running", "the job ended before the kill: make its steps slower"
+    assert c.multinode_view(0, job)["state"] == "running", "the job ended before the kill: make its steps slower"
     kill_member(c, job, nodes[1])
     v = wait_ended(c, job, 240)
     assert v["end_reason"] == "ok" and v["generation"] >= 1 and v["restarts"] >= 1, v

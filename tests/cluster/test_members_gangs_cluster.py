@@ -36,11 +36,6 @@ def make_cluster(tmp_path: Path) -> Iterator[Callable[..., Cluster]]:
         yield lambda **kw: stack.enter_context(Cluster.create(tmp_path, **kw))
 
 
-def mview(c: Cluster, index: int, job: str) -> dict[str, Any]:
-    from laminarctl.client import Client
-
-    got = Client(str(c.nodes[index].agent.sock), timeout=60).get(f"/v1/jobs/{job}")
-    return dict(got.get("multinode") or got)
 
 
 def gpus_in_use(c: Cluster) -> dict[int, int]:
@@ -116,7 +111,7 @@ def test_concurrent_gangs_never_overcommit_a_node_never_deadlock_and_the_rest_fi
     assert all(r["placement"]["rounds"] == 3 for i, r in results.items() if i not in placed), story(c, results)
     for i, r in placed.items():
         assert r["state"] in ("starting", "running") and len({m["node"] for m in r["members"]}) == 3, r
-        wait_until(lambda i=i, r=r: mview(c, i, r["id"]).get("state") == "running", 30, f"gang {i} running")
+        wait_until(lambda i=i, r=r: c.multinode_view(i, r["id"]).get("state") == "running", 30, f"gang {i} running")
     for r in out.values():  # queued-out: ended with the placer's reason, nothing of it runs
         assert r["placement"]["outcome"] == "queued-out" and r["state"] == "ended", r
         assert r["end_reason"].startswith("not placed: ") and len(r["end_reason"]) > len("not placed: "), r
@@ -139,7 +134,7 @@ def test_concurrent_gangs_never_overcommit_a_node_never_deadlock_and_the_rest_fi
     # the ones that did not fit fit once the others end
     for i, r in placed.items():
         c.nodes[i].ctl("job", "stop", r["id"])
-        wait_until(lambda i=i, r=r: mview(c, i, r["id"]).get("state") == "ended", 30, f"gang {i} stopped")
+        wait_until(lambda i=i, r=r: c.multinode_view(i, r["id"]).get("state") == "ended", 30, f"gang {i} stopped")
     wait_until(lambda: not any(gpus_in_use(c).values()), 30, "every GPU free")
     c.wait_converged()
     again = {}

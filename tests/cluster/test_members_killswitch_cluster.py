@@ -15,7 +15,6 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import ExitStack
 from pathlib import Path
-from typing import Any
 
 import pytest
 from harness import Cluster, Node, wait_until
@@ -50,11 +49,6 @@ def make_cluster(tmp_path: Path) -> Iterator[Callable[..., Cluster]]:
         yield lambda **kw: stack.enter_context(Cluster.create(tmp_path, **kw))
 
 
-def mview(c: Cluster, index: int, job: str) -> dict[str, Any]:
-    from laminarctl.client import Client
-
-    got = Client(str(c.nodes[index].agent.sock), timeout=60).get(f"/v1/jobs/{job}")
-    return dict(got.get("multinode") or got)
 
 
 def stats(nd: Node, cgroup_id: int) -> dict[str, int]:
@@ -74,7 +68,7 @@ def test_the_killswitch_of_a_multinode_job_cuts_every_members_traffic_and_off_re
     view = c.place(0, {"name": "talk", "command": [sys.executable, "-c", MEMBER], "workers": 3,
                        "launcher": "plain", "env": {"RECV": str(recv)}})
     job = view["id"]
-    wait_until(lambda: mview(c, 0, job).get("state") == "running", 30, "the job running")
+    wait_until(lambda: c.multinode_view(0, job).get("state") == "running", 30, "the job running")
     by_node = {nd.node_id: nd for nd in c.nodes}
     index_of = {m["node"]: m["index"] for m in view["members"]}
     cg = {}
@@ -115,6 +109,6 @@ def test_the_killswitch_of_a_multinode_job_cuts_every_members_traffic_and_off_re
 
     c.nodes[0].ctl("killswitch", "off", "--job", job)
     wait_until(all_growing, 20, "every member's traffic passing again")
-    assert mview(c, 0, job)["state"] == "running"
+    assert c.multinode_view(0, job)["state"] == "running"
     c.nodes[0].ctl("job", "stop", job)
-    wait_until(lambda: mview(c, 0, job).get("state") == "ended", 30, "the job stopped")
+    wait_until(lambda: c.multinode_view(0, job).get("state") == "ended", 30, "the job stopped")

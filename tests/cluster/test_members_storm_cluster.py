@@ -59,11 +59,6 @@ def make_cluster(tmp_path: Path) -> Iterator[Callable[..., Cluster]]:
         yield lambda **kw: stack.enter_context(Cluster.create(tmp_path, **kw))
 
 
-def mview(c: Cluster, index: int, job: str) -> dict[str, Any]:
-    from laminarctl.client import Client
-
-    got = Client(str(c.nodes[index].agent.sock), timeout=60).get(f"/v1/jobs/{job}")
-    return dict(got.get("multinode") or got)
 
 
 def member_jobs(c: Cluster, job: str) -> dict[int, dict[str, Any]]:
@@ -78,7 +73,7 @@ def frozen(cgroup: str) -> bool:
 
 
 def story(c: Cluster, job: str) -> str:
-    out = [json.dumps(mview(c, 0, job))]
+    out = [json.dumps(c.multinode_view(0, job))]
     for nd in c.nodes:
         for kind in ("airlock", "job", "members"):
             for e in nd.json("events", "--kind", kind, "--limit", "100"):
@@ -107,7 +102,7 @@ def test_a_storm_on_one_members_node_freezes_every_member_and_they_thaw_together
     view = c.place(0, spec)
     job = view["id"]
     assert sorted(m["node"] for m in view["members"]) == [1, 2, 3], view
-    wait_until(lambda: mview(c, 0, job).get("state") == "running", 30, "the job running")
+    wait_until(lambda: c.multinode_view(0, job).get("state") == "running", 30, "the job running")
 
     def counts() -> list[int]:
         return [len(p.read_text()) if (p := Path(f"{ticks}.{i}")).exists() else 0 for i in range(3)]
@@ -122,7 +117,7 @@ def test_a_storm_on_one_members_node_freezes_every_member_and_they_thaw_together
         raise AssertionError(f"{e}\n{story(c, job)}") from None
     # the job finishes correctly: every member exits 0, the job ends ok at its origin
     done.touch()
-    v = wait_until(lambda: (lambda x: x if x.get("state") == "ended" else None)(mview(c, 0, job)), 30,
+    v = wait_until(lambda: (lambda x: x if x.get("state") == "ended" else None)(c.multinode_view(0, job)), 30,
                    "the job's end")
     assert v["end_reason"] == "ok" and [m["state"] for m in v["members"]] == ["exited"] * 3, v
 
@@ -151,5 +146,5 @@ def storm_passes(c: Cluster, job: str, cgroups: dict[int, str], counts: Callable
     assert not [a for a in storm.json("events", "--kind", "airlock", "--limit", "200")
                 if a.get("action") == "kill"], "Airlock killed something"
     assert storm.json("job", "show", spiky["id"])["state"] == "running"
-    v = mview(c, 0, job)
+    v = c.multinode_view(0, job)
     assert v["generation"] == 0 and v["restarts"] == 0, v
