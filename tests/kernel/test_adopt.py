@@ -215,3 +215,52 @@ def test_a_cgroup_outside_the_inplace_roots_or_inside_the_agents_is_refused(tmp_
                 assert jobs.list() == [] and not (tmp_path / "adopted" / "kubernetes-ns_p").exists()
 
     asyncio.run(main())
+
+
+def test_with_gpus_owned_by_the_scheduler_laminar_hands_out_none_and_adopted_jobs_hold_theirs(tmp_path: Path) -> None:
+    from test_provenance_store import zone_of
+
+    from laminar.runtime.jobs import JobManager
+    from laminar.runtime.spec import JobSpec
+    from laminar.store import Store
+
+    async def main() -> None:
+        root = f"laminar-t-{secrets.token_hex(3)}"
+        store = Store(tmp_path / "laminar.db")
+        jobs = JobManager(store=store, state_dir=tmp_path, cgroup_root=root, gpus_declared=[0, 1])
+        p = start_catcher(tmp_path / "gpu-task")
+        try:
+            await jobs.start(None)
+            jobs.adoption.ckpt_root = tmp_path / "adopted"
+            jobs.adoption.configure(None, {"owner": "scheduler"})
+            with pytest.raises(JobError, match='\\[gpus\\] owner = "scheduler"'):
+                await jobs.submit(JobSpec(["sleep", "1"], gpus=1).validate())
+            assert jobs.list() == []
+            job, env = await jobs.adopt(request("9", pid=p.pid, gpus=(1,)))
+            assert job.gpus == [1] and job.as_dict()["gpus"] == [1]
+            q = start_catcher(tmp_path / "gpu-task-2")
+            try:
+                with pytest.raises(JobError, match=f"\\[1\\] held by job {job.id}"):
+                    await jobs.adopt(request("10", pid=q.pid, gpus=(1,)))
+            finally:
+                q.kill()
+                q.wait()
+            with pytest.raises(JobError, match="already in a job's cgroup"):
+                await jobs.adopt(request("10", pid=p.pid))
+            zone = zone_of(tmp_path, jobs)
+            await zone.start(None)
+            try:
+                zone.refresh_inventory()
+                assert zone.arbiter.inventory.gpu_free == (0.0, 0.0), "the zone was told of a free GPU"
+            finally:
+                await zone.stop()
+        finally:
+            p.kill()
+            p.wait()
+            await jobs.stop()
+            from laminar.airlock.cgroups import CgroupTree
+
+            CgroupTree(detect(), root).purge()
+            store.close()
+
+    asyncio.run(main())

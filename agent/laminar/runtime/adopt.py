@@ -509,6 +509,11 @@ class Adoption:
                                "pod's cgroup is taken where the kubelet made it", reason="adopt_cgroup")
             if in_place:
                 rel = self.check_cgroup(rel)
+            else:
+                root = (jm.cgroup_root or "laminar").strip("/")
+                if rel == root or rel.startswith(root + "/"):
+                    raise JobError(f"pid {req.pid}: already in a job's cgroup ({rel}); a process is adopted once",
+                                   reason="adopt_pid")
             self.check(req)
             return await self._take(req, rel if in_place else None)
         finally:
