@@ -264,3 +264,31 @@ def test_with_gpus_owned_by_the_scheduler_laminar_hands_out_none_and_adopted_job
             store.close()
 
     asyncio.run(main())
+
+
+def test_the_last_checkpoint_is_in_the_record_and_the_metrics(tmp_path: Path) -> None:
+    from prometheus_client import generate_latest
+
+    async def main() -> None:
+        async with airlock_rig(tmp_path) as (jobs, _al, _store):
+            jobs.adoption.ckpt_root = tmp_path / "adopted"
+            p = start_catcher(tmp_path / "m")
+            try:
+                job, _ = await jobs.adopt(request("31", pid=p.pid))
+                assert job.as_dict()["last_ckpt"] is None
+                assert b'scheduler_ref="31"' not in generate_latest(jobs.metrics)
+                assert job.ckpt_dir is not None
+                Checkpointer(job_id=job.id, ckpt_dir=job.ckpt_dir, install_signal=False).save(b"w", step=1)
+                assert await until(lambda: job.last_checkpoint() is not None, 10)
+                rec = job.as_dict()
+                assert abs(rec["last_ckpt"] - time.time()) < 30 and 0 <= rec["last_ckpt_age_s"] < 30
+                text = generate_latest(jobs.metrics).decode()
+                line = [ln for ln in text.splitlines() if ln.startswith("laminar_job_last_checkpoint_age_seconds{")
+                        and 'scheduler_ref="31"' in ln]
+                assert line and f'job="{job.id}"' in line[0] and 'scheduler="slurm"' in line[0], text[-2000:]
+                assert "laminar_job_last_checkpoint_timestamp_seconds{" in text
+            finally:
+                p.kill()
+                p.wait()
+
+    asyncio.run(main())

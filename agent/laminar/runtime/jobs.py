@@ -333,7 +333,8 @@ class JobManager:
                 db.execute(index)
         if any(c not in have for c in provenance.FIRST_COLUMNS):
             self.table.clean_stored_env()
-        self.leaks.init_metrics()
+        self.leaks.init_metrics()  # (makes the registry when none was given)
+        self.adoption.init_metrics()
         self._emit("job", f"jobs: {self.hierarchy.describe()}; GPUs: {self.inventory.source} "
                    f"{self.inventory.indices} {self.inventory.note}".rstrip(),
                    cgroups=self.hierarchy.mode, gpus=self.inventory.as_dict())
