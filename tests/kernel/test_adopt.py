@@ -292,3 +292,56 @@ def test_the_last_checkpoint_is_in_the_record_and_the_metrics(tmp_path: Path) ->
                 p.wait()
 
     asyncio.run(main())
+
+
+def test_adopted_jobs_are_adopted_again_after_a_restart_and_one_that_ended_meanwhile_exited(tmp_path: Path) -> None:
+    from laminar.airlock.cgroups import CgroupTree
+    from laminar.runtime.jobs import JobManager
+    from laminar.store import Store
+
+    async def main() -> None:
+        with pod_tree() as (top, ctr):
+            root = f"laminar-t-{secrets.token_hex(3)}"
+            store = Store(tmp_path / "laminar.db")
+
+            async def manager() -> JobManager:
+                jm = JobManager(store=store, state_dir=tmp_path, cgroup_root=root, gpus_declared=[])
+                await jm.start(None)
+                jm.adoption.ckpt_root = tmp_path / "adopted"
+                jm.adoption.inplace_roots = (top,)
+                return jm
+
+            moved, pod, gone = (start_catcher(tmp_path / n) for n in ("a", "b", "c"))
+            try:
+                (ctr / "cgroup.procs").write_text(str(pod.pid))
+                jobs = await manager()
+                a, _ = await jobs.adopt(request("51", pid=moved.pid))
+                b, _ = await jobs.adopt(request("ns/pod-b", scheduler=Scheduler.KUBERNETES, cgroup=f"{top}/pod"))
+                c, _ = await jobs.adopt(request("53", pid=gone.pid))
+                await jobs.stop()  # the agent goes down: its jobs run on
+                gone.kill()
+                gone.wait()
+                jobs = await manager()
+                ra, rb, rc = (jobs.get(j.id) for j in (a, b, c))
+                assert ra is not None and ra.state == "running" and ra.origin.scheduler_ref == "51"
+                assert rb is not None and rb.state == "running" and isinstance(rb.cgroup, FixedCgroup)
+                assert rc is not None and rc.state == "exited" and rc.reason.startswith("ended by slurm"), rc
+                assert [j.id for j in jobs.find_adopted("kubernetes", "ns/pod-b")] == [b.id]
+                assert jobs.request_checkpoint(rb)
+                moved.kill()
+                moved.wait()
+                pod.kill()
+                pod.wait()
+                for j in (ra, rb):
+                    end = await jobs.wait(j.id, 15)
+                    assert end is not None and end.state == "exited", end
+                assert ctr.is_dir(), "the agent removed the pod's cgroup"
+                await jobs.stop()
+            finally:
+                for q in (moved, pod, gone):
+                    q.kill()
+                    q.wait()
+                CgroupTree(detect(), root).purge()
+                store.close()
+
+    asyncio.run(main())
