@@ -21,7 +21,7 @@ pytestmark = pytest.mark.kernel
 @pytest.fixture
 def agent(veth_pair: Any, tmp_path: Path) -> Iterator[AgentProc]:
     a = AgentProc(tmp_path, veth_pair.ifname_a, veth_pair.a,
-                  extra_toml=f'[adopt]\nckpt_root = "{tmp_path}/adopted"\n')
+                  extra_toml=f'[adopt]\nckpt_root = "{tmp_path}/adopted"\n\n[jobs]\nmax_per_user = 1\n')
     try:
         a.start()
         yield a
@@ -73,6 +73,14 @@ def test_a_user_adopts_their_own_task_and_the_refusals_name_the_value(agent: Age
             # netguard sees it (a real data plane on the veth)
             ks = agent.json("killswitch", "status")
             assert any(r["job"] == job["id"] and r["cgroup_id"] == job["cgroup_id"] for r in ks["jobs"]), ks
+            # as a submission: at most [jobs] max_per_user jobs not ended
+            p2 = sleeper(ada.uid, ada.gid)
+            try:
+                st, ans, raw = call_as(ada, agent.sock, "POST", "/v1/jobs/adopt", {**body, "ref": "778", "pid": p2.pid})
+                assert st == 429 and "max_per_user" in ans["error"], raw
+            finally:
+                p2.kill()
+                p2.wait()
             listing = agent.ctl("jobs").stdout
             assert "slurm:777" in listing, listing
             # only root tells the exit code

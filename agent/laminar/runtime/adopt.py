@@ -40,6 +40,7 @@ import json
 import logging
 import os
 import pwd
+import signal
 import stat
 import time
 from dataclasses import dataclass
@@ -302,6 +303,17 @@ def pid_uid(pid: int) -> int | None:
     return None
 
 
+def _still(fd: int | None, pid: int) -> None:
+    """JobError unless the process pinned by pidfd ``fd`` still lives, so that the number ``pid``
+    written into a cgroup.procs next is still it (not a process that took the number since)."""
+    try:
+        if fd is None:
+            raise ProcessLookupError
+        signal.pidfd_send_signal(fd, 0)
+    except OSError:
+        raise JobError(f"pid {pid}: the process ended before it could be adopted", reason="adopt_pid") from None
+
+
 def _cmdline(pid: int) -> list[str]:
     try:
         raw = Path(f"/proc/{pid}/cmdline").read_bytes()[:4096]
@@ -507,6 +519,7 @@ class Adoption:
             if live:
                 job = live[0]
                 if req.pid is not None and not isinstance(job.cgroup, FixedCgroup) and req.pid not in job.cgroup.pids():
+                    _still(fd, req.pid)
                     job.cgroup.attach(req.pid)  # a second task of the same Slurm job
                     self._emit_added(job, req.pid)
                 return job, await self.env(job, req.checkpoint)
@@ -522,7 +535,7 @@ class Adoption:
                     raise JobError(f"pid {req.pid}: already in a job's cgroup ({rel}); a process is adopted once",
                                    reason="adopt_pid")
             self.check(req)
-            return await self._take(req, rel if in_place else None)
+            return await self._take(req, rel if in_place else None, fd)
         finally:
             if fd is not None:
                 os.close(fd)
@@ -531,7 +544,7 @@ class Adoption:
         self.jm._emit("job", f"job {job.id}: task pid {pid} of {job.origin.scheduler} job {job.origin.scheduler_ref} "
                       "moved into its cgroup", job=job.id, pid=pid)
 
-    async def _take(self, req: AdoptRequest, rel: str | None) -> tuple[Job, dict[str, str]]:
+    async def _take(self, req: AdoptRequest, rel: str | None, fd: int | None) -> tuple[Job, dict[str, str]]:
         jm = self.jm
         assert jm.tree is not None and jm.hierarchy is not None
         ckpt = self.ckpt_dir(req.scheduler, req.ref)
@@ -541,6 +554,8 @@ class Adoption:
         if live:
             return live[0], await self.env(live[0], req.checkpoint)
         self.check_gpus(req)
+        if req.uid:  # as a submission: at most [jobs] max_per_user jobs not ended (QuotaError, 429)
+            jm.checks.quota(req.uid)
         command = (_cmdline(req.pid) if req.pid is not None else []) or [f"{req.scheduler}:{req.ref}"]
         spec = JobSpec(command=command, name=req.name or ckpt_dir_name(req.scheduler, req.ref)[:NAME_MAX], job_class=req.job_class,
                        priority=req.priority,
@@ -561,6 +576,7 @@ class Adoption:
             cg.create()
             if rel is None:
                 assert req.pid is not None
+                _still(fd, req.pid)
                 cg.attach(req.pid)
             job.cgroup_id = cg.cgroup_id
         except (CgroupError, OSError) as e:
