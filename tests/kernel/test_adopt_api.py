@@ -96,3 +96,35 @@ def test_a_user_adopts_their_own_task_and_the_refusals_name_the_value(agent: Age
         finally:
             p.kill()
             p.wait()
+
+
+def test_root_adopts_a_pod_cgroup_in_place_and_netguard_sees_its_containers(veth_pair: Any, tmp_path: Path) -> None:
+    from test_adopt import pod_tree
+
+    with pod_tree() as (top, ctr):
+        a = AgentProc(tmp_path, veth_pair.ifname_a, veth_pair.a,
+                      extra_toml=f'[adopt]\nckpt_root = "{tmp_path}/adopted"\ninplace_roots = ["{top}"]\n')
+        p = subprocess.Popen(["/bin/sleep", "600"], start_new_session=True)
+        try:
+            (ctr / "cgroup.procs").write_text(str(p.pid))
+            a.start()
+            st, ans, raw = call_as(None, a.sock, "POST", "/v1/jobs/adopt", {
+                "scheduler": "kubernetes", "ref": "team-a/train-0", "cgroup": f"{top}/pod", "uid": 0, "gid": 0,
+                "class": "long-resident", "priority": 80})
+            assert st == 201, raw
+            job = ans["job"]
+            assert job["cgroup"] == str(ctr.parent) and job["scheduler_ref"] == "team-a/train-0"
+            ks = a.json("killswitch", "status")
+            ids = {r["cgroup_id"] for r in ks["jobs"]}
+            assert job["cgroup_id"] in ids and ctr.stat().st_ino in ids, ks
+            assert "kubernetes:team-a/train-0" in a.ctl("jobs").stdout
+            p.kill()
+            p.wait()
+            wait_until(lambda: a.json("job", "show", job["id"])["state"] == "exited", 20, "the pod's job to end")
+            assert ctr.is_dir(), "the agent removed the pod's cgroup"
+            ks = a.json("killswitch", "status")
+            assert ctr.stat().st_ino not in {r["cgroup_id"] for r in ks["jobs"]}, "netguard kept an ended container"
+        finally:
+            p.kill()
+            p.wait()
+            a.cleanup()
