@@ -118,6 +118,13 @@ def test_root_adopts_a_pod_cgroup_in_place_and_netguard_sees_its_containers(veth
             ids = {r["cgroup_id"] for r in ks["jobs"]}
             assert job["cgroup_id"] in ids and ctr.stat().st_ino in ids, ks
             assert "kubernetes:team-a/train-0" in a.ctl("jobs").stdout
+            # the job's kill-switch cuts its containers' traffic too (their entries carry the switch)
+            a.ctl("killswitch", "on", "--job", job["id"])
+            rows = {r["cgroup_id"]: r for r in a.json("killswitch", "status")["jobs"]}
+            assert rows[ctr.stat().st_ino]["kill"] and rows[job["cgroup_id"]]["kill"], rows
+            a.ctl("killswitch", "off", "--job", job["id"])
+            rows = {r["cgroup_id"]: r for r in a.json("killswitch", "status")["jobs"]}
+            assert not rows[ctr.stat().st_ino]["kill"], rows
             p.kill()
             p.wait()
             wait_until(lambda: a.json("job", "show", job["id"])["state"] == "exited", 20, "the pod's job to end")
