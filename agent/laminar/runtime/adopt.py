@@ -518,6 +518,9 @@ class Adoption:
             live = self.find(req.scheduler, req.ref)
             if live:
                 job = live[0]
+                if job.owner_uid != req.uid:
+                    raise JobError(f"{req.scheduler} job {req.ref}: adopted here as job {job.id} of uid {job.owner_uid}, "
+                                   f"not uid {req.uid}", reason="adopt_pid")
                 if req.pid is not None and not isinstance(job.cgroup, FixedCgroup) and req.pid not in job.cgroup.pids():
                     _still(fd, req.pid)
                     job.cgroup.attach(req.pid)  # a second task of the same Slurm job
