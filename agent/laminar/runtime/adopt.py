@@ -135,15 +135,14 @@ def parse_adopt(body: Any, caller_uid: int, *, target: bool = True) -> AdoptRequ
     (SO_PEERCRED). JobError naming the value and what is right for a malformed field (400);
     :class:`AdoptRefused` when a caller other than root names another uid (403). With
     ``target`` (``/adopt``, not ``/adopt/check``) exactly one of ``pid`` and ``cgroup`` is
-    required (a Kubernetes job by its ``cgroup``), else neither is taken. Pure but for the
+    required (a Kubernetes job by its ``cgroup``), else both are ignored. Pure but for the
     user's primary gid, read from the passwd database when ``gid`` is not given."""
     if not isinstance(body, dict):
         raise JobError(f"adopt request {_brief(body)}: expected a JSON object", reason="adopt_invalid")
-    extra = sorted(str(k)[:40] for k in body if k not in BODY_FIELDS or (not target and k in ("pid", "cgroup")))
+    extra = sorted(str(k)[:40] for k in body if k not in BODY_FIELDS)
     if extra:
-        allowed = [f for f in BODY_FIELDS if target or f not in ("pid", "cgroup")]
         raise JobError(f"adopt request: unknown field(s) {', '.join(map(repr, extra[:8]))}; expected "
-                       f"{', '.join(allowed)}", reason="adopt_invalid")
+                       f"{', '.join(BODY_FIELDS)}", reason="adopt_invalid")
     try:
         sched = parse_scheduler(body.get("scheduler"))
         ref = check_ref(sched, body.get("ref"))
