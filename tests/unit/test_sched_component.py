@@ -280,3 +280,22 @@ def test_no_scheduler_enabled_no_backend(rig: SimpleNamespace) -> None:
 
     asyncio.run(go())
     assert comp.backends == [] and comp.status()["schedulers"] == []
+
+
+def test_slurm_enabled_builds_its_backend(tmp_path: Path) -> None:
+    from laminar.sched.slurm import SlurmBackend
+
+    store = Store(tmp_path / "laminar.db")
+    cfg = Config(validate({"slurm": {"enabled": True, "node_name": "lmt1", "scontrol": "/nonexistent/scontrol"}}))
+    agent = standin_agent(SchedAgent, config=cfg, store=store, events=EventBus(store), jobs=StandInJobs([]))
+    comp = SchedulerComponent()
+
+    async def go() -> None:
+        await comp.start(agent)
+        await comp.stop()
+
+    asyncio.run(go())
+    store.close()
+    (b,) = comp.backends
+    assert isinstance(b, SlurmBackend) and b.node == "lmt1" and b.scheduler == Scheduler.SLURM
+    assert comp.status()["schedulers"] == ["slurm"]

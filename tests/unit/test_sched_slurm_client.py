@@ -203,9 +203,9 @@ def test_backend_give_back_and_publish(standin: SimpleNamespace) -> None:
 def test_config_section_and_build(tmp_path: Path) -> None:
     cfg = Config(validate({"slurm": {"enabled": True, "node_name": "lmt2", "scontrol": "/usr/bin/scontrol",
                                      "timeout_s": 3}}))
-    b = slurm.build(cfg)
+    b = slurm.build(SimpleNamespace(config=cfg))
     assert b.node == "lmt2" and b.client.scontrol == "/usr/bin/scontrol" and b.client.timeout_s == 3.0
-    assert slurm.build(Config(validate({}))).node == os.uname().nodename.split(".")[0]
+    assert slurm.build(SimpleNamespace(config=Config(validate({})))).node == os.uname().nodename.split(".")[0]
     from laminar.config import ConfigError
 
     with pytest.raises(ConfigError, match="slurm.node_name = 'a b'"):

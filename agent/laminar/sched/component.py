@@ -28,6 +28,7 @@ import asyncio
 import contextlib
 import logging
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -66,13 +67,19 @@ def _register() -> None:
 _register()
 
 
-def build_backends(agent: SchedAgent, newest: Any) -> list[Backend]:
-    """The backends the config enables, in a fixed order (Slurm, Kubernetes). Raises
+# The backends, in the order they are built and called: scheduler -> its module's ``build``
+# (``build(agent, newest) -> Backend``; the module registers its config section, whose
+# ``enabled`` key turns it on). Imported with this module, so their sections are known before
+# the config is read (laminar.agent.import_components).
+BACKENDS: dict[str, Callable[[SchedAgent, Callable[[Job], str | None]], Backend]] = {
+    "slurm": slurm.build,
+}
+
+
+def build_backends(agent: SchedAgent, newest: Callable[[Job], str | None]) -> list[Backend]:
+    """The backends the config enables (``[<scheduler>] enabled``), in BACKENDS' order. Raises
     BackendError (a bad ``[slurm] node_name``: the agent does not start)."""
-    out: list[Backend] = []
-    if agent.config.section("slurm")["enabled"]:
-        out.append(slurm.build(agent.config, newest))
-    return out
+    return [build(agent, newest) for name, build in BACKENDS.items() if agent.config.section(name)["enabled"]]
 
 
 class SchedulerComponent:
@@ -315,4 +322,4 @@ class SchedulerComponent:
                 "backends": {str(b.scheduler): (b.status() if hasattr(b, "status") else {}) for b in self.backends}}
 
 
-__all__ = ["GIVE_BACK_RESERVE_S", "SchedulerComponent", "build_backends", "config_fields"]
+__all__ = ["BACKENDS", "GIVE_BACK_RESERVE_S", "SchedulerComponent", "build_backends", "config_fields"]

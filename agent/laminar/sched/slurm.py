@@ -319,10 +319,11 @@ class SlurmBackend:
                 "failures": self.client.failures}
 
 
-def build(config: Any, newest: Callable[[Job], str | None] | None = None) -> SlurmBackend:
-    """The Slurm backend as ``[slurm]`` configures it (the scheduler component calls this when
-    ``[slurm] enabled``). Raises SlurmError naming a bad node name."""
-    s = config.section("slurm")
+def build(agent: Any, newest: Callable[[Job], str | None] | None = None) -> SlurmBackend:
+    """The Slurm backend as the agent's ``[slurm]`` configures it (the scheduler component calls
+    this when ``[slurm] enabled``; ``agent``: what it reads of the agent, its config). Raises
+    SlurmError naming a bad node name."""
+    s = agent.config.section("slurm")
     return SlurmBackend(Slurm(str(s["scontrol"]), float(s["timeout_s"])), this_node_name(str(s["node_name"])),
                         bool(s["publish_comment"]), newest)
 
