@@ -133,7 +133,9 @@ static int cb_checkpoint(int val, const char *optarg, int remote)
 	return 0;
 }
 
-struct spank_option spank_options[] = {
+/* Registered in slurm_spank_init, not exported as the static `spank_options` table: sbatch and
+ * salloc (allocator context) ignore that table, so the options would be unknown to sbatch. */
+static struct spank_option laminar_options[] = {
 	{"laminar-class", "NAME", "Laminar job class (long-resident, standard, transient)", 1, 0, cb_class},
 	{"laminar-priority", "N", "Laminar priority 0..100 within the class (higher survives longer)", 1, 0,
 	 cb_priority},
@@ -582,8 +584,18 @@ static int wanted(void)
 
 int slurm_spank_init(spank_t sp, int ac, char **av)
 {
-	(void)sp;
-	return parse_args(ac, av) < 0 ? -1 : 0;
+	spank_context_t ctx = spank_context();
+	if (parse_args(ac, av) < 0)
+		return -1;
+	if (ctx != S_CTX_LOCAL && ctx != S_CTX_ALLOCATOR && ctx != S_CTX_REMOTE)
+		return 0;
+	for (struct spank_option *o = laminar_options; o->name; o++) {
+		if (spank_option_register(sp, o) != ESPANK_SUCCESS) {
+			slurm_error("laminar: cannot register --%s", o->name);
+			return -1;
+		}
+	}
+	return 0;
 }
 
 /* Local (srun) and allocator (sbatch, salloc): refuse what the local agent refuses, before the
