@@ -17,9 +17,10 @@ laminard of a :class:`harness.Cluster`, with the laminar SPANK plugin on every n
 
 ``ProctrackType=proctrack/linuxproc`` (the task is not in a Slurm cgroup: the agent moves it into
 its own), ``TaskPlugin=task/none``, ``SelectType=select/cons_tres``, ``JobRequeue=1``, ports of
-the rig's own. Logs, spool and state live under the test's tmp dir; the files a job's user must
-read (slurm.conf, plugstack.conf, the plugin, munge's socket) under ``/run/lmt-slurm-<tag>``
-(0755: pytest's tmp dir is root's alone). On exit, also when the test fails: every job
+the rig's own. Logs and state live under the test's tmp dir; the files a job's user must
+read (slurm.conf, plugstack.conf, the plugin, munge's socket) and slurmd's spool (slurmstepd's
+Unix sockets: a short path) under ``/run/lmt-slurm-<tag>`` (0755: pytest's tmp dir is root's
+alone, and too long a path for a socket). On exit, also when the test fails: every job
 cancelled, every process in the rig's UTS namespaces killed (slurmd, slurmctld and the
 slurmstepd and job processes they started, wherever they daemonized to), munged stopped, every
 directory the rig made removed.
@@ -165,8 +166,11 @@ class SlurmRig:
         for d in ("munge", "agent"):
             (self.public / d).mkdir(mode=0o755)
             os.chmod(self.public / d, 0o755)
-        for d in ("ctld", "spool", *(f"spool/{n.name}" for n in self.nodes)):
-            (self.state / d).mkdir(mode=0o700)
+        (self.state / "ctld").mkdir(mode=0o700)
+        # slurmstepd's Unix sockets live in the spool dir: its path must stay short (sun_path is
+        # 108 bytes), which pytest's tmp dir is not
+        for d in ("spool", *(f"spool/{n.name}" for n in self.nodes)):
+            (self.public / d).mkdir(mode=0o700)
         key = self.state / "munge.key"
         key.write_bytes(secrets.token_bytes(1024))
         os.chmod(key, 0o400)
@@ -185,7 +189,7 @@ class SlurmRig:
             f"SlurmctldPort={ctld_port}\nSlurmdPort={slurmd_port}\n"
             f"AuthType=auth/munge\nCredType=cred/munge\nAuthInfo=socket={self.munge_socket}\n"
             "SlurmUser=root\nSlurmdUser=root\n"
-            f"StateSaveLocation={s}/ctld\nSlurmdSpoolDir={s}/spool/%n\n"
+            f"StateSaveLocation={s}/ctld\nSlurmdSpoolDir={self.public}/spool/%n\n"
             f"SlurmctldPidFile={s}/slurmctld.pid\nSlurmdPidFile={s}/slurmd-%n.pid\n"
             f"SlurmctldLogFile={s}/slurmctld.log\nSlurmdLogFile={s}/slurmd-%n.log\n"
             "SlurmctldDebug=info\nSlurmdDebug=debug\n"
@@ -215,7 +219,7 @@ class SlurmRig:
 
     def _start_ctld(self) -> None:
         self.ctld = self._spawn(["unshare", "--uts", "--", "sh", "-c",
-                                 f'hostname "$0" && exec "$1" -D -c', self.ctl_name, str(which("slurmctld"))],
+                                 'hostname "$0" && exec "$1" -D -c', self.ctl_name, str(which("slurmctld"))],
                                 "slurmctld.out")
         self.ctld_uts = self._wait_uts(self.ctld, "slurmctld")
         self._wait(lambda: self._ok("scontrol", "ping"), 30, "slurmctld to answer",
