@@ -9,8 +9,8 @@
  * Local (srun) and allocator (sbatch, salloc) context: the options' syntax is checked, then the
  * local agent, when its socket exists, is asked POST /v1/jobs/adopt/check; a refusal fails the
  * command with "laminar: <reason>" before the job is queued.
- * Remote context (slurmstepd): slurm_spank_task_init_privileged, in the task's own process just
- * before it execs, POSTs /v1/jobs/adopt with the task's pid, the job's uid, gid and id, its GPUs
+ * Remote context (slurmstepd): slurm_spank_task_init, in the task's own process as the job's user
+ * just before it execs, POSTs /v1/jobs/adopt with the task's pid, the job's uid, gid and id, its GPUs
  * and the options, then sets the env the agent answers (LAMINAR_JOB_ID, LAMINAR_CKPT_DIR, ...).
  * A job without any --laminar-* option is left alone unless the plugin argument adopt=all.
  *
@@ -624,9 +624,12 @@ int slurm_spank_init_post_opt(spank_t sp, int ac, char **av)
 	return 0;
 }
 
-/* Remote: in the task's process, before it drops privileges and execs. A refusal fails the task
- * (the job sees it in Slurm) rather than running it unprotected against the user's wish. */
-int slurm_spank_task_init_privileged(spank_t sp, int ac, char **av)
+/* Remote: in the task's process, after it dropped to the job's user, before it execs. Not
+ * slurm_spank_task_init_privileged: there the task still runs as root, and the agent adopts a pid
+ * only when it runs as the job's user (and sees the caller's own uid through SO_PEERCRED, so a
+ * user's grant is checked against who the task really is). A refusal fails the task (the job sees
+ * it in Slurm) rather than running it unprotected against the user's wish. */
+int slurm_spank_task_init(spank_t sp, int ac, char **av)
 {
 	uint32_t job_id = 0;
 	uid_t uid = 0;
