@@ -71,3 +71,18 @@ def test_the_rig_runs_steps_in_each_agents_namespaces_leaves_plain_jobs_alone_an
             except OSError:
                 continue
             assert str(public).encode() not in cmd and str(state).encode() not in cmd, cmd
+
+
+def test_the_rig_leaves_nothing_when_the_test_fails_inside_it(tmp_path: Path):
+    seen: dict[str, object] = {}
+    with Cluster.create(tmp_path, zones=1, per_zone=1, gpus=0) as c:
+        with pytest.raises(RuntimeError, match="the test failed"):
+            with SlurmRig.create(tmp_path, c) as s:
+                s.wait_state(s.sbatch("--wrap", "exec sleep 600"), "RUNNING")
+                seen.update(public=s.public, state=s.state, uts=[n.uts for n in s.nodes] + [s.ctld_uts],
+                            munged=s.munged)
+                raise RuntimeError("the test failed")
+    uts = seen["uts"]
+    assert isinstance(uts, list) and all(ns is not None and not _pids_in_uts(ns) for ns in uts), uts
+    assert seen["munged"].poll() is not None  # type: ignore[attr-defined]
+    assert not Path(str(seen["public"])).exists() and not Path(str(seen["state"])).exists()
