@@ -325,6 +325,7 @@ class Adoption:
         # the child cgroups of in-place jobs netguard was told of, by job id (their ids)
         self._children: dict[str, set[int]] = {}
         self.counts: dict[str, int] = {}
+        self._collector: CheckpointCollector | None = None
 
     def configure(self, adopt: dict[str, Any] | None, gpus: dict[str, Any] | None) -> None:
         """From the config's ``[adopt]`` and ``[gpus]`` sections (None: the defaults)."""
@@ -333,6 +334,12 @@ class Adoption:
             self.inplace_roots = tuple(adopt.get("inplace_roots", INPLACE_ROOTS))
         if gpus:
             self.gpu_owner = str(gpus.get("owner", "laminar"))
+
+    def init_metrics(self) -> None:
+        """The last-checkpoint gauges (:class:`CheckpointCollector`) in the manager's registry, once."""
+        if self._collector is None and self.jm.metrics is not None:
+            self._collector = CheckpointCollector(self.jm)
+            self.jm.metrics.register(self._collector)
 
     # -- what GPUs the agent may hand out --------------------------------------------------
     def gpus_refusal(self, want: Any) -> str | None:
@@ -511,6 +518,11 @@ class Adoption:
                                "pod's cgroup is taken where the kubelet made it", reason="adopt_cgroup")
             if in_place:
                 rel = self.check_cgroup(rel)
+            else:
+                root = (jm.cgroup_root or "laminar").strip("/")
+                if rel == root or rel.startswith(root + "/"):
+                    raise JobError(f"pid {req.pid}: already in a job's cgroup ({rel}); a process is adopted once",
+                                   reason="adopt_pid")
             self.check(req)
             return await self._take(req, rel if in_place else None)
         finally:
@@ -659,3 +671,35 @@ class Adoption:
         return {"ckpt_root": str(self.ckpt_root), "inplace_roots": list(self.inplace_roots),
                 "gpu_owner": self.gpu_owner, "adopted": dict(self.counts),
                 "live": sum(1 for j in self.jm.jobs.values() if j.live and j.origin.scheduler is not None)}
+
+
+class CheckpointCollector:
+    """``laminar_job_last_checkpoint_timestamp_seconds`` and
+    ``laminar_job_last_checkpoint_age_seconds`` of every live job that has a checkpoint (its
+    checkpoint directory's last change, as the scanner last saw it: ``Job.last_checkpoint``),
+    labelled job, class, scheduler and scheduler_ref (empty for a job launched here): what a
+    scheduler's preemption reads to choose the victim with the least work at risk. Rendered on
+    the agent's loop (laminar.metrics), from memory: no file is read."""
+
+    def __init__(self, jm: JobManager) -> None:
+        self.jm = jm
+
+    def collect(self) -> Any:
+        from prometheus_client.core import GaugeMetricFamily
+
+        labels = ["job", "class", "scheduler", "scheduler_ref"]
+        ts = GaugeMetricFamily("laminar_job_last_checkpoint_timestamp_seconds", "When a live job's last checkpoint "
+                               "was committed (wall clock), for jobs with one", labels=labels)
+        age = GaugeMetricFamily("laminar_job_last_checkpoint_age_seconds", "Seconds since a live job's last "
+                                "checkpoint: the work a kill would lose", labels=labels)
+        now = time.time()
+        for j in list(self.jm.jobs.values()):
+            last = j.last_checkpoint() if j.live else None
+            if last is None:
+                continue
+            values = [j.id, j.spec.job_class, str(j.origin.scheduler or ""), j.origin.scheduler_ref or ""]
+            ts.add_metric(values, last)
+            age.add_metric(values, max(0.0, now - last))
+        yield ts
+        yield age
+
