@@ -5,6 +5,7 @@ docs/slurm.md).
 - ``sbatch --laminar-class long-resident`` of a job: the task is adopted by its node's agent
   (``laminarctl jobs`` lists it with ``slurm:<id>``, the job's record names the scheduler and
   its Slurm job id, the task got ``LAMINAR_JOB_ID`` from the plugin); ``scancel`` ends it;
+- two tasks of one job on a node are one Laminar job;
 - bad input refused at ``srun``, before the job is queued, with the agent's reason: an unknown
   class, a priority beyond the user's grant (srun run as a plain local user);
 - the kill-switch cuts an adopted job's traffic (its netguard counters, ``lm_job_stats``);
@@ -93,6 +94,22 @@ def test_an_sbatch_job_with_a_laminar_class_is_adopted_by_its_nodes_agent_and_en
     end = wait_until(lambda: (lambda j: j if j["state"] not in ("running", "suspended") else None)(
         nd.json("job", "show", job["id"])), 30, "the adopted job's end")
     assert end["state"] == "exited" and end["reason"] == "ended by slurm", end
+
+
+def test_two_tasks_of_one_slurm_job_on_a_node_are_one_laminar_job(slurm, tmp_path):
+    """srun -n2 on one node: both tasks adopted into the same Laminar job, each told its id and
+    the checkpoint contract; the job ends with the step."""
+    c, s = slurm
+    nd = c.nodes[0]
+    r = s.run("srun", "-n2", "-w", s.nodes[0].name, "--laminar-class", "standard", "--laminar-checkpoint", "USR2",
+              "sh", "-c", 'echo "id=$LAMINAR_JOB_ID sig=$LAMINAR_CHECKPOINT_SIGNAL"; sleep 1', node=0)
+    lines = sorted(r.stdout.split())
+    ids = {w for w in lines if w.startswith("id=")}
+    assert len(ids) == 1 and ids != {"id="}, r.stdout
+    assert [w for w in lines if w.startswith("sig=")] == ["sig=SIGUSR2"] * 2, r.stdout
+    job = nd.json("job", "show", ids.pop()[3:])
+    assert job["scheduler"] == "slurm" and job["class"] == "standard", job
+    wait_until(lambda: nd.json("job", "show", job["id"])["state"] == "exited", 30, "the job's end with its step")
 
 
 def test_bad_laminar_options_are_refused_at_srun_with_the_agents_reason(slurm, tmp_path):
