@@ -5,7 +5,8 @@ docs/slurm.md).
 - ``sbatch --laminar-class long-resident`` of a job: the task is adopted by its node's agent
   (``laminarctl jobs`` lists it with ``slurm:<id>``, the job's record names the scheduler and
   its Slurm job id, the task got ``LAMINAR_JOB_ID`` from the plugin); ``scancel`` ends it;
-- two tasks of one job on a node are one Laminar job;
+- two tasks of one job on a node are one Laminar job; with ``adopt=all`` a job without options
+  is adopted with the agent's defaults;
 - bad input refused at ``srun``, before the job is queued, with the agent's reason: an unknown
   class, a priority beyond the user's grant (srun run as a plain local user);
 - the kill-switch cuts an adopted job's traffic (its netguard counters, ``lm_job_stats``);
@@ -110,6 +111,19 @@ def test_two_tasks_of_one_slurm_job_on_a_node_are_one_laminar_job(slurm, tmp_pat
     job = nd.json("job", "show", ids.pop()[3:])
     assert job["scheduler"] == "slurm" and job["class"] == "standard", job
     wait_until(lambda: nd.json("job", "show", job["id"])["state"] == "exited", 30, "the job's end with its step")
+
+
+def test_with_adopt_all_a_job_without_options_is_adopted_with_the_defaults(tmp_path):
+    """plugstack.conf ``adopt=all``: a job that gives no --laminar-* option is adopted too
+    (class standard, priority 50, checkpoint SIGUSR1: the agent's defaults)."""
+    with ExitStack() as stack:
+        c = stack.enter_context(Cluster.create(tmp_path, zones=1, per_zone=1, gpus=0, zone_extra=adopt_toml(tmp_path)))
+        s = stack.enter_context(SlurmRig.create(tmp_path, c, plugin_args="adopt=all"))
+        r = s.run("srun", "sh", "-c", 'echo "id=$LAMINAR_JOB_ID sig=$LAMINAR_CHECKPOINT_SIGNAL"', node=0)
+        m = re.fullmatch(r"id=(\S+) sig=SIGUSR1", r.stdout.strip())
+        assert m, r.stdout
+        job = c.nodes[0].json("job", "show", m.group(1))
+        assert (job["scheduler"], job["class"], job["priority"]) == ("slurm", "standard", 50), job
 
 
 def test_bad_laminar_options_are_refused_at_srun_with_the_agents_reason(slurm, tmp_path):
