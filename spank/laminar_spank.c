@@ -22,6 +22,7 @@
 
 #include <ctype.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <limits.h>
 #include <poll.h>
 #include <stdarg.h>
@@ -31,6 +32,7 @@
 #include <string.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/time.h>
 #include <sys/types.h>
 #include <sys/un.h>
 #include <time.h>
@@ -209,15 +211,25 @@ static int http_post(const char *path, const char *json, char **body, char *err,
 
 	*body = NULL;
 	snprintf(sa.sun_path, sizeof(sa.sun_path), "%s", arg_socket);
-	fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+	fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
 	if (fd < 0) {
 		snprintf(err, errlen, "socket: %s", strerror(errno));
 		return -1;
 	}
-	if (connect(fd, (struct sockaddr *)&sa, sizeof(sa)) < 0 &&
-	    !(errno == EINPROGRESS || errno == EAGAIN)) {
-		snprintf(err, errlen, "cannot reach the agent at %s: %s", arg_socket, strerror(errno));
-		goto out;
+	/* A Unix socket's connect waits while the agent's backlog is full, bounded by SO_SNDTIMEO
+	 * (a non-blocking one would fail at once with EAGAIN instead); the rest is non-blocking. */
+	{
+		struct timeval tv = {.tv_sec = TIMEOUT_MS / 1000, .tv_usec = (TIMEOUT_MS % 1000) * 1000};
+		if (setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv)) < 0 ||
+		    connect(fd, (struct sockaddr *)&sa, sizeof(sa)) < 0) {
+			snprintf(err, errlen, "cannot reach the agent at %s: %s", arg_socket,
+				 errno == EAGAIN || errno == EWOULDBLOCK ? "busy (connect timed out)" : strerror(errno));
+			goto out;
+		}
+		if (fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) | O_NONBLOCK) < 0) {
+			snprintf(err, errlen, "fcntl: %s", strerror(errno));
+			goto out;
+		}
 	}
 	hl = snprintf(head, sizeof(head),
 		      "POST %s HTTP/1.1\r\nHost: laminar\r\nContent-Type: application/json\r\n"
@@ -289,7 +301,7 @@ out:
 
 struct env_pair {
 	char name[128];
-	char value[1024];
+	char value[4096]; /* PATH_MAX: LAMINAR_CKPT_DIR, LAMINAR_RESUME_FROM */
 };
 
 struct answer {
@@ -316,8 +328,12 @@ static int hexval(char c)
 	return -1;
 }
 
-/* Reads a JSON string at p (at its opening quote) into out (truncated to outlen - 1 bytes; out may
- * be NULL to skip it). Returns the position after the closing quote, or NULL. */
+/* Set by read_string when a string did not fit its buffer. */
+static int json_truncated;
+
+/* Reads a JSON string at p (at its opening quote) into out (at most outlen - 1 bytes, the rest
+ * dropped and json_truncated set; out may be NULL to skip it). Returns the position after the
+ * closing quote, or NULL. */
 static const char *read_string(const char *p, char *out, size_t outlen)
 {
 	size_t n = 0;
@@ -371,10 +387,12 @@ static const char *read_string(const char *p, char *out, size_t outlen)
 			}
 			p++;
 		}
-		if (out)
-			for (int i = 0; i < tl; i++)
-				if (n + 1 < outlen)
-					out[n++] = tmp[i];
+		for (int i = 0; out && i < tl; i++) {
+			if (n + 1 < outlen)
+				out[n++] = tmp[i];
+			else
+				json_truncated = 1;
+		}
 	}
 	if (*p != '"')
 		return NULL;
@@ -436,11 +454,12 @@ static const char *read_env(const char *p, struct answer *a)
 		if (a->nenv >= MAX_ENV)
 			return NULL;
 		e = &a->env[a->nenv];
+		json_truncated = 0;
 		p = read_string(skip_ws(p), e->name, sizeof(e->name));
 		if (!p || *(p = skip_ws(p)) != ':')
 			return NULL;
 		p = read_string(skip_ws(p + 1), e->value, sizeof(e->value));
-		if (!p)
+		if (!p || json_truncated) /* a cut path is a wrong path: no env at all */
 			return NULL;
 		a->nenv++;
 		p = skip_ws(p);
@@ -606,7 +625,7 @@ int slurm_spank_init_post_opt(spank_t sp, int ac, char **av)
 	spank_context_t ctx = spank_context();
 	struct stat st;
 	struct body b = {0};
-	struct answer a;
+	static struct answer a; /* ~135 KiB: not on the stack; hooks never run concurrently */
 	(void)sp;
 	(void)ac;
 	(void)av;
@@ -636,7 +655,7 @@ int slurm_spank_task_init(spank_t sp, int ac, char **av)
 	gid_t gid = 0;
 	char gpus[512];
 	struct body b = {0};
-	struct answer a;
+	static struct answer a; /* ~135 KiB: not on the stack; hooks never run concurrently */
 	(void)ac;
 	(void)av;
 	if (!spank_remote(sp) || !wanted())
@@ -651,9 +670,10 @@ int slurm_spank_task_init(spank_t sp, int ac, char **av)
 	    (long)getpid(), (unsigned)uid, (unsigned)gid);
 	add_options(&b);
 	gpus[0] = '\0';
+	/* What gres gave the step (slurmstepd sets these; not CUDA_VISIBLE_DEVICES, which a user
+	 * commonly sets by hand and Slurm leaves alone in a job without gres) */
 	if (spank_getenv(sp, "SLURM_STEP_GPUS", gpus, sizeof(gpus)) != ESPANK_SUCCESS &&
-	    spank_getenv(sp, "SLURM_JOB_GPUS", gpus, sizeof(gpus)) != ESPANK_SUCCESS &&
-	    spank_getenv(sp, "CUDA_VISIBLE_DEVICES", gpus, sizeof(gpus)) != ESPANK_SUCCESS)
+	    spank_getenv(sp, "SLURM_JOB_GPUS", gpus, sizeof(gpus)) != ESPANK_SUCCESS)
 		gpus[0] = '\0';
 	if (gpus[0] && add_gpus(&b, gpus) < 0) {
 		slurm_error("laminar: job %u: GPU list %s: expected indices such as 0,1", job_id, gpus);
