@@ -199,7 +199,9 @@ static int wait_fd(int fd, short events, long long deadline)
 }
 
 /* One request to the agent. Returns the HTTP status (the body, NUL-terminated, in *body, to be
- * freed), or -1 with the reason in err. */
+ * freed), or -1 with the reason in err: NO_AGENT when no agent listens there (no socket file, or
+ * a socket nobody listens on: a stopped agent's). */
+#define NO_AGENT (-2)
 static int http_post(const char *path, const char *json, char **body, char *err, size_t errlen)
 {
 	struct sockaddr_un sa = {.sun_family = AF_UNIX};
@@ -222,6 +224,8 @@ static int http_post(const char *path, const char *json, char **body, char *err,
 		struct timeval tv = {.tv_sec = TIMEOUT_MS / 1000, .tv_usec = (TIMEOUT_MS % 1000) * 1000};
 		if (setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv)) < 0 ||
 		    connect(fd, (struct sockaddr *)&sa, sizeof(sa)) < 0) {
+			if (errno == ENOENT || errno == ECONNREFUSED)
+				status = NO_AGENT;
 			snprintf(err, errlen, "cannot reach the agent at %s: %s", arg_socket,
 				 errno == EAGAIN || errno == EWOULDBLOCK ? "busy (connect timed out)" : strerror(errno));
 			goto out;
@@ -563,7 +567,8 @@ static int add_gpus(struct body *b, const char *list)
 	return 0;
 }
 
-/* Posts body to path; 0 on a 2xx answer (parsed into a), else -1 with the reason in a->error. */
+/* Posts body to path; 0 on a 2xx answer (parsed into a), else -1 (NO_AGENT: none listens) with the
+ * reason in a->error. */
 static int ask_agent(const char *path, struct body *b, struct answer *a)
 {
 	char *text = NULL;
@@ -578,7 +583,7 @@ static int ask_agent(const char *path, struct body *b, struct answer *a)
 	status = http_post(path, b->text, &text, err, sizeof(err));
 	if (status < 0) {
 		snprintf(a->error, sizeof(a->error), "%s", err);
-		return -1;
+		return status == NO_AGENT ? NO_AGENT : -1;
 	}
 	if (parse_answer(text, a) < 0) {
 		snprintf(a->error, sizeof(a->error), "the agent's answer (HTTP %d) is not the JSON expected", status);
@@ -618,8 +623,9 @@ int slurm_spank_init(spank_t sp, int ac, char **av)
 }
 
 /* Local (srun) and allocator (sbatch, salloc): refuse what the local agent refuses, before the
- * job is queued. No agent on the submit host (no socket): nothing to ask, the node's agent
- * decides at the task's start. */
+ * job is queued. No agent on the submit host (no socket, or one nobody listens on): nothing to
+ * ask, the node's agent decides at the task's start. An agent that is there but fails to answer
+ * (hung, garbled) fails the command: it would likely fail the task too. */
 int slurm_spank_init_post_opt(spank_t sp, int ac, char **av)
 {
 	spank_context_t ctx = spank_context();
@@ -636,11 +642,16 @@ int slurm_spank_init_post_opt(spank_t sp, int ac, char **av)
 	add(&b, "{\"scheduler\":\"slurm\",\"uid\":%u,\"gid\":%u", (unsigned)getuid(), (unsigned)getgid());
 	add_options(&b);
 	add(&b, "}");
-	if (ask_agent("/v1/jobs/adopt/check", &b, &a) < 0) {
+	switch (ask_agent("/v1/jobs/adopt/check", &b, &a)) {
+	case 0:
+		return 0;
+	case NO_AGENT:
+		slurm_verbose("laminar: no agent to ask here (%s): the node's agent decides", a.error);
+		return 0;
+	default:
 		slurm_error("laminar: %s", a.error);
 		return -1;
 	}
-	return 0;
 }
 
 /* Remote: in the task's process, after it dropped to the job's user, before it execs. Not

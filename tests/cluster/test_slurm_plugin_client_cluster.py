@@ -7,6 +7,7 @@ leaves that path empty, and srun runs on the host against the rig's real Slurm.
 - an answer over 64 KiB: refused, named, not parsed;
 - a refusal (403 with an ``error``): srun fails with that reason, JSON escapes decoded;
 - an answer that is not JSON: refused, named;
+- a stopped agent's socket (nobody listens): srun goes on, the node's agent decides;
 - what the plugin sent: one POST /v1/jobs/adopt/check with the options and the caller's uid/gid.
 """
 
@@ -140,3 +141,14 @@ def test_the_plugins_client_is_bounded_and_reports_what_the_agent_said(standin):
     r = s.run(*srun, check=False)
     assert "init_post_opt() failed" not in r.stderr, r.stderr
     assert len(agent.requests) == 6
+    # a stopped agent's socket file (nobody listens): nothing to ask here, srun goes on (the
+    # node's agent decides at the task's start)
+    agent.close()
+    stale = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    stale.bind(str(s.plugin_socket))
+    stale.close()
+    try:
+        r = s.run(*srun, check=False)
+        assert "init_post_opt() failed" not in r.stderr and "laminar: cannot reach" not in r.stderr, r.stderr
+    finally:
+        s.plugin_socket.unlink()
