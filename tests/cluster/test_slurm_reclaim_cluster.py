@@ -14,6 +14,7 @@ began at to a file of the test.
 reclaim's reason; the job checkpoints (a step past 0), its comment carries
 ``laminar-ckpt=<time> <path>``, it is requeued (``Restarts`` 1), runs on the other node, begins
 there past step 0 and ends COMPLETED with the right sum; X's agent says so in ``sched`` events.
+Then ``laminarctl reclaim cancel`` (the owner gives the node back) clears X's drain in Slurm.
 """
 
 from __future__ import annotations
@@ -150,3 +151,9 @@ def test_reclaim_drains_checkpoints_requeues_and_the_job_finishes_elsewhere(tmp_
         assert runs[0]["began"] == 0 and runs[0]["node"] == x_name, runs
         assert runs[1]["began"] > 0 and runs[1]["resume_from"], runs  # resumed past step 0, from its checkpoint
         assert os.path.commonpath([runs[1]["resume_from"], str(shared)]) == str(shared), runs
+
+        # the owner gives the node back: its drain in Slurm is cleared (UNDRAIN on a real node)
+        x.ctl("reclaim", "cancel")
+        wait_until(lambda: "DRAIN" not in _node_fields(s, x_name).get("State", "DRAIN"), 30,
+                   f"{x_name} no longer drained in slurm")
+        assert "undrained" in [e.get("outcome") for e in x.json("events", "--kind", "sched", "--limit", "100")]
