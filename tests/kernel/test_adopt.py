@@ -345,3 +345,29 @@ def test_adopted_jobs_are_adopted_again_after_a_restart_and_one_that_ended_meanw
                 store.close()
 
     asyncio.run(main())
+
+
+def test_airlocks_kill_of_an_adopted_job_stops_its_processes(tmp_path: Path) -> None:
+    async def main() -> None:
+        with pod_tree() as (top, ctr):
+            async with airlock_rig(tmp_path) as (jobs, _al, _store):
+                jobs.adoption.ckpt_root = tmp_path / "adopted"
+                jobs.adoption.inplace_roots = (top,)
+                task, pod = start_catcher(tmp_path / "k1"), start_catcher(tmp_path / "k2")
+                try:
+                    (ctr / "cgroup.procs").write_text(str(pod.pid))
+                    a, _ = await jobs.adopt(request("61", pid=task.pid))
+                    b, _ = await jobs.adopt(request("ns/k", scheduler=Scheduler.KUBERNETES, cgroup=f"{top}/pod"))
+                    made = a.cgroup.unified
+                    for j, proc in ((a, task), (b, pod)):
+                        await jobs.kill(j, "test: airlock's last rung")
+                        end = await jobs.wait(j.id, 15)
+                        assert end is not None and end.state == "killed", end
+                        assert await until(lambda p=proc: p.poll() is not None, 10), "the adopted task outlived its kill"
+                    assert not made.exists() and ctr.is_dir()
+                finally:
+                    for q in (task, pod):
+                        q.kill()
+                        q.wait()
+
+    asyncio.run(main())

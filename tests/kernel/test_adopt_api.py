@@ -21,7 +21,7 @@ pytestmark = pytest.mark.kernel
 @pytest.fixture
 def agent(veth_pair: Any, tmp_path: Path) -> Iterator[AgentProc]:
     a = AgentProc(tmp_path, veth_pair.ifname_a, veth_pair.a,
-                  extra_toml=f'[adopt]\nckpt_root = "{tmp_path}/adopted"\n')
+                  extra_toml=f'[adopt]\nckpt_root = "{tmp_path}/adopted"\n\n[jobs]\nmax_per_user = 1\n')
     try:
         a.start()
         yield a
@@ -73,6 +73,14 @@ def test_a_user_adopts_their_own_task_and_the_refusals_name_the_value(agent: Age
             # netguard sees it (a real data plane on the veth)
             ks = agent.json("killswitch", "status")
             assert any(r["job"] == job["id"] and r["cgroup_id"] == job["cgroup_id"] for r in ks["jobs"]), ks
+            # as a submission: at most [jobs] max_per_user jobs not ended
+            p2 = sleeper(ada.uid, ada.gid)
+            try:
+                st, ans, raw = call_as(ada, agent.sock, "POST", "/v1/jobs/adopt", {**body, "ref": "778", "pid": p2.pid})
+                assert st == 429 and "max_per_user" in ans["error"], raw
+            finally:
+                p2.kill()
+                p2.wait()
             listing = agent.ctl("jobs").stdout
             assert "slurm:777" in listing, listing
             # only root tells the exit code
@@ -88,3 +96,42 @@ def test_a_user_adopts_their_own_task_and_the_refusals_name_the_value(agent: Age
         finally:
             p.kill()
             p.wait()
+
+
+def test_root_adopts_a_pod_cgroup_in_place_and_netguard_sees_its_containers(veth_pair: Any, tmp_path: Path) -> None:
+    from test_adopt import pod_tree
+
+    with pod_tree() as (top, ctr):
+        a = AgentProc(tmp_path, veth_pair.ifname_a, veth_pair.a,
+                      extra_toml=f'[adopt]\nckpt_root = "{tmp_path}/adopted"\ninplace_roots = ["{top}"]\n')
+        p = subprocess.Popen(["/bin/sleep", "600"], start_new_session=True)
+        try:
+            (ctr / "cgroup.procs").write_text(str(p.pid))
+            a.start()
+            st, ans, raw = call_as(None, a.sock, "POST", "/v1/jobs/adopt", {
+                "scheduler": "kubernetes", "ref": "team-a/train-0", "cgroup": f"{top}/pod", "uid": 0, "gid": 0,
+                "class": "long-resident", "priority": 80})
+            assert st == 201, raw
+            job = ans["job"]
+            assert job["cgroup"] == str(ctr.parent) and job["scheduler_ref"] == "team-a/train-0"
+            ks = a.json("killswitch", "status")
+            ids = {r["cgroup_id"] for r in ks["jobs"]}
+            assert job["cgroup_id"] in ids and ctr.stat().st_ino in ids, ks
+            assert "kubernetes:team-a/train-0" in a.ctl("jobs").stdout
+            # the job's kill-switch cuts its containers' traffic too (their entries carry the switch)
+            a.ctl("killswitch", "on", "--job", job["id"])
+            rows = {r["cgroup_id"]: r for r in a.json("killswitch", "status")["jobs"]}
+            assert rows[ctr.stat().st_ino]["kill"] and rows[job["cgroup_id"]]["kill"], rows
+            a.ctl("killswitch", "off", "--job", job["id"])
+            rows = {r["cgroup_id"]: r for r in a.json("killswitch", "status")["jobs"]}
+            assert not rows[ctr.stat().st_ino]["kill"], rows
+            p.kill()
+            p.wait()
+            wait_until(lambda: a.json("job", "show", job["id"])["state"] == "exited", 20, "the pod's job to end")
+            assert ctr.is_dir(), "the agent removed the pod's cgroup"
+            ks = a.json("killswitch", "status")
+            assert ctr.stat().st_ino not in {r["cgroup_id"] for r in ks["jobs"]}, "netguard kept an ended container"
+        finally:
+            p.kill()
+            p.wait()
+            a.cleanup()

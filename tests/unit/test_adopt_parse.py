@@ -95,11 +95,11 @@ def test_only_root_names_another_uid() -> None:
     assert parse_adopt(OK, 1000).uid == 1000
 
 
-def test_the_check_takes_no_pid_or_cgroup() -> None:
+def test_the_check_needs_no_pid_or_cgroup_and_ignores_them() -> None:
     body = {k: v for k, v in OK.items() if k != "pid"}
     assert parse_adopt(body, 0, target=False).pid is None
-    with pytest.raises(JobError, match="'pid'"):
-        parse_adopt(OK, 0, target=False)
+    req = parse_adopt({**OK, "cgroup": "../x"}, 0, target=False)
+    assert req.pid is None and req.cgroup is None
 
 
 def test_the_check_needs_no_ref_as_srun_has_no_job_id_yet_but_a_ref_given_is_checked() -> None:

@@ -40,6 +40,7 @@ import json
 import logging
 import os
 import pwd
+import signal
 import stat
 import time
 from dataclasses import dataclass
@@ -134,16 +135,15 @@ def parse_adopt(body: Any, caller_uid: int, *, target: bool = True) -> AdoptRequ
     (SO_PEERCRED). JobError naming the value and what is right for a malformed field (400);
     :class:`AdoptRefused` when a caller other than root names another uid (403). With
     ``target`` (``/adopt``, not ``/adopt/check``) exactly one of ``pid`` and ``cgroup`` is
-    required (a Kubernetes job by its ``cgroup``), else neither is taken and ``ref`` may be left
+    required (a Kubernetes job by its ``cgroup``), else both are ignored and ``ref`` may be left
     out (srun asks before Slurm gives the job an id; it is "" then). Pure but for the
     user's primary gid, read from the passwd database when ``gid`` is not given."""
     if not isinstance(body, dict):
         raise JobError(f"adopt request {_brief(body)}: expected a JSON object", reason="adopt_invalid")
-    extra = sorted(str(k)[:40] for k in body if k not in BODY_FIELDS or (not target and k in ("pid", "cgroup")))
+    extra = sorted(str(k)[:40] for k in body if k not in BODY_FIELDS)
     if extra:
-        allowed = [f for f in BODY_FIELDS if target or f not in ("pid", "cgroup")]
         raise JobError(f"adopt request: unknown field(s) {', '.join(map(repr, extra[:8]))}; expected "
-                       f"{', '.join(allowed)}", reason="adopt_invalid")
+                       f"{', '.join(BODY_FIELDS)}", reason="adopt_invalid")
     try:
         sched = parse_scheduler(body.get("scheduler"))
         # /adopt/check is asked at srun/sbatch, before Slurm has given the job an id: no ref then
@@ -302,6 +302,17 @@ def pid_uid(pid: int) -> int | None:
     except (OSError, ValueError, IndexError):
         return None
     return None
+
+
+def _still(fd: int | None, pid: int) -> None:
+    """JobError unless the process pinned by pidfd ``fd`` still lives, so that the number ``pid``
+    written into a cgroup.procs next is still it (not a process that took the number since)."""
+    try:
+        if fd is None:
+            raise ProcessLookupError
+        signal.pidfd_send_signal(fd, 0)
+    except OSError:
+        raise JobError(f"pid {pid}: the process ended before it could be adopted", reason="adopt_pid") from None
 
 
 def _cmdline(pid: int) -> list[str]:
@@ -508,7 +519,11 @@ class Adoption:
             live = self.find(req.scheduler, req.ref)
             if live:
                 job = live[0]
+                if job.owner_uid != req.uid:
+                    raise JobError(f"{req.scheduler} job {req.ref}: adopted here as job {job.id} of uid {job.owner_uid}, "
+                                   f"not uid {req.uid}", reason="adopt_pid")
                 if req.pid is not None and not isinstance(job.cgroup, FixedCgroup) and req.pid not in job.cgroup.pids():
+                    _still(fd, req.pid)
                     job.cgroup.attach(req.pid)  # a second task of the same Slurm job
                     self._emit_added(job, req.pid)
                 return job, await self.env(job, req.checkpoint)
@@ -524,7 +539,7 @@ class Adoption:
                     raise JobError(f"pid {req.pid}: already in a job's cgroup ({rel}); a process is adopted once",
                                    reason="adopt_pid")
             self.check(req)
-            return await self._take(req, rel if in_place else None)
+            return await self._take(req, rel if in_place else None, fd)
         finally:
             if fd is not None:
                 os.close(fd)
@@ -533,7 +548,7 @@ class Adoption:
         self.jm._emit("job", f"job {job.id}: task pid {pid} of {job.origin.scheduler} job {job.origin.scheduler_ref} "
                       "moved into its cgroup", job=job.id, pid=pid)
 
-    async def _take(self, req: AdoptRequest, rel: str | None) -> tuple[Job, dict[str, str]]:
+    async def _take(self, req: AdoptRequest, rel: str | None, fd: int | None) -> tuple[Job, dict[str, str]]:
         jm = self.jm
         assert jm.tree is not None and jm.hierarchy is not None
         ckpt = self.ckpt_dir(req.scheduler, req.ref)
@@ -543,6 +558,8 @@ class Adoption:
         if live:
             return live[0], await self.env(live[0], req.checkpoint)
         self.check_gpus(req)
+        if req.uid:  # as a submission: at most [jobs] max_per_user jobs not ended (QuotaError, 429)
+            jm.checks.quota(req.uid)
         command = (_cmdline(req.pid) if req.pid is not None else []) or [f"{req.scheduler}:{req.ref}"]
         spec = JobSpec(command=command, name=req.name or ckpt_dir_name(req.scheduler, req.ref)[:NAME_MAX], job_class=req.job_class,
                        priority=req.priority,
@@ -563,6 +580,7 @@ class Adoption:
             cg.create()
             if rel is None:
                 assert req.pid is not None
+                _still(fd, req.pid)
                 cg.attach(req.pid)
             job.cgroup_id = cg.cgroup_id
         except (CgroupError, OSError) as e:
