@@ -26,19 +26,13 @@ from typing import Any
 
 import pytest
 from harness import Cluster, Node, wait_until
-from slurmrig import SlurmRig, slurm_ready
+from slurmrig import SlurmRig, adopt_toml, slurm_ready
 
 pytestmark = pytest.mark.cluster
 
 _reason = slurm_ready()
 if _reason:  # in CI (CI=true) a cluster test that skips counts as failed (tests/conftest.py)
     pytestmark = [pytest.mark.cluster, pytest.mark.skip(reason=f"slurm rig: {_reason}")]
-
-
-def adopt_toml(tmp: Path) -> str:
-    """The agents' ``[adopt]``: checkpoint dirs under the test's own dir (Slurm job ids start at
-    1 in every rig: the default /var/lib/laminar/adopted would hold another test's slurm-1)."""
-    return f'\n[adopt]\nckpt_root = "{tmp / "adopted"}"\n'
 
 
 @pytest.fixture
