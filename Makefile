@@ -6,7 +6,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 BUILD := build
 APT_PKGS := clang llvm libbpf-dev bpftool iproute2 earlyoom stress-ng iperf3 tcpdump systemd-container gdb \
-  slurmctld slurmd slurm-client munge libslurm-dev
+  gcc slurmctld slurmd slurm-client munge libslurm-dev
 BPF_OUT := agent/laminar/bpf/objects
 BPF_SRC := $(wildcard bpf/*.bpf.c)
 BPF_OBJ := $(patsubst bpf/%.bpf.c,$(BPF_OUT)/%.bpf.o,$(BPF_SRC))

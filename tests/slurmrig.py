@@ -1,7 +1,8 @@
 """A real Slurm for tests (Debian's slurmctld, slurmd, munge): one controller and one slurmd per
 laminard of a :class:`harness.Cluster`, with the laminar SPANK plugin on every node.
 
-    with Cluster.create(tmp, zones=1, per_zone=2, gpus=0) as c, SlurmRig.create(tmp, c) as s:
+    with (Cluster.create(tmp, zones=1, per_zone=2, gpus=0, zone_extra=adopt_toml(tmp)) as c,
+          SlurmRig.create(tmp, c) as s):
         job = s.sbatch("--laminar-class", "long-resident", "--wrap", "sleep 300")
         s.wait_state(job, "RUNNING")
         s.run("srun", "--laminar-class", "nope", "true", node=0, user=u, check=False)
@@ -65,6 +66,14 @@ def slurm_ready() -> str | None:
     if not SPANK_SO.exists():
         return f"{SPANK_SO} not built (make spank)"
     return None
+
+
+def adopt_toml(tmp: Path) -> str:
+    """An ``[adopt]`` section for the agents of a test with this rig (``Cluster.create(...,
+    zone_extra=adopt_toml(tmp))``): adopted jobs' checkpoint dirs under the test's own dir. Slurm
+    job ids start at 1 in every rig, so the default ``/var/lib/laminar/adopted`` would hold
+    another test's ``slurm-1`` (and outlive the test)."""
+    return f'\n[adopt]\nckpt_root = "{Path(tmp) / "adopted"}"\n'
 
 
 def _free_port() -> int:

@@ -7,8 +7,8 @@ docs/slurm.md).
   its Slurm job id, the task got ``LAMINAR_JOB_ID`` from the plugin); ``scancel`` ends it;
 - two tasks of one job on a node are one Laminar job; with ``adopt=all`` a job without options
   is adopted with the agent's defaults;
-- bad input refused at ``srun``, before the job is queued, with the agent's reason: an unknown
-  class, a priority beyond the user's grant (srun run as a plain local user);
+- bad input refused at ``srun`` (and ``sbatch``), before the job is queued, with the agent's
+  reason: an unknown class, a priority beyond the user's grant (srun run as a plain local user);
 - the kill-switch cuts an adopted job's traffic (its netguard counters, ``lm_job_stats``);
 - a memory storm on its node (serial, below) leaves it running while a transient job yields.
 """
@@ -26,19 +26,13 @@ from typing import Any
 
 import pytest
 from harness import Cluster, Node, wait_until
-from slurmrig import SlurmRig, slurm_ready
+from slurmrig import SlurmRig, adopt_toml, slurm_ready
 
 pytestmark = pytest.mark.cluster
 
 _reason = slurm_ready()
 if _reason:  # in CI (CI=true) a cluster test that skips counts as failed (tests/conftest.py)
     pytestmark = [pytest.mark.cluster, pytest.mark.skip(reason=f"slurm rig: {_reason}")]
-
-
-def adopt_toml(tmp: Path) -> str:
-    """The agents' ``[adopt]``: checkpoint dirs under the test's own dir (Slurm job ids start at
-    1 in every rig: the default /var/lib/laminar/adopted would hold another test's slurm-1)."""
-    return f'\n[adopt]\nckpt_root = "{tmp / "adopted"}"\n'
 
 
 @pytest.fixture
@@ -139,6 +133,9 @@ def test_bad_laminar_options_are_refused_at_srun_with_the_agents_reason(slurm, t
     r = s.run("srun", "--laminar-class", "bogus", "true", node=0, check=False)
     assert r.returncode != 0, r
     assert "laminar:" in r.stderr and "bogus" in r.stderr, r.stderr
+    # the same at sbatch (allocator context)
+    r = s.run("sbatch", "--laminar-class", "bogus", "--wrap", "true", node=0, check=False)
+    assert r.returncode != 0 and "laminar: class 'bogus': no such Airlock class" in r.stderr, r.stderr
     with local_user("slurm") as u:
         # a plain user may give priority up to 50 (the default grant): 90 is refused, naming it
         r = s.run("srun", "--laminar-class", "standard", "--laminar-priority", "90", "true", node=0, user=u,

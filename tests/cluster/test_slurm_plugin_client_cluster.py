@@ -24,7 +24,7 @@ from pathlib import Path
 
 import pytest
 from harness import Cluster
-from slurmrig import SlurmRig, slurm_ready
+from slurmrig import SlurmRig, adopt_toml, slurm_ready
 
 pytestmark = pytest.mark.cluster
 
@@ -94,7 +94,9 @@ def http(status: int, body: bytes) -> bytes:
 @pytest.fixture
 def standin(tmp_path: Path) -> Iterator[tuple[SlurmRig, StandinAgent]]:
     with ExitStack() as stack:
-        c = stack.enter_context(Cluster.create(tmp_path, zones=1, per_zone=1, gpus=0))
+        # checkpoint dirs of what the node's agent adopts (the "yes" cases) under the test's dir
+        c = stack.enter_context(Cluster.create(tmp_path, zones=1, per_zone=1, gpus=0,
+                                               zone_extra=adopt_toml(tmp_path)))
         s = stack.enter_context(SlurmRig.create(tmp_path, c))
         agent = StandinAgent(s.plugin_socket)  # on the host: the rig leaves this path empty there
         stack.callback(agent.close)
