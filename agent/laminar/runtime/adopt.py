@@ -135,7 +135,8 @@ def parse_adopt(body: Any, caller_uid: int, *, target: bool = True) -> AdoptRequ
     (SO_PEERCRED). JobError naming the value and what is right for a malformed field (400);
     :class:`AdoptRefused` when a caller other than root names another uid (403). With
     ``target`` (``/adopt``, not ``/adopt/check``) exactly one of ``pid`` and ``cgroup`` is
-    required (a Kubernetes job by its ``cgroup``), else both are ignored. Pure but for the
+    required (a Kubernetes job by its ``cgroup``), else both are ignored and ``ref`` may be left
+    out (srun asks before Slurm gives the job an id; it is "" then). Pure but for the
     user's primary gid, read from the passwd database when ``gid`` is not given."""
     if not isinstance(body, dict):
         raise JobError(f"adopt request {_brief(body)}: expected a JSON object", reason="adopt_invalid")
@@ -145,7 +146,8 @@ def parse_adopt(body: Any, caller_uid: int, *, target: bool = True) -> AdoptRequ
                        f"{', '.join(BODY_FIELDS)}", reason="adopt_invalid")
     try:
         sched = parse_scheduler(body.get("scheduler"))
-        ref = check_ref(sched, body.get("ref"))
+        # /adopt/check is asked at srun/sbatch, before Slurm has given the job an id: no ref then
+        ref = check_ref(sched, body.get("ref")) if target or body.get("ref") is not None else ""
     except ValueError as e:
         raise JobError(str(e), reason="adopt_invalid") from None
     pid = _int(body, "pid", 2, (1 << 22), "the task's process id") if target else None
