@@ -140,9 +140,12 @@ class SlurmRig:
     @classmethod
     @contextmanager
     def create(cls, tmp: Path, cluster: Any, nodes: Sequence[int] | None = None, cpus: int = 2,
-               plugin_args: str = "") -> Iterator[SlurmRig]:
+               plugin_args: str = "", partitions: str | None = None, conf_extra: str = "") -> Iterator[SlurmRig]:
         """A Slurm over ``cluster``'s agents (``nodes``: their 0-based indexes, default all);
-        ``plugin_args``: more plugstack.conf arguments (``adopt=all``)."""
+        ``plugin_args``: more plugstack.conf arguments (``adopt=all``); ``partitions``: the
+        PartitionName lines (default one partition ``lmt`` of every node), ``{nodes}`` in them
+        replaced by the node names in order (``{n0}``, ``{n1}``: one node's); ``conf_extra``: more
+        slurm.conf lines (preemption's, for instance)."""
         reason = slurm_ready()
         if reason:
             raise RuntimeError(f"slurm rig: {reason}")
@@ -154,7 +157,7 @@ class SlurmRig:
             nd = cluster.nodes[i]
             rig.nodes.append(SlurmNode(i, f"lmt-{tag}-n{i}", nd.addr, nd.netns.path, nd.agent.sock.parent))
         try:
-            rig._write(cpus, plugin_args)
+            rig._write(cpus, plugin_args, partitions, conf_extra)
             rig._start_munged()
             rig._start_ctld()
             for n in rig.nodes:
@@ -168,7 +171,7 @@ class SlurmRig:
 
     # ------------------------------------------------------------------------ setup
 
-    def _write(self, cpus: int, plugin_args: str) -> None:
+    def _write(self, cpus: int, plugin_args: str, partitions: str | None = None, conf_extra: str = "") -> None:
         self.state.mkdir(parents=True)
         self.public.mkdir(mode=0o755)
         os.chmod(self.public, 0o755)  # whatever the umask
@@ -210,9 +213,16 @@ class SlurmRig:
             "SlurmdParameters=config_overrides\nMailProg=/bin/true\n"
             "KillWait=2\nMinJobAge=600\nInactiveLimit=0\nSlurmdTimeout=60\nSlurmctldTimeout=60\n"
             f"PlugStackConfig={self.public}/plugstack.conf\n"
+            + conf_extra
             + nodes
-            + "PartitionName=lmt Nodes=ALL Default=YES MaxTime=INFINITE State=UP\n")
+            + self._partitions(partitions))
         os.chmod(self.conf, 0o644)
+
+    def _partitions(self, lines: str | None) -> str:
+        if lines is None:
+            return "PartitionName=lmt Nodes=ALL Default=YES MaxTime=INFINITE State=UP\n"
+        names = {f"n{i}": n.name for i, n in enumerate(self.nodes)}
+        return lines.format(nodes=",".join(n.name for n in self.nodes), **names).rstrip("\n") + "\n"
 
     def _spawn(self, argv: list[str], log: str) -> subprocess.Popen[bytes]:
         with open(self.state / log, "ab") as f:

@@ -55,6 +55,9 @@ def test_drain_reason_is_ours_and_bounded() -> None:
 
 
 def test_ckpt_wait_leaves_the_give_back_its_time() -> None:
-    assert sr.ckpt_wait_s(100.0, 130.0, 12.0) == 18.0
-    assert sr.ckpt_wait_s(100.0, 105.0, 12.0) == 0.0  # too short a window: given back at once
+    assert sr.ckpt_wait_s(100.0, 160.0, 12.0) == 48.0  # a long window: the whole reserve kept
+    assert sr.ckpt_wait_s(100.0, 130.0, 12.0) == 22.5  # 30 s: a quarter of it
+    # a window shorter than the reserve keeps only a share of it: the checkpoint is still waited for
+    assert sr.ckpt_wait_s(100.0, 110.0, 12.0) == pytest.approx(10.0 * (1 - sr.GIVE_BACK_SHARE))
+    assert sr.ckpt_wait_s(100.0, 99.0, 12.0) == 0.0  # past the window: given back at once
     assert sr.ckpt_wait_s(100.0, 130.0, -5.0) == 30.0

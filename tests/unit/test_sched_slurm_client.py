@@ -153,9 +153,10 @@ def test_parse_oneliner_values_with_spaces() -> None:
     assert slurm.parse_oneliner("") == {}
 
 
-def _job(ref: str | None = "1234") -> SimpleNamespace:
-    return SimpleNamespace(id="job-3", origin=SimpleNamespace(scheduler=Scheduler.SLURM if ref else None,
-                                                              scheduler_ref=ref))
+def _job(ref: str | None = "1234", active: bool = False) -> SimpleNamespace:
+    """A stand-in adopted job (``active``: its processes here still run)."""
+    return SimpleNamespace(id="job-3", active=active,
+                           origin=SimpleNamespace(scheduler=Scheduler.SLURM if ref else None, scheduler_ref=ref))
 
 
 def test_backend_undrain_only_its_own_drain(standin: SimpleNamespace) -> None:
@@ -184,7 +185,8 @@ def test_backend_give_back_and_publish(standin: SimpleNamespace) -> None:
 
     async def go() -> None:
         assert await b.give_back(_job(), "/shared/slurm-1234/ckpt-40") == \
-            "slurm job 1234 requeued, to resume from /shared/slurm-1234/ckpt-40"
+            "slurm job 1234 requeued, to resume from /shared/slurm-1234/ckpt-40; its processes here are gone and " \
+            "Slurm's hold on its restart released"
         await b.publish(_job(), 1765000000.5)
         with pytest.raises(SlurmError, match="job job-3 has no Slurm job id"):
             await b.give_back(_job(None), None)
@@ -192,12 +194,25 @@ def test_backend_give_back_and_publish(standin: SimpleNamespace) -> None:
     asyncio.run(go())
     assert standin.argv() == [
         ["requeue", "1234"],
+        ["update", "JobId=1234", "StartTime=now"],  # its processes here are gone: Slurm's hold released
         ["show", "job", "1234", "--oneliner"],
         ["update", "JobId=1234", "Comment=my sweep 3; laminar-ckpt=1765000000 /shared/slurm-1234/ckpt-40"],
     ]
     off = SlurmBackend(Slurm(standin.exe), "lmt1", publish_comment=False)
     asyncio.run(off.publish(_job(), 1.0))
-    assert len(standin.argv()) == 3  # nothing run
+    assert len(standin.argv()) == 4  # nothing run
+
+
+def test_a_requeued_job_whose_processes_here_outlive_the_wait_keeps_slurms_hold(standin: SimpleNamespace,
+                                                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    """Two copies must never run: while its processes here live, its restart elsewhere waits."""
+    import laminar.sched.slurm as slurm_mod
+
+    monkeypatch.setattr(slurm_mod, "RELEASE_WAIT_S", 0.3)
+    b = SlurmBackend(Slurm(standin.exe), "lmt1")
+    said = asyncio.run(b.give_back(_job(active=True), None))
+    assert said.endswith("its processes here outlived 0.3 s, so Slurm's hold stays"), said
+    assert standin.argv() == [["requeue", "1234"]]
 
 
 def test_config_section_and_build(tmp_path: Path) -> None:

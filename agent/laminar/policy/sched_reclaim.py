@@ -106,12 +106,20 @@ def drained_by_us(reason: str | None) -> bool:
     return bool(reason) and str(reason).startswith(REASON_PREFIX)
 
 
+# At most this share of what is left of the window is kept for the give-back: a requeue takes
+# milliseconds when Slurm answers, and a fixed reserve longer than a short notice gave every job
+# back at once, without the checkpoint it had been asked for (a 10 s notice: none was waited for).
+GIVE_BACK_SHARE = 0.25
+
+
 def ckpt_wait_s(now_mono: float, deadline_mono: float, give_back_s: float) -> float:
-    """How long an evacuation may still wait for a job's new checkpoint: until ``give_back_s``
-    (the give-back's own bound: a scheduler command's timeout) before the window's end, never
-    less than 0. At 0 the job is given back at once, from the checkpoint it has."""
-    return max(0.0, deadline_mono - now_mono - max(0.0, give_back_s))
+    """How long an evacuation may still wait for a job's new checkpoint: until the give-back's
+    own bound (``give_back_s``: a scheduler command's timeout, at most ``GIVE_BACK_SHARE`` of
+    what is left of the window) before the window's end, never less than 0. At 0 the job is
+    given back at once, from the checkpoint it has."""
+    left = max(0.0, deadline_mono - now_mono)
+    return max(0.0, left - min(max(0.0, give_back_s), GIVE_BACK_SHARE * left))
 
 
-__all__ = ["COMMENT_MAX", "PATH_MAX", "PUBLISH_KEY", "REASON_MAX", "REASON_PREFIX", "ckpt_wait_s", "drain_reason",
+__all__ = ["COMMENT_MAX", "GIVE_BACK_SHARE", "PATH_MAX", "PUBLISH_KEY", "REASON_MAX", "REASON_PREFIX", "ckpt_wait_s", "drain_reason",
            "drained_by_us", "merge_comment", "parse_published", "publish_text", "should_publish"]

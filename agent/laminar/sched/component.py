@@ -44,7 +44,7 @@ log = logging.getLogger("laminar.sched")
 
 # What an evacuation keeps of the window for the give-back itself (a scheduler command: Slurm's
 # default [slurm] timeout_s of 10 s, and a margin): the checkpoint wait ends this long before the
-# window does. A notice shorter than this gives the job back at once, from the checkpoint it has.
+# window does, or, in a shorter window, a share of it (sched_reclaim.ckpt_wait_s).
 GIVE_BACK_RESERVE_S = 12.0
 
 
@@ -298,7 +298,7 @@ class SchedulerComponent:
                 with contextlib.suppress(TimeoutError):
                     ckpt = await asyncio.wait_for(ckpt_driver.wait_new_checkpoint(
                         job.ckpt_dir, None, 0.0, lambda: True, job=job, scanner=scan, lane=self._lane_of()),
-                        max(1.0, deadline_mono - time.monotonic() - GIVE_BACK_RESERVE_S))
+                        max(1.0, sr.ckpt_wait_s(time.monotonic(), deadline_mono, GIVE_BACK_RESERVE_S)))
         if self._drain_task is not None and not self._drain_task.done():  # not placed here again
             with contextlib.suppress(TimeoutError, Exception):
                 await asyncio.wait_for(asyncio.shield(self._drain_task), max(0.0, deadline_mono - time.monotonic()))
