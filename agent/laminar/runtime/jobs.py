@@ -324,7 +324,7 @@ class JobManager:
         with self.store.tx() as db:
             for index in provenance.INDEXES:
                 db.execute(index)
-        if any(c not in have for c in provenance.COLUMNS):
+        if any(c not in have for c in provenance.FIRST_COLUMNS):
             self.table.clean_stored_env()
         self.leaks.init_metrics()
         self._emit("job", f"jobs: {self.hierarchy.describe()}; GPUs: {self.inventory.source} "

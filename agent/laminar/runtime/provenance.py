@@ -44,6 +44,7 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
+from ..policy.sched import Scheduler, check_ref
 from . import gpus as gpumod
 
 log = logging.getLogger("laminar.jobs")
@@ -124,12 +125,16 @@ def format_share(share: tuple[tuple[int, float], ...]) -> str:
 # The columns of the jobs table that hold a job's origin (added to an existing table at start,
 # as jobs.LATER_COLUMNS), and their indexes: each reader asks by one of them.
 COLUMNS = {"origin_key": "TEXT", "placement_id": "INTEGER", "gpu_share": "TEXT", "requeued_from": "TEXT",
-           "resume_given": "TEXT"}
+           "resume_given": "TEXT", "scheduler": "TEXT", "scheduler_ref": "TEXT"}
+# the first of them: added together, with the stored envs cleaned once (JobTable.clean_stored_env)
+FIRST_COLUMNS = ("origin_key", "placement_id", "gpu_share", "requeued_from", "resume_given")
 INDEXES = (
     "CREATE INDEX IF NOT EXISTS jobs_by_origin ON jobs(origin_key) WHERE origin_key IS NOT NULL",
     "CREATE INDEX IF NOT EXISTS jobs_by_placement ON jobs(placement_id) WHERE placement_id IS NOT NULL",
     # (on the column itself: one on state was passed over for the num index and a scan of the table)
     "CREATE INDEX IF NOT EXISTS jobs_by_resume_given ON jobs(resume_given) WHERE resume_given IS NOT NULL",
+    # an adopted job by its scheduler's id (JobManager.find_adopted; laminar.runtime.adopt)
+    "CREATE INDEX IF NOT EXISTS jobs_by_scheduler_ref ON jobs(scheduler, scheduler_ref) WHERE scheduler IS NOT NULL",
 )
 
 
@@ -143,6 +148,9 @@ class JobOrigin:
     gpu_share: tuple[tuple[int, float], ...] = ()  # the fractional GPUs its placement gave it
     requeued_from: str | None = None  # the key of the job a requeue placed again as this one
     resume_given: str | None = None  # the resume_from the agent gave it (None: none, or its user's own)
+    # the scheduler it was adopted from and its id there (laminar.policy.sched; None: launched here)
+    scheduler: Scheduler | None = None
+    scheduler_ref: str | None = None
 
     def checked(self) -> JobOrigin:
         """Itself when every field is well formed; ValueError naming the field otherwise."""
@@ -158,6 +166,14 @@ class JobOrigin:
         rf = self.resume_given
         if rf is not None and (not isinstance(rf, str) or not rf.startswith("/") or "\0" in rf or len(rf) > 4096):
             raise ValueError(f"origin resume_given {str(rf)[:80]!r}: expected an absolute path")
+        if (self.scheduler is None) != (self.scheduler_ref is None):
+            raise ValueError(f"origin scheduler {self.scheduler!r} and scheduler_ref {str(self.scheduler_ref)[:80]!r}: "
+                             "expected both or neither")
+        if self.scheduler is not None:
+            try:
+                check_ref(self.scheduler, self.scheduler_ref)
+            except ValueError as e:
+                raise ValueError(f"origin {e}") from None
         return self
 
     def env(self) -> dict[str, str]:
@@ -176,7 +192,7 @@ class JobOrigin:
     def row(self) -> tuple[Any, ...]:
         """The values of :data:`COLUMNS`, in order."""
         return (self.migrated_from, self.placement_id, format_share(self.gpu_share) or None, self.requeued_from,
-                self.resume_given)
+                self.resume_given, None if self.scheduler is None else str(self.scheduler), self.scheduler_ref)
 
     @classmethod
     def from_row(cls, row: Any) -> JobOrigin:
@@ -193,15 +209,24 @@ class JobOrigin:
             share = ()
         key, req = col("origin_key"), col("requeued_from")
         pid, rf = col("placement_id"), col("resume_given")
+        sched: Scheduler | None
+        try:
+            sched = Scheduler(col("scheduler"))
+            sref: str | None = check_ref(sched, col("scheduler_ref"))
+        except ValueError:
+            sched = sref = None
         return cls(migrated_from=key if valid_key(key) else None,
                    placement_id=pid if isinstance(pid, int) and 0 < pid < 1 << 63 else None, gpu_share=share,
-                   requeued_from=req if valid_key(req) else None, resume_given=rf if isinstance(rf, str) else None)
+                   requeued_from=req if valid_key(req) else None, resume_given=rf if isinstance(rf, str) else None,
+                   scheduler=sched, scheduler_ref=sref)
 
     def as_dict(self) -> dict[str, Any]:
         return {"migrated_from": self.migrated_from,
                 "placement_id": None if self.placement_id is None else f"{self.placement_id:016x}",
                 "gpu_share": format_share(self.gpu_share) or None, "requeued_from": self.requeued_from,
-                "resume_given": self.resume_given}
+                "resume_given": self.resume_given,
+                "scheduler": None if self.scheduler is None else str(self.scheduler),
+                "scheduler_ref": self.scheduler_ref}
 
 
 NO_ORIGIN = JobOrigin()
