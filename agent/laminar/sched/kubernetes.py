@@ -15,8 +15,11 @@ DaemonSet with it; docs/kubernetes.md). Every ``[kubernetes] tick_s`` its round
    ``kubernetes``, ref ``<namespace>/<pod>``. The agent never creates, limits or removes a pod's
    cgroup; Airlock freezes it (and with it every container), the kill-switch cuts its traffic.
    A bad annotation is refused with one event (kind ``sched``) naming the pod and the value;
-4. ends the adopted job of a pod that is gone (from the API server's list, or its cgroup from
-   the tree): ``ended by kubernetes``.
+4. forgets a pod that is gone (from the API server's list, or its cgroup from the tree). Its
+   job ends when its cgroup is empty (the job manager watches ``populated``: the kubelet kills
+   a deleted pod's containers), ``ended by kubernetes``. The agent does not kill a pod's
+   processes on the API server's word: a stale list, or an API server that lost the pod while
+   the kubelet still runs it, must not cost a running job; and it never removes the cgroup.
 
 The reclaim's calls (:class:`laminar.sched.backend.Backend`): ``drain`` cordons the node (a
 strategic-merge PATCH of ``spec.unschedulable`` with the mark ``laminar.io/cordoned``; a node an
@@ -97,9 +100,7 @@ class JobsForKubernetes(Protocol):
 
     async def adopt(self, req: Any) -> tuple[Job, dict[str, str]]: ...
 
-    def find_adopted(self, scheduler: Scheduler, ref: str) -> list[Job]: ...
-
-    async def end_adopted(self, job: Job, reason: str, code: int | None = None) -> None: ...
+    def find_adopted(self, scheduler: str, ref: str) -> list[Job]: ...
 
 
 class Events(Protocol):
@@ -163,7 +164,7 @@ class KubernetesBackend:
         self.last_walk: kubepods.Walk | None = None
         self.last_error: str | None = None
         self._next = 0.0
-        self.counts = {"rounds": 0, "adopted": 0, "ended": 0, "refused": 0, "list_failed": 0,
+        self.counts = {"rounds": 0, "adopted": 0, "gone": 0, "refused": 0, "list_failed": 0,
                        "evictions": 0, "evictions_refused_by_pdb": 0, "cordoned": 0, "uncordoned": 0,
                        "published": 0}
 
@@ -274,8 +275,11 @@ class KubernetesBackend:
         from ..runtime.adopt import AdoptRequest  # the job manager's part (design-34 §1)
 
         live = self.jobs.find_adopted(Scheduler.KUBERNETES, ref)
-        if live:  # adopted before an agent restart, or by `laminarctl adopt`
-            self.adopted[ref] = (uid, live[0].id)
+        if live:
+            if getattr(live[0].origin, "scheduler_cgroup", None) not in (None, cg.path):
+                # an earlier pod of the same name (a StatefulSet's) still ends: its job first
+                return
+            self.adopted[ref] = (uid, live[0].id)  # before an agent restart, or by `laminarctl adopt`
             return
         pod_uid, pod_gid = pod_ids(pod)
         req = AdoptRequest(scheduler=Scheduler.KUBERNETES, ref=ref, uid=pod_uid, gid=pod_gid, job_class=ask.job_class,
@@ -293,18 +297,10 @@ class KubernetesBackend:
                    f"cgroup {cg.path}, {len(cg.containers)} containers)", job=job.id, pod=ref, qos=cg.qos)
 
     async def _end(self, ref: str, job_id: str, why: str) -> None:
-        if self.jobs is None:
-            return
-        for job in self.jobs.find_adopted(Scheduler.KUBERNETES, ref):
-            if job.id != job_id:
-                continue
-            try:
-                await self.jobs.end_adopted(job, "ended by kubernetes")
-            except Exception as e:
-                log.warning("kubernetes: job %s of pod %s not ended: %s", job_id, ref, e)
-                continue
-            self.counts["ended"] += 1
-            self._emit(f"kubernetes: job {job_id} ended: {why} ({ref})", job=job_id, pod=ref)
+        """The pod is gone: forgotten here; its job ends when its cgroup is empty (the module
+        docstring)."""
+        self.counts["gone"] += 1
+        self._emit(f"kubernetes: {why} ({ref}): job {job_id} ends when its processes are gone", job=job_id, pod=ref)
 
     # -- the reclaim's calls -----------------------------------------------------------------------
 
