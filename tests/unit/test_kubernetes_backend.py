@@ -275,3 +275,65 @@ def test_a_bad_annotation_is_one_event_naming_the_pod_and_the_value(tmp_path: Pa
             asyncio.run(b.reconcile(walk, asyncio.run(b.list_pods())))
         assert b.seen_events == ["kubernetes: pod team-a/bad not adopted: annotation laminar.io/priority = '999': "  # type: ignore[attr-defined]
                                  "expected an integer 0..100 (default 50)"]
+
+
+class StandInJobs:
+    """A stand-in job manager (what the backend calls: adopt, find_adopted); the real one adopts
+    real cgroups in tests/kernel/test_kubernetes_adopt.py. ``refuse``: refs whose adoption fails."""
+
+    def __init__(self, refuse: dict[str, str] | None = None) -> None:
+        self.asked: list[Any] = []
+        self.live: dict[str, Any] = {}
+        self.refuse = refuse or {}
+
+    async def adopt(self, req: Any) -> tuple[Any, dict[str, str]]:
+        self.asked.append(req)
+        if req.ref in self.refuse:
+            raise ValueError(self.refuse[req.ref])
+        job = SimpleNamespace(id=f"j{len(self.asked)}", origin=SimpleNamespace(
+            scheduler=Scheduler.KUBERNETES, scheduler_ref=req.ref, scheduler_cgroup=req.cgroup))
+        self.live[req.ref] = job
+        return job, {}
+
+    def find_adopted(self, scheduler: str, ref: str) -> list[Any]:
+        return [self.live[ref]] if ref in self.live else []
+
+
+def test_the_round_adopts_what_opted_in_and_forgets_what_is_gone(tmp_path: Path) -> None:
+    mount = tmp_path / "cg"
+    for uid, qos in ((UID1, "burstable"), (UID2, "guaranteed"), (UID3, "besteffort")):
+        lay_out(mount, kubepods.systemd_pod_path("lm-k", uid, qos))
+    with fake_api_server(tmp_path, "lm-node-1") as srv:
+        srv.pods = [pod("team-a", "train-0", UID1, "lm-node-1", {pk.CLASS: "long-resident", pk.PRIORITY: "70",
+                                                                 pk.CHECKPOINT: "USR2"}, run_as=1000),
+                    pod("team-a", "refused", UID2, "lm-node-1", {pk.CLASS: "long-resident"}),
+                    pod("team-b", "plain", UID3, "lm-node-1")]
+        jobs = StandInJobs({"team-a/refused": "class long-resident: not within uid 0's grant"})
+        b = backend(srv, cgroup_root="lm-k", tick_s=0.05)
+        b.jobs, b.mount = jobs, mount  # type: ignore[assignment]
+
+        def round_() -> None:
+            b._next = 0.0
+            asyncio.run(b.tick())
+
+        round_()
+        round_()
+        assert [r.ref for r in jobs.asked] == ["team-a/train-0", "team-a/refused", "team-a/refused"]
+        req = jobs.asked[0]
+        assert (req.scheduler, req.uid, req.gid, req.job_class, req.priority, req.checkpoint, req.pid) == \
+            (Scheduler.KUBERNETES, 1000, 1000, "long-resident", 70, "USR2", None)
+        assert req.cgroup == kubepods.systemd_pod_path("lm-k", UID1, "burstable")
+        assert set(b.adopted) == {"team-a/train-0"}
+        refusals = [m for m in b.seen_events if "not adopted" in m]  # type: ignore[attr-defined]
+        assert refusals == ["kubernetes: pod team-a/refused not adopted: class long-resident: not within uid 0's grant"]
+        # a walk a bound cut short forgets nothing; the pod gone from the list is forgotten
+        b.cfg["max_pods"] = 1
+        srv.pods = srv.pods[:1]
+        round_()
+        assert set(b.adopted) == {"team-a/train-0"}
+        b.cfg["max_pods"] = 250
+        srv.pods = []
+        round_()
+        assert b.adopted == {}
+        assert b.seen_events[-1] == ("kubernetes: pod gone from the API server (team-a/train-0): job j1 ends when "  # type: ignore[attr-defined]
+                                     "its processes are gone")

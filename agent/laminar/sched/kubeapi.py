@@ -46,8 +46,11 @@ class KubeApiError(RuntimeError):
 class Answer:
     status: int
     body: bytes
+    doc: Any = None  # the body parsed, when the request asked for it (parsed off the loop)
 
     def json(self) -> Any:
+        if self.doc is not None:
+            return self.doc
         try:
             return json.loads(self.body)
         except (ValueError, UnicodeDecodeError) as e:
@@ -126,8 +129,10 @@ class KubeApi:
         return self._ctx
 
     def request(self, method: str, path: str, body: Any = None, content_type: str = "application/json",
-                max_bytes: int = ANSWER_BYTES_MAX) -> Answer:
-        """One request (blocking), bounded as the module says. Raises KubeApiError."""
+                max_bytes: int = ANSWER_BYTES_MAX, parse: bool = False) -> Answer:
+        """One request (blocking), bounded as the module says; ``parse``: a 200's body parsed
+        as JSON here too (a pod list of megabytes is not parsed on the event loop). Raises
+        KubeApiError."""
         url = self.url or in_cluster_url()
         u = urlsplit(url)
         if u.scheme != "https" or not u.hostname:
@@ -161,7 +166,8 @@ class KubeApi:
                 if got > max_bytes:
                     raise KubeApiError(f"{what}: the answer is more than the {max_bytes} bytes allowed")
                 chunks.append(chunk)
-            return Answer(resp.status, b"".join(chunks))
+            ans = Answer(resp.status, b"".join(chunks))
+            return Answer(ans.status, ans.body, ans.json()) if parse and ans.status == 200 else ans
         except (OSError, http.client.HTTPException, ssl.SSLError) as e:
             if isinstance(e, TimeoutError | socket.timeout):
                 raise KubeApiError(f"{what} to {url}: no answer within {self.timeout_s:g} s") from None
@@ -170,10 +176,11 @@ class KubeApi:
             conn.close()
 
     async def call(self, method: str, path: str, body: Any = None, content_type: str = "application/json",
-                   max_bytes: int = ANSWER_BYTES_MAX) -> Answer:
+                   max_bytes: int = ANSWER_BYTES_MAX, parse: bool = False) -> Answer:
         """:meth:`request` off the event loop. Raises KubeApiError (a lane timeout or a stuck
         earlier request included)."""
         try:
-            return await self.lane.run("api", self.request, method, path, body, content_type, max_bytes)
+            return await self.lane.run("api", self.request, method, path, body, content_type, max_bytes,
+                                       parse)
         except (TimeoutError, LaneBusy) as e:
             raise KubeApiError(f"{method} {path}: {e}") from None

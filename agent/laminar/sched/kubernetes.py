@@ -215,14 +215,16 @@ class KubernetesBackend:
     async def list_pods(self) -> list[dict[str, Any]]:
         """This node's pods (the API server's PodList items). Raises KubeApiError."""
         path = "/api/v1/pods?fieldSelector=" + quote(f"spec.nodeName={self.node}", safe="=")
-        ans = await self.api.call("GET", path, max_bytes=LIST_BYTES_MAX)
+        ans = await self.api.call("GET", path, max_bytes=LIST_BYTES_MAX, parse=True)
         if ans.status != 200:
             raise KubeApiError(f"GET {path}: {ans.status}: {ans.message()}")
         doc = ans.json()
         items = doc.get("items") if isinstance(doc, dict) else None
         if not isinstance(items, list):
             raise KubeApiError(f"GET {path}: the answer is not a PodList")
-        return [p for p in items if isinstance(p, dict)]
+        # a node runs at most max_pods pods; more (a server that ignored the field selector) are
+        # not looked at, so one round's work stays bounded
+        return [p for p in items[: 2 * int(self.cfg["max_pods"])] if isinstance(p, dict)]
 
     def _refuse(self, uid: str, pod: str, why: str, **fields: Any) -> None:
         """One event per pod and reason (a pod keeps its bad annotation round after round)."""
@@ -263,8 +265,8 @@ class KubernetesBackend:
                 continue
             await self._adopt(ref, uid, pod, ask, cg)
         for ref, (uid, job_id) in list(self.adopted.items()):
-            if present.get(ref) == uid and uid in cgroups:
-                continue
+            if present.get(ref) == uid and (uid in cgroups or walk.truncated):
+                continue  # (a walk a bound cut short says nothing of the pods past it)
             del self.adopted[ref]
             await self._end(ref, job_id, "pod gone from the API server" if present.get(ref) != uid
                             else "pod cgroup gone")
