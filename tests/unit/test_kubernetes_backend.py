@@ -10,6 +10,7 @@ tests/fakekubeapi.py (real TLS on 127.0.0.1, a token it checks).
 from __future__ import annotations
 
 import asyncio
+import subprocess
 import time
 from pathlib import Path
 from types import SimpleNamespace
@@ -102,6 +103,33 @@ def test_discover_is_bounded_in_pods_and_entries(tmp_path: Path) -> None:
     walk = kubepods.discover(tmp_path, max_entries=10)
     assert walk.truncated == "more than 10 cgroup entries" and walk.entries == 10
     assert len(walk.pods) < 6
+
+
+def test_a_pods_gpus_are_what_the_device_plugin_gave_its_containers(tmp_path: Path) -> None:
+    uuids = {"GPU-aaaa": 0, "GPU-bbbb": 3}
+    assert kubepods.gpus_of("GPU-bbbb,GPU-aaaa", uuids) == {0, 3}
+    assert kubepods.gpus_of("1,2", uuids) == {1, 2}
+    assert kubepods.gpus_of("void", uuids) == set() and kubepods.gpus_of("none", uuids) == set()
+    assert kubepods.gpus_of("all", uuids) is None  # an image's default, not an assignment
+    assert kubepods.gpus_of("GPU-cccc", uuids) is None
+    # real processes with the environment the runtime gives them; cgroup.procs as the kernel lists it
+    rel = kubepods.systemd_pod_path("", UID1, "burstable")
+    lay_out(tmp_path, rel, containers=3)
+    ctrs = tuple(str(p.relative_to(tmp_path)) for p in sorted((tmp_path / rel).iterdir()))
+    procs = [subprocess.Popen(["sleep", "60"], env={"PATH": "/usr/bin:/bin", **env}) for env in
+             ({"NVIDIA_VISIBLE_DEVICES": "GPU-bbbb"}, {"NVIDIA_VISIBLE_DEVICES": "all"}, {})]
+    try:
+        for ctr, p in zip(ctrs, procs, strict=True):
+            (tmp_path / ctr / "cgroup.procs").write_text(f"{p.pid}\n")
+        assert kubepods.pod_gpus(tmp_path, ctrs, uuids) == (3,)
+        (tmp_path / ctrs[2] / "cgroup.procs").write_text(f"{procs[0].pid}\n")
+        procs[1].kill()
+        procs[1].wait()
+        assert kubepods.pod_gpus(tmp_path, ctrs, uuids) == (3,)  # a process gone: nothing from it
+    finally:
+        for p in procs:
+            p.kill()
+            p.wait()
 
 
 # -- the annotations -------------------------------------------------------------------------------
@@ -284,6 +312,7 @@ class StandInJobs:
     def __init__(self, refuse: dict[str, str] | None = None) -> None:
         self.asked: list[Any] = []
         self.live: dict[str, Any] = {}
+        self.inventory = None
         self.refuse = refuse or {}
 
     async def adopt(self, req: Any) -> tuple[Any, dict[str, str]]:

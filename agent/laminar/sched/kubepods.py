@@ -163,3 +163,65 @@ def cgroupfs_pod_path(root: str, uid: str, qos: str) -> str:
     """Where the cgroupfs driver puts pod ``uid`` of ``qos`` (relative to the mount)."""
     parts = [p for p in (root, "kubepods", qos_dirs("cgroupfs")[qos], f"pod{uid}") if p]
     return "/".join(parts)
+
+
+# A pod's GPUs: the device plugin (NVIDIA's) tells the container runtime which GPUs a container
+# gets through NVIDIA_VISIBLE_DEVICES in the container's environment (UUIDs by default, indices
+# with deviceIDStrategy=index). The first process of each container cgroup shows it.
+GPU_ENV = "NVIDIA_VISIBLE_DEVICES"
+ENVIRON_MAX = 256 * 1024  # a process's environment read, at most (the kernel allows more; 128 KiB is usual)
+CONTAINERS_MAX = 16  # containers of one pod looked at
+
+
+def gpus_of(value: str, uuids: dict[str, int]) -> set[int] | None:
+    """The GPU indices ``NVIDIA_VISIBLE_DEVICES`` names (indices, or UUIDs mapped through
+    ``uuids``: the inventory's ``uuid -> index``); None when it names no definite set (``all``:
+    an image's default, not an assignment; an unknown UUID)."""
+    v = value.strip()
+    if v in ("", "none", "void"):
+        return set()
+    if v == "all":
+        return None
+    out: set[int] = set()
+    for item in v.split(","):
+        item = item.strip()
+        if item.isdigit() and len(item) <= 4:
+            out.add(int(item))
+        elif item in uuids:
+            out.add(uuids[item])
+        else:
+            return None
+    return out
+
+
+def _env_value(pid: int, name: str) -> str | None:
+    try:
+        with open(f"/proc/{pid}/environ", "rb") as f:
+            raw = f.read(ENVIRON_MAX)
+    except OSError:
+        return None
+    key = name.encode() + b"="
+    for item in raw.split(b"\0"):
+        if item.startswith(key):
+            return item[len(key):].decode("ascii", "replace")
+    return None
+
+
+def pod_gpus(mount: Path, containers: tuple[str, ...], uuids: dict[str, int]) -> tuple[int, ...]:
+    """The GPUs the device plugin gave the pod's containers (the union; their first process's
+    ``NVIDIA_VISIBLE_DEVICES``), bounded (``CONTAINERS_MAX`` containers, one process each,
+    ``ENVIRON_MAX`` bytes). Empty when none says a definite set. Blocks: run off the loop."""
+    out: set[int] = set()
+    for rel in containers[:CONTAINERS_MAX]:
+        try:
+            with open(mount / rel / "cgroup.procs") as f:
+                first = f.readline().strip()
+        except OSError:
+            continue
+        if not first.isdigit():
+            continue
+        value = _env_value(int(first), GPU_ENV)
+        got = gpus_of(value, uuids) if value is not None else set()
+        if got:
+            out |= got
+    return tuple(sorted(out))

@@ -12,7 +12,8 @@ DaemonSet with it; docs/kubernetes.md). Every ``[kubernetes] tick_s`` its round
    off the loop);
 3. adopts each pod that opted in (``laminar.io/class``; :mod:`laminar.policy.kubernetes`) and whose
    cgroup it found, *in place*: ``JobManager.adopt`` with ``cgroup=`` the pod's cgroup, scheduler
-   ``kubernetes``, ref ``<namespace>/<pod>``. The agent never creates, limits or removes a pod's
+   ``kubernetes``, ref ``<namespace>/<pod>``, the GPUs the device plugin gave its containers
+   (``NVIDIA_VISIBLE_DEVICES`` of each container's first process: :func:`kubepods.pod_gpus`). The agent never creates, limits or removes a pod's
    cgroup; Airlock freezes it (and with it every container), the kill-switch cuts its traffic.
    A bad annotation is refused with one event (kind ``sched``) naming the pod and the value;
 4. forgets a pod that is gone (from the API server's list, or its cgroup from the tree). Its
@@ -49,6 +50,7 @@ from .backend import BackendError
 from .kubeapi import CA_FILE, LIST_BYTES_MAX, TIMEOUT_S, TOKEN_FILE, KubeApi, KubeApiError, check_url
 
 if TYPE_CHECKING:
+    from ..runtime.gpus import GpuInventory
     from ..runtime.record import Job
 
 log = logging.getLogger("laminar.sched.kubernetes")
@@ -101,6 +103,9 @@ class JobsForKubernetes(Protocol):
     async def adopt(self, req: Any) -> tuple[Job, dict[str, str]]: ...
 
     def find_adopted(self, scheduler: str, ref: str) -> list[Job]: ...
+
+    @property
+    def inventory(self) -> GpuInventory | None: ...
 
 
 class Events(Protocol):
@@ -284,8 +289,14 @@ class KubernetesBackend:
             self.adopted[ref] = (uid, live[0].id)  # before an agent restart, or by `laminarctl adopt`
             return
         pod_uid, pod_gid = pod_ids(pod)
+        inv = self.jobs.inventory
+        uuids = {g.uuid: g.index for g in inv.gpus if g.uuid} if inv is not None else {}
+        try:
+            gpus = await self.walk_lane.run("walk", kubepods.pod_gpus, self.mount, cg.containers, uuids)
+        except (TimeoutError, LaneBusy):
+            return  # next round
         req = AdoptRequest(scheduler=Scheduler.KUBERNETES, ref=ref, uid=pod_uid, gid=pod_gid, job_class=ask.job_class,
-                           priority=ask.priority, checkpoint=ask.checkpoint, gpus=(), pid=None, cgroup=cg.path,
+                           priority=ask.priority, checkpoint=ask.checkpoint, gpus=gpus, pid=None, cgroup=cg.path,
                            name=ref.split("/")[1][:64])
         try:
             job, _env = await self.jobs.adopt(req)
