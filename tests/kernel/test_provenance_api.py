@@ -77,7 +77,7 @@ def test_a_user_setting_the_agents_env_names_is_refused_naming_each(agent: Agent
         assert job["spec"]["remaining_s"] == 60.0 and job["spec"]["periodic_checkpoints"] is False
         assert job["origin"] == {"migrated_from": None, "placement_id": None, "gpu_share": None,
                                  "requeued_from": None, "resume_given": None, "scheduler": None,
-                                 "scheduler_ref": None}
+                                 "scheduler_ref": None, "scheduler_cgroup": None}
 
 
 def test_a_users_resume_from_is_never_the_agents_and_may_not_name_another_users_job(agent: AgentProc) -> None:

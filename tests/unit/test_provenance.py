@@ -295,7 +295,7 @@ def test_a_forged_placement_env_does_not_answer_a_late_handover(tmp_path: Path) 
 
 
 def test_a_stand_in_without_origin_is_no_origin() -> None:
-    assert NO_ORIGIN.env() == {} and NO_ORIGIN.row() == (None,) * len(pv.COLUMNS) and len(pv.COLUMNS) == 7
+    assert NO_ORIGIN.env() == {} and NO_ORIGIN.row() == (None,) * len(pv.COLUMNS) and len(pv.COLUMNS) == 8
 
 
 def test_a_take_over_drops_the_agents_names_refuses_the_rest_and_records_its_own_key(tmp_path: Path) -> None:

@@ -88,6 +88,7 @@ from ..policy.endcause import EndCause
 from ..userbounds import UidSlots
 from . import gpus as gpumod
 from . import joblimits, provenance
+from .adopt import Adoption, AdoptRequest
 from .checks import MAX_PER_USER, SubmitChecks
 from .ckpt_scan import CkptScanner
 from .grants import Grants
@@ -242,6 +243,8 @@ class JobManager:
         # "refused.<path>.reserved_env", "refused.submit.resume_from", "env_dropped.<name>"
         self.provenance_counts: dict[str, int] = {}
         # path probes in flight per owner (check_paths; counted until reaped)
+        # adopted jobs: a scheduler's tasks and pods taken as jobs (laminar.runtime.adopt)
+        self.adoption = Adoption(self)
         self.probes = UidSlots("path probes (a submission's cwd and PATH, checked as its owner) not yet reaped",
                                PROBES_PER_UID, PROBES_ALL_USERS, "uid_path_probes")
 
@@ -295,6 +298,10 @@ class JobManager:
                     pass
             if self.keep_ended_per_user is None:
                 self.keep_ended_per_user = jobs_cfg.get("keep_ended_per_user")
+            try:
+                self.adoption.configure(cfg.section("adopt"), cfg.section("gpus"))
+            except (AttributeError, KeyError):
+                pass
         self.max_per_user = MAX_PER_USER if self.max_per_user is None else self.max_per_user
         self.keep_ended_s = KEEP_ENDED_S if self.keep_ended_s is None else self.keep_ended_s
         self.keep_ended = KEEP_ENDED if self.keep_ended is None else self.keep_ended
@@ -411,7 +418,7 @@ class JobManager:
                 "jobs": counts, "grants": self.grants.as_dict() if self.grants else None,
                 "job_limits": self._limits_status(),
                 "ckpt_scan": self.ckpt_scan.stats(),
-                "provenance": dict(self.provenance_counts),
+                "provenance": dict(self.provenance_counts), "adopt": self.adoption.status(),
                 "leaked_cgroups": self.leaks.rows() if self.store is not None else []}
 
     def _limits_status(self) -> dict[str, Any] | None:
@@ -605,6 +612,9 @@ class JobManager:
         if quota:
             self.checks.quota(owner_uid)
         spec.validate()
+        refused = self.adoption.gpus_refusal(spec.gpus)
+        if refused is not None:
+            raise JobError(refused, reason="gpus_scheduler_owned")
         try:
             origin.checked()
         except ValueError as e:
@@ -642,7 +652,7 @@ class JobManager:
             self.checks.quota(owner_uid)
         spec_text = json.dumps(spec.as_dict())
         with self.store.tx() as db:
-            num = self._next_num(db)  # past every number given (pruned and reserved ones too)
+            num = self.next_num(db)  # past every number given (pruned and reserved ones too)
             if job_id is None:
                 job_id = f"job-{num}"
             elif job_id in self.jobs or (not relaunch and db.execute("SELECT 1 FROM jobs WHERE id=?",
@@ -671,7 +681,7 @@ class JobManager:
                        queue=job.queue_view())
         return job
 
-    def _next_num(self, db: Any) -> int:
+    def next_num(self, db: Any) -> int:
         """The next job number (in a transaction of the store): past every number given, the
         highest row, the highest ever pruned and the highest reserved for a multi-node id."""
         floor = int(self.store.get_meta(NUM_FLOOR_KEY, 0) or 0)
@@ -687,7 +697,7 @@ class JobManager:
         if isinstance(node, bool) or not isinstance(node, int) or not 0 <= node < 10 ** 10:
             raise JobError(f"node {node!r}: expected this node's zone node id, 0 to {10 ** 10 - 1}")
         with self.store.tx() as db:
-            num = self._next_num(db)
+            num = self.next_num(db)
             db.execute("INSERT INTO meta(key, value) VALUES(?, ?) ON CONFLICT(key) DO UPDATE SET value=excluded.value",
                        (NUM_RESERVED_KEY, json.dumps(num)))
         return f"job-{num}-n{node}"
@@ -810,6 +820,10 @@ class JobManager:
 
     def _pidfd_ready(self, job_id: str) -> None:
         self._unwatch(job_id)
+        job = self.jobs.get(job_id)
+        if job is not None and job.origin.scheduler is not None:  # adopted: it ends when its cgroup empties
+            self._spawn_task(self.adoption.watch_populated(job_id))
+            return
         self._spawn_task(self._on_exit(job_id))
 
     def _spawn_task(self, coro: Any) -> None:
@@ -837,6 +851,10 @@ class JobManager:
         # process the stop's kill could not end lives on (see stop). When its pidfd fired it has
         # exited and poll() reaps it; otherwise its code is unknown.
         code = proc.poll() if proc is not None else None
+        if job.origin.scheduler is not None:  # adopted: the code its scheduler's side told, if any
+            code = job.exit_code
+            if job.active:
+                job.reason = self.adoption.end_reason(job)
         if job.active:
             job.state = "exited"
             job.end_cause = endcause.exited(code)
@@ -890,6 +908,7 @@ class JobManager:
                 self.netguard.unregister_job(job.cgroup_id)
             except Exception as e:
                 log.debug("job %s: netguard.unregister_job: %s", job.id, e)
+        self.adoption.ended(job)
         if job.spec.elastic_min is not None and self.state_dir is not None:
             workers = self._workers_file(job.id)
             for f in (workers, workers.with_suffix(".tmp")):
@@ -937,7 +956,8 @@ class JobManager:
         cgroup that catches it (:meth:`signal_catchers`): its main process is a launcher
         (torchrun) that does not catch it and would die of it, its workers do. True when at
         least one process was sent it."""
-        if self.member_of(job) is not None:
+        if self.member_of(job) is not None or job.origin.scheduler is not None:
+            # a member's launcher, an adopted task's shell: not the process that checkpoints
             return bool(self.signal_catchers(job, job.spec.checkpoint_signal))
         return self.signal_main(job, job.spec.checkpoint_signal)
 
@@ -946,7 +966,7 @@ class JobManager:
         checkpoint signal, or, for a member of a multi-node job, some process of its cgroup does
         (what :meth:`request_checkpoint` would signal)."""
         sig = job.spec.checkpoint_signal
-        if self.member_of(job) is not None:
+        if self.member_of(job) is not None or job.origin.scheduler is not None:
             try:
                 pids = job.cgroup.pids()
             except (CgroupError, OSError):
@@ -1153,7 +1173,12 @@ class JobManager:
                         self.netguard.register_job(job.cgroup_id, job.num, job.spec.lent)
                     except Exception as e:
                         log.warning("job %s: netguard.register_job failed: %s", job.id, e)
-                if job.pid is not None and job.pid in job.cgroup.pids():
+                if job.origin.scheduler is not None:  # adopted from a scheduler: its own watch
+                    if job.pid is not None and job.pid not in job.cgroup.pids():
+                        job.pid = None
+                    self.adoption.register_net(job)
+                    self.adoption.watch(job)
+                elif job.pid is not None and job.pid in job.cgroup.pids():
                     self._watch(job)  # its pidfd pins the process: what is signalled is the job's
                 else:
                     # its main process is gone (init reaped it) and its pid is free for any process:
@@ -1193,6 +1218,15 @@ class JobManager:
                 self.events.emit(kind, message, **fields)
         else:
             log.info("%s: %s", kind, message)
+
+    # -- adopted jobs (laminar.runtime.adopt) ---------------------------------------------------
+    async def adopt(self, req: AdoptRequest) -> tuple[Job, dict[str, str]]:
+        """Adopt a scheduler's task or pod as a job (:meth:`laminar.runtime.adopt.Adoption.adopt`)."""
+        return await self.adoption.adopt(req)
+
+    def find_adopted(self, scheduler: str, ref: str) -> builtins.list[Job]:
+        """The live jobs adopted here from ``scheduler``'s job ``ref`` (at most one)."""
+        return self.adoption.find(scheduler, ref)
 
     # -- API -------------------------------------------------------------------------------------
     def routes(self) -> builtins.list[Any]:

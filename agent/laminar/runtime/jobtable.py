@@ -67,15 +67,41 @@ class JobTable:
         spec_d["job_class"] = spec_d.pop("class")
         spec = JobSpec(**spec_d)
         assert self.jm.tree is not None and self.jm.state_dir is not None
-        cg = self.jm.tree.job(spec.job_class, row["id"])
+        origin = JobOrigin.from_row(row)
+        cg = self.jm.adoption.cgroup_for(spec.job_class, row["id"], origin)  # an adopted job's may be in place
+        adopted_ckpt = self.jm.adoption.ckpt_dir_of(origin)
         return Job(id=row["id"], num=row["num"], spec=spec, cgroup=cg, cgroup_id=row["cgroup_id"] or 0,
                    state=row["state"], pid=row["pid"], owner_uid=row["owner_uid"], owner_gid=row["owner_gid"],
                    gpus=json.loads(row["gpus"]), created=row["created"], ended=row["ended"],
                    exit_code=row["exit_code"], reason=row["reason"] or "", work_lost_s=row["work_lost_s"],
                    end_cause=endcause.parse(row["end_cause"]),
                    started=row["started"], limits=json.loads(row["limits"]) if row["limits"] else None,
-                   origin=JobOrigin.from_row(row), spec_bytes=len(row["spec"]),
-                   ckpt_dir=self.jm.state_dir / "ckpt" / row["id"], log_path=self.jm.state_dir / "logs" / f"{row['id']}.log")
+                   origin=origin, spec_bytes=len(row["spec"]),
+                   ckpt_dir=adopted_ckpt or self.jm.state_dir / "ckpt" / row["id"],
+                   log_path=None if adopted_ckpt else self.jm.state_dir / "logs" / f"{row['id']}.log")
+
+    def insert(self, spec_text: str, owner_uid: int, owner_gid: int, created: float, origin: JobOrigin,
+               state: str = "running") -> tuple[str, int]:
+        """A new job's row (an adopted one's: laminar.runtime.adopt), with this node's next number;
+        its (id, num)."""
+        with self.jm.store.tx() as db:
+            num = self.jm.next_num(db)
+            job_id = f"job-{num}"
+            db.execute(f"INSERT INTO jobs(id, num, spec, state, owner_uid, owner_gid, gpus, created, "
+                       f"{', '.join(provenance.COLUMNS)}) VALUES(?, ?, ?, ?, ?, ?, '[]', ?"
+                       f"{', ?' * len(provenance.COLUMNS)})",
+                       (job_id, num, spec_text, state, owner_uid, owner_gid, created, *origin.row()))
+        return job_id, num
+
+    def set_limits(self, job: Job) -> None:
+        """The job's ``limits`` record (written once, when it starts)."""
+        with self.jm.store.tx() as db:
+            db.execute("UPDATE jobs SET limits=? WHERE id=?", (json.dumps(job.limits), job.id))
+
+    def find_adopted(self, scheduler: str, ref: str) -> list[str]:
+        """The ids of the jobs adopted from ``scheduler``'s job ``ref`` (any state), oldest first."""
+        return [str(r[0]) for r in self.jm.store.db.execute(
+            "SELECT id FROM jobs WHERE scheduler=? AND scheduler_ref=? ORDER BY num", (scheduler, ref))]
 
     def pruned(self, job_id: str) -> bool:
         """Whether `job_id` ("job-3" or "3") names a job this node gave and whose record was

@@ -125,7 +125,8 @@ def format_share(share: tuple[tuple[int, float], ...]) -> str:
 # The columns of the jobs table that hold a job's origin (added to an existing table at start,
 # as jobs.LATER_COLUMNS), and their indexes: each reader asks by one of them.
 COLUMNS = {"origin_key": "TEXT", "placement_id": "INTEGER", "gpu_share": "TEXT", "requeued_from": "TEXT",
-           "resume_given": "TEXT", "scheduler": "TEXT", "scheduler_ref": "TEXT"}
+           "resume_given": "TEXT", "scheduler": "TEXT", "scheduler_ref": "TEXT",
+           "scheduler_cgroup": "TEXT"}
 # the first of them: added together, with the stored envs cleaned once (JobTable.clean_stored_env)
 FIRST_COLUMNS = ("origin_key", "placement_id", "gpu_share", "requeued_from", "resume_given")
 INDEXES = (
@@ -151,6 +152,8 @@ class JobOrigin:
     # the scheduler it was adopted from and its id there (laminar.policy.sched; None: launched here)
     scheduler: Scheduler | None = None
     scheduler_ref: str | None = None
+    # an adopted job's cgroup taken in place (relative to the cgroup2 mount; None: the agent's own)
+    scheduler_cgroup: str | None = None
 
     def checked(self) -> JobOrigin:
         """Itself when every field is well formed; ValueError naming the field otherwise."""
@@ -169,6 +172,11 @@ class JobOrigin:
         if (self.scheduler is None) != (self.scheduler_ref is None):
             raise ValueError(f"origin scheduler {self.scheduler!r} and scheduler_ref {str(self.scheduler_ref)[:80]!r}: "
                              "expected both or neither")
+        sc = self.scheduler_cgroup
+        if sc is not None and (self.scheduler is None or not isinstance(sc, str) or not sc or sc.startswith("/")
+                               or len(sc) > 4096 or "\0" in sc or ".." in sc.split("/")):
+            raise ValueError(f"origin scheduler_cgroup {str(sc)[:80]!r}: expected an adopted job's cgroup, relative "
+                             "to the cgroup2 mount")
         if self.scheduler is not None:
             try:
                 check_ref(self.scheduler, self.scheduler_ref)
@@ -192,7 +200,8 @@ class JobOrigin:
     def row(self) -> tuple[Any, ...]:
         """The values of :data:`COLUMNS`, in order."""
         return (self.migrated_from, self.placement_id, format_share(self.gpu_share) or None, self.requeued_from,
-                self.resume_given, None if self.scheduler is None else str(self.scheduler), self.scheduler_ref)
+                self.resume_given, None if self.scheduler is None else str(self.scheduler), self.scheduler_ref,
+                self.scheduler_cgroup)
 
     @classmethod
     def from_row(cls, row: Any) -> JobOrigin:
@@ -215,10 +224,12 @@ class JobOrigin:
             sref: str | None = check_ref(sched, col("scheduler_ref"))
         except ValueError:
             sched = sref = None
+        scg = col("scheduler_cgroup")
+        scg = scg if sched is not None and isinstance(scg, str) and scg and ".." not in scg.split("/") else None
         return cls(migrated_from=key if valid_key(key) else None,
                    placement_id=pid if isinstance(pid, int) and 0 < pid < 1 << 63 else None, gpu_share=share,
                    requeued_from=req if valid_key(req) else None, resume_given=rf if isinstance(rf, str) else None,
-                   scheduler=sched, scheduler_ref=sref)
+                   scheduler=sched, scheduler_ref=sref, scheduler_cgroup=scg)
 
     def as_dict(self) -> dict[str, Any]:
         return {"migrated_from": self.migrated_from,
@@ -226,7 +237,7 @@ class JobOrigin:
                 "gpu_share": format_share(self.gpu_share) or None, "requeued_from": self.requeued_from,
                 "resume_given": self.resume_given,
                 "scheduler": None if self.scheduler is None else str(self.scheduler),
-                "scheduler_ref": self.scheduler_ref}
+                "scheduler_ref": self.scheduler_ref, "scheduler_cgroup": self.scheduler_cgroup}
 
 
 NO_ORIGIN = JobOrigin()
