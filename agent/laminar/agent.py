@@ -47,6 +47,7 @@ if TYPE_CHECKING:
         NetGuardAgent,
         NetGuardSwitch,
         PressureAgent,
+        SchedAgent,
         TransfersAgent,
         ZoneAgent,
     )
@@ -56,6 +57,7 @@ if TYPE_CHECKING:
     from .net.transfers import TransferRegistry
     from .pressurewatch import PressureWatch
     from .runtime.jobs import JobManager
+    from .sched.component import SchedulerComponent
     from .zone.component import ZoneComponent
 
 log = logging.getLogger("laminar.agent")
@@ -68,6 +70,7 @@ COMPONENTS = [
     "laminar.net.transfers:TransferRegistry",
     "laminar.zone.component:ZoneComponent",
     "laminar.members.component:MembersComponent",
+    "laminar.sched.component:SchedulerComponent",
     "laminar.migrate.reclaim:ReclaimComponent",
 ]
 
@@ -226,6 +229,8 @@ class Agent:
         self.zone: ZoneComponent | None = None
         # the members of multi-node jobs hosted or originated here (issue 33; None: none)
         self.members: MembersComponent | None = None
+        # the schedulers this node works beside (issue 34: Slurm, Kubernetes; None: not started)
+        self.schedulers: SchedulerComponent | None = None
         self.migrate: ReclaimComponent | None = None
         # set once every component has started: one started early may wait for a later one
         self.components_started = asyncio.Event()
@@ -523,11 +528,11 @@ class Agent:
 
 
 def _agent_conforms(agent: Agent) -> tuple[JobsAgent, AirlockAgent, NetGuardAgent, TransfersAgent, PressureAgent,
-                                             ZoneAgent, MigrateAgent, MembersAgent]:
+                                             ZoneAgent, MigrateAgent, MembersAgent, SchedAgent]:
     """Never called: mypy checks here that the agent offers every component what its interface
     in ``laminar.components`` names (and so that each component offers the others what theirs
     name: the migration layer what the zone calls on it, Airlock what netguard does, ...)."""
-    return agent, agent, agent, agent, agent, agent, agent, agent
+    return agent, agent, agent, agent, agent, agent, agent, agent, agent
 
 
 def _netguard_switches(netguard: NetGuard) -> NetGuardSwitch:

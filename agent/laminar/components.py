@@ -227,6 +227,29 @@ class MembersForZone(MembersForApi, Protocol):
     async def start_member(self, block: Any, spec: JobSpec, owner_uid: int, owner_gid: int) -> str: ...
 
 
+class SchedulersForMigrate(Protocol):
+    """The scheduler component (``agent.schedulers``, ``laminar/sched/component.py``) as an
+    owner's reclaim (``migrate/evacuation.py``, ``migrate/withdraw.py``) carries it out through the
+    schedulers this node works beside (design-34 §3)."""
+
+    def handles(self, job: Job) -> bool:
+        """Whether ``job`` was adopted from a scheduler enabled here (it is given back to it,
+        not moved to another Laminar node)."""
+        ...
+
+    def start_drain(self, reason: str) -> None:
+        """The reclaim begins: drain this node in every scheduler (in a task; never raises)."""
+        ...
+
+    async def undrain(self, reason: str) -> None:
+        """The reclaim was withdrawn: the node takes work again (never raises)."""
+        ...
+
+    async def evacuate(self, job: Job, deadline_mono: float) -> dict[str, Any]:
+        """Checkpoint ``job`` within the window and give it back to its scheduler (never raises)."""
+        ...
+
+
 # -- what each component reads of the agent ---------------------------------------------------
 
 
@@ -354,6 +377,16 @@ class MigrateAgent(AgentCore, Protocol):
     def netguard(self) -> NetGuard | None: ...
     @property
     def transfers(self) -> TransferRegistry | None: ...
+    @property
+    def schedulers(self) -> SchedulersForMigrate | None: ...
+
+
+class SchedAgent(AgentCore, Protocol):
+    """What the scheduler component (``sched/component.py``: Slurm, Kubernetes) reads of the
+    agent: the job manager (adopted jobs, their checkpoint signal and listings), optional."""
+
+    @property
+    def jobs(self) -> JobManager | None: ...
 
 
 class MembersAgent(AgentCore, Protocol):
@@ -380,5 +413,5 @@ def jobs_of(agent: MigrateAgent) -> JobManager:
 __all__ = ["AgentCore", "AirlockAgent", "AirlockForNetGuard", "AirlockRungs", "JobIndex", "JobsAgent", "JobsById",
            "Departures", "MemberInfo", "MembersAgent", "MembersForAgent", "MembersForAirlock", "MembersForApi",
            "MembersForJobs", "MembersForJobsApi", "MembersForNet", "MembersForZone", "MigrateAgent", "MigrateForAirlock",
-           "MigrateForZone", "MovesNow", "NetGuardAgent", "NetGuardSwitch", "PressureAgent", "TakeOvers", "TransfersAgent",
+           "MigrateForZone", "MovesNow", "NetGuardAgent", "NetGuardSwitch", "PressureAgent", "SchedAgent", "SchedulersForMigrate", "TakeOvers", "TransfersAgent",
            "ZoneAgent", "jobs_of"]

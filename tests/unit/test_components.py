@@ -34,7 +34,7 @@ def test_a_stand_in_agent_gives_every_name_of_its_interface() -> None:
     assert agent.store == "the store" and agent.migrate is None and agent.jobs is None
     assert agent.components_started.is_set()  # nothing of the stand-in is still to start
     assert "request_stop" in interface_names(NetGuardAgent)  # a method is a name too
-    assert interface_names(MigrateAgent) == ["api", "config", "events", "jobs", "metrics", "netguard", "store",
+    assert interface_names(MigrateAgent) == ["api", "config", "events", "jobs", "metrics", "netguard", "schedulers", "store",
                                              "transfers", "zone"]
 
 

@@ -3,9 +3,11 @@
 
 :meth:`Evacuation.announce` takes an owner's notice (``laminarctl reclaim``, ``POST /v1/reclaim``),
 or forwards it to another node's agent; :meth:`Evacuation.start` stores the window and begins it:
-the queue held, the node drained in the zone, the kill-switch armed for the window's end, the
+the queue held, the node drained in the zone and in the schedulers it works beside
+(:mod:`laminar.sched`), the kill-switch armed for the window's end, the
 plan of :func:`laminar.policy.ckpt_schedule.notice_schedule` run one move per job
-(:meth:`laminar.migrate.mover.Mover.move`), the keepers this node holds passed on
+(:meth:`laminar.migrate.mover.Mover.move`; a job adopted from a scheduler is checkpointed and given
+back to it instead: :meth:`laminar.sched.component.SchedulerComponent.evacuate`), the keepers this node holds passed on
 (:meth:`laminar.migrate.keepers.Keepers.pass_keepers`), and at the window's end whatever still
 runs stopped (state ``reclaimed``). :meth:`Evacuation.cancel` withdraws it
 (:meth:`laminar.migrate.withdraw.Withdraw.cancel_reclaim`). The reclaim's own move records
@@ -244,6 +246,8 @@ class Evacuation:
                        reason=str(row["reason"]), stopped=[j.id for j in cut])
             # the peers forget its notice
             self.host._spawn(self.host.withdraw.retell_withdrawn(None, 0.0, at_once=True, marker=False))
+            if self.host.agent.schedulers is not None:  # and the schedulers place work here again
+                self.host._spawn(self.host.agent.schedulers.undrain("the reclaim's window ended while the agent was down"))
             return
         self._begin(float(row["notice_s"]), str(row["reason"]), float(row["announced"]), end, restored=True)
 
@@ -266,6 +270,9 @@ class Evacuation:
         if z is not None:
             with contextlib.suppress(Exception):
                 told = z.reclaim_notice(left, reason)
+        sch = self.host.agent.schedulers
+        if sch is not None:  # nothing new placed here by the schedulers this node works beside (laminar.sched)
+            sch.start_drain(reason)
         deadline_ns = time.monotonic_ns() + int(left * 1e9)
         armed = []
         ng = self.host.agent.netguard
@@ -291,11 +298,14 @@ class Evacuation:
         placing = [jid for jid, (ph, _) in phases.items() if ph == "placing"
                    and jobs_mgr is not None and getattr(jobs_mgr.get(jid), "state", None) == "queued"]
         link = float(self.host.s["path_mbit"]) * 1e6 / 8
+        # A job adopted from a scheduler is given back to it (laminar.sched: its checkpoint stays
+        # in its shared checkpoint directory), never sent over the uplink: not in the plan.
+        moved = [j for j in active if sch is None or not sch.handles(j)]
         # A job's checkpoint is not instant: it is written at its next step boundary. The pause
         # planned for is what this job took last time (else DEFAULT_CKPT_PAUSE_S).
         plan = cs.notice_schedule([cs.CkptJob(j.id, float(self.host.checkpoints.ckpt_bytes(j)),
                                               pause_s=self.host.ckpt_latency.get(j.id, DEFAULT_CKPT_PAUSE_S))
-                                   for j in active], link, left, float(self.host.s["notice_margin"]))
+                                   for j in moved], link, left, float(self.host.s["notice_margin"]))
         steps = {st.job_id: st for st in plan}
         now_mono = time.monotonic()
         self.host.reclaim = {"notice_s": notice_s, "reason": reason, "announced": announced, "deadline": end,
@@ -414,6 +424,12 @@ class Evacuation:
                 return  # withdrawn before this job's move began
             if not job.active:
                 return  # the earlier move took it away (or it ended, or its fence settled it as taken)
+            sch = self.host.agent.schedulers
+            if sch is not None and sch.handles(job):
+                # adopted from a scheduler: checkpointed and given back to it (requeued), which
+                # runs it again elsewhere from that checkpoint (laminar.sched.component)
+                await sch.evacuate(job, deadline)
+                return
             prev = self.host.moves.get(job.id)
             if prev is not None and job.id in self.host._archive_keeps:
                 await self.host.keepers.stop_archived(job, prev)  # an earlier plan's move, cut while it stopped the job

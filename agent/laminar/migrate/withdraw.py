@@ -262,6 +262,9 @@ class Withdraw:
                                     cause=EndCause.PLACEMENT_UNSETTLED)
         superseded = self.host.reclaim is not None
         released = not superseded and drain.release_hold(jobs_mgr, self.host.node_id)
+        sch = self.host.agent.schedulers
+        if not superseded and sch is not None:  # the schedulers place work here again (never raises)
+            await sch.undrain(reason)
         told, missed = ([], []) if superseded else await self._tell_withdrawn()
         if self.host.reclaim is not None and not superseded:  # announced while the peers were told: tell its notice again
             superseded = True

@@ -15,6 +15,12 @@ call               Slurm (``sched/slurm.py``)                Kubernetes (``sched
 ``publish``        job comment ``laminar-ckpt=<t> <path>``   pod annotation ``laminar.io/last-checkpoint``
 ``tick``           nothing                                   discover and adopt pods
 =================  =======================================  =====================================
+
+A backend's module offers ``build(agent, newest) -> Backend`` (``agent``: the scheduler
+component's view of the agent, ``laminar.components.SchedAgent``; ``newest(job)``: the path of
+the job's newest checkpoint as the agent last listed it, or None) and registers its config
+section with an ``enabled`` key; the component lists it in
+:data:`laminar.sched.component.BACKENDS` and builds it when enabled.
 """
 
 from __future__ import annotations
