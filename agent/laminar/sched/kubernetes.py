@@ -37,6 +37,7 @@ import asyncio
 import logging
 import os
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 from urllib.parse import quote
@@ -44,6 +45,7 @@ from urllib.parse import quote
 from ..config import Field, register_section
 from ..offloop import Lane, LaneBusy
 from ..policy import kubernetes as pk
+from ..policy import sched_reclaim as sr
 from ..policy.sched import Scheduler, check_ref
 from . import kubepods
 from .backend import BackendError
@@ -56,8 +58,9 @@ if TYPE_CHECKING:
 log = logging.getLogger("laminar.sched.kubernetes")
 
 # How long an eviction a PodDisruptionBudget refuses is asked again when the caller gives no
-# deadline (the reclaim gives the window's end).
-EVICT_RETRY_S = 60.0
+# deadline: within the 12 s the reclaim keeps for the give-back at the window's end
+# (laminar.sched.component.GIVE_BACK_RESERVE_S), so the retries end before the window does.
+EVICT_RETRY_S = 10.0
 # Refusals remembered (one event each): at most this many pods' (bounded by max_pods anyway).
 NOTED_MAX = 1024
 STRATEGIC = "application/strategic-merge-patch+json"
@@ -153,10 +156,11 @@ class KubernetesBackend:
     scheduler = Scheduler.KUBERNETES
 
     def __init__(self, cfg: dict[str, Any], jobs: JobsForKubernetes | None, events: Events | None, mount: Path,
-                 api: KubeApi | None = None, node: str = "") -> None:
+                 api: KubeApi | None = None, node: str = "", newest: Callable[[Job], str | None] | None = None) -> None:
         self.cfg = {**{k: f.default for k, f in CONFIG_FIELDS.items()}, **cfg}
         self.jobs = jobs
         self.events = events
+        self.newest = newest
         self.mount = Path(mount)
         self.node = self.cfg["node_name"] or os.environ.get("NODE_NAME", "") or node
         if not self.node:
@@ -381,17 +385,36 @@ class KubernetesBackend:
                                    f"PodDisruptionBudget allows no disruption ({ans.message()})")
             await asyncio.sleep(wait)
 
-    async def publish(self, job: Job, ckpt_time: float, text: str | None = None) -> None:
-        """Set the pod's ``laminar.io/last-checkpoint`` (``text``, default ``laminar-ckpt=<unix time>``).
-        Raises BackendError."""
+    async def publish(self, job: Job, ckpt_time: float) -> None:
+        """Set the pod's ``laminar.io/last-checkpoint`` to ``laminar-ckpt=<unix time> <path>``
+        (:func:`laminar.policy.sched_reclaim.publish_text`, the same text as a Slurm job's
+        comment; the path when ``newest`` knows it). Raises BackendError."""
         ns, name = split_ref(job)
-        value = text or f"laminar-ckpt={int(ckpt_time)}"
+        value = sr.publish_text(ckpt_time, self.newest(job) if self.newest is not None else None)
         await self._ok("PATCH", f"/api/v1/namespaces/{ns}/pods/{name}", pk.annotation_patch(pk.LAST_CHECKPOINT, value),
                        MERGE)
         self.counts["published"] += 1
 
 
-def build(config: Any, jobs: JobsForKubernetes | None, events: Events | None, mount: Path) -> KubernetesBackend:
-    """The backend from the agent's config (``[kubernetes]``; ``[agent] node`` as the last
-    fallback of the node's name). Raises BackendError."""
-    return KubernetesBackend(config.section("kubernetes"), jobs, events, mount, node=config.agent.node)
+def build(agent: Any, newest: Callable[[Job], str | None] | None = None) -> KubernetesBackend:
+    """The backend as the agent's ``[kubernetes]`` configures it (the scheduler component calls
+    this when ``[kubernetes] enabled``; ``agent``: its config, job manager and events;
+    ``newest``: a job's newest checkpoint path, named in the published annotation; ``[agent]
+    node`` the last fallback of the node's name). Raises BackendError."""
+    from ..airlock.cgroups import CgroupError, detect
+
+    try:
+        mount = detect().unified
+    except CgroupError as e:
+        raise BackendError(f"kubernetes: {e}") from None
+    return KubernetesBackend(agent.config.section("kubernetes"), agent.jobs, agent.events, mount,
+                             node=agent.config.agent.node, newest=newest)
+
+
+if TYPE_CHECKING:
+    from ..events import EventBus
+    from ..runtime.jobs import JobManager
+
+    def _conforms(jobs: JobManager, events: EventBus) -> tuple[JobsForKubernetes, Events]:
+        """mypy checks that the job manager and the event bus are what the backend calls."""
+        return jobs, events
