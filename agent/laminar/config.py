@@ -222,6 +222,9 @@ SCHEMA: dict[str, dict[str, Field]] = {
     },
     "gpus": {
         "declared": Field((int, list), 0, "GPUs this node declares when NVML finds none (count or indices)", _gpus),
+        "owner": Field(str, "laminar", "who assigns this node's GPUs: \"laminar\" (submit and placements), or "
+                       "\"scheduler\" (Slurm's gres, Kubernetes' device plugin: Laminar hands out none; adopted jobs "
+                       "hold the GPUs their scheduler gave)", _one_of("laminar", "scheduler")),
     },
     "grants": {
         "default_classes": Field(list, ["standard", "transient"], "Airlock classes every local user may submit "

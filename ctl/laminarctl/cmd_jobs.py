@@ -2,7 +2,8 @@
 
     laminarctl submit --memory 2G --cpus 4 --gpus 2 --class long-resident --priority 80 \\
         --name train -- python train.py --epochs 10
-    laminarctl jobs                 # active and finished jobs
+    laminarctl jobs                 # active and finished jobs (SCHEDULER: slurm:1234 for an adopted one)
+    laminarctl adopt --slurm 1234 --pid 4321 --class long-resident   # a scheduler's task as a job
     laminarctl job show job-3       # or: laminarctl job show 3
     laminarctl job show 3 --follow  # until it ends; a move off this node as a progress bar
     laminarctl job stop job-3 [--grace 10] [--reason "..."]
@@ -65,7 +66,7 @@ STOP_ANSWER_S = 120.0
 
 JOB_COLUMNS = [("id", "ID"), ("name", "NAME"), ("state", "STATE"), ("class", "CLASS"), ("priority", "PRIO"),
                ("pid", "PID"), ("used_mb", "USED MiB"), ("memory_mb", "LIMIT MiB"), ("rung", "AIRLOCK"),
-               ("gpus", "GPUS"), ("reason", "REASON")]
+               ("gpus", "GPUS"), ("sched", "SCHEDULER"), ("reason", "REASON")]
 
 
 def _gpus_arg(text: str) -> int | list[int]:
@@ -114,6 +115,25 @@ def register(sub: Any, common: argparse.ArgumentParser) -> None:
                    help="never ask this job for periodic checkpoints (the migration layer's checkpoint driver)")
     p.add_argument("cmd", nargs=argparse.REMAINDER, help="-- command and arguments")
     p.set_defaults(func=cmd_submit)
+
+    p = sub.add_parser("adopt", parents=[common], help="take a scheduler's task or pod as a job (root, or the task's user)",
+                       description="Adopt a Slurm task (by its pid) or a Kubernetes pod (by its cgroup, root only) as a "
+                                   "job without launching it (docs/operations.md, 'Adopted jobs'). Prints the job and "
+                                   "the environment the task must get.")
+    which = p.add_mutually_exclusive_group(required=True)
+    which.add_argument("--slurm", metavar="JOBID", help="the Slurm job id")
+    which.add_argument("--kubernetes", metavar="NS/POD", help="the pod, as namespace/name")
+    where = p.add_mutually_exclusive_group(required=True)
+    where.add_argument("--pid", type=int, help="the task's pid (Slurm)")
+    where.add_argument("--cgroup", help="the pod's cgroup, relative to the cgroup2 mount (Kubernetes)")
+    p.add_argument("--class", dest="job_class", default="standard", help="Airlock class (default: standard)")
+    p.add_argument("--priority", type=int, default=50, help="0..100 (default 50)")
+    p.add_argument("--checkpoint", default="USR1", help="the signal the job catches for a checkpoint, or none")
+    p.add_argument("--gpus", default="", help="the GPU indices the scheduler assigned, e.g. 0,1")
+    p.add_argument("--uid", type=int, help="the job's user (root only; default: yours)")
+    p.add_argument("--gid", type=int, help="the job's group (default: the user's)")
+    p.add_argument("--name", help="a name for the job")
+    p.set_defaults(func=cmd_adopt)
 
     p = sub.add_parser("jobs", parents=[common], help="list jobs on this node")
     p.add_argument("--active", action="store_true", help="only jobs that have not ended (queued, running, suspended)")
@@ -207,8 +227,9 @@ def _row(j: dict[str, Any]) -> dict[str, Any]:
     elif v is not None:  # a member's local job
         mb = j.get("member") or {}
         j = {**j, "reason": j.get("reason") or f"member {mb.get('index')} of {mb.get('job')}"}
+    sched = f"{j['scheduler']}:{j.get('scheduler_ref')}" if j.get("scheduler") else None
     return {**j, "memory_mb": spec.get("memory_mb"), "used_mb": used >> 20 if isinstance(used, int) else None,
-            "rung": _rung(j)}
+            "rung": _rung(j), "sched": sched}
 
 
 def _submitted(j: dict[str, Any]) -> None:
@@ -216,6 +237,37 @@ def _submitted(j: dict[str, Any]) -> None:
         info(f"{j['id']} queued: {j.get('reason') or 'waiting for room in its class'}")
     else:
         info(f"{j['id']} started (pid {j['pid']}, cgroup {j['cgroup']}, log {j['log']})")
+
+
+def adopt_body(args: argparse.Namespace) -> dict[str, Any]:
+    """The body of POST /v1/jobs/adopt from ``laminarctl adopt``'s arguments (the agent checks every field)."""
+    body: dict[str, Any] = {"scheduler": "slurm" if args.slurm else "kubernetes", "ref": args.slurm or args.kubernetes,
+                            "class": args.job_class, "priority": args.priority, "checkpoint": args.checkpoint}
+    if args.pid is not None:
+        body["pid"] = args.pid
+    else:
+        body["cgroup"] = args.cgroup
+    try:
+        body["gpus"] = [int(x) for x in args.gpus.split(",")] if args.gpus.strip() else []
+    except ValueError:
+        raise ValueError(f"--gpus {args.gpus!r}: expected GPU indices, e.g. 0,1") from None
+    for k in ("uid", "gid", "name"):
+        if getattr(args, k) is not None:
+            body[k] = getattr(args, k)
+    return body
+
+
+def cmd_adopt(args: argparse.Namespace) -> int:
+    out = args.client.post("/v1/jobs/adopt", adopt_body(args))
+
+    def human(r: dict[str, Any]) -> None:
+        j = r["job"]
+        info(f"{j['id']} adopted from {j['scheduler']}:{j['scheduler_ref']} (cgroup {j['cgroup']})")
+        for k, v in sorted(r.get("env", {}).items()):
+            info(f"{k}={v}")
+
+    emit(out, args.output, human)
+    return 0
 
 
 def cmd_submit(args: argparse.Namespace) -> int:

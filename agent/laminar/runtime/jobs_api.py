@@ -171,7 +171,10 @@ def routes(jm: JobManager) -> list[Any]:
         except JobError as e:
             raise ApiError(409, str(e)) from None
 
+    from .adopt_api import routes as adopt_routes
+
     return [
+        *adopt_routes(jm),  # POST /v1/jobs/adopt, /v1/jobs/adopt/check, /v1/jobs/{id}/exit
         Route("POST", "/v1/jobs", submit, privileged=False),
         Route("GET", "/v1/jobs", list_jobs),
         Route("GET", "/v1/jobs/{id}", show),

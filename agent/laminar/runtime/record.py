@@ -160,7 +160,13 @@ class Job:
             "log": str(self.log_path) if self.log_path else None, "adopted": self.adopted,
             "started": self.started, "spec": spec, "env_redacted": not reveal, "limits": self.limits,
             "origin": self.origin.as_dict(),
+            # adopted from a scheduler (laminar.runtime.adopt): which, its id there; the last checkpoint
+            "scheduler": None if self.origin.scheduler is None else str(self.origin.scheduler),
+            "scheduler_ref": self.origin.scheduler_ref,
         }
+        last = self.last_checkpoint()
+        out["last_ckpt"] = last
+        out["last_ckpt_age_s"] = None if last is None else round(max(0.0, time.time() - last), 3)
         queue = self.queue_view()
         if queue is not None:
             out["queue"] = queue
