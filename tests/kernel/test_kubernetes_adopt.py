@@ -146,6 +146,11 @@ def test_pods_adopted_in_place_frozen_evicted_and_their_cgroups_left(tmp_path: P
                 (train,) = jobs.find_adopted(Scheduler.KUBERNETES, "team-a/train-0")
                 assert train.origin.scheduler == "kubernetes" and train.origin.scheduler_ref == "team-a/train-0"
                 assert train.spec.job_class == "long-resident" and train.spec.priority == 70
+                assert train.spec.checkpoint_signal == "SIGUSR2"  # laminar.io/checkpoint: USR2
+                rec = train.as_dict()  # what GET /v1/jobs and `laminarctl jobs` show
+                assert (rec["scheduler"], rec["scheduler_ref"], rec["class"], rec["priority"], rec["cgroup"]) == \
+                    ("kubernetes", "team-a/train-0", "long-resident", 70, str(train_dir))
+                assert sorted(rec["pids"]) == sorted(p for c in train_ctrs for p in pids_in(c))
                 # in place: the job's cgroup is the pod's own, its containers' processes are the job's
                 assert train.cgroup.unified == train_dir
                 assert jobs.find_adopted(Scheduler.KUBERNETES, "team-b/plain") == []

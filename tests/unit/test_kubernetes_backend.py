@@ -366,3 +366,17 @@ def test_the_round_adopts_what_opted_in_and_forgets_what_is_gone(tmp_path: Path)
         assert b.adopted == {}
         assert b.seen_events[-1] == ("kubernetes: pod gone from the API server (team-a/train-0): job j1 ends when "  # type: ignore[attr-defined]
                                      "its processes are gone")
+
+
+def test_the_scheduler_component_builds_the_backend_when_enabled() -> None:
+    from laminar.agent import import_components
+    from laminar.config import Config, validate
+    from laminar.sched.component import build_backends
+
+    import_components()
+    cfg = Config(validate({"kubernetes": {"enabled": True, "node_name": "lm-node-1"}}))
+    agent = SimpleNamespace(config=cfg, jobs=None, events=None, store=None)
+    (b,) = build_backends(agent, lambda job: None)  # type: ignore[arg-type]
+    assert isinstance(b, KubernetesBackend) and b.scheduler == "kubernetes" and b.node == "lm-node-1"
+    assert build_backends(SimpleNamespace(config=Config(validate({})), jobs=None, events=None, store=None),  # type: ignore[arg-type]
+                          lambda job: None) == []
