@@ -380,3 +380,11 @@ def test_the_scheduler_component_builds_the_backend_when_enabled() -> None:
     assert isinstance(b, KubernetesBackend) and b.scheduler == "kubernetes" and b.node == "lm-node-1"
     assert build_backends(SimpleNamespace(config=Config(validate({})), jobs=None, events=None, store=None),  # type: ignore[arg-type]
                           lambda job: None) == []
+
+
+def test_the_catchable_signals_are_the_kernels() -> None:
+    import signal
+
+    names = {s.name.removeprefix("SIG") for s in signal.Signals if not s.name.startswith("SIGRT")
+             and s.name not in ("SIGKILL", "SIGSTOP", "SIGIOT", "SIGPOLL", "SIGCLD")}
+    assert pk.CATCHABLE == names

@@ -20,7 +20,6 @@ here too, so a unit test pins what goes on the wire.
 from __future__ import annotations
 
 import re
-import signal
 from dataclasses import dataclass
 from typing import Any
 
@@ -38,6 +37,10 @@ PRIORITY_MAX = 100  # laminar.runtime.spec.PRIORITY_MAX
 PRIORITY_DEFAULT = 50
 CHECKPOINT_DEFAULT = "USR1"
 VALUE_MAX = 64
+# Linux's signals a process may catch (KILL and STOP it cannot), by name without SIG: what the
+# checkpoint annotation may name (policy is pure: no import of the signal module here).
+CATCHABLE = frozenset("HUP INT QUIT ILL TRAP ABRT BUS FPE USR1 SEGV USR2 PIPE ALRM TERM STKFLT CHLD CONT TSTP "
+                      "TTIN TTOU URG XCPU XFSZ VTALRM PROF WINCH IO PWR SYS".split())
 # An eviction a PodDisruptionBudget refuses (429) is asked again after these waits (seconds),
 # the last one repeated, until the caller's deadline: the disruption controller updates a PDB's
 # allowance within seconds of a pod becoming ready elsewhere.
@@ -95,16 +98,12 @@ def parse_checkpoint(pod: str, raw: str | None) -> str:
     s = raw.strip().upper()
     if s == "NONE":
         return "none"
-    name = s if s.startswith("SIG") else "SIG" + s
-    try:
-        sig = signal.Signals[name]
-    except KeyError:
-        sig = None
-    if sig is None or sig in (signal.SIGKILL, signal.SIGSTOP):
+    name = s.removeprefix("SIG")
+    if name not in CATCHABLE:
         raise PodNoteError(f"pod {pod}: annotation {CHECKPOINT} = {_shown(raw)}: expected the name of a signal "
                            f"the job catches (USR1, the default; USR2; TERM...) or none; KILL and STOP cannot "
                            f"be caught")
-    return sig.name.removeprefix("SIG")
+    return name
 
 
 def cordon_patch(on: bool, reason: str) -> dict[str, Any]:
