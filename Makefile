@@ -5,7 +5,8 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 BUILD := build
-APT_PKGS := clang llvm libbpf-dev bpftool iproute2 earlyoom stress-ng iperf3 tcpdump systemd-container gdb
+APT_PKGS := clang llvm libbpf-dev bpftool iproute2 earlyoom stress-ng iperf3 tcpdump systemd-container gdb \
+  slurmctld slurmd slurm-client munge libslurm-dev
 BPF_OUT := agent/laminar/bpf/objects
 BPF_SRC := $(wildcard bpf/*.bpf.c)
 BPF_OBJ := $(patsubst bpf/%.bpf.c,$(BPF_OUT)/%.bpf.o,$(BPF_SRC))
@@ -13,10 +14,10 @@ PREFIX ?= /usr/local
 CONFIG ?=
 PYTEST_ARGS ?=
 
-.PHONY: all setup apt venv bpf run test unit kernel cluster gpu lint bench install uninstall clean
+.PHONY: all setup apt venv bpf spank run test unit kernel cluster gpu lint bench install uninstall clean
 all: setup
 
-setup: apt venv bpf
+setup: apt venv bpf spank
 
 # Debian packages: install only what is missing, so a warm machine does not touch apt.
 apt: $(BUILD)/.apt-stamp
@@ -46,6 +47,13 @@ bpf: $(BPF_OBJ)
 $(BPF_OUT)/%.bpf.o: bpf/%.bpf.c bpf/laminar.h $(BUILD)/vmlinux.h | apt
 	@mkdir -p $(BPF_OUT)
 	clang -O2 -g -Wall -Werror -target bpf -D__TARGET_ARCH_x86 -I$(BUILD) -Ibpf -c $< -o $@
+
+# The SPANK plugin (docs/slurm.md), built against Debian's Slurm headers (libslurm-dev).
+SPANK_SO := $(BUILD)/spank/laminar_spank.so
+spank: $(SPANK_SO)
+$(SPANK_SO): spank/laminar_spank.c | apt
+	@mkdir -p $(BUILD)/spank
+	gcc -O2 -g -Wall -Wextra -Werror -fPIC -shared -o $@ $<
 
 # Run the agent in the foreground on this node (root). With no CONFIG it is a one-node zone
 # on the default route's interface; its data plane passes all traffic until told otherwise.

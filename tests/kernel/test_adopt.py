@@ -215,3 +215,159 @@ def test_a_cgroup_outside_the_inplace_roots_or_inside_the_agents_is_refused(tmp_
                 assert jobs.list() == [] and not (tmp_path / "adopted" / "kubernetes-ns_p").exists()
 
     asyncio.run(main())
+
+
+def test_with_gpus_owned_by_the_scheduler_laminar_hands_out_none_and_adopted_jobs_hold_theirs(tmp_path: Path) -> None:
+    from test_provenance_store import zone_of
+
+    from laminar.runtime.jobs import JobManager
+    from laminar.runtime.spec import JobSpec
+    from laminar.store import Store
+
+    async def main() -> None:
+        root = f"laminar-t-{secrets.token_hex(3)}"
+        store = Store(tmp_path / "laminar.db")
+        jobs = JobManager(store=store, state_dir=tmp_path, cgroup_root=root, gpus_declared=[0, 1])
+        p = start_catcher(tmp_path / "gpu-task")
+        try:
+            await jobs.start(None)
+            jobs.adoption.ckpt_root = tmp_path / "adopted"
+            jobs.adoption.configure(None, {"owner": "scheduler"})
+            with pytest.raises(JobError, match='\\[gpus\\] owner = "scheduler"'):
+                await jobs.submit(JobSpec(["sleep", "1"], gpus=1).validate())
+            assert jobs.list() == []
+            job, env = await jobs.adopt(request("9", pid=p.pid, gpus=(1,)))
+            assert job.gpus == [1] and job.as_dict()["gpus"] == [1]
+            q = start_catcher(tmp_path / "gpu-task-2")
+            try:
+                with pytest.raises(JobError, match=f"\\[1\\] held by job {job.id}"):
+                    await jobs.adopt(request("10", pid=q.pid, gpus=(1,)))
+            finally:
+                q.kill()
+                q.wait()
+            with pytest.raises(JobError, match="already in a job's cgroup"):
+                await jobs.adopt(request("10", pid=p.pid))
+            zone = zone_of(tmp_path, jobs)
+            await zone.start(None)
+            try:
+                zone.refresh_inventory()
+                assert zone.arbiter.inventory.gpu_free == (0.0, 0.0), "the zone was told of a free GPU"
+            finally:
+                await zone.stop()
+        finally:
+            p.kill()
+            p.wait()
+            await jobs.stop()
+            from laminar.airlock.cgroups import CgroupTree
+
+            CgroupTree(detect(), root).purge()
+            store.close()
+
+    asyncio.run(main())
+
+
+def test_the_last_checkpoint_is_in_the_record_and_the_metrics(tmp_path: Path) -> None:
+    from prometheus_client import generate_latest
+
+    async def main() -> None:
+        async with airlock_rig(tmp_path) as (jobs, _al, _store):
+            jobs.adoption.ckpt_root = tmp_path / "adopted"
+            p = start_catcher(tmp_path / "m")
+            try:
+                job, _ = await jobs.adopt(request("31", pid=p.pid))
+                assert job.as_dict()["last_ckpt"] is None
+                assert b'scheduler_ref="31"' not in generate_latest(jobs.metrics)
+                assert job.ckpt_dir is not None
+                Checkpointer(job_id=job.id, ckpt_dir=job.ckpt_dir, install_signal=False).save(b"w", step=1)
+                assert await until(lambda: job.last_checkpoint() is not None, 10)
+                rec = job.as_dict()
+                assert abs(rec["last_ckpt"] - time.time()) < 30 and 0 <= rec["last_ckpt_age_s"] < 30
+                text = generate_latest(jobs.metrics).decode()
+                line = [ln for ln in text.splitlines() if ln.startswith("laminar_job_last_checkpoint_age_seconds{")
+                        and 'scheduler_ref="31"' in ln]
+                assert line and f'job="{job.id}"' in line[0] and 'scheduler="slurm"' in line[0], text[-2000:]
+                assert "laminar_job_last_checkpoint_timestamp_seconds{" in text
+            finally:
+                p.kill()
+                p.wait()
+
+    asyncio.run(main())
+
+
+def test_adopted_jobs_are_adopted_again_after_a_restart_and_one_that_ended_meanwhile_exited(tmp_path: Path) -> None:
+    from laminar.airlock.cgroups import CgroupTree
+    from laminar.runtime.jobs import JobManager
+    from laminar.store import Store
+
+    async def main() -> None:
+        with pod_tree() as (top, ctr):
+            root = f"laminar-t-{secrets.token_hex(3)}"
+            store = Store(tmp_path / "laminar.db")
+
+            async def manager() -> JobManager:
+                jm = JobManager(store=store, state_dir=tmp_path, cgroup_root=root, gpus_declared=[])
+                await jm.start(None)
+                jm.adoption.ckpt_root = tmp_path / "adopted"
+                jm.adoption.inplace_roots = (top,)
+                return jm
+
+            moved, pod, gone = (start_catcher(tmp_path / n) for n in ("a", "b", "c"))
+            try:
+                (ctr / "cgroup.procs").write_text(str(pod.pid))
+                jobs = await manager()
+                a, _ = await jobs.adopt(request("51", pid=moved.pid))
+                b, _ = await jobs.adopt(request("ns/pod-b", scheduler=Scheduler.KUBERNETES, cgroup=f"{top}/pod"))
+                c, _ = await jobs.adopt(request("53", pid=gone.pid))
+                await jobs.stop()  # the agent goes down: its jobs run on
+                gone.kill()
+                gone.wait()
+                jobs = await manager()
+                ra, rb, rc = (jobs.get(j.id) for j in (a, b, c))
+                assert ra is not None and ra.state == "running" and ra.origin.scheduler_ref == "51"
+                assert rb is not None and rb.state == "running" and isinstance(rb.cgroup, FixedCgroup)
+                assert rc is not None and rc.state == "exited" and rc.reason.startswith("ended by slurm"), rc
+                assert [j.id for j in jobs.find_adopted("kubernetes", "ns/pod-b")] == [b.id]
+                assert jobs.request_checkpoint(rb)
+                moved.kill()
+                moved.wait()
+                pod.kill()
+                pod.wait()
+                for j in (ra, rb):
+                    end = await jobs.wait(j.id, 15)
+                    assert end is not None and end.state == "exited", end
+                assert ctr.is_dir(), "the agent removed the pod's cgroup"
+                await jobs.stop()
+            finally:
+                for q in (moved, pod, gone):
+                    q.kill()
+                    q.wait()
+                CgroupTree(detect(), root).purge()
+                store.close()
+
+    asyncio.run(main())
+
+
+def test_airlocks_kill_of_an_adopted_job_stops_its_processes(tmp_path: Path) -> None:
+    async def main() -> None:
+        with pod_tree() as (top, ctr):
+            async with airlock_rig(tmp_path) as (jobs, _al, _store):
+                jobs.adoption.ckpt_root = tmp_path / "adopted"
+                jobs.adoption.inplace_roots = (top,)
+                task, pod = start_catcher(tmp_path / "k1"), start_catcher(tmp_path / "k2")
+                try:
+                    (ctr / "cgroup.procs").write_text(str(pod.pid))
+                    a, _ = await jobs.adopt(request("61", pid=task.pid))
+                    b, _ = await jobs.adopt(request("ns/k", scheduler=Scheduler.KUBERNETES, cgroup=f"{top}/pod"))
+                    made = a.cgroup.unified
+                    for j, proc in ((a, task), (b, pod)):
+                        await jobs.kill(j, "test: airlock's last rung")
+                        end = await jobs.wait(j.id, 15)
+                        assert end is not None and end.state == "killed", end
+                        assert await until(lambda p=proc: p.poll() is not None, 10), "the adopted task outlived its kill"
+                    assert not made.exists() and ctr.is_dir()
+                finally:
+                    for q in (task, pod):
+                        q.kill()
+                        q.wait()
+
+    asyncio.run(main())

@@ -95,8 +95,19 @@ def test_only_root_names_another_uid() -> None:
     assert parse_adopt(OK, 1000).uid == 1000
 
 
-def test_the_check_takes_no_pid_or_cgroup() -> None:
+def test_the_check_needs_no_pid_or_cgroup_and_ignores_them() -> None:
     body = {k: v for k, v in OK.items() if k != "pid"}
     assert parse_adopt(body, 0, target=False).pid is None
-    with pytest.raises(JobError, match="'pid'"):
-        parse_adopt(OK, 0, target=False)
+    req = parse_adopt({**OK, "cgroup": "../x"}, 0, target=False)
+    assert req.pid is None and req.cgroup is None
+
+
+def test_the_check_needs_no_ref_as_srun_has_no_job_id_yet_but_a_ref_given_is_checked() -> None:
+    """What the SPANK plugin asks at srun/sbatch (spank/laminar_spank.c): no ref, no pid."""
+    body = {"scheduler": "slurm", "uid": 1000, "gid": 1000, "class": "standard", "priority": 40}
+    req = parse_adopt(body, 1000, target=False)
+    assert (req.ref, req.job_class, req.priority) == ("", "standard", 40)
+    with pytest.raises(JobError, match="slurm ref 'j1'"):
+        parse_adopt({**body, "ref": "j1"}, 1000, target=False)
+    with pytest.raises(JobError, match="slurm ref"):  # the adoption itself needs it
+        parse_adopt({**body, "pid": 4321}, 1000)

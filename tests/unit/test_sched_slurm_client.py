@@ -77,7 +77,7 @@ def test_command_lines(standin: SimpleNamespace) -> None:
     async def go() -> None:
         c = Slurm(standin.exe, timeout_s=10)
         await c.drain("lmt1", "laminar: reclaim of node lmt1: owner")
-        await c.resume("lmt1")
+        await c.undrain("lmt1")
         await c.requeue("1234")
         await c.set_comment("1234", "mine; laminar-ckpt=5 /s/ckpt-1")
         job = await c.job("1234")
@@ -90,7 +90,7 @@ def test_command_lines(standin: SimpleNamespace) -> None:
     asyncio.run(go())
     assert standin.argv() == [
         ["update", "NodeName=lmt1", "State=DRAIN", "Reason=laminar: reclaim of node lmt1: owner"],
-        ["update", "NodeName=lmt1", "State=RESUME"],
+        ["update", "NodeName=lmt1", "State=UNDRAIN"],
         ["requeue", "1234"],
         ["update", "JobId=1234", "Comment=mine; laminar-ckpt=5 /s/ckpt-1"],
         ["show", "job", "1234", "--oneliner"],
@@ -173,7 +173,7 @@ def test_backend_undrain_only_its_own_drain(standin: SimpleNamespace) -> None:
     assert standin.argv() == [
         ["update", "NodeName=lmt1", "State=DRAIN", "Reason=laminar: reclaim of node lmt1: owner needs it"],
         ["show", "node", "lmt1", "--oneliner"],
-        ["update", "NodeName=lmt1", "State=RESUME"],
+        ["update", "NodeName=lmt1", "State=UNDRAIN"],
         ["show", "node", "lmt1", "--oneliner"],
     ]
 

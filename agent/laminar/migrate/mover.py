@@ -484,6 +484,10 @@ class Mover:
             if job.id in self.host.fence.fenced_jobs:
                 raise MigrateError(f"{job.id} is fenced (node {self.host.node_id} heard none of its zone; "
                                    "migrate.fence_after_s): it moves once its fence is settled, if nobody took it over")
+            origin = getattr(job, "origin", None)
+            if origin is not None and origin.scheduler is not None:  # adopted (laminar.runtime.adopt)
+                raise MigrateError(f"{job.id} was adopted from {origin.scheduler} job {origin.scheduler_ref}: its "
+                                   "scheduler starts it elsewhere (a requeue, an eviction), never Laminar's move")
             if self.host.zone is None:
                 raise MigrateError("this node is in a one-node zone: there is nowhere to move the job")
             # the newest verified checkpoint: the checkpoint driver's check of the job's listing

@@ -135,6 +135,9 @@ class NetGuard:
         # putting back the value they read would clear a kill bit the other set in between.
         # Reentrant: the API's 'all' actions call the per-job writers in a loop.
         self.lock = threading.RLock()
+        # job number -> every cgroup id registered for it: an adopted pod's cgroup and its
+        # containers' (laminar.runtime.adopt); a job's switch and deadline are set on all of them
+        self._cgroups_of: dict[int, set[int]] = {}
 
     @property
     def _agent(self) -> NetGuardAgent:
@@ -490,10 +493,23 @@ class NetGuard:
             job = abi.LmJob.from_buffer_copy(raw) if raw else abi.LmJob()
             job.job_id = job_num
             job.flags = (job.flags | abi.LM_JOB_LENT) if lent else (job.flags & ~abi.LM_JOB_LENT)
+            # a cgroup of a job already registered (a pod's container) starts with the job's switch
+            for other in self._cgroups_of.get(job_num, set()) - {cgroup_id}:
+                first = self.job_entry(other)
+                if first is not None:
+                    keep = abi.LM_JOB_KILL | abi.LM_JOB_ARMED
+                    job.flags = (job.flags & ~keep) | (first.flags & keep)
+                    job.kill_at_ns = first.kill_at_ns
+                    break
             m.update(_u64(cgroup_id), bytes(job))
+            self._cgroups_of.setdefault(job_num, set()).add(cgroup_id)
 
     def unregister_job(self, cgroup_id: int) -> None:
         with self.lock:
+            for num, ids in list(self._cgroups_of.items()):
+                ids.discard(cgroup_id)
+                if not ids:
+                    del self._cgroups_of[num]
             self.maps["lm_jobs"].delete(_u64(cgroup_id))
             self.maps["lm_job_stats"].delete(_u64(cgroup_id))
 
@@ -534,14 +550,20 @@ class NetGuard:
         return {f[0]: int(getattr(c, f[0])) for f in abi.LmCounters._fields_}
 
     def _update_job(self, cgroup_id: int, set_flags: int = 0, clear_flags: int = 0, kill_at_ns: int | None = None) -> None:
+        """Sets the flags and deadline of the job registered as ``cgroup_id``, and of every other
+        cgroup registered for the same job (an adopted pod's containers). KeyError: not registered."""
         with self.lock:  # an unregister in between cannot be undone by this update either
             job = self.job_entry(cgroup_id)
             if job is None:
                 raise KeyError(cgroup_id)
-            job.flags = (job.flags | set_flags) & ~clear_flags
-            if kill_at_ns is not None:
-                job.kill_at_ns = kill_at_ns
-            self.maps["lm_jobs"].update(_u64(cgroup_id), bytes(job))
+            for cg in sorted({cgroup_id} | self._cgroups_of.get(int(job.job_id), set())):
+                entry = job if cg == cgroup_id else self.job_entry(cg)
+                if entry is None or int(entry.job_id) != int(job.job_id):
+                    continue
+                entry.flags = (entry.flags | set_flags) & ~clear_flags
+                if kill_at_ns is not None:
+                    entry.kill_at_ns = kill_at_ns
+                self.maps["lm_jobs"].update(_u64(cg), bytes(entry))
 
     def set_job_kill(self, cgroup_id: int, on: bool) -> None:
         """on: drop the job's traffic from the next packet; off: restore it (clears an armed deadline too)."""

@@ -40,6 +40,7 @@ import json
 import logging
 import os
 import pwd
+import signal
 import stat
 import time
 from dataclasses import dataclass
@@ -134,18 +135,19 @@ def parse_adopt(body: Any, caller_uid: int, *, target: bool = True) -> AdoptRequ
     (SO_PEERCRED). JobError naming the value and what is right for a malformed field (400);
     :class:`AdoptRefused` when a caller other than root names another uid (403). With
     ``target`` (``/adopt``, not ``/adopt/check``) exactly one of ``pid`` and ``cgroup`` is
-    required (a Kubernetes job by its ``cgroup``), else neither is taken. Pure but for the
+    required (a Kubernetes job by its ``cgroup``), else both are ignored and ``ref`` may be left
+    out (srun asks before Slurm gives the job an id; it is "" then). Pure but for the
     user's primary gid, read from the passwd database when ``gid`` is not given."""
     if not isinstance(body, dict):
         raise JobError(f"adopt request {_brief(body)}: expected a JSON object", reason="adopt_invalid")
-    extra = sorted(str(k)[:40] for k in body if k not in BODY_FIELDS or (not target and k in ("pid", "cgroup")))
+    extra = sorted(str(k)[:40] for k in body if k not in BODY_FIELDS)
     if extra:
-        allowed = [f for f in BODY_FIELDS if target or f not in ("pid", "cgroup")]
         raise JobError(f"adopt request: unknown field(s) {', '.join(map(repr, extra[:8]))}; expected "
-                       f"{', '.join(allowed)}", reason="adopt_invalid")
+                       f"{', '.join(BODY_FIELDS)}", reason="adopt_invalid")
     try:
         sched = parse_scheduler(body.get("scheduler"))
-        ref = check_ref(sched, body.get("ref"))
+        # /adopt/check is asked at srun/sbatch, before Slurm has given the job an id: no ref then
+        ref = check_ref(sched, body.get("ref")) if target or body.get("ref") is not None else ""
     except ValueError as e:
         raise JobError(str(e), reason="adopt_invalid") from None
     pid = _int(body, "pid", 2, (1 << 22), "the task's process id") if target else None
@@ -302,6 +304,17 @@ def pid_uid(pid: int) -> int | None:
     return None
 
 
+def _still(fd: int | None, pid: int) -> None:
+    """JobError unless the process pinned by pidfd ``fd`` still lives, so that the number ``pid``
+    written into a cgroup.procs next is still it (not a process that took the number since)."""
+    try:
+        if fd is None:
+            raise ProcessLookupError
+        signal.pidfd_send_signal(fd, 0)
+    except OSError:
+        raise JobError(f"pid {pid}: the process ended before it could be adopted", reason="adopt_pid") from None
+
+
 def _cmdline(pid: int) -> list[str]:
     try:
         raw = Path(f"/proc/{pid}/cmdline").read_bytes()[:4096]
@@ -323,6 +336,7 @@ class Adoption:
         # the child cgroups of in-place jobs netguard was told of, by job id (their ids)
         self._children: dict[str, set[int]] = {}
         self.counts: dict[str, int] = {}
+        self._collector: CheckpointCollector | None = None
 
     def configure(self, adopt: dict[str, Any] | None, gpus: dict[str, Any] | None) -> None:
         """From the config's ``[adopt]`` and ``[gpus]`` sections (None: the defaults)."""
@@ -331,6 +345,12 @@ class Adoption:
             self.inplace_roots = tuple(adopt.get("inplace_roots", INPLACE_ROOTS))
         if gpus:
             self.gpu_owner = str(gpus.get("owner", "laminar"))
+
+    def init_metrics(self) -> None:
+        """The last-checkpoint gauges (:class:`CheckpointCollector`) in the manager's registry, once."""
+        if self._collector is None and self.jm.metrics is not None:
+            self._collector = CheckpointCollector(self.jm)
+            self.jm.metrics.register(self._collector)
 
     # -- what GPUs the agent may hand out --------------------------------------------------
     def gpus_refusal(self, want: Any) -> str | None:
@@ -499,7 +519,11 @@ class Adoption:
             live = self.find(req.scheduler, req.ref)
             if live:
                 job = live[0]
+                if job.owner_uid != req.uid:
+                    raise JobError(f"{req.scheduler} job {req.ref}: adopted here as job {job.id} of uid {job.owner_uid}, "
+                                   f"not uid {req.uid}", reason="adopt_pid")
                 if req.pid is not None and not isinstance(job.cgroup, FixedCgroup) and req.pid not in job.cgroup.pids():
+                    _still(fd, req.pid)
                     job.cgroup.attach(req.pid)  # a second task of the same Slurm job
                     self._emit_added(job, req.pid)
                 return job, await self.env(job, req.checkpoint)
@@ -509,8 +533,13 @@ class Adoption:
                                "pod's cgroup is taken where the kubelet made it", reason="adopt_cgroup")
             if in_place:
                 rel = self.check_cgroup(rel)
+            else:
+                root = (jm.cgroup_root or "laminar").strip("/")
+                if rel == root or rel.startswith(root + "/"):
+                    raise JobError(f"pid {req.pid}: already in a job's cgroup ({rel}); a process is adopted once",
+                                   reason="adopt_pid")
             self.check(req)
-            return await self._take(req, rel if in_place else None)
+            return await self._take(req, rel if in_place else None, fd)
         finally:
             if fd is not None:
                 os.close(fd)
@@ -519,7 +548,7 @@ class Adoption:
         self.jm._emit("job", f"job {job.id}: task pid {pid} of {job.origin.scheduler} job {job.origin.scheduler_ref} "
                       "moved into its cgroup", job=job.id, pid=pid)
 
-    async def _take(self, req: AdoptRequest, rel: str | None) -> tuple[Job, dict[str, str]]:
+    async def _take(self, req: AdoptRequest, rel: str | None, fd: int | None) -> tuple[Job, dict[str, str]]:
         jm = self.jm
         assert jm.tree is not None and jm.hierarchy is not None
         ckpt = self.ckpt_dir(req.scheduler, req.ref)
@@ -529,6 +558,8 @@ class Adoption:
         if live:
             return live[0], await self.env(live[0], req.checkpoint)
         self.check_gpus(req)
+        if req.uid:  # as a submission: at most [jobs] max_per_user jobs not ended (QuotaError, 429)
+            jm.checks.quota(req.uid)
         command = (_cmdline(req.pid) if req.pid is not None else []) or [f"{req.scheduler}:{req.ref}"]
         spec = JobSpec(command=command, name=req.name or ckpt_dir_name(req.scheduler, req.ref)[:NAME_MAX], job_class=req.job_class,
                        priority=req.priority,
@@ -549,6 +580,7 @@ class Adoption:
             cg.create()
             if rel is None:
                 assert req.pid is not None
+                _still(fd, req.pid)
                 cg.attach(req.pid)
             job.cgroup_id = cg.cgroup_id
         except (CgroupError, OSError) as e:
@@ -657,3 +689,35 @@ class Adoption:
         return {"ckpt_root": str(self.ckpt_root), "inplace_roots": list(self.inplace_roots),
                 "gpu_owner": self.gpu_owner, "adopted": dict(self.counts),
                 "live": sum(1 for j in self.jm.jobs.values() if j.live and j.origin.scheduler is not None)}
+
+
+class CheckpointCollector:
+    """``laminar_job_last_checkpoint_timestamp_seconds`` and
+    ``laminar_job_last_checkpoint_age_seconds`` of every live job that has a checkpoint (its
+    checkpoint directory's last change, as the scanner last saw it: ``Job.last_checkpoint``),
+    labelled job, class, scheduler and scheduler_ref (empty for a job launched here): what a
+    scheduler's preemption reads to choose the victim with the least work at risk. Rendered on
+    the agent's loop (laminar.metrics), from memory: no file is read."""
+
+    def __init__(self, jm: JobManager) -> None:
+        self.jm = jm
+
+    def collect(self) -> Any:
+        from prometheus_client.core import GaugeMetricFamily
+
+        labels = ["job", "class", "scheduler", "scheduler_ref"]
+        ts = GaugeMetricFamily("laminar_job_last_checkpoint_timestamp_seconds", "When a live job's last checkpoint "
+                               "was committed (wall clock), for jobs with one", labels=labels)
+        age = GaugeMetricFamily("laminar_job_last_checkpoint_age_seconds", "Seconds since a live job's last "
+                                "checkpoint: the work a kill would lose", labels=labels)
+        now = time.time()
+        for j in list(self.jm.jobs.values()):
+            last = j.last_checkpoint() if j.live else None
+            if last is None:
+                continue
+            values = [j.id, j.spec.job_class, str(j.origin.scheduler or ""), j.origin.scheduler_ref or ""]
+            ts.add_metric(values, last)
+            age.add_metric(values, max(0.0, now - last))
+        yield ts
+        yield age
+

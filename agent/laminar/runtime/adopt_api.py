@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 from ..airlock.cgroups import CgroupError
 from .adopt import AdoptRefused, parse_adopt
 from .grants import GrantError
-from .spec import JobError, _brief
+from .spec import JobError, QuotaError, _brief
 
 if TYPE_CHECKING:
     from .jobs import JobManager
@@ -38,6 +38,8 @@ def routes(jm: JobManager) -> list[Any]:
             job, env = await jm.adopt(r)
         except GrantError as e:
             raise ApiError(403, str(e), "beyond_grant") from None
+        except QuotaError as e:
+            raise ApiError(429, str(e), e.reason or "max_per_user") from None
         except JobError as e:
             raise ApiError(400, str(e), e.reason or "adopt_invalid") from None
         except CgroupError as e:

@@ -333,7 +333,8 @@ class JobManager:
                 db.execute(index)
         if any(c not in have for c in provenance.FIRST_COLUMNS):
             self.table.clean_stored_env()
-        self.leaks.init_metrics()
+        self.leaks.init_metrics()  # (makes the registry when none was given)
+        self.adoption.init_metrics()
         self._emit("job", f"jobs: {self.hierarchy.describe()}; GPUs: {self.inventory.source} "
                    f"{self.inventory.indices} {self.inventory.note}".rstrip(),
                    cgroups=self.hierarchy.mode, gpus=self.inventory.as_dict())
@@ -1188,6 +1189,19 @@ class JobManager:
                 self.table.persist(job)
                 self._emit("job", f"job {job.id} re-adopted ({job.state}, pid {job.pid})", job=job.id,
                            pid=job.pid, cgroup_id=job.cgroup_id)
+            elif job.origin.scheduler is not None and job.state != "starting":
+                # adopted: its processes ended while the agent was down; its scheduler, not a keeper,
+                # starts it again (laminar.runtime.adopt)
+                job.state, job.end_cause, job.ended = "exited", endcause.exited(job.exit_code), time.time()
+                job.reason = f"{self.adoption.end_reason(job)} (while the agent was down)"
+                try:
+                    if job.cgroup.exists() and not job.cgroup.populated():
+                        job.cgroup.remove()  # the agent's own only: an in-place one's remove() is a no-op
+                except CgroupError as e:
+                    log.warning("job %s: cleanup: %s", job.id, e)
+                self.table.persist(job)
+                self._emit("job", f"job {job.id} {job.state}: {job.reason}", job=job.id, state=job.state,
+                           end_cause=str(job.end_cause))
             else:
                 gone = not job.cgroup.exists()
                 job.state = "lost" if job.state != "starting" else "failed"

@@ -6,13 +6,14 @@ bounded in time (``[slurm] timeout_s``, then the child is killed) and in output 
 OUTPUT_MAX bytes of each stream: past it the child is killed and the call fails), with
 ``LC_ALL=C`` so what it prints parses the same everywhere. Every argument is checked before it
 is given to ``scontrol`` (node names, job ids, the text of a reason or comment), and a failure
-is a :class:`SlurmError` naming the command line and what ``scontrol`` wrote on stderr.
+is a :class:`SlurmError` naming the command line and what ``scontrol`` wrote on stderr (or on
+stdout, where it says a refusal there: ``Node x not found``).
 
 =============================  ========================================================
 call                           command line
 =============================  ========================================================
 ``drain(node, reason)``        ``scontrol update NodeName=<node> State=DRAIN Reason=<reason>``
-``resume(node)``               ``scontrol update NodeName=<node> State=RESUME``
+``undrain(node)``              ``scontrol update NodeName=<node> State=UNDRAIN``
 ``node(node)``                 ``scontrol show node <node> --oneliner`` (fields as a dict)
 ``requeue(job)``               ``scontrol requeue <job>``
 ``set_comment(job, text)``     ``scontrol update JobId=<job> Comment=<text>``
@@ -29,7 +30,7 @@ The ``[slurm]`` config section::
     publish_comment = true     # each adopted job's last checkpoint in its comment
 
 The backend: ``drain`` drains the node with the reclaim's reason (``laminar: reclaim of node
-...``), ``undrain`` resumes it only when the reason it has is still Laminar's (an operator's own
+...``), ``undrain`` clears the drain only when the reason it has is still Laminar's (an operator's own
 drain stays), ``give_back`` requeues the job (Slurm ends its processes here and runs it again
 elsewhere: the node is drained; the task there is adopted again and finds its checkpoint in the
 shared checkpoint directory as ``LAMINAR_RESUME_FROM``), ``publish`` sets the job's comment to
@@ -222,7 +223,9 @@ class Slurm:
                     await asyncio.wait_for(proc.wait(), 5.0)
         if rc != 0:
             self.failures += 1
-            said = err.decode("utf-8", "replace").strip()[:STDERR_QUOTE] or "(nothing on stderr)"
+            # scontrol says some refusals on stdout ("Node x not found" of `show node`): quoted then
+            said = (err.decode("utf-8", "replace").strip() or out.decode("utf-8", "replace").strip())[:STDERR_QUOTE] \
+                or "(nothing on stderr or stdout)"
             raise SlurmError(f"slurm: {shown}: exit status {rc}: {said}")
         return out.decode("utf-8", "replace")
 
@@ -231,9 +234,11 @@ class Slurm:
         await self.run("update", f"NodeName={check_node(node)}", "State=DRAIN",
                        f"Reason={check_text('reason', reason, sr.REASON_MAX)}")
 
-    async def resume(self, node: str) -> None:
-        """Resumes ``node`` (undoes a drain)."""
-        await self.run("update", f"NodeName={check_node(node)}", "State=RESUME")
+    async def undrain(self, node: str) -> None:
+        """Clears ``node``'s drain, and only that (``State=UNDRAIN``, Slurm 20.11 and later: a node
+        that is also DOWN stays down; ``State=RESUME`` is refused for a drained node whose slurmd
+        does not answer, and would bring back a node an operator set DOWN)."""
+        await self.run("update", f"NodeName={check_node(node)}", "State=UNDRAIN")
 
     async def node(self, node: str) -> dict[str, str]:
         """``scontrol show node <node>``'s fields (``State``, ``Reason``, ...)."""
@@ -293,7 +298,7 @@ class SlurmBackend:
                      state.get("Reason"), reason)
             self.drained_reason = None
             return
-        await self.client.resume(self.node)
+        await self.client.undrain(self.node)
         self.drained_reason = None
 
     async def give_back(self, job: Job, ckpt: str | None) -> str:

@@ -414,6 +414,10 @@ class ZoneComponent:
         for g in loan.frozen_grants() if loan is not None else ():
             if g in inv_gpus:
                 gpu[inv_gpus.index(g)] = 0.0
+        # [gpus] owner = "scheduler" (laminar.runtime.adopt): the scheduler hands out this node's
+        # GPUs, so none is free for a placement or a loan here
+        if getattr(getattr(jobs, "adoption", None), "gpu_owner", "laminar") == "scheduler":
+            gpu = [0.0] * len(gpu)
         model = s["gpu_model"] or None
         if model is None and jobs is not None and getattr(jobs, "inventory", None) is not None and jobs.inventory.gpus:
             model = jobs.inventory.gpus[0].name if jobs.inventory.source == "nvml" else None

@@ -161,6 +161,10 @@ def zone_routes(host: RoutesHost) -> list[Any]:
                 host._jobs.checks.grant(checked, req.peer.uid, req.peer.gid, req.peer.pid, req.peer.groups)
             except GrantError as e:
                 raise ApiError(403, f"placement: {e}") from None
+        adoption = getattr(host._jobs, "adoption", None)  # [gpus] owner (laminar.runtime.adopt)
+        refused = adoption.gpus_refusal(body.get("gpus", spec.get("gpus"))) if adoption is not None else None
+        if refused is not None:
+            raise ApiError(400, f"placement: {refused}", "gpus_scheduler_owned")
         if checked is not None and checked.is_multinode():  # a gang, placed by the members component
             try:
                 checked.gpus = mroutes.per_worker_gpus(mroutes.one_value(body, spec, "gpus", 0) or 0)
