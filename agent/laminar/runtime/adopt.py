@@ -481,11 +481,8 @@ class Adoption:
     async def env(self, job: Job, checkpoint: str) -> dict[str, str]:
         """The names the task must get (the SPANK plugin sets them; laminar.jobkit reads them)."""
         out = {"LAMINAR_JOB_ID": job.id, "LAMINAR_JOB_NUM": str(job.num), "LAMINAR_CKPT_DIR": str(job.ckpt_dir)}
-        if checkpoint != "none":
+        if checkpoint != "none":  # (none: the agent never asks; jobkit's default signal is never sent)
             out["LAMINAR_CKPT_SIGNAL"] = checkpoint  # what jobkit reads
-            out["LAMINAR_CHECKPOINT_SIGNAL"] = checkpoint
-        else:
-            out["LAMINAR_CHECKPOINT_SIGNAL"] = "none"
         resume = await self.resume_from(job)
         if resume is not None:
             out["LAMINAR_RESUME_FROM"] = resume
