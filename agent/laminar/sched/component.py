@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ..policy import sched_reclaim as sr
-from . import slurm
+from . import kubernetes, slurm
 from .backend import Backend, BackendError
 
 if TYPE_CHECKING:
@@ -73,6 +73,7 @@ _register()
 # the config is read (laminar.agent.import_components).
 BACKENDS: dict[str, Callable[[SchedAgent, Callable[[Job], str | None]], Backend]] = {
     "slurm": slurm.build,
+    "kubernetes": kubernetes.build,
 }
 
 
