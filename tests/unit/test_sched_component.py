@@ -74,7 +74,7 @@ class StandInBackend:
         self.calls.append(("undrain", reason))
         self._maybe_refuse("undrain")
 
-    async def give_back(self, job: Any, ckpt: str | None) -> str:
+    async def give_back(self, job: Any, ckpt: str | None, deadline_mono: float | None = None) -> str:
         self.calls.append(("give_back", job.id, ckpt))
         self._maybe_refuse("give_back")
         return f"standin requeued {job.origin.scheduler_ref}"

@@ -211,7 +211,7 @@ def test_a_requeued_job_whose_processes_here_outlive_the_wait_keeps_slurms_hold(
     monkeypatch.setattr(slurm_mod, "RELEASE_WAIT_S", 0.3)
     b = SlurmBackend(Slurm(standin.exe), "lmt1")
     said = asyncio.run(b.give_back(_job(active=True), None))
-    assert said.endswith("its processes here outlived 0.3 s, so Slurm's hold stays"), said
+    assert said.endswith("its processes here outlived the wait, so Slurm's hold stays"), said
     assert standin.argv() == [["requeue", "1234"]]
 
 

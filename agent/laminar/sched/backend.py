@@ -51,10 +51,11 @@ class Backend(Protocol):
         """Undo :meth:`drain` (the reclaim was withdrawn). Idempotent. Raises BackendError."""
         ...
 
-    async def give_back(self, job: Job, ckpt: str | None) -> str:
+    async def give_back(self, job: Job, ckpt: str | None, deadline_mono: float | None = None) -> str:
         """Hand the adopted ``job`` back to its scheduler to run again elsewhere (``ckpt``: the
-        path of the checkpoint it resumes from, None when it has none). Returns a short text of
-        what was done (for the event). Raises BackendError."""
+        path of the checkpoint it resumes from, None when it has none; ``deadline_mono``: the
+        reclaim window's end, which retries and waits stay within). Returns a short text of what
+        was done (for the event). Raises BackendError."""
         ...
 
     async def publish(self, job: Job, ckpt_time: float) -> None:

@@ -304,7 +304,7 @@ class SchedulerComponent:
             with contextlib.suppress(TimeoutError, Exception):
                 await asyncio.wait_for(asyncio.shield(self._drain_task), max(0.0, deadline_mono - time.monotonic()))
         try:
-            done = await b.give_back(job, None if ckpt is None else str(ckpt))
+            done = await b.give_back(job, None if ckpt is None else str(ckpt), deadline_mono)
         except BackendError as e:
             self.counts["give_back_failed"] += 1
             self._emit(f"job {job.id} not given back to {sched}: {e}; the window's end stops it here", job=job.id,

@@ -311,18 +311,20 @@ class SlurmBackend:
         await self.client.undrain(self.node)
         self.drained_reason = None
 
-    async def give_back(self, job: Job, ckpt: str | None) -> str:
+    async def give_back(self, job: Job, ckpt: str | None, deadline_mono: float | None = None) -> str:
         ref = self._ref(job)
         await self.client.requeue(ref)
         done = f"slurm job {ref} requeued" + (f", to resume from {ckpt}" if ckpt else ", with no checkpoint")
         # Slurm's hold of a requeued job is for the processes it left here; the job's cgroup says
         # when they are gone, and from then on it may start elsewhere at once (a notice's downtime
         # was the hold: about 140 s of 145 on the real Slurm of bench/slurm_reclaim.py)
-        t0 = time.monotonic()
-        while job.active and time.monotonic() - t0 < RELEASE_WAIT_S:
+        end = time.monotonic() + RELEASE_WAIT_S
+        if deadline_mono is not None:
+            end = min(end, deadline_mono)
+        while job.active and time.monotonic() < end:
             await asyncio.sleep(0.1)
         if job.active:
-            return done + f"; its processes here outlived {RELEASE_WAIT_S:g} s, so Slurm's hold stays"
+            return done + "; its processes here outlived the wait, so Slurm's hold stays"
         await self.client.release_hold(ref)
         return done + "; its processes here are gone and Slurm's hold on its restart released"
 
