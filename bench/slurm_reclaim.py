@@ -29,8 +29,9 @@ started, in three ways:
 Per way: ``work_lost_s`` (wall time of the steps computed and then computed again),
 ``gap_s`` (from the last step on the first node to the first on the second), ``delay_s``
 (how much later the job ended than an uninterrupted run: work lost + gap + idle time), and
-``owner_wait_s`` (from the owner's request until the job's last step on the node: how long the
-owner waited for the node). ``--runs`` repeats each way (the median is reported).
+``owner_wait_s`` (from the owner's request until the node was free of the job: its end as the
+node's agent recorded it, or the owner's preempting job's start as Slurm recorded it, to the
+second). ``--runs`` repeats each way (the median is reported).
 
     python bench/slurm_reclaim.py --quick --json out.json --plot out.png
 
@@ -144,6 +145,11 @@ def one_run(c: Any, s: Any, tmp: Path, shared: Path, way: str, steps: int, notic
     start0 = next(x["start"] for x in lines if "start" in x)
     total = ticks[-1]["t"] - start0
     second_node = second_run[0]["node"]
+    if way == "laminar":  # when the node was free of the job: its end as X's agent recorded it
+        rec = next(j for j in c.nodes[xi].json("jobs") if j.get("scheduler_ref") == job)
+        node_free = float(rec["ended"])
+    else:  # when the owner's job started there (Slurm's StartTime, to the second)
+        node_free = time.mktime(time.strptime(s.job(str(owner))["StartTime"], "%Y-%m-%dT%H:%M:%S"))
     if way == "laminar":  # the node given back: the reclaim ended, Slurm's drain cleared
         c.nodes[xi].ctl("reclaim", "cancel", check=False)
         s.run("scontrol", "update", f"nodename={x_name}", "state=undrain", check=False)
@@ -157,7 +163,7 @@ def one_run(c: Any, s: Any, tmp: Path, shared: Path, way: str, steps: int, notic
         "steps_redone": len(redone),
         "gap_s": round(second_run[0]["t"] - step_mean - first_run[-1]["t"], 3),
         "delay_s": round(total - steps * step_mean, 3),
-        "owner_wait_s": round(first_run[-1]["t"] - t_req, 3),
+        "owner_wait_s": round(node_free - t_req, 3),
         "checkpoint_after_request_s": round(next((x["ckpt"] for x in lines if "ckpt" in x), float("nan")) - t_req, 3),
         "began_again_at_step": began2,
     }

@@ -62,7 +62,7 @@ def test_an_sbatch_job_with_a_laminar_class_is_adopted_by_its_nodes_agent_and_en
     c, s = slurm
     nd = c.nodes[0]
     out = tmp_path / "job.out"
-    script = 'echo "id=$LAMINAR_JOB_ID dir=$LAMINAR_CKPT_DIR sig=$LAMINAR_CHECKPOINT_SIGNAL"; exec sleep 300'
+    script = 'echo "id=$LAMINAR_JOB_ID dir=$LAMINAR_CKPT_DIR sig=$LAMINAR_CKPT_SIGNAL"; exec sleep 300'
     ref = s.sbatch("-w", s.nodes[0].name, "-o", str(out), "--laminar-class", "long-resident",
                    "--laminar-priority", "80", "--wrap", script, node=0)
     s.wait_state(ref, "RUNNING")
@@ -97,7 +97,7 @@ def test_two_tasks_of_one_slurm_job_on_a_node_are_one_laminar_job(slurm, tmp_pat
     c, s = slurm
     nd = c.nodes[0]
     r = s.run("srun", "-n2", "-w", s.nodes[0].name, "--laminar-class", "standard", "--laminar-checkpoint", "USR2",
-              "sh", "-c", 'echo "id=$LAMINAR_JOB_ID sig=$LAMINAR_CHECKPOINT_SIGNAL"; sleep 1', node=0)
+              "sh", "-c", 'echo "id=$LAMINAR_JOB_ID sig=$LAMINAR_CKPT_SIGNAL"; sleep 1', node=0)
     lines = sorted(r.stdout.split())
     ids = {w for w in lines if w.startswith("id=")}
     assert len(ids) == 1 and ids != {"id="}, r.stdout
@@ -113,7 +113,7 @@ def test_with_adopt_all_a_job_without_options_is_adopted_with_the_defaults(tmp_p
     with ExitStack() as stack:
         c = stack.enter_context(Cluster.create(tmp_path, zones=1, per_zone=1, gpus=0, zone_extra=adopt_toml(tmp_path)))
         s = stack.enter_context(SlurmRig.create(tmp_path, c, plugin_args="adopt=all"))
-        r = s.run("srun", "sh", "-c", 'echo "id=$LAMINAR_JOB_ID sig=$LAMINAR_CHECKPOINT_SIGNAL"', node=0)
+        r = s.run("srun", "sh", "-c", 'echo "id=$LAMINAR_JOB_ID sig=$LAMINAR_CKPT_SIGNAL"', node=0)
         m = re.fullmatch(r"id=(\S+) sig=SIGUSR1", r.stdout.strip())
         assert m, r.stdout
         job = c.nodes[0].json("job", "show", m.group(1))

@@ -133,11 +133,17 @@ def test_reclaim_drains_checkpoints_requeues_and_the_job_finishes_elsewhere(tmp_
         assert "laminar-ckpt=" in requeued.get("Comment", ""), requeued
         ckpts = sorted((shared / f"slurm-{job}").glob("ckpt-*"))
         assert ckpts and int(ckpts[-1].name[5:]) > 0, ckpts
-        events = x.json("events", "--kind", "sched", "--limit", "100")
+        # (the give-back's event comes once the job's processes here are gone and Slurm's hold
+        # on its restart is released, after the requeue Slurm shows)
+        events = wait_until(lambda: (lambda ev: ev if any(e.get("outcome") == "given-back" for e in ev) else None)(
+            x.json("events", "--kind", "sched", "--limit", "100")), 20, "the give-back's event")
         outcomes = [e.get("outcome") for e in events]
         assert "drained" in outcomes and "checkpoint-asked" in outcomes and "given-back" in outcomes, events
         given = next(e for e in events if e.get("outcome") == "given-back")
         assert given["new_checkpoint"] is True and given["checkpoint"].startswith(str(shared)), given
+        # its processes here ended with the requeue, so its restart was let go at once: not held
+        # the two minutes Slurm holds a requeued job (Reason=BeginTime)
+        assert "Slurm's hold on its restart released" in given["message"], given
         assert x.json("job", "show", lj["id"])["state"] != "running"
 
         # runs again on the other node, from the checkpoint, and ends with the right sum
