@@ -1,11 +1,12 @@
-"""The adoption API on a real agent (laminar.runtime.adopt_api): a local user's own process
-adopted as a Slurm job (its record, its env, netguard's registration on a real data plane,
+"""The adoption API on a real agent (laminar.runtime.adopt_api): a local user's own Slurm task
+(under a fake slurmstepd, named so) adopted as a Slurm job (its record, its env, netguard's registration on a real data plane,
 ``laminarctl jobs``' SCHEDULER column, its end with its process), and the refusals: another
-user's pid, another uid, an unknown class, a priority beyond the grant, GPUs the node lacks,
+user's pid, another uid, a process that is no task of the Slurm job it names, an unknown class, a priority beyond the grant, GPUs the node lacks,
 a pod's cgroup asked by a user; each names the value and changes nothing."""
 
 from __future__ import annotations
 
+import contextlib
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
@@ -33,9 +34,38 @@ def sleeper(uid: int, gid: int) -> subprocess.Popen[bytes]:
     return subprocess.Popen(["/bin/sleep", "600"], user=uid, group=gid, extra_groups=[], start_new_session=True)
 
 
+class SlurmTask:
+    """A user's task under a FAKE slurmstepd (named so: no Slurm here, the real one is in
+    tests/cluster/test_slurm_*): a root process titled as slurmstepd titles itself for a step of
+    Slurm job ``job`` ("slurmstepd: [777.0]"), whose child, as slurmstepd forks a task, runs as
+    the user. ``pid`` is the task's."""
+
+    def __init__(self, uid: int, gid: int, job: str) -> None:
+        self.parent = subprocess.Popen(
+            [f"slurmstepd: [{job}.0]", "-c", f"setpriv --reuid={uid} --regid={gid} --clear-groups /bin/sleep 600 & wait"],
+            executable="/bin/sh", start_new_session=True)
+
+        def task() -> int | None:
+            kids = Path(f"/proc/{self.parent.pid}/task/{self.parent.pid}/children").read_text().split()
+            if kids and Path(f"/proc/{kids[0]}/comm").read_text().strip() == "sleep":
+                return int(kids[0])
+            return None
+
+        self.pid: int = wait_until(task, 10, "the fake slurmstepd's task")
+
+    def kill(self) -> None:
+        import os
+        import signal
+
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.parent.pid, signal.SIGKILL)
+        self.parent.wait()
+
+
 def test_a_user_adopts_their_own_task_and_the_refusals_name_the_value(agent: AgentProc, tmp_path: Path) -> None:
     with local_user("ada") as ada, local_user("bob") as bob:
-        p = sleeper(ada.uid, ada.gid)
+        p = SlurmTask(ada.uid, ada.gid, "777")
+        plain = sleeper(ada.uid, ada.gid)
         try:
             body = {"scheduler": "slurm", "ref": "777", "pid": p.pid, "class": "transient", "priority": 40}
             before = {j["id"] for j in agent.json("jobs", "--last", "1000")}
@@ -47,6 +77,10 @@ def test_a_user_adopts_their_own_task_and_the_refusals_name_the_value(agent: Age
                 (None, {**body, "uid": ada.uid, "gpus": [5]}, 400, "[5]"),
                 (ada, {"scheduler": "kubernetes", "ref": "ns/p", "cgroup": "kubepods.slice/x"}, 403, "only root"),
                 (ada, {**body, "ref": "7a"}, 400, "'7a'"),
+                # a task of another Slurm job, a process that is no Slurm task: a user could otherwise
+                # claim another user's coming job id here, or move any process out of its own cgroup
+                (ada, {**body, "ref": "778"}, 403, "not a task of Slurm job 778 (its parent is slurmstepd of job 777)"),
+                (ada, {**body, "pid": plain.pid}, 403, "its parent is no slurmstepd run by root"),
             ]
             for who, b, status, needle in refusals:
                 st, ans, raw = call_as(who, agent.sock, "POST", "/v1/jobs/adopt", b)
@@ -74,13 +108,12 @@ def test_a_user_adopts_their_own_task_and_the_refusals_name_the_value(agent: Age
             ks = agent.json("killswitch", "status")
             assert any(r["job"] == job["id"] and r["cgroup_id"] == job["cgroup_id"] for r in ks["jobs"]), ks
             # as a submission: at most [jobs] max_per_user jobs not ended
-            p2 = sleeper(ada.uid, ada.gid)
+            p2 = SlurmTask(ada.uid, ada.gid, "778")
             try:
                 st, ans, raw = call_as(ada, agent.sock, "POST", "/v1/jobs/adopt", {**body, "ref": "778", "pid": p2.pid})
                 assert st == 429 and "max_per_user" in ans["error"], raw
             finally:
                 p2.kill()
-                p2.wait()
             listing = agent.ctl("jobs").stdout
             assert "slurm:777" in listing, listing
             # only root tells the exit code
@@ -89,13 +122,13 @@ def test_a_user_adopts_their_own_task_and_the_refusals_name_the_value(agent: Age
             st, ans, raw = call_as(None, agent.sock, "POST", f"/v1/jobs/{job['id']}/exit", {"code": 3})
             assert st == 201, raw
             p.kill()
-            p.wait()
             end = wait_until(lambda: (j := agent.json("job", "show", job["id"]))["state"] == "exited" and j, 20,
                              "the adopted job to end with its process")
             assert end["reason"] == "ended by slurm" and end["exit_code"] == 3, end
         finally:
             p.kill()
-            p.wait()
+            plain.kill()
+            plain.wait()
 
 
 def test_root_adopts_a_pod_cgroup_in_place_and_netguard_sees_its_containers(veth_pair: Any, tmp_path: Path) -> None:

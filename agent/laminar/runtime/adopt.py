@@ -40,6 +40,7 @@ import json
 import logging
 import os
 import pwd
+import re
 import signal
 import stat
 import time
@@ -119,6 +120,7 @@ class AdoptRequest:
     pid: int | None  # slurm: the task's pid
     cgroup: str | None  # the pod's cgroup, relative to the cgroup2 mount (taken in place)
     name: str | None
+    caller_uid: int = 0  # who asked (SO_PEERCRED): a user's pid must be a task of the Slurm job it names
 
 
 def _int(body: dict[str, Any], key: str, lo: int, hi: int, what: str) -> int | None:
@@ -199,7 +201,8 @@ def parse_adopt(body: Any, caller_uid: int, *, target: bool = True) -> AdoptRequ
                        reason="adopt_invalid")
     return AdoptRequest(scheduler=sched, ref=ref, uid=uid, gid=gid, job_class=job_class,
                         priority=50 if priority is None else priority, checkpoint=checkpoint, gpus=tuple(gpus),
-                        pid=pid, cgroup=None if cgroup is None else cgroup.strip("/"), name=name)
+                        pid=pid, cgroup=None if cgroup is None else cgroup.strip("/"), name=name,
+                        caller_uid=caller_uid)
 
 
 def _user_gids(uid: int, gid: int) -> set[int]:
@@ -313,6 +316,27 @@ def _still(fd: int | None, pid: int) -> None:
         signal.pidfd_send_signal(fd, 0)
     except OSError:
         raise JobError(f"pid {pid}: the process ended before it could be adopted", reason="adopt_pid") from None
+
+
+# The process title slurmstepd gives itself: "slurmstepd: [1234.0]", "[1234.batch]", "[1234.extern]".
+_STEPD_RE = re.compile(r"slurmstepd: \[([0-9]{1,10})\.[A-Za-z0-9_]{1,16}\]")
+
+
+def slurm_job_of(pid: int) -> str | None:
+    """The Slurm job id of the task ``pid``: its parent is a root-owned ``slurmstepd`` whose
+    title names the job (slurmstepd forks every task, the batch script's too). None otherwise.
+    Read from the kernel (the parent's uid, its title), nothing the task's user can set: a user
+    must not claim another user's coming Slurm job id for a process of their own (its tasks would
+    then be refused here), nor move a process that is no Slurm task out of their own cgroup."""
+    try:
+        status = Path(f"/proc/{pid}/status").read_text()[:8192]
+        ppid = int(next(line.split()[1] for line in status.splitlines() if line.startswith("PPid:")))
+    except (OSError, ValueError, StopIteration, IndexError):
+        return None
+    if ppid <= 1 or pid_uid(ppid) != 0:
+        return None
+    m = _STEPD_RE.match(" ".join(_cmdline(ppid))[:256])
+    return m.group(1) if m else None
 
 
 def _cmdline(pid: int) -> list[str]:
@@ -507,6 +531,14 @@ class Adoption:
                 if owner != req.uid:
                     raise JobError(f"pid {req.pid}: runs as uid {owner}, not the job's user {req.uid}",
                                    reason="adopt_pid")
+                if req.caller_uid != 0 and req.scheduler is Scheduler.SLURM:
+                    of = slurm_job_of(req.pid)
+                    if of != req.ref:
+                        raise AdoptRefused(
+                            f"pid {req.pid}: not a task of Slurm job {req.ref} (its parent is "
+                            + ("no slurmstepd run by root" if of is None else f"slurmstepd of job {of}")
+                            + "); a user adopts only their Slurm job's tasks (root adopts any process)",
+                            reason="adopt_pid")
                 rel = pid_cgroup(req.pid)
                 if rel is None:
                     raise JobError(f"pid {req.pid}: no cgroup2 cgroup (gone?)", reason="adopt_pid")

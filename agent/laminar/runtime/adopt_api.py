@@ -38,6 +38,8 @@ def routes(jm: JobManager) -> list[Any]:
             job, env = await jm.adopt(r)
         except GrantError as e:
             raise ApiError(403, str(e), "beyond_grant") from None
+        except AdoptRefused as e:  # (a user's pid that is no task of the Slurm job it names)
+            raise ApiError(403, str(e), e.reason or "adopt_refused") from None
         except QuotaError as e:
             raise ApiError(429, str(e), e.reason or "max_per_user") from None
         except JobError as e:
