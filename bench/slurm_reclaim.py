@@ -195,13 +195,7 @@ def run(quick: bool, runs: int) -> dict[str, Any]:
     with Cluster.create(tmp, zones=1, per_zone=2, gpus=0, node_extra={0: adopt, 1: adopt}) as c, \
             SlurmRig.create(tmp, c, partitions=parts, conf_extra=extra) as s:
         os.environ["SLURM_CONF"] = str(s.conf)
-        for nd, sn in zip(c.nodes, s.nodes, strict=True):
-            nd.agent.stop()
-            with open(nd.agent.config_path, "a") as f:
-                f.write(f'\n[slurm]\nenabled = true\nnode_name = "{sn.name}"\ntimeout_s = 10\n'
-                        '\n[schedulers]\ntick_s = 0.5\n')
-            nd.agent.start()
-        c.wait_converged()
+        s.agents_act_through_slurm(c)
         for way in ("laminar", "slurm-run", "slurm-idle"):
             rs = []
             for r in range(runs):

@@ -134,6 +134,19 @@ class SlurmRig:
         """The agent socket's path as the plugin sees it (in each slurmd's mount namespace)."""
         return self.public / "agent" / "laminard.sock"
 
+    def agents_act_through_slurm(self, cluster: Any, tick_s: float = 0.5) -> None:
+        """Restart each agent of ``cluster`` (the rig's nodes, in order) with ``[slurm] enabled`` as
+        its Slurm node: the rig's node names are known only once it runs. Their scontrol finds the
+        rig's slurm.conf through ``SLURM_CONF``, which the caller sets in the environment first."""
+        for n in self.nodes:
+            agent = cluster.nodes[n.index].agent
+            agent.stop()
+            with open(agent.config_path, "a") as f:
+                f.write(f'\n[slurm]\nenabled = true\nnode_name = "{n.name}"\ntimeout_s = 10\n'
+                        f'\n[schedulers]\ntick_s = {tick_s}\n')
+            agent.start()
+        cluster.wait_converged()
+
     def env(self) -> dict[str, str]:
         return {**os.environ, "SLURM_CONF": str(self.conf)}
 

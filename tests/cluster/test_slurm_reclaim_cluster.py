@@ -89,13 +89,7 @@ def test_reclaim_drains_checkpoints_requeues_and_the_job_finishes_elsewhere(tmp_
         # each agent acts through Slurm as its Slurm node (the names are the rig's, known only
         # now): restarted with [slurm]; scontrol finds the rig's slurm.conf through SLURM_CONF
         monkeypatch.setenv("SLURM_CONF", str(s.conf))
-        for nd, sn in zip(c.nodes, s.nodes, strict=True):
-            nd.agent.stop()
-            with open(nd.agent.config_path, "a") as f:
-                f.write(f'\n[slurm]\nenabled = true\nnode_name = "{sn.name}"\ntimeout_s = 10\n'
-                        '\n[schedulers]\ntick_s = 0.5\n')
-            nd.agent.start()
-        c.wait_converged()
+        s.agents_act_through_slurm(c)
 
         script = s.public / "lm-t-sumsq.py"  # readable where slurmd runs it
         script.write_text(JOB)
