@@ -287,6 +287,42 @@ def test_submit_places_three_members_with_their_env_and_records_everywhere(tmp_p
     run(go())
 
 
+def test_a_member_whose_local_job_is_still_being_submitted_is_starting_not_failed(tmp_path) -> None:
+    """The hand-over stores the member's record, then submits its local job, which checks paths
+    as the owner off the loop and takes a while under load. A tick meanwhile found no local job,
+    reported the member failed, and the gang restarted as soon as it was placed (seen in CI)."""
+    async def go() -> None:
+        c = Cluster(tmp_path)
+        await c.start_all()
+        gate = asyncio.Event()
+        slow = c.jobs[2]
+        real = slow.submit
+
+        async def held(*a: Any, **k: Any) -> StandInJob:
+            await gate.wait()
+            return await real(*a, **k)
+
+        slow.submit = held  # type: ignore[method-assign]
+        placing = asyncio.ensure_future(c.comps[1].submit(spec3(), 1000, 1000))
+        for _ in range(200):
+            if c.comps[2].table.jobs:
+                break
+            await asyncio.sleep(0.005)
+        (job,) = list(c.comps[2].table.jobs)
+        c.comps[2].tick(c.now)  # its local job is not there yet
+        for _ in range(20):
+            await asyncio.sleep(0)
+        assert c.comps[2].table.get(job).members[1].state is MemberState.STARTING
+        assert not c.comps[2].member.unreported and c.comps[2].counts["reports_sent"] == 0
+        gate.set()
+        view = await placing
+        assert view["state"] == "starting" and c.comps[1].counts["restarts"] == 0, view
+        await c.tick()
+        assert c.comps[1].view(job)["state"] == "running"
+        await c.stop()
+    run(go())
+
+
 def test_not_placed_ends_the_job_with_the_reason(tmp_path) -> None:
     async def go() -> None:
         c = Cluster(tmp_path)

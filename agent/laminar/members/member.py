@@ -129,6 +129,9 @@ class MemberSide:
         self.unreported: set[str] = set()  # jobs whose member here has a state the origin has not acknowledged
         self._reporting: set[str] = set()
         self._relaunching: set[str] = set()  # member: jobs whose relaunch here is under way
+        # member: jobs whose record is stored and whose local job is being submitted (the submit
+        # checks paths as the owner, off the loop): no local job yet is not a failed member
+        self._launching: set[str] = set()
         self._started_gen: dict[str, int] = {}  # member: the generation this node last started of a job
         self._ckpt_looked: dict[str, float] = {}  # member 0: job -> when its shared directory was last looked at
         self._ckpt_looking: set[str] = set()
@@ -140,7 +143,8 @@ class MemberSide:
         checkpoint, unanswered reports resent."""
         for rec in list(self.host.table.jobs.values()):
             idx = rec.index_of(self.host.node)
-            if idx is not None and rec.state is not MultiState.ENDED and rec.job not in self._relaunching:
+            if idx is not None and rec.state is not MultiState.ENDED and rec.job not in self._relaunching \
+                    and rec.job not in self._launching:
                 self._look_at_local(rec, idx)  # (a relaunch's stop is not the member's end)
                 if idx == 0:
                     self._look_for_ckpt(rec, now)
@@ -395,7 +399,11 @@ class MemberSide:
                 self.host.table.add(rec)
             except TableFull as e:
                 raise JobError(str(e)) from None
-        job = await jobs.submit(run, owner_uid, owner_gid, job_id=job_id, relaunch=old is not None, agent_env=env)
+        self._launching.add(job_id)
+        try:
+            job = await jobs.submit(run, owner_uid, owner_gid, job_id=job_id, relaunch=old is not None, agent_env=env)
+        finally:
+            self._launching.discard(job_id)  # (a submit that failed: the next tick finds no job, failed)
         self._started_gen[job_id] = int(b["generation"])
         self.host._emit(f"member {idx} of job {job_id} started (generation {b['generation']}, origin node {b['origin']})",
                    job=job_id, member=idx, generation=int(b["generation"]), origin=int(b["origin"]))
