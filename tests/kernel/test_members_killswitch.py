@@ -56,8 +56,8 @@ def node(dp: Any, store: Store, jobs: StandInJobs, members: StandInMembers | Non
     ng.maps = {name: dp.map(name) for name in abi.NETGUARD_MAPS}
     ng.agent = standin_agent(NetGuardAgent, events=EventBus(store), store=store, jobs=jobs, members=members,
                              loop=asyncio.get_running_loop())
-    for j in jobs.jobs.values():
-        ng.register_job(j.cgroup_id, 1)
+    for num, j in enumerate(jobs.jobs.values(), 1):  # each its own number, as the job manager gives
+        ng.register_job(j.cgroup_id, num)
     return ng
 
 

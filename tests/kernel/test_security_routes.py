@@ -29,6 +29,11 @@ PER_CALLER = {
     ("POST", "/v1/jobs/{id}/stop"),  # the job's owner, root or the control group
     ("POST", "/v1/placements"),  # as the caller, within the caller's grant (checked at the origin)
     ("POST", "/v1/policy/validate"),  # changes nothing: answers whether a policy is valid
+    # the caller's own task of the Slurm job it names (its parent a root-owned slurmstepd of that
+    # job), within the caller's grant; a pod's cgroup or another uid: root only (test_adopt_api.py)
+    ("POST", "/v1/jobs/adopt"),
+    ("POST", "/v1/jobs/adopt/check"),  # changes nothing: answers whether an adoption would be refused
+    ("POST", "/v1/jobs/{id}/exit"),  # root only, checked in the handler (test_adopt_api.py: 403 for a user)
 }
 TOKEN = "lm-sec-route-token-7d1e"
 
