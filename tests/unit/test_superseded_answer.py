@@ -236,3 +236,35 @@ def test_the_keeper_speaks_for_the_node_it_placed_the_job_on() -> None:
         assert "node 1 runs it as job-9" in jobs.stopped[0][2]
 
     asyncio.run(main())
+
+
+def test_a_source_that_checks_the_archive_is_asked_again_until_it_stops_its_copy() -> None:
+    """The source of a job taken over from the archive stops its copy only once the archive names
+    the taker its runner; it read none once while the claim was being published (CI, a real
+    partition: tests/cluster/test_partition_heal_superseded.py), answered "checks", and the
+    taker took that for told: both copies ran on. The taker asks again until the copy stops."""
+    import math
+
+    from laminar.migrate.takeover import SUPERSEDED_TRIES, Takeover
+
+    answers = [{"key": "n1-job-1", "stopped": None, "checks": "job-1"},
+               {"key": "n1-job-1", "stopped": "job-1", "why": "job-1 stopped"}]
+    asked: list[tuple[int, str, dict[str, Any]]] = []
+
+    async def control(node: int, op: str, body: dict[str, Any], timeout: float = 5.0) -> Any:
+        asked.append((node, op, body))
+        return answers[len(asked) - 1]
+
+    host = types.SimpleNamespace(_control=control, node_id=3, _emit=lambda *a, **k: None)
+    t = Takeover(host)  # type: ignore[arg-type]
+
+    async def go() -> None:
+        t._superseded_next["n1-job-1"] = (math.inf, 1)
+        await t._tell_superseded("n1-job-1", 1, "job-1", time.time() - 5)
+        due, tries = t._superseded_next["n1-job-1"]
+        assert math.isfinite(due) and tries == 1, "checked in the archive, not stopped yet: asked again"
+        await t._tell_superseded("n1-job-1", 1, "job-1", time.time() - 5)
+        assert t._superseded_next["n1-job-1"] == (math.inf, SUPERSEDED_TRIES), "stopped: told"
+
+    asyncio.run(go())
+    assert [(n, op) for n, op, _ in asked] == [(1, "superseded"), (1, "superseded")]

@@ -201,8 +201,14 @@ class Takeover:
                 "migrate: telling node %d that %s runs here as %s failed (try %d of %d): %s",
                 src, key, runs, tries, SUPERSEDED_TRIES, e)
             return
-        self._superseded_next[key] = (math.inf, SUPERSEDED_TRIES)  # told
         ans = ans if isinstance(ans, dict) and ans.get("key") == key else {}
+        if ans.get("checks") and not ans.get("stopped") and tries < SUPERSEDED_TRIES:
+            # the source stops its copy only once the archive names this node the runner of its
+            # claim, and the archive may not say so yet (it read none while this node's claim was
+            # being published, and its copy ran on: two copies for good): asked again
+            self._superseded_next[key] = (time.monotonic() + SUPERSEDED_RETRY_S, tries)
+            return
+        self._superseded_next[key] = (math.inf, SUPERSEDED_TRIES)  # told
         stopped = ans.get("stopped")
         if ans.get("state") == "exited" and ans.get("exit_code") == 0 and runner == self.host.node_id:
             await self._stop_rerun(key, src, runs)
