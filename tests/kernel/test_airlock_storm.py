@@ -426,6 +426,28 @@ def test_a_protected_job_at_the_full_node_budget_is_not_said_to_wait_at_its_own_
     run(main())
 
 
+def test_a_protected_class_with_no_budget_of_its_own_seen_waiting_after_the_root_is_node_pressure(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """signals() reads the root's wait, then each class's. On v1 the kernel marks a budget's OOM
+    down its subtree one cgroup at a time, so an OOM that begins (or ends) between the two reads
+    shows a class waiting and the root not: Airlock then said the protected class "waits at its
+    own memory limit (class_budget_mb ? MiB)" while it had none (fresh-clone CI, 2026-12-07). The
+    two reads are made to straddle the change here."""
+    from laminar.airlock import manager as manager_mod
+
+    async def main() -> None:
+        async with storm_rig(tmp_path, budget_mb=128) as r:
+            assert r.airlock is not None and r.airlock.tree is not None
+            cls_dir = r.airlock.tree.class_memory_dir("long-resident")
+            monkeypatch.setattr(manager_mod, "read_memory_waits", lambda h, d: d == cls_dir)
+            sig = r.airlock.signals(time.monotonic())
+            assert sig.under_oom  # the class waits at the budget's limit, which acting on others lifts
+            held = [e["message"] for e in r.seen if e["kind"] == "airlock" and e.get("held_class")]
+            assert held == [], held
+
+    run(main())
+
+
 # A job whose working set (a 160 MiB file it reads through mmap, like a data loader) is larger
 # than its own --memory: it stalls on refaults all the time, and only itself.
 THRASH = r"""

@@ -824,7 +824,8 @@ class Airlock:
         # or a class's oom_control / memory.events fired just now). At the root (the budget) or
         # at a class cap that follows the budget's free room, acting on any job lifts it. At a
         # class's own class budget only that class's jobs can (`scoped`), and a protected class
-        # held there none: its jobs are never acted on (`held`).
+        # held there none: its jobs are never acted on (`held`). A protected class with no budget
+        # of its own waits at the node budget's limit, which acting on other jobs lifts.
         prot = self._protected()
         h = self.tree.hierarchy
         root_waits = False
@@ -840,10 +841,13 @@ class Airlock:
                 continue
             if not name:
                 root_waits = True
-            if name in prot:
-                if not root_waits:  # (v1 marks every class under a full budget as waiting too)
+            own = bool(name) and self._at_own_budget(name)
+            if name in prot and (root_waits or own):
+                # v1 marks every class under a full budget as waiting too, and its oom eventfd
+                # fires down the tree: only a class whose limit in force is its own is held there
+                if not root_waits:
                     held.add(name)
-            elif name and self._at_own_budget(name):
+            elif own:
                 scoped.add(name)
             else:
                 under_oom = True
