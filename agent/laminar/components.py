@@ -245,7 +245,7 @@ class SchedulersForMigrate(Protocol):
         """The reclaim was withdrawn: the node takes work again (never raises)."""
         ...
 
-    async def evacuate(self, job: Job, deadline_mono: float) -> dict[str, Any]:
+    async def evacuate(self, job: Job, deadline_mono: float, cancel: asyncio.Event | None = None) -> dict[str, Any]:
         """Checkpoint ``job`` within the window and give it back to its scheduler (never raises)."""
         ...
 

@@ -10,7 +10,8 @@ publishes it and only then gives the job back (after the node's drain) with that
 that does not catch its signal is given back at once with the newest verified checkpoint it
 had; a scheduler that refuses the give-back is an event and an answer, not an exception; the
 round publishes each adopted job's changed checkpoint once, and a failing publish is one event
-per different error; a withdrawn reclaim undrains; a job not adopted, or adopted from a
+per different error; a withdrawn reclaim undrains, and a job it was checkpointing is not given
+back; a job not adopted, or adopted from a
 scheduler not enabled here, is not the component's."""
 
 from __future__ import annotations
@@ -196,6 +197,44 @@ def test_a_job_without_the_signal_is_given_back_with_what_it_has(rig: SimpleName
     assert out["checkpoint"] == str(d / "ckpt-0")
     assert b.calls == [("give_back", "job-2", str(d / "ckpt-0"))]
     assert "no-signal" in _sched_events(rig.events)
+
+
+def test_a_reclaim_withdrawn_while_the_job_checkpoints_does_not_give_it_back(rig: SimpleNamespace) -> None:
+    """The owner withdraws the reclaim while the job is asked for its checkpoint (one that never
+    comes here: the job takes its signal and writes nothing): the job is not requeued, it runs
+    on here, and the wait ends with the withdrawal, not with the window."""
+    d = rig.tmp / "slurm-9"
+    d.mkdir()
+    quiet = subprocess.Popen([sys.executable, "-c", "import signal, time; signal.signal(signal.SIGUSR1, signal.SIG_IGN); "
+                              "print('ready', flush=True); time.sleep(600)"], stdout=subprocess.PIPE, text=True)
+    try:
+        assert quiet.stdout is not None and quiet.stdout.readline().strip() == "ready"
+        job = _job("job-9", d, quiet.pid, ref="9")
+        b = StandInBackend()
+        comp, agent = rig.make([job], [b])
+
+        async def go() -> tuple[dict[str, Any], float]:
+            await comp.start(agent)
+            cancel = asyncio.Event()
+            t0 = time.monotonic()
+            task = asyncio.ensure_future(comp.evacuate(job, time.monotonic() + 120.0, cancel))
+            await asyncio.sleep(0.5)
+            assert not task.done()  # waiting for the checkpoint
+            cancel.set()
+            out = await asyncio.wait_for(task, 30)
+            await comp.stop()
+            return out, time.monotonic() - t0
+
+        out, took = asyncio.run(go())
+        assert out["outcome"] == "withdrawn" and took < 30, (out, took)
+        assert agent.jobs.signalled == ["job-9"]
+        assert [c for c in b.calls if c[0] == "give_back"] == []
+        assert comp.counts["withdrawn"] == 1 and comp.counts["given_back"] == 0
+        assert _sched_events(rig.events)[-1] == "withdrawn"
+        assert quiet.poll() is None  # it runs on
+    finally:
+        quiet.kill()
+        quiet.wait()
 
 
 def test_a_refused_give_back_is_an_event_not_an_exception(rig: SimpleNamespace) -> None:

@@ -427,8 +427,14 @@ class Evacuation:
             sch = self.host.agent.schedulers
             if sch is not None and sch.handles(job):
                 # adopted from a scheduler: checkpointed and given back to it (requeued), which
-                # runs it again elsewhere from that checkpoint (laminar.sched.component)
-                await sch.evacuate(job, deadline)
+                # runs it again elsewhere from that checkpoint (laminar.sched.component). Being
+                # moved away meanwhile: Airlock neither freezes it in its checkpoint nor kills it,
+                # no archive or prestage of it begins (as a move's job)
+                self.host.evacuating.add(job.id)
+                try:
+                    await sch.evacuate(job, deadline, cancel)
+                finally:
+                    self.host.evacuating.discard(job.id)
                 return
             prev = self.host.moves.get(job.id)
             if prev is not None and job.id in self.host._archive_keeps:

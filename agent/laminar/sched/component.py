@@ -101,7 +101,7 @@ class SchedulerComponent:
         self._publish_failed: dict[str, str] = {}  # job id -> the last publish error (an event once per change)
         self.drained: dict[str, str] = {}  # scheduler -> the reason it was drained with (this reclaim)
         self.counts = {"published": 0, "publish_failed": 0, "drained": 0, "undrained": 0, "given_back": 0,
-                       "give_back_failed": 0, "ckpt_new": 0, "ckpt_none": 0}
+                       "give_back_failed": 0, "ckpt_new": 0, "ckpt_none": 0, "withdrawn": 0}
 
     @property
     def agent(self) -> SchedAgent:
@@ -258,14 +258,15 @@ class SchedulerComponent:
             self._lane = Lane("sched-ckpt-verify", workers=2, timeout_s=ckpt_driver.VERIFY_TIMEOUT_S)
         return self._lane
 
-    async def evacuate(self, job: Job, deadline_mono: float) -> dict[str, Any]:
+    async def evacuate(self, job: Job, deadline_mono: float, cancel: asyncio.Event | None = None) -> dict[str, Any]:
         """An owner's reclaim of this node gives ``job`` back to its scheduler: its checkpoint
         signal (``jobs.request_checkpoint``), a verified checkpoint newer than the signal
         waited for until the give-back must begin (:func:`sched_reclaim.ckpt_wait_s`), its time
         published, then the job given back (Slurm: requeued; it resumes elsewhere from the
         newest verified checkpoint in its shared checkpoint directory). Without a new one it is
-        given back with the one it had (or none). Returns what was done (also an event);
-        raises nothing."""
+        given back with the one it had (or none). ``cancel`` set (the reclaim withdrawn) before
+        the give-back begins: the job is not given back and runs on here. Returns what was done
+        (also an event); raises nothing."""
         from ..migrate import ckpt_driver
 
         b = self.backend_for(job)
@@ -286,9 +287,11 @@ class SchedulerComponent:
         if signalled and job.ckpt_dir:
             # bounded as a whole: a check (in its lane) must not hold the give-back past the window
             with contextlib.suppress(TimeoutError):
-                new = await asyncio.wait_for(ckpt_driver.wait_new_checkpoint(
+                new = await _unless(cancel, asyncio.wait_for(ckpt_driver.wait_new_checkpoint(
                     job.ckpt_dir, after, wait_s, lambda: bool(job.active), job=job, scanner=scan, lane=self._lane_of()),
-                    max(1.0, wait_s + 1.0))
+                    max(1.0, wait_s + 1.0)))
+        if cancel is not None and cancel.is_set():
+            return self._withdrawn(job, sched)
         ckpt: Path | None = new
         if new is not None:
             self.counts["ckpt_new"] += 1
@@ -303,6 +306,8 @@ class SchedulerComponent:
         if self._drain_task is not None and not self._drain_task.done():  # not placed here again
             with contextlib.suppress(TimeoutError, Exception):
                 await asyncio.wait_for(asyncio.shield(self._drain_task), max(0.0, deadline_mono - time.monotonic()))
+        if cancel is not None and cancel.is_set():  # (withdrawn while the drain was awaited)
+            return self._withdrawn(job, sched)
         try:
             done = await b.give_back(job, None if ckpt is None else str(ckpt), deadline_mono)
         except BackendError as e:
@@ -317,10 +322,33 @@ class SchedulerComponent:
         return {"job": job.id, "outcome": "given-back", "checkpoint": None if ckpt is None else str(ckpt),
                 "new_checkpoint": new is not None, "done": done}
 
+    def _withdrawn(self, job: Job, sched: str) -> dict[str, Any]:
+        self.counts["withdrawn"] += 1
+        self._emit(f"job {job.id} ({sched} {job.origin.scheduler_ref}): the reclaim was withdrawn before the job was "
+                   "given back: it runs on here", job=job.id, scheduler=sched, outcome="withdrawn")
+        return {"job": job.id, "outcome": "withdrawn"}
+
     def status(self) -> dict[str, Any]:
         return {"schedulers": [str(b.scheduler) for b in self.backends], "drained": dict(self.drained),
                 "counts": dict(self.counts),
                 "backends": {str(b.scheduler): (b.status() if hasattr(b, "status") else {}) for b in self.backends}}
+
+
+async def _unless(cancel: asyncio.Event | None, aw: Any) -> Any:
+    """``aw``'s result, or None once ``cancel`` is set first (``aw`` is then cancelled)."""
+    task = asyncio.ensure_future(aw)
+    if cancel is None:
+        return await task
+    stop = asyncio.ensure_future(cancel.wait())
+    try:
+        await asyncio.wait({task, stop}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        stop.cancel()
+        if not task.done():
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
+    return task.result() if task.done() and not task.cancelled() else None
 
 
 __all__ = ["BACKENDS", "GIVE_BACK_RESERVE_S", "SchedulerComponent", "build_backends", "config_fields"]
