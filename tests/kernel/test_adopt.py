@@ -17,6 +17,7 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -24,6 +25,7 @@ from jobrig import airlock_rig, until
 
 from laminar.airlock.cgroups import detect
 from laminar.jobkit import Checkpointer
+from laminar.migrate.ckpt_driver import CkptDriver
 from laminar.policy import ladder
 from laminar.policy.sched import Scheduler
 from laminar.runtime.adopt import AdoptRequest, FixedCgroup
@@ -278,9 +280,21 @@ def test_the_last_checkpoint_is_in_the_record_and_the_metrics(tmp_path: Path) ->
                 assert job.as_dict()["last_ckpt"] is None
                 assert b'scheduler_ref="31"' not in generate_latest(jobs.metrics)
                 assert job.ckpt_dir is not None
-                Checkpointer(job_id=job.id, ckpt_dir=job.ckpt_dir, install_signal=False).save(b"w", step=1)
+                # the checkpoint driver checks what the scanner lists (migrate's, here on its own)
+                driver = CkptDriver(SimpleNamespace(agent=SimpleNamespace(jobs=jobs), s={}))
+                # an entry named like a checkpoint (a user's mkdir, one half written) is not one
+                (Path(job.ckpt_dir) / "ckpt-9").mkdir()
                 assert await until(lambda: job.last_checkpoint() is not None, 10)
+                await driver.verify_new()
+                assert job.as_dict()["last_ckpt"] is None and job.verified_checkpoint() is None
+                assert b'scheduler_ref="31"' not in generate_latest(jobs.metrics)
+                (Path(job.ckpt_dir) / "ckpt-9").rmdir()
+                Checkpointer(job_id=job.id, ckpt_dir=job.ckpt_dir, install_signal=False).save(b"w", step=1)
+                await driver.verify_new()  # (lists the directory again, then checks)
+                verified = job.verified_checkpoint()
+                assert verified is not None and verified[0] == str(Path(job.ckpt_dir) / "ckpt-1")
                 rec = job.as_dict()
+                assert rec["last_ckpt"] == verified[1]
                 assert abs(rec["last_ckpt"] - time.time()) < 30 and 0 <= rec["last_ckpt_age_s"] < 30
                 text = generate_latest(jobs.metrics).decode()
                 line = [ln for ln in text.splitlines() if ln.startswith("laminar_job_last_checkpoint_age_seconds{")

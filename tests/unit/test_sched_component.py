@@ -111,8 +111,10 @@ class StandInJobs:
 def _job(jid: str, ckpt_dir: Path, pid: int = 0, scheduler: Scheduler | None = Scheduler.SLURM,
          ref: str = "1234", catches: bool = True) -> SimpleNamespace:
     j = SimpleNamespace(id=jid, pid=pid, ckpt_dir=ckpt_dir, owner_uid=os.getuid(), active=True, catches=catches,
-                        origin=JobOrigin(scheduler=scheduler, scheduler_ref=ref if scheduler else None), seen=None)
-    j.last_checkpoint = lambda: j.seen
+                        origin=JobOrigin(scheduler=scheduler, scheduler_ref=ref if scheduler else None), seen=None,
+                        ckpt_verified=None)
+    # ``seen``: its newest verified checkpoint's commit time (the checkpoint driver's, in the agent)
+    j.verified_checkpoint = lambda: None if j.seen is None else (str(ckpt_dir / "ckpt-1"), j.seen)
     return j
 
 

@@ -241,6 +241,13 @@ def checked_info(p: Path, manifest: dict[str, Any]) -> Checked:
     return Checked(sum(int(f["size"]) for f in manifest["files"]) + st.st_size, st.st_mtime, (d.st_dev, d.st_ino))
 
 
+def note_verified(job: Any, newest: Path | None, info: Checked | None) -> None:
+    """Sets ``job.ckpt_verified`` (runtime.record.Job) from a check: its newest verified
+    checkpoint and commit time (the manifest's, never later than now: a job may date it ahead)."""
+    if hasattr(job, "ckpt_verified"):
+        job.ckpt_verified = None if newest is None or info is None else (str(newest), min(info.committed_at, time.time()))
+
+
 def check_newest(names: Sequence[Path], s: dict[str, Any],
                  check: Callable[[Path], object] | None = None) -> tuple[Path | None, Any, Checked | None]:
     """The newest of ``names`` (oldest first) that passes its check, within the settings'
@@ -452,6 +459,7 @@ class CkptDriver:
         else:
             newest, _, info = check_newest(names, self.s)
             self._verified[job.id] = (key, newest, None, info)
+            note_verified(job, newest, info)
         if (newest is not None and info is not None and (newest.name, info.ident) != (t.newest, t.newest_id)
                 and self._commit(t, newest, info, now)):
             return
@@ -675,6 +683,7 @@ class CkptDriver:
         prev = self._verified.get(job.id)
         if prev is None or prev[0] != key or prev[2] is None or built is not None:
             self._verified[job.id] = (key, newest, built, info)  # (a check with the manifest that ended first is kept)
+            note_verified(job, newest, info)
         return newest, built
 
     def checked(self, job: Any) -> tuple[Path | None, Any] | None:

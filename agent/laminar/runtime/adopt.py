@@ -722,8 +722,8 @@ class Adoption:
 
 class CheckpointCollector:
     """``laminar_job_last_checkpoint_timestamp_seconds`` and
-    ``laminar_job_last_checkpoint_age_seconds`` of every live job that has a checkpoint (its
-    checkpoint directory's last change, as the scanner last saw it: ``Job.last_checkpoint``),
+    ``laminar_job_last_checkpoint_age_seconds`` of every live job that has a verified checkpoint
+    (its newest one's commit time, as the checkpoint driver last checked: ``Job.verified_checkpoint``),
     labelled job, class, scheduler and scheduler_ref (empty for a job launched here): what a
     scheduler's preemption reads to choose the victim with the least work at risk. Rendered on
     the agent's loop (laminar.metrics), from memory: no file is read."""
@@ -741,9 +741,10 @@ class CheckpointCollector:
                                 "checkpoint: the work a kill would lose", labels=labels)
         now = time.time()
         for j in list(self.jm.jobs.values()):
-            last = j.last_checkpoint() if j.live else None
-            if last is None:
+            verified = j.verified_checkpoint() if j.live else None
+            if verified is None:
                 continue
+            last = verified[1]
             values = [j.id, j.spec.job_class, str(j.origin.scheduler or ""), j.origin.scheduler_ref or ""]
             ts.add_metric(values, last)
             age.add_metric(values, max(0.0, now - last))

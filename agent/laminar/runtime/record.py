@@ -99,6 +99,10 @@ class Job:
     # its checkpoint directory's modification time at the scanner's last look, None while it is
     # empty or not looked at yet (in memory: laminar.runtime.ckpt_scan sets it)
     ckpt_seen: float | None = field(default=None, compare=False, repr=False)
+    # (path, commit time) of its newest checkpoint that verified against its manifest, as the
+    # checkpoint driver's check last found it, None while none did (in memory:
+    # laminar.migrate.ckpt_driver sets it): what is published as its last checkpoint
+    ckpt_verified: tuple[str, float] | None = field(default=None, compare=False, repr=False)
     origin: JobOrigin = NO_ORIGIN  # where it came from, as the agent recorded it (never from its env)
     spec_bytes: int = 0  # the length of its stored spec text (a page of GET /v1/jobs counts it)
     # set by the agent's own code over the spec's env at the spawn (a multi-node member's
@@ -127,6 +131,13 @@ class Job:
         directory (a link into hung storage, a million entries: read here, on the loop, they
         held the agent)."""
         return self.ckpt_seen if self.ckpt_dir is not None else None
+
+    def verified_checkpoint(self) -> tuple[str, float] | None:
+        """(path, commit time) of the job's newest checkpoint that verified, as last checked
+        (O(1)); None while none did. A directory's change (a checkpoint half written, an entry
+        named like one, a user's touch) moves :meth:`last_checkpoint`, never this: what the API's
+        ``last_ckpt``, the metrics and the schedulers are told."""
+        return self.ckpt_verified if self.ckpt_dir is not None else None
 
     def work_at_risk_s(self, now: float | None = None) -> float:
         """Seconds of work since the last checkpoint (or since the start): what a kill loses."""
@@ -164,7 +175,8 @@ class Job:
             "scheduler": None if self.origin.scheduler is None else str(self.origin.scheduler),
             "scheduler_ref": self.origin.scheduler_ref,
         }
-        last = self.last_checkpoint()
+        verified = self.verified_checkpoint()
+        last = None if verified is None else verified[1]
         out["last_ckpt"] = last
         out["last_ckpt_age_s"] = None if last is None else round(max(0.0, time.time() - last), 3)
         queue = self.queue_view()

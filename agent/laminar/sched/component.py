@@ -6,7 +6,7 @@ config (``[slurm] enabled``: :mod:`laminar.sched.slurm`; ``[kubernetes] enabled`
 :mod:`laminar.sched.kubernetes`), and
 
 - every ``[schedulers] tick_s``: runs each backend's ``tick`` and publishes to its scheduler the
-  last checkpoint of each adopted job whose checkpoint changed since it was last told
+  last verified checkpoint of each adopted job whose checkpoint changed since it was last told
   (:func:`laminar.policy.sched_reclaim.should_publish`; Slurm: the job's comment
   ``laminar-ckpt=<unix time> <path>``);
 - gives an owner's reclaim (:mod:`laminar.migrate.evacuation`) three calls:
@@ -161,14 +161,12 @@ class SchedulerComponent:
         rather than moving it to another Laminar node."""
         return self.backend_for(job) is not None
 
-    def newest_path(self, job: Job) -> str | None:
-        """The path of ``job``'s newest checkpoint as the job manager's scanner last listed it
-        (no I/O), None when it listed none."""
-        jobs = self.agent.jobs
-        listing = jobs.ckpt_scan.cached(job.id) if jobs is not None else None
-        if listing is None or not listing.ckpts:
-            return None
-        return str(listing.paths()[-1])
+    @staticmethod
+    def newest_path(job: Job) -> str | None:
+        """The path of ``job``'s newest verified checkpoint as last checked (no I/O), None
+        while none verified."""
+        verified = job.verified_checkpoint()
+        return None if verified is None else verified[0]
 
     async def publish_new(self) -> None:
         """Tells each adopted job's scheduler its last checkpoint where it changed since it was
@@ -183,7 +181,8 @@ class SchedulerComponent:
             if b is None:
                 continue
             live.add(job.id)
-            t = job.last_checkpoint()
+            verified = job.verified_checkpoint()
+            t = None if verified is None else verified[1]
             if not sr.should_publish(self.published.get(job.id), t):
                 continue
             assert t is not None
@@ -295,7 +294,9 @@ class SchedulerComponent:
         ckpt: Path | None = new
         if new is not None:
             self.counts["ckpt_new"] += 1
-            await self._publish(b, job, time.time())
+            now = time.time()
+            job.ckpt_verified = (str(new), now)  # checked just now, by wait_new_checkpoint (the driver's next check agrees)
+            await self._publish(b, job, now)
         else:
             self.counts["ckpt_none"] += 1
             if job.ckpt_dir:  # the newest of those it has that passes its check (none waited for)
