@@ -3,7 +3,8 @@
  * laminar_spank.c: hands each task of a Slurm job to its node's laminard for adoption
  * (docs/slurm.md).
  *
- *   plugstack.conf:  optional /path/laminar_spank.so socket=/run/laminar/laminard.sock
+ *   plugstack.conf:  required /path/laminar_spank.so socket=/run/laminar/laminard.sock
+ *                    [adopt=all] [wait=15] [unreachable=fail|run]
  *   srun/sbatch:     --laminar-class=NAME --laminar-priority=N --laminar-checkpoint=SIG|none
  *
  * Local (srun) and allocator (sbatch, salloc) context: the options' syntax is checked, then the
@@ -13,6 +14,10 @@
  * just before it execs, POSTs /v1/jobs/adopt with the task's pid, the job's uid, gid and id, its GPUs
  * and the options, then sets the env the agent answers (LAMINAR_JOB_ID, LAMINAR_CKPT_DIR, ...).
  * A job without any --laminar-* option is left alone unless the plugin argument adopt=all.
+ * A node whose agent does not listen (stopped, restarting) is tried again for wait= seconds; then
+ * the task fails (unreachable=fail, the default: a job that asked for Laminar's protection does
+ * not run without it unseen), or runs without Laminar, saying so on its stderr (unreachable=run).
+ * An agent that answers with a refusal fails the task whatever unreachable= says.
  *
  * The agent speaks HTTP/1.1 + JSON on a Unix socket. The client here is written by hand: one
  * request per connection (the agent answers "Connection: close"), the answer read up to
@@ -52,6 +57,11 @@ SPANK_PLUGIN(laminar, 1);
 #define MAX_JSON_DEPTH 16   /* nesting skipped in answers before we give up */
 #define MAX_GPUS 64
 #define DEFAULT_SOCKET "/run/laminar/laminard.sock"
+/* How long a task tries again to reach a node's agent that does not listen: an agent's restart
+ * (systemd's Restart=, an upgrade) takes a few seconds; a task's launch can wait that long. */
+#define DEFAULT_WAIT_S 15
+#define MAX_WAIT_S 300
+#define RETRY_MS 250
 
 static char opt_class[64];
 static int opt_priority = -1;          /* -1: not given (the agent's default) */
@@ -60,6 +70,8 @@ static int opt_any;                    /* a --laminar-* option was given */
 
 static char arg_socket[108] = DEFAULT_SOCKET;  /* sizeof(sun_path) */
 static int arg_adopt_all;
+static int arg_wait_s = DEFAULT_WAIT_S;
+static int arg_unreachable_run;       /* unreachable=run: a task the agent cannot be asked about runs */
 
 /* -------------------------------------------------------------------- option syntax */
 
@@ -163,9 +175,24 @@ static int parse_args(int ac, char **av)
 			arg_adopt_all = 1;
 		} else if (strcmp(av[i], "adopt=opt-in") == 0) {
 			arg_adopt_all = 0;
+		} else if (strncmp(av[i], "wait=", 5) == 0) {
+			char *end;
+			long v;
+			errno = 0;
+			v = strtol(av[i] + 5, &end, 10);
+			if (!av[i][5] || *end || errno || v < 0 || v > MAX_WAIT_S) {
+				slurm_error("laminar: plugin argument %s: expected wait=SECONDS, 0 to %d", av[i],
+					    MAX_WAIT_S);
+				return -1;
+			}
+			arg_wait_s = (int)v;
+		} else if (strcmp(av[i], "unreachable=fail") == 0) {
+			arg_unreachable_run = 0;
+		} else if (strcmp(av[i], "unreachable=run") == 0) {
+			arg_unreachable_run = 1;
 		} else {
-			slurm_error("laminar: unknown plugin argument %s (expected socket=PATH, adopt=all or adopt=opt-in)",
-				    av[i]);
+			slurm_error("laminar: unknown plugin argument %s (expected socket=PATH, adopt=all, adopt=opt-in, "
+				    "wait=SECONDS or unreachable=fail|run)", av[i]);
 			return -1;
 		}
 	}
@@ -202,6 +229,7 @@ static int wait_fd(int fd, short events, long long deadline)
  * freed), or -1 with the reason in err: NO_AGENT when no agent listens there (no socket file, or
  * a socket nobody listens on: a stopped agent's). */
 #define NO_AGENT (-2)
+#define UNANSWERED (-3) /* connected, but no answer within TIMEOUT_MS (a hung agent) */
 static int http_post(const char *path, const char *json, char **body, char *err, size_t errlen)
 {
 	struct sockaddr_un sa = {.sun_family = AF_UNIX};
@@ -226,6 +254,8 @@ static int http_post(const char *path, const char *json, char **body, char *err,
 		    connect(fd, (struct sockaddr *)&sa, sizeof(sa)) < 0) {
 			if (errno == ENOENT || errno == ECONNREFUSED)
 				status = NO_AGENT;
+			else if (errno == EAGAIN || errno == EWOULDBLOCK)
+				status = UNANSWERED;
 			snprintf(err, errlen, "cannot reach the agent at %s: %s", arg_socket,
 				 errno == EAGAIN || errno == EWOULDBLOCK ? "busy (connect timed out)" : strerror(errno));
 			goto out;
@@ -246,6 +276,7 @@ static int http_post(const char *path, const char *json, char **body, char *err,
 			if (wait_fd(fd, POLLOUT, deadline) < 0) {
 				snprintf(err, errlen, "the agent at %s did not take the request in %d ms", arg_socket,
 					 TIMEOUT_MS);
+				status = UNANSWERED;
 				goto out;
 			}
 			w = send(fd, p, left, MSG_NOSIGNAL);
@@ -272,6 +303,7 @@ static int http_post(const char *path, const char *json, char **body, char *err,
 		}
 		if (wait_fd(fd, POLLIN, deadline) < 0) {
 			snprintf(err, errlen, "no answer from the agent at %s in %d ms", arg_socket, TIMEOUT_MS);
+			status = UNANSWERED;
 			goto out;
 		}
 		r = recv(fd, buf + len, MAX_ANSWER - len, 0);
@@ -567,8 +599,8 @@ static int add_gpus(struct body *b, const char *list)
 	return 0;
 }
 
-/* Posts body to path; 0 on a 2xx answer (parsed into a), else -1 (NO_AGENT: none listens) with the
- * reason in a->error. */
+/* Posts body to path; 0 on a 2xx answer (parsed into a), else -1 (NO_AGENT: none listens;
+ * UNANSWERED: it did not answer in time) with the reason in a->error. */
 static int ask_agent(const char *path, struct body *b, struct answer *a)
 {
 	char *text = NULL;
@@ -583,7 +615,7 @@ static int ask_agent(const char *path, struct body *b, struct answer *a)
 	status = http_post(path, b->text, &text, err, sizeof(err));
 	if (status < 0) {
 		snprintf(a->error, sizeof(a->error), "%s", err);
-		return status == NO_AGENT ? NO_AGENT : -1;
+		return status == NO_AGENT || status == UNANSWERED ? status : -1;
 	}
 	if (parse_answer(text, a) < 0) {
 		snprintf(a->error, sizeof(a->error), "the agent's answer (HTTP %d) is not the JSON expected", status);
@@ -597,6 +629,22 @@ static int ask_agent(const char *path, struct body *b, struct answer *a)
 		return -1;
 	}
 	return 0;
+}
+
+/* The task's adoption: asked again every RETRY_MS while no agent listens, for wait= seconds (an
+ * agent restarting). Returns ask_agent's answer: 0, -1 (a refusal, or an answer not understood),
+ * NO_AGENT or UNANSWERED (the reason in a->error, with how long it was tried). */
+static int adopt_task(struct body *b, struct answer *a)
+{
+	long long deadline = now_ms() + (long long)arg_wait_s * 1000;
+	int r;
+	while ((r = ask_agent("/v1/jobs/adopt", b, a)) == NO_AGENT && now_ms() + RETRY_MS <= deadline)
+		usleep(RETRY_MS * 1000);
+	if (r == NO_AGENT && arg_wait_s > 0) {
+		size_t n = strlen(a->error);
+		snprintf(a->error + n, sizeof(a->error) - n, " (tried for %d s, plugin argument wait=)", arg_wait_s);
+	}
+	return r;
 }
 
 static int wanted(void)
@@ -667,6 +715,7 @@ int slurm_spank_task_init(spank_t sp, int ac, char **av)
 	char gpus[512];
 	struct body b = {0};
 	static struct answer a; /* ~135 KiB: not on the stack; hooks never run concurrently */
+	int r;
 	(void)ac;
 	(void)av;
 	if (!spank_remote(sp) || !wanted())
@@ -691,7 +740,12 @@ int slurm_spank_task_init(spank_t sp, int ac, char **av)
 		return -1;
 	}
 	add(&b, "}");
-	if (ask_agent("/v1/jobs/adopt", &b, &a) < 0) {
+	if ((r = adopt_task(&b, &a)) < 0) {
+		if (r != -1 && arg_unreachable_run) {
+			slurm_error("laminar: job %u: %s; the task runs without Laminar (plugin argument unreachable=run): "
+				    "no Airlock protection, no checkpoint before a reclaim", job_id, a.error);
+			return 0;
+		}
 		slurm_error("laminar: job %u: %s", job_id, a.error);
 		return -1;
 	}

@@ -147,6 +147,13 @@ class SlurmRig:
             agent.start()
         cluster.wait_converged()
 
+    def set_plugin_args(self, plugin_args: str = "") -> None:
+        """Writes plugstack.conf with the plugin's arguments (besides its socket): srun and each
+        step's slurmstepd read it anew, so the next step runs with them."""
+        so = self.public / "laminar_spank.so"
+        (self.public / "plugstack.conf").write_text(
+            f"required {so} socket={self.plugin_socket} {plugin_args}\n".replace(" \n", "\n"))
+
     def env(self) -> dict[str, str]:
         return {**os.environ, "SLURM_CONF": str(self.conf)}
 
@@ -202,8 +209,7 @@ class SlurmRig:
         so = self.public / "laminar_spank.so"
         shutil.copyfile(SPANK_SO, so)
         os.chmod(so, 0o755)
-        (self.public / "plugstack.conf").write_text(
-            f"required {so} socket={self.plugin_socket} {plugin_args}\n".replace(" \n", "\n"))
+        self.set_plugin_args(plugin_args)
         ctld_port, slurmd_port = _free_port(), _free_port()
         nodes = "".join(f"NodeName={n.name} NodeAddr={n.addr} NodeHostname={n.name} CPUs={cpus} "
                         f"RealMemory=1000 State=UNKNOWN\n" for n in self.nodes)

@@ -7,6 +7,8 @@ docs/slurm.md).
   its Slurm job id, the task got ``LAMINAR_JOB_ID`` from the plugin); ``scancel`` ends it;
 - two tasks of one job on a node are one Laminar job; with ``adopt=all`` a job without options
   is adopted with the agent's defaults;
+- a task waits ``wait=`` seconds for its node's agent to come back; without one it fails, or runs
+  unprotected with ``unreachable=run``;
 - bad input refused at ``srun`` (and ``sbatch``), before the job is queued, with the agent's
   reason: an unknown class, a priority beyond the user's grant (srun run as a plain local user);
 - the kill-switch cuts an adopted job's traffic (its netguard counters, ``lm_job_stats``);
@@ -118,6 +120,45 @@ def test_with_adopt_all_a_job_without_options_is_adopted_with_the_defaults(tmp_p
         assert m, r.stdout
         job = c.nodes[0].json("job", "show", m.group(1))
         assert (job["scheduler"], job["class"], job["priority"]) == ("slurm", "standard", 50), job
+
+
+def test_a_task_waits_for_its_nodes_agent_to_restart_and_without_one_fails_or_runs_as_configured(tmp_path):
+    """The node's agent is stopped (an upgrade, a crash before systemd restarts it): a task of a
+    job that asked for Laminar tries again for ``wait=`` seconds, so an agent back within them
+    adopts it; past them the task fails, naming the socket and the wait (``unreachable=fail``, the
+    default), or runs without Laminar saying so on its stderr (``unreachable=run``)."""
+    import threading
+
+    with ExitStack() as stack:
+        c = stack.enter_context(Cluster.create(tmp_path, zones=1, per_zone=1, gpus=0, zone_extra=adopt_toml(tmp_path)))
+        s = stack.enter_context(SlurmRig.create(tmp_path, c, plugin_args="wait=90"))
+        nd = c.nodes[0]
+        srun = ("srun", "--laminar-class", "standard", "sh", "-c", 'echo "id=$LAMINAR_JOB_ID"')
+        nd.agent.stop()
+        back = threading.Timer(2.0, nd.agent.start)
+        back.start()
+        try:
+            t0 = time.monotonic()
+            r = s.run(*srun, node=0, timeout=120)
+            took = time.monotonic() - t0
+        finally:
+            back.join()
+        m = re.fullmatch(r"id=(\S+)", r.stdout.strip())
+        assert m and took > 1.5, (r.stdout, r.stderr, took)  # adopted by the agent that came back
+        job = nd.json("job", "show", m.group(1))
+        assert job["scheduler"] == "slurm" and job["class"] == "standard", job
+
+        nd.agent.stop()
+        s.set_plugin_args("wait=1 unreachable=run")
+        r = s.run(*srun, node=0, timeout=60)
+        assert r.stdout.strip() == "id=", r.stdout  # ran, not adopted
+        assert "the task runs without Laminar (plugin argument unreachable=run)" in r.stderr, r.stderr
+        assert f"cannot reach the agent at {s.plugin_socket}" in r.stderr, r.stderr
+
+        s.set_plugin_args("wait=1")  # unreachable=fail, the default
+        r = s.run(*srun, node=0, check=False, timeout=60)
+        assert r.returncode != 0 and "id=" not in r.stdout, (r.stdout, r.stderr)
+        assert f"cannot reach the agent at {s.plugin_socket}" in r.stderr and "(tried for 1 s" in r.stderr, r.stderr
 
 
 def test_bad_laminar_options_are_refused_at_srun_with_the_agents_reason(slurm, tmp_path):
