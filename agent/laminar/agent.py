@@ -6,7 +6,7 @@ attaches netguard to the uplink, starts the pressure watch and the other compone
 control API on a Unix socket and Prometheus metrics on localhost, and tells systemd it is ready.
 
 SIGTERM stops it cleanly and leaves the pinned maps and the attached programs in place: jobs
-keep running in their cgroups and the kill-switches keep enforcing. The next start re-adopts
+keep running in their cgroups and the kill-switches keep enforcing. The next start reattaches
 them. ``laminarctl bpf unload`` removes the data plane.
 
 Usage::
@@ -261,7 +261,7 @@ class Agent:
 
         if socket_in_use(self.config.agent.socket):
             # another agent serves this node: starting the components would re-attach its
-            # filters, re-adopt its jobs and sweep its files under it
+            # filters, reattach its jobs and sweep its files under it
             log.error("another laminard answers on %s: not starting (stop it first, or give this one "
                       "another agent.socket and state_dir)", self.config.agent.socket)
             return 1

@@ -154,7 +154,7 @@ def test_an_agent_restarted_while_fenced_keeps_the_job_frozen_and_settles_it_onc
         wait_until(lambda: phases(a, "fenced"), 30, "A to fence its job")
         a.agent.kill9()
         a.agent.start()
-        assert job_state(a, jid)["state"] == "suspended"  # re-adopted, still frozen
+        assert job_state(a, jid)["state"] == "suspended"  # reattached, still frozen
         assert list(a.json("status")["migrate"]["fenced"]) == [jid]
         held = steps_by(steps).get(pid_a, 0)
         time.sleep(1.0)  # (no assertion on a timing: only that a frozen job takes no step)
@@ -165,7 +165,7 @@ def test_an_agent_restarted_while_fenced_keeps_the_job_frozen_and_settles_it_onc
     wait_until(lambda: phases(a, "unfenced"), 30, "A to thaw its job once it hears its zone")
     wait_until(lambda: steps_by(steps).get(pid_a, 0) > held + 5, 30, "the thawed job to step again")
     assert find_migrated(c, key) is None
-    assert job_state(a, jid)["state"] == "running"  # (not left "suspended" as re-adopted)
+    assert job_state(a, jid)["state"] == "running"  # (not left "suspended" as reattached)
     # the restarted Airlock did not take the frozen job for one it suspended: the fence thawed it
     assert [e["airlock_held"] for e in phases(a, "unfenced")] == [False]
     assert a.json("status")["migrate"]["fenced"] == {}

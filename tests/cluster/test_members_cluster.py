@@ -148,12 +148,12 @@ def test_a_members_process_killed_restarts_every_member_with_the_next_generation
     for nd in c.nodes:
         log = (nd.agent.state_dir / "logs" / f"{job}.log").read_text()
         assert log.count("gen start") == 2, (nd.node_id, log)
-    # kill -9 of a member's agent: its member runs on, re-adopted; the job stays as it was
+    # kill -9 of a member's agent: its member runs on, reattached; the job stays as it was
     pids = {n: j["pid"] for n, j in member_jobs(c, job).items()}
     c.nodes[1].agent.kill9()
     c.nodes[1].agent.start()
     wait_until(lambda: member_jobs(c, job).get(c.nodes[1].node_id, {}).get("state") == "running", 30,
-               "the member re-adopted")
+               "the member reattached")
     assert {n: j["pid"] for n, j in member_jobs(c, job).items()} == pids
     v3 = c.multinode_view(0, job)
     assert v3["generation"] == 1 and v3["state"] == "running", v3

@@ -196,7 +196,7 @@ def test_agent_kill9_keeps_the_queue_and_its_order(make_agent: Any, script: Path
     agent.start()
     after = {j["id"]: j for j in agent.json("jobs")}
     for m in members:
-        assert after[m["id"]]["state"] == "running" and after[m["id"]]["adopted"], after[m["id"]]
+        assert after[m["id"]]["state"] == "running" and after[m["id"]]["reattached"], after[m["id"]]
     for q in (low, high):
         assert after[q["id"]]["state"] == "queued", after[q["id"]]
         assert after[q["id"]]["reason"].startswith("waiting for class transient: needs 100 MiB, 0 MiB free")

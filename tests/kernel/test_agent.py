@@ -2,7 +2,7 @@
 
 These are the foundation's acceptance tests: pins with named fields, a job's UDP flood cut by the
 kill-switch while another job's traffic passes, counters equal to what was sent, the switch
-still enforcing after ``kill -9`` of the agent, re-adoption on restart, ``bpf unload`` restoring
+still enforcing after ``kill -9`` of the agent, reattachment on restart, ``bpf unload`` restoring
 the interface, pressure events with the right cgroup, and the control socket's credential check.
 """
 
@@ -92,7 +92,7 @@ def test_killswitch_counters_kill9_readopt_unload(agent: AgentProc, veth_pair: A
     progs = {(p["direction"], p["name"]) for p in st["netguard"]["programs"]}
     assert {("egress", "lm_egress"), ("ingress", "lm_ingress")} <= progs
     assert st["netguard"]["ifname"] == veth_pair.ifname_a
-    assert st["netguard"]["adopted_pins"] is False
+    assert st["netguard"]["reattached_pins"] is False
 
     go1, go2 = tmp_path / "go1", tmp_path / "go2"
     j1 = submit_sender(agent, veth_pair.addr_b, 5001, go1)
@@ -133,10 +133,10 @@ def test_killswitch_counters_kill9_readopt_unload(agent: AgentProc, veth_pair: A
     assert stopped(receiver, "5001")
     assert growing(receiver, "5002")
 
-    # A restart re-adopts the pins and the jobs instead of duplicating anything.
+    # A restart reattaches the pins and the jobs instead of duplicating anything.
     agent.start()
     st = agent.json("status")
-    assert st["netguard"]["adopted_pins"] is True
+    assert st["netguard"]["reattached_pins"] is True
     assert len(filters(veth_pair.a, veth_pair.ifname_a, "egress")) == 1
     assert len(filters(veth_pair.a, veth_pair.ifname_a, "ingress")) == 1
     jobs = {j["id"]: j for j in agent.json("jobs")}

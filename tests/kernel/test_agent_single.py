@@ -1,5 +1,5 @@
 """One agent per node: a second laminard started against a running one's socket exits 1 before
-it starts any component (it would re-attach the first one's filters, re-adopt its jobs and sweep
+it starts any component (it would re-attach the first one's filters, reattach its jobs and sweep
 its files), and the first keeps serving. ``GET /v1/events`` answers at most 1,000 events: a
 ``limit`` of -1 (SQLite: no limit) or above that is refused, naming the value; laminarctl reads
 more in pages. Once ready, the

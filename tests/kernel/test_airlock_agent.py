@@ -391,7 +391,7 @@ def test_agent_kill9_during_storm_loses_no_job(make_agent: Any, script: Path, tm
         if j["state"] == "killed":
             assert j["reason"], j
         if j["state"] in ("running", "suspended"):
-            assert j["adopted"] is True and alive(j["pid"]), j
+            assert j["reattached"] is True and alive(j["pid"]), j
             assert j["frozen"] is (j["state"] == "suspended"), j
         if j["state"] == "suspended":  # the new process took the rung over, with its age
             assert j["airlock"] is not None and j["airlock"]["rung"] == "suspend", j

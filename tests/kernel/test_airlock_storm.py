@@ -242,9 +242,9 @@ def test_restart_during_storm_loses_no_job(tmp_path: Path) -> None:
             assert set(after) == set(before), (before, after)
             for jid, state in before.items():
                 assert after[jid] == state, (jid, before, after)
-                assert all(j.adopted for j in r.jobs.active())
+                assert all(j.reattached for j in r.jobs.active())
             assert alive(lr.pid) and r.jobs.get(lr.id).state == "running"
-            # The re-adopted jobs are still managed: a stop works and records the end.
+            # The reattached jobs are still managed: a stop works and records the end.
             final = await r.jobs.stop(ts[0].id, "test over", grace_s=0.5)
             assert final is not None and final.state == "stopped" and not final.cgroup.exists()
 

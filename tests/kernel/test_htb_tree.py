@@ -39,7 +39,7 @@ def test_tree_setup_adopt_teardown(veth_pair) -> None:  # type: ignore[no-untype
         # A second tree object (the agent restarted) adopts the tree and its leaf.
         again = HtbTree(vp.ifname_a, 200 * MBIT, 80 * MBIT, netns=vp.a.name)
         again.setup()
-        assert again.adopted and again.leaves() == {leaf: 30 * MBIT}
+        assert again.reattached and again.leaves() == {leaf: 30 * MBIT}
         again.close()
         with pytest.raises(ValueError, match="migration budget"):
             tree.add_leaf(500 * MBIT)

@@ -3,7 +3,7 @@
 ``laminarctl job stop`` records the job as stopped at once and then waits out the grace
 (SIGTERM, then ``cgroup.kill``). An agent killed with ``kill -9`` inside that grace left a job
 that ignores SIGTERM running in its cgroups for good: the record said ``stopped`` (no end time),
-and the next agent re-adopted only queued, running and suspended jobs, so nothing watched,
+and the next agent reattached only queued, running and suspended jobs, so nothing watched,
 stopped or removed it (docs/operations.md, "What survives what").
 """
 
@@ -72,7 +72,7 @@ time.sleep(3)
 
 def test_stop_of_an_adopted_job_without_its_main_process_keeps_the_grace(agent: AgentProc, tmp_path: Path) -> None:
     """A job whose main process ended while the agent was down, with a child still running, is
-    re-adopted and watched through cgroup.events. Stopping it sends SIGTERM and waits the grace
+    reattached and watched through cgroup.events. Stopping it sends SIGTERM and waits the grace
     as for any job; the watch used to end (and kill the job) as soon as the stop was recorded."""
     import sys
 
@@ -86,7 +86,7 @@ def test_stop_of_an_adopted_job_without_its_main_process_keeps_the_grace(agent: 
     assert _procs(job["cgroup"]), "the child lives on in the cgroup"
     agent.start()
     adopted = agent.json("job", "show", job["id"])
-    assert adopted["state"] == "running" and adopted["adopted"], adopted
+    assert adopted["state"] == "running" and adopted["reattached"], adopted
     final = agent.json("job", "stop", job["id"], "--grace", "60")
     assert Path(str(out) + ".term").exists()
     assert Path(str(out) + ".saved").exists(), "the child was killed inside its grace"

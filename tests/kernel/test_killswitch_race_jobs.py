@@ -3,7 +3,7 @@
 netguard is real (the stand-in of test_killswitch_dataplane loads and attaches it on a veth in a
 namespace, maps pinned); the test drives ``NetGuard`` over the pinned maps. One thread
 re-registers the job (``register_job``: read the entry, set LM_JOB_LENT, write it back, as the job
-manager does at start and re-adoption) as fast as it can while the test's thread sets and clears
+manager does at start and reattachment) as fast as it can while the test's thread sets and clears
 the job's switch (``killswitch on|off --job``); after each set, once the other thread has written
 twice more, the bit must still be set. Before the fix it was lost a few times in 2000 rounds.
 """

@@ -1,6 +1,6 @@
 """An agent finds pinned maps of another build (a resized map): it starts, and cuts stay cut.
 
-The maps are pinned so a restarted agent re-adopts them. libbpf reuses a pin only when its type,
+The maps are pinned so a restarted agent reattaches them. libbpf reuses a pin only when its type,
 key and value sizes and max_entries are the object's; an upgrade that resized a map (say
 LM_MAX_FLOWS or LM_MAX_JOBS) met the old build's pins and every start failed at load
 ("couldn't reuse pinned map ... parameter mismatch"), over and over under systemd, until someone
@@ -76,7 +76,7 @@ def test_pins_of_another_build_are_replaced_and_cuts_carried_over(agent: AgentPr
 
 def test_pins_of_another_map_abi_are_replaced_and_none_of_their_entries_read(agent: AgentProc) -> None:
     """Pins whose lm_global says another map ABI version (a layout change that kept the sizes) are
-    not re-adopted: libbpf would have reused them, and this agent read their entries under its own
+    not reattached: libbpf would have reused them, and this agent read their entries under its own
     layout. They are all replaced and nothing is carried over."""
     a = agent
     job = a.json("submit", "--name", "lm-t-pinabi", "--", "sleep", "600")

@@ -6,7 +6,7 @@ real JobManager over real cgroups and SQLite (tests/jobrig.py).
 - an upgrade adds the columns to an old table and fills them from the agent's own tables
   (``zone_placed``, ``migrate_replicas``), never from a job's env; the stored specs of jobs not
   ended lose the reserved names, the old user hints become their fields;
-- F7: a job re-adopted after a restart whose main process is gone keeps no stale pid, so a
+- F7: a job reattached after a restart whose main process is gone keeps no stale pid, so a
   checkpoint request never reaches a process that took that pid since (before: root sent the
   job's checkpoint signal to it).
 """
@@ -200,7 +200,7 @@ def test_a_readopted_job_whose_main_process_is_gone_signals_no_process_that_took
     """A user's job whose main process exits while the agent is down (here: the first job
     manager stops watching, as the agent's stop does; its main process, the agent's child, is
     reaped as init would) leaves a child in its cgroup. A root process takes the freed pid and
-    catches SIGUSR1. The next job manager re-adopts the job: its checkpoint request must not
+    catches SIGUSR1. The next job manager reattaches the job: its checkpoint request must not
     reach that process. Before: it kept the stale pid and root signalled the new process."""
     os.chmod(tmp_path, 0o755)  # the job's user reaches its checkpoint directory
 
@@ -232,8 +232,8 @@ def test_a_readopted_job_whose_main_process_is_gone_signals_no_process_that_took
                                 gpus_declared=[])
             await second.start(None)
             adopted = second.get(job.id)
-            assert adopted is not None and adopted.adopted and adopted.state == "running"
-            assert adopted.pid is None, f"the re-adopted job kept the pid {adopted.pid} of its gone main process"
+            assert adopted is not None and adopted.reattached and adopted.state == "running"
+            assert adopted.pid is None, f"the reattached job kept the pid {adopted.pid} of its gone main process"
             assert second.request_checkpoint(adopted) is False
             assert second.signal_main(adopted, "SIGUSR1") is False
             await asyncio.sleep(0.5)

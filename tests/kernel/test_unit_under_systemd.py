@@ -248,7 +248,7 @@ def test_the_agent_may_open_the_files_two_users_at_their_job_cap_need(box: Syste
 
 def test_sigkill_restarts_the_agent_and_it_readopts_its_jobs(box: SystemdContainer) -> None:
     """`systemctl kill -s SIGKILL` (every process in the unit's cgroup): Restart=on-failure brings
-    the agent back; the jobs, in the agent's cgroups, were not hit and are re-adopted with the
+    the agent back; the jobs, in the agent's cgroups, were not hit and are reattached with the
     pinned maps."""
     jobs = JOBS
     assert jobs, "needs the jobs of test_jobs_run_as_their_submitter_in_the_agents_cgroups"
@@ -266,10 +266,10 @@ def test_sigkill_restarts_the_agent_and_it_readopts_its_jobs(box: SystemdContain
     print(f"restart: active again {(int(p['ActiveEnterTimestampMonotonic']) - t) / 1e6:.2f} s after SIGKILL "
           f"(RestartSec={unit_directive('RestartSec')})")
     s = status(box)
-    assert s["netguard"]["adopted_pins"] is True
+    assert s["netguard"]["reattached_pins"] is True
     for job in jobs:
         now = json.loads(box.ctl("-o", "json", "job", "show", job["id"]).stdout)
-        assert (now["state"], now["pid"], now["adopted"]) == ("running", job["pid"], True), now
+        assert (now["state"], now["pid"], now["reattached"]) == ("running", job["pid"], True), now
         assert job_cgroups(box, job["pid"])["unified"] == f"/laminar/{job['class']}/{job['id']}"
 
 
@@ -289,7 +289,7 @@ def test_stop_exits_cleanly_and_leaves_jobs_and_data_plane(box: SystemdContainer
         assert proc_status(box, job["pid"])["State"].startswith(("S", "R")), job["id"]
     assert "lm_jobs" in box.sh("ls /sys/fs/bpf/laminar").stdout
     assert re.search(r"lm_egress", box.sh("tc filter show dev lmsd0 egress").stdout)
-    # and the next start re-adopts them
+    # and the next start reattaches them
     box.sh(f"systemctl start {UNIT}")
     for job in jobs:
         assert json.loads(box.ctl("-o", "json", "job", "show", job["id"]).stdout)["state"] == "running"
@@ -360,7 +360,7 @@ def test_a_stop_longer_than_timeoutstopsec_is_extended_by_the_agent(box: Systemd
             gdb.wait(10)
         box.sh(f"rm -f {dropin} && systemctl daemon-reload", check=False)
         box.sh(f"systemctl start {UNIT}", check=False)
-    for job in jobs:  # KillMode=process: the jobs outlived the stop; the next agent re-adopts them
+    for job in jobs:  # KillMode=process: the jobs outlived the stop; the next agent reattaches them
         assert json.loads(box.ctl("-o", "json", "job", "show", job["id"]).stdout)["state"] == "running"
 
 
@@ -379,7 +379,7 @@ def test_the_enabled_unit_starts_at_boot_and_reports_the_jobs_a_reboot_ended(box
     p = wait_for("laminard active after the reboot", active)
     assert p["NRestarts"] == "0", p  # it started once, at boot, not after failures
     s = status(box)
-    assert s["netguard"]["adopted_pins"] is False and len(s["netguard"]["programs"]) == 2, s["netguard"]
+    assert s["netguard"]["reattached_pins"] is False and len(s["netguard"]["programs"]) == 2, s["netguard"]
     for job in jobs:
         now = json.loads(box.ctl("-o", "json", "job", "show", job["id"]).stdout)
         assert now["state"] == "lost", now

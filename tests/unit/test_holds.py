@@ -98,11 +98,11 @@ def test_a_hold_asks_for_the_freeze_again_when_a_stop_thawed_the_job_under_it() 
     assert cg.calls == ["freeze", "thaw", "freeze"]
 
 
-def test_drop_and_adopt_leave_the_kernel_alone() -> None:
+def test_drop_and_reattach_leave_the_kernel_alone() -> None:
     jobs = Jobs("job-1")
     h = Holds(jobs)
     cg = jobs.get("job-1").cgroup
-    h.adopt("job-1", Hold.AIRLOCK)
+    h.reattach("job-1", Hold.AIRLOCK)
     assert h.held("job-1", Hold.AIRLOCK) and cg.calls == []
     assert h.drop("job-1", Hold.AIRLOCK) is True and h.drop("job-1", Hold.AIRLOCK) is False
     assert cg.calls == []
@@ -117,7 +117,7 @@ def test_holds_survive_a_restart_but_not_the_end_of_their_job(tmp_path: Path) ->
         h.hold("job-1", Hold.MOVE)
         h.hold("job-2", Hold.FENCE)
         jobs.jobs["job-2"].active = False  # it ends while the agent is down
-        again = Holds(Jobs("job-1", "job-2"), store)  # (its job manager re-adopted both)
+        again = Holds(Jobs("job-1", "job-2"), store)  # (its job manager reattached both)
         again.jobs.jobs["job-2"].active = False
         again.load()
         assert again.reasons("job-1") == ["airlock", "move"]

@@ -1,7 +1,7 @@
 """laminar.members: the members component's logic with stand-in agents (three nodes in one
 process, messages delivered in process through each component's ``send``): the member side
 (start, reports retried until answered, orders from the origin only), the origin side (submit,
-reports from members only, restart / continue / end, stop, a lost node), and readopt from the
+reports from members only, restart / continue / end, stop, a lost node), and reattach from the
 store after a restart, Airlock's word, the kill-switch. The local jobs are a stand-in job
 manager (``StandInJobs``: it starts no process); a member as a real local job is
 tests/kernel/test_members_local_job.py, and tests/cluster/test_members_cluster.py runs real
@@ -544,7 +544,7 @@ def test_stop_orders_every_member_and_only_the_owner_or_root_may(tmp_path) -> No
     run(go())
 
 
-# -- readopt ----------------------------------------------------------------------------------------
+# -- reattach ----------------------------------------------------------------------------------------
 
 
 def test_readopt_after_a_restart_of_the_origin_and_of_a_member(tmp_path) -> None:

@@ -215,7 +215,7 @@ class JobCgroup:
     """The cgroups of one job: a cgroup2 directory plus v1 directories on a hybrid host.
 
     Paths are computed from (hierarchy, root name, class, job id), so a restarted agent
-    rebuilds the same object from the store and re-adopts the job.
+    rebuilds the same object from the store and reattaches the job.
     """
 
     def __init__(self, hierarchy: Hierarchy, root_name: str, job_class: str, job_id: str) -> None:
@@ -263,7 +263,7 @@ class JobCgroup:
     def create(self) -> None:
         """Create the job's directories (parents must exist: `CgroupTree.ensure`).
 
-        An existing directory is reused (re-adoption). Raises CgroupError on failure.
+        An existing directory is reused (reattachment). Raises CgroupError on failure.
         """
         for d in self.all_dirs():
             if not d.parent.is_dir():

@@ -284,7 +284,7 @@ class Airlock:
             if rung != ladder.SUSPEND or job is None or not job.active:
                 continue
             try:
-                self._holds().adopt(jid, Hold.AIRLOCK)  # (a suspend rung is Airlock's hold)
+                self._holds().reattach(jid, Hold.AIRLOCK)  # (a suspend rung is Airlock's hold)
                 released = self._holds().release(jid, Hold.AIRLOCK)
             except CgroupError as e:
                 self._emit(f"airlock: cannot thaw {jid} for bpf unload: {e}", job=jid, error=str(e))
@@ -411,13 +411,13 @@ class Airlock:
                         log.warning("airlock: re-kill %s: %s", jid, e)
                     self._spawn(self._finish_kill(jid, reason, lost))
                     self._emit(f"airlock: kill of {jid} interrupted by a restart; finishing it: {reason}",
-                               job=jid, adopted_rung=rung)
+                               job=jid, reattached_rung=rung)
                     continue
                 old = self.jobs.get(jid)
                 if old is not None and old.state == "lost":
                     self.jobs.set_state(old, "killed", f"airlock killed: {reason}", EndCause.AIRLOCK_KILL)
                     self._emit(f"airlock: {jid} was killed as the agent went down: {reason}", job=jid,
-                               adopted_rung=rung)
+                               reattached_rung=rung)
                 continue
             if job is None:
                 self._drop_rung(jid)
@@ -439,18 +439,18 @@ class Airlock:
                 # escalated like any suspended job.
                 self._set_rung(jid, ladder.SUSPEND, since, hops, "frozen by a move a restart ended")
                 if not holds.held(jid):
-                    holds.adopt(jid, Hold.AIRLOCK)
+                    holds.reattach(jid, Hold.AIRLOCK)
                 self.jobs.set_state(job, "suspended", "airlock: frozen by a move that a restart ended")
                 self._emit(f"airlock: {jid} was being moved (frozen) when the agent went down; suspended, "
-                           "to be recovered once calm", job=jid, adopted_rung=ladder.SUSPEND, hops=hops)
+                           "to be recovered once calm", job=jid, reattached_rung=ladder.SUSPEND, hops=hops)
                 continue
             self.rungs[jid] = (rung, since, hops)
             if rung == ladder.SUSPEND:
-                holds.adopt(jid, Hold.AIRLOCK)
+                holds.reattach(jid, Hold.AIRLOCK)
             if rung == ladder.SUSPEND and job.state != "suspended":
                 self.jobs.set_state(job, "suspended", "airlock: suspended (freeze pending) when the agent started")
             self._emit(f"airlock: {jid} taken over at rung {rung} (for {now - since:.1f} s, {hops} hops) "
-                       "after a restart", job=jid, adopted_rung=rung, for_s=round(now - since, 2), hops=hops)
+                       "after a restart", job=jid, reattached_rung=rung, for_s=round(now - since, 2), hops=hops)
         for jid, job in active.items():
             if jid in self.rungs or holds.others(jid, Hold.AIRLOCK):
                 continue
@@ -459,11 +459,11 @@ class Airlock:
             except CgroupError:
                 continue
             if frozen:
-                holds.adopt(jid, Hold.AIRLOCK)
+                holds.reattach(jid, Hold.AIRLOCK)
                 self._set_rung(jid, ladder.SUSPEND, now, 0, "frozen when the agent started")
                 self.jobs.set_state(job, "suspended", "airlock: found frozen after a restart")
                 self._emit(f"airlock: {jid} found frozen with no recorded rung; suspended as of now", job=jid,
-                           adopted_rung=ladder.SUSPEND)
+                           reattached_rung=ladder.SUSPEND)
         if any(r[0] in (ladder.SUSPEND, ladder.READDRESS) for r in self.rungs.values()):
             self.memo.last_pressure = now
 
@@ -993,7 +993,7 @@ class Airlock:
                 # A re-addressed job was thawed for its checkpoint already; a freeze on it now is
                 # the migration layer's (a move in progress), not ours to undo.
                 if self.rungs.get(job.id, (None,))[0] != ladder.READDRESS:
-                    self._holds().adopt(job.id, Hold.AIRLOCK)  # (a suspend rung is Airlock's hold)
+                    self._holds().reattach(job.id, Hold.AIRLOCK)  # (a suspend rung is Airlock's hold)
                     self._holds().release(job.id, Hold.AIRLOCK)  # thawed unless another holds it
                 self._drop_rung(job.id)
                 if self._holds().held(job.id, Hold.MEMBERS):  # frozen with its job still: not ours to thaw
@@ -1053,7 +1053,7 @@ class Airlock:
         """Ask for a checkpoint (the job is thawed so it can handle the signal), then hand it
         to the migration layer when one is present."""
         sent = self.jobs.request_checkpoint(job)
-        self._holds().adopt(job.id, Hold.AIRLOCK)  # (thawed as before, unless another component holds it)
+        self._holds().reattach(job.id, Hold.AIRLOCK)  # (thawed as before, unless another component holds it)
         self._holds().release(job.id, Hold.AIRLOCK)
         self.jobs.set_state(job, "running", f"airlock: re-addressing ({a.reason})")
         fields["checkpoint_requested"] = sent

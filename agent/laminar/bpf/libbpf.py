@@ -5,7 +5,7 @@ No C compiler and no kernel headers are needed at run time: the CO-RE objects un
 against the running kernel's BTF when loaded.
 
 Load an object, pinning its ``LIBBPF_PIN_BY_NAME`` maps under a directory of your choice (an
-existing compatible pin is re-adopted, which is how a restarted agent keeps its state)::
+existing compatible pin is reattached, which is how a restarted agent keeps its state)::
 
     from laminar.bpf.libbpf import BpfObject, BpfMap, RingBuffer, object_path
 
@@ -618,7 +618,7 @@ class BpfObject:
         return cls(ptr, p, pin_root)
 
     def load(self) -> None:
-        """Relocate against the kernel BTF, create or re-adopt maps, load programs into the
+        """Relocate against the kernel BTF, create or reattach maps, load programs into the
         kernel. Raises BpfError with the verifier's log on refusal."""
         L = _L()
         self._check_open()

@@ -291,7 +291,7 @@ class Evacuation:
         for j in active:
             if phases.get(j.id, ("", None))[0] == "frozen":  # its move froze it: it checkpoints again
                 with contextlib.suppress(Exception):
-                    self.host._holds().adopt(j, Hold.MOVE)
+                    self.host._holds().reattach(j, Hold.MOVE)
                     self.host._holds().release(j, Hold.MOVE, timeout=0)  # asked; not waited for (on the loop)
         for j in handed:
             self.host._spawn(self.host.withdraw.stop_handed(j, phases[j.id][1]))

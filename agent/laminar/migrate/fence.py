@@ -39,7 +39,7 @@ Once it hears a member again it settles each fenced job before thawing it:
 The freeze is the fence's hold (``fence``, laminar/runtime/holds.py): the job manager keeps the
 job frozen while any hold remains. A job Airlock holds suspended is fenced too (Airlock leaves
 a job the fence holds alone: :meth:`AirlockManager.moving`, and a restarted Airlock does not
-adopt it) and left frozen at the end, under Airlock's hold. The fenced jobs are kept in the
+reattach it) and left frozen at the end, under Airlock's hold. The fenced jobs are kept in the
 store (meta ``migrate.fenced``): an agent restarted meanwhile settles them the same way.
 
 What it costs: a node whose peers all fail at once (not a partition) freezes its own jobs until
@@ -144,7 +144,7 @@ class Fence:
             self.fenced_jobs = {str(k): float(v) for k, v in got.items() if isinstance(v, (int, float))}
         holds = self.host._holds()
         for jid in self.fenced_jobs:  # (the job manager kept them too; an upgrade's did not)
-            holds.adopt(jid, Hold.FENCE)
+            holds.reattach(jid, Hold.FENCE)
 
     def _save_fenced(self) -> None:
         with contextlib.suppress(Exception):
@@ -241,7 +241,7 @@ class Fence:
             self.fenced_jobs[job.id] = now
             new.append(job.id)
         after = float(self.host.s["fence_after_s"])
-        for jid in new:  # what `laminarctl jobs` shows (and what a restart re-adopts it as: frozen)
+        for jid in new:  # what `laminarctl jobs` shows (and what a restart reattaches it as: frozen)
             self._set_job_state(jid, "suspended", f"fenced: node {self.host.node_id} heard no member of its zone "
                                 f"for {after:g} s (migrate.fence_after_s); thawed once it hears one and nobody took "
                                 "the job over")
@@ -334,7 +334,7 @@ class Fence:
                 self.drop(jid)
                 return
         holds = holds_of(jobs)
-        holds.adopt(jid, Hold.FENCE)  # (fenced: held, whatever took the record in)
+        holds.reattach(jid, Hold.FENCE)  # (fenced: held, whatever took the record in)
         others = holds.others(jid, Hold.FENCE)
         held = Hold.AIRLOCK.value in others
         try:

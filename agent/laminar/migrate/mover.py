@@ -394,11 +394,11 @@ class Mover:
                 continue
             if r["phase"] == "handover" and r["node"] is not None and r["pid"] is not None:
                 self.host.evacuating.add(jid)  # Airlock leaves it frozen (AirlockManager.moving)
-                self.host._holds().adopt(job, Hold.MOVE)
+                self.host._holds().reattach(job, Hold.MOVE)
                 self.host._spawn(self.settle_cut(job, int(r["node"]), int(r["pid"]), json.loads(r["request"]),
                                                   str(r["reason"]), bool(r["thaw"])))
                 continue
-            self.host._holds().adopt(job, Hold.MOVE)
+            self.host._holds().reattach(job, Hold.MOVE)
             with contextlib.suppress(Exception):
                 # thawed unless the job was frozen before the move (its other hold keeps it)
                 self.unhold(job, bool(r["thaw"]), timeout=0)  # asked; not waited for (on the loop)

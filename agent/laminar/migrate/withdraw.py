@@ -139,7 +139,7 @@ class Withdraw:
                 await self.stop_handed(job, node)
             elif ph == "frozen" and job.active:
                 with contextlib.suppress(Exception):  # its move froze it: the move's hold ends
-                    self.host._holds().adopt(job, Hold.MOVE)
+                    self.host._holds().reattach(job, Hold.MOVE)
                     await self.host.mover.unhold_wait(job, True, 2.0)
             elif ph == "placing" and job.state == "queued":
                 assert jobs_mgr is not None

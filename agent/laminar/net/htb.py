@@ -21,7 +21,7 @@ without ``CONFIG_NET_SCH_HTB`` gets :class:`HtbUnavailable` with a message sayin
 qdisc found there first is remembered (``previous_root``); only kernel defaults (``noqueue``,
 ``pfifo_fast``, ``mq``, ``fq_codel`` with no handle set by a person) are replaced unless
 ``replace_existing`` is given, and :meth:`HtbTree.teardown` deletes the tree, which puts the
-kernel's default back. A tree of ours already in place (the agent restarted) is adopted as it
+kernel's default back. A tree of ours already in place (the agent restarted) is reattached as it
 is, leaves included, so shaped transfers are not interrupted.
 
 Example (root, on a test veth in a namespace)::
@@ -193,7 +193,7 @@ class HtbTree:
         self.background_floor_bps = int(background_floor_bps)
         self.replace_existing = replace_existing
         self.previous_root: dict[str, Any] | None = None
-        self.adopted = False
+        self.reattached = False
         self._leaves: dict[int, int] = {}  # minor -> rate_bps as last applied
         self._nl: Rtnl | None = None
         self._ifindex = 0
@@ -268,18 +268,18 @@ class HtbTree:
     # --- lifecycle ------------------------------------------------------------------------
 
     def setup(self) -> None:
-        """Creates the tree (or adopts ours if it is already there). Raises HtbUnavailable when
+        """Creates the tree (or reattaches ours if it is already there). Raises HtbUnavailable when
         the kernel has no HTB or a root qdisc a person configured is in place (and
         replace_existing is off); HtbError for any other refusal. Changes nothing on failure."""
         root = self.root_qdisc()
         if root and root["kind"] == "htb" and root["handle"] == self.major << 16:
             classes = self._classes()
             if {ROOT_MINOR, BACKGROUND_MINOR, MIGRATION_MINOR} <= set(classes):
-                self.adopted = True
+                self.reattached = True
                 self.previous_root = None  # not known any more; teardown restores the kernel default
                 self._leaves = {m: self._rate_of(c) for m, c in classes.items() if LEAF_FIRST <= m <= LEAF_LAST}
                 self.set_link(self.link_bps, self.background_floor_bps)
-                log.info("htb: adopted the tree on %s with %d leaves", self.ifname, len(self._leaves))
+                log.info("htb: reattached the tree on %s with %d leaves", self.ifname, len(self._leaves))
                 return
         if root and root["kind"] not in KERNEL_DEFAULT_ROOTS and not self.replace_existing:
             raise HtbUnavailable(
@@ -337,7 +337,7 @@ class HtbTree:
             self._nl = None
 
     def set_link(self, link_bps: int, background_floor_bps: int) -> None:
-        """Re-applies the link rate and background floor (config reload, adoption)."""
+        """Re-applies the link rate and background floor (config reload, reattachment)."""
         if not 0 <= background_floor_bps < link_bps:
             raise ValueError(f"background floor {background_floor_bps} bit/s must be below the link {link_bps} bit/s")
         self.link_bps, self.background_floor_bps = int(link_bps), int(background_floor_bps)

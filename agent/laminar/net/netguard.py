@@ -126,7 +126,7 @@ class NetGuard:
         self.ifname = ""
         self.ifindex = 0
         self.pin_root = Path("/sys/fs/bpf/laminar")
-        self.adopted = False
+        self.reattached = False
         self.agent: NetGuardAgent | None = None  # what netguard reads of it: laminar.components
         self.tunnels: dict[int, str] = {}  # tunnel devices lm_ingress is attached to, by ifindex
         self._tunnel_task: asyncio.Task[None] | None = None
@@ -158,7 +158,7 @@ class NetGuard:
         recorded_root = (agent.store.get_meta(META_KEY) or {}).get("pin_root")
         if recorded_root and Path(recorded_root) != self.pin_root:
             self._move_pins(Path(recorded_root))
-        self.adopted = (self.pin_root / "lm_jobs").exists()
+        self.reattached = (self.pin_root / "lm_jobs").exists()
         path = Path(cfg.bpf.object_dir, "netguard.bpf.o") if cfg.bpf.object_dir else object_path("netguard")
         self.obj = BpfObject.open(path, pin_root=str(self.pin_root))
         aside = self._set_aside_mismatched_pins(self.obj)
@@ -171,7 +171,7 @@ class NetGuard:
         if aside:
             self._carry_over(aside)
         self._init_global()
-        if self.adopted:
+        if self.reattached:
             stale = self.prune_jobs(cfg.cgroups.root)
             if stale:
                 agent.events.emit("agent", f"netguard: dropped {len(stale)} lm_jobs entries of jobs that ended while "
@@ -208,13 +208,13 @@ class NetGuard:
             self._tunnel_task = asyncio.get_running_loop().create_task(self._scan_tunnels(cfg.net.tunnel_scan_s))
         else:
             self.sync_tunnels(wanted={})  # switched off since the last run: take them off
-        agent.events.emit("agent", f"netguard {'re-adopted pins and ' if self.adopted else ''}attached to "
+        agent.events.emit("agent", f"netguard {'reattached pins and ' if self.reattached else ''}attached to "
                                    f"{self.ifname} ({'/'.join(directions)})",
-                          ifname=self.ifname, pin_root=str(self.pin_root), adopted=self.adopted)
+                          ifname=self.ifname, pin_root=str(self.pin_root), reattached=self.reattached)
 
     def _move_pins(self, old_root: Path) -> None:
         """``bpf.pin_root`` changed since the last run: the maps pinned under the old root (every
-        switch, deadline and counter) are pinned under the new one, where the load re-adopts them,
+        switch, deadline and counter) are pinned under the new one, where the load reattaches them,
         and the old pins and directory go. A name already pinned under the new root stays (the
         old pin is removed all the same: nothing else would ever remove it)."""
         if not old_root.is_dir():
@@ -251,7 +251,7 @@ class NetGuard:
         and returned open, to be carried over into the new map after the load (``_carry_over``) or
         pinned back if the load fails (``_put_back``). Pins left by an agent of another map ABI
         (the pinned ``lm_global.abi_version`` is neither 0 nor this agent's ``LM_ABI_VERSION``) are
-        all set aside, whatever their sizes: libbpf would re-adopt a map of the same size and this
+        all set aside, whatever their sizes: libbpf would reattach a map of the same size and this
         agent would read its entries under another layout; ``_carry_over`` copies none of them. Pins of
         an older ABI this agent knows how to convert (``abi.UPGRADES``: 1, whose lm_flows keys were
         IPv4 only) are treated as another build's: the maps whose size changed are set aside and
@@ -261,7 +261,7 @@ class NetGuard:
         if other_abi in abi.UPGRADES:
             # An older ABI this agent converts: the maps whose layout changed have another size and
             # are set aside below like a resized map; _carry_over converts their entries. The
-            # maps of the same size kept their layout and are re-adopted as they are.
+            # maps of the same size kept their layout and are reattached as they are.
             log.warning("netguard: the maps pinned under %s are of map ABI version %d, this agent's is %d: "
                         "their entries are converted", self.pin_root, other_abi, abi.LM_ABI_VERSION)
             other_abi = None
@@ -486,7 +486,7 @@ class NetGuard:
     # --- jobs -------------------------------------------------------------------------------
 
     def register_job(self, cgroup_id: int, job_num: int, lent: bool = False) -> None:
-        """Makes netguard see a job's cgroup; keeps any switch already set for it (re-adoption)."""
+        """Makes netguard see a job's cgroup; keeps any switch already set for it (reattachment)."""
         m = self.maps["lm_jobs"]
         with self.lock:
             raw = m.lookup(_u64(cgroup_id))
@@ -516,7 +516,7 @@ class NetGuard:
     def prune_jobs(self, cgroup_root: str) -> list[int]:
         """Deletes the lm_jobs/lm_job_stats entries whose cgroup under the agent's cgroup root
         (cgroup2) no longer exists or holds no process: jobs that ended while no agent ran, which
-        nobody unregistered. Called at start, before the job manager re-adopts the live jobs.
+        nobody unregistered. Called at start, before the job manager reattaches the live jobs.
         Returns the cgroup ids dropped; none when the cgroup2 mount cannot be found."""
         from ..airlock.cgroups import CgroupError, detect
 
@@ -662,7 +662,7 @@ class NetGuard:
                 progs.append({"ifname": name, "direction": "ingress", **f})
         g = self._global()
         return {"ifname": self.ifname, "ifindex": self.ifindex, "pin_root": str(self.pin_root),
-                "adopted_pins": self.adopted, "global_flags": abi.global_flag_names(g.flags),
+                "reattached_pins": self.reattached, "global_flags": abi.global_flag_names(g.flags),
                 "stats": self.stats(), "programs": progs, "maps": self.map_rows()}
 
     def routes(self) -> list[Route]:

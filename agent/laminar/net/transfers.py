@@ -378,7 +378,7 @@ class TransferRegistry:
             log.warning("shaping off: %s", self.disabled_reason)
             agent.events.emit("transfer", f"shaping of migration transfers is off: {self.disabled_reason}")
             return
-        await self._run(self._adopt)
+        await self._run(self._reattach)
         self._task = asyncio.get_running_loop().create_task(self._ticker())
 
     async def stop(self) -> None:
@@ -573,7 +573,7 @@ class TransferRegistry:
                 "operator_cuts": sum(1 for c in self.cuts.values() if c.origin == OPERATOR_CUT),
                 "expiring_cuts": sum(1 for c in self.cuts.values() if c.expires_wall is not None)}
 
-    def _adopt(self) -> None:
+    def _reattach(self) -> None:
         """Re-reads transfers from the store and reconciles them with the kernel's leaves.
 
         The deadline is taken from the stored wall-clock time (a monotonic value means nothing
@@ -875,7 +875,7 @@ class TransferRegistry:
             out.update(ifname=self.tree.ifname, link=fmt_rate(self.link.link_bps),
                        background_floor=fmt_rate(self.link.background_floor_bps),
                        migration_budget=fmt_rate(self.link.migration_budget_bps), margin=self.params.margin,
-                       tick_ms=round(self.tick_s * 1000), adopted_tree=self.tree.adopted,
+                       tick_ms=round(self.tick_s * 1000), reattached_tree=self.tree.reattached,
                        infeasible=sum(1 for t in self.transfers.values() if t.status in (INFEASIBLE, LATE)))
         return out
 

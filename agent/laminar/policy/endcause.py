@@ -31,7 +31,7 @@ class EndCause(StrEnum):
     # by itself (runtime.jobs: its main process exited)
     EXITED_ZERO = "exited_zero"  # exit code 0
     EXITED_NONZERO = "exited_nonzero"  # a non-zero code, or a signal the agent did not send
-    EXITED_CODE_UNKNOWN = "exited_code_unknown"  # re-adopted after a restart: not the agent's child
+    EXITED_CODE_UNKNOWN = "exited_code_unknown"  # reattached after a restart: not the agent's child
     # by a person (POST /v1/jobs/ID/stop)
     STOPPED_BY_USER = "stopped_by_user"  # the job's owner
     STOPPED_BY_OPERATOR = "stopped_by_operator"  # root or the control group, for another user's job

@@ -120,7 +120,7 @@ class Holds:
             return False
         return await set_frozen_async(cg, True, timeout)
 
-    def adopt(self, job: Any, reason: Hold) -> None:
+    def reattach(self, job: Any, reason: Hold) -> None:
         """Records a hold on a job found frozen for ``reason`` (after a restart, from the
         component's own records); nothing is asked of the kernel."""
         self._add(self._see(job), reason)

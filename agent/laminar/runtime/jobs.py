@@ -32,7 +32,7 @@ metric ``laminar_jobs_leaked_cgroups``), and a sweep every `LEAK_SWEEP_S` second
 agent's start, kills what is left in it and removes it until it is gone.
 
 Jobs survive an agent restart: they run in their own session and cgroups, so a new agent
-re-adopts every stored job whose cgroup still holds processes, watching it by pidfd (its exit
+reattaches every stored job whose cgroup still holds processes, watching it by pidfd (its exit
 code is then unknown: it is no longer the agent's child) or by ``cgroup.events``.
 
 Who may do what (decided from SO_PEERCRED by the control API): any local user may submit a
@@ -115,9 +115,9 @@ if TYPE_CHECKING:
 log = logging.getLogger("laminar.jobs")
 
 STOP_GRACE_S = 5.0  # SIGTERM -> cgroup.kill
-# A re-adopted job whose main process is gone (but whose cgroup is not empty) is watched by
+# A reattached job whose main process is gone (but whose cgroup is not empty) is watched by
 # polling cgroup.events at this interval; POLLPRI on cgroup.events would do too, this is simpler.
-ADOPT_POLL_S = 0.5
+REATTACH_POLL_S = 0.5
 # How often leaked cgroups (a teardown's removal failed) are killed and removed again. A process
 # that could not die (hung storage, a frozen v1 freezer) usually can within minutes; 30 s keeps
 # the retry cheap (one query, one rmdir per leaked directory).
@@ -258,7 +258,7 @@ class JobManager:
 
     # -- component life ----------------------------------------------------------------------
     async def start(self, agent: JobsAgent | None) -> None:
-        """Detect cgroups, create the per-class parents, open the table, re-adopt jobs."""
+        """Detect cgroups, create the per-class parents, open the table, reattach jobs."""
         self.agent = agent
         self.loop = asyncio.get_running_loop()
         if agent is not None:
@@ -342,7 +342,7 @@ class JobManager:
         from laminar.migrate.drain import held_at_start
 
         self.held = self.held or held_at_start(self.store)
-        self._adopt_all()
+        self._reattach_all()
         self.holds.store = self.store
         self.holds.load()  # after the jobs: the holds of jobs that ended meanwhile go
         self._spawn_task(self._leak_loop())  # now, then every leak_sweep_s: leaks of the previous agent; pruning
@@ -403,7 +403,7 @@ class JobManager:
                 log.warning("cannot make %s private to its owner: %s", f, e)
 
     async def shutdown(self) -> None:
-        """Stop watching. Jobs keep running in their cgroups; the next start re-adopts them."""
+        """Stop watching. Jobs keep running in their cgroups; the next start reattaches them."""
         for task in list(self._tasks):
             task.cancel()
         for jid in list(self._pidfds):
@@ -838,7 +838,7 @@ class JobManager:
         # first and then waits its grace, which ending the watch at once (teardown: kill) cut short.
         job = self.jobs.get(job_id)
         while job is not None and self.jobs.get(job_id) is job and job.cgroup.populated():
-            await asyncio.sleep(ADOPT_POLL_S)
+            await asyncio.sleep(REATTACH_POLL_S)
         await self._on_exit(job_id)
 
     async def _on_exit(self, job_id: str) -> None:
@@ -1044,7 +1044,7 @@ class JobManager:
     def signal_main(self, job: Job, signame: str) -> bool:
         """Send ``signame`` to the job's main process if it catches it; True when sent. Through
         the pidfd the agent watches it by (a pid number may be another process's by then: a
-        re-adopted job's main process is not the agent's child, so nothing holds its pid), else
+        reattached job's main process is not the agent's child, so nothing holds its pid), else
         by number only to the agent's own child not reaped yet (its pid cannot be reused before
         the agent reaps it); never to a pid the agent holds no handle on."""
         pid, fd = job.pid, self._pidfds.get(job.id)
@@ -1138,8 +1138,8 @@ class JobManager:
 
     # -- store -----------------------------------------------------------------------------------
 
-    def _adopt_all(self) -> None:
-        """Re-adopt stored active jobs whose cgroups still hold processes; mark the rest lost.
+    def _reattach_all(self) -> None:
+        """Reattach stored active jobs whose cgroups still hold processes; mark the rest lost.
         Queued jobs stay queued, in their order (they start once Airlock gives the caps).
         A job the previous process had begun to stop (stopped, reclaimed, ... with no end
         recorded: it died inside the grace) has its stop finished: what is left of it is
@@ -1162,7 +1162,7 @@ class JobManager:
                            state=QUEUED)
                 continue
             if job.state != "starting" and job.cgroup.exists() and job.cgroup.populated():
-                job.adopted = True
+                job.reattached = True
                 # The frozen flag in the kernel is the truth about suspension.
                 try:
                     job.state = "suspended" if job.cgroup.frozen() else "running"
@@ -1187,7 +1187,7 @@ class JobManager:
                     job.pid = None
                     self._spawn_task(self._poll_populated(job.id))
                 self.table.persist(job)
-                self._emit("job", f"job {job.id} re-adopted ({job.state}, pid {job.pid})", job=job.id,
+                self._emit("job", f"job {job.id} reattached ({job.state}, pid {job.pid})", job=job.id,
                            pid=job.pid, cgroup_id=job.cgroup_id)
             elif job.origin.scheduler is not None and job.state != "starting":
                 # adopted: its processes ended while the agent was down; its scheduler, not a keeper,

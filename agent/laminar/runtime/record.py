@@ -92,7 +92,7 @@ class Job:
     end_cause: EndCause | None = None  # why it ended (None: it has not), set with its end state
     ckpt_dir: Path | None = None
     log_path: Path | None = None
-    adopted: bool = False
+    reattached: bool = False
     started: float | None = None  # when its process started (None while queued)
     wait: admission.Wait | None = None  # why it is queued (in memory; its reason says the same)
     limits: dict[str, Any] | None = None  # what it started with (joblimits.Profile.record; None: queued)
@@ -106,7 +106,7 @@ class Job:
     origin: JobOrigin = NO_ORIGIN  # where it came from, as the agent recorded it (never from its env)
     spec_bytes: int = 0  # the length of its stored spec text (a page of GET /v1/jobs counts it)
     # set by the agent's own code over the spec's env at the spawn (a multi-node member's
-    # rendezvous, laminar.members); in memory only: a re-adopted job runs already
+    # rendezvous, laminar.members); in memory only: a reattached job runs already
     agent_env: dict[str, str] = field(default_factory=dict, compare=False, repr=False)
 
     @property
@@ -168,7 +168,7 @@ class Job:
             "exit_code": self.exit_code, "reason": self.reason, "work_lost_s": self.work_lost_s,
             "end_cause": None if self.end_cause is None else str(self.end_cause),
             "ckpt_dir": str(self.ckpt_dir) if self.ckpt_dir else None,
-            "log": str(self.log_path) if self.log_path else None, "adopted": self.adopted,
+            "log": str(self.log_path) if self.log_path else None, "reattached": self.reattached,
             "started": self.started, "spec": spec, "env_redacted": not reveal, "limits": self.limits,
             "origin": self.origin.as_dict(),
             # adopted from a scheduler (laminar.runtime.adopt): which, its id there; the last checkpoint

@@ -443,7 +443,7 @@ class ZoneComponent:
             "CREATE TABLE IF NOT EXISTS zone_submitted (placement_id INTEGER PRIMARY KEY, name TEXT, outcome TEXT, "
             "node INTEGER, zone INTEGER, job_id TEXT, reason TEXT, result TEXT, created REAL)",
         ])
-        self.handovers.readopt(store)
+        self.handovers.reattach(store)
         self.refresh_inventory()
 
     async def _watch_jobs(self) -> None:

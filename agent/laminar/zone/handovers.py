@@ -6,8 +6,8 @@ node's own placements): :meth:`Handovers.on_handover` binds the reservation (onc
 placement id and sender: a repeat gets the same answer), checks the peer's authority
 (:func:`laminar.zone.authority.peer_run_as`), sheds the GPUs elastic jobs were granted,
 verifies a migrated job's checkpoint and starts the job through the job manager. A job started
-for a placement is recorded in the store (``zone_placed``) so that a restart re-adopts it
-(:meth:`Handovers.readopt`) and a repeated hand-over answers the same job id;
+for a placement is recorded in the store (``zone_placed``) so that a restart reattaches it
+(:meth:`Handovers.reattach`) and a repeated hand-over answers the same job id;
 :meth:`Handovers.tick` gives capacity back when placed jobs end.
 
 The migration layer asks about placements bound here through :meth:`placement_pending`,
@@ -76,10 +76,10 @@ class Handovers:
         # a hand-over being answered, by (sender, placement id): a repeat awaits its answer
         self.inflight: dict[tuple[int, int], asyncio.Future[wire.HandoverAck]] = {}
 
-    def readopt(self, store: Any) -> None:
+    def reattach(self, store: Any) -> None:
         """At start, from the store's ``zone_placed`` (the component made the table): the
         placements whose jobs still run are bound here again; the others' rows go."""
-        # re-adopt placed jobs that still run: their capacity stays taken, a repeated hand-over
+        # reattach placed jobs that still run: their capacity stays taken, a repeated hand-over
         # answers the same job id
         for pid, job_id, demand, alloc, sub, since in store.db.execute(
                 "SELECT placement_id, job_id, demand, gpu_alloc, submitter, since FROM zone_placed").fetchall():

@@ -847,7 +847,7 @@ class LoanManager:
 
     def _signal(self, job: Any) -> None:
         # through the job manager: by the pidfd it watches the job by, never a bare pid (an
-        # adopted job's main process is not the agent's child; its pid may be another's by now)
+        # reattached job's main process is not the agent's child; its pid may be another's by now)
         send = getattr(self._jobs, "signal_main", None)
         if send(job, "SIGUSR2") if send is not None else signal_if_caught(job.pid, "SIGUSR2"):
             self._unsignalled.discard(job.id)
