@@ -25,7 +25,7 @@ call                           command line
 The ``[slurm]`` config section::
 
     [slurm]
-    enabled = false            # act through Slurm (drain, requeue, comment) for adopted Slurm jobs
+    enabled = false            # act through Slurm (drain, requeue, comment, GPUs checked) for adopted Slurm jobs
     node_name = ""             # this node's Slurm NodeName (default: the host's name)
     scontrol = "scontrol"      # the scontrol binary (a name found on PATH, or an absolute path)
     timeout_s = 10.0           # one scontrol call, at most
@@ -109,7 +109,8 @@ def config_fields() -> dict[str, Any]:
 
     return {
         "enabled": Field(bool, False, "act through Slurm for adopted Slurm jobs: drain this node on a reclaim, "
-                         "checkpoint and requeue its jobs, publish each job's last checkpoint in its comment"),
+                         "checkpoint and requeue its jobs, publish each job's last checkpoint in its comment, check "
+                         "a user's adopted job's GPUs with slurmctld (off: a user's task naming GPUs is refused)"),
         "node_name": Field(str, "", "this node's Slurm NodeName (default: the host's name)", _node),
         "scontrol": Field(str, "scontrol", "the scontrol binary: a name found on PATH or an absolute path", _binary),
         "timeout_s": Field((int, float), 10.0, "one scontrol call at most (then it is killed and the call fails)",
