@@ -37,6 +37,7 @@ import secrets
 import shutil
 import signal
 import socket
+import stat
 import subprocess
 import time
 from collections.abc import Iterator, Sequence
@@ -160,12 +161,14 @@ class SlurmRig:
     @classmethod
     @contextmanager
     def create(cls, tmp: Path, cluster: Any, nodes: Sequence[int] | None = None, cpus: int = 2,
-               plugin_args: str = "", partitions: str | None = None, conf_extra: str = "") -> Iterator[SlurmRig]:
+               plugin_args: str = "", partitions: str | None = None, conf_extra: str = "",
+               gpus: int = 0) -> Iterator[SlurmRig]:
         """A Slurm over ``cluster``'s agents (``nodes``: their 0-based indexes, default all);
         ``plugin_args``: more plugstack.conf arguments (``adopt=all``); ``partitions``: the
         PartitionName lines (default one partition ``lmt`` of every node), ``{nodes}`` in them
         replaced by the node names in order (``{n0}``, ``{n1}``: one node's); ``conf_extra``: more
-        slurm.conf lines (preemption's, for instance)."""
+        slurm.conf lines (preemption's, for instance); ``gpus``: gres GPUs per node, on FAKE
+        device files (:meth:`_write_gres`), 0: no gres."""
         reason = slurm_ready()
         if reason:
             raise RuntimeError(f"slurm rig: {reason}")
@@ -177,7 +180,7 @@ class SlurmRig:
             nd = cluster.nodes[i]
             rig.nodes.append(SlurmNode(i, f"lmt-{tag}-n{i}", nd.addr, nd.netns.path, nd.agent.sock.parent))
         try:
-            rig._write(cpus, plugin_args, partitions, conf_extra)
+            rig._write(cpus, plugin_args, partitions, conf_extra, gpus)
             rig._start_munged()
             rig._start_ctld()
             for n in rig.nodes:
@@ -191,7 +194,8 @@ class SlurmRig:
 
     # ------------------------------------------------------------------------ setup
 
-    def _write(self, cpus: int, plugin_args: str, partitions: str | None = None, conf_extra: str = "") -> None:
+    def _write(self, cpus: int, plugin_args: str, partitions: str | None = None, conf_extra: str = "",
+               gpus: int = 0) -> None:
         self.state.mkdir(parents=True)
         self.public.mkdir(mode=0o755)
         os.chmod(self.public, 0o755)  # whatever the umask
@@ -211,8 +215,9 @@ class SlurmRig:
         os.chmod(so, 0o755)
         self.set_plugin_args(plugin_args)
         ctld_port, slurmd_port = _free_port(), _free_port()
+        gres = self._write_gres(gpus)
         nodes = "".join(f"NodeName={n.name} NodeAddr={n.addr} NodeHostname={n.name} CPUs={cpus} "
-                        f"RealMemory=1000 State=UNKNOWN\n" for n in self.nodes)
+                        f"RealMemory=1000 {gres}State=UNKNOWN\n" for n in self.nodes)
         s = self.state
         self.conf.write_text(
             f"ClusterName=lmt{self.tag}\n"
@@ -232,10 +237,33 @@ class SlurmRig:
             "SlurmdParameters=config_overrides\nMailProg=/bin/true\n"
             "KillWait=2\nMinJobAge=600\nInactiveLimit=0\nSlurmdTimeout=60\nSlurmctldTimeout=60\n"
             f"PlugStackConfig={self.public}/plugstack.conf\n"
+            + ("GresTypes=gpu\n" if gpus else "")
             + conf_extra
             + nodes
             + self._partitions(partitions))
         os.chmod(self.conf, 0o644)
+
+    def fake_gpu(self, i: int) -> Path:
+        """The FAKE device file gres.conf names as GPU ``i`` (no GPU behind it: /dev/null's numbers)."""
+        return self.public / "dev" / f"laminar-fake-gpu{i}"
+
+    def _write_gres(self, gpus: int) -> str:
+        """``gpus`` FAKE GPUs for Slurm's gres (none: ""): character devices with /dev/null's
+        numbers (1:3), ``laminar-fake-gpu<i>``, in the rig's public dir, which every slurmd sees
+        (a file, not a mount: its own mount namespace shares the filesystem) and the rig removes
+        with it; gres.conf (beside slurm.conf, where Slurm reads it) names them for every node.
+        slurmd only stats them (TaskPlugin=task/none constrains no device); SLURM_STEP_GPUS
+        counts them by the number that ends their name. The node lines' ``Gres=`` is returned."""
+        if not gpus:
+            return ""
+        (self.public / "dev").mkdir(mode=0o755)
+        for i in range(gpus):
+            os.mknod(self.fake_gpu(i), 0o666 | stat.S_IFCHR, os.makedev(1, 3))
+        files = str(self.fake_gpu(0))[:-1] + (f"[0-{gpus - 1}]" if gpus > 1 else "0")
+        (self.public / "gres.conf").write_text(f"# FAKE GPUs of the test rig (tests/slurmrig.py): /dev/null's numbers\n"
+                                               f"Name=gpu File={files}\n")
+        os.chmod(self.public / "gres.conf", 0o644)
+        return f"Gres=gpu:{gpus} "
 
     def _partitions(self, lines: str | None) -> str:
         if lines is None:

@@ -12,6 +12,11 @@ docs/slurm.md).
 - bad input refused at ``srun`` (and ``sbatch``), before the job is queued, with the agent's
   reason: an unknown class, a priority beyond the user's grant (srun run as a plain local user);
 - the kill-switch cuts an adopted job's traffic (its netguard counters, ``lm_job_stats``);
+- GPUs (issue 35; gres on FAKE device files, ``SlurmRig(gpus=2)``, the agent's inventory
+  ``[gpus] declared``, ``[slurm] enabled``): a job given a GPU by ``--gres=gpu:1`` is adopted
+  holding the GPU slurmctld gave it; a plain user's task without gres that sets
+  ``SLURM_STEP_GPUS=0`` is refused at its start, naming both lists, and a gres job given GPU 0
+  next is adopted holding it;
 - a memory storm on its node (serial, below) leaves it running while a transient job yields.
 """
 
@@ -19,6 +24,7 @@ from __future__ import annotations
 
 import json
 import re
+import subprocess
 import sys
 import time
 from collections.abc import Iterator
@@ -193,6 +199,53 @@ def test_bad_laminar_options_are_refused_at_srun_with_the_agents_reason(slurm, t
         assert re.search(r"id=\S+", r.stdout), r.stdout
     # nothing refused was queued
     assert s.run("squeue", "-h", "-o", "%i").stdout.split() == before
+
+
+def test_an_adopted_slurm_job_holds_the_gpus_slurmctld_gave_it_not_those_its_task_names(tmp_path, monkeypatch):
+    from userrig import local_user
+
+    from laminar.sched.slurm import parse_job_gpus
+
+    with ExitStack() as stack:
+        c = stack.enter_context(Cluster.create(tmp_path, zones=1, per_zone=1, gpus=2, zone_extra=adopt_toml(tmp_path)))
+        s = stack.enter_context(SlurmRig.create(tmp_path, c, gpus=2))
+        monkeypatch.setenv("SLURM_CONF", str(s.conf))  # the agent's scontrol finds the rig's slurm.conf
+        s.agents_act_through_slurm(c)
+        nd, name = c.nodes[0], s.nodes[0].name
+        u = stack.enter_context(local_user("gpus"))
+
+        def slurm_gpus(ref: str) -> list[int]:
+            return list(parse_job_gpus(s.run("scontrol", "show", "job", "-d", ref).stdout, ref, name))
+
+        # a plain user's job without gres that names GPU 0 itself: refused when its task starts,
+        # naming both lists; nothing adopted. (On a node with GresTypes=gpu, slurmstepd unsets
+        # SLURM_STEP_GPUS in a step without gres but leaves SLURM_JOB_GPUS as the user set it; the
+        # plugin sends the first it finds)
+        r = s.run("env", "SLURM_STEP_GPUS=0", "SLURM_JOB_GPUS=0", "srun", "-w", name, "--laminar-class", "standard", "sh", "-c",
+                  "echo ran", node=0, user=u, check=False)
+        assert r.returncode != 0 and "ran" not in r.stdout, r
+        said = r.stdout + r.stderr
+        assert "laminar: job " in said and "gpus [0] (the task's SLURM_STEP_GPUS or SLURM_JOB_GPUS) are not the GPUs slurmctld gave the job on " \
+            f"node {name}: none" in said, said
+        assert not [j for j in nd.json("jobs") if j["state"] in ("running", "suspended")], nd.json("jobs")
+        # a gres job of the same user, given GPU 0 by Slurm (a step: its task sees SLURM_STEP_GPUS),
+        # left running: adopted holding GPU 0
+        holder = subprocess.Popen(s.argv("srun", "-w", name, "--gres=gpu:1", "--laminar-class", "standard", "sleep",
+                                         "300", node=0, user=u), env=s.env(), cwd="/tmp", stdout=subprocess.DEVNULL,
+                                  stderr=subprocess.DEVNULL)
+        stack.callback(lambda: (holder.kill(), holder.wait()))
+        first = wait_until(lambda: next(iter(s.run("squeue", "-h", "-t", "R", "-o", "%i").stdout.split()), None), 30,
+                           "the gres job running")
+        stack.callback(lambda: s.run("scancel", first, check=False))
+        assert slurm_gpus(first) == [0]
+        assert wait_adopted(s, nd, first)["gpus"] == [0]
+        # a step given the other GPU (SLURM_STEP_GPUS set by slurmstepd, seen by the plugin): adopted holding it
+        r = s.run("srun", "-w", name, "--gres=gpu:1", "--laminar-class", "standard", "sh", "-c",
+                  'echo "id=$LAMINAR_JOB_ID step_gpus=$SLURM_STEP_GPUS"', node=0, user=u, check=False)
+        assert r.returncode == 0, f"{r.stdout}{r.stderr}\n{nd.agent.log()}"
+        m = re.fullmatch(r"id=(\S+) step_gpus=1", r.stdout.strip())
+        assert m, r.stdout
+        assert nd.json("job", "show", m.group(1))["gpus"] == [1]
 
 
 # A sender: one UDP datagram every 10 ms to the bridge's address (the host side), forever.

@@ -77,8 +77,9 @@ def test_the_rig_leaves_nothing_when_the_test_fails_inside_it(tmp_path: Path):
     seen: dict[str, object] = {}
     with Cluster.create(tmp_path, zones=1, per_zone=1, gpus=0) as c:
         with pytest.raises(RuntimeError, match="the test failed"):
-            with SlurmRig.create(tmp_path, c) as s:
-                s.wait_state(s.sbatch("--wrap", "exec sleep 600"), "RUNNING")
+            with SlurmRig.create(tmp_path, c, gpus=2) as s:  # gres on fake GPU device files
+                s.wait_state(s.sbatch("--gres=gpu:2", "--wrap", "exec sleep 600"), "RUNNING")
+                assert s.fake_gpu(1).is_char_device()
                 seen.update(public=s.public, state=s.state, uts=[n.uts for n in s.nodes] + [s.ctld_uts],
                             munged=s.munged)
                 raise RuntimeError("the test failed")

@@ -75,6 +75,9 @@ def test_a_user_adopts_their_own_task_and_the_refusals_name_the_value(agent: Age
                 (None, {**body, "uid": ada.uid, "class": "huge"}, 400, "'huge'"),
                 (ada, {**body, "priority": 99}, 403, "priority 99"),
                 (None, {**body, "uid": ada.uid, "gpus": [5]}, 400, "[5]"),
+                # GPUs a user's task names cannot be checked with slurmctld here ([slurm] enabled = false)
+                (ada, {**body, "gpus": [0]}, 400, "gpus [0] (the task's SLURM_STEP_GPUS or SLURM_JOB_GPUS) cannot be "
+                 "checked: this node's agent does not ask slurmctld ([slurm] enabled = false)"),
                 (ada, {"scheduler": "kubernetes", "ref": "ns/p", "cgroup": "kubepods.slice/x"}, 403, "only root"),
                 (ada, {**body, "ref": "7a"}, 400, "'7a'"),
                 # a task of another Slurm job, a process that is no Slurm task: a user could otherwise

@@ -49,7 +49,9 @@ if mode == "flood":
     while True:
         sys.stdout.write("x" * 65536)
         sys.stdout.flush()
-if sys.argv[1:3] == ["show", "job"]:
+if sys.argv[1:4] == ["show", "job", "-d"]:
+    sys.stdout.write(said("jobd", ""))
+elif sys.argv[1:3] == ["show", "job"]:
     print("JobId=%s JobName=train UserId=u(1000) JobState=RUNNING Reason=None Comment=%s NodeList=lmt1" % (
         sys.argv[3], said("comment", "(null)")))
 elif sys.argv[1:3] == ["show", "node"]:
@@ -227,3 +229,85 @@ def test_config_section_and_build(tmp_path: Path) -> None:
         validate({"slurm": {"node_name": "a b"}})
     with pytest.raises(ConfigError, match="slurm.scontrol = 'bin/scontrol'"):
         validate({"slurm": {"scontrol": "bin/scontrol"}})
+
+
+# What Slurm 22.05.8's `scontrol show job -d 7` printed in the test rig (tests/slurmrig.py, gres
+# on fake GPUs), trimmed; a detail line per group of nodes that hold the same.
+SHOW_JOB_D = """JobId=7 JobName=wrap
+   UserId=u(1000) GroupId=u(1000) MCS_label=N/A
+   JobState=RUNNING Reason=None Dependency=(null)
+   NodeList=lmt-n[0-3],gpu07
+   NumNodes=5 NumCPUs=5 NumTasks=5 CPUs/Task=1 ReqB:S:C:T=0:0:*:*
+   JOB_GRES=gpu:9
+     Nodes=lmt-n[0-1] CPU_IDs=0 Mem=0 GRES=gpu:2(IDX:0-1)
+     Nodes=lmt-n2 CPU_IDs=0 Mem=0 GRES=gpu:a100:3(IDX:0-1,3),mps:100(0/100,0/100)
+     Nodes=lmt-n3 CPU_IDs=1 Mem=0 GRES=
+     Nodes=gpu07 CPU_IDs=0-1 Mem=0 GRES=gpu:a100:1(IDX:2),gpu:v100:1(IDX:5)
+   MinCPUsNode=1 MinMemoryNode=0 MinTmpDiskNode=0
+   TresPerNode=gres:gpu:2
+"""
+
+
+@pytest.mark.parametrize("node,want", [
+    ("lmt-n0", (0, 1)), ("lmt-n1", (0, 1)),  # one line for two nodes (a hostlist)
+    ("lmt-n2", (0, 1, 3)),  # a typed gres, IDX ranges and a list; mps (no IDX) is not a GPU
+    ("lmt-n3", ()),  # a node of the job without GPUs
+    ("gpu07", (2, 5)),  # two typed gpu gres on one node
+])
+def test_parse_job_gpus_reads_this_nodes_line_only(node: str, want: tuple[int, ...]) -> None:
+    assert slurm.parse_job_gpus(SHOW_JOB_D, "7", node) == want
+
+
+def test_parse_job_gpus_refuses_what_it_cannot_read() -> None:
+    # no line of this node: the job holds nothing here per slurmctld, or node_name is wrong
+    with pytest.raises(SlurmError, match=r"job 7 on node lmt-n9: slurmctld lists no allocation .*node_name"):
+        slurm.parse_job_gpus(SHOW_JOB_D, "7", "lmt-n9")
+    with pytest.raises(SlurmError, match="printed no record JobId=8"):
+        slurm.parse_job_gpus(SHOW_JOB_D, "8", "lmt-n0")
+    with pytest.raises(SlurmError, match="printed no record"):
+        slurm.parse_job_gpus("", "7", "lmt-n0")
+    for idx in ("N/A", "0-", "3-1", "a", "1,1", "0-99999", "1024", "-1", ""):
+        bad = f"JobId=7 JobName=x\n     Nodes=n1 CPU_IDs=0 Mem=0 GRES=gpu:1(IDX:{idx})\n"
+        with pytest.raises(SlurmError, match=r"job 7 on node n1: IDX"):
+            slurm.parse_job_gpus(bad, "7", "n1")
+
+
+def test_parse_job_gpus_takes_the_jobs_own_record_of_several() -> None:
+    # an array's or a heterogeneous job's records: only JobId=7's detail lines count
+    text = ("JobId=6 ArrayJobId=6 ArrayTaskId=0\n     Nodes=n1 CPU_IDs=0 Mem=0 GRES=gpu:1(IDX:0)\n"
+            "JobId=7 ArrayJobId=6 ArrayTaskId=1\n     Nodes=n1 CPU_IDs=1 Mem=0 GRES=gpu:1(IDX:1)\n"
+            "JobId=70 ArrayJobId=6 ArrayTaskId=2\n     Nodes=n1 CPU_IDs=1 Mem=0 GRES=gpu:1(IDX:2)\n")
+    assert slurm.parse_job_gpus(text, "7", "n1") == (1,)
+    # a gres whose name only begins with gpu is another gres
+    assert slurm.parse_job_gpus("JobId=7\n  Nodes=n1 CPU_IDs=0 GRES=gpux:1(IDX:0),xgpu:1(IDX:1)\n", "7", "n1") == ()
+
+
+def test_parse_job_gpus_is_bounded() -> None:
+    # a million lines (past the 10,000 read) and a huge hostlist cost their text, no more
+    many = "JobId=7\n" + "   Foo=bar\n" * 1_000_000 + "     Nodes=n1 CPU_IDs=0 Mem=0 GRES=gpu:1(IDX:0)\n"
+    t0 = time.monotonic()
+    with pytest.raises(SlurmError, match="no allocation"):
+        slurm.parse_job_gpus(many, "7", "n1")
+    huge = "JobId=7\n     Nodes=n[0-99999999] CPU_IDs=0 Mem=0 GRES=gpu:1(IDX:0)\n"
+    assert slurm.parse_job_gpus(huge, "7", "n12345678") == (0,)
+    assert time.monotonic() - t0 < 5
+
+
+@pytest.mark.parametrize("node,hostlist,want", [
+    ("n3", "n[1-5]", True), ("n03", "n[01-05]", True), ("n3", "n[01-05]", False), ("n6", "n[1-5,7]", False),
+    ("n10", "n[1-9,10]", True), ("r2-g07", "r[1-2]-g[01-08]", True), ("r3-g07", "r[1-2]-g[01-08]", False),
+    ("x", "a,x", True), ("x", "a,[x", False), ("lmt-n0", "lmt-n0", True), ("lmt-n0", "lmt-n00", False),
+])
+def test_in_hostlist(node: str, hostlist: str, want: bool) -> None:
+    assert slurm.in_hostlist(node, hostlist) is want
+
+
+def test_job_gpus_asks_scontrol_show_job_d(standin: SimpleNamespace) -> None:
+    (standin.dir / "jobd").write_text(SHOW_JOB_D.replace("JobId=7 ", "JobId=1234 "))
+    c = Slurm(standin.exe)
+    assert asyncio.run(c.job_gpus("1234", "lmt-n2")) == (0, 1, 3)
+    with pytest.raises(SlurmError, match="job '1234.0'"):
+        asyncio.run(c.job_gpus("1234.0", "lmt-n2"))
+    with pytest.raises(SlurmError, match="node name 'a b'"):
+        asyncio.run(c.job_gpus("1234", "a b"))
+    assert standin.argv() == [["show", "job", "-d", "1234"]]

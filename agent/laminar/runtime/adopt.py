@@ -18,6 +18,15 @@ checks it and takes the job:
     child cgroups (a pod's containers): netguard sees every child's id as the job;
 
 * no limits (pids, memory, cpu) are written: the scheduler sets them (``job.limits`` says so);
+* **its GPUs** are what the scheduler gave it, as the scheduler itself says, never what a task
+  says: for a Slurm task (asked by its user, not root) whose request names GPUs, or on a node with
+  ``[gpus] owner = "scheduler"``, the agent asks slurmctld (``scontrol show job -d``, off the loop,
+  bounded: :meth:`Adoption.scheduler_gpus`) and records the GPUs Slurm gave the job on this node.
+  A request naming a GPU the job does not hold here is refused, naming both lists; with
+  ``[slurm] enabled = false`` (no way to ask) a user's request naming GPUs is refused, naming the
+  setting. The task's ``SLURM_STEP_GPUS`` is its environment, which its user sets at will: trusted,
+  a user's job could hold another's GPUs in the agent's books (and have that user's real gres
+  task refused). Root's requests (the Kubernetes backend, an operator) are trusted as they are;
 * its checkpoint directory is ``[adopt] ckpt_root`` / :func:`laminar.policy.sched.ckpt_dir_name`
   (shared storage in a real site: a requeued job finds it on any node), made 0700 for the job's
   user; its newest checkpoint that verifies as that user is the ``LAMINAR_RESUME_FROM`` of the
@@ -36,6 +45,7 @@ into the same job's cgroup, and the answer is the same job.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import logging
 import os
@@ -76,6 +86,10 @@ RESUME_TIMEOUT_S = 20.0
 RESUME_TRIES = 3
 # How often an adopted job's cgroup is looked at for its end and for new child cgroups.
 WATCH_S = 0.5
+# What asking slurmctld for a task's GPUs may take at most (within [slurm] timeout_s): the SPANK
+# plugin waits 10 s for the agent's whole answer, then fails the task; an answer after that
+# would adopt a job whose task is gone.
+SLURM_GPUS_TIMEOUT_S = 5.0
 
 
 def _roots(v: Any) -> str | None:
@@ -357,18 +371,34 @@ class Adoption:
         self.inplace_roots: tuple[str, ...] = tuple(INPLACE_ROOTS)
         # config [gpus] owner: "scheduler" -> the agent never hands out a GPU
         self.gpu_owner = "laminar"
+        # config [slurm]: the scontrol client that asks slurmctld for a Slurm job's GPUs here (None:
+        # [slurm] enabled = false) and this node's NodeName; or why there is none (a bad host name)
+        self.slurm: Any = None
+        self.slurm_node = ""
+        self.slurm_broken: str | None = None
+        self._asking: dict[str, asyncio.Task[tuple[int, ...]]] = {}  # Slurm job id -> its question in flight
         # the child cgroups of in-place jobs netguard was told of, by job id (their ids)
         self._children: dict[str, set[int]] = {}
         self.counts: dict[str, int] = {}
         self._collector: CheckpointCollector | None = None
 
-    def configure(self, adopt: dict[str, Any] | None, gpus: dict[str, Any] | None) -> None:
-        """From the config's ``[adopt]`` and ``[gpus]`` sections (None: the defaults)."""
+    def configure(self, adopt: dict[str, Any] | None, gpus: dict[str, Any] | None,
+                  slurm: dict[str, Any] | None = None) -> None:
+        """From the config's ``[adopt]``, ``[gpus]`` and ``[slurm]`` sections (None: the defaults)."""
         if adopt:
             self.ckpt_root = Path(adopt.get("ckpt_root", CKPT_ROOT))
             self.inplace_roots = tuple(adopt.get("inplace_roots", INPLACE_ROOTS))
         if gpus:
             self.gpu_owner = str(gpus.get("owner", "laminar"))
+        if slurm and slurm.get("enabled"):
+            from ..sched.slurm import Slurm, SlurmError, this_node_name
+
+            self.slurm = Slurm(str(slurm.get("scontrol", "scontrol")),
+                               min(float(slurm.get("timeout_s", 10.0)), SLURM_GPUS_TIMEOUT_S))
+            try:
+                self.slurm_node = this_node_name(str(slurm.get("node_name", "")))
+            except SlurmError as e:
+                self.slurm_broken = str(e)
 
     def init_metrics(self) -> None:
         """The last-checkpoint gauges (:class:`CheckpointCollector`) in the manager's registry, once."""
@@ -567,11 +597,69 @@ class Adoption:
                 if rel == root or rel.startswith(root + "/"):
                     raise JobError(f"pid {req.pid}: already in a job's cgroup ({rel}); a process is adopted once",
                                    reason="adopt_pid")
+            req = await self.scheduler_gpus(req)
             self.check(req)
             return await self._take(req, rel if in_place else None, fd)
         finally:
             if fd is not None:
                 os.close(fd)
+
+    # -- the GPUs, as the scheduler says -----------------------------------------------------
+    async def scheduler_gpus(self, req: AdoptRequest) -> AdoptRequest:
+        """``req`` with the GPUs its scheduler gave the job on this node (the module docs).
+        A Slurm task asked by its user (not root) that names GPUs, or any on a node with
+        ``[gpus] owner = "scheduler"``: slurmctld's list (one question per Slurm job at a time,
+        bounded by SLURM_GPUS_TIMEOUT_S). Anything else: ``req`` as it is. JobError (400) when
+        slurmctld cannot be asked or does not answer, or the request names a GPU slurmctld did not
+        give the job here (a step's own subset of the job's GPUs is no lie: the job's are
+        recorded); nothing is changed."""
+        if req.scheduler is not Scheduler.SLURM or req.caller_uid == 0:
+            return req
+        if not req.gpus and self.gpu_owner != "scheduler":
+            return req
+        where = f"slurm job {req.ref}"
+        if self.slurm is None:
+            if not req.gpus:
+                return req  # nothing claimed, nothing to check: adopted holding no GPU
+            raise JobError(f"{where}: gpus {list(req.gpus)} (the task's SLURM_STEP_GPUS or SLURM_JOB_GPUS) cannot be "
+                           "checked: this node's agent does not ask slurmctld ([slurm] enabled = false), and a task's "
+                           "environment is its user's to set. The node's operator sets [slurm] enabled = true in "
+                           "laminard.toml so that the agent checks the job's GPUs with slurmctld; refused, nothing "
+                           "changed", reason="adopt_gpus")
+        if self.slurm_broken:
+            raise JobError(f"{where}: its GPUs cannot be checked with slurmctld: {self.slurm_broken}",
+                           reason="adopt_gpus")
+        from ..sched.slurm import SlurmError
+
+        task = self._asking.get(req.ref)
+        if task is None:
+            task = asyncio.get_running_loop().create_task(self.slurm.job_gpus(req.ref, self.slurm_node))
+            self._asking[req.ref] = task
+            task.add_done_callback(self._asked)
+        try:
+            given = await asyncio.shield(task)
+        except SlurmError as e:
+            raise JobError(f"{where}: its GPUs could not be checked with slurmctld, so it is not adopted (the "
+                           f"task fails; Slurm's requeue policy decides what next): {e}", reason="adopt_gpus") from None
+        beyond = sorted(set(req.gpus) - set(given))
+        if beyond:
+            raise JobError(f"{where}: gpus {list(req.gpus)} (the task's SLURM_STEP_GPUS or SLURM_JOB_GPUS) are not the "
+                           f"GPUs slurmctld gave the job on node {self.slurm_node}: {list(given) or 'none'} "
+                           f"({beyond} not among them); refused, nothing changed. Ask Slurm for GPUs "
+                           "(--gres=gpu:N, --gpus=N) and leave SLURM_STEP_GPUS and SLURM_JOB_GPUS as Slurm sets them",
+                           reason="adopt_gpus")
+        if tuple(req.gpus) != given:
+            log.info("%s: adopted with the GPUs slurmctld gave it on %s, %s (its task named %s)", where,
+                     self.slurm_node, list(given), list(req.gpus))
+        return dataclasses.replace(req, gpus=given)
+
+    def _asked(self, task: asyncio.Task[tuple[int, ...]]) -> None:
+        """A question to slurmctld answered: forgotten (the next task of the job asks again)."""
+        for ref, t in list(self._asking.items()):
+            if t is task:
+                del self._asking[ref]
+        if not task.cancelled():
+            task.exception()  # (read: a failure nobody awaited any more is not logged as lost)
 
     def _emit_added(self, job: Job, pid: int) -> None:
         self.jm._emit("job", f"job {job.id}: task pid {pid} of {job.origin.scheduler} job {job.origin.scheduler_ref} "

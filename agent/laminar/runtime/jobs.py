@@ -146,6 +146,14 @@ CONFIG_FIELDS = {
 }
 register_section("jobs", CONFIG_FIELDS)
 
+def _section(cfg: Any, name: str) -> dict[str, Any] | None:
+    """The config's section ``name``, None where it has none (a component's section not registered)."""
+    try:
+        return dict(cfg.section(name))
+    except (AttributeError, KeyError):
+        return None
+
+
 def catches_signal(pid: int, signame: str) -> bool:
     """Whether process ``pid`` has a handler for ``signame`` (``SigCgt`` of /proc/<pid>/status).
     False when the process is gone or the signal is unknown."""
@@ -299,7 +307,7 @@ class JobManager:
             if self.keep_ended_per_user is None:
                 self.keep_ended_per_user = jobs_cfg.get("keep_ended_per_user")
             try:
-                self.adoption.configure(cfg.section("adopt"), cfg.section("gpus"))
+                self.adoption.configure(cfg.section("adopt"), cfg.section("gpus"), _section(cfg, "slurm"))
             except (AttributeError, KeyError):
                 pass
         self.max_per_user = MAX_PER_USER if self.max_per_user is None else self.max_per_user

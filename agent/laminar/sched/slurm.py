@@ -18,12 +18,14 @@ call                           command line
 ``requeue(job)``               ``scontrol requeue <job>``
 ``set_comment(job, text)``     ``scontrol update JobId=<job> Comment=<text>``
 ``job(job)``                   ``scontrol show job <job> --oneliner`` (fields as a dict)
+``job_gpus(job, node)``        ``scontrol show job -d <job>`` (the GPU indices slurmctld gave
+                               the job on ``node``: :func:`parse_job_gpus`)
 =============================  ========================================================
 
 The ``[slurm]`` config section::
 
     [slurm]
-    enabled = false            # act through Slurm (drain, requeue, comment) for adopted Slurm jobs
+    enabled = false            # act through Slurm (drain, requeue, comment, GPUs checked) for adopted Slurm jobs
     node_name = ""             # this node's Slurm NodeName (default: the host's name)
     scontrol = "scontrol"      # the scontrol binary (a name found on PATH, or an absolute path)
     timeout_s = 10.0           # one scontrol call, at most
@@ -72,6 +74,17 @@ STDERR_QUOTE = 400
 _NODE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
 # A Slurm job id as Laminar refers to it (design-34: the job id, digits only; not the step).
 _JOB = re.compile(r"[0-9]{1,10}")
+# `scontrol show job -d` (22.05, not --oneliner, which runs them into the job's line): one line per
+# group of the job's nodes that hold the same, "   Nodes=n[1-2] CPU_IDs=0-1 Mem=0 GRES=gpu:2(IDX:0-1)"
+_DETAIL = re.compile(r"\s+Nodes=(\S{1,4096})(?:\s.*)?")
+_GRES_FIELD = re.compile(r"(?:^|\s)GRES=(\S{0,4096})")
+# One GPU gres of a detail line's GRES: gpu, a type and a count optional ("gpu:a100:2"), its indices
+# on the node ("IDX:0-1,3"); other gres (mps:100(0/100)) are not matched
+_GRES_GPU = re.compile(r"(?:^|,)gpu(?::[A-Za-z0-9_.-]{1,64}){0,2}\(IDX:([^)]{0,4096})\)")
+# A hostlist entry: literal text and bracket groups ("rack[1-2]-n[01-04,7]")
+_HOSTLIST_PART = re.compile(r"([^\[\]]*)(?:\[([0-9,\-]{1,1024})\])?")
+# The most GPU indices a detail line may list (laminar.runtime.gpus.GPUS_MAX: one past the highest)
+GPU_INDEX_MAX = 1024
 # `scontrol show ... --oneliner`: Key=Value pairs separated by spaces, where a value may hold
 # spaces (Comment, Reason, Command): a field begins where a space is followed by Key=.
 _FIELD = re.compile(r"(?:^|\s)([A-Za-z][A-Za-z0-9_:/]*)=")
@@ -96,7 +109,8 @@ def config_fields() -> dict[str, Any]:
 
     return {
         "enabled": Field(bool, False, "act through Slurm for adopted Slurm jobs: drain this node on a reclaim, "
-                         "checkpoint and requeue its jobs, publish each job's last checkpoint in its comment"),
+                         "checkpoint and requeue its jobs, publish each job's last checkpoint in its comment, check "
+                         "a user's adopted job's GPUs with slurmctld (off: a user's task naming GPUs is refused)"),
         "node_name": Field(str, "", "this node's Slurm NodeName (default: the host's name)", _node),
         "scontrol": Field(str, "scontrol", "the scontrol binary: a name found on PATH or an absolute path", _binary),
         "timeout_s": Field((int, float), 10.0, "one scontrol call at most (then it is killed and the call fails)",
@@ -149,6 +163,114 @@ def parse_oneliner(line: str) -> dict[str, str]:
         end = marks[i + 1].start() if i + 1 < len(marks) else len(line)
         out[m.group(1)] = line[m.end():end].strip()
     return out
+
+
+def _index_list(text: str, what: str) -> list[int]:
+    """``0-1,3`` as [0, 1, 3] (each index below GPU_INDEX_MAX, each once); SlurmError naming
+    ``what`` and the text otherwise."""
+    out: list[int] = []
+    for part in text.split(","):
+        lo_s, sep, hi_s = part.partition("-")
+        if not lo_s.isdigit() or (sep and not hi_s.isdigit()) or len(lo_s) > 6 or len(hi_s) > 6:
+            raise SlurmError(f"slurm: {what}: IDX {text[:80]!r}: expected GPU indices such as 0-1,3")
+        lo, hi = int(lo_s), int(hi_s) if sep else int(lo_s)
+        if hi < lo or hi >= GPU_INDEX_MAX:
+            raise SlurmError(f"slurm: {what}: IDX {text[:80]!r}: expected ranges lo-hi below {GPU_INDEX_MAX}")
+        out.extend(range(lo, hi + 1))
+        if len(out) > GPU_INDEX_MAX:
+            raise SlurmError(f"slurm: {what}: IDX {text[:80]!r}: more than {GPU_INDEX_MAX} GPUs")
+    if len(set(out)) != len(out):
+        raise SlurmError(f"slurm: {what}: IDX {text[:80]!r}: an index given twice")
+    return out
+
+
+def _split_top(text: str) -> list[str]:
+    """``text`` split at the commas outside brackets (a hostlist's entries)."""
+    out: list[str] = []
+    cur: list[str] = []
+    depth = 0
+    for ch in text:
+        depth += ch == "["
+        depth -= ch == "]"
+        if ch == "," and depth == 0:
+            out.append("".join(cur))
+            cur = []
+        else:
+            cur.append(ch)
+    out.append("".join(cur))
+    return out
+
+
+def in_hostlist(node: str, hostlist: str) -> bool:
+    """Whether ``node`` is one of the Slurm hostlist ``hostlist`` names (``n1,n[3-5],r[1-2]-g[01-08]``;
+    a zero-padded range's numbers have its width), without expanding it: a list of 100,000 nodes
+    costs what its text costs."""
+    for entry in _split_top(hostlist):
+        parts = [(m.group(1), m.group(2)) for m in _HOSTLIST_PART.finditer(entry) if m.group(0)]
+        if "".join(lit + (f"[{br}]" if br is not None else "") for lit, br in parts) != entry:
+            continue  # not a hostlist entry we read: never a match
+        if _match_parts(node, parts):
+            return True
+    return False
+
+
+def _match_parts(name: str, parts: list[tuple[str, str | None]]) -> bool:
+    if not parts:
+        return name == ""
+    (lit, br), rest = parts[0], parts[1:]
+    if not name.startswith(lit):
+        return False
+    name = name[len(lit):]
+    if br is None:
+        return _match_parts(name, rest)
+    run = len(name) - len(name.lstrip("0123456789"))
+    for n in range(1, min(run, 12) + 1):  # the number's digits; the rest must match what follows
+        digits, value = name[:n], int(name[:n])
+        for r in br.split(","):
+            lo_s, sep, hi_s = r.partition("-")
+            if not lo_s.isdigit() or (sep and not hi_s.isdigit()):
+                return False
+            lo, hi = int(lo_s), int(hi_s) if sep else int(lo_s)
+            padded = len(lo_s) > 1 and lo_s.startswith("0")
+            if lo <= value <= hi and (len(digits) == len(lo_s) if padded else digits == str(value)) \
+                    and _match_parts(name[n:], rest):
+                return True
+    return False
+
+
+def parse_job_gpus(text: str, job_ref: str, node: str) -> tuple[int, ...]:
+    """The GPU indices (``IDX``) slurmctld gave job ``job_ref`` on ``node``, from what
+    ``scontrol show job -d <job>`` printed (22.05; :data:`_DETAIL`): the record whose ``JobId``
+    is the job (an array's or a heterogeneous job's others are skipped), its detail lines whose
+    ``Nodes=`` hostlist names ``node`` (other nodes' ignored); sorted. () when that line has no
+    GPU gres. SlurmError naming the job and node when the record is not there, names no detail
+    line of this node (the job holds nothing here per slurmctld, or ``[slurm] node_name`` is not
+    this node's NodeName), or a GPU's IDX cannot be read (``N/A``, a malformed list)."""
+    what = f"job {job_ref} on node {node}"
+    record: list[str] | None = None
+    for line in text.splitlines()[:10000]:
+        if line.startswith("JobId="):
+            if record is not None:
+                break  # the job's own record ended
+            if line.split(None, 1)[0] == f"JobId={job_ref}":
+                record = []
+        elif record is not None:
+            record.append(line)
+    if record is None:
+        raise SlurmError(f"slurm: {what}: scontrol show job -d printed no record JobId={job_ref}")
+    found: list[int] | None = None
+    for line in record:
+        m = _DETAIL.fullmatch(line)
+        if m is None or not in_hostlist(node, m.group(1)):
+            continue
+        found = found or []
+        gres = _GRES_FIELD.search(line)
+        for g in _GRES_GPU.finditer(gres.group(1) if gres else ""):
+            found += [i for i in _index_list(g.group(1), what) if i not in found]
+    if found is None:
+        raise SlurmError(f"slurm: {what}: slurmctld lists no allocation of the job on this node (is [slurm] "
+                         "node_name this node's Slurm NodeName?)")
+    return tuple(sorted(found))
 
 
 async def _read_bounded(stream: asyncio.StreamReader | None, limit: int, over: Callable[[], None]) -> bytes | None:
@@ -268,6 +390,13 @@ class Slurm:
         return parse_oneliner(await self.run("show", "job", check_job(job_ref), "--oneliner"))
 
 
+    async def job_gpus(self, job_ref: str, node: str) -> tuple[int, ...]:
+        """The GPU indices slurmctld gave job ``job_ref`` on ``node`` (``scontrol show job -d``:
+        :func:`parse_job_gpus`, and its SlurmError)."""
+        check_node(node)
+        return parse_job_gpus(await self.run("show", "job", "-d", check_job(job_ref)), job_ref, node)
+
+
 def this_node_name(configured: str) -> str:
     """``[slurm] node_name``, or this host's name (up to the first dot) when empty."""
     return check_node(configured or socket.gethostname().split(".")[0])
@@ -356,4 +485,4 @@ def build(agent: Any, newest: Callable[[Job], str | None] | None = None) -> Slur
 
 
 __all__ = ["OUTPUT_MAX", "Slurm", "SlurmBackend", "SlurmError", "build", "check_job", "check_node", "check_text",
-           "config_fields", "parse_oneliner", "this_node_name"]
+           "config_fields", "in_hostlist", "parse_job_gpus", "parse_oneliner", "this_node_name"]
