@@ -87,7 +87,7 @@ def filters(ns: Any, ifname: str, direction: str) -> list[str]:
     return [line for line in out.splitlines() if "direct-action" in line]  # one such line per bpf filter
 
 
-def test_killswitch_counters_kill9_readopt_unload(agent: AgentProc, veth_pair: Any, receiver: Any, tmp_path: Path) -> None:
+def test_killswitch_counters_kill9_reattach_unload(agent: AgentProc, veth_pair: Any, receiver: Any, tmp_path: Path) -> None:
     st = agent.json("status")
     progs = {(p["direction"], p["name"]) for p in st["netguard"]["programs"]}
     assert {("egress", "lm_egress"), ("ingress", "lm_ingress")} <= progs

@@ -196,7 +196,7 @@ def spawn_at(pid: int, out: Path) -> subprocess.Popen[str] | None:
 
 
 @pytest.mark.serial  # it steers pids (ns_last_pid)
-def test_a_readopted_job_whose_main_process_is_gone_signals_no_process_that_took_its_pid(tmp_path: Path) -> None:
+def test_a_reattached_job_whose_main_process_is_gone_signals_no_process_that_took_its_pid(tmp_path: Path) -> None:
     """A user's job whose main process exits while the agent is down (here: the first job
     manager stops watching, as the agent's stop does; its main process, the agent's child, is
     reaped as init would) leaves a child in its cgroup. A root process takes the freed pid and

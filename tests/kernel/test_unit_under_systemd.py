@@ -246,7 +246,7 @@ def test_the_agent_may_open_the_files_two_users_at_their_job_cap_need(box: Syste
                           f"{need:.0f} ({per_job:g} per job); the unit's LimitNOFILE= is too low")
 
 
-def test_sigkill_restarts_the_agent_and_it_readopts_its_jobs(box: SystemdContainer) -> None:
+def test_sigkill_restarts_the_agent_and_it_reattaches_its_jobs(box: SystemdContainer) -> None:
     """`systemctl kill -s SIGKILL` (every process in the unit's cgroup): Restart=on-failure brings
     the agent back; the jobs, in the agent's cgroups, were not hit and are reattached with the
     pinned maps."""

@@ -547,7 +547,7 @@ def test_stop_orders_every_member_and_only_the_owner_or_root_may(tmp_path) -> No
 # -- reattach ----------------------------------------------------------------------------------------
 
 
-def test_readopt_after_a_restart_of_the_origin_and_of_a_member(tmp_path) -> None:
+def test_reattach_after_a_restart_of_the_origin_and_of_a_member(tmp_path) -> None:
     async def go() -> None:
         c = Cluster(tmp_path)
         await c.start_all()
@@ -571,7 +571,7 @@ def test_readopt_after_a_restart_of_the_origin_and_of_a_member(tmp_path) -> None
     run(go())
 
 
-def test_readopt_resumes_a_restart_in_flight(tmp_path) -> None:
+def test_reattach_resumes_a_restart_in_flight(tmp_path) -> None:
     async def go() -> None:
         c = Cluster(tmp_path)
         await c.start_all()
