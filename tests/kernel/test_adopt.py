@@ -308,6 +308,36 @@ def test_the_last_checkpoint_is_in_the_record_and_the_metrics(tmp_path: Path) ->
     asyncio.run(main())
 
 
+def test_an_adopted_job_in_a_capped_class_counts_what_it_uses_not_the_whole_cap(tmp_path: Path) -> None:
+    """A class with a cap (policy class_caps_mb): an adopted task has no limit of Laminar's, and
+    counted as the whole cap (as a launched job without --memory is) it kept every launched job
+    of its class queued for as long as the Slurm job ran. It counts the limit its scheduler set,
+    else the memory it uses (tens of MiB here): a launched job that fits beside it starts."""
+    from laminar.runtime.spec import JobSpec
+
+    async def main() -> None:
+        async with airlock_rig(tmp_path) as (jobs, al, _store):
+            jobs.adoption.ckpt_root = tmp_path / "adopted"
+            al.set_policy({"class_caps_mb": {"transient": 256}})
+            p = start_catcher(tmp_path / "c")
+            try:
+                adopted, _ = await jobs.adopt(request("55", pid=p.pid))
+                limits = jobs.limits()
+                assert limits is not None and limits.cap("transient") == 256
+                charged = jobs.charged_mb(limits)["transient"]
+                assert 1 <= charged < 128, charged  # the catcher's memory in use, not the cap
+                launched = await jobs.submit(JobSpec(["sleep", "60"], name="t", job_class="transient",
+                                                     memory_mb=128).validate())
+                assert launched.state == "running", (launched.state, launched.reason)
+                assert adopted.state == "running"
+                await jobs.stop(launched.id, "test")
+            finally:
+                p.kill()
+                p.wait()
+
+    asyncio.run(main())
+
+
 def test_adopted_jobs_are_adopted_again_after_a_restart_and_one_that_ended_meanwhile_exited(tmp_path: Path) -> None:
     from laminar.airlock.cgroups import CgroupTree
     from laminar.runtime.jobs import JobManager

@@ -10,7 +10,9 @@ In a capped class, **room** is the cap minus the *charges* of the class's member
 member is every job of the class that has been started and whose cgroup is not yet gone
 (running, suspended, or being stopped or reclaimed), and a job's charge is its memory limit:
 ``--memory``, else the policy's per-class ``job_default_mb`` (which then becomes the job's
-limit), else the whole cap (a job without a limit may use all of it). Room is computed from
+limit), else the whole cap (a job without a limit may use all of it); a job adopted from a
+scheduler is charged by the job manager (runtime.adopt: its scheduler's limit, else what it uses
+now: no limit of Laminar's bounds it). Room is computed from
 limits, never from current usage, so whether a job fits is decided by what was asked for and
 not by the instant's allocation: the same submissions in the same order give the same
 admissions. Since every member's usage is bounded by its limit, the class's usage stays under

@@ -406,6 +406,21 @@ class Adoption:
             self._collector = CheckpointCollector(self.jm)
             self.jm.metrics.register(self._collector)
 
+    # -- admission -------------------------------------------------------------------------
+    @staticmethod
+    def charge_mb(job: Job) -> int | None:
+        """What adopted ``job`` counts against its class's cap (policy.admission.charge_mb): the
+        memory limit its scheduler set on its cgroup (a pod's, a step's in place), else, having
+        none (a task moved under Laminar's class parent), the memory it uses now, since no job
+        of Laminar's admission limits it. None (the whole cap) when its cgroup cannot be read.
+        Two small cgroup files per adopted job on each admission pass."""
+        try:
+            limit = job.cgroup.memory_limit()
+            used = job.cgroup.memory_in_use() if limit is None else limit
+        except (CgroupError, OSError, ValueError):
+            return None
+        return max(1, -(-used // (1 << 20)))
+
     # -- what GPUs the agent may hand out --------------------------------------------------
     def gpus_refusal(self, want: Any) -> str | None:
         """Why a job (a submit, a placement) asking for ``want`` GPUs is refused here, or None:

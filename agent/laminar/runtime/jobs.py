@@ -528,12 +528,16 @@ class JobManager:
 
     def charged_mb(self, limits: admission.Limits) -> dict[str, int]:
         """Per class: the sum of its member jobs' charges (every started job whose cgroup is
-        not gone yet, also while it is being stopped or reclaimed)."""
+        not gone yet, also while it is being stopped or reclaimed; an adopted job by what its
+        scheduler gave it or it uses: Adoption.charge_mb)."""
         out: dict[str, int] = {}
         for j in self.jobs.values():
             if j.state != QUEUED:
                 c = j.spec.job_class
-                out[c] = out.get(c, 0) + admission.charge_mb(j.spec.memory_mb, limits.cap(c))
+                mb = j.spec.memory_mb
+                if mb is None and j.origin.scheduler is not None and limits.cap(c) is not None:
+                    mb = self.adoption.charge_mb(j)
+                out[c] = out.get(c, 0) + admission.charge_mb(mb, limits.cap(c))
         return out
 
     def admit(self, submitted: str | None = None) -> None:
