@@ -769,7 +769,7 @@ class JobManager:
                    pid=proc.pid, cgroup_id=job.cgroup_id, **{"class": spec.job_class}, priority=spec.priority,
                    memory_mb=spec.memory_mb, gpus=job.gpus, queued_s=round(waited, 3))
 
-    # -- tasks -------------------------------------------------------------------------------
+    # -- tasks, and waiting for a job's end (laminar.runtime.exits) ---------------------------
     def _spawn_task(self, coro: Any) -> None:
         assert self.loop is not None
         task = self.loop.create_task(coro)
@@ -932,8 +932,7 @@ class JobManager:
         await self.stop(job.id, reason, grace_s=0, state="killed", work_lost_s=work_lost_s,
                         cause=EndCause.AIRLOCK_KILL)
 
-    # -- store -----------------------------------------------------------------------------------
-
+    # -- events ----------------------------------------------------------------------------------
     def _emit(self, kind: str, message: str, *, by_uid: int | None = None, **fields: Any) -> None:
         """An event; `by_uid`: the user whose action caused it (charged to their event budget,
         laminar.events), given only where it is a user's (root's are never limited)."""
