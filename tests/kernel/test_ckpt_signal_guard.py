@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 from jobrig import job_manager, until
 
-from laminar.runtime.jobs import catches_signal
+from laminar.runtime.signals import catches_signal
 from laminar.runtime.spec import JobSpec
 
 pytestmark = pytest.mark.kernel

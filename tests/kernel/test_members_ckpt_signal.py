@@ -28,8 +28,9 @@ from laminar.migrate.ckpt_driver import CkptDriver
 from laminar.migrate.evidence import NoticeOdds
 from laminar.migrate.hazard import HazardModel
 from laminar.migrate.reclaim import CONFIG_FIELDS
-from laminar.runtime.jobs import JobManager, catches_signal
+from laminar.runtime.jobs import JobManager
 from laminar.runtime.record import Job
+from laminar.runtime.signals import catches_signal
 from laminar.runtime.spec import JobSpec
 
 pytestmark = pytest.mark.kernel

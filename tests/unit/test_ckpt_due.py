@@ -27,7 +27,7 @@ from laminar.migrate.evidence import NoticeOdds
 from laminar.migrate.hazard import HazardModel
 from laminar.migrate.reclaim import CONFIG_FIELDS
 from laminar.policy import ckpt_schedule as cs
-from laminar.runtime.jobs import catches_signal
+from laminar.runtime.signals import catches_signal
 
 
 def plan(jid: str, interval: float, cost: float = 0.1) -> cs.CkptPlan:

@@ -792,7 +792,7 @@ class Adoption:
         """Watch an adopted job for its end: its task's pidfd first where it has one (moved),
         then its cgroup until empty (:meth:`watch_populated`)."""
         if job.pid is not None and not isinstance(job.cgroup, FixedCgroup):
-            self.jm._watch(job)  # its pidfd fires: jobs.pidfd_ready hands it to watch_populated
+            self.jm.exits.watch(job)  # its pidfd fires: exits.pidfd_ready hands it to watch_populated
         else:
             self.jm._spawn_task(self.watch_populated(job.id))
 
@@ -805,7 +805,7 @@ class Adoption:
             if isinstance(job.cgroup, FixedCgroup):
                 self.register_net(job)
             await asyncio.sleep(WATCH_S)
-        await jm._on_exit(job_id)
+        await jm.exits.on_exit(job_id)
 
     def end_reason(self, job: Job) -> str:
         return f"ended by {job.origin.scheduler}"

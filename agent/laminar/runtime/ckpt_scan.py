@@ -31,16 +31,19 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import heapq
+import logging
 import os
 import re
 import stat
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 from laminar.offloop import Lane, LaneBusy
+
+log = logging.getLogger("laminar.jobs")
 
 # Entries of one checkpoint directory read per scan: jobkit keeps 2 checkpoints and their
 # temporaries; 4096 is three orders of magnitude above that and reads in about 3 ms.
@@ -219,6 +222,19 @@ class CkptScanner:
             del self._inflight[job.id]
             fut.set_result(got)
         return got
+
+    async def follow(self, active: Callable[[], Iterable[Any]], every_s: float) -> None:
+        """Every ``every_s``: the listing of every job ``active()`` returns (the job manager's
+        active jobs, ``jobs.CKPT_SCAN_EVERY_S``), off the loop, one thread per owner; the
+        listings of jobs no longer returned are dropped. Never returns; a failed round is logged."""
+        while True:
+            try:
+                jobs = list(active())
+                self.keep_only(j.id for j in jobs)
+                await self.refresh_all(jobs, max_age_s=every_s / 2)
+            except Exception:
+                log.exception("jobs: looking at checkpoint directories")
+            await asyncio.sleep(every_s)
 
     async def refresh_all(self, jobs: Iterable[Any], max_age_s: float = 0.0) -> None:
         """Every job's listing of ``jobs`` (those taken less than ``max_age_s`` ago kept): one

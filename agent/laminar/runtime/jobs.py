@@ -32,8 +32,9 @@ metric ``laminar_jobs_leaked_cgroups``), and a sweep every `LEAK_SWEEP_S` second
 agent's start, kills what is left in it and removes it until it is gone.
 
 Jobs survive an agent restart: they run in their own session and cgroups, so a new agent
-reattaches every stored job whose cgroup still holds processes, watching it by pidfd (its exit
-code is then unknown: it is no longer the agent's child) or by ``cgroup.events``.
+reattaches every stored job whose cgroup still holds processes (`laminar.runtime.reattach`),
+watching it by pidfd (its exit code is then unknown: it is no longer the agent's child) or by
+``cgroup.events``.
 
 Who may do what (decided from SO_PEERCRED by the control API): any local user may submit a
 job (it runs with the caller's uid and gid) and stop their own jobs; stopping someone else's
@@ -63,8 +64,16 @@ table), `laminar.runtime.grants` (who may submit what), `laminar.runtime.checks`
 user's submission checked: grant, resume_from, quota; ``jobs.checks``), `laminar.runtime.launch` (the path
 probe and the start of a job's process), `laminar.runtime.prune` (ended jobs' records and
 files), `laminar.runtime.leaks` (cgroups not removed yet), `laminar.runtime.jobtable` (the jobs
-table: rows written and read back, a page of the list, the look-ups by origin; ``jobs.table``)
-and `laminar.runtime.jobs_api` (the API's routes); the `JobManager` here holds the jobs and acts.
+table: rows written and read back, a page of the list, the look-ups by origin; ``jobs.table``),
+`laminar.runtime.exits` (the watch on a job's main process and its end: exit code, state, reason
+and end cause recorded, cgroups torn down, waiters woken; ``jobs.exits``),
+`laminar.runtime.reattach` (what a restarted agent does with the jobs it finds; ``jobs.reattach``),
+`laminar.runtime.signals` (the checkpoint signal, sent only to a process that catches it, through
+a pidfd; ``jobs.signals``), `laminar.runtime.adopt` (a scheduler's job taken as a job;
+``jobs.adoption``) and `laminar.runtime.jobs_api` (the API's routes). The `JobManager` here holds
+the jobs and acts: the start of the component, the queries, admission (the queue and its caps),
+submit and the start of a job's process, state changes, a multi-node member's freeze and thaw,
+and stop.
 """
 
 from __future__ import annotations
@@ -75,7 +84,6 @@ import json
 import logging
 import os
 import signal
-import subprocess
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -83,7 +91,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..airlock.cgroups import CgroupError, CgroupTree, Hierarchy, detect
 from ..config import Field, register_section
-from ..policy import admission, endcause
+from ..policy import admission
 from ..policy.endcause import EndCause
 from ..userbounds import UidSlots
 from . import gpus as gpumod
@@ -91,14 +99,17 @@ from . import joblimits, provenance
 from .adopt import Adoption, AdoptRequest
 from .checks import MAX_PER_USER, SubmitChecks
 from .ckpt_scan import CkptScanner
+from .exits import Exits
 from .grants import Grants
 from .holds import Hold, Holds
 from .jobtable import JobTable
-from .launch import PROBES_ALL_USERS, PROBES_PER_UID, check_owner_ids, check_paths, spawn
+from .launch import PROBES_ALL_USERS, PROBES_PER_UID, check_owner_ids, check_paths, spawn, workers_file
 from .leaks import LeakedCgroups
 from .provenance import NO_ORIGIN, JobOrigin
 from .prune import KEEP_ENDED, KEEP_ENDED_PER_USER, KEEP_ENDED_S, NUM_FLOOR_KEY, NUM_RESERVED_KEY, Pruner
-from .record import LIVE_STATES, LOST_WITH_CGROUP, QUEUED, SCHEMA, STATES, Job, upgrade_columns
+from .reattach import Reattach
+from .record import LIVE_STATES, QUEUED, SCHEMA, STATES, Job, upgrade_columns
+from .signals import Signals
 from .spec import (
     AdmissionError,
     JobError,
@@ -115,9 +126,6 @@ if TYPE_CHECKING:
 log = logging.getLogger("laminar.jobs")
 
 STOP_GRACE_S = 5.0  # SIGTERM -> cgroup.kill
-# A reattached job whose main process is gone (but whose cgroup is not empty) is watched by
-# polling cgroup.events at this interval; POLLPRI on cgroup.events would do too, this is simpler.
-REATTACH_POLL_S = 0.5
 # How often leaked cgroups (a teardown's removal failed) are killed and removed again. A process
 # that could not die (hung storage, a frozen v1 freezer) usually can within minutes; 30 s keeps
 # the retry cheap (one query, one rmdir per leaked directory).
@@ -152,32 +160,6 @@ def _section(cfg: Any, name: str) -> dict[str, Any] | None:
         return dict(cfg.section(name))
     except (AttributeError, KeyError):
         return None
-
-
-def catches_signal(pid: int, signame: str) -> bool:
-    """Whether process ``pid`` has a handler for ``signame`` (``SigCgt`` of /proc/<pid>/status).
-    False when the process is gone or the signal is unknown."""
-    try:
-        num = int(signal.Signals[signame])
-        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-            if line.startswith("SigCgt:"):
-                return bool(int(line.split()[1], 16) >> (num - 1) & 1)
-    except (OSError, KeyError, ValueError):
-        return False
-    return False
-
-
-def signal_if_caught(pid: int | None, signame: str) -> bool:
-    """Send ``signame`` to process ``pid`` only if it has a handler for it
-    (:func:`catches_signal`): the default action of SIGUSR1, SIGUSR2 and most signals kills.
-    True when sent; False when the process is gone or does not catch it."""
-    if not pid or not catches_signal(int(pid), signame):
-        return False
-    try:
-        os.kill(int(pid), signal.Signals[signame])
-        return True
-    except ProcessLookupError:
-        return False
 
 
 class JobManager:
@@ -235,10 +217,13 @@ class JobManager:
         self.ckpt_scan = CkptScanner()
         # who holds which job frozen (Airlock, a move, a fence): frozen while any hold remains
         self.holds = Holds(self, store)
-        self._popen: dict[str, subprocess.Popen[bytes]] = {}
-        self._pidfds: dict[str, int] = {}
+        # the watch on each job's main process, and what is done at its end (laminar.runtime.exits)
+        self.exits = Exits(self)
+        # the jobs found running at the start (laminar.runtime.reattach)
+        self.reattach = Reattach(self)
+        # the checkpoint signal and the others sent to jobs' processes (laminar.runtime.signals)
+        self.signals = Signals(self)
         self._tasks: set[asyncio.Task[Any]] = set()
-        self._exit_waiters: dict[str, asyncio.Event] = {}
         self.loop: asyncio.AbstractEventLoop | None = None
         # Admission by class capacity: the caps come from Airlock (`set_admission`). Inside an
         # agent, queued jobs wait until Airlock has said which caps hold; a JobManager used on
@@ -350,23 +335,11 @@ class JobManager:
         from laminar.migrate.drain import held_at_start
 
         self.held = self.held or held_at_start(self.store)
-        self._reattach_all()
+        self.reattach.all()
         self.holds.store = self.store
         self.holds.load()  # after the jobs: the holds of jobs that ended meanwhile go
-        self._spawn_task(self._leak_loop())  # now, then every leak_sweep_s: leaks of the previous agent; pruning
-        self._spawn_task(self._ckpt_scan_loop())
-
-    async def _ckpt_scan_loop(self) -> None:
-        """Every CKPT_SCAN_EVERY_S: every active job's checkpoint listing (``ckpt_scan``), off the
-        loop, one thread per owner; ended jobs' are dropped. Never raises."""
-        while True:
-            try:
-                active = self.active()
-                self.ckpt_scan.keep_only(j.id for j in active)
-                await self.ckpt_scan.refresh_all(active, max_age_s=CKPT_SCAN_EVERY_S / 2)
-            except Exception:
-                log.exception("jobs: looking at checkpoint directories")
-            await asyncio.sleep(CKPT_SCAN_EVERY_S)
+        self._spawn_task(self.leaks.sweep_loop())  # now, then every leak_sweep_s: leaks of the previous agent; pruning
+        self._spawn_task(self.ckpt_scan.follow(self.active, CKPT_SCAN_EVERY_S))
 
     def _check_reachable(self) -> None:
         """Warns (a ``job`` event) when other users may not pass through the state directory or
@@ -414,9 +387,7 @@ class JobManager:
         """Stop watching. Jobs keep running in their cgroups; the next start reattaches them."""
         for task in list(self._tasks):
             task.cancel()
-        for jid in list(self._pidfds):
-            self._unwatch(jid)
-        self._popen.clear()
+        self.exits.unwatch_all()
 
     def status(self) -> dict[str, Any]:
         counts: dict[str, int] = {}
@@ -439,17 +410,6 @@ class JobManager:
         out["pids_controller"] = str(self.hierarchy.pids_mount) if self.hierarchy and self.hierarchy.pids_mount else None
         out["all_jobs_pids"] = self.tree.root_pids()
         return out
-
-    async def _leak_loop(self) -> None:
-        while True:
-            try:
-                await self.leaks.sweep()
-            except asyncio.CancelledError:
-                raise
-            except Exception:
-                log.exception("leaked cgroup sweep failed")
-            self.pruner.prune_ended()  # the age rule holds on an idle node too
-            await asyncio.sleep(self.leak_sweep_s)
 
     # -- queries -------------------------------------------------------------------------------
     def get(self, job_id: str) -> Job | None:
@@ -768,7 +728,7 @@ class JobManager:
                 os.chown(job.ckpt_dir, job.owner_uid, job.owner_gid)
             job.cgroup_id = cg.cgroup_id
             proc = spawn(job, profile, self.inventory,
-                         self._workers_file(job.id) if self.state_dir is not None else None)
+                         workers_file(self.state_dir, job.id) if self.state_dir is not None else None)
         except BaseException as e:
             try:
                 cg.kill()
@@ -793,7 +753,7 @@ class JobManager:
         job.started = time.time()
         job.wait = None
         job.reason = ""
-        self._popen[job.id] = proc
+        self.exits.popen[job.id] = proc
         with self.store.tx() as db:
             db.execute("UPDATE jobs SET limits=? WHERE id=?", (json.dumps(job.limits), job.id))
         self.table.persist(job)
@@ -802,138 +762,24 @@ class JobManager:
                 self.netguard.register_job(job.cgroup_id, job.num, spec.lent)
             except Exception as e:  # the job runs; its traffic is just not identified
                 log.warning("job %s: netguard.register_job failed: %s", job.id, e)
-        self._watch(job)
+        self.exits.watch(job)
         after = f" after {waited:.1f} s queued" if waited >= 0.5 else ""
         self._emit("job", f"job {job.id} started{after}: {' '.join(spec.command)[:200]}", job=job.id, num=job.num,
                    by_uid=job.owner_uid,
                    pid=proc.pid, cgroup_id=job.cgroup_id, **{"class": spec.job_class}, priority=spec.priority,
                    memory_mb=spec.memory_mb, gpus=job.gpus, queued_s=round(waited, 3))
 
-    # -- watching ------------------------------------------------------------------------------
-    def _watch(self, job: Job) -> None:
-        assert self.loop is not None and job.pid is not None
-        try:
-            fd = os.pidfd_open(job.pid)
-        except ProcessLookupError:
-            self._spawn_task(self._on_exit(job.id))
-            return
-        except OSError as e:
-            log.warning("job %s: pidfd_open failed (%s); watching cgroup.events instead", job.id, e)
-            self._spawn_task(self._poll_populated(job.id))
-            return
-        self._pidfds[job.id] = fd
-        self.loop.add_reader(fd, self._pidfd_ready, job.id)
-
-    def _unwatch(self, job_id: str) -> None:
-        fd = self._pidfds.pop(job_id, None)
-        if fd is not None:
-            if self.loop is not None:
-                self.loop.remove_reader(fd)
-            os.close(fd)
-
-    def _pidfd_ready(self, job_id: str) -> None:
-        self._unwatch(job_id)
-        job = self.jobs.get(job_id)
-        if job is not None and job.origin.scheduler is not None:  # adopted: it ends when its cgroup empties
-            self._spawn_task(self.adoption.watch_populated(job_id))
-            return
-        self._spawn_task(self._on_exit(job_id))
-
+    # -- tasks, and waiting for a job's end (laminar.runtime.exits) ---------------------------
     def _spawn_task(self, coro: Any) -> None:
         assert self.loop is not None
         task = self.loop.create_task(coro)
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
-    async def _poll_populated(self, job_id: str) -> None:
-        # Until the cgroup empties, also while the job is being stopped: a stop records its state
-        # first and then waits its grace, which ending the watch at once (teardown: kill) cut short.
-        job = self.jobs.get(job_id)
-        while job is not None and self.jobs.get(job_id) is job and job.cgroup.populated():
-            await asyncio.sleep(REATTACH_POLL_S)
-        await self._on_exit(job_id)
-
-    async def _on_exit(self, job_id: str) -> None:
-        """The main process is gone: record the exit code, kill leftovers, remove cgroups."""
-        job = self.jobs.get(job_id)
-        if job is None:
-            return
-        self._unwatch(job_id)
-        proc = self._popen.pop(job_id, None)
-        # Never wait() here: in the event loop that would freeze the agent for as long as a main
-        # process the stop's kill could not end lives on (see stop). When its pidfd fired it has
-        # exited and poll() reaps it; otherwise its code is unknown.
-        code = proc.poll() if proc is not None else None
-        if job.origin.scheduler is not None:  # adopted: the code its scheduler's side told, if any
-            code = job.exit_code
-            if job.active:
-                job.reason = self.adoption.end_reason(job)
-        if job.active:
-            job.state = "exited"
-            job.end_cause = endcause.exited(code)
-            job.reason = job.reason or (f"exit code {code}" if code is not None else "exited (adopted: exit code unknown)")
-            if code == 126 and job.reason == "exit code 126":
-                # The shell could not exec the command; with an empty log that is most often
-                # ENOMEM at a full memory limit (exec's kernel charges are not held like faults).
-                # A class with a cap admits only what fits (airlock.admission), so this is a
-                # class without one, overcommitted up to Airlock's usage-based cap.
-                job.reason += (" (the command could not be executed; see its log, and whether its class was at its "
-                               "memory limit: give the class a cap, policy class_caps_mb, so jobs queue instead)")
-        job.exit_code = code
-        job.ended = time.time()
-        await self._teardown(job)
-        self.table.persist(job)
-        self.jobs.pop(job_id, None)
-        self._emit("job", f"job {job_id} {job.state}: {job.reason}", job=job_id, state=job.state, exit_code=code,
-                   end_cause=None if job.end_cause is None else str(job.end_cause), by_uid=job.owner_uid,
-                   work_lost_s=job.work_lost_s)
-        ev = self._exit_waiters.pop(job_id, None)
-        if ev is not None:
-            ev.set()
-        self.admit()  # its charge is gone with its cgroup: room for the queue
-        self.pruner.prune_ended()
-
-    def _workers_file(self, job_id: str) -> Path:
-        """An elastic job's worker count (``LAMINAR_WORKERS_FILE``; zone.loan writes it)."""
-        assert self.state_dir is not None
-        return self.state_dir / "elastic" / f"{job_id}.json"
-
-    async def _teardown(self, job: Job) -> None:
-        """Kill what is left in the cgroup, wait for it to empty, remove it, unregister, and
-        remove the job's workers file (and a temporary one a crash left) if it has one."""
-        try:
-            if job.cgroup.exists() and job.cgroup.populated():
-                job.cgroup.kill()
-                for _ in range(200):
-                    if not job.cgroup.populated():
-                        break
-                    await asyncio.sleep(0.01)
-        except CgroupError as e:
-            log.warning("job %s: cgroup cleanup: %s", job.id, e)
-        try:
-            # rmdir of a busy directory is retried for ~1 s (cgroups._rmdir_retry): not on the loop
-            await asyncio.to_thread(job.cgroup.remove)
-        except CgroupError as e:
-            log.warning("job %s: cgroup cleanup: %s", job.id, e)
-            self.leaks.record(job, str(e))
-        if self.netguard is not None:
-            try:
-                self.netguard.unregister_job(job.cgroup_id)
-            except Exception as e:
-                log.debug("job %s: netguard.unregister_job: %s", job.id, e)
-        self.adoption.ended(job)
-        if job.spec.elastic_min is not None and self.state_dir is not None:
-            workers = self._workers_file(job.id)
-            for f in (workers, workers.with_suffix(".tmp")):
-                try:
-                    f.unlink(missing_ok=True)
-                except OSError as e:
-                    log.warning("job %s: cannot remove %s: %s", job.id, f, e)
-
     async def wait(self, job_id: str, timeout: float | None = None) -> Job | None:
         """Wait until the job has ended (or `timeout`); returns its final record."""
         if job_id in self.jobs:
-            ev = self._exit_waiters.setdefault(job_id, asyncio.Event())
+            ev = self.exits.waiter(job_id)
             await asyncio.wait_for(ev.wait(), timeout)
         return self.get(job_id)
 
@@ -960,62 +806,20 @@ class JobManager:
         return members.member_of(job if isinstance(job, str) else job.id)
 
     def request_checkpoint(self, job: Job) -> bool:
-        """Send the job its checkpoint signal (main process) if that process catches it
-        (:func:`catches_signal`). False if it is gone or does not catch it: the default action
-        of SIGUSR1 (and most signals) kills, so a job without a handler (not yet installed,
-        or no checkpoint contract) is left running instead of killed.
-
-        A member of a multi-node job (:meth:`member_of`) is signalled in every process of its
-        cgroup that catches it (:meth:`signal_catchers`): its main process is a launcher
-        (torchrun) that does not catch it and would die of it, its workers do. True when at
-        least one process was sent it."""
-        if self.member_of(job) is not None or job.origin.scheduler is not None:
-            # a member's launcher, an adopted task's shell: not the process that checkpoints
-            return bool(self.signal_catchers(job, job.spec.checkpoint_signal))
-        return self.signal_main(job, job.spec.checkpoint_signal)
+        """Send the job its checkpoint signal where it catches it (:meth:`Signals.request_checkpoint`)."""
+        return self.signals.request_checkpoint(job)
 
     def catches_checkpoint(self, job: Job) -> bool:
-        """Whether the job keeps the checkpoint contract now: its main process catches its
-        checkpoint signal, or, for a member of a multi-node job, some process of its cgroup does
-        (what :meth:`request_checkpoint` would signal)."""
-        sig = job.spec.checkpoint_signal
-        if self.member_of(job) is not None or job.origin.scheduler is not None:
-            try:
-                pids = job.cgroup.pids()
-            except (CgroupError, OSError):
-                return False
-            return any(catches_signal(pid, sig) for pid in pids)
-        return job.pid is not None and catches_signal(int(job.pid), sig)
+        """Whether the job keeps the checkpoint contract now (:meth:`Signals.catches_checkpoint`)."""
+        return self.signals.catches_checkpoint(job)
 
     def signal_catchers(self, job: Job, signame: str) -> builtins.list[int]:
-        """Send ``signame`` to every process of the job's cgroup (sub-cgroups included) that
-        catches it; returns the pids sent it. Each process is opened as a pidfd first and
-        only then looked at (in the job's cgroup still, a handler for the signal): the signal
-        goes through that pidfd, so a pid that ended and was reused meanwhile is never
-        signalled (the pidfd names the ended process: ESRCH). A process that does not catch
-        it (torchrun's launcher, a shell) is left alone: the default action kills."""
-        try:
-            num = signal.Signals[signame]
-            pids = job.cgroup.pids()
-        except (KeyError, CgroupError, OSError):
-            return []
-        sent: list[int] = []
-        for pid in pids:
-            try:
-                fd = os.pidfd_open(pid)
-            except OSError:  # gone
-                continue
-            try:
-                # looked at after the open: the pidfd holds the process that had the pid then
-                if pid not in job.cgroup.pids() or not catches_signal(pid, signame):
-                    continue
-                signal.pidfd_send_signal(fd, num)
-                sent.append(pid)
-            except (ProcessLookupError, CgroupError, OSError):
-                continue
-            finally:
-                os.close(fd)
-        return sent
+        """``signame`` to every process of the job that catches it (:meth:`Signals.signal_catchers`)."""
+        return self.signals.signal_catchers(job, signame)
+
+    def signal_main(self, job: Job, signame: str) -> bool:
+        """``signame`` to the job's main process if it catches it (:meth:`Signals.signal_main`)."""
+        return self.signals.signal_main(job, signame)
 
     def freeze_member(self, job_id: str) -> bool:
         """The origin of a multi-node job orders its member here frozen (another member's node
@@ -1053,24 +857,6 @@ class JobManager:
                    job=job_id, hold=Hold.MEMBERS.value, thawed=thawed)
         return thawed
 
-    def signal_main(self, job: Job, signame: str) -> bool:
-        """Send ``signame`` to the job's main process if it catches it; True when sent. Through
-        the pidfd the agent watches it by (a pid number may be another process's by then: a
-        reattached job's main process is not the agent's child, so nothing holds its pid), else
-        by number only to the agent's own child not reaped yet (its pid cannot be reused before
-        the agent reaps it); never to a pid the agent holds no handle on."""
-        pid, fd = job.pid, self._pidfds.get(job.id)
-        if not pid or (fd is None and job.id not in self._popen) or not catches_signal(int(pid), signame):
-            return False
-        try:
-            if fd is not None:
-                signal.pidfd_send_signal(fd, signal.Signals[signame])
-            else:
-                os.kill(int(pid), signal.Signals[signame])
-            return True
-        except (ProcessLookupError, KeyError):
-            return False
-
     async def stop(self, job_id: str | None = None, reason: str = "stopped by request", *,
                    grace_s: float | None = None, state: str = "stopped", work_lost_s: float | None = None,
                    cause: EndCause = EndCause.UNKNOWN) -> Job | None:
@@ -1095,9 +881,7 @@ class JobManager:
             self.jobs.pop(job.id, None)
             self._emit("job", f"job {job.id} {state} while queued: {reason}", job=job.id, state=state,
                        end_cause=str(cause), by_uid=job.owner_uid)
-            ev = self._exit_waiters.pop(job.id, None)
-            if ev is not None:
-                ev.set()
+            self.exits.wake(job.id)
             self.admit()  # the head of a queue may have left
             self.pruner.prune_ended()
             return job
@@ -1111,7 +895,7 @@ class JobManager:
         self.table.persist(job)
         self._emit("job", f"job {job.id} stopping: {reason}", job=job.id, grace_s=grace, end_cause=str(cause),
                    by_uid=job.owner_uid)
-        ev = self._exit_waiters.setdefault(job.id, asyncio.Event())
+        ev = self.exits.waiter(job.id)
         try:
             if grace > 0 and job.cgroup.freeze_requested():
                 # a frozen job takes no SIGTERM until thawed; with no grace it is not thawed (a
@@ -1134,13 +918,13 @@ class JobManager:
             # 10 s after cgroup.kill the main process still lives: it is no longer in the job's
             # cgroup (a root job can move itself out) or sleeps uninterruptibly (hung storage).
             # Kill it by its pidfd (never another process) and tear down without waiting for it.
-            fd = self._pidfds.get(job.id)
+            fd = self.exits.pidfds.get(job.id)
             if fd is not None:
                 try:
                     signal.pidfd_send_signal(fd, signal.SIGKILL)
                 except OSError:
                     pass
-            await self._on_exit(job.id)
+            await self.exits.on_exit(job.id)
         return self.get(job.id) or job
 
     async def kill(self, job: Job, reason: str, work_lost_s: float | None = None) -> None:
@@ -1148,92 +932,7 @@ class JobManager:
         await self.stop(job.id, reason, grace_s=0, state="killed", work_lost_s=work_lost_s,
                         cause=EndCause.AIRLOCK_KILL)
 
-    # -- store -----------------------------------------------------------------------------------
-
-    def _reattach_all(self) -> None:
-        """Reattach stored active jobs whose cgroups still hold processes; mark the rest lost.
-        Queued jobs stay queued, in their order (they start once Airlock gives the caps).
-        A job the previous process had begun to stop (stopped, reclaimed, ... with no end
-        recorded: it died inside the grace) has its stop finished: what is left of it is
-        killed, its cgroups removed and its end recorded, keeping the state and reason."""
-        rows = self.store.db.execute("SELECT * FROM jobs WHERE state IN ('queued', 'running', 'suspended', 'starting') "
-                                     "OR ended IS NULL ORDER BY num").fetchall()
-        for row in rows:
-            job = self.table.from_row(row)
-            if job.state not in (*LIVE_STATES, "starting"):
-                # a stop in progress when the previous process died: finish it (_on_exit keeps
-                # the state and reason the stop recorded, kills what is left, removes the cgroups)
-                self.jobs[job.id] = job
-                self._emit("job", f"job {job.id} was being stopped ({job.state}) when the agent went down; "
-                           "finishing the stop", job=job.id, state=job.state)
-                self._spawn_task(self._on_exit(job.id))
-                continue
-            if job.state == QUEUED:
-                self.jobs[job.id] = job
-                self._emit("job", f"job {job.id} still queued after the restart: {job.reason}", job=job.id,
-                           state=QUEUED)
-                continue
-            if job.state != "starting" and job.cgroup.exists() and job.cgroup.populated():
-                job.reattached = True
-                # The frozen flag in the kernel is the truth about suspension.
-                try:
-                    job.state = "suspended" if job.cgroup.frozen() else "running"
-                except CgroupError:
-                    pass
-                self.jobs[job.id] = job
-                if self.netguard is not None:
-                    try:
-                        self.netguard.register_job(job.cgroup_id, job.num, job.spec.lent)
-                    except Exception as e:
-                        log.warning("job %s: netguard.register_job failed: %s", job.id, e)
-                if job.origin.scheduler is not None:  # adopted from a scheduler: its own watch
-                    if job.pid is not None and job.pid not in job.cgroup.pids():
-                        job.pid = None
-                    self.adoption.register_net(job)
-                    self.adoption.watch(job)
-                elif job.pid is not None and job.pid in job.cgroup.pids():
-                    self._watch(job)  # its pidfd pins the process: what is signalled is the job's
-                else:
-                    # its main process is gone (init reaped it) and its pid is free for any process:
-                    # signalled by number, root's checkpoint requests would reach whatever took it
-                    job.pid = None
-                    self._spawn_task(self._poll_populated(job.id))
-                self.table.persist(job)
-                self._emit("job", f"job {job.id} reattached ({job.state}, pid {job.pid})", job=job.id,
-                           pid=job.pid, cgroup_id=job.cgroup_id)
-            elif job.origin.scheduler is not None and job.state != "starting":
-                # adopted: its processes ended while the agent was down; its scheduler, not a keeper,
-                # starts it again (laminar.runtime.adopt)
-                job.state, job.end_cause, job.ended = "exited", endcause.exited(job.exit_code), time.time()
-                job.reason = f"{self.adoption.end_reason(job)} (while the agent was down)"
-                try:
-                    if job.cgroup.exists() and not job.cgroup.populated():
-                        job.cgroup.remove()  # the agent's own only: an in-place one's remove() is a no-op
-                except CgroupError as e:
-                    log.warning("job %s: cleanup: %s", job.id, e)
-                self.table.persist(job)
-                self._emit("job", f"job {job.id} {job.state}: {job.reason}", job=job.id, state=job.state,
-                           end_cause=str(job.end_cause))
-            else:
-                gone = not job.cgroup.exists()
-                job.state = "lost" if job.state != "starting" else "failed"
-                job.reason = ("agent stopped while the job was starting" if job.state != "lost" else
-                              LOST_WITH_CGROUP if gone else endcause.ENDED_WHILE_DOWN_TEXT)
-                job.end_cause = (EndCause.START_FAILED if job.state != "lost" else
-                                 EndCause.LOST_WITH_CGROUP if gone else EndCause.ENDED_WHILE_DOWN)
-                job.ended = time.time()
-                try:
-                    if job.cgroup.exists():
-                        if job.cgroup.populated():
-                            job.cgroup.kill()
-                        job.cgroup.remove()
-                except CgroupError as e:
-                    log.warning("job %s: cleanup: %s", job.id, e)
-                    self.leaks.record(job, str(e))
-                self.table.persist(job)
-                self._emit("job", f"job {job.id} {job.state}: {job.reason}", job=job.id, state=job.state,
-                           end_cause=str(job.end_cause))
-
+    # -- events ----------------------------------------------------------------------------------
     def _emit(self, kind: str, message: str, *, by_uid: int | None = None, **fields: Any) -> None:
         """An event; `by_uid`: the user whose action caused it (charged to their event budget,
         laminar.events), given only where it is a user's (root's are never limited)."""

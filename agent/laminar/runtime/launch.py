@@ -193,6 +193,11 @@ def oom_score_adj_for(spec: JobSpec) -> int:
     return oom_score_adj(spec.job_class, spec.priority)
 
 
+def workers_file(state_dir: Path, job_id: str) -> Path:
+    """An elastic job's worker count (``LAMINAR_WORKERS_FILE``; zone.loan writes it)."""
+    return state_dir / "elastic" / f"{job_id}.json"
+
+
 def spawn(job: Job, profile: joblimits.Profile, inventory: gpumod.GpuInventory | None,
           workers_file: Path | None) -> subprocess.Popen[bytes]:
     """Starts ``job``'s process with the owner's ``profile`` (as root: ENTER_SH joins its cgroups,

@@ -89,6 +89,20 @@ class LeakedCgroups:
             self._gauge.set(left)
         return left
 
+    async def sweep_loop(self) -> None:
+        """Now, then every ``jobs.leak_sweep_s``: the sweep (the previous agent's leaks first), and
+        the pruning of ended jobs' records (`laminar.runtime.prune`: the age rule holds on an idle
+        node too). Never returns; a failed sweep is logged."""
+        while True:
+            try:
+                await self.sweep()
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                log.exception("leaked cgroup sweep failed")
+            self.jm.pruner.prune_ended()  # the age rule holds on an idle node too
+            await asyncio.sleep(self.jm.leak_sweep_s)
+
     @staticmethod
     def _kill_and_remove(cg: JobCgroup) -> None:
         """Blocking (run in a thread): cgroup.kill what is left (a process that could not die

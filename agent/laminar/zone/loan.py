@@ -70,8 +70,8 @@ from laminar.policy import elastic as el
 from laminar.policy import loaning as ln
 from laminar.policy import placement as pl
 from laminar.policy.endcause import EndCause
-from laminar.runtime.jobs import signal_if_caught
 from laminar.runtime.provenance import request_origin
+from laminar.runtime.signals import signal_if_caught
 from laminar.zone import authority as au
 from laminar.zone import wire
 from laminar.zone.wire import new_id
