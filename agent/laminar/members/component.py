@@ -47,6 +47,7 @@ from typing import TYPE_CHECKING, Any
 from laminar.policy import members as pm
 from laminar.policy.members import MultiState
 from laminar.runtime.spec import JobSpec
+from laminar.tasks import cancel_until_done
 from laminar.zone import wire
 
 from .member import MemberSide
@@ -185,10 +186,7 @@ class MembersComponent:
         return placer
 
     async def _shutdown(self) -> None:
-        tasks = [t for t in (self._loop_task, *self._tasks) if t is not None]
-        for t in tasks:
-            t.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
+        await cancel_until_done([t for t in (self._loop_task, *self._tasks) if t is not None])
         self._tasks.clear()
         self._loop_task = None
 

@@ -153,6 +153,7 @@ from laminar.policy import ckpt_schedule as cs
 from laminar.policy import destination as dst
 from laminar.policy.keeper import RetrySchedule
 from laminar.runtime.holds import Holds, holds_of
+from laminar.tasks import cancel_until_done
 from laminar.zone import authority as au
 from laminar.zone.gate import Gate
 from laminar.zone.membership import canonical_ip, listen_check
@@ -479,12 +480,9 @@ class ReclaimComponent:
             self._unsubscribe()
         with contextlib.suppress(Exception):
             self.evidence.save()
-        tasks = [t for t in (self._loop_task, *self._tasks) if t is not None]
-        for t in tasks:
-            t.cancel()
         # their ends (cancelled, or an error) are theirs; a cancel of this stop (the agent's stop
-        # deadline) is not swallowed with them
-        await asyncio.gather(*tasks, return_exceptions=True)
+        # deadline) is not swallowed with them; one a task lost is sent again (laminar.tasks)
+        await cancel_until_done([t for t in (self._loop_task, *self._tasks) if t is not None])
         self.archive.lane.close()
         if self.receiver is not None:
             await self.receiver.stop()

@@ -60,6 +60,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from laminar.policy import placement as pl
+from laminar.tasks import cancel_until_done
 from laminar.zone import authority, wire
 
 # The arbiter and the submitter moved to their own socket-free modules (issue 32): the star
@@ -349,13 +350,7 @@ class ZoneComponent:
     async def stop(self) -> None:
         if hasattr(self, "loan"):
             await self.loan.stop()
-        for t in self._tasks:
-            t.cancel()
-        for t in self._tasks:
-            try:
-                await t
-            except (asyncio.CancelledError, Exception):
-                pass
+        await cancel_until_done(self._tasks)
         self._tasks.clear()
         if self.server is not None:
             await self.server.stop()

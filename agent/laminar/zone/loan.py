@@ -72,6 +72,7 @@ from laminar.policy import placement as pl
 from laminar.policy.endcause import EndCause
 from laminar.runtime.provenance import request_origin
 from laminar.runtime.signals import signal_if_caught
+from laminar.tasks import cancel_until_done
 from laminar.zone import authority as au
 from laminar.zone import wire
 from laminar.zone.wire import new_id
@@ -262,13 +263,7 @@ class LoanManager:
             self._spawn(self._redo_return(self.last_return))
 
     async def stop(self) -> None:
-        for t in list(self._tasks):
-            t.cancel()
-        for t in list(self._tasks):
-            try:
-                await t
-            except (asyncio.CancelledError, Exception):
-                pass
+        await cancel_until_done(self._tasks)  # (a cancel lost in a wait_for: the placement retried 577 s)
 
     def _spawn(self, coro: Any) -> asyncio.Task[Any]:
         task = asyncio.get_running_loop().create_task(coro)
