@@ -1,4 +1,4 @@
-"""Stopping a component's asyncio tasks for sure.
+"""A component's asyncio tasks: stopped for sure, and awaited unless an event comes first.
 
 Python 3.11's ``asyncio.wait_for`` loses a cancellation that arrives as the future it waits on
 completes: it returns that result, and the task goes on as if never cancelled (fixed in 3.12).
@@ -32,4 +32,19 @@ async def cancel_until_done(tasks: Iterable[asyncio.Future[Any]], every_s: float
             t.exception()
 
 
-__all__ = ["RECANCEL_S", "cancel_until_done"]
+async def unless_set(cancel: asyncio.Event | None, aw: Any) -> Any:
+    """``aw``'s result, or None once ``cancel`` is set first (``aw`` is then cancelled)."""
+    task = asyncio.ensure_future(aw)
+    if cancel is None:
+        return await task
+    stop = asyncio.ensure_future(cancel.wait())
+    try:
+        await asyncio.wait({task, stop}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        stop.cancel()
+        if not task.done():
+            await cancel_until_done([task])
+    return task.result() if task.done() and not task.cancelled() else None
+
+
+__all__ = ["RECANCEL_S", "cancel_until_done", "unless_set"]

@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ..policy import sched_reclaim as sr
+from ..tasks import cancel_until_done, unless_set
 from . import kubernetes, slurm
 from .backend import Backend, BackendError
 
@@ -118,11 +119,7 @@ class SchedulerComponent:
                        schedulers=[str(b.scheduler) for b in self.backends])
 
     async def stop(self) -> None:
-        for t in (self._loop_task, self._drain_task):
-            if t is not None and not t.done():
-                t.cancel()
-                with contextlib.suppress(asyncio.CancelledError, Exception):
-                    await t
+        await cancel_until_done([t for t in (self._loop_task, self._drain_task) if t is not None])
         self._loop_task = None
 
     def _emit(self, message: str, **fields: Any) -> None:
@@ -286,7 +283,7 @@ class SchedulerComponent:
         if signalled and job.ckpt_dir:
             # bounded as a whole: a check (in its lane) must not hold the give-back past the window
             with contextlib.suppress(TimeoutError):
-                new = await _unless(cancel, asyncio.wait_for(ckpt_driver.wait_new_checkpoint(
+                new = await unless_set(cancel, asyncio.wait_for(ckpt_driver.wait_new_checkpoint(
                     job.ckpt_dir, after, wait_s, lambda: bool(job.active), job=job, scanner=scan, lane=self._lane_of()),
                     max(1.0, wait_s + 1.0)))
         if cancel is not None and cancel.is_set():
@@ -333,23 +330,6 @@ class SchedulerComponent:
         return {"schedulers": [str(b.scheduler) for b in self.backends], "drained": dict(self.drained),
                 "counts": dict(self.counts),
                 "backends": {str(b.scheduler): (b.status() if hasattr(b, "status") else {}) for b in self.backends}}
-
-
-async def _unless(cancel: asyncio.Event | None, aw: Any) -> Any:
-    """``aw``'s result, or None once ``cancel`` is set first (``aw`` is then cancelled)."""
-    task = asyncio.ensure_future(aw)
-    if cancel is None:
-        return await task
-    stop = asyncio.ensure_future(cancel.wait())
-    try:
-        await asyncio.wait({task, stop}, return_when=asyncio.FIRST_COMPLETED)
-    finally:
-        stop.cancel()
-        if not task.done():
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await task
-    return task.result() if task.done() and not task.cancelled() else None
 
 
 __all__ = ["BACKENDS", "GIVE_BACK_RESERVE_S", "SchedulerComponent", "build_backends", "config_fields"]
